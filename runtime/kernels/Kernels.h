@@ -1,0 +1,60 @@
+// CPU kernels of the runtime: forward and backward of every op a plan can
+// call, dispatched by name from plan::Kernel.
+#ifndef PIPER_RUNTIME_KERNELS_KERNELS_H
+#define PIPER_RUNTIME_KERNELS_KERNELS_H
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "proto/plan.pb.h"
+#include "runtime/support/Status.h"
+
+namespace piper::runtime {
+
+/// A view of a dense row-major tensor. The storage is owned elsewhere.
+struct TensorRef {
+  plan::DType dtype = plan::F32;
+  std::vector<int64_t> shape;
+  void *data = nullptr;
+
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int64_t d : shape)
+      n *= d;
+    return n;
+  }
+  float *f32() const { return static_cast<float *>(data); }
+  int32_t *i32() const { return static_cast<int32_t *>(data); }
+};
+
+/// What a kernel may read or write besides its operands.
+struct KernelContext {
+  /// Step-loss accumulator; `loss_accumulate` adds `scale * loss` to it.
+  double *lossAccumulator = nullptr;
+  /// 1-based optimizer step (AdamW bias correction).
+  int64_t step = 1;
+};
+
+/// Runs `kernel` on `inputs` and `outputs`, which the caller has resolved from
+/// the kernel's operands, in order. Output tensors are allocated by the caller
+/// with the shapes the plan declares; kernels overwrite them unless the kernel
+/// is documented to update in place. Checks operand counts, dtypes and shapes,
+/// and returns an error naming the op on any mismatch.
+Status runKernel(const plan::Kernel &kernel,
+                 const std::vector<TensorRef> &inputs,
+                 const std::vector<TensorRef> &outputs, KernelContext &ctx);
+
+/// Names of all kernels runKernel knows.
+std::vector<std::string> kernelNames();
+
+/// Reads integer attribute `name` of `kernel`, or `dflt` when absent.
+int64_t attrInt(const plan::Kernel &kernel, const std::string &name,
+                int64_t dflt);
+/// Reads float attribute `name` of `kernel`, or `dflt` when absent.
+double attrFloat(const plan::Kernel &kernel, const std::string &name,
+                 double dflt);
+
+} // namespace piper::runtime
+
+#endif // PIPER_RUNTIME_KERNELS_KERNELS_H

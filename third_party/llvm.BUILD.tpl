@@ -1,0 +1,28 @@
+# Generated from //third_party:llvm.BUILD.tpl for Debian LLVM/MLIR %{LLVM_VERSION}.
+package(default_visibility = ["//visibility:public"])
+
+cc_library(
+    name = "headers",
+    hdrs = glob(["include/**/*.h", "include/**/*.inc"]),
+    textual_hdrs = glob(["include/**/*.def"]),
+    includes = ["include"],
+)
+
+cc_import(name = "libmlir_so", shared_library = "lib/%{MLIR_SO}")
+
+cc_import(name = "libllvm_so", shared_library = "lib/%{LLVM_SO}")
+
+cc_library(name = "llvm", deps = [":headers", ":libllvm_so"])
+
+cc_library(name = "mlir", deps = [":headers", ":libmlir_so", ":libllvm_so"])
+
+filegroup(name = "td_files", srcs = glob(["include/**/*.td"]))
+
+exports_files([
+    "bin/mlir-tblgen",
+    "bin/mlir-opt",
+    "bin/FileCheck",
+    "bin/not",
+    "bin/count",
+    "lit_runner",
+])
