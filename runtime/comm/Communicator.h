@@ -59,7 +59,8 @@ public:
 
 /// Creates a Gloo communicator over TCP on 127.0.0.1 (or `hostname`), meeting
 /// the other ranks through a file store in `storeDir`. Operations that wait
-/// longer than `timeout` fail with an error naming the peer.
+/// longer than `timeout` fail with an error naming the peer. Sets SIGPIPE to
+/// be ignored (unless a handler is installed) so a dead peer is an error.
 std::unique_ptr<Communicator>
 createGlooCommunicator(int rank, int worldSize, const std::string &storeDir,
                        std::chrono::milliseconds timeout, Status &status,

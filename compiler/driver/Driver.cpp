@@ -1,0 +1,259 @@
+// The piperc and piper-opt drivers: model generation, the compile pipeline
+// with --compile-to=PHASE, and writing the plans.
+#include "compiler/driver/Driver.h"
+
+#include <CLI/CLI.hpp>
+#include <filesystem>
+
+#include "compiler/frontend/GptModel.h"
+#include "compiler/lowering/LowerToPlan.h"
+#include "compiler/strategy/Strategy.h"
+#include "compiler/transforms/Passes.h"
+#include "compiler/transforms/Transforms.h"
+#include "dialects/piper/PiperDialect.h"
+#include "mlir/IR/AsmState.h"
+#include "mlir/IR/Verifier.h"
+#include "mlir/Parser/Parser.h"
+#include "mlir/Support/FileUtilities.h"
+#include "mlir/Tools/mlir-opt/MlirOptMain.h"
+#include "llvm/Support/MemoryBuffer.h"
+#include "llvm/Support/SourceMgr.h"
+#include "llvm/Support/ToolOutputFile.h"
+#include "proto/PlanFile.h"
+
+using namespace mlir;
+using namespace mlir::piper;
+
+namespace {
+/// Phases observable with --compile-to, in pipeline order.
+const std::vector<std::string> kPhases = {"stage", "training-dag", "directives",
+                                          "devices", "streams", "plan"};
+
+int fail(const std::string &msg) {
+  llvm::errs() << "piperc: error: " << msg << "\n";
+  return 1;
+}
+
+int writeOutput(ModuleOp module, const std::string &path) {
+  std::string error;
+  auto out = openOutputFile(path.empty() ? "-" : path, &error);
+  if (!out)
+    return fail(error);
+  module.print(out->os());
+  out->os() << "\n";
+  out->keep();
+  return 0;
+}
+
+struct ModelOptions {
+  std::string name;
+  GptConfig gpt;
+  std::string output;
+};
+
+int runModel(const ModelOptions &opts) {
+  if (opts.name != "gpt")
+    return fail("unknown model '" + opts.name + "' (available: gpt)");
+  if (std::string err = validateGptConfig(opts.gpt); !err.empty())
+    return fail("invalid gpt config: " + err);
+  MLIRContext ctx;
+  ctx.loadDialect<PiperDialect>();
+  OwningOpRef<ModuleOp> module = buildGptModel(&ctx, opts.gpt);
+  return writeOutput(*module, opts.output);
+}
+
+struct CompileOptions {
+  std::string input, output, strategyFile, schedule = "1f1b", compileTo = "plan";
+  int64_t pp = 1, dp = 1, microbatches = 1, worldSize = 0;
+  OptimizerConfig opt;
+};
+
+int runCompile(const CompileOptions &o) {
+  if (std::find(kPhases.begin(), kPhases.end(), o.compileTo) == kPhases.end())
+    return fail("unknown phase '" + o.compileTo +
+                "' for --compile-to (stage, training-dag, directives, "
+                "devices, streams, plan)");
+  Strategy strategy;
+  if (!o.strategyFile.empty()) {
+    auto buffer = llvm::MemoryBuffer::getFile(o.strategyFile);
+    if (!buffer)
+      return fail("cannot read strategy file '" + o.strategyFile +
+                  "': " + buffer.getError().message());
+    llvm::Expected<Strategy> parsed = parseStrategy((*buffer)->getBuffer());
+    if (!parsed)
+      return fail(o.strategyFile + ": " + llvm::toString(parsed.takeError()));
+    strategy = std::move(*parsed);
+  } else {
+    std::optional<Schedule> schedule = parseSchedule(o.schedule);
+    if (!schedule)
+      return fail("unknown schedule '" + o.schedule + "' (gpipe, 1f1b)");
+    if (o.pp < 1 || o.dp < 1 || o.microbatches < 1)
+      return fail("--pp, --dp and --microbatches must be positive");
+    strategy = strategyFromFlags(o.pp, o.dp, o.microbatches, *schedule);
+  }
+  if (o.worldSize > 0)
+    strategy.worldSize = o.worldSize;
+
+  MLIRContext ctx;
+  ctx.loadDialect<PiperDialect>();
+  llvm::SourceMgr sourceMgr;
+  SourceMgrDiagnosticHandler handler(sourceMgr, &ctx);
+  std::string error;
+  auto file = openInputFile(o.input, &error);
+  if (!file)
+    return fail(error);
+  sourceMgr.AddNewSourceBuffer(std::move(file), llvm::SMLoc());
+  OwningOpRef<ModuleOp> module = parseSourceFile<ModuleOp>(sourceMgr, &ctx);
+  if (!module)
+    return fail("cannot parse model '" + o.input + "'");
+  if (failed(verify(*module)))
+    return fail("the model does not verify");
+
+  auto stopAfter = [&](const std::string &phase) {
+    return o.compileTo == phase;
+  };
+  auto check = [&](LogicalResult r, const std::string &what) {
+    if (failed(r) || failed(verify(*module)))
+      return fail(what + " failed");
+    return 0;
+  };
+  // Phase 1: directives (stage and autodiff first, then the rest).
+  int64_t stages = 1;
+  bool explicitStage = false;
+  for (const Directive &d : strategy.directives)
+    if (d.kind == Directive::Stage)
+      stages = d.stages, explicitStage = true;
+  if (!explicitStage)
+    for (const Directive &d : strategy.directives)
+      if (d.kind == Directive::Place)
+        if (auto it = d.filter.entries.find("PP");
+            it != d.filter.entries.end() &&
+            it->second.kind == FilterValue::Index)
+          stages = std::max(stages, it->second.index + 1);
+  if (stopAfter("stage")) {
+    if (int rc = check(applyStage(*module, stages), "stage"))
+      return rc;
+    return writeOutput(*module, o.output);
+  }
+  if (stopAfter("training-dag")) {
+    if (int rc = check(applyStage(*module, stages), "stage"))
+      return rc;
+    if (int rc = check(buildTrainingDag(*module, o.opt), "autodiff"))
+      return rc;
+    return writeOutput(*module, o.output);
+  }
+  if (int rc = check(applyStrategy(*module, strategy, o.opt),
+                     "applying the strategy"))
+    return rc;
+  if (stopAfter("directives"))
+    return writeOutput(*module, o.output);
+  if (int rc = check(splitDevices(*module), "per-device split"))
+    return rc;
+  if (stopAfter("devices"))
+    return writeOutput(*module, o.output);
+  if (int rc = check(orderStreams(*module), "stream ordering"))
+    return rc;
+  if (stopAfter("streams"))
+    return writeOutput(*module, o.output);
+
+  if (o.output.empty())
+    return fail("-o OUT/ is required to write plans");
+  FailureOr<LoweredPlans> lowered =
+      lowerToPlans(*module, "gpt", strategy.summary);
+  if (failed(lowered))
+    return fail("lowering to plans failed");
+  std::error_code ec;
+  std::filesystem::create_directories(o.output, ec);
+  if (ec)
+    return fail("cannot create '" + o.output + "': " + ec.message());
+  for (auto [c, plan] : llvm::enumerate(lowered->plans)) {
+    std::string path =
+        o.output + "/" + lowered->manifest.classes(c).plan_file();
+    if (std::string err = ::piper::plan::writePlanFile(path, plan);
+        !err.empty())
+      return fail(err);
+  }
+  if (std::string err = ::piper::plan::writeManifest(
+          o.output + "/manifest.textproto", lowered->manifest);
+      !err.empty())
+    return fail(err);
+  llvm::outs() << "piperc: wrote " << lowered->plans.size()
+               << " plan(s) for " << lowered->manifest.world_size()
+               << " device(s) to " << o.output << " (" << strategy.summary
+               << ")\n";
+  for (const auto &plan : lowered->plans) {
+    size_t instructions = 0;
+    for (const auto &s : plan.streams())
+      instructions += s.instructions_size();
+    llvm::outs() << "  class " << plan.device_class() << " ranks [";
+    for (int i = 0; i < plan.ranks_size(); ++i)
+      llvm::outs() << (i ? ", " : "") << plan.ranks(i);
+    llvm::outs() << "]: " << plan.params_size() << " parameters, "
+                 << plan.segments_size() << " segments, " << instructions
+                 << " instructions on " << plan.streams_size()
+                 << " stream(s)\n";
+  }
+  return 0;
+}
+} // namespace
+
+int mlir::piper::pipercMain(int argc, char **argv) {
+  CLI::App app{"piperc: the Piper compiler for distributed training"};
+  app.require_subcommand(1);
+
+  ModelOptions model;
+  CLI::App *modelCmd =
+      app.add_subcommand("model", "emit a built-in model in the piper dialect");
+  modelCmd->add_option("name", model.name, "model name (gpt)")->required();
+  modelCmd->add_option("--layers", model.gpt.layers, "transformer blocks");
+  modelCmd->add_option("--hidden", model.gpt.hidden, "hidden size");
+  modelCmd->add_option("--heads", model.gpt.heads, "attention heads");
+  modelCmd->add_option("--vocab", model.gpt.vocab, "vocabulary size");
+  modelCmd->add_option("--seq", model.gpt.seq, "sequence length");
+  modelCmd->add_option("--batch", model.gpt.batch,
+                       "microbatch size (sequences)");
+  modelCmd->add_flag("--tied", model.gpt.tiedHead,
+                     "tie the LM head to the token embedding");
+  modelCmd->add_option("-o,--output", model.output, "output file (default stdout)");
+
+  CompileOptions comp;
+  CLI::App *compileCmd = app.add_subcommand(
+      "compile", "compile a model and a strategy into per-device plans");
+  compileCmd->add_option("model", comp.input, "model .mlir file")->required();
+  compileCmd->add_option("-o,--output", comp.output,
+                         "output folder (plans) or file (--compile-to)");
+  auto *strategyOpt = compileCmd->add_option("--strategy", comp.strategyFile,
+                                             "strategy JSON file");
+  auto *ppOpt = compileCmd->add_option("--pp", comp.pp, "pipeline stages");
+  auto *dpOpt = compileCmd->add_option("--dp", comp.dp, "data-parallel replicas");
+  auto *mbOpt = compileCmd->add_option("--microbatches", comp.microbatches,
+                                       "microbatches per replica per step");
+  auto *schedOpt = compileCmd->add_option("--schedule", comp.schedule,
+                                          "gpipe or 1f1b");
+  for (CLI::Option *opt : {ppOpt, dpOpt, mbOpt, schedOpt})
+    opt->excludes(strategyOpt);
+  compileCmd->add_option("--world-size", comp.worldSize,
+                         "number of devices (checked against the strategy)");
+  compileCmd->add_option("--compile-to", comp.compileTo,
+                         "stop after a phase and print its IR: stage, "
+                         "training-dag, directives, devices, streams, plan");
+  compileCmd->add_option("--lr", comp.opt.lr, "AdamW learning rate");
+  compileCmd->add_option("--beta1", comp.opt.beta1, "AdamW beta1");
+  compileCmd->add_option("--beta2", comp.opt.beta2, "AdamW beta2");
+  compileCmd->add_option("--eps", comp.opt.eps, "AdamW epsilon");
+  compileCmd->add_option("--weight-decay", comp.opt.weightDecay,
+                         "AdamW decoupled weight decay (matrices only)");
+
+  CLI11_PARSE(app, argc, argv);
+  if (modelCmd->parsed())
+    return runModel(model);
+  return runCompile(comp);
+}
+
+int mlir::piper::piperOptMain(int argc, char **argv) {
+  DialectRegistry registry;
+  registry.insert<PiperDialect>();
+  registerPiperCompilerPasses();
+  return asMainReturnCode(
+      MlirOptMain(argc, argv, "piper-opt: the piper pass driver\n", registry));
+}

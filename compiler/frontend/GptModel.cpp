@@ -1,0 +1,283 @@
+// The GPT model front end: emits parameters, segments and the forward program.
+#include "compiler/frontend/GptModel.h"
+
+#include <cmath>
+#include <limits>
+
+#include "dialects/piper/PiperDialect.h"
+#include "llvm/ADT/StringMap.h"
+#include "llvm/ADT/Twine.h"
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/BuiltinAttributes.h"
+#include "mlir/IR/BuiltinTypes.h"
+#include "mlir/IR/Location.h"
+
+using namespace mlir;
+using namespace mlir::piper;
+
+/// Largest accepted size; keeps every product of two sizes within int64.
+static constexpr int64_t kMaxSize = std::numeric_limits<int32_t>::max();
+
+std::string mlir::piper::validateGptConfig(const GptConfig &cfg) {
+  struct Size {
+    const char *name;
+    int64_t value;
+  };
+  for (Size size : {Size{"layers", cfg.layers}, Size{"hidden", cfg.hidden},
+                    Size{"heads", cfg.heads}, Size{"vocab", cfg.vocab},
+                    Size{"seq", cfg.seq}, Size{"batch", cfg.batch}}) {
+    if (size.value <= 0)
+      return std::string(size.name) + " must be positive, got " +
+             std::to_string(size.value);
+    if (size.value > kMaxSize)
+      return std::string(size.name) + " must be at most " +
+             std::to_string(kMaxSize) + ", got " + std::to_string(size.value);
+  }
+  if (cfg.hidden % cfg.heads != 0)
+    return "hidden (" + std::to_string(cfg.hidden) +
+           ") must be divisible by heads (" + std::to_string(cfg.heads) + ")";
+  if (cfg.batch * cfg.seq > kMaxSize)
+    return "batch * seq (" + std::to_string(cfg.batch * cfg.seq) +
+           ") must be at most " + std::to_string(kMaxSize);
+  if (!std::isfinite(cfg.initStd) || cfg.initStd <= 0)
+    return "init std must be positive and finite, got " +
+           std::to_string(cfg.initStd);
+  return "";
+}
+
+namespace {
+
+/// Emits the GPT module: parameters, segments and the program, in that order.
+class GptModelBuilder {
+public:
+  GptModelBuilder(MLIRContext *ctx, const GptConfig &cfg)
+      : ctx(ctx), cfg(cfg), b(ctx), rows(cfg.batch * cfg.seq) {}
+
+  /// Builds the whole module.
+  OwningOpRef<ModuleOp> build();
+
+private:
+  /// Returns a NameLoc naming `name` (a parameter, layer or op of the model).
+  Location loc(const Twine &name) {
+    return NameLoc::get(b.getStringAttr(name));
+  }
+  /// Returns tensor<shape x f32>.
+  RankedTensorType f32(ArrayRef<int64_t> shape) {
+    return RankedTensorType::get(shape, b.getF32Type());
+  }
+  /// Returns the [B, S] i32 token-id type.
+  RankedTensorType idsType() {
+    return RankedTensorType::get({cfg.batch, cfg.seq}, b.getI32Type());
+  }
+  /// Returns the [N, width] activation type.
+  RankedTensorType act(int64_t width) { return f32({rows, width}); }
+
+  /// Declares parameter `name` at the current insertion point.
+  void param(const Twine &name, ArrayRef<int64_t> shape, InitKind init,
+             double scale = 0.0);
+  /// Declares all parameters of the model.
+  void buildParams();
+
+  /// Creates segment `name` for block `block` and moves into its body.
+  SegmentOp beginSegment(StringRef name, int64_t block, TypeRange inputs,
+                         TypeRange results, Location where);
+  /// Reads parameter `name` inside the current segment.
+  Value ref(const Twine &name);
+  /// Emits `linear x, <prefix>.weight[, <prefix>.bias]` named `prefix`.
+  Value linear(Value x, const Twine &prefix, int64_t width, bool bias = true);
+  /// Emits the layer norm with parameters `<prefix>.weight/bias`.
+  Value layerNorm(Value x, const Twine &prefix);
+
+  SegmentOp buildEmbed();
+  SegmentOp buildBlock(int64_t layer);
+  SegmentOp buildHead();
+  void buildProgram(ArrayRef<SegmentOp> segments);
+
+  MLIRContext *ctx;
+  const GptConfig &cfg;
+  OpBuilder b;
+  /// Rows of an activation: N = B * S.
+  int64_t rows;
+  /// Declared parameter types, for param_ref.
+  llvm::StringMap<RankedTensorType> paramTypes;
+};
+
+} // namespace
+
+void GptModelBuilder::param(const Twine &name, ArrayRef<int64_t> shape,
+                            InitKind init, double scale) {
+  std::string key = name.str();
+  RankedTensorType type = f32(shape);
+  paramTypes[key] = type;
+  ParamOp::create(b, loc(key), key, type, init, llvm::APFloat(scale));
+}
+
+void GptModelBuilder::buildParams() {
+  const int64_t h = cfg.hidden, v = cfg.vocab, s = cfg.seq;
+  const double initStd = cfg.initStd;
+  // GPT-2 scales the projections that feed the residual stream by
+  // 1/sqrt(2 * layers): each block adds two of them.
+  const double projStd =
+      initStd / std::sqrt(2.0 * static_cast<double>(cfg.layers));
+
+  param("wte", {v, h}, InitKind::normal, initStd);
+  param("wpe", {s, h}, InitKind::normal, initStd);
+  for (int64_t i = 0; i < cfg.layers; ++i) {
+    std::string p = "h." + std::to_string(i) + ".";
+    param(p + "ln_1.weight", {h}, InitKind::ones);
+    param(p + "ln_1.bias", {h}, InitKind::zeros);
+    param(p + "attn.c_attn.weight", {h, 3 * h}, InitKind::normal, initStd);
+    param(p + "attn.c_attn.bias", {3 * h}, InitKind::zeros);
+    param(p + "attn.c_proj.weight", {h, h}, InitKind::normal, projStd);
+    param(p + "attn.c_proj.bias", {h}, InitKind::zeros);
+    param(p + "ln_2.weight", {h}, InitKind::ones);
+    param(p + "ln_2.bias", {h}, InitKind::zeros);
+    param(p + "mlp.c_fc.weight", {h, 4 * h}, InitKind::normal, initStd);
+    param(p + "mlp.c_fc.bias", {4 * h}, InitKind::zeros);
+    param(p + "mlp.c_proj.weight", {4 * h, h}, InitKind::normal, projStd);
+    param(p + "mlp.c_proj.bias", {h}, InitKind::zeros);
+  }
+  param("ln_f.weight", {h}, InitKind::ones);
+  param("ln_f.bias", {h}, InitKind::zeros);
+  if (!cfg.tiedHead)
+    param("lm_head.weight", {h, v}, InitKind::normal, initStd);
+}
+
+SegmentOp GptModelBuilder::beginSegment(StringRef name, int64_t block,
+                                        TypeRange inputs, TypeRange results,
+                                        Location where) {
+  auto segment =
+      SegmentOp::create(b, where, name, b.getFunctionType(inputs, results));
+  segment->setAttr("piper.block", b.getI64IntegerAttr(block));
+  b.setInsertionPointToStart(&segment.getBody().front());
+  return segment;
+}
+
+Value GptModelBuilder::ref(const Twine &name) {
+  std::string key = name.str();
+  assert(paramTypes.count(key) && "parameter not declared");
+  return ParamRefOp::create(b, loc(key), paramTypes[key], key);
+}
+
+Value GptModelBuilder::linear(Value x, const Twine &prefix, int64_t width,
+                              bool bias) {
+  std::string p = prefix.str();
+  Value w = ref(p + ".weight");
+  Value bv = bias ? ref(p + ".bias") : Value();
+  return LinearOp::create(b, loc(p), act(width), x, w, bv);
+}
+
+Value GptModelBuilder::layerNorm(Value x, const Twine &prefix) {
+  std::string p = prefix.str();
+  Value gamma = ref(p + ".weight");
+  Value beta = ref(p + ".bias");
+  return LayerNormOp::create(b, loc(p), act(cfg.hidden), x, gamma, beta,
+                             llvm::APFloat(1e-5));
+}
+
+SegmentOp GptModelBuilder::buildEmbed() {
+  OpBuilder::InsertionGuard guard(b);
+  SegmentOp segment = beginSegment("embed", 0, {idsType()},
+                                   {act(cfg.hidden)}, loc("embed"));
+  Value tokens = segment.getBody().getArgument(0);
+  Value wte = ref("wte");
+  Value wpe = ref("wpe");
+  Value x = EmbeddingOp::create(b, loc("wte"), act(cfg.hidden), tokens, wte);
+  x = PositionAddOp::create(b, loc("wpe"), act(cfg.hidden), x, wpe,
+                            static_cast<uint64_t>(cfg.seq));
+  YieldOp::create(b, loc("embed"), ValueRange{x});
+  return segment;
+}
+
+SegmentOp GptModelBuilder::buildBlock(int64_t layer) {
+  OpBuilder::InsertionGuard guard(b);
+  const int64_t h = cfg.hidden;
+  std::string p = "h." + std::to_string(layer);
+  SegmentOp segment =
+      beginSegment("block" + std::to_string(layer), layer + 1, {act(h)},
+                   {act(h)}, loc(p));
+  Value x = segment.getBody().getArgument(0);
+
+  // Attention sub-block: x + c_proj(attention(c_attn(ln_1(x)))).
+  Value y = layerNorm(x, p + ".ln_1");
+  y = linear(y, p + ".attn.c_attn", 3 * h);
+  y = AttentionOp::create(b, loc(p + ".attn"), act(h), y,
+                          static_cast<uint64_t>(cfg.heads),
+                          static_cast<uint64_t>(cfg.seq));
+  y = linear(y, p + ".attn.c_proj", h);
+  x = AddOp::create(b, loc(p + ".attn.residual"), x, y);
+
+  // MLP sub-block: x + c_proj(gelu(c_fc(ln_2(x)))).
+  y = layerNorm(x, p + ".ln_2");
+  y = linear(y, p + ".mlp.c_fc", 4 * h);
+  y = GeluOp::create(b, loc(p + ".mlp.gelu"), y);
+  y = linear(y, p + ".mlp.c_proj", h);
+  x = AddOp::create(b, loc(p + ".mlp.residual"), x, y);
+
+  YieldOp::create(b, loc(p), ValueRange{x});
+  return segment;
+}
+
+SegmentOp GptModelBuilder::buildHead() {
+  OpBuilder::InsertionGuard guard(b);
+  SegmentOp segment =
+      beginSegment("head", cfg.layers + 1, {act(cfg.hidden), idsType()},
+                   {f32({})}, loc("head"));
+  Value x = segment.getBody().getArgument(0);
+  Value targets = segment.getBody().getArgument(1);
+  x = layerNorm(x, "ln_f");
+  Value logits;
+  if (cfg.tiedHead)
+    logits = LinearOp::create(b, loc("lm_head"), act(cfg.vocab), x, ref("wte"),
+                              Value(), /*transpose_w=*/true);
+  else
+    logits = linear(x, "lm_head", cfg.vocab, /*bias=*/false);
+  Value loss =
+      CrossEntropyOp::create(b, loc("loss"), f32({}), logits, targets);
+  YieldOp::create(b, loc("head"), ValueRange{loss});
+  return segment;
+}
+
+void GptModelBuilder::buildProgram(ArrayRef<SegmentOp> segments) {
+  OpBuilder::InsertionGuard guard(b);
+  auto program = ProgramOp::create(b, loc("model"), "model");
+  b.setInsertionPointToStart(&program.getBody().front());
+  Type token = TokenType::get(ctx);
+  auto batch = BatchOp::create(b, loc("batch"), idsType(), idsType(), token,
+                               b.getDictionaryAttr({}));
+  Value x = batch.getTokens();
+  for (SegmentOp segment : segments) {
+    SmallVector<Value, 2> args{x};
+    if (segment == segments.back())
+      args.push_back(batch.getTargets());
+    int64_t block =
+        cast<IntegerAttr>(segment->getAttr("piper.block")).getInt();
+    auto tag = b.getDictionaryAttr(
+        b.getNamedAttr("block", b.getI64IntegerAttr(block)));
+    auto task = TaskOp::create(
+        b, loc(segment.getSymName()), segment.getResultTypes(), token,
+        segment.getSymName(), args, ValueRange{}, tag,
+        /*devices=*/DenseI64ArrayAttr(), /*stream=*/StringAttr());
+    x = task.getOuts().front();
+  }
+}
+
+OwningOpRef<ModuleOp> GptModelBuilder::build() {
+  ctx->getOrLoadDialect<PiperDialect>();
+  OwningOpRef<ModuleOp> module = ModuleOp::create(loc("gpt"));
+  b.setInsertionPointToEnd(module->getBody());
+  buildParams();
+  SmallVector<SegmentOp> segments;
+  segments.push_back(buildEmbed());
+  for (int64_t i = 0; i < cfg.layers; ++i)
+    segments.push_back(buildBlock(i));
+  segments.push_back(buildHead());
+  buildProgram(segments);
+  return module;
+}
+
+OwningOpRef<ModuleOp> mlir::piper::buildGptModel(MLIRContext *ctx,
+                                                 const GptConfig &cfg) {
+  assert(validateGptConfig(cfg).empty() && "invalid GPT config");
+  return GptModelBuilder(ctx, cfg).build();
+}

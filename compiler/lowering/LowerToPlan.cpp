@@ -1,0 +1,358 @@
+// Lowering of device programs to plans: segments become kernel lists, nodes
+// become per-stream instructions with events across streams.
+#include "compiler/lowering/LowerToPlan.h"
+
+#include "compiler/transforms/Transforms.h"
+#include "dialects/piper/PiperDialect.h"
+#include "proto/PlanFile.h"
+
+using namespace mlir;
+using namespace mlir::piper;
+
+namespace {
+plan::TensorType toTensorType(Type type) {
+  plan::TensorType out;
+  auto t = cast<RankedTensorType>(type);
+  out.set_dtype(t.getElementType().isInteger(32) ? plan::I32 : plan::F32);
+  for (int64_t d : t.getShape())
+    out.add_shape(d);
+  return out;
+}
+
+StringRef streamOf(Operation *op) {
+  if (auto t = dyn_cast<TaskOp>(op))
+    return t.getStream() ? *t.getStream() : "compute";
+  if (auto s = dyn_cast<SendOp>(op))
+    return s.getStream();
+  if (auto r = dyn_cast<RecvOp>(op))
+    return r.getStream();
+  if (auto a = dyn_cast<AllReduceOp>(op))
+    return a.getStream();
+  return "compute";
+}
+
+class ClassLowering {
+public:
+  ClassLowering(ModuleOp module, DeviceProgramOp dp, int64_t worldSize,
+                double lossScale)
+      : module(module), dp(dp), symbols(module), worldSize(worldSize),
+        lossScale(lossScale) {}
+
+  FailureOr<plan::Plan> run() {
+    p.set_schema_version(plan::kPlanSchemaVersion);
+    p.set_device_class(dp.getDeviceClass());
+    for (int64_t r : dp.getRanks())
+      p.add_ranks(r);
+    p.set_world_size(worldSize);
+    groupId(dp.getRanks());
+
+    Block &body = dp.getBody().front();
+    // Events: an op whose result is read on another stream records one.
+    for (Operation &op : body)
+      for (Value v : op.getOperands())
+        if (Operation *def = v.getDefiningOp();
+            def && streamOf(def) != streamOf(&op) && !eventOf.count(def))
+          eventOf[def] = eventOf.size();
+    p.set_num_events(eventOf.size());
+
+    for (Operation &op : body) {
+      plan::Stream &stream = streamFor(streamOf(&op));
+      std::set<int64_t> waits;
+      for (Value v : op.getOperands())
+        if (Operation *def = v.getDefiningOp();
+            def && streamOf(def) != streamOf(&op))
+          waits.insert(eventOf.at(def));
+      for (int64_t e : waits) {
+        plan::Instruction *w = stream.add_instructions();
+        w->set_kind(plan::Instruction::WAIT);
+        w->set_event(e);
+        w->set_label("wait for " + eventLabel(e));
+      }
+      plan::Instruction *ins = stream.add_instructions();
+      ins->set_label(describeNode(&op));
+      if (auto batch = dyn_cast<BatchOp>(op)) {
+        ins->set_kind(plan::Instruction::LOAD_BATCH);
+        ins->set_microbatch(getTagInt(batch.getTag(), "MB").value_or(0));
+        ins->add_outputs(buffer(batch.getTokens(), "tokens"));
+        ins->add_outputs(buffer(batch.getTargets(), "targets"));
+        auto t = cast<RankedTensorType>(batch.getTokens().getType());
+        p.mutable_training()->set_microbatch_size(t.getDimSize(0));
+        p.mutable_training()->set_seq_len(t.getDimSize(1));
+      } else if (auto task = dyn_cast<TaskOp>(op)) {
+        FailureOr<int> seg = segment(task.getSegment());
+        if (failed(seg))
+          return failure();
+        ins->set_kind(plan::Instruction::CALL);
+        ins->set_segment(*seg);
+        for (Value a : task.getArgs())
+          ins->add_inputs(buffer(a, ""));
+        for (Value r : task.getOuts())
+          ins->add_outputs(buffer(r, ins->label()));
+      } else if (auto send = dyn_cast<SendOp>(op)) {
+        ins->set_kind(plan::Instruction::SEND);
+        ins->add_inputs(buffer(send.getInput(), ""));
+        ins->set_peer_group(groupId(send.getPeers()));
+        ins->set_tag(send.getChannel());
+      } else if (auto recv = dyn_cast<RecvOp>(op)) {
+        ins->set_kind(plan::Instruction::RECV);
+        ins->add_outputs(buffer(recv.getResult(), ins->label()));
+        ins->set_peer_group(groupId(recv.getPeers()));
+        ins->set_tag(recv.getChannel());
+      } else if (auto ar = dyn_cast<AllReduceOp>(op)) {
+        ins->set_kind(plan::Instruction::ALL_REDUCE);
+        ins->set_group(groupId(ar.getDevices()));
+        for (Attribute a : ar.getParams())
+          ins->add_params(param(cast<FlatSymbolRefAttr>(a).getAttr()));
+      } else {
+        return op.emitOpError("cannot be lowered to a plan instruction");
+      }
+      if (eventOf.count(&op)) {
+        plan::Instruction *rec = stream.add_instructions();
+        rec->set_kind(plan::Instruction::RECORD);
+        rec->set_event(eventOf.at(&op));
+        rec->set_label("after " + ins->label());
+      }
+    }
+    auto *training = p.mutable_training();
+    training->set_num_microbatches(
+        dp->getAttrOfType<IntegerAttr>("num_microbatches").getInt());
+    training->set_num_replicas(
+        dp->getAttrOfType<IntegerAttr>("num_replicas").getInt());
+    return std::move(p);
+  }
+
+private:
+  std::string eventLabel(int64_t e) {
+    for (auto &[op, id] : eventOf)
+      if (id == e)
+        return describeNode(op);
+    return "";
+  }
+
+  plan::Stream &streamFor(StringRef name) {
+    for (plan::Stream &s : *p.mutable_streams())
+      if (s.name() == name)
+        return s;
+    plan::Stream *s = p.add_streams();
+    s->set_name(name.str());
+    return *s;
+  }
+
+  int groupId(ArrayRef<int64_t> ranks) {
+    for (const plan::DeviceGroup &g : p.groups())
+      if (llvm::equal(g.ranks(), ranks))
+        return g.id();
+    plan::DeviceGroup *g = p.add_groups();
+    g->set_id(p.groups_size() - 1);
+    for (int64_t r : ranks)
+      g->add_ranks(r);
+    return g->id();
+  }
+
+  int buffer(Value v, const std::string &name) {
+    auto it = buffers.find(v);
+    if (it != buffers.end())
+      return it->second;
+    plan::Buffer *b = p.add_buffers();
+    b->set_id(p.buffers_size() - 1);
+    *b->mutable_type() = toTensorType(v.getType());
+    b->set_name(name);
+    buffers[v] = b->id();
+    return b->id();
+  }
+
+  int param(StringAttr name) {
+    auto it = params.find(name);
+    if (it != params.end())
+      return it->second;
+    auto decl = symbols.lookup<ParamOp>(name);
+    plan::Parameter *out = p.add_params();
+    out->set_name(name.str());
+    *out->mutable_type() = toTensorType(decl.getType());
+    switch (decl.getInit()) {
+    case InitKind::zeros:
+      out->mutable_init()->set_kind(plan::Initializer::ZEROS);
+      break;
+    case InitKind::ones:
+      out->mutable_init()->set_kind(plan::Initializer::ONES);
+      break;
+    case InitKind::normal:
+      out->mutable_init()->set_kind(plan::Initializer::NORMAL);
+      break;
+    }
+    out->mutable_init()->set_scale(decl.getScale().convertToDouble());
+    params[name] = p.params_size() - 1;
+    return p.params_size() - 1;
+  }
+
+  static plan::Operand operand(plan::Operand::Kind kind, int index) {
+    plan::Operand o;
+    o.set_kind(kind);
+    o.set_index(index);
+    return o;
+  }
+
+  FailureOr<int> segment(StringRef name) {
+    auto it = segments.find(name);
+    if (it != segments.end())
+      return it->second;
+    auto seg = symbols.lookup<SegmentOp>(name);
+    if (!seg)
+      return dp.emitOpError("calls unknown segment @") << name;
+    plan::Segment *out = p.add_segments();
+    out->set_name(name.str());
+    DenseMap<Value, plan::Operand> values;
+    auto newValue = [&](Value v) {
+      int id = out->values_size();
+      *out->add_values() = toTensorType(v.getType());
+      values[v] = operand(plan::Operand::VALUE, id);
+      return id;
+    };
+    Block &body = seg.getBody().front();
+    for (BlockArgument a : body.getArguments())
+      out->add_args(newValue(a));
+    for (Operation &op : body) {
+      if (auto ref = dyn_cast<ParamRefOp>(op)) {
+        values[ref.getResult()] =
+            operand(plan::Operand::PARAM, param(ref.getParamAttr().getAttr()));
+        continue;
+      }
+      if (auto y = dyn_cast<YieldOp>(op)) {
+        for (Value v : y.getValues()) {
+          plan::Operand o = values.lookup(v);
+          if (o.kind() != plan::Operand::VALUE)
+            return y.emitOpError("cannot return a parameter from a segment");
+          out->add_results(o.index());
+        }
+        continue;
+      }
+      plan::Kernel *k = out->add_kernels();
+      std::string opName = op.getName().stripDialect().str();
+      k->set_op(opName);
+      auto setInt = [&](StringRef key, int64_t v) {
+        (*k->mutable_attrs())[key.str()].set_i(v);
+      };
+      auto setFloat = [&](StringRef key, double v) {
+        (*k->mutable_attrs())[key.str()].set_f(v);
+      };
+      if (auto acc = dyn_cast<AccumulateGradOp>(op)) {
+        k->set_op("accumulate");
+        *k->add_inputs() = values.lookup(acc.getGrad());
+        *k->add_outputs() = operand(plan::Operand::GRAD,
+                                    param(acc.getParamAttr().getAttr()));
+        continue;
+      }
+      if (auto z = dyn_cast<ZeroGradOp>(op)) {
+        k->set_op("zero");
+        *k->add_outputs() =
+            operand(plan::Operand::GRAD, param(z.getParamAttr().getAttr()));
+        continue;
+      }
+      if (auto adam = dyn_cast<AdamWOp>(op)) {
+        int idx = param(adam.getParamAttr().getAttr());
+        *k->add_inputs() = operand(plan::Operand::GRAD, idx);
+        *k->add_outputs() = operand(plan::Operand::PARAM, idx);
+        *k->add_outputs() = operand(plan::Operand::ADAM_M, idx);
+        *k->add_outputs() = operand(plan::Operand::ADAM_V, idx);
+        setFloat("lr", adam.getLr().convertToDouble());
+        setFloat("beta1", adam.getBeta1().convertToDouble());
+        setFloat("beta2", adam.getBeta2().convertToDouble());
+        setFloat("eps", adam.getEps().convertToDouble());
+        setFloat("weight_decay", adam.getWeightDecay().convertToDouble());
+        auto *t = p.mutable_training();
+        t->set_lr(adam.getLr().convertToDouble());
+        t->set_beta1(adam.getBeta1().convertToDouble());
+        t->set_beta2(adam.getBeta2().convertToDouble());
+        t->set_eps(adam.getEps().convertToDouble());
+        if (adam.getWeightDecay().convertToDouble() > 0)
+          t->set_weight_decay(adam.getWeightDecay().convertToDouble());
+        continue;
+      }
+      for (Value v : op.getOperands()) {
+        auto it = values.find(v);
+        if (it == values.end())
+          return op.emitOpError("uses a value the lowering does not know");
+        *k->add_inputs() = it->second;
+      }
+      for (Value r : op.getResults())
+        *k->add_outputs() = operand(plan::Operand::VALUE, newValue(r));
+      for (NamedAttribute a : op.getAttrs()) {
+        if (auto i = dyn_cast<IntegerAttr>(a.getValue()))
+          setInt(a.getName().getValue(), i.getInt());
+        else if (auto f = dyn_cast<FloatAttr>(a.getValue()))
+          setFloat(a.getName().getValue(), f.getValueAsDouble());
+        else if (isa<UnitAttr>(a.getValue()))
+          setInt(a.getName().getValue(), 1);
+      }
+      // Attributes with defaults are not stored on the op.
+      if (auto ln = dyn_cast<LayerNormOp>(op))
+        setFloat("eps", ln.getEps().convertToDouble());
+      if (auto ln = dyn_cast<LayerNormGradOp>(op))
+        setFloat("eps", ln.getEps().convertToDouble());
+      if (auto eg = dyn_cast<EmbeddingGradOp>(op)) {
+        setInt("vocab",
+               cast<RankedTensorType>(eg.getResult().getType()).getDimSize(0));
+      }
+      if (auto emb = dyn_cast<EmbeddingOp>(op))
+        p.mutable_training()->set_vocab_size(
+            cast<RankedTensorType>(emb.getTable().getType()).getDimSize(0));
+      if (isa<CrossEntropyGradOp, LossAccumulateOp>(op))
+        setFloat("scale", lossScale);
+      if (isa<LossAccumulateOp>(op))
+        p.set_has_loss(true);
+    }
+    segments[name] = p.segments_size() - 1;
+    return p.segments_size() - 1;
+  }
+
+  ModuleOp module;
+  DeviceProgramOp dp;
+  SymbolTable symbols;
+  int64_t worldSize;
+  double lossScale;
+  plan::Plan p;
+  std::map<Operation *, int64_t> eventOf;
+  DenseMap<Value, int> buffers;
+  DenseMap<StringAttr, int> params;
+  llvm::StringMap<int> segments;
+};
+} // namespace
+
+FailureOr<LoweredPlans>
+mlir::piper::lowerToPlans(ModuleOp module, const std::string &modelName,
+                          const std::string &strategySummary) {
+  SmallVector<DeviceProgramOp> programs(module.getOps<DeviceProgramOp>());
+  if (programs.empty())
+    return module.emitError("no device programs to lower");
+  int64_t worldSize = 0;
+  for (DeviceProgramOp dp : programs)
+    for (int64_t r : dp.getRanks())
+      worldSize = std::max(worldSize, r + 1);
+  LoweredPlans out;
+  plan::Manifest &m = out.manifest;
+  m.set_schema_version(plan::kPlanSchemaVersion);
+  m.set_world_size(worldSize);
+  m.set_model_name(modelName);
+  m.set_strategy(strategySummary);
+  for (DeviceProgramOp dp : programs) {
+    int64_t mbs = dp->getAttrOfType<IntegerAttr>("num_microbatches").getInt();
+    int64_t reps = dp->getAttrOfType<IntegerAttr>("num_replicas").getInt();
+    FailureOr<plan::Plan> plan =
+        ClassLowering(module, dp, worldSize, 1.0 / double(mbs * reps)).run();
+    if (failed(plan))
+      return failure();
+    plan->set_model_name(modelName);
+    plan::Manifest::Class *c = m.add_classes();
+    c->set_device_class(plan->device_class());
+    for (int64_t r : plan->ranks())
+      c->add_ranks(r);
+    c->set_plan_file("plan_class" + std::to_string(plan->device_class()) +
+                     ".pb");
+    out.plans.push_back(std::move(*plan));
+  }
+  // The manifest's training summary merges what the classes know.
+  plan::TrainingConfig &t = *m.mutable_training();
+  for (const plan::Plan &p : out.plans)
+    t.MergeFrom(p.training());
+  return out;
+}

@@ -1,0 +1,400 @@
+// Parsing of strategy files and the GPipe / 1F1B schedule builders.
+#include "compiler/strategy/Strategy.h"
+
+#include "llvm/ADT/STLExtras.h"
+#include "llvm/ADT/StringExtras.h"
+#include "llvm/ADT/StringSet.h"
+#include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/JSON.h"
+
+using namespace mlir::piper;
+namespace json = llvm::json;
+
+std::string FilterValue::str() const {
+  switch (kind) {
+  case Index:
+    return std::to_string(index);
+  case Any:
+    return "\"*\"";
+  case Pass:
+    return "\"" + pass + "\"";
+  }
+  return "";
+}
+
+std::string Filter::str() const {
+  std::string out = "{";
+  for (const auto &[key, value] : entries)
+    out += (out.size() > 1 ? ", \"" : "\"") + key + "\": " + value.str();
+  return out + "}";
+}
+
+static llvm::StringRef kindName(Directive::Kind kind) {
+  switch (kind) {
+  case Directive::Stage:
+    return "stage";
+  case Directive::Split:
+    return "split";
+  case Directive::Place:
+    return "place";
+  case Directive::Replicate:
+    return "replicate";
+  case Directive::Order:
+    return "order";
+  }
+  return "";
+}
+
+std::string Directive::describe() const {
+  return llvm::formatv("directive #{0} ({1})", index, text).str();
+}
+
+namespace {
+/// Parses one directive object; errors are prefixed with its description.
+class DirectiveParser {
+public:
+  DirectiveParser(const json::Object &obj, int index, std::string text)
+      : obj(obj) {
+    d.index = index;
+    d.text = std::move(text);
+  }
+
+  llvm::Expected<Directive> parse() {
+    std::optional<llvm::StringRef> op = obj.getString("op");
+    if (!op)
+      return fail("missing string key \"op\"");
+    llvm::StringSet<> allowed = {"op"};
+    if (*op == "stage") {
+      d.kind = Directive::Stage;
+      allowed.insert("stages");
+      if (auto e = getInt("stages", d.stages, /*required=*/true))
+        return std::move(e);
+      if (d.stages < 1)
+        return fail("\"stages\" must be positive");
+    } else if (*op == "split") {
+      d.kind = Directive::Split;
+      for (auto k : {"filter", "dim_name", "num_microbatches"})
+        allowed.insert(k);
+      if (auto e = getFilter("filter", d.filter, /*required=*/false))
+        return std::move(e);
+      if (auto e = getInt("num_microbatches", d.numMicrobatches, true))
+        return std::move(e);
+      if (d.numMicrobatches < 1)
+        return fail("\"num_microbatches\" must be positive");
+      if (auto name = obj.getString("dim_name"))
+        d.dimName = name->str();
+      if (d.dimName != "MB")
+        return fail("only the \"MB\" split dimension is supported");
+      if (!d.filter.entries.empty())
+        return fail("split supports only the empty filter {} (the whole DAG)");
+    } else if (*op == "place" || *op == "replicate") {
+      bool place = *op == "place";
+      d.kind = place ? Directive::Place : Directive::Replicate;
+      for (auto k : {"filter", "devices"})
+        allowed.insert(k);
+      if (auto e = getFilter("filter", d.filter, /*required=*/true))
+        return std::move(e);
+      if (auto e = getDevices())
+        return std::move(e);
+      if (place) {
+        allowed.insert("stream");
+        d.stream = obj.getString("stream").value_or("pp_stream").str();
+      } else {
+        for (auto k : {"reduce_stream", "gather_stream", "bucket_size",
+                       "shard_grads", "shard_params"})
+          allowed.insert(k);
+        if (obj.getBoolean("shard_grads").value_or(false) ||
+            obj.getBoolean("shard_params").value_or(false))
+          return fail("ZeRO sharding (shard_grads / shard_params) is not "
+                      "implemented yet");
+        if (obj.get("stream"))
+          return fail("replicate takes \"reduce_stream\", not \"stream\"");
+        d.reduceStream =
+            obj.getString("reduce_stream").value_or("dp_stream").str();
+        if (const json::Value *b = obj.get("bucket_size")) {
+          std::optional<double> mb = b->getAsNumber();
+          if (!mb || *mb <= 0)
+            return fail("\"bucket_size\" must be a positive number of MB");
+          d.bucketSizeMb = *mb;
+        }
+      }
+    } else if (*op == "order") {
+      d.kind = Directive::Order;
+      allowed.insert("filters");
+      const json::Array *rows = obj.getArray("filters");
+      if (!rows)
+        return fail("missing list key \"filters\" (a list of groups)");
+      for (const json::Value &row : *rows) {
+        const json::Array *group = row.getAsArray();
+        if (!group || group->empty())
+          return fail("each entry of \"filters\" must be a non-empty list of "
+                      "filters");
+        std::vector<Filter> filters;
+        for (const json::Value &f : *group) {
+          Filter filter;
+          if (auto e = parseFilter(f, filter))
+            return std::move(e);
+          filters.push_back(std::move(filter));
+        }
+        d.groups.push_back(std::move(filters));
+      }
+      if (d.groups.empty())
+        return fail("\"filters\" must not be empty");
+    } else if (*op == "shard") {
+      return fail("expert parallelism (shard) is not implemented yet");
+    } else {
+      return fail(llvm::formatv("unknown directive \"{0}\" (expected stage, "
+                                "split, place, replicate or order)",
+                                *op)
+                      .str());
+    }
+    for (const auto &kv : obj)
+      if (!allowed.contains(kv.first.str()))
+        return fail(llvm::formatv("unknown key \"{0}\" for {1}",
+                                  kv.first.str(), kindName(d.kind))
+                        .str());
+    return d;
+  }
+
+private:
+  llvm::Error fail(const std::string &msg) {
+    return llvm::createStringError(d.describe() + ": " + msg);
+  }
+
+  llvm::Error getInt(llvm::StringRef key, int64_t &out, bool required) {
+    const json::Value *v = obj.get(key);
+    if (!v)
+      return required ? fail(("missing integer key \"" + key + "\"").str())
+                      : llvm::Error::success();
+    std::optional<int64_t> i = v->getAsInteger();
+    if (!i)
+      return fail(("\"" + key + "\" must be an integer").str());
+    out = *i;
+    return llvm::Error::success();
+  }
+
+  llvm::Error getDevices() {
+    const json::Array *list = obj.getArray("devices");
+    if (!list || list->empty())
+      return fail("\"devices\" must be a non-empty list of device indices");
+    for (const json::Value &v : *list) {
+      std::optional<int64_t> i = v.getAsInteger();
+      if (!i || *i < 0)
+        return fail("\"devices\" entries must be non-negative integers");
+      if (llvm::is_contained(d.devices, *i))
+        return fail(llvm::formatv("device {0} is listed twice", *i).str());
+      d.devices.push_back(*i);
+    }
+    return llvm::Error::success();
+  }
+
+  llvm::Error getFilter(llvm::StringRef key, Filter &out, bool required) {
+    const json::Value *v = obj.get(key);
+    if (!v)
+      return required ? fail(("missing key \"" + key + "\"").str())
+                      : llvm::Error::success();
+    return parseFilter(*v, out);
+  }
+
+  llvm::Error parseFilter(const json::Value &v, Filter &out) {
+    const json::Object *f = v.getAsObject();
+    if (!f)
+      return fail("a filter must be an object such as {\"PP\": 0, \"MB\": "
+                  "\"*\"}");
+    for (const auto &[k, value] : *f) {
+      std::string key = k.str();
+      if (!llvm::is_contained(kFilterKeys, key))
+        return fail(llvm::formatv("unknown filter key \"{0}\" (expected PP, "
+                                  "EP, MB or PASS)",
+                                  key)
+                        .str());
+      FilterValue fv;
+      if (key == "PASS") {
+        std::optional<llvm::StringRef> pass = value.getAsString();
+        if (!pass || !llvm::is_contained(
+                         {llvm::StringRef("F"), llvm::StringRef("B"),
+                          llvm::StringRef("BI"), llvm::StringRef("BW"),
+                          llvm::StringRef("U")},
+                         *pass))
+          return fail("filter PASS must be one of \"F\", \"B\", \"BI\", "
+                      "\"BW\", \"U\"");
+        if (*pass == "BI" || *pass == "BW")
+          return fail("split backward passes (BI/BW) are not implemented "
+                      "yet");
+        fv.kind = FilterValue::Pass;
+        fv.pass = pass->str();
+      } else if (std::optional<llvm::StringRef> s = value.getAsString()) {
+        if (*s != "*")
+          return fail(llvm::formatv("filter {0} must be an index or \"*\"",
+                                    key)
+                          .str());
+        fv.kind = FilterValue::Any;
+      } else if (std::optional<int64_t> i = value.getAsInteger(); i && *i >= 0) {
+        fv.kind = FilterValue::Index;
+        fv.index = *i;
+      } else {
+        return fail(llvm::formatv("filter {0} must be a non-negative index "
+                                  "or \"*\"",
+                                  key)
+                        .str());
+      }
+      out.entries[key] = fv;
+    }
+    return llvm::Error::success();
+  }
+
+  const json::Object &obj;
+  Directive d;
+};
+} // namespace
+
+llvm::Expected<Strategy> mlir::piper::parseStrategy(llvm::StringRef text) {
+  llvm::Expected<json::Value> value = json::parse(text);
+  if (!value)
+    return llvm::createStringError("strategy is not valid JSON: " +
+                                   llvm::toString(value.takeError()));
+  Strategy strategy;
+  const json::Array *list = value->getAsArray();
+  if (const json::Object *obj = value->getAsObject()) {
+    for (const auto &kv : *obj)
+      if (kv.first != "directives" && kv.first != "world_size")
+        return llvm::createStringError(
+            "unknown top-level key \"" + kv.first.str() +
+            "\" (expected \"directives\" and \"world_size\")");
+    list = obj->getArray("directives");
+    if (const json::Value *ws = obj->get("world_size")) {
+      std::optional<int64_t> n = ws->getAsInteger();
+      if (!n || *n < 1)
+        return llvm::createStringError(
+            "\"world_size\" must be a positive integer");
+      strategy.worldSize = *n;
+    }
+  }
+  if (!list)
+    return llvm::createStringError(
+        "a strategy is a list of directives, or an object with a "
+        "\"directives\" list");
+  for (auto [i, entry] : llvm::enumerate(*list)) {
+    std::string text;
+    llvm::raw_string_ostream os(text);
+    os << entry;
+    const json::Object *obj = entry.getAsObject();
+    if (!obj)
+      return llvm::createStringError(
+          llvm::formatv("directive #{0} ({1}): must be an object", i, text)
+              .str());
+    llvm::Expected<Directive> d = DirectiveParser(*obj, i, text).parse();
+    if (!d)
+      return d.takeError();
+    strategy.directives.push_back(std::move(*d));
+  }
+  strategy.summary = "strategy file, " +
+                     std::to_string(strategy.directives.size()) + " directives";
+  return strategy;
+}
+
+std::optional<Schedule> mlir::piper::parseSchedule(llvm::StringRef name) {
+  if (name == "gpipe")
+    return Schedule::GPipe;
+  if (name == "1f1b")
+    return Schedule::OneFOneB;
+  return std::nullopt;
+}
+
+llvm::StringRef mlir::piper::toString(Schedule schedule) {
+  return schedule == Schedule::GPipe ? "gpipe" : "1f1b";
+}
+
+static Filter taskFilter(int64_t stage, int64_t mb, llvm::StringRef pass) {
+  Filter f;
+  f.entries["PP"] = {FilterValue::Index, stage, ""};
+  f.entries["MB"] = {FilterValue::Index, mb, ""};
+  f.entries["PASS"] = {FilterValue::Pass, 0, pass.str()};
+  return f;
+}
+
+std::vector<Directive> mlir::piper::buildSchedule(Schedule schedule,
+                                                  int64_t stages,
+                                                  int64_t microbatches) {
+  std::vector<Directive> out;
+  for (int64_t s = 0; s < stages; ++s) {
+    Directive d;
+    d.kind = Directive::Order;
+    std::vector<std::pair<int64_t, const char *>> seq;
+    if (schedule == Schedule::GPipe) {
+      for (int64_t m = 0; m < microbatches; ++m)
+        seq.push_back({m, "F"});
+      for (int64_t m = 0; m < microbatches; ++m)
+        seq.push_back({m, "B"});
+    } else {
+      // 1F1B: stage s warms up with (stages - 1 - s) forwards, then
+      // alternates one forward and one backward, then drains the backwards.
+      int64_t warmup = std::min(stages - 1 - s, microbatches);
+      int64_t f = 0, b = 0;
+      for (; f < warmup; ++f)
+        seq.push_back({f, "F"});
+      while (f < microbatches) {
+        seq.push_back({f++, "F"});
+        seq.push_back({b++, "B"});
+      }
+      while (b < microbatches)
+        seq.push_back({b++, "B"});
+    }
+    for (auto [mb, pass] : seq)
+      d.groups.push_back({taskFilter(s, mb, pass)});
+    d.text = llvm::formatv("order: {0} schedule of stage {1}",
+                           toString(schedule), s)
+                 .str();
+    out.push_back(std::move(d));
+  }
+  return out;
+}
+
+Strategy mlir::piper::strategyFromFlags(int64_t pp, int64_t dp,
+                                        int64_t microbatches,
+                                        Schedule schedule) {
+  Strategy s;
+  auto add = [&](Directive d, std::string text) {
+    d.index = s.directives.size();
+    d.text = std::move(text);
+    s.directives.push_back(std::move(d));
+  };
+  Directive stage;
+  stage.kind = Directive::Stage;
+  stage.stages = pp;
+  add(stage, llvm::formatv("stage stages={0}", pp).str());
+  Directive split;
+  split.kind = Directive::Split;
+  split.numMicrobatches = microbatches;
+  add(split, llvm::formatv("split num_microbatches={0}", microbatches).str());
+  for (int64_t st = 0; st < pp; ++st) {
+    std::vector<int64_t> devices;
+    for (int64_t r = 0; r < dp; ++r)
+      devices.push_back(st * dp + r);
+    std::string devs = llvm::formatv(
+        "[{0}]", llvm::join(llvm::map_range(devices,
+                                            [](int64_t d) {
+                                              return std::to_string(d);
+                                            }),
+                            ", "));
+    Directive place;
+    place.kind = Directive::Place;
+    place.filter.entries["PP"] = {FilterValue::Index, st, ""};
+    place.devices = devices;
+    place.stream = "pp_stream";
+    add(place, llvm::formatv("place PP={0} devices={1}", st, devs).str());
+    Directive rep;
+    rep.kind = Directive::Replicate;
+    rep.filter = place.filter;
+    rep.devices = devices;
+    rep.reduceStream = "dp_stream";
+    add(rep, llvm::formatv("replicate PP={0} devices={1}", st, devs).str());
+  }
+  for (Directive &d : buildSchedule(schedule, pp, microbatches))
+    add(d, d.text);
+  s.worldSize = pp * dp;
+  s.summary = llvm::formatv("pp={0} dp={1} microbatches={2} schedule={3}", pp,
+                            dp, microbatches, toString(schedule))
+                  .str();
+  return s;
+}

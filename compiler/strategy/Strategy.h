@@ -1,0 +1,87 @@
+// Strategies: the directive list (JSON or flags) that rewrites the training
+// DAG, and the schedule builders that emit `order` directives.
+#ifndef PIPER_COMPILER_STRATEGY_STRATEGY_H
+#define PIPER_COMPILER_STRATEGY_STRATEGY_H
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "llvm/ADT/StringRef.h"
+#include "llvm/Support/Error.h"
+
+namespace mlir::piper {
+
+/// One entry of a filter: an exact index, any index ("*"), or a pass name.
+struct FilterValue {
+  enum Kind { Index, Any, Pass } kind = Any;
+  int64_t index = 0;
+  std::string pass;
+  std::string str() const;
+};
+
+/// Selects program nodes by their tags. A node matches when every key of the
+/// filter is present in its tag with a matching value; an empty filter
+/// matches every node.
+struct Filter {
+  std::map<std::string, FilterValue> entries;
+  std::string str() const;
+};
+
+/// Keys a filter may use.
+inline constexpr llvm::StringLiteral kFilterKeys[] = {"PP", "EP", "MB", "PASS"};
+
+/// One directive of a strategy, as parsed from JSON or built from flags.
+struct Directive {
+  enum Kind { Stage, Split, Place, Replicate, Order } kind = Split;
+  /// Position in the strategy and the directive's own text, for diagnostics.
+  int index = 0;
+  std::string text;
+
+  Filter filter;
+  std::vector<int64_t> devices;
+  std::string stream;        // place: stream of the send/recv it inserts
+  std::string reduceStream;  // replicate: stream of the all-reduces
+  double bucketSizeMb = 25;  // replicate: gradient bucket size
+  int64_t numMicrobatches = 1;
+  std::string dimName = "MB";
+  int64_t stages = 1;
+  std::vector<std::vector<Filter>> groups; // order: groups in time order
+
+  /// "directive #3 (place {...})" for messages.
+  std::string describe() const;
+};
+
+/// A whole strategy: directives plus an optional declared world size.
+struct Strategy {
+  std::vector<Directive> directives;
+  std::optional<int64_t> worldSize;
+  /// A one-line summary, e.g. "pp=2 dp=2 microbatches=4 schedule=1f1b".
+  std::string summary;
+};
+
+/// Parses a strategy file: either a JSON list of directives (the original
+/// Piper format) or an object {"world_size": N, "directives": [...]}.
+/// Unknown directives and keys, bad filter keys or values, and malformed
+/// device lists are errors naming the directive.
+llvm::Expected<Strategy> parseStrategy(llvm::StringRef json);
+
+/// Pipeline schedules that `--schedule` knows.
+enum class Schedule { GPipe, OneFOneB };
+std::optional<Schedule> parseSchedule(llvm::StringRef name);
+llvm::StringRef toString(Schedule schedule);
+
+/// Emits one `order` directive per pipeline stage for `schedule`.
+std::vector<Directive> buildSchedule(Schedule schedule, int64_t stages,
+                                     int64_t microbatches);
+
+/// Builds the strategy for `--pp P --dp D --microbatches M --schedule S`:
+/// stage s runs on devices [s*D, (s+1)*D).
+Strategy strategyFromFlags(int64_t pp, int64_t dp, int64_t microbatches,
+                           Schedule schedule);
+
+} // namespace mlir::piper
+
+#endif // PIPER_COMPILER_STRATEGY_STRATEGY_H

@@ -1,0 +1,421 @@
+// piper-build-training-dag: reverse-mode autodiff of every stage segment,
+// the loss, and an AdamW update task per stage.
+#include "compiler/transforms/Transforms.h"
+
+#include "llvm/ADT/SetVector.h"
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/IRMapping.h"
+
+using namespace mlir;
+using namespace mlir::piper;
+
+namespace {
+/// The backward of one forward segment.
+struct Differentiated {
+  SegmentOp backward;
+  /// Forward results that are losses (dropped from the forward's results).
+  SmallVector<unsigned> lossResults;
+  /// Forward results that receive a gradient argument, in B argument order.
+  SmallVector<unsigned> gradResults;
+  /// Residuals B reads: either a forward argument (passed straight from the
+  /// program) or a value of the forward body (appended to its results).
+  struct Residual {
+    bool isArg;
+    unsigned index; // forward argument index, or index into extraResults
+  };
+  SmallVector<Residual> residuals;
+  SmallVector<Value> extraResults;
+  /// Forward arguments that B returns a gradient for, in B result order.
+  SmallVector<unsigned> gradArgs;
+  /// Parameters whose gradients B accumulates.
+  llvm::SetVector<StringAttr> params;
+};
+
+/// Builds the backward segment of `fwd` and rewrites `fwd` to accumulate the
+/// loss and return the residuals.
+class Differentiator {
+public:
+  Differentiator(SegmentOp fwd, OpBuilder &moduleBuilder)
+      : fwd(fwd), mb(moduleBuilder) {}
+
+  FailureOr<Differentiated> run() {
+    Block &fb = fwd.getBody().front();
+    auto yield = cast<YieldOp>(fb.getTerminator());
+    // Which values depend on something trainable.
+    for (BlockArgument arg : fb.getArguments())
+      if (isFloat(arg))
+        requiresGrad.insert(arg);
+    for (Operation &op : fb.without_terminator()) {
+      bool any = isa<ParamRefOp>(op);
+      for (Value v : op.getOperands())
+        any |= requiresGrad.contains(v);
+      if (any)
+        for (Value r : op.getResults())
+          if (isFloat(r))
+            requiresGrad.insert(r);
+    }
+
+    std::string name = fwd.getSymName().str();
+    if (StringRef(name).ends_with("_F"))
+      name.resize(name.size() - 2);
+    bwd = SegmentOp::create(mb, fwd.getLoc(), name + "_B",
+                            mb.getFunctionType({}, {}));
+    Block &bb = bwd.getBody().front();
+    b = std::make_unique<OpBuilder>(OpBuilder::atBlockEnd(&bb));
+
+    DenseSet<Value> losses;
+    for (auto [i, v] : llvm::enumerate(yield.getValues())) {
+      auto t = cast<RankedTensorType>(v.getType());
+      if (t.getRank() == 0 && v.getDefiningOp<CrossEntropyOp>()) {
+        out.lossResults.push_back(i);
+        losses.insert(v);
+      } else if (isFloat(v)) {
+        out.gradResults.push_back(i);
+        addGrad(v, bb.addArgument(v.getType(), v.getLoc()));
+      }
+    }
+
+    // Snapshot first: differentiating the loss inserts into the forward.
+    SmallVector<Operation *> forwardOps;
+    for (Operation &op : fb.without_terminator())
+      forwardOps.push_back(&op);
+    for (Operation *op : llvm::reverse(forwardOps))
+      if (failed(differentiate(op, losses)))
+        return failure();
+
+    SmallVector<Value> results;
+    for (BlockArgument arg : fb.getArguments()) {
+      if (!isFloat(arg))
+        continue;
+      Value g = grads.lookup(arg);
+      if (!g)
+        return fwd.emitOpError("argument #")
+               << arg.getArgNumber() << " receives no gradient";
+      out.gradArgs.push_back(arg.getArgNumber());
+      results.push_back(g);
+    }
+    YieldOp::create(*b, fwd.getLoc(), results);
+    SmallVector<Type> resultTypes;
+    for (Value v : results)
+      resultTypes.push_back(v.getType());
+    bwd.setFunctionType(
+        mb.getFunctionType(bb.getArgumentTypes(), resultTypes));
+
+    // Forward: drop the loss results, return the residuals.
+    SmallVector<Value> fwdResults;
+    for (auto [i, v] : llvm::enumerate(yield.getValues()))
+      if (!llvm::is_contained(out.lossResults, i))
+        fwdResults.push_back(v);
+    llvm::append_range(fwdResults, out.extraResults);
+    OpBuilder fbld(yield);
+    YieldOp::create(fbld, yield.getLoc(), fwdResults);
+    yield.erase();
+    SmallVector<Type> fwdTypes;
+    for (Value v : fwdResults)
+      fwdTypes.push_back(v.getType());
+    fwd.setFunctionType(mb.getFunctionType(fb.getArgumentTypes(), fwdTypes));
+    fwd->setAttr("piper.pass", mb.getStringAttr("F"));
+    bwd->setAttr("piper.pass", mb.getStringAttr("B"));
+    out.backward = bwd;
+    return std::move(out);
+  }
+
+private:
+  static bool isFloat(Value v) {
+    auto t = dyn_cast<RankedTensorType>(v.getType());
+    return t && t.getElementType().isF32();
+  }
+
+  void addGrad(Value v, Value g) {
+    auto it = grads.find(v);
+    if (it == grads.end()) {
+      grads[v] = g;
+      return;
+    }
+    it->second = AddOp::create(*b, g.getLoc(), it->second, g);
+  }
+
+  /// The value of forward value `v` inside the backward segment.
+  Value residual(Value v) {
+    if (Value known = mapped.lookup(v))
+      return known;
+    Value r;
+    if (auto ref = v.getDefiningOp<ParamRefOp>()) {
+      r = ParamRefOp::create(*b, ref.getLoc(), ref.getType(),
+                             ref.getParamAttr());
+    } else {
+      Block &bb = bwd.getBody().front();
+      r = bb.addArgument(v.getType(), v.getLoc());
+      if (auto arg = dyn_cast<BlockArgument>(v)) {
+        out.residuals.push_back({true, arg.getArgNumber()});
+      } else {
+        out.residuals.push_back({false, unsigned(out.extraResults.size())});
+        out.extraResults.push_back(v);
+      }
+    }
+    mapped[v] = r;
+    return r;
+  }
+
+  LogicalResult differentiate(Operation *op, const DenseSet<Value> &losses) {
+    Location loc = op->getLoc();
+    if (auto ce = dyn_cast<CrossEntropyOp>(op)) {
+      if (!losses.contains(ce.getLoss()))
+        return success();
+      OpBuilder fbld(op->getContext());
+      fbld.setInsertionPointAfter(op);
+      LossAccumulateOp::create(fbld, loc, ce.getLoss());
+      Value d = CrossEntropyGradOp::create(*b, loc, ce.getLogits().getType(),
+                                           residual(ce.getLogits()),
+                                           residual(ce.getTargets()));
+      addGrad(ce.getLogits(), d);
+      return success();
+    }
+    // Ops none of whose results carry a gradient contribute nothing.
+    Value dy;
+    for (Value r : op->getResults())
+      if (Value g = grads.lookup(r))
+        dy = g;
+    if (!dy)
+      return success();
+    auto needs = [&](Value v) { return requiresGrad.contains(v); };
+
+    if (auto ref = dyn_cast<ParamRefOp>(op)) {
+      AccumulateGradOp::create(*b, loc, ref.getParamAttr(), dy);
+      out.params.insert(ref.getParamAttr().getAttr());
+      return success();
+    }
+    if (auto lin = dyn_cast<LinearOp>(op)) {
+      bool tr = lin.getTransposeW();
+      if (needs(lin.getInput()))
+        addGrad(lin.getInput(),
+                LinearGradInputOp::create(*b, loc, lin.getInput().getType(), dy,
+                                          residual(lin.getWeight()), tr));
+      if (needs(lin.getWeight()))
+        addGrad(lin.getWeight(),
+                LinearGradWeightOp::create(*b, loc, lin.getWeight().getType(),
+                                           residual(lin.getInput()), dy, tr));
+      if (lin.getBias() && needs(lin.getBias()))
+        addGrad(lin.getBias(), BiasGradOp::create(*b, loc,
+                                                  lin.getBias().getType(), dy));
+      return success();
+    }
+    if (auto ln = dyn_cast<LayerNormOp>(op)) {
+      auto g = LayerNormGradOp::create(
+          *b, loc, ln.getInput().getType(), ln.getGamma().getType(),
+          ln.getBeta().getType(), residual(ln.getInput()),
+          residual(ln.getGamma()), dy, ln.getEpsAttr());
+      if (needs(ln.getInput()))
+        addGrad(ln.getInput(), g.getDinput());
+      if (needs(ln.getGamma()))
+        addGrad(ln.getGamma(), g.getDgamma());
+      if (needs(ln.getBeta()))
+        addGrad(ln.getBeta(), g.getDbeta());
+      return success();
+    }
+    if (auto gelu = dyn_cast<GeluOp>(op)) {
+      addGrad(gelu.getInput(),
+              GeluGradOp::create(*b, loc, residual(gelu.getInput()), dy));
+      return success();
+    }
+    if (auto add = dyn_cast<AddOp>(op)) {
+      if (needs(add.getLhs()))
+        addGrad(add.getLhs(), dy);
+      if (needs(add.getRhs()))
+        addGrad(add.getRhs(), dy);
+      return success();
+    }
+    if (auto att = dyn_cast<AttentionOp>(op)) {
+      addGrad(att.getQkv(),
+              AttentionGradOp::create(*b, loc, att.getQkv().getType(),
+                                      residual(att.getQkv()), dy,
+                                      att.getHeadsAttr(), att.getSeqAttr()));
+      return success();
+    }
+    if (auto emb = dyn_cast<EmbeddingOp>(op)) {
+      if (needs(emb.getTable()))
+        addGrad(emb.getTable(),
+                EmbeddingGradOp::create(*b, loc, emb.getTable().getType(),
+                                        residual(emb.getIds()), dy));
+      return success();
+    }
+    if (auto pa = dyn_cast<PositionAddOp>(op)) {
+      if (needs(pa.getInput()))
+        addGrad(pa.getInput(), dy);
+      if (needs(pa.getPos()))
+        addGrad(pa.getPos(),
+                PositionAddGradOp::create(*b, loc, pa.getPos().getType(), dy,
+                                          pa.getSeqAttr()));
+      return success();
+    }
+    return op->emitOpError("has no gradient rule");
+  }
+
+  SegmentOp fwd, bwd;
+  OpBuilder &mb;
+  std::unique_ptr<OpBuilder> b;
+  DenseSet<Value> requiresGrad;
+  DenseMap<Value, Value> grads;
+  DenseMap<Value, Value> mapped;
+  Differentiated out;
+};
+} // namespace
+
+LogicalResult mlir::piper::buildTrainingDag(ModuleOp module,
+                                            const OptimizerConfig &opt) {
+  FailureOr<ProgramOp> program = getProgram(module);
+  if (failed(program))
+    return failure();
+  Block &body = program->getBody().front();
+  SmallVector<TaskOp> tasks(body.getOps<TaskOp>());
+  if (tasks.empty())
+    return program->emitOpError("has no tasks to differentiate");
+  for (TaskOp t : tasks) {
+    if (!getTagPass(t.getTag()).empty())
+      return t.emitOpError("is already part of a training DAG");
+    if (!getTagInt(t.getTag(), "PP"))
+      return t.emitOpError("has no PP tag: run piper-stage first");
+  }
+
+  SymbolTable symbols(module);
+  OpBuilder mb(module.getContext());
+  mb.setInsertionPoint(*program);
+  OpBuilder pb = OpBuilder::atBlockEnd(&body);
+  auto withPass = [&](DictionaryAttr tag, StringRef pass) {
+    NamedAttrList attrs(tag);
+    attrs.set("PASS", pb.getStringAttr(pass));
+    return attrs.getDictionary(module.getContext());
+  };
+
+  // Parameters per stage, to reject parameters shared across stages.
+  std::map<std::string, int64_t> paramStage;
+  struct StageInfo {
+    TaskOp fwdTask;
+    SegmentOp fwdSegment;
+    Differentiated diff;
+    DictionaryAttr tag;
+  };
+  std::vector<StageInfo> infos;
+  DenseMap<Value, std::pair<unsigned, unsigned>> producer; // old result -> (stage, result)
+  for (auto [si, t] : llvm::enumerate(tasks)) {
+    auto seg = symbols.lookup<SegmentOp>(t.getSegment());
+    if (!seg)
+      return t.emitOpError("calls unknown segment @") << t.getSegment();
+    if (llvm::count_if(tasks, [&](TaskOp o) {
+          return o.getSegment() == t.getSegment();
+        }) != 1)
+      return t.emitOpError("segment @")
+             << t.getSegment() << " must be called by exactly one task";
+    symbols.remove(seg);
+    seg.setName(seg.getSymName().str() + "_F");
+    symbols.insert(seg);
+    t.setSegmentAttr(FlatSymbolRefAttr::get(seg.getSymNameAttr()));
+    FailureOr<Differentiated> diff = Differentiator(seg, mb).run();
+    if (failed(diff))
+      return failure();
+    symbols.insert(diff->backward);
+    int64_t stage = *getTagInt(t.getTag(), "PP");
+    for (StringAttr p : diff->params) {
+      auto [it, inserted] = paramStage.insert({p.str(), stage});
+      if (!inserted && it->second != stage)
+        return t.emitOpError("parameter @")
+               << p.getValue() << " is used by stages " << it->second
+               << " and " << stage
+               << "; parameters shared across pipeline stages (such as a "
+                  "tied LM head) are not supported yet";
+    }
+    infos.push_back({t, seg, std::move(*diff), t.getTag()});
+  }
+
+  // New forward tasks, in order.
+  IRMapping map; // old values -> new values
+  SmallVector<TaskOp> newFwd;
+  for (StageInfo &info : infos) {
+    TaskOp t = info.fwdTask;
+    SegmentOp seg = info.fwdSegment;
+    SmallVector<Value> args;
+    for (Value a : t.getArgs())
+      args.push_back(map.lookupOrDefault(a));
+    auto nt = TaskOp::create(
+        pb, t.getLoc(), seg.getResultTypes(), pb.getType<TokenType>(),
+        t.getSegmentAttr(), args, ValueRange(), withPass(info.tag, "F"),
+        DenseI64ArrayAttr(), StringAttr());
+    unsigned k = 0;
+    for (auto [i, r] : llvm::enumerate(t.getOuts()))
+      if (!llvm::is_contained(info.diff.lossResults, i))
+        map.map(r, nt.getOuts()[k++]);
+    newFwd.push_back(nt);
+  }
+
+  // Backward tasks in reverse; gradOf maps a new forward value to its grad.
+  DenseMap<Value, Value> gradOf;
+  SmallVector<TaskOp> newBwd(infos.size());
+  for (int64_t si = infos.size() - 1; si >= 0; --si) {
+    StageInfo &info = infos[si];
+    TaskOp old = info.fwdTask, nf = newFwd[si];
+    SegmentOp bseg = info.diff.backward;
+    SmallVector<Value> args;
+    unsigned nonLoss = 0;
+    SmallVector<unsigned> newIndexOfOld(old.getOuts().size(), ~0u);
+    for (unsigned i = 0; i < old.getOuts().size(); ++i)
+      if (!llvm::is_contained(info.diff.lossResults, i))
+        newIndexOfOld[i] = nonLoss++;
+    for (unsigned i : info.diff.gradResults) {
+      Value v = nf.getOuts()[newIndexOfOld[i]];
+      Value g = gradOf.lookup(v);
+      if (!g)
+        return old.emitOpError("result #")
+               << i << " is not consumed by a later stage, so it gets no "
+                       "gradient";
+      args.push_back(g);
+    }
+    for (auto &r : info.diff.residuals)
+      args.push_back(r.isArg ? nf.getArgs()[r.index]
+                             : nf.getOuts()[nonLoss + r.index]);
+    auto bt = TaskOp::create(pb, old.getLoc(), bseg.getResultTypes(),
+                             pb.getType<TokenType>(),
+                             FlatSymbolRefAttr::get(bseg.getSymNameAttr()),
+                             args, ValueRange(), withPass(info.tag, "B"),
+                             DenseI64ArrayAttr(), StringAttr());
+    for (auto [k, argIndex] : llvm::enumerate(info.diff.gradArgs)) {
+      Value fwdArg = nf.getArgs()[argIndex];
+      if (gradOf.count(fwdArg))
+        return old.emitOpError("a value feeding several stages is not "
+                               "supported yet");
+      gradOf[fwdArg] = bt.getOuts()[k];
+    }
+    newBwd[si] = bt;
+  }
+
+  // One update task per stage: AdamW on each of its parameters, then clear
+  // the accumulators for the next step.
+  for (auto [si, info] : llvm::enumerate(infos)) {
+    std::string name = "stage" + std::to_string(*getTagInt(info.tag, "PP")) +
+                       "_U";
+    auto useg = SegmentOp::create(mb, info.fwdTask.getLoc(), name,
+                                  mb.getFunctionType({}, {}));
+    useg->setAttr("piper.pass", mb.getStringAttr("U"));
+    OpBuilder ub = OpBuilder::atBlockEnd(&useg.getBody().front());
+    for (StringAttr p : info.diff.params) {
+      auto param = symbols.lookup<ParamOp>(p);
+      double wd = param.getTensorType().getRank() >= 2 ? opt.weightDecay : 0.0;
+      AdamWOp::create(ub, param.getLoc(), FlatSymbolRefAttr::get(p),
+                      ub.getF64FloatAttr(opt.lr), ub.getF64FloatAttr(opt.beta1),
+                      ub.getF64FloatAttr(opt.beta2), ub.getF64FloatAttr(opt.eps),
+                      ub.getF64FloatAttr(wd));
+    }
+    for (StringAttr p : info.diff.params)
+      ZeroGradOp::create(ub, useg.getLoc(), FlatSymbolRefAttr::get(p));
+    YieldOp::create(ub, useg.getLoc(), ValueRange());
+    symbols.insert(useg);
+    TaskOp::create(pb, info.fwdTask.getLoc(), TypeRange(),
+                   pb.getType<TokenType>(),
+                   FlatSymbolRefAttr::get(useg.getSymNameAttr()), ValueRange(),
+                   ValueRange{newBwd[si].getDone()}, withPass(info.tag, "U"),
+                   DenseI64ArrayAttr(), StringAttr());
+  }
+
+  for (StageInfo &info : llvm::reverse(infos))
+    info.fwdTask.erase();
+  return success();
+}

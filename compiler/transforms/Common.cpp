@@ -1,0 +1,158 @@
+// Helpers shared by the program rewrites: program lookup, filters,
+// topological sorting and node descriptions.
+#include "compiler/transforms/Transforms.h"
+
+#include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/SetVector.h"
+
+using namespace mlir;
+using namespace mlir::piper;
+
+FailureOr<ProgramOp> mlir::piper::getProgram(ModuleOp module) {
+  ProgramOp found;
+  for (auto program : module.getOps<ProgramOp>()) {
+    if (found)
+      return program.emitOpError("a module must hold exactly one piper.program");
+    found = program;
+  }
+  if (!found)
+    return module.emitError("module has no piper.program");
+  return found;
+}
+
+bool mlir::piper::matchesFilter(DictionaryAttr tag, const Filter &filter) {
+  for (const auto &[key, value] : filter.entries) {
+    Attribute a = tag ? tag.get(key) : Attribute();
+    if (!a)
+      return false;
+    switch (value.kind) {
+    case FilterValue::Any:
+      break;
+    case FilterValue::Index: {
+      auto i = dyn_cast<IntegerAttr>(a);
+      if (!i || i.getInt() != value.index)
+        return false;
+      break;
+    }
+    case FilterValue::Pass: {
+      auto s = dyn_cast<StringAttr>(a);
+      if (!s || s.getValue() != value.pass)
+        return false;
+      break;
+    }
+    }
+  }
+  return true;
+}
+
+std::string mlir::piper::describeNode(Operation *op) {
+  std::string out;
+  llvm::raw_string_ostream os(out);
+  if (auto task = dyn_cast<TaskOp>(op)) {
+    os << "task @" << task.getSegment() << " (" << formatTag(task.getTag())
+       << ")";
+  } else if (auto ar = dyn_cast<AllReduceOp>(op)) {
+    os << "all_reduce (" << formatTag(ar.getTag()) << ", "
+       << ar.getParams().size() << " params)";
+  } else if (auto b = dyn_cast<BatchOp>(op)) {
+    os << "batch (" << formatTag(b.getTag()) << ")";
+  } else if (auto s = dyn_cast<SendOp>(op)) {
+    os << "send channel " << s.getChannel();
+  } else if (auto r = dyn_cast<RecvOp>(op)) {
+    os << "recv channel " << r.getChannel();
+  } else {
+    os << op->getName().getStringRef();
+  }
+  return out;
+}
+
+LogicalResult
+mlir::piper::sortTopologically(Block &block,
+                               SmallVectorImpl<Operation *> *cycle) {
+  SmallVector<Operation *> ops;
+  llvm::DenseMap<Operation *, unsigned> position;
+  for (Operation &op : block) {
+    position[&op] = ops.size();
+    ops.push_back(&op);
+  }
+  // Kahn's algorithm, always taking the ready op that comes first today.
+  std::vector<unsigned> indegree(ops.size(), 0);
+  std::vector<SmallVector<unsigned>> users(ops.size());
+  for (auto [i, op] : llvm::enumerate(ops)) {
+    llvm::SmallSetVector<unsigned, 4> preds;
+    for (Value v : op->getOperands())
+      if (Operation *def = v.getDefiningOp())
+        if (def->getBlock() == &block)
+          preds.insert(position[def]);
+    for (unsigned p : preds) {
+      users[p].push_back(i);
+      ++indegree[i];
+    }
+  }
+  std::set<unsigned> ready;
+  for (unsigned i = 0; i < ops.size(); ++i)
+    if (indegree[i] == 0)
+      ready.insert(i);
+  SmallVector<Operation *> sorted;
+  while (!ready.empty()) {
+    unsigned i = *ready.begin();
+    ready.erase(ready.begin());
+    sorted.push_back(ops[i]);
+    for (unsigned u : users[i])
+      if (--indegree[u] == 0)
+        ready.insert(u);
+  }
+  if (sorted.size() != ops.size()) {
+    if (cycle) {
+      // Walk predecessors among the unsorted ops until one repeats.
+      llvm::DenseSet<Operation *> done(sorted.begin(), sorted.end());
+      Operation *cur = nullptr;
+      for (Operation *op : ops)
+        if (!done.contains(op)) {
+          cur = op;
+          break;
+        }
+      llvm::SetVector<Operation *> path;
+      while (cur && !path.contains(cur)) {
+        path.insert(cur);
+        Operation *next = nullptr;
+        for (Value v : cur->getOperands())
+          if (Operation *def = v.getDefiningOp())
+            if (def->getBlock() == &block && !done.contains(def)) {
+              next = def;
+              break;
+            }
+        cur = next;
+      }
+      if (cur) {
+        bool on = false;
+        for (Operation *op : path) {
+          on |= op == cur;
+          if (on)
+            cycle->push_back(op);
+        }
+        std::reverse(cycle->begin(), cycle->end());
+      }
+    }
+    return failure();
+  }
+  for (Operation *op : sorted)
+    op->moveBefore(&block, block.end());
+  return success();
+}
+
+double mlir::piper::estimateFlops(Operation *op) {
+  auto numel = [](Value v) -> double {
+    auto t = dyn_cast<RankedTensorType>(v.getType());
+    return t ? double(t.getNumElements()) : 0;
+  };
+  if (auto lin = dyn_cast<LinearOp>(op))
+    return 2.0 * numel(lin.getResult()) *
+           cast<RankedTensorType>(lin.getInput().getType()).getDimSize(1);
+  if (auto att = dyn_cast<AttentionOp>(op))
+    return 4.0 * numel(att.getResult()) * att.getSeq();
+  double total = 0;
+  for (Value r : op->getResults())
+    total += numel(r);
+  return total;
+}

@@ -1,0 +1,409 @@
+// The split, place, replicate and order directives, and whole strategies.
+#include "compiler/transforms/Transforms.h"
+
+#include "llvm/ADT/STLExtras.h"
+#include "llvm/ADT/SetVector.h"
+#include "llvm/ADT/StringExtras.h"
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/IRMapping.h"
+
+using namespace mlir;
+using namespace mlir::piper;
+
+static std::string formatDevices(ArrayRef<int64_t> devices) {
+  return "[" +
+         llvm::join(llvm::map_range(devices,
+                                    [](int64_t d) { return std::to_string(d); }),
+                    ", ") +
+         "]";
+}
+
+static DictionaryAttr withTag(DictionaryAttr tag, StringRef key, Attribute v) {
+  NamedAttrList attrs(tag);
+  attrs.set(key, v);
+  return attrs.getDictionary(v.getContext());
+}
+
+static SmallVector<TaskOp> matchingTasks(ProgramOp program,
+                                         const Filter &filter) {
+  SmallVector<TaskOp> out;
+  for (TaskOp t : program.getBody().front().getOps<TaskOp>())
+    if (matchesFilter(t.getTag(), filter))
+      out.push_back(t);
+  return out;
+}
+
+//===----------------------------------------------------------------------===//
+// split
+//===----------------------------------------------------------------------===//
+
+static LogicalResult applySplit(ProgramOp program, const Directive &d) {
+  Block &body = program.getBody().front();
+  if (program.getNumMicrobatches() != 1 ||
+      llvm::any_of(body.getOps<TaskOp>(),
+                   [](TaskOp t) { return getTagInt(t.getTag(), "MB"); }))
+    return program.emitOpError(d.describe() + ": the program is already split");
+  for (Operation &op : body)
+    if (!isa<TaskOp, BatchOp>(op))
+      return op.emitOpError(d.describe() +
+                            ": split must come before place and replicate");
+  SmallVector<Operation *> perMb, updates;
+  for (Operation &op : body) {
+    auto t = dyn_cast<TaskOp>(op);
+    if (t && getTagPass(t.getTag()) == "U")
+      updates.push_back(&op);
+    else
+      perMb.push_back(&op);
+  }
+  OpBuilder b = OpBuilder::atBlockEnd(&body);
+  int64_t m = d.numMicrobatches;
+  std::vector<IRMapping> maps(m);
+  auto cloneFor = [&](Operation *op, int64_t mb) {
+    Operation *c = b.clone(*op, maps[mb]);
+    auto tag = c->getAttrOfType<DictionaryAttr>("tag");
+    c->setAttr("tag", withTag(tag, "MB", b.getI64IntegerAttr(mb)));
+  };
+  // Default order (GPipe): every forward, then every backward.
+  for (int64_t mb = 0; mb < m; ++mb)
+    for (Operation *op : perMb) {
+      auto t = dyn_cast<TaskOp>(op);
+      if (!t || getTagPass(t.getTag()) != "B")
+        cloneFor(op, mb);
+    }
+  for (int64_t mb = 0; mb < m; ++mb)
+    for (Operation *op : perMb) {
+      auto t = dyn_cast<TaskOp>(op);
+      if (t && getTagPass(t.getTag()) == "B")
+        cloneFor(op, mb);
+    }
+  for (Operation *op : updates) {
+    auto u = cast<TaskOp>(op);
+    SmallVector<Value> deps;
+    for (Value dep : u.getDeps())
+      for (int64_t mb = 0; mb < m; ++mb)
+        deps.push_back(maps[mb].lookupOrDefault(dep));
+    Operation *c = b.clone(*op);
+    cast<TaskOp>(c).getDepsMutable().assign(deps);
+  }
+  for (Operation *op : llvm::reverse(updates))
+    op->erase();
+  for (Operation *op : llvm::reverse(perMb))
+    op->erase();
+  program.setNumMicrobatches(m);
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// place
+//===----------------------------------------------------------------------===//
+
+static LogicalResult checkDevices(Operation *anchor, const Directive &d,
+                                  std::optional<int64_t> worldSize) {
+  if (!worldSize)
+    return success();
+  for (int64_t dev : d.devices)
+    if (dev >= *worldSize)
+      return anchor->emitError(d.describe())
+             << ": device " << dev << " does not exist (the world has "
+             << *worldSize << " devices, 0.." << *worldSize - 1 << ")";
+  return success();
+}
+
+static LogicalResult applyPlace(ProgramOp program, const Directive &d,
+                                std::optional<int64_t> worldSize) {
+  if (failed(checkDevices(program, d, worldSize)))
+    return failure();
+  SmallVector<TaskOp> tasks = matchingTasks(program, d.filter);
+  if (tasks.empty())
+    return program.emitOpError(d.describe()) << ": the filter matches no task";
+  Builder b(program.getContext());
+  for (TaskOp t : tasks) {
+    if (auto prev = t.getDevices(); prev && *prev != ArrayRef(d.devices))
+      return t.emitOpError(d.describe())
+             << ": overlapping placements: " << describeNode(t)
+             << " is already placed on " << formatDevices(*prev);
+    t.setDevicesAttr(b.getDenseI64ArrayAttr(d.devices));
+    if (!t.getStream())
+      t.setStreamAttr(b.getStringAttr("compute"));
+    t->setAttr("piper.send_stream", b.getStringAttr(d.stream));
+  }
+  return success();
+}
+
+LogicalResult mlir::piper::finalizePlacement(ModuleOp module,
+                                             std::optional<int64_t> worldSize) {
+  FailureOr<ProgramOp> program = getProgram(module);
+  if (failed(program))
+    return failure();
+  Block &body = program->getBody().front();
+  Builder attrs(module.getContext());
+  SmallVector<TaskOp> tasks(body.getOps<TaskOp>());
+  if (llvm::none_of(tasks, [](TaskOp t) { return t.getDevices(); }))
+    for (TaskOp t : tasks) {
+      t.setDevicesAttr(attrs.getDenseI64ArrayAttr({0}));
+      t.setStreamAttr(attrs.getStringAttr("compute"));
+    }
+  std::set<int64_t> used;
+  for (TaskOp t : tasks) {
+    if (!t.getDevices())
+      return t.emitOpError() << describeNode(t)
+                             << " is not placed by any place directive";
+    used.insert(t.getDevices()->begin(), t.getDevices()->end());
+  }
+  {
+    int64_t world = worldSize ? *worldSize : *used.rbegin() + 1;
+    SmallVector<int64_t> idle;
+    for (int64_t d = 0; d < world; ++d)
+      if (!used.count(d))
+        idle.push_back(d);
+    if (!idle.empty())
+      return program->emitOpError("devices ")
+             << formatDevices(idle) << " of the " << world
+             << "-device world run no task";
+  }
+  // A transfer on every data edge between different device groups.
+  OpBuilder b(module.getContext());
+  DenseMap<std::pair<Value, Attribute>, Value> transferred;
+  for (TaskOp t : tasks) {
+    for (OpOperand &use : t->getOpOperands()) {
+      auto producer = use.get().getDefiningOp<TaskOp>();
+      if (!producer || producer.getDevices() == t.getDevices())
+        continue;
+      ArrayRef<int64_t> from = *producer.getDevices(), to = *t.getDevices();
+      if (from.size() != to.size())
+        return t.emitOpError()
+               << describeNode(t) << " on " << formatDevices(to)
+               << " consumes a value of " << describeNode(producer) << " on "
+               << formatDevices(from)
+               << "; transfers need device groups of the same size";
+      auto key = std::make_pair(use.get(), Attribute(t.getDevicesAttr()));
+      Value &moved = transferred[key];
+      if (!moved) {
+        b.setInsertionPointAfter(producer);
+        auto stream = producer->getAttrOfType<StringAttr>("piper.send_stream");
+        auto tr = TransferOp::create(
+            b, producer.getLoc(), use.get(), ValueRange(), from, to,
+            stream ? stream.getValue() : StringRef("pp_stream"));
+        moved = tr.getResult();
+      }
+      use.set(moved);
+    }
+  }
+  return sortTopologically(body);
+}
+
+//===----------------------------------------------------------------------===//
+// replicate
+//===----------------------------------------------------------------------===//
+
+static LogicalResult applyReplicate(ModuleOp module, ProgramOp program,
+                                    const Directive &d,
+                                    std::optional<int64_t> worldSize) {
+  if (failed(checkDevices(program, d, worldSize)))
+    return failure();
+  SmallVector<TaskOp> tasks = matchingTasks(program, d.filter);
+  if (tasks.empty())
+    return program.emitOpError(d.describe()) << ": the filter matches no task";
+  for (TaskOp t : tasks)
+    if (!t.getDevices() || *t.getDevices() != ArrayRef(d.devices))
+      return t.emitOpError(d.describe())
+             << ": " << describeNode(t) << " runs on "
+             << (t.getDevices() ? formatDevices(*t.getDevices())
+                                : std::string("no device"))
+             << ", not on " << formatDevices(d.devices)
+             << "; place it on the replicated devices first";
+  int64_t replicas = d.devices.size();
+  if (program->hasAttr("piper.replicated") &&
+      program.getNumReplicas() != replicas)
+    return program.emitOpError(d.describe())
+           << ": data-parallel degree " << replicas
+           << " differs from the degree " << program.getNumReplicas()
+           << " of an earlier replicate";
+  Builder attrs(module.getContext());
+  program->setAttr("piper.replicated", attrs.getUnitAttr());
+  program.setNumReplicas(replicas);
+
+  SymbolTable symbols(module);
+  SmallVector<TaskOp> backward, updates;
+  llvm::SetVector<StringAttr> params;
+  DictionaryAttr stageTag;
+  for (TaskOp t : tasks) {
+    StringRef pass = getTagPass(t.getTag());
+    if (pass == "B") {
+      backward.push_back(t);
+      // Backward order: the last layers' gradients are ready first.
+      symbols.lookup<SegmentOp>(t.getSegment()).walk([&](AccumulateGradOp a) {
+        params.insert(a.getParamAttr().getAttr());
+      });
+      if (auto pp = getTagInt(t.getTag(), "PP"))
+        stageTag = attrs.getDictionaryAttr(
+            {attrs.getNamedAttr("PP", attrs.getI64IntegerAttr(*pp))});
+    } else if (pass == "U") {
+      updates.push_back(t);
+    }
+  }
+  if (replicas == 1 || params.empty())
+    return success();
+  if (!stageTag)
+    stageTag = attrs.getDictionaryAttr({});
+
+  // Buckets of about bucketSizeMb, in gradient-ready order.
+  SmallVector<SmallVector<Attribute>> buckets(1);
+  double bytes = 0, limit = d.bucketSizeMb * 1024 * 1024;
+  for (StringAttr p : params) {
+    auto param = symbols.lookup<ParamOp>(p);
+    double size = 4.0 * param.getTensorType().getNumElements();
+    if (!buckets.back().empty() && bytes + size > limit) {
+      buckets.emplace_back();
+      bytes = 0;
+    }
+    buckets.back().push_back(FlatSymbolRefAttr::get(p));
+    bytes += size;
+  }
+  SmallVector<Value> deps;
+  for (TaskOp t : backward)
+    deps.push_back(t.getDone());
+  OpBuilder b(module.getContext());
+  b.setInsertionPointAfter(backward.back());
+  SmallVector<Value> reduced;
+  for (auto &bucket : buckets) {
+    auto ar = AllReduceOp::create(b, backward.back().getLoc(),
+                                  b.getArrayAttr(bucket), deps, d.devices,
+                                  d.reduceStream, stageTag);
+    reduced.push_back(ar.getDone());
+  }
+  for (TaskOp u : updates)
+    u.getDepsMutable().append(reduced);
+  return sortTopologically(program.getBody().front());
+}
+
+//===----------------------------------------------------------------------===//
+// order
+//===----------------------------------------------------------------------===//
+
+static LogicalResult applyOrder(ProgramOp program, const Directive &d) {
+  SmallVector<SmallVector<TaskOp>> groups;
+  std::optional<ArrayRef<int64_t>> devices;
+  TaskOp first;
+  for (auto [gi, group] : llvm::enumerate(d.groups)) {
+    llvm::SetVector<Operation *> tasks;
+    for (const Filter &f : group)
+      for (TaskOp t : matchingTasks(program, f))
+        tasks.insert(t);
+    if (tasks.empty()) {
+      std::string filters;
+      for (const Filter &f : group)
+        filters += (filters.empty() ? "" : ", ") + f.str();
+      return program.emitOpError(d.describe())
+             << ": group " << gi << " [" << filters << "] matches no task";
+    }
+    SmallVector<TaskOp> ts;
+    for (Operation *op : tasks) {
+      auto t = cast<TaskOp>(op);
+      if (t.getDevices()) {
+        if (!devices) {
+          devices = *t.getDevices();
+          first = t;
+        } else if (*devices != *t.getDevices()) {
+          return t.emitOpError(d.describe())
+                 << ": an order directive must cover one device group, but "
+                 << describeNode(first) << " runs on "
+                 << formatDevices(*devices) << " and " << describeNode(t)
+                 << " on " << formatDevices(*t.getDevices());
+        }
+      }
+      ts.push_back(t);
+    }
+    groups.push_back(std::move(ts));
+  }
+  for (size_t g = 0; g + 1 < groups.size(); ++g)
+    for (TaskOp next : groups[g + 1]) {
+      llvm::SetVector<Value> deps(next.getDeps().begin(), next.getDeps().end());
+      for (TaskOp prev : groups[g])
+        if (prev != next)
+          deps.insert(prev.getDone());
+      next.getDepsMutable().assign(deps.getArrayRef());
+    }
+  SmallVector<Operation *> cycle;
+  if (failed(sortTopologically(program.getBody().front(), &cycle))) {
+    std::string path;
+    for (Operation *op : cycle)
+      path += describeNode(op) + " -> ";
+    if (!cycle.empty())
+      path += describeNode(cycle.front());
+    return program.emitOpError(d.describe())
+           << ": the order contradicts the dataflow and creates a cycle: "
+           << path;
+  }
+  return success();
+}
+
+LogicalResult mlir::piper::applyDirective(ModuleOp module, const Directive &d,
+                                          std::optional<int64_t> worldSize) {
+  FailureOr<ProgramOp> program = getProgram(module);
+  if (failed(program))
+    return failure();
+  switch (d.kind) {
+  case Directive::Stage:
+    return applyStage(module, d.stages);
+  case Directive::Split:
+    return applySplit(*program, d);
+  case Directive::Place:
+    return applyPlace(*program, d, worldSize);
+  case Directive::Replicate:
+    return applyReplicate(module, *program, d, worldSize);
+  case Directive::Order:
+    return applyOrder(*program, d);
+  }
+  return failure();
+}
+
+LogicalResult mlir::piper::applyStrategy(ModuleOp module,
+                                         const Strategy &strategy,
+                                         const OptimizerConfig &opt) {
+  auto ofKind = [&](Directive::Kind kind) {
+    SmallVector<const Directive *> out;
+    for (const Directive &d : strategy.directives)
+      if (d.kind == kind)
+        out.push_back(&d);
+    return out;
+  };
+  // Without a stage directive, the number of stages is the number of
+  // distinct PP indices the placements name.
+  int64_t stages = 1;
+  if (auto st = ofKind(Directive::Stage); !st.empty()) {
+    if (st.size() > 1)
+      return module.emitError(st[1]->describe())
+             << ": only one stage directive is allowed";
+    stages = st.front()->stages;
+  } else {
+    for (const Directive *p : ofKind(Directive::Place))
+      if (auto it = p->filter.entries.find("PP");
+          it != p->filter.entries.end() && it->second.kind == FilterValue::Index)
+        stages = std::max(stages, it->second.index + 1);
+  }
+  if (failed(applyStage(module, stages)) ||
+      failed(buildTrainingDag(module, opt)))
+    return failure();
+  SmallVector<const Directive *> splits = ofKind(Directive::Split);
+  if (splits.size() > 1)
+    return module.emitError(splits[1]->describe())
+           << ": only one split directive is allowed";
+  Directive one;
+  one.kind = Directive::Split;
+  one.numMicrobatches = 1;
+  one.text = "implicit split num_microbatches=1";
+  if (failed(applyDirective(module, splits.empty() ? one : *splits.front(),
+                            strategy.worldSize)))
+    return failure();
+  for (Directive::Kind kind : {Directive::Place, Directive::Replicate,
+                               Directive::Order}) {
+    for (const Directive *d : ofKind(kind))
+      if (failed(applyDirective(module, *d, strategy.worldSize)))
+        return failure();
+    if (kind == Directive::Place &&
+        failed(finalizePlacement(module, strategy.worldSize)))
+      return failure();
+  }
+  return success();
+}

@@ -1,0 +1,157 @@
+// piper-order-streams: the issue order of each device program, and a
+// simulation of all device programs that turns a deadlock into an error.
+#include "compiler/transforms/Transforms.h"
+
+#include "llvm/ADT/StringExtras.h"
+
+using namespace mlir;
+using namespace mlir::piper;
+
+/// The logical stream an op of a device program is issued on.
+static StringRef streamOf(Operation *op) {
+  if (auto t = dyn_cast<TaskOp>(op))
+    return t.getStream() ? *t.getStream() : "compute";
+  if (auto s = dyn_cast<SendOp>(op))
+    return s.getStream();
+  if (auto r = dyn_cast<RecvOp>(op))
+    return r.getStream();
+  if (auto a = dyn_cast<AllReduceOp>(op))
+    return a.getStream();
+  return "compute"; // batches load on the compute stream
+}
+
+/// Orders one device program: tasks keep their (schedule) order; a receive
+/// or batch goes right before its first consuming task, a send or
+/// all-reduce right after its last producing task. Issuing communication in
+/// compute order is what keeps blocking receives from deadlocking.
+static LogicalResult orderProgram(DeviceProgramOp dp) {
+  Block &body = dp.getBody().front();
+  DenseMap<Operation *, double> key;
+  int64_t index = 0;
+  for (TaskOp t : body.getOps<TaskOp>())
+    key[t] = 3.0 * index++ + 1;
+  for (Operation &op : body) {
+    if (isa<RecvOp, BatchOp>(op)) {
+      double k = 3.0 * index;
+      for (Operation *user : op.getUsers())
+        if (key.count(user) && isa<TaskOp>(user))
+          k = std::min(k, key[user] - 1);
+      key[&op] = k;
+    }
+  }
+  for (Operation &op : body) {
+    if (isa<SendOp, AllReduceOp>(op)) {
+      double k = 0;
+      for (Value v : op.getOperands())
+        if (Operation *def = v.getDefiningOp(); def && key.count(def))
+          k = std::max(k, key[def] + 1);
+      key[&op] = k;
+    }
+  }
+  // Stable sort by key, then repair any edge the keys got wrong.
+  SmallVector<Operation *> ops;
+  for (Operation &op : body)
+    ops.push_back(&op);
+  std::stable_sort(ops.begin(), ops.end(), [&](Operation *a, Operation *b) {
+    return key.lookup(a) < key.lookup(b);
+  });
+  for (Operation *op : ops)
+    op->moveBefore(&body, body.end());
+  return sortTopologically(body);
+}
+
+namespace {
+/// Simulates the device programs with blocking receives, asynchronous sends
+/// and collectives that complete when their group reaches them.
+class Simulator {
+public:
+  explicit Simulator(MutableArrayRef<DeviceProgramOp> programs)
+      : programs(programs) {
+    for (auto [c, dp] : llvm::enumerate(this->programs))
+      for (Operation &op : dp.getBody().front()) {
+        streams[c][streamOf(&op).str()].push_back(&op);
+        if (auto s = dyn_cast<SendOp>(op))
+          sendOfChannel[s.getChannel()] = &op;
+      }
+  }
+
+  LogicalResult run() {
+    size_t total = 0;
+    for (auto &[c, ss] : streams)
+      for (auto &[name, list] : ss)
+        total += list.size();
+    while (done.size() < total) {
+      bool progress = false;
+      for (auto &[c, ss] : streams)
+        for (auto &[name, list] : ss) {
+          size_t &pc = pcs[{c, name}];
+          while (pc < list.size() && ready(list[pc])) {
+            done.insert(list[pc++]);
+            progress = true;
+          }
+        }
+      if (!progress)
+        return report();
+    }
+    return success();
+  }
+
+private:
+  bool ready(Operation *op) {
+    for (Value v : op->getOperands())
+      if (Operation *def = v.getDefiningOp(); def && !done.contains(def))
+        return false;
+    if (auto r = dyn_cast<RecvOp>(op)) {
+      Operation *send = sendOfChannel.lookup(r.getChannel());
+      return send && done.contains(send);
+    }
+    return true;
+  }
+
+  LogicalResult report() {
+    std::string msg = "the schedule deadlocks:";
+    for (auto &[c, ss] : streams)
+      for (auto &[name, list] : ss) {
+        size_t pc = pcs[{c, name}];
+        if (pc >= list.size())
+          continue;
+        Operation *op = list[pc];
+        DeviceProgramOp dp = programs[c];
+        msg += "\n  ranks [" +
+               llvm::join(llvm::map_range(dp.getRanks(),
+                                          [](int64_t r) {
+                                            return std::to_string(r);
+                                          }),
+                          ", ") +
+               "] stream '" + name + "' waits at " + describeNode(op);
+        if (auto r = dyn_cast<RecvOp>(op))
+          msg += " for a send that never happens";
+        else
+          for (Value v : op->getOperands())
+            if (Operation *def = v.getDefiningOp();
+                def && !done.contains(def)) {
+              msg += " for " + describeNode(def);
+              break;
+            }
+      }
+    return programs.front().emitError(msg);
+  }
+
+  MutableArrayRef<DeviceProgramOp> programs;
+  std::map<size_t, std::map<std::string, std::vector<Operation *>>> streams;
+  std::map<std::pair<size_t, std::string>, size_t> pcs;
+  DenseMap<int64_t, Operation *> sendOfChannel;
+  DenseSet<Operation *> done;
+};
+} // namespace
+
+LogicalResult mlir::piper::orderStreams(ModuleOp module) {
+  SmallVector<DeviceProgramOp> programs(module.getOps<DeviceProgramOp>());
+  if (programs.empty())
+    return module.emitError("no device programs: run piper-split-devices "
+                            "first");
+  for (DeviceProgramOp dp : programs)
+    if (failed(orderProgram(dp)))
+      return dp.emitOpError("has a cycle between its nodes");
+  return Simulator(programs).run();
+}

@@ -1,0 +1,162 @@
+// Pass wrappers around the program rewrites of Transforms.h.
+#include "compiler/transforms/Passes.h"
+
+#include "compiler/transforms/Transforms.h"
+#include "llvm/Support/MemoryBuffer.h"
+
+namespace mlir::piper {
+#define GEN_PASS_DEF_PIPERSTAGE
+#define GEN_PASS_DEF_PIPERBUILDTRAININGDAG
+#define GEN_PASS_DEF_PIPERSPLIT
+#define GEN_PASS_DEF_PIPERPLACE
+#define GEN_PASS_DEF_PIPERREPLICATE
+#define GEN_PASS_DEF_PIPERSCHEDULE
+#define GEN_PASS_DEF_PIPERAPPLYSTRATEGY
+#define GEN_PASS_DEF_PIPERSPLITDEVICES
+#define GEN_PASS_DEF_PIPERORDERSTREAMS
+#include "compiler/transforms/Passes.h.inc"
+} // namespace mlir::piper
+
+using namespace mlir;
+using namespace mlir::piper;
+
+namespace {
+Directive stageDirective(Directive::Kind kind, int64_t pp,
+                         ArrayRef<int64_t> devices, StringRef passName) {
+  Directive d;
+  d.kind = kind;
+  d.filter.entries["PP"] = {FilterValue::Index, pp, ""};
+  d.devices.assign(devices.begin(), devices.end());
+  d.text = (passName + " pp=" + std::to_string(pp)).str();
+  return d;
+}
+
+struct StagePass : mlir::piper::impl::PiperStageBase<StagePass> {
+  using PiperStageBase::PiperStageBase;
+  void runOnOperation() override {
+    if (failed(applyStage(getOperation(), stages)))
+      signalPassFailure();
+  }
+};
+
+struct BuildTrainingDagPass
+    : mlir::piper::impl::PiperBuildTrainingDagBase<BuildTrainingDagPass> {
+  using PiperBuildTrainingDagBase::PiperBuildTrainingDagBase;
+  void runOnOperation() override {
+    OptimizerConfig opt{lr, beta1, beta2, eps, weightDecay};
+    if (failed(buildTrainingDag(getOperation(), opt)))
+      signalPassFailure();
+  }
+};
+
+struct SplitPass : mlir::piper::impl::PiperSplitBase<SplitPass> {
+  using PiperSplitBase::PiperSplitBase;
+  void runOnOperation() override {
+    Directive d;
+    d.kind = Directive::Split;
+    d.numMicrobatches = microbatches;
+    d.text = "piper-split microbatches=" + std::to_string(microbatches);
+    if (microbatches < 1) {
+      getOperation().emitError("piper-split: microbatches must be positive");
+      return signalPassFailure();
+    }
+    if (failed(applyDirective(getOperation(), d, std::nullopt)))
+      signalPassFailure();
+  }
+};
+
+struct PlacePass : mlir::piper::impl::PiperPlaceBase<PlacePass> {
+  using PiperPlaceBase::PiperPlaceBase;
+  void runOnOperation() override {
+    Directive d =
+        stageDirective(Directive::Place, pp, devices, "piper-place");
+    d.stream = stream;
+    if (devices.empty()) {
+      getOperation().emitError("piper-place: devices must not be empty");
+      return signalPassFailure();
+    }
+    if (failed(applyDirective(getOperation(), d, std::nullopt)))
+      return signalPassFailure();
+    // Transfers are inserted once the last stage has been placed.
+    FailureOr<ProgramOp> program = getProgram(getOperation());
+    bool allPlaced = true;
+    for (TaskOp t : program->getBody().front().getOps<TaskOp>())
+      allPlaced &= bool(t.getDevices());
+    if (allPlaced && failed(finalizePlacement(getOperation(), std::nullopt)))
+      signalPassFailure();
+  }
+};
+
+struct ReplicatePass : mlir::piper::impl::PiperReplicateBase<ReplicatePass> {
+  using PiperReplicateBase::PiperReplicateBase;
+  void runOnOperation() override {
+    Directive d = stageDirective(Directive::Replicate, pp, devices,
+                                 "piper-replicate");
+    d.bucketSizeMb = bucketMb;
+    d.reduceStream = reduceStream;
+    if (failed(applyDirective(getOperation(), d, std::nullopt)))
+      signalPassFailure();
+  }
+};
+
+struct SchedulePass : mlir::piper::impl::PiperScheduleBase<SchedulePass> {
+  using PiperScheduleBase::PiperScheduleBase;
+  void runOnOperation() override {
+    std::optional<Schedule> s = parseSchedule(schedule);
+    if (!s) {
+      getOperation().emitError("unknown schedule '")
+          << schedule << "' (expected gpipe or 1f1b)";
+      return signalPassFailure();
+    }
+    FailureOr<ProgramOp> program = getProgram(getOperation());
+    if (failed(program))
+      return signalPassFailure();
+    int64_t stages = 0;
+    for (TaskOp t : program->getBody().front().getOps<TaskOp>())
+      if (auto pp = getTagInt(t.getTag(), "PP"))
+        stages = std::max(stages, *pp + 1);
+    for (Directive &d :
+         buildSchedule(*s, stages, program->getNumMicrobatches()))
+      if (failed(applyDirective(getOperation(), d, std::nullopt)))
+        return signalPassFailure();
+  }
+};
+
+struct ApplyStrategyPass : mlir::piper::impl::PiperApplyStrategyBase<ApplyStrategyPass> {
+  using PiperApplyStrategyBase::PiperApplyStrategyBase;
+  void runOnOperation() override {
+    auto buffer = llvm::MemoryBuffer::getFile(file);
+    if (!buffer) {
+      getOperation().emitError("cannot read strategy file '")
+          << file << "': " << buffer.getError().message();
+      return signalPassFailure();
+    }
+    llvm::Expected<Strategy> strategy =
+        parseStrategy((*buffer)->getBuffer());
+    if (!strategy) {
+      getOperation().emitError(llvm::toString(strategy.takeError()));
+      return signalPassFailure();
+    }
+    if (worldSize > 0)
+      strategy->worldSize = worldSize;
+    if (failed(applyStrategy(getOperation(), *strategy, OptimizerConfig())))
+      signalPassFailure();
+  }
+};
+
+struct SplitDevicesPass : mlir::piper::impl::PiperSplitDevicesBase<SplitDevicesPass> {
+  void runOnOperation() override {
+    if (failed(splitDevices(getOperation())))
+      signalPassFailure();
+  }
+};
+
+struct OrderStreamsPass : mlir::piper::impl::PiperOrderStreamsBase<OrderStreamsPass> {
+  void runOnOperation() override {
+    if (failed(orderStreams(getOperation())))
+      signalPassFailure();
+  }
+};
+} // namespace
+
+void mlir::piper::registerPiperCompilerPasses() { registerPiperPasses(); }

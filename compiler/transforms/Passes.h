@@ -1,0 +1,22 @@
+// Declarations and registration of the piper passes and pipelines.
+#ifndef PIPER_COMPILER_TRANSFORMS_PASSES_H
+#define PIPER_COMPILER_TRANSFORMS_PASSES_H
+
+#include "mlir/Pass/Pass.h"
+#include "mlir/Pass/PassManager.h"
+
+namespace mlir::piper {
+
+#define GEN_PASS_DECL
+#include "compiler/transforms/Passes.h.inc"
+
+#define GEN_PASS_REGISTRATION
+#include "compiler/transforms/Passes.h.inc"
+
+/// Registers every piper pass and pipeline (the one entry point shared by
+/// piper-opt and piperc).
+void registerPiperCompilerPasses();
+
+} // namespace mlir::piper
+
+#endif // PIPER_COMPILER_TRANSFORMS_PASSES_H

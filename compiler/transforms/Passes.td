@@ -1,0 +1,123 @@
+// The piper passes: one per directive and compiler phase.
+#ifndef PIPER_COMPILER_TRANSFORMS_PASSES_TD
+#define PIPER_COMPILER_TRANSFORMS_PASSES_TD
+
+include "mlir/Pass/PassBase.td"
+
+def PiperStage : Pass<"piper-stage", "::mlir::ModuleOp"> {
+  let summary = "Group contiguous model blocks into pipeline stages";
+  let description = [{
+    The `stage` directive. The forward model's tasks (one per block, tagged
+    `block = i`) are partitioned into `stages` contiguous groups minimizing
+    the largest estimated FLOP count; each group's segments are merged into
+    one segment `@stageN` and one task tagged `PP = N`.
+  }];
+  let options = [Option<"stages", "stages", "int64_t", "1", "number of stages">];
+}
+
+def PiperBuildTrainingDag : Pass<"piper-build-training-dag", "::mlir::ModuleOp"> {
+  let summary = "Reverse-mode autodiff, loss and AdamW update tasks";
+  let description = [{
+    For every stage task, differentiates its segment into a backward segment
+    (`@stageN_B`; input and weight gradients as separate ops), makes the
+    forward segment (`@stageN_F`) accumulate the loss and return the
+    activations the backward needs, and adds an update task per stage
+    (`@stageN_U`: AdamW then clearing the gradient accumulators). Tasks get
+    `PASS = F | B | U` tags.
+  }];
+  let options = [
+    Option<"lr", "lr", "double", "1e-3", "learning rate">,
+    Option<"beta1", "beta1", "double", "0.9", "AdamW beta1">,
+    Option<"beta2", "beta2", "double", "0.95", "AdamW beta2">,
+    Option<"eps", "eps", "double", "1e-8", "AdamW epsilon">,
+    Option<"weightDecay", "weight-decay", "double", "0.1",
+           "decoupled weight decay of matrices (vectors get none)">,
+  ];
+}
+
+def PiperSplit : Pass<"piper-split", "::mlir::ModuleOp"> {
+  let summary = "Copy the training DAG per microbatch (MB tag)";
+  let description = [{
+    The `split` directive: every batch, forward and backward node is copied
+    `microbatches` times with `MB = 0..M-1`; update tasks are not copied and
+    depend on every copy of their stage's backward.
+  }];
+  let options = [Option<"microbatches", "microbatches", "int64_t", "1",
+                        "number of microbatches">];
+}
+
+def PiperPlace : Pass<"piper-place", "::mlir::ModuleOp"> {
+  let summary = "Assign a device group to the tasks of one stage";
+  let description = [{
+    The `place` directive for the filter `{"PP": pp}`. Once every task is
+    placed, inserts a `piper.transfer` on every data edge crossing device
+    groups, on `stream`.
+  }];
+  let options = [
+    Option<"pp", "pp", "int64_t", "0", "stage index (filter PP)">,
+    ListOption<"devices", "devices", "int64_t", "device group">,
+    Option<"stream", "stream", "std::string", "\"pp_stream\"",
+           "stream of the transfers">,
+  ];
+}
+
+def PiperReplicate : Pass<"piper-replicate", "::mlir::ModuleOp"> {
+  let summary = "Data parallelism for one stage: bucketed gradient all-reduce";
+  let description = [{
+    The `replicate` directive for the filter `{"PP": pp}`: the stage's
+    tasks must run on `devices`; its gradients are summed over them by
+    `piper.all_reduce` nodes of about `bucket-mb` MB each, after the last
+    backward and before the update.
+  }];
+  let options = [
+    Option<"pp", "pp", "int64_t", "0", "stage index (filter PP)">,
+    ListOption<"devices", "devices", "int64_t", "device group">,
+    Option<"bucketMb", "bucket-mb", "double", "25", "bucket size in MB">,
+    Option<"reduceStream", "reduce-stream", "std::string", "\"dp_stream\"",
+           "stream of the all-reduces">,
+  ];
+}
+
+def PiperSchedule : Pass<"piper-schedule", "::mlir::ModuleOp"> {
+  let summary = "Order every stage's tasks by a pipeline schedule";
+  let description = [{
+    Runs a schedule builder (`gpipe` or `1f1b`) for the program's stages and
+    microbatches and applies the `order` directives it emits.
+  }];
+  let options = [Option<"schedule", "schedule", "std::string", "\"1f1b\"",
+                        "gpipe or 1f1b">];
+}
+
+def PiperApplyStrategy : Pass<"piper-apply-strategy", "::mlir::ModuleOp"> {
+  let summary = "Apply a JSON strategy file to a forward model";
+  let description = [{
+    Parses the strategy and runs, in phase order: stage, build-training-dag,
+    split, place (and transfers), replicate, order. Every error names the
+    directive (index and text) and the nodes involved.
+  }];
+  let options = [
+    Option<"file", "file", "std::string", "", "strategy JSON file">,
+    Option<"worldSize", "world-size", "int64_t", "0",
+           "number of devices (0: the file's world_size, or derived)">,
+  ];
+}
+
+def PiperSplitDevices : Pass<"piper-split-devices", "::mlir::ModuleOp"> {
+  let summary = "Split the program into one device program per device class";
+  let description = [{
+    Every distinct device group becomes a `piper.device_program`;
+    `piper.transfer` becomes a `piper.send` in the sender's class and a
+    `piper.recv` in the receiver's, matched by a channel number.
+  }];
+}
+
+def PiperOrderStreams : Pass<"piper-order-streams", "::mlir::ModuleOp"> {
+  let summary = "Fix the issue order of every stream and prove it deadlock-free";
+  let description = [{
+    Orders each device program (receives right before their consumers, sends
+    right after their producers) and simulates all of them together; a
+    deadlock is reported with the ranks, streams and nodes that wait.
+  }];
+}
+
+#endif // PIPER_COMPILER_TRANSFORMS_PASSES_TD

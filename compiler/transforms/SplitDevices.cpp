@@ -1,0 +1,126 @@
+// piper-split-devices: one device program per device class, transfers
+// lowered to send/recv pairs.
+#include "compiler/transforms/Transforms.h"
+
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/IRMapping.h"
+
+using namespace mlir;
+using namespace mlir::piper;
+
+static ArrayRef<int64_t> groupOf(Operation *op) {
+  if (auto t = dyn_cast<TaskOp>(op))
+    return *t.getDevices();
+  if (auto a = dyn_cast<AllReduceOp>(op))
+    return a.getDevices();
+  return {};
+}
+
+LogicalResult mlir::piper::splitDevices(ModuleOp module) {
+  FailureOr<ProgramOp> program = getProgram(module);
+  if (failed(program))
+    return failure();
+  Block &body = program->getBody().front();
+  // Device classes: the distinct device groups, which must not overlap.
+  std::vector<std::vector<int64_t>> classes;
+  std::map<int64_t, size_t> classOfDevice;
+  for (Operation &op : body) {
+    if (auto t = dyn_cast<TaskOp>(op); t && !t.getDevices())
+      return t.emitOpError() << describeNode(t)
+                             << " is not placed; run the place directives "
+                                "first";
+    ArrayRef<int64_t> g = groupOf(&op);
+    if (g.empty())
+      continue;
+    std::vector<int64_t> group(g.begin(), g.end());
+    auto it = std::find(classes.begin(), classes.end(), group);
+    if (it != classes.end())
+      continue;
+    for (int64_t d : group)
+      if (classOfDevice.count(d))
+        return op.emitOpError("device ")
+               << d << " belongs to two different device groups; every "
+                       "device must belong to exactly one group";
+    for (int64_t d : group)
+      classOfDevice[d] = classes.size();
+    classes.push_back(group);
+  }
+  std::vector<size_t> byFirstRank(classes.size());
+  std::iota(byFirstRank.begin(), byFirstRank.end(), 0);
+  std::sort(byFirstRank.begin(), byFirstRank.end(),
+            [&](size_t a, size_t b) { return classes[a][0] < classes[b][0]; });
+  std::map<std::vector<int64_t>, size_t> classIndex;
+  OpBuilder mb(module.getContext());
+  mb.setInsertionPoint(*program);
+  SmallVector<DeviceProgramOp> programs;
+  for (auto [i, c] : llvm::enumerate(byFirstRank)) {
+    classIndex[classes[c]] = i;
+    programs.push_back(DeviceProgramOp::create(
+        mb, program->getLoc(), "class" + std::to_string(i), classes[c], i));
+  }
+  auto classOf = [&](ArrayRef<int64_t> g) {
+    return classIndex.at(std::vector<int64_t>(g.begin(), g.end()));
+  };
+
+  std::vector<IRMapping> maps(programs.size());
+  auto builderFor = [&](size_t c) {
+    return OpBuilder::atBlockEnd(&programs[c].getBody().front());
+  };
+  // Clones `op` into class `c`, dropping token edges from other classes.
+  auto cloneInto = [&](Operation *op, size_t c) {
+    OpBuilder b = builderFor(c);
+    Operation *clone = b.clone(*op, maps[c]);
+    if (auto t = dyn_cast<TaskOp>(clone)) {
+      SmallVector<Value> deps;
+      for (auto [orig, dep] : llvm::zip(cast<TaskOp>(op).getDeps(), t.getDeps()))
+        if (maps[c].contains(orig))
+          deps.push_back(dep);
+      t.getDepsMutable().assign(deps);
+    } else if (auto a = dyn_cast<AllReduceOp>(clone)) {
+      SmallVector<Value> deps;
+      for (auto [orig, dep] :
+           llvm::zip(cast<AllReduceOp>(op).getDeps(), a.getDeps()))
+        if (maps[c].contains(orig))
+          deps.push_back(dep);
+      a.getDepsMutable().assign(deps);
+    }
+    return clone;
+  };
+
+  int64_t channel = 0;
+  for (Operation &op : body) {
+    if (auto batch = dyn_cast<BatchOp>(op)) {
+      // Every class that reads the batch loads it itself.
+      std::set<size_t> users;
+      for (Operation *user : batch->getUsers())
+        if (!groupOf(user).empty())
+          users.insert(classOf(groupOf(user)));
+      for (size_t c : users)
+        cloneInto(batch, c);
+      continue;
+    }
+    if (auto tr = dyn_cast<TransferOp>(op)) {
+      size_t from = classOf(tr.getFrom()), to = classOf(tr.getTo());
+      OpBuilder sb = builderFor(from), rb = builderFor(to);
+      auto send = SendOp::create(sb, tr.getLoc(),
+                                 maps[from].lookup(tr.getInput()), ValueRange(),
+                                 tr.getTo(), channel, tr.getStream());
+      auto recv = RecvOp::create(rb, tr.getLoc(), tr.getResult().getType(),
+                                 rb.getType<TokenType>(), ValueRange(),
+                                 tr.getFrom(), channel, tr.getStream());
+      ++channel;
+      maps[from].map(tr.getDone(), send.getDone());
+      maps[to].map(tr.getResult(), recv.getResult());
+      maps[to].map(tr.getDone(), recv.getDone());
+      continue;
+    }
+    cloneInto(&op, classOf(groupOf(&op)));
+  }
+  for (DeviceProgramOp dp : programs) {
+    dp->setAttr("num_microbatches",
+                mb.getI64IntegerAttr(program->getNumMicrobatches()));
+    dp->setAttr("num_replicas", mb.getI64IntegerAttr(program->getNumReplicas()));
+  }
+  program->erase();
+  return success();
+}

@@ -1,0 +1,74 @@
+// Entry points of the program rewrites behind the piper passes: staging,
+// autodiff, the strategy directives, per-device splitting and stream order.
+#ifndef PIPER_COMPILER_TRANSFORMS_TRANSFORMS_H
+#define PIPER_COMPILER_TRANSFORMS_TRANSFORMS_H
+
+#include <optional>
+
+#include "compiler/strategy/Strategy.h"
+#include "dialects/piper/PiperDialect.h"
+#include "mlir/IR/BuiltinOps.h"
+
+namespace mlir::piper {
+
+/// AdamW hyper-parameters recorded in the update segments.
+struct OptimizerConfig {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weightDecay = 0.1;
+};
+
+/// Returns the single piper.program of `module`, or emits an error.
+FailureOr<ProgramOp> getProgram(ModuleOp module);
+
+/// Groups the model's block tasks into `stages` contiguous pipeline stages,
+/// balanced by estimated FLOPs, merging each group into one segment.
+LogicalResult applyStage(ModuleOp module, int64_t stages);
+
+/// Reverse-mode autodiff: forward, backward and update tasks per stage.
+LogicalResult buildTrainingDag(ModuleOp module, const OptimizerConfig &opt);
+
+/// Applies one split / place / replicate / order directive to the program.
+/// `worldSize`, when known, bounds the device indices.
+LogicalResult applyDirective(ModuleOp module, const Directive &directive,
+                             std::optional<int64_t> worldSize);
+
+/// Checks that every task is placed and inserts piper.transfer on each data
+/// edge that crosses device groups. Unplaced tasks go to device 0 when no
+/// task is placed at all.
+LogicalResult finalizePlacement(ModuleOp module, std::optional<int64_t> worldSize);
+
+/// Runs a whole strategy on a forward model: stage, autodiff, then split,
+/// place, replicate and order in that phase order.
+LogicalResult applyStrategy(ModuleOp module, const Strategy &strategy,
+                            const OptimizerConfig &opt);
+
+/// Splits the program into one piper.device_program per device class.
+LogicalResult splitDevices(ModuleOp module);
+
+/// Fixes the issue order of every device program (receives just before
+/// their consumers, sends right after their producers) and proves the plans
+/// free of deadlock by simulating them; a deadlock is an error naming the
+/// ranks and nodes.
+LogicalResult orderStreams(ModuleOp module);
+
+/// Estimated FLOPs of one op (used to balance stages and in reports).
+double estimateFlops(Operation *op);
+
+/// Whether `tag` matches `filter`.
+bool matchesFilter(DictionaryAttr tag, const Filter &filter);
+
+/// Topologically re-sorts the ops of `block` (data and token edges), keeping
+/// the current order where free. Fails when the edges contain a cycle, and
+/// then returns the ops on it in `cycle`.
+LogicalResult sortTopologically(Block &block,
+                                SmallVectorImpl<Operation *> *cycle = nullptr);
+
+/// "task @stage1_F (PP=1 MB=0 PASS=F)" for diagnostics.
+std::string describeNode(Operation *op);
+
+} // namespace mlir::piper
+
+#endif // PIPER_COMPILER_TRANSFORMS_TRANSFORMS_H

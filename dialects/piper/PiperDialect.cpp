@@ -1,0 +1,414 @@
+// The piper dialect: registration, verifiers and custom assembly.
+#include "dialects/piper/PiperDialect.h"
+
+#include "llvm/ADT/STLExtras.h"
+#include "llvm/ADT/SmallSet.h"
+#include "llvm/ADT/TypeSwitch.h"
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/DialectImplementation.h"
+#include "mlir/Interfaces/FunctionImplementation.h"
+
+using namespace mlir;
+using namespace mlir::piper;
+
+#include "dialects/piper/PiperDialect.cpp.inc"
+#include "dialects/piper/PiperEnums.cpp.inc"
+
+#define GET_TYPEDEF_CLASSES
+#include "dialects/piper/PiperTypes.cpp.inc"
+
+#define GET_ATTRDEF_CLASSES
+#include "dialects/piper/PiperAttrs.cpp.inc"
+
+void PiperDialect::initialize() {
+  addTypes<
+#define GET_TYPEDEF_LIST
+#include "dialects/piper/PiperTypes.cpp.inc"
+      >();
+  addAttributes<
+#define GET_ATTRDEF_LIST
+#include "dialects/piper/PiperAttrs.cpp.inc"
+      >();
+  addOperations<
+#define GET_OP_LIST
+#include "dialects/piper/PiperOps.cpp.inc"
+      >();
+}
+
+//===----------------------------------------------------------------------===//
+// Tags and device groups
+//===----------------------------------------------------------------------===//
+
+LogicalResult
+mlir::piper::verifyTag(DictionaryAttr tag,
+                       llvm::function_ref<InFlightDiagnostic()> emitError) {
+  for (NamedAttribute entry : tag) {
+    StringRef key = entry.getName().getValue();
+    if (!llvm::is_contained(kTagKeys, key))
+      return emitError() << "unknown tag key '" << key
+                         << "' (expected PP, EP, MB, PASS or block)";
+    if (key == "PASS") {
+      auto pass = dyn_cast<StringAttr>(entry.getValue());
+      if (!pass || !llvm::is_contained(kPasses, pass.getValue()))
+        return emitError() << "tag PASS must be one of F, B, BI, BW, U, got "
+                           << entry.getValue();
+      continue;
+    }
+    auto index = dyn_cast<IntegerAttr>(entry.getValue());
+    if (!index || index.getInt() < 0)
+      return emitError() << "tag " << key
+                         << " must be a non-negative integer, got "
+                         << entry.getValue();
+  }
+  return success();
+}
+
+LogicalResult mlir::piper::verifyDeviceGroup(
+    ArrayRef<int64_t> devices, StringRef what,
+    llvm::function_ref<InFlightDiagnostic()> emitError) {
+  if (devices.empty())
+    return emitError() << what << " must name at least one device";
+  llvm::SmallSet<int64_t, 8> seen;
+  for (int64_t d : devices) {
+    if (d < 0)
+      return emitError() << what << " has a negative device " << d;
+    if (!seen.insert(d).second)
+      return emitError() << what << " names device " << d << " twice";
+  }
+  return success();
+}
+
+std::optional<int64_t> mlir::piper::getTagInt(DictionaryAttr tag,
+                                              StringRef key) {
+  if (!tag)
+    return std::nullopt;
+  if (auto v = tag.getAs<IntegerAttr>(key))
+    return v.getInt();
+  return std::nullopt;
+}
+
+StringRef mlir::piper::getTagPass(DictionaryAttr tag) {
+  if (!tag)
+    return "";
+  if (auto v = tag.getAs<StringAttr>("PASS"))
+    return v.getValue();
+  return "";
+}
+
+std::string mlir::piper::formatTag(DictionaryAttr tag) {
+  std::string out;
+  llvm::raw_string_ostream os(out);
+  // Fixed key order reads better than the dictionary's sorted order.
+  for (StringRef key : {"PP", "EP", "MB", "block"})
+    if (auto v = getTagInt(tag, key))
+      os << (out.empty() ? "" : " ") << key << "=" << *v;
+  StringRef pass = getTagPass(tag);
+  if (!pass.empty())
+    os << (out.empty() ? "" : " ") << "PASS=" << pass;
+  return out;
+}
+
+//===----------------------------------------------------------------------===//
+// Module-level ops
+//===----------------------------------------------------------------------===//
+
+LogicalResult ParamOp::verify() {
+  RankedTensorType type = getTensorType();
+  if (!type.hasStaticShape())
+    return emitOpError("parameter shape must be static, got ") << type;
+  if (!type.getElementType().isF32())
+    return emitOpError("parameter element type must be f32, got ")
+           << type.getElementType();
+  if (getScale().convertToDouble() < 0)
+    return emitOpError("initializer scale must be non-negative");
+  return success();
+}
+
+void SegmentOp::build(OpBuilder &builder, OperationState &state,
+                      StringRef name, FunctionType type) {
+  state.addAttribute(SymbolTable::getSymbolAttrName(),
+                     builder.getStringAttr(name));
+  state.addAttribute(getFunctionTypeAttrName(state.name),
+                     TypeAttr::get(type));
+  Region *body = state.addRegion();
+  Block *block = new Block();
+  body->push_back(block);
+  for (Type t : type.getInputs())
+    block->addArgument(t, state.location);
+}
+
+ParseResult SegmentOp::parse(OpAsmParser &parser, OperationState &result) {
+  auto buildFuncType =
+      [](Builder &builder, ArrayRef<Type> argTypes, ArrayRef<Type> results,
+         function_interface_impl::VariadicFlag,
+         std::string &) { return builder.getFunctionType(argTypes, results); };
+  return function_interface_impl::parseFunctionOp(
+      parser, result, /*allowVariadic=*/false,
+      getFunctionTypeAttrName(result.name), buildFuncType,
+      getArgAttrsAttrName(result.name), getResAttrsAttrName(result.name));
+}
+
+void SegmentOp::print(OpAsmPrinter &p) {
+  function_interface_impl::printFunctionOp(
+      p, *this, /*isVariadic=*/false, getFunctionTypeAttrName(),
+      getArgAttrsAttrName(), getResAttrsAttrName());
+}
+
+LogicalResult SegmentOp::verify() {
+  if (getBody().empty())
+    return emitOpError("segment must have a body");
+  if (!isa<YieldOp>(getBody().front().back()))
+    return emitOpError("segment body must end in piper.yield");
+  return success();
+}
+
+LogicalResult YieldOp::verify() {
+  auto segment = (*this)->getParentOfType<SegmentOp>();
+  ArrayRef<Type> expected = segment.getResultTypes();
+  if (getValues().size() != expected.size())
+    return emitOpError("yields ") << getValues().size()
+                                  << " values but segment @"
+                                  << segment.getSymName() << " returns "
+                                  << expected.size();
+  for (auto [i, pair] :
+       llvm::enumerate(llvm::zip(getValues().getTypes(), expected)))
+    if (std::get<0>(pair) != std::get<1>(pair))
+      return emitOpError("result #")
+             << i << " has type " << std::get<0>(pair)
+             << " but the segment returns " << std::get<1>(pair);
+  return success();
+}
+
+/// Looks up parameter `name` from `op`; fails with a diagnostic if missing.
+static FailureOr<ParamOp> lookupParam(Operation *op, FlatSymbolRefAttr name,
+                                      SymbolTableCollection &symbolTable) {
+  auto param = symbolTable.lookupNearestSymbolFrom<ParamOp>(op, name);
+  if (!param)
+    return op->emitOpError("references unknown parameter ") << name;
+  return param;
+}
+
+LogicalResult ParamRefOp::verifySymbolUses(SymbolTableCollection &tables) {
+  FailureOr<ParamOp> param = lookupParam(*this, getParamAttr(), tables);
+  if (failed(param))
+    return failure();
+  if (param->getType() != getResult().getType())
+    return emitOpError("type ") << getResult().getType()
+                                << " does not match parameter "
+                                << getParamAttr() << " of type "
+                                << param->getType();
+  return success();
+}
+
+LogicalResult AccumulateGradOp::verifySymbolUses(SymbolTableCollection &tables) {
+  FailureOr<ParamOp> param = lookupParam(*this, getParamAttr(), tables);
+  if (failed(param))
+    return failure();
+  if (param->getType() != getGrad().getType())
+    return emitOpError("gradient type ") << getGrad().getType()
+                                         << " does not match parameter "
+                                         << getParamAttr() << " of type "
+                                         << param->getType();
+  return success();
+}
+
+LogicalResult AdamWOp::verifySymbolUses(SymbolTableCollection &tables) {
+  return lookupParam(*this, getParamAttr(), tables);
+}
+
+LogicalResult ZeroGradOp::verifySymbolUses(SymbolTableCollection &tables) {
+  return lookupParam(*this, getParamAttr(), tables);
+}
+
+//===----------------------------------------------------------------------===//
+// Compute ops
+//===----------------------------------------------------------------------===//
+
+static int64_t dim(Value v, unsigned i) {
+  return cast<RankedTensorType>(v.getType()).getDimSize(i);
+}
+
+LogicalResult EmbeddingOp::verify() {
+  int64_t rows = dim(getIds(), 0) * dim(getIds(), 1);
+  if (dim(getResult(), 0) != rows || dim(getResult(), 1) != dim(getTable(), 1))
+    return emitOpError("result must be [") << rows << ", " << dim(getTable(), 1)
+                                           << "], got " << getResult().getType();
+  return success();
+}
+
+LogicalResult PositionAddOp::verify() {
+  if (getSeq() <= 0)
+    return emitOpError("seq must be positive");
+  if (dim(getInput(), 0) % getSeq() != 0)
+    return emitOpError("rows (") << dim(getInput(), 0)
+                                 << ") must be a multiple of seq (" << getSeq()
+                                 << ")";
+  if (dim(getPos(), 0) < getSeq() || dim(getPos(), 1) != dim(getInput(), 1))
+    return emitOpError("position table ")
+           << getPos().getType() << " must have at least " << getSeq()
+           << " rows of width " << dim(getInput(), 1);
+  if (getResult().getType() != getInput().getType())
+    return emitOpError("result type must equal the input type");
+  return success();
+}
+
+LogicalResult LayerNormOp::verify() {
+  int64_t h = dim(getInput(), 1);
+  if (dim(getGamma(), 0) != h || dim(getBeta(), 0) != h)
+    return emitOpError("gamma and beta must have ") << h << " elements";
+  if (getResult().getType() != getInput().getType())
+    return emitOpError("result type must equal the input type");
+  return success();
+}
+
+LogicalResult LinearOp::verify() {
+  int64_t k = dim(getInput(), 1);
+  int64_t wk = getTransposeW() ? dim(getWeight(), 1) : dim(getWeight(), 0);
+  int64_t m = getTransposeW() ? dim(getWeight(), 0) : dim(getWeight(), 1);
+  if (wk != k)
+    return emitOpError("input has ") << k << " columns but the weight "
+                                     << getWeight().getType() << " expects "
+                                     << wk;
+  if (getBias() && dim(getBias(), 0) != m)
+    return emitOpError("bias must have ") << m << " elements";
+  if (dim(getResult(), 0) != dim(getInput(), 0) || dim(getResult(), 1) != m)
+    return emitOpError("result must be [") << dim(getInput(), 0) << ", " << m
+                                           << "], got " << getResult().getType();
+  return success();
+}
+
+LogicalResult AttentionOp::verify() {
+  int64_t h = dim(getResult(), 1);
+  if (getHeads() <= 0 || getSeq() <= 0)
+    return emitOpError("heads and seq must be positive");
+  if (dim(getQkv(), 1) != 3 * h)
+    return emitOpError("qkv must have 3 * ") << h << " columns, got "
+                                             << dim(getQkv(), 1);
+  if (h % getHeads() != 0)
+    return emitOpError("width ") << h << " is not divisible by " << getHeads()
+                                 << " heads";
+  if (dim(getQkv(), 0) != dim(getResult(), 0) ||
+      dim(getQkv(), 0) % getSeq() != 0)
+    return emitOpError("rows must match and be a multiple of seq");
+  return success();
+}
+
+LogicalResult CrossEntropyOp::verify() {
+  int64_t rows = dim(getTargets(), 0) * dim(getTargets(), 1);
+  if (dim(getLogits(), 0) != rows)
+    return emitOpError("logits have ") << dim(getLogits(), 0)
+                                       << " rows but targets hold " << rows
+                                       << " tokens";
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// Program ops
+//===----------------------------------------------------------------------===//
+
+void ProgramOp::build(OpBuilder &builder, OperationState &state,
+                      StringRef name) {
+  state.addAttribute(SymbolTable::getSymbolAttrName(),
+                     builder.getStringAttr(name));
+  state.addRegion()->push_back(new Block());
+}
+
+void DeviceProgramOp::build(OpBuilder &builder, OperationState &state,
+                            StringRef name, ArrayRef<int64_t> ranks,
+                            int64_t deviceClass) {
+  state.addAttribute(SymbolTable::getSymbolAttrName(),
+                     builder.getStringAttr(name));
+  state.addAttribute("ranks", builder.getDenseI64ArrayAttr(ranks));
+  state.addAttribute("device_class", builder.getI64IntegerAttr(deviceClass));
+  state.addRegion()->push_back(new Block());
+}
+
+static LogicalResult verifyNodes(Operation *op, Block &body) {
+  for (Operation &node : body)
+    if (node.getDialect() != op->getDialect() || isa<ParamOp, SegmentOp>(node))
+      return node.emitOpError("is not a program node");
+  return success();
+}
+
+LogicalResult ProgramOp::verify() {
+  if (getNumMicrobatches() < 1 || getNumReplicas() < 1)
+    return emitOpError("num_microbatches and num_replicas must be positive");
+  return verifyNodes(*this, getBody().front());
+}
+
+LogicalResult DeviceProgramOp::verify() {
+  if (failed(verifyDeviceGroup(getRanks(), "ranks",
+                               [&] { return emitOpError(); })))
+    return failure();
+  return verifyNodes(*this, getBody().front());
+}
+
+LogicalResult BatchOp::verify() {
+  if (getTokens().getType() != getTargets().getType())
+    return emitOpError("tokens and targets must have the same type");
+  return verifyTag(getTag(), [&] { return emitOpError(); });
+}
+
+LogicalResult TaskOp::verify() {
+  if (failed(verifyTag(getTag(), [&] { return emitOpError(); })))
+    return failure();
+  if (auto devices = getDevices())
+    return verifyDeviceGroup(*devices, "devices", [&] { return emitOpError(); });
+  return success();
+}
+
+LogicalResult TaskOp::verifySymbolUses(SymbolTableCollection &tables) {
+  auto segment =
+      tables.lookupNearestSymbolFrom<SegmentOp>(*this, getSegmentAttr());
+  if (!segment)
+    return emitOpError("calls unknown segment ") << getSegmentAttr();
+  ArrayRef<Type> argTypes = segment.getArgumentTypes();
+  if (getArgs().size() != argTypes.size())
+    return emitOpError("passes ") << getArgs().size() << " arguments but @"
+                                  << segment.getSymName() << " takes "
+                                  << argTypes.size();
+  for (auto [i, pair] :
+       llvm::enumerate(llvm::zip(getArgs().getTypes(), argTypes)))
+    if (std::get<0>(pair) != std::get<1>(pair))
+      return emitOpError("argument #") << i << " has type " << std::get<0>(pair)
+                                       << " but @" << segment.getSymName()
+                                       << " expects " << std::get<1>(pair);
+  ArrayRef<Type> resultTypes = segment.getResultTypes();
+  if (getOuts().size() != resultTypes.size() ||
+      !llvm::equal(getOuts().getTypes(), resultTypes))
+    return emitOpError("result types do not match the results of @")
+           << segment.getSymName();
+  return success();
+}
+
+LogicalResult TransferOp::verify() {
+  auto err = [&] { return emitOpError(); };
+  if (failed(verifyDeviceGroup(getFrom(), "from", err)) ||
+      failed(verifyDeviceGroup(getTo(), "to", err)))
+    return failure();
+  if (getFrom().size() != getTo().size())
+    return emitOpError("from and to must have the same size (")
+           << getFrom().size() << " vs " << getTo().size() << ")";
+  if (getInput().getType() != getResult().getType())
+    return emitOpError("result type must equal the input type");
+  return success();
+}
+
+LogicalResult AllReduceOp::verify() {
+  if (getParams().empty())
+    return emitOpError("must reduce at least one parameter");
+  if (failed(verifyTag(getTag(), [&] { return emitOpError(); })))
+    return failure();
+  return verifyDeviceGroup(getDevices(), "devices",
+                           [&] { return emitOpError(); });
+}
+
+LogicalResult AllReduceOp::verifySymbolUses(SymbolTableCollection &tables) {
+  for (Attribute a : getParams())
+    if (failed(lookupParam(*this, cast<FlatSymbolRefAttr>(a), tables)))
+      return failure();
+  return success();
+}
+
+#define GET_OP_CLASSES
+#include "dialects/piper/PiperOps.cpp.inc"

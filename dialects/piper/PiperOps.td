@@ -1,0 +1,441 @@
+// Ops of the piper dialect: parameters, segments, tensor compute and its
+// gradients, and the program-level nodes of the training DAG.
+#ifndef PIPER_OPS_TD
+#define PIPER_OPS_TD
+
+include "mlir/IR/OpBase.td"
+include "mlir/IR/SymbolInterfaces.td"
+include "mlir/IR/RegionKindInterface.td"
+include "mlir/Interfaces/CallInterfaces.td"
+include "mlir/Interfaces/FunctionInterfaces.td"
+include "mlir/Interfaces/SideEffectInterfaces.td"
+include "mlir/Interfaces/InferTypeOpInterface.td"
+include "mlir/Interfaces/ControlFlowInterfaces.td"
+include "PiperDialect.td"
+
+class Piper_Op<string mnemonic, list<Trait> traits = []>
+    : Op<Piper_Dialect, mnemonic, traits>;
+
+def F32Tensor2D : 2DTensorOf<[F32]>;
+def F32Tensor1D : 1DTensorOf<[F32]>;
+def F32Scalar : 0DTensorOf<[F32]>;
+def I32Tensor2D : 2DTensorOf<[I32]>;
+
+//===----------------------------------------------------------------------===//
+// Module level: parameters and segments
+//===----------------------------------------------------------------------===//
+
+def Piper_ParamOp : Piper_Op<"param", [Symbol]> {
+  let summary = "Declares a trainable parameter with its global shape";
+  let description = [{
+    A parameter of the model, declared once at module level with its full
+    (global, unsharded) shape, its dtype and its initializer. Segments read it
+    with `piper.param_ref`. Initial values are a pure function of (seed,
+    parameter name, element index), so every strategy starts from the same
+    numbers.
+
+    ```mlir
+    piper.param @h0.attn.w : tensor<64x192xf32> init normal(2.0e-02)
+    piper.param @h0.ln1.g : tensor<64xf32> init ones(0.0)
+    ```
+  }];
+  let arguments = (ins SymbolNameAttr:$sym_name,
+                       TypeAttrOf<AnyRankedTensor>:$type,
+                       Piper_InitKindAttr:$init,
+                       F64Attr:$scale);
+  let assemblyFormat = "$sym_name `:` $type `init` $init `(` $scale `)` attr-dict";
+  let hasVerifier = 1;
+  let extraClassDeclaration = [{
+    ::mlir::RankedTensorType getTensorType() {
+      return ::llvm::cast<::mlir::RankedTensorType>(getType());
+    }
+  }];
+}
+
+def Piper_SegmentOp : Piper_Op<"segment", [
+    FunctionOpInterface, IsolatedFromAbove, Symbol, SingleBlock]> {
+  let summary = "A function-like body of tensor ops run by one task";
+  let description = [{
+    A segment holds op-level compute: the ops of one model region (a block, a
+    pipeline stage), or its backward, or its optimizer update. It is isolated
+    from above; parameters are reached by symbol through `piper.param_ref`,
+    `piper.accumulate_grad` and `piper.adamw`. Its single block ends in
+    `piper.yield`. The `piper.block` attribute (model region index) and
+    `piper.pass` attribute (F, B, U) are informational.
+
+    ```mlir
+    piper.segment @block0(%x: tensor<128x64xf32>) -> tensor<128x64xf32> {
+      %w = piper.param_ref @h0.mlp.w : tensor<64x64xf32>
+      %y = piper.linear %x, %w : (tensor<128x64xf32>, tensor<64x64xf32>) -> tensor<128x64xf32>
+      piper.yield %y : tensor<128x64xf32>
+    }
+    ```
+  }];
+  let arguments = (ins SymbolNameAttr:$sym_name,
+                       TypeAttrOf<FunctionType>:$function_type,
+                       OptionalAttr<DictArrayAttr>:$arg_attrs,
+                       OptionalAttr<DictArrayAttr>:$res_attrs);
+  let regions = (region SizedRegion<1>:$body);
+  let hasCustomAssemblyFormat = 1;
+  let hasVerifier = 1;
+  let builders = [OpBuilder<(ins "::llvm::StringRef":$name,
+                                 "::mlir::FunctionType":$type)>];
+  let extraClassDeclaration = [{
+    ::mlir::Region *getCallableRegion() { return &getBody(); }
+    ::llvm::ArrayRef<::mlir::Type> getArgumentTypes() {
+      return getFunctionType().getInputs();
+    }
+    ::llvm::ArrayRef<::mlir::Type> getResultTypes() {
+      return getFunctionType().getResults();
+    }
+  }];
+}
+
+def Piper_YieldOp : Piper_Op<"yield", [Pure, Terminator, ReturnLike,
+                                       HasParent<"SegmentOp">]> {
+  let summary = "Returns the results of a segment";
+  let arguments = (ins Variadic<AnyType>:$values);
+  let assemblyFormat = "attr-dict ($values^ `:` type($values))?";
+  let hasVerifier = 1;
+}
+
+def Piper_ParamRefOp : Piper_Op<"param_ref", [Pure,
+    DeclareOpInterfaceMethods<SymbolUserOpInterface>]> {
+  let summary = "Reads a parameter inside a segment";
+  let arguments = (ins FlatSymbolRefAttr:$param);
+  let results = (outs AnyRankedTensor:$result);
+  let assemblyFormat = "$param attr-dict `:` type($result)";
+}
+
+//===----------------------------------------------------------------------===//
+// Forward compute. Activations are 2-D [N, H] with N = B*S rows (a microbatch
+// of B sequences of S tokens, flattened); token ids are [B, S] i32.
+//===----------------------------------------------------------------------===//
+
+def Piper_EmbeddingOp : Piper_Op<"embedding", [Pure]> {
+  let summary = "Token embedding lookup: y[b*S+s] = table[ids[b, s]]";
+  let arguments = (ins I32Tensor2D:$ids, F32Tensor2D:$table);
+  let results = (outs F32Tensor2D:$result);
+  let assemblyFormat = "$ids `,` $table attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Piper_PositionAddOp : Piper_Op<"position_add", [Pure]> {
+  let summary = "Adds learned positions: y[n] = x[n] + pos[n mod seq]";
+  let arguments = (ins F32Tensor2D:$input, F32Tensor2D:$pos, I64Attr:$seq);
+  let results = (outs F32Tensor2D:$result);
+  let assemblyFormat = "$input `,` $pos attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Piper_LayerNormOp : Piper_Op<"layer_norm", [Pure]> {
+  let summary = "Layer normalization over the last dimension, with affine";
+  let arguments = (ins F32Tensor2D:$input, F32Tensor1D:$gamma,
+                       F32Tensor1D:$beta, DefaultValuedAttr<F64Attr, "1e-5">:$eps);
+  let results = (outs F32Tensor2D:$result);
+  let assemblyFormat = "$input `,` $gamma `,` $beta attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Piper_LinearOp : Piper_Op<"linear", [Pure]> {
+  let summary = "Dense layer: y = x·w (+ b), or x·wᵀ with transpose_w";
+  let description = [{
+    `x` is [N, K]; `w` is [K, M], or [M, K] with `transpose_w` (a head tied to
+    the embedding table); the optional bias is [M]; the result is [N, M].
+  }];
+  let arguments = (ins F32Tensor2D:$input, F32Tensor2D:$weight,
+                       Optional<F32Tensor1D>:$bias, UnitAttr:$transpose_w);
+  let results = (outs F32Tensor2D:$result);
+  let assemblyFormat = "$input `,` $weight (`,` $bias^)? attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Piper_GeluOp : Piper_Op<"gelu", [Pure, SameOperandsAndResultType]> {
+  let summary = "GELU, tanh approximation (as GPT-2)";
+  let arguments = (ins F32Tensor2D:$input);
+  let results = (outs F32Tensor2D:$result);
+  let assemblyFormat = "$input attr-dict `:` type($result)";
+}
+
+def Piper_AddOp : Piper_Op<"add", [Pure, SameOperandsAndResultType]> {
+  let summary = "Elementwise sum (residual connections, gradient fan-in)";
+  let arguments = (ins F32Tensor2D:$lhs, F32Tensor2D:$rhs);
+  let results = (outs F32Tensor2D:$result);
+  let assemblyFormat = "$lhs `,` $rhs attr-dict `:` type($result)";
+}
+
+def Piper_AttentionOp : Piper_Op<"attention", [Pure]> {
+  let summary = "Causal multi-head self-attention over packed q|k|v";
+  let description = [{
+    `qkv` is [N, 3H]: each row holds q, k and v of width H = heads * hd. Each
+    of the N / seq sequences attends causally within itself, scaled by
+    1/sqrt(hd). The result is [N, H].
+  }];
+  let arguments = (ins F32Tensor2D:$qkv, I64Attr:$heads, I64Attr:$seq);
+  let results = (outs F32Tensor2D:$result);
+  let assemblyFormat = "$qkv attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Piper_CrossEntropyOp : Piper_Op<"cross_entropy", [Pure]> {
+  let summary = "Mean softmax cross-entropy of logits [N, V] against targets [B, S]";
+  let arguments = (ins F32Tensor2D:$logits, I32Tensor2D:$targets);
+  let results = (outs F32Scalar:$loss);
+  let assemblyFormat = "$logits `,` $targets attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+//===----------------------------------------------------------------------===//
+// Gradients. Input and weight gradients are separate ops so that zero-bubble
+// schedules can split a backward pass into BI and BW.
+//===----------------------------------------------------------------------===//
+
+def Piper_EmbeddingGradOp : Piper_Op<"embedding_grad", [Pure]> {
+  let summary = "Table gradient of embedding: scatter-add of dy rows by id";
+  let arguments = (ins I32Tensor2D:$ids, F32Tensor2D:$grad);
+  let results = (outs F32Tensor2D:$result);
+  let assemblyFormat = "$ids `,` $grad attr-dict `:` functional-type(operands, results)";
+}
+
+def Piper_PositionAddGradOp : Piper_Op<"position_add_grad", [Pure]> {
+  let summary = "Position-table gradient: dpos[s] = sum of dy rows n with n mod seq = s";
+  let arguments = (ins F32Tensor2D:$grad, I64Attr:$seq);
+  let results = (outs F32Tensor2D:$result);
+  let assemblyFormat = "$grad attr-dict `:` functional-type(operands, results)";
+}
+
+def Piper_LayerNormGradOp : Piper_Op<"layer_norm_grad", [Pure]> {
+  let summary = "Gradients of layer_norm w.r.t. input, gamma and beta";
+  let arguments = (ins F32Tensor2D:$input, F32Tensor1D:$gamma, F32Tensor2D:$grad,
+                       DefaultValuedAttr<F64Attr, "1e-5">:$eps);
+  let results = (outs F32Tensor2D:$dinput, F32Tensor1D:$dgamma, F32Tensor1D:$dbeta);
+  let assemblyFormat = "$input `,` $gamma `,` $grad attr-dict `:` functional-type(operands, results)";
+}
+
+def Piper_LinearGradInputOp : Piper_Op<"linear_grad_input", [Pure]> {
+  let summary = "Input gradient of linear: dx = dy·wᵀ (dy·w with transpose_w)";
+  let arguments = (ins F32Tensor2D:$grad, F32Tensor2D:$weight, UnitAttr:$transpose_w);
+  let results = (outs F32Tensor2D:$result);
+  let assemblyFormat = "$grad `,` $weight attr-dict `:` functional-type(operands, results)";
+}
+
+def Piper_LinearGradWeightOp : Piper_Op<"linear_grad_weight", [Pure]> {
+  let summary = "Weight gradient of linear: dw = xᵀ·dy (dyᵀ·x with transpose_w)";
+  let arguments = (ins F32Tensor2D:$input, F32Tensor2D:$grad, UnitAttr:$transpose_w);
+  let results = (outs F32Tensor2D:$result);
+  let assemblyFormat = "$input `,` $grad attr-dict `:` functional-type(operands, results)";
+}
+
+def Piper_BiasGradOp : Piper_Op<"bias_grad", [Pure]> {
+  let summary = "Bias gradient: column sums of dy";
+  let arguments = (ins F32Tensor2D:$grad);
+  let results = (outs F32Tensor1D:$result);
+  let assemblyFormat = "$grad attr-dict `:` functional-type(operands, results)";
+}
+
+def Piper_GeluGradOp : Piper_Op<"gelu_grad", [Pure, SameOperandsAndResultType]> {
+  let summary = "Input gradient of gelu";
+  let arguments = (ins F32Tensor2D:$input, F32Tensor2D:$grad);
+  let results = (outs F32Tensor2D:$result);
+  let assemblyFormat = "$input `,` $grad attr-dict `:` type($result)";
+}
+
+def Piper_AttentionGradOp : Piper_Op<"attention_grad", [Pure]> {
+  let summary = "Gradient of attention w.r.t. packed q|k|v (recomputes the softmax)";
+  let arguments = (ins F32Tensor2D:$qkv, F32Tensor2D:$grad, I64Attr:$heads, I64Attr:$seq);
+  let results = (outs F32Tensor2D:$result);
+  let assemblyFormat = "$qkv `,` $grad attr-dict `:` functional-type(operands, results)";
+}
+
+def Piper_CrossEntropyGradOp : Piper_Op<"cross_entropy_grad", [Pure]> {
+  let summary = "Gradient of the mean cross entropy w.r.t. logits, times the loss seed";
+  let description = [{
+    `dlogits = (softmax(logits) - onehot(targets)) / N`, multiplied by the
+    loss seed: the weight of this microbatch's loss in the global loss, which
+    the runtime fills in as 1 / (microbatches * replicas).
+  }];
+  let arguments = (ins F32Tensor2D:$logits, I32Tensor2D:$targets);
+  let results = (outs F32Tensor2D:$result);
+  let assemblyFormat = "$logits `,` $targets attr-dict `:` functional-type(operands, results)";
+}
+
+//===----------------------------------------------------------------------===//
+// State: gradient accumulators, the step loss and the optimizer.
+//===----------------------------------------------------------------------===//
+
+def Piper_AccumulateGradOp : Piper_Op<"accumulate_grad", [
+    DeclareOpInterfaceMethods<SymbolUserOpInterface>]> {
+  let summary = "Adds a gradient into the accumulator of a parameter";
+  let arguments = (ins FlatSymbolRefAttr:$param, AnyRankedTensor:$grad);
+  let assemblyFormat = "$param `,` $grad attr-dict `:` type($grad)";
+}
+
+def Piper_LossAccumulateOp : Piper_Op<"loss_accumulate"> {
+  let summary = "Adds this microbatch's weighted loss to the reported step loss";
+  let arguments = (ins F32Scalar:$loss);
+  let assemblyFormat = "$loss attr-dict `:` type($loss)";
+}
+
+def Piper_AdamWOp : Piper_Op<"adamw", [
+    DeclareOpInterfaceMethods<SymbolUserOpInterface>]> {
+  let summary = "AdamW update of a parameter from its accumulated gradient";
+  let description = [{
+    Decoupled weight decay and bias correction, fp32 moments, as
+    torch.optim.AdamW. The accumulator is left untouched; `piper.zero_grad`
+    clears it.
+  }];
+  let arguments = (ins FlatSymbolRefAttr:$param, F64Attr:$lr, F64Attr:$beta1,
+                       F64Attr:$beta2, F64Attr:$eps, F64Attr:$weight_decay);
+  let assemblyFormat = "$param attr-dict";
+}
+
+def Piper_ZeroGradOp : Piper_Op<"zero_grad", [
+    DeclareOpInterfaceMethods<SymbolUserOpInterface>]> {
+  let summary = "Clears the gradient accumulator of a parameter";
+  let arguments = (ins FlatSymbolRefAttr:$param);
+  let assemblyFormat = "$param attr-dict";
+}
+
+//===----------------------------------------------------------------------===//
+// The program: the global training DAG.
+//===----------------------------------------------------------------------===//
+
+def Piper_ProgramOp : Piper_Op<"program", [Symbol, SingleBlock, NoTerminator,
+                                           IsolatedFromAbove]> {
+  let summary = "The global training DAG of one step";
+  let description = [{
+    A single block of program nodes (`piper.batch`, `piper.task`,
+    `piper.transfer`, `piper.all_reduce`). The block order is one topological
+    order; the DAG's edges are the SSA data edges plus `!piper.token` edges.
+    `num_microbatches` and `num_replicas` are set by `split` and `replicate`.
+
+    ```mlir
+    piper.program @train {
+      %tok, %tgt, %t0 = piper.batch {tag = {MB = 0 : i64}} : tensor<4x32xi32>, tensor<4x32xi32>
+      %x, %t1 = piper.task @stage0_F(%tok) {tag = {PASS = "F", PP = 0 : i64}} : (tensor<4x32xi32>) -> (tensor<128x64xf32>, !piper.token)
+    }
+    ```
+  }];
+  let arguments = (ins SymbolNameAttr:$sym_name,
+                       DefaultValuedAttr<I64Attr, "1">:$num_microbatches,
+                       DefaultValuedAttr<I64Attr, "1">:$num_replicas);
+  let regions = (region SizedRegion<1>:$body);
+  let assemblyFormat = "$sym_name attr-dict-with-keyword $body";
+  let hasVerifier = 1;
+  let skipDefaultBuilders = 1;
+  let builders = [OpBuilder<(ins "::llvm::StringRef":$name)>];
+}
+
+def Piper_DeviceProgramOp : Piper_Op<"device_program", [Symbol, SingleBlock,
+    NoTerminator, IsolatedFromAbove]> {
+  let summary = "The program of one device class, in issue order";
+  let description = [{
+    Produced by `piper-split-devices`: the nodes one device class (all
+    data-parallel replicas of a pipeline rank) runs, with transfers lowered to
+    `piper.send`/`piper.recv`. After `piper-order-streams` the block order is
+    the issue order of every logical stream.
+  }];
+  let arguments = (ins SymbolNameAttr:$sym_name, DenseI64ArrayAttr:$ranks,
+                       I64Attr:$device_class);
+  let regions = (region SizedRegion<1>:$body);
+  let assemblyFormat = "$sym_name attr-dict-with-keyword $body";
+  let hasVerifier = 1;
+  let skipDefaultBuilders = 1;
+  let builders = [OpBuilder<(ins "::llvm::StringRef":$name,
+                                 "::llvm::ArrayRef<int64_t>":$ranks,
+                                 "int64_t":$deviceClass)>];
+}
+
+class Piper_NodeOp<string mnemonic, list<Trait> traits = []>
+    : Piper_Op<mnemonic, !listconcat(traits, [
+        ParentOneOf<["ProgramOp", "DeviceProgramOp"]>])>;
+
+def Piper_BatchOp : Piper_NodeOp<"batch", [Pure]> {
+  let summary = "The tokens and targets of one microbatch";
+  let description = [{
+    Data input of the DAG. Each device that needs the batch loads it itself
+    (data is deterministic per replica and microbatch), so a batch is never
+    placed or transferred.
+  }];
+  let arguments = (ins DictionaryAttr:$tag);
+  let results = (outs I32Tensor2D:$tokens, I32Tensor2D:$targets,
+                      Piper_TokenType:$done);
+  let assemblyFormat = "attr-dict `:` type($tokens) `,` type($targets)";
+  let hasVerifier = 1;
+}
+
+def Piper_TaskOp : Piper_NodeOp<"task", [
+    DeclareOpInterfaceMethods<SymbolUserOpInterface>, AttrSizedOperandSegments]> {
+  let summary = "Runs one segment for one (stage, microbatch, pass)";
+  let description = [{
+    Tags (`tag`): `PP` stage, `EP` expert region, `MB` microbatch, `PASS` one
+    of F, B, BI, BW, U, and `block` (the model region before staging).
+    `devices` is the device group that runs it SPMD-style (set by `place`),
+    `stream` its logical stream. The last result is its completion token.
+
+    ```mlir
+    %y, %t = piper.task @stage1_F(%x) after(%t0) {devices = array<i64: 2, 3>, stream = "compute", tag = {MB = 0 : i64, PASS = "F", PP = 1 : i64}} : (tensor<128x64xf32>) -> (tensor<128x64xf32>, !piper.token)
+    ```
+  }];
+  let arguments = (ins FlatSymbolRefAttr:$segment, Variadic<AnyType>:$args,
+                       Variadic<Piper_TokenType>:$deps, DictionaryAttr:$tag,
+                       OptionalAttr<DenseI64ArrayAttr>:$devices,
+                       OptionalAttr<StrAttr>:$stream);
+  let results = (outs Variadic<AnyType>:$outs, Piper_TokenType:$done);
+  let assemblyFormat = [{
+    $segment `(` $args `)` (`after` `(` $deps^ `)`)? attr-dict `:`
+    functional-type($args, results)
+  }];
+  let hasVerifier = 1;
+}
+
+def Piper_TransferOp : Piper_Op<"transfer", [HasParent<"ProgramOp">,
+    AllTypesMatch<["input", "result"]>]> {
+  let summary = "Moves a tensor from one device group to another";
+  let description = [{
+    Inserted by `place` on every data edge that crosses device groups. Member
+    i of `from` sends to member i of `to`. Lowered to `piper.send` and
+    `piper.recv` by per-device splitting.
+  }];
+  let arguments = (ins AnyRankedTensor:$input, Variadic<Piper_TokenType>:$deps,
+                       DenseI64ArrayAttr:$from, DenseI64ArrayAttr:$to,
+                       StrAttr:$stream);
+  let results = (outs AnyRankedTensor:$result, Piper_TokenType:$done);
+  let assemblyFormat = [{
+    $input (`after` `(` $deps^ `)`)? attr-dict `:` type($input)
+  }];
+  let hasVerifier = 1;
+}
+
+def Piper_AllReduceOp : Piper_NodeOp<"all_reduce", [
+    DeclareOpInterfaceMethods<SymbolUserOpInterface>]> {
+  let summary = "Sums the gradient accumulators of parameters over a device group";
+  let description = [{
+    Inserted by `replicate`: one node per gradient bucket. After it, every
+    member holds the sum over the group.
+  }];
+  let arguments = (ins SymbolRefArrayAttr:$params, Variadic<Piper_TokenType>:$deps,
+                       DenseI64ArrayAttr:$devices, StrAttr:$stream,
+                       DictionaryAttr:$tag);
+  let results = (outs Piper_TokenType:$done);
+  let assemblyFormat = "$params (`after` `(` $deps^ `)`)? attr-dict";
+  let hasVerifier = 1;
+}
+
+def Piper_SendOp : Piper_Op<"send", [HasParent<"DeviceProgramOp">]> {
+  let summary = "Sends a tensor to the same-index member of another class";
+  let arguments = (ins AnyRankedTensor:$input, Variadic<Piper_TokenType>:$deps,
+                       DenseI64ArrayAttr:$peers, I64Attr:$channel, StrAttr:$stream);
+  let results = (outs Piper_TokenType:$done);
+  let assemblyFormat = "$input (`after` `(` $deps^ `)`)? attr-dict `:` type($input)";
+}
+
+def Piper_RecvOp : Piper_Op<"recv", [HasParent<"DeviceProgramOp">]> {
+  let summary = "Receives a tensor from the same-index member of another class";
+  let arguments = (ins Variadic<Piper_TokenType>:$deps, DenseI64ArrayAttr:$peers,
+                       I64Attr:$channel, StrAttr:$stream);
+  let results = (outs AnyRankedTensor:$result, Piper_TokenType:$done);
+  let assemblyFormat = "(`after` `(` $deps^ `)`)? attr-dict `:` type($result)";
+}
+
+#endif // PIPER_OPS_TD

@@ -1,0 +1,291 @@
+// Plan file and manifest I/O: the versioned, checksummed envelope around Plan.
+#include "proto/PlanFile.h"
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <string_view>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <google/protobuf/io/tokenizer.h>
+#include <google/protobuf/text_format.h>
+
+namespace piper::plan {
+namespace {
+
+constexpr std::array<uint32_t, 256> makeCrcTable() {
+  std::array<uint32_t, 256> table{};
+  for (uint32_t i = 0; i < 256; ++i) {
+    uint32_t c = i;
+    for (int k = 0; k < 8; ++k)
+      c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+    table[i] = c;
+  }
+  return table;
+}
+
+constexpr std::array<uint32_t, 256> kCrcTable = makeCrcTable();
+
+// strerror() capitalizes; the project's messages are lowercase.
+std::string errnoText(int err) {
+  std::string s = std::strerror(err);
+  if (!s.empty() && s[0] >= 'A' && s[0] <= 'Z')
+    s[0] = static_cast<char>(s[0] - 'A' + 'a');
+  return s;
+}
+
+void putU32(unsigned char *p, uint32_t v) {
+  for (int i = 0; i < 4; ++i)
+    p[i] = static_cast<unsigned char>(v >> (8 * i));
+}
+
+void putU64(unsigned char *p, uint64_t v) {
+  for (int i = 0; i < 8; ++i)
+    p[i] = static_cast<unsigned char>(v >> (8 * i));
+}
+
+uint32_t getU32(const unsigned char *p) {
+  uint32_t v = 0;
+  for (int i = 0; i < 4; ++i)
+    v |= static_cast<uint32_t>(p[i]) << (8 * i);
+  return v;
+}
+
+uint64_t getU64(const unsigned char *p) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; ++i)
+    v |= static_cast<uint64_t>(p[i]) << (8 * i);
+  return v;
+}
+
+std::string unsupportedVersion(const char *what, uint32_t version) {
+  return std::string(what) + " schema version " + std::to_string(version) +
+         " is not supported (this runtime reads version " +
+         std::to_string(kPlanSchemaVersion) +
+         "); recompile the strategy with a matching piperc";
+}
+
+/// Writes `bytes` to a temporary file next to `path`, syncs it and renames it
+/// over `path`, so that a crash or a concurrent reader never sees half a file.
+std::string writeAtomically(const std::string &path, std::string_view bytes) {
+  std::string tmp = path + ".tmp-XXXXXX";
+  int fd = ::mkstemp(tmp.data());
+  if (fd < 0)
+    return "cannot create a temporary file next to it: " + errnoText(errno);
+  const char *p = bytes.data();
+  size_t left = bytes.size();
+  while (left > 0) {
+    ssize_t n = ::write(fd, p, left);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n <= 0) {
+      int err = errno;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      return "cannot write: " + errnoText(err);
+    }
+    p += n;
+    left -= static_cast<size_t>(n);
+  }
+  // mkstemp creates 0600 files; plans are ordinary build outputs.
+  ::fchmod(fd, 0644);
+  if (::fsync(fd) != 0 || ::close(fd) != 0) {
+    int err = errno;
+    ::unlink(tmp.c_str());
+    return "cannot write: " + errnoText(err);
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    int err = errno;
+    ::unlink(tmp.c_str());
+    return "cannot rename the temporary file into place: " + errnoText(err);
+  }
+  return "";
+}
+
+/// Reads the whole file at `path`; returns "" or an errno-based message.
+std::string readWholeFile(const std::string &path, std::string &out) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return "cannot open: " + errnoText(errno);
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    int err = errno;
+    ::close(fd);
+    return "cannot stat: " + errnoText(err);
+  }
+  if (S_ISDIR(st.st_mode)) {
+    ::close(fd);
+    return "cannot open: is a directory";
+  }
+  out.clear();
+  out.reserve(static_cast<size_t>(st.st_size));
+  char chunk[1 << 16];
+  while (true) {
+    ssize_t n = ::read(fd, chunk, sizeof(chunk));
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n < 0) {
+      int err = errno;
+      ::close(fd);
+      return "cannot read: " + errnoText(err);
+    }
+    if (n == 0)
+      break;
+    out.append(chunk, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return "";
+}
+
+std::string planPrefix(const std::string &path) {
+  return "plan file '" + path + "': ";
+}
+
+std::string manifestPrefix(const std::string &path) {
+  return "manifest '" + path + "': ";
+}
+
+/// Collects TextFormat parse errors instead of letting protobuf log them.
+class CollectErrors : public google::protobuf::io::ErrorCollector {
+public:
+  void AddError(int line, google::protobuf::io::ColumnNumber column,
+                const std::string &message) override {
+    if (first.empty())
+      first = "line " + std::to_string(line + 1) + ", column " +
+              std::to_string(column + 1) + ": " + message;
+  }
+  std::string first;
+};
+
+} // namespace
+
+uint32_t crc32(const void *data, size_t size) {
+  const auto *p = static_cast<const unsigned char *>(data);
+  uint32_t c = 0xFFFFFFFFu;
+  for (size_t i = 0; i < size; ++i)
+    c = kCrcTable[(c ^ p[i]) & 0xFFu] ^ (c >> 8);
+  return c ^ 0xFFFFFFFFu;
+}
+
+std::string writePlanFile(const std::string &path, const Plan &plan) {
+  std::string payload;
+  if (plan.schema_version() == 0) {
+    Plan versioned = plan;
+    versioned.set_schema_version(kPlanSchemaVersion);
+    if (!versioned.SerializeToString(&payload))
+      return planPrefix(path) + "cannot serialize the plan";
+  } else if (plan.schema_version() != kPlanSchemaVersion) {
+    return planPrefix(path) + "the plan has schema version " +
+           std::to_string(plan.schema_version()) +
+           " but this writer produces version " +
+           std::to_string(kPlanSchemaVersion);
+  } else if (!plan.SerializeToString(&payload)) {
+    return planPrefix(path) + "cannot serialize the plan";
+  }
+
+  std::string bytes(kPlanHeaderSize, '\0');
+  auto *h = reinterpret_cast<unsigned char *>(bytes.data());
+  std::memcpy(h, kPlanMagic, sizeof(kPlanMagic));
+  putU32(h + 8, kPlanSchemaVersion);
+  putU64(h + 12, payload.size());
+  putU32(h + 20, crc32(payload.data(), payload.size()));
+  bytes += payload;
+
+  std::string err = writeAtomically(path, bytes);
+  return err.empty() ? "" : planPrefix(path) + err;
+}
+
+std::string readPlanFile(const std::string &path, Plan &plan) {
+  std::string bytes;
+  std::string err = readWholeFile(path, bytes);
+  if (!err.empty())
+    return planPrefix(path) + err;
+
+  const auto *h = reinterpret_cast<const unsigned char *>(bytes.data());
+  // A short file that starts like a plan is a truncated plan; anything else
+  // is not a plan at all.
+  size_t magicBytes = std::min(bytes.size(), sizeof(kPlanMagic));
+  if (std::memcmp(h, kPlanMagic, magicBytes) != 0)
+    return planPrefix(path) + "not a piper plan file";
+  if (bytes.size() < kPlanHeaderSize)
+    return planPrefix(path) + "truncated: the file has " +
+           std::to_string(bytes.size()) + " bytes, shorter than the " +
+           std::to_string(kPlanHeaderSize) + "-byte header";
+
+  uint32_t version = getU32(h + 8);
+  if (version != kPlanSchemaVersion)
+    return planPrefix(path) + unsupportedVersion("plan", version);
+
+  uint64_t length = getU64(h + 12);
+  uint64_t found = bytes.size() - kPlanHeaderSize;
+  if (found < length)
+    return planPrefix(path) + "truncated: expected " + std::to_string(length) +
+           " payload bytes, found " + std::to_string(found);
+  if (found > length)
+    return planPrefix(path) + "corrupted: " + std::to_string(found - length) +
+           " unexpected bytes after the " + std::to_string(length) +
+           "-byte payload";
+  if (length > static_cast<uint64_t>(INT_MAX))
+    return planPrefix(path) + "payload of " + std::to_string(length) +
+           " bytes exceeds the 2 GiB protobuf limit";
+
+  const char *payload = bytes.data() + kPlanHeaderSize;
+  if (crc32(payload, length) != getU32(h + 20))
+    return planPrefix(path) + "corrupted: checksum mismatch";
+
+  plan.Clear();
+  if (!plan.ParseFromArray(payload, static_cast<int>(length)))
+    return planPrefix(path) + "corrupted: the payload is not a valid plan";
+  if (plan.schema_version() != version)
+    return planPrefix(path) + "corrupted: the header says schema version " +
+           std::to_string(version) + " but the plan says " +
+           std::to_string(plan.schema_version());
+  return "";
+}
+
+std::string writeManifest(const std::string &path, const Manifest &manifest) {
+  Manifest versioned = manifest;
+  if (versioned.schema_version() == 0)
+    versioned.set_schema_version(kPlanSchemaVersion);
+  else if (versioned.schema_version() != kPlanSchemaVersion)
+    return manifestPrefix(path) + "the manifest has schema version " +
+           std::to_string(versioned.schema_version()) +
+           " but this writer produces version " +
+           std::to_string(kPlanSchemaVersion);
+  std::string text;
+  if (!google::protobuf::TextFormat::PrintToString(versioned, &text))
+    return manifestPrefix(path) + "cannot print the manifest";
+  text = "# Piper strategy manifest (piper.plan.Manifest, protobuf text "
+         "format).\n" +
+         text;
+  std::string err = writeAtomically(path, text);
+  return err.empty() ? "" : manifestPrefix(path) + err;
+}
+
+std::string readManifest(const std::string &path, Manifest &manifest) {
+  std::string text;
+  std::string err = readWholeFile(path, text);
+  if (!err.empty())
+    return manifestPrefix(path) + err;
+
+  google::protobuf::TextFormat::Parser parser;
+  CollectErrors errors;
+  parser.RecordErrorsTo(&errors);
+  manifest.Clear();
+  if (!parser.ParseFromString(text, &manifest))
+    return manifestPrefix(path) + "not a valid manifest: " +
+           (errors.first.empty() ? std::string("parse error") : errors.first);
+  if (manifest.schema_version() == 0)
+    return manifestPrefix(path) + "missing schema_version";
+  if (manifest.schema_version() != kPlanSchemaVersion)
+    return manifestPrefix(path) +
+           unsupportedVersion("manifest", manifest.schema_version());
+  return "";
+}
+
+} // namespace piper::plan

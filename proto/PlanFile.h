@@ -1,0 +1,53 @@
+// Reading and writing plan files and the strategy manifest, shared by the
+// compiler (which writes them) and the runtime (which reads them).
+#ifndef PIPER_PROTO_PLANFILE_H
+#define PIPER_PROTO_PLANFILE_H
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "proto/plan.pb.h"
+
+namespace piper::plan {
+
+/// The only plan schema version this build reads and writes. Bump it on any
+/// change that an older runtime would misread.
+constexpr uint32_t kPlanSchemaVersion = 1;
+
+/// The eight magic bytes that open every plan file.
+constexpr char kPlanMagic[8] = {'P', 'I', 'P', 'R', 'P', 'L', 'A', 'N'};
+
+/// Size of the fixed header in front of the serialized Plan.
+constexpr size_t kPlanHeaderSize = 24;
+
+/// File name of the manifest inside a compiled strategy folder.
+constexpr const char *kManifestFileName = "manifest.textproto";
+
+/// CRC-32 (IEEE 802.3, reflected polynomial 0xEDB88320) of `size` bytes, as
+/// zlib's crc32() computes it.
+uint32_t crc32(const void *data, size_t size);
+
+/// Writes `plan` to `path` (header + payload) atomically: a reader sees either
+/// the old file or the complete new one. A plan whose schema_version is 0 is
+/// written with kPlanSchemaVersion; any other mismatch is an error.
+/// Returns "" on success, else an error message naming the file.
+std::string writePlanFile(const std::string &path, const Plan &plan);
+
+/// Reads and checks the plan file at `path` into `plan`: magic, schema version,
+/// length and checksum. Returns "" on success, else an error message naming the
+/// file.
+std::string readPlanFile(const std::string &path, Plan &plan);
+
+/// Writes `manifest` as protobuf text to `path` (normally
+/// OUT/manifest.textproto), atomically; schema_version 0 is written as
+/// kPlanSchemaVersion. Returns "" on success, else an error message.
+std::string writeManifest(const std::string &path, const Manifest &manifest);
+
+/// Parses the manifest text at `path` and checks its schema version.
+/// Returns "" on success, else an error message naming the file.
+std::string readManifest(const std::string &path, Manifest &manifest);
+
+} // namespace piper::plan
+
+#endif // PIPER_PROTO_PLANFILE_H

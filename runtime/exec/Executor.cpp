@@ -1,0 +1,665 @@
+// The plan executor: persistent parameter state, per-step buffers, one thread
+// per stream, events, kernels and communication.
+#include "runtime/exec/Executor.h"
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "runtime/exec/Init.h"
+#include "runtime/exec/Validate.h"
+
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+              "--save-params writes the host's floats as little endian");
+
+namespace piper::runtime {
+
+using plan::Instruction;
+using plan::Operand;
+
+namespace {
+
+/// Owned, zero-filled, 64-byte aligned storage of one dense tensor. Buffers
+/// are shared: a SEND keeps its tensor alive until the step's sends are
+/// waited for, even after the buffer's last reader has let go of it.
+struct HostTensor {
+  plan::DType dtype = plan::F32;
+  std::vector<int64_t> shape;
+  int64_t bytes = 0;
+  void *data = nullptr;
+
+  HostTensor() = default;
+  HostTensor(const HostTensor &) = delete;
+  HostTensor &operator=(const HostTensor &) = delete;
+  ~HostTensor() { std::free(data); }
+  TensorRef ref() const { return TensorRef{dtype, shape, data}; }
+};
+using TensorPtr = std::shared_ptr<HostTensor>;
+
+/// Allocates a zeroed tensor of `type` (already validated), or returns an
+/// error naming `what`.
+Status allocateTensor(const plan::TensorType &type, const std::string &what,
+                      TensorPtr &out) {
+  auto t = std::make_shared<HostTensor>();
+  t->dtype = type.dtype();
+  t->shape.assign(type.shape().begin(), type.shape().end());
+  t->bytes = tensorBytes(type);
+  if (t->bytes < 0)
+    return Status::error(what + " has an invalid shape");
+  size_t size = (static_cast<size_t>(t->bytes) + 63) / 64 * 64;
+  t->data = std::aligned_alloc(64, size ? size : 64);
+  if (!t->data)
+    return Status::error("out of memory allocating " + what + " (" +
+                         std::to_string(t->bytes) + " bytes)");
+  std::memset(t->data, 0, size ? size : 64);
+  out = std::move(t);
+  return Status::ok();
+}
+
+/// When each local value of a segment comes to life and dies, so that a
+/// call holds only the values it still needs.
+struct SegmentLifetimes {
+  std::vector<std::vector<int>> allocBefore; // per kernel
+  std::vector<std::vector<int>> freeAfter;   // per kernel
+};
+
+SegmentLifetimes computeLifetimes(const plan::Segment &seg) {
+  int n = seg.values_size();
+  std::vector<int> first(n, -1), last(n, -1);
+  std::vector<char> pinned(n, 0); // args and results outlive the kernels
+  for (int a : seg.args())
+    pinned[a] = 1;
+  for (int r : seg.results())
+    pinned[r] = 1;
+  for (int k = 0; k < seg.kernels_size(); ++k) {
+    auto touch = [&](const Operand &op) {
+      if (op.kind() != Operand::VALUE)
+        return;
+      if (first[op.index()] < 0)
+        first[op.index()] = k;
+      last[op.index()] = k;
+    };
+    for (const Operand &op : seg.kernels(k).inputs())
+      touch(op);
+    for (const Operand &op : seg.kernels(k).outputs())
+      touch(op);
+  }
+  std::vector<char> isArg(n, 0);
+  for (int a : seg.args())
+    isArg[a] = 1;
+  SegmentLifetimes lt;
+  lt.allocBefore.resize(seg.kernels_size());
+  lt.freeAfter.resize(seg.kernels_size());
+  for (int v = 0; v < n; ++v) {
+    if (isArg[v] || first[v] < 0)
+      continue;
+    lt.allocBefore[first[v]].push_back(v);
+    if (!pinned[v])
+      lt.freeAfter[last[v]].push_back(v);
+  }
+  return lt;
+}
+
+/// Everything shared by the stream threads of one step.
+struct StepState {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<char> recorded;
+  std::vector<TensorPtr> buffers;
+  std::vector<char> written;
+  std::vector<int> readersLeft;
+  bool failed = false;
+  Status error;
+  std::vector<double> loss; // per stream, so kernels never share an adder
+};
+
+// strerror() capitalizes; runtime messages are lowercase.
+std::string errnoText(int err) {
+  std::string s = std::strerror(err);
+  if (!s.empty() && s[0] >= 'A' && s[0] <= 'Z')
+    s[0] = static_cast<char>(s[0] - 'A' + 'a');
+  return s;
+}
+
+std::string describeBuffer(const plan::Plan &plan, int id) {
+  const std::string &name = plan.buffers(id).name();
+  return name.empty() ? "buffer " + std::to_string(id)
+                      : "buffer '" + name + "' (id " + std::to_string(id) + ")";
+}
+
+} // namespace
+
+class ExecutorImpl {
+public:
+  plan::Plan plan;
+  ExecutorOptions options;
+  std::string who; // "rank R"
+  int replica = 0;
+  std::unique_ptr<DataSource> ownedData;
+  DataSource *data = nullptr;
+  /// Per param: PARAM, GRAD, ADAM_M, ADAM_V at Operand::Kind - 1.
+  std::vector<std::array<TensorPtr, 4>> state;
+  std::vector<SegmentLifetimes> lifetimes;
+  /// distinctInputs[s][i]: the buffers instruction i of stream s reads,
+  /// each once; a buffer dies after its last such read.
+  std::vector<std::vector<std::vector<int>>> distinctInputs;
+  std::vector<int> readerCount;
+  /// Sends of a failed step: Gloo may still read them, so they are never
+  /// freed while the executor lives.
+  std::mutex abandonedMu;
+  std::vector<TensorPtr> abandoned;
+  bool broken = false;
+
+  Status init(uint64_t seed);
+  int peerOf(const Instruction &inst) const {
+    return plan.groups(inst.peer_group()).ranks(replica);
+  }
+  std::vector<int> groupRanks(int group) const {
+    const plan::DeviceGroup &g = plan.groups(group);
+    std::vector<int> ranks(g.ranks().begin(), g.ranks().end());
+    std::sort(ranks.begin(), ranks.end());
+    return ranks;
+  }
+  const TensorPtr &stateOf(int index, int kind) const {
+    return state[index][kind - 1];
+  }
+
+  void fail(StepState &st, const Status &status);
+  void runStream(int s, int64_t step, StepState &st);
+  Status execute(int s, int i, int64_t step, StepState &st,
+                 std::vector<TensorPtr> &pendingSends);
+  Status fetch(StepState &st, int id, TensorPtr &out);
+  void publish(StepState &st, int id, TensorPtr t);
+  void release(StepState &st, const std::vector<int> &ids);
+  Status call(int s, const Instruction &inst, int64_t step, StepState &st);
+  Status allReduce(int s, const Instruction &inst);
+};
+
+Status ExecutorImpl::init(uint64_t seed) {
+  int numParams = plan.params_size();
+  state.resize(numParams);
+  for (int p = 0; p < numParams; ++p) {
+    const plan::Parameter &param = plan.params(p);
+    for (int k = 0; k < 4; ++k)
+      PIPER_RETURN_IF_ERROR(allocateTensor(
+          param.type(), "state of param '" + param.name() + "'", state[p][k]));
+    const TensorPtr &value = state[p][0];
+    fillInitializer(param.init(), param.name(), seed, 0,
+                    static_cast<float *>(value->data), value->bytes / 4);
+  }
+
+  for (const plan::Segment &seg : plan.segments())
+    lifetimes.push_back(computeLifetimes(seg));
+
+  readerCount.assign(plan.buffers_size(), 0);
+  distinctInputs.resize(plan.streams_size());
+  for (int s = 0; s < plan.streams_size(); ++s) {
+    const plan::Stream &stream = plan.streams(s);
+    distinctInputs[s].resize(stream.instructions_size());
+    for (int i = 0; i < stream.instructions_size(); ++i) {
+      std::vector<int> ids(stream.instructions(i).inputs().begin(),
+                           stream.instructions(i).inputs().end());
+      std::sort(ids.begin(), ids.end());
+      ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+      for (int id : ids)
+        ++readerCount[id];
+      distinctInputs[s][i] = std::move(ids);
+    }
+  }
+  return Status::ok();
+}
+
+void ExecutorImpl::fail(StepState &st, const Status &status) {
+  bool first = false;
+  {
+    std::lock_guard<std::mutex> lock(st.mu);
+    if (!st.failed) {
+      st.failed = true;
+      st.error = status;
+      first = true;
+    }
+  }
+  st.cv.notify_all();
+  if (first && options.onStreamError)
+    options.onStreamError(status);
+}
+
+Status ExecutorImpl::fetch(StepState &st, int id, TensorPtr &out) {
+  std::lock_guard<std::mutex> lock(st.mu);
+  if (!st.written[id])
+    return Status::error(describeBuffer(plan, id) +
+                         " is read before it is written in this step");
+  out = st.buffers[id];
+  if (!out)
+    return Status::error("internal: " + describeBuffer(plan, id) +
+                         " was freed before its last reader");
+  return Status::ok();
+}
+
+void ExecutorImpl::publish(StepState &st, int id, TensorPtr t) {
+  std::lock_guard<std::mutex> lock(st.mu);
+  st.written[id] = 1;
+  // A buffer nobody reads dies at once.
+  if (st.readersLeft[id] > 0)
+    st.buffers[id] = std::move(t);
+}
+
+void ExecutorImpl::release(StepState &st, const std::vector<int> &ids) {
+  std::lock_guard<std::mutex> lock(st.mu);
+  for (int id : ids)
+    if (--st.readersLeft[id] == 0)
+      st.buffers[id].reset();
+}
+
+Status ExecutorImpl::call(int s, const Instruction &inst, int64_t step,
+                          StepState &st) {
+  const plan::Segment &seg = plan.segments(inst.segment());
+  const SegmentLifetimes &lt = lifetimes[inst.segment()];
+  std::vector<TensorPtr> values(seg.values_size());
+  for (int a = 0; a < inst.inputs_size(); ++a)
+    PIPER_RETURN_IF_ERROR(fetch(st, inst.inputs(a), values[seg.args(a)]));
+
+  KernelContext ctx;
+  ctx.lossAccumulator = &st.loss[s];
+  ctx.step = step;
+  auto resolve = [&](const Operand &op) {
+    return op.kind() == Operand::VALUE ? values[op.index()]->ref()
+                                       : stateOf(op.index(), op.kind())->ref();
+  };
+  std::vector<TensorRef> ins, outs;
+  for (int k = 0; k < seg.kernels_size(); ++k) {
+    const plan::Kernel &kernel = seg.kernels(k);
+    std::string where =
+        "segment '" + seg.name() + "', kernel " + std::to_string(k);
+    for (int v : lt.allocBefore[k])
+      PIPER_RETURN_IF_ERROR(
+          allocateTensor(seg.values(v), "value " + std::to_string(v), values[v])
+              .withContext(where));
+    ins.clear();
+    outs.clear();
+    for (const Operand &op : kernel.inputs())
+      ins.push_back(resolve(op));
+    for (const Operand &op : kernel.outputs())
+      outs.push_back(resolve(op));
+    PIPER_RETURN_IF_ERROR(runKernel(kernel, ins, outs, ctx).withContext(where));
+    for (int v : lt.freeAfter[k])
+      values[v].reset();
+  }
+  // Buffers are immutable once written and arguments are never written, so
+  // a result (even one that is an argument) is handed over, not copied.
+  for (int r = 0; r < inst.outputs_size(); ++r)
+    publish(st, inst.outputs(r), values[seg.results(r)]);
+  return Status::ok();
+}
+
+Status ExecutorImpl::allReduce(int s, const Instruction &inst) {
+  std::vector<int> ranks = groupRanks(inst.group());
+  if (ranks.size() < 2)
+    return Status::ok(); // a sum over one rank is the identity
+  const std::string &stream = plan.streams(s).name();
+  std::string what = "all-reduce over ranks [";
+  for (size_t i = 0; i < ranks.size(); ++i)
+    what += (i ? ", " : "") + std::to_string(ranks[i]);
+  what += "]";
+
+  if (inst.params_size() == 1) {
+    const TensorPtr &g = stateOf(inst.params(0), Operand::GRAD);
+    return options.comm
+        ->allReduceSum(stream, ranks, static_cast<float *>(g->data),
+                       static_cast<size_t>(g->bytes / 4))
+        .withContext(what);
+  }
+  // One flat buffer means one collective per instruction, however many
+  // parameters it covers.
+  size_t count = 0;
+  for (int p : inst.params())
+    count += static_cast<size_t>(stateOf(p, Operand::GRAD)->bytes / 4);
+  std::vector<float> flat(count);
+  size_t at = 0;
+  for (int p : inst.params()) {
+    const TensorPtr &g = stateOf(p, Operand::GRAD);
+    std::memcpy(flat.data() + at, g->data, static_cast<size_t>(g->bytes));
+    at += static_cast<size_t>(g->bytes / 4);
+  }
+  PIPER_RETURN_IF_ERROR(
+      options.comm->allReduceSum(stream, ranks, flat.data(), count)
+          .withContext(what));
+  at = 0;
+  for (int p : inst.params()) {
+    const TensorPtr &g = stateOf(p, Operand::GRAD);
+    std::memcpy(g->data, flat.data() + at, static_cast<size_t>(g->bytes));
+    at += static_cast<size_t>(g->bytes / 4);
+  }
+  return Status::ok();
+}
+
+Status ExecutorImpl::execute(int s, int i, int64_t step, StepState &st,
+                             std::vector<TensorPtr> &pendingSends) {
+  const plan::Stream &stream = plan.streams(s);
+  const Instruction &inst = stream.instructions(i);
+  switch (inst.kind()) {
+  case Instruction::CALL:
+    PIPER_RETURN_IF_ERROR(call(s, inst, step, st));
+    break;
+  case Instruction::SEND: {
+    TensorPtr t;
+    PIPER_RETURN_IF_ERROR(fetch(st, inst.inputs(0), t));
+    int peer = peerOf(inst);
+    PIPER_RETURN_IF_ERROR(
+        options.comm
+            ->send(stream.name(), t->data, static_cast<size_t>(t->bytes), peer,
+                   static_cast<uint32_t>(inst.tag()))
+            .withContext("send of " + describeBuffer(plan, inst.inputs(0)) +
+                         " to rank " + std::to_string(peer) + " (tag " +
+                         std::to_string(inst.tag()) + ")"));
+    pendingSends.push_back(std::move(t));
+    break;
+  }
+  case Instruction::RECV: {
+    int id = inst.outputs(0);
+    TensorPtr t;
+    PIPER_RETURN_IF_ERROR(
+        allocateTensor(plan.buffers(id).type(), describeBuffer(plan, id), t));
+    int peer = peerOf(inst);
+    PIPER_RETURN_IF_ERROR(
+        options.comm
+            ->recv(stream.name(), t->data, static_cast<size_t>(t->bytes), peer,
+                   static_cast<uint32_t>(inst.tag()))
+            .withContext("receive of " + describeBuffer(plan, id) +
+                         " from rank " + std::to_string(peer) + " (tag " +
+                         std::to_string(inst.tag()) + ")"));
+    publish(st, id, std::move(t));
+    break;
+  }
+  case Instruction::ALL_REDUCE:
+    PIPER_RETURN_IF_ERROR(allReduce(s, inst));
+    break;
+  case Instruction::RECORD: {
+    {
+      std::lock_guard<std::mutex> lock(st.mu);
+      st.recorded[inst.event()] = 1;
+    }
+    st.cv.notify_all();
+    break;
+  }
+  case Instruction::WAIT: {
+    std::unique_lock<std::mutex> lock(st.mu);
+    st.cv.wait(lock, [&] { return st.recorded[inst.event()] || st.failed; });
+    if (!st.recorded[inst.event()])
+      return Status::error("stopped while waiting for event " +
+                           std::to_string(inst.event()) +
+                           ": another stream failed");
+    break;
+  }
+  case Instruction::LOAD_BATCH: {
+    const plan::TrainingConfig &t = plan.training();
+    TensorPtr tokens, targets;
+    PIPER_RETURN_IF_ERROR(
+        allocateTensor(plan.buffers(inst.outputs(0)).type(), "tokens", tokens));
+    PIPER_RETURN_IF_ERROR(allocateTensor(plan.buffers(inst.outputs(1)).type(),
+                                         "targets", targets));
+    int64_t global = static_cast<int64_t>(replica) * t.num_microbatches() +
+                     inst.microbatch();
+    PIPER_RETURN_IF_ERROR(data->fill(step, global, t.microbatch_size(),
+                                     t.seq_len(),
+                                     static_cast<int32_t *>(tokens->data),
+                                     static_cast<int32_t *>(targets->data)));
+    publish(st, inst.outputs(0), std::move(tokens));
+    publish(st, inst.outputs(1), std::move(targets));
+    break;
+  }
+  default:
+    return Status::error("unsupported instruction kind " +
+                         std::to_string(inst.kind()));
+  }
+  release(st, distinctInputs[s][i]);
+  return Status::ok();
+}
+
+void ExecutorImpl::runStream(int s, int64_t step, StepState &st) {
+  const plan::Stream &stream = plan.streams(s);
+  std::vector<TensorPtr> pendingSends;
+  bool sent = false;
+  auto abandonSends = [&] {
+    std::lock_guard<std::mutex> lock(abandonedMu);
+    for (TensorPtr &t : pendingSends)
+      abandoned.push_back(std::move(t));
+    pendingSends.clear();
+  };
+  int i = 0;
+  try {
+    for (; i < stream.instructions_size(); ++i) {
+      {
+        std::lock_guard<std::mutex> lock(st.mu);
+        if (st.failed)
+          break;
+      }
+      Status status = execute(s, i, step, st, pendingSends);
+      if (!status) {
+        fail(st,
+             status.withContext(who + ", " + instructionContext(plan, s, i)));
+        abandonSends();
+        return;
+      }
+      sent |= stream.instructions(i).kind() == Instruction::SEND;
+    }
+    if (i < stream.instructions_size()) {
+      abandonSends();
+      return;
+    }
+    if (sent) {
+      Status status = options.comm->waitSends(stream.name());
+      if (!status) {
+        fail(st, status.withContext(who + ", stream '" + stream.name() +
+                                    "', end of step: waiting for sends"));
+        abandonSends();
+        return;
+      }
+    }
+  } catch (const std::exception &e) {
+    fail(st, Status::error(who + ", " + instructionContext(plan, s, i) +
+                           ": internal error: " + e.what()));
+    abandonSends();
+  }
+}
+
+Executor::Executor(std::unique_ptr<ExecutorImpl> impl)
+    : impl(std::move(impl)) {}
+
+Executor::~Executor() = default;
+
+std::unique_ptr<Executor> Executor::create(plan::Plan plan,
+                                           const ExecutorOptions &options,
+                                           Status &status) {
+  std::string who = "rank " + std::to_string(options.rank);
+  status = validatePlan(plan, kernelNames())
+               .withContext(who + ": invalid plan for device class " +
+                            std::to_string(plan.device_class()));
+  if (!status)
+    return nullptr;
+
+  auto impl = std::make_unique<ExecutorImpl>();
+  impl->who = who;
+  auto it = std::find(plan.ranks().begin(), plan.ranks().end(), options.rank);
+  if (it == plan.ranks().end()) {
+    std::string ranks;
+    for (int r : plan.ranks())
+      ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+    status = Status::error(who + ": not one of the ranks [" + ranks +
+                           "] of the plan of device class " +
+                           std::to_string(plan.device_class()));
+    return nullptr;
+  }
+  impl->replica = static_cast<int>(it - plan.ranks().begin());
+  if (options.comm) {
+    if (options.comm->rank() != options.rank ||
+        options.comm->worldSize() != plan.world_size()) {
+      status = Status::error(who + ": the communicator is rank " +
+                             std::to_string(options.comm->rank()) + " of " +
+                             std::to_string(options.comm->worldSize()) +
+                             " but the plan expects world_size " +
+                             std::to_string(plan.world_size()));
+      return nullptr;
+    }
+  } else if (plan.world_size() != 1) {
+    status = Status::error(who + ": world_size is " +
+                           std::to_string(plan.world_size()) +
+                           " but no communicator was given");
+    return nullptr;
+  }
+
+  impl->plan = std::move(plan);
+  impl->options = options;
+  if (options.data) {
+    impl->data = options.data;
+  } else {
+    impl->ownedData = std::make_unique<SyntheticData>(
+        options.seed, impl->plan.training().vocab_size());
+    impl->data = impl->ownedData.get();
+  }
+  status = impl->init(options.seed).withContext(who);
+  if (!status)
+    return nullptr;
+  return std::unique_ptr<Executor>(new Executor(std::move(impl)));
+}
+
+std::vector<CommKey> Executor::commKeys() const {
+  const plan::Plan &plan = impl->plan;
+  int me = impl->options.rank;
+  std::set<std::pair<std::string, std::vector<int>>> keys;
+  for (const plan::Stream &stream : plan.streams()) {
+    for (const Instruction &inst : stream.instructions()) {
+      if (inst.kind() == Instruction::SEND ||
+          inst.kind() == Instruction::RECV) {
+        int peer = impl->peerOf(inst);
+        keys.insert({stream.name(), {std::min(me, peer), std::max(me, peer)}});
+      } else if (inst.kind() == Instruction::ALL_REDUCE) {
+        std::vector<int> ranks = impl->groupRanks(inst.group());
+        if (ranks.size() >= 2)
+          keys.insert({stream.name(), ranks});
+      }
+    }
+  }
+  std::vector<CommKey> out;
+  for (auto &[stream, ranks] : keys)
+    out.push_back(CommKey{stream, ranks});
+  return out;
+}
+
+Status Executor::connect() {
+  std::vector<CommKey> keys = commKeys();
+  if (!impl->options.comm) {
+    if (keys.empty())
+      return Status::ok();
+    return Status::error(impl->who +
+                         ": the plan communicates but no communicator was "
+                         "given");
+  }
+  return impl->options.comm->connect(std::move(keys))
+      .withContext(impl->who + ": connecting communicators");
+}
+
+Status Executor::runStep(int64_t step, double &loss) {
+  ExecutorImpl &x = *impl;
+  if (x.broken)
+    return Status::error(x.who +
+                         ": the executor cannot run after a failed step");
+  const plan::Plan &plan = x.plan;
+  int numStreams = plan.streams_size();
+  StepState st;
+  st.recorded.assign(plan.num_events(), 0);
+  st.buffers.assign(plan.buffers_size(), nullptr);
+  st.written.assign(plan.buffers_size(), 0);
+  st.readersLeft = x.readerCount;
+  st.loss.assign(numStreams, 0.0);
+
+  if (numStreams == 1) {
+    x.runStream(0, step, st);
+  } else {
+    std::vector<std::thread> threads;
+    threads.reserve(numStreams);
+    for (int s = 0; s < numStreams; ++s) {
+      try {
+        threads.emplace_back([&x, s, step, &st] { x.runStream(s, step, st); });
+      } catch (const std::exception &e) {
+        x.fail(st, Status::error(x.who +
+                                 ": cannot start a thread for "
+                                 "stream '" +
+                                 plan.streams(s).name() + "': " + e.what()));
+        break;
+      }
+    }
+    for (std::thread &t : threads)
+      t.join();
+  }
+  if (st.failed) {
+    x.broken = true;
+    return st.error;
+  }
+
+  loss = 0;
+  for (double l : st.loss)
+    loss += l;
+  if (x.options.comm) {
+    Status status = x.options.comm->allReduceSumWorld(&loss, 1);
+    if (!status) {
+      x.broken = true;
+      return status.withContext(x.who + ": summing the step loss over ranks");
+    }
+  }
+  return Status::ok();
+}
+
+int Executor::replicaIndex() const { return impl->replica; }
+
+const plan::Plan &Executor::plan() const { return impl->plan; }
+
+TensorRef Executor::state(int index, plan::Operand::Kind kind) const {
+  if (index < 0 || index >= impl->plan.params_size() || kind < Operand::PARAM ||
+      kind > Operand::ADAM_V)
+    return TensorRef{};
+  return impl->stateOf(index, kind)->ref();
+}
+
+Status Executor::saveParams(const std::string &dir) const {
+  // mkdir -p: create each component, tolerating the ones that exist.
+  for (size_t pos = 1; pos <= dir.size(); ++pos) {
+    if (pos != dir.size() && dir[pos] != '/')
+      continue;
+    std::string prefix = dir.substr(0, pos);
+    if (::mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST)
+      return Status::error(impl->who + ": cannot create directory '" + prefix +
+                           "': " + errnoText(errno));
+  }
+  for (int p = 0; p < impl->plan.params_size(); ++p) {
+    const std::string &name = impl->plan.params(p).name();
+    std::string path = dir + "/" + name + ".bin";
+    std::string tmp = path + ".tmp";
+    const TensorPtr &t = impl->stateOf(p, Operand::PARAM);
+    FILE *f = std::fopen(tmp.c_str(), "wb");
+    if (!f)
+      return Status::error(impl->who + ": cannot write '" + tmp +
+                           "': " + errnoText(errno));
+    size_t n = std::fwrite(t->data, 1, static_cast<size_t>(t->bytes), f);
+    bool ok = n == static_cast<size_t>(t->bytes);
+    ok = (std::fclose(f) == 0) && ok;
+    if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
+      std::remove(tmp.c_str());
+      return Status::error(impl->who + ": cannot write '" + path + "'");
+    }
+  }
+  return Status::ok();
+}
+
+} // namespace piper::runtime

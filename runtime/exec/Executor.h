@@ -1,0 +1,80 @@
+// The plan executor: runs the streams of one plan on one rank, step by step.
+#ifndef PIPER_RUNTIME_EXEC_EXECUTOR_H
+#define PIPER_RUNTIME_EXEC_EXECUTOR_H
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "proto/plan.pb.h"
+#include "runtime/comm/Communicator.h"
+#include "runtime/exec/Data.h"
+#include "runtime/kernels/Kernels.h"
+#include "runtime/support/Status.h"
+
+namespace piper::runtime {
+
+/// How an Executor runs: who it is and what it talks to.
+struct ExecutorOptions {
+  /// This process's world rank; must be one of plan.ranks.
+  int rank = 0;
+  /// Keys parameter initialization and the synthetic data.
+  uint64_t seed = 0;
+  /// Not owned. May be null only when world_size is 1 and the plan has no
+  /// communication with other ranks.
+  Communicator *comm = nullptr;
+  /// Not owned. Null means SyntheticData(seed, training.vocab_size).
+  DataSource *data = nullptr;
+  /// Called on the failing stream's thread as soon as any stream fails,
+  /// before other streams are stopped. A launcher uses it to report the
+  /// error and exit at once rather than wait for peers to time out.
+  std::function<void(const Status &)> onStreamError;
+};
+
+class ExecutorImpl;
+
+/// Runs one plan on one rank. It owns the persistent state (each parameter,
+/// its gradient accumulator and AdamW moments, all fp32) and, per step, the
+/// transient buffers. After runStep returns an error, the executor must not
+/// run again.
+class Executor {
+public:
+  /// Validates `plan` (against the kernels runKernel knows), allocates the
+  /// persistent state and initializes the parameters. Returns null and sets
+  /// `status` on error.
+  static std::unique_ptr<Executor>
+  create(plan::Plan plan, const ExecutorOptions &options, Status &status);
+  ~Executor();
+
+  /// The communicators this plan needs: one per (stream, peer pair) of
+  /// SEND/RECV and one per (stream, group) of ALL_REDUCE over two or more
+  /// ranks.
+  std::vector<CommKey> commKeys() const;
+  /// Connects every communicator of commKeys(); call once before runStep.
+  Status connect();
+
+  /// Runs 1-based step `step`: every stream on its own thread; then sums the
+  /// loss accumulators of all ranks into `loss`. Errors read
+  /// "rank R, stream 'S', instruction I (LABEL): message".
+  Status runStep(int64_t step, double &loss);
+
+  /// This rank's position in plan.ranks.
+  int replicaIndex() const;
+  const plan::Plan &plan() const;
+  /// A piece of the persistent state of Plan.params[index]; `kind` is PARAM,
+  /// GRAD, ADAM_M or ADAM_V.
+  TensorRef state(int index, plan::Operand::Kind kind) const;
+  /// Writes every parameter to DIR/<name>.bin (raw little-endian fp32),
+  /// creating DIR if needed.
+  Status saveParams(const std::string &dir) const;
+
+private:
+  explicit Executor(std::unique_ptr<ExecutorImpl> impl);
+  std::unique_ptr<ExecutorImpl> impl;
+};
+
+} // namespace piper::runtime
+
+#endif // PIPER_RUNTIME_EXEC_EXECUTOR_H

@@ -1,0 +1,49 @@
+// piper-run: runs a compiled strategy on local CPU processes, as a launcher
+// that spawns and supervises the ranks or as one rank started by env vars.
+#ifndef PIPER_RUNTIME_EXEC_LAUNCHER_H
+#define PIPER_RUNTIME_EXEC_LAUNCHER_H
+
+#include <cstdint>
+#include <string>
+
+namespace piper::runtime {
+
+/// The command line of piper-run (docs/piper-run.md).
+struct RunOptions {
+  /// The compiled strategy folder (manifest.textproto and plan files).
+  std::string outDir;
+  /// Number of ranks to spawn; must equal the manifest's world_size.
+  int nproc = 0;
+  std::string backend = "cpu";
+  int64_t steps = 1;
+  uint64_t seed = 0;
+  /// Rank 0 writes one JSON object per step here; empty means none.
+  std::string metricsPath;
+  /// Seconds any communication may wait before it fails.
+  int timeoutS = 120;
+  /// After the last step, replica 0 of each class writes its parameters
+  /// here as DIR/<name>.bin; empty means none.
+  std::string saveParamsDir;
+  /// Each spawned rank's stderr goes to DIR/rank-<R>.log; empty means the
+  /// launcher's stderr.
+  std::string logDir;
+};
+
+/// The whole piper-run command: parses `argv`; with PIPER_RANK in the
+/// environment runs that one rank, otherwise spawns --nproc ranks and
+/// supervises them. Returns the process exit code.
+int piperRunMain(int argc, char **argv);
+
+/// Spawns options.nproc copies of this executable (fork + exec of
+/// /proc/self/exe with `argv`, told their rank by env vars), waits for them,
+/// and stops all of them as soon as one fails. Returns the exit code.
+int launchLocalRanks(const RunOptions &options, char **argv);
+
+/// Runs rank `rank` of `worldSize`, meeting the others through the file
+/// store in `storeDir`. Returns the exit code.
+int runRank(const RunOptions &options, int rank, int worldSize,
+            const std::string &storeDir);
+
+} // namespace piper::runtime
+
+#endif // PIPER_RUNTIME_EXEC_LAUNCHER_H

@@ -1,0 +1,44 @@
+// Static checks of a plan before it runs, so that a bad plan is an error
+// naming the instruction instead of a crash, a race or a hang.
+#ifndef PIPER_RUNTIME_EXEC_VALIDATE_H
+#define PIPER_RUNTIME_EXEC_VALIDATE_H
+
+#include <string>
+#include <vector>
+
+#include "proto/plan.pb.h"
+#include "runtime/support/Status.h"
+
+namespace piper::runtime {
+
+/// Checks one plan on its own: schema version, ranks and groups, every index
+/// (segments, buffers, values, params, groups, events) and operand, types of
+/// buffers bound to segment arguments and results, single writers of
+/// buffers, and, by simulating the streams, that events cannot deadlock and
+/// that every cross-stream use of a buffer or of parameter state is ordered
+/// by events. When `knownKernels` is not empty, every kernel op must be in
+/// it. Messages name the stream, instruction index and label.
+Status validatePlan(const plan::Plan &plan,
+                    const std::vector<std::string> &knownKernels = {});
+
+/// Checks a whole compiled strategy: that the manifest's classes cover ranks
+/// 0..world_size-1 exactly once and agree with their plans, and that every
+/// SEND has a RECV on its peer with the same stream name, tag and size, and
+/// every all-reduce group issues the same sequence of all-reduces on all its
+/// members. `plans[i]` is the plan of `manifest.classes(i)`; each is assumed
+/// to have passed validatePlan.
+Status validateStrategy(const plan::Manifest &manifest,
+                        const std::vector<plan::Plan> &plans);
+
+/// "stream 'S', instruction I (LABEL)", the context of every per-instruction
+/// diagnostic; the label falls back to the instruction kind.
+std::string instructionContext(const plan::Plan &plan, int stream,
+                               int instruction);
+
+/// Bytes of a tensor of `type`, or -1 when a dimension is negative or the
+/// size overflows.
+int64_t tensorBytes(const plan::TensorType &type);
+
+} // namespace piper::runtime
+
+#endif // PIPER_RUNTIME_EXEC_VALIDATE_H

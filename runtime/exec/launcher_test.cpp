@@ -1,0 +1,320 @@
+// End-to-end tests of the piper-run binary: output and metrics, strategies
+// that must agree with one rank, command-line errors, and the failure path
+// (a dying rank stops the whole run quickly and is named).
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+
+#include "runtime/exec/test_plans.h"
+
+extern char **environ;
+
+using namespace piper;
+using namespace piper::runtime::testplans;
+
+namespace {
+
+/// The binary under test, from the test's runfiles (the working directory).
+const char *kPiperRun = "tools/piper-run";
+
+std::string tempDir(const std::string &name) {
+  const char *base = std::getenv("TEST_TMPDIR");
+  std::string tmpl = std::string(base ? base : "/tmp") + "/" + name + "-XXXXXX";
+  REQUIRE(::mkdtemp(tmpl.data()));
+  return tmpl;
+}
+
+std::string readFile(const std::string &path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+struct RunResult {
+  int status = -1;
+  bool timedOut = false;
+  std::string out, err;
+  double seconds = 0;
+  int exitCode() const { return WIFEXITED(status) ? WEXITSTATUS(status) : -1; }
+};
+
+/// Runs piper-run with `args` and extra environment `env`, killing it after
+/// `timeout`.
+RunResult piperRun(const std::vector<std::string> &args,
+                   const std::vector<std::string> &env = {},
+                   std::chrono::seconds timeout = std::chrono::seconds(60)) {
+  std::string dir = tempDir("run");
+  std::string outPath = dir + "/stdout", errPath = dir + "/stderr";
+  std::vector<std::string> argStrings = {kPiperRun};
+  argStrings.insert(argStrings.end(), args.begin(), args.end());
+  std::vector<char *> argv;
+  for (std::string &s : argStrings)
+    argv.push_back(s.data());
+  argv.push_back(nullptr);
+  std::vector<std::string> envStrings;
+  for (char **e = environ; *e; ++e)
+    envStrings.push_back(*e);
+  envStrings.insert(envStrings.end(), env.begin(), env.end());
+  std::vector<char *> envp;
+  for (std::string &s : envStrings)
+    envp.push_back(s.data());
+  envp.push_back(nullptr);
+
+  auto start = std::chrono::steady_clock::now();
+  std::fflush(nullptr);
+  pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    int out = ::open(outPath.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    int err = ::open(errPath.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(out, STDOUT_FILENO);
+    ::dup2(err, STDERR_FILENO);
+    ::execve(kPiperRun, argv.data(), envp.data());
+    ::_exit(127);
+  }
+  RunResult r;
+  while (true) {
+    pid_t done = ::waitpid(pid, &r.status, WNOHANG);
+    if (done == pid)
+      break;
+    if (std::chrono::steady_clock::now() - start > timeout) {
+      r.timedOut = true;
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &r.status, 0);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  r.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
+  r.out = readFile(outPath);
+  r.err = readFile(errPath);
+  return r;
+}
+
+/// Writes `plans` as a compiled strategy in a fresh folder.
+std::string strategy(const std::vector<plan::Plan> &plans,
+                     const std::string &name) {
+  std::string dir = tempDir(name);
+  REQUIRE(writeStrategy(dir, plans, name) == "");
+  return dir;
+}
+
+/// The "loss" of every line of a metrics file.
+std::vector<double> metricLosses(const std::string &path) {
+  std::vector<double> losses;
+  std::istringstream in(readFile(path));
+  std::string line;
+  std::regex re(R"(^\{"step": (\d+), "loss": ([-+0-9.eE]+), "tokens_per_s": )"
+                R"([0-9.]+, "step_time_s": [0-9.]+\}$)");
+  while (std::getline(in, line)) {
+    std::smatch m;
+    INFO("metrics line: " << line);
+    REQUIRE(std::regex_match(line, m, re));
+    CHECK(std::stoi(m[1]) == static_cast<int>(losses.size()) + 1);
+    losses.push_back(std::stod(m[2]));
+  }
+  return losses;
+}
+
+std::vector<float> readFloats(const std::string &path) {
+  std::string bytes = readFile(path);
+  std::vector<float> v(bytes.size() / 4);
+  std::memcpy(v.data(), bytes.data(), v.size() * 4);
+  return v;
+}
+
+} // namespace
+
+TEST_CASE("piper-run trains one rank and reports every step", "[launcher]") {
+  TinyModel m;
+  std::string out = strategy({singleClassPlan(m, 2, {0}, 1)}, "single");
+  std::string metrics = out + "/metrics.jsonl";
+  RunResult r = piperRun({out, "--nproc", "1", "--backend", "cpu", "--steps",
+                          "3", "--seed", "4", "--metrics", metrics});
+  INFO("stderr: " << r.err);
+  REQUIRE(r.exitCode() == 0);
+  std::regex line(R"(step (\d) \| loss ([0-9.]+) \| \d+ tokens/s)");
+  std::istringstream lines(r.out);
+  std::string l;
+  int steps = 0;
+  while (std::getline(lines, l)) {
+    INFO("stdout line: " << l);
+    CHECK(std::regex_match(l, line));
+    ++steps;
+  }
+  CHECK(steps == 3);
+  std::vector<double> losses = metricLosses(metrics);
+  REQUIRE(losses.size() == 3);
+  CHECK(losses[2] < losses[0]);
+}
+
+TEST_CASE("piper-run: pipeline and data parallel runs match one rank",
+          "[launcher]") {
+  TinyModel m;
+  std::string single = strategy({singleClassPlan(m, 4, {0}, 1)}, "single4");
+  std::string pp = strategy(pipelinePlans(m, 4), "pp2");
+  std::string dp = strategy({singleClassPlan(m, 2, {0, 1}, 2)}, "dp2");
+  auto run = [&](const std::string &out, int nproc) {
+    RunResult r = piperRun({out, "--nproc", std::to_string(nproc), "--steps",
+                            "3", "--seed", "9", "--metrics",
+                            out + "/metrics.jsonl", "--save-params",
+                            out + "/params", "--log-dir", out + "/logs"});
+    INFO("stderr: " << r.err);
+    REQUIRE(r.exitCode() == 0);
+    return metricLosses(out + "/metrics.jsonl");
+  };
+  std::vector<double> base = run(single, 1);
+  std::vector<double> pipe = run(pp, 2);
+  std::vector<double> data = run(dp, 2);
+  REQUIRE(base.size() == 3);
+  REQUIRE(pipe.size() == 3);
+  REQUIRE(data.size() == 3);
+  for (int t = 0; t < 3; ++t) {
+    CHECK(pipe[t] == Approx(base[t]).epsilon(1e-7));
+    CHECK(data[t] == Approx(base[t]).epsilon(1e-6));
+  }
+  for (const char *name : {"wte", "head"}) {
+    std::vector<float> a = readFloats(single + "/params/" + name + ".bin");
+    REQUIRE(a.size() == 128u);
+    for (const std::string &other : {pp, dp}) {
+      std::vector<float> b = readFloats(other + "/params/" + name + ".bin");
+      REQUIRE(b.size() == a.size());
+      for (size_t i = 0; i < a.size(); ++i)
+        CHECK(b[i] == Approx(a[i]).margin(1e-5));
+    }
+  }
+  // Each spawned rank had a log file.
+  struct stat st;
+  CHECK(::stat((pp + "/logs/rank-1.log").c_str(), &st) == 0);
+}
+
+TEST_CASE("piper-run stops every rank when one fails", "[launcher]") {
+  TinyModel m;
+  std::string out = strategy(pipelinePlans(m, 2), "fail");
+  std::string metrics = out + "/metrics.jsonl";
+  for (int failRank : {1, 0}) {
+    RunResult r = piperRun({out, "--nproc", "2", "--steps", "50", "--timeout-s",
+                            "30", "--metrics", metrics},
+                           {"PIPER_TEST_FAIL_RANK=" + std::to_string(failRank),
+                            "PIPER_TEST_FAIL_STEP=2"},
+                           std::chrono::seconds(25));
+    INFO("stderr: " << r.err);
+    REQUIRE_FALSE(r.timedOut);
+    CHECK(r.exitCode() != 0);
+    CHECK(r.err.find("piper-run: rank " + std::to_string(failRank) +
+                     " failed (exit code 3)") != std::string::npos);
+    CHECK(r.err.find("failing at the start of step 2 on purpose") !=
+          std::string::npos);
+    // Far below the communication timeout: the others were stopped, not
+    // left to time out.
+    CHECK(r.seconds < 10);
+    // Step 1 completed and was reported before the failure.
+    CHECK(metricLosses(metrics).size() == 1);
+  }
+}
+
+TEST_CASE("piper-run reports a failing rank's error with its rank",
+          "[launcher]") {
+  TinyModel m;
+  // A plan that validates but fails in a kernel: adamw without 'lr'.
+  plan::Plan p = singleClassPlan(m, 1, {0, 1}, 2);
+  p.mutable_segments(2)->mutable_kernels(0)->mutable_attrs()->erase("lr");
+  std::string out = strategy({p}, "kernel-error");
+  RunResult r = piperRun({out, "--nproc", "2", "--steps", "3"}, {},
+                         std::chrono::seconds(25));
+  INFO("stderr: " << r.err);
+  REQUIRE_FALSE(r.timedOut);
+  CHECK(r.exitCode() == 1);
+  CHECK(std::regex_search(r.err, std::regex(R"(piper-run: rank [01] failed )"
+                                            R"(\(exit code 1\))")));
+  CHECK(std::regex_search(
+      r.err, std::regex(R"(rank [01], stream 'compute', instruction \d+ )"
+                        R"(\(update\): segment 'update', kernel 0: adamw: )")));
+}
+
+TEST_CASE("piper-run command-line and strategy errors", "[launcher]") {
+  TinyModel m;
+  std::string pp = strategy(pipelinePlans(m, 2), "errors");
+
+  SECTION("wrong --nproc") {
+    RunResult r = piperRun({pp, "--nproc", "1", "--steps", "1"});
+    CHECK(r.exitCode() == 1);
+    CHECK(r.err == "piper-run: strategy needs 2 ranks, --nproc is 1\n");
+  }
+  SECTION("unknown backend") {
+    RunResult r = piperRun({pp, "--nproc", "2", "--backend", "cuda"});
+    CHECK(r.exitCode() == 1);
+    CHECK(r.err.find("backend 'cuda' is not available") != std::string::npos);
+  }
+  SECTION("missing strategy folder") {
+    RunResult r = piperRun({pp + "/nope", "--nproc", "2"});
+    CHECK(r.exitCode() == 1);
+    CHECK(r.err.find("manifest.textproto': cannot open") != std::string::npos);
+  }
+  SECTION("corrupted plan file") {
+    std::string path = pp + "/class1.plan";
+    std::string bytes = readFile(path);
+    bytes[bytes.size() - 3] ^= 0x55;
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+    RunResult r = piperRun({pp, "--nproc", "2"});
+    CHECK(r.exitCode() == 1);
+    CHECK(r.err.find("class1.plan': corrupted: checksum mismatch") !=
+          std::string::npos);
+  }
+  SECTION("mismatched transfers across plans") {
+    std::vector<plan::Plan> plans = pipelinePlans(m, 2);
+    plans[1].mutable_streams(0)->mutable_instructions(0)->set_tag(77);
+    std::string bad = strategy(plans, "badtag");
+    RunResult r = piperRun({bad, "--nproc", "2"});
+    CHECK(r.exitCode() == 1);
+    CHECK(r.err.find("piper-run: invalid strategy: ") != std::string::npos);
+    CHECK(r.err.find("tag 0") != std::string::npos);
+  }
+  SECTION("bad option") {
+    RunResult r = piperRun({pp, "--nproc", "2", "--steps", "zero"});
+    CHECK(r.exitCode() != 0);
+    CHECK(r.err.find("--steps") != std::string::npos);
+  }
+}
+
+TEST_CASE("piper-run: a cross-rank deadlock fails after --timeout-s",
+          "[launcher]") {
+  TinyModel m;
+  std::vector<plan::Plan> plans = pipelinePlans(m, 1);
+  // Stage 0 waits for the gradient before sending the activation that
+  // stage 1 needs to compute it: each rank waits for the other.
+  plan::Stream *s = plans[0].mutable_streams(0);
+  REQUIRE(s->instructions(3).kind() == plan::Instruction::RECV);
+  for (int i = 3; i > 0; --i)
+    s->mutable_instructions()->SwapElements(i, i - 1);
+  std::string out = strategy(plans, "deadlock");
+  RunResult r =
+      piperRun({out, "--nproc", "2", "--steps", "2", "--timeout-s", "2"}, {},
+               std::chrono::seconds(30));
+  INFO("stderr: " << r.err);
+  REQUIRE_FALSE(r.timedOut);
+  CHECK(r.exitCode() == 1);
+  CHECK(std::regex_search(r.err,
+                          std::regex(R"(piper-run: rank [01] failed \(exit )"
+                                     R"(code 1\))")));
+  // The error names the peer the rank was waiting for.
+  CHECK(std::regex_search(r.err, std::regex(R"(from rank [01])")));
+  CHECK(r.seconds < 20);
+}

@@ -1,0 +1,204 @@
+// Operand and attribute validation shared by all CPU kernels, and the one
+// place that calls cblas_sgemm.
+#include "runtime/kernels/KernelUtil.h"
+
+#include <cblas.h>
+
+#include <climits>
+#include <cmath>
+
+namespace piper::runtime::detail {
+
+std::string shapeString(const std::vector<int64_t> &shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i)
+      s += ",";
+    s += std::to_string(shape[i]);
+  }
+  return s + "]";
+}
+
+const char *dtypeName(plan::DType dtype) {
+  switch (dtype) {
+  case plan::F32:
+    return "f32";
+  case plan::I32:
+    return "i32";
+  default:
+    return "unspecified";
+  }
+}
+
+static std::string plural(size_t n, const char *noun) {
+  return std::to_string(n) + " " + noun + (n == 1 ? "" : "s");
+}
+
+Status expectCounts(const KernelArgs &a, size_t minInputs, size_t maxInputs,
+                    size_t numOutputs) {
+  size_t numInputs = a.inputs.size();
+  if (numInputs < minInputs || numInputs > maxInputs) {
+    std::string want =
+        minInputs == maxInputs
+            ? plural(minInputs, "input")
+            : std::to_string(minInputs) + " or " + plural(maxInputs, "input");
+    return a.error("expected " + want + ", got " + std::to_string(numInputs));
+  }
+  if (a.outputs.size() != numOutputs)
+    return a.error("expected " + plural(numOutputs, "output") + ", got " +
+                   std::to_string(a.outputs.size()));
+  return Status::ok();
+}
+
+Status expectDType(const KernelArgs &a, const TensorRef &t, const char *name,
+                   plan::DType dtype) {
+  if (t.dtype != dtype)
+    return a.error(std::string(name) + " must be " + dtypeName(dtype) +
+                   ", got " + dtypeName(t.dtype));
+  return Status::ok();
+}
+
+Status expectTensor(const KernelArgs &a, const TensorRef &t, const char *name,
+                    plan::DType dtype, const std::vector<int64_t> &shape) {
+  PIPER_RETURN_IF_ERROR(expectDType(a, t, name, dtype));
+  if (t.shape != shape)
+    return a.error(std::string(name) + " has shape " + shapeString(t.shape) +
+                   ", expected " + shapeString(shape));
+  return Status::ok();
+}
+
+Status expectMatrix(const KernelArgs &a, const TensorRef &t, const char *name,
+                    plan::DType dtype, int64_t &rows, int64_t &cols) {
+  PIPER_RETURN_IF_ERROR(expectDType(a, t, name, dtype));
+  if (t.shape.size() != 2)
+    return a.error(std::string(name) + " has shape " + shapeString(t.shape) +
+                   ", expected rank 2");
+  rows = t.shape[0];
+  cols = t.shape[1];
+  return Status::ok();
+}
+
+Status expectScalar(const KernelArgs &a, const TensorRef &t, const char *name) {
+  PIPER_RETURN_IF_ERROR(expectDType(a, t, name, plan::F32));
+  if (t.shape.size() > 1 || t.numel() != 1)
+    return a.error(std::string(name) + " has shape " + shapeString(t.shape) +
+                   ", expected a scalar");
+  return Status::ok();
+}
+
+Status expectTokens(const KernelArgs &a, const TensorRef &t, const char *name,
+                    int64_t &count) {
+  PIPER_RETURN_IF_ERROR(expectDType(a, t, name, plan::I32));
+  if (t.shape.empty() || t.shape.size() > 2)
+    return a.error(std::string(name) + " has shape " + shapeString(t.shape) +
+                   ", expected [batch,seq]");
+  count = t.numel();
+  return Status::ok();
+}
+
+Status expectTokensBelow(const KernelArgs &a, const TensorRef &t,
+                         const char *name, int64_t limit) {
+  const int32_t *ids = t.i32();
+  for (int64_t n = 0, e = t.numel(); n < e; ++n)
+    if (ids[n] < 0 || ids[n] >= limit)
+      return a.error(std::string(name) + "[" + std::to_string(n) +
+                     "] = " + std::to_string(ids[n]) + " is out of range [0, " +
+                     std::to_string(limit) + ")");
+  return Status::ok();
+}
+
+Status expectBlasDims(const KernelArgs &a,
+                      std::initializer_list<int64_t> dims) {
+  for (int64_t d : dims)
+    if (d > INT_MAX)
+      return a.error("dimension " + std::to_string(d) +
+                     " is too large for blas");
+  return Status::ok();
+}
+
+static const plan::AttrValue *findAttr(const KernelArgs &a,
+                                       const std::string &name) {
+  auto it = a.kernel.attrs().find(name);
+  return it == a.kernel.attrs().end() ? nullptr : &it->second;
+}
+
+Status readInt(const KernelArgs &a, const std::string &name,
+               std::optional<int64_t> dflt, int64_t &value) {
+  const plan::AttrValue *attr = findAttr(a, name);
+  if (!attr) {
+    if (!dflt)
+      return a.error("missing attribute '" + name + "'");
+    value = *dflt;
+    return Status::ok();
+  }
+  if (attr->value_case() == plan::AttrValue::kI) {
+    value = attr->i();
+    return Status::ok();
+  }
+  // Writers that only emit doubles still get integral attributes through.
+  if (attr->value_case() == plan::AttrValue::kF && std::isfinite(attr->f()) &&
+      std::trunc(attr->f()) == attr->f() && std::fabs(attr->f()) < 0x1p62) {
+    value = static_cast<int64_t>(attr->f());
+    return Status::ok();
+  }
+  return a.error("attribute '" + name + "' must be an integer");
+}
+
+Status readPositiveInt(const KernelArgs &a, const std::string &name,
+                       std::optional<int64_t> dflt, int64_t &value) {
+  PIPER_RETURN_IF_ERROR(readInt(a, name, dflt, value));
+  if (value < 1)
+    return a.error("attribute '" + name + "' must be positive, got " +
+                   std::to_string(value));
+  return Status::ok();
+}
+
+Status readFloat(const KernelArgs &a, const std::string &name,
+                 std::optional<double> dflt, double &value) {
+  const plan::AttrValue *attr = findAttr(a, name);
+  if (!attr) {
+    if (!dflt)
+      return a.error("missing attribute '" + name + "'");
+    value = *dflt;
+    return Status::ok();
+  }
+  if (attr->value_case() == plan::AttrValue::kF)
+    value = attr->f();
+  else if (attr->value_case() == plan::AttrValue::kI)
+    value = static_cast<double>(attr->i());
+  else
+    return a.error("attribute '" + name + "' must be a number");
+  if (!std::isfinite(value))
+    return a.error("attribute '" + name + "' must be finite");
+  return Status::ok();
+}
+
+Status readTransposeW(const KernelArgs &a, bool &transposeW) {
+  int64_t flag = 0;
+  PIPER_RETURN_IF_ERROR(readInt(a, "transpose_w", 0, flag));
+  if (flag != 0 && flag != 1)
+    return a.error("attribute 'transpose_w' must be 0 or 1, got " +
+                   std::to_string(flag));
+  transposeW = flag == 1;
+  return Status::ok();
+}
+
+void gemm(bool transA, bool transB, int64_t m, int64_t n, int64_t k,
+          float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
+          float beta, float *c, int64_t ldc) {
+  if (m == 0 || n == 0)
+    return;
+  if (k == 0) {
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j)
+        c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
+    return;
+  }
+  cblas_sgemm(CblasRowMajor, transA ? CblasTrans : CblasNoTrans,
+              transB ? CblasTrans : CblasNoTrans, static_cast<blasint>(m),
+              static_cast<blasint>(n), static_cast<blasint>(k), alpha, a,
+              static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c,
+              static_cast<blasint>(ldc));
+}
+
+} // namespace piper::runtime::detail

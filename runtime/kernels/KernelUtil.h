@@ -1,0 +1,113 @@
+// Internal to runtime/kernels: the argument bundle every kernel receives,
+// operand and attribute validation helpers, the GEMM wrapper and the kernel
+// entry points the dispatcher registers.
+#ifndef PIPER_RUNTIME_KERNELS_KERNELUTIL_H
+#define PIPER_RUNTIME_KERNELS_KERNELUTIL_H
+
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "runtime/kernels/Kernels.h"
+
+namespace piper::runtime::detail {
+
+/// Everything one kernel call sees. Error messages are prefixed with the op.
+struct KernelArgs {
+  const plan::Kernel &kernel;
+  const std::vector<TensorRef> &inputs;
+  const std::vector<TensorRef> &outputs;
+  KernelContext &ctx;
+
+  const std::string &op() const { return kernel.op(); }
+  Status error(const std::string &message) const {
+    return Status::error(op() + ": " + message);
+  }
+};
+
+using KernelFn = Status (*)(const KernelArgs &);
+
+std::string shapeString(const std::vector<int64_t> &shape);
+const char *dtypeName(plan::DType dtype);
+
+/// Checks that there are minInputs..maxInputs inputs and exactly numOutputs
+/// outputs.
+Status expectCounts(const KernelArgs &a, size_t minInputs, size_t maxInputs,
+                    size_t numOutputs);
+Status expectDType(const KernelArgs &a, const TensorRef &t, const char *name,
+                   plan::DType dtype);
+/// Checks dtype and exact shape.
+Status expectTensor(const KernelArgs &a, const TensorRef &t, const char *name,
+                    plan::DType dtype, const std::vector<int64_t> &shape);
+/// Checks that `t` is a rank-2 tensor of `dtype` and returns its dimensions.
+Status expectMatrix(const KernelArgs &a, const TensorRef &t, const char *name,
+                    plan::DType dtype, int64_t &rows, int64_t &cols);
+/// Checks that `t` is an f32 scalar (shape [] or [1]).
+Status expectScalar(const KernelArgs &a, const TensorRef &t, const char *name);
+/// Checks that `t` is an i32 token tensor, [B,S] (or flat [N]), and returns
+/// its number of tokens.
+Status expectTokens(const KernelArgs &a, const TensorRef &t, const char *name,
+                    int64_t &count);
+/// Checks that every token of `t` (already validated) lies in [0, limit).
+Status expectTokensBelow(const KernelArgs &a, const TensorRef &t,
+                         const char *name, int64_t limit);
+/// Checks that each dimension fits the 32-bit integers of the BLAS interface.
+Status expectBlasDims(const KernelArgs &a, std::initializer_list<int64_t> dims);
+
+/// Reads an integer attribute; a missing attribute without default is an
+/// error, as is a non-integral value.
+Status readInt(const KernelArgs &a, const std::string &name,
+               std::optional<int64_t> dflt, int64_t &value);
+/// Reads an integer attribute that must be at least 1.
+Status readPositiveInt(const KernelArgs &a, const std::string &name,
+                       std::optional<int64_t> dflt, int64_t &value);
+/// Reads a finite numeric attribute.
+Status readFloat(const KernelArgs &a, const std::string &name,
+                 std::optional<double> dflt, double &value);
+/// Reads the `transpose_w` flag of the linear family (0 or 1, default 0).
+Status readTransposeW(const KernelArgs &a, bool &transposeW);
+
+/// Row-major C = alpha * op(A) * op(B) + beta * C through cblas_sgemm, where
+/// op(A) is m x k and op(B) is k x n. Empty products are handled here because
+/// BLAS rejects zero leading dimensions.
+void gemm(bool transA, bool transB, int64_t m, int64_t n, int64_t k,
+          float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
+          float beta, float *c, int64_t ldc);
+
+// Kernel entry points, grouped by the file that implements them.
+
+// LayerKernels.cpp
+Status embeddingKernel(const KernelArgs &a);
+Status embeddingGradKernel(const KernelArgs &a);
+Status positionAddKernel(const KernelArgs &a);
+Status positionAddGradKernel(const KernelArgs &a);
+Status layerNormKernel(const KernelArgs &a);
+Status layerNormGradKernel(const KernelArgs &a);
+Status linearKernel(const KernelArgs &a);
+Status linearGradInputKernel(const KernelArgs &a);
+Status linearGradWeightKernel(const KernelArgs &a);
+Status biasGradKernel(const KernelArgs &a);
+Status geluKernel(const KernelArgs &a);
+Status geluGradKernel(const KernelArgs &a);
+Status addKernel(const KernelArgs &a);
+
+// AttentionKernels.cpp
+Status attentionKernel(const KernelArgs &a);
+Status attentionGradKernel(const KernelArgs &a);
+
+// LossKernels.cpp
+Status crossEntropyKernel(const KernelArgs &a);
+Status crossEntropyGradKernel(const KernelArgs &a);
+Status lossAccumulateKernel(const KernelArgs &a);
+
+// OptimizerKernels.cpp
+Status accumulateKernel(const KernelArgs &a);
+Status zeroKernel(const KernelArgs &a);
+Status adamwKernel(const KernelArgs &a);
+
+} // namespace piper::runtime::detail
+
+#endif // PIPER_RUNTIME_KERNELS_KERNELUTIL_H

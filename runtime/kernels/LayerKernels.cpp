@@ -1,0 +1,383 @@
+// Embedding, position embedding, layer norm, linear, GELU and add kernels,
+// forward and backward.
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "runtime/kernels/KernelUtil.h"
+
+namespace piper::runtime::detail {
+
+// Plain loops over doubles: reductions outside BLAS accumulate in double in
+// a fixed order so that results do not depend on the machine's threads.
+
+Status embeddingKernel(const KernelArgs &a) {
+  PIPER_RETURN_IF_ERROR(expectCounts(a, 2, 2, 1));
+  const TensorRef &ids = a.inputs[0], &table = a.inputs[1], &y = a.outputs[0];
+  int64_t rows = 0, vocab = 0, hidden = 0;
+  PIPER_RETURN_IF_ERROR(expectTokens(a, ids, "ids", rows));
+  PIPER_RETURN_IF_ERROR(
+      expectMatrix(a, table, "table", plan::F32, vocab, hidden));
+  PIPER_RETURN_IF_ERROR(expectTensor(a, y, "y", plan::F32, {rows, hidden}));
+  PIPER_RETURN_IF_ERROR(expectTokensBelow(a, ids, "ids", vocab));
+
+  for (int64_t n = 0; n < rows; ++n)
+    std::copy_n(table.f32() + ids.i32()[n] * hidden, hidden,
+                y.f32() + n * hidden);
+  return Status::ok();
+}
+
+Status embeddingGradKernel(const KernelArgs &a) {
+  PIPER_RETURN_IF_ERROR(expectCounts(a, 2, 2, 1));
+  const TensorRef &ids = a.inputs[0], &dy = a.inputs[1], &dtable = a.outputs[0];
+  int64_t rows = 0, vocab = 0, hidden = 0;
+  PIPER_RETURN_IF_ERROR(expectTokens(a, ids, "ids", rows));
+  PIPER_RETURN_IF_ERROR(
+      expectMatrix(a, dtable, "dtable", plan::F32, vocab, hidden));
+  PIPER_RETURN_IF_ERROR(expectTensor(a, dy, "dy", plan::F32, {rows, hidden}));
+  int64_t vocabAttr = 0;
+  PIPER_RETURN_IF_ERROR(readInt(a, "vocab", vocab, vocabAttr));
+  if (vocabAttr != vocab)
+    return a.error("attribute 'vocab' is " + std::to_string(vocabAttr) +
+                   " but dtable has " + std::to_string(vocab) + " rows");
+  PIPER_RETURN_IF_ERROR(expectTokensBelow(a, ids, "ids", vocab));
+
+  // Visit the rows grouped by id so each table row is summed once, in token
+  // order, without a [V,H] double buffer.
+  const int32_t *idData = ids.i32();
+  std::vector<int64_t> order(rows);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t l, int64_t r) { return idData[l] < idData[r]; });
+  std::fill_n(dtable.f32(), dtable.numel(), 0.0f);
+  std::vector<double> sum(hidden);
+  for (int64_t begin = 0; begin < rows;) {
+    int32_t id = idData[order[begin]];
+    std::fill(sum.begin(), sum.end(), 0.0);
+    int64_t end = begin;
+    for (; end < rows && idData[order[end]] == id; ++end) {
+      const float *row = dy.f32() + order[end] * hidden;
+      for (int64_t j = 0; j < hidden; ++j)
+        sum[j] += row[j];
+    }
+    float *out = dtable.f32() + int64_t(id) * hidden;
+    for (int64_t j = 0; j < hidden; ++j)
+      out[j] = static_cast<float>(sum[j]);
+    begin = end;
+  }
+  return Status::ok();
+}
+
+// Shared checks of position_add and its gradient: `x` is [N,H] with N a
+// multiple of `seq`, `pos` is [P,H] with P >= seq.
+static Status checkPositions(const KernelArgs &a, const TensorRef &x,
+                             const char *xName, const TensorRef &pos,
+                             const char *posName, int64_t &rows,
+                             int64_t &hidden, int64_t &seq) {
+  int64_t positions = 0, posHidden = 0;
+  PIPER_RETURN_IF_ERROR(expectMatrix(a, x, xName, plan::F32, rows, hidden));
+  PIPER_RETURN_IF_ERROR(
+      expectMatrix(a, pos, posName, plan::F32, positions, posHidden));
+  PIPER_RETURN_IF_ERROR(readPositiveInt(a, "seq", std::nullopt, seq));
+  if (posHidden != hidden)
+    return a.error(std::string(posName) + " has shape " +
+                   shapeString(pos.shape) + ", expected [*," +
+                   std::to_string(hidden) + "]");
+  if (rows % seq != 0)
+    return a.error(std::string(xName) + " has " + std::to_string(rows) +
+                   " rows, not a multiple of seq " + std::to_string(seq));
+  if (positions < seq)
+    return a.error(std::string(posName) + " has " + std::to_string(positions) +
+                   " rows, fewer than seq " + std::to_string(seq));
+  return Status::ok();
+}
+
+Status positionAddKernel(const KernelArgs &a) {
+  PIPER_RETURN_IF_ERROR(expectCounts(a, 2, 2, 1));
+  const TensorRef &x = a.inputs[0], &pos = a.inputs[1], &y = a.outputs[0];
+  int64_t rows = 0, hidden = 0, seq = 0;
+  PIPER_RETURN_IF_ERROR(
+      checkPositions(a, x, "x", pos, "pos", rows, hidden, seq));
+  PIPER_RETURN_IF_ERROR(expectTensor(a, y, "y", plan::F32, {rows, hidden}));
+
+  for (int64_t n = 0; n < rows; ++n) {
+    const float *xr = x.f32() + n * hidden;
+    const float *pr = pos.f32() + (n % seq) * hidden;
+    float *yr = y.f32() + n * hidden;
+    for (int64_t j = 0; j < hidden; ++j)
+      yr[j] = xr[j] + pr[j];
+  }
+  return Status::ok();
+}
+
+Status positionAddGradKernel(const KernelArgs &a) {
+  PIPER_RETURN_IF_ERROR(expectCounts(a, 1, 1, 1));
+  const TensorRef &dy = a.inputs[0], &dpos = a.outputs[0];
+  int64_t rows = 0, hidden = 0, seq = 0;
+  PIPER_RETURN_IF_ERROR(
+      checkPositions(a, dy, "dy", dpos, "dpos", rows, hidden, seq));
+
+  // Positions past seq get no gradient but are part of the parameter.
+  std::fill_n(dpos.f32(), dpos.numel(), 0.0f);
+  std::vector<double> sum(hidden);
+  for (int64_t s = 0; s < seq; ++s) {
+    std::fill(sum.begin(), sum.end(), 0.0);
+    for (int64_t n = s; n < rows; n += seq) {
+      const float *row = dy.f32() + n * hidden;
+      for (int64_t j = 0; j < hidden; ++j)
+        sum[j] += row[j];
+    }
+    float *out = dpos.f32() + s * hidden;
+    for (int64_t j = 0; j < hidden; ++j)
+      out[j] = static_cast<float>(sum[j]);
+  }
+  return Status::ok();
+}
+
+// Shared checks of layer_norm and its gradient.
+static Status checkLayerNorm(const KernelArgs &a, const TensorRef &x,
+                             const TensorRef &gamma, int64_t &rows,
+                             int64_t &hidden, double &eps) {
+  PIPER_RETURN_IF_ERROR(expectMatrix(a, x, "x", plan::F32, rows, hidden));
+  PIPER_RETURN_IF_ERROR(expectTensor(a, gamma, "gamma", plan::F32, {hidden}));
+  PIPER_RETURN_IF_ERROR(readFloat(a, "eps", 1e-5, eps));
+  if (eps < 0)
+    return a.error("attribute 'eps' must not be negative");
+  return Status::ok();
+}
+
+// Mean and 1/sqrt(biased variance + eps) of one row, two-pass in double.
+static void rowStats(const float *x, int64_t hidden, double eps, double &mean,
+                     double &rstd) {
+  double sum = 0;
+  for (int64_t j = 0; j < hidden; ++j)
+    sum += x[j];
+  mean = hidden ? sum / hidden : 0.0;
+  double sq = 0;
+  for (int64_t j = 0; j < hidden; ++j)
+    sq += (x[j] - mean) * (x[j] - mean);
+  double var = hidden ? sq / hidden : 0.0;
+  rstd = 1.0 / std::sqrt(var + eps);
+}
+
+Status layerNormKernel(const KernelArgs &a) {
+  PIPER_RETURN_IF_ERROR(expectCounts(a, 3, 3, 1));
+  const TensorRef &x = a.inputs[0], &gamma = a.inputs[1], &beta = a.inputs[2],
+                  &y = a.outputs[0];
+  int64_t rows = 0, hidden = 0;
+  double eps = 0;
+  PIPER_RETURN_IF_ERROR(checkLayerNorm(a, x, gamma, rows, hidden, eps));
+  PIPER_RETURN_IF_ERROR(expectTensor(a, beta, "beta", plan::F32, {hidden}));
+  PIPER_RETURN_IF_ERROR(expectTensor(a, y, "y", plan::F32, {rows, hidden}));
+
+  for (int64_t n = 0; n < rows; ++n) {
+    const float *xr = x.f32() + n * hidden;
+    float *yr = y.f32() + n * hidden;
+    double mean = 0, rstd = 0;
+    rowStats(xr, hidden, eps, mean, rstd);
+    for (int64_t j = 0; j < hidden; ++j)
+      yr[j] = static_cast<float>((xr[j] - mean) * rstd * gamma.f32()[j] +
+                                 beta.f32()[j]);
+  }
+  return Status::ok();
+}
+
+Status layerNormGradKernel(const KernelArgs &a) {
+  PIPER_RETURN_IF_ERROR(expectCounts(a, 3, 3, 3));
+  const TensorRef &x = a.inputs[0], &gamma = a.inputs[1], &dy = a.inputs[2];
+  const TensorRef &dx = a.outputs[0], &dgamma = a.outputs[1],
+                  &dbeta = a.outputs[2];
+  int64_t rows = 0, hidden = 0;
+  double eps = 0;
+  PIPER_RETURN_IF_ERROR(checkLayerNorm(a, x, gamma, rows, hidden, eps));
+  PIPER_RETURN_IF_ERROR(expectTensor(a, dy, "dy", plan::F32, {rows, hidden}));
+  PIPER_RETURN_IF_ERROR(expectTensor(a, dx, "dx", plan::F32, {rows, hidden}));
+  PIPER_RETURN_IF_ERROR(expectTensor(a, dgamma, "dgamma", plan::F32, {hidden}));
+  PIPER_RETURN_IF_ERROR(expectTensor(a, dbeta, "dbeta", plan::F32, {hidden}));
+
+  std::vector<double> gammaSum(hidden, 0.0), betaSum(hidden, 0.0);
+  std::vector<double> xhat(hidden);
+  for (int64_t n = 0; n < rows; ++n) {
+    const float *xr = x.f32() + n * hidden;
+    const float *dyr = dy.f32() + n * hidden;
+    float *dxr = dx.f32() + n * hidden;
+    double mean = 0, rstd = 0;
+    rowStats(xr, hidden, eps, mean, rstd);
+    // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dy * gamma.
+    double gMean = 0, gxMean = 0;
+    for (int64_t j = 0; j < hidden; ++j) {
+      xhat[j] = (xr[j] - mean) * rstd;
+      double g = double(dyr[j]) * gamma.f32()[j];
+      gMean += g;
+      gxMean += g * xhat[j];
+      gammaSum[j] += dyr[j] * xhat[j];
+      betaSum[j] += dyr[j];
+    }
+    gMean /= hidden;
+    gxMean /= hidden;
+    for (int64_t j = 0; j < hidden; ++j) {
+      double g = double(dyr[j]) * gamma.f32()[j];
+      dxr[j] = static_cast<float>(rstd * (g - gMean - xhat[j] * gxMean));
+    }
+  }
+  for (int64_t j = 0; j < hidden; ++j) {
+    dgamma.f32()[j] = static_cast<float>(gammaSum[j]);
+    dbeta.f32()[j] = static_cast<float>(betaSum[j]);
+  }
+  return Status::ok();
+}
+
+// Reads transpose_w and the [in,out] sizes of the weight: w is [in,out], or
+// [out,in] when transposed.
+static Status weightDims(const KernelArgs &a, const TensorRef &w,
+                         bool &transposeW, int64_t &in, int64_t &out) {
+  PIPER_RETURN_IF_ERROR(readTransposeW(a, transposeW));
+  int64_t rows = 0, cols = 0;
+  PIPER_RETURN_IF_ERROR(expectMatrix(a, w, "w", plan::F32, rows, cols));
+  in = transposeW ? cols : rows;
+  out = transposeW ? rows : cols;
+  return Status::ok();
+}
+
+static Status weightMismatch(const KernelArgs &a, const TensorRef &w,
+                             bool transposeW, int64_t in) {
+  std::string want = transposeW ? "[*," + std::to_string(in) + "]"
+                                : "[" + std::to_string(in) + ",*]";
+  return a.error("w has shape " + shapeString(w.shape) + ", expected " + want +
+                 " (transpose_w=" + (transposeW ? "1" : "0") + ")");
+}
+
+Status linearKernel(const KernelArgs &a) {
+  PIPER_RETURN_IF_ERROR(expectCounts(a, 2, 3, 1));
+  const TensorRef &x = a.inputs[0], &w = a.inputs[1], &y = a.outputs[0];
+  bool transposeW = false;
+  int64_t rows = 0, in = 0, wIn = 0, out = 0;
+  PIPER_RETURN_IF_ERROR(expectMatrix(a, x, "x", plan::F32, rows, in));
+  PIPER_RETURN_IF_ERROR(weightDims(a, w, transposeW, wIn, out));
+  if (wIn != in)
+    return weightMismatch(a, w, transposeW, in);
+  bool hasBias = a.inputs.size() == 3;
+  if (hasBias)
+    PIPER_RETURN_IF_ERROR(expectTensor(a, a.inputs[2], "b", plan::F32, {out}));
+  PIPER_RETURN_IF_ERROR(expectTensor(a, y, "y", plan::F32, {rows, out}));
+  PIPER_RETURN_IF_ERROR(expectBlasDims(a, {rows, in, out}));
+
+  // The bias is the GEMM's initial C, so it costs no extra pass.
+  if (hasBias)
+    for (int64_t n = 0; n < rows; ++n)
+      std::copy_n(a.inputs[2].f32(), out, y.f32() + n * out);
+  gemm(false, transposeW, rows, out, in, 1.0f, x.f32(), in, w.f32(),
+       transposeW ? in : out, hasBias ? 1.0f : 0.0f, y.f32(), out);
+  return Status::ok();
+}
+
+Status linearGradInputKernel(const KernelArgs &a) {
+  PIPER_RETURN_IF_ERROR(expectCounts(a, 2, 2, 1));
+  const TensorRef &dy = a.inputs[0], &w = a.inputs[1], &dx = a.outputs[0];
+  bool transposeW = false;
+  int64_t rows = 0, out = 0, in = 0, wOut = 0;
+  PIPER_RETURN_IF_ERROR(expectMatrix(a, dy, "dy", plan::F32, rows, out));
+  PIPER_RETURN_IF_ERROR(weightDims(a, w, transposeW, in, wOut));
+  if (wOut != out)
+    return a.error("w has shape " + shapeString(w.shape) + ", expected " +
+                   (transposeW ? "[" + std::to_string(out) + ",*]"
+                               : "[*," + std::to_string(out) + "]") +
+                   " (transpose_w=" + (transposeW ? "1" : "0") + ")");
+  PIPER_RETURN_IF_ERROR(expectTensor(a, dx, "dx", plan::F32, {rows, in}));
+  PIPER_RETURN_IF_ERROR(expectBlasDims(a, {rows, in, out}));
+
+  // dx = dy * w^T for w [in,out]; dx = dy * w for w [out,in].
+  gemm(false, !transposeW, rows, in, out, 1.0f, dy.f32(), out, w.f32(),
+       transposeW ? in : out, 0.0f, dx.f32(), in);
+  return Status::ok();
+}
+
+Status linearGradWeightKernel(const KernelArgs &a) {
+  PIPER_RETURN_IF_ERROR(expectCounts(a, 2, 2, 1));
+  const TensorRef &x = a.inputs[0], &dy = a.inputs[1], &dw = a.outputs[0];
+  bool transposeW = false;
+  PIPER_RETURN_IF_ERROR(readTransposeW(a, transposeW));
+  int64_t rows = 0, in = 0, dyRows = 0, out = 0;
+  PIPER_RETURN_IF_ERROR(expectMatrix(a, x, "x", plan::F32, rows, in));
+  PIPER_RETURN_IF_ERROR(expectMatrix(a, dy, "dy", plan::F32, dyRows, out));
+  if (dyRows != rows)
+    return a.error("dy has shape " + shapeString(dy.shape) + ", expected [" +
+                   std::to_string(rows) + ",*]");
+  std::vector<int64_t> wShape = transposeW ? std::vector<int64_t>{out, in}
+                                           : std::vector<int64_t>{in, out};
+  PIPER_RETURN_IF_ERROR(expectTensor(a, dw, "dw", plan::F32, wShape));
+  PIPER_RETURN_IF_ERROR(expectBlasDims(a, {rows, in, out}));
+
+  if (transposeW)
+    gemm(true, false, out, in, rows, 1.0f, dy.f32(), out, x.f32(), in, 0.0f,
+         dw.f32(), in);
+  else
+    gemm(true, false, in, out, rows, 1.0f, x.f32(), in, dy.f32(), out, 0.0f,
+         dw.f32(), out);
+  return Status::ok();
+}
+
+Status biasGradKernel(const KernelArgs &a) {
+  PIPER_RETURN_IF_ERROR(expectCounts(a, 1, 1, 1));
+  const TensorRef &dy = a.inputs[0], &db = a.outputs[0];
+  int64_t rows = 0, out = 0;
+  PIPER_RETURN_IF_ERROR(expectMatrix(a, dy, "dy", plan::F32, rows, out));
+  PIPER_RETURN_IF_ERROR(expectTensor(a, db, "db", plan::F32, {out}));
+
+  std::vector<double> sum(out, 0.0);
+  for (int64_t n = 0; n < rows; ++n)
+    for (int64_t j = 0; j < out; ++j)
+      sum[j] += dy.f32()[n * out + j];
+  for (int64_t j = 0; j < out; ++j)
+    db.f32()[j] = static_cast<float>(sum[j]);
+  return Status::ok();
+}
+
+// GPT-2's tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+constexpr double geluC = 0.7978845608028654; // sqrt(2 / pi)
+constexpr double geluA = 0.044715;
+
+Status geluKernel(const KernelArgs &a) {
+  PIPER_RETURN_IF_ERROR(expectCounts(a, 1, 1, 1));
+  const TensorRef &x = a.inputs[0], &y = a.outputs[0];
+  PIPER_RETURN_IF_ERROR(expectDType(a, x, "x", plan::F32));
+  PIPER_RETURN_IF_ERROR(expectTensor(a, y, "y", plan::F32, x.shape));
+
+  for (int64_t i = 0, e = x.numel(); i < e; ++i) {
+    double v = x.f32()[i];
+    double t = std::tanh(geluC * (v + geluA * v * v * v));
+    y.f32()[i] = static_cast<float>(0.5 * v * (1.0 + t));
+  }
+  return Status::ok();
+}
+
+Status geluGradKernel(const KernelArgs &a) {
+  PIPER_RETURN_IF_ERROR(expectCounts(a, 2, 2, 1));
+  const TensorRef &x = a.inputs[0], &dy = a.inputs[1], &dx = a.outputs[0];
+  PIPER_RETURN_IF_ERROR(expectDType(a, x, "x", plan::F32));
+  PIPER_RETURN_IF_ERROR(expectTensor(a, dy, "dy", plan::F32, x.shape));
+  PIPER_RETURN_IF_ERROR(expectTensor(a, dx, "dx", plan::F32, x.shape));
+
+  for (int64_t i = 0, e = x.numel(); i < e; ++i) {
+    double v = x.f32()[i];
+    double t = std::tanh(geluC * (v + geluA * v * v * v));
+    double dInner = geluC * (1.0 + 3.0 * geluA * v * v);
+    double dGelu = 0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * dInner;
+    dx.f32()[i] = static_cast<float>(dGelu * dy.f32()[i]);
+  }
+  return Status::ok();
+}
+
+Status addKernel(const KernelArgs &a) {
+  PIPER_RETURN_IF_ERROR(expectCounts(a, 2, 2, 1));
+  const TensorRef &l = a.inputs[0], &r = a.inputs[1], &y = a.outputs[0];
+  PIPER_RETURN_IF_ERROR(expectDType(a, l, "a", plan::F32));
+  PIPER_RETURN_IF_ERROR(expectTensor(a, r, "b", plan::F32, l.shape));
+  PIPER_RETURN_IF_ERROR(expectTensor(a, y, "y", plan::F32, l.shape));
+
+  for (int64_t i = 0, e = l.numel(); i < e; ++i)
+    y.f32()[i] = l.f32()[i] + r.f32()[i];
+  return Status::ok();
+}
+
+} // namespace piper::runtime::detail

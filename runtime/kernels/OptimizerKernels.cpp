@@ -1,0 +1,73 @@
+// Kernels on persistent state: gradient accumulation, zeroing and the AdamW
+// update, all in place.
+#include <cmath>
+#include <cstring>
+
+#include "runtime/kernels/KernelUtil.h"
+
+namespace piper::runtime::detail {
+
+Status accumulateKernel(const KernelArgs &a) {
+  PIPER_RETURN_IF_ERROR(expectCounts(a, 1, 1, 1));
+  const TensorRef &g = a.inputs[0], &acc = a.outputs[0];
+  PIPER_RETURN_IF_ERROR(expectDType(a, g, "g", plan::F32));
+  PIPER_RETURN_IF_ERROR(expectTensor(a, acc, "acc", plan::F32, g.shape));
+
+  for (int64_t i = 0, e = g.numel(); i < e; ++i)
+    acc.f32()[i] += g.f32()[i];
+  return Status::ok();
+}
+
+Status zeroKernel(const KernelArgs &a) {
+  PIPER_RETURN_IF_ERROR(expectCounts(a, 0, 0, 1));
+  const TensorRef &t = a.outputs[0];
+  if (t.dtype != plan::F32 && t.dtype != plan::I32)
+    return a.error(std::string("t must be f32 or i32, got ") +
+                   dtypeName(t.dtype));
+  // All-zero bytes are 0 in both f32 and i32.
+  if (t.numel() > 0)
+    std::memset(t.data, 0, static_cast<size_t>(t.numel()) * 4);
+  return Status::ok();
+}
+
+Status adamwKernel(const KernelArgs &a) {
+  PIPER_RETURN_IF_ERROR(expectCounts(a, 1, 1, 3));
+  const TensorRef &grad = a.inputs[0], &param = a.outputs[0], &m = a.outputs[1],
+                  &v = a.outputs[2];
+  PIPER_RETURN_IF_ERROR(expectDType(a, grad, "grad", plan::F32));
+  PIPER_RETURN_IF_ERROR(expectTensor(a, param, "param", plan::F32, grad.shape));
+  PIPER_RETURN_IF_ERROR(expectTensor(a, m, "m", plan::F32, grad.shape));
+  PIPER_RETURN_IF_ERROR(expectTensor(a, v, "v", plan::F32, grad.shape));
+  double lr = 0, beta1 = 0, beta2 = 0, eps = 0, weightDecay = 0;
+  PIPER_RETURN_IF_ERROR(readFloat(a, "lr", std::nullopt, lr));
+  PIPER_RETURN_IF_ERROR(readFloat(a, "beta1", 0.9, beta1));
+  PIPER_RETURN_IF_ERROR(readFloat(a, "beta2", 0.95, beta2));
+  PIPER_RETURN_IF_ERROR(readFloat(a, "eps", 1e-8, eps));
+  PIPER_RETURN_IF_ERROR(readFloat(a, "weight_decay", 0.0, weightDecay));
+  // A beta of 1 would make the bias correction divide by zero.
+  if (beta1 < 0 || beta1 >= 1 || beta2 < 0 || beta2 >= 1)
+    return a.error("attributes 'beta1' and 'beta2' must be in [0, 1)");
+  if (eps < 0)
+    return a.error("attribute 'eps' must not be negative");
+  if (a.ctx.step < 1)
+    return a.error("step must be at least 1, got " +
+                   std::to_string(a.ctx.step));
+
+  double t = static_cast<double>(a.ctx.step);
+  double correction1 = 1.0 - std::pow(beta1, t);
+  double correction2 = 1.0 - std::pow(beta2, t);
+  for (int64_t i = 0, e = grad.numel(); i < e; ++i) {
+    double g = grad.f32()[i];
+    double p = param.f32()[i];
+    p -= lr * weightDecay * p;
+    double mi = beta1 * m.f32()[i] + (1.0 - beta1) * g;
+    double vi = beta2 * v.f32()[i] + (1.0 - beta2) * g * g;
+    p -= lr * (mi / correction1) / (std::sqrt(vi / correction2) + eps);
+    param.f32()[i] = static_cast<float>(p);
+    m.f32()[i] = static_cast<float>(mi);
+    v.f32()[i] = static_cast<float>(vi);
+  }
+  return Status::ok();
+}
+
+} // namespace piper::runtime::detail

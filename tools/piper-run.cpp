@@ -1,0 +1,6 @@
+// piper-run: runs a compiled Piper strategy (see docs/piper-run.md).
+#include "runtime/exec/Launcher.h"
+
+int main(int argc, char **argv) {
+  return piper::runtime::piperRunMain(argc, argv);
+}
