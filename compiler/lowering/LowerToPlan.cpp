@@ -350,6 +350,14 @@ mlir::piper::lowerToPlans(ModuleOp module, const std::string &modelName,
                      ".pb");
     out.plans.push_back(std::move(*plan));
   }
+  // Every class loads batches, so each needs the vocabulary size even when
+  // the embedding lives elsewhere.
+  int64_t vocab = 0;
+  module.walk([&](EmbeddingOp emb) {
+    vocab = cast<RankedTensorType>(emb.getTable().getType()).getDimSize(0);
+  });
+  for (plan::Plan &p : out.plans)
+    p.mutable_training()->set_vocab_size(vocab);
   // The manifest's training summary merges what the classes know.
   plan::TrainingConfig &t = *m.mutable_training();
   for (const plan::Plan &p : out.plans)
