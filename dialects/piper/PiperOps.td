@@ -43,7 +43,7 @@ def Piper_ParamOp : Piper_Op<"param", [Symbol]> {
                        TypeAttrOf<AnyRankedTensor>:$type,
                        Piper_InitKindAttr:$init,
                        F64Attr:$scale);
-  let assemblyFormat = "$sym_name `:` $type `init` $init `(` $scale `)` attr-dict";
+  let assemblyFormat = "$sym_name `:` $type `init` `` $init `(` $scale `)` attr-dict";
   let hasVerifier = 1;
   let extraClassDeclaration = [{
     ::mlir::RankedTensorType getTensorType() {
