@@ -1,5 +1,12 @@
 # Generated from //third_party:llvm.BUILD.tpl for Debian LLVM/MLIR %{LLVM_VERSION}.
-package(default_visibility = ["//visibility:public"])
+# Only the compiler side may use LLVM/MLIR: the runtime's only contract with
+# the compiler is plan.proto (a runtime target depending on this fails).
+package(default_visibility = [
+    "@//compiler:__subpackages__",
+    "@//dialects:__subpackages__",
+    "@//test:__subpackages__",
+    "@//tools:__pkg__",
+])
 
 cc_library(
     name = "headers",

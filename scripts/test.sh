@@ -1,0 +1,18 @@
+#!/bin/bash
+# Builds everything and runs every test (unit, lit, end-to-end), then prints
+# one summary line: "N passed, N failed" (N counts Bazel test targets).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+log="$(mktemp -t piper-test-XXXXXX.log)"
+bazel test //... "$@" 2>&1 | tee "$log"
+rc=${PIPESTATUS[0]}
+
+passed=$(grep -cE '^//[^ ]+ +(\(cached\) )?PASSED' "$log" || true)
+failed=$(grep -cE '^//[^ ]+ +(\(cached\) )?(FAILED|TIMEOUT|NO STATUS|FAILED TO BUILD|INCOMPLETE)' "$log" || true)
+if [ "$rc" -ne 0 ] && [ "$failed" -eq 0 ]; then
+  # The build itself failed before any test ran.
+  failed=1
+fi
+echo "$passed passed, $failed failed"
+[ "$rc" -eq 0 ] && [ "$failed" -eq 0 ]
