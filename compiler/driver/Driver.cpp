@@ -17,6 +17,7 @@
 #include "mlir/Support/FileUtilities.h"
 #include "mlir/Tools/mlir-opt/MlirOptMain.h"
 #include "llvm/Support/MemoryBuffer.h"
+#include "llvm/Support/Path.h"
 #include "llvm/Support/SourceMgr.h"
 #include "llvm/Support/ToolOutputFile.h"
 #include "proto/PlanFile.h"
@@ -96,6 +97,8 @@ int runCompile(const CompileOptions &o) {
 
   MLIRContext ctx;
   ctx.loadDialect<PiperDialect>();
+  // Diagnostics name the nodes; dumping the whole program buries them.
+  ctx.printOpOnDiagnostic(false);
   llvm::SourceMgr sourceMgr;
   SourceMgrDiagnosticHandler handler(sourceMgr, &ctx);
   std::string error;
@@ -159,7 +162,8 @@ int runCompile(const CompileOptions &o) {
   if (o.output.empty())
     return fail("-o OUT/ is required to write plans");
   FailureOr<LoweredPlans> lowered =
-      lowerToPlans(*module, "gpt", strategy.summary);
+      lowerToPlans(*module, llvm::sys::path::stem(o.input).str(),
+                   strategy.summary);
   if (failed(lowered))
     return fail("lowering to plans failed");
   std::error_code ec;

@@ -56,6 +56,12 @@ std::string mlir::piper::describeNode(Operation *op) {
        << ar.getParams().size() << " params)";
   } else if (auto b = dyn_cast<BatchOp>(op)) {
     os << "batch (" << formatTag(b.getTag()) << ")";
+  } else if (auto tr = dyn_cast<TransferOp>(op)) {
+    os << "transfer [";
+    llvm::interleaveComma(tr.getFrom(), os);
+    os << "] -> [";
+    llvm::interleaveComma(tr.getTo(), os);
+    os << "]";
   } else if (auto s = dyn_cast<SendOp>(op)) {
     os << "send channel " << s.getChannel();
   } else if (auto r = dyn_cast<RecvOp>(op)) {

@@ -1,0 +1,117 @@
+// Unit tests of strategy parsing and the schedule builders.
+#include <catch2/catch.hpp>
+
+#include "compiler/strategy/Strategy.h"
+
+using namespace mlir::piper;
+
+namespace {
+/// Renders one order directive as "F0 F1 B0 ..." (single-filter groups).
+std::string render(const Directive &d) {
+  std::string out;
+  for (const auto &group : d.groups) {
+    REQUIRE(group.size() == 1);
+    const Filter &f = group.front();
+    out += (out.empty() ? "" : " ") + f.entries.at("PASS").pass +
+           std::to_string(f.entries.at("MB").index);
+  }
+  return out;
+}
+
+std::string parseError(const std::string &json) {
+  llvm::Expected<Strategy> s = parseStrategy(json);
+  if (s)
+    return "";
+  return llvm::toString(s.takeError());
+}
+} // namespace
+
+TEST_CASE("1f1b warms up with (stages - 1 - stage) forwards") {
+  std::vector<Directive> order = buildSchedule(Schedule::OneFOneB, 4, 6);
+  REQUIRE(order.size() == 4);
+  CHECK(render(order[0]) == "F0 F1 F2 F3 B0 F4 B1 F5 B2 B3 B4 B5");
+  CHECK(render(order[1]) == "F0 F1 F2 B0 F3 B1 F4 B2 F5 B3 B4 B5");
+  CHECK(render(order[2]) == "F0 F1 B0 F2 B1 F3 B2 F4 B3 F5 B4 B5");
+  CHECK(render(order[3]) == "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5");
+  for (int s = 0; s < 4; ++s)
+    CHECK(order[s].groups.front().front().entries.at("PP").index == s);
+}
+
+TEST_CASE("1f1b with fewer microbatches than stages still runs every pass") {
+  std::vector<Directive> order = buildSchedule(Schedule::OneFOneB, 4, 2);
+  CHECK(render(order[0]) == "F0 F1 B0 B1");
+  CHECK(render(order[3]) == "F0 B0 F1 B1");
+}
+
+TEST_CASE("gpipe runs every forward, then every backward") {
+  std::vector<Directive> order = buildSchedule(Schedule::GPipe, 2, 3);
+  CHECK(render(order[0]) == "F0 F1 F2 B0 B1 B2");
+  CHECK(render(order[1]) == "F0 F1 F2 B0 B1 B2");
+}
+
+TEST_CASE("flags become stage, split, place, replicate and order directives") {
+  Strategy s = strategyFromFlags(2, 2, 4, Schedule::OneFOneB);
+  REQUIRE(s.worldSize == 4);
+  int places = 0, replicates = 0, orders = 0;
+  for (const Directive &d : s.directives) {
+    if (d.kind == Directive::Place) {
+      int64_t pp = d.filter.entries.at("PP").index;
+      CHECK(d.devices == std::vector<int64_t>{2 * pp, 2 * pp + 1});
+      ++places;
+    }
+    replicates += d.kind == Directive::Replicate;
+    orders += d.kind == Directive::Order;
+  }
+  CHECK(places == 2);
+  CHECK(replicates == 2);
+  CHECK(orders == 2);
+}
+
+TEST_CASE("the original Piper JSON form parses") {
+  llvm::Expected<Strategy> s = parseStrategy(R"([
+    {"op": "place", "filter": {"PP": 0}, "devices": [0, 1]},
+    {"op": "replicate", "filter": {"PP": 0}, "devices": [0, 1],
+     "reduce_stream": "dp_stream", "bucket_size": 10},
+    {"op": "split", "filter": {}, "dim_name": "MB", "num_microbatches": 2},
+    {"op": "order", "filters": [[{"PP": 0, "MB": 0, "PASS": "F"}],
+                                [{"PP": 0, "MB": "*", "PASS": "B"}]]}])");
+  REQUIRE(bool(s));
+  REQUIRE(s->directives.size() == 4);
+  CHECK(s->directives[1].bucketSizeMb == 10);
+  CHECK(s->directives[2].numMicrobatches == 2);
+  CHECK(s->directives[3].groups[1][0].entries.at("MB").kind ==
+        FilterValue::Any);
+  CHECK_FALSE(s->worldSize);
+}
+
+TEST_CASE("bad strategies name the directive and the problem") {
+  CHECK(parseError(R"([{"op": "teleport"}])").find(
+            "directive #0") != std::string::npos);
+  CHECK(parseError(R"([{"op": "teleport"}])").find(
+            "unknown directive \"teleport\"") != std::string::npos);
+  CHECK(parseError(R"([{"op": "place", "filter": {"LAYER": 0}, "devices": [0]}])")
+            .find("unknown filter key \"LAYER\"") != std::string::npos);
+  CHECK(parseError(R"([{"op": "place", "filter": {"PP": 0}, "devices": [0], "colour": 1}])")
+            .find("unknown key \"colour\" for place") != std::string::npos);
+  CHECK(parseError(R"([{"op": "place", "filter": {"PP": 0}, "devices": []}])")
+            .find("non-empty list") != std::string::npos);
+  CHECK(parseError(R"([{"op": "place", "filter": {"PP": 0}, "devices": [1, 1]}])")
+            .find("listed twice") != std::string::npos);
+  CHECK(parseError(R"([{"op": "place", "filter": {"PASS": "X"}, "devices": [0]}])")
+            .find("PASS must be one of") != std::string::npos);
+  CHECK(parseError(R"([{"op": "replicate", "filter": {"PP": 0}, "devices": [0, 1], "shard_grads": true}])")
+            .find("not implemented yet") != std::string::npos);
+  CHECK(parseError(R"([{"op": "shard", "filter": {"EP": "*"}, "devices": [0, 1]}])")
+            .find("not implemented yet") != std::string::npos);
+  CHECK(parseError(R"([{"op": "split", "num_microbatches": 0}])")
+            .find("must be positive") != std::string::npos);
+  CHECK(parseError(R"([{"op": "order", "filters": []}])")
+            .find("must not be empty") != std::string::npos);
+  CHECK(parseError("[{").find("not valid JSON") != std::string::npos);
+  CHECK(parseError(R"({"world_size": 0, "directives": []})")
+            .find("world_size") != std::string::npos);
+  CHECK(parseError(R"({"nodes": []})").find("unknown top-level key") !=
+        std::string::npos);
+  CHECK(parseError(R"([{"op": "split", "num_microbatches": 2}, 3])")
+            .find("directive #1") != std::string::npos);
+}
