@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "compiler/frontend/GptModel.h"
+#include "compiler/frontend/Presets.h"
 #include "compiler/lowering/LowerToPlan.h"
 #include "compiler/strategy/Strategy.h"
 #include "compiler/transforms/Passes.h"
@@ -50,16 +51,48 @@ struct ModelOptions {
   std::string name;
   GptConfig gpt;
   std::string output;
+  bool list = false;
+  double ropeTheta = 0;
 };
 
-int runModel(const ModelOptions &opts) {
-  if (opts.name != "gpt")
-    return fail("unknown model '" + opts.name + "' (available: gpt)");
-  if (std::string err = validateGptConfig(opts.gpt); !err.empty())
-    return fail("invalid gpt config: " + err);
+int runModel(const ModelOptions &opts, const CLI::App &cmd) {
+  if (opts.list) {
+    llvm::outs() << formatPresetTable();
+    return 0;
+  }
+  if (opts.name.empty())
+    return fail("name a model (see piperc model --list)");
+  std::optional<ModelPreset> preset = findPreset(opts.name);
+  if (!preset)
+    return fail("unknown model '" + opts.name + "' (see piperc model --list)");
+  // Flags given on the command line override the preset.
+  GptConfig cfg = preset->config;
+  auto given = [&](const char *flag) { return cmd.count(flag) > 0; };
+  if (given("--layers"))
+    cfg.layers = opts.gpt.layers;
+  if (given("--hidden"))
+    cfg.hidden = opts.gpt.hidden;
+  if (given("--heads"))
+    cfg.heads = opts.gpt.heads;
+  if (given("--kv-heads"))
+    cfg.kvHeads = opts.gpt.kvHeads;
+  if (given("--ffn"))
+    cfg.ffn = opts.gpt.ffn;
+  if (given("--vocab"))
+    cfg.vocab = opts.gpt.vocab;
+  if (given("--seq"))
+    cfg.seq = opts.gpt.seq;
+  if (given("--batch"))
+    cfg.batch = opts.gpt.batch;
+  if (given("--tied"))
+    cfg.tiedHead = opts.gpt.tiedHead;
+  if (given("--rope-theta"))
+    cfg.ropeTheta = opts.ropeTheta;
+  if (std::string err = validateGptConfig(cfg); !err.empty())
+    return fail("invalid " + opts.name + " config: " + err);
   MLIRContext ctx;
   ctx.loadDialect<PiperDialect>();
-  OwningOpRef<ModuleOp> module = buildGptModel(&ctx, opts.gpt);
+  OwningOpRef<ModuleOp> module = buildGptModel(&ctx, cfg);
   return writeOutput(*module, opts.output);
 }
 
@@ -206,19 +239,30 @@ int mlir::piper::pipercMain(int argc, char **argv) {
   app.require_subcommand(1);
 
   ModelOptions model;
-  CLI::App *modelCmd =
-      app.add_subcommand("model", "emit a built-in model in the piper dialect");
-  modelCmd->add_option("name", model.name, "model name (gpt)")->required();
+  CLI::App *modelCmd = app.add_subcommand(
+      "model", "emit a built-in model in the piper dialect");
+  modelCmd->add_option("name", model.name,
+                       "model or preset name (see --list)");
+  modelCmd->add_flag("--list", model.list,
+                     "list the models and presets with parameter counts");
   modelCmd->add_option("--layers", model.gpt.layers, "transformer blocks");
   modelCmd->add_option("--hidden", model.gpt.hidden, "hidden size");
   modelCmd->add_option("--heads", model.gpt.heads, "attention heads");
+  modelCmd->add_option("--kv-heads", model.gpt.kvHeads,
+                       "key/value heads (llama: grouped-query attention)");
+  modelCmd->add_option("--ffn", model.gpt.ffn, "MLP hidden size");
   modelCmd->add_option("--vocab", model.gpt.vocab, "vocabulary size");
   modelCmd->add_option("--seq", model.gpt.seq, "sequence length");
   modelCmd->add_option("--batch", model.gpt.batch,
                        "microbatch size (sequences)");
-  modelCmd->add_flag("--tied", model.gpt.tiedHead,
-                     "tie the LM head to the token embedding");
-  modelCmd->add_option("-o,--output", model.output, "output file (default stdout)");
+  modelCmd->add_option("--tied", model.gpt.tiedHead,
+                       "tie the LM head to the token embedding (gpt)")
+      ->expected(0, 1)
+      ->default_str("true");
+  modelCmd->add_option("--rope-theta", model.ropeTheta,
+                       "rotary embedding base (llama)");
+  modelCmd->add_option("-o,--output", model.output,
+                       "output file (default stdout)");
 
   CompileOptions comp;
   CLI::App *compileCmd = app.add_subcommand(
@@ -250,7 +294,7 @@ int mlir::piper::pipercMain(int argc, char **argv) {
 
   CLI11_PARSE(app, argc, argv);
   if (modelCmd->parsed())
-    return runModel(model);
+    return runModel(model, *modelCmd);
   return runCompile(comp);
 }
 

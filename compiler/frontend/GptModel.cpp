@@ -42,7 +42,49 @@ std::string mlir::piper::validateGptConfig(const GptConfig &cfg) {
   if (!std::isfinite(cfg.initStd) || cfg.initStd <= 0)
     return "init std must be positive and finite, got " +
            std::to_string(cfg.initStd);
+  if (cfg.kvHeads < 0 || cfg.ffn < 0 || cfg.ffn > kMaxSize)
+    return "kv_heads and ffn must be non-negative";
+  if (cfg.family == ModelFamily::Gpt && cfg.kvHeads && cfg.kvHeads != cfg.heads)
+    return "gpt models have no grouped-query attention (kv_heads must equal "
+           "heads)";
+  if (cfg.heads % cfg.numKvHeads() != 0)
+    return "heads (" + std::to_string(cfg.heads) +
+           ") must be a multiple of kv_heads (" +
+           std::to_string(cfg.numKvHeads()) + ")";
+  if (cfg.family == ModelFamily::Llama) {
+    if ((cfg.hidden / cfg.heads) % 2 != 0)
+      return "rotary embeddings need an even head dimension, got " +
+             std::to_string(cfg.hidden / cfg.heads);
+    if (!(cfg.ropeTheta > 0) || !std::isfinite(cfg.ropeTheta))
+      return "rope theta must be positive";
+    if (cfg.tiedHead)
+      return "llama models have an untied head";
+  }
   return "";
+}
+
+int64_t GptConfig::ffnSize() const {
+  if (ffn)
+    return ffn;
+  if (family == ModelFamily::Gpt)
+    return 4 * hidden;
+  // Llama: 2/3 of 4h, rounded up to a multiple of 32.
+  int64_t f = (8 * hidden + 2) / 3;
+  return (f + 31) / 32 * 32;
+}
+
+int64_t mlir::piper::countParameters(const GptConfig &cfg) {
+  const int64_t h = cfg.hidden, v = cfg.vocab, f = cfg.ffnSize();
+  if (cfg.family == ModelFamily::Llama) {
+    const int64_t hd = h / cfg.heads;
+    const int64_t qkv = (cfg.heads + 2 * cfg.numKvHeads()) * hd;
+    int64_t perLayer = h + h * qkv + h * h + h + h * 2 * f + f * h;
+    return v * h + cfg.layers * perLayer + h + h * v;
+  }
+  int64_t perLayer = 2 * h + h * 3 * h + 3 * h + h * h + h + 2 * h +
+                     h * f + f + f * h + h;
+  return v * h + cfg.seq * h + cfg.layers * perLayer + 2 * h +
+         (cfg.tiedHead ? 0 : h * v);
 }
 
 namespace {
@@ -90,6 +132,10 @@ private:
 
   SegmentOp buildEmbed();
   SegmentOp buildBlock(int64_t layer);
+  SegmentOp buildLlamaBlock(int64_t layer);
+  void buildLlamaParams();
+  /// Emits the RMS norm with gain `<prefix>.weight`.
+  Value rmsNorm(Value x, const Twine &prefix);
   SegmentOp buildHead();
   void buildProgram(ArrayRef<SegmentOp> segments);
 
@@ -113,6 +159,8 @@ void GptModelBuilder::param(const Twine &name, ArrayRef<int64_t> shape,
 }
 
 void GptModelBuilder::buildParams() {
+  if (cfg.family == ModelFamily::Llama)
+    return buildLlamaParams();
   const int64_t h = cfg.hidden, v = cfg.vocab, s = cfg.seq;
   const double initStd = cfg.initStd;
   // GPT-2 scales the projections that feed the residual stream by
@@ -132,15 +180,75 @@ void GptModelBuilder::buildParams() {
     param(p + "attn.c_proj.bias", {h}, InitKind::zeros);
     param(p + "ln_2.weight", {h}, InitKind::ones);
     param(p + "ln_2.bias", {h}, InitKind::zeros);
-    param(p + "mlp.c_fc.weight", {h, 4 * h}, InitKind::normal, initStd);
-    param(p + "mlp.c_fc.bias", {4 * h}, InitKind::zeros);
-    param(p + "mlp.c_proj.weight", {4 * h, h}, InitKind::normal, projStd);
+    param(p + "mlp.c_fc.weight", {h, cfg.ffnSize()}, InitKind::normal,
+          initStd);
+    param(p + "mlp.c_fc.bias", {cfg.ffnSize()}, InitKind::zeros);
+    param(p + "mlp.c_proj.weight", {cfg.ffnSize(), h}, InitKind::normal,
+          projStd);
     param(p + "mlp.c_proj.bias", {h}, InitKind::zeros);
   }
   param("ln_f.weight", {h}, InitKind::ones);
   param("ln_f.bias", {h}, InitKind::zeros);
   if (!cfg.tiedHead)
     param("lm_head.weight", {h, v}, InitKind::normal, initStd);
+}
+
+void GptModelBuilder::buildLlamaParams() {
+  const int64_t h = cfg.hidden, v = cfg.vocab, f = cfg.ffnSize();
+  const int64_t hd = h / cfg.heads;
+  const int64_t qkv = (cfg.heads + 2 * cfg.numKvHeads()) * hd;
+  const double projStd =
+      cfg.initStd / std::sqrt(2.0 * static_cast<double>(cfg.layers));
+  param("tok_embeddings.weight", {v, h}, InitKind::normal, cfg.initStd);
+  for (int64_t i = 0; i < cfg.layers; ++i) {
+    std::string p = "layers." + std::to_string(i) + ".";
+    param(p + "attention_norm.weight", {h}, InitKind::ones);
+    param(p + "attention.wqkv.weight", {h, qkv}, InitKind::normal,
+          cfg.initStd);
+    param(p + "attention.wo.weight", {h, h}, InitKind::normal, projStd);
+    param(p + "ffn_norm.weight", {h}, InitKind::ones);
+    // Gate and up projections packed as [gate | up] for piper.swiglu.
+    param(p + "feed_forward.w13.weight", {h, 2 * f}, InitKind::normal,
+          cfg.initStd);
+    param(p + "feed_forward.w2.weight", {f, h}, InitKind::normal, projStd);
+  }
+  param("norm.weight", {h}, InitKind::ones);
+  param("output.weight", {h, v}, InitKind::normal, cfg.initStd);
+}
+
+Value GptModelBuilder::rmsNorm(Value x, const Twine &prefix) {
+  std::string p = prefix.str();
+  return RmsNormOp::create(b, loc(p), act(cfg.hidden), x, ref(p + ".weight"),
+                           llvm::APFloat(1e-6));
+}
+
+SegmentOp GptModelBuilder::buildLlamaBlock(int64_t layer) {
+  OpBuilder::InsertionGuard guard(b);
+  const int64_t h = cfg.hidden, hd = h / cfg.heads;
+  const int64_t qkv = (cfg.heads + 2 * cfg.numKvHeads()) * hd;
+  std::string p = "layers." + std::to_string(layer);
+  SegmentOp segment =
+      beginSegment("block" + std::to_string(layer), layer + 1, {act(h)},
+                   {act(h)}, loc(p));
+  Value x = segment.getBody().getArgument(0);
+  // x + wo(attention(rope(wqkv(attention_norm(x)))))
+  Value y = rmsNorm(x, p + ".attention_norm");
+  y = linear(y, p + ".attention.wqkv", qkv, /*bias=*/false);
+  auto att = AttentionOp::create(
+      b, loc(p + ".attention"), act(h), y, static_cast<uint64_t>(cfg.heads),
+      static_cast<uint64_t>(cfg.seq), b.getI64IntegerAttr(cfg.numKvHeads()),
+      b.getF64FloatAttr(cfg.ropeTheta));
+  y = linear(att, p + ".attention.wo", h, /*bias=*/false);
+  x = AddOp::create(b, loc(p + ".attention.residual"), x, y);
+  // x + w2(silu(w1(ffn_norm(x))) * w3(ffn_norm(x)))
+  y = rmsNorm(x, p + ".ffn_norm");
+  y = linear(y, p + ".feed_forward.w13", 2 * cfg.ffnSize(), /*bias=*/false);
+  y = SwigluOp::create(b, loc(p + ".feed_forward.swiglu"), act(cfg.ffnSize()),
+                       y);
+  y = linear(y, p + ".feed_forward.w2", h, /*bias=*/false);
+  x = AddOp::create(b, loc(p + ".feed_forward.residual"), x, y);
+  YieldOp::create(b, loc(p), ValueRange{x});
+  return segment;
 }
 
 SegmentOp GptModelBuilder::beginSegment(StringRef name, int64_t block,
@@ -180,6 +288,12 @@ SegmentOp GptModelBuilder::buildEmbed() {
   SegmentOp segment = beginSegment("embed", 0, {idsType()},
                                    {act(cfg.hidden)}, loc("embed"));
   Value tokens = segment.getBody().getArgument(0);
+  if (cfg.family == ModelFamily::Llama) {
+    Value x = EmbeddingOp::create(b, loc("tok_embeddings"), act(cfg.hidden),
+                                  tokens, ref("tok_embeddings.weight"));
+    YieldOp::create(b, loc("embed"), ValueRange{x});
+    return segment;
+  }
   Value wte = ref("wte");
   Value wpe = ref("wpe");
   Value x = EmbeddingOp::create(b, loc("wte"), act(cfg.hidden), tokens, wte);
@@ -203,13 +317,14 @@ SegmentOp GptModelBuilder::buildBlock(int64_t layer) {
   y = linear(y, p + ".attn.c_attn", 3 * h);
   y = AttentionOp::create(b, loc(p + ".attn"), act(h), y,
                           static_cast<uint64_t>(cfg.heads),
-                          static_cast<uint64_t>(cfg.seq));
+                          static_cast<uint64_t>(cfg.seq), IntegerAttr(),
+                          FloatAttr());
   y = linear(y, p + ".attn.c_proj", h);
   x = AddOp::create(b, loc(p + ".attn.residual"), x, y);
 
   // MLP sub-block: x + c_proj(gelu(c_fc(ln_2(x)))).
   y = layerNorm(x, p + ".ln_2");
-  y = linear(y, p + ".mlp.c_fc", 4 * h);
+  y = linear(y, p + ".mlp.c_fc", cfg.ffnSize());
   y = GeluOp::create(b, loc(p + ".mlp.gelu"), y);
   y = linear(y, p + ".mlp.c_proj", h);
   x = AddOp::create(b, loc(p + ".mlp.residual"), x, y);
@@ -225,9 +340,15 @@ SegmentOp GptModelBuilder::buildHead() {
                    {f32({})}, loc("head"));
   Value x = segment.getBody().getArgument(0);
   Value targets = segment.getBody().getArgument(1);
-  x = layerNorm(x, "ln_f");
   Value logits;
-  if (cfg.tiedHead)
+  if (cfg.family == ModelFamily::Llama) {
+    x = rmsNorm(x, "norm");
+    logits = linear(x, "output", cfg.vocab, /*bias=*/false);
+  } else {
+    x = layerNorm(x, "ln_f");
+  }
+  if (logits) {
+  } else if (cfg.tiedHead)
     logits = LinearOp::create(b, loc("lm_head"), act(cfg.vocab), x, ref("wte"),
                               Value(), /*transpose_w=*/true);
   else
@@ -264,13 +385,15 @@ void GptModelBuilder::buildProgram(ArrayRef<SegmentOp> segments) {
 
 OwningOpRef<ModuleOp> GptModelBuilder::build() {
   ctx->getOrLoadDialect<PiperDialect>();
-  OwningOpRef<ModuleOp> module = ModuleOp::create(loc("gpt"));
+  OwningOpRef<ModuleOp> module = ModuleOp::create(
+      loc(cfg.family == ModelFamily::Llama ? "llama" : "gpt"));
   b.setInsertionPointToEnd(module->getBody());
   buildParams();
   SmallVector<SegmentOp> segments;
   segments.push_back(buildEmbed());
   for (int64_t i = 0; i < cfg.layers; ++i)
-    segments.push_back(buildBlock(i));
+    segments.push_back(cfg.family == ModelFamily::Llama ? buildLlamaBlock(i)
+                                                        : buildBlock(i));
   segments.push_back(buildHead());
   buildProgram(segments);
   return module;

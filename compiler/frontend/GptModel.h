@@ -11,8 +11,18 @@
 
 namespace mlir::piper {
 
-/// Sizes and initialization of a GPT-2 style decoder-only transformer.
+/// The decoder families the front end builds.
+enum class ModelFamily {
+  /// GPT-2: learned positions, LayerNorm with bias, GELU MLP, biases.
+  Gpt,
+  /// Llama: RMSNorm, rotary embeddings, grouped-query attention, SwiGLU,
+  /// no biases, untied head.
+  Llama,
+};
+
+/// Sizes and initialization of a decoder-only transformer.
 struct GptConfig {
+  ModelFamily family = ModelFamily::Gpt;
   /// Number of transformer blocks.
   int64_t layers = 4;
   /// Model width H.
@@ -29,7 +39,20 @@ struct GptConfig {
   bool tiedHead = false;
   /// Standard deviation of the normal initializers.
   double initStd = 0.02;
+  /// Key/value heads (grouped-query attention); 0 means `heads`. Llama only.
+  int64_t kvHeads = 0;
+  /// MLP hidden size; 0 means 4 * hidden (GPT) or the Llama rule
+  /// (8/3 * hidden rounded up to a multiple of 32).
+  int64_t ffn = 0;
+  /// Rotary embedding base. Llama only.
+  double ropeTheta = 10000.0;
+
+  int64_t numKvHeads() const { return kvHeads ? kvHeads : heads; }
+  int64_t ffnSize() const;
 };
+
+/// Number of trainable parameters (elements) of the model `cfg` describes.
+int64_t countParameters(const GptConfig &cfg);
 
 /// Checks the config (positive sizes, hidden % heads == 0, a positive finite
 /// initStd, sizes small enough for int64 shape products). Returns "" when the

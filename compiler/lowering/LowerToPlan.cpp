@@ -289,6 +289,10 @@ private:
         setFloat("eps", ln.getEps().convertToDouble());
       if (auto ln = dyn_cast<LayerNormGradOp>(op))
         setFloat("eps", ln.getEps().convertToDouble());
+      if (auto rms = dyn_cast<RmsNormOp>(op))
+        setFloat("eps", rms.getEps().convertToDouble());
+      if (auto rms = dyn_cast<RmsNormGradOp>(op))
+        setFloat("eps", rms.getEps().convertToDouble());
       if (auto eg = dyn_cast<EmbeddingGradOp>(op)) {
         setInt("vocab",
                cast<RankedTensorType>(eg.getResult().getType()).getDimSize(0));

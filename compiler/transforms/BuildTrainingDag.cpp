@@ -229,7 +229,27 @@ private:
       addGrad(att.getQkv(),
               AttentionGradOp::create(*b, loc, att.getQkv().getType(),
                                       residual(att.getQkv()), dy,
-                                      att.getHeadsAttr(), att.getSeqAttr()));
+                                      att.getHeadsAttr(), att.getSeqAttr(),
+                                      att.getKvHeadsAttr(),
+                                      att.getRopeThetaAttr()));
+      return success();
+    }
+    if (auto rms = dyn_cast<RmsNormOp>(op)) {
+      auto g = RmsNormGradOp::create(*b, loc, rms.getInput().getType(),
+                                     rms.getGamma().getType(),
+                                     residual(rms.getInput()),
+                                     residual(rms.getGamma()), dy,
+                                     rms.getEpsAttr());
+      if (needs(rms.getInput()))
+        addGrad(rms.getInput(), g.getDinput());
+      if (needs(rms.getGamma()))
+        addGrad(rms.getGamma(), g.getDgamma());
+      return success();
+    }
+    if (auto sw = dyn_cast<SwigluOp>(op)) {
+      addGrad(sw.getInput(),
+              SwigluGradOp::create(*b, loc, sw.getInput().getType(),
+                                   residual(sw.getInput()), dy));
       return success();
     }
     if (auto emb = dyn_cast<EmbeddingOp>(op)) {

@@ -278,18 +278,45 @@ LogicalResult LinearOp::verify() {
 }
 
 LogicalResult AttentionOp::verify() {
-  int64_t h = dim(getResult(), 1);
-  if (getHeads() <= 0 || getSeq() <= 0)
-    return emitOpError("heads and seq must be positive");
-  if (dim(getQkv(), 1) != 3 * h)
-    return emitOpError("qkv must have 3 * ") << h << " columns, got "
-                                             << dim(getQkv(), 1);
-  if (h % getHeads() != 0)
-    return emitOpError("width ") << h << " is not divisible by " << getHeads()
+  int64_t width = dim(getResult(), 1);
+  int64_t heads = getHeads(), kvHeads = getNumKvHeads();
+  if (heads <= 0 || getSeq() <= 0 || kvHeads <= 0)
+    return emitOpError("heads, kv_heads and seq must be positive");
+  if (width % heads != 0)
+    return emitOpError("width ") << width << " is not divisible by " << heads
                                  << " heads";
+  if (heads % kvHeads != 0)
+    return emitOpError("heads (") << heads
+                                  << ") must be a multiple of kv_heads ("
+                                  << kvHeads << ")";
+  int64_t hd = width / heads;
+  int64_t expected = (heads + 2 * kvHeads) * hd;
+  if (dim(getQkv(), 1) != expected)
+    return emitOpError("qkv must have (heads + 2 * kv_heads) * head_dim = ")
+           << expected << " columns, got " << dim(getQkv(), 1);
+  if (getRopeTheta() && (hd % 2 != 0 || getRopeTheta()->convertToDouble() <= 0))
+    return emitOpError("rotary embeddings need an even head dimension and a "
+                       "positive rope_theta");
   if (dim(getQkv(), 0) != dim(getResult(), 0) ||
       dim(getQkv(), 0) % getSeq() != 0)
     return emitOpError("rows must match and be a multiple of seq");
+  return success();
+}
+
+LogicalResult RmsNormOp::verify() {
+  if (dim(getGamma(), 0) != dim(getInput(), 1))
+    return emitOpError("gamma must have ") << dim(getInput(), 1)
+                                           << " elements";
+  if (getResult().getType() != getInput().getType())
+    return emitOpError("result type must equal the input type");
+  return success();
+}
+
+LogicalResult SwigluOp::verify() {
+  if (dim(getInput(), 1) != 2 * dim(getResult(), 1) ||
+      dim(getInput(), 0) != dim(getResult(), 0))
+    return emitOpError("input must be [N, 2F] for a result [N, F], got ")
+           << getInput().getType() << " -> " << getResult().getType();
   return success();
 }
 

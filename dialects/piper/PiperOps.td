@@ -167,13 +167,42 @@ def Piper_AddOp : Piper_Op<"add", [Pure, SameOperandsAndResultType]> {
 def Piper_AttentionOp : Piper_Op<"attention", [Pure]> {
   let summary = "Causal multi-head self-attention over packed q|k|v";
   let description = [{
-    `qkv` is [N, 3H]: each row holds q, k and v of width H = heads * hd. Each
-    of the N / seq sequences attends causally within itself, scaled by
-    1/sqrt(hd). The result is [N, H].
+    Each row of `qkv` holds q (heads * hd), then k and v (kv_heads * hd each;
+    `kv_heads` defaults to `heads`, fewer gives grouped-query attention, query
+    head h reading kv head h / (heads / kv_heads)). Each of the N / seq
+    sequences attends causally within itself, scaled by 1/sqrt(hd). With
+    `rope_theta`, q and k are rotated first (rotary embeddings, Llama's
+    rotate-half convention, position = row index within the sequence). The
+    result is [N, heads * hd].
   }];
-  let arguments = (ins F32Tensor2D:$qkv, I64Attr:$heads, I64Attr:$seq);
+  let arguments = (ins F32Tensor2D:$qkv, I64Attr:$heads, I64Attr:$seq,
+                       OptionalAttr<I64Attr>:$kv_heads,
+                       OptionalAttr<F64Attr>:$rope_theta);
   let results = (outs F32Tensor2D:$result);
   let assemblyFormat = "$qkv attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+  let extraClassDeclaration = [{
+    int64_t getNumKvHeads() { return getKvHeads().value_or(getHeads()); }
+  }];
+}
+
+def Piper_RmsNormOp : Piper_Op<"rms_norm", [Pure]> {
+  let summary = "RMS normalization over the last dimension, with a gain";
+  let description = [{
+    y = x / sqrt(mean(x²) + eps) * gamma, as Llama's RMSNorm.
+  }];
+  let arguments = (ins F32Tensor2D:$input, F32Tensor1D:$gamma,
+                       DefaultValuedAttr<F64Attr, "1e-6">:$eps);
+  let results = (outs F32Tensor2D:$result);
+  let assemblyFormat = "$input `,` $gamma attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Piper_SwigluOp : Piper_Op<"swiglu", [Pure]> {
+  let summary = "SwiGLU: silu(gate) * up over packed [gate | up] columns";
+  let arguments = (ins F32Tensor2D:$input);
+  let results = (outs F32Tensor2D:$result);
+  let assemblyFormat = "$input attr-dict `:` functional-type(operands, results)";
   let hasVerifier = 1;
 }
 
@@ -242,9 +271,26 @@ def Piper_GeluGradOp : Piper_Op<"gelu_grad", [Pure, SameOperandsAndResultType]> 
 
 def Piper_AttentionGradOp : Piper_Op<"attention_grad", [Pure]> {
   let summary = "Gradient of attention w.r.t. packed q|k|v (recomputes the softmax)";
-  let arguments = (ins F32Tensor2D:$qkv, F32Tensor2D:$grad, I64Attr:$heads, I64Attr:$seq);
+  let arguments = (ins F32Tensor2D:$qkv, F32Tensor2D:$grad, I64Attr:$heads,
+                       I64Attr:$seq, OptionalAttr<I64Attr>:$kv_heads,
+                       OptionalAttr<F64Attr>:$rope_theta);
   let results = (outs F32Tensor2D:$result);
   let assemblyFormat = "$qkv `,` $grad attr-dict `:` functional-type(operands, results)";
+}
+
+def Piper_RmsNormGradOp : Piper_Op<"rms_norm_grad", [Pure]> {
+  let summary = "Gradients of rms_norm w.r.t. input and gamma";
+  let arguments = (ins F32Tensor2D:$input, F32Tensor1D:$gamma, F32Tensor2D:$grad,
+                       DefaultValuedAttr<F64Attr, "1e-6">:$eps);
+  let results = (outs F32Tensor2D:$dinput, F32Tensor1D:$dgamma);
+  let assemblyFormat = "$input `,` $gamma `,` $grad attr-dict `:` functional-type(operands, results)";
+}
+
+def Piper_SwigluGradOp : Piper_Op<"swiglu_grad", [Pure]> {
+  let summary = "Gradient of swiglu w.r.t. its packed [gate | up] input";
+  let arguments = (ins F32Tensor2D:$input, F32Tensor2D:$grad);
+  let results = (outs F32Tensor2D:$result);
+  let assemblyFormat = "$input `,` $grad attr-dict `:` functional-type(operands, results)";
 }
 
 def Piper_CrossEntropyGradOp : Piper_Op<"cross_entropy_grad", [Pure]> {

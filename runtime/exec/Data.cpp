@@ -1,4 +1,5 @@
-// The synthetic data source: cheap, deterministic and learnable sequences.
+// The data sources: synthetic sequences (cheap, deterministic, learnable) and
+// deterministic windows of a token file.
 #include "runtime/exec/Data.h"
 
 #include <string>
@@ -42,6 +43,54 @@ Status SyntheticData::fill(int64_t step, int64_t globalMicrobatch,
     }
   }
   return Status::ok();
+}
+
+int64_t tokenWindowStart(uint64_t seed, int64_t step, int64_t globalMicrobatch,
+                         int64_t sequence, int64_t numTokens, int64_t seqLen) {
+  uint64_t h = syntheticHash(seed, step, globalMicrobatch, sequence);
+  uint64_t starts = static_cast<uint64_t>(numTokens - seqLen);
+  // The high half of a 64x64-bit product maps h onto [0, starts) with a
+  // bias below starts / 2^64, and no division.
+  return static_cast<int64_t>((static_cast<unsigned __int128>(h) * starts) >>
+                              64);
+}
+
+Status TokenFileData::fill(int64_t step, int64_t globalMicrobatch,
+                           int64_t batch, int64_t seqLen, int32_t *tokens,
+                           int32_t *targets) {
+  int64_t n = file->numTokens();
+  if (seqLen < 1 || n < seqLen + 1)
+    return Status::error("token file '" + file->path() +
+                         "': " + std::to_string(n) +
+                         " tokens are too few for a sequence of " +
+                         std::to_string(seqLen) + " tokens and its targets");
+  for (int64_t j = 0; j < batch; ++j) {
+    int64_t start =
+        tokenWindowStart(seed, step, globalMicrobatch, j, n, seqLen);
+    file->copy(start, seqLen, tokens + j * seqLen);
+    file->copy(start + 1, seqLen, targets + j * seqLen);
+  }
+  return Status::ok();
+}
+
+std::unique_ptr<TokenFileData>
+openTokenFileData(const std::string &path, TokenDType dtype, int64_t vocabSize,
+                  int64_t seqLen, uint64_t seed, Status &status) {
+  std::shared_ptr<TokenFile> file = TokenFile::open(path, dtype, status);
+  if (!file)
+    return nullptr;
+  if (file->numTokens() < seqLen + 1) {
+    status = Status::error(
+        "token file '" + path +
+        "': too short: " + std::to_string(file->numTokens()) +
+        " tokens, but one sequence of " + std::to_string(seqLen) +
+        " tokens and its targets need " + std::to_string(seqLen + 1));
+    return nullptr;
+  }
+  status = file->checkVocab(vocabSize);
+  if (!status)
+    return nullptr;
+  return std::make_unique<TokenFileData>(std::move(file), seed);
 }
 
 } // namespace piper::runtime

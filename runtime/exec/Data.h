@@ -1,10 +1,13 @@
-// Training data sources: the deterministic synthetic default, behind an
-// interface that a token-file loader can implement later.
+// Training data sources behind one interface: the deterministic synthetic
+// default and windows sampled from a memory-mapped token file.
 #ifndef PIPER_RUNTIME_EXEC_DATA_H
 #define PIPER_RUNTIME_EXEC_DATA_H
 
 #include <cstdint>
+#include <memory>
+#include <string>
 
+#include "runtime/data/TokenFile.h"
 #include "runtime/support/Status.h"
 
 namespace piper::runtime {
@@ -36,6 +39,38 @@ private:
   uint64_t seed;
   int64_t vocabSize;
 };
+
+/// Windows of a token file: sequence j of global microbatch g of step t is
+/// the S + 1 tokens starting at tokenWindowStart(seed, t, g, j, N, S) of the
+/// file's N tokens; tokens are the first S, targets the last S. Shares the
+/// file (and its mapping) with other sources.
+class TokenFileData : public DataSource {
+public:
+  TokenFileData(std::shared_ptr<const TokenFile> file, uint64_t seed)
+      : file(std::move(file)), seed(seed) {}
+  Status fill(int64_t step, int64_t globalMicrobatch, int64_t batch,
+              int64_t seqLen, int32_t *tokens, int32_t *targets) override;
+  const TokenFile &tokenFile() const { return *file; }
+
+private:
+  std::shared_ptr<const TokenFile> file;
+  uint64_t seed;
+};
+
+/// Opens `path` as training data for a model with `vocabSize` tokens and
+/// sequences of `seqLen`: maps it (see TokenFile::open for `dtype`), checks
+/// every token against the vocabulary and that it holds at least
+/// seqLen + 1 tokens. Returns null and sets `status` on error.
+std::unique_ptr<TokenFileData>
+openTokenFileData(const std::string &path, TokenDType dtype, int64_t vocabSize,
+                  int64_t seqLen, uint64_t seed, Status &status);
+
+/// The first token of a window of seqLen + 1 tokens in a file of
+/// `numTokens`: floor(h * (numTokens - seqLen) / 2^64) with
+/// h = syntheticHash(seed, step, globalMicrobatch, sequence), uniform over
+/// [0, numTokens - seqLen - 1]. Requires numTokens > seqLen >= 0.
+int64_t tokenWindowStart(uint64_t seed, int64_t step, int64_t globalMicrobatch,
+                         int64_t sequence, int64_t numTokens, int64_t seqLen);
 
 /// h = mix64 chain over (seed, step, global microbatch, sequence); see
 /// docs/plan-format.md for the exact definition.

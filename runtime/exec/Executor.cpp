@@ -662,4 +662,39 @@ Status Executor::saveParams(const std::string &dir) const {
   return Status::ok();
 }
 
+std::vector<ParamSpec> Executor::paramSpecs() const {
+  std::vector<ParamSpec> specs;
+  for (const plan::Parameter &p : impl->plan.params())
+    specs.push_back(
+        ParamSpec{p.name(), std::vector<int64_t>(p.type().shape().begin(),
+                                                 p.type().shape().end())});
+  return specs;
+}
+
+Status Executor::saveCheckpoint(const std::string &path, int64_t step) const {
+  std::vector<SafetensorsTensor> tensors;
+  for (int p = 0; p < impl->plan.params_size(); ++p) {
+    const TensorPtr &t = impl->stateOf(p, Operand::PARAM);
+    tensors.push_back(SafetensorsTensor{impl->plan.params(p).name(), "F32",
+                                        t->shape, t->data});
+  }
+  return writeSafetensors(path, tensors, checkpointMetadata(step))
+      .withContext(impl->who);
+}
+
+Status Executor::loadCheckpoint(const SafetensorsReader &reader) {
+  PIPER_RETURN_IF_ERROR(
+      checkCheckpointParams(reader, paramSpecs(), /*rejectExtra=*/false)
+          .withContext(impl->who));
+  for (int p = 0; p < impl->plan.params_size(); ++p) {
+    const SafetensorsEntry *e = reader.find(impl->plan.params(p).name());
+    const TensorPtr &t = impl->stateOf(p, Operand::PARAM);
+    if (!e || static_cast<int64_t>(e->end - e->begin) != t->bytes)
+      return Status::error(impl->who + ": internal: checkpoint tensor '" +
+                           impl->plan.params(p).name() + "' has a bad size");
+    PIPER_RETURN_IF_ERROR(reader.read(*e, t->data).withContext(impl->who));
+  }
+  return Status::ok();
+}
+
 } // namespace piper::runtime

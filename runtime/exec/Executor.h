@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "proto/plan.pb.h"
+#include "runtime/checkpoint/Safetensors.h"
 #include "runtime/comm/Communicator.h"
 #include "runtime/exec/Data.h"
 #include "runtime/kernels/Kernels.h"
@@ -69,6 +70,17 @@ public:
   /// Writes every parameter to DIR/<name>.bin (raw little-endian fp32),
   /// creating DIR if needed.
   Status saveParams(const std::string &dir) const;
+  /// The name and shape of every parameter, in plan order.
+  std::vector<ParamSpec> paramSpecs() const;
+  /// Writes every parameter to the safetensors file `path` (F32, the plan's
+  /// names and shapes, in plan order, checkpointMetadata(step)) atomically.
+  Status saveCheckpoint(const std::string &path, int64_t step) const;
+  /// Replaces the value of every parameter by the tensor of the same name in
+  /// `reader`; call before the first step. A missing tensor or one of
+  /// another dtype or shape is an error naming it; tensors that are not
+  /// parameters of this plan are ignored (other device classes hold them).
+  /// Gradients and AdamW moments stay zero.
+  Status loadCheckpoint(const SafetensorsReader &reader);
 
 private:
   explicit Executor(std::unique_ptr<ExecutorImpl> impl);

@@ -15,6 +15,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -30,7 +31,10 @@
 #include <CLI/CLI.hpp>
 
 #include "proto/PlanFile.h"
+#include "runtime/checkpoint/Safetensors.h"
 #include "runtime/comm/Communicator.h"
+#include "runtime/data/AtomicFile.h"
+#include "runtime/exec/Data.h"
 #include "runtime/exec/Executor.h"
 #include "runtime/exec/Validate.h"
 #include "runtime/kernels/Kernels.h"
@@ -121,11 +125,59 @@ Status loadPlan(const RunOptions &options, const plan::Manifest &manifest,
   return err.empty() ? Status::ok() : Status::error(err);
 }
 
-/// Checks every plan and the strategy as a whole before any rank starts, so
-/// that a bad compile is one clear message, not N.
-Status checkStrategy(const RunOptions &options,
-                     const plan::Manifest &manifest) {
-  std::vector<plan::Plan> plans(manifest.classes_size());
+/// Opens --data for a plan trained with `t` (null when there is no --data):
+/// maps the file and checks its tokens against t's vocabulary and length.
+Status openData(const RunOptions &options, const plan::TrainingConfig &t,
+                uint64_t seed, std::unique_ptr<TokenFileData> &out) {
+  out.reset();
+  if (options.dataPath.empty())
+    return Status::ok();
+  TokenDType dtype;
+  PIPER_RETURN_IF_ERROR(parseTokenDType(options.dataDType, dtype));
+  Status st;
+  out = openTokenFileData(options.dataPath, dtype, t.vocab_size(), t.seq_len(),
+                          seed, st);
+  return st;
+}
+
+/// Every parameter of the strategy, each name once, in class order (a tied
+/// parameter held by several classes is one tensor of the checkpoint).
+std::vector<ParamSpec> strategyParams(const std::vector<plan::Plan> &plans) {
+  std::vector<ParamSpec> specs;
+  std::set<std::string> seen;
+  for (const plan::Plan &p : plans)
+    for (const plan::Parameter &param : p.params())
+      if (seen.insert(param.name()).second)
+        specs.push_back(ParamSpec{
+            param.name(), std::vector<int64_t>(param.type().shape().begin(),
+                                               param.type().shape().end())});
+  return specs;
+}
+
+/// Opens --load and checks it against the parameters of every plan (a
+/// tensor that no class holds is an error too); sets `step` to its "step".
+Status openCheckpoint(const RunOptions &options,
+                      const std::vector<plan::Plan> &plans,
+                      std::unique_ptr<SafetensorsReader> &out, int64_t &step) {
+  Status st;
+  out = SafetensorsReader::open(options.loadPath, st);
+  if (!out)
+    return st;
+  PIPER_RETURN_IF_ERROR(checkpointStep(*out, step));
+  return checkCheckpointParams(*out, strategyParams(plans),
+                               /*rejectExtra=*/true);
+}
+
+/// Where replica 0 of device class `deviceClass` writes its parameters
+/// before rank 0 merges them into --save.
+std::string checkpointPartPath(const std::string &savePath, int deviceClass) {
+  return savePath + ".class" + std::to_string(deviceClass) + ".part";
+}
+
+/// Reads and validates every plan of the manifest.
+Status loadPlans(const RunOptions &options, const plan::Manifest &manifest,
+                 std::vector<plan::Plan> &plans) {
+  plans.assign(manifest.classes_size(), plan::Plan());
   std::vector<std::string> kernels = kernelNames();
   for (int c = 0; c < manifest.classes_size(); ++c) {
     PIPER_RETURN_IF_ERROR(loadPlan(options, manifest, c, plans[c]));
@@ -136,7 +188,74 @@ Status checkStrategy(const RunOptions &options,
                 joinPath(options.outDir, manifest.classes(c).plan_file()) +
                 "': invalid plan"));
   }
-  return validateStrategy(manifest, plans).withContext("invalid strategy");
+  return Status::ok();
+}
+
+/// Checks every plan, the strategy as a whole, and the files of --data,
+/// --load and --save before any rank starts, so that a bad compile or a bad
+/// file is one clear message, not N.
+Status checkStrategy(const RunOptions &options,
+                     const plan::Manifest &manifest) {
+  std::vector<plan::Plan> plans;
+  PIPER_RETURN_IF_ERROR(loadPlans(options, manifest, plans));
+  PIPER_RETURN_IF_ERROR(
+      validateStrategy(manifest, plans).withContext("invalid strategy"));
+  if (!options.dataPath.empty()) {
+    // Classes normally share one training config; check each distinct one.
+    std::set<std::pair<int64_t, int64_t>> checked;
+    for (const plan::Plan &p : plans) {
+      const plan::TrainingConfig &t = p.training();
+      if (!checked.insert({t.vocab_size(), t.seq_len()}).second)
+        continue;
+      std::unique_ptr<TokenFileData> data;
+      PIPER_RETURN_IF_ERROR(openData(options, t, options.seed, data));
+    }
+  }
+  if (!options.loadPath.empty()) {
+    std::unique_ptr<SafetensorsReader> reader;
+    int64_t step = 0;
+    PIPER_RETURN_IF_ERROR(openCheckpoint(options, plans, reader, step));
+  }
+  if (!options.savePath.empty())
+    PIPER_RETURN_IF_ERROR(makeDirectories(parentDirectory(options.savePath))
+                              .withContext("--save"));
+  return Status::ok();
+}
+
+/// After the last step: replica 0 of every class writes its parameters;
+/// with several classes they write parts that rank 0 merges, in manifest
+/// order, once every rank has passed a barrier.
+Status writeCheckpoint(const RunOptions &options,
+                       const plan::Manifest &manifest, Executor &exec,
+                       Communicator *comm, int rank, int64_t step) {
+  std::string who = "rank " + std::to_string(rank);
+  const std::string &path = options.savePath;
+  PIPER_RETURN_IF_ERROR(
+      makeDirectories(parentDirectory(path)).withContext(who + ": --save"));
+  bool merge = manifest.classes_size() > 1;
+  if (exec.replicaIndex() == 0)
+    PIPER_RETURN_IF_ERROR(exec.saveCheckpoint(
+        merge ? checkpointPartPath(path, exec.plan().device_class()) : path,
+        step));
+  if (!merge)
+    return Status::ok();
+  if (comm) {
+    // A barrier: every part is complete once all ranks are past it. A rank
+    // that failed to write has exited, which fails the sum on the others.
+    double done = 1;
+    PIPER_RETURN_IF_ERROR(comm->allReduceSumWorld(&done, 1).withContext(
+        who + ": waiting for every class to write its checkpoint part"));
+  }
+  if (rank != 0)
+    return Status::ok();
+  std::vector<std::string> parts;
+  for (const plan::Manifest::Class &c : manifest.classes())
+    parts.push_back(checkpointPartPath(path, c.device_class()));
+  PIPER_RETURN_IF_ERROR(mergeSafetensors(parts, path, checkpointMetadata(step))
+                            .withContext(who + ": merging checkpoint parts"));
+  for (const std::string &part : parts)
+    std::remove(part.c_str());
+  return Status::ok();
 }
 
 std::string describeExit(int status) {
@@ -476,6 +595,24 @@ int runRank(const RunOptions &options, int rank, int worldSize,
   if (!st)
     return fail(who + ": " + st.message());
 
+  std::unique_ptr<TokenFileData> data;
+  st = openData(options, plan.training(), options.seed, data);
+  if (!st)
+    return fail(who + ": " + st.message());
+
+  // --load is checked against every class's parameters, so that a tensor
+  // no class holds is an error here too when ranks are started by hand.
+  std::unique_ptr<SafetensorsReader> checkpoint;
+  int64_t loadedStep = 0;
+  if (!options.loadPath.empty()) {
+    std::vector<plan::Plan> plans;
+    st = loadPlans(options, manifest, plans);
+    if (st)
+      st = openCheckpoint(options, plans, checkpoint, loadedStep);
+    if (!st)
+      return fail(who + ": " + st.message());
+  }
+
   std::unique_ptr<Communicator> comm;
   if (worldSize > 1) {
     comm = createGlooCommunicator(
@@ -490,6 +627,7 @@ int runRank(const RunOptions &options, int rank, int worldSize,
   eo.rank = rank;
   eo.seed = options.seed;
   eo.comm = comm.get();
+  eo.data = data.get();
   // Exit at the first stream error instead of finishing the step: peers
   // blocked on this rank would otherwise wait for their timeout, while an
   // exit makes the launcher stop everyone now.
@@ -503,6 +641,12 @@ int runRank(const RunOptions &options, int rank, int worldSize,
   auto exec = Executor::create(plan, eo, st);
   if (!exec)
     return fail(st.message());
+  if (checkpoint) {
+    st = exec->loadCheckpoint(*checkpoint);
+    if (!st)
+      return fail(st.message());
+    checkpoint.reset();
+  }
   st = exec->connect();
   if (!st)
     return fail(st.message());
@@ -529,7 +673,10 @@ int runRank(const RunOptions &options, int rank, int worldSize,
                          t.num_microbatches() * t.microbatch_size() *
                          t.seq_len();
 
-  for (int64_t step = 1; step <= options.steps; ++step) {
+  // After --load, step numbers continue from the checkpoint's: the data
+  // windows and AdamW's bias correction see the steps they would have.
+  int64_t lastStep = loadedStep + options.steps;
+  for (int64_t step = loadedStep + 1; step <= lastStep; ++step) {
     if (rank == failRank && step == failStep) {
       reportFailure();
       std::fprintf(stderr,
@@ -575,6 +722,11 @@ int runRank(const RunOptions &options, int rank, int worldSize,
     if (!st)
       return fail(st.message());
   }
+  if (!options.savePath.empty()) {
+    st = writeCheckpoint(options, manifest, *exec, comm.get(), rank, lastStep);
+    if (!st)
+      return fail(st.message());
+  }
   return 0;
 }
 
@@ -591,11 +743,13 @@ int piperRunMain(int argc, char **argv) {
                  "world size");
   app.add_option("--backend", options.backend, "execution backend (cpu)")
       ->capture_default_str();
-  app.add_option("--steps", options.steps, "training steps to run")
-      ->check(CLI::PositiveNumber)
+  app.add_option("--steps", options.steps,
+                 "training steps to run (0: only --load/--save)")
+      ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   app.add_option("--seed", options.seed,
-                 "seed of parameter init and synthetic data")
+                 "seed of parameter init and of the data (synthetic "
+                 "sequences or token-file windows)")
       ->capture_default_str();
   app.add_option("--metrics", options.metricsPath,
                  "JSON-lines file rank 0 writes one object per step to");
@@ -607,6 +761,21 @@ int piperRunMain(int argc, char **argv) {
                  "after the last step, write DIR/<param>.bin (fp32)");
   app.add_option("--log-dir", options.logDir,
                  "write each spawned rank's stderr to DIR/rank-<R>.log");
+  CLI::Option *data = app.add_option(
+      "--data", options.dataPath,
+      "train on windows of this token file instead of synthetic data "
+      "(docs/data.md)");
+  app.add_option("--data-dtype", options.dataDType,
+                 "token width of --data: uint16 or uint32 (default: the "
+                 "file's header, else uint16)")
+      ->check(CLI::IsMember({"uint16", "uint32"}))
+      ->needs(data);
+  app.add_option("--save", options.savePath,
+                 "after the last step, write all parameters to this "
+                 "safetensors file");
+  app.add_option("--load", options.loadPath,
+                 "before the first step, read all parameters from this "
+                 "safetensors file (instead of initializing them)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError &e) {

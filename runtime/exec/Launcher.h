@@ -27,6 +27,18 @@ struct RunOptions {
   /// Each spawned rank's stderr goes to DIR/rank-<R>.log; empty means the
   /// launcher's stderr.
   std::string logDir;
+  /// A token file to train on (docs/data.md); empty means synthetic data.
+  std::string dataPath;
+  /// The width of --data's tokens: "uint16", "uint32" or empty (the file's
+  /// header, else uint16).
+  std::string dataDType;
+  /// After the last step, the parameters of every class are written here as
+  /// one safetensors file; empty means none.
+  std::string savePath;
+  /// Before the first step, parameters are read from this safetensors file
+  /// instead of being initialized, and steps continue after its "step";
+  /// empty means none.
+  std::string loadPath;
 };
 
 /// The whole piper-run command: parses `argv`; with PIPER_RANK in the

@@ -86,12 +86,16 @@ Status positionAddKernel(const KernelArgs &a);
 Status positionAddGradKernel(const KernelArgs &a);
 Status layerNormKernel(const KernelArgs &a);
 Status layerNormGradKernel(const KernelArgs &a);
+Status rmsNormKernel(const KernelArgs &a);
+Status rmsNormGradKernel(const KernelArgs &a);
 Status linearKernel(const KernelArgs &a);
 Status linearGradInputKernel(const KernelArgs &a);
 Status linearGradWeightKernel(const KernelArgs &a);
 Status biasGradKernel(const KernelArgs &a);
 Status geluKernel(const KernelArgs &a);
 Status geluGradKernel(const KernelArgs &a);
+Status swigluKernel(const KernelArgs &a);
+Status swigluGradKernel(const KernelArgs &a);
 Status addKernel(const KernelArgs &a);
 
 // AttentionKernels.cpp

@@ -1,5 +1,5 @@
-// Embedding, position embedding, layer norm, linear, GELU and add kernels,
-// forward and backward.
+// Embedding, position embedding, layer norm, RMS norm, linear, GELU, SwiGLU
+// and add kernels, forward and backward.
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -227,6 +227,80 @@ Status layerNormGradKernel(const KernelArgs &a) {
   return Status::ok();
 }
 
+// Shared checks of rms_norm and its gradient.
+static Status checkRmsNorm(const KernelArgs &a, const TensorRef &x,
+                           const TensorRef &gamma, int64_t &rows,
+                           int64_t &hidden, double &eps) {
+  PIPER_RETURN_IF_ERROR(expectMatrix(a, x, "x", plan::F32, rows, hidden));
+  PIPER_RETURN_IF_ERROR(expectTensor(a, gamma, "gamma", plan::F32, {hidden}));
+  PIPER_RETURN_IF_ERROR(readFloat(a, "eps", 1e-6, eps));
+  if (eps < 0)
+    return a.error("attribute 'eps' must not be negative");
+  return Status::ok();
+}
+
+// 1/sqrt(mean(x^2) + eps) of one row, in double.
+static double rowRrms(const float *x, int64_t hidden, double eps) {
+  double sq = 0;
+  for (int64_t j = 0; j < hidden; ++j)
+    sq += double(x[j]) * x[j];
+  return 1.0 / std::sqrt((hidden ? sq / hidden : 0.0) + eps);
+}
+
+Status rmsNormKernel(const KernelArgs &a) {
+  PIPER_RETURN_IF_ERROR(expectCounts(a, 2, 2, 1));
+  const TensorRef &x = a.inputs[0], &gamma = a.inputs[1], &y = a.outputs[0];
+  int64_t rows = 0, hidden = 0;
+  double eps = 0;
+  PIPER_RETURN_IF_ERROR(checkRmsNorm(a, x, gamma, rows, hidden, eps));
+  PIPER_RETURN_IF_ERROR(expectTensor(a, y, "y", plan::F32, {rows, hidden}));
+
+  for (int64_t n = 0; n < rows; ++n) {
+    const float *xr = x.f32() + n * hidden;
+    float *yr = y.f32() + n * hidden;
+    double rrms = rowRrms(xr, hidden, eps);
+    for (int64_t j = 0; j < hidden; ++j)
+      yr[j] = static_cast<float>(xr[j] * rrms * gamma.f32()[j]);
+  }
+  return Status::ok();
+}
+
+Status rmsNormGradKernel(const KernelArgs &a) {
+  PIPER_RETURN_IF_ERROR(expectCounts(a, 3, 3, 2));
+  const TensorRef &x = a.inputs[0], &gamma = a.inputs[1], &dy = a.inputs[2];
+  const TensorRef &dx = a.outputs[0], &dgamma = a.outputs[1];
+  int64_t rows = 0, hidden = 0;
+  double eps = 0;
+  PIPER_RETURN_IF_ERROR(checkRmsNorm(a, x, gamma, rows, hidden, eps));
+  PIPER_RETURN_IF_ERROR(expectTensor(a, dy, "dy", plan::F32, {rows, hidden}));
+  PIPER_RETURN_IF_ERROR(expectTensor(a, dx, "dx", plan::F32, {rows, hidden}));
+  PIPER_RETURN_IF_ERROR(expectTensor(a, dgamma, "dgamma", plan::F32, {hidden}));
+
+  std::vector<double> gammaSum(hidden, 0.0);
+  for (int64_t n = 0; n < rows; ++n) {
+    const float *xr = x.f32() + n * hidden;
+    const float *dyr = dy.f32() + n * hidden;
+    float *dxr = dx.f32() + n * hidden;
+    double rrms = rowRrms(xr, hidden, eps);
+    // dx = rrms * (g - xhat * mean(g * xhat)) with g = dy * gamma and
+    // xhat = x * rrms.
+    double gxMean = 0;
+    for (int64_t j = 0; j < hidden; ++j) {
+      double xhat = xr[j] * rrms;
+      gxMean += double(dyr[j]) * gamma.f32()[j] * xhat;
+      gammaSum[j] += dyr[j] * xhat;
+    }
+    gxMean /= hidden;
+    for (int64_t j = 0; j < hidden; ++j) {
+      double g = double(dyr[j]) * gamma.f32()[j];
+      dxr[j] = static_cast<float>(rrms * (g - xr[j] * rrms * gxMean));
+    }
+  }
+  for (int64_t j = 0; j < hidden; ++j)
+    dgamma.f32()[j] = static_cast<float>(gammaSum[j]);
+  return Status::ok();
+}
+
 // Reads transpose_w and the [in,out] sizes of the weight: w is [in,out], or
 // [out,in] when transposed.
 static Status weightDims(const KernelArgs &a, const TensorRef &w,
@@ -364,6 +438,67 @@ Status geluGradKernel(const KernelArgs &a) {
     double dInner = geluC * (1.0 + 3.0 * geluA * v * v);
     double dGelu = 0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * dInner;
     dx.f32()[i] = static_cast<float>(dGelu * dy.f32()[i]);
+  }
+  return Status::ok();
+}
+
+// Shared checks of swiglu and its gradient: `gateUp` is [N,2F].
+static Status checkSwiglu(const KernelArgs &a, const TensorRef &gateUp,
+                          int64_t &rows, int64_t &width) {
+  int64_t cols = 0;
+  PIPER_RETURN_IF_ERROR(
+      expectMatrix(a, gateUp, "gate_up", plan::F32, rows, cols));
+  if (cols % 2 != 0)
+    return a.error("gate_up has shape " + shapeString(gateUp.shape) +
+                   ", expected an even number of columns [gate | up]");
+  width = cols / 2;
+  return Status::ok();
+}
+
+static double sigmoid(double v) { return 1.0 / (1.0 + std::exp(-v)); }
+
+Status swigluKernel(const KernelArgs &a) {
+  PIPER_RETURN_IF_ERROR(expectCounts(a, 1, 1, 1));
+  const TensorRef &gateUp = a.inputs[0], &y = a.outputs[0];
+  int64_t rows = 0, width = 0;
+  PIPER_RETURN_IF_ERROR(checkSwiglu(a, gateUp, rows, width));
+  PIPER_RETURN_IF_ERROR(expectTensor(a, y, "y", plan::F32, {rows, width}));
+
+  for (int64_t n = 0; n < rows; ++n) {
+    const float *gate = gateUp.f32() + n * 2 * width;
+    const float *up = gate + width;
+    float *yr = y.f32() + n * width;
+    for (int64_t j = 0; j < width; ++j) {
+      double g = gate[j];
+      yr[j] = static_cast<float>(g * sigmoid(g) * up[j]);
+    }
+  }
+  return Status::ok();
+}
+
+Status swigluGradKernel(const KernelArgs &a) {
+  PIPER_RETURN_IF_ERROR(expectCounts(a, 2, 2, 1));
+  const TensorRef &gateUp = a.inputs[0], &dy = a.inputs[1],
+                  &dgateUp = a.outputs[0];
+  int64_t rows = 0, width = 0;
+  PIPER_RETURN_IF_ERROR(checkSwiglu(a, gateUp, rows, width));
+  PIPER_RETURN_IF_ERROR(expectTensor(a, dy, "dy", plan::F32, {rows, width}));
+  PIPER_RETURN_IF_ERROR(
+      expectTensor(a, dgateUp, "dgate_up", plan::F32, {rows, 2 * width}));
+
+  for (int64_t n = 0; n < rows; ++n) {
+    const float *gate = gateUp.f32() + n * 2 * width;
+    const float *up = gate + width;
+    const float *dyr = dy.f32() + n * width;
+    float *dgate = dgateUp.f32() + n * 2 * width;
+    float *dup = dgate + width;
+    for (int64_t j = 0; j < width; ++j) {
+      double g = gate[j], sig = sigmoid(g);
+      // silu'(g) = sig (1 + g (1 - sig)).
+      dgate[j] = static_cast<float>(double(dyr[j]) * up[j] * sig *
+                                    (1.0 + g * (1.0 - sig)));
+      dup[j] = static_cast<float>(double(dyr[j]) * g * sig);
+    }
   }
   return Status::ok();
 }

@@ -211,8 +211,10 @@ TEST_CASE("kernelNames lists every kernel once", "[kernels]") {
   const std::vector<std::string> spec = {"embedding",
                                          "position_add",
                                          "layer_norm",
+                                         "rms_norm",
                                          "linear",
                                          "gelu",
+                                         "swiglu",
                                          "add",
                                          "attention",
                                          "cross_entropy",
@@ -220,10 +222,12 @@ TEST_CASE("kernelNames lists every kernel once", "[kernels]") {
                                          "embedding_grad",
                                          "position_add_grad",
                                          "layer_norm_grad",
+                                         "rms_norm_grad",
                                          "linear_grad_input",
                                          "linear_grad_weight",
                                          "bias_grad",
                                          "gelu_grad",
+                                         "swiglu_grad",
                                          "attention_grad",
                                          "cross_entropy_grad",
                                          "accumulate",
@@ -231,7 +235,7 @@ TEST_CASE("kernelNames lists every kernel once", "[kernels]") {
                                          "adamw"};
   for (const std::string &want : spec)
     CHECK(unique.count(want) == 1);
-  CHECK(names.size() == 21);
+  CHECK(names.size() == 25);
 }
 
 TEST_CASE("attrInt and attrFloat read attributes or defaults", "[kernels]") {
@@ -428,6 +432,220 @@ TEST_CASE("attention matches a naive double-precision reference",
       }
 }
 
+TEST_CASE("rms_norm divides by the root mean square, then scales",
+          "[kernels][forward]") {
+  // Row [3, 4]: mean(x^2) = 12.5. Row [1, 1]: mean(x^2) = 1.
+  std::vector<Tensor> ins = {Tensor::f32({2, 2}, {3, 4, 1, 1}),
+                             Tensor::f32({2}, {2, -1})};
+  std::vector<Tensor> outs = {Tensor::f32({2, 2})};
+  mustRun(K("rms_norm"), ins, outs);
+  double r0 = 1.0 / std::sqrt(12.5 + 1e-6), r1 = 1.0 / std::sqrt(1.0 + 1e-6);
+  CHECK(outs[0].f[0] == Approx(3 * r0 * 2));
+  CHECK(outs[0].f[1] == Approx(4 * r0 * -1));
+  CHECK(outs[0].f[2] == Approx(2 * r1));
+  CHECK(outs[0].f[3] == Approx(-1 * r1));
+
+  // The default eps is 1e-6, not layer_norm's 1e-5: on a row of tiny values
+  // the two differ visibly. mean(x^2) = 1e-6, so y = x / sqrt(2e-6).
+  std::vector<Tensor> tiny = {Tensor::f32({1, 2}, {1e-3f, -1e-3f}),
+                              Tensor::f32({2}, {1, 1})};
+  std::vector<Tensor> tinyOut = {Tensor::f32({1, 2})};
+  mustRun(K("rms_norm"), tiny, tinyOut);
+  CHECK(tinyOut[0].f[0] == Approx(1e-3 / std::sqrt(2e-6)));
+  CHECK(tinyOut[0].f[1] == Approx(-1e-3 / std::sqrt(2e-6)));
+
+  // With unit gamma and eps 0 every row has mean square 1, and the mean is
+  // not subtracted.
+  Rng rng(4);
+  Tensor x = randomF32(rng, {3, 8}, 1.0, 5.0); // all positive
+  std::vector<Tensor> rins = {x, Tensor::f32({8})};
+  std::fill(rins[1].f.begin(), rins[1].f.end(), 1.0f);
+  std::vector<Tensor> routs = {Tensor::f32({3, 8})};
+  mustRun(K("rms_norm").f("eps", 0.0), rins, routs);
+  for (int n = 0; n < 3; ++n) {
+    double sq = 0;
+    for (int j = 0; j < 8; ++j) {
+      sq += double(routs[0].f[n * 8 + j]) * routs[0].f[n * 8 + j];
+      CHECK(routs[0].f[n * 8 + j] > 0.0f);
+    }
+    CHECK(sq / 8 == Approx(1.0).epsilon(1e-6));
+  }
+}
+
+TEST_CASE("swiglu multiplies silu(gate) by up", "[kernels][forward]") {
+  // F = 3; rows are [gate(3) | up(3)].
+  std::vector<Tensor> ins = {
+      Tensor::f32({2, 6}, {0, 1, -2, 5, 2, 3, //
+                           4, -30, 30, 1, 1, -0.5f})};
+  std::vector<Tensor> outs = {Tensor::f32({2, 3})};
+  mustRun(K("swiglu"), ins, outs);
+  auto silu = [](double g) { return g / (1.0 + std::exp(-g)); };
+  CHECK(outs[0].f[0] == 0.0f);
+  CHECK(outs[0].f[1] == Approx(0.7310586 * 2).margin(1e-6)); // silu(1) * 2
+  CHECK(outs[0].f[2] == Approx(-0.2384058 * 3).margin(1e-6)); // silu(-2) * 3
+  CHECK(outs[0].f[3] == Approx(silu(4)));
+  CHECK(outs[0].f[4] == Approx(silu(-30)).margin(1e-10)); // ~ -2.8e-12
+  CHECK(outs[0].f[5] == Approx(-15.0));                   // silu(30) ~ 30
+}
+
+namespace {
+
+/// Causal GQA attention with rotary embeddings, computed directly in double
+/// from the spec: qkv rows are [q(heads*hd) | k(kv*hd) | v(kv*hd)].
+std::vector<double> referenceAttention(const std::vector<float> &qkv,
+                                       int64_t batch, int64_t seq,
+                                       int64_t heads, int64_t kv, int64_t hd,
+                                       double theta) {
+  const int64_t cols = (heads + 2 * kv) * hd, width = heads * hd;
+  auto vec = [&](int64_t row, int64_t offset, bool rotate) {
+    std::vector<double> x(hd);
+    for (int64_t c = 0; c < hd; ++c)
+      x[c] = qkv[row * cols + offset + c];
+    if (!rotate || theta == 0)
+      return x;
+    std::vector<double> r(hd);
+    double pos = double(row % seq);
+    for (int64_t i = 0; i < hd / 2; ++i) {
+      double angle = pos * std::pow(theta, -2.0 * i / hd);
+      r[i] = x[i] * std::cos(angle) - x[i + hd / 2] * std::sin(angle);
+      r[i + hd / 2] = x[i + hd / 2] * std::cos(angle) + x[i] * std::sin(angle);
+    }
+    return r;
+  };
+  std::vector<double> y(batch * seq * width);
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t h = 0; h < heads; ++h) {
+      int64_t g = h / (heads / kv);
+      for (int64_t i = 0; i < seq; ++i) {
+        std::vector<double> q = vec(b * seq + i, h * hd, true);
+        std::vector<double> score(i + 1);
+        double maxScore = -1e300, sum = 0;
+        for (int64_t j = 0; j <= i; ++j) {
+          std::vector<double> k = vec(b * seq + j, (heads + g) * hd, true);
+          double dot = 0;
+          for (int64_t c = 0; c < hd; ++c)
+            dot += q[c] * k[c];
+          score[j] = dot / std::sqrt(double(hd));
+          maxScore = std::max(maxScore, score[j]);
+        }
+        for (double &s : score)
+          sum += (s = std::exp(s - maxScore));
+        for (int64_t j = 0; j <= i; ++j) {
+          std::vector<double> v =
+              vec(b * seq + j, (heads + kv + g) * hd, false);
+          for (int64_t c = 0; c < hd; ++c)
+            y[(b * seq + i) * width + h * hd + c] += score[j] / sum * v[c];
+        }
+      }
+    }
+  return y;
+}
+
+} // namespace
+
+TEST_CASE("attention with rotary embeddings rotates q and k by position",
+          "[kernels][forward]") {
+  // One head, hd = 2, theta irrelevant for i = 0: freq_0 = 1, so the token
+  // at position 1 is rotated by 1 radian. q1 = k0 = k1 = [1, 0]; after the
+  // rotation q1.k0 = cos(1) and q1.k1 = 1 (relative position 0).
+  std::vector<Tensor> ins = {
+      Tensor::f32({2, 6}, {9, 9, 1, 0, 1, 2, //
+                           1, 0, 1, 0, 3, 4})};
+  std::vector<Tensor> outs = {Tensor::f32({2, 2})};
+  mustRun(K("attention").i("heads", 1).i("seq", 2).f("rope_theta", 10000.0),
+          ins, outs);
+  double s0 = std::cos(1.0) / std::sqrt(2.0), s1 = 1 / std::sqrt(2.0);
+  double p0 = std::exp(s0) / (std::exp(s0) + std::exp(s1)), p1 = 1 - p0;
+  CHECK(outs[0].f[0] == Approx(1)); // v is never rotated
+  CHECK(outs[0].f[1] == Approx(2));
+  CHECK(outs[0].f[2] == Approx(p0 * 1 + p1 * 3));
+  CHECK(outs[0].f[3] == Approx(p0 * 2 + p1 * 4));
+}
+
+TEST_CASE("grouped-query attention with rotary embeddings matches a "
+          "double-precision reference",
+          "[kernels][forward]") {
+  struct Config {
+    int64_t heads, kv, hd;
+    double theta;
+  };
+  const Config config = GENERATE(Config{4, 2, 4, 10000.0},
+                                 Config{6, 2, 6, 500000.0},
+                                 Config{4, 1, 2, 10.0}, Config{3, 3, 4, 0.0},
+                                 Config{4, 2, 3, 0.0});
+  INFO("heads=" << config.heads << " kv_heads=" << config.kv
+                << " hd=" << config.hd << " rope_theta=" << config.theta);
+  Rng rng(5);
+  const int64_t batch = 2, seq = 7, rows = batch * seq;
+  const int64_t cols = (config.heads + 2 * config.kv) * config.hd;
+  const int64_t width = config.heads * config.hd;
+  Tensor qkv = randomF32(rng, {rows, cols}, -2.0, 2.0);
+  std::vector<Tensor> ins = {qkv};
+  std::vector<Tensor> outs = {Tensor::f32({rows, width})};
+  mustRun(K("attention")
+              .i("heads", config.heads)
+              .i("kv_heads", config.kv)
+              .i("seq", seq)
+              .f("rope_theta", config.theta),
+          ins, outs);
+  std::vector<double> want = referenceAttention(
+      qkv.f, batch, seq, config.heads, config.kv, config.hd, config.theta);
+  for (int64_t e = 0; e < rows * width; ++e) {
+    INFO("element " << e);
+    CHECK(outs[0].f[e] == Approx(want[e]).margin(2e-5));
+  }
+}
+
+TEST_CASE("grouped-query attention equals attention with repeated k and v",
+          "[kernels][forward]") {
+  // heads 4 over kv_heads 2 is MHA whose k and v heads are [k0 k0 k1 k1].
+  Rng rng(6);
+  const int64_t seq = 4, rows = 2 * seq, hd = 2, heads = 4, kv = 2;
+  const int64_t cols = (heads + 2 * kv) * hd, mhaCols = 3 * heads * hd;
+  Tensor qkv = randomF32(rng, {rows, cols}, -2.0, 2.0);
+  Tensor mha = Tensor::f32({rows, mhaCols});
+  for (int64_t n = 0; n < rows; ++n) {
+    for (int64_t c = 0; c < heads * hd; ++c)
+      mha.f[n * mhaCols + c] = qkv.f[n * cols + c];
+    for (int64_t part = 1; part <= 2; ++part)
+      for (int64_t h = 0; h < heads; ++h)
+        for (int64_t c = 0; c < hd; ++c)
+          mha.f[n * mhaCols + part * heads * hd + h * hd + c] =
+              qkv.f[n * cols + heads * hd + (part - 1) * kv * hd +
+                    (h / 2) * hd + c];
+  }
+  for (double theta : {0.0, 10000.0}) {
+    std::vector<Tensor> gqaIns = {qkv}, mhaIns = {mha};
+    std::vector<Tensor> gqaOut = {Tensor::f32({rows, heads * hd})};
+    std::vector<Tensor> mhaOut = {Tensor::f32({rows, heads * hd})};
+    mustRun(K("attention")
+                .i("heads", heads)
+                .i("kv_heads", kv)
+                .i("seq", seq)
+                .f("rope_theta", theta),
+            gqaIns, gqaOut);
+    mustRun(K("attention").i("heads", heads).i("seq", seq).f("rope_theta",
+                                                             theta),
+            mhaIns, mhaOut);
+    for (int64_t e = 0; e < rows * heads * hd; ++e)
+      CHECK(gqaOut[0].f[e] == Approx(mhaOut[0].f[e]).margin(1e-6));
+  }
+}
+
+TEST_CASE("explicit default kv_heads and rope_theta change nothing",
+          "[kernels][forward]") {
+  Rng rng(7);
+  Tensor qkv = randomF32(rng, {6, 18}, -2.0, 2.0);
+  std::vector<Tensor> ins = {qkv};
+  std::vector<Tensor> plain = {Tensor::f32({6, 6})};
+  std::vector<Tensor> explicitOut = {Tensor::f32({6, 6})};
+  mustRun(K("attention").i("heads", 2).i("seq", 3), ins, plain);
+  mustRun(K("attention").i("heads", 2).i("kv_heads", 2).i("seq", 3).f(
+              "rope_theta", 0.0),
+          ins, explicitOut);
+  CHECK(plain[0].f == explicitOut[0].f);
+}
+
 TEST_CASE("cross_entropy of uniform logits is ln V", "[kernels][forward]") {
   const int64_t vocab = 7;
   std::vector<Tensor> ins = {Tensor::f32({3, vocab}),
@@ -602,6 +820,78 @@ TEST_CASE("attention_grad is the gradient of attention", "[kernels][grad]") {
   mustRun(K("attention_grad").i("heads", heads).i("seq", seq), ins, outs);
   requireNonZero(outs[0].f);
   checkGradient(forward, {qkv}, 0, {rows, hidden}, r, outs[0].f);
+}
+
+TEST_CASE("attention_grad with grouped-query heads and rotary embeddings",
+          "[kernels][grad]") {
+  struct Config {
+    int64_t heads, kv, hd;
+    double theta;
+  };
+  // Llama-style GQA with rope; MQA without rope; the old default (kv_heads
+  // and rope_theta absent) with an odd head dim.
+  const Config config =
+      GENERATE(Config{4, 2, 4, 10000.0}, Config{2, 1, 3, 0.0},
+               Config{2, 2, 3, -1.0}, Config{4, 1, 2, 10.0});
+  INFO("heads=" << config.heads << " kv_heads=" << config.kv
+                << " hd=" << config.hd << " rope_theta=" << config.theta);
+  Rng rng(18);
+  const int64_t batch = 2, seq = 3, rows = batch * seq;
+  const int64_t cols = (config.heads + 2 * config.kv) * config.hd;
+  const int64_t width = config.heads * config.hd;
+  Tensor qkv = randomF32(rng, {rows, cols}, -1.5, 1.5);
+  std::vector<float> r = rng.vec(rows * width);
+  K forward = K("attention").i("heads", config.heads).i("seq", seq);
+  K backward = K("attention_grad").i("heads", config.heads).i("seq", seq);
+  if (config.theta >= 0) { // -1: leave both attributes out
+    forward.i("kv_heads", config.kv).f("rope_theta", config.theta);
+    backward.i("kv_heads", config.kv).f("rope_theta", config.theta);
+  }
+
+  std::vector<Tensor> ins = {qkv, Tensor::f32({rows, width}, r)};
+  std::vector<Tensor> outs = {Tensor::f32({rows, cols})};
+  std::fill(outs[0].f.begin(), outs[0].f.end(), 9.0f); // must be overwritten
+  mustRun(backward, ins, outs);
+  requireNonZero(outs[0].f);
+  checkGradient(forward, {qkv}, 0, {rows, width}, r, outs[0].f);
+}
+
+TEST_CASE("rms_norm_grad is the gradient of rms_norm", "[kernels][grad]") {
+  Rng rng(19);
+  const int64_t rows = 4, hidden = 6;
+  Tensor x = randomF32(rng, {rows, hidden}, -2.0, 2.0);
+  Tensor gamma = randomF32(rng, {hidden}, 0.5, 1.5);
+  std::vector<float> r = rng.vec(rows * hidden);
+  for (double eps : {1e-3, -1.0}) { // -1: the default eps
+    INFO("eps=" << eps);
+    K forward("rms_norm"), backward("rms_norm_grad");
+    if (eps >= 0) {
+      forward.f("eps", eps);
+      backward.f("eps", eps);
+    }
+    std::vector<Tensor> ins = {x, gamma, Tensor::f32({rows, hidden}, r)};
+    std::vector<Tensor> outs = {Tensor::f32({rows, hidden}),
+                                Tensor::f32({hidden})};
+    std::fill(outs[1].f.begin(), outs[1].f.end(), 9.0f); // overwritten
+    mustRun(backward, ins, outs);
+    for (const Tensor &g : outs)
+      requireNonZero(g.f);
+    checkGradient(forward, {x, gamma}, 0, {rows, hidden}, r, outs[0].f);
+    checkGradient(forward, {x, gamma}, 1, {rows, hidden}, r, outs[1].f);
+  }
+}
+
+TEST_CASE("swiglu_grad is the gradient of swiglu", "[kernels][grad]") {
+  Rng rng(20);
+  const int64_t rows = 3, width = 5;
+  Tensor gateUp = randomF32(rng, {rows, 2 * width}, -4.0, 4.0);
+  std::vector<float> r = rng.vec(rows * width);
+  std::vector<Tensor> ins = {gateUp, Tensor::f32({rows, width}, r)};
+  std::vector<Tensor> outs = {Tensor::f32({rows, 2 * width})};
+  std::fill(outs[0].f.begin(), outs[0].f.end(), 9.0f); // must be overwritten
+  mustRun(K("swiglu_grad"), ins, outs);
+  requireNonZero(outs[0].f);
+  checkGradient(K("swiglu"), {gateUp}, 0, {rows, width}, r, outs[0].f);
 }
 
 TEST_CASE("cross_entropy_grad is the gradient of scale * cross_entropy",
@@ -802,6 +1092,119 @@ TEST_CASE("wrong dtypes are rejected", "[kernels][errors]") {
   Tensor unspecified = Tensor::f32({2});
   unspecified.dtype = plan::DTYPE_UNSPECIFIED;
   mustFail(K("zero"), {}, {unspecified});
+}
+
+TEST_CASE("rms_norm and swiglu reject bad operands", "[kernels][errors]") {
+  CHECK(mustFail(K("rms_norm"), {Tensor::f32({2, 3}), Tensor::f32({2})},
+                 {Tensor::f32({2, 3})}) ==
+        "rms_norm: gamma has shape [2], expected [3]");
+  mustFail(K("rms_norm"), {Tensor::f32({2, 3}), Tensor::f32({3})},
+           {Tensor::f32({3, 2})});
+  mustFail(K("rms_norm"), {Tensor::f32({6}), Tensor::f32({6})},
+           {Tensor::f32({6})});
+  mustFail(K("rms_norm"),
+           {Tensor::i32({1, 2}, {1, 2}), Tensor::f32({2})},
+           {Tensor::f32({1, 2})});
+  CHECK(mustFail(K("rms_norm").f("eps", -1.0),
+                 {Tensor::f32({1, 2}), Tensor::f32({2})},
+                 {Tensor::f32({1, 2})}) ==
+        "rms_norm: attribute 'eps' must not be negative");
+  mustFail(K("rms_norm").s("eps", "small"),
+           {Tensor::f32({1, 2}), Tensor::f32({2})}, {Tensor::f32({1, 2})});
+  // rms_norm has no beta: three inputs is layer_norm's signature.
+  CHECK(mustFail(K("rms_norm"),
+                 {Tensor::f32({1, 2}), Tensor::f32({2}), Tensor::f32({2})},
+                 {Tensor::f32({1, 2})}) ==
+        "rms_norm: expected 2 inputs, got 3");
+  mustFail(K("rms_norm_grad"),
+           {Tensor::f32({2, 3}), Tensor::f32({3}), Tensor::f32({2, 3})},
+           {Tensor::f32({2, 3}), Tensor::f32({2})});
+  mustFail(K("rms_norm_grad"),
+           {Tensor::f32({2, 3}), Tensor::f32({3}), Tensor::f32({3, 2})},
+           {Tensor::f32({2, 3}), Tensor::f32({3})});
+  CHECK(mustFail(K("rms_norm_grad"),
+                 {Tensor::f32({2, 3}), Tensor::f32({3}), Tensor::f32({2, 3})},
+                 {Tensor::f32({2, 3}), Tensor::f32({3}),
+                  Tensor::f32({3})}) ==
+        "rms_norm_grad: expected 2 outputs, got 3");
+
+  CHECK(mustFail(K("swiglu"), {Tensor::f32({2, 5})}, {Tensor::f32({2, 2})}) ==
+        "swiglu: gate_up has shape [2,5], expected an even number of columns "
+        "[gate | up]");
+  CHECK(mustFail(K("swiglu"), {Tensor::f32({2, 6})}, {Tensor::f32({2, 6})}) ==
+        "swiglu: y has shape [2,6], expected [2,3]");
+  mustFail(K("swiglu"), {Tensor::f32({12})}, {Tensor::f32({6})});
+  mustFail(K("swiglu"), {Tensor::i32({1, 2}, {1, 2})}, {Tensor::f32({1, 1})});
+  mustFail(K("swiglu_grad"), {Tensor::f32({2, 6}), Tensor::f32({2, 6})},
+           {Tensor::f32({2, 6})});
+  mustFail(K("swiglu_grad"), {Tensor::f32({2, 6}), Tensor::f32({2, 3})},
+           {Tensor::f32({2, 3})});
+  mustFail(K("swiglu_grad"), {Tensor::f32({2, 7}), Tensor::f32({2, 3})},
+           {Tensor::f32({2, 7})});
+}
+
+TEST_CASE("attention rejects bad kv_heads, rope_theta and widths",
+          "[kernels][errors]") {
+  // heads 4, kv_heads 2, hd 2: qkv [N, 16], y [N, 8].
+  Tensor qkv = Tensor::f32({4, 16});
+  Tensor y = Tensor::f32({4, 8});
+  K good = K("attention").i("heads", 4).i("kv_heads", 2).i("seq", 2);
+  {
+    std::vector<Tensor> ins = {qkv}, outs = {y};
+    mustRun(good, ins, outs);
+  }
+  CHECK(mustFail(K("attention").i("heads", 4).i("kv_heads", 3).i("seq", 2),
+                 {qkv}, {y}) ==
+        "attention: attribute 'heads' 4 is not a multiple of 'kv_heads' 3");
+  mustFail(K("attention").i("heads", 2).i("kv_heads", 4).i("seq", 2),
+           {Tensor::f32({4, 20})}, {Tensor::f32({4, 4})});
+  CHECK(mustFail(K("attention").i("heads", 4).i("kv_heads", 0).i("seq", 2),
+                 {qkv}, {y}) ==
+        "attention: attribute 'kv_heads' must be positive, got 0");
+  mustFail(K("attention").i("heads", 4).f("kv_heads", 1.5).i("seq", 2), {qkv},
+           {y});
+  // The multi-head width without kv_heads, and the GQA width with the wrong
+  // kv_heads.
+  CHECK(mustFail(K("attention").i("heads", 4).i("seq", 2), {qkv}, {y}) ==
+        "attention: qkv has 16 columns, expected (heads 4 + 2 * kv_heads 4) "
+        "* head dim 2");
+  mustFail(K("attention").i("heads", 4).i("kv_heads", 1).i("seq", 2), {qkv},
+           {y});
+  CHECK(mustFail(good, {qkv}, {Tensor::f32({4, 6})}) ==
+        "attention: y has 6 columns, expected a positive multiple of heads 4");
+  mustFail(good, {qkv}, {Tensor::f32({4, 0})});
+  CHECK(mustFail(good, {qkv}, {Tensor::f32({2, 8})}) ==
+        "attention: y has shape [2,8], expected [4,*]");
+  mustFail(good, {qkv}, {Tensor::f32({32})});
+
+  CHECK(mustFail(K(good).f("rope_theta", -10000.0), {qkv}, {y}) ==
+        "attention: attribute 'rope_theta' must not be negative");
+  mustFail(K(good).s("rope_theta", "10000"), {qkv}, {y});
+  mustFail(K(good).f("rope_theta", std::nan("")), {qkv}, {y});
+  // hd = 3 is fine without rotary embeddings, not with them.
+  std::vector<Tensor> oddIns = {Tensor::f32({2, 9})};
+  std::vector<Tensor> oddOuts = {Tensor::f32({2, 3})};
+  mustRun(K("attention").i("heads", 1).i("seq", 2), oddIns, oddOuts);
+  CHECK(mustFail(K("attention").i("heads", 1).i("seq", 2).f("rope_theta",
+                                                           10000.0),
+                 oddIns, oddOuts) ==
+        "attention: head dim 3 must be even for rotary embeddings");
+
+  K goodGrad = K("attention_grad").i("heads", 4).i("kv_heads", 2).i("seq", 2);
+  {
+    std::vector<Tensor> ins = {qkv, y}, outs = {qkv};
+    mustRun(goodGrad, ins, outs);
+  }
+  mustFail(goodGrad, {qkv, y}, {Tensor::f32({4, 24})});
+  mustFail(goodGrad, {qkv, Tensor::f32({4, 12})}, {qkv});
+  mustFail(K(goodGrad).i("kv_heads", 3), {qkv, y}, {qkv});
+  mustFail(K("attention_grad").i("heads", 1).i("seq", 2).f("rope_theta", 1e4),
+           {Tensor::f32({2, 9}), Tensor::f32({2, 3})}, {Tensor::f32({2, 9})});
+
+  // Zero rows: nothing to compute, however long the sequence.
+  std::vector<Tensor> emptyIns = {Tensor::f32({0, 16})};
+  std::vector<Tensor> emptyOuts = {Tensor::f32({0, 8})};
+  mustRun(K(good).i("seq", 1 << 30).f("rope_theta", 1e4), emptyIns, emptyOuts);
 }
 
 TEST_CASE("token ids out of range are rejected", "[kernels][errors]") {

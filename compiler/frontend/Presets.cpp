@@ -1,0 +1,90 @@
+// The built-in model presets.
+#include "compiler/frontend/Presets.h"
+
+#include <cstdio>
+
+using namespace mlir::piper;
+
+namespace {
+GptConfig gpt(int64_t layers, int64_t hidden, int64_t heads, int64_t vocab,
+              int64_t seq, bool tied) {
+  GptConfig c;
+  c.family = ModelFamily::Gpt;
+  c.layers = layers;
+  c.hidden = hidden;
+  c.heads = heads;
+  c.vocab = vocab;
+  c.seq = seq;
+  c.tiedHead = tied;
+  return c;
+}
+
+GptConfig llama(int64_t layers, int64_t hidden, int64_t heads, int64_t kv,
+                int64_t ffn, int64_t vocab, int64_t seq) {
+  GptConfig c;
+  c.family = ModelFamily::Llama;
+  c.layers = layers;
+  c.hidden = hidden;
+  c.heads = heads;
+  c.kvHeads = kv;
+  c.ffn = ffn;
+  c.vocab = vocab;
+  c.seq = seq;
+  c.ropeTheta = 10000.0;
+  return c;
+}
+} // namespace
+
+const std::vector<ModelPreset> &mlir::piper::modelPresets() {
+  static const std::vector<ModelPreset> presets = {
+      {"gpt", "GPT-2 style decoder; every size from flags",
+       gpt(4, 64, 4, 256, 32, false)},
+      {"llama", "Llama style decoder (RMSNorm, RoPE, GQA, SwiGLU); sizes from "
+                "flags",
+       llama(4, 64, 4, 2, 0, 256, 32)},
+      {"gpt-tiny", "tiny GPT for tests (untied head, so it pipelines)",
+       gpt(2, 64, 4, 256, 32, false)},
+      {"gpt2-small", "GPT-2 small, 124M (tied head)",
+       gpt(12, 768, 12, 50257, 1024, true)},
+      {"gpt2-medium", "GPT-2 medium, 350M (tied head)",
+       gpt(24, 1024, 16, 50257, 1024, true)},
+      {"llama-tiny", "tiny Llama for tests", llama(2, 64, 4, 2, 0, 256, 32)},
+      {"llama-1b", "a Llama-3.2-1B-like model (vocab 32000, untied)",
+       llama(16, 2048, 32, 8, 8192, 32000, 2048)},
+  };
+  return presets;
+}
+
+std::optional<ModelPreset> mlir::piper::findPreset(const std::string &name) {
+  for (const ModelPreset &p : modelPresets())
+    if (p.name == name)
+      return p;
+  return std::nullopt;
+}
+
+std::string mlir::piper::formatPresetTable() {
+  std::string out;
+  char line[256];
+  std::snprintf(line, sizeof(line), "%-12s %-6s %6s %6s %9s %6s %7s %6s %10s  %s\n",
+                "name", "family", "layers", "hidden", "heads/kv", "ffn",
+                "vocab", "seq", "params", "description");
+  out += line;
+  for (const ModelPreset &p : modelPresets()) {
+    const GptConfig &c = p.config;
+    std::string heads =
+        std::to_string(c.heads) + "/" + std::to_string(c.numKvHeads());
+    double params = double(countParameters(c));
+    std::string count = params >= 1e9   ? std::to_string(params / 1e9).substr(0, 4) + "B"
+                        : params >= 1e6 ? std::to_string(params / 1e6).substr(0, 5) + "M"
+                                        : std::to_string(int64_t(params));
+    std::snprintf(line, sizeof(line),
+                  "%-12s %-6s %6lld %6lld %9s %6lld %7lld %6lld %10s  %s\n",
+                  p.name.c_str(),
+                  c.family == ModelFamily::Llama ? "llama" : "gpt",
+                  (long long)c.layers, (long long)c.hidden, heads.c_str(),
+                  (long long)c.ffnSize(), (long long)c.vocab,
+                  (long long)c.seq, count.c_str(), p.description.c_str());
+    out += line;
+  }
+  return out;
+}

@@ -1,0 +1,496 @@
+// The safetensors format: header JSON, validation, atomic writing, merging.
+#include "runtime/checkpoint/Safetensors.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <map>
+#include <numeric>
+#include <set>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "runtime/checkpoint/Json.h"
+#include "runtime/data/AtomicFile.h"
+
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+              "safetensors data is little endian and written from memory");
+
+namespace piper::runtime {
+
+namespace {
+
+constexpr const char *kMetadataKey = "__metadata__";
+
+/// Bytes of a tensor of `dtype` and `shape`; false on overflow or a
+/// negative dimension.
+bool tensorByteSize(const std::string &dtype, const std::vector<int64_t> &shape,
+                    uint64_t &bytes) {
+  uint64_t n = static_cast<uint64_t>(safetensorsDTypeSize(dtype));
+  for (int64_t d : shape) {
+    if (d < 0 || __builtin_mul_overflow(n, static_cast<uint64_t>(d), &n))
+      return false;
+  }
+  bytes = n;
+  return true;
+}
+
+/// "a, b, c" with at most `limit` names, then "and N more".
+std::string joinNames(const std::vector<std::string> &names,
+                      size_t limit = 20) {
+  std::string out;
+  for (size_t i = 0; i < names.size() && i < limit; ++i)
+    out += (i ? ", " : "") + names[i];
+  if (names.size() > limit)
+    out += " and " + std::to_string(names.size() - limit) + " more";
+  return out;
+}
+
+bool preadAll(int fd, void *out, size_t n, uint64_t offset) {
+  char *p = static_cast<char *>(out);
+  while (n > 0) {
+    ssize_t got = ::pread(fd, p, n, static_cast<off_t>(offset));
+    if (got < 0 && errno == EINTR)
+      continue;
+    if (got <= 0)
+      return false;
+    p += got;
+    n -= static_cast<size_t>(got);
+    offset += static_cast<uint64_t>(got);
+  }
+  return true;
+}
+
+/// Parses one tensor entry of the header.
+Status parseEntry(const std::string &name, const JsonValue &v,
+                  SafetensorsEntry &out) {
+  std::string where = "tensor " + jsonQuote(name) + ": ";
+  if (v.kind != JsonValue::Kind::Object)
+    return Status::error(where + "expected an object, found " +
+                         jsonKindName(v.kind));
+  out.name = name;
+  const JsonValue *dtype = v.find("dtype");
+  const JsonValue *shape = v.find("shape");
+  const JsonValue *offsets = v.find("data_offsets");
+  if (!dtype || dtype->kind != JsonValue::Kind::String)
+    return Status::error(where + "missing string \"dtype\"");
+  if (safetensorsDTypeSize(dtype->text) == 0)
+    return Status::error(where + "unknown dtype " + jsonQuote(dtype->text));
+  out.dtype = dtype->text;
+  if (!shape || shape->kind != JsonValue::Kind::Array)
+    return Status::error(where + "missing array \"shape\"");
+  for (const JsonValue &d : shape->items) {
+    uint64_t dim;
+    if (!d.asUint64(dim) || dim > uint64_t(INT64_MAX))
+      return Status::error(where + "\"shape\" must hold non-negative integers");
+    out.shape.push_back(static_cast<int64_t>(dim));
+  }
+  if (!offsets || offsets->kind != JsonValue::Kind::Array ||
+      offsets->items.size() != 2 || !offsets->items[0].asUint64(out.begin) ||
+      !offsets->items[1].asUint64(out.end))
+    return Status::error(where + "\"data_offsets\" must be two non-negative "
+                                 "integers [begin, end]");
+  if (out.end < out.begin)
+    return Status::error(where + "\"data_offsets\" [" +
+                         std::to_string(out.begin) + ", " +
+                         std::to_string(out.end) + "] end before they begin");
+  uint64_t bytes;
+  if (!tensorByteSize(out.dtype, out.shape, bytes))
+    return Status::error(where + "shape " + formatShape(out.shape) +
+                         " is too large");
+  if (out.end - out.begin != bytes)
+    return Status::error(
+        where + "\"data_offsets\" [" + std::to_string(out.begin) + ", " +
+        std::to_string(out.end) + "] span " +
+        std::to_string(out.end - out.begin) + " bytes, but " + out.dtype + " " +
+        formatShape(out.shape) + " needs " + std::to_string(bytes));
+  return Status::ok();
+}
+
+} // namespace
+
+int safetensorsDTypeSize(const std::string &dtype) {
+  static const std::map<std::string, int> sizes = {
+      {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E5M2", 1}, {"F8_E4M3", 1},
+      {"I16", 2},  {"U16", 2}, {"F16", 2}, {"BF16", 2},    {"I32", 4},
+      {"U32", 4},  {"F32", 4}, {"F64", 8}, {"I64", 8},     {"U64", 8}};
+  auto it = sizes.find(dtype);
+  return it == sizes.end() ? 0 : it->second;
+}
+
+std::string formatShape(const std::vector<int64_t> &shape) {
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); ++i)
+    out += (i ? ", " : "") + std::to_string(shape[i]);
+  return out + "]";
+}
+
+std::string safetensorsHeader(const std::vector<SafetensorsEntry> &tensors,
+                              const SafetensorsMetadata &metadata) {
+  std::string json = "{";
+  bool first = true;
+  if (!metadata.empty()) {
+    json += jsonQuote(kMetadataKey) + ":{";
+    for (size_t i = 0; i < metadata.size(); ++i)
+      json += (i ? "," : "") + jsonQuote(metadata[i].first) + ":" +
+              jsonQuote(metadata[i].second);
+    json += "}";
+    first = false;
+  }
+  for (const SafetensorsEntry &t : tensors) {
+    json += (first ? "" : ",") + jsonQuote(t.name) +
+            ":{\"dtype\":" + jsonQuote(t.dtype) + ",\"shape\":[";
+    for (size_t i = 0; i < t.shape.size(); ++i)
+      json += (i ? "," : "") + std::to_string(t.shape[i]);
+    json += "],\"data_offsets\":[" + std::to_string(t.begin) + "," +
+            std::to_string(t.end) + "]}";
+    first = false;
+  }
+  json += "}";
+  // Spaces are JSON whitespace; a multiple of 8 keeps the data aligned.
+  json.resize((json.size() + 7) / 8 * 8, ' ');
+  std::string out(8, '\0');
+  uint64_t n = json.size();
+  for (int i = 0; i < 8; ++i)
+    out[i] = static_cast<char>((n >> (8 * i)) & 0xFF);
+  return out + json;
+}
+
+Status writeSafetensors(const std::string &path,
+                        const std::vector<SafetensorsTensor> &tensors,
+                        const SafetensorsMetadata &metadata) {
+  std::string where = "checkpoint '" + path + "': ";
+  std::vector<SafetensorsEntry> entries;
+  std::set<std::string> names;
+  uint64_t offset = 0;
+  for (const SafetensorsTensor &t : tensors) {
+    if (t.name.empty() || t.name == kMetadataKey)
+      return Status::error(where + "invalid tensor name " + jsonQuote(t.name));
+    if (!names.insert(t.name).second)
+      return Status::error(where + "tensor '" + t.name + "' appears twice");
+    uint64_t bytes;
+    if (safetensorsDTypeSize(t.dtype) == 0)
+      return Status::error(where + "tensor '" + t.name + "': unknown dtype " +
+                           jsonQuote(t.dtype));
+    if (!tensorByteSize(t.dtype, t.shape, bytes))
+      return Status::error(where + "tensor '" + t.name + "': invalid shape " +
+                           formatShape(t.shape));
+    if (bytes > 0 && !t.data)
+      return Status::error(where + "tensor '" + t.name + "' has no data");
+    entries.push_back(
+        SafetensorsEntry{t.name, t.dtype, t.shape, offset, offset + bytes});
+    offset += bytes;
+  }
+  std::string header = safetensorsHeader(entries, metadata);
+  AtomicFile out;
+  PIPER_RETURN_IF_ERROR(out.open(path).withContext("checkpoint"));
+  PIPER_RETURN_IF_ERROR(
+      out.write(header.data(), header.size()).withContext("checkpoint"));
+  for (size_t i = 0; i < tensors.size(); ++i)
+    PIPER_RETURN_IF_ERROR(
+        out.write(tensors[i].data, entries[i].end - entries[i].begin)
+            .withContext("checkpoint"));
+  return out.commit().withContext("checkpoint");
+}
+
+std::unique_ptr<SafetensorsReader>
+SafetensorsReader::open(const std::string &path, Status &status) {
+  std::string where = "checkpoint '" + path + "': ";
+  std::unique_ptr<SafetensorsReader> r(new SafetensorsReader());
+  r->filePath = path;
+  r->fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (r->fd < 0) {
+    status = Status::error(where + "cannot open: " + errnoMessage(errno));
+    return nullptr;
+  }
+  struct stat st;
+  if (::fstat(r->fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    status = Status::error(where + "not a regular file");
+    return nullptr;
+  }
+  uint64_t size = static_cast<uint64_t>(st.st_size);
+  if (size < 8) {
+    status = Status::error(where + "truncated: the file has " +
+                           std::to_string(size) +
+                           " bytes, fewer than the 8-byte header length");
+    return nullptr;
+  }
+  unsigned char lenBytes[8];
+  if (!preadAll(r->fd, lenBytes, 8, 0)) {
+    status = Status::error(where + "cannot read: " + errnoMessage(errno));
+    return nullptr;
+  }
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i)
+    n = n << 8 | lenBytes[i];
+  if (n > kSafetensorsMaxHeaderBytes) {
+    status = Status::error(where + "the header length " + std::to_string(n) +
+                           " is over the " +
+                           std::to_string(kSafetensorsMaxHeaderBytes) +
+                           "-byte limit (not a safetensors file?)");
+    return nullptr;
+  }
+  if (n > size - 8) {
+    status = Status::error(where + "truncated: the header length is " +
+                           std::to_string(n) + " bytes but only " +
+                           std::to_string(size - 8) + " bytes follow it");
+    return nullptr;
+  }
+  if (n < 2) {
+    status = Status::error(where + "the header length " + std::to_string(n) +
+                           " is too small for a JSON object");
+    return nullptr;
+  }
+  std::string json(static_cast<size_t>(n), '\0');
+  if (!preadAll(r->fd, json.data(), json.size(), 8)) {
+    status =
+        Status::error(where + "cannot read the header: " + errnoMessage(errno));
+    return nullptr;
+  }
+  JsonValue root;
+  status = parseJson(json, root).withContext(where + "header");
+  if (!status)
+    return nullptr;
+  if (root.kind != JsonValue::Kind::Object) {
+    status = Status::error(where + "the header is " +
+                           std::string(jsonKindName(root.kind)) +
+                           ", not a JSON object");
+    return nullptr;
+  }
+  r->dataStart = 8 + n;
+  uint64_t dataBytes = size - r->dataStart;
+  for (const auto &[name, value] : root.members) {
+    if (name == kMetadataKey) {
+      if (value.kind != JsonValue::Kind::Object) {
+        status = Status::error(where + "\"__metadata__\" is " +
+                               std::string(jsonKindName(value.kind)) +
+                               ", not an object");
+        return nullptr;
+      }
+      for (const auto &[key, v] : value.members) {
+        if (v.kind != JsonValue::Kind::String) {
+          status = Status::error(where + "\"__metadata__\" value of " +
+                                 jsonQuote(key) + " is " +
+                                 jsonKindName(v.kind) + ", not a string");
+          return nullptr;
+        }
+        r->meta.emplace_back(key, v.text);
+      }
+      continue;
+    }
+    SafetensorsEntry e;
+    status = parseEntry(name, value, e).withContext(where + "header");
+    if (!status)
+      return nullptr;
+    if (e.end > dataBytes) {
+      status = Status::error(
+          where + "tensor '" + name + "': \"data_offsets\" [" +
+          std::to_string(e.begin) + ", " + std::to_string(e.end) +
+          "] run past the end of the data (" + std::to_string(dataBytes) +
+          " bytes after the header; truncated file?)");
+      return nullptr;
+    }
+    r->entries.push_back(std::move(e));
+  }
+
+  // The tensors must tile the data section: sorted by offset, each begins
+  // where the previous one ends, and the last one ends at the end of file.
+  std::vector<size_t> order(r->entries.size());
+  std::iota(order.begin(), order.end(), size_t(0));
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    const SafetensorsEntry &x = r->entries[a], &y = r->entries[b];
+    return x.begin != y.begin ? x.begin < y.begin : x.end < y.end;
+  });
+  uint64_t expected = 0;
+  const SafetensorsEntry *previous = nullptr;
+  for (size_t i : order) {
+    const SafetensorsEntry &e = r->entries[i];
+    if (e.begin < expected) {
+      status = Status::error(where + "tensors '" + previous->name + "' and '" +
+                             e.name + "' overlap");
+      return nullptr;
+    }
+    if (e.begin > expected) {
+      status = Status::error(where + "a gap of " +
+                             std::to_string(e.begin - expected) +
+                             " bytes before tensor '" + e.name + "'");
+      return nullptr;
+    }
+    expected = e.end;
+    previous = &e;
+  }
+  if (expected != dataBytes) {
+    status = Status::error(where + std::to_string(dataBytes - expected) +
+                           " bytes after the last tensor's data");
+    return nullptr;
+  }
+  status = Status::ok();
+  return r;
+}
+
+SafetensorsReader::~SafetensorsReader() {
+  if (fd >= 0)
+    ::close(fd);
+}
+
+const std::string *
+SafetensorsReader::metadataValue(const std::string &key) const {
+  for (const auto &[k, v] : meta)
+    if (k == key)
+      return &v;
+  return nullptr;
+}
+
+const SafetensorsEntry *SafetensorsReader::find(const std::string &name) const {
+  for (const SafetensorsEntry &e : entries)
+    if (e.name == name)
+      return &e;
+  return nullptr;
+}
+
+Status SafetensorsReader::read(const SafetensorsEntry &entry, void *out) const {
+  errno = 0;
+  if (!preadAll(fd, out, static_cast<size_t>(entry.end - entry.begin),
+                dataStart + entry.begin))
+    return Status::error("checkpoint '" + filePath + "': cannot read tensor '" +
+                         entry.name + "': " +
+                         (errno ? errnoMessage(errno)
+                                : std::string("the file is shorter than its "
+                                              "header says")));
+  return Status::ok();
+}
+
+Status mergeSafetensors(const std::vector<std::string> &parts,
+                        const std::string &path,
+                        const SafetensorsMetadata &metadata) {
+  std::vector<std::unique_ptr<SafetensorsReader>> readers;
+  for (const std::string &part : parts) {
+    Status st;
+    readers.push_back(SafetensorsReader::open(part, st));
+    if (!readers.back())
+      return st;
+  }
+  struct Source {
+    const SafetensorsReader *reader;
+    const SafetensorsEntry *entry;
+  };
+  std::vector<Source> sources;
+  std::map<std::string, size_t> byName;
+  std::vector<char> a, b;
+  for (const auto &reader : readers) {
+    for (const SafetensorsEntry &e : reader->tensors()) {
+      auto it = byName.find(e.name);
+      if (it == byName.end()) {
+        byName[e.name] = sources.size();
+        sources.push_back(Source{reader.get(), &e});
+        continue;
+      }
+      // Held twice (a tied or replicated parameter): keep one copy, but only
+      // if the copies agree.
+      const Source &first = sources[it->second];
+      std::string both = "parameter '" + e.name + "' is in '" +
+                         first.reader->path() + "' and in '" + reader->path() +
+                         "'";
+      if (first.entry->dtype != e.dtype || first.entry->shape != e.shape)
+        return Status::error(both + " with different types (" +
+                             first.entry->dtype + " " +
+                             formatShape(first.entry->shape) + " and " +
+                             e.dtype + " " + formatShape(e.shape) + ")");
+      a.resize(static_cast<size_t>(e.end - e.begin));
+      b.resize(a.size());
+      PIPER_RETURN_IF_ERROR(first.reader->read(*first.entry, a.data()));
+      PIPER_RETURN_IF_ERROR(reader->read(e, b.data()));
+      if (a != b)
+        return Status::error(both + " with different values");
+    }
+  }
+  std::vector<SafetensorsEntry> entries;
+  uint64_t offset = 0;
+  for (const Source &s : sources) {
+    SafetensorsEntry e = *s.entry;
+    uint64_t bytes = e.end - e.begin;
+    e.begin = offset;
+    e.end = offset + bytes;
+    offset += bytes;
+    entries.push_back(std::move(e));
+  }
+  std::string header = safetensorsHeader(entries, metadata);
+  AtomicFile out;
+  PIPER_RETURN_IF_ERROR(out.open(path).withContext("checkpoint"));
+  PIPER_RETURN_IF_ERROR(
+      out.write(header.data(), header.size()).withContext("checkpoint"));
+  for (const Source &s : sources) {
+    a.resize(static_cast<size_t>(s.entry->end - s.entry->begin));
+    PIPER_RETURN_IF_ERROR(s.reader->read(*s.entry, a.data()));
+    PIPER_RETURN_IF_ERROR(
+        out.write(a.data(), a.size()).withContext("checkpoint"));
+  }
+  return out.commit().withContext("checkpoint");
+}
+
+Status checkCheckpointParams(const SafetensorsReader &reader,
+                             const std::vector<ParamSpec> &params,
+                             bool rejectExtra) {
+  std::vector<std::string> missing, problems, extra;
+  std::set<std::string> wanted;
+  for (const ParamSpec &p : params) {
+    wanted.insert(p.name);
+    const SafetensorsEntry *e = reader.find(p.name);
+    if (!e) {
+      missing.push_back(p.name);
+      continue;
+    }
+    if (e->dtype != "F32")
+      problems.push_back("tensor '" + p.name + "' is " + e->dtype +
+                         ", but piper loads F32 only");
+    else if (e->shape != p.shape)
+      problems.push_back(
+          "tensor '" + p.name + "' has shape " + formatShape(e->shape) +
+          ", but the model's parameter has " + formatShape(p.shape));
+  }
+  if (rejectExtra)
+    for (const SafetensorsEntry &e : reader.tensors())
+      if (!wanted.count(e.name))
+        extra.push_back(e.name);
+  if (missing.empty() && problems.empty() && extra.empty())
+    return Status::ok();
+  std::string msg =
+      "checkpoint '" + reader.path() + "' does not match the model: ";
+  std::vector<std::string> parts;
+  if (!missing.empty())
+    parts.push_back("missing parameters: " + joinNames(missing));
+  for (const std::string &p : problems)
+    parts.push_back(p);
+  if (!extra.empty())
+    parts.push_back("tensors that are not parameters of the model: " +
+                    joinNames(extra));
+  for (size_t i = 0; i < parts.size(); ++i)
+    msg += (i ? "; " : "") + parts[i];
+  return Status::error(msg);
+}
+
+SafetensorsMetadata checkpointMetadata(int64_t step) {
+  return {
+      {"format", "pt"}, {"producer", "piper"}, {"step", std::to_string(step)}};
+}
+
+Status checkpointStep(const SafetensorsReader &reader, int64_t &step) {
+  step = 0;
+  const std::string *text = reader.metadataValue("step");
+  if (!text)
+    return Status::ok();
+  JsonValue number;
+  number.kind = JsonValue::Kind::Number;
+  number.text = *text;
+  uint64_t v;
+  if (!number.asUint64(v) || v > uint64_t(INT64_MAX))
+    return Status::error("checkpoint '" + reader.path() +
+                         "': metadata \"step\" is " + jsonQuote(*text) +
+                         ", not a non-negative integer");
+  step = static_cast<int64_t>(v);
+  return Status::ok();
+}
+
+} // namespace piper::runtime

@@ -1,0 +1,256 @@
+// Token files: header parsing, size checks, mmap, vocabulary check, writing.
+#include "runtime/data/TokenFile.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "runtime/data/AtomicFile.h"
+
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+              "token files are little endian and read in place");
+
+namespace piper::runtime {
+
+namespace {
+
+uint32_t readU32(const unsigned char *p) {
+  return uint32_t(p[0]) | uint32_t(p[1]) << 8 | uint32_t(p[2]) << 16 |
+         uint32_t(p[3]) << 24;
+}
+
+void appendU32(std::string &out, uint32_t v) {
+  for (int i = 0; i < 4; ++i)
+    out.push_back(static_cast<char>((v >> (8 * i)) & 0xFF));
+}
+
+/// Reads exactly `n` bytes at `offset`; false on a short read or error.
+bool preadAll(int fd, void *out, size_t n, off_t offset) {
+  char *p = static_cast<char *>(out);
+  while (n > 0) {
+    ssize_t got = ::pread(fd, p, n, offset);
+    if (got < 0 && errno == EINTR)
+      continue;
+    if (got <= 0)
+      return false;
+    p += got;
+    n -= static_cast<size_t>(got);
+    offset += got;
+  }
+  return true;
+}
+
+} // namespace
+
+const char *tokenDTypeName(TokenDType dtype) {
+  switch (dtype) {
+  case TokenDType::U16:
+    return "uint16";
+  case TokenDType::U32:
+    return "uint32";
+  case TokenDType::Auto:
+    break;
+  }
+  return "auto";
+}
+
+Status parseTokenDType(const std::string &text, TokenDType &out) {
+  if (text == "uint16")
+    out = TokenDType::U16;
+  else if (text == "uint32")
+    out = TokenDType::U32;
+  else if (text == "auto" || text.empty())
+    out = TokenDType::Auto;
+  else
+    return Status::error("unknown token dtype '" + text +
+                         "' (expected uint16 or uint32)");
+  return Status::ok();
+}
+
+int tokenWidth(TokenDType dtype) {
+  return dtype == TokenDType::U16 ? 2 : dtype == TokenDType::U32 ? 4 : 0;
+}
+
+std::string tokenFileHeader(TokenDType dtype) {
+  std::string h(kTokenFileMagic, sizeof(kTokenFileMagic));
+  appendU32(h, kTokenFileVersion);
+  appendU32(h, static_cast<uint32_t>(tokenWidth(dtype)));
+  return h;
+}
+
+std::unique_ptr<TokenFile> TokenFile::open(const std::string &path,
+                                           TokenDType dtype, Status &status) {
+  std::string where = "token file '" + path + "': ";
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    status = Status::error(where + "cannot open: " + errnoMessage(errno));
+    return nullptr;
+  }
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    status = Status::error(where + "cannot stat: " + errnoMessage(errno));
+    return nullptr;
+  }
+  if (!S_ISREG(st.st_mode)) {
+    status = Status::error(where + "not a regular file");
+    return nullptr;
+  }
+  int64_t size = st.st_size;
+
+  std::unique_ptr<TokenFile> file(new TokenFile());
+  file->filePath = path;
+  // A header is recognized by its magic alone; a headerless file would need
+  // its first four tokens to spell "PIPRTOKS" to be mistaken for one.
+  unsigned char head[kTokenFileHeaderBytes];
+  size_t headBytes =
+      static_cast<size_t>(std::min<int64_t>(size, kTokenFileHeaderBytes));
+  if (headBytes > 0 && !preadAll(fd, head, headBytes, 0)) {
+    status = Status::error(where + "cannot read: " + errnoMessage(errno));
+    return nullptr;
+  }
+  if (headBytes >= sizeof(kTokenFileMagic) &&
+      std::memcmp(head, kTokenFileMagic, sizeof(kTokenFileMagic)) == 0) {
+    if (size < kTokenFileHeaderBytes) {
+      status = Status::error(where + "truncated header: the file has " +
+                             std::to_string(size) + " bytes, the header " +
+                             std::to_string(kTokenFileHeaderBytes));
+      return nullptr;
+    }
+    uint32_t version = readU32(head + 8);
+    uint32_t bytesPerToken = readU32(head + 12);
+    if (version != kTokenFileVersion) {
+      status =
+          Status::error(where + "header version " + std::to_string(version) +
+                        " is not supported (this runtime reads version " +
+                        std::to_string(kTokenFileVersion) + ")");
+      return nullptr;
+    }
+    if (bytesPerToken != 2 && bytesPerToken != 4) {
+      status = Status::error(where + "the header says " +
+                             std::to_string(bytesPerToken) +
+                             " bytes per token; only 2 (uint16) and 4 "
+                             "(uint32) exist");
+      return nullptr;
+    }
+    TokenDType fromHeader =
+        bytesPerToken == 2 ? TokenDType::U16 : TokenDType::U32;
+    if (dtype != TokenDType::Auto && dtype != fromHeader) {
+      status =
+          Status::error(where + "the requested dtype " + tokenDTypeName(dtype) +
+                        " disagrees with the file's header, which says " +
+                        tokenDTypeName(fromHeader));
+      return nullptr;
+    }
+    file->header = true;
+    file->width = fromHeader;
+    file->dataOffset = kTokenFileHeaderBytes;
+  } else {
+    file->width = dtype == TokenDType::Auto ? TokenDType::U16 : dtype;
+  }
+
+  int64_t dataBytes = size - file->dataOffset;
+  int width = tokenWidth(file->width);
+  if (dataBytes % width != 0) {
+    status = Status::error(
+        where + (file->header ? "after the 16-byte header, " : "") +
+        std::to_string(dataBytes) + " bytes are not a whole number of " +
+        std::to_string(width) + "-byte tokens (" + tokenDTypeName(file->width) +
+        ")");
+    return nullptr;
+  }
+  file->count = dataBytes / width;
+  if (dataBytes > 0) {
+    void *p = ::mmap(nullptr, static_cast<size_t>(size), PROT_READ, MAP_SHARED,
+                     fd, 0);
+    if (p == MAP_FAILED) {
+      status = Status::error(where + "cannot map: " + errnoMessage(errno));
+      return nullptr;
+    }
+    file->base = static_cast<const unsigned char *>(p);
+    file->mappedBytes = static_cast<size_t>(size);
+  }
+  status = Status::ok();
+  return file;
+}
+
+TokenFile::~TokenFile() {
+  if (base)
+    ::munmap(const_cast<unsigned char *>(base), mappedBytes);
+}
+
+void TokenFile::copy(int64_t first, int64_t n, int32_t *out) const {
+  if (width == TokenDType::U16) {
+    const uint16_t *src = tokens16() + first;
+    for (int64_t i = 0; i < n; ++i)
+      out[i] = static_cast<int32_t>(src[i]);
+  } else {
+    const uint32_t *src = tokens32() + first;
+    for (int64_t i = 0; i < n; ++i)
+      out[i] = static_cast<int32_t>(src[i]);
+  }
+}
+
+Status TokenFile::checkVocab(int64_t vocabSize) const {
+  auto bad = [&](int64_t index, uint32_t value) {
+    return Status::error(
+        "token file '" + filePath + "': the token at index " +
+        std::to_string(index) + " is " + std::to_string(value) +
+        ", not below the model's vocab_size " + std::to_string(vocabSize));
+  };
+  if (vocabSize < 1)
+    return Status::error("token file '" + filePath + "': vocab_size " +
+                         std::to_string(vocabSize) + " is out of range");
+  if (width == TokenDType::U16) {
+    if (vocabSize > 0xFFFF)
+      return Status::ok(); // every uint16 fits
+    uint16_t limit = static_cast<uint16_t>(vocabSize);
+    const uint16_t *t = tokens16();
+    for (int64_t i = 0; i < count; ++i)
+      if (t[i] >= limit)
+        return bad(i, t[i]);
+  } else {
+    uint64_t limit = static_cast<uint64_t>(vocabSize);
+    const uint32_t *t = tokens32();
+    for (int64_t i = 0; i < count; ++i)
+      if (t[i] >= limit)
+        return bad(i, t[i]);
+  }
+  return Status::ok();
+}
+
+Status writeTokenFile(const std::string &path,
+                      const std::vector<uint32_t> &tokens, TokenDType dtype,
+                      bool withHeader) {
+  if (dtype == TokenDType::Auto)
+    return Status::error("token file '" + path +
+                         "': choose uint16 or uint32 to write");
+  std::string bytes;
+  if (withHeader)
+    bytes = tokenFileHeader(dtype);
+  int width = tokenWidth(dtype);
+  bytes.reserve(bytes.size() + tokens.size() * width);
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    uint32_t t = tokens[i];
+    if (width == 2 && t > 0xFFFF)
+      return Status::error("token file '" + path + "': the token at index " +
+                           std::to_string(i) + " is " + std::to_string(t) +
+                           ", which does not fit uint16");
+    for (int b = 0; b < width; ++b)
+      bytes.push_back(static_cast<char>((t >> (8 * b)) & 0xFF));
+  }
+  AtomicFile out;
+  PIPER_RETURN_IF_ERROR(out.open(path));
+  PIPER_RETURN_IF_ERROR(out.write(bytes.data(), bytes.size()));
+  return out.commit();
+}
+
+} // namespace piper::runtime

@@ -1,0 +1,821 @@
+// Every verifier diagnostic of the piper dialect, and the ODS constraints
+// that matter, one case per split.
+// RUN: piper-opt %s -split-input-file -verify-diagnostics -allow-unregistered-dialect
+
+//===----------------------------------------------------------------------===//
+// piper.param
+//===----------------------------------------------------------------------===//
+
+// A parameter's shape must be static.
+// expected-error @+1 {{'piper.param' op parameter shape must be static, got 'tensor<?x4xf32>'}}
+piper.param @w : tensor<?x4xf32> init zeros(0.0)
+
+// -----
+
+// A parameter must be f32.
+// expected-error @+1 {{'piper.param' op parameter element type must be f32, got 'f16'}}
+piper.param @w : tensor<4xf16> init zeros(0.0)
+
+// -----
+
+// The initializer scale (a standard deviation) cannot be negative.
+// expected-error @+1 {{'piper.param' op initializer scale must be non-negative}}
+piper.param @w : tensor<4xf32> init normal(-1.0)
+
+// -----
+
+// Only zeros, ones and normal initializers exist.
+// expected-error @+2 {{expected ::mlir::piper::InitKind to be one of: zeros, ones, normal}}
+// expected-error @+1 {{failed to parse Piper_InitKindAttr parameter 'value'}}
+piper.param @w : tensor<4xf32> init uniform(1.0)
+
+// -----
+
+// A parameter's type must be a ranked tensor.
+// expected-error @+1 {{'piper.param' op attribute 'type' failed to satisfy constraint: type attribute of ranked tensor of any type values}}
+"piper.param"() {sym_name = "w", type = f32, init = #piper<init zeros>, scale = 0.0 : f64} : () -> ()
+
+// -----
+
+//===----------------------------------------------------------------------===//
+// piper.segment and piper.yield
+//===----------------------------------------------------------------------===//
+
+// A segment's body must end in piper.yield, not in another terminator.
+// expected-error @+1 {{'piper.segment' op segment body must end in piper.yield}}
+piper.segment @s() {
+  "test.terminator"() : () -> ()
+}
+
+// -----
+
+// A segment without a body is not a declaration: it needs its one block.
+// expected-error @+1 {{'piper.segment' op region #0 ('body') failed to verify constraint: region with 1 blocks}}
+piper.segment @s()
+
+// -----
+
+// A segment's block must not be empty.
+// expected-error @+1 {{'piper.segment' op expects a non-empty block}}
+piper.segment @s() {
+^bb0:
+}
+
+// -----
+
+// piper.yield yields exactly the segment's results: the count.
+piper.segment @s(%x: tensor<4x4xf32>) -> (tensor<4x4xf32>, tensor<4x4xf32>) {
+  // expected-error @+1 {{'piper.yield' op yields 1 values but segment @s returns 2}}
+  piper.yield %x : tensor<4x4xf32>
+}
+
+// -----
+
+// piper.yield yields exactly the segment's results: the types.
+piper.segment @s(%x: tensor<4x4xf32>) -> tensor<4x8xf32> {
+  // expected-error @+1 {{'piper.yield' op result #0 has type 'tensor<4x4xf32>' but the segment returns 'tensor<4x8xf32>'}}
+  piper.yield %x : tensor<4x4xf32>
+}
+
+// -----
+
+// piper.yield only terminates segments.
+piper.program @p {
+  // expected-error @+1 {{'piper.yield' op expects parent op 'piper.segment'}}
+  piper.yield
+}
+
+// -----
+
+//===----------------------------------------------------------------------===//
+// Symbol users: param_ref, accumulate_grad, adamw, zero_grad
+//===----------------------------------------------------------------------===//
+
+// param_ref must name a declared parameter.
+piper.segment @s() -> tensor<4xf32> {
+  // expected-error @+1 {{'piper.param_ref' op references unknown parameter @missing}}
+  %w = piper.param_ref @missing : tensor<4xf32>
+  piper.yield %w : tensor<4xf32>
+}
+
+// -----
+
+// param_ref's type is the parameter's type.
+piper.param @w : tensor<4x4xf32> init zeros(0.0)
+piper.segment @s() -> tensor<4x8xf32> {
+  // expected-error @+1 {{'piper.param_ref' op type 'tensor<4x8xf32>' does not match parameter @w of type 'tensor<4x4xf32>'}}
+  %w = piper.param_ref @w : tensor<4x8xf32>
+  piper.yield %w : tensor<4x8xf32>
+}
+
+// -----
+
+// A symbol that is not a parameter is an unknown parameter.
+piper.segment @s() -> tensor<4xf32> {
+  // expected-error @+1 {{'piper.param_ref' op references unknown parameter @s}}
+  %w = piper.param_ref @s : tensor<4xf32>
+  piper.yield %w : tensor<4xf32>
+}
+
+// -----
+
+// accumulate_grad's gradient has the parameter's type.
+piper.param @w : tensor<4x4xf32> init zeros(0.0)
+piper.segment @s(%g: tensor<4xf32>) {
+  // expected-error @+1 {{'piper.accumulate_grad' op gradient type 'tensor<4xf32>' does not match parameter @w of type 'tensor<4x4xf32>'}}
+  piper.accumulate_grad @w, %g : tensor<4xf32>
+  piper.yield
+}
+
+// -----
+
+// accumulate_grad must name a declared parameter.
+piper.segment @s(%g: tensor<4xf32>) {
+  // expected-error @+1 {{'piper.accumulate_grad' op references unknown parameter @missing}}
+  piper.accumulate_grad @missing, %g : tensor<4xf32>
+  piper.yield
+}
+
+// -----
+
+// adamw must name a declared parameter.
+piper.segment @s() {
+  // expected-error @+1 {{'piper.adamw' op references unknown parameter @missing}}
+  piper.adamw @missing {lr = 1.0e-03 : f64, beta1 = 0.9 : f64, beta2 = 0.95 : f64, eps = 1.0e-08 : f64, weight_decay = 0.0 : f64}
+  piper.yield
+}
+
+// -----
+
+// adamw needs all of its hyper-parameters.
+piper.param @w : tensor<4xf32> init zeros(0.0)
+piper.segment @s() {
+  // expected-error @+1 {{'piper.adamw' op requires attribute 'weight_decay'}}
+  piper.adamw @w {lr = 1.0e-03 : f64, beta1 = 0.9 : f64, beta2 = 0.95 : f64, eps = 1.0e-08 : f64}
+  piper.yield
+}
+
+// -----
+
+// zero_grad must name a declared parameter.
+piper.segment @s() {
+  // expected-error @+1 {{'piper.zero_grad' op references unknown parameter @missing}}
+  piper.zero_grad @missing
+  piper.yield
+}
+
+// -----
+
+// loss_accumulate takes a scalar loss.
+piper.segment @s(%l: tensor<1xf32>) {
+  // expected-error @+1 {{'piper.loss_accumulate' op operand #0 must be 0D tensor of 32-bit float values, but got 'tensor<1xf32>'}}
+  piper.loss_accumulate %l : tensor<1xf32>
+  piper.yield
+}
+
+// -----
+
+//===----------------------------------------------------------------------===//
+// Compute ops: ODS types
+//===----------------------------------------------------------------------===//
+
+// Activations are rank 2.
+piper.segment @s(%x: tensor<4xf32>, %w: tensor<4x4xf32>) {
+  // expected-error @+1 {{'piper.linear' op operand #0 must be 2D tensor of 32-bit float values, but got 'tensor<4xf32>'}}
+  %y = piper.linear %x, %w : (tensor<4xf32>, tensor<4x4xf32>) -> tensor<4x4xf32>
+  piper.yield
+}
+
+// -----
+
+// Activations are f32.
+piper.segment @s(%x: tensor<4x4xf16>) {
+  // expected-error @+1 {{'piper.gelu' op operand #0 must be 2D tensor of 32-bit float values, but got 'tensor<4x4xf16>'}}
+  %y = piper.gelu %x : tensor<4x4xf16>
+  piper.yield
+}
+
+// -----
+
+// Token ids are i32.
+piper.segment @s(%ids: tensor<2x2xi64>, %w: tensor<16x4xf32>) {
+  // expected-error @+1 {{'piper.embedding' op operand #0 must be 2D tensor of 32-bit signless integer values, but got 'tensor<2x2xi64>'}}
+  %y = piper.embedding %ids, %w : (tensor<2x2xi64>, tensor<16x4xf32>) -> tensor<4x4xf32>
+  piper.yield
+}
+
+// -----
+
+// The loss is a scalar.
+piper.segment @s(%l: tensor<4x16xf32>, %t: tensor<2x2xi32>) {
+  // expected-error @+1 {{'piper.cross_entropy' op result #0 must be 0D tensor of 32-bit float values, but got 'tensor<1xf32>'}}
+  %loss = piper.cross_entropy %l, %t : (tensor<4x16xf32>, tensor<2x2xi32>) -> tensor<1xf32>
+  piper.yield
+}
+
+// -----
+
+// layer_norm's gamma is a vector.
+piper.segment @s(%x: tensor<4x4xf32>, %g: tensor<1x4xf32>, %b: tensor<4xf32>) {
+  // expected-error @+1 {{'piper.layer_norm' op operand #1 must be 1D tensor of 32-bit float values, but got 'tensor<1x4xf32>'}}
+  %y = piper.layer_norm %x, %g, %b : (tensor<4x4xf32>, tensor<1x4xf32>, tensor<4xf32>) -> tensor<4x4xf32>
+  piper.yield
+}
+
+// -----
+
+// add's operands and result have one type.
+piper.segment @s(%x: tensor<4x4xf32>, %y: tensor<4x8xf32>) {
+  // expected-error @+1 {{'piper.add' op requires the same type for all operands and results}}
+  %z = "piper.add"(%x, %y) : (tensor<4x4xf32>, tensor<4x8xf32>) -> tensor<4x4xf32>
+  piper.yield
+}
+
+// -----
+
+//===----------------------------------------------------------------------===//
+// Compute ops: shapes
+//===----------------------------------------------------------------------===//
+
+// embedding: one row per token, the table's width.
+piper.segment @s(%ids: tensor<2x2xi32>, %w: tensor<16x4xf32>) {
+  // expected-error @+1 {{'piper.embedding' op result must be [4, 4], got 'tensor<2x4xf32>'}}
+  %y = piper.embedding %ids, %w : (tensor<2x2xi32>, tensor<16x4xf32>) -> tensor<2x4xf32>
+  piper.yield
+}
+
+// -----
+
+// position_add: seq must be positive.
+piper.segment @s(%x: tensor<4x4xf32>, %p: tensor<2x4xf32>) {
+  // expected-error @+1 {{'piper.position_add' op seq must be positive}}
+  %y = piper.position_add %x, %p {seq = 0 : i64} : (tensor<4x4xf32>, tensor<2x4xf32>) -> tensor<4x4xf32>
+  piper.yield
+}
+
+// -----
+
+// position_add: the rows hold whole sequences.
+piper.segment @s(%x: tensor<5x4xf32>, %p: tensor<2x4xf32>) {
+  // expected-error @+1 {{'piper.position_add' op rows (5) must be a multiple of seq (2)}}
+  %y = piper.position_add %x, %p {seq = 2 : i64} : (tensor<5x4xf32>, tensor<2x4xf32>) -> tensor<5x4xf32>
+  piper.yield
+}
+
+// -----
+
+// position_add: the table covers a sequence.
+piper.segment @s(%x: tensor<4x4xf32>, %p: tensor<1x4xf32>) {
+  // expected-error @+1 {{'piper.position_add' op position table 'tensor<1x4xf32>' must have at least 2 rows of width 4}}
+  %y = piper.position_add %x, %p {seq = 2 : i64} : (tensor<4x4xf32>, tensor<1x4xf32>) -> tensor<4x4xf32>
+  piper.yield
+}
+
+// -----
+
+// position_add: the table has the activation's width.
+piper.segment @s(%x: tensor<4x4xf32>, %p: tensor<2x8xf32>) {
+  // expected-error @+1 {{'piper.position_add' op position table 'tensor<2x8xf32>' must have at least 2 rows of width 4}}
+  %y = piper.position_add %x, %p {seq = 2 : i64} : (tensor<4x4xf32>, tensor<2x8xf32>) -> tensor<4x4xf32>
+  piper.yield
+}
+
+// -----
+
+// position_add: the result has the input's type.
+piper.segment @s(%x: tensor<4x4xf32>, %p: tensor<2x4xf32>) {
+  // expected-error @+1 {{'piper.position_add' op result type must equal the input type}}
+  %y = piper.position_add %x, %p {seq = 2 : i64} : (tensor<4x4xf32>, tensor<2x4xf32>) -> tensor<2x4xf32>
+  piper.yield
+}
+
+// -----
+
+// layer_norm: gamma and beta span the width.
+piper.segment @s(%x: tensor<4x4xf32>, %g: tensor<4xf32>, %b: tensor<8xf32>) {
+  // expected-error @+1 {{'piper.layer_norm' op gamma and beta must have 4 elements}}
+  %y = piper.layer_norm %x, %g, %b : (tensor<4x4xf32>, tensor<4xf32>, tensor<8xf32>) -> tensor<4x4xf32>
+  piper.yield
+}
+
+// -----
+
+// layer_norm: the result has the input's type.
+piper.segment @s(%x: tensor<4x4xf32>, %g: tensor<4xf32>, %b: tensor<4xf32>) {
+  // expected-error @+1 {{'piper.layer_norm' op result type must equal the input type}}
+  %y = piper.layer_norm %x, %g, %b : (tensor<4x4xf32>, tensor<4xf32>, tensor<4xf32>) -> tensor<8x4xf32>
+  piper.yield
+}
+
+// -----
+
+// linear: the weight's rows match the input's columns.
+piper.segment @s(%x: tensor<4x4xf32>, %w: tensor<8x4xf32>) {
+  // expected-error @+1 {{'piper.linear' op input has 4 columns but the weight 'tensor<8x4xf32>' expects 8}}
+  %y = piper.linear %x, %w : (tensor<4x4xf32>, tensor<8x4xf32>) -> tensor<4x4xf32>
+  piper.yield
+}
+
+// -----
+
+// linear with transpose_w: the weight's columns match the input's columns.
+piper.segment @s(%x: tensor<4x4xf32>, %w: tensor<4x8xf32>) {
+  // expected-error @+1 {{'piper.linear' op input has 4 columns but the weight 'tensor<4x8xf32>' expects 8}}
+  %y = piper.linear %x, %w {transpose_w} : (tensor<4x4xf32>, tensor<4x8xf32>) -> tensor<4x4xf32>
+  piper.yield
+}
+
+// -----
+
+// linear: the bias spans the output width.
+piper.segment @s(%x: tensor<4x4xf32>, %w: tensor<4x8xf32>, %b: tensor<4xf32>) {
+  // expected-error @+1 {{'piper.linear' op bias must have 8 elements}}
+  %y = piper.linear %x, %w, %b : (tensor<4x4xf32>, tensor<4x8xf32>, tensor<4xf32>) -> tensor<4x8xf32>
+  piper.yield
+}
+
+// -----
+
+// linear: the result is [N, M].
+piper.segment @s(%x: tensor<4x4xf32>, %w: tensor<4x8xf32>) {
+  // expected-error @+1 {{'piper.linear' op result must be [4, 8], got 'tensor<4x4xf32>'}}
+  %y = piper.linear %x, %w : (tensor<4x4xf32>, tensor<4x8xf32>) -> tensor<4x4xf32>
+  piper.yield
+}
+
+// -----
+
+// attention: heads and seq must be positive.
+piper.segment @s(%qkv: tensor<4x12xf32>) {
+  // expected-error @+1 {{'piper.attention' op heads and seq must be positive}}
+  %y = piper.attention %qkv {heads = 0 : i64, seq = 2 : i64} : (tensor<4x12xf32>) -> tensor<4x4xf32>
+  piper.yield
+}
+
+// -----
+
+// attention: qkv packs q, k and v of the result's width.
+piper.segment @s(%qkv: tensor<4x8xf32>) {
+  // expected-error @+1 {{'piper.attention' op qkv must have 3 * 4 columns, got 8}}
+  %y = piper.attention %qkv {heads = 2 : i64, seq = 2 : i64} : (tensor<4x8xf32>) -> tensor<4x4xf32>
+  piper.yield
+}
+
+// -----
+
+// attention: the width splits evenly into heads.
+piper.segment @s(%qkv: tensor<4x12xf32>) {
+  // expected-error @+1 {{'piper.attention' op width 4 is not divisible by 3 heads}}
+  %y = piper.attention %qkv {heads = 3 : i64, seq = 2 : i64} : (tensor<4x12xf32>) -> tensor<4x4xf32>
+  piper.yield
+}
+
+// -----
+
+// attention: the rows hold whole sequences.
+piper.segment @s(%qkv: tensor<4x12xf32>) {
+  // expected-error @+1 {{'piper.attention' op rows must match and be a multiple of seq}}
+  %y = piper.attention %qkv {heads = 2 : i64, seq = 3 : i64} : (tensor<4x12xf32>) -> tensor<4x4xf32>
+  piper.yield
+}
+
+// -----
+
+// attention: the result has qkv's rows.
+piper.segment @s(%qkv: tensor<4x12xf32>) {
+  // expected-error @+1 {{'piper.attention' op rows must match and be a multiple of seq}}
+  %y = piper.attention %qkv {heads = 2 : i64, seq = 2 : i64} : (tensor<4x12xf32>) -> tensor<2x4xf32>
+  piper.yield
+}
+
+// -----
+
+// cross_entropy: one logits row per target token.
+piper.segment @s(%l: tensor<4x16xf32>, %t: tensor<2x4xi32>) {
+  // expected-error @+1 {{'piper.cross_entropy' op logits have 4 rows but targets hold 8 tokens}}
+  %loss = piper.cross_entropy %l, %t : (tensor<4x16xf32>, tensor<2x4xi32>) -> tensor<f32>
+  piper.yield
+}
+
+// -----
+
+//===----------------------------------------------------------------------===//
+// piper.program and piper.device_program
+//===----------------------------------------------------------------------===//
+
+// A program holds program nodes only: no parameters.
+piper.program @p {
+  // expected-error @+1 {{'piper.param' op is not a program node}}
+  piper.param @w : tensor<4xf32> init zeros(0.0)
+}
+
+// -----
+
+// A program holds program nodes only: no ops of other dialects.
+piper.program @p {
+  // expected-error @+1 {{'test.op' op is not a program node}}
+  "test.op"() : () -> ()
+}
+
+// -----
+
+// A device program holds program nodes only.
+piper.device_program @c attributes {device_class = 0 : i64, ranks = array<i64: 0>} {
+  // expected-error @+1 {{'piper.segment' op is not a program node}}
+  piper.segment @s() {
+    piper.yield
+  }
+}
+
+// -----
+
+// The microbatch count is positive.
+// expected-error @+1 {{'piper.program' op num_microbatches and num_replicas must be positive}}
+piper.program @p attributes {num_microbatches = 0 : i64} {
+}
+
+// -----
+
+// The replica count is positive.
+// expected-error @+1 {{'piper.program' op num_microbatches and num_replicas must be positive}}
+piper.program @p attributes {num_replicas = 0 : i64} {
+}
+
+// -----
+
+// A device program's ranks are a device group: not empty.
+// expected-error @+1 {{'piper.device_program' op ranks must name at least one device}}
+piper.device_program @c attributes {device_class = 0 : i64, ranks = array<i64>} {
+}
+
+// -----
+
+// A device program's ranks are a device group: no negative device.
+// expected-error @+1 {{'piper.device_program' op ranks has a negative device -2}}
+piper.device_program @c attributes {device_class = 0 : i64, ranks = array<i64: 0, -2>} {
+}
+
+// -----
+
+// A device program's ranks are a device group: no device twice.
+// expected-error @+1 {{'piper.device_program' op ranks names device 1 twice}}
+piper.device_program @c attributes {device_class = 0 : i64, ranks = array<i64: 1, 1>} {
+}
+
+// -----
+
+// A device program names its class.
+// expected-error @+1 {{'piper.device_program' op requires attribute 'device_class'}}
+piper.device_program @c attributes {ranks = array<i64: 0>} {
+}
+
+// -----
+
+//===----------------------------------------------------------------------===//
+// piper.batch and tags
+//===----------------------------------------------------------------------===//
+
+// Tokens and targets share one type.
+piper.program @p {
+  // expected-error @+1 {{'piper.batch' op tokens and targets must have the same type}}
+  %tok, %tgt, %d = piper.batch {tag = {}} : tensor<2x2xi32>, tensor<2x4xi32>
+}
+
+// -----
+
+// Nodes live in a program.
+piper.segment @s() {
+  // expected-error @+1 {{'piper.batch' op expects parent op to be one of 'piper.program, piper.device_program'}}
+  %tok, %tgt, %d = piper.batch {tag = {}} : tensor<2x2xi32>, tensor<2x2xi32>
+  piper.yield
+}
+
+// -----
+
+// Tags know PP, EP, MB, PASS and block only.
+piper.program @p {
+  // expected-error @+1 {{'piper.batch' op unknown tag key 'TP' (expected PP, EP, MB, PASS or block)}}
+  %tok, %tgt, %d = piper.batch {tag = {TP = 0 : i64}} : tensor<2x2xi32>, tensor<2x2xi32>
+}
+
+// -----
+
+// PASS is one of F, B, BI, BW, U.
+piper.segment @s() {
+  piper.yield
+}
+piper.program @p {
+  // expected-error @+1 {{'piper.task' op tag PASS must be one of F, B, BI, BW, U, got "X"}}
+  %d = piper.task @s() {tag = {PASS = "X"}} : () -> !piper.token
+}
+
+// -----
+
+// PASS is a string.
+piper.segment @s() {
+  piper.yield
+}
+piper.program @p {
+  // expected-error @+1 {{'piper.task' op tag PASS must be one of F, B, BI, BW, U, got 1 : i64}}
+  %d = piper.task @s() {tag = {PASS = 1 : i64}} : () -> !piper.token
+}
+
+// -----
+
+// Tag indices are non-negative.
+piper.program @p {
+  // expected-error @+1 {{'piper.batch' op tag MB must be a non-negative integer, got -1 : i64}}
+  %tok, %tgt, %d = piper.batch {tag = {MB = -1 : i64}} : tensor<2x2xi32>, tensor<2x2xi32>
+}
+
+// -----
+
+// Tag indices are integers.
+piper.segment @s() {
+  piper.yield
+}
+piper.program @p {
+  // expected-error @+1 {{'piper.task' op tag PP must be a non-negative integer, got "0"}}
+  %d = piper.task @s() {tag = {PP = "0"}} : () -> !piper.token
+}
+
+// -----
+
+// Every task carries a tag.
+piper.segment @s() {
+  piper.yield
+}
+piper.program @p {
+  // expected-error @+1 {{'piper.task' op requires attribute 'tag'}}
+  %d = piper.task @s() : () -> !piper.token
+}
+
+// -----
+
+//===----------------------------------------------------------------------===//
+// piper.task
+//===----------------------------------------------------------------------===//
+
+// A task calls a segment of the module.
+piper.program @p {
+  // expected-error @+1 {{'piper.task' op calls unknown segment @missing}}
+  %d = piper.task @missing() {tag = {}} : () -> !piper.token
+}
+
+// -----
+
+// A task passes as many arguments as its segment takes.
+piper.segment @s(%x: tensor<4x4xf32>, %y: tensor<4x4xf32>) {
+  piper.yield
+}
+piper.program @p {
+  %tok, %tgt, %bd = piper.batch {tag = {}} : tensor<2x2xi32>, tensor<2x2xi32>
+  // expected-error @+1 {{'piper.task' op passes 1 arguments but @s takes 2}}
+  %d = piper.task @s(%tok) {tag = {}} : (tensor<2x2xi32>) -> !piper.token
+}
+
+// -----
+
+// A task passes arguments of the segment's types.
+piper.segment @s(%x: tensor<4x4xf32>) {
+  piper.yield
+}
+piper.program @p {
+  %tok, %tgt, %bd = piper.batch {tag = {}} : tensor<2x2xi32>, tensor<2x2xi32>
+  // expected-error @+1 {{'piper.task' op argument #0 has type 'tensor<2x2xi32>' but @s expects 'tensor<4x4xf32>'}}
+  %d = piper.task @s(%tok) {tag = {}} : (tensor<2x2xi32>) -> !piper.token
+}
+
+// -----
+
+// A task returns the segment's results (plus its token).
+piper.segment @s() -> tensor<4x4xf32> {
+  %x = "test.make"() : () -> tensor<4x4xf32>
+  piper.yield %x : tensor<4x4xf32>
+}
+piper.program @p {
+  // expected-error @+1 {{'piper.task' op result types do not match the results of @s}}
+  %x, %d = piper.task @s() {tag = {}} : () -> (tensor<4x8xf32>, !piper.token)
+}
+
+// -----
+
+// A task returns every result of the segment.
+piper.segment @s() -> tensor<4x4xf32> {
+  %x = "test.make"() : () -> tensor<4x4xf32>
+  piper.yield %x : tensor<4x4xf32>
+}
+piper.program @p {
+  // expected-error @+1 {{'piper.task' op result types do not match the results of @s}}
+  %d = piper.task @s() {tag = {}} : () -> !piper.token
+}
+
+// -----
+
+// A task's last result is its completion token.
+piper.segment @s() {
+  piper.yield
+}
+piper.program @p {
+  // expected-error @+1 {{'piper.task' op result #0 must be An ordering-only edge of the training DAG, but got 'tensor<4xf32>'}}
+  %d = piper.task @s() {tag = {}} : () -> tensor<4xf32>
+}
+
+// -----
+
+// A task only waits on tokens.
+piper.segment @s() {
+  piper.yield
+}
+piper.program @p {
+  // expected-note @+1 {{prior use here}}
+  %tok, %tgt, %bd = piper.batch {tag = {}} : tensor<2x2xi32>, tensor<2x2xi32>
+  // expected-error @+1 {{use of value '%tok' expects different type than prior uses: '!piper.token' vs 'tensor<2x2xi32>'}}
+  %d = piper.task @s() after(%tok) {tag = {}} : () -> !piper.token
+}
+
+// -----
+
+// A task's device group is not empty.
+piper.segment @s() {
+  piper.yield
+}
+piper.program @p {
+  // expected-error @+1 {{'piper.task' op devices must name at least one device}}
+  %d = piper.task @s() {devices = array<i64>, tag = {}} : () -> !piper.token
+}
+
+// -----
+
+// A task's device group has no negative device.
+piper.segment @s() {
+  piper.yield
+}
+piper.program @p {
+  // expected-error @+1 {{'piper.task' op devices has a negative device -1}}
+  %d = piper.task @s() {devices = array<i64: -1>, tag = {}} : () -> !piper.token
+}
+
+// -----
+
+// A task's device group names each device once.
+piper.segment @s() {
+  piper.yield
+}
+piper.program @p {
+  // expected-error @+1 {{'piper.task' op devices names device 3 twice}}
+  %d = piper.task @s() {devices = array<i64: 3, 2, 3>, tag = {}} : () -> !piper.token
+}
+
+// -----
+
+//===----------------------------------------------------------------------===//
+// piper.transfer
+//===----------------------------------------------------------------------===//
+
+// A transfer's source group is not empty.
+piper.program @p {
+  %tok, %tgt, %bd = piper.batch {tag = {}} : tensor<2x2xi32>, tensor<2x2xi32>
+  // expected-error @+1 {{'piper.transfer' op from must name at least one device}}
+  %y, %d = piper.transfer %tok {from = array<i64>, to = array<i64: 1>, stream = "pp_stream"} : tensor<2x2xi32>
+}
+
+// -----
+
+// A transfer's target group has no negative device.
+piper.program @p {
+  %tok, %tgt, %bd = piper.batch {tag = {}} : tensor<2x2xi32>, tensor<2x2xi32>
+  // expected-error @+1 {{'piper.transfer' op to has a negative device -1}}
+  %y, %d = piper.transfer %tok {from = array<i64: 0>, to = array<i64: -1>, stream = "pp_stream"} : tensor<2x2xi32>
+}
+
+// -----
+
+// A transfer's target group names each device once.
+piper.program @p {
+  %tok, %tgt, %bd = piper.batch {tag = {}} : tensor<2x2xi32>, tensor<2x2xi32>
+  // expected-error @+1 {{'piper.transfer' op to names device 1 twice}}
+  %y, %d = piper.transfer %tok {from = array<i64: 0, 2>, to = array<i64: 1, 1>, stream = "pp_stream"} : tensor<2x2xi32>
+}
+
+// -----
+
+// Member i of `from` sends to member i of `to`: the groups have one size.
+piper.program @p {
+  %tok, %tgt, %bd = piper.batch {tag = {}} : tensor<2x2xi32>, tensor<2x2xi32>
+  // expected-error @+1 {{'piper.transfer' op from and to must have the same size (2 vs 1)}}
+  %y, %d = piper.transfer %tok {from = array<i64: 0, 1>, to = array<i64: 2>, stream = "pp_stream"} : tensor<2x2xi32>
+}
+
+// -----
+
+// A transfer moves a tensor without changing its type.
+piper.program @p {
+  %tok, %tgt, %bd = piper.batch {tag = {}} : tensor<2x2xi32>, tensor<2x2xi32>
+  // expected-error @+1 {{'piper.transfer' op failed to verify that all of {input, result} have same type}}
+  %y, %d = "piper.transfer"(%tok) {from = array<i64: 0>, to = array<i64: 1>, stream = "pp_stream", operandSegmentSizes = array<i32: 1, 0>} : (tensor<2x2xi32>) -> (tensor<4xi32>, !piper.token)
+}
+
+// -----
+
+// Transfers belong to the global program; device programs use send/recv.
+piper.device_program @c attributes {device_class = 0 : i64, ranks = array<i64: 0>} {
+  %tok, %tgt, %bd = piper.batch {tag = {}} : tensor<2x2xi32>, tensor<2x2xi32>
+  // expected-error @+1 {{'piper.transfer' op expects parent op 'piper.program'}}
+  %y, %d = piper.transfer %tok {from = array<i64: 0>, to = array<i64: 1>, stream = "pp_stream"} : tensor<2x2xi32>
+}
+
+// -----
+
+// A transfer names its stream.
+piper.program @p {
+  %tok, %tgt, %bd = piper.batch {tag = {}} : tensor<2x2xi32>, tensor<2x2xi32>
+  // expected-error @+1 {{'piper.transfer' op requires attribute 'stream'}}
+  %y, %d = piper.transfer %tok {from = array<i64: 0>, to = array<i64: 1>} : tensor<2x2xi32>
+}
+
+// -----
+
+//===----------------------------------------------------------------------===//
+// piper.all_reduce
+//===----------------------------------------------------------------------===//
+
+// An all-reduce reduces at least one parameter.
+piper.program @p {
+  // expected-error @+1 {{'piper.all_reduce' op must reduce at least one parameter}}
+  %d = piper.all_reduce [] {devices = array<i64: 0, 1>, stream = "dp_stream", tag = {}}
+}
+
+// -----
+
+// An all-reduce reduces declared parameters.
+piper.param @w : tensor<4xf32> init zeros(0.0)
+piper.program @p {
+  // expected-error @+1 {{'piper.all_reduce' op references unknown parameter @missing}}
+  %d = piper.all_reduce [@w, @missing] {devices = array<i64: 0, 1>, stream = "dp_stream", tag = {}}
+}
+
+// -----
+
+// An all-reduce's device group is not empty.
+piper.param @w : tensor<4xf32> init zeros(0.0)
+piper.program @p {
+  // expected-error @+1 {{'piper.all_reduce' op devices must name at least one device}}
+  %d = piper.all_reduce [@w] {devices = array<i64>, stream = "dp_stream", tag = {}}
+}
+
+// -----
+
+// An all-reduce's device group names each device once.
+piper.param @w : tensor<4xf32> init zeros(0.0)
+piper.program @p {
+  // expected-error @+1 {{'piper.all_reduce' op devices names device 0 twice}}
+  %d = piper.all_reduce [@w] {devices = array<i64: 0, 0>, stream = "dp_stream", tag = {}}
+}
+
+// -----
+
+// An all-reduce's tag follows the tag rules.
+piper.param @w : tensor<4xf32> init zeros(0.0)
+piper.program @p {
+  // expected-error @+1 {{'piper.all_reduce' op unknown tag key 'stage' (expected PP, EP, MB, PASS or block)}}
+  %d = piper.all_reduce [@w] {devices = array<i64: 0, 1>, stream = "dp_stream", tag = {stage = 0 : i64}}
+}
+
+// -----
+
+//===----------------------------------------------------------------------===//
+// piper.send and piper.recv
+//===----------------------------------------------------------------------===//
+
+// Sends live in device programs.
+piper.program @p {
+  %tok, %tgt, %bd = piper.batch {tag = {}} : tensor<2x2xi32>, tensor<2x2xi32>
+  // expected-error @+1 {{'piper.send' op expects parent op 'piper.device_program'}}
+  %d = piper.send %tok {channel = 0 : i64, peers = array<i64: 1>, stream = "pp_stream"} : tensor<2x2xi32>
+}
+
+// -----
+
+// Receives live in device programs.
+piper.program @p {
+  // expected-error @+1 {{'piper.recv' op expects parent op 'piper.device_program'}}
+  %x, %d = piper.recv {channel = 0 : i64, peers = array<i64: 1>, stream = "pp_stream"} : tensor<2x2xi32>
+}
+
+// -----
+
+// A receive names its channel.
+piper.device_program @c attributes {device_class = 0 : i64, ranks = array<i64: 0>} {
+  // expected-error @+1 {{'piper.recv' op requires attribute 'channel'}}
+  %x, %d = piper.recv {peers = array<i64: 1>, stream = "pp_stream"} : tensor<2x2xi32>
+}
+
+// -----
+
+// Send moves tensors, not tokens.
+piper.device_program @c attributes {device_class = 0 : i64, ranks = array<i64: 0>} {
+  %tok, %tgt, %bd = piper.batch {tag = {}} : tensor<2x2xi32>, tensor<2x2xi32>
+  // expected-error @+1 {{'piper.send' op operand #0 must be ranked tensor of any type values, but got '!piper.token'}}
+  %d = "piper.send"(%bd) {channel = 0 : i64, peers = array<i64: 1>, stream = "pp_stream", operandSegmentSizes = array<i32: 1, 0>} : (!piper.token) -> !piper.token
+}

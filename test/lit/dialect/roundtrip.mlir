@@ -1,0 +1,197 @@
+// Every op, type and attribute of the piper dialect survives print -> parse,
+// in the custom and in the generic form.
+// RUN: piper-opt %s | piper-opt | FileCheck %s
+// RUN: piper-opt %s -mlir-print-op-generic | piper-opt | FileCheck %s
+
+// Parameters with each initializer kind; the scale prints as an f64.
+// CHECK-LABEL: piper.param @wte : tensor<16x4xf32> init normal(2.000000e-02)
+// CHECK: piper.param @wpe : tensor<2x4xf32> init normal(1.000000e-02)
+// CHECK: piper.param @ln.g : tensor<4xf32> init ones(0.000000e+00)
+// CHECK: piper.param @ln.b : tensor<4xf32> init zeros(0.000000e+00)
+// CHECK: piper.param @qkv.w : tensor<4x12xf32> init normal(2.000000e-02)
+// CHECK: piper.param @qkv.b : tensor<12xf32> init zeros(0.000000e+00)
+piper.param @wte : tensor<16x4xf32> init normal(2.0e-02)
+piper.param @wpe : tensor<2x4xf32> init normal(1.0e-02)
+piper.param @ln.g : tensor<4xf32> init ones(0.0)
+piper.param @ln.b : tensor<4xf32> init zeros(0.0)
+piper.param @qkv.w : tensor<4x12xf32> init normal(2.0e-02)
+piper.param @qkv.b : tensor<12xf32> init zeros(0.0)
+
+// Forward compute: every op, linear with and without bias and transposed.
+// CHECK-LABEL: piper.segment @forward(
+// CHECK-SAME: [[IDS:%[^:]+]]: tensor<2x2xi32>, [[TGT:%[^:]+]]: tensor<2x2xi32>)
+// CHECK-SAME: -> (tensor<f32>, tensor<4x16xf32>) attributes {piper.block = 0 : i64, piper.pass = "F"}
+// CHECK: [[WTE:%.*]] = piper.param_ref @wte : tensor<16x4xf32>
+// CHECK: [[WPE:%.*]] = piper.param_ref @wpe : tensor<2x4xf32>
+// CHECK: [[EMB:%.*]] = piper.embedding [[IDS]], [[WTE]] : (tensor<2x2xi32>, tensor<16x4xf32>) -> tensor<4x4xf32>
+// CHECK: [[POS:%.*]] = piper.position_add [[EMB]], [[WPE]] {seq = 2 : i64} : (tensor<4x4xf32>, tensor<2x4xf32>) -> tensor<4x4xf32>
+// CHECK: [[G:%.*]] = piper.param_ref @ln.g
+// CHECK: [[B:%.*]] = piper.param_ref @ln.b
+// CHECK: [[LN:%.*]] = piper.layer_norm [[POS]], [[G]], [[B]] : (tensor<4x4xf32>, tensor<4xf32>, tensor<4xf32>) -> tensor<4x4xf32>
+// CHECK: [[LN2:%.*]] = piper.layer_norm [[POS]], [[G]], [[B]] {eps = 1.000000e-03 : f64} : (tensor<4x4xf32>, tensor<4xf32>, tensor<4xf32>) -> tensor<4x4xf32>
+// CHECK: [[QW:%.*]] = piper.param_ref @qkv.w
+// CHECK: [[QB:%.*]] = piper.param_ref @qkv.b
+// CHECK: [[QKV:%.*]] = piper.linear [[LN]], [[QW]], [[QB]] : (tensor<4x4xf32>, tensor<4x12xf32>, tensor<12xf32>) -> tensor<4x12xf32>
+// CHECK: [[ATT:%.*]] = piper.attention [[QKV]] {heads = 2 : i64, seq = 2 : i64} : (tensor<4x12xf32>) -> tensor<4x4xf32>
+// CHECK: [[GELU:%.*]] = piper.gelu [[ATT]] : tensor<4x4xf32>
+// CHECK: [[SUM:%.*]] = piper.add [[GELU]], [[LN2]] : tensor<4x4xf32>
+// CHECK: [[NOB:%.*]] = piper.linear [[SUM]], %{{.*}} : (tensor<4x4xf32>, tensor<4x12xf32>) -> tensor<4x12xf32>
+// CHECK: [[LOGITS:%.*]] = piper.linear [[SUM]], [[WTE]] {transpose_w} : (tensor<4x4xf32>, tensor<16x4xf32>) -> tensor<4x16xf32>
+// CHECK: [[LOSS:%.*]] = piper.cross_entropy [[LOGITS]], [[TGT]] : (tensor<4x16xf32>, tensor<2x2xi32>) -> tensor<f32>
+// CHECK: piper.loss_accumulate [[LOSS]] : tensor<f32>
+// CHECK: piper.yield [[LOSS]], [[LOGITS]] : tensor<f32>, tensor<4x16xf32>
+piper.segment @forward(%ids: tensor<2x2xi32>, %tgt: tensor<2x2xi32>) -> (tensor<f32>, tensor<4x16xf32>)
+    attributes {piper.block = 0 : i64, piper.pass = "F"} {
+  %wte = piper.param_ref @wte : tensor<16x4xf32>
+  %wpe = piper.param_ref @wpe : tensor<2x4xf32>
+  %emb = piper.embedding %ids, %wte : (tensor<2x2xi32>, tensor<16x4xf32>) -> tensor<4x4xf32>
+  %pos = piper.position_add %emb, %wpe {seq = 2 : i64} : (tensor<4x4xf32>, tensor<2x4xf32>) -> tensor<4x4xf32>
+  %g = piper.param_ref @ln.g : tensor<4xf32>
+  %b = piper.param_ref @ln.b : tensor<4xf32>
+  %ln = piper.layer_norm %pos, %g, %b : (tensor<4x4xf32>, tensor<4xf32>, tensor<4xf32>) -> tensor<4x4xf32>
+  %ln2 = piper.layer_norm %pos, %g, %b {eps = 1.0e-03 : f64} : (tensor<4x4xf32>, tensor<4xf32>, tensor<4xf32>) -> tensor<4x4xf32>
+  %qw = piper.param_ref @qkv.w : tensor<4x12xf32>
+  %qb = piper.param_ref @qkv.b : tensor<12xf32>
+  %qkv = piper.linear %ln, %qw, %qb : (tensor<4x4xf32>, tensor<4x12xf32>, tensor<12xf32>) -> tensor<4x12xf32>
+  %att = piper.attention %qkv {heads = 2 : i64, seq = 2 : i64} : (tensor<4x12xf32>) -> tensor<4x4xf32>
+  %gelu = piper.gelu %att : tensor<4x4xf32>
+  %sum = piper.add %gelu, %ln2 : tensor<4x4xf32>
+  %nob = piper.linear %sum, %qw : (tensor<4x4xf32>, tensor<4x12xf32>) -> tensor<4x12xf32>
+  %logits = piper.linear %sum, %wte {transpose_w} : (tensor<4x4xf32>, tensor<16x4xf32>) -> tensor<4x16xf32>
+  %loss = piper.cross_entropy %logits, %tgt : (tensor<4x16xf32>, tensor<2x2xi32>) -> tensor<f32>
+  piper.loss_accumulate %loss : tensor<f32>
+  piper.yield %loss, %logits : tensor<f32>, tensor<4x16xf32>
+}
+
+// Gradient ops and gradient accumulation; layer_norm_grad has three results.
+// CHECK-LABEL: piper.segment @backward(
+// CHECK-SAME: [[IDS:%[^:]+]]: tensor<2x2xi32>, [[X:%[^:]+]]: tensor<4x4xf32>, [[QKV:%[^:]+]]: tensor<4x12xf32>, [[DY:%[^:]+]]: tensor<4x4xf32>, [[LOGITS:%[^:]+]]: tensor<4x16xf32>)
+// CHECK-SAME: -> tensor<4x4xf32>
+// CHECK: [[DL:%.*]] = piper.cross_entropy_grad [[LOGITS]], [[IDS]] : (tensor<4x16xf32>, tensor<2x2xi32>) -> tensor<4x16xf32>
+// CHECK: [[WTE:%.*]] = piper.param_ref @wte
+// CHECK: [[DX0:%.*]] = piper.linear_grad_input [[DL]], [[WTE]] {transpose_w} : (tensor<4x16xf32>, tensor<16x4xf32>) -> tensor<4x4xf32>
+// CHECK: [[DW0:%.*]] = piper.linear_grad_weight [[X]], [[DL]] {transpose_w} : (tensor<4x4xf32>, tensor<4x16xf32>) -> tensor<16x4xf32>
+// CHECK: [[DGELU:%.*]] = piper.gelu_grad [[X]], [[DY]] : tensor<4x4xf32>
+// CHECK: [[DQKV:%.*]] = piper.attention_grad [[QKV]], [[DGELU]] {heads = 2 : i64, seq = 2 : i64} : (tensor<4x12xf32>, tensor<4x4xf32>) -> tensor<4x12xf32>
+// CHECK: [[QW:%.*]] = piper.param_ref @qkv.w
+// CHECK: [[DLN:%.*]] = piper.linear_grad_input [[DQKV]], [[QW]] : (tensor<4x12xf32>, tensor<4x12xf32>) -> tensor<4x4xf32>
+// CHECK: [[DQW:%.*]] = piper.linear_grad_weight [[X]], [[DQKV]] : (tensor<4x4xf32>, tensor<4x12xf32>) -> tensor<4x12xf32>
+// CHECK: [[DQB:%.*]] = piper.bias_grad [[DQKV]] : (tensor<4x12xf32>) -> tensor<12xf32>
+// CHECK: [[G:%.*]] = piper.param_ref @ln.g
+// CHECK: [[DX:%[^,]+]], [[DG:%[^,]+]], [[DB:%[^ ]+]] = piper.layer_norm_grad [[X]], [[G]], [[DLN]] : (tensor<4x4xf32>, tensor<4xf32>, tensor<4x4xf32>) -> (tensor<4x4xf32>, tensor<4xf32>, tensor<4xf32>)
+// CHECK: piper.layer_norm_grad [[X]], [[G]], [[DLN]] {eps = 1.000000e-03 : f64}
+// CHECK: [[DPOS:%.*]] = piper.position_add_grad [[DX]] {seq = 2 : i64} : (tensor<4x4xf32>) -> tensor<2x4xf32>
+// CHECK: [[DWTE:%.*]] = piper.embedding_grad [[IDS]], [[DX]] : (tensor<2x2xi32>, tensor<4x4xf32>) -> tensor<16x4xf32>
+// CHECK: [[DSUM:%.*]] = piper.add [[DWTE]], [[DW0]] : tensor<16x4xf32>
+// CHECK: piper.accumulate_grad @wte, [[DSUM]] : tensor<16x4xf32>
+// CHECK: piper.accumulate_grad @wpe, [[DPOS]] : tensor<2x4xf32>
+// CHECK: piper.accumulate_grad @qkv.w, [[DQW]] : tensor<4x12xf32>
+// CHECK: piper.accumulate_grad @qkv.b, [[DQB]] : tensor<12xf32>
+// CHECK: piper.accumulate_grad @ln.g, [[DG]] : tensor<4xf32>
+// CHECK: piper.accumulate_grad @ln.b, [[DB]] : tensor<4xf32>
+// CHECK: piper.yield [[DX0]] : tensor<4x4xf32>
+piper.segment @backward(%ids: tensor<2x2xi32>, %x: tensor<4x4xf32>, %qkv: tensor<4x12xf32>,
+                        %dy: tensor<4x4xf32>, %logits: tensor<4x16xf32>) -> tensor<4x4xf32> {
+  %dl = piper.cross_entropy_grad %logits, %ids : (tensor<4x16xf32>, tensor<2x2xi32>) -> tensor<4x16xf32>
+  %wte = piper.param_ref @wte : tensor<16x4xf32>
+  %dx0 = piper.linear_grad_input %dl, %wte {transpose_w} : (tensor<4x16xf32>, tensor<16x4xf32>) -> tensor<4x4xf32>
+  %dw0 = piper.linear_grad_weight %x, %dl {transpose_w} : (tensor<4x4xf32>, tensor<4x16xf32>) -> tensor<16x4xf32>
+  %dgelu = piper.gelu_grad %x, %dy : tensor<4x4xf32>
+  %dqkv = piper.attention_grad %qkv, %dgelu {heads = 2 : i64, seq = 2 : i64} : (tensor<4x12xf32>, tensor<4x4xf32>) -> tensor<4x12xf32>
+  %qw = piper.param_ref @qkv.w : tensor<4x12xf32>
+  %dln = piper.linear_grad_input %dqkv, %qw : (tensor<4x12xf32>, tensor<4x12xf32>) -> tensor<4x4xf32>
+  %dqw = piper.linear_grad_weight %x, %dqkv : (tensor<4x4xf32>, tensor<4x12xf32>) -> tensor<4x12xf32>
+  %dqb = piper.bias_grad %dqkv : (tensor<4x12xf32>) -> tensor<12xf32>
+  %g = piper.param_ref @ln.g : tensor<4xf32>
+  %dx, %dg, %db = piper.layer_norm_grad %x, %g, %dln : (tensor<4x4xf32>, tensor<4xf32>, tensor<4x4xf32>) -> (tensor<4x4xf32>, tensor<4xf32>, tensor<4xf32>)
+  %e:3 = piper.layer_norm_grad %x, %g, %dln {eps = 1.0e-03 : f64} : (tensor<4x4xf32>, tensor<4xf32>, tensor<4x4xf32>) -> (tensor<4x4xf32>, tensor<4xf32>, tensor<4xf32>)
+  %dpos = piper.position_add_grad %dx {seq = 2 : i64} : (tensor<4x4xf32>) -> tensor<2x4xf32>
+  %dwte = piper.embedding_grad %ids, %dx : (tensor<2x2xi32>, tensor<4x4xf32>) -> tensor<16x4xf32>
+  %dsum = piper.add %dwte, %dw0 : tensor<16x4xf32>
+  piper.accumulate_grad @wte, %dsum : tensor<16x4xf32>
+  piper.accumulate_grad @wpe, %dpos : tensor<2x4xf32>
+  piper.accumulate_grad @qkv.w, %dqw : tensor<4x12xf32>
+  piper.accumulate_grad @qkv.b, %dqb : tensor<12xf32>
+  piper.accumulate_grad @ln.g, %dg : tensor<4xf32>
+  piper.accumulate_grad @ln.b, %db : tensor<4xf32>
+  piper.yield %dx0 : tensor<4x4xf32>
+}
+
+// The optimizer step and clearing the accumulators; a bare yield.
+// CHECK-LABEL: piper.segment @update() attributes {piper.pass = "U"}
+// CHECK-NEXT: piper.adamw @wte {beta1 = 9.000000e-01 : f64, beta2 = 0.94999999999999996 : f64, eps = 1.000000e-08 : f64, lr = 1.000000e-03 : f64, weight_decay = 1.000000e-01 : f64}
+// CHECK-NEXT: piper.zero_grad @wte
+// CHECK-NEXT: piper.yield{{$}}
+piper.segment @update() attributes {piper.pass = "U"} {
+  piper.adamw @wte {lr = 1.0e-03 : f64, beta1 = 0.9 : f64, beta2 = 0.95 : f64, eps = 1.0e-08 : f64, weight_decay = 0.1 : f64}
+  piper.zero_grad @wte
+  piper.yield
+}
+
+// A segment may take and return tokens (AnyType arguments and results).
+// CHECK-LABEL: piper.segment @tokens(
+// CHECK-SAME: [[T:%[^:]+]]: !piper.token) -> !piper.token
+// CHECK-NEXT: piper.yield [[T]] : !piper.token
+piper.segment @tokens(%t: !piper.token) -> !piper.token {
+  piper.yield %t : !piper.token
+}
+
+// Activations for the program below.
+// CHECK-LABEL: piper.segment @acts() -> (tensor<4x4xf32>, tensor<4x12xf32>)
+piper.segment @acts() -> (tensor<4x4xf32>, tensor<4x12xf32>) {
+  %g = piper.param_ref @ln.g : tensor<4xf32>
+  %x = piper.param_ref @wte : tensor<16x4xf32>
+  %a = piper.position_add_grad %x {seq = 4 : i64} : (tensor<16x4xf32>) -> tensor<4x4xf32>
+  %q = piper.param_ref @qkv.w : tensor<4x12xf32>
+  piper.yield %a, %q : tensor<4x4xf32>, tensor<4x12xf32>
+}
+
+// The training DAG: batch, tasks with and without deps/devices/stream,
+// transfers with and without deps, a bucketed all-reduce.
+// CHECK-LABEL: piper.program @train attributes {num_microbatches = 2 : i64, num_replicas = 2 : i64} {
+// CHECK: [[TOK:%[^,]+]], [[TGT:%[^,]+]], [[BD:%[^ ]+]] = piper.batch {tag = {MB = 0 : i64}} : tensor<2x2xi32>, tensor<2x2xi32>
+// CHECK: [[F:%[^:]+]]:2, [[FD:%[^ ]+]] = piper.task @forward([[TOK]], [[TGT]]) {tag = {MB = 0 : i64, PASS = "F", PP = 0 : i64, block = 0 : i64}} : (tensor<2x2xi32>, tensor<2x2xi32>) -> (tensor<f32>, tensor<4x16xf32>, !piper.token)
+// CHECK: [[F2:%[^:]+]]:2, [[FD2:%[^ ]+]] = piper.task @forward([[TOK]], [[TGT]]) after([[BD]], [[FD]]) {devices = array<i64: 0, 1>, stream = "compute", tag = {EP = 0 : i64, MB = 0 : i64, PASS = "F", PP = 0 : i64}}
+// CHECK: [[MOVED:%[^,]+]], [[TD:%[^ ]+]] = piper.transfer [[F2]]#1 {from = array<i64: 0, 1>, stream = "pp_stream", to = array<i64: 2, 3>} : tensor<4x16xf32>
+// CHECK: piper.transfer [[MOVED]] after([[TD]]) {from = array<i64: 2, 3>, stream = "pp_stream", to = array<i64: 0, 1>} : tensor<4x16xf32>
+// CHECK: [[ACT:%[^:]+]]:2, [[AD:%[^ ]+]] = piper.task @acts() {tag = {}} : () -> (tensor<4x4xf32>, tensor<4x12xf32>, !piper.token)
+// CHECK: [[BW:%[^,]+]], [[BWD:%[^ ]+]] = piper.task @backward([[TOK]], [[ACT]]#0, [[ACT]]#1, [[ACT]]#0, [[MOVED]]) after([[TD]]) {devices = array<i64: 2, 3>, stream = "compute", tag = {MB = 0 : i64, PASS = "B", PP = 1 : i64}}
+// CHECK: [[AR:%.*]] = piper.all_reduce [@wte, @wpe] after([[BWD]]) {devices = array<i64: 2, 3>, stream = "dp_stream", tag = {PP = 1 : i64}}
+// CHECK: piper.all_reduce [@qkv.w] {devices = array<i64: 2, 3>, stream = "dp_stream", tag = {}}
+// CHECK: piper.task @update() after([[AR]]) {devices = array<i64: 2, 3>, tag = {PASS = "U", PP = 1 : i64}} : () -> !piper.token
+// CHECK: piper.task @tokens([[AR]]) {tag = {PASS = "BI"}} : (!piper.token) -> (!piper.token, !piper.token)
+// CHECK: piper.task @update() {tag = {PASS = "BW"}}
+piper.program @train attributes {num_microbatches = 2 : i64, num_replicas = 2 : i64} {
+  %tok, %tgt, %bd = piper.batch {tag = {MB = 0 : i64}} : tensor<2x2xi32>, tensor<2x2xi32>
+  %loss, %logits, %fd = piper.task @forward(%tok, %tgt) {tag = {block = 0 : i64, PP = 0 : i64, MB = 0 : i64, PASS = "F"}} : (tensor<2x2xi32>, tensor<2x2xi32>) -> (tensor<f32>, tensor<4x16xf32>, !piper.token)
+  %loss2, %logits2, %fd2 = piper.task @forward(%tok, %tgt) after(%bd, %fd) {devices = array<i64: 0, 1>, stream = "compute", tag = {PP = 0 : i64, EP = 0 : i64, MB = 0 : i64, PASS = "F"}} : (tensor<2x2xi32>, tensor<2x2xi32>) -> (tensor<f32>, tensor<4x16xf32>, !piper.token)
+  %moved, %td = piper.transfer %logits2 {from = array<i64: 0, 1>, to = array<i64: 2, 3>, stream = "pp_stream"} : tensor<4x16xf32>
+  %back, %td2 = piper.transfer %moved after(%td) {from = array<i64: 2, 3>, to = array<i64: 0, 1>, stream = "pp_stream"} : tensor<4x16xf32>
+  %act, %qkv, %ad = piper.task @acts() {tag = {}} : () -> (tensor<4x4xf32>, tensor<4x12xf32>, !piper.token)
+  %dx, %bwd = piper.task @backward(%tok, %act, %qkv, %act, %moved) after(%td) {devices = array<i64: 2, 3>, stream = "compute", tag = {PP = 1 : i64, MB = 0 : i64, PASS = "B"}} : (tensor<2x2xi32>, tensor<4x4xf32>, tensor<4x12xf32>, tensor<4x4xf32>, tensor<4x16xf32>) -> (tensor<4x4xf32>, !piper.token)
+  %ar = piper.all_reduce [@wte, @wpe] after(%bwd) {devices = array<i64: 2, 3>, stream = "dp_stream", tag = {PP = 1 : i64}}
+  %ar2 = piper.all_reduce [@qkv.w] {devices = array<i64: 2, 3>, stream = "dp_stream", tag = {}}
+  %ud = piper.task @update() after(%ar) {devices = array<i64: 2, 3>, tag = {PP = 1 : i64, PASS = "U"}} : () -> !piper.token
+  %t1, %t2 = piper.task @tokens(%ar) {tag = {PASS = "BI"}} : (!piper.token) -> (!piper.token, !piper.token)
+  %ud2 = piper.task @update() {tag = {PASS = "BW"}} : () -> !piper.token
+}
+
+// Per-device programs: send and recv (with and without deps) paired by
+// channel, a task and an all-reduce on the class's ranks.
+// CHECK-LABEL: piper.device_program @class0 attributes {device_class = 0 : i64, num_microbatches = 1 : i64, ranks = array<i64: 0, 1>} {
+// CHECK: [[TOK:%[^,]+]], [[TGT:%[^,]+]], [[BD:%[^ ]+]] = piper.batch {tag = {MB = 0 : i64}}
+// CHECK: [[F:%[^:]+]]:2, [[FD:%[^ ]+]] = piper.task @forward([[TOK]], [[TGT]]) {devices = array<i64: 0, 1>, stream = "compute", tag = {PASS = "F", PP = 0 : i64}}
+// CHECK: [[S:%.*]] = piper.send [[F]]#1 {channel = 0 : i64, peers = array<i64: 2, 3>, stream = "pp_stream"} : tensor<4x16xf32>
+// CHECK: piper.send [[F]]#1 after([[S]], [[FD]]) {channel = 1 : i64, peers = array<i64: 2, 3>, stream = "pp_stream"} : tensor<4x16xf32>
+// CHECK: [[R:%[^,]+]], [[RD:%[^ ]+]] = piper.recv {channel = 2 : i64, peers = array<i64: 2, 3>, stream = "pp_stream"} : tensor<4x4xf32>
+// CHECK: piper.recv after([[RD]]) {channel = 3 : i64, peers = array<i64: 2, 3>, stream = "pp_stream"} : tensor<4x4xf32>
+// CHECK: piper.all_reduce [@wte] after([[RD]]) {devices = array<i64: 0, 1>, stream = "dp_stream", tag = {PP = 0 : i64}}
+piper.device_program @class0 attributes {device_class = 0 : i64, num_microbatches = 1 : i64, ranks = array<i64: 0, 1>} {
+  %tok, %tgt, %bd = piper.batch {tag = {MB = 0 : i64}} : tensor<2x2xi32>, tensor<2x2xi32>
+  %loss, %logits, %fd = piper.task @forward(%tok, %tgt) {devices = array<i64: 0, 1>, stream = "compute", tag = {PP = 0 : i64, PASS = "F"}} : (tensor<2x2xi32>, tensor<2x2xi32>) -> (tensor<f32>, tensor<4x16xf32>, !piper.token)
+  %s = piper.send %logits {channel = 0 : i64, peers = array<i64: 2, 3>, stream = "pp_stream"} : tensor<4x16xf32>
+  %s2 = piper.send %logits after(%s, %fd) {channel = 1 : i64, peers = array<i64: 2, 3>, stream = "pp_stream"} : tensor<4x16xf32>
+  %r, %rd = piper.recv {channel = 2 : i64, peers = array<i64: 2, 3>, stream = "pp_stream"} : tensor<4x4xf32>
+  %r2, %rd2 = piper.recv after(%rd) {channel = 3 : i64, peers = array<i64: 2, 3>, stream = "pp_stream"} : tensor<4x4xf32>
+  %ar = piper.all_reduce [@wte] after(%rd) {devices = array<i64: 0, 1>, stream = "dp_stream", tag = {PP = 0 : i64}}
+}

@@ -1,0 +1,300 @@
+// piper-build-training-dag: reverse-mode autodiff of every stage into a
+// forward (_F), a backward (_B) and an AdamW update (_U) segment and task.
+// RUN: piper-opt %s -split-input-file -verify-diagnostics -piper-build-training-dag | FileCheck %s
+// RUN: piper-opt %s -split-input-file -verify-diagnostics -piper-build-training-dag="lr=0.5 beta1=0.8 beta2=0.9 eps=1e-6 weight-decay=0.25" | FileCheck %s --check-prefix=OPT
+
+// Two stages. The forward of stage 1 accumulates the loss and returns the
+// logits its backward needs instead of the loss; the forward of stage 0
+// returns its activation plus the residuals of gelu and of the embedding's
+// gradient. Gradients of parameters are accumulated, input and weight
+// gradients of a linear are separate ops, and the backward of stage 1
+// returns the gradient of its activation input for stage 0's backward.
+// CHECK-LABEL: module {
+// CHECK-LABEL: piper.segment @stage0_F(
+// CHECK-SAME: [[IDS:%[^:]+]]: tensor<2x2xi32>) -> (tensor<4x4xf32>, tensor<4x4xf32>, tensor<4x4xf32>) attributes {piper.pass = "F"} {
+// CHECK: [[EMB:%.*]] = piper.embedding [[IDS]]
+// CHECK: [[LIN:%.*]] = piper.linear [[EMB]]
+// CHECK: [[GELU:%.*]] = piper.gelu [[LIN]]
+// CHECK: piper.yield [[GELU]], [[LIN]], [[EMB]] : tensor<4x4xf32>, tensor<4x4xf32>, tensor<4x4xf32>
+// CHECK-LABEL: piper.segment @stage1_F(
+// CHECK-SAME: [[X:%[^:]+]]: tensor<4x4xf32>, [[T:%[^:]+]]: tensor<2x2xi32>) -> tensor<4x16xf32> attributes {piper.pass = "F"} {
+// CHECK: [[LOGITS:%.*]] = piper.linear [[X]]
+// CHECK: [[LOSS:%.*]] = piper.cross_entropy [[LOGITS]], [[T]]
+// CHECK-NEXT: piper.loss_accumulate [[LOSS]] : tensor<f32>
+// CHECK-NEXT: piper.yield [[LOGITS]] : tensor<4x16xf32>
+// CHECK-LABEL: piper.segment @stage0_B(
+// CHECK-SAME: [[DY:%[^:]+]]: tensor<4x4xf32>, [[LIN:%[^:]+]]: tensor<4x4xf32>, [[EMB:%[^:]+]]: tensor<4x4xf32>, [[IDS:%[^:]+]]: tensor<2x2xi32>) attributes {piper.pass = "B"} {
+// CHECK: [[DLIN:%.*]] = piper.gelu_grad [[LIN]], [[DY]]
+// CHECK: [[W1:%.*]] = piper.param_ref @w1
+// CHECK: [[DEMB:%.*]] = piper.linear_grad_input [[DLIN]], [[W1]]
+// CHECK: [[DW1:%.*]] = piper.linear_grad_weight [[EMB]], [[DLIN]]
+// CHECK: [[DB1:%.*]] = piper.bias_grad [[DLIN]]
+// CHECK: piper.accumulate_grad @b1, [[DB1]] : tensor<4xf32>
+// CHECK: piper.accumulate_grad @w1, [[DW1]] : tensor<4x4xf32>
+// CHECK: [[DWTE:%.*]] = piper.embedding_grad [[IDS]], [[DEMB]]
+// CHECK: piper.accumulate_grad @wte, [[DWTE]] : tensor<16x4xf32>
+// CHECK: piper.yield{{$}}
+// CHECK-LABEL: piper.segment @stage1_B(
+// CHECK-SAME: [[T:%[^:]+]]: tensor<2x2xi32>, [[LOGITS:%[^:]+]]: tensor<4x16xf32>, [[X:%[^:]+]]: tensor<4x4xf32>) -> tensor<4x4xf32> attributes {piper.pass = "B"} {
+// CHECK: [[DL:%.*]] = piper.cross_entropy_grad [[LOGITS]], [[T]]
+// CHECK: [[LM:%.*]] = piper.param_ref @lm
+// CHECK: [[DX:%.*]] = piper.linear_grad_input [[DL]], [[LM]]
+// CHECK: [[DLM:%.*]] = piper.linear_grad_weight [[X]], [[DL]]
+// CHECK: piper.accumulate_grad @lm, [[DLM]] : tensor<4x16xf32>
+// CHECK: piper.yield [[DX]] : tensor<4x4xf32>
+// Vectors get no weight decay; the update clears the accumulators after
+// every AdamW step.
+// CHECK-LABEL: piper.segment @stage0_U() attributes {piper.pass = "U"} {
+// CHECK-NEXT: piper.adamw @b1 {beta1 = 9.000000e-01 : f64, beta2 = 0.94999999999999996 : f64, eps = 1.000000e-08 : f64, lr = 1.000000e-03 : f64, weight_decay = 0.000000e+00 : f64}
+// CHECK-NEXT: piper.adamw @w1 {{{.*}} weight_decay = 1.000000e-01 : f64}
+// CHECK-NEXT: piper.adamw @wte {{{.*}} weight_decay = 1.000000e-01 : f64}
+// CHECK-NEXT: piper.zero_grad @b1
+// CHECK-NEXT: piper.zero_grad @w1
+// CHECK-NEXT: piper.zero_grad @wte
+// CHECK-NEXT: piper.yield
+// CHECK-LABEL: piper.segment @stage1_U() attributes {piper.pass = "U"} {
+// CHECK-NEXT: piper.adamw @lm
+// CHECK-NEXT: piper.zero_grad @lm
+// CHECK-NEXT: piper.yield
+// The tasks: forwards in stage order, backwards in reverse, one update per
+// stage after its backward.
+// CHECK-LABEL: piper.program @model {
+// CHECK-NEXT: [[TOK:%[^,]+]], [[TGT:%[^,]+]], %{{.*}} = piper.batch {tag = {}}
+// CHECK-NEXT: [[F0:%[^:]+]]:3, %{{.*}} = piper.task @stage0_F([[TOK]]) {tag = {PASS = "F", PP = 0 : i64}}
+// CHECK-NEXT: [[F1:%[^,]+]], %{{.*}} = piper.task @stage1_F([[F0]]#0, [[TGT]]) {tag = {PASS = "F", PP = 1 : i64}}
+// CHECK-NEXT: [[B1:%[^,]+]], [[B1D:%[^ ]+]] = piper.task @stage1_B([[TGT]], [[F1]], [[F0]]#0) {tag = {PASS = "B", PP = 1 : i64}}
+// CHECK-NEXT: [[B0D:%.*]] = piper.task @stage0_B([[B1]], [[F0]]#1, [[F0]]#2, [[TOK]]) {tag = {PASS = "B", PP = 0 : i64}}
+// CHECK-NEXT: piper.task @stage0_U() after([[B0D]]) {tag = {PASS = "U", PP = 0 : i64}} : () -> !piper.token
+// CHECK-NEXT: piper.task @stage1_U() after([[B1D]]) {tag = {PASS = "U", PP = 1 : i64}} : () -> !piper.token
+// CHECK-NEXT: {{^ *}}}{{$}}
+
+// The optimizer options land in every adamw.
+// OPT-LABEL: piper.segment @stage0_U()
+// OPT-NEXT: piper.adamw @b1 {beta1 = 8.000000e-01 : f64, beta2 = 9.000000e-01 : f64, eps = 9.9999999999999995E-7 : f64, lr = 5.000000e-01 : f64, weight_decay = 0.000000e+00 : f64}
+// OPT-NEXT: piper.adamw @w1 {beta1 = 8.000000e-01 : f64, beta2 = 9.000000e-01 : f64, eps = 9.9999999999999995E-7 : f64, lr = 5.000000e-01 : f64, weight_decay = 2.500000e-01 : f64}
+module {
+  piper.param @wte : tensor<16x4xf32> init normal(2.000000e-02)
+  piper.param @w1 : tensor<4x4xf32> init normal(2.000000e-02)
+  piper.param @b1 : tensor<4xf32> init zeros(0.000000e+00)
+  piper.param @lm : tensor<4x16xf32> init normal(2.000000e-02)
+  piper.segment @stage0(%arg0: tensor<2x2xi32>) -> tensor<4x4xf32> {
+    %0 = piper.param_ref @wte : tensor<16x4xf32>
+    %1 = piper.embedding %arg0, %0 : (tensor<2x2xi32>, tensor<16x4xf32>) -> tensor<4x4xf32>
+    %2 = piper.param_ref @w1 : tensor<4x4xf32>
+    %3 = piper.param_ref @b1 : tensor<4xf32>
+    %4 = piper.linear %1, %2, %3 : (tensor<4x4xf32>, tensor<4x4xf32>, tensor<4xf32>) -> tensor<4x4xf32>
+    %5 = piper.gelu %4 : tensor<4x4xf32>
+    piper.yield %5 : tensor<4x4xf32>
+  }
+  piper.segment @stage1(%arg0: tensor<4x4xf32>, %arg1: tensor<2x2xi32>) -> tensor<f32> {
+    %0 = piper.param_ref @lm : tensor<4x16xf32>
+    %1 = piper.linear %arg0, %0 : (tensor<4x4xf32>, tensor<4x16xf32>) -> tensor<4x16xf32>
+    %2 = piper.cross_entropy %1, %arg1 : (tensor<4x16xf32>, tensor<2x2xi32>) -> tensor<f32>
+    piper.yield %2 : tensor<f32>
+  }
+  piper.program @model {
+    %tokens, %targets, %done = piper.batch {tag = {}} : tensor<2x2xi32>, tensor<2x2xi32>
+    %outs, %done_0 = piper.task @stage0(%tokens) {tag = {PP = 0 : i64}} : (tensor<2x2xi32>) -> (tensor<4x4xf32>, !piper.token)
+    %outs_1, %done_2 = piper.task @stage1(%outs, %targets) {tag = {PP = 1 : i64}} : (tensor<4x4xf32>, tensor<2x2xi32>) -> (tensor<f32>, !piper.token)
+  }
+}
+
+// -----
+
+// Residual connections fan gradients in with piper.add; layer_norm,
+// attention and position_add have their own gradient ops.
+// CHECK-LABEL: piper.segment @emb_B(
+// CHECK-SAME: [[DY:%[^:]+]]: tensor<4x12xf32>, [[IDS:%[^:]+]]: tensor<2x2xi32>)
+// CHECK: [[DPOS:%.*]] = piper.position_add_grad [[DY]] {seq = 2 : i64} : (tensor<4x12xf32>) -> tensor<2x12xf32>
+// CHECK: [[DWTE:%.*]] = piper.embedding_grad [[IDS]], [[DY]]
+// CHECK: piper.accumulate_grad @wpe, [[DPOS]]
+// CHECK: piper.accumulate_grad @wte, [[DWTE]]
+// CHECK-LABEL: piper.segment @s_B(
+// CHECK-SAME: [[DY:%[^:]+]]: tensor<4x12xf32>, [[ATT:%[^:]+]]: tensor<4x4xf32>, [[LN:%[^:]+]]: tensor<4x12xf32>, [[X:%[^:]+]]: tensor<4x12xf32>) -> tensor<4x12xf32>
+// CHECK: [[W:%.*]] = piper.param_ref @w
+// CHECK: [[DATT:%.*]] = piper.linear_grad_input [[DY]], [[W]]
+// CHECK: [[DW:%.*]] = piper.linear_grad_weight [[ATT]], [[DY]]
+// CHECK: piper.accumulate_grad @w, [[DW]]
+// CHECK: [[DLN:%.*]] = piper.attention_grad [[LN]], [[DATT]] {heads = 2 : i64, seq = 2 : i64}
+// CHECK: [[G:%.*]] = piper.param_ref @g
+// CHECK: [[DX:%[^,]+]], [[DG:%[^,]+]], [[DB:%[^ ]+]] = piper.layer_norm_grad [[X]], [[G]], [[DLN]]
+// CHECK: [[SUM:%.*]] = piper.add [[DY]], [[DX]] : tensor<4x12xf32>
+// CHECK: piper.accumulate_grad @b, [[DB]]
+// CHECK: piper.accumulate_grad @g, [[DG]]
+// CHECK: piper.yield [[SUM]] : tensor<4x12xf32>
+piper.param @wte : tensor<16x12xf32> init normal(2.0e-02)
+piper.param @wpe : tensor<2x12xf32> init normal(2.0e-02)
+piper.param @g : tensor<12xf32> init ones(0.0)
+piper.param @b : tensor<12xf32> init zeros(0.0)
+piper.param @w : tensor<4x12xf32> init normal(2.0e-02)
+piper.segment @emb(%ids: tensor<2x2xi32>) -> tensor<4x12xf32> {
+  %wte = piper.param_ref @wte : tensor<16x12xf32>
+  %wpe = piper.param_ref @wpe : tensor<2x12xf32>
+  %e = piper.embedding %ids, %wte : (tensor<2x2xi32>, tensor<16x12xf32>) -> tensor<4x12xf32>
+  %p = piper.position_add %e, %wpe {seq = 2 : i64} : (tensor<4x12xf32>, tensor<2x12xf32>) -> tensor<4x12xf32>
+  piper.yield %p : tensor<4x12xf32>
+}
+piper.segment @s(%x: tensor<4x12xf32>) -> tensor<4x12xf32> {
+  %g = piper.param_ref @g : tensor<12xf32>
+  %b = piper.param_ref @b : tensor<12xf32>
+  %ln = piper.layer_norm %x, %g, %b : (tensor<4x12xf32>, tensor<12xf32>, tensor<12xf32>) -> tensor<4x12xf32>
+  %att = piper.attention %ln {heads = 2 : i64, seq = 2 : i64} : (tensor<4x12xf32>) -> tensor<4x4xf32>
+  %w = piper.param_ref @w : tensor<4x12xf32>
+  %y = piper.linear %att, %w : (tensor<4x4xf32>, tensor<4x12xf32>) -> tensor<4x12xf32>
+  %r = piper.add %x, %y : tensor<4x12xf32>
+  piper.yield %r : tensor<4x12xf32>
+}
+piper.segment @head(%x: tensor<4x12xf32>, %t: tensor<2x2xi32>) -> tensor<f32> {
+  %l = piper.cross_entropy %x, %t : (tensor<4x12xf32>, tensor<2x2xi32>) -> tensor<f32>
+  piper.yield %l : tensor<f32>
+}
+piper.program @p {
+  %tok, %tgt, %d = piper.batch {tag = {}} : tensor<2x2xi32>, tensor<2x2xi32>
+  %e, %d0 = piper.task @emb(%tok) {tag = {PP = 0 : i64}} : (tensor<2x2xi32>) -> (tensor<4x12xf32>, !piper.token)
+  %x, %d1 = piper.task @s(%e) {tag = {PP = 1 : i64}} : (tensor<4x12xf32>) -> (tensor<4x12xf32>, !piper.token)
+  %l, %d2 = piper.task @head(%x, %tgt) {tag = {PP = 2 : i64}} : (tensor<4x12xf32>, tensor<2x2xi32>) -> (tensor<f32>, !piper.token)
+}
+
+// -----
+
+// Differentiating twice: the tasks already carry a PASS.
+piper.segment @s() {
+  piper.yield
+}
+piper.program @p {
+  // expected-error @+1 {{'piper.task' op is already part of a training DAG}}
+  %d = piper.task @s() {tag = {PP = 0 : i64, PASS = "F"}} : () -> !piper.token
+}
+
+// -----
+
+// The model must be staged first.
+piper.segment @s() {
+  piper.yield
+}
+piper.program @p {
+  // expected-error @+1 {{'piper.task' op has no PP tag: run piper-stage first}}
+  %d = piper.task @s() {tag = {block = 0 : i64}} : () -> !piper.token
+}
+
+// -----
+
+// A program without tasks has nothing to differentiate.
+// expected-error @+1 {{'piper.program' op has no tasks to differentiate}}
+piper.program @p {
+}
+
+// -----
+
+// One segment per stage task: its forward and backward are renamed.
+piper.segment @s() {
+  piper.yield
+}
+piper.program @p {
+  // expected-error @+1 {{'piper.task' op segment @s must be called by exactly one task}}
+  %d0 = piper.task @s() {tag = {PP = 0 : i64}} : () -> !piper.token
+  %d1 = piper.task @s() {tag = {PP = 1 : i64}} : () -> !piper.token
+}
+
+// -----
+
+// A parameter read by two stages (a tied LM head) is rejected.
+piper.param @wte : tensor<16x4xf32> init normal(2.0e-02)
+piper.segment @embed(%ids: tensor<2x2xi32>) -> tensor<4x4xf32> {
+  %w = piper.param_ref @wte : tensor<16x4xf32>
+  %x = piper.embedding %ids, %w : (tensor<2x2xi32>, tensor<16x4xf32>) -> tensor<4x4xf32>
+  piper.yield %x : tensor<4x4xf32>
+}
+piper.segment @head(%x: tensor<4x4xf32>, %t: tensor<2x2xi32>) -> tensor<f32> {
+  %w = piper.param_ref @wte : tensor<16x4xf32>
+  %l = piper.linear %x, %w {transpose_w} : (tensor<4x4xf32>, tensor<16x4xf32>) -> tensor<4x16xf32>
+  %loss = piper.cross_entropy %l, %t : (tensor<4x16xf32>, tensor<2x2xi32>) -> tensor<f32>
+  piper.yield %loss : tensor<f32>
+}
+piper.program @p {
+  %tok, %tgt, %d = piper.batch {tag = {}} : tensor<2x2xi32>, tensor<2x2xi32>
+  %x, %d0 = piper.task @embed(%tok) {tag = {PP = 0 : i64}} : (tensor<2x2xi32>) -> (tensor<4x4xf32>, !piper.token)
+  // expected-error @+1 {{'piper.task' op parameter @wte is used by stages 0 and 1; parameters shared across pipeline stages (such as a tied LM head) are not supported yet}}
+  %l, %d1 = piper.task @head(%x, %tgt) {tag = {PP = 1 : i64}} : (tensor<4x4xf32>, tensor<2x2xi32>) -> (tensor<f32>, !piper.token)
+}
+
+// -----
+
+// An op without a gradient rule on the gradient path.
+piper.segment @s(%x: tensor<4x4xf32>) -> tensor<4xf32> {
+  // expected-error @+1 {{'piper.bias_grad' op has no gradient rule}}
+  %y = piper.bias_grad %x : (tensor<4x4xf32>) -> tensor<4xf32>
+  piper.yield %y : tensor<4xf32>
+}
+piper.param @w : tensor<4x4xf32> init zeros(0.0)
+piper.segment @src() -> tensor<4x4xf32> {
+  %w = piper.param_ref @w : tensor<4x4xf32>
+  piper.yield %w : tensor<4x4xf32>
+}
+piper.segment @t(%y: tensor<4xf32>) {
+  piper.yield
+}
+piper.program @p {
+  %a, %d = piper.task @src() {tag = {PP = 0 : i64}} : () -> (tensor<4x4xf32>, !piper.token)
+  %y, %d0 = piper.task @s(%a) {tag = {PP = 1 : i64}} : (tensor<4x4xf32>) -> (tensor<4xf32>, !piper.token)
+  %d1 = piper.task @t(%y) {tag = {PP = 2 : i64}} : (tensor<4xf32>) -> !piper.token
+}
+
+// -----
+
+// A float argument that does not reach the loss receives no gradient.
+piper.param @w : tensor<4x4xf32> init zeros(0.0)
+piper.segment @src() -> (tensor<4x4xf32>, tensor<4x4xf32>) {
+  %w = piper.param_ref @w : tensor<4x4xf32>
+  piper.yield %w, %w : tensor<4x4xf32>, tensor<4x4xf32>
+}
+// expected-error @+1 {{'piper.segment' op argument #1 receives no gradient}}
+piper.segment @head(%x: tensor<4x4xf32>, %unused: tensor<4x4xf32>, %t: tensor<2x2xi32>) -> tensor<f32> {
+  %l = piper.cross_entropy %x, %t : (tensor<4x4xf32>, tensor<2x2xi32>) -> tensor<f32>
+  piper.yield %l : tensor<f32>
+}
+piper.program @p {
+  %tok, %tgt, %d = piper.batch {tag = {}} : tensor<2x2xi32>, tensor<2x2xi32>
+  %a, %b, %d0 = piper.task @src() {tag = {PP = 0 : i64}} : () -> (tensor<4x4xf32>, tensor<4x4xf32>, !piper.token)
+  %l, %d1 = piper.task @head(%a, %b, %tgt) {tag = {PP = 1 : i64}} : (tensor<4x4xf32>, tensor<4x4xf32>, tensor<2x2xi32>) -> (tensor<f32>, !piper.token)
+}
+
+// -----
+
+// A float result that no later stage consumes (and that is not a loss)
+// gets no gradient.
+piper.param @w : tensor<4x4xf32> init zeros(0.0)
+piper.segment @last() -> tensor<4x4xf32> {
+  %w = piper.param_ref @w : tensor<4x4xf32>
+  %g = piper.gelu %w : tensor<4x4xf32>
+  piper.yield %g : tensor<4x4xf32>
+}
+piper.program @p {
+  // expected-error @+1 {{'piper.task' op result #0 is not consumed by a later stage, so it gets no gradient}}
+  %x, %d = piper.task @last() {tag = {PP = 0 : i64}} : () -> (tensor<4x4xf32>, !piper.token)
+}
+
+// -----
+
+// A value feeding two stages would need its gradients summed across stages.
+piper.param @w : tensor<4x4xf32> init zeros(0.0)
+piper.segment @src() -> tensor<4x4xf32> {
+  %w = piper.param_ref @w : tensor<4x4xf32>
+  piper.yield %w : tensor<4x4xf32>
+}
+piper.segment @mid(%x: tensor<4x4xf32>) -> tensor<4x4xf32> {
+  %g = piper.gelu %x : tensor<4x4xf32>
+  piper.yield %g : tensor<4x4xf32>
+}
+piper.segment @head(%x: tensor<4x4xf32>, %y: tensor<4x4xf32>, %t: tensor<2x2xi32>) -> tensor<f32> {
+  %s = piper.add %x, %y : tensor<4x4xf32>
+  %l = piper.cross_entropy %s, %t : (tensor<4x4xf32>, tensor<2x2xi32>) -> tensor<f32>
+  piper.yield %l : tensor<f32>
+}
+piper.program @p {
+  %tok, %tgt, %d = piper.batch {tag = {}} : tensor<2x2xi32>, tensor<2x2xi32>
+  %a, %d0 = piper.task @src() {tag = {PP = 0 : i64}} : () -> (tensor<4x4xf32>, !piper.token)
+  // expected-error @+1 {{'piper.task' op a value feeding several stages is not supported yet}}
+  %b, %d1 = piper.task @mid(%a) {tag = {PP = 1 : i64}} : (tensor<4x4xf32>) -> (tensor<4x4xf32>, !piper.token)
+  %l, %d2 = piper.task @head(%a, %b, %tgt) {tag = {PP = 2 : i64}} : (tensor<4x4xf32>, tensor<4x4xf32>, tensor<2x2xi32>) -> (tensor<f32>, !piper.token)
+}

@@ -1,0 +1,44 @@
+// piper-tokenize: turns a text file into a byte-level token file for
+// `piper-run --data` (see docs/data.md).
+#include <cstdio>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "runtime/data/ByteTokenizer.h"
+
+int main(int argc, char **argv) {
+  using namespace piper::runtime;
+  std::string input, output, dtypeName = "uint16";
+  bool header = false;
+  CLI::App app{"piper-tokenize: writes every byte of INPUT as one token "
+               "(vocabulary 256) to a token file for piper-run --data",
+               "piper-tokenize"};
+  app.add_option("input", input, "the text (or any) file to tokenize")
+      ->required();
+  app.add_option("-o,--output", output, "the token file to write")->required();
+  app.add_option("--dtype", dtypeName, "token width: uint16 or uint32")
+      ->check(CLI::IsMember({"uint16", "uint32"}))
+      ->capture_default_str();
+  app.add_flag("--header", header,
+               "start the file with the 16-byte PIPRTOKS header");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError &e) {
+    return app.exit(e);
+  }
+  TokenDType dtype;
+  Status st = parseTokenDType(dtypeName, dtype);
+  int64_t count = 0;
+  if (st)
+    st = tokenizeBytesFile(input, output, dtype, header, count);
+  if (!st) {
+    std::fprintf(stderr, "piper-tokenize: %s\n", st.message().c_str());
+    return 1;
+  }
+  std::printf("%lld tokens (%s, %s, vocab %lld) written to %s\n",
+              static_cast<long long>(count), tokenDTypeName(dtype),
+              header ? "with header" : "no header",
+              static_cast<long long>(kByteVocabSize), output.c_str());
+  return 0;
+}
