@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""End-to-end numerics: one small GPT trained under several strategies gives
-the same loss at every step and the same final parameters as one device.
+"""End-to-end numerics: small GPT and Llama models trained under several
+strategies give the same loss at every step and the same final parameters as
+one device.
 
 Usage: strategies_test.py PIPERC PIPER_RUN
 """
@@ -21,14 +22,27 @@ LOSS_RTOL = 1e-5
 # element by a small fraction of lr. 1e-4 is 10% of one step's size.
 PARAM_ATOL = 1e-4
 
-# (name, piperc flags, ranks): every strategy uses 8 microbatches of 4.
-STRATEGIES = [
+# (model name, piperc model arguments, strategies); every strategy of a model
+# uses the same global batch of 8 microbatches of 4 sequences.
+GPT_STRATEGIES = [
     ("1 device", ["--microbatches", "8"], 1),
     ("pp2 x dp2, 1f1b, 4 mb", ["--pp", "2", "--dp", "2", "--microbatches", "4",
                                 "--schedule", "1f1b"], 4),
     ("pp4, gpipe, 8 mb", ["--pp", "4", "--microbatches", "8",
                           "--schedule", "gpipe"], 4),
     ("dp4, 2 mb", ["--dp", "4", "--microbatches", "2"], 4),
+]
+LLAMA_STRATEGIES = [
+    ("1 device", ["--microbatches", "8"], 1),
+    ("pp2 x dp2, 1f1b, 4 mb", ["--pp", "2", "--dp", "2", "--microbatches", "4",
+                                "--schedule", "1f1b"], 4),
+]
+MODELS = [
+    ("gpt", ["gpt", "--layers", "4", "--hidden", "64", "--heads", "4",
+             "--vocab", "256", "--seq", "32", "--batch", "4"], GPT_STRATEGIES),
+    ("llama", ["llama", "--layers", "4", "--hidden", "64", "--heads", "4",
+               "--kv-heads", "2", "--vocab", "256", "--seq", "32", "--batch", "4"],
+     LLAMA_STRATEGIES),
 ]
 
 
@@ -51,16 +65,16 @@ def load_params(folder):
     return params
 
 
-def main():
-    work = tempfile.mkdtemp(prefix="piper-e2e-", dir=os.environ.get("TEST_TMPDIR"))
-    model = os.path.join(work, "gpt.mlir")
-    run([PIPERC, "model", "gpt", "--layers", "4", "--hidden", "64", "--heads", "4",
-         "--vocab", "256", "--seq", "32", "--batch", "4", "-o", model])
+def check_model(work, model_name, model_args, strategies):
+    """Trains every strategy; returns (checks passed, checks failed)."""
+    model = os.path.join(work, model_name + ".mlir")
+    run([PIPERC, "model"] + model_args + ["-o", model])
     results = []
-    for i, (name, flags, ranks) in enumerate(STRATEGIES):
-        out = os.path.join(work, "plans%d" % i)
-        metrics = os.path.join(work, "metrics%d.jsonl" % i)
-        params = os.path.join(work, "params%d" % i)
+    for i, (name, flags, ranks) in enumerate(strategies):
+        tag = "%s%d" % (model_name, i)
+        out = os.path.join(work, "plans-" + tag)
+        metrics = os.path.join(work, "metrics-%s.jsonl" % tag)
+        params = os.path.join(work, "params-" + tag)
         run([PIPERC, "compile", model, "-o", out] + flags)
         run([PIPER_RUN, out, "--nproc", str(ranks), "--backend", "cpu",
              "--steps", str(STEPS), "--seed", str(SEED), "--metrics", metrics,
@@ -68,42 +82,55 @@ def main():
         with open(metrics) as f:
             losses = [json.loads(line)["loss"] for line in f if line.strip()]
         if len(losses) != STEPS:
-            sys.exit("%s: expected %d metrics lines, got %d" % (name, STEPS, len(losses)))
-        results.append((name, losses, load_params(params)))
+            sys.exit("%s %s: expected %d metrics lines, got %d" %
+                     (model_name, name, STEPS, len(losses)))
+        results.append(("%s %s" % (model_name, name), losses, load_params(params)))
 
-    failures = 0
-    ref_name, ref_losses, ref_params = results[0]
-    if not ref_losses[-1] < ref_losses[0]:
-        print("FAIL: the loss does not fall on one device: %s" % ref_losses)
-        failures += 1
+    passed = failed = 0
+    _, ref_losses, ref_params = results[0]
+    if ref_losses[-1] < ref_losses[0]:
+        passed += 1
+    else:
+        print("FAIL: %s: the loss does not fall on one device: %s" %
+              (model_name, ref_losses))
+        failed += 1
     for name, losses, params in results[1:]:
         for step, (a, b) in enumerate(zip(ref_losses, losses), 1):
             rel = abs(a - b) / abs(a)
-            status = "ok" if rel <= LOSS_RTOL else "FAIL"
-            failures += status == "FAIL"
+            ok = rel <= LOSS_RTOL
+            passed, failed = passed + ok, failed + (not ok)
             print("%s: %s step %d loss %.9f vs %.9f (rel %.2e)" %
-                  (status, name, step, b, a, rel))
+                  ("ok" if ok else "FAIL", name, step, b, a, rel))
         if sorted(params) != sorted(ref_params):
             print("FAIL: %s: parameter set differs: %s" %
                   (name, sorted(set(params) ^ set(ref_params))))
-            failures += 1
+            failed += 1
             continue
         worst, where = 0.0, ""
         for key, ref in ref_params.items():
             if len(ref) != len(params[key]):
                 print("FAIL: %s: %s has %d elements, expected %d" %
                       (name, key, len(params[key]), len(ref)))
-                failures += 1
+                worst = float("inf")
                 continue
             for x, y in zip(ref, params[key]):
                 if abs(x - y) > worst:
                     worst, where = abs(x - y), key
-        status = "ok" if worst <= PARAM_ATOL else "FAIL"
-        failures += status == "FAIL"
+        ok = worst <= PARAM_ATOL
+        passed, failed = passed + ok, failed + (not ok)
         print("%s: %s final parameters: max |diff| %.2e (%s)" %
-              (status, name, worst, where or "all equal"))
-    print("%d passed, %d failed" % (3 * (STEPS + 1) - failures, failures))
-    return 1 if failures else 0
+              ("ok" if ok else "FAIL", name, worst, where or "all equal"))
+    return passed, failed
+
+
+def main():
+    work = tempfile.mkdtemp(prefix="piper-e2e-", dir=os.environ.get("TEST_TMPDIR"))
+    passed = failed = 0
+    for model_name, model_args, strategies in MODELS:
+        p, f = check_model(work, model_name, model_args, strategies)
+        passed, failed = passed + p, failed + f
+    print("%d passed, %d failed" % (passed, failed))
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,70 @@
+// piper-replicate: data parallelism for one stage. Its gradients are summed
+// over its device group by piper.all_reduce buckets (in gradient-ready
+// order) after the stage's last backward and before its update.
+// Inputs/dag.mlir is split into two microbatches and placed on [0, 1] and
+// [2, 3] first.
+// RUN: piper-opt %S/Inputs/dag.mlir -piper-split=microbatches=2 -piper-place="pp=0 devices=0,1" -piper-place="pp=1 devices=2,3" \
+// RUN:   -piper-replicate="pp=0 devices=0,1 bucket-mb=0.0002" | FileCheck %s --check-prefix=BUCKETS
+// RUN: piper-opt %S/Inputs/dag.mlir -piper-split=microbatches=2 -piper-place="pp=0 devices=0,1" -piper-place="pp=1 devices=2,3" \
+// RUN:   -piper-replicate="pp=0 devices=0,1 bucket-mb=0.00001" | FileCheck %s --check-prefix=TINY
+// RUN: piper-opt %S/Inputs/dag.mlir -piper-split=microbatches=2 -piper-place="pp=0 devices=0,1" -piper-place="pp=1 devices=2,3" \
+// RUN:   -piper-replicate="pp=0 devices=0,1" -piper-replicate="pp=1 devices=2,3 reduce-stream=ar" | FileCheck %s --check-prefix=BOTH
+// RUN: piper-opt %S/Inputs/dag.mlir -piper-place="pp=0 devices=0" -piper-place="pp=1 devices=1" \
+// RUN:   -piper-replicate="pp=0 devices=0" | FileCheck %s --check-prefix=SINGLE
+// RUN: not piper-opt %S/Inputs/dag.mlir -piper-replicate="pp=0 devices=0,1" 2>&1 | FileCheck %s --check-prefix=UNPLACED
+// RUN: not piper-opt %S/Inputs/dag.mlir -piper-place="pp=0 devices=0,1" -piper-place="pp=1 devices=2,3" \
+// RUN:   -piper-replicate="pp=0 devices=2,3" 2>&1 | FileCheck %s --check-prefix=ELSEWHERE
+// RUN: not piper-opt %S/Inputs/dag.mlir -piper-place="pp=0 devices=0,1" -piper-place="pp=1 devices=2,3" \
+// RUN:   -piper-replicate="pp=7 devices=0,1" 2>&1 | FileCheck %s --check-prefix=NO-TASK
+// RUN: piper-opt %s -split-input-file -verify-diagnostics -piper-replicate="pp=0 devices=0"
+
+// Buckets of about 200 bytes: b1 (16 B) and w1 (64 B) share one, wte
+// (256 B) gets its own. Both wait for both backwards of stage 0; the update
+// waits for both buckets.
+// BUCKETS-LABEL: piper.program @model attributes {num_microbatches = 2 : i64, num_replicas = 2 : i64, piper.replicated} {
+// BUCKETS: [[B0:%.*]] = piper.task @stage0_B({{.*}}tag = {MB = 0 : i64, PASS = "B", PP = 0 : i64}
+// BUCKETS: [[B1:%.*]] = piper.task @stage0_B({{.*}}tag = {MB = 1 : i64, PASS = "B", PP = 0 : i64}
+// BUCKETS-NEXT: [[AR0:%.*]] = piper.all_reduce [@b1, @w1] after([[B0]], [[B1]]) {devices = array<i64: 0, 1>, stream = "dp_stream", tag = {PP = 0 : i64}}
+// BUCKETS-NEXT: [[AR1:%.*]] = piper.all_reduce [@wte] after([[B0]], [[B1]]) {devices = array<i64: 0, 1>, stream = "dp_stream", tag = {PP = 0 : i64}}
+// BUCKETS-NEXT: piper.task @stage0_U() after([[B0]], [[B1]], [[AR0]], [[AR1]])
+// BUCKETS-NOT: piper.all_reduce
+
+// Buckets smaller than any parameter: one all-reduce per parameter.
+// TINY-LABEL: piper.program @model
+// TINY: piper.all_reduce [@b1] after
+// TINY-NEXT: piper.all_reduce [@w1] after
+// TINY-NEXT: piper.all_reduce [@wte] after
+// TINY-NOT: piper.all_reduce
+
+// The default 25 MB bucket holds a stage's gradients; each stage reduces
+// over its own group on the stream the option names.
+// BOTH-LABEL: piper.program @model attributes {num_microbatches = 2 : i64, num_replicas = 2 : i64, piper.replicated} {
+// BOTH: [[B10:%[^,]+]], [[B10D:%[^ ]+]] = piper.task @stage1_B({{.*}}MB = 0
+// BOTH: [[B11:%[^,]+]], [[B11D:%[^ ]+]] = piper.task @stage1_B({{.*}}MB = 1
+// BOTH-NEXT: [[AR1:%.*]] = piper.all_reduce [@lm] after([[B10D]], [[B11D]]) {devices = array<i64: 2, 3>, stream = "ar", tag = {PP = 1 : i64}}
+// BOTH: [[AR0:%.*]] = piper.all_reduce [@b1, @w1, @wte] after({{.*}}) {devices = array<i64: 0, 1>, stream = "dp_stream", tag = {PP = 0 : i64}}
+// BOTH-NEXT: piper.task @stage0_U() after({{.*}}, [[AR0]])
+// BOTH-NEXT: piper.task @stage1_U() after([[B10D]], [[B11D]], [[AR1]])
+
+// One replica needs no reduction but records the degree.
+// SINGLE-LABEL: piper.program @model attributes {num_replicas = 1 : i64, piper.replicated} {
+// SINGLE-NOT: piper.all_reduce
+
+// The stage must be placed on the replicated devices first.
+// UNPLACED: error: 'piper.task' op directive #0 (piper-replicate pp=0): task @stage0_F (PP=0 PASS=F) runs on no device, not on [0, 1]; place it on the replicated devices first
+
+// ... on exactly those devices.
+// ELSEWHERE: error: 'piper.task' op directive #0 (piper-replicate pp=0): task @stage0_F (PP=0 PASS=F) runs on [0, 1], not on [2, 3]; place it on the replicated devices first
+
+// The stage must exist.
+// NO-TASK: error: 'piper.program' op directive #0 (piper-replicate pp=7): the filter matches no task
+
+// Every replicate has the same data-parallel degree.
+piper.segment @f() {
+  piper.yield
+}
+// expected-error @+1 {{'piper.program' op directive #0 (piper-replicate pp=0): data-parallel degree 1 differs from the degree 2 of an earlier replicate}}
+piper.program @p attributes {num_replicas = 2 : i64, piper.replicated} {
+  %d0 = piper.task @f() {devices = array<i64: 0>, tag = {PP = 0 : i64, PASS = "F"}} : () -> !piper.token
+  %d1 = piper.task @f() {devices = array<i64: 1, 2>, tag = {PP = 1 : i64, PASS = "F"}} : () -> !piper.token
+}
