@@ -396,3 +396,75 @@ TEST_CASE("dump the tiny model", "[.dump]") {
   OwningOpRef<ModuleOp> module = buildVerified(ctx, tinyConfig());
   std::cout << print(*module);
 }
+
+namespace {
+/// Total elements of every piper.param in `module`.
+int64_t totalParamElements(ModuleOp module) {
+  int64_t n = 0;
+  for (ParamOp p : module.getOps<ParamOp>())
+    n += p.getTensorType().getNumElements();
+  return n;
+}
+} // namespace
+
+TEST_CASE("llama builds with RMSNorm, rotary GQA attention and SwiGLU",
+          "[frontend]") {
+  MLIRContext ctx;
+  GptConfig cfg;
+  cfg.family = ModelFamily::Llama;
+  cfg.layers = 2;
+  cfg.hidden = 64;
+  cfg.heads = 4;
+  cfg.kvHeads = 2;
+  REQUIRE(validateGptConfig(cfg).empty());
+  OwningOpRef<ModuleOp> module = buildGptModel(&ctx, cfg);
+  REQUIRE(succeeded(verify(*module)));
+  // Independent count: embeddings, per layer (2 norms, qkv with 2 kv heads of
+  // 16, wo, w13, w2), final norm, head. FFN: 8/3*64 rounded up to 32 = 192.
+  int64_t h = 64, qkv = (4 + 2 * 2) * 16, f = 192;
+  int64_t perLayer = 2 * h + h * qkv + h * h + h * 2 * f + f * h;
+  int64_t expected = 256 * h + 2 * perLayer + h + h * 256;
+  CHECK(cfg.ffnSize() == f);
+  CHECK(totalParamElements(*module) == expected);
+  CHECK(countParameters(cfg) == expected);
+  int attention = 0, rms = 0, swiglu = 0;
+  module->walk([&](AttentionOp op) {
+    ++attention;
+    CHECK(op.getNumKvHeads() == 2);
+    CHECK(op.getRopeTheta());
+  });
+  module->walk([&](RmsNormOp) { ++rms; });
+  module->walk([&](SwigluOp) { ++swiglu; });
+  CHECK(attention == 2);
+  CHECK(rms == 2 * 2 + 1);
+  CHECK(swiglu == 2);
+  CHECK(module->lookupSymbol("output.weight"));
+  CHECK_FALSE(module->lookupSymbol("wpe"));
+}
+
+TEST_CASE("countParameters matches the GPT module", "[frontend]") {
+  MLIRContext ctx;
+  for (bool tied : {false, true}) {
+    GptConfig cfg;
+    cfg.tiedHead = tied;
+    OwningOpRef<ModuleOp> module = buildGptModel(&ctx, cfg);
+    CHECK(countParameters(cfg) == totalParamElements(*module));
+  }
+}
+
+TEST_CASE("llama configs are validated", "[frontend]") {
+  GptConfig cfg;
+  cfg.family = ModelFamily::Llama;
+  cfg.kvHeads = 3;
+  CHECK(validateGptConfig(cfg).find("multiple of kv_heads") != std::string::npos);
+  cfg.kvHeads = 2;
+  cfg.tiedHead = true;
+  CHECK(validateGptConfig(cfg).find("untied") != std::string::npos);
+  cfg.tiedHead = false;
+  cfg.hidden = 12;
+  cfg.heads = 4; // head dim 3: odd
+  CHECK(validateGptConfig(cfg).find("even head dimension") != std::string::npos);
+  GptConfig gpt;
+  gpt.kvHeads = 2;
+  CHECK(validateGptConfig(gpt).find("grouped-query") != std::string::npos);
+}

@@ -46,8 +46,9 @@
 // BOTH-NEXT: piper.task @stage0_U() after({{.*}}, [[AR0]])
 // BOTH-NEXT: piper.task @stage1_U() after([[B10D]], [[B11D]], [[AR1]])
 
-// One replica needs no reduction but records the degree.
-// SINGLE-LABEL: piper.program @model attributes {num_replicas = 1 : i64, piper.replicated} {
+// One replica needs no reduction; the program is marked replicated with the
+// default degree 1.
+// SINGLE-LABEL: piper.program @model attributes {piper.replicated} {
 // SINGLE-NOT: piper.all_reduce
 
 // The stage must be placed on the replicated devices first.
