@@ -88,6 +88,14 @@ int runModel(const ModelOptions &opts, const CLI::App &cmd) {
     cfg.tiedHead = opts.gpt.tiedHead;
   if (given("--rope-theta"))
     cfg.ropeTheta = opts.ropeTheta;
+  if (given("--experts"))
+    cfg.experts = opts.gpt.experts;
+  if (given("--top-k"))
+    cfg.topK = opts.gpt.topK;
+  if (given("--capacity-factor"))
+    cfg.capacityFactor = opts.gpt.capacityFactor;
+  if (given("--aux-loss-coeff"))
+    cfg.auxLossCoeff = opts.gpt.auxLossCoeff;
   if (std::string err = validateGptConfig(cfg); !err.empty())
     return fail("invalid " + opts.name + " config: " + err);
   MLIRContext ctx;
@@ -260,7 +268,16 @@ int mlir::piper::pipercMain(int argc, char **argv) {
       ->expected(0, 1)
       ->default_str("true");
   modelCmd->add_option("--rope-theta", model.ropeTheta,
-                       "rotary embedding base (llama)");
+                       "rotary embedding base (llama, qwen3-moe)");
+  modelCmd->add_option("--experts", model.gpt.experts,
+                       "experts per MoE layer (qwen3-moe)");
+  modelCmd->add_option("--top-k", model.gpt.topK,
+                       "experts per token (qwen3-moe)");
+  modelCmd->add_option("--capacity-factor", model.gpt.capacityFactor,
+                       "expert slots = ceil(factor * tokens * top_k / "
+                       "experts); 0 = dropless (qwen3-moe)");
+  modelCmd->add_option("--aux-loss-coeff", model.gpt.auxLossCoeff,
+                       "weight of the load-balancing loss (qwen3-moe)");
   modelCmd->add_option("-o,--output", model.output,
                        "output file (default stdout)");
 

@@ -51,7 +51,18 @@ std::string mlir::piper::validateGptConfig(const GptConfig &cfg) {
     return "heads (" + std::to_string(cfg.heads) +
            ") must be a multiple of kv_heads (" +
            std::to_string(cfg.numKvHeads()) + ")";
-  if (cfg.family == ModelFamily::Llama) {
+  if (cfg.family == ModelFamily::Qwen3Moe) {
+    if (cfg.experts < 1 || cfg.experts > kMaxSize)
+      return "experts must be positive, got " + std::to_string(cfg.experts);
+    if (cfg.topK < 1 || cfg.topK > cfg.experts)
+      return "top_k must be between 1 and experts (" +
+             std::to_string(cfg.experts) + "), got " + std::to_string(cfg.topK);
+    if (cfg.capacityFactor < 0 || !std::isfinite(cfg.capacityFactor))
+      return "capacity factor must be non-negative";
+    if (cfg.auxLossCoeff < 0 || !std::isfinite(cfg.auxLossCoeff))
+      return "aux loss coefficient must be non-negative";
+  }
+  if (cfg.llamaLike()) {
     if ((cfg.hidden / cfg.heads) % 2 != 0)
       return "rotary embeddings need an even head dimension, got " +
              std::to_string(cfg.hidden / cfg.heads);
@@ -61,6 +72,14 @@ std::string mlir::piper::validateGptConfig(const GptConfig &cfg) {
       return "llama models have an untied head";
   }
   return "";
+}
+
+int64_t GptConfig::capacity() const {
+  int64_t tokens = batch * seq;
+  if (capacityFactor <= 0)
+    return tokens;
+  double c = std::ceil(capacityFactor * double(tokens * topK) / double(experts));
+  return std::max<int64_t>(1, std::min<int64_t>(tokens, int64_t(c)));
 }
 
 int64_t GptConfig::ffnSize() const {
@@ -75,10 +94,13 @@ int64_t GptConfig::ffnSize() const {
 
 int64_t mlir::piper::countParameters(const GptConfig &cfg) {
   const int64_t h = cfg.hidden, v = cfg.vocab, f = cfg.ffnSize();
-  if (cfg.family == ModelFamily::Llama) {
+  if (cfg.llamaLike()) {
     const int64_t hd = h / cfg.heads;
     const int64_t qkv = (cfg.heads + 2 * cfg.numKvHeads()) * hd;
-    int64_t perLayer = h + h * qkv + h * h + h + h * 2 * f + f * h;
+    int64_t mlp = h * 2 * f + f * h;
+    if (cfg.family == ModelFamily::Qwen3Moe)
+      mlp = h * cfg.experts + cfg.experts * mlp;
+    int64_t perLayer = h + h * qkv + h * h + h + mlp;
     return v * h + cfg.layers * perLayer + h + h * v;
   }
   int64_t perLayer = 2 * h + h * 3 * h + 3 * h + h * h + h + 2 * h +
@@ -134,6 +156,8 @@ private:
   SegmentOp buildBlock(int64_t layer);
   SegmentOp buildLlamaBlock(int64_t layer);
   void buildLlamaParams();
+  /// Emits the mixture-of-experts MLP with parameters under `prefix`.
+  Value moe(Value x, const std::string &prefix);
   /// Emits the RMS norm with gain `<prefix>.weight`.
   Value rmsNorm(Value x, const Twine &prefix);
   SegmentOp buildHead();
@@ -159,7 +183,7 @@ void GptModelBuilder::param(const Twine &name, ArrayRef<int64_t> shape,
 }
 
 void GptModelBuilder::buildParams() {
-  if (cfg.family == ModelFamily::Llama)
+  if (cfg.llamaLike())
     return buildLlamaParams();
   const int64_t h = cfg.hidden, v = cfg.vocab, s = cfg.seq;
   const double initStd = cfg.initStd;
@@ -207,6 +231,14 @@ void GptModelBuilder::buildLlamaParams() {
           cfg.initStd);
     param(p + "attention.wo.weight", {h, h}, InitKind::normal, projStd);
     param(p + "ffn_norm.weight", {h}, InitKind::ones);
+    if (cfg.family == ModelFamily::Qwen3Moe) {
+      const int64_t e = cfg.experts;
+      param(p + "moe.router.weight", {h, e}, InitKind::normal, cfg.initStd);
+      param(p + "moe.experts.w13", {e, h, 2 * f}, InitKind::normal,
+            cfg.initStd);
+      param(p + "moe.experts.w2", {e, f, h}, InitKind::normal, projStd);
+      continue;
+    }
     // Gate and up projections packed as [gate | up] for piper.swiglu.
     param(p + "feed_forward.w13.weight", {h, 2 * f}, InitKind::normal,
           cfg.initStd);
@@ -240,8 +272,13 @@ SegmentOp GptModelBuilder::buildLlamaBlock(int64_t layer) {
       b.getF64FloatAttr(cfg.ropeTheta));
   y = linear(att, p + ".attention.wo", h, /*bias=*/false);
   x = AddOp::create(b, loc(p + ".attention.residual"), x, y);
-  // x + w2(silu(w1(ffn_norm(x))) * w3(ffn_norm(x)))
   y = rmsNorm(x, p + ".ffn_norm");
+  if (cfg.family == ModelFamily::Qwen3Moe) {
+    x = AddOp::create(b, loc(p + ".moe.residual"), x, moe(y, p + ".moe"));
+    YieldOp::create(b, loc(p), ValueRange{x});
+    return segment;
+  }
+  // x + w2(silu(w1(ffn_norm(x))) * w3(ffn_norm(x)))
   y = linear(y, p + ".feed_forward.w13", 2 * cfg.ffnSize(), /*bias=*/false);
   y = SwigluOp::create(b, loc(p + ".feed_forward.swiglu"), act(cfg.ffnSize()),
                        y);
@@ -249,6 +286,41 @@ SegmentOp GptModelBuilder::buildLlamaBlock(int64_t layer) {
   x = AddOp::create(b, loc(p + ".feed_forward.residual"), x, y);
   YieldOp::create(b, loc(p), ValueRange{x});
   return segment;
+}
+
+Value GptModelBuilder::moe(Value x, const std::string &p) {
+  const int64_t e = cfg.experts, k = cfg.topK, f = cfg.ffnSize();
+  const int64_t slots = e * cfg.capacity();
+  auto i32 = [&](ArrayRef<int64_t> shape) {
+    return RankedTensorType::get(shape, b.getI32Type());
+  };
+  Value logits = linear(x, p + ".router", e, /*bias=*/false);
+  auto route = MoeRouterOp::create(b, loc(p + ".router"), i32({rows, k}),
+                                   f32({rows, k}), logits,
+                                   static_cast<uint64_t>(k),
+                                   /*norm_topk=*/true);
+  if (cfg.auxLossCoeff > 0)
+    MoeAuxLossOp::create(b, loc(p + ".aux_loss"), f32({}), logits,
+                         route.getIndices(), static_cast<uint64_t>(e),
+                         static_cast<uint64_t>(k),
+                         llvm::APFloat(cfg.auxLossCoeff));
+  Value buf = MoeDispatchOp::create(b, loc(p + ".dispatch"),
+                                    f32({slots, cfg.hidden}), x,
+                                    route.getIndices(), static_cast<uint64_t>(e),
+                                    static_cast<uint64_t>(cfg.capacity()));
+  Value hcur = ExpertLinearOp::create(b, loc(p + ".experts.w13"),
+                                      f32({slots, 2 * f}), buf,
+                                      ref(p + ".experts.w13"),
+                                      static_cast<uint64_t>(e));
+  hcur = SwigluOp::create(b, loc(p + ".experts.swiglu"), f32({slots, f}), hcur);
+  hcur = ExpertLinearOp::create(b, loc(p + ".experts.w2"),
+                                f32({slots, cfg.hidden}), hcur,
+                                ref(p + ".experts.w2"),
+                                static_cast<uint64_t>(e));
+  return MoeCombineOp::create(b, loc(p + ".combine"), act(cfg.hidden), hcur,
+                              route.getIndices(), route.getWeights(),
+                              static_cast<uint64_t>(e),
+                              static_cast<uint64_t>(cfg.capacity()));
 }
 
 SegmentOp GptModelBuilder::beginSegment(StringRef name, int64_t block,
@@ -288,7 +360,7 @@ SegmentOp GptModelBuilder::buildEmbed() {
   SegmentOp segment = beginSegment("embed", 0, {idsType()},
                                    {act(cfg.hidden)}, loc("embed"));
   Value tokens = segment.getBody().getArgument(0);
-  if (cfg.family == ModelFamily::Llama) {
+  if (cfg.llamaLike()) {
     Value x = EmbeddingOp::create(b, loc("tok_embeddings"), act(cfg.hidden),
                                   tokens, ref("tok_embeddings.weight"));
     YieldOp::create(b, loc("embed"), ValueRange{x});
@@ -341,7 +413,7 @@ SegmentOp GptModelBuilder::buildHead() {
   Value x = segment.getBody().getArgument(0);
   Value targets = segment.getBody().getArgument(1);
   Value logits;
-  if (cfg.family == ModelFamily::Llama) {
+  if (cfg.llamaLike()) {
     x = rmsNorm(x, "norm");
     logits = linear(x, "output", cfg.vocab, /*bias=*/false);
   } else {
@@ -386,14 +458,15 @@ void GptModelBuilder::buildProgram(ArrayRef<SegmentOp> segments) {
 OwningOpRef<ModuleOp> GptModelBuilder::build() {
   ctx->getOrLoadDialect<PiperDialect>();
   OwningOpRef<ModuleOp> module = ModuleOp::create(
-      loc(cfg.family == ModelFamily::Llama ? "llama" : "gpt"));
+      loc(cfg.family == ModelFamily::Llama      ? "llama"
+          : cfg.family == ModelFamily::Qwen3Moe ? "qwen3-moe"
+                                                : "gpt"));
   b.setInsertionPointToEnd(module->getBody());
   buildParams();
   SmallVector<SegmentOp> segments;
   segments.push_back(buildEmbed());
   for (int64_t i = 0; i < cfg.layers; ++i)
-    segments.push_back(cfg.family == ModelFamily::Llama ? buildLlamaBlock(i)
-                                                        : buildBlock(i));
+    segments.push_back(cfg.llamaLike() ? buildLlamaBlock(i) : buildBlock(i));
   segments.push_back(buildHead());
   buildProgram(segments);
   return module;

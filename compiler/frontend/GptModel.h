@@ -18,6 +18,9 @@ enum class ModelFamily {
   /// Llama: RMSNorm, rotary embeddings, grouped-query attention, SwiGLU,
   /// no biases, untied head.
   Llama,
+  /// Qwen3-MoE: Llama-style attention, mixture-of-experts SwiGLU MLPs with
+  /// top-k softmax routing and an optional load-balancing loss.
+  Qwen3Moe,
 };
 
 /// Sizes and initialization of a decoder-only transformer.
@@ -47,7 +50,19 @@ struct GptConfig {
   /// Rotary embedding base. Llama only.
   double ropeTheta = 10000.0;
 
+  /// Experts per MoE layer and experts per token (Qwen3Moe only).
+  int64_t experts = 4;
+  int64_t topK = 2;
+  /// Slots per expert = ceil(capacityFactor * tokens * topK / experts);
+  /// 0 means dropless (capacity = tokens, nothing is ever dropped).
+  double capacityFactor = 0.0;
+  /// Weight of the load-balancing loss in the training loss (0: none).
+  double auxLossCoeff = 0.01;
+
   int64_t numKvHeads() const { return kvHeads ? kvHeads : heads; }
+  bool llamaLike() const { return family != ModelFamily::Gpt; }
+  /// Slots per expert for a microbatch.
+  int64_t capacity() const;
   int64_t ffnSize() const;
 };
 

@@ -33,6 +33,16 @@ GptConfig llama(int64_t layers, int64_t hidden, int64_t heads, int64_t kv,
   c.ropeTheta = 10000.0;
   return c;
 }
+GptConfig qwen3Moe(int64_t layers, int64_t hidden, int64_t heads, int64_t kv,
+                   int64_t ffn, int64_t experts, int64_t topK, int64_t vocab,
+                   int64_t seq) {
+  GptConfig c = llama(layers, hidden, heads, kv, ffn, vocab, seq);
+  c.family = ModelFamily::Qwen3Moe;
+  c.experts = experts;
+  c.topK = topK;
+  c.ropeTheta = 1000000.0;
+  return c;
+}
 } // namespace
 
 const std::vector<ModelPreset> &mlir::piper::modelPresets() {
@@ -51,6 +61,14 @@ const std::vector<ModelPreset> &mlir::piper::modelPresets() {
       {"llama-tiny", "tiny Llama for tests", llama(2, 64, 4, 2, 0, 256, 32)},
       {"llama-1b", "a Llama-3.2-1B-like model (vocab 32000, untied)",
        llama(16, 2048, 32, 8, 8192, 32000, 2048)},
+      {"qwen3-moe", "Qwen3-MoE style decoder (top-k experts); sizes from flags",
+       qwen3Moe(4, 64, 4, 2, 64, 4, 2, 256, 32)},
+      {"qwen3-moe-tiny", "tiny MoE for tests: 4 experts, top-2",
+       qwen3Moe(2, 64, 4, 2, 64, 4, 2, 256, 32)},
+      {"qwen3-moe-1b", "the original Piper's 1B MoE: 16 layers, 4 experts top-2",
+       qwen3Moe(16, 1024, 16, 8, 3584, 4, 2, 151936, 4096)},
+      {"qwen3-moe-9b", "the original Piper's 9B MoE: 24 layers, 8 experts top-2",
+       qwen3Moe(24, 2048, 32, 8, 7168, 8, 2, 151936, 4096)},
   };
   return presets;
 }
@@ -65,7 +83,7 @@ std::optional<ModelPreset> mlir::piper::findPreset(const std::string &name) {
 std::string mlir::piper::formatPresetTable() {
   std::string out;
   char line[256];
-  std::snprintf(line, sizeof(line), "%-12s %-6s %6s %6s %9s %6s %7s %6s %10s  %s\n",
+  std::snprintf(line, sizeof(line), "%-15s %-6s %6s %6s %9s %6s %7s %6s %10s  %s\n",
                 "name", "family", "layers", "hidden", "heads/kv", "ffn",
                 "vocab", "seq", "params", "description");
   out += line;
@@ -78,9 +96,11 @@ std::string mlir::piper::formatPresetTable() {
                         : params >= 1e6 ? std::to_string(params / 1e6).substr(0, 5) + "M"
                                         : std::to_string(int64_t(params));
     std::snprintf(line, sizeof(line),
-                  "%-12s %-6s %6lld %6lld %9s %6lld %7lld %6lld %10s  %s\n",
+                  "%-15s %-6s %6lld %6lld %9s %6lld %7lld %6lld %10s  %s\n",
                   p.name.c_str(),
-                  c.family == ModelFamily::Llama ? "llama" : "gpt",
+                  c.family == ModelFamily::Llama      ? "llama"
+                  : c.family == ModelFamily::Qwen3Moe ? "moe"
+                                                      : "gpt",
                   (long long)c.layers, (long long)c.hidden, heads.c_str(),
                   (long long)c.ffnSize(), (long long)c.vocab,
                   (long long)c.seq, count.c_str(), p.description.c_str());

@@ -300,8 +300,15 @@ private:
       if (auto emb = dyn_cast<EmbeddingOp>(op))
         p.mutable_training()->set_vocab_size(
             cast<RankedTensorType>(emb.getTable().getType()).getDimSize(0));
-      if (isa<CrossEntropyGradOp, LossAccumulateOp>(op))
+      // The loss seed 1 / (microbatches * replicas), times the term's weight.
+      if (isa<CrossEntropyGradOp>(op))
         setFloat("scale", lossScale);
+      if (auto acc = dyn_cast<LossAccumulateOp>(op))
+        setFloat("scale", lossScale * acc.getCoeff().convertToDouble());
+      if (auto aux = dyn_cast<MoeAuxLossGradOp>(op))
+        setFloat("scale", lossScale * aux.getCoeff().convertToDouble());
+      if (isa<MoeRouterOp, MoeRouterGradOp>(op))
+        setInt("norm_topk", op.hasAttr("norm_topk") ? 1 : 0);
       if (isa<LossAccumulateOp>(op))
         p.set_has_loss(true);
     }

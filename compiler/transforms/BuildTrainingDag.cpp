@@ -164,11 +164,23 @@ private:
         return success();
       OpBuilder fbld(op->getContext());
       fbld.setInsertionPointAfter(op);
-      LossAccumulateOp::create(fbld, loc, ce.getLoss());
+      LossAccumulateOp::create(fbld, loc, ce.getLoss(),
+                               fbld.getF64FloatAttr(1.0));
       Value d = CrossEntropyGradOp::create(*b, loc, ce.getLogits().getType(),
                                            residual(ce.getLogits()),
                                            residual(ce.getTargets()));
       addGrad(ce.getLogits(), d);
+      return success();
+    }
+    if (auto aux = dyn_cast<MoeAuxLossOp>(op)) {
+      OpBuilder fbld(op->getContext());
+      fbld.setInsertionPointAfter(op);
+      LossAccumulateOp::create(fbld, loc, aux.getLoss(), aux.getCoeffAttr());
+      addGrad(aux.getLogits(),
+              MoeAuxLossGradOp::create(
+                  *b, loc, aux.getLogits().getType(), residual(aux.getLogits()),
+                  residual(aux.getIndices()), aux.getExpertsAttr(),
+                  aux.getTopKAttr(), aux.getCoeffAttr()));
       return success();
     }
     // Ops none of whose results carry a gradient contribute nothing.
@@ -244,6 +256,50 @@ private:
         addGrad(rms.getInput(), g.getDinput());
       if (needs(rms.getGamma()))
         addGrad(rms.getGamma(), g.getDgamma());
+      return success();
+    }
+    if (auto router = dyn_cast<MoeRouterOp>(op)) {
+      Value dw = grads.lookup(router.getWeights());
+      if (dw && needs(router.getLogits()))
+        addGrad(router.getLogits(),
+                MoeRouterGradOp::create(
+                    *b, loc, router.getLogits().getType(),
+                    residual(router.getLogits()), residual(router.getIndices()),
+                    dw, router.getTopKAttr(), router.getNormTopkAttr()));
+      return success();
+    }
+    if (auto disp = dyn_cast<MoeDispatchOp>(op)) {
+      if (needs(disp.getInput()))
+        addGrad(disp.getInput(),
+                MoeDispatchGradOp::create(*b, loc, disp.getInput().getType(),
+                                          residual(disp.getIndices()), dy,
+                                          disp.getExpertsAttr(),
+                                          disp.getCapacityAttr()));
+      return success();
+    }
+    if (auto comb = dyn_cast<MoeCombineOp>(op)) {
+      auto g = MoeCombineGradOp::create(
+          *b, loc, comb.getInput().getType(), comb.getWeights().getType(),
+          residual(comb.getInput()), residual(comb.getIndices()),
+          residual(comb.getWeights()), dy, comb.getExpertsAttr(),
+          comb.getCapacityAttr());
+      if (needs(comb.getInput()))
+        addGrad(comb.getInput(), g.getDinput());
+      if (needs(comb.getWeights()))
+        addGrad(comb.getWeights(), g.getDweights());
+      return success();
+    }
+    if (auto el = dyn_cast<ExpertLinearOp>(op)) {
+      if (needs(el.getInput()))
+        addGrad(el.getInput(),
+                ExpertLinearGradInputOp::create(*b, loc, el.getInput().getType(),
+                                                dy, residual(el.getWeight()),
+                                                el.getExpertsAttr()));
+      if (needs(el.getWeight()))
+        addGrad(el.getWeight(),
+                ExpertLinearGradWeightOp::create(
+                    *b, loc, el.getWeight().getType(), residual(el.getInput()),
+                    dy, el.getExpertsAttr()));
       return success();
     }
     if (auto sw = dyn_cast<SwigluOp>(op)) {

@@ -320,6 +320,59 @@ LogicalResult SwigluOp::verify() {
   return success();
 }
 
+LogicalResult MoeRouterOp::verify() {
+  int64_t experts = dim(getLogits(), 1), k = getTopK();
+  if (k < 1 || k > experts)
+    return emitOpError("top_k must be in [1, ") << experts << "], got " << k;
+  for (Value v : {getIndices(), getWeights()})
+    if (dim(v, 0) != dim(getLogits(), 0) || dim(v, 1) != k)
+      return emitOpError("indices and weights must be [")
+             << dim(getLogits(), 0) << ", " << k << "]";
+  return success();
+}
+
+LogicalResult MoeDispatchOp::verify() {
+  if (getExperts() < 1 || getCapacity() < 1)
+    return emitOpError("experts and capacity must be positive");
+  if (dim(getResult(), 0) != getExperts() * getCapacity() ||
+      dim(getResult(), 1) != dim(getInput(), 1))
+    return emitOpError("result must be [experts * capacity, width] = [")
+           << getExperts() * getCapacity() << ", " << dim(getInput(), 1)
+           << "]";
+  if (dim(getIndices(), 0) != dim(getInput(), 0))
+    return emitOpError("indices must have one row per token");
+  return success();
+}
+
+LogicalResult MoeCombineOp::verify() {
+  if (getExperts() < 1 || getCapacity() < 1)
+    return emitOpError("experts and capacity must be positive");
+  if (dim(getInput(), 0) != getExperts() * getCapacity())
+    return emitOpError("input must have experts * capacity = ")
+           << getExperts() * getCapacity() << " rows";
+  if (getIndices().getType().getShape() != getWeights().getType().getShape())
+    return emitOpError("indices and weights must have the same shape");
+  if (dim(getResult(), 0) != dim(getIndices(), 0) ||
+      dim(getResult(), 1) != dim(getInput(), 1))
+    return emitOpError("result must be [tokens, width]");
+  return success();
+}
+
+LogicalResult ExpertLinearOp::verify() {
+  auto w = cast<RankedTensorType>(getWeight().getType());
+  if (w.getDimSize(0) != getExperts())
+    return emitOpError("weight must have ") << getExperts() << " experts";
+  if (dim(getInput(), 0) % getExperts() != 0)
+    return emitOpError("rows must be a multiple of the expert count");
+  if (w.getDimSize(1) != dim(getInput(), 1) ||
+      dim(getResult(), 1) != w.getDimSize(2) ||
+      dim(getResult(), 0) != dim(getInput(), 0))
+    return emitOpError("shapes do not chain: ")
+           << getInput().getType() << " x " << w << " -> "
+           << getResult().getType();
+  return success();
+}
+
 LogicalResult CrossEntropyOp::verify() {
   int64_t rows = dim(getTargets(), 0) * dim(getTargets(), 1);
   if (dim(getLogits(), 0) != rows)

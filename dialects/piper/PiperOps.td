@@ -306,6 +306,121 @@ def Piper_CrossEntropyGradOp : Piper_Op<"cross_entropy_grad", [Pure]> {
 }
 
 //===----------------------------------------------------------------------===//
+// Mixture of experts. Routing picks top_k experts per token; dispatch copies
+// each (token, choice) into the next free slot of its expert, up to
+// `capacity` slots (later assignments are dropped and contribute nothing);
+// experts run batched over [experts * capacity] rows; combine sums the
+// weighted expert outputs back per token.
+//===----------------------------------------------------------------------===//
+
+def I32Tensor2DAny : 2DTensorOf<[I32]>;
+def F32Tensor3D : 3DTensorOf<[F32]>;
+
+def Piper_MoeRouterOp : Piper_Op<"moe_router", [Pure]> {
+  let summary = "Top-k softmax routing: expert indices and gate weights per token";
+  let description = [{
+    p = softmax(logits); `indices` are the top_k experts by p (descending,
+    ties to the lower index); `weights` their probabilities, renormalized to
+    sum to 1 when `norm_topk` is set (Qwen3, Mixtral).
+  }];
+  let arguments = (ins F32Tensor2D:$logits, I64Attr:$top_k, UnitAttr:$norm_topk);
+  let results = (outs I32Tensor2DAny:$indices, F32Tensor2D:$weights);
+  let assemblyFormat = "$logits attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Piper_MoeRouterGradOp : Piper_Op<"moe_router_grad", [Pure]> {
+  let summary = "Gradient of the router weights w.r.t. the logits";
+  let arguments = (ins F32Tensor2D:$logits, I32Tensor2DAny:$indices,
+                       F32Tensor2D:$grad, I64Attr:$top_k, UnitAttr:$norm_topk);
+  let results = (outs F32Tensor2D:$result);
+  let assemblyFormat = "$logits `,` $indices `,` $grad attr-dict `:` functional-type(operands, results)";
+}
+
+def Piper_MoeDispatchOp : Piper_Op<"moe_dispatch", [Pure]> {
+  let summary = "Copies each routed token into its expert's next free slot";
+  let arguments = (ins F32Tensor2D:$input, I32Tensor2DAny:$indices,
+                       I64Attr:$experts, I64Attr:$capacity);
+  let results = (outs F32Tensor2D:$result);
+  let assemblyFormat = "$input `,` $indices attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Piper_MoeDispatchGradOp : Piper_Op<"moe_dispatch_grad", [Pure]> {
+  let summary = "Gradient of dispatch: sums each token's slot gradients";
+  let arguments = (ins I32Tensor2DAny:$indices, F32Tensor2D:$grad,
+                       I64Attr:$experts, I64Attr:$capacity);
+  let results = (outs F32Tensor2D:$result);
+  let assemblyFormat = "$indices `,` $grad attr-dict `:` functional-type(operands, results)";
+}
+
+def Piper_MoeCombineOp : Piper_Op<"moe_combine", [Pure]> {
+  let summary = "Weighted sum of each token's expert outputs";
+  let arguments = (ins F32Tensor2D:$input, I32Tensor2DAny:$indices,
+                       F32Tensor2D:$weights, I64Attr:$experts, I64Attr:$capacity);
+  let results = (outs F32Tensor2D:$result);
+  let assemblyFormat = "$input `,` $indices `,` $weights attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Piper_MoeCombineGradOp : Piper_Op<"moe_combine_grad", [Pure]> {
+  let summary = "Gradients of combine w.r.t. the expert outputs and the weights";
+  let arguments = (ins F32Tensor2D:$input, I32Tensor2DAny:$indices,
+                       F32Tensor2D:$weights, F32Tensor2D:$grad,
+                       I64Attr:$experts, I64Attr:$capacity);
+  let results = (outs F32Tensor2D:$dinput, F32Tensor2D:$dweights);
+  let assemblyFormat = "$input `,` $indices `,` $weights `,` $grad attr-dict `:` functional-type(operands, results)";
+}
+
+def Piper_ExpertLinearOp : Piper_Op<"expert_linear", [Pure]> {
+  let summary = "Per-expert dense layer over expert slots: y[e] = x[e] · w[e]";
+  let arguments = (ins F32Tensor2D:$input, F32Tensor3D:$weight, I64Attr:$experts);
+  let results = (outs F32Tensor2D:$result);
+  let assemblyFormat = "$input `,` $weight attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Piper_ExpertLinearGradInputOp : Piper_Op<"expert_linear_grad_input", [Pure]> {
+  let summary = "Input gradient of expert_linear";
+  let arguments = (ins F32Tensor2D:$grad, F32Tensor3D:$weight, I64Attr:$experts);
+  let results = (outs F32Tensor2D:$result);
+  let assemblyFormat = "$grad `,` $weight attr-dict `:` functional-type(operands, results)";
+}
+
+def Piper_ExpertLinearGradWeightOp : Piper_Op<"expert_linear_grad_weight", [Pure]> {
+  let summary = "Weight gradient of expert_linear";
+  let arguments = (ins F32Tensor2D:$input, F32Tensor2D:$grad, I64Attr:$experts);
+  let results = (outs F32Tensor3D:$result);
+  let assemblyFormat = "$input `,` $grad attr-dict `:` functional-type(operands, results)";
+}
+
+def Piper_MoeAuxLossOp : Piper_Op<"moe_aux_loss"> {
+  let summary = "Switch-style load-balancing loss, a term of the training loss";
+  let description = [{
+    E * sum_e f_e * P_e with f_e the fraction of routing choices that picked
+    expert e (before capacity dropping) and P_e the mean router probability
+    of e. It is added to the training loss with weight `coeff`; it is not
+    Pure because it feeds the loss without being returned.
+  }];
+  let arguments = (ins F32Tensor2D:$logits, I32Tensor2DAny:$indices,
+                       I64Attr:$experts, I64Attr:$top_k, F64Attr:$coeff);
+  let results = (outs F32Scalar:$loss);
+  let assemblyFormat = "$logits `,` $indices attr-dict `:` functional-type(operands, results)";
+}
+
+def Piper_MoeAuxLossGradOp : Piper_Op<"moe_aux_loss_grad", [Pure]> {
+  let summary = "Gradient of the weighted load-balancing loss w.r.t. the router logits";
+  let description = [{
+    The gradient of `coeff` times the loss, times the microbatch's loss seed
+    (filled in by the runtime, as for cross_entropy_grad).
+  }];
+  let arguments = (ins F32Tensor2D:$logits, I32Tensor2DAny:$indices,
+                       I64Attr:$experts, I64Attr:$top_k, F64Attr:$coeff);
+  let results = (outs F32Tensor2D:$result);
+  let assemblyFormat = "$logits `,` $indices attr-dict `:` functional-type(operands, results)";
+}
+
+//===----------------------------------------------------------------------===//
 // State: gradient accumulators, the step loss and the optimizer.
 //===----------------------------------------------------------------------===//
 
@@ -318,7 +433,11 @@ def Piper_AccumulateGradOp : Piper_Op<"accumulate_grad", [
 
 def Piper_LossAccumulateOp : Piper_Op<"loss_accumulate"> {
   let summary = "Adds this microbatch's weighted loss to the reported step loss";
-  let arguments = (ins F32Scalar:$loss);
+  let description = [{
+    The runtime adds `coeff * loss / (microbatches * replicas)` to the step
+    loss; `coeff` weighs auxiliary loss terms (1 for the language-model loss).
+  }];
+  let arguments = (ins F32Scalar:$loss, DefaultValuedAttr<F64Attr, "1.0">:$coeff);
   let assemblyFormat = "$loss attr-dict `:` type($loss)";
 }
 

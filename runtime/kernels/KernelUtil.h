@@ -102,6 +102,19 @@ Status addKernel(const KernelArgs &a);
 Status attentionKernel(const KernelArgs &a);
 Status attentionGradKernel(const KernelArgs &a);
 
+// MoeKernels.cpp
+Status moeRouterKernel(const KernelArgs &a);
+Status moeRouterGradKernel(const KernelArgs &a);
+Status moeDispatchKernel(const KernelArgs &a);
+Status moeDispatchGradKernel(const KernelArgs &a);
+Status moeCombineKernel(const KernelArgs &a);
+Status moeCombineGradKernel(const KernelArgs &a);
+Status expertLinearKernel(const KernelArgs &a);
+Status expertLinearGradInputKernel(const KernelArgs &a);
+Status expertLinearGradWeightKernel(const KernelArgs &a);
+Status moeAuxLossKernel(const KernelArgs &a);
+Status moeAuxLossGradKernel(const KernelArgs &a);
+
 // LossKernels.cpp
 Status crossEntropyKernel(const KernelArgs &a);
 Status crossEntropyGradKernel(const KernelArgs &a);

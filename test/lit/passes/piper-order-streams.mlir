@@ -1,0 +1,120 @@
+// piper-order-streams: fixes the issue order of every device program (a
+// recv or batch right before its first consumer, a send or all-reduce right
+// after its last producer) and simulates all programs together, reporting a
+// deadlock with the ranks, streams and nodes that wait.
+// RUN: piper-opt %s -split-input-file -verify-diagnostics -piper-order-streams | FileCheck %s
+// RUN: not piper-opt %s -split-input-file -piper-order-streams 2>&1 | FileCheck %s --check-prefix=DEADLOCK
+// RUN: piper-opt %S/Inputs/dag.mlir -piper-split=microbatches=2 -piper-place="pp=0 devices=0" -piper-place="pp=1 devices=1" \
+// RUN:   -piper-schedule -piper-split-devices -piper-order-streams | FileCheck %s --check-prefix=PIPE
+
+// Class 0 lists its recv first, which would block its pp_stream before the
+// send class 1 waits for. Ordered, the send follows its producer and the
+// recv moves right before the backward that consumes it; each batch comes
+// right before its forward; the all-reduce follows the backward.
+// CHECK-LABEL: piper.device_program @class0
+// CHECK-NEXT: [[TOK:%[^,]+]], %{{.*}} = piper.batch {tag = {MB = 0 : i64}}
+// CHECK-NEXT: [[X:%[^,]+]], %{{.*}} = piper.task @f([[TOK]])
+// CHECK-NEXT: piper.send [[X]] {channel = 0 : i64
+// CHECK-NEXT: [[TOK1:%[^,]+]], %{{.*}} = piper.batch {tag = {MB = 1 : i64}}
+// CHECK-NEXT: piper.task @f([[TOK1]])
+// CHECK-NEXT: [[DX:%[^,]+]], %{{.*}} = piper.recv {channel = 1 : i64
+// CHECK-NEXT: [[HD:%.*]] = piper.task @h([[DX]])
+// CHECK-NEXT: piper.all_reduce [@w] after([[HD]])
+// CHECK-NEXT: {{^ *}}}{{$}}
+// CHECK-LABEL: piper.device_program @class1
+// CHECK-NEXT: [[XM:%[^,]+]], %{{.*}} = piper.recv {channel = 0 : i64
+// CHECK-NEXT: [[G:%[^,]+]], %{{.*}} = piper.task @g([[XM]])
+// CHECK-NEXT: piper.send [[G]] {channel = 1 : i64
+// CHECK-NEXT: {{^ *}}}{{$}}
+piper.param @w : tensor<4xf32> init zeros(0.0)
+piper.segment @f(%tok: tensor<2x2xi32>) -> tensor<4xf32> {
+  %w = piper.param_ref @w : tensor<4xf32>
+  piper.yield %w : tensor<4xf32>
+}
+piper.segment @g(%x: tensor<4xf32>) -> tensor<4xf32> {
+  piper.yield %x : tensor<4xf32>
+}
+piper.segment @h(%dx: tensor<4xf32>) {
+  piper.accumulate_grad @w, %dx : tensor<4xf32>
+  piper.yield
+}
+piper.device_program @class0 attributes {device_class = 0 : i64, ranks = array<i64: 0, 1>} {
+  %dx, %rd = piper.recv {channel = 1 : i64, peers = array<i64: 2, 3>, stream = "pp_stream"} : tensor<4xf32>
+  %tok, %tgt, %bd = piper.batch {tag = {MB = 0 : i64}} : tensor<2x2xi32>, tensor<2x2xi32>
+  %tok1, %tgt1, %bd1 = piper.batch {tag = {MB = 1 : i64}} : tensor<2x2xi32>, tensor<2x2xi32>
+  %x, %fd = piper.task @f(%tok) {devices = array<i64: 0, 1>, stream = "compute", tag = {PP = 0 : i64, MB = 0 : i64, PASS = "F"}} : (tensor<2x2xi32>) -> (tensor<4xf32>, !piper.token)
+  %x1, %fd1 = piper.task @f(%tok1) after(%fd) {devices = array<i64: 0, 1>, stream = "compute", tag = {PP = 0 : i64, MB = 1 : i64, PASS = "F"}} : (tensor<2x2xi32>) -> (tensor<4xf32>, !piper.token)
+  %hd = piper.task @h(%dx) after(%fd1) {devices = array<i64: 0, 1>, stream = "compute", tag = {PP = 0 : i64, MB = 0 : i64, PASS = "B"}} : (tensor<4xf32>) -> !piper.token
+  %s = piper.send %x {channel = 0 : i64, peers = array<i64: 2, 3>, stream = "pp_stream"} : tensor<4xf32>
+  %ar = piper.all_reduce [@w] after(%hd) {devices = array<i64: 0, 1>, stream = "dp_stream", tag = {PP = 0 : i64}}
+}
+piper.device_program @class1 attributes {device_class = 1 : i64, ranks = array<i64: 2, 3>} {
+  %xm, %rd = piper.recv {channel = 0 : i64, peers = array<i64: 0, 1>, stream = "pp_stream"} : tensor<4xf32>
+  %g, %gd = piper.task @g(%xm) {devices = array<i64: 2, 3>, stream = "compute", tag = {PP = 1 : i64, MB = 0 : i64, PASS = "B"}} : (tensor<4xf32>) -> (tensor<4xf32>, !piper.token)
+  %s = piper.send %g {channel = 1 : i64, peers = array<i64: 0, 1>, stream = "pp_stream"} : tensor<4xf32>
+}
+
+// -----
+
+// A deadlock no order can fix: each class's recv waits for the other's
+// send, which comes after the task that consumes that recv.
+// DEADLOCK: error: the schedule deadlocks:
+// DEADLOCK-NEXT: ranks [0] stream 'compute' waits at task @f (PP=0 MB=0 PASS=F) for recv channel 1
+// DEADLOCK-NEXT: ranks [0] stream 'pp_stream' waits at recv channel 1 for a send that never happens
+// DEADLOCK-NEXT: ranks [1] stream 'compute' waits at task @f (PP=1 MB=0 PASS=F) for recv channel 0
+// DEADLOCK-NEXT: ranks [1] stream 'pp_stream' waits at recv channel 0 for a send that never happens
+piper.segment @f(%x: tensor<4xf32>) -> tensor<4xf32> {
+  piper.yield %x : tensor<4xf32>
+}
+// expected-error @+1 {{the schedule deadlocks:}}
+piper.device_program @class0 attributes {device_class = 0 : i64, ranks = array<i64: 0>} {
+  %a, %ad = piper.recv {channel = 1 : i64, peers = array<i64: 1>, stream = "pp_stream"} : tensor<4xf32>
+  %x, %xd = piper.task @f(%a) {devices = array<i64: 0>, stream = "compute", tag = {PP = 0 : i64, MB = 0 : i64, PASS = "F"}} : (tensor<4xf32>) -> (tensor<4xf32>, !piper.token)
+  %s = piper.send %x {channel = 0 : i64, peers = array<i64: 1>, stream = "pp_stream"} : tensor<4xf32>
+}
+piper.device_program @class1 attributes {device_class = 1 : i64, ranks = array<i64: 1>} {
+  %b, %bd = piper.recv {channel = 0 : i64, peers = array<i64: 0>, stream = "pp_stream"} : tensor<4xf32>
+  %y, %yd = piper.task @f(%b) {devices = array<i64: 1>, stream = "compute", tag = {PP = 1 : i64, MB = 0 : i64, PASS = "F"}} : (tensor<4xf32>) -> (tensor<4xf32>, !piper.token)
+  %s = piper.send %y {channel = 1 : i64, peers = array<i64: 0>, stream = "pp_stream"} : tensor<4xf32>
+}
+
+// -----
+
+// A recv whose channel has no send anywhere waits forever; the other
+// stream finished.
+// DEADLOCK: error: the schedule deadlocks:
+// DEADLOCK-NEXT: ranks [4, 5] stream 'activations' waits at recv channel 7 for a send that never happens
+// DEADLOCK-NOT: waits at
+// expected-error @+1 {{ranks [4, 5] stream 'activations' waits at recv channel 7 for a send that never happens}}
+piper.device_program @class0 attributes {device_class = 0 : i64, ranks = array<i64: 4, 5>} {
+  %a, %ad = piper.recv {channel = 7 : i64, peers = array<i64: 0, 1>, stream = "activations"} : tensor<4xf32>
+  %tok, %tgt, %bd = piper.batch {tag = {MB = 0 : i64}} : tensor<2x2xi32>, tensor<2x2xi32>
+}
+
+// -----
+
+// The pass runs after piper-split-devices.
+// DEADLOCK: error: no device programs: run piper-split-devices first
+// expected-error @+1 {{no device programs: run piper-split-devices first}}
+module {
+  piper.program @p {
+  }
+}
+
+// The whole pipeline with a 1F1B schedule over two stages: stage 1's recv
+// of microbatch 1 waits until its backward of microbatch 0 is issued, and
+// each recv is issued right before the task that reads it.
+// PIPE-LABEL: piper.device_program @class0
+// PIPE: [[R0:%[^,]+]], %{{.*}} = piper.recv {channel = [[G0:[0-9]+]] : i64, peers = array<i64: 1>
+// PIPE-NEXT: piper.task @stage0_B([[R0]], {{.*}}tag = {MB = 0 : i64, PASS = "B", PP = 0 : i64}
+// PIPE-NEXT: [[R1:%[^,]+]], %{{.*}} = piper.recv {channel = [[G1:[0-9]+]] : i64, peers = array<i64: 1>
+// PIPE-NEXT: piper.task @stage0_B([[R1]], {{.*}}tag = {MB = 1 : i64, PASS = "B", PP = 0 : i64}
+// PIPE-LABEL: piper.device_program @class1
+// PIPE: [[A0:%[^,]+]], %{{.*}} = piper.recv {channel = {{[0-9]+}} : i64, peers = array<i64: 0>
+// PIPE-NEXT: piper.task @stage1_F([[A0]], {{.*}}tag = {MB = 0 : i64, PASS = "F", PP = 1 : i64}
+// PIPE-NEXT: [[GR0:%[^,]+]], %{{.*}} = piper.task @stage1_B({{.*}}tag = {MB = 0 : i64, PASS = "B", PP = 1 : i64}
+// PIPE-NEXT: piper.send [[GR0]] {channel = [[G0]] : i64
+// PIPE: [[A1:%[^,]+]], %{{.*}} = piper.recv {channel = {{[0-9]+}} : i64, peers = array<i64: 0>
+// PIPE-NEXT: piper.task @stage1_F([[A1]], {{.*}}tag = {MB = 1 : i64, PASS = "F", PP = 1 : i64}
+// PIPE-NEXT: [[GR1:%[^,]+]], %{{.*}} = piper.task @stage1_B({{.*}}tag = {MB = 1 : i64, PASS = "B", PP = 1 : i64}
+// PIPE-NEXT: piper.send [[GR1]] {channel = [[G1]] : i64

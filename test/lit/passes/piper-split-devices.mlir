@@ -1,0 +1,118 @@
+// piper-split-devices: one piper.device_program per device class (distinct
+// device group); each transfer becomes a send in the sender's class and a
+// recv in the receiver's, paired by a channel number.
+// RUN: piper-opt %s -split-input-file -verify-diagnostics -piper-split-devices | FileCheck %s
+// RUN: piper-opt %S/Inputs/dag.mlir -piper-split=microbatches=2 -piper-place="pp=0 devices=0,1" -piper-place="pp=1 devices=2,3" \
+// RUN:   -piper-replicate="pp=0 devices=0,1" -piper-replicate="pp=1 devices=2,3" -piper-split-devices | FileCheck %s --check-prefix=PIPE
+
+// Two classes. The batch is loaded by both (each reads a part of it); the
+// activation goes 0 -> 1 on channel 0 and its gradient 1 -> 0 on channel 1.
+// Token edges from the other class are dropped; those within a class stay.
+// CHECK-LABEL: module {
+// CHECK-NOT: piper.program
+// CHECK-LABEL: piper.device_program @class0 attributes {device_class = 0 : i64, num_microbatches = 1 : i64, num_replicas = 2 : i64, ranks = array<i64: 0, 1>} {
+// CHECK-NEXT: [[TOK:%[^,]+]], %{{.*}} = piper.batch {tag = {MB = 0 : i64}}
+// CHECK-NEXT: [[X:%[^,]+]], [[FD:%[^ ]+]] = piper.task @f([[TOK]]) {devices = array<i64: 0, 1>
+// CHECK-NEXT: piper.send [[X]] {channel = 0 : i64, peers = array<i64: 2, 3>, stream = "pp_stream"} : tensor<4xf32>
+// CHECK-NEXT: [[DX:%[^,]+]], %{{.*}} = piper.recv {channel = 1 : i64, peers = array<i64: 2, 3>, stream = "grad_stream"} : tensor<4xf32>
+// CHECK-NEXT: [[HD:%.*]] = piper.task @h([[DX]]) after([[FD]]) {devices = array<i64: 0, 1>
+// CHECK-NEXT: [[AR:%.*]] = piper.all_reduce [@w] after([[HD]]) {devices = array<i64: 0, 1>, stream = "dp_stream", tag = {PP = 0 : i64}}
+// CHECK-NEXT: piper.task @u() after([[HD]], [[AR]]) {devices = array<i64: 0, 1>
+// CHECK-NEXT: {{^ *}}}{{$}}
+// CHECK-LABEL: piper.device_program @class1 attributes {device_class = 1 : i64, num_microbatches = 1 : i64, num_replicas = 2 : i64, ranks = array<i64: 2, 3>} {
+// CHECK-NEXT: %{{.*}}, [[TGT:%[^,]+]], %{{.*}} = piper.batch {tag = {MB = 0 : i64}}
+// CHECK-NEXT: [[XM:%[^,]+]], %{{.*}} = piper.recv {channel = 0 : i64, peers = array<i64: 0, 1>, stream = "pp_stream"} : tensor<4xf32>
+// CHECK-NEXT: [[G:%[^,]+]], %{{.*}} = piper.task @g([[XM]], [[TGT]]) {devices = array<i64: 2, 3>
+// CHECK-NEXT: piper.send [[G]] {channel = 1 : i64, peers = array<i64: 0, 1>, stream = "grad_stream"} : tensor<4xf32>
+// CHECK-NEXT: {{^ *}}}{{$}}
+piper.param @w : tensor<4xf32> init zeros(0.0)
+piper.segment @f(%tok: tensor<2x2xi32>) -> tensor<4xf32> {
+  %w = piper.param_ref @w : tensor<4xf32>
+  piper.yield %w : tensor<4xf32>
+}
+piper.segment @g(%x: tensor<4xf32>, %tgt: tensor<2x2xi32>) -> tensor<4xf32> {
+  piper.yield %x : tensor<4xf32>
+}
+piper.segment @h(%dx: tensor<4xf32>) {
+  piper.accumulate_grad @w, %dx : tensor<4xf32>
+  piper.yield
+}
+piper.segment @u() {
+  piper.zero_grad @w
+  piper.yield
+}
+piper.program @p attributes {num_replicas = 2 : i64} {
+  %tok, %tgt, %bd = piper.batch {tag = {MB = 0 : i64}} : tensor<2x2xi32>, tensor<2x2xi32>
+  %x, %fd = piper.task @f(%tok) {devices = array<i64: 0, 1>, stream = "compute", tag = {PP = 0 : i64, MB = 0 : i64, PASS = "F"}} : (tensor<2x2xi32>) -> (tensor<4xf32>, !piper.token)
+  %xm, %td = piper.transfer %x {from = array<i64: 0, 1>, to = array<i64: 2, 3>, stream = "pp_stream"} : tensor<4xf32>
+  %dx, %gd = piper.task @g(%xm, %tgt) {devices = array<i64: 2, 3>, stream = "compute", tag = {PP = 1 : i64, MB = 0 : i64, PASS = "B"}} : (tensor<4xf32>, tensor<2x2xi32>) -> (tensor<4xf32>, !piper.token)
+  %dxm, %td2 = piper.transfer %dx {from = array<i64: 2, 3>, to = array<i64: 0, 1>, stream = "grad_stream"} : tensor<4xf32>
+  %hd = piper.task @h(%dxm) after(%fd) {devices = array<i64: 0, 1>, stream = "compute", tag = {PP = 0 : i64, MB = 0 : i64, PASS = "B"}} : (tensor<4xf32>) -> !piper.token
+  %ar = piper.all_reduce [@w] after(%hd) {devices = array<i64: 0, 1>, stream = "dp_stream", tag = {PP = 0 : i64}}
+  %ud = piper.task @u() after(%hd, %ar, %gd) {devices = array<i64: 0, 1>, stream = "compute", tag = {PP = 0 : i64, PASS = "U"}} : () -> !piper.token
+}
+
+// -----
+
+// Classes are numbered by their first rank, not by first appearance.
+// CHECK-LABEL: piper.device_program @class0 attributes {{{.*}}ranks = array<i64: 1>} {
+// CHECK-NEXT: piper.task @f() {devices = array<i64: 1>, tag = {PP = 1 : i64}}
+// CHECK-LABEL: piper.device_program @class1 attributes {{{.*}}ranks = array<i64: 3>} {
+// CHECK-NEXT: piper.task @f() {devices = array<i64: 3>, tag = {PP = 0 : i64}}
+piper.segment @f() {
+  piper.yield
+}
+piper.program @p {
+  %d0 = piper.task @f() {devices = array<i64: 3>, tag = {PP = 0 : i64}} : () -> !piper.token
+  %d1 = piper.task @f() {devices = array<i64: 1>, tag = {PP = 1 : i64}} : () -> !piper.token
+}
+
+// -----
+
+// Every task must be placed.
+piper.segment @f() {
+  piper.yield
+}
+piper.program @p {
+  %d0 = piper.task @f() {devices = array<i64: 0>, tag = {PP = 0 : i64, PASS = "F"}} : () -> !piper.token
+  // expected-error @+1 {{'piper.task' op task @f (PP=1 PASS=F) is not placed; run the place directives first}}
+  %d1 = piper.task @f() {tag = {PP = 1 : i64, PASS = "F"}} : () -> !piper.token
+}
+
+// -----
+
+// Device groups must not overlap: a device belongs to one class.
+piper.segment @f() {
+  piper.yield
+}
+piper.program @p {
+  %d0 = piper.task @f() {devices = array<i64: 0, 1>, tag = {PP = 0 : i64}} : () -> !piper.token
+  // expected-error @+1 {{'piper.task' op device 1 belongs to two different device groups; every device must belong to exactly one group}}
+  %d1 = piper.task @f() {devices = array<i64: 1, 2>, tag = {PP = 1 : i64}} : () -> !piper.token
+}
+
+// -----
+
+// There must be a program to split.
+// expected-error @+1 {{module has no piper.program}}
+module {
+}
+
+// The full pipeline, two stages on [0, 1] and [2, 3], two microbatches:
+// every send has the recv of its channel in the other class.
+// PIPE-LABEL: piper.device_program @class0 attributes {device_class = 0 : i64, num_microbatches = 2 : i64, num_replicas = 2 : i64, ranks = array<i64: 0, 1>} {
+// PIPE: piper.send %{{.*}} {channel = [[A0:[0-9]+]] : i64, peers = array<i64: 2, 3>, stream = "pp_stream"} : tensor<4x4xf32>
+// PIPE: piper.send %{{.*}} {channel = [[A1:[0-9]+]] : i64, peers = array<i64: 2, 3>, stream = "pp_stream"} : tensor<4x4xf32>
+// PIPE: piper.recv {channel = [[G0:[0-9]+]] : i64, peers = array<i64: 2, 3>, stream = "pp_stream"} : tensor<4x4xf32>
+// PIPE: piper.recv {channel = [[G1:[0-9]+]] : i64, peers = array<i64: 2, 3>, stream = "pp_stream"} : tensor<4x4xf32>
+// PIPE: piper.all_reduce [@b1, @w1, @wte] {{.*}}devices = array<i64: 0, 1>
+// PIPE-NOT: piper.send %
+// PIPE-NOT: piper.recv {
+// PIPE-LABEL: piper.device_program @class1 attributes {device_class = 1 : i64, num_microbatches = 2 : i64, num_replicas = 2 : i64, ranks = array<i64: 2, 3>} {
+// PIPE: piper.recv {channel = [[A0]] : i64, peers = array<i64: 0, 1>, stream = "pp_stream"} : tensor<4x4xf32>
+// PIPE: piper.recv {channel = [[A1]] : i64, peers = array<i64: 0, 1>, stream = "pp_stream"} : tensor<4x4xf32>
+// PIPE: piper.send %{{.*}} {channel = [[G0]] : i64, peers = array<i64: 0, 1>, stream = "pp_stream"} : tensor<4x4xf32>
+// PIPE: piper.all_reduce [@lm] {{.*}}devices = array<i64: 2, 3>
+// PIPE: piper.send %{{.*}} {channel = [[G1]] : i64, peers = array<i64: 0, 1>, stream = "pp_stream"} : tensor<4x4xf32>
+// PIPE-NOT: piper.send %
+// PIPE-NOT: piper.recv {

@@ -1,0 +1,4 @@
+// Not a piper model: an unknown op.
+module {
+  piper.bogus
+}
