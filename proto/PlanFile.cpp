@@ -12,7 +12,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <google/protobuf/io/coded_stream.h>
 #include <google/protobuf/io/tokenizer.h>
+#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 #include <google/protobuf/text_format.h>
 
 namespace piper::plan {
@@ -172,19 +174,34 @@ uint32_t crc32(const void *data, size_t size) {
   return c ^ 0xFFFFFFFFu;
 }
 
+/// Serializes with map entries in key order, so the same plan always gives
+/// the same bytes (reproducible compiles, comparable plan files).
+static bool serializeDeterministic(const Plan &plan, std::string *out) {
+  out->clear();
+  bool ok;
+  {
+    // The streams trim `out` to the written size when they are destroyed.
+    google::protobuf::io::StringOutputStream stream(out);
+    google::protobuf::io::CodedOutputStream coded(&stream);
+    coded.SetSerializationDeterministic(true);
+    ok = plan.SerializeToCodedStream(&coded) && !coded.HadError();
+  }
+  return ok;
+}
+
 std::string writePlanFile(const std::string &path, const Plan &plan) {
   std::string payload;
   if (plan.schema_version() == 0) {
     Plan versioned = plan;
     versioned.set_schema_version(kPlanSchemaVersion);
-    if (!versioned.SerializeToString(&payload))
+    if (!serializeDeterministic(versioned, &payload))
       return planPrefix(path) + "cannot serialize the plan";
   } else if (plan.schema_version() != kPlanSchemaVersion) {
     return planPrefix(path) + "the plan has schema version " +
            std::to_string(plan.schema_version()) +
            " but this writer produces version " +
            std::to_string(kPlanSchemaVersion);
-  } else if (!plan.SerializeToString(&payload)) {
+  } else if (!serializeDeterministic(plan, &payload)) {
     return planPrefix(path) + "cannot serialize the plan";
   }
 

@@ -12,8 +12,9 @@ PACKAGES=(
   protobuf-compiler libprotobuf-dev libcli11-dev libfmt-dev catch2
   # Runtime: Gloo collectives over TCP, OpenBLAS GEMMs.
   libgloo-dev libopenblas-dev
-  # Tests run Python scripts with Debian's interpreter.
-  python3
+  # Tests run Python scripts with Debian's interpreter; PyTorch (CPU) is the
+  # numerical oracle of the model tests and the reference of the benchmarks.
+  python3 python3-torch
 )
 
 missing=()

@@ -135,6 +135,12 @@ int runCompile(const CompileOptions &o) {
   }
   if (o.worldSize > 0)
     strategy.worldSize = o.worldSize;
+  if (o.opt.lr <= 0 || o.opt.minLr < 0 || o.opt.warmupSteps < 0 ||
+      o.opt.decaySteps < 0 || o.opt.clipGradNorm < 0 || o.opt.weightDecay < 0 ||
+      o.opt.beta1 < 0 || o.opt.beta1 >= 1 || o.opt.beta2 < 0 ||
+      o.opt.beta2 >= 1 || o.opt.eps < 0)
+    return fail("invalid optimizer settings: --lr must be positive, betas in "
+                "[0, 1), the others non-negative");
 
   MLIRContext ctx;
   ctx.loadDialect<PiperDialect>();
@@ -308,6 +314,15 @@ int mlir::piper::pipercMain(int argc, char **argv) {
   compileCmd->add_option("--eps", comp.opt.eps, "AdamW epsilon");
   compileCmd->add_option("--weight-decay", comp.opt.weightDecay,
                          "AdamW decoupled weight decay (matrices only)");
+  compileCmd->add_option("--min-lr", comp.opt.minLr,
+                         "learning rate at the end of the cosine decay");
+  compileCmd->add_option("--warmup-steps", comp.opt.warmupSteps,
+                         "linear learning-rate warmup steps");
+  compileCmd->add_option("--decay-steps", comp.opt.decaySteps,
+                         "step at which the cosine decay reaches --min-lr "
+                         "(0: no decay)");
+  compileCmd->add_option("--clip-grad", comp.opt.clipGradNorm,
+                         "global gradient-norm clipping threshold (0: off)");
 
   CLI11_PARSE(app, argc, argv);
   if (modelCmd->parsed())

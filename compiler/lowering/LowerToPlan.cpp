@@ -98,6 +98,8 @@ public:
         ins->add_outputs(buffer(recv.getResult(), ins->label()));
         ins->set_peer_group(groupId(recv.getPeers()));
         ins->set_tag(recv.getChannel());
+      } else if (isa<ClipGradsOp>(op)) {
+        ins->set_kind(plan::Instruction::CLIP_GRADS);
       } else if (auto ar = dyn_cast<AllReduceOp>(op)) {
         ins->set_kind(plan::Instruction::ALL_REDUCE);
         ins->set_group(groupId(ar.getDevices()));
@@ -118,6 +120,16 @@ public:
         dp->getAttrOfType<IntegerAttr>("num_microbatches").getInt());
     training->set_num_replicas(
         dp->getAttrOfType<IntegerAttr>("num_replicas").getInt());
+    if (auto opt = dp->getAttrOfType<DictionaryAttr>("piper.optimizer")) {
+      if (auto v = opt.getAs<FloatAttr>("min_lr"))
+        training->set_min_lr(v.getValueAsDouble());
+      if (auto v = opt.getAs<IntegerAttr>("warmup_steps"))
+        training->set_warmup_steps(v.getInt());
+      if (auto v = opt.getAs<IntegerAttr>("decay_steps"))
+        training->set_decay_steps(v.getInt());
+      if (auto v = opt.getAs<FloatAttr>("clip_grad_norm"))
+        training->set_clip_grad_norm(v.getValueAsDouble());
+    }
     return std::move(p);
   }
 

@@ -493,5 +493,18 @@ LogicalResult mlir::piper::buildTrainingDag(ModuleOp module,
 
   for (StageInfo &info : llvm::reverse(infos))
     info.fwdTask.erase();
+  // The schedule and clipping are step-level settings the runtime applies.
+  Builder attrs(module.getContext());
+  program->getOperation()->setAttr(
+      "piper.optimizer",
+      attrs.getDictionaryAttr({
+          attrs.getNamedAttr("min_lr", attrs.getF64FloatAttr(opt.minLr)),
+          attrs.getNamedAttr("warmup_steps",
+                             attrs.getI64IntegerAttr(opt.warmupSteps)),
+          attrs.getNamedAttr("decay_steps",
+                             attrs.getI64IntegerAttr(opt.decaySteps)),
+          attrs.getNamedAttr("clip_grad_norm",
+                             attrs.getF64FloatAttr(opt.clipGradNorm)),
+      }));
   return success();
 }

@@ -66,6 +66,8 @@ std::string mlir::piper::describeNode(Operation *op) {
     os << "send channel " << s.getChannel();
   } else if (auto r = dyn_cast<RecvOp>(op)) {
     os << "recv channel " << r.getChannel();
+  } else if (isa<ClipGradsOp>(op)) {
+    os << "clip_grads";
   } else {
     os << op->getName().getStringRef();
   }

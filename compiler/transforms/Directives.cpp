@@ -161,13 +161,42 @@ LogicalResult mlir::piper::finalizePlacement(ModuleOp module,
              << formatDevices(idle) << " of the " << world
              << "-device world run no task";
   }
-  // A transfer on every data edge between different device groups.
+  // A parameter lives on one device group: the forward that reads it, the
+  // backward that accumulates its gradient and the update must share it.
+  SymbolTable symbols(module);
+  std::map<std::string, TaskOp> ownerOf;
+  for (TaskOp t : tasks) {
+    auto seg = symbols.lookup<SegmentOp>(t.getSegment());
+    if (!seg)
+      continue;
+    llvm::SetVector<StringAttr> params;
+    seg.walk([&](Operation *op) {
+      for (NamedAttribute a : op->getAttrs())
+        if (auto ref = dyn_cast<FlatSymbolRefAttr>(a.getValue()))
+          if (symbols.lookup<ParamOp>(ref.getAttr()))
+            params.insert(ref.getAttr());
+    });
+    for (StringAttr p : params) {
+      auto [it, inserted] = ownerOf.insert({p.str(), t});
+      if (!inserted && it->second.getDevices() != t.getDevices())
+        return t.emitOpError()
+               << describeNode(t) << " on " << formatDevices(*t.getDevices())
+               << " and " << describeNode(it->second) << " on "
+               << formatDevices(*it->second.getDevices())
+               << " both use parameter @" << p.getValue()
+               << "; the forward, backward and update of a stage must be "
+                  "placed on the same devices";
+    }
+  }
+  // A transfer on every data edge between different device groups (token
+  // edges only order, so they need none).
   OpBuilder b(module.getContext());
   DenseMap<std::pair<Value, Attribute>, Value> transferred;
   for (TaskOp t : tasks) {
     for (OpOperand &use : t->getOpOperands()) {
       auto producer = use.get().getDefiningOp<TaskOp>();
-      if (!producer || producer.getDevices() == t.getDevices())
+      if (!producer || producer.getDevices() == t.getDevices() ||
+          isa<TokenType>(use.get().getType()))
         continue;
       ArrayRef<int64_t> from = *producer.getDevices(), to = *t.getDevices();
       if (from.size() != to.size())
@@ -224,7 +253,7 @@ static LogicalResult applyReplicate(ModuleOp module, ProgramOp program,
   program.setNumReplicas(replicas);
 
   SymbolTable symbols(module);
-  SmallVector<TaskOp> backward, updates;
+  SmallVector<TaskOp> backward;
   llvm::SetVector<StringAttr> params;
   DictionaryAttr stageTag;
   for (TaskOp t : tasks) {
@@ -238,8 +267,6 @@ static LogicalResult applyReplicate(ModuleOp module, ProgramOp program,
       if (auto pp = getTagInt(t.getTag(), "PP"))
         stageTag = attrs.getDictionaryAttr(
             {attrs.getNamedAttr("PP", attrs.getI64IntegerAttr(*pp))});
-    } else if (pass == "U") {
-      updates.push_back(t);
     }
   }
   if (replicas == 1 || params.empty())
@@ -272,8 +299,18 @@ static LogicalResult applyReplicate(ModuleOp module, ProgramOp program,
                                   d.reduceStream, stageTag);
     reduced.push_back(ar.getDone());
   }
-  for (TaskOp u : updates)
-    u.getDepsMutable().append(reduced);
+  // Every update of a reduced parameter waits for the reduction, whether or
+  // not the directive's filter matched it.
+  for (TaskOp u : program.getBody().front().getOps<TaskOp>()) {
+    if (getTagPass(u.getTag()) != "U")
+      continue;
+    bool updatesReduced = false;
+    symbols.lookup<SegmentOp>(u.getSegment()).walk([&](AdamWOp a) {
+      updatesReduced |= params.contains(a.getParamAttr().getAttr());
+    });
+    if (updatesReduced)
+      u.getDepsMutable().append(reduced);
+  }
   return sortTopologically(program.getBody().front());
 }
 

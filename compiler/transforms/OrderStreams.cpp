@@ -40,7 +40,7 @@ static LogicalResult orderProgram(DeviceProgramOp dp) {
     }
   }
   for (Operation &op : body) {
-    if (isa<SendOp, AllReduceOp>(op)) {
+    if (isa<SendOp, AllReduceOp, ClipGradsOp>(op)) {
       double k = 0;
       for (Value v : op.getOperands())
         if (Operation *def = v.getDefiningOp(); def && key.count(def))
@@ -72,6 +72,8 @@ public:
         streams[c][streamOf(&op).str()].push_back(&op);
         if (auto s = dyn_cast<SendOp>(op))
           sendOfChannel[s.getChannel()] = &op;
+        if (isa<ClipGradsOp>(op))
+          ++numClips;
       }
   }
 
@@ -105,6 +107,11 @@ private:
       Operation *send = sendOfChannel.lookup(r.getChannel());
       return send && done.contains(send);
     }
+    // A world collective completes once every device program reached its own.
+    if (isa<ClipGradsOp>(op)) {
+      arrivedClips.insert(op);
+      return arrivedClips.size() == numClips;
+    }
     return true;
   }
 
@@ -126,6 +133,8 @@ private:
                "] stream '" + name + "' waits at " + describeNode(op);
         if (auto r = dyn_cast<RecvOp>(op))
           msg += " for a send that never happens";
+        else if (isa<ClipGradsOp>(op) && arrivedClips.contains(op))
+          msg += " for the other devices to reach their gradient clipping";
         else
           for (Value v : op->getOperands())
             if (Operation *def = v.getDefiningOp();
@@ -142,6 +151,8 @@ private:
   std::map<std::pair<size_t, std::string>, size_t> pcs;
   DenseMap<int64_t, Operation *> sendOfChannel;
   DenseSet<Operation *> done;
+  DenseSet<Operation *> arrivedClips;
+  size_t numClips = 0;
 };
 } // namespace
 

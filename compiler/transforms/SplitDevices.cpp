@@ -116,7 +116,69 @@ LogicalResult mlir::piper::splitDevices(ModuleOp module) {
     }
     cloneInto(&op, classOf(groupOf(&op)));
   }
+  // A class of several replicas must sum every gradient it accumulates, or
+  // its replicas would silently diverge.
+  SymbolTable symbols(module);
   for (DeviceProgramOp dp : programs) {
+    if (dp.getRanks().size() < 2)
+      continue;
+    llvm::DenseSet<StringAttr> reduced;
+    dp.walk([&](AllReduceOp ar) {
+      for (Attribute a : ar.getParams())
+        reduced.insert(cast<FlatSymbolRefAttr>(a).getAttr());
+    });
+    for (TaskOp t : dp.getBody().front().getOps<TaskOp>()) {
+      bool missing = false;
+      StringAttr which;
+      symbols.lookup<SegmentOp>(t.getSegment()).walk([&](AccumulateGradOp a) {
+        if (!reduced.contains(a.getParamAttr().getAttr()) && !missing) {
+          missing = true;
+          which = a.getParamAttr().getAttr();
+        }
+      });
+      if (missing)
+        return t.emitOpError()
+               << describeNode(t) << " runs on " << dp.getRanks().size()
+               << " devices but the gradient of @" << which.getValue()
+               << " is never all-reduced; add a replicate directive for its "
+                  "stage";
+    }
+  }
+  // Gradient clipping: one world-wide clip per device program, after its
+  // gradients are complete and before its updates.
+  auto optimizer = (*program)->getAttrOfType<DictionaryAttr>("piper.optimizer");
+  double clip = 0;
+  if (optimizer)
+    if (auto c = optimizer.getAs<FloatAttr>("clip_grad_norm"))
+      clip = c.getValueAsDouble();
+  if (clip > 0) {
+    for (DeviceProgramOp dp : programs) {
+      Block &b = dp.getBody().front();
+      SmallVector<TaskOp> updates;
+      SmallVector<Value> deps;
+      for (Operation &op : b) {
+        if (auto t = dyn_cast<TaskOp>(op)) {
+          StringRef pass = getTagPass(t.getTag());
+          if (pass == "U")
+            updates.push_back(t);
+          else if (pass == "B")
+            deps.push_back(t.getDone());
+        } else if (auto ar = dyn_cast<AllReduceOp>(op)) {
+          deps.push_back(ar.getDone());
+        }
+      }
+      if (updates.empty())
+        continue;
+      OpBuilder cb(updates.front());
+      auto c = ClipGradsOp::create(cb, updates.front().getLoc(), deps,
+                                   cb.getF64FloatAttr(clip));
+      for (TaskOp u : updates)
+        u.getDepsMutable().append(ValueRange{c.getDone()});
+    }
+  }
+  for (DeviceProgramOp dp : programs) {
+    if (optimizer)
+      dp->setAttr("piper.optimizer", optimizer);
     dp->setAttr("num_microbatches",
                 mb.getI64IntegerAttr(program->getNumMicrobatches()));
     dp->setAttr("num_replicas", mb.getI64IntegerAttr(program->getNumReplicas()));

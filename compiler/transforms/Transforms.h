@@ -18,6 +18,12 @@ struct OptimizerConfig {
   double beta2 = 0.95;
   double eps = 1e-8;
   double weightDecay = 0.1;
+  /// Learning-rate schedule: warmup, cosine decay to minLr (see plan.proto).
+  double minLr = 1e-4;
+  int64_t warmupSteps = 0;
+  int64_t decaySteps = 0;
+  /// Global-norm clipping threshold; 0 disables it.
+  double clipGradNorm = 1.0;
 };
 
 /// Returns the single piper.program of `module`, or emits an error.

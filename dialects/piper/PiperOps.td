@@ -587,6 +587,19 @@ def Piper_AllReduceOp : Piper_NodeOp<"all_reduce", [
   let hasVerifier = 1;
 }
 
+def Piper_ClipGradsOp : Piper_Op<"clip_grads", [HasParent<"DeviceProgramOp">]> {
+  let summary = "Global-norm gradient clipping over every device of the strategy";
+  let description = [{
+    The norm is global: each device class contributes the squared norm of
+    its (already data-parallel reduced) gradients, summed over all ranks.
+    Every device program has exactly one, after its last gradient
+    all-reduce and before its update tasks.
+  }];
+  let arguments = (ins Variadic<Piper_TokenType>:$deps, F64Attr:$max_norm);
+  let results = (outs Piper_TokenType:$done);
+  let assemblyFormat = "(`after` `(` $deps^ `)`)? attr-dict";
+}
+
 def Piper_SendOp : Piper_Op<"send", [HasParent<"DeviceProgramOp">]> {
   let summary = "Sends a tensor to the same-index member of another class";
   let arguments = (ins AnyRankedTensor:$input, Variadic<Piper_TokenType>:$deps,

@@ -214,11 +214,11 @@ TEST_CASE("safetensors: writer and reader round trip", "[safetensors]") {
   CHECK(step == 0);
 
   // Writer errors.
-  Status dup = writeSafetensors(dir + "/d", {{"x", "F32", {1}, a.data()},
-                                             {"x", "F32", {1}, a.data()}},
-                                {});
-  CHECK(dup.message() == "checkpoint '" + dir +
-                             "/d': tensor 'x' appears twice");
+  Status dup = writeSafetensors(
+      dir + "/d", {{"x", "F32", {1}, a.data()}, {"x", "F32", {1}, a.data()}},
+      {});
+  CHECK(dup.message() ==
+        "checkpoint '" + dir + "/d': tensor 'x' appears twice");
   Status meta = writeSafetensors(dir + "/d",
                                  {{"__metadata__", "F32", {1}, a.data()}}, {});
   CHECK(meta.message().find("invalid tensor name \"__metadata__\"") !=
@@ -301,10 +301,10 @@ TEST_CASE("safetensors: malformed files", "[safetensors]") {
     expectError(path, "\"shape\" must hold non-negative integers");
   }
   SECTION("missing data_offsets") {
-    writeBytes(path,
-               rawFile("{" + entry("w", "{\"dtype\":\"F32\",\"shape\":[2]}") +
-                           "}",
-                       f32x2));
+    writeBytes(
+        path,
+        rawFile("{" + entry("w", "{\"dtype\":\"F32\",\"shape\":[2]}") + "}",
+                f32x2));
     expectError(path, "\"data_offsets\" must be two non-negative integers");
   }
   SECTION("offsets that do not match the shape") {
@@ -326,12 +326,12 @@ TEST_CASE("safetensors: malformed files", "[safetensors]") {
                       "of the data (5 bytes after the header");
   }
   SECTION("huge shape") {
-    writeBytes(path,
-               rawFile("{" +
-                           entry("w", "{\"dtype\":\"F32\",\"shape\":[4294967296,"
-                                      "4294967296],\"data_offsets\":[0,8]}") +
-                           "}",
-                       f32x2));
+    writeBytes(
+        path, rawFile("{" +
+                          entry("w", "{\"dtype\":\"F32\",\"shape\":[4294967296,"
+                                     "4294967296],\"data_offsets\":[0,8]}") +
+                          "}",
+                      f32x2));
     expectError(path, "shape [4294967296, 4294967296] is too large");
   }
   SECTION("overlapping tensors") {
@@ -368,10 +368,9 @@ TEST_CASE("safetensors: every truncation and header corruption is handled",
   std::string dir = tempDir();
   std::string good = dir + "/good.safetensors";
   std::vector<float> w(10, 0.5f), b(3, 2.0f);
-  REQUIRE(writeSafetensors(good,
-                           {{"w", "F32", {2, 5}, w.data()},
-                            {"b", "F32", {3}, b.data()}},
-                           checkpointMetadata(3)));
+  REQUIRE(writeSafetensors(
+      good, {{"w", "F32", {2, 5}, w.data()}, {"b", "F32", {3}, b.data()}},
+      checkpointMetadata(3)));
   std::string bytes = readBytes(good);
   std::string path = dir + "/cut.safetensors";
   // Every proper prefix is an error (the data must be complete).
@@ -415,12 +414,14 @@ TEST_CASE("safetensors: every truncation and header corruption is handled",
 TEST_CASE("safetensors: merging parts", "[safetensors]") {
   std::string dir = tempDir();
   std::vector<float> wte(6, 1.0f), head(6, 2.0f), ln(2, 3.0f);
-  REQUIRE(writeSafetensors(dir + "/p0", {{"wte", "F32", {3, 2}, wte.data()},
-                                         {"ln", "F32", {2}, ln.data()}},
-                           checkpointMetadata(5)));
+  REQUIRE(writeSafetensors(
+      dir + "/p0",
+      {{"wte", "F32", {3, 2}, wte.data()}, {"ln", "F32", {2}, ln.data()}},
+      checkpointMetadata(5)));
   // The last stage holds a tied copy of wte and its own head.
-  REQUIRE(writeSafetensors(dir + "/p1", {{"head", "F32", {2, 3}, head.data()},
-                                         {"wte", "F32", {3, 2}, wte.data()}},
+  REQUIRE(writeSafetensors(dir + "/p1",
+                           {{"head", "F32", {2, 3}, head.data()},
+                            {"wte", "F32", {3, 2}, wte.data()}},
                            checkpointMetadata(5)));
   REQUIRE(mergeSafetensors({dir + "/p0", dir + "/p1"}, dir + "/all",
                            checkpointMetadata(5)));
@@ -443,14 +444,13 @@ TEST_CASE("safetensors: merging parts", "[safetensors]") {
   Status shape = mergeSafetensors({dir + "/p0", dir + "/p3"}, dir + "/x", {});
   CHECK(shape.message().find("with different types (F32 [3, 2] and F32 [6])") !=
         std::string::npos);
-  Status missing = mergeSafetensors({dir + "/p0", dir + "/nope"}, dir + "/x",
-                                    {});
+  Status missing =
+      mergeSafetensors({dir + "/p0", dir + "/nope"}, dir + "/x", {});
   CHECK(missing.message().find("nope': cannot open") != std::string::npos);
   CHECK(::access((dir + "/x").c_str(), F_OK) != 0);
 }
 
-TEST_CASE("safetensors: matching a checkpoint to parameters",
-          "[safetensors]") {
+TEST_CASE("safetensors: matching a checkpoint to parameters", "[safetensors]") {
   std::string dir = tempDir();
   std::string path = dir + "/m.safetensors";
   std::vector<float> data(16, 0.0f);
@@ -466,10 +466,13 @@ TEST_CASE("safetensors: matching a checkpoint to parameters",
   auto r = SafetensorsReader::open(path, st);
   REQUIRE(r);
   CHECK(checkCheckpointParams(*r, {{"wte", {4, 2}}}, false));
-  Status bad = checkCheckpointParams(
-      *r,
-      {{"wte", {4, 2}}, {"head", {3, 2}}, {"ln", {4}}, {"pos", {8}}, {"q", {1}}},
-      true);
+  Status bad = checkCheckpointParams(*r,
+                                     {{"wte", {4, 2}},
+                                      {"head", {3, 2}},
+                                      {"ln", {4}},
+                                      {"pos", {8}},
+                                      {"q", {1}}},
+                                     true);
   CHECK(bad.message() ==
         "checkpoint '" + path +
             "' does not match the model: missing parameters: pos, q; tensor "

@@ -262,8 +262,8 @@ TEST_CASE("piper-tokenize's library: chunks, empty input, errors",
     big[i] = static_cast<char>((i * 131 + 7) & 0xFF);
   writeBytes(dir + "/big.txt", big);
   int64_t count = 0;
-  REQUIRE(tokenizeBytesFile(dir + "/big.txt", dir + "/big.bin",
-                            TokenDType::U16, false, count));
+  REQUIRE(tokenizeBytesFile(dir + "/big.txt", dir + "/big.bin", TokenDType::U16,
+                            false, count));
   CHECK(count == static_cast<int64_t>(big.size()));
   Status st;
   auto f = TokenFile::open(dir + "/big.bin", TokenDType::U16, st);

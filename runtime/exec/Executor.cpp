@@ -17,6 +17,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cmath>
+
 #include "runtime/exec/Init.h"
 #include "runtime/exec/Validate.h"
 
@@ -132,6 +134,26 @@ std::string errnoText(int err) {
   return s;
 }
 
+} // namespace
+
+double scheduleScale(const plan::TrainingConfig &t,
+                     int64_t step) {
+  const double peak = t.lr();
+  if (t.warmup_steps() > 0 && step <= t.warmup_steps())
+    return double(step) / double(t.warmup_steps());
+  if (peak <= 0 || t.decay_steps() <= t.warmup_steps())
+    return 1.0;
+  double progress = double(step - t.warmup_steps()) /
+                    double(t.decay_steps() - t.warmup_steps());
+  progress = std::min(1.0, std::max(0.0, progress));
+  const double pi = 3.14159265358979323846;
+  double lr = t.min_lr() + 0.5 * (1.0 + std::cos(pi * progress)) *
+                               (peak - t.min_lr());
+  return lr / peak;
+}
+
+namespace {
+
 std::string describeBuffer(const plan::Plan &plan, int id) {
   const std::string &name = plan.buffers(id).name();
   return name.empty() ? "buffer " + std::to_string(id)
@@ -184,6 +206,9 @@ public:
   void release(StepState &st, const std::vector<int> &ids);
   Status call(int s, const Instruction &inst, int64_t step, StepState &st);
   Status allReduce(int s, const Instruction &inst);
+  Status clipGrads();
+  /// The global gradient norm of the last CLIP_GRADS, -1 before any.
+  double lastGradNorm = -1;
 };
 
 Status ExecutorImpl::init(uint64_t seed) {
@@ -273,6 +298,7 @@ Status ExecutorImpl::call(int s, const Instruction &inst, int64_t step,
   KernelContext ctx;
   ctx.lossAccumulator = &st.loss[s];
   ctx.step = step;
+  ctx.lrScale = scheduleScale(plan.training(), step);
   auto resolve = [&](const Operand &op) {
     return op.kind() == Operand::VALUE ? values[op.index()]->ref()
                                        : stateOf(op.index(), op.kind())->ref();
@@ -300,6 +326,40 @@ Status ExecutorImpl::call(int s, const Instruction &inst, int64_t step,
   // a result (even one that is an argument) is handed over, not copied.
   for (int r = 0; r < inst.outputs_size(); ++r)
     publish(st, inst.outputs(r), values[seg.results(r)]);
+  return Status::ok();
+}
+
+Status ExecutorImpl::clipGrads() {
+  // Each class holds data-parallel-reduced gradients, identical across its
+  // replicas: the world sum of squares counts every gradient num_replicas
+  // times.
+  double local = 0;
+  for (int p = 0; p < plan.params_size(); ++p) {
+    const TensorPtr &g = stateOf(p, Operand::GRAD);
+    const float *x = static_cast<const float *>(g->data);
+    for (int64_t i = 0, e = g->bytes / 4; i < e; ++i)
+      local += double(x[i]) * double(x[i]);
+  }
+  double total = local;
+  if (options.comm)
+    PIPER_RETURN_IF_ERROR(options.comm->allReduceSumWorld(&total, 1).withContext(
+        "summing the squared gradient norm over ranks"));
+  int replicas = std::max(1, plan.training().num_replicas());
+  double norm = std::sqrt(total / replicas);
+  lastGradNorm = norm;
+  double maxNorm = plan.training().clip_grad_norm();
+  if (!std::isfinite(norm))
+    return Status::error("the global gradient norm is not finite (" +
+                         std::to_string(norm) + ")");
+  if (maxNorm <= 0 || norm <= maxNorm)
+    return Status::ok();
+  float scale = static_cast<float>(maxNorm / (norm + 1e-6));
+  for (int p = 0; p < plan.params_size(); ++p) {
+    const TensorPtr &g = stateOf(p, Operand::GRAD);
+    float *x = static_cast<float *>(g->data);
+    for (int64_t i = 0, e = g->bytes / 4; i < e; ++i)
+      x[i] *= scale;
+  }
   return Status::ok();
 }
 
@@ -384,6 +444,9 @@ Status ExecutorImpl::execute(int s, int i, int64_t step, StepState &st,
   }
   case Instruction::ALL_REDUCE:
     PIPER_RETURN_IF_ERROR(allReduce(s, inst));
+    break;
+  case Instruction::CLIP_GRADS:
+    PIPER_RETURN_IF_ERROR(clipGrads());
     break;
   case Instruction::RECORD: {
     {
@@ -622,6 +685,12 @@ Status Executor::runStep(int64_t step, double &loss) {
 }
 
 int Executor::replicaIndex() const { return impl->replica; }
+
+double Executor::lastGradNorm() const { return impl->lastGradNorm; }
+
+double Executor::lrScale(int64_t step) const {
+  return scheduleScale(impl->plan.training(), step);
+}
 
 const plan::Plan &Executor::plan() const { return impl->plan; }
 

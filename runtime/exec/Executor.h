@@ -36,6 +36,11 @@ struct ExecutorOptions {
 
 class ExecutorImpl;
 
+/// The learning-rate multiplier of 1-based `step`: linear warmup over
+/// warmup_steps, then cosine decay from lr to min_lr at decay_steps (see
+/// plan.proto TrainingConfig).
+double scheduleScale(const plan::TrainingConfig &training, int64_t step);
+
 /// Runs one plan on one rank. It owns the persistent state (each parameter,
 /// its gradient accumulator and AdamW moments, all fp32) and, per step, the
 /// transient buffers. After runStep returns an error, the executor must not
@@ -60,6 +65,12 @@ public:
   /// loss accumulators of all ranks into `loss`. Errors read
   /// "rank R, stream 'S', instruction I (LABEL): message".
   Status runStep(int64_t step, double &loss);
+
+  /// The global gradient norm of the last step (before clipping), or -1 when
+  /// the plan does not clip.
+  double lastGradNorm() const;
+  /// The learning-rate multiplier of 1-based `step` from the plan's schedule.
+  double lrScale(int64_t step) const;
 
   /// This rank's position in plan.ranks.
   int replicaIndex() const;

@@ -125,6 +125,15 @@ Status loadPlan(const RunOptions &options, const plan::Manifest &manifest,
   return err.empty() ? Status::ok() : Status::error(err);
 }
 
+/// Whether `plan` has a LOAD_BATCH instruction (needs a data source).
+bool loadsBatches(const plan::Plan &plan) {
+  for (const plan::Stream &stream : plan.streams())
+    for (const plan::Instruction &inst : stream.instructions())
+      if (inst.kind() == plan::Instruction::LOAD_BATCH)
+        return true;
+  return false;
+}
+
 /// Opens --data for a plan trained with `t` (null when there is no --data):
 /// maps the file and checks its tokens against t's vocabulary and length.
 Status openData(const RunOptions &options, const plan::TrainingConfig &t,
@@ -205,7 +214,8 @@ Status checkStrategy(const RunOptions &options,
     std::set<std::pair<int64_t, int64_t>> checked;
     for (const plan::Plan &p : plans) {
       const plan::TrainingConfig &t = p.training();
-      if (!checked.insert({t.vocab_size(), t.seq_len()}).second)
+      if (!loadsBatches(p) ||
+          !checked.insert({t.vocab_size(), t.seq_len()}).second)
         continue;
       std::unique_ptr<TokenFileData> data;
       PIPER_RETURN_IF_ERROR(openData(options, t, options.seed, data));
@@ -596,9 +606,11 @@ int runRank(const RunOptions &options, int rank, int worldSize,
     return fail(who + ": " + st.message());
 
   std::unique_ptr<TokenFileData> data;
-  st = openData(options, plan.training(), options.seed, data);
-  if (!st)
-    return fail(who + ": " + st.message());
+  if (loadsBatches(plan)) {
+    st = openData(options, plan.training(), options.seed, data);
+    if (!st)
+      return fail(who + ": " + st.message());
+  }
 
   // --load is checked against every class's parameters, so that a tensor
   // no class holds is an error here too when ranks are started by hand.
@@ -706,10 +718,15 @@ int runRank(const RunOptions &options, int rank, int worldSize,
         std::snprintf(lossText, sizeof(lossText), "%.17g", loss);
       else
         std::snprintf(lossText, sizeof(lossText), "null");
+      char normText[64] = "null";
+      if (exec->lastGradNorm() >= 0 && std::isfinite(exec->lastGradNorm()))
+        std::snprintf(normText, sizeof(normText), "%.9g", exec->lastGradNorm());
+      double lr = exec->plan().training().lr() * exec->lrScale(step);
       std::fprintf(metrics,
                    "{\"step\": %lld, \"loss\": %s, \"tokens_per_s\": %.3f, "
-                   "\"step_time_s\": %.6f}\n",
-                   static_cast<long long>(step), lossText, tokensPerS, seconds);
+                   "\"step_time_s\": %.6f, \"lr\": %.9g, \"grad_norm\": %s}\n",
+                   static_cast<long long>(step), lossText, tokensPerS, seconds,
+                   lr, normText);
       std::fflush(metrics);
     }
   }

@@ -340,6 +340,11 @@ Status checkInstruction(const plan::Plan &plan, const Instruction &inst) {
                              " (training.microbatch_size x training.seq_len)");
     return Status::ok();
   }
+  case Instruction::CLIP_GRADS:
+    PIPER_RETURN_IF_ERROR(expectCounts(0, 0));
+    if (plan.training().clip_grad_norm() < 0)
+      return Status::error("training.clip_grad_norm must not be negative");
+    return Status::ok();
   case Instruction::UPDATE:
     return Status::error("instruction kind UPDATE is reserved and not "
                          "supported by this runtime");
@@ -606,6 +611,9 @@ Status validatePlan(const plan::Plan &plan,
         }
       } else if (inst.kind() == Instruction::ALL_REDUCE) {
         for (int p : inst.params())
+          touched[{p, Operand::GRAD}] = true;
+      } else if (inst.kind() == Instruction::CLIP_GRADS) {
+        for (int p = 0; p < plan.params_size(); ++p)
           touched[{p, Operand::GRAD}] = true;
       }
       for (auto &[key, write] : touched)

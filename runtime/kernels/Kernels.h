@@ -34,6 +34,9 @@ struct KernelContext {
   double *lossAccumulator = nullptr;
   /// 1-based optimizer step (AdamW bias correction).
   int64_t step = 1;
+  /// Learning-rate schedule multiplier of this step; `adamw` uses
+  /// lr * lrScale.
+  double lrScale = 1.0;
 };
 
 /// Runs `kernel` on `inputs` and `outputs`, which the caller has resolved from

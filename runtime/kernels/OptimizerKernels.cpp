@@ -53,6 +53,9 @@ Status adamwKernel(const KernelArgs &a) {
     return a.error("step must be at least 1, got " +
                    std::to_string(a.ctx.step));
 
+  if (!(a.ctx.lrScale >= 0) || !std::isfinite(a.ctx.lrScale))
+    return a.error("learning-rate scale must be finite and non-negative");
+  lr *= a.ctx.lrScale;
   double t = static_cast<double>(a.ctx.step);
   double correction1 = 1.0 - std::pow(beta1, t);
   double correction2 = 1.0 - std::pow(beta2, t);

@@ -153,13 +153,6 @@ double probeLoss(const plan::Kernel &forward, std::vector<Tensor> ins,
   return loss;
 }
 
-/// L = sum(y * r) over the single output y of the forward kernel, in double.
-double probeLoss(const plan::Kernel &forward, std::vector<Tensor> ins,
-                 const std::vector<int64_t> &outShape,
-                 const std::vector<float> &r) {
-  return probeLoss(forward, std::move(ins), {Tensor::f32(outShape)}, 0, r);
-}
-
 /// Compares `analytic` = dL/d(ins[wrt]) with central differences of
 /// probeLoss on output `which` of a forward whose outputs are shaped like
 /// `outs`, element by element. The forward runs in fp32, so the step is
@@ -2024,10 +2017,6 @@ TEST_CASE("MoE kernels handle empty batches and huge expert counts cheaply",
   ins = {Tensor::f32({2, 0}), Tensor::i32({2, 1}, {7, 7})};
   outs = {Tensor::f32({huge, 0})};
   mustRun(slotKernel("moe_dispatch", huge, 1), ins, outs);
-  ins = {Tensor::f32({huge, 0}), Tensor::f32({huge, 0, 3})};
-  outs = {Tensor::f32({huge, 3})};
-  // y has huge * 3 elements: rejected before anything runs.
-  mustFail(K("expert_linear").i("experts", huge), ins, outs);
   outs = {Tensor::f32({huge, 0})};
   ins = {Tensor::f32({huge, 0}), Tensor::f32({huge, 0, 0})};
   mustRun(K("expert_linear").i("experts", huge), ins, outs);

@@ -347,17 +347,17 @@ piper.segment @s(%x: tensor<4x4xf32>, %w: tensor<4x8xf32>) {
 
 // attention: heads and seq must be positive.
 piper.segment @s(%qkv: tensor<4x12xf32>) {
-  // expected-error @+1 {{'piper.attention' op heads and seq must be positive}}
+  // expected-error @+1 {{'piper.attention' op heads, kv_heads and seq must be positive}}
   %y = piper.attention %qkv {heads = 0 : i64, seq = 2 : i64} : (tensor<4x12xf32>) -> tensor<4x4xf32>
   piper.yield
 }
 
 // -----
 
-// attention: qkv packs q, k and v of the result's width.
-piper.segment @s(%qkv: tensor<4x8xf32>) {
-  // expected-error @+1 {{'piper.attention' op qkv must have 3 * 4 columns, got 8}}
-  %y = piper.attention %qkv {heads = 2 : i64, seq = 2 : i64} : (tensor<4x8xf32>) -> tensor<4x4xf32>
+// attention: so is kv_heads.
+piper.segment @s(%qkv: tensor<4x12xf32>) {
+  // expected-error @+1 {{'piper.attention' op heads, kv_heads and seq must be positive}}
+  %y = piper.attention %qkv {heads = 2 : i64, kv_heads = 0 : i64, seq = 2 : i64} : (tensor<4x12xf32>) -> tensor<4x4xf32>
   piper.yield
 }
 
@@ -367,6 +367,51 @@ piper.segment @s(%qkv: tensor<4x8xf32>) {
 piper.segment @s(%qkv: tensor<4x12xf32>) {
   // expected-error @+1 {{'piper.attention' op width 4 is not divisible by 3 heads}}
   %y = piper.attention %qkv {heads = 3 : i64, seq = 2 : i64} : (tensor<4x12xf32>) -> tensor<4x4xf32>
+  piper.yield
+}
+
+// -----
+
+// attention: query heads share kv heads in equal groups.
+piper.segment @s(%qkv: tensor<4x20xf32>) {
+  // expected-error @+1 {{'piper.attention' op heads (4) must be a multiple of kv_heads (3)}}
+  %y = piper.attention %qkv {heads = 4 : i64, kv_heads = 3 : i64, seq = 2 : i64} : (tensor<4x20xf32>) -> tensor<4x8xf32>
+  piper.yield
+}
+
+// -----
+
+// attention: qkv packs q, k and v of the result's width.
+piper.segment @s(%qkv: tensor<4x8xf32>) {
+  // expected-error @+1 {{'piper.attention' op qkv must have (heads + 2 * kv_heads) * head_dim = 12 columns, got 8}}
+  %y = piper.attention %qkv {heads = 2 : i64, seq = 2 : i64} : (tensor<4x8xf32>) -> tensor<4x4xf32>
+  piper.yield
+}
+
+// -----
+
+// attention: with grouped-query attention, k and v have kv_heads heads.
+piper.segment @s(%qkv: tensor<4x12xf32>) {
+  // expected-error @+1 {{'piper.attention' op qkv must have (heads + 2 * kv_heads) * head_dim = 8 columns, got 12}}
+  %y = piper.attention %qkv {heads = 2 : i64, kv_heads = 1 : i64, seq = 2 : i64} : (tensor<4x12xf32>) -> tensor<4x4xf32>
+  piper.yield
+}
+
+// -----
+
+// attention: rotary embeddings rotate pairs, so the head dimension is even.
+piper.segment @s(%qkv: tensor<4x18xf32>) {
+  // expected-error @+1 {{'piper.attention' op rotary embeddings need an even head dimension and a positive rope_theta}}
+  %y = piper.attention %qkv {heads = 2 : i64, seq = 2 : i64, rope_theta = 1.0e+04 : f64} : (tensor<4x18xf32>) -> tensor<4x6xf32>
+  piper.yield
+}
+
+// -----
+
+// attention: and rope_theta is positive.
+piper.segment @s(%qkv: tensor<4x12xf32>) {
+  // expected-error @+1 {{'piper.attention' op rotary embeddings need an even head dimension and a positive rope_theta}}
+  %y = piper.attention %qkv {heads = 2 : i64, seq = 2 : i64, rope_theta = 0.0 : f64} : (tensor<4x12xf32>) -> tensor<4x4xf32>
   piper.yield
 }
 
@@ -385,6 +430,159 @@ piper.segment @s(%qkv: tensor<4x12xf32>) {
 piper.segment @s(%qkv: tensor<4x12xf32>) {
   // expected-error @+1 {{'piper.attention' op rows must match and be a multiple of seq}}
   %y = piper.attention %qkv {heads = 2 : i64, seq = 2 : i64} : (tensor<4x12xf32>) -> tensor<2x4xf32>
+  piper.yield
+}
+
+// -----
+
+// rms_norm: gamma spans the width.
+piper.segment @s(%x: tensor<4x4xf32>, %g: tensor<8xf32>) {
+  // expected-error @+1 {{'piper.rms_norm' op gamma must have 4 elements}}
+  %y = piper.rms_norm %x, %g : (tensor<4x4xf32>, tensor<8xf32>) -> tensor<4x4xf32>
+  piper.yield
+}
+
+// -----
+
+// rms_norm: the result has the input's type.
+piper.segment @s(%x: tensor<4x4xf32>, %g: tensor<4xf32>) {
+  // expected-error @+1 {{'piper.rms_norm' op result type must equal the input type}}
+  %y = piper.rms_norm %x, %g : (tensor<4x4xf32>, tensor<4xf32>) -> tensor<2x4xf32>
+  piper.yield
+}
+
+// -----
+
+// swiglu: the input packs gate and up, twice the result's width.
+piper.segment @s(%x: tensor<4x8xf32>) {
+  // expected-error @+1 {{'piper.swiglu' op input must be [N, 2F] for a result [N, F], got 'tensor<4x8xf32>' -> 'tensor<4x3xf32>'}}
+  %y = piper.swiglu %x : (tensor<4x8xf32>) -> tensor<4x3xf32>
+  piper.yield
+}
+
+// -----
+
+// moe_router: top_k is at least 1.
+piper.segment @s(%l: tensor<4x4xf32>) {
+  // expected-error @+1 {{'piper.moe_router' op top_k must be in [1, 4], got 0}}
+  %i, %w = piper.moe_router %l {top_k = 0 : i64} : (tensor<4x4xf32>) -> (tensor<4x0xi32>, tensor<4x0xf32>)
+  piper.yield
+}
+
+// -----
+
+// moe_router: top_k is at most the number of experts.
+piper.segment @s(%l: tensor<4x4xf32>) {
+  // expected-error @+1 {{'piper.moe_router' op top_k must be in [1, 4], got 5}}
+  %i, %w = piper.moe_router %l {top_k = 5 : i64} : (tensor<4x4xf32>) -> (tensor<4x5xi32>, tensor<4x5xf32>)
+  piper.yield
+}
+
+// -----
+
+// moe_router: one row of top_k choices per token.
+piper.segment @s(%l: tensor<4x4xf32>) {
+  // expected-error @+1 {{'piper.moe_router' op indices and weights must be [4, 2]}}
+  %i, %w = piper.moe_router %l {top_k = 2 : i64} : (tensor<4x4xf32>) -> (tensor<4x2xi32>, tensor<4x1xf32>)
+  piper.yield
+}
+
+// -----
+
+// moe_dispatch: experts and capacity are positive.
+piper.segment @s(%x: tensor<4x8xf32>, %i: tensor<4x2xi32>) {
+  // expected-error @+1 {{'piper.moe_dispatch' op experts and capacity must be positive}}
+  %y = piper.moe_dispatch %x, %i {experts = 4 : i64, capacity = 0 : i64} : (tensor<4x8xf32>, tensor<4x2xi32>) -> tensor<8x8xf32>
+  piper.yield
+}
+
+// -----
+
+// moe_dispatch: the result has a row per expert slot.
+piper.segment @s(%x: tensor<4x8xf32>, %i: tensor<4x2xi32>) {
+  // expected-error @+1 {{'piper.moe_dispatch' op result must be [experts * capacity, width] = [12, 8]}}
+  %y = piper.moe_dispatch %x, %i {experts = 4 : i64, capacity = 3 : i64} : (tensor<4x8xf32>, tensor<4x2xi32>) -> tensor<8x8xf32>
+  piper.yield
+}
+
+// -----
+
+// moe_dispatch: one row of choices per token.
+piper.segment @s(%x: tensor<4x8xf32>, %i: tensor<2x2xi32>) {
+  // expected-error @+1 {{'piper.moe_dispatch' op indices must have one row per token}}
+  %y = piper.moe_dispatch %x, %i {experts = 4 : i64, capacity = 2 : i64} : (tensor<4x8xf32>, tensor<2x2xi32>) -> tensor<8x8xf32>
+  piper.yield
+}
+
+// -----
+
+// moe_combine: experts and capacity are positive.
+piper.segment @s(%x: tensor<8x8xf32>, %i: tensor<4x2xi32>, %w: tensor<4x2xf32>) {
+  // expected-error @+1 {{'piper.moe_combine' op experts and capacity must be positive}}
+  %y = piper.moe_combine %x, %i, %w {experts = 0 : i64, capacity = 2 : i64} : (tensor<8x8xf32>, tensor<4x2xi32>, tensor<4x2xf32>) -> tensor<4x8xf32>
+  piper.yield
+}
+
+// -----
+
+// moe_combine: the input has a row per expert slot.
+piper.segment @s(%x: tensor<6x8xf32>, %i: tensor<4x2xi32>, %w: tensor<4x2xf32>) {
+  // expected-error @+1 {{'piper.moe_combine' op input must have experts * capacity = 8 rows}}
+  %y = piper.moe_combine %x, %i, %w {experts = 4 : i64, capacity = 2 : i64} : (tensor<6x8xf32>, tensor<4x2xi32>, tensor<4x2xf32>) -> tensor<4x8xf32>
+  piper.yield
+}
+
+// -----
+
+// moe_combine: a weight per routing choice.
+piper.segment @s(%x: tensor<8x8xf32>, %i: tensor<4x2xi32>, %w: tensor<4x1xf32>) {
+  // expected-error @+1 {{'piper.moe_combine' op indices and weights must have the same shape}}
+  %y = piper.moe_combine %x, %i, %w {experts = 4 : i64, capacity = 2 : i64} : (tensor<8x8xf32>, tensor<4x2xi32>, tensor<4x1xf32>) -> tensor<4x8xf32>
+  piper.yield
+}
+
+// -----
+
+// moe_combine: the result is [tokens, width].
+piper.segment @s(%x: tensor<8x8xf32>, %i: tensor<4x2xi32>, %w: tensor<4x2xf32>) {
+  // expected-error @+1 {{'piper.moe_combine' op result must be [tokens, width]}}
+  %y = piper.moe_combine %x, %i, %w {experts = 4 : i64, capacity = 2 : i64} : (tensor<8x8xf32>, tensor<4x2xi32>, tensor<4x2xf32>) -> tensor<8x8xf32>
+  piper.yield
+}
+
+// -----
+
+// expert_linear: one weight matrix per expert.
+piper.segment @s(%x: tensor<8x4xf32>, %w: tensor<2x4x6xf32>) {
+  // expected-error @+1 {{'piper.expert_linear' op weight must have 4 experts}}
+  %y = piper.expert_linear %x, %w {experts = 4 : i64} : (tensor<8x4xf32>, tensor<2x4x6xf32>) -> tensor<8x6xf32>
+  piper.yield
+}
+
+// -----
+
+// expert_linear: each expert has the same number of slots.
+piper.segment @s(%x: tensor<6x4xf32>, %w: tensor<4x4x6xf32>) {
+  // expected-error @+1 {{'piper.expert_linear' op rows must be a multiple of the expert count}}
+  %y = piper.expert_linear %x, %w {experts = 4 : i64} : (tensor<6x4xf32>, tensor<4x4x6xf32>) -> tensor<6x6xf32>
+  piper.yield
+}
+
+// -----
+
+// expert_linear: [slots, K] x [E, K, M] -> [slots, M].
+piper.segment @s(%x: tensor<8x4xf32>, %w: tensor<4x5x6xf32>) {
+  // expected-error @+1 {{'piper.expert_linear' op shapes do not chain: 'tensor<8x4xf32>' x 'tensor<4x5x6xf32>' -> 'tensor<8x6xf32>'}}
+  %y = piper.expert_linear %x, %w {experts = 4 : i64} : (tensor<8x4xf32>, tensor<4x5x6xf32>) -> tensor<8x6xf32>
+  piper.yield
+}
+
+// -----
+
+// expert_linear: the weight is rank 3.
+piper.segment @s(%x: tensor<8x4xf32>, %w: tensor<4x6xf32>) {
+  // expected-error @+1 {{'piper.expert_linear' op operand #1 must be 3D tensor of 32-bit float values, but got 'tensor<4x6xf32>'}}
+  %y = piper.expert_linear %x, %w {experts = 4 : i64} : (tensor<8x4xf32>, tensor<4x6xf32>) -> tensor<8x6xf32>
   piper.yield
 }
 
@@ -818,4 +1016,12 @@ piper.device_program @c attributes {device_class = 0 : i64, ranks = array<i64: 0
   %tok, %tgt, %bd = piper.batch {tag = {}} : tensor<2x2xi32>, tensor<2x2xi32>
   // expected-error @+1 {{'piper.send' op operand #0 must be ranked tensor of any type values, but got '!piper.token'}}
   %d = "piper.send"(%bd) {channel = 0 : i64, peers = array<i64: 1>, stream = "pp_stream", operandSegmentSizes = array<i32: 1, 0>} : (!piper.token) -> !piper.token
+}
+
+// -----
+
+// Gradient clipping is a per-device node: it lives in device programs.
+piper.program @p {
+  // expected-error @+1 {{'piper.clip_grads' op expects parent op 'piper.device_program'}}
+  %c = piper.clip_grads {max_norm = 1.0 : f64}
 }

@@ -117,6 +117,76 @@ piper.segment @backward(%ids: tensor<2x2xi32>, %x: tensor<4x4xf32>, %qkv: tensor
   piper.yield %dx0 : tensor<4x4xf32>
 }
 
+// Llama blocks: RMSNorm (default and explicit eps), grouped-query attention
+// with rotary embeddings, SwiGLU, and their gradients.
+// CHECK-LABEL: piper.param @g : tensor<8xf32> init ones(0.000000e+00)
+// CHECK-LABEL: piper.segment @llama(
+// CHECK-SAME: [[QKV:%[^:]+]]: tensor<4x16xf32>, [[X:%[^:]+]]: tensor<4x8xf32>, [[DY:%[^:]+]]: tensor<4x8xf32>, [[GU:%[^:]+]]: tensor<4x12xf32>, [[DZ:%[^:]+]]: tensor<4x6xf32>)
+// CHECK: [[G:%.*]] = piper.param_ref @g : tensor<8xf32>
+// CHECK: piper.rms_norm [[X]], [[G]] : (tensor<4x8xf32>, tensor<8xf32>) -> tensor<4x8xf32>
+// CHECK: piper.rms_norm [[X]], [[G]] {eps = 1.000000e-05 : f64} : (tensor<4x8xf32>, tensor<8xf32>) -> tensor<4x8xf32>
+// CHECK: [[DX:%[^,]+]], [[DG:%[^ ]+]] = piper.rms_norm_grad [[X]], [[G]], [[DY]] : (tensor<4x8xf32>, tensor<8xf32>, tensor<4x8xf32>) -> (tensor<4x8xf32>, tensor<8xf32>)
+// CHECK: [[ATT:%.*]] = piper.attention [[QKV]] {heads = 4 : i64, kv_heads = 2 : i64, rope_theta = 1.000000e+04 : f64, seq = 2 : i64} : (tensor<4x16xf32>) -> tensor<4x8xf32>
+// CHECK: piper.attention_grad [[QKV]], [[DY]] {heads = 4 : i64, kv_heads = 2 : i64, rope_theta = 1.000000e+04 : f64, seq = 2 : i64} : (tensor<4x16xf32>, tensor<4x8xf32>) -> tensor<4x16xf32>
+// CHECK: piper.swiglu [[GU]] : (tensor<4x12xf32>) -> tensor<4x6xf32>
+// CHECK: piper.swiglu_grad [[GU]], [[DZ]] : (tensor<4x12xf32>, tensor<4x6xf32>) -> tensor<4x12xf32>
+// CHECK: piper.accumulate_grad @g, [[DG]] : tensor<8xf32>
+// CHECK: piper.yield [[ATT]] : tensor<4x8xf32>
+piper.param @g : tensor<8xf32> init ones(0.0)
+piper.param @experts.w : tensor<4x8x6xf32> init normal(2.0e-02)
+piper.segment @llama(%qkv: tensor<4x16xf32>, %x: tensor<4x8xf32>, %dy: tensor<4x8xf32>, %gu: tensor<4x12xf32>, %dz: tensor<4x6xf32>) -> tensor<4x8xf32> {
+  %g = piper.param_ref @g : tensor<8xf32>
+  %rms = piper.rms_norm %x, %g : (tensor<4x8xf32>, tensor<8xf32>) -> tensor<4x8xf32>
+  %rms2 = piper.rms_norm %x, %g {eps = 1.0e-05 : f64} : (tensor<4x8xf32>, tensor<8xf32>) -> tensor<4x8xf32>
+  %dx, %dg = piper.rms_norm_grad %x, %g, %dy : (tensor<4x8xf32>, tensor<8xf32>, tensor<4x8xf32>) -> (tensor<4x8xf32>, tensor<8xf32>)
+  %att = piper.attention %qkv {heads = 4 : i64, kv_heads = 2 : i64, seq = 2 : i64, rope_theta = 1.0e+04 : f64} : (tensor<4x16xf32>) -> tensor<4x8xf32>
+  %datt = piper.attention_grad %qkv, %dy {heads = 4 : i64, kv_heads = 2 : i64, seq = 2 : i64, rope_theta = 1.0e+04 : f64} : (tensor<4x16xf32>, tensor<4x8xf32>) -> tensor<4x16xf32>
+  %z = piper.swiglu %gu : (tensor<4x12xf32>) -> tensor<4x6xf32>
+  %dgu = piper.swiglu_grad %gu, %dz : (tensor<4x12xf32>, tensor<4x6xf32>) -> tensor<4x12xf32>
+  piper.accumulate_grad @g, %dg : tensor<8xf32>
+  piper.yield %att : tensor<4x8xf32>
+}
+
+// Mixture of experts: routing (with and without renormalized top-k),
+// dispatch into expert slots, per-expert linear layers, combine, the
+// load-balancing loss with its weight, and every gradient.
+// CHECK-LABEL: piper.segment @moe(
+// CHECK-SAME: [[X:%[^:]+]]: tensor<4x8xf32>, [[LOGITS:%[^:]+]]: tensor<4x4xf32>, [[DY:%[^:]+]]: tensor<4x8xf32>, [[DW:%[^:]+]]: tensor<4x2xf32>, [[DSLOTS:%[^:]+]]: tensor<8x6xf32>)
+// CHECK: [[IDX:%[^,]+]], [[WTS:%[^ ]+]] = piper.moe_router [[LOGITS]] {norm_topk, top_k = 2 : i64} : (tensor<4x4xf32>) -> (tensor<4x2xi32>, tensor<4x2xf32>)
+// CHECK: piper.moe_router [[LOGITS]] {top_k = 1 : i64} : (tensor<4x4xf32>) -> (tensor<4x1xi32>, tensor<4x1xf32>)
+// CHECK: piper.moe_router_grad [[LOGITS]], [[IDX]], [[DW]] {norm_topk, top_k = 2 : i64} : (tensor<4x4xf32>, tensor<4x2xi32>, tensor<4x2xf32>) -> tensor<4x4xf32>
+// CHECK: [[SLOTS:%.*]] = piper.moe_dispatch [[X]], [[IDX]] {capacity = 2 : i64, experts = 4 : i64} : (tensor<4x8xf32>, tensor<4x2xi32>) -> tensor<8x8xf32>
+// CHECK: piper.moe_dispatch_grad [[IDX]], [[SLOTS]] {capacity = 2 : i64, experts = 4 : i64} : (tensor<4x2xi32>, tensor<8x8xf32>) -> tensor<4x8xf32>
+// CHECK: [[W:%.*]] = piper.param_ref @experts.w : tensor<4x8x6xf32>
+// CHECK: [[H:%.*]] = piper.expert_linear [[SLOTS]], [[W]] {experts = 4 : i64} : (tensor<8x8xf32>, tensor<4x8x6xf32>) -> tensor<8x6xf32>
+// CHECK: piper.expert_linear_grad_input [[DSLOTS]], [[W]] {experts = 4 : i64} : (tensor<8x6xf32>, tensor<4x8x6xf32>) -> tensor<8x8xf32>
+// CHECK: [[DEW:%.*]] = piper.expert_linear_grad_weight [[SLOTS]], [[DSLOTS]] {experts = 4 : i64} : (tensor<8x8xf32>, tensor<8x6xf32>) -> tensor<4x8x6xf32>
+// CHECK: piper.accumulate_grad @experts.w, [[DEW]] : tensor<4x8x6xf32>
+// CHECK: [[Y:%.*]] = piper.moe_combine [[H]], [[IDX]], [[WTS]] {capacity = 2 : i64, experts = 4 : i64} : (tensor<8x6xf32>, tensor<4x2xi32>, tensor<4x2xf32>) -> tensor<4x6xf32>
+// CHECK: piper.moe_combine_grad [[H]], [[IDX]], [[WTS]], [[Y]] {capacity = 2 : i64, experts = 4 : i64} : (tensor<8x6xf32>, tensor<4x2xi32>, tensor<4x2xf32>, tensor<4x6xf32>) -> (tensor<8x6xf32>, tensor<4x2xf32>)
+// CHECK: [[AUX:%.*]] = piper.moe_aux_loss [[LOGITS]], [[IDX]] {coeff = 1.000000e-02 : f64, experts = 4 : i64, top_k = 2 : i64} : (tensor<4x4xf32>, tensor<4x2xi32>) -> tensor<f32>
+// CHECK: piper.loss_accumulate [[AUX]] {coeff = 1.000000e-02 : f64} : tensor<f32>
+// CHECK: piper.moe_aux_loss_grad [[LOGITS]], [[IDX]] {coeff = 1.000000e-02 : f64, experts = 4 : i64, top_k = 2 : i64} : (tensor<4x4xf32>, tensor<4x2xi32>) -> tensor<4x4xf32>
+// CHECK: piper.yield [[Y]] : tensor<4x6xf32>
+piper.segment @moe(%x: tensor<4x8xf32>, %logits: tensor<4x4xf32>, %dy: tensor<4x8xf32>, %dw: tensor<4x2xf32>, %dslots: tensor<8x6xf32>) -> tensor<4x6xf32> {
+  %idx, %wts = piper.moe_router %logits {top_k = 2 : i64, norm_topk} : (tensor<4x4xf32>) -> (tensor<4x2xi32>, tensor<4x2xf32>)
+  %idx2, %wts2 = piper.moe_router %logits {top_k = 1 : i64} : (tensor<4x4xf32>) -> (tensor<4x1xi32>, tensor<4x1xf32>)
+  %dlog = piper.moe_router_grad %logits, %idx, %dw {top_k = 2 : i64, norm_topk} : (tensor<4x4xf32>, tensor<4x2xi32>, tensor<4x2xf32>) -> tensor<4x4xf32>
+  %slots = piper.moe_dispatch %x, %idx {experts = 4 : i64, capacity = 2 : i64} : (tensor<4x8xf32>, tensor<4x2xi32>) -> tensor<8x8xf32>
+  %dx = piper.moe_dispatch_grad %idx, %slots {experts = 4 : i64, capacity = 2 : i64} : (tensor<4x2xi32>, tensor<8x8xf32>) -> tensor<4x8xf32>
+  %w = piper.param_ref @experts.w : tensor<4x8x6xf32>
+  %h = piper.expert_linear %slots, %w {experts = 4 : i64} : (tensor<8x8xf32>, tensor<4x8x6xf32>) -> tensor<8x6xf32>
+  %dh = piper.expert_linear_grad_input %dslots, %w {experts = 4 : i64} : (tensor<8x6xf32>, tensor<4x8x6xf32>) -> tensor<8x8xf32>
+  %dw2 = piper.expert_linear_grad_weight %slots, %dslots {experts = 4 : i64} : (tensor<8x8xf32>, tensor<8x6xf32>) -> tensor<4x8x6xf32>
+  piper.accumulate_grad @experts.w, %dw2 : tensor<4x8x6xf32>
+  %y = piper.moe_combine %h, %idx, %wts {experts = 4 : i64, capacity = 2 : i64} : (tensor<8x6xf32>, tensor<4x2xi32>, tensor<4x2xf32>) -> tensor<4x6xf32>
+  %dh2, %dwts = piper.moe_combine_grad %h, %idx, %wts, %y {experts = 4 : i64, capacity = 2 : i64} : (tensor<8x6xf32>, tensor<4x2xi32>, tensor<4x2xf32>, tensor<4x6xf32>) -> (tensor<8x6xf32>, tensor<4x2xf32>)
+  %aux = piper.moe_aux_loss %logits, %idx {experts = 4 : i64, top_k = 2 : i64, coeff = 1.0e-02 : f64} : (tensor<4x4xf32>, tensor<4x2xi32>) -> tensor<f32>
+  piper.loss_accumulate %aux {coeff = 1.0e-02 : f64} : tensor<f32>
+  %daux = piper.moe_aux_loss_grad %logits, %idx {experts = 4 : i64, top_k = 2 : i64, coeff = 1.0e-02 : f64} : (tensor<4x4xf32>, tensor<4x2xi32>) -> tensor<4x4xf32>
+  piper.yield %y : tensor<4x6xf32>
+}
+
 // The optimizer step and clearing the accumulators; a bare yield.
 // CHECK-LABEL: piper.segment @update() attributes {piper.pass = "U"}
 // CHECK-NEXT: piper.adamw @wte {beta1 = 9.000000e-01 : f64, beta2 = 0.94999999999999996 : f64, eps = 1.000000e-08 : f64, lr = 1.000000e-03 : f64, weight_decay = 1.000000e-01 : f64}
@@ -177,7 +247,7 @@ piper.program @train attributes {num_microbatches = 2 : i64, num_replicas = 2 : 
 }
 
 // Per-device programs: send and recv (with and without deps) paired by
-// channel, a task and an all-reduce on the class's ranks.
+// channel, a task, an all-reduce on the class's ranks and gradient clipping.
 // CHECK-LABEL: piper.device_program @class0 attributes {device_class = 0 : i64, num_microbatches = 1 : i64, ranks = array<i64: 0, 1>} {
 // CHECK: [[TOK:%[^,]+]], [[TGT:%[^,]+]], [[BD:%[^ ]+]] = piper.batch {tag = {MB = 0 : i64}}
 // CHECK: [[F:%[^:]+]]:2, [[FD:%[^ ]+]] = piper.task @forward([[TOK]], [[TGT]]) {devices = array<i64: 0, 1>, stream = "compute", tag = {PASS = "F", PP = 0 : i64}}
@@ -186,6 +256,9 @@ piper.program @train attributes {num_microbatches = 2 : i64, num_replicas = 2 : 
 // CHECK: [[R:%[^,]+]], [[RD:%[^ ]+]] = piper.recv {channel = 2 : i64, peers = array<i64: 2, 3>, stream = "pp_stream"} : tensor<4x4xf32>
 // CHECK: piper.recv after([[RD]]) {channel = 3 : i64, peers = array<i64: 2, 3>, stream = "pp_stream"} : tensor<4x4xf32>
 // CHECK: piper.all_reduce [@wte] after([[RD]]) {devices = array<i64: 0, 1>, stream = "dp_stream", tag = {PP = 0 : i64}}
+// CHECK: [[CLIP:%.*]] = piper.clip_grads after([[RD]]) {max_norm = 1.000000e+00 : f64}
+// CHECK: piper.clip_grads after([[CLIP]]) {max_norm = 5.000000e-01 : f64}
+// CHECK: piper.clip_grads {max_norm = 2.000000e+00 : f64}
 piper.device_program @class0 attributes {device_class = 0 : i64, num_microbatches = 1 : i64, ranks = array<i64: 0, 1>} {
   %tok, %tgt, %bd = piper.batch {tag = {MB = 0 : i64}} : tensor<2x2xi32>, tensor<2x2xi32>
   %loss, %logits, %fd = piper.task @forward(%tok, %tgt) {devices = array<i64: 0, 1>, stream = "compute", tag = {PP = 0 : i64, PASS = "F"}} : (tensor<2x2xi32>, tensor<2x2xi32>) -> (tensor<f32>, tensor<4x16xf32>, !piper.token)
@@ -194,4 +267,7 @@ piper.device_program @class0 attributes {device_class = 0 : i64, num_microbatche
   %r, %rd = piper.recv {channel = 2 : i64, peers = array<i64: 2, 3>, stream = "pp_stream"} : tensor<4x4xf32>
   %r2, %rd2 = piper.recv after(%rd) {channel = 3 : i64, peers = array<i64: 2, 3>, stream = "pp_stream"} : tensor<4x4xf32>
   %ar = piper.all_reduce [@wte] after(%rd) {devices = array<i64: 0, 1>, stream = "dp_stream", tag = {PP = 0 : i64}}
+  %clip = piper.clip_grads after(%rd) {max_norm = 1.0 : f64}
+  %clip2 = piper.clip_grads after(%clip) {max_norm = 0.5 : f64}
+  %clip3 = piper.clip_grads {max_norm = 2.0 : f64}
 }

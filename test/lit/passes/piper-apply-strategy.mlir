@@ -16,7 +16,7 @@
 
 // Two stages on devices 0 and 1, two microbatches, and an order that runs
 // both forwards of stage 0 before its backwards (B0 then B1).
-// CHECK-LABEL: piper.program @model attributes {num_microbatches = 2 : i64} {
+// CHECK-LABEL: piper.program @model attributes {num_microbatches = 2 : i64, {{.*}}} {
 // CHECK: [[F0:%[^:]+]]:3, [[F0D:%[^ ]+]] = piper.task @stage0_F({{.*}}) {devices = array<i64: 0>, piper.send_stream = "pp_stream", stream = "compute", tag = {MB = 0 : i64, PASS = "F", PP = 0 : i64}}
 // CHECK-NEXT: [[A0:%[^,]+]], %{{.*}} = piper.transfer [[F0]]#0 {from = array<i64: 0>, stream = "pp_stream", to = array<i64: 1>}
 // CHECK-NEXT: piper.task @stage1_F([[A0]], {{.*}}) {devices = array<i64: 1>, piper.send_stream = "p2p", stream = "compute", tag = {MB = 0 : i64, PASS = "F", PP = 1 : i64}}
@@ -29,7 +29,7 @@
 
 // The object form with a world size: without a stage directive the places
 // name two stages; each is replicated over two devices, stage 0 in buckets.
-// DP-LABEL: piper.program @model attributes {num_replicas = 2 : i64, piper.replicated} {
+// DP-LABEL: piper.program @model attributes {num_replicas = 2 : i64, {{.*}}piper.replicated} {
 // DP: piper.task @stage0_F({{.*}}) {devices = array<i64: 0, 1>
 // DP: piper.transfer {{.*}} {from = array<i64: 0, 1>, stream = "pp_stream", to = array<i64: 2, 3>}
 // DP: [[B1:%[^ ]+]] = piper.task @stage1_B({{.*}}) {devices = array<i64: 2, 3>

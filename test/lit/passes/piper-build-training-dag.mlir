@@ -57,8 +57,9 @@
 // CHECK-NEXT: piper.zero_grad @lm
 // CHECK-NEXT: piper.yield
 // The tasks: forwards in stage order, backwards in reverse, one update per
-// stage after its backward.
-// CHECK-LABEL: piper.program @model {
+// stage after its backward. The step-level optimizer settings (learning-rate
+// schedule, gradient clipping) are recorded on the program.
+// CHECK-LABEL: piper.program @model attributes {piper.optimizer = {clip_grad_norm = 1.000000e+00 : f64, decay_steps = 0 : i64, min_lr = 1.000000e-04 : f64, warmup_steps = 0 : i64}} {
 // CHECK-NEXT: [[TOK:%[^,]+]], [[TGT:%[^,]+]], %{{.*}} = piper.batch {tag = {}}
 // CHECK-NEXT: [[F0:%[^:]+]]:3, %{{.*}} = piper.task @stage0_F([[TOK]]) {tag = {PASS = "F", PP = 0 : i64}}
 // CHECK-NEXT: [[F1:%[^,]+]], %{{.*}} = piper.task @stage1_F([[F0]]#0, [[TGT]]) {tag = {PASS = "F", PP = 1 : i64}}

@@ -46,7 +46,7 @@
 
 // 1F1B with three stages and four microbatches: stage 0 warms up with two
 // forwards, F0 F1 F2 B0 F3 B1 B2 B3.
-// WARMUP-LABEL: piper.program @model attributes {num_microbatches = 4 : i64} {
+// WARMUP-LABEL: piper.program @model attributes {num_microbatches = 4 : i64{{.*}}} {
 // WARMUP: [[F0:%[^ ]+]] = piper.task @stage0_F(%{{[^)]*}}) {tag = {MB = 0 : i64, PASS = "F", PP = 0 : i64}}
 // WARMUP: [[F1:%[^ ]+]] = piper.task @stage0_F({{.*}}) after([[F0]]) {tag = {MB = 1 : i64, PASS = "F", PP = 0 : i64}}
 // WARMUP: [[F2:%[^ ]+]] = piper.task @stage0_F({{.*}}) after([[F1]]) {tag = {MB = 2 : i64, PASS = "F", PP = 0 : i64}}
