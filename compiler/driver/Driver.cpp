@@ -323,6 +323,9 @@ int mlir::piper::pipercMain(int argc, char **argv) {
                          "(0: no decay)");
   compileCmd->add_option("--clip-grad", comp.opt.clipGradNorm,
                          "global gradient-norm clipping threshold (0: off)");
+  compileCmd->add_flag("--no-optimizer", comp.opt.noUpdate,
+                       "forward and backward only: gradients accumulate and "
+                       "are never applied (gradient checks)");
 
   CLI11_PARSE(app, argc, argv);
   if (modelCmd->parsed())

@@ -466,6 +466,8 @@ LogicalResult mlir::piper::buildTrainingDag(ModuleOp module,
   // One update task per stage: AdamW on each of its parameters, then clear
   // the accumulators for the next step.
   for (auto [si, info] : llvm::enumerate(infos)) {
+    if (opt.noUpdate)
+      break;
     std::string name = "stage" + std::to_string(*getTagInt(info.tag, "PP")) +
                        "_U";
     auto useg = SegmentOp::create(mb, info.fwdTask.getLoc(), name,

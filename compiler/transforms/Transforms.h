@@ -24,6 +24,9 @@ struct OptimizerConfig {
   int64_t decaySteps = 0;
   /// Global-norm clipping threshold; 0 disables it.
   double clipGradNorm = 1.0;
+  /// Builds forward and backward only: no update tasks, so gradients
+  /// accumulate across steps (gradient checks, debugging).
+  bool noUpdate = false;
 };
 
 /// Returns the single piper.program of `module`, or emits an error.

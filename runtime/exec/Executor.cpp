@@ -741,9 +741,18 @@ std::vector<ParamSpec> Executor::paramSpecs() const {
 }
 
 Status Executor::saveCheckpoint(const std::string &path, int64_t step) const {
+  return saveState(path, step, Operand::PARAM);
+}
+
+Status Executor::saveGradients(const std::string &path, int64_t step) const {
+  return saveState(path, step, Operand::GRAD);
+}
+
+Status Executor::saveState(const std::string &path, int64_t step,
+                           int kind) const {
   std::vector<SafetensorsTensor> tensors;
   for (int p = 0; p < impl->plan.params_size(); ++p) {
-    const TensorPtr &t = impl->stateOf(p, Operand::PARAM);
+    const TensorPtr &t = impl->stateOf(p, kind);
     tensors.push_back(SafetensorsTensor{impl->plan.params(p).name(), "F32",
                                         t->shape, t->data});
   }

@@ -86,6 +86,9 @@ public:
   /// Writes every parameter to the safetensors file `path` (F32, the plan's
   /// names and shapes, in plan order, checkpointMetadata(step)) atomically.
   Status saveCheckpoint(const std::string &path, int64_t step) const;
+  /// Writes every gradient accumulator instead of the parameters (same
+  /// names), e.g. after a step of a plan compiled with --no-optimizer.
+  Status saveGradients(const std::string &path, int64_t step) const;
   /// Replaces the value of every parameter by the tensor of the same name in
   /// `reader`; call before the first step. A missing tensor or one of
   /// another dtype or shape is an error naming it; tensors that are not
@@ -94,6 +97,7 @@ public:
   Status loadCheckpoint(const SafetensorsReader &reader);
 
 private:
+  Status saveState(const std::string &path, int64_t step, int kind) const;
   explicit Executor(std::unique_ptr<ExecutorImpl> impl);
   std::unique_ptr<ExecutorImpl> impl;
 };

@@ -235,18 +235,24 @@ Status checkStrategy(const RunOptions &options,
 /// After the last step: replica 0 of every class writes its parameters;
 /// with several classes they write parts that rank 0 merges, in manifest
 /// order, once every rank has passed a barrier.
-Status writeCheckpoint(const RunOptions &options,
+Status writeCheckpoint(const std::string &path, bool gradients,
                        const plan::Manifest &manifest, Executor &exec,
                        Communicator *comm, int rank, int64_t step) {
   std::string who = "rank " + std::to_string(rank);
-  const std::string &path = options.savePath;
   PIPER_RETURN_IF_ERROR(
       makeDirectories(parentDirectory(path)).withContext(who + ": --save"));
   bool merge = manifest.classes_size() > 1;
   if (exec.replicaIndex() == 0)
-    PIPER_RETURN_IF_ERROR(exec.saveCheckpoint(
-        merge ? checkpointPartPath(path, exec.plan().device_class()) : path,
-        step));
+    PIPER_RETURN_IF_ERROR(
+        gradients
+            ? exec.saveGradients(
+                  merge ? checkpointPartPath(path, exec.plan().device_class())
+                        : path,
+                  step)
+            : exec.saveCheckpoint(
+                  merge ? checkpointPartPath(path, exec.plan().device_class())
+                        : path,
+                  step));
   if (!merge)
     return Status::ok();
   if (comm) {
@@ -740,7 +746,14 @@ int runRank(const RunOptions &options, int rank, int worldSize,
       return fail(st.message());
   }
   if (!options.savePath.empty()) {
-    st = writeCheckpoint(options, manifest, *exec, comm.get(), rank, lastStep);
+    st = writeCheckpoint(options.savePath, false, manifest, *exec, comm.get(),
+                         rank, lastStep);
+    if (!st)
+      return fail(st.message());
+  }
+  if (!options.saveGradsPath.empty()) {
+    st = writeCheckpoint(options.saveGradsPath, true, manifest, *exec,
+                         comm.get(), rank, lastStep);
     if (!st)
       return fail(st.message());
   }
@@ -787,6 +800,10 @@ int piperRunMain(int argc, char **argv) {
                  "file's header, else uint16)")
       ->check(CLI::IsMember({"uint16", "uint32"}))
       ->needs(data);
+  app.add_option("--save-grads", options.saveGradsPath,
+                 "after the last step, write the gradient accumulators to "
+                 "this safetensors file (meaningful for plans compiled with "
+                 "piperc --no-optimizer, whose gradients are never cleared)");
   app.add_option("--save", options.savePath,
                  "after the last step, write all parameters to this "
                  "safetensors file");

@@ -35,6 +35,8 @@ struct RunOptions {
   /// After the last step, the parameters of every class are written here as
   /// one safetensors file; empty means none.
   std::string savePath;
+  /// --save-grads: the gradient accumulators after the last step.
+  std::string saveGradsPath;
   /// Before the first step, parameters are read from this safetensors file
   /// instead of being initialized, and steps continue after its "step";
   /// empty means none.

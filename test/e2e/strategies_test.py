@@ -37,12 +37,21 @@ LLAMA_STRATEGIES = [
     ("pp2 x dp2, 1f1b, 4 mb", ["--pp", "2", "--dp", "2", "--microbatches", "4",
                                 "--schedule", "1f1b"], 4),
 ]
+MOE_STRATEGIES = [
+    ("1 device", ["--microbatches", "8"], 1),
+    ("pp2 x dp2, gpipe, 4 mb", ["--pp", "2", "--dp", "2", "--microbatches", "4",
+                                 "--schedule", "gpipe"], 4),
+]
 MODELS = [
     ("gpt", ["gpt", "--layers", "4", "--hidden", "64", "--heads", "4",
              "--vocab", "256", "--seq", "32", "--batch", "4"], GPT_STRATEGIES),
     ("llama", ["llama", "--layers", "4", "--hidden", "64", "--heads", "4",
                "--kv-heads", "2", "--vocab", "256", "--seq", "32", "--batch", "4"],
      LLAMA_STRATEGIES),
+    ("qwen3-moe", ["qwen3-moe", "--layers", "2", "--hidden", "64", "--heads", "4",
+                   "--kv-heads", "2", "--ffn", "64", "--experts", "4", "--top-k", "2",
+                   "--vocab", "256", "--seq", "32", "--batch", "4"],
+     MOE_STRATEGIES),
 ]
 
 

@@ -158,6 +158,61 @@ piper.program @p {
 
 // -----
 
+// A Llama/MoE stage: the load-balancing loss joins the step loss with its
+// weight; its gradient and the router's sum into the router logits; expert
+// layers, SwiGLU, dispatch/combine and RMSNorm have their gradient ops.
+// CHECK-LABEL: piper.segment @moe_F(
+// CHECK: [[AUX:%.*]] = piper.moe_aux_loss
+// CHECK-NEXT: piper.loss_accumulate [[AUX]] {coeff = 1.000000e-02 : f64} : tensor<f32>
+// CHECK: [[LOSS:%.*]] = piper.cross_entropy
+// CHECK-NEXT: piper.loss_accumulate [[LOSS]] : tensor<f32>
+// CHECK-LABEL: piper.segment @moe_B(
+// CHECK: [[DY:%.*]] = piper.cross_entropy_grad
+// CHECK: [[DA:%[^,]+]], [[DW:%[^ ]+]] = piper.moe_combine_grad {{.*}}, [[DY]] {capacity = 2 : i64, experts = 4 : i64}
+// CHECK: [[DH:%.*]] = piper.swiglu_grad %{{.*}}, [[DA]]
+// CHECK: [[DS:%.*]] = piper.expert_linear_grad_input [[DH]], %{{.*}} {experts = 4 : i64}
+// CHECK: [[DE:%.*]] = piper.expert_linear_grad_weight %{{.*}}, [[DH]] {experts = 4 : i64}
+// CHECK: piper.accumulate_grad @experts, [[DE]] : tensor<4x8x16xf32>
+// CHECK: [[DN1:%.*]] = piper.moe_dispatch_grad %{{.*}}, [[DS]] {capacity = 2 : i64, experts = 4 : i64}
+// CHECK: [[DAUX:%.*]] = piper.moe_aux_loss_grad {{.*}} {coeff = 1.000000e-02 : f64, experts = 4 : i64, top_k = 2 : i64}
+// CHECK: [[DR:%.*]] = piper.moe_router_grad {{.*}}, [[DW]] {norm_topk, top_k = 2 : i64}
+// CHECK: [[DL:%.*]] = piper.add [[DAUX]], [[DR]]
+// CHECK: [[DN2:%.*]] = piper.linear_grad_input [[DL]]
+// CHECK: [[DN:%.*]] = piper.add [[DN1]], [[DN2]]
+// CHECK: {{.*}}, [[DG:%[^ ]+]] = piper.rms_norm_grad %{{.*}}, %{{.*}}, [[DN]]
+// CHECK: piper.accumulate_grad @g, [[DG]] : tensor<8xf32>
+piper.param @g : tensor<8xf32> init ones(0.0)
+piper.param @wte : tensor<16x8xf32> init normal(2.0e-02)
+piper.param @router : tensor<8x4xf32> init normal(2.0e-02)
+piper.param @experts : tensor<4x8x16xf32> init normal(2.0e-02)
+piper.segment @emb(%ids: tensor<2x2xi32>) -> tensor<4x8xf32> {
+  %w = piper.param_ref @wte : tensor<16x8xf32>
+  %x = piper.embedding %ids, %w : (tensor<2x2xi32>, tensor<16x8xf32>) -> tensor<4x8xf32>
+  piper.yield %x : tensor<4x8xf32>
+}
+piper.segment @moe(%x: tensor<4x8xf32>, %t: tensor<2x2xi32>) -> tensor<f32> {
+  %g = piper.param_ref @g : tensor<8xf32>
+  %n = piper.rms_norm %x, %g : (tensor<4x8xf32>, tensor<8xf32>) -> tensor<4x8xf32>
+  %r = piper.param_ref @router : tensor<8x4xf32>
+  %l = piper.linear %n, %r : (tensor<4x8xf32>, tensor<8x4xf32>) -> tensor<4x4xf32>
+  %idx, %wts = piper.moe_router %l {top_k = 2 : i64, norm_topk} : (tensor<4x4xf32>) -> (tensor<4x2xi32>, tensor<4x2xf32>)
+  %aux = piper.moe_aux_loss %l, %idx {experts = 4 : i64, top_k = 2 : i64, coeff = 1.0e-02 : f64} : (tensor<4x4xf32>, tensor<4x2xi32>) -> tensor<f32>
+  %s = piper.moe_dispatch %n, %idx {experts = 4 : i64, capacity = 2 : i64} : (tensor<4x8xf32>, tensor<4x2xi32>) -> tensor<8x8xf32>
+  %e = piper.param_ref @experts : tensor<4x8x16xf32>
+  %h = piper.expert_linear %s, %e {experts = 4 : i64} : (tensor<8x8xf32>, tensor<4x8x16xf32>) -> tensor<8x16xf32>
+  %a = piper.swiglu %h : (tensor<8x16xf32>) -> tensor<8x8xf32>
+  %y = piper.moe_combine %a, %idx, %wts {experts = 4 : i64, capacity = 2 : i64} : (tensor<8x8xf32>, tensor<4x2xi32>, tensor<4x2xf32>) -> tensor<4x8xf32>
+  %loss = piper.cross_entropy %y, %t : (tensor<4x8xf32>, tensor<2x2xi32>) -> tensor<f32>
+  piper.yield %loss : tensor<f32>
+}
+piper.program @p {
+  %tok, %tgt, %d = piper.batch {tag = {}} : tensor<2x2xi32>, tensor<2x2xi32>
+  %x, %d0 = piper.task @emb(%tok) {tag = {PP = 0 : i64}} : (tensor<2x2xi32>) -> (tensor<4x8xf32>, !piper.token)
+  %l, %d1 = piper.task @moe(%x, %tgt) {tag = {PP = 1 : i64}} : (tensor<4x8xf32>, tensor<2x2xi32>) -> (tensor<f32>, !piper.token)
+}
+
+// -----
+
 // Differentiating twice: the tasks already carry a PASS.
 piper.segment @s() {
   piper.yield

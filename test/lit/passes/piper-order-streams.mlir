@@ -93,6 +93,66 @@ piper.device_program @class0 attributes {device_class = 0 : i64, ranks = array<i
 
 // -----
 
+// Gradient clipping is world-wide: every device program reaches its clip,
+// which follows its last gradient producer, before any update runs.
+// CHECK-LABEL: piper.device_program @class0
+// CHECK-NEXT: [[B0:%.*]] = piper.task @b() {{.*}}MB = 0 : i64, PASS = "B"
+// CHECK-NEXT: [[B1:%.*]] = piper.task @b() after([[B0]]) {{.*}}MB = 1 : i64, PASS = "B"
+// CHECK-NEXT: [[AR:%.*]] = piper.all_reduce [@w] after([[B0]], [[B1]])
+// CHECK-NEXT: [[C:%.*]] = piper.clip_grads after([[B1]], [[AR]]) {max_norm = 1.000000e+00 : f64}
+// CHECK-NEXT: piper.task @b() after([[C]]) {{.*}}PASS = "U"
+// CHECK-LABEL: piper.device_program @class1
+// CHECK-NEXT: [[B:%.*]] = piper.task @b()
+// CHECK-NEXT: [[C:%.*]] = piper.clip_grads after([[B]])
+// CHECK-NEXT: piper.task @b() after([[C]])
+piper.param @w : tensor<4xf32> init zeros(0.0)
+piper.segment @b() {
+  piper.yield
+}
+piper.device_program @class0 attributes {device_class = 0 : i64, ranks = array<i64: 0, 1>} {
+  %b0 = piper.task @b() {devices = array<i64: 0, 1>, stream = "compute", tag = {PP = 0 : i64, MB = 0 : i64, PASS = "B"}} : () -> !piper.token
+  %b1 = piper.task @b() after(%b0) {devices = array<i64: 0, 1>, stream = "compute", tag = {PP = 0 : i64, MB = 1 : i64, PASS = "B"}} : () -> !piper.token
+  %ar = piper.all_reduce [@w] after(%b0, %b1) {devices = array<i64: 0, 1>, stream = "dp_stream", tag = {PP = 0 : i64}}
+  %c = piper.clip_grads after(%b1, %ar) {max_norm = 1.0 : f64}
+  %u = piper.task @b() after(%c) {devices = array<i64: 0, 1>, stream = "compute", tag = {PP = 0 : i64, PASS = "U"}} : () -> !piper.token
+}
+piper.device_program @class1 attributes {device_class = 1 : i64, ranks = array<i64: 2>} {
+  %b = piper.task @b() {devices = array<i64: 2>, stream = "compute", tag = {PP = 1 : i64, MB = 0 : i64, PASS = "B"}} : () -> !piper.token
+  %c = piper.clip_grads after(%b) {max_norm = 1.0 : f64}
+  %u = piper.task @b() after(%c) {devices = array<i64: 2>, stream = "compute", tag = {PP = 1 : i64, PASS = "U"}} : () -> !piper.token
+}
+
+// -----
+
+// A clip that waits for a device whose gradients need data produced after
+// that clip: class 1's backward needs class 0's update output.
+// DEADLOCK: error: the schedule deadlocks:
+// DEADLOCK-NEXT: ranks [0] stream 'compute' waits at clip_grads for the other devices to reach their gradient clipping
+// DEADLOCK-NEXT: ranks [0] stream 'pp_stream' waits at send channel 0 for task @f (PP=0 PASS=U)
+// DEADLOCK-NEXT: ranks [1] stream 'compute' waits at task @g (PP=1 PASS=B) for recv channel 0
+// DEADLOCK-NEXT: ranks [1] stream 'pp_stream' waits at recv channel 0 for a send that never happens
+piper.param @w : tensor<4xf32> init zeros(0.0)
+piper.segment @f() -> tensor<4xf32> {
+  %w = piper.param_ref @w : tensor<4xf32>
+  piper.yield %w : tensor<4xf32>
+}
+piper.segment @g(%x: tensor<4xf32>) {
+  piper.yield
+}
+// expected-error @+1 {{ranks [0] stream 'compute' waits at clip_grads for the other devices to reach their gradient clipping}}
+piper.device_program @class0 attributes {device_class = 0 : i64, ranks = array<i64: 0>} {
+  %c = piper.clip_grads {max_norm = 1.0 : f64}
+  %x, %d = piper.task @f() after(%c) {devices = array<i64: 0>, stream = "compute", tag = {PP = 0 : i64, PASS = "U"}} : () -> (tensor<4xf32>, !piper.token)
+  %s = piper.send %x {channel = 0 : i64, peers = array<i64: 1>, stream = "pp_stream"} : tensor<4xf32>
+}
+piper.device_program @class1 attributes {device_class = 1 : i64, ranks = array<i64: 1>} {
+  %r, %rd = piper.recv {channel = 0 : i64, peers = array<i64: 0>, stream = "pp_stream"} : tensor<4xf32>
+  %d = piper.task @g(%r) {devices = array<i64: 1>, stream = "compute", tag = {PP = 1 : i64, PASS = "B"}} : (tensor<4xf32>) -> !piper.token
+  %c = piper.clip_grads after(%d) {max_norm = 1.0 : f64}
+}
+
+// -----
+
 // The pass runs after piper-split-devices.
 // DEADLOCK: error: no device programs: run piper-split-devices first
 // expected-error @+1 {{no device programs: run piper-split-devices first}}

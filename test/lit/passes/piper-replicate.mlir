@@ -16,7 +16,7 @@
 // RUN:   -piper-replicate="pp=0 devices=2,3" 2>&1 | FileCheck %s --check-prefix=ELSEWHERE
 // RUN: not piper-opt %S/Inputs/dag.mlir -piper-place="pp=0 devices=0,1" -piper-place="pp=1 devices=2,3" \
 // RUN:   -piper-replicate="pp=7 devices=0,1" 2>&1 | FileCheck %s --check-prefix=NO-TASK
-// RUN: piper-opt %s -split-input-file -verify-diagnostics -piper-replicate="pp=0 devices=0"
+// RUN: piper-opt %s -split-input-file -verify-diagnostics -piper-replicate="pp=0 devices=0,1" | FileCheck %s --check-prefix=CHUNK
 
 // Buckets of about 200 bytes: b1 (16 B) and w1 (64 B) share one, wte
 // (256 B) gets its own. Both wait for both backwards of stage 0; the update
@@ -60,12 +60,42 @@
 // The stage must exist.
 // NO-TASK: error: 'piper.program' op directive #0 (piper-replicate pp=7): the filter matches no task
 
+// Every update of a reduced parameter waits for the reduction, whichever
+// stage it is tagged with; an update of other parameters does not.
+// CHUNK-LABEL: piper.program @updates
+// CHUNK: [[B:%.*]] = piper.task @bwd() {devices = array<i64: 0, 1>
+// CHUNK-NEXT: [[AR:%.*]] = piper.all_reduce [@w] after([[B]]) {devices = array<i64: 0, 1>, stream = "dp_stream", tag = {PP = 0 : i64}}
+// CHUNK-NEXT: piper.task @upd_w() after([[AR]]) {devices = array<i64: 0, 1>, tag = {PASS = "U", PP = 1 : i64}}
+// CHUNK-NEXT: piper.task @upd_v() {devices = array<i64: 2, 3>, tag = {PASS = "U", PP = 1 : i64}}
+piper.param @w : tensor<4xf32> init zeros(0.0)
+piper.param @v : tensor<4xf32> init zeros(0.0)
+piper.segment @bwd() {
+  %w = piper.param_ref @w : tensor<4xf32>
+  piper.accumulate_grad @w, %w : tensor<4xf32>
+  piper.yield
+}
+piper.segment @upd_w() {
+  piper.adamw @w {lr = 1.0e-03 : f64, beta1 = 0.9 : f64, beta2 = 0.95 : f64, eps = 1.0e-08 : f64, weight_decay = 0.0 : f64}
+  piper.yield
+}
+piper.segment @upd_v() {
+  piper.adamw @v {lr = 1.0e-03 : f64, beta1 = 0.9 : f64, beta2 = 0.95 : f64, eps = 1.0e-08 : f64, weight_decay = 0.0 : f64}
+  piper.yield
+}
+piper.program @updates {
+  %b = piper.task @bwd() {devices = array<i64: 0, 1>, tag = {PP = 0 : i64, PASS = "B"}} : () -> !piper.token
+  %u = piper.task @upd_w() {devices = array<i64: 0, 1>, tag = {PP = 1 : i64, PASS = "U"}} : () -> !piper.token
+  %v = piper.task @upd_v() {devices = array<i64: 2, 3>, tag = {PP = 1 : i64, PASS = "U"}} : () -> !piper.token
+}
+
+// -----
+
 // Every replicate has the same data-parallel degree.
 piper.segment @f() {
   piper.yield
 }
-// expected-error @+1 {{'piper.program' op directive #0 (piper-replicate pp=0): data-parallel degree 1 differs from the degree 2 of an earlier replicate}}
-piper.program @p attributes {num_replicas = 2 : i64, piper.replicated} {
-  %d0 = piper.task @f() {devices = array<i64: 0>, tag = {PP = 0 : i64, PASS = "F"}} : () -> !piper.token
-  %d1 = piper.task @f() {devices = array<i64: 1, 2>, tag = {PP = 1 : i64, PASS = "F"}} : () -> !piper.token
+// expected-error @+1 {{'piper.program' op directive #0 (piper-replicate pp=0): data-parallel degree 2 differs from the degree 3 of an earlier replicate}}
+piper.program @p attributes {num_replicas = 3 : i64, piper.replicated} {
+  %d0 = piper.task @f() {devices = array<i64: 0, 1>, tag = {PP = 0 : i64, PASS = "F"}} : () -> !piper.token
+  %d1 = piper.task @f() {devices = array<i64: 2, 3, 4>, tag = {PP = 1 : i64, PASS = "F"}} : () -> !piper.token
 }

@@ -93,6 +93,46 @@ piper.program @p {
 
 // -----
 
+// With gradient clipping on (piper.optimizer, from build-training-dag), each
+// device program gets one world-wide clip after its backwards and
+// all-reduces and before its updates; the optimizer settings are copied.
+// CHECK-LABEL: piper.device_program @class0 attributes {device_class = 0 : i64, num_microbatches = 1 : i64, num_replicas = 2 : i64, piper.optimizer = {clip_grad_norm = 5.000000e-01 : f64}, ranks = array<i64: 0, 1>} {
+// CHECK-NEXT: [[B:%.*]] = piper.task @bwd() {devices = array<i64: 0, 1>
+// CHECK-NEXT: [[AR:%.*]] = piper.all_reduce [@w] after([[B]])
+// CHECK-NEXT: [[CLIP:%.*]] = piper.clip_grads after([[B]], [[AR]]) {max_norm = 5.000000e-01 : f64}
+// CHECK-NEXT: piper.task @upd() after([[B]], [[AR]], [[CLIP]]) {devices = array<i64: 0, 1>
+piper.param @w : tensor<4xf32> init zeros(0.0)
+piper.segment @bwd() {
+  %w = piper.param_ref @w : tensor<4xf32>
+  piper.accumulate_grad @w, %w : tensor<4xf32>
+  piper.yield
+}
+piper.segment @upd() {
+  piper.zero_grad @w
+  piper.yield
+}
+piper.program @p attributes {num_replicas = 2 : i64, piper.optimizer = {clip_grad_norm = 0.5 : f64}} {
+  %b = piper.task @bwd() {devices = array<i64: 0, 1>, tag = {PP = 0 : i64, PASS = "B"}} : () -> !piper.token
+  %ar = piper.all_reduce [@w] after(%b) {devices = array<i64: 0, 1>, stream = "dp_stream", tag = {PP = 0 : i64}}
+  %u = piper.task @upd() after(%b, %ar) {devices = array<i64: 0, 1>, tag = {PP = 0 : i64, PASS = "U"}} : () -> !piper.token
+}
+
+// -----
+
+// Replicas that accumulate a gradient must all-reduce it, or they diverge.
+piper.param @w : tensor<4xf32> init zeros(0.0)
+piper.segment @bwd() {
+  %w = piper.param_ref @w : tensor<4xf32>
+  piper.accumulate_grad @w, %w : tensor<4xf32>
+  piper.yield
+}
+piper.program @p {
+  // expected-error @+1 {{'piper.task' op task @bwd (PP=0 PASS=B) runs on 2 devices but the gradient of @w is never all-reduced; add a replicate directive for its stage}}
+  %b = piper.task @bwd() {devices = array<i64: 0, 1>, tag = {PP = 0 : i64, PASS = "B"}} : () -> !piper.token
+}
+
+// -----
+
 // There must be a program to split.
 // expected-error @+1 {{module has no piper.program}}
 module {
