@@ -17,6 +17,8 @@
 #include "mlir/Parser/Parser.h"
 #include "mlir/Support/FileUtilities.h"
 #include "mlir/Tools/mlir-opt/MlirOptMain.h"
+#include "llvm/ADT/StringExtras.h"
+#include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Path.h"
 #include "llvm/Support/SourceMgr.h"
@@ -228,6 +230,54 @@ int runCompile(const CompileOptions &o) {
           o.output + "/manifest.textproto", lowered->manifest);
       !err.empty())
     return fail(err);
+  // A human-readable report beside the plans.
+  std::string report;
+  llvm::raw_string_ostream rs(report);
+  rs << "model: " << lowered->manifest.model_name() << "\n"
+     << "strategy: " << strategy.summary << "\n"
+     << "world size: " << lowered->manifest.world_size() << "\n";
+  auto mib = [](int64_t bytes) { return double(bytes) / (1024.0 * 1024.0); };
+  for (const auto &plan : lowered->plans) {
+    size_t instructions = 0, sendBytes = 0, reduceBytes = 0;
+    for (const auto &s : plan.streams())
+      for (const auto &ins : s.instructions()) {
+        ++instructions;
+        if (ins.kind() == ::piper::plan::Instruction::SEND) {
+          int64_t n = 4;
+          for (int64_t d : plan.buffers(ins.inputs(0)).type().shape())
+            n *= d;
+          sendBytes += n;
+        } else if (ins.kind() == ::piper::plan::Instruction::ALL_REDUCE) {
+          for (int p : ins.params()) {
+            int64_t n = 4;
+            for (int64_t d : plan.params(p).type().shape())
+              n *= d;
+            reduceBytes += n;
+          }
+        }
+      }
+    rs << llvm::formatv("class {0} ranks [{1}]: {2} parameters, {3} "
+                        "instructions on {4} stream(s); predicted peak "
+                        "memory {5:F1} MiB per rank (state {6:F1} MiB); per "
+                        "step sends {7:F2} MiB, all-reduces {8:F2} MiB\n",
+                        plan.device_class(),
+                        llvm::join(llvm::map_range(plan.ranks(),
+                                                   [](int r) {
+                                                     return std::to_string(r);
+                                                   }),
+                                   ", "),
+                        plan.params_size(), instructions, plan.streams_size(),
+                        mib(plan.predicted_peak_bytes()),
+                        mib(plan.predicted_state_bytes()), mib(sendBytes),
+                        mib(reduceBytes));
+  }
+  {
+    std::error_code rec;
+    llvm::raw_fd_ostream out(o.output + "/report.txt", rec);
+    if (rec)
+      return fail("cannot write the report: " + rec.message());
+    out << report;
+  }
   llvm::outs() << "piperc: wrote " << lowered->plans.size()
                << " plan(s) for " << lowered->manifest.world_size()
                << " device(s) to " << o.output << " (" << strategy.summary
@@ -242,7 +292,9 @@ int runCompile(const CompileOptions &o) {
     llvm::outs() << "]: " << plan.params_size() << " parameters, "
                  << plan.segments_size() << " segments, " << instructions
                  << " instructions on " << plan.streams_size()
-                 << " stream(s)\n";
+                 << " stream(s), predicted peak "
+                 << llvm::formatv("{0:F1}", mib(plan.predicted_peak_bytes()))
+                 << " MiB per rank\n";
   }
   return 0;
 }

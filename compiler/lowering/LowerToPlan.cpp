@@ -70,6 +70,7 @@ public:
       }
       plan::Instruction *ins = stream.add_instructions();
       ins->set_label(describeNode(&op));
+      issueOrder.push_back(ins);
       if (auto batch = dyn_cast<BatchOp>(op)) {
         ins->set_kind(plan::Instruction::LOAD_BATCH);
         ins->set_microbatch(getTagInt(batch.getTag(), "MB").value_or(0));
@@ -130,7 +131,73 @@ public:
       if (auto v = opt.getAs<FloatAttr>("clip_grad_norm"))
         training->set_clip_grad_norm(v.getValueAsDouble());
     }
+    predictMemory();
     return std::move(p);
+  }
+
+  /// Bytes of a tensor type.
+  static int64_t bytesOf(const plan::TensorType &t) {
+    int64_t n = 4; // f32 and i32
+    for (int64_t d : t.shape())
+      n *= d;
+    return n;
+  }
+
+  /// Peak bytes of a segment's local values (excluding its arguments, which
+  /// are step buffers), allocating at the defining kernel and freeing after
+  /// the last use, as the executor does.
+  static int64_t segmentWorkingSet(const plan::Segment &seg) {
+    std::vector<int> lastUse(seg.values_size(), -1);
+    for (int k = 0; k < seg.kernels_size(); ++k)
+      for (const plan::Operand &o : seg.kernels(k).inputs())
+        if (o.kind() == plan::Operand::VALUE)
+          lastUse[o.index()] = k;
+    for (int r : seg.results())
+      lastUse[r] = seg.kernels_size();
+    std::set<int> args(seg.args().begin(), seg.args().end());
+    int64_t live = 0, peak = 0;
+    for (int k = 0; k < seg.kernels_size(); ++k) {
+      for (const plan::Operand &o : seg.kernels(k).outputs())
+        if (o.kind() == plan::Operand::VALUE && !args.count(o.index()))
+          live += bytesOf(seg.values(o.index()));
+      peak = std::max(peak, live);
+      for (int v = 0; v < seg.values_size(); ++v)
+        if (lastUse[v] == k && !args.count(v))
+          live -= bytesOf(seg.values(v));
+    }
+    return peak;
+  }
+
+  /// Fills predicted_state_bytes and predicted_peak_bytes: persistent state,
+  /// plus the most step-buffer bytes alive at once in issue order (a buffer
+  /// lives from its writer to its last reader; sent buffers until the end of
+  /// the step, as Gloo may read them until then), plus the working set of the
+  /// segment running at that point.
+  void predictMemory() {
+    int64_t state = 0;
+    for (const plan::Parameter &param : p.params())
+      state += 4 * bytesOf(param.type()); // value, gradient, m, v
+    p.set_predicted_state_bytes(state);
+    std::vector<int> lastRead(p.buffers_size(), -1);
+    for (size_t i = 0; i < issueOrder.size(); ++i)
+      for (int b : issueOrder[i]->inputs())
+        lastRead[b] = issueOrder[i]->kind() == plan::Instruction::SEND
+                          ? int(issueOrder.size())
+                          : int(i);
+    int64_t live = 0, peak = 0;
+    for (size_t i = 0; i < issueOrder.size(); ++i) {
+      const plan::Instruction *ins = issueOrder[i];
+      for (int b : ins->outputs())
+        live += bytesOf(p.buffers(b).type());
+      int64_t working = ins->kind() == plan::Instruction::CALL
+                            ? segmentWorkingSet(p.segments(ins->segment()))
+                            : 0;
+      peak = std::max(peak, live + working);
+      for (int b : ins->inputs())
+        if (lastRead[b] == int(i))
+          live -= bytesOf(p.buffers(b).type());
+    }
+    p.set_predicted_peak_bytes(state + peak);
   }
 
 private:
@@ -303,6 +370,14 @@ private:
         setFloat("eps", ln.getEps().convertToDouble());
       if (auto rms = dyn_cast<RmsNormOp>(op))
         setFloat("eps", rms.getEps().convertToDouble());
+      if (auto g = dyn_cast<LayerNormGradInputOp>(op))
+        setFloat("eps", g.getEps().convertToDouble());
+      if (auto g = dyn_cast<LayerNormGradWeightOp>(op))
+        setFloat("eps", g.getEps().convertToDouble());
+      if (auto g = dyn_cast<RmsNormGradInputOp>(op))
+        setFloat("eps", g.getEps().convertToDouble());
+      if (auto g = dyn_cast<RmsNormGradWeightOp>(op))
+        setFloat("eps", g.getEps().convertToDouble());
       if (auto rms = dyn_cast<RmsNormGradOp>(op))
         setFloat("eps", rms.getEps().convertToDouble());
       if (auto eg = dyn_cast<EmbeddingGradOp>(op)) {
@@ -335,6 +410,8 @@ private:
   double lossScale;
   plan::Plan p;
   std::map<Operation *, int64_t> eventOf;
+  /// Every non-event instruction in issue (block) order.
+  std::vector<const plan::Instruction *> issueOrder;
   DenseMap<Value, int> buffers;
   DenseMap<StringAttr, int> params;
   llvm::StringMap<int> segments;

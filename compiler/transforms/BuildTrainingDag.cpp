@@ -213,16 +213,21 @@ private:
       return success();
     }
     if (auto ln = dyn_cast<LayerNormOp>(op)) {
-      auto g = LayerNormGradOp::create(
-          *b, loc, ln.getInput().getType(), ln.getGamma().getType(),
-          ln.getBeta().getType(), residual(ln.getInput()),
-          residual(ln.getGamma()), dy, ln.getEpsAttr());
+      // Input and weight gradients are separate ops (BI / BW).
       if (needs(ln.getInput()))
-        addGrad(ln.getInput(), g.getDinput());
-      if (needs(ln.getGamma()))
-        addGrad(ln.getGamma(), g.getDgamma());
-      if (needs(ln.getBeta()))
-        addGrad(ln.getBeta(), g.getDbeta());
+        addGrad(ln.getInput(),
+                LayerNormGradInputOp::create(
+                    *b, loc, ln.getInput().getType(), residual(ln.getInput()),
+                    residual(ln.getGamma()), dy, ln.getEpsAttr()));
+      if (needs(ln.getGamma()) || needs(ln.getBeta())) {
+        auto g = LayerNormGradWeightOp::create(
+            *b, loc, ln.getGamma().getType(), ln.getBeta().getType(),
+            residual(ln.getInput()), dy, ln.getEpsAttr());
+        if (needs(ln.getGamma()))
+          addGrad(ln.getGamma(), g.getDgamma());
+        if (needs(ln.getBeta()))
+          addGrad(ln.getBeta(), g.getDbeta());
+      }
       return success();
     }
     if (auto gelu = dyn_cast<GeluOp>(op)) {
@@ -247,15 +252,16 @@ private:
       return success();
     }
     if (auto rms = dyn_cast<RmsNormOp>(op)) {
-      auto g = RmsNormGradOp::create(*b, loc, rms.getInput().getType(),
-                                     rms.getGamma().getType(),
-                                     residual(rms.getInput()),
-                                     residual(rms.getGamma()), dy,
-                                     rms.getEpsAttr());
       if (needs(rms.getInput()))
-        addGrad(rms.getInput(), g.getDinput());
+        addGrad(rms.getInput(),
+                RmsNormGradInputOp::create(
+                    *b, loc, rms.getInput().getType(), residual(rms.getInput()),
+                    residual(rms.getGamma()), dy, rms.getEpsAttr()));
       if (needs(rms.getGamma()))
-        addGrad(rms.getGamma(), g.getDgamma());
+        addGrad(rms.getGamma(),
+                RmsNormGradWeightOp::create(*b, loc, rms.getGamma().getType(),
+                                            residual(rms.getInput()), dy,
+                                            rms.getEpsAttr()));
       return success();
     }
     if (auto router = dyn_cast<MoeRouterOp>(op)) {

@@ -26,7 +26,7 @@ def PiperBuildTrainingDag : Pass<"piper-build-training-dag", "::mlir::ModuleOp">
     `PASS = F | B | U` tags.
   }];
   let options = [
-    Option<"lr", "lr", "double", "1e-3", "learning rate">,
+    Option<"lr", "lr", "double", "6e-4", "learning rate">,
     Option<"beta1", "beta1", "double", "0.9", "AdamW beta1">,
     Option<"beta2", "beta2", "double", "0.95", "AdamW beta2">,
     Option<"eps", "eps", "double", "1e-8", "AdamW epsilon">,

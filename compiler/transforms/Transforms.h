@@ -13,13 +13,13 @@ namespace mlir::piper {
 
 /// AdamW hyper-parameters recorded in the update segments.
 struct OptimizerConfig {
-  double lr = 1e-3;
+  double lr = 6e-4;
   double beta1 = 0.9;
   double beta2 = 0.95;
   double eps = 1e-8;
   double weightDecay = 0.1;
   /// Learning-rate schedule: warmup, cosine decay to minLr (see plan.proto).
-  double minLr = 1e-4;
+  double minLr = 6e-5;
   int64_t warmupSteps = 0;
   int64_t decaySteps = 0;
   /// Global-norm clipping threshold; 0 disables it.

@@ -241,6 +241,22 @@ def Piper_LayerNormGradOp : Piper_Op<"layer_norm_grad", [Pure]> {
   let assemblyFormat = "$input `,` $gamma `,` $grad attr-dict `:` functional-type(operands, results)";
 }
 
+def Piper_LayerNormGradInputOp : Piper_Op<"layer_norm_grad_input", [Pure]> {
+  let summary = "Input gradient of layer_norm (the BI half of layer_norm_grad)";
+  let arguments = (ins F32Tensor2D:$input, F32Tensor1D:$gamma, F32Tensor2D:$grad,
+                       DefaultValuedAttr<F64Attr, "1e-5">:$eps);
+  let results = (outs F32Tensor2D:$result);
+  let assemblyFormat = "$input `,` $gamma `,` $grad attr-dict `:` functional-type(operands, results)";
+}
+
+def Piper_LayerNormGradWeightOp : Piper_Op<"layer_norm_grad_weight", [Pure]> {
+  let summary = "Gamma and beta gradients of layer_norm (the BW half)";
+  let arguments = (ins F32Tensor2D:$input, F32Tensor2D:$grad,
+                       DefaultValuedAttr<F64Attr, "1e-5">:$eps);
+  let results = (outs F32Tensor1D:$dgamma, F32Tensor1D:$dbeta);
+  let assemblyFormat = "$input `,` $grad attr-dict `:` functional-type(operands, results)";
+}
+
 def Piper_LinearGradInputOp : Piper_Op<"linear_grad_input", [Pure]> {
   let summary = "Input gradient of linear: dx = dy·wᵀ (dy·w with transpose_w)";
   let arguments = (ins F32Tensor2D:$grad, F32Tensor2D:$weight, UnitAttr:$transpose_w);
@@ -284,6 +300,22 @@ def Piper_RmsNormGradOp : Piper_Op<"rms_norm_grad", [Pure]> {
                        DefaultValuedAttr<F64Attr, "1e-6">:$eps);
   let results = (outs F32Tensor2D:$dinput, F32Tensor1D:$dgamma);
   let assemblyFormat = "$input `,` $gamma `,` $grad attr-dict `:` functional-type(operands, results)";
+}
+
+def Piper_RmsNormGradInputOp : Piper_Op<"rms_norm_grad_input", [Pure]> {
+  let summary = "Input gradient of rms_norm (the BI half of rms_norm_grad)";
+  let arguments = (ins F32Tensor2D:$input, F32Tensor1D:$gamma, F32Tensor2D:$grad,
+                       DefaultValuedAttr<F64Attr, "1e-6">:$eps);
+  let results = (outs F32Tensor2D:$result);
+  let assemblyFormat = "$input `,` $gamma `,` $grad attr-dict `:` functional-type(operands, results)";
+}
+
+def Piper_RmsNormGradWeightOp : Piper_Op<"rms_norm_grad_weight", [Pure]> {
+  let summary = "Gain gradient of rms_norm (the BW half)";
+  let arguments = (ins F32Tensor2D:$input, F32Tensor2D:$grad,
+                       DefaultValuedAttr<F64Attr, "1e-6">:$eps);
+  let results = (outs F32Tensor1D:$result);
+  let assemblyFormat = "$input `,` $grad attr-dict `:` functional-type(operands, results)";
 }
 
 def Piper_SwigluGradOp : Piper_Op<"swiglu_grad", [Pure]> {

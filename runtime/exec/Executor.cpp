@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
@@ -13,6 +15,7 @@
 #include <mutex>
 #include <set>
 #include <thread>
+#include <unordered_map>
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -32,6 +35,31 @@ using plan::Operand;
 
 namespace {
 
+using Clock = std::chrono::steady_clock;
+
+int64_t nanosSince(Clock::time_point start) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() -
+                                                              start)
+      .count();
+}
+
+/// Bytes of tensor storage alive in one executor and their high-water mark.
+/// Shared by every tensor it allocates, so that a tensor outliving a step
+/// (an abandoned send) still reports its release.
+struct MemoryTracker {
+  std::atomic<int64_t> live{0};
+  std::atomic<int64_t> peak{0};
+
+  void add(int64_t bytes) {
+    int64_t now = live.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+    int64_t seen = peak.load(std::memory_order_relaxed);
+    while (now > seen &&
+           !peak.compare_exchange_weak(seen, now, std::memory_order_relaxed)) {
+    }
+  }
+  void sub(int64_t bytes) { live.fetch_sub(bytes, std::memory_order_relaxed); }
+};
+
 /// Owned, zero-filled, 64-byte aligned storage of one dense tensor. Buffers
 /// are shared: a SEND keeps its tensor alive until the step's sends are
 /// waited for, even after the buffer's last reader has let go of it.
@@ -40,18 +68,24 @@ struct HostTensor {
   std::vector<int64_t> shape;
   int64_t bytes = 0;
   void *data = nullptr;
+  std::shared_ptr<MemoryTracker> tracker; // null: not counted
 
   HostTensor() = default;
   HostTensor(const HostTensor &) = delete;
   HostTensor &operator=(const HostTensor &) = delete;
-  ~HostTensor() { std::free(data); }
+  ~HostTensor() {
+    std::free(data);
+    if (tracker && data)
+      tracker->sub(bytes);
+  }
   TensorRef ref() const { return TensorRef{dtype, shape, data}; }
 };
 using TensorPtr = std::shared_ptr<HostTensor>;
 
-/// Allocates a zeroed tensor of `type` (already validated), or returns an
-/// error naming `what`.
+/// Allocates a zeroed tensor of `type` (already validated), counted by
+/// `tracker`, or returns an error naming `what`.
 Status allocateTensor(const plan::TensorType &type, const std::string &what,
+                      const std::shared_ptr<MemoryTracker> &tracker,
                       TensorPtr &out) {
   auto t = std::make_shared<HostTensor>();
   t->dtype = type.dtype();
@@ -65,9 +99,22 @@ Status allocateTensor(const plan::TensorType &type, const std::string &what,
     return Status::error("out of memory allocating " + what + " (" +
                          std::to_string(t->bytes) + " bytes)");
   std::memset(t->data, 0, size ? size : 64);
+  t->tracker = tracker;
+  if (tracker)
+    tracker->add(t->bytes);
   out = std::move(t);
   return Status::ok();
 }
+
+/// Wall time and count of one profile row, owned by one stream's thread.
+struct ProfileSlot {
+  int64_t count = 0;
+  int64_t nanos = 0;
+  void add(int64_t ns) {
+    ++count;
+    nanos += ns;
+  }
+};
 
 /// When each local value of a segment comes to life and dies, so that a
 /// call holds only the values it still needs.
@@ -164,6 +211,9 @@ std::string describeBuffer(const plan::Plan &plan, int id) {
 
 class ExecutorImpl {
 public:
+  /// First member: destroyed last, after every tensor that reports to it.
+  std::shared_ptr<MemoryTracker> memory = std::make_shared<MemoryTracker>();
+  int64_t stateBytes = 0;
   plan::Plan plan;
   ExecutorOptions options;
   std::string who; // "rank R"
@@ -209,16 +259,77 @@ public:
   Status clipGrads();
   /// The global gradient norm of the last CLIP_GRADS, -1 before any.
   double lastGradNorm = -1;
+
+  // Profile (options.profile): rows are the kernel ops, then the fixed
+  // rows below; each stream thread adds to its own copy.
+  enum FixedRow {
+    kCallAlloc,
+    kCallOther,
+    kWaitSends,
+    kLossAllReduce,
+    kNumFixedRows
+  };
+  std::vector<std::string> profileNames;
+  int kernelRow0 = 0;    // row of the first kernel op
+  int kindRow0 = 0;      // row of Instruction::Kind 0
+  std::vector<std::vector<int>> kernelRows; // [segment][kernel]
+  std::vector<std::vector<ProfileSlot>> profile; // [stream][row]
+  void initProfile();
+  void addProfile(int s, int row, int64_t ns) {
+    profile[s][row].add(ns);
+  }
 };
+
+void ExecutorImpl::initProfile() {
+  profileNames = {"CALL alloc", "CALL other", "WAIT_SENDS (end of step)",
+                  "LOSS_ALL_REDUCE (end of step)"};
+  kindRow0 = static_cast<int>(profileNames.size());
+  const google::protobuf::EnumDescriptor *kinds =
+      plan::Instruction::Kind_descriptor();
+  int maxKind = 0;
+  for (int i = 0; i < kinds->value_count(); ++i)
+    maxKind = std::max(maxKind, kinds->value(i)->number());
+  for (int k = 0; k <= maxKind; ++k) {
+    const google::protobuf::EnumValueDescriptor *v =
+        kinds->FindValueByNumber(k);
+    profileNames.push_back(v ? v->name() : "kind " + std::to_string(k));
+  }
+  kernelRow0 = static_cast<int>(profileNames.size());
+  std::unordered_map<std::string, int> rowOf;
+  for (const std::string &op : kernelNames()) {
+    rowOf[op] = static_cast<int>(profileNames.size());
+    profileNames.push_back(op);
+  }
+  kernelRows.clear();
+  for (const plan::Segment &seg : plan.segments()) {
+    std::vector<int> rows;
+    for (const plan::Kernel &kernel : seg.kernels()) {
+      auto it = rowOf.find(kernel.op());
+      if (it == rowOf.end()) { // validated plans never get here
+        it = rowOf.emplace(kernel.op(), static_cast<int>(profileNames.size()))
+                 .first;
+        profileNames.push_back(kernel.op());
+      }
+      rows.push_back(it->second);
+    }
+    kernelRows.push_back(std::move(rows));
+  }
+  profile.assign(std::max(1, plan.streams_size()),
+                 std::vector<ProfileSlot>(profileNames.size()));
+}
 
 Status ExecutorImpl::init(uint64_t seed) {
   int numParams = plan.params_size();
   state.resize(numParams);
   for (int p = 0; p < numParams; ++p) {
     const plan::Parameter &param = plan.params(p);
-    for (int k = 0; k < 4; ++k)
-      PIPER_RETURN_IF_ERROR(allocateTensor(
-          param.type(), "state of param '" + param.name() + "'", state[p][k]));
+    for (int k = 0; k < 4; ++k) {
+      PIPER_RETURN_IF_ERROR(allocateTensor(param.type(),
+                                           "state of param '" + param.name() +
+                                               "'",
+                                           memory, state[p][k]));
+      stateBytes += state[p][k]->bytes;
+    }
     const TensorPtr &value = state[p][0];
     fillInitializer(param.init(), param.name(), seed, 0,
                     static_cast<float *>(value->data), value->bytes / 4);
@@ -226,6 +337,7 @@ Status ExecutorImpl::init(uint64_t seed) {
 
   for (const plan::Segment &seg : plan.segments())
     lifetimes.push_back(computeLifetimes(seg));
+  initProfile();
 
   readerCount.assign(plan.buffers_size(), 0);
   distinctInputs.resize(plan.streams_size());

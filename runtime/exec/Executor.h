@@ -32,6 +32,19 @@ struct ExecutorOptions {
   /// before other streams are stopped. A launcher uses it to report the
   /// error and exit at once rather than wait for peers to time out.
   std::function<void(const Status &)> onStreamError;
+  /// Times every kernel (by op name) and every other instruction (by kind),
+  /// per stream; read with Executor::profile(). Off, no clock is read.
+  bool profile = false;
+};
+
+/// One row of the runtime profile (ExecutorOptions::profile): a kernel op
+/// such as "linear", an instruction kind such as "SEND" or "WAIT", or the
+/// executor's own work inside CALL instructions ("CALL alloc", the zeroed
+/// allocation of segment values; "CALL other", the rest outside kernels).
+struct ProfileEntry {
+  std::string name;
+  int64_t count = 0;
+  double seconds = 0; // wall time summed over calls and streams
 };
 
 class ExecutorImpl;
@@ -69,6 +82,19 @@ public:
   /// The global gradient norm of the last step (before clipping), or -1 when
   /// the plan does not clip.
   double lastGradNorm() const;
+
+  /// With ExecutorOptions::profile: the time accumulated since creation or
+  /// the last resetProfile(), one entry per op or instruction kind that ran,
+  /// sorted by decreasing time. Call between steps only.
+  std::vector<ProfileEntry> profile() const;
+  void resetProfile();
+
+  /// Bytes of tensor storage alive now / at most so far (persistent state
+  /// plus every step buffer and segment value, as allocated), and the bytes
+  /// of the persistent state alone (parameters, gradients, AdamW moments).
+  int64_t liveBytes() const;
+  int64_t peakBytes() const;
+  int64_t stateBytes() const;
   /// The learning-rate multiplier of 1-based `step` from the plan's schedule.
   double lrScale(int64_t step) const;
 

@@ -182,6 +182,67 @@ Status layerNormKernel(const KernelArgs &a) {
   return Status::ok();
 }
 
+// Shared checks of the weight-gradient halves of layer_norm_grad and
+// rms_norm_grad, which take no gamma: x is [N,H], dy is [N,H].
+static Status checkNormWeightGrad(const KernelArgs &a, const TensorRef &x,
+                                  const TensorRef &dy, double defaultEps,
+                                  int64_t &rows, int64_t &hidden,
+                                  double &eps) {
+  PIPER_RETURN_IF_ERROR(expectMatrix(a, x, "x", plan::F32, rows, hidden));
+  PIPER_RETURN_IF_ERROR(readFloat(a, "eps", defaultEps, eps));
+  if (eps < 0)
+    return a.error("attribute 'eps' must not be negative");
+  PIPER_RETURN_IF_ERROR(expectTensor(a, dy, "dy", plan::F32, {rows, hidden}));
+  return Status::ok();
+}
+
+// The backward of layer_norm, shared by layer_norm_grad and its split halves
+// layer_norm_grad_input (dx) and layer_norm_grad_weight (dgamma, dbeta), so
+// that the three agree bit for bit. `dx` may be null (then `gamma` is not
+// read); `dgamma` and `dbeta` are both null or both set.
+static void layerNormBackward(const float *x, const float *gamma,
+                              const float *dy, int64_t rows, int64_t hidden,
+                              double eps, float *dx, float *dgamma,
+                              float *dbeta) {
+  std::vector<double> gammaSum(dgamma ? hidden : 0, 0.0),
+      betaSum(dgamma ? hidden : 0, 0.0);
+  std::vector<double> xhat(hidden);
+  for (int64_t n = 0; n < rows; ++n) {
+    const float *xr = x + n * hidden;
+    const float *dyr = dy + n * hidden;
+    double mean = 0, rstd = 0;
+    rowStats(xr, hidden, eps, mean, rstd);
+    for (int64_t j = 0; j < hidden; ++j)
+      xhat[j] = (xr[j] - mean) * rstd;
+    if (dx) {
+      // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * gamma.
+      float *dxr = dx + n * hidden;
+      double gMean = 0, gxMean = 0;
+      for (int64_t j = 0; j < hidden; ++j) {
+        double g = double(dyr[j]) * gamma[j];
+        gMean += g;
+        gxMean += g * xhat[j];
+      }
+      gMean /= hidden;
+      gxMean /= hidden;
+      for (int64_t j = 0; j < hidden; ++j) {
+        double g = double(dyr[j]) * gamma[j];
+        dxr[j] = static_cast<float>(rstd * (g - gMean - xhat[j] * gxMean));
+      }
+    }
+    if (dgamma)
+      for (int64_t j = 0; j < hidden; ++j) {
+        gammaSum[j] += dyr[j] * xhat[j];
+        betaSum[j] += dyr[j];
+      }
+  }
+  if (dgamma)
+    for (int64_t j = 0; j < hidden; ++j) {
+      dgamma[j] = static_cast<float>(gammaSum[j]);
+      dbeta[j] = static_cast<float>(betaSum[j]);
+    }
+}
+
 Status layerNormGradKernel(const KernelArgs &a) {
   PIPER_RETURN_IF_ERROR(expectCounts(a, 3, 3, 3));
   const TensorRef &x = a.inputs[0], &gamma = a.inputs[1], &dy = a.inputs[2];
@@ -195,35 +256,38 @@ Status layerNormGradKernel(const KernelArgs &a) {
   PIPER_RETURN_IF_ERROR(expectTensor(a, dgamma, "dgamma", plan::F32, {hidden}));
   PIPER_RETURN_IF_ERROR(expectTensor(a, dbeta, "dbeta", plan::F32, {hidden}));
 
-  std::vector<double> gammaSum(hidden, 0.0), betaSum(hidden, 0.0);
-  std::vector<double> xhat(hidden);
-  for (int64_t n = 0; n < rows; ++n) {
-    const float *xr = x.f32() + n * hidden;
-    const float *dyr = dy.f32() + n * hidden;
-    float *dxr = dx.f32() + n * hidden;
-    double mean = 0, rstd = 0;
-    rowStats(xr, hidden, eps, mean, rstd);
-    // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dy * gamma.
-    double gMean = 0, gxMean = 0;
-    for (int64_t j = 0; j < hidden; ++j) {
-      xhat[j] = (xr[j] - mean) * rstd;
-      double g = double(dyr[j]) * gamma.f32()[j];
-      gMean += g;
-      gxMean += g * xhat[j];
-      gammaSum[j] += dyr[j] * xhat[j];
-      betaSum[j] += dyr[j];
-    }
-    gMean /= hidden;
-    gxMean /= hidden;
-    for (int64_t j = 0; j < hidden; ++j) {
-      double g = double(dyr[j]) * gamma.f32()[j];
-      dxr[j] = static_cast<float>(rstd * (g - gMean - xhat[j] * gxMean));
-    }
-  }
-  for (int64_t j = 0; j < hidden; ++j) {
-    dgamma.f32()[j] = static_cast<float>(gammaSum[j]);
-    dbeta.f32()[j] = static_cast<float>(betaSum[j]);
-  }
+  layerNormBackward(x.f32(), gamma.f32(), dy.f32(), rows, hidden, eps,
+                    dx.f32(), dgamma.f32(), dbeta.f32());
+  return Status::ok();
+}
+
+Status layerNormGradInputKernel(const KernelArgs &a) {
+  PIPER_RETURN_IF_ERROR(expectCounts(a, 3, 3, 1));
+  const TensorRef &x = a.inputs[0], &gamma = a.inputs[1], &dy = a.inputs[2];
+  const TensorRef &dx = a.outputs[0];
+  int64_t rows = 0, hidden = 0;
+  double eps = 0;
+  PIPER_RETURN_IF_ERROR(checkLayerNorm(a, x, gamma, rows, hidden, eps));
+  PIPER_RETURN_IF_ERROR(expectTensor(a, dy, "dy", plan::F32, {rows, hidden}));
+  PIPER_RETURN_IF_ERROR(expectTensor(a, dx, "dx", plan::F32, {rows, hidden}));
+
+  layerNormBackward(x.f32(), gamma.f32(), dy.f32(), rows, hidden, eps,
+                    dx.f32(), nullptr, nullptr);
+  return Status::ok();
+}
+
+Status layerNormGradWeightKernel(const KernelArgs &a) {
+  PIPER_RETURN_IF_ERROR(expectCounts(a, 2, 2, 2));
+  const TensorRef &x = a.inputs[0], &dy = a.inputs[1];
+  const TensorRef &dgamma = a.outputs[0], &dbeta = a.outputs[1];
+  int64_t rows = 0, hidden = 0;
+  double eps = 0;
+  PIPER_RETURN_IF_ERROR(checkNormWeightGrad(a, x, dy, 1e-5, rows, hidden, eps));
+  PIPER_RETURN_IF_ERROR(expectTensor(a, dgamma, "dgamma", plan::F32, {hidden}));
+  PIPER_RETURN_IF_ERROR(expectTensor(a, dbeta, "dbeta", plan::F32, {hidden}));
+
+  layerNormBackward(x.f32(), nullptr, dy.f32(), rows, hidden, eps, nullptr,
+                    dgamma.f32(), dbeta.f32());
   return Status::ok();
 }
 
@@ -265,6 +329,44 @@ Status rmsNormKernel(const KernelArgs &a) {
   return Status::ok();
 }
 
+// The backward of rms_norm, shared by rms_norm_grad and its split halves
+// rms_norm_grad_input (dx) and rms_norm_grad_weight (dgamma), so that the
+// three agree bit for bit. `dx` may be null (then `gamma` is not read), as
+// may `dgamma`.
+static void rmsNormBackward(const float *x, const float *gamma,
+                            const float *dy, int64_t rows, int64_t hidden,
+                            double eps, float *dx, float *dgamma) {
+  std::vector<double> gammaSum(dgamma ? hidden : 0, 0.0);
+  for (int64_t n = 0; n < rows; ++n) {
+    const float *xr = x + n * hidden;
+    const float *dyr = dy + n * hidden;
+    double rrms = rowRrms(xr, hidden, eps);
+    if (dx) {
+      // dx = rrms * (g - xhat * mean(g * xhat)) with g = dy * gamma and
+      // xhat = x * rrms.
+      float *dxr = dx + n * hidden;
+      double gxMean = 0;
+      for (int64_t j = 0; j < hidden; ++j) {
+        double xhat = xr[j] * rrms;
+        gxMean += double(dyr[j]) * gamma[j] * xhat;
+      }
+      gxMean /= hidden;
+      for (int64_t j = 0; j < hidden; ++j) {
+        double g = double(dyr[j]) * gamma[j];
+        dxr[j] = static_cast<float>(rrms * (g - xr[j] * rrms * gxMean));
+      }
+    }
+    if (dgamma)
+      for (int64_t j = 0; j < hidden; ++j) {
+        double xhat = xr[j] * rrms;
+        gammaSum[j] += dyr[j] * xhat;
+      }
+  }
+  if (dgamma)
+    for (int64_t j = 0; j < hidden; ++j)
+      dgamma[j] = static_cast<float>(gammaSum[j]);
+}
+
 Status rmsNormGradKernel(const KernelArgs &a) {
   PIPER_RETURN_IF_ERROR(expectCounts(a, 3, 3, 2));
   const TensorRef &x = a.inputs[0], &gamma = a.inputs[1], &dy = a.inputs[2];
@@ -276,28 +378,37 @@ Status rmsNormGradKernel(const KernelArgs &a) {
   PIPER_RETURN_IF_ERROR(expectTensor(a, dx, "dx", plan::F32, {rows, hidden}));
   PIPER_RETURN_IF_ERROR(expectTensor(a, dgamma, "dgamma", plan::F32, {hidden}));
 
-  std::vector<double> gammaSum(hidden, 0.0);
-  for (int64_t n = 0; n < rows; ++n) {
-    const float *xr = x.f32() + n * hidden;
-    const float *dyr = dy.f32() + n * hidden;
-    float *dxr = dx.f32() + n * hidden;
-    double rrms = rowRrms(xr, hidden, eps);
-    // dx = rrms * (g - xhat * mean(g * xhat)) with g = dy * gamma and
-    // xhat = x * rrms.
-    double gxMean = 0;
-    for (int64_t j = 0; j < hidden; ++j) {
-      double xhat = xr[j] * rrms;
-      gxMean += double(dyr[j]) * gamma.f32()[j] * xhat;
-      gammaSum[j] += dyr[j] * xhat;
-    }
-    gxMean /= hidden;
-    for (int64_t j = 0; j < hidden; ++j) {
-      double g = double(dyr[j]) * gamma.f32()[j];
-      dxr[j] = static_cast<float>(rrms * (g - xr[j] * rrms * gxMean));
-    }
-  }
-  for (int64_t j = 0; j < hidden; ++j)
-    dgamma.f32()[j] = static_cast<float>(gammaSum[j]);
+  rmsNormBackward(x.f32(), gamma.f32(), dy.f32(), rows, hidden, eps, dx.f32(),
+                  dgamma.f32());
+  return Status::ok();
+}
+
+Status rmsNormGradInputKernel(const KernelArgs &a) {
+  PIPER_RETURN_IF_ERROR(expectCounts(a, 3, 3, 1));
+  const TensorRef &x = a.inputs[0], &gamma = a.inputs[1], &dy = a.inputs[2];
+  const TensorRef &dx = a.outputs[0];
+  int64_t rows = 0, hidden = 0;
+  double eps = 0;
+  PIPER_RETURN_IF_ERROR(checkRmsNorm(a, x, gamma, rows, hidden, eps));
+  PIPER_RETURN_IF_ERROR(expectTensor(a, dy, "dy", plan::F32, {rows, hidden}));
+  PIPER_RETURN_IF_ERROR(expectTensor(a, dx, "dx", plan::F32, {rows, hidden}));
+
+  rmsNormBackward(x.f32(), gamma.f32(), dy.f32(), rows, hidden, eps, dx.f32(),
+                  nullptr);
+  return Status::ok();
+}
+
+Status rmsNormGradWeightKernel(const KernelArgs &a) {
+  PIPER_RETURN_IF_ERROR(expectCounts(a, 2, 2, 1));
+  const TensorRef &x = a.inputs[0], &dy = a.inputs[1];
+  const TensorRef &dgamma = a.outputs[0];
+  int64_t rows = 0, hidden = 0;
+  double eps = 0;
+  PIPER_RETURN_IF_ERROR(checkNormWeightGrad(a, x, dy, 1e-6, rows, hidden, eps));
+  PIPER_RETURN_IF_ERROR(expectTensor(a, dgamma, "dgamma", plan::F32, {hidden}));
+
+  rmsNormBackward(x.f32(), nullptr, dy.f32(), rows, hidden, eps, nullptr,
+                  dgamma.f32());
   return Status::ok();
 }
 

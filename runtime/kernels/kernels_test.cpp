@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <set>
 #include <string>
 #include <vector>
@@ -239,7 +240,11 @@ TEST_CASE("kernelNames lists every kernel once", "[kernels]") {
                                          "embedding_grad",
                                          "position_add_grad",
                                          "layer_norm_grad",
+                                         "layer_norm_grad_input",
+                                         "layer_norm_grad_weight",
                                          "rms_norm_grad",
+                                         "rms_norm_grad_input",
+                                         "rms_norm_grad_weight",
                                          "linear_grad_input",
                                          "linear_grad_weight",
                                          "bias_grad",
@@ -258,7 +263,7 @@ TEST_CASE("kernelNames lists every kernel once", "[kernels]") {
                                          "adamw"};
   for (const std::string &want : spec)
     CHECK(unique.count(want) == 1);
-  CHECK(names.size() == 36);
+  CHECK(names.size() == 40);
 }
 
 TEST_CASE("attrInt and attrFloat read attributes or defaults", "[kernels]") {
@@ -904,6 +909,156 @@ TEST_CASE("rms_norm_grad is the gradient of rms_norm", "[kernels][grad]") {
   }
 }
 
+// The split norm backwards (zero-bubble schedules run the input gradient BI
+// and the weight gradient BW at different times) must be the fused kernels'
+// outputs exactly, not merely close.
+
+namespace {
+
+/// Equal bytes: stricter than ==, which takes -0 for +0.
+bool sameBits(const std::vector<float> &a, const std::vector<float> &b) {
+  return a.size() == b.size() &&
+         (a.empty() ||
+          std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+}
+
+/// `op` with attribute eps, or without (the default) when eps < 0.
+K withEps(const std::string &op, double eps) {
+  K k(op);
+  if (eps >= 0)
+    k.f("eps", eps);
+  return k;
+}
+
+} // namespace
+
+TEST_CASE("layer_norm_grad_input and layer_norm_grad_weight equal "
+          "layer_norm_grad bit for bit",
+          "[kernels][grad]") {
+  const std::vector<int64_t> shape =
+      GENERATE(std::vector<int64_t>{4, 6}, std::vector<int64_t>{9, 37},
+               std::vector<int64_t>{1, 1}, std::vector<int64_t>{0, 5},
+               std::vector<int64_t>{3, 0});
+  const double eps = GENERATE(-1.0, 1e-3, 0.25); // -1: the default eps
+  const int64_t rows = shape[0], hidden = shape[1];
+  INFO("shape [" << rows << "," << hidden << "] eps=" << eps);
+  Rng rng(uint64_t(100 + rows * 1000 + hidden));
+  Tensor x = randomF32(rng, {rows, hidden}, -3.0, 3.0);
+  Tensor gamma = randomF32(rng, {hidden}, -1.5, 1.5);
+  Tensor dy = randomF32(rng, {rows, hidden}, -2.0, 2.0);
+
+  std::vector<Tensor> ins = {x, gamma, dy};
+  std::vector<Tensor> fused = {Tensor::f32({rows, hidden}),
+                               Tensor::f32({hidden}), Tensor::f32({hidden})};
+  for (Tensor &t : fused)
+    std::fill(t.f.begin(), t.f.end(), 9.0f); // overwritten
+  mustRun(withEps("layer_norm_grad", eps), ins, fused);
+
+  std::vector<Tensor> dx = {Tensor::f32({rows, hidden})};
+  std::fill(dx[0].f.begin(), dx[0].f.end(), 7.0f);
+  mustRun(withEps("layer_norm_grad_input", eps), ins, dx);
+
+  std::vector<Tensor> wins = {x, dy};
+  std::vector<Tensor> dw = {Tensor::f32({hidden}), Tensor::f32({hidden})};
+  for (Tensor &t : dw)
+    std::fill(t.f.begin(), t.f.end(), 7.0f);
+  mustRun(withEps("layer_norm_grad_weight", eps), wins, dw);
+
+  CHECK(sameBits(dx[0].f, fused[0].f));
+  CHECK(sameBits(dw[0].f, fused[1].f));
+  CHECK(sameBits(dw[1].f, fused[2].f));
+  if (rows == 0) // no rows: zero weight gradients, not left untouched
+    CHECK(dw[0].f == std::vector<float>(hidden, 0.0f));
+}
+
+TEST_CASE("rms_norm_grad_input and rms_norm_grad_weight equal rms_norm_grad "
+          "bit for bit",
+          "[kernels][grad]") {
+  const std::vector<int64_t> shape =
+      GENERATE(std::vector<int64_t>{4, 6}, std::vector<int64_t>{9, 37},
+               std::vector<int64_t>{1, 1}, std::vector<int64_t>{0, 5},
+               std::vector<int64_t>{3, 0});
+  const double eps = GENERATE(-1.0, 1e-3, 0.25); // -1: the default eps
+  const int64_t rows = shape[0], hidden = shape[1];
+  INFO("shape [" << rows << "," << hidden << "] eps=" << eps);
+  Rng rng(uint64_t(200 + rows * 1000 + hidden));
+  Tensor x = randomF32(rng, {rows, hidden}, -3.0, 3.0);
+  Tensor gamma = randomF32(rng, {hidden}, -1.5, 1.5);
+  Tensor dy = randomF32(rng, {rows, hidden}, -2.0, 2.0);
+
+  std::vector<Tensor> ins = {x, gamma, dy};
+  std::vector<Tensor> fused = {Tensor::f32({rows, hidden}),
+                               Tensor::f32({hidden})};
+  for (Tensor &t : fused)
+    std::fill(t.f.begin(), t.f.end(), 9.0f);
+  mustRun(withEps("rms_norm_grad", eps), ins, fused);
+
+  std::vector<Tensor> dx = {Tensor::f32({rows, hidden})};
+  std::fill(dx[0].f.begin(), dx[0].f.end(), 7.0f);
+  mustRun(withEps("rms_norm_grad_input", eps), ins, dx);
+
+  std::vector<Tensor> wins = {x, dy};
+  std::vector<Tensor> dw = {Tensor::f32({hidden})};
+  std::fill(dw[0].f.begin(), dw[0].f.end(), 7.0f);
+  mustRun(withEps("rms_norm_grad_weight", eps), wins, dw);
+
+  CHECK(sameBits(dx[0].f, fused[0].f));
+  CHECK(sameBits(dw[0].f, fused[1].f));
+  if (rows == 0)
+    CHECK(dw[0].f == std::vector<float>(hidden, 0.0f));
+}
+
+TEST_CASE("layer_norm_grad_input and layer_norm_grad_weight are the "
+          "gradients of layer_norm",
+          "[kernels][grad]") {
+  Rng rng(31);
+  const int64_t rows = 4, hidden = 6;
+  Tensor x = randomF32(rng, {rows, hidden}, -2.0, 2.0);
+  Tensor gamma = randomF32(rng, {hidden}, 0.5, 1.5);
+  Tensor beta = randomF32(rng, {hidden});
+  std::vector<float> r = rng.vec(rows * hidden);
+  for (double eps : {1e-3, -1.0}) { // -1: the default eps
+    INFO("eps=" << eps);
+    K forward = withEps("layer_norm", eps);
+    std::vector<Tensor> ins = {x, gamma, Tensor::f32({rows, hidden}, r)};
+    std::vector<Tensor> dx = {Tensor::f32({rows, hidden})};
+    mustRun(withEps("layer_norm_grad_input", eps), ins, dx);
+    std::vector<Tensor> wins = {x, Tensor::f32({rows, hidden}, r)};
+    std::vector<Tensor> dw = {Tensor::f32({hidden}), Tensor::f32({hidden})};
+    mustRun(withEps("layer_norm_grad_weight", eps), wins, dw);
+    requireNonZero(dx[0].f);
+    for (const Tensor &g : dw)
+      requireNonZero(g.f);
+    checkGradient(forward, {x, gamma, beta}, 0, {rows, hidden}, r, dx[0].f);
+    checkGradient(forward, {x, gamma, beta}, 1, {rows, hidden}, r, dw[0].f);
+    checkGradient(forward, {x, gamma, beta}, 2, {rows, hidden}, r, dw[1].f);
+  }
+}
+
+TEST_CASE("rms_norm_grad_input and rms_norm_grad_weight are the gradients "
+          "of rms_norm",
+          "[kernels][grad]") {
+  Rng rng(32);
+  const int64_t rows = 4, hidden = 6;
+  Tensor x = randomF32(rng, {rows, hidden}, -2.0, 2.0);
+  Tensor gamma = randomF32(rng, {hidden}, 0.5, 1.5);
+  std::vector<float> r = rng.vec(rows * hidden);
+  for (double eps : {1e-3, -1.0}) { // -1: the default eps
+    INFO("eps=" << eps);
+    K forward = withEps("rms_norm", eps);
+    std::vector<Tensor> ins = {x, gamma, Tensor::f32({rows, hidden}, r)};
+    std::vector<Tensor> dx = {Tensor::f32({rows, hidden})};
+    mustRun(withEps("rms_norm_grad_input", eps), ins, dx);
+    std::vector<Tensor> wins = {x, Tensor::f32({rows, hidden}, r)};
+    std::vector<Tensor> dw = {Tensor::f32({hidden})};
+    mustRun(withEps("rms_norm_grad_weight", eps), wins, dw);
+    requireNonZero(dx[0].f);
+    requireNonZero(dw[0].f);
+    checkGradient(forward, {x, gamma}, 0, {rows, hidden}, r, dx[0].f);
+    checkGradient(forward, {x, gamma}, 1, {rows, hidden}, r, dw[0].f);
+  }
+}
+
 TEST_CASE("swiglu_grad is the gradient of swiglu", "[kernels][grad]") {
   Rng rng(20);
   const int64_t rows = 3, width = 5;
@@ -1164,6 +1319,61 @@ TEST_CASE("rms_norm and swiglu reject bad operands", "[kernels][errors]") {
            {Tensor::f32({2, 3})});
   mustFail(K("swiglu_grad"), {Tensor::f32({2, 7}), Tensor::f32({2, 3})},
            {Tensor::f32({2, 7})});
+}
+
+TEST_CASE("split norm gradients reject bad operands", "[kernels][errors]") {
+  Tensor x = Tensor::f32({2, 3}), gamma = Tensor::f32({3}),
+         dy = Tensor::f32({2, 3}), h = Tensor::f32({3});
+  for (const std::string norm : {"layer_norm", "rms_norm"}) {
+    const std::string in = norm + "_grad_input", w = norm + "_grad_weight";
+    const bool layer = norm == "layer_norm";
+    // The input half takes the fused kernel's inputs and returns dx only.
+    CHECK(mustFail(K(in), {x, gamma, dy}, {x, h}) ==
+          in + ": expected 1 output, got 2");
+    CHECK(mustFail(K(in), {x, dy}, {x}) == in + ": expected 3 inputs, got 2");
+    CHECK(mustFail(K(in), {x, Tensor::f32({2}), dy}, {x}) ==
+          in + ": gamma has shape [2], expected [3]");
+    CHECK(mustFail(K(in), {x, gamma, Tensor::f32({3, 2})}, {x}) ==
+          in + ": dy has shape [3,2], expected [2,3]");
+    CHECK(mustFail(K(in), {x, gamma, dy}, {Tensor::f32({2, 4})}) ==
+          in + ": dx has shape [2,4], expected [2,3]");
+    CHECK(mustFail(K(in), {Tensor::f32({6}), Tensor::f32({6}),
+                           Tensor::f32({6})},
+                   {Tensor::f32({6})}) ==
+          in + ": x has shape [6], expected rank 2");
+    CHECK(mustFail(K(in), {Tensor::i32({1, 2}, {1, 2}), Tensor::f32({2}),
+                           Tensor::f32({1, 2})},
+                   {Tensor::f32({1, 2})}) ==
+          in + ": x must be f32, got i32");
+    CHECK(mustFail(K(in).f("eps", -1.0), {x, gamma, dy}, {x}) ==
+          in + ": attribute 'eps' must not be negative");
+    mustFail(K(in).s("eps", "small"), {x, gamma, dy}, {x});
+
+    // The weight half takes no gamma and returns the parameter gradients.
+    std::vector<Tensor> wOuts = layer ? std::vector<Tensor>{h, h}
+                                      : std::vector<Tensor>{h};
+    const std::string outs = layer ? "2 outputs" : "1 output";
+    CHECK(mustFail(K(w), {x, gamma, dy}, wOuts) ==
+          w + ": expected 2 inputs, got 3");
+    CHECK(mustFail(K(w), {x, dy}, {x, h, h}) ==
+          w + ": expected " + outs + ", got 3");
+    CHECK(mustFail(K(w), {x, Tensor::f32({3, 2})}, wOuts) ==
+          w + ": dy has shape [3,2], expected [2,3]");
+    CHECK(mustFail(K(w), {x, Tensor::i32({2, 3}, {0, 0, 0, 0, 0, 0})},
+                   wOuts) == w + ": dy must be f32, got i32");
+    CHECK(mustFail(K(w), {Tensor::f32({6}), Tensor::f32({6})}, wOuts) ==
+          w + ": x has shape [6], expected rank 2");
+    std::vector<Tensor> badGamma = wOuts;
+    badGamma[0] = Tensor::f32({2});
+    CHECK(mustFail(K(w), {x, dy}, badGamma) ==
+          w + ": dgamma has shape [2], expected [3]");
+    if (layer)
+      CHECK(mustFail(K(w), {x, dy}, {h, Tensor::f32({2, 3})}) ==
+            w + ": dbeta has shape [2,3], expected [3]");
+    CHECK(mustFail(K(w).f("eps", -1.0), {x, dy}, wOuts) ==
+          w + ": attribute 'eps' must not be negative");
+    mustFail(K(w).s("eps", "small"), {x, dy}, wOuts);
+  }
 }
 
 TEST_CASE("attention rejects bad kv_heads, rope_theta and widths",
