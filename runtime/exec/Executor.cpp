@@ -254,7 +254,10 @@ public:
   Status fetch(StepState &st, int id, TensorPtr &out);
   void publish(StepState &st, int id, TensorPtr t);
   void release(StepState &st, const std::vector<int> &ids);
-  Status call(int s, const Instruction &inst, int64_t step, StepState &st);
+  /// `accounted`: with profiling, the nanoseconds spent in kernels and
+  /// allocations (the rest of the CALL is the executor's own overhead).
+  Status call(int s, const Instruction &inst, int64_t step, StepState &st,
+              int64_t &accounted);
   Status allReduce(int s, const Instruction &inst);
   Status clipGrads();
   /// The global gradient norm of the last CLIP_GRADS, -1 before any.
@@ -400,7 +403,7 @@ void ExecutorImpl::release(StepState &st, const std::vector<int> &ids) {
 }
 
 Status ExecutorImpl::call(int s, const Instruction &inst, int64_t step,
-                          StepState &st) {
+                          StepState &st, int64_t &accounted) {
   const plan::Segment &seg = plan.segments(inst.segment());
   const SegmentLifetimes &lt = lifetimes[inst.segment()];
   std::vector<TensorPtr> values(seg.values_size());
@@ -415,22 +418,45 @@ Status ExecutorImpl::call(int s, const Instruction &inst, int64_t step,
     return op.kind() == Operand::VALUE ? values[op.index()]->ref()
                                        : stateOf(op.index(), op.kind())->ref();
   };
+  // Built only for an error message: most kernels take microseconds.
+  auto where = [&](int k) {
+    return "segment '" + seg.name() + "', kernel " + std::to_string(k);
+  };
+  const bool profiling = options.profile;
+  const int segIndex = inst.segment();
   std::vector<TensorRef> ins, outs;
   for (int k = 0; k < seg.kernels_size(); ++k) {
     const plan::Kernel &kernel = seg.kernels(k);
-    std::string where =
-        "segment '" + seg.name() + "', kernel " + std::to_string(k);
-    for (int v : lt.allocBefore[k])
-      PIPER_RETURN_IF_ERROR(
-          allocateTensor(seg.values(v), "value " + std::to_string(v), values[v])
-              .withContext(where));
+    Clock::time_point start;
+    if (profiling && !lt.allocBefore[k].empty())
+      start = Clock::now();
+    for (int v : lt.allocBefore[k]) {
+      Status status = allocateTensor(seg.values(v), "value " + std::to_string(v),
+                                     memory, values[v]);
+      if (!status)
+        return status.withContext(where(k));
+    }
+    if (profiling && !lt.allocBefore[k].empty()) {
+      int64_t ns = nanosSince(start);
+      addProfile(s, kCallAlloc, ns);
+      accounted += ns;
+    }
     ins.clear();
     outs.clear();
     for (const Operand &op : kernel.inputs())
       ins.push_back(resolve(op));
     for (const Operand &op : kernel.outputs())
       outs.push_back(resolve(op));
-    PIPER_RETURN_IF_ERROR(runKernel(kernel, ins, outs, ctx).withContext(where));
+    if (profiling)
+      start = Clock::now();
+    Status status = runKernel(kernel, ins, outs, ctx);
+    if (profiling) {
+      int64_t ns = nanosSince(start);
+      addProfile(s, kernelRows[segIndex][k], ns);
+      accounted += ns;
+    }
+    if (!status)
+      return status.withContext(where(k));
     for (int v : lt.freeAfter[k])
       values[v].reset();
   }
@@ -520,9 +546,14 @@ Status ExecutorImpl::execute(int s, int i, int64_t step, StepState &st,
                              std::vector<TensorPtr> &pendingSends) {
   const plan::Stream &stream = plan.streams(s);
   const Instruction &inst = stream.instructions(i);
+  const bool profiling = options.profile;
+  Clock::time_point start;
+  if (profiling)
+    start = Clock::now();
+  int64_t accounted = 0; // CALL: time in kernels and allocations
   switch (inst.kind()) {
   case Instruction::CALL:
-    PIPER_RETURN_IF_ERROR(call(s, inst, step, st));
+    PIPER_RETURN_IF_ERROR(call(s, inst, step, st, accounted));
     break;
   case Instruction::SEND: {
     TensorPtr t;
@@ -542,7 +573,8 @@ Status ExecutorImpl::execute(int s, int i, int64_t step, StepState &st,
     int id = inst.outputs(0);
     TensorPtr t;
     PIPER_RETURN_IF_ERROR(
-        allocateTensor(plan.buffers(id).type(), describeBuffer(plan, id), t));
+        allocateTensor(plan.buffers(id).type(), describeBuffer(plan, id),
+                       memory, t));
     int peer = peerOf(inst);
     PIPER_RETURN_IF_ERROR(
         options.comm
@@ -581,9 +613,10 @@ Status ExecutorImpl::execute(int s, int i, int64_t step, StepState &st,
     const plan::TrainingConfig &t = plan.training();
     TensorPtr tokens, targets;
     PIPER_RETURN_IF_ERROR(
-        allocateTensor(plan.buffers(inst.outputs(0)).type(), "tokens", tokens));
+        allocateTensor(plan.buffers(inst.outputs(0)).type(), "tokens", memory,
+                       tokens));
     PIPER_RETURN_IF_ERROR(allocateTensor(plan.buffers(inst.outputs(1)).type(),
-                                         "targets", targets));
+                                         "targets", memory, targets));
     int64_t global = static_cast<int64_t>(replica) * t.num_microbatches() +
                      inst.microbatch();
     PIPER_RETURN_IF_ERROR(data->fill(step, global, t.microbatch_size(),
@@ -599,6 +632,13 @@ Status ExecutorImpl::execute(int s, int i, int64_t step, StepState &st,
                          std::to_string(inst.kind()));
   }
   release(st, distinctInputs[s][i]);
+  if (profiling) {
+    int64_t ns = nanosSince(start);
+    if (inst.kind() == Instruction::CALL)
+      addProfile(s, kCallOther, std::max<int64_t>(0, ns - accounted));
+    else
+      addProfile(s, kindRow0 + inst.kind(), ns);
+  }
   return Status::ok();
 }
 
@@ -634,7 +674,12 @@ void ExecutorImpl::runStream(int s, int64_t step, StepState &st) {
       return;
     }
     if (sent) {
+      Clock::time_point start;
+      if (options.profile)
+        start = Clock::now();
       Status status = options.comm->waitSends(stream.name());
+      if (options.profile)
+        addProfile(s, kWaitSends, nanosSince(start));
       if (!status) {
         fail(st, status.withContext(who + ", stream '" + stream.name() +
                                     "', end of step: waiting for sends"));
@@ -787,7 +832,13 @@ Status Executor::runStep(int64_t step, double &loss) {
   for (double l : st.loss)
     loss += l;
   if (x.options.comm) {
+    Clock::time_point start;
+    if (x.options.profile)
+      start = Clock::now();
     Status status = x.options.comm->allReduceSumWorld(&loss, 1);
+    // The stream threads are joined: stream 0's rows are free to use.
+    if (x.options.profile)
+      x.addProfile(0, ExecutorImpl::kLossAllReduce, nanosSince(start));
     if (!status) {
       x.broken = true;
       return status.withContext(x.who + ": summing the step loss over ranks");
@@ -799,6 +850,36 @@ Status Executor::runStep(int64_t step, double &loss) {
 int Executor::replicaIndex() const { return impl->replica; }
 
 double Executor::lastGradNorm() const { return impl->lastGradNorm; }
+
+std::vector<ProfileEntry> Executor::profile() const {
+  std::vector<ProfileEntry> out;
+  for (size_t row = 0; row < impl->profileNames.size(); ++row) {
+    ProfileEntry e;
+    e.name = impl->profileNames[row];
+    int64_t nanos = 0;
+    for (const std::vector<ProfileSlot> &stream : impl->profile) {
+      e.count += stream[row].count;
+      nanos += stream[row].nanos;
+    }
+    e.seconds = double(nanos) * 1e-9;
+    if (e.count > 0)
+      out.push_back(std::move(e));
+  }
+  std::stable_sort(out.begin(), out.end(),
+                   [](const ProfileEntry &l, const ProfileEntry &r) {
+                     return l.seconds > r.seconds;
+                   });
+  return out;
+}
+
+void Executor::resetProfile() {
+  for (std::vector<ProfileSlot> &stream : impl->profile)
+    std::fill(stream.begin(), stream.end(), ProfileSlot{});
+}
+
+int64_t Executor::liveBytes() const { return impl->memory->live.load(); }
+int64_t Executor::peakBytes() const { return impl->memory->peak.load(); }
+int64_t Executor::stateBytes() const { return impl->stateBytes; }
 
 double Executor::lrScale(int64_t step) const {
   return scheduleScale(impl->plan.training(), step);

@@ -23,6 +23,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -342,6 +343,81 @@ void stopAll(std::map<pid_t, int> &alive, std::map<int, int> &statuses) {
 
 bool failed(int status) { return !WIFEXITED(status) || WEXITSTATUS(status); }
 
+/// The process's peak resident set size (getrusage), in bytes.
+int64_t maxRssBytes() {
+  struct rusage usage;
+  if (::getrusage(RUSAGE_SELF, &usage) != 0)
+    return 0;
+  return static_cast<int64_t>(usage.ru_maxrss) * 1024; // Linux: KiB
+}
+
+double mib(int64_t bytes) { return double(bytes) / (1024.0 * 1024.0); }
+
+/// "1234.5 MiB", or "unknown" for 0 (a plan from a compiler that does not
+/// predict memory).
+std::string predictedMiB(int64_t bytes) {
+  if (bytes <= 0)
+    return "unknown";
+  char text[64];
+  std::snprintf(text, sizeof(text), "%.1f MiB", mib(bytes));
+  return text;
+}
+
+/// The --profile table of one rank: every kernel op and instruction kind
+/// by decreasing time, over `steps` steps that took `stepSeconds` in all.
+std::string profileTable(const std::string &who, const Executor &exec,
+                         int64_t firstStep, int64_t steps,
+                         double stepSeconds) {
+  std::vector<ProfileEntry> rows = exec.profile();
+  int streams = exec.plan().streams_size();
+  char line[256];
+  std::string out;
+  std::snprintf(line, sizeof(line),
+                "profile of %s: steps %lld-%lld (%lld step%s%s), %d "
+                "stream%s, %.3f ms/step, %s\n",
+                who.c_str(), static_cast<long long>(firstStep),
+                static_cast<long long>(firstStep + steps - 1),
+                static_cast<long long>(steps), steps == 1 ? "" : "s",
+                firstStep > 1 ? ", warm-up excluded" : ", warm-up included",
+                streams, streams == 1 ? "" : "s",
+                steps > 0 ? 1e3 * stepSeconds / double(steps) : 0.0,
+                blasDescription().c_str());
+  out += line;
+  if (streams > 1)
+    out += "  (streams run concurrently: their times overlap, so the "
+           "percentages may add up to more than 100)\n";
+  std::snprintf(line, sizeof(line), "  %-32s %9s %11s %10s %7s\n",
+                "kernel / instruction", "count", "total ms", "ms/step",
+                "% step");
+  out += line;
+  double kernels = 0, all = 0;
+  std::set<std::string> ops;
+  for (const std::string &op : kernelNames())
+    ops.insert(op);
+  for (const ProfileEntry &e : rows) {
+    double perStep = steps > 0 ? 1e3 * e.seconds / double(steps) : 0.0;
+    double pct = stepSeconds > 0 ? 100.0 * e.seconds / stepSeconds : 0.0;
+    std::snprintf(line, sizeof(line), "  %-32s %9lld %11.3f %10.3f %7.2f\n",
+                  e.name.c_str(), static_cast<long long>(e.count),
+                  1e3 * e.seconds, perStep, pct);
+    out += line;
+    all += e.seconds;
+    if (ops.count(e.name))
+      kernels += e.seconds;
+  }
+  auto total = [&](const char *name, double seconds) {
+    std::snprintf(line, sizeof(line), "  %-32s %9s %11.3f %10.3f %7.2f\n",
+                  name, "", 1e3 * seconds,
+                  steps > 0 ? 1e3 * seconds / double(steps) : 0.0,
+                  stepSeconds > 0 ? 100.0 * seconds / stepSeconds : 0.0);
+    out += line;
+  };
+  total("(all kernels)", kernels);
+  total("(all rows)", all);
+  total("(step wall time)", stepSeconds);
+  return out;
+}
+
 } // namespace
 
 int launchLocalRanks(const RunOptions &options, char **argv) {
@@ -656,6 +732,12 @@ int runRank(const RunOptions &options, int rank, int worldSize,
     std::fflush(stdout);
     ::_exit(1);
   };
+  const char *profileEnv = std::getenv("PIPER_PROFILE");
+  eo.profile = options.profile ||
+               (profileEnv && *profileEnv && std::strcmp(profileEnv, "0") != 0);
+  // Reports of every rank go to its log with --log-dir; otherwise rank 0
+  // speaks for itself on the shared terminal.
+  const bool reports = rank == 0 || !options.logDir.empty();
   auto exec = Executor::create(plan, eo, st);
   if (!exec)
     return fail(st.message());
@@ -694,6 +776,10 @@ int runRank(const RunOptions &options, int rank, int worldSize,
   // After --load, step numbers continue from the checkpoint's: the data
   // windows and AdamW's bias correction see the steps they would have.
   int64_t lastStep = loadedStep + options.steps;
+  // --profile leaves out the first step (allocator and BLAS warm-up) unless
+  // it is the only one.
+  int64_t profiledFrom = loadedStep + 1;
+  double profiledSeconds = 0;
   for (int64_t step = loadedStep + 1; step <= lastStep; ++step) {
     if (rank == failRank && step == failStep) {
       reportFailure();
@@ -712,6 +798,12 @@ int runRank(const RunOptions &options, int rank, int worldSize,
       return fail(st.message());
     double seconds =
         std::chrono::duration<double>(Clock::now() - start).count();
+    if (eo.profile && step == loadedStep + 1 && lastStep > step) {
+      exec->resetProfile();
+      profiledFrom = step + 1;
+    } else {
+      profiledSeconds += seconds;
+    }
     if (rank != 0)
       continue;
     double tokensPerS = seconds > 0 ? tokensPerStep / seconds : 0.0;
@@ -730,15 +822,35 @@ int runRank(const RunOptions &options, int rank, int worldSize,
       double lr = exec->plan().training().lr() * exec->lrScale(step);
       std::fprintf(metrics,
                    "{\"step\": %lld, \"loss\": %s, \"tokens_per_s\": %.3f, "
-                   "\"step_time_s\": %.6f, \"lr\": %.9g, \"grad_norm\": %s}\n",
+                   "\"step_time_s\": %.6f, \"lr\": %.9g, \"grad_norm\": %s, "
+                   "\"peak_bytes\": %lld, \"max_rss_bytes\": %lld}\n",
                    static_cast<long long>(step), lossText, tokensPerS, seconds,
-                   lr, normText);
+                   lr, normText, static_cast<long long>(exec->peakBytes()),
+                   static_cast<long long>(maxRssBytes()));
       std::fflush(metrics);
     }
   }
   if (metrics && std::fclose(metrics) != 0)
     return fail(who + ": cannot write --metrics file '" + options.metricsPath +
                 "'");
+  if (reports) {
+    if (eo.profile && lastStep >= profiledFrom)
+      std::fprintf(stderr, "%s",
+                   profileTable(who, *exec, profiledFrom,
+                                lastStep - profiledFrom + 1, profiledSeconds)
+                       .c_str());
+    // The runtime's own high-water mark (persistent state plus step
+    // buffers and segment values), next to the compiler's prediction.
+    std::fprintf(stderr,
+                 "piper-run: %s: peak memory: %.1f MiB (compiler predicted "
+                 "%s); state %.1f MiB (predicted %s); max RSS %.1f MiB\n",
+                 who.c_str(), mib(exec->peakBytes()),
+                 predictedMiB(exec->plan().predicted_peak_bytes()).c_str(),
+                 mib(exec->stateBytes()),
+                 predictedMiB(exec->plan().predicted_state_bytes()).c_str(),
+                 mib(maxRssBytes()));
+    std::fflush(stderr);
+  }
 
   if (!options.saveParamsDir.empty() && exec->replicaIndex() == 0) {
     st = exec->saveParams(options.saveParamsDir);
@@ -810,6 +922,9 @@ int piperRunMain(int argc, char **argv) {
   app.add_option("--load", options.loadPath,
                  "before the first step, read all parameters from this "
                  "safetensors file (instead of initializing them)");
+  app.add_flag("--profile", options.profile,
+               "time every kernel op and instruction kind (first step "
+               "excluded) and print a table at the end; also PIPER_PROFILE=1");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError &e) {

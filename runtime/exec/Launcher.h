@@ -41,6 +41,10 @@ struct RunOptions {
   /// instead of being initialized, and steps continue after its "step";
   /// empty means none.
   std::string loadPath;
+  /// --profile (or PIPER_PROFILE=1): time every kernel op and instruction
+  /// kind, excluding the first step, and print a table at the end (rank 0 on
+  /// stderr; with --log-dir every rank into its log).
+  bool profile = false;
 };
 
 /// The whole piper-run command: parses `argv`; with PIPER_RANK in the

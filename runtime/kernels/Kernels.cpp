@@ -2,6 +2,8 @@
 // public attribute readers.
 #include "runtime/kernels/Kernels.h"
 
+#include <cblas.h>
+
 #include <cmath>
 #include <cstdint>
 
@@ -107,6 +109,12 @@ std::vector<std::string> kernelNames() {
   for (const KernelEntry &entry : kernelTable)
     names.push_back(entry.name);
   return names;
+}
+
+std::string blasDescription() {
+  const char *core = openblas_get_corename();
+  return std::string("OpenBLAS ") + (core ? core : "?") + " core, " +
+         std::to_string(openblas_get_num_threads()) + " thread(s)";
 }
 
 int64_t attrInt(const plan::Kernel &kernel, const std::string &name,

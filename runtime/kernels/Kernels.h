@@ -51,6 +51,12 @@ Status runKernel(const plan::Kernel &kernel,
 /// Names of all kernels runKernel knows.
 std::vector<std::string> kernelNames();
 
+/// The BLAS behind the GEMMs, for performance reports: OpenBLAS's kernel
+/// core (e.g. "Haswell", "SkylakeX"; "Prescott" is its slow generic fallback
+/// for CPUs it does not recognize, see docs/performance.md) and its thread
+/// count.
+std::string blasDescription();
+
 /// Reads integer attribute `name` of `kernel`, or `dflt` when absent.
 int64_t attrInt(const plan::Kernel &kernel, const std::string &name,
                 int64_t dflt);
