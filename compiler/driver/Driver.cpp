@@ -375,6 +375,10 @@ int mlir::piper::pipercMain(int argc, char **argv) {
                          "(0: no decay)");
   compileCmd->add_option("--clip-grad", comp.opt.clipGradNorm,
                          "global gradient-norm clipping threshold (0: off)");
+  compileCmd->add_option("--dtype", comp.opt.dtype,
+                         "f32, or bf16 mixed precision (fp32 master weights, "
+                         "accumulation and optimizer state)")
+      ->check(CLI::IsMember({"f32", "bf16"}));
   compileCmd->add_flag("--no-optimizer", comp.opt.noUpdate,
                        "forward and backward only: gradients accumulate and "
                        "are never applied (gradient checks)");

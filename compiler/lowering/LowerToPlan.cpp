@@ -130,6 +130,9 @@ public:
         training->set_decay_steps(v.getInt());
       if (auto v = opt.getAs<FloatAttr>("clip_grad_norm"))
         training->set_clip_grad_norm(v.getValueAsDouble());
+      if (auto v = opt.getAs<StringAttr>("dtype"))
+        training->set_compute_dtype(v.getValue() == "bf16" ? plan::BF16
+                                                           : plan::F32);
     }
     predictMemory();
     return std::move(p);

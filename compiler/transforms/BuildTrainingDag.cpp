@@ -513,6 +513,7 @@ LogicalResult mlir::piper::buildTrainingDag(ModuleOp module,
                              attrs.getI64IntegerAttr(opt.decaySteps)),
           attrs.getNamedAttr("clip_grad_norm",
                              attrs.getF64FloatAttr(opt.clipGradNorm)),
+          attrs.getNamedAttr("dtype", attrs.getStringAttr(opt.dtype)),
       }));
   return success();
 }

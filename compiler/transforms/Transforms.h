@@ -27,6 +27,8 @@ struct OptimizerConfig {
   /// Builds forward and backward only: no update tasks, so gradients
   /// accumulate across steps (gradient checks, debugging).
   bool noUpdate = false;
+  /// Mixed precision: "f32" or "bf16" (see plan.proto compute_dtype).
+  std::string dtype = "f32";
 };
 
 /// Returns the single piper.program of `module`, or emits an error.
