@@ -1,0 +1,369 @@
+#!/usr/bin/env python3
+"""One training step of a model in Piper (piper-run, one CPU rank) against the
+same step in PyTorch eager (CPU, float32), on the same machine, in the same
+run: same architecture, initial weights, batch, dtype, optimizer (AdamW with
+global-norm clipping) and thread count. Prints tokens/s of both and the ratio.
+
+Called by bench/cpu_vs_torch.sh, which builds the tools and fixes the
+environment (OPENBLAS_NUM_THREADS, OMP_NUM_THREADS, OPENBLAS_CORETYPE) before
+this process imports torch. See docs/performance.md.
+
+The PyTorch models are the ones of test/oracle/torch_oracle_test.py (which
+checks that they match Piper's numerics), copied here because that file is a
+test driver, not a module. As a guard that both sides compute the same model,
+the step-1 losses are compared: Piper trains on a token file of exactly seq+1
+tokens, so every sequence of the batch is that window, and PyTorch starts from
+Piper's initial weights (piper-run --steps 0 --save).
+"""
+import argparse
+import ctypes
+import ctypes.util
+import json
+import os
+import re
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+# name -> (piperc model args, compile args, torch model kwargs, warm-up steps,
+#          measured steps)
+CASES = {
+    # GPT-2 small (124M, tied head) at sequence 256, one sequence per step.
+    "gpt2-small": dict(
+        model=["gpt2-small", "--seq", "256", "--batch", "1"],
+        microbatches=1, family="gpt", heads=12, kv_heads=12, tied=True,
+        warmup=1, steps=3),
+    # The tiny Llama preset (2 layers, hidden 64, GQA 4/2, RoPE, SwiGLU,
+    # seq 32): 4 microbatches of 8 sequences per step.
+    "llama-tiny": dict(
+        model=["llama-tiny", "--batch", "8"],
+        microbatches=4, family="llama", heads=4, kv_heads=2, tied=False,
+        warmup=3, steps=20),
+}
+
+
+def log(msg):
+    print(msg, flush=True)
+
+
+def run(cmd, env=None):
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, env=env)
+    if proc.returncode != 0:
+        sys.exit("command failed (%d): %s\n%s%s" % (
+            proc.returncode, " ".join(cmd), proc.stdout, proc.stderr))
+    return proc.stdout, proc.stderr
+
+
+def blas_core():
+    """OpenBLAS's kernel core in this process, e.g. 'Prescott' or 'SkylakeX'."""
+    for name in ("libopenblas.so.0", ctypes.util.find_library("openblas")):
+        if not name:
+            continue
+        try:
+            lib = ctypes.CDLL(name)
+        except OSError:
+            continue
+        lib.openblas_get_corename.restype = ctypes.c_char_p
+        return lib.openblas_get_corename().decode()
+    return "unknown"
+
+
+# ---------------------------------------------------------------------------
+# PyTorch models, as in test/oracle/torch_oracle_test.py.
+
+def read_safetensors(path):
+    import numpy as np
+    import torch
+    with open(path, "rb") as f:
+        data = f.read()
+    n = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + n])
+    base = 8 + n
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        assert info["dtype"] == "F32", info
+        begin, end = info["data_offsets"]
+        arr = np.frombuffer(data[base + begin:base + end], dtype="<f4")
+        out[name] = torch.tensor(arr.reshape(info["shape"]).copy())
+    return out
+
+
+def layer_norm(x, w, b):
+    import torch.nn.functional as F
+    return F.layer_norm(x, (x.shape[-1],), w, b, eps=1e-5)
+
+
+def rms_norm(x, w, eps=1e-6):
+    import torch
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def causal_attention(q, k, v, mask):
+    """q, k, v: [B, heads, S, hd]; mask: [S, S] bool, True above the diagonal."""
+    import torch
+    hd = q.shape[-1]
+    scores = q @ k.transpose(-1, -2) / hd ** 0.5
+    scores = scores.masked_fill(mask, float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v
+
+
+def rope_tables(s, hd, theta):
+    import torch
+    freqs = theta ** (-torch.arange(0, hd // 2, dtype=torch.float64) * 2 / hd)
+    angles = torch.arange(s, dtype=torch.float64)[:, None] * freqs[None, :]
+    return (torch.cos(angles).float().repeat(1, 2),
+            torch.sin(angles).float().repeat(1, 2))
+
+
+def rope(x, cos, sin):
+    """x: [B, heads, S, hd], rotate-half convention."""
+    import torch
+    hd = x.shape[-1]
+    x1, x2 = x[..., :hd // 2], x[..., hd // 2:]
+    rotated = torch.cat([-x2, x1], dim=-1)
+    return x * cos + rotated * sin
+
+
+def gpt_loss(p, tokens, targets, layers, heads, tied, mask):
+    import torch.nn.functional as F
+    b, s = tokens.shape
+    x = p["wte"][tokens] + p["wpe"][:s]
+    h = x.shape[-1]
+    hd = h // heads
+    for i in range(layers):
+        pre = "h.%d." % i
+        y = layer_norm(x, p[pre + "ln_1.weight"], p[pre + "ln_1.bias"])
+        qkv = y @ p[pre + "attn.c_attn.weight"] + p[pre + "attn.c_attn.bias"]
+        q, k, v = (t.reshape(b, s, heads, hd).transpose(1, 2)
+                   for t in qkv.split(h, dim=-1))
+        a = causal_attention(q, k, v, mask).transpose(1, 2).reshape(b, s, h)
+        x = x + a @ p[pre + "attn.c_proj.weight"] + p[pre + "attn.c_proj.bias"]
+        y = layer_norm(x, p[pre + "ln_2.weight"], p[pre + "ln_2.bias"])
+        y = F.gelu(y @ p[pre + "mlp.c_fc.weight"] + p[pre + "mlp.c_fc.bias"],
+                   approximate="tanh")
+        x = x + y @ p[pre + "mlp.c_proj.weight"] + p[pre + "mlp.c_proj.bias"]
+    x = layer_norm(x, p["ln_f.weight"], p["ln_f.bias"])
+    logits = x @ (p["wte"].t() if tied else p["lm_head.weight"])
+    return F.cross_entropy(logits.reshape(b * s, -1), targets.reshape(-1))
+
+
+def llama_loss(p, tokens, targets, layers, heads, kv_heads, mask, cos, sin):
+    import torch.nn.functional as F
+    b, s = tokens.shape
+    x = p["tok_embeddings.weight"][tokens]
+    h = x.shape[-1]
+    hd = h // heads
+    for i in range(layers):
+        pre = "layers.%d." % i
+        y = rms_norm(x, p[pre + "attention_norm.weight"])
+        qkv = y @ p[pre + "attention.wqkv.weight"]
+        q = qkv[..., :heads * hd].reshape(b, s, heads, hd).transpose(1, 2)
+        k = qkv[..., heads * hd:(heads + kv_heads) * hd]
+        v = qkv[..., (heads + kv_heads) * hd:]
+        k = k.reshape(b, s, kv_heads, hd).transpose(1, 2)
+        v = v.reshape(b, s, kv_heads, hd).transpose(1, 2)
+        q, k = rope(q, cos, sin), rope(k, cos, sin)
+        group = heads // kv_heads
+        k = k.repeat_interleave(group, dim=1)
+        v = v.repeat_interleave(group, dim=1)
+        a = causal_attention(q, k, v, mask).transpose(1, 2).reshape(b, s, h)
+        x = x + a @ p[pre + "attention.wo.weight"]
+        y = rms_norm(x, p[pre + "ffn_norm.weight"])
+        gu = y @ p[pre + "feed_forward.w13.weight"]
+        f = gu.shape[-1] // 2
+        x = x + (F.silu(gu[..., :f]) * gu[..., f:]) @ p[pre + "feed_forward.w2.weight"]
+    x = rms_norm(x, p["norm.weight"])
+    logits = x @ p["output.weight"]
+    return F.cross_entropy(logits.reshape(b * s, -1), targets.reshape(-1))
+
+
+def torch_train(case, training, init_path, window, threads):
+    """Times warm-up + measured steps of PyTorch eager; returns
+    (step seconds, losses)."""
+    import torch
+    torch.set_num_threads(threads)
+    params = read_safetensors(init_path)
+    for t in params.values():
+        t.requires_grad_()
+    layers = 1 + max(int(m.group(1)) for name in params
+                     for m in [re.match(r"(?:h|layers)\.(\d+)\.", name)] if m)
+    s = training["seq_len"]
+    b = training["microbatch_size"]
+    mbs = training["num_microbatches"]
+    tokens = window[:s].repeat(b, 1)
+    targets = window[1:].repeat(b, 1)
+    mask = torch.triu(torch.ones(s, s, dtype=torch.bool), diagonal=1)
+    if case["family"] == "gpt":
+        def loss_fn():
+            return gpt_loss(params, tokens, targets, layers, case["heads"],
+                            case["tied"], mask)
+    else:
+        h = params["tok_embeddings.weight"].shape[1]
+        cos, sin = rope_tables(s, h // case["heads"], 10000.0)
+
+        def loss_fn():
+            return llama_loss(params, tokens, targets, layers, case["heads"],
+                              case["kv_heads"], mask, cos, sin)
+    # As piperc: decoupled weight decay on matrices only.
+    decay = [t for t in params.values() if t.dim() >= 2]
+    no_decay = [t for t in params.values() if t.dim() < 2]
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": training["weight_decay"]},
+         {"params": no_decay, "weight_decay": 0.0}],
+        lr=training["lr"], betas=(training["beta1"], training["beta2"]),
+        eps=training["eps"])
+    clip = training.get("clip_grad_norm", 0.0)
+    all_params = list(params.values())
+    times, losses = [], []
+    for _ in range(case["warmup"] + case["steps"]):
+        start = time.perf_counter()
+        total = 0.0
+        for _ in range(mbs):
+            loss = loss_fn() / mbs
+            loss.backward()
+            total += loss.item()
+        if clip > 0:
+            torch.nn.utils.clip_grad_norm_(all_params, clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        times.append(time.perf_counter() - start)
+        losses.append(total)
+    return times, losses
+
+
+# ---------------------------------------------------------------------------
+
+def read_training(plans):
+    """The training block of the manifest (text proto), as floats/ints."""
+    out = {}
+    text = open(os.path.join(plans, "manifest.textproto")).read()
+    block = text[text.index("training {"):]
+    block = block[:block.index("}")]
+    for key, value in re.findall(r"(\w+): ([-0-9.e+]+)", block):
+        out[key] = float(value) if re.search(r"[.e]", value) else int(value)
+    return out
+
+
+def piper_train(args, case, plans, work, data, env):
+    steps = case["warmup"] + case["steps"]
+    metrics = os.path.join(work, "metrics.jsonl")
+    cmd = [args.piper_run, plans, "--nproc", "1", "--steps", str(steps),
+           "--seed", "1", "--data", data, "--metrics", metrics]
+    if args.profile:
+        cmd.append("--profile")
+    _, err = run(cmd, env)
+    rows = [json.loads(line) for line in open(metrics) if line.strip()]
+    return ([r["step_time_s"] for r in rows], [r["loss"] for r in rows], rows,
+            err)
+
+
+def bench(args, name):
+    import numpy as np
+    import torch
+    case = dict(CASES[name])
+    if args.steps:
+        case["steps"] = args.steps
+    if args.warmup is not None:
+        case["warmup"] = args.warmup
+    work = tempfile.mkdtemp(prefix="piper-bench-%s-" % name)
+    model = os.path.join(work, "model.mlir")
+    plans = os.path.join(work, "plans")
+    run([args.piperc, "model"] + case["model"] + ["-o", model])
+    run([args.piperc, "compile", model, "--microbatches",
+         str(case["microbatches"]), "-o", plans])
+    training = read_training(plans)
+    s, b, mbs = (training["seq_len"], training["microbatch_size"],
+                 training["num_microbatches"])
+    tokens_per_step = s * b * mbs
+
+    # One window of seq+1 tokens: every sequence Piper samples is this one.
+    rng = np.random.default_rng(7)
+    window = rng.integers(0, training["vocab_size"], s + 1)
+    data = os.path.join(work, "tokens.bin")
+    window.astype("<u2" if training["vocab_size"] <= 65536 else "<u4").tofile(data)
+    init = os.path.join(work, "init.safetensors")
+    env = dict(os.environ)
+    run([args.piper_run, plans, "--nproc", "1", "--steps", "0", "--seed", "1",
+         "--save", init], env)
+
+    log("== %s: seq %d, microbatch %d x %d microbatches = %d tokens/step, "
+        "float32, %d thread(s), OpenBLAS core %s; %d warm-up + %d measured "
+        "steps ==" % (name, s, b, mbs, tokens_per_step, args.threads,
+                      blas_core(), case["warmup"], case["steps"]))
+
+    p_times, p_losses, p_rows, p_err = piper_train(args, case, plans, work,
+                                                   data, env)
+    t_times, t_losses = torch_train(case, training, init,
+                                    torch.tensor(window.astype(np.int64)),
+                                    args.threads)
+    w = case["warmup"]
+    p_med = statistics.median(p_times[w:])
+    t_med = statistics.median(t_times[w:])
+    p_tps, t_tps = tokens_per_step / p_med, tokens_per_step / t_med
+    rel = abs(p_losses[0] - t_losses[0]) / abs(t_losses[0])
+    peak = re.search(r"peak memory: .*", p_err)
+    log("piper  : median step %8.1f ms  %10.1f tokens/s  (steps: %s ms)" % (
+        1e3 * p_med, p_tps, " ".join("%.0f" % (1e3 * t) for t in p_times)))
+    log("pytorch: median step %8.1f ms  %10.1f tokens/s  (steps: %s ms)" % (
+        1e3 * t_med, t_tps, " ".join("%.0f" % (1e3 * t) for t in t_times)))
+    log("ratio piper/pytorch tokens/s: %.2fx" % (p_tps / t_tps))
+    log("step-1 loss: piper %.6f, pytorch %.6f (relative difference %.1e%s)" % (
+        p_losses[0], t_losses[0], rel, "" if rel < 1e-3 else " -- MISMATCH"))
+    if peak:
+        log("piper %s" % peak.group(0))
+    log("pytorch process max RSS: %.1f MiB (this helper, all models so far)" %
+        (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0))
+    if args.profile:
+        table = p_err[p_err.find("profile of"):]
+        log(table.rstrip())
+    log("")
+    return dict(model=name, tokens_per_step=tokens_per_step,
+                threads=args.threads, blas_core=blas_core(),
+                piper_step_s=p_med, torch_step_s=t_med,
+                piper_tokens_per_s=p_tps, torch_tokens_per_s=t_tps,
+                ratio=p_tps / t_tps, loss_rel_diff=rel,
+                piper_peak_bytes=p_rows[-1].get("peak_bytes"))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--piperc", required=True)
+    ap.add_argument("--piper-run", required=True)
+    ap.add_argument("--models", default="gpt2-small,llama-tiny",
+                    help="comma-separated, from: " + ", ".join(CASES))
+    ap.add_argument("--threads", type=int, required=True)
+    ap.add_argument("--steps", type=int, default=0,
+                    help="measured steps (default: per model)")
+    ap.add_argument("--warmup", type=int, default=None,
+                    help="warm-up steps (default: per model)")
+    ap.add_argument("--profile", action="store_true",
+                    help="also print piper-run --profile's table")
+    ap.add_argument("--json", help="append one JSON object per model here")
+    args = ap.parse_args()
+    if os.environ.get("OPENBLAS_NUM_THREADS") != str(args.threads):
+        sys.exit("set OPENBLAS_NUM_THREADS=%d before starting (torch and "
+                 "piper-run must see the same BLAS threads)" % args.threads)
+    results = []
+    for name in args.models.split(","):
+        if name not in CASES:
+            sys.exit("unknown model '%s' (known: %s)" % (name, ", ".join(CASES)))
+        results.append(bench(args, name))
+    log("summary (%d thread(s)):" % args.threads)
+    for r in results:
+        log("  %-11s piper %9.1f tokens/s   pytorch %9.1f tokens/s   "
+            "piper/pytorch %.2fx" % (r["model"], r["piper_tokens_per_s"],
+                                     r["torch_tokens_per_s"], r["ratio"]))
+    if args.json:
+        with open(args.json, "a") as f:
+            for r in results:
+                f.write(json.dumps(r) + "\n")
+
+
+if __name__ == "__main__":
+    main()

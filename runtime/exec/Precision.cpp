@@ -1,0 +1,11 @@
+// bfloat16 rounding of whole buffers.
+#include "runtime/exec/Precision.h"
+
+namespace piper::runtime {
+
+void roundToBf16(float *data, int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
+    data[i] = roundToBf16(data[i]);
+}
+
+} // namespace piper::runtime
