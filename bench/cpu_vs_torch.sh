@@ -38,6 +38,10 @@ done
 # Same BLAS and OpenMP threads on both sides; piper-run passes an explicit
 # OPENBLAS_NUM_THREADS through to its rank.
 export OPENBLAS_NUM_THREADS="$THREADS" OMP_NUM_THREADS="$THREADS"
+# PyTorch's OpenMP workers would otherwise spin between parallel regions
+# and fight OpenBLAS's threads for the cores (steps 2-20x slower and
+# erratic on 2 cores); passive waiting is PyTorch's better setting here.
+export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-passive}"
 
 # OpenBLAS 0.3.21 does not know recent Xeons (e.g. family 6 model 207) and
 # falls back to its generic Prescott (SSE3) kernels. Both sides load the same

@@ -71,10 +71,10 @@ struct PlacePass : mlir::piper::impl::PiperPlaceBase<PlacePass> {
     Directive d =
         stageDirective(Directive::Place, pp, devices, "piper-place");
     d.stream = stream;
-    if (devices.empty()) {
-      getOperation().emitError("piper-place: devices must not be empty");
+    if (failed(verifyDeviceGroup(devices, "piper-place devices", [&] {
+          return getOperation().emitError();
+        })))
       return signalPassFailure();
-    }
     if (failed(applyDirective(getOperation(), d, std::nullopt)))
       return signalPassFailure();
     // Transfers are inserted once the last stage has been placed.
@@ -90,6 +90,10 @@ struct PlacePass : mlir::piper::impl::PiperPlaceBase<PlacePass> {
 struct ReplicatePass : mlir::piper::impl::PiperReplicateBase<ReplicatePass> {
   using PiperReplicateBase::PiperReplicateBase;
   void runOnOperation() override {
+    if (failed(verifyDeviceGroup(devices, "piper-replicate devices", [&] {
+          return getOperation().emitError();
+        })))
+      return signalPassFailure();
     Directive d = stageDirective(Directive::Replicate, pp, devices,
                                  "piper-replicate");
     d.bucketSizeMb = bucketMb;

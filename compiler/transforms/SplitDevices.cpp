@@ -61,6 +61,43 @@ LogicalResult mlir::piper::splitDevices(ModuleOp module) {
   auto classOf = [&](ArrayRef<int64_t> g) {
     return classIndex.at(std::vector<int64_t>(g.begin(), g.end()));
   };
+  auto isClass = [&](ArrayRef<int64_t> g) {
+    return classIndex.count(std::vector<int64_t>(g.begin(), g.end())) > 0;
+  };
+  // Hand-written programs may break what place guarantees: check first.
+  for (Operation &op : body) {
+    if (auto tr = dyn_cast<TransferOp>(op)) {
+      if (!isClass(tr.getFrom()) || !isClass(tr.getTo()))
+        return tr.emitOpError("moves data between [")
+               << tr.getFrom() << "] and [" << tr.getTo()
+               << "], which are not both device groups of tasks";
+      Operation *def = tr.getInput().getDefiningOp();
+      if (auto producer = dyn_cast_or_null<TaskOp>(def);
+          producer && *producer.getDevices() != tr.getFrom())
+        return tr.emitOpError("sends from [")
+               << tr.getFrom() << "] a value produced on ["
+               << *producer.getDevices() << "]";
+      continue;
+    }
+    ArrayRef<int64_t> g = groupOf(&op);
+    if (g.empty())
+      continue;
+    for (Value v : op.getOperands()) {
+      if (isa<TokenType>(v.getType()))
+        continue;
+      Operation *def = v.getDefiningOp();
+      if (auto tr = dyn_cast_or_null<TransferOp>(def)) {
+        if (tr.getTo() != g)
+          return op.emitOpError("runs on [")
+                 << g << "] but reads a transfer to [" << tr.getTo() << "]";
+      } else if (def && !isa<BatchOp>(def) && groupOf(def) != g) {
+        return op.emitOpError("runs on [")
+               << g << "] but reads a value of " << describeNode(def)
+               << " on [" << groupOf(def)
+               << "] without a transfer; run the place directives";
+      }
+    }
+  }
 
   std::vector<IRMapping> maps(programs.size());
   auto builderFor = [&](size_t c) {

@@ -81,7 +81,11 @@ LogicalResult mlir::piper::applyStage(ModuleOp module, int64_t stages) {
       inGroup.insert(t);
     // Inputs: operands defined outside the group; outputs: results used
     // outside it, or not used at all (the loss).
-    llvm::SetVector<Value> inputs, outputs;
+    llvm::SetVector<Value> inputs, outputs, deps;
+    for (TaskOp t : group)
+      for (Value d : t.getDeps())
+        if (!inGroup.contains(d.getDefiningOp()))
+          deps.insert(d);
     for (TaskOp t : group) {
       for (Value v : t.getArgs())
         if (!inGroup.contains(v.getDefiningOp()))
@@ -134,7 +138,7 @@ LogicalResult mlir::piper::applyStage(ModuleOp module, int64_t stages) {
     auto task = TaskOp::create(b, group.back().getLoc(), TypeRange(outTypes),
                                b.getType<TokenType>(),
                                FlatSymbolRefAttr::get(seg.getSymNameAttr()),
-                               inputs.getArrayRef(), ValueRange(), tag,
+                               inputs.getArrayRef(), deps.getArrayRef(), tag,
                                DenseI64ArrayAttr(), StringAttr());
     for (auto [i, old] : llvm::enumerate(outputs))
       Value(old).replaceAllUsesWith(task.getOuts()[i]);

@@ -237,7 +237,7 @@ LogicalResult EmbeddingOp::verify() {
 }
 
 LogicalResult PositionAddOp::verify() {
-  if (getSeq() <= 0)
+  if (getSeqAttr().getInt() <= 0)
     return emitOpError("seq must be positive");
   if (dim(getInput(), 0) % getSeq() != 0)
     return emitOpError("rows (") << dim(getInput(), 0)
@@ -279,8 +279,8 @@ LogicalResult LinearOp::verify() {
 
 LogicalResult AttentionOp::verify() {
   int64_t width = dim(getResult(), 1);
-  int64_t heads = getHeads(), kvHeads = getNumKvHeads();
-  if (heads <= 0 || getSeq() <= 0 || kvHeads <= 0)
+  int64_t heads = getHeadsAttr().getInt(), kvHeads = int64_t(getNumKvHeads());
+  if (heads <= 0 || getSeqAttr().getInt() <= 0 || kvHeads <= 0)
     return emitOpError("heads, kv_heads and seq must be positive");
   if (width % heads != 0)
     return emitOpError("width ") << width << " is not divisible by " << heads
@@ -321,7 +321,7 @@ LogicalResult SwigluOp::verify() {
 }
 
 LogicalResult MoeRouterOp::verify() {
-  int64_t experts = dim(getLogits(), 1), k = getTopK();
+  int64_t experts = dim(getLogits(), 1), k = getTopKAttr().getInt();
   if (k < 1 || k > experts)
     return emitOpError("top_k must be in [1, ") << experts << "], got " << k;
   for (Value v : {getIndices(), getWeights()})
@@ -332,7 +332,7 @@ LogicalResult MoeRouterOp::verify() {
 }
 
 LogicalResult MoeDispatchOp::verify() {
-  if (getExperts() < 1 || getCapacity() < 1)
+  if (getExpertsAttr().getInt() < 1 || getCapacityAttr().getInt() < 1)
     return emitOpError("experts and capacity must be positive");
   if (dim(getResult(), 0) != getExperts() * getCapacity() ||
       dim(getResult(), 1) != dim(getInput(), 1))
@@ -345,7 +345,7 @@ LogicalResult MoeDispatchOp::verify() {
 }
 
 LogicalResult MoeCombineOp::verify() {
-  if (getExperts() < 1 || getCapacity() < 1)
+  if (getExpertsAttr().getInt() < 1 || getCapacityAttr().getInt() < 1)
     return emitOpError("experts and capacity must be positive");
   if (dim(getInput(), 0) != getExperts() * getCapacity())
     return emitOpError("input must have experts * capacity = ")
@@ -360,6 +360,8 @@ LogicalResult MoeCombineOp::verify() {
 
 LogicalResult ExpertLinearOp::verify() {
   auto w = cast<RankedTensorType>(getWeight().getType());
+  if (getExpertsAttr().getInt() < 1)
+    return emitOpError("experts must be positive");
   if (w.getDimSize(0) != getExperts())
     return emitOpError("weight must have ") << getExperts() << " experts";
   if (dim(getInput(), 0) % getExperts() != 0)
@@ -403,24 +405,32 @@ void DeviceProgramOp::build(OpBuilder &builder, OperationState &state,
   state.addRegion()->push_back(new Block());
 }
 
-static LogicalResult verifyNodes(Operation *op, Block &body) {
-  for (Operation &node : body)
-    if (node.getDialect() != op->getDialect() || isa<ParamOp, SegmentOp>(node))
+/// Only DAG nodes may appear in a program: compute belongs in segments.
+/// Ops with a parent constraint of their own report it themselves.
+static LogicalResult verifyNodes(Block &body, bool deviceLevel) {
+  for (Operation &node : body) {
+    if (isa<YieldOp, TransferOp, SendOp, RecvOp, ClipGradsOp>(node))
+      continue;
+    if (!isa<BatchOp, TaskOp, AllReduceOp>(node))
       return node.emitOpError("is not a program node");
+  }
   return success();
 }
 
 LogicalResult ProgramOp::verify() {
-  if (getNumMicrobatches() < 1 || getNumReplicas() < 1)
+  if (getNumMicrobatchesAttr().getInt() < 1 ||
+      getNumReplicasAttr().getInt() < 1)
     return emitOpError("num_microbatches and num_replicas must be positive");
-  return verifyNodes(*this, getBody().front());
+  return verifyNodes(getBody().front(), /*deviceLevel=*/false);
 }
 
 LogicalResult DeviceProgramOp::verify() {
+  if (getDeviceClassAttr().getInt() < 0)
+    return emitOpError("device_class must be non-negative");
   if (failed(verifyDeviceGroup(getRanks(), "ranks",
                                [&] { return emitOpError(); })))
     return failure();
-  return verifyNodes(*this, getBody().front());
+  return verifyNodes(getBody().front(), /*deviceLevel=*/true);
 }
 
 LogicalResult BatchOp::verify() {

@@ -16,10 +16,14 @@ include "PiperDialect.td"
 class Piper_Op<string mnemonic, list<Trait> traits = []>
     : Op<Piper_Dialect, mnemonic, traits>;
 
-def F32Tensor2D : 2DTensorOf<[F32]>;
-def F32Tensor1D : 1DTensorOf<[F32]>;
+// Every tensor of the dialect is statically shaped: shapes are plans.
+def F32Tensor2D : ConfinedType<2DTensorOf<[F32]>, [HasStaticShapePred],
+                               "statically shaped 2-D tensor of f32">;
+def F32Tensor1D : ConfinedType<1DTensorOf<[F32]>, [HasStaticShapePred],
+                               "statically shaped 1-D tensor of f32">;
 def F32Scalar : 0DTensorOf<[F32]>;
-def I32Tensor2D : 2DTensorOf<[I32]>;
+def I32Tensor2D : ConfinedType<2DTensorOf<[I32]>, [HasStaticShapePred],
+                               "statically shaped 2-D tensor of i32">;
 
 //===----------------------------------------------------------------------===//
 // Module level: parameters and segments
@@ -345,8 +349,10 @@ def Piper_CrossEntropyGradOp : Piper_Op<"cross_entropy_grad", [Pure]> {
 // weighted expert outputs back per token.
 //===----------------------------------------------------------------------===//
 
-def I32Tensor2DAny : 2DTensorOf<[I32]>;
-def F32Tensor3D : 3DTensorOf<[F32]>;
+def I32Tensor2DAny : ConfinedType<2DTensorOf<[I32]>, [HasStaticShapePred],
+                                  "statically shaped 2-D tensor of i32">;
+def F32Tensor3D : ConfinedType<3DTensorOf<[F32]>, [HasStaticShapePred],
+                               "statically shaped 3-D tensor of f32">;
 
 def Piper_MoeRouterOp : Piper_Op<"moe_router", [Pure]> {
   let summary = "Top-k softmax routing: expert indices and gate weights per token";
@@ -594,10 +600,10 @@ def Piper_TransferOp : Piper_Op<"transfer", [HasParent<"ProgramOp">,
     i of `from` sends to member i of `to`. Lowered to `piper.send` and
     `piper.recv` by per-device splitting.
   }];
-  let arguments = (ins AnyRankedTensor:$input, Variadic<Piper_TokenType>:$deps,
+  let arguments = (ins AnyStaticShapeTensor:$input, Variadic<Piper_TokenType>:$deps,
                        DenseI64ArrayAttr:$from, DenseI64ArrayAttr:$to,
                        StrAttr:$stream);
-  let results = (outs AnyRankedTensor:$result, Piper_TokenType:$done);
+  let results = (outs AnyStaticShapeTensor:$result, Piper_TokenType:$done);
   let assemblyFormat = [{
     $input (`after` `(` $deps^ `)`)? attr-dict `:` type($input)
   }];
@@ -611,7 +617,7 @@ def Piper_AllReduceOp : Piper_NodeOp<"all_reduce", [
     Inserted by `replicate`: one node per gradient bucket. After it, every
     member holds the sum over the group.
   }];
-  let arguments = (ins SymbolRefArrayAttr:$params, Variadic<Piper_TokenType>:$deps,
+  let arguments = (ins FlatSymbolRefArrayAttr:$params, Variadic<Piper_TokenType>:$deps,
                        DenseI64ArrayAttr:$devices, StrAttr:$stream,
                        DictionaryAttr:$tag);
   let results = (outs Piper_TokenType:$done);

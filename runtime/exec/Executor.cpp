@@ -43,12 +43,29 @@ int64_t nanosSince(Clock::time_point start) {
       .count();
 }
 
-/// Bytes of tensor storage alive in one executor and their high-water mark.
-/// Shared by every tensor it allocates, so that a tensor outliving a step
-/// (an abandoned send) still reports its release.
+/// Bytes of tensor storage alive in one executor and their high-water mark,
+/// and the storage of freed tensors kept for reuse. Shared by every tensor it
+/// allocates, so that a tensor outliving a step (an abandoned send) still
+/// reports its release.
+///
+/// Every step allocates the same buffers in the same order, so freed blocks
+/// are kept by exact size and handed out again: after the first step no
+/// large allocation goes back to the kernel (page faults and zeroing of fresh
+/// pages, about 6% of a GPT-2 small step). `live` and `peak` count tensors
+/// only, not the kept blocks (the process RSS includes them).
 struct MemoryTracker {
   std::atomic<int64_t> live{0};
   std::atomic<int64_t> peak{0};
+
+  std::mutex mu;
+  std::unordered_map<size_t, std::vector<void *>> kept; // by block size
+  size_t keptBytes = 0;
+
+  ~MemoryTracker() {
+    for (auto &[size, blocks] : kept)
+      for (void *block : blocks)
+        std::free(block);
+  }
 
   void add(int64_t bytes) {
     int64_t now = live.fetch_add(bytes, std::memory_order_relaxed) + bytes;
@@ -58,6 +75,35 @@ struct MemoryTracker {
     }
   }
   void sub(int64_t bytes) { live.fetch_sub(bytes, std::memory_order_relaxed); }
+
+  /// A 64-byte aligned block of `size` bytes (a multiple of 64), reused when
+  /// one is kept; null when out of memory.
+  void *acquire(size_t size) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      auto it = kept.find(size);
+      if (it != kept.end() && !it->second.empty()) {
+        void *block = it->second.back();
+        it->second.pop_back();
+        keptBytes -= size;
+        return block;
+      }
+    }
+    return std::aligned_alloc(64, size);
+  }
+  /// Keeps `block` for reuse, unless the kept blocks would then outgrow the
+  /// peak of live tensors (a bound a repeating step never reaches).
+  void release(void *block, size_t size) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (keptBytes + size <= static_cast<size_t>(peak.load())) {
+        kept[size].push_back(block);
+        keptBytes += size;
+        return;
+      }
+    }
+    std::free(block);
+  }
 };
 
 /// Owned, zero-filled, 64-byte aligned storage of one dense tensor. Buffers
@@ -68,15 +114,19 @@ struct HostTensor {
   std::vector<int64_t> shape;
   int64_t bytes = 0;
   void *data = nullptr;
-  std::shared_ptr<MemoryTracker> tracker; // null: not counted
+  size_t blockSize = 0;                   // bytes of `data`'s block
+  std::shared_ptr<MemoryTracker> tracker; // null: plain free, not counted
 
   HostTensor() = default;
   HostTensor(const HostTensor &) = delete;
   HostTensor &operator=(const HostTensor &) = delete;
   ~HostTensor() {
-    std::free(data);
-    if (tracker && data)
+    if (!tracker) {
+      std::free(data);
+    } else if (data) {
       tracker->sub(bytes);
+      tracker->release(data, blockSize);
+    }
   }
   TensorRef ref() const { return TensorRef{dtype, shape, data}; }
 };
@@ -94,11 +144,14 @@ Status allocateTensor(const plan::TensorType &type, const std::string &what,
   if (t->bytes < 0)
     return Status::error(what + " has an invalid shape");
   size_t size = (static_cast<size_t>(t->bytes) + 63) / 64 * 64;
-  t->data = std::aligned_alloc(64, size ? size : 64);
+  if (size == 0)
+    size = 64;
+  t->data = tracker ? tracker->acquire(size) : std::aligned_alloc(64, size);
   if (!t->data)
     return Status::error("out of memory allocating " + what + " (" +
                          std::to_string(t->bytes) + " bytes)");
-  std::memset(t->data, 0, size ? size : 64);
+  std::memset(t->data, 0, size);
+  t->blockSize = size;
   t->tracker = tracker;
   if (tracker)
     tracker->add(t->bytes);
@@ -474,9 +527,7 @@ Status ExecutorImpl::clipGrads() {
   double local = 0;
   for (int p = 0; p < plan.params_size(); ++p) {
     const TensorPtr &g = stateOf(p, Operand::GRAD);
-    const float *x = static_cast<const float *>(g->data);
-    for (int64_t i = 0, e = g->bytes / 4; i < e; ++i)
-      local += double(x[i]) * double(x[i]);
+    local += sumOfSquares(static_cast<const float *>(g->data), g->bytes / 4);
   }
   double total = local;
   if (options.comm)
@@ -494,9 +545,7 @@ Status ExecutorImpl::clipGrads() {
   float scale = static_cast<float>(maxNorm / (norm + 1e-6));
   for (int p = 0; p < plan.params_size(); ++p) {
     const TensorPtr &g = stateOf(p, Operand::GRAD);
-    float *x = static_cast<float *>(g->data);
-    for (int64_t i = 0, e = g->bytes / 4; i < e; ++i)
-      x[i] *= scale;
+    scaleFloats(static_cast<float *>(g->data), scale, g->bytes / 4);
   }
   return Status::ok();
 }

@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "runtime/kernels/KernelUtil.h"
+#include "runtime/kernels/VecMath.h"
 
 namespace piper::runtime::detail {
 
@@ -122,20 +123,23 @@ void causalProbs(const AttentionDims &d, const float *q, int64_t ldq,
   gemm(false, true, s, s, d.headDim, scale, q, ldq, k, ldk, 0.0f, probs, s);
   for (int64_t i = 0; i < s; ++i) {
     float *row = probs + i * s;
-    float rowMax = -std::numeric_limits<float>::infinity();
-    for (int64_t j = 0; j <= i; ++j)
-      rowMax = std::max(rowMax, row[j]);
-    double sum = 0;
-    for (int64_t j = 0; j <= i; ++j) {
-      row[j] = std::exp(row[j] - rowMax);
-      sum += row[j];
-    }
-    float inv = static_cast<float>(1.0 / sum);
-    for (int64_t j = 0; j <= i; ++j)
-      row[j] *= inv;
-    for (int64_t j = i + 1; j < s; ++j)
-      row[j] = 0.0f;
+    float rowMax = maxOf(row, i + 1);
+    double sum = expShiftedSum(row, rowMax, row, i + 1);
+    scaleInPlace(row, static_cast<float>(1.0 / sum), i + 1);
+    std::fill(row + i + 1, row + s, 0.0f);
   }
+}
+
+// Softmax backward of one row with the score scale folded in:
+// dp = scale * p * (dp - <p, dp>) over the causal part j <= i; masked
+// entries have p = 0 and become 0.
+PIPER_SIMD void softmaxGradRow(const float *__restrict p, float *__restrict dp,
+                               int64_t count, int64_t width, float scale) {
+  double dot = dotDouble(p, dp, count);
+  for (int64_t j = 0; j < count; ++j)
+    dp[j] = static_cast<float>(scale * p[j] * (dp[j] - dot));
+  for (int64_t j = count; j < width; ++j)
+    dp[j] = 0.0f;
 }
 
 // The (possibly rotated) q and k of one sequence: without rotary embeddings
@@ -239,17 +243,9 @@ Status attentionGradKernel(const KernelArgs &a) {
            dprobs.data(), s);
       // Softmax backward, with the score scale folded in so that it need
       // not be applied to dQ and dK; masked entries have P = 0 and stay 0.
-      for (int64_t i = 0; i < s; ++i) {
-        const float *p = probs.data() + i * s;
-        float *dp = dprobs.data() + i * s;
-        double dot = 0;
-        for (int64_t j = 0; j <= i; ++j)
-          dot += double(p[j]) * dp[j];
-        for (int64_t j = 0; j <= i; ++j)
-          dp[j] = static_cast<float>(scale * p[j] * (dp[j] - dot));
-        for (int64_t j = i + 1; j < s; ++j)
-          dp[j] = 0.0f;
-      }
+      for (int64_t i = 0; i < s; ++i)
+        softmaxGradRow(probs.data() + i * s, dprobs.data() + i * s, i + 1, s,
+                       scale);
       // dQ = dS K and dK = dS^T Q.
       gemm(false, false, s, hd, s, 1.0f, dprobs.data(), s, k, qk.ldk, 0.0f,
            dq + h * hd, lddq);

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "runtime/kernels/KernelUtil.h"
+#include "runtime/kernels/VecMath.h"
 
 namespace piper::runtime {
 
@@ -109,6 +110,14 @@ std::vector<std::string> kernelNames() {
   for (const KernelEntry &entry : kernelTable)
     names.push_back(entry.name);
   return names;
+}
+
+double sumOfSquares(const float *x, int64_t n) {
+  return detail::dotDouble(x, x, n);
+}
+
+void scaleFloats(float *x, float scale, int64_t n) {
+  detail::scaleInPlace(x, scale, n);
 }
 
 std::string blasDescription() {

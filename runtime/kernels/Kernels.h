@@ -57,6 +57,12 @@ std::vector<std::string> kernelNames();
 /// count.
 std::string blasDescription();
 
+/// Vectorized helpers for the executor's gradient clipping: the sum of
+/// x[i]^2 in double (fixed order: 8 interleaved accumulators), and
+/// x[i] *= scale.
+double sumOfSquares(const float *x, int64_t n);
+void scaleFloats(float *x, float scale, int64_t n);
+
 /// Reads integer attribute `name` of `kernel`, or `dflt` when absent.
 int64_t attrInt(const plan::Kernel &kernel, const std::string &name,
                 int64_t dflt);

@@ -5,11 +5,37 @@
 #include <numeric>
 
 #include "runtime/kernels/KernelUtil.h"
+#include "runtime/kernels/VecMath.h"
 
 namespace piper::runtime::detail {
 
-// Plain loops over doubles: reductions outside BLAS accumulate in double in
-// a fixed order so that results do not depend on the machine's threads.
+// Reductions outside BLAS accumulate in double in a fixed order (VecMath.h)
+// so that results do not depend on the machine's threads. Hot loops are
+// PIPER_SIMD: vectorized, one clone per instruction set.
+
+namespace {
+
+// acc[j] += row[j] (float into double), per column: the order over rows is
+// the caller's and each column's sum stays sequential.
+PIPER_SIMD void addRowToSums(double *__restrict acc,
+                             const float *__restrict row, int64_t n) {
+  for (int64_t j = 0; j < n; ++j)
+    acc[j] += row[j];
+}
+
+PIPER_SIMD void sumsToFloat(const double *__restrict sum,
+                            float *__restrict out, int64_t n) {
+  for (int64_t j = 0; j < n; ++j)
+    out[j] = static_cast<float>(sum[j]);
+}
+
+PIPER_SIMD void addVectors(const float *__restrict a, const float *__restrict b,
+                           float *__restrict y, int64_t n) {
+  for (int64_t j = 0; j < n; ++j)
+    y[j] = a[j] + b[j];
+}
+
+} // namespace
 
 Status embeddingKernel(const KernelArgs &a) {
   PIPER_RETURN_IF_ERROR(expectCounts(a, 2, 2, 1));
@@ -55,14 +81,9 @@ Status embeddingGradKernel(const KernelArgs &a) {
     int32_t id = idData[order[begin]];
     std::fill(sum.begin(), sum.end(), 0.0);
     int64_t end = begin;
-    for (; end < rows && idData[order[end]] == id; ++end) {
-      const float *row = dy.f32() + order[end] * hidden;
-      for (int64_t j = 0; j < hidden; ++j)
-        sum[j] += row[j];
-    }
-    float *out = dtable.f32() + int64_t(id) * hidden;
-    for (int64_t j = 0; j < hidden; ++j)
-      out[j] = static_cast<float>(sum[j]);
+    for (; end < rows && idData[order[end]] == id; ++end)
+      addRowToSums(sum.data(), dy.f32() + order[end] * hidden, hidden);
+    sumsToFloat(sum.data(), dtable.f32() + int64_t(id) * hidden, hidden);
     begin = end;
   }
   return Status::ok();
@@ -100,13 +121,9 @@ Status positionAddKernel(const KernelArgs &a) {
       checkPositions(a, x, "x", pos, "pos", rows, hidden, seq));
   PIPER_RETURN_IF_ERROR(expectTensor(a, y, "y", plan::F32, {rows, hidden}));
 
-  for (int64_t n = 0; n < rows; ++n) {
-    const float *xr = x.f32() + n * hidden;
-    const float *pr = pos.f32() + (n % seq) * hidden;
-    float *yr = y.f32() + n * hidden;
-    for (int64_t j = 0; j < hidden; ++j)
-      yr[j] = xr[j] + pr[j];
-  }
+  for (int64_t n = 0; n < rows; ++n)
+    addVectors(x.f32() + n * hidden, pos.f32() + (n % seq) * hidden,
+               y.f32() + n * hidden, hidden);
   return Status::ok();
 }
 
@@ -122,14 +139,9 @@ Status positionAddGradKernel(const KernelArgs &a) {
   std::vector<double> sum(hidden);
   for (int64_t s = 0; s < seq; ++s) {
     std::fill(sum.begin(), sum.end(), 0.0);
-    for (int64_t n = s; n < rows; n += seq) {
-      const float *row = dy.f32() + n * hidden;
-      for (int64_t j = 0; j < hidden; ++j)
-        sum[j] += row[j];
-    }
-    float *out = dpos.f32() + s * hidden;
-    for (int64_t j = 0; j < hidden; ++j)
-      out[j] = static_cast<float>(sum[j]);
+    for (int64_t n = s; n < rows; n += seq)
+      addRowToSums(sum.data(), dy.f32() + n * hidden, hidden);
+    sumsToFloat(sum.data(), dpos.f32() + s * hidden, hidden);
   }
   return Status::ok();
 }
@@ -149,15 +161,18 @@ static Status checkLayerNorm(const KernelArgs &a, const TensorRef &x,
 // Mean and 1/sqrt(biased variance + eps) of one row, two-pass in double.
 static void rowStats(const float *x, int64_t hidden, double eps, double &mean,
                      double &rstd) {
-  double sum = 0;
-  for (int64_t j = 0; j < hidden; ++j)
-    sum += x[j];
-  mean = hidden ? sum / hidden : 0.0;
-  double sq = 0;
-  for (int64_t j = 0; j < hidden; ++j)
-    sq += (x[j] - mean) * (x[j] - mean);
-  double var = hidden ? sq / hidden : 0.0;
+  mean = hidden ? sumDouble(x, hidden) / hidden : 0.0;
+  double var = hidden ? sumSquaredDeviation(x, hidden, mean) / hidden : 0.0;
   rstd = 1.0 / std::sqrt(var + eps);
+}
+
+PIPER_SIMD static void layerNormRow(const float *__restrict x,
+                                    const float *__restrict gamma,
+                                    const float *__restrict beta,
+                                    float *__restrict y, int64_t hidden,
+                                    double mean, double rstd) {
+  for (int64_t j = 0; j < hidden; ++j)
+    y[j] = static_cast<float>((x[j] - mean) * rstd * gamma[j] + beta[j]);
 }
 
 Status layerNormKernel(const KernelArgs &a) {
@@ -172,12 +187,10 @@ Status layerNormKernel(const KernelArgs &a) {
 
   for (int64_t n = 0; n < rows; ++n) {
     const float *xr = x.f32() + n * hidden;
-    float *yr = y.f32() + n * hidden;
     double mean = 0, rstd = 0;
     rowStats(xr, hidden, eps, mean, rstd);
-    for (int64_t j = 0; j < hidden; ++j)
-      yr[j] = static_cast<float>((xr[j] - mean) * rstd * gamma.f32()[j] +
-                                 beta.f32()[j]);
+    layerNormRow(xr, gamma.f32(), beta.f32(), y.f32() + n * hidden, hidden,
+                 mean, rstd);
   }
   return Status::ok();
 }
@@ -200,7 +213,7 @@ static Status checkNormWeightGrad(const KernelArgs &a, const TensorRef &x,
 // layer_norm_grad_input (dx) and layer_norm_grad_weight (dgamma, dbeta), so
 // that the three agree bit for bit. `dx` may be null (then `gamma` is not
 // read); `dgamma` and `dbeta` are both null or both set.
-static void layerNormBackward(const float *x, const float *gamma,
+PIPER_SIMD static void layerNormBackward(const float *x, const float *gamma,
                               const float *dy, int64_t rows, int64_t hidden,
                               double eps, float *dx, float *dgamma,
                               float *dbeta) {
@@ -217,11 +230,23 @@ static void layerNormBackward(const float *x, const float *gamma,
     if (dx) {
       // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * gamma.
       float *dxr = dx + n * hidden;
-      double gMean = 0, gxMean = 0;
-      for (int64_t j = 0; j < hidden; ++j) {
+      double gAcc[kLanes] = {}, gxAcc[kLanes] = {};
+      int64_t j = 0;
+      for (; j + kLanes <= hidden; j += kLanes)
+        for (int l = 0; l < kLanes; ++l) {
+          double g = double(dyr[j + l]) * gamma[j + l];
+          gAcc[l] += g;
+          gxAcc[l] += g * xhat[j + l];
+        }
+      for (int l = 0; j < hidden; ++j, ++l) {
         double g = double(dyr[j]) * gamma[j];
-        gMean += g;
-        gxMean += g * xhat[j];
+        gAcc[l] += g;
+        gxAcc[l] += g * xhat[j];
+      }
+      double gMean = 0, gxMean = 0;
+      for (int l = 0; l < kLanes; ++l) {
+        gMean += gAcc[l];
+        gxMean += gxAcc[l];
       }
       gMean /= hidden;
       gxMean /= hidden;
@@ -305,10 +330,16 @@ static Status checkRmsNorm(const KernelArgs &a, const TensorRef &x,
 
 // 1/sqrt(mean(x^2) + eps) of one row, in double.
 static double rowRrms(const float *x, int64_t hidden, double eps) {
-  double sq = 0;
-  for (int64_t j = 0; j < hidden; ++j)
-    sq += double(x[j]) * x[j];
+  double sq = dotDouble(x, x, hidden);
   return 1.0 / std::sqrt((hidden ? sq / hidden : 0.0) + eps);
+}
+
+PIPER_SIMD static void rmsNormRow(const float *__restrict x,
+                                  const float *__restrict gamma,
+                                  float *__restrict y, int64_t hidden,
+                                  double rrms) {
+  for (int64_t j = 0; j < hidden; ++j)
+    y[j] = static_cast<float>(x[j] * rrms * gamma[j]);
 }
 
 Status rmsNormKernel(const KernelArgs &a) {
@@ -321,10 +352,8 @@ Status rmsNormKernel(const KernelArgs &a) {
 
   for (int64_t n = 0; n < rows; ++n) {
     const float *xr = x.f32() + n * hidden;
-    float *yr = y.f32() + n * hidden;
-    double rrms = rowRrms(xr, hidden, eps);
-    for (int64_t j = 0; j < hidden; ++j)
-      yr[j] = static_cast<float>(xr[j] * rrms * gamma.f32()[j]);
+    rmsNormRow(xr, gamma.f32(), y.f32() + n * hidden, hidden,
+               rowRrms(xr, hidden, eps));
   }
   return Status::ok();
 }
@@ -333,7 +362,7 @@ Status rmsNormKernel(const KernelArgs &a) {
 // rms_norm_grad_input (dx) and rms_norm_grad_weight (dgamma), so that the
 // three agree bit for bit. `dx` may be null (then `gamma` is not read), as
 // may `dgamma`.
-static void rmsNormBackward(const float *x, const float *gamma,
+PIPER_SIMD static void rmsNormBackward(const float *x, const float *gamma,
                             const float *dy, int64_t rows, int64_t hidden,
                             double eps, float *dx, float *dgamma) {
   std::vector<double> gammaSum(dgamma ? hidden : 0, 0.0);
@@ -345,11 +374,16 @@ static void rmsNormBackward(const float *x, const float *gamma,
       // dx = rrms * (g - xhat * mean(g * xhat)) with g = dy * gamma and
       // xhat = x * rrms.
       float *dxr = dx + n * hidden;
+      double acc[kLanes] = {};
+      int64_t j = 0;
+      for (; j + kLanes <= hidden; j += kLanes)
+        for (int l = 0; l < kLanes; ++l)
+          acc[l] += double(dyr[j + l]) * gamma[j + l] * (xr[j + l] * rrms);
+      for (int l = 0; j < hidden; ++j, ++l)
+        acc[l] += double(dyr[j]) * gamma[j] * (xr[j] * rrms);
       double gxMean = 0;
-      for (int64_t j = 0; j < hidden; ++j) {
-        double xhat = xr[j] * rrms;
-        gxMean += double(dyr[j]) * gamma[j] * xhat;
-      }
+      for (int l = 0; l < kLanes; ++l)
+        gxMean += acc[l];
       gxMean /= hidden;
       for (int64_t j = 0; j < hidden; ++j) {
         double g = double(dyr[j]) * gamma[j];
@@ -511,16 +545,62 @@ Status biasGradKernel(const KernelArgs &a) {
 
   std::vector<double> sum(out, 0.0);
   for (int64_t n = 0; n < rows; ++n)
-    for (int64_t j = 0; j < out; ++j)
-      sum[j] += dy.f32()[n * out + j];
-  for (int64_t j = 0; j < out; ++j)
-    db.f32()[j] = static_cast<float>(sum[j]);
+    addRowToSums(sum.data(), dy.f32() + n * out, out);
+  sumsToFloat(sum.data(), db.f32(), out);
   return Status::ok();
 }
 
-// GPT-2's tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
-constexpr double geluC = 0.7978845608028654; // sqrt(2 / pi)
-constexpr double geluA = 0.044715;
+// GPT-2's tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))),
+// in float like PyTorch's, with a vectorized tanh (absolute error < 1e-7).
+constexpr float geluC = 0.7978845608028654f; // sqrt(2 / pi)
+constexpr float geluA = 0.044715f;
+
+namespace {
+
+PIPER_SIMD void geluLoop(const float *__restrict x, float *__restrict y,
+                         int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    float v = x[i];
+    float t = fastTanh(geluC * (v + geluA * v * v * v));
+    y[i] = 0.5f * v * (1.0f + t);
+  }
+}
+
+PIPER_SIMD void geluGradLoop(const float *__restrict x,
+                             const float *__restrict dy, float *__restrict dx,
+                             int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    float v = x[i];
+    float t = fastTanh(geluC * (v + geluA * v * v * v));
+    float dInner = geluC * (1.0f + 3.0f * geluA * v * v);
+    float dGelu = 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * dInner;
+    dx[i] = dGelu * dy[i];
+  }
+}
+
+PIPER_SIMD void swigluRow(const float *__restrict gate,
+                          const float *__restrict up, float *__restrict y,
+                          int64_t width) {
+  for (int64_t j = 0; j < width; ++j) {
+    float g = gate[j];
+    y[j] = g * fastSigmoid(g) * up[j];
+  }
+}
+
+PIPER_SIMD void swigluGradRow(const float *__restrict gate,
+                              const float *__restrict up,
+                              const float *__restrict dy,
+                              float *__restrict dgate, float *__restrict dup,
+                              int64_t width) {
+  for (int64_t j = 0; j < width; ++j) {
+    float g = gate[j], sig = fastSigmoid(g);
+    // silu'(g) = sig (1 + g (1 - sig)).
+    dgate[j] = dy[j] * up[j] * (sig * (1.0f + g * (1.0f - sig)));
+    dup[j] = dy[j] * (g * sig);
+  }
+}
+
+} // namespace
 
 Status geluKernel(const KernelArgs &a) {
   PIPER_RETURN_IF_ERROR(expectCounts(a, 1, 1, 1));
@@ -528,11 +608,7 @@ Status geluKernel(const KernelArgs &a) {
   PIPER_RETURN_IF_ERROR(expectDType(a, x, "x", plan::F32));
   PIPER_RETURN_IF_ERROR(expectTensor(a, y, "y", plan::F32, x.shape));
 
-  for (int64_t i = 0, e = x.numel(); i < e; ++i) {
-    double v = x.f32()[i];
-    double t = std::tanh(geluC * (v + geluA * v * v * v));
-    y.f32()[i] = static_cast<float>(0.5 * v * (1.0 + t));
-  }
+  geluLoop(x.f32(), y.f32(), x.numel());
   return Status::ok();
 }
 
@@ -543,13 +619,7 @@ Status geluGradKernel(const KernelArgs &a) {
   PIPER_RETURN_IF_ERROR(expectTensor(a, dy, "dy", plan::F32, x.shape));
   PIPER_RETURN_IF_ERROR(expectTensor(a, dx, "dx", plan::F32, x.shape));
 
-  for (int64_t i = 0, e = x.numel(); i < e; ++i) {
-    double v = x.f32()[i];
-    double t = std::tanh(geluC * (v + geluA * v * v * v));
-    double dInner = geluC * (1.0 + 3.0 * geluA * v * v);
-    double dGelu = 0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * dInner;
-    dx.f32()[i] = static_cast<float>(dGelu * dy.f32()[i]);
-  }
+  geluGradLoop(x.f32(), dy.f32(), dx.f32(), x.numel());
   return Status::ok();
 }
 
@@ -566,7 +636,6 @@ static Status checkSwiglu(const KernelArgs &a, const TensorRef &gateUp,
   return Status::ok();
 }
 
-static double sigmoid(double v) { return 1.0 / (1.0 + std::exp(-v)); }
 
 Status swigluKernel(const KernelArgs &a) {
   PIPER_RETURN_IF_ERROR(expectCounts(a, 1, 1, 1));
@@ -577,12 +646,7 @@ Status swigluKernel(const KernelArgs &a) {
 
   for (int64_t n = 0; n < rows; ++n) {
     const float *gate = gateUp.f32() + n * 2 * width;
-    const float *up = gate + width;
-    float *yr = y.f32() + n * width;
-    for (int64_t j = 0; j < width; ++j) {
-      double g = gate[j];
-      yr[j] = static_cast<float>(g * sigmoid(g) * up[j]);
-    }
+    swigluRow(gate, gate + width, y.f32() + n * width, width);
   }
   return Status::ok();
 }
@@ -599,17 +663,9 @@ Status swigluGradKernel(const KernelArgs &a) {
 
   for (int64_t n = 0; n < rows; ++n) {
     const float *gate = gateUp.f32() + n * 2 * width;
-    const float *up = gate + width;
-    const float *dyr = dy.f32() + n * width;
     float *dgate = dgateUp.f32() + n * 2 * width;
-    float *dup = dgate + width;
-    for (int64_t j = 0; j < width; ++j) {
-      double g = gate[j], sig = sigmoid(g);
-      // silu'(g) = sig (1 + g (1 - sig)).
-      dgate[j] = static_cast<float>(double(dyr[j]) * up[j] * sig *
-                                    (1.0 + g * (1.0 - sig)));
-      dup[j] = static_cast<float>(double(dyr[j]) * g * sig);
-    }
+    swigluGradRow(gate, gate + width, dy.f32() + n * width, dgate,
+                  dgate + width, width);
   }
   return Status::ok();
 }
@@ -621,8 +677,7 @@ Status addKernel(const KernelArgs &a) {
   PIPER_RETURN_IF_ERROR(expectTensor(a, r, "b", plan::F32, l.shape));
   PIPER_RETURN_IF_ERROR(expectTensor(a, y, "y", plan::F32, l.shape));
 
-  for (int64_t i = 0, e = l.numel(); i < e; ++i)
-    y.f32()[i] = l.f32()[i] + r.f32()[i];
+  addVectors(l.f32(), r.f32(), y.f32(), l.numel());
   return Status::ok();
 }
 

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "runtime/kernels/KernelUtil.h"
+#include "runtime/kernels/VecMath.h"
 
 namespace piper::runtime::detail {
 
@@ -26,13 +27,25 @@ static Status checkCrossEntropy(const KernelArgs &a, const TensorRef &logits,
   return expectTokensBelow(a, targets, "targets", vocab);
 }
 
-// log(sum(exp(row))), shifted by the row maximum so that it cannot overflow.
-static double logSumExp(const float *row, int64_t vocab) {
-  float rowMax = *std::max_element(row, row + vocab);
-  double sum = 0;
+// log(sum(exp(row))), shifted by the row maximum so that it cannot overflow;
+// the exponentials are float (written to `scratch`), their sum is double.
+static double logSumExp(const float *row, int64_t vocab, float *scratch) {
+  float rowMax = maxOf(row, vocab);
+  return rowMax + std::log(expShiftedSum(row, rowMax, scratch, vocab));
+}
+
+// dlogits = rowScale * (softmax(row) - onehot(target)) of one row.
+PIPER_SIMD static void crossEntropyGradRow(const float *__restrict row,
+                                           float *__restrict out,
+                                           int64_t vocab, double lse,
+                                           double rowScale, int32_t target) {
+  // The exponent is rounded to float once, from double.
+  float scale = static_cast<float>(rowScale);
   for (int64_t j = 0; j < vocab; ++j)
-    sum += std::exp(double(row[j]) - rowMax);
-  return rowMax + std::log(sum);
+    out[j] = scale * fastExp(static_cast<float>(double(row[j]) - lse));
+  out[target] = static_cast<float>(
+      rowScale *
+      (double(fastExp(static_cast<float>(double(row[target]) - lse))) - 1.0));
 }
 
 Status crossEntropyKernel(const KernelArgs &a) {
@@ -44,9 +57,10 @@ Status crossEntropyKernel(const KernelArgs &a) {
   PIPER_RETURN_IF_ERROR(expectScalar(a, loss, "loss"));
 
   double total = 0;
+  std::vector<float> scratch(vocab);
   for (int64_t n = 0; n < rows; ++n) {
     const float *row = logits.f32() + n * vocab;
-    total += logSumExp(row, vocab) - row[targets.i32()[n]];
+    total += logSumExp(row, vocab, scratch.data()) - row[targets.i32()[n]];
   }
   loss.f32()[0] = static_cast<float>(total / rows);
   return Status::ok();
@@ -67,12 +81,9 @@ Status crossEntropyGradKernel(const KernelArgs &a) {
   for (int64_t n = 0; n < rows; ++n) {
     const float *row = logits.f32() + n * vocab;
     float *out = dlogits.f32() + n * vocab;
-    double lse = logSumExp(row, vocab);
-    int32_t target = targets.i32()[n];
-    for (int64_t j = 0; j < vocab; ++j) {
-      double p = std::exp(double(row[j]) - lse);
-      out[j] = static_cast<float>(rowScale * (p - (j == target ? 1.0 : 0.0)));
-    }
+    // The output row is the scratch of the sum, then overwritten.
+    double lse = logSumExp(row, vocab, out);
+    crossEntropyGradRow(row, out, vocab, lse, rowScale, targets.i32()[n]);
   }
   return Status::ok();
 }

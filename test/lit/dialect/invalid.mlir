@@ -181,7 +181,7 @@ piper.segment @s(%l: tensor<1xf32>) {
 
 // Activations are rank 2.
 piper.segment @s(%x: tensor<4xf32>, %w: tensor<4x4xf32>) {
-  // expected-error @+1 {{'piper.linear' op operand #0 must be 2D tensor of 32-bit float values, but got 'tensor<4xf32>'}}
+  // expected-error @+1 {{'piper.linear' op operand #0 must be statically shaped 2-D tensor of f32, but got 'tensor<4xf32>'}}
   %y = piper.linear %x, %w : (tensor<4xf32>, tensor<4x4xf32>) -> tensor<4x4xf32>
   piper.yield
 }
@@ -190,7 +190,7 @@ piper.segment @s(%x: tensor<4xf32>, %w: tensor<4x4xf32>) {
 
 // Activations are f32.
 piper.segment @s(%x: tensor<4x4xf16>) {
-  // expected-error @+1 {{'piper.gelu' op operand #0 must be 2D tensor of 32-bit float values, but got 'tensor<4x4xf16>'}}
+  // expected-error @+1 {{'piper.gelu' op operand #0 must be statically shaped 2-D tensor of f32, but got 'tensor<4x4xf16>'}}
   %y = piper.gelu %x : tensor<4x4xf16>
   piper.yield
 }
@@ -199,7 +199,7 @@ piper.segment @s(%x: tensor<4x4xf16>) {
 
 // Token ids are i32.
 piper.segment @s(%ids: tensor<2x2xi64>, %w: tensor<16x4xf32>) {
-  // expected-error @+1 {{'piper.embedding' op operand #0 must be 2D tensor of 32-bit signless integer values, but got 'tensor<2x2xi64>'}}
+  // expected-error @+1 {{'piper.embedding' op operand #0 must be statically shaped 2-D tensor of i32, but got 'tensor<2x2xi64>'}}
   %y = piper.embedding %ids, %w : (tensor<2x2xi64>, tensor<16x4xf32>) -> tensor<4x4xf32>
   piper.yield
 }
@@ -217,7 +217,7 @@ piper.segment @s(%l: tensor<4x16xf32>, %t: tensor<2x2xi32>) {
 
 // layer_norm's gamma is a vector.
 piper.segment @s(%x: tensor<4x4xf32>, %g: tensor<1x4xf32>, %b: tensor<4xf32>) {
-  // expected-error @+1 {{'piper.layer_norm' op operand #1 must be 1D tensor of 32-bit float values, but got 'tensor<1x4xf32>'}}
+  // expected-error @+1 {{'piper.layer_norm' op operand #1 must be statically shaped 1-D tensor of f32, but got 'tensor<1x4xf32>'}}
   %y = piper.layer_norm %x, %g, %b : (tensor<4x4xf32>, tensor<1x4xf32>, tensor<4xf32>) -> tensor<4x4xf32>
   piper.yield
 }
@@ -581,7 +581,7 @@ piper.segment @s(%x: tensor<8x4xf32>, %w: tensor<4x5x6xf32>) {
 
 // expert_linear: the weight is rank 3.
 piper.segment @s(%x: tensor<8x4xf32>, %w: tensor<4x6xf32>) {
-  // expected-error @+1 {{'piper.expert_linear' op operand #1 must be 3D tensor of 32-bit float values, but got 'tensor<4x6xf32>'}}
+  // expected-error @+1 {{'piper.expert_linear' op operand #1 must be statically shaped 3-D tensor of f32, but got 'tensor<4x6xf32>'}}
   %y = piper.expert_linear %x, %w {experts = 4 : i64} : (tensor<8x4xf32>, tensor<4x6xf32>) -> tensor<8x6xf32>
   piper.yield
 }
@@ -1024,4 +1024,38 @@ piper.device_program @c attributes {device_class = 0 : i64, ranks = array<i64: 0
 piper.program @p {
   // expected-error @+1 {{'piper.clip_grads' op expects parent op 'piper.device_program'}}
   %c = piper.clip_grads {max_norm = 1.0 : f64}
+}
+
+// -----
+
+// Tensor compute and state updates belong in segments, not in the program.
+piper.param @w : tensor<4xf32> init zeros(0.0)
+piper.program @p {
+  // expected-error @+1 {{'piper.zero_grad' op is not a program node}}
+  piper.zero_grad @w
+}
+
+// -----
+
+// All-reduce names parameters by flat symbol references.
+piper.param @w : tensor<4xf32> init zeros(0.0)
+piper.program @p {
+  // expected-error @+1 {{'piper.all_reduce' op attribute 'params' failed to satisfy constraint: flat symbol ref array attribute}}
+  %t = piper.all_reduce [@w::@x] {devices = array<i64: 0>, stream = "s", tag = {}}
+}
+
+// -----
+
+// Counts are signed: a negative microbatch count is rejected.
+// expected-error @+1 {{'piper.program' op num_microbatches and num_replicas must be positive}}
+piper.program @p attributes {num_microbatches = -3 : i64} {
+}
+
+// -----
+
+// Shapes are static everywhere.
+piper.segment @s(%ids: tensor<?x?xi32>, %t: tensor<16x4xf32>) -> tensor<4x4xf32> {
+  // expected-error @+1 {{'piper.embedding' op operand #0 must be statically shaped 2-D tensor of i32, but got 'tensor<?x?xi32>'}}
+  %y = piper.embedding %ids, %t : (tensor<?x?xi32>, tensor<16x4xf32>) -> tensor<4x4xf32>
+  piper.yield %y : tensor<4x4xf32>
 }

@@ -60,7 +60,7 @@
 // The tasks: forwards in stage order, backwards in reverse, one update per
 // stage after its backward. The step-level optimizer settings (learning-rate
 // schedule, gradient clipping) are recorded on the program.
-// CHECK-LABEL: piper.program @model attributes {piper.optimizer = {clip_grad_norm = {{.*}} : f64, decay_steps = {{.*}} : i64, min_lr = {{.*}} : f64, warmup_steps = {{.*}} : i64}} {
+// CHECK-LABEL: piper.program @model attributes {piper.optimizer = {clip_grad_norm = {{.*}} : f64, decay_steps = {{.*}} : i64, {{.*}}min_lr = {{.*}} : f64, warmup_steps = {{.*}} : i64}} {
 // CHECK-NEXT: [[TOK:%[^,]+]], [[TGT:%[^,]+]], %{{.*}} = piper.batch {tag = {}}
 // CHECK-NEXT: [[F0:%[^:]+]]:3, %{{.*}} = piper.task @stage0_F([[TOK]]) {tag = {PASS = "F", PP = 0 : i64}}
 // CHECK-NEXT: [[F1:%[^,]+]], %{{.*}} = piper.task @stage1_F([[F0]]#0, [[TGT]]) {tag = {PASS = "F", PP = 1 : i64}}

@@ -52,7 +52,7 @@
 // NO-TASK: error: 'piper.program' op directive #0 (piper-place pp=5): the filter matches no task
 
 // The device group is required.
-// NO-DEVICES: error: piper-place: devices must not be empty
+// NO-DEVICES: error: piper-place devices must name at least one device
 
 // Member i of one group sends to member i of the other: sizes must agree.
 // SIZES: error: 'piper.task' op task @stage1_F (PP=1 PASS=F) on [1, 2] consumes a value of task @stage0_F (PP=0 PASS=F) on [0]; transfers need device groups of the same size
