@@ -116,9 +116,15 @@ struct SchedulePass : mlir::piper::impl::PiperScheduleBase<SchedulePass> {
     if (failed(program))
       return signalPassFailure();
     int64_t stages = 0;
-    for (TaskOp t : program->getBody().front().getOps<TaskOp>())
+    for (TaskOp t : program->getBody().front().getOps<TaskOp>()) {
       if (auto pp = getTagInt(t.getTag(), "PP"))
         stages = std::max(stages, *pp + 1);
+      if (getTagPass(t.getTag()) != "U" && !getTagInt(t.getTag(), "MB")) {
+        t.emitOpError("has no MB tag: schedules order microbatches, run "
+                      "piper-split first");
+        return signalPassFailure();
+      }
+    }
     for (Directive &d :
          buildSchedule(*s, stages, program->getNumMicrobatches()))
       if (failed(applyDirective(getOperation(), d, std::nullopt)))

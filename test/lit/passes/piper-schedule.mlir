@@ -60,7 +60,7 @@
 // UNKNOWN: error: unknown schedule 'zb' (expected gpipe or 1f1b)
 
 // The schedule orders microbatches: the program must be split first.
-// UNSPLIT: error: 'piper.program' op directive #0 (order: 1f1b schedule of stage 0): group 0 [{"MB": 0, "PASS": "F", "PP": 0}] matches no task
+// UNSPLIT: error: 'piper.task' op has no MB tag: schedules order microbatches, run piper-split first
 
 // An order directive covers one device group: two microbatches of one
 // stage on different devices cannot be ordered.
