@@ -35,7 +35,7 @@ CASES = {
     "gpt2-small": dict(
         model=["gpt2-small", "--seq", "256", "--batch", "1"],
         microbatches=1, family="gpt", heads=12, kv_heads=12, tied=True,
-        warmup=1, steps=3),
+        warmup=1, steps=5),
     # The tiny Llama preset (2 layers, hidden 64, GQA 4/2, RoPE, SwiGLU,
     # seq 32): 4 microbatches of 8 sequences per step.
     "llama-tiny": dict(

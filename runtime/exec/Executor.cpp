@@ -133,30 +133,39 @@ struct HostTensor {
 using TensorPtr = std::shared_ptr<HostTensor>;
 
 /// Allocates a zeroed tensor of `type` (already validated), counted by
-/// `tracker`, or returns an error naming `what`.
-Status allocateTensor(const plan::TensorType &type, const std::string &what,
-                      const std::shared_ptr<MemoryTracker> &tracker,
-                      TensorPtr &out) {
+/// `tracker`, or returns an error naming what `describe()` returns (called
+/// only then: segment values are allocated hundreds of times per step).
+template <typename Describe>
+Status allocateTensorAs(const plan::TensorType &type, const Describe &describe,
+                        const std::shared_ptr<MemoryTracker> &tracker,
+                        TensorPtr &out) {
   auto t = std::make_shared<HostTensor>();
   t->dtype = type.dtype();
   t->shape.assign(type.shape().begin(), type.shape().end());
   t->bytes = tensorBytes(type);
   if (t->bytes < 0)
-    return Status::error(what + " has an invalid shape");
+    return Status::error(describe() + " has an invalid shape");
   size_t size = (static_cast<size_t>(t->bytes) + 63) / 64 * 64;
   if (size == 0)
     size = 64;
   t->data = tracker ? tracker->acquire(size) : std::aligned_alloc(64, size);
   if (!t->data)
-    return Status::error("out of memory allocating " + what + " (" +
+    return Status::error("out of memory allocating " + describe() + " (" +
                          std::to_string(t->bytes) + " bytes)");
-  std::memset(t->data, 0, size);
+  zeroBytes(t->data, static_cast<int64_t>(size));
   t->blockSize = size;
   t->tracker = tracker;
   if (tracker)
     tracker->add(t->bytes);
   out = std::move(t);
   return Status::ok();
+}
+
+Status allocateTensor(const plan::TensorType &type, const std::string &what,
+                      const std::shared_ptr<MemoryTracker> &tracker,
+                      TensorPtr &out) {
+  return allocateTensorAs(
+      type, [&] { return what; }, tracker, out);
 }
 
 /// Wall time and count of one profile row, owned by one stream's thread.
@@ -484,8 +493,9 @@ Status ExecutorImpl::call(int s, const Instruction &inst, int64_t step,
     if (profiling && !lt.allocBefore[k].empty())
       start = Clock::now();
     for (int v : lt.allocBefore[k]) {
-      Status status = allocateTensor(seg.values(v), "value " + std::to_string(v),
-                                     memory, values[v]);
+      Status status = allocateTensorAs(
+          seg.values(v), [v] { return "value " + std::to_string(v); }, memory,
+          values[v]);
       if (!status)
         return status.withContext(where(k));
     }

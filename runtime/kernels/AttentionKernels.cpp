@@ -115,31 +115,48 @@ struct RopeTable {
   }
 };
 
+// Row i of the s x s `probs` becomes the softmax of its entries 0..i (the
+// maximum subtracted, the denominator summed in double); entries past i
+// become 0. Every loop runs over the whole row (the masked entries set to
+// -inf, whose exp is exactly 0 and adds nothing to the sum): no ragged
+// tails, the same floats as over 0..i.
+PIPER_SIMD void causalSoftmax(float *probs, int64_t s) {
+  const float minusInf = -__builtin_inff();
+  for (int64_t i = 0; i < s; ++i) {
+    float *__restrict row = probs + i * s;
+    for (int64_t j = i + 1; j < s; ++j)
+      row[j] = minusInf;
+    float rowMax = maxOfInline(row, s);
+    for (int64_t j = 0; j < s; ++j)
+      row[j] = fastExp(row[j] - rowMax);
+    float inv = static_cast<float>(1.0 / sumDoubleInline(row, s));
+    for (int64_t j = 0; j < s; ++j)
+      row[j] *= inv;
+  }
+}
+
+// Softmax backward of the s x s causal `probs`, with the score scale folded
+// in: row i of dp becomes scale * p * (dp - <p, dp>) over j <= i; masked
+// entries have p = 0 and become 0.
+PIPER_SIMD void causalSoftmaxGrad(const float *probs, float *dprobs, int64_t s,
+                                  float scale) {
+  for (int64_t i = 0; i < s; ++i) {
+    const float *__restrict p = probs + i * s;
+    float *__restrict dp = dprobs + i * s;
+    // Masked entries have p = 0 and add nothing to the dot.
+    double dot = dotDoubleInline(p, dp, s);
+    for (int64_t j = 0; j < s; ++j)
+      dp[j] = j <= i ? static_cast<float>(scale * p[j] * (dp[j] - dot)) : 0.0f;
+  }
+}
+
 // probs = causal softmax(scale * q k^T) for one (sequence, head); q and k
 // point at the head's first row with leading dimensions ldq and ldk.
 void causalProbs(const AttentionDims &d, const float *q, int64_t ldq,
                  const float *k, int64_t ldk, float scale, float *probs) {
   int64_t s = d.seq;
   gemm(false, true, s, s, d.headDim, scale, q, ldq, k, ldk, 0.0f, probs, s);
-  for (int64_t i = 0; i < s; ++i) {
-    float *row = probs + i * s;
-    float rowMax = maxOf(row, i + 1);
-    double sum = expShiftedSum(row, rowMax, row, i + 1);
-    scaleInPlace(row, static_cast<float>(1.0 / sum), i + 1);
-    std::fill(row + i + 1, row + s, 0.0f);
-  }
-}
-
-// Softmax backward of one row with the score scale folded in:
-// dp = scale * p * (dp - <p, dp>) over the causal part j <= i; masked
-// entries have p = 0 and become 0.
-PIPER_SIMD void softmaxGradRow(const float *__restrict p, float *__restrict dp,
-                               int64_t count, int64_t width, float scale) {
-  double dot = dotDouble(p, dp, count);
-  for (int64_t j = 0; j < count; ++j)
-    dp[j] = static_cast<float>(scale * p[j] * (dp[j] - dot));
-  for (int64_t j = count; j < width; ++j)
-    dp[j] = 0.0f;
+  causalSoftmax(probs, s);
 }
 
 // The (possibly rotated) q and k of one sequence: without rotary embeddings
@@ -243,9 +260,7 @@ Status attentionGradKernel(const KernelArgs &a) {
            dprobs.data(), s);
       // Softmax backward, with the score scale folded in so that it need
       // not be applied to dQ and dK; masked entries have P = 0 and stay 0.
-      for (int64_t i = 0; i < s; ++i)
-        softmaxGradRow(probs.data() + i * s, dprobs.data() + i * s, i + 1, s,
-                       scale);
+      causalSoftmaxGrad(probs.data(), dprobs.data(), s, scale);
       // dQ = dS K and dK = dS^T Q.
       gemm(false, false, s, hd, s, 1.0f, dprobs.data(), s, k, qk.ldk, 0.0f,
            dq + h * hd, lddq);

@@ -8,7 +8,10 @@
 #include <cstdint>
 
 #include "runtime/kernels/KernelUtil.h"
+#include "runtime/kernels/Parallel.h"
 #include "runtime/kernels/VecMath.h"
+
+#include <cstring>
 
 namespace piper::runtime {
 
@@ -113,11 +116,33 @@ std::vector<std::string> kernelNames() {
 }
 
 double sumOfSquares(const float *x, int64_t n) {
-  return detail::dotDouble(x, x, n);
+  // Per-chunk partial sums, added in chunk order: the same on any number of
+  // threads.
+  const int64_t grain = detail::kElementGrain;
+  std::vector<double> partial(n > 0 ? (n + grain - 1) / grain : 0);
+  detail::parallelFor(n, grain, [&](int64_t begin, int64_t end) {
+    partial[begin / grain] = detail::dotDouble(x + begin, x + begin,
+                                               end - begin);
+  });
+  double sum = 0;
+  for (double p : partial)
+    sum += p;
+  return sum;
 }
 
 void scaleFloats(float *x, float scale, int64_t n) {
-  detail::scaleInPlace(x, scale, n);
+  detail::parallelFor(n, detail::kElementGrain, [&](int64_t begin, int64_t end) {
+    detail::scaleInPlace(x + begin, scale, end - begin);
+  });
+}
+
+void zeroBytes(void *data, int64_t bytes) {
+  char *p = static_cast<char *>(data);
+  detail::parallelFor(bytes, detail::kElementGrain * 4,
+                      [&](int64_t begin, int64_t end) {
+                        std::memset(p + begin, 0,
+                                    static_cast<size_t>(end - begin));
+                      });
 }
 
 std::string blasDescription() {

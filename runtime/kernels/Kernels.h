@@ -57,11 +57,14 @@ std::vector<std::string> kernelNames();
 /// count.
 std::string blasDescription();
 
-/// Vectorized helpers for the executor's gradient clipping: the sum of
-/// x[i]^2 in double (fixed order: 8 interleaved accumulators), and
-/// x[i] *= scale.
+/// Vectorized, multithreaded helpers for the executor's gradient clipping:
+/// the sum of x[i]^2 in double (in a fixed order: interleaved accumulators
+/// per fixed-size chunk, chunks added in order; the same for any thread
+/// count), and x[i] *= scale.
 double sumOfSquares(const float *x, int64_t n);
 void scaleFloats(float *x, float scale, int64_t n);
+/// memset(data, 0, bytes) on the kernels' threads (large step buffers).
+void zeroBytes(void *data, int64_t bytes);
 
 /// Reads integer attribute `name` of `kernel`, or `dflt` when absent.
 int64_t attrInt(const plan::Kernel &kernel, const std::string &name,

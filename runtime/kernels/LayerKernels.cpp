@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "runtime/kernels/KernelUtil.h"
+#include "runtime/kernels/Parallel.h"
 #include "runtime/kernels/VecMath.h"
 
 namespace piper::runtime::detail {
@@ -185,13 +186,15 @@ Status layerNormKernel(const KernelArgs &a) {
   PIPER_RETURN_IF_ERROR(expectTensor(a, beta, "beta", plan::F32, {hidden}));
   PIPER_RETURN_IF_ERROR(expectTensor(a, y, "y", plan::F32, {rows, hidden}));
 
-  for (int64_t n = 0; n < rows; ++n) {
-    const float *xr = x.f32() + n * hidden;
-    double mean = 0, rstd = 0;
-    rowStats(xr, hidden, eps, mean, rstd);
-    layerNormRow(xr, gamma.f32(), beta.f32(), y.f32() + n * hidden, hidden,
-                 mean, rstd);
-  }
+  parallelFor(rows, rowGrain(hidden), [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) {
+      const float *xr = x.f32() + n * hidden;
+      double mean = 0, rstd = 0;
+      rowStats(xr, hidden, eps, mean, rstd);
+      layerNormRow(xr, gamma.f32(), beta.f32(), y.f32() + n * hidden, hidden,
+                   mean, rstd);
+    }
+  });
   return Status::ok();
 }
 
@@ -296,8 +299,12 @@ Status layerNormGradInputKernel(const KernelArgs &a) {
   PIPER_RETURN_IF_ERROR(expectTensor(a, dy, "dy", plan::F32, {rows, hidden}));
   PIPER_RETURN_IF_ERROR(expectTensor(a, dx, "dx", plan::F32, {rows, hidden}));
 
-  layerNormBackward(x.f32(), gamma.f32(), dy.f32(), rows, hidden, eps,
-                    dx.f32(), nullptr, nullptr);
+  // Without dgamma the rows are independent: chunks of rows in parallel.
+  parallelFor(rows, rowGrain(3 * hidden), [&](int64_t begin, int64_t end) {
+    int64_t at = begin * hidden;
+    layerNormBackward(x.f32() + at, gamma.f32(), dy.f32() + at, end - begin,
+                      hidden, eps, dx.f32() + at, nullptr, nullptr);
+  });
   return Status::ok();
 }
 
@@ -350,11 +357,13 @@ Status rmsNormKernel(const KernelArgs &a) {
   PIPER_RETURN_IF_ERROR(checkRmsNorm(a, x, gamma, rows, hidden, eps));
   PIPER_RETURN_IF_ERROR(expectTensor(a, y, "y", plan::F32, {rows, hidden}));
 
-  for (int64_t n = 0; n < rows; ++n) {
-    const float *xr = x.f32() + n * hidden;
-    rmsNormRow(xr, gamma.f32(), y.f32() + n * hidden, hidden,
-               rowRrms(xr, hidden, eps));
-  }
+  parallelFor(rows, rowGrain(hidden), [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) {
+      const float *xr = x.f32() + n * hidden;
+      rmsNormRow(xr, gamma.f32(), y.f32() + n * hidden, hidden,
+                 rowRrms(xr, hidden, eps));
+    }
+  });
   return Status::ok();
 }
 
@@ -427,8 +436,12 @@ Status rmsNormGradInputKernel(const KernelArgs &a) {
   PIPER_RETURN_IF_ERROR(expectTensor(a, dy, "dy", plan::F32, {rows, hidden}));
   PIPER_RETURN_IF_ERROR(expectTensor(a, dx, "dx", plan::F32, {rows, hidden}));
 
-  rmsNormBackward(x.f32(), gamma.f32(), dy.f32(), rows, hidden, eps, dx.f32(),
-                  nullptr);
+  // Without dgamma the rows are independent: chunks of rows in parallel.
+  parallelFor(rows, rowGrain(3 * hidden), [&](int64_t begin, int64_t end) {
+    int64_t at = begin * hidden;
+    rmsNormBackward(x.f32() + at, gamma.f32(), dy.f32() + at, end - begin,
+                    hidden, eps, dx.f32() + at, nullptr);
+  });
   return Status::ok();
 }
 
@@ -608,7 +621,9 @@ Status geluKernel(const KernelArgs &a) {
   PIPER_RETURN_IF_ERROR(expectDType(a, x, "x", plan::F32));
   PIPER_RETURN_IF_ERROR(expectTensor(a, y, "y", plan::F32, x.shape));
 
-  geluLoop(x.f32(), y.f32(), x.numel());
+  parallelFor(x.numel(), kElementGrain, [&](int64_t begin, int64_t end) {
+    geluLoop(x.f32() + begin, y.f32() + begin, end - begin);
+  });
   return Status::ok();
 }
 
@@ -619,7 +634,10 @@ Status geluGradKernel(const KernelArgs &a) {
   PIPER_RETURN_IF_ERROR(expectTensor(a, dy, "dy", plan::F32, x.shape));
   PIPER_RETURN_IF_ERROR(expectTensor(a, dx, "dx", plan::F32, x.shape));
 
-  geluGradLoop(x.f32(), dy.f32(), dx.f32(), x.numel());
+  parallelFor(x.numel(), kElementGrain, [&](int64_t begin, int64_t end) {
+    geluGradLoop(x.f32() + begin, dy.f32() + begin, dx.f32() + begin,
+                 end - begin);
+  });
   return Status::ok();
 }
 
@@ -644,10 +662,12 @@ Status swigluKernel(const KernelArgs &a) {
   PIPER_RETURN_IF_ERROR(checkSwiglu(a, gateUp, rows, width));
   PIPER_RETURN_IF_ERROR(expectTensor(a, y, "y", plan::F32, {rows, width}));
 
-  for (int64_t n = 0; n < rows; ++n) {
-    const float *gate = gateUp.f32() + n * 2 * width;
-    swigluRow(gate, gate + width, y.f32() + n * width, width);
-  }
+  parallelFor(rows, rowGrain(3 * width), [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) {
+      const float *gate = gateUp.f32() + n * 2 * width;
+      swigluRow(gate, gate + width, y.f32() + n * width, width);
+    }
+  });
   return Status::ok();
 }
 
@@ -661,12 +681,14 @@ Status swigluGradKernel(const KernelArgs &a) {
   PIPER_RETURN_IF_ERROR(
       expectTensor(a, dgateUp, "dgate_up", plan::F32, {rows, 2 * width}));
 
-  for (int64_t n = 0; n < rows; ++n) {
-    const float *gate = gateUp.f32() + n * 2 * width;
-    float *dgate = dgateUp.f32() + n * 2 * width;
-    swigluGradRow(gate, gate + width, dy.f32() + n * width, dgate,
-                  dgate + width, width);
-  }
+  parallelFor(rows, rowGrain(5 * width), [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) {
+      const float *gate = gateUp.f32() + n * 2 * width;
+      float *dgate = dgateUp.f32() + n * 2 * width;
+      swigluGradRow(gate, gate + width, dy.f32() + n * width, dgate,
+                    dgate + width, width);
+    }
+  });
   return Status::ok();
 }
 
@@ -677,7 +699,9 @@ Status addKernel(const KernelArgs &a) {
   PIPER_RETURN_IF_ERROR(expectTensor(a, r, "b", plan::F32, l.shape));
   PIPER_RETURN_IF_ERROR(expectTensor(a, y, "y", plan::F32, l.shape));
 
-  addVectors(l.f32(), r.f32(), y.f32(), l.numel());
+  parallelFor(l.numel(), kElementGrain, [&](int64_t begin, int64_t end) {
+    addVectors(l.f32() + begin, r.f32() + begin, y.f32() + begin, end - begin);
+  });
   return Status::ok();
 }
 

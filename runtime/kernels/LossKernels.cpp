@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "runtime/kernels/KernelUtil.h"
+#include "runtime/kernels/Parallel.h"
 #include "runtime/kernels/VecMath.h"
 
 namespace piper::runtime::detail {
@@ -56,12 +57,19 @@ Status crossEntropyKernel(const KernelArgs &a) {
   PIPER_RETURN_IF_ERROR(checkCrossEntropy(a, logits, targets, rows, vocab));
   PIPER_RETURN_IF_ERROR(expectScalar(a, loss, "loss"));
 
+  // Per-row losses, summed in row order: the same on any number of threads.
+  std::vector<double> rowLoss(rows);
+  parallelFor(rows, rowGrain(vocab), [&](int64_t begin, int64_t end) {
+    std::vector<float> scratch(vocab);
+    for (int64_t n = begin; n < end; ++n) {
+      const float *row = logits.f32() + n * vocab;
+      rowLoss[n] =
+          logSumExp(row, vocab, scratch.data()) - row[targets.i32()[n]];
+    }
+  });
   double total = 0;
-  std::vector<float> scratch(vocab);
-  for (int64_t n = 0; n < rows; ++n) {
-    const float *row = logits.f32() + n * vocab;
-    total += logSumExp(row, vocab, scratch.data()) - row[targets.i32()[n]];
-  }
+  for (double l : rowLoss)
+    total += l;
   loss.f32()[0] = static_cast<float>(total / rows);
   return Status::ok();
 }
@@ -78,13 +86,15 @@ Status crossEntropyGradKernel(const KernelArgs &a) {
   PIPER_RETURN_IF_ERROR(readFloat(a, "scale", 1.0, scale));
 
   double rowScale = scale / rows;
-  for (int64_t n = 0; n < rows; ++n) {
-    const float *row = logits.f32() + n * vocab;
-    float *out = dlogits.f32() + n * vocab;
-    // The output row is the scratch of the sum, then overwritten.
-    double lse = logSumExp(row, vocab, out);
-    crossEntropyGradRow(row, out, vocab, lse, rowScale, targets.i32()[n]);
-  }
+  parallelFor(rows, rowGrain(vocab), [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) {
+      const float *row = logits.f32() + n * vocab;
+      float *out = dlogits.f32() + n * vocab;
+      // The output row is the scratch of the sum, then overwritten.
+      double lse = logSumExp(row, vocab, out);
+      crossEntropyGradRow(row, out, vocab, lse, rowScale, targets.i32()[n]);
+    }
+  });
   return Status::ok();
 }
 

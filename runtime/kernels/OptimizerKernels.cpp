@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "runtime/kernels/KernelUtil.h"
+#include "runtime/kernels/Parallel.h"
 #include "runtime/kernels/VecMath.h"
 
 namespace piper::runtime::detail {
@@ -50,7 +51,11 @@ Status accumulateKernel(const KernelArgs &a) {
   PIPER_RETURN_IF_ERROR(expectDType(a, g, "g", plan::F32));
   PIPER_RETURN_IF_ERROR(expectTensor(a, acc, "acc", plan::F32, g.shape));
 
-  accumulateLoop(acc.f32(), g.f32(), g.numel());
+  float *accData = acc.f32();
+  const float *gData = g.f32();
+  parallelFor(g.numel(), kElementGrain, [&](int64_t begin, int64_t end) {
+    accumulateLoop(accData + begin, gData + begin, end - begin);
+  });
   return Status::ok();
 }
 
@@ -61,8 +66,10 @@ Status zeroKernel(const KernelArgs &a) {
     return a.error(std::string("t must be f32 or i32, got ") +
                    dtypeName(t.dtype));
   // All-zero bytes are 0 in both f32 and i32.
-  if (t.numel() > 0)
-    std::memset(t.data, 0, static_cast<size_t>(t.numel()) * 4);
+  char *bytes = static_cast<char *>(t.data);
+  parallelFor(t.numel(), kElementGrain, [&](int64_t begin, int64_t end) {
+    std::memset(bytes + begin * 4, 0, static_cast<size_t>(end - begin) * 4);
+  });
   return Status::ok();
 }
 
@@ -101,7 +108,12 @@ Status adamwKernel(const KernelArgs &a) {
   c.eps = eps;
   c.correction1 = 1.0 - std::pow(beta1, t);
   c.correction2 = 1.0 - std::pow(beta2, t);
-  adamwLoop(grad.f32(), param.f32(), m.f32(), v.f32(), grad.numel(), c);
+  const float *g = grad.f32();
+  float *p = param.f32(), *mData = m.f32(), *vData = v.f32();
+  parallelFor(grad.numel(), kElementGrain, [&](int64_t begin, int64_t end) {
+    adamwLoop(g + begin, p + begin, mData + begin, vData + begin, end - begin,
+              c);
+  });
   return Status::ok();
 }
 

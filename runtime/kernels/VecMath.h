@@ -30,6 +30,16 @@ namespace piper::runtime::detail {
 
 constexpr int kLanes = 8;
 
+/// Elements per parallelFor chunk of the elementwise loops (1 MiB of
+/// floats): large enough that waking a thread costs little.
+constexpr int64_t kElementGrain = 1 << 18;
+/// Rows per parallelFor chunk of a row-wise loop over rows of `width`
+/// elements: about kElementGrain / 4 elements per chunk.
+inline int64_t rowGrain(int64_t width) {
+  int64_t rows = (kElementGrain / 4) / (width > 0 ? width : 1);
+  return rows > 0 ? rows : 1;
+}
+
 PIPER_INLINE float bitsToFloat(int32_t i) {
   float f;
   std::memcpy(&f, &i, 4);
@@ -80,6 +90,55 @@ PIPER_INLINE float fastTanh(float x) {
   float e = fastExp(-2.0f * ax);
   float t = (1.0f - e) / (1.0f + e);
   return x < 0 ? -t : t;
+}
+
+// Inline forms of the reductions below, for PIPER_SIMD loops that call them
+// per row (the out-of-line forms cost an indirect call each).
+
+PIPER_INLINE double sumDoubleInline(const float *x, int64_t n) {
+  double acc[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int l = 0; l < kLanes; ++l)
+      acc[l] += x[i + l];
+  for (int l = 0; i < n; ++i, ++l)
+    acc[l] += x[i];
+  double s = 0;
+  for (int l = 0; l < kLanes; ++l)
+    s += acc[l];
+  return s;
+}
+
+PIPER_INLINE double dotDoubleInline(const float *x, const float *y,
+                                    int64_t n) {
+  double acc[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int l = 0; l < kLanes; ++l)
+      acc[l] += double(x[i + l]) * double(y[i + l]);
+  for (int l = 0; i < n; ++i, ++l)
+    acc[l] += double(x[i]) * double(y[i]);
+  double s = 0;
+  for (int l = 0; l < kLanes; ++l)
+    s += acc[l];
+  return s;
+}
+
+PIPER_INLINE float maxOfInline(const float *x, int64_t n) {
+  constexpr int kMaxLanes = 16;
+  float m[kMaxLanes];
+  for (int l = 0; l < kMaxLanes; ++l)
+    m[l] = x[0];
+  int64_t i = 0;
+  for (; i + kMaxLanes <= n; i += kMaxLanes)
+    for (int l = 0; l < kMaxLanes; ++l)
+      m[l] = x[i + l] > m[l] ? x[i + l] : m[l];
+  for (; i < n; ++i)
+    m[0] = x[i] > m[0] ? x[i] : m[0];
+  float r = m[0];
+  for (int l = 1; l < kMaxLanes; ++l)
+    r = m[l] > r ? m[l] : r;
+  return r;
 }
 
 /// Sum of x[0..n) in double (kLanes interleaved accumulators).
