@@ -23,6 +23,7 @@
 #include <cmath>
 
 #include "runtime/exec/Init.h"
+#include "runtime/exec/Precision.h"
 #include "runtime/exec/Validate.h"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
@@ -324,6 +325,14 @@ public:
   Status clipGrads();
   /// The global gradient norm of the last CLIP_GRADS, -1 before any.
   double lastGradNorm = -1;
+  /// Mixed precision (training.compute_dtype == BF16): kernels read bf16
+  /// copies of the fp32 master parameters, refreshed once per step.
+  bool bf16 = false;
+  std::mutex bf16Mu;
+  std::vector<TensorPtr> bf16Params;
+  std::vector<int64_t> bf16Step;
+  /// The bf16 copy of parameter `p` for `step`.
+  Status computeParam(int p, int64_t step, TensorPtr *&out);
 
   // Profile (options.profile): rows are the kernel ops, then the fixed
   // rows below; each stream thread adds to its own copy.
@@ -383,7 +392,27 @@ void ExecutorImpl::initProfile() {
                  std::vector<ProfileSlot>(profileNames.size()));
 }
 
+Status ExecutorImpl::computeParam(int p, int64_t step, TensorPtr *&out) {
+  std::lock_guard<std::mutex> lock(bf16Mu);
+  TensorPtr &copy = bf16Params[p];
+  if (bf16Step[p] != step) {
+    const TensorPtr &master = stateOf(p, Operand::PARAM);
+    if (!copy)
+      PIPER_RETURN_IF_ERROR(allocateTensor(plan.params(p).type(),
+                                           plan.params(p).name() + " (bf16)",
+                                           memory, copy));
+    std::memcpy(copy->data, master->data, static_cast<size_t>(master->bytes));
+    roundToBf16(static_cast<float *>(copy->data), copy->bytes / 4);
+    bf16Step[p] = step;
+  }
+  out = &copy;
+  return Status::ok();
+}
+
 Status ExecutorImpl::init(uint64_t seed) {
+  bf16 = plan.training().compute_dtype() == plan::BF16;
+  bf16Params.assign(plan.params_size(), nullptr);
+  bf16Step.assign(plan.params_size(), 0);
   int numParams = plan.params_size();
   state.resize(numParams);
   for (int p = 0; p < numParams; ++p) {
@@ -506,8 +535,21 @@ Status ExecutorImpl::call(int s, const Instruction &inst, int64_t step,
     }
     ins.clear();
     outs.clear();
-    for (const Operand &op : kernel.inputs())
-      ins.push_back(resolve(op));
+    // Mixed precision: compute kernels read bf16 weights; the optimizer and
+    // the gradient accumulators stay in fp32.
+    const bool stateKernel = kernel.op() == "accumulate" ||
+                             kernel.op() == "zero" || kernel.op() == "adamw";
+    const bool lowPrecision = bf16 && !stateKernel;
+    for (const Operand &op : kernel.inputs()) {
+      if (lowPrecision && op.kind() == Operand::PARAM) {
+        TensorPtr *copy = nullptr;
+        PIPER_RETURN_IF_ERROR(
+            computeParam(op.index(), step, copy).withContext(where(k)));
+        ins.push_back((*copy)->ref());
+      } else {
+        ins.push_back(resolve(op));
+      }
+    }
     for (const Operand &op : kernel.outputs())
       outs.push_back(resolve(op));
     if (profiling)
@@ -520,6 +562,12 @@ Status ExecutorImpl::call(int s, const Instruction &inst, int64_t step,
     }
     if (!status)
       return status.withContext(where(k));
+    // bf16 activations and activation gradients; scalar losses stay fp32.
+    if (lowPrecision)
+      for (size_t o = 0; o < outs.size(); ++o)
+        if (kernel.outputs(int(o)).kind() == Operand::VALUE &&
+            outs[o].dtype == plan::F32 && !outs[o].shape.empty())
+          roundToBf16(outs[o].f32(), outs[o].numel());
     for (int v : lt.freeAfter[k])
       values[v].reset();
   }
