@@ -314,8 +314,13 @@ public:
   void runStream(int s, int64_t step, StepState &st);
   Status execute(int s, int i, int64_t step, StepState &st,
                  std::vector<TensorPtr> &pendingSends);
+  /// The buffer as stored (packed bf16 in mixed precision).
+  Status fetchStored(StepState &st, int id, TensorPtr &out);
+  /// The buffer as float32 values for kernels.
   Status fetch(StepState &st, int id, TensorPtr &out);
-  void publish(StepState &st, int id, TensorPtr t);
+  Status publish(StepState &st, int id, TensorPtr t);
+  /// Whether buffer `id` is stored as packed bf16.
+  bool packed(int id) const;
   void release(StepState &st, const std::vector<int> &ids);
   /// `accounted`: with profiling, the nanoseconds spent in kernels and
   /// allocations (the rest of the CALL is the executor's own overhead).
@@ -466,7 +471,7 @@ void ExecutorImpl::fail(StepState &st, const Status &status) {
     options.onStreamError(status);
 }
 
-Status ExecutorImpl::fetch(StepState &st, int id, TensorPtr &out) {
+Status ExecutorImpl::fetchStored(StepState &st, int id, TensorPtr &out) {
   std::lock_guard<std::mutex> lock(st.mu);
   if (!st.written[id])
     return Status::error(describeBuffer(plan, id) +
@@ -478,12 +483,48 @@ Status ExecutorImpl::fetch(StepState &st, int id, TensorPtr &out) {
   return Status::ok();
 }
 
-void ExecutorImpl::publish(StepState &st, int id, TensorPtr t) {
+Status ExecutorImpl::fetch(StepState &st, int id, TensorPtr &out) {
+  PIPER_RETURN_IF_ERROR(fetchStored(st, id, out));
+  if (out->dtype != plan::BF16)
+    return Status::ok();
+  // A packed bf16 step buffer: kernels get it back as float32 values.
+  TensorPtr wide;
+  PIPER_RETURN_IF_ERROR(allocateTensor(plan.buffers(id).type(),
+                                       describeBuffer(plan, id), memory, wide));
+  const uint16_t *src = static_cast<const uint16_t *>(out->data);
+  float *dst = static_cast<float *>(wide->data);
+  for (int64_t i = 0, n = wide->bytes / 4; i < n; ++i)
+    dst[i] = bf16ToFloat(src[i]);
+  out = std::move(wide);
+  return Status::ok();
+}
+
+bool ExecutorImpl::packed(int id) const {
+  const plan::TensorType &type = plan.buffers(id).type();
+  return bf16 && type.dtype() == plan::F32 && type.shape_size() > 0;
+}
+
+Status ExecutorImpl::publish(StepState &st, int id, TensorPtr t) {
+  if (packed(id) && t->dtype == plan::F32) {
+    // Mixed precision stores step buffers (what tasks pass on and what is
+    // sent) as bf16: half the bytes, the same values the kernels produced.
+    plan::TensorType type = plan.buffers(id).type();
+    type.set_dtype(plan::BF16);
+    TensorPtr narrow;
+    PIPER_RETURN_IF_ERROR(
+        allocateTensor(type, describeBuffer(plan, id), memory, narrow));
+    const float *src = static_cast<const float *>(t->data);
+    uint16_t *dst = static_cast<uint16_t *>(narrow->data);
+    for (int64_t i = 0, n = t->bytes / 4; i < n; ++i)
+      dst[i] = floatToBf16(src[i]);
+    t = std::move(narrow);
+  }
   std::lock_guard<std::mutex> lock(st.mu);
   st.written[id] = 1;
   // A buffer nobody reads dies at once.
   if (st.readersLeft[id] > 0)
     st.buffers[id] = std::move(t);
+  return Status::ok();
 }
 
 void ExecutorImpl::release(StepState &st, const std::vector<int> &ids) {
@@ -574,7 +615,7 @@ Status ExecutorImpl::call(int s, const Instruction &inst, int64_t step,
   // Buffers are immutable once written and arguments are never written, so
   // a result (even one that is an argument) is handed over, not copied.
   for (int r = 0; r < inst.outputs_size(); ++r)
-    publish(st, inst.outputs(r), values[seg.results(r)]);
+    PIPER_RETURN_IF_ERROR(publish(st, inst.outputs(r), values[seg.results(r)]));
   return Status::ok();
 }
 
@@ -664,7 +705,7 @@ Status ExecutorImpl::execute(int s, int i, int64_t step, StepState &st,
     break;
   case Instruction::SEND: {
     TensorPtr t;
-    PIPER_RETURN_IF_ERROR(fetch(st, inst.inputs(0), t));
+    PIPER_RETURN_IF_ERROR(fetchStored(st, inst.inputs(0), t));
     int peer = peerOf(inst);
     PIPER_RETURN_IF_ERROR(
         options.comm
@@ -679,9 +720,11 @@ Status ExecutorImpl::execute(int s, int i, int64_t step, StepState &st,
   case Instruction::RECV: {
     int id = inst.outputs(0);
     TensorPtr t;
+    plan::TensorType type = plan.buffers(id).type();
+    if (packed(id))
+      type.set_dtype(plan::BF16);
     PIPER_RETURN_IF_ERROR(
-        allocateTensor(plan.buffers(id).type(), describeBuffer(plan, id),
-                       memory, t));
+        allocateTensor(type, describeBuffer(plan, id), memory, t));
     int peer = peerOf(inst);
     PIPER_RETURN_IF_ERROR(
         options.comm
@@ -690,7 +733,7 @@ Status ExecutorImpl::execute(int s, int i, int64_t step, StepState &st,
             .withContext("receive of " + describeBuffer(plan, id) +
                          " from rank " + std::to_string(peer) + " (tag " +
                          std::to_string(inst.tag()) + ")"));
-    publish(st, id, std::move(t));
+    PIPER_RETURN_IF_ERROR(publish(st, id, std::move(t)));
     break;
   }
   case Instruction::ALL_REDUCE:
@@ -730,8 +773,8 @@ Status ExecutorImpl::execute(int s, int i, int64_t step, StepState &st,
                                      t.seq_len(),
                                      static_cast<int32_t *>(tokens->data),
                                      static_cast<int32_t *>(targets->data)));
-    publish(st, inst.outputs(0), std::move(tokens));
-    publish(st, inst.outputs(1), std::move(targets));
+    PIPER_RETURN_IF_ERROR(publish(st, inst.outputs(0), std::move(tokens)));
+    PIPER_RETURN_IF_ERROR(publish(st, inst.outputs(1), std::move(targets)));
     break;
   }
   default:

@@ -427,7 +427,8 @@ Status simulateStreams(const plan::Plan &plan,
 } // namespace
 
 int64_t tensorBytes(const plan::TensorType &type) {
-  int64_t n = 4; // F32 and I32 are both 4 bytes.
+  // F32 and I32 are 4 bytes; BF16 (the runtime's packed step buffers) 2.
+  int64_t n = type.dtype() == plan::BF16 ? 2 : 4;
   for (int64_t d : type.shape()) {
     if (d < 0 || __builtin_mul_overflow(n, d, &n) || n > (int64_t(1) << 46))
       return -1;
