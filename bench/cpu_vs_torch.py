@@ -75,118 +75,21 @@ def blas_core():
 # ---------------------------------------------------------------------------
 # PyTorch models, as in test/oracle/torch_oracle_test.py.
 
-def read_safetensors(path):
-    import numpy as np
-    import torch
-    with open(path, "rb") as f:
-        data = f.read()
-    n = int.from_bytes(data[:8], "little")
-    header = json.loads(data[8:8 + n])
-    base = 8 + n
-    out = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        assert info["dtype"] == "F32", info
-        begin, end = info["data_offsets"]
-        arr = np.frombuffer(data[base + begin:base + end], dtype="<f4")
-        out[name] = torch.tensor(arr.reshape(info["shape"]).copy())
-    return out
-
-
-def layer_norm(x, w, b):
-    import torch.nn.functional as F
-    return F.layer_norm(x, (x.shape[-1],), w, b, eps=1e-5)
-
-
-def rms_norm(x, w, eps=1e-6):
-    import torch
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
-
-
-def causal_attention(q, k, v, mask):
-    """q, k, v: [B, heads, S, hd]; mask: [S, S] bool, True above the diagonal."""
-    import torch
-    hd = q.shape[-1]
-    scores = q @ k.transpose(-1, -2) / hd ** 0.5
-    scores = scores.masked_fill(mask, float("-inf"))
-    return torch.softmax(scores, dim=-1) @ v
-
-
-def rope_tables(s, hd, theta):
-    import torch
-    freqs = theta ** (-torch.arange(0, hd // 2, dtype=torch.float64) * 2 / hd)
-    angles = torch.arange(s, dtype=torch.float64)[:, None] * freqs[None, :]
-    return (torch.cos(angles).float().repeat(1, 2),
-            torch.sin(angles).float().repeat(1, 2))
-
-
-def rope(x, cos, sin):
-    """x: [B, heads, S, hd], rotate-half convention."""
-    import torch
-    hd = x.shape[-1]
-    x1, x2 = x[..., :hd // 2], x[..., hd // 2:]
-    rotated = torch.cat([-x2, x1], dim=-1)
-    return x * cos + rotated * sin
-
-
-def gpt_loss(p, tokens, targets, layers, heads, tied, mask):
-    import torch.nn.functional as F
-    b, s = tokens.shape
-    x = p["wte"][tokens] + p["wpe"][:s]
-    h = x.shape[-1]
-    hd = h // heads
-    for i in range(layers):
-        pre = "h.%d." % i
-        y = layer_norm(x, p[pre + "ln_1.weight"], p[pre + "ln_1.bias"])
-        qkv = y @ p[pre + "attn.c_attn.weight"] + p[pre + "attn.c_attn.bias"]
-        q, k, v = (t.reshape(b, s, heads, hd).transpose(1, 2)
-                   for t in qkv.split(h, dim=-1))
-        a = causal_attention(q, k, v, mask).transpose(1, 2).reshape(b, s, h)
-        x = x + a @ p[pre + "attn.c_proj.weight"] + p[pre + "attn.c_proj.bias"]
-        y = layer_norm(x, p[pre + "ln_2.weight"], p[pre + "ln_2.bias"])
-        y = F.gelu(y @ p[pre + "mlp.c_fc.weight"] + p[pre + "mlp.c_fc.bias"],
-                   approximate="tanh")
-        x = x + y @ p[pre + "mlp.c_proj.weight"] + p[pre + "mlp.c_proj.bias"]
-    x = layer_norm(x, p["ln_f.weight"], p["ln_f.bias"])
-    logits = x @ (p["wte"].t() if tied else p["lm_head.weight"])
-    return F.cross_entropy(logits.reshape(b * s, -1), targets.reshape(-1))
-
-
-def llama_loss(p, tokens, targets, layers, heads, kv_heads, mask, cos, sin):
-    import torch.nn.functional as F
-    b, s = tokens.shape
-    x = p["tok_embeddings.weight"][tokens]
-    h = x.shape[-1]
-    hd = h // heads
-    for i in range(layers):
-        pre = "layers.%d." % i
-        y = rms_norm(x, p[pre + "attention_norm.weight"])
-        qkv = y @ p[pre + "attention.wqkv.weight"]
-        q = qkv[..., :heads * hd].reshape(b, s, heads, hd).transpose(1, 2)
-        k = qkv[..., heads * hd:(heads + kv_heads) * hd]
-        v = qkv[..., (heads + kv_heads) * hd:]
-        k = k.reshape(b, s, kv_heads, hd).transpose(1, 2)
-        v = v.reshape(b, s, kv_heads, hd).transpose(1, 2)
-        q, k = rope(q, cos, sin), rope(k, cos, sin)
-        group = heads // kv_heads
-        k = k.repeat_interleave(group, dim=1)
-        v = v.repeat_interleave(group, dim=1)
-        a = causal_attention(q, k, v, mask).transpose(1, 2).reshape(b, s, h)
-        x = x + a @ p[pre + "attention.wo.weight"]
-        y = rms_norm(x, p[pre + "ffn_norm.weight"])
-        gu = y @ p[pre + "feed_forward.w13.weight"]
-        f = gu.shape[-1] // 2
-        x = x + (F.silu(gu[..., :f]) * gu[..., f:]) @ p[pre + "feed_forward.w2.weight"]
-    x = rms_norm(x, p["norm.weight"])
-    logits = x @ p["output.weight"]
-    return F.cross_entropy(logits.reshape(b * s, -1), targets.reshape(-1))
+def _models():
+    """The shared PyTorch model code (imported lazily: torch loads slowly)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sys.path.insert(0, os.path.join(root, "test", "oracle"))
+    import torch_models
+    return torch_models
 
 
 def torch_train(case, training, init_path, window, threads):
     """Times warm-up + measured steps of PyTorch eager; returns
     (step seconds, losses)."""
     import torch
+    m = _models()
+    read_safetensors, gpt_loss, llama_loss, rope_tables = (
+        m.read_safetensors, m.gpt_loss, m.llama_loss, m.rope_tables)
     torch.set_num_threads(threads)
     params = read_safetensors(init_path)
     for t in params.values():
@@ -198,7 +101,7 @@ def torch_train(case, training, init_path, window, threads):
     mbs = training["num_microbatches"]
     tokens = window[:s].repeat(b, 1)
     targets = window[1:].repeat(b, 1)
-    mask = torch.triu(torch.ones(s, s, dtype=torch.bool), diagonal=1)
+    mask = m.causal_mask(s)
     if case["family"] == "gpt":
         def loss_fn():
             return gpt_loss(params, tokens, targets, layers, case["heads"],
