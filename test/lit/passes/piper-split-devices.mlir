@@ -133,6 +133,42 @@ piper.program @p {
 
 // -----
 
+// A hand-written data edge between device groups needs a transfer.
+piper.param @w : tensor<4xf32> init zeros(0.0)
+piper.segment @p0() -> tensor<4xf32> {
+  %x = piper.param_ref @w : tensor<4xf32>
+  piper.yield %x : tensor<4xf32>
+}
+piper.segment @c0(%x: tensor<4xf32>) {
+  piper.yield
+}
+piper.program @p {
+  %x, %d0 = piper.task @p0() {devices = array<i64: 0>, tag = {PP = 0 : i64}} : () -> (tensor<4xf32>, !piper.token)
+  // expected-error @+1 {{'piper.task' op runs on [1] but reads a value of task @p0 (PP=0) on [0] without a transfer; run the place directives}}
+  %d1 = piper.task @c0(%x) {devices = array<i64: 1>, tag = {PP = 1 : i64}} : (tensor<4xf32>) -> !piper.token
+}
+
+// -----
+
+// A transfer must start from the group that produced its value.
+piper.param @w : tensor<4xf32> init zeros(0.0)
+piper.segment @p0() -> tensor<4xf32> {
+  %x = piper.param_ref @w : tensor<4xf32>
+  piper.yield %x : tensor<4xf32>
+}
+piper.segment @c0(%x: tensor<4xf32>) {
+  piper.yield
+}
+piper.program @p {
+  %x, %d0 = piper.task @p0() {devices = array<i64: 0>, tag = {PP = 0 : i64}} : () -> (tensor<4xf32>, !piper.token)
+  // expected-error @+1 {{'piper.transfer' op sends from [1] a value produced on [0]}}
+  %y, %t = piper.transfer %x {from = array<i64: 1>, to = array<i64: 2>, stream = "pp"} : tensor<4xf32>
+  %d1 = piper.task @c0(%y) {devices = array<i64: 1>, tag = {PP = 1 : i64}} : (tensor<4xf32>) -> !piper.token
+  %d2 = piper.task @c0(%y) {devices = array<i64: 2>, tag = {PP = 2 : i64}} : (tensor<4xf32>) -> !piper.token
+}
+
+// -----
+
 // There must be a program to split.
 // expected-error @+1 {{module has no piper.program}}
 module {
