@@ -243,7 +243,7 @@ static LogicalResult applyReplicate(ModuleOp module, ProgramOp program,
              << "; place it on the replicated devices first";
   int64_t replicas = d.devices.size();
   if (program->hasAttr("piper.replicated") &&
-      program.getNumReplicas() != replicas)
+      program.getNumReplicasAttr().getInt() != replicas)
     return program.emitOpError(d.describe())
            << ": data-parallel degree " << replicas
            << " differs from the degree " << program.getNumReplicas()

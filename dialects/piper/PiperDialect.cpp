@@ -243,7 +243,7 @@ LogicalResult PositionAddOp::verify() {
     return emitOpError("rows (") << dim(getInput(), 0)
                                  << ") must be a multiple of seq (" << getSeq()
                                  << ")";
-  if (dim(getPos(), 0) < getSeq() || dim(getPos(), 1) != dim(getInput(), 1))
+  if (dim(getPos(), 0) < getSeqAttr().getInt() || dim(getPos(), 1) != dim(getInput(), 1))
     return emitOpError("position table ")
            << getPos().getType() << " must have at least " << getSeq()
            << " rows of width " << dim(getInput(), 1);
@@ -334,7 +334,7 @@ LogicalResult MoeRouterOp::verify() {
 LogicalResult MoeDispatchOp::verify() {
   if (getExpertsAttr().getInt() < 1 || getCapacityAttr().getInt() < 1)
     return emitOpError("experts and capacity must be positive");
-  if (dim(getResult(), 0) != getExperts() * getCapacity() ||
+  if (dim(getResult(), 0) != getExpertsAttr().getInt() * getCapacityAttr().getInt() ||
       dim(getResult(), 1) != dim(getInput(), 1))
     return emitOpError("result must be [experts * capacity, width] = [")
            << getExperts() * getCapacity() << ", " << dim(getInput(), 1)
@@ -347,7 +347,7 @@ LogicalResult MoeDispatchOp::verify() {
 LogicalResult MoeCombineOp::verify() {
   if (getExpertsAttr().getInt() < 1 || getCapacityAttr().getInt() < 1)
     return emitOpError("experts and capacity must be positive");
-  if (dim(getInput(), 0) != getExperts() * getCapacity())
+  if (dim(getInput(), 0) != getExpertsAttr().getInt() * getCapacityAttr().getInt())
     return emitOpError("input must have experts * capacity = ")
            << getExperts() * getCapacity() << " rows";
   if (getIndices().getType().getShape() != getWeights().getType().getShape())
@@ -362,7 +362,7 @@ LogicalResult ExpertLinearOp::verify() {
   auto w = cast<RankedTensorType>(getWeight().getType());
   if (getExpertsAttr().getInt() < 1)
     return emitOpError("experts must be positive");
-  if (w.getDimSize(0) != getExperts())
+  if (w.getDimSize(0) != getExpertsAttr().getInt())
     return emitOpError("weight must have ") << getExperts() << " experts";
   if (dim(getInput(), 0) % getExperts() != 0)
     return emitOpError("rows must be a multiple of the expert count");
