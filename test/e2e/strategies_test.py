@@ -3,7 +3,7 @@
 strategies give the same loss at every step and the same final parameters as
 one device.
 
-Usage: strategies_test.py PIPERC PIPER_RUN
+Usage: strategies_test.py PIPERC PIPER_RUN EXAMPLES_DIR
 """
 import array
 import json
@@ -12,7 +12,7 @@ import subprocess
 import sys
 import tempfile
 
-PIPERC, PIPER_RUN = (os.path.abspath(p) for p in sys.argv[1:3])
+PIPERC, PIPER_RUN, EXAMPLES = (os.path.abspath(p) for p in sys.argv[1:4])
 STEPS = 5
 SEED = 7
 # Loss: same global batch, same seed; only the reduction order may differ.
@@ -31,6 +31,9 @@ GPT_STRATEGIES = [
     ("pp4, gpipe, 8 mb", ["--pp", "4", "--microbatches", "8",
                           "--schedule", "gpipe"], 4),
     ("dp4, 2 mb", ["--dp", "4", "--microbatches", "2"], 4),
+    # The JSON directive form of pp2 x dp2 1F1B, written out by hand.
+    ("examples/strategies/pp2_dp2_1f1b.json",
+     ["--strategy", os.path.join(EXAMPLES, "pp2_dp2_1f1b.json")], 4),
 ]
 LLAMA_STRATEGIES = [
     ("1 device", ["--microbatches", "8"], 1),
