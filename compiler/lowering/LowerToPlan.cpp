@@ -453,6 +453,15 @@ mlir::piper::lowerToPlans(ModuleOp module, const std::string &modelName,
                      ".pb");
     out.plans.push_back(std::move(*plan));
   }
+  // A parameter held by several classes (tied) is counted once in norms.
+  std::map<std::string, int> copies;
+  for (const plan::Plan &p : out.plans)
+    for (const plan::Parameter &param : p.params())
+      ++copies[param.name()];
+  for (plan::Plan &p : out.plans)
+    for (plan::Parameter &param : *p.mutable_params())
+      if (copies[param.name()] > 1)
+        param.set_copies(copies[param.name()]);
   // Every class loads batches, so each needs the vocabulary size even when
   // the embedding lives elsewhere.
   int64_t vocab = 0;

@@ -369,8 +369,6 @@ LogicalResult mlir::piper::buildTrainingDag(ModuleOp module,
     return attrs.getDictionary(module.getContext());
   };
 
-  // Parameters per stage, to reject parameters shared across stages.
-  std::map<std::string, int64_t> paramStage;
   struct StageInfo {
     TaskOp fwdTask;
     SegmentOp fwdSegment;
@@ -396,16 +394,8 @@ LogicalResult mlir::piper::buildTrainingDag(ModuleOp module,
     if (failed(diff))
       return failure();
     symbols.insert(diff->backward);
-    int64_t stage = *getTagInt(t.getTag(), "PP");
-    for (StringAttr p : diff->params) {
-      auto [it, inserted] = paramStage.insert({p.str(), stage});
-      if (!inserted && it->second != stage)
-        return t.emitOpError("parameter @")
-               << p.getValue() << " is used by stages " << it->second
-               << " and " << stage
-               << "; parameters shared across pipeline stages (such as a "
-                  "tied LM head) are not supported yet";
-    }
+    // A parameter used by several stages (a tied LM head) gets a copy and an
+    // update in each; piper-tie-params sums its gradient across them.
     infos.push_back({t, seg, std::move(*diff), t.getTag()});
   }
 

@@ -1,6 +1,7 @@
 // The split, place, replicate and order directives, and whole strategies.
 #include "compiler/transforms/Transforms.h"
 
+#include "llvm/ADT/MapVector.h"
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/SetVector.h"
 #include "llvm/ADT/StringExtras.h"
@@ -161,10 +162,11 @@ LogicalResult mlir::piper::finalizePlacement(ModuleOp module,
              << formatDevices(idle) << " of the " << world
              << "-device world run no task";
   }
-  // A parameter lives on one device group: the forward that reads it, the
-  // backward that accumulates its gradient and the update must share it.
+  // Within a stage, a parameter lives on one device group: the forward that
+  // reads it, the backward that accumulates its gradient and the update
+  // must share it. (Different stages may each hold a copy: a tied head.)
   SymbolTable symbols(module);
-  std::map<std::string, TaskOp> ownerOf;
+  std::map<std::pair<std::string, int64_t>, TaskOp> ownerOf;
   for (TaskOp t : tasks) {
     auto seg = symbols.lookup<SegmentOp>(t.getSegment());
     if (!seg)
@@ -176,8 +178,9 @@ LogicalResult mlir::piper::finalizePlacement(ModuleOp module,
           if (symbols.lookup<ParamOp>(ref.getAttr()))
             params.insert(ref.getAttr());
     });
+    int64_t stage = getTagInt(t.getTag(), "PP").value_or(-1);
     for (StringAttr p : params) {
-      auto [it, inserted] = ownerOf.insert({p.str(), t});
+      auto [it, inserted] = ownerOf.insert({{p.str(), stage}, t});
       if (!inserted && it->second.getDevices() != t.getDevices())
         return t.emitOpError()
                << describeNode(t) << " on " << formatDevices(*t.getDevices())
@@ -219,6 +222,30 @@ LogicalResult mlir::piper::finalizePlacement(ModuleOp module,
     }
   }
   return sortTopologically(body);
+}
+
+/// For every parameter whose gradient is accumulated on more than one device
+/// group (a tied head: the embedding's stage and the head's stage), those
+/// groups, in program order.
+static llvm::MapVector<StringAttr, SmallVector<ArrayRef<int64_t>>>
+sharedParams(ModuleOp module, ProgramOp program) {
+  SymbolTable symbols(module);
+  llvm::MapVector<StringAttr, SmallVector<ArrayRef<int64_t>>> groups;
+  for (TaskOp t : program.getBody().front().getOps<TaskOp>()) {
+    if (getTagPass(t.getTag()) != "B" || !t.getDevices())
+      continue;
+    ArrayRef<int64_t> g = *t.getDevices();
+    symbols.lookup<SegmentOp>(t.getSegment()).walk([&](AccumulateGradOp a) {
+      auto &list = groups[a.getParamAttr().getAttr()];
+      if (!llvm::is_contained(list, g))
+        list.push_back(g);
+    });
+  }
+  llvm::MapVector<StringAttr, SmallVector<ArrayRef<int64_t>>> shared;
+  for (auto &[p, list] : groups)
+    if (list.size() > 1)
+      shared[p] = list;
+  return shared;
 }
 
 //===----------------------------------------------------------------------===//
@@ -269,6 +296,10 @@ static LogicalResult applyReplicate(ModuleOp module, ProgramOp program,
             {attrs.getNamedAttr("PP", attrs.getI64IntegerAttr(*pp))});
     }
   }
+  // Parameters shared with another stage are summed over both stages'
+  // groups at once by tieSharedParams, which subsumes this reduction.
+  auto shared = sharedParams(module, program);
+  params.remove_if([&](StringAttr p) { return shared.count(p) > 0; });
   if (replicas == 1 || params.empty())
     return success();
   if (!stageTag)
@@ -375,6 +406,65 @@ static LogicalResult applyOrder(ProgramOp program, const Directive &d) {
   return success();
 }
 
+LogicalResult mlir::piper::tieSharedParams(ModuleOp module) {
+  FailureOr<ProgramOp> program = getProgram(module);
+  if (failed(program))
+    return failure();
+  auto shared = sharedParams(module, *program);
+  if (shared.empty())
+    return success();
+  SymbolTable symbols(module);
+  Block &body = program->getBody().front();
+  OpBuilder b(module.getContext());
+  int64_t collective = 0;
+  for (auto &[param, groups] : shared) {
+    // Every rank holding a copy takes part: the sum over all of them is the
+    // full gradient (each copy saw one use, each replica one slice of data).
+    std::set<int64_t> members;
+    for (ArrayRef<int64_t> g : groups)
+      members.insert(g.begin(), g.end());
+    size_t total = 0;
+    for (ArrayRef<int64_t> g : groups)
+      total += g.size();
+    if (members.size() != total)
+      return program->emitOpError("parameter @")
+             << param.getValue()
+             << " is shared by device groups that overlap; its gradient "
+                "cannot be summed once per copy";
+    SmallVector<Value> deps;
+    TaskOp last;
+    for (TaskOp t : body.getOps<TaskOp>()) {
+      if (getTagPass(t.getTag()) != "B")
+        continue;
+      bool uses = false;
+      symbols.lookup<SegmentOp>(t.getSegment()).walk([&](AccumulateGradOp a) {
+        uses |= a.getParamAttr().getAttr() == param;
+      });
+      if (uses) {
+        deps.push_back(t.getDone());
+        last = t;
+      }
+    }
+    b.setInsertionPointAfter(last);
+    SmallVector<int64_t> devices(members.begin(), members.end());
+    auto ar = AllReduceOp::create(
+        b, last.getLoc(), b.getArrayAttr({FlatSymbolRefAttr::get(param)}),
+        deps, devices, "dp_stream", b.getDictionaryAttr({}));
+    ar->setAttr("piper.collective", b.getI64IntegerAttr(collective++));
+    for (TaskOp u : body.getOps<TaskOp>()) {
+      if (getTagPass(u.getTag()) != "U")
+        continue;
+      bool updates = false;
+      symbols.lookup<SegmentOp>(u.getSegment()).walk([&](AdamWOp a) {
+        updates |= a.getParamAttr().getAttr() == param;
+      });
+      if (updates)
+        u.getDepsMutable().append(ValueRange{ar.getDone()});
+    }
+  }
+  return sortTopologically(body);
+}
+
 LogicalResult mlir::piper::applyDirective(ModuleOp module, const Directive &d,
                                           std::optional<int64_t> worldSize) {
   FailureOr<ProgramOp> program = getProgram(module);
@@ -440,6 +530,8 @@ LogicalResult mlir::piper::applyStrategy(ModuleOp module,
         return failure();
     if (kind == Directive::Place &&
         failed(finalizePlacement(module, strategy.worldSize)))
+      return failure();
+    if (kind == Directive::Replicate && failed(tieSharedParams(module)))
       return failure();
   }
   return success();

@@ -74,6 +74,8 @@ public:
           sendOfChannel[s.getChannel()] = &op;
         if (isa<ClipGradsOp>(op))
           ++numClips;
+        if (auto id = op.getAttrOfType<IntegerAttr>("piper.collective"))
+          ++membersOf[id.getInt()];
       }
   }
 
@@ -106,6 +108,11 @@ private:
     if (auto r = dyn_cast<RecvOp>(op)) {
       Operation *send = sendOfChannel.lookup(r.getChannel());
       return send && done.contains(send);
+    }
+    // A collective over several classes completes once all of them reach it.
+    if (auto id = op->getAttrOfType<IntegerAttr>("piper.collective")) {
+      arrivedAt[id.getInt()].insert(op);
+      return arrivedAt[id.getInt()].size() == membersOf[id.getInt()];
     }
     // A world collective completes once every device program reached its own.
     if (isa<ClipGradsOp>(op)) {
@@ -153,6 +160,8 @@ private:
   DenseSet<Operation *> done;
   DenseSet<Operation *> arrivedClips;
   size_t numClips = 0;
+  std::map<int64_t, size_t> membersOf;
+  std::map<int64_t, DenseSet<Operation *>> arrivedAt;
 };
 } // namespace
 

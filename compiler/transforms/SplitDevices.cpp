@@ -29,9 +29,11 @@ LogicalResult mlir::piper::splitDevices(ModuleOp module) {
       return t.emitOpError() << describeNode(t)
                              << " is not placed; run the place directives "
                                 "first";
-    ArrayRef<int64_t> g = groupOf(&op);
-    if (g.empty())
+    // Tasks define the classes; an all-reduce may span several (tied
+    // parameters).
+    if (!isa<TaskOp>(op))
       continue;
+    ArrayRef<int64_t> g = groupOf(&op);
     std::vector<int64_t> group(g.begin(), g.end());
     auto it = std::find(classes.begin(), classes.end(), group);
     if (it != classes.end())
@@ -79,9 +81,9 @@ LogicalResult mlir::piper::splitDevices(ModuleOp module) {
                << *producer.getDevices() << "]";
       continue;
     }
-    ArrayRef<int64_t> g = groupOf(&op);
-    if (g.empty())
+    if (!isa<TaskOp>(op))
       continue;
+    ArrayRef<int64_t> g = groupOf(&op);
     for (Value v : op.getOperands()) {
       if (isa<TokenType>(v.getType()))
         continue;
@@ -149,6 +151,30 @@ LogicalResult mlir::piper::splitDevices(ModuleOp module) {
       maps[from].map(tr.getDone(), send.getDone());
       maps[to].map(tr.getResult(), recv.getResult());
       maps[to].map(tr.getDone(), recv.getDone());
+      continue;
+    }
+    if (auto ar = dyn_cast<AllReduceOp>(op); ar && !isClass(ar.getDevices())) {
+      // A collective over several classes: every class it covers issues it.
+      std::set<int64_t> devices(ar.getDevices().begin(), ar.getDevices().end());
+      size_t covered = 0;
+      for (auto [c, dp] : llvm::enumerate(programs)) {
+        ArrayRef<int64_t> ranks = dp.getRanks();
+        bool inside = llvm::all_of(ranks, [&](int64_t r) {
+          return devices.count(r) > 0;
+        });
+        bool touches = llvm::any_of(ranks, [&](int64_t r) {
+          return devices.count(r) > 0;
+        });
+        if (touches && !inside)
+          return ar.emitOpError("spans part of the device group [")
+                 << ranks << "]; a collective covers whole groups";
+        if (inside) {
+          cloneInto(&op, c);
+          covered += ranks.size();
+        }
+      }
+      if (covered != devices.size())
+        return ar.emitOpError("names devices that run no task");
       continue;
     }
     cloneInto(&op, classOf(groupOf(&op)));

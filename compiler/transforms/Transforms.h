@@ -51,6 +51,12 @@ LogicalResult applyDirective(ModuleOp module, const Directive &directive,
 /// task is placed at all.
 LogicalResult finalizePlacement(ModuleOp module, std::optional<int64_t> worldSize);
 
+/// Sums the gradient of every parameter used by several stages (a tied LM
+/// head) over all device groups holding a copy: one piper.all_reduce over
+/// their union after the last backward using it, before every update of it.
+/// Placement must be final.
+LogicalResult tieSharedParams(ModuleOp module);
+
 /// Runs a whole strategy on a forward model: stage, autodiff, then split,
 /// place, replicate and order in that phase order.
 LogicalResult applyStrategy(ModuleOp module, const Strategy &strategy,

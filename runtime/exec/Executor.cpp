@@ -626,7 +626,10 @@ Status ExecutorImpl::clipGrads() {
   double local = 0;
   for (int p = 0; p < plan.params_size(); ++p) {
     const TensorPtr &g = stateOf(p, Operand::GRAD);
-    local += sumOfSquares(static_cast<const float *>(g->data), g->bytes / 4);
+    // A parameter held by several classes (tied) holds the same summed
+    // gradient in each: count it once.
+    local += sumOfSquares(static_cast<const float *>(g->data), g->bytes / 4) /
+             std::max(1, plan.params(p).copies());
   }
   double total = local;
   if (options.comm)

@@ -52,12 +52,25 @@ BF16_STRATEGIES = [
     ("pp2 x dp2, 1f1b, 4 mb", ["--pp", "2", "--dp", "2", "--microbatches", "4",
                                 "--schedule", "1f1b", "--dtype", "bf16"], 4),
 ]
+# A tied LM head across pipeline stages: the embedding's and the head's
+# stages each hold a copy whose gradients are summed over both. Clipping at
+# 0.5 is active, so the global norm must count the tied weight once.
+TIED_STRATEGIES = [
+    ("1 device", ["--microbatches", "8", "--clip-grad", "0.5"], 1),
+    ("pp2 x dp2, 1f1b, 4 mb", ["--pp", "2", "--dp", "2", "--microbatches", "4",
+                                "--clip-grad", "0.5"], 4),
+    ("pp4, gpipe, 8 mb", ["--pp", "4", "--microbatches", "8", "--schedule",
+                          "gpipe", "--clip-grad", "0.5"], 4),
+]
 MODELS = [
     ("gpt", ["gpt", "--layers", "4", "--hidden", "64", "--heads", "4",
              "--vocab", "256", "--seq", "32", "--batch", "4"], GPT_STRATEGIES),
     ("llama", ["llama", "--layers", "4", "--hidden", "64", "--heads", "4",
                "--kv-heads", "2", "--vocab", "256", "--seq", "32", "--batch", "4"],
      LLAMA_STRATEGIES),
+    ("gpt-tied", ["gpt", "--layers", "4", "--hidden", "64", "--heads", "4",
+                  "--vocab", "256", "--seq", "32", "--batch", "4", "--tied"],
+     TIED_STRATEGIES),
     ("gpt-bf16", ["gpt", "--layers", "4", "--hidden", "64", "--heads", "4",
                   "--vocab", "256", "--seq", "32", "--batch", "4"], BF16_STRATEGIES),
     ("qwen3-moe", ["qwen3-moe", "--layers", "2", "--hidden", "64", "--heads", "4",

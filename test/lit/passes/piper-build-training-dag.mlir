@@ -257,7 +257,14 @@ piper.program @p {
 
 // -----
 
-// A parameter read by two stages (a tied LM head) is rejected.
+// A parameter used by two stages (a tied head) gets a copy, a gradient
+// accumulator and an update in each; piper-tie-params sums the gradients.
+// CHECK-LABEL: piper.segment @head_B(
+// CHECK: piper.accumulate_grad @wte
+// CHECK: piper.segment @stage0_U()
+// CHECK-NEXT: piper.adamw @wte
+// CHECK: piper.segment @stage1_U()
+// CHECK-NEXT: piper.adamw @wte
 piper.param @wte : tensor<16x4xf32> init normal(2.0e-02)
 piper.segment @embed(%ids: tensor<2x2xi32>) -> tensor<4x4xf32> {
   %w = piper.param_ref @wte : tensor<16x4xf32>
@@ -273,7 +280,6 @@ piper.segment @head(%x: tensor<4x4xf32>, %t: tensor<2x2xi32>) -> tensor<f32> {
 piper.program @p {
   %tok, %tgt, %d = piper.batch {tag = {}} : tensor<2x2xi32>, tensor<2x2xi32>
   %x, %d0 = piper.task @embed(%tok) {tag = {PP = 0 : i64}} : (tensor<2x2xi32>) -> (tensor<4x4xf32>, !piper.token)
-  // expected-error @+1 {{'piper.task' op parameter @wte is used by stages 0 and 1; parameters shared across pipeline stages (such as a tied LM head) are not supported yet}}
   %l, %d1 = piper.task @head(%x, %tgt) {tag = {PP = 1 : i64}} : (tensor<4x4xf32>, tensor<2x2xi32>) -> (tensor<f32>, !piper.token)
 }
 

@@ -148,22 +148,3 @@ piper.program @tokens {
   %x, %d0 = piper.task @f() {tag = {PP = 0 : i64, PASS = "F"}} : () -> (tensor<4xf32>, !piper.token)
   %d1 = piper.task @h() after(%d0) {devices = array<i64: 1>, tag = {PP = 1 : i64, PASS = "F"}} : () -> !piper.token
 }
-
-// -----
-
-// A parameter lives on one device group: the forward that reads it and the
-// backward that accumulates its gradient must share that group.
-piper.param @w : tensor<4xf32> init zeros(0.0)
-piper.segment @fwd() -> tensor<4xf32> {
-  %x = piper.param_ref @w : tensor<4xf32>
-  piper.yield %x : tensor<4xf32>
-}
-piper.segment @bwd(%g: tensor<4xf32>) {
-  piper.accumulate_grad @w, %g : tensor<4xf32>
-  piper.yield
-}
-piper.program @p {
-  %x, %d0 = piper.task @fwd() {tag = {PP = 0 : i64, PASS = "F"}} : () -> (tensor<4xf32>, !piper.token)
-  // expected-error @+1 {{'piper.task' op task @bwd (PP=1 PASS=B) on [1] and task @fwd (PP=0 PASS=F) on [0] both use parameter @w; the forward, backward and update of a stage must be placed on the same devices}}
-  %d1 = piper.task @bwd(%x) {devices = array<i64: 1>, tag = {PP = 1 : i64, PASS = "B"}} : (tensor<4xf32>) -> !piper.token
-}
