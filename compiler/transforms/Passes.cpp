@@ -10,6 +10,7 @@ namespace mlir::piper {
 #define GEN_PASS_DEF_PIPERSPLIT
 #define GEN_PASS_DEF_PIPERPLACE
 #define GEN_PASS_DEF_PIPERREPLICATE
+#define GEN_PASS_DEF_PIPERTIEPARAMS
 #define GEN_PASS_DEF_PIPERSCHEDULE
 #define GEN_PASS_DEF_PIPERAPPLYSTRATEGY
 #define GEN_PASS_DEF_PIPERSPLITDEVICES
@@ -99,6 +100,14 @@ struct ReplicatePass : mlir::piper::impl::PiperReplicateBase<ReplicatePass> {
     d.bucketSizeMb = bucketMb;
     d.reduceStream = reduceStream;
     if (failed(applyDirective(getOperation(), d, std::nullopt)))
+      signalPassFailure();
+  }
+};
+
+struct TieParamsPass
+    : mlir::piper::impl::PiperTieParamsBase<TieParamsPass> {
+  void runOnOperation() override {
+    if (failed(tieSharedParams(getOperation())))
       signalPassFailure();
   }
 };

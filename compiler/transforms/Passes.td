@@ -78,6 +78,18 @@ def PiperReplicate : Pass<"piper-replicate", "::mlir::ModuleOp"> {
   ];
 }
 
+def PiperTieParams : Pass<"piper-tie-params", "::mlir::ModuleOp"> {
+  let summary = "Sum the gradients of parameters shared by several stages";
+  let description = [{
+    A parameter used by several pipeline stages (a tied LM head) has a copy,
+    an accumulator and an update in each stage. This pass adds one
+    `piper.all_reduce` over every device holding a copy (tagged
+    `piper.collective` so all classes issue it together), after the last
+    backward that accumulates it and before every update of it. Run after
+    placement and replicate (which leaves shared parameters to it).
+  }];
+}
+
 def PiperSchedule : Pass<"piper-schedule", "::mlir::ModuleOp"> {
   let summary = "Order every stage's tasks by a pipeline schedule";
   let description = [{

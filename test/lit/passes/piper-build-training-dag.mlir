@@ -258,7 +258,7 @@ piper.program @p {
 // -----
 
 // A parameter used by two stages (a tied head) gets a copy, a gradient
-// accumulator and an update in each; piper-tie-params sums the gradients.
+// accumulator and an update in each (piper-tie-params later sums the gradients).
 // CHECK-LABEL: piper.segment @head_B(
 // CHECK: piper.accumulate_grad @wte
 // CHECK: piper.segment @stage0_U()
