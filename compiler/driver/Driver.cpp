@@ -170,18 +170,7 @@ int runCompile(const CompileOptions &o) {
     return 0;
   };
   // Phase 1: directives (stage and autodiff first, then the rest).
-  int64_t stages = 1;
-  bool explicitStage = false;
-  for (const Directive &d : strategy.directives)
-    if (d.kind == Directive::Stage)
-      stages = d.stages, explicitStage = true;
-  if (!explicitStage)
-    for (const Directive &d : strategy.directives)
-      if (d.kind == Directive::Place)
-        if (auto it = d.filter.entries.find("PP");
-            it != d.filter.entries.end() &&
-            it->second.kind == FilterValue::Index)
-          stages = std::max(stages, it->second.index + 1);
+  int64_t stages = numStages(strategy);
   if (stopAfter("stage")) {
     if (int rc = check(applyStage(*module, stages), "stage"))
       return rc;

@@ -293,6 +293,20 @@ llvm::Expected<Strategy> mlir::piper::parseStrategy(llvm::StringRef text) {
   return strategy;
 }
 
+int64_t mlir::piper::numStages(const Strategy &strategy) {
+  int64_t fromPlacements = 1;
+  for (const Directive &d : strategy.directives) {
+    if (d.kind == Directive::Stage)
+      return d.stages;
+    if (d.kind != Directive::Place)
+      continue;
+    auto it = d.filter.entries.find("PP");
+    if (it != d.filter.entries.end() && it->second.kind == FilterValue::Index)
+      fromPlacements = std::max(fromPlacements, it->second.index + 1);
+  }
+  return fromPlacements;
+}
+
 std::optional<Schedule> mlir::piper::parseSchedule(llvm::StringRef name) {
   if (name == "gpipe")
     return Schedule::GPipe;

@@ -62,6 +62,11 @@ struct Strategy {
   std::string summary;
 };
 
+/// The number of pipeline stages a strategy asks for: its stage directive,
+/// or else one more than the largest PP index its placements name (1 when
+/// none does).
+int64_t numStages(const Strategy &strategy);
+
 /// Parses a strategy file: either a JSON list of directives (the original
 /// Piper format) or an object {"world_size": N, "directives": [...]}.
 /// Unknown directives and keys, bad filter keys or values, and malformed

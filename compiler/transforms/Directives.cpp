@@ -495,20 +495,10 @@ LogicalResult mlir::piper::applyStrategy(ModuleOp module,
         out.push_back(&d);
     return out;
   };
-  // Without a stage directive, the number of stages is the number of
-  // distinct PP indices the placements name.
-  int64_t stages = 1;
-  if (auto st = ofKind(Directive::Stage); !st.empty()) {
-    if (st.size() > 1)
-      return module.emitError(st[1]->describe())
-             << ": only one stage directive is allowed";
-    stages = st.front()->stages;
-  } else {
-    for (const Directive *p : ofKind(Directive::Place))
-      if (auto it = p->filter.entries.find("PP");
-          it != p->filter.entries.end() && it->second.kind == FilterValue::Index)
-        stages = std::max(stages, it->second.index + 1);
-  }
+  if (auto st = ofKind(Directive::Stage); st.size() > 1)
+    return module.emitError(st[1]->describe())
+           << ": only one stage directive is allowed";
+  int64_t stages = numStages(strategy);
   if (failed(applyStage(module, stages)) ||
       failed(buildTrainingDag(module, opt)))
     return failure();
