@@ -70,34 +70,35 @@ int runModel(const ModelOptions &opts, const CLI::App &cmd) {
   // Flags given on the command line override the preset.
   GptConfig cfg = preset->config;
   auto given = [&](const char *flag) { return cmd.count(flag) > 0; };
-  if (given("--layers"))
-    cfg.layers = opts.gpt.layers;
-  if (given("--hidden"))
-    cfg.hidden = opts.gpt.hidden;
-  if (given("--heads"))
-    cfg.heads = opts.gpt.heads;
-  if (given("--kv-heads"))
-    cfg.kvHeads = opts.gpt.kvHeads;
-  if (given("--ffn"))
-    cfg.ffn = opts.gpt.ffn;
-  if (given("--vocab"))
-    cfg.vocab = opts.gpt.vocab;
-  if (given("--seq"))
-    cfg.seq = opts.gpt.seq;
-  if (given("--batch"))
-    cfg.batch = opts.gpt.batch;
+  struct IntFlag {
+    const char *flag;
+    int64_t GptConfig::*field;
+  };
+  for (IntFlag f : {IntFlag{"--layers", &GptConfig::layers},
+                    IntFlag{"--hidden", &GptConfig::hidden},
+                    IntFlag{"--heads", &GptConfig::heads},
+                    IntFlag{"--kv-heads", &GptConfig::kvHeads},
+                    IntFlag{"--ffn", &GptConfig::ffn},
+                    IntFlag{"--vocab", &GptConfig::vocab},
+                    IntFlag{"--seq", &GptConfig::seq},
+                    IntFlag{"--batch", &GptConfig::batch},
+                    IntFlag{"--experts", &GptConfig::experts},
+                    IntFlag{"--top-k", &GptConfig::topK}})
+    if (given(f.flag))
+      cfg.*f.field = opts.gpt.*f.field;
+  struct FloatFlag {
+    const char *flag;
+    double GptConfig::*field;
+  };
+  for (FloatFlag f :
+       {FloatFlag{"--capacity-factor", &GptConfig::capacityFactor},
+        FloatFlag{"--aux-loss-coeff", &GptConfig::auxLossCoeff}})
+    if (given(f.flag))
+      cfg.*f.field = opts.gpt.*f.field;
   if (given("--tied"))
     cfg.tiedHead = opts.gpt.tiedHead;
   if (given("--rope-theta"))
     cfg.ropeTheta = opts.ropeTheta;
-  if (given("--experts"))
-    cfg.experts = opts.gpt.experts;
-  if (given("--top-k"))
-    cfg.topK = opts.gpt.topK;
-  if (given("--capacity-factor"))
-    cfg.capacityFactor = opts.gpt.capacityFactor;
-  if (given("--aux-loss-coeff"))
-    cfg.auxLossCoeff = opts.gpt.auxLossCoeff;
   if (std::string err = validateGptConfig(cfg); !err.empty())
     return fail("invalid " + opts.name + " config: " + err);
   MLIRContext ctx;
