@@ -233,17 +233,10 @@ int runCompile(const CompileOptions &o) {
       for (const auto &ins : s.instructions()) {
         ++instructions;
         if (ins.kind() == ::piper::plan::Instruction::SEND) {
-          int64_t n = 4;
-          for (int64_t d : plan.buffers(ins.inputs(0)).type().shape())
-            n *= d;
-          sendBytes += n;
+          sendBytes += planTensorBytes(plan.buffers(ins.inputs(0)).type());
         } else if (ins.kind() == ::piper::plan::Instruction::ALL_REDUCE) {
-          for (int p : ins.params()) {
-            int64_t n = 4;
-            for (int64_t d : plan.params(p).type().shape())
-              n *= d;
-            reduceBytes += n;
-          }
+          for (int p : ins.params())
+            reduceBytes += planTensorBytes(plan.params(p).type());
         }
       }
     rs << llvm::formatv("class {0} ranks [{1}]: {2} parameters, {3} "

@@ -19,18 +19,16 @@ plan::TensorType toTensorType(Type type) {
   return out;
 }
 
-StringRef streamOf(Operation *op) {
-  if (auto t = dyn_cast<TaskOp>(op))
-    return t.getStream() ? *t.getStream() : "compute";
-  if (auto s = dyn_cast<SendOp>(op))
-    return s.getStream();
-  if (auto r = dyn_cast<RecvOp>(op))
-    return r.getStream();
-  if (auto a = dyn_cast<AllReduceOp>(op))
-    return a.getStream();
-  return "compute";
+} // namespace
+
+int64_t mlir::piper::planTensorBytes(const plan::TensorType &t) {
+  int64_t n = 4; // f32 and i32
+  for (int64_t d : t.shape())
+    n *= d;
+  return n;
 }
 
+namespace {
 class ClassLowering {
 public:
   ClassLowering(ModuleOp module, DeviceProgramOp dp, int64_t worldSize,
@@ -138,13 +136,6 @@ public:
     return std::move(p);
   }
 
-  /// Bytes of a tensor type.
-  static int64_t bytesOf(const plan::TensorType &t) {
-    int64_t n = 4; // f32 and i32
-    for (int64_t d : t.shape())
-      n *= d;
-    return n;
-  }
 
   /// Peak bytes of a segment's local values (excluding its arguments, which
   /// are step buffers), allocating at the defining kernel and freeing after
@@ -162,11 +153,11 @@ public:
     for (int k = 0; k < seg.kernels_size(); ++k) {
       for (const plan::Operand &o : seg.kernels(k).outputs())
         if (o.kind() == plan::Operand::VALUE && !args.count(o.index()))
-          live += bytesOf(seg.values(o.index()));
+          live += planTensorBytes(seg.values(o.index()));
       peak = std::max(peak, live);
       for (int v = 0; v < seg.values_size(); ++v)
         if (lastUse[v] == k && !args.count(v))
-          live -= bytesOf(seg.values(v));
+          live -= planTensorBytes(seg.values(v));
     }
     return peak;
   }
@@ -179,7 +170,7 @@ public:
   void predictMemory() {
     int64_t state = 0;
     for (const plan::Parameter &param : p.params())
-      state += 4 * bytesOf(param.type()); // value, gradient, m, v
+      state += 4 * planTensorBytes(param.type()); // value, gradient, m, v
     p.set_predicted_state_bytes(state);
     std::vector<int> lastRead(p.buffers_size(), -1);
     for (size_t i = 0; i < issueOrder.size(); ++i)
@@ -191,14 +182,14 @@ public:
     for (size_t i = 0; i < issueOrder.size(); ++i) {
       const plan::Instruction *ins = issueOrder[i];
       for (int b : ins->outputs())
-        live += bytesOf(p.buffers(b).type());
+        live += planTensorBytes(p.buffers(b).type());
       int64_t working = ins->kind() == plan::Instruction::CALL
                             ? segmentWorkingSet(p.segments(ins->segment()))
                             : 0;
       peak = std::max(peak, live + working);
       for (int b : ins->inputs())
         if (lastRead[b] == int(i))
-          live -= bytesOf(p.buffers(b).type());
+          live -= planTensorBytes(p.buffers(b).type());
     }
     p.set_predicted_peak_bytes(state + peak);
   }

@@ -20,6 +20,9 @@ struct LoweredPlans {
   std::vector<plan::Plan> plans;
 };
 
+/// Bytes of a plan tensor (f32 and i32 elements are 4 bytes).
+int64_t planTensorBytes(const plan::TensorType &type);
+
 /// Lowers every piper.device_program of `module` (after piper-order-streams)
 /// to plans. Emits diagnostics and fails on IR it cannot lower.
 FailureOr<LoweredPlans> lowerToPlans(ModuleOp module,

@@ -45,6 +45,18 @@ bool mlir::piper::matchesFilter(DictionaryAttr tag, const Filter &filter) {
   return true;
 }
 
+StringRef mlir::piper::streamOf(Operation *op) {
+  if (auto t = dyn_cast<TaskOp>(op))
+    return t.getStream() ? *t.getStream() : "compute";
+  if (auto s = dyn_cast<SendOp>(op))
+    return s.getStream();
+  if (auto r = dyn_cast<RecvOp>(op))
+    return r.getStream();
+  if (auto a = dyn_cast<AllReduceOp>(op))
+    return a.getStream();
+  return "compute";
+}
+
 std::string mlir::piper::describeNode(Operation *op) {
   std::string out;
   llvm::raw_string_ostream os(out);

@@ -7,19 +7,6 @@
 using namespace mlir;
 using namespace mlir::piper;
 
-/// The logical stream an op of a device program is issued on.
-static StringRef streamOf(Operation *op) {
-  if (auto t = dyn_cast<TaskOp>(op))
-    return t.getStream() ? *t.getStream() : "compute";
-  if (auto s = dyn_cast<SendOp>(op))
-    return s.getStream();
-  if (auto r = dyn_cast<RecvOp>(op))
-    return r.getStream();
-  if (auto a = dyn_cast<AllReduceOp>(op))
-    return a.getStream();
-  return "compute"; // batches load on the compute stream
-}
-
 /// Orders one device program: tasks keep their (schedule) order; a receive
 /// or batch goes right before its first consuming task, a send or
 /// all-reduce right after its last producing task. Issuing communication in

@@ -83,6 +83,10 @@ bool matchesFilter(DictionaryAttr tag, const Filter &filter);
 LogicalResult sortTopologically(Block &block,
                                 SmallVectorImpl<Operation *> *cycle = nullptr);
 
+/// The logical stream a node of a device program is issued on; tasks
+/// without one, and batches, use "compute".
+StringRef streamOf(Operation *op);
+
 /// "task @stage1_F (PP=1 MB=0 PASS=F)" for diagnostics.
 std::string describeNode(Operation *op);
 

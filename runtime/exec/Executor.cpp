@@ -578,9 +578,9 @@ Status ExecutorImpl::call(int s, const Instruction &inst, int64_t step,
     outs.clear();
     // Mixed precision: compute kernels read bf16 weights; the optimizer and
     // the gradient accumulators stay in fp32.
-    const bool stateKernel = kernel.op() == "accumulate" ||
-                             kernel.op() == "zero" || kernel.op() == "adamw";
-    const bool lowPrecision = bf16 && !stateKernel;
+    const bool lowPrecision =
+        bf16 && kernel.op() != "accumulate" && kernel.op() != "zero" &&
+        kernel.op() != "adamw";
     for (const Operand &op : kernel.inputs()) {
       if (lowPrecision && op.kind() == Operand::PARAM) {
         TensorPtr *copy = nullptr;
