@@ -1,0 +1,254 @@
+// The readable text form of plans and manifests (see PlanDump.h).
+#include "proto/PlanDump.h"
+
+#include <algorithm>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace piper::plan {
+namespace {
+
+const char *dtypeName(DType t) {
+  switch (t) {
+  case F32:
+    return "f32";
+  case I32:
+    return "i32";
+  case BF16:
+    return "bf16";
+  default:
+    return "?";
+  }
+}
+
+std::string typeText(const TensorType &t) {
+  std::ostringstream os;
+  os << dtypeName(t.dtype()) << "[";
+  for (int i = 0; i < t.shape_size(); ++i)
+    os << (i ? ", " : "") << t.shape(i);
+  os << "]";
+  return os.str();
+}
+
+template <typename Range> std::string listText(const Range &r, const char *prefix) {
+  std::ostringstream os;
+  bool first = true;
+  for (const auto &x : r) {
+    os << (first ? "" : ", ") << prefix << x;
+    first = false;
+  }
+  return os.str();
+}
+
+std::string quoted(const std::string &s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\')
+      out += '\\';
+    out += c;
+  }
+  return out + "\"";
+}
+
+std::string operandText(const Operand &o) {
+  std::ostringstream os;
+  switch (o.kind()) {
+  case Operand::VALUE:
+    os << "v" << o.index();
+    break;
+  case Operand::PARAM:
+    os << "p" << o.index() << ":param";
+    break;
+  case Operand::GRAD:
+    os << "p" << o.index() << ":grad";
+    break;
+  case Operand::ADAM_M:
+    os << "p" << o.index() << ":adam_m";
+    break;
+  case Operand::ADAM_V:
+    os << "p" << o.index() << ":adam_v";
+    break;
+  default:
+    os << "?" << o.index();
+  }
+  return os.str();
+}
+
+std::string attrsText(const Kernel &k) {
+  if (k.attrs().empty())
+    return "";
+  std::vector<std::pair<std::string, const AttrValue *>> sorted;
+  for (const auto &kv : k.attrs())
+    sorted.emplace_back(kv.first, &kv.second);
+  std::sort(sorted.begin(), sorted.end(),
+            [](const auto &a, const auto &b) { return a.first < b.first; });
+  std::ostringstream os;
+  os << " {";
+  for (size_t i = 0; i < sorted.size(); ++i) {
+    os << (i ? ", " : "") << sorted[i].first << " = ";
+    const AttrValue &v = *sorted[i].second;
+    switch (v.value_case()) {
+    case AttrValue::kI:
+      os << v.i();
+      break;
+    case AttrValue::kF:
+      os << v.f();
+      break;
+    case AttrValue::kS:
+      os << quoted(v.s());
+      break;
+    default:
+      os << "<unset>";
+    }
+  }
+  os << "}";
+  return os.str();
+}
+
+std::string initText(const Initializer &init) {
+  std::ostringstream os;
+  switch (init.kind()) {
+  case Initializer::ZEROS:
+    return "zeros";
+  case Initializer::ONES:
+    return "ones";
+  case Initializer::NORMAL:
+    os << "normal(" << init.scale() << ")";
+    return os.str();
+  default:
+    return "?";
+  }
+}
+
+void dumpSegment(std::ostringstream &os, const Segment &seg, int index,
+                 bool withKernels) {
+  auto valueType = [&](int v) {
+    return v >= 0 && v < seg.values_size() ? typeText(seg.values(v))
+                                           : std::string("<out of range>");
+  };
+  os << "segment s" << index << " " << quoted(seg.name()) << " (";
+  for (int i = 0; i < seg.args_size(); ++i)
+    os << (i ? ", " : "") << "v" << seg.args(i) << ": "
+       << valueType(seg.args(i));
+  os << ") -> (" << listText(seg.results(), "v") << ")  # "
+     << seg.values_size() << " values, " << seg.kernels_size() << " kernels\n";
+  if (!withKernels)
+    return;
+  for (const Kernel &k : seg.kernels()) {
+    os << "  ";
+    for (int i = 0; i < k.outputs_size(); ++i) {
+      const Operand &o = k.outputs(i);
+      os << (i ? ", " : "") << operandText(o);
+      if (o.kind() == Operand::VALUE)
+        os << ": " << valueType(o.index());
+    }
+    os << (k.outputs_size() ? " = " : "") << k.op() << "(";
+    for (int i = 0; i < k.inputs_size(); ++i)
+      os << (i ? ", " : "") << operandText(k.inputs(i));
+    os << ")" << attrsText(k) << "\n";
+  }
+}
+
+void dumpInstruction(std::ostringstream &os, const Instruction &in) {
+  auto ids = [](const auto &r) { return "(" + listText(r, "b") + ")"; };
+  switch (in.kind()) {
+  case Instruction::CALL:
+    os << "CALL s" << in.segment() << " " << ids(in.inputs()) << " -> "
+       << ids(in.outputs());
+    break;
+  case Instruction::SEND:
+    os << "SEND " << ids(in.inputs()) << " to g" << in.peer_group() << " tag "
+       << in.tag();
+    break;
+  case Instruction::RECV:
+    os << "RECV " << ids(in.outputs()) << " from g" << in.peer_group()
+       << " tag " << in.tag();
+    break;
+  case Instruction::ALL_REDUCE:
+    os << "ALL_REDUCE g" << in.group() << " (" << listText(in.params(), "p")
+       << ")";
+    break;
+  case Instruction::RECORD:
+    os << "RECORD e" << in.event();
+    break;
+  case Instruction::WAIT:
+    os << "WAIT e" << in.event();
+    break;
+  case Instruction::LOAD_BATCH:
+    os << "LOAD_BATCH mb " << in.microbatch() << " -> " << ids(in.outputs());
+    break;
+  case Instruction::CLIP_GRADS:
+    os << "CLIP_GRADS";
+    break;
+  default:
+    os << Instruction::Kind_Name(in.kind());
+  }
+  if (!in.label().empty())
+    os << "  # " << in.label();
+  os << "\n";
+}
+
+} // namespace
+
+std::string dumpPlan(const Plan &plan, bool withKernels) {
+  std::ostringstream os;
+  os << "plan class " << plan.device_class() << " ranks ["
+     << listText(plan.ranks(), "") << "] world " << plan.world_size()
+     << " schema " << plan.schema_version() << " model "
+     << quoted(plan.model_name()) << (plan.has_loss() ? " has_loss" : "")
+     << "\n";
+  const TrainingConfig &t = plan.training();
+  os << "training microbatches " << t.num_microbatches() << " replicas "
+     << t.num_replicas() << " microbatch_size " << t.microbatch_size()
+     << " seq " << t.seq_len() << " vocab " << t.vocab_size() << " dtype "
+     << (t.compute_dtype() == BF16 ? "bf16" : "f32") << "\n";
+  os << "optimizer lr " << t.lr() << " betas (" << t.beta1() << ", "
+     << t.beta2() << ") eps " << t.eps() << " weight_decay "
+     << t.weight_decay() << " min_lr " << t.min_lr() << " warmup "
+     << t.warmup_steps() << " decay " << t.decay_steps() << " clip "
+     << t.clip_grad_norm() << "\n";
+  os << "memory predicted_peak " << plan.predicted_peak_bytes()
+     << " predicted_state " << plan.predicted_state_bytes() << "\n";
+  for (const DeviceGroup &g : plan.groups())
+    os << "group g" << g.id() << " ranks [" << listText(g.ranks(), "")
+       << "]\n";
+  for (int i = 0; i < plan.params_size(); ++i) {
+    const Parameter &p = plan.params(i);
+    os << "param p" << i << " " << quoted(p.name()) << " "
+       << typeText(p.type()) << " " << initText(p.init());
+    if (p.copies() > 1)
+      os << " copies " << p.copies();
+    os << "\n";
+  }
+  for (int i = 0; i < plan.segments_size(); ++i)
+    dumpSegment(os, plan.segments(i), i, withKernels);
+  for (const Buffer &b : plan.buffers())
+    os << "buffer b" << b.id() << " " << typeText(b.type()) << " "
+       << quoted(b.name()) << "\n";
+  os << "events " << plan.num_events() << "\n";
+  for (int s = 0; s < plan.streams_size(); ++s) {
+    const Stream &st = plan.streams(s);
+    os << "stream " << s << " " << quoted(st.name()) << "  # "
+       << st.instructions_size() << " instructions\n";
+    for (int i = 0; i < st.instructions_size(); ++i) {
+      os << "  " << i << ": ";
+      dumpInstruction(os, st.instructions(i));
+    }
+  }
+  return os.str();
+}
+
+std::string dumpManifest(const Manifest &m) {
+  std::ostringstream os;
+  os << "manifest world " << m.world_size() << " schema " << m.schema_version()
+     << " model " << quoted(m.model_name()) << " strategy "
+     << quoted(m.strategy()) << "\n";
+  for (const Manifest::Class &c : m.classes())
+    os << "class " << c.device_class() << " ranks ["
+       << listText(c.ranks(), "") << "] " << quoted(c.plan_file()) << "\n";
+  return os.str();
+}
+
+} // namespace piper::plan
