@@ -83,6 +83,31 @@ def _models():
     return torch_models
 
 
+def MatmulFlops():
+    """A context that counts 2*m*k*n for every aten matrix product dispatched
+    inside it (forward and autograd backward). PyTorch 1.13 (Debian's) has no
+    torch.utils.flop_counter, so this is the few lines of it we need."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    aten = torch.ops.aten
+
+    class Counter(TorchDispatchMode):
+        flops = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            packet = getattr(func, "overloadpacket", None)
+            if packet in (aten.mm, aten.addmm):
+                a, b = (args[0], args[1]) if packet is aten.mm else (args[1], args[2])
+                self.flops += 2 * a.shape[0] * a.shape[1] * b.shape[1]
+            elif packet in (aten.bmm, aten.baddbmm):
+                a, b = (args[0], args[1]) if packet is aten.bmm else (args[1], args[2])
+                self.flops += 2 * a.shape[0] * a.shape[1] * a.shape[2] * b.shape[2]
+            return out
+
+    return Counter()
+
+
 def torch_train(case, training, init_path, window, threads):
     """Times warm-up + measured steps of PyTorch eager; returns
     (step seconds, losses)."""
@@ -123,6 +148,13 @@ def torch_train(case, training, init_path, window, threads):
         eps=training["eps"])
     clip = training.get("clip_grad_norm", 0.0)
     all_params = list(params.values())
+    # The FLOPs of one training step (forward + backward of every
+    # microbatch): the matrix products PyTorch actually dispatches on the
+    # same model (elementwise work and the optimizer are left out).
+    with MatmulFlops() as counter:
+        loss_fn().backward()
+    step_flops = counter.flops * mbs
+    opt.zero_grad(set_to_none=True)
     times, losses = [], []
     for _ in range(case["warmup"] + case["steps"]):
         start = time.perf_counter()
@@ -137,7 +169,24 @@ def torch_train(case, training, init_path, window, threads):
         opt.zero_grad(set_to_none=True)
         times.append(time.perf_counter() - start)
         losses.append(total)
-    return times, losses
+    return times, losses, step_flops
+
+
+def sgemm_gflops(threads, n=2048, reps=5):
+    """The machine's float32 GEMM ceiling as this process sees it: the best
+    of `reps` n x n x n products on `threads` threads (torch.mm, the same
+    OpenBLAS Piper links)."""
+    import torch
+    torch.set_num_threads(threads)
+    a = torch.randn(n, n)
+    b = torch.randn(n, n)
+    torch.mm(a, b)
+    best = float("inf")
+    for _ in range(reps):
+        start = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - start)
+    return 2.0 * n ** 3 / best / 1e9
 
 
 # ---------------------------------------------------------------------------
@@ -202,7 +251,7 @@ def bench(args, name):
 
     p_times, p_losses, p_rows, p_err = piper_train(args, case, plans, work,
                                                    data, env)
-    t_times, t_losses = torch_train(case, training, init,
+    t_times, t_losses, step_flops = torch_train(case, training, init,
                                     torch.tensor(window.astype(np.int64)),
                                     args.threads)
     w = case["warmup"]
@@ -216,6 +265,11 @@ def bench(args, name):
     log("pytorch: median step %8.1f ms  %10.1f tokens/s  (steps: %s ms)" % (
         1e3 * t_med, t_tps, " ".join("%.0f" % (1e3 * t) for t in t_times)))
     log("ratio piper/pytorch tokens/s: %.2fx" % (p_tps / t_tps))
+    p_gflops, t_gflops = step_flops / p_med / 1e9, step_flops / t_med / 1e9
+    log("achieved: piper %.1f GFLOP/s, pytorch %.1f GFLOP/s (%.2f GFLOP per "
+        "step of matrix products); sgemm 2048^3 ceiling %.1f GFLOP/s "
+        "-> piper at %.0f%% of it" % (p_gflops, t_gflops, step_flops / 1e9,
+                                       args.sgemm, 100.0 * p_gflops / args.sgemm))
     log("step-1 loss: piper %.6f, pytorch %.6f (relative difference %.1e%s)" % (
         p_losses[0], t_losses[0], rel, "" if rel < 1e-3 else " -- MISMATCH"))
     if peak:
@@ -231,6 +285,8 @@ def bench(args, name):
                 piper_step_s=p_med, torch_step_s=t_med,
                 piper_tokens_per_s=p_tps, torch_tokens_per_s=t_tps,
                 ratio=p_tps / t_tps, loss_rel_diff=rel,
+                step_flops=step_flops, piper_gflops=p_gflops,
+                torch_gflops=t_gflops, sgemm_gflops=args.sgemm,
                 piper_peak_bytes=p_rows[-1].get("peak_bytes"))
 
 
@@ -252,6 +308,8 @@ def main():
     if os.environ.get("OPENBLAS_NUM_THREADS") != str(args.threads):
         sys.exit("set OPENBLAS_NUM_THREADS=%d before starting (torch and "
                  "piper-run must see the same BLAS threads)" % args.threads)
+    args.sgemm = sgemm_gflops(args.threads)
+    log("sgemm 2048^3 on %d thread(s): %.1f GFLOP/s" % (args.threads, args.sgemm))
     results = []
     for name in args.models.split(","):
         if name not in CASES:
@@ -260,8 +318,10 @@ def main():
     log("summary (%d thread(s)):" % args.threads)
     for r in results:
         log("  %-11s piper %9.1f tokens/s   pytorch %9.1f tokens/s   "
-            "piper/pytorch %.2fx" % (r["model"], r["piper_tokens_per_s"],
-                                     r["torch_tokens_per_s"], r["ratio"]))
+            "piper/pytorch %.2fx   piper %.1f GFLOP/s (%.0f%% of sgemm)" % (
+                r["model"], r["piper_tokens_per_s"], r["torch_tokens_per_s"],
+                r["ratio"], r["piper_gflops"],
+                100.0 * r["piper_gflops"] / r["sgemm_gflops"]))
     if args.json:
         with open(args.json, "a") as f:
             for r in results:
