@@ -9,6 +9,7 @@
 
 #include "proto/PlanDump.h"
 #include "proto/PlanFile.h"
+#include "proto/analysis/MemoryPlan.h"
 
 namespace {
 
@@ -23,12 +24,18 @@ int fail(const std::string &message) {
 }
 
 /// Prints one plan file; returns the process exit code.
-int printPlan(const std::string &path, bool kernels, bool textproto) {
+int printPlan(const std::string &path, bool kernels, bool textproto,
+              bool memory) {
   piper::plan::Plan plan;
   std::string err = piper::plan::readPlanFile(path, plan);
   if (!err.empty())
     return fail(err);
-  if (textproto) {
+  if (memory) {
+    std::string text;
+    if (!piper::plan::memoryReport(plan, 5, text))
+      return fail(path + ": " + text);
+    std::fputs(text.c_str(), stdout);
+  } else if (textproto) {
     std::string text;
     if (!google::protobuf::TextFormat::PrintToString(plan, &text))
       return fail("cannot print " + path + " as text");
@@ -43,7 +50,7 @@ int printPlan(const std::string &path, bool kernels, bool textproto) {
 
 int main(int argc, char **argv) {
   std::string path;
-  bool noKernels = false, textproto = false;
+  bool noKernels = false, textproto = false, memory = false;
   CLI::App app{"piper-plan: prints a plan file, or the manifest and every "
                "plan of a folder written by piperc compile, as text",
                "piper-plan"};
@@ -53,23 +60,29 @@ int main(int argc, char **argv) {
                "print segment signatures without their kernels");
   app.add_flag("--textproto", textproto,
                "print the raw protobuf text format instead");
+  app.add_flag("--memory", memory,
+               "print the arena layout from buffer lifetimes instead: state, "
+               "arena and the largest blocks per plan");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError &e) {
     return app.exit(e);
   }
   if (!isDirectory(path))
-    return printPlan(path, !noKernels, textproto);
+    return printPlan(path, !noKernels, textproto, memory);
 
   piper::plan::Manifest manifest;
   std::string err = piper::plan::readManifest(
       path + "/" + piper::plan::kManifestFileName, manifest);
   if (!err.empty())
     return fail(err);
-  std::fputs(piper::plan::dumpManifest(manifest).c_str(), stdout);
+  if (!memory)
+    std::fputs(piper::plan::dumpManifest(manifest).c_str(), stdout);
   for (const auto &c : manifest.classes()) {
-    std::fputs("\n", stdout);
-    if (int rc = printPlan(path + "/" + c.plan_file(), !noKernels, textproto))
+    if (!memory)
+      std::fputs("\n", stdout);
+    if (int rc = printPlan(path + "/" + c.plan_file(), !noKernels, textproto,
+                           memory))
       return rc;
   }
   return 0;

@@ -1,0 +1,90 @@
+// Arena offsets from lifetimes: the memory plan of one device's step. Blocks
+// (step buffers, per-call segment scratch) that may be live at the same time
+// never share a byte; blocks whose lifetimes are ordered by the plan's
+// happens-before relation may. The compiler lays the arena out; the runtime
+// checks the layout with verifyLayout before it trusts it.
+#ifndef PIPER_PROTO_ANALYSIS_MEMORYPLAN_H
+#define PIPER_PROTO_ANALYSIS_MEMORYPLAN_H
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "proto/analysis/StreamOrder.h"
+#include "proto/plan.pb.h"
+
+namespace piper::plan {
+
+/// Something that needs `bytes` of arena while the plan runs the positions in
+/// `accesses`. accesses[0] defines it (its first write) and happens before
+/// every other access. With `untilStepEnd` it stays live from its definition
+/// to the end of the step (e.g. a buffer an asynchronous send still reads).
+struct Block {
+  int64_t bytes = 0;
+  std::vector<Pos> accesses;
+  bool untilStepEnd = false;
+  std::string name; // for diagnostics
+};
+
+/// Where each block lives in the arena, and the arena's size.
+struct ArenaLayout {
+  std::vector<int64_t> offsets; // by block index
+  int64_t bytes = 0;
+};
+
+/// True when every access of `a` happens before `b` is defined, so `b` may
+/// reuse `a`'s bytes.
+bool endsBefore(const Block &a, const Block &b, const StreamOrder &order);
+
+/// True when neither block ends before the other is defined.
+inline bool interfere(const Block &a, const Block &b,
+                      const StreamOrder &order) {
+  return !endsBefore(a, b, order) && !endsBefore(b, a, order);
+}
+
+/// Lays the blocks out: larger blocks first, each at the lowest
+/// `alignment`-aligned offset free of every interfering block already placed
+/// (first fit over the gaps). Deterministic for equal inputs.
+ArenaLayout packBlocks(const std::vector<Block> &blocks,
+                       const StreamOrder &order, int64_t alignment = 64);
+
+/// Checks a layout: offsets aligned and non-negative, every block inside the
+/// arena, and no two interfering blocks sharing a byte. On failure `error`
+/// names the two blocks.
+bool verifyLayout(const std::vector<Block> &blocks, const ArenaLayout &layout,
+                  const StreamOrder &order, int64_t alignment,
+                  std::string &error);
+
+/// Bytes of one element of `dtype` as the runtime stores step buffers (F32,
+/// I32: 4; BF16: 2), and of a whole tensor (-1 on a negative or overflowing
+/// shape).
+int64_t storedTensorBytes(const TensorType &type);
+
+/// The local values of a segment call that need scratch (everything but the
+/// arguments, and the results unless `resultsInScratch`), each live from the
+/// kernel that first touches it to the one that last does (results to the
+/// end of the call); values are float32 containers, 4 bytes an element. Lays
+/// them out like packBlocks in a scratch area whose size is returned;
+/// `offsets` (by value id, -1 for values without scratch) may be null.
+int64_t planSegmentScratch(const Segment &segment, bool resultsInScratch,
+                           std::vector<int64_t> *offsets,
+                           int64_t alignment = 64);
+
+/// The blocks of one plan's step: one per step buffer (defined by the
+/// instruction that writes it, accessed by every reader; a buffer read by a
+/// SEND stays live until the step ends), then one per CALL for its segment's
+/// scratch (live during that call only). `bufferBlock[id]` gives the block
+/// of buffer `id` (-1 for ids without a buffer).
+std::vector<Block> stepBlocks(const Plan &plan, std::vector<int> *bufferBlock);
+
+/// Lays out the arena of `plan` (stepBlocks + packBlocks), checks it with
+/// verifyLayout and renders it as text: the persistent state (four float32
+/// tensors per parameter: value, gradient, AdamW moments), the arena, their
+/// sum beside the compiler's predicted peak, and the `largest` largest
+/// blocks with their offsets. Returns false, with the reason in `text`, when
+/// the plan's streams deadlock or the layout fails its check.
+bool memoryReport(const Plan &plan, int largest, std::string &text);
+
+} // namespace piper::plan
+
+#endif // PIPER_PROTO_ANALYSIS_MEMORYPLAN_H

@@ -1,0 +1,246 @@
+// Unit tests of the plan-level analyses: stream order and arena layout.
+#include <random>
+
+#include <catch2/catch.hpp>
+
+#include "proto/analysis/MemoryPlan.h"
+#include "proto/analysis/StreamOrder.h"
+
+using namespace piper::plan;
+
+namespace {
+
+Instruction *add(Plan &plan, int stream, Instruction::Kind kind) {
+  while (plan.streams_size() <= stream) {
+    std::string name = "s" + std::to_string(plan.streams_size());
+    plan.add_streams()->set_name(name);
+  }
+  Instruction *inst = plan.mutable_streams(stream)->add_instructions();
+  inst->set_kind(kind);
+  return inst;
+}
+
+void event(Plan &plan, int recordStream, int waitStream, int id) {
+  add(plan, recordStream, Instruction::RECORD)->set_event(id);
+  add(plan, waitStream, Instruction::WAIT)->set_event(id);
+  plan.set_num_events(std::max(plan.num_events(), id + 1));
+}
+
+Block block(int64_t bytes, std::vector<Pos> accesses, std::string name) {
+  Block b;
+  b.bytes = bytes;
+  b.accesses = std::move(accesses);
+  b.name = std::move(name);
+  return b;
+}
+
+} // namespace
+
+TEST_CASE("stream order follows program order and record/wait edges") {
+  Plan plan;
+  add(plan, 0, Instruction::CALL);     // (0,0)
+  event(plan, 0, 1, 0);                // (0,1) record, (1,0) wait
+  add(plan, 1, Instruction::CALL);     // (1,1)
+  add(plan, 0, Instruction::CALL);     // (0,2)
+  StreamOrder order;
+  std::string error;
+  REQUIRE(StreamOrder::build(plan, order, error));
+  CHECK(order.happensBefore({0, 0}, {0, 2}));
+  CHECK(order.happensBefore({0, 0}, {1, 1}));
+  CHECK(order.happensBefore({0, 1}, {1, 0}));
+  CHECK_FALSE(order.happensBefore({1, 1}, {0, 2}));
+  CHECK(order.concurrent({1, 1}, {0, 2}));
+  CHECK_FALSE(order.concurrent({0, 0}, {1, 1}));
+  CHECK(order.recordedAt()[0] == Pos{0, 1});
+}
+
+TEST_CASE("stream order reports a deadlock on events, naming both ends") {
+  Plan plan;
+  add(plan, 0, Instruction::WAIT)->set_event(0);
+  add(plan, 0, Instruction::RECORD)->set_event(1);
+  add(plan, 1, Instruction::WAIT)->set_event(1);
+  add(plan, 1, Instruction::RECORD)->set_event(0);
+  plan.set_num_events(2);
+  StreamOrder order;
+  std::string error;
+  REQUIRE_FALSE(StreamOrder::build(plan, order, error));
+  CHECK(error.find("the streams deadlock on events: stream 's0', "
+                   "instruction 0 (WAIT) waits for event 0, recorded by "
+                   "stream 's1', instruction 1 (RECORD)") == 0);
+}
+
+TEST_CASE("a wait for an event nobody records is a deadlock") {
+  Plan plan;
+  add(plan, 0, Instruction::WAIT)->set_event(0);
+  plan.set_num_events(1);
+  StreamOrder order;
+  std::string error;
+  REQUIRE_FALSE(StreamOrder::build(plan, order, error));
+  CHECK(error.find("which no instruction records") != std::string::npos);
+}
+
+TEST_CASE("ordered blocks share bytes, concurrent ones do not") {
+  Plan plan;
+  for (int i = 0; i < 4; ++i)
+    add(plan, 0, Instruction::CALL);
+  add(plan, 1, Instruction::CALL);
+  StreamOrder order;
+  std::string error;
+  REQUIRE(StreamOrder::build(plan, order, error));
+  std::vector<Block> blocks = {
+      block(100, {{0, 0}, {0, 1}}, "a"), // dies before c is defined
+      block(50, {{0, 1}, {0, 2}}, "b"),  // overlaps a at (0,1)
+      block(100, {{0, 2}, {0, 3}}, "c"),
+      block(10, {{1, 0}}, "d"), // concurrent with everything on stream 0
+  };
+  ArenaLayout layout = packBlocks(blocks, order, 64);
+  REQUIRE(verifyLayout(blocks, layout, order, 64, error));
+  CHECK(layout.offsets[0] == layout.offsets[2]); // a and c reuse bytes
+  CHECK(layout.offsets[1] >= 128);               // b sits above a (aligned)
+  CHECK(layout.bytes == 128 + 64 + 10);          // a|c, b, d stacked
+  CHECK(endsBefore(blocks[0], blocks[2], order));
+  CHECK_FALSE(endsBefore(blocks[0], blocks[1], order));
+
+  // A block an asynchronous send still reads lives until the step ends.
+  blocks[0].untilStepEnd = true;
+  layout = packBlocks(blocks, order, 64);
+  REQUIRE(verifyLayout(blocks, layout, order, 64, error));
+  CHECK(layout.offsets[0] != layout.offsets[2]);
+}
+
+TEST_CASE("verifyLayout names two live blocks that share bytes") {
+  Plan plan;
+  add(plan, 0, Instruction::CALL);
+  add(plan, 1, Instruction::CALL);
+  StreamOrder order;
+  std::string error;
+  REQUIRE(StreamOrder::build(plan, order, error));
+  std::vector<Block> blocks = {block(64, {{0, 0}}, "x"),
+                               block(64, {{1, 0}}, "y")};
+  ArenaLayout bad{{0, 0}, 64};
+  REQUIRE_FALSE(verifyLayout(blocks, bad, order, 64, error));
+  CHECK(error == "x and y share bytes at offset 0 but may be live at the "
+                 "same time");
+  ArenaLayout outside{{0, 64}, 100};
+  REQUIRE_FALSE(verifyLayout(blocks, outside, order, 64, error));
+  CHECK(error.find("outside the arena of 100 bytes") != std::string::npos);
+}
+
+TEST_CASE("random plans: packed layouts are valid and never above the sum") {
+  std::mt19937 rng(42);
+  for (int round = 0; round < 200; ++round) {
+    Plan plan;
+    int streams = 1 + rng() % 3;
+    int events = 0;
+    for (int step = 0; step < 30; ++step) {
+      int s = rng() % streams, t = rng() % streams;
+      if (s != t && rng() % 4 == 0)
+        event(plan, s, t, events++); // record before wait: never deadlocks
+      else
+        add(plan, s, Instruction::CALL);
+    }
+    StreamOrder order;
+    std::string error;
+    REQUIRE(StreamOrder::build(plan, order, error));
+    std::vector<Block> blocks;
+    int64_t sum = 0;
+    for (int b = 0; b < 25; ++b) {
+      int s = rng() % streams;
+      int n = plan.streams(s).instructions_size();
+      int def = rng() % n;
+      std::vector<Pos> acc = {{s, def}};
+      for (int r = 0; r < 3; ++r) {
+        int t = rng() % streams;
+        int m = plan.streams(t).instructions_size();
+        Pos p{t, static_cast<int>(rng() % m)};
+        if (order.happensBefore({s, def}, p))
+          acc.push_back(p);
+      }
+      blocks.push_back(block(1 + rng() % 1000, acc, "b" + std::to_string(b)));
+      sum += (blocks.back().bytes + 63) / 64 * 64;
+    }
+    ArenaLayout layout = packBlocks(blocks, order, 64);
+    INFO("round " << round);
+    REQUIRE(verifyLayout(blocks, layout, order, 64, error));
+    CHECK(layout.bytes <= sum);
+  }
+}
+
+TEST_CASE("segment scratch reuses the bytes of dead values") {
+  Segment seg;
+  for (int i = 0; i < 4; ++i) {
+    TensorType *t = seg.add_values();
+    t->set_dtype(F32);
+    t->add_shape(16); // 64 bytes
+  }
+  seg.add_args(0);
+  seg.add_results(3);
+  auto kernel = [&](int in, int out) {
+    Kernel *k = seg.add_kernels();
+    k->set_op("gelu");
+    Operand *i = k->add_inputs();
+    i->set_index(in);
+    Operand *o = k->add_outputs();
+    o->set_index(out);
+  };
+  kernel(0, 1); // v1 = f(v0)
+  kernel(1, 2); // v2 = f(v1)
+  kernel(2, 3); // v3 = f(v2)
+  std::vector<int64_t> offsets;
+  // v1 and v2 overlap at kernel 1; the result v3 is bound to a step buffer.
+  CHECK(planSegmentScratch(seg, false, &offsets, 64) == 128);
+  CHECK(offsets[0] == -1);
+  CHECK(offsets[3] == -1);
+  CHECK(offsets[1] != offsets[2]);
+  // bf16 plans compute results in scratch first (then pack them): v3 lives
+  // from kernel 2 to the end, overlapping v2 but not v1.
+  CHECK(planSegmentScratch(seg, true, &offsets, 64) == 128);
+  CHECK(offsets[3] == offsets[1]);
+}
+
+TEST_CASE("step blocks: one per buffer, defined by its writer; scratch per call") {
+  Plan plan;
+  plan.mutable_training()->set_compute_dtype(F32);
+  Buffer *b = plan.add_buffers();
+  b->set_id(0);
+  b->mutable_type()->set_dtype(BF16);
+  b->mutable_type()->add_shape(10);
+  Segment *seg = plan.add_segments();
+  seg->add_values()->set_dtype(F32);
+  Instruction *w = add(plan, 0, Instruction::RECV);
+  w->add_outputs(0);
+  Instruction *send = add(plan, 0, Instruction::SEND);
+  send->add_inputs(0);
+  Instruction *call = add(plan, 0, Instruction::CALL);
+  call->set_segment(0);
+  call->add_inputs(0);
+  std::vector<int> blockOf;
+  std::vector<Block> blocks = stepBlocks(plan, &blockOf);
+  REQUIRE(blocks.size() == 2);
+  CHECK(blockOf[0] == 0);
+  CHECK(blocks[0].bytes == 20); // bf16 step buffers are packed
+  CHECK(blocks[0].accesses.front() == Pos{0, 0});
+  CHECK(blocks[0].accesses.size() == 3);
+  CHECK(blocks[0].untilStepEnd); // read by a send
+  CHECK(blocks[1].accesses.front() == Pos{0, 2});
+}
+
+TEST_CASE("memoryReport: a layout for a good plan, the reason for a bad one") {
+  Plan plan;
+  Buffer *b = plan.add_buffers();
+  b->set_id(0);
+  b->mutable_type()->set_dtype(F32);
+  b->mutable_type()->add_shape(4);
+  add(plan, 0, Instruction::LOAD_BATCH)->add_outputs(0);
+  add(plan, 0, Instruction::SEND)->add_inputs(0);
+  std::string text;
+  REQUIRE(memoryReport(plan, 1, text));
+  CHECK(text.find("memory class 0: state 0 bytes, arena 16 bytes (1 buffers "
+                  "and 0 call scratch areas") == 0);
+  CHECK(text.find("  offset 0: 16 bytes, buffer 0") != std::string::npos);
+
+  add(plan, 0, Instruction::WAIT)->set_event(0);
+  plan.set_num_events(1);
+  REQUIRE_FALSE(memoryReport(plan, 1, text));
+  CHECK(text.find("the streams deadlock on events") == 0);
+}
