@@ -1,12 +1,15 @@
-// Collective and point-to-point communication used by the executor. The Gloo
-// implementation runs over TCP on CPUs; an NCCL one will follow for GPUs.
+// Collective and point-to-point communication between the ranks of a run:
+// asynchronous operations issued on a logical stream and completed by waits.
+// The Gloo implementation runs over TCP on CPUs; an NCCL one will follow.
 #ifndef PIPER_RUNTIME_COMM_COMMUNICATOR_H
 #define PIPER_RUNTIME_COMM_COMMUNICATOR_H
 
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -24,9 +27,41 @@ struct CommKey {
   bool operator<(const CommKey &o) const { return str() < o.str(); }
 };
 
+/// Element types of communicated buffers. Reductions support F32 and BF16
+/// (bf16 sums accumulate in fp32 and round once, to nearest even); the
+/// others only move data.
+enum class CommDType { F32, BF16, I32, F64 };
+
+/// Bytes of one element of `type`.
+size_t commDTypeSize(CommDType type);
+/// "f32", "bf16", "i32" or "f64".
+const char *commDTypeName(CommDType type);
+
+/// The completion handle of an asynchronous operation. The buffers an
+/// operation reads or writes must stay valid, and must not be touched, until
+/// wait() has returned.
+class CommWork {
+public:
+  virtual ~CommWork() = default;
+  /// Blocks until the operation completes and returns its status; later
+  /// calls return the same status at once.
+  virtual Status wait() = 0;
+};
+using CommWorkPtr = std::shared_ptr<CommWork>;
+
+/// A work that is complete when created, e.g. an error found at issue time
+/// or an operation over one rank.
+CommWorkPtr completedWork(Status status = Status::ok());
+
 /// Point-to-point and collective operations between the ranks of a run.
-/// All calls on one stream come from one thread; different streams may be
-/// used concurrently. Errors name the peer rank(s).
+///
+/// Operations are issued on a key's stream and run asynchronously: each
+/// returns a CommWork at once. On every member of a key, operations of that
+/// key must be issued in the same order (the compiler guarantees it; NCCL
+/// requires it too). All calls on one stream come from one thread at a time;
+/// different streams may be used concurrently. Counts are in elements; the
+/// per-rank vectors are indexed by position in the key's sorted ranks.
+/// Errors name the operation, the stream and the peer rank(s).
 class Communicator {
 public:
   virtual ~Communicator() = default;
@@ -38,23 +73,62 @@ public:
   /// ranks with different plans never wait on each other crosswise.
   virtual Status connect(std::vector<CommKey> keys) = 0;
 
-  /// Starts sending `bytes` at `data` to world rank `peer`; the buffer must
-  /// stay valid until waitSends(stream) returns.
-  virtual Status send(const std::string &stream, const void *data,
-                      size_t bytes, int peer, uint32_t tag) = 0;
-  /// Receives exactly `bytes` from `peer` into `data` (blocking).
-  virtual Status recv(const std::string &stream, void *data, size_t bytes,
-                      int peer, uint32_t tag) = 0;
-  /// Waits for every send started on `stream`.
-  virtual Status waitSends(const std::string &stream) = 0;
-  /// In-place sum of `count` floats over `ranks` (which must have been
-  /// connected on `stream`).
-  virtual Status allReduceSum(const std::string &stream,
-                              const std::vector<int> &ranks, float *data,
-                              size_t count) = 0;
-  /// In-place sum over all ranks, on a dedicated control connection (used
-  /// for step metrics such as the loss).
+  /// Starts sending `bytes` at `data` to world rank `peer` on the connection
+  /// of (stream, {this rank, peer}).
+  virtual CommWorkPtr isend(const std::string &stream, const void *data,
+                            size_t bytes, int peer, uint32_t tag) = 0;
+  /// Starts receiving exactly `bytes` from `peer` into `data`.
+  virtual CommWorkPtr irecv(const std::string &stream, void *data,
+                            size_t bytes, int peer, uint32_t tag) = 0;
+  /// In-place sum of `count` elements over the ranks of `key`.
+  virtual CommWorkPtr allReduce(const CommKey &key, void *data, size_t count,
+                                CommDType type) = 0;
+  /// Sums `input` (the concatenation of every member's slice, member i's
+  /// slice having counts[i] elements) over the ranks of `key` and leaves
+  /// this rank's slice of the sum in `output` (counts[position] elements).
+  /// Slices are summed in rank order, so every member sees the same bits.
+  virtual CommWorkPtr reduceScatter(const CommKey &key, const void *input,
+                                    void *output,
+                                    const std::vector<size_t> &counts,
+                                    CommDType type) = 0;
+  /// Concatenates every member's `input` (counts[i] elements from member i;
+  /// this rank's count is counts[position]) into `output`, in rank order
+  /// (allgatherv).
+  virtual CommWorkPtr allGather(const CommKey &key, const void *input,
+                                void *output,
+                                const std::vector<size_t> &counts,
+                                CommDType type) = 0;
+  /// Sends sendCounts[i] elements to member i (consecutive slices of
+  /// `input`) and receives recvCounts[i] elements from member i (consecutive
+  /// slices of `output`); the counts must agree pairwise across members.
+  virtual CommWorkPtr allToAll(const CommKey &key, const void *input,
+                               const std::vector<size_t> &sendCounts,
+                               void *output,
+                               const std::vector<size_t> &recvCounts,
+                               CommDType type) = 0;
+
+  /// In-place sum over all ranks, synchronous, on a dedicated control
+  /// connection (used for step metrics such as the loss). Thread-safe.
   virtual Status allReduceSumWorld(double *data, size_t count) = 0;
+
+  // Blocking conveniences over the asynchronous operations.
+
+  /// isend, keeping the work until waitSends(stream).
+  Status send(const std::string &stream, const void *data, size_t bytes,
+              int peer, uint32_t tag);
+  /// irecv and wait.
+  Status recv(const std::string &stream, void *data, size_t bytes, int peer,
+              uint32_t tag);
+  /// Waits for every send started by send() on `stream`; reports the first
+  /// error after waiting for all of them.
+  Status waitSends(const std::string &stream);
+  /// allReduce of floats over `ranks` on `stream`, and wait.
+  Status allReduceSum(const std::string &stream, const std::vector<int> &ranks,
+                      float *data, size_t count);
+
+private:
+  std::mutex pendingMu; // guards the map, not the per-stream lists
+  std::map<std::string, std::vector<CommWorkPtr>> pendingSends;
 };
 
 /// Creates a Gloo communicator over TCP on 127.0.0.1 (or `hostname`), meeting

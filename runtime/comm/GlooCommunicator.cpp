@@ -1,45 +1,25 @@
 // Gloo (TCP) implementation of the Communicator: one Gloo context per
 // (stream, ranks) key plus a world control context, met through a file store.
-#include "runtime/comm/Communicator.h"
+// Point-to-point operations are Gloo's own asynchronous unbound buffers;
+// collectives run in issue order on one worker thread per key.
+#include "runtime/comm/GlooCommunicator.h"
 
-#include <gloo/allreduce.h>
-#include <gloo/context.h>
 #include <gloo/math.h>
 #include <gloo/rendezvous/context.h>
-#include <gloo/rendezvous/file_store.h>
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/transport/tcp/attr.h>
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
 
-#include <algorithm>
 #include <cctype>
 #include <csignal>
-#include <exception>
 #include <filesystem>
-#include <map>
-#include <mutex>
 #include <utility>
 
 namespace piper::runtime {
-
-std::string CommKey::str() const {
-  std::string s = stream + "[";
-  for (size_t i = 0; i < ranks.size(); ++i) {
-    if (i != 0)
-      s += ',';
-    s += std::to_string(ranks[i]);
-  }
-  return s + "]";
-}
+namespace gloo_comm {
 
 namespace {
-
-/// Store prefix of the world control context; never equal to a key's str(),
-/// which always ends in ']'.
-constexpr const char *kWorldPrefix = "__world__";
-
-using ReduceFn = void (*)(void *, const void *, const void *, size_t);
 
 /// Gloo's tcp transport writes with writev(2), so writing to a peer that died
 /// raises SIGPIPE, whose default action kills this process before the error
@@ -51,9 +31,8 @@ void ignoreSigpipe() {
     std::signal(SIGPIPE, SIG_IGN);
 }
 
-std::string rankList(const std::vector<int> &ranks) {
-  return CommKey{"", ranks}.str();
-}
+} // namespace
+
 
 /// Gloo's messages start with "[file.cc:line] " locations (sometimes twice);
 /// drops them and lowercases the first letter to match Status messages.
@@ -72,83 +51,46 @@ std::string describe(const std::exception &e) {
   return msg.empty() ? "unknown gloo error" : msg;
 }
 
-/// One connected communicator. `context` is null for a single-rank key,
-/// which needs no connection.
-struct Group {
-  CommKey key;
-  std::shared_ptr<gloo::Context> context;
-  /// Collective tag; advances identically on every rank of the group.
-  uint32_t nextTag = 0;
-  /// Set when an operation failed; the context is closed from then on.
-  std::string failure;
-
-  int contextRank(int worldRank) const {
-    auto it = std::lower_bound(key.ranks.begin(), key.ranks.end(), worldRank);
-    return static_cast<int>(it - key.ranks.begin());
-  }
-};
-
-/// A started send whose buffer stays alive until waitSends.
-struct PendingSend {
-  std::unique_ptr<gloo::transport::UnboundBuffer> buffer;
-  Group *group;
-  int peer;
-};
-
-class GlooCommunicator final : public Communicator {
+/// A started send or receive: Gloo's unbound buffer completes it.
+class PointToPointWork final : public CommWork {
 public:
-  GlooCommunicator(int rank, int worldSize, std::chrono::milliseconds timeout,
-                   std::shared_ptr<gloo::transport::Device> device,
-                   std::unique_ptr<gloo::rendezvous::FileStore> store)
-      : myRank(rank), size(worldSize), timeout(timeout),
-        device(std::move(device)), store(std::move(store)) {}
-
-  int rank() const override { return myRank; }
-  int worldSize() const override { return size; }
-
-  Status connect(std::vector<CommKey> keys) override;
-  Status send(const std::string &stream, const void *data, size_t bytes,
-              int peer, uint32_t tag) override;
-  Status recv(const std::string &stream, void *data, size_t bytes, int peer,
-              uint32_t tag) override;
-  Status waitSends(const std::string &stream) override;
-  Status allReduceSum(const std::string &stream, const std::vector<int> &ranks,
-                      float *data, size_t count) override;
-  Status allReduceSumWorld(double *data, size_t count) override;
+  PointToPointWork(GlooCommunicator &comm, Group &group, std::string op,
+                   std::unique_ptr<gloo::transport::UnboundBuffer> buffer,
+                   bool isSend)
+      : comm(comm), group(group), op(std::move(op)), buffer(std::move(buffer)),
+        isSend(isSend) {}
+  Status wait() override {
+    if (waited)
+      return status;
+    waited = true;
+    std::string failure = group.failureText();
+    if (!failure.empty() && isSend) {
+      status = comm.opError(op, "communicator '" + group.key.str() +
+                                    "' is unusable after an earlier error: " +
+                                    failure);
+      return status;
+    }
+    try {
+      bool ok = isSend ? buffer->waitSend(comm.opTimeout())
+                       : buffer->waitRecv(comm.opTimeout());
+      if (!ok)
+        status = comm.opError(op, std::string("the ") +
+                                      (isSend ? "send" : "receive") +
+                                      " was aborted");
+    } catch (const std::exception &e) {
+      status = comm.fail(group, op, e);
+    }
+    return status;
+  }
 
 private:
-  Status opError(const std::string &op, const std::string &detail) const {
-    return Status::error("rank " + std::to_string(myRank) + ": " + op +
-                         " failed: " + detail);
-  }
-  Status checkKey(CommKey &key) const;
-  Status connectGroup(Group &group, const std::string &prefix);
-  /// Finds the usable group of `key` or returns an error for `op`.
-  Status findGroup(const CommKey &key, const std::string &op, Group *&group);
-  Status pointToPointGroup(const std::string &stream, int peer,
-                           const std::string &op, Group *&group);
-  /// Records the failure of `op` on `group` and closes its connections, so
-  /// that its other ranks fail promptly instead of waiting for the timeout.
-  Status fail(Group &group, const std::string &op, const std::exception &e);
-  Status allReduce(Group &group, const std::string &op, void *data,
-                   size_t count, size_t elementSize, ReduceFn reduce);
-
-  const int myRank;
-  const int size;
-  const std::chrono::milliseconds timeout;
-  // Members are destroyed bottom-up: pending buffers before their contexts,
-  // contexts before the store and the device.
-  std::shared_ptr<gloo::transport::Device> device;
-  std::unique_ptr<gloo::rendezvous::FileStore> store;
-  bool connected = false;
-  std::mutex worldMutex;
-  Group world;
-  /// Keyed by CommKey::str(); fixed after connect, so lookups from
-  /// concurrent streams need no lock.
-  std::map<std::string, Group> groups;
-  /// Keyed by stream; entries are created by connect, and each one is only
-  /// touched by the thread of its stream.
-  std::map<std::string, std::vector<PendingSend>> pendingSends;
+  GlooCommunicator &comm;
+  Group &group;
+  std::string op;
+  std::unique_ptr<gloo::transport::UnboundBuffer> buffer;
+  bool isSend;
+  bool waited = false;
+  Status status;
 };
 
 Status GlooCommunicator::checkKey(CommKey &key) const {
@@ -199,10 +141,11 @@ Status GlooCommunicator::connect(std::vector<CommKey> keys) {
   PIPER_RETURN_IF_ERROR(connectGroup(world, kWorldPrefix));
 
   for (auto &[name, key] : sortedKeys) {
-    pendingSends[key.stream];
-    Group &group = groups[name];
-    group.key = std::move(key);
-    PIPER_RETURN_IF_ERROR(connectGroup(group, name));
+    auto group = std::make_unique<Group>();
+    group->key = std::move(key);
+    Group &g = *group;
+    groups.emplace(name, std::move(group));
+    PIPER_RETURN_IF_ERROR(connectGroup(g, name));
   }
   return Status::ok();
 }
@@ -212,11 +155,11 @@ Status GlooCommunicator::findGroup(const CommKey &key, const std::string &op,
   auto it = groups.find(key.str());
   if (it == groups.end())
     return opError(op, "no communicator connected for key '" + key.str() + "'");
-  group = &it->second;
-  if (!group->failure.empty())
-    return opError(
-        op, "communicator '" + key.str() +
-                "' is unusable after an earlier error: " + group->failure);
+  group = it->second.get();
+  std::string failure = group->failureText();
+  if (!failure.empty())
+    return opError(op, "communicator '" + key.str() +
+                           "' is unusable after an earlier error: " + failure);
   return Status::ok();
 }
 
@@ -236,8 +179,15 @@ Status GlooCommunicator::pointToPointGroup(const std::string &stream, int peer,
 Status GlooCommunicator::fail(Group &group, const std::string &op,
                               const std::exception &e) {
   std::string detail = describe(e);
-  if (group.failure.empty()) {
-    group.failure = detail;
+  bool first = false;
+  {
+    std::lock_guard<std::mutex> lock(group.mu);
+    if (group.failure.empty()) {
+      group.failure = detail;
+      first = true;
+    }
+  }
+  if (first) {
     try {
       group.context->closeConnections();
     } catch (const std::exception &) {
@@ -247,105 +197,56 @@ Status GlooCommunicator::fail(Group &group, const std::string &op,
   return opError(op, detail);
 }
 
-Status GlooCommunicator::send(const std::string &stream, const void *data,
-                              size_t bytes, int peer, uint32_t tag) {
+CommWorkPtr GlooCommunicator::isend(const std::string &stream,
+                                    const void *data, size_t bytes, int peer,
+                                    uint32_t tag) {
   std::string op =
       "send to rank " + std::to_string(peer) + " on stream '" + stream + "'";
   Group *group = nullptr;
-  PIPER_RETURN_IF_ERROR(pointToPointGroup(stream, peer, op, group));
+  Status status = pointToPointGroup(stream, peer, op, group);
+  if (!status)
+    return completedWork(status);
   try {
     // Gloo only reads from the buffer; the const_cast is for its API.
     auto buffer =
         group->context->createUnboundBuffer(const_cast<void *>(data), bytes);
     buffer->send(group->contextRank(peer), tag);
-    pendingSends.find(stream)->second.push_back(
-        PendingSend{std::move(buffer), group, peer});
+    return std::make_shared<PointToPointWork>(*this, *group, op,
+                                              std::move(buffer), true);
   } catch (const std::exception &e) {
-    return fail(*group, op, e);
+    return completedWork(fail(*group, op, e));
   }
-  return Status::ok();
 }
 
-Status GlooCommunicator::recv(const std::string &stream, void *data,
-                              size_t bytes, int peer, uint32_t tag) {
+CommWorkPtr GlooCommunicator::irecv(const std::string &stream, void *data,
+                                    size_t bytes, int peer, uint32_t tag) {
   std::string op =
       "recv from rank " + std::to_string(peer) + " on stream '" + stream + "'";
   Group *group = nullptr;
-  PIPER_RETURN_IF_ERROR(pointToPointGroup(stream, peer, op, group));
+  Status status = pointToPointGroup(stream, peer, op, group);
+  if (!status)
+    return completedWork(status);
   try {
     auto buffer = group->context->createUnboundBuffer(data, bytes);
     buffer->recv(group->contextRank(peer), tag);
-    if (!buffer->waitRecv(timeout))
-      return opError(op, "the receive was aborted");
+    return std::make_shared<PointToPointWork>(*this, *group, op,
+                                              std::move(buffer), false);
   } catch (const std::exception &e) {
-    return fail(*group, op, e);
+    return completedWork(fail(*group, op, e));
   }
+}
+
+Status GlooCommunicator::collectiveGroup(const CommKey &key,
+                                         const std::string &op,
+                                         const std::vector<size_t> *counts,
+                                         Group *&group) {
+  CommKey sorted = key;
+  std::sort(sorted.ranks.begin(), sorted.ranks.end());
+  PIPER_RETURN_IF_ERROR(findGroup(sorted, op, group));
+  if (counts && counts->size() != group->key.ranks.size())
+    return opError(op, std::to_string(counts->size()) + " counts for " +
+                           std::to_string(group->key.ranks.size()) + " ranks");
   return Status::ok();
-}
-
-Status GlooCommunicator::waitSends(const std::string &stream) {
-  auto it = pendingSends.find(stream);
-  if (it == pendingSends.end())
-    return Status::ok();
-  std::vector<PendingSend> sends = std::move(it->second);
-  it->second.clear();
-  // Waits for every send, even after a failure, so that no buffer is still
-  // in use when this returns; reports the first error.
-  Status first;
-  for (PendingSend &pending : sends) {
-    std::string op = "send to rank " + std::to_string(pending.peer) +
-                     " on stream '" + stream + "'";
-    Status status;
-    if (!pending.group->failure.empty()) {
-      status = opError(op, "communicator '" + pending.group->key.str() +
-                               "' is unusable after an earlier error: " +
-                               pending.group->failure);
-    } else {
-      try {
-        if (!pending.buffer->waitSend(timeout))
-          status = opError(op, "the send was aborted");
-      } catch (const std::exception &e) {
-        status = fail(*pending.group, op, e);
-      }
-    }
-    if (first.isOk() && !status.isOk())
-      first = status;
-  }
-  return first;
-}
-
-Status GlooCommunicator::allReduce(Group &group, const std::string &op,
-                                   void *data, size_t count, size_t elementSize,
-                                   ReduceFn reduce) {
-  if (!group.context || count == 0)
-    return Status::ok();
-  try {
-    gloo::AllreduceOptions opts(group.context);
-    if (elementSize == sizeof(double))
-      opts.setOutput(static_cast<double *>(data), count);
-    else
-      opts.setOutput(static_cast<float *>(data), count);
-    opts.setReduceFunction(reduce);
-    opts.setTag(group.nextTag++);
-    opts.setTimeout(timeout);
-    gloo::allreduce(opts);
-  } catch (const std::exception &e) {
-    return fail(group, op, e);
-  }
-  return Status::ok();
-}
-
-Status GlooCommunicator::allReduceSum(const std::string &stream,
-                                      const std::vector<int> &ranks,
-                                      float *data, size_t count) {
-  CommKey key{stream, ranks};
-  std::sort(key.ranks.begin(), key.ranks.end());
-  std::string op = "all-reduce over ranks " + rankList(key.ranks) +
-                   " on stream '" + stream + "'";
-  Group *group = nullptr;
-  PIPER_RETURN_IF_ERROR(findGroup(key, op, group));
-  return allReduce(*group, op, data, count, sizeof(float),
-                   static_cast<ReduceFn>(&gloo::sum<float>));
 }
 
 Status GlooCommunicator::allReduceSumWorld(double *data, size_t count) {
@@ -353,15 +254,16 @@ Status GlooCommunicator::allReduceSumWorld(double *data, size_t count) {
   std::string op = "world all-reduce over " + std::to_string(size) + " ranks";
   if (!connected)
     return opError(op, "the communicator is not connected");
-  if (!world.failure.empty())
+  std::string failure = world.failureText();
+  if (!failure.empty())
     return opError(op, "the world communicator is unusable after an earlier "
                        "error: " +
-                           world.failure);
-  return allReduce(world, op, data, count, sizeof(double),
-                   static_cast<ReduceFn>(&gloo::sum<double>));
+                           failure);
+  return runAllReduce(world, op, data, count, sizeof(double),
+                      static_cast<ReduceFn>(&gloo::sum<double>));
 }
 
-} // namespace
+} // namespace gloo_comm
 
 std::unique_ptr<Communicator>
 createGlooCommunicator(int rank, int worldSize, const std::string &storeDir,
@@ -385,17 +287,17 @@ createGlooCommunicator(int rank, int worldSize, const std::string &storeDir,
                            "' does not exist");
     return nullptr;
   }
-  ignoreSigpipe();
+  gloo_comm::ignoreSigpipe();
   try {
     gloo::transport::tcp::attr attr;
     attr.hostname = hostname;
     auto device = gloo::transport::tcp::CreateDevice(attr);
     auto store = std::make_unique<gloo::rendezvous::FileStore>(storeDir);
     status = Status::ok();
-    return std::make_unique<GlooCommunicator>(
+    return std::make_unique<gloo_comm::GlooCommunicator>(
         rank, worldSize, timeout, std::move(device), std::move(store));
   } catch (const std::exception &e) {
-    status = Status::error(what + "host '" + hostname + "': " + describe(e));
+    status = Status::error(what + "host '" + hostname + "': " + gloo_comm::describe(e));
     return nullptr;
   }
 }

@@ -223,6 +223,13 @@ SegmentLifetimes computeLifetimes(const plan::Segment &seg) {
   return lt;
 }
 
+/// A started SEND: its buffer stays alive until the work completes.
+struct PendingSend {
+  TensorPtr tensor;
+  CommWorkPtr work;
+  std::string what; // "send of buffer ... to rank R (tag T)"
+};
+
 /// Everything shared by the stream threads of one step.
 struct StepState {
   std::mutex mu;
@@ -313,7 +320,7 @@ public:
   void fail(StepState &st, const Status &status);
   void runStream(int s, int64_t step, StepState &st);
   Status execute(int s, int i, int64_t step, StepState &st,
-                 std::vector<TensorPtr> &pendingSends);
+                 std::vector<PendingSend> &pendingSends);
   /// The buffer as stored (packed bf16 in mixed precision).
   Status fetchStored(StepState &st, int id, TensorPtr &out);
   /// The buffer as float32 values for kernels.
@@ -328,8 +335,22 @@ public:
               int64_t &accounted);
   Status allReduce(int s, const Instruction &inst);
   Status clipGrads();
-  /// The global gradient norm of the last CLIP_GRADS, -1 before any.
+  /// The global gradient norm of the last step, -1 before any.
   double lastGradNorm = -1;
+  /// Whether the plan clips (CLIP_GRADS computes the norm); otherwise the
+  /// executor computes it itself (see gradSquares).
+  bool clips = false;
+  /// Per param: whether an `adamw` kernel consumes its gradient (the norm is
+  /// then taken just before the update, which zeroes the gradient after).
+  std::vector<char> updated;
+  /// Per param: whether a `zero` kernel of the plan clears its gradient;
+  /// the others are cleared by runStep before every step but the first.
+  std::vector<char> zeroedByPlan;
+  /// Per param: sum of squares of its gradient this step (plans without
+  /// CLIP_GRADS); each entry is written by the one stream updating it.
+  std::vector<double> gradSquares;
+  /// Whether a step has run (gradient accumulators may be dirty).
+  bool ranStep = false;
   /// Mixed precision (training.compute_dtype == BF16): kernels read bf16
   /// copies of the fp32 master parameters, refreshed once per step.
   bool bf16 = false;
@@ -437,6 +458,30 @@ Status ExecutorImpl::init(uint64_t seed) {
   for (const plan::Segment &seg : plan.segments())
     lifetimes.push_back(computeLifetimes(seg));
   initProfile();
+
+  updated.assign(numParams, 0);
+  zeroedByPlan.assign(numParams, 0);
+  gradSquares.assign(numParams, 0.0);
+  std::vector<char> called(plan.segments_size(), 0);
+  for (const plan::Stream &stream : plan.streams())
+    for (const Instruction &inst : stream.instructions())
+      if (inst.kind() == Instruction::CALL)
+        called[inst.segment()] = 1;
+  for (int g = 0; g < plan.segments_size(); ++g)
+    for (const plan::Kernel &kernel : plan.segments(g).kernels()) {
+      if (!called[g])
+        continue;
+      if (kernel.op() == "adamw" && kernel.inputs_size() > 0 &&
+          kernel.inputs(0).kind() == Operand::GRAD)
+        updated[kernel.inputs(0).index()] = 1;
+      if (kernel.op() == "zero")
+        for (const Operand &op : kernel.outputs())
+          if (op.kind() == Operand::GRAD)
+            zeroedByPlan[op.index()] = 1;
+    }
+  for (const plan::Stream &stream : plan.streams())
+    for (const Instruction &inst : stream.instructions())
+      clips |= inst.kind() == Instruction::CLIP_GRADS;
 
   readerCount.assign(plan.buffers_size(), 0);
   distinctInputs.resize(plan.streams_size());
@@ -593,6 +638,11 @@ Status ExecutorImpl::call(int s, const Instruction &inst, int64_t step,
     }
     for (const Operand &op : kernel.outputs())
       outs.push_back(resolve(op));
+    // Without CLIP_GRADS, the norm is taken of the final gradient just
+    // before the update reads (and a later `zero` clears) it.
+    if (!clips && kernel.op() == "adamw" && !ins.empty())
+      gradSquares[kernel.inputs(0).index()] =
+          sumOfSquares(ins[0].f32(), ins[0].numel());
     if (profiling)
       start = Clock::now();
     Status status = runKernel(kernel, ins, outs, ctx);
@@ -662,11 +712,13 @@ Status ExecutorImpl::allReduce(int s, const Instruction &inst) {
     what += (i ? ", " : "") + std::to_string(ranks[i]);
   what += "]";
 
+  CommKey key{stream, ranks};
   if (inst.params_size() == 1) {
     const TensorPtr &g = stateOf(inst.params(0), Operand::GRAD);
     return options.comm
-        ->allReduceSum(stream, ranks, static_cast<float *>(g->data),
-                       static_cast<size_t>(g->bytes / 4))
+        ->allReduce(key, g->data, static_cast<size_t>(g->bytes / 4),
+                    CommDType::F32)
+        ->wait()
         .withContext(what);
   }
   // One flat buffer means one collective per instruction, however many
@@ -682,7 +734,8 @@ Status ExecutorImpl::allReduce(int s, const Instruction &inst) {
     at += static_cast<size_t>(g->bytes / 4);
   }
   PIPER_RETURN_IF_ERROR(
-      options.comm->allReduceSum(stream, ranks, flat.data(), count)
+      options.comm->allReduce(key, flat.data(), count, CommDType::F32)
+          ->wait()
           .withContext(what));
   at = 0;
   for (int p : inst.params()) {
@@ -694,7 +747,7 @@ Status ExecutorImpl::allReduce(int s, const Instruction &inst) {
 }
 
 Status ExecutorImpl::execute(int s, int i, int64_t step, StepState &st,
-                             std::vector<TensorPtr> &pendingSends) {
+                             std::vector<PendingSend> &pendingSends) {
   const plan::Stream &stream = plan.streams(s);
   const Instruction &inst = stream.instructions(i);
   const bool profiling = options.profile;
@@ -710,14 +763,15 @@ Status ExecutorImpl::execute(int s, int i, int64_t step, StepState &st,
     TensorPtr t;
     PIPER_RETURN_IF_ERROR(fetchStored(st, inst.inputs(0), t));
     int peer = peerOf(inst);
-    PIPER_RETURN_IF_ERROR(
-        options.comm
-            ->send(stream.name(), t->data, static_cast<size_t>(t->bytes), peer,
-                   static_cast<uint32_t>(inst.tag()))
-            .withContext("send of " + describeBuffer(plan, inst.inputs(0)) +
-                         " to rank " + std::to_string(peer) + " (tag " +
-                         std::to_string(inst.tag()) + ")"));
-    pendingSends.push_back(std::move(t));
+    CommWorkPtr work =
+        options.comm->isend(stream.name(), t->data,
+                            static_cast<size_t>(t->bytes), peer,
+                            static_cast<uint32_t>(inst.tag()));
+    pendingSends.push_back(
+        PendingSend{std::move(t), work,
+                    "send of " + describeBuffer(plan, inst.inputs(0)) +
+                        " to rank " + std::to_string(peer) + " (tag " +
+                        std::to_string(inst.tag()) + ")"});
     break;
   }
   case Instruction::RECV: {
@@ -731,8 +785,9 @@ Status ExecutorImpl::execute(int s, int i, int64_t step, StepState &st,
     int peer = peerOf(inst);
     PIPER_RETURN_IF_ERROR(
         options.comm
-            ->recv(stream.name(), t->data, static_cast<size_t>(t->bytes), peer,
-                   static_cast<uint32_t>(inst.tag()))
+            ->irecv(stream.name(), t->data, static_cast<size_t>(t->bytes),
+                    peer, static_cast<uint32_t>(inst.tag()))
+            ->wait()
             .withContext("receive of " + describeBuffer(plan, id) +
                          " from rank " + std::to_string(peer) + " (tag " +
                          std::to_string(inst.tag()) + ")"));
@@ -797,12 +852,11 @@ Status ExecutorImpl::execute(int s, int i, int64_t step, StepState &st,
 
 void ExecutorImpl::runStream(int s, int64_t step, StepState &st) {
   const plan::Stream &stream = plan.streams(s);
-  std::vector<TensorPtr> pendingSends;
-  bool sent = false;
+  std::vector<PendingSend> pendingSends;
   auto abandonSends = [&] {
     std::lock_guard<std::mutex> lock(abandonedMu);
-    for (TensorPtr &t : pendingSends)
-      abandoned.push_back(std::move(t));
+    for (PendingSend &send : pendingSends)
+      abandoned.push_back(std::move(send.tensor));
     pendingSends.clear();
   };
   int i = 0;
@@ -820,17 +874,23 @@ void ExecutorImpl::runStream(int s, int64_t step, StepState &st) {
         abandonSends();
         return;
       }
-      sent |= stream.instructions(i).kind() == Instruction::SEND;
     }
     if (i < stream.instructions_size()) {
       abandonSends();
       return;
     }
-    if (sent) {
+    if (!pendingSends.empty()) {
       Clock::time_point start;
       if (options.profile)
         start = Clock::now();
-      Status status = options.comm->waitSends(stream.name());
+      // Waits for every send, even after a failure, so that no buffer is
+      // still in use afterwards; reports the first error.
+      Status status;
+      for (PendingSend &send : pendingSends) {
+        Status sent = send.work->wait();
+        if (status.isOk() && !sent.isOk())
+          status = sent.withContext(send.what);
+      }
       if (options.profile)
         addProfile(s, kWaitSends, nanosSince(start));
       if (!status) {
@@ -950,6 +1010,16 @@ Status Executor::runStep(int64_t step, double &loss) {
                          ": the executor cannot run after a failed step");
   const plan::Plan &plan = x.plan;
   int numStreams = plan.streams_size();
+  // Gradients are this step's alone, as after optimizer.zero_grad(): plans
+  // clear the accumulators they update; the others (--no-optimizer) are
+  // cleared here, so that an all-reduce never re-sums an earlier step.
+  if (x.ranStep)
+    for (int p = 0; p < plan.params_size(); ++p)
+      if (!x.zeroedByPlan[p]) {
+        const TensorPtr &g = x.stateOf(p, Operand::GRAD);
+        zeroBytes(g->data, g->bytes);
+      }
+  x.ranStep = true;
   StepState st;
   st.recorded.assign(plan.num_events(), 0);
   st.buffers.assign(plan.buffers_size(), nullptr);
@@ -984,11 +1054,24 @@ Status Executor::runStep(int64_t step, double &loss) {
   loss = 0;
   for (double l : st.loss)
     loss += l;
+  // The global gradient norm when the plan does not clip: the same
+  // definition as CLIP_GRADS, reduced together with the loss.
+  double squares = 0;
+  if (!x.clips) {
+    for (int p = 0; p < plan.params_size(); ++p) {
+      if (!x.updated[p]) {
+        const TensorPtr &g = x.stateOf(p, Operand::GRAD);
+        x.gradSquares[p] = sumOfSquares(static_cast<const float *>(g->data), g->bytes / 4);
+      }
+      squares += x.gradSquares[p] / std::max(1, plan.params(p).copies());
+    }
+  }
+  double sums[2] = {loss, squares};
   if (x.options.comm) {
     Clock::time_point start;
     if (x.options.profile)
       start = Clock::now();
-    Status status = x.options.comm->allReduceSumWorld(&loss, 1);
+    Status status = x.options.comm->allReduceSumWorld(sums, 2);
     // The stream threads are joined: stream 0's rows are free to use.
     if (x.options.profile)
       x.addProfile(0, ExecutorImpl::kLossAllReduce, nanosSince(start));
@@ -997,6 +1080,10 @@ Status Executor::runStep(int64_t step, double &loss) {
       return status.withContext(x.who + ": summing the step loss over ranks");
     }
   }
+  loss = sums[0];
+  if (!x.clips)
+    x.lastGradNorm =
+        std::sqrt(sums[1] / std::max(1, plan.training().num_replicas()));
   return Status::ok();
 }
 

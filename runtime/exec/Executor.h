@@ -79,8 +79,9 @@ public:
   /// "rank R, stream 'S', instruction I (LABEL): message".
   Status runStep(int64_t step, double &loss);
 
-  /// The global gradient norm of the last step (before clipping), or -1 when
-  /// the plan does not clip.
+  /// The global gradient norm of the last step (before clipping), computed
+  /// every step with CLIP_GRADS's definition whether or not the plan clips;
+  /// -1 before the first step.
   double lastGradNorm() const;
 
   /// With ExecutorOptions::profile: the time accumulated since creation or

@@ -494,3 +494,78 @@ TEST_CASE("executor: a one-rank all-reduce needs no communicator",
   CHECK(exec->commKeys().empty());
   CHECK(runSteps(p, 2, 0) == runSteps(singleClassPlan(m, 1, {0}, 1), 2, 0));
 }
+
+namespace {
+/// Runs `steps` steps of `plan` and returns lastGradNorm() after each.
+std::vector<double> gradNorms(const plan::Plan &plan, int steps) {
+  ExecutorOptions opts;
+  opts.seed = 5;
+  Status status;
+  auto exec = Executor::create(plan, opts, status);
+  INFO(status.message());
+  REQUIRE(exec);
+  CHECK(exec->lastGradNorm() == -1);
+  std::vector<double> norms;
+  for (int t = 1; t <= steps; ++t) {
+    double loss = 0;
+    REQUIRE(exec->runStep(t, loss));
+    norms.push_back(exec->lastGradNorm());
+  }
+  return norms;
+}
+} // namespace
+
+TEST_CASE("executor: the gradient norm is reported without clipping",
+          "[executor]") {
+  TinyModel m;
+  plan::Plan noClip = singleClassPlan(m, 2, {0}, 1, true);
+  // The same plan with a CLIP_GRADS that never clips, before the update.
+  plan::Plan clip = noClip;
+  clip.mutable_training()->set_clip_grad_norm(1e9);
+  auto *insts = clip.mutable_streams(0)->mutable_instructions();
+  plan::Instruction update = insts->Get(insts->size() - 1);
+  insts->Mutable(insts->size() - 1)->Clear();
+  insts->Mutable(insts->size() - 1)->set_kind(Instruction::CLIP_GRADS);
+  *insts->Add() = update;
+  REQUIRE(validatePlan(clip, kernelNames()));
+
+  std::vector<double> with = gradNorms(clip, 3), without = gradNorms(noClip, 3);
+  REQUIRE(with.size() == without.size());
+  for (size_t i = 0; i < with.size(); ++i) {
+    CHECK(with[i] > 0);
+    CHECK(without[i] == Approx(with[i]).epsilon(1e-12));
+  }
+}
+
+TEST_CASE("executor: gradients without an optimizer are the last step's",
+          "[executor]") {
+  TinyModel m;
+  m.normalHead = true;
+  plan::Plan plan = singleClassPlan(m, 2, {0}, 1);
+  // --no-optimizer: drop the update call, so nothing clears the gradients.
+  auto *insts = plan.mutable_streams(0)->mutable_instructions();
+  insts->RemoveLast();
+  REQUIRE(validatePlan(plan, kernelNames()));
+
+  ExecutorOptions opts;
+  opts.seed = 9;
+  Status status;
+  auto twoSteps = Executor::create(plan, opts, status);
+  auto stepTwoOnly = Executor::create(plan, opts, status);
+  REQUIRE(twoSteps);
+  REQUIRE(stepTwoOnly);
+  double loss = 0;
+  REQUIRE(twoSteps->runStep(1, loss));
+  REQUIRE(twoSteps->runStep(2, loss));
+  REQUIRE(stepTwoOnly->runStep(2, loss));
+  // The parameters never change, so step 2's gradients alone are those of a
+  // fresh executor running step 2.
+  for (int p = 0; p < plan.params_size(); ++p) {
+    TensorRef a = twoSteps->state(p, Operand::GRAD);
+    TensorRef b = stepTwoOnly->state(p, Operand::GRAD);
+    CHECK(std::equal(a.f32(), a.f32() + a.numel(), b.f32()));
+    CHECK(std::any_of(a.f32(), a.f32() + a.numel(),
+                      [](float g) { return g != 0.0f; }));
+  }
+  CHECK(twoSteps->lastGradNorm() == Approx(stepTwoOnly->lastGradNorm()));
+}
