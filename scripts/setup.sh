@@ -13,6 +13,8 @@ PACKAGES=(
   zlib1g-dev catch2
   # Runtime: Gloo collectives over TCP, OpenBLAS GEMMs.
   libgloo-dev libopenblas-dev
+  # scripts/install.sh: RUNPATHs of installed binaries.
+  patchelf
   # Tests run Python scripts with Debian's interpreter; PyTorch (CPU) is the
   # numerical oracle of the model tests and the reference of the benchmarks.
   python3 python3-torch
