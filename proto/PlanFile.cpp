@@ -2,7 +2,6 @@
 #include "proto/PlanFile.h"
 
 #include <algorithm>
-#include <array>
 #include <cerrno>
 #include <climits>
 #include <cstring>
@@ -16,22 +15,10 @@
 #include <google/protobuf/io/tokenizer.h>
 #include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 #include <google/protobuf/text_format.h>
+#include <zlib.h>
 
 namespace piper::plan {
 namespace {
-
-constexpr std::array<uint32_t, 256> makeCrcTable() {
-  std::array<uint32_t, 256> table{};
-  for (uint32_t i = 0; i < 256; ++i) {
-    uint32_t c = i;
-    for (int k = 0; k < 8; ++k)
-      c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-    table[i] = c;
-  }
-  return table;
-}
-
-constexpr std::array<uint32_t, 256> kCrcTable = makeCrcTable();
 
 // strerror() capitalizes; the project's messages are lowercase.
 std::string errnoText(int err) {
@@ -167,11 +154,8 @@ public:
 } // namespace
 
 uint32_t crc32(const void *data, size_t size) {
-  const auto *p = static_cast<const unsigned char *>(data);
-  uint32_t c = 0xFFFFFFFFu;
-  for (size_t i = 0; i < size; ++i)
-    c = kCrcTable[(c ^ p[i]) & 0xFFu] ^ (c >> 8);
-  return c ^ 0xFFFFFFFFu;
+  return static_cast<uint32_t>(
+      ::crc32_z(0, static_cast<const Bytef *>(data), size));
 }
 
 /// Serializes with map entries in key order, so the same plan always gives

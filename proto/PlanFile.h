@@ -24,8 +24,8 @@ constexpr size_t kPlanHeaderSize = 24;
 /// File name of the manifest inside a compiled strategy folder.
 constexpr const char *kManifestFileName = "manifest.textproto";
 
-/// CRC-32 (IEEE 802.3, reflected polynomial 0xEDB88320) of `size` bytes, as
-/// zlib's crc32() computes it.
+/// CRC-32 (IEEE 802.3, reflected polynomial 0xEDB88320) of `size` bytes:
+/// zlib's crc32_z(), which the file format has always used.
 uint32_t crc32(const void *data, size_t size);
 
 /// Writes `plan` to `path` (header + payload) atomically: a reader sees either

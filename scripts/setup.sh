@@ -8,10 +8,13 @@ PACKAGES=(
   bazel-bootstrap bazel-rules-java bazel-rules-proto bazel-skylib
   # MLIR 22 / LLVM 22: dialect, passes, mlir-tblgen, FileCheck, lit.
   libmlir-22-dev mlir-22-tools llvm-22-dev llvm-22-tools
-  # Plans, command lines, formatting, unit tests.
-  protobuf-compiler libprotobuf-dev libcli11-dev libfmt-dev catch2
+  # Plans, command lines, formatting, JSON, CRC-32, unit tests.
+  protobuf-compiler libprotobuf-dev libcli11-dev libfmt-dev nlohmann-json3-dev
+  zlib1g-dev catch2
   # Runtime: Gloo collectives over TCP, OpenBLAS GEMMs.
   libgloo-dev libopenblas-dev
+  # scripts/install.sh: RUNPATHs of installed binaries.
+  patchelf
   # Tests run Python scripts with Debian's interpreter; PyTorch (CPU) is the
   # numerical oracle of the model tests and the reference of the benchmarks.
   python3 python3-torch

@@ -1,5 +1,5 @@
 // piper-run: runs a compiled Piper strategy (see docs/piper-run.md).
-#include "runtime/exec/Launcher.h"
+#include "runtime/launch/PiperRun.h"
 
 int main(int argc, char **argv) {
   return piper::runtime::piperRunMain(argc, argv);

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <cstring>
 #include <map>
 #include <numeric>
@@ -11,6 +12,8 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include <fmt/format.h>
 
 #include "runtime/checkpoint/Json.h"
 #include "runtime/data/AtomicFile.h"
@@ -35,6 +38,16 @@ bool tensorByteSize(const std::string &dtype, const std::vector<int64_t> &shape,
   }
   bytes = n;
   return true;
+}
+
+/// Whether `s` is valid UTF-8 (JSON strings must be).
+bool isUtf8(const std::string &s) {
+  try {
+    (void)Json(s).dump();
+    return true;
+  } catch (const Json::type_error &) {
+    return false;
+  }
 }
 
 /// "a, b, c" with at most `limit` names, then "and N more".
@@ -63,49 +76,57 @@ bool preadAll(int fd, void *out, size_t n, uint64_t offset) {
   return true;
 }
 
+/// True and sets `out` when `v` is a non-negative integer that fits 64 bits
+/// (nlohmann/json stores those, and only those, as number_unsigned).
+bool asUint64(const Json &v, uint64_t &out) {
+  if (!v.is_number_unsigned())
+    return false;
+  out = v.get<uint64_t>();
+  return true;
+}
+
 /// Parses one tensor entry of the header.
-Status parseEntry(const std::string &name, const JsonValue &v,
+Status parseEntry(const std::string &name, const Json &v,
                   SafetensorsEntry &out) {
   std::string where = "tensor " + jsonQuote(name) + ": ";
-  if (v.kind != JsonValue::Kind::Object)
+  if (!v.is_object())
     return Status::error(where + "expected an object, found " +
-                         jsonKindName(v.kind));
+                         jsonKindName(v));
   out.name = name;
-  const JsonValue *dtype = v.find("dtype");
-  const JsonValue *shape = v.find("shape");
-  const JsonValue *offsets = v.find("data_offsets");
-  if (!dtype || dtype->kind != JsonValue::Kind::String)
+  auto dtype = v.find("dtype");
+  auto shape = v.find("shape");
+  auto offsets = v.find("data_offsets");
+  if (dtype == v.end() || !dtype->is_string())
     return Status::error(where + "missing string \"dtype\"");
-  if (safetensorsDTypeSize(dtype->text) == 0)
-    return Status::error(where + "unknown dtype " + jsonQuote(dtype->text));
-  out.dtype = dtype->text;
-  if (!shape || shape->kind != JsonValue::Kind::Array)
+  out.dtype = dtype->get<std::string>();
+  if (safetensorsDTypeSize(out.dtype) == 0)
+    return Status::error(where + "unknown dtype " + jsonQuote(out.dtype));
+  if (shape == v.end() || !shape->is_array())
     return Status::error(where + "missing array \"shape\"");
-  for (const JsonValue &d : shape->items) {
+  for (const Json &d : *shape) {
     uint64_t dim;
-    if (!d.asUint64(dim) || dim > uint64_t(INT64_MAX))
+    if (!asUint64(d, dim) || dim > uint64_t(INT64_MAX))
       return Status::error(where + "\"shape\" must hold non-negative integers");
     out.shape.push_back(static_cast<int64_t>(dim));
   }
-  if (!offsets || offsets->kind != JsonValue::Kind::Array ||
-      offsets->items.size() != 2 || !offsets->items[0].asUint64(out.begin) ||
-      !offsets->items[1].asUint64(out.end))
+  if (offsets == v.end() || !offsets->is_array() || offsets->size() != 2 ||
+      !asUint64((*offsets)[0], out.begin) || !asUint64((*offsets)[1], out.end))
     return Status::error(where + "\"data_offsets\" must be two non-negative "
                                  "integers [begin, end]");
   if (out.end < out.begin)
-    return Status::error(where + "\"data_offsets\" [" +
-                         std::to_string(out.begin) + ", " +
-                         std::to_string(out.end) + "] end before they begin");
+    return Status::error(where + fmt::format("\"data_offsets\" [{}, {}] end "
+                                             "before they begin",
+                                             out.begin, out.end));
   uint64_t bytes;
   if (!tensorByteSize(out.dtype, out.shape, bytes))
     return Status::error(where + "shape " + formatShape(out.shape) +
                          " is too large");
   if (out.end - out.begin != bytes)
     return Status::error(
-        where + "\"data_offsets\" [" + std::to_string(out.begin) + ", " +
-        std::to_string(out.end) + "] span " +
-        std::to_string(out.end - out.begin) + " bytes, but " + out.dtype + " " +
-        formatShape(out.shape) + " needs " + std::to_string(bytes));
+        where + fmt::format("\"data_offsets\" [{}, {}] span {} bytes, but {} "
+                            "{} needs {}",
+                            out.begin, out.end, out.end - out.begin, out.dtype,
+                            formatShape(out.shape), bytes));
   return Status::ok();
 }
 
@@ -121,34 +142,26 @@ int safetensorsDTypeSize(const std::string &dtype) {
 }
 
 std::string formatShape(const std::vector<int64_t> &shape) {
-  std::string out = "[";
-  for (size_t i = 0; i < shape.size(); ++i)
-    out += (i ? ", " : "") + std::to_string(shape[i]);
-  return out + "]";
+  return fmt::format("[{}]", fmt::join(shape, ", "));
 }
 
 std::string safetensorsHeader(const std::vector<SafetensorsEntry> &tensors,
                               const SafetensorsMetadata &metadata) {
-  std::string json = "{";
-  bool first = true;
+  Json header = Json::object();
   if (!metadata.empty()) {
-    json += jsonQuote(kMetadataKey) + ":{";
-    for (size_t i = 0; i < metadata.size(); ++i)
-      json += (i ? "," : "") + jsonQuote(metadata[i].first) + ":" +
-              jsonQuote(metadata[i].second);
-    json += "}";
-    first = false;
+    Json &meta = header[kMetadataKey] = Json::object();
+    for (const auto &[key, value] : metadata)
+      meta[key] = value;
   }
-  for (const SafetensorsEntry &t : tensors) {
-    json += (first ? "" : ",") + jsonQuote(t.name) +
-            ":{\"dtype\":" + jsonQuote(t.dtype) + ",\"shape\":[";
-    for (size_t i = 0; i < t.shape.size(); ++i)
-      json += (i ? "," : "") + std::to_string(t.shape[i]);
-    json += "],\"data_offsets\":[" + std::to_string(t.begin) + "," +
-            std::to_string(t.end) + "]}";
-    first = false;
-  }
-  json += "}";
+  for (const SafetensorsEntry &t : tensors)
+    header[t.name] = Json{{"dtype", t.dtype},
+                          {"shape", t.shape},
+                          {"data_offsets", {t.begin, t.end}}};
+  // Compact, as the reference implementation writes it. Names are checked
+  // to be UTF-8 before they get here (writeSafetensors; a file read back
+  // was checked by its parser).
+  std::string json =
+      header.dump(-1, ' ', false, Json::error_handler_t::replace);
   // Spaces are JSON whitespace; a multiple of 8 keeps the data aligned.
   json.resize((json.size() + 7) / 8 * 8, ' ');
   std::string out(8, '\0');
@@ -166,7 +179,7 @@ Status writeSafetensors(const std::string &path,
   std::set<std::string> names;
   uint64_t offset = 0;
   for (const SafetensorsTensor &t : tensors) {
-    if (t.name.empty() || t.name == kMetadataKey)
+    if (t.name.empty() || t.name == kMetadataKey || !isUtf8(t.name))
       return Status::error(where + "invalid tensor name " + jsonQuote(t.name));
     if (!names.insert(t.name).second)
       return Status::error(where + "tensor '" + t.name + "' appears twice");
@@ -212,9 +225,10 @@ SafetensorsReader::open(const std::string &path, Status &status) {
   }
   uint64_t size = static_cast<uint64_t>(st.st_size);
   if (size < 8) {
-    status = Status::error(where + "truncated: the file has " +
-                           std::to_string(size) +
-                           " bytes, fewer than the 8-byte header length");
+    status = Status::error(where + fmt::format("truncated: the file has {} "
+                                               "bytes, fewer than the 8-byte "
+                                               "header length",
+                                               size));
     return nullptr;
   }
   unsigned char lenBytes[8];
@@ -226,21 +240,23 @@ SafetensorsReader::open(const std::string &path, Status &status) {
   for (int i = 7; i >= 0; --i)
     n = n << 8 | lenBytes[i];
   if (n > kSafetensorsMaxHeaderBytes) {
-    status = Status::error(where + "the header length " + std::to_string(n) +
-                           " is over the " +
-                           std::to_string(kSafetensorsMaxHeaderBytes) +
-                           "-byte limit (not a safetensors file?)");
+    status = Status::error(
+        where + fmt::format("the header length {} is over the {}-byte limit "
+                            "(not a safetensors file?)",
+                            n, kSafetensorsMaxHeaderBytes));
     return nullptr;
   }
   if (n > size - 8) {
-    status = Status::error(where + "truncated: the header length is " +
-                           std::to_string(n) + " bytes but only " +
-                           std::to_string(size - 8) + " bytes follow it");
+    status = Status::error(
+        where + fmt::format("truncated: the header length is {} bytes but "
+                            "only {} bytes follow it",
+                            n, size - 8));
     return nullptr;
   }
   if (n < 2) {
-    status = Status::error(where + "the header length " + std::to_string(n) +
-                           " is too small for a JSON object");
+    status = Status::error(
+        where +
+        fmt::format("the header length {} is too small for a JSON object", n));
     return nullptr;
   }
   std::string json(static_cast<size_t>(n), '\0');
@@ -249,34 +265,34 @@ SafetensorsReader::open(const std::string &path, Status &status) {
         Status::error(where + "cannot read the header: " + errnoMessage(errno));
     return nullptr;
   }
-  JsonValue root;
+  Json root;
   status = parseJson(json, root).withContext(where + "header");
   if (!status)
     return nullptr;
-  if (root.kind != JsonValue::Kind::Object) {
-    status = Status::error(where + "the header is " +
-                           std::string(jsonKindName(root.kind)) +
-                           ", not a JSON object");
+  if (!root.is_object()) {
+    status =
+        Status::error(where + "the header is " +
+                      std::string(jsonKindName(root)) + ", not a JSON object");
     return nullptr;
   }
   r->dataStart = 8 + n;
   uint64_t dataBytes = size - r->dataStart;
-  for (const auto &[name, value] : root.members) {
+  for (const auto &[name, value] : root.items()) {
     if (name == kMetadataKey) {
-      if (value.kind != JsonValue::Kind::Object) {
-        status = Status::error(where + "\"__metadata__\" is " +
-                               std::string(jsonKindName(value.kind)) +
-                               ", not an object");
+      if (!value.is_object()) {
+        status =
+            Status::error(where + "\"__metadata__\" is " +
+                          std::string(jsonKindName(value)) + ", not an object");
         return nullptr;
       }
-      for (const auto &[key, v] : value.members) {
-        if (v.kind != JsonValue::Kind::String) {
+      for (const auto &[key, v] : value.items()) {
+        if (!v.is_string()) {
           status = Status::error(where + "\"__metadata__\" value of " +
-                                 jsonQuote(key) + " is " +
-                                 jsonKindName(v.kind) + ", not a string");
+                                 jsonQuote(key) + " is " + jsonKindName(v) +
+                                 ", not a string");
           return nullptr;
         }
-        r->meta.emplace_back(key, v.text);
+        r->meta.emplace_back(key, v.get<std::string>());
       }
       continue;
     }
@@ -286,10 +302,10 @@ SafetensorsReader::open(const std::string &path, Status &status) {
       return nullptr;
     if (e.end > dataBytes) {
       status = Status::error(
-          where + "tensor '" + name + "': \"data_offsets\" [" +
-          std::to_string(e.begin) + ", " + std::to_string(e.end) +
-          "] run past the end of the data (" + std::to_string(dataBytes) +
-          " bytes after the header; truncated file?)");
+          where + fmt::format("tensor '{}': \"data_offsets\" [{}, {}] run "
+                              "past the end of the data ({} bytes after the "
+                              "header; truncated file?)",
+                              name, e.begin, e.end, dataBytes));
       return nullptr;
     }
     r->entries.push_back(std::move(e));
@@ -313,17 +329,18 @@ SafetensorsReader::open(const std::string &path, Status &status) {
       return nullptr;
     }
     if (e.begin > expected) {
-      status = Status::error(where + "a gap of " +
-                             std::to_string(e.begin - expected) +
-                             " bytes before tensor '" + e.name + "'");
+      status = Status::error(where +
+                             fmt::format("a gap of {} bytes before tensor '{}'",
+                                         e.begin - expected, e.name));
       return nullptr;
     }
     expected = e.end;
     previous = &e;
   }
   if (expected != dataBytes) {
-    status = Status::error(where + std::to_string(dataBytes - expected) +
-                           " bytes after the last tensor's data");
+    status = Status::error(where +
+                           fmt::format("{} bytes after the last tensor's data",
+                                       dataBytes - expected));
     return nullptr;
   }
   status = Status::ok();
@@ -481,11 +498,11 @@ Status checkpointStep(const SafetensorsReader &reader, int64_t &step) {
   const std::string *text = reader.metadataValue("step");
   if (!text)
     return Status::ok();
-  JsonValue number;
-  number.kind = JsonValue::Kind::Number;
-  number.text = *text;
-  uint64_t v;
-  if (!number.asUint64(v) || v > uint64_t(INT64_MAX))
+  uint64_t v = 0;
+  const char *end = text->data() + text->size();
+  auto [ptr, ec] = std::from_chars(text->data(), end, v);
+  if (text->empty() || ec != std::errc() || ptr != end ||
+      v > uint64_t(INT64_MAX))
     return Status::error("checkpoint '" + reader.path() +
                          "': metadata \"step\" is " + jsonQuote(*text) +
                          ", not a non-negative integer");

@@ -1,4 +1,4 @@
-// Tests of the JSON reader, the safetensors writer/reader (exact layout,
+// Tests of strict JSON parsing, the safetensors writer/reader (exact layout,
 // round trips, every malformed-file case, truncation and corruption never
 // crash), merging, and matching a checkpoint against parameters.
 #include <cstdlib>
@@ -69,74 +69,85 @@ void expectError(const std::string &path, const std::string &expected) {
 } // namespace
 
 TEST_CASE("JSON: values, escapes and order", "[json]") {
-  JsonValue v;
+  Json v;
   REQUIRE(parseJson(R"( {"b": [1, -2.5e3, true, false, null],
                          "a": "x\"\\\/\b\f\n\r\t\u00e9\ud83d\ude00", "c": {}} )",
                     v));
-  REQUIRE(v.kind == JsonValue::Kind::Object);
-  REQUIRE(v.members.size() == 3);
-  CHECK(v.members[0].first == "b"); // file order, not sorted
-  const JsonValue *b = v.find("b");
-  REQUIRE(b);
-  REQUIRE(b->items.size() == 5);
-  uint64_t n = 0;
-  CHECK(b->items[0].asUint64(n));
-  CHECK(n == 1);
-  CHECK_FALSE(b->items[1].asUint64(n));
-  CHECK(b->items[1].text == "-2.5e3");
-  CHECK(b->items[2].boolean);
-  CHECK(b->items[4].kind == JsonValue::Kind::Null);
-  CHECK(v.find("a")->text == "x\"\\/\b\f\n\r\t\xc3\xa9\xf0\x9f\x98\x80");
-  CHECK(v.find("c")->kind == JsonValue::Kind::Object);
-  CHECK(v.find("d") == nullptr);
+  REQUIRE(v.is_object());
+  REQUIRE(v.size() == 3);
+  CHECK(v.begin().key() == "b"); // file order, not sorted
+  const Json &b = v["b"];
+  REQUIRE(b.size() == 5);
+  CHECK(b[0].is_number_unsigned());
+  CHECK(b[0].get<uint64_t>() == 1);
+  CHECK_FALSE(b[1].is_number_unsigned());
+  CHECK(b[1].get<double>() == -2500.0);
+  CHECK(b[2].get<bool>());
+  CHECK(b[4].is_null());
+  CHECK(v["a"].get<std::string>() ==
+        "x\"\\/\b\f\n\r\t\xc3\xa9\xf0\x9f\x98\x80");
+  CHECK(v["c"].is_object());
+  CHECK(v.find("d") == v.end());
+  CHECK(std::string(jsonKindName(v)) == "an object");
+  CHECK(std::string(jsonKindName(b[1])) == "a number");
 
-  JsonValue big;
+  Json big;
   REQUIRE(parseJson("18446744073709551615", big));
-  CHECK(big.asUint64(n));
-  CHECK(n == UINT64_MAX);
+  CHECK(big.is_number_unsigned());
+  CHECK(big.get<uint64_t>() == UINT64_MAX);
   REQUIRE(parseJson("18446744073709551616", big));
-  CHECK_FALSE(big.asUint64(n)); // overflow is not a silent wrap
+  CHECK_FALSE(big.is_number_unsigned()); // overflow is not a silent wrap
 
   CHECK(jsonQuote("a\"b\\c\n\x01") == "\"a\\\"b\\\\c\\n\\u0001\"");
-  JsonValue round;
+  Json round;
   REQUIRE(parseJson(jsonQuote("h.0 \"q\"\t\x1f"), round));
-  CHECK(round.text == "h.0 \"q\"\t\x1f");
+  CHECK(round.get<std::string>() == "h.0 \"q\"\t\x1f");
 }
 
 TEST_CASE("JSON: malformed input is an error, never a crash", "[json]") {
+  // nlohmann/json's own diagnostics, after "malformed JSON at byte N: ".
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"", "unexpected end of input"},
-      {"{", "expected a string key"},
+      {"{", "expected string literal"},
       {"{\"a\"", "expected ':'"},
-      {"{\"a\":}", "expected a value"},
-      {"{\"a\":1,}", "expected a string key"},
-      {"{\"a\":1 \"b\":2}", "expected ',' or '}'"},
-      {"[1,]", "expected a value"},
-      {"[1 2]", "expected ',' or ']'"},
-      {"01", "after the value"},
-      {"1.", "without digits after '.'"},
-      {"1e", "without exponent digits"},
-      {"-", "without digits"},
-      {"\"abc", "end of input in a string"},
-      {"\"\\x\"", "invalid escape"},
-      {"\"a\nb\"", "unescaped control character"},
-      {"\"\\u12g4\"", "in a \\u escape"},
-      {"\"\\ud800\"", "high surrogate without its low surrogate"},
-      {"\"\\udc00\"", "lone low surrogate"},
-      {"{\"a\":1,\"a\":2}", "duplicate key \"a\""},
-      {"tru", "expected a value"},
-      {"{} x", "unexpected 'x' after the value"},
-      {std::string(10000, '['), "nesting deeper than 64"},
-      {std::string("{\"a\":\x01}", 7), "unexpected '\\x01'"},
+      {"{\"a\":}", "unexpected '}'"},
+      {"{\"a\":1,}", "expected string literal"},
+      {"{\"a\":1 \"b\":2}", "expected '}'"},
+      {"[1,]", "unexpected ']'"},
+      {"[1 2]", "expected ']'"},
+      {"01", "expected end of input"},
+      {"1.", "expected digit after '.'"},
+      {"1e", "expected '+', '-', or digit after exponent"},
+      {"-", "expected digit after '-'"},
+      {"\"abc", "missing closing quote"},
+      {"\"\\x\"", "forbidden character after backslash"},
+      {"\"a\nb\"", "control character U+000A (LF) must be escaped"},
+      {"\"\\u12g4\"", "'\\u' must be followed by 4 hex digits"},
+      {"\"\\ud800\"", "surrogate U+D800..U+DBFF must be followed by"},
+      {"\"\\udc00\"", "surrogate U+DC00..U+DFFF must follow"},
+      {"tru", "invalid literal"},
+      {"{} x", "expected end of input"},
+      {"\"\xff\"", "ill-formed UTF-8 byte; last read: '\"\\xff'"},
+      {std::string("{\"a\":\x01}", 7), "invalid literal"},
   };
   for (const auto &[text, expected] : cases) {
-    JsonValue v;
+    Json v;
     Status st = parseJson(text, v);
     INFO("input: " << text.substr(0, 40) << " -> " << st.message());
     CHECK_FALSE(st);
     CHECK(st.message().rfind("malformed JSON at byte ", 0) == 0);
     CHECK(st.message().find(expected) != std::string::npos);
   }
+  Json v;
+  Status at = parseJson("{\"a\": [1, 2", v);
+  CHECK(at.message().rfind("malformed JSON at byte 11: ", 0) == 0);
+
+  // What nlohmann/json accepts but a safetensors header must not hold.
+  Status dup = parseJson("{\"a\":1,\"b\":{\"a\":2},\"a\":3}", v);
+  CHECK(dup.message() == "malformed JSON: duplicate key \"a\"");
+  Status deep = parseJson(std::string(10000, '['), v);
+  CHECK(deep.message() == "malformed JSON: nesting deeper than 64");
+  REQUIRE(parseJson(std::string(64, '[') + std::string(64, ']'), v));
 }
 
 TEST_CASE("safetensors: exact layout of a written file", "[safetensors]") {
@@ -262,7 +273,8 @@ TEST_CASE("safetensors: malformed files", "[safetensors]") {
   }
   SECTION("binary junk") {
     writeBytes(path, rawFile(std::string("\x89PNG\r\n\x1a\n", 8), ""));
-    expectError(path, "header: malformed JSON at byte 0: unexpected '\\x89'");
+    expectError(path, "header: malformed JSON at byte 0: syntax error while "
+                      "parsing value - invalid literal; last read: '\\x89'");
   }
   SECTION("not an object") {
     writeBytes(path, rawFile("[1, 2]  ", ""));

@@ -135,7 +135,8 @@ std::vector<double> metricLosses(const std::string &path) {
   std::istringstream in(readFile(path));
   std::string line;
   std::regex re(R"(^\{"step": (\d+), "loss": ([-+0-9.eE]+), "tokens_per_s": )"
-                R"([0-9.]+, "step_time_s": [0-9.]+(, "[a-z_]+": [^,]+)*\}$)");
+                R"([-+0-9.eE]+, "step_time_s": [-+0-9.eE]+)"
+                R"((, "[a-z_]+": [^,]+)*\}$)");
   while (std::getline(in, line)) {
     std::smatch m;
     INFO("metrics line: " << line);
@@ -154,6 +155,36 @@ std::vector<float> readFloats(const std::string &path) {
 }
 
 } // namespace
+
+TEST_CASE("piper-run picks OpenBLAS's fast kernels on CPUs OpenBLAS does "
+          "not recognise, unless the user chose",
+          "[launcher]") {
+  // Bazel does not pass it on; a developer's shell might.
+  ::unsetenv("OPENBLAS_CORETYPE");
+  TinyModel m;
+  std::string out = strategy({singleClassPlan(m, 2, {0}, 1)}, "blas");
+  auto coreOf = [&](const std::vector<std::string> &env) {
+    RunResult r = piperRun({out, "--nproc", "1", "--profile"}, env);
+    INFO("stderr: " << r.err);
+    REQUIRE(r.exitCode() == 0);
+    std::smatch match;
+    REQUIRE(
+        std::regex_search(r.err, match, std::regex("OpenBLAS (\\S+) core")));
+    return match[1].str();
+  };
+  // OpenBLAS's own choice on this CPU is kept unless it is Prescott.
+  std::string detected = coreOf({});
+  CHECK(detected != "Prescott");
+  // PIPER_TEST_BLAS_CORE pretends OpenBLAS fell back to Prescott: piper-run
+  // re-executes itself with the core this CPU's instructions allow.
+  std::string expected = __builtin_cpu_supports("avx512f") ? "SkylakeX"
+                         : __builtin_cpu_supports("avx2")  ? "Haswell"
+                                                           : "Prescott";
+  CHECK(coreOf({"PIPER_TEST_BLAS_CORE=Prescott"}) == expected);
+  // An explicit OPENBLAS_CORETYPE is never overridden.
+  CHECK(coreOf({"PIPER_TEST_BLAS_CORE=Prescott",
+                "OPENBLAS_CORETYPE=Prescott"}) == "Prescott");
+}
 
 TEST_CASE("piper-run trains one rank and reports every step", "[launcher]") {
   TinyModel m;

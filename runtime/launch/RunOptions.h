@@ -1,7 +1,6 @@
-// piper-run: runs a compiled strategy on local CPU processes, as a launcher
-// that spawns and supervises the ranks or as one rank started by env vars.
-#ifndef PIPER_RUNTIME_EXEC_LAUNCHER_H
-#define PIPER_RUNTIME_EXEC_LAUNCHER_H
+// piper-run's command line: the options of a run and their parsing.
+#ifndef PIPER_RUNTIME_LAUNCH_RUNOPTIONS_H
+#define PIPER_RUNTIME_LAUNCH_RUNOPTIONS_H
 
 #include <cstdint>
 #include <string>
@@ -47,21 +46,11 @@ struct RunOptions {
   bool profile = false;
 };
 
-/// The whole piper-run command: parses `argv`; with PIPER_RANK in the
-/// environment runs that one rank, otherwise spawns --nproc ranks and
-/// supervises them. Returns the process exit code.
-int piperRunMain(int argc, char **argv);
-
-/// Spawns options.nproc copies of this executable (fork + exec of
-/// /proc/self/exe with `argv`, told their rank by env vars), waits for them,
-/// and stops all of them as soon as one fails. Returns the exit code.
-int launchLocalRanks(const RunOptions &options, char **argv);
-
-/// Runs rank `rank` of `worldSize`, meeting the others through the file
-/// store in `storeDir`. Returns the exit code.
-int runRank(const RunOptions &options, int rank, int worldSize,
-            const std::string &storeDir);
+/// Parses piper-run's `argv` into `options`. Returns false when the process
+/// should exit now with `exitCode`: after --help (0) or a usage error, which
+/// has been printed (non-zero).
+bool parseRunOptions(int argc, char **argv, RunOptions &options, int &exitCode);
 
 } // namespace piper::runtime
 
-#endif // PIPER_RUNTIME_EXEC_LAUNCHER_H
+#endif // PIPER_RUNTIME_LAUNCH_RUNOPTIONS_H

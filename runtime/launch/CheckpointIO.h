@@ -1,0 +1,40 @@
+// Checkpoints of a whole strategy: --load checked against every class, and
+// --save / --save-grads written by each class and merged by rank 0.
+#ifndef PIPER_RUNTIME_LAUNCH_CHECKPOINTIO_H
+#define PIPER_RUNTIME_LAUNCH_CHECKPOINTIO_H
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "proto/plan.pb.h"
+#include "runtime/checkpoint/Safetensors.h"
+#include "runtime/comm/Communicator.h"
+#include "runtime/exec/Executor.h"
+#include "runtime/support/Status.h"
+
+namespace piper::runtime {
+
+/// Every parameter of the strategy, each name once, in class order (a tied
+/// parameter held by several classes is one tensor of the checkpoint).
+std::vector<ParamSpec> strategyParams(const std::vector<plan::Plan> &plans);
+
+/// Opens the checkpoint at `path` and checks it against the parameters of
+/// every plan (a tensor that no class holds is an error too); sets `step` to
+/// its "step".
+Status openCheckpoint(const std::string &path,
+                      const std::vector<plan::Plan> &plans,
+                      std::unique_ptr<SafetensorsReader> &out, int64_t &step);
+
+/// After the last step: replica 0 of every class writes its parameters (or,
+/// with `gradients`, its gradient accumulators) to `path`; with several
+/// classes they write parts that rank 0 merges, in manifest order, once
+/// every rank has passed a barrier on `comm`.
+Status writeCheckpoint(const std::string &path, bool gradients,
+                       const plan::Manifest &manifest, Executor &exec,
+                       Communicator *comm, int rank, int64_t step);
+
+} // namespace piper::runtime
+
+#endif // PIPER_RUNTIME_LAUNCH_CHECKPOINTIO_H

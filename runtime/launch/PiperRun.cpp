@@ -1,0 +1,61 @@
+// piper-run's main: one rank or the launcher of all of them.
+#include "runtime/launch/PiperRun.h"
+
+#include <fmt/format.h>
+
+#include "runtime/launch/BlasCore.h"
+#include "runtime/launch/Rendezvous.h"
+#include "runtime/launch/RunOptions.h"
+#include "runtime/launch/RunRank.h"
+#include "runtime/launch/Spawn.h"
+#include "runtime/launch/StrategyFiles.h"
+
+namespace piper::runtime {
+
+int piperRunMain(int argc, char **argv) {
+  // First, before anything reads the environment: this may re-execute the
+  // process with OPENBLAS_CORETYPE set (ranks inherit it).
+  useFastBlasCore(argv);
+
+  RunOptions options;
+  int exitCode = 0;
+  if (!parseRunOptions(argc, argv, options, exitCode))
+    return exitCode;
+
+  bool isRank = false;
+  RankEnv env;
+  Status st = readRankEnv(options.nproc, isRank, env);
+  if (!st) {
+    fmt::print(stderr, "piper-run: {}\n", st.message());
+    return 1;
+  }
+  if (isRank)
+    return runRank(options, env);
+
+  plan::Manifest manifest;
+  st = loadManifest(options, manifest);
+  if (!st) {
+    fmt::print(stderr, "piper-run: {}\n", st.message());
+    return 1;
+  }
+  if (options.nproc <= 0) {
+    fmt::print(stderr,
+               "piper-run: --nproc is required (the strategy needs {} "
+               "ranks)\n",
+               manifest.world_size());
+    return 1;
+  }
+  if (options.nproc != manifest.world_size()) {
+    fmt::print(stderr, "piper-run: strategy needs {} ranks, --nproc is {}\n",
+               manifest.world_size(), options.nproc);
+    return 1;
+  }
+  st = checkStrategy(options, manifest);
+  if (!st) {
+    fmt::print(stderr, "piper-run: {}\n", st.message());
+    return 1;
+  }
+  return launchLocalRanks(options, argv);
+}
+
+} // namespace piper::runtime

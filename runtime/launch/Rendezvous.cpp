@@ -1,0 +1,154 @@
+// The PIPER_* environment protocol between launcher and ranks, the
+// rendezvous folder and the failure pipe (docs/piper-run.md).
+#include "runtime/launch/Rendezvous.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+
+#include <unistd.h>
+
+#include <fmt/format.h>
+
+#include "runtime/data/AtomicFile.h"
+
+extern char **environ;
+
+namespace piper::runtime {
+
+namespace {
+
+/// The variables of the protocol; a launcher never passes its own on.
+constexpr const char *kProtocolVars[] = {"PIPER_RANK", "PIPER_WORLD_SIZE",
+                                         "PIPER_STORE_DIR", "PIPER_FAILURE_FD"};
+
+/// Whether the environment entry `entry` ("NAME=value") sets `name`.
+bool sets(const std::string &entry, const char *name) {
+  return entry.rfind(std::string(name) + "=", 0) == 0;
+}
+
+/// The launcher's failure pipe and this rank's line for it, prepared in
+/// advance so that reportFailure() only calls write(); -1 when the rank was
+/// not started by piper-run's launcher.
+int failureFd = -1;
+char failureLine[24];
+size_t failureLineSize = 0;
+
+} // namespace
+
+bool envInt(const char *name, long long &value, std::string &error) {
+  const char *text = std::getenv(name);
+  if (!text || !*text)
+    return false;
+  char *end = nullptr;
+  errno = 0;
+  value = std::strtoll(text, &end, 10);
+  if (errno != 0 || *end != '\0') {
+    error = fmt::format("{}='{}' is not an integer", name, text);
+    return false;
+  }
+  return true;
+}
+
+Status readRankEnv(int nproc, bool &isRank, RankEnv &env) {
+  std::string error;
+  long long rank = -1, world = -1;
+  isRank = envInt("PIPER_RANK", rank, error);
+  if (!error.empty())
+    return Status::error(error);
+  if (!isRank)
+    return Status::ok();
+  // One rank of a run: spawned by the launcher, or by hand / a cluster
+  // launcher with the same variables.
+  if (!envInt("PIPER_WORLD_SIZE", world, error) || world < 1)
+    return Status::error(error.empty()
+                             ? "PIPER_RANK is set but PIPER_WORLD_SIZE is not"
+                             : error);
+  if (rank < 0 || rank >= world)
+    return Status::error(fmt::format(
+        "PIPER_RANK {} is out of range for PIPER_WORLD_SIZE {}", rank, world));
+  if (nproc != 0 && nproc != world)
+    return Status::error(
+        fmt::format("--nproc is {} but PIPER_WORLD_SIZE is {}", nproc, world));
+  const char *store = std::getenv("PIPER_STORE_DIR");
+  if (world > 1 && (!store || !*store))
+    return Status::error("PIPER_STORE_DIR must name a shared, empty "
+                         "directory when PIPER_WORLD_SIZE > 1");
+  env.rank = static_cast<int>(rank);
+  env.worldSize = static_cast<int>(world);
+  env.storeDir = store ? store : "";
+  return Status::ok();
+}
+
+Status makeStoreDir(std::string &dir) {
+  const char *tmp = std::getenv("TMPDIR");
+  dir = fmt::format("{}/piper-run-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+  if (!::mkdtemp(dir.data()))
+    return Status::error(
+        fmt::format("cannot create a rendezvous directory '{}': {}", dir,
+                    errnoMessage(errno)));
+  return Status::ok();
+}
+
+std::vector<std::string> inheritedEnvironment(int nproc) {
+  std::vector<std::string> env;
+  bool blasThreadsSet = false;
+  for (char **e = environ; *e; ++e) {
+    std::string entry = *e;
+    if (std::any_of(std::begin(kProtocolVars), std::end(kProtocolVars),
+                    [&](const char *name) { return sets(entry, name); }))
+      continue;
+    blasThreadsSet |=
+        sets(entry, "OPENBLAS_NUM_THREADS") || sets(entry, "OMP_NUM_THREADS");
+    env.push_back(std::move(entry));
+  }
+  // N ranks with a full-width BLAS thread pool each would oversubscribe the
+  // cores; share them out unless the user chose.
+  if (!blasThreadsSet) {
+    unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+    env.push_back(fmt::format("OPENBLAS_NUM_THREADS={}",
+                              std::max(1u, cores / unsigned(nproc))));
+  }
+  return env;
+}
+
+std::vector<std::string> rankEnvironment(std::vector<std::string> base,
+                                         int rank, int worldSize,
+                                         const std::string &storeDir,
+                                         int failureFd) {
+  base.push_back(fmt::format("PIPER_RANK={}", rank));
+  base.push_back(fmt::format("PIPER_WORLD_SIZE={}", worldSize));
+  base.push_back("PIPER_STORE_DIR=" + storeDir);
+  base.push_back(fmt::format("PIPER_FAILURE_FD={}", failureFd));
+  return base;
+}
+
+void initFailureReport(int rank) {
+  long long fd = -1;
+  std::string error;
+  if (!envInt("PIPER_FAILURE_FD", fd, error) || fd < 0)
+    return;
+  failureFd = static_cast<int>(fd);
+  failureLineSize = static_cast<size_t>(
+      std::snprintf(failureLine, sizeof(failureLine), "%d\n", rank));
+}
+
+void reportFailure() {
+  if (failureFd < 0)
+    return;
+  ssize_t ignored = ::write(failureFd, failureLine, failureLineSize);
+  (void)ignored;
+  failureFd = -1;
+}
+
+void exitRank(const std::string &message, int code) {
+  reportFailure();
+  std::fprintf(stderr, "piper-run: %s\n", message.c_str());
+  std::fflush(stderr);
+  std::fflush(stdout);
+  ::_exit(code);
+}
+
+} // namespace piper::runtime

@@ -1,0 +1,70 @@
+// piper-run's command-line flags (CLI11), with their help texts.
+#include "runtime/launch/RunOptions.h"
+
+#include <CLI/CLI.hpp>
+
+namespace piper::runtime {
+
+bool parseRunOptions(int argc, char **argv, RunOptions &options,
+                     int &exitCode) {
+  CLI::App app{"piper-run: runs a compiled Piper strategy on local CPU "
+               "processes (docs/piper-run.md)",
+               "piper-run"};
+  app.add_option("out", options.outDir,
+                 "compiled strategy folder (manifest.textproto + plans)")
+      ->required();
+  app.add_option("--nproc", options.nproc,
+                 "number of ranks to spawn; must equal the strategy's "
+                 "world size");
+  app.add_option("--backend", options.backend, "execution backend (cpu)")
+      ->capture_default_str();
+  app.add_option("--steps", options.steps,
+                 "training steps to run (0: only --load/--save)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--seed", options.seed,
+                 "seed of parameter init and of the data (synthetic "
+                 "sequences or token-file windows)")
+      ->capture_default_str();
+  app.add_option("--metrics", options.metricsPath,
+                 "JSON-lines file rank 0 writes one object per step to");
+  app.add_option("--timeout-s", options.timeoutS,
+                 "seconds a communication may wait before failing")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--save-params", options.saveParamsDir,
+                 "after the last step, write DIR/<param>.bin (fp32)");
+  app.add_option("--log-dir", options.logDir,
+                 "write each spawned rank's stderr to DIR/rank-<R>.log");
+  CLI::Option *data = app.add_option(
+      "--data", options.dataPath,
+      "train on windows of this token file instead of synthetic data "
+      "(docs/data.md)");
+  app.add_option("--data-dtype", options.dataDType,
+                 "token width of --data: uint16 or uint32 (default: the "
+                 "file's header, else uint16)")
+      ->check(CLI::IsMember({"uint16", "uint32"}))
+      ->needs(data);
+  app.add_option("--save-grads", options.saveGradsPath,
+                 "after the last step, write the gradient accumulators to "
+                 "this safetensors file (meaningful for plans compiled with "
+                 "piperc --no-optimizer, whose gradients are never cleared)");
+  app.add_option("--save", options.savePath,
+                 "after the last step, write all parameters to this "
+                 "safetensors file");
+  app.add_option("--load", options.loadPath,
+                 "before the first step, read all parameters from this "
+                 "safetensors file (instead of initializing them)");
+  app.add_flag("--profile", options.profile,
+               "time every kernel op and instruction kind (first step "
+               "excluded) and print a table at the end; also PIPER_PROFILE=1");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError &e) {
+    exitCode = app.exit(e);
+    return false;
+  }
+  return true;
+}
+
+} // namespace piper::runtime

@@ -1,0 +1,202 @@
+// A rank's main: load and check its plan, open the data and --load, create
+// the communicator and executor, run the steps and report, then save.
+#include "runtime/launch/RunRank.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "runtime/checkpoint/Safetensors.h"
+#include "runtime/comm/Communicator.h"
+#include "runtime/exec/Executor.h"
+#include "runtime/launch/CheckpointIO.h"
+#include "runtime/launch/Reporting.h"
+#include "runtime/launch/StrategyFiles.h"
+
+namespace piper::runtime {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+/// The device class of the manifest that lists `rank`, or -1.
+int classOf(const plan::Manifest &manifest, int rank) {
+  for (int c = 0; c < manifest.classes_size(); ++c)
+    for (int r : manifest.classes(c).ranks())
+      if (r == rank)
+        return c;
+  return -1;
+}
+
+/// Tokens of one step over all replicas (for tokens/s): from the manifest's
+/// training config, else the plan's.
+double tokensPerStep(const plan::Manifest &manifest, const plan::Plan &plan) {
+  const plan::TrainingConfig &t = manifest.training().num_microbatches() > 0
+                                      ? manifest.training()
+                                      : plan.training();
+  return double(std::max(1, t.num_replicas())) * t.num_microbatches() *
+         t.microbatch_size() * t.seq_len();
+}
+
+/// Whether PIPER_PROFILE asks for --profile (any value but empty or "0").
+bool profileFromEnv() {
+  const char *env = std::getenv("PIPER_PROFILE");
+  return env && *env && std::strcmp(env, "0") != 0;
+}
+
+} // namespace
+
+int runRank(const RunOptions &options, const RankEnv &env) {
+  const int rank = env.rank;
+  const std::string who = fmt::format("rank {}", rank);
+  initFailureReport(rank);
+  auto check = [&](const Status &st, bool named = true) {
+    if (!st)
+      exitRank(named ? who + ": " + st.message() : st.message());
+  };
+
+  plan::Manifest manifest;
+  check(loadManifest(options, manifest));
+  if (manifest.world_size() != env.worldSize)
+    exitRank(fmt::format("{}: the strategy needs {} ranks, PIPER_WORLD_SIZE "
+                         "is {}",
+                         who, manifest.world_size(), env.worldSize));
+  int cls = classOf(manifest, rank);
+  if (cls < 0)
+    exitRank(who + ": no device class of the manifest lists this rank");
+  plan::Plan plan;
+  check(loadPlan(options, manifest, cls, plan));
+
+  std::unique_ptr<TokenFileData> data;
+  if (loadsBatches(plan))
+    check(openData(options, plan.training(), options.seed, data));
+
+  // --load is checked against every class's parameters, so that a tensor
+  // no class holds is an error here too when ranks are started by hand.
+  std::unique_ptr<SafetensorsReader> checkpoint;
+  int64_t loadedStep = 0;
+  if (!options.loadPath.empty()) {
+    std::vector<plan::Plan> plans;
+    Status st = loadPlans(options, manifest, plans);
+    if (st)
+      st = openCheckpoint(options.loadPath, plans, checkpoint, loadedStep);
+    check(st);
+  }
+
+  std::unique_ptr<Communicator> comm;
+  if (env.worldSize > 1) {
+    Status st;
+    comm = createGlooCommunicator(
+        rank, env.worldSize, env.storeDir,
+        std::chrono::milliseconds(int64_t(options.timeoutS) * 1000), st);
+    if (!comm || !st)
+      exitRank(who + ": cannot create the communicator: " +
+               (st ? std::string("unknown error") : st.message()));
+  }
+
+  ExecutorOptions eo;
+  eo.rank = rank;
+  eo.seed = options.seed;
+  eo.comm = comm.get();
+  eo.data = data.get();
+  // Exit at the first stream error instead of finishing the step: peers
+  // blocked on this rank would otherwise wait for their timeout, while an
+  // exit makes the launcher stop everyone now.
+  eo.onStreamError = [](const Status &status) { exitRank(status.message()); };
+  eo.profile = options.profile || profileFromEnv();
+  // Reports of every rank go to its log with --log-dir; otherwise rank 0
+  // speaks for itself on the shared terminal.
+  const bool reports = rank == 0 || !options.logDir.empty();
+  Status st;
+  auto exec = Executor::create(plan, eo, st);
+  if (!exec)
+    exitRank(st.message());
+  if (checkpoint) {
+    check(exec->loadCheckpoint(*checkpoint), /*named=*/false);
+    checkpoint.reset();
+  }
+  check(exec->connect(), /*named=*/false);
+
+  long long failRank = -1, failStep = -1;
+  std::string envError;
+  if (!envInt("PIPER_TEST_FAIL_RANK", failRank, envError) ||
+      !envInt("PIPER_TEST_FAIL_STEP", failStep, envError))
+    failRank = failStep = -1;
+  if (!envError.empty())
+    exitRank(who + ": " + envError);
+
+  MetricsFile metrics;
+  if (rank == 0 && !options.metricsPath.empty())
+    check(metrics.open(options.metricsPath));
+  const double tokens = tokensPerStep(manifest, plan);
+
+  // After --load, step numbers continue from the checkpoint's: the data
+  // windows and AdamW's bias correction see the steps they would have.
+  int64_t lastStep = loadedStep + options.steps;
+  // --profile leaves out the first step (allocator and BLAS warm-up) unless
+  // it is the only one.
+  int64_t profiledFrom = loadedStep + 1;
+  double profiledSeconds = 0;
+  for (int64_t step = loadedStep + 1; step <= lastStep; ++step) {
+    if (rank == failRank && step == failStep)
+      exitRank(fmt::format("{}: failing at the start of step {} on purpose "
+                           "(PIPER_TEST_FAIL_RANK/PIPER_TEST_FAIL_STEP)",
+                           who, step),
+               3);
+    auto start = Clock::now();
+    double loss = 0;
+    check(exec->runStep(step, loss), /*named=*/false);
+    double seconds =
+        std::chrono::duration<double>(Clock::now() - start).count();
+    if (eo.profile && step == loadedStep + 1 && lastStep > step) {
+      exec->resetProfile();
+      profiledFrom = step + 1;
+    } else {
+      profiledSeconds += seconds;
+    }
+    if (rank != 0)
+      continue;
+    StepReport report;
+    report.step = step;
+    report.loss = loss;
+    report.stepSeconds = seconds;
+    report.tokensPerS = seconds > 0 ? tokens / seconds : 0.0;
+    report.lr = exec->plan().training().lr() * exec->lrScale(step);
+    report.gradNorm = exec->lastGradNorm();
+    report.peakBytes = exec->peakBytes();
+    report.maxRssBytes = maxRssBytes();
+    fmt::print("{}\n", stepLine(report));
+    std::fflush(stdout);
+    metrics.write(report);
+  }
+  check(metrics.close());
+  if (reports) {
+    if (eo.profile && lastStep >= profiledFrom)
+      fmt::print(stderr, "{}",
+                 profileTable(who, *exec, profiledFrom,
+                              lastStep - profiledFrom + 1, profiledSeconds));
+    fmt::print(stderr, "{}", memoryReport(who, *exec));
+    std::fflush(stderr);
+  }
+
+  if (!options.saveParamsDir.empty() && exec->replicaIndex() == 0)
+    check(exec->saveParams(options.saveParamsDir), /*named=*/false);
+  if (!options.savePath.empty())
+    check(writeCheckpoint(options.savePath, false, manifest, *exec, comm.get(),
+                          rank, lastStep),
+          /*named=*/false);
+  if (!options.saveGradsPath.empty())
+    check(writeCheckpoint(options.saveGradsPath, true, manifest, *exec,
+                          comm.get(), rank, lastStep),
+          /*named=*/false);
+  return 0;
+}
+
+} // namespace piper::runtime

@@ -1,0 +1,345 @@
+// Spawning and supervising local ranks: fork/exec, the failure pipe, and
+// stopping every rank (SIGTERM, then SIGKILL) when one fails.
+#include "runtime/launch/Spawn.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/prctl.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+
+#include "runtime/data/AtomicFile.h"
+#include "runtime/launch/Rendezvous.h"
+
+namespace piper::runtime {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+/// How long stopped ranks get between SIGTERM and SIGKILL.
+constexpr auto kStopGrace = std::chrono::seconds(5);
+
+/// How long a failure's direct consequences get to surface before the
+/// launcher names a culprit.
+constexpr auto kSettle = std::chrono::milliseconds(300);
+
+volatile sig_atomic_t stopSignal = 0;
+
+void onStopSignal(int sig) { stopSignal = sig; }
+
+std::string describeExit(int status) {
+  if (WIFEXITED(status))
+    return fmt::format("exit code {}", WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    int sig = WTERMSIG(status);
+    const char *name = strsignal(sig);
+    return name ? fmt::format("killed by signal {}, {}", sig, name)
+                : fmt::format("killed by signal {}", sig);
+  }
+  return fmt::format("status {}", status);
+}
+
+bool failed(int status) { return !WIFEXITED(status) || WEXITSTATUS(status); }
+
+/// The last `lines` lines of the file at `path`, for failure reports.
+std::string tailOf(const std::string &path, size_t lines) {
+  std::ifstream in(path);
+  std::deque<std::string> tail;
+  std::string line;
+  while (std::getline(in, line)) {
+    tail.push_back(line);
+    if (tail.size() > lines)
+      tail.pop_front();
+  }
+  std::string out;
+  for (const std::string &l : tail)
+    out += "  | " + l + "\n";
+  return out;
+}
+
+/// Sends SIGTERM to every live child, then SIGKILL to those still alive
+/// after the grace period, and reaps them all into `statuses` (by rank).
+void stopAll(std::map<pid_t, int> &alive, std::map<int, int> &statuses) {
+  for (auto &[pid, rank] : alive)
+    ::kill(pid, SIGTERM);
+  auto reap = [&](pid_t pid, int status) {
+    auto it = alive.find(pid);
+    if (it == alive.end())
+      return;
+    statuses[it->second] = status;
+    alive.erase(it);
+  };
+  auto deadline = Clock::now() + kStopGrace;
+  while (!alive.empty() && Clock::now() < deadline) {
+    int status = 0;
+    pid_t pid = ::waitpid(-1, &status, WNOHANG);
+    if (pid > 0) {
+      reap(pid, status);
+      continue;
+    }
+    if (pid < 0 && errno != EINTR)
+      break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  for (auto &[pid, rank] : alive)
+    ::kill(pid, SIGKILL);
+  while (!alive.empty()) {
+    pid_t pid = alive.begin()->first;
+    int status = 0;
+    pid_t got = ::waitpid(pid, &status, 0);
+    if (got < 0 && errno == EINTR)
+      continue;
+    if (got < 0)
+      status = 0;
+    reap(pid, status);
+  }
+}
+
+/// The spawned ranks of one run and what is known of their ends.
+class Supervisor {
+public:
+  Supervisor(int nproc, int failureReadFd)
+      : nproc(nproc), failureReadFd(failureReadFd) {}
+
+  /// pid -> rank of every rank not reaped yet.
+  std::map<pid_t, int> alive;
+  /// Exit status by rank, once reaped.
+  std::map<int, int> statuses;
+  /// Ranks in the order they reported a failure on the pipe.
+  std::vector<int> reported;
+  /// Failed ranks in the order they were reaped.
+  std::vector<int> reapOrder;
+
+  bool anyFailed() const { return !reported.empty() || !reapOrder.empty(); }
+
+  /// Waits up to `ms` for a line on the failure pipe (EINTR just means:
+  /// look again).
+  void poll(int ms) {
+    struct pollfd pfd = {failureReadFd, POLLIN, 0};
+    ::poll(&pfd, 1, ms);
+  }
+
+  /// Reads the "R\n" lines ranks wrote to the failure pipe.
+  void drainPipe() {
+    char buf[256];
+    ssize_t got;
+    while ((got = ::read(failureReadFd, buf, sizeof(buf))) > 0) {
+      pending.append(buf, static_cast<size_t>(got));
+      size_t eol;
+      while ((eol = pending.find('\n')) != std::string::npos) {
+        int r = std::atoi(pending.substr(0, eol).c_str());
+        pending.erase(0, eol + 1);
+        if (r >= 0 && r < nproc &&
+            std::find(reported.begin(), reported.end(), r) == reported.end())
+          reported.push_back(r);
+      }
+    }
+  }
+
+  /// Reaps every rank that has exited, without blocking.
+  void reapExited() {
+    int status = 0;
+    pid_t pid;
+    while ((pid = ::waitpid(-1, &status, WNOHANG)) > 0) {
+      auto it = alive.find(pid);
+      if (it == alive.end())
+        continue;
+      statuses[it->second] = status;
+      if (failed(status))
+        reapOrder.push_back(it->second);
+      alive.erase(it);
+    }
+  }
+
+  /// The rank that failed first: one killed by a signal (a crash writes no
+  /// line) before the first to report, before the first reaped.
+  int culprit() {
+    for (int r : reapOrder)
+      if (WIFSIGNALED(statuses[r]))
+        return r;
+    return !reported.empty() ? reported.front() : reapOrder.front();
+  }
+
+private:
+  int nproc;
+  int failureReadFd;
+  std::string pending;
+};
+
+} // namespace
+
+int launchLocalRanks(const RunOptions &options, char **argv) {
+  const int n = options.nproc;
+  std::string storeDir;
+  Status st = makeStoreDir(storeDir);
+  if (!st) {
+    fmt::print(stderr, "piper-run: {}\n", st.message());
+    return 1;
+  }
+  auto cleanup = [&] {
+    std::error_code ec;
+    std::filesystem::remove_all(storeDir, ec);
+  };
+
+  if (!options.logDir.empty()) {
+    st = makeDirectories(options.logDir);
+    if (!st) {
+      fmt::print(stderr, "piper-run: {}\n", st.message());
+      cleanup();
+      return 1;
+    }
+  }
+
+  // Ranks write "R\n" to this pipe just before they exit on an error. A
+  // rank that dies makes its peers fail within microseconds, often before
+  // the dying process is reapable, so the first line, not the first exit,
+  // names the rank that failed first.
+  int failurePipe[2];
+  if (::pipe2(failurePipe, O_CLOEXEC) != 0) {
+    fmt::print(stderr, "piper-run: cannot create a pipe: {}\n",
+               errnoMessage(errno));
+    cleanup();
+    return 1;
+  }
+  ::fcntl(failurePipe[0], F_SETFL, O_NONBLOCK);
+
+  // Everything a child needs is built before fork: after it, the child may
+  // only make async-signal-safe calls (the parent may have BLAS threads).
+  std::vector<std::string> baseEnv = inheritedEnvironment(n);
+  std::vector<std::vector<std::string>> envs(n);
+  std::vector<std::vector<char *>> envPtrs(n);
+  std::vector<std::string> logPaths(n);
+  for (int r = 0; r < n; ++r) {
+    envs[r] = rankEnvironment(baseEnv, r, n, storeDir, failurePipe[1]);
+    for (std::string &s : envs[r])
+      envPtrs[r].push_back(s.data());
+    envPtrs[r].push_back(nullptr);
+    if (!options.logDir.empty())
+      logPaths[r] = fmt::format("{}/rank-{}.log", options.logDir, r);
+  }
+
+  struct sigaction sa;
+  std::memset(&sa, 0, sizeof(sa));
+  sa.sa_handler = onStopSignal;
+  sigemptyset(&sa.sa_mask);
+  ::sigaction(SIGINT, &sa, nullptr);
+  ::sigaction(SIGTERM, &sa, nullptr);
+  ::sigaction(SIGHUP, &sa, nullptr);
+
+  std::fflush(stdout);
+  std::fflush(stderr);
+  pid_t parent = ::getpid();
+  Supervisor ranks(n, failurePipe[0]);
+  for (int r = 0; r < n; ++r) {
+    pid_t pid = ::fork();
+    if (pid < 0) {
+      fmt::print(stderr, "piper-run: cannot start rank {}: {}\n", r,
+                 errnoMessage(errno));
+      stopAll(ranks.alive, ranks.statuses);
+      cleanup();
+      return 1;
+    }
+    if (pid == 0) {
+      // Die with the launcher, so that no rank outlives a killed run.
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != parent)
+        ::_exit(1);
+      // The write end must survive exec; dup2 onto itself would not clear
+      // FD_CLOEXEC, so clear it by hand.
+      ::fcntl(failurePipe[1], F_SETFD, 0);
+      if (!logPaths[r].empty()) {
+        int fd = ::open(logPaths[r].c_str(),
+                        O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        if (fd >= 0)
+          ::dup2(fd, STDERR_FILENO);
+      }
+      ::execve("/proc/self/exe", argv, envPtrs[r].data());
+      const char msg[] = "piper-run: cannot exec /proc/self/exe\n";
+      ssize_t ignored = ::write(STDERR_FILENO, msg, sizeof(msg) - 1);
+      (void)ignored;
+      ::_exit(127);
+    }
+    ranks.alive[pid] = r;
+  }
+  ::close(failurePipe[1]);
+
+  bool interrupted = false;
+  while (!ranks.alive.empty()) {
+    ranks.poll(50);
+    if (stopSignal) {
+      interrupted = true;
+      break;
+    }
+    ranks.drainPipe();
+    ranks.reapExited();
+    if (ranks.anyFailed())
+      break;
+  }
+  if (interrupted) {
+    fmt::print(stderr,
+               "piper-run: interrupted (signal {}), stopping {} ranks\n",
+               static_cast<int>(stopSignal), ranks.alive.size());
+    stopAll(ranks.alive, ranks.statuses);
+    ::close(failurePipe[0]);
+    cleanup();
+    return 128 + stopSignal;
+  }
+  if (!ranks.anyFailed()) {
+    ::close(failurePipe[0]);
+    cleanup();
+    return 0;
+  }
+
+  // Let a failure's direct consequences surface before naming a culprit: a
+  // rank killed by a signal (a crash) writes no line, and its peers' lines
+  // may come first.
+  auto settle = Clock::now() + kSettle;
+  while (!ranks.alive.empty() && Clock::now() < settle) {
+    ranks.poll(20);
+    ranks.drainPipe();
+    ranks.reapExited();
+  }
+  int culprit = ranks.culprit();
+  size_t others = ranks.alive.size();
+  stopAll(ranks.alive, ranks.statuses);
+  ranks.drainPipe();
+  ::close(failurePipe[0]);
+
+  fmt::print(stderr, "piper-run: rank {} failed ({})\n", culprit,
+             ranks.statuses.count(culprit)
+                 ? describeExit(ranks.statuses[culprit])
+                 : std::string("no exit status"));
+  if (!logPaths[culprit].empty())
+    fmt::print(stderr, "piper-run: end of {}:\n{}", logPaths[culprit],
+               tailOf(logPaths[culprit], 20));
+  for (int r : ranks.reapOrder)
+    if (r != culprit)
+      fmt::print(stderr, "piper-run: rank {} also failed ({})\n", r,
+                 describeExit(ranks.statuses[r]));
+  if (others > 0)
+    fmt::print(stderr, "piper-run: stopped the other {} rank{}\n", others,
+               others == 1 ? "" : "s");
+  cleanup();
+  return 1;
+}
+
+} // namespace piper::runtime

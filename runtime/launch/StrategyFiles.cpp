@@ -1,0 +1,113 @@
+// Loading and checking the manifest, plans and data file of a run.
+#include "runtime/launch/StrategyFiles.h"
+
+#include <set>
+#include <string>
+#include <utility>
+
+#include "proto/PlanFile.h"
+#include "runtime/checkpoint/Safetensors.h"
+#include "runtime/data/AtomicFile.h"
+#include "runtime/exec/Validate.h"
+#include "runtime/kernels/Kernels.h"
+#include "runtime/launch/CheckpointIO.h"
+
+namespace piper::runtime {
+
+namespace {
+
+/// `file` inside `dir`, unless it is absolute.
+std::string joinPath(const std::string &dir, const std::string &file) {
+  if (!file.empty() && file[0] == '/')
+    return file;
+  return dir + "/" + file;
+}
+
+} // namespace
+
+Status loadManifest(const RunOptions &options, plan::Manifest &manifest) {
+  std::string err = plan::readManifest(
+      joinPath(options.outDir, plan::kManifestFileName), manifest);
+  if (!err.empty())
+    return Status::error(err);
+  if (options.backend != "cpu")
+    return Status::error("backend '" + options.backend +
+                         "' is not available in this build (available: cpu)");
+  return Status::ok();
+}
+
+Status loadPlan(const RunOptions &options, const plan::Manifest &manifest,
+                int index, plan::Plan &plan) {
+  std::string err = plan::readPlanFile(
+      joinPath(options.outDir, manifest.classes(index).plan_file()), plan);
+  return err.empty() ? Status::ok() : Status::error(err);
+}
+
+Status loadPlans(const RunOptions &options, const plan::Manifest &manifest,
+                 std::vector<plan::Plan> &plans) {
+  plans.assign(manifest.classes_size(), plan::Plan());
+  std::vector<std::string> kernels = kernelNames();
+  for (int c = 0; c < manifest.classes_size(); ++c) {
+    PIPER_RETURN_IF_ERROR(loadPlan(options, manifest, c, plans[c]));
+    PIPER_RETURN_IF_ERROR(
+        validatePlan(plans[c], kernels)
+            .withContext(
+                "plan file '" +
+                joinPath(options.outDir, manifest.classes(c).plan_file()) +
+                "': invalid plan"));
+  }
+  return Status::ok();
+}
+
+bool loadsBatches(const plan::Plan &plan) {
+  for (const plan::Stream &stream : plan.streams())
+    for (const plan::Instruction &inst : stream.instructions())
+      if (inst.kind() == plan::Instruction::LOAD_BATCH)
+        return true;
+  return false;
+}
+
+Status openData(const RunOptions &options, const plan::TrainingConfig &training,
+                uint64_t seed, std::unique_ptr<TokenFileData> &out) {
+  out.reset();
+  if (options.dataPath.empty())
+    return Status::ok();
+  TokenDType dtype;
+  PIPER_RETURN_IF_ERROR(parseTokenDType(options.dataDType, dtype));
+  Status st;
+  out = openTokenFileData(options.dataPath, dtype, training.vocab_size(),
+                          training.seq_len(), seed, st);
+  return st;
+}
+
+Status checkStrategy(const RunOptions &options,
+                     const plan::Manifest &manifest) {
+  std::vector<plan::Plan> plans;
+  PIPER_RETURN_IF_ERROR(loadPlans(options, manifest, plans));
+  PIPER_RETURN_IF_ERROR(
+      validateStrategy(manifest, plans).withContext("invalid strategy"));
+  if (!options.dataPath.empty()) {
+    // Classes normally share one training config; check each distinct one.
+    std::set<std::pair<int64_t, int64_t>> checked;
+    for (const plan::Plan &p : plans) {
+      const plan::TrainingConfig &t = p.training();
+      if (!loadsBatches(p) ||
+          !checked.insert({t.vocab_size(), t.seq_len()}).second)
+        continue;
+      std::unique_ptr<TokenFileData> data;
+      PIPER_RETURN_IF_ERROR(openData(options, t, options.seed, data));
+    }
+  }
+  if (!options.loadPath.empty()) {
+    std::unique_ptr<SafetensorsReader> reader;
+    int64_t step = 0;
+    PIPER_RETURN_IF_ERROR(
+        openCheckpoint(options.loadPath, plans, reader, step));
+  }
+  if (!options.savePath.empty())
+    PIPER_RETURN_IF_ERROR(makeDirectories(parentDirectory(options.savePath))
+                              .withContext("--save"));
+  return Status::ok();
+}
+
+} // namespace piper::runtime
