@@ -437,7 +437,7 @@ void GptModelBuilder::buildProgram(ArrayRef<SegmentOp> segments) {
   b.setInsertionPointToStart(&program.getBody().front());
   Type token = TokenType::get(ctx);
   auto batch = BatchOp::create(b, loc("batch"), idsType(), idsType(), token,
-                               b.getDictionaryAttr({}));
+                               TagAttr::get(b.getContext()));
   Value x = batch.getTokens();
   for (SegmentOp segment : segments) {
     SmallVector<Value, 2> args{x};
@@ -445,12 +445,13 @@ void GptModelBuilder::buildProgram(ArrayRef<SegmentOp> segments) {
       args.push_back(batch.getTargets());
     int64_t block =
         cast<IntegerAttr>(segment->getAttr("piper.block")).getInt();
-    auto tag = b.getDictionaryAttr(
-        b.getNamedAttr("block", b.getI64IntegerAttr(block)));
+    auto tag = TagAttr::get(b.getContext(), std::nullopt, std::nullopt,
+                            std::nullopt, std::nullopt, block);
     auto task = TaskOp::create(
         b, loc(segment.getSymName()), segment.getResultTypes(), token,
         segment.getSymName(), args, ValueRange{}, tag,
-        /*devices=*/DenseI64ArrayAttr(), /*stream=*/StringAttr());
+        /*devices=*/DenseI64ArrayAttr(), /*stream=*/StringAttr(),
+        /*send_stream=*/StringAttr());
     x = task.getOuts().front();
   }
 }

@@ -211,14 +211,15 @@ TEST_CASE("segments and tasks form the forward chain", "[frontend]") {
       FAIL("unexpected program node " << op.getName().getStringRef().str());
   }
   REQUIRE(batches.size() == 1);
-  CHECK(batches.front().getTag().empty());
+  CHECK(batches.front().getTag() == TagAttr::get(batches.front().getContext()));
   CHECK(isa<BatchOp>(program.getBody().front().front()));
   REQUIRE(tasks.size() == segments.size());
   Value prev = batches.front().getTokens();
   for (auto [k, task] : llvm::enumerate(tasks)) {
     CHECK(task.getSegment() == segments[k].getSymName());
-    CHECK(getTagInt(task.getTag(), "block") == static_cast<int64_t>(k));
-    CHECK(task.getTag().size() == 1);
+    CHECK(task.getTag() ==
+          TagAttr::get(task.getContext(), std::nullopt, std::nullopt,
+                       std::nullopt, std::nullopt, static_cast<int64_t>(k)));
     CHECK_FALSE(task.getDevices().has_value());
     CHECK_FALSE(task.getStream().has_value());
     CHECK(task.getDeps().empty());

@@ -71,7 +71,7 @@ public:
       issueOrder.push_back(ins);
       if (auto batch = dyn_cast<BatchOp>(op)) {
         ins->set_kind(plan::Instruction::LOAD_BATCH);
-        ins->set_microbatch(getTagInt(batch.getTag(), "MB").value_or(0));
+        ins->set_microbatch(batch.getTag().getMb().value_or(0));
         ins->add_outputs(buffer(batch.getTokens(), "tokens"));
         ins->add_outputs(buffer(batch.getTargets(), "targets"));
         auto t = cast<RankedTensorType>(batch.getTokens().getType());
@@ -115,11 +115,9 @@ public:
       }
     }
     auto *training = p.mutable_training();
-    training->set_num_microbatches(
-        dp->getAttrOfType<IntegerAttr>("num_microbatches").getInt());
-    training->set_num_replicas(
-        dp->getAttrOfType<IntegerAttr>("num_replicas").getInt());
-    if (auto opt = dp->getAttrOfType<DictionaryAttr>("piper.optimizer")) {
+    training->set_num_microbatches(dp.getNumMicrobatches());
+    training->set_num_replicas(dp.getNumReplicas());
+    if (DictionaryAttr opt = dp.getOptimizerAttr()) {
       if (auto v = opt.getAs<FloatAttr>("min_lr"))
         training->set_min_lr(v.getValueAsDouble());
       if (auto v = opt.getAs<IntegerAttr>("warmup_steps"))
@@ -429,8 +427,8 @@ mlir::piper::lowerToPlans(ModuleOp module, const std::string &modelName,
   m.set_model_name(modelName);
   m.set_strategy(strategySummary);
   for (DeviceProgramOp dp : programs) {
-    int64_t mbs = dp->getAttrOfType<IntegerAttr>("num_microbatches").getInt();
-    int64_t reps = dp->getAttrOfType<IntegerAttr>("num_replicas").getInt();
+    int64_t mbs = dp.getNumMicrobatches();
+    int64_t reps = dp.getNumReplicas();
     FailureOr<plan::Plan> plan =
         ClassLowering(module, dp, worldSize, 1.0 / double(mbs * reps)).run();
     if (failed(plan))

@@ -114,8 +114,8 @@ public:
     for (Value v : fwdResults)
       fwdTypes.push_back(v.getType());
     fwd.setFunctionType(mb.getFunctionType(fb.getArgumentTypes(), fwdTypes));
-    fwd->setAttr("piper.pass", mb.getStringAttr("F"));
-    bwd->setAttr("piper.pass", mb.getStringAttr("B"));
+    fwd->setAttr("piper.pass", PassKindAttr::get(mb.getContext(), PassKind::F));
+    bwd->setAttr("piper.pass", PassKindAttr::get(mb.getContext(), PassKind::B));
     out.backward = bwd;
     return std::move(out);
   }
@@ -353,9 +353,9 @@ LogicalResult mlir::piper::buildTrainingDag(ModuleOp module,
   if (tasks.empty())
     return program->emitOpError("has no tasks to differentiate");
   for (TaskOp t : tasks) {
-    if (!getTagPass(t.getTag()).empty())
+    if (t.getTag().getPass().has_value())
       return t.emitOpError("is already part of a training DAG");
-    if (!getTagInt(t.getTag(), "PP"))
+    if (!t.getTag().getPp())
       return t.emitOpError("has no PP tag: run piper-stage first");
   }
 
@@ -363,17 +363,12 @@ LogicalResult mlir::piper::buildTrainingDag(ModuleOp module,
   OpBuilder mb(module.getContext());
   mb.setInsertionPoint(*program);
   OpBuilder pb = OpBuilder::atBlockEnd(&body);
-  auto withPass = [&](DictionaryAttr tag, StringRef pass) {
-    NamedAttrList attrs(tag);
-    attrs.set("PASS", pb.getStringAttr(pass));
-    return attrs.getDictionary(module.getContext());
-  };
 
   struct StageInfo {
     TaskOp fwdTask;
     SegmentOp fwdSegment;
     Differentiated diff;
-    DictionaryAttr tag;
+    TagAttr tag;
   };
   std::vector<StageInfo> infos;
   DenseMap<Value, std::pair<unsigned, unsigned>> producer; // old result -> (stage, result)
@@ -410,8 +405,8 @@ LogicalResult mlir::piper::buildTrainingDag(ModuleOp module,
       args.push_back(map.lookupOrDefault(a));
     auto nt = TaskOp::create(
         pb, t.getLoc(), seg.getResultTypes(), pb.getType<TokenType>(),
-        t.getSegmentAttr(), args, ValueRange(), withPass(info.tag, "F"),
-        DenseI64ArrayAttr(), StringAttr());
+        t.getSegmentAttr(), args, ValueRange(), info.tag.withPass(PassKind::F),
+        DenseI64ArrayAttr(), StringAttr(), StringAttr());
     unsigned k = 0;
     for (auto [i, r] : llvm::enumerate(t.getOuts()))
       if (!llvm::is_contained(info.diff.lossResults, i))
@@ -447,8 +442,8 @@ LogicalResult mlir::piper::buildTrainingDag(ModuleOp module,
     auto bt = TaskOp::create(pb, old.getLoc(), bseg.getResultTypes(),
                              pb.getType<TokenType>(),
                              FlatSymbolRefAttr::get(bseg.getSymNameAttr()),
-                             args, ValueRange(), withPass(info.tag, "B"),
-                             DenseI64ArrayAttr(), StringAttr());
+                             args, ValueRange(), info.tag.withPass(PassKind::B),
+                             DenseI64ArrayAttr(), StringAttr(), StringAttr());
     for (auto [k, argIndex] : llvm::enumerate(info.diff.gradArgs)) {
       Value fwdArg = nf.getArgs()[argIndex];
       if (gradOf.count(fwdArg))
@@ -464,11 +459,11 @@ LogicalResult mlir::piper::buildTrainingDag(ModuleOp module,
   for (auto [si, info] : llvm::enumerate(infos)) {
     if (opt.noUpdate)
       break;
-    std::string name = "stage" + std::to_string(*getTagInt(info.tag, "PP")) +
+    std::string name = "stage" + std::to_string(*info.tag.getPp()) +
                        "_U";
     auto useg = SegmentOp::create(mb, info.fwdTask.getLoc(), name,
                                   mb.getFunctionType({}, {}));
-    useg->setAttr("piper.pass", mb.getStringAttr("U"));
+    useg->setAttr("piper.pass", PassKindAttr::get(mb.getContext(), PassKind::U));
     OpBuilder ub = OpBuilder::atBlockEnd(&useg.getBody().front());
     for (StringAttr p : info.diff.params) {
       auto param = symbols.lookup<ParamOp>(p);
@@ -485,16 +480,15 @@ LogicalResult mlir::piper::buildTrainingDag(ModuleOp module,
     TaskOp::create(pb, info.fwdTask.getLoc(), TypeRange(),
                    pb.getType<TokenType>(),
                    FlatSymbolRefAttr::get(useg.getSymNameAttr()), ValueRange(),
-                   ValueRange{newBwd[si].getDone()}, withPass(info.tag, "U"),
-                   DenseI64ArrayAttr(), StringAttr());
+                   ValueRange{newBwd[si].getDone()}, info.tag.withPass(PassKind::U),
+                   DenseI64ArrayAttr(), StringAttr(), StringAttr());
   }
 
   for (StageInfo &info : llvm::reverse(infos))
     info.fwdTask.erase();
   // The schedule and clipping are step-level settings the runtime applies.
   Builder attrs(module.getContext());
-  program->getOperation()->setAttr(
-      "piper.optimizer",
+  program->setOptimizerAttr(
       attrs.getDictionaryAttr({
           attrs.getNamedAttr("min_lr", attrs.getF64FloatAttr(opt.minLr)),
           attrs.getNamedAttr("warmup_steps",

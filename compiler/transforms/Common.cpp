@@ -20,27 +20,20 @@ FailureOr<ProgramOp> mlir::piper::getProgram(ModuleOp module) {
   return found;
 }
 
-bool mlir::piper::matchesFilter(DictionaryAttr tag, const Filter &filter) {
+bool mlir::piper::matchesFilter(TagAttr tag, const Filter &filter) {
   for (const auto &[key, value] : filter.entries) {
-    Attribute a = tag ? tag.get(key) : Attribute();
-    if (!a)
+    if (key == "PASS") {
+      std::optional<PassKind> pass = tag.getPass();
+      if (!pass || (value.kind == FilterValue::Pass &&
+                    stringifyPassKind(*pass) != value.pass))
+        return false;
+      continue;
+    }
+    std::optional<int64_t> index = tag.getIndex(key);
+    if (!index ||
+        (value.kind == FilterValue::Index && *index != value.index) ||
+        value.kind == FilterValue::Pass)
       return false;
-    switch (value.kind) {
-    case FilterValue::Any:
-      break;
-    case FilterValue::Index: {
-      auto i = dyn_cast<IntegerAttr>(a);
-      if (!i || i.getInt() != value.index)
-        return false;
-      break;
-    }
-    case FilterValue::Pass: {
-      auto s = dyn_cast<StringAttr>(a);
-      if (!s || s.getValue() != value.pass)
-        return false;
-      break;
-    }
-    }
   }
   return true;
 }
@@ -61,13 +54,13 @@ std::string mlir::piper::describeNode(Operation *op) {
   std::string out;
   llvm::raw_string_ostream os(out);
   if (auto task = dyn_cast<TaskOp>(op)) {
-    os << "task @" << task.getSegment() << " (" << formatTag(task.getTag())
+    os << "task @" << task.getSegment() << " (" << task.getTag().str()
        << ")";
   } else if (auto ar = dyn_cast<AllReduceOp>(op)) {
-    os << "all_reduce (" << formatTag(ar.getTag()) << ", "
+    os << "all_reduce (" << ar.getTag().str() << ", "
        << ar.getParams().size() << " params)";
   } else if (auto b = dyn_cast<BatchOp>(op)) {
-    os << "batch (" << formatTag(b.getTag()) << ")";
+    os << "batch (" << b.getTag().str() << ")";
   } else if (auto tr = dyn_cast<TransferOp>(op)) {
     os << "transfer [";
     llvm::interleaveComma(tr.getFrom(), os);

@@ -19,12 +19,6 @@ static std::string formatDevices(ArrayRef<int64_t> devices) {
          "]";
 }
 
-static DictionaryAttr withTag(DictionaryAttr tag, StringRef key, Attribute v) {
-  NamedAttrList attrs(tag);
-  attrs.set(key, v);
-  return attrs.getDictionary(v.getContext());
-}
-
 static SmallVector<TaskOp> matchingTasks(ProgramOp program,
                                          const Filter &filter) {
   SmallVector<TaskOp> out;
@@ -42,7 +36,7 @@ static LogicalResult applySplit(ProgramOp program, const Directive &d) {
   Block &body = program.getBody().front();
   if (program.getNumMicrobatches() != 1 ||
       llvm::any_of(body.getOps<TaskOp>(),
-                   [](TaskOp t) { return getTagInt(t.getTag(), "MB"); }))
+                   [](TaskOp t) { return t.getTag().getMb(); }))
     return program.emitOpError(d.describe() + ": the program is already split");
   for (Operation &op : body)
     if (!isa<TaskOp, BatchOp>(op))
@@ -51,7 +45,7 @@ static LogicalResult applySplit(ProgramOp program, const Directive &d) {
   SmallVector<Operation *> perMb, updates;
   for (Operation &op : body) {
     auto t = dyn_cast<TaskOp>(op);
-    if (t && getTagPass(t.getTag()) == "U")
+    if (t && t.getTag().isPass(PassKind::U))
       updates.push_back(&op);
     else
       perMb.push_back(&op);
@@ -61,20 +55,22 @@ static LogicalResult applySplit(ProgramOp program, const Directive &d) {
   std::vector<IRMapping> maps(m);
   auto cloneFor = [&](Operation *op, int64_t mb) {
     Operation *c = b.clone(*op, maps[mb]);
-    auto tag = c->getAttrOfType<DictionaryAttr>("tag");
-    c->setAttr("tag", withTag(tag, "MB", b.getI64IntegerAttr(mb)));
+    auto task = dyn_cast<TaskOp>(c);
+    auto batch = dyn_cast<BatchOp>(c);
+    TagAttr tag = task ? task.getTag() : batch.getTag();
+    c->setAttr("tag", tag.withMicrobatch(mb));
   };
   // Default order (GPipe): every forward, then every backward.
   for (int64_t mb = 0; mb < m; ++mb)
     for (Operation *op : perMb) {
       auto t = dyn_cast<TaskOp>(op);
-      if (!t || getTagPass(t.getTag()) != "B")
+      if (!t || !t.getTag().isPass(PassKind::B))
         cloneFor(op, mb);
     }
   for (int64_t mb = 0; mb < m; ++mb)
     for (Operation *op : perMb) {
       auto t = dyn_cast<TaskOp>(op);
-      if (t && getTagPass(t.getTag()) == "B")
+      if (t && t.getTag().isPass(PassKind::B))
         cloneFor(op, mb);
     }
   for (Operation *op : updates) {
@@ -126,7 +122,7 @@ static LogicalResult applyPlace(ProgramOp program, const Directive &d,
     t.setDevicesAttr(b.getDenseI64ArrayAttr(d.devices));
     if (!t.getStream())
       t.setStreamAttr(b.getStringAttr("compute"));
-    t->setAttr("piper.send_stream", b.getStringAttr(d.stream));
+    t.setSendStreamAttr(b.getStringAttr(d.stream));
   }
   return success();
 }
@@ -178,7 +174,7 @@ LogicalResult mlir::piper::finalizePlacement(ModuleOp module,
           if (symbols.lookup<ParamOp>(ref.getAttr()))
             params.insert(ref.getAttr());
     });
-    int64_t stage = getTagInt(t.getTag(), "PP").value_or(-1);
+    int64_t stage = t.getTag().getPp().value_or(-1);
     for (StringAttr p : params) {
       auto [it, inserted] = ownerOf.insert({{p.str(), stage}, t});
       if (!inserted && it->second.getDevices() != t.getDevices())
@@ -212,7 +208,7 @@ LogicalResult mlir::piper::finalizePlacement(ModuleOp module,
       Value &moved = transferred[key];
       if (!moved) {
         b.setInsertionPointAfter(producer);
-        auto stream = producer->getAttrOfType<StringAttr>("piper.send_stream");
+        StringAttr stream = producer.getSendStreamAttr();
         auto tr = TransferOp::create(
             b, producer.getLoc(), use.get(), ValueRange(), from, to,
             stream ? stream.getValue() : StringRef("pp_stream"));
@@ -232,7 +228,7 @@ sharedParams(ModuleOp module, ProgramOp program) {
   SymbolTable symbols(module);
   llvm::MapVector<StringAttr, SmallVector<ArrayRef<int64_t>>> groups;
   for (TaskOp t : program.getBody().front().getOps<TaskOp>()) {
-    if (getTagPass(t.getTag()) != "B" || !t.getDevices())
+    if (!t.getTag().isPass(PassKind::B) || !t.getDevices())
       continue;
     ArrayRef<int64_t> g = *t.getDevices();
     symbols.lookup<SegmentOp>(t.getSegment()).walk([&](AccumulateGradOp a) {
@@ -269,31 +265,30 @@ static LogicalResult applyReplicate(ModuleOp module, ProgramOp program,
              << ", not on " << formatDevices(d.devices)
              << "; place it on the replicated devices first";
   int64_t replicas = d.devices.size();
-  if (program->hasAttr("piper.replicated") &&
+  if (program.getReplicated() &&
       program.getNumReplicasAttr().getInt() != replicas)
     return program.emitOpError(d.describe())
            << ": data-parallel degree " << replicas
            << " differs from the degree " << program.getNumReplicas()
            << " of an earlier replicate";
   Builder attrs(module.getContext());
-  program->setAttr("piper.replicated", attrs.getUnitAttr());
+  program.setReplicated(true);
   program.setNumReplicas(replicas);
 
   SymbolTable symbols(module);
   SmallVector<TaskOp> backward;
   llvm::SetVector<StringAttr> params;
-  DictionaryAttr stageTag;
+  TagAttr stageTag;
   for (TaskOp t : tasks) {
-    StringRef pass = getTagPass(t.getTag());
-    if (pass == "B") {
+    if (t.getTag().isPass(PassKind::B)) {
       backward.push_back(t);
       // Backward order: the last layers' gradients are ready first.
       symbols.lookup<SegmentOp>(t.getSegment()).walk([&](AccumulateGradOp a) {
         params.insert(a.getParamAttr().getAttr());
       });
-      if (auto pp = getTagInt(t.getTag(), "PP"))
-        stageTag = attrs.getDictionaryAttr(
-            {attrs.getNamedAttr("PP", attrs.getI64IntegerAttr(*pp))});
+      if (auto pp = t.getTag().getPp())
+        stageTag = TagAttr::get(attrs.getContext(), *pp, std::nullopt,
+                                std::nullopt, std::nullopt, std::nullopt);
     }
   }
   // Parameters shared with another stage are summed over both stages'
@@ -303,7 +298,7 @@ static LogicalResult applyReplicate(ModuleOp module, ProgramOp program,
   if (replicas == 1 || params.empty())
     return success();
   if (!stageTag)
-    stageTag = attrs.getDictionaryAttr({});
+    stageTag = TagAttr::get(attrs.getContext());
 
   // Buckets of about bucketSizeMb, in gradient-ready order.
   SmallVector<SmallVector<Attribute>> buckets(1);
@@ -327,13 +322,14 @@ static LogicalResult applyReplicate(ModuleOp module, ProgramOp program,
   for (auto &bucket : buckets) {
     auto ar = AllReduceOp::create(b, backward.back().getLoc(),
                                   b.getArrayAttr(bucket), deps, d.devices,
-                                  d.reduceStream, stageTag);
+                                  d.reduceStream, stageTag,
+                                  /*collective=*/IntegerAttr());
     reduced.push_back(ar.getDone());
   }
   // Every update of a reduced parameter waits for the reduction, whether or
   // not the directive's filter matched it.
   for (TaskOp u : program.getBody().front().getOps<TaskOp>()) {
-    if (getTagPass(u.getTag()) != "U")
+    if (!u.getTag().isPass(PassKind::U))
       continue;
     bool updatesReduced = false;
     symbols.lookup<SegmentOp>(u.getSegment()).walk([&](AdamWOp a) {
@@ -434,7 +430,7 @@ LogicalResult mlir::piper::tieSharedParams(ModuleOp module) {
     SmallVector<Value> deps;
     TaskOp last;
     for (TaskOp t : body.getOps<TaskOp>()) {
-      if (getTagPass(t.getTag()) != "B")
+      if (!t.getTag().isPass(PassKind::B))
         continue;
       bool uses = false;
       symbols.lookup<SegmentOp>(t.getSegment()).walk([&](AccumulateGradOp a) {
@@ -449,10 +445,10 @@ LogicalResult mlir::piper::tieSharedParams(ModuleOp module) {
     SmallVector<int64_t> devices(members.begin(), members.end());
     auto ar = AllReduceOp::create(
         b, last.getLoc(), b.getArrayAttr({FlatSymbolRefAttr::get(param)}),
-        deps, devices, "dp_stream", b.getDictionaryAttr({}));
-    ar->setAttr("piper.collective", b.getI64IntegerAttr(collective++));
+        deps, devices, "dp_stream", TagAttr::get(b.getContext()),
+        b.getI64IntegerAttr(collective++));
     for (TaskOp u : body.getOps<TaskOp>()) {
-      if (getTagPass(u.getTag()) != "U")
+      if (!u.getTag().isPass(PassKind::U))
         continue;
       bool updates = false;
       symbols.lookup<SegmentOp>(u.getSegment()).walk([&](AdamWOp a) {

@@ -47,6 +47,13 @@ static LogicalResult orderProgram(DeviceProgramOp dp) {
   return sortTopologically(body);
 }
 
+/// The id of an all-reduce that spans several device classes.
+static std::optional<int64_t> collectiveOf(Operation *op) {
+  if (auto ar = dyn_cast<AllReduceOp>(op))
+    return ar.getCollective();
+  return std::nullopt;
+}
+
 namespace {
 /// Simulates the device programs with blocking receives, asynchronous sends
 /// and collectives that complete when their group reaches them.
@@ -61,8 +68,8 @@ public:
           sendOfChannel[s.getChannel()] = &op;
         if (isa<ClipGradsOp>(op))
           ++numClips;
-        if (auto id = op.getAttrOfType<IntegerAttr>("piper.collective"))
-          ++membersOf[id.getInt()];
+        if (std::optional<int64_t> id = collectiveOf(&op))
+          ++membersOf[*id];
       }
   }
 
@@ -97,9 +104,9 @@ private:
       return send && done.contains(send);
     }
     // A collective over several classes completes once all of them reach it.
-    if (auto id = op->getAttrOfType<IntegerAttr>("piper.collective")) {
-      arrivedAt[id.getInt()].insert(op);
-      return arrivedAt[id.getInt()].size() == membersOf[id.getInt()];
+    if (std::optional<int64_t> id = collectiveOf(op)) {
+      arrivedAt[*id].insert(op);
+      return arrivedAt[*id].size() == membersOf[*id];
     }
     // A world collective completes once every device program reached its own.
     if (isa<ClipGradsOp>(op)) {

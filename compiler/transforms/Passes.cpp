@@ -126,9 +126,9 @@ struct SchedulePass : mlir::piper::impl::PiperScheduleBase<SchedulePass> {
       return signalPassFailure();
     int64_t stages = 0;
     for (TaskOp t : program->getBody().front().getOps<TaskOp>()) {
-      if (auto pp = getTagInt(t.getTag(), "PP"))
+      if (auto pp = t.getTag().getPp())
         stages = std::max(stages, *pp + 1);
-      if (getTagPass(t.getTag()) != "U" && !getTagInt(t.getTag(), "MB")) {
+      if (!t.getTag().isPass(PassKind::U) && !t.getTag().getMb()) {
         t.emitOpError("has no MB tag: schedules order microbatches, run "
                       "piper-split first");
         return signalPassFailure();

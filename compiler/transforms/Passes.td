@@ -84,7 +84,7 @@ def PiperTieParams : Pass<"piper-tie-params", "::mlir::ModuleOp"> {
     A parameter used by several pipeline stages (a tied LM head) has a copy,
     an accumulator and an update in each stage. This pass adds one
     `piper.all_reduce` over every device holding a copy (tagged
-    `piper.collective` so all classes issue it together), after the last
+    a `collective` id so all classes issue it together), after the last
     backward that accumulates it and before every update of it. Run after
     placement and replicate (which leaves shared parameters to it).
   }];

@@ -209,7 +209,7 @@ LogicalResult mlir::piper::splitDevices(ModuleOp module) {
   }
   // Gradient clipping: one world-wide clip per device program, after its
   // gradients are complete and before its updates.
-  auto optimizer = (*program)->getAttrOfType<DictionaryAttr>("piper.optimizer");
+  DictionaryAttr optimizer = program->getOptimizerAttr();
   double clip = 0;
   if (optimizer)
     if (auto c = optimizer.getAs<FloatAttr>("clip_grad_norm"))
@@ -221,10 +221,9 @@ LogicalResult mlir::piper::splitDevices(ModuleOp module) {
       SmallVector<Value> deps;
       for (Operation &op : b) {
         if (auto t = dyn_cast<TaskOp>(op)) {
-          StringRef pass = getTagPass(t.getTag());
-          if (pass == "U")
+          if (t.getTag().isPass(PassKind::U))
             updates.push_back(t);
-          else if (pass == "B")
+          else if (t.getTag().isPass(PassKind::B))
             deps.push_back(t.getDone());
         } else if (auto ar = dyn_cast<AllReduceOp>(op)) {
           deps.push_back(ar.getDone());
@@ -241,10 +240,9 @@ LogicalResult mlir::piper::splitDevices(ModuleOp module) {
   }
   for (DeviceProgramOp dp : programs) {
     if (optimizer)
-      dp->setAttr("piper.optimizer", optimizer);
-    dp->setAttr("num_microbatches",
-                mb.getI64IntegerAttr(program->getNumMicrobatches()));
-    dp->setAttr("num_replicas", mb.getI64IntegerAttr(program->getNumReplicas()));
+      dp.setOptimizerAttr(optimizer);
+    dp.setNumMicrobatches(program->getNumMicrobatches());
+    dp.setNumReplicas(program->getNumReplicas());
   }
   program->erase();
   return success();

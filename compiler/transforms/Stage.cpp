@@ -48,8 +48,8 @@ LogicalResult mlir::piper::applyStage(ModuleOp module, int64_t stages) {
   if (tasks.empty())
     return program->emitOpError("has no tasks to stage");
   for (TaskOp t : tasks)
-    if (!getTagInt(t.getTag(), "block") || getTagInt(t.getTag(), "PP") ||
-        !getTagPass(t.getTag()).empty())
+    if (!t.getTag().getBlock() || t.getTag().getPp() ||
+        t.getTag().getPass().has_value())
       return t.emitOpError("stage expects forward model tasks tagged with "
                            "'block' only, got ")
              << t.getTag();
@@ -133,13 +133,13 @@ LogicalResult mlir::piper::applyStage(ModuleOp module, int64_t stages) {
     symbols.insert(seg);
 
     b.setInsertionPoint(group.back());
-    auto tag = b.getDictionaryAttr(
-        {b.getNamedAttr("PP", b.getI64IntegerAttr(s))});
+    auto tag = TagAttr::get(b.getContext(), s, std::nullopt, std::nullopt,
+                            std::nullopt, std::nullopt);
     auto task = TaskOp::create(b, group.back().getLoc(), TypeRange(outTypes),
                                b.getType<TokenType>(),
                                FlatSymbolRefAttr::get(seg.getSymNameAttr()),
                                inputs.getArrayRef(), deps.getArrayRef(), tag,
-                               DenseI64ArrayAttr(), StringAttr());
+                               DenseI64ArrayAttr(), StringAttr(), StringAttr());
     for (auto [i, old] : llvm::enumerate(outputs))
       Value(old).replaceAllUsesWith(task.getOuts()[i]);
     for (TaskOp t : llvm::reverse(group)) {

@@ -75,7 +75,7 @@ LogicalResult orderStreams(ModuleOp module);
 double estimateFlops(Operation *op);
 
 /// Whether `tag` matches `filter`.
-bool matchesFilter(DictionaryAttr tag, const Filter &filter);
+bool matchesFilter(TagAttr tag, const Filter &filter);
 
 /// Topologically re-sorts the ops of `block` (data and token edges), keeping
 /// the current order where free. Fails when the edges contain a cycle, and

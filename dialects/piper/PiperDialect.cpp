@@ -3,6 +3,7 @@
 
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/SmallSet.h"
+#include "llvm/ADT/StringExtras.h"
 #include "llvm/ADT/TypeSwitch.h"
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/DialectImplementation.h"
@@ -39,26 +40,161 @@ void PiperDialect::initialize() {
 // Tags and device groups
 //===----------------------------------------------------------------------===//
 
+//===----------------------------------------------------------------------===//
+// Tags
+//===----------------------------------------------------------------------===//
+
+std::optional<int64_t> TagAttr::getIndex(StringRef key) const {
+  if (key == "PP")
+    return getPp();
+  if (key == "EP")
+    return getEp();
+  if (key == "MB")
+    return getMb();
+  if (key == "block")
+    return getBlock();
+  return std::nullopt;
+}
+
+TagAttr TagAttr::withMicrobatch(int64_t mb) const {
+  return TagAttr::get(getContext(), getPp(), getEp(), mb, getPass(),
+                      getBlock());
+}
+
+TagAttr TagAttr::withPass(PassKind kind) const {
+  return TagAttr::get(getContext(), getPp(), getEp(), getMb(), kind,
+                      getBlock());
+}
+
+std::string TagAttr::str() const {
+  std::string out;
+  llvm::raw_string_ostream os(out);
+  // Fixed key order reads better than alphabetical.
+  for (StringRef key : {"PP", "EP", "MB", "block"})
+    if (std::optional<int64_t> v = getIndex(key))
+      os << (out.empty() ? "" : " ") << key << "=" << *v;
+  if (std::optional<PassKind> pass = getPass())
+    os << (out.empty() ? "" : " ") << "PASS=" << stringifyPassKind(*pass);
+  return out;
+}
+
 LogicalResult
-mlir::piper::verifyTag(DictionaryAttr tag,
-                       llvm::function_ref<InFlightDiagnostic()> emitError) {
-  for (NamedAttribute entry : tag) {
-    StringRef key = entry.getName().getValue();
-    if (!llvm::is_contained(kTagKeys, key))
-      return emitError() << "unknown tag key '" << key
-                         << "' (expected PP, EP, MB, PASS or block)";
-    if (key == "PASS") {
-      auto pass = dyn_cast<StringAttr>(entry.getValue());
-      if (!pass || !llvm::is_contained(kPasses, pass.getValue()))
-        return emitError() << "tag PASS must be one of F, B, BI, BW, U, got "
-                           << entry.getValue();
-      continue;
-    }
-    auto index = dyn_cast<IntegerAttr>(entry.getValue());
-    if (!index || index.getInt() < 0)
+TagAttr::verify(llvm::function_ref<InFlightDiagnostic()> emitError,
+                std::optional<int64_t> pp, std::optional<int64_t> ep,
+                std::optional<int64_t> mb, std::optional<PassKind> pass,
+                std::optional<int64_t> block) {
+  for (auto [key, v] : {std::pair<StringRef, std::optional<int64_t>>{"PP", pp},
+                        {"EP", ep},
+                        {"MB", mb},
+                        {"block", block}})
+    if (v && *v < 0)
       return emitError() << "tag " << key
-                         << " must be a non-negative integer, got "
-                         << entry.getValue();
+                         << " must be a non-negative integer, got " << *v;
+  return success();
+}
+
+Attribute TagAttr::parse(AsmParser &parser, Type) {
+  SMLoc start = parser.getCurrentLocation();
+  std::optional<int64_t> pp, ep, mb, block;
+  std::optional<PassKind> pass;
+  if (parser.parseLess())
+    return {};
+  if (failed(parser.parseOptionalGreater())) {
+    llvm::SmallSet<StringRef, 4> seen;
+    do {
+      SMLoc loc = parser.getCurrentLocation();
+      StringRef key;
+      if (parser.parseKeyword(&key) || parser.parseEqual())
+        return {};
+      if (!seen.insert(key).second) {
+        parser.emitError(loc, "tag key '") << key << "' given twice";
+        return {};
+      }
+      if (key == "PASS") {
+        SMLoc passLoc = parser.getCurrentLocation();
+        StringRef name;
+        if (parser.parseKeyword(&name))
+          return {};
+        pass = symbolizePassKind(name);
+        if (!pass) {
+          parser.emitError(passLoc, "tag PASS must be one of F, B, BI, BW, "
+                                    "U, got '")
+              << name << "'";
+          return {};
+        }
+        continue;
+      }
+      std::optional<int64_t> *slot = key == "PP"      ? &pp
+                                     : key == "EP"    ? &ep
+                                     : key == "MB"    ? &mb
+                                     : key == "block" ? &block
+                                                      : nullptr;
+      if (!slot) {
+        parser.emitError(loc, "unknown tag key '")
+            << key << "' (expected PP, EP, MB, PASS or block)";
+        return {};
+      }
+      int64_t value;
+      if (parser.parseInteger(value))
+        return {};
+      *slot = value;
+    } while (succeeded(parser.parseOptionalComma()));
+    if (parser.parseGreater())
+      return {};
+  }
+  return TagAttr::getChecked([&] { return parser.emitError(start); },
+                             parser.getContext(), pp, ep, mb, pass, block);
+}
+
+void TagAttr::print(AsmPrinter &printer) const {
+  SmallVector<std::string> parts;
+  for (StringRef key : {"PP", "EP", "MB"})
+    if (std::optional<int64_t> v = getIndex(key))
+      parts.push_back((key + " = " + Twine(*v)).str());
+  if (std::optional<PassKind> pass = getPass())
+    parts.push_back(("PASS = " + stringifyPassKind(*pass)).str());
+  if (std::optional<int64_t> v = getBlock())
+    parts.push_back(("block = " + Twine(*v)).str());
+  printer << "<" << llvm::join(parts, ", ") << ">";
+}
+
+LogicalResult
+PiperDialect::verifyOperationAttribute(Operation *op, NamedAttribute attr) {
+  StringRef name = attr.getName().getValue();
+  if (name == "piper.block") {
+    auto block = dyn_cast<IntegerAttr>(attr.getValue());
+    if (!block || block.getInt() < 0)
+      return op->emitError("'piper.block' must be a non-negative integer, got ")
+             << attr.getValue();
+    return success();
+  }
+  if (name == "piper.pass") {
+    if (!isa<PassKindAttr>(attr.getValue()))
+      return op->emitError("'piper.pass' must be a #piper.pass, got ")
+             << attr.getValue();
+    return success();
+  }
+  return op->emitError("unknown piper attribute '") << name << "'";
+}
+
+/// Checks the step-level training settings of a program.
+static LogicalResult verifyOptimizer(Operation *op, DictionaryAttr settings) {
+  for (NamedAttribute entry : settings) {
+    StringRef key = entry.getName().getValue();
+    Attribute v = entry.getValue();
+    bool ok;
+    if (key == "min_lr" || key == "clip_grad_norm")
+      ok = isa<FloatAttr>(v);
+    else if (key == "warmup_steps" || key == "decay_steps")
+      ok = isa<IntegerAttr>(v);
+    else if (key == "dtype")
+      ok = isa<StringAttr>(v) &&
+           llvm::is_contained({"f32", "bf16"}, cast<StringAttr>(v).getValue());
+    else
+      return op->emitOpError("unknown optimizer setting '") << key << "'";
+    if (!ok)
+      return op->emitOpError("optimizer setting '")
+             << key << "' has the wrong type or value: " << v;
   }
   return success();
 }
@@ -76,36 +212,6 @@ LogicalResult mlir::piper::verifyDeviceGroup(
       return emitError() << what << " names device " << d << " twice";
   }
   return success();
-}
-
-std::optional<int64_t> mlir::piper::getTagInt(DictionaryAttr tag,
-                                              StringRef key) {
-  if (!tag)
-    return std::nullopt;
-  if (auto v = tag.getAs<IntegerAttr>(key))
-    return v.getInt();
-  return std::nullopt;
-}
-
-StringRef mlir::piper::getTagPass(DictionaryAttr tag) {
-  if (!tag)
-    return "";
-  if (auto v = tag.getAs<StringAttr>("PASS"))
-    return v.getValue();
-  return "";
-}
-
-std::string mlir::piper::formatTag(DictionaryAttr tag) {
-  std::string out;
-  llvm::raw_string_ostream os(out);
-  // Fixed key order reads better than the dictionary's sorted order.
-  for (StringRef key : {"PP", "EP", "MB", "block"})
-    if (auto v = getTagInt(tag, key))
-      os << (out.empty() ? "" : " ") << key << "=" << *v;
-  StringRef pass = getTagPass(tag);
-  if (!pass.empty())
-    os << (out.empty() ? "" : " ") << "PASS=" << pass;
-  return out;
 }
 
 //===----------------------------------------------------------------------===//
@@ -421,12 +527,21 @@ LogicalResult ProgramOp::verify() {
   if (getNumMicrobatchesAttr().getInt() < 1 ||
       getNumReplicasAttr().getInt() < 1)
     return emitOpError("num_microbatches and num_replicas must be positive");
+  if (auto settings = getOptimizerAttr();
+      settings && failed(verifyOptimizer(*this, settings)))
+    return failure();
   return verifyNodes(getBody().front(), /*deviceLevel=*/false);
 }
 
 LogicalResult DeviceProgramOp::verify() {
   if (getDeviceClassAttr().getInt() < 0)
     return emitOpError("device_class must be non-negative");
+  if (getNumMicrobatchesAttr().getInt() < 1 ||
+      getNumReplicasAttr().getInt() < 1)
+    return emitOpError("num_microbatches and num_replicas must be positive");
+  if (auto settings = getOptimizerAttr();
+      settings && failed(verifyOptimizer(*this, settings)))
+    return failure();
   if (failed(verifyDeviceGroup(getRanks(), "ranks",
                                [&] { return emitOpError(); })))
     return failure();
@@ -436,12 +551,10 @@ LogicalResult DeviceProgramOp::verify() {
 LogicalResult BatchOp::verify() {
   if (getTokens().getType() != getTargets().getType())
     return emitOpError("tokens and targets must have the same type");
-  return verifyTag(getTag(), [&] { return emitOpError(); });
+  return success();
 }
 
 LogicalResult TaskOp::verify() {
-  if (failed(verifyTag(getTag(), [&] { return emitOpError(); })))
-    return failure();
   if (auto devices = getDevices())
     return verifyDeviceGroup(*devices, "devices", [&] { return emitOpError(); });
   return success();
@@ -487,8 +600,9 @@ LogicalResult TransferOp::verify() {
 LogicalResult AllReduceOp::verify() {
   if (getParams().empty())
     return emitOpError("must reduce at least one parameter");
-  if (failed(verifyTag(getTag(), [&] { return emitOpError(); })))
-    return failure();
+  if (auto id = getCollectiveAttr(); id && id.getInt() < 0)
+    return emitOpError("collective id must be non-negative, got ")
+           << id.getInt();
   return verifyDeviceGroup(getDevices(), "devices",
                            [&] { return emitOpError(); });
 }

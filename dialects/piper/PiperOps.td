@@ -64,8 +64,9 @@ def Piper_SegmentOp : Piper_Op<"segment", [
     pipeline stage), or its backward, or its optimizer update. It is isolated
     from above; parameters are reached by symbol through `piper.param_ref`,
     `piper.accumulate_grad` and `piper.adamw`. Its single block ends in
-    `piper.yield`. The `piper.block` attribute (model region index) and
-    `piper.pass` attribute (F, B, U) are informational.
+    `piper.yield`. The discardable `piper.block` attribute (model region
+    index, an integer) and `piper.pass` attribute (`#piper.pass<F>`, `B`,
+    `U`) say where it came from; the dialect verifies their types.
 
     ```mlir
     piper.segment @block0(%x: tensor<128x64xf32>) -> tensor<128x64xf32> {
@@ -514,14 +515,16 @@ def Piper_ProgramOp : Piper_Op<"program", [Symbol, SingleBlock, NoTerminator,
 
     ```mlir
     piper.program @train {
-      %tok, %tgt, %t0 = piper.batch {tag = {MB = 0 : i64}} : tensor<4x32xi32>, tensor<4x32xi32>
-      %x, %t1 = piper.task @stage0_F(%tok) {tag = {PASS = "F", PP = 0 : i64}} : (tensor<4x32xi32>) -> (tensor<128x64xf32>, !piper.token)
+      %tok, %tgt, %t0 = piper.batch {tag = #piper.tag<MB = 0>} : tensor<4x32xi32>, tensor<4x32xi32>
+      %x, %t1 = piper.task @stage0_F(%tok) {tag = #piper.tag<PP = 0, PASS = F>} : (tensor<4x32xi32>) -> (tensor<128x64xf32>, !piper.token)
     }
     ```
   }];
   let arguments = (ins SymbolNameAttr:$sym_name,
                        DefaultValuedAttr<I64Attr, "1">:$num_microbatches,
-                       DefaultValuedAttr<I64Attr, "1">:$num_replicas);
+                       DefaultValuedAttr<I64Attr, "1">:$num_replicas,
+                       OptionalAttr<DictionaryAttr>:$optimizer,
+                       UnitAttr:$replicated);
   let regions = (region SizedRegion<1>:$body);
   let assemblyFormat = "$sym_name attr-dict-with-keyword $body";
   let hasVerifier = 1;
@@ -536,10 +539,14 @@ def Piper_DeviceProgramOp : Piper_Op<"device_program", [Symbol, SingleBlock,
     Produced by `piper-split-devices`: the nodes one device class (all
     data-parallel replicas of a pipeline rank) runs, with transfers lowered to
     `piper.send`/`piper.recv`. After `piper-order-streams` the block order is
-    the issue order of every logical stream.
+    the issue order of every logical stream. `num_microbatches`,
+    `num_replicas` and `optimizer` are copied from the program.
   }];
   let arguments = (ins SymbolNameAttr:$sym_name, DenseI64ArrayAttr:$ranks,
-                       I64Attr:$device_class);
+                       I64Attr:$device_class,
+                       DefaultValuedAttr<I64Attr, "1">:$num_microbatches,
+                       DefaultValuedAttr<I64Attr, "1">:$num_replicas,
+                       OptionalAttr<DictionaryAttr>:$optimizer);
   let regions = (region SizedRegion<1>:$body);
   let assemblyFormat = "$sym_name attr-dict-with-keyword $body";
   let hasVerifier = 1;
@@ -560,7 +567,7 @@ def Piper_BatchOp : Piper_NodeOp<"batch", [Pure]> {
     (data is deterministic per replica and microbatch), so a batch is never
     placed or transferred.
   }];
-  let arguments = (ins DictionaryAttr:$tag);
+  let arguments = (ins Piper_TagAttr:$tag);
   let results = (outs I32Tensor2D:$tokens, I32Tensor2D:$targets,
                       Piper_TokenType:$done);
   let assemblyFormat = "attr-dict `:` type($tokens) `,` type($targets)";
@@ -574,16 +581,19 @@ def Piper_TaskOp : Piper_NodeOp<"task", [
     Tags (`tag`): `PP` stage, `EP` expert region, `MB` microbatch, `PASS` one
     of F, B, BI, BW, U, and `block` (the model region before staging).
     `devices` is the device group that runs it SPMD-style (set by `place`),
-    `stream` its logical stream. The last result is its completion token.
+    `stream` its logical stream, `send_stream` the stream of the transfers
+    `place` inserts on its outgoing data edges. The last result is its
+    completion token.
 
     ```mlir
-    %y, %t = piper.task @stage1_F(%x) after(%t0) {devices = array<i64: 2, 3>, stream = "compute", tag = {MB = 0 : i64, PASS = "F", PP = 1 : i64}} : (tensor<128x64xf32>) -> (tensor<128x64xf32>, !piper.token)
+    %y, %t = piper.task @stage1_F(%x) after(%t0) {devices = array<i64: 2, 3>, stream = "compute", tag = #piper.tag<PP = 1, MB = 0, PASS = F>} : (tensor<128x64xf32>) -> (tensor<128x64xf32>, !piper.token)
     ```
   }];
   let arguments = (ins FlatSymbolRefAttr:$segment, Variadic<AnyType>:$args,
-                       Variadic<Piper_TokenType>:$deps, DictionaryAttr:$tag,
+                       Variadic<Piper_TokenType>:$deps, Piper_TagAttr:$tag,
                        OptionalAttr<DenseI64ArrayAttr>:$devices,
-                       OptionalAttr<StrAttr>:$stream);
+                       OptionalAttr<StrAttr>:$stream,
+                       OptionalAttr<StrAttr>:$send_stream);
   let results = (outs Variadic<AnyType>:$outs, Piper_TokenType:$done);
   let assemblyFormat = [{
     $segment `(` $args `)` (`after` `(` $deps^ `)`)? attr-dict `:`
@@ -615,11 +625,15 @@ def Piper_AllReduceOp : Piper_NodeOp<"all_reduce", [
   let summary = "Sums the gradient accumulators of parameters over a device group";
   let description = [{
     Inserted by `replicate`: one node per gradient bucket. After it, every
-    member holds the sum over the group.
+    member holds the sum over the group. An all-reduce over several device
+    classes (a tied parameter, inserted by `piper-tie-params`) carries a
+    `collective` id shared by its copies in every class, so that they are
+    issued and matched together.
   }];
   let arguments = (ins FlatSymbolRefArrayAttr:$params, Variadic<Piper_TokenType>:$deps,
                        DenseI64ArrayAttr:$devices, StrAttr:$stream,
-                       DictionaryAttr:$tag);
+                       Piper_TagAttr:$tag,
+                       OptionalAttr<I64Attr>:$collective);
   let results = (outs Piper_TokenType:$done);
   let assemblyFormat = "$params (`after` `(` $deps^ `)`)? attr-dict";
   let hasVerifier = 1;

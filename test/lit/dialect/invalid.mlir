@@ -676,7 +676,7 @@ piper.device_program @c attributes {ranks = array<i64: 0>} {
 // Tokens and targets share one type.
 piper.program @p {
   // expected-error @+1 {{'piper.batch' op tokens and targets must have the same type}}
-  %tok, %tgt, %d = piper.batch {tag = {}} : tensor<2x2xi32>, tensor<2x4xi32>
+  %tok, %tgt, %d = piper.batch {tag = #piper.tag<>} : tensor<2x2xi32>, tensor<2x4xi32>
 }
 
 // -----
@@ -684,7 +684,7 @@ piper.program @p {
 // Nodes live in a program.
 piper.segment @s() {
   // expected-error @+1 {{'piper.batch' op expects parent op to be one of 'piper.program, piper.device_program'}}
-  %tok, %tgt, %d = piper.batch {tag = {}} : tensor<2x2xi32>, tensor<2x2xi32>
+  %tok, %tgt, %d = piper.batch {tag = #piper.tag<>} : tensor<2x2xi32>, tensor<2x2xi32>
   piper.yield
 }
 
@@ -692,8 +692,8 @@ piper.segment @s() {
 
 // Tags know PP, EP, MB, PASS and block only.
 piper.program @p {
-  // expected-error @+1 {{'piper.batch' op unknown tag key 'TP' (expected PP, EP, MB, PASS or block)}}
-  %tok, %tgt, %d = piper.batch {tag = {TP = 0 : i64}} : tensor<2x2xi32>, tensor<2x2xi32>
+  // expected-error @+1 {{unknown tag key 'TP' (expected PP, EP, MB, PASS or block)}}
+  %tok, %tgt, %d = piper.batch {tag = #piper.tag<TP = 0>} : tensor<2x2xi32>, tensor<2x2xi32>
 }
 
 // -----
@@ -703,27 +703,27 @@ piper.segment @s() {
   piper.yield
 }
 piper.program @p {
-  // expected-error @+1 {{'piper.task' op tag PASS must be one of F, B, BI, BW, U, got "X"}}
-  %d = piper.task @s() {tag = {PASS = "X"}} : () -> !piper.token
+  // expected-error @+1 {{tag PASS must be one of F, B, BI, BW, U, got 'X'}}
+  %d = piper.task @s() {tag = #piper.tag<PASS = X>} : () -> !piper.token
 }
 
 // -----
 
-// PASS is a string.
+// PASS is a name, not a number.
 piper.segment @s() {
   piper.yield
 }
 piper.program @p {
-  // expected-error @+1 {{'piper.task' op tag PASS must be one of F, B, BI, BW, U, got 1 : i64}}
-  %d = piper.task @s() {tag = {PASS = 1 : i64}} : () -> !piper.token
+  // expected-error @+1 {{expected valid keyword}}
+  %d = piper.task @s() {tag = #piper.tag<PASS = 1>} : () -> !piper.token
 }
 
 // -----
 
 // Tag indices are non-negative.
 piper.program @p {
-  // expected-error @+1 {{'piper.batch' op tag MB must be a non-negative integer, got -1 : i64}}
-  %tok, %tgt, %d = piper.batch {tag = {MB = -1 : i64}} : tensor<2x2xi32>, tensor<2x2xi32>
+  // expected-error @+1 {{tag MB must be a non-negative integer, got -1}}
+  %tok, %tgt, %d = piper.batch {tag = #piper.tag<MB = -1>} : tensor<2x2xi32>, tensor<2x2xi32>
 }
 
 // -----
@@ -733,8 +733,8 @@ piper.segment @s() {
   piper.yield
 }
 piper.program @p {
-  // expected-error @+1 {{'piper.task' op tag PP must be a non-negative integer, got "0"}}
-  %d = piper.task @s() {tag = {PP = "0"}} : () -> !piper.token
+  // expected-error @+1 {{expected integer value}}
+  %d = piper.task @s() {tag = #piper.tag<PP = "0">} : () -> !piper.token
 }
 
 // -----
@@ -757,7 +757,7 @@ piper.program @p {
 // A task calls a segment of the module.
 piper.program @p {
   // expected-error @+1 {{'piper.task' op calls unknown segment @missing}}
-  %d = piper.task @missing() {tag = {}} : () -> !piper.token
+  %d = piper.task @missing() {tag = #piper.tag<>} : () -> !piper.token
 }
 
 // -----
@@ -767,9 +767,9 @@ piper.segment @s(%x: tensor<4x4xf32>, %y: tensor<4x4xf32>) {
   piper.yield
 }
 piper.program @p {
-  %tok, %tgt, %bd = piper.batch {tag = {}} : tensor<2x2xi32>, tensor<2x2xi32>
+  %tok, %tgt, %bd = piper.batch {tag = #piper.tag<>} : tensor<2x2xi32>, tensor<2x2xi32>
   // expected-error @+1 {{'piper.task' op passes 1 arguments but @s takes 2}}
-  %d = piper.task @s(%tok) {tag = {}} : (tensor<2x2xi32>) -> !piper.token
+  %d = piper.task @s(%tok) {tag = #piper.tag<>} : (tensor<2x2xi32>) -> !piper.token
 }
 
 // -----
@@ -779,9 +779,9 @@ piper.segment @s(%x: tensor<4x4xf32>) {
   piper.yield
 }
 piper.program @p {
-  %tok, %tgt, %bd = piper.batch {tag = {}} : tensor<2x2xi32>, tensor<2x2xi32>
+  %tok, %tgt, %bd = piper.batch {tag = #piper.tag<>} : tensor<2x2xi32>, tensor<2x2xi32>
   // expected-error @+1 {{'piper.task' op argument #0 has type 'tensor<2x2xi32>' but @s expects 'tensor<4x4xf32>'}}
-  %d = piper.task @s(%tok) {tag = {}} : (tensor<2x2xi32>) -> !piper.token
+  %d = piper.task @s(%tok) {tag = #piper.tag<>} : (tensor<2x2xi32>) -> !piper.token
 }
 
 // -----
@@ -793,7 +793,7 @@ piper.segment @s() -> tensor<4x4xf32> {
 }
 piper.program @p {
   // expected-error @+1 {{'piper.task' op result types do not match the results of @s}}
-  %x, %d = piper.task @s() {tag = {}} : () -> (tensor<4x8xf32>, !piper.token)
+  %x, %d = piper.task @s() {tag = #piper.tag<>} : () -> (tensor<4x8xf32>, !piper.token)
 }
 
 // -----
@@ -805,7 +805,7 @@ piper.segment @s() -> tensor<4x4xf32> {
 }
 piper.program @p {
   // expected-error @+1 {{'piper.task' op result types do not match the results of @s}}
-  %d = piper.task @s() {tag = {}} : () -> !piper.token
+  %d = piper.task @s() {tag = #piper.tag<>} : () -> !piper.token
 }
 
 // -----
@@ -816,7 +816,7 @@ piper.segment @s() {
 }
 piper.program @p {
   // expected-error @+1 {{'piper.task' op result #0 must be An ordering-only edge of the training DAG, but got 'tensor<4xf32>'}}
-  %d = piper.task @s() {tag = {}} : () -> tensor<4xf32>
+  %d = piper.task @s() {tag = #piper.tag<>} : () -> tensor<4xf32>
 }
 
 // -----
@@ -827,9 +827,9 @@ piper.segment @s() {
 }
 piper.program @p {
   // expected-note @+1 {{prior use here}}
-  %tok, %tgt, %bd = piper.batch {tag = {}} : tensor<2x2xi32>, tensor<2x2xi32>
+  %tok, %tgt, %bd = piper.batch {tag = #piper.tag<>} : tensor<2x2xi32>, tensor<2x2xi32>
   // expected-error @+1 {{use of value '%tok' expects different type than prior uses: '!piper.token' vs 'tensor<2x2xi32>'}}
-  %d = piper.task @s() after(%tok) {tag = {}} : () -> !piper.token
+  %d = piper.task @s() after(%tok) {tag = #piper.tag<>} : () -> !piper.token
 }
 
 // -----
@@ -840,7 +840,7 @@ piper.segment @s() {
 }
 piper.program @p {
   // expected-error @+1 {{'piper.task' op devices must name at least one device}}
-  %d = piper.task @s() {devices = array<i64>, tag = {}} : () -> !piper.token
+  %d = piper.task @s() {devices = array<i64>, tag = #piper.tag<>} : () -> !piper.token
 }
 
 // -----
@@ -851,7 +851,7 @@ piper.segment @s() {
 }
 piper.program @p {
   // expected-error @+1 {{'piper.task' op devices has a negative device -1}}
-  %d = piper.task @s() {devices = array<i64: -1>, tag = {}} : () -> !piper.token
+  %d = piper.task @s() {devices = array<i64: -1>, tag = #piper.tag<>} : () -> !piper.token
 }
 
 // -----
@@ -862,7 +862,7 @@ piper.segment @s() {
 }
 piper.program @p {
   // expected-error @+1 {{'piper.task' op devices names device 3 twice}}
-  %d = piper.task @s() {devices = array<i64: 3, 2, 3>, tag = {}} : () -> !piper.token
+  %d = piper.task @s() {devices = array<i64: 3, 2, 3>, tag = #piper.tag<>} : () -> !piper.token
 }
 
 // -----
@@ -873,7 +873,7 @@ piper.program @p {
 
 // A transfer's source group is not empty.
 piper.program @p {
-  %tok, %tgt, %bd = piper.batch {tag = {}} : tensor<2x2xi32>, tensor<2x2xi32>
+  %tok, %tgt, %bd = piper.batch {tag = #piper.tag<>} : tensor<2x2xi32>, tensor<2x2xi32>
   // expected-error @+1 {{'piper.transfer' op from must name at least one device}}
   %y, %d = piper.transfer %tok {from = array<i64>, to = array<i64: 1>, stream = "pp_stream"} : tensor<2x2xi32>
 }
@@ -882,7 +882,7 @@ piper.program @p {
 
 // A transfer's target group has no negative device.
 piper.program @p {
-  %tok, %tgt, %bd = piper.batch {tag = {}} : tensor<2x2xi32>, tensor<2x2xi32>
+  %tok, %tgt, %bd = piper.batch {tag = #piper.tag<>} : tensor<2x2xi32>, tensor<2x2xi32>
   // expected-error @+1 {{'piper.transfer' op to has a negative device -1}}
   %y, %d = piper.transfer %tok {from = array<i64: 0>, to = array<i64: -1>, stream = "pp_stream"} : tensor<2x2xi32>
 }
@@ -891,7 +891,7 @@ piper.program @p {
 
 // A transfer's target group names each device once.
 piper.program @p {
-  %tok, %tgt, %bd = piper.batch {tag = {}} : tensor<2x2xi32>, tensor<2x2xi32>
+  %tok, %tgt, %bd = piper.batch {tag = #piper.tag<>} : tensor<2x2xi32>, tensor<2x2xi32>
   // expected-error @+1 {{'piper.transfer' op to names device 1 twice}}
   %y, %d = piper.transfer %tok {from = array<i64: 0, 2>, to = array<i64: 1, 1>, stream = "pp_stream"} : tensor<2x2xi32>
 }
@@ -900,7 +900,7 @@ piper.program @p {
 
 // Member i of `from` sends to member i of `to`: the groups have one size.
 piper.program @p {
-  %tok, %tgt, %bd = piper.batch {tag = {}} : tensor<2x2xi32>, tensor<2x2xi32>
+  %tok, %tgt, %bd = piper.batch {tag = #piper.tag<>} : tensor<2x2xi32>, tensor<2x2xi32>
   // expected-error @+1 {{'piper.transfer' op from and to must have the same size (2 vs 1)}}
   %y, %d = piper.transfer %tok {from = array<i64: 0, 1>, to = array<i64: 2>, stream = "pp_stream"} : tensor<2x2xi32>
 }
@@ -909,7 +909,7 @@ piper.program @p {
 
 // A transfer moves a tensor without changing its type.
 piper.program @p {
-  %tok, %tgt, %bd = piper.batch {tag = {}} : tensor<2x2xi32>, tensor<2x2xi32>
+  %tok, %tgt, %bd = piper.batch {tag = #piper.tag<>} : tensor<2x2xi32>, tensor<2x2xi32>
   // expected-error @+1 {{'piper.transfer' op failed to verify that all of {input, result} have same type}}
   %y, %d = "piper.transfer"(%tok) {from = array<i64: 0>, to = array<i64: 1>, stream = "pp_stream", operandSegmentSizes = array<i32: 1, 0>} : (tensor<2x2xi32>) -> (tensor<4xi32>, !piper.token)
 }
@@ -918,7 +918,7 @@ piper.program @p {
 
 // Transfers belong to the global program; device programs use send/recv.
 piper.device_program @c attributes {device_class = 0 : i64, ranks = array<i64: 0>} {
-  %tok, %tgt, %bd = piper.batch {tag = {}} : tensor<2x2xi32>, tensor<2x2xi32>
+  %tok, %tgt, %bd = piper.batch {tag = #piper.tag<>} : tensor<2x2xi32>, tensor<2x2xi32>
   // expected-error @+1 {{'piper.transfer' op expects parent op 'piper.program'}}
   %y, %d = piper.transfer %tok {from = array<i64: 0>, to = array<i64: 1>, stream = "pp_stream"} : tensor<2x2xi32>
 }
@@ -927,7 +927,7 @@ piper.device_program @c attributes {device_class = 0 : i64, ranks = array<i64: 0
 
 // A transfer names its stream.
 piper.program @p {
-  %tok, %tgt, %bd = piper.batch {tag = {}} : tensor<2x2xi32>, tensor<2x2xi32>
+  %tok, %tgt, %bd = piper.batch {tag = #piper.tag<>} : tensor<2x2xi32>, tensor<2x2xi32>
   // expected-error @+1 {{'piper.transfer' op requires attribute 'stream'}}
   %y, %d = piper.transfer %tok {from = array<i64: 0>, to = array<i64: 1>} : tensor<2x2xi32>
 }
@@ -941,7 +941,7 @@ piper.program @p {
 // An all-reduce reduces at least one parameter.
 piper.program @p {
   // expected-error @+1 {{'piper.all_reduce' op must reduce at least one parameter}}
-  %d = piper.all_reduce [] {devices = array<i64: 0, 1>, stream = "dp_stream", tag = {}}
+  %d = piper.all_reduce [] {devices = array<i64: 0, 1>, stream = "dp_stream", tag = #piper.tag<>}
 }
 
 // -----
@@ -950,7 +950,7 @@ piper.program @p {
 piper.param @w : tensor<4xf32> init zeros(0.0)
 piper.program @p {
   // expected-error @+1 {{'piper.all_reduce' op references unknown parameter @missing}}
-  %d = piper.all_reduce [@w, @missing] {devices = array<i64: 0, 1>, stream = "dp_stream", tag = {}}
+  %d = piper.all_reduce [@w, @missing] {devices = array<i64: 0, 1>, stream = "dp_stream", tag = #piper.tag<>}
 }
 
 // -----
@@ -959,7 +959,7 @@ piper.program @p {
 piper.param @w : tensor<4xf32> init zeros(0.0)
 piper.program @p {
   // expected-error @+1 {{'piper.all_reduce' op devices must name at least one device}}
-  %d = piper.all_reduce [@w] {devices = array<i64>, stream = "dp_stream", tag = {}}
+  %d = piper.all_reduce [@w] {devices = array<i64>, stream = "dp_stream", tag = #piper.tag<>}
 }
 
 // -----
@@ -968,7 +968,7 @@ piper.program @p {
 piper.param @w : tensor<4xf32> init zeros(0.0)
 piper.program @p {
   // expected-error @+1 {{'piper.all_reduce' op devices names device 0 twice}}
-  %d = piper.all_reduce [@w] {devices = array<i64: 0, 0>, stream = "dp_stream", tag = {}}
+  %d = piper.all_reduce [@w] {devices = array<i64: 0, 0>, stream = "dp_stream", tag = #piper.tag<>}
 }
 
 // -----
@@ -976,8 +976,8 @@ piper.program @p {
 // An all-reduce's tag follows the tag rules.
 piper.param @w : tensor<4xf32> init zeros(0.0)
 piper.program @p {
-  // expected-error @+1 {{'piper.all_reduce' op unknown tag key 'stage' (expected PP, EP, MB, PASS or block)}}
-  %d = piper.all_reduce [@w] {devices = array<i64: 0, 1>, stream = "dp_stream", tag = {stage = 0 : i64}}
+  // expected-error @+1 {{'piper.all_reduce' op attribute 'tag' failed to satisfy constraint}}
+  %d = piper.all_reduce [@w] {devices = array<i64: 0, 1>, stream = "dp_stream", tag = {PP = 0 : i64}}
 }
 
 // -----
@@ -988,7 +988,7 @@ piper.program @p {
 
 // Sends live in device programs.
 piper.program @p {
-  %tok, %tgt, %bd = piper.batch {tag = {}} : tensor<2x2xi32>, tensor<2x2xi32>
+  %tok, %tgt, %bd = piper.batch {tag = #piper.tag<>} : tensor<2x2xi32>, tensor<2x2xi32>
   // expected-error @+1 {{'piper.send' op expects parent op 'piper.device_program'}}
   %d = piper.send %tok {channel = 0 : i64, peers = array<i64: 1>, stream = "pp_stream"} : tensor<2x2xi32>
 }
@@ -1013,7 +1013,7 @@ piper.device_program @c attributes {device_class = 0 : i64, ranks = array<i64: 0
 
 // Send moves tensors, not tokens.
 piper.device_program @c attributes {device_class = 0 : i64, ranks = array<i64: 0>} {
-  %tok, %tgt, %bd = piper.batch {tag = {}} : tensor<2x2xi32>, tensor<2x2xi32>
+  %tok, %tgt, %bd = piper.batch {tag = #piper.tag<>} : tensor<2x2xi32>, tensor<2x2xi32>
   // expected-error @+1 {{'piper.send' op operand #0 must be ranked tensor of any type values, but got '!piper.token'}}
   %d = "piper.send"(%bd) {channel = 0 : i64, peers = array<i64: 1>, stream = "pp_stream", operandSegmentSizes = array<i32: 1, 0>} : (!piper.token) -> !piper.token
 }
@@ -1041,7 +1041,7 @@ piper.program @p {
 piper.param @w : tensor<4xf32> init zeros(0.0)
 piper.program @p {
   // expected-error @+1 {{'piper.all_reduce' op attribute 'params' failed to satisfy constraint: flat symbol ref array attribute}}
-  %t = piper.all_reduce [@w::@x] {devices = array<i64: 0>, stream = "s", tag = {}}
+  %t = piper.all_reduce [@w::@x] {devices = array<i64: 0>, stream = "s", tag = #piper.tag<>}
 }
 
 // -----
@@ -1058,4 +1058,66 @@ piper.segment @s(%ids: tensor<?x?xi32>, %t: tensor<16x4xf32>) -> tensor<4x4xf32>
   // expected-error @+1 {{'piper.embedding' op operand #0 must be statically shaped 2-D tensor of i32, but got 'tensor<?x?xi32>'}}
   %y = piper.embedding %ids, %t : (tensor<?x?xi32>, tensor<16x4xf32>) -> tensor<4x4xf32>
   piper.yield %y : tensor<4x4xf32>
+}
+
+// -----
+
+// A tag names each key once.
+piper.program @p {
+  // expected-error @+1 {{tag key 'MB' given twice}}
+  %tok, %tgt, %d = piper.batch {tag = #piper.tag<MB = 0, MB = 1>} : tensor<2x2xi32>, tensor<2x2xi32>
+}
+
+// -----
+
+// The pass of a segment is a #piper.pass.
+// expected-error @+1 {{'piper.pass' must be a #piper.pass, got "F"}}
+piper.segment @s() attributes {piper.pass = "F"} {
+  piper.yield
+}
+
+// -----
+
+// The model block of a segment is a non-negative integer.
+// expected-error @+1 {{'piper.block' must be a non-negative integer, got -1 : i64}}
+piper.segment @s() attributes {piper.block = -1 : i64} {
+  piper.yield
+}
+
+// -----
+
+// Discardable piper attributes are declared by the dialect.
+// expected-error @+1 {{unknown piper attribute 'piper.stage'}}
+piper.segment @s() attributes {piper.stage = 0 : i64} {
+  piper.yield
+}
+
+// -----
+
+// Optimizer settings are known keys with typed values.
+// expected-error @+1 {{'piper.program' op unknown optimizer setting 'momentum'}}
+piper.program @p attributes {optimizer = {momentum = 0.9 : f64}} {
+}
+
+// -----
+
+// The compute dtype is f32 or bf16.
+// expected-error @+1 {{'piper.program' op optimizer setting 'dtype' has the wrong type or value: "f16"}}
+piper.program @p attributes {optimizer = {dtype = "f16"}} {
+}
+
+// -----
+
+// Device programs count microbatches from one.
+// expected-error @+1 {{'piper.device_program' op num_microbatches and num_replicas must be positive}}
+piper.device_program @c attributes {device_class = 0 : i64, num_microbatches = 0 : i64, ranks = array<i64: 0>} {
+}
+
+// -----
+
+// A collective id is non-negative.
+piper.param @w : tensor<4xf32> init zeros(0.0)
+piper.device_program @c attributes {device_class = 0 : i64, ranks = array<i64: 0>} {
+  // expected-error @+1 {{'piper.all_reduce' op collective id must be non-negative, got -1}}
+  %d = piper.all_reduce [@w] {collective = -1 : i64, devices = array<i64: 0, 1>, stream = "dp_stream", tag = #piper.tag<>}
 }

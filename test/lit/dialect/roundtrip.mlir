@@ -20,7 +20,7 @@ piper.param @qkv.b : tensor<12xf32> init zeros(0.0)
 // Forward compute: every op, linear with and without bias and transposed.
 // CHECK-LABEL: piper.segment @forward(
 // CHECK-SAME: [[IDS:%[^:]+]]: tensor<2x2xi32>, [[TGT:%[^:]+]]: tensor<2x2xi32>)
-// CHECK-SAME: -> (tensor<f32>, tensor<4x16xf32>) attributes {piper.block = 0 : i64, piper.pass = "F"}
+// CHECK-SAME: -> (tensor<f32>, tensor<4x16xf32>) attributes {piper.block = 0 : i64, piper.pass = #piper.pass<F>}
 // CHECK: [[WTE:%.*]] = piper.param_ref @wte : tensor<16x4xf32>
 // CHECK: [[WPE:%.*]] = piper.param_ref @wpe : tensor<2x4xf32>
 // CHECK: [[EMB:%.*]] = piper.embedding [[IDS]], [[WTE]] : (tensor<2x2xi32>, tensor<16x4xf32>) -> tensor<4x4xf32>
@@ -41,7 +41,7 @@ piper.param @qkv.b : tensor<12xf32> init zeros(0.0)
 // CHECK: piper.loss_accumulate [[LOSS]] : tensor<f32>
 // CHECK: piper.yield [[LOSS]], [[LOGITS]] : tensor<f32>, tensor<4x16xf32>
 piper.segment @forward(%ids: tensor<2x2xi32>, %tgt: tensor<2x2xi32>) -> (tensor<f32>, tensor<4x16xf32>)
-    attributes {piper.block = 0 : i64, piper.pass = "F"} {
+    attributes {piper.block = 0 : i64, piper.pass = #piper.pass<F>} {
   %wte = piper.param_ref @wte : tensor<16x4xf32>
   %wpe = piper.param_ref @wpe : tensor<2x4xf32>
   %emb = piper.embedding %ids, %wte : (tensor<2x2xi32>, tensor<16x4xf32>) -> tensor<4x4xf32>
@@ -198,11 +198,11 @@ piper.segment @moe(%x: tensor<4x8xf32>, %logits: tensor<4x4xf32>, %dy: tensor<4x
 }
 
 // The optimizer step and clearing the accumulators; a bare yield.
-// CHECK-LABEL: piper.segment @update() attributes {piper.pass = "U"}
+// CHECK-LABEL: piper.segment @update() attributes {piper.pass = #piper.pass<U>}
 // CHECK-NEXT: piper.adamw @wte {beta1 = 9.000000e-01 : f64, beta2 = 0.94999999999999996 : f64, eps = 1.000000e-08 : f64, lr = 1.000000e-03 : f64, weight_decay = 1.000000e-01 : f64}
 // CHECK-NEXT: piper.zero_grad @wte
 // CHECK-NEXT: piper.yield{{$}}
-piper.segment @update() attributes {piper.pass = "U"} {
+piper.segment @update() attributes {piper.pass = #piper.pass<U>} {
   piper.adamw @wte {lr = 1.0e-03 : f64, beta1 = 0.9 : f64, beta2 = 0.95 : f64, eps = 1.0e-08 : f64, weight_decay = 0.1 : f64}
   piper.zero_grad @wte
   piper.yield
@@ -229,54 +229,54 @@ piper.segment @acts() -> (tensor<4x4xf32>, tensor<4x12xf32>) {
 // The training DAG: batch, tasks with and without deps/devices/stream,
 // transfers with and without deps, a bucketed all-reduce.
 // CHECK-LABEL: piper.program @train attributes {num_microbatches = 2 : i64, num_replicas = 2 : i64} {
-// CHECK: [[TOK:%[^,]+]], [[TGT:%[^,]+]], [[BD:%[^ ]+]] = piper.batch {tag = {MB = 0 : i64}} : tensor<2x2xi32>, tensor<2x2xi32>
-// CHECK: [[F:%[^:]+]]:2, [[FD:%[^ ]+]] = piper.task @forward([[TOK]], [[TGT]]) {tag = {MB = 0 : i64, PASS = "F", PP = 0 : i64, block = 0 : i64}} : (tensor<2x2xi32>, tensor<2x2xi32>) -> (tensor<f32>, tensor<4x16xf32>, !piper.token)
-// CHECK: [[F2:%[^:]+]]:2, [[FD2:%[^ ]+]] = piper.task @forward([[TOK]], [[TGT]]) after([[BD]], [[FD]]) {devices = array<i64: 0, 1>, stream = "compute", tag = {EP = 0 : i64, MB = 0 : i64, PASS = "F", PP = 0 : i64}}
+// CHECK: [[TOK:%[^,]+]], [[TGT:%[^,]+]], [[BD:%[^ ]+]] = piper.batch {tag = #piper.tag<MB = 0>} : tensor<2x2xi32>, tensor<2x2xi32>
+// CHECK: [[F:%[^:]+]]:2, [[FD:%[^ ]+]] = piper.task @forward([[TOK]], [[TGT]]) {tag = #piper.tag<PP = 0, MB = 0, PASS = F, block = 0>} : (tensor<2x2xi32>, tensor<2x2xi32>) -> (tensor<f32>, tensor<4x16xf32>, !piper.token)
+// CHECK: [[F2:%[^:]+]]:2, [[FD2:%[^ ]+]] = piper.task @forward([[TOK]], [[TGT]]) after([[BD]], [[FD]]) {devices = array<i64: 0, 1>, stream = "compute", tag = #piper.tag<PP = 0, EP = 0, MB = 0, PASS = F>}
 // CHECK: [[MOVED:%[^,]+]], [[TD:%[^ ]+]] = piper.transfer [[F2]]#1 {from = array<i64: 0, 1>, stream = "pp_stream", to = array<i64: 2, 3>} : tensor<4x16xf32>
 // CHECK: piper.transfer [[MOVED]] after([[TD]]) {from = array<i64: 2, 3>, stream = "pp_stream", to = array<i64: 0, 1>} : tensor<4x16xf32>
-// CHECK: [[ACT:%[^:]+]]:2, [[AD:%[^ ]+]] = piper.task @acts() {tag = {}} : () -> (tensor<4x4xf32>, tensor<4x12xf32>, !piper.token)
-// CHECK: [[BW:%[^,]+]], [[BWD:%[^ ]+]] = piper.task @backward([[TOK]], [[ACT]]#0, [[ACT]]#1, [[ACT]]#0, [[MOVED]]) after([[TD]]) {devices = array<i64: 2, 3>, stream = "compute", tag = {MB = 0 : i64, PASS = "B", PP = 1 : i64}}
-// CHECK: [[AR:%.*]] = piper.all_reduce [@wte, @wpe] after([[BWD]]) {devices = array<i64: 2, 3>, stream = "dp_stream", tag = {PP = 1 : i64}}
-// CHECK: piper.all_reduce [@qkv.w] {devices = array<i64: 2, 3>, stream = "dp_stream", tag = {}}
-// CHECK: piper.task @update() after([[AR]]) {devices = array<i64: 2, 3>, tag = {PASS = "U", PP = 1 : i64}} : () -> !piper.token
-// CHECK: piper.task @tokens([[AR]]) {tag = {PASS = "BI"}} : (!piper.token) -> (!piper.token, !piper.token)
-// CHECK: piper.task @update() {tag = {PASS = "BW"}}
+// CHECK: [[ACT:%[^:]+]]:2, [[AD:%[^ ]+]] = piper.task @acts() {tag = #piper.tag<>} : () -> (tensor<4x4xf32>, tensor<4x12xf32>, !piper.token)
+// CHECK: [[BW:%[^,]+]], [[BWD:%[^ ]+]] = piper.task @backward([[TOK]], [[ACT]]#0, [[ACT]]#1, [[ACT]]#0, [[MOVED]]) after([[TD]]) {devices = array<i64: 2, 3>, stream = "compute", tag = #piper.tag<PP = 1, MB = 0, PASS = B>}
+// CHECK: [[AR:%.*]] = piper.all_reduce [@wte, @wpe] after([[BWD]]) {devices = array<i64: 2, 3>, stream = "dp_stream", tag = #piper.tag<PP = 1>}
+// CHECK: piper.all_reduce [@qkv.w] {devices = array<i64: 2, 3>, stream = "dp_stream", tag = #piper.tag<>}
+// CHECK: piper.task @update() after([[AR]]) {devices = array<i64: 2, 3>, tag = #piper.tag<PP = 1, PASS = U>} : () -> !piper.token
+// CHECK: piper.task @tokens([[AR]]) {tag = #piper.tag<PASS = BI>} : (!piper.token) -> (!piper.token, !piper.token)
+// CHECK: piper.task @update() {tag = #piper.tag<PASS = BW>}
 piper.program @train attributes {num_microbatches = 2 : i64, num_replicas = 2 : i64} {
-  %tok, %tgt, %bd = piper.batch {tag = {MB = 0 : i64}} : tensor<2x2xi32>, tensor<2x2xi32>
-  %loss, %logits, %fd = piper.task @forward(%tok, %tgt) {tag = {block = 0 : i64, PP = 0 : i64, MB = 0 : i64, PASS = "F"}} : (tensor<2x2xi32>, tensor<2x2xi32>) -> (tensor<f32>, tensor<4x16xf32>, !piper.token)
-  %loss2, %logits2, %fd2 = piper.task @forward(%tok, %tgt) after(%bd, %fd) {devices = array<i64: 0, 1>, stream = "compute", tag = {PP = 0 : i64, EP = 0 : i64, MB = 0 : i64, PASS = "F"}} : (tensor<2x2xi32>, tensor<2x2xi32>) -> (tensor<f32>, tensor<4x16xf32>, !piper.token)
+  %tok, %tgt, %bd = piper.batch {tag = #piper.tag<MB = 0>} : tensor<2x2xi32>, tensor<2x2xi32>
+  %loss, %logits, %fd = piper.task @forward(%tok, %tgt) {tag = #piper.tag<PP = 0, MB = 0, PASS = F, block = 0>} : (tensor<2x2xi32>, tensor<2x2xi32>) -> (tensor<f32>, tensor<4x16xf32>, !piper.token)
+  %loss2, %logits2, %fd2 = piper.task @forward(%tok, %tgt) after(%bd, %fd) {devices = array<i64: 0, 1>, stream = "compute", tag = #piper.tag<PP = 0, EP = 0, MB = 0, PASS = F>} : (tensor<2x2xi32>, tensor<2x2xi32>) -> (tensor<f32>, tensor<4x16xf32>, !piper.token)
   %moved, %td = piper.transfer %logits2 {from = array<i64: 0, 1>, to = array<i64: 2, 3>, stream = "pp_stream"} : tensor<4x16xf32>
   %back, %td2 = piper.transfer %moved after(%td) {from = array<i64: 2, 3>, to = array<i64: 0, 1>, stream = "pp_stream"} : tensor<4x16xf32>
-  %act, %qkv, %ad = piper.task @acts() {tag = {}} : () -> (tensor<4x4xf32>, tensor<4x12xf32>, !piper.token)
-  %dx, %bwd = piper.task @backward(%tok, %act, %qkv, %act, %moved) after(%td) {devices = array<i64: 2, 3>, stream = "compute", tag = {PP = 1 : i64, MB = 0 : i64, PASS = "B"}} : (tensor<2x2xi32>, tensor<4x4xf32>, tensor<4x12xf32>, tensor<4x4xf32>, tensor<4x16xf32>) -> (tensor<4x4xf32>, !piper.token)
-  %ar = piper.all_reduce [@wte, @wpe] after(%bwd) {devices = array<i64: 2, 3>, stream = "dp_stream", tag = {PP = 1 : i64}}
-  %ar2 = piper.all_reduce [@qkv.w] {devices = array<i64: 2, 3>, stream = "dp_stream", tag = {}}
-  %ud = piper.task @update() after(%ar) {devices = array<i64: 2, 3>, tag = {PP = 1 : i64, PASS = "U"}} : () -> !piper.token
-  %t1, %t2 = piper.task @tokens(%ar) {tag = {PASS = "BI"}} : (!piper.token) -> (!piper.token, !piper.token)
-  %ud2 = piper.task @update() {tag = {PASS = "BW"}} : () -> !piper.token
+  %act, %qkv, %ad = piper.task @acts() {tag = #piper.tag<>} : () -> (tensor<4x4xf32>, tensor<4x12xf32>, !piper.token)
+  %dx, %bwd = piper.task @backward(%tok, %act, %qkv, %act, %moved) after(%td) {devices = array<i64: 2, 3>, stream = "compute", tag = #piper.tag<PP = 1, MB = 0, PASS = B>} : (tensor<2x2xi32>, tensor<4x4xf32>, tensor<4x12xf32>, tensor<4x4xf32>, tensor<4x16xf32>) -> (tensor<4x4xf32>, !piper.token)
+  %ar = piper.all_reduce [@wte, @wpe] after(%bwd) {devices = array<i64: 2, 3>, stream = "dp_stream", tag = #piper.tag<PP = 1>}
+  %ar2 = piper.all_reduce [@qkv.w] {devices = array<i64: 2, 3>, stream = "dp_stream", tag = #piper.tag<>}
+  %ud = piper.task @update() after(%ar) {devices = array<i64: 2, 3>, tag = #piper.tag<PP = 1, PASS = U>} : () -> !piper.token
+  %t1, %t2 = piper.task @tokens(%ar) {tag = #piper.tag<PASS = BI>} : (!piper.token) -> (!piper.token, !piper.token)
+  %ud2 = piper.task @update() {tag = #piper.tag<PASS = BW>} : () -> !piper.token
 }
 
 // Per-device programs: send and recv (with and without deps) paired by
 // channel, a task, an all-reduce on the class's ranks and gradient clipping.
-// CHECK-LABEL: piper.device_program @class0 attributes {device_class = 0 : i64, num_microbatches = 1 : i64, ranks = array<i64: 0, 1>} {
-// CHECK: [[TOK:%[^,]+]], [[TGT:%[^,]+]], [[BD:%[^ ]+]] = piper.batch {tag = {MB = 0 : i64}}
-// CHECK: [[F:%[^:]+]]:2, [[FD:%[^ ]+]] = piper.task @forward([[TOK]], [[TGT]]) {devices = array<i64: 0, 1>, stream = "compute", tag = {PASS = "F", PP = 0 : i64}}
+// CHECK-LABEL: piper.device_program @class0 attributes {device_class = 0 : i64, ranks = array<i64: 0, 1>} {
+// CHECK: [[TOK:%[^,]+]], [[TGT:%[^,]+]], [[BD:%[^ ]+]] = piper.batch {tag = #piper.tag<MB = 0>}
+// CHECK: [[F:%[^:]+]]:2, [[FD:%[^ ]+]] = piper.task @forward([[TOK]], [[TGT]]) {devices = array<i64: 0, 1>, stream = "compute", tag = #piper.tag<PP = 0, PASS = F>}
 // CHECK: [[S:%.*]] = piper.send [[F]]#1 {channel = 0 : i64, peers = array<i64: 2, 3>, stream = "pp_stream"} : tensor<4x16xf32>
 // CHECK: piper.send [[F]]#1 after([[S]], [[FD]]) {channel = 1 : i64, peers = array<i64: 2, 3>, stream = "pp_stream"} : tensor<4x16xf32>
 // CHECK: [[R:%[^,]+]], [[RD:%[^ ]+]] = piper.recv {channel = 2 : i64, peers = array<i64: 2, 3>, stream = "pp_stream"} : tensor<4x4xf32>
 // CHECK: piper.recv after([[RD]]) {channel = 3 : i64, peers = array<i64: 2, 3>, stream = "pp_stream"} : tensor<4x4xf32>
-// CHECK: piper.all_reduce [@wte] after([[RD]]) {devices = array<i64: 0, 1>, stream = "dp_stream", tag = {PP = 0 : i64}}
+// CHECK: piper.all_reduce [@wte] after([[RD]]) {devices = array<i64: 0, 1>, stream = "dp_stream", tag = #piper.tag<PP = 0>}
 // CHECK: [[CLIP:%.*]] = piper.clip_grads after([[RD]]) {max_norm = 1.000000e+00 : f64}
 // CHECK: piper.clip_grads after([[CLIP]]) {max_norm = 5.000000e-01 : f64}
 // CHECK: piper.clip_grads {max_norm = 2.000000e+00 : f64}
 piper.device_program @class0 attributes {device_class = 0 : i64, num_microbatches = 1 : i64, ranks = array<i64: 0, 1>} {
-  %tok, %tgt, %bd = piper.batch {tag = {MB = 0 : i64}} : tensor<2x2xi32>, tensor<2x2xi32>
-  %loss, %logits, %fd = piper.task @forward(%tok, %tgt) {devices = array<i64: 0, 1>, stream = "compute", tag = {PP = 0 : i64, PASS = "F"}} : (tensor<2x2xi32>, tensor<2x2xi32>) -> (tensor<f32>, tensor<4x16xf32>, !piper.token)
+  %tok, %tgt, %bd = piper.batch {tag = #piper.tag<MB = 0>} : tensor<2x2xi32>, tensor<2x2xi32>
+  %loss, %logits, %fd = piper.task @forward(%tok, %tgt) {devices = array<i64: 0, 1>, stream = "compute", tag = #piper.tag<PP = 0, PASS = F>} : (tensor<2x2xi32>, tensor<2x2xi32>) -> (tensor<f32>, tensor<4x16xf32>, !piper.token)
   %s = piper.send %logits {channel = 0 : i64, peers = array<i64: 2, 3>, stream = "pp_stream"} : tensor<4x16xf32>
   %s2 = piper.send %logits after(%s, %fd) {channel = 1 : i64, peers = array<i64: 2, 3>, stream = "pp_stream"} : tensor<4x16xf32>
   %r, %rd = piper.recv {channel = 2 : i64, peers = array<i64: 2, 3>, stream = "pp_stream"} : tensor<4x4xf32>
   %r2, %rd2 = piper.recv after(%rd) {channel = 3 : i64, peers = array<i64: 2, 3>, stream = "pp_stream"} : tensor<4x4xf32>
-  %ar = piper.all_reduce [@wte] after(%rd) {devices = array<i64: 0, 1>, stream = "dp_stream", tag = {PP = 0 : i64}}
+  %ar = piper.all_reduce [@wte] after(%rd) {devices = array<i64: 0, 1>, stream = "dp_stream", tag = #piper.tag<PP = 0>}
   %clip = piper.clip_grads after(%rd) {max_norm = 1.0 : f64}
   %clip2 = piper.clip_grads after(%clip) {max_norm = 0.5 : f64}
   %clip3 = piper.clip_grads {max_norm = 2.0 : f64}

@@ -17,26 +17,26 @@
 // Two stages on devices 0 and 1, two microbatches, and an order that runs
 // both forwards of stage 0 before its backwards (B0 then B1).
 // CHECK-LABEL: piper.program @model attributes {num_microbatches = 2 : i64, {{.*}}} {
-// CHECK: [[F0:%[^:]+]]:3, [[F0D:%[^ ]+]] = piper.task @stage0_F({{.*}}) {devices = array<i64: 0>, piper.send_stream = "pp_stream", stream = "compute", tag = {MB = 0 : i64, PASS = "F", PP = 0 : i64}}
+// CHECK: [[F0:%[^:]+]]:3, [[F0D:%[^ ]+]] = piper.task @stage0_F({{.*}}) {devices = array<i64: 0>, send_stream = "pp_stream", stream = "compute", tag = #piper.tag<PP = 0, MB = 0, PASS = F>}
 // CHECK-NEXT: [[A0:%[^,]+]], %{{.*}} = piper.transfer [[F0]]#0 {from = array<i64: 0>, stream = "pp_stream", to = array<i64: 1>}
-// CHECK-NEXT: piper.task @stage1_F([[A0]], {{.*}}) {devices = array<i64: 1>, piper.send_stream = "p2p", stream = "compute", tag = {MB = 0 : i64, PASS = "F", PP = 1 : i64}}
-// CHECK: [[F1:%[^:]+]]:3, [[F1D:%[^ ]+]] = piper.task @stage0_F({{.*}}) {devices = array<i64: 0>{{.*}}tag = {MB = 1 : i64, PASS = "F", PP = 0 : i64}}
+// CHECK-NEXT: piper.task @stage1_F([[A0]], {{.*}}) {devices = array<i64: 1>, send_stream = "p2p", stream = "compute", tag = #piper.tag<PP = 1, MB = 0, PASS = F>}
+// CHECK: [[F1:%[^:]+]]:3, [[F1D:%[^ ]+]] = piper.task @stage0_F({{.*}}) {devices = array<i64: 0>{{.*}}tag = #piper.tag<PP = 0, MB = 1, PASS = F>}
 // CHECK: [[G0:%[^,]+]], %{{.*}} = piper.transfer %{{.*}} {from = array<i64: 1>, stream = "p2p", to = array<i64: 0>}
-// CHECK-NEXT: [[B0D:%.*]] = piper.task @stage0_B([[G0]], [[F0]]#1, [[F0]]#2, {{.*}}) after([[F0D]], [[F1D]]) {devices = array<i64: 0>{{.*}}MB = 0 : i64, PASS = "B"
-// CHECK: piper.task @stage0_B({{.*}}) after([[B0D]]) {devices = array<i64: 0>{{.*}}MB = 1 : i64, PASS = "B"
+// CHECK-NEXT: [[B0D:%.*]] = piper.task @stage0_B([[G0]], [[F0]]#1, [[F0]]#2, {{.*}}) after([[F0D]], [[F1D]]) {devices = array<i64: 0>{{.*}}MB = 0, PASS = B
+// CHECK: piper.task @stage0_B({{.*}}) after([[B0D]]) {devices = array<i64: 0>{{.*}}MB = 1, PASS = B
 // CHECK: piper.task @stage0_U() after
 // CHECK: piper.task @stage1_U() after
 
 // The object form with a world size: without a stage directive the places
 // name two stages; each is replicated over two devices, stage 0 in buckets.
-// DP-LABEL: piper.program @model attributes {num_replicas = 2 : i64, {{.*}}piper.replicated} {
+// DP-LABEL: piper.program @model attributes {num_replicas = 2 : i64, {{.*}}replicated} {
 // DP: piper.task @stage0_F({{.*}}) {devices = array<i64: 0, 1>
 // DP: piper.transfer {{.*}} {from = array<i64: 0, 1>, stream = "pp_stream", to = array<i64: 2, 3>}
 // DP: [[B1:%[^ ]+]] = piper.task @stage1_B({{.*}}) {devices = array<i64: 2, 3>
-// DP-NEXT: [[AR1:%.*]] = piper.all_reduce [@lm] after([[B1]]) {devices = array<i64: 2, 3>, stream = "ar", tag = {PP = 1 : i64}}
+// DP-NEXT: [[AR1:%.*]] = piper.all_reduce [@lm] after([[B1]]) {devices = array<i64: 2, 3>, stream = "ar", tag = #piper.tag<PP = 1>}
 // DP: [[B0:%[^ ]+]] = piper.task @stage0_B({{.*}}) {devices = array<i64: 0, 1>
-// DP-NEXT: [[AR0A:%.*]] = piper.all_reduce [@b1, @w1] after([[B0]]) {devices = array<i64: 0, 1>, stream = "dp_stream", tag = {PP = 0 : i64}}
-// DP-NEXT: [[AR0B:%.*]] = piper.all_reduce [@wte] after([[B0]]) {devices = array<i64: 0, 1>, stream = "dp_stream", tag = {PP = 0 : i64}}
+// DP-NEXT: [[AR0A:%.*]] = piper.all_reduce [@b1, @w1] after([[B0]]) {devices = array<i64: 0, 1>, stream = "dp_stream", tag = #piper.tag<PP = 0>}
+// DP-NEXT: [[AR0B:%.*]] = piper.all_reduce [@wte] after([[B0]]) {devices = array<i64: 0, 1>, stream = "dp_stream", tag = #piper.tag<PP = 0>}
 // DP-NEXT: piper.task @stage0_U() after([[B0]], [[AR0A]], [[AR0B]])
 // DP-NEXT: piper.task @stage1_U() after([[B1]], [[AR1]])
 
@@ -93,9 +93,9 @@ module {
     piper.yield %loss : tensor<f32>
   }
   piper.program @model {
-    %tok, %tgt, %d = piper.batch {tag = {}} : tensor<2x2xi32>, tensor<2x2xi32>
-    %x, %d0 = piper.task @embed(%tok) {tag = {block = 0 : i64}} : (tensor<2x2xi32>) -> (tensor<4x4xf32>, !piper.token)
-    %y, %d1 = piper.task @block0(%x) {tag = {block = 1 : i64}} : (tensor<4x4xf32>) -> (tensor<4x4xf32>, !piper.token)
-    %l, %d2 = piper.task @head(%y, %tgt) {tag = {block = 2 : i64}} : (tensor<4x4xf32>, tensor<2x2xi32>) -> (tensor<f32>, !piper.token)
+    %tok, %tgt, %d = piper.batch {tag = #piper.tag<>} : tensor<2x2xi32>, tensor<2x2xi32>
+    %x, %d0 = piper.task @embed(%tok) {tag = #piper.tag<block = 0>} : (tensor<2x2xi32>) -> (tensor<4x4xf32>, !piper.token)
+    %y, %d1 = piper.task @block0(%x) {tag = #piper.tag<block = 1>} : (tensor<4x4xf32>) -> (tensor<4x4xf32>, !piper.token)
+    %l, %d2 = piper.task @head(%y, %tgt) {tag = #piper.tag<block = 2>} : (tensor<4x4xf32>, tensor<2x2xi32>) -> (tensor<f32>, !piper.token)
   }
 }

@@ -11,19 +11,19 @@
 // returns the gradient of its activation input for stage 0's backward.
 // CHECK-LABEL: module {
 // CHECK-LABEL: piper.segment @stage0_F(
-// CHECK-SAME: [[IDS:%[^:]+]]: tensor<2x2xi32>) -> (tensor<4x4xf32>, tensor<4x4xf32>, tensor<4x4xf32>) attributes {piper.pass = "F"} {
+// CHECK-SAME: [[IDS:%[^:]+]]: tensor<2x2xi32>) -> (tensor<4x4xf32>, tensor<4x4xf32>, tensor<4x4xf32>) attributes {piper.pass = #piper.pass<F>} {
 // CHECK: [[EMB:%.*]] = piper.embedding [[IDS]]
 // CHECK: [[LIN:%.*]] = piper.linear [[EMB]]
 // CHECK: [[GELU:%.*]] = piper.gelu [[LIN]]
 // CHECK: piper.yield [[GELU]], [[LIN]], [[EMB]] : tensor<4x4xf32>, tensor<4x4xf32>, tensor<4x4xf32>
 // CHECK-LABEL: piper.segment @stage1_F(
-// CHECK-SAME: [[X:%[^:]+]]: tensor<4x4xf32>, [[T:%[^:]+]]: tensor<2x2xi32>) -> tensor<4x16xf32> attributes {piper.pass = "F"} {
+// CHECK-SAME: [[X:%[^:]+]]: tensor<4x4xf32>, [[T:%[^:]+]]: tensor<2x2xi32>) -> tensor<4x16xf32> attributes {piper.pass = #piper.pass<F>} {
 // CHECK: [[LOGITS:%.*]] = piper.linear [[X]]
 // CHECK: [[LOSS:%.*]] = piper.cross_entropy [[LOGITS]], [[T]]
 // CHECK-NEXT: piper.loss_accumulate [[LOSS]] : tensor<f32>
 // CHECK-NEXT: piper.yield [[LOGITS]] : tensor<4x16xf32>
 // CHECK-LABEL: piper.segment @stage0_B(
-// CHECK-SAME: [[DY:%[^:]+]]: tensor<4x4xf32>, [[LIN:%[^:]+]]: tensor<4x4xf32>, [[EMB:%[^:]+]]: tensor<4x4xf32>, [[IDS:%[^:]+]]: tensor<2x2xi32>) attributes {piper.pass = "B"} {
+// CHECK-SAME: [[DY:%[^:]+]]: tensor<4x4xf32>, [[LIN:%[^:]+]]: tensor<4x4xf32>, [[EMB:%[^:]+]]: tensor<4x4xf32>, [[IDS:%[^:]+]]: tensor<2x2xi32>) attributes {piper.pass = #piper.pass<B>} {
 // CHECK: [[DLIN:%.*]] = piper.gelu_grad [[LIN]], [[DY]]
 // CHECK: [[W1:%.*]] = piper.param_ref @w1
 // CHECK: [[DEMB:%.*]] = piper.linear_grad_input [[DLIN]], [[W1]]
@@ -35,7 +35,7 @@
 // CHECK: piper.accumulate_grad @wte, [[DWTE]] : tensor<16x4xf32>
 // CHECK: piper.yield{{$}}
 // CHECK-LABEL: piper.segment @stage1_B(
-// CHECK-SAME: [[T:%[^:]+]]: tensor<2x2xi32>, [[LOGITS:%[^:]+]]: tensor<4x16xf32>, [[X:%[^:]+]]: tensor<4x4xf32>) -> tensor<4x4xf32> attributes {piper.pass = "B"} {
+// CHECK-SAME: [[T:%[^:]+]]: tensor<2x2xi32>, [[LOGITS:%[^:]+]]: tensor<4x16xf32>, [[X:%[^:]+]]: tensor<4x4xf32>) -> tensor<4x4xf32> attributes {piper.pass = #piper.pass<B>} {
 // CHECK: [[DL:%.*]] = piper.cross_entropy_grad [[LOGITS]], [[T]]
 // CHECK: [[LM:%.*]] = piper.param_ref @lm
 // CHECK: [[DX:%.*]] = piper.linear_grad_input [[DL]], [[LM]]
@@ -45,7 +45,7 @@
 // Vectors get no weight decay; the update clears the accumulators after
 // every AdamW step. (The default hyper-parameters are checked with explicit
 // options below, under OPT.)
-// CHECK-LABEL: piper.segment @stage0_U() attributes {piper.pass = "U"} {
+// CHECK-LABEL: piper.segment @stage0_U() attributes {piper.pass = #piper.pass<U>} {
 // CHECK-NEXT: piper.adamw @b1 {beta1 = {{.*}} : f64, beta2 = {{.*}} : f64, eps = {{.*}} : f64, lr = {{.*}} : f64, weight_decay = 0.000000e+00 : f64}
 // CHECK-NEXT: piper.adamw @w1 {{{.*}} weight_decay = {{[1-9].*}} : f64}
 // CHECK-NEXT: piper.adamw @wte {{{.*}} weight_decay = {{[1-9].*}} : f64}
@@ -53,21 +53,21 @@
 // CHECK-NEXT: piper.zero_grad @w1
 // CHECK-NEXT: piper.zero_grad @wte
 // CHECK-NEXT: piper.yield
-// CHECK-LABEL: piper.segment @stage1_U() attributes {piper.pass = "U"} {
+// CHECK-LABEL: piper.segment @stage1_U() attributes {piper.pass = #piper.pass<U>} {
 // CHECK-NEXT: piper.adamw @lm
 // CHECK-NEXT: piper.zero_grad @lm
 // CHECK-NEXT: piper.yield
 // The tasks: forwards in stage order, backwards in reverse, one update per
 // stage after its backward. The step-level optimizer settings (learning-rate
 // schedule, gradient clipping) are recorded on the program.
-// CHECK-LABEL: piper.program @model attributes {piper.optimizer = {clip_grad_norm = {{.*}} : f64, decay_steps = {{.*}} : i64, {{.*}}min_lr = {{.*}} : f64, warmup_steps = {{.*}} : i64}} {
-// CHECK-NEXT: [[TOK:%[^,]+]], [[TGT:%[^,]+]], %{{.*}} = piper.batch {tag = {}}
-// CHECK-NEXT: [[F0:%[^:]+]]:3, %{{.*}} = piper.task @stage0_F([[TOK]]) {tag = {PASS = "F", PP = 0 : i64}}
-// CHECK-NEXT: [[F1:%[^,]+]], %{{.*}} = piper.task @stage1_F([[F0]]#0, [[TGT]]) {tag = {PASS = "F", PP = 1 : i64}}
-// CHECK-NEXT: [[B1:%[^,]+]], [[B1D:%[^ ]+]] = piper.task @stage1_B([[TGT]], [[F1]], [[F0]]#0) {tag = {PASS = "B", PP = 1 : i64}}
-// CHECK-NEXT: [[B0D:%.*]] = piper.task @stage0_B([[B1]], [[F0]]#1, [[F0]]#2, [[TOK]]) {tag = {PASS = "B", PP = 0 : i64}}
-// CHECK-NEXT: piper.task @stage0_U() after([[B0D]]) {tag = {PASS = "U", PP = 0 : i64}} : () -> !piper.token
-// CHECK-NEXT: piper.task @stage1_U() after([[B1D]]) {tag = {PASS = "U", PP = 1 : i64}} : () -> !piper.token
+// CHECK-LABEL: piper.program @model attributes {optimizer = {clip_grad_norm = {{.*}} : f64, decay_steps = {{.*}} : i64, {{.*}}min_lr = {{.*}} : f64, warmup_steps = {{.*}} : i64}} {
+// CHECK-NEXT: [[TOK:%[^,]+]], [[TGT:%[^,]+]], %{{.*}} = piper.batch {tag = #piper.tag<>}
+// CHECK-NEXT: [[F0:%[^:]+]]:3, %{{.*}} = piper.task @stage0_F([[TOK]]) {tag = #piper.tag<PP = 0, PASS = F>}
+// CHECK-NEXT: [[F1:%[^,]+]], %{{.*}} = piper.task @stage1_F([[F0]]#0, [[TGT]]) {tag = #piper.tag<PP = 1, PASS = F>}
+// CHECK-NEXT: [[B1:%[^,]+]], [[B1D:%[^ ]+]] = piper.task @stage1_B([[TGT]], [[F1]], [[F0]]#0) {tag = #piper.tag<PP = 1, PASS = B>}
+// CHECK-NEXT: [[B0D:%.*]] = piper.task @stage0_B([[B1]], [[F0]]#1, [[F0]]#2, [[TOK]]) {tag = #piper.tag<PP = 0, PASS = B>}
+// CHECK-NEXT: piper.task @stage0_U() after([[B0D]]) {tag = #piper.tag<PP = 0, PASS = U>} : () -> !piper.token
+// CHECK-NEXT: piper.task @stage1_U() after([[B1D]]) {tag = #piper.tag<PP = 1, PASS = U>} : () -> !piper.token
 // CHECK-NEXT: {{^ *}}}{{$}}
 
 // The optimizer options land in every adamw.
@@ -95,9 +95,9 @@ module {
     piper.yield %2 : tensor<f32>
   }
   piper.program @model {
-    %tokens, %targets, %done = piper.batch {tag = {}} : tensor<2x2xi32>, tensor<2x2xi32>
-    %outs, %done_0 = piper.task @stage0(%tokens) {tag = {PP = 0 : i64}} : (tensor<2x2xi32>) -> (tensor<4x4xf32>, !piper.token)
-    %outs_1, %done_2 = piper.task @stage1(%outs, %targets) {tag = {PP = 1 : i64}} : (tensor<4x4xf32>, tensor<2x2xi32>) -> (tensor<f32>, !piper.token)
+    %tokens, %targets, %done = piper.batch {tag = #piper.tag<>} : tensor<2x2xi32>, tensor<2x2xi32>
+    %outs, %done_0 = piper.task @stage0(%tokens) {tag = #piper.tag<PP = 0>} : (tensor<2x2xi32>) -> (tensor<4x4xf32>, !piper.token)
+    %outs_1, %done_2 = piper.task @stage1(%outs, %targets) {tag = #piper.tag<PP = 1>} : (tensor<4x4xf32>, tensor<2x2xi32>) -> (tensor<f32>, !piper.token)
   }
 }
 
@@ -152,10 +152,10 @@ piper.segment @head(%x: tensor<4x12xf32>, %t: tensor<2x2xi32>) -> tensor<f32> {
   piper.yield %l : tensor<f32>
 }
 piper.program @p {
-  %tok, %tgt, %d = piper.batch {tag = {}} : tensor<2x2xi32>, tensor<2x2xi32>
-  %e, %d0 = piper.task @emb(%tok) {tag = {PP = 0 : i64}} : (tensor<2x2xi32>) -> (tensor<4x12xf32>, !piper.token)
-  %x, %d1 = piper.task @s(%e) {tag = {PP = 1 : i64}} : (tensor<4x12xf32>) -> (tensor<4x12xf32>, !piper.token)
-  %l, %d2 = piper.task @head(%x, %tgt) {tag = {PP = 2 : i64}} : (tensor<4x12xf32>, tensor<2x2xi32>) -> (tensor<f32>, !piper.token)
+  %tok, %tgt, %d = piper.batch {tag = #piper.tag<>} : tensor<2x2xi32>, tensor<2x2xi32>
+  %e, %d0 = piper.task @emb(%tok) {tag = #piper.tag<PP = 0>} : (tensor<2x2xi32>) -> (tensor<4x12xf32>, !piper.token)
+  %x, %d1 = piper.task @s(%e) {tag = #piper.tag<PP = 1>} : (tensor<4x12xf32>) -> (tensor<4x12xf32>, !piper.token)
+  %l, %d2 = piper.task @head(%x, %tgt) {tag = #piper.tag<PP = 2>} : (tensor<4x12xf32>, tensor<2x2xi32>) -> (tensor<f32>, !piper.token)
 }
 
 // -----
@@ -209,9 +209,9 @@ piper.segment @moe(%x: tensor<4x8xf32>, %t: tensor<2x2xi32>) -> tensor<f32> {
   piper.yield %loss : tensor<f32>
 }
 piper.program @p {
-  %tok, %tgt, %d = piper.batch {tag = {}} : tensor<2x2xi32>, tensor<2x2xi32>
-  %x, %d0 = piper.task @emb(%tok) {tag = {PP = 0 : i64}} : (tensor<2x2xi32>) -> (tensor<4x8xf32>, !piper.token)
-  %l, %d1 = piper.task @moe(%x, %tgt) {tag = {PP = 1 : i64}} : (tensor<4x8xf32>, tensor<2x2xi32>) -> (tensor<f32>, !piper.token)
+  %tok, %tgt, %d = piper.batch {tag = #piper.tag<>} : tensor<2x2xi32>, tensor<2x2xi32>
+  %x, %d0 = piper.task @emb(%tok) {tag = #piper.tag<PP = 0>} : (tensor<2x2xi32>) -> (tensor<4x8xf32>, !piper.token)
+  %l, %d1 = piper.task @moe(%x, %tgt) {tag = #piper.tag<PP = 1>} : (tensor<4x8xf32>, tensor<2x2xi32>) -> (tensor<f32>, !piper.token)
 }
 
 // -----
@@ -222,7 +222,7 @@ piper.segment @s() {
 }
 piper.program @p {
   // expected-error @+1 {{'piper.task' op is already part of a training DAG}}
-  %d = piper.task @s() {tag = {PP = 0 : i64, PASS = "F"}} : () -> !piper.token
+  %d = piper.task @s() {tag = #piper.tag<PP = 0, PASS = F>} : () -> !piper.token
 }
 
 // -----
@@ -233,7 +233,7 @@ piper.segment @s() {
 }
 piper.program @p {
   // expected-error @+1 {{'piper.task' op has no PP tag: run piper-stage first}}
-  %d = piper.task @s() {tag = {block = 0 : i64}} : () -> !piper.token
+  %d = piper.task @s() {tag = #piper.tag<block = 0>} : () -> !piper.token
 }
 
 // -----
@@ -251,8 +251,8 @@ piper.segment @s() {
 }
 piper.program @p {
   // expected-error @+1 {{'piper.task' op segment @s must be called by exactly one task}}
-  %d0 = piper.task @s() {tag = {PP = 0 : i64}} : () -> !piper.token
-  %d1 = piper.task @s() {tag = {PP = 1 : i64}} : () -> !piper.token
+  %d0 = piper.task @s() {tag = #piper.tag<PP = 0>} : () -> !piper.token
+  %d1 = piper.task @s() {tag = #piper.tag<PP = 1>} : () -> !piper.token
 }
 
 // -----
@@ -278,9 +278,9 @@ piper.segment @head(%x: tensor<4x4xf32>, %t: tensor<2x2xi32>) -> tensor<f32> {
   piper.yield %loss : tensor<f32>
 }
 piper.program @p {
-  %tok, %tgt, %d = piper.batch {tag = {}} : tensor<2x2xi32>, tensor<2x2xi32>
-  %x, %d0 = piper.task @embed(%tok) {tag = {PP = 0 : i64}} : (tensor<2x2xi32>) -> (tensor<4x4xf32>, !piper.token)
-  %l, %d1 = piper.task @head(%x, %tgt) {tag = {PP = 1 : i64}} : (tensor<4x4xf32>, tensor<2x2xi32>) -> (tensor<f32>, !piper.token)
+  %tok, %tgt, %d = piper.batch {tag = #piper.tag<>} : tensor<2x2xi32>, tensor<2x2xi32>
+  %x, %d0 = piper.task @embed(%tok) {tag = #piper.tag<PP = 0>} : (tensor<2x2xi32>) -> (tensor<4x4xf32>, !piper.token)
+  %l, %d1 = piper.task @head(%x, %tgt) {tag = #piper.tag<PP = 1>} : (tensor<4x4xf32>, tensor<2x2xi32>) -> (tensor<f32>, !piper.token)
 }
 
 // -----
@@ -300,9 +300,9 @@ piper.segment @t(%y: tensor<4xf32>) {
   piper.yield
 }
 piper.program @p {
-  %a, %d = piper.task @src() {tag = {PP = 0 : i64}} : () -> (tensor<4x4xf32>, !piper.token)
-  %y, %d0 = piper.task @s(%a) {tag = {PP = 1 : i64}} : (tensor<4x4xf32>) -> (tensor<4xf32>, !piper.token)
-  %d1 = piper.task @t(%y) {tag = {PP = 2 : i64}} : (tensor<4xf32>) -> !piper.token
+  %a, %d = piper.task @src() {tag = #piper.tag<PP = 0>} : () -> (tensor<4x4xf32>, !piper.token)
+  %y, %d0 = piper.task @s(%a) {tag = #piper.tag<PP = 1>} : (tensor<4x4xf32>) -> (tensor<4xf32>, !piper.token)
+  %d1 = piper.task @t(%y) {tag = #piper.tag<PP = 2>} : (tensor<4xf32>) -> !piper.token
 }
 
 // -----
@@ -319,9 +319,9 @@ piper.segment @head(%x: tensor<4x4xf32>, %unused: tensor<4x4xf32>, %t: tensor<2x
   piper.yield %l : tensor<f32>
 }
 piper.program @p {
-  %tok, %tgt, %d = piper.batch {tag = {}} : tensor<2x2xi32>, tensor<2x2xi32>
-  %a, %b, %d0 = piper.task @src() {tag = {PP = 0 : i64}} : () -> (tensor<4x4xf32>, tensor<4x4xf32>, !piper.token)
-  %l, %d1 = piper.task @head(%a, %b, %tgt) {tag = {PP = 1 : i64}} : (tensor<4x4xf32>, tensor<4x4xf32>, tensor<2x2xi32>) -> (tensor<f32>, !piper.token)
+  %tok, %tgt, %d = piper.batch {tag = #piper.tag<>} : tensor<2x2xi32>, tensor<2x2xi32>
+  %a, %b, %d0 = piper.task @src() {tag = #piper.tag<PP = 0>} : () -> (tensor<4x4xf32>, tensor<4x4xf32>, !piper.token)
+  %l, %d1 = piper.task @head(%a, %b, %tgt) {tag = #piper.tag<PP = 1>} : (tensor<4x4xf32>, tensor<4x4xf32>, tensor<2x2xi32>) -> (tensor<f32>, !piper.token)
 }
 
 // -----
@@ -336,7 +336,7 @@ piper.segment @last() -> tensor<4x4xf32> {
 }
 piper.program @p {
   // expected-error @+1 {{'piper.task' op result #0 is not consumed by a later stage, so it gets no gradient}}
-  %x, %d = piper.task @last() {tag = {PP = 0 : i64}} : () -> (tensor<4x4xf32>, !piper.token)
+  %x, %d = piper.task @last() {tag = #piper.tag<PP = 0>} : () -> (tensor<4x4xf32>, !piper.token)
 }
 
 // -----
@@ -357,9 +357,9 @@ piper.segment @head(%x: tensor<4x4xf32>, %y: tensor<4x4xf32>, %t: tensor<2x2xi32
   piper.yield %l : tensor<f32>
 }
 piper.program @p {
-  %tok, %tgt, %d = piper.batch {tag = {}} : tensor<2x2xi32>, tensor<2x2xi32>
-  %a, %d0 = piper.task @src() {tag = {PP = 0 : i64}} : () -> (tensor<4x4xf32>, !piper.token)
+  %tok, %tgt, %d = piper.batch {tag = #piper.tag<>} : tensor<2x2xi32>, tensor<2x2xi32>
+  %a, %d0 = piper.task @src() {tag = #piper.tag<PP = 0>} : () -> (tensor<4x4xf32>, !piper.token)
   // expected-error @+1 {{'piper.task' op a value feeding several stages is not supported yet}}
-  %b, %d1 = piper.task @mid(%a) {tag = {PP = 1 : i64}} : (tensor<4x4xf32>) -> (tensor<4x4xf32>, !piper.token)
-  %l, %d2 = piper.task @head(%a, %b, %tgt) {tag = {PP = 2 : i64}} : (tensor<4x4xf32>, tensor<4x4xf32>, tensor<2x2xi32>) -> (tensor<f32>, !piper.token)
+  %b, %d1 = piper.task @mid(%a) {tag = #piper.tag<PP = 1>} : (tensor<4x4xf32>) -> (tensor<4x4xf32>, !piper.token)
+  %l, %d2 = piper.task @head(%a, %b, %tgt) {tag = #piper.tag<PP = 2>} : (tensor<4x4xf32>, tensor<4x4xf32>, tensor<2x2xi32>) -> (tensor<f32>, !piper.token)
 }

@@ -12,10 +12,10 @@
 // recv moves right before the backward that consumes it; each batch comes
 // right before its forward; the all-reduce follows the backward.
 // CHECK-LABEL: piper.device_program @class0
-// CHECK-NEXT: [[TOK:%[^,]+]], %{{.*}} = piper.batch {tag = {MB = 0 : i64}}
+// CHECK-NEXT: [[TOK:%[^,]+]], %{{.*}} = piper.batch {tag = #piper.tag<MB = 0>}
 // CHECK-NEXT: [[X:%[^,]+]], %{{.*}} = piper.task @f([[TOK]])
 // CHECK-NEXT: piper.send [[X]] {channel = 0 : i64
-// CHECK-NEXT: [[TOK1:%[^,]+]], %{{.*}} = piper.batch {tag = {MB = 1 : i64}}
+// CHECK-NEXT: [[TOK1:%[^,]+]], %{{.*}} = piper.batch {tag = #piper.tag<MB = 1>}
 // CHECK-NEXT: piper.task @f([[TOK1]])
 // CHECK-NEXT: [[DX:%[^,]+]], %{{.*}} = piper.recv {channel = 1 : i64
 // CHECK-NEXT: [[HD:%.*]] = piper.task @h([[DX]])
@@ -40,17 +40,17 @@ piper.segment @h(%dx: tensor<4xf32>) {
 }
 piper.device_program @class0 attributes {device_class = 0 : i64, ranks = array<i64: 0, 1>} {
   %dx, %rd = piper.recv {channel = 1 : i64, peers = array<i64: 2, 3>, stream = "pp_stream"} : tensor<4xf32>
-  %tok, %tgt, %bd = piper.batch {tag = {MB = 0 : i64}} : tensor<2x2xi32>, tensor<2x2xi32>
-  %tok1, %tgt1, %bd1 = piper.batch {tag = {MB = 1 : i64}} : tensor<2x2xi32>, tensor<2x2xi32>
-  %x, %fd = piper.task @f(%tok) {devices = array<i64: 0, 1>, stream = "compute", tag = {PP = 0 : i64, MB = 0 : i64, PASS = "F"}} : (tensor<2x2xi32>) -> (tensor<4xf32>, !piper.token)
-  %x1, %fd1 = piper.task @f(%tok1) after(%fd) {devices = array<i64: 0, 1>, stream = "compute", tag = {PP = 0 : i64, MB = 1 : i64, PASS = "F"}} : (tensor<2x2xi32>) -> (tensor<4xf32>, !piper.token)
-  %hd = piper.task @h(%dx) after(%fd1) {devices = array<i64: 0, 1>, stream = "compute", tag = {PP = 0 : i64, MB = 0 : i64, PASS = "B"}} : (tensor<4xf32>) -> !piper.token
+  %tok, %tgt, %bd = piper.batch {tag = #piper.tag<MB = 0>} : tensor<2x2xi32>, tensor<2x2xi32>
+  %tok1, %tgt1, %bd1 = piper.batch {tag = #piper.tag<MB = 1>} : tensor<2x2xi32>, tensor<2x2xi32>
+  %x, %fd = piper.task @f(%tok) {devices = array<i64: 0, 1>, stream = "compute", tag = #piper.tag<PP = 0, MB = 0, PASS = F>} : (tensor<2x2xi32>) -> (tensor<4xf32>, !piper.token)
+  %x1, %fd1 = piper.task @f(%tok1) after(%fd) {devices = array<i64: 0, 1>, stream = "compute", tag = #piper.tag<PP = 0, MB = 1, PASS = F>} : (tensor<2x2xi32>) -> (tensor<4xf32>, !piper.token)
+  %hd = piper.task @h(%dx) after(%fd1) {devices = array<i64: 0, 1>, stream = "compute", tag = #piper.tag<PP = 0, MB = 0, PASS = B>} : (tensor<4xf32>) -> !piper.token
   %s = piper.send %x {channel = 0 : i64, peers = array<i64: 2, 3>, stream = "pp_stream"} : tensor<4xf32>
-  %ar = piper.all_reduce [@w] after(%hd) {devices = array<i64: 0, 1>, stream = "dp_stream", tag = {PP = 0 : i64}}
+  %ar = piper.all_reduce [@w] after(%hd) {devices = array<i64: 0, 1>, stream = "dp_stream", tag = #piper.tag<PP = 0>}
 }
 piper.device_program @class1 attributes {device_class = 1 : i64, ranks = array<i64: 2, 3>} {
   %xm, %rd = piper.recv {channel = 0 : i64, peers = array<i64: 0, 1>, stream = "pp_stream"} : tensor<4xf32>
-  %g, %gd = piper.task @g(%xm) {devices = array<i64: 2, 3>, stream = "compute", tag = {PP = 1 : i64, MB = 0 : i64, PASS = "B"}} : (tensor<4xf32>) -> (tensor<4xf32>, !piper.token)
+  %g, %gd = piper.task @g(%xm) {devices = array<i64: 2, 3>, stream = "compute", tag = #piper.tag<PP = 1, MB = 0, PASS = B>} : (tensor<4xf32>) -> (tensor<4xf32>, !piper.token)
   %s = piper.send %g {channel = 1 : i64, peers = array<i64: 0, 1>, stream = "pp_stream"} : tensor<4xf32>
 }
 
@@ -69,12 +69,12 @@ piper.segment @f(%x: tensor<4xf32>) -> tensor<4xf32> {
 // expected-error @+1 {{the schedule deadlocks:}}
 piper.device_program @class0 attributes {device_class = 0 : i64, ranks = array<i64: 0>} {
   %a, %ad = piper.recv {channel = 1 : i64, peers = array<i64: 1>, stream = "pp_stream"} : tensor<4xf32>
-  %x, %xd = piper.task @f(%a) {devices = array<i64: 0>, stream = "compute", tag = {PP = 0 : i64, MB = 0 : i64, PASS = "F"}} : (tensor<4xf32>) -> (tensor<4xf32>, !piper.token)
+  %x, %xd = piper.task @f(%a) {devices = array<i64: 0>, stream = "compute", tag = #piper.tag<PP = 0, MB = 0, PASS = F>} : (tensor<4xf32>) -> (tensor<4xf32>, !piper.token)
   %s = piper.send %x {channel = 0 : i64, peers = array<i64: 1>, stream = "pp_stream"} : tensor<4xf32>
 }
 piper.device_program @class1 attributes {device_class = 1 : i64, ranks = array<i64: 1>} {
   %b, %bd = piper.recv {channel = 0 : i64, peers = array<i64: 0>, stream = "pp_stream"} : tensor<4xf32>
-  %y, %yd = piper.task @f(%b) {devices = array<i64: 1>, stream = "compute", tag = {PP = 1 : i64, MB = 0 : i64, PASS = "F"}} : (tensor<4xf32>) -> (tensor<4xf32>, !piper.token)
+  %y, %yd = piper.task @f(%b) {devices = array<i64: 1>, stream = "compute", tag = #piper.tag<PP = 1, MB = 0, PASS = F>} : (tensor<4xf32>) -> (tensor<4xf32>, !piper.token)
   %s = piper.send %y {channel = 1 : i64, peers = array<i64: 0>, stream = "pp_stream"} : tensor<4xf32>
 }
 
@@ -88,7 +88,7 @@ piper.device_program @class1 attributes {device_class = 1 : i64, ranks = array<i
 // expected-error @+1 {{ranks [4, 5] stream 'activations' waits at recv channel 7 for a send that never happens}}
 piper.device_program @class0 attributes {device_class = 0 : i64, ranks = array<i64: 4, 5>} {
   %a, %ad = piper.recv {channel = 7 : i64, peers = array<i64: 0, 1>, stream = "activations"} : tensor<4xf32>
-  %tok, %tgt, %bd = piper.batch {tag = {MB = 0 : i64}} : tensor<2x2xi32>, tensor<2x2xi32>
+  %tok, %tgt, %bd = piper.batch {tag = #piper.tag<MB = 0>} : tensor<2x2xi32>, tensor<2x2xi32>
 }
 
 // -----
@@ -96,11 +96,11 @@ piper.device_program @class0 attributes {device_class = 0 : i64, ranks = array<i
 // Gradient clipping is world-wide: every device program reaches its clip,
 // which follows its last gradient producer, before any update runs.
 // CHECK-LABEL: piper.device_program @class0
-// CHECK-NEXT: [[B0:%.*]] = piper.task @b() {{.*}}MB = 0 : i64, PASS = "B"
-// CHECK-NEXT: [[B1:%.*]] = piper.task @b() after([[B0]]) {{.*}}MB = 1 : i64, PASS = "B"
+// CHECK-NEXT: [[B0:%.*]] = piper.task @b() {{.*}}MB = 0, PASS = B
+// CHECK-NEXT: [[B1:%.*]] = piper.task @b() after([[B0]]) {{.*}}MB = 1, PASS = B
 // CHECK-NEXT: [[AR:%.*]] = piper.all_reduce [@w] after([[B0]], [[B1]])
 // CHECK-NEXT: [[C:%.*]] = piper.clip_grads after([[B1]], [[AR]]) {max_norm = 1.000000e+00 : f64}
-// CHECK-NEXT: piper.task @b() after([[C]]) {{.*}}PASS = "U"
+// CHECK-NEXT: piper.task @b() after([[C]]) {{.*}}PASS = U
 // CHECK-LABEL: piper.device_program @class1
 // CHECK-NEXT: [[B:%.*]] = piper.task @b()
 // CHECK-NEXT: [[C:%.*]] = piper.clip_grads after([[B]])
@@ -110,16 +110,16 @@ piper.segment @b() {
   piper.yield
 }
 piper.device_program @class0 attributes {device_class = 0 : i64, ranks = array<i64: 0, 1>} {
-  %b0 = piper.task @b() {devices = array<i64: 0, 1>, stream = "compute", tag = {PP = 0 : i64, MB = 0 : i64, PASS = "B"}} : () -> !piper.token
-  %b1 = piper.task @b() after(%b0) {devices = array<i64: 0, 1>, stream = "compute", tag = {PP = 0 : i64, MB = 1 : i64, PASS = "B"}} : () -> !piper.token
-  %ar = piper.all_reduce [@w] after(%b0, %b1) {devices = array<i64: 0, 1>, stream = "dp_stream", tag = {PP = 0 : i64}}
+  %b0 = piper.task @b() {devices = array<i64: 0, 1>, stream = "compute", tag = #piper.tag<PP = 0, MB = 0, PASS = B>} : () -> !piper.token
+  %b1 = piper.task @b() after(%b0) {devices = array<i64: 0, 1>, stream = "compute", tag = #piper.tag<PP = 0, MB = 1, PASS = B>} : () -> !piper.token
+  %ar = piper.all_reduce [@w] after(%b0, %b1) {devices = array<i64: 0, 1>, stream = "dp_stream", tag = #piper.tag<PP = 0>}
   %c = piper.clip_grads after(%b1, %ar) {max_norm = 1.0 : f64}
-  %u = piper.task @b() after(%c) {devices = array<i64: 0, 1>, stream = "compute", tag = {PP = 0 : i64, PASS = "U"}} : () -> !piper.token
+  %u = piper.task @b() after(%c) {devices = array<i64: 0, 1>, stream = "compute", tag = #piper.tag<PP = 0, PASS = U>} : () -> !piper.token
 }
 piper.device_program @class1 attributes {device_class = 1 : i64, ranks = array<i64: 2>} {
-  %b = piper.task @b() {devices = array<i64: 2>, stream = "compute", tag = {PP = 1 : i64, MB = 0 : i64, PASS = "B"}} : () -> !piper.token
+  %b = piper.task @b() {devices = array<i64: 2>, stream = "compute", tag = #piper.tag<PP = 1, MB = 0, PASS = B>} : () -> !piper.token
   %c = piper.clip_grads after(%b) {max_norm = 1.0 : f64}
-  %u = piper.task @b() after(%c) {devices = array<i64: 2>, stream = "compute", tag = {PP = 1 : i64, PASS = "U"}} : () -> !piper.token
+  %u = piper.task @b() after(%c) {devices = array<i64: 2>, stream = "compute", tag = #piper.tag<PP = 1, PASS = U>} : () -> !piper.token
 }
 
 // -----
@@ -142,12 +142,12 @@ piper.segment @g(%x: tensor<4xf32>) {
 // expected-error @+1 {{ranks [0] stream 'compute' waits at clip_grads for the other devices to reach their gradient clipping}}
 piper.device_program @class0 attributes {device_class = 0 : i64, ranks = array<i64: 0>} {
   %c = piper.clip_grads {max_norm = 1.0 : f64}
-  %x, %d = piper.task @f() after(%c) {devices = array<i64: 0>, stream = "compute", tag = {PP = 0 : i64, PASS = "U"}} : () -> (tensor<4xf32>, !piper.token)
+  %x, %d = piper.task @f() after(%c) {devices = array<i64: 0>, stream = "compute", tag = #piper.tag<PP = 0, PASS = U>} : () -> (tensor<4xf32>, !piper.token)
   %s = piper.send %x {channel = 0 : i64, peers = array<i64: 1>, stream = "pp_stream"} : tensor<4xf32>
 }
 piper.device_program @class1 attributes {device_class = 1 : i64, ranks = array<i64: 1>} {
   %r, %rd = piper.recv {channel = 0 : i64, peers = array<i64: 0>, stream = "pp_stream"} : tensor<4xf32>
-  %d = piper.task @g(%r) {devices = array<i64: 1>, stream = "compute", tag = {PP = 1 : i64, PASS = "B"}} : (tensor<4xf32>) -> !piper.token
+  %d = piper.task @g(%r) {devices = array<i64: 1>, stream = "compute", tag = #piper.tag<PP = 1, PASS = B>} : (tensor<4xf32>) -> !piper.token
   %c = piper.clip_grads after(%d) {max_norm = 1.0 : f64}
 }
 
@@ -166,15 +166,15 @@ module {
 // each recv is issued right before the task that reads it.
 // PIPE-LABEL: piper.device_program @class0
 // PIPE: [[R0:%[^,]+]], %{{.*}} = piper.recv {channel = [[G0:[0-9]+]] : i64, peers = array<i64: 1>
-// PIPE-NEXT: piper.task @stage0_B([[R0]], {{.*}}tag = {MB = 0 : i64, PASS = "B", PP = 0 : i64}
+// PIPE-NEXT: piper.task @stage0_B([[R0]], {{.*}}tag = #piper.tag<PP = 0, MB = 0, PASS = B>
 // PIPE-NEXT: [[R1:%[^,]+]], %{{.*}} = piper.recv {channel = [[G1:[0-9]+]] : i64, peers = array<i64: 1>
-// PIPE-NEXT: piper.task @stage0_B([[R1]], {{.*}}tag = {MB = 1 : i64, PASS = "B", PP = 0 : i64}
+// PIPE-NEXT: piper.task @stage0_B([[R1]], {{.*}}tag = #piper.tag<PP = 0, MB = 1, PASS = B>
 // PIPE-LABEL: piper.device_program @class1
 // PIPE: [[A0:%[^,]+]], %{{.*}} = piper.recv {channel = {{[0-9]+}} : i64, peers = array<i64: 0>
-// PIPE-NEXT: piper.task @stage1_F([[A0]], {{.*}}tag = {MB = 0 : i64, PASS = "F", PP = 1 : i64}
-// PIPE-NEXT: [[GR0:%[^,]+]], %{{.*}} = piper.task @stage1_B({{.*}}tag = {MB = 0 : i64, PASS = "B", PP = 1 : i64}
+// PIPE-NEXT: piper.task @stage1_F([[A0]], {{.*}}tag = #piper.tag<PP = 1, MB = 0, PASS = F>
+// PIPE-NEXT: [[GR0:%[^,]+]], %{{.*}} = piper.task @stage1_B({{.*}}tag = #piper.tag<PP = 1, MB = 0, PASS = B>
 // PIPE-NEXT: piper.send [[GR0]] {channel = [[G0]] : i64
 // PIPE: [[A1:%[^,]+]], %{{.*}} = piper.recv {channel = {{[0-9]+}} : i64, peers = array<i64: 0>
-// PIPE-NEXT: piper.task @stage1_F([[A1]], {{.*}}tag = {MB = 1 : i64, PASS = "F", PP = 1 : i64}
-// PIPE-NEXT: [[GR1:%[^,]+]], %{{.*}} = piper.task @stage1_B({{.*}}tag = {MB = 1 : i64, PASS = "B", PP = 1 : i64}
+// PIPE-NEXT: piper.task @stage1_F([[A1]], {{.*}}tag = #piper.tag<PP = 1, MB = 1, PASS = F>
+// PIPE-NEXT: [[GR1:%[^,]+]], %{{.*}} = piper.task @stage1_B({{.*}}tag = #piper.tag<PP = 1, MB = 1, PASS = B>
 // PIPE-NEXT: piper.send [[GR1]] {channel = [[G1]] : i64

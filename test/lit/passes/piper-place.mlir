@@ -14,12 +14,12 @@
 // other stage's tasks stay unplaced, and there are no transfers yet.
 // HALF-LABEL: piper.program @model {
 // HALF-NOT: piper.transfer
-// HALF: piper.task @stage0_F({{.*}}) {devices = array<i64: 0, 1>, piper.send_stream = "pp_stream", stream = "compute", tag = {PASS = "F", PP = 0 : i64}}
-// HALF: piper.task @stage1_F({{.*}}) {tag = {PASS = "F", PP = 1 : i64}}
-// HALF: piper.task @stage1_B({{.*}}) {tag = {PASS = "B", PP = 1 : i64}}
-// HALF: piper.task @stage0_B({{.*}}) {devices = array<i64: 0, 1>, piper.send_stream = "pp_stream", stream = "compute", tag = {PASS = "B", PP = 0 : i64}}
+// HALF: piper.task @stage0_F({{.*}}) {devices = array<i64: 0, 1>, send_stream = "pp_stream", stream = "compute", tag = #piper.tag<PP = 0, PASS = F>}
+// HALF: piper.task @stage1_F({{.*}}) {tag = #piper.tag<PP = 1, PASS = F>}
+// HALF: piper.task @stage1_B({{.*}}) {tag = #piper.tag<PP = 1, PASS = B>}
+// HALF: piper.task @stage0_B({{.*}}) {devices = array<i64: 0, 1>, send_stream = "pp_stream", stream = "compute", tag = #piper.tag<PP = 0, PASS = B>}
 // HALF: piper.task @stage0_U() {{.*}}devices = array<i64: 0, 1>
-// HALF: piper.task @stage1_U() after(%{{.*}}) {tag = {PASS = "U", PP = 1 : i64}}
+// HALF: piper.task @stage1_U() after(%{{.*}}) {tag = #piper.tag<PP = 1, PASS = U>}
 // HALF-NOT: piper.transfer
 
 // Both stages placed: the activation crosses from [0, 1] to [2, 3] once,
@@ -29,7 +29,7 @@
 // BOTH-NEXT: [[TOK:%[^,]+]], [[TGT:%[^,]+]], %{{.*}} = piper.batch
 // BOTH-NEXT: [[F0:%[^:]+]]:3, %{{.*}} = piper.task @stage0_F([[TOK]]) {devices = array<i64: 0, 1>
 // BOTH-NEXT: [[ACT:%[^,]+]], %{{.*}} = piper.transfer [[F0]]#0 {from = array<i64: 0, 1>, stream = "pp_stream", to = array<i64: 2, 3>} : tensor<4x4xf32>
-// BOTH-NEXT: [[F1:%[^,]+]], %{{.*}} = piper.task @stage1_F([[ACT]], [[TGT]]) {devices = array<i64: 2, 3>, piper.send_stream = "p2p", stream = "compute"
+// BOTH-NEXT: [[F1:%[^,]+]], %{{.*}} = piper.task @stage1_F([[ACT]], [[TGT]]) {devices = array<i64: 2, 3>, send_stream = "p2p", stream = "compute"
 // BOTH-NEXT: [[B1:%[^,]+]], %{{.*}} = piper.task @stage1_B([[TGT]], [[F1]], [[ACT]]) {devices = array<i64: 2, 3>
 // BOTH-NEXT: [[GRAD:%[^,]+]], %{{.*}} = piper.transfer [[B1]] {from = array<i64: 2, 3>, stream = "p2p", to = array<i64: 0, 1>} : tensor<4x4xf32>
 // BOTH-NEXT: piper.task @stage0_B([[GRAD]], [[F0]]#1, [[F0]]#2, [[TOK]]) {devices = array<i64: 0, 1>
@@ -62,9 +62,9 @@
 
 // Placing the last unplaced stage inserts the transfers.
 // CHUNK-LABEL: piper.program @last
-// CHUNK-NEXT: [[X:%[^,]+]], %{{.*}} = piper.task @f() {devices = array<i64: 0>, piper.send_stream = "pp_stream", stream = "compute", tag = {PASS = "F", PP = 0 : i64}}
+// CHUNK-NEXT: [[X:%[^,]+]], %{{.*}} = piper.task @f() {devices = array<i64: 0>, send_stream = "pp_stream", stream = "compute", tag = #piper.tag<PP = 0, PASS = F>}
 // CHUNK-NEXT: [[MOVED:%[^,]+]], %{{.*}} = piper.transfer [[X]] {from = array<i64: 0>, stream = "pp_stream", to = array<i64: 1>} : tensor<4xf32>
-// CHUNK-NEXT: piper.task @g([[MOVED]]) {devices = array<i64: 1>, tag = {PASS = "F", PP = 1 : i64}}
+// CHUNK-NEXT: piper.task @g([[MOVED]]) {devices = array<i64: 1>, tag = #piper.tag<PP = 1, PASS = F>}
 piper.param @w : tensor<4xf32> init zeros(0.0)
 piper.segment @f() -> tensor<4xf32> {
   %x = piper.param_ref @w : tensor<4xf32>
@@ -74,8 +74,8 @@ piper.segment @g(%x: tensor<4xf32>) {
   piper.yield
 }
 piper.program @last {
-  %x, %d0 = piper.task @f() {tag = {PP = 0 : i64, PASS = "F"}} : () -> (tensor<4xf32>, !piper.token)
-  %d1 = piper.task @g(%x) {devices = array<i64: 1>, tag = {PP = 1 : i64, PASS = "F"}} : (tensor<4xf32>) -> !piper.token
+  %x, %d0 = piper.task @f() {tag = #piper.tag<PP = 0, PASS = F>} : () -> (tensor<4xf32>, !piper.token)
+  %d1 = piper.task @g(%x) {devices = array<i64: 1>, tag = #piper.tag<PP = 1, PASS = F>} : (tensor<4xf32>) -> !piper.token
 }
 
 // -----
@@ -86,7 +86,7 @@ piper.segment @f() {
 }
 piper.program @p {
   // expected-error @+1 {{'piper.task' op directive #0 (piper-place pp=0): overlapping placements: task @f (PP=0 MB=1 PASS=F) is already placed on [5]}}
-  %d = piper.task @f() {devices = array<i64: 5>, tag = {PP = 0 : i64, MB = 1 : i64, PASS = "F"}} : () -> !piper.token
+  %d = piper.task @f() {devices = array<i64: 5>, tag = #piper.tag<PP = 0, MB = 1, PASS = F>} : () -> !piper.token
 }
 
 // -----
@@ -97,7 +97,7 @@ piper.segment @f() {
 }
 // expected-error @+1 {{'piper.program' op directive #0 (piper-place pp=0): the filter matches no task}}
 piper.program @p {
-  %d = piper.task @f() {tag = {PP = 1 : i64, PASS = "F"}} : () -> !piper.token
+  %d = piper.task @f() {tag = #piper.tag<PP = 1, PASS = F>} : () -> !piper.token
 }
 
 // -----
@@ -112,9 +112,9 @@ piper.segment @g(%x: tensor<4xf32>) {
   piper.yield
 }
 piper.program @p {
-  %x, %d0 = piper.task @f() {tag = {PP = 0 : i64, PASS = "F"}} : () -> (tensor<4xf32>, !piper.token)
+  %x, %d0 = piper.task @f() {tag = #piper.tag<PP = 0, PASS = F>} : () -> (tensor<4xf32>, !piper.token)
   // expected-error @+1 {{'piper.task' op task @g (PP=1 PASS=F) on [1, 2] consumes a value of task @f (PP=0 PASS=F) on [0]; transfers need device groups of the same size}}
-  %d1 = piper.task @g(%x) {devices = array<i64: 1, 2>, tag = {PP = 1 : i64, PASS = "F"}} : (tensor<4xf32>) -> !piper.token
+  %d1 = piper.task @g(%x) {devices = array<i64: 1, 2>, tag = #piper.tag<PP = 1, PASS = F>} : (tensor<4xf32>) -> !piper.token
 }
 
 // -----
@@ -125,8 +125,8 @@ piper.segment @f() {
 }
 // expected-error @+1 {{'piper.program' op devices [1] of the 3-device world run no task}}
 piper.program @p {
-  %d0 = piper.task @f() {tag = {PP = 0 : i64, PASS = "F"}} : () -> !piper.token
-  %d1 = piper.task @f() {devices = array<i64: 2>, tag = {PP = 1 : i64, PASS = "F"}} : () -> !piper.token
+  %d0 = piper.task @f() {tag = #piper.tag<PP = 0, PASS = F>} : () -> !piper.token
+  %d1 = piper.task @f() {devices = array<i64: 2>, tag = #piper.tag<PP = 1, PASS = F>} : () -> !piper.token
 }
 
 // -----
@@ -145,6 +145,6 @@ piper.segment @h() {
   piper.yield
 }
 piper.program @tokens {
-  %x, %d0 = piper.task @f() {tag = {PP = 0 : i64, PASS = "F"}} : () -> (tensor<4xf32>, !piper.token)
-  %d1 = piper.task @h() after(%d0) {devices = array<i64: 1>, tag = {PP = 1 : i64, PASS = "F"}} : () -> !piper.token
+  %x, %d0 = piper.task @f() {tag = #piper.tag<PP = 0, PASS = F>} : () -> (tensor<4xf32>, !piper.token)
+  %d1 = piper.task @h() after(%d0) {devices = array<i64: 1>, tag = #piper.tag<PP = 1, PASS = F>} : () -> !piper.token
 }

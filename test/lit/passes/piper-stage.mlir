@@ -16,7 +16,7 @@
 // ONE-NOT: piper.segment
 // ONE-LABEL: piper.program @model
 // ONE-NEXT: [[TOK:%[^,]+]], [[TGT:%[^,]+]], %{{.*}} = piper.batch
-// ONE-NEXT: piper.task @stage0([[TOK]], [[TGT]]) {tag = {PP = 0 : i64}} : (tensor<2x2xi32>, tensor<2x2xi32>) -> (tensor<f32>, !piper.token)
+// ONE-NEXT: piper.task @stage0([[TOK]], [[TGT]]) {tag = #piper.tag<PP = 0>} : (tensor<2x2xi32>, tensor<2x2xi32>) -> (tensor<f32>, !piper.token)
 // ONE-NEXT: {{^ *}}}{{$}}
 
 // Three stages from three blocks: one block each, chained in order.
@@ -29,9 +29,9 @@
 // THREE: piper.cross_entropy
 // THREE-LABEL: piper.program @model
 // THREE: [[TOK:%[^,]+]], [[TGT:%[^,]+]], %{{.*}} = piper.batch
-// THREE: [[X0:%[^,]+]], %{{.*}} = piper.task @stage0([[TOK]]) {tag = {PP = 0 : i64}}
-// THREE: [[X1:%[^,]+]], %{{.*}} = piper.task @stage1([[X0]]) {tag = {PP = 1 : i64}}
-// THREE: piper.task @stage2([[X1]], [[TGT]]) {tag = {PP = 2 : i64}}
+// THREE: [[X0:%[^,]+]], %{{.*}} = piper.task @stage0([[TOK]]) {tag = #piper.tag<PP = 0>}
+// THREE: [[X1:%[^,]+]], %{{.*}} = piper.task @stage1([[X0]]) {tag = #piper.tag<PP = 1>}
+// THREE: piper.task @stage2([[X1]], [[TGT]]) {tag = #piper.tag<PP = 2>}
 
 // More stages than blocks is an error.
 // TOO-MANY: error: 'piper.program' op cannot make 4 pipeline stages from 3 model blocks
@@ -62,8 +62,8 @@
 // CHECK-NOT: @head
 // CHECK-LABEL: piper.program @model
 // CHECK: [[TOK:%[^,]+]], [[TGT:%[^,]+]], %{{.*}} = piper.batch
-// CHECK: [[ACT:%[^,]+]], %{{.*}} = piper.task @stage0([[TOK]]) {tag = {PP = 0 : i64}} : (tensor<2x2xi32>) -> (tensor<4x4xf32>, !piper.token)
-// CHECK: piper.task @stage1([[ACT]], [[TGT]]) {tag = {PP = 1 : i64}} : (tensor<4x4xf32>, tensor<2x2xi32>) -> (tensor<f32>, !piper.token)
+// CHECK: [[ACT:%[^,]+]], %{{.*}} = piper.task @stage0([[TOK]]) {tag = #piper.tag<PP = 0>} : (tensor<2x2xi32>) -> (tensor<4x4xf32>, !piper.token)
+// CHECK: piper.task @stage1([[ACT]], [[TGT]]) {tag = #piper.tag<PP = 1>} : (tensor<4x4xf32>, tensor<2x2xi32>) -> (tensor<f32>, !piper.token)
 module {
   piper.param @wte : tensor<16x4xf32> init normal(2.000000e-02)
   piper.param @w1 : tensor<4x4xf32> init normal(2.000000e-02)
@@ -88,10 +88,10 @@ module {
     piper.yield %loss : tensor<f32>
   }
   piper.program @model {
-    %tok, %tgt, %d = piper.batch {tag = {}} : tensor<2x2xi32>, tensor<2x2xi32>
-    %x, %d0 = piper.task @embed(%tok) {tag = {block = 0 : i64}} : (tensor<2x2xi32>) -> (tensor<4x4xf32>, !piper.token)
-    %y, %d1 = piper.task @block0(%x) {tag = {block = 1 : i64}} : (tensor<4x4xf32>) -> (tensor<4x4xf32>, !piper.token)
-    %l, %d2 = piper.task @head(%y, %tgt) {tag = {block = 2 : i64}} : (tensor<4x4xf32>, tensor<2x2xi32>) -> (tensor<f32>, !piper.token)
+    %tok, %tgt, %d = piper.batch {tag = #piper.tag<>} : tensor<2x2xi32>, tensor<2x2xi32>
+    %x, %d0 = piper.task @embed(%tok) {tag = #piper.tag<block = 0>} : (tensor<2x2xi32>) -> (tensor<4x4xf32>, !piper.token)
+    %y, %d1 = piper.task @block0(%x) {tag = #piper.tag<block = 1>} : (tensor<4x4xf32>) -> (tensor<4x4xf32>, !piper.token)
+    %l, %d2 = piper.task @head(%y, %tgt) {tag = #piper.tag<block = 2>} : (tensor<4x4xf32>, tensor<2x2xi32>) -> (tensor<f32>, !piper.token)
   }
 }
 
@@ -108,8 +108,8 @@ module {
 // CHECK-NEXT: piper.param_ref @small : tensor<4x4xf32>
 // CHECK-NEXT: piper.yield
 // CHECK-LABEL: piper.program @balance
-// CHECK-NEXT: piper.task @stage0() {tag = {PP = 0 : i64}}
-// CHECK-NEXT: piper.task @stage1() {tag = {PP = 1 : i64}}
+// CHECK-NEXT: piper.task @stage0() {tag = #piper.tag<PP = 0>}
+// CHECK-NEXT: piper.task @stage1() {tag = #piper.tag<PP = 1>}
 // CHECK-NEXT: {{^ *}}}{{$}}
 module {
   piper.param @big : tensor<64x64xf32> init zeros(0.0)
@@ -127,9 +127,9 @@ module {
     piper.yield
   }
   piper.program @balance {
-    %d0 = piper.task @heavy() {tag = {block = 0 : i64}} : () -> !piper.token
-    %d1 = piper.task @light1() {tag = {block = 1 : i64}} : () -> !piper.token
-    %d2 = piper.task @light2() {tag = {block = 2 : i64}} : () -> !piper.token
+    %d0 = piper.task @heavy() {tag = #piper.tag<block = 0>} : () -> !piper.token
+    %d1 = piper.task @light1() {tag = #piper.tag<block = 1>} : () -> !piper.token
+    %d2 = piper.task @light2() {tag = #piper.tag<block = 2>} : () -> !piper.token
   }
 }
 
@@ -141,7 +141,7 @@ piper.segment @only() {
 }
 // expected-error @+1 {{'piper.program' op cannot make 2 pipeline stages from 1 model blocks}}
 piper.program @p {
-  %d = piper.task @only() {tag = {block = 0 : i64}} : () -> !piper.token
+  %d = piper.task @only() {tag = #piper.tag<block = 0>} : () -> !piper.token
 }
 
 // -----
@@ -151,8 +151,8 @@ piper.segment @stage0() {
   piper.yield
 }
 piper.program @p {
-  // expected-error @+1 {{'piper.task' op stage expects forward model tasks tagged with 'block' only, got {PP = 0 : i64}}}
-  %d = piper.task @stage0() {tag = {PP = 0 : i64}} : () -> !piper.token
+  // expected-error @+1 {{'piper.task' op stage expects forward model tasks tagged with 'block' only, got #piper.tag<PP = 0>}}
+  %d = piper.task @stage0() {tag = #piper.tag<PP = 0>} : () -> !piper.token
 }
 
 // -----
@@ -162,8 +162,8 @@ piper.segment @b() {
   piper.yield
 }
 piper.program @p {
-  // expected-error @+1 {{'piper.task' op stage expects forward model tasks tagged with 'block' only, got {PASS = "F", block = 0 : i64}}}
-  %d = piper.task @b() {tag = {block = 0 : i64, PASS = "F"}} : () -> !piper.token
+  // expected-error @+1 {{'piper.task' op stage expects forward model tasks tagged with 'block' only, got #piper.tag<PASS = F, block = 0>}}
+  %d = piper.task @b() {tag = #piper.tag<PASS = F, block = 0>} : () -> !piper.token
 }
 
 // -----
@@ -171,7 +171,7 @@ piper.program @p {
 // A program without tasks has nothing to stage.
 // expected-error @+1 {{'piper.program' op has no tasks to stage}}
 piper.program @p {
-  %tok, %tgt, %d = piper.batch {tag = {}} : tensor<2x2xi32>, tensor<2x2xi32>
+  %tok, %tgt, %d = piper.batch {tag = #piper.tag<>} : tensor<2x2xi32>, tensor<2x2xi32>
 }
 
 // -----

@@ -24,9 +24,9 @@ module {
     piper.yield %loss : tensor<f32>
   }
   piper.program @model {
-    %tok, %tgt, %d = piper.batch {tag = {}} : tensor<2x2xi32>, tensor<2x2xi32>
-    %x, %d0 = piper.task @embed(%tok) {tag = {block = 0 : i64}} : (tensor<2x2xi32>) -> (tensor<4x4xf32>, !piper.token)
-    %y, %d1 = piper.task @block0(%x) {tag = {block = 1 : i64}} : (tensor<4x4xf32>) -> (tensor<4x4xf32>, !piper.token)
-    %l, %d2 = piper.task @head(%y, %tgt) {tag = {block = 2 : i64}} : (tensor<4x4xf32>, tensor<2x2xi32>) -> (tensor<f32>, !piper.token)
+    %tok, %tgt, %d = piper.batch {tag = #piper.tag<>} : tensor<2x2xi32>, tensor<2x2xi32>
+    %x, %d0 = piper.task @embed(%tok) {tag = #piper.tag<block = 0>} : (tensor<2x2xi32>) -> (tensor<4x4xf32>, !piper.token)
+    %y, %d1 = piper.task @block0(%x) {tag = #piper.tag<block = 1>} : (tensor<4x4xf32>) -> (tensor<4x4xf32>, !piper.token)
+    %l, %d2 = piper.task @head(%y, %tgt) {tag = #piper.tag<block = 2>} : (tensor<4x4xf32>, tensor<2x2xi32>) -> (tensor<f32>, !piper.token)
   }
 }
