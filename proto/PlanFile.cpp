@@ -17,6 +17,8 @@
 #include <google/protobuf/text_format.h>
 #include <zlib.h>
 
+#include <fmt/format.h>
+
 namespace piper::plan {
 namespace {
 
@@ -53,10 +55,10 @@ uint64_t getU64(const unsigned char *p) {
 }
 
 std::string unsupportedVersion(const char *what, uint32_t version) {
-  return std::string(what) + " schema version " + std::to_string(version) +
-         " is not supported (this runtime reads version " +
-         std::to_string(kPlanSchemaVersion) +
-         "); recompile the strategy with a matching piperc";
+  return fmt::format("{} schema version {} is not supported (this runtime "
+                     "reads version {}); recompile the strategy with a "
+                     "matching piperc",
+                     what, version, kPlanSchemaVersion);
 }
 
 /// Writes `bytes` to a temporary file next to `path`, syncs it and renames it
@@ -145,8 +147,8 @@ public:
   void AddError(int line, google::protobuf::io::ColumnNumber column,
                 const std::string &message) override {
     if (first.empty())
-      first = "line " + std::to_string(line + 1) + ", column " +
-              std::to_string(column + 1) + ": " + message;
+      first =
+          fmt::format("line {}, column {}: {}", line + 1, column + 1, message);
   }
   std::string first;
 };
@@ -181,10 +183,10 @@ std::string writePlanFile(const std::string &path, const Plan &plan) {
     if (!serializeDeterministic(versioned, &payload))
       return planPrefix(path) + "cannot serialize the plan";
   } else if (plan.schema_version() != kPlanSchemaVersion) {
-    return planPrefix(path) + "the plan has schema version " +
-           std::to_string(plan.schema_version()) +
-           " but this writer produces version " +
-           std::to_string(kPlanSchemaVersion);
+    return planPrefix(path) +
+           fmt::format("the plan has schema version {} but this writer "
+                       "produces version {}",
+                       plan.schema_version(), kPlanSchemaVersion);
   } else if (!serializeDeterministic(plan, &payload)) {
     return planPrefix(path) + "cannot serialize the plan";
   }
@@ -214,9 +216,10 @@ std::string readPlanFile(const std::string &path, Plan &plan) {
   if (std::memcmp(h, kPlanMagic, magicBytes) != 0)
     return planPrefix(path) + "not a piper plan file";
   if (bytes.size() < kPlanHeaderSize)
-    return planPrefix(path) + "truncated: the file has " +
-           std::to_string(bytes.size()) + " bytes, shorter than the " +
-           std::to_string(kPlanHeaderSize) + "-byte header";
+    return planPrefix(path) +
+           fmt::format("truncated: the file has {} bytes, shorter than the "
+                       "{}-byte header",
+                       bytes.size(), kPlanHeaderSize);
 
   uint32_t version = getU32(h + 8);
   if (version != kPlanSchemaVersion)
@@ -225,15 +228,18 @@ std::string readPlanFile(const std::string &path, Plan &plan) {
   uint64_t length = getU64(h + 12);
   uint64_t found = bytes.size() - kPlanHeaderSize;
   if (found < length)
-    return planPrefix(path) + "truncated: expected " + std::to_string(length) +
-           " payload bytes, found " + std::to_string(found);
+    return planPrefix(path) +
+           fmt::format("truncated: expected {} payload bytes, found {}", length,
+                       found);
   if (found > length)
-    return planPrefix(path) + "corrupted: " + std::to_string(found - length) +
-           " unexpected bytes after the " + std::to_string(length) +
-           "-byte payload";
+    return planPrefix(path) +
+           fmt::format("corrupted: {} unexpected bytes after the {}-byte "
+                       "payload",
+                       found - length, length);
   if (length > static_cast<uint64_t>(INT_MAX))
-    return planPrefix(path) + "payload of " + std::to_string(length) +
-           " bytes exceeds the 2 GiB protobuf limit";
+    return planPrefix(path) +
+           fmt::format("payload of {} bytes exceeds the 2 GiB protobuf limit",
+                       length);
 
   const char *payload = bytes.data() + kPlanHeaderSize;
   if (crc32(payload, length) != getU32(h + 20))
@@ -243,9 +249,10 @@ std::string readPlanFile(const std::string &path, Plan &plan) {
   if (!plan.ParseFromArray(payload, static_cast<int>(length)))
     return planPrefix(path) + "corrupted: the payload is not a valid plan";
   if (plan.schema_version() != version)
-    return planPrefix(path) + "corrupted: the header says schema version " +
-           std::to_string(version) + " but the plan says " +
-           std::to_string(plan.schema_version());
+    return planPrefix(path) +
+           fmt::format("corrupted: the header says schema version {} but the "
+                       "plan says {}",
+                       version, plan.schema_version());
   return "";
 }
 
@@ -254,10 +261,10 @@ std::string writeManifest(const std::string &path, const Manifest &manifest) {
   if (versioned.schema_version() == 0)
     versioned.set_schema_version(kPlanSchemaVersion);
   else if (versioned.schema_version() != kPlanSchemaVersion)
-    return manifestPrefix(path) + "the manifest has schema version " +
-           std::to_string(versioned.schema_version()) +
-           " but this writer produces version " +
-           std::to_string(kPlanSchemaVersion);
+    return manifestPrefix(path) +
+           fmt::format("the manifest has schema version {} but this writer "
+                       "produces version {}",
+                       versioned.schema_version(), kPlanSchemaVersion);
   std::string text;
   if (!google::protobuf::TextFormat::PrintToString(versioned, &text))
     return manifestPrefix(path) + "cannot print the manifest";

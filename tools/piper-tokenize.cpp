@@ -4,6 +4,7 @@
 #include <string>
 
 #include <CLI/CLI.hpp>
+#include <fmt/format.h>
 
 #include "runtime/data/ByteTokenizer.h"
 
@@ -33,12 +34,11 @@ int main(int argc, char **argv) {
   if (st)
     st = tokenizeBytesFile(input, output, dtype, header, count);
   if (!st) {
-    std::fprintf(stderr, "piper-tokenize: %s\n", st.message().c_str());
+    fmt::print(stderr, "piper-tokenize: {}\n", st.message());
     return 1;
   }
-  std::printf("%lld tokens (%s, %s, vocab %lld) written to %s\n",
-              static_cast<long long>(count), tokenDTypeName(dtype),
-              header ? "with header" : "no header",
-              static_cast<long long>(kByteVocabSize), output.c_str());
+  fmt::print("{} tokens ({}, {}, vocab {}) written to {}\n", count,
+             tokenDTypeName(dtype), header ? "with header" : "no header",
+             kByteVocabSize, output);
   return 0;
 }

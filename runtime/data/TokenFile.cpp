@@ -10,6 +10,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <fmt/format.h>
+
 #include "runtime/data/AtomicFile.h"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
@@ -120,25 +122,26 @@ std::unique_ptr<TokenFile> TokenFile::open(const std::string &path,
   if (headBytes >= sizeof(kTokenFileMagic) &&
       std::memcmp(head, kTokenFileMagic, sizeof(kTokenFileMagic)) == 0) {
     if (size < kTokenFileHeaderBytes) {
-      status = Status::error(where + "truncated header: the file has " +
-                             std::to_string(size) + " bytes, the header " +
-                             std::to_string(kTokenFileHeaderBytes));
+      status = Status::error(
+          where + fmt::format("truncated header: the file has {} bytes, the "
+                              "header {}",
+                              size, kTokenFileHeaderBytes));
       return nullptr;
     }
     uint32_t version = readU32(head + 8);
     uint32_t bytesPerToken = readU32(head + 12);
     if (version != kTokenFileVersion) {
-      status =
-          Status::error(where + "header version " + std::to_string(version) +
-                        " is not supported (this runtime reads version " +
-                        std::to_string(kTokenFileVersion) + ")");
+      status = Status::error(
+          where + fmt::format("header version {} is not supported (this "
+                              "runtime reads version {})",
+                              version, kTokenFileVersion));
       return nullptr;
     }
     if (bytesPerToken != 2 && bytesPerToken != 4) {
-      status = Status::error(where + "the header says " +
-                             std::to_string(bytesPerToken) +
-                             " bytes per token; only 2 (uint16) and 4 "
-                             "(uint32) exist");
+      status = Status::error(
+          where + fmt::format("the header says {} bytes per token; only 2 "
+                              "(uint16) and 4 (uint32) exist",
+                              bytesPerToken));
       return nullptr;
     }
     TokenDType fromHeader =
@@ -161,10 +164,10 @@ std::unique_ptr<TokenFile> TokenFile::open(const std::string &path,
   int width = tokenWidth(file->width);
   if (dataBytes % width != 0) {
     status = Status::error(
-        where + (file->header ? "after the 16-byte header, " : "") +
-        std::to_string(dataBytes) + " bytes are not a whole number of " +
-        std::to_string(width) + "-byte tokens (" + tokenDTypeName(file->width) +
-        ")");
+        where + fmt::format("{}{} bytes are not a whole number of {}-byte "
+                            "tokens ({})",
+                            file->header ? "after the 16-byte header, " : "",
+                            dataBytes, width, tokenDTypeName(file->width)));
     return nullptr;
   }
   file->count = dataBytes / width;
@@ -201,14 +204,14 @@ void TokenFile::copy(int64_t first, int64_t n, int32_t *out) const {
 
 Status TokenFile::checkVocab(int64_t vocabSize) const {
   auto bad = [&](int64_t index, uint32_t value) {
-    return Status::error(
-        "token file '" + filePath + "': the token at index " +
-        std::to_string(index) + " is " + std::to_string(value) +
-        ", not below the model's vocab_size " + std::to_string(vocabSize));
+    return Status::error(fmt::format("token file '{}': the token at index {} "
+                                     "is {}, not below the model's "
+                                     "vocab_size {}",
+                                     filePath, index, value, vocabSize));
   };
   if (vocabSize < 1)
-    return Status::error("token file '" + filePath + "': vocab_size " +
-                         std::to_string(vocabSize) + " is out of range");
+    return Status::error(fmt::format(
+        "token file '{}': vocab_size {} is out of range", filePath, vocabSize));
   if (width == TokenDType::U16) {
     if (vocabSize > 0xFFFF)
       return Status::ok(); // every uint16 fits
@@ -241,9 +244,9 @@ Status writeTokenFile(const std::string &path,
   for (size_t i = 0; i < tokens.size(); ++i) {
     uint32_t t = tokens[i];
     if (width == 2 && t > 0xFFFF)
-      return Status::error("token file '" + path + "': the token at index " +
-                           std::to_string(i) + " is " + std::to_string(t) +
-                           ", which does not fit uint16");
+      return Status::error(fmt::format("token file '{}': the token at index "
+                                       "{} is {}, which does not fit uint16",
+                                       path, i, t));
     for (int b = 0; b < width; ++b)
       bytes.push_back(static_cast<char>((t >> (8 * b)) & 0xFF));
   }
