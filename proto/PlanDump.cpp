@@ -107,6 +107,27 @@ std::string attrsText(const Kernel &k) {
   return os.str();
 }
 
+const char *roleName(BufferRole role) {
+  switch (role) {
+  case ACTIVATION:
+    return "activation";
+  case BATCH:
+    return "batch";
+  case COMMUNICATION:
+    return "communication";
+  case PARAMETER:
+    return "parameter";
+  case GRADIENT:
+    return "gradient";
+  case OPTIMIZER_STATE:
+    return "optimizer_state";
+  case SCRATCH:
+    return "scratch";
+  default:
+    return "unspecified";
+  }
+}
+
 std::string initText(const Initializer &init) {
   std::ostringstream os;
   switch (init.kind()) {
@@ -133,7 +154,8 @@ void dumpSegment(std::ostringstream &os, const Segment &seg, int index,
     os << (i ? ", " : "") << "v" << seg.args(i) << ": "
        << valueType(seg.args(i));
   os << ") -> (" << listText(seg.results(), "v") << ")  # "
-     << seg.values_size() << " values, " << seg.kernels_size() << " kernels\n";
+     << seg.values_size() << " values, " << seg.kernels_size() << " kernels, "
+     << seg.scratch_bytes() << " bytes of scratch\n";
   if (!withKernels)
     return;
   for (const Kernel &k : seg.kernels()) {
@@ -156,7 +178,7 @@ void dumpInstruction(std::ostringstream &os, const Instruction &in) {
   switch (in.kind()) {
   case Instruction::CALL:
     os << "CALL s" << in.segment() << " " << ids(in.inputs()) << " -> "
-       << ids(in.outputs());
+       << ids(in.outputs()) << " scratch @" << in.scratch_offset();
     break;
   case Instruction::SEND:
     os << "SEND " << ids(in.inputs()) << " to g" << in.peer_group() << " tag "
@@ -209,8 +231,9 @@ std::string dumpPlan(const Plan &plan, bool withKernels) {
      << t.weight_decay() << " min_lr " << t.min_lr() << " warmup "
      << t.warmup_steps() << " decay " << t.decay_steps() << " clip "
      << t.clip_grad_norm() << "\n";
-  os << "memory predicted_peak " << plan.predicted_peak_bytes()
-     << " predicted_state " << plan.predicted_state_bytes() << "\n";
+  os << "memory arena " << plan.arena_bytes() << " state "
+     << plan.state_bytes() << " (estimate: peak " << plan.predicted_peak_bytes()
+     << ", state " << plan.predicted_state_bytes() << ")\n";
   for (const DeviceGroup &g : plan.groups())
     os << "group g" << g.id() << " ranks [" << listText(g.ranks(), "")
        << "]\n";
@@ -220,13 +243,25 @@ std::string dumpPlan(const Plan &plan, bool withKernels) {
        << typeText(p.type()) << " " << initText(p.init());
     if (p.copies() > 1)
       os << " copies " << p.copies();
+    const ShardDescriptor &shard = p.shard();
+    bool whole = shard.global_shape_size() == p.type().shape_size() &&
+                 shard.start_size() == shard.global_shape_size();
+    for (int d = 0; whole && d < shard.global_shape_size(); ++d)
+      whole = shard.start(d) == 0 && shard.global_shape(d) == p.type().shape(d);
+    if (!whole && shard.global_shape_size() > 0 &&
+        shard.start_size() == shard.global_shape_size())
+      os << " shard of [" << listText(shard.global_shape(), "") << "] at ["
+         << listText(shard.start(), "") << "]";
+    if (p.state_offsets_size() > 0)
+      os << " state " << listText(p.state_offsets(), "@");
     os << "\n";
   }
   for (int i = 0; i < plan.segments_size(); ++i)
     dumpSegment(os, plan.segments(i), i, withKernels);
   for (const Buffer &b : plan.buffers())
     os << "buffer b" << b.id() << " " << typeText(b.type()) << " "
-       << quoted(b.name()) << "\n";
+       << roleName(b.role()) << " @" << b.offset() << " " << quoted(b.name())
+       << "\n";
   os << "events " << plan.num_events() << "\n";
   for (int s = 0; s < plan.streams_size(); ++s) {
     const Stream &st = plan.streams(s);

@@ -13,7 +13,7 @@ namespace piper::plan {
 
 /// The only plan schema version this build reads and writes. Bump it on any
 /// change that an older runtime would misread.
-constexpr uint32_t kPlanSchemaVersion = 1;
+constexpr uint32_t kPlanSchemaVersion = 2;
 
 /// The eight magic bytes that open every plan file.
 constexpr char kPlanMagic[8] = {'P', 'I', 'P', 'R', 'P', 'L', 'A', 'N'};

@@ -134,7 +134,7 @@ TEST_CASE("plan file errors", "[plan_file]") {
     CHECK(readPlanFile(path, out) ==
           "plan file '" + path +
               "': plan schema version 7 is not supported (this runtime reads "
-              "version 1); recompile the strategy with a matching piperc");
+              "version 2); recompile the strategy with a matching piperc");
   }
   SECTION("bad magic") {
     std::string bad = good;

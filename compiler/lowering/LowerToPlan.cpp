@@ -5,6 +5,7 @@
 #include "compiler/transforms/Transforms.h"
 #include "dialects/piper/PiperDialect.h"
 #include "proto/PlanFile.h"
+#include "proto/analysis/MemoryPlan.h"
 
 using namespace mlir;
 using namespace mlir::piper;
@@ -131,6 +132,10 @@ public:
                                                            : plan::F32);
     }
     predictMemory();
+    // The exact memory plan: arena offsets from lifetimes (schema 2).
+    std::string error;
+    if (!plan::assignArena(p, error))
+      return dp.emitOpError("has no memory plan: ") << error;
     return std::move(p);
   }
 

@@ -174,25 +174,26 @@ int64_t planSegmentScratch(const Segment &seg, bool resultsInScratch,
   return layout.bytes;
 }
 
-std::vector<Block> stepBlocks(const Plan &plan, std::vector<int> *bufferBlock) {
+StepBlocks stepBlocks(const Plan &plan, bool recordedScratch) {
+  StepBlocks out;
   int maxId = -1;
   for (const Buffer &b : plan.buffers())
     maxId = std::max(maxId, b.id());
-  std::vector<int> blockOf(maxId + 1, -1);
-  std::vector<Block> blocks;
+  out.bufferBlock.assign(maxId + 1, -1);
+  std::vector<Block> &blocks = out.blocks;
   for (const Buffer &b : plan.buffers()) {
-    if (b.id() < 0 || blockOf[b.id()] >= 0)
+    if (b.id() < 0 || out.bufferBlock[b.id()] >= 0)
       continue;
-    blockOf[b.id()] = static_cast<int>(blocks.size());
+    out.bufferBlock[b.id()] = static_cast<int>(blocks.size());
     Block block;
     block.bytes = std::max<int64_t>(storedTensorBytes(b.type()), 0);
     block.name = "buffer " + std::to_string(b.id()) + " (" + b.name() + ")";
     blocks.push_back(std::move(block));
   }
   auto blockFor = [&](int id) -> Block * {
-    if (id < 0 || id > maxId || blockOf[id] < 0)
+    if (id < 0 || id > maxId || out.bufferBlock[id] < 0)
       return nullptr;
-    return &blocks[blockOf[id]];
+    return &blocks[out.bufferBlock[id]];
   };
   // Writers first, so accesses[0] is each buffer's definition.
   for (int s = 0; s < plan.streams_size(); ++s) {
@@ -203,8 +204,10 @@ std::vector<Block> stepBlocks(const Plan &plan, std::vector<int> *bufferBlock) {
           b->accesses.insert(b->accesses.begin(), Pos{s, i});
   }
   bool bf16 = plan.training().compute_dtype() == BF16;
+  out.callBlock.resize(plan.streams_size());
   for (int s = 0; s < plan.streams_size(); ++s) {
     const Stream &stream = plan.streams(s);
+    out.callBlock[s].assign(stream.instructions_size(), -1);
     for (int i = 0; i < stream.instructions_size(); ++i) {
       const Instruction &inst = stream.instructions(i);
       for (int id : inst.inputs()) {
@@ -216,48 +219,272 @@ std::vector<Block> stepBlocks(const Plan &plan, std::vector<int> *bufferBlock) {
       }
       if (inst.kind() == Instruction::CALL && inst.segment() >= 0 &&
           inst.segment() < plan.segments_size()) {
+        const Segment &seg = plan.segments(inst.segment());
         Block scratch;
-        scratch.bytes = planSegmentScratch(plan.segments(inst.segment()), bf16,
-                                           nullptr);
+        scratch.bytes = recordedScratch
+                            ? seg.scratch_bytes()
+                            : planSegmentScratch(seg, bf16, nullptr);
         scratch.accesses.push_back(Pos{s, i});
         scratch.name = "scratch of " + describePosition(plan, {s, i});
+        out.callBlock[s][i] = static_cast<int>(blocks.size());
         blocks.push_back(std::move(scratch));
       }
     }
   }
-  if (bufferBlock)
-    *bufferBlock = std::move(blockOf);
-  return blocks;
+  return out;
+}
+
+namespace {
+
+int64_t f32Bytes(const TensorType &type) {
+  TensorType f32 = type;
+  f32.set_dtype(F32);
+  return std::max<int64_t>(storedTensorBytes(f32), 0);
+}
+
+} // namespace
+
+bool assignArena(Plan &plan, std::string &error) {
+  StreamOrder order;
+  if (!StreamOrder::build(plan, order, error))
+    return false;
+  const int64_t align = 64;
+  int64_t cursor = 0;
+  for (Parameter &p : *plan.mutable_params()) {
+    p.clear_state_offsets();
+    int64_t bytes = f32Bytes(p.type());
+    for (int k = 0; k < 4; ++k) {
+      p.add_state_offsets(cursor);
+      cursor = alignUp(cursor + std::max<int64_t>(bytes, 1), align);
+    }
+    ShardDescriptor *shard = p.mutable_shard();
+    shard->clear_global_shape();
+    shard->clear_start();
+    for (int64_t d : p.type().shape()) {
+      shard->add_global_shape(d);
+      shard->add_start(0);
+    }
+  }
+  int64_t state = cursor;
+  bool bf16 = plan.training().compute_dtype() == BF16;
+  for (Segment &seg : *plan.mutable_segments()) {
+    std::vector<int64_t> offsets;
+    seg.set_scratch_bytes(planSegmentScratch(seg, bf16, &offsets, align));
+    seg.clear_value_offsets();
+    for (int64_t o : offsets)
+      seg.add_value_offsets(o);
+  }
+  StepBlocks step = stepBlocks(plan, /*recordedScratch=*/true);
+  ArenaLayout layout = packBlocks(step.blocks, order, align);
+  // Roles in one pass over the instructions per buffer would be quadratic
+  // on huge plans; collect them first.
+  std::vector<BufferRole> roles(step.bufferBlock.size(), ACTIVATION);
+  for (const Stream &stream : plan.streams())
+    for (const Instruction &inst : stream.instructions()) {
+      auto mark = [&](int id, BufferRole role) {
+        if (id < 0 || id >= static_cast<int>(roles.size()))
+          return;
+        if (role == BATCH || roles[id] == ACTIVATION)
+          roles[id] = role;
+      };
+      if (inst.kind() == Instruction::LOAD_BATCH)
+        for (int id : inst.outputs())
+          mark(id, BATCH);
+      if (inst.kind() == Instruction::RECV)
+        for (int id : inst.outputs())
+          mark(id, COMMUNICATION);
+      if (inst.kind() == Instruction::SEND)
+        for (int id : inst.inputs())
+          mark(id, COMMUNICATION);
+    }
+  for (Buffer &b : *plan.mutable_buffers()) {
+    int block = b.id() >= 0 && b.id() < static_cast<int>(step.bufferBlock.size())
+                    ? step.bufferBlock[b.id()]
+                    : -1;
+    b.set_offset(block >= 0 ? state + layout.offsets[block] : 0);
+    b.set_role(block >= 0 ? roles[b.id()] : ACTIVATION);
+  }
+  for (int s = 0; s < plan.streams_size(); ++s) {
+    Stream *stream = plan.mutable_streams(s);
+    for (int i = 0; i < stream->instructions_size(); ++i) {
+      int block = step.callBlock[s][i];
+      stream->mutable_instructions(i)->set_scratch_offset(
+          block >= 0 ? state + layout.offsets[block] : 0);
+    }
+  }
+  plan.set_state_bytes(state);
+  plan.set_arena_bytes(state + layout.bytes);
+  return true;
+}
+
+bool checkArena(const Plan &plan, std::string &error) {
+  const int64_t align = 64;
+  int64_t state = plan.state_bytes(), arena = plan.arena_bytes();
+  if (state < 0 || arena < state) {
+    error = "state_bytes " + std::to_string(state) + " and arena_bytes " +
+            std::to_string(arena) + " are inconsistent";
+    return false;
+  }
+  // Persistent state: all of it lives all the time.
+  std::vector<std::pair<int64_t, int64_t>> taken;
+  std::vector<std::string> names;
+  static const char *kinds[] = {"value", "gradient", "first moment",
+                                "second moment"};
+  for (const Parameter &p : plan.params()) {
+    if (p.state_offsets_size() != 4) {
+      error = "parameter '" + p.name() + "' has " +
+              std::to_string(p.state_offsets_size()) +
+              " state offsets, not 4";
+      return false;
+    }
+    int64_t bytes = f32Bytes(p.type());
+    for (int k = 0; k < 4; ++k) {
+      int64_t off = p.state_offsets(k);
+      if (off < 0 || off % align != 0 || off + bytes > state) {
+        error = "the " + std::string(kinds[k]) + " of parameter '" + p.name() +
+                "' at offset " + std::to_string(off) +
+                " is misaligned or outside the state region of " +
+                std::to_string(state) + " bytes";
+        return false;
+      }
+      taken.emplace_back(off, off + bytes);
+      names.push_back("the " + std::string(kinds[k]) + " of parameter '" +
+                      p.name() + "'");
+    }
+  }
+  std::vector<int> idx(taken.size());
+  std::iota(idx.begin(), idx.end(), 0);
+  std::sort(idx.begin(), idx.end(),
+            [&](int a, int b) { return taken[a] < taken[b]; });
+  for (size_t i = 1; i < idx.size(); ++i) {
+    const auto &prev = taken[idx[i - 1]], &cur = taken[idx[i]];
+    if (cur.first < prev.second && cur.first < cur.second &&
+        prev.first < prev.second) {
+      error = names[idx[i]] + " overlaps " + names[idx[i - 1]];
+      return false;
+    }
+  }
+  // Segment scratch: values disjoint while both are live.
+  bool bf16 = plan.training().compute_dtype() == BF16;
+  for (const Segment &seg : plan.segments()) {
+    std::vector<int64_t> want;
+    planSegmentScratch(seg, bf16, &want, align);
+    if (seg.value_offsets_size() != seg.values_size()) {
+      error = "segment '" + seg.name() + "' has " +
+              std::to_string(seg.value_offsets_size()) + " value offsets for " +
+              std::to_string(seg.values_size()) + " values";
+      return false;
+    }
+    // Liveness as planSegmentScratch computes it: recompute intervals.
+    int n = seg.values_size(), end = seg.kernels_size();
+    std::vector<int> first(n, -1), last(n, -1);
+    for (int k = 0; k < seg.kernels_size(); ++k) {
+      auto touch = [&](const Operand &op) {
+        if (op.kind() != Operand::VALUE || op.index() < 0 || op.index() >= n)
+          return;
+        if (first[op.index()] < 0)
+          first[op.index()] = k;
+        last[op.index()] = k;
+      };
+      for (const Operand &op : seg.kernels(k).inputs())
+        touch(op);
+      for (const Operand &op : seg.kernels(k).outputs())
+        touch(op);
+    }
+    if (bf16)
+      for (int r : seg.results())
+        if (r >= 0 && r < n)
+          last[r] = end;
+    std::vector<int> placed;
+    for (int v = 0; v < n; ++v) {
+      int64_t off = seg.value_offsets(v);
+      if (want[v] < 0)
+        continue;
+      int64_t bytes = f32Bytes(seg.values(v));
+      if (off < 0 || off % align != 0 || off + bytes > seg.scratch_bytes()) {
+        error = "value " + std::to_string(v) + " of segment '" + seg.name() +
+                "' at scratch offset " + std::to_string(off) +
+                " is missing, misaligned or outside its " +
+                std::to_string(seg.scratch_bytes()) + " bytes of scratch";
+        return false;
+      }
+      for (int u : placed) {
+        int64_t uo = seg.value_offsets(u), ub = f32Bytes(seg.values(u));
+        bool bytesOverlap = off < uo + ub && uo < off + bytes;
+        bool liveOverlap = first[u] <= last[v] && first[v] <= last[u];
+        if (bytesOverlap && liveOverlap && bytes > 0 && ub > 0) {
+          error = "values " + std::to_string(u) + " and " + std::to_string(v) +
+                  " of segment '" + seg.name() +
+                  "' share scratch bytes while both are live";
+          return false;
+        }
+      }
+      placed.push_back(v);
+    }
+  }
+  // Step blocks.
+  StreamOrder order;
+  if (!StreamOrder::build(plan, order, error))
+    return false;
+  StepBlocks step = stepBlocks(plan, /*recordedScratch=*/true);
+  ArenaLayout layout;
+  layout.bytes = arena - state;
+  layout.offsets.assign(step.blocks.size(), -1);
+  for (const Buffer &b : plan.buffers())
+    if (b.id() >= 0 && b.id() < static_cast<int>(step.bufferBlock.size()) &&
+        step.bufferBlock[b.id()] >= 0)
+      layout.offsets[step.bufferBlock[b.id()]] = b.offset() - state;
+  for (int s = 0; s < plan.streams_size(); ++s)
+    for (int i = 0; i < plan.streams(s).instructions_size(); ++i)
+      if (step.callBlock[s][i] >= 0)
+        layout.offsets[step.callBlock[s][i]] =
+            plan.streams(s).instructions(i).scratch_offset() - state;
+  if (!verifyLayout(step.blocks, layout, order, align, error)) {
+    error = "memory plan: " + error;
+    return false;
+  }
+  return true;
 }
 
 bool memoryReport(const Plan &plan, int largest, std::string &text) {
-  StreamOrder order;
-  if (!StreamOrder::build(plan, order, text))
-    return false;
-  std::vector<Block> blocks = stepBlocks(plan, nullptr);
-  ArenaLayout layout = packBlocks(blocks, order);
+  // Plans written before schema 2 carry no memory plan: lay one out here.
+  Plan planned;
+  const Plan *use = &plan;
+  if (plan.arena_bytes() == 0) {
+    planned = plan;
+    if (!assignArena(planned, text))
+      return false;
+    use = &planned;
+  }
   std::string error;
-  if (!verifyLayout(blocks, layout, order, 64, error)) {
-    text = "invalid arena layout: " + error;
+  if (!checkArena(*use, error)) {
+    text = "invalid memory plan: " + error;
     return false;
   }
-  int64_t state = 0;
-  for (const Parameter &p : plan.params()) {
-    TensorType f32 = p.type();
-    f32.set_dtype(F32);
-    state += 4 * std::max<int64_t>(storedTensorBytes(f32), 0);
-  }
-  int buffers = plan.buffers_size();
+  StepBlocks step = stepBlocks(*use, /*recordedScratch=*/true);
+  std::vector<int64_t> offsets(step.blocks.size(), 0);
+  for (const Buffer &b : use->buffers())
+    if (b.id() >= 0 && b.id() < static_cast<int>(step.bufferBlock.size()) &&
+        step.bufferBlock[b.id()] >= 0)
+      offsets[step.bufferBlock[b.id()]] = b.offset();
+  for (int s = 0; s < use->streams_size(); ++s)
+    for (int i = 0; i < use->streams(s).instructions_size(); ++i)
+      if (step.callBlock[s][i] >= 0)
+        offsets[step.callBlock[s][i]] =
+            use->streams(s).instructions(i).scratch_offset();
+  const std::vector<Block> &blocks = step.blocks;
+  int buffers = use->buffers_size();
   int64_t summed = 0;
   for (const Block &b : blocks)
     summed += b.bytes;
+  int64_t state = use->state_bytes(), arena = use->arena_bytes();
   std::ostringstream os;
-  os << "memory class " << plan.device_class() << ": state " << state
-     << " bytes, arena " << layout.bytes << " bytes (" << buffers
-     << " buffers and " << blocks.size() - buffers
-     << " call scratch areas, " << summed << " bytes if none shared), total "
-     << state + layout.bytes << "; compiler predicted peak "
-     << plan.predicted_peak_bytes() << "\n";
+  os << "memory class " << use->device_class() << ": arena " << arena
+     << " bytes = state " << state << " + step " << arena - state << " ("
+     << buffers << " buffers and " << blocks.size() - buffers
+     << " call scratch areas, " << summed
+     << " bytes if none shared); compiler estimate "
+     << use->predicted_peak_bytes() << "\n";
   std::vector<int> bySize(blocks.size());
   std::iota(bySize.begin(), bySize.end(), 0);
   std::stable_sort(bySize.begin(), bySize.end(), [&](int a, int b) {
@@ -265,8 +492,8 @@ bool memoryReport(const Plan &plan, int largest, std::string &text) {
   });
   for (int i = 0; i < largest && i < static_cast<int>(bySize.size()); ++i) {
     const Block &b = blocks[bySize[i]];
-    os << "  offset " << layout.offsets[bySize[i]] << ": " << b.bytes
-       << " bytes, " << b.name << "\n";
+    os << "  offset " << offsets[bySize[i]] << ": " << b.bytes << " bytes, "
+       << b.name << "\n";
   }
   text = os.str();
   return true;

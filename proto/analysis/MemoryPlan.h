@@ -73,9 +73,30 @@ int64_t planSegmentScratch(const Segment &segment, bool resultsInScratch,
 /// The blocks of one plan's step: one per step buffer (defined by the
 /// instruction that writes it, accessed by every reader; a buffer read by a
 /// SEND stays live until the step ends), then one per CALL for its segment's
-/// scratch (live during that call only). `bufferBlock[id]` gives the block
-/// of buffer `id` (-1 for ids without a buffer).
-std::vector<Block> stepBlocks(const Plan &plan, std::vector<int> *bufferBlock);
+/// scratch (live during that call only), sized by planSegmentScratch or,
+/// with `recordedScratch`, by the segment's recorded scratch_bytes.
+struct StepBlocks {
+  std::vector<Block> blocks;
+  std::vector<int> bufferBlock;            // by buffer id; -1: no buffer
+  std::vector<std::vector<int>> callBlock; // by stream, instruction; -1
+};
+StepBlocks stepBlocks(const Plan &plan, bool recordedScratch = false);
+
+/// Writes the memory plan into `plan` (schema 2): the persistent state of
+/// every parameter from offset 0 (value, gradient, AdamW moments, float32,
+/// 64-byte aligned), then the step blocks laid out by packBlocks; every
+/// buffer's offset and role, every CALL's scratch_offset, every segment's
+/// scratch_bytes and value_offsets, unsharded shard descriptors, state_bytes
+/// and arena_bytes. Fails, with the reason in `error`, when the plan's
+/// streams deadlock on events.
+bool assignArena(Plan &plan, std::string &error);
+
+/// Checks the memory plan recorded in `plan` without trusting it: state
+/// offsets disjoint and inside state_bytes, step blocks above the state, no
+/// two blocks that may be live at the same time sharing a byte, every
+/// segment's values inside its scratch and disjoint while both live, and
+/// everything inside arena_bytes. On failure `error` names what is wrong.
+bool checkArena(const Plan &plan, std::string &error);
 
 /// Lays out the arena of `plan` (stepBlocks + packBlocks), checks it with
 /// verifyLayout and renders it as text: the persistent state (four float32

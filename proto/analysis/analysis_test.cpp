@@ -214,10 +214,12 @@ TEST_CASE("step blocks: one per buffer, defined by its writer; scratch per call"
   Instruction *call = add(plan, 0, Instruction::CALL);
   call->set_segment(0);
   call->add_inputs(0);
-  std::vector<int> blockOf;
-  std::vector<Block> blocks = stepBlocks(plan, &blockOf);
+  StepBlocks step = stepBlocks(plan);
+  std::vector<Block> &blocks = step.blocks;
   REQUIRE(blocks.size() == 2);
-  CHECK(blockOf[0] == 0);
+  CHECK(step.bufferBlock[0] == 0);
+  CHECK(step.callBlock[0][2] == 1);
+  CHECK(step.callBlock[0][0] == -1);
   CHECK(blocks[0].bytes == 20); // bf16 step buffers are packed
   CHECK(blocks[0].accesses.front() == Pos{0, 0});
   CHECK(blocks[0].accesses.size() == 3);
@@ -235,12 +237,129 @@ TEST_CASE("memoryReport: a layout for a good plan, the reason for a bad one") {
   add(plan, 0, Instruction::SEND)->add_inputs(0);
   std::string text;
   REQUIRE(memoryReport(plan, 1, text));
-  CHECK(text.find("memory class 0: state 0 bytes, arena 16 bytes (1 buffers "
-                  "and 0 call scratch areas") == 0);
+  CHECK(text.find("memory class 0: arena 16 bytes = state 0 + step 16 (1 "
+                  "buffers and 0 call scratch areas") == 0);
   CHECK(text.find("  offset 0: 16 bytes, buffer 0") != std::string::npos);
+  // A recorded memory plan is checked, not trusted.
+  Plan recorded = plan;
+  REQUIRE(assignArena(recorded, text));
+  recorded.set_arena_bytes(8);
+  REQUIRE_FALSE(memoryReport(recorded, 1, text));
+  CHECK(text.find("invalid memory plan: ") == 0);
 
   add(plan, 0, Instruction::WAIT)->set_event(0);
   plan.set_num_events(1);
   REQUIRE_FALSE(memoryReport(plan, 1, text));
   CHECK(text.find("the streams deadlock on events") == 0);
+}
+
+namespace {
+
+/// A two-stream plan: a batch, a call producing an activation that is sent,
+/// a second call, with the send ordered after the first call by an event.
+Plan smallPlan() {
+  Plan plan;
+  auto param = plan.add_params();
+  param->set_name("w");
+  param->mutable_type()->set_dtype(F32);
+  param->mutable_type()->add_shape(3);
+  for (int id = 0; id < 3; ++id) {
+    Buffer *b = plan.add_buffers();
+    b->set_id(id);
+    b->mutable_type()->set_dtype(id == 0 ? I32 : F32);
+    b->mutable_type()->add_shape(8);
+    b->set_name("b" + std::to_string(id));
+  }
+  Segment *seg = plan.add_segments();
+  seg->set_name("f");
+  for (int v = 0; v < 3; ++v) {
+    TensorType *t = seg->add_values();
+    t->set_dtype(F32);
+    t->add_shape(8);
+  }
+  seg->add_args(0);
+  seg->add_results(2);
+  for (int k = 0; k < 2; ++k) {
+    Kernel *kern = seg->add_kernels();
+    kern->set_op("gelu");
+    kern->add_inputs()->set_index(k);
+    kern->add_outputs()->set_index(k + 1);
+  }
+  add(plan, 0, Instruction::LOAD_BATCH)->add_outputs(0);
+  Instruction *c1 = add(plan, 0, Instruction::CALL);
+  c1->add_inputs(0);
+  c1->add_outputs(1);
+  event(plan, 0, 1, 0);
+  add(plan, 1, Instruction::SEND)->add_inputs(1);
+  Instruction *c2 = add(plan, 0, Instruction::CALL);
+  c2->add_inputs(0);
+  c2->add_outputs(2);
+  return plan;
+}
+
+} // namespace
+
+TEST_CASE("assignArena writes a memory plan that checkArena accepts") {
+  Plan plan = smallPlan();
+  std::string error;
+  REQUIRE(assignArena(plan, error));
+  REQUIRE(checkArena(plan, error));
+  // Four float32 state tensors of 12 bytes, each 64-byte aligned.
+  CHECK(plan.state_bytes() == 256);
+  CHECK(plan.params(0).state_offsets_size() == 4);
+  CHECK(plan.params(0).state_offsets(3) == 192);
+  CHECK(plan.params(0).shard().global_shape_size() == 1);
+  CHECK(plan.params(0).shard().start(0) == 0);
+  CHECK(plan.buffers(0).role() == BATCH);
+  CHECK(plan.buffers(1).role() == COMMUNICATION);
+  CHECK(plan.buffers(2).role() == ACTIVATION);
+  for (const Buffer &b : plan.buffers())
+    CHECK(b.offset() >= plan.state_bytes());
+  // Value 1 is the only one in scratch (0 is an argument, 2 a result).
+  CHECK(plan.segments(0).scratch_bytes() == 32);
+  CHECK(plan.segments(0).value_offsets(0) == -1);
+  CHECK(plan.segments(0).value_offsets(1) == 0);
+  CHECK(plan.arena_bytes() >= plan.state_bytes() + 3 * 32);
+}
+
+TEST_CASE("checkArena rejects a corrupted memory plan, naming the culprit") {
+  Plan good = smallPlan();
+  std::string error;
+  REQUIRE(assignArena(good, error));
+
+  Plan p = good;
+  p.mutable_params(0)->set_state_offsets(1, 0);
+  REQUIRE_FALSE(checkArena(p, error));
+  CHECK(error == "the gradient of parameter 'w' overlaps the value of "
+                 "parameter 'w'");
+
+  p = good;
+  p.mutable_params(0)->mutable_state_offsets()->RemoveLast();
+  REQUIRE_FALSE(checkArena(p, error));
+  CHECK(error == "parameter 'w' has 3 state offsets, not 4");
+
+  p = good;
+  p.set_arena_bytes(p.state_bytes() - 1);
+  REQUIRE_FALSE(checkArena(p, error));
+  CHECK(error.find("are inconsistent") != std::string::npos);
+
+  // The sent buffer lives to the end of the step: it may not share bytes
+  // with the second call's output.
+  p = good;
+  p.mutable_buffers(2)->set_offset(p.buffers(1).offset());
+  REQUIRE_FALSE(checkArena(p, error));
+  CHECK(error.find("memory plan: buffer") == 0);
+  CHECK(error.find("but may be live at the same time") != std::string::npos);
+
+  p = good;
+  p.mutable_segments(0)->set_value_offsets(1, 4096);
+  REQUIRE_FALSE(checkArena(p, error));
+  CHECK(error == "value 1 of segment 'f' at scratch offset 4096 is missing, "
+                 "misaligned or outside its 32 bytes of scratch");
+
+  p = good;
+  p.mutable_streams(0)->mutable_instructions(1)->set_scratch_offset(
+      p.arena_bytes());
+  REQUIRE_FALSE(checkArena(p, error));
+  CHECK(error.find("outside the arena") != std::string::npos);
 }
