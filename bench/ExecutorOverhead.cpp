@@ -86,13 +86,12 @@ double microsPerKernel(const plan::Plan &plan, int steps) {
   auto start = std::chrono::steady_clock::now();
   for (int t = 2; t <= steps + 1; ++t)
     if (!(status = exec->runStep(t, loss))) {
-      std::fprintf(stderr, "executor_overhead: %s\n",
-                   status.message().c_str());
+      std::fprintf(stderr, "executor_overhead: %s\n", status.message().c_str());
       std::exit(1);
     }
-  double seconds = std::chrono::duration<double>(
-                       std::chrono::steady_clock::now() - start)
-                       .count();
+  double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
   return seconds * 1e6 / double(kernels * steps);
 }
 

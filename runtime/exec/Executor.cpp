@@ -41,9 +41,9 @@ Status ExecutorImpl::init(uint64_t seed) {
   for (int p = 0; p < numParams; ++p) {
     const plan::Parameter &param = plan.params(p);
     for (int k = 0; k < 4; ++k) {
-      PIPER_RETURN_IF_ERROR(allocateTensor(
-          param.type(), "state of param '" + param.name() + "'", *memory,
-          state[p][k]));
+      PIPER_RETURN_IF_ERROR(
+          allocateTensor(param.type(), "state of param '" + param.name() + "'",
+                         *memory, state[p][k]));
       stateBytes += state[p][k]->bytes;
     }
     const TensorPtr &value = state[p][0];

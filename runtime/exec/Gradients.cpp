@@ -60,8 +60,8 @@ double ExecutorImpl::localGradSquares() {
   for (int p = 0; p < plan.params_size(); ++p) {
     if (!updated[p]) {
       const TensorPtr &g = stateOf(p, Operand::GRAD);
-      gradSquares[p] =
-          device->sumOfSquares(static_cast<const float *>(g->data), g->bytes / 4);
+      gradSquares[p] = device->sumOfSquares(static_cast<const float *>(g->data),
+                                            g->bytes / 4);
     }
     squares += gradSquares[p] / std::max(1, plan.params(p).copies());
   }
@@ -83,9 +83,9 @@ Status ExecutorImpl::clipGrads() {
     const TensorPtr &g = stateOf(p, Operand::GRAD);
     // A parameter held by several classes (tied) holds the same summed
     // gradient in each: count it once.
-    local +=
-        device->sumOfSquares(static_cast<const float *>(g->data), g->bytes / 4) /
-        std::max(1, plan.params(p).copies());
+    local += device->sumOfSquares(static_cast<const float *>(g->data),
+                                  g->bytes / 4) /
+             std::max(1, plan.params(p).copies());
   }
   double total = local;
   if (comm)
@@ -137,13 +137,13 @@ Status ExecutorImpl::allReduce(int s, const Instruction &inst) {
   size_t at = 0;
   for (int p : inst.params()) {
     const TensorPtr &g = stateOf(p, Operand::GRAD);
-    memory->copyToHost(flat.data() + at, g->data, static_cast<size_t>(g->bytes));
+    memory->copyToHost(flat.data() + at, g->data,
+                       static_cast<size_t>(g->bytes));
     at += static_cast<size_t>(g->bytes / 4);
   }
-  PIPER_RETURN_IF_ERROR(
-      comm->allReduce(key, flat.data(), count, CommDType::F32)
-          ->wait()
-          .withContext(what));
+  PIPER_RETURN_IF_ERROR(comm->allReduce(key, flat.data(), count, CommDType::F32)
+                            ->wait()
+                            .withContext(what));
   at = 0;
   for (int p : inst.params()) {
     const TensorPtr &g = stateOf(p, Operand::GRAD);

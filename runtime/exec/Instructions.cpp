@@ -30,8 +30,7 @@ Status ExecutorImpl::fetch(StepState &st, int id, TensorPtr &out) {
   PIPER_RETURN_IF_ERROR(allocateTensor(plan.buffers(id).type(),
                                        describeBuffer(id), *memory, wide));
   device->unpackBf16(static_cast<float *>(wide->data),
-                     static_cast<const uint16_t *>(out->data),
-                     wide->bytes / 4);
+                     static_cast<const uint16_t *>(out->data), wide->bytes / 4);
   out = std::move(wide);
   return Status::ok();
 }
@@ -89,8 +88,8 @@ Status ExecutorImpl::execute(int s, int i, StepState &st,
     PIPER_RETURN_IF_ERROR(fetchStored(st, inst.inputs(0), t));
     int peer = peerOf(inst);
     CommWorkPtr work =
-        comm->isend(stream.name(), t->data, static_cast<size_t>(t->bytes),
-                    peer, static_cast<uint32_t>(inst.tag()));
+        comm->isend(stream.name(), t->data, static_cast<size_t>(t->bytes), peer,
+                    static_cast<uint32_t>(inst.tag()));
     pendingSends.push_back(
         PendingSend{std::move(t), std::move(work),
                     "send of " + describeBuffer(inst.inputs(0)) + " to rank " +
@@ -107,8 +106,8 @@ Status ExecutorImpl::execute(int s, int i, StepState &st,
     PIPER_RETURN_IF_ERROR(allocateTensor(type, describeBuffer(id), *memory, t));
     int peer = peerOf(inst);
     PIPER_RETURN_IF_ERROR(
-        comm->irecv(stream.name(), t->data, static_cast<size_t>(t->bytes),
-                    peer, static_cast<uint32_t>(inst.tag()))
+        comm->irecv(stream.name(), t->data, static_cast<size_t>(t->bytes), peer,
+                    static_cast<uint32_t>(inst.tag()))
             ->wait()
             .withContext("receive of " + describeBuffer(id) + " from rank " +
                          std::to_string(peer) + " (tag " +
@@ -127,8 +126,7 @@ Status ExecutorImpl::execute(int s, int i, StepState &st,
     events[inst.event()]->signal(static_cast<uint64_t>(st.step));
     break;
   case Instruction::WAIT:
-    if (!events[inst.event()]->wait(static_cast<uint64_t>(st.step),
-                                    st.failed))
+    if (!events[inst.event()]->wait(static_cast<uint64_t>(st.step), st.failed))
       return Status::error("stopped while waiting for event " +
                            std::to_string(inst.event()) +
                            ": another stream failed");

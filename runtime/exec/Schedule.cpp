@@ -17,8 +17,8 @@ double scheduleScale(const plan::TrainingConfig &t, int64_t step) {
                     double(t.decay_steps() - t.warmup_steps());
   progress = std::min(1.0, std::max(0.0, progress));
   const double pi = 3.14159265358979323846;
-  double lr = t.min_lr() + 0.5 * (1.0 + std::cos(pi * progress)) *
-                               (peak - t.min_lr());
+  double lr =
+      t.min_lr() + 0.5 * (1.0 + std::cos(pi * progress)) * (peak - t.min_lr());
   return lr / peak;
 }
 

@@ -64,18 +64,18 @@ Status ExecutorImpl::resolveKernels() {
       const std::string &op = kernel.op();
       // Mixed precision: compute kernels read bf16 weights; the optimizer
       // and the gradient accumulators stay in fp32.
-      r.lowPrecision = bf16 && op != "accumulate" && op != "zero" &&
-                       op != "adamw";
+      r.lowPrecision =
+          bf16 && op != "accumulate" && op != "zero" && op != "adamw";
       r.adamw = op == "adamw";
       r.profileRow = profiler.kernelRow(r.info->index);
       auto view = [&](const Operand &o) {
         const plan::TensorType &type = o.kind() == Operand::VALUE
                                            ? seg.values(o.index())
                                            : plan.params(o.index()).type();
-        return TensorRef{type.dtype(),
-                         std::vector<int64_t>(type.shape().begin(),
-                                              type.shape().end()),
-                         nullptr};
+        return TensorRef{
+            type.dtype(),
+            std::vector<int64_t>(type.shape().begin(), type.shape().end()),
+            nullptr};
       };
       for (const Operand &o : kernel.inputs())
         r.inputs.push_back(view(o));

@@ -60,8 +60,8 @@ Status allocateTensorAs(const plan::TensorType &type, const Describe &describe,
 
 /// allocateTensorAs with a fixed description.
 inline Status allocateTensor(const plan::TensorType &type,
-                             const std::string &what,
-                             hal::Allocator &allocator, TensorPtr &out) {
+                             const std::string &what, hal::Allocator &allocator,
+                             TensorPtr &out) {
   return allocateTensorAs(
       type, [&] { return what; }, allocator, out);
 }

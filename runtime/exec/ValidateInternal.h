@@ -32,8 +32,7 @@ Status checkRankList(const google::protobuf::RepeatedField<int32_t> &ranks,
 Status checkSegment(const plan::Plan &plan, int index,
                     const std::vector<std::string> &knownKernels);
 /// The checks of one instruction that need nothing but the plan's tables.
-Status checkInstruction(const plan::Plan &plan,
-                        const plan::Instruction &inst);
+Status checkInstruction(const plan::Plan &plan, const plan::Instruction &inst);
 
 /// Single writers, recorded events, and the happens-before order of every
 /// cross-stream use of a buffer or of parameter state (by simulating the

@@ -12,8 +12,7 @@
 using namespace piper::runtime;
 using namespace piper::runtime::hal;
 
-TEST_CASE("a stream runs its work in order on one persistent thread",
-          "[hal]") {
+TEST_CASE("a stream runs its work in order on one persistent thread", "[hal]") {
   auto device = createCpuDevice(nullptr);
   auto stream = device->createStream("compute");
   CHECK(stream->name() == "compute");
