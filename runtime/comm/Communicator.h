@@ -78,8 +78,8 @@ public:
   virtual CommWorkPtr isend(const std::string &stream, const void *data,
                             size_t bytes, int peer, uint32_t tag) = 0;
   /// Starts receiving exactly `bytes` from `peer` into `data`.
-  virtual CommWorkPtr irecv(const std::string &stream, void *data,
-                            size_t bytes, int peer, uint32_t tag) = 0;
+  virtual CommWorkPtr irecv(const std::string &stream, void *data, size_t bytes,
+                            int peer, uint32_t tag) = 0;
   /// In-place sum of `count` elements over the ranks of `key`.
   virtual CommWorkPtr allReduce(const CommKey &key, void *data, size_t count,
                                 CommDType type) = 0;
@@ -95,8 +95,7 @@ public:
   /// this rank's count is counts[position]) into `output`, in rank order
   /// (allgatherv).
   virtual CommWorkPtr allGather(const CommKey &key, const void *input,
-                                void *output,
-                                const std::vector<size_t> &counts,
+                                void *output, const std::vector<size_t> &counts,
                                 CommDType type) = 0;
   /// Sends sendCounts[i] elements to member i (consecutive slices of
   /// `input`) and receives recvCounts[i] elements from member i (consecutive

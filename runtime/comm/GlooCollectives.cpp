@@ -19,9 +19,9 @@ CommWorkPtr GlooCommunicator::launch(Group &group, const std::string &op,
   group.enqueue([this, &group, op, body = std::move(body), work] {
     std::string failure = group.failureText();
     if (!failure.empty()) {
-      work->complete(opError(op, "communicator '" + group.key.str() +
-                                     "' is unusable after an earlier error: " +
-                                     failure));
+      work->complete(
+          opError(op, "communicator '" + group.key.str() +
+                          "' is unusable after an earlier error: " + failure));
       return;
     }
     try {
@@ -111,9 +111,9 @@ CommWorkPtr GlooCommunicator::allReduce(const CommKey &key, void *data,
     uint16_t *bits = static_cast<uint16_t *>(data);
     for (size_t i = 0; i < count; ++i)
       wide[i] = bf16ToFloat(bits[i]);
-    PIPER_RETURN_IF_ERROR(runAllReduce(g, op, wide.data(), count,
-                                       sizeof(float),
-                                       static_cast<ReduceFn>(&gloo::sum<float>)));
+    PIPER_RETURN_IF_ERROR(
+        runAllReduce(g, op, wide.data(), count, sizeof(float),
+                     static_cast<ReduceFn>(&gloo::sum<float>)));
     for (size_t i = 0; i < count; ++i)
       bits[i] = floatToBf16(wide[i]);
     return Status::ok();
@@ -146,7 +146,8 @@ CommWorkPtr GlooCommunicator::reduceScatter(const CommKey &key,
     size_t n = g.key.ranks.size();
     std::vector<char> slices(n * mine * es + 1);
     gloo::AlltoallvOptions opts(g.context);
-    opts.setInput(static_cast<uint8_t *>(nonNull(input)), byteCounts(counts, es));
+    opts.setInput(static_cast<uint8_t *>(nonNull(input)),
+                  byteCounts(counts, es));
     opts.setOutput(reinterpret_cast<uint8_t *>(slices.data()),
                    byteCounts(std::vector<size_t>(n, mine), es));
     opts.setTag(g.nextTag++);

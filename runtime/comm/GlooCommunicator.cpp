@@ -33,7 +33,6 @@ void ignoreSigpipe() {
 
 } // namespace
 
-
 /// Gloo's messages start with "[file.cc:line] " locations (sometimes twice);
 /// drops them and lowercases the first letter to match Status messages.
 std::string describe(const std::exception &e) {
@@ -65,9 +64,9 @@ public:
     waited = true;
     std::string failure = group.failureText();
     if (!failure.empty() && isSend) {
-      status = comm.opError(op, "communicator '" + group.key.str() +
-                                    "' is unusable after an earlier error: " +
-                                    failure);
+      status = comm.opError(
+          op, "communicator '" + group.key.str() +
+                  "' is unusable after an earlier error: " + failure);
       return status;
     }
     try {
@@ -197,9 +196,8 @@ Status GlooCommunicator::fail(Group &group, const std::string &op,
   return opError(op, detail);
 }
 
-CommWorkPtr GlooCommunicator::isend(const std::string &stream,
-                                    const void *data, size_t bytes, int peer,
-                                    uint32_t tag) {
+CommWorkPtr GlooCommunicator::isend(const std::string &stream, const void *data,
+                                    size_t bytes, int peer, uint32_t tag) {
   std::string op =
       "send to rank " + std::to_string(peer) + " on stream '" + stream + "'";
   Group *group = nullptr;
@@ -297,7 +295,8 @@ createGlooCommunicator(int rank, int worldSize, const std::string &storeDir,
     return std::make_unique<gloo_comm::GlooCommunicator>(
         rank, worldSize, timeout, std::move(device), std::move(store));
   } catch (const std::exception &e) {
-    status = Status::error(what + "host '" + hostname + "': " + gloo_comm::describe(e));
+    status = Status::error(what + "host '" + hostname +
+                           "': " + gloo_comm::describe(e));
     return nullptr;
   }
 }

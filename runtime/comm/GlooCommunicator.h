@@ -144,8 +144,8 @@ public:
                     int peer, uint32_t tag) override;
   CommWorkPtr allReduce(const CommKey &key, void *data, size_t count,
                         CommDType type) override;
-  CommWorkPtr reduceScatter(const CommKey &key, const void *input,
-                            void *output, const std::vector<size_t> &counts,
+  CommWorkPtr reduceScatter(const CommKey &key, const void *input, void *output,
+                            const std::vector<size_t> &counts,
                             CommDType type) override;
   CommWorkPtr allGather(const CommKey &key, const void *input, void *output,
                         const std::vector<size_t> &counts,
@@ -196,7 +196,6 @@ private:
   /// concurrent streams need no lock.
   std::map<std::string, std::unique_ptr<Group>> groups;
 };
-
 
 } // namespace piper::runtime::gloo_comm
 

@@ -36,10 +36,10 @@ TEST_CASE("allReduce sums f32 and bf16 asynchronously", "[comm]") {
       b[i] = floatToBf16(valueOf(rank, i));
     }
     // Both issued before either is waited for; they complete in order.
-    CommWorkPtr wf = comm->allReduce({"c", {2, 0, 1}}, f.data(), n,
-                                     CommDType::F32);
-    CommWorkPtr wb = comm->allReduce({"c", {0, 1, 2}}, b.data(), n,
-                                     CommDType::BF16);
+    CommWorkPtr wf =
+        comm->allReduce({"c", {2, 0, 1}}, f.data(), n, CommDType::F32);
+    CommWorkPtr wb =
+        comm->allReduce({"c", {0, 1, 2}}, b.data(), n, CommDType::BF16);
     CHILD_OK(wb->wait());
     CHILD_OK(wf->wait());
     CHILD_OK(wf->wait()); // waiting twice returns the same status
@@ -114,8 +114,8 @@ TEST_CASE("allGather concatenates uneven pieces in rank order", "[comm]") {
         outB(out.size(), 0);
     CommWorkPtr w = comm->allGather({"s", {0, 1, 2}}, in.data(), out.data(),
                                     counts, CommDType::I32);
-    CommWorkPtr wb = comm->allGather({"s", {0, 1, 2}}, inB.data(),
-                                     outB.data(), counts, CommDType::BF16);
+    CommWorkPtr wb = comm->allGather({"s", {0, 1, 2}}, inB.data(), outB.data(),
+                                     counts, CommDType::BF16);
     CHILD_OK(w->wait());
     CHILD_OK(wb->wait());
     size_t at = 0;
@@ -141,13 +141,13 @@ TEST_CASE("allToAll with per-peer counts", "[comm]") {
       sendCounts.push_back(count(rank, p));
       recvCounts.push_back(count(p, rank));
     }
-    std::vector<float> in, out(std::accumulate(recvCounts.begin(),
-                                               recvCounts.end(), size_t(0)));
+    std::vector<float> in,
+        out(std::accumulate(recvCounts.begin(), recvCounts.end(), size_t(0)));
     for (int d = 0; d < kWorld; ++d)
       for (size_t i = 0; i < sendCounts[d]; ++i)
         in.push_back(float(rank * 100 + d * 10 + int(i)));
-    CHILD_OK(comm->allToAll({"c", {0, 1, 2}}, in.data(), sendCounts,
-                            out.data(), recvCounts, CommDType::F32)
+    CHILD_OK(comm->allToAll({"c", {0, 1, 2}}, in.data(), sendCounts, out.data(),
+                            recvCounts, CommDType::F32)
                  ->wait());
     size_t at = 0;
     for (int s = 0; s < kWorld; ++s)
@@ -170,8 +170,8 @@ TEST_CASE("isend and irecv complete in any wait order", "[comm]") {
     for (int m = 0; m < kMessages; ++m) {
       out[m].assign(100 + m * 1000, uint16_t(rank * 10 + m));
       in[m].assign(out[m].size(), 0);
-      works.push_back(comm->irecv("p", in[m].data(), in[m].size() * 2, peer,
-                                  uint32_t(m)));
+      works.push_back(
+          comm->irecv("p", in[m].data(), in[m].size() * 2, peer, uint32_t(m)));
     }
     for (int m = kMessages - 1; m >= 0; --m)
       works.push_back(comm->isend("p", out[m].data(), out[m].size() * 2, peer,

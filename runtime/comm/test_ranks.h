@@ -80,8 +80,9 @@ inline std::string makeStoreDir() {
 /// Runs `body` in `worldSize` forked processes, one per rank, and returns
 /// their exit codes; a child still running at `deadline` is killed and
 /// reported as 128 + SIGKILL, one killed by a signal as 128 + signal.
-inline std::vector<int> runRanks(int worldSize, std::chrono::milliseconds deadline,
-                          const RankBody &body) {
+inline std::vector<int> runRanks(int worldSize,
+                                 std::chrono::milliseconds deadline,
+                                 const RankBody &body) {
   std::string storeDir = makeStoreDir();
   std::fflush(stdout);
   std::fflush(stderr);
@@ -142,9 +143,9 @@ inline void requireAllPassed(const std::vector<int> &codes) {
   }
 }
 
-inline std::unique_ptr<Communicator> makeComm(int rank, int worldSize,
-                                       const std::string &storeDir,
-                                       std::chrono::milliseconds timeout) {
+inline std::unique_ptr<Communicator>
+makeComm(int rank, int worldSize, const std::string &storeDir,
+         std::chrono::milliseconds timeout) {
   Status status;
   auto comm =
       createGlooCommunicator(rank, worldSize, storeDir, timeout, status);

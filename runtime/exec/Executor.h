@@ -54,9 +54,11 @@ class ExecutorImpl;
 /// plan.proto TrainingConfig).
 double scheduleScale(const plan::TrainingConfig &training, int64_t step);
 
-/// Runs one plan on one rank. It owns the persistent state (each parameter,
-/// its gradient accumulator and AdamW moments, all fp32) and, per step, the
-/// transient buffers. After runStep returns an error, the executor must not
+/// Runs one plan on one rank, on a HAL device (runtime/hal; the CPU backend
+/// today). It owns the persistent state (each parameter, its gradient
+/// accumulator and AdamW moments, all fp32) and, per step, the transient
+/// buffers. Gradient accumulators hold the last step's gradients: those no
+/// plan kernel clears are zeroed before every step but the first. After runStep returns an error, the executor must not
 /// run again.
 class Executor {
 public:
@@ -74,8 +76,9 @@ public:
   /// Connects every communicator of commKeys(); call once before runStep.
   Status connect();
 
-  /// Runs 1-based step `step`: every stream on its own thread; then sums the
-  /// loss accumulators of all ranks into `loss`. Errors read
+  /// Runs 1-based step `step`: every plan stream on its persistent device
+  /// stream (created once, at create), concurrently; then sums the loss
+  /// accumulators of all ranks into `loss`. Errors read
   /// "rank R, stream 'S', instruction I (LABEL): message".
   Status runStep(int64_t step, double &loss);
 

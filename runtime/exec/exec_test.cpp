@@ -569,3 +569,20 @@ TEST_CASE("executor: gradients without an optimizer are the last step's",
   }
   CHECK(twoSteps->lastGradNorm() == Approx(stepTwoOnly->lastGradNorm()));
 }
+
+TEST_CASE("executor: an unknown kernel is a load-time error naming it",
+          "[executor]") {
+  TinyModel m;
+  plan::Plan plan = singleClassPlan(m, 1, {0}, 1);
+  plan.mutable_segments(1)->mutable_kernels(2)->set_op("no_such_kernel");
+  ExecutorOptions opts;
+  Status status;
+  auto exec = Executor::create(plan, opts, status);
+  CHECK_FALSE(exec);
+  INFO(status.message());
+  CHECK(status.message().find("rank 0") != std::string::npos);
+  CHECK(status.message().find("kernel 2 ('no_such_kernel')") !=
+        std::string::npos);
+  CHECK(status.message().find("unknown kernel 'no_such_kernel'") !=
+        std::string::npos);
+}

@@ -1,5 +1,5 @@
-// Kernel dispatch by op name, the checks common to every operand, and the
-// public attribute readers.
+// The kernel registry (op name -> function, resolved once per plan), the
+// checks common to every operand, and the public attribute readers.
 #include "runtime/kernels/Kernels.h"
 
 #include <cblas.h>
@@ -12,60 +12,55 @@
 #include "runtime/kernels/VecMath.h"
 
 #include <cstring>
+#include <unordered_map>
 
 namespace piper::runtime {
 
 namespace {
 
-using detail::KernelFn;
-
-struct KernelEntry {
-  const char *name;
-  KernelFn fn;
-};
-
 // Order is the order kernelNames() reports: forward, backward, then state.
-const KernelEntry kernelTable[] = {
-    {"embedding", detail::embeddingKernel},
-    {"position_add", detail::positionAddKernel},
-    {"layer_norm", detail::layerNormKernel},
-    {"rms_norm", detail::rmsNormKernel},
-    {"linear", detail::linearKernel},
-    {"gelu", detail::geluKernel},
-    {"swiglu", detail::swigluKernel},
-    {"add", detail::addKernel},
-    {"attention", detail::attentionKernel},
-    {"moe_router", detail::moeRouterKernel},
-    {"moe_dispatch", detail::moeDispatchKernel},
-    {"expert_linear", detail::expertLinearKernel},
-    {"moe_combine", detail::moeCombineKernel},
-    {"moe_aux_loss", detail::moeAuxLossKernel},
-    {"cross_entropy", detail::crossEntropyKernel},
-    {"loss_accumulate", detail::lossAccumulateKernel},
-    {"embedding_grad", detail::embeddingGradKernel},
-    {"position_add_grad", detail::positionAddGradKernel},
-    {"layer_norm_grad", detail::layerNormGradKernel},
-    {"layer_norm_grad_input", detail::layerNormGradInputKernel},
-    {"layer_norm_grad_weight", detail::layerNormGradWeightKernel},
-    {"rms_norm_grad", detail::rmsNormGradKernel},
-    {"rms_norm_grad_input", detail::rmsNormGradInputKernel},
-    {"rms_norm_grad_weight", detail::rmsNormGradWeightKernel},
-    {"linear_grad_input", detail::linearGradInputKernel},
-    {"linear_grad_weight", detail::linearGradWeightKernel},
-    {"bias_grad", detail::biasGradKernel},
-    {"gelu_grad", detail::geluGradKernel},
-    {"swiglu_grad", detail::swigluGradKernel},
-    {"attention_grad", detail::attentionGradKernel},
-    {"moe_router_grad", detail::moeRouterGradKernel},
-    {"moe_dispatch_grad", detail::moeDispatchGradKernel},
-    {"expert_linear_grad_input", detail::expertLinearGradInputKernel},
-    {"expert_linear_grad_weight", detail::expertLinearGradWeightKernel},
-    {"moe_combine_grad", detail::moeCombineGradKernel},
-    {"moe_aux_loss_grad", detail::moeAuxLossGradKernel},
-    {"cross_entropy_grad", detail::crossEntropyGradKernel},
-    {"accumulate", detail::accumulateKernel},
-    {"zero", detail::zeroKernel},
-    {"adamw", detail::adamwKernel},
+// Indices are filled in by registry().
+KernelInfo kernelTable[] = {
+    {"embedding", detail::embeddingKernel, 0},
+    {"position_add", detail::positionAddKernel, 0},
+    {"layer_norm", detail::layerNormKernel, 0},
+    {"rms_norm", detail::rmsNormKernel, 0},
+    {"linear", detail::linearKernel, 0},
+    {"gelu", detail::geluKernel, 0},
+    {"swiglu", detail::swigluKernel, 0},
+    {"add", detail::addKernel, 0},
+    {"attention", detail::attentionKernel, 0},
+    {"moe_router", detail::moeRouterKernel, 0},
+    {"moe_dispatch", detail::moeDispatchKernel, 0},
+    {"expert_linear", detail::expertLinearKernel, 0},
+    {"moe_combine", detail::moeCombineKernel, 0},
+    {"moe_aux_loss", detail::moeAuxLossKernel, 0},
+    {"cross_entropy", detail::crossEntropyKernel, 0},
+    {"loss_accumulate", detail::lossAccumulateKernel, 0},
+    {"embedding_grad", detail::embeddingGradKernel, 0},
+    {"position_add_grad", detail::positionAddGradKernel, 0},
+    {"layer_norm_grad", detail::layerNormGradKernel, 0},
+    {"layer_norm_grad_input", detail::layerNormGradInputKernel, 0},
+    {"layer_norm_grad_weight", detail::layerNormGradWeightKernel, 0},
+    {"rms_norm_grad", detail::rmsNormGradKernel, 0},
+    {"rms_norm_grad_input", detail::rmsNormGradInputKernel, 0},
+    {"rms_norm_grad_weight", detail::rmsNormGradWeightKernel, 0},
+    {"linear_grad_input", detail::linearGradInputKernel, 0},
+    {"linear_grad_weight", detail::linearGradWeightKernel, 0},
+    {"bias_grad", detail::biasGradKernel, 0},
+    {"gelu_grad", detail::geluGradKernel, 0},
+    {"swiglu_grad", detail::swigluGradKernel, 0},
+    {"attention_grad", detail::attentionGradKernel, 0},
+    {"moe_router_grad", detail::moeRouterGradKernel, 0},
+    {"moe_dispatch_grad", detail::moeDispatchGradKernel, 0},
+    {"expert_linear_grad_input", detail::expertLinearGradInputKernel, 0},
+    {"expert_linear_grad_weight", detail::expertLinearGradWeightKernel, 0},
+    {"moe_combine_grad", detail::moeCombineGradKernel, 0},
+    {"moe_aux_loss_grad", detail::moeAuxLossGradKernel, 0},
+    {"cross_entropy_grad", detail::crossEntropyGradKernel, 0},
+    {"accumulate", detail::accumulateKernel, 0},
+    {"zero", detail::zeroKernel, 0},
+    {"adamw", detail::adamwKernel, 0},
 };
 
 // Kernels index raw memory with numel(); a bogus shape or a missing buffer
@@ -86,18 +81,39 @@ Status checkStorage(const detail::KernelArgs &a, const TensorRef &t,
   return Status::ok();
 }
 
+/// The registry by name, built once.
+const std::unordered_map<std::string, const KernelInfo *> &registry() {
+  static const auto *byName = [] {
+    auto *map = new std::unordered_map<std::string, const KernelInfo *>();
+    int index = 0;
+    for (KernelInfo &entry : kernelTable) {
+      entry.index = index++;
+      map->emplace(entry.name, &entry);
+    }
+    return map;
+  }();
+  return *byName;
+}
+
 } // namespace
+
+const KernelInfo *findKernel(const std::string &name) {
+  auto it = registry().find(name);
+  return it == registry().end() ? nullptr : it->second;
+}
 
 Status runKernel(const plan::Kernel &kernel,
                  const std::vector<TensorRef> &inputs,
                  const std::vector<TensorRef> &outputs, KernelContext &ctx) {
-  KernelFn fn = nullptr;
-  for (const KernelEntry &entry : kernelTable)
-    if (kernel.op() == entry.name)
-      fn = entry.fn;
-  if (!fn)
+  const KernelInfo *info = findKernel(kernel.op());
+  if (!info)
     return Status::error("unknown kernel '" + kernel.op() + "'");
+  return runKernel(*info, kernel, inputs, outputs, ctx);
+}
 
+Status runKernel(const KernelInfo &info, const plan::Kernel &kernel,
+                 const std::vector<TensorRef> &inputs,
+                 const std::vector<TensorRef> &outputs, KernelContext &ctx) {
   detail::KernelArgs args{kernel, inputs, outputs, ctx};
   for (size_t i = 0; i < inputs.size(); ++i)
     PIPER_RETURN_IF_ERROR(
@@ -105,12 +121,13 @@ Status runKernel(const plan::Kernel &kernel,
   for (size_t i = 0; i < outputs.size(); ++i)
     PIPER_RETURN_IF_ERROR(
         checkStorage(args, outputs[i], "output " + std::to_string(i)));
-  return fn(args);
+  return info.fn(args);
 }
 
 std::vector<std::string> kernelNames() {
+  registry(); // numbers the entries
   std::vector<std::string> names;
-  for (const KernelEntry &entry : kernelTable)
+  for (const KernelInfo &entry : kernelTable)
     names.push_back(entry.name);
   return names;
 }

@@ -1,5 +1,5 @@
 // CPU kernels of the runtime: forward and backward of every op a plan can
-// call, dispatched by name from plan::Kernel.
+// call, in a registry that resolves op names once, when a plan loads.
 #ifndef PIPER_RUNTIME_KERNELS_KERNELS_H
 #define PIPER_RUNTIME_KERNELS_KERNELS_H
 
@@ -39,8 +39,34 @@ struct KernelContext {
   double lrScale = 1.0;
 };
 
-/// Runs `kernel` on `inputs` and `outputs`, which the caller has resolved from
-/// the kernel's operands, in order. Output tensors are allocated by the caller
+namespace detail {
+struct KernelArgs;
+} // namespace detail
+
+/// A kernel implementation: reads its operands and attributes from `args`.
+using KernelFn = Status (*)(const detail::KernelArgs &args);
+
+/// One entry of the kernel registry. Executors resolve every kernel of a
+/// plan to its KernelInfo once, at load, and call through it.
+struct KernelInfo {
+  const char *name;
+  KernelFn fn;
+  /// Position in kernelNames(), e.g. to index per-op tables.
+  int index;
+};
+
+/// The registry entry of op `name`, or null when no kernel has that name.
+/// A string lookup: call it when a plan loads, not per call.
+const KernelInfo *findKernel(const std::string &name);
+
+/// Runs the resolved kernel `info` (which must be findKernel(kernel.op())) on
+/// `inputs` and `outputs`; see the overload below.
+Status runKernel(const KernelInfo &info, const plan::Kernel &kernel,
+                 const std::vector<TensorRef> &inputs,
+                 const std::vector<TensorRef> &outputs, KernelContext &ctx);
+
+/// Looks up `kernel.op()` and runs it on `inputs` and `outputs`, which the
+/// caller has resolved from the kernel's operands, in order. Output tensors are allocated by the caller
 /// with the shapes the plan declares; kernels overwrite them unless the kernel
 /// is documented to update in place. Checks operand counts, dtypes and shapes,
 /// and returns an error naming the op on any mismatch.

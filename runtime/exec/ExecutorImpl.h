@@ -1,0 +1,190 @@
+// Internal to runtime/exec: the executor's state and the methods its files
+// share. Executor.cpp loads a plan; Streams.cpp runs a step on the stream
+// workers; Instructions.cpp executes one instruction; Segments.cpp runs a
+// CALL's kernels; Gradients.cpp holds all-reduce, clipping and the gradient
+// norm; StateIO.cpp checkpoints (docs/runtime.md has the map).
+#ifndef PIPER_RUNTIME_EXEC_EXECUTORIMPL_H
+#define PIPER_RUNTIME_EXEC_EXECUTORIMPL_H
+
+#include <array>
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "runtime/exec/Executor.h"
+#include "runtime/exec/Profile.h"
+#include "runtime/exec/Tensor.h"
+#include "runtime/hal/Hal.h"
+
+namespace piper::runtime {
+
+/// When each local value of a segment comes to life and dies, so that a
+/// call holds only the values it still needs.
+struct SegmentLifetimes {
+  std::vector<std::vector<int>> allocBefore; // per kernel
+  std::vector<std::vector<int>> freeAfter;   // per kernel
+};
+SegmentLifetimes computeLifetimes(const plan::Segment &seg);
+
+/// A kernel of a segment, resolved once when the plan loads: the call path
+/// does no string lookup and no allocation for operand views.
+struct ResolvedKernel {
+  const KernelInfo *info = nullptr;
+  /// Mixed precision: reads bf16 parameter copies and rounds its outputs
+  /// (every kernel but the optimizer and the gradient accumulators).
+  bool lowPrecision = false;
+  /// An `adamw` update (the gradient norm is taken just before it).
+  bool adamw = false;
+  int profileRow = 0;
+  /// Operand views with dtypes and shapes filled in; a call sets `data`.
+  std::vector<TensorRef> inputs, outputs;
+};
+
+/// Per-stream scratch of segment calls, reused so that the call path does
+/// not allocate once warm.
+struct CallScratch {
+  std::vector<TensorPtr> values;
+  std::vector<TensorRef> inputs, outputs;
+};
+
+/// One step buffer. No lock: a buffer is written once per step and its
+/// readers are ordered after the write by stream order or events (checked by
+/// validatePlan); the atomics carry that order.
+struct BufferSlot {
+  TensorPtr tensor;
+  std::atomic<bool> written{false};
+  std::atomic<int> readersLeft{0};
+};
+
+/// Everything shared by the streams of one step.
+struct StepState {
+  int64_t step = 0;
+  std::unique_ptr<BufferSlot[]> buffers;
+  std::atomic<bool> failed{false};
+  std::mutex errorMu; // taken only when a stream fails
+  Status error;
+  std::vector<double> loss; // per stream, so kernels never share an adder
+};
+
+/// A started SEND: its buffer stays alive until the work completes.
+struct PendingSend {
+  TensorPtr tensor;
+  CommWorkPtr work;
+  std::string what; // "send of buffer ... to rank R (tag T)"
+};
+
+class ExecutorImpl {
+public:
+  /// First member: destroyed last, after every tensor it allocated.
+  std::unique_ptr<hal::Device> device;
+  hal::Allocator *memory = nullptr;
+  Communicator *comm = nullptr;
+  /// One persistent stream (worker) and one event per plan stream / event.
+  std::vector<std::unique_ptr<hal::Stream>> streams;
+  std::vector<std::unique_ptr<hal::Event>> events;
+
+  int64_t stateBytes = 0;
+  plan::Plan plan;
+  ExecutorOptions options;
+  std::string who; // "rank R"
+  int replica = 0;
+  std::unique_ptr<DataSource> ownedData;
+  DataSource *data = nullptr;
+  /// Per param: PARAM, GRAD, ADAM_M, ADAM_V at Operand::Kind - 1.
+  std::vector<std::array<TensorPtr, 4>> state;
+  std::vector<SegmentLifetimes> lifetimes;
+  std::vector<std::vector<ResolvedKernel>> kernels; // [segment][kernel]
+  std::vector<CallScratch> scratch;                 // [stream]
+  /// distinctInputs[s][i]: the buffers instruction i of stream s reads,
+  /// each once; a buffer dies after its last such read.
+  std::vector<std::vector<std::vector<int>>> distinctInputs;
+  std::vector<int> readerCount;
+  /// Sends of a failed step: the communicator may still read them, so they
+  /// are never freed while the executor lives.
+  std::mutex abandonedMu;
+  std::vector<TensorPtr> abandoned;
+  bool broken = false;
+
+  // Gradients (Gradients.cpp).
+  /// The global gradient norm of the last step, -1 before any.
+  double lastGradNorm = -1;
+  /// Whether the plan clips (CLIP_GRADS computes the norm); otherwise the
+  /// executor computes it itself (see gradSquares).
+  bool clips = false;
+  /// Per param: whether an `adamw` kernel consumes its gradient (the norm is
+  /// then taken just before the update, which zeroes the gradient after).
+  std::vector<char> updated;
+  /// Per param: whether a `zero` kernel of the plan clears its gradient;
+  /// the others are cleared before every step but the first.
+  std::vector<char> zeroedByPlan;
+  /// Per param: sum of squares of its gradient this step (plans without
+  /// CLIP_GRADS); each entry is written by the one stream updating it.
+  std::vector<double> gradSquares;
+  /// Whether a step has run (gradient accumulators may be dirty).
+  bool ranStep = false;
+
+  /// Mixed precision (training.compute_dtype == BF16): kernels read bf16
+  /// copies of the fp32 master parameters, refreshed once per step.
+  bool bf16 = false;
+  std::mutex bf16Mu;
+  std::vector<TensorPtr> bf16Params;
+  std::vector<int64_t> bf16Step;
+
+  Profiler profiler;
+
+  // Loading (Executor.cpp, Segments.cpp).
+  Status init(uint64_t seed);
+  Status resolveKernels();
+  void analyzeGradients();
+
+  // A step (Streams.cpp).
+  Status runStep(int64_t step, double &loss);
+  void runStream(int s, StepState &st);
+  /// Records the first failure of the step and wakes every waiter.
+  void fail(StepState &st, const Status &status);
+
+  // Instructions (Instructions.cpp).
+  Status execute(int s, int i, StepState &st,
+                 std::vector<PendingSend> &pendingSends);
+  /// The buffer as stored (packed bf16 in mixed precision).
+  Status fetchStored(StepState &st, int id, TensorPtr &out);
+  /// The buffer as float32 values for kernels.
+  Status fetch(StepState &st, int id, TensorPtr &out);
+  Status publish(StepState &st, int id, TensorPtr t);
+  /// Whether buffer `id` is stored as packed bf16.
+  bool packed(int id) const;
+  void release(StepState &st, const std::vector<int> &ids);
+
+  // Segment calls (Segments.cpp). `accounted`: with profiling, the
+  // nanoseconds spent in kernels and allocations (the rest of the CALL is
+  // the executor's own overhead).
+  Status call(int s, const plan::Instruction &inst, StepState &st,
+              int64_t &accounted);
+  /// The bf16 copy of parameter `p` for `step`.
+  Status computeParam(int p, int64_t step, TensorPtr *&out);
+
+  // Gradients (Gradients.cpp).
+  Status allReduce(int s, const plan::Instruction &inst);
+  Status clipGrads();
+  /// Zeroes the gradients no plan kernel clears (before steps 2, 3, ...).
+  void clearGradients();
+  /// This rank's share of the squared gradient norm when the plan does not
+  /// clip (0 when it does); finishGradNorm takes the world sum.
+  double localGradSquares();
+  void finishGradNorm(double worldSquares);
+
+  int peerOf(const plan::Instruction &inst) const {
+    return plan.groups(inst.peer_group()).ranks(replica);
+  }
+  std::vector<int> groupRanks(int group) const;
+  const TensorPtr &stateOf(int index, int kind) const {
+    return state[index][kind - 1];
+  }
+  std::string describeBuffer(int id) const;
+};
+
+} // namespace piper::runtime
+
+#endif // PIPER_RUNTIME_EXEC_EXECUTORIMPL_H

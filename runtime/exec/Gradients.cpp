@@ -1,0 +1,157 @@
+// Gradient accumulators between kernels: the data-parallel all-reduce,
+// global-norm clipping, the gradient norm of plans that do not clip, and
+// clearing the accumulators no plan kernel clears.
+#include <algorithm>
+#include <cmath>
+
+#include "runtime/exec/ExecutorImpl.h"
+
+namespace piper::runtime {
+
+using plan::Instruction;
+using plan::Operand;
+
+void ExecutorImpl::analyzeGradients() {
+  int numParams = plan.params_size();
+  updated.assign(numParams, 0);
+  zeroedByPlan.assign(numParams, 0);
+  gradSquares.assign(numParams, 0.0);
+  std::vector<char> called(plan.segments_size(), 0);
+  for (const plan::Stream &stream : plan.streams())
+    for (const Instruction &inst : stream.instructions()) {
+      if (inst.kind() == Instruction::CALL)
+        called[inst.segment()] = 1;
+      clips |= inst.kind() == Instruction::CLIP_GRADS;
+    }
+  for (int g = 0; g < plan.segments_size(); ++g) {
+    if (!called[g])
+      continue;
+    for (const plan::Kernel &kernel : plan.segments(g).kernels()) {
+      if (kernel.op() == "adamw" && kernel.inputs_size() > 0 &&
+          kernel.inputs(0).kind() == Operand::GRAD)
+        updated[kernel.inputs(0).index()] = 1;
+      if (kernel.op() == "zero")
+        for (const Operand &op : kernel.outputs())
+          if (op.kind() == Operand::GRAD)
+            zeroedByPlan[op.index()] = 1;
+    }
+  }
+}
+
+void ExecutorImpl::clearGradients() {
+  // Gradients are this step's alone, as after optimizer.zero_grad(): plans
+  // clear the accumulators they update; the others (--no-optimizer) are
+  // cleared here, so that an all-reduce never re-sums an earlier step.
+  if (!ranStep)
+    return;
+  for (int p = 0; p < plan.params_size(); ++p)
+    if (!zeroedByPlan[p]) {
+      const TensorPtr &g = stateOf(p, Operand::GRAD);
+      memory->zero(g->data, static_cast<size_t>(g->bytes));
+    }
+}
+
+double ExecutorImpl::localGradSquares() {
+  if (clips)
+    return 0;
+  // The same definition as CLIP_GRADS; updated parameters were measured
+  // just before their update (Segments.cpp).
+  double squares = 0;
+  for (int p = 0; p < plan.params_size(); ++p) {
+    if (!updated[p]) {
+      const TensorPtr &g = stateOf(p, Operand::GRAD);
+      gradSquares[p] = device->sumOfSquares(static_cast<const float *>(g->data),
+                                            g->bytes / 4);
+    }
+    squares += gradSquares[p] / std::max(1, plan.params(p).copies());
+  }
+  return squares;
+}
+
+void ExecutorImpl::finishGradNorm(double worldSquares) {
+  if (!clips)
+    lastGradNorm =
+        std::sqrt(worldSquares / std::max(1, plan.training().num_replicas()));
+}
+
+Status ExecutorImpl::clipGrads() {
+  // Each class holds data-parallel-reduced gradients, identical across its
+  // replicas: the world sum of squares counts every gradient num_replicas
+  // times.
+  double local = 0;
+  for (int p = 0; p < plan.params_size(); ++p) {
+    const TensorPtr &g = stateOf(p, Operand::GRAD);
+    // A parameter held by several classes (tied) holds the same summed
+    // gradient in each: count it once.
+    local += device->sumOfSquares(static_cast<const float *>(g->data),
+                                  g->bytes / 4) /
+             std::max(1, plan.params(p).copies());
+  }
+  double total = local;
+  if (comm)
+    PIPER_RETURN_IF_ERROR(comm->allReduceSumWorld(&total, 1).withContext(
+        "summing the squared gradient norm over ranks"));
+  int replicas = std::max(1, plan.training().num_replicas());
+  double norm = std::sqrt(total / replicas);
+  lastGradNorm = norm;
+  double maxNorm = plan.training().clip_grad_norm();
+  if (!std::isfinite(norm))
+    return Status::error("the global gradient norm is not finite (" +
+                         std::to_string(norm) + ")");
+  if (maxNorm <= 0 || norm <= maxNorm)
+    return Status::ok();
+  float scale = static_cast<float>(maxNorm / (norm + 1e-6));
+  for (int p = 0; p < plan.params_size(); ++p) {
+    const TensorPtr &g = stateOf(p, Operand::GRAD);
+    device->scale(static_cast<float *>(g->data), scale, g->bytes / 4);
+  }
+  return Status::ok();
+}
+
+Status ExecutorImpl::allReduce(int s, const Instruction &inst) {
+  std::vector<int> ranks = groupRanks(inst.group());
+  if (ranks.size() < 2)
+    return Status::ok(); // a sum over one rank is the identity
+  std::string what = "all-reduce over ranks [";
+  for (size_t i = 0; i < ranks.size(); ++i)
+    what += (i ? ", " : "") + std::to_string(ranks[i]);
+  what += "]";
+
+  CommKey key{plan.streams(s).name(), ranks};
+  if (inst.params_size() == 1) {
+    const TensorPtr &g = stateOf(inst.params(0), Operand::GRAD);
+    return comm
+        ->allReduce(key, g->data, static_cast<size_t>(g->bytes / 4),
+                    CommDType::F32)
+        ->wait()
+        .withContext(what);
+  }
+  // One flat buffer means one collective per instruction, however many
+  // parameters it covers. It is staging memory outside the counted tensors,
+  // as the compiler's memory prediction assumes (the arena plan will give
+  // it a place on the device).
+  size_t count = 0;
+  for (int p : inst.params())
+    count += static_cast<size_t>(stateOf(p, Operand::GRAD)->bytes / 4);
+  std::vector<float> flat(count);
+  size_t at = 0;
+  for (int p : inst.params()) {
+    const TensorPtr &g = stateOf(p, Operand::GRAD);
+    memory->copyToHost(flat.data() + at, g->data,
+                       static_cast<size_t>(g->bytes));
+    at += static_cast<size_t>(g->bytes / 4);
+  }
+  PIPER_RETURN_IF_ERROR(comm->allReduce(key, flat.data(), count, CommDType::F32)
+                            ->wait()
+                            .withContext(what));
+  at = 0;
+  for (int p : inst.params()) {
+    const TensorPtr &g = stateOf(p, Operand::GRAD);
+    memory->copyFromHost(g->data, flat.data() + at,
+                         static_cast<size_t>(g->bytes));
+    at += static_cast<size_t>(g->bytes / 4);
+  }
+  return Status::ok();
+}
+
+} // namespace piper::runtime

@@ -1,0 +1,173 @@
+// Executing one instruction of a stream, and the step's buffer table:
+// CALL (see Segments.cpp), SEND, RECV, ALL_REDUCE and CLIP_GRADS (see
+// Gradients.cpp), RECORD/WAIT on HAL events, LOAD_BATCH.
+#include <algorithm>
+
+#include "runtime/exec/ExecutorImpl.h"
+
+namespace piper::runtime {
+
+using plan::Instruction;
+
+Status ExecutorImpl::fetchStored(StepState &st, int id, TensorPtr &out) {
+  BufferSlot &slot = st.buffers[id];
+  if (!slot.written.load(std::memory_order_acquire))
+    return Status::error(describeBuffer(id) +
+                         " is read before it is written in this step");
+  out = slot.tensor;
+  if (!out)
+    return Status::error("internal: " + describeBuffer(id) +
+                         " was freed before its last reader");
+  return Status::ok();
+}
+
+Status ExecutorImpl::fetch(StepState &st, int id, TensorPtr &out) {
+  PIPER_RETURN_IF_ERROR(fetchStored(st, id, out));
+  if (out->dtype != plan::BF16)
+    return Status::ok();
+  // A packed bf16 step buffer: kernels get it back as float32 values.
+  TensorPtr wide;
+  PIPER_RETURN_IF_ERROR(allocateTensor(plan.buffers(id).type(),
+                                       describeBuffer(id), *memory, wide));
+  device->unpackBf16(static_cast<float *>(wide->data),
+                     static_cast<const uint16_t *>(out->data), wide->bytes / 4);
+  out = std::move(wide);
+  return Status::ok();
+}
+
+bool ExecutorImpl::packed(int id) const {
+  const plan::TensorType &type = plan.buffers(id).type();
+  return bf16 && type.dtype() == plan::F32 && type.shape_size() > 0;
+}
+
+Status ExecutorImpl::publish(StepState &st, int id, TensorPtr t) {
+  if (packed(id) && t->dtype == plan::F32) {
+    // Mixed precision stores step buffers (what tasks pass on and what is
+    // sent) as bf16: half the bytes, the same values the kernels produced.
+    plan::TensorType type = plan.buffers(id).type();
+    type.set_dtype(plan::BF16);
+    TensorPtr narrow;
+    PIPER_RETURN_IF_ERROR(
+        allocateTensor(type, describeBuffer(id), *memory, narrow));
+    device->packBf16(static_cast<uint16_t *>(narrow->data),
+                     static_cast<const float *>(t->data), t->bytes / 4);
+    t = std::move(narrow);
+  }
+  BufferSlot &slot = st.buffers[id];
+  // A buffer nobody reads dies at once.
+  if (slot.readersLeft.load(std::memory_order_relaxed) > 0)
+    slot.tensor = std::move(t);
+  slot.written.store(true, std::memory_order_release);
+  return Status::ok();
+}
+
+void ExecutorImpl::release(StepState &st, const std::vector<int> &ids) {
+  for (int id : ids) {
+    BufferSlot &slot = st.buffers[id];
+    // Every other reader has taken its reference before its decrement.
+    if (slot.readersLeft.fetch_sub(1, std::memory_order_acq_rel) == 1)
+      slot.tensor.reset();
+  }
+}
+
+Status ExecutorImpl::execute(int s, int i, StepState &st,
+                             std::vector<PendingSend> &pendingSends) {
+  const plan::Stream &stream = plan.streams(s);
+  const Instruction &inst = stream.instructions(i);
+  const bool profiling = options.profile;
+  Clock::time_point start;
+  if (profiling)
+    start = Clock::now();
+  int64_t accounted = 0; // CALL: time in kernels and allocations
+  switch (inst.kind()) {
+  case Instruction::CALL:
+    PIPER_RETURN_IF_ERROR(call(s, inst, st, accounted));
+    break;
+  case Instruction::SEND: {
+    TensorPtr t;
+    PIPER_RETURN_IF_ERROR(fetchStored(st, inst.inputs(0), t));
+    int peer = peerOf(inst);
+    CommWorkPtr work =
+        comm->isend(stream.name(), t->data, static_cast<size_t>(t->bytes), peer,
+                    static_cast<uint32_t>(inst.tag()));
+    pendingSends.push_back(
+        PendingSend{std::move(t), std::move(work),
+                    "send of " + describeBuffer(inst.inputs(0)) + " to rank " +
+                        std::to_string(peer) + " (tag " +
+                        std::to_string(inst.tag()) + ")"});
+    break;
+  }
+  case Instruction::RECV: {
+    int id = inst.outputs(0);
+    TensorPtr t;
+    plan::TensorType type = plan.buffers(id).type();
+    if (packed(id))
+      type.set_dtype(plan::BF16);
+    PIPER_RETURN_IF_ERROR(allocateTensor(type, describeBuffer(id), *memory, t));
+    int peer = peerOf(inst);
+    PIPER_RETURN_IF_ERROR(
+        comm->irecv(stream.name(), t->data, static_cast<size_t>(t->bytes), peer,
+                    static_cast<uint32_t>(inst.tag()))
+            ->wait()
+            .withContext("receive of " + describeBuffer(id) + " from rank " +
+                         std::to_string(peer) + " (tag " +
+                         std::to_string(inst.tag()) + ")"));
+    PIPER_RETURN_IF_ERROR(publish(st, id, std::move(t)));
+    break;
+  }
+  case Instruction::ALL_REDUCE:
+    PIPER_RETURN_IF_ERROR(allReduce(s, inst));
+    break;
+  case Instruction::CLIP_GRADS:
+    PIPER_RETURN_IF_ERROR(clipGrads());
+    break;
+  case Instruction::RECORD:
+    // Events are timelines valued by step: no reset between steps.
+    events[inst.event()]->signal(static_cast<uint64_t>(st.step));
+    break;
+  case Instruction::WAIT:
+    if (!events[inst.event()]->wait(static_cast<uint64_t>(st.step), st.failed))
+      return Status::error("stopped while waiting for event " +
+                           std::to_string(inst.event()) +
+                           ": another stream failed");
+    break;
+  case Instruction::LOAD_BATCH: {
+    const plan::TrainingConfig &t = plan.training();
+    TensorPtr tokens, targets;
+    PIPER_RETURN_IF_ERROR(allocateTensor(plan.buffers(inst.outputs(0)).type(),
+                                         "tokens", *memory, tokens));
+    PIPER_RETURN_IF_ERROR(allocateTensor(plan.buffers(inst.outputs(1)).type(),
+                                         "targets", *memory, targets));
+    int64_t global = static_cast<int64_t>(replica) * t.num_microbatches() +
+                     inst.microbatch();
+    // Staged in host memory, then copied to the device.
+    std::vector<int32_t> hostTokens(static_cast<size_t>(tokens->bytes / 4)),
+        hostTargets(static_cast<size_t>(targets->bytes / 4));
+    PIPER_RETURN_IF_ERROR(data->fill(st.step, global, t.microbatch_size(),
+                                     t.seq_len(), hostTokens.data(),
+                                     hostTargets.data()));
+    memory->copyFromHost(tokens->data, hostTokens.data(),
+                         static_cast<size_t>(tokens->bytes));
+    memory->copyFromHost(targets->data, hostTargets.data(),
+                         static_cast<size_t>(targets->bytes));
+    PIPER_RETURN_IF_ERROR(publish(st, inst.outputs(0), std::move(tokens)));
+    PIPER_RETURN_IF_ERROR(publish(st, inst.outputs(1), std::move(targets)));
+    break;
+  }
+  default:
+    return Status::error("unsupported instruction kind " +
+                         std::to_string(inst.kind()));
+  }
+  release(st, distinctInputs[s][i]);
+  if (profiling) {
+    int64_t ns = nanosSince(start);
+    if (inst.kind() == Instruction::CALL)
+      profiler.add(s, Profiler::kCallOther,
+                   std::max<int64_t>(0, ns - accounted));
+    else
+      profiler.add(s, profiler.kindRow(inst.kind()), ns);
+  }
+  return Status::ok();
+}
+
+} // namespace piper::runtime

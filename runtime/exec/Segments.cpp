@@ -1,0 +1,215 @@
+// CALL instructions: value lifetimes inside a segment, kernels resolved once
+// through the device's registry, and the per-call kernel loop (with the
+// bf16 parameter copies of mixed precision).
+#include <algorithm>
+
+#include "runtime/exec/ExecutorImpl.h"
+
+namespace piper::runtime {
+
+using plan::Instruction;
+using plan::Operand;
+
+SegmentLifetimes computeLifetimes(const plan::Segment &seg) {
+  int n = seg.values_size();
+  std::vector<int> first(n, -1), last(n, -1);
+  std::vector<char> pinned(n, 0); // args and results outlive the kernels
+  for (int a : seg.args())
+    pinned[a] = 1;
+  for (int r : seg.results())
+    pinned[r] = 1;
+  for (int k = 0; k < seg.kernels_size(); ++k) {
+    auto touch = [&](const Operand &op) {
+      if (op.kind() != Operand::VALUE)
+        return;
+      if (first[op.index()] < 0)
+        first[op.index()] = k;
+      last[op.index()] = k;
+    };
+    for (const Operand &op : seg.kernels(k).inputs())
+      touch(op);
+    for (const Operand &op : seg.kernels(k).outputs())
+      touch(op);
+  }
+  std::vector<char> isArg(n, 0);
+  for (int a : seg.args())
+    isArg[a] = 1;
+  SegmentLifetimes lt;
+  lt.allocBefore.resize(seg.kernels_size());
+  lt.freeAfter.resize(seg.kernels_size());
+  for (int v = 0; v < n; ++v) {
+    if (isArg[v] || first[v] < 0)
+      continue;
+    lt.allocBefore[first[v]].push_back(v);
+    if (!pinned[v])
+      lt.freeAfter[last[v]].push_back(v);
+  }
+  return lt;
+}
+
+Status ExecutorImpl::resolveKernels() {
+  kernels.clear();
+  for (int g = 0; g < plan.segments_size(); ++g) {
+    const plan::Segment &seg = plan.segments(g);
+    std::vector<ResolvedKernel> resolved(seg.kernels_size());
+    for (int k = 0; k < seg.kernels_size(); ++k) {
+      const plan::Kernel &kernel = seg.kernels(k);
+      ResolvedKernel &r = resolved[k];
+      r.info = device->findKernel(kernel.op());
+      if (!r.info)
+        return Status::error("segment " + std::to_string(g) + " ('" +
+                             seg.name() + "'), kernel " + std::to_string(k) +
+                             ": unknown kernel '" + kernel.op() +
+                             "' on device " + device->name());
+      const std::string &op = kernel.op();
+      // Mixed precision: compute kernels read bf16 weights; the optimizer
+      // and the gradient accumulators stay in fp32.
+      r.lowPrecision =
+          bf16 && op != "accumulate" && op != "zero" && op != "adamw";
+      r.adamw = op == "adamw";
+      r.profileRow = profiler.kernelRow(r.info->index);
+      auto view = [&](const Operand &o) {
+        const plan::TensorType &type = o.kind() == Operand::VALUE
+                                           ? seg.values(o.index())
+                                           : plan.params(o.index()).type();
+        return TensorRef{
+            type.dtype(),
+            std::vector<int64_t>(type.shape().begin(), type.shape().end()),
+            nullptr};
+      };
+      for (const Operand &o : kernel.inputs())
+        r.inputs.push_back(view(o));
+      for (const Operand &o : kernel.outputs())
+        r.outputs.push_back(view(o));
+    }
+    kernels.push_back(std::move(resolved));
+  }
+  scratch.assign(std::max(1, plan.streams_size()), CallScratch{});
+  return Status::ok();
+}
+
+Status ExecutorImpl::computeParam(int p, int64_t step, TensorPtr *&out) {
+  std::lock_guard<std::mutex> lock(bf16Mu);
+  TensorPtr &copy = bf16Params[p];
+  if (bf16Step[p] != step) {
+    const TensorPtr &master = stateOf(p, Operand::PARAM);
+    if (!copy)
+      PIPER_RETURN_IF_ERROR(allocateTensor(plan.params(p).type(),
+                                           plan.params(p).name() + " (bf16)",
+                                           *memory, copy));
+    memory->copy(copy->data, master->data, static_cast<size_t>(master->bytes));
+    device->roundBf16(static_cast<float *>(copy->data), copy->bytes / 4);
+    bf16Step[p] = step;
+  }
+  out = &copy;
+  return Status::ok();
+}
+
+namespace {
+
+/// Sets `ref` to `view` (reusing ref's shape storage) over `data`.
+inline void bind(TensorRef &ref, const TensorRef &view, void *data) {
+  ref.dtype = view.dtype;
+  ref.shape.assign(view.shape.begin(), view.shape.end());
+  ref.data = data;
+}
+
+} // namespace
+
+Status ExecutorImpl::call(int s, const Instruction &inst, StepState &st,
+                          int64_t &accounted) {
+  const int segIndex = inst.segment();
+  const plan::Segment &seg = plan.segments(segIndex);
+  const SegmentLifetimes &lt = lifetimes[segIndex];
+  const std::vector<ResolvedKernel> &resolved = kernels[segIndex];
+  CallScratch &scratch = this->scratch[s];
+  std::vector<TensorPtr> &values = scratch.values;
+  values.clear();
+  values.resize(seg.values_size());
+  // Drops this call's values on every return path.
+  struct Clear {
+    std::vector<TensorPtr> &values;
+    ~Clear() { values.clear(); }
+  } clearValues{values};
+  for (int a = 0; a < inst.inputs_size(); ++a)
+    PIPER_RETURN_IF_ERROR(fetch(st, inst.inputs(a), values[seg.args(a)]));
+
+  KernelContext ctx;
+  ctx.lossAccumulator = &st.loss[s];
+  ctx.step = st.step;
+  ctx.lrScale = scheduleScale(plan.training(), st.step);
+  auto dataOf = [&](const Operand &op) -> void * {
+    return op.kind() == Operand::VALUE ? values[op.index()]->data
+                                       : stateOf(op.index(), op.kind())->data;
+  };
+  // Built only for an error message: most kernels take microseconds.
+  auto where = [&](int k) {
+    return "segment '" + seg.name() + "', kernel " + std::to_string(k);
+  };
+  const bool profiling = options.profile;
+  std::vector<TensorRef> &ins = scratch.inputs, &outs = scratch.outputs;
+  for (int k = 0; k < seg.kernels_size(); ++k) {
+    const plan::Kernel &kernel = seg.kernels(k);
+    const ResolvedKernel &rk = resolved[k];
+    Clock::time_point start;
+    if (profiling && !lt.allocBefore[k].empty())
+      start = Clock::now();
+    for (int v : lt.allocBefore[k]) {
+      Status status = allocateTensorAs(
+          seg.values(v), [v] { return "value " + std::to_string(v); }, *memory,
+          values[v]);
+      if (!status)
+        return status.withContext(where(k));
+    }
+    if (profiling && !lt.allocBefore[k].empty()) {
+      int64_t ns = nanosSince(start);
+      profiler.add(s, Profiler::kCallAlloc, ns);
+      accounted += ns;
+    }
+    ins.resize(rk.inputs.size());
+    outs.resize(rk.outputs.size());
+    for (int j = 0; j < kernel.inputs_size(); ++j) {
+      const Operand &op = kernel.inputs(j);
+      if (rk.lowPrecision && op.kind() == Operand::PARAM) {
+        TensorPtr *copy = nullptr;
+        PIPER_RETURN_IF_ERROR(
+            computeParam(op.index(), st.step, copy).withContext(where(k)));
+        bind(ins[j], rk.inputs[j], (*copy)->data);
+      } else {
+        bind(ins[j], rk.inputs[j], dataOf(op));
+      }
+    }
+    for (int j = 0; j < kernel.outputs_size(); ++j)
+      bind(outs[j], rk.outputs[j], dataOf(kernel.outputs(j)));
+    // Without CLIP_GRADS, the norm is taken of the final gradient just
+    // before the update reads (and a later `zero` clears) it.
+    if (!clips && rk.adamw && !ins.empty())
+      gradSquares[kernel.inputs(0).index()] =
+          device->sumOfSquares(ins[0].f32(), ins[0].numel());
+    if (profiling)
+      start = Clock::now();
+    Status status = device->runKernel(*rk.info, kernel, ins, outs, ctx);
+    if (profiling) {
+      int64_t ns = nanosSince(start);
+      profiler.add(s, rk.profileRow, ns);
+      accounted += ns;
+    }
+    if (!status)
+      return status.withContext(where(k));
+    // bf16 activations and activation gradients; scalar losses stay fp32.
+    if (rk.lowPrecision)
+      for (size_t o = 0; o < outs.size(); ++o)
+        if (kernel.outputs(int(o)).kind() == Operand::VALUE &&
+            outs[o].dtype == plan::F32 && !outs[o].shape.empty())
+          device->roundBf16(outs[o].f32(), outs[o].numel());
+    for (int v : lt.freeAfter[k])
+      values[v].reset();
+  }
+  // Buffers are immutable once written and arguments are never written, so
+  // a result (even one that is an argument) is handed over, not copied.
+  for (int r = 0; r < inst.outputs_size(); ++r)
+    PIPER_RETURN_IF_ERROR(publish(st, inst.outputs(r), values[seg.results(r)]));
+  return Status::ok();
+}
+
+} // namespace piper::runtime

@@ -1,0 +1,119 @@
+// Parameter state in and out of the executor: raw parameter files
+// (--save-params), safetensors checkpoints of parameters or gradients, and
+// loading a checkpoint, each through host staging copies.
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include <sys/stat.h>
+
+#include "runtime/exec/ExecutorImpl.h"
+
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+              "--save-params writes the host's floats as little endian");
+
+namespace piper::runtime {
+
+using plan::Operand;
+
+namespace {
+
+// strerror() capitalizes; runtime messages are lowercase.
+std::string errnoText(int err) {
+  std::string s = std::strerror(err);
+  if (!s.empty() && s[0] >= 'A' && s[0] <= 'Z')
+    s[0] = static_cast<char>(s[0] - 'A' + 'a');
+  return s;
+}
+
+} // namespace
+
+TensorRef Executor::state(int index, plan::Operand::Kind kind) const {
+  if (index < 0 || index >= impl->plan.params_size() || kind < Operand::PARAM ||
+      kind > Operand::ADAM_V)
+    return TensorRef{};
+  return impl->stateOf(index, kind)->ref();
+}
+
+Status Executor::saveParams(const std::string &dir) const {
+  // mkdir -p: create each component, tolerating the ones that exist.
+  for (size_t pos = 1; pos <= dir.size(); ++pos) {
+    if (pos != dir.size() && dir[pos] != '/')
+      continue;
+    std::string prefix = dir.substr(0, pos);
+    if (::mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST)
+      return Status::error(impl->who + ": cannot create directory '" + prefix +
+                           "': " + errnoText(errno));
+  }
+  for (int p = 0; p < impl->plan.params_size(); ++p) {
+    const std::string &name = impl->plan.params(p).name();
+    std::string path = dir + "/" + name + ".bin";
+    std::string tmp = path + ".tmp";
+    const TensorPtr &t = impl->stateOf(p, Operand::PARAM);
+    std::vector<char> host(static_cast<size_t>(t->bytes));
+    impl->memory->copyToHost(host.data(), t->data, host.size());
+    FILE *f = std::fopen(tmp.c_str(), "wb");
+    if (!f)
+      return Status::error(impl->who + ": cannot write '" + tmp +
+                           "': " + errnoText(errno));
+    size_t n = std::fwrite(host.data(), 1, host.size(), f);
+    bool ok = n == static_cast<size_t>(t->bytes);
+    ok = (std::fclose(f) == 0) && ok;
+    if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
+      std::remove(tmp.c_str());
+      return Status::error(impl->who + ": cannot write '" + path + "'");
+    }
+  }
+  return Status::ok();
+}
+
+std::vector<ParamSpec> Executor::paramSpecs() const {
+  std::vector<ParamSpec> specs;
+  for (const plan::Parameter &p : impl->plan.params())
+    specs.push_back(
+        ParamSpec{p.name(), std::vector<int64_t>(p.type().shape().begin(),
+                                                 p.type().shape().end())});
+  return specs;
+}
+
+Status Executor::saveCheckpoint(const std::string &path, int64_t step) const {
+  return saveState(path, step, Operand::PARAM);
+}
+
+Status Executor::saveGradients(const std::string &path, int64_t step) const {
+  return saveState(path, step, Operand::GRAD);
+}
+
+Status Executor::saveState(const std::string &path, int64_t step,
+                           int kind) const {
+  std::vector<SafetensorsTensor> tensors;
+  std::vector<std::vector<char>> host(impl->plan.params_size());
+  for (int p = 0; p < impl->plan.params_size(); ++p) {
+    const TensorPtr &t = impl->stateOf(p, kind);
+    host[p].resize(static_cast<size_t>(t->bytes));
+    impl->memory->copyToHost(host[p].data(), t->data, host[p].size());
+    tensors.push_back(SafetensorsTensor{impl->plan.params(p).name(), "F32",
+                                        t->shape, host[p].data()});
+  }
+  return writeSafetensors(path, tensors, checkpointMetadata(step))
+      .withContext(impl->who);
+}
+
+Status Executor::loadCheckpoint(const SafetensorsReader &reader) {
+  PIPER_RETURN_IF_ERROR(
+      checkCheckpointParams(reader, paramSpecs(), /*rejectExtra=*/false)
+          .withContext(impl->who));
+  for (int p = 0; p < impl->plan.params_size(); ++p) {
+    const SafetensorsEntry *e = reader.find(impl->plan.params(p).name());
+    const TensorPtr &t = impl->stateOf(p, Operand::PARAM);
+    if (!e || static_cast<int64_t>(e->end - e->begin) != t->bytes)
+      return Status::error(impl->who + ": internal: checkpoint tensor '" +
+                           impl->plan.params(p).name() + "' has a bad size");
+    std::vector<char> host(static_cast<size_t>(t->bytes));
+    PIPER_RETURN_IF_ERROR(reader.read(*e, host.data()).withContext(impl->who));
+    impl->memory->copyFromHost(t->data, host.data(), host.size());
+  }
+  return Status::ok();
+}
+
+} // namespace piper::runtime

@@ -1,0 +1,131 @@
+// One training step: every plan stream runs its instructions on its
+// persistent HAL stream, failures stop the others, and the step's loss and
+// gradient norm are summed over ranks.
+#include <exception>
+
+#include "runtime/exec/ExecutorImpl.h"
+#include "runtime/exec/Validate.h"
+
+namespace piper::runtime {
+
+void ExecutorImpl::fail(StepState &st, const Status &status) {
+  bool first = false;
+  {
+    std::lock_guard<std::mutex> lock(st.errorMu);
+    if (!st.failed.load()) {
+      st.error = status;
+      st.failed.store(true);
+      first = true;
+    }
+  }
+  if (!first)
+    return;
+  // Waiters check the flag under their event's own lock: wake them all.
+  for (const std::unique_ptr<hal::Event> &event : events)
+    event->wake();
+  if (options.onStreamError)
+    options.onStreamError(status);
+}
+
+void ExecutorImpl::runStream(int s, StepState &st) {
+  const plan::Stream &stream = plan.streams(s);
+  std::vector<PendingSend> pendingSends;
+  auto abandonSends = [&] {
+    std::lock_guard<std::mutex> lock(abandonedMu);
+    for (PendingSend &send : pendingSends)
+      abandoned.push_back(std::move(send.tensor));
+    pendingSends.clear();
+  };
+  int i = 0;
+  try {
+    for (; i < stream.instructions_size(); ++i) {
+      if (st.failed.load(std::memory_order_relaxed))
+        break;
+      Status status = execute(s, i, st, pendingSends);
+      if (!status) {
+        fail(st,
+             status.withContext(who + ", " + instructionContext(plan, s, i)));
+        abandonSends();
+        return;
+      }
+    }
+    if (i < stream.instructions_size()) {
+      abandonSends();
+      return;
+    }
+    if (!pendingSends.empty()) {
+      Clock::time_point start;
+      if (options.profile)
+        start = Clock::now();
+      // Waits for every send, even after a failure, so that no buffer is
+      // still in use afterwards; reports the first error.
+      Status status;
+      for (PendingSend &send : pendingSends) {
+        Status sent = send.work->wait();
+        if (status.isOk() && !sent.isOk())
+          status = sent.withContext(send.what);
+      }
+      if (options.profile)
+        profiler.add(s, Profiler::kWaitSends, nanosSince(start));
+      if (!status) {
+        fail(st, status.withContext(who + ", stream '" + stream.name() +
+                                    "', end of step: waiting for sends"));
+        abandonSends();
+        return;
+      }
+    }
+  } catch (const std::exception &e) {
+    fail(st, Status::error(who + ", " + instructionContext(plan, s, i) +
+                           ": internal error: " + e.what()));
+    abandonSends();
+  }
+}
+
+Status ExecutorImpl::runStep(int64_t step, double &loss) {
+  if (broken)
+    return Status::error(who + ": the executor cannot run after a failed step");
+  int numStreams = plan.streams_size();
+  clearGradients();
+  ranStep = true;
+
+  StepState st;
+  st.step = step;
+  st.buffers = std::make_unique<BufferSlot[]>(plan.buffers_size());
+  for (int b = 0; b < plan.buffers_size(); ++b)
+    st.buffers[b].readersLeft.store(readerCount[b], std::memory_order_relaxed);
+  st.loss.assign(numStreams, 0.0);
+
+  for (int s = 0; s < numStreams; ++s)
+    streams[s]->enqueue([this, s, &st] { runStream(s, st); });
+  for (int s = 0; s < numStreams; ++s)
+    streams[s]->synchronize();
+  if (st.failed.load()) {
+    broken = true;
+    return st.error;
+  }
+
+  loss = 0;
+  for (double l : st.loss)
+    loss += l;
+  // One world reduction per step: the loss and, when the plan does not
+  // clip, the squared gradient norm.
+  double sums[2] = {loss, localGradSquares()};
+  if (comm) {
+    Clock::time_point start;
+    if (options.profile)
+      start = Clock::now();
+    Status status = comm->allReduceSumWorld(sums, 2);
+    // The streams are idle: stream 0's rows are free to use.
+    if (options.profile)
+      profiler.add(0, Profiler::kLossAllReduce, nanosSince(start));
+    if (!status) {
+      broken = true;
+      return status.withContext(who + ": summing the step loss over ranks");
+    }
+  }
+  loss = sums[0];
+  finishGradNorm(sums[1]);
+  return Status::ok();
+}
+
+} // namespace piper::runtime

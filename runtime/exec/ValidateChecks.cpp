@@ -1,0 +1,353 @@
+// Structural plan checks: naming helpers for diagnostics, every index and
+// operand of a segment, and the tables each instruction kind refers to.
+#include <algorithm>
+#include <set>
+
+#include "runtime/exec/Validate.h"
+#include "runtime/exec/ValidateInternal.h"
+
+namespace piper::runtime::validate {
+
+using plan::Instruction;
+using plan::Operand;
+
+std::string shapeString(const plan::TensorType &type) {
+  std::string s = type.dtype() == plan::I32   ? "i32["
+                  : type.dtype() == plan::F32 ? "f32["
+                                              : "?[";
+  for (int i = 0; i < type.shape_size(); ++i)
+    s += (i ? "," : "") + std::to_string(type.shape(i));
+  return s + "]";
+}
+
+bool sameType(const plan::TensorType &a, const plan::TensorType &b) {
+  if (a.dtype() != b.dtype() || a.shape_size() != b.shape_size())
+    return false;
+  for (int i = 0; i < a.shape_size(); ++i)
+    if (a.shape(i) != b.shape(i))
+      return false;
+  return true;
+}
+
+Status checkType(const plan::TensorType &type, const std::string &what) {
+  if (type.dtype() != plan::F32 && type.dtype() != plan::I32)
+    return Status::error(what + " has dtype " + plan::DType_Name(type.dtype()) +
+                         ", expected F32 or I32");
+  for (int64_t d : type.shape())
+    if (d < 0)
+      return Status::error(what + " has a negative dimension in shape " +
+                           shapeString(type));
+  if (tensorBytes(type) < 0)
+    return Status::error(what + " is too large: shape " + shapeString(type));
+  return Status::ok();
+}
+
+std::string bufferName(const plan::Plan &plan, int id) {
+  const std::string &name = plan.buffers(id).name();
+  return name.empty() ? "buffer " + std::to_string(id)
+                      : "buffer '" + name + "' (id " + std::to_string(id) + ")";
+}
+
+std::string paramName(const plan::Plan &plan, int index) {
+  return "param '" + plan.params(index).name() + "' (index " +
+         std::to_string(index) + ")";
+}
+
+const char *stateName(int kind) {
+  switch (kind) {
+  case Operand::PARAM:
+    return "value";
+  case Operand::GRAD:
+    return "gradient";
+  case Operand::ADAM_M:
+    return "AdamW first moment";
+  default:
+    return "AdamW second moment";
+  }
+}
+
+std::string ranksString(const std::vector<int> &ranks) {
+  std::string s = "[";
+  for (size_t i = 0; i < ranks.size(); ++i)
+    s += (i ? ", " : "") + std::to_string(ranks[i]);
+  return s + "]";
+}
+
+Status checkRankList(const google::protobuf::RepeatedField<int32_t> &ranks,
+                     int worldSize, const std::string &what) {
+  if (ranks.empty())
+    return Status::error(what + " has no ranks");
+  std::set<int> seen;
+  for (int r : ranks) {
+    if (r < 0 || r >= worldSize)
+      return Status::error(what + " lists rank " + std::to_string(r) +
+                           ", out of range for world_size " +
+                           std::to_string(worldSize));
+    if (!seen.insert(r).second)
+      return Status::error(what + " lists rank " + std::to_string(r) +
+                           " twice");
+  }
+  return Status::ok();
+}
+
+namespace {
+
+Status checkBufferId(const plan::Plan &plan, int id, const char *role) {
+  if (id < 0 || id >= plan.buffers_size())
+    return Status::error(std::string(role) + " buffer " + std::to_string(id) +
+                         " is out of range (the plan has " +
+                         std::to_string(plan.buffers_size()) + " buffers)");
+  return Status::ok();
+}
+
+Status checkPeerGroup(const plan::Plan &plan, int group) {
+  if (group < 0 || group >= plan.groups_size())
+    return Status::error("peer_group " + std::to_string(group) +
+                         " is out of range (the plan has " +
+                         std::to_string(plan.groups_size()) + " groups)");
+  const plan::DeviceGroup &g = plan.groups(group);
+  if (g.ranks_size() != plan.ranks_size())
+    return Status::error("peer_group " + std::to_string(group) + " has " +
+                         std::to_string(g.ranks_size()) +
+                         " ranks but the plan runs on " +
+                         std::to_string(plan.ranks_size()) +
+                         " (replica i talks to peer_group.ranks[i])");
+  for (int i = 0; i < g.ranks_size(); ++i)
+    if (g.ranks(i) == plan.ranks(i))
+      return Status::error("peer_group " + std::to_string(group) +
+                           " pairs rank " + std::to_string(g.ranks(i)) +
+                           " with itself");
+  return Status::ok();
+}
+
+} // namespace
+
+Status checkSegment(const plan::Plan &plan, int index,
+                    const std::vector<std::string> &knownKernels) {
+  const plan::Segment &seg = plan.segments(index);
+  std::string where =
+      "segment " + std::to_string(index) + " ('" + seg.name() + "')";
+  int numValues = seg.values_size();
+  for (int v = 0; v < numValues; ++v)
+    PIPER_RETURN_IF_ERROR(
+        checkType(seg.values(v), where + " value " + std::to_string(v)));
+
+  std::vector<char> isArg(numValues, 0), defined(numValues, 0);
+  for (int a : seg.args()) {
+    if (a < 0 || a >= numValues)
+      return Status::error(where + ": argument value " + std::to_string(a) +
+                           " is out of range (the segment has " +
+                           std::to_string(numValues) + " values)");
+    if (isArg[a])
+      return Status::error(where + ": value " + std::to_string(a) +
+                           " is bound to two arguments");
+    isArg[a] = defined[a] = 1;
+  }
+
+  for (int k = 0; k < seg.kernels_size(); ++k) {
+    const plan::Kernel &kernel = seg.kernels(k);
+    std::string kwhere =
+        where + ", kernel " + std::to_string(k) + " ('" + kernel.op() + "')";
+    if (kernel.op().empty())
+      return Status::error(kwhere + ": empty op name");
+    if (!knownKernels.empty() &&
+        std::find(knownKernels.begin(), knownKernels.end(), kernel.op()) ==
+            knownKernels.end())
+      return Status::error(kwhere + ": unknown kernel '" + kernel.op() + "'");
+    auto checkOperand = [&](const Operand &op, bool isOutput,
+                            int position) -> Status {
+      std::string owhere = kwhere + (isOutput ? " output " : " input ") +
+                           std::to_string(position);
+      switch (op.kind()) {
+      case Operand::VALUE:
+        if (op.index() < 0 || op.index() >= numValues)
+          return Status::error(owhere + ": value " +
+                               std::to_string(op.index()) +
+                               " is out of range (the segment has " +
+                               std::to_string(numValues) + " values)");
+        if (isOutput && isArg[op.index()])
+          return Status::error(
+              owhere + ": writes value " + std::to_string(op.index()) +
+              ", a segment argument (arguments are read-only: they alias "
+              "buffers that other instructions may be reading)");
+        if (!isOutput && !defined[op.index()])
+          return Status::error(owhere + ": reads value " +
+                               std::to_string(op.index()) +
+                               " before any kernel writes it");
+        return Status::ok();
+      case Operand::PARAM:
+      case Operand::GRAD:
+      case Operand::ADAM_M:
+      case Operand::ADAM_V:
+        if (op.index() < 0 || op.index() >= plan.params_size())
+          return Status::error(owhere + ": " + Operand::Kind_Name(op.kind()) +
+                               " index " + std::to_string(op.index()) +
+                               " is out of range (the plan has " +
+                               std::to_string(plan.params_size()) + " params)");
+        return Status::ok();
+      default:
+        return Status::error(owhere + ": unknown operand kind " +
+                             std::to_string(op.kind()));
+      }
+    };
+    for (int i = 0; i < kernel.inputs_size(); ++i)
+      PIPER_RETURN_IF_ERROR(checkOperand(kernel.inputs(i), false, i));
+    for (int i = 0; i < kernel.outputs_size(); ++i) {
+      PIPER_RETURN_IF_ERROR(checkOperand(kernel.outputs(i), true, i));
+      if (kernel.outputs(i).kind() == Operand::VALUE)
+        defined[kernel.outputs(i).index()] = 1;
+    }
+  }
+
+  for (int r : seg.results()) {
+    if (r < 0 || r >= numValues)
+      return Status::error(where + ": result value " + std::to_string(r) +
+                           " is out of range (the segment has " +
+                           std::to_string(numValues) + " values)");
+    if (!defined[r])
+      return Status::error(where + ": result value " + std::to_string(r) +
+                           " is never written");
+  }
+  return Status::ok();
+}
+
+Status checkInstruction(const plan::Plan &plan, const Instruction &inst) {
+  auto expectCounts = [&](int inputs, int outputs) -> Status {
+    if (inst.inputs_size() != inputs || inst.outputs_size() != outputs)
+      return Status::error(Instruction::Kind_Name(inst.kind()) + " takes " +
+                           std::to_string(inputs) + " input and " +
+                           std::to_string(outputs) + " output buffers, got " +
+                           std::to_string(inst.inputs_size()) + " and " +
+                           std::to_string(inst.outputs_size()));
+    return Status::ok();
+  };
+  for (int id : inst.inputs())
+    PIPER_RETURN_IF_ERROR(checkBufferId(plan, id, "input"));
+  for (int id : inst.outputs())
+    PIPER_RETURN_IF_ERROR(checkBufferId(plan, id, "output"));
+
+  switch (inst.kind()) {
+  case Instruction::CALL: {
+    if (inst.segment() < 0 || inst.segment() >= plan.segments_size())
+      return Status::error("segment " + std::to_string(inst.segment()) +
+                           " is out of range (the plan has " +
+                           std::to_string(plan.segments_size()) + " segments)");
+    const plan::Segment &seg = plan.segments(inst.segment());
+    if (inst.inputs_size() != seg.args_size() ||
+        inst.outputs_size() != seg.results_size())
+      return Status::error(
+          "segment '" + seg.name() + "' takes " +
+          std::to_string(seg.args_size()) + " arguments and " +
+          std::to_string(seg.results_size()) + " results, the call binds " +
+          std::to_string(inst.inputs_size()) + " input and " +
+          std::to_string(inst.outputs_size()) + " output buffers");
+    for (int i = 0; i < inst.inputs_size(); ++i) {
+      const plan::TensorType &want = seg.values(seg.args(i));
+      const plan::TensorType &have = plan.buffers(inst.inputs(i)).type();
+      if (!sameType(want, have))
+        return Status::error("input " + std::to_string(i) + ": " +
+                             bufferName(plan, inst.inputs(i)) + " is " +
+                             shapeString(have) + " but segment '" + seg.name() +
+                             "' argument " + std::to_string(i) + " is " +
+                             shapeString(want));
+    }
+    for (int i = 0; i < inst.outputs_size(); ++i) {
+      const plan::TensorType &want = seg.values(seg.results(i));
+      const plan::TensorType &have = plan.buffers(inst.outputs(i)).type();
+      if (!sameType(want, have))
+        return Status::error("output " + std::to_string(i) + ": " +
+                             bufferName(plan, inst.outputs(i)) + " is " +
+                             shapeString(have) + " but segment '" + seg.name() +
+                             "' result " + std::to_string(i) + " is " +
+                             shapeString(want));
+    }
+    return Status::ok();
+  }
+  case Instruction::SEND:
+    PIPER_RETURN_IF_ERROR(expectCounts(1, 0));
+    if (inst.tag() < 0)
+      return Status::error("negative tag " + std::to_string(inst.tag()));
+    return checkPeerGroup(plan, inst.peer_group());
+  case Instruction::RECV:
+    PIPER_RETURN_IF_ERROR(expectCounts(0, 1));
+    if (inst.tag() < 0)
+      return Status::error("negative tag " + std::to_string(inst.tag()));
+    return checkPeerGroup(plan, inst.peer_group());
+  case Instruction::ALL_REDUCE: {
+    PIPER_RETURN_IF_ERROR(expectCounts(0, 0));
+    if (inst.group() < 0 || inst.group() >= plan.groups_size())
+      return Status::error("group " + std::to_string(inst.group()) +
+                           " is out of range (the plan has " +
+                           std::to_string(plan.groups_size()) + " groups)");
+    const plan::DeviceGroup &g = plan.groups(inst.group());
+    for (int r : plan.ranks())
+      if (std::find(g.ranks().begin(), g.ranks().end(), r) == g.ranks().end())
+        return Status::error("group " + std::to_string(inst.group()) +
+                             " does not contain rank " + std::to_string(r) +
+                             ", which runs this plan");
+    if (inst.params().empty())
+      return Status::error("ALL_REDUCE lists no params");
+    std::set<int> seen;
+    for (int p : inst.params()) {
+      if (p < 0 || p >= plan.params_size())
+        return Status::error("param " + std::to_string(p) +
+                             " is out of range (the plan has " +
+                             std::to_string(plan.params_size()) + " params)");
+      if (!seen.insert(p).second)
+        return Status::error(paramName(plan, p) + " is listed twice");
+    }
+    return Status::ok();
+  }
+  case Instruction::RECORD:
+  case Instruction::WAIT:
+    PIPER_RETURN_IF_ERROR(expectCounts(0, 0));
+    if (inst.event() < 0 || inst.event() >= plan.num_events())
+      return Status::error("event " + std::to_string(inst.event()) +
+                           " is out of range (num_events is " +
+                           std::to_string(plan.num_events()) + ")");
+    return Status::ok();
+  case Instruction::LOAD_BATCH: {
+    PIPER_RETURN_IF_ERROR(expectCounts(0, 2));
+    const plan::TrainingConfig &t = plan.training();
+    if (t.num_microbatches() < 1 || t.microbatch_size() < 1 ||
+        t.seq_len() < 1 || t.vocab_size() < 1)
+      return Status::error(
+          "LOAD_BATCH needs training.num_microbatches, microbatch_size, "
+          "seq_len and vocab_size of at least 1");
+    if (t.num_replicas() != plan.ranks_size())
+      return Status::error(
+          "training.num_replicas is " + std::to_string(t.num_replicas()) +
+          " but the plan runs on " + std::to_string(plan.ranks_size()) +
+          " ranks (LOAD_BATCH picks data by replica index)");
+    if (inst.microbatch() < 0 || inst.microbatch() >= t.num_microbatches())
+      return Status::error("microbatch " + std::to_string(inst.microbatch()) +
+                           " is out of range (num_microbatches is " +
+                           std::to_string(t.num_microbatches()) + ")");
+    plan::TensorType want;
+    want.set_dtype(plan::I32);
+    want.add_shape(t.microbatch_size());
+    want.add_shape(t.seq_len());
+    for (int i = 0; i < 2; ++i)
+      if (!sameType(plan.buffers(inst.outputs(i)).type(), want))
+        return Status::error(std::string(i == 0 ? "tokens " : "targets ") +
+                             bufferName(plan, inst.outputs(i)) + " is " +
+                             shapeString(plan.buffers(inst.outputs(i)).type()) +
+                             ", expected " + shapeString(want) +
+                             " (training.microbatch_size x training.seq_len)");
+    return Status::ok();
+  }
+  case Instruction::CLIP_GRADS:
+    PIPER_RETURN_IF_ERROR(expectCounts(0, 0));
+    if (plan.training().clip_grad_norm() < 0)
+      return Status::error("training.clip_grad_norm must not be negative");
+    return Status::ok();
+  case Instruction::UPDATE:
+    return Status::error("instruction kind UPDATE is reserved and not "
+                         "supported by this runtime");
+  default:
+    return Status::error("unknown instruction kind " +
+                         std::to_string(inst.kind()));
+  }
+}
+
+} // namespace piper::runtime::validate

@@ -1,0 +1,174 @@
+// Strategy validation across ranks: the manifest's classes against their
+// plans, every SEND matched by a RECV, and identical collective sequences on
+// every member of a group.
+#include <algorithm>
+#include <map>
+#include <tuple>
+
+#include "runtime/exec/Validate.h"
+#include "runtime/exec/ValidateInternal.h"
+
+namespace piper::runtime {
+
+using plan::Instruction;
+using namespace validate;
+
+Status validateStrategy(const plan::Manifest &manifest,
+                        const std::vector<plan::Plan> &plans) {
+  int world = manifest.world_size();
+  if (world < 1)
+    return Status::error("manifest world_size " + std::to_string(world) +
+                         " must be at least 1");
+  if (static_cast<int>(plans.size()) != manifest.classes_size())
+    return Status::error(
+        "internal: " + std::to_string(plans.size()) + " plans for " +
+        std::to_string(manifest.classes_size()) + " manifest classes");
+
+  // Where each world rank runs: (class position, replica index).
+  std::vector<std::pair<int, int>> placeOf(world, {-1, -1});
+  for (int c = 0; c < manifest.classes_size(); ++c) {
+    const plan::Manifest::Class &cls = manifest.classes(c);
+    const plan::Plan &plan = plans[c];
+    std::string what = "device class " + std::to_string(cls.device_class());
+    PIPER_RETURN_IF_ERROR(checkRankList(cls.ranks(), world, what));
+    for (int i = 0; i < cls.ranks_size(); ++i) {
+      int r = cls.ranks(i);
+      if (placeOf[r].first >= 0)
+        return Status::error("rank " + std::to_string(r) +
+                             " is listed by two device classes");
+      placeOf[r] = {c, i};
+    }
+    if (plan.device_class() != cls.device_class())
+      return Status::error(what + ": its plan file '" + cls.plan_file() +
+                           "' holds device class " +
+                           std::to_string(plan.device_class()));
+    if (plan.world_size() != world)
+      return Status::error(what + ": its plan has world_size " +
+                           std::to_string(plan.world_size()) +
+                           ", the manifest " + std::to_string(world));
+    if (!std::equal(plan.ranks().begin(), plan.ranks().end(),
+                    cls.ranks().begin(), cls.ranks().end()))
+      return Status::error(
+          what + ": its plan runs on ranks " +
+          ranksString({plan.ranks().begin(), plan.ranks().end()}) +
+          ", the manifest lists " +
+          ranksString({cls.ranks().begin(), cls.ranks().end()}));
+  }
+  for (int r = 0; r < world; ++r)
+    if (placeOf[r].first < 0)
+      return Status::error("rank " + std::to_string(r) +
+                           " is in no device class of the manifest");
+
+  auto where = [&](int rank, int s, int i) {
+    const plan::Plan &plan = plans[placeOf[rank].first];
+    return "rank " + std::to_string(rank) + " (class " +
+           std::to_string(plan.device_class()) + "), " +
+           instructionContext(plan, s, i);
+  };
+
+  // Point-to-point: (from, to, stream name, tag) -> bytes and position.
+  using Key = std::tuple<int, int, std::string, int>;
+  struct End {
+    int64_t bytes;
+    int rank, stream, inst;
+  };
+  std::map<Key, End> sends, recvs;
+  // Collectives: (stream name, sorted ranks) -> per member, element counts.
+  std::map<std::pair<std::string, std::vector<int>>,
+           std::map<int, std::vector<int64_t>>>
+      collectives;
+  for (int r = 0; r < world; ++r) {
+    const plan::Plan &plan = plans[placeOf[r].first];
+    int replica = placeOf[r].second;
+    for (int s = 0; s < plan.streams_size(); ++s) {
+      const plan::Stream &stream = plan.streams(s);
+      for (int i = 0; i < stream.instructions_size(); ++i) {
+        const Instruction &inst = stream.instructions(i);
+        if (inst.kind() == Instruction::SEND ||
+            inst.kind() == Instruction::RECV) {
+          bool isSend = inst.kind() == Instruction::SEND;
+          int peer = plan.groups(inst.peer_group()).ranks(replica);
+          int buf = isSend ? inst.inputs(0) : inst.outputs(0);
+          Key key{isSend ? r : peer, isSend ? peer : r, stream.name(),
+                  inst.tag()};
+          auto &table = isSend ? sends : recvs;
+          End end{tensorBytes(plan.buffers(buf).type()), r, s, i};
+          auto [it, fresh] = table.emplace(key, end);
+          if (!fresh)
+            return Status::error(
+                where(r, s, i) + ": tag " + std::to_string(inst.tag()) +
+                " is already used by " +
+                where(it->second.rank, it->second.stream, it->second.inst) +
+                " between the same ranks on the same stream");
+        } else if (inst.kind() == Instruction::ALL_REDUCE) {
+          const plan::DeviceGroup &g = plan.groups(inst.group());
+          std::vector<int> ranks(g.ranks().begin(), g.ranks().end());
+          std::sort(ranks.begin(), ranks.end());
+          if (ranks.size() < 2)
+            continue;
+          int64_t count = 0;
+          for (int p : inst.params())
+            count += tensorBytes(plan.params(p).type()) / 4;
+          collectives[{stream.name(), ranks}][r].push_back(count);
+        }
+      }
+    }
+  }
+  for (auto &[key, s] : sends) {
+    auto it = recvs.find(key);
+    if (it == recvs.end())
+      return Status::error(
+          where(s.rank, s.stream, s.inst) + ": sends to rank " +
+          std::to_string(std::get<1>(key)) + " with tag " +
+          std::to_string(std::get<3>(key)) +
+          ", but that rank has no RECV from rank " + std::to_string(s.rank) +
+          " with this tag on a "
+          "stream named '" +
+          std::get<2>(key) + "'");
+    if (it->second.bytes != s.bytes)
+      return Status::error(
+          where(s.rank, s.stream, s.inst) + ": sends " +
+          std::to_string(s.bytes) + " bytes but " +
+          where(it->second.rank, it->second.stream, it->second.inst) +
+          " receives " + std::to_string(it->second.bytes));
+  }
+  for (auto &[key, r] : recvs)
+    if (!sends.count(key))
+      return Status::error(
+          where(r.rank, r.stream, r.inst) + ": receives from rank " +
+          std::to_string(std::get<0>(key)) + " with tag " +
+          std::to_string(std::get<3>(key)) +
+          ", but that rank has no SEND to rank " + std::to_string(r.rank) +
+          " with this tag on a "
+          "stream named '" +
+          std::get<2>(key) + "'");
+  for (auto &[key, members] : collectives) {
+    const std::vector<int> &ranks = key.second;
+    const std::vector<int64_t> *first = nullptr;
+    int firstRank = -1;
+    for (int r : ranks) {
+      auto it = members.find(r);
+      if (it == members.end())
+        return Status::error("rank " + std::to_string(r) +
+                             " never all-reduces over group " +
+                             ranksString(ranks) + " on stream '" + key.first +
+                             "', but other members do");
+      if (!first) {
+        first = &it->second;
+        firstRank = r;
+      } else if (it->second != *first) {
+        return Status::error("ranks " + std::to_string(firstRank) + " and " +
+                             std::to_string(r) +
+                             " issue different all-reduce sequences over "
+                             "group " +
+                             ranksString(ranks) + " on stream '" + key.first +
+                             "' (" + std::to_string(first->size()) + " vs " +
+                             std::to_string(it->second.size()) +
+                             " calls, or different element counts)");
+      }
+    }
+  }
+  return Status::ok();
+}
+
+} // namespace piper::runtime
