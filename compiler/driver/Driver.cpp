@@ -16,6 +16,7 @@
 #include "mlir/IR/Verifier.h"
 #include "mlir/Parser/Parser.h"
 #include "mlir/Support/FileUtilities.h"
+#include "mlir/Support/Timing.h"
 #include "mlir/Tools/mlir-opt/MlirOptMain.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FormatVariadic.h"
@@ -111,9 +112,17 @@ struct CompileOptions {
   std::string input, output, strategyFile, schedule = "1f1b", compileTo = "plan";
   int64_t pp = 1, dp = 1, microbatches = 1, worldSize = 0;
   OptimizerConfig opt;
+  /// Print the time of each phase to stderr when done.
+  bool timing = false;
 };
 
 int runCompile(const CompileOptions &o) {
+  if (o.schedule == "help") {
+    llvm::outs() << formatScheduleTable();
+    return 0;
+  }
+  if (o.input.empty())
+    return fail("name a model .mlir file to compile");
   if (std::find(kPhases.begin(), kPhases.end(), o.compileTo) == kPhases.end())
     return fail("unknown phase '" + o.compileTo +
                 "' for --compile-to (stage, training-dag, directives, "
@@ -129,11 +138,14 @@ int runCompile(const CompileOptions &o) {
       return fail(o.strategyFile + ": " + llvm::toString(parsed.takeError()));
     strategy = std::move(*parsed);
   } else {
-    std::optional<Schedule> schedule = parseSchedule(o.schedule);
+    const ScheduleBuilder *schedule = findSchedule(o.schedule);
     if (!schedule)
-      return fail("unknown schedule '" + o.schedule + "' (gpipe, 1f1b)");
+      return fail("unknown schedule '" + o.schedule + "' (" +
+                  scheduleNames() + "; see --schedule help)");
     if (o.pp < 1 || o.dp < 1 || o.microbatches < 1)
       return fail("--pp, --dp and --microbatches must be positive");
+    if (std::string err = schedule->check(o.pp, o.microbatches); !err.empty())
+      return fail("schedule '" + o.schedule + "' " + err);
     strategy = strategyFromFlags(o.pp, o.dp, o.microbatches, *schedule);
   }
   if (o.worldSize > 0)
@@ -145,6 +157,10 @@ int runCompile(const CompileOptions &o) {
     return fail("invalid optimizer settings: --lr must be positive, betas in "
                 "[0, 1), the others non-negative");
 
+  DefaultTimingManager timing;
+  timing.setEnabled(o.timing);
+  TimingScope root = timing.getRootScope();
+  TimingScope parseTimer = root.nest("parse");
   MLIRContext ctx;
   ctx.loadDialect<PiperDialect>();
   // Diagnostics name the nodes; dumping the whole program buries them.
@@ -161,12 +177,16 @@ int runCompile(const CompileOptions &o) {
     return fail("cannot parse model '" + o.input + "'");
   if (failed(verify(*module)))
     return fail("the model does not verify");
+  parseTimer.stop();
 
   auto stopAfter = [&](const std::string &phase) {
     return o.compileTo == phase;
   };
   auto check = [&](LogicalResult r, const std::string &what) {
-    if (failed(r) || failed(verify(*module)))
+    if (failed(r))
+      return fail(what + " failed");
+    TimingScope verifyTimer = root.nest("verify");
+    if (failed(verify(*module)))
       return fail(what + " failed");
     return 0;
   };
@@ -184,25 +204,36 @@ int runCompile(const CompileOptions &o) {
       return rc;
     return writeOutput(*module, o.output);
   }
-  if (int rc = check(applyStrategy(*module, strategy, o.opt),
-                     "applying the strategy"))
+  TimingScope strategyTimer = root.nest("apply-strategy");
+  LogicalResult applied = applyStrategy(*module, strategy, o.opt);
+  strategyTimer.stop();
+  if (int rc = check(applied, "applying the strategy"))
     return rc;
   if (stopAfter("directives"))
     return writeOutput(*module, o.output);
-  if (int rc = check(splitDevices(*module), "per-device split"))
+  TimingScope splitTimer = root.nest("split-devices");
+  LogicalResult split = splitDevices(*module);
+  splitTimer.stop();
+  if (int rc = check(split, "per-device split"))
     return rc;
   if (stopAfter("devices"))
     return writeOutput(*module, o.output);
-  if (int rc = check(orderStreams(*module), "stream ordering"))
+  TimingScope orderTimer = root.nest("order-streams");
+  LogicalResult ordered = orderStreams(*module);
+  orderTimer.stop();
+  if (int rc = check(ordered, "stream ordering"))
     return rc;
   if (stopAfter("streams"))
     return writeOutput(*module, o.output);
 
   if (o.output.empty())
     return fail("-o OUT/ is required to write plans");
+  TimingScope lowerTimer = root.nest("lower-to-plans");
   FailureOr<LoweredPlans> lowered =
       lowerToPlans(*module, llvm::sys::path::stem(o.input).str(),
                    strategy.summary);
+  lowerTimer.stop();
+  TimingScope writeTimer = root.nest("write-plans");
   if (failed(lowered))
     return fail("lowering to plans failed");
   std::error_code ec;
@@ -325,7 +356,8 @@ int mlir::piper::pipercMain(int argc, char **argv) {
   CompileOptions comp;
   CLI::App *compileCmd = app.add_subcommand(
       "compile", "compile a model and a strategy into per-device plans");
-  compileCmd->add_option("model", comp.input, "model .mlir file")->required();
+  // Not required: `piperc compile --schedule help` needs no model.
+  compileCmd->add_option("model", comp.input, "model .mlir file");
   compileCmd->add_option("-o,--output", comp.output,
                          "output folder (plans) or file (--compile-to)");
   auto *strategyOpt = compileCmd->add_option("--strategy", comp.strategyFile,
@@ -334,8 +366,9 @@ int mlir::piper::pipercMain(int argc, char **argv) {
   auto *dpOpt = compileCmd->add_option("--dp", comp.dp, "data-parallel replicas");
   auto *mbOpt = compileCmd->add_option("--microbatches", comp.microbatches,
                                        "microbatches per replica per step");
-  auto *schedOpt = compileCmd->add_option("--schedule", comp.schedule,
-                                          "gpipe or 1f1b");
+  auto *schedOpt = compileCmd->add_option(
+      "--schedule", comp.schedule,
+      "pipeline schedule: " + scheduleNames() + " (help: list them)");
   for (CLI::Option *opt : {ppOpt, dpOpt, mbOpt, schedOpt})
     opt->excludes(strategyOpt);
   compileCmd->add_option("--world-size", comp.worldSize,
@@ -362,6 +395,8 @@ int mlir::piper::pipercMain(int argc, char **argv) {
                          "f32, or bf16 mixed precision (fp32 master weights, "
                          "accumulation and optimizer state)")
       ->check(CLI::IsMember({"f32", "bf16"}));
+  compileCmd->add_flag("--mlir-timing", comp.timing,
+                       "print the time each compiler phase takes (stderr)");
   compileCmd->add_flag("--no-optimizer", comp.opt.noUpdate,
                        "forward and backward only: gradients accumulate and "
                        "are never applied (gradient checks)");

@@ -50,8 +50,10 @@ public:
     for (Operation &op : body)
       for (Value v : op.getOperands())
         if (Operation *def = v.getDefiningOp();
-            def && streamOf(def) != streamOf(&op) && !eventOf.count(def))
+            def && streamOf(def) != streamOf(&op) && !eventOf.count(def)) {
           eventOf[def] = eventOf.size();
+          opOfEvent.push_back(def);
+        }
     p.set_num_events(eventOf.size());
 
     for (Operation &op : body) {
@@ -176,6 +178,7 @@ public:
       state += 4 * planTensorBytes(param.type()); // value, gradient, m, v
     p.set_predicted_state_bytes(state);
     std::vector<int> lastRead(p.buffers_size(), -1);
+    std::vector<int64_t> workingSet(p.segments_size(), -1);
     for (size_t i = 0; i < issueOrder.size(); ++i)
       for (int b : issueOrder[i]->inputs())
         lastRead[b] = issueOrder[i]->kind() == plan::Instruction::SEND
@@ -186,9 +189,14 @@ public:
       const plan::Instruction *ins = issueOrder[i];
       for (int b : ins->outputs())
         live += planTensorBytes(p.buffers(b).type());
-      int64_t working = ins->kind() == plan::Instruction::CALL
-                            ? segmentWorkingSet(p.segments(ins->segment()))
-                            : 0;
+      // A segment runs once per microbatch: compute its working set once.
+      int64_t working = 0;
+      if (ins->kind() == plan::Instruction::CALL) {
+        int64_t &ws = workingSet[ins->segment()];
+        if (ws < 0)
+          ws = segmentWorkingSet(p.segments(ins->segment()));
+        working = ws;
+      }
       peak = std::max(peak, live + working);
       for (int b : ins->inputs())
         if (lastRead[b] == int(i))
@@ -198,12 +206,7 @@ public:
   }
 
 private:
-  std::string eventLabel(int64_t e) {
-    for (auto &[op, id] : eventOf)
-      if (id == e)
-        return describeNode(op);
-    return "";
-  }
+  std::string eventLabel(int64_t e) { return describeNode(opOfEvent[e]); }
 
   plan::Stream &streamFor(StringRef name) {
     for (plan::Stream &s : *p.mutable_streams())
@@ -407,6 +410,8 @@ private:
   double lossScale;
   plan::Plan p;
   std::map<Operation *, int64_t> eventOf;
+  /// The op recording each event (the inverse of eventOf).
+  std::vector<Operation *> opOfEvent;
   /// Every non-event instruction in issue (block) order.
   std::vector<const plan::Instruction *> issueOrder;
   DenseMap<Value, int> buffers;

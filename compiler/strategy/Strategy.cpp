@@ -41,6 +41,8 @@ static llvm::StringRef kindName(Directive::Kind kind) {
     return "replicate";
   case Directive::Order:
     return "order";
+  case Directive::Schedule:
+    return "schedule";
   }
   return "";
 }
@@ -140,11 +142,23 @@ public:
       }
       if (d.groups.empty())
         return fail("\"filters\" must not be empty");
+    } else if (*op == "schedule") {
+      d.kind = Directive::Schedule;
+      allowed.insert("name");
+      std::optional<llvm::StringRef> name = obj.getString("name");
+      if (!name)
+        return fail("missing string key \"name\" (a schedule: " +
+                    scheduleNames() + ")");
+      if (!findSchedule(*name))
+        return fail(llvm::formatv("unknown schedule \"{0}\" (expected {1})",
+                                  *name, scheduleNames())
+                        .str());
+      d.schedule = name->str();
     } else if (*op == "shard") {
       return fail("expert parallelism (shard) is not implemented yet");
     } else {
       return fail(llvm::formatv("unknown directive \"{0}\" (expected stage, "
-                                "split, place, replicate or order)",
+                                "split, place, replicate, order or schedule)",
                                 *op)
                       .str());
     }
@@ -307,16 +321,72 @@ int64_t mlir::piper::numStages(const Strategy &strategy) {
   return fromPlacements;
 }
 
-std::optional<Schedule> mlir::piper::parseSchedule(llvm::StringRef name) {
-  if (name == "gpipe")
-    return Schedule::GPipe;
-  if (name == "1f1b")
-    return Schedule::OneFOneB;
-  return std::nullopt;
+static std::string anyMicrobatches(int64_t stages, int64_t microbatches) {
+  if (stages < 1 || microbatches < 1)
+    return "needs at least one stage and one microbatch";
+  return "";
 }
 
-llvm::StringRef mlir::piper::toString(Schedule schedule) {
-  return schedule == Schedule::GPipe ? "gpipe" : "1f1b";
+/// GPipe: every forward, then every backward.
+static StageOrder gpipeOrder(int64_t, int64_t, int64_t microbatches) {
+  StageOrder seq;
+  for (int64_t m = 0; m < microbatches; ++m)
+    seq.push_back({m, "F"});
+  for (int64_t m = 0; m < microbatches; ++m)
+    seq.push_back({m, "B"});
+  return seq;
+}
+
+/// 1F1B: stage s warms up with (stages - 1 - s) forwards, then alternates
+/// one forward and one backward, then drains the backwards.
+static StageOrder oneFOneBOrder(int64_t stage, int64_t stages,
+                                int64_t microbatches) {
+  StageOrder seq;
+  int64_t warmup = std::min(stages - 1 - stage, microbatches);
+  int64_t f = 0, b = 0;
+  for (; f < warmup; ++f)
+    seq.push_back({f, "F"});
+  while (f < microbatches) {
+    seq.push_back({f++, "F"});
+    seq.push_back({b++, "B"});
+  }
+  while (b < microbatches)
+    seq.push_back({b++, "B"});
+  return seq;
+}
+
+llvm::ArrayRef<ScheduleBuilder> mlir::piper::getScheduleBuilders() {
+  static const ScheduleBuilder builders[] = {
+      {"gpipe", "every forward, then every backward (GPipe)", anyMicrobatches,
+       gpipeOrder},
+      {"1f1b",
+       "warm-up forwards, then one forward and one backward in turn "
+       "(PipeDream-Flush)",
+       anyMicrobatches, oneFOneBOrder},
+  };
+  return builders;
+}
+
+const ScheduleBuilder *mlir::piper::findSchedule(llvm::StringRef name) {
+  for (const ScheduleBuilder &b : getScheduleBuilders())
+    if (b.name == name)
+      return &b;
+  return nullptr;
+}
+
+std::string mlir::piper::scheduleNames() {
+  return llvm::join(llvm::map_range(getScheduleBuilders(),
+                                    [](const ScheduleBuilder &b) {
+                                      return b.name;
+                                    }),
+                    ", ");
+}
+
+std::string mlir::piper::formatScheduleTable() {
+  std::string out;
+  for (const ScheduleBuilder &b : getScheduleBuilders())
+    out += llvm::formatv("{0,-8} {1}\n", b.name, b.summary).str();
+  return out;
 }
 
 static Filter taskFilter(int64_t stage, int64_t mb, llvm::StringRef pass) {
@@ -327,37 +397,17 @@ static Filter taskFilter(int64_t stage, int64_t mb, llvm::StringRef pass) {
   return f;
 }
 
-std::vector<Directive> mlir::piper::buildSchedule(Schedule schedule,
-                                                  int64_t stages,
-                                                  int64_t microbatches) {
+std::vector<Directive>
+mlir::piper::buildSchedule(const ScheduleBuilder &schedule, int64_t stages,
+                           int64_t microbatches) {
   std::vector<Directive> out;
   for (int64_t s = 0; s < stages; ++s) {
     Directive d;
     d.kind = Directive::Order;
-    std::vector<std::pair<int64_t, const char *>> seq;
-    if (schedule == Schedule::GPipe) {
-      for (int64_t m = 0; m < microbatches; ++m)
-        seq.push_back({m, "F"});
-      for (int64_t m = 0; m < microbatches; ++m)
-        seq.push_back({m, "B"});
-    } else {
-      // 1F1B: stage s warms up with (stages - 1 - s) forwards, then
-      // alternates one forward and one backward, then drains the backwards.
-      int64_t warmup = std::min(stages - 1 - s, microbatches);
-      int64_t f = 0, b = 0;
-      for (; f < warmup; ++f)
-        seq.push_back({f, "F"});
-      while (f < microbatches) {
-        seq.push_back({f++, "F"});
-        seq.push_back({b++, "B"});
-      }
-      while (b < microbatches)
-        seq.push_back({b++, "B"});
-    }
-    for (auto [mb, pass] : seq)
+    for (auto &[mb, pass] : schedule.build(s, stages, microbatches))
       d.groups.push_back({taskFilter(s, mb, pass)});
-    d.text = llvm::formatv("order: {0} schedule of stage {1}",
-                           toString(schedule), s)
+    d.text = llvm::formatv("order: {0} schedule of stage {1}", schedule.name,
+                           s)
                  .str();
     out.push_back(std::move(d));
   }
@@ -366,7 +416,7 @@ std::vector<Directive> mlir::piper::buildSchedule(Schedule schedule,
 
 Strategy mlir::piper::strategyFromFlags(int64_t pp, int64_t dp,
                                         int64_t microbatches,
-                                        Schedule schedule) {
+                                        const ScheduleBuilder &schedule) {
   Strategy s;
   auto add = [&](Directive d, std::string text) {
     d.index = s.directives.size();
@@ -408,7 +458,7 @@ Strategy mlir::piper::strategyFromFlags(int64_t pp, int64_t dp,
     add(d, d.text);
   s.worldSize = pp * dp;
   s.summary = llvm::formatv("pp={0} dp={1} microbatches={2} schedule={3}", pp,
-                            dp, microbatches, toString(schedule))
+                            dp, microbatches, schedule.name)
                   .str();
   return s;
 }

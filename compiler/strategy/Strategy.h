@@ -35,7 +35,7 @@ inline constexpr llvm::StringLiteral kFilterKeys[] = {"PP", "EP", "MB", "PASS"};
 
 /// One directive of a strategy, as parsed from JSON or built from flags.
 struct Directive {
-  enum Kind { Stage, Split, Place, Replicate, Order } kind = Split;
+  enum Kind { Stage, Split, Place, Replicate, Order, Schedule } kind = Split;
   /// Position in the strategy and the directive's own text, for diagnostics.
   int index = 0;
   std::string text;
@@ -49,6 +49,7 @@ struct Directive {
   std::string dimName = "MB";
   int64_t stages = 1;
   std::vector<std::vector<Filter>> groups; // order: groups in time order
+  std::string schedule; // schedule: a name from the schedule registry
 
   /// "directive #3 (place {...})" for messages.
   std::string describe() const;
@@ -73,19 +74,40 @@ int64_t numStages(const Strategy &strategy);
 /// device lists are errors naming the directive.
 llvm::Expected<Strategy> parseStrategy(llvm::StringRef json);
 
-/// Pipeline schedules that `--schedule` knows.
-enum class Schedule { GPipe, OneFOneB };
-std::optional<Schedule> parseSchedule(llvm::StringRef name);
-llvm::StringRef toString(Schedule schedule);
+/// The (microbatch, pass) pairs one pipeline stage runs, in time order.
+using StageOrder = std::vector<std::pair<int64_t, std::string>>;
+
+/// A pipeline schedule: its name, the constraints it checks and the order it
+/// gives each stage. `--schedule NAME`, the JSON `schedule` directive and the
+/// piper-schedule pass all find schedules in one registry
+/// (getScheduleBuilders); a new schedule is one more entry there.
+struct ScheduleBuilder {
+  llvm::StringRef name;
+  llvm::StringRef summary;
+  /// An error message when the schedule cannot order `stages` stages of
+  /// `microbatches` microbatches, or "" when it can.
+  std::string (*check)(int64_t stages, int64_t microbatches);
+  /// The order of stage `stage` (of `stages`).
+  StageOrder (*build)(int64_t stage, int64_t stages, int64_t microbatches);
+};
+
+/// Every registered schedule, in listing order.
+llvm::ArrayRef<ScheduleBuilder> getScheduleBuilders();
+/// The schedule called `name`, or null.
+const ScheduleBuilder *findSchedule(llvm::StringRef name);
+/// The registered names, "gpipe, 1f1b", for diagnostics.
+std::string scheduleNames();
+/// One line per schedule (name and summary), for `--schedule help`.
+std::string formatScheduleTable();
 
 /// Emits one `order` directive per pipeline stage for `schedule`.
-std::vector<Directive> buildSchedule(Schedule schedule, int64_t stages,
-                                     int64_t microbatches);
+std::vector<Directive> buildSchedule(const ScheduleBuilder &schedule,
+                                     int64_t stages, int64_t microbatches);
 
 /// Builds the strategy for `--pp P --dp D --microbatches M --schedule S`:
 /// stage s runs on devices [s*D, (s+1)*D).
 Strategy strategyFromFlags(int64_t pp, int64_t dp, int64_t microbatches,
-                           Schedule schedule);
+                           const ScheduleBuilder &schedule);
 
 } // namespace mlir::piper
 

@@ -27,7 +27,7 @@ std::string parseError(const std::string &json) {
 } // namespace
 
 TEST_CASE("1f1b warms up with (stages - 1 - stage) forwards") {
-  std::vector<Directive> order = buildSchedule(Schedule::OneFOneB, 4, 6);
+  std::vector<Directive> order = buildSchedule(*findSchedule("1f1b"), 4, 6);
   REQUIRE(order.size() == 4);
   CHECK(render(order[0]) == "F0 F1 F2 F3 B0 F4 B1 F5 B2 B3 B4 B5");
   CHECK(render(order[1]) == "F0 F1 F2 B0 F3 B1 F4 B2 F5 B3 B4 B5");
@@ -38,19 +38,19 @@ TEST_CASE("1f1b warms up with (stages - 1 - stage) forwards") {
 }
 
 TEST_CASE("1f1b with fewer microbatches than stages still runs every pass") {
-  std::vector<Directive> order = buildSchedule(Schedule::OneFOneB, 4, 2);
+  std::vector<Directive> order = buildSchedule(*findSchedule("1f1b"), 4, 2);
   CHECK(render(order[0]) == "F0 F1 B0 B1");
   CHECK(render(order[3]) == "F0 B0 F1 B1");
 }
 
 TEST_CASE("gpipe runs every forward, then every backward") {
-  std::vector<Directive> order = buildSchedule(Schedule::GPipe, 2, 3);
+  std::vector<Directive> order = buildSchedule(*findSchedule("gpipe"), 2, 3);
   CHECK(render(order[0]) == "F0 F1 F2 B0 B1 B2");
   CHECK(render(order[1]) == "F0 F1 F2 B0 B1 B2");
 }
 
 TEST_CASE("flags become stage, split, place, replicate and order directives") {
-  Strategy s = strategyFromFlags(2, 2, 4, Schedule::OneFOneB);
+  Strategy s = strategyFromFlags(2, 2, 4, *findSchedule("1f1b"));
   REQUIRE(s.worldSize == 4);
   int places = 0, replicates = 0, orders = 0;
   for (const Directive &d : s.directives) {
@@ -114,4 +114,22 @@ TEST_CASE("bad strategies name the directive and the problem") {
         std::string::npos);
   CHECK(parseError(R"([{"op": "split", "num_microbatches": 2}, 3])")
             .find("directive #1") != std::string::npos);
+}
+
+TEST_CASE("schedules are found by name in one registry") {
+  CHECK(findSchedule("gpipe"));
+  CHECK(findSchedule("1f1b"));
+  CHECK_FALSE(findSchedule("zb-h1"));
+  CHECK(scheduleNames() == "gpipe, 1f1b");
+  CHECK(findSchedule("1f1b")->check(2, 0) != "");
+  CHECK(findSchedule("1f1b")->check(2, 1) == "");
+}
+
+TEST_CASE("a schedule directive names a registered schedule") {
+  CHECK(parseError(R"([{"op": "schedule", "name": "1f1b"}])") == "");
+  CHECK(parseError(R"([{"op": "schedule", "name": "dualpipe"}])")
+            .find("unknown schedule \"dualpipe\" (expected gpipe, 1f1b)") !=
+        std::string::npos);
+  CHECK(parseError(R"([{"op": "schedule"}])")
+            .find("missing string key \"name\"") != std::string::npos);
 }

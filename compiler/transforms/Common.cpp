@@ -20,6 +20,29 @@ FailureOr<ProgramOp> mlir::piper::getProgram(ModuleOp module) {
   return found;
 }
 
+const SegmentParams::Entry &SegmentParams::get(StringRef segment) {
+  auto [it, inserted] = cache.try_emplace(segment);
+  if (!inserted)
+    return it->second;
+  Entry &e = it->second;
+  auto seg = symbols.lookup<SegmentOp>(segment);
+  if (!seg)
+    return e;
+  llvm::SetVector<StringAttr> used;
+  seg.walk([&](Operation *op) {
+    for (NamedAttribute a : op->getAttrs())
+      if (auto ref = dyn_cast<FlatSymbolRefAttr>(a.getValue()))
+        if (symbols.lookup<ParamOp>(ref.getAttr()))
+          used.insert(ref.getAttr());
+    if (auto acc = dyn_cast<AccumulateGradOp>(op))
+      e.accumulated.push_back(acc.getParamAttr().getAttr());
+    else if (auto adam = dyn_cast<AdamWOp>(op))
+      e.updated.push_back(adam.getParamAttr().getAttr());
+  });
+  e.used.assign(used.begin(), used.end());
+  return e;
+}
+
 bool mlir::piper::matchesFilter(TagAttr tag, const Filter &filter) {
   for (const auto &[key, value] : filter.entries) {
     if (key == "PASS") {
@@ -82,6 +105,25 @@ std::string mlir::piper::describeNode(Operation *op) {
 LogicalResult
 mlir::piper::sortTopologically(Block &block,
                                SmallVectorImpl<Operation *> *cycle) {
+  // Most rewrites keep the block sorted; then Kahn's algorithm below would
+  // return the current order, so there is nothing to do.
+  {
+    llvm::SmallPtrSet<Operation *, 32> seen;
+    bool sorted = true;
+    for (Operation &op : block) {
+      for (Value v : op.getOperands())
+        if (Operation *def = v.getDefiningOp();
+            def && def->getBlock() == &block && !seen.contains(def)) {
+          sorted = false;
+          break;
+        }
+      if (!sorted)
+        break;
+      seen.insert(&op);
+    }
+    if (sorted)
+      return success();
+  }
   SmallVector<Operation *> ops;
   llvm::DenseMap<Operation *, unsigned> position;
   for (Operation &op : block) {

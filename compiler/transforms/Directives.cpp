@@ -161,22 +161,12 @@ LogicalResult mlir::piper::finalizePlacement(ModuleOp module,
   // Within a stage, a parameter lives on one device group: the forward that
   // reads it, the backward that accumulates its gradient and the update
   // must share it. (Different stages may each hold a copy: a tied head.)
-  SymbolTable symbols(module);
-  std::map<std::pair<std::string, int64_t>, TaskOp> ownerOf;
+  SegmentParams segmentParams(module);
+  DenseMap<std::pair<StringAttr, int64_t>, TaskOp> ownerOf;
   for (TaskOp t : tasks) {
-    auto seg = symbols.lookup<SegmentOp>(t.getSegment());
-    if (!seg)
-      continue;
-    llvm::SetVector<StringAttr> params;
-    seg.walk([&](Operation *op) {
-      for (NamedAttribute a : op->getAttrs())
-        if (auto ref = dyn_cast<FlatSymbolRefAttr>(a.getValue()))
-          if (symbols.lookup<ParamOp>(ref.getAttr()))
-            params.insert(ref.getAttr());
-    });
     int64_t stage = t.getTag().getPp().value_or(-1);
-    for (StringAttr p : params) {
-      auto [it, inserted] = ownerOf.insert({{p.str(), stage}, t});
+    for (StringAttr p : segmentParams.used(t.getSegment())) {
+      auto [it, inserted] = ownerOf.insert({{p, stage}, t});
       if (!inserted && it->second.getDevices() != t.getDevices())
         return t.emitOpError()
                << describeNode(t) << " on " << formatDevices(*t.getDevices())
@@ -224,18 +214,25 @@ LogicalResult mlir::piper::finalizePlacement(ModuleOp module,
 /// group (a tied head: the embedding's stage and the head's stage), those
 /// groups, in program order.
 static llvm::MapVector<StringAttr, SmallVector<ArrayRef<int64_t>>>
-sharedParams(ModuleOp module, ProgramOp program) {
-  SymbolTable symbols(module);
+sharedParams(SegmentParams &segmentParams, ProgramOp program) {
   llvm::MapVector<StringAttr, SmallVector<ArrayRef<int64_t>>> groups;
+  // Every microbatch runs the same segments on the same groups: visit each
+  // (segment, group) once. Groups are uniqued attributes, compared by
+  // pointer.
+  DenseSet<std::pair<Attribute, Attribute>> seen;
+  DenseMap<StringAttr, SmallVector<Attribute>> groupAttrs;
   for (TaskOp t : program.getBody().front().getOps<TaskOp>()) {
     if (!t.getTag().isPass(PassKind::B) || !t.getDevices())
       continue;
-    ArrayRef<int64_t> g = *t.getDevices();
-    symbols.lookup<SegmentOp>(t.getSegment()).walk([&](AccumulateGradOp a) {
-      auto &list = groups[a.getParamAttr().getAttr()];
-      if (!llvm::is_contained(list, g))
-        list.push_back(g);
-    });
+    if (!seen.insert({t.getSegmentAttr(), t.getDevicesAttr()}).second)
+      continue;
+    for (StringAttr p : segmentParams.accumulated(t.getSegment())) {
+      SmallVector<Attribute> &attrs = groupAttrs[p];
+      if (llvm::is_contained(attrs, t.getDevicesAttr()))
+        continue;
+      attrs.push_back(t.getDevicesAttr());
+      groups[p].push_back(*t.getDevices());
+    }
   }
   llvm::MapVector<StringAttr, SmallVector<ArrayRef<int64_t>>> shared;
   for (auto &[p, list] : groups)
@@ -275,7 +272,8 @@ static LogicalResult applyReplicate(ModuleOp module, ProgramOp program,
   program.setReplicated(true);
   program.setNumReplicas(replicas);
 
-  SymbolTable symbols(module);
+  SegmentParams segmentParams(module);
+  SymbolTable &symbols = segmentParams.getSymbols();
   SmallVector<TaskOp> backward;
   llvm::SetVector<StringAttr> params;
   TagAttr stageTag;
@@ -283,9 +281,7 @@ static LogicalResult applyReplicate(ModuleOp module, ProgramOp program,
     if (t.getTag().isPass(PassKind::B)) {
       backward.push_back(t);
       // Backward order: the last layers' gradients are ready first.
-      symbols.lookup<SegmentOp>(t.getSegment()).walk([&](AccumulateGradOp a) {
-        params.insert(a.getParamAttr().getAttr());
-      });
+      params.insert_range(segmentParams.accumulated(t.getSegment()));
       if (auto pp = t.getTag().getPp())
         stageTag = TagAttr::get(attrs.getContext(), *pp, std::nullopt,
                                 std::nullopt, std::nullopt, std::nullopt);
@@ -293,7 +289,7 @@ static LogicalResult applyReplicate(ModuleOp module, ProgramOp program,
   }
   // Parameters shared with another stage are summed over both stages'
   // groups at once by tieSharedParams, which subsumes this reduction.
-  auto shared = sharedParams(module, program);
+  auto shared = sharedParams(segmentParams, program);
   params.remove_if([&](StringAttr p) { return shared.count(p) > 0; });
   if (replicas == 1 || params.empty())
     return success();
@@ -331,11 +327,8 @@ static LogicalResult applyReplicate(ModuleOp module, ProgramOp program,
   for (TaskOp u : program.getBody().front().getOps<TaskOp>()) {
     if (!u.getTag().isPass(PassKind::U))
       continue;
-    bool updatesReduced = false;
-    symbols.lookup<SegmentOp>(u.getSegment()).walk([&](AdamWOp a) {
-      updatesReduced |= params.contains(a.getParamAttr().getAttr());
-    });
-    if (updatesReduced)
+    if (llvm::any_of(segmentParams.updated(u.getSegment()),
+                     [&](StringAttr p) { return params.contains(p); }))
       u.getDepsMutable().append(reduced);
   }
   return sortTopologically(program.getBody().front());
@@ -345,14 +338,88 @@ static LogicalResult applyReplicate(ModuleOp module, ProgramOp program,
 // order
 //===----------------------------------------------------------------------===//
 
+namespace {
+/// The tasks of a program indexed by the tag values a filter names. An order
+/// directive has a filter per (microbatch, pass) of its stage; scanning every
+/// task for each of them made a schedule quadratic in the microbatches.
+class TaskIndex {
+public:
+  explicit TaskIndex(ProgramOp program)
+      : tasks(program.getBody().front().getOps<TaskOp>()) {}
+
+  /// The tasks `filter` matches, in program order.
+  ArrayRef<TaskOp> lookup(const Filter &filter) {
+    // Tasks are bucketed by the filter's keys (and which of them are "*"),
+    // then found by the values it asks for.
+    std::string shape, values;
+    for (const auto &[key, value] : filter.entries) {
+      shape += key + (value.kind == FilterValue::Any ? "*," : "=,");
+      values += valueKey(key, value) + ",";
+    }
+    auto [it, inserted] = byShape.try_emplace(shape);
+    if (inserted)
+      for (TaskOp t : tasks)
+        if (std::optional<std::string> k = taskKey(t.getTag(), filter))
+          it->second[*k].push_back(t);
+    auto found = it->second.find(values);
+    if (found == it->second.end())
+      return {};
+    return found->second;
+  }
+
+private:
+  static std::string valueKey(StringRef key, const FilterValue &value) {
+    switch (value.kind) {
+    case FilterValue::Any:
+      return "*";
+    case FilterValue::Index:
+      return std::to_string(value.index);
+    case FilterValue::Pass:
+      return value.pass;
+    }
+    return "";
+  }
+  /// The values of `tag` at the filter's keys, or none when it does not
+  /// have them all.
+  static std::optional<std::string> taskKey(TagAttr tag,
+                                            const Filter &filter) {
+    std::string out;
+    for (const auto &[key, value] : filter.entries) {
+      if (value.kind == FilterValue::Any) {
+        bool present = key == "PASS" ? tag.getPass().has_value()
+                                     : tag.getIndex(key).has_value();
+        if (!present)
+          return std::nullopt;
+        out += "*,";
+      } else if (key == "PASS") {
+        std::optional<PassKind> pass = tag.getPass();
+        if (!pass)
+          return std::nullopt;
+        out += stringifyPassKind(*pass).str() + ",";
+      } else {
+        std::optional<int64_t> index = tag.getIndex(key);
+        if (!index)
+          return std::nullopt;
+        out += std::to_string(*index) + ",";
+      }
+    }
+    return out;
+  }
+
+  SmallVector<TaskOp> tasks;
+  llvm::StringMap<llvm::StringMap<SmallVector<TaskOp>>> byShape;
+};
+} // namespace
+
 static LogicalResult applyOrder(ProgramOp program, const Directive &d) {
   SmallVector<SmallVector<TaskOp>> groups;
   std::optional<ArrayRef<int64_t>> devices;
   TaskOp first;
+  TaskIndex index(program);
   for (auto [gi, group] : llvm::enumerate(d.groups)) {
     llvm::SetVector<Operation *> tasks;
     for (const Filter &f : group)
-      for (TaskOp t : matchingTasks(program, f))
+      for (TaskOp t : index.lookup(f))
         tasks.insert(t);
     if (tasks.empty()) {
       std::string filters;
@@ -406,10 +473,10 @@ LogicalResult mlir::piper::tieSharedParams(ModuleOp module) {
   FailureOr<ProgramOp> program = getProgram(module);
   if (failed(program))
     return failure();
-  auto shared = sharedParams(module, *program);
+  SegmentParams segmentParams(module);
+  auto shared = sharedParams(segmentParams, *program);
   if (shared.empty())
     return success();
-  SymbolTable symbols(module);
   Block &body = program->getBody().front();
   OpBuilder b(module.getContext());
   int64_t collective = 0;
@@ -432,11 +499,8 @@ LogicalResult mlir::piper::tieSharedParams(ModuleOp module) {
     for (TaskOp t : body.getOps<TaskOp>()) {
       if (!t.getTag().isPass(PassKind::B))
         continue;
-      bool uses = false;
-      symbols.lookup<SegmentOp>(t.getSegment()).walk([&](AccumulateGradOp a) {
-        uses |= a.getParamAttr().getAttr() == param;
-      });
-      if (uses) {
+      if (llvm::is_contained(segmentParams.accumulated(t.getSegment()),
+                             param)) {
         deps.push_back(t.getDone());
         last = t;
       }
@@ -450,11 +514,7 @@ LogicalResult mlir::piper::tieSharedParams(ModuleOp module) {
     for (TaskOp u : body.getOps<TaskOp>()) {
       if (!u.getTag().isPass(PassKind::U))
         continue;
-      bool updates = false;
-      symbols.lookup<SegmentOp>(u.getSegment()).walk([&](AdamWOp a) {
-        updates |= a.getParamAttr().getAttr() == param;
-      });
-      if (updates)
+      if (llvm::is_contained(segmentParams.updated(u.getSegment()), param))
         u.getDepsMutable().append(ValueRange{ar.getDone()});
     }
   }
@@ -477,8 +537,42 @@ LogicalResult mlir::piper::applyDirective(ModuleOp module, const Directive &d,
     return applyReplicate(module, *program, d, worldSize);
   case Directive::Order:
     return applyOrder(*program, d);
+  case Directive::Schedule: {
+    const ScheduleBuilder *schedule = findSchedule(d.schedule);
+    if (!schedule)
+      return program->emitOpError(d.describe())
+             << ": unknown schedule '" << d.schedule << "' (expected "
+             << scheduleNames() << ")";
+    return applySchedule(module, *schedule, d.describe());
+  }
   }
   return failure();
+}
+
+LogicalResult mlir::piper::applySchedule(ModuleOp module,
+                                         const ScheduleBuilder &schedule,
+                                         StringRef what) {
+  FailureOr<ProgramOp> program = getProgram(module);
+  if (failed(program))
+    return failure();
+  int64_t stages = 0;
+  for (TaskOp t : program->getBody().front().getOps<TaskOp>()) {
+    if (auto pp = t.getTag().getPp())
+      stages = std::max(stages, *pp + 1);
+    if (!t.getTag().isPass(PassKind::U) && !t.getTag().getMb())
+      return t.emitOpError(what)
+             << ": " << describeNode(t)
+             << " has no MB tag: schedules order microbatches, run "
+                "piper-split first";
+  }
+  int64_t microbatches = program->getNumMicrobatches();
+  if (std::string err = schedule.check(stages, microbatches); !err.empty())
+    return program->emitOpError(what)
+           << ": schedule '" << schedule.name << "' " << err;
+  for (Directive &d : buildSchedule(schedule, stages, microbatches))
+    if (failed(applyDirective(module, d, std::nullopt)))
+      return failure();
+  return success();
 }
 
 LogicalResult mlir::piper::applyStrategy(ModuleOp module,
@@ -510,7 +604,7 @@ LogicalResult mlir::piper::applyStrategy(ModuleOp module,
                             strategy.worldSize)))
     return failure();
   for (Directive::Kind kind : {Directive::Place, Directive::Replicate,
-                               Directive::Order}) {
+                               Directive::Order, Directive::Schedule}) {
     for (const Directive *d : ofKind(kind))
       if (failed(applyDirective(module, *d, strategy.worldSize)))
         return failure();

@@ -115,29 +115,14 @@ struct TieParamsPass
 struct SchedulePass : mlir::piper::impl::PiperScheduleBase<SchedulePass> {
   using PiperScheduleBase::PiperScheduleBase;
   void runOnOperation() override {
-    std::optional<Schedule> s = parseSchedule(schedule);
+    const ScheduleBuilder *s = findSchedule(schedule);
     if (!s) {
       getOperation().emitError("unknown schedule '")
-          << schedule << "' (expected gpipe or 1f1b)";
+          << schedule << "' (expected " << scheduleNames() << ")";
       return signalPassFailure();
     }
-    FailureOr<ProgramOp> program = getProgram(getOperation());
-    if (failed(program))
+    if (failed(applySchedule(getOperation(), *s, "piper-schedule")))
       return signalPassFailure();
-    int64_t stages = 0;
-    for (TaskOp t : program->getBody().front().getOps<TaskOp>()) {
-      if (auto pp = t.getTag().getPp())
-        stages = std::max(stages, *pp + 1);
-      if (!t.getTag().isPass(PassKind::U) && !t.getTag().getMb()) {
-        t.emitOpError("has no MB tag: schedules order microbatches, run "
-                      "piper-split first");
-        return signalPassFailure();
-      }
-    }
-    for (Directive &d :
-         buildSchedule(*s, stages, program->getNumMicrobatches()))
-      if (failed(applyDirective(getOperation(), d, std::nullopt)))
-        return signalPassFailure();
   }
 };
 

@@ -181,7 +181,7 @@ LogicalResult mlir::piper::splitDevices(ModuleOp module) {
   }
   // A class of several replicas must sum every gradient it accumulates, or
   // its replicas would silently diverge.
-  SymbolTable symbols(module);
+  SegmentParams segmentParams(module);
   for (DeviceProgramOp dp : programs) {
     if (dp.getRanks().size() < 2)
       continue;
@@ -191,15 +191,11 @@ LogicalResult mlir::piper::splitDevices(ModuleOp module) {
         reduced.insert(cast<FlatSymbolRefAttr>(a).getAttr());
     });
     for (TaskOp t : dp.getBody().front().getOps<TaskOp>()) {
-      bool missing = false;
-      StringAttr which;
-      symbols.lookup<SegmentOp>(t.getSegment()).walk([&](AccumulateGradOp a) {
-        if (!reduced.contains(a.getParamAttr().getAttr()) && !missing) {
-          missing = true;
-          which = a.getParamAttr().getAttr();
-        }
-      });
-      if (missing)
+      ArrayRef<StringAttr> accumulated = segmentParams.accumulated(t.getSegment());
+      const StringAttr *missing = llvm::find_if(
+          accumulated, [&](StringAttr p) { return !reduced.contains(p); });
+      StringAttr which = missing != accumulated.end() ? *missing : StringAttr();
+      if (which)
         return t.emitOpError()
                << describeNode(t) << " runs on " << dp.getRanks().size()
                << " devices but the gradient of @" << which.getValue()

@@ -7,7 +7,9 @@
 
 #include "compiler/strategy/Strategy.h"
 #include "dialects/piper/PiperDialect.h"
+#include "llvm/ADT/StringMap.h"
 #include "mlir/IR/BuiltinOps.h"
+#include "mlir/IR/SymbolTable.h"
 
 namespace mlir::piper {
 
@@ -31,6 +33,33 @@ struct OptimizerConfig {
   std::string dtype = "f32";
 };
 
+/// The parameters each segment reads, accumulates and updates, computed once
+/// per segment: a program runs each segment for many microbatches, and
+/// walking a segment per task made directives quadratic.
+class SegmentParams {
+public:
+  explicit SegmentParams(ModuleOp module) : symbols(module) {}
+  /// Every parameter the segment refers to, without repeats, in op order.
+  ArrayRef<StringAttr> used(StringRef segment) { return get(segment).used; }
+  /// The parameters of its piper.accumulate_grad ops, in op order.
+  ArrayRef<StringAttr> accumulated(StringRef segment) {
+    return get(segment).accumulated;
+  }
+  /// The parameters of its piper.adamw ops, in op order.
+  ArrayRef<StringAttr> updated(StringRef segment) {
+    return get(segment).updated;
+  }
+  SymbolTable &getSymbols() { return symbols; }
+
+private:
+  struct Entry {
+    SmallVector<StringAttr> used, accumulated, updated;
+  };
+  const Entry &get(StringRef segment);
+  SymbolTable symbols;
+  llvm::StringMap<Entry> cache;
+};
+
 /// Returns the single piper.program of `module`, or emits an error.
 FailureOr<ProgramOp> getProgram(ModuleOp module);
 
@@ -45,6 +74,11 @@ LogicalResult buildTrainingDag(ModuleOp module, const OptimizerConfig &opt);
 /// `worldSize`, when known, bounds the device indices.
 LogicalResult applyDirective(ModuleOp module, const Directive &directive,
                              std::optional<int64_t> worldSize);
+
+/// Orders every stage's tasks by `schedule` (the order directives its
+/// builder emits); `what` names the directive or pass in diagnostics.
+LogicalResult applySchedule(ModuleOp module, const ScheduleBuilder &schedule,
+                            StringRef what);
 
 /// Checks that every task is placed and inserts piper.transfer on each data
 /// edge that crosses device groups. Unplaced tasks go to device 0 when no

@@ -204,7 +204,13 @@ LogicalResult mlir::piper::verifyDeviceGroup(
     llvm::function_ref<InFlightDiagnostic()> emitError) {
   if (devices.empty())
     return emitError() << what << " must name at least one device";
-  llvm::SmallSet<int64_t, 8> seen;
+  // Groups are verified on every node and may span thousands of devices:
+  // the common ascending case is checked in one pass.
+  if (devices.front() >= 0 &&
+      llvm::adjacent_find(devices, std::greater_equal<int64_t>()) ==
+          devices.end())
+    return success();
+  llvm::SmallDenseSet<int64_t, 8> seen;
   for (int64_t d : devices) {
     if (d < 0)
       return emitError() << what << " has a negative device " << d;

@@ -57,10 +57,10 @@
 // WARMUP: piper.task @stage0_B({{.*}}) after([[B2]]) {tag = #piper.tag<PP = 0, MB = 3, PASS = B>}
 
 // Only gpipe and 1f1b exist.
-// UNKNOWN: error: unknown schedule 'zb' (expected gpipe or 1f1b)
+// UNKNOWN: error: unknown schedule 'zb' (expected gpipe, 1f1b)
 
 // The schedule orders microbatches: the program must be split first.
-// UNSPLIT: error: 'piper.task' op has no MB tag: schedules order microbatches, run piper-split first
+// UNSPLIT: error: 'piper.task' op piper-schedule: task @{{[^ ]+}} ({{.*}}) has no MB tag: schedules order microbatches, run piper-split first
 
 // An order directive covers one device group: two microbatches of one
 // stage on different devices cannot be ordered.
