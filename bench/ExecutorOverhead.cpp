@@ -7,6 +7,7 @@
 #include <string>
 
 #include "proto/PlanFile.h"
+#include "proto/analysis/MemoryPlan.h"
 #include "runtime/exec/Executor.h"
 
 using namespace piper;
@@ -61,6 +62,11 @@ plan::Plan makePlan(int calls, int kernelsPerCall) {
     plan::Instruction *inst = stream->add_instructions();
     inst->set_kind(plan::Instruction::CALL);
     inst->set_segment(0);
+  }
+  std::string error;
+  if (!plan::assignArena(plan, error)) {
+    std::fprintf(stderr, "executor_overhead: %s\n", error.c_str());
+    std::exit(1);
   }
   return plan;
 }

@@ -7,6 +7,7 @@
 #include <set>
 
 #include "proto/PlanFile.h"
+#include "proto/analysis/MemoryPlan.h"
 #include "runtime/exec/ValidateInternal.h"
 
 namespace piper::runtime {
@@ -116,7 +117,13 @@ Status validatePlan(const plan::Plan &plan,
                                 .withContext(instructionContext(plan, s, i)));
   }
 
-  return checkStreamOrdering(plan);
+  PIPER_RETURN_IF_ERROR(checkStreamOrdering(plan));
+  // The memory plan is checked, not trusted: a layout in which two tensors
+  // that may be live together share bytes would corrupt numerics silently.
+  std::string arenaError;
+  if (!plan::checkArena(plan, arenaError))
+    return Status::error(arenaError);
+  return Status::ok();
 }
 
 } // namespace piper::runtime

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <map>
 
+#include "proto/analysis/StreamOrder.h"
 #include "runtime/exec/Validate.h"
 #include "runtime/exec/ValidateInternal.h"
 
@@ -12,79 +13,7 @@ namespace piper::runtime::validate {
 using plan::Instruction;
 using plan::Operand;
 
-namespace {
-
-/// A position in the plan: stream and instruction index.
-struct Pos {
-  int stream = -1;
-  int inst = -1;
-};
-
-/// The ordering facts of one step, from simulating the streams with events
-/// as the only cross-stream edges: clock[s][i][t] is how many instructions
-/// of stream t are known to have completed when instruction i of stream s
-/// starts.
-struct Ordering {
-  std::vector<std::vector<std::vector<int>>> clock;
-  bool happensBefore(Pos a, Pos b) const {
-    if (a.stream == b.stream)
-      return a.inst < b.inst;
-    return clock[b.stream][b.inst][a.stream] > a.inst;
-  }
-};
-
-Status simulateStreams(const plan::Plan &plan,
-                       const std::vector<Pos> &recordedAt, Ordering &order) {
-  int numStreams = plan.streams_size();
-  std::vector<int> pc(numStreams, 0);
-  std::vector<std::vector<int>> now(numStreams, std::vector<int>(numStreams));
-  std::vector<std::vector<int>> eventClock(plan.num_events());
-  std::vector<char> recorded(plan.num_events(), 0);
-  order.clock.assign(numStreams, {});
-  for (int s = 0; s < numStreams; ++s)
-    order.clock[s].resize(plan.streams(s).instructions_size());
-
-  bool progress = true;
-  while (progress) {
-    progress = false;
-    for (int s = 0; s < numStreams; ++s) {
-      const plan::Stream &stream = plan.streams(s);
-      while (pc[s] < stream.instructions_size()) {
-        const Instruction &inst = stream.instructions(pc[s]);
-        if (inst.kind() == Instruction::WAIT) {
-          if (!recorded[inst.event()])
-            break;
-          for (int t = 0; t < numStreams; ++t)
-            now[s][t] = std::max(now[s][t], eventClock[inst.event()][t]);
-        }
-        order.clock[s][pc[s]] = now[s];
-        now[s][s] = ++pc[s];
-        if (inst.kind() == Instruction::RECORD) {
-          recorded[inst.event()] = 1;
-          eventClock[inst.event()] = now[s];
-        }
-        progress = true;
-      }
-    }
-  }
-
-  std::string blocked;
-  for (int s = 0; s < numStreams; ++s) {
-    if (pc[s] == plan.streams(s).instructions_size())
-      continue;
-    int event = plan.streams(s).instructions(pc[s]).event();
-    Pos rec = recordedAt[event];
-    blocked += (blocked.empty() ? "" : "; ") +
-               instructionContext(plan, s, pc[s]) + " waits for event " +
-               std::to_string(event) + ", recorded by " +
-               instructionContext(plan, rec.stream, rec.inst);
-  }
-  if (!blocked.empty())
-    return Status::error("the streams deadlock on events: " + blocked);
-  return Status::ok();
-}
-
-} // namespace
+using plan::Pos;
 
 Status checkStreamOrdering(const plan::Plan &plan) {
   // Buffers are single-assignment within a step; events are recorded once.
@@ -133,8 +62,11 @@ Status checkStreamOrdering(const plan::Plan &plan) {
                            ": reads " + bufferName(plan, id) +
                            ", which no instruction writes");
 
-  Ordering order;
-  PIPER_RETURN_IF_ERROR(simulateStreams(plan, recordedAt, order));
+  // The happens-before order shared with the compiler's memory planner.
+  plan::StreamOrder order;
+  std::string deadlock;
+  if (!plan::StreamOrder::build(plan, order, deadlock))
+    return Status::error(deadlock);
 
   for (auto &[id, at] : reads) {
     Pos w = writer[id];

@@ -184,6 +184,22 @@ TEST_CASE("validatePlan rejects bad plans", "[validate]") {
     p.set_schema_version(1);
     expectInvalid(p, {"plan schema version 1 is not supported (this runtime reads version 2)"});
   }
+  SECTION("memory plan missing") {
+    for (plan::Parameter &param : *p.mutable_params())
+      param.clear_state_offsets();
+    expectInvalid(p, {"parameter 'wte' has 0 state offsets, not 4"});
+  }
+  SECTION("memory plan: two live buffers share bytes") {
+    // Buffers 0 and 1 (tokens and targets of microbatch 0) are written by
+    // one LOAD_BATCH and so live at the same time.
+    p.mutable_buffers(1)->set_offset(p.buffers(0).offset());
+    expectInvalid(p, {"memory plan: buffer", "share bytes at offset",
+                      "but may be live at the same time"});
+  }
+  SECTION("memory plan: a buffer outside the arena") {
+    p.set_arena_bytes(p.state_bytes());
+    expectInvalid(p, {"memory plan: buffer", "outside the arena"});
+  }
   SECTION("rank out of range") {
     p.set_ranks(0, 5);
     expectInvalid(p, {"rank 5", "world_size 1"});

@@ -4,10 +4,12 @@
 #ifndef PIPER_RUNTIME_EXEC_TEST_PLANS_H
 #define PIPER_RUNTIME_EXEC_TEST_PLANS_H
 
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "proto/PlanFile.h"
+#include "proto/analysis/MemoryPlan.h"
 #include "proto/plan.pb.h"
 
 namespace piper::runtime::testplans {
@@ -112,6 +114,13 @@ inline void addParam(plan::Plan &plan, const std::string &name,
   p->mutable_init()->set_kind(normal ? plan::Initializer::NORMAL
                                      : plan::Initializer::ZEROS);
   p->mutable_init()->set_scale(normal ? 0.5 : 0.0);
+}
+
+/// Lays out the memory plan of a hand-built plan, as the compiler does.
+inline void withArena(plan::Plan &plan) {
+  std::string error;
+  if (!plan::assignArena(plan, error))
+    throw std::runtime_error("test plan has no memory plan: " + error);
 }
 
 inline void fillTraining(plan::Plan &plan, const TinyModel &m, int microbatches,
@@ -243,6 +252,7 @@ inline plan::Plan singleClassPlan(const TinyModel &m, int microbatches,
     ar->add_params(1);
   }
   addInst(compute, Instruction::CALL, "update")->set_segment(2);
+  withArena(plan);
   return plan;
 }
 
@@ -352,6 +362,8 @@ inline std::vector<plan::Plan> pipelinePlans(const TinyModel &m,
         ->set_tag(1000 + mb);
   }
   addInst(s1, Instruction::CALL, "update")->set_segment(2);
+  for (plan::Plan &p : plans)
+    withArena(p);
   return plans;
 }
 
