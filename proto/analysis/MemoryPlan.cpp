@@ -122,11 +122,27 @@ int64_t storedTensorBytes(const TensorType &type) {
   return n;
 }
 
-int64_t planSegmentScratch(const Segment &seg, bool resultsInScratch,
-                           std::vector<int64_t> *offsets, int64_t alignment) {
+namespace {
+
+/// When each value of a segment call needs scratch: [first, last] in kernel
+/// indices, or first = -1 when it needs none. In bf16 plans, packed
+/// arguments are unpacked into float32 scratch for the whole call and
+/// results are computed in scratch, then packed.
+struct ValueLives {
+  std::vector<int> first, last;
+};
+
+bool packedType(const TensorType &t, bool bf16) {
+  return bf16 && t.dtype() == F32 && t.shape_size() > 0;
+}
+
+ValueLives segmentLives(const Segment &seg, bool bf16) {
   int n = seg.values_size();
   int end = seg.kernels_size();
-  std::vector<int> first(n, -1), last(n, -1);
+  ValueLives lives;
+  std::vector<int> &first = lives.first, &last = lives.last;
+  first.assign(n, -1);
+  last.assign(n, -1);
   for (int k = 0; k < seg.kernels_size(); ++k) {
     auto touch = [&](const Operand &op) {
       if (op.kind() != Operand::VALUE || op.index() < 0 || op.index() >= n)
@@ -140,28 +156,44 @@ int64_t planSegmentScratch(const Segment &seg, bool resultsInScratch,
     for (const Operand &op : seg.kernels(k).outputs())
       touch(op);
   }
-  std::vector<char> bound(n, 0);
-  for (int a : seg.args())
-    if (a >= 0 && a < n)
-      bound[a] = 1;
-  for (int r : seg.results()) {
-    if (r < 0 || r >= n)
+  for (int a : seg.args()) {
+    if (a < 0 || a >= n || first[a] < 0)
       continue;
-    if (resultsInScratch)
+    if (packedType(seg.values(a), bf16)) {
+      first[a] = 0;
+      last[a] = end;
+    } else {
+      first[a] = last[a] = -1; // bound to its step buffer
+    }
+  }
+  for (int r : seg.results()) {
+    if (r < 0 || r >= n || first[r] < 0)
+      continue;
+    if (packedType(seg.values(r), bf16))
       last[r] = end;
     else
-      bound[r] = 1;
+      first[r] = last[r] = -1;
   }
+  return lives;
+}
+
+} // namespace
+
+int64_t planSegmentScratch(const Segment &seg, bool bf16,
+                           std::vector<int64_t> *offsets, int64_t alignment) {
+  int n = seg.values_size();
+  ValueLives lives = segmentLives(seg, bf16);
   std::vector<int> ids;
   std::vector<int64_t> sizes;
   for (int v = 0; v < n; ++v) {
-    if (bound[v] || first[v] < 0)
+    if (lives.first[v] < 0)
       continue;
     TensorType f32 = seg.values(v);
     f32.set_dtype(F32);
     ids.push_back(v);
     sizes.push_back(std::max<int64_t>(storedTensorBytes(f32), 0));
   }
+  const std::vector<int> &first = lives.first, &last = lives.last;
   ArenaLayout layout = pack(sizes, alignment, [&](int i, int j) {
     int a = ids[i], b = ids[j];
     return first[a] <= last[b] && first[b] <= last[a];
@@ -176,6 +208,7 @@ int64_t planSegmentScratch(const Segment &seg, bool resultsInScratch,
 
 StepBlocks stepBlocks(const Plan &plan, bool recordedScratch) {
   StepBlocks out;
+  bool bf16 = plan.training().compute_dtype() == BF16;
   int maxId = -1;
   for (const Buffer &b : plan.buffers())
     maxId = std::max(maxId, b.id());
@@ -186,7 +219,10 @@ StepBlocks stepBlocks(const Plan &plan, bool recordedScratch) {
       continue;
     out.bufferBlock[b.id()] = static_cast<int>(blocks.size());
     Block block;
-    block.bytes = std::max<int64_t>(storedTensorBytes(b.type()), 0);
+    TensorType stored = b.type();
+    if (packedType(stored, bf16))
+      stored.set_dtype(BF16);
+    block.bytes = std::max<int64_t>(storedTensorBytes(stored), 0);
     block.name = "buffer " + std::to_string(b.id()) + " (" + b.name() + ")";
     blocks.push_back(std::move(block));
   }
@@ -203,7 +239,6 @@ StepBlocks stepBlocks(const Plan &plan, bool recordedScratch) {
         if (Block *b = blockFor(id))
           b->accesses.insert(b->accesses.begin(), Pos{s, i});
   }
-  bool bf16 = plan.training().compute_dtype() == BF16;
   out.callBlock.resize(plan.streams_size());
   for (int s = 0; s < plan.streams_size(); ++s) {
     const Stream &stream = plan.streams(s);
@@ -367,38 +402,19 @@ bool checkArena(const Plan &plan, std::string &error) {
   // Segment scratch: values disjoint while both are live.
   bool bf16 = plan.training().compute_dtype() == BF16;
   for (const Segment &seg : plan.segments()) {
-    std::vector<int64_t> want;
-    planSegmentScratch(seg, bf16, &want, align);
     if (seg.value_offsets_size() != seg.values_size()) {
       error = "segment '" + seg.name() + "' has " +
               std::to_string(seg.value_offsets_size()) + " value offsets for " +
               std::to_string(seg.values_size()) + " values";
       return false;
     }
-    // Liveness as planSegmentScratch computes it: recompute intervals.
-    int n = seg.values_size(), end = seg.kernels_size();
-    std::vector<int> first(n, -1), last(n, -1);
-    for (int k = 0; k < seg.kernels_size(); ++k) {
-      auto touch = [&](const Operand &op) {
-        if (op.kind() != Operand::VALUE || op.index() < 0 || op.index() >= n)
-          return;
-        if (first[op.index()] < 0)
-          first[op.index()] = k;
-        last[op.index()] = k;
-      };
-      for (const Operand &op : seg.kernels(k).inputs())
-        touch(op);
-      for (const Operand &op : seg.kernels(k).outputs())
-        touch(op);
-    }
-    if (bf16)
-      for (int r : seg.results())
-        if (r >= 0 && r < n)
-          last[r] = end;
+    ValueLives lives = segmentLives(seg, bf16);
+    const std::vector<int> &first = lives.first, &last = lives.last;
+    int n = seg.values_size();
     std::vector<int> placed;
     for (int v = 0; v < n; ++v) {
       int64_t off = seg.value_offsets(v);
-      if (want[v] < 0)
+      if (first[v] < 0)
         continue;
       int64_t bytes = f32Bytes(seg.values(v));
       if (off < 0 || off % align != 0 || off + bytes > seg.scratch_bytes()) {

@@ -60,13 +60,16 @@ bool verifyLayout(const std::vector<Block> &blocks, const ArenaLayout &layout,
 /// shape).
 int64_t storedTensorBytes(const TensorType &type);
 
-/// The local values of a segment call that need scratch (everything but the
-/// arguments, and the results unless `resultsInScratch`), each live from the
-/// kernel that first touches it to the one that last does (results to the
-/// end of the call); values are float32 containers, 4 bytes an element. Lays
-/// them out like packBlocks in a scratch area whose size is returned;
-/// `offsets` (by value id, -1 for values without scratch) may be null.
-int64_t planSegmentScratch(const Segment &segment, bool resultsInScratch,
+/// The local values of a segment call that need scratch, each live from the
+/// kernel that first touches it to the one that last does; values are
+/// float32 containers, 4 bytes an element. Arguments and results are bound
+/// to their step buffers, except in bf16 plans (`bf16`), whose float32 step
+/// buffers are stored packed: such an argument is unpacked into scratch for
+/// the whole call, and such a result is computed in scratch until the call
+/// ends (then packed). Lays the values out like packBlocks in a scratch
+/// area whose size is returned; `offsets` (by value id, -1 for values
+/// without scratch) may be null.
+int64_t planSegmentScratch(const Segment &segment, bool bf16,
                            std::vector<int64_t> *offsets,
                            int64_t alignment = 64);
 

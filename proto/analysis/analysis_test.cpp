@@ -192,9 +192,11 @@ TEST_CASE("segment scratch reuses the bytes of dead values") {
   CHECK(offsets[0] == -1);
   CHECK(offsets[3] == -1);
   CHECK(offsets[1] != offsets[2]);
-  // bf16 plans compute results in scratch first (then pack them): v3 lives
-  // from kernel 2 to the end, overlapping v2 but not v1.
-  CHECK(planSegmentScratch(seg, true, &offsets, 64) == 128);
+  // bf16 plans unpack packed arguments into scratch for the whole call and
+  // compute results in scratch first (then pack them): v0 lives throughout,
+  // v3 from kernel 2 to the end, overlapping v2 but not v1.
+  CHECK(planSegmentScratch(seg, true, &offsets, 64) == 192);
+  CHECK(offsets[0] >= 0);
   CHECK(offsets[3] == offsets[1]);
 }
 
@@ -225,6 +227,13 @@ TEST_CASE("step blocks: one per buffer, defined by its writer; scratch per call"
   CHECK(blocks[0].accesses.size() == 3);
   CHECK(blocks[0].untilStepEnd); // read by a send
   CHECK(blocks[1].accesses.front() == Pos{0, 2});
+
+  // In a bf16 plan, float32 step buffers are stored packed.
+  b->mutable_type()->set_dtype(F32);
+  plan.mutable_training()->set_compute_dtype(BF16);
+  CHECK(stepBlocks(plan).blocks[0].bytes == 20);
+  plan.mutable_training()->set_compute_dtype(F32);
+  CHECK(stepBlocks(plan).blocks[0].bytes == 40);
 }
 
 TEST_CASE("memoryReport: a layout for a good plan, the reason for a bad one") {
