@@ -101,6 +101,23 @@ bool assignArena(Plan &plan, std::string &error);
 /// everything inside arena_bytes. On failure `error` names what is wrong.
 bool checkArena(const Plan &plan, std::string &error);
 
+/// Where a plan's step needs the most memory: the instruction at which the
+/// step blocks that may be live together add up to the most bytes, those
+/// bytes, and the blocks live there (largest first).
+struct PeakPoint {
+  Pos at;
+  int64_t bytes = 0;
+  std::vector<int> blocks;
+};
+PeakPoint findPeak(const Plan &plan, const StreamOrder &order,
+                   const std::vector<Block> &blocks);
+
+/// Checks that every rank of `plan` fits in `deviceBytes` of memory (its
+/// recorded arena_bytes). Otherwise `error` names the ranks, what they need
+/// (state and step), the position of the step's peak and the largest blocks
+/// live there.
+bool checkFits(const Plan &plan, int64_t deviceBytes, std::string &error);
+
 /// Lays out the arena of `plan` (stepBlocks + packBlocks), checks it with
 /// verifyLayout and renders it as text: the persistent state (four float32
 /// tensors per parameter: value, gradient, AdamW moments), the arena, their

@@ -372,3 +372,28 @@ TEST_CASE("checkArena rejects a corrupted memory plan, naming the culprit") {
   REQUIRE_FALSE(checkArena(p, error));
   CHECK(error.find("outside the arena") != std::string::npos);
 }
+
+TEST_CASE("checkFits names the ranks, the peak and the largest live blocks") {
+  Plan plan = smallPlan();
+  plan.add_ranks(4);
+  plan.add_ranks(5);
+  std::string error;
+  REQUIRE(assignArena(plan, error));
+  CHECK(checkFits(plan, plan.arena_bytes(), error));
+  REQUIRE_FALSE(checkFits(plan, 100, error));
+  CHECK(error.find("ranks 4, 5 (device class 0) need 0.0 MiB (state 0.0 MiB, "
+                   "step 0.0 MiB) but the device has 0.0 MiB; the step peaks "
+                   "at stream ") == 0);
+  CHECK(error.find("live, the largest: buffer") != std::string::npos);
+
+  // The peak is where the most bytes may be live: at the second call, the
+  // batch, the sent activation (until the step ends), the call's output and
+  // its scratch.
+  StreamOrder order;
+  REQUIRE(StreamOrder::build(plan, order, error));
+  StepBlocks step = stepBlocks(plan, true);
+  PeakPoint peak = findPeak(plan, order, step.blocks);
+  CHECK(peak.at == Pos{0, 3});
+  CHECK(peak.bytes == 32 + 32 + 32 + 32);
+  CHECK(peak.blocks.size() == 4);
+}
