@@ -15,6 +15,7 @@
 #include "mlir/IR/AsmState.h"
 #include "mlir/IR/Verifier.h"
 #include "mlir/Parser/Parser.h"
+#include "mlir/Pass/PassManager.h"
 #include "mlir/Support/FileUtilities.h"
 #include "mlir/Support/Timing.h"
 #include "mlir/Tools/mlir-opt/MlirOptMain.h"
@@ -114,6 +115,8 @@ struct CompileOptions {
   OptimizerConfig opt;
   /// Print the time of each phase to stderr when done.
   bool timing = false;
+  /// Print the IR after every pass of the pass manager.
+  bool printIrAfterAll = false;
 };
 
 int runCompile(const CompileOptions &o) {
@@ -211,19 +214,26 @@ int runCompile(const CompileOptions &o) {
     return rc;
   if (stopAfter("directives"))
     return writeOutput(*module, o.output);
-  TimingScope splitTimer = root.nest("split-devices");
-  LogicalResult split = splitDevices(*module);
-  splitTimer.stop();
-  if (int rc = check(split, "per-device split"))
-    return rc;
-  if (stopAfter("devices"))
-    return writeOutput(*module, o.output);
-  TimingScope orderTimer = root.nest("order-streams");
-  LogicalResult ordered = orderStreams(*module);
-  orderTimer.stop();
-  if (int rc = check(ordered, "stream ordering"))
-    return rc;
-  if (stopAfter("streams"))
+  {
+    // The same pipeline as piper-opt's piper-lower-to-devices-pipeline; the
+    // pass manager verifies after every pass and times each one.
+    PassManager pm(&ctx);
+    addLowerToDevicesPipeline(pm, /*orderStreams=*/!stopAfter("devices"));
+    TimingScope devicesTimer = root.nest("lower-to-devices-pipeline");
+    if (o.timing)
+      pm.enableTiming(devicesTimer);
+    if (o.printIrAfterAll) {
+      ctx.disableMultithreading();
+      pm.enableIRPrinting(
+          /*shouldPrintBeforePass=*/[](Pass *, Operation *) { return false; },
+          /*shouldPrintAfterPass=*/[](Pass *, Operation *) { return true; },
+          /*printModuleScope=*/true, /*printAfterOnlyOnChange=*/false);
+    }
+    if (failed(pm.run(*module)))
+      return fail(stopAfter("devices") ? "per-device split failed"
+                                       : "lowering to device programs failed");
+  }
+  if (stopAfter("devices") || stopAfter("streams"))
     return writeOutput(*module, o.output);
 
   if (o.output.empty())
@@ -397,6 +407,9 @@ int mlir::piper::pipercMain(int argc, char **argv) {
       ->check(CLI::IsMember({"f32", "bf16"}));
   compileCmd->add_flag("--mlir-timing", comp.timing,
                        "print the time each compiler phase takes (stderr)");
+  compileCmd->add_flag("--mlir-print-ir-after-all", comp.printIrAfterAll,
+                       "print the IR after every pass of the device pipeline "
+                       "(stderr)");
   compileCmd->add_flag("--no-optimizer", comp.opt.noUpdate,
                        "forward and backward only: gradients accumulate and "
                        "are never applied (gradient checks)");

@@ -163,4 +163,18 @@ struct OrderStreamsPass : mlir::piper::impl::PiperOrderStreamsBase<OrderStreamsP
 };
 } // namespace
 
-void mlir::piper::registerPiperCompilerPasses() { registerPiperPasses(); }
+void mlir::piper::addLowerToDevicesPipeline(OpPassManager &pm,
+                                            bool orderStreams) {
+  pm.addPass(createPiperSplitDevices());
+  if (orderStreams)
+    pm.addPass(createPiperOrderStreams());
+}
+
+void mlir::piper::registerPiperCompilerPasses() {
+  registerPiperPasses();
+  PassPipelineRegistration<>(
+      "piper-lower-to-devices-pipeline",
+      "Split a placed training DAG into device programs and fix their issue "
+      "order (piper-split-devices, piper-order-streams)",
+      [](OpPassManager &pm) { addLowerToDevicesPipeline(pm); });
+}

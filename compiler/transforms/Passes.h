@@ -17,6 +17,11 @@ namespace mlir::piper {
 /// piper-opt and piperc).
 void registerPiperCompilerPasses();
 
+/// piper-lower-to-devices-pipeline: the per-device split, then the issue
+/// order of every stream and the deadlock check. With `orderStreams` false,
+/// only the split (what `piperc --compile-to devices` stops after).
+void addLowerToDevicesPipeline(OpPassManager &pm, bool orderStreams = true);
+
 } // namespace mlir::piper
 
 #endif // PIPER_COMPILER_TRANSFORMS_PASSES_H
