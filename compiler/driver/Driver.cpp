@@ -31,9 +31,29 @@ using namespace mlir;
 using namespace mlir::piper;
 
 namespace {
-/// Phases observable with --compile-to, in pipeline order.
-const std::vector<std::string> kPhases = {"stage", "training-dag", "directives",
-                                          "devices", "streams", "plan"};
+/// Remembers the pass that failed, to say which phase did.
+class FailedPass : public PassInstrumentation {
+public:
+  void runAfterPassFailed(Pass *pass, Operation *) override {
+    if (argument.empty())
+      argument = pass->getArgument().str();
+  }
+  std::string what() const {
+    static const std::pair<const char *, const char *> phases[] = {
+        {"piper-stage", "stage"},
+        {"piper-build-training-dag", "autodiff"},
+        {"piper-apply-directives", "applying the strategy"},
+        {"piper-split-devices", "per-device split"},
+        {"piper-order-streams", "stream ordering"}};
+    for (auto [arg, phase] : phases)
+      if (argument == arg)
+        return phase;
+    return "compilation";
+  }
+
+private:
+  std::string argument;
+};
 
 int fail(const std::string &msg) {
   llvm::errs() << "piperc: error: " << msg << "\n";
@@ -126,10 +146,9 @@ int runCompile(const CompileOptions &o) {
   }
   if (o.input.empty())
     return fail("name a model .mlir file to compile");
-  if (std::find(kPhases.begin(), kPhases.end(), o.compileTo) == kPhases.end())
-    return fail("unknown phase '" + o.compileTo +
-                "' for --compile-to (stage, training-dag, directives, "
-                "devices, streams, plan)");
+  if (!llvm::is_contained(getCompilePhases(), o.compileTo))
+    return fail("unknown phase '" + o.compileTo + "' for --compile-to (" +
+                llvm::join(getCompilePhases(), ", ") + ")");
   Strategy strategy;
   if (!o.strategyFile.empty()) {
     auto buffer = llvm::MemoryBuffer::getFile(o.strategyFile);
@@ -182,46 +201,16 @@ int runCompile(const CompileOptions &o) {
     return fail("the model does not verify");
   parseTimer.stop();
 
-  auto stopAfter = [&](const std::string &phase) {
-    return o.compileTo == phase;
-  };
-  auto check = [&](LogicalResult r, const std::string &what) {
-    if (failed(r))
-      return fail(what + " failed");
-    TimingScope verifyTimer = root.nest("verify");
-    if (failed(verify(*module)))
-      return fail(what + " failed");
-    return 0;
-  };
-  // Phase 1: directives (stage and autodiff first, then the rest).
-  int64_t stages = numStages(strategy);
-  if (stopAfter("stage")) {
-    if (int rc = check(applyStage(*module, stages), "stage"))
-      return rc;
-    return writeOutput(*module, o.output);
-  }
-  if (stopAfter("training-dag")) {
-    if (int rc = check(applyStage(*module, stages), "stage"))
-      return rc;
-    if (int rc = check(buildTrainingDag(*module, o.opt), "autodiff"))
-      return rc;
-    return writeOutput(*module, o.output);
-  }
-  TimingScope strategyTimer = root.nest("apply-strategy");
-  LogicalResult applied = applyStrategy(*module, strategy, o.opt);
-  strategyTimer.stop();
-  if (int rc = check(applied, "applying the strategy"))
-    return rc;
-  if (stopAfter("directives"))
-    return writeOutput(*module, o.output);
+  // The compile pipeline, up to the phase --compile-to names: the same
+  // passes piper-opt runs; the pass manager verifies after each and times
+  // each one.
   {
-    // The same pipeline as piper-opt's piper-lower-to-devices-pipeline; the
-    // pass manager verifies after every pass and times each one.
     PassManager pm(&ctx);
-    addLowerToDevicesPipeline(pm, /*orderStreams=*/!stopAfter("devices"));
-    TimingScope devicesTimer = root.nest("lower-to-devices-pipeline");
+    addCompilePipeline(pm, strategy, o.opt,
+                       o.compileTo == "plan" ? "streams" : o.compileTo);
+    TimingScope passTimer = root.nest("pipeline");
     if (o.timing)
-      pm.enableTiming(devicesTimer);
+      pm.enableTiming(passTimer);
     if (o.printIrAfterAll) {
       ctx.disableMultithreading();
       pm.enableIRPrinting(
@@ -229,11 +218,13 @@ int runCompile(const CompileOptions &o) {
           /*shouldPrintAfterPass=*/[](Pass *, Operation *) { return true; },
           /*printModuleScope=*/true, /*printAfterOnlyOnChange=*/false);
     }
+    auto failures = std::make_unique<FailedPass>();
+    FailedPass *failure = failures.get();
+    pm.addInstrumentation(std::move(failures));
     if (failed(pm.run(*module)))
-      return fail(stopAfter("devices") ? "per-device split failed"
-                                       : "lowering to device programs failed");
+      return fail(failure->what() + " failed");
   }
-  if (stopAfter("devices") || stopAfter("streams"))
+  if (o.compileTo != "plan")
     return writeOutput(*module, o.output);
 
   if (o.output.empty())
@@ -384,8 +375,8 @@ int mlir::piper::pipercMain(int argc, char **argv) {
   compileCmd->add_option("--world-size", comp.worldSize,
                          "number of devices (checked against the strategy)");
   compileCmd->add_option("--compile-to", comp.compileTo,
-                         "stop after a phase and print its IR: stage, "
-                         "training-dag, directives, devices, streams, plan");
+                         "stop after a phase and print its IR: " +
+                             llvm::join(getCompilePhases(), ", "));
   compileCmd->add_option("--lr", comp.opt.lr, "AdamW learning rate");
   compileCmd->add_option("--beta1", comp.opt.beta1, "AdamW beta1");
   compileCmd->add_option("--beta2", comp.opt.beta2, "AdamW beta2");
@@ -408,7 +399,7 @@ int mlir::piper::pipercMain(int argc, char **argv) {
   compileCmd->add_flag("--mlir-timing", comp.timing,
                        "print the time each compiler phase takes (stderr)");
   compileCmd->add_flag("--mlir-print-ir-after-all", comp.printIrAfterAll,
-                       "print the IR after every pass of the device pipeline "
+                       "print the IR after every pass of the compile pipeline "
                        "(stderr)");
   compileCmd->add_flag("--no-optimizer", comp.opt.noUpdate,
                        "forward and backward only: gradients accumulate and "
