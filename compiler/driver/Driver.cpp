@@ -15,6 +15,7 @@
 #include "mlir/IR/AsmState.h"
 #include "mlir/IR/Verifier.h"
 #include "mlir/Parser/Parser.h"
+#include "mlir/Pass/PassManager.h"
 #include "mlir/Support/FileUtilities.h"
 #include "mlir/Support/Timing.h"
 #include "mlir/Tools/mlir-opt/MlirOptMain.h"
@@ -30,9 +31,29 @@ using namespace mlir;
 using namespace mlir::piper;
 
 namespace {
-/// Phases observable with --compile-to, in pipeline order.
-const std::vector<std::string> kPhases = {"stage", "training-dag", "directives",
-                                          "devices", "streams", "plan"};
+/// Remembers the pass that failed, to say which phase did.
+class FailedPass : public PassInstrumentation {
+public:
+  void runAfterPassFailed(Pass *pass, Operation *) override {
+    if (argument.empty())
+      argument = pass->getArgument().str();
+  }
+  std::string what() const {
+    static const std::pair<const char *, const char *> phases[] = {
+        {"piper-stage", "stage"},
+        {"piper-build-training-dag", "autodiff"},
+        {"piper-apply-directives", "applying the strategy"},
+        {"piper-split-devices", "per-device split"},
+        {"piper-order-streams", "stream ordering"}};
+    for (auto [arg, phase] : phases)
+      if (argument == arg)
+        return phase;
+    return "compilation";
+  }
+
+private:
+  std::string argument;
+};
 
 int fail(const std::string &msg) {
   llvm::errs() << "piperc: error: " << msg << "\n";
@@ -114,6 +135,8 @@ struct CompileOptions {
   OptimizerConfig opt;
   /// Print the time of each phase to stderr when done.
   bool timing = false;
+  /// Print the IR after every pass of the pass manager.
+  bool printIrAfterAll = false;
 };
 
 int runCompile(const CompileOptions &o) {
@@ -123,10 +146,9 @@ int runCompile(const CompileOptions &o) {
   }
   if (o.input.empty())
     return fail("name a model .mlir file to compile");
-  if (std::find(kPhases.begin(), kPhases.end(), o.compileTo) == kPhases.end())
-    return fail("unknown phase '" + o.compileTo +
-                "' for --compile-to (stage, training-dag, directives, "
-                "devices, streams, plan)");
+  if (!llvm::is_contained(getCompilePhases(), o.compileTo))
+    return fail("unknown phase '" + o.compileTo + "' for --compile-to (" +
+                llvm::join(getCompilePhases(), ", ") + ")");
   Strategy strategy;
   if (!o.strategyFile.empty()) {
     auto buffer = llvm::MemoryBuffer::getFile(o.strategyFile);
@@ -179,51 +201,30 @@ int runCompile(const CompileOptions &o) {
     return fail("the model does not verify");
   parseTimer.stop();
 
-  auto stopAfter = [&](const std::string &phase) {
-    return o.compileTo == phase;
-  };
-  auto check = [&](LogicalResult r, const std::string &what) {
-    if (failed(r))
-      return fail(what + " failed");
-    TimingScope verifyTimer = root.nest("verify");
-    if (failed(verify(*module)))
-      return fail(what + " failed");
-    return 0;
-  };
-  // Phase 1: directives (stage and autodiff first, then the rest).
-  int64_t stages = numStages(strategy);
-  if (stopAfter("stage")) {
-    if (int rc = check(applyStage(*module, stages), "stage"))
-      return rc;
-    return writeOutput(*module, o.output);
+  // The compile pipeline, up to the phase --compile-to names: the same
+  // passes piper-opt runs; the pass manager verifies after each and times
+  // each one.
+  {
+    PassManager pm(&ctx);
+    addCompilePipeline(pm, strategy, o.opt,
+                       o.compileTo == "plan" ? "streams" : o.compileTo);
+    TimingScope passTimer = root.nest("pipeline");
+    if (o.timing)
+      pm.enableTiming(passTimer);
+    if (o.printIrAfterAll) {
+      ctx.disableMultithreading();
+      pm.enableIRPrinting(
+          /*shouldPrintBeforePass=*/[](Pass *, Operation *) { return false; },
+          /*shouldPrintAfterPass=*/[](Pass *, Operation *) { return true; },
+          /*printModuleScope=*/true, /*printAfterOnlyOnChange=*/false);
+    }
+    auto failures = std::make_unique<FailedPass>();
+    FailedPass *failure = failures.get();
+    pm.addInstrumentation(std::move(failures));
+    if (failed(pm.run(*module)))
+      return fail(failure->what() + " failed");
   }
-  if (stopAfter("training-dag")) {
-    if (int rc = check(applyStage(*module, stages), "stage"))
-      return rc;
-    if (int rc = check(buildTrainingDag(*module, o.opt), "autodiff"))
-      return rc;
-    return writeOutput(*module, o.output);
-  }
-  TimingScope strategyTimer = root.nest("apply-strategy");
-  LogicalResult applied = applyStrategy(*module, strategy, o.opt);
-  strategyTimer.stop();
-  if (int rc = check(applied, "applying the strategy"))
-    return rc;
-  if (stopAfter("directives"))
-    return writeOutput(*module, o.output);
-  TimingScope splitTimer = root.nest("split-devices");
-  LogicalResult split = splitDevices(*module);
-  splitTimer.stop();
-  if (int rc = check(split, "per-device split"))
-    return rc;
-  if (stopAfter("devices"))
-    return writeOutput(*module, o.output);
-  TimingScope orderTimer = root.nest("order-streams");
-  LogicalResult ordered = orderStreams(*module);
-  orderTimer.stop();
-  if (int rc = check(ordered, "stream ordering"))
-    return rc;
-  if (stopAfter("streams"))
+  if (o.compileTo != "plan")
     return writeOutput(*module, o.output);
 
   if (o.output.empty())
@@ -374,8 +375,8 @@ int mlir::piper::pipercMain(int argc, char **argv) {
   compileCmd->add_option("--world-size", comp.worldSize,
                          "number of devices (checked against the strategy)");
   compileCmd->add_option("--compile-to", comp.compileTo,
-                         "stop after a phase and print its IR: stage, "
-                         "training-dag, directives, devices, streams, plan");
+                         "stop after a phase and print its IR: " +
+                             llvm::join(getCompilePhases(), ", "));
   compileCmd->add_option("--lr", comp.opt.lr, "AdamW learning rate");
   compileCmd->add_option("--beta1", comp.opt.beta1, "AdamW beta1");
   compileCmd->add_option("--beta2", comp.opt.beta2, "AdamW beta2");
@@ -397,6 +398,9 @@ int mlir::piper::pipercMain(int argc, char **argv) {
       ->check(CLI::IsMember({"f32", "bf16"}));
   compileCmd->add_flag("--mlir-timing", comp.timing,
                        "print the time each compiler phase takes (stderr)");
+  compileCmd->add_flag("--mlir-print-ir-after-all", comp.printIrAfterAll,
+                       "print the IR after every pass of the compile pipeline "
+                       "(stderr)");
   compileCmd->add_flag("--no-optimizer", comp.opt.noUpdate,
                        "forward and backward only: gradients accumulate and "
                        "are never applied (gradient checks)");

@@ -366,8 +366,6 @@ private:
       // Attributes with defaults are not stored on the op.
       if (auto ln = dyn_cast<LayerNormOp>(op))
         setFloat("eps", ln.getEps().convertToDouble());
-      if (auto ln = dyn_cast<LayerNormGradOp>(op))
-        setFloat("eps", ln.getEps().convertToDouble());
       if (auto rms = dyn_cast<RmsNormOp>(op))
         setFloat("eps", rms.getEps().convertToDouble());
       if (auto g = dyn_cast<LayerNormGradInputOp>(op))
@@ -378,8 +376,6 @@ private:
         setFloat("eps", g.getEps().convertToDouble());
       if (auto g = dyn_cast<RmsNormGradWeightOp>(op))
         setFloat("eps", g.getEps().convertToDouble());
-      if (auto rms = dyn_cast<RmsNormGradOp>(op))
-        setFloat("eps", rms.getEps().convertToDouble());
       if (auto eg = dyn_cast<EmbeddingGradOp>(op)) {
         setInt("vocab",
                cast<RankedTensorType>(eg.getResult().getType()).getDimSize(0));

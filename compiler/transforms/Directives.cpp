@@ -592,6 +592,21 @@ LogicalResult mlir::piper::applyStrategy(ModuleOp module,
   if (failed(applyStage(module, stages)) ||
       failed(buildTrainingDag(module, opt)))
     return failure();
+  return applyDirectives(module, strategy);
+}
+
+LogicalResult mlir::piper::applyDirectives(ModuleOp module,
+                                           const Strategy &strategy) {
+  auto ofKind = [&](Directive::Kind kind) {
+    SmallVector<const Directive *> out;
+    for (const Directive &d : strategy.directives)
+      if (d.kind == kind)
+        out.push_back(&d);
+    return out;
+  };
+  if (auto st = ofKind(Directive::Stage); st.size() > 1)
+    return module.emitError(st[1]->describe())
+           << ": only one stage directive is allowed";
   SmallVector<const Directive *> splits = ofKind(Directive::Split);
   if (splits.size() > 1)
     return module.emitError(splits[1]->describe())

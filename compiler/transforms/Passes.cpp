@@ -44,7 +44,18 @@ struct BuildTrainingDagPass
     : mlir::piper::impl::PiperBuildTrainingDagBase<BuildTrainingDagPass> {
   using PiperBuildTrainingDagBase::PiperBuildTrainingDagBase;
   void runOnOperation() override {
-    OptimizerConfig opt{lr, beta1, beta2, eps, weightDecay};
+    OptimizerConfig opt;
+    opt.lr = lr;
+    opt.beta1 = beta1;
+    opt.beta2 = beta2;
+    opt.eps = eps;
+    opt.weightDecay = weightDecay;
+    opt.minLr = minLr;
+    opt.warmupSteps = warmupSteps;
+    opt.decaySteps = decaySteps;
+    opt.clipGradNorm = clipGradNorm;
+    opt.noUpdate = noOptimizer;
+    opt.dtype = dtype;
     if (failed(buildTrainingDag(getOperation(), opt)))
       signalPassFailure();
   }
@@ -163,4 +174,79 @@ struct OrderStreamsPass : mlir::piper::impl::PiperOrderStreamsBase<OrderStreamsP
 };
 } // namespace
 
-void mlir::piper::registerPiperCompilerPasses() { registerPiperPasses(); }
+namespace {
+/// The directives of a strategy built in C++ (piperc's flags, or a parsed
+/// file), after stage and autodiff: the pass piperc runs where piper-opt
+/// runs piper-apply-strategy on a file.
+struct ApplyDirectivesPass
+    : PassWrapper<ApplyDirectivesPass, OperationPass<ModuleOp>> {
+  MLIR_DEFINE_EXPLICIT_INTERNAL_INLINE_TYPE_ID(ApplyDirectivesPass)
+  explicit ApplyDirectivesPass(Strategy strategy)
+      : strategy(std::move(strategy)) {}
+  StringRef getArgument() const override { return "piper-apply-directives"; }
+  StringRef getName() const override { return "PiperApplyDirectives"; }
+  StringRef getDescription() const override {
+    return "Apply a strategy's split, place, replicate, order and schedule "
+           "directives";
+  }
+  void runOnOperation() override {
+    if (failed(applyDirectives(getOperation(), strategy)))
+      signalPassFailure();
+  }
+  Strategy strategy;
+};
+} // namespace
+
+ArrayRef<StringRef> mlir::piper::getCompilePhases() {
+  static const StringRef phases[] = {"stage",   "training-dag", "directives",
+                                     "devices", "streams",      "plan"};
+  return phases;
+}
+
+void mlir::piper::addCompilePipeline(OpPassManager &pm,
+                                     const Strategy &strategy,
+                                     const OptimizerConfig &opt,
+                                     StringRef lastPhase) {
+  ArrayRef<StringRef> phases = getCompilePhases();
+  size_t last = llvm::find(phases, lastPhase) - phases.begin();
+  auto wants = [&](StringRef phase) {
+    return size_t(llvm::find(phases, phase) - phases.begin()) <= last;
+  };
+  if (wants("stage"))
+    pm.addPass(createPiperStage(PiperStageOptions{numStages(strategy)}));
+  if (wants("training-dag")) {
+    PiperBuildTrainingDagOptions o;
+    o.lr = opt.lr;
+    o.beta1 = opt.beta1;
+    o.beta2 = opt.beta2;
+    o.eps = opt.eps;
+    o.weightDecay = opt.weightDecay;
+    o.minLr = opt.minLr;
+    o.warmupSteps = opt.warmupSteps;
+    o.decaySteps = opt.decaySteps;
+    o.clipGradNorm = opt.clipGradNorm;
+    o.dtype = opt.dtype;
+    o.noOptimizer = opt.noUpdate;
+    pm.addPass(createPiperBuildTrainingDag(o));
+  }
+  if (wants("directives"))
+    pm.addPass(std::make_unique<ApplyDirectivesPass>(strategy));
+  if (wants("devices"))
+    addLowerToDevicesPipeline(pm, /*orderStreams=*/wants("streams"));
+}
+
+void mlir::piper::addLowerToDevicesPipeline(OpPassManager &pm,
+                                            bool orderStreams) {
+  pm.addPass(createPiperSplitDevices());
+  if (orderStreams)
+    pm.addPass(createPiperOrderStreams());
+}
+
+void mlir::piper::registerPiperCompilerPasses() {
+  registerPiperPasses();
+  PassPipelineRegistration<>(
+      "piper-lower-to-devices-pipeline",
+      "Split a placed training DAG into device programs and fix their issue "
+      "order (piper-split-devices, piper-order-streams)",
+      [](OpPassManager &pm) { addLowerToDevicesPipeline(pm); });
+}

@@ -5,6 +5,8 @@
 #include "mlir/Pass/Pass.h"
 #include "mlir/Pass/PassManager.h"
 
+#include "compiler/transforms/Transforms.h"
+
 namespace mlir::piper {
 
 #define GEN_PASS_DECL
@@ -16,6 +18,21 @@ namespace mlir::piper {
 /// Registers every piper pass and pipeline (the one entry point shared by
 /// piper-opt and piperc).
 void registerPiperCompilerPasses();
+
+/// The phases of `piperc compile`, in pipeline order; `--compile-to PHASE`
+/// stops after one ("plan" runs them all, then lowers to plans).
+ArrayRef<StringRef> getCompilePhases();
+
+/// The passes of every compile phase up to and including `lastPhase`: stage,
+/// autodiff, the strategy's directives, then the lower-to-devices pipeline.
+/// piperc runs exactly this.
+void addCompilePipeline(OpPassManager &pm, const Strategy &strategy,
+                        const OptimizerConfig &opt, StringRef lastPhase);
+
+/// piper-lower-to-devices-pipeline: the per-device split, then the issue
+/// order of every stream and the deadlock check. With `orderStreams` false,
+/// only the split (what `piperc --compile-to devices` stops after).
+void addLowerToDevicesPipeline(OpPassManager &pm, bool orderStreams = true);
 
 } // namespace mlir::piper
 

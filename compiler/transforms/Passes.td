@@ -32,6 +32,18 @@ def PiperBuildTrainingDag : Pass<"piper-build-training-dag", "::mlir::ModuleOp">
     Option<"eps", "eps", "double", "1e-8", "AdamW epsilon">,
     Option<"weightDecay", "weight-decay", "double", "0.1",
            "decoupled weight decay of matrices (vectors get none)">,
+    Option<"minLr", "min-lr", "double", "6e-5",
+           "learning rate at the end of the cosine decay">,
+    Option<"warmupSteps", "warmup-steps", "int64_t", "0",
+           "linear learning-rate warmup steps">,
+    Option<"decaySteps", "decay-steps", "int64_t", "0",
+           "step at which the cosine decay reaches min-lr (0: no decay)">,
+    Option<"clipGradNorm", "clip-grad-norm", "double", "1.0",
+           "global gradient-norm clipping threshold (0: off)">,
+    Option<"dtype", "dtype", "std::string", "\"f32\"",
+           "compute dtype: f32, or bf16 mixed precision">,
+    Option<"noOptimizer", "no-optimizer", "bool", "false",
+           "forward and backward only: no update tasks">,
   ];
 }
 

@@ -96,6 +96,10 @@ LogicalResult tieSharedParams(ModuleOp module);
 LogicalResult applyStrategy(ModuleOp module, const Strategy &strategy,
                             const OptimizerConfig &opt);
 
+/// The directives of a strategy after stage and autodiff: split, place,
+/// replicate, order and schedule, in that phase order.
+LogicalResult applyDirectives(ModuleOp module, const Strategy &strategy);
+
 /// Splits the program into one piper.device_program per device class.
 LogicalResult splitDevices(ModuleOp module);
 

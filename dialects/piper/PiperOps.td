@@ -238,16 +238,8 @@ def Piper_PositionAddGradOp : Piper_Op<"position_add_grad", [Pure]> {
   let assemblyFormat = "$grad attr-dict `:` functional-type(operands, results)";
 }
 
-def Piper_LayerNormGradOp : Piper_Op<"layer_norm_grad", [Pure]> {
-  let summary = "Gradients of layer_norm w.r.t. input, gamma and beta";
-  let arguments = (ins F32Tensor2D:$input, F32Tensor1D:$gamma, F32Tensor2D:$grad,
-                       DefaultValuedAttr<F64Attr, "1e-5">:$eps);
-  let results = (outs F32Tensor2D:$dinput, F32Tensor1D:$dgamma, F32Tensor1D:$dbeta);
-  let assemblyFormat = "$input `,` $gamma `,` $grad attr-dict `:` functional-type(operands, results)";
-}
-
 def Piper_LayerNormGradInputOp : Piper_Op<"layer_norm_grad_input", [Pure]> {
-  let summary = "Input gradient of layer_norm (the BI half of layer_norm_grad)";
+  let summary = "Input gradient of layer_norm (input gradient; the BI half of its backward)";
   let arguments = (ins F32Tensor2D:$input, F32Tensor1D:$gamma, F32Tensor2D:$grad,
                        DefaultValuedAttr<F64Attr, "1e-5">:$eps);
   let results = (outs F32Tensor2D:$result);
@@ -299,16 +291,8 @@ def Piper_AttentionGradOp : Piper_Op<"attention_grad", [Pure]> {
   let assemblyFormat = "$qkv `,` $grad attr-dict `:` functional-type(operands, results)";
 }
 
-def Piper_RmsNormGradOp : Piper_Op<"rms_norm_grad", [Pure]> {
-  let summary = "Gradients of rms_norm w.r.t. input and gamma";
-  let arguments = (ins F32Tensor2D:$input, F32Tensor1D:$gamma, F32Tensor2D:$grad,
-                       DefaultValuedAttr<F64Attr, "1e-6">:$eps);
-  let results = (outs F32Tensor2D:$dinput, F32Tensor1D:$dgamma);
-  let assemblyFormat = "$input `,` $gamma `,` $grad attr-dict `:` functional-type(operands, results)";
-}
-
 def Piper_RmsNormGradInputOp : Piper_Op<"rms_norm_grad_input", [Pure]> {
-  let summary = "Input gradient of rms_norm (the BI half of rms_norm_grad)";
+  let summary = "Input gradient of rms_norm (input gradient; the BI half of its backward)";
   let arguments = (ins F32Tensor2D:$input, F32Tensor1D:$gamma, F32Tensor2D:$grad,
                        DefaultValuedAttr<F64Attr, "1e-6">:$eps);
   let results = (outs F32Tensor2D:$result);

@@ -63,8 +63,8 @@ piper.segment @forward(%ids: tensor<2x2xi32>, %tgt: tensor<2x2xi32>) -> (tensor<
   piper.yield %loss, %logits : tensor<f32>, tensor<4x16xf32>
 }
 
-// Gradient ops and gradient accumulation; layer_norm_grad has three results,
-// and its input and weight halves (BI/BW) are separate ops too.
+// Gradient ops and gradient accumulation; layer norm's input and weight
+// gradients (the BI and BW halves of its backward) are separate ops.
 // CHECK-LABEL: piper.segment @backward(
 // CHECK-SAME: [[IDS:%[^:]+]]: tensor<2x2xi32>, [[X:%[^:]+]]: tensor<4x4xf32>, [[QKV:%[^:]+]]: tensor<4x12xf32>, [[DY:%[^:]+]]: tensor<4x4xf32>, [[LOGITS:%[^:]+]]: tensor<4x16xf32>)
 // CHECK-SAME: -> tensor<4x4xf32>
@@ -79,9 +79,9 @@ piper.segment @forward(%ids: tensor<2x2xi32>, %tgt: tensor<2x2xi32>) -> (tensor<
 // CHECK: [[DQW:%.*]] = piper.linear_grad_weight [[X]], [[DQKV]] : (tensor<4x4xf32>, tensor<4x12xf32>) -> tensor<4x12xf32>
 // CHECK: [[DQB:%.*]] = piper.bias_grad [[DQKV]] : (tensor<4x12xf32>) -> tensor<12xf32>
 // CHECK: [[G:%.*]] = piper.param_ref @ln.g
-// CHECK: [[DX:%[^,]+]], [[DG:%[^,]+]], [[DB:%[^ ]+]] = piper.layer_norm_grad [[X]], [[G]], [[DLN]] : (tensor<4x4xf32>, tensor<4xf32>, tensor<4x4xf32>) -> (tensor<4x4xf32>, tensor<4xf32>, tensor<4xf32>)
-// CHECK: piper.layer_norm_grad [[X]], [[G]], [[DLN]] {eps = 1.000000e-03 : f64}
-// CHECK: piper.layer_norm_grad_input [[X]], [[G]], [[DLN]] : (tensor<4x4xf32>, tensor<4xf32>, tensor<4x4xf32>) -> tensor<4x4xf32>
+// CHECK: [[DX:%.*]] = piper.layer_norm_grad_input [[X]], [[G]], [[DLN]] : (tensor<4x4xf32>, tensor<4xf32>, tensor<4x4xf32>) -> tensor<4x4xf32>
+// CHECK: [[DG:%[^,]+]], [[DB:%[^ ]+]] = piper.layer_norm_grad_weight [[X]], [[DLN]] : (tensor<4x4xf32>, tensor<4x4xf32>) -> (tensor<4xf32>, tensor<4xf32>)
+// CHECK: piper.layer_norm_grad_input [[X]], [[G]], [[DLN]] {eps = 1.000000e-03 : f64} : (tensor<4x4xf32>, tensor<4xf32>, tensor<4x4xf32>) -> tensor<4x4xf32>
 // CHECK: piper.layer_norm_grad_weight [[X]], [[DLN]] {eps = 1.000000e-03 : f64} : (tensor<4x4xf32>, tensor<4x4xf32>) -> (tensor<4xf32>, tensor<4xf32>)
 // CHECK: [[DPOS:%.*]] = piper.position_add_grad [[DX]] {seq = 2 : i64} : (tensor<4x4xf32>) -> tensor<2x4xf32>
 // CHECK: [[DWTE:%.*]] = piper.embedding_grad [[IDS]], [[DX]] : (tensor<2x2xi32>, tensor<4x4xf32>) -> tensor<16x4xf32>
@@ -106,9 +106,9 @@ piper.segment @backward(%ids: tensor<2x2xi32>, %x: tensor<4x4xf32>, %qkv: tensor
   %dqw = piper.linear_grad_weight %x, %dqkv : (tensor<4x4xf32>, tensor<4x12xf32>) -> tensor<4x12xf32>
   %dqb = piper.bias_grad %dqkv : (tensor<4x12xf32>) -> tensor<12xf32>
   %g = piper.param_ref @ln.g : tensor<4xf32>
-  %dx, %dg, %db = piper.layer_norm_grad %x, %g, %dln : (tensor<4x4xf32>, tensor<4xf32>, tensor<4x4xf32>) -> (tensor<4x4xf32>, tensor<4xf32>, tensor<4xf32>)
-  %e:3 = piper.layer_norm_grad %x, %g, %dln {eps = 1.0e-03 : f64} : (tensor<4x4xf32>, tensor<4xf32>, tensor<4x4xf32>) -> (tensor<4x4xf32>, tensor<4xf32>, tensor<4xf32>)
-  %lni = piper.layer_norm_grad_input %x, %g, %dln : (tensor<4x4xf32>, tensor<4xf32>, tensor<4x4xf32>) -> tensor<4x4xf32>
+  %dx = piper.layer_norm_grad_input %x, %g, %dln : (tensor<4x4xf32>, tensor<4xf32>, tensor<4x4xf32>) -> tensor<4x4xf32>
+  %dg, %db = piper.layer_norm_grad_weight %x, %dln : (tensor<4x4xf32>, tensor<4x4xf32>) -> (tensor<4xf32>, tensor<4xf32>)
+  %lni = piper.layer_norm_grad_input %x, %g, %dln {eps = 1.0e-03 : f64} : (tensor<4x4xf32>, tensor<4xf32>, tensor<4x4xf32>) -> tensor<4x4xf32>
   %lnw:2 = piper.layer_norm_grad_weight %x, %dln {eps = 1.0e-03 : f64} : (tensor<4x4xf32>, tensor<4x4xf32>) -> (tensor<4xf32>, tensor<4xf32>)
   %dpos = piper.position_add_grad %dx {seq = 2 : i64} : (tensor<4x4xf32>) -> tensor<2x4xf32>
   %dwte = piper.embedding_grad %ids, %dx : (tensor<2x2xi32>, tensor<4x4xf32>) -> tensor<16x4xf32>
@@ -131,9 +131,8 @@ piper.segment @backward(%ids: tensor<2x2xi32>, %x: tensor<4x4xf32>, %qkv: tensor
 // CHECK: [[G:%.*]] = piper.param_ref @g : tensor<8xf32>
 // CHECK: piper.rms_norm [[X]], [[G]] : (tensor<4x8xf32>, tensor<8xf32>) -> tensor<4x8xf32>
 // CHECK: piper.rms_norm [[X]], [[G]] {eps = 1.000000e-05 : f64} : (tensor<4x8xf32>, tensor<8xf32>) -> tensor<4x8xf32>
-// CHECK: [[DX:%[^,]+]], [[DG:%[^ ]+]] = piper.rms_norm_grad [[X]], [[G]], [[DY]] : (tensor<4x8xf32>, tensor<8xf32>, tensor<4x8xf32>) -> (tensor<4x8xf32>, tensor<8xf32>)
 // CHECK: piper.rms_norm_grad_input [[X]], [[G]], [[DY]] {eps = 1.000000e-05 : f64} : (tensor<4x8xf32>, tensor<8xf32>, tensor<4x8xf32>) -> tensor<4x8xf32>
-// CHECK: piper.rms_norm_grad_weight [[X]], [[DY]] : (tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<8xf32>
+// CHECK: [[DG:%.*]] = piper.rms_norm_grad_weight [[X]], [[DY]] : (tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<8xf32>
 // CHECK: [[ATT:%.*]] = piper.attention [[QKV]] {heads = 4 : i64, kv_heads = 2 : i64, rope_theta = 1.000000e+04 : f64, seq = 2 : i64} : (tensor<4x16xf32>) -> tensor<4x8xf32>
 // CHECK: piper.attention_grad [[QKV]], [[DY]] {heads = 4 : i64, kv_heads = 2 : i64, rope_theta = 1.000000e+04 : f64, seq = 2 : i64} : (tensor<4x16xf32>, tensor<4x8xf32>) -> tensor<4x16xf32>
 // CHECK: piper.swiglu [[GU]] : (tensor<4x12xf32>) -> tensor<4x6xf32>
@@ -146,9 +145,8 @@ piper.segment @llama(%qkv: tensor<4x16xf32>, %x: tensor<4x8xf32>, %dy: tensor<4x
   %g = piper.param_ref @g : tensor<8xf32>
   %rms = piper.rms_norm %x, %g : (tensor<4x8xf32>, tensor<8xf32>) -> tensor<4x8xf32>
   %rms2 = piper.rms_norm %x, %g {eps = 1.0e-05 : f64} : (tensor<4x8xf32>, tensor<8xf32>) -> tensor<4x8xf32>
-  %dx, %dg = piper.rms_norm_grad %x, %g, %dy : (tensor<4x8xf32>, tensor<8xf32>, tensor<4x8xf32>) -> (tensor<4x8xf32>, tensor<8xf32>)
   %rgi = piper.rms_norm_grad_input %x, %g, %dy {eps = 1.0e-05 : f64} : (tensor<4x8xf32>, tensor<8xf32>, tensor<4x8xf32>) -> tensor<4x8xf32>
-  %rgw = piper.rms_norm_grad_weight %x, %dy : (tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<8xf32>
+  %dg = piper.rms_norm_grad_weight %x, %dy : (tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<8xf32>
   %att = piper.attention %qkv {heads = 4 : i64, kv_heads = 2 : i64, seq = 2 : i64, rope_theta = 1.0e+04 : f64} : (tensor<4x16xf32>) -> tensor<4x8xf32>
   %datt = piper.attention_grad %qkv, %dy {heads = 4 : i64, kv_heads = 2 : i64, seq = 2 : i64, rope_theta = 1.0e+04 : f64} : (tensor<4x16xf32>, tensor<4x8xf32>) -> tensor<4x16xf32>
   %z = piper.swiglu %gu : (tensor<4x12xf32>) -> tensor<4x6xf32>

@@ -2,6 +2,8 @@
 // forward (_F), a backward (_B) and an AdamW update (_U) segment and task.
 // RUN: piper-opt %s -split-input-file -verify-diagnostics -piper-build-training-dag | FileCheck %s
 // RUN: piper-opt %s -split-input-file -verify-diagnostics -piper-build-training-dag="lr=0.5 beta1=0.8 beta2=0.9 eps=1e-6 weight-decay=0.25" | FileCheck %s --check-prefix=OPT
+// RUN: piper-opt %s -split-input-file -verify-diagnostics -piper-build-training-dag="min-lr=1e-5 warmup-steps=10 decay-steps=100 clip-grad-norm=0.5 dtype=bf16" | FileCheck %s --check-prefix=STEP
+// RUN: piper-opt %s -split-input-file -verify-diagnostics -piper-build-training-dag="no-optimizer=true" | FileCheck %s --check-prefix=NO-OPT
 
 // Two stages. The forward of stage 1 accumulates the loss and returns the
 // logits its backward needs instead of the loss; the forward of stage 0
@@ -69,6 +71,14 @@
 // CHECK-NEXT: piper.task @stage0_U() after([[B0D]]) {tag = #piper.tag<PP = 0, PASS = U>} : () -> !piper.token
 // CHECK-NEXT: piper.task @stage1_U() after([[B1D]]) {tag = #piper.tag<PP = 1, PASS = U>} : () -> !piper.token
 // CHECK-NEXT: {{^ *}}}{{$}}
+
+// The step-level options land in the program's optimizer settings.
+// STEP-LABEL: piper.program @model attributes {optimizer = {clip_grad_norm = 5.000000e-01 : f64, decay_steps = 100 : i64, dtype = "bf16", min_lr = 1.000000e-05 : f64, warmup_steps = 10 : i64}} {
+
+// Without the optimizer there are no update segments or tasks.
+// NO-OPT-NOT: piper.segment @stage0_U
+// NO-OPT-LABEL: piper.program @model
+// NO-OPT-NOT: PASS = U
 
 // The optimizer options land in every adamw.
 // OPT-LABEL: piper.segment @stage0_U()
