@@ -26,6 +26,7 @@
 #include "llvm/Support/SourceMgr.h"
 #include "llvm/Support/ToolOutputFile.h"
 #include "proto/PlanFile.h"
+#include "proto/analysis/MemoryPlan.h"
 
 using namespace mlir;
 using namespace mlir::piper;
@@ -137,7 +138,36 @@ struct CompileOptions {
   bool timing = false;
   /// Print the IR after every pass of the pass manager.
   bool printIrAfterAll = false;
+  /// --device-memory: reject plans whose arena exceeds this size.
+  std::string deviceMemory;
 };
+
+/// Parses a memory size: a number of bytes, or a number with a unit (KiB,
+/// MiB, GiB, TiB: powers of 1024; KB, MB, GB, TB: powers of 1000; B).
+bool parseByteSize(llvm::StringRef text, int64_t &bytes) {
+  llvm::StringRef t = text.trim();
+  size_t digits = t.find_first_not_of("0123456789.eE+");
+  // Keep an exponent's 'e' but not a unit letter after it.
+  llvm::StringRef number = t.substr(0, digits), unit = t.substr(digits).trim();
+  double value;
+  if (number.empty() || number.getAsDouble(value) || !(value >= 0))
+    return false;
+  static const std::pair<const char *, double> units[] = {
+      {"", 1.0},           {"B", 1.0},
+      {"KiB", 1024.0},     {"MiB", 1048576.0},
+      {"GiB", 1073741824.0}, {"TiB", 1099511627776.0},
+      {"KB", 1e3},         {"MB", 1e6},
+      {"GB", 1e9},         {"TB", 1e12}};
+  for (auto [name, scale] : units)
+    if (unit == name) {
+      double b = value * scale;
+      if (b >= 9.2e18)
+        return false;
+      bytes = static_cast<int64_t>(b);
+      return true;
+    }
+  return false;
+}
 
 int runCompile(const CompileOptions &o) {
   if (o.schedule == "help") {
@@ -149,6 +179,11 @@ int runCompile(const CompileOptions &o) {
   if (!llvm::is_contained(getCompilePhases(), o.compileTo))
     return fail("unknown phase '" + o.compileTo + "' for --compile-to (" +
                 llvm::join(getCompilePhases(), ", ") + ")");
+  int64_t deviceBytes = -1;
+  if (!o.deviceMemory.empty() && !parseByteSize(o.deviceMemory, deviceBytes))
+    return fail("--device-memory '" + o.deviceMemory +
+                "': expected a size such as 80GiB, 512MiB, 16GB or a number "
+                "of bytes");
   Strategy strategy;
   if (!o.strategyFile.empty()) {
     auto buffer = llvm::MemoryBuffer::getFile(o.strategyFile);
@@ -237,6 +272,17 @@ int runCompile(const CompileOptions &o) {
   TimingScope writeTimer = root.nest("write-plans");
   if (failed(lowered))
     return fail("lowering to plans failed");
+  if (deviceBytes >= 0) {
+    std::string tooBig;
+    for (const auto &plan : lowered->plans) {
+      std::string error;
+      if (!::piper::plan::checkFits(plan, deviceBytes, error))
+        tooBig += "\n  " + error;
+    }
+    if (!tooBig.empty())
+      return fail("the strategy does not fit --device-memory " +
+                  o.deviceMemory + " (nothing written):" + tooBig);
+  }
   std::error_code ec;
   std::filesystem::create_directories(o.output, ec);
   if (ec)
@@ -285,6 +331,12 @@ int runCompile(const CompileOptions &o) {
                         mib(plan.predicted_peak_bytes()),
                         mib(plan.predicted_state_bytes()), mib(sendBytes),
                         mib(reduceBytes));
+    rs << llvm::formatv("  memory plan: arena {0} bytes ({1:F1} MiB) per rank "
+                        "= state {2} + step {3} (piper-plan --memory shows "
+                        "the layout)\n",
+                        plan.arena_bytes(), mib(plan.arena_bytes()),
+                        plan.state_bytes(),
+                        plan.arena_bytes() - plan.state_bytes());
   }
   {
     std::error_code rec;
@@ -401,6 +453,10 @@ int mlir::piper::pipercMain(int argc, char **argv) {
   compileCmd->add_flag("--mlir-print-ir-after-all", comp.printIrAfterAll,
                        "print the IR after every pass of the compile pipeline "
                        "(stderr)");
+  compileCmd->add_option("--device-memory", comp.deviceMemory,
+                         "memory of one device (e.g. 80GiB): a plan whose "
+                         "arena does not fit is an error naming the rank, "
+                         "the step's peak and the largest buffers there");
   compileCmd->add_flag("--no-optimizer", comp.opt.noUpdate,
                        "forward and backward only: gradients accumulate and "
                        "are never applied (gradient checks)");

@@ -517,11 +517,23 @@ bool memoryReport(const Plan &plan, int largest, std::string &text) {
 
 namespace {
 
+/// "512 B", "28.5 KiB", "3.4 MiB", "1.25 GiB".
 std::string mib(int64_t bytes) {
   std::ostringstream os;
   os.setf(std::ios::fixed);
-  os.precision(1);
-  os << bytes / (1024.0 * 1024.0) << " MiB";
+  double b = static_cast<double>(bytes);
+  if (bytes < 1024) {
+    os << bytes << " B";
+  } else if (b < 1024.0 * 1024.0) {
+    os.precision(1);
+    os << b / 1024.0 << " KiB";
+  } else if (b < 1024.0 * 1024.0 * 1024.0) {
+    os.precision(1);
+    os << b / (1024.0 * 1024.0) << " MiB";
+  } else {
+    os.precision(2);
+    os << b / (1024.0 * 1024.0 * 1024.0) << " GiB";
+  }
   return os.str();
 }
 
