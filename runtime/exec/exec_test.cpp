@@ -1,5 +1,6 @@
 // In-process tests of the executor library: initialization, synthetic data,
 // plan validation and single-rank training steps.
+#include <atomic>
 #include <cmath>
 #include <functional>
 #include <string>
@@ -12,6 +13,7 @@
 #include "runtime/exec/Init.h"
 #include "runtime/exec/Validate.h"
 #include "runtime/exec/test_plans.h"
+#include "runtime/hal/cpu/CpuDevice.h"
 
 using namespace piper;
 using namespace piper::runtime;
@@ -585,4 +587,84 @@ TEST_CASE("executor: an unknown kernel is a load-time error naming it",
         std::string::npos);
   CHECK(status.message().find("unknown kernel 'no_such_kernel'") !=
         std::string::npos);
+}
+
+namespace {
+/// A device that forwards to the CPU backend and counts what the executor
+/// asks of it: how another backend plugs in.
+class CountingDevice : public hal::Device {
+public:
+  explicit CountingDevice(Communicator *comm)
+      : cpu(hal::createCpuDevice(comm)) {}
+  std::string name() const override { return "counting"; }
+  hal::Allocator &allocator() override { return cpu->allocator(); }
+  std::unique_ptr<hal::Stream> createStream(const std::string &name) override {
+    ++streams;
+    return cpu->createStream(name);
+  }
+  std::unique_ptr<hal::Event> createEvent() override {
+    ++events;
+    return cpu->createEvent();
+  }
+  const KernelInfo *findKernel(const std::string &name) const override {
+    ++lookups;
+    return cpu->findKernel(name);
+  }
+  Status runKernel(const KernelInfo &info, const plan::Kernel &kernel,
+                   const std::vector<TensorRef> &inputs,
+                   const std::vector<TensorRef> &outputs,
+                   KernelContext &ctx) override {
+    ++kernelRuns;
+    return cpu->runKernel(info, kernel, inputs, outputs, ctx);
+  }
+  double sumOfSquares(const float *x, int64_t n) override {
+    return cpu->sumOfSquares(x, n);
+  }
+  void scale(float *x, float s, int64_t n) override { cpu->scale(x, s, n); }
+  void packBf16(uint16_t *dst, const float *src, int64_t n) override {
+    cpu->packBf16(dst, src, n);
+  }
+  void unpackBf16(float *dst, const uint16_t *src, int64_t n) override {
+    cpu->unpackBf16(dst, src, n);
+  }
+  void roundBf16(float *x, int64_t n) override { cpu->roundBf16(x, n); }
+  Communicator *communicator() override { return cpu->communicator(); }
+
+  static inline int streams = 0, events = 0, lookups = 0;
+  static inline std::atomic<int> kernelRuns{0}; // from the stream workers
+
+private:
+  std::unique_ptr<hal::Device> cpu;
+};
+} // namespace
+
+TEST_CASE("executor: a device plugs in through ExecutorOptions", "[executor]") {
+  TinyModel m;
+  plan::Plan plan = singleClassPlan(m, 2, {0}, 1, /*twoStreams=*/true);
+  ExecutorOptions opts;
+  opts.seed = 4;
+  opts.createDevice = [](Communicator *comm) {
+    return std::make_unique<CountingDevice>(comm);
+  };
+  Status status;
+  auto exec = Executor::create(plan, opts, status);
+  INFO(status.message());
+  REQUIRE(exec);
+  int kernelCount = 0;
+  for (const plan::Segment &seg : plan.segments())
+    kernelCount += seg.kernels_size();
+  // Streams, events and kernels are resolved once, at load.
+  CHECK(CountingDevice::streams == 2);
+  CHECK(CountingDevice::events == plan.num_events());
+  CHECK(CountingDevice::lookups == kernelCount);
+  std::vector<double> losses;
+  for (int t = 1; t <= 3; ++t) {
+    double loss = 0;
+    REQUIRE(exec->runStep(t, loss));
+    losses.push_back(loss);
+  }
+  CHECK(CountingDevice::streams == 2);
+  CHECK(CountingDevice::lookups == kernelCount);
+  CHECK(CountingDevice::kernelRuns.load() > 0);
+  CHECK(losses == runSteps(plan, 3, 4));
 }
