@@ -1,13 +1,17 @@
 // In-process tests of the executor on its device: gradients held per step,
-// the gradient norm without clipping, kernels resolved at load, and a HAL
-// device plugged in through ExecutorOptions.
+// the gradient norm without clipping, kernels resolved at load, a HAL device
+// plugged in through ExecutorOptions, and streams running concurrently.
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include <catch2/catch.hpp>
 
+#include "proto/PlanFile.h"
 #include "runtime/exec/Executor.h"
 #include "runtime/exec/Validate.h"
 #include "runtime/exec/test_plans.h"
@@ -210,4 +214,89 @@ TEST_CASE("executor: a device plugs in through ExecutorOptions", "[executor]") {
   CHECK(CountingDevice::lookups == kernelCount);
   CHECK(CountingDevice::kernelRuns.load() > 0);
   CHECK(losses == runSteps(plan, 3, 4));
+}
+
+namespace {
+/// A CPU device whose kernels each wait until `parties` kernels are running
+/// at once (or fail after a timeout): a plan only completes when its
+/// streams really progress concurrently.
+class RendezvousDevice : public hal::Device {
+public:
+  RendezvousDevice(Communicator *comm, int parties)
+      : cpu(hal::createCpuDevice(comm)), parties(parties) {}
+  std::string name() const override { return "rendezvous"; }
+  hal::Allocator &allocator() override { return cpu->allocator(); }
+  std::unique_ptr<hal::Stream> createStream(const std::string &name) override {
+    return cpu->createStream(name);
+  }
+  std::unique_ptr<hal::Event> createEvent() override {
+    return cpu->createEvent();
+  }
+  const KernelInfo *findKernel(const std::string &name) const override {
+    return cpu->findKernel(name);
+  }
+  Status runKernel(const KernelInfo &info, const plan::Kernel &kernel,
+                   const std::vector<TensorRef> &inputs,
+                   const std::vector<TensorRef> &outputs,
+                   KernelContext &ctx) override {
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      ++arrived;
+      cv.notify_all();
+      if (!cv.wait_for(lock, std::chrono::seconds(10),
+                       [&] { return arrived >= parties; }))
+        return Status::error("the other stream never ran a kernel meanwhile");
+    }
+    return cpu->runKernel(info, kernel, inputs, outputs, ctx);
+  }
+  double sumOfSquares(const float *x, int64_t n) override {
+    return cpu->sumOfSquares(x, n);
+  }
+  void scale(float *x, float s, int64_t n) override { cpu->scale(x, s, n); }
+  void packBf16(uint16_t *dst, const float *src, int64_t n) override {
+    cpu->packBf16(dst, src, n);
+  }
+  void unpackBf16(float *dst, const uint16_t *src, int64_t n) override {
+    cpu->unpackBf16(dst, src, n);
+  }
+  void roundBf16(float *x, int64_t n) override { cpu->roundBf16(x, n); }
+  Communicator *communicator() override { return cpu->communicator(); }
+
+private:
+  std::unique_ptr<hal::Device> cpu;
+  int parties;
+  std::mutex mu;
+  std::condition_variable cv;
+  int arrived = 0;
+};
+} // namespace
+
+TEST_CASE("executor: compute streams progress at the same time", "[executor]") {
+  // Two streams, each calling a one-kernel segment; no event orders them.
+  plan::Plan plan;
+  plan.set_schema_version(plan::kPlanSchemaVersion);
+  plan.add_ranks(0);
+  plan.set_world_size(1);
+  plan.mutable_training()->set_vocab_size(8);
+  plan::Segment *seg =
+      addSegment(plan, "zero", {tensorType(plan::F32, {16})}, {}, {});
+  addKernel(seg, "zero", {}, {value(0)});
+  for (const char *name : {"compute0", "compute1"}) {
+    plan::Stream *stream = plan.add_streams();
+    stream->set_name(name);
+    addInst(stream, Instruction::CALL, std::string("zero on ") + name)
+        ->set_segment(0);
+  }
+  ExecutorOptions opts;
+  opts.createDevice = [](Communicator *comm) {
+    return std::make_unique<RendezvousDevice>(comm, 2);
+  };
+  Status status;
+  auto exec = Executor::create(plan, opts, status);
+  INFO(status.message());
+  REQUIRE(exec);
+  double loss = 0;
+  Status step = exec->runStep(1, loss);
+  INFO(step.message());
+  CHECK(step);
 }
