@@ -62,8 +62,8 @@ double scheduleScale(const plan::TrainingConfig &training, int64_t step);
 /// today). It owns the persistent state (each parameter, its gradient
 /// accumulator and AdamW moments, all fp32) and, per step, the transient
 /// buffers. Gradient accumulators hold the last step's gradients: those no
-/// plan kernel clears are zeroed before every step but the first. After runStep returns an error, the executor must not
-/// run again.
+/// plan kernel clears are zeroed before every step but the first. After
+/// runStep returns an error, the executor must not run again.
 class Executor {
 public:
   /// Validates `plan` (against the kernels runKernel knows), allocates the
