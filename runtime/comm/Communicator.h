@@ -39,7 +39,8 @@ const char *commDTypeName(CommDType type);
 
 /// The completion handle of an asynchronous operation. The buffers an
 /// operation reads or writes must stay valid, and must not be touched, until
-/// wait() has returned.
+/// wait() has returned. A work must not outlive its communicator; the works
+/// of point-to-point operations are waited for by their stream's thread.
 class CommWork {
 public:
   virtual ~CommWork() = default;

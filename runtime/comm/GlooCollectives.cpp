@@ -19,9 +19,7 @@ CommWorkPtr GlooCommunicator::launch(Group &group, const std::string &op,
   group.enqueue([this, &group, op, body = std::move(body), work] {
     std::string failure = group.failureText();
     if (!failure.empty()) {
-      work->complete(
-          opError(op, "communicator '" + group.key.str() +
-                          "' is unusable after an earlier error: " + failure));
+      work->complete(unusable(op, group, failure));
       return;
     }
     try {
@@ -91,15 +89,15 @@ std::vector<int64_t> byteCounts(const std::vector<size_t> &counts,
 
 CommWorkPtr GlooCommunicator::allReduce(const CommKey &key, void *data,
                                         size_t count, CommDType type) {
-  std::string op = "all-reduce over ranks " + rankList(key.ranks) +
-                   " on stream '" + key.stream + "'";
+  std::string op = fmt::format("all-reduce over ranks {} on stream '{}'",
+                               rankList(key.ranks), key.stream);
   Group *group = nullptr;
   Status status = collectiveGroup(key, op, nullptr, group);
   if (!status)
     return completedWork(status);
   if (!reducible(type))
     return completedWork(
-        opError(op, std::string("cannot sum ") + commDTypeName(type)));
+        opError(op, fmt::format("cannot sum {}", commDTypeName(type))));
   if (!group->context || count == 0)
     return completedWork();
   return launch(*group, op, [=](Group &g) {
@@ -124,15 +122,15 @@ CommWorkPtr GlooCommunicator::reduceScatter(const CommKey &key,
                                             const void *input, void *output,
                                             const std::vector<size_t> &counts,
                                             CommDType type) {
-  std::string op = "reduce-scatter over ranks " + rankList(key.ranks) +
-                   " on stream '" + key.stream + "'";
+  std::string op = fmt::format("reduce-scatter over ranks {} on stream '{}'",
+                               rankList(key.ranks), key.stream);
   Group *group = nullptr;
   Status status = collectiveGroup(key, op, &counts, group);
   if (!status)
     return completedWork(status);
   if (!reducible(type))
     return completedWork(
-        opError(op, std::string("cannot sum ") + commDTypeName(type)));
+        opError(op, fmt::format("cannot sum {}", commDTypeName(type))));
   size_t es = commDTypeSize(type);
   int me = group->contextRank(myRank);
   size_t mine = counts[me];
@@ -171,8 +169,8 @@ CommWorkPtr GlooCommunicator::allGather(const CommKey &key, const void *input,
                                         void *output,
                                         const std::vector<size_t> &counts,
                                         CommDType type) {
-  std::string op = "all-gather over ranks " + rankList(key.ranks) +
-                   " on stream '" + key.stream + "'";
+  std::string op = fmt::format("all-gather over ranks {} on stream '{}'",
+                               rankList(key.ranks), key.stream);
   Group *group = nullptr;
   Status status = collectiveGroup(key, op, &counts, group);
   if (!status)
@@ -202,8 +200,8 @@ CommWorkPtr GlooCommunicator::allToAll(const CommKey &key, const void *input,
                                        void *output,
                                        const std::vector<size_t> &recvCounts,
                                        CommDType type) {
-  std::string op = "all-to-all over ranks " + rankList(key.ranks) +
-                   " on stream '" + key.stream + "'";
+  std::string op = fmt::format("all-to-all over ranks {} on stream '{}'",
+                               rankList(key.ranks), key.stream);
   Group *group = nullptr;
   Status status = collectiveGroup(key, op, &sendCounts, group);
   if (status)
@@ -214,10 +212,9 @@ CommWorkPtr GlooCommunicator::allToAll(const CommKey &key, const void *input,
   int me = group->contextRank(myRank);
   if (!group->context) {
     if (sendCounts[me] != recvCounts[me])
-      return completedWork(opError(op, "sends " +
-                                           std::to_string(sendCounts[me]) +
-                                           " elements to itself but receives " +
-                                           std::to_string(recvCounts[me])));
+      return completedWork(
+          opError(op, fmt::format("sends {} elements to itself but receives {}",
+                                  sendCounts[me], recvCounts[me])));
     std::memcpy(output, input, sendCounts[me] * es);
     return completedWork();
   }

@@ -64,9 +64,7 @@ public:
     waited = true;
     std::string failure = group.failureText();
     if (!failure.empty() && isSend) {
-      status = comm.opError(
-          op, "communicator '" + group.key.str() +
-                  "' is unusable after an earlier error: " + failure);
+      status = comm.unusable(op, group, failure);
       return status;
     }
     try {
@@ -94,14 +92,14 @@ private:
 
 Status GlooCommunicator::checkKey(CommKey &key) const {
   std::sort(key.ranks.begin(), key.ranks.end());
-  std::string op = "connecting communicator '" + key.str() + "'";
+  std::string op = fmt::format("connecting communicator '{}'", key.str());
   if (key.ranks.empty())
     return opError(op, "it has no ranks");
   if (std::adjacent_find(key.ranks.begin(), key.ranks.end()) != key.ranks.end())
     return opError(op, "it lists a rank twice");
   if (key.ranks.front() < 0 || key.ranks.back() >= size)
-    return opError(op, "it has a rank outside the world of " +
-                           std::to_string(size) + " ranks");
+    return opError(
+        op, fmt::format("it has a rank outside the world of {} ranks", size));
   if (!std::binary_search(key.ranks.begin(), key.ranks.end(), myRank))
     return opError(op, "it does not contain this rank");
   return Status::ok();
@@ -118,7 +116,8 @@ Status GlooCommunicator::connectGroup(Group &group, const std::string &prefix) {
     context->connectFullMesh(prefixStore, device);
     group.context = std::move(context);
   } catch (const std::exception &e) {
-    return opError("connecting communicator '" + prefix + "'", describe(e));
+    return opError(fmt::format("connecting communicator '{}'", prefix),
+                   describe(e));
   }
   return Status::ok();
 }
@@ -153,12 +152,12 @@ Status GlooCommunicator::findGroup(const CommKey &key, const std::string &op,
                                    Group *&group) {
   auto it = groups.find(key.str());
   if (it == groups.end())
-    return opError(op, "no communicator connected for key '" + key.str() + "'");
+    return opError(
+        op, fmt::format("no communicator connected for key '{}'", key.str()));
   group = it->second.get();
   std::string failure = group->failureText();
   if (!failure.empty())
-    return opError(op, "communicator '" + key.str() +
-                           "' is unusable after an earlier error: " + failure);
+    return unusable(op, *group, failure);
   return Status::ok();
 }
 
@@ -166,8 +165,8 @@ Status GlooCommunicator::pointToPointGroup(const std::string &stream, int peer,
                                            const std::string &op,
                                            Group *&group) {
   if (peer < 0 || peer >= size)
-    return opError(op, "the peer is outside the world of " +
-                           std::to_string(size) + " ranks");
+    return opError(
+        op, fmt::format("the peer is outside the world of {} ranks", size));
   if (peer == myRank)
     return opError(op, "the peer is this rank");
   return findGroup(
@@ -198,8 +197,7 @@ Status GlooCommunicator::fail(Group &group, const std::string &op,
 
 CommWorkPtr GlooCommunicator::isend(const std::string &stream, const void *data,
                                     size_t bytes, int peer, uint32_t tag) {
-  std::string op =
-      "send to rank " + std::to_string(peer) + " on stream '" + stream + "'";
+  std::string op = fmt::format("send to rank {} on stream '{}'", peer, stream);
   Group *group = nullptr;
   Status status = pointToPointGroup(stream, peer, op, group);
   if (!status)
@@ -219,7 +217,7 @@ CommWorkPtr GlooCommunicator::isend(const std::string &stream, const void *data,
 CommWorkPtr GlooCommunicator::irecv(const std::string &stream, void *data,
                                     size_t bytes, int peer, uint32_t tag) {
   std::string op =
-      "recv from rank " + std::to_string(peer) + " on stream '" + stream + "'";
+      fmt::format("recv from rank {} on stream '{}'", peer, stream);
   Group *group = nullptr;
   Status status = pointToPointGroup(stream, peer, op, group);
   if (!status)
@@ -242,14 +240,14 @@ Status GlooCommunicator::collectiveGroup(const CommKey &key,
   std::sort(sorted.ranks.begin(), sorted.ranks.end());
   PIPER_RETURN_IF_ERROR(findGroup(sorted, op, group));
   if (counts && counts->size() != group->key.ranks.size())
-    return opError(op, std::to_string(counts->size()) + " counts for " +
-                           std::to_string(group->key.ranks.size()) + " ranks");
+    return opError(op, fmt::format("{} counts for {} ranks", counts->size(),
+                                   group->key.ranks.size()));
   return Status::ok();
 }
 
 Status GlooCommunicator::allReduceSumWorld(double *data, size_t count) {
   std::lock_guard<std::mutex> lock(worldMutex);
-  std::string op = "world all-reduce over " + std::to_string(size) + " ranks";
+  std::string op = fmt::format("world all-reduce over {} ranks", size);
   if (!connected)
     return opError(op, "the communicator is not connected");
   std::string failure = world.failureText();
@@ -267,11 +265,11 @@ std::unique_ptr<Communicator>
 createGlooCommunicator(int rank, int worldSize, const std::string &storeDir,
                        std::chrono::milliseconds timeout, Status &status,
                        const std::string &hostname) {
-  std::string what = "rank " + std::to_string(rank) +
+  std::string what = fmt::format("rank {}", rank) +
                      ": creating the gloo communicator failed: ";
   if (worldSize < 1 || rank < 0 || rank >= worldSize) {
-    status = Status::error(what + "rank outside the world of " +
-                           std::to_string(worldSize) + " ranks");
+    status = Status::error(
+        fmt::format("{}rank outside the world of {} ranks", what, worldSize));
     return nullptr;
   }
   if (timeout <= std::chrono::milliseconds::zero()) {

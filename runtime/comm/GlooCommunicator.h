@@ -19,6 +19,8 @@
 #include <mutex>
 #include <thread>
 
+#include <fmt/format.h>
+
 namespace piper::runtime::gloo_comm {
 
 /// Store prefix of the world control context; never equal to a key's str(),
@@ -157,8 +159,15 @@ public:
   Status allReduceSumWorld(double *data, size_t count) override;
 
   Status opError(const std::string &op, const std::string &detail) const {
-    return Status::error("rank " + std::to_string(myRank) + ": " + op +
-                         " failed: " + detail);
+    return Status::error(
+        fmt::format("rank {}: {} failed: {}", myRank, op, detail));
+  }
+  /// The error of `op` on `group` after an earlier `failure` closed it.
+  Status unusable(const std::string &op, const Group &group,
+                  const std::string &failure) const {
+    return opError(op, fmt::format("communicator '{}' is unusable after an "
+                                   "earlier error: {}",
+                                   group.key.str(), failure));
   }
   /// Records the failure of `op` on `group` and closes its connections, so
   /// that its other ranks fail promptly instead of waiting for the timeout.

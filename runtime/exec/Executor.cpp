@@ -129,7 +129,12 @@ std::unique_ptr<Executor> Executor::create(plan::Plan plan,
     return nullptr;
   }
 
-  impl->device = hal::createCpuDevice(options.comm);
+  impl->device = options.createDevice ? options.createDevice(options.comm)
+                                      : hal::createCpuDevice(options.comm);
+  if (!impl->device) {
+    status = Status::error(who + ": no device was created");
+    return nullptr;
+  }
   impl->plan = std::move(plan);
   impl->options = options;
   if (options.data) {

@@ -12,6 +12,7 @@
 #include "runtime/checkpoint/Safetensors.h"
 #include "runtime/comm/Communicator.h"
 #include "runtime/exec/Data.h"
+#include "runtime/hal/Hal.h"
 #include "runtime/kernels/Kernels.h"
 #include "runtime/support/Status.h"
 
@@ -32,6 +33,9 @@ struct ExecutorOptions {
   /// before other streams are stopped. A launcher uses it to report the
   /// error and exit at once rather than wait for peers to time out.
   std::function<void(const Status &)> onStreamError;
+  /// Creates the device the executor runs on, given `comm`; null means the
+  /// CPU backend (hal::createCpuDevice). Another backend plugs in here.
+  std::function<std::unique_ptr<hal::Device>(Communicator *comm)> createDevice;
   /// Times every kernel (by op name) and every other instruction (by kind),
   /// per stream; read with Executor::profile(). Off, no clock is read.
   bool profile = false;
@@ -58,8 +62,8 @@ double scheduleScale(const plan::TrainingConfig &training, int64_t step);
 /// today). It owns the persistent state (each parameter, its gradient
 /// accumulator and AdamW moments, all fp32) and, per step, the transient
 /// buffers. Gradient accumulators hold the last step's gradients: those no
-/// plan kernel clears are zeroed before every step but the first. After runStep returns an error, the executor must not
-/// run again.
+/// plan kernel clears are zeroed before every step but the first. After
+/// runStep returns an error, the executor must not run again.
 class Executor {
 public:
   /// Validates `plan` (against the kernels runKernel knows), allocates the

@@ -1,0 +1,302 @@
+// In-process tests of the executor on its device: gradients held per step,
+// the gradient norm without clipping, kernels resolved at load, a HAL device
+// plugged in through ExecutorOptions, and streams running concurrently.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "proto/PlanFile.h"
+#include "runtime/exec/Executor.h"
+#include "runtime/exec/Validate.h"
+#include "runtime/exec/test_plans.h"
+#include "runtime/hal/cpu/CpuDevice.h"
+
+using namespace piper;
+using namespace piper::runtime;
+using namespace piper::runtime::testplans;
+using plan::Instruction;
+using plan::Operand;
+
+namespace {
+
+/// The losses of `steps` steps of `plan` on the CPU device.
+std::vector<double> runSteps(const plan::Plan &plan, int steps, uint64_t seed) {
+  ExecutorOptions opts;
+  opts.seed = seed;
+  Status status;
+  auto exec = Executor::create(plan, opts, status);
+  INFO(status.message());
+  REQUIRE(exec);
+  std::vector<double> losses;
+  for (int t = 1; t <= steps; ++t) {
+    double loss = 0;
+    REQUIRE(exec->runStep(t, loss));
+    losses.push_back(loss);
+  }
+  return losses;
+}
+
+} // namespace
+
+namespace {
+/// Runs `steps` steps of `plan` and returns lastGradNorm() after each.
+std::vector<double> gradNorms(const plan::Plan &plan, int steps) {
+  ExecutorOptions opts;
+  opts.seed = 5;
+  Status status;
+  auto exec = Executor::create(plan, opts, status);
+  INFO(status.message());
+  REQUIRE(exec);
+  CHECK(exec->lastGradNorm() == -1);
+  std::vector<double> norms;
+  for (int t = 1; t <= steps; ++t) {
+    double loss = 0;
+    REQUIRE(exec->runStep(t, loss));
+    norms.push_back(exec->lastGradNorm());
+  }
+  return norms;
+}
+} // namespace
+
+TEST_CASE("executor: the gradient norm is reported without clipping",
+          "[executor]") {
+  TinyModel m;
+  plan::Plan noClip = singleClassPlan(m, 2, {0}, 1, true);
+  // The same plan with a CLIP_GRADS that never clips, before the update.
+  plan::Plan clip = noClip;
+  clip.mutable_training()->set_clip_grad_norm(1e9);
+  auto *insts = clip.mutable_streams(0)->mutable_instructions();
+  plan::Instruction update = insts->Get(insts->size() - 1);
+  insts->Mutable(insts->size() - 1)->Clear();
+  insts->Mutable(insts->size() - 1)->set_kind(Instruction::CLIP_GRADS);
+  *insts->Add() = update;
+  REQUIRE(validatePlan(clip, kernelNames()));
+
+  std::vector<double> with = gradNorms(clip, 3), without = gradNorms(noClip, 3);
+  REQUIRE(with.size() == without.size());
+  for (size_t i = 0; i < with.size(); ++i) {
+    CHECK(with[i] > 0);
+    CHECK(without[i] == Approx(with[i]).epsilon(1e-12));
+  }
+}
+
+TEST_CASE("executor: gradients without an optimizer are the last step's",
+          "[executor]") {
+  TinyModel m;
+  m.normalHead = true;
+  plan::Plan plan = singleClassPlan(m, 2, {0}, 1);
+  // --no-optimizer: drop the update call, so nothing clears the gradients.
+  auto *insts = plan.mutable_streams(0)->mutable_instructions();
+  insts->RemoveLast();
+  REQUIRE(validatePlan(plan, kernelNames()));
+
+  ExecutorOptions opts;
+  opts.seed = 9;
+  Status status;
+  auto twoSteps = Executor::create(plan, opts, status);
+  auto stepTwoOnly = Executor::create(plan, opts, status);
+  REQUIRE(twoSteps);
+  REQUIRE(stepTwoOnly);
+  double loss = 0;
+  REQUIRE(twoSteps->runStep(1, loss));
+  REQUIRE(twoSteps->runStep(2, loss));
+  REQUIRE(stepTwoOnly->runStep(2, loss));
+  // The parameters never change, so step 2's gradients alone are those of a
+  // fresh executor running step 2.
+  for (int p = 0; p < plan.params_size(); ++p) {
+    TensorRef a = twoSteps->state(p, Operand::GRAD);
+    TensorRef b = stepTwoOnly->state(p, Operand::GRAD);
+    CHECK(std::equal(a.f32(), a.f32() + a.numel(), b.f32()));
+    CHECK(std::any_of(a.f32(), a.f32() + a.numel(),
+                      [](float g) { return g != 0.0f; }));
+  }
+  CHECK(twoSteps->lastGradNorm() == Approx(stepTwoOnly->lastGradNorm()));
+}
+
+TEST_CASE("executor: an unknown kernel is a load-time error naming it",
+          "[executor]") {
+  TinyModel m;
+  plan::Plan plan = singleClassPlan(m, 1, {0}, 1);
+  plan.mutable_segments(1)->mutable_kernels(2)->set_op("no_such_kernel");
+  ExecutorOptions opts;
+  Status status;
+  auto exec = Executor::create(plan, opts, status);
+  CHECK_FALSE(exec);
+  INFO(status.message());
+  CHECK(status.message().find("rank 0") != std::string::npos);
+  CHECK(status.message().find("kernel 2 ('no_such_kernel')") !=
+        std::string::npos);
+  CHECK(status.message().find("unknown kernel 'no_such_kernel'") !=
+        std::string::npos);
+}
+
+namespace {
+/// A device that forwards to the CPU backend and counts what the executor
+/// asks of it: how another backend plugs in.
+class CountingDevice : public hal::Device {
+public:
+  explicit CountingDevice(Communicator *comm)
+      : cpu(hal::createCpuDevice(comm)) {}
+  std::string name() const override { return "counting"; }
+  hal::Allocator &allocator() override { return cpu->allocator(); }
+  std::unique_ptr<hal::Stream> createStream(const std::string &name) override {
+    ++streams;
+    return cpu->createStream(name);
+  }
+  std::unique_ptr<hal::Event> createEvent() override {
+    ++events;
+    return cpu->createEvent();
+  }
+  const KernelInfo *findKernel(const std::string &name) const override {
+    ++lookups;
+    return cpu->findKernel(name);
+  }
+  Status runKernel(const KernelInfo &info, const plan::Kernel &kernel,
+                   const std::vector<TensorRef> &inputs,
+                   const std::vector<TensorRef> &outputs,
+                   KernelContext &ctx) override {
+    ++kernelRuns;
+    return cpu->runKernel(info, kernel, inputs, outputs, ctx);
+  }
+  double sumOfSquares(const float *x, int64_t n) override {
+    return cpu->sumOfSquares(x, n);
+  }
+  void scale(float *x, float s, int64_t n) override { cpu->scale(x, s, n); }
+  void packBf16(uint16_t *dst, const float *src, int64_t n) override {
+    cpu->packBf16(dst, src, n);
+  }
+  void unpackBf16(float *dst, const uint16_t *src, int64_t n) override {
+    cpu->unpackBf16(dst, src, n);
+  }
+  void roundBf16(float *x, int64_t n) override { cpu->roundBf16(x, n); }
+  Communicator *communicator() override { return cpu->communicator(); }
+
+  static inline int streams = 0, events = 0, lookups = 0;
+  static inline std::atomic<int> kernelRuns{0}; // from the stream workers
+
+private:
+  std::unique_ptr<hal::Device> cpu;
+};
+} // namespace
+
+TEST_CASE("executor: a device plugs in through ExecutorOptions", "[executor]") {
+  TinyModel m;
+  plan::Plan plan = singleClassPlan(m, 2, {0}, 1, /*twoStreams=*/true);
+  ExecutorOptions opts;
+  opts.seed = 4;
+  opts.createDevice = [](Communicator *comm) {
+    return std::make_unique<CountingDevice>(comm);
+  };
+  Status status;
+  auto exec = Executor::create(plan, opts, status);
+  INFO(status.message());
+  REQUIRE(exec);
+  int kernelCount = 0;
+  for (const plan::Segment &seg : plan.segments())
+    kernelCount += seg.kernels_size();
+  // Streams, events and kernels are resolved once, at load.
+  CHECK(CountingDevice::streams == 2);
+  CHECK(CountingDevice::events == plan.num_events());
+  CHECK(CountingDevice::lookups == kernelCount);
+  std::vector<double> losses;
+  for (int t = 1; t <= 3; ++t) {
+    double loss = 0;
+    REQUIRE(exec->runStep(t, loss));
+    losses.push_back(loss);
+  }
+  CHECK(CountingDevice::streams == 2);
+  CHECK(CountingDevice::lookups == kernelCount);
+  CHECK(CountingDevice::kernelRuns.load() > 0);
+  CHECK(losses == runSteps(plan, 3, 4));
+}
+
+namespace {
+/// A CPU device whose kernels each wait until `parties` kernels are running
+/// at once (or fail after a timeout): a plan only completes when its
+/// streams really progress concurrently.
+class RendezvousDevice : public hal::Device {
+public:
+  RendezvousDevice(Communicator *comm, int parties)
+      : cpu(hal::createCpuDevice(comm)), parties(parties) {}
+  std::string name() const override { return "rendezvous"; }
+  hal::Allocator &allocator() override { return cpu->allocator(); }
+  std::unique_ptr<hal::Stream> createStream(const std::string &name) override {
+    return cpu->createStream(name);
+  }
+  std::unique_ptr<hal::Event> createEvent() override {
+    return cpu->createEvent();
+  }
+  const KernelInfo *findKernel(const std::string &name) const override {
+    return cpu->findKernel(name);
+  }
+  Status runKernel(const KernelInfo &info, const plan::Kernel &kernel,
+                   const std::vector<TensorRef> &inputs,
+                   const std::vector<TensorRef> &outputs,
+                   KernelContext &ctx) override {
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      ++arrived;
+      cv.notify_all();
+      if (!cv.wait_for(lock, std::chrono::seconds(10),
+                       [&] { return arrived >= parties; }))
+        return Status::error("the other stream never ran a kernel meanwhile");
+    }
+    return cpu->runKernel(info, kernel, inputs, outputs, ctx);
+  }
+  double sumOfSquares(const float *x, int64_t n) override {
+    return cpu->sumOfSquares(x, n);
+  }
+  void scale(float *x, float s, int64_t n) override { cpu->scale(x, s, n); }
+  void packBf16(uint16_t *dst, const float *src, int64_t n) override {
+    cpu->packBf16(dst, src, n);
+  }
+  void unpackBf16(float *dst, const uint16_t *src, int64_t n) override {
+    cpu->unpackBf16(dst, src, n);
+  }
+  void roundBf16(float *x, int64_t n) override { cpu->roundBf16(x, n); }
+  Communicator *communicator() override { return cpu->communicator(); }
+
+private:
+  std::unique_ptr<hal::Device> cpu;
+  int parties;
+  std::mutex mu;
+  std::condition_variable cv;
+  int arrived = 0;
+};
+} // namespace
+
+TEST_CASE("executor: compute streams progress at the same time", "[executor]") {
+  // Two streams, each calling a one-kernel segment; no event orders them.
+  plan::Plan plan;
+  plan.set_schema_version(plan::kPlanSchemaVersion);
+  plan.add_ranks(0);
+  plan.set_world_size(1);
+  plan.mutable_training()->set_vocab_size(8);
+  plan::Segment *seg =
+      addSegment(plan, "zero", {tensorType(plan::F32, {16})}, {}, {});
+  addKernel(seg, "zero", {}, {value(0)});
+  for (const char *name : {"compute0", "compute1"}) {
+    plan::Stream *stream = plan.add_streams();
+    stream->set_name(name);
+    addInst(stream, Instruction::CALL, std::string("zero on ") + name)
+        ->set_segment(0);
+  }
+  ExecutorOptions opts;
+  opts.createDevice = [](Communicator *comm) {
+    return std::make_unique<RendezvousDevice>(comm, 2);
+  };
+  Status status;
+  auto exec = Executor::create(plan, opts, status);
+  INFO(status.message());
+  REQUIRE(exec);
+  double loss = 0;
+  Status step = exec->runStep(1, loss);
+  INFO(step.message());
+  CHECK(step);
+}
