@@ -131,6 +131,11 @@ int runRank(const RunOptions &options, const RankEnv &env) {
     } else {
       check(meetOverTcp(env, jobToken(env, manifest), timeout, meeting),
             /*named=*/false);
+      fmt::print(stderr,
+                 "piper-run: {} of {} ({}, local rank {}): met at {}:{}, "
+                 "gloo binds {}\n",
+                 who, env.worldSize, env.launcher, env.localRank,
+                 env.masterAddr, env.masterPort, meeting.bindAddress);
       comm = createGlooCommunicator(rank, env.worldSize, meeting.store,
                                     timeout, st, meeting.bindAddress);
     }

@@ -13,6 +13,7 @@
 #include "runtime/launch/LaunchEnv.h"
 #include "runtime/launch/Rendezvous.h"
 #include "runtime/launch/Reporting.h"
+#include "runtime/launch/TcpRendezvous.h"
 
 using namespace piper::runtime;
 
@@ -239,4 +240,47 @@ TEST_CASE("rank and world from each launcher's variables", "[launch]") {
             .launcher == "slurm");
   CHECK(rankError({"PIPER_RANK=0", "PIPER_WORLD_SIZE=0"}) ==
         "PIPER_WORLD_SIZE must be a positive number of ranks, not 0");
+}
+
+TEST_CASE("Gloo binds the address on the way to the master", "[launch]") {
+  ::unsetenv("PIPER_HOST_ADDR");
+  std::string address;
+  // The master's own address when this machine has it: loopback runs bind
+  // loopback, never every interface.
+  REQUIRE(localAddressFor("127.0.0.1", address));
+  CHECK(address == "127.0.0.1");
+  address.clear();
+  REQUIRE(localAddressFor("127.0.0.3", address));
+  CHECK(address == "127.0.0.3");
+  address.clear();
+  REQUIRE(localAddressFor("localhost", address));
+  CHECK((address == "127.0.0.1" || address == "::1"));
+  // PIPER_HOST_ADDR names this node's address when the master is elsewhere.
+  ::setenv("PIPER_HOST_ADDR", "127.0.0.5", 1);
+  address.clear();
+  REQUIRE(localAddressFor("127.0.0.2", address));
+  CHECK(address == "127.0.0.5");
+  ::unsetenv("PIPER_HOST_ADDR");
+}
+
+TEST_CASE("the job token keeps jobs and strategies apart", "[launch]") {
+  ::unsetenv("PIPER_JOB_TOKEN");
+  piper::plan::Manifest a, b;
+  a.set_world_size(2);
+  b.set_world_size(4);
+  RankEnv env;
+  env.launcher = "slurm";
+  env.jobId = "77.0";
+  env.masterAddr = "n1";
+  env.masterPort = 29500;
+  std::string token = jobToken(env, a);
+  CHECK(token.rfind("slurm/77.0/n1:29500/", 0) == 0);
+  CHECK(jobToken(env, a) == token);
+  CHECK(jobToken(env, b) != token);
+  RankEnv other = env;
+  other.jobId = "78.0";
+  CHECK(jobToken(other, a) != token);
+  ::setenv("PIPER_JOB_TOKEN", "mine", 1);
+  CHECK(jobToken(env, a) == "mine");
+  ::unsetenv("PIPER_JOB_TOKEN");
 }
