@@ -279,6 +279,18 @@ Status readRankEnv(int nproc, const EnvLookup &env, bool &isRank,
   out.launcher = launcher;
   out.masterAddr = value(env, "MASTER_ADDR");
   isRank = true;
+  // Informative only (BLAS threads): a malformed value counts as unknown.
+  const char *localSizeVar = launcher == "torchrun" ? "LOCAL_WORLD_SIZE"
+                             : launcher == "slurm"  ? "SLURM_NTASKS_PER_NODE"
+                             : launcher == "openmpi"
+                                 ? "OMPI_COMM_WORLD_LOCAL_SIZE"
+                                 : nullptr;
+  if (localSizeVar) {
+    // Slurm writes "4" or "4(x2)"; the leading count is this node's.
+    long long n = std::atoll(value(env, localSizeVar).c_str());
+    if (n > 0 && n <= world)
+      out.localWorldSize = static_cast<int>(n);
+  }
 
   if (launcher == "piper-run") {
     out.storeDir = value(env, "PIPER_STORE_DIR");

@@ -17,6 +17,10 @@ struct RankEnv {
   int worldSize = 1;
   /// The rank's index among the ranks of its machine.
   int localRank = 0;
+  /// How many ranks share its machine, when the launcher says
+  /// (LOCAL_WORLD_SIZE, SLURM_NTASKS_PER_NODE, OMPI_COMM_WORLD_LOCAL_SIZE);
+  /// 0 when unknown.
+  int localWorldSize = 0;
   /// Who started it: "piper-run", "torchrun", "slurm" or "openmpi".
   std::string launcher = "piper-run";
   /// The folder the Gloo file store of every rank shares (piper-run's own

@@ -9,8 +9,10 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include <cblas.h>
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -82,6 +84,15 @@ int runRank(const RunOptions &options, const RankEnv &env) {
                            errnoMessage(errno)));
     ::dup2(fd, STDERR_FILENO);
     ::close(fd);
+  }
+
+  // As piper-run's spawner does: N ranks of one machine share its cores
+  // rather than each running a full-width BLAS pool, unless the user chose.
+  if (env.launcher != "piper-run" && env.localWorldSize > 1 &&
+      !std::getenv("OPENBLAS_NUM_THREADS") && !std::getenv("OMP_NUM_THREADS")) {
+    unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+    openblas_set_num_threads(
+        static_cast<int>(std::max(1u, cores / unsigned(env.localWorldSize))));
   }
 
   plan::Manifest manifest;

@@ -164,6 +164,10 @@ TEST_CASE("rank and world from each launcher's variables", "[launch]") {
   CHECK(t.masterAddr == "127.0.0.2");
   CHECK(t.masterPort == 29400);
   CHECK(t.storeDir.empty());
+  CHECK(t.localWorldSize == 0);
+  CHECK(rankFrom({"RANK=3", "WORLD_SIZE=4", "LOCAL_WORLD_SIZE=2",
+                  "MASTER_ADDR=h", "MASTER_PORT=1"})
+            .localWorldSize == 2);
   CHECK(rankError({"RANK=1", "WORLD_SIZE=2"}) ==
         "RANK and WORLD_SIZE are set but MASTER_ADDR or MASTER_PORT is not "
         "(rank 0's address and a free port on it)");
@@ -191,6 +195,9 @@ TEST_CASE("rank and world from each launcher's variables", "[launch]") {
   CHECK(s.masterPort >= 20000);
   CHECK(s.masterPort < 30000);
   CHECK(s.jobId == "4242.0");
+  CHECK(s.localWorldSize == 0);
+  slurm.push_back("SLURM_NTASKS_PER_NODE=4(x2)");
+  CHECK(rankFrom(slurm).localWorldSize == 4);
   slurm.push_back("MASTER_PORT=1234");
   slurm.push_back("MASTER_ADDR=10.1.2.3");
   RankEnv s2 = rankFrom(slurm);
@@ -221,6 +228,7 @@ TEST_CASE("rank and world from each launcher's variables", "[launch]") {
   CHECK(m.localRank == 2);
   CHECK(m.masterAddr == "127.0.0.1");
   CHECK(m.jobId == "123456");
+  CHECK(m.localWorldSize == 4);
   CHECK(rankError({"OMPI_COMM_WORLD_RANK=2", "OMPI_COMM_WORLD_SIZE=4",
                    "OMPI_COMM_WORLD_LOCAL_SIZE=2"}) ==
         "under mpirun across machines, MASTER_ADDR must name an address of "

@@ -181,12 +181,17 @@ TEST_CASE("piper-run under mpirun matches the local spawn bit for bit",
       {"--oversubscribe", "--allow-run-as-root", "-np", "4", "-x",
        "MASTER_PORT=" + std::to_string(freePort("127.0.0.1")), piperRunPath,
        out, "--steps", "3", "--seed", "5", "--metrics", metrics,
-       "--timeout-s", "30"},
+       "--timeout-s", "30", "--profile"},
       {},
       std::chrono::seconds(120));
   INFO("stdout: " << r.out << "\nstderr: " << r.err);
   REQUIRE(r.exitCode() == 0);
   CHECK(lossTexts(metrics) == local);
+  // The 4 ranks of this machine share its cores, as the local spawn's do.
+  unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  std::string threads =
+      ", " + std::to_string(std::max(1u, cores / 4)) + " thread(s)";
+  CHECK(r.err.find(threads) != std::string::npos);
 }
 
 TEST_CASE("piper-run's TCP rendezvous: a missing rank and another job's rank "
