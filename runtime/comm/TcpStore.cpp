@@ -136,14 +136,47 @@ void setTimeouts(int fd, std::chrono::milliseconds timeout) {
   ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
 }
 
+/// A key Gloo waits for, as a message names it: Gloo's keys are
+/// "<group>/<member>", the group "__world__" or "<stream>[<ranks>]" (a
+/// CommKey), so the member's world rank can be named.
+std::string describeKey(const std::string &key) {
+  std::string quoted = "'" + key + "'";
+  size_t slash = key.rfind('/');
+  if (slash == std::string::npos || slash + 1 >= key.size() ||
+      key.find_first_not_of("0123456789", slash + 1) != std::string::npos ||
+      key.size() - slash > 7)
+    return quoted;
+  size_t member = std::stoul(key.substr(slash + 1));
+  std::string group = key.substr(0, slash);
+  if (group == "__world__")
+    return "rank " + std::to_string(member) + " (key " + quoted + ")";
+  size_t open = group.rfind('[');
+  if (open == std::string::npos || group.back() != ']')
+    return quoted;
+  std::vector<std::string> ranks;
+  std::string list = group.substr(open + 1, group.size() - open - 2);
+  size_t start = 0;
+  while (start <= list.size()) {
+    size_t comma = list.find(',', start);
+    ranks.push_back(list.substr(
+        start, comma == std::string::npos ? std::string::npos : comma - start));
+    if (comma == std::string::npos)
+      break;
+    start = comma + 1;
+  }
+  if (member >= ranks.size() || ranks[member].empty() ||
+      ranks[member].find_first_not_of("0123456789") != std::string::npos)
+    return quoted;
+  return "rank " + ranks[member] + " (key " + quoted + ")";
+}
+
 } // namespace
 
 // ---------------------------------------------------------------- server
 
 std::unique_ptr<TcpStoreServer>
 TcpStoreServer::start(const std::string &host, int port,
-                      const std::string &token, int worldSize,
-                      Status &status) {
+                      const std::string &token, int worldSize, Status &status) {
   std::string where = host + ":" + std::to_string(port);
   std::string what = "cannot serve the rendezvous store on " + where + ": ";
   addrinfo *addrs = nullptr;
@@ -157,16 +190,15 @@ TcpStoreServer::start(const std::string &host, int port,
   server->worldSize = worldSize;
   int err = 0;
   for (addrinfo *a = addrs; a && server->listenFd < 0; a = a->ai_next) {
-    int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC,
-                      a->ai_protocol);
+    int fd =
+        ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
     if (fd < 0) {
       err = errno;
       continue;
     }
     int one = 1;
     ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (::bind(fd, a->ai_addr, a->ai_addrlen) != 0 ||
-        ::listen(fd, 1024) != 0) {
+    if (::bind(fd, a->ai_addr, a->ai_addrlen) != 0 || ::listen(fd, 1024) != 0) {
       err = errno;
       ::close(fd);
       continue;
@@ -182,13 +214,12 @@ TcpStoreServer::start(const std::string &host, int port,
   }
   ::freeaddrinfo(addrs);
   if (server->listenFd < 0) {
-    std::string hint = err == EADDRINUSE
-                           ? " (another job on this port? choose another "
-                             "MASTER_PORT)"
-                       : err == EADDRNOTAVAIL
-                           ? " (MASTER_ADDR must be an address of rank 0's "
-                             "machine)"
-                           : "";
+    std::string hint =
+        err == EADDRINUSE      ? " (another job on this port? choose another "
+                                 "MASTER_PORT)"
+        : err == EADDRNOTAVAIL ? " (MASTER_ADDR must be an address of rank 0's "
+                                 "machine)"
+                               : "";
     status = Status::error(what + errnoText(err) + hint);
     return nullptr;
   }
@@ -318,10 +349,11 @@ void TcpStoreServer::serve(int fd) {
 
 // ---------------------------------------------------------------- client
 
-std::shared_ptr<TcpStore>
-TcpStore::connect(const std::string &host, int port, const std::string &token,
-                  int rank, int worldSize, std::chrono::milliseconds timeout,
-                  Status &status) {
+std::shared_ptr<TcpStore> TcpStore::connect(const std::string &host, int port,
+                                            const std::string &token, int rank,
+                                            int worldSize,
+                                            std::chrono::milliseconds timeout,
+                                            Status &status) {
   std::shared_ptr<TcpStore> store(new TcpStore());
   store->where = host + ":" + std::to_string(port);
   store->timeout = timeout;
@@ -336,8 +368,8 @@ TcpStore::connect(const std::string &host, int port, const std::string &token,
       return nullptr;
     }
     for (addrinfo *a = addrs; a && store->fd < 0; a = a->ai_next) {
-      int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC,
-                        a->ai_protocol);
+      int fd =
+          ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
       if (fd < 0)
         continue;
       if (::connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
@@ -352,10 +384,10 @@ TcpStore::connect(const std::string &host, int port, const std::string &token,
       break;
     if (Clock::now() >= deadline) {
       status = Status::error(
-          "cannot reach the rendezvous store at " + store->where +
-          " within " + std::to_string(timeout.count() / 1000) + " s (" +
-          lastError + "; is rank 0 running, and MASTER_ADDR/MASTER_PORT "
-                      "the same on every rank?)");
+          "cannot reach the rendezvous store at " + store->where + " within " +
+          std::to_string(timeout.count() / 1000) + " s (" + lastError +
+          "; is rank 0 running, and MASTER_ADDR/MASTER_PORT "
+          "the same on every rank?)");
       return nullptr;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -371,10 +403,10 @@ TcpStore::connect(const std::string &host, int port, const std::string &token,
   if (!status)
     return nullptr;
   if (reply != "O") {
-    status = Status::error("the rendezvous store at " + store->where +
-                           " refused rank " + std::to_string(rank) + ": " +
-                           (reply.empty() ? std::string("no reason")
-                                          : reply.substr(1)));
+    status = Status::error(
+        "the rendezvous store at " + store->where + " refused rank " +
+        std::to_string(rank) + ": " +
+        (reply.empty() ? std::string("no reason") : reply.substr(1)));
     return nullptr;
   }
   return store;
@@ -389,12 +421,12 @@ Status TcpStore::call(const std::string &request, std::string &reply) {
   std::lock_guard<std::mutex> lock(mu);
   if (!sendMessage(fd, request) || !recvMessage(fd, reply)) {
     int err = errno;
-    return Status::error(
-        "lost the rendezvous store at " + where + ": " +
-        (err == EAGAIN || err == EWOULDBLOCK
-             ? "no answer within " + std::to_string(timeout.count() / 1000) +
-                   " s"
-             : errnoText(err)));
+    return Status::error("lost the rendezvous store at " + where + ": " +
+                         (err == EAGAIN || err == EWOULDBLOCK
+                              ? "no answer within " +
+                                    std::to_string(timeout.count() / 1000) +
+                                    " s"
+                              : errnoText(err)));
   }
   if (!reply.empty() && reply[0] == 'E' && request[0] != 'H')
     return Status::error("the rendezvous store at " + where + ": " +
@@ -471,11 +503,10 @@ void TcpStore::wait(const std::vector<std::string> &keys,
   if (!missing.empty()) {
     std::string list;
     for (const std::string &k : missing)
-      list += (list.empty() ? "'" : ", '") + k + "'";
-    throw gloo::IoException("timed out after " +
-                            std::to_string(wait.count() / 1000) +
-                            " s waiting in the rendezvous store at " + where +
-                            " for " + list);
+      list += (list.empty() ? "" : ", ") + describeKey(k);
+    throw gloo::IoException(
+        "timed out after " + std::to_string(wait.count() / 1000) +
+        " s waiting in the rendezvous store at " + where + " for " + list);
   }
 }
 

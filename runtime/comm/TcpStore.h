@@ -65,9 +65,8 @@ public:
   /// Connects to the store at `host`:`port` as `rank` of `worldSize` of
   /// the job `token`, retrying until `timeout` (rank 0 may not listen yet).
   static std::shared_ptr<TcpStore>
-  connect(const std::string &host, int port, const std::string &token,
-          int rank, int worldSize, std::chrono::milliseconds timeout,
-          Status &status);
+  connect(const std::string &host, int port, const std::string &token, int rank,
+          int worldSize, std::chrono::milliseconds timeout, Status &status);
   ~TcpStore() override;
 
   // gloo::rendezvous::Store; errors throw gloo::IoException.

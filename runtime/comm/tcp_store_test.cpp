@@ -29,10 +29,12 @@ std::unique_ptr<TcpStoreServer> serve(const std::string &token, int world) {
 TEST_CASE("tcp store: set, get and wait across clients", "[comm][store]") {
   auto server = serve("job-a", 2);
   Status st;
-  auto a = TcpStore::connect("127.0.0.1", server->port(), "job-a", 0, 2, 5s, st);
+  auto a =
+      TcpStore::connect("127.0.0.1", server->port(), "job-a", 0, 2, 5s, st);
   INFO(st.message());
   REQUIRE(a);
-  auto b = TcpStore::connect("127.0.0.1", server->port(), "job-a", 1, 2, 5s, st);
+  auto b =
+      TcpStore::connect("127.0.0.1", server->port(), "job-a", 1, 2, 5s, st);
   REQUIRE(b);
   CHECK(a->address() == "127.0.0.1:" + std::to_string(server->port()));
 
@@ -92,6 +94,10 @@ TEST_CASE("tcp store: every wait is bounded", "[comm][store]") {
   CHECK_THROWS_WITH(c->wait({"a"}, 200ms),
                     Catch::Contains("waiting in the rendezvous store") &&
                         Catch::Contains("for 'a'"));
+  // Gloo's keys name the member of a group that never connected.
+  CHECK_THROWS_WITH(c->wait({"__world__/3", "compute[0,2,5]/2"}, 200ms),
+                    Catch::EndsWith("for rank 3 (key '__world__/3'), rank 5 "
+                                    "(key 'compute[0,2,5]/2')"));
   // A port another job holds is a clear error, not a shared store.
   CHECK_FALSE(TcpStoreServer::start("127.0.0.1", server->port(), "u", 1, st));
   CHECK(st.message() == "cannot serve the rendezvous store on 127.0.0.1:" +
@@ -109,8 +115,8 @@ TEST_CASE("gloo communicators meet through the tcp store", "[comm][store]") {
   for (int r = 0; r < world; ++r)
     ranks.emplace_back([&, r] {
       Status st;
-      auto store = TcpStore::connect("127.0.0.1", server->port(), "gloo-job",
-                                     r, world, 10s, st);
+      auto store = TcpStore::connect("127.0.0.1", server->port(), "gloo-job", r,
+                                     world, 10s, st);
       if (!store) {
         errors[r] = st.message();
         return;

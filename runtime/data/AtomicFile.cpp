@@ -94,7 +94,8 @@ Status checkWritableTarget(const std::string &path, const std::string &what) {
                               ? "is a directory"
                               : "exists and is not a regular file (a "
                                 "device or a FIFO?); refusing to replace it"));
-  return checkWritableDirectory(parentDirectory(path), what + " '" + path + "'");
+  return checkWritableDirectory(parentDirectory(path),
+                                what + " '" + path + "'");
 }
 
 Status checkWritableDirectory(const std::string &dir, const std::string &what) {

@@ -320,8 +320,7 @@ TEST_CASE("atomic files replace their target only on commit", "[data]") {
   CHECK(::rmdir(dir.c_str()) == 0);
 }
 
-TEST_CASE("atomic files never replace a device, a FIFO or a folder",
-          "[data]") {
+TEST_CASE("atomic files never replace a device, a FIFO or a folder", "[data]") {
   std::string dir = tempDir();
   REQUIRE(::mkfifo((dir + "/fifo").c_str(), 0644) == 0);
   AtomicFile f;
@@ -350,8 +349,7 @@ TEST_CASE("atomic files never replace a device, a FIFO or a folder",
   CHECK(st.message() == "token file '" + dir + "/fifo': not a regular file");
 }
 
-TEST_CASE("half-written files go when the process is told to stop",
-          "[data]") {
+TEST_CASE("half-written files go when the process is told to stop", "[data]") {
   std::string dir = tempDir();
   std::fflush(nullptr);
   pid_t pid = ::fork();

@@ -88,8 +88,8 @@ Status writeCheckpoint(const std::string &path, bool gradients,
   // part) is removed: a failed --save leaves nothing behind.
   std::vector<int> slots;
   if (merge && exec.replicaIndex() == 0)
-    slots.push_back(rememberTempFile(
-        checkpointPartPath(path, exec.plan().device_class())));
+    slots.push_back(
+        rememberTempFile(checkpointPartPath(path, exec.plan().device_class())));
   if (merge && rank == 0)
     for (const plan::Manifest::Class &c : manifest.classes())
       slots.push_back(

@@ -87,9 +87,9 @@ Status parseItem(const std::string &list, const std::string &item,
     size_t start = 0;
     while (start <= inside.size()) {
       size_t comma = inside.find(',', start);
-      std::string range = inside.substr(
-          start, comma == std::string::npos ? std::string::npos
-                                            : comma - start);
+      std::string range =
+          inside.substr(start, comma == std::string::npos ? std::string::npos
+                                                          : comma - start);
       size_t dash = range.find('-');
       std::string loText = range.substr(0, dash);
       std::string hiText =
@@ -207,8 +207,8 @@ Status firstNodeListHost(const std::string &list, std::string &host) {
   PIPER_RETURN_IF_ERROR(parseItem(list, items.front(), pieces));
   host.clear();
   for (const Piece &p : pieces)
-    host += p.ranges.empty() ? p.text
-                             : padded(p.ranges[0].lo, p.ranges[0].width);
+    host +=
+        p.ranges.empty() ? p.text : padded(p.ranges[0].lo, p.ranges[0].width);
   return Status::ok();
 }
 

@@ -47,8 +47,7 @@ using EnvLookup = std::function<const char *(const char *)>;
 /// returns ok) when none applies, or when an external launcher's world of
 /// one asks for `nproc` > 1 local ranks: the process is then a launcher.
 /// `nproc` is --nproc (0 when absent), which must agree with the world.
-Status readRankEnv(int nproc, const EnvLookup &env, bool &isRank,
-                   RankEnv &out);
+Status readRankEnv(int nproc, const EnvLookup &env, bool &isRank, RankEnv &out);
 /// readRankEnv on this process's environment.
 Status readRankEnv(int nproc, bool &isRank, RankEnv &out);
 

@@ -77,8 +77,8 @@ int runRank(const RunOptions &options, const RankEnv &env) {
     check(checkWritableDirectory(options.logDir,
                                  "--log-dir '" + options.logDir + "'"));
     std::string log = fmt::format("{}/rank-{}.log", options.logDir, rank);
-    int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC,
-                    0644);
+    int fd =
+        ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0)
       exitRank(fmt::format("{}: --log-dir: cannot create '{}': {}", who, log,
                            errnoMessage(errno)));
@@ -147,8 +147,8 @@ int runRank(const RunOptions &options, const RankEnv &env) {
                  "gloo binds {}\n",
                  who, env.worldSize, env.launcher, env.localRank,
                  env.masterAddr, env.masterPort, meeting.bindAddress);
-      comm = createGlooCommunicator(rank, env.worldSize, meeting.store,
-                                    timeout, st, meeting.bindAddress);
+      comm = createGlooCommunicator(rank, env.worldSize, meeting.store, timeout,
+                                    st, meeting.bindAddress);
     }
     if (!comm || !st)
       exitRank(who + ": cannot create the communicator: " +

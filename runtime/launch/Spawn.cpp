@@ -213,9 +213,11 @@ int launchLocalRanks(const RunOptions &options, char **argv) {
   // messages vanish.
   std::vector<int> logFds(n, -1);
   auto closeLogs = [&] {
-    for (int &fd : logFds)
+    for (int &fd : logFds) {
       if (fd >= 0)
-        ::close(fd), fd = -1;
+        ::close(fd);
+      fd = -1;
+    }
   };
   std::vector<std::string> logPaths(n);
   if (!options.logDir.empty()) {

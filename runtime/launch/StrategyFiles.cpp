@@ -107,7 +107,8 @@ Status checkStrategy(const RunOptions &options,
     int64_t step = 0;
     PIPER_RETURN_IF_ERROR(
         openCheckpoint(options.loadPath, plans, reader, step));
-    PIPER_RETURN_IF_ERROR(checkStepRange(options.loadPath, step, options.steps));
+    PIPER_RETURN_IF_ERROR(
+        checkStepRange(options.loadPath, step, options.steps));
   }
   return checkOutputTargets(options);
 }
@@ -123,7 +124,8 @@ Status checkOutputTargets(const RunOptions &options) {
         checkWritableTarget(options.metricsPath, "--metrics"));
   if (!options.saveParamsDir.empty())
     PIPER_RETURN_IF_ERROR(checkWritableDirectory(
-        options.saveParamsDir, "--save-params '" + options.saveParamsDir + "'"));
+        options.saveParamsDir,
+        "--save-params '" + options.saveParamsDir + "'"));
   if (!options.logDir.empty())
     PIPER_RETURN_IF_ERROR(checkWritableDirectory(
         options.logDir, "--log-dir '" + options.logDir + "'"));

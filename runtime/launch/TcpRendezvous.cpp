@@ -116,13 +116,13 @@ Status meetOverTcp(const RankEnv &env, const std::string &token,
     if (!out.server)
       return st.withContext(who);
   }
-  out.store = TcpStore::connect(env.masterAddr, env.masterPort, token,
-                                env.rank, env.worldSize, timeout, st);
+  out.store = TcpStore::connect(env.masterAddr, env.masterPort, token, env.rank,
+                                env.worldSize, timeout, st);
   if (!out.store)
     return st.withContext(who);
   PIPER_RETURN_IF_ERROR(
-      out.store->setValue(fmt::format("piper/arrived/{}", env.rank),
-                          out.bindAddress)
+      out.store
+          ->setValue(fmt::format("piper/arrived/{}", env.rank), out.bindAddress)
           .withContext(who));
   std::vector<std::string> keys;
   for (int r = 0; r < env.worldSize; ++r)

@@ -173,19 +173,18 @@ TEST_CASE("rank and world from each launcher's variables", "[launch]") {
         "(rank 0's address and a free port on it)");
   CHECK(rankError({"RANK=0", "WORLD_SIZE=0"}) ==
         "WORLD_SIZE must be a positive number of ranks, not 0");
-  CHECK(rankError({"RANK=0", "WORLD_SIZE=2", "MASTER_ADDR=h",
-                   "MASTER_PORT=70000"}) ==
+  CHECK(rankError(
+            {"RANK=0", "WORLD_SIZE=2", "MASTER_ADDR=h", "MASTER_PORT=70000"}) ==
         "MASTER_PORT=70000 is not a TCP port (1-65535)");
-  CHECK(rankError({"RANK=1", "WORLD_SIZE=2", "MASTER_ADDR=h",
-                   "MASTER_PORT=1"},
+  CHECK(rankError({"RANK=1", "WORLD_SIZE=2", "MASTER_ADDR=h", "MASTER_PORT=1"},
                   4) == "--nproc is 4 but WORLD_SIZE is 2");
 
   // Slurm, inside an srun step: the master is the first host of the list,
   // the port comes from the job id unless MASTER_PORT says otherwise.
   std::vector<std::string> slurm = {
-      "SLURM_PROCID=5",        "SLURM_NTASKS=8",
-      "SLURM_LOCALID=1",       "SLURM_JOB_ID=4242",
-      "SLURM_STEP_ID=0",       "SLURM_JOB_NODELIST=gpu[07-10],cpu1"};
+      "SLURM_PROCID=5",  "SLURM_NTASKS=8",
+      "SLURM_LOCALID=1", "SLURM_JOB_ID=4242",
+      "SLURM_STEP_ID=0", "SLURM_JOB_NODELIST=gpu[07-10],cpu1"};
   RankEnv s = rankFrom(slurm);
   CHECK(s.launcher == "slurm");
   CHECK(s.rank == 5);
@@ -206,10 +205,9 @@ TEST_CASE("rank and world from each launcher's variables", "[launch]") {
   // A batch script (no srun step) is not a rank: piper-run launches there.
   bool isRank = true;
   RankEnv none;
-  REQUIRE(readRankEnv(2,
-                      fakeEnv({"SLURM_PROCID=0", "SLURM_NTASKS=2",
-                               "SLURM_JOB_NODELIST=n1"}),
-                      isRank, none));
+  REQUIRE(readRankEnv(
+      2, fakeEnv({"SLURM_PROCID=0", "SLURM_NTASKS=2", "SLURM_JOB_NODELIST=n1"}),
+      isRank, none));
   CHECK_FALSE(isRank);
   // `srun -n 1 piper-run out/ --nproc 4`: the one task spawns its ranks.
   REQUIRE(readRankEnv(4,
@@ -219,10 +217,10 @@ TEST_CASE("rank and world from each launcher's variables", "[launch]") {
   CHECK_FALSE(isRank);
 
   // Open MPI on one machine: loopback, a port from the job id.
-  RankEnv m = rankFrom({"OMPI_COMM_WORLD_RANK=2", "OMPI_COMM_WORLD_SIZE=4",
-                        "OMPI_COMM_WORLD_LOCAL_RANK=2",
-                        "OMPI_COMM_WORLD_LOCAL_SIZE=4",
-                        "OMPI_MCA_ess_base_jobid=123456"});
+  RankEnv m =
+      rankFrom({"OMPI_COMM_WORLD_RANK=2", "OMPI_COMM_WORLD_SIZE=4",
+                "OMPI_COMM_WORLD_LOCAL_RANK=2", "OMPI_COMM_WORLD_LOCAL_SIZE=4",
+                "OMPI_MCA_ess_base_jobid=123456"});
   CHECK(m.launcher == "openmpi");
   CHECK(m.rank == 2);
   CHECK(m.localRank == 2);
@@ -236,8 +234,7 @@ TEST_CASE("rank and world from each launcher's variables", "[launch]") {
 
   // The order: piper-run's spawner, torchrun, Slurm, Open MPI.
   CHECK(rankFrom({"PIPER_RANK=0", "PIPER_WORLD_SIZE=2", "PIPER_STORE_DIR=/s",
-                  "RANK=1", "WORLD_SIZE=2", "MASTER_ADDR=h",
-                  "MASTER_PORT=1"})
+                  "RANK=1", "WORLD_SIZE=2", "MASTER_ADDR=h", "MASTER_PORT=1"})
             .launcher == "piper-run");
   CHECK(rankFrom({"RANK=1", "WORLD_SIZE=2", "MASTER_ADDR=h", "MASTER_PORT=1",
                   "OMPI_COMM_WORLD_RANK=0", "OMPI_COMM_WORLD_SIZE=2"})

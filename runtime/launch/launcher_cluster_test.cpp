@@ -84,9 +84,9 @@ std::vector<RunResult> runAll(const std::vector<std::string> &args,
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
-    r.seconds = std::chrono::duration<double>(
-                    std::chrono::steady_clock::now() - start)
-                    .count();
+    r.seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+            .count();
     r.out = readFile(started[i].outPath);
     r.err = readFile(started[i].errPath);
   }
@@ -110,8 +110,8 @@ std::vector<std::string> lossTexts(const std::string &path) {
 /// Trains `out` with `nproc` local ranks and returns the losses.
 std::vector<std::string> localLosses(const std::string &out, int nproc) {
   std::string metrics = out + "/local.jsonl";
-  RunResult r = piperRun({out, "--nproc", std::to_string(nproc), "--steps",
-                          "3", "--seed", "5", "--metrics", metrics});
+  RunResult r = piperRun({out, "--nproc", std::to_string(nproc), "--steps", "3",
+                          "--seed", "5", "--metrics", metrics});
   INFO("stderr: " << r.err);
   REQUIRE(r.exitCode() == 0);
   std::vector<std::string> losses = lossTexts(metrics);
@@ -157,9 +157,8 @@ TEST_CASE("piper-run under torchrun-style variables: two nodes on loopback "
     CHECK(runs[r].err.find(
               "piper-run: rank " + std::to_string(r) +
               " of 4 (torchrun, local rank " + std::to_string(r % 2) +
-              "): met at 127.0.0.2:" + std::to_string(port) +
-              ", gloo binds " + (r < 2 ? "127.0.0.2" : "127.0.0.3") + "\n") !=
-          std::string::npos);
+              "): met at 127.0.0.2:" + std::to_string(port) + ", gloo binds " +
+              (r < 2 ? "127.0.0.2" : "127.0.0.3") + "\n") != std::string::npos);
   }
   CHECK(lossTexts(metrics) == local);
 }
@@ -174,16 +173,14 @@ TEST_CASE("piper-run under mpirun matches the local spawn bit for bit",
   std::string out = strategy({singleClassPlan(m, 1, {0, 1, 2, 3}, 4)}, "mpi4");
   std::vector<std::string> local = localLosses(out, 4);
   std::string metrics = out + "/mpirun.jsonl";
-  std::string piperRunPath =
-      std::filesystem::absolute(kPiperRun).string();
-  RunResult r = runBinary(
-      "/usr/bin/mpirun",
-      {"--oversubscribe", "--allow-run-as-root", "-np", "4", "-x",
-       "MASTER_PORT=" + std::to_string(freePort("127.0.0.1")), piperRunPath,
-       out, "--steps", "3", "--seed", "5", "--metrics", metrics,
-       "--timeout-s", "30", "--profile"},
-      {},
-      std::chrono::seconds(120));
+  std::string piperRunPath = std::filesystem::absolute(kPiperRun).string();
+  RunResult r =
+      runBinary("/usr/bin/mpirun",
+                {"--oversubscribe", "--allow-run-as-root", "-np", "4", "-x",
+                 "MASTER_PORT=" + std::to_string(freePort("127.0.0.1")),
+                 piperRunPath, out, "--steps", "3", "--seed", "5", "--metrics",
+                 metrics, "--timeout-s", "30", "--profile"},
+                {}, std::chrono::seconds(120));
   INFO("stdout: " << r.out << "\nstderr: " << r.err);
   REQUIRE(r.exitCode() == 0);
   CHECK(lossTexts(metrics) == local);
@@ -227,7 +224,8 @@ TEST_CASE("piper-run's TCP rendezvous: a missing rank and another job's rank "
     a.push_back("PIPER_JOB_TOKEN=job-a");
     std::vector<std::string> b = torchrunEnv(1, 2, 0, "127.0.0.1", port);
     b.push_back("PIPER_JOB_TOKEN=job-b");
-    std::vector<RunResult> runs = runAll(args, {a, b}, std::chrono::seconds(30));
+    std::vector<RunResult> runs =
+        runAll(args, {a, b}, std::chrono::seconds(30));
     CHECK(runs[1].exitCode() == 1);
     CHECK(runs[1].err.find("piper-run: rank 1: the rendezvous store at " +
                            where +

@@ -53,8 +53,8 @@ TEST_CASE("piper-run: a checkpoint step near 2^63 is an error, not 0 steps",
             .exitCode() == 1);
   // One below: loading it for no steps is fine, one step is not.
   std::string below = checkpointAt(dir, "9223372036854775806");
-  RunResult none = piperRun({out, "--nproc", "1", "--steps", "0", "--load",
-                             below});
+  RunResult none =
+      piperRun({out, "--nproc", "1", "--steps", "0", "--load", below});
   INFO("stderr: " << none.err);
   CHECK(none.exitCode() == 0);
   CHECK(piperRun({out, "--nproc", "1", "--steps", "1", "--load", below})
@@ -103,17 +103,17 @@ TEST_CASE("piper-run never replaces a device, and checks every output before "
         "piper-run: --log-dir '" + blocker +
             "/logs': cannot create directory '" + blocker +
             "/logs': not a directory\n");
-  CHECK(fails({"--save-params", blocker}) ==
-        "piper-run: --save-params '" + blocker + "': '" + blocker +
-            "' is not a directory\n");
+  CHECK(fails({"--save-params", blocker}) == "piper-run: --save-params '" +
+                                                 blocker + "': '" + blocker +
+                                                 "' is not a directory\n");
 
   // An empty name (an unset shell variable) is not "no file".
   for (const char *flag : {"--save", "--save-grads", "--metrics", "--log-dir",
                            "--save-params", "--load", "--data"}) {
     RunResult r = piperRun({out, "--nproc", "2", flag, ""});
     CHECK(r.exitCode() == 2);
-    CHECK(r.err == std::string("piper-run: ") + flag +
-                       " needs a file name, not ''\n");
+    CHECK(r.err ==
+          std::string("piper-run: ") + flag + " needs a file name, not ''\n");
   }
   RunResult zero = piperRun({out, "--nproc", "0"});
   CHECK(zero.exitCode() == 2);
@@ -149,8 +149,8 @@ TEST_CASE("piper-run refuses FIFOs and devices as inputs instead of hanging",
   // The manifest and a plan file.
   std::filesystem::remove(out + "/class1.plan");
   REQUIRE(::mkfifo((out + "/class1.plan").c_str(), 0644) == 0);
-  CHECK(fails(out, {}) == "piper-run: plan file '" + out +
-                              "/class1.plan': not a regular file\n");
+  CHECK(fails(out, {}) ==
+        "piper-run: plan file '" + out + "/class1.plan': not a regular file\n");
   std::filesystem::remove(out + "/manifest.textproto");
   std::filesystem::create_symlink("/dev/zero", out + "/manifest.textproto");
   CHECK(fails(out, {}) == "piper-run: manifest '" + out +
@@ -191,8 +191,8 @@ TEST_CASE("piper-run --save leaves no temporary files or parts behind",
       int devnull = ::open("/dev/null", O_WRONLY);
       ::dup2(devnull, STDOUT_FILENO);
       ::dup2(devnull, STDERR_FILENO);
-      ::execl(kPiperRun, kPiperRun, out.c_str(), "--nproc", "2", "--steps",
-              "1", "--save", path.c_str(), nullptr);
+      ::execl(kPiperRun, kPiperRun, out.c_str(), "--nproc", "2", "--steps", "1",
+              "--save", path.c_str(), nullptr);
       ::_exit(127);
     }
     // Signal as soon as a part or a temporary file exists (or, at worst,
@@ -201,8 +201,8 @@ TEST_CASE("piper-run --save leaves no temporary files or parts behind",
     int status = 0;
     bool signalled = false;
     while (::waitpid(pid, &status, WNOHANG) == 0) {
-      if (!signalled && (holdsFileWith(dir, ".part") ||
-                         holdsFileWith(dir, ".tmp-"))) {
+      if (!signalled &&
+          (holdsFileWith(dir, ".part") || holdsFileWith(dir, ".tmp-"))) {
         ::kill(pid, SIGTERM);
         signalled = true;
       }
@@ -222,9 +222,9 @@ TEST_CASE("piper-run --save leaves no temporary files or parts behind",
     std::ofstream(path + ".tmp-AbC123") << "half";
     std::ofstream(path + ".class0.part.tmp-XyZ789") << "half";
     std::ofstream(dir + "/other.tmp-keepme") << "not ours";
-    RunResult r = piperRun({out, "--nproc", "2", "--steps", "3", "--save",
-                            path},
-                           {"PIPER_TEST_FAIL_RANK=1", "PIPER_TEST_FAIL_STEP=2"});
+    RunResult r =
+        piperRun({out, "--nproc", "2", "--steps", "3", "--save", path},
+                 {"PIPER_TEST_FAIL_RANK=1", "PIPER_TEST_FAIL_STEP=2"});
     CHECK(r.exitCode() == 1);
     CHECK_FALSE(holdsFileWith(dir, ".part"));
     CHECK_FALSE(holdsFileWith(dir, "c.safetensors"));
