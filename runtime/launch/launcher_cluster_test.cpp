@@ -148,17 +148,20 @@ TEST_CASE("piper-run under torchrun-style variables: two nodes on loopback "
   }
   std::vector<RunResult> runs =
       runAll({out, "--steps", "3", "--seed", "5", "--metrics", metrics,
-              "--timeout-s", "30"},
+              "--timeout-s", "30", "--log-dir", out + "/logs"},
              envs, std::chrono::seconds(90));
   for (size_t r = 0; r < runs.size(); ++r) {
     INFO("rank " << r << " stderr: " << runs[r].err);
     CHECK(runs[r].exitCode() == 0);
-    // Each node's pairs bind its own address.
-    CHECK(runs[r].err.find(
-              "piper-run: rank " + std::to_string(r) +
-              " of 4 (torchrun, local rank " + std::to_string(r % 2) +
-              "): met at 127.0.0.2:" + std::to_string(port) + ", gloo binds " +
-              (r < 2 ? "127.0.0.2" : "127.0.0.3") + "\n") != std::string::npos);
+    // Each rank writes its own log (--log-dir), and each node's pairs bind
+    // its own address.
+    std::string log =
+        readFile(out + "/logs/rank-" + std::to_string(r) + ".log");
+    CHECK(log.find("piper-run: rank " + std::to_string(r) +
+                   " of 4 (torchrun, local rank " + std::to_string(r % 2) +
+                   "): met at 127.0.0.2:" + std::to_string(port) +
+                   ", gloo binds " + (r < 2 ? "127.0.0.2" : "127.0.0.3") +
+                   "\n") != std::string::npos);
   }
   CHECK(lossTexts(metrics) == local);
 }
@@ -194,6 +197,14 @@ TEST_CASE("piper-run under mpirun matches the local spawn bit for bit",
 TEST_CASE("piper-run's TCP rendezvous: a missing rank and another job's rank "
           "are errors within --timeout-s",
           "[launcher][cluster]") {
+  SECTION("a launcher's world that is not the strategy's") {
+    TinyModel m;
+    std::string out = strategy(pipelinePlans(m, 2), "rdv-world");
+    RunResult r = piperRun({out}, torchrunEnv(0, 3, 0, "127.0.0.1", 1));
+    CHECK(r.exitCode() == 1);
+    CHECK(r.err == "piper-run: rank 0: the strategy needs 2 ranks, the "
+                   "torchrun world has 3\n");
+  }
   TinyModel m;
   std::string out = strategy(pipelinePlans(m, 2), "rdv");
   int port = freePort("127.0.0.1");
