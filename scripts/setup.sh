@@ -13,6 +13,8 @@ PACKAGES=(
   zlib1g-dev catch2
   # Runtime: Gloo collectives over TCP, OpenBLAS GEMMs.
   libgloo-dev libopenblas-dev
+  # Tests: piper-run under a real cluster launcher (mpirun).
+  openmpi-bin
   # scripts/install.sh: RUNPATHs of installed binaries.
   patchelf
   # Tests run Python scripts with Debian's interpreter; PyTorch (CPU) is the

@@ -213,7 +213,8 @@ SafetensorsReader::open(const std::string &path, Status &status) {
   std::string where = "checkpoint '" + path + "': ";
   std::unique_ptr<SafetensorsReader> r(new SafetensorsReader());
   r->filePath = path;
-  r->fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO must not wait for a writer.
+  r->fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (r->fd < 0) {
     status = Status::error(where + "cannot open: " + errnoMessage(errno));
     return nullptr;

@@ -128,7 +128,7 @@ class GlooCommunicator final : public Communicator {
 public:
   GlooCommunicator(int rank, int worldSize, std::chrono::milliseconds timeout,
                    std::shared_ptr<gloo::transport::Device> device,
-                   std::unique_ptr<gloo::rendezvous::FileStore> store)
+                   std::shared_ptr<gloo::rendezvous::Store> store)
       : myRank(rank), size(worldSize), timeout(timeout),
         device(std::move(device)), store(std::move(store)) {}
   ~GlooCommunicator() override {
@@ -197,7 +197,7 @@ private:
   // Members are destroyed bottom-up: groups (and their workers) before the
   // store and the device.
   std::shared_ptr<gloo::transport::Device> device;
-  std::unique_ptr<gloo::rendezvous::FileStore> store;
+  std::shared_ptr<gloo::rendezvous::Store> store;
   bool connected = false;
   std::mutex worldMutex;
   Group world;

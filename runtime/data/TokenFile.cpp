@@ -88,7 +88,8 @@ std::string tokenFileHeader(TokenDType dtype) {
 std::unique_ptr<TokenFile> TokenFile::open(const std::string &path,
                                            TokenDType dtype, Status &status) {
   std::string where = "token file '" + path + "': ";
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO must not wait for a writer.
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     status = Status::error(where + "cannot open: " + errnoMessage(errno));
     return nullptr;

@@ -7,7 +7,10 @@
 #include <string>
 #include <vector>
 
+#include <csignal>
+
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -315,4 +318,68 @@ TEST_CASE("atomic files replace their target only on commit", "[data]") {
   CHECK(::rmdir(dir.c_str()) != 0);
   REQUIRE(::unlink(path.c_str()) == 0);
   CHECK(::rmdir(dir.c_str()) == 0);
+}
+
+TEST_CASE("atomic files never replace a device, a FIFO or a folder", "[data]") {
+  std::string dir = tempDir();
+  REQUIRE(::mkfifo((dir + "/fifo").c_str(), 0644) == 0);
+  AtomicFile f;
+  CHECK(f.open("/dev/null").message() ==
+        "'/dev/null' exists and is not a regular file (a device or a FIFO?); "
+        "refusing to replace it");
+  CHECK(f.open(dir + "/fifo").message().find("is not a regular file") !=
+        std::string::npos);
+  CHECK(f.open(dir).message() == "'" + dir + "' is a directory");
+  CHECK(checkWritableTarget("/dev/full", "--save").message() ==
+        "--save '/dev/full': exists and is not a regular file (a device or "
+        "a FIFO?); refusing to replace it");
+  CHECK(checkWritableTarget("", "--save").message() ==
+        "--save needs a file name, not ''");
+  CHECK(checkWritableTarget(dir + "/new/sub/file", "--save"));
+  CHECK(checkRegularFile(dir + "/fifo", "plan file 'p'").message() ==
+        "plan file 'p': not a regular file");
+  CHECK(checkRegularFile("/dev/zero", "manifest 'm'").message() ==
+        "manifest 'm': not a regular file");
+  CHECK(checkRegularFile(dir + "/nope", "x").message() ==
+        "x: cannot open: no such file or directory");
+  // Reading a FIFO as a token file fails at once instead of waiting for a
+  // writer.
+  Status st;
+  CHECK_FALSE(TokenFile::open(dir + "/fifo", TokenDType::Auto, st));
+  CHECK(st.message() == "token file '" + dir + "/fifo': not a regular file");
+}
+
+TEST_CASE("half-written files go when the process is told to stop", "[data]") {
+  std::string dir = tempDir();
+  std::fflush(nullptr);
+  pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    removeTempFilesOnSignals();
+    AtomicFile f;
+    if (!f.open(dir + "/ckpt") || !f.write("partial", 7))
+      ::_exit(10);
+    // A checkpoint part another rank would merge.
+    std::ofstream(dir + "/ckpt.class1.part") << "part";
+    rememberTempFile(dir + "/ckpt.class1.part");
+    ::raise(SIGTERM);
+    ::_exit(11); // not reached
+  }
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  CHECK(WIFSIGNALED(status));
+  CHECK(WTERMSIG(status) == SIGTERM);
+  // Nothing is left in the folder.
+  CHECK(::rmdir(dir.c_str()) == 0);
+
+  // removeTempFiles() (what a failing rank calls before _exit) too; a
+  // forgotten file stays.
+  dir = tempDir();
+  writeBytes(dir + "/a", "a");
+  writeBytes(dir + "/b", "b");
+  rememberTempFile(dir + "/a");
+  forgetTempFile(rememberTempFile(dir + "/b"));
+  removeTempFiles();
+  CHECK(::access((dir + "/a").c_str(), F_OK) != 0);
+  CHECK(readBytes(dir + "/b") == "b");
 }

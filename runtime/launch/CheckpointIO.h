@@ -27,6 +27,15 @@ Status openCheckpoint(const std::string &path,
                       const std::vector<plan::Plan> &plans,
                       std::unique_ptr<SafetensorsReader> &out, int64_t &step);
 
+/// Checks that `steps` more steps after a checkpoint's `step` stay within
+/// int64 (a step near 2^63 would otherwise wrap and run nothing).
+Status checkStepRange(const std::string &path, int64_t step, int64_t steps);
+
+/// Removes what an interrupted writeCheckpoint(`path`) may leave next to
+/// `path`: its parts ("<path>.class<N>.part") and the temporary files of
+/// the parts and of `path` ("….tmp-XXXXXX").
+void removeCheckpointLeftovers(const std::string &path);
+
 /// After the last step: replica 0 of every class writes its parameters (or,
 /// with `gradients`, its gradient accumulators) to `path`; with several
 /// classes they write parts that rank 0 merges, in manifest order, once

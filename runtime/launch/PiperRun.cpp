@@ -41,7 +41,8 @@ int piperRunMain(int argc, char **argv) {
   if (options.nproc <= 0) {
     fmt::print(stderr,
                "piper-run: --nproc is required (the strategy needs {} "
-               "ranks)\n",
+               "ranks), unless srun, mpirun or torchrun-style variables "
+               "start the ranks (docs/operations.md)\n",
                manifest.world_size());
     return 1;
   }

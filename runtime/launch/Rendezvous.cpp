@@ -52,36 +52,6 @@ bool envInt(const char *name, long long &value, std::string &error) {
   return true;
 }
 
-Status readRankEnv(int nproc, bool &isRank, RankEnv &env) {
-  std::string error;
-  long long rank = -1, world = -1;
-  isRank = envInt("PIPER_RANK", rank, error);
-  if (!error.empty())
-    return Status::error(error);
-  if (!isRank)
-    return Status::ok();
-  // One rank of a run: spawned by the launcher, or by hand / a cluster
-  // launcher with the same variables.
-  if (!envInt("PIPER_WORLD_SIZE", world, error) || world < 1)
-    return Status::error(error.empty()
-                             ? "PIPER_RANK is set but PIPER_WORLD_SIZE is not"
-                             : error);
-  if (rank < 0 || rank >= world)
-    return Status::error(fmt::format(
-        "PIPER_RANK {} is out of range for PIPER_WORLD_SIZE {}", rank, world));
-  if (nproc != 0 && nproc != world)
-    return Status::error(
-        fmt::format("--nproc is {} but PIPER_WORLD_SIZE is {}", nproc, world));
-  const char *store = std::getenv("PIPER_STORE_DIR");
-  if (world > 1 && (!store || !*store))
-    return Status::error("PIPER_STORE_DIR must name a shared, empty "
-                         "directory when PIPER_WORLD_SIZE > 1");
-  env.rank = static_cast<int>(rank);
-  env.worldSize = static_cast<int>(world);
-  env.storeDir = store ? store : "";
-  return Status::ok();
-}
-
 Status makeStoreDir(std::string &dir) {
   const char *tmp = std::getenv("TMPDIR");
   dir = fmt::format("{}/piper-run-XXXXXX", tmp && *tmp ? tmp : "/tmp");
@@ -145,6 +115,8 @@ void reportFailure() {
 
 void exitRank(const std::string &message, int code) {
   reportFailure();
+  // _exit runs no destructors: half-written files go by hand.
+  removeTempFiles();
   std::fprintf(stderr, "piper-run: %s\n", message.c_str());
   std::fflush(stderr);
   std::fflush(stdout);

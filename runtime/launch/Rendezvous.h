@@ -6,27 +6,14 @@
 #include <string>
 #include <vector>
 
+#include "runtime/launch/LaunchEnv.h"
 #include "runtime/support/Status.h"
 
 namespace piper::runtime {
 
-/// Where one rank stands in a run (PIPER_RANK, PIPER_WORLD_SIZE,
-/// PIPER_STORE_DIR; docs/piper-run.md).
-struct RankEnv {
-  int rank = 0;
-  int worldSize = 1;
-  /// The folder the Gloo file store of every rank shares; empty for one rank.
-  std::string storeDir;
-};
-
 /// Reads an integer environment variable. False when it is unset, empty or
 /// malformed; a malformed one also sets `error`.
 bool envInt(const char *name, long long &value, std::string &error);
-
-/// Reads this process's rank from the environment. Sets `isRank` false (and
-/// returns ok) when PIPER_RANK is unset: the process is a launcher. `nproc`
-/// is --nproc (0 when absent), which must then agree with the world size.
-Status readRankEnv(int nproc, bool &isRank, RankEnv &env);
 
 /// Creates a fresh, empty rendezvous folder under $TMPDIR (else /tmp).
 Status makeStoreDir(std::string &dir);

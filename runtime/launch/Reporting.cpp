@@ -102,11 +102,15 @@ Status MetricsFile::open(const std::string &filePath) {
   return Status::ok();
 }
 
-void MetricsFile::write(const StepReport &report) {
+Status MetricsFile::write(const StepReport &report) {
   if (!file)
-    return;
-  fmt::print(file, "{}\n", metricsLine(report));
-  std::fflush(file);
+    return Status::ok();
+  std::string line = metricsLine(report) + "\n";
+  if (std::fwrite(line.data(), 1, line.size(), file) != line.size() ||
+      std::fflush(file) != 0)
+    return Status::error(fmt::format("cannot write --metrics file '{}': {}",
+                                     path, errnoMessage(errno)));
+  return Status::ok();
 }
 
 Status MetricsFile::close() {

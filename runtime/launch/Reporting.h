@@ -49,8 +49,9 @@ public:
   /// Creates (truncates) the file at `path`.
   Status open(const std::string &path);
   bool isOpen() const { return file != nullptr; }
-  /// Appends the line of `report`; does nothing when not open.
-  void write(const StepReport &report);
+  /// Appends the line of `report`; does nothing when not open. An error
+  /// when the line could not be written (a full disk).
+  Status write(const StepReport &report);
   /// Closes the file; an error when its data could not be written.
   Status close();
 

@@ -1,6 +1,9 @@
 // piper-run's command-line flags (CLI11), with their help texts.
 #include "runtime/launch/RunOptions.h"
 
+#include <cstdio>
+#include <utility>
+
 #include <CLI/CLI.hpp>
 
 namespace piper::runtime {
@@ -62,6 +65,28 @@ bool parseRunOptions(int argc, char **argv, RunOptions &options,
     app.parse(argc, argv);
   } catch (const CLI::ParseError &e) {
     exitCode = app.exit(e);
+    return false;
+  }
+  // An empty file name means "none" inside, so `--save ''` (an unset shell
+  // variable) would silently save nothing.
+  const std::pair<const char *, const std::string *> files[] = {
+      {"--metrics", &options.metricsPath},
+      {"--save-params", &options.saveParamsDir},
+      {"--log-dir", &options.logDir},
+      {"--data", &options.dataPath},
+      {"--save-grads", &options.saveGradsPath},
+      {"--save", &options.savePath},
+      {"--load", &options.loadPath}};
+  for (const auto &[flag, value] : files)
+    if (app.count(flag) > 0 && value->empty()) {
+      std::fprintf(stderr, "piper-run: %s needs a file name, not ''\n", flag);
+      exitCode = 2;
+      return false;
+    }
+  if (app.count("--nproc") > 0 && options.nproc < 1) {
+    std::fprintf(stderr, "piper-run: --nproc must be at least 1, not %d\n",
+                 options.nproc);
+    exitCode = 2;
     return false;
   }
   return true;

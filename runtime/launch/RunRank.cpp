@@ -9,16 +9,23 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
+
+#include <cblas.h>
+#include <fcntl.h>
+#include <unistd.h>
 
 #include <fmt/format.h>
 
 #include "runtime/checkpoint/Safetensors.h"
 #include "runtime/comm/Communicator.h"
+#include "runtime/data/AtomicFile.h"
 #include "runtime/exec/Executor.h"
 #include "runtime/launch/CheckpointIO.h"
 #include "runtime/launch/Reporting.h"
 #include "runtime/launch/StrategyFiles.h"
+#include "runtime/launch/TcpRendezvous.h"
 
 namespace piper::runtime {
 
@@ -57,17 +64,44 @@ int runRank(const RunOptions &options, const RankEnv &env) {
   const int rank = env.rank;
   const std::string who = fmt::format("rank {}", rank);
   initFailureReport(rank);
+  // The launcher stops ranks with SIGTERM; a user with ^C.
+  removeTempFilesOnSignals();
   auto check = [&](const Status &st, bool named = true) {
     if (!st)
       exitRank(named ? who + ": " + st.message() : st.message());
   };
 
+  // Under another launcher, --log-dir is this rank's own business (the
+  // spawner opens the logs of its ranks itself).
+  if (!options.logDir.empty() && env.launcher != "piper-run") {
+    check(checkWritableDirectory(options.logDir,
+                                 "--log-dir '" + options.logDir + "'"));
+    std::string log = fmt::format("{}/rank-{}.log", options.logDir, rank);
+    int fd =
+        ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0)
+      exitRank(fmt::format("{}: --log-dir: cannot create '{}': {}", who, log,
+                           errnoMessage(errno)));
+    ::dup2(fd, STDERR_FILENO);
+    ::close(fd);
+  }
+
+  // As piper-run's spawner does: N ranks of one machine share its cores
+  // rather than each running a full-width BLAS pool, unless the user chose.
+  if (env.launcher != "piper-run" && env.localWorldSize > 1 &&
+      !std::getenv("OPENBLAS_NUM_THREADS") && !std::getenv("OMP_NUM_THREADS")) {
+    unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+    openblas_set_num_threads(
+        static_cast<int>(std::max(1u, cores / unsigned(env.localWorldSize))));
+  }
+
   plan::Manifest manifest;
   check(loadManifest(options, manifest));
   if (manifest.world_size() != env.worldSize)
-    exitRank(fmt::format("{}: the strategy needs {} ranks, PIPER_WORLD_SIZE "
-                         "is {}",
-                         who, manifest.world_size(), env.worldSize));
+    exitRank(fmt::format("{}: the strategy needs {} ranks, the {} world has "
+                         "{}",
+                         who, manifest.world_size(), env.launcher,
+                         env.worldSize));
   int cls = classOf(manifest, rank);
   if (cls < 0)
     exitRank(who + ": no device class of the manifest lists this rank");
@@ -87,15 +121,35 @@ int runRank(const RunOptions &options, const RankEnv &env) {
     Status st = loadPlans(options, manifest, plans);
     if (st)
       st = openCheckpoint(options.loadPath, plans, checkpoint, loadedStep);
+    if (st)
+      st = checkStepRange(options.loadPath, loadedStep, options.steps);
     check(st);
   }
+  // Before any step: a file that cannot be written fails now, not after
+  // hours of training.
+  check(checkOutputTargets(options));
 
+  // Declared before the communicator, which uses its store until it goes.
+  TcpMeeting meeting;
   std::unique_ptr<Communicator> comm;
   if (env.worldSize > 1) {
     Status st;
-    comm = createGlooCommunicator(
-        rank, env.worldSize, env.storeDir,
-        std::chrono::milliseconds(int64_t(options.timeoutS) * 1000), st);
+    auto timeout = std::chrono::milliseconds(int64_t(options.timeoutS) * 1000);
+    if (!env.storeDir.empty()) {
+      // piper-run's own spawner: one machine, a file store, loopback.
+      comm = createGlooCommunicator(rank, env.worldSize, env.storeDir, timeout,
+                                    st);
+    } else {
+      check(meetOverTcp(env, jobToken(env, manifest), timeout, meeting),
+            /*named=*/false);
+      fmt::print(stderr,
+                 "piper-run: {} of {} ({}, local rank {}): met at {}:{}, "
+                 "gloo binds {}\n",
+                 who, env.worldSize, env.launcher, env.localRank,
+                 env.masterAddr, env.masterPort, meeting.bindAddress);
+      comm = createGlooCommunicator(rank, env.worldSize, meeting.store, timeout,
+                                    st, meeting.bindAddress);
+    }
     if (!comm || !st)
       exitRank(who + ": cannot create the communicator: " +
                (st ? std::string("unknown error") : st.message()));
@@ -174,7 +228,7 @@ int runRank(const RunOptions &options, const RankEnv &env) {
     report.maxRssBytes = maxRssBytes();
     fmt::print("{}\n", stepLine(report));
     std::fflush(stdout);
-    metrics.write(report);
+    check(metrics.write(report));
   }
   check(metrics.close());
   if (reports) {

@@ -27,6 +27,7 @@
 #include <fmt/format.h>
 
 #include "runtime/data/AtomicFile.h"
+#include "runtime/launch/CheckpointIO.h"
 #include "runtime/launch/Rendezvous.h"
 
 namespace piper::runtime {
@@ -199,11 +200,39 @@ int launchLocalRanks(const RunOptions &options, char **argv) {
     std::error_code ec;
     std::filesystem::remove_all(storeDir, ec);
   };
+  // After a failure or an interruption: a rank killed outright (SIGKILL)
+  // cannot remove its half-written files, so the launcher does.
+  auto removeLeftovers = [&] {
+    for (const std::string *path : {&options.savePath, &options.saveGradsPath})
+      if (!path->empty())
+        removeCheckpointLeftovers(*path);
+  };
 
+  // Every rank's log is opened here, before any rank starts, so that a log
+  // folder that cannot be written is an error rather than a rank whose
+  // messages vanish.
+  std::vector<int> logFds(n, -1);
+  auto closeLogs = [&] {
+    for (int &fd : logFds) {
+      if (fd >= 0)
+        ::close(fd);
+      fd = -1;
+    }
+  };
+  std::vector<std::string> logPaths(n);
   if (!options.logDir.empty()) {
     st = makeDirectories(options.logDir);
+    for (int r = 0; st && r < n; ++r) {
+      logPaths[r] = fmt::format("{}/rank-{}.log", options.logDir, r);
+      logFds[r] = ::open(logPaths[r].c_str(),
+                         O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+      if (logFds[r] < 0)
+        st = Status::error(fmt::format("--log-dir: cannot create '{}': {}",
+                                       logPaths[r], errnoMessage(errno)));
+    }
     if (!st) {
       fmt::print(stderr, "piper-run: {}\n", st.message());
+      closeLogs();
       cleanup();
       return 1;
     }
@@ -227,14 +256,11 @@ int launchLocalRanks(const RunOptions &options, char **argv) {
   std::vector<std::string> baseEnv = inheritedEnvironment(n);
   std::vector<std::vector<std::string>> envs(n);
   std::vector<std::vector<char *>> envPtrs(n);
-  std::vector<std::string> logPaths(n);
   for (int r = 0; r < n; ++r) {
     envs[r] = rankEnvironment(baseEnv, r, n, storeDir, failurePipe[1]);
     for (std::string &s : envs[r])
       envPtrs[r].push_back(s.data());
     envPtrs[r].push_back(nullptr);
-    if (!options.logDir.empty())
-      logPaths[r] = fmt::format("{}/rank-{}.log", options.logDir, r);
   }
 
   struct sigaction sa;
@@ -255,6 +281,7 @@ int launchLocalRanks(const RunOptions &options, char **argv) {
       fmt::print(stderr, "piper-run: cannot start rank {}: {}\n", r,
                  errnoMessage(errno));
       stopAll(ranks.alive, ranks.statuses);
+      closeLogs();
       cleanup();
       return 1;
     }
@@ -266,12 +293,8 @@ int launchLocalRanks(const RunOptions &options, char **argv) {
       // The write end must survive exec; dup2 onto itself would not clear
       // FD_CLOEXEC, so clear it by hand.
       ::fcntl(failurePipe[1], F_SETFD, 0);
-      if (!logPaths[r].empty()) {
-        int fd = ::open(logPaths[r].c_str(),
-                        O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-        if (fd >= 0)
-          ::dup2(fd, STDERR_FILENO);
-      }
+      if (logFds[r] >= 0)
+        ::dup2(logFds[r], STDERR_FILENO);
       ::execve("/proc/self/exe", argv, envPtrs[r].data());
       const char msg[] = "piper-run: cannot exec /proc/self/exe\n";
       ssize_t ignored = ::write(STDERR_FILENO, msg, sizeof(msg) - 1);
@@ -281,6 +304,7 @@ int launchLocalRanks(const RunOptions &options, char **argv) {
     ranks.alive[pid] = r;
   }
   ::close(failurePipe[1]);
+  closeLogs();
 
   bool interrupted = false;
   while (!ranks.alive.empty()) {
@@ -300,6 +324,7 @@ int launchLocalRanks(const RunOptions &options, char **argv) {
                static_cast<int>(stopSignal), ranks.alive.size());
     stopAll(ranks.alive, ranks.statuses);
     ::close(failurePipe[0]);
+    removeLeftovers();
     cleanup();
     return 128 + stopSignal;
   }
@@ -338,6 +363,7 @@ int launchLocalRanks(const RunOptions &options, char **argv) {
   if (others > 0)
     fmt::print(stderr, "piper-run: stopped the other {} rank{}\n", others,
                others == 1 ? "" : "s");
+  removeLeftovers();
   cleanup();
   return 1;
 }

@@ -26,8 +26,10 @@ std::string joinPath(const std::string &dir, const std::string &file) {
 } // namespace
 
 Status loadManifest(const RunOptions &options, plan::Manifest &manifest) {
-  std::string err = plan::readManifest(
-      joinPath(options.outDir, plan::kManifestFileName), manifest);
+  std::string path = joinPath(options.outDir, plan::kManifestFileName);
+  // The readers read to the end: /dev/zero or a FIFO would never return.
+  PIPER_RETURN_IF_ERROR(checkRegularFile(path, "manifest '" + path + "'"));
+  std::string err = plan::readManifest(path, manifest);
   if (!err.empty())
     return Status::error(err);
   if (options.backend != "cpu")
@@ -38,8 +40,10 @@ Status loadManifest(const RunOptions &options, plan::Manifest &manifest) {
 
 Status loadPlan(const RunOptions &options, const plan::Manifest &manifest,
                 int index, plan::Plan &plan) {
-  std::string err = plan::readPlanFile(
-      joinPath(options.outDir, manifest.classes(index).plan_file()), plan);
+  std::string path =
+      joinPath(options.outDir, manifest.classes(index).plan_file());
+  PIPER_RETURN_IF_ERROR(checkRegularFile(path, "plan file '" + path + "'"));
+  std::string err = plan::readPlanFile(path, plan);
   return err.empty() ? Status::ok() : Status::error(err);
 }
 
@@ -103,10 +107,28 @@ Status checkStrategy(const RunOptions &options,
     int64_t step = 0;
     PIPER_RETURN_IF_ERROR(
         openCheckpoint(options.loadPath, plans, reader, step));
+    PIPER_RETURN_IF_ERROR(
+        checkStepRange(options.loadPath, step, options.steps));
   }
+  return checkOutputTargets(options);
+}
+
+Status checkOutputTargets(const RunOptions &options) {
   if (!options.savePath.empty())
-    PIPER_RETURN_IF_ERROR(makeDirectories(parentDirectory(options.savePath))
-                              .withContext("--save"));
+    PIPER_RETURN_IF_ERROR(checkWritableTarget(options.savePath, "--save"));
+  if (!options.saveGradsPath.empty())
+    PIPER_RETURN_IF_ERROR(
+        checkWritableTarget(options.saveGradsPath, "--save-grads"));
+  if (!options.metricsPath.empty())
+    PIPER_RETURN_IF_ERROR(
+        checkWritableTarget(options.metricsPath, "--metrics"));
+  if (!options.saveParamsDir.empty())
+    PIPER_RETURN_IF_ERROR(checkWritableDirectory(
+        options.saveParamsDir,
+        "--save-params '" + options.saveParamsDir + "'"));
+  if (!options.logDir.empty())
+    PIPER_RETURN_IF_ERROR(checkWritableDirectory(
+        options.logDir, "--log-dir '" + options.logDir + "'"));
   return Status::ok();
 }
 

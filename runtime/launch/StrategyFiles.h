@@ -36,9 +36,15 @@ Status openData(const RunOptions &options, const plan::TrainingConfig &training,
                 uint64_t seed, std::unique_ptr<TokenFileData> &out);
 
 /// Checks every plan, the strategy as a whole, and the files of --data,
-/// --load and --save before any rank starts, so that a bad compile or a bad
-/// file is one clear message, not N.
+/// --load and the outputs (checkOutputTargets) before any rank starts, so
+/// that a bad compile or a bad file is one clear message, not N, and before
+/// any step, not after the last.
 Status checkStrategy(const RunOptions &options, const plan::Manifest &manifest);
+
+/// Checks that every file piper-run will write (--save, --save-grads,
+/// --metrics, --save-params, --log-dir) can be written: see
+/// checkWritableTarget.
+Status checkOutputTargets(const RunOptions &options);
 
 } // namespace piper::runtime
 

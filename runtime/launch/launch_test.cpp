@@ -2,6 +2,7 @@
 // step and --metrics lines, the rank environment and the BLAS core choice.
 #include <cmath>
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -9,8 +10,10 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/launch/BlasCore.h"
+#include "runtime/launch/LaunchEnv.h"
 #include "runtime/launch/Rendezvous.h"
 #include "runtime/launch/Reporting.h"
+#include "runtime/launch/TcpRendezvous.h"
 
 using namespace piper::runtime;
 
@@ -84,4 +87,205 @@ TEST_CASE("the BLAS core for CPUs OpenBLAS does not recognise", "[launch]") {
   CHECK(fallbackBlasCore("Prescott", false, false) == "");
   CHECK(fallbackBlasCore("Cooperlake", true, true) == "");
   CHECK(fallbackBlasCore("Haswell", true, true) == "");
+}
+
+namespace {
+
+/// An EnvLookup over `vars` ("NAME=value").
+EnvLookup fakeEnv(std::vector<std::string> vars) {
+  auto held = std::make_shared<std::vector<std::string>>(std::move(vars));
+  return [held](const char *name) -> const char * {
+    std::string prefix = std::string(name) + "=";
+    for (const std::string &v : *held)
+      if (v.rfind(prefix, 0) == 0)
+        return v.c_str() + prefix.size();
+    return nullptr;
+  };
+}
+
+/// readRankEnv on `vars`; REQUIREs success.
+RankEnv rankFrom(std::vector<std::string> vars, int nproc = 0) {
+  bool isRank = false;
+  RankEnv env;
+  Status st = readRankEnv(nproc, fakeEnv(std::move(vars)), isRank, env);
+  INFO(st.message());
+  REQUIRE(st);
+  REQUIRE(isRank);
+  return env;
+}
+
+std::string rankError(std::vector<std::string> vars, int nproc = 0) {
+  bool isRank = false;
+  RankEnv env;
+  return readRankEnv(nproc, fakeEnv(std::move(vars)), isRank, env).message();
+}
+
+} // namespace
+
+TEST_CASE("Slurm host lists", "[launch]") {
+  std::vector<std::string> hosts;
+  REQUIRE(expandNodeList("node[01-04,07]", hosts));
+  CHECK(hosts == std::vector<std::string>{"node01", "node02", "node03",
+                                          "node04", "node07"});
+  REQUIRE(expandNodeList("a1,gpu[9-10]-ib,rack[1-2]-n[3,5],solo", hosts));
+  CHECK(hosts == std::vector<std::string>{"a1", "gpu9-ib", "gpu10-ib",
+                                          "rack1-n3", "rack1-n5", "rack2-n3",
+                                          "rack2-n5", "solo"});
+  std::string first;
+  REQUIRE(firstNodeListHost("node[01-04,07]", first));
+  CHECK(first == "node01");
+  REQUIRE(firstNodeListHost("rack[3-4]-node[007-100],x", first));
+  CHECK(first == "rack3-node007");
+  REQUIRE(firstNodeListHost("login2", first));
+  CHECK(first == "login2");
+  // A huge list is not expanded to find its first host.
+  REQUIRE(firstNodeListHost("n[0-999999999999]", first));
+  CHECK(first == "n0");
+  CHECK(expandNodeList("n[0-999999999999]", hosts).message() ==
+        "host list 'n[0-999999999999]': more than 100000 hosts");
+  CHECK(expandNodeList("node[01-04", hosts).message() ==
+        "host list 'node[01-04': unbalanced brackets");
+  CHECK(expandNodeList("node[4-1]", hosts).message() ==
+        "host list 'node[4-1]': the range '4-1' runs backwards");
+  CHECK(expandNodeList("node[a-b]", hosts).message() ==
+        "host list 'node[a-b]': 'a' is not a number in brackets");
+  CHECK(expandNodeList("a,,b", hosts).message() ==
+        "host list 'a,,b': an empty host");
+}
+
+TEST_CASE("rank and world from each launcher's variables", "[launch]") {
+  // torchrun-style.
+  RankEnv t = rankFrom({"RANK=3", "WORLD_SIZE=4", "LOCAL_RANK=1",
+                        "MASTER_ADDR=127.0.0.2", "MASTER_PORT=29400"});
+  CHECK(t.launcher == "torchrun");
+  CHECK(t.rank == 3);
+  CHECK(t.worldSize == 4);
+  CHECK(t.localRank == 1);
+  CHECK(t.masterAddr == "127.0.0.2");
+  CHECK(t.masterPort == 29400);
+  CHECK(t.storeDir.empty());
+  CHECK(t.localWorldSize == 0);
+  CHECK(rankFrom({"RANK=3", "WORLD_SIZE=4", "LOCAL_WORLD_SIZE=2",
+                  "MASTER_ADDR=h", "MASTER_PORT=1"})
+            .localWorldSize == 2);
+  CHECK(rankError({"RANK=1", "WORLD_SIZE=2"}) ==
+        "RANK and WORLD_SIZE are set but MASTER_ADDR or MASTER_PORT is not "
+        "(rank 0's address and a free port on it)");
+  CHECK(rankError({"RANK=0", "WORLD_SIZE=0"}) ==
+        "WORLD_SIZE must be a positive number of ranks, not 0");
+  CHECK(rankError(
+            {"RANK=0", "WORLD_SIZE=2", "MASTER_ADDR=h", "MASTER_PORT=70000"}) ==
+        "MASTER_PORT=70000 is not a TCP port (1-65535)");
+  CHECK(rankError({"RANK=1", "WORLD_SIZE=2", "MASTER_ADDR=h", "MASTER_PORT=1"},
+                  4) == "--nproc is 4 but WORLD_SIZE is 2");
+
+  // Slurm, inside an srun step: the master is the first host of the list,
+  // the port comes from the job id unless MASTER_PORT says otherwise.
+  std::vector<std::string> slurm = {
+      "SLURM_PROCID=5",  "SLURM_NTASKS=8",
+      "SLURM_LOCALID=1", "SLURM_JOB_ID=4242",
+      "SLURM_STEP_ID=0", "SLURM_JOB_NODELIST=gpu[07-10],cpu1"};
+  RankEnv s = rankFrom(slurm);
+  CHECK(s.launcher == "slurm");
+  CHECK(s.rank == 5);
+  CHECK(s.worldSize == 8);
+  CHECK(s.localRank == 1);
+  CHECK(s.masterAddr == "gpu07");
+  CHECK(s.masterPort >= 20000);
+  CHECK(s.masterPort < 30000);
+  CHECK(s.jobId == "4242.0");
+  CHECK(s.localWorldSize == 0);
+  slurm.push_back("SLURM_NTASKS_PER_NODE=4(x2)");
+  CHECK(rankFrom(slurm).localWorldSize == 4);
+  slurm.push_back("MASTER_PORT=1234");
+  slurm.push_back("MASTER_ADDR=10.1.2.3");
+  RankEnv s2 = rankFrom(slurm);
+  CHECK(s2.masterPort == 1234);
+  CHECK(s2.masterAddr == "10.1.2.3");
+  // A batch script (no srun step) is not a rank: piper-run launches there.
+  bool isRank = true;
+  RankEnv none;
+  REQUIRE(readRankEnv(
+      2, fakeEnv({"SLURM_PROCID=0", "SLURM_NTASKS=2", "SLURM_JOB_NODELIST=n1"}),
+      isRank, none));
+  CHECK_FALSE(isRank);
+  // `srun -n 1 piper-run out/ --nproc 4`: the one task spawns its ranks.
+  REQUIRE(readRankEnv(4,
+                      fakeEnv({"SLURM_PROCID=0", "SLURM_NTASKS=1",
+                               "SLURM_STEP_ID=0", "SLURM_JOB_NODELIST=n1"}),
+                      isRank, none));
+  CHECK_FALSE(isRank);
+
+  // Open MPI on one machine: loopback, a port from the job id.
+  RankEnv m =
+      rankFrom({"OMPI_COMM_WORLD_RANK=2", "OMPI_COMM_WORLD_SIZE=4",
+                "OMPI_COMM_WORLD_LOCAL_RANK=2", "OMPI_COMM_WORLD_LOCAL_SIZE=4",
+                "OMPI_MCA_ess_base_jobid=123456"});
+  CHECK(m.launcher == "openmpi");
+  CHECK(m.rank == 2);
+  CHECK(m.localRank == 2);
+  CHECK(m.masterAddr == "127.0.0.1");
+  CHECK(m.jobId == "123456");
+  CHECK(m.localWorldSize == 4);
+  CHECK(rankError({"OMPI_COMM_WORLD_RANK=2", "OMPI_COMM_WORLD_SIZE=4",
+                   "OMPI_COMM_WORLD_LOCAL_SIZE=2"}) ==
+        "under mpirun across machines, MASTER_ADDR must name an address of "
+        "rank 0's machine (mpirun -x MASTER_ADDR=...)");
+
+  // The order: piper-run's spawner, torchrun, Slurm, Open MPI.
+  CHECK(rankFrom({"PIPER_RANK=0", "PIPER_WORLD_SIZE=2", "PIPER_STORE_DIR=/s",
+                  "RANK=1", "WORLD_SIZE=2", "MASTER_ADDR=h", "MASTER_PORT=1"})
+            .launcher == "piper-run");
+  CHECK(rankFrom({"RANK=1", "WORLD_SIZE=2", "MASTER_ADDR=h", "MASTER_PORT=1",
+                  "OMPI_COMM_WORLD_RANK=0", "OMPI_COMM_WORLD_SIZE=2"})
+            .launcher == "torchrun");
+  CHECK(rankFrom({"SLURM_PROCID=1", "SLURM_NTASKS=2", "SLURM_STEP_ID=3",
+                  "SLURM_NODELIST=a", "OMPI_COMM_WORLD_RANK=0",
+                  "OMPI_COMM_WORLD_SIZE=2", "OMPI_COMM_WORLD_LOCAL_SIZE=2"})
+            .launcher == "slurm");
+  CHECK(rankError({"PIPER_RANK=0", "PIPER_WORLD_SIZE=0"}) ==
+        "PIPER_WORLD_SIZE must be a positive number of ranks, not 0");
+}
+
+TEST_CASE("Gloo binds the address on the way to the master", "[launch]") {
+  ::unsetenv("PIPER_HOST_ADDR");
+  std::string address;
+  // The master's own address when this machine has it: loopback runs bind
+  // loopback, never every interface.
+  REQUIRE(localAddressFor("127.0.0.1", address));
+  CHECK(address == "127.0.0.1");
+  address.clear();
+  REQUIRE(localAddressFor("127.0.0.3", address));
+  CHECK(address == "127.0.0.3");
+  address.clear();
+  REQUIRE(localAddressFor("localhost", address));
+  CHECK((address == "127.0.0.1" || address == "::1"));
+  // PIPER_HOST_ADDR names this node's address when the master is elsewhere.
+  ::setenv("PIPER_HOST_ADDR", "127.0.0.5", 1);
+  address.clear();
+  REQUIRE(localAddressFor("127.0.0.2", address));
+  CHECK(address == "127.0.0.5");
+  ::unsetenv("PIPER_HOST_ADDR");
+}
+
+TEST_CASE("the job token keeps jobs and strategies apart", "[launch]") {
+  ::unsetenv("PIPER_JOB_TOKEN");
+  piper::plan::Manifest a, b;
+  a.set_world_size(2);
+  b.set_world_size(4);
+  RankEnv env;
+  env.launcher = "slurm";
+  env.jobId = "77.0";
+  env.masterAddr = "n1";
+  env.masterPort = 29500;
+  std::string token = jobToken(env, a);
+  CHECK(token.rfind("slurm/77.0/n1:29500/", 0) == 0);
+  CHECK(jobToken(env, a) == token);
+  CHECK(jobToken(env, b) != token);
+  RankEnv other = env;
+  other.jobId = "78.0";
+  CHECK(jobToken(other, a) != token);
+  ::setenv("PIPER_JOB_TOKEN", "mine", 1);
+  CHECK(jobToken(env, a) == "mine");
+  ::unsetenv("PIPER_JOB_TOKEN");
 }

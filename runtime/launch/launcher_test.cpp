@@ -152,6 +152,22 @@ TEST_CASE("piper-run command-line and strategy errors", "[launcher]") {
     CHECK(r.exitCode() == 1);
     CHECK(r.err == "piper-run: strategy needs 2 ranks, --nproc is 1\n");
   }
+  SECTION("no --nproc and no cluster launcher") {
+    RunResult r = piperRun({pp, "--steps", "1"});
+    CHECK(r.exitCode() == 1);
+    CHECK(r.err == "piper-run: --nproc is required (the strategy needs 2 "
+                   "ranks), unless srun, mpirun or torchrun-style variables "
+                   "start the ranks (docs/operations.md)\n");
+  }
+  // A Slurm batch script is not an srun step: piper-run is the launcher.
+  SECTION("under sbatch, without srun") {
+    RunResult r = piperRun({pp, "--nproc", "2", "--steps", "1"},
+                           {"SLURM_JOB_ID=7", "SLURM_PROCID=0",
+                            "SLURM_NTASKS=2", "SLURM_JOB_NODELIST=n[1-2]"});
+    INFO("stderr: " << r.err);
+    CHECK(r.exitCode() == 0);
+    CHECK(r.out.find("step 1 |") != std::string::npos);
+  }
   SECTION("unknown backend") {
     RunResult r = piperRun({pp, "--nproc", "2", "--backend", "cuda"});
     CHECK(r.exitCode() == 1);

@@ -1,0 +1,64 @@
+// Where a rank stands when another program started it: piper-run's own
+// spawner, torchrun-style variables, Slurm's srun or Open MPI's mpirun.
+#ifndef PIPER_RUNTIME_LAUNCH_LAUNCHENV_H
+#define PIPER_RUNTIME_LAUNCH_LAUNCHENV_H
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "runtime/support/Status.h"
+
+namespace piper::runtime {
+
+/// Where one rank stands in a run (docs/operations.md).
+struct RankEnv {
+  int rank = 0;
+  int worldSize = 1;
+  /// The rank's index among the ranks of its machine.
+  int localRank = 0;
+  /// How many ranks share its machine, when the launcher says
+  /// (LOCAL_WORLD_SIZE, SLURM_NTASKS_PER_NODE, OMPI_COMM_WORLD_LOCAL_SIZE);
+  /// 0 when unknown.
+  int localWorldSize = 0;
+  /// Who started it: "piper-run", "torchrun", "slurm" or "openmpi".
+  std::string launcher = "piper-run";
+  /// The folder the Gloo file store of every rank shares (piper-run's own
+  /// spawner); empty for one rank or when meeting over TCP.
+  std::string storeDir;
+  /// Otherwise the TCP store rank 0 serves here.
+  std::string masterAddr;
+  int masterPort = 0;
+  /// The launcher's id of the job (Slurm job and step, Open MPI job), part
+  /// of the job token; empty when it has none.
+  std::string jobId;
+};
+
+/// Looks up an environment variable (null when unset); std::getenv by
+/// default, a map in tests.
+using EnvLookup = std::function<const char *(const char *)>;
+
+/// Reads this process's rank from the environment, trying in order
+/// piper-run's spawner (PIPER_RANK, PIPER_WORLD_SIZE, PIPER_STORE_DIR),
+/// torchrun-style variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
+/// MASTER_PORT), Slurm (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, the
+/// first host of SLURM_JOB_NODELIST; only inside an srun step) and Open MPI
+/// (OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK). Sets `isRank` false (and
+/// returns ok) when none applies, or when an external launcher's world of
+/// one asks for `nproc` > 1 local ranks: the process is then a launcher.
+/// `nproc` is --nproc (0 when absent), which must agree with the world.
+Status readRankEnv(int nproc, const EnvLookup &env, bool &isRank, RankEnv &out);
+/// readRankEnv on this process's environment.
+Status readRankEnv(int nproc, bool &isRank, RankEnv &out);
+
+/// Expands a Slurm host list ("node[01-04,07],gpu3") into host names, in
+/// order; an error for malformed lists or more than `limit` hosts.
+Status expandNodeList(const std::string &list, std::vector<std::string> &hosts,
+                      size_t limit = 100000);
+
+/// The first host of a Slurm host list ("node[01-04,07]" -> "node01").
+Status firstNodeListHost(const std::string &list, std::string &host);
+
+} // namespace piper::runtime
+
+#endif // PIPER_RUNTIME_LAUNCH_LAUNCHENV_H
