@@ -287,6 +287,7 @@ TEST_CASE("executor: compute streams progress at the same time", "[executor]") {
     addInst(stream, Instruction::CALL, std::string("zero on ") + name)
         ->set_segment(0);
   }
+  withArena(plan);
   ExecutorOptions opts;
   opts.createDevice = [](Communicator *comm) {
     return std::make_unique<RendezvousDevice>(comm, 2);
