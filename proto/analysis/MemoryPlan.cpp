@@ -252,6 +252,22 @@ StepBlocks stepBlocks(const Plan &plan, bool recordedScratch) {
             b->untilStepEnd = true;
         }
       }
+      if (inst.kind() == Instruction::ALL_REDUCE && inst.params_size() > 1) {
+        // One flat staging buffer per instruction, so one collective covers
+        // every parameter of the bucket; live during the instruction only
+        // (the executor waits for the all-reduce before it moves on).
+        Block staging;
+        for (int p : inst.params())
+          if (p >= 0 && p < plan.params_size()) {
+            TensorType f32 = plan.params(p).type();
+            f32.set_dtype(F32);
+            staging.bytes += std::max<int64_t>(storedTensorBytes(f32), 0);
+          }
+        staging.accesses.push_back(Pos{s, i});
+        staging.name = "all-reduce staging of " + describePosition(plan, {s, i});
+        out.callBlock[s][i] = static_cast<int>(blocks.size());
+        blocks.push_back(std::move(staging));
+      }
       if (inst.kind() == Instruction::CALL && inst.segment() >= 0 &&
           inst.segment() < plan.segments_size()) {
         const Segment &seg = plan.segments(inst.segment());
@@ -279,16 +295,21 @@ int64_t f32Bytes(const TensorType &type) {
 
 } // namespace
 
+int stateTensorsPerParam(const Plan &plan) {
+  return plan.training().compute_dtype() == BF16 ? 5 : 4;
+}
+
 bool assignArena(Plan &plan, std::string &error) {
   StreamOrder order;
   if (!StreamOrder::build(plan, order, error))
     return false;
   const int64_t align = 64;
   int64_t cursor = 0;
+  int stateTensors = stateTensorsPerParam(plan);
   for (Parameter &p : *plan.mutable_params()) {
     p.clear_state_offsets();
     int64_t bytes = f32Bytes(p.type());
-    for (int k = 0; k < 4; ++k) {
+    for (int k = 0; k < stateTensors; ++k) {
       p.add_state_offsets(cursor);
       cursor = alignUp(cursor + std::max<int64_t>(bytes, 1), align);
     }
@@ -364,16 +385,17 @@ bool checkArena(const Plan &plan, std::string &error) {
   std::vector<std::pair<int64_t, int64_t>> taken;
   std::vector<std::string> names;
   static const char *kinds[] = {"value", "gradient", "first moment",
-                                "second moment"};
+                                "second moment", "bf16 compute copy"};
+  int stateTensors = stateTensorsPerParam(plan);
   for (const Parameter &p : plan.params()) {
-    if (p.state_offsets_size() != 4) {
+    if (p.state_offsets_size() != stateTensors) {
       error = "parameter '" + p.name() + "' has " +
-              std::to_string(p.state_offsets_size()) +
-              " state offsets, not 4";
+              std::to_string(p.state_offsets_size()) + " state offsets, not " +
+              std::to_string(stateTensors);
       return false;
     }
     int64_t bytes = f32Bytes(p.type());
-    for (int k = 0; k < 4; ++k) {
+    for (int k = 0; k < stateTensors; ++k) {
       int64_t off = p.state_offsets(k);
       if (off < 0 || off % align != 0 || off + bytes > state) {
         error = "the " + std::string(kinds[k]) + " of parameter '" + p.name() +
@@ -498,7 +520,7 @@ bool memoryReport(const Plan &plan, int largest, std::string &text) {
   os << "memory class " << use->device_class() << ": arena " << arena
      << " bytes = state " << state << " + step " << arena - state << " ("
      << buffers << " buffers and " << blocks.size() - buffers
-     << " call scratch areas, " << summed
+     << " scratch and staging areas, " << summed
      << " bytes if none shared); compiler estimate "
      << use->predicted_peak_bytes() << "\n";
   std::vector<int> bySize(blocks.size());

@@ -77,7 +77,10 @@ int64_t planSegmentScratch(const Segment &segment, bool bf16,
 /// instruction that writes it, accessed by every reader; a buffer read by a
 /// SEND stays live until the step ends), then one per CALL for its segment's
 /// scratch (live during that call only), sized by planSegmentScratch or,
-/// with `recordedScratch`, by the segment's recorded scratch_bytes.
+/// with `recordedScratch`, by the segment's recorded scratch_bytes, and one
+/// per ALL_REDUCE of several parameters for its flat float32 staging buffer
+/// (live during the instruction). An instruction's block is placed at its
+/// `scratch_offset`.
 struct StepBlocks {
   std::vector<Block> blocks;
   std::vector<int> bufferBlock;            // by buffer id; -1: no buffer
@@ -85,8 +88,13 @@ struct StepBlocks {
 };
 StepBlocks stepBlocks(const Plan &plan, bool recordedScratch = false);
 
+/// Float32 state tensors per parameter: value, gradient, AdamW first and
+/// second moment, and in bf16 plans the bf16-rounded compute copy kernels
+/// read (refreshed once per step).
+int stateTensorsPerParam(const Plan &plan);
+
 /// Writes the memory plan into `plan` (schema 2): the persistent state of
-/// every parameter from offset 0 (value, gradient, AdamW moments, float32,
+/// every parameter from offset 0 (stateTensorsPerParam float32 tensors,
 /// 64-byte aligned), then the step blocks laid out by packBlocks; every
 /// buffer's offset and role, every CALL's scratch_offset, every segment's
 /// scratch_bytes and value_offsets, unsharded shard descriptors, state_bytes

@@ -247,7 +247,7 @@ TEST_CASE("memoryReport: a layout for a good plan, the reason for a bad one") {
   std::string text;
   REQUIRE(memoryReport(plan, 1, text));
   CHECK(text.find("memory class 0: arena 16 bytes = state 0 + step 16 (1 "
-                  "buffers and 0 call scratch areas") == 0);
+                  "buffers and 0 scratch and staging areas") == 0);
   CHECK(text.find("  offset 0: 16 bytes, buffer 0") != std::string::npos);
   // A recorded memory plan is checked, not trusted.
   Plan recorded = plan;
@@ -398,4 +398,32 @@ TEST_CASE("checkFits names the ranks, the peak and the largest live blocks") {
   CHECK(peak.at == Pos{0, 3});
   CHECK(peak.bytes == 32 + 32 + 32 + 32);
   CHECK(peak.blocks.size() == 4);
+}
+
+TEST_CASE("bf16 plans keep a compute copy per parameter; all-reduces of "
+          "several parameters get a staging block") {
+  Plan plan = smallPlan();
+  auto second = plan.add_params();
+  second->set_name("b");
+  second->mutable_type()->set_dtype(F32);
+  second->mutable_type()->add_shape(20);
+  Instruction *ar = add(plan, 1, Instruction::ALL_REDUCE);
+  ar->add_params(0);
+  ar->add_params(1);
+  plan.mutable_training()->set_compute_dtype(BF16);
+  std::string error;
+  REQUIRE(assignArena(plan, error));
+  REQUIRE(checkArena(plan, error));
+  CHECK(plan.params(0).state_offsets_size() == 5);
+  StepBlocks step = stepBlocks(plan, true);
+  int block = step.callBlock[1][plan.streams(1).instructions_size() - 1];
+  REQUIRE(block >= 0);
+  CHECK(step.blocks[block].bytes == 4 * (3 + 20));
+  CHECK(plan.streams(1).instructions(plan.streams(1).instructions_size() - 1)
+            .scratch_offset() >= plan.state_bytes());
+
+  Plan p = plan;
+  p.mutable_params(0)->mutable_state_offsets()->RemoveLast();
+  REQUIRE_FALSE(checkArena(p, error));
+  CHECK(error == "parameter 'w' has 4 state offsets, not 5");
 }

@@ -502,6 +502,7 @@ TEST_CASE("executor: a one-rank all-reduce needs no communicator",
   // Move the all-reduce before the update.
   s->mutable_instructions()->SwapElements(s->instructions_size() - 1,
                                           s->instructions_size() - 2);
+  withArena(p); // the new instruction needs a place for its staging buffer
   ExecutorOptions opts;
   Status status;
   auto exec = Executor::create(p, opts, status);
