@@ -1,6 +1,7 @@
 // Parsing of strategy files and the GPipe / 1F1B schedule builders.
 #include "compiler/strategy/Strategy.h"
 
+#include "dialects/piper/PiperDialect.h"
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/ADT/StringSet.h"
@@ -225,14 +226,12 @@ private:
       FilterValue fv;
       if (key == "PASS") {
         std::optional<llvm::StringRef> pass = value.getAsString();
-        if (!pass || !llvm::is_contained(
-                         {llvm::StringRef("F"), llvm::StringRef("B"),
-                          llvm::StringRef("BI"), llvm::StringRef("BW"),
-                          llvm::StringRef("U")},
-                         *pass))
+        std::optional<PassKind> kind =
+            pass ? symbolizePassKind(*pass) : std::nullopt;
+        if (!kind)
           return fail("filter PASS must be one of \"F\", \"B\", \"BI\", "
                       "\"BW\", \"U\"");
-        if (*pass == "BI" || *pass == "BW")
+        if (*kind == PassKind::BI || *kind == PassKind::BW)
           return fail("split backward passes (BI/BW) are not implemented "
                       "yet");
         fv.kind = FilterValue::Pass;

@@ -197,17 +197,9 @@ mlir::piper::sortTopologically(Block &block,
 }
 
 double mlir::piper::estimateFlops(Operation *op) {
-  auto numel = [](Value v) -> double {
-    auto t = dyn_cast<RankedTensorType>(v.getType());
-    return t ? double(t.getNumElements()) : 0;
-  };
-  if (auto lin = dyn_cast<LinearOp>(op))
-    return 2.0 * numel(lin.getResult()) *
-           cast<RankedTensorType>(lin.getInput().getType()).getDimSize(1);
-  if (auto att = dyn_cast<AttentionOp>(op))
-    return 4.0 * numel(att.getResult()) * att.getSeq();
-  double total = 0;
-  for (Value r : op->getResults())
-    total += numel(r);
-  return total;
+  if (auto cost = dyn_cast<CostOpInterface>(op))
+    return cost.getFlops();
+  // Structural ops (param_ref, yield, accumulate_grad): their results, as
+  // the interface's default counts.
+  return countResultElements(op);
 }

@@ -2,6 +2,7 @@
 #include "compiler/transforms/Passes.h"
 
 #include "compiler/transforms/Transforms.h"
+#include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/MemoryBuffer.h"
 
 namespace mlir::piper {
@@ -15,6 +16,7 @@ namespace mlir::piper {
 #define GEN_PASS_DEF_PIPERAPPLYSTRATEGY
 #define GEN_PASS_DEF_PIPERSPLITDEVICES
 #define GEN_PASS_DEF_PIPERORDERSTREAMS
+#define GEN_PASS_DEF_PIPERTESTPRINTCOST
 #include "compiler/transforms/Passes.h.inc"
 } // namespace mlir::piper
 
@@ -170,6 +172,27 @@ struct OrderStreamsPass : mlir::piper::impl::PiperOrderStreamsBase<OrderStreamsP
   void runOnOperation() override {
     if (failed(orderStreams(getOperation())))
       signalPassFailure();
+  }
+};
+} // namespace
+
+namespace {
+struct TestPrintCostPass
+    : mlir::piper::impl::PiperTestPrintCostBase<TestPrintCostPass> {
+  void runOnOperation() override {
+    for (SegmentOp seg : getOperation().getOps<SegmentOp>()) {
+      double flops = 0, bytes = 0;
+      seg.walk([&](Operation *op) {
+        if (op == seg.getOperation())
+          return;
+        flops += estimateFlops(op);
+        if (auto cost = dyn_cast<CostOpInterface>(op))
+          bytes += cost.getBytesMoved();
+      });
+      llvm::outs() << llvm::formatv("segment @{0}: flops {1:F0}, bytes {2:F0}\n",
+                                    seg.getSymName(), flops, bytes);
+    }
+    markAllAnalysesPreserved();
   }
 };
 } // namespace

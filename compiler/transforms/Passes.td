@@ -144,4 +144,14 @@ def PiperOrderStreams : Pass<"piper-order-streams", "::mlir::ModuleOp"> {
   }];
 }
 
+def PiperTestPrintCost : Pass<"test-print-cost", "::mlir::ModuleOp"> {
+  let summary = "Print the cost of every segment (CostOpInterface)";
+  let description = [{
+    For every segment, in module order, prints to stdout one line
+    `segment @NAME: flops F, bytes B`: the sum of `getFlops` and
+    `getBytesMoved` over its ops (structural ops count their results, as
+    `stage` does). The IR is not changed.
+  }];
+}
+
 #endif // PIPER_COMPILER_TRANSFORMS_PASSES_TD

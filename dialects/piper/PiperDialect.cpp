@@ -14,6 +14,7 @@ using namespace mlir::piper;
 
 #include "dialects/piper/PiperDialect.cpp.inc"
 #include "dialects/piper/PiperEnums.cpp.inc"
+#include "dialects/piper/PiperInterfaces.cpp.inc"
 
 #define GET_TYPEDEF_CLASSES
 #include "dialects/piper/PiperTypes.cpp.inc"
@@ -618,6 +619,43 @@ LogicalResult AllReduceOp::verifySymbolUses(SymbolTableCollection &tables) {
     if (failed(lookupParam(*this, cast<FlatSymbolRefAttr>(a), tables)))
       return failure();
   return success();
+}
+
+//===----------------------------------------------------------------------===//
+// Cost
+//===----------------------------------------------------------------------===//
+
+static double numElements(Value v) {
+  auto t = dyn_cast<RankedTensorType>(v.getType());
+  return t ? double(t.getNumElements()) : 0;
+}
+
+double mlir::piper::countResultElements(Operation *op) {
+  double total = 0;
+  for (Value r : op->getResults())
+    total += numElements(r);
+  return total;
+}
+
+double mlir::piper::countTensorBytes(Operation *op) {
+  double total = 0;
+  auto add = [&](Value v) {
+    if (auto t = dyn_cast<RankedTensorType>(v.getType()))
+      total += double(t.getNumElements()) *
+               double(t.getElementTypeBitWidth()) / 8.0;
+  };
+  llvm::for_each(op->getOperands(), add);
+  llvm::for_each(op->getResults(), add);
+  return total;
+}
+
+double LinearOp::getFlops() {
+  return 2.0 * numElements(getResult()) *
+         cast<RankedTensorType>(getInput().getType()).getDimSize(1);
+}
+
+double AttentionOp::getFlops() {
+  return 4.0 * numElements(getResult()) * getSeq();
 }
 
 #define GET_OP_CLASSES

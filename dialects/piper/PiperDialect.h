@@ -25,6 +25,17 @@
 #define GET_ATTRDEF_CLASSES
 #include "dialects/piper/PiperAttrs.h.inc"
 
+namespace mlir::piper {
+/// Elements of every tensor result of `op`: the default FLOP count of
+/// CostOpInterface.
+double countResultElements(Operation *op);
+/// Bytes of every tensor operand and result of `op`: the default bytes moved
+/// of CostOpInterface.
+double countTensorBytes(Operation *op);
+} // namespace mlir::piper
+
+#include "dialects/piper/PiperInterfaces.h.inc"
+
 #define GET_OP_CLASSES
 #include "dialects/piper/PiperOps.h.inc"
 

@@ -12,9 +12,14 @@ include "mlir/Interfaces/SideEffectInterfaces.td"
 include "mlir/Interfaces/InferTypeOpInterface.td"
 include "mlir/Interfaces/ControlFlowInterfaces.td"
 include "PiperDialect.td"
+include "PiperInterfaces.td"
 
 class Piper_Op<string mnemonic, list<Trait> traits = []>
     : Op<Piper_Dialect, mnemonic, traits>;
+
+/// A tensor op of a segment, with a cost (FLOPs and bytes moved).
+class Piper_ComputeOp<string mnemonic, list<Trait> traits = []>
+    : Piper_Op<mnemonic, !listconcat(traits, [Piper_CostOpInterface])>;
 
 // Every tensor of the dialect is statically shaped: shapes are plans.
 def F32Tensor2D : ConfinedType<2DTensorOf<[F32]>, [HasStaticShapePred],
@@ -117,7 +122,7 @@ def Piper_ParamRefOp : Piper_Op<"param_ref", [Pure,
 // of B sequences of S tokens, flattened); token ids are [B, S] i32.
 //===----------------------------------------------------------------------===//
 
-def Piper_EmbeddingOp : Piper_Op<"embedding", [Pure]> {
+def Piper_EmbeddingOp : Piper_ComputeOp<"embedding", [Pure]> {
   let summary = "Token embedding lookup: y[b*S+s] = table[ids[b, s]]";
   let arguments = (ins I32Tensor2D:$ids, F32Tensor2D:$table);
   let results = (outs F32Tensor2D:$result);
@@ -125,7 +130,7 @@ def Piper_EmbeddingOp : Piper_Op<"embedding", [Pure]> {
   let hasVerifier = 1;
 }
 
-def Piper_PositionAddOp : Piper_Op<"position_add", [Pure]> {
+def Piper_PositionAddOp : Piper_ComputeOp<"position_add", [Pure]> {
   let summary = "Adds learned positions: y[n] = x[n] + pos[n mod seq]";
   let arguments = (ins F32Tensor2D:$input, F32Tensor2D:$pos, I64Attr:$seq);
   let results = (outs F32Tensor2D:$result);
@@ -133,7 +138,7 @@ def Piper_PositionAddOp : Piper_Op<"position_add", [Pure]> {
   let hasVerifier = 1;
 }
 
-def Piper_LayerNormOp : Piper_Op<"layer_norm", [Pure]> {
+def Piper_LayerNormOp : Piper_ComputeOp<"layer_norm", [Pure]> {
   let summary = "Layer normalization over the last dimension, with affine";
   let arguments = (ins F32Tensor2D:$input, F32Tensor1D:$gamma,
                        F32Tensor1D:$beta, DefaultValuedAttr<F64Attr, "1e-5">:$eps);
@@ -142,7 +147,8 @@ def Piper_LayerNormOp : Piper_Op<"layer_norm", [Pure]> {
   let hasVerifier = 1;
 }
 
-def Piper_LinearOp : Piper_Op<"linear", [Pure]> {
+def Piper_LinearOp : Piper_Op<"linear", [Pure,
+    DeclareOpInterfaceMethods<Piper_CostOpInterface, ["getFlops"]>]> {
   let summary = "Dense layer: y = x·w (+ b), or x·wᵀ with transpose_w";
   let description = [{
     `x` is [N, K]; `w` is [K, M], or [M, K] with `transpose_w` (a head tied to
@@ -155,21 +161,22 @@ def Piper_LinearOp : Piper_Op<"linear", [Pure]> {
   let hasVerifier = 1;
 }
 
-def Piper_GeluOp : Piper_Op<"gelu", [Pure, SameOperandsAndResultType]> {
+def Piper_GeluOp : Piper_ComputeOp<"gelu", [Pure, SameOperandsAndResultType]> {
   let summary = "GELU, tanh approximation (as GPT-2)";
   let arguments = (ins F32Tensor2D:$input);
   let results = (outs F32Tensor2D:$result);
   let assemblyFormat = "$input attr-dict `:` type($result)";
 }
 
-def Piper_AddOp : Piper_Op<"add", [Pure, SameOperandsAndResultType]> {
+def Piper_AddOp : Piper_ComputeOp<"add", [Pure, SameOperandsAndResultType]> {
   let summary = "Elementwise sum (residual connections, gradient fan-in)";
   let arguments = (ins F32Tensor2D:$lhs, F32Tensor2D:$rhs);
   let results = (outs F32Tensor2D:$result);
   let assemblyFormat = "$lhs `,` $rhs attr-dict `:` type($result)";
 }
 
-def Piper_AttentionOp : Piper_Op<"attention", [Pure]> {
+def Piper_AttentionOp : Piper_Op<"attention", [Pure,
+    DeclareOpInterfaceMethods<Piper_CostOpInterface, ["getFlops"]>]> {
   let summary = "Causal multi-head self-attention over packed q|k|v";
   let description = [{
     Each row of `qkv` holds q (heads * hd), then k and v (kv_heads * hd each;
@@ -191,7 +198,7 @@ def Piper_AttentionOp : Piper_Op<"attention", [Pure]> {
   }];
 }
 
-def Piper_RmsNormOp : Piper_Op<"rms_norm", [Pure]> {
+def Piper_RmsNormOp : Piper_ComputeOp<"rms_norm", [Pure]> {
   let summary = "RMS normalization over the last dimension, with a gain";
   let description = [{
     y = x / sqrt(mean(x²) + eps) * gamma, as Llama's RMSNorm.
@@ -203,7 +210,7 @@ def Piper_RmsNormOp : Piper_Op<"rms_norm", [Pure]> {
   let hasVerifier = 1;
 }
 
-def Piper_SwigluOp : Piper_Op<"swiglu", [Pure]> {
+def Piper_SwigluOp : Piper_ComputeOp<"swiglu", [Pure]> {
   let summary = "SwiGLU: silu(gate) * up over packed [gate | up] columns";
   let arguments = (ins F32Tensor2D:$input);
   let results = (outs F32Tensor2D:$result);
@@ -211,7 +218,7 @@ def Piper_SwigluOp : Piper_Op<"swiglu", [Pure]> {
   let hasVerifier = 1;
 }
 
-def Piper_CrossEntropyOp : Piper_Op<"cross_entropy", [Pure]> {
+def Piper_CrossEntropyOp : Piper_ComputeOp<"cross_entropy", [Pure]> {
   let summary = "Mean softmax cross-entropy of logits [N, V] against targets [B, S]";
   let arguments = (ins F32Tensor2D:$logits, I32Tensor2D:$targets);
   let results = (outs F32Scalar:$loss);
@@ -224,21 +231,21 @@ def Piper_CrossEntropyOp : Piper_Op<"cross_entropy", [Pure]> {
 // schedules can split a backward pass into BI and BW.
 //===----------------------------------------------------------------------===//
 
-def Piper_EmbeddingGradOp : Piper_Op<"embedding_grad", [Pure]> {
+def Piper_EmbeddingGradOp : Piper_ComputeOp<"embedding_grad", [Pure]> {
   let summary = "Table gradient of embedding: scatter-add of dy rows by id";
   let arguments = (ins I32Tensor2D:$ids, F32Tensor2D:$grad);
   let results = (outs F32Tensor2D:$result);
   let assemblyFormat = "$ids `,` $grad attr-dict `:` functional-type(operands, results)";
 }
 
-def Piper_PositionAddGradOp : Piper_Op<"position_add_grad", [Pure]> {
+def Piper_PositionAddGradOp : Piper_ComputeOp<"position_add_grad", [Pure]> {
   let summary = "Position-table gradient: dpos[s] = sum of dy rows n with n mod seq = s";
   let arguments = (ins F32Tensor2D:$grad, I64Attr:$seq);
   let results = (outs F32Tensor2D:$result);
   let assemblyFormat = "$grad attr-dict `:` functional-type(operands, results)";
 }
 
-def Piper_LayerNormGradInputOp : Piper_Op<"layer_norm_grad_input", [Pure]> {
+def Piper_LayerNormGradInputOp : Piper_ComputeOp<"layer_norm_grad_input", [Pure]> {
   let summary = "Input gradient of layer_norm (input gradient; the BI half of its backward)";
   let arguments = (ins F32Tensor2D:$input, F32Tensor1D:$gamma, F32Tensor2D:$grad,
                        DefaultValuedAttr<F64Attr, "1e-5">:$eps);
@@ -246,7 +253,7 @@ def Piper_LayerNormGradInputOp : Piper_Op<"layer_norm_grad_input", [Pure]> {
   let assemblyFormat = "$input `,` $gamma `,` $grad attr-dict `:` functional-type(operands, results)";
 }
 
-def Piper_LayerNormGradWeightOp : Piper_Op<"layer_norm_grad_weight", [Pure]> {
+def Piper_LayerNormGradWeightOp : Piper_ComputeOp<"layer_norm_grad_weight", [Pure]> {
   let summary = "Gamma and beta gradients of layer_norm (the BW half)";
   let arguments = (ins F32Tensor2D:$input, F32Tensor2D:$grad,
                        DefaultValuedAttr<F64Attr, "1e-5">:$eps);
@@ -254,35 +261,35 @@ def Piper_LayerNormGradWeightOp : Piper_Op<"layer_norm_grad_weight", [Pure]> {
   let assemblyFormat = "$input `,` $grad attr-dict `:` functional-type(operands, results)";
 }
 
-def Piper_LinearGradInputOp : Piper_Op<"linear_grad_input", [Pure]> {
+def Piper_LinearGradInputOp : Piper_ComputeOp<"linear_grad_input", [Pure]> {
   let summary = "Input gradient of linear: dx = dy·wᵀ (dy·w with transpose_w)";
   let arguments = (ins F32Tensor2D:$grad, F32Tensor2D:$weight, UnitAttr:$transpose_w);
   let results = (outs F32Tensor2D:$result);
   let assemblyFormat = "$grad `,` $weight attr-dict `:` functional-type(operands, results)";
 }
 
-def Piper_LinearGradWeightOp : Piper_Op<"linear_grad_weight", [Pure]> {
+def Piper_LinearGradWeightOp : Piper_ComputeOp<"linear_grad_weight", [Pure]> {
   let summary = "Weight gradient of linear: dw = xᵀ·dy (dyᵀ·x with transpose_w)";
   let arguments = (ins F32Tensor2D:$input, F32Tensor2D:$grad, UnitAttr:$transpose_w);
   let results = (outs F32Tensor2D:$result);
   let assemblyFormat = "$input `,` $grad attr-dict `:` functional-type(operands, results)";
 }
 
-def Piper_BiasGradOp : Piper_Op<"bias_grad", [Pure]> {
+def Piper_BiasGradOp : Piper_ComputeOp<"bias_grad", [Pure]> {
   let summary = "Bias gradient: column sums of dy";
   let arguments = (ins F32Tensor2D:$grad);
   let results = (outs F32Tensor1D:$result);
   let assemblyFormat = "$grad attr-dict `:` functional-type(operands, results)";
 }
 
-def Piper_GeluGradOp : Piper_Op<"gelu_grad", [Pure, SameOperandsAndResultType]> {
+def Piper_GeluGradOp : Piper_ComputeOp<"gelu_grad", [Pure, SameOperandsAndResultType]> {
   let summary = "Input gradient of gelu";
   let arguments = (ins F32Tensor2D:$input, F32Tensor2D:$grad);
   let results = (outs F32Tensor2D:$result);
   let assemblyFormat = "$input `,` $grad attr-dict `:` type($result)";
 }
 
-def Piper_AttentionGradOp : Piper_Op<"attention_grad", [Pure]> {
+def Piper_AttentionGradOp : Piper_ComputeOp<"attention_grad", [Pure]> {
   let summary = "Gradient of attention w.r.t. packed q|k|v (recomputes the softmax)";
   let arguments = (ins F32Tensor2D:$qkv, F32Tensor2D:$grad, I64Attr:$heads,
                        I64Attr:$seq, OptionalAttr<I64Attr>:$kv_heads,
@@ -291,7 +298,7 @@ def Piper_AttentionGradOp : Piper_Op<"attention_grad", [Pure]> {
   let assemblyFormat = "$qkv `,` $grad attr-dict `:` functional-type(operands, results)";
 }
 
-def Piper_RmsNormGradInputOp : Piper_Op<"rms_norm_grad_input", [Pure]> {
+def Piper_RmsNormGradInputOp : Piper_ComputeOp<"rms_norm_grad_input", [Pure]> {
   let summary = "Input gradient of rms_norm (input gradient; the BI half of its backward)";
   let arguments = (ins F32Tensor2D:$input, F32Tensor1D:$gamma, F32Tensor2D:$grad,
                        DefaultValuedAttr<F64Attr, "1e-6">:$eps);
@@ -299,7 +306,7 @@ def Piper_RmsNormGradInputOp : Piper_Op<"rms_norm_grad_input", [Pure]> {
   let assemblyFormat = "$input `,` $gamma `,` $grad attr-dict `:` functional-type(operands, results)";
 }
 
-def Piper_RmsNormGradWeightOp : Piper_Op<"rms_norm_grad_weight", [Pure]> {
+def Piper_RmsNormGradWeightOp : Piper_ComputeOp<"rms_norm_grad_weight", [Pure]> {
   let summary = "Gain gradient of rms_norm (the BW half)";
   let arguments = (ins F32Tensor2D:$input, F32Tensor2D:$grad,
                        DefaultValuedAttr<F64Attr, "1e-6">:$eps);
@@ -307,14 +314,14 @@ def Piper_RmsNormGradWeightOp : Piper_Op<"rms_norm_grad_weight", [Pure]> {
   let assemblyFormat = "$input `,` $grad attr-dict `:` functional-type(operands, results)";
 }
 
-def Piper_SwigluGradOp : Piper_Op<"swiglu_grad", [Pure]> {
+def Piper_SwigluGradOp : Piper_ComputeOp<"swiglu_grad", [Pure]> {
   let summary = "Gradient of swiglu w.r.t. its packed [gate | up] input";
   let arguments = (ins F32Tensor2D:$input, F32Tensor2D:$grad);
   let results = (outs F32Tensor2D:$result);
   let assemblyFormat = "$input `,` $grad attr-dict `:` functional-type(operands, results)";
 }
 
-def Piper_CrossEntropyGradOp : Piper_Op<"cross_entropy_grad", [Pure]> {
+def Piper_CrossEntropyGradOp : Piper_ComputeOp<"cross_entropy_grad", [Pure]> {
   let summary = "Gradient of the mean cross entropy w.r.t. logits, times the loss seed";
   let description = [{
     `dlogits = (softmax(logits) - onehot(targets)) / N`, multiplied by the
@@ -339,7 +346,7 @@ def I32Tensor2DAny : ConfinedType<2DTensorOf<[I32]>, [HasStaticShapePred],
 def F32Tensor3D : ConfinedType<3DTensorOf<[F32]>, [HasStaticShapePred],
                                "statically shaped 3-D tensor of f32">;
 
-def Piper_MoeRouterOp : Piper_Op<"moe_router", [Pure]> {
+def Piper_MoeRouterOp : Piper_ComputeOp<"moe_router", [Pure]> {
   let summary = "Top-k softmax routing: expert indices and gate weights per token";
   let description = [{
     p = softmax(logits); `indices` are the top_k experts by p (descending,
@@ -352,7 +359,7 @@ def Piper_MoeRouterOp : Piper_Op<"moe_router", [Pure]> {
   let hasVerifier = 1;
 }
 
-def Piper_MoeRouterGradOp : Piper_Op<"moe_router_grad", [Pure]> {
+def Piper_MoeRouterGradOp : Piper_ComputeOp<"moe_router_grad", [Pure]> {
   let summary = "Gradient of the router weights w.r.t. the logits";
   let arguments = (ins F32Tensor2D:$logits, I32Tensor2DAny:$indices,
                        F32Tensor2D:$grad, I64Attr:$top_k, UnitAttr:$norm_topk);
@@ -360,7 +367,7 @@ def Piper_MoeRouterGradOp : Piper_Op<"moe_router_grad", [Pure]> {
   let assemblyFormat = "$logits `,` $indices `,` $grad attr-dict `:` functional-type(operands, results)";
 }
 
-def Piper_MoeDispatchOp : Piper_Op<"moe_dispatch", [Pure]> {
+def Piper_MoeDispatchOp : Piper_ComputeOp<"moe_dispatch", [Pure]> {
   let summary = "Copies each routed token into its expert's next free slot";
   let arguments = (ins F32Tensor2D:$input, I32Tensor2DAny:$indices,
                        I64Attr:$experts, I64Attr:$capacity);
@@ -369,7 +376,7 @@ def Piper_MoeDispatchOp : Piper_Op<"moe_dispatch", [Pure]> {
   let hasVerifier = 1;
 }
 
-def Piper_MoeDispatchGradOp : Piper_Op<"moe_dispatch_grad", [Pure]> {
+def Piper_MoeDispatchGradOp : Piper_ComputeOp<"moe_dispatch_grad", [Pure]> {
   let summary = "Gradient of dispatch: sums each token's slot gradients";
   let arguments = (ins I32Tensor2DAny:$indices, F32Tensor2D:$grad,
                        I64Attr:$experts, I64Attr:$capacity);
@@ -377,7 +384,7 @@ def Piper_MoeDispatchGradOp : Piper_Op<"moe_dispatch_grad", [Pure]> {
   let assemblyFormat = "$indices `,` $grad attr-dict `:` functional-type(operands, results)";
 }
 
-def Piper_MoeCombineOp : Piper_Op<"moe_combine", [Pure]> {
+def Piper_MoeCombineOp : Piper_ComputeOp<"moe_combine", [Pure]> {
   let summary = "Weighted sum of each token's expert outputs";
   let arguments = (ins F32Tensor2D:$input, I32Tensor2DAny:$indices,
                        F32Tensor2D:$weights, I64Attr:$experts, I64Attr:$capacity);
@@ -386,7 +393,7 @@ def Piper_MoeCombineOp : Piper_Op<"moe_combine", [Pure]> {
   let hasVerifier = 1;
 }
 
-def Piper_MoeCombineGradOp : Piper_Op<"moe_combine_grad", [Pure]> {
+def Piper_MoeCombineGradOp : Piper_ComputeOp<"moe_combine_grad", [Pure]> {
   let summary = "Gradients of combine w.r.t. the expert outputs and the weights";
   let arguments = (ins F32Tensor2D:$input, I32Tensor2DAny:$indices,
                        F32Tensor2D:$weights, F32Tensor2D:$grad,
@@ -395,7 +402,7 @@ def Piper_MoeCombineGradOp : Piper_Op<"moe_combine_grad", [Pure]> {
   let assemblyFormat = "$input `,` $indices `,` $weights `,` $grad attr-dict `:` functional-type(operands, results)";
 }
 
-def Piper_ExpertLinearOp : Piper_Op<"expert_linear", [Pure]> {
+def Piper_ExpertLinearOp : Piper_ComputeOp<"expert_linear", [Pure]> {
   let summary = "Per-expert dense layer over expert slots: y[e] = x[e] · w[e]";
   let arguments = (ins F32Tensor2D:$input, F32Tensor3D:$weight, I64Attr:$experts);
   let results = (outs F32Tensor2D:$result);
@@ -403,21 +410,21 @@ def Piper_ExpertLinearOp : Piper_Op<"expert_linear", [Pure]> {
   let hasVerifier = 1;
 }
 
-def Piper_ExpertLinearGradInputOp : Piper_Op<"expert_linear_grad_input", [Pure]> {
+def Piper_ExpertLinearGradInputOp : Piper_ComputeOp<"expert_linear_grad_input", [Pure]> {
   let summary = "Input gradient of expert_linear";
   let arguments = (ins F32Tensor2D:$grad, F32Tensor3D:$weight, I64Attr:$experts);
   let results = (outs F32Tensor2D:$result);
   let assemblyFormat = "$grad `,` $weight attr-dict `:` functional-type(operands, results)";
 }
 
-def Piper_ExpertLinearGradWeightOp : Piper_Op<"expert_linear_grad_weight", [Pure]> {
+def Piper_ExpertLinearGradWeightOp : Piper_ComputeOp<"expert_linear_grad_weight", [Pure]> {
   let summary = "Weight gradient of expert_linear";
   let arguments = (ins F32Tensor2D:$input, F32Tensor2D:$grad, I64Attr:$experts);
   let results = (outs F32Tensor3D:$result);
   let assemblyFormat = "$input `,` $grad attr-dict `:` functional-type(operands, results)";
 }
 
-def Piper_MoeAuxLossOp : Piper_Op<"moe_aux_loss"> {
+def Piper_MoeAuxLossOp : Piper_ComputeOp<"moe_aux_loss"> {
   let summary = "Switch-style load-balancing loss, a term of the training loss";
   let description = [{
     E * sum_e f_e * P_e with f_e the fraction of routing choices that picked
@@ -431,7 +438,7 @@ def Piper_MoeAuxLossOp : Piper_Op<"moe_aux_loss"> {
   let assemblyFormat = "$logits `,` $indices attr-dict `:` functional-type(operands, results)";
 }
 
-def Piper_MoeAuxLossGradOp : Piper_Op<"moe_aux_loss_grad", [Pure]> {
+def Piper_MoeAuxLossGradOp : Piper_ComputeOp<"moe_aux_loss_grad", [Pure]> {
   let summary = "Gradient of the weighted load-balancing loss w.r.t. the router logits";
   let description = [{
     The gradient of `coeff` times the loss, times the microbatch's loss seed
