@@ -20,8 +20,8 @@
 
 namespace piper::runtime {
 
-/// When each local value of a segment comes to life and dies, so that a
-/// call holds only the values it still needs.
+/// When each local value of a segment comes to life (it is zeroed in its
+/// arena slot before its first kernel) and dies.
 struct SegmentLifetimes {
   std::vector<std::vector<int>> allocBefore; // per kernel
   std::vector<std::vector<int>> freeAfter;   // per kernel
@@ -69,7 +69,8 @@ struct StepState {
   std::vector<double> loss; // per stream, so kernels never share an adder
 };
 
-/// A started SEND: its buffer stays alive until the work completes.
+/// A started SEND: the plan keeps its buffer's arena bytes intact until the
+/// step ends (the executor waits for sends before then).
 struct PendingSend {
   TensorPtr tensor;
   CommWorkPtr work;
@@ -119,8 +120,9 @@ public:
   /// each once; a buffer dies after its last such read.
   std::vector<std::vector<std::vector<int>>> distinctInputs;
   std::vector<int> readerCount;
-  /// Sends of a failed step: the communicator may still read them, so they
-  /// are never freed while the executor lives.
+  /// Sends of a failed step: the communicator may still read them (the
+  /// arena lives as long as the executor; a failed executor runs no more
+  /// steps).
   std::mutex abandonedMu;
   std::vector<TensorPtr> abandoned;
   bool broken = false;
