@@ -133,76 +133,20 @@ public:
         training->set_compute_dtype(v.getValue() == "bf16" ? plan::BF16
                                                            : plan::F32);
     }
-    predictMemory();
     // The exact memory plan: arena offsets from lifetimes (schema 2).
     std::string error;
     if (!plan::assignArena(p, error))
       return dp.emitOpError("has no memory plan: ") << error;
+    predictMemory();
     return std::move(p);
   }
 
 
-  /// Peak bytes of a segment's local values (excluding its arguments, which
-  /// are step buffers), allocating at the defining kernel and freeing after
-  /// the last use, as the executor does.
-  static int64_t segmentWorkingSet(const plan::Segment &seg) {
-    std::vector<int> lastUse(seg.values_size(), -1);
-    for (int k = 0; k < seg.kernels_size(); ++k)
-      for (const plan::Operand &o : seg.kernels(k).inputs())
-        if (o.kind() == plan::Operand::VALUE)
-          lastUse[o.index()] = k;
-    for (int r : seg.results())
-      lastUse[r] = seg.kernels_size();
-    std::set<int> args(seg.args().begin(), seg.args().end());
-    int64_t live = 0, peak = 0;
-    for (int k = 0; k < seg.kernels_size(); ++k) {
-      for (const plan::Operand &o : seg.kernels(k).outputs())
-        if (o.kind() == plan::Operand::VALUE && !args.count(o.index()))
-          live += planTensorBytes(seg.values(o.index()));
-      peak = std::max(peak, live);
-      for (int v = 0; v < seg.values_size(); ++v)
-        if (lastUse[v] == k && !args.count(v))
-          live -= planTensorBytes(seg.values(v));
-    }
-    return peak;
-  }
-
-  /// Fills predicted_state_bytes and predicted_peak_bytes: persistent state,
-  /// plus the most step-buffer bytes alive at once in issue order (a buffer
-  /// lives from its writer to its last reader; sent buffers until the end of
-  /// the step, as Gloo may read them until then), plus the working set of the
-  /// segment running at that point.
+  /// The predicted peak and state are the memory plan's: the runtime
+  /// allocates exactly one arena of arena_bytes.
   void predictMemory() {
-    int64_t state = 0;
-    for (const plan::Parameter &param : p.params())
-      state += 4 * planTensorBytes(param.type()); // value, gradient, m, v
-    p.set_predicted_state_bytes(state);
-    std::vector<int> lastRead(p.buffers_size(), -1);
-    std::vector<int64_t> workingSet(p.segments_size(), -1);
-    for (size_t i = 0; i < issueOrder.size(); ++i)
-      for (int b : issueOrder[i]->inputs())
-        lastRead[b] = issueOrder[i]->kind() == plan::Instruction::SEND
-                          ? int(issueOrder.size())
-                          : int(i);
-    int64_t live = 0, peak = 0;
-    for (size_t i = 0; i < issueOrder.size(); ++i) {
-      const plan::Instruction *ins = issueOrder[i];
-      for (int b : ins->outputs())
-        live += planTensorBytes(p.buffers(b).type());
-      // A segment runs once per microbatch: compute its working set once.
-      int64_t working = 0;
-      if (ins->kind() == plan::Instruction::CALL) {
-        int64_t &ws = workingSet[ins->segment()];
-        if (ws < 0)
-          ws = segmentWorkingSet(p.segments(ins->segment()));
-        working = ws;
-      }
-      peak = std::max(peak, live + working);
-      for (int b : ins->inputs())
-        if (lastRead[b] == int(i))
-          live -= planTensorBytes(p.buffers(b).type());
-    }
-    p.set_predicted_peak_bytes(state + peak);
+    p.set_predicted_state_bytes(p.state_bytes());
+    p.set_predicted_peak_bytes(p.arena_bytes());
   }
 
 private:

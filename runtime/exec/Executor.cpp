@@ -37,21 +37,45 @@ Status ExecutorImpl::init(uint64_t seed) {
   bf16Step.assign(plan.params_size(), 0);
   int numParams = plan.params_size();
   state.resize(numParams);
+  // One arena, allocated once: every tensor is a view at its planned offset
+  // (validatePlan has checked the layout with plan::checkArena).
+  if (plan.arena_bytes() > 0) {
+    arena.allocator = memory;
+    arena.bytes = static_cast<size_t>(plan.arena_bytes());
+    arena.data = static_cast<char *>(memory->allocate(arena.bytes));
+    if (!arena.data)
+      return Status::error("out of memory allocating the arena of " +
+                           std::to_string(plan.arena_bytes()) + " bytes");
+    // Gradients and optimizer moments start at zero, as freshly allocated
+    // tensors did.
+    memory->zero(arena.data, arena.bytes);
+  }
+  stateBytes = plan.state_bytes();
   std::vector<float> host;
   for (int p = 0; p < numParams; ++p) {
     const plan::Parameter &param = plan.params(p);
-    for (int k = 0; k < 4; ++k) {
-      PIPER_RETURN_IF_ERROR(
-          allocateTensor(param.type(), "state of param '" + param.name() + "'",
-                         *memory, state[p][k]));
-      stateBytes += state[p][k]->bytes;
-    }
+    int64_t bytes = tensorBytes(param.type());
+    for (int k = 0; k < 4; ++k)
+      state[p][k] = viewTensor(param.type().dtype(), param.type(), bytes,
+                               at(param.state_offsets(k)));
+    if (bf16)
+      bf16Params[p] = viewTensor(param.type().dtype(), param.type(), bytes,
+                                 at(param.state_offsets(4)));
     const TensorPtr &value = state[p][0];
     host.assign(static_cast<size_t>(value->bytes / 4), 0.0f);
     fillInitializer(param.init(), param.name(), seed, 0, host.data(),
                     value->bytes / 4);
     memory->copyFromHost(value->data, host.data(),
                          static_cast<size_t>(value->bytes));
+  }
+  bufferViews.assign(plan.buffers_size(), nullptr);
+  for (int id = 0; id < plan.buffers_size(); ++id) {
+    const plan::Buffer &b = plan.buffers(id);
+    plan::TensorType type = b.type();
+    if (packed(id))
+      type.set_dtype(plan::BF16);
+    bufferViews[id] =
+        viewTensor(type.dtype(), type, tensorBytes(type), at(b.offset()));
   }
 
   for (const plan::Segment &seg : plan.segments())

@@ -20,8 +20,8 @@
 
 namespace piper::runtime {
 
-/// When each local value of a segment comes to life and dies, so that a
-/// call holds only the values it still needs.
+/// When each local value of a segment comes to life (it is zeroed in its
+/// arena slot before its first kernel) and dies.
 struct SegmentLifetimes {
   std::vector<std::vector<int>> allocBefore; // per kernel
   std::vector<std::vector<int>> freeAfter;   // per kernel
@@ -45,7 +45,8 @@ struct ResolvedKernel {
 /// Per-stream scratch of segment calls, reused so that the call path does
 /// not allocate once warm.
 struct CallScratch {
-  std::vector<TensorPtr> values;
+  std::vector<void *> values; // by value id: its place in the arena
+
   std::vector<TensorRef> inputs, outputs;
 };
 
@@ -68,7 +69,8 @@ struct StepState {
   std::vector<double> loss; // per stream, so kernels never share an adder
 };
 
-/// A started SEND: its buffer stays alive until the work completes.
+/// A started SEND: the plan keeps its buffer's arena bytes intact until the
+/// step ends (the executor waits for sends before then).
 struct PendingSend {
   TensorPtr tensor;
   CommWorkPtr work;
@@ -80,6 +82,23 @@ public:
   /// First member: destroyed last, after every tensor it allocated.
   std::unique_ptr<hal::Device> device;
   hal::Allocator *memory = nullptr;
+  /// The one allocation of the executor: plan.arena_bytes() bytes, where
+  /// every tensor lives at the offset of the plan's memory plan (state from
+  /// 0, step buffers at Buffer.offset, segment scratch and all-reduce
+  /// staging at Instruction.scratch_offset). Freed before the device.
+  struct Arena {
+    hal::Allocator *allocator = nullptr;
+    char *data = nullptr;
+    size_t bytes = 0;
+    ~Arena() {
+      if (data)
+        allocator->deallocate(data, bytes);
+    }
+  } arena;
+  char *at(int64_t offset) const { return arena.data + offset; }
+  /// Per buffer id: its view at Buffer.offset, as stored (packed bf16 in
+  /// mixed precision).
+  std::vector<TensorPtr> bufferViews;
   Communicator *comm = nullptr;
   /// One persistent stream (worker) and one event per plan stream / event.
   std::vector<std::unique_ptr<hal::Stream>> streams;
@@ -101,8 +120,9 @@ public:
   /// each once; a buffer dies after its last such read.
   std::vector<std::vector<std::vector<int>>> distinctInputs;
   std::vector<int> readerCount;
-  /// Sends of a failed step: the communicator may still read them, so they
-  /// are never freed while the executor lives.
+  /// Sends of a failed step: the communicator may still read them (the
+  /// arena lives as long as the executor; a failed executor runs no more
+  /// steps).
   std::mutex abandonedMu;
   std::vector<TensorPtr> abandoned;
   bool broken = false;
@@ -150,9 +170,8 @@ public:
                  std::vector<PendingSend> &pendingSends);
   /// The buffer as stored (packed bf16 in mixed precision).
   Status fetchStored(StepState &st, int id, TensorPtr &out);
-  /// The buffer as float32 values for kernels.
-  Status fetch(StepState &st, int id, TensorPtr &out);
-  Status publish(StepState &st, int id, TensorPtr t);
+  /// Marks buffer `id` written (its bytes are at its arena offset).
+  Status publish(StepState &st, int id);
   /// Whether buffer `id` is stored as packed bf16.
   bool packed(int id) const;
   void release(StepState &st, const std::vector<int> &ids);
@@ -163,7 +182,7 @@ public:
   Status call(int s, const plan::Instruction &inst, StepState &st,
               int64_t &accounted);
   /// The bf16 copy of parameter `p` for `step`.
-  Status computeParam(int p, int64_t step, TensorPtr *&out);
+  Status computeParam(int p, int64_t step, void *&out);
 
   // Gradients (Gradients.cpp).
   Status allReduce(int s, const plan::Instruction &inst);

@@ -127,29 +127,23 @@ Status ExecutorImpl::allReduce(int s, const Instruction &inst) {
         .withContext(what);
   }
   // One flat buffer means one collective per instruction, however many
-  // parameters it covers. It is staging memory outside the counted tensors,
-  // as the compiler's memory prediction assumes (the arena plan will give
-  // it a place on the device).
+  // parameters it covers: the staging block at the instruction's
+  // scratch_offset in the arena.
+  float *flat = reinterpret_cast<float *>(at(inst.scratch_offset()));
   size_t count = 0;
-  for (int p : inst.params())
-    count += static_cast<size_t>(stateOf(p, Operand::GRAD)->bytes / 4);
-  std::vector<float> flat(count);
-  size_t at = 0;
   for (int p : inst.params()) {
     const TensorPtr &g = stateOf(p, Operand::GRAD);
-    memory->copyToHost(flat.data() + at, g->data,
-                       static_cast<size_t>(g->bytes));
-    at += static_cast<size_t>(g->bytes / 4);
+    memory->copy(flat + count, g->data, static_cast<size_t>(g->bytes));
+    count += static_cast<size_t>(g->bytes / 4);
   }
-  PIPER_RETURN_IF_ERROR(comm->allReduce(key, flat.data(), count, CommDType::F32)
+  PIPER_RETURN_IF_ERROR(comm->allReduce(key, flat, count, CommDType::F32)
                             ->wait()
                             .withContext(what));
-  at = 0;
+  size_t pos = 0;
   for (int p : inst.params()) {
     const TensorPtr &g = stateOf(p, Operand::GRAD);
-    memory->copyFromHost(g->data, flat.data() + at,
-                         static_cast<size_t>(g->bytes));
-    at += static_cast<size_t>(g->bytes / 4);
+    memory->copy(g->data, flat + pos, static_cast<size_t>(g->bytes));
+    pos += static_cast<size_t>(g->bytes / 4);
   }
   return Status::ok();
 }

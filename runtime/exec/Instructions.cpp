@@ -21,42 +21,17 @@ Status ExecutorImpl::fetchStored(StepState &st, int id, TensorPtr &out) {
   return Status::ok();
 }
 
-Status ExecutorImpl::fetch(StepState &st, int id, TensorPtr &out) {
-  PIPER_RETURN_IF_ERROR(fetchStored(st, id, out));
-  if (out->dtype != plan::BF16)
-    return Status::ok();
-  // A packed bf16 step buffer: kernels get it back as float32 values.
-  TensorPtr wide;
-  PIPER_RETURN_IF_ERROR(allocateTensor(plan.buffers(id).type(),
-                                       describeBuffer(id), *memory, wide));
-  device->unpackBf16(static_cast<float *>(wide->data),
-                     static_cast<const uint16_t *>(out->data), wide->bytes / 4);
-  out = std::move(wide);
-  return Status::ok();
-}
-
 bool ExecutorImpl::packed(int id) const {
   const plan::TensorType &type = plan.buffers(id).type();
   return bf16 && type.dtype() == plan::F32 && type.shape_size() > 0;
 }
 
-Status ExecutorImpl::publish(StepState &st, int id, TensorPtr t) {
-  if (packed(id) && t->dtype == plan::F32) {
-    // Mixed precision stores step buffers (what tasks pass on and what is
-    // sent) as bf16: half the bytes, the same values the kernels produced.
-    plan::TensorType type = plan.buffers(id).type();
-    type.set_dtype(plan::BF16);
-    TensorPtr narrow;
-    PIPER_RETURN_IF_ERROR(
-        allocateTensor(type, describeBuffer(id), *memory, narrow));
-    device->packBf16(static_cast<uint16_t *>(narrow->data),
-                     static_cast<const float *>(t->data), t->bytes / 4);
-    t = std::move(narrow);
-  }
+Status ExecutorImpl::publish(StepState &st, int id) {
+  // The buffer's bytes are already at its offset in the arena.
   BufferSlot &slot = st.buffers[id];
   // A buffer nobody reads dies at once.
   if (slot.readersLeft.load(std::memory_order_relaxed) > 0)
-    slot.tensor = std::move(t);
+    slot.tensor = bufferViews[id];
   slot.written.store(true, std::memory_order_release);
   return Status::ok();
 }
@@ -99,11 +74,7 @@ Status ExecutorImpl::execute(int s, int i, StepState &st,
   }
   case Instruction::RECV: {
     int id = inst.outputs(0);
-    TensorPtr t;
-    plan::TensorType type = plan.buffers(id).type();
-    if (packed(id))
-      type.set_dtype(plan::BF16);
-    PIPER_RETURN_IF_ERROR(allocateTensor(type, describeBuffer(id), *memory, t));
+    const TensorPtr &t = bufferViews[id];
     int peer = peerOf(inst);
     PIPER_RETURN_IF_ERROR(
         comm->irecv(stream.name(), t->data, static_cast<size_t>(t->bytes), peer,
@@ -112,7 +83,7 @@ Status ExecutorImpl::execute(int s, int i, StepState &st,
             .withContext("receive of " + describeBuffer(id) + " from rank " +
                          std::to_string(peer) + " (tag " +
                          std::to_string(inst.tag()) + ")"));
-    PIPER_RETURN_IF_ERROR(publish(st, id, std::move(t)));
+    PIPER_RETURN_IF_ERROR(publish(st, id));
     break;
   }
   case Instruction::ALL_REDUCE:
@@ -133,11 +104,8 @@ Status ExecutorImpl::execute(int s, int i, StepState &st,
     break;
   case Instruction::LOAD_BATCH: {
     const plan::TrainingConfig &t = plan.training();
-    TensorPtr tokens, targets;
-    PIPER_RETURN_IF_ERROR(allocateTensor(plan.buffers(inst.outputs(0)).type(),
-                                         "tokens", *memory, tokens));
-    PIPER_RETURN_IF_ERROR(allocateTensor(plan.buffers(inst.outputs(1)).type(),
-                                         "targets", *memory, targets));
+    const TensorPtr &tokens = bufferViews[inst.outputs(0)],
+                    &targets = bufferViews[inst.outputs(1)];
     int64_t global = static_cast<int64_t>(replica) * t.num_microbatches() +
                      inst.microbatch();
     // Staged in host memory, then copied to the device.
@@ -150,8 +118,8 @@ Status ExecutorImpl::execute(int s, int i, StepState &st,
                          static_cast<size_t>(tokens->bytes));
     memory->copyFromHost(targets->data, hostTargets.data(),
                          static_cast<size_t>(targets->bytes));
-    PIPER_RETURN_IF_ERROR(publish(st, inst.outputs(0), std::move(tokens)));
-    PIPER_RETURN_IF_ERROR(publish(st, inst.outputs(1), std::move(targets)));
+    PIPER_RETURN_IF_ERROR(publish(st, inst.outputs(0)));
+    PIPER_RETURN_IF_ERROR(publish(st, inst.outputs(1)));
     break;
   }
   default:

@@ -88,20 +88,17 @@ Status ExecutorImpl::resolveKernels() {
   return Status::ok();
 }
 
-Status ExecutorImpl::computeParam(int p, int64_t step, TensorPtr *&out) {
+Status ExecutorImpl::computeParam(int p, int64_t step, void *&out) {
   std::lock_guard<std::mutex> lock(bf16Mu);
-  TensorPtr &copy = bf16Params[p];
+  // The fifth state tensor of the parameter (Parameter.state_offsets[4]).
+  const TensorPtr &copy = bf16Params[p];
   if (bf16Step[p] != step) {
     const TensorPtr &master = stateOf(p, Operand::PARAM);
-    if (!copy)
-      PIPER_RETURN_IF_ERROR(allocateTensor(plan.params(p).type(),
-                                           plan.params(p).name() + " (bf16)",
-                                           *memory, copy));
     memory->copy(copy->data, master->data, static_cast<size_t>(master->bytes));
     device->roundBf16(static_cast<float *>(copy->data), copy->bytes / 4);
     bf16Step[p] = step;
   }
-  out = &copy;
+  out = copy->data;
   return Status::ok();
 }
 
@@ -123,23 +120,40 @@ Status ExecutorImpl::call(int s, const Instruction &inst, StepState &st,
   const SegmentLifetimes &lt = lifetimes[segIndex];
   const std::vector<ResolvedKernel> &resolved = kernels[segIndex];
   CallScratch &scratch = this->scratch[s];
-  std::vector<TensorPtr> &values = scratch.values;
-  values.clear();
-  values.resize(seg.values_size());
-  // Drops this call's values on every return path.
-  struct Clear {
-    std::vector<TensorPtr> &values;
-    ~Clear() { values.clear(); }
-  } clearValues{values};
-  for (int a = 0; a < inst.inputs_size(); ++a)
-    PIPER_RETURN_IF_ERROR(fetch(st, inst.inputs(a), values[seg.args(a)]));
+  // Every value lives in the arena: in the call's scratch at
+  // scratch_offset + value_offsets[v], or (value_offsets[v] == -1) in the
+  // step buffer it is bound to. Packed bf16 arguments are unpacked into
+  // their scratch slot; packed results are computed there and packed into
+  // their step buffer at the end.
+  std::vector<void *> &values = scratch.values;
+  values.assign(seg.values_size(), nullptr);
+  char *base = at(inst.scratch_offset());
+  for (int v = 0; v < seg.values_size(); ++v)
+    if (seg.value_offsets(v) >= 0)
+      values[v] = base + seg.value_offsets(v);
+  for (int r = 0; r < inst.outputs_size(); ++r) {
+    int v = seg.results(r);
+    if (!values[v])
+      values[v] = bufferViews[inst.outputs(r)]->data;
+  }
+  for (int a = 0; a < inst.inputs_size(); ++a) {
+    int id = inst.inputs(a), v = seg.args(a);
+    TensorPtr stored;
+    PIPER_RETURN_IF_ERROR(fetchStored(st, id, stored));
+    if (stored->dtype == plan::BF16 && seg.value_offsets(v) >= 0)
+      device->unpackBf16(static_cast<float *>(values[v]),
+                         static_cast<const uint16_t *>(stored->data),
+                         stored->bytes / 2);
+    else
+      values[v] = stored->data; // arguments are never written
+  }
 
   KernelContext ctx;
   ctx.lossAccumulator = &st.loss[s];
   ctx.step = st.step;
   ctx.lrScale = scheduleScale(plan.training(), st.step);
   auto dataOf = [&](const Operand &op) -> void * {
-    return op.kind() == Operand::VALUE ? values[op.index()]->data
+    return op.kind() == Operand::VALUE ? values[op.index()]
                                        : stateOf(op.index(), op.kind())->data;
   };
   // Built only for an error message: most kernels take microseconds.
@@ -154,12 +168,11 @@ Status ExecutorImpl::call(int s, const Instruction &inst, StepState &st,
     Clock::time_point start;
     if (profiling && !lt.allocBefore[k].empty())
       start = Clock::now();
+    // A value starts zeroed at its first kernel, as a fresh tensor did.
     for (int v : lt.allocBefore[k]) {
-      Status status = allocateTensorAs(
-          seg.values(v), [v] { return "value " + std::to_string(v); }, *memory,
-          values[v]);
-      if (!status)
-        return status.withContext(where(k));
+      const plan::TensorType &type = seg.values(v);
+      int64_t bytes = tensorBytes(type);
+      memory->zero(values[v], static_cast<size_t>(bytes));
     }
     if (profiling && !lt.allocBefore[k].empty()) {
       int64_t ns = nanosSince(start);
@@ -171,10 +184,10 @@ Status ExecutorImpl::call(int s, const Instruction &inst, StepState &st,
     for (int j = 0; j < kernel.inputs_size(); ++j) {
       const Operand &op = kernel.inputs(j);
       if (rk.lowPrecision && op.kind() == Operand::PARAM) {
-        TensorPtr *copy = nullptr;
+        void *copy = nullptr;
         PIPER_RETURN_IF_ERROR(
             computeParam(op.index(), st.step, copy).withContext(where(k)));
-        bind(ins[j], rk.inputs[j], (*copy)->data);
+        bind(ins[j], rk.inputs[j], copy);
       } else {
         bind(ins[j], rk.inputs[j], dataOf(op));
       }
@@ -202,13 +215,27 @@ Status ExecutorImpl::call(int s, const Instruction &inst, StepState &st,
         if (kernel.outputs(int(o)).kind() == Operand::VALUE &&
             outs[o].dtype == plan::F32 && !outs[o].shape.empty())
           device->roundBf16(outs[o].f32(), outs[o].numel());
-    for (int v : lt.freeAfter[k])
-      values[v].reset();
   }
-  // Buffers are immutable once written and arguments are never written, so
-  // a result (even one that is an argument) is handed over, not copied.
-  for (int r = 0; r < inst.outputs_size(); ++r)
-    PIPER_RETURN_IF_ERROR(publish(st, inst.outputs(r), values[seg.results(r)]));
+  // Results go to their step buffers: packed from scratch in mixed
+  // precision, copied when the value lives elsewhere (an argument, or a
+  // value that is several results).
+  for (int r = 0; r < inst.outputs_size(); ++r) {
+    int id = inst.outputs(r);
+    const TensorPtr &dst = bufferViews[id];
+    int v = seg.results(r);
+    const void *src = values[v];
+    if (src == dst->data) {
+      // Computed in place.
+    } else if (dst->dtype == plan::BF16 && seg.value_offsets(v) >= 0) {
+      device->packBf16(static_cast<uint16_t *>(dst->data),
+                       static_cast<const float *>(src), dst->bytes / 2);
+    } else {
+      // An argument (in bf16, one passed through untouched: still packed)
+      // or a value already stored for another result.
+      memory->copy(dst->data, src, static_cast<size_t>(dst->bytes));
+    }
+    PIPER_RETURN_IF_ERROR(publish(st, id));
+  }
   return Status::ok();
 }
 

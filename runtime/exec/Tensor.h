@@ -1,5 +1,5 @@
-// Internal to runtime/exec: tensors the executor owns, with storage from the
-// device's HAL allocator (persistent state, step buffers, segment values).
+// Internal to runtime/exec: views of the executor's tensors (persistent
+// state, step buffers) in its one arena from the device's HAL allocator.
 #ifndef PIPER_RUNTIME_EXEC_TENSOR_H
 #define PIPER_RUNTIME_EXEC_TENSOR_H
 
@@ -15,55 +15,30 @@
 
 namespace piper::runtime {
 
-/// Owned, 64-byte aligned device storage of one dense tensor. Tensors are
-/// shared: a SEND keeps its tensor alive until the send completes, even after
-/// the buffer's last reader has let go of it.
+/// A dense tensor of the executor: a view at its planned offset in the
+/// executor's one arena (docs/memory-plan.md). It owns nothing; the arena
+/// outlives every view. Views are shared: a SEND keeps its view until the
+/// send completes.
 struct DeviceTensor {
   plan::DType dtype = plan::F32;
   std::vector<int64_t> shape;
   int64_t bytes = 0;
   void *data = nullptr;
-  hal::Allocator *allocator = nullptr; // must outlive the tensor
 
-  DeviceTensor() = default;
-  DeviceTensor(const DeviceTensor &) = delete;
-  DeviceTensor &operator=(const DeviceTensor &) = delete;
-  ~DeviceTensor() {
-    if (data)
-      allocator->deallocate(data, static_cast<size_t>(bytes));
-  }
   TensorRef ref() const { return TensorRef{dtype, shape, data}; }
 };
 using TensorPtr = std::shared_ptr<DeviceTensor>;
 
-/// Allocates a zeroed tensor of `type` (already validated) from `allocator`,
-/// or returns an error naming what `describe()` returns (called only then:
-/// segment values are allocated hundreds of times per step).
-template <typename Describe>
-Status allocateTensorAs(const plan::TensorType &type, const Describe &describe,
-                        hal::Allocator &allocator, TensorPtr &out) {
+/// A view of `bytes` at `data` (inside the arena) typed as `dtype` with the
+/// shape of `type`.
+inline TensorPtr viewTensor(plan::DType dtype, const plan::TensorType &type,
+                            int64_t bytes, void *data) {
   auto t = std::make_shared<DeviceTensor>();
-  t->dtype = type.dtype();
+  t->dtype = dtype;
   t->shape.assign(type.shape().begin(), type.shape().end());
-  t->bytes = tensorBytes(type);
-  if (t->bytes < 0)
-    return Status::error(describe() + " has an invalid shape");
-  t->data = allocator.allocate(static_cast<size_t>(t->bytes));
-  if (!t->data)
-    return Status::error("out of memory allocating " + describe() + " (" +
-                         std::to_string(t->bytes) + " bytes)");
-  t->allocator = &allocator;
-  allocator.zero(t->data, static_cast<size_t>(t->bytes));
-  out = std::move(t);
-  return Status::ok();
-}
-
-/// allocateTensorAs with a fixed description.
-inline Status allocateTensor(const plan::TensorType &type,
-                             const std::string &what, hal::Allocator &allocator,
-                             TensorPtr &out) {
-  return allocateTensorAs(
-      type, [&] { return what; }, allocator, out);
+  t->bytes = bytes;
+  t->data = data;
+  return t;
 }
 
 } // namespace piper::runtime

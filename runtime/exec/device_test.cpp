@@ -39,6 +39,7 @@ std::vector<double> runSteps(const plan::Plan &plan, int steps, uint64_t seed) {
     REQUIRE(exec->runStep(t, loss));
     losses.push_back(loss);
   }
+  CHECK(exec->peakBytes() == exec->plan().arena_bytes());
   return losses;
 }
 

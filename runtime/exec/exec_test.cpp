@@ -85,6 +85,11 @@ std::vector<double> runSteps(const plan::Plan &plan, int steps, uint64_t seed,
     REQUIRE(st);
     losses.push_back(loss);
   }
+  // One arena, laid out by the plan's memory plan, is all the executor
+  // allocates: its peak is arena_bytes to the byte.
+  CHECK(exec->peakBytes() == exec->plan().arena_bytes());
+  CHECK(exec->liveBytes() == exec->plan().arena_bytes());
+  CHECK(exec->stateBytes() == exec->plan().state_bytes());
   return losses;
 }
 

@@ -89,6 +89,13 @@ runRanks(const std::vector<plan::Plan> &plans, int steps, uint64_t seed,
         }
         out << loss << "\n";
       }
+      // The one arena of the plan's memory plan is all the executor holds.
+      if (exec->peakBytes() != p.arena_bytes()) {
+        std::fprintf(stderr, "rank %d: peak %lld bytes, arena_bytes %lld\n",
+                     rank, static_cast<long long>(exec->peakBytes()),
+                     static_cast<long long>(p.arena_bytes()));
+        ::_exit(6);
+      }
       for (int i = 0; i < p.params_size(); ++i) {
         TensorRef t = exec->state(i, plan::Operand::PARAM);
         out << "param " << t.numel();

@@ -168,12 +168,16 @@ std::string profileTable(const std::string &who, const Executor &exec,
 }
 
 std::string memoryReport(const std::string &who, const Executor &exec) {
+  // The executor places every tensor in one arena laid out by the plan's
+  // memory plan: its peak is the plan's arena_bytes.
+  const plan::Plan &plan = exec.plan();
   return fmt::format(
-      "piper-run: {}: peak memory: {:.1f} MiB (compiler predicted {}); state "
-      "{:.1f} MiB (predicted {}); max RSS {:.1f} MiB\n",
-      who, mib(exec.peakBytes()),
-      predictedMiB(exec.plan().predicted_peak_bytes()), mib(exec.stateBytes()),
-      predictedMiB(exec.plan().predicted_state_bytes()), mib(maxRssBytes()));
+      "piper-run: {}: peak memory: {} bytes, {:.1f} MiB (memory plan arena {} "
+      "bytes, {}); state {} bytes, {:.1f} MiB (memory plan state {} bytes); "
+      "max RSS {:.1f} MiB\n",
+      who, exec.peakBytes(), mib(exec.peakBytes()), plan.arena_bytes(),
+      predictedMiB(plan.arena_bytes()), exec.stateBytes(),
+      mib(exec.stateBytes()), plan.state_bytes(), mib(maxRssBytes()));
 }
 
 } // namespace piper::runtime

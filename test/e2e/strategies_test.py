@@ -8,6 +8,7 @@ Usage: strategies_test.py PIPERC PIPER_RUN EXAMPLES_DIR
 import array
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -99,20 +100,62 @@ def load_params(folder):
     return params
 
 
+def planned_arenas(plans):
+    """Per rank, the arena_bytes of its plan, from the compiler's report.txt."""
+    arenas, ranks = {}, None
+    with open(os.path.join(plans, "report.txt")) as f:
+        for line in f:
+            m = re.match(r"class \d+ ranks \[([0-9, ]+)\]:", line)
+            if m:
+                ranks = [int(r) for r in m.group(1).split(",")]
+            m = re.match(r"\s+memory plan: arena (\d+) bytes", line)
+            if m and ranks is not None:
+                for r in ranks:
+                    arenas[r] = int(m.group(1))
+                ranks = None
+    return arenas
+
+
+def check_peaks(name, plans, output, logs, ranks):
+    """Every rank's measured peak equals its plan's arena_bytes to the byte
+    (the executor allocates one arena and places every tensor in it).
+    Returns (checks passed, checks failed)."""
+    text = output
+    if os.path.isdir(logs):
+        for log in sorted(os.listdir(logs)):
+            with open(os.path.join(logs, log)) as f:
+                text += f.read()
+    peaks = {int(r): int(b) for r, b in
+             re.findall(r"piper-run: rank (\d+): peak memory: (\d+) bytes", text)}
+    arenas = planned_arenas(plans)
+    passed = failed = 0
+    for rank in range(ranks):
+        peak, arena = peaks.get(rank), arenas.get(rank)
+        ok = peak is not None and peak == arena
+        passed, failed = passed + ok, failed + (not ok)
+        print("%s: %s rank %d peak %s bytes vs memory plan arena %s bytes" %
+              ("ok" if ok else "FAIL", name, rank, peak, arena))
+    return passed, failed
+
+
 def check_model(work, model_name, model_args, strategies):
     """Trains every strategy; returns (checks passed, checks failed)."""
     model = os.path.join(work, model_name + ".mlir")
     run([PIPERC, "model"] + model_args + ["-o", model])
     results = []
+    peak_passed = peak_failed = 0
     for i, (name, flags, ranks) in enumerate(strategies):
         tag = "%s%d" % (model_name, i)
         out = os.path.join(work, "plans-" + tag)
         metrics = os.path.join(work, "metrics-%s.jsonl" % tag)
         params = os.path.join(work, "params-" + tag)
+        logs = os.path.join(work, "logs-" + tag)
         run([PIPERC, "compile", model, "-o", out] + flags)
-        run([PIPER_RUN, out, "--nproc", str(ranks), "--backend", "cpu",
-             "--steps", str(STEPS), "--seed", str(SEED), "--metrics", metrics,
-             "--save-params", params])
+        output = run([PIPER_RUN, out, "--nproc", str(ranks), "--backend", "cpu",
+                      "--steps", str(STEPS), "--seed", str(SEED), "--metrics",
+                      metrics, "--save-params", params, "--log-dir", logs])
+        p, f = check_peaks("%s %s" % (model_name, name), out, output, logs, ranks)
+        peak_passed, peak_failed = peak_passed + p, peak_failed + f
         with open(metrics) as f:
             losses = [json.loads(line)["loss"] for line in f if line.strip()]
         if len(losses) != STEPS:
@@ -120,7 +163,7 @@ def check_model(work, model_name, model_args, strategies):
                      (model_name, name, STEPS, len(losses)))
         results.append(("%s %s" % (model_name, name), losses, load_params(params)))
 
-    passed = failed = 0
+    passed, failed = peak_passed, peak_failed
     _, ref_losses, ref_params = results[0]
     if ref_losses[-1] < ref_losses[0]:
         passed += 1
