@@ -122,6 +122,27 @@ int64_t storedTensorBytes(const TensorType &type) {
   return n;
 }
 
+KernelSpan valueKernelSpans(const Segment &seg) {
+  int n = seg.values_size();
+  KernelSpan span;
+  span.first.assign(n, -1);
+  span.last.assign(n, -1);
+  for (int k = 0; k < seg.kernels_size(); ++k) {
+    auto touch = [&](const Operand &op) {
+      if (op.kind() != Operand::VALUE || op.index() < 0 || op.index() >= n)
+        return;
+      if (span.first[op.index()] < 0)
+        span.first[op.index()] = k;
+      span.last[op.index()] = k;
+    };
+    for (const Operand &op : seg.kernels(k).inputs())
+      touch(op);
+    for (const Operand &op : seg.kernels(k).outputs())
+      touch(op);
+  }
+  return span;
+}
+
 namespace {
 
 /// When each value of a segment call needs scratch: [first, last] in kernel
@@ -139,23 +160,9 @@ bool packedType(const TensorType &t, bool bf16) {
 ValueLives segmentLives(const Segment &seg, bool bf16) {
   int n = seg.values_size();
   int end = seg.kernels_size();
-  ValueLives lives;
+  KernelSpan span = valueKernelSpans(seg);
+  ValueLives lives{std::move(span.first), std::move(span.last)};
   std::vector<int> &first = lives.first, &last = lives.last;
-  first.assign(n, -1);
-  last.assign(n, -1);
-  for (int k = 0; k < seg.kernels_size(); ++k) {
-    auto touch = [&](const Operand &op) {
-      if (op.kind() != Operand::VALUE || op.index() < 0 || op.index() >= n)
-        return;
-      if (first[op.index()] < 0)
-        first[op.index()] = k;
-      last[op.index()] = k;
-    };
-    for (const Operand &op : seg.kernels(k).inputs())
-      touch(op);
-    for (const Operand &op : seg.kernels(k).outputs())
-      touch(op);
-  }
   for (int a : seg.args()) {
     if (a < 0 || a >= n || first[a] < 0)
       continue;

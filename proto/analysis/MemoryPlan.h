@@ -60,6 +60,13 @@ bool verifyLayout(const std::vector<Block> &blocks, const ArenaLayout &layout,
 /// shape).
 int64_t storedTensorBytes(const TensorType &type);
 
+/// For each local value of `segment`, the first and the last kernel that
+/// reads or writes it (-1 for values no kernel touches).
+struct KernelSpan {
+  std::vector<int> first, last;
+};
+KernelSpan valueKernelSpans(const Segment &segment);
+
 /// The local values of a segment call that need scratch, each live from the
 /// kernel that first touches it to the one that last does; values are
 /// float32 containers, 4 bytes an element. Arguments and results are bound

@@ -20,11 +20,10 @@
 
 namespace piper::runtime {
 
-/// When each local value of a segment comes to life (it is zeroed in its
-/// arena slot before its first kernel) and dies.
+/// When each local value of a segment comes to life: it is zeroed in its
+/// arena slot before its first kernel (arguments are never zeroed).
 struct SegmentLifetimes {
   std::vector<std::vector<int>> allocBefore; // per kernel
-  std::vector<std::vector<int>> freeAfter;   // per kernel
 };
 SegmentLifetimes computeLifetimes(const plan::Segment &seg);
 

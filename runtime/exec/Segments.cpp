@@ -3,6 +3,7 @@
 // bf16 parameter copies of mixed precision).
 #include <algorithm>
 
+#include "proto/analysis/MemoryPlan.h"
 #include "runtime/exec/ExecutorImpl.h"
 
 namespace piper::runtime {
@@ -11,39 +12,16 @@ using plan::Instruction;
 using plan::Operand;
 
 SegmentLifetimes computeLifetimes(const plan::Segment &seg) {
-  int n = seg.values_size();
-  std::vector<int> first(n, -1), last(n, -1);
-  std::vector<char> pinned(n, 0); // args and results outlive the kernels
-  for (int a : seg.args())
-    pinned[a] = 1;
-  for (int r : seg.results())
-    pinned[r] = 1;
-  for (int k = 0; k < seg.kernels_size(); ++k) {
-    auto touch = [&](const Operand &op) {
-      if (op.kind() != Operand::VALUE)
-        return;
-      if (first[op.index()] < 0)
-        first[op.index()] = k;
-      last[op.index()] = k;
-    };
-    for (const Operand &op : seg.kernels(k).inputs())
-      touch(op);
-    for (const Operand &op : seg.kernels(k).outputs())
-      touch(op);
-  }
-  std::vector<char> isArg(n, 0);
+  // The same kernel spans the memory planner lays the scratch out from.
+  plan::KernelSpan span = plan::valueKernelSpans(seg);
+  std::vector<char> isArg(seg.values_size(), 0);
   for (int a : seg.args())
     isArg[a] = 1;
   SegmentLifetimes lt;
   lt.allocBefore.resize(seg.kernels_size());
-  lt.freeAfter.resize(seg.kernels_size());
-  for (int v = 0; v < n; ++v) {
-    if (isArg[v] || first[v] < 0)
-      continue;
-    lt.allocBefore[first[v]].push_back(v);
-    if (!pinned[v])
-      lt.freeAfter[last[v]].push_back(v);
-  }
+  for (int v = 0; v < seg.values_size(); ++v)
+    if (!isArg[v] && span.first[v] >= 0)
+      lt.allocBefore[span.first[v]].push_back(v);
   return lt;
 }
 
