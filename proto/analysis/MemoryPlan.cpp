@@ -58,15 +58,68 @@ bool endsBefore(const Block &a, const Block &b, const StreamOrder &order) {
   return true;
 }
 
+namespace {
+
+/// A block's lifetime reduced to what endsBefore needs, so that the
+/// pairwise test costs O(streams), not O(accesses): its definition and, per
+/// stream, the last instruction that touches it (-1: none).
+class Lifetimes {
+public:
+  Lifetimes(const std::vector<Block> &blocks, const StreamOrder &order)
+      : order(order) {
+    int streams = 0;
+    for (const Block &b : blocks)
+      for (const Pos &p : b.accesses)
+        streams = std::max(streams, p.stream + 1);
+    numStreams = streams;
+    def.resize(blocks.size());
+    open.resize(blocks.size());
+    last.assign(blocks.size() * static_cast<size_t>(streams), -1);
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      const Block &b = blocks[i];
+      open[i] = b.untilStepEnd || b.accesses.empty();
+      if (b.accesses.empty())
+        continue;
+      def[i] = b.accesses.front();
+      for (const Pos &p : b.accesses) {
+        int &l = last[i * streams + p.stream];
+        l = std::max(l, p.inst);
+      }
+    }
+  }
+  /// Every access of block a happens before block b is defined.
+  bool endsBefore(size_t a, size_t b) const {
+    if (open[a] || !def[b].valid())
+      return false;
+    const int *l = &last[a * numStreams];
+    for (int t = 0; t < numStreams; ++t)
+      if (l[t] >= 0 && !order.happensBefore(Pos{t, l[t]}, def[b]))
+        return false;
+    return true;
+  }
+  bool interfere(size_t a, size_t b) const {
+    return !endsBefore(a, b) && !endsBefore(b, a);
+  }
+
+private:
+  const StreamOrder &order;
+  int numStreams = 0;
+  std::vector<Pos> def;
+  std::vector<char> open;
+  std::vector<int> last; // [block * numStreams + stream]
+};
+
+} // namespace
+
 ArenaLayout packBlocks(const std::vector<Block> &blocks,
                        const StreamOrder &order, int64_t alignment) {
   std::vector<int64_t> sizes;
   sizes.reserve(blocks.size());
   for (const Block &b : blocks)
     sizes.push_back(b.bytes);
-  return pack(sizes, alignment, [&](int i, int j) {
-    return interfere(blocks[i], blocks[j], order);
-  });
+  Lifetimes lives(blocks, order);
+  return pack(sizes, alignment,
+              [&](int i, int j) { return lives.interfere(i, j); });
 }
 
 bool verifyLayout(const std::vector<Block> &blocks, const ArenaLayout &layout,
@@ -90,6 +143,7 @@ bool verifyLayout(const std::vector<Block> &blocks, const ArenaLayout &layout,
       return false;
     }
   }
+  Lifetimes lives(blocks, order);
   // Sweep by offset: only blocks whose byte ranges overlap are compared.
   std::sort(byOffset.begin(), byOffset.end(), [&](int a, int b) {
     return layout.offsets[a] < layout.offsets[b];
@@ -103,7 +157,7 @@ bool verifyLayout(const std::vector<Block> &blocks, const ArenaLayout &layout,
         break;
       if (blocks[i].bytes == 0 || blocks[j].bytes == 0)
         continue;
-      if (interfere(blocks[i], blocks[j], order)) {
+      if (lives.interfere(i, j)) {
         error = blocks[i].name + " and " + blocks[j].name +
                 " share bytes at offset " + std::to_string(layout.offsets[j]) +
                 " but may be live at the same time";
