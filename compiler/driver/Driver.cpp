@@ -3,6 +3,7 @@
 #include "compiler/driver/Driver.h"
 
 #include <CLI/CLI.hpp>
+#include <cmath>
 #include <filesystem>
 
 #include "compiler/frontend/GptModel.h"
@@ -20,7 +21,9 @@
 #include "mlir/Support/Timing.h"
 #include "mlir/Tools/mlir-opt/MlirOptMain.h"
 #include "llvm/ADT/StringExtras.h"
+#include "llvm/Support/FileSystem.h"
 #include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/MathExtras.h"
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Path.h"
 #include "llvm/Support/SourceMgr.h"
@@ -59,6 +62,151 @@ private:
 int fail(const std::string &msg) {
   llvm::errs() << "piperc: error: " << msg << "\n";
   return 1;
+}
+
+/// How deep the brackets of a model may nest ({ ( [ < together). MLIR's
+/// parser recurses once per level, so a few thousand levels overflow the
+/// stack; real models nest fewer than 20.
+constexpr int64_t kMaxMlirNesting = 256;
+
+/// Refuses a path that is not a regular file (a FIFO, /dev/zero, a
+/// folder) before reading it: reading one would block or never end. "-"
+/// (standard input) and missing files are left to the reader.
+std::string checkRegularFile(llvm::StringRef path, llvm::StringRef what) {
+  if (path == "-")
+    return "";
+  llvm::sys::fs::file_status status;
+  if (llvm::sys::fs::status(path, status))
+    return "";
+  if (status.type() == llvm::sys::fs::file_type::directory_file)
+    return (what + " '" + path + "' is a directory").str();
+  if (status.type() != llvm::sys::fs::file_type::regular_file)
+    return (what + " '" + path + "' is not a regular file").str();
+  return "";
+}
+
+/// The deepest nesting of { ( [ < in MLIR text, outside strings and
+/// comments (the -> arrow's > closes nothing); stops once past `limit`.
+/// A pre-scan, because MLIR 22's parser has no nesting bound of its own.
+int64_t mlirNesting(llvm::StringRef text, int64_t limit) {
+  int64_t depth = 0, deepest = 0;
+  for (size_t i = 0; i < text.size(); ++i) {
+    char c = text[i];
+    if (c == '"') {
+      for (++i; i < text.size() && text[i] != '"'; ++i)
+        if (text[i] == '\\')
+          ++i;
+    } else if (c == '/' && i + 1 < text.size() && text[i + 1] == '/') {
+      i = text.find('\n', i);
+      if (i == llvm::StringRef::npos)
+        break;
+    } else if (c == '{' || c == '(' || c == '[' || c == '<') {
+      deepest = std::max(deepest, ++depth);
+      if (deepest > limit)
+        break;
+    } else if (c == '}' || c == ')' || c == ']' ||
+               (c == '>' && !(i > 0 && text[i - 1] == '-'))) {
+      if (depth > 0)
+        --depth;
+    }
+  }
+  return deepest;
+}
+
+/// "" when the model text nests within kMaxMlirNesting, else the error.
+std::string checkMlirNesting(llvm::StringRef text, llvm::StringRef what,
+                             llvm::StringRef path) {
+  if (mlirNesting(text, kMaxMlirNesting) <= kMaxMlirNesting)
+    return "";
+  return llvm::formatv("{0} '{1}' nests brackets or regions more than {2} "
+                       "levels deep",
+                       what, path, kMaxMlirNesting)
+      .str();
+}
+
+/// Limits on the tensors of a model: each dimension fits the int32 fields
+/// of plan.proto, and byte counts stay far from int64 overflow.
+constexpr int64_t kMaxDim = std::numeric_limits<int32_t>::max();
+constexpr int64_t kMaxTensorBytes = int64_t(1) << 48;   // 256 TiB
+constexpr int64_t kMaxModelBytes = int64_t(1) << 56;    // every tensor type
+
+/// Checks every tensor type the model mentions (results, block arguments,
+/// attributes such as a parameter's type) against kMaxDim and
+/// kMaxTensorBytes, with overflow-checked products; reports the first
+/// offender at its location.
+LogicalResult checkTensorSizes(ModuleOp module) {
+  int64_t total = 0;
+  Operation *where = nullptr;
+  std::string error;
+  auto check = [&](Type type) {
+    auto shaped = dyn_cast<ShapedType>(type);
+    if (!error.empty() || !shaped || !shaped.hasRank())
+      return;
+    Type elem = shaped.getElementType();
+    int64_t bytes = elem.isIntOrFloat()
+                        ? std::max<int64_t>(1, (elem.getIntOrFloatBitWidth() + 7) / 8)
+                        : 8;
+    for (int64_t dim : shaped.getShape()) {
+      if (dim > kMaxDim) {
+        error = llvm::formatv("tensor dimension {0} is more than the limit of "
+                              "{1}",
+                              dim, kMaxDim)
+                    .str();
+        return;
+      }
+      if (dim >= 0 && llvm::MulOverflow(bytes, dim, bytes)) {
+        bytes = std::numeric_limits<int64_t>::max();
+        break;
+      }
+      if (bytes > kMaxTensorBytes)
+        break;
+    }
+    if (bytes > kMaxTensorBytes) {
+      error = llvm::formatv("a tensor of shape {0} is more than the limit of "
+                            "{1} bytes",
+                            llvm::join(llvm::map_range(shaped.getShape(),
+                                                       [](int64_t d) {
+                                                         return std::to_string(d);
+                                                       }),
+                                       "x"),
+                            kMaxTensorBytes)
+                  .str();
+      return;
+    }
+    total += bytes;
+    if (total > kMaxModelBytes)
+      error = llvm::formatv("the model's tensors hold more than the limit of "
+                            "{0} bytes",
+                            kMaxModelBytes)
+                  .str();
+  };
+  module->walk([&](Operation *op) {
+    if (!error.empty())
+      return WalkResult::interrupt();
+    for (Type t : op->getResultTypes())
+      check(t);
+    for (Region &region : op->getRegions())
+      for (Block &block : region)
+        for (BlockArgument arg : block.getArguments())
+          check(arg.getType());
+    op->getAttrDictionary().walk([&](Type t) { check(t); });
+    if (!error.empty())
+      where = op;
+    return error.empty() ? WalkResult::advance() : WalkResult::interrupt();
+  });
+  if (error.empty())
+    return success();
+  where->emitError(error);
+  return failure();
+}
+
+/// A number flag's error when it is NaN or infinite.
+std::string finite(const char *flag, double value) {
+  if (std::isfinite(value))
+    return "";
+  return llvm::formatv("{0} must be a finite number, got {1}", flag,
+                       llvm::format("%g", value))
+      .str();
 }
 
 int writeOutput(ModuleOp module, const std::string &path) {
@@ -140,6 +288,8 @@ struct CompileOptions {
   bool printIrAfterAll = false;
   /// --device-memory: reject plans whose arena exceeds this size.
   std::string deviceMemory;
+  /// Whether --world-size and --min-lr were given on the command line.
+  bool worldSizeGiven = false, minLrGiven = false;
 };
 
 /// Parses a memory size: a number of bytes, or a number with a unit (KiB,
@@ -185,7 +335,12 @@ int runCompile(const CompileOptions &o) {
                 "': expected a size such as 80GiB, 512MiB, 16GB or a number "
                 "of bytes");
   Strategy strategy;
+  if (std::string err = checkRegularFile(o.input, "model"); !err.empty())
+    return fail(err);
   if (!o.strategyFile.empty()) {
+    if (std::string err = checkRegularFile(o.strategyFile, "strategy file");
+        !err.empty())
+      return fail(err);
     auto buffer = llvm::MemoryBuffer::getFile(o.strategyFile);
     if (!buffer)
       return fail("cannot read strategy file '" + o.strategyFile +
@@ -201,18 +356,59 @@ int runCompile(const CompileOptions &o) {
                   scheduleNames() + "; see --schedule help)");
     if (o.pp < 1 || o.dp < 1 || o.microbatches < 1)
       return fail("--pp, --dp and --microbatches must be positive");
+    struct Bound {
+      const char *flag;
+      int64_t value, limit;
+    };
+    for (Bound b : {Bound{"--pp", o.pp, kMaxStages},
+                    Bound{"--dp", o.dp, kMaxWorldSize},
+                    Bound{"--microbatches", o.microbatches, kMaxMicrobatches}})
+      if (b.value > b.limit)
+        return fail(llvm::formatv("{0} must be at most {1}, got {2}", b.flag,
+                                  b.limit, b.value)
+                        .str());
+    // Both are at most 2^20 here: the product cannot overflow.
+    if (o.pp * o.dp > kMaxWorldSize)
+      return fail(llvm::formatv("--pp {0} times --dp {1} is more than the "
+                                "limit of {2} devices",
+                                o.pp, o.dp, kMaxWorldSize)
+                      .str());
+    if (std::string err = checkStageMicrobatches(o.pp, o.microbatches);
+        !err.empty())
+      return fail(err);
     if (std::string err = schedule->check(o.pp, o.microbatches); !err.empty())
       return fail("schedule '" + o.schedule + "' " + err);
     strategy = strategyFromFlags(o.pp, o.dp, o.microbatches, *schedule);
   }
-  if (o.worldSize > 0)
+  if (o.worldSizeGiven) {
+    if (o.worldSize < 1 || o.worldSize > kMaxWorldSize)
+      return fail(llvm::formatv("--world-size must be from 1 to {0}, got {1}",
+                                kMaxWorldSize, o.worldSize)
+                      .str());
     strategy.worldSize = o.worldSize;
+  }
+  for (auto [flag, value] :
+       {std::pair<const char *, double>{"--lr", o.opt.lr},
+        {"--beta1", o.opt.beta1},
+        {"--beta2", o.opt.beta2},
+        {"--eps", o.opt.eps},
+        {"--weight-decay", o.opt.weightDecay},
+        {"--min-lr", o.opt.minLr},
+        {"--clip-grad", o.opt.clipGradNorm}})
+    if (std::string err = finite(flag, value); !err.empty())
+      return fail(err);
   if (o.opt.lr <= 0 || o.opt.minLr < 0 || o.opt.warmupSteps < 0 ||
       o.opt.decaySteps < 0 || o.opt.clipGradNorm < 0 || o.opt.weightDecay < 0 ||
       o.opt.beta1 < 0 || o.opt.beta1 >= 1 || o.opt.beta2 < 0 ||
       o.opt.beta2 >= 1 || o.opt.eps < 0)
     return fail("invalid optimizer settings: --lr must be positive, betas in "
                 "[0, 1), the others non-negative");
+  if (o.opt.minLr > o.opt.lr)
+    return fail(llvm::formatv("--min-lr {0}{1} is above --lr {2}",
+                              llvm::format("%g", o.opt.minLr),
+                              o.minLrGiven ? "" : " (the default)",
+                              llvm::format("%g", o.opt.lr))
+                    .str());
 
   DefaultTimingManager timing;
   timing.setEnabled(o.timing);
@@ -228,12 +424,17 @@ int runCompile(const CompileOptions &o) {
   auto file = openInputFile(o.input, &error);
   if (!file)
     return fail(error);
+  if (std::string err = checkMlirNesting(file->getBuffer(), "model", o.input);
+      !err.empty())
+    return fail(err);
   sourceMgr.AddNewSourceBuffer(std::move(file), llvm::SMLoc());
   OwningOpRef<ModuleOp> module = parseSourceFile<ModuleOp>(sourceMgr, &ctx);
   if (!module)
     return fail("cannot parse model '" + o.input + "'");
   if (failed(verify(*module)))
     return fail("the model does not verify");
+  if (failed(checkTensorSizes(*module)))
+    return fail("model '" + o.input + "' has a tensor too large to compile");
   parseTimer.stop();
 
   // The compile pipeline, up to the phase --compile-to names: the same
@@ -462,6 +663,8 @@ int mlir::piper::pipercMain(int argc, char **argv) {
                        "are never applied (gradient checks)");
 
   CLI11_PARSE(app, argc, argv);
+  comp.worldSizeGiven = compileCmd->count("--world-size") > 0;
+  comp.minLrGiven = compileCmd->count("--min-lr") > 0;
   if (modelCmd->parsed())
     return runModel(model, *modelCmd);
   return runCompile(comp);
@@ -471,6 +674,23 @@ int mlir::piper::piperOptMain(int argc, char **argv) {
   DialectRegistry registry;
   registry.insert<PiperDialect>();
   registerPiperCompilerPasses();
-  return asMainReturnCode(
-      MlirOptMain(argc, argv, "piper-opt: the piper pass driver\n", registry));
+  auto [input, output] = registerAndParseCLIOptions(
+      argc, argv, "piper-opt: the piper pass driver\n", registry);
+  // Refuse FIFOs and devices, and inputs nested deeper than the parser's
+  // stack allows, before MlirOptMain reads the file. Standard input ("-")
+  // can be read only once and is not pre-scanned.
+  if (input != "-") {
+    auto refuse = [](const std::string &msg) {
+      llvm::errs() << "piper-opt: error: " << msg << "\n";
+      return 1;
+    };
+    if (std::string err = checkRegularFile(input, "input"); !err.empty())
+      return refuse(err);
+    std::string error;
+    if (auto file = openInputFile(input, &error))
+      if (std::string err = checkMlirNesting(file->getBuffer(), "input", input);
+          !err.empty())
+        return refuse(err);
+  }
+  return asMainReturnCode(MlirOptMain(argc, argv, input, output, registry));
 }

@@ -17,6 +17,12 @@ using namespace mlir::piper;
 
 /// Largest accepted size; keeps every product of two sizes within int64.
 static constexpr int64_t kMaxSize = std::numeric_limits<int32_t>::max();
+/// At most this many blocks: the IR grows with each one (docs/user-guide.md,
+/// "Limits").
+static constexpr int64_t kMaxLayers = 10000;
+/// The largest tensor the model may have, in elements (2^46 floats, 256 TiB),
+/// so that byte counts never overflow int64.
+static constexpr double kMaxTensorElements = 70368744177664.0;
 
 std::string mlir::piper::validateGptConfig(const GptConfig &cfg) {
   struct Size {
@@ -36,6 +42,9 @@ std::string mlir::piper::validateGptConfig(const GptConfig &cfg) {
   if (cfg.hidden % cfg.heads != 0)
     return "hidden (" + std::to_string(cfg.hidden) +
            ") must be divisible by heads (" + std::to_string(cfg.heads) + ")";
+  if (cfg.layers > kMaxLayers)
+    return "layers must be at most " + std::to_string(kMaxLayers) + ", got " +
+           std::to_string(cfg.layers);
   if (cfg.batch * cfg.seq > kMaxSize)
     return "batch * seq (" + std::to_string(cfg.batch * cfg.seq) +
            ") must be at most " + std::to_string(kMaxSize);
@@ -61,6 +70,22 @@ std::string mlir::piper::validateGptConfig(const GptConfig &cfg) {
       return "capacity factor must be non-negative";
     if (cfg.auxLossCoeff < 0 || !std::isfinite(cfg.auxLossCoeff))
       return "aux loss coefficient must be non-negative";
+  }
+  {
+    // The largest tensors, in floating point so that the products cannot
+    // overflow: embeddings and head, the MLP (all experts), the logits and
+    // the attention scores of one microbatch.
+    const double h = double(cfg.hidden), tokens = double(cfg.batch * cfg.seq);
+    const double f = cfg.ffn ? double(cfg.ffn) : 4.0 * h;
+    const double e = cfg.family == ModelFamily::Qwen3Moe ? double(cfg.experts)
+                                                          : 1.0;
+    for (double elements : {double(cfg.vocab) * h, 2.0 * e * h * f,
+                            tokens * double(cfg.vocab), tokens * 3.0 * h,
+                            tokens * f * 2.0 * double(cfg.topK > 0 ? cfg.topK : 1),
+                            tokens * double(cfg.heads) * double(cfg.seq)})
+      if (elements > kMaxTensorElements)
+        return "the model's tensors would be too large (more than 2^46 "
+               "elements in one tensor)";
   }
   if (cfg.llamaLike()) {
     if ((cfg.hidden / cfg.heads) % 2 != 0)

@@ -389,6 +389,9 @@ TEST_CASE("validateGptConfig rejects bad configs", "[frontend]") {
   c.batch = int64_t(1) << 20;
   c.seq = int64_t(1) << 20;
   check(c, "batch * seq");
+  c = GptConfig();
+  c.layers = 100000;
+  check(c, "layers must be at most 10000");
 }
 
 // Hidden (run with "[.dump]"): prints the documented 1-layer model.

@@ -8,6 +8,8 @@
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/JSON.h"
 
+#include <cmath>
+
 using namespace mlir::piper;
 namespace json = llvm::json;
 
@@ -74,6 +76,10 @@ public:
         return std::move(e);
       if (d.stages < 1)
         return fail("\"stages\" must be positive");
+      if (d.stages > kMaxStages)
+        return fail(llvm::formatv("\"stages\" must be at most {0}",
+                                  kMaxStages)
+                        .str());
     } else if (*op == "split") {
       d.kind = Directive::Split;
       for (auto k : {"filter", "dim_name", "num_microbatches"})
@@ -84,8 +90,12 @@ public:
         return std::move(e);
       if (d.numMicrobatches < 1)
         return fail("\"num_microbatches\" must be positive");
-      if (auto name = obj.getString("dim_name"))
-        d.dimName = name->str();
+      if (d.numMicrobatches > kMaxMicrobatches)
+        return fail(llvm::formatv("\"num_microbatches\" must be at most {0}",
+                                  kMaxMicrobatches)
+                        .str());
+      if (auto e = getString("dim_name", d.dimName))
+        return std::move(e);
       if (d.dimName != "MB")
         return fail("only the \"MB\" split dimension is supported");
       if (!d.filter.entries.empty())
@@ -101,22 +111,32 @@ public:
         return std::move(e);
       if (place) {
         allowed.insert("stream");
-        d.stream = obj.getString("stream").value_or("pp_stream").str();
+        d.stream = "pp_stream";
+        if (auto e = getString("stream", d.stream))
+          return std::move(e);
       } else {
         for (auto k : {"reduce_stream", "gather_stream", "bucket_size",
                        "shard_grads", "shard_params"})
           allowed.insert(k);
-        if (obj.getBoolean("shard_grads").value_or(false) ||
-            obj.getBoolean("shard_params").value_or(false))
+        bool shardGrads = false, shardParams = false;
+        if (auto e = getBool("shard_grads", shardGrads))
+          return std::move(e);
+        if (auto e = getBool("shard_params", shardParams))
+          return std::move(e);
+        std::string gatherStream;
+        if (auto e = getString("gather_stream", gatherStream))
+          return std::move(e);
+        if (shardGrads || shardParams)
           return fail("ZeRO sharding (shard_grads / shard_params) is not "
                       "implemented yet");
         if (obj.get("stream"))
           return fail("replicate takes \"reduce_stream\", not \"stream\"");
-        d.reduceStream =
-            obj.getString("reduce_stream").value_or("dp_stream").str();
+        d.reduceStream = "dp_stream";
+        if (auto e = getString("reduce_stream", d.reduceStream))
+          return std::move(e);
         if (const json::Value *b = obj.get("bucket_size")) {
           std::optional<double> mb = b->getAsNumber();
-          if (!mb || *mb <= 0)
+          if (!mb || !(*mb > 0) || !std::isfinite(*mb))
             return fail("\"bucket_size\" must be a positive number of MB");
           d.bucketSizeMb = *mb;
         }
@@ -127,6 +147,11 @@ public:
       const json::Array *rows = obj.getArray("filters");
       if (!rows)
         return fail("missing list key \"filters\" (a list of groups)");
+      if (rows->size() > kMaxOrderGroups)
+        return fail(llvm::formatv("\"filters\" has {0} groups, more than the "
+                                  "limit of {1}",
+                                  rows->size(), kMaxOrderGroups)
+                        .str());
       for (const json::Value &row : *rows) {
         const json::Array *group = row.getAsArray();
         if (!group || group->empty())
@@ -188,14 +213,43 @@ private:
     return llvm::Error::success();
   }
 
+  /// A string key: absent leaves `out` as it is; any other type is an error.
+  llvm::Error getString(llvm::StringRef key, std::string &out) {
+    const json::Value *v = obj.get(key);
+    if (!v)
+      return llvm::Error::success();
+    std::optional<llvm::StringRef> s = v->getAsString();
+    if (!s)
+      return fail(("\"" + key + "\" must be a string").str());
+    out = s->str();
+    return llvm::Error::success();
+  }
+
+  /// A boolean key: absent leaves `out` as it is; any other type is an error.
+  llvm::Error getBool(llvm::StringRef key, bool &out) {
+    const json::Value *v = obj.get(key);
+    if (!v)
+      return llvm::Error::success();
+    std::optional<bool> b = v->getAsBoolean();
+    if (!b)
+      return fail(("\"" + key + "\" must be true or false").str());
+    out = *b;
+    return llvm::Error::success();
+  }
+
   llvm::Error getDevices() {
     const json::Array *list = obj.getArray("devices");
     if (!list || list->empty())
       return fail("\"devices\" must be a non-empty list of device indices");
     for (const json::Value &v : *list) {
       std::optional<int64_t> i = v.getAsInteger();
-      if (!i || *i < 0)
-        return fail("\"devices\" entries must be non-negative integers");
+      if (!i || *i < 0 || *i >= kMaxWorldSize)
+        return fail(llvm::formatv("\"devices\" entries must be integers "
+                                  "from 0 to {0}",
+                                  kMaxWorldSize - 1)
+                        .str());
+      if (d.devices.size() >= size_t(kMaxWorldSize))
+        return fail("\"devices\" lists more devices than the world may have");
       if (llvm::is_contained(d.devices, *i))
         return fail(llvm::formatv("device {0} is listed twice", *i).str());
       d.devices.push_back(*i);
@@ -242,13 +296,14 @@ private:
                                     key)
                           .str());
         fv.kind = FilterValue::Any;
-      } else if (std::optional<int64_t> i = value.getAsInteger(); i && *i >= 0) {
+      } else if (std::optional<int64_t> i = value.getAsInteger();
+                 i && *i >= 0 && *i < kMaxFilterIndex) {
         fv.kind = FilterValue::Index;
         fv.index = *i;
       } else {
-        return fail(llvm::formatv("filter {0} must be a non-negative index "
+        return fail(llvm::formatv("filter {0} must be an index from 0 to {1} "
                                   "or \"*\"",
-                                  key)
+                                  key, kMaxFilterIndex - 1)
                         .str());
       }
       out.entries[key] = fv;
@@ -261,7 +316,39 @@ private:
 };
 } // namespace
 
+/// The deepest nesting of JSON arrays and objects in `text`, ignoring
+/// brackets inside strings; stops counting once past `limit`. llvm::json
+/// parses recursively, so a deep enough input would overflow the stack.
+static int64_t jsonNesting(llvm::StringRef text, int64_t limit) {
+  int64_t depth = 0, deepest = 0;
+  bool inString = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    char c = text[i];
+    if (inString) {
+      if (c == '\\')
+        ++i;
+      else if (c == '"')
+        inString = false;
+      continue;
+    }
+    if (c == '"') {
+      inString = true;
+    } else if (c == '[' || c == '{') {
+      deepest = std::max(deepest, ++depth);
+      if (deepest > limit)
+        return deepest;
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    }
+  }
+  return deepest;
+}
+
 llvm::Expected<Strategy> mlir::piper::parseStrategy(llvm::StringRef text) {
+  if (jsonNesting(text, kMaxJsonNesting) > kMaxJsonNesting)
+    return llvm::createStringError(llvm::formatv(
+        "strategy nests lists and objects more than {0} levels deep",
+        kMaxJsonNesting));
   llvm::Expected<json::Value> value = json::parse(text);
   if (!value)
     return llvm::createStringError("strategy is not valid JSON: " +
@@ -277,9 +364,9 @@ llvm::Expected<Strategy> mlir::piper::parseStrategy(llvm::StringRef text) {
     list = obj->getArray("directives");
     if (const json::Value *ws = obj->get("world_size")) {
       std::optional<int64_t> n = ws->getAsInteger();
-      if (!n || *n < 1)
-        return llvm::createStringError(
-            "\"world_size\" must be a positive integer");
+      if (!n || *n < 1 || *n > kMaxWorldSize)
+        return llvm::createStringError(llvm::formatv(
+            "\"world_size\" must be an integer from 1 to {0}", kMaxWorldSize));
       strategy.worldSize = *n;
     }
   }
@@ -301,9 +388,29 @@ llvm::Expected<Strategy> mlir::piper::parseStrategy(llvm::StringRef text) {
       return d.takeError();
     strategy.directives.push_back(std::move(*d));
   }
+  int64_t microbatches = 1;
+  for (const Directive &d : strategy.directives)
+    if (d.kind == Directive::Split)
+      microbatches = std::max(microbatches, d.numMicrobatches);
+  if (std::string err = checkStageMicrobatches(numStages(strategy),
+                                               microbatches);
+      !err.empty())
+    return llvm::createStringError(err);
   strategy.summary = "strategy file, " +
                      std::to_string(strategy.directives.size()) + " directives";
   return strategy;
+}
+
+std::string mlir::piper::checkStageMicrobatches(int64_t stages,
+                                                int64_t microbatches) {
+  // Both are at most 2^20 here, so the product cannot overflow.
+  if (stages > 0 && microbatches > 0 &&
+      stages * microbatches > kMaxStageMicrobatches)
+    return llvm::formatv("{0} pipeline stages times {1} microbatches is more "
+                         "than the limit of {2} tasks per pass",
+                         stages, microbatches, kMaxStageMicrobatches)
+        .str();
+  return "";
 }
 
 int64_t mlir::piper::numStages(const Strategy &strategy) {

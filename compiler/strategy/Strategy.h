@@ -14,6 +14,21 @@
 
 namespace mlir::piper {
 
+/// Limits on what a strategy (a file or the flags) may ask for. Each is far
+/// beyond any real training job; beyond them memory or compile time would
+/// grow without end, so piperc rejects the strategy with an error instead.
+/// docs/user-guide.md ("Limits") lists them.
+inline constexpr int64_t kMaxWorldSize = 1 << 20;      // devices
+inline constexpr int64_t kMaxStages = 1 << 14;         // pipeline stages
+/// Compile time grows faster than linearly in the microbatches (about 18 s
+/// for 8,192 on one core), so this bound also bounds compile time.
+inline constexpr int64_t kMaxMicrobatches = 1 << 13;   // per replica per step
+/// Pipeline stages times microbatches: the tasks of one pass.
+inline constexpr int64_t kMaxStageMicrobatches = 1 << 17;
+inline constexpr int64_t kMaxOrderGroups = 1 << 15;    // groups of one order
+inline constexpr int64_t kMaxFilterIndex = 1 << 20;    // PP, EP or MB index
+inline constexpr int64_t kMaxJsonNesting = 64;         // lists and objects
+
 /// One entry of a filter: an exact index, any index ("*"), or a pass name.
 struct FilterValue {
   enum Kind { Index, Any, Pass } kind = Any;
@@ -73,6 +88,10 @@ int64_t numStages(const Strategy &strategy);
 /// Unknown directives and keys, bad filter keys or values, and malformed
 /// device lists are errors naming the directive.
 llvm::Expected<Strategy> parseStrategy(llvm::StringRef json);
+
+/// An error message when `stages` pipeline stages of `microbatches`
+/// microbatches are more tasks than kMaxStageMicrobatches, or "".
+std::string checkStageMicrobatches(int64_t stages, int64_t microbatches);
 
 /// The (microbatch, pass) pairs one pipeline stage runs, in time order.
 using StageOrder = std::vector<std::pair<int64_t, std::string>>;

@@ -105,6 +105,21 @@ TEST_CASE("bad strategies name the directive and the problem") {
             .find("not implemented yet") != std::string::npos);
   CHECK(parseError(R"([{"op": "split", "num_microbatches": 0}])")
             .find("must be positive") != std::string::npos);
+  CHECK(parseError(R"([{"op": "split", "num_microbatches": 2147483648}])")
+            .find("\"num_microbatches\" must be at most 8192") !=
+        std::string::npos);
+  CHECK(parseError(R"([{"op": "split", "num_microbatches": 2, "dim_name": 3}])")
+            .find("\"dim_name\" must be a string") != std::string::npos);
+  CHECK(parseError(R"([{"op": "replicate", "filter": {"PP": 0}, "devices": [0], "reduce_stream": 5}])")
+            .find("\"reduce_stream\" must be a string") != std::string::npos);
+  CHECK(parseError(R"([{"op": "replicate", "filter": {"PP": 0}, "devices": [0], "shard_grads": 1}])")
+            .find("\"shard_grads\" must be true or false") != std::string::npos);
+  CHECK(parseError(R"([{"op": "place", "filter": {"PP": 0}, "devices": [0], "stream": []}])")
+            .find("\"stream\" must be a string") != std::string::npos);
+  CHECK(parseError(std::string(100000, '[') + std::string(100000, ']'))
+            .find("more than 64 levels deep") != std::string::npos);
+  CHECK(parseError(R"([{"op": "stage", "stages": 100000}])")
+            .find("\"stages\" must be at most 16384") != std::string::npos);
   CHECK(parseError(R"([{"op": "order", "filters": []}])")
             .find("must not be empty") != std::string::npos);
   CHECK(parseError("[{").find("not valid JSON") != std::string::npos);
