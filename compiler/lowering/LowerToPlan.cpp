@@ -71,7 +71,6 @@ public:
       }
       plan::Instruction *ins = stream.add_instructions();
       ins->set_label(describeNode(&op));
-      issueOrder.push_back(ins);
       if (auto batch = dyn_cast<BatchOp>(op)) {
         ins->set_kind(plan::Instruction::LOAD_BATCH);
         ins->set_microbatch(batch.getTag().getMb().value_or(0));
@@ -352,8 +351,6 @@ private:
   std::map<Operation *, int64_t> eventOf;
   /// The op recording each event (the inverse of eventOf).
   std::vector<Operation *> opOfEvent;
-  /// Every non-event instruction in issue (block) order.
-  std::vector<const plan::Instruction *> issueOrder;
   DenseMap<Value, int> buffers;
   DenseMap<StringAttr, int> params;
   llvm::StringMap<int> segments;

@@ -575,19 +575,29 @@ LogicalResult mlir::piper::applySchedule(ModuleOp module,
   return success();
 }
 
+/// The directives of `strategy` of one kind, in order.
+static SmallVector<const Directive *> directivesOfKind(const Strategy &strategy,
+                                                       Directive::Kind kind) {
+  SmallVector<const Directive *> out;
+  for (const Directive &d : strategy.directives)
+    if (d.kind == kind)
+      out.push_back(&d);
+  return out;
+}
+
+/// A strategy has at most one stage directive.
+static LogicalResult checkOneStage(ModuleOp module, const Strategy &strategy) {
+  if (auto st = directivesOfKind(strategy, Directive::Stage); st.size() > 1)
+    return module.emitError(st[1]->describe())
+           << ": only one stage directive is allowed";
+  return success();
+}
+
 LogicalResult mlir::piper::applyStrategy(ModuleOp module,
                                          const Strategy &strategy,
                                          const OptimizerConfig &opt) {
-  auto ofKind = [&](Directive::Kind kind) {
-    SmallVector<const Directive *> out;
-    for (const Directive &d : strategy.directives)
-      if (d.kind == kind)
-        out.push_back(&d);
-    return out;
-  };
-  if (auto st = ofKind(Directive::Stage); st.size() > 1)
-    return module.emitError(st[1]->describe())
-           << ": only one stage directive is allowed";
+  if (failed(checkOneStage(module, strategy)))
+    return failure();
   int64_t stages = numStages(strategy);
   if (failed(applyStage(module, stages)) ||
       failed(buildTrainingDag(module, opt)))
@@ -598,15 +608,10 @@ LogicalResult mlir::piper::applyStrategy(ModuleOp module,
 LogicalResult mlir::piper::applyDirectives(ModuleOp module,
                                            const Strategy &strategy) {
   auto ofKind = [&](Directive::Kind kind) {
-    SmallVector<const Directive *> out;
-    for (const Directive &d : strategy.directives)
-      if (d.kind == kind)
-        out.push_back(&d);
-    return out;
+    return directivesOfKind(strategy, kind);
   };
-  if (auto st = ofKind(Directive::Stage); st.size() > 1)
-    return module.emitError(st[1]->describe())
-           << ": only one stage directive is allowed";
+  if (failed(checkOneStage(module, strategy)))
+    return failure();
   SmallVector<const Directive *> splits = ofKind(Directive::Split);
   if (splits.size() > 1)
     return module.emitError(splits[1]->describe())

@@ -434,6 +434,28 @@ bool assignArena(Plan &plan, std::string &error) {
   return true;
 }
 
+namespace {
+
+/// The offsets a plan records for its step blocks (buffer offsets, and the
+/// scratch_offset of instructions that own a block), minus `base`; -1 for
+/// blocks the plan gives no place.
+std::vector<int64_t> recordedOffsets(const Plan &plan, const StepBlocks &step,
+                                     int64_t base) {
+  std::vector<int64_t> offsets(step.blocks.size(), -1);
+  for (const Buffer &b : plan.buffers())
+    if (b.id() >= 0 && b.id() < static_cast<int>(step.bufferBlock.size()) &&
+        step.bufferBlock[b.id()] >= 0)
+      offsets[step.bufferBlock[b.id()]] = b.offset() - base;
+  for (int s = 0; s < plan.streams_size(); ++s)
+    for (int i = 0; i < plan.streams(s).instructions_size(); ++i)
+      if (step.callBlock[s][i] >= 0)
+        offsets[step.callBlock[s][i]] =
+            plan.streams(s).instructions(i).scratch_offset() - base;
+  return offsets;
+}
+
+} // namespace
+
 bool checkArena(const Plan &plan, std::string &error) {
   const int64_t align = 64;
   int64_t state = plan.state_bytes(), arena = plan.arena_bytes();
@@ -528,16 +550,7 @@ bool checkArena(const Plan &plan, std::string &error) {
   StepBlocks step = stepBlocks(plan, /*recordedScratch=*/true);
   ArenaLayout layout;
   layout.bytes = arena - state;
-  layout.offsets.assign(step.blocks.size(), -1);
-  for (const Buffer &b : plan.buffers())
-    if (b.id() >= 0 && b.id() < static_cast<int>(step.bufferBlock.size()) &&
-        step.bufferBlock[b.id()] >= 0)
-      layout.offsets[step.bufferBlock[b.id()]] = b.offset() - state;
-  for (int s = 0; s < plan.streams_size(); ++s)
-    for (int i = 0; i < plan.streams(s).instructions_size(); ++i)
-      if (step.callBlock[s][i] >= 0)
-        layout.offsets[step.callBlock[s][i]] =
-            plan.streams(s).instructions(i).scratch_offset() - state;
+  layout.offsets = recordedOffsets(plan, step, state);
   if (!verifyLayout(step.blocks, layout, order, align, error)) {
     error = "memory plan: " + error;
     return false;
@@ -561,16 +574,7 @@ bool memoryReport(const Plan &plan, int largest, std::string &text) {
     return false;
   }
   StepBlocks step = stepBlocks(*use, /*recordedScratch=*/true);
-  std::vector<int64_t> offsets(step.blocks.size(), 0);
-  for (const Buffer &b : use->buffers())
-    if (b.id() >= 0 && b.id() < static_cast<int>(step.bufferBlock.size()) &&
-        step.bufferBlock[b.id()] >= 0)
-      offsets[step.bufferBlock[b.id()]] = b.offset();
-  for (int s = 0; s < use->streams_size(); ++s)
-    for (int i = 0; i < use->streams(s).instructions_size(); ++i)
-      if (step.callBlock[s][i] >= 0)
-        offsets[step.callBlock[s][i]] =
-            use->streams(s).instructions(i).scratch_offset();
+  std::vector<int64_t> offsets = recordedOffsets(*use, step, 0);
   const std::vector<Block> &blocks = step.blocks;
   int buffers = use->buffers_size();
   int64_t summed = 0;
