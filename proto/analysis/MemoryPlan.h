@@ -109,6 +109,12 @@ int stateTensorsPerParam(const Plan &plan);
 /// streams deadlock on events.
 bool assignArena(Plan &plan, std::string &error);
 
+/// The offsets `plan` records for the blocks of `step` (buffer offsets, and
+/// the scratch_offset of instructions that own a block), minus `base`; -1
+/// for blocks the plan gives no place.
+std::vector<int64_t> recordedOffsets(const Plan &plan, const StepBlocks &step,
+                                     int64_t base);
+
 /// Checks the memory plan recorded in `plan` without trusting it: state
 /// offsets disjoint and inside state_bytes, step blocks above the state, no
 /// two blocks that may be live at the same time sharing a byte, every
