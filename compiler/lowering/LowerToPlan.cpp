@@ -106,6 +106,30 @@ public:
         ins->set_group(groupId(ar.getDevices()));
         for (Attribute a : ar.getParams())
           ins->add_params(param(cast<FlatSymbolRefAttr>(a).getAttr()));
+        for (auto [in, out] : llvm::zip(ar.getInputs(), ar.getResults())) {
+          ins->add_inputs(buffer(in, ""));
+          ins->add_outputs(buffer(out, ins->label()));
+        }
+      } else if (auto rs = dyn_cast<ReduceScatterOp>(op)) {
+        ins->set_kind(plan::Instruction::REDUCE_SCATTER);
+        ins->set_group(groupId(rs.getDevices()));
+        ins->add_inputs(buffer(rs.getInput(), ""));
+        ins->add_outputs(buffer(rs.getResult(), ins->label()));
+        setSliceCounts(*ins, rs.getInput().getType(), rs.getGroupSize());
+      } else if (auto ag = dyn_cast<AllGatherOp>(op)) {
+        ins->set_kind(plan::Instruction::ALL_GATHER);
+        ins->set_group(groupId(ag.getDevices()));
+        ins->add_inputs(buffer(ag.getInput(), ""));
+        ins->add_outputs(buffer(ag.getResult(), ins->label()));
+        setSliceCounts(*ins, ag.getResult().getType(), ag.getGroupSize());
+      } else if (auto a2a = dyn_cast<AllToAllOp>(op)) {
+        ins->set_kind(plan::Instruction::ALL_TO_ALL);
+        ins->set_group(groupId(a2a.getDevices()));
+        ins->add_inputs(buffer(a2a.getInput(), ""));
+        ins->add_inputs(buffer(a2a.getSendCounts(), ""));
+        ins->add_outputs(buffer(a2a.getResult(), ins->label()));
+        ins->add_outputs(
+            buffer(a2a.getRecvCounts(), "counts of " + ins->label()));
       } else {
         return op.emitOpError("cannot be lowered to a plan instruction");
       }
@@ -150,6 +174,16 @@ public:
 
 private:
   std::string eventLabel(int64_t e) { return describeNode(opOfEvent[e]); }
+
+  /// The per-member element counts of a reduce-scatter or all-gather of
+  /// `full`: balanced slices along dimension 0.
+  static void setSliceCounts(plan::Instruction &ins, Type full,
+                             int64_t members) {
+    auto t = cast<RankedTensorType>(full);
+    int64_t rowElements = t.getNumElements() / std::max<int64_t>(1, t.getDimSize(0));
+    for (int64_t rows : balancedSlices(t.getDimSize(0), members))
+      ins.add_counts(rows * rowElements);
+  }
 
   plan::Stream &streamFor(StringRef name) {
     for (plan::Stream &s : *p.mutable_streams())

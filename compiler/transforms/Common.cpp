@@ -62,15 +62,15 @@ bool mlir::piper::matchesFilter(TagAttr tag, const Filter &filter) {
 }
 
 StringRef mlir::piper::streamOf(Operation *op) {
-  if (auto t = dyn_cast<TaskOp>(op))
-    return t.getStream() ? *t.getStream() : "compute";
-  if (auto s = dyn_cast<SendOp>(op))
-    return s.getStream();
-  if (auto r = dyn_cast<RecvOp>(op))
-    return r.getStream();
-  if (auto a = dyn_cast<AllReduceOp>(op))
-    return a.getStream();
+  if (auto node = dyn_cast<ProgramNodeOpInterface>(op))
+    return node.getNodeStream();
   return "compute";
+}
+
+ArrayRef<int64_t> mlir::piper::devicesOf(Operation *op) {
+  if (auto node = dyn_cast<ProgramNodeOpInterface>(op))
+    return node.getNodeDevices();
+  return {};
 }
 
 std::string mlir::piper::describeNode(Operation *op) {
@@ -79,9 +79,14 @@ std::string mlir::piper::describeNode(Operation *op) {
   if (auto task = dyn_cast<TaskOp>(op)) {
     os << "task @" << task.getSegment() << " (" << task.getTag().str()
        << ")";
-  } else if (auto ar = dyn_cast<AllReduceOp>(op)) {
+  } else if (auto ar = dyn_cast<AllReduceOp>(op); ar && ar.getGrads()) {
     os << "all_reduce (" << ar.getTag().str() << ", "
        << ar.getParams().size() << " params)";
+  } else if (auto c = dyn_cast<CollectiveOpInterface>(op)) {
+    os << op->getName().stripDialect() << " ("
+       << c.getTag().str() << ", group [";
+    llvm::interleaveComma(c.getDevices(), os);
+    os << "])";
   } else if (auto b = dyn_cast<BatchOp>(op)) {
     os << "batch (" << b.getTag().str() << ")";
   } else if (auto tr = dyn_cast<TransferOp>(op)) {

@@ -124,6 +124,9 @@ LogicalResult sortTopologically(Block &block,
 /// The logical stream a node of a device program is issued on; tasks
 /// without one, and batches, use "compute".
 StringRef streamOf(Operation *op);
+/// The device group of a program node (empty for batches, transfers, sends,
+/// receives and nodes not placed yet).
+ArrayRef<int64_t> devicesOf(Operation *op);
 
 /// "task @stage1_F (PP=1 MB=0 PASS=F)" for diagnostics.
 std::string describeNode(Operation *op);

@@ -184,7 +184,10 @@ std::vector<CommKey> Executor::commKeys() const {
           inst.kind() == Instruction::RECV) {
         int peer = impl->peerOf(inst);
         keys.insert({stream.name(), {std::min(me, peer), std::max(me, peer)}});
-      } else if (inst.kind() == Instruction::ALL_REDUCE) {
+      } else if (inst.kind() == Instruction::ALL_REDUCE ||
+                 inst.kind() == Instruction::REDUCE_SCATTER ||
+                 inst.kind() == Instruction::ALL_GATHER ||
+                 inst.kind() == Instruction::ALL_TO_ALL) {
         std::vector<int> ranks = impl->groupRanks(inst.group());
         if (ranks.size() >= 2)
           keys.insert({stream.name(), ranks});
