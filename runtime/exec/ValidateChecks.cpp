@@ -341,12 +341,13 @@ Status checkInstruction(const plan::Plan &plan, const Instruction &inst) {
     if (plan.training().clip_grad_norm() < 0)
       return Status::error("training.clip_grad_norm must not be negative");
     return Status::ok();
-  case Instruction::UPDATE:
-    return Status::error("instruction kind UPDATE is reserved and not "
-                         "supported by this runtime");
   default:
+    // Also kind 8, the removed UPDATE (reserved in plan.proto).
     return Status::error("unknown instruction kind " +
-                         std::to_string(inst.kind()));
+                         std::to_string(inst.kind()) +
+                         " (not an Instruction.Kind of this runtime's "
+                         "plan.proto; recompile the strategy with a matching "
+                         "piperc)");
   }
 }
 

@@ -1,12 +1,16 @@
 // In-process tests of the executor library: initialization, synthetic data,
 // plan validation and single-rank training steps.
+#include <stdlib.h>
+
 #include <cmath>
+#include <cstdlib>
 #include <functional>
 #include <string>
 #include <vector>
 
 #include <catch2/catch.hpp>
 
+#include "proto/PlanFile.h"
 #include "runtime/exec/Data.h"
 #include "runtime/exec/Executor.h"
 #include "runtime/exec/Init.h"
@@ -314,9 +318,11 @@ TEST_CASE("validatePlan rejects bad plans", "[validate]") {
                    "stream 'compute', instruction 1 (F MB=0)",
                    "value of param 'wte' (index 0)", "at least one writing"});
   }
-  SECTION("reserved and unknown instruction kinds") {
-    compute()->mutable_instructions(1)->set_kind(Instruction::UPDATE);
-    expectInvalid(p, {"UPDATE is reserved"});
+  SECTION("unknown instruction kinds") {
+    compute()->mutable_instructions(1)->set_kind(
+        static_cast<Instruction::Kind>(42));
+    expectInvalid(p, {"stream 'compute', instruction 1 (F MB=0)",
+                      "unknown instruction kind 42"});
   }
   SECTION("LOAD_BATCH shape") {
     p = singleClassPlan(m, 2, {0}, 1);
@@ -338,6 +344,36 @@ TEST_CASE("validatePlan rejects bad plans", "[validate]") {
   }
 }
 
+
+TEST_CASE("a plan file with the removed kind 8 (UPDATE) fails to load",
+          "[validate]") {
+  // Kind 8 was UPDATE, which no runtime ever ran; plan.proto reserves it.
+  CHECK_FALSE(Instruction::Kind_IsValid(8));
+  TinyModel m;
+  plan::Plan p = singleClassPlan(m, 2, {0}, 1, true);
+  p.mutable_streams(0)->mutable_instructions(1)->set_kind(
+      static_cast<Instruction::Kind>(8));
+  const char *base = std::getenv("TEST_TMPDIR");
+  std::string dir = std::string(base ? base : "/tmp") + "/kind8-XXXXXX";
+  REQUIRE(::mkdtemp(dir.data()));
+  std::string path = dir + "/plan.pb";
+  REQUIRE(plan::writePlanFile(path, p) == "");
+
+  // The file itself is well formed (proto3 keeps the unknown enum value)...
+  plan::Plan loaded;
+  REQUIRE(plan::readPlanFile(path, loaded) == "");
+  REQUIRE(loaded.streams(0).instructions(1).kind() == 8);
+  // ... and loading it into an executor names the instruction and the kind.
+  ExecutorOptions opts;
+  opts.rank = 0;
+  Status status;
+  CHECK_FALSE(Executor::create(loaded, opts, status));
+  INFO(status.message());
+  CHECK(status.message().find("stream 'compute', instruction 1 (F MB=0)") !=
+        std::string::npos);
+  CHECK(status.message().find("unknown instruction kind 8") !=
+        std::string::npos);
+}
 TEST_CASE("validateStrategy checks the ranks and matches transfers",
           "[validate]") {
   TinyModel m;
