@@ -117,7 +117,7 @@ std::unique_ptr<Executor> Executor::create(plan::Plan plan,
                                            const ExecutorOptions &options,
                                            Status &status) {
   std::string who = "rank " + std::to_string(options.rank);
-  status = validatePlan(plan, kernelNames())
+  status = validatePlan(plan)
                .withContext(who + ": invalid plan for device class " +
                             std::to_string(plan.device_class()));
   if (!status)

@@ -77,7 +77,7 @@ TEST_CASE("executor: the gradient norm is reported without clipping",
   insts->Mutable(insts->size() - 1)->Clear();
   insts->Mutable(insts->size() - 1)->set_kind(Instruction::CLIP_GRADS);
   *insts->Add() = update;
-  REQUIRE(validatePlan(clip, kernelNames()));
+  REQUIRE(validatePlan(clip));
 
   std::vector<double> with = gradNorms(clip, 3), without = gradNorms(noClip, 3);
   REQUIRE(with.size() == without.size());
@@ -95,7 +95,7 @@ TEST_CASE("executor: gradients without an optimizer are the last step's",
   // --no-optimizer: drop the update call, so nothing clears the gradients.
   auto *insts = plan.mutable_streams(0)->mutable_instructions();
   insts->RemoveLast();
-  REQUIRE(validatePlan(plan, kernelNames()));
+  REQUIRE(validatePlan(plan));
 
   ExecutorOptions opts;
   opts.seed = 9;
