@@ -158,6 +158,9 @@ public:
     ++lookups;
     return cpu->findKernel(name);
   }
+  std::vector<std::string> kernelNames() const override {
+    return cpu->kernelNames();
+  }
   Status runKernel(const KernelInfo &info, const plan::Kernel &kernel,
                    const std::vector<TensorRef> &inputs,
                    const std::vector<TensorRef> &outputs,
@@ -217,6 +220,59 @@ TEST_CASE("executor: a device plugs in through ExecutorOptions", "[executor]") {
   CHECK(losses == runSteps(plan, 3, 4));
 }
 
+
+namespace {
+/// A CPU device whose registry lacks the kernels `drop` and claims the
+/// kernels `extra` (which it cannot run): a backend out of step with the
+/// kernel table.
+class MismatchedDevice : public CountingDevice {
+public:
+  MismatchedDevice(Communicator *comm, std::vector<std::string> drop,
+                   std::vector<std::string> extra)
+      : CountingDevice(comm), drop(std::move(drop)), extra(std::move(extra)) {}
+  std::string name() const override { return "partial"; }
+  const KernelInfo *findKernel(const std::string &name) const override {
+    if (std::find(drop.begin(), drop.end(), name) != drop.end())
+      return nullptr;
+    return CountingDevice::findKernel(name);
+  }
+  std::vector<std::string> kernelNames() const override {
+    std::vector<std::string> names;
+    for (const std::string &name : CountingDevice::kernelNames())
+      if (std::find(drop.begin(), drop.end(), name) == drop.end())
+        names.push_back(name);
+    names.insert(names.end(), extra.begin(), extra.end());
+    return names;
+  }
+
+private:
+  std::vector<std::string> drop, extra;
+};
+
+/// The load error of the tiny model's plan on a MismatchedDevice.
+std::string loadOnMismatchedDevice(std::vector<std::string> drop,
+                                   std::vector<std::string> extra) {
+  TinyModel m;
+  ExecutorOptions opts;
+  opts.createDevice = [=](Communicator *comm) {
+    return std::make_unique<MismatchedDevice>(comm, drop, extra);
+  };
+  Status status;
+  auto exec = Executor::create(singleClassPlan(m, 1, {0}, 1), opts, status);
+  CHECK_FALSE(exec);
+  return status.message();
+}
+} // namespace
+
+TEST_CASE("executor: a backend missing a kernel id fails to load, naming it",
+          "[executor]") {
+  // swiglu is not in the tiny model's plan: the whole table is required.
+  CHECK(loadOnMismatchedDevice({"swiglu", "adamw"}, {}) ==
+        "rank 0: backend 'partial': no kernel 'swiglu', 'adamw'");
+  CHECK(loadOnMismatchedDevice({}, {"flash_attention"}) ==
+        "rank 0: backend 'partial': kernel 'flash_attention' not in the "
+        "kernel table (proto/KernelIds.cpp)");
+}
 namespace {
 /// A CPU device whose kernels each wait until `parties` kernels are running
 /// at once (or fail after a timeout): a plan only completes when its
@@ -235,6 +291,9 @@ public:
   }
   const KernelInfo *findKernel(const std::string &name) const override {
     return cpu->findKernel(name);
+  }
+  std::vector<std::string> kernelNames() const override {
+    return cpu->kernelNames();
   }
   Status runKernel(const KernelInfo &info, const plan::Kernel &kernel,
                    const std::vector<TensorRef> &inputs,
