@@ -103,8 +103,8 @@ std::string checkBackendKernels(const std::string &backend,
   std::string missing, extra;
   for (const KernelSignature &sig : kernelSignatures())
     if (!have.count(sig.name))
-      missing += std::string(missing.empty() ? "" : ", ") + "'" + sig.name +
-                 "'";
+      missing +=
+          std::string(missing.empty() ? "" : ", ") + "'" + sig.name + "'";
   for (const std::string &name : have)
     if (!findKernelSignature(name))
       extra += (extra.empty() ? "" : ", ") + ("'" + name + "'");

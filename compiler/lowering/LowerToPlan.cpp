@@ -346,8 +346,7 @@ private:
     for (int i = 0; i < out->kernels_size(); ++i)
       if (std::string err = plan::checkKernelSignature(out->kernels(i));
           !err.empty())
-        return kernelOps[i]->emitOpError(
-                   "cannot be lowered to a plan kernel: ")
+        return kernelOps[i]->emitOpError("cannot be lowered to a plan kernel: ")
                << err;
     segments[name] = p.segments_size() - 1;
     return p.segments_size() - 1;

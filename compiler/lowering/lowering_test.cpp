@@ -24,7 +24,8 @@ std::string program(const std::string &body) {
 piper.param @w : tensor<2x4xf32> init zeros(0.0)
 piper.segment @f() -> tensor<2x4xf32> {
   %x = piper.param_ref @w : tensor<2x4xf32>
-)" + body + R"(
+)" + body +
+         R"(
   piper.yield %y : tensor<2x4xf32>
 }
 piper.device_program @class0 attributes {device_class = 0 : i64, ranks = array<i64: 0>} {
@@ -61,8 +62,8 @@ std::string lower(const std::string &source, bool &ok, plan::Plan &plan) {
 TEST_CASE("the lowering emits kernels of the kernel table", "[lowering]") {
   bool ok = false;
   plan::Plan plan;
-  std::string diags = lower(
-      program("  %y = piper.gelu %x : tensor<2x4xf32>"), ok, plan);
+  std::string diags =
+      lower(program("  %y = piper.gelu %x : tensor<2x4xf32>"), ok, plan);
   INFO(diags);
   REQUIRE(ok);
   REQUIRE(plan.segments_size() == 1);
@@ -75,10 +76,10 @@ TEST_CASE("the lowering rejects an op with no kernel, naming it",
           "[lowering]") {
   bool ok = true;
   plan::Plan plan;
-  std::string diags = lower(
-      program("  %y = \"test.conv2d\"(%x) : (tensor<2x4xf32>) -> "
-              "tensor<2x4xf32>"),
-      ok, plan);
+  std::string diags =
+      lower(program("  %y = \"test.conv2d\"(%x) : (tensor<2x4xf32>) -> "
+                    "tensor<2x4xf32>"),
+            ok, plan);
   CHECK_FALSE(ok);
   CHECK(diags == "'test.conv2d' op cannot be lowered to a plan kernel: "
                  "unknown kernel 'conv2d'\n");

@@ -118,9 +118,9 @@ std::unique_ptr<Executor> Executor::create(plan::Plan plan,
                                            const ExecutorOptions &options,
                                            Status &status) {
   std::string who = "rank " + std::to_string(options.rank);
-  status = validatePlan(plan)
-               .withContext(who + ": invalid plan for device class " +
-                            std::to_string(plan.device_class()));
+  status =
+      validatePlan(plan).withContext(who + ": invalid plan for device class " +
+                                     std::to_string(plan.device_class()));
   if (!status)
     return nullptr;
 

@@ -220,7 +220,6 @@ TEST_CASE("executor: a device plugs in through ExecutorOptions", "[executor]") {
   CHECK(losses == runSteps(plan, 3, 4));
 }
 
-
 namespace {
 /// A CPU device whose registry lacks the kernels `drop` and claims the
 /// kernels `extra` (which it cannot run): a backend out of step with the

@@ -156,8 +156,8 @@ TEST_CASE("every CPU kernel accepts exactly the table's operand counts",
             !st && msg.rfind(std::string(sig.name) + ": expected ", 0) == 0 &&
             (msg.find(" input") != std::string::npos ||
              msg.find(" output") != std::string::npos);
-        bool fits = in >= sig.minInputs && in <= sig.maxInputs &&
-                    out == sig.outputs;
+        bool fits =
+            in >= sig.minInputs && in <= sig.maxInputs && out == sig.outputs;
         INFO(sig.name << " with " << in << " inputs, " << out
                       << " outputs: " << msg);
         CHECK(countError == !fits);

@@ -890,8 +890,8 @@ K withEps(const std::string &op, double eps) {
 /// double: dx, dgamma and (layer_norm only) dbeta.
 void refNormBackward(bool rms, const std::vector<float> &x,
                      const std::vector<float> &gamma,
-                     const std::vector<float> &dy, int64_t rows,
-                     int64_t hidden, double eps, std::vector<double> &dx,
+                     const std::vector<float> &dy, int64_t rows, int64_t hidden,
+                     double eps, std::vector<double> &dx,
                      std::vector<double> &dgamma, std::vector<double> &dbeta) {
   dx.assign(rows * hidden, 0.0);
   dgamma.assign(hidden, 0.0);

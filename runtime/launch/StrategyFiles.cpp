@@ -51,12 +51,10 @@ Status loadPlans(const RunOptions &options, const plan::Manifest &manifest,
   plans.assign(manifest.classes_size(), plan::Plan());
   for (int c = 0; c < manifest.classes_size(); ++c) {
     PIPER_RETURN_IF_ERROR(loadPlan(options, manifest, c, plans[c]));
-    PIPER_RETURN_IF_ERROR(
-        validatePlan(plans[c])
-            .withContext(
-                "plan file '" +
-                joinPath(options.outDir, manifest.classes(c).plan_file()) +
-                "': invalid plan"));
+    PIPER_RETURN_IF_ERROR(validatePlan(plans[c]).withContext(
+        "plan file '" +
+        joinPath(options.outDir, manifest.classes(c).plan_file()) +
+        "': invalid plan"));
   }
   return Status::ok();
 }
