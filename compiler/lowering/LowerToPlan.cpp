@@ -4,6 +4,7 @@
 
 #include "compiler/transforms/Transforms.h"
 #include "dialects/piper/PiperDialect.h"
+#include "proto/KernelIds.h"
 #include "proto/PlanFile.h"
 #include "proto/analysis/MemoryPlan.h"
 
@@ -267,6 +268,7 @@ private:
     Block &body = seg.getBody().front();
     for (BlockArgument a : body.getArguments())
       out->add_args(newValue(a));
+    std::vector<Operation *> kernelOps; // the op behind each kernel
     for (Operation &op : body) {
       if (auto ref = dyn_cast<ParamRefOp>(op)) {
         values[ref.getResult()] =
@@ -283,6 +285,7 @@ private:
         continue;
       }
       plan::Kernel *k = out->add_kernels();
+      kernelOps.push_back(&op);
       std::string opName = op.getName().stripDialect().str();
       k->set_op(opName);
       auto setInt = [&](StringRef key, int64_t v) {
@@ -372,6 +375,13 @@ private:
       if (isa<LossAccumulateOp>(op))
         p.set_has_loss(true);
     }
+    // Only kernels of the table every runtime backend implements
+    // (proto/KernelIds.h), with their operand counts and attributes.
+    for (int i = 0; i < out->kernels_size(); ++i)
+      if (std::string err = plan::checkKernelSignature(out->kernels(i));
+          !err.empty())
+        return kernelOps[i]->emitOpError("cannot be lowered to a plan kernel: ")
+               << err;
     segments[name] = p.segments_size() - 1;
     return p.segments_size() - 1;
   }

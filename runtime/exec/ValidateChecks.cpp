@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <set>
 
+#include "proto/KernelIds.h"
 #include "runtime/exec/Validate.h"
 #include "runtime/exec/ValidateInternal.h"
 
@@ -122,8 +123,7 @@ Status checkPeerGroup(const plan::Plan &plan, int group) {
 
 } // namespace
 
-Status checkSegment(const plan::Plan &plan, int index,
-                    const std::vector<std::string> &knownKernels) {
+Status checkSegment(const plan::Plan &plan, int index) {
   const plan::Segment &seg = plan.segments(index);
   std::string where =
       "segment " + std::to_string(index) + " ('" + seg.name() + "')";
@@ -150,10 +150,11 @@ Status checkSegment(const plan::Plan &plan, int index,
         where + ", kernel " + std::to_string(k) + " ('" + kernel.op() + "')";
     if (kernel.op().empty())
       return Status::error(kwhere + ": empty op name");
-    if (!knownKernels.empty() &&
-        std::find(knownKernels.begin(), knownKernels.end(), kernel.op()) ==
-            knownKernels.end())
-      return Status::error(kwhere + ": unknown kernel '" + kernel.op() + "'");
+    // The op, its operand counts and required attributes, from the one
+    // table the compiler and every backend share.
+    std::string signatureError = plan::checkKernelSignature(kernel);
+    if (!signatureError.empty())
+      return Status::error(kwhere + ": " + signatureError);
     auto checkOperand = [&](const Operand &op, bool isOutput,
                             int position) -> Status {
       std::string owhere = kwhere + (isOutput ? " output " : " input ") +
@@ -463,12 +464,13 @@ Status checkInstruction(const plan::Plan &plan, const Instruction &inst) {
     if (plan.training().clip_grad_norm() < 0)
       return Status::error("training.clip_grad_norm must not be negative");
     return Status::ok();
-  case Instruction::UPDATE:
-    return Status::error("instruction kind UPDATE is reserved and not "
-                         "supported by this runtime");
   default:
+    // Also kind 8, the removed UPDATE (reserved in plan.proto).
     return Status::error("unknown instruction kind " +
-                         std::to_string(inst.kind()));
+                         std::to_string(inst.kind()) +
+                         " (not an Instruction.Kind of this runtime's "
+                         "plan.proto; recompile the strategy with a matching "
+                         "piperc)");
   }
 }
 
