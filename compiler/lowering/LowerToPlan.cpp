@@ -20,6 +20,22 @@ plan::TensorType toTensorType(Type type) {
   return out;
 }
 
+/// The cost of one call of `seg` (Segment.flops, Segment.bytes_moved): the
+/// sum over its ops, as `stage` estimates FLOPs (structural ops count their
+/// results) and CostOpInterface counts bytes.
+void setSegmentCost(SegmentOp seg, plan::Segment &out) {
+  double flops = 0, bytes = 0;
+  seg.walk([&](Operation *op) {
+    if (op == seg.getOperation())
+      return;
+    flops += estimateFlops(op);
+    if (auto cost = dyn_cast<CostOpInterface>(op))
+      bytes += cost.getBytesMoved();
+  });
+  out.set_flops(flops);
+  out.set_bytes_moved(bytes);
+}
+
 } // namespace
 
 int64_t mlir::piper::planTensorBytes(const plan::TensorType &t) {
@@ -223,6 +239,7 @@ private:
       return dp.emitOpError("calls unknown segment @") << name;
     plan::Segment *out = p.add_segments();
     out->set_name(name.str());
+    setSegmentCost(seg, *out);
     DenseMap<Value, plan::Operand> values;
     auto newValue = [&](Value v) {
       int id = out->values_size();
