@@ -1,5 +1,6 @@
 // piper-plan: prints a compiled plan (or a whole compiled folder) as text, for
-// people reading what the compiler produced and for FileCheck tests.
+// people reading what the compiler produced and for FileCheck tests; with
+// --simulate, times one step of a compiled folder (docs/simulator.md).
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -162,7 +163,8 @@ int main(int argc, char **argv) {
   std::string tracePath, machinePath;
   std::vector<std::string> costs;
   CLI::App app{"piper-plan: prints a plan file, or the manifest and every "
-               "plan of a folder written by piperc compile, as text",
+               "plan of a folder written by piperc compile, as text, or "
+               "simulates one step of such a folder",
                "piper-plan"};
   app.add_option("path", path, "a plan file (plan_classN.pb) or an OUT/ folder")
       ->required();
