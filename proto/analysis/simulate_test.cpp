@@ -498,3 +498,19 @@ TEST_CASE("the report prints step, bubble and the timeline") {
   CHECK(formatSeconds(12.25e-6) == "12.25 us");
   CHECK(formatSeconds(3e-9) == "3 ns");
 }
+
+TEST_CASE("the compile report simulates on the default machine, or says "
+          "why it cannot") {
+  Plan plan = newPlan(0, {0}, 1);
+  call(plan, 0, addSegment(plan, "stage0_F", 400e12 * 0.002, 0), "F");
+  CHECK(predictedStepReport({plan}) ==
+        "predicted step 2 ms on the default machine (docs/simulator.md; "
+        "piper-plan --simulate shows the timeline)\n"
+        "  class 0: step 2 ms, compute busy 2 ms, bubble 0.00%\n");
+  add(plan, 0, Instruction::WAIT, "stuck")->set_event(0);
+  plan.set_num_events(1);
+  CHECK(predictedStepReport({plan}) ==
+        "predicted step: not simulated: the plans cannot finish the step "
+        "(deadlock): class 0, stream 's0', instruction 1 (stuck) waits for "
+        "event 0, which no instruction records\n");
+}
