@@ -31,6 +31,7 @@
 #include "llvm/Support/ToolOutputFile.h"
 #include "proto/PlanFile.h"
 #include "proto/analysis/MemoryPlan.h"
+#include "proto/analysis/Simulate.h"
 
 using namespace mlir;
 using namespace mlir::piper;
@@ -367,6 +368,7 @@ int runCompile(const CompileOptions &o) {
                         plan.state_bytes(),
                         plan.arena_bytes() - plan.state_bytes());
   }
+  rs << ::piper::plan::predictedStepReport(lowered->plans);
   {
     std::error_code rec;
     llvm::raw_fd_ostream out(o.output + "/report.txt", rec);
