@@ -107,6 +107,9 @@ struct Collective {
   double start = 0;
   double commBytes = 0;
   int ranks = 1;
+  /// Ring passes over commBytes: 2 for an all-reduce (reduce-scatter then
+  /// all-gather), 1 for a reduce-scatter, an all-gather or an all-to-all.
+  double passes = 2;
 };
 
 using TransferKey = std::tuple<int, int, std::string, int>; // from, to, stream, tag
@@ -454,6 +457,9 @@ private:
       return 1;
     }
     case Instruction::ALL_REDUCE:
+    case Instruction::REDUCE_SCATTER:
+    case Instruction::ALL_GATHER:
+    case Instruction::ALL_TO_ALL:
     case Instruction::CLIP_GRADS: {
       bool clip = inst.kind() == Instruction::CLIP_GRADS;
       std::set<int> members;
@@ -495,9 +501,29 @@ private:
           }
           bytes += paramBytes(plan.params(p));
         }
+        // Value collectives: the full tensor's bytes (the input of an
+        // all-reduce or reduce-scatter, the output of an all-gather; an
+        // all-to-all's input, as if it were full and spread evenly).
+        const auto &ids = inst.kind() == Instruction::ALL_GATHER
+                              ? inst.outputs()
+                              : inst.inputs();
+        for (int i = 0; i < ids.size(); ++i) {
+          if (inst.kind() == Instruction::ALL_TO_ALL && i > 0)
+            break; // the counts
+          if (ids[i] < 0 || ids[i] >= plan.buffers_size()) {
+            error = where(c, s) + ": buffer " + std::to_string(ids[i]) +
+                    " is out of range";
+            return -1;
+          }
+          bytes += wireBytes(plan, plan.buffers(ids[i]).type());
+        }
       }
       if (!cs.registered[s]) {
-        std::string base = clip ? std::string("clip") : "all-reduce '" + stream.name() + "' [";
+        std::string kindName = inst.kind() == Instruction::ALL_REDUCE
+                                   ? "all-reduce"
+                                   : Instruction::Kind_Name(inst.kind());
+        std::string base =
+            clip ? std::string("clip") : kindName + " '" + stream.name() + "' [";
         if (!clip)
           for (size_t i = 0; i < ranks.size(); ++i)
             base += (i ? "," : "") + std::to_string(ranks[i]);
@@ -507,6 +533,10 @@ private:
         if (k.members.empty()) {
           k.members = members;
           k.ranks = int(ranks.size());
+          k.passes = inst.kind() == Instruction::ALL_REDUCE ||
+                             inst.kind() == Instruction::CLIP_GRADS
+                         ? 2
+                         : 1;
         }
         k.arrival[c] = t;
         k.commBytes = std::max(k.commBytes, bytes);
@@ -521,7 +551,7 @@ private:
         return 0;
       auto [isFixed, d] = k.duration[c];
       if (!isFixed) // the ring, then the local part
-        d += ringAllReduce(m, k.ranks, k.commBytes);
+        d += ringAllReduce(m, k.ranks, k.commBytes * k.passes / 2);
       cs.t[s] = k.arrival[c];
       finish(c, s, inst, k.start, k.start + d, true);
       return 1;
@@ -580,6 +610,9 @@ private:
              " never issues on a stream named '" + stream.name() + "'";
     }
     case Instruction::ALL_REDUCE:
+    case Instruction::REDUCE_SCATTER:
+    case Instruction::ALL_GATHER:
+    case Instruction::ALL_TO_ALL:
     case Instruction::CLIP_GRADS: {
       auto it = collectives.find(st[c].pendingKey[s]);
       if (it == collectives.end())
