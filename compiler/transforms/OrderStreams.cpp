@@ -1,8 +1,14 @@
 // piper-order-streams: the issue order of each device program, and a
 // simulation of all device programs that turns a deadlock into an error.
+#include "compiler/transforms/Passes.h"
 #include "compiler/transforms/Transforms.h"
 
 #include "llvm/ADT/StringExtras.h"
+
+namespace mlir::piper {
+#define GEN_PASS_DEF_PIPERORDERSTREAMS
+#include "compiler/transforms/Passes.h.inc"
+} // namespace mlir::piper
 
 using namespace mlir;
 using namespace mlir::piper;
@@ -170,3 +176,12 @@ LogicalResult mlir::piper::orderStreams(ModuleOp module) {
       return dp.emitOpError("has a cycle between its nodes");
   return Simulator(programs).run();
 }
+
+namespace {
+struct OrderStreamsPass : mlir::piper::impl::PiperOrderStreamsBase<OrderStreamsPass> {
+  void runOnOperation() override {
+    if (failed(orderStreams(getOperation())))
+      signalPassFailure();
+  }
+};
+} // namespace

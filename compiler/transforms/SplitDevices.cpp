@@ -1,9 +1,15 @@
 // piper-split-devices: one device program per device class, transfers
 // lowered to send/recv pairs.
+#include "compiler/transforms/Passes.h"
 #include "compiler/transforms/Transforms.h"
 
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/IRMapping.h"
+
+namespace mlir::piper {
+#define GEN_PASS_DEF_PIPERSPLITDEVICES
+#include "compiler/transforms/Passes.h.inc"
+} // namespace mlir::piper
 
 using namespace mlir;
 using namespace mlir::piper;
@@ -245,3 +251,12 @@ LogicalResult mlir::piper::splitDevices(ModuleOp module) {
   program->erase();
   return success();
 }
+
+namespace {
+struct SplitDevicesPass : mlir::piper::impl::PiperSplitDevicesBase<SplitDevicesPass> {
+  void runOnOperation() override {
+    if (failed(splitDevices(getOperation())))
+      signalPassFailure();
+  }
+};
+} // namespace
