@@ -257,6 +257,12 @@ std::string parsePlanFile(const std::string &path, std::string_view bytes,
            fmt::format("corrupted: the header says schema version {} but the "
                        "plan says {}",
                        version, plan.schema_version());
+  // The event count is not backed by data, and the runtime allocates per
+  // event: a few bytes must not ask for billions.
+  if (plan.num_events() > kMaxPlanEvents)
+    return planPrefix(path) +
+           fmt::format("corrupted: num_events {} is over the limit of {}",
+                       plan.num_events(), kMaxPlanEvents);
   return "";
 }
 

@@ -27,6 +27,10 @@ constexpr size_t kPlanHeaderSize = 24;
 /// allocates per rank of the world before it looks at a single plan.
 constexpr int32_t kMaxManifestWorldSize = 1 << 20;
 
+/// The most events a plan may declare (each is one RECORD instruction of a
+/// step; the runtime allocates per event before it runs).
+constexpr int32_t kMaxPlanEvents = 1 << 24;
+
 /// File name of the manifest inside a compiled strategy folder.
 constexpr const char *kManifestFileName = "manifest.textproto";
 
@@ -41,8 +45,8 @@ uint32_t crc32(const void *data, size_t size);
 std::string writePlanFile(const std::string &path, const Plan &plan);
 
 /// Reads and checks the plan file at `path` into `plan`: magic, schema version,
-/// length and checksum. Returns "" on success, else an error message naming the
-/// file.
+/// length and checksum, and that num_events is at most kMaxPlanEvents. Returns
+/// "" on success, else an error message naming the file.
 std::string readPlanFile(const std::string &path, Plan &plan);
 
 /// readPlanFile on the file's `bytes`, already in memory; `path` only names

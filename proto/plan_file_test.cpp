@@ -182,6 +182,22 @@ TEST_CASE("parsePlanFile and parseManifest read bytes as the files do",
         "manifest 'm.textproto': missing schema_version");
 }
 
+TEST_CASE("plan file rejects an event count over the limit", "[plan_file]") {
+  // Found by the plan fuzzer (test/fuzz/crashes/plan/): 68 bytes declaring
+  // 161,480,157 events made plan validation allocate 1.3 GB and time out.
+  std::string path = tempPath("events.plan");
+  Plan plan = samplePlan();
+  plan.set_num_events(161480157);
+  REQUIRE(writePlanFile(path, plan) == "");
+  Plan out;
+  CHECK(readPlanFile(path, out) ==
+        "plan file '" + path +
+            "': corrupted: num_events 161480157 is over the limit of 16777216");
+  plan.set_num_events(kMaxPlanEvents);
+  REQUIRE(writePlanFile(path, plan) == "");
+  CHECK(readPlanFile(path, out) == "");
+}
+
 TEST_CASE("manifest round trip", "[plan_file]") {
   std::string path = tempPath("manifest.textproto");
   Manifest m;
