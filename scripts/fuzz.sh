@@ -77,7 +77,9 @@ for src in "${sources[@]}"; do
   objects+=("$obj")
   jobs+=("$src" "$obj")
 done
-FLAGS_STR="${FLAGS[*]}" INCLUDES_STR="${INCLUDES[*]}" \
+FLAGS_STR="${FLAGS[*]}"
+INCLUDES_STR="${INCLUDES[*]}"
+export FLAGS_STR INCLUDES_STR
 printf '%s\0%s\0' "${jobs[@]}" |
   xargs -0 -n 2 -P "${FUZZ_JOBS:-$(nproc)}" bash -c '
     FLAGS=($FLAGS_STR); INCLUDES=($INCLUDES_STR); compile "$0" "$1"'
@@ -104,6 +106,7 @@ for t in "${targets[@]}"; do
   mkdir -p "$work" "$crashes"
   log="$out/$t.log"
   echo "fuzz: $t for ${seconds}s"
+  touch "$out/$t.start"
   set +e
   # shellcheck disable=SC2086
   "$out/bin/fuzz_$t" "$work" "$seeds" -max_total_time="$seconds" \
@@ -113,8 +116,8 @@ for t in "${targets[@]}"; do
   set -e
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
   rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -1)
-  found=$(find "$crashes" -type f | wc -l)
-  line="$(printf '%-12s %12s execs %8s execs/s  %d crash file(s)' "$t" \
+  found=$(find "$crashes" -type f -newer "$out/$t.start" | wc -l)
+  line="$(printf '%-12s %12s execs %8s execs/s  %d new crash file(s)' "$t" \
     "${execs:-?}" "${rate:-?}" "$found")"
   if [ "$rc" -ne 0 ]; then
     status=1
