@@ -671,21 +671,24 @@ bool Watchdog::decide(Abort &verdict) {
   }
   if (stuck.empty())
     return false;
-  auto find = [&](int r) -> const Stuck * {
-    for (const Stuck &x : stuck)
-      if (x.rank == r)
-        return &x;
-    return nullptr;
+  // What rank `r` waits on now (its last heartbeat's for a peer).
+  std::vector<int> selfWaits;
+  describeSelf(exec.position(), selfWaits);
+  auto waitsOf = [&](int r) -> const std::vector<int> & {
+    return r == rank ? selfWaits : peers[r].waits;
   };
-  // A stuck rank that waits on another stuck rank which does not wait on it
-  // is a victim; among the others, the longest stuck (then the lowest rank).
+  // A stuck rank that waits on a rank which does not wait on it is a
+  // victim: it may well have started waiting before that rank got stuck.
+  // Among the others (stuck on no rank, or in a mutual wait, a deadlock),
+  // the longest stuck, then the lowest rank.
   const Stuck *best = nullptr;
   for (const Stuck &x : stuck) {
     bool victim = false;
     for (int y : x.waits) {
-      const Stuck *other = find(y);
-      if (other && std::find(other->waits.begin(), other->waits.end(),
-                             x.rank) == other->waits.end())
+      if (y < 0 || y >= worldSize || (y != rank && peers[y].state == "done"))
+        continue;
+      const std::vector<int> &back = waitsOf(y);
+      if (std::find(back.begin(), back.end(), x.rank) == back.end())
         victim = true;
     }
     if (victim)
@@ -694,10 +697,15 @@ bool Watchdog::decide(Abort &verdict) {
         (x.still > best->still - 1e-9 && x.rank < best->rank))
       best = &x;
   }
-  if (!best)
+  // Only victims: wait for the rank they wait on to be stuck too, but not
+  // past the communication timeout.
+  if (!best) {
     for (const Stuck &x : stuck)
       if (!best || x.still > best->still)
         best = &x;
+    if (best->still < limit + 1.5)
+      return false;
+  }
   verdict.culprit = best->rank;
   verdict.reason = fmt::format(
       "stuck: heartbeat alive, but no progress in its plan for {:.1f} s "
