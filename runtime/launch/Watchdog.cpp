@@ -325,7 +325,7 @@ Status applyFault(const FaultSpec &fault, const plan::Plan &plan, int rank,
   options.onFault = [rank, where, action] {
     const char *what = action == FaultSpec::kCrash   ? "crashing (SIGKILL)"
                        : action == FaultSpec::kStall ? "stalling (SIGSTOP)"
-                                                     : "hanging in";
+                                                     : "hanging (hang_comm)";
     std::fprintf(stderr, "piper-run: rank %d: PIPER_FAULT: %s at %s\n", rank,
                  what, where.c_str());
     std::fflush(stderr);
