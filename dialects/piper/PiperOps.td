@@ -122,7 +122,8 @@ def Piper_ParamRefOp : Piper_Op<"param_ref", [Pure,
 // of B sequences of S tokens, flattened); token ids are [B, S] i32.
 //===----------------------------------------------------------------------===//
 
-def Piper_EmbeddingOp : Piper_ComputeOp<"embedding", [Pure]> {
+def Piper_EmbeddingOp : Piper_ComputeOp<"embedding", [Pure,
+    DeclareOpInterfaceMethods<Piper_DifferentiableOpInterface, ["emitWeightGradients"]>]> {
   let summary = "Token embedding lookup: y[b*S+s] = table[ids[b, s]]";
   let arguments = (ins I32Tensor2D:$ids, F32Tensor2D:$table);
   let results = (outs F32Tensor2D:$result);
@@ -130,7 +131,8 @@ def Piper_EmbeddingOp : Piper_ComputeOp<"embedding", [Pure]> {
   let hasVerifier = 1;
 }
 
-def Piper_PositionAddOp : Piper_ComputeOp<"position_add", [Pure]> {
+def Piper_PositionAddOp : Piper_ComputeOp<"position_add", [Pure,
+    DeclareOpInterfaceMethods<Piper_DifferentiableOpInterface, ["emitWeightGradients"]>]> {
   let summary = "Adds learned positions: y[n] = x[n] + pos[n mod seq]";
   let arguments = (ins F32Tensor2D:$input, F32Tensor2D:$pos, I64Attr:$seq);
   let results = (outs F32Tensor2D:$result);
@@ -138,7 +140,8 @@ def Piper_PositionAddOp : Piper_ComputeOp<"position_add", [Pure]> {
   let hasVerifier = 1;
 }
 
-def Piper_LayerNormOp : Piper_ComputeOp<"layer_norm", [Pure]> {
+def Piper_LayerNormOp : Piper_ComputeOp<"layer_norm", [Pure,
+    DeclareOpInterfaceMethods<Piper_DifferentiableOpInterface, ["emitWeightGradients"]>]> {
   let summary = "Layer normalization over the last dimension, with affine";
   let arguments = (ins F32Tensor2D:$input, F32Tensor1D:$gamma,
                        F32Tensor1D:$beta, DefaultValuedAttr<F64Attr, "1e-5">:$eps);
@@ -148,7 +151,8 @@ def Piper_LayerNormOp : Piper_ComputeOp<"layer_norm", [Pure]> {
 }
 
 def Piper_LinearOp : Piper_Op<"linear", [Pure,
-    DeclareOpInterfaceMethods<Piper_CostOpInterface, ["getFlops"]>]> {
+    DeclareOpInterfaceMethods<Piper_CostOpInterface, ["getFlops"]>,
+    DeclareOpInterfaceMethods<Piper_DifferentiableOpInterface, ["emitWeightGradients"]>]> {
   let summary = "Dense layer: y = x·w (+ b), or x·wᵀ with transpose_w";
   let description = [{
     `x` is [N, K]; `w` is [K, M], or [M, K] with `transpose_w` (a head tied to
@@ -161,14 +165,16 @@ def Piper_LinearOp : Piper_Op<"linear", [Pure,
   let hasVerifier = 1;
 }
 
-def Piper_GeluOp : Piper_ComputeOp<"gelu", [Pure, SameOperandsAndResultType]> {
+def Piper_GeluOp : Piper_ComputeOp<"gelu", [Pure, SameOperandsAndResultType,
+    DeclareOpInterfaceMethods<Piper_DifferentiableOpInterface>]> {
   let summary = "GELU, tanh approximation (as GPT-2)";
   let arguments = (ins F32Tensor2D:$input);
   let results = (outs F32Tensor2D:$result);
   let assemblyFormat = "$input attr-dict `:` type($result)";
 }
 
-def Piper_AddOp : Piper_ComputeOp<"add", [Pure, SameOperandsAndResultType]> {
+def Piper_AddOp : Piper_ComputeOp<"add", [Pure, SameOperandsAndResultType,
+    DeclareOpInterfaceMethods<Piper_DifferentiableOpInterface>]> {
   let summary = "Elementwise sum (residual connections, gradient fan-in)";
   let arguments = (ins F32Tensor2D:$lhs, F32Tensor2D:$rhs);
   let results = (outs F32Tensor2D:$result);
@@ -176,7 +182,8 @@ def Piper_AddOp : Piper_ComputeOp<"add", [Pure, SameOperandsAndResultType]> {
 }
 
 def Piper_AttentionOp : Piper_Op<"attention", [Pure,
-    DeclareOpInterfaceMethods<Piper_CostOpInterface, ["getFlops"]>]> {
+    DeclareOpInterfaceMethods<Piper_CostOpInterface, ["getFlops"]>,
+    DeclareOpInterfaceMethods<Piper_DifferentiableOpInterface>]> {
   let summary = "Causal multi-head self-attention over packed q|k|v";
   let description = [{
     Each row of `qkv` holds q (heads * hd), then k and v (kv_heads * hd each;
@@ -198,7 +205,8 @@ def Piper_AttentionOp : Piper_Op<"attention", [Pure,
   }];
 }
 
-def Piper_RmsNormOp : Piper_ComputeOp<"rms_norm", [Pure]> {
+def Piper_RmsNormOp : Piper_ComputeOp<"rms_norm", [Pure,
+    DeclareOpInterfaceMethods<Piper_DifferentiableOpInterface, ["emitWeightGradients"]>]> {
   let summary = "RMS normalization over the last dimension, with a gain";
   let description = [{
     y = x / sqrt(mean(x²) + eps) * gamma, as Llama's RMSNorm.
@@ -210,7 +218,8 @@ def Piper_RmsNormOp : Piper_ComputeOp<"rms_norm", [Pure]> {
   let hasVerifier = 1;
 }
 
-def Piper_SwigluOp : Piper_ComputeOp<"swiglu", [Pure]> {
+def Piper_SwigluOp : Piper_ComputeOp<"swiglu", [Pure,
+    DeclareOpInterfaceMethods<Piper_DifferentiableOpInterface>]> {
   let summary = "SwiGLU: silu(gate) * up over packed [gate | up] columns";
   let arguments = (ins F32Tensor2D:$input);
   let results = (outs F32Tensor2D:$result);
@@ -218,7 +227,8 @@ def Piper_SwigluOp : Piper_ComputeOp<"swiglu", [Pure]> {
   let hasVerifier = 1;
 }
 
-def Piper_CrossEntropyOp : Piper_ComputeOp<"cross_entropy", [Pure]> {
+def Piper_CrossEntropyOp : Piper_ComputeOp<"cross_entropy", [Pure,
+    DeclareOpInterfaceMethods<Piper_DifferentiableOpInterface, ["isLoss"]>]> {
   let summary = "Mean softmax cross-entropy of logits [N, V] against targets [B, S]";
   let arguments = (ins F32Tensor2D:$logits, I32Tensor2D:$targets);
   let results = (outs F32Scalar:$loss);
@@ -346,7 +356,8 @@ def I32Tensor2DAny : ConfinedType<2DTensorOf<[I32]>, [HasStaticShapePred],
 def F32Tensor3D : ConfinedType<3DTensorOf<[F32]>, [HasStaticShapePred],
                                "statically shaped 3-D tensor of f32">;
 
-def Piper_MoeRouterOp : Piper_ComputeOp<"moe_router", [Pure]> {
+def Piper_MoeRouterOp : Piper_ComputeOp<"moe_router", [Pure,
+    DeclareOpInterfaceMethods<Piper_DifferentiableOpInterface>]> {
   let summary = "Top-k softmax routing: expert indices and gate weights per token";
   let description = [{
     p = softmax(logits); `indices` are the top_k experts by p (descending,
@@ -367,7 +378,8 @@ def Piper_MoeRouterGradOp : Piper_ComputeOp<"moe_router_grad", [Pure]> {
   let assemblyFormat = "$logits `,` $indices `,` $grad attr-dict `:` functional-type(operands, results)";
 }
 
-def Piper_MoeDispatchOp : Piper_ComputeOp<"moe_dispatch", [Pure]> {
+def Piper_MoeDispatchOp : Piper_ComputeOp<"moe_dispatch", [Pure,
+    DeclareOpInterfaceMethods<Piper_DifferentiableOpInterface>]> {
   let summary = "Copies each routed token into its expert's next free slot";
   let arguments = (ins F32Tensor2D:$input, I32Tensor2DAny:$indices,
                        I64Attr:$experts, I64Attr:$capacity);
@@ -384,7 +396,8 @@ def Piper_MoeDispatchGradOp : Piper_ComputeOp<"moe_dispatch_grad", [Pure]> {
   let assemblyFormat = "$indices `,` $grad attr-dict `:` functional-type(operands, results)";
 }
 
-def Piper_MoeCombineOp : Piper_ComputeOp<"moe_combine", [Pure]> {
+def Piper_MoeCombineOp : Piper_ComputeOp<"moe_combine", [Pure,
+    DeclareOpInterfaceMethods<Piper_DifferentiableOpInterface>]> {
   let summary = "Weighted sum of each token's expert outputs";
   let arguments = (ins F32Tensor2D:$input, I32Tensor2DAny:$indices,
                        F32Tensor2D:$weights, I64Attr:$experts, I64Attr:$capacity);
@@ -402,7 +415,8 @@ def Piper_MoeCombineGradOp : Piper_ComputeOp<"moe_combine_grad", [Pure]> {
   let assemblyFormat = "$input `,` $indices `,` $weights `,` $grad attr-dict `:` functional-type(operands, results)";
 }
 
-def Piper_ExpertLinearOp : Piper_ComputeOp<"expert_linear", [Pure]> {
+def Piper_ExpertLinearOp : Piper_ComputeOp<"expert_linear", [Pure,
+    DeclareOpInterfaceMethods<Piper_DifferentiableOpInterface, ["emitWeightGradients"]>]> {
   let summary = "Per-expert dense layer over expert slots: y[e] = x[e] · w[e]";
   let arguments = (ins F32Tensor2D:$input, F32Tensor3D:$weight, I64Attr:$experts);
   let results = (outs F32Tensor2D:$result);
@@ -424,7 +438,8 @@ def Piper_ExpertLinearGradWeightOp : Piper_ComputeOp<"expert_linear_grad_weight"
   let assemblyFormat = "$input `,` $grad attr-dict `:` functional-type(operands, results)";
 }
 
-def Piper_MoeAuxLossOp : Piper_ComputeOp<"moe_aux_loss"> {
+def Piper_MoeAuxLossOp : Piper_ComputeOp<"moe_aux_loss", [
+    DeclareOpInterfaceMethods<Piper_DifferentiableOpInterface, ["isLoss"]>]> {
   let summary = "Switch-style load-balancing loss, a term of the training loss";
   let description = [{
     E * sum_e f_e * P_e with f_e the fraction of routing choices that picked
