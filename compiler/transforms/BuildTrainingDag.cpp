@@ -190,8 +190,8 @@ private:
       return success();
     }
     if (!rule)
-      return op->emitError() << "op '" << op->getName()
-                             << "' has no gradient rule";
+      return op->emitError()
+             << "op '" << op->getName() << "' has no gradient rule";
     // Input gradients (BI) first, then weight gradients (BW).
     if (failed(rule.emitInputGradients(*b, *this)) ||
         failed(rule.emitWeightGradients(*b, *this)))
@@ -239,7 +239,6 @@ LogicalResult mlir::piper::buildTrainingDag(ModuleOp module,
     TagAttr tag;
   };
   std::vector<StageInfo> infos;
-  DenseMap<Value, std::pair<unsigned, unsigned>> producer; // old result -> (stage, result)
   for (auto [si, t] : llvm::enumerate(tasks)) {
     auto seg = symbols.lookup<SegmentOp>(t.getSegment());
     if (!seg)

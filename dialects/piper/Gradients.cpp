@@ -54,10 +54,9 @@ LogicalResult PositionAddOp::emitWeightGradients(OpBuilder &b,
 LogicalResult LinearOp::emitInputGradients(OpBuilder &b, GradientEmitter &g) {
   if (g.needsGrad(getInput()))
     g.addGrad(b, getInput(),
-              LinearGradInputOp::create(b, getLoc(), getInput().getType(),
-                                        g.getGrad(getResult()),
-                                        g.getSaved(b, getWeight()),
-                                        getTransposeW()));
+              LinearGradInputOp::create(
+                  b, getLoc(), getInput().getType(), g.getGrad(getResult()),
+                  g.getSaved(b, getWeight()), getTransposeW()));
   return success();
 }
 
@@ -108,20 +107,18 @@ LogicalResult RmsNormOp::emitInputGradients(OpBuilder &b, GradientEmitter &g) {
   Value gamma = g.getSaved(b, getGamma());
   Value input = g.getSaved(b, getInput());
   g.addGrad(b, getInput(),
-            RmsNormGradInputOp::create(b, getLoc(), getInput().getType(),
-                                       input, gamma, g.getGrad(getResult()),
+            RmsNormGradInputOp::create(b, getLoc(), getInput().getType(), input,
+                                       gamma, g.getGrad(getResult()),
                                        getEpsAttr()));
   return success();
 }
 
-LogicalResult RmsNormOp::emitWeightGradients(OpBuilder &b,
-                                             GradientEmitter &g) {
+LogicalResult RmsNormOp::emitWeightGradients(OpBuilder &b, GradientEmitter &g) {
   if (g.needsGrad(getGamma()))
     g.addGrad(b, getGamma(),
-              RmsNormGradWeightOp::create(b, getLoc(), getGamma().getType(),
-                                          g.getSaved(b, getInput()),
-                                          g.getGrad(getResult()),
-                                          getEpsAttr()));
+              RmsNormGradWeightOp::create(
+                  b, getLoc(), getGamma().getType(), g.getSaved(b, getInput()),
+                  g.getGrad(getResult()), getEpsAttr()));
   return success();
 }
 
@@ -157,11 +154,10 @@ LogicalResult AttentionOp::emitInputGradients(OpBuilder &b,
                                               GradientEmitter &g) {
   // attention_grad recomputes the softmax from q|k|v.
   g.addGrad(b, getQkv(),
-            AttentionGradOp::create(b, getLoc(), getQkv().getType(),
-                                    g.getSaved(b, getQkv()),
-                                    g.getGrad(getResult()), getHeadsAttr(),
-                                    getSeqAttr(), getKvHeadsAttr(),
-                                    getRopeThetaAttr()));
+            AttentionGradOp::create(
+                b, getLoc(), getQkv().getType(), g.getSaved(b, getQkv()),
+                g.getGrad(getResult()), getHeadsAttr(), getSeqAttr(),
+                getKvHeadsAttr(), getRopeThetaAttr()));
   return success();
 }
 
@@ -194,9 +190,9 @@ LogicalResult MoeAuxLossOp::emitInputGradients(OpBuilder &b,
   Value indices = g.getSaved(b, getIndices());
   Value logits = g.getSaved(b, getLogits());
   g.addGrad(b, getLogits(),
-            MoeAuxLossGradOp::create(b, getLoc(), getLogits().getType(),
-                                     logits, indices, getExpertsAttr(),
-                                     getTopKAttr(), getCoeffAttr()));
+            MoeAuxLossGradOp::create(b, getLoc(), getLogits().getType(), logits,
+                                     indices, getExpertsAttr(), getTopKAttr(),
+                                     getCoeffAttr()));
   return success();
 }
 
@@ -237,9 +233,8 @@ LogicalResult MoeCombineOp::emitInputGradients(OpBuilder &b,
   Value indices = g.getSaved(b, getIndices());
   Value input = g.getSaved(b, getInput());
   auto grads = MoeCombineGradOp::create(
-      b, getLoc(), getInput().getType(), getWeights().getType(), input,
-      indices, weights, g.getGrad(getResult()), getExpertsAttr(),
-      getCapacityAttr());
+      b, getLoc(), getInput().getType(), getWeights().getType(), input, indices,
+      weights, g.getGrad(getResult()), getExpertsAttr(), getCapacityAttr());
   if (g.needsGrad(getInput()))
     g.addGrad(b, getInput(), grads.getDinput());
   if (g.needsGrad(getWeights()))
