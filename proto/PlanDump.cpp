@@ -189,8 +189,22 @@ void dumpInstruction(std::ostringstream &os, const Instruction &in) {
        << " tag " << in.tag();
     break;
   case Instruction::ALL_REDUCE:
-    os << "ALL_REDUCE g" << in.group() << " (" << listText(in.params(), "p")
-       << ")";
+    if (in.params_size() > 0)
+      os << "ALL_REDUCE g" << in.group() << " (" << listText(in.params(), "p")
+         << ")";
+    else
+      os << "ALL_REDUCE g" << in.group() << " " << ids(in.inputs()) << " -> "
+         << ids(in.outputs());
+    break;
+  case Instruction::REDUCE_SCATTER:
+  case Instruction::ALL_GATHER:
+    os << Instruction::Kind_Name(in.kind()) << " g" << in.group() << " "
+       << ids(in.inputs()) << " -> " << ids(in.outputs()) << " counts ["
+       << listText(in.counts(), "") << "]";
+    break;
+  case Instruction::ALL_TO_ALL:
+    os << "ALL_TO_ALL g" << in.group() << " " << ids(in.inputs()) << " -> "
+       << ids(in.outputs());
     break;
   case Instruction::RECORD:
     os << "RECORD e" << in.event();

@@ -1,15 +1,22 @@
 // piper-plan: prints a compiled plan (or a whole compiled folder) as text, for
-// people reading what the compiler produced and for FileCheck tests.
+// people reading what the compiler produced and for FileCheck tests; with
+// --simulate, times one step of a compiled folder (docs/simulator.md).
 #include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
 #include <string>
 #include <sys/stat.h>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 #include <google/protobuf/text_format.h>
+#include <nlohmann/json.hpp>
 
 #include "proto/PlanDump.h"
 #include "proto/PlanFile.h"
 #include "proto/analysis/MemoryPlan.h"
+#include "proto/analysis/Simulate.h"
 
 namespace {
 
@@ -46,13 +53,118 @@ int printPlan(const std::string &path, bool kernels, bool textproto,
   return 0;
 }
 
+/// Reads a machine description: a JSON object whose keys (all optional)
+/// override the default machine; a rate of 0 makes that resource free.
+std::string readMachine(const std::string &path,
+                        piper::plan::Machine &machine) {
+  std::ifstream in(path);
+  if (!in)
+    return "cannot open machine file '" + path + "'";
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception &e) {
+    return "machine file '" + path + "': " + e.what();
+  }
+  if (!j.is_object())
+    return "machine file '" + path + "': expected a JSON object";
+  const std::map<std::string, double *> fields = {
+      {"flops_per_second", &machine.flopsPerSecond},
+      {"memory_bytes_per_second", &machine.memoryBytesPerSecond},
+      {"link_bytes_per_second", &machine.linkBytesPerSecond},
+      {"link_latency_seconds", &machine.linkLatencySeconds}};
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    auto f = fields.find(it.key());
+    if (f == fields.end())
+      return "machine file '" + path + "': unknown key \"" + it.key() +
+             "\" (expected flops_per_second, memory_bytes_per_second, "
+             "link_bytes_per_second, link_latency_seconds)";
+    if (!it.value().is_number() || it.value().get<double>() < 0)
+      return "machine file '" + path + "': \"" + it.key() +
+             "\" must be a non-negative number";
+    *f->second = it.value().get<double>();
+  }
+  return "";
+}
+
+/// The simulation as a Chrome / Perfetto trace: one process per device
+/// class, one thread per stream, an "X" event per instruction that takes
+/// time (microseconds).
+nlohmann::json traceJson(const piper::plan::Simulation &sim) {
+  using piper::plan::Instruction;
+  nlohmann::json events = nlohmann::json::array();
+  for (const auto &ct : sim.classes) {
+    std::string ranks;
+    for (size_t i = 0; i < ct.ranks.size(); ++i)
+      ranks += (i ? ", " : "") + std::to_string(ct.ranks[i]);
+    events.push_back({{"name", "process_name"},
+                      {"ph", "M"},
+                      {"pid", ct.deviceClass},
+                      {"args",
+                       {{"name", "class " + std::to_string(ct.deviceClass) +
+                                     " ranks [" + ranks + "]"}}}});
+    for (size_t s = 0; s < ct.streams.size(); ++s)
+      events.push_back({{"name", "thread_name"},
+                        {"ph", "M"},
+                        {"pid", ct.deviceClass},
+                        {"tid", s},
+                        {"args", {{"name", ct.streams[s].name}}}});
+    for (const auto &e : ct.timeline) {
+      if (e.kind == Instruction::RECORD || e.kind == Instruction::WAIT)
+        continue;
+      events.push_back({{"name", e.label.empty()
+                                     ? Instruction::Kind_Name(e.kind)
+                                     : e.label},
+                        {"cat", Instruction::Kind_Name(e.kind)},
+                        {"ph", "X"},
+                        {"pid", ct.deviceClass},
+                        {"tid", e.stream},
+                        {"ts", e.start * 1e6},
+                        {"dur", (e.end - e.start) * 1e6},
+                        {"args", {{"instruction", e.inst}}}});
+    }
+  }
+  return {{"traceEvents", events}, {"displayTimeUnit", "ms"}};
+}
+
+/// Simulates the step of the compiled folder `dir`; returns the exit code.
+int simulateFolder(const std::string &dir,
+                   const piper::plan::Manifest &manifest,
+                   const piper::plan::Machine &machine,
+                   const piper::plan::SimulateOptions &options, bool timeline,
+                   const std::string &tracePath) {
+  std::vector<piper::plan::Plan> plans(manifest.classes_size());
+  for (int c = 0; c < manifest.classes_size(); ++c) {
+    std::string err = piper::plan::readPlanFile(
+        dir + "/" + manifest.classes(c).plan_file(), plans[c]);
+    if (!err.empty())
+      return fail(err);
+  }
+  piper::plan::Simulation sim;
+  std::string err;
+  if (!piper::plan::simulate(plans, machine, options, sim, err))
+    return fail(dir + ": " + err);
+  std::fputs(piper::plan::simulationReport(sim, timeline).c_str(), stdout);
+  if (!tracePath.empty()) {
+    std::ofstream out(tracePath);
+    out << traceJson(sim).dump(1) << "\n";
+    if (!out.good())
+      return fail("cannot write the trace '" + tracePath + "'");
+  }
+  return 0;
+}
+
 } // namespace
 
 int main(int argc, char **argv) {
   std::string path;
   bool noKernels = false, textproto = false, memory = false;
+  bool simulate = false, timeline = false, blockingSends = false;
+  std::string tracePath, machinePath;
+  std::vector<std::string> costs;
   CLI::App app{"piper-plan: prints a plan file, or the manifest and every "
-               "plan of a folder written by piperc compile, as text",
+               "plan of a folder written by piperc compile, as text, or "
+               "simulates one step of such a folder",
                "piper-plan"};
   app.add_option("path", path, "a plan file (plan_classN.pb) or an OUT/ folder")
       ->required();
@@ -63,11 +175,44 @@ int main(int argc, char **argv) {
   app.add_flag("--memory", memory,
                "print the arena layout from buffer lifetimes instead: state, "
                "arena and the largest blocks per plan");
+  app.add_flag("--simulate", simulate,
+               "simulate one training step of an OUT/ folder and print, per "
+               "device class, the predicted step time, stream busy times and "
+               "compute bubble (docs/simulator.md)");
+  app.add_flag("--timeline", timeline,
+               "with --simulate: also print every instruction's start and end");
+  app.add_option("--trace", tracePath,
+                 "with --simulate: write a Chrome/Perfetto trace (JSON) of the "
+                 "simulated step to this file");
+  app.add_option("--machine", machinePath,
+                 "with --simulate: a JSON machine description (keys "
+                 "flops_per_second, memory_bytes_per_second, "
+                 "link_bytes_per_second, link_latency_seconds; 0 = free)");
+  app.add_option("--cost", costs,
+                 "with --simulate: KEY=SECONDS, a fixed duration for CALLs of "
+                 "pass KEY (segment name suffix: F, B, U) or else for "
+                 "instructions whose label starts with KEY (repeatable)")
+      ->allow_extra_args(false);
+  app.add_flag("--blocking-sends", blockingSends,
+               "with --simulate: a SEND holds its stream until the transfer "
+               "completes, as NCCL on a GPU stream (by default it is "
+               "asynchronous, as the plan format defines it)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError &e) {
     return app.exit(e);
   }
+  bool simOnly = timeline || !tracePath.empty() || !machinePath.empty() ||
+                 !costs.empty() || blockingSends;
+  if (simOnly && !simulate)
+    return fail("--timeline, --trace, --machine, --cost and --blocking-sends "
+                "need --simulate");
+  if (simulate && (memory || textproto || noKernels))
+    return fail("--simulate cannot be combined with --memory, --textproto "
+                "or --no-kernels");
+  if (simulate && !isDirectory(path))
+    return fail("--simulate needs a folder written by piperc compile, not '" +
+                path + "'");
   if (!isDirectory(path))
     return printPlan(path, !noKernels, textproto, memory);
 
@@ -76,6 +221,28 @@ int main(int argc, char **argv) {
       path + "/" + piper::plan::kManifestFileName, manifest);
   if (!err.empty())
     return fail(err);
+  if (simulate) {
+    piper::plan::Machine machine;
+    if (!machinePath.empty())
+      if (std::string e = readMachine(machinePath, machine); !e.empty())
+        return fail(e);
+    piper::plan::SimulateOptions options;
+    options.blockingSends = blockingSends;
+    for (const std::string &c : costs) {
+      size_t eq = c.find('=');
+      char *end = nullptr;
+      double seconds = eq == std::string::npos
+                           ? -1
+                           : std::strtod(c.c_str() + eq + 1, &end);
+      if (eq == std::string::npos || eq == 0 || end == c.c_str() + eq + 1 ||
+          *end != '\0' || !(seconds >= 0))
+        return fail("--cost '" + c +
+                    "': expected KEY=SECONDS with SECONDS >= 0");
+      options.overrides[c.substr(0, eq)] = seconds;
+    }
+    return simulateFolder(path, manifest, machine, options, timeline,
+                          tracePath);
+  }
   if (!memory)
     std::fputs(piper::plan::dumpManifest(manifest).c_str(), stdout);
   for (const auto &c : manifest.classes()) {

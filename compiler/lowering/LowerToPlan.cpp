@@ -4,6 +4,7 @@
 
 #include "compiler/transforms/Transforms.h"
 #include "dialects/piper/PiperDialect.h"
+#include "proto/KernelIds.h"
 #include "proto/PlanFile.h"
 #include "proto/analysis/MemoryPlan.h"
 
@@ -18,6 +19,40 @@ plan::TensorType toTensorType(Type type) {
   for (int64_t d : t.getShape())
     out.add_shape(d);
   return out;
+}
+
+/// The cost of one call of `seg` (Segment.flops, Segment.bytes_moved): the
+/// sum over its ops, as `stage` estimates FLOPs (structural ops count their
+/// results) and CostOpInterface counts bytes. The parameter-state ops name
+/// their parameter instead of taking tensors, so they count per element of
+/// it: accumulate_grad 1 FLOP and 12 bytes (reads the gradient and the
+/// accumulator, writes the accumulator), adamw about 12 FLOPs and 28 bytes
+/// (reads gradient, value and both moments, writes the last three),
+/// zero_grad 4 bytes.
+void setSegmentCost(SegmentOp seg, plan::Segment &out) {
+  double flops = 0, bytes = 0;
+  seg.walk([&](Operation *op) {
+    if (op == seg.getOperation())
+      return;
+    flops += estimateFlops(op);
+    if (auto cost = dyn_cast<CostOpInterface>(op))
+      bytes += cost.getBytesMoved();
+    auto perElement = [&](FlatSymbolRefAttr ref, double f, double b) {
+      if (auto decl = SymbolTable::lookupNearestSymbolFrom<ParamOp>(op, ref)) {
+        double n = decl.getTensorType().getNumElements();
+        flops += f * n;
+        bytes += b * n;
+      }
+    };
+    if (auto acc = dyn_cast<AccumulateGradOp>(op))
+      perElement(acc.getParamAttr(), 1, 12);
+    else if (auto adam = dyn_cast<AdamWOp>(op))
+      perElement(adam.getParamAttr(), 12, 28);
+    else if (auto zero = dyn_cast<ZeroGradOp>(op))
+      perElement(zero.getParamAttr(), 0, 4);
+  });
+  out.set_flops(flops);
+  out.set_bytes_moved(bytes);
 }
 
 } // namespace
@@ -106,6 +141,30 @@ public:
         ins->set_group(groupId(ar.getDevices()));
         for (Attribute a : ar.getParams())
           ins->add_params(param(cast<FlatSymbolRefAttr>(a).getAttr()));
+        for (auto [in, out] : llvm::zip(ar.getInputs(), ar.getResults())) {
+          ins->add_inputs(buffer(in, ""));
+          ins->add_outputs(buffer(out, ins->label()));
+        }
+      } else if (auto rs = dyn_cast<ReduceScatterOp>(op)) {
+        ins->set_kind(plan::Instruction::REDUCE_SCATTER);
+        ins->set_group(groupId(rs.getDevices()));
+        ins->add_inputs(buffer(rs.getInput(), ""));
+        ins->add_outputs(buffer(rs.getResult(), ins->label()));
+        setSliceCounts(*ins, rs.getInput().getType(), rs.getGroupSize());
+      } else if (auto ag = dyn_cast<AllGatherOp>(op)) {
+        ins->set_kind(plan::Instruction::ALL_GATHER);
+        ins->set_group(groupId(ag.getDevices()));
+        ins->add_inputs(buffer(ag.getInput(), ""));
+        ins->add_outputs(buffer(ag.getResult(), ins->label()));
+        setSliceCounts(*ins, ag.getResult().getType(), ag.getGroupSize());
+      } else if (auto a2a = dyn_cast<AllToAllOp>(op)) {
+        ins->set_kind(plan::Instruction::ALL_TO_ALL);
+        ins->set_group(groupId(a2a.getDevices()));
+        ins->add_inputs(buffer(a2a.getInput(), ""));
+        ins->add_inputs(buffer(a2a.getSendCounts(), ""));
+        ins->add_outputs(buffer(a2a.getResult(), ins->label()));
+        ins->add_outputs(
+            buffer(a2a.getRecvCounts(), "counts of " + ins->label()));
       } else {
         return op.emitOpError("cannot be lowered to a plan instruction");
       }
@@ -150,6 +209,16 @@ public:
 
 private:
   std::string eventLabel(int64_t e) { return describeNode(opOfEvent[e]); }
+
+  /// The per-member element counts of a reduce-scatter or all-gather of
+  /// `full`: balanced slices along dimension 0.
+  static void setSliceCounts(plan::Instruction &ins, Type full,
+                             int64_t members) {
+    auto t = cast<RankedTensorType>(full);
+    int64_t rowElements = t.getNumElements() / std::max<int64_t>(1, t.getDimSize(0));
+    for (int64_t rows : balancedSlices(t.getDimSize(0), members))
+      ins.add_counts(rows * rowElements);
+  }
 
   plan::Stream &streamFor(StringRef name) {
     for (plan::Stream &s : *p.mutable_streams())
@@ -223,6 +292,7 @@ private:
       return dp.emitOpError("calls unknown segment @") << name;
     plan::Segment *out = p.add_segments();
     out->set_name(name.str());
+    setSegmentCost(seg, *out);
     DenseMap<Value, plan::Operand> values;
     auto newValue = [&](Value v) {
       int id = out->values_size();
@@ -233,6 +303,7 @@ private:
     Block &body = seg.getBody().front();
     for (BlockArgument a : body.getArguments())
       out->add_args(newValue(a));
+    std::vector<Operation *> kernelOps; // the op behind each kernel
     for (Operation &op : body) {
       if (auto ref = dyn_cast<ParamRefOp>(op)) {
         values[ref.getResult()] =
@@ -249,6 +320,7 @@ private:
         continue;
       }
       plan::Kernel *k = out->add_kernels();
+      kernelOps.push_back(&op);
       std::string opName = op.getName().stripDialect().str();
       k->set_op(opName);
       auto setInt = [&](StringRef key, int64_t v) {
@@ -338,6 +410,13 @@ private:
       if (isa<LossAccumulateOp>(op))
         p.set_has_loss(true);
     }
+    // Only kernels of the table every runtime backend implements
+    // (proto/KernelIds.h), with their operand counts and attributes.
+    for (int i = 0; i < out->kernels_size(); ++i)
+      if (std::string err = plan::checkKernelSignature(out->kernels(i));
+          !err.empty())
+        return kernelOps[i]->emitOpError("cannot be lowered to a plan kernel: ")
+               << err;
     segments[name] = p.segments_size() - 1;
     return p.segments_size() - 1;
   }

@@ -1,5 +1,6 @@
 // piper-build-training-dag: reverse-mode autodiff of every stage segment,
 // the loss, and an AdamW update task per stage.
+#include "compiler/transforms/Passes.h"
 #include "compiler/transforms/Transforms.h"
 
 #include "dialects/piper/Gradients.h"
@@ -7,6 +8,11 @@
 #include "llvm/ADT/SetVector.h"
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/IRMapping.h"
+
+namespace mlir::piper {
+#define GEN_PASS_DEF_PIPERBUILDTRAININGDAG
+#include "compiler/transforms/Passes.h.inc"
+} // namespace mlir::piper
 
 using namespace mlir;
 using namespace mlir::piper;
@@ -368,3 +374,26 @@ LogicalResult mlir::piper::buildTrainingDag(ModuleOp module,
       }));
   return success();
 }
+
+namespace {
+struct BuildTrainingDagPass
+    : mlir::piper::impl::PiperBuildTrainingDagBase<BuildTrainingDagPass> {
+  using PiperBuildTrainingDagBase::PiperBuildTrainingDagBase;
+  void runOnOperation() override {
+    OptimizerConfig opt;
+    opt.lr = lr;
+    opt.beta1 = beta1;
+    opt.beta2 = beta2;
+    opt.eps = eps;
+    opt.weightDecay = weightDecay;
+    opt.minLr = minLr;
+    opt.warmupSteps = warmupSteps;
+    opt.decaySteps = decaySteps;
+    opt.clipGradNorm = clipGradNorm;
+    opt.noUpdate = noOptimizer;
+    opt.dtype = dtype;
+    if (failed(buildTrainingDag(getOperation(), opt)))
+      signalPassFailure();
+  }
+};
+} // namespace

@@ -4,6 +4,7 @@
 
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/SetVector.h"
+#include "llvm/ADT/StringExtras.h"
 
 using namespace mlir;
 using namespace mlir::piper;
@@ -62,15 +63,15 @@ bool mlir::piper::matchesFilter(TagAttr tag, const Filter &filter) {
 }
 
 StringRef mlir::piper::streamOf(Operation *op) {
-  if (auto t = dyn_cast<TaskOp>(op))
-    return t.getStream() ? *t.getStream() : "compute";
-  if (auto s = dyn_cast<SendOp>(op))
-    return s.getStream();
-  if (auto r = dyn_cast<RecvOp>(op))
-    return r.getStream();
-  if (auto a = dyn_cast<AllReduceOp>(op))
-    return a.getStream();
+  if (auto node = dyn_cast<ProgramNodeOpInterface>(op))
+    return node.getNodeStream();
   return "compute";
+}
+
+ArrayRef<int64_t> mlir::piper::devicesOf(Operation *op) {
+  if (auto node = dyn_cast<ProgramNodeOpInterface>(op))
+    return node.getNodeDevices();
+  return {};
 }
 
 std::string mlir::piper::describeNode(Operation *op) {
@@ -79,9 +80,14 @@ std::string mlir::piper::describeNode(Operation *op) {
   if (auto task = dyn_cast<TaskOp>(op)) {
     os << "task @" << task.getSegment() << " (" << task.getTag().str()
        << ")";
-  } else if (auto ar = dyn_cast<AllReduceOp>(op)) {
+  } else if (auto ar = dyn_cast<AllReduceOp>(op); ar && ar.getGrads()) {
     os << "all_reduce (" << ar.getTag().str() << ", "
        << ar.getParams().size() << " params)";
+  } else if (auto c = dyn_cast<CollectiveOpInterface>(op)) {
+    os << op->getName().stripDialect() << " ("
+       << c.getTag().str() << ", group [";
+    llvm::interleaveComma(c.getDevices(), os);
+    os << "])";
   } else if (auto b = dyn_cast<BatchOp>(op)) {
     os << "batch (" << b.getTag().str() << ")";
   } else if (auto tr = dyn_cast<TransferOp>(op)) {
@@ -202,4 +208,63 @@ double mlir::piper::estimateFlops(Operation *op) {
   // Structural ops (param_ref, yield, accumulate_grad): their results, as
   // the interface's default counts.
   return countResultElements(op);
+}
+
+std::string mlir::piper::formatDevices(ArrayRef<int64_t> devices) {
+  return "[" +
+         llvm::join(llvm::map_range(devices,
+                                    [](int64_t d) { return std::to_string(d); }),
+                    ", ") +
+         "]";
+}
+
+SmallVector<TaskOp> mlir::piper::matchingTasks(ProgramOp program,
+                                         const Filter &filter) {
+  SmallVector<TaskOp> out;
+  for (TaskOp t : program.getBody().front().getOps<TaskOp>())
+    if (matchesFilter(t.getTag(), filter))
+      out.push_back(t);
+  return out;
+}
+
+/// For every parameter whose gradient is accumulated on more than one device
+/// group (a tied head: the embedding's stage and the head's stage), those
+/// groups, in program order.
+llvm::MapVector<StringAttr, SmallVector<ArrayRef<int64_t>>>
+mlir::piper::sharedParams(SegmentParams &segmentParams, ProgramOp program) {
+  llvm::MapVector<StringAttr, SmallVector<ArrayRef<int64_t>>> groups;
+  // Every microbatch runs the same segments on the same groups: visit each
+  // (segment, group) once. Groups are uniqued attributes, compared by
+  // pointer.
+  DenseSet<std::pair<Attribute, Attribute>> seen;
+  DenseMap<StringAttr, SmallVector<Attribute>> groupAttrs;
+  for (TaskOp t : program.getBody().front().getOps<TaskOp>()) {
+    if (!t.getTag().isPass(PassKind::B) || !t.getDevices())
+      continue;
+    if (!seen.insert({t.getSegmentAttr(), t.getDevicesAttr()}).second)
+      continue;
+    for (StringAttr p : segmentParams.accumulated(t.getSegment())) {
+      SmallVector<Attribute> &attrs = groupAttrs[p];
+      if (llvm::is_contained(attrs, t.getDevicesAttr()))
+        continue;
+      attrs.push_back(t.getDevicesAttr());
+      groups[p].push_back(*t.getDevices());
+    }
+  }
+  llvm::MapVector<StringAttr, SmallVector<ArrayRef<int64_t>>> shared;
+  for (auto &[p, list] : groups)
+    if (list.size() > 1)
+      shared[p] = list;
+  return shared;
+}
+
+Directive mlir::piper::stageDirective(Directive::Kind kind, int64_t pp,
+                                      ArrayRef<int64_t> devices,
+                                      StringRef passName) {
+  Directive d;
+  d.kind = kind;
+  d.filter.entries["PP"] = {FilterValue::Index, pp, ""};
+  d.devices.assign(devices.begin(), devices.end());
+  d.text = (passName + " pp=" + std::to_string(pp)).str();
+  return d;
 }

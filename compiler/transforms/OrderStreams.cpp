@@ -1,15 +1,21 @@
 // piper-order-streams: the issue order of each device program, and a
 // simulation of all device programs that turns a deadlock into an error.
+#include "compiler/transforms/Passes.h"
 #include "compiler/transforms/Transforms.h"
 
 #include "llvm/ADT/StringExtras.h"
+
+namespace mlir::piper {
+#define GEN_PASS_DEF_PIPERORDERSTREAMS
+#include "compiler/transforms/Passes.h.inc"
+} // namespace mlir::piper
 
 using namespace mlir;
 using namespace mlir::piper;
 
 /// Orders one device program: tasks keep their (schedule) order; a receive
 /// or batch goes right before its first consuming task, a send or
-/// all-reduce right after its last producing task. Issuing communication in
+/// collective right after its last producing task. Issuing communication in
 /// compute order is what keeps blocking receives from deadlocking.
 static LogicalResult orderProgram(DeviceProgramOp dp) {
   Block &body = dp.getBody().front();
@@ -27,7 +33,7 @@ static LogicalResult orderProgram(DeviceProgramOp dp) {
     }
   }
   for (Operation &op : body) {
-    if (isa<SendOp, AllReduceOp, ClipGradsOp>(op)) {
+    if (isa<SendOp, ClipGradsOp, CollectiveOpInterface>(op)) {
       double k = 0;
       for (Value v : op.getOperands())
         if (Operation *def = v.getDefiningOp(); def && key.count(def))
@@ -47,10 +53,11 @@ static LogicalResult orderProgram(DeviceProgramOp dp) {
   return sortTopologically(body);
 }
 
-/// The id of an all-reduce that spans several device classes.
+/// The id of a collective that spans several device classes.
 static std::optional<int64_t> collectiveOf(Operation *op) {
-  if (auto ar = dyn_cast<AllReduceOp>(op))
-    return ar.getCollective();
+  if (auto c = dyn_cast<CollectiveOpInterface>(op))
+    if (std::optional<uint64_t> id = c.getCollective())
+      return static_cast<int64_t>(*id);
   return std::nullopt;
 }
 
@@ -169,3 +176,12 @@ LogicalResult mlir::piper::orderStreams(ModuleOp module) {
       return dp.emitOpError("has a cycle between its nodes");
   return Simulator(programs).run();
 }
+
+namespace {
+struct OrderStreamsPass : mlir::piper::impl::PiperOrderStreamsBase<OrderStreamsPass> {
+  void runOnOperation() override {
+    if (failed(orderStreams(getOperation())))
+      signalPassFailure();
+  }
+};
+} // namespace

@@ -15,6 +15,12 @@ namespace mlir::piper {
 #define GEN_PASS_REGISTRATION
 #include "compiler/transforms/Passes.h.inc"
 
+/// The pass piperc runs for a strategy built in C++ (its flags, or a parsed
+/// file) after stage and autodiff: the strategy's split, place, replicate,
+/// order and schedule directives (piper-opt runs piper-apply-strategy on a
+/// file instead).
+std::unique_ptr<Pass> createApplyDirectivesPass(Strategy strategy);
+
 /// Registers every piper pass and pipeline (the one entry point shared by
 /// piper-opt and piperc).
 void registerPiperCompilerPasses();

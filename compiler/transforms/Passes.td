@@ -102,6 +102,20 @@ def PiperTieParams : Pass<"piper-tie-params", "::mlir::ModuleOp"> {
   }];
 }
 
+def PiperOrder : Pass<"piper-order", "::mlir::ModuleOp"> {
+  let summary = "Apply the order directives of a JSON file";
+  let description = [{
+    The `order` directive: each directive's filter groups, in order, become
+    token edges (`after`) so that the tasks a group matches run after those
+    of the group before it on the same device group. `file` is a strategy
+    JSON list; its `order` directives are applied in order and any other
+    directive is an error (use piper-apply-strategy for whole strategies).
+    A cycle with the data edges is an error naming the nodes.
+  }];
+  let options = [Option<"file", "file", "std::string", "\"\"",
+                        "JSON file of order directives">];
+}
+
 def PiperSchedule : Pass<"piper-schedule", "::mlir::ModuleOp"> {
   let summary = "Order every stage's tasks by a pipeline schedule";
   let description = [{

@@ -1,19 +1,27 @@
 // piper-split-devices: one device program per device class, transfers
 // lowered to send/recv pairs.
+#include "compiler/transforms/Passes.h"
 #include "compiler/transforms/Transforms.h"
 
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/IRMapping.h"
 
+namespace mlir::piper {
+#define GEN_PASS_DEF_PIPERSPLITDEVICES
+#include "compiler/transforms/Passes.h.inc"
+} // namespace mlir::piper
+
 using namespace mlir;
 using namespace mlir::piper;
 
-static ArrayRef<int64_t> groupOf(Operation *op) {
-  if (auto t = dyn_cast<TaskOp>(op))
-    return *t.getDevices();
-  if (auto a = dyn_cast<AllReduceOp>(op))
-    return a.getDevices();
-  return {};
+static ArrayRef<int64_t> groupOf(Operation *op) { return devicesOf(op); }
+
+/// Whether a collective moves tensors (rather than summing gradient
+/// accumulators in place).
+static bool onValues(Operation *op) {
+  return isa<CollectiveOpInterface>(op) &&
+         llvm::any_of(op->getOperandTypes(),
+                      [](Type t) { return !isa<TokenType>(t); });
 }
 
 LogicalResult mlir::piper::splitDevices(ModuleOp module) {
@@ -81,9 +89,13 @@ LogicalResult mlir::piper::splitDevices(ModuleOp module) {
                << *producer.getDevices() << "]";
       continue;
     }
-    if (!isa<TaskOp>(op))
+    if (!isa<TaskOp>(op) && !onValues(&op))
       continue;
     ArrayRef<int64_t> g = groupOf(&op);
+    if (!isClass(g))
+      return op.emitOpError("runs on [")
+             << g << "], which is not the device group of any task; a "
+                     "collective on tensors runs over one device group";
     for (Value v : op.getOperands()) {
       if (isa<TokenType>(v.getType()))
         continue;
@@ -109,19 +121,14 @@ LogicalResult mlir::piper::splitDevices(ModuleOp module) {
   auto cloneInto = [&](Operation *op, size_t c) {
     OpBuilder b = builderFor(c);
     Operation *clone = b.clone(*op, maps[c]);
-    if (auto t = dyn_cast<TaskOp>(clone)) {
+    if (auto node = dyn_cast<ProgramNodeOpInterface>(clone)) {
+      auto orig = cast<ProgramNodeOpInterface>(op);
       SmallVector<Value> deps;
-      for (auto [orig, dep] : llvm::zip(cast<TaskOp>(op).getDeps(), t.getDeps()))
-        if (maps[c].contains(orig))
-          deps.push_back(dep);
-      t.getDepsMutable().assign(deps);
-    } else if (auto a = dyn_cast<AllReduceOp>(clone)) {
-      SmallVector<Value> deps;
-      for (auto [orig, dep] :
-           llvm::zip(cast<AllReduceOp>(op).getDeps(), a.getDeps()))
-        if (maps[c].contains(orig))
-          deps.push_back(dep);
-      a.getDepsMutable().assign(deps);
+      for (auto [o, dep] : llvm::zip(orig.getNodeDepsMutable(),
+                                      node.getNodeDepsMutable()))
+        if (maps[c].contains(o.get()))
+          deps.push_back(dep.get());
+      node.getNodeDepsMutable().assign(deps);
     }
     return clone;
   };
@@ -153,7 +160,8 @@ LogicalResult mlir::piper::splitDevices(ModuleOp module) {
       maps[to].map(tr.getDone(), recv.getDone());
       continue;
     }
-    if (auto ar = dyn_cast<AllReduceOp>(op); ar && !isClass(ar.getDevices())) {
+    if (auto ar = dyn_cast<CollectiveOpInterface>(op);
+        ar && !isClass(ar.getDevices())) {
       // A collective over several classes: every class it covers issues it.
       std::set<int64_t> devices(ar.getDevices().begin(), ar.getDevices().end());
       size_t covered = 0;
@@ -166,7 +174,7 @@ LogicalResult mlir::piper::splitDevices(ModuleOp module) {
           return devices.count(r) > 0;
         });
         if (touches && !inside)
-          return ar.emitOpError("spans part of the device group [")
+          return op.emitOpError("spans part of the device group [")
                  << ranks << "]; a collective covers whole groups";
         if (inside) {
           cloneInto(&op, c);
@@ -174,7 +182,7 @@ LogicalResult mlir::piper::splitDevices(ModuleOp module) {
         }
       }
       if (covered != devices.size())
-        return ar.emitOpError("names devices that run no task");
+        return op.emitOpError("names devices that run no task");
       continue;
     }
     cloneInto(&op, classOf(groupOf(&op)));
@@ -243,3 +251,12 @@ LogicalResult mlir::piper::splitDevices(ModuleOp module) {
   program->erase();
   return success();
 }
+
+namespace {
+struct SplitDevicesPass : mlir::piper::impl::PiperSplitDevicesBase<SplitDevicesPass> {
+  void runOnOperation() override {
+    if (failed(splitDevices(getOperation())))
+      signalPassFailure();
+  }
+};
+} // namespace

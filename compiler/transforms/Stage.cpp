@@ -1,9 +1,15 @@
 // The `stage` directive: groups contiguous model blocks into pipeline stages.
+#include "compiler/transforms/Passes.h"
 #include "compiler/transforms/Transforms.h"
 
 #include "llvm/ADT/SetVector.h"
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/IRMapping.h"
+
+namespace mlir::piper {
+#define GEN_PASS_DEF_PIPERSTAGE
+#include "compiler/transforms/Passes.h.inc"
+} // namespace mlir::piper
 
 using namespace mlir;
 using namespace mlir::piper;
@@ -152,3 +158,13 @@ LogicalResult mlir::piper::applyStage(ModuleOp module, int64_t stages) {
       seg.erase();
   return success();
 }
+
+namespace {
+struct StagePass : mlir::piper::impl::PiperStageBase<StagePass> {
+  using PiperStageBase::PiperStageBase;
+  void runOnOperation() override {
+    if (failed(applyStage(getOperation(), stages)))
+      signalPassFailure();
+  }
+};
+} // namespace

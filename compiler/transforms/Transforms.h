@@ -7,6 +7,7 @@
 
 #include "compiler/strategy/Strategy.h"
 #include "dialects/piper/PiperDialect.h"
+#include "llvm/ADT/MapVector.h"
 #include "llvm/ADT/StringMap.h"
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/IR/SymbolTable.h"
@@ -70,6 +71,16 @@ LogicalResult applyStage(ModuleOp module, int64_t stages);
 /// Reverse-mode autodiff: forward, backward and update tasks per stage.
 LogicalResult buildTrainingDag(ModuleOp module, const OptimizerConfig &opt);
 
+// One directive each (Split.cpp, Place.cpp, Replicate.cpp, Order.cpp):
+// `worldSize`, when known, bounds the device indices.
+LogicalResult applySplit(ProgramOp program, const Directive &d);
+LogicalResult applyPlace(ProgramOp program, const Directive &d,
+                         std::optional<int64_t> worldSize);
+LogicalResult applyReplicate(ModuleOp module, ProgramOp program,
+                             const Directive &d,
+                             std::optional<int64_t> worldSize);
+LogicalResult applyOrder(ProgramOp program, const Directive &d);
+
 /// Applies one split / place / replicate / order directive to the program.
 /// `worldSize`, when known, bounds the device indices.
 LogicalResult applyDirective(ModuleOp module, const Directive &directive,
@@ -124,6 +135,9 @@ LogicalResult sortTopologically(Block &block,
 /// The logical stream a node of a device program is issued on; tasks
 /// without one, and batches, use "compute".
 StringRef streamOf(Operation *op);
+/// The device group of a program node (empty for batches, transfers, sends,
+/// receives and nodes not placed yet).
+ArrayRef<int64_t> devicesOf(Operation *op);
 
 /// "task @stage1_F (PP=1 MB=0 PASS=F)" for diagnostics.
 std::string describeNode(Operation *op);

@@ -521,12 +521,10 @@ void DeviceProgramOp::build(OpBuilder &builder, OperationState &state,
 /// Only DAG nodes may appear in a program: compute belongs in segments.
 /// Ops with a parent constraint of their own report it themselves.
 static LogicalResult verifyNodes(Block &body, bool deviceLevel) {
-  for (Operation &node : body) {
-    if (isa<YieldOp, TransferOp, SendOp, RecvOp, ClipGradsOp>(node))
-      continue;
-    if (!isa<BatchOp, TaskOp, AllReduceOp>(node))
+  for (Operation &node : body)
+    // A misplaced yield reports its own parent constraint.
+    if (!isa<ProgramNodeOpInterface, YieldOp>(node))
       return node.emitOpError("is not a program node");
-  }
   return success();
 }
 
@@ -589,29 +587,6 @@ LogicalResult TaskOp::verifySymbolUses(SymbolTableCollection &tables) {
     return emitOpError("result types do not match the results of @")
            << segment.getSymName();
   return success();
-}
-
-LogicalResult TransferOp::verify() {
-  auto err = [&] { return emitOpError(); };
-  if (failed(verifyDeviceGroup(getFrom(), "from", err)) ||
-      failed(verifyDeviceGroup(getTo(), "to", err)))
-    return failure();
-  if (getFrom().size() != getTo().size())
-    return emitOpError("from and to must have the same size (")
-           << getFrom().size() << " vs " << getTo().size() << ")";
-  if (getInput().getType() != getResult().getType())
-    return emitOpError("result type must equal the input type");
-  return success();
-}
-
-LogicalResult AllReduceOp::verify() {
-  if (getParams().empty())
-    return emitOpError("must reduce at least one parameter");
-  if (auto id = getCollectiveAttr(); id && id.getInt() < 0)
-    return emitOpError("collective id must be non-negative, got ")
-           << id.getInt();
-  return verifyDeviceGroup(getDevices(), "devices",
-                           [&] { return emitOpError(); });
 }
 
 LogicalResult AllReduceOp::verifySymbolUses(SymbolTableCollection &tables) {

@@ -48,6 +48,11 @@ LogicalResult verifyDeviceGroup(llvm::ArrayRef<int64_t> devices,
                                 llvm::StringRef what,
                                 llvm::function_ref<InFlightDiagnostic()> emitError);
 
+/// The rows of each member's slice when `rows` rows are split over
+/// `members` (reduce-scatter, all-gather): balanced and in order, member i
+/// holding rows / members rows plus one when i < rows % members.
+llvm::SmallVector<int64_t> balancedSlices(int64_t rows, int64_t members);
+
 } // namespace mlir::piper
 
 #endif // PIPER_DIALECTS_PIPER_PIPERDIALECT_H

@@ -562,9 +562,11 @@ def Piper_DeviceProgramOp : Piper_Op<"device_program", [Symbol, SingleBlock,
                                  "int64_t":$deviceClass)>];
 }
 
+/// A node of a program or device program (see ProgramNodeOpInterface).
 class Piper_NodeOp<string mnemonic, list<Trait> traits = []>
     : Piper_Op<mnemonic, !listconcat(traits, [
-        ParentOneOf<["ProgramOp", "DeviceProgramOp"]>])>;
+        ParentOneOf<["ProgramOp", "DeviceProgramOp"]>,
+        Piper_ProgramNodeOpInterface])>;
 
 def Piper_BatchOp : Piper_NodeOp<"batch", [Pure]> {
   let summary = "The tokens and targets of one microbatch";
@@ -578,6 +580,13 @@ def Piper_BatchOp : Piper_NodeOp<"batch", [Pure]> {
                       Piper_TokenType:$done);
   let assemblyFormat = "attr-dict `:` type($tokens) `,` type($targets)";
   let hasVerifier = 1;
+  let extraClassDeclaration = [{
+    ::llvm::ArrayRef<int64_t> getNodeDevices() { return {}; }
+    ::llvm::StringRef getNodeStream() { return "compute"; }
+    ::mlir::MutableOperandRange getNodeDepsMutable() {
+      return ::mlir::MutableOperandRange(getOperation(), 0, 0);
+    }
+  }];
 }
 
 def Piper_TaskOp : Piper_NodeOp<"task", [
@@ -606,72 +615,17 @@ def Piper_TaskOp : Piper_NodeOp<"task", [
     functional-type($args, results)
   }];
   let hasVerifier = 1;
-}
-
-def Piper_TransferOp : Piper_Op<"transfer", [HasParent<"ProgramOp">,
-    AllTypesMatch<["input", "result"]>]> {
-  let summary = "Moves a tensor from one device group to another";
-  let description = [{
-    Inserted by `place` on every data edge that crosses device groups. Member
-    i of `from` sends to member i of `to`. Lowered to `piper.send` and
-    `piper.recv` by per-device splitting.
+  let extraClassDeclaration = [{
+    ::llvm::ArrayRef<int64_t> getNodeDevices() {
+      return getDevices().value_or(::llvm::ArrayRef<int64_t>());
+    }
+    ::llvm::StringRef getNodeStream() {
+      return getStream().value_or("compute");
+    }
+    ::mlir::MutableOperandRange getNodeDepsMutable() { return getDepsMutable(); }
   }];
-  let arguments = (ins AnyStaticShapeTensor:$input, Variadic<Piper_TokenType>:$deps,
-                       DenseI64ArrayAttr:$from, DenseI64ArrayAttr:$to,
-                       StrAttr:$stream);
-  let results = (outs AnyStaticShapeTensor:$result, Piper_TokenType:$done);
-  let assemblyFormat = [{
-    $input (`after` `(` $deps^ `)`)? attr-dict `:` type($input)
-  }];
-  let hasVerifier = 1;
 }
 
-def Piper_AllReduceOp : Piper_NodeOp<"all_reduce", [
-    DeclareOpInterfaceMethods<SymbolUserOpInterface>]> {
-  let summary = "Sums the gradient accumulators of parameters over a device group";
-  let description = [{
-    Inserted by `replicate`: one node per gradient bucket. After it, every
-    member holds the sum over the group. An all-reduce over several device
-    classes (a tied parameter, inserted by `piper-tie-params`) carries a
-    `collective` id shared by its copies in every class, so that they are
-    issued and matched together.
-  }];
-  let arguments = (ins FlatSymbolRefArrayAttr:$params, Variadic<Piper_TokenType>:$deps,
-                       DenseI64ArrayAttr:$devices, StrAttr:$stream,
-                       Piper_TagAttr:$tag,
-                       OptionalAttr<I64Attr>:$collective);
-  let results = (outs Piper_TokenType:$done);
-  let assemblyFormat = "$params (`after` `(` $deps^ `)`)? attr-dict";
-  let hasVerifier = 1;
-}
-
-def Piper_ClipGradsOp : Piper_Op<"clip_grads", [HasParent<"DeviceProgramOp">]> {
-  let summary = "Global-norm gradient clipping over every device of the strategy";
-  let description = [{
-    The norm is global: each device class contributes the squared norm of
-    its (already data-parallel reduced) gradients, summed over all ranks.
-    Every device program has exactly one, after its last gradient
-    all-reduce and before its update tasks.
-  }];
-  let arguments = (ins Variadic<Piper_TokenType>:$deps, F64Attr:$max_norm);
-  let results = (outs Piper_TokenType:$done);
-  let assemblyFormat = "(`after` `(` $deps^ `)`)? attr-dict";
-}
-
-def Piper_SendOp : Piper_Op<"send", [HasParent<"DeviceProgramOp">]> {
-  let summary = "Sends a tensor to the same-index member of another class";
-  let arguments = (ins AnyRankedTensor:$input, Variadic<Piper_TokenType>:$deps,
-                       DenseI64ArrayAttr:$peers, I64Attr:$channel, StrAttr:$stream);
-  let results = (outs Piper_TokenType:$done);
-  let assemblyFormat = "$input (`after` `(` $deps^ `)`)? attr-dict `:` type($input)";
-}
-
-def Piper_RecvOp : Piper_Op<"recv", [HasParent<"DeviceProgramOp">]> {
-  let summary = "Receives a tensor from the same-index member of another class";
-  let arguments = (ins Variadic<Piper_TokenType>:$deps, DenseI64ArrayAttr:$peers,
-                       I64Attr:$channel, StrAttr:$stream);
-  let results = (outs AnyRankedTensor:$result, Piper_TokenType:$done);
-  let assemblyFormat = "(`after` `(` $deps^ `)`)? attr-dict `:` type($result)";
-}
+include "PiperCommOps.td"
 
 #endif // PIPER_OPS_TD

@@ -412,6 +412,12 @@ bool assignArena(Plan &plan, std::string &error) {
       if (inst.kind() == Instruction::SEND)
         for (int id : inst.inputs())
           mark(id, COMMUNICATION);
+      if (inst.kind() == Instruction::ALL_REDUCE ||
+          inst.kind() == Instruction::REDUCE_SCATTER ||
+          inst.kind() == Instruction::ALL_GATHER ||
+          inst.kind() == Instruction::ALL_TO_ALL)
+        for (int id : inst.outputs())
+          mark(id, COMMUNICATION);
     }
   for (Buffer &b : *plan.mutable_buffers()) {
     int block = b.id() >= 0 && b.id() < static_cast<int>(step.bufferBlock.size())

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <set>
 
+#include "proto/KernelIds.h"
 #include "runtime/exec/ExecutorImpl.h"
 #include "runtime/exec/Init.h"
 #include "runtime/exec/Validate.h"
@@ -117,9 +118,9 @@ std::unique_ptr<Executor> Executor::create(plan::Plan plan,
                                            const ExecutorOptions &options,
                                            Status &status) {
   std::string who = "rank " + std::to_string(options.rank);
-  status = validatePlan(plan, kernelNames())
-               .withContext(who + ": invalid plan for device class " +
-                            std::to_string(plan.device_class()));
+  status =
+      validatePlan(plan).withContext(who + ": invalid plan for device class " +
+                                     std::to_string(plan.device_class()));
   if (!status)
     return nullptr;
 
@@ -159,6 +160,14 @@ std::unique_ptr<Executor> Executor::create(plan::Plan plan,
     status = Status::error(who + ": no device was created");
     return nullptr;
   }
+  // Every backend implements exactly the kernel table, whatever this plan
+  // uses: a missing kernel is a load-time error naming it.
+  std::string registryError = plan::checkBackendKernels(
+      impl->device->name(), impl->device->kernelNames());
+  if (!registryError.empty()) {
+    status = Status::error(who + ": " + registryError);
+    return nullptr;
+  }
   impl->plan = std::move(plan);
   impl->options = options;
   if (options.data) {
@@ -184,7 +193,10 @@ std::vector<CommKey> Executor::commKeys() const {
           inst.kind() == Instruction::RECV) {
         int peer = impl->peerOf(inst);
         keys.insert({stream.name(), {std::min(me, peer), std::max(me, peer)}});
-      } else if (inst.kind() == Instruction::ALL_REDUCE) {
+      } else if (inst.kind() == Instruction::ALL_REDUCE ||
+                 inst.kind() == Instruction::REDUCE_SCATTER ||
+                 inst.kind() == Instruction::ALL_GATHER ||
+                 inst.kind() == Instruction::ALL_TO_ALL) {
         std::vector<int> ranks = impl->groupRanks(inst.group());
         if (ranks.size() >= 2)
           keys.insert({stream.name(), ranks});

@@ -183,6 +183,14 @@ public:
   /// The bf16 copy of parameter `p` for `step`.
   Status computeParam(int p, int64_t step, void *&out);
 
+  // Value-level collectives (Collectives.cpp): ALL_REDUCE of buffers,
+  // REDUCE_SCATTER, ALL_GATHER, ALL_TO_ALL.
+  Status collective(int s, const plan::Instruction &inst, StepState &st);
+  Status allToAll(int s, const plan::Instruction &inst, StepState &st,
+                  const CommKey &key);
+  /// How buffer `id` is communicated: bf16 when packed, else its dtype.
+  CommDType commType(int id) const;
+
   // Gradients (Gradients.cpp).
   Status allReduce(int s, const plan::Instruction &inst);
   Status clipGrads();

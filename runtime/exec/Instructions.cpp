@@ -1,6 +1,7 @@
 // Executing one instruction of a stream, and the step's buffer table:
-// CALL (see Segments.cpp), SEND, RECV, ALL_REDUCE and CLIP_GRADS (see
-// Gradients.cpp), RECORD/WAIT on HAL events, LOAD_BATCH.
+// CALL (see Segments.cpp), SEND, RECV, the gradient ALL_REDUCE and
+// CLIP_GRADS (see Gradients.cpp), value collectives (Collectives.cpp),
+// RECORD/WAIT on HAL events, LOAD_BATCH.
 #include <algorithm>
 
 #include "runtime/exec/ExecutorImpl.h"
@@ -87,7 +88,15 @@ Status ExecutorImpl::execute(int s, int i, StepState &st,
     break;
   }
   case Instruction::ALL_REDUCE:
-    PIPER_RETURN_IF_ERROR(allReduce(s, inst));
+    if (inst.params_size() > 0)
+      PIPER_RETURN_IF_ERROR(allReduce(s, inst));
+    else
+      PIPER_RETURN_IF_ERROR(collective(s, inst, st));
+    break;
+  case Instruction::REDUCE_SCATTER:
+  case Instruction::ALL_GATHER:
+  case Instruction::ALL_TO_ALL:
+    PIPER_RETURN_IF_ERROR(collective(s, inst, st));
     break;
   case Instruction::CLIP_GRADS:
     PIPER_RETURN_IF_ERROR(clipGrads());

@@ -41,8 +41,7 @@ std::string instructionContext(const plan::Plan &plan, int stream,
          std::to_string(instruction) + " (" + label + ")";
 }
 
-Status validatePlan(const plan::Plan &plan,
-                    const std::vector<std::string> &knownKernels) {
+Status validatePlan(const plan::Plan &plan) {
   if (plan.schema_version() != plan::kPlanSchemaVersion)
     return Status::error("plan schema version " +
                          std::to_string(plan.schema_version()) +
@@ -103,7 +102,7 @@ Status validatePlan(const plan::Plan &plan,
   }
 
   for (int s = 0; s < plan.segments_size(); ++s)
-    PIPER_RETURN_IF_ERROR(checkSegment(plan, s, knownKernels));
+    PIPER_RETURN_IF_ERROR(checkSegment(plan, s));
 
   std::set<std::string> streamNames;
   for (int s = 0; s < plan.streams_size(); ++s) {

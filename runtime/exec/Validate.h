@@ -16,10 +16,11 @@ namespace piper::runtime {
 /// buffers bound to segment arguments and results, single writers of
 /// buffers, and, by simulating the streams, that events cannot deadlock and
 /// that every cross-stream use of a buffer or of parameter state is ordered
-/// by events. When `knownKernels` is not empty, every kernel op must be in
-/// it. Messages name the stream, instruction index and label.
-Status validatePlan(const plan::Plan &plan,
-                    const std::vector<std::string> &knownKernels = {});
+/// by events. Every kernel must match its entry of the kernel table
+/// (proto/KernelIds.h): a known op, its operand counts, its required
+/// attributes. Messages name the stream, instruction index and label, or the
+/// segment and kernel.
+Status validatePlan(const plan::Plan &plan);
 
 /// Checks a whole compiled strategy: that the manifest's classes cover ranks
 /// 0..world_size-1 exactly once and agree with their plans, and that every

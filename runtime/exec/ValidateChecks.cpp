@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <set>
 
+#include "proto/KernelIds.h"
 #include "runtime/exec/Validate.h"
 #include "runtime/exec/ValidateInternal.h"
 
@@ -122,8 +123,7 @@ Status checkPeerGroup(const plan::Plan &plan, int group) {
 
 } // namespace
 
-Status checkSegment(const plan::Plan &plan, int index,
-                    const std::vector<std::string> &knownKernels) {
+Status checkSegment(const plan::Plan &plan, int index) {
   const plan::Segment &seg = plan.segments(index);
   std::string where =
       "segment " + std::to_string(index) + " ('" + seg.name() + "')";
@@ -150,10 +150,11 @@ Status checkSegment(const plan::Plan &plan, int index,
         where + ", kernel " + std::to_string(k) + " ('" + kernel.op() + "')";
     if (kernel.op().empty())
       return Status::error(kwhere + ": empty op name");
-    if (!knownKernels.empty() &&
-        std::find(knownKernels.begin(), knownKernels.end(), kernel.op()) ==
-            knownKernels.end())
-      return Status::error(kwhere + ": unknown kernel '" + kernel.op() + "'");
+    // The op, its operand counts and required attributes, from the one
+    // table the compiler and every backend share.
+    std::string signatureError = plan::checkKernelSignature(kernel);
+    if (!signatureError.empty())
+      return Status::error(kwhere + ": " + signatureError);
     auto checkOperand = [&](const Operand &op, bool isOutput,
                             int position) -> Status {
       std::string owhere = kwhere + (isOutput ? " output " : " input ") +
@@ -210,6 +211,125 @@ Status checkSegment(const plan::Plan &plan, int index,
   }
   return Status::ok();
 }
+
+namespace {
+/// A collective's group exists and contains every rank running the plan.
+Status checkCollectiveGroup(const plan::Plan &plan, const Instruction &inst) {
+  if (inst.group() < 0 || inst.group() >= plan.groups_size())
+    return Status::error("group " + std::to_string(inst.group()) +
+                         " is out of range (the plan has " +
+                         std::to_string(plan.groups_size()) + " groups)");
+  const plan::DeviceGroup &g = plan.groups(inst.group());
+  for (int r : plan.ranks())
+    if (std::find(g.ranks().begin(), g.ranks().end(), r) == g.ranks().end())
+      return Status::error("group " + std::to_string(inst.group()) +
+                           " does not contain rank " + std::to_string(r) +
+                           ", which runs this plan");
+  return Status::ok();
+}
+
+int64_t elementsOf(const plan::TensorType &t) {
+  int64_t n = 1;
+  for (int64_t d : t.shape())
+    n *= d;
+  return n;
+}
+
+/// The buffer form of ALL_REDUCE: inputs[i] summed into outputs[i].
+Status checkBufferAllReduce(const plan::Plan &plan, const Instruction &inst) {
+  if (inst.inputs_size() == 0)
+    return Status::error("ALL_REDUCE lists neither params nor buffers");
+  if (inst.inputs_size() != inst.outputs_size())
+    return Status::error("ALL_REDUCE of buffers takes as many outputs as "
+                         "inputs, got " +
+                         std::to_string(inst.inputs_size()) + " and " +
+                         std::to_string(inst.outputs_size()));
+  for (int i = 0; i < inst.inputs_size(); ++i) {
+    const plan::TensorType &in = plan.buffers(inst.inputs(i)).type();
+    const plan::TensorType &out = plan.buffers(inst.outputs(i)).type();
+    if (!sameType(in, out))
+      return Status::error("ALL_REDUCE input " + bufferName(plan, inst.inputs(i)) +
+                           " is " + shapeString(in) + " but output " +
+                           bufferName(plan, inst.outputs(i)) + " is " +
+                           shapeString(out));
+    if (in.dtype() != plan::F32)
+      return Status::error("ALL_REDUCE sums f32 buffers; " +
+                           bufferName(plan, inst.inputs(i)) + " is " +
+                           shapeString(in));
+    if (inst.inputs(i) == inst.outputs(i))
+      return Status::error("ALL_REDUCE reads and writes " +
+                           bufferName(plan, inst.inputs(i)) +
+                           "; its output must be another buffer");
+  }
+  return Status::ok();
+}
+
+/// REDUCE_SCATTER and ALL_GATHER: one count per member, slices that fit.
+Status checkSlices(const plan::Plan &plan, const Instruction &inst) {
+  bool scatter = inst.kind() == Instruction::REDUCE_SCATTER;
+  const char *name = scatter ? "REDUCE_SCATTER" : "ALL_GATHER";
+  const plan::TensorType &in = plan.buffers(inst.inputs(0)).type();
+  const plan::TensorType &out = plan.buffers(inst.outputs(0)).type();
+  int members = plan.groups(inst.group()).ranks_size();
+  if (inst.counts_size() != members)
+    return Status::error(std::string(name) + " has " +
+                         std::to_string(inst.counts_size()) +
+                         " counts for a group of " + std::to_string(members));
+  if (in.dtype() != out.dtype())
+    return Status::error(std::string(name) + " input is " + shapeString(in) +
+                         " but output is " + shapeString(out));
+  if (scatter && in.dtype() != plan::F32)
+    return Status::error("REDUCE_SCATTER sums f32 buffers, not " +
+                         shapeString(in));
+  int64_t total = 0, largest = 0;
+  for (int64_t c : inst.counts()) {
+    if (c < 0)
+      return Status::error(std::string(name) + " has a negative count " +
+                           std::to_string(c));
+    total += c;
+    largest = std::max(largest, c);
+  }
+  const plan::TensorType &full = scatter ? in : out;
+  const plan::TensorType &slice = scatter ? out : in;
+  if (total != elementsOf(full))
+    return Status::error(std::string(name) + " counts sum to " +
+                         std::to_string(total) + " elements but " +
+                         bufferName(plan, scatter ? inst.inputs(0)
+                                                  : inst.outputs(0)) +
+                         " has " + std::to_string(elementsOf(full)));
+  if (largest > elementsOf(slice))
+    return Status::error(std::string(name) + " has a slice of " +
+                         std::to_string(largest) + " elements but " +
+                         bufferName(plan, scatter ? inst.outputs(0)
+                                                  : inst.inputs(0)) +
+                         " holds " + std::to_string(elementsOf(slice)));
+  return Status::ok();
+}
+
+/// ALL_TO_ALL: data buffers that differ only in rows, and one i32 count
+/// per member.
+Status checkAllToAll(const plan::Plan &plan, const Instruction &inst) {
+  int members = plan.groups(inst.group()).ranks_size();
+  const plan::TensorType &in = plan.buffers(inst.inputs(0)).type();
+  const plan::TensorType &out = plan.buffers(inst.outputs(0)).type();
+  if (in.dtype() != out.dtype() || in.shape_size() < 1 ||
+      in.shape_size() != out.shape_size() ||
+      !std::equal(in.shape().begin() + 1, in.shape().end(),
+                  out.shape().begin() + 1))
+    return Status::error("ALL_TO_ALL input " + shapeString(in) +
+                         " and output " + shapeString(out) +
+                         " must differ in their first dimension only");
+  for (int id : {inst.inputs(1), inst.outputs(1)}) {
+    const plan::TensorType &c = plan.buffers(id).type();
+    if (c.dtype() != plan::I32 || c.shape_size() != 1 || c.shape(0) != members)
+      return Status::error("ALL_TO_ALL counts " + bufferName(plan, id) +
+                           " is " + shapeString(c) +
+                           ", expected one i32 per member (" +
+                           std::to_string(members) + ")");
+  }
+  return Status::ok();
+}
+} // namespace
 
 Status checkInstruction(const plan::Plan &plan, const Instruction &inst) {
   auto expectCounts = [&](int inputs, int outputs) -> Status {
@@ -274,19 +394,13 @@ Status checkInstruction(const plan::Plan &plan, const Instruction &inst) {
       return Status::error("negative tag " + std::to_string(inst.tag()));
     return checkPeerGroup(plan, inst.peer_group());
   case Instruction::ALL_REDUCE: {
-    PIPER_RETURN_IF_ERROR(expectCounts(0, 0));
-    if (inst.group() < 0 || inst.group() >= plan.groups_size())
-      return Status::error("group " + std::to_string(inst.group()) +
-                           " is out of range (the plan has " +
-                           std::to_string(plan.groups_size()) + " groups)");
-    const plan::DeviceGroup &g = plan.groups(inst.group());
-    for (int r : plan.ranks())
-      if (std::find(g.ranks().begin(), g.ranks().end(), r) == g.ranks().end())
-        return Status::error("group " + std::to_string(inst.group()) +
-                             " does not contain rank " + std::to_string(r) +
-                             ", which runs this plan");
+    PIPER_RETURN_IF_ERROR(checkCollectiveGroup(plan, inst));
+    if (!inst.params().empty() && inst.inputs_size() > 0)
+      return Status::error("ALL_REDUCE sums either params or buffers, not "
+                           "both");
     if (inst.params().empty())
-      return Status::error("ALL_REDUCE lists no params");
+      return checkBufferAllReduce(plan, inst);
+    PIPER_RETURN_IF_ERROR(expectCounts(0, 0));
     std::set<int> seen;
     for (int p : inst.params()) {
       if (p < 0 || p >= plan.params_size())
@@ -298,6 +412,15 @@ Status checkInstruction(const plan::Plan &plan, const Instruction &inst) {
     }
     return Status::ok();
   }
+  case Instruction::REDUCE_SCATTER:
+  case Instruction::ALL_GATHER:
+    PIPER_RETURN_IF_ERROR(expectCounts(1, 1));
+    PIPER_RETURN_IF_ERROR(checkCollectiveGroup(plan, inst));
+    return checkSlices(plan, inst);
+  case Instruction::ALL_TO_ALL:
+    PIPER_RETURN_IF_ERROR(expectCounts(2, 2));
+    PIPER_RETURN_IF_ERROR(checkCollectiveGroup(plan, inst));
+    return checkAllToAll(plan, inst);
   case Instruction::RECORD:
   case Instruction::WAIT:
     PIPER_RETURN_IF_ERROR(expectCounts(0, 0));
@@ -341,12 +464,13 @@ Status checkInstruction(const plan::Plan &plan, const Instruction &inst) {
     if (plan.training().clip_grad_norm() < 0)
       return Status::error("training.clip_grad_norm must not be negative");
     return Status::ok();
-  case Instruction::UPDATE:
-    return Status::error("instruction kind UPDATE is reserved and not "
-                         "supported by this runtime");
   default:
+    // Also kind 8, the removed UPDATE (reserved in plan.proto).
     return Status::error("unknown instruction kind " +
-                         std::to_string(inst.kind()));
+                         std::to_string(inst.kind()) +
+                         " (not an Instruction.Kind of this runtime's "
+                         "plan.proto; recompile the strategy with a matching "
+                         "piperc)");
   }
 }
 

@@ -27,10 +27,9 @@ std::string ranksString(const std::vector<int> &ranks);
 Status checkRankList(const google::protobuf::RepeatedField<int32_t> &ranks,
                      int worldSize, const std::string &what);
 
-/// Indices, operands and dataflow inside segment `index`; with
-/// `knownKernels` not empty, every op must be one of them.
-Status checkSegment(const plan::Plan &plan, int index,
-                    const std::vector<std::string> &knownKernels);
+/// Indices, operands and dataflow inside segment `index`; every kernel
+/// against the kernel table (proto/KernelIds.h).
+Status checkSegment(const plan::Plan &plan, int index);
 /// The checks of one instruction that need nothing but the plan's tables.
 Status checkInstruction(const plan::Plan &plan, const plan::Instruction &inst);
 

@@ -100,16 +100,30 @@ Status validateStrategy(const plan::Manifest &manifest,
                 " is already used by " +
                 where(it->second.rank, it->second.stream, it->second.inst) +
                 " between the same ranks on the same stream");
-        } else if (inst.kind() == Instruction::ALL_REDUCE) {
+        } else if (inst.kind() == Instruction::ALL_REDUCE ||
+                   inst.kind() == Instruction::REDUCE_SCATTER ||
+                   inst.kind() == Instruction::ALL_GATHER ||
+                   inst.kind() == Instruction::ALL_TO_ALL) {
           const plan::DeviceGroup &g = plan.groups(inst.group());
           std::vector<int> ranks(g.ranks().begin(), g.ranks().end());
           std::sort(ranks.begin(), ranks.end());
           if (ranks.size() < 2)
             continue;
-          int64_t count = 0;
+          // The signature members must agree on: the kind, then the
+          // element counts (per row for ALL_TO_ALL, whose counts are
+          // decided at run time).
+          std::vector<int64_t> &seq = collectives[{stream.name(), ranks}][r];
+          seq.push_back(-static_cast<int64_t>(inst.kind()));
           for (int p : inst.params())
-            count += tensorBytes(plan.params(p).type()) / 4;
-          collectives[{stream.name(), ranks}][r].push_back(count);
+            seq.push_back(tensorBytes(plan.params(p).type()) / 4);
+          for (int id : inst.inputs()) {
+            const plan::TensorType &t = plan.buffers(id).type();
+            int64_t n = tensorBytes(t) / 4;
+            if (inst.kind() == Instruction::ALL_TO_ALL && t.shape_size() > 0)
+              n /= std::max<int64_t>(1, t.shape(0));
+            seq.push_back(n);
+          }
+          seq.insert(seq.end(), inst.counts().begin(), inst.counts().end());
         }
       }
     }
@@ -150,7 +164,7 @@ Status validateStrategy(const plan::Manifest &manifest,
       auto it = members.find(r);
       if (it == members.end())
         return Status::error("rank " + std::to_string(r) +
-                             " never all-reduces over group " +
+                             " issues no collective over group " +
                              ranksString(ranks) + " on stream '" + key.first +
                              "', but other members do");
       if (!first) {
@@ -159,12 +173,12 @@ Status validateStrategy(const plan::Manifest &manifest,
       } else if (it->second != *first) {
         return Status::error("ranks " + std::to_string(firstRank) + " and " +
                              std::to_string(r) +
-                             " issue different all-reduce sequences over "
+                             " issue different collective sequences over "
                              "group " +
                              ranksString(ranks) + " on stream '" + key.first +
                              "' (" + std::to_string(first->size()) + " vs " +
                              std::to_string(it->second.size()) +
-                             " calls, or different element counts)");
+                             " entries: kinds and element counts differ)");
       }
     }
   }

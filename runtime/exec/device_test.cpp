@@ -77,7 +77,7 @@ TEST_CASE("executor: the gradient norm is reported without clipping",
   insts->Mutable(insts->size() - 1)->Clear();
   insts->Mutable(insts->size() - 1)->set_kind(Instruction::CLIP_GRADS);
   *insts->Add() = update;
-  REQUIRE(validatePlan(clip, kernelNames()));
+  REQUIRE(validatePlan(clip));
 
   std::vector<double> with = gradNorms(clip, 3), without = gradNorms(noClip, 3);
   REQUIRE(with.size() == without.size());
@@ -95,7 +95,7 @@ TEST_CASE("executor: gradients without an optimizer are the last step's",
   // --no-optimizer: drop the update call, so nothing clears the gradients.
   auto *insts = plan.mutable_streams(0)->mutable_instructions();
   insts->RemoveLast();
-  REQUIRE(validatePlan(plan, kernelNames()));
+  REQUIRE(validatePlan(plan));
 
   ExecutorOptions opts;
   opts.seed = 9;
@@ -158,6 +158,9 @@ public:
     ++lookups;
     return cpu->findKernel(name);
   }
+  std::vector<std::string> kernelNames() const override {
+    return cpu->kernelNames();
+  }
   Status runKernel(const KernelInfo &info, const plan::Kernel &kernel,
                    const std::vector<TensorRef> &inputs,
                    const std::vector<TensorRef> &outputs,
@@ -218,6 +221,58 @@ TEST_CASE("executor: a device plugs in through ExecutorOptions", "[executor]") {
 }
 
 namespace {
+/// A CPU device whose registry lacks the kernels `drop` and claims the
+/// kernels `extra` (which it cannot run): a backend out of step with the
+/// kernel table.
+class MismatchedDevice : public CountingDevice {
+public:
+  MismatchedDevice(Communicator *comm, std::vector<std::string> drop,
+                   std::vector<std::string> extra)
+      : CountingDevice(comm), drop(std::move(drop)), extra(std::move(extra)) {}
+  std::string name() const override { return "partial"; }
+  const KernelInfo *findKernel(const std::string &name) const override {
+    if (std::find(drop.begin(), drop.end(), name) != drop.end())
+      return nullptr;
+    return CountingDevice::findKernel(name);
+  }
+  std::vector<std::string> kernelNames() const override {
+    std::vector<std::string> names;
+    for (const std::string &name : CountingDevice::kernelNames())
+      if (std::find(drop.begin(), drop.end(), name) == drop.end())
+        names.push_back(name);
+    names.insert(names.end(), extra.begin(), extra.end());
+    return names;
+  }
+
+private:
+  std::vector<std::string> drop, extra;
+};
+
+/// The load error of the tiny model's plan on a MismatchedDevice.
+std::string loadOnMismatchedDevice(std::vector<std::string> drop,
+                                   std::vector<std::string> extra) {
+  TinyModel m;
+  ExecutorOptions opts;
+  opts.createDevice = [=](Communicator *comm) {
+    return std::make_unique<MismatchedDevice>(comm, drop, extra);
+  };
+  Status status;
+  auto exec = Executor::create(singleClassPlan(m, 1, {0}, 1), opts, status);
+  CHECK_FALSE(exec);
+  return status.message();
+}
+} // namespace
+
+TEST_CASE("executor: a backend missing a kernel id fails to load, naming it",
+          "[executor]") {
+  // swiglu is not in the tiny model's plan: the whole table is required.
+  CHECK(loadOnMismatchedDevice({"swiglu", "adamw"}, {}) ==
+        "rank 0: backend 'partial': no kernel 'swiglu', 'adamw'");
+  CHECK(loadOnMismatchedDevice({}, {"flash_attention"}) ==
+        "rank 0: backend 'partial': kernel 'flash_attention' not in the "
+        "kernel table (proto/KernelIds.cpp)");
+}
+namespace {
 /// A CPU device whose kernels each wait until `parties` kernels are running
 /// at once (or fail after a timeout): a plan only completes when its
 /// streams really progress concurrently.
@@ -235,6 +290,9 @@ public:
   }
   const KernelInfo *findKernel(const std::string &name) const override {
     return cpu->findKernel(name);
+  }
+  std::vector<std::string> kernelNames() const override {
+    return cpu->kernelNames();
   }
   Status runKernel(const KernelInfo &info, const plan::Kernel &kernel,
                    const std::vector<TensorRef> &inputs,

@@ -12,6 +12,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "runtime/comm/Communicator.h"
 #include "runtime/kernels/Kernels.h"
@@ -87,6 +88,10 @@ public:
   /// The kernel of op `name` on this device, or null. Called when a plan
   /// loads, never per kernel call.
   virtual const KernelInfo *findKernel(const std::string &name) const = 0;
+  /// Names of every kernel this device implements. The executor checks them
+  /// against the kernel table (proto/KernelIds.h) when a plan loads: a
+  /// backend must implement every kernel id and no other.
+  virtual std::vector<std::string> kernelNames() const = 0;
   /// Runs a resolved kernel on the calling stream's context.
   virtual Status runKernel(const KernelInfo &info, const plan::Kernel &kernel,
                            const std::vector<TensorRef> &inputs,

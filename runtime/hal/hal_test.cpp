@@ -3,9 +3,12 @@
 // the kernel registry.
 #include "runtime/hal/cpu/CpuDevice.h"
 
+#include "proto/KernelIds.h"
+
 #include <catch2/catch.hpp>
 
 #include <atomic>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -99,4 +102,65 @@ TEST_CASE("kernels are resolved by name once", "[hal]") {
   CHECK(std::string(add->name) == "add");
   CHECK(kernelNames().at(add->index) == "add");
   CHECK(device->findKernel("no_such_kernel") == nullptr);
+}
+
+// The kernel table (proto/KernelIds.h) is the contract every backend meets:
+// the CPU backend implements every kernel id and no other, and each of its
+// kernels accepts exactly the table's operand counts.
+
+TEST_CASE("the CPU backend implements exactly the kernel table", "[hal]") {
+  auto device = createCpuDevice(nullptr);
+  for (const piper::plan::KernelSignature &sig :
+       piper::plan::kernelSignatures()) {
+    INFO("table kernel " << sig.name);
+    const KernelInfo *info = device->findKernel(sig.name);
+    REQUIRE(info);
+    CHECK(std::string(info->name) == sig.name);
+  }
+  std::vector<std::string> names = device->kernelNames();
+  for (const std::string &name : names) {
+    INFO("cpu kernel " << name);
+    CHECK(piper::plan::findKernelSignature(name));
+    CHECK(device->findKernel(name));
+  }
+  CHECK(names.size() == piper::plan::kernelSignatures().size());
+  CHECK(piper::plan::checkBackendKernels(device->name(), names) == "");
+}
+
+TEST_CASE("every CPU kernel accepts exactly the table's operand counts",
+          "[hal]") {
+  auto device = createCpuDevice(nullptr);
+  // Enough f32 [2,2] tensors for any count; the contents do not matter: only
+  // whether the kernel complains about its operand counts.
+  std::vector<std::vector<float>> storage(10, std::vector<float>(4, 0.5f));
+  double loss = 0;
+  KernelContext ctx;
+  ctx.lossAccumulator = &loss;
+  for (const piper::plan::KernelSignature &sig :
+       piper::plan::kernelSignatures()) {
+    const KernelInfo *info = device->findKernel(sig.name);
+    REQUIRE(info);
+    piper::plan::Kernel kernel;
+    kernel.set_op(sig.name);
+    for (int in = 0; in <= 5; ++in)
+      for (int out = 0; out <= 4; ++out) {
+        std::vector<TensorRef> ins, outs;
+        for (int i = 0; i < in; ++i)
+          ins.push_back(TensorRef{piper::plan::F32, {2, 2}, storage[i].data()});
+        for (int i = 0; i < out; ++i)
+          outs.push_back(
+              TensorRef{piper::plan::F32, {2, 2}, storage[5 + i].data()});
+        Status st = device->runKernel(*info, kernel, ins, outs, ctx);
+        const std::string &msg = st.message();
+        bool countError =
+            !st && msg.rfind(std::string(sig.name) + ": expected ", 0) == 0 &&
+            (msg.find(" input") != std::string::npos ||
+             msg.find(" output") != std::string::npos);
+        bool fits =
+            in >= sig.minInputs && in <= sig.maxInputs && out == sig.outputs;
+        INFO(sig.name << " with " << in << " inputs, " << out
+                      << " outputs: " << msg);
+        CHECK(countError == !fits);
+      }
+  }
 }

@@ -198,8 +198,8 @@ Status layerNormKernel(const KernelArgs &a) {
   return Status::ok();
 }
 
-// Shared checks of the weight-gradient halves of layer_norm_grad and
-// rms_norm_grad, which take no gamma: x is [N,H], dy is [N,H].
+// Shared checks of layer_norm_grad_weight and rms_norm_grad_weight, which
+// take no gamma: x is [N,H], dy is [N,H].
 static Status checkNormWeightGrad(const KernelArgs &a, const TensorRef &x,
                                   const TensorRef &dy, double defaultEps,
                                   int64_t &rows, int64_t &hidden,
@@ -212,10 +212,9 @@ static Status checkNormWeightGrad(const KernelArgs &a, const TensorRef &x,
   return Status::ok();
 }
 
-// The backward of layer_norm, shared by layer_norm_grad and its split halves
-// layer_norm_grad_input (dx) and layer_norm_grad_weight (dgamma, dbeta), so
-// that the three agree bit for bit. `dx` may be null (then `gamma` is not
-// read); `dgamma` and `dbeta` are both null or both set.
+// The backward of layer_norm, shared by its two halves layer_norm_grad_input
+// (dx) and layer_norm_grad_weight (dgamma, dbeta). `dx` may be null (then
+// `gamma` is not read); `dgamma` and `dbeta` are both null or both set.
 PIPER_SIMD static void layerNormBackward(const float *x, const float *gamma,
                               const float *dy, int64_t rows, int64_t hidden,
                               double eps, float *dx, float *dgamma,
@@ -269,24 +268,6 @@ PIPER_SIMD static void layerNormBackward(const float *x, const float *gamma,
       dgamma[j] = static_cast<float>(gammaSum[j]);
       dbeta[j] = static_cast<float>(betaSum[j]);
     }
-}
-
-Status layerNormGradKernel(const KernelArgs &a) {
-  PIPER_RETURN_IF_ERROR(expectCounts(a, 3, 3, 3));
-  const TensorRef &x = a.inputs[0], &gamma = a.inputs[1], &dy = a.inputs[2];
-  const TensorRef &dx = a.outputs[0], &dgamma = a.outputs[1],
-                  &dbeta = a.outputs[2];
-  int64_t rows = 0, hidden = 0;
-  double eps = 0;
-  PIPER_RETURN_IF_ERROR(checkLayerNorm(a, x, gamma, rows, hidden, eps));
-  PIPER_RETURN_IF_ERROR(expectTensor(a, dy, "dy", plan::F32, {rows, hidden}));
-  PIPER_RETURN_IF_ERROR(expectTensor(a, dx, "dx", plan::F32, {rows, hidden}));
-  PIPER_RETURN_IF_ERROR(expectTensor(a, dgamma, "dgamma", plan::F32, {hidden}));
-  PIPER_RETURN_IF_ERROR(expectTensor(a, dbeta, "dbeta", plan::F32, {hidden}));
-
-  layerNormBackward(x.f32(), gamma.f32(), dy.f32(), rows, hidden, eps,
-                    dx.f32(), dgamma.f32(), dbeta.f32());
-  return Status::ok();
 }
 
 Status layerNormGradInputKernel(const KernelArgs &a) {
@@ -367,10 +348,9 @@ Status rmsNormKernel(const KernelArgs &a) {
   return Status::ok();
 }
 
-// The backward of rms_norm, shared by rms_norm_grad and its split halves
-// rms_norm_grad_input (dx) and rms_norm_grad_weight (dgamma), so that the
-// three agree bit for bit. `dx` may be null (then `gamma` is not read), as
-// may `dgamma`.
+// The backward of rms_norm, shared by its two halves rms_norm_grad_input
+// (dx) and rms_norm_grad_weight (dgamma). `dx` may be null (then `gamma` is
+// not read), as may `dgamma`.
 PIPER_SIMD static void rmsNormBackward(const float *x, const float *gamma,
                             const float *dy, int64_t rows, int64_t hidden,
                             double eps, float *dx, float *dgamma) {
@@ -408,22 +388,6 @@ PIPER_SIMD static void rmsNormBackward(const float *x, const float *gamma,
   if (dgamma)
     for (int64_t j = 0; j < hidden; ++j)
       dgamma[j] = static_cast<float>(gammaSum[j]);
-}
-
-Status rmsNormGradKernel(const KernelArgs &a) {
-  PIPER_RETURN_IF_ERROR(expectCounts(a, 3, 3, 2));
-  const TensorRef &x = a.inputs[0], &gamma = a.inputs[1], &dy = a.inputs[2];
-  const TensorRef &dx = a.outputs[0], &dgamma = a.outputs[1];
-  int64_t rows = 0, hidden = 0;
-  double eps = 0;
-  PIPER_RETURN_IF_ERROR(checkRmsNorm(a, x, gamma, rows, hidden, eps));
-  PIPER_RETURN_IF_ERROR(expectTensor(a, dy, "dy", plan::F32, {rows, hidden}));
-  PIPER_RETURN_IF_ERROR(expectTensor(a, dx, "dx", plan::F32, {rows, hidden}));
-  PIPER_RETURN_IF_ERROR(expectTensor(a, dgamma, "dgamma", plan::F32, {hidden}));
-
-  rmsNormBackward(x.f32(), gamma.f32(), dy.f32(), rows, hidden, eps, dx.f32(),
-                  dgamma.f32());
-  return Status::ok();
 }
 
 Status rmsNormGradInputKernel(const KernelArgs &a) {

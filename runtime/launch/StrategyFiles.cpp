@@ -9,7 +9,6 @@
 #include "runtime/checkpoint/Safetensors.h"
 #include "runtime/data/AtomicFile.h"
 #include "runtime/exec/Validate.h"
-#include "runtime/kernels/Kernels.h"
 #include "runtime/launch/CheckpointIO.h"
 
 namespace piper::runtime {
@@ -50,15 +49,12 @@ Status loadPlan(const RunOptions &options, const plan::Manifest &manifest,
 Status loadPlans(const RunOptions &options, const plan::Manifest &manifest,
                  std::vector<plan::Plan> &plans) {
   plans.assign(manifest.classes_size(), plan::Plan());
-  std::vector<std::string> kernels = kernelNames();
   for (int c = 0; c < manifest.classes_size(); ++c) {
     PIPER_RETURN_IF_ERROR(loadPlan(options, manifest, c, plans[c]));
-    PIPER_RETURN_IF_ERROR(
-        validatePlan(plans[c], kernels)
-            .withContext(
-                "plan file '" +
-                joinPath(options.outDir, manifest.classes(c).plan_file()) +
-                "': invalid plan"));
+    PIPER_RETURN_IF_ERROR(validatePlan(plans[c]).withContext(
+        "plan file '" +
+        joinPath(options.outDir, manifest.classes(c).plan_file()) +
+        "': invalid plan"));
   }
   return Status::ok();
 }

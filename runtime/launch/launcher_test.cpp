@@ -127,9 +127,10 @@ TEST_CASE("piper-run stops every rank when one fails", "[launcher]") {
 TEST_CASE("piper-run reports a failing rank's error with its rank",
           "[launcher]") {
   TinyModel m;
-  // A plan that validates but fails in a kernel: adamw without 'lr'.
+  // A plan that validates but fails in a kernel: adamw with beta1 = 1 (a
+  // missing 'lr' would be a load error: the kernel table requires it).
   plan::Plan p = singleClassPlan(m, 1, {0, 1}, 2);
-  p.mutable_segments(2)->mutable_kernels(0)->mutable_attrs()->erase("lr");
+  setAttr(p.mutable_segments(2)->mutable_kernels(0), "beta1", 1.0);
   std::string out = strategy({p}, "kernel-error");
   RunResult r = piperRun({out, "--nproc", "2", "--steps", "3"}, {},
                          std::chrono::seconds(25));
@@ -140,7 +141,9 @@ TEST_CASE("piper-run reports a failing rank's error with its rank",
                                             R"(\(exit code 1\))")));
   CHECK(std::regex_search(
       r.err, std::regex(R"(rank [01], stream 'compute', instruction \d+ )"
-                        R"(\(update\): segment 'update', kernel 0: adamw: )")));
+                        R"(\(update\): segment 'update', kernel 0: adamw: )"
+                        R"(attributes 'beta1' and 'beta2' must be in )"
+                        R"(\[0, 1\))")));
 }
 
 TEST_CASE("piper-run command-line and strategy errors", "[launcher]") {

@@ -214,6 +214,9 @@ public:
   const KernelInfo *findKernel(const std::string &name) const override {
     return runtime::findKernel(name);
   }
+  std::vector<std::string> kernelNames() const override {
+    return runtime::kernelNames();
+  }
   Status runKernel(const KernelInfo &info, const plan::Kernel &kernel,
                    const std::vector<TensorRef> &inputs,
                    const std::vector<TensorRef> &outputs,

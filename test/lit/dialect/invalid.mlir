@@ -941,7 +941,7 @@ piper.program @p {
 // An all-reduce reduces at least one parameter.
 piper.program @p {
   // expected-error @+1 {{'piper.all_reduce' op must reduce at least one parameter}}
-  %d = piper.all_reduce [] {devices = array<i64: 0, 1>, stream = "dp_stream", tag = #piper.tag<>}
+  %d = piper.all_reduce grads [] {devices = array<i64: 0, 1>, stream = "dp_stream", tag = #piper.tag<>}
 }
 
 // -----
@@ -950,7 +950,7 @@ piper.program @p {
 piper.param @w : tensor<4xf32> init zeros(0.0)
 piper.program @p {
   // expected-error @+1 {{'piper.all_reduce' op references unknown parameter @missing}}
-  %d = piper.all_reduce [@w, @missing] {devices = array<i64: 0, 1>, stream = "dp_stream", tag = #piper.tag<>}
+  %d = piper.all_reduce grads [@w, @missing] {devices = array<i64: 0, 1>, stream = "dp_stream", tag = #piper.tag<>}
 }
 
 // -----
@@ -959,7 +959,7 @@ piper.program @p {
 piper.param @w : tensor<4xf32> init zeros(0.0)
 piper.program @p {
   // expected-error @+1 {{'piper.all_reduce' op devices must name at least one device}}
-  %d = piper.all_reduce [@w] {devices = array<i64>, stream = "dp_stream", tag = #piper.tag<>}
+  %d = piper.all_reduce grads [@w] {devices = array<i64>, stream = "dp_stream", tag = #piper.tag<>}
 }
 
 // -----
@@ -968,7 +968,7 @@ piper.program @p {
 piper.param @w : tensor<4xf32> init zeros(0.0)
 piper.program @p {
   // expected-error @+1 {{'piper.all_reduce' op devices names device 0 twice}}
-  %d = piper.all_reduce [@w] {devices = array<i64: 0, 0>, stream = "dp_stream", tag = #piper.tag<>}
+  %d = piper.all_reduce grads [@w] {devices = array<i64: 0, 0>, stream = "dp_stream", tag = #piper.tag<>}
 }
 
 // -----
@@ -977,7 +977,7 @@ piper.program @p {
 piper.param @w : tensor<4xf32> init zeros(0.0)
 piper.program @p {
   // expected-error @+1 {{'piper.all_reduce' op attribute 'tag' failed to satisfy constraint}}
-  %d = piper.all_reduce [@w] {devices = array<i64: 0, 1>, stream = "dp_stream", tag = {PP = 0 : i64}}
+  %d = piper.all_reduce grads [@w] {devices = array<i64: 0, 1>, stream = "dp_stream", tag = {PP = 0 : i64}}
 }
 
 // -----
@@ -1040,8 +1040,8 @@ piper.program @p {
 // All-reduce names parameters by flat symbol references.
 piper.param @w : tensor<4xf32> init zeros(0.0)
 piper.program @p {
-  // expected-error @+1 {{'piper.all_reduce' op attribute 'params' failed to satisfy constraint: flat symbol ref array attribute}}
-  %t = piper.all_reduce [@w::@x] {devices = array<i64: 0>, stream = "s", tag = #piper.tag<>}
+  // expected-error @+1 {{'piper.all_reduce' op attribute 'grads' failed to satisfy constraint: flat symbol ref array attribute}}
+  %t = piper.all_reduce grads [@w::@x] {devices = array<i64: 0>, stream = "s", tag = #piper.tag<>}
 }
 
 // -----
@@ -1119,5 +1119,5 @@ piper.device_program @c attributes {device_class = 0 : i64, num_microbatches = 0
 piper.param @w : tensor<4xf32> init zeros(0.0)
 piper.device_program @c attributes {device_class = 0 : i64, ranks = array<i64: 0>} {
   // expected-error @+1 {{'piper.all_reduce' op collective id must be non-negative, got -1}}
-  %d = piper.all_reduce [@w] {collective = -1 : i64, devices = array<i64: 0, 1>, stream = "dp_stream", tag = #piper.tag<>}
+  %d = piper.all_reduce grads [@w] {collective = -1 : i64, devices = array<i64: 0, 1>, stream = "dp_stream", tag = #piper.tag<>}
 }

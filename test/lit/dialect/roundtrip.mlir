@@ -234,8 +234,8 @@ piper.segment @acts() -> (tensor<4x4xf32>, tensor<4x12xf32>) {
 // CHECK: piper.transfer [[MOVED]] after([[TD]]) {from = array<i64: 2, 3>, stream = "pp_stream", to = array<i64: 0, 1>} : tensor<4x16xf32>
 // CHECK: [[ACT:%[^:]+]]:2, [[AD:%[^ ]+]] = piper.task @acts() {tag = #piper.tag<>} : () -> (tensor<4x4xf32>, tensor<4x12xf32>, !piper.token)
 // CHECK: [[BW:%[^,]+]], [[BWD:%[^ ]+]] = piper.task @backward([[TOK]], [[ACT]]#0, [[ACT]]#1, [[ACT]]#0, [[MOVED]]) after([[TD]]) {devices = array<i64: 2, 3>, stream = "compute", tag = #piper.tag<PP = 1, MB = 0, PASS = B>}
-// CHECK: [[AR:%.*]] = piper.all_reduce [@wte, @wpe] after([[BWD]]) {devices = array<i64: 2, 3>, stream = "dp_stream", tag = #piper.tag<PP = 1>}
-// CHECK: piper.all_reduce [@qkv.w] {devices = array<i64: 2, 3>, stream = "dp_stream", tag = #piper.tag<>}
+// CHECK: [[AR:%.*]] = piper.all_reduce grads [@wte, @wpe] after([[BWD]]) {devices = array<i64: 2, 3>, stream = "dp_stream", tag = #piper.tag<PP = 1>}
+// CHECK: piper.all_reduce grads [@qkv.w] {devices = array<i64: 2, 3>, stream = "dp_stream", tag = #piper.tag<>}
 // CHECK: piper.task @update() after([[AR]]) {devices = array<i64: 2, 3>, tag = #piper.tag<PP = 1, PASS = U>} : () -> !piper.token
 // CHECK: piper.task @tokens([[AR]]) {tag = #piper.tag<PASS = BI>} : (!piper.token) -> (!piper.token, !piper.token)
 // CHECK: piper.task @update() {tag = #piper.tag<PASS = BW>}
@@ -247,8 +247,8 @@ piper.program @train attributes {num_microbatches = 2 : i64, num_replicas = 2 : 
   %back, %td2 = piper.transfer %moved after(%td) {from = array<i64: 2, 3>, to = array<i64: 0, 1>, stream = "pp_stream"} : tensor<4x16xf32>
   %act, %qkv, %ad = piper.task @acts() {tag = #piper.tag<>} : () -> (tensor<4x4xf32>, tensor<4x12xf32>, !piper.token)
   %dx, %bwd = piper.task @backward(%tok, %act, %qkv, %act, %moved) after(%td) {devices = array<i64: 2, 3>, stream = "compute", tag = #piper.tag<PP = 1, MB = 0, PASS = B>} : (tensor<2x2xi32>, tensor<4x4xf32>, tensor<4x12xf32>, tensor<4x4xf32>, tensor<4x16xf32>) -> (tensor<4x4xf32>, !piper.token)
-  %ar = piper.all_reduce [@wte, @wpe] after(%bwd) {devices = array<i64: 2, 3>, stream = "dp_stream", tag = #piper.tag<PP = 1>}
-  %ar2 = piper.all_reduce [@qkv.w] {devices = array<i64: 2, 3>, stream = "dp_stream", tag = #piper.tag<>}
+  %ar = piper.all_reduce grads [@wte, @wpe] after(%bwd) {devices = array<i64: 2, 3>, stream = "dp_stream", tag = #piper.tag<PP = 1>}
+  %ar2 = piper.all_reduce grads [@qkv.w] {devices = array<i64: 2, 3>, stream = "dp_stream", tag = #piper.tag<>}
   %ud = piper.task @update() after(%ar) {devices = array<i64: 2, 3>, tag = #piper.tag<PP = 1, PASS = U>} : () -> !piper.token
   %t1, %t2 = piper.task @tokens(%ar) {tag = #piper.tag<PASS = BI>} : (!piper.token) -> (!piper.token, !piper.token)
   %ud2 = piper.task @update() {tag = #piper.tag<PASS = BW>} : () -> !piper.token
@@ -263,7 +263,7 @@ piper.program @train attributes {num_microbatches = 2 : i64, num_replicas = 2 : 
 // CHECK: piper.send [[F]]#1 after([[S]], [[FD]]) {channel = 1 : i64, peers = array<i64: 2, 3>, stream = "pp_stream"} : tensor<4x16xf32>
 // CHECK: [[R:%[^,]+]], [[RD:%[^ ]+]] = piper.recv {channel = 2 : i64, peers = array<i64: 2, 3>, stream = "pp_stream"} : tensor<4x4xf32>
 // CHECK: piper.recv after([[RD]]) {channel = 3 : i64, peers = array<i64: 2, 3>, stream = "pp_stream"} : tensor<4x4xf32>
-// CHECK: piper.all_reduce [@wte] after([[RD]]) {devices = array<i64: 0, 1>, stream = "dp_stream", tag = #piper.tag<PP = 0>}
+// CHECK: piper.all_reduce grads [@wte] after([[RD]]) {devices = array<i64: 0, 1>, stream = "dp_stream", tag = #piper.tag<PP = 0>}
 // CHECK: [[CLIP:%.*]] = piper.clip_grads after([[RD]]) {max_norm = 1.000000e+00 : f64}
 // CHECK: piper.clip_grads after([[CLIP]]) {max_norm = 5.000000e-01 : f64}
 // CHECK: piper.clip_grads {max_norm = 2.000000e+00 : f64}
@@ -274,7 +274,7 @@ piper.device_program @class0 attributes {device_class = 0 : i64, num_microbatche
   %s2 = piper.send %logits after(%s, %fd) {channel = 1 : i64, peers = array<i64: 2, 3>, stream = "pp_stream"} : tensor<4x16xf32>
   %r, %rd = piper.recv {channel = 2 : i64, peers = array<i64: 2, 3>, stream = "pp_stream"} : tensor<4x4xf32>
   %r2, %rd2 = piper.recv after(%rd) {channel = 3 : i64, peers = array<i64: 2, 3>, stream = "pp_stream"} : tensor<4x4xf32>
-  %ar = piper.all_reduce [@wte] after(%rd) {devices = array<i64: 0, 1>, stream = "dp_stream", tag = #piper.tag<PP = 0>}
+  %ar = piper.all_reduce grads [@wte] after(%rd) {devices = array<i64: 0, 1>, stream = "dp_stream", tag = #piper.tag<PP = 0>}
   %clip = piper.clip_grads after(%rd) {max_norm = 1.0 : f64}
   %clip2 = piper.clip_grads after(%clip) {max_norm = 0.5 : f64}
   %clip3 = piper.clip_grads {max_norm = 2.0 : f64}

@@ -33,10 +33,10 @@
 // DP: piper.task @stage0_F({{.*}}) {devices = array<i64: 0, 1>
 // DP: piper.transfer {{.*}} {from = array<i64: 0, 1>, stream = "pp_stream", to = array<i64: 2, 3>}
 // DP: [[B1:%[^ ]+]] = piper.task @stage1_B({{.*}}) {devices = array<i64: 2, 3>
-// DP-NEXT: [[AR1:%.*]] = piper.all_reduce [@lm] after([[B1]]) {devices = array<i64: 2, 3>, stream = "ar", tag = #piper.tag<PP = 1>}
+// DP-NEXT: [[AR1:%.*]] = piper.all_reduce grads [@lm] after([[B1]]) {devices = array<i64: 2, 3>, stream = "ar", tag = #piper.tag<PP = 1>}
 // DP: [[B0:%[^ ]+]] = piper.task @stage0_B({{.*}}) {devices = array<i64: 0, 1>
-// DP-NEXT: [[AR0A:%.*]] = piper.all_reduce [@b1, @w1] after([[B0]]) {devices = array<i64: 0, 1>, stream = "dp_stream", tag = #piper.tag<PP = 0>}
-// DP-NEXT: [[AR0B:%.*]] = piper.all_reduce [@wte] after([[B0]]) {devices = array<i64: 0, 1>, stream = "dp_stream", tag = #piper.tag<PP = 0>}
+// DP-NEXT: [[AR0A:%.*]] = piper.all_reduce grads [@b1, @w1] after([[B0]]) {devices = array<i64: 0, 1>, stream = "dp_stream", tag = #piper.tag<PP = 0>}
+// DP-NEXT: [[AR0B:%.*]] = piper.all_reduce grads [@wte] after([[B0]]) {devices = array<i64: 0, 1>, stream = "dp_stream", tag = #piper.tag<PP = 0>}
 // DP-NEXT: piper.task @stage0_U() after([[B0]], [[AR0A]], [[AR0B]])
 // DP-NEXT: piper.task @stage1_U() after([[B1]], [[AR1]])
 

@@ -19,7 +19,7 @@
 // CHECK-NEXT: piper.task @f([[TOK1]])
 // CHECK-NEXT: [[DX:%[^,]+]], %{{.*}} = piper.recv {channel = 1 : i64
 // CHECK-NEXT: [[HD:%.*]] = piper.task @h([[DX]])
-// CHECK-NEXT: piper.all_reduce [@w] after([[HD]])
+// CHECK-NEXT: piper.all_reduce grads [@w] after([[HD]])
 // CHECK-NEXT: {{^ *}}}{{$}}
 // CHECK-LABEL: piper.device_program @class1
 // CHECK-NEXT: [[XM:%[^,]+]], %{{.*}} = piper.recv {channel = 0 : i64
@@ -46,7 +46,7 @@ piper.device_program @class0 attributes {device_class = 0 : i64, ranks = array<i
   %x1, %fd1 = piper.task @f(%tok1) after(%fd) {devices = array<i64: 0, 1>, stream = "compute", tag = #piper.tag<PP = 0, MB = 1, PASS = F>} : (tensor<2x2xi32>) -> (tensor<4xf32>, !piper.token)
   %hd = piper.task @h(%dx) after(%fd1) {devices = array<i64: 0, 1>, stream = "compute", tag = #piper.tag<PP = 0, MB = 0, PASS = B>} : (tensor<4xf32>) -> !piper.token
   %s = piper.send %x {channel = 0 : i64, peers = array<i64: 2, 3>, stream = "pp_stream"} : tensor<4xf32>
-  %ar = piper.all_reduce [@w] after(%hd) {devices = array<i64: 0, 1>, stream = "dp_stream", tag = #piper.tag<PP = 0>}
+  %ar = piper.all_reduce grads [@w] after(%hd) {devices = array<i64: 0, 1>, stream = "dp_stream", tag = #piper.tag<PP = 0>}
 }
 piper.device_program @class1 attributes {device_class = 1 : i64, ranks = array<i64: 2, 3>} {
   %xm, %rd = piper.recv {channel = 0 : i64, peers = array<i64: 0, 1>, stream = "pp_stream"} : tensor<4xf32>
@@ -98,7 +98,7 @@ piper.device_program @class0 attributes {device_class = 0 : i64, ranks = array<i
 // CHECK-LABEL: piper.device_program @class0
 // CHECK-NEXT: [[B0:%.*]] = piper.task @b() {{.*}}MB = 0, PASS = B
 // CHECK-NEXT: [[B1:%.*]] = piper.task @b() after([[B0]]) {{.*}}MB = 1, PASS = B
-// CHECK-NEXT: [[AR:%.*]] = piper.all_reduce [@w] after([[B0]], [[B1]])
+// CHECK-NEXT: [[AR:%.*]] = piper.all_reduce grads [@w] after([[B0]], [[B1]])
 // CHECK-NEXT: [[C:%.*]] = piper.clip_grads after([[B1]], [[AR]]) {max_norm = 1.000000e+00 : f64}
 // CHECK-NEXT: piper.task @b() after([[C]]) {{.*}}PASS = U
 // CHECK-LABEL: piper.device_program @class1
@@ -112,7 +112,7 @@ piper.segment @b() {
 piper.device_program @class0 attributes {device_class = 0 : i64, ranks = array<i64: 0, 1>} {
   %b0 = piper.task @b() {devices = array<i64: 0, 1>, stream = "compute", tag = #piper.tag<PP = 0, MB = 0, PASS = B>} : () -> !piper.token
   %b1 = piper.task @b() after(%b0) {devices = array<i64: 0, 1>, stream = "compute", tag = #piper.tag<PP = 0, MB = 1, PASS = B>} : () -> !piper.token
-  %ar = piper.all_reduce [@w] after(%b0, %b1) {devices = array<i64: 0, 1>, stream = "dp_stream", tag = #piper.tag<PP = 0>}
+  %ar = piper.all_reduce grads [@w] after(%b0, %b1) {devices = array<i64: 0, 1>, stream = "dp_stream", tag = #piper.tag<PP = 0>}
   %c = piper.clip_grads after(%b1, %ar) {max_norm = 1.0 : f64}
   %u = piper.task @b() after(%c) {devices = array<i64: 0, 1>, stream = "compute", tag = #piper.tag<PP = 0, PASS = U>} : () -> !piper.token
 }

@@ -24,16 +24,16 @@
 // BUCKETS-LABEL: piper.program @model attributes {num_microbatches = 2 : i64, num_replicas = 2 : i64, replicated} {
 // BUCKETS: [[B0:%.*]] = piper.task @stage0_B({{.*}}tag = #piper.tag<PP = 0, MB = 0, PASS = B>
 // BUCKETS: [[B1:%.*]] = piper.task @stage0_B({{.*}}tag = #piper.tag<PP = 0, MB = 1, PASS = B>
-// BUCKETS-NEXT: [[AR0:%.*]] = piper.all_reduce [@b1, @w1] after([[B0]], [[B1]]) {devices = array<i64: 0, 1>, stream = "dp_stream", tag = #piper.tag<PP = 0>}
-// BUCKETS-NEXT: [[AR1:%.*]] = piper.all_reduce [@wte] after([[B0]], [[B1]]) {devices = array<i64: 0, 1>, stream = "dp_stream", tag = #piper.tag<PP = 0>}
+// BUCKETS-NEXT: [[AR0:%.*]] = piper.all_reduce grads [@b1, @w1] after([[B0]], [[B1]]) {devices = array<i64: 0, 1>, stream = "dp_stream", tag = #piper.tag<PP = 0>}
+// BUCKETS-NEXT: [[AR1:%.*]] = piper.all_reduce grads [@wte] after([[B0]], [[B1]]) {devices = array<i64: 0, 1>, stream = "dp_stream", tag = #piper.tag<PP = 0>}
 // BUCKETS-NEXT: piper.task @stage0_U() after([[B0]], [[B1]], [[AR0]], [[AR1]])
 // BUCKETS-NOT: piper.all_reduce
 
 // Buckets smaller than any parameter: one all-reduce per parameter.
 // TINY-LABEL: piper.program @model
-// TINY: piper.all_reduce [@b1] after
-// TINY-NEXT: piper.all_reduce [@w1] after
-// TINY-NEXT: piper.all_reduce [@wte] after
+// TINY: piper.all_reduce grads [@b1] after
+// TINY-NEXT: piper.all_reduce grads [@w1] after
+// TINY-NEXT: piper.all_reduce grads [@wte] after
 // TINY-NOT: piper.all_reduce
 
 // The default 25 MB bucket holds a stage's gradients; each stage reduces
@@ -41,8 +41,8 @@
 // BOTH-LABEL: piper.program @model attributes {num_microbatches = 2 : i64, num_replicas = 2 : i64, replicated} {
 // BOTH: [[B10:%[^,]+]], [[B10D:%[^ ]+]] = piper.task @stage1_B({{.*}}MB = 0
 // BOTH: [[B11:%[^,]+]], [[B11D:%[^ ]+]] = piper.task @stage1_B({{.*}}MB = 1
-// BOTH-NEXT: [[AR1:%.*]] = piper.all_reduce [@lm] after([[B10D]], [[B11D]]) {devices = array<i64: 2, 3>, stream = "ar", tag = #piper.tag<PP = 1>}
-// BOTH: [[AR0:%.*]] = piper.all_reduce [@b1, @w1, @wte] after({{.*}}) {devices = array<i64: 0, 1>, stream = "dp_stream", tag = #piper.tag<PP = 0>}
+// BOTH-NEXT: [[AR1:%.*]] = piper.all_reduce grads [@lm] after([[B10D]], [[B11D]]) {devices = array<i64: 2, 3>, stream = "ar", tag = #piper.tag<PP = 1>}
+// BOTH: [[AR0:%.*]] = piper.all_reduce grads [@b1, @w1, @wte] after({{.*}}) {devices = array<i64: 0, 1>, stream = "dp_stream", tag = #piper.tag<PP = 0>}
 // BOTH-NEXT: piper.task @stage0_U() after({{.*}}, [[AR0]])
 // BOTH-NEXT: piper.task @stage1_U() after([[B10D]], [[B11D]], [[AR1]])
 
@@ -64,7 +64,7 @@
 // stage it is tagged with; an update of other parameters does not.
 // CHUNK-LABEL: piper.program @updates
 // CHUNK: [[B:%.*]] = piper.task @bwd() {devices = array<i64: 0, 1>
-// CHUNK-NEXT: [[AR:%.*]] = piper.all_reduce [@w] after([[B]]) {devices = array<i64: 0, 1>, stream = "dp_stream", tag = #piper.tag<PP = 0>}
+// CHUNK-NEXT: [[AR:%.*]] = piper.all_reduce grads [@w] after([[B]]) {devices = array<i64: 0, 1>, stream = "dp_stream", tag = #piper.tag<PP = 0>}
 // CHUNK-NEXT: piper.task @upd_w() after([[AR]]) {devices = array<i64: 0, 1>, tag = #piper.tag<PP = 1, PASS = U>}
 // CHUNK-NEXT: piper.task @upd_v() {devices = array<i64: 2, 3>, tag = #piper.tag<PP = 1, PASS = U>}
 piper.param @w : tensor<4xf32> init zeros(0.0)

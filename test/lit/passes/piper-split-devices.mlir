@@ -16,7 +16,7 @@
 // CHECK-NEXT: piper.send [[X]] {channel = 0 : i64, peers = array<i64: 2, 3>, stream = "pp_stream"} : tensor<4xf32>
 // CHECK-NEXT: [[DX:%[^,]+]], %{{.*}} = piper.recv {channel = 1 : i64, peers = array<i64: 2, 3>, stream = "grad_stream"} : tensor<4xf32>
 // CHECK-NEXT: [[HD:%.*]] = piper.task @h([[DX]]) after([[FD]]) {devices = array<i64: 0, 1>
-// CHECK-NEXT: [[AR:%.*]] = piper.all_reduce [@w] after([[HD]]) {devices = array<i64: 0, 1>, stream = "dp_stream", tag = #piper.tag<PP = 0>}
+// CHECK-NEXT: [[AR:%.*]] = piper.all_reduce grads [@w] after([[HD]]) {devices = array<i64: 0, 1>, stream = "dp_stream", tag = #piper.tag<PP = 0>}
 // CHECK-NEXT: piper.task @u() after([[HD]], [[AR]]) {devices = array<i64: 0, 1>
 // CHECK-NEXT: {{^ *}}}{{$}}
 // CHECK-LABEL: piper.device_program @class1 attributes {device_class = 1 : i64, num_replicas = 2 : i64, ranks = array<i64: 2, 3>} {
@@ -48,7 +48,7 @@ piper.program @p attributes {num_replicas = 2 : i64} {
   %dx, %gd = piper.task @g(%xm, %tgt) {devices = array<i64: 2, 3>, stream = "compute", tag = #piper.tag<PP = 1, MB = 0, PASS = B>} : (tensor<4xf32>, tensor<2x2xi32>) -> (tensor<4xf32>, !piper.token)
   %dxm, %td2 = piper.transfer %dx {from = array<i64: 2, 3>, to = array<i64: 0, 1>, stream = "grad_stream"} : tensor<4xf32>
   %hd = piper.task @h(%dxm) after(%fd) {devices = array<i64: 0, 1>, stream = "compute", tag = #piper.tag<PP = 0, MB = 0, PASS = B>} : (tensor<4xf32>) -> !piper.token
-  %ar = piper.all_reduce [@w] after(%hd) {devices = array<i64: 0, 1>, stream = "dp_stream", tag = #piper.tag<PP = 0>}
+  %ar = piper.all_reduce grads [@w] after(%hd) {devices = array<i64: 0, 1>, stream = "dp_stream", tag = #piper.tag<PP = 0>}
   %ud = piper.task @u() after(%hd, %ar, %gd) {devices = array<i64: 0, 1>, stream = "compute", tag = #piper.tag<PP = 0, PASS = U>} : () -> !piper.token
 }
 
@@ -98,7 +98,7 @@ piper.program @p {
 // all-reduces and before its updates; the optimizer settings are copied.
 // CHECK-LABEL: piper.device_program @class0 attributes {device_class = 0 : i64, num_replicas = 2 : i64, optimizer = {clip_grad_norm = 5.000000e-01 : f64}, ranks = array<i64: 0, 1>} {
 // CHECK-NEXT: [[B:%.*]] = piper.task @bwd() {devices = array<i64: 0, 1>
-// CHECK-NEXT: [[AR:%.*]] = piper.all_reduce [@w] after([[B]])
+// CHECK-NEXT: [[AR:%.*]] = piper.all_reduce grads [@w] after([[B]])
 // CHECK-NEXT: [[CLIP:%.*]] = piper.clip_grads after([[B]], [[AR]]) {max_norm = 5.000000e-01 : f64}
 // CHECK-NEXT: piper.task @upd() after([[B]], [[AR]], [[CLIP]]) {devices = array<i64: 0, 1>
 piper.param @w : tensor<4xf32> init zeros(0.0)
@@ -113,7 +113,7 @@ piper.segment @upd() {
 }
 piper.program @p attributes {num_replicas = 2 : i64, optimizer = {clip_grad_norm = 0.5 : f64}} {
   %b = piper.task @bwd() {devices = array<i64: 0, 1>, tag = #piper.tag<PP = 0, PASS = B>} : () -> !piper.token
-  %ar = piper.all_reduce [@w] after(%b) {devices = array<i64: 0, 1>, stream = "dp_stream", tag = #piper.tag<PP = 0>}
+  %ar = piper.all_reduce grads [@w] after(%b) {devices = array<i64: 0, 1>, stream = "dp_stream", tag = #piper.tag<PP = 0>}
   %u = piper.task @upd() after(%b, %ar) {devices = array<i64: 0, 1>, tag = #piper.tag<PP = 0, PASS = U>} : () -> !piper.token
 }
 
@@ -181,14 +181,14 @@ module {
 // PIPE: piper.send %{{.*}} {channel = [[A1:[0-9]+]] : i64, peers = array<i64: 2, 3>, stream = "pp_stream"} : tensor<4x4xf32>
 // PIPE: piper.recv {channel = [[G0:[0-9]+]] : i64, peers = array<i64: 2, 3>, stream = "pp_stream"} : tensor<4x4xf32>
 // PIPE: piper.recv {channel = [[G1:[0-9]+]] : i64, peers = array<i64: 2, 3>, stream = "pp_stream"} : tensor<4x4xf32>
-// PIPE: piper.all_reduce [@b1, @w1, @wte] {{.*}}devices = array<i64: 0, 1>
+// PIPE: piper.all_reduce grads [@b1, @w1, @wte] {{.*}}devices = array<i64: 0, 1>
 // PIPE-NOT: piper.send %
 // PIPE-NOT: piper.recv {
 // PIPE-LABEL: piper.device_program @class1 attributes {device_class = 1 : i64, num_microbatches = 2 : i64, num_replicas = 2 : i64, ranks = array<i64: 2, 3>} {
 // PIPE: piper.recv {channel = [[A0]] : i64, peers = array<i64: 0, 1>, stream = "pp_stream"} : tensor<4x4xf32>
 // PIPE: piper.recv {channel = [[A1]] : i64, peers = array<i64: 0, 1>, stream = "pp_stream"} : tensor<4x4xf32>
 // PIPE: piper.send %{{.*}} {channel = [[G0]] : i64, peers = array<i64: 0, 1>, stream = "pp_stream"} : tensor<4x4xf32>
-// PIPE: piper.all_reduce [@lm] {{.*}}devices = array<i64: 2, 3>
+// PIPE: piper.all_reduce grads [@lm] {{.*}}devices = array<i64: 2, 3>
 // PIPE: piper.send %{{.*}} {channel = [[G1]] : i64, peers = array<i64: 0, 1>, stream = "pp_stream"} : tensor<4x4xf32>
 // PIPE-NOT: piper.send %
 // PIPE-NOT: piper.recv {

@@ -80,5 +80,5 @@ piper.program @p {
 piper.param @w : tensor<4xf32> init zeros(0.0)
 piper.program @p {
   // expected-error @+1 {{'piper.all_reduce' op directive #0 (piper-split microbatches=2): split must come before place and replicate}}
-  %a = piper.all_reduce [@w] {devices = array<i64: 0, 1>, stream = "dp_stream", tag = #piper.tag<PP = 0>}
+  %a = piper.all_reduce grads [@w] {devices = array<i64: 0, 1>, stream = "dp_stream", tag = #piper.tag<PP = 0>}
 }

@@ -7,7 +7,7 @@
 // CHECK-LABEL: piper.program @p
 // CHECK: [[B0:%[^ ]+]] = piper.task @bwd0(
 // CHECK: [[B1:%[^ ]+]] = piper.task @bwd1(
-// CHECK: [[AR:%[^ ]+]] = piper.all_reduce [@wte] after([[B0]], [[B1]]) {collective = 0 : i64, devices = array<i64: 0, 1>, stream = "dp_stream", tag = #piper.tag<>}
+// CHECK: [[AR:%[^ ]+]] = piper.all_reduce grads [@wte] after([[B0]], [[B1]]) {collective = 0 : i64, devices = array<i64: 0, 1>, stream = "dp_stream", tag = #piper.tag<>}
 // CHECK: piper.task @upd() after([[B0]], [[AR]]) {devices = array<i64: 0>
 // CHECK: piper.task @upd() after([[B1]], [[AR]]) {devices = array<i64: 1>
 piper.param @wte : tensor<4xf32> init zeros(0.0)

@@ -1,0 +1,188 @@
+// The `order` directive and the piper-order pass: token edges that fix the
+// order of a stage's tasks.
+#include "compiler/transforms/Passes.h"
+#include "compiler/transforms/Transforms.h"
+
+#include "llvm/ADT/MapVector.h"
+#include "llvm/ADT/STLExtras.h"
+#include "llvm/ADT/SetVector.h"
+#include "llvm/ADT/StringExtras.h"
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/IRMapping.h"
+#include "llvm/Support/MemoryBuffer.h"
+
+namespace mlir::piper {
+#define GEN_PASS_DEF_PIPERORDER
+#include "compiler/transforms/Passes.h.inc"
+} // namespace mlir::piper
+
+using namespace mlir;
+using namespace mlir::piper;
+
+//===----------------------------------------------------------------------===//
+// order
+//===----------------------------------------------------------------------===//
+
+namespace {
+/// The tasks of a program indexed by the tag values a filter names. An order
+/// directive has a filter per (microbatch, pass) of its stage; scanning every
+/// task for each of them made a schedule quadratic in the microbatches.
+class TaskIndex {
+public:
+  explicit TaskIndex(ProgramOp program)
+      : tasks(program.getBody().front().getOps<TaskOp>()) {}
+
+  /// The tasks `filter` matches, in program order.
+  ArrayRef<TaskOp> lookup(const Filter &filter) {
+    // Tasks are bucketed by the filter's keys (and which of them are "*"),
+    // then found by the values it asks for.
+    std::string shape, values;
+    for (const auto &[key, value] : filter.entries) {
+      shape += key + (value.kind == FilterValue::Any ? "*," : "=,");
+      values += valueKey(key, value) + ",";
+    }
+    auto [it, inserted] = byShape.try_emplace(shape);
+    if (inserted)
+      for (TaskOp t : tasks)
+        if (std::optional<std::string> k = taskKey(t.getTag(), filter))
+          it->second[*k].push_back(t);
+    auto found = it->second.find(values);
+    if (found == it->second.end())
+      return {};
+    return found->second;
+  }
+
+private:
+  static std::string valueKey(StringRef key, const FilterValue &value) {
+    switch (value.kind) {
+    case FilterValue::Any:
+      return "*";
+    case FilterValue::Index:
+      return std::to_string(value.index);
+    case FilterValue::Pass:
+      return value.pass;
+    }
+    return "";
+  }
+  /// The values of `tag` at the filter's keys, or none when it does not
+  /// have them all.
+  static std::optional<std::string> taskKey(TagAttr tag,
+                                            const Filter &filter) {
+    std::string out;
+    for (const auto &[key, value] : filter.entries) {
+      if (value.kind == FilterValue::Any) {
+        bool present = key == "PASS" ? tag.getPass().has_value()
+                                     : tag.getIndex(key).has_value();
+        if (!present)
+          return std::nullopt;
+        out += "*,";
+      } else if (key == "PASS") {
+        std::optional<PassKind> pass = tag.getPass();
+        if (!pass)
+          return std::nullopt;
+        out += stringifyPassKind(*pass).str() + ",";
+      } else {
+        std::optional<int64_t> index = tag.getIndex(key);
+        if (!index)
+          return std::nullopt;
+        out += std::to_string(*index) + ",";
+      }
+    }
+    return out;
+  }
+
+  SmallVector<TaskOp> tasks;
+  llvm::StringMap<llvm::StringMap<SmallVector<TaskOp>>> byShape;
+};
+} // namespace
+
+LogicalResult mlir::piper::applyOrder(ProgramOp program, const Directive &d) {
+  SmallVector<SmallVector<TaskOp>> groups;
+  std::optional<ArrayRef<int64_t>> devices;
+  TaskOp first;
+  TaskIndex index(program);
+  for (auto [gi, group] : llvm::enumerate(d.groups)) {
+    llvm::SetVector<Operation *> tasks;
+    for (const Filter &f : group)
+      for (TaskOp t : index.lookup(f))
+        tasks.insert(t);
+    if (tasks.empty()) {
+      std::string filters;
+      for (const Filter &f : group)
+        filters += (filters.empty() ? "" : ", ") + f.str();
+      return program.emitOpError(d.describe())
+             << ": group " << gi << " [" << filters << "] matches no task";
+    }
+    SmallVector<TaskOp> ts;
+    for (Operation *op : tasks) {
+      auto t = cast<TaskOp>(op);
+      if (t.getDevices()) {
+        if (!devices) {
+          devices = *t.getDevices();
+          first = t;
+        } else if (*devices != *t.getDevices()) {
+          return t.emitOpError(d.describe())
+                 << ": an order directive must cover one device group, but "
+                 << describeNode(first) << " runs on "
+                 << formatDevices(*devices) << " and " << describeNode(t)
+                 << " on " << formatDevices(*t.getDevices());
+        }
+      }
+      ts.push_back(t);
+    }
+    groups.push_back(std::move(ts));
+  }
+  for (size_t g = 0; g + 1 < groups.size(); ++g)
+    for (TaskOp next : groups[g + 1]) {
+      llvm::SetVector<Value> deps(next.getDeps().begin(), next.getDeps().end());
+      for (TaskOp prev : groups[g])
+        if (prev != next)
+          deps.insert(prev.getDone());
+      next.getDepsMutable().assign(deps.getArrayRef());
+    }
+  SmallVector<Operation *> cycle;
+  if (failed(sortTopologically(program.getBody().front(), &cycle))) {
+    std::string path;
+    for (Operation *op : cycle)
+      path += describeNode(op) + " -> ";
+    if (!cycle.empty())
+      path += describeNode(cycle.front());
+    return program.emitOpError(d.describe())
+           << ": the order contradicts the dataflow and creates a cycle: "
+           << path;
+  }
+  return success();
+}
+
+namespace {
+struct OrderPass : mlir::piper::impl::PiperOrderBase<OrderPass> {
+  using PiperOrderBase::PiperOrderBase;
+  void runOnOperation() override {
+    ModuleOp module = getOperation();
+    auto buffer = llvm::MemoryBuffer::getFile(file);
+    if (!buffer) {
+      module.emitError("cannot read order file '")
+          << file << "': " << buffer.getError().message();
+      return signalPassFailure();
+    }
+    llvm::Expected<Strategy> strategy = parseStrategy((*buffer)->getBuffer());
+    if (!strategy) {
+      module.emitError(llvm::toString(strategy.takeError()));
+      return signalPassFailure();
+    }
+    FailureOr<ProgramOp> program = getProgram(module);
+    if (failed(program))
+      return signalPassFailure();
+    for (const Directive &d : strategy->directives) {
+      if (d.kind != Directive::Order) {
+        module.emitError(d.describe())
+            << ": piper-order applies order directives only (use "
+               "piper-apply-strategy for a whole strategy)";
+        return signalPassFailure();
+      }
+      if (failed(applyOrder(*program, d)))
+        return signalPassFailure();
+    }
+  }
+};
+} // namespace

@@ -1,0 +1,130 @@
+// The `replicate` directive and the piper-replicate pass: data parallelism
+// as bucketed gradient all-reduces.
+#include "compiler/transforms/Passes.h"
+#include "compiler/transforms/Transforms.h"
+
+#include "llvm/ADT/MapVector.h"
+#include "llvm/ADT/STLExtras.h"
+#include "llvm/ADT/SetVector.h"
+#include "llvm/ADT/StringExtras.h"
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/IRMapping.h"
+
+namespace mlir::piper {
+#define GEN_PASS_DEF_PIPERREPLICATE
+#include "compiler/transforms/Passes.h.inc"
+} // namespace mlir::piper
+
+using namespace mlir;
+using namespace mlir::piper;
+
+//===----------------------------------------------------------------------===//
+// replicate
+//===----------------------------------------------------------------------===//
+
+LogicalResult mlir::piper::applyReplicate(ModuleOp module, ProgramOp program,
+                                    const Directive &d,
+                                    std::optional<int64_t> worldSize) {
+  if (failed(checkDevices(program, d, worldSize)))
+    return failure();
+  SmallVector<TaskOp> tasks = matchingTasks(program, d.filter);
+  if (tasks.empty())
+    return program.emitOpError(d.describe()) << ": the filter matches no task";
+  for (TaskOp t : tasks)
+    if (!t.getDevices() || *t.getDevices() != ArrayRef(d.devices))
+      return t.emitOpError(d.describe())
+             << ": " << describeNode(t) << " runs on "
+             << (t.getDevices() ? formatDevices(*t.getDevices())
+                                : std::string("no device"))
+             << ", not on " << formatDevices(d.devices)
+             << "; place it on the replicated devices first";
+  int64_t replicas = d.devices.size();
+  if (program.getReplicated() &&
+      program.getNumReplicasAttr().getInt() != replicas)
+    return program.emitOpError(d.describe())
+           << ": data-parallel degree " << replicas
+           << " differs from the degree " << program.getNumReplicas()
+           << " of an earlier replicate";
+  Builder attrs(module.getContext());
+  program.setReplicated(true);
+  program.setNumReplicas(replicas);
+
+  SegmentParams segmentParams(module);
+  SymbolTable &symbols = segmentParams.getSymbols();
+  SmallVector<TaskOp> backward;
+  llvm::SetVector<StringAttr> params;
+  TagAttr stageTag;
+  for (TaskOp t : tasks) {
+    if (t.getTag().isPass(PassKind::B)) {
+      backward.push_back(t);
+      // Backward order: the last layers' gradients are ready first.
+      params.insert_range(segmentParams.accumulated(t.getSegment()));
+      if (auto pp = t.getTag().getPp())
+        stageTag = TagAttr::get(attrs.getContext(), *pp, std::nullopt,
+                                std::nullopt, std::nullopt, std::nullopt);
+    }
+  }
+  // Parameters shared with another stage are summed over both stages'
+  // groups at once by tieSharedParams, which subsumes this reduction.
+  auto shared = sharedParams(segmentParams, program);
+  params.remove_if([&](StringAttr p) { return shared.count(p) > 0; });
+  if (replicas == 1 || params.empty())
+    return success();
+  if (!stageTag)
+    stageTag = TagAttr::get(attrs.getContext());
+
+  // Buckets of about bucketSizeMb, in gradient-ready order.
+  SmallVector<SmallVector<Attribute>> buckets(1);
+  double bytes = 0, limit = d.bucketSizeMb * 1024 * 1024;
+  for (StringAttr p : params) {
+    auto param = symbols.lookup<ParamOp>(p);
+    double size = 4.0 * param.getTensorType().getNumElements();
+    if (!buckets.back().empty() && bytes + size > limit) {
+      buckets.emplace_back();
+      bytes = 0;
+    }
+    buckets.back().push_back(FlatSymbolRefAttr::get(p));
+    bytes += size;
+  }
+  SmallVector<Value> deps;
+  for (TaskOp t : backward)
+    deps.push_back(t.getDone());
+  OpBuilder b(module.getContext());
+  b.setInsertionPointAfter(backward.back());
+  SmallVector<Value> reduced;
+  for (auto &bucket : buckets) {
+    auto ar = AllReduceOp::create(b, backward.back().getLoc(),
+                                  b.getArrayAttr(bucket), deps, d.devices,
+                                  d.reduceStream, stageTag,
+                                  /*collective=*/IntegerAttr());
+    reduced.push_back(ar.getDone());
+  }
+  // Every update of a reduced parameter waits for the reduction, whether or
+  // not the directive's filter matched it.
+  for (TaskOp u : program.getBody().front().getOps<TaskOp>()) {
+    if (!u.getTag().isPass(PassKind::U))
+      continue;
+    if (llvm::any_of(segmentParams.updated(u.getSegment()),
+                     [&](StringAttr p) { return params.contains(p); }))
+      u.getDepsMutable().append(reduced);
+  }
+  return sortTopologically(program.getBody().front());
+}
+
+namespace {
+struct ReplicatePass : mlir::piper::impl::PiperReplicateBase<ReplicatePass> {
+  using PiperReplicateBase::PiperReplicateBase;
+  void runOnOperation() override {
+    if (failed(verifyDeviceGroup(devices, "piper-replicate devices", [&] {
+          return getOperation().emitError();
+        })))
+      return signalPassFailure();
+    Directive d = stageDirective(Directive::Replicate, pp, devices,
+                                 "piper-replicate");
+    d.bucketSizeMb = bucketMb;
+    d.reduceStream = reduceStream;
+    if (failed(applyDirective(getOperation(), d, std::nullopt)))
+      signalPassFailure();
+  }
+};
+} // namespace

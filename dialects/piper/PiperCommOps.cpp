@@ -1,0 +1,149 @@
+// Verifiers and builders of the communication ops: transfers and the
+// value-level collectives (all-reduce, reduce-scatter, all-gather,
+// all-to-all).
+#include "dialects/piper/PiperDialect.h"
+
+using namespace mlir;
+using namespace mlir::piper;
+
+SmallVector<int64_t> mlir::piper::balancedSlices(int64_t rows,
+                                                 int64_t members) {
+  SmallVector<int64_t> out;
+  if (members <= 0)
+    return out;
+  for (int64_t i = 0; i < members; ++i)
+    out.push_back(rows / members + (i < rows % members ? 1 : 0));
+  return out;
+}
+
+LogicalResult TransferOp::verify() {
+  auto err = [&] { return emitOpError(); };
+  if (failed(verifyDeviceGroup(getFrom(), "from", err)) ||
+      failed(verifyDeviceGroup(getTo(), "to", err)))
+    return failure();
+  if (getFrom().size() != getTo().size())
+    return emitOpError("from and to must have the same size (")
+           << getFrom().size() << " vs " << getTo().size() << ")";
+  if (getInput().getType() != getResult().getType())
+    return emitOpError("result type must equal the input type");
+  return success();
+}
+
+/// What every collective checks: its group and its collective id.
+static LogicalResult verifyCollective(Operation *op) {
+  auto c = cast<CollectiveOpInterface>(op);
+  if (std::optional<uint64_t> id = c.getCollective();
+      id && static_cast<int64_t>(*id) < 0)
+    return op->emitOpError("collective id must be non-negative, got ")
+           << static_cast<int64_t>(*id);
+  return verifyDeviceGroup(c.getDevices(), "devices",
+                           [&] { return op->emitOpError(); });
+}
+
+/// Slicing collectives number members by rank: member i is the i-th
+/// smallest device.
+static LogicalResult verifyMemberOrder(Operation *op) {
+  ArrayRef<int64_t> d = cast<CollectiveOpInterface>(op).getDevices();
+  for (size_t i = 1; i < d.size(); ++i)
+    if (d[i - 1] >= d[i])
+      return op->emitOpError("devices must be listed in increasing order: "
+                             "member i is the i-th smallest rank");
+  return success();
+}
+
+/// `input` and `result` differ at most in dimension 0 and have one element
+/// type.
+static LogicalResult verifyRowsOnly(Operation *op, RankedTensorType input,
+                                    RankedTensorType result) {
+  if (input.getElementType() != result.getElementType())
+    return op->emitOpError("result element type ")
+           << result.getElementType() << " differs from the input's "
+           << input.getElementType();
+  if (input.getRank() != result.getRank() ||
+      input.getShape().drop_front() != result.getShape().drop_front())
+    return op->emitOpError("input ")
+           << input << " and result " << result
+           << " must differ in dimension 0 only";
+  return success();
+}
+
+static int64_t ceilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+void AllReduceOp::build(OpBuilder &b, OperationState &state, ArrayAttr grads,
+                        ValueRange deps, ArrayRef<int64_t> devices,
+                        StringRef stream, TagAttr tag, IntegerAttr collective) {
+  build(b, state, TypeRange(), b.getType<TokenType>(), ValueRange(), grads,
+        deps, devices, stream, tag, collective);
+}
+
+void AllReduceOp::build(OpBuilder &b, OperationState &state, ValueRange inputs,
+                        ValueRange deps, ArrayRef<int64_t> devices,
+                        StringRef stream, TagAttr tag) {
+  build(b, state, inputs.getTypes(), b.getType<TokenType>(), inputs,
+        ArrayAttr(), deps, devices, stream, tag, IntegerAttr());
+}
+
+LogicalResult AllReduceOp::verify() {
+  if (failed(verifyCollective(*this)))
+    return failure();
+  bool hasGrads = getGrads().has_value();
+  if (hasGrads == !getInputs().empty())
+    return emitOpError("sums either tensors (inputs) or gradient "
+                       "accumulators (grads), exactly one of them");
+  if (hasGrads && getGrads()->empty())
+    return emitOpError("must reduce at least one parameter");
+  if (getInputs().getTypes() != getResults().getTypes())
+    return emitOpError("results must have the types of the inputs");
+  for (Type t : getInputs().getTypes())
+    if (!cast<RankedTensorType>(t).getElementType().isF32())
+      return emitOpError("sums f32 tensors, not ") << t;
+  return success();
+}
+
+LogicalResult ReduceScatterOp::verify() {
+  if (failed(verifyCollective(*this)) || failed(verifyMemberOrder(*this)))
+    return failure();
+  auto in = cast<RankedTensorType>(getInput().getType());
+  auto out = cast<RankedTensorType>(getResult().getType());
+  if (failed(verifyRowsOnly(*this, in, out)))
+    return failure();
+  if (!in.getElementType().isF32())
+    return emitOpError("sums f32 tensors, not ") << in;
+  int64_t want = ceilDiv(in.getDimSize(0), getGroupSize());
+  if (out.getDimSize(0) != want)
+    return emitOpError("result must have ceil(")
+           << in.getDimSize(0) << " / " << getGroupSize() << ") = " << want
+           << " rows, the largest slice, not " << out.getDimSize(0);
+  return success();
+}
+
+LogicalResult AllGatherOp::verify() {
+  if (failed(verifyCollective(*this)) || failed(verifyMemberOrder(*this)))
+    return failure();
+  auto in = cast<RankedTensorType>(getInput().getType());
+  auto out = cast<RankedTensorType>(getResult().getType());
+  if (failed(verifyRowsOnly(*this, in, out)))
+    return failure();
+  int64_t want = ceilDiv(out.getDimSize(0), getGroupSize());
+  if (in.getDimSize(0) != want)
+    return emitOpError("input must have ceil(")
+           << out.getDimSize(0) << " / " << getGroupSize() << ") = " << want
+           << " rows, the largest slice, not " << in.getDimSize(0);
+  return success();
+}
+
+LogicalResult AllToAllOp::verify() {
+  if (failed(verifyCollective(*this)) || failed(verifyMemberOrder(*this)))
+    return failure();
+  auto in = cast<RankedTensorType>(getInput().getType());
+  auto out = cast<RankedTensorType>(getResult().getType());
+  if (failed(verifyRowsOnly(*this, in, out)))
+    return failure();
+  for (Value counts : {getSendCounts(), getRecvCounts()}) {
+    auto t = cast<RankedTensorType>(counts.getType());
+    if (t.getDimSize(0) != getGroupSize())
+      return emitOpError("counts must have one entry per member (")
+             << getGroupSize() << "), not " << t.getDimSize(0);
+  }
+  return success();
+}

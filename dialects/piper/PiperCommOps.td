@@ -1,0 +1,270 @@
+// Communication nodes of the piper dialect: transfers and point-to-point
+// send/recv between device groups, and value-level collectives over a device
+// group. Included by PiperOps.td.
+#ifndef PIPER_COMM_OPS_TD
+#define PIPER_COMM_OPS_TD
+
+/// Tensors that communication moves: statically shaped f32 (activations,
+/// gradients) or i32 (token ids, routing decisions), of rank 1 or more.
+def Piper_CommTensor : ConfinedType<RankedTensorOf<[F32, I32]>,
+    [HasStaticShapePred, CPred<"::llvm::cast<::mlir::ShapedType>($_self).getRank() >= 1">],
+    "statically shaped tensor of f32 or i32 with rank >= 1">;
+
+/// Per-member row counts of an all-to-all: one i32 per member of the group.
+def Piper_CountsTensor : ConfinedType<1DTensorOf<[I32]>, [HasStaticShapePred],
+    "statically shaped 1-D tensor of i32">;
+
+//===----------------------------------------------------------------------===//
+// Point to point
+//===----------------------------------------------------------------------===//
+
+/// A point-to-point communication node: ordered by `deps`, issued on the
+/// logical `stream`, completed by its `done` token.
+class Piper_CommOp<string mnemonic, list<Trait> traits = []>
+    : Piper_Op<mnemonic, !listconcat(traits, [Piper_ProgramNodeOpInterface])> {
+  code commonDecls = [{
+    ::llvm::StringRef getNodeStream() { return getStream(); }
+    ::mlir::MutableOperandRange getNodeDepsMutable() { return getDepsMutable(); }
+  }];
+}
+
+def Piper_TransferOp : Piper_CommOp<"transfer", [HasParent<"ProgramOp">,
+    AllTypesMatch<["input", "result"]>]> {
+  let summary = "Moves a tensor from one device group to another";
+  let description = [{
+    Inserted by `place` on every data edge that crosses device groups. Member
+    i of `from` sends to member i of `to`. Lowered to `piper.send` and
+    `piper.recv` by per-device splitting.
+
+    ```mlir
+    %y, %t = piper.transfer %x after(%t0) {from = array<i64: 0, 1>, to = array<i64: 2, 3>, stream = "pp_stream"} : tensor<128x64xf32>
+    ```
+  }];
+  let arguments = (ins AnyStaticShapeTensor:$input, Variadic<Piper_TokenType>:$deps,
+                       DenseI64ArrayAttr:$from, DenseI64ArrayAttr:$to,
+                       StrAttr:$stream);
+  let results = (outs AnyStaticShapeTensor:$result, Piper_TokenType:$done);
+  let assemblyFormat = [{
+    $input (`after` `(` $deps^ `)`)? attr-dict `:` type($input)
+  }];
+  let hasVerifier = 1;
+  let extraClassDeclaration = commonDecls # [{
+    /// A transfer runs between two groups: it has no single device group.
+    ::llvm::ArrayRef<int64_t> getNodeDevices() { return {}; }
+  }];
+}
+
+def Piper_SendOp : Piper_CommOp<"send", [HasParent<"DeviceProgramOp">]> {
+  let summary = "Sends a tensor to the same-index member of another class";
+  let description = [{
+    Replica i of this device class sends `input` to `peers[i]`, which runs
+    the `piper.recv` of the same `channel`. Sends are asynchronous: the
+    sender goes on at once and its buffer stays alive until the step ends.
+
+    ```mlir
+    %t = piper.send %x after(%t0) {channel = 3 : i64, peers = array<i64: 2, 3>, stream = "pp_stream"} : tensor<128x64xf32>
+    ```
+  }];
+  let arguments = (ins AnyRankedTensor:$input, Variadic<Piper_TokenType>:$deps,
+                       DenseI64ArrayAttr:$peers, I64Attr:$channel, StrAttr:$stream);
+  let results = (outs Piper_TokenType:$done);
+  let assemblyFormat = "$input (`after` `(` $deps^ `)`)? attr-dict `:` type($input)";
+  let extraClassDeclaration = commonDecls # [{
+    ::llvm::ArrayRef<int64_t> getNodeDevices() { return {}; }
+  }];
+}
+
+def Piper_RecvOp : Piper_CommOp<"recv", [HasParent<"DeviceProgramOp">]> {
+  let summary = "Receives a tensor from the same-index member of another class";
+  let description = [{
+    Replica i of this device class receives from `peers[i]` the tensor of
+    the `piper.send` with the same `channel`. The receive completes when the
+    data has arrived.
+
+    ```mlir
+    %y, %t = piper.recv {channel = 3 : i64, peers = array<i64: 0, 1>, stream = "pp_stream"} : tensor<128x64xf32>
+    ```
+  }];
+  let arguments = (ins Variadic<Piper_TokenType>:$deps, DenseI64ArrayAttr:$peers,
+                       I64Attr:$channel, StrAttr:$stream);
+  let results = (outs AnyRankedTensor:$result, Piper_TokenType:$done);
+  let assemblyFormat = "(`after` `(` $deps^ `)`)? attr-dict `:` type($result)";
+  let extraClassDeclaration = commonDecls # [{
+    ::llvm::ArrayRef<int64_t> getNodeDevices() { return {}; }
+  }];
+}
+
+//===----------------------------------------------------------------------===//
+// Collectives
+//===----------------------------------------------------------------------===//
+
+/// A collective over the device group `devices`, issued on `stream`.
+/// Every member of the group runs it; members issue the collectives of one
+/// (group, stream) in the same order. `tag` places it in the step (stage,
+/// microbatch); `collective` matches the copies of a collective that spans
+/// several device classes. Reductions sum, in rank order, so every member
+/// gets the same bits.
+class Piper_CollectiveOp<string mnemonic, list<Trait> traits = []>
+    : Piper_NodeOp<mnemonic, !listconcat(traits, [Piper_CollectiveOpInterface])> {
+  dag commonArgs = (ins Variadic<Piper_TokenType>:$deps,
+                        DenseI64ArrayAttr:$devices, StrAttr:$stream,
+                        Piper_TagAttr:$tag, OptionalAttr<I64Attr>:$collective);
+  code commonDecls = [{
+    ::llvm::ArrayRef<int64_t> getNodeDevices() { return getDevices(); }
+    ::llvm::StringRef getNodeStream() { return getStream(); }
+    ::mlir::MutableOperandRange getNodeDepsMutable() { return getDepsMutable(); }
+    /// The number of members of the group.
+    int64_t getGroupSize() { return static_cast<int64_t>(getDevices().size()); }
+  }];
+  let hasVerifier = 1;
+}
+
+def Piper_AllReduceOp : Piper_CollectiveOp<"all_reduce", [
+    AttrSizedOperandSegments,
+    DeclareOpInterfaceMethods<SymbolUserOpInterface>]> {
+  let summary = "Sums tensors, or gradient accumulators, over a device group";
+  let description = [{
+    Every member contributes its `inputs`; every member gets their sums as
+    `results` (same types). In the gradient form (`grads`, no inputs) it
+    sums the gradient accumulators of the named parameters in place: this is
+    how `replicate` expresses data parallelism, one node per gradient bucket
+    after the last backward and before the update. An all-reduce over
+    several device classes (a tied parameter, inserted by
+    `piper-tie-params`) carries a `collective` id shared by its copies in
+    every class.
+
+    ```mlir
+    %s, %t = piper.all_reduce %x : tensor<8x64xf32> -> tensor<8x64xf32> after(%t0) {devices = array<i64: 0, 1>, stream = "dp_stream", tag = #piper.tag<PP = 0, MB = 1>}
+    %g = piper.all_reduce grads [@wte, @wpe] after(%t1) {devices = array<i64: 0, 1>, stream = "dp_stream", tag = #piper.tag<PP = 0>}
+    ```
+  }];
+  let arguments = !con((ins Variadic<Piper_CommTensor>:$inputs,
+                            OptionalAttr<FlatSymbolRefArrayAttr>:$grads),
+                       commonArgs);
+  let results = (outs Variadic<Piper_CommTensor>:$results, Piper_TokenType:$done);
+  let assemblyFormat = [{
+    (`grads` $grads^)? ($inputs^ `:` type($inputs) `->` type($results))?
+    (`after` `(` $deps^ `)`)? attr-dict
+  }];
+  let builders = [
+    // The gradient form.
+    OpBuilder<(ins "::mlir::ArrayAttr":$grads, "::mlir::ValueRange":$deps,
+                   "::llvm::ArrayRef<int64_t>":$devices,
+                   "::llvm::StringRef":$stream, "TagAttr":$tag,
+                   "::mlir::IntegerAttr":$collective)>,
+    // The value form: results have the types of the inputs.
+    OpBuilder<(ins "::mlir::ValueRange":$inputs, "::mlir::ValueRange":$deps,
+                   "::llvm::ArrayRef<int64_t>":$devices,
+                   "::llvm::StringRef":$stream, "TagAttr":$tag)>,
+  ];
+  let extraClassDeclaration = commonDecls # [{
+    /// The parameters whose gradient accumulators the gradient form sums
+    /// (empty for the value form).
+    ::llvm::ArrayRef<::mlir::Attribute> getParams() {
+      if (auto g = getGrads())
+        return g->getValue();
+      return {};
+    }
+  }];
+}
+
+def Piper_ReduceScatterOp : Piper_CollectiveOp<"reduce_scatter"> {
+  let summary = "Sums a tensor over a device group; each member keeps a slice";
+  let description = [{
+    Sums `input` over the group and leaves member i the i-th slice of the
+    sum along dimension 0. Slices are balanced and exact: with N rows and G
+    members, member i holds `N / G` rows, plus one when `i < N % G`, starting
+    where member i-1's slice ends. `result` has the largest slice's rows
+    (`ceil(N / G)`); a member with a shorter slice gets zeros after it. f32
+    only.
+
+    ```mlir
+    %s, %t = piper.reduce_scatter %g after(%t0) {devices = array<i64: 0, 1, 2>, stream = "dp_stream", tag = #piper.tag<PP = 0>} : tensor<10x64xf32> -> tensor<4x64xf32>
+    ```
+  }];
+  let arguments = !con((ins Piper_CommTensor:$input), commonArgs);
+  let results = (outs Piper_CommTensor:$result, Piper_TokenType:$done);
+  let assemblyFormat = [{
+    $input (`after` `(` $deps^ `)`)? attr-dict `:` type($input) `->` type($result)
+  }];
+  let extraClassDeclaration = commonDecls;
+}
+
+def Piper_AllGatherOp : Piper_CollectiveOp<"all_gather"> {
+  let summary = "Concatenates the slices of every member along dimension 0";
+  let description = [{
+    The inverse of `piper.reduce_scatter`'s slicing: member i contributes
+    the first rows of `input` that its balanced slice of `result` holds
+    (`N / G` rows, plus one when `i < N % G`, for N result rows and G
+    members), and every member gets the whole `result`. `input` has
+    `ceil(N / G)` rows.
+
+    ```mlir
+    %w, %t = piper.all_gather %shard after(%t0) {devices = array<i64: 0, 1, 2>, stream = "gather_stream", tag = #piper.tag<PP = 0>} : tensor<4x64xf32> -> tensor<10x64xf32>
+    ```
+  }];
+  let arguments = !con((ins Piper_CommTensor:$input), commonArgs);
+  let results = (outs Piper_CommTensor:$result, Piper_TokenType:$done);
+  let assemblyFormat = [{
+    $input (`after` `(` $deps^ `)`)? attr-dict `:` type($input) `->` type($result)
+  }];
+  let extraClassDeclaration = commonDecls;
+}
+
+def Piper_AllToAllOp : Piper_CollectiveOp<"all_to_all"> {
+  let summary = "Exchanges rows between the members of a group, counts decided at run time";
+  let description = [{
+    `input`'s rows are grouped by destination: the first `send_counts[0]`
+    rows go to member 0, the next `send_counts[1]` to member 1, and so on.
+    Member i's `result` holds the rows received from member 0, then from
+    member 1, ...; `recv_counts[j]` is how many came from member j. Counts
+    are values computed by the program (e.g. an MoE router's decisions),
+    known only at run time; `result`'s static row count is a capacity. Rows
+    after the received ones are zero. Sending more rows than `input` has,
+    or receiving more than `result` holds, is a run-time error naming the
+    members.
+
+    ```mlir
+    %y, %rc, %t = piper.all_to_all %x, %sc after(%t0) {devices = array<i64: 0, 1>, stream = "ep_stream", tag = #piper.tag<PP = 0, MB = 0>} : tensor<16x64xf32>, tensor<2xi32> -> tensor<32x64xf32>, tensor<2xi32>
+    ```
+  }];
+  let arguments = !con((ins Piper_CommTensor:$input, Piper_CountsTensor:$send_counts),
+                       commonArgs);
+  let results = (outs Piper_CommTensor:$result, Piper_CountsTensor:$recv_counts,
+                      Piper_TokenType:$done);
+  let assemblyFormat = [{
+    $input `,` $send_counts (`after` `(` $deps^ `)`)? attr-dict `:`
+    type($input) `,` type($send_counts) `->` type($result) `,` type($recv_counts)
+  }];
+  let extraClassDeclaration = commonDecls;
+}
+
+//===----------------------------------------------------------------------===//
+// Gradient clipping
+//===----------------------------------------------------------------------===//
+
+def Piper_ClipGradsOp : Piper_Op<"clip_grads", [HasParent<"DeviceProgramOp">,
+    Piper_ProgramNodeOpInterface]> {
+  let summary = "Global-norm gradient clipping over every device of the strategy";
+  let description = [{
+    The norm is global: each device class contributes the squared norm of
+    its (already data-parallel reduced) gradients, summed over all ranks.
+    Every device program has exactly one, after its last gradient
+    all-reduce and before its update tasks.
+
+    ```mlir
+    %t = piper.clip_grads after(%t0, %t1) {max_norm = 1.000000e+00 : f64}
+    ```
+  }];
+  let arguments = (ins Variadic<Piper_TokenType>:$deps, F64Attr:$max_norm);
+  let results = (outs Piper_TokenType:$done);
+  let assemblyFormat = "(`after` `(` $deps^ `)`)? attr-dict";
+  let extraClassDeclaration = [{
+    /// A world collective: every rank takes part.
+    ::llvm::ArrayRef<int64_t> getNodeDevices() { return {}; }
+    ::llvm::StringRef getNodeStream() { return "compute"; }
+    ::mlir::MutableOperandRange getNodeDepsMutable() { return getDepsMutable(); }
+  }];
+}
+
+#endif // PIPER_COMM_OPS_TD

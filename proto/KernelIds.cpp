@@ -1,0 +1,122 @@
+// The kernel id table and the checks of kernels and backend registries
+// against it (see KernelIds.h).
+#include "proto/KernelIds.h"
+
+#include <set>
+
+namespace piper::plan {
+
+const std::vector<KernelSignature> &kernelSignatures() {
+  // name, inputs min..max, outputs, required attributes. docs/kernels.md
+  // describes every operand and attribute.
+  static const std::vector<KernelSignature> table = {
+      // Forward.
+      {"embedding", 2, 2, 1, {}},
+      {"position_add", 2, 2, 1, {"seq"}},
+      {"layer_norm", 3, 3, 1, {}},
+      {"rms_norm", 2, 2, 1, {}},
+      {"linear", 2, 3, 1, {}},
+      {"gelu", 1, 1, 1, {}},
+      {"swiglu", 1, 1, 1, {}},
+      {"add", 2, 2, 1, {}},
+      {"attention", 1, 1, 1, {"heads", "seq"}},
+      {"moe_router", 1, 1, 2, {"top_k"}},
+      {"moe_dispatch", 2, 2, 1, {"experts", "capacity"}},
+      {"expert_linear", 2, 2, 1, {"experts"}},
+      {"moe_combine", 3, 3, 1, {"experts", "capacity"}},
+      {"moe_aux_loss", 2, 2, 1, {"experts", "top_k"}},
+      {"cross_entropy", 2, 2, 1, {}},
+      {"loss_accumulate", 1, 1, 0, {}},
+      // Backward.
+      {"embedding_grad", 2, 2, 1, {}},
+      {"position_add_grad", 1, 1, 1, {"seq"}},
+      {"layer_norm_grad_input", 3, 3, 1, {}},
+      {"layer_norm_grad_weight", 2, 2, 2, {}},
+      {"rms_norm_grad_input", 3, 3, 1, {}},
+      {"rms_norm_grad_weight", 2, 2, 1, {}},
+      {"linear_grad_input", 2, 2, 1, {}},
+      {"linear_grad_weight", 2, 2, 1, {}},
+      {"bias_grad", 1, 1, 1, {}},
+      {"gelu_grad", 2, 2, 1, {}},
+      {"swiglu_grad", 2, 2, 1, {}},
+      {"attention_grad", 2, 2, 1, {"heads", "seq"}},
+      {"moe_router_grad", 3, 3, 1, {"top_k"}},
+      {"moe_dispatch_grad", 2, 2, 1, {"experts", "capacity"}},
+      {"expert_linear_grad_input", 2, 2, 1, {}},
+      {"expert_linear_grad_weight", 2, 2, 1, {}},
+      {"moe_combine_grad", 4, 4, 2, {"experts", "capacity"}},
+      {"moe_aux_loss_grad", 2, 2, 1, {"experts", "top_k"}},
+      {"cross_entropy_grad", 2, 2, 1, {}},
+      // State and optimizer.
+      {"accumulate", 1, 1, 1, {}},
+      {"zero", 0, 0, 1, {}},
+      {"adamw", 1, 1, 3, {"lr"}},
+  };
+  return table;
+}
+
+const KernelSignature *findKernelSignature(const std::string &name) {
+  for (const KernelSignature &sig : kernelSignatures())
+    if (name == sig.name)
+      return &sig;
+  return nullptr;
+}
+
+namespace {
+
+std::string count(int n, const char *noun) {
+  return std::to_string(n) + " " + noun + (n == 1 ? "" : "s");
+}
+
+} // namespace
+
+std::string checkKernelSignature(const Kernel &kernel) {
+  const KernelSignature *sig = findKernelSignature(kernel.op());
+  if (!sig)
+    return "unknown kernel '" + kernel.op() + "'";
+  std::string who = "kernel '" + kernel.op() + "'";
+  if (kernel.inputs_size() < sig->minInputs ||
+      kernel.inputs_size() > sig->maxInputs)
+    return who + " takes " +
+           (sig->minInputs == sig->maxInputs
+                ? count(sig->minInputs, "input")
+                : std::to_string(sig->minInputs) + " or " +
+                      count(sig->maxInputs, "input")) +
+           ", got " + std::to_string(kernel.inputs_size());
+  if (kernel.outputs_size() != sig->outputs)
+    return who + " takes " + count(sig->outputs, "output") + ", got " +
+           std::to_string(kernel.outputs_size());
+  for (const std::string &attr : sig->requiredAttrs) {
+    auto it = kernel.attrs().find(attr);
+    if (it == kernel.attrs().end())
+      return who + " requires attribute '" + attr + "'";
+    if (it->second.value_case() != AttrValue::kI &&
+        it->second.value_case() != AttrValue::kF)
+      return who + ": attribute '" + attr + "' must be a number";
+  }
+  return "";
+}
+
+std::string checkBackendKernels(const std::string &backend,
+                                const std::vector<std::string> &implemented) {
+  std::set<std::string> have(implemented.begin(), implemented.end());
+  std::string missing, extra;
+  for (const KernelSignature &sig : kernelSignatures())
+    if (!have.count(sig.name))
+      missing +=
+          std::string(missing.empty() ? "" : ", ") + "'" + sig.name + "'";
+  for (const std::string &name : have)
+    if (!findKernelSignature(name))
+      extra += (extra.empty() ? "" : ", ") + ("'" + name + "'");
+  if (missing.empty() && extra.empty())
+    return "";
+  std::string out = "backend '" + backend + "': ";
+  if (!missing.empty())
+    out += "no kernel " + missing;
+  if (!extra.empty())
+    out += std::string(missing.empty() ? "" : "; ") + "kernel " + extra +
+           " not in the kernel table (proto/KernelIds.cpp)";
+  return out;
+}
+
+} // namespace piper::plan

@@ -1,0 +1,722 @@
+// The step-time simulator (see Simulate.h and docs/simulator.md).
+#include "proto/analysis/Simulate.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <set>
+#include <tuple>
+
+#include "proto/analysis/MemoryPlan.h"
+#include "proto/analysis/StreamOrder.h"
+
+namespace piper::plan {
+
+std::string segmentPass(const std::string &name) {
+  size_t at = name.rfind('_');
+  return at == std::string::npos ? "" : name.substr(at + 1);
+}
+
+std::string formatSeconds(double s) {
+  const char *unit = "s";
+  double v = s;
+  double a = std::fabs(s);
+  if (a != 0 && a < 1e-6) {
+    v = s * 1e9;
+    unit = "ns";
+  } else if (a != 0 && a < 1e-3) {
+    v = s * 1e6;
+    unit = "us";
+  } else if (a != 0 && a < 1) {
+    v = s * 1e3;
+    unit = "ms";
+  }
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.4g %s", v, unit);
+  return buf;
+}
+
+namespace {
+
+bool isFree(double rate) { return !(rate > 0) || std::isinf(rate); }
+
+double timeFor(double amount, double rate) {
+  return amount <= 0 || isFree(rate) ? 0 : amount / rate;
+}
+
+/// Ring all-reduce of `bytes` over `n` ranks.
+double ringAllReduce(const Machine &m, int n, double bytes) {
+  if (n <= 1)
+    return 0;
+  double lat = std::isfinite(m.linkLatencySeconds) && m.linkLatencySeconds > 0
+                   ? m.linkLatencySeconds
+                   : 0;
+  return lat + 2.0 * (n - 1) / n * timeFor(bytes, m.linkBytesPerSecond);
+}
+
+double pointToPoint(const Machine &m, double bytes) {
+  double lat = std::isfinite(m.linkLatencySeconds) && m.linkLatencySeconds > 0
+                   ? m.linkLatencySeconds
+                   : 0;
+  return lat + timeFor(bytes, m.linkBytesPerSecond);
+}
+
+/// Bytes a step buffer occupies on the wire: packed bf16 for float32
+/// buffers of bf16 plans, as the runtime sends them.
+double wireBytes(const Plan &plan, const TensorType &type) {
+  TensorType stored = type;
+  if (plan.training().compute_dtype() == BF16 && stored.dtype() == F32 &&
+      stored.shape_size() > 0)
+    stored.set_dtype(BF16);
+  return double(std::max<int64_t>(storedTensorBytes(stored), 0));
+}
+
+double paramBytes(const Parameter &p) {
+  double n = 4;
+  for (int64_t d : p.type().shape())
+    n *= double(d);
+  return n;
+}
+
+struct EntryRef {
+  int cls = -1;
+  int index = -1;
+};
+
+/// One point-to-point transfer: a SEND and its RECV.
+struct Transfer {
+  bool sendIssued = false, recvIssued = false;
+  double sendIssue = 0, recvIssue = 0;
+  double bytes = 0;
+  bool hasOverride = false;
+  double override = 0;
+  bool done = false;
+  double start = 0, end = 0;
+  EntryRef sendEntry; // an asynchronous send's timeline entry, filled at the end
+};
+
+/// One collective instance: every member class arrives, then all start
+/// together.
+struct Collective {
+  std::set<int> members;
+  std::map<int, double> arrival;
+  /// By member: a fixed duration (an override), or the member's local
+  /// work after the ring.
+  std::map<int, std::pair<bool, double>> duration;
+  bool done = false;
+  double start = 0;
+  double commBytes = 0;
+  int ranks = 1;
+  /// Ring passes over commBytes: 2 for an all-reduce (reduce-scatter then
+  /// all-gather), 1 for a reduce-scatter, an all-gather or an all-to-all.
+  double passes = 2;
+};
+
+using TransferKey = std::tuple<int, int, std::string, int>; // from, to, stream, tag
+
+class Simulator {
+public:
+  Simulator(const std::vector<Plan> &plans, const Machine &machine,
+            const SimulateOptions &options)
+      : plans(plans), m(machine), opt(options) {}
+
+  bool run(Simulation &out, std::string &error) {
+    out = Simulation();
+    out.machine = m;
+    int world = 0;
+    for (size_t c = 0; c < plans.size(); ++c) {
+      const Plan &plan = plans[c];
+      world = std::max(world, plan.world_size());
+      if (plan.ranks_size() == 0) {
+        error = "class " + std::to_string(plan.device_class()) +
+                ": the plan has no ranks";
+        return false;
+      }
+      for (int i = 0; i < plan.ranks_size(); ++i) {
+        if (classOfRank.count(plan.ranks(i))) {
+          error = "rank " + std::to_string(plan.ranks(i)) +
+                  " appears in two device classes";
+          return false;
+        }
+        classOfRank[plan.ranks(i)] = int(c);
+      }
+      world = std::max(world, int(classOfRank.size()));
+    }
+    worldSize = world;
+
+    st.resize(plans.size());
+    for (size_t c = 0; c < plans.size(); ++c) {
+      const Plan &plan = plans[c];
+      ClassState &cs = st[c];
+      int n = plan.streams_size();
+      cs.pc.assign(n, 0);
+      cs.t.assign(n, 0);
+      cs.busy.assign(n, 0);
+      cs.registered.assign(n, 0);
+      cs.pendingKey.assign(n, "");
+      cs.sendsEnd.assign(n, 0);
+      int events = std::max(0, plan.num_events());
+      cs.recorded.assign(events, 0);
+      cs.eventTime.assign(events, 0);
+    }
+
+    bool progress = true;
+    while (progress) {
+      progress = false;
+      for (size_t c = 0; c < plans.size(); ++c)
+        for (int s = 0; s < plans[c].streams_size(); ++s)
+          while (st[c].pc[s] < plans[c].streams(s).instructions_size()) {
+            int r = advance(int(c), s, error);
+            if (r < 0)
+              return false;
+            if (r == 0)
+              break;
+            progress = true;
+          }
+    }
+
+    std::string blocked;
+    for (size_t c = 0; c < plans.size(); ++c)
+      for (int s = 0; s < plans[c].streams_size(); ++s)
+        if (st[c].pc[s] < plans[c].streams(s).instructions_size())
+          blocked += (blocked.empty() ? "" : "; ") + where(int(c), s) +
+                     " waits for " + waitingFor(int(c), s);
+    if (!blocked.empty()) {
+      error = "the plans cannot finish the step (deadlock): " + blocked;
+      return false;
+    }
+
+    // Asynchronous sends: their entries and their streams' ends.
+    for (auto &[key, x] : transfers) {
+      if (x.sendEntry.cls < 0)
+        continue;
+      TimelineEntry &e = timeline(x.sendEntry.cls)[x.sendEntry.index];
+      if (!x.done) {
+        error = where(x.sendEntry.cls, e.stream, e.inst) +
+                ": SEND tag " + std::to_string(std::get<3>(key)) +
+                " to class " + classId(std::get<1>(key)) +
+                " is never received (no RECV of that tag on a stream named '" +
+                std::get<2>(key) + "')";
+        return false;
+      }
+      e.start = x.start;
+      e.end = x.end;
+      ClassState &cs = st[x.sendEntry.cls];
+      cs.busy[e.stream] += x.end - x.start;
+      cs.sendsEnd[e.stream] = std::max(cs.sendsEnd[e.stream], x.end);
+    }
+
+    for (size_t c = 0; c < plans.size(); ++c) {
+      const Plan &plan = plans[c];
+      ClassState &cs = st[c];
+      ClassTime ct;
+      ct.deviceClass = plan.device_class();
+      ct.ranks.assign(plan.ranks().begin(), plan.ranks().end());
+      std::vector<std::pair<double, double>> calls;
+      for (int s = 0; s < plan.streams_size(); ++s) {
+        StreamTime stream;
+        stream.name = plan.streams(s).name();
+        stream.busy = cs.busy[s];
+        stream.end = std::max(cs.t[s], cs.sendsEnd[s]);
+        ct.stepTime = std::max(ct.stepTime, stream.end);
+        ct.streams.push_back(stream);
+      }
+      for (const TimelineEntry &e : cs.timeline)
+        if (e.kind == Instruction::CALL) {
+          ct.streams[e.stream].compute = true;
+          if (e.end > e.start)
+            calls.push_back({e.start, e.end});
+        }
+      std::sort(calls.begin(), calls.end());
+      double covered = 0, until = -1;
+      for (auto [a, b] : calls) {
+        a = std::max(a, until);
+        if (b > a)
+          covered += b - a;
+        until = std::max(until, b);
+      }
+      ct.computeBusy = covered;
+      ct.bubbleFraction =
+          ct.stepTime > 0 ? (ct.stepTime - covered) / ct.stepTime : 0;
+      ct.timeline = std::move(cs.timeline);
+      std::sort(ct.timeline.begin(), ct.timeline.end(),
+                [](const TimelineEntry &a, const TimelineEntry &b) {
+                  return std::tie(a.stream, a.inst) <
+                         std::tie(b.stream, b.inst);
+                });
+      out.stepTime = std::max(out.stepTime, ct.stepTime);
+      out.classes.push_back(std::move(ct));
+    }
+    return true;
+  }
+
+private:
+  struct ClassState {
+    std::vector<int> pc;
+    std::vector<double> t;
+    std::vector<double> busy;
+    std::vector<char> registered; // the instruction at pc has arrived
+    std::vector<std::string> pendingKey; // its collective instance
+    std::vector<double> sendsEnd;
+    std::vector<char> recorded;
+    std::vector<double> eventTime;
+    std::map<std::string, int> collectiveCount;
+    std::vector<TimelineEntry> timeline;
+  };
+
+  std::vector<TimelineEntry> &timeline(int c) { return st[c].timeline; }
+
+  std::string classId(int c) const {
+    return std::to_string(plans[c].device_class());
+  }
+
+  std::string where(int c, int s, int inst = -1) const {
+    return "class " + classId(c) + ", " +
+           describePosition(plans[c], {s, inst < 0 ? st[c].pc[s] : inst});
+  }
+
+  /// A fixed duration for `inst` of class `c`, if the options give one.
+  bool overrideFor(int c, const Instruction &inst, double &seconds) const {
+    if (opt.overrides.empty())
+      return false;
+    const Plan &plan = plans[c];
+    if (inst.kind() == Instruction::CALL && inst.segment() >= 0 &&
+        inst.segment() < plan.segments_size()) {
+      auto it = opt.overrides.find(segmentPass(plan.segments(inst.segment()).name()));
+      if (it != opt.overrides.end()) {
+        seconds = it->second;
+        return true;
+      }
+    }
+    size_t best = 0;
+    bool found = false;
+    for (const auto &[key, value] : opt.overrides)
+      if (inst.label().compare(0, key.size(), key) == 0 &&
+          (!found || key.size() > best)) {
+        best = key.size();
+        seconds = value;
+        found = true;
+      }
+    return found;
+  }
+
+  void push(int c, int s, const Instruction &inst, double issue, double start,
+            double end) {
+    TimelineEntry e;
+    e.stream = s;
+    e.inst = st[c].pc[s];
+    e.kind = inst.kind();
+    e.label = inst.label();
+    e.issue = issue;
+    e.start = start;
+    e.end = end;
+    st[c].timeline.push_back(std::move(e));
+  }
+
+  /// Moves stream `s` of class `c` past its current instruction, which ran
+  /// from `start` to `end` (`work`: counts as busy).
+  void finish(int c, int s, const Instruction &inst, double start, double end,
+              bool work) {
+    ClassState &cs = st[c];
+    push(c, s, inst, cs.t[s], start, end);
+    if (work)
+      cs.busy[s] += end - start;
+    cs.t[s] = end;
+    cs.registered[s] = 0;
+    cs.pendingKey[s].clear();
+    ++cs.pc[s];
+  }
+
+  bool peerClass(int c, int s, const Instruction &inst, int &peer,
+                 std::string &error) {
+    const Plan &plan = plans[c];
+    if (inst.peer_group() < 0 || inst.peer_group() >= plan.groups_size() ||
+        plan.groups(inst.peer_group()).ranks_size() == 0) {
+      error = where(c, s) + ": peer group " +
+              std::to_string(inst.peer_group()) + " is not a group of the plan";
+      return false;
+    }
+    auto it = classOfRank.find(plan.groups(inst.peer_group()).ranks(0));
+    if (it == classOfRank.end()) {
+      error = where(c, s) + ": peer rank " +
+              std::to_string(plan.groups(inst.peer_group()).ranks(0)) +
+              " belongs to no plan given";
+      return false;
+    }
+    peer = it->second;
+    return true;
+  }
+
+  void tryComplete(Transfer &x) {
+    if (x.done || !x.sendIssued || !x.recvIssued)
+      return;
+    x.done = true;
+    x.start = std::max(x.sendIssue, x.recvIssue);
+    x.end = x.start + (x.hasOverride ? x.override : pointToPoint(m, x.bytes));
+  }
+
+  void tryComplete(Collective &k) {
+    if (k.done || k.arrival.size() != k.members.size())
+      return;
+    k.done = true;
+    for (auto [c, at] : k.arrival)
+      k.start = std::max(k.start, at);
+  }
+
+  /// 1: the stream moved on; 0: it is blocked; -1: error.
+  int advance(int c, int s, std::string &error) {
+    const Plan &plan = plans[c];
+    ClassState &cs = st[c];
+    const Stream &stream = plan.streams(s);
+    const Instruction &inst = stream.instructions(cs.pc[s]);
+    double t = cs.t[s];
+    double fixed = 0;
+    bool hasFixed = overrideFor(c, inst, fixed);
+    switch (inst.kind()) {
+    case Instruction::CALL: {
+      if (inst.segment() < 0 || inst.segment() >= plan.segments_size()) {
+        error = where(c, s) + ": segment " + std::to_string(inst.segment()) +
+                " is out of range";
+        return -1;
+      }
+      const Segment &seg = plan.segments(inst.segment());
+      double d = hasFixed ? fixed
+                          : std::max(timeFor(seg.flops(), m.flopsPerSecond),
+                                     timeFor(seg.bytes_moved(),
+                                             m.memoryBytesPerSecond));
+      finish(c, s, inst, t, t + d, true);
+      return 1;
+    }
+    case Instruction::LOAD_BATCH:
+      finish(c, s, inst, t, t + (hasFixed ? fixed : 0), true);
+      return 1;
+    case Instruction::RECORD:
+    case Instruction::WAIT: {
+      int e = inst.event();
+      if (e < 0 || e >= int(cs.recorded.size())) {
+        error = where(c, s) + ": event " + std::to_string(e) +
+                " is out of range";
+        return -1;
+      }
+      if (inst.kind() == Instruction::RECORD) {
+        cs.recorded[e] = 1;
+        cs.eventTime[e] = t;
+        finish(c, s, inst, t, t, false);
+        return 1;
+      }
+      if (!cs.recorded[e])
+        return 0;
+      double at = std::max(t, cs.eventTime[e]);
+      finish(c, s, inst, at, at, false);
+      return 1;
+    }
+    case Instruction::SEND:
+    case Instruction::RECV: {
+      bool send = inst.kind() == Instruction::SEND;
+      int peer = -1;
+      if (!peerClass(c, s, inst, peer, error))
+        return -1;
+      TransferKey key = send ? TransferKey{c, peer, stream.name(), inst.tag()}
+                             : TransferKey{peer, c, stream.name(), inst.tag()};
+      Transfer &x = transfers[key];
+      if (!cs.registered[s]) {
+        const auto &ids = send ? inst.inputs() : inst.outputs();
+        if (ids.size() != 1 || ids[0] < 0 || ids[0] >= plan.buffers_size()) {
+          error = where(c, s) + ": " + (send ? "SEND" : "RECV") +
+                  " needs one buffer in range";
+          return -1;
+        }
+        if (send ? x.sendIssued : x.recvIssued) {
+          error = where(c, s) + ": a second " + (send ? "SEND" : "RECV") +
+                  " of tag " + std::to_string(inst.tag()) + " between classes " +
+                  classId(std::get<0>(key)) + " and " +
+                  classId(std::get<1>(key)) + " on stream '" + stream.name() +
+                  "'";
+          return -1;
+        }
+        x.bytes = std::max(x.bytes, wireBytes(plan, plan.buffers(ids[0]).type()));
+        if (hasFixed) {
+          x.override = x.hasOverride ? std::max(x.override, fixed) : fixed;
+          x.hasOverride = true;
+        }
+        (send ? x.sendIssued : x.recvIssued) = true;
+        (send ? x.sendIssue : x.recvIssue) = t;
+        cs.registered[s] = 1;
+        tryComplete(x);
+        if (send && !opt.blockingSends) {
+          // The stream moves on; the transfer is accounted at the end.
+          x.sendEntry = {c, int(cs.timeline.size())};
+          finish(c, s, inst, t, t, false);
+          return 1;
+        }
+      }
+      if (!x.done)
+        return 0;
+      cs.t[s] = send ? x.sendIssue : x.recvIssue; // the entry's issue time
+      finish(c, s, inst, x.start, x.end, true);
+      return 1;
+    }
+    case Instruction::ALL_REDUCE:
+    case Instruction::REDUCE_SCATTER:
+    case Instruction::ALL_GATHER:
+    case Instruction::ALL_TO_ALL:
+    case Instruction::CLIP_GRADS: {
+      bool clip = inst.kind() == Instruction::CLIP_GRADS;
+      std::set<int> members;
+      std::vector<int> ranks;
+      double bytes = 0, local = 0;
+      if (clip) {
+        for (size_t k = 0; k < plans.size(); ++k)
+          members.insert(int(k));
+        for (int r = 0; r < worldSize; ++r)
+          ranks.push_back(r);
+        bytes = 4; // one float: the squared norm
+        double grads = 0;
+        for (const Parameter &p : plan.params())
+          grads += paramBytes(p);
+        local = timeFor(2 * grads, m.memoryBytesPerSecond);
+      } else {
+        if (inst.group() < 0 || inst.group() >= plan.groups_size()) {
+          error = where(c, s) + ": group " + std::to_string(inst.group()) +
+                  " is not a group of the plan";
+          return -1;
+        }
+        ranks.assign(plan.groups(inst.group()).ranks().begin(),
+                     plan.groups(inst.group()).ranks().end());
+        std::sort(ranks.begin(), ranks.end());
+        for (int r : ranks) {
+          auto it = classOfRank.find(r);
+          if (it == classOfRank.end()) {
+            error = where(c, s) + ": group rank " + std::to_string(r) +
+                    " belongs to no plan given";
+            return -1;
+          }
+          members.insert(it->second);
+        }
+        for (int p : inst.params()) {
+          if (p < 0 || p >= plan.params_size()) {
+            error = where(c, s) + ": parameter " + std::to_string(p) +
+                    " is out of range";
+            return -1;
+          }
+          bytes += paramBytes(plan.params(p));
+        }
+        // Value collectives: the full tensor's bytes (the input of an
+        // all-reduce or reduce-scatter, the output of an all-gather; an
+        // all-to-all's input, as if it were full and spread evenly).
+        const auto &ids = inst.kind() == Instruction::ALL_GATHER
+                              ? inst.outputs()
+                              : inst.inputs();
+        for (int i = 0; i < ids.size(); ++i) {
+          if (inst.kind() == Instruction::ALL_TO_ALL && i > 0)
+            break; // the counts
+          if (ids[i] < 0 || ids[i] >= plan.buffers_size()) {
+            error = where(c, s) + ": buffer " + std::to_string(ids[i]) +
+                    " is out of range";
+            return -1;
+          }
+          bytes += wireBytes(plan, plan.buffers(ids[i]).type());
+        }
+      }
+      if (!cs.registered[s]) {
+        std::string kindName = inst.kind() == Instruction::ALL_REDUCE
+                                   ? "all-reduce"
+                                   : Instruction::Kind_Name(inst.kind());
+        std::string base =
+            clip ? std::string("clip") : kindName + " '" + stream.name() + "' [";
+        if (!clip)
+          for (size_t i = 0; i < ranks.size(); ++i)
+            base += (i ? "," : "") + std::to_string(ranks[i]);
+        int seq = cs.collectiveCount[base]++;
+        std::string key = base + "#" + std::to_string(seq);
+        Collective &k = collectives[key];
+        if (k.members.empty()) {
+          k.members = members;
+          k.ranks = int(ranks.size());
+          k.passes = inst.kind() == Instruction::ALL_REDUCE ||
+                             inst.kind() == Instruction::CLIP_GRADS
+                         ? 2
+                         : 1;
+        }
+        k.arrival[c] = t;
+        k.commBytes = std::max(k.commBytes, bytes);
+        cs.pendingKey[s] = key;
+        cs.registered[s] = 1;
+        k.duration[c] = hasFixed ? std::make_pair(true, fixed)
+                                 : std::make_pair(false, local);
+        tryComplete(k);
+      }
+      Collective &k = collectives[cs.pendingKey[s]];
+      if (!k.done)
+        return 0;
+      auto [isFixed, d] = k.duration[c];
+      if (!isFixed) // the ring, then the local part
+        d += ringAllReduce(m, k.ranks, k.commBytes * k.passes / 2);
+      cs.t[s] = k.arrival[c];
+      finish(c, s, inst, k.start, k.start + d, true);
+      return 1;
+    }
+    default:
+      error = where(c, s) + ": cannot simulate instruction kind " +
+              (Instruction::Kind_IsValid(inst.kind())
+                   ? Instruction::Kind_Name(inst.kind())
+                   : std::to_string(inst.kind()));
+      return -1;
+    }
+  }
+
+  /// What the blocked instruction at stream `s` of class `c` waits for.
+  std::string waitingFor(int c, int s) {
+    const Plan &plan = plans[c];
+    const Stream &stream = plan.streams(s);
+    const Instruction &inst = stream.instructions(st[c].pc[s]);
+    switch (inst.kind()) {
+    case Instruction::WAIT: {
+      int e = inst.event();
+      for (int t = 0; t < plan.streams_size(); ++t)
+        for (int i = 0; i < plan.streams(t).instructions_size(); ++i) {
+          const Instruction &r = plan.streams(t).instructions(i);
+          if (r.kind() == Instruction::RECORD && r.event() == e)
+            return "event " + std::to_string(e) + ", recorded by " +
+                   describePosition(plan, {t, i}) + ", not reached";
+        }
+      return "event " + std::to_string(e) + ", which no instruction records";
+    }
+    case Instruction::SEND:
+    case Instruction::RECV: {
+      bool send = inst.kind() == Instruction::SEND;
+      int peer = -1;
+      std::string ignored;
+      if (!peerClass(c, s, inst, peer, ignored))
+        return "an unknown peer";
+      const Plan &other = plans[peer];
+      std::string what = std::string(send ? "its RECV" : "its SEND") +
+                         " (tag " + std::to_string(inst.tag()) + ", class " +
+                         classId(peer) + ")";
+      for (int t = 0; t < other.streams_size(); ++t) {
+        if (other.streams(t).name() != stream.name())
+          continue;
+        for (int i = 0; i < other.streams(t).instructions_size(); ++i) {
+          const Instruction &o = other.streams(t).instructions(i);
+          int back = -1;
+          if (o.kind() == (send ? Instruction::RECV : Instruction::SEND) &&
+              o.tag() == inst.tag() && peerClass(peer, t, o, back, ignored) &&
+              back == c)
+            return what + ", " + describePosition(other, {t, i}) +
+                   ", not reached";
+        }
+      }
+      return what + ", which class " + classId(peer) +
+             " never issues on a stream named '" + stream.name() + "'";
+    }
+    case Instruction::ALL_REDUCE:
+    case Instruction::REDUCE_SCATTER:
+    case Instruction::ALL_GATHER:
+    case Instruction::ALL_TO_ALL:
+    case Instruction::CLIP_GRADS: {
+      auto it = collectives.find(st[c].pendingKey[s]);
+      if (it == collectives.end())
+        return "a collective";
+      std::string missing;
+      for (int member : it->second.members)
+        if (!it->second.arrival.count(member))
+          missing += (missing.empty() ? "" : ", ") + classId(member);
+      std::string key = it->first.substr(0, it->first.rfind('#'));
+      return (inst.kind() == Instruction::CLIP_GRADS
+                  ? std::string("the world's CLIP_GRADS")
+                  : "the " + key + "]") +
+             ", which class(es) " + missing + " have not reached";
+    }
+    default:
+      return "nothing it can know";
+    }
+  }
+
+  const std::vector<Plan> &plans;
+  Machine m;
+  const SimulateOptions &opt;
+  std::map<int, int> classOfRank;
+  int worldSize = 0;
+  std::vector<ClassState> st;
+  std::map<TransferKey, Transfer> transfers;
+  std::map<std::string, Collective> collectives;
+};
+
+} // namespace
+
+bool simulate(const std::vector<Plan> &plans, const Machine &machine,
+              const SimulateOptions &options, Simulation &out,
+              std::string &error) {
+  Simulator sim(plans, machine, options);
+  return sim.run(out, error);
+}
+
+std::string simulationReport(const Simulation &sim, bool timeline) {
+  auto rate = [](double r, const char *unit, double scale) {
+    if (isFree(r))
+      return std::string("free");
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.4g %s", r / scale, unit);
+    return std::string(buf);
+  };
+  std::string out = "machine: compute " +
+                    rate(sim.machine.flopsPerSecond, "TFLOP/s", 1e12) +
+                    ", memory " +
+                    rate(sim.machine.memoryBytesPerSecond, "GB/s", 1e9) +
+                    ", link " +
+                    rate(sim.machine.linkBytesPerSecond, "GB/s", 1e9) +
+                    " + " + formatSeconds(sim.machine.linkLatencySeconds) +
+                    " latency\n";
+  char buf[256];
+  for (const ClassTime &ct : sim.classes) {
+    std::string ranks;
+    for (size_t i = 0; i < ct.ranks.size(); ++i)
+      ranks += (i ? ", " : "") + std::to_string(ct.ranks[i]);
+    std::snprintf(buf, sizeof buf, "%.2f%%", 100 * ct.bubbleFraction);
+    out += "class " + std::to_string(ct.deviceClass) + " ranks [" + ranks +
+           "]: step " + formatSeconds(ct.stepTime) + ", compute busy " +
+           formatSeconds(ct.computeBusy) + ", bubble " + buf + " (" +
+           formatSeconds(ct.stepTime - ct.computeBusy) + ")\n";
+    for (size_t s = 0; s < ct.streams.size(); ++s) {
+      const StreamTime &stream = ct.streams[s];
+      std::snprintf(buf, sizeof buf, "%.2f%%",
+                    ct.stepTime > 0 ? 100 * stream.busy / ct.stepTime : 0.0);
+      out += "  stream " + std::to_string(s) + " '" + stream.name +
+             "': busy " + formatSeconds(stream.busy) + " (" + buf +
+             "), ends at " + formatSeconds(stream.end) +
+             (stream.compute ? "" : ", no compute") + "\n";
+    }
+    if (!timeline)
+      continue;
+    for (const TimelineEntry &e : ct.timeline) {
+      if (e.kind == Instruction::RECORD || e.kind == Instruction::WAIT)
+        continue;
+      out += "    " + formatSeconds(e.start) + " .. " + formatSeconds(e.end) +
+             "  stream " + std::to_string(e.stream) + " #" +
+             std::to_string(e.inst) + " " + Instruction::Kind_Name(e.kind) +
+             " " + e.label + "\n";
+    }
+  }
+  out += "step: " + formatSeconds(sim.stepTime) + " (the slowest class)\n";
+  return out;
+}
+
+std::string predictedStepReport(const std::vector<Plan> &plans) {
+  Simulation sim;
+  std::string error;
+  if (!simulate(plans, Machine(), SimulateOptions(), sim, error))
+    return "predicted step: not simulated: " + error + "\n";
+  std::string out = "predicted step " + formatSeconds(sim.stepTime) +
+                    " on the default machine (docs/simulator.md; piper-plan "
+                    "--simulate shows the timeline)\n";
+  char buf[64];
+  for (const ClassTime &ct : sim.classes) {
+    std::snprintf(buf, sizeof buf, "%.2f%%", 100 * ct.bubbleFraction);
+    out += "  class " + std::to_string(ct.deviceClass) + ": step " +
+           formatSeconds(ct.stepTime) + ", compute busy " +
+           formatSeconds(ct.computeBusy) + ", bubble " + buf + "\n";
+  }
+  return out;
+}
+
+} // namespace piper::plan

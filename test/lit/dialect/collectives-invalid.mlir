@@ -1,0 +1,154 @@
+// Every verifier diagnostic of the value-level collectives, one case per split.
+// RUN: piper-opt %s -allow-unregistered-dialect -split-input-file -verify-diagnostics
+piper.param @w : tensor<4x2xf32> init zeros(0.0)
+piper.segment @f() {
+  piper.yield
+}
+piper.program @p {
+  %a = piper.task @f() {tag = #piper.tag<>} : () -> !piper.token
+  // expected-error @+1 {{'piper.all_reduce' op sums either tensors (inputs) or gradient accumulators (grads), exactly one of them}}
+  %t = piper.all_reduce after(%a) {devices = array<i64: 0, 1>, stream = "s", tag = #piper.tag<>}
+}
+
+// -----
+
+piper.param @w : tensor<4x2xf32> init zeros(0.0)
+piper.segment @f() -> tensor<4x2xf32> {
+  %e = "test.make"() : () -> tensor<4x2xf32>
+  piper.yield %e : tensor<4x2xf32>
+}
+piper.program @p {
+  %x, %a = piper.task @f() {tag = #piper.tag<>} : () -> (tensor<4x2xf32>, !piper.token)
+  // expected-error @+1 {{'piper.all_reduce' op sums either tensors (inputs) or gradient accumulators (grads), exactly one of them}}
+  %r, %t = piper.all_reduce grads [@w] %x : tensor<4x2xf32> -> tensor<4x2xf32> {devices = array<i64: 0, 1>, stream = "s", tag = #piper.tag<>}
+}
+
+// -----
+
+piper.param @w : tensor<4x2xf32> init zeros(0.0)
+piper.segment @f() -> tensor<4x2xf32> {
+  %e = "test.make"() : () -> tensor<4x2xf32>
+  piper.yield %e : tensor<4x2xf32>
+}
+piper.program @p {
+  %x, %a = piper.task @f() {tag = #piper.tag<>} : () -> (tensor<4x2xf32>, !piper.token)
+  // expected-error @+1 {{'piper.all_reduce' op results must have the types of the inputs}}
+  %r, %t = piper.all_reduce %x : tensor<4x2xf32> -> tensor<2x4xf32> {devices = array<i64: 0, 1>, stream = "s", tag = #piper.tag<>}
+}
+
+// -----
+
+piper.param @w : tensor<4x2xf32> init zeros(0.0)
+piper.segment @f() -> tensor<4x2xi32> {
+  %e = "test.make"() : () -> tensor<4x2xi32>
+  piper.yield %e : tensor<4x2xi32>
+}
+piper.program @p {
+  %x, %a = piper.task @f() {tag = #piper.tag<>} : () -> (tensor<4x2xi32>, !piper.token)
+  // expected-error @+1 {{'piper.all_reduce' op sums f32 tensors, not 'tensor<4x2xi32>'}}
+  %r, %t = piper.all_reduce %x : tensor<4x2xi32> -> tensor<4x2xi32> {devices = array<i64: 0, 1>, stream = "s", tag = #piper.tag<>}
+}
+
+// -----
+
+piper.param @w : tensor<4x2xf32> init zeros(0.0)
+piper.segment @f() -> tensor<10x2xf32> {
+  %e = "test.make"() : () -> tensor<10x2xf32>
+  piper.yield %e : tensor<10x2xf32>
+}
+piper.program @p {
+  %x, %a = piper.task @f() {tag = #piper.tag<>} : () -> (tensor<10x2xf32>, !piper.token)
+  // expected-error @+1 {{'piper.reduce_scatter' op result must have ceil(10 / 3) = 4 rows, the largest slice, not 3}}
+  %r, %t = piper.reduce_scatter %x {devices = array<i64: 0, 1, 2>, stream = "s", tag = #piper.tag<>} : tensor<10x2xf32> -> tensor<3x2xf32>
+}
+
+// -----
+
+piper.param @w : tensor<4x2xf32> init zeros(0.0)
+piper.segment @f() -> tensor<10x2xf32> {
+  %e = "test.make"() : () -> tensor<10x2xf32>
+  piper.yield %e : tensor<10x2xf32>
+}
+piper.program @p {
+  %x, %a = piper.task @f() {tag = #piper.tag<>} : () -> (tensor<10x2xf32>, !piper.token)
+  // expected-error @+1 {{'piper.reduce_scatter' op input 'tensor<10x2xf32>' and result 'tensor<4x3xf32>' must differ in dimension 0 only}}
+  %r, %t = piper.reduce_scatter %x {devices = array<i64: 0, 1, 2>, stream = "s", tag = #piper.tag<>} : tensor<10x2xf32> -> tensor<4x3xf32>
+}
+
+// -----
+
+piper.param @w : tensor<4x2xf32> init zeros(0.0)
+piper.segment @f() -> tensor<10x2xf32> {
+  %e = "test.make"() : () -> tensor<10x2xf32>
+  piper.yield %e : tensor<10x2xf32>
+}
+piper.program @p {
+  %x, %a = piper.task @f() {tag = #piper.tag<>} : () -> (tensor<10x2xf32>, !piper.token)
+  // expected-error @+1 {{'piper.reduce_scatter' op devices must be listed in increasing order: member i is the i-th smallest rank}}
+  %r, %t = piper.reduce_scatter %x {devices = array<i64: 2, 0, 1>, stream = "s", tag = #piper.tag<>} : tensor<10x2xf32> -> tensor<4x2xf32>
+}
+
+// -----
+
+piper.param @w : tensor<4x2xf32> init zeros(0.0)
+piper.segment @f() -> tensor<3x2xf32> {
+  %e = "test.make"() : () -> tensor<3x2xf32>
+  piper.yield %e : tensor<3x2xf32>
+}
+piper.program @p {
+  %x, %a = piper.task @f() {tag = #piper.tag<>} : () -> (tensor<3x2xf32>, !piper.token)
+  // expected-error @+1 {{'piper.all_gather' op input must have ceil(10 / 3) = 4 rows, the largest slice, not 3}}
+  %r, %t = piper.all_gather %x {devices = array<i64: 0, 1, 2>, stream = "s", tag = #piper.tag<>} : tensor<3x2xf32> -> tensor<10x2xf32>
+}
+
+// -----
+
+piper.param @w : tensor<4x2xf32> init zeros(0.0)
+piper.segment @f() -> tensor<4x2xf32> {
+  %e = "test.make"() : () -> tensor<4x2xf32>
+  piper.yield %e : tensor<4x2xf32>
+}
+piper.program @p {
+  %x, %a = piper.task @f() {tag = #piper.tag<>} : () -> (tensor<4x2xf32>, !piper.token)
+  // expected-error @+1 {{'piper.all_gather' op devices names device 1 twice}}
+  %r, %t = piper.all_gather %x {devices = array<i64: 1, 1>, stream = "s", tag = #piper.tag<>} : tensor<4x2xf32> -> tensor<8x2xf32>
+}
+
+// -----
+
+piper.param @w : tensor<4x2xf32> init zeros(0.0)
+piper.segment @f() -> tensor<4x2xf32> {
+  %e = "test.make"() : () -> tensor<4x2xf32>
+  piper.yield %e : tensor<4x2xf32>
+}
+piper.program @p {
+  %x, %a = piper.task @f() {tag = #piper.tag<>} : () -> (tensor<4x2xf32>, !piper.token)
+  // expected-error @+1 {{'piper.all_gather' op result element type 'i32' differs from the input's 'f32'}}
+  %r, %t = piper.all_gather %x {devices = array<i64: 0, 1>, stream = "s", tag = #piper.tag<>} : tensor<4x2xf32> -> tensor<8x2xi32>
+}
+
+// -----
+
+piper.param @w : tensor<4x2xf32> init zeros(0.0)
+piper.segment @f() -> tensor<4x2xf32> {
+  %e = "test.make"() : () -> tensor<4x2xf32>
+  piper.yield %e : tensor<4x2xf32>
+}
+piper.program @p {
+  %x, %a = piper.task @f() {tag = #piper.tag<>} : () -> (tensor<4x2xf32>, !piper.token)
+  // expected-error @+1 {{'piper.all_reduce' op collective id must be non-negative, got -1}}
+  %r, %t = piper.all_reduce %x : tensor<4x2xf32> -> tensor<4x2xf32> {collective = -1, devices = array<i64: 0, 1>, stream = "s", tag = #piper.tag<>}
+}
+
+// -----
+
+piper.segment @f() -> (tensor<4x2xf32>, tensor<3xi32>) {
+  %e = "test.make"() : () -> tensor<4x2xf32>
+  %c = "test.make"() : () -> tensor<3xi32>
+  piper.yield %e, %c : tensor<4x2xf32>, tensor<3xi32>
+}
+piper.program @p {
+  %x, %n, %a = piper.task @f() {tag = #piper.tag<>} : () -> (tensor<4x2xf32>, tensor<3xi32>, !piper.token)
+  // expected-error @+1 {{'piper.all_to_all' op counts must have one entry per member (2), not 3}}
+  %r, %rc, %t = piper.all_to_all %x, %n {devices = array<i64: 0, 1>, stream = "s", tag = #piper.tag<>} : tensor<4x2xf32>, tensor<3xi32> -> tensor<8x2xf32>, tensor<3xi32>
+}
