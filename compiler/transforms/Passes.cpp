@@ -4,6 +4,8 @@
 #include "compiler/transforms/Passes.h"
 
 #include "compiler/transforms/Transforms.h"
+#include "mlir/Pass/PassRegistry.h"
+#include "llvm/Support/MemoryBuffer.h"
 
 using namespace mlir;
 using namespace mlir::piper;
@@ -53,8 +55,61 @@ void mlir::piper::addLowerToDevicesPipeline(OpPassManager &pm,
     pm.addPass(createPiperOrderStreams());
 }
 
+namespace {
+/// Options of piper-compile-pipeline.
+struct CompilePipelineOptions
+    : public PassPipelineOptions<CompilePipelineOptions> {
+  Option<std::string> strategy{*this, "strategy",
+                               llvm::cl::desc("JSON strategy file")};
+  Option<std::string> phase{
+      *this, "phase",
+      llvm::cl::desc("last phase: stage, training-dag, directives, devices "
+                     "or streams"),
+      llvm::cl::init("streams")};
+};
+
+/// The pass that fails with `message`: an invalid pipeline option is an
+/// error when the pipeline runs, naming the option.
+struct FailPass : PassWrapper<FailPass, OperationPass<ModuleOp>> {
+  MLIR_DEFINE_EXPLICIT_INTERNAL_INLINE_TYPE_ID(FailPass)
+  explicit FailPass(std::string message) : message(std::move(message)) {}
+  StringRef getArgument() const override { return "piper-compile-error"; }
+  void runOnOperation() override {
+    getOperation().emitError(message);
+    signalPassFailure();
+  }
+  std::string message;
+};
+
+void buildCompilePipeline(OpPassManager &pm,
+                          const CompilePipelineOptions &o) {
+  auto fail = [&](std::string message) {
+    pm.addPass(std::make_unique<FailPass>("piper-compile-pipeline: " +
+                                          std::move(message)));
+  };
+  ArrayRef<StringRef> phases = getCompilePhases();
+  if (!llvm::is_contained(phases, StringRef(o.phase)) || o.phase == "plan")
+    return fail("unknown phase '" + o.phase +
+                "' (stage, training-dag, directives, devices or streams)");
+  auto buffer = llvm::MemoryBuffer::getFile(o.strategy);
+  if (!buffer)
+    return fail("cannot read strategy file '" + o.strategy +
+                "': " + buffer.getError().message());
+  llvm::Expected<Strategy> strategy = parseStrategy((*buffer)->getBuffer());
+  if (!strategy)
+    return fail(llvm::toString(strategy.takeError()));
+  addCompilePipeline(pm, *strategy, OptimizerConfig(), o.phase);
+}
+} // namespace
+
 void mlir::piper::registerPiperCompilerPasses() {
   registerPiperPasses();
+  PassPipelineRegistration<CompilePipelineOptions>(
+      "piper-compile-pipeline",
+      "Compile a forward model with a JSON strategy, exactly as `piperc "
+      "compile --strategy FILE --compile-to PHASE` does: stage, autodiff, "
+      "the directives, the per-device split and the stream order",
+      buildCompilePipeline);
   PassPipelineRegistration<>(
       "piper-lower-to-devices-pipeline",
       "Split a placed training DAG into device programs and fix their issue "

@@ -139,6 +139,22 @@ StringRef streamOf(Operation *op);
 /// receives and nodes not placed yet).
 ArrayRef<int64_t> devicesOf(Operation *op);
 
+/// The directive a per-stage pass (piper-place, piper-replicate) stands for:
+/// filter `{"PP": pp}`, on `devices`.
+Directive stageDirective(Directive::Kind kind, int64_t pp,
+                         ArrayRef<int64_t> devices, StringRef passName);
+/// "[0, 1, 2]" for diagnostics.
+std::string formatDevices(ArrayRef<int64_t> devices);
+/// The tasks of `program` whose tag matches `filter`, in block order.
+SmallVector<TaskOp> matchingTasks(ProgramOp program, const Filter &filter);
+/// Fails (naming the directive) when a device of `d` is outside the world.
+LogicalResult checkDevices(Operation *anchor, const Directive &d,
+                           std::optional<int64_t> worldSize);
+/// For every parameter whose gradient is accumulated on more than one device
+/// group (a tied head), those groups, in program order.
+llvm::MapVector<StringAttr, SmallVector<ArrayRef<int64_t>>>
+sharedParams(SegmentParams &segmentParams, ProgramOp program);
+
 /// "task @stage1_F (PP=1 MB=0 PASS=F)" for diagnostics.
 std::string describeNode(Operation *op);
 

@@ -9,8 +9,8 @@
 // CHECK: [[F1:%[^ ]+]] = piper.task @stage0_F(%{{[^)]*}}) {tag = #piper.tag<PP = 0, MB = 1, PASS = F>}
 // CHECK: piper.task @stage0_F(%{{[^)]*}}) after([[F1]]) {tag = #piper.tag<PP = 0, MB = 0, PASS = F>}
 
-// NOTORDER: error: directive #0 (split{{.*}}): piper-order applies order directives only (use piper-apply-strategy for a whole strategy)
+// NOTORDER: error: directive #0 ({{.*}}"op":"split"}): piper-order applies order directives only (use piper-apply-strategy for a whole strategy)
 
 // MISSING: error: cannot read order file '{{.*}}missing.json'
 
-// CYCLE: error:
+// CYCLE: error: 'piper.program' op directive #0 ({{.*}}): the order contradicts the dataflow and creates a cycle: task @stage1_F (PP=1 MB=0 PASS=F) -> task @stage1_B
