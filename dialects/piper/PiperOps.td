@@ -104,6 +104,14 @@ def Piper_SegmentOp : Piper_Op<"segment", [
 def Piper_YieldOp : Piper_Op<"yield", [Pure, Terminator, ReturnLike,
                                        HasParent<"SegmentOp">]> {
   let summary = "Returns the results of a segment";
+  let description = [{
+    Ends a segment's single block, returning its results (types as in
+    the segment's function type). Nothing else terminates a segment.
+
+    ```mlir
+    piper.yield %y, %x : tensor<128x64xf32>, tensor<128x64xf32>
+    ```
+  }];
   let arguments = (ins Variadic<AnyType>:$values);
   let assemblyFormat = "attr-dict ($values^ `:` type($values))?";
   let hasVerifier = 1;
@@ -112,6 +120,16 @@ def Piper_YieldOp : Piper_Op<"yield", [Pure, Terminator, ReturnLike,
 def Piper_ParamRefOp : Piper_Op<"param_ref", [Pure,
     DeclareOpInterfaceMethods<SymbolUserOpInterface>]> {
   let summary = "Reads a parameter inside a segment";
+  let description = [{
+    The current value of parameter `param` (a module-level
+    `piper.param`), with the parameter's type. In bf16 plans the runtime
+    hands kernels its bf16 compute copy. A parameter cannot be a segment
+    result: segments return activations only.
+
+    ```mlir
+    %w = piper.param_ref @h0.mlp.w : tensor<64x256xf32>
+    ```
+  }];
   let arguments = (ins FlatSymbolRefAttr:$param);
   let results = (outs AnyRankedTensor:$result);
   let assemblyFormat = "$param attr-dict `:` type($result)";
@@ -125,6 +143,15 @@ def Piper_ParamRefOp : Piper_Op<"param_ref", [Pure,
 def Piper_EmbeddingOp : Piper_ComputeOp<"embedding", [Pure,
     DeclareOpInterfaceMethods<Piper_DifferentiableOpInterface, ["emitWeightGradients"]>]> {
   let summary = "Token embedding lookup: y[b*S+s] = table[ids[b, s]]";
+  let description = [{
+    `ids` is [B, S] i32, `table` is [V, H]; the result is [B*S, H],
+    row b*S+s holding `table[ids[b, s]]`. An id outside [0, V) is a
+    run-time error naming it.
+
+    ```mlir
+    %x = piper.embedding %ids, %wte : (tensor<4x32xi32>, tensor<256x64xf32>) -> tensor<128x64xf32>
+    ```
+  }];
   let arguments = (ins I32Tensor2D:$ids, F32Tensor2D:$table);
   let results = (outs F32Tensor2D:$result);
   let assemblyFormat = "$ids `,` $table attr-dict `:` functional-type(operands, results)";
@@ -134,6 +161,14 @@ def Piper_EmbeddingOp : Piper_ComputeOp<"embedding", [Pure,
 def Piper_PositionAddOp : Piper_ComputeOp<"position_add", [Pure,
     DeclareOpInterfaceMethods<Piper_DifferentiableOpInterface, ["emitWeightGradients"]>]> {
   let summary = "Adds learned positions: y[n] = x[n] + pos[n mod seq]";
+  let description = [{
+    Adds a learned position embedding `pos` [P, H] (P >= seq) to
+    `input` [N, H], where row n is position n mod `seq` of its sequence.
+
+    ```mlir
+    %y = piper.position_add %x, %wpe {seq = 32 : i64} : (tensor<128x64xf32>, tensor<32x64xf32>) -> tensor<128x64xf32>
+    ```
+  }];
   let arguments = (ins F32Tensor2D:$input, F32Tensor2D:$pos, I64Attr:$seq);
   let results = (outs F32Tensor2D:$result);
   let assemblyFormat = "$input `,` $pos attr-dict `:` functional-type(operands, results)";
@@ -143,6 +178,14 @@ def Piper_PositionAddOp : Piper_ComputeOp<"position_add", [Pure,
 def Piper_LayerNormOp : Piper_ComputeOp<"layer_norm", [Pure,
     DeclareOpInterfaceMethods<Piper_DifferentiableOpInterface, ["emitWeightGradients"]>]> {
   let summary = "Layer normalization over the last dimension, with affine";
+  let description = [{
+    Per row: y = (x - mean) / sqrt(var + eps) * gamma + beta, with the
+    biased variance, as torch.nn.LayerNorm.
+
+    ```mlir
+    %y = piper.layer_norm %x, %g, %b : (tensor<128x64xf32>, tensor<64xf32>, tensor<64xf32>) -> tensor<128x64xf32>
+    ```
+  }];
   let arguments = (ins F32Tensor2D:$input, F32Tensor1D:$gamma,
                        F32Tensor1D:$beta, DefaultValuedAttr<F64Attr, "1e-5">:$eps);
   let results = (outs F32Tensor2D:$result);
@@ -168,6 +211,14 @@ def Piper_LinearOp : Piper_Op<"linear", [Pure,
 def Piper_GeluOp : Piper_ComputeOp<"gelu", [Pure, SameOperandsAndResultType,
     DeclareOpInterfaceMethods<Piper_DifferentiableOpInterface>]> {
   let summary = "GELU, tanh approximation (as GPT-2)";
+  let description = [{
+    y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), elementwise, as
+    GPT-2 and torch's `gelu(approximate="tanh")`.
+
+    ```mlir
+    %y = piper.gelu %x : tensor<128x256xf32>
+    ```
+  }];
   let arguments = (ins F32Tensor2D:$input);
   let results = (outs F32Tensor2D:$result);
   let assemblyFormat = "$input attr-dict `:` type($result)";
@@ -176,6 +227,15 @@ def Piper_GeluOp : Piper_ComputeOp<"gelu", [Pure, SameOperandsAndResultType,
 def Piper_AddOp : Piper_ComputeOp<"add", [Pure, SameOperandsAndResultType,
     DeclareOpInterfaceMethods<Piper_DifferentiableOpInterface>]> {
   let summary = "Elementwise sum (residual connections, gradient fan-in)";
+  let description = [{
+    Elementwise `lhs + rhs` of two tensors of one type: residual
+    connections, and in backward segments the sum of the gradients of a
+    value read twice.
+
+    ```mlir
+    %y = piper.add %x, %r : tensor<128x64xf32>
+    ```
+  }];
   let arguments = (ins F32Tensor2D:$lhs, F32Tensor2D:$rhs);
   let results = (outs F32Tensor2D:$result);
   let assemblyFormat = "$lhs `,` $rhs attr-dict `:` type($result)";
@@ -221,6 +281,14 @@ def Piper_RmsNormOp : Piper_ComputeOp<"rms_norm", [Pure,
 def Piper_SwigluOp : Piper_ComputeOp<"swiglu", [Pure,
     DeclareOpInterfaceMethods<Piper_DifferentiableOpInterface>]> {
   let summary = "SwiGLU: silu(gate) * up over packed [gate | up] columns";
+  let description = [{
+    `input` is [N, 2F]: columns 0..F-1 are the gate g, F..2F-1 the up
+    projection u; the result is [N, F] with silu(g) * u, as Llama's MLP.
+
+    ```mlir
+    %h = piper.swiglu %gu : (tensor<128x512xf32>) -> tensor<128x256xf32>
+    ```
+  }];
   let arguments = (ins F32Tensor2D:$input);
   let results = (outs F32Tensor2D:$result);
   let assemblyFormat = "$input attr-dict `:` functional-type(operands, results)";
@@ -230,6 +298,15 @@ def Piper_SwigluOp : Piper_ComputeOp<"swiglu", [Pure,
 def Piper_CrossEntropyOp : Piper_ComputeOp<"cross_entropy", [Pure,
     DeclareOpInterfaceMethods<Piper_DifferentiableOpInterface, ["isLoss"]>]> {
   let summary = "Mean softmax cross-entropy of logits [N, V] against targets [B, S]";
+  let description = [{
+    `logits` [B*S, V] against `targets` [B, S] i32: the mean over the
+    B*S rows of -log softmax(logits)[target] (the log-sum-exp accumulates
+    in double). A target outside [0, V) is a run-time error.
+
+    ```mlir
+    %loss = piper.cross_entropy %logits, %targets : (tensor<128x256xf32>, tensor<4x32xi32>) -> tensor<f32>
+    ```
+  }];
   let arguments = (ins F32Tensor2D:$logits, I32Tensor2D:$targets);
   let results = (outs F32Scalar:$loss);
   let assemblyFormat = "$logits `,` $targets attr-dict `:` functional-type(operands, results)";
@@ -243,6 +320,15 @@ def Piper_CrossEntropyOp : Piper_ComputeOp<"cross_entropy", [Pure,
 
 def Piper_EmbeddingGradOp : Piper_ComputeOp<"embedding_grad", [Pure]> {
   let summary = "Table gradient of embedding: scatter-add of dy rows by id";
+  let description = [{
+    The gradient of `piper.embedding` with respect to its table: a
+    [V, H] tensor (V from the result type) where row v sums the rows of
+    `grad` [B*S, H] whose id is v. Ids are not differentiable.
+
+    ```mlir
+    %dwte = piper.embedding_grad %ids, %dx : (tensor<4x32xi32>, tensor<128x64xf32>) -> tensor<256x64xf32>
+    ```
+  }];
   let arguments = (ins I32Tensor2D:$ids, F32Tensor2D:$grad);
   let results = (outs F32Tensor2D:$result);
   let assemblyFormat = "$ids `,` $grad attr-dict `:` functional-type(operands, results)";
@@ -250,6 +336,16 @@ def Piper_EmbeddingGradOp : Piper_ComputeOp<"embedding_grad", [Pure]> {
 
 def Piper_PositionAddGradOp : Piper_ComputeOp<"position_add_grad", [Pure]> {
   let summary = "Position-table gradient: dpos[s] = sum of dy rows n with n mod seq = s";
+  let description = [{
+    The gradient of `piper.position_add` with respect to the position
+    table (the input's gradient is `grad` itself): row s of the [P, H]
+    result sums the rows n of `grad` with n mod `seq` = s (zero for s >=
+    seq).
+
+    ```mlir
+    %dwpe = piper.position_add_grad %dy {seq = 32 : i64} : (tensor<128x64xf32>) -> tensor<32x64xf32>
+    ```
+  }];
   let arguments = (ins F32Tensor2D:$grad, I64Attr:$seq);
   let results = (outs F32Tensor2D:$result);
   let assemblyFormat = "$grad attr-dict `:` functional-type(operands, results)";
@@ -257,6 +353,15 @@ def Piper_PositionAddGradOp : Piper_ComputeOp<"position_add_grad", [Pure]> {
 
 def Piper_LayerNormGradInputOp : Piper_ComputeOp<"layer_norm_grad_input", [Pure]> {
   let summary = "Input gradient of layer_norm (input gradient; the BI half of its backward)";
+  let description = [{
+    dx of `piper.layer_norm` from its `input`, `gamma` and the output
+    gradient `grad` (the statistics are recomputed). Separate from the
+    gamma/beta gradients so that a split backward can run it as BI.
+
+    ```mlir
+    %dx = piper.layer_norm_grad_input %x, %g, %dy : (tensor<128x64xf32>, tensor<64xf32>, tensor<128x64xf32>) -> tensor<128x64xf32>
+    ```
+  }];
   let arguments = (ins F32Tensor2D:$input, F32Tensor1D:$gamma, F32Tensor2D:$grad,
                        DefaultValuedAttr<F64Attr, "1e-5">:$eps);
   let results = (outs F32Tensor2D:$result);
@@ -265,6 +370,14 @@ def Piper_LayerNormGradInputOp : Piper_ComputeOp<"layer_norm_grad_input", [Pure]
 
 def Piper_LayerNormGradWeightOp : Piper_ComputeOp<"layer_norm_grad_weight", [Pure]> {
   let summary = "Gamma and beta gradients of layer_norm (the BW half)";
+  let description = [{
+    dgamma = sum over rows of grad * xhat, dbeta = sum over rows of
+    grad, with xhat the normalized input (recomputed from `input`).
+
+    ```mlir
+    %dg, %db = piper.layer_norm_grad_weight %x, %dy : (tensor<128x64xf32>, tensor<128x64xf32>) -> (tensor<64xf32>, tensor<64xf32>)
+    ```
+  }];
   let arguments = (ins F32Tensor2D:$input, F32Tensor2D:$grad,
                        DefaultValuedAttr<F64Attr, "1e-5">:$eps);
   let results = (outs F32Tensor1D:$dgamma, F32Tensor1D:$dbeta);
@@ -273,6 +386,14 @@ def Piper_LayerNormGradWeightOp : Piper_ComputeOp<"layer_norm_grad_weight", [Pur
 
 def Piper_LinearGradInputOp : Piper_ComputeOp<"linear_grad_input", [Pure]> {
   let summary = "Input gradient of linear: dx = dy·wᵀ (dy·w with transpose_w)";
+  let description = [{
+    For y = x·w: dx = dy·wᵀ; with `transpose_w` (y = x·wᵀ, a tied head)
+    dx = dy·w.
+
+    ```mlir
+    %dx = piper.linear_grad_input %dy, %w : (tensor<128x256xf32>, tensor<64x256xf32>) -> tensor<128x64xf32>
+    ```
+  }];
   let arguments = (ins F32Tensor2D:$grad, F32Tensor2D:$weight, UnitAttr:$transpose_w);
   let results = (outs F32Tensor2D:$result);
   let assemblyFormat = "$grad `,` $weight attr-dict `:` functional-type(operands, results)";
@@ -280,6 +401,15 @@ def Piper_LinearGradInputOp : Piper_ComputeOp<"linear_grad_input", [Pure]> {
 
 def Piper_LinearGradWeightOp : Piper_ComputeOp<"linear_grad_weight", [Pure]> {
   let summary = "Weight gradient of linear: dw = xᵀ·dy (dyᵀ·x with transpose_w)";
+  let description = [{
+    For y = x·w: dw = xᵀ·dy ([K, M]); with `transpose_w` dw = dyᵀ·x
+    ([M, K], the layout of the tied table). The BW half of a linear's
+    backward.
+
+    ```mlir
+    %dw = piper.linear_grad_weight %x, %dy : (tensor<128x64xf32>, tensor<128x256xf32>) -> tensor<64x256xf32>
+    ```
+  }];
   let arguments = (ins F32Tensor2D:$input, F32Tensor2D:$grad, UnitAttr:$transpose_w);
   let results = (outs F32Tensor2D:$result);
   let assemblyFormat = "$input `,` $grad attr-dict `:` functional-type(operands, results)";
@@ -287,6 +417,13 @@ def Piper_LinearGradWeightOp : Piper_ComputeOp<"linear_grad_weight", [Pure]> {
 
 def Piper_BiasGradOp : Piper_ComputeOp<"bias_grad", [Pure]> {
   let summary = "Bias gradient: column sums of dy";
+  let description = [{
+    The gradient of a linear's bias: the sum of the rows of `grad`.
+
+    ```mlir
+    %db = piper.bias_grad %dy : (tensor<128x256xf32>) -> tensor<256xf32>
+    ```
+  }];
   let arguments = (ins F32Tensor2D:$grad);
   let results = (outs F32Tensor1D:$result);
   let assemblyFormat = "$grad attr-dict `:` functional-type(operands, results)";
@@ -294,6 +431,14 @@ def Piper_BiasGradOp : Piper_ComputeOp<"bias_grad", [Pure]> {
 
 def Piper_GeluGradOp : Piper_ComputeOp<"gelu_grad", [Pure, SameOperandsAndResultType]> {
   let summary = "Input gradient of gelu";
+  let description = [{
+    dx = grad * gelu'(input), with the derivative of the tanh
+    approximation.
+
+    ```mlir
+    %dx = piper.gelu_grad %x, %dy : tensor<128x256xf32>
+    ```
+  }];
   let arguments = (ins F32Tensor2D:$input, F32Tensor2D:$grad);
   let results = (outs F32Tensor2D:$result);
   let assemblyFormat = "$input `,` $grad attr-dict `:` type($result)";
@@ -301,6 +446,16 @@ def Piper_GeluGradOp : Piper_ComputeOp<"gelu_grad", [Pure, SameOperandsAndResult
 
 def Piper_AttentionGradOp : Piper_ComputeOp<"attention_grad", [Pure]> {
   let summary = "Gradient of attention w.r.t. packed q|k|v (recomputes the softmax)";
+  let description = [{
+    The gradient of `piper.attention` with respect to its packed `qkv`
+    input, for the output gradient `grad`; the attributes must equal the
+    forward's. The softmax is recomputed from `qkv` (nothing else is saved),
+    and with `rope_theta` the rotation is undone on the q and k gradients.
+
+    ```mlir
+    %dqkv = piper.attention_grad %qkv, %dy {heads = 4 : i64, seq = 32 : i64} : (tensor<128x192xf32>, tensor<128x64xf32>) -> tensor<128x192xf32>
+    ```
+  }];
   let arguments = (ins F32Tensor2D:$qkv, F32Tensor2D:$grad, I64Attr:$heads,
                        I64Attr:$seq, OptionalAttr<I64Attr>:$kv_heads,
                        OptionalAttr<F64Attr>:$rope_theta);
@@ -310,6 +465,14 @@ def Piper_AttentionGradOp : Piper_ComputeOp<"attention_grad", [Pure]> {
 
 def Piper_RmsNormGradInputOp : Piper_ComputeOp<"rms_norm_grad_input", [Pure]> {
   let summary = "Input gradient of rms_norm (input gradient; the BI half of its backward)";
+  let description = [{
+    dx of `piper.rms_norm` from its `input`, `gamma` and the output
+    gradient (the inverse RMS is recomputed): the BI half of its backward.
+
+    ```mlir
+    %dx = piper.rms_norm_grad_input %x, %g, %dy : (tensor<128x64xf32>, tensor<64xf32>, tensor<128x64xf32>) -> tensor<128x64xf32>
+    ```
+  }];
   let arguments = (ins F32Tensor2D:$input, F32Tensor1D:$gamma, F32Tensor2D:$grad,
                        DefaultValuedAttr<F64Attr, "1e-6">:$eps);
   let results = (outs F32Tensor2D:$result);
@@ -318,6 +481,14 @@ def Piper_RmsNormGradInputOp : Piper_ComputeOp<"rms_norm_grad_input", [Pure]> {
 
 def Piper_RmsNormGradWeightOp : Piper_ComputeOp<"rms_norm_grad_weight", [Pure]> {
   let summary = "Gain gradient of rms_norm (the BW half)";
+  let description = [{
+    dgamma = sum over rows of grad * x / sqrt(mean(x²) + eps): the BW
+    half of `piper.rms_norm`'s backward.
+
+    ```mlir
+    %dg = piper.rms_norm_grad_weight %x, %dy : (tensor<128x64xf32>, tensor<128x64xf32>) -> tensor<64xf32>
+    ```
+  }];
   let arguments = (ins F32Tensor2D:$input, F32Tensor2D:$grad,
                        DefaultValuedAttr<F64Attr, "1e-6">:$eps);
   let results = (outs F32Tensor1D:$result);
@@ -326,6 +497,14 @@ def Piper_RmsNormGradWeightOp : Piper_ComputeOp<"rms_norm_grad_weight", [Pure]> 
 
 def Piper_SwigluGradOp : Piper_ComputeOp<"swiglu_grad", [Pure]> {
   let summary = "Gradient of swiglu w.r.t. its packed [gate | up] input";
+  let description = [{
+    The gradient of `piper.swiglu` with respect to its packed input:
+    [N, 2F], d gate in the first F columns and d up in the last F.
+
+    ```mlir
+    %dgu = piper.swiglu_grad %gu, %dh : (tensor<128x512xf32>, tensor<128x256xf32>) -> tensor<128x512xf32>
+    ```
+  }];
   let arguments = (ins F32Tensor2D:$input, F32Tensor2D:$grad);
   let results = (outs F32Tensor2D:$result);
   let assemblyFormat = "$input `,` $grad attr-dict `:` functional-type(operands, results)";
@@ -372,6 +551,16 @@ def Piper_MoeRouterOp : Piper_ComputeOp<"moe_router", [Pure,
 
 def Piper_MoeRouterGradOp : Piper_ComputeOp<"moe_router_grad", [Pure]> {
   let summary = "Gradient of the router weights w.r.t. the logits";
+  let description = [{
+    The gradient of `piper.moe_router`'s `weights` with respect to its
+    `logits`, through the softmax (and the top-k renormalization when
+    `norm_topk` is set); `indices` are the forward's and are not
+    differentiable.
+
+    ```mlir
+    %dl = piper.moe_router_grad %logits, %idx, %dw {top_k = 2 : i64, norm_topk} : (tensor<128x8xf32>, tensor<128x2xi32>, tensor<128x2xf32>) -> tensor<128x8xf32>
+    ```
+  }];
   let arguments = (ins F32Tensor2D:$logits, I32Tensor2DAny:$indices,
                        F32Tensor2D:$grad, I64Attr:$top_k, UnitAttr:$norm_topk);
   let results = (outs F32Tensor2D:$result);
@@ -381,6 +570,18 @@ def Piper_MoeRouterGradOp : Piper_ComputeOp<"moe_router_grad", [Pure]> {
 def Piper_MoeDispatchOp : Piper_ComputeOp<"moe_dispatch", [Pure,
     DeclareOpInterfaceMethods<Piper_DifferentiableOpInterface>]> {
   let summary = "Copies each routed token into its expert's next free slot";
+  let description = [{
+    Scatters token rows into a slot buffer [E·C, H] (E = `experts`,
+    C = `capacity`): assignment (n, j) of expert e = indices[n, j] takes
+    e's lowest free slot s, and row e·C + s gets `input[n]`. Assignments
+    are visited in row-major order; once an expert has C of them the rest
+    are dropped. Unused slots are zero. `docs/kernels.md` states the rule
+    that dispatch, combine and their gradients share.
+
+    ```mlir
+    %buf = piper.moe_dispatch %x, %idx {experts = 8 : i64, capacity = 32 : i64} : (tensor<128x64xf32>, tensor<128x2xi32>) -> tensor<256x64xf32>
+    ```
+  }];
   let arguments = (ins F32Tensor2D:$input, I32Tensor2DAny:$indices,
                        I64Attr:$experts, I64Attr:$capacity);
   let results = (outs F32Tensor2D:$result);
@@ -390,6 +591,15 @@ def Piper_MoeDispatchOp : Piper_ComputeOp<"moe_dispatch", [Pure,
 
 def Piper_MoeDispatchGradOp : Piper_ComputeOp<"moe_dispatch_grad", [Pure]> {
   let summary = "Gradient of dispatch: sums each token's slot gradients";
+  let description = [{
+    The gradient of `piper.moe_dispatch` with respect to its input:
+    row n sums the slot gradients of token n's kept assignments (dropped
+    ones contribute nothing).
+
+    ```mlir
+    %dx = piper.moe_dispatch_grad %idx, %dbuf {experts = 8 : i64, capacity = 32 : i64} : (tensor<128x2xi32>, tensor<256x64xf32>) -> tensor<128x64xf32>
+    ```
+  }];
   let arguments = (ins I32Tensor2DAny:$indices, F32Tensor2D:$grad,
                        I64Attr:$experts, I64Attr:$capacity);
   let results = (outs F32Tensor2D:$result);
@@ -399,6 +609,15 @@ def Piper_MoeDispatchGradOp : Piper_ComputeOp<"moe_dispatch_grad", [Pure]> {
 def Piper_MoeCombineOp : Piper_ComputeOp<"moe_combine", [Pure,
     DeclareOpInterfaceMethods<Piper_DifferentiableOpInterface>]> {
   let summary = "Weighted sum of each token's expert outputs";
+  let description = [{
+    Gathers expert outputs back to tokens: y[n] = sum over j of
+    weights[n, j] * input[slot(n, j)] for the kept assignments of token n,
+    in j order (slots as in `piper.moe_dispatch`).
+
+    ```mlir
+    %y = piper.moe_combine %ebuf, %idx, %w {experts = 8 : i64, capacity = 32 : i64} : (tensor<256x64xf32>, tensor<128x2xi32>, tensor<128x2xf32>) -> tensor<128x64xf32>
+    ```
+  }];
   let arguments = (ins F32Tensor2D:$input, I32Tensor2DAny:$indices,
                        F32Tensor2D:$weights, I64Attr:$experts, I64Attr:$capacity);
   let results = (outs F32Tensor2D:$result);
@@ -408,6 +627,16 @@ def Piper_MoeCombineOp : Piper_ComputeOp<"moe_combine", [Pure,
 
 def Piper_MoeCombineGradOp : Piper_ComputeOp<"moe_combine_grad", [Pure]> {
   let summary = "Gradients of combine w.r.t. the expert outputs and the weights";
+  let description = [{
+    The gradients of `piper.moe_combine`: `dinput` (per slot, the
+    weight times the token's output gradient; zero for unused slots) and
+    `dweights` (per assignment, the dot product of the slot's expert output
+    with the token's gradient; zero when dropped).
+
+    ```mlir
+    %debuf, %dw = piper.moe_combine_grad %ebuf, %idx, %w, %dy {experts = 8 : i64, capacity = 32 : i64} : (tensor<256x64xf32>, tensor<128x2xi32>, tensor<128x2xf32>, tensor<128x64xf32>) -> (tensor<256x64xf32>, tensor<128x2xf32>)
+    ```
+  }];
   let arguments = (ins F32Tensor2D:$input, I32Tensor2DAny:$indices,
                        F32Tensor2D:$weights, F32Tensor2D:$grad,
                        I64Attr:$experts, I64Attr:$capacity);
@@ -418,6 +647,14 @@ def Piper_MoeCombineGradOp : Piper_ComputeOp<"moe_combine_grad", [Pure]> {
 def Piper_ExpertLinearOp : Piper_ComputeOp<"expert_linear", [Pure,
     DeclareOpInterfaceMethods<Piper_DifferentiableOpInterface, ["emitWeightGradients"]>]> {
   let summary = "Per-expert dense layer over expert slots: y[e] = x[e] · w[e]";
+  let description = [{
+    `input` is a slot buffer [E·C, K] (E = `experts`), `weight` is
+    [E, K, M]; rows e·C .. (e+1)·C-1 are multiplied by weight[e]. No bias.
+
+    ```mlir
+    %h = piper.expert_linear %buf, %w1 {experts = 8 : i64} : (tensor<256x64xf32>, tensor<8x64x512xf32>) -> tensor<256x512xf32>
+    ```
+  }];
   let arguments = (ins F32Tensor2D:$input, F32Tensor3D:$weight, I64Attr:$experts);
   let results = (outs F32Tensor2D:$result);
   let assemblyFormat = "$input `,` $weight attr-dict `:` functional-type(operands, results)";
@@ -426,6 +663,13 @@ def Piper_ExpertLinearOp : Piper_ComputeOp<"expert_linear", [Pure,
 
 def Piper_ExpertLinearGradInputOp : Piper_ComputeOp<"expert_linear_grad_input", [Pure]> {
   let summary = "Input gradient of expert_linear";
+  let description = [{
+    dx = dy · weight[e]ᵀ for the rows of expert e.
+
+    ```mlir
+    %dbuf = piper.expert_linear_grad_input %dh, %w1 {experts = 8 : i64} : (tensor<256x512xf32>, tensor<8x64x512xf32>) -> tensor<256x64xf32>
+    ```
+  }];
   let arguments = (ins F32Tensor2D:$grad, F32Tensor3D:$weight, I64Attr:$experts);
   let results = (outs F32Tensor2D:$result);
   let assemblyFormat = "$grad `,` $weight attr-dict `:` functional-type(operands, results)";
@@ -433,6 +677,13 @@ def Piper_ExpertLinearGradInputOp : Piper_ComputeOp<"expert_linear_grad_input", 
 
 def Piper_ExpertLinearGradWeightOp : Piper_ComputeOp<"expert_linear_grad_weight", [Pure]> {
   let summary = "Weight gradient of expert_linear";
+  let description = [{
+    dweight[e] = x_eᵀ · dy_e over the rows of expert e: the BW half.
+
+    ```mlir
+    %dw1 = piper.expert_linear_grad_weight %buf, %dh {experts = 8 : i64} : (tensor<256x64xf32>, tensor<256x512xf32>) -> tensor<8x64x512xf32>
+    ```
+  }];
   let arguments = (ins F32Tensor2D:$input, F32Tensor2D:$grad, I64Attr:$experts);
   let results = (outs F32Tensor3D:$result);
   let assemblyFormat = "$input `,` $grad attr-dict `:` functional-type(operands, results)";
@@ -472,6 +723,16 @@ def Piper_MoeAuxLossGradOp : Piper_ComputeOp<"moe_aux_loss_grad", [Pure]> {
 def Piper_AccumulateGradOp : Piper_Op<"accumulate_grad", [
     DeclareOpInterfaceMethods<SymbolUserOpInterface>]> {
   let summary = "Adds a gradient into the accumulator of a parameter";
+  let description = [{
+    Adds `grad` (the parameter's type) into the parameter's fp32
+    gradient accumulator, which sums over microbatches until an update (or
+    the runtime, for plans without one) clears it. Data-parallel and tied
+    parameters are then summed by the gradient form of `piper.all_reduce`.
+
+    ```mlir
+    piper.accumulate_grad @h0.mlp.w, %dw : tensor<64x256xf32>
+    ```
+  }];
   let arguments = (ins FlatSymbolRefAttr:$param, AnyRankedTensor:$grad);
   let assemblyFormat = "$param `,` $grad attr-dict `:` type($grad)";
 }
@@ -502,6 +763,14 @@ def Piper_AdamWOp : Piper_Op<"adamw", [
 def Piper_ZeroGradOp : Piper_Op<"zero_grad", [
     DeclareOpInterfaceMethods<SymbolUserOpInterface>]> {
   let summary = "Clears the gradient accumulator of a parameter";
+  let description = [{
+    Sets the parameter's gradient accumulator to zero; update segments
+    end with it, after `piper.adamw`, as `optimizer.zero_grad()`.
+
+    ```mlir
+    piper.zero_grad @h0.mlp.w
+    ```
+  }];
   let arguments = (ins FlatSymbolRefAttr:$param);
   let assemblyFormat = "$param attr-dict";
 }
