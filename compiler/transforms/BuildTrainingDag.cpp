@@ -3,6 +3,8 @@
 #include "compiler/transforms/Passes.h"
 #include "compiler/transforms/Transforms.h"
 
+#include "dialects/piper/Gradients.h"
+
 #include "llvm/ADT/SetVector.h"
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/IRMapping.h"
@@ -38,8 +40,10 @@ struct Differentiated {
 };
 
 /// Builds the backward segment of `fwd` and rewrites `fwd` to accumulate the
-/// loss and return the residuals.
-class Differentiator {
+/// loss and return the residuals. The gradient rules of the ops live with the
+/// ops (DifferentiableOpInterface, dialects/piper/Gradients.cpp); this class
+/// is the GradientEmitter they build through.
+class Differentiator : public GradientEmitter {
 public:
   Differentiator(SegmentOp fwd, OpBuilder &moduleBuilder)
       : fwd(fwd), mb(moduleBuilder) {}
@@ -69,15 +73,15 @@ public:
     Block &bb = bwd.getBody().front();
     b = std::make_unique<OpBuilder>(OpBuilder::atBlockEnd(&bb));
 
-    DenseSet<Value> losses;
     for (auto [i, v] : llvm::enumerate(yield.getValues())) {
       auto t = cast<RankedTensorType>(v.getType());
-      if (t.getRank() == 0 && v.getDefiningOp<CrossEntropyOp>()) {
+      auto def = v.getDefiningOp<DifferentiableOpInterface>();
+      if (t.getRank() == 0 && def && def.isLoss()) {
         out.lossResults.push_back(i);
         losses.insert(v);
       } else if (isFloat(v)) {
         out.gradResults.push_back(i);
-        addGrad(v, bb.addArgument(v.getType(), v.getLoc()));
+        addGrad(*b, v, bb.addArgument(v.getType(), v.getLoc()));
       }
     }
 
@@ -86,7 +90,7 @@ public:
     for (Operation &op : fb.without_terminator())
       forwardOps.push_back(&op);
     for (Operation *op : llvm::reverse(forwardOps))
-      if (failed(differentiate(op, losses)))
+      if (failed(differentiate(op)))
         return failure();
 
     SmallVector<Value> results;
@@ -132,22 +136,26 @@ private:
     return t && t.getElementType().isF32();
   }
 
-  void addGrad(Value v, Value g) {
+  // GradientEmitter.
+  Value getGrad(Value result) override { return grads.lookup(result); }
+
+  bool needsGrad(Value v) override { return requiresGrad.contains(v); }
+
+  void addGrad(OpBuilder &builder, Value v, Value g) override {
     auto it = grads.find(v);
     if (it == grads.end()) {
       grads[v] = g;
       return;
     }
-    it->second = AddOp::create(*b, g.getLoc(), it->second, g);
+    it->second = AddOp::create(builder, g.getLoc(), it->second, g);
   }
 
-  /// The value of forward value `v` inside the backward segment.
-  Value residual(Value v) {
+  Value getSaved(OpBuilder &builder, Value v) override {
     if (Value known = mapped.lookup(v))
       return known;
     Value r;
     if (auto ref = v.getDefiningOp<ParamRefOp>()) {
-      r = ParamRefOp::create(*b, ref.getLoc(), ref.getType(),
+      r = ParamRefOp::create(builder, ref.getLoc(), ref.getType(),
                              ref.getParamAttr());
     } else {
       Block &bb = bwd.getBody().front();
@@ -163,186 +171,46 @@ private:
     return r;
   }
 
-  LogicalResult differentiate(Operation *op, const DenseSet<Value> &losses) {
-    Location loc = op->getLoc();
-    if (auto ce = dyn_cast<CrossEntropyOp>(op)) {
-      if (!losses.contains(ce.getLoss()))
-        return success();
-      OpBuilder fbld(op->getContext());
-      fbld.setInsertionPointAfter(op);
-      LossAccumulateOp::create(fbld, loc, ce.getLoss(),
-                               fbld.getF64FloatAttr(1.0));
-      Value d = CrossEntropyGradOp::create(*b, loc, ce.getLogits().getType(),
-                                           residual(ce.getLogits()),
-                                           residual(ce.getTargets()));
-      addGrad(ce.getLogits(), d);
-      return success();
-    }
-    if (auto aux = dyn_cast<MoeAuxLossOp>(op)) {
-      OpBuilder fbld(op->getContext());
-      fbld.setInsertionPointAfter(op);
-      LossAccumulateOp::create(fbld, loc, aux.getLoss(), aux.getCoeffAttr());
-      addGrad(aux.getLogits(),
-              MoeAuxLossGradOp::create(
-                  *b, loc, aux.getLogits().getType(), residual(aux.getLogits()),
-                  residual(aux.getIndices()), aux.getExpertsAttr(),
-                  aux.getTopKAttr(), aux.getCoeffAttr()));
-      return success();
-    }
-    // Ops none of whose results carry a gradient contribute nothing.
-    Value dy;
-    for (Value r : op->getResults())
-      if (Value g = grads.lookup(r))
-        dy = g;
-    if (!dy)
-      return success();
-    auto needs = [&](Value v) { return requiresGrad.contains(v); };
+  bool isReturnedLoss(Value loss) override { return losses.contains(loss); }
 
+  void accumulateLoss(Value loss, FloatAttr weight) override {
+    OpBuilder fbld(loss.getContext());
+    fbld.setInsertionPointAfterValue(loss);
+    LossAccumulateOp::create(fbld, loss.getLoc(), loss, weight);
+  }
+
+  /// Runs the gradient rule of `op` (DifferentiableOpInterface), or
+  /// accumulates the gradient of a parameter read.
+  LogicalResult differentiate(Operation *op) {
+    auto rule = dyn_cast<DifferentiableOpInterface>(op);
+    // Ops none of whose results carry a gradient contribute nothing, except
+    // losses, whose gradient is the loss seed.
+    bool isLoss = rule && rule.isLoss();
+    if (!isLoss && llvm::none_of(op->getResults(),
+                                 [&](Value r) { return grads.count(r); }))
+      return success();
     if (auto ref = dyn_cast<ParamRefOp>(op)) {
-      AccumulateGradOp::create(*b, loc, ref.getParamAttr(), dy);
+      AccumulateGradOp::create(*b, ref.getLoc(), ref.getParamAttr(),
+                               grads.lookup(ref.getResult()));
       out.params.insert(ref.getParamAttr().getAttr());
       return success();
     }
-    if (auto lin = dyn_cast<LinearOp>(op)) {
-      bool tr = lin.getTransposeW();
-      if (needs(lin.getInput()))
-        addGrad(lin.getInput(),
-                LinearGradInputOp::create(*b, loc, lin.getInput().getType(), dy,
-                                          residual(lin.getWeight()), tr));
-      if (needs(lin.getWeight()))
-        addGrad(lin.getWeight(),
-                LinearGradWeightOp::create(*b, loc, lin.getWeight().getType(),
-                                           residual(lin.getInput()), dy, tr));
-      if (lin.getBias() && needs(lin.getBias()))
-        addGrad(lin.getBias(), BiasGradOp::create(*b, loc,
-                                                  lin.getBias().getType(), dy));
-      return success();
-    }
-    if (auto ln = dyn_cast<LayerNormOp>(op)) {
-      // Input and weight gradients are separate ops (BI / BW).
-      if (needs(ln.getInput()))
-        addGrad(ln.getInput(),
-                LayerNormGradInputOp::create(
-                    *b, loc, ln.getInput().getType(), residual(ln.getInput()),
-                    residual(ln.getGamma()), dy, ln.getEpsAttr()));
-      if (needs(ln.getGamma()) || needs(ln.getBeta())) {
-        auto g = LayerNormGradWeightOp::create(
-            *b, loc, ln.getGamma().getType(), ln.getBeta().getType(),
-            residual(ln.getInput()), dy, ln.getEpsAttr());
-        if (needs(ln.getGamma()))
-          addGrad(ln.getGamma(), g.getDgamma());
-        if (needs(ln.getBeta()))
-          addGrad(ln.getBeta(), g.getDbeta());
-      }
-      return success();
-    }
-    if (auto gelu = dyn_cast<GeluOp>(op)) {
-      addGrad(gelu.getInput(),
-              GeluGradOp::create(*b, loc, residual(gelu.getInput()), dy));
-      return success();
-    }
-    if (auto add = dyn_cast<AddOp>(op)) {
-      if (needs(add.getLhs()))
-        addGrad(add.getLhs(), dy);
-      if (needs(add.getRhs()))
-        addGrad(add.getRhs(), dy);
-      return success();
-    }
-    if (auto att = dyn_cast<AttentionOp>(op)) {
-      addGrad(att.getQkv(),
-              AttentionGradOp::create(*b, loc, att.getQkv().getType(),
-                                      residual(att.getQkv()), dy,
-                                      att.getHeadsAttr(), att.getSeqAttr(),
-                                      att.getKvHeadsAttr(),
-                                      att.getRopeThetaAttr()));
-      return success();
-    }
-    if (auto rms = dyn_cast<RmsNormOp>(op)) {
-      if (needs(rms.getInput()))
-        addGrad(rms.getInput(),
-                RmsNormGradInputOp::create(
-                    *b, loc, rms.getInput().getType(), residual(rms.getInput()),
-                    residual(rms.getGamma()), dy, rms.getEpsAttr()));
-      if (needs(rms.getGamma()))
-        addGrad(rms.getGamma(),
-                RmsNormGradWeightOp::create(*b, loc, rms.getGamma().getType(),
-                                            residual(rms.getInput()), dy,
-                                            rms.getEpsAttr()));
-      return success();
-    }
-    if (auto router = dyn_cast<MoeRouterOp>(op)) {
-      Value dw = grads.lookup(router.getWeights());
-      if (dw && needs(router.getLogits()))
-        addGrad(router.getLogits(),
-                MoeRouterGradOp::create(
-                    *b, loc, router.getLogits().getType(),
-                    residual(router.getLogits()), residual(router.getIndices()),
-                    dw, router.getTopKAttr(), router.getNormTopkAttr()));
-      return success();
-    }
-    if (auto disp = dyn_cast<MoeDispatchOp>(op)) {
-      if (needs(disp.getInput()))
-        addGrad(disp.getInput(),
-                MoeDispatchGradOp::create(*b, loc, disp.getInput().getType(),
-                                          residual(disp.getIndices()), dy,
-                                          disp.getExpertsAttr(),
-                                          disp.getCapacityAttr()));
-      return success();
-    }
-    if (auto comb = dyn_cast<MoeCombineOp>(op)) {
-      auto g = MoeCombineGradOp::create(
-          *b, loc, comb.getInput().getType(), comb.getWeights().getType(),
-          residual(comb.getInput()), residual(comb.getIndices()),
-          residual(comb.getWeights()), dy, comb.getExpertsAttr(),
-          comb.getCapacityAttr());
-      if (needs(comb.getInput()))
-        addGrad(comb.getInput(), g.getDinput());
-      if (needs(comb.getWeights()))
-        addGrad(comb.getWeights(), g.getDweights());
-      return success();
-    }
-    if (auto el = dyn_cast<ExpertLinearOp>(op)) {
-      if (needs(el.getInput()))
-        addGrad(el.getInput(),
-                ExpertLinearGradInputOp::create(*b, loc, el.getInput().getType(),
-                                                dy, residual(el.getWeight()),
-                                                el.getExpertsAttr()));
-      if (needs(el.getWeight()))
-        addGrad(el.getWeight(),
-                ExpertLinearGradWeightOp::create(
-                    *b, loc, el.getWeight().getType(), residual(el.getInput()),
-                    dy, el.getExpertsAttr()));
-      return success();
-    }
-    if (auto sw = dyn_cast<SwigluOp>(op)) {
-      addGrad(sw.getInput(),
-              SwigluGradOp::create(*b, loc, sw.getInput().getType(),
-                                   residual(sw.getInput()), dy));
-      return success();
-    }
-    if (auto emb = dyn_cast<EmbeddingOp>(op)) {
-      if (needs(emb.getTable()))
-        addGrad(emb.getTable(),
-                EmbeddingGradOp::create(*b, loc, emb.getTable().getType(),
-                                        residual(emb.getIds()), dy));
-      return success();
-    }
-    if (auto pa = dyn_cast<PositionAddOp>(op)) {
-      if (needs(pa.getInput()))
-        addGrad(pa.getInput(), dy);
-      if (needs(pa.getPos()))
-        addGrad(pa.getPos(),
-                PositionAddGradOp::create(*b, loc, pa.getPos().getType(), dy,
-                                          pa.getSeqAttr()));
-      return success();
-    }
-    return op->emitOpError("has no gradient rule");
+    if (!rule)
+      return op->emitError()
+             << "op '" << op->getName() << "' has no gradient rule";
+    // Input gradients (BI) first, then weight gradients (BW).
+    if (failed(rule.emitInputGradients(*b, *this)) ||
+        failed(rule.emitWeightGradients(*b, *this)))
+      return failure();
+    return success();
   }
 
   SegmentOp fwd, bwd;
   OpBuilder &mb;
   std::unique_ptr<OpBuilder> b;
   DenseSet<Value> requiresGrad;
+  /// Scalar results the forward returns as its loss.
+  DenseSet<Value> losses;
   DenseMap<Value, Value> grads;
   DenseMap<Value, Value> mapped;
   Differentiated out;
@@ -377,7 +245,6 @@ LogicalResult mlir::piper::buildTrainingDag(ModuleOp module,
     TagAttr tag;
   };
   std::vector<StageInfo> infos;
-  DenseMap<Value, std::pair<unsigned, unsigned>> producer; // old result -> (stage, result)
   for (auto [si, t] : llvm::enumerate(tasks)) {
     auto seg = symbols.lookup<SegmentOp>(t.getSegment());
     if (!seg)

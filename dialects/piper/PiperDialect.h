@@ -32,6 +32,8 @@ double countResultElements(Operation *op);
 /// Bytes of every tensor operand and result of `op`: the default bytes moved
 /// of CostOpInterface.
 double countTensorBytes(Operation *op);
+/// The context a gradient rule builds in (Gradients.h).
+class GradientEmitter;
 } // namespace mlir::piper
 
 #include "dialects/piper/PiperInterfaces.h.inc"

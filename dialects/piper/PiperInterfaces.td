@@ -92,4 +92,61 @@ def Piper_CostOpInterface : OpInterface<"CostOpInterface"> {
   ];
 }
 
+def Piper_DifferentiableOpInterface : OpInterface<"DifferentiableOpInterface"> {
+  let cppNamespace = "::mlir::piper";
+  let description = [{
+    The gradient rule of a forward compute op, next to the op: how
+    `piper-build-training-dag` (reverse-mode autodiff) differentiates it.
+    The pass walks a segment's ops in reverse; for each op one of whose
+    results received a gradient, or that is a loss, it calls
+    `emitInputGradients`, then `emitWeightGradients`. A rule reads the
+    gradients of the op's results and the forward values it needs through a
+    `GradientEmitter` (`dialects/piper/Gradients.h`), builds gradient ops
+    with the builder it is handed (into the backward segment) and adds each
+    operand's gradient with `GradientEmitter::addGrad`. An op on the
+    gradient path without this interface is an error.
+
+    The two halves are the BI and BW work of a zero-bubble schedule. Input
+    gradients (of activations) feed the previous op and stage: they are on
+    the critical path. Weight gradients (of the operands an op treats as its
+    weights: a linear's weight and bias, a norm's gain, an embedding table)
+    only end in parameter accumulators and could run later. Today both land
+    in one `B` segment, the input half first.
+
+    Rules never accumulate parameters themselves: they add the gradient of a
+    weight operand like any other, and the pass turns the gradient of each
+    `param_ref` into one `piper.accumulate_grad`.
+  }];
+  let methods = [
+    InterfaceMethod<[{
+        Emits the gradients of the op's activation operands (BI work).
+      }],
+      "::llvm::LogicalResult", "emitInputGradients",
+      (ins "::mlir::OpBuilder &":$builder,
+           "::mlir::piper::GradientEmitter &":$emitter)>,
+    InterfaceMethod<[{
+        Emits the gradients of the op's weight operands (BW work). Ops
+        without weights keep the default, which emits nothing.
+      }],
+      "::llvm::LogicalResult", "emitWeightGradients",
+      (ins "::mlir::OpBuilder &":$builder,
+           "::mlir::piper::GradientEmitter &":$emitter),
+      /*methodBody=*/"",
+      /*defaultImplementation=*/[{
+        return ::mlir::success();
+      }]>,
+    InterfaceMethod<[{
+        Whether the op computes a term of the training loss. Its gradient is
+        then the loss seed, not a gradient received from its users, so the
+        pass differentiates it even when no result has a gradient, and a
+        scalar result of it that the segment returns is the segment's loss
+        (dropped from the forward's results).
+      }],
+      "bool", "isLoss", (ins), /*methodBody=*/"",
+      /*defaultImplementation=*/[{
+        return false;
+      }]>,
+  ];
+}
+
 #endif // PIPER_INTERFACES_TD

@@ -140,7 +140,8 @@ def Piper_ParamRefOp : Piper_Op<"param_ref", [Pure,
 // of B sequences of S tokens, flattened); token ids are [B, S] i32.
 //===----------------------------------------------------------------------===//
 
-def Piper_EmbeddingOp : Piper_ComputeOp<"embedding", [Pure]> {
+def Piper_EmbeddingOp : Piper_ComputeOp<"embedding", [Pure,
+    DeclareOpInterfaceMethods<Piper_DifferentiableOpInterface, ["emitWeightGradients"]>]> {
   let summary = "Token embedding lookup: y[b*S+s] = table[ids[b, s]]";
   let description = [{
     `ids` is [B, S] i32, `table` is [V, H]; the result is [B*S, H],
@@ -157,7 +158,8 @@ def Piper_EmbeddingOp : Piper_ComputeOp<"embedding", [Pure]> {
   let hasVerifier = 1;
 }
 
-def Piper_PositionAddOp : Piper_ComputeOp<"position_add", [Pure]> {
+def Piper_PositionAddOp : Piper_ComputeOp<"position_add", [Pure,
+    DeclareOpInterfaceMethods<Piper_DifferentiableOpInterface, ["emitWeightGradients"]>]> {
   let summary = "Adds learned positions: y[n] = x[n] + pos[n mod seq]";
   let description = [{
     Adds a learned position embedding `pos` [P, H] (P >= seq) to
@@ -173,7 +175,8 @@ def Piper_PositionAddOp : Piper_ComputeOp<"position_add", [Pure]> {
   let hasVerifier = 1;
 }
 
-def Piper_LayerNormOp : Piper_ComputeOp<"layer_norm", [Pure]> {
+def Piper_LayerNormOp : Piper_ComputeOp<"layer_norm", [Pure,
+    DeclareOpInterfaceMethods<Piper_DifferentiableOpInterface, ["emitWeightGradients"]>]> {
   let summary = "Layer normalization over the last dimension, with affine";
   let description = [{
     Per row: y = (x - mean) / sqrt(var + eps) * gamma + beta, with the
@@ -191,7 +194,8 @@ def Piper_LayerNormOp : Piper_ComputeOp<"layer_norm", [Pure]> {
 }
 
 def Piper_LinearOp : Piper_Op<"linear", [Pure,
-    DeclareOpInterfaceMethods<Piper_CostOpInterface, ["getFlops"]>]> {
+    DeclareOpInterfaceMethods<Piper_CostOpInterface, ["getFlops"]>,
+    DeclareOpInterfaceMethods<Piper_DifferentiableOpInterface, ["emitWeightGradients"]>]> {
   let summary = "Dense layer: y = x·w (+ b), or x·wᵀ with transpose_w";
   let description = [{
     `x` is [N, K]; `w` is [K, M], or [M, K] with `transpose_w` (a head tied to
@@ -204,7 +208,8 @@ def Piper_LinearOp : Piper_Op<"linear", [Pure,
   let hasVerifier = 1;
 }
 
-def Piper_GeluOp : Piper_ComputeOp<"gelu", [Pure, SameOperandsAndResultType]> {
+def Piper_GeluOp : Piper_ComputeOp<"gelu", [Pure, SameOperandsAndResultType,
+    DeclareOpInterfaceMethods<Piper_DifferentiableOpInterface>]> {
   let summary = "GELU, tanh approximation (as GPT-2)";
   let description = [{
     y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), elementwise, as
@@ -219,7 +224,8 @@ def Piper_GeluOp : Piper_ComputeOp<"gelu", [Pure, SameOperandsAndResultType]> {
   let assemblyFormat = "$input attr-dict `:` type($result)";
 }
 
-def Piper_AddOp : Piper_ComputeOp<"add", [Pure, SameOperandsAndResultType]> {
+def Piper_AddOp : Piper_ComputeOp<"add", [Pure, SameOperandsAndResultType,
+    DeclareOpInterfaceMethods<Piper_DifferentiableOpInterface>]> {
   let summary = "Elementwise sum (residual connections, gradient fan-in)";
   let description = [{
     Elementwise `lhs + rhs` of two tensors of one type: residual
@@ -236,7 +242,8 @@ def Piper_AddOp : Piper_ComputeOp<"add", [Pure, SameOperandsAndResultType]> {
 }
 
 def Piper_AttentionOp : Piper_Op<"attention", [Pure,
-    DeclareOpInterfaceMethods<Piper_CostOpInterface, ["getFlops"]>]> {
+    DeclareOpInterfaceMethods<Piper_CostOpInterface, ["getFlops"]>,
+    DeclareOpInterfaceMethods<Piper_DifferentiableOpInterface>]> {
   let summary = "Causal multi-head self-attention over packed q|k|v";
   let description = [{
     Each row of `qkv` holds q (heads * hd), then k and v (kv_heads * hd each;
@@ -258,7 +265,8 @@ def Piper_AttentionOp : Piper_Op<"attention", [Pure,
   }];
 }
 
-def Piper_RmsNormOp : Piper_ComputeOp<"rms_norm", [Pure]> {
+def Piper_RmsNormOp : Piper_ComputeOp<"rms_norm", [Pure,
+    DeclareOpInterfaceMethods<Piper_DifferentiableOpInterface, ["emitWeightGradients"]>]> {
   let summary = "RMS normalization over the last dimension, with a gain";
   let description = [{
     y = x / sqrt(mean(x²) + eps) * gamma, as Llama's RMSNorm.
@@ -270,7 +278,8 @@ def Piper_RmsNormOp : Piper_ComputeOp<"rms_norm", [Pure]> {
   let hasVerifier = 1;
 }
 
-def Piper_SwigluOp : Piper_ComputeOp<"swiglu", [Pure]> {
+def Piper_SwigluOp : Piper_ComputeOp<"swiglu", [Pure,
+    DeclareOpInterfaceMethods<Piper_DifferentiableOpInterface>]> {
   let summary = "SwiGLU: silu(gate) * up over packed [gate | up] columns";
   let description = [{
     `input` is [N, 2F]: columns 0..F-1 are the gate g, F..2F-1 the up
@@ -286,7 +295,8 @@ def Piper_SwigluOp : Piper_ComputeOp<"swiglu", [Pure]> {
   let hasVerifier = 1;
 }
 
-def Piper_CrossEntropyOp : Piper_ComputeOp<"cross_entropy", [Pure]> {
+def Piper_CrossEntropyOp : Piper_ComputeOp<"cross_entropy", [Pure,
+    DeclareOpInterfaceMethods<Piper_DifferentiableOpInterface, ["isLoss"]>]> {
   let summary = "Mean softmax cross-entropy of logits [N, V] against targets [B, S]";
   let description = [{
     `logits` [B*S, V] against `targets` [B, S] i32: the mean over the
@@ -525,7 +535,8 @@ def I32Tensor2DAny : ConfinedType<2DTensorOf<[I32]>, [HasStaticShapePred],
 def F32Tensor3D : ConfinedType<3DTensorOf<[F32]>, [HasStaticShapePred],
                                "statically shaped 3-D tensor of f32">;
 
-def Piper_MoeRouterOp : Piper_ComputeOp<"moe_router", [Pure]> {
+def Piper_MoeRouterOp : Piper_ComputeOp<"moe_router", [Pure,
+    DeclareOpInterfaceMethods<Piper_DifferentiableOpInterface>]> {
   let summary = "Top-k softmax routing: expert indices and gate weights per token";
   let description = [{
     p = softmax(logits); `indices` are the top_k experts by p (descending,
@@ -556,7 +567,8 @@ def Piper_MoeRouterGradOp : Piper_ComputeOp<"moe_router_grad", [Pure]> {
   let assemblyFormat = "$logits `,` $indices `,` $grad attr-dict `:` functional-type(operands, results)";
 }
 
-def Piper_MoeDispatchOp : Piper_ComputeOp<"moe_dispatch", [Pure]> {
+def Piper_MoeDispatchOp : Piper_ComputeOp<"moe_dispatch", [Pure,
+    DeclareOpInterfaceMethods<Piper_DifferentiableOpInterface>]> {
   let summary = "Copies each routed token into its expert's next free slot";
   let description = [{
     Scatters token rows into a slot buffer [E·C, H] (E = `experts`,
@@ -594,7 +606,8 @@ def Piper_MoeDispatchGradOp : Piper_ComputeOp<"moe_dispatch_grad", [Pure]> {
   let assemblyFormat = "$indices `,` $grad attr-dict `:` functional-type(operands, results)";
 }
 
-def Piper_MoeCombineOp : Piper_ComputeOp<"moe_combine", [Pure]> {
+def Piper_MoeCombineOp : Piper_ComputeOp<"moe_combine", [Pure,
+    DeclareOpInterfaceMethods<Piper_DifferentiableOpInterface>]> {
   let summary = "Weighted sum of each token's expert outputs";
   let description = [{
     Gathers expert outputs back to tokens: y[n] = sum over j of
@@ -631,7 +644,8 @@ def Piper_MoeCombineGradOp : Piper_ComputeOp<"moe_combine_grad", [Pure]> {
   let assemblyFormat = "$input `,` $indices `,` $weights `,` $grad attr-dict `:` functional-type(operands, results)";
 }
 
-def Piper_ExpertLinearOp : Piper_ComputeOp<"expert_linear", [Pure]> {
+def Piper_ExpertLinearOp : Piper_ComputeOp<"expert_linear", [Pure,
+    DeclareOpInterfaceMethods<Piper_DifferentiableOpInterface, ["emitWeightGradients"]>]> {
   let summary = "Per-expert dense layer over expert slots: y[e] = x[e] · w[e]";
   let description = [{
     `input` is a slot buffer [E·C, K] (E = `experts`), `weight` is
@@ -675,7 +689,8 @@ def Piper_ExpertLinearGradWeightOp : Piper_ComputeOp<"expert_linear_grad_weight"
   let assemblyFormat = "$input `,` $grad attr-dict `:` functional-type(operands, results)";
 }
 
-def Piper_MoeAuxLossOp : Piper_ComputeOp<"moe_aux_loss"> {
+def Piper_MoeAuxLossOp : Piper_ComputeOp<"moe_aux_loss", [
+    DeclareOpInterfaceMethods<Piper_DifferentiableOpInterface, ["isLoss"]>]> {
   let summary = "Switch-style load-balancing loss, a term of the training loss";
   let description = [{
     E * sum_e f_e * P_e with f_e the fraction of routing choices that picked

@@ -449,6 +449,16 @@ Status TcpStore::has(const std::string &key, bool &present) {
   return Status::ok();
 }
 
+Status TcpStore::getValue(const std::string &key, std::string &value,
+                          bool &present) {
+  std::string request = "G", reply;
+  putString(request, key);
+  PIPER_RETURN_IF_ERROR(call(request, reply));
+  present = !reply.empty() && reply[0] == 'V';
+  value = present ? reply.substr(1) : std::string();
+  return Status::ok();
+}
+
 Status TcpStore::waitFor(const std::vector<std::string> &keys,
                          std::chrono::milliseconds wait,
                          std::vector<std::string> &missing) {

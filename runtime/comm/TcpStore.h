@@ -79,6 +79,8 @@ public:
   Status setValue(const std::string &key, const std::string &value);
   /// Whether `key` is set now, without waiting.
   Status has(const std::string &key, bool &present);
+  /// Reads `key` without waiting: `present` says whether it is set.
+  Status getValue(const std::string &key, std::string &value, bool &present);
   /// Waits until every key of `keys` is set or `timeout` passes; then
   /// `missing` lists those still unset (empty on success).
   Status waitFor(const std::vector<std::string> &keys,

@@ -39,6 +39,31 @@ struct ExecutorOptions {
   /// Times every kernel (by op name) and every other instruction (by kind),
   /// per stream; read with Executor::profile(). Off, no clock is read.
   bool profile = false;
+  /// A test aid (PIPER_FAULT, docs/operations.md): `onFault` runs on the
+  /// thread of stream `faultStream` just before instruction
+  /// `faultInstruction` of step `faultStep` (after the position shows it).
+  /// -1 never matches.
+  int64_t faultStep = -1;
+  int faultStream = -1;
+  int faultInstruction = -1;
+  std::function<void()> onFault;
+};
+
+/// Where an executor is, read from another thread (a watchdog) with relaxed
+/// atomic loads: the executor stores one int per instruction.
+struct ExecPosition {
+  enum Phase { kIdle = 0, kStreams = 1, kLossAllReduce = 2 };
+  /// The step running, or the last one run (0 before the first).
+  int64_t step = 0;
+  /// kStreams while the plan streams run, kLossAllReduce in the step's
+  /// final loss all-reduce over all ranks, kIdle between steps.
+  int phase = kIdle;
+  /// Per plan stream: the instruction running (or last run) in this step;
+  /// the stream's instruction count when it has run them all (then it waits
+  /// for its sends, or is done); -1 before its first instruction.
+  std::vector<int> instruction;
+  /// The stream whose failure was reported first, -1 if none.
+  int failedStream = -1;
 };
 
 /// One row of the runtime profile (ExecutorOptions::profile): a kernel op
@@ -90,6 +115,9 @@ public:
   /// every step with CLIP_GRADS's definition whether or not the plan clips;
   /// -1 before the first step.
   double lastGradNorm() const;
+
+  /// The live position of every stream (cheap; any thread, any time).
+  ExecPosition position() const;
 
   /// With ExecutorOptions::profile: the time accumulated since creation or
   /// the last resetProfile(), one entry per op or instruction kind that ran,

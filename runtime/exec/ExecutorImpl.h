@@ -153,6 +153,15 @@ public:
 
   Profiler profiler;
 
+  // Live position (Executor::position, for a watchdog): relaxed atomics,
+  // one store per instruction. streamAt points into streamAtStore once the
+  // first step allocates it (plan.streams_size() entries).
+  std::unique_ptr<std::atomic<int>[]> streamAtStore;
+  std::atomic<std::atomic<int> *> streamAt{nullptr};
+  std::atomic<int64_t> posStep{0};
+  std::atomic<int> posPhase{0};
+  std::atomic<int> failedStream{-1};
+
   // Loading (Executor.cpp, Segments.cpp).
   Status init(uint64_t seed);
   Status resolveKernels();
@@ -163,6 +172,9 @@ public:
   void runStream(int s, StepState &st);
   /// Records the first failure of the step and wakes every waiter.
   void fail(StepState &st, const Status &status);
+  /// Records stream `s` as the failed one, unless one already is.
+  void markFailed(int s);
+  ExecPosition position() const;
 
   // Instructions (Instructions.cpp).
   Status execute(int s, int i, StepState &st,

@@ -1,6 +1,7 @@
 // One training step: every plan stream runs its instructions on its
 // persistent HAL stream, failures stop the others, and the step's loss and
 // gradient norm are summed over ranks.
+#include <algorithm>
 #include <exception>
 
 #include "runtime/exec/ExecutorImpl.h"
@@ -36,13 +37,19 @@ void ExecutorImpl::runStream(int s, StepState &st) {
       abandoned.push_back(std::move(send.tensor));
     pendingSends.clear();
   };
+  std::atomic<int> &at = streamAt.load(std::memory_order_relaxed)[s];
+  const bool faults = options.faultStep == st.step && options.faultStream == s;
   int i = 0;
   try {
     for (; i < stream.instructions_size(); ++i) {
       if (st.failed.load(std::memory_order_relaxed))
         break;
+      at.store(i, std::memory_order_relaxed);
+      if (faults && i == options.faultInstruction && options.onFault)
+        options.onFault();
       Status status = execute(s, i, st, pendingSends);
       if (!status) {
+        markFailed(s);
         fail(st,
              status.withContext(who + ", " + instructionContext(plan, s, i)));
         abandonSends();
@@ -53,6 +60,7 @@ void ExecutorImpl::runStream(int s, StepState &st) {
       abandonSends();
       return;
     }
+    at.store(i, std::memory_order_relaxed);
     if (!pendingSends.empty()) {
       Clock::time_point start;
       if (options.profile)
@@ -68,6 +76,7 @@ void ExecutorImpl::runStream(int s, StepState &st) {
       if (options.profile)
         profiler.add(s, Profiler::kWaitSends, nanosSince(start));
       if (!status) {
+        markFailed(s);
         fail(st, status.withContext(who + ", stream '" + stream.name() +
                                     "', end of step: waiting for sends"));
         abandonSends();
@@ -75,6 +84,7 @@ void ExecutorImpl::runStream(int s, StepState &st) {
       }
     }
   } catch (const std::exception &e) {
+    markFailed(s);
     fail(st, Status::error(who + ", " + instructionContext(plan, s, i) +
                            ": internal error: " + e.what()));
     abandonSends();
@@ -95,6 +105,18 @@ Status ExecutorImpl::runStep(int64_t step, double &loss) {
     st.buffers[b].readersLeft.store(readerCount[b], std::memory_order_relaxed);
   st.loss.assign(numStreams, 0.0);
 
+  if (!streamAtStore) {
+    streamAtStore = std::make_unique<std::atomic<int>[]>(
+        static_cast<size_t>(std::max(1, numStreams)));
+    for (int s = 0; s < numStreams; ++s)
+      streamAtStore[s].store(-1, std::memory_order_relaxed);
+    streamAt.store(streamAtStore.get(), std::memory_order_release);
+  }
+  for (int s = 0; s < numStreams; ++s)
+    streamAtStore[s].store(-1, std::memory_order_relaxed);
+  posStep.store(step, std::memory_order_relaxed);
+  posPhase.store(ExecPosition::kStreams, std::memory_order_relaxed);
+
   for (int s = 0; s < numStreams; ++s)
     streams[s]->enqueue([this, s, &st] { runStream(s, st); });
   for (int s = 0; s < numStreams; ++s)
@@ -103,6 +125,7 @@ Status ExecutorImpl::runStep(int64_t step, double &loss) {
     broken = true;
     return st.error;
   }
+  posPhase.store(ExecPosition::kLossAllReduce, std::memory_order_relaxed);
 
   loss = 0;
   for (double l : st.loss)
@@ -125,7 +148,28 @@ Status ExecutorImpl::runStep(int64_t step, double &loss) {
   }
   loss = sums[0];
   finishGradNorm(sums[1]);
+  posPhase.store(ExecPosition::kIdle, std::memory_order_relaxed);
   return Status::ok();
 }
+
+void ExecutorImpl::markFailed(int s) {
+  int none = -1;
+  failedStream.compare_exchange_strong(none, s);
+}
+
+ExecPosition ExecutorImpl::position() const {
+  ExecPosition p;
+  p.step = posStep.load(std::memory_order_relaxed);
+  p.phase = posPhase.load(std::memory_order_relaxed);
+  p.failedStream = failedStream.load(std::memory_order_relaxed);
+  std::atomic<int> *at = streamAt.load(std::memory_order_acquire);
+  p.instruction.assign(static_cast<size_t>(plan.streams_size()), -1);
+  if (at)
+    for (int s = 0; s < plan.streams_size(); ++s)
+      p.instruction[s] = at[s].load(std::memory_order_relaxed);
+  return p;
+}
+
+ExecPosition Executor::position() const { return impl->position(); }
 
 } // namespace piper::runtime

@@ -9,6 +9,7 @@
 #include "runtime/launch/RunRank.h"
 #include "runtime/launch/Spawn.h"
 #include "runtime/launch/StrategyFiles.h"
+#include "runtime/launch/Watchdog.h"
 
 namespace piper::runtime {
 
@@ -50,6 +51,18 @@ int piperRunMain(int argc, char **argv) {
     fmt::print(stderr, "piper-run: strategy needs {} ranks, --nproc is {}\n",
                manifest.world_size(), options.nproc);
     return 1;
+  }
+  // PIPER_FAULT's syntax is checked before any rank starts.
+  FaultSpec fault;
+  bool faulty = false;
+  st = faultFromEnv(fault, faulty);
+  if (st && faulty && fault.rank >= options.nproc)
+    st = Status::error(fmt::format(
+        "PIPER_FAULT: rank {} is not one of the {} ranks", fault.rank,
+        options.nproc));
+  if (!st) {
+    fmt::print(stderr, "piper-run: {}\n", st.message());
+    return 2;
   }
   st = checkStrategy(options, manifest);
   if (!st) {

@@ -3,6 +3,7 @@
 #include "runtime/launch/Rendezvous.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -35,6 +36,8 @@ bool sets(const std::string &entry, const char *name) {
 int failureFd = -1;
 char failureLine[24];
 size_t failureLineSize = 0;
+
+std::atomic<ExitHook> exitHook{nullptr};
 
 } // namespace
 
@@ -113,7 +116,11 @@ void reportFailure() {
   failureFd = -1;
 }
 
+void setExitHook(ExitHook hook) { exitHook.store(hook); }
+
 void exitRank(const std::string &message, int code) {
+  if (ExitHook hook = exitHook.exchange(nullptr))
+    hook(message);
   reportFailure();
   // _exit runs no destructors: half-written files go by hand.
   removeTempFiles();

@@ -39,6 +39,11 @@ void initFailureReport(int rank);
 /// async-signal-safe).
 void reportFailure();
 
+/// Called by exitRank before it reports a failure (once: exitRank clears
+/// it first); the watchdog records the verdict and prints its report there.
+using ExitHook = void (*)(const std::string &message);
+void setExitHook(ExitHook hook);
+
 /// Reports the failure, prints "piper-run: <message>" on stderr and exits
 /// with `code` at once: tearing down a communicator whose peers are stuck
 /// or gone could block, and the launcher is waiting to stop them.

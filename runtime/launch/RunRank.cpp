@@ -26,6 +26,7 @@
 #include "runtime/launch/Reporting.h"
 #include "runtime/launch/StrategyFiles.h"
 #include "runtime/launch/TcpRendezvous.h"
+#include "runtime/launch/Watchdog.h"
 
 namespace piper::runtime {
 
@@ -59,6 +60,10 @@ bool profileFromEnv() {
 }
 
 } // namespace
+
+/// How much longer than --timeout-s a communication may wait, so that the
+/// watchdog (which acts at --timeout-s) names the culprit first.
+constexpr std::chrono::milliseconds kCommTimeoutSlack{2000};
 
 int runRank(const RunOptions &options, const RankEnv &env) {
   const int rank = env.rank;
@@ -107,6 +112,14 @@ int runRank(const RunOptions &options, const RankEnv &env) {
     exitRank(who + ": no device class of the manifest lists this rank");
   plan::Plan plan;
   check(loadPlan(options, manifest, cls, plan));
+  // PIPER_FAULT (tests): checked on every rank, applied by the one it names.
+  FaultSpec fault;
+  bool faulty = false;
+  check(faultFromEnv(fault, faulty), /*named=*/false);
+  if (faulty && fault.rank >= env.worldSize)
+    exitRank(fmt::format("PIPER_FAULT: rank {} is not in the world of {} "
+                         "ranks",
+                         fault.rank, env.worldSize));
 
   std::unique_ptr<TokenFileData> data;
   if (loadsBatches(plan))
@@ -135,10 +148,13 @@ int runRank(const RunOptions &options, const RankEnv &env) {
   if (env.worldSize > 1) {
     Status st;
     auto timeout = std::chrono::milliseconds(int64_t(options.timeoutS) * 1000);
+    // The watchdog names a stuck or silent rank after --timeout-s; the
+    // communicator's own timeout comes later, as a backstop.
+    auto commTimeout = timeout + kCommTimeoutSlack;
     if (!env.storeDir.empty()) {
       // piper-run's own spawner: one machine, a file store, loopback.
-      comm = createGlooCommunicator(rank, env.worldSize, env.storeDir, timeout,
-                                    st);
+      comm = createGlooCommunicator(rank, env.worldSize, env.storeDir,
+                                    commTimeout, st);
     } else {
       check(meetOverTcp(env, jobToken(env, manifest), timeout, meeting),
             /*named=*/false);
@@ -147,8 +163,8 @@ int runRank(const RunOptions &options, const RankEnv &env) {
                  "gloo binds {}\n",
                  who, env.worldSize, env.launcher, env.localRank,
                  env.masterAddr, env.masterPort, meeting.bindAddress);
-      comm = createGlooCommunicator(rank, env.worldSize, meeting.store, timeout,
-                                    st, meeting.bindAddress);
+      comm = createGlooCommunicator(rank, env.worldSize, meeting.store,
+                                    commTimeout, st, meeting.bindAddress);
     }
     if (!comm || !st)
       exitRank(who + ": cannot create the communicator: " +
@@ -163,7 +179,16 @@ int runRank(const RunOptions &options, const RankEnv &env) {
   // Exit at the first stream error instead of finishing the step: peers
   // blocked on this rank would otherwise wait for their timeout, while an
   // exit makes the launcher stop everyone now.
-  eo.onStreamError = [](const Status &status) { exitRank(status.message()); };
+  // With a watchdog, a communication error waits for its verdict (the peer
+  // that failed); any other error is this rank's.
+  std::unique_ptr<Watchdog> watchdog;
+  eo.onStreamError = [&watchdog](const Status &status) {
+    if (watchdog)
+      watchdog->streamFailed(status.message());
+    exitRank(status.message());
+  };
+  if (faulty)
+    check(applyFault(fault, plan, rank, eo), /*named=*/false);
   eo.profile = options.profile || profileFromEnv();
   // Reports of every rank go to its log with --log-dir; otherwise rank 0
   // speaks for itself on the shared terminal.
@@ -177,6 +202,16 @@ int runRank(const RunOptions &options, const RankEnv &env) {
     checkpoint.reset();
   }
   check(exec->connect(), /*named=*/false);
+  if (env.worldSize > 1) {
+    watchdog = std::make_unique<Watchdog>(
+        rank, env.worldSize,
+        std::chrono::milliseconds(int64_t(options.timeoutS) * 1000),
+        env.storeDir.empty() ? tcpWatchStore(meeting.store)
+                             : fileWatchStore(env.storeDir),
+        *exec);
+    watchdog->storeOwner = env.storeDir.empty() ? 0 : -1;
+    watchdog->start();
+  }
 
   long long failRank = -1, failStep = -1;
   std::string envError;
@@ -206,7 +241,10 @@ int runRank(const RunOptions &options, const RankEnv &env) {
                3);
     auto start = Clock::now();
     double loss = 0;
-    check(exec->runStep(step, loss), /*named=*/false);
+    Status stepStatus = exec->runStep(step, loss);
+    if (!stepStatus && watchdog)
+      watchdog->streamFailed(stepStatus.message());
+    check(stepStatus, /*named=*/false);
     double seconds =
         std::chrono::duration<double>(Clock::now() - start).count();
     if (eo.profile && step == loadedStep + 1 && lastStep > step) {
@@ -230,6 +268,8 @@ int runRank(const RunOptions &options, const RankEnv &env) {
     std::fflush(stdout);
     check(metrics.write(report));
   }
+  if (watchdog)
+    watchdog->finish();
   check(metrics.close());
   if (reports) {
     if (eo.profile && lastStep >= profiledFrom)

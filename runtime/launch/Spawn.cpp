@@ -29,6 +29,7 @@
 #include "runtime/data/AtomicFile.h"
 #include "runtime/launch/CheckpointIO.h"
 #include "runtime/launch/Rendezvous.h"
+#include "runtime/launch/Watchdog.h"
 
 namespace piper::runtime {
 
@@ -38,6 +39,11 @@ using Clock = std::chrono::steady_clock;
 
 /// How long stopped ranks get between SIGTERM and SIGKILL.
 constexpr auto kStopGrace = std::chrono::seconds(5);
+
+/// How long the other ranks get, once a verdict is in the store, to print
+/// their hang reports and exit by themselves (their watchdogs poll it four
+/// times a second).
+constexpr auto kReportGrace = std::chrono::seconds(3);
 
 /// How long a failure's direct consequences get to surface before the
 /// launcher names a culprit.
@@ -80,8 +86,10 @@ std::string tailOf(const std::string &path, size_t lines) {
 /// Sends SIGTERM to every live child, then SIGKILL to those still alive
 /// after the grace period, and reaps them all into `statuses` (by rank).
 void stopAll(std::map<pid_t, int> &alive, std::map<int, int> &statuses) {
-  for (auto &[pid, rank] : alive)
+  for (auto &[pid, rank] : alive) {
     ::kill(pid, SIGTERM);
+    ::kill(pid, SIGCONT); // a stopped rank handles SIGTERM once continued
+  }
   auto reap = [&](pid_t pid, int status) {
     auto it = alive.find(pid);
     if (it == alive.end())
@@ -172,11 +180,14 @@ public:
   }
 
   /// The rank that failed first: one killed by a signal (a crash writes no
-  /// line) before the first to report, before the first reaped.
-  int culprit() {
+  /// line), before the watchdogs' verdict `abort` (when it names a rank),
+  /// before the first to report, before the first reaped.
+  int culprit(const Abort *abort) {
     for (int r : reapOrder)
       if (WIFSIGNALED(statuses[r]))
         return r;
+    if (abort && abort->culprit >= 0 && abort->culprit < nproc)
+      return abort->culprit;
     return !reported.empty() ? reported.front() : reapOrder.front();
   }
 
@@ -343,23 +354,75 @@ int launchLocalRanks(const RunOptions &options, char **argv) {
     ranks.drainPipe();
     ranks.reapExited();
   }
-  int culprit = ranks.culprit();
+  // The watchdogs' verdict, if one was reached (a silent or stuck rank);
+  // otherwise the launcher's own goes into the store, so that every rank
+  // prints its report naming the same culprit and exits by itself.
+  std::unique_ptr<WatchStore> watch = fileWatchStore(storeDir);
+  Abort verdict;
+  std::string verdictText;
+  bool present = false;
+  bool haveVerdict = watch->get(kAbortKey, verdictText, present) && present &&
+                     decodeAbort(verdictText, verdict);
+  int culprit = ranks.culprit(haveVerdict ? &verdict : nullptr);
+  bool culpritEnded = ranks.statuses.count(culprit) > 0;
+  if (!haveVerdict || verdict.culprit != culprit) {
+    bool wrote = false;
+    Abort mine{culprit, culpritEnded
+                            ? describeExit(ranks.statuses[culprit])
+                            : std::string("reported a failure")};
+    if (watch->putOnce(kAbortKey, encodeAbort(mine), wrote) && wrote)
+      verdict = mine, haveVerdict = true;
+  }
+  auto grace = Clock::now() + kReportGrace;
+  auto othersAlive = [&] {
+    for (auto &[pid, r] : ranks.alive)
+      if (r != culprit)
+        return true;
+    return false;
+  };
+  while (othersAlive() && Clock::now() < grace) {
+    ranks.poll(20);
+    ranks.drainPipe();
+    ranks.reapExited();
+  }
+  culpritEnded = ranks.statuses.count(culprit) > 0;
   size_t others = ranks.alive.size();
   stopAll(ranks.alive, ranks.statuses);
   ranks.drainPipe();
   ::close(failurePipe[0]);
 
-  fmt::print(stderr, "piper-run: rank {} failed ({})\n", culprit,
-             ranks.statuses.count(culprit)
-                 ? describeExit(ranks.statuses[culprit])
-                 : std::string("no exit status"));
+  if (culpritEnded)
+    fmt::print(stderr, "piper-run: rank {} failed ({})\n", culprit,
+               describeExit(ranks.statuses[culprit]));
+  else
+    fmt::print(stderr, "piper-run: rank {} failed (watchdog: {})\n", culprit,
+               haveVerdict && verdict.culprit == culprit
+                   ? verdict.reason
+                   : std::string("reported a failure"));
   if (!logPaths[culprit].empty())
     fmt::print(stderr, "piper-run: end of {}:\n{}", logPaths[culprit],
                tailOf(logPaths[culprit], 20));
-  for (int r : ranks.reapOrder)
-    if (r != culprit)
+  std::vector<int> peerFailed;
+  for (int r : ranks.reapOrder) {
+    if (r == culprit)
+      continue;
+    if (WIFEXITED(ranks.statuses[r]) &&
+        WEXITSTATUS(ranks.statuses[r]) == kExitPeerFailed)
+      peerFailed.push_back(r);
+    else
       fmt::print(stderr, "piper-run: rank {} also failed ({})\n", r,
                  describeExit(ranks.statuses[r]));
+  }
+  if (!peerFailed.empty()) {
+    std::string list;
+    for (int r : peerFailed)
+      list += (list.empty() ? "" : ", ") + std::to_string(r);
+    fmt::print(stderr,
+               "piper-run: rank{} {} stopped because rank {} failed (exit "
+               "code {})\n",
+               peerFailed.size() == 1 ? "" : "s", list, culprit,
+               kExitPeerFailed);
+  }
   if (others > 0)
     fmt::print(stderr, "piper-run: stopped the other {} rank{}\n", others,
                others == 1 ? "" : "s");

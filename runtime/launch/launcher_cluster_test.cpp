@@ -247,3 +247,54 @@ TEST_CASE("piper-run's TCP rendezvous: a missing rank and another job's rank "
           std::string::npos);
   }
 }
+
+TEST_CASE("piper-run under torchrun-style variables: the watchdog works "
+          "through the TCP store",
+          "[launcher][cluster][watchdog]") {
+  TinyModel m;
+  std::string out = strategy(pipelinePlans(m, 2), "tcp-watch");
+  // Rank 1 hangs in a SEND; then rank 0, which serves the store, crashes.
+  for (const char *fault : {"rank=1,step=2,inst=4,action=hang_comm",
+                            "rank=0,step=2,inst=1,action=crash"}) {
+    int culprit = fault[5] - '0';
+    int port = freePort("127.0.0.1");
+    std::vector<std::vector<std::string>> envs;
+    for (int r = 0; r < 2; ++r) {
+      envs.push_back(torchrunEnv(r, 2, r, "127.0.0.1", port));
+      envs.back().push_back(std::string("PIPER_FAULT=") + fault);
+    }
+    auto start = std::chrono::steady_clock::now();
+    std::vector<RunResult> runs = runAll(
+        {out, "--steps", "100000000", "--timeout-s", "3"}, envs,
+        std::chrono::seconds(30));
+    double seconds = std::chrono::duration<double>(
+                         std::chrono::steady_clock::now() - start)
+                         .count();
+    std::printf("launcher_cluster_test: TCP store, %s: every rank stopped "
+                "%.2f s after the start\n",
+                fault, seconds);
+    int other = 1 - culprit;
+    INFO("fault " << fault << "\nrank 0 stderr: " << runs[0].err
+                  << "\nrank 1 stderr: " << runs[1].err);
+    REQUIRE_FALSE(runs[other].timedOut);
+    CHECK(runs[other].exitCode() == 4);
+    CHECK(runs[other].err.find("piper-run: rank " + std::to_string(other) +
+                               ": watchdog: rank " + std::to_string(culprit) +
+                               " failed: ") != std::string::npos);
+    CHECK(runs[other].err.find("  rank " + std::to_string(culprit) +
+                               ": step ") != std::string::npos);
+    if (culprit == 1) {
+      // (A crashed rank 0 takes the store with it: its last heartbeat
+      // readable may be older.)
+      CHECK(runs[0].err.find("  rank 1: step 2, run, no progress for ") !=
+            std::string::npos);
+      CHECK(runs[1].exitCode() == 1);
+      CHECK(runs[1].err.find("stream 'main' instruction 4 SEND 'send dx "
+                             "MB=0': to rank 0") != std::string::npos);
+    } else {
+      CHECK(WIFSIGNALED(runs[0].status));
+    }
+    // Startup, step 1, then --timeout-s 3 and the verdict.
+    CHECK(seconds < 3 + 5 + 3);
+  }
+}

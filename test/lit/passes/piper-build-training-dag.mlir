@@ -295,9 +295,10 @@ piper.program @p {
 
 // -----
 
-// An op without a gradient rule on the gradient path.
+// An op without a gradient rule (DifferentiableOpInterface) on the gradient
+// path: gradient ops have none, there are no second derivatives.
 piper.segment @s(%x: tensor<4x4xf32>) -> tensor<4xf32> {
-  // expected-error @+1 {{'piper.bias_grad' op has no gradient rule}}
+  // expected-error @+1 {{op 'piper.bias_grad' has no gradient rule}}
   %y = piper.bias_grad %x : (tensor<4x4xf32>) -> tensor<4xf32>
   piper.yield %y : tensor<4xf32>
 }

@@ -1,0 +1,263 @@
+// Gradient rules of the forward compute ops (DifferentiableOpInterface).
+#include "dialects/piper/Gradients.h"
+
+#include "dialects/piper/PiperDialect.h"
+
+using namespace mlir;
+using namespace mlir::piper;
+
+GradientEmitter::~GradientEmitter() = default;
+
+// A residual becomes a backward argument when it is first saved, so the order
+// of `getSaved` calls is the order of the backward's arguments. Rules that
+// save several operands save them last operand first: the order piper's
+// backward segments have always had.
+
+//===----------------------------------------------------------------------===//
+// Embeddings
+//===----------------------------------------------------------------------===//
+
+LogicalResult EmbeddingOp::emitInputGradients(OpBuilder &, GradientEmitter &) {
+  return success(); // token ids have no gradient
+}
+
+LogicalResult EmbeddingOp::emitWeightGradients(OpBuilder &b,
+                                               GradientEmitter &g) {
+  if (g.needsGrad(getTable()))
+    g.addGrad(b, getTable(),
+              EmbeddingGradOp::create(b, getLoc(), getTable().getType(),
+                                      g.getSaved(b, getIds()),
+                                      g.getGrad(getResult())));
+  return success();
+}
+
+LogicalResult PositionAddOp::emitInputGradients(OpBuilder &b,
+                                                GradientEmitter &g) {
+  if (g.needsGrad(getInput()))
+    g.addGrad(b, getInput(), g.getGrad(getResult()));
+  return success();
+}
+
+LogicalResult PositionAddOp::emitWeightGradients(OpBuilder &b,
+                                                 GradientEmitter &g) {
+  if (g.needsGrad(getPos()))
+    g.addGrad(b, getPos(),
+              PositionAddGradOp::create(b, getLoc(), getPos().getType(),
+                                        g.getGrad(getResult()), getSeqAttr()));
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// Dense layers and normalization
+//===----------------------------------------------------------------------===//
+
+LogicalResult LinearOp::emitInputGradients(OpBuilder &b, GradientEmitter &g) {
+  if (g.needsGrad(getInput()))
+    g.addGrad(b, getInput(),
+              LinearGradInputOp::create(
+                  b, getLoc(), getInput().getType(), g.getGrad(getResult()),
+                  g.getSaved(b, getWeight()), getTransposeW()));
+  return success();
+}
+
+LogicalResult LinearOp::emitWeightGradients(OpBuilder &b, GradientEmitter &g) {
+  Value dy = g.getGrad(getResult());
+  if (g.needsGrad(getWeight()))
+    g.addGrad(b, getWeight(),
+              LinearGradWeightOp::create(b, getLoc(), getWeight().getType(),
+                                         g.getSaved(b, getInput()), dy,
+                                         getTransposeW()));
+  if (getBias() && g.needsGrad(getBias()))
+    g.addGrad(b, getBias(),
+              BiasGradOp::create(b, getLoc(), getBias().getType(), dy));
+  return success();
+}
+
+LogicalResult LayerNormOp::emitInputGradients(OpBuilder &b,
+                                              GradientEmitter &g) {
+  if (!g.needsGrad(getInput()))
+    return success();
+  Value gamma = g.getSaved(b, getGamma());
+  Value input = g.getSaved(b, getInput());
+  g.addGrad(b, getInput(),
+            LayerNormGradInputOp::create(b, getLoc(), getInput().getType(),
+                                         input, gamma, g.getGrad(getResult()),
+                                         getEpsAttr()));
+  return success();
+}
+
+LogicalResult LayerNormOp::emitWeightGradients(OpBuilder &b,
+                                               GradientEmitter &g) {
+  bool gamma = g.needsGrad(getGamma()), beta = g.needsGrad(getBeta());
+  if (!gamma && !beta)
+    return success();
+  auto grads = LayerNormGradWeightOp::create(
+      b, getLoc(), getGamma().getType(), getBeta().getType(),
+      g.getSaved(b, getInput()), g.getGrad(getResult()), getEpsAttr());
+  if (gamma)
+    g.addGrad(b, getGamma(), grads.getDgamma());
+  if (beta)
+    g.addGrad(b, getBeta(), grads.getDbeta());
+  return success();
+}
+
+LogicalResult RmsNormOp::emitInputGradients(OpBuilder &b, GradientEmitter &g) {
+  if (!g.needsGrad(getInput()))
+    return success();
+  Value gamma = g.getSaved(b, getGamma());
+  Value input = g.getSaved(b, getInput());
+  g.addGrad(b, getInput(),
+            RmsNormGradInputOp::create(b, getLoc(), getInput().getType(), input,
+                                       gamma, g.getGrad(getResult()),
+                                       getEpsAttr()));
+  return success();
+}
+
+LogicalResult RmsNormOp::emitWeightGradients(OpBuilder &b, GradientEmitter &g) {
+  if (g.needsGrad(getGamma()))
+    g.addGrad(b, getGamma(),
+              RmsNormGradWeightOp::create(
+                  b, getLoc(), getGamma().getType(), g.getSaved(b, getInput()),
+                  g.getGrad(getResult()), getEpsAttr()));
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// Elementwise ops and attention
+//===----------------------------------------------------------------------===//
+
+LogicalResult GeluOp::emitInputGradients(OpBuilder &b, GradientEmitter &g) {
+  g.addGrad(b, getInput(),
+            GeluGradOp::create(b, getLoc(), g.getSaved(b, getInput()),
+                               g.getGrad(getResult())));
+  return success();
+}
+
+LogicalResult AddOp::emitInputGradients(OpBuilder &b, GradientEmitter &g) {
+  Value dy = g.getGrad(getResult());
+  if (g.needsGrad(getLhs()))
+    g.addGrad(b, getLhs(), dy);
+  if (g.needsGrad(getRhs()))
+    g.addGrad(b, getRhs(), dy);
+  return success();
+}
+
+LogicalResult SwigluOp::emitInputGradients(OpBuilder &b, GradientEmitter &g) {
+  g.addGrad(b, getInput(),
+            SwigluGradOp::create(b, getLoc(), getInput().getType(),
+                                 g.getSaved(b, getInput()),
+                                 g.getGrad(getResult())));
+  return success();
+}
+
+LogicalResult AttentionOp::emitInputGradients(OpBuilder &b,
+                                              GradientEmitter &g) {
+  // attention_grad recomputes the softmax from q|k|v.
+  g.addGrad(b, getQkv(),
+            AttentionGradOp::create(
+                b, getLoc(), getQkv().getType(), g.getSaved(b, getQkv()),
+                g.getGrad(getResult()), getHeadsAttr(), getSeqAttr(),
+                getKvHeadsAttr(), getRopeThetaAttr()));
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// Losses
+//===----------------------------------------------------------------------===//
+
+bool CrossEntropyOp::isLoss() { return true; }
+
+LogicalResult CrossEntropyOp::emitInputGradients(OpBuilder &b,
+                                                 GradientEmitter &g) {
+  // Only the loss a segment returns is a term of the training loss.
+  if (!g.isReturnedLoss(getLoss()))
+    return success();
+  g.accumulateLoss(getLoss(), b.getF64FloatAttr(1.0));
+  Value targets = g.getSaved(b, getTargets());
+  Value logits = g.getSaved(b, getLogits());
+  g.addGrad(b, getLogits(),
+            CrossEntropyGradOp::create(b, getLoc(), getLogits().getType(),
+                                       logits, targets));
+  return success();
+}
+
+bool MoeAuxLossOp::isLoss() { return true; }
+
+LogicalResult MoeAuxLossOp::emitInputGradients(OpBuilder &b,
+                                               GradientEmitter &g) {
+  // Not returned: the load-balancing loss joins the step loss with its weight.
+  g.accumulateLoss(getLoss(), getCoeffAttr());
+  Value indices = g.getSaved(b, getIndices());
+  Value logits = g.getSaved(b, getLogits());
+  g.addGrad(b, getLogits(),
+            MoeAuxLossGradOp::create(b, getLoc(), getLogits().getType(), logits,
+                                     indices, getExpertsAttr(), getTopKAttr(),
+                                     getCoeffAttr()));
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// Mixture of experts
+//===----------------------------------------------------------------------===//
+
+LogicalResult MoeRouterOp::emitInputGradients(OpBuilder &b,
+                                              GradientEmitter &g) {
+  // Only the gate weights carry a gradient; the indices are integers.
+  Value dw = g.getGrad(getWeights());
+  if (!dw || !g.needsGrad(getLogits()))
+    return success();
+  Value indices = g.getSaved(b, getIndices());
+  Value logits = g.getSaved(b, getLogits());
+  g.addGrad(b, getLogits(),
+            MoeRouterGradOp::create(b, getLoc(), getLogits().getType(), logits,
+                                    indices, dw, getTopKAttr(),
+                                    getNormTopkAttr()));
+  return success();
+}
+
+LogicalResult MoeDispatchOp::emitInputGradients(OpBuilder &b,
+                                                GradientEmitter &g) {
+  if (g.needsGrad(getInput()))
+    g.addGrad(b, getInput(),
+              MoeDispatchGradOp::create(b, getLoc(), getInput().getType(),
+                                        g.getSaved(b, getIndices()),
+                                        g.getGrad(getResult()),
+                                        getExpertsAttr(), getCapacityAttr()));
+  return success();
+}
+
+LogicalResult MoeCombineOp::emitInputGradients(OpBuilder &b,
+                                               GradientEmitter &g) {
+  // Both are activations: the expert outputs and the router's gate weights.
+  Value weights = g.getSaved(b, getWeights());
+  Value indices = g.getSaved(b, getIndices());
+  Value input = g.getSaved(b, getInput());
+  auto grads = MoeCombineGradOp::create(
+      b, getLoc(), getInput().getType(), getWeights().getType(), input, indices,
+      weights, g.getGrad(getResult()), getExpertsAttr(), getCapacityAttr());
+  if (g.needsGrad(getInput()))
+    g.addGrad(b, getInput(), grads.getDinput());
+  if (g.needsGrad(getWeights()))
+    g.addGrad(b, getWeights(), grads.getDweights());
+  return success();
+}
+
+LogicalResult ExpertLinearOp::emitInputGradients(OpBuilder &b,
+                                                 GradientEmitter &g) {
+  if (g.needsGrad(getInput()))
+    g.addGrad(b, getInput(),
+              ExpertLinearGradInputOp::create(
+                  b, getLoc(), getInput().getType(), g.getGrad(getResult()),
+                  g.getSaved(b, getWeight()), getExpertsAttr()));
+  return success();
+}
+
+LogicalResult ExpertLinearOp::emitWeightGradients(OpBuilder &b,
+                                                  GradientEmitter &g) {
+  if (g.needsGrad(getWeight()))
+    g.addGrad(b, getWeight(),
+              ExpertLinearGradWeightOp::create(
+                  b, getLoc(), getWeight().getType(), g.getSaved(b, getInput()),
+                  g.getGrad(getResult()), getExpertsAttr()));
+  return success();
+}

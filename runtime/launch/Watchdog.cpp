@@ -1,0 +1,867 @@
+// The watchdog of a rank (Watchdog.h): heartbeats through the rendezvous
+// store, verdicts, the hang report; and PIPER_FAULT.
+#include "runtime/launch/Watchdog.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+
+#include "runtime/data/AtomicFile.h"
+#include "runtime/launch/Rendezvous.h"
+
+namespace piper::runtime {
+
+using Clock = std::chrono::steady_clock;
+using plan::Instruction;
+
+namespace {
+
+double secondsSince(Clock::time_point t, Clock::time_point now) {
+  return std::chrono::duration<double>(now - t).count();
+}
+
+int64_t millisSince(Clock::time_point t, Clock::time_point now) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(now - t)
+      .count();
+}
+
+class FileWatchStore final : public WatchStore {
+public:
+  explicit FileWatchStore(std::string dir) : dir(std::move(dir)) {}
+
+  Status put(const std::string &key, const std::string &value) override {
+    std::string tmp;
+    PIPER_RETURN_IF_ERROR(writeTemp(key, value, tmp));
+    if (::rename(tmp.c_str(), path(key).c_str()) != 0) {
+      Status st = Status::error(fmt::format("cannot rename '{}': {}", tmp,
+                                            errnoMessage(errno)));
+      ::unlink(tmp.c_str());
+      return st;
+    }
+    return Status::ok();
+  }
+
+  Status putOnce(const std::string &key, const std::string &value,
+                 bool &wrote) override {
+    std::string tmp;
+    PIPER_RETURN_IF_ERROR(writeTemp(key, value, tmp));
+    wrote = ::link(tmp.c_str(), path(key).c_str()) == 0;
+    int err = errno;
+    ::unlink(tmp.c_str());
+    if (!wrote && err != EEXIST)
+      return Status::error(fmt::format("cannot create '{}': {}", path(key),
+                                       errnoMessage(err)));
+    return Status::ok();
+  }
+
+  Status get(const std::string &key, std::string &value,
+             bool &present) override {
+    std::ifstream in(path(key), std::ios::binary);
+    present = static_cast<bool>(in);
+    value.clear();
+    if (present) {
+      std::stringstream ss;
+      ss << in.rdbuf();
+      value = ss.str();
+    }
+    return Status::ok();
+  }
+
+private:
+  std::string path(const std::string &key) const { return dir + "/" + key; }
+  Status writeTemp(const std::string &key, const std::string &value,
+                   std::string &tmp) {
+    tmp = fmt::format("{}/.{}.{}.tmp", dir, key, ::getpid());
+    int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC,
+                    0644);
+    if (fd < 0)
+      return Status::error(
+          fmt::format("cannot create '{}': {}", tmp, errnoMessage(errno)));
+    bool ok = ::write(fd, value.data(), value.size()) ==
+              static_cast<ssize_t>(value.size());
+    int err = errno;
+    ::close(fd);
+    if (!ok) {
+      ::unlink(tmp.c_str());
+      return Status::error(
+          fmt::format("cannot write '{}': {}", tmp, errnoMessage(err)));
+    }
+    return Status::ok();
+  }
+  std::string dir;
+};
+
+class TcpWatchStore final : public WatchStore {
+public:
+  explicit TcpWatchStore(std::shared_ptr<TcpStore> store)
+      : store(std::move(store)) {}
+  Status put(const std::string &key, const std::string &value) override {
+    return store->setValue(key, value);
+  }
+  Status putOnce(const std::string &key, const std::string &value,
+                 bool &wrote) override {
+    // Not atomic across ranks: two verdicts within one round trip may both
+    // be written; the last stands, and every rank re-reads it.
+    bool present = false;
+    PIPER_RETURN_IF_ERROR(store->has(key, present));
+    wrote = !present;
+    return present ? Status::ok() : store->setValue(key, value);
+  }
+  Status get(const std::string &key, std::string &value,
+             bool &present) override {
+    return store->getValue(key, value, present);
+  }
+
+private:
+  std::shared_ptr<TcpStore> store;
+};
+
+bool isCommunication(Instruction::Kind kind) {
+  switch (kind) {
+  case Instruction::SEND:
+  case Instruction::RECV:
+  case Instruction::ALL_REDUCE:
+  case Instruction::REDUCE_SCATTER:
+  case Instruction::ALL_GATHER:
+  case Instruction::ALL_TO_ALL:
+  case Instruction::CLIP_GRADS:
+    return true;
+  default:
+    return false;
+  }
+}
+
+std::string rankList(const std::vector<int> &ranks) {
+  std::string s;
+  for (size_t i = 0; i < ranks.size(); ++i)
+    s += (i ? "," : "") + std::to_string(ranks[i]);
+  return s;
+}
+
+std::vector<int> parseRankList(const std::string &s) {
+  std::vector<int> ranks;
+  std::stringstream in(s);
+  std::string item;
+  while (std::getline(in, item, ','))
+    if (!item.empty())
+      ranks.push_back(std::atoi(item.c_str()));
+  return ranks;
+}
+
+/// exitRank's hook: the running watchdog, if any.
+Watchdog *activeWatchdog = nullptr;
+void exitHook(const std::string &message) {
+  if (activeWatchdog)
+    activeWatchdog->ownFailure(message);
+}
+
+} // namespace
+
+std::string heartbeatKey(int rank) {
+  return fmt::format("piper-watch-heartbeat-{}", rank);
+}
+
+std::unique_ptr<WatchStore> fileWatchStore(const std::string &dir) {
+  return std::make_unique<FileWatchStore>(dir);
+}
+
+std::unique_ptr<WatchStore> tcpWatchStore(std::shared_ptr<TcpStore> store) {
+  return std::make_unique<TcpWatchStore>(std::move(store));
+}
+
+std::string encodeAbort(const Abort &abort) {
+  return fmt::format("{}\n{}", abort.culprit, abort.reason);
+}
+
+bool decodeAbort(const std::string &text, Abort &abort) {
+  size_t eol = text.find('\n');
+  if (eol == std::string::npos || eol == 0)
+    return false;
+  char *end = nullptr;
+  long r = std::strtol(text.c_str(), &end, 10);
+  if (end != text.c_str() + eol)
+    return false;
+  abort.culprit = static_cast<int>(r);
+  abort.reason = text.substr(eol + 1);
+  return true;
+}
+
+// --- PIPER_FAULT -----------------------------------------------------------
+
+namespace {
+constexpr const char *kFaultSyntax =
+    "expected rank=R,action=crash|stall|hang_comm[,step=S][,stream=NAME]"
+    "[,inst=I]";
+
+bool parseInt(const std::string &text, long long &value) {
+  if (text.empty())
+    return false;
+  char *end = nullptr;
+  errno = 0;
+  value = std::strtoll(text.c_str(), &end, 10);
+  return errno == 0 && *end == '\0';
+}
+} // namespace
+
+Status parseFault(const std::string &text, FaultSpec &fault) {
+  auto bad = [&](const std::string &what) {
+    return Status::error(
+        fmt::format("PIPER_FAULT='{}': {} ({})", text, what, kFaultSyntax));
+  };
+  fault = FaultSpec();
+  bool haveRank = false, haveAction = false;
+  std::stringstream in(text);
+  std::string item;
+  std::vector<std::string> seen;
+  while (std::getline(in, item, ',')) {
+    size_t eq = item.find('=');
+    if (eq == std::string::npos)
+      return bad(fmt::format("'{}' is not key=value", item));
+    std::string key = item.substr(0, eq), value = item.substr(eq + 1);
+    if (std::find(seen.begin(), seen.end(), key) != seen.end())
+      return bad(fmt::format("'{}' is given twice", key));
+    seen.push_back(key);
+    long long n = 0;
+    if (key == "rank" || key == "step" || key == "inst") {
+      if (!parseInt(value, n))
+        return bad(fmt::format("{} '{}' is not an integer", key, value));
+      if (key == "rank") {
+        if (n < 0 || n > 1 << 30)
+          return bad(fmt::format("rank {} is out of range", n));
+        fault.rank = static_cast<int>(n);
+        haveRank = true;
+      } else if (key == "step") {
+        if (n < 1)
+          return bad(fmt::format("step {} must be at least 1", n));
+        fault.step = n;
+      } else {
+        if (n < 0 || n > 1 << 30)
+          return bad(fmt::format("inst {} is out of range", n));
+        fault.instruction = static_cast<int>(n);
+      }
+    } else if (key == "stream") {
+      if (value.empty())
+        return bad("stream needs a name");
+      fault.stream = value;
+    } else if (key == "action") {
+      if (value == "crash")
+        fault.action = FaultSpec::kCrash;
+      else if (value == "stall")
+        fault.action = FaultSpec::kStall;
+      else if (value == "hang_comm")
+        fault.action = FaultSpec::kHangComm;
+      else
+        return bad(fmt::format("unknown action '{}'", value));
+      haveAction = true;
+    } else {
+      return bad(fmt::format("unknown key '{}'", key));
+    }
+  }
+  if (!haveRank)
+    return bad("rank is missing");
+  if (!haveAction)
+    return bad("action is missing");
+  return Status::ok();
+}
+
+Status faultFromEnv(FaultSpec &fault, bool &set) {
+  const char *text = std::getenv("PIPER_FAULT");
+  set = text && *text;
+  if (!set)
+    return Status::ok();
+  return parseFault(text, fault);
+}
+
+Status applyFault(const FaultSpec &fault, const plan::Plan &plan, int rank,
+                  ExecutorOptions &options) {
+  if (fault.rank != rank)
+    return Status::ok();
+  int s = 0;
+  if (!fault.stream.empty()) {
+    s = -1;
+    std::string names;
+    for (int i = 0; i < plan.streams_size(); ++i) {
+      if (plan.streams(i).name() == fault.stream)
+        s = i;
+      names += (i ? ", '" : "'") + plan.streams(i).name() + "'";
+    }
+    if (s < 0)
+      return Status::error(fmt::format(
+          "PIPER_FAULT: rank {}'s plan has no stream '{}' (it has {})", rank,
+          fault.stream, names));
+  }
+  if (s >= plan.streams_size())
+    return Status::error(
+        fmt::format("PIPER_FAULT: rank {}'s plan has no stream", rank));
+  const plan::Stream &stream = plan.streams(s);
+  if (fault.instruction >= stream.instructions_size())
+    return Status::error(fmt::format(
+        "PIPER_FAULT: stream '{}' of rank {} has {} instructions, no inst {}",
+        stream.name(), rank, stream.instructions_size(), fault.instruction));
+  const Instruction &inst = stream.instructions(fault.instruction);
+  if (fault.action == FaultSpec::kHangComm && !isCommunication(inst.kind()))
+    return Status::error(fmt::format(
+        "PIPER_FAULT: hang_comm needs a communication instruction; "
+        "instruction {} of stream '{}' on rank {} is {} '{}'",
+        fault.instruction, stream.name(), rank,
+        Instruction::Kind_Name(inst.kind()), inst.label()));
+  options.faultStep = fault.step;
+  options.faultStream = s;
+  options.faultInstruction = fault.instruction;
+  std::string where = fmt::format(
+      "step {}, stream '{}', instruction {} ({} '{}')", fault.step,
+      stream.name(), fault.instruction, Instruction::Kind_Name(inst.kind()),
+      inst.label());
+  FaultSpec::Action action = fault.action;
+  options.onFault = [rank, where, action] {
+    const char *what = action == FaultSpec::kCrash   ? "crashing (SIGKILL)"
+                       : action == FaultSpec::kStall ? "stalling (SIGSTOP)"
+                                                     : "hanging (hang_comm)";
+    std::fprintf(stderr, "piper-run: rank %d: PIPER_FAULT: %s at %s\n", rank,
+                 what, where.c_str());
+    std::fflush(stderr);
+    // The heartbeat shows exactly where the fault acts (a real failure
+    // leaves a position up to one poll old).
+    if (activeWatchdog)
+      activeWatchdog->publishNow();
+    if (action == FaultSpec::kCrash)
+      ::raise(SIGKILL);
+    else if (action == FaultSpec::kStall)
+      ::raise(SIGSTOP);
+    else
+      while (true)
+        std::this_thread::sleep_for(std::chrono::seconds(1));
+  };
+  return Status::ok();
+}
+
+// --- waits -------------------------------------------------------------------
+
+std::vector<int> waitsOn(const plan::Plan &plan, int replica,
+                         const Instruction &inst, int rank) {
+  std::vector<int> ranks;
+  switch (inst.kind()) {
+  case Instruction::RECV:
+    if (inst.peer_group() >= 0 && inst.peer_group() < plan.groups_size() &&
+        replica < plan.groups(inst.peer_group()).ranks_size())
+      ranks.push_back(plan.groups(inst.peer_group()).ranks(replica));
+    break;
+  case Instruction::ALL_REDUCE:
+  case Instruction::REDUCE_SCATTER:
+  case Instruction::ALL_GATHER:
+  case Instruction::ALL_TO_ALL:
+    if (inst.group() >= 0 && inst.group() < plan.groups_size())
+      for (int r : plan.groups(inst.group()).ranks())
+        if (r != rank)
+          ranks.push_back(r);
+    break;
+  case Instruction::CLIP_GRADS:
+    for (int r = 0; r < plan.world_size(); ++r)
+      if (r != rank)
+        ranks.push_back(r);
+    break;
+  default:
+    break;
+  }
+  return ranks;
+}
+
+// --- the watchdog --------------------------------------------------------------
+
+Watchdog::Watchdog(int rank, int worldSize, std::chrono::milliseconds timeout,
+                   std::unique_ptr<WatchStore> store, const Executor &exec)
+    : rank(rank), worldSize(worldSize), timeout(timeout),
+      store(std::move(store)), exec(exec), peers(worldSize) {}
+
+Watchdog::~Watchdog() {
+  if (activeWatchdog == this) {
+    activeWatchdog = nullptr;
+    setExitHook(nullptr);
+  }
+  stopping = true;
+  wake.notify_all();
+  if (thread.joinable())
+    thread.join();
+}
+
+void Watchdog::start() {
+  startedAt = progressAt = Clock::now();
+  lastPos = exec.position();
+  for (Peer &p : peers)
+    p.changed = startedAt;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    publish("run");
+  }
+  activeWatchdog = this;
+  setExitHook(exitHook);
+  thread = std::thread([this] { loop(); });
+}
+
+void Watchdog::publishNow() {
+  std::lock_guard<std::mutex> lock(mu);
+  publish(state.c_str());
+}
+
+void Watchdog::finish() {
+  stopping = true;
+  wake.notify_all();
+  if (thread.joinable())
+    thread.join();
+  std::lock_guard<std::mutex> lock(mu);
+  state = "done";
+  publish("done");
+  if (activeWatchdog == this) {
+    activeWatchdog = nullptr;
+    setExitHook(nullptr);
+  }
+}
+
+bool Watchdog::communicating(const ExecPosition &pos) const {
+  if (pos.phase == ExecPosition::kLossAllReduce)
+    return true;
+  int s = pos.failedStream;
+  const plan::Plan &plan = exec.plan();
+  if (s < 0 || s >= plan.streams_size())
+    return false;
+  int i = pos.instruction[s];
+  if (i >= plan.streams(s).instructions_size())
+    return true; // waiting for its sends
+  return i >= 0 && isCommunication(plan.streams(s).instructions(i).kind());
+}
+
+std::string Watchdog::describeSelf(const ExecPosition &pos,
+                                   std::vector<int> &waits) {
+  const plan::Plan &plan = exec.plan();
+  std::string out;
+  waits.clear();
+  for (int s = 0; s < plan.streams_size(); ++s) {
+    const plan::Stream &stream = plan.streams(s);
+    int i = s < static_cast<int>(pos.instruction.size()) ? pos.instruction[s]
+                                                         : -1;
+    if (i < 0) {
+      out += fmt::format("pos stream '{}': no instruction yet\n",
+                         stream.name());
+      continue;
+    }
+    if (i >= stream.instructions_size()) {
+      out += fmt::format("pos stream '{}': after its last instruction ({}){}\n",
+                         stream.name(), stream.instructions_size(),
+                         pos.phase == ExecPosition::kStreams
+                             ? ", waiting for its sends"
+                             : "");
+      continue;
+    }
+    const Instruction &inst = stream.instructions(i);
+    std::string what;
+    std::vector<int> w = waitsOn(plan, exec.replicaIndex(), inst, rank);
+    switch (inst.kind()) {
+    case Instruction::SEND:
+      if (inst.peer_group() >= 0 && inst.peer_group() < plan.groups_size() &&
+          exec.replicaIndex() < plan.groups(inst.peer_group()).ranks_size())
+        what = fmt::format(": to rank {}", plan.groups(inst.peer_group())
+                                               .ranks(exec.replicaIndex()));
+      break;
+    case Instruction::RECV:
+      what = w.empty() ? "" : fmt::format(": from rank {}", w[0]);
+      break;
+    case Instruction::ALL_REDUCE:
+    case Instruction::REDUCE_SCATTER:
+    case Instruction::ALL_GATHER:
+    case Instruction::ALL_TO_ALL: {
+      std::vector<int> group;
+      if (inst.group() >= 0 && inst.group() < plan.groups_size())
+        group.assign(plan.groups(inst.group()).ranks().begin(),
+                     plan.groups(inst.group()).ranks().end());
+      what = fmt::format(": group {} [{}]", inst.group(), rankList(group));
+      break;
+    }
+    case Instruction::CLIP_GRADS:
+      what = ": all ranks";
+      break;
+    case Instruction::WAIT:
+      what = fmt::format(": event {}", inst.event());
+      break;
+    case Instruction::CALL:
+      if (inst.segment() >= 0 && inst.segment() < plan.segments_size())
+        what = fmt::format(": segment '{}'", plan.segments(inst.segment())
+                                                 .name());
+      break;
+    default:
+      break;
+    }
+    out += fmt::format("pos stream '{}' instruction {} {} '{}'{}\n",
+                       stream.name(), i, Instruction::Kind_Name(inst.kind()),
+                       inst.label(), what);
+    if (pos.phase == ExecPosition::kStreams)
+      waits.insert(waits.end(), w.begin(), w.end());
+  }
+  if (pos.phase == ExecPosition::kLossAllReduce) {
+    out += fmt::format("pos end of step {}: loss all-reduce over all {} "
+                       "ranks\n",
+                       pos.step, worldSize);
+    for (int r = 0; r < worldSize; ++r)
+      if (r != rank)
+        waits.push_back(r);
+  }
+  std::sort(waits.begin(), waits.end());
+  waits.erase(std::unique(waits.begin(), waits.end()), waits.end());
+  return out;
+}
+
+void Watchdog::publish(const char *st) {
+  auto now = Clock::now();
+  ExecPosition pos = exec.position();
+  std::vector<int> waits;
+  std::string positions = describeSelf(pos, waits);
+  std::string text = fmt::format(
+      "seq {}\nstate {}\nstep {}\nphase {}\nstill_ms {}\nwaits {}\n", ++seq, st,
+      pos.step, pos.phase, millisSince(progressAt, now), rankList(waits));
+  if (!errorMessage.empty()) {
+    std::string msg = errorMessage;
+    std::replace(msg.begin(), msg.end(), '\n', ' ');
+    text += "msg " + msg + "\n";
+  }
+  text += positions;
+  publishedAt = now;
+  auto started = Clock::now();
+  Status s = store->put(heartbeatKey(rank), text);
+  if (!s) {
+    if (!storeFailing)
+      storeErrorSince = started;
+    storeFailing = true;
+    storeError = s.message();
+  } else {
+    storeFailing = false;
+  }
+}
+
+void Watchdog::readPeers() {
+  auto now = Clock::now();
+  for (int r = 0; r < worldSize; ++r) {
+    if (r == rank)
+      continue;
+    std::string text;
+    bool present = false;
+    auto started = Clock::now();
+    Status s = store->get(heartbeatKey(r), text, present);
+    if (!s) {
+      if (!storeFailing)
+        storeErrorSince = started;
+      storeFailing = true;
+      storeError = s.message();
+      return;
+    }
+    storeFailing = false;
+    if (!present)
+      continue;
+    Peer &p = peers[r];
+    std::string seqLine = text.substr(0, text.find('\n'));
+    if (p.seen && seqLine == p.seq)
+      continue;
+    p.seen = true;
+    p.seq = seqLine;
+    p.text = text;
+    p.changed = now;
+    std::stringstream in(text);
+    std::string line;
+    while (std::getline(in, line)) {
+      size_t sp = line.find(' ');
+      std::string key = line.substr(0, sp),
+                  value = sp == std::string::npos ? "" : line.substr(sp + 1);
+      if (key == "state")
+        p.state = value;
+      else if (key == "still_ms")
+        p.stillMs = std::atoll(value.c_str());
+      else if (key == "waits")
+        p.waits = parseRankList(value);
+      else if (key == "step")
+        p.step = std::atoll(value.c_str());
+      else if (key == "phase")
+        p.phase = std::atoi(value.c_str());
+    }
+  }
+}
+
+bool Watchdog::decide(Abort &verdict) {
+  auto now = Clock::now();
+  // A verdict that stands.
+  std::string text;
+  bool present = false;
+  auto started = Clock::now();
+  Status s = store->get(kAbortKey, text, present);
+  if (!s) {
+    if (!storeFailing)
+      storeErrorSince = started;
+    storeFailing = true;
+    storeError = s.message();
+  } else if (present && decodeAbort(text, verdict)) {
+    return true;
+  }
+  if (storeFailing && now - storeErrorSince >= timeout) {
+    verdict.culprit = storeOwner >= 0 ? storeOwner : rank;
+    verdict.reason = fmt::format(
+        "the rendezvous store{} failed for {:.1f} s: {}",
+        storeOwner >= 0 ? fmt::format(" (served by rank {})", storeOwner) : "",
+        secondsSince(storeErrorSince, now), storeError);
+    return true;
+  }
+  // Dead or stopped: a heartbeat that no longer changes.
+  int stale = -1;
+  double staleFor = 0;
+  for (int r = 0; r < worldSize; ++r) {
+    if (r == rank || peers[r].state == "done")
+      continue;
+    double t = secondsSince(peers[r].changed, now);
+    if (t >= std::chrono::duration<double>(timeout).count() && t > staleFor) {
+      stale = r;
+      staleFor = t;
+    }
+  }
+  if (stale >= 0) {
+    verdict.culprit = stale;
+    verdict.reason =
+        peers[stale].seen
+            ? fmt::format("no heartbeat for {:.1f} s (killed, crashed or "
+                          "stopped)",
+                          staleFor)
+            : fmt::format("no heartbeat at all in {:.1f} s", staleFor);
+    return true;
+  }
+  // Stuck: alive, in a step, but its position has not changed. Not while
+  // a rank is silent: the ranks waiting on it look stuck too, and its own
+  // verdict (no heartbeat) follows within a second or two.
+  const auto silentAfter = 2 * publishEvery + std::chrono::milliseconds(500);
+  for (int r = 0; r < worldSize; ++r)
+    if (r != rank && peers[r].state != "done" &&
+        now - peers[r].changed > silentAfter)
+      return false;
+  struct Stuck {
+    int rank;
+    double still;
+    std::vector<int> waits;
+  };
+  std::vector<Stuck> stuck;
+  const double limit = std::chrono::duration<double>(timeout).count();
+  {
+    std::vector<int> waits;
+    ExecPosition pos = exec.position();
+    describeSelf(pos, waits);
+    double still = secondsSince(progressAt, now);
+    if (state == "run" && pos.phase != ExecPosition::kIdle && still >= limit)
+      stuck.push_back({rank, still, waits});
+  }
+  for (int r = 0; r < worldSize; ++r) {
+    const Peer &p = peers[r];
+    if (r == rank || !p.seen || p.state != "run" ||
+        p.phase == ExecPosition::kIdle)
+      continue;
+    double still = p.stillMs / 1000.0 + secondsSince(p.changed, now);
+    if (still >= limit)
+      stuck.push_back({r, still, p.waits});
+  }
+  if (stuck.empty())
+    return false;
+  // What rank `r` waits on now (its last heartbeat's for a peer).
+  std::vector<int> selfWaits;
+  describeSelf(exec.position(), selfWaits);
+  auto waitsOf = [&](int r) -> const std::vector<int> & {
+    return r == rank ? selfWaits : peers[r].waits;
+  };
+  // A stuck rank that waits on a rank which does not wait on it is a
+  // victim: it may well have started waiting before that rank got stuck.
+  // Among the others (stuck on no rank, or in a mutual wait, a deadlock),
+  // the longest stuck, then the lowest rank.
+  const Stuck *best = nullptr;
+  for (const Stuck &x : stuck) {
+    bool victim = false;
+    for (int y : x.waits) {
+      if (y < 0 || y >= worldSize || (y != rank && peers[y].state == "done"))
+        continue;
+      const std::vector<int> &back = waitsOf(y);
+      if (std::find(back.begin(), back.end(), x.rank) == back.end())
+        victim = true;
+    }
+    if (victim)
+      continue;
+    if (!best || x.still > best->still + 1e-9 ||
+        (x.still > best->still - 1e-9 && x.rank < best->rank))
+      best = &x;
+  }
+  // Only victims: wait for the rank they wait on to be stuck too, but not
+  // past the communication timeout.
+  if (!best) {
+    for (const Stuck &x : stuck)
+      if (!best || x.still > best->still)
+        best = &x;
+    if (best->still < limit + 1.5)
+      return false;
+  }
+  verdict.culprit = best->rank;
+  verdict.reason = fmt::format(
+      "stuck: heartbeat alive, but no progress in its plan for {:.1f} s "
+      "(--timeout-s {})",
+      best->still, timeout.count() / 1000);
+  return true;
+}
+
+std::string Watchdog::report(const Abort &verdict) {
+  auto now = Clock::now();
+  std::string out = fmt::format(
+      "piper-run: rank {}: watchdog: rank {} failed: {}\n"
+      "piper-run: rank {}: last plan positions:\n",
+      rank, verdict.culprit, verdict.reason, rank);
+  for (int r = 0; r < worldSize; ++r) {
+    std::string head, body;
+    if (r == rank) {
+      std::vector<int> waits;
+      ExecPosition pos = exec.position();
+      body = describeSelf(pos, waits);
+      head = fmt::format("rank {} (this rank): step {}, {}, no progress for "
+                         "{:.1f} s",
+                         r, pos.step, state, secondsSince(progressAt, now));
+    } else if (!peers[r].seen) {
+      head = fmt::format("rank {}: no heartbeat seen", r);
+    } else {
+      const Peer &p = peers[r];
+      double age = secondsSince(p.changed, now);
+      head = fmt::format("rank {}: step {}, {}, ", r, p.step, p.state);
+      head += age > 2.5 * std::chrono::duration<double>(publishEvery).count()
+                  ? fmt::format("no heartbeat for {:.1f} s", age)
+                  : fmt::format("no progress for {:.1f} s",
+                                p.stillMs / 1000.0 + age);
+      std::stringstream in(p.text);
+      std::string line;
+      while (std::getline(in, line))
+        if (line.rfind("pos ", 0) == 0 || line.rfind("msg ", 0) == 0)
+          body += line + "\n";
+    }
+    out += "  " + head + (r == verdict.culprit ? "  <-- failed" : "") + "\n";
+    std::stringstream in(body);
+    std::string line;
+    while (std::getline(in, line)) {
+      if (line.rfind("pos ", 0) == 0)
+        out += "    " + line.substr(4) + "\n";
+      else if (line.rfind("msg ", 0) == 0)
+        out += "    error: " + line.substr(4) + "\n";
+    }
+  }
+  return out;
+}
+
+void Watchdog::conclude(Abort verdict) {
+  if (concluding.exchange(true))
+    while (true)
+      std::this_thread::sleep_for(std::chrono::seconds(1)); // another exits
+  std::string text;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    bool wrote = false, present = false;
+    if (store->putOnce(kAbortKey, encodeAbort(verdict), wrote) &&
+        store->get(kAbortKey, text, present) && present)
+      decodeAbort(text, verdict);
+    readPeers();
+    text = report(verdict);
+  }
+  activeWatchdog = nullptr;
+  setExitHook(nullptr);
+  std::fputs(text.c_str(), stderr);
+  if (verdict.culprit == rank)
+    exitRank(fmt::format("rank {}: watchdog: this rank failed: {}", rank,
+                         verdict.reason),
+             1);
+  exitRank(fmt::format("rank {}: stopping: rank {} failed (exit code {})",
+                       rank, verdict.culprit, kExitPeerFailed),
+           kExitPeerFailed);
+}
+
+void Watchdog::ownFailure(const std::string &message) {
+  if (concluding.exchange(true))
+    return;
+  std::string text;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    Abort verdict{rank, message};
+    std::replace(verdict.reason.begin(), verdict.reason.end(), '\n', ' ');
+    bool wrote = false, present = false;
+    if (store->putOnce(kAbortKey, encodeAbort(verdict), wrote) &&
+        store->get(kAbortKey, text, present) && present)
+      decodeAbort(text, verdict);
+    readPeers();
+    text = report(verdict);
+  }
+  activeWatchdog = nullptr;
+  std::fputs(text.c_str(), stderr);
+}
+
+void Watchdog::streamFailed(const std::string &message) {
+  ExecPosition pos = exec.position();
+  if (!communicating(pos))
+    exitRank(message);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    state = "error";
+    errorMessage = message;
+    publish("error");
+  }
+  std::fprintf(stderr,
+               "piper-run: %s\npiper-run: rank %d: a communication failed; "
+               "waiting up to %lld s for the watchdog to name the rank that "
+               "failed\n",
+               message.c_str(), rank,
+               static_cast<long long>(timeout.count() / 1000 + 1));
+  std::fflush(stderr);
+  wake.notify_all();
+  auto deadline = Clock::now() + timeout + std::chrono::seconds(1);
+  while (Clock::now() < deadline && !concluding.load())
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  if (concluding.load())
+    while (true) // the watchdog thread is exiting
+      std::this_thread::sleep_for(std::chrono::seconds(1));
+  exitRank(message);
+}
+
+void Watchdog::loop() {
+  auto nextPublish = Clock::now() + publishEvery;
+  auto nextPeers = Clock::now();
+  while (!stopping.load()) {
+    auto now = Clock::now();
+    ExecPosition pos = exec.position();
+    Abort verdict;
+    bool found = false;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (pos.step != lastPos.step || pos.phase != lastPos.phase ||
+          pos.instruction != lastPos.instruction) {
+        lastPos = pos;
+        progressAt = now;
+      }
+      // Every second, and at every poll where the position moved, so that a
+      // rank that dies leaves a position at most a poll old.
+      if (now >= nextPublish || progressAt > publishedAt) {
+        publish(state.c_str());
+        nextPublish = now + publishEvery;
+      }
+      if (now >= nextPeers) {
+        readPeers();
+        nextPeers = now + publishEvery / 2;
+      }
+      found = decide(verdict);
+    }
+    if (found && !stopping.load())
+      conclude(verdict);
+    std::unique_lock<std::mutex> lock(wakeMu);
+    wake.wait_for(lock, pollEvery, [&] { return stopping.load(); });
+  }
+}
+
+} // namespace piper::runtime

@@ -1,0 +1,278 @@
+// The watchdog end to end: a 2-stage pipeline (ranks 0 and 1) where rank 1
+// crashes, stalls or hangs in a communication (PIPER_FAULT), or is killed
+// (SIGKILL) or stopped (SIGSTOP) from outside. Every rank must stop within
+// --timeout-s + 5 s, the failed rank must be named, and every rank's last
+// plan position printed with its label. Also PIPER_FAULT's errors.
+#include <dirent.h>
+
+#include "runtime/launch/Watchdog.h"
+#include "runtime/launch/launcher_test_util.h"
+
+using namespace piper::launchertest;
+using piper::runtime::FaultSpec;
+using piper::runtime::parseFault;
+
+namespace {
+
+constexpr int kTimeoutS = 3;
+
+/// The pid of the child of `parent` whose environment has PIPER_RANK=rank,
+/// or -1.
+pid_t rankPid(pid_t parent, int rank) {
+  DIR *proc = ::opendir("/proc");
+  if (!proc)
+    return -1;
+  pid_t found = -1;
+  while (dirent *e = ::readdir(proc)) {
+    pid_t pid = std::atoi(e->d_name);
+    if (pid <= 0)
+      continue;
+    std::string stat = readFile("/proc/" + std::to_string(pid) + "/stat");
+    size_t close = stat.rfind(')');
+    if (close == std::string::npos)
+      continue;
+    int ppid = 0;
+    char state = 0;
+    if (std::sscanf(stat.c_str() + close + 1, " %c %d", &state, &ppid) != 2 ||
+        ppid != parent)
+      continue;
+    std::string env = readFile("/proc/" + std::to_string(pid) + "/environ");
+    std::string want = "PIPER_RANK=" + std::to_string(rank);
+    for (size_t at = 0; at < env.size();) {
+      size_t end = env.find('\0', at);
+      if (end == std::string::npos)
+        end = env.size();
+      if (env.compare(at, end - at, want) == 0)
+        found = pid;
+      at = end + 1;
+    }
+  }
+  ::closedir(proc);
+  return found;
+}
+
+/// The number of complete lines of the file at `path`.
+size_t completeLines(const std::string &path) {
+  std::string text = readFile(path);
+  return static_cast<size_t>(std::count(text.begin(), text.end(), '\n'));
+}
+
+struct Launch {
+  RunResult result;
+  double faultToEnd = 0; // seconds from the fault to the launcher's exit
+};
+
+/// Runs the 2-rank pipeline `out` for many steps with `env`; when `signal`
+/// is non-zero, sends it to rank 1 once step 2 is in the metrics file.
+Launch runPipeline(const std::string &out, const std::vector<std::string> &env,
+                   int signal) {
+  std::string dir = tempDir("watch");
+  std::string metrics = dir + "/metrics.jsonl";
+  std::string outPath = dir + "/stdout", errPath = dir + "/stderr";
+  std::vector<std::string> args = {kPiperRun,     out,
+                                   "--nproc",     "2",
+                                   "--steps",     "100000000",
+                                   "--timeout-s", std::to_string(kTimeoutS),
+                                   "--metrics",   metrics};
+  std::vector<char *> argv;
+  for (std::string &s : args)
+    argv.push_back(s.data());
+  argv.push_back(nullptr);
+  std::vector<std::string> envStrings;
+  for (char **e = environ; *e; ++e)
+    envStrings.push_back(*e);
+  envStrings.insert(envStrings.end(), env.begin(), env.end());
+  std::vector<char *> envp;
+  for (std::string &s : envStrings)
+    envp.push_back(s.data());
+  envp.push_back(nullptr);
+
+  using Clock = std::chrono::steady_clock;
+  auto start = Clock::now();
+  std::fflush(nullptr);
+  pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    int o = ::open(outPath.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    int e = ::open(errPath.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(o, STDOUT_FILENO);
+    ::dup2(e, STDERR_FILENO);
+    ::execve(kPiperRun, argv.data(), envp.data());
+    ::_exit(127);
+  }
+  Launch l;
+  Clock::time_point faultAt{};
+  bool signalled = false;
+  while (true) {
+    pid_t done = ::waitpid(pid, &l.result.status, WNOHANG);
+    if (done == pid)
+      break;
+    auto now = Clock::now();
+    if (now - start > std::chrono::seconds(40)) {
+      l.result.timedOut = true;
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &l.result.status, 0);
+      break;
+    }
+    if (signal && !signalled && completeLines(metrics) >= 2) {
+      // Rank 1's heartbeat shows a step by now.
+      std::this_thread::sleep_for(std::chrono::milliseconds(700));
+      pid_t victim = rankPid(pid, 1);
+      REQUIRE(victim > 0);
+      REQUIRE(::kill(victim, signal) == 0);
+      signalled = true;
+      faultAt = Clock::now();
+    }
+    if (!signal && !signalled &&
+        readFile(errPath).find("PIPER_FAULT: ") != std::string::npos) {
+      signalled = true;
+      faultAt = Clock::now();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  auto end = Clock::now();
+  l.result.seconds = std::chrono::duration<double>(end - start).count();
+  l.result.out = readFile(outPath);
+  l.result.err = readFile(errPath);
+  // A fault announces itself on stderr just before it acts; the launcher
+  // exits after every rank.
+  CHECK(signalled);
+  l.faultToEnd = std::chrono::duration<double>(end - faultAt).count();
+  return l;
+}
+
+/// The checks every failure shares: the run stopped in time, rank 1 is
+/// named by the launcher and by rank 0's report, which shows both ranks'
+/// positions with their labels.
+void checkReport(const Launch &l, const std::string &culpritStatus) {
+  const RunResult &r = l.result;
+  INFO("stderr: " << r.err);
+  REQUIRE_FALSE(r.timedOut);
+  CHECK(r.exitCode() == 1);
+  CHECK(r.err.find("piper-run: rank 1 failed (" + culpritStatus) !=
+        std::string::npos);
+  CHECK(r.err.find("piper-run: rank 0: watchdog: rank 1 failed") !=
+        std::string::npos);
+  CHECK(r.err.find("piper-run: rank 0: last plan positions:") !=
+        std::string::npos);
+  // Both ranks' positions, rank 1's from after step 1 began.
+  CHECK(std::regex_search(
+      r.err, std::regex(R"(  rank 0 \(this rank\): step [1-9][0-9]*, \w+, )"
+                        R"(no progress for [0-9.]+ s\n    stream 'main')")));
+  CHECK(std::regex_search(
+      r.err, std::regex(R"(  rank 1: step [1-9][0-9]*, \w+, no (heartbeat|)"
+                        R"(progress) for [0-9.]+ s  <-- failed\n    )"
+                        R"(stream 'main')")));
+  CHECK(r.err.find("piper-run: rank 0 stopped because rank 1 failed (exit "
+                   "code 4)") != std::string::npos);
+  CHECK(l.faultToEnd < kTimeoutS + 5);
+  std::printf("watchdog_test: %s: stopped %.2f s after the fault\n",
+              culpritStatus.c_str(), l.faultToEnd);
+}
+
+std::string pipeline() {
+  TinyModel m;
+  return strategy(pipelinePlans(m, 2), "watch-pp2");
+}
+
+} // namespace
+
+TEST_CASE("PIPER_FAULT syntax", "[watchdog]") {
+  FaultSpec f;
+  REQUIRE(parseFault("rank=1,step=2,stream=main,inst=5,action=hang_comm", f));
+  CHECK(f.rank == 1);
+  CHECK(f.step == 2);
+  CHECK(f.stream == "main");
+  CHECK(f.instruction == 5);
+  CHECK(f.action == FaultSpec::kHangComm);
+  REQUIRE(parseFault("action=stall,rank=0", f));
+  CHECK(f.step == 1);
+  CHECK(f.instruction == 0);
+  CHECK(f.stream.empty());
+  CHECK(f.action == FaultSpec::kStall);
+  for (const char *bad :
+       {"", "rank=1", "action=crash", "rank=x,action=crash",
+        "rank=1,action=explode", "rank=1,action=crash,step=0",
+        "rank=1,action=crash,color=red", "rank=1,action=crash,rank=2",
+        "rank=1,action=crash,inst", "rank=-1,action=crash"}) {
+    INFO(bad);
+    piper::runtime::Status st = parseFault(bad, f);
+    CHECK_FALSE(st);
+    if (!st)
+      CHECK(st.message().find("PIPER_FAULT=") != std::string::npos);
+  }
+}
+
+TEST_CASE("piper-run refuses a bad PIPER_FAULT before starting ranks",
+          "[watchdog]") {
+  std::string out = pipeline();
+  RunResult r = piperRun({out, "--nproc", "2"}, {"PIPER_FAULT=rank=1,oops"});
+  CHECK(r.exitCode() == 2);
+  CHECK(r.err.find("piper-run: PIPER_FAULT='rank=1,oops': 'oops' is not "
+                   "key=value") != std::string::npos);
+  r = piperRun({out, "--nproc", "2"}, {"PIPER_FAULT=rank=2,action=crash"});
+  CHECK(r.exitCode() == 2);
+  CHECK(r.err.find("PIPER_FAULT: rank 2 is not one of the 2 ranks") !=
+        std::string::npos);
+  // Plan-level errors come from the rank the fault names.
+  r = piperRun({out, "--nproc", "2"},
+               {"PIPER_FAULT=rank=1,stream=side,action=crash"});
+  CHECK(r.exitCode() == 1);
+  CHECK(r.err.find("PIPER_FAULT: rank 1's plan has no stream 'side' (it has "
+                   "'main')") != std::string::npos);
+  r = piperRun({out, "--nproc", "2"},
+               {"PIPER_FAULT=rank=1,inst=2,action=hang_comm"});
+  CHECK(r.exitCode() == 1);
+  CHECK(r.err.find("hang_comm needs a communication instruction; instruction "
+                   "2 of stream 'main' on rank 1 is CALL 'F PP=1 MB=0'") !=
+        std::string::npos);
+}
+
+TEST_CASE("watchdog: PIPER_FAULT crash", "[watchdog]") {
+  Launch l = runPipeline(
+      pipeline(), {"PIPER_FAULT=rank=1,step=2,inst=3,action=crash"}, 0);
+  CHECK(l.result.err.find("PIPER_FAULT: crashing (SIGKILL) at step 2, stream "
+                          "'main', instruction 3 (CALL 'B PP=1 MB=0')") !=
+        std::string::npos);
+  checkReport(l, "killed by signal 9");
+  CHECK(l.result.err.find("  rank 1: step 2, run, no progress for ") !=
+        std::string::npos);
+  CHECK(l.result.err.find("stream 'main' instruction 3 CALL 'B PP=1 MB=0': "
+                          "segment 'bwd1'") != std::string::npos);
+}
+
+TEST_CASE("watchdog: PIPER_FAULT stall", "[watchdog]") {
+  Launch l = runPipeline(
+      pipeline(), {"PIPER_FAULT=rank=1,step=2,inst=2,action=stall"}, 0);
+  checkReport(l, "watchdog: no heartbeat for");
+  // The stalled rank was stopped where the fault put it.
+  CHECK(l.result.err.find("stream 'main' instruction 2 CALL 'F PP=1 MB=0': "
+                          "segment 'fwd1'") != std::string::npos);
+  CHECK(l.faultToEnd > kTimeoutS - 1.5);
+}
+
+TEST_CASE("watchdog: PIPER_FAULT hang_comm", "[watchdog]") {
+  Launch l = runPipeline(
+      pipeline(), {"PIPER_FAULT=rank=1,step=2,inst=4,action=hang_comm"}, 0);
+  // Rank 1 names itself and exits 1; rank 0 names rank 1 and exits 4.
+  checkReport(l, "exit code 1");
+  const std::string &err = l.result.err;
+  CHECK(err.find("piper-run: rank 1: watchdog: rank 1 failed: stuck: "
+                 "heartbeat alive, but no progress") != std::string::npos);
+  CHECK(err.find("stream 'main' instruction 4 SEND 'send dx MB=0': to rank "
+                 "0") != std::string::npos);
+  CHECK(err.find("stream 'main' instruction 6 RECV 'recv dx MB=0': from "
+                 "rank 1") != std::string::npos);
+  CHECK(l.faultToEnd > kTimeoutS - 1.5);
+}
+
+TEST_CASE("watchdog: a rank killed with SIGKILL", "[watchdog]") {
+  Launch l = runPipeline(pipeline(), {}, SIGKILL);
+  checkReport(l, "killed by signal 9");
+}
+
+TEST_CASE("watchdog: a rank stopped with SIGSTOP", "[watchdog]") {
+  Launch l = runPipeline(pipeline(), {}, SIGSTOP);
+  checkReport(l, "watchdog: no heartbeat for");
+  CHECK(l.faultToEnd > kTimeoutS - 1.5);
+}
