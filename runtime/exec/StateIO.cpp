@@ -48,7 +48,10 @@ Status Executor::saveParams(const std::string &dir) const {
   for (int p = 0; p < impl->plan.params_size(); ++p) {
     const std::string &name = impl->plan.params(p).name();
     std::string path = dir + "/" + name + ".bin";
-    std::string tmp = path + ".tmp";
+    // A tied parameter has a copy in several classes, whose first replicas
+    // all save it: each writes its own temporary file, and the renames
+    // (of identical bytes) replace one another atomically.
+    std::string tmp = path + ".tmp." + std::to_string(impl->options.rank);
     const TensorPtr &t = impl->stateOf(p, Operand::PARAM);
     std::vector<char> host(static_cast<size_t>(t->bytes));
     impl->memory->copyToHost(host.data(), t->data, host.size());
