@@ -208,7 +208,11 @@ std::string readPlanFile(const std::string &path, Plan &plan) {
   std::string err = readWholeFile(path, bytes);
   if (!err.empty())
     return planPrefix(path) + err;
+  return parsePlanFile(path, bytes, plan);
+}
 
+std::string parsePlanFile(const std::string &path, std::string_view bytes,
+                          Plan &plan) {
   const auto *h = reinterpret_cast<const unsigned char *>(bytes.data());
   // A short file that starts like a plan is a truncated plan; anything else
   // is not a plan at all.
@@ -253,6 +257,12 @@ std::string readPlanFile(const std::string &path, Plan &plan) {
            fmt::format("corrupted: the header says schema version {} but the "
                        "plan says {}",
                        version, plan.schema_version());
+  // The event count is not backed by data, and the runtime allocates per
+  // event: a few bytes must not ask for billions.
+  if (plan.num_events() > kMaxPlanEvents)
+    return planPrefix(path) +
+           fmt::format("corrupted: num_events {} is over the limit of {}",
+                       plan.num_events(), kMaxPlanEvents);
   return "";
 }
 
@@ -280,12 +290,16 @@ std::string readManifest(const std::string &path, Manifest &manifest) {
   std::string err = readWholeFile(path, text);
   if (!err.empty())
     return manifestPrefix(path) + err;
+  return parseManifest(path, text, manifest);
+}
 
+std::string parseManifest(const std::string &path, std::string_view text,
+                          Manifest &manifest) {
   google::protobuf::TextFormat::Parser parser;
   CollectErrors errors;
   parser.RecordErrorsTo(&errors);
   manifest.Clear();
-  if (!parser.ParseFromString(text, &manifest))
+  if (!parser.ParseFromString(std::string(text), &manifest))
     return manifestPrefix(path) + "not a valid manifest: " +
            (errors.first.empty() ? std::string("parse error") : errors.first);
   if (manifest.schema_version() == 0)
@@ -293,6 +307,10 @@ std::string readManifest(const std::string &path, Manifest &manifest) {
   if (manifest.schema_version() != kPlanSchemaVersion)
     return manifestPrefix(path) +
            unsupportedVersion("manifest", manifest.schema_version());
+  if (manifest.world_size() > kMaxManifestWorldSize)
+    return manifestPrefix(path) +
+           fmt::format("world_size {} is over the limit of {} devices",
+                       manifest.world_size(), kMaxManifestWorldSize);
   return "";
 }
 

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "proto/plan.pb.h"
 
@@ -21,6 +22,15 @@ constexpr char kPlanMagic[8] = {'P', 'I', 'P', 'R', 'P', 'L', 'A', 'N'};
 /// Size of the fixed header in front of the serialized Plan.
 constexpr size_t kPlanHeaderSize = 24;
 
+/// The largest world size a manifest may declare: piperc's limit
+/// (mlir::piper::kMaxWorldSize, docs/user-guide.md "Limits"). The runtime
+/// allocates per rank of the world before it looks at a single plan.
+constexpr int32_t kMaxManifestWorldSize = 1 << 20;
+
+/// The most events a plan may declare (each is one RECORD instruction of a
+/// step; the runtime allocates per event before it runs).
+constexpr int32_t kMaxPlanEvents = 1 << 24;
+
 /// File name of the manifest inside a compiled strategy folder.
 constexpr const char *kManifestFileName = "manifest.textproto";
 
@@ -35,18 +45,29 @@ uint32_t crc32(const void *data, size_t size);
 std::string writePlanFile(const std::string &path, const Plan &plan);
 
 /// Reads and checks the plan file at `path` into `plan`: magic, schema version,
-/// length and checksum. Returns "" on success, else an error message naming the
-/// file.
+/// length and checksum, and that num_events is at most kMaxPlanEvents. Returns
+/// "" on success, else an error message naming the file.
 std::string readPlanFile(const std::string &path, Plan &plan);
+
+/// readPlanFile on the file's `bytes`, already in memory; `path` only names
+/// the file in messages.
+std::string parsePlanFile(const std::string &path, std::string_view bytes,
+                          Plan &plan);
 
 /// Writes `manifest` as protobuf text to `path` (normally
 /// OUT/manifest.textproto), atomically; schema_version 0 is written as
 /// kPlanSchemaVersion. Returns "" on success, else an error message.
 std::string writeManifest(const std::string &path, const Manifest &manifest);
 
-/// Parses the manifest text at `path` and checks its schema version.
+/// Parses the manifest text at `path` and checks its schema version and that
+/// its world_size is at most kMaxManifestWorldSize.
 /// Returns "" on success, else an error message naming the file.
 std::string readManifest(const std::string &path, Manifest &manifest);
+
+/// readManifest on the manifest's `text`, already in memory; `path` only
+/// names the file in messages.
+std::string parseManifest(const std::string &path, std::string_view text,
+                          Manifest &manifest);
 
 } // namespace piper::plan
 

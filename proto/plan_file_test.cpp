@@ -161,6 +161,43 @@ TEST_CASE("plan file errors", "[plan_file]") {
   }
 }
 
+TEST_CASE("parsePlanFile and parseManifest read bytes as the files do",
+          "[plan_file]") {
+  std::string path = tempPath("bytes.plan");
+  REQUIRE(writePlanFile(path, samplePlan()) == "");
+  std::string bytes = readBytes(path);
+  Plan fromFile, fromBytes;
+  REQUIRE(readPlanFile(path, fromFile) == "");
+  REQUIRE(parsePlanFile(path, bytes, fromBytes) == "");
+  CHECK(fromBytes.SerializeAsString() == fromFile.SerializeAsString());
+  writeBytes(path, bytes.substr(0, 30));
+  CHECK(parsePlanFile(path, bytes.substr(0, 30), fromBytes) ==
+        readPlanFile(path, fromFile));
+
+  Manifest m;
+  CHECK(parseManifest("m.textproto", "schema_version: 2\nworld_size: 3\n", m) ==
+        "");
+  CHECK(m.world_size() == 3);
+  CHECK(parseManifest("m.textproto", "world_size: 3\n", m) ==
+        "manifest 'm.textproto': missing schema_version");
+}
+
+TEST_CASE("plan file rejects an event count over the limit", "[plan_file]") {
+  // Found by the plan fuzzer (test/fuzz/crashes/plan/): 68 bytes declaring
+  // 161,480,157 events made plan validation allocate 1.3 GB and time out.
+  std::string path = tempPath("events.plan");
+  Plan plan = samplePlan();
+  plan.set_num_events(161480157);
+  REQUIRE(writePlanFile(path, plan) == "");
+  Plan out;
+  CHECK(readPlanFile(path, out) ==
+        "plan file '" + path +
+            "': corrupted: num_events 161480157 is over the limit of 16777216");
+  plan.set_num_events(kMaxPlanEvents);
+  REQUIRE(writePlanFile(path, plan) == "");
+  CHECK(readPlanFile(path, out) == "");
+}
+
 TEST_CASE("manifest round trip", "[plan_file]") {
   std::string path = tempPath("manifest.textproto");
   Manifest m;
@@ -211,5 +248,16 @@ TEST_CASE("manifest errors", "[plan_file]") {
     writeBytes(path, "schema_version: 9\nworld_size: 4\n");
     CHECK(readManifest(path, out).find("manifest schema version 9 is not "
                                        "supported") != std::string::npos);
+  }
+  SECTION("world size over the limit") {
+    // Run through the manifest fuzz target (test/fuzz/crashes/manifest/): the
+    // strategy check allocated 16 GB, one entry per rank of the world.
+    writeBytes(path, "schema_version: 2\nworld_size: 2000000000\n"
+                     "classes { ranks: 0 plan_file: \"a.pb\" }\n");
+    CHECK(readManifest(path, out) ==
+          "manifest '" + path +
+              "': world_size 2000000000 is over the limit of 1048576 devices");
+    writeBytes(path, "schema_version: 2\nworld_size: 1048576\n");
+    CHECK(readManifest(path, out) == "");
   }
 }

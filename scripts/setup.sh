@@ -15,6 +15,9 @@ PACKAGES=(
   libgloo-dev libopenblas-dev
   # Tests: piper-run under a real cluster launcher (mpirun).
   openmpi-bin
+  # scripts/fuzz.sh: libFuzzer targets of the file readers, built with clang
+  # 22 (the compiler, its ASan/UBSan/libFuzzer runtimes, libFuzzer itself).
+  clang-22 libclang-rt-22-dev libfuzzer-22-dev
   # scripts/install.sh: RUNPATHs of installed binaries.
   patchelf
   # Tests run Python scripts with Debian's interpreter; PyTorch (CPU) is the

@@ -208,6 +208,112 @@ Status writeSafetensors(const std::string &path,
   return out.commit().withContext("checkpoint");
 }
 
+namespace {
+
+/// The checks of the 8-byte header length `n` of a file of `size` bytes.
+Status checkHeaderLength(const std::string &where, uint64_t n, uint64_t size) {
+  if (n > kSafetensorsMaxHeaderBytes)
+    return Status::error(
+        where + fmt::format("the header length {} is over the {}-byte limit "
+                            "(not a safetensors file?)",
+                            n, kSafetensorsMaxHeaderBytes));
+  if (n > size - 8)
+    return Status::error(
+        where + fmt::format("truncated: the header length is {} bytes but "
+                            "only {} bytes follow it",
+                            n, size - 8));
+  if (n < 2)
+    return Status::error(
+        where +
+        fmt::format("the header length {} is too small for a JSON object", n));
+  return Status::ok();
+}
+
+Status truncatedLength(const std::string &where, uint64_t size) {
+  return Status::error(where + fmt::format("truncated: the file has {} "
+                                           "bytes, fewer than the 8-byte "
+                                           "header length",
+                                           size));
+}
+
+uint64_t headerLength(const unsigned char *lenBytes) {
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i)
+    n = n << 8 | lenBytes[i];
+  return n;
+}
+
+/// Parses and validates the header JSON `json` of a file of `size` bytes
+/// whose data section starts at `dataStart`.
+Status parseHeader(const std::string &where, const std::string &json,
+                   uint64_t size, uint64_t dataStart,
+                   std::vector<SafetensorsEntry> &entries,
+                   SafetensorsMetadata &meta) {
+  Json root;
+  PIPER_RETURN_IF_ERROR(parseJson(json, root).withContext(where + "header"));
+  if (!root.is_object())
+    return Status::error(where + "the header is " +
+                         std::string(jsonKindName(root)) +
+                         ", not a JSON object");
+  uint64_t dataBytes = size - dataStart;
+  for (const auto &[name, value] : root.items()) {
+    if (name == kMetadataKey) {
+      if (!value.is_object())
+        return Status::error(where + "\"__metadata__\" is " +
+                             std::string(jsonKindName(value)) +
+                             ", not an object");
+      for (const auto &[key, v] : value.items()) {
+        if (!v.is_string())
+          return Status::error(where + "\"__metadata__\" value of " +
+                               jsonQuote(key) + " is " + jsonKindName(v) +
+                               ", not a string");
+        meta.emplace_back(key, v.get<std::string>());
+      }
+      continue;
+    }
+    SafetensorsEntry e;
+    PIPER_RETURN_IF_ERROR(
+        parseEntry(name, value, e).withContext(where + "header"));
+    if (e.end > dataBytes)
+      return Status::error(
+          where + fmt::format("tensor '{}': \"data_offsets\" [{}, {}] run "
+                              "past the end of the data ({} bytes after the "
+                              "header; truncated file?)",
+                              name, e.begin, e.end, dataBytes));
+    entries.push_back(std::move(e));
+  }
+
+  // The tensors must tile the data section: sorted by offset, each begins
+  // where the previous one ends, and the last one ends at the end of file.
+  std::vector<size_t> order(entries.size());
+  std::iota(order.begin(), order.end(), size_t(0));
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    const SafetensorsEntry &x = entries[a], &y = entries[b];
+    return x.begin != y.begin ? x.begin < y.begin : x.end < y.end;
+  });
+  uint64_t expected = 0;
+  const SafetensorsEntry *previous = nullptr;
+  for (size_t i : order) {
+    const SafetensorsEntry &e = entries[i];
+    if (e.begin < expected)
+      return Status::error(where + "tensors '" + previous->name + "' and '" +
+                           e.name + "' overlap");
+    if (e.begin > expected)
+      return Status::error(where +
+                           fmt::format("a gap of {} bytes before tensor '{}'",
+                                       e.begin - expected, e.name));
+    expected = e.end;
+    previous = &e;
+  }
+  if (expected != dataBytes)
+    return Status::error(where +
+                         fmt::format("{} bytes after the last tensor's data",
+                                     dataBytes - expected));
+  return Status::ok();
+}
+
+} // namespace
+
 std::unique_ptr<SafetensorsReader>
 SafetensorsReader::open(const std::string &path, Status &status) {
   std::string where = "checkpoint '" + path + "': ";
@@ -226,10 +332,7 @@ SafetensorsReader::open(const std::string &path, Status &status) {
   }
   uint64_t size = static_cast<uint64_t>(st.st_size);
   if (size < 8) {
-    status = Status::error(where + fmt::format("truncated: the file has {} "
-                                               "bytes, fewer than the 8-byte "
-                                               "header length",
-                                               size));
+    status = truncatedLength(where, size);
     return nullptr;
   }
   unsigned char lenBytes[8];
@@ -237,115 +340,37 @@ SafetensorsReader::open(const std::string &path, Status &status) {
     status = Status::error(where + "cannot read: " + errnoMessage(errno));
     return nullptr;
   }
-  uint64_t n = 0;
-  for (int i = 7; i >= 0; --i)
-    n = n << 8 | lenBytes[i];
-  if (n > kSafetensorsMaxHeaderBytes) {
-    status = Status::error(
-        where + fmt::format("the header length {} is over the {}-byte limit "
-                            "(not a safetensors file?)",
-                            n, kSafetensorsMaxHeaderBytes));
+  uint64_t n = headerLength(lenBytes);
+  status = checkHeaderLength(where, n, size);
+  if (!status)
     return nullptr;
-  }
-  if (n > size - 8) {
-    status = Status::error(
-        where + fmt::format("truncated: the header length is {} bytes but "
-                            "only {} bytes follow it",
-                            n, size - 8));
-    return nullptr;
-  }
-  if (n < 2) {
-    status = Status::error(
-        where +
-        fmt::format("the header length {} is too small for a JSON object", n));
-    return nullptr;
-  }
   std::string json(static_cast<size_t>(n), '\0');
   if (!preadAll(r->fd, json.data(), json.size(), 8)) {
     status =
         Status::error(where + "cannot read the header: " + errnoMessage(errno));
     return nullptr;
   }
-  Json root;
-  status = parseJson(json, root).withContext(where + "header");
+  r->dataStart = 8 + n;
+  status = parseHeader(where, json, size, r->dataStart, r->entries, r->meta);
   if (!status)
     return nullptr;
-  if (!root.is_object()) {
-    status =
-        Status::error(where + "the header is " +
-                      std::string(jsonKindName(root)) + ", not a JSON object");
-    return nullptr;
-  }
-  r->dataStart = 8 + n;
-  uint64_t dataBytes = size - r->dataStart;
-  for (const auto &[name, value] : root.items()) {
-    if (name == kMetadataKey) {
-      if (!value.is_object()) {
-        status =
-            Status::error(where + "\"__metadata__\" is " +
-                          std::string(jsonKindName(value)) + ", not an object");
-        return nullptr;
-      }
-      for (const auto &[key, v] : value.items()) {
-        if (!v.is_string()) {
-          status = Status::error(where + "\"__metadata__\" value of " +
-                                 jsonQuote(key) + " is " + jsonKindName(v) +
-                                 ", not a string");
-          return nullptr;
-        }
-        r->meta.emplace_back(key, v.get<std::string>());
-      }
-      continue;
-    }
-    SafetensorsEntry e;
-    status = parseEntry(name, value, e).withContext(where + "header");
-    if (!status)
-      return nullptr;
-    if (e.end > dataBytes) {
-      status = Status::error(
-          where + fmt::format("tensor '{}': \"data_offsets\" [{}, {}] run "
-                              "past the end of the data ({} bytes after the "
-                              "header; truncated file?)",
-                              name, e.begin, e.end, dataBytes));
-      return nullptr;
-    }
-    r->entries.push_back(std::move(e));
-  }
-
-  // The tensors must tile the data section: sorted by offset, each begins
-  // where the previous one ends, and the last one ends at the end of file.
-  std::vector<size_t> order(r->entries.size());
-  std::iota(order.begin(), order.end(), size_t(0));
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    const SafetensorsEntry &x = r->entries[a], &y = r->entries[b];
-    return x.begin != y.begin ? x.begin < y.begin : x.end < y.end;
-  });
-  uint64_t expected = 0;
-  const SafetensorsEntry *previous = nullptr;
-  for (size_t i : order) {
-    const SafetensorsEntry &e = r->entries[i];
-    if (e.begin < expected) {
-      status = Status::error(where + "tensors '" + previous->name + "' and '" +
-                             e.name + "' overlap");
-      return nullptr;
-    }
-    if (e.begin > expected) {
-      status = Status::error(where +
-                             fmt::format("a gap of {} bytes before tensor '{}'",
-                                         e.begin - expected, e.name));
-      return nullptr;
-    }
-    expected = e.end;
-    previous = &e;
-  }
-  if (expected != dataBytes) {
-    status = Status::error(where +
-                           fmt::format("{} bytes after the last tensor's data",
-                                       dataBytes - expected));
-    return nullptr;
-  }
-  status = Status::ok();
   return r;
+}
+
+Status parseSafetensors(const std::string &path, std::string_view bytes,
+                        std::vector<SafetensorsEntry> &entries,
+                        SafetensorsMetadata &metadata) {
+  std::string where = "checkpoint '" + path + "': ";
+  entries.clear();
+  metadata.clear();
+  uint64_t size = bytes.size();
+  if (size < 8)
+    return truncatedLength(where, size);
+  uint64_t n =
+      headerLength(reinterpret_cast<const unsigned char *>(bytes.data()));
+  PIPER_RETURN_IF_ERROR(checkHeaderLength(where, n, size));
+  std::string json(bytes.substr(8, static_cast<size_t>(n)));
+  return parseHeader(where, json, size, 8 + n, entries, metadata);
 }
 
 SafetensorsReader::~SafetensorsReader() {

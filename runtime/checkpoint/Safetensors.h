@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -87,6 +88,13 @@ private:
   std::vector<SafetensorsEntry> entries;
   SafetensorsMetadata meta;
 };
+
+/// The checks of SafetensorsReader::open on a whole file held in memory:
+/// fills `entries` (header order) and `metadata`. `path` only names the file
+/// in messages, which are those open() gives.
+Status parseSafetensors(const std::string &path, std::string_view bytes,
+                        std::vector<SafetensorsEntry> &entries,
+                        SafetensorsMetadata &metadata);
 
 /// Writes the tensors of `parts` (in order: each part's tensors in its
 /// header order) into one file at `path`, atomically, with `metadata`. A

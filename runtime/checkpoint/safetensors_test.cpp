@@ -391,6 +391,11 @@ TEST_CASE("safetensors: every truncation and header corruption is handled",
     Status st = openStatus(path);
     INFO("prefix of " << n << " bytes: " << st.message());
     CHECK_FALSE(st);
+    // parseSafetensors, the same checks on bytes in memory, says the same.
+    std::vector<SafetensorsEntry> entries;
+    SafetensorsMetadata meta;
+    CHECK(parseSafetensors(path, bytes.substr(0, n), entries, meta).message() ==
+          st.message());
   }
   // Flipping any header byte either still parses (e.g. inside a name or
   // padding) or fails with a message; it never crashes or reads past the
@@ -408,10 +413,16 @@ TEST_CASE("safetensors: every truncation and header corruption is handled",
       writeBytes(path, corrupt);
       Status st;
       auto r = SafetensorsReader::open(path, st);
+      std::vector<SafetensorsEntry> entries;
+      SafetensorsMetadata meta;
+      Status fromBytes = parseSafetensors(path, corrupt, entries, meta);
+      CHECK(fromBytes.message() == st.message());
       if (!r) {
         ++failures;
         continue;
       }
+      CHECK(entries.size() == r->tensors().size());
+      CHECK(meta == r->metadata());
       // Whatever parsed must be readable within the file.
       std::vector<char> buf;
       for (const SafetensorsEntry &e : r->tensors()) {

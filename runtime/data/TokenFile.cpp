@@ -85,6 +85,58 @@ std::string tokenFileHeader(TokenDType dtype) {
   return h;
 }
 
+Status parseTokenFileLayout(const std::string &path, const unsigned char *head,
+                            int64_t size, TokenDType dtype,
+                            TokenFileLayout &out) {
+  std::string where = "token file '" + path + "': ";
+  out = TokenFileLayout();
+  // A header is recognized by its magic alone; a headerless file would need
+  // its first four tokens to spell "PIPRTOKS" to be mistaken for one.
+  if (size >= static_cast<int64_t>(sizeof(kTokenFileMagic)) &&
+      std::memcmp(head, kTokenFileMagic, sizeof(kTokenFileMagic)) == 0) {
+    if (size < kTokenFileHeaderBytes)
+      return Status::error(
+          where + fmt::format("truncated header: the file has {} bytes, the "
+                              "header {}",
+                              size, kTokenFileHeaderBytes));
+    uint32_t version = readU32(head + 8);
+    uint32_t bytesPerToken = readU32(head + 12);
+    if (version != kTokenFileVersion)
+      return Status::error(
+          where + fmt::format("header version {} is not supported (this "
+                              "runtime reads version {})",
+                              version, kTokenFileVersion));
+    if (bytesPerToken != 2 && bytesPerToken != 4)
+      return Status::error(
+          where + fmt::format("the header says {} bytes per token; only 2 "
+                              "(uint16) and 4 (uint32) exist",
+                              bytesPerToken));
+    TokenDType fromHeader =
+        bytesPerToken == 2 ? TokenDType::U16 : TokenDType::U32;
+    if (dtype != TokenDType::Auto && dtype != fromHeader)
+      return Status::error(where + "the requested dtype " +
+                           tokenDTypeName(dtype) +
+                           " disagrees with the file's header, which says " +
+                           tokenDTypeName(fromHeader));
+    out.header = true;
+    out.dtype = fromHeader;
+    out.dataOffset = kTokenFileHeaderBytes;
+  } else {
+    out.dtype = dtype == TokenDType::Auto ? TokenDType::U16 : dtype;
+  }
+
+  int64_t dataBytes = size - out.dataOffset;
+  int width = tokenWidth(out.dtype);
+  if (dataBytes % width != 0)
+    return Status::error(
+        where + fmt::format("{}{} bytes are not a whole number of {}-byte "
+                            "tokens ({})",
+                            out.header ? "after the 16-byte header, " : "",
+                            dataBytes, width, tokenDTypeName(out.dtype)));
+  out.numTokens = dataBytes / width;
+  return Status::ok();
+}
+
 std::unique_ptr<TokenFile> TokenFile::open(const std::string &path,
                                            TokenDType dtype, Status &status) {
   std::string where = "token file '" + path + "': ";
@@ -111,8 +163,6 @@ std::unique_ptr<TokenFile> TokenFile::open(const std::string &path,
 
   std::unique_ptr<TokenFile> file(new TokenFile());
   file->filePath = path;
-  // A header is recognized by its magic alone; a headerless file would need
-  // its first four tokens to spell "PIPRTOKS" to be mistaken for one.
   unsigned char head[kTokenFileHeaderBytes];
   size_t headBytes =
       static_cast<size_t>(std::min<int64_t>(size, kTokenFileHeaderBytes));
@@ -120,58 +170,15 @@ std::unique_ptr<TokenFile> TokenFile::open(const std::string &path,
     status = Status::error(where + "cannot read: " + errnoMessage(errno));
     return nullptr;
   }
-  if (headBytes >= sizeof(kTokenFileMagic) &&
-      std::memcmp(head, kTokenFileMagic, sizeof(kTokenFileMagic)) == 0) {
-    if (size < kTokenFileHeaderBytes) {
-      status = Status::error(
-          where + fmt::format("truncated header: the file has {} bytes, the "
-                              "header {}",
-                              size, kTokenFileHeaderBytes));
-      return nullptr;
-    }
-    uint32_t version = readU32(head + 8);
-    uint32_t bytesPerToken = readU32(head + 12);
-    if (version != kTokenFileVersion) {
-      status = Status::error(
-          where + fmt::format("header version {} is not supported (this "
-                              "runtime reads version {})",
-                              version, kTokenFileVersion));
-      return nullptr;
-    }
-    if (bytesPerToken != 2 && bytesPerToken != 4) {
-      status = Status::error(
-          where + fmt::format("the header says {} bytes per token; only 2 "
-                              "(uint16) and 4 (uint32) exist",
-                              bytesPerToken));
-      return nullptr;
-    }
-    TokenDType fromHeader =
-        bytesPerToken == 2 ? TokenDType::U16 : TokenDType::U32;
-    if (dtype != TokenDType::Auto && dtype != fromHeader) {
-      status =
-          Status::error(where + "the requested dtype " + tokenDTypeName(dtype) +
-                        " disagrees with the file's header, which says " +
-                        tokenDTypeName(fromHeader));
-      return nullptr;
-    }
-    file->header = true;
-    file->width = fromHeader;
-    file->dataOffset = kTokenFileHeaderBytes;
-  } else {
-    file->width = dtype == TokenDType::Auto ? TokenDType::U16 : dtype;
-  }
-
-  int64_t dataBytes = size - file->dataOffset;
-  int width = tokenWidth(file->width);
-  if (dataBytes % width != 0) {
-    status = Status::error(
-        where + fmt::format("{}{} bytes are not a whole number of {}-byte "
-                            "tokens ({})",
-                            file->header ? "after the 16-byte header, " : "",
-                            dataBytes, width, tokenDTypeName(file->width)));
+  TokenFileLayout layout;
+  status = parseTokenFileLayout(path, head, size, dtype, layout);
+  if (!status)
     return nullptr;
-  }
-  file->count = dataBytes / width;
+  file->header = layout.header;
+  file->width = layout.dtype;
+  file->dataOffset = layout.dataOffset;
+  file->count = layout.numTokens;
+  int64_t dataBytes = size - layout.dataOffset;
   if (dataBytes > 0) {
     void *p = ::mmap(nullptr, static_cast<size_t>(size), PROT_READ, MAP_SHARED,
                      fd, 0);

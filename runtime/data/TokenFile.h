@@ -32,6 +32,21 @@ constexpr int64_t kTokenFileHeaderBytes = 16;
 /// The 16-byte header for tokens of `dtype` (U16 or U32).
 std::string tokenFileHeader(TokenDType dtype);
 
+/// Where the tokens of a token file are and how wide they are.
+struct TokenFileLayout {
+  TokenDType dtype = TokenDType::U16; // U16 or U32: the width actually used
+  bool header = false;
+  int64_t dataOffset = 0; // 16 with a header, else 0
+  int64_t numTokens = 0;
+};
+
+/// The header and size checks of TokenFile::open for a file of `size` bytes
+/// that begins with `head` (its first min(size, 16) bytes), with `dtype`
+/// requested. Messages are those of open(); `path` only names the file.
+Status parseTokenFileLayout(const std::string &path, const unsigned char *head,
+                            int64_t size, TokenDType dtype,
+                            TokenFileLayout &out);
+
 /// A read-only, memory-mapped token file. Reading is thread-safe.
 class TokenFile {
 public:

@@ -201,6 +201,40 @@ TEST_CASE("token files: error paths", "[data]") {
   }
 }
 
+TEST_CASE("token files: the layout from bytes agrees with open()", "[data]") {
+  std::string dir = tempDir();
+  std::string path = dir + "/t.bin";
+  const std::vector<std::string> files = {"",
+                                          "abcd",
+                                          "abcde",
+                                          header(1, 2) + "ab",
+                                          header(1, 4) + "abcdefg",
+                                          header(1, 4) + "abcdefgh",
+                                          std::string("PIPRTOKS") + le32(1),
+                                          header(2, 2),
+                                          header(1, 3) + "abc",
+                                          "PIPRTOK"};
+  for (const std::string &bytes : files) {
+    for (TokenDType dtype :
+         {TokenDType::Auto, TokenDType::U16, TokenDType::U32}) {
+      writeBytes(path, bytes);
+      Status opened;
+      auto f = TokenFile::open(path, dtype, opened);
+      TokenFileLayout layout;
+      Status parsed = parseTokenFileLayout(
+          path, reinterpret_cast<const unsigned char *>(bytes.data()),
+          static_cast<int64_t>(bytes.size()), dtype, layout);
+      INFO(bytes.size() << " bytes, dtype " << tokenDTypeName(dtype));
+      CHECK(parsed.message() == opened.message());
+      if (f) {
+        CHECK(layout.numTokens == f->numTokens());
+        CHECK(layout.header == f->hasHeader());
+        CHECK(layout.dtype == f->dtype());
+      }
+    }
+  }
+}
+
 TEST_CASE("token files: the vocabulary check names the first bad token",
           "[data]") {
   std::string dir = tempDir();
