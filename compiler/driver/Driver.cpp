@@ -263,20 +263,10 @@ int runCompile(const CompileOptions &o) {
   llvm::SourceMgr sourceMgr;
   SourceMgrDiagnosticHandler handler(sourceMgr, &ctx);
   std::string error;
-  auto file = openInputFile(o.input, &error);
-  if (!file)
-    return fail(error);
-  if (std::string err = checkMlirNesting(file->getBuffer(), "model", o.input);
-      !err.empty())
-    return fail(err);
-  sourceMgr.AddNewSourceBuffer(std::move(file), llvm::SMLoc());
-  OwningOpRef<ModuleOp> module = parseSourceFile<ModuleOp>(sourceMgr, &ctx);
+  OwningOpRef<ModuleOp> module =
+      loadModule(ctx, sourceMgr, o.input, "model", "compile", error);
   if (!module)
-    return fail("cannot parse model '" + o.input + "'");
-  if (failed(verify(*module)))
-    return fail("the model does not verify");
-  if (failed(checkTensorSizes(*module)))
-    return fail("model '" + o.input + "' has a tensor too large to compile");
+    return fail(error);
   parseTimer.stop();
 
   // The compile pipeline, up to the phase --compile-to names: the same

@@ -6,6 +6,8 @@
 #include <limits>
 
 #include "mlir/IR/BuiltinTypes.h"
+#include "mlir/IR/Verifier.h"
+#include "mlir/Parser/Parser.h"
 #include "mlir/Support/FileUtilities.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FileSystem.h"
@@ -174,6 +176,34 @@ int writeOutput(ModuleOp module, const std::string &path) {
   out->os() << "\n";
   out->keep();
   return 0;
+}
+
+OwningOpRef<ModuleOp> loadModule(MLIRContext &ctx, llvm::SourceMgr &sourceMgr,
+                                 const std::string &path, llvm::StringRef what,
+                                 llvm::StringRef verb, std::string &error) {
+  auto file = openInputFile(path, &error);
+  if (!file)
+    return nullptr;
+  if (std::string err = checkMlirNesting(file->getBuffer(), what, path);
+      !err.empty()) {
+    error = err;
+    return nullptr;
+  }
+  sourceMgr.AddNewSourceBuffer(std::move(file), llvm::SMLoc());
+  OwningOpRef<ModuleOp> module = parseSourceFile<ModuleOp>(sourceMgr, &ctx);
+  if (!module) {
+    error = ("cannot parse " + what + " '" + path + "'").str();
+    return nullptr;
+  }
+  if (failed(verify(*module))) {
+    error = ("the " + what + " does not verify").str();
+    return nullptr;
+  }
+  if (failed(checkTensorSizes(*module))) {
+    error = (what + " '" + path + "' has a tensor too large to " + verb).str();
+    return nullptr;
+  }
+  return module;
 }
 
 std::string writePlans(const LoweredPlans &lowered, const std::string &dir) {

@@ -7,7 +7,9 @@
 
 #include "compiler/lowering/LowerToPlan.h"
 #include "mlir/IR/BuiltinOps.h"
+#include "mlir/IR/OwningOpRef.h"
 #include "llvm/ADT/StringRef.h"
+#include "llvm/Support/SourceMgr.h"
 
 namespace mlir::piper::driver {
 
@@ -25,6 +27,14 @@ std::string checkMlirNesting(llvm::StringRef text, llvm::StringRef what,
 
 /// Refuses tensors too large to plan (dimensions, bytes, model total).
 LogicalResult checkTensorSizes(ModuleOp module);
+
+/// Reads, parses and verifies the MLIR file `path` (a `what`: "model" or
+/// "program") with diagnostics through `sourceMgr`, refusing non-regular
+/// files' nesting and tensors too large to `verb` ("compile", "lower");
+/// null with `error` set on failure.
+OwningOpRef<ModuleOp> loadModule(MLIRContext &ctx, llvm::SourceMgr &sourceMgr,
+                                 const std::string &path, llvm::StringRef what,
+                                 llvm::StringRef verb, std::string &error);
 
 /// A number flag's error when it is NaN or infinite; "" when finite.
 std::string finite(const char *flag, double value);

@@ -32,20 +32,10 @@ int runLower(const LowerOptions &o) {
   llvm::SourceMgr sourceMgr;
   SourceMgrDiagnosticHandler handler(sourceMgr, &ctx);
   std::string error;
-  auto file = openInputFile(o.input, &error);
-  if (!file)
-    return fail(error);
-  if (std::string err = checkMlirNesting(file->getBuffer(), "program", o.input);
-      !err.empty())
-    return fail(err);
-  sourceMgr.AddNewSourceBuffer(std::move(file), llvm::SMLoc());
-  OwningOpRef<ModuleOp> module = parseSourceFile<ModuleOp>(sourceMgr, &ctx);
+  OwningOpRef<ModuleOp> module =
+      loadModule(ctx, sourceMgr, o.input, "program", "lower", error);
   if (!module)
-    return fail("cannot parse program '" + o.input + "'");
-  if (failed(verify(*module)))
-    return fail("the program does not verify");
-  if (failed(checkTensorSizes(*module)))
-    return fail("program '" + o.input + "' has a tensor too large to lower");
+    return fail(error);
   if (llvm::range_size(module->getOps<ProgramOp>()) != 1)
     return fail("program '" + o.input +
                 "' must hold exactly one piper.program (a placed training "
