@@ -100,36 +100,38 @@ LogicalResult AllReduceOp::verify() {
   return success();
 }
 
-LogicalResult ReduceScatterOp::verify() {
-  if (failed(verifyCollective(*this)) || failed(verifyMemberOrder(*this)))
+/// A reduce-scatter or all-gather between the whole tensor `full` and the
+/// slice buffer: they differ only in rows,
+/// and the slice holds the largest balanced slice, ceil(rows / members).
+static LogicalResult verifySlices(Operation *op, RankedTensorType in,
+                                  RankedTensorType out, bool scatter) {
+  if (failed(verifyCollective(op)) || failed(verifyMemberOrder(op)) ||
+      failed(verifyRowsOnly(op, in, out)))
     return failure();
-  auto in = cast<RankedTensorType>(getInput().getType());
-  auto out = cast<RankedTensorType>(getResult().getType());
-  if (failed(verifyRowsOnly(*this, in, out)))
-    return failure();
-  if (!in.getElementType().isF32())
-    return emitOpError("sums f32 tensors, not ") << in;
-  int64_t want = ceilDiv(in.getDimSize(0), getGroupSize());
-  if (out.getDimSize(0) != want)
-    return emitOpError("result must have ceil(")
-           << in.getDimSize(0) << " / " << getGroupSize() << ") = " << want
-           << " rows, the largest slice, not " << out.getDimSize(0);
+  if (scatter && !in.getElementType().isF32())
+    return op->emitOpError("sums f32 tensors, not ") << in;
+  RankedTensorType full = scatter ? in : out, slice = scatter ? out : in;
+  int64_t members = static_cast<int64_t>(
+      cast<CollectiveOpInterface>(op).getDevices().size());
+  int64_t want = ceilDiv(full.getDimSize(0), members);
+  if (slice.getDimSize(0) != want)
+    return op->emitOpError(scatter ? "result" : "input")
+           << " must have ceil(" << full.getDimSize(0) << " / " << members
+           << ") = " << want << " rows, the largest slice, not "
+           << slice.getDimSize(0);
   return success();
 }
 
+LogicalResult ReduceScatterOp::verify() {
+  return verifySlices(*this, cast<RankedTensorType>(getInput().getType()),
+                      cast<RankedTensorType>(getResult().getType()),
+                      /*scatter=*/true);
+}
+
 LogicalResult AllGatherOp::verify() {
-  if (failed(verifyCollective(*this)) || failed(verifyMemberOrder(*this)))
-    return failure();
-  auto in = cast<RankedTensorType>(getInput().getType());
-  auto out = cast<RankedTensorType>(getResult().getType());
-  if (failed(verifyRowsOnly(*this, in, out)))
-    return failure();
-  int64_t want = ceilDiv(out.getDimSize(0), getGroupSize());
-  if (in.getDimSize(0) != want)
-    return emitOpError("input must have ceil(")
-           << out.getDimSize(0) << " / " << getGroupSize() << ") = " << want
-           << " rows, the largest slice, not " << in.getDimSize(0);
-  return success();
+  return verifySlices(*this, cast<RankedTensorType>(getInput().getType()),
+                      cast<RankedTensorType>(getResult().getType()),
+                      /*scatter=*/false);
 }
 
 LogicalResult AllToAllOp::verify() {

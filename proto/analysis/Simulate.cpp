@@ -44,14 +44,15 @@ double timeFor(double amount, double rate) {
   return amount <= 0 || isFree(rate) ? 0 : amount / rate;
 }
 
-/// Ring all-reduce of `bytes` over `n` ranks.
-double ringAllReduce(const Machine &m, int n, double bytes) {
+/// A ring collective over `n` ranks making `passes` passes over `bytes`
+/// (2 for an all-reduce, 1 for a reduce-scatter, all-gather or all-to-all).
+double ringCollective(const Machine &m, int n, double bytes, double passes) {
   if (n <= 1)
     return 0;
   double lat = std::isfinite(m.linkLatencySeconds) && m.linkLatencySeconds > 0
                    ? m.linkLatencySeconds
                    : 0;
-  return lat + 2.0 * (n - 1) / n * timeFor(bytes, m.linkBytesPerSecond);
+  return lat + passes * (n - 1) / n * timeFor(bytes, m.linkBytesPerSecond);
 }
 
 double pointToPoint(const Machine &m, double bytes) {
@@ -551,7 +552,7 @@ private:
         return 0;
       auto [isFixed, d] = k.duration[c];
       if (!isFixed) // the ring, then the local part
-        d += ringAllReduce(m, k.ranks, k.commBytes * k.passes / 2);
+        d += ringCollective(m, k.ranks, k.commBytes, k.passes);
       cs.t[s] = k.arrival[c];
       finish(c, s, inst, k.start, k.start + d, true);
       return 1;
