@@ -5,6 +5,7 @@
 #ifndef PIPER_PROTO_ANALYSIS_STREAMORDER_H
 #define PIPER_PROTO_ANALYSIS_STREAMORDER_H
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -41,6 +42,19 @@ public:
   /// Neither instruction is ordered before the other: they may overlap.
   bool concurrent(Pos a, Pos b) const {
     return !(a == b) && !happensBefore(a, b) && !happensBefore(b, a);
+  }
+  /// A number that grows along happens-before (if a happens before b, then
+  /// rank(a) < rank(b)): sorting by it gives one execution order of the
+  /// step. The sum of the instruction's vector clock.
+  int64_t rank(Pos p) const {
+    int64_t sum = 0;
+    for (int n : clock[p.stream][p.inst])
+      sum += n;
+    return sum;
+  }
+  int numStreams() const { return static_cast<int>(clock.size()); }
+  int numInstructions(int stream) const {
+    return static_cast<int>(clock[stream].size());
   }
   /// Where each event is recorded (invalid when no instruction records it).
   const std::vector<Pos> &recordedAt() const { return recorded; }
