@@ -42,15 +42,18 @@ inline bool interfere(const Block &a, const Block &b,
   return !endsBefore(a, b, order) && !endsBefore(b, a, order);
 }
 
-/// Lays the blocks out: larger blocks first, each at the lowest
-/// `alignment`-aligned offset free of every interfering block already placed
-/// (first fit over the gaps). Deterministic for equal inputs.
+/// Lays the blocks out in one sweep over the step in execution order: each
+/// block, when defined, takes the smallest `alignment`-aligned gap (the
+/// lowest of equal ones) between the interfering blocks already placed, or
+/// goes above them; its bytes become free for a stream at the first
+/// instruction of that stream that all its accesses happen before.
+/// O(n log n) for n blocks (times the number of streams); deterministic.
 ArenaLayout packBlocks(const std::vector<Block> &blocks,
                        const StreamOrder &order, int64_t alignment = 64);
 
 /// Checks a layout: offsets aligned and non-negative, every block inside the
-/// arena, and no two interfering blocks sharing a byte. On failure `error`
-/// names the two blocks.
+/// arena, and no two interfering blocks sharing a byte (the sweep of
+/// packBlocks, O(n log n)). On failure `error` names the two blocks.
 bool verifyLayout(const std::vector<Block> &blocks, const ArenaLayout &layout,
                   const StreamOrder &order, int64_t alignment,
                   std::string &error);
@@ -73,7 +76,8 @@ KernelSpan valueKernelSpans(const Segment &segment);
 /// to their step buffers, except in bf16 plans (`bf16`), whose float32 step
 /// buffers are stored packed: such an argument is unpacked into scratch for
 /// the whole call, and such a result is computed in scratch until the call
-/// ends (then packed). Lays the values out like packBlocks in a scratch
+/// ends (then packed). Lays the values out, largest first, each at the
+/// lowest aligned offset free of the values live with it, in a scratch
 /// area whose size is returned; `offsets` (by value id, -1 for values
 /// without scratch) may be null.
 int64_t planSegmentScratch(const Segment &segment, bool bf16,

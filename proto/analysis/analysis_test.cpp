@@ -38,10 +38,10 @@ Block block(int64_t bytes, std::vector<Pos> accesses, std::string name) {
 
 TEST_CASE("stream order follows program order and record/wait edges") {
   Plan plan;
-  add(plan, 0, Instruction::CALL);     // (0,0)
-  event(plan, 0, 1, 0);                // (0,1) record, (1,0) wait
-  add(plan, 1, Instruction::CALL);     // (1,1)
-  add(plan, 0, Instruction::CALL);     // (0,2)
+  add(plan, 0, Instruction::CALL); // (0,0)
+  event(plan, 0, 1, 0);            // (0,1) record, (1,0) wait
+  add(plan, 1, Instruction::CALL); // (1,1)
+  add(plan, 0, Instruction::CALL); // (0,2)
   StreamOrder order;
   std::string error;
   REQUIRE(StreamOrder::build(plan, order, error));
@@ -97,7 +97,11 @@ TEST_CASE("ordered blocks share bytes, concurrent ones do not") {
   REQUIRE(verifyLayout(blocks, layout, order, 64, error));
   CHECK(layout.offsets[0] == layout.offsets[2]); // a and c reuse bytes
   CHECK(layout.offsets[1] >= 128);               // b sits above a (aligned)
-  CHECK(layout.bytes == 128 + 64 + 10);          // a|c, b, d stacked
+  // In execution order: a, d (defined alongside a), b above both, then c in
+  // the bytes a left.
+  CHECK(layout.offsets[3] == 128);
+  CHECK(layout.offsets[1] == 192);
+  CHECK(layout.bytes == 128 + 64 + 50);
   CHECK(endsBefore(blocks[0], blocks[2], order));
   CHECK_FALSE(endsBefore(blocks[0], blocks[1], order));
 
@@ -200,7 +204,8 @@ TEST_CASE("segment scratch reuses the bytes of dead values") {
   CHECK(offsets[3] == offsets[1]);
 }
 
-TEST_CASE("step blocks: one per buffer, defined by its writer; scratch per call") {
+TEST_CASE(
+    "step blocks: one per buffer, defined by its writer; scratch per call") {
   Plan plan;
   plan.mutable_training()->set_compute_dtype(F32);
   Buffer *b = plan.add_buffers();
@@ -419,11 +424,166 @@ TEST_CASE("bf16 plans keep a compute copy per parameter; all-reduces of "
   int block = step.callBlock[1][plan.streams(1).instructions_size() - 1];
   REQUIRE(block >= 0);
   CHECK(step.blocks[block].bytes == 4 * (3 + 20));
-  CHECK(plan.streams(1).instructions(plan.streams(1).instructions_size() - 1)
+  CHECK(plan.streams(1)
+            .instructions(plan.streams(1).instructions_size() - 1)
             .scratch_offset() >= plan.state_bytes());
 
   Plan p = plan;
   p.mutable_params(0)->mutable_state_offsets()->RemoveLast();
   REQUIRE_FALSE(checkArena(p, error));
   CHECK(error == "parameter 'w' has 4 state offsets, not 5");
+}
+
+namespace {
+
+/// Random blocks over a random plan of `streams` streams joined by events;
+/// some live until the step ends, a few are never accessed.
+struct RandomStep {
+  Plan plan;
+  StreamOrder order;
+  std::vector<Block> blocks;
+};
+
+RandomStep randomStep(std::mt19937 &rng, int streams, int instructions,
+                      int numBlocks) {
+  RandomStep r;
+  int events = 0;
+  for (int step = 0; step < instructions; ++step) {
+    int s = rng() % streams, t = rng() % streams;
+    if (s != t && rng() % 4 == 0)
+      event(r.plan, s, t, events++); // record before wait: never deadlocks
+    else
+      add(r.plan, s, Instruction::CALL);
+  }
+  for (int s = 0; s < streams; ++s)
+    add(r.plan, s, Instruction::CALL); // every stream has an instruction
+  std::string error;
+  REQUIRE(StreamOrder::build(r.plan, r.order, error));
+  for (int b = 0; b < numBlocks; ++b) {
+    // Sizes from a few classes, as a model's buffers are, and odd ones.
+    static const int64_t classes[] = {64, 100, 4096, 777, 0, 65536};
+    int64_t bytes = rng() % 3 ? classes[rng() % 6] : rng() % 5000;
+    if (rng() % 50 == 0) {
+      r.blocks.push_back(block(bytes, {}, "b" + std::to_string(b)));
+      continue;
+    }
+    int s = rng() % streams;
+    int n = r.plan.streams(s).instructions_size();
+    int def = rng() % n;
+    std::vector<Pos> acc = {{s, def}};
+    int reads = rng() % 4;
+    for (int k = 0; k < reads; ++k) {
+      int t = rng() % streams;
+      int m = r.plan.streams(t).instructions_size();
+      Pos p{t, static_cast<int>(rng() % m)};
+      if (r.order.happensBefore({s, def}, p))
+        acc.push_back(p);
+    }
+    r.blocks.push_back(block(bytes, acc, "b" + std::to_string(b)));
+    r.blocks.back().untilStepEnd = rng() % 10 == 0;
+  }
+  return r;
+}
+
+/// The bytes of blocks that are all live at one instruction, at most: those
+/// defined at or before it with an access it does not follow (or that live
+/// until the step ends) pairwise interfere, so no layout is smaller.
+int64_t liveBytesBound(const RandomStep &r) {
+  int64_t bound = 0;
+  for (int s = 0; s < r.plan.streams_size(); ++s)
+    for (int i = 0; i < r.plan.streams(s).instructions_size(); ++i) {
+      Pos x{s, i};
+      int64_t live = 0;
+      for (const Block &b : r.blocks) {
+        if (b.accesses.empty()) {
+          live += b.bytes;
+          continue;
+        }
+        const Pos &def = b.accesses.front();
+        if (!(def == x) && !r.order.happensBefore(def, x))
+          continue;
+        bool open = b.untilStepEnd;
+        for (const Pos &a : b.accesses)
+          open = open || !r.order.happensBefore(a, x);
+        if (open)
+          live += b.bytes;
+      }
+      bound = std::max(bound, live);
+    }
+  return bound;
+}
+
+} // namespace
+
+TEST_CASE("packBlocks: random lifetimes give valid, tight, deterministic "
+          "layouts") {
+  std::mt19937 rng(7);
+  for (int round = 0; round < 300; ++round) {
+    int streams = 1 + rng() % 4;
+    RandomStep r = randomStep(rng, streams, 10 + rng() % 60, rng() % 80);
+    ArenaLayout layout = packBlocks(r.blocks, r.order, 64);
+    std::string error;
+    INFO("round " << round << ", " << streams << " streams, " << r.blocks.size()
+                  << " blocks");
+    // Every block has an offset; no two that may be live together overlap.
+    REQUIRE(verifyLayout(r.blocks, layout, r.order, 64, error));
+    // Pairwise check without the sweep verifyLayout uses.
+    for (size_t a = 0; a < r.blocks.size(); ++a)
+      for (size_t b = a + 1; b < r.blocks.size(); ++b) {
+        int64_t ea =
+            layout.offsets[a] + std::max<int64_t>(r.blocks[a].bytes, 1);
+        int64_t eb =
+            layout.offsets[b] + std::max<int64_t>(r.blocks[b].bytes, 1);
+        bool bytesOverlap = layout.offsets[a] < eb && layout.offsets[b] < ea;
+        if (bytesOverlap)
+          REQUIRE_FALSE(interfere(r.blocks[a], r.blocks[b], r.order));
+      }
+    int64_t sum = 0;
+    for (const Block &b : r.blocks)
+      sum += (std::max<int64_t>(b.bytes, 1) + 63) / 64 * 64;
+    CHECK(layout.bytes >= liveBytesBound(r));
+    CHECK(layout.bytes <= sum);
+    // Moving a block onto one it interferes with is caught.
+    for (size_t a = 0; a < r.blocks.size(); ++a) {
+      size_t b = (a * 7 + 3) % r.blocks.size();
+      if (a == b || r.blocks[a].bytes == 0 || r.blocks[b].bytes == 0 ||
+          !interfere(r.blocks[a], r.blocks[b], r.order))
+        continue;
+      ArenaLayout bad = layout;
+      bad.offsets[a] = bad.offsets[b];
+      bad.bytes = std::max(bad.bytes, bad.offsets[a] + r.blocks[a].bytes);
+      REQUIRE_FALSE(verifyLayout(r.blocks, bad, r.order, 64, error));
+      CHECK(error.find("share bytes at offset") != std::string::npos);
+      break;
+    }
+    // Equal inputs, equal layout.
+    ArenaLayout again = packBlocks(r.blocks, r.order, 64);
+    CHECK(again.offsets == layout.offsets);
+    CHECK(again.bytes == layout.bytes);
+  }
+}
+
+TEST_CASE("packBlocks: on one stream the arena is the live-bytes peak when "
+          "sizes are equal") {
+  // Equal 64-byte blocks with interval lifetimes: best fit over the freed
+  // gaps reaches the lower bound exactly (interval graphs are perfect).
+  std::mt19937 rng(11);
+  Plan plan;
+  for (int i = 0; i < 2000; ++i)
+    add(plan, 0, Instruction::CALL);
+  StreamOrder order;
+  std::string error;
+  REQUIRE(StreamOrder::build(plan, order, error));
+  std::vector<Block> blocks;
+  std::vector<int> liveAt(2000, 0);
+  for (int b = 0; b < 20000; ++b) {
+    int def = rng() % 2000, len = rng() % 30;
+    int end = std::min(1999, def + len);
+    blocks.push_back(block(64, {{0, def}, {0, end}}, "b" + std::to_string(b)));
+    for (int i = def; i <= end; ++i)
+      ++liveAt[i];
+  }
+  ArenaLayout layout = packBlocks(blocks, order, 64);
+  REQUIRE(verifyLayout(blocks, layout, order, 64, error));
+  CHECK(layout.bytes == 64 * *std::max_element(liveAt.begin(), liveAt.end()));
 }
