@@ -61,6 +61,13 @@ bool parseRunOptions(int argc, char **argv, RunOptions &options,
   app.add_flag("--profile", options.profile,
                "time every kernel op and instruction kind (first step "
                "excluded) and print a table at the end; also PIPER_PROFILE=1");
+
+  // Progress output.
+  app.add_option("--log-every", options.logEvery,
+                 "print a progress line every N steps (and the last step)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError &e) {

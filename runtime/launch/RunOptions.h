@@ -44,6 +44,12 @@ struct RunOptions {
   /// kind, excluding the first step, and print a table at the end (rank 0 on
   /// stderr; with --log-dir every rank into its log).
   bool profile = false;
+
+  // Progress output (docs/piper-run.md#output).
+
+  /// Rank 0 prints a progress line for every step divisible by this, and for
+  /// the last step; at least 1.
+  int64_t logEvery = 1;
 };
 
 /// Parses piper-run's `argv` into `options`. Returns false when the process
