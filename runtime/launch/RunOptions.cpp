@@ -65,7 +65,6 @@ bool parseRunOptions(int argc, char **argv, RunOptions &options,
   // Progress output.
   app.add_option("--log-every", options.logEvery,
                  "print a progress line every N steps (and the last step)")
-      ->check(CLI::PositiveNumber)
       ->capture_default_str();
 
   try {
@@ -90,6 +89,14 @@ bool parseRunOptions(int argc, char **argv, RunOptions &options,
       exitCode = 2;
       return false;
     }
+  // Progress output.
+  if (options.logEvery < 1) {
+    std::fprintf(stderr,
+                 "piper-run: --log-every must be at least 1, not %lld\n",
+                 static_cast<long long>(options.logEvery));
+    exitCode = 2;
+    return false;
+  }
   if (app.count("--nproc") > 0 && options.nproc < 1) {
     std::fprintf(stderr, "piper-run: --nproc must be at least 1, not %d\n",
                  options.nproc);

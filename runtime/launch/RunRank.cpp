@@ -295,15 +295,14 @@ int runRank(const RunOptions &options, const RankEnv &env) {
     }
     check(metrics.write(report));
   }
-  // A world collective: every rank runs the same steps.
+  // A world collective, even after no steps: it is then the barrier that
+  // keeps a rank from exiting while a peer still connects to it.
   std::vector<int64_t> peaks;
-  if (options.steps > 0) {
-    Status gathered = peakBytesPerRank(comm.get(), rank, env.worldSize,
-                                       exec->peakBytes(), peaks);
-    if (!gathered && watchdog)
-      watchdog->streamFailed(gathered.message());
-    check(gathered);
-  }
+  Status gathered = peakBytesPerRank(comm.get(), rank, env.worldSize,
+                                     exec->peakBytes(), peaks);
+  if (!gathered && watchdog)
+    watchdog->streamFailed(gathered.message());
+  check(gathered);
   if (watchdog)
     watchdog->finish();
   check(metrics.close());

@@ -119,6 +119,9 @@ TEST_CASE("piper-run never replaces a device, and checks every output before "
   RunResult zero = piperRun({out, "--nproc", "0"});
   CHECK(zero.exitCode() == 2);
   CHECK(zero.err == "piper-run: --nproc must be at least 1, not 0\n");
+  RunResult never = piperRun({out, "--nproc", "2", "--log-every", "0"});
+  CHECK(never.exitCode() == 2);
+  CHECK(never.err == "piper-run: --log-every must be at least 1, not 0\n");
 }
 
 TEST_CASE("piper-run refuses FIFOs and devices as inputs instead of hanging",
