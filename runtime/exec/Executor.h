@@ -157,9 +157,20 @@ public:
   /// parameters of this plan are ignored (other device classes hold them).
   /// Gradients and AdamW moments stay zero.
   Status loadCheckpoint(const SafetensorsReader &reader);
+  /// Writes the AdamW moments of every parameter to the safetensors file
+  /// `path`: "<name>.exp_avg" (ADAM_M) and "<name>.exp_avg_sq" (ADAM_V),
+  /// F32, in plan order, checkpointMetadata(step), atomically.
+  Status saveOptimizerState(const std::string &path, int64_t step) const;
+  /// Replaces the AdamW moments of every parameter by the tensors
+  /// saveOptimizerState names in `reader`; call before the first step. A
+  /// missing tensor or one of another dtype or shape is an error naming it;
+  /// others are ignored.
+  Status loadOptimizerState(const SafetensorsReader &reader);
 
 private:
-  Status saveState(const std::string &path, int64_t step, int kind) const;
+  Status saveState(const std::string &path, int64_t step,
+                   const std::vector<int> &kinds) const;
+  Status loadState(const SafetensorsReader &reader, int kind);
   explicit Executor(std::unique_ptr<ExecutorImpl> impl);
   std::unique_ptr<ExecutorImpl> impl;
 };

@@ -1,6 +1,6 @@
 // Parameter state in and out of the executor: raw parameter files
-// (--save-params), safetensors checkpoints of parameters or gradients, and
-// loading a checkpoint, each through host staging copies.
+// (--save-params), safetensors checkpoints of parameters, gradients or AdamW
+// moments, and loading them back, each through host staging copies.
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -79,39 +79,75 @@ std::vector<ParamSpec> Executor::paramSpecs() const {
   return specs;
 }
 
+namespace {
+
+/// The checkpoint name of parameter `name`'s piece of state `kind`: the
+/// parameter's own name (its value or gradient), or the names of PyTorch
+/// AdamW's state for its moments.
+std::string stateName(const std::string &name, int kind) {
+  if (kind == Operand::ADAM_M)
+    return name + ".exp_avg";
+  if (kind == Operand::ADAM_V)
+    return name + ".exp_avg_sq";
+  return name;
+}
+
+} // namespace
+
 Status Executor::saveCheckpoint(const std::string &path, int64_t step) const {
-  return saveState(path, step, Operand::PARAM);
+  return saveState(path, step, {Operand::PARAM});
 }
 
 Status Executor::saveGradients(const std::string &path, int64_t step) const {
-  return saveState(path, step, Operand::GRAD);
+  return saveState(path, step, {Operand::GRAD});
+}
+
+Status Executor::saveOptimizerState(const std::string &path,
+                                    int64_t step) const {
+  return saveState(path, step, {Operand::ADAM_M, Operand::ADAM_V});
 }
 
 Status Executor::saveState(const std::string &path, int64_t step,
-                           int kind) const {
+                           const std::vector<int> &kinds) const {
   std::vector<SafetensorsTensor> tensors;
-  std::vector<std::vector<char>> host(impl->plan.params_size());
+  std::vector<std::vector<char>> host;
+  host.reserve(impl->plan.params_size() * kinds.size());
   for (int p = 0; p < impl->plan.params_size(); ++p) {
-    const TensorPtr &t = impl->stateOf(p, kind);
-    host[p].resize(static_cast<size_t>(t->bytes));
-    impl->memory->copyToHost(host[p].data(), t->data, host[p].size());
-    tensors.push_back(SafetensorsTensor{impl->plan.params(p).name(), "F32",
-                                        t->shape, host[p].data()});
+    for (int kind : kinds) {
+      const TensorPtr &t = impl->stateOf(p, kind);
+      host.emplace_back(static_cast<size_t>(t->bytes));
+      impl->memory->copyToHost(host.back().data(), t->data, host.back().size());
+      tensors.push_back(
+          SafetensorsTensor{stateName(impl->plan.params(p).name(), kind), "F32",
+                            t->shape, host.back().data()});
+    }
   }
   return writeSafetensors(path, tensors, checkpointMetadata(step))
       .withContext(impl->who);
 }
 
 Status Executor::loadCheckpoint(const SafetensorsReader &reader) {
+  return loadState(reader, Operand::PARAM);
+}
+
+Status Executor::loadOptimizerState(const SafetensorsReader &reader) {
+  PIPER_RETURN_IF_ERROR(loadState(reader, Operand::ADAM_M));
+  return loadState(reader, Operand::ADAM_V);
+}
+
+Status Executor::loadState(const SafetensorsReader &reader, int kind) {
+  std::vector<ParamSpec> specs = paramSpecs();
+  for (ParamSpec &spec : specs)
+    spec.name = stateName(spec.name, kind);
   PIPER_RETURN_IF_ERROR(
-      checkCheckpointParams(reader, paramSpecs(), /*rejectExtra=*/false)
+      checkCheckpointParams(reader, specs, /*rejectExtra=*/false)
           .withContext(impl->who));
   for (int p = 0; p < impl->plan.params_size(); ++p) {
-    const SafetensorsEntry *e = reader.find(impl->plan.params(p).name());
-    const TensorPtr &t = impl->stateOf(p, Operand::PARAM);
+    const SafetensorsEntry *e = reader.find(specs[p].name);
+    const TensorPtr &t = impl->stateOf(p, kind);
     if (!e || static_cast<int64_t>(e->end - e->begin) != t->bytes)
       return Status::error(impl->who + ": internal: checkpoint tensor '" +
-                           impl->plan.params(p).name() + "' has a bad size");
+                           specs[p].name + "' has a bad size");
     std::vector<char> host(static_cast<size_t>(t->bytes));
     PIPER_RETURN_IF_ERROR(reader.read(*e, host.data()).withContext(impl->who));
     impl->memory->copyFromHost(t->data, host.data(), host.size());

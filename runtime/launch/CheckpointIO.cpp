@@ -1,5 +1,6 @@
 // Strategy-wide checkpoint reading (--load) and writing (--save,
-// --save-grads), with one part per device class merged by rank 0.
+// --save-grads, the files of --checkpoint-dir), with one part per device
+// class merged by rank 0.
 #include "runtime/launch/CheckpointIO.h"
 
 #include <cstdint>
@@ -77,12 +78,15 @@ void removeCheckpointLeftovers(const std::string &path) {
       std::filesystem::remove(entry.path(), ec);
 }
 
-Status writeCheckpoint(const std::string &path, bool gradients,
+Status writeCheckpoint(const std::string &path, CheckpointContent what,
                        const plan::Manifest &manifest, Executor &exec,
                        Communicator *comm, int rank, int64_t step) {
   std::string who = fmt::format("rank {}", rank);
-  PIPER_RETURN_IF_ERROR(
-      makeDirectories(parentDirectory(path)).withContext(who + ": --save"));
+  // Only ranks that write create the folder: another rank, late, would
+  // re-create a checkpoint directory rank 0 has already renamed.
+  if (exec.replicaIndex() == 0 || rank == 0)
+    PIPER_RETURN_IF_ERROR(
+        makeDirectories(parentDirectory(path)).withContext(who + ": --save"));
   bool merge = manifest.classes_size() > 1;
   // Should this rank fail before the merge, its part (and, on rank 0, every
   // part) is removed: a failed --save leaves nothing behind.
@@ -103,8 +107,11 @@ Status writeCheckpoint(const std::string &path, bool gradients,
   if (exec.replicaIndex() == 0) {
     std::string target =
         merge ? checkpointPartPath(path, exec.plan().device_class()) : path;
-    written = gradients ? exec.saveGradients(target, step)
-                        : exec.saveCheckpoint(target, step);
+    written = what == CheckpointContent::Gradients
+                  ? exec.saveGradients(target, step)
+              : what == CheckpointContent::Optimizer
+                  ? exec.saveOptimizerState(target, step)
+                  : exec.saveCheckpoint(target, step);
   }
   if (!written)
     return written;

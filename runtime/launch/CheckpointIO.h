@@ -36,11 +36,18 @@ Status checkStepRange(const std::string &path, int64_t step, int64_t steps);
 /// the parts and of `path` ("….tmp-XXXXXX").
 void removeCheckpointLeftovers(const std::string &path);
 
-/// After the last step: replica 0 of every class writes its parameters (or,
-/// with `gradients`, its gradient accumulators) to `path`; with several
-/// classes they write parts that rank 0 merges, in manifest order, once
-/// every rank has passed a barrier on `comm`.
-Status writeCheckpoint(const std::string &path, bool gradients,
+/// What writeCheckpoint writes of each parameter.
+enum class CheckpointContent {
+  Params,    ///< its value (--save, a checkpoint's model.safetensors)
+  Gradients, ///< its gradient accumulator (--save-grads)
+  Optimizer, ///< its AdamW moments (a checkpoint's optimizer.safetensors)
+};
+
+/// Between or after steps: replica 0 of every class writes `what` of its
+/// parameters to `path`; with several classes they write parts that rank 0
+/// merges, in manifest order, once every rank has passed a barrier on
+/// `comm`.
+Status writeCheckpoint(const std::string &path, CheckpointContent what,
                        const plan::Manifest &manifest, Executor &exec,
                        Communicator *comm, int rank, int64_t step);
 

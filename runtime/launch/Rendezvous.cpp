@@ -22,8 +22,9 @@ namespace piper::runtime {
 namespace {
 
 /// The variables of the protocol; a launcher never passes its own on.
-constexpr const char *kProtocolVars[] = {"PIPER_RANK", "PIPER_WORLD_SIZE",
-                                         "PIPER_STORE_DIR", "PIPER_FAILURE_FD"};
+constexpr const char *kProtocolVars[] = {
+    "PIPER_RANK",       "PIPER_WORLD_SIZE", "PIPER_STORE_DIR",
+    "PIPER_FAILURE_FD", "PIPER_ATTEMPT",    "PIPER_RESTART_FAILED_AT_NS"};
 
 /// Whether the environment entry `entry` ("NAME=value") sets `name`.
 bool sets(const std::string &entry, const char *name) {

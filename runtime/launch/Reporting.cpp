@@ -93,9 +93,9 @@ MetricsFile::~MetricsFile() {
     std::fclose(file);
 }
 
-Status MetricsFile::open(const std::string &filePath) {
+Status MetricsFile::open(const std::string &filePath, bool append) {
   path = filePath;
-  file = std::fopen(path.c_str(), "w");
+  file = std::fopen(path.c_str(), append ? "a" : "w");
   if (!file)
     return Status::error(fmt::format("cannot open --metrics file '{}': {}",
                                      path, errnoMessage(errno)));

@@ -46,8 +46,9 @@ public:
   MetricsFile(const MetricsFile &) = delete;
   MetricsFile &operator=(const MetricsFile &) = delete;
 
-  /// Creates (truncates) the file at `path`.
-  Status open(const std::string &path);
+  /// Creates (truncates) the file at `path`; with `append` (a resumed run),
+  /// adds to what it holds.
+  Status open(const std::string &path, bool append = false);
   bool isOpen() const { return file != nullptr; }
   /// Appends the line of `report`; does nothing when not open. An error
   /// when the line could not be written (a full disk).

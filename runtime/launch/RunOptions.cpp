@@ -61,6 +61,30 @@ bool parseRunOptions(int argc, char **argv, RunOptions &options,
   app.add_flag("--profile", options.profile,
                "time every kernel op and instruction kind (first step "
                "excluded) and print a table at the end; also PIPER_PROFILE=1");
+  // --- Checkpoints, resume and restarts (docs/operations.md) ---
+  CLI::Option *checkpointDir = app.add_option(
+      "--checkpoint-dir", options.checkpointDir,
+      "periodic checkpoints (parameters, AdamW moments, step) go to "
+      "DIR/step-<N>/; --resume reads the newest complete one");
+  app.add_option("--checkpoint-every", options.checkpointEvery,
+                 "write a checkpoint after every N-th step")
+      ->check(CLI::PositiveNumber)
+      ->needs(checkpointDir);
+  app.add_option("--keep-checkpoints", options.keepCheckpoints,
+                 "keep the newest K complete checkpoints, remove older ones")
+      ->check(CLI::PositiveNumber)
+      ->needs(checkpointDir)
+      ->capture_default_str();
+  app.add_flag(
+      "--resume", options.resume,
+      "start from the newest complete checkpoint of --checkpoint-dir (fresh "
+      "if none); --steps is then the total step count");
+  app.add_option("--max-restarts", options.maxRestarts,
+                 "after a rank fails, relaunch all ranks from the newest "
+                 "checkpoint, up to N times (local launcher)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError &e) {
@@ -83,6 +107,25 @@ bool parseRunOptions(int argc, char **argv, RunOptions &options,
       exitCode = 2;
       return false;
     }
+  auto usage = [&](const char *message) {
+    std::fprintf(stderr, "piper-run: %s\n", message);
+    exitCode = 2;
+    return false;
+  };
+  if (options.checkpointDir.empty() && app.count("--checkpoint-dir") > 0)
+    return usage("--checkpoint-dir needs a directory name, not ''");
+  if (options.resume && options.checkpointDir.empty())
+    return usage("--resume needs --checkpoint-dir (the directory to resume "
+                 "from)");
+  if (options.maxRestarts > 0 && options.checkpointDir.empty())
+    return usage("--max-restarts needs --checkpoint-dir (restarts resume "
+                 "from its newest checkpoint)");
+  if (options.maxRestarts > 0 && !options.loadPath.empty())
+    return usage("--max-restarts cannot restart a run from --load; start "
+                 "it with --checkpoint-dir and --resume instead");
+  if (options.resume && !options.loadPath.empty())
+    return usage("--resume and --load both choose the starting parameters; "
+                 "give one");
   if (app.count("--nproc") > 0 && options.nproc < 1) {
     std::fprintf(stderr, "piper-run: --nproc must be at least 1, not %d\n",
                  options.nproc);

@@ -44,6 +44,21 @@ struct RunOptions {
   /// kind, excluding the first step, and print a table at the end (rank 0 on
   /// stderr; with --log-dir every rank into its log).
   bool profile = false;
+
+  // --- Checkpoints, resume and restarts (docs/operations.md) ---
+  /// Periodic checkpoints go to DIR/step-<N>/, and --resume reads the newest
+  /// complete one; empty means none.
+  std::string checkpointDir;
+  /// A checkpoint after every step divisible by N; 0 means none.
+  int64_t checkpointEvery = 0;
+  /// How many complete checkpoints to keep (the newest).
+  int keepCheckpoints = 2;
+  /// Start from the newest complete checkpoint of --checkpoint-dir (fresh
+  /// when there is none); --steps is then the total step count.
+  bool resume = false;
+  /// The local launcher relaunches every rank with --resume after a failure,
+  /// up to N times.
+  int maxRestarts = 0;
 };
 
 /// Parses piper-run's `argv` into `options`. Returns false when the process

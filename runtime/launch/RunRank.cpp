@@ -23,6 +23,7 @@
 #include "runtime/data/AtomicFile.h"
 #include "runtime/exec/Executor.h"
 #include "runtime/launch/CheckpointIO.h"
+#include "runtime/launch/Checkpoints.h"
 #include "runtime/launch/Reporting.h"
 #include "runtime/launch/StrategyFiles.h"
 #include "runtime/launch/TcpRendezvous.h"
@@ -120,6 +121,15 @@ int runRank(const RunOptions &options, const RankEnv &env) {
     exitRank(fmt::format("PIPER_FAULT: rank {} is not in the world of {} "
                          "ranks",
                          fault.rank, env.worldSize));
+  // PIPER_ATTEMPT: which launch of the ranks this is (--max-restarts).
+  long long attempt = 0;
+  std::string attemptError;
+  if (!envInt("PIPER_ATTEMPT", attempt, attemptError))
+    attempt = 0;
+  if (!attemptError.empty())
+    exitRank(who + ": " + attemptError);
+  if (faulty && fault.attempt >= 0 && fault.attempt != attempt)
+    faulty = false;
 
   std::unique_ptr<TokenFileData> data;
   if (loadsBatches(plan))
@@ -137,6 +147,30 @@ int runRank(const RunOptions &options, const RankEnv &env) {
     if (st)
       st = checkStepRange(options.loadPath, loadedStep, options.steps);
     check(st);
+  }
+  // --resume: every rank finds the same checkpoint (nothing writes to
+  // --checkpoint-dir before the first step, which all ranks take part in).
+  const RunIdentity identity = runIdentity(options, manifest, plan);
+  ResumePoint resumePoint;
+  if (options.resume) {
+    std::vector<plan::Plan> plans;
+    Status st = loadPlans(options, manifest, plans);
+    if (st)
+      st = findResumePoint(options.checkpointDir, plans, identity, resumePoint);
+    check(st);
+    loadedStep = resumePoint.step;
+    if (rank == 0) {
+      for (const std::string &line : resumePoint.skipped)
+        fmt::print(stderr, "piper-run: --resume: {}\n", line);
+      if (resumePoint.model)
+        fmt::print(stderr, "piper-run: resuming from '{}' (step {})\n",
+                   resumePoint.dir, resumePoint.step);
+      else
+        fmt::print(stderr,
+                   "piper-run: --resume: no complete checkpoint in '{}', "
+                   "starting fresh\n",
+                   options.checkpointDir);
+    }
   }
   // Before any step: a file that cannot be written fails now, not after
   // hours of training.
@@ -201,6 +235,12 @@ int runRank(const RunOptions &options, const RankEnv &env) {
     check(exec->loadCheckpoint(*checkpoint), /*named=*/false);
     checkpoint.reset();
   }
+  if (resumePoint.model) {
+    check(exec->loadCheckpoint(*resumePoint.model), /*named=*/false);
+    check(exec->loadOptimizerState(*resumePoint.optimizer), /*named=*/false);
+    resumePoint.model.reset();
+    resumePoint.optimizer.reset();
+  }
   check(exec->connect(), /*named=*/false);
   if (env.worldSize > 1) {
     watchdog = std::make_unique<Watchdog>(
@@ -221,14 +261,35 @@ int runRank(const RunOptions &options, const RankEnv &env) {
   if (!envError.empty())
     exitRank(who + ": " + envError);
 
+  // What a run cut off while writing a checkpoint left (no rank writes
+  // there before the first step).
+  if (rank == 0 && !options.checkpointDir.empty())
+    removeIncompleteCheckpoints(options.checkpointDir);
+
   MetricsFile metrics;
-  if (rank == 0 && !options.metricsPath.empty())
-    check(metrics.open(options.metricsPath));
+  if (rank == 0 && !options.metricsPath.empty()) {
+    // A resumed run continues the metrics of the steps it keeps.
+    if (options.resume)
+      check(keepMetricsUpTo(options.metricsPath, loadedStep));
+    check(metrics.open(options.metricsPath, options.resume));
+  }
   const double tokens = tokensPerStep(manifest, plan);
 
   // After --load, step numbers continue from the checkpoint's: the data
   // windows and AdamW's bias correction see the steps they would have.
-  int64_t lastStep = loadedStep + options.steps;
+  // With --resume, --steps is the total, as an uninterrupted run's.
+  int64_t lastStep = options.resume ? std::max(loadedStep, options.steps)
+                                    : loadedStep + options.steps;
+  if (options.resume && rank == 0 && loadedStep >= options.steps)
+    fmt::print(stderr,
+               "piper-run: --resume: step {} reached --steps {}, no step "
+               "to run\n",
+               loadedStep, options.steps);
+  // After a restart (--max-restarts): when the launcher saw the failure.
+  long long failedAtNs = -1;
+  std::string failedAtError;
+  if (!envInt("PIPER_RESTART_FAILED_AT_NS", failedAtNs, failedAtError))
+    failedAtNs = -1;
   // --profile leaves out the first step (allocator and BLAS warm-up) unless
   // it is the only one.
   int64_t profiledFrom = loadedStep + 1;
@@ -247,6 +308,28 @@ int runRank(const RunOptions &options, const RankEnv &env) {
     check(stepStatus, /*named=*/false);
     double seconds =
         std::chrono::duration<double>(Clock::now() - start).count();
+    if (options.checkpointEvery > 0 && step % options.checkpointEvery == 0) {
+      CheckpointStats stats;
+      check(writeStepCheckpoint(options.checkpointDir, options.keepCheckpoints,
+                                identity, manifest, *exec, comm.get(), rank,
+                                step, stats),
+            /*named=*/false);
+      if (rank == 0)
+        fmt::print(stderr,
+                   "piper-run: checkpoint '{}' written: {:.2f} MB in {:.3f} "
+                   "s\n",
+                   checkpointStepDir(options.checkpointDir, step),
+                   stats.bytes / 1e6, stats.seconds);
+    }
+    if (rank == 0 && failedAtNs >= 0 && step == loadedStep + 1) {
+      auto now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                     Clock::now().time_since_epoch())
+                     .count();
+      fmt::print(stderr,
+                 "piper-run: training again: step {} done {:.2f} s after the "
+                 "failure\n",
+                 step, (now - failedAtNs) / 1e9);
+    }
     if (eo.profile && step == loadedStep + 1 && lastStep > step) {
       exec->resetProfile();
       profiledFrom = step + 1;
@@ -283,12 +366,12 @@ int runRank(const RunOptions &options, const RankEnv &env) {
   if (!options.saveParamsDir.empty() && exec->replicaIndex() == 0)
     check(exec->saveParams(options.saveParamsDir), /*named=*/false);
   if (!options.savePath.empty())
-    check(writeCheckpoint(options.savePath, false, manifest, *exec, comm.get(),
-                          rank, lastStep),
+    check(writeCheckpoint(options.savePath, CheckpointContent::Params, manifest,
+                          *exec, comm.get(), rank, lastStep),
           /*named=*/false);
   if (!options.saveGradsPath.empty())
-    check(writeCheckpoint(options.saveGradsPath, true, manifest, *exec,
-                          comm.get(), rank, lastStep),
+    check(writeCheckpoint(options.saveGradsPath, CheckpointContent::Gradients,
+                          manifest, *exec, comm.get(), rank, lastStep),
           /*named=*/false);
   return 0;
 }

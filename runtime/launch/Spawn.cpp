@@ -1,5 +1,6 @@
 // Spawning and supervising local ranks: fork/exec, the failure pipe, and
-// stopping every rank (SIGTERM, then SIGKILL) when one fails.
+// stopping every rank (SIGTERM, then SIGKILL) when one fails, and
+// relaunching them all from the newest checkpoint (--max-restarts).
 #include "runtime/launch/Spawn.h"
 
 #include <algorithm>
@@ -28,6 +29,7 @@
 
 #include "runtime/data/AtomicFile.h"
 #include "runtime/launch/CheckpointIO.h"
+#include "runtime/launch/Checkpoints.h"
 #include "runtime/launch/Rendezvous.h"
 #include "runtime/launch/Watchdog.h"
 
@@ -197,15 +199,28 @@ private:
   std::string pending;
 };
 
-} // namespace
+/// How one launch of the ranks ended.
+struct AttemptEnd {
+  int exitCode = 0;
+  /// A rank failed (not an interruption, not a launcher error): a restart
+  /// may follow.
+  bool rankFailed = false;
+  /// When the launcher first saw the failure (steady clock).
+  Clock::time_point failedAt;
+};
 
-int launchLocalRanks(const RunOptions &options, char **argv) {
+/// Launches the ranks once (`attempt`, from 0; `failedAtNs` is when the
+/// previous attempt failed, -1 for the first) and supervises them to the end.
+AttemptEnd launchOnce(const RunOptions &options, char **argv, int attempt,
+                      long long failedAtNs) {
+  AttemptEnd end;
+  end.exitCode = 1;
   const int n = options.nproc;
   std::string storeDir;
   Status st = makeStoreDir(storeDir);
   if (!st) {
     fmt::print(stderr, "piper-run: {}\n", st.message());
-    return 1;
+    return end;
   }
   auto cleanup = [&] {
     std::error_code ec;
@@ -217,6 +232,8 @@ int launchLocalRanks(const RunOptions &options, char **argv) {
     for (const std::string *path : {&options.savePath, &options.saveGradsPath})
       if (!path->empty())
         removeCheckpointLeftovers(*path);
+    if (!options.checkpointDir.empty())
+      removeIncompleteCheckpoints(options.checkpointDir);
   };
 
   // Every rank's log is opened here, before any rank starts, so that a log
@@ -235,8 +252,11 @@ int launchLocalRanks(const RunOptions &options, char **argv) {
     st = makeDirectories(options.logDir);
     for (int r = 0; st && r < n; ++r) {
       logPaths[r] = fmt::format("{}/rank-{}.log", options.logDir, r);
+      // A restart adds to the logs of the attempts before it.
       logFds[r] = ::open(logPaths[r].c_str(),
-                         O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+                         O_WRONLY | O_CREAT | O_CLOEXEC |
+                             (attempt == 0 ? O_TRUNC : O_APPEND),
+                         0644);
       if (logFds[r] < 0)
         st = Status::error(fmt::format("--log-dir: cannot create '{}': {}",
                                        logPaths[r], errnoMessage(errno)));
@@ -245,7 +265,7 @@ int launchLocalRanks(const RunOptions &options, char **argv) {
       fmt::print(stderr, "piper-run: {}\n", st.message());
       closeLogs();
       cleanup();
-      return 1;
+      return end;
     }
   }
 
@@ -258,7 +278,7 @@ int launchLocalRanks(const RunOptions &options, char **argv) {
     fmt::print(stderr, "piper-run: cannot create a pipe: {}\n",
                errnoMessage(errno));
     cleanup();
-    return 1;
+    return end;
   }
   ::fcntl(failurePipe[0], F_SETFL, O_NONBLOCK);
 
@@ -269,6 +289,10 @@ int launchLocalRanks(const RunOptions &options, char **argv) {
   std::vector<std::vector<char *>> envPtrs(n);
   for (int r = 0; r < n; ++r) {
     envs[r] = rankEnvironment(baseEnv, r, n, storeDir, failurePipe[1]);
+    envs[r].push_back(fmt::format("PIPER_ATTEMPT={}", attempt));
+    if (failedAtNs >= 0)
+      envs[r].push_back(
+          fmt::format("PIPER_RESTART_FAILED_AT_NS={}", failedAtNs));
     for (std::string &s : envs[r])
       envPtrs[r].push_back(s.data());
     envPtrs[r].push_back(nullptr);
@@ -294,7 +318,7 @@ int launchLocalRanks(const RunOptions &options, char **argv) {
       stopAll(ranks.alive, ranks.statuses);
       closeLogs();
       cleanup();
-      return 1;
+      return end;
     }
     if (pid == 0) {
       // Die with the launcher, so that no rank outlives a killed run.
@@ -318,6 +342,7 @@ int launchLocalRanks(const RunOptions &options, char **argv) {
   closeLogs();
 
   bool interrupted = false;
+  Clock::time_point failedAt;
   while (!ranks.alive.empty()) {
     ranks.poll(50);
     if (stopSignal) {
@@ -326,8 +351,10 @@ int launchLocalRanks(const RunOptions &options, char **argv) {
     }
     ranks.drainPipe();
     ranks.reapExited();
-    if (ranks.anyFailed())
+    if (ranks.anyFailed()) {
+      failedAt = Clock::now();
       break;
+    }
   }
   if (interrupted) {
     fmt::print(stderr,
@@ -337,13 +364,17 @@ int launchLocalRanks(const RunOptions &options, char **argv) {
     ::close(failurePipe[0]);
     removeLeftovers();
     cleanup();
-    return 128 + stopSignal;
+    end.exitCode = 128 + stopSignal;
+    return end;
   }
   if (!ranks.anyFailed()) {
     ::close(failurePipe[0]);
     cleanup();
-    return 0;
+    end.exitCode = 0;
+    return end;
   }
+  end.rankFailed = true;
+  end.failedAt = failedAt;
 
   // Let a failure's direct consequences surface before naming a culprit: a
   // rank killed by a signal (a crash) writes no line, and its peers' lines
@@ -428,7 +459,43 @@ int launchLocalRanks(const RunOptions &options, char **argv) {
                others == 1 ? "" : "s");
   removeLeftovers();
   cleanup();
-  return 1;
+  return end;
+}
+
+} // namespace
+
+int launchLocalRanks(const RunOptions &options, char **argv) {
+  // Restarts resume: the same command line plus --resume (--steps is then
+  // the total, so a restarted run ends where the first would have).
+  std::vector<char *> resumeArgv;
+  for (char **a = argv; *a; ++a)
+    resumeArgv.push_back(*a);
+  static char resumeFlag[] = "--resume";
+  if (!options.resume)
+    resumeArgv.push_back(resumeFlag);
+  resumeArgv.push_back(nullptr);
+  long long failedAtNs = -1;
+  for (int attempt = 0;; ++attempt) {
+    AttemptEnd end = launchOnce(
+        options, attempt == 0 ? argv : resumeArgv.data(), attempt, failedAtNs);
+    if (!end.rankFailed || options.maxRestarts == 0)
+      return end.exitCode;
+    if (attempt >= options.maxRestarts) {
+      fmt::print(stderr, "piper-run: no restart left ({} of {} used)\n",
+                 attempt, options.maxRestarts);
+      return end.exitCode;
+    }
+    failedAtNs = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                     end.failedAt.time_since_epoch())
+                     .count();
+    double stopped =
+        std::chrono::duration<double>(Clock::now() - end.failedAt).count();
+    fmt::print(stderr,
+               "piper-run: restart {} of {}: relaunching {} ranks from the "
+               "newest checkpoint of '{}' ({:.2f} s after the failure)\n",
+               attempt + 1, options.maxRestarts, options.nproc,
+               options.checkpointDir, stopped);
+  }
 }
 
 } // namespace piper::runtime

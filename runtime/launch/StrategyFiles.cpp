@@ -10,6 +10,7 @@
 #include "runtime/data/AtomicFile.h"
 #include "runtime/exec/Validate.h"
 #include "runtime/launch/CheckpointIO.h"
+#include "runtime/launch/Checkpoints.h"
 
 namespace piper::runtime {
 
@@ -106,6 +107,13 @@ Status checkStrategy(const RunOptions &options,
     PIPER_RETURN_IF_ERROR(
         checkStepRange(options.loadPath, step, options.steps));
   }
+  if (options.resume && !plans.empty()) {
+    // A checkpoint of another model or run fails here, once.
+    ResumePoint resume;
+    PIPER_RETURN_IF_ERROR(
+        findResumePoint(options.checkpointDir, plans,
+                        runIdentity(options, manifest, plans.front()), resume));
+  }
   return checkOutputTargets(options);
 }
 
@@ -125,6 +133,10 @@ Status checkOutputTargets(const RunOptions &options) {
   if (!options.logDir.empty())
     PIPER_RETURN_IF_ERROR(checkWritableDirectory(
         options.logDir, "--log-dir '" + options.logDir + "'"));
+  if (!options.checkpointDir.empty())
+    PIPER_RETURN_IF_ERROR(checkWritableDirectory(
+        options.checkpointDir,
+        "--checkpoint-dir '" + options.checkpointDir + "'"));
   return Status::ok();
 }
 

@@ -42,7 +42,7 @@ Status openData(const RunOptions &options, const plan::TrainingConfig &training,
 Status checkStrategy(const RunOptions &options, const plan::Manifest &manifest);
 
 /// Checks that every file piper-run will write (--save, --save-grads,
-/// --metrics, --save-params, --log-dir) can be written: see
+/// --metrics, --save-params, --log-dir, --checkpoint-dir) can be written: see
 /// checkWritableTarget.
 Status checkOutputTargets(const RunOptions &options);
 

@@ -200,7 +200,7 @@ bool decodeAbort(const std::string &text, Abort &abort) {
 namespace {
 constexpr const char *kFaultSyntax =
     "expected rank=R,action=crash|stall|hang_comm[,step=S][,stream=NAME]"
-    "[,inst=I]";
+    "[,inst=I][,attempt=A]";
 
 bool parseInt(const std::string &text, long long &value) {
   if (text.empty())
@@ -231,7 +231,7 @@ Status parseFault(const std::string &text, FaultSpec &fault) {
       return bad(fmt::format("'{}' is given twice", key));
     seen.push_back(key);
     long long n = 0;
-    if (key == "rank" || key == "step" || key == "inst") {
+    if (key == "rank" || key == "step" || key == "inst" || key == "attempt") {
       if (!parseInt(value, n))
         return bad(fmt::format("{} '{}' is not an integer", key, value));
       if (key == "rank") {
@@ -239,6 +239,10 @@ Status parseFault(const std::string &text, FaultSpec &fault) {
           return bad(fmt::format("rank {} is out of range", n));
         fault.rank = static_cast<int>(n);
         haveRank = true;
+      } else if (key == "attempt") {
+        if (n < 0 || n > 1 << 30)
+          return bad(fmt::format("attempt {} is out of range", n));
+        fault.attempt = static_cast<int>(n);
       } else if (key == "step") {
         if (n < 1)
           return bad(fmt::format("step {} must be at least 1", n));

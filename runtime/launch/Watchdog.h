@@ -57,9 +57,10 @@ struct Abort {
 std::string encodeAbort(const Abort &abort);
 bool decodeAbort(const std::string &text, Abort &abort);
 
-/// PIPER_FAULT="rank=R,step=S,stream=NAME,inst=I,action=crash|stall|hang_comm"
-/// (docs/operations.md). step defaults to 1, inst to 0, stream to the
-/// plan's first stream.
+/// PIPER_FAULT="rank=R,step=S,stream=NAME,inst=I,action=crash|stall|hang_comm
+/// ,attempt=A" (docs/operations.md). step defaults to 1, inst to 0, stream
+/// to the plan's first stream; attempt (the launch PIPER_ATTEMPT numbers,
+/// from 0, under --max-restarts) to every attempt.
 struct FaultSpec {
   enum Action { kCrash, kStall, kHangComm };
   int rank = -1;
@@ -67,6 +68,7 @@ struct FaultSpec {
   std::string stream;
   int instruction = 0;
   Action action = kCrash;
+  int attempt = -1;
 };
 /// Parses PIPER_FAULT's value; errors say what is wrong and the syntax.
 Status parseFault(const std::string &text, FaultSpec &fault);

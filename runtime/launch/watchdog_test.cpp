@@ -190,11 +190,15 @@ TEST_CASE("PIPER_FAULT syntax", "[watchdog]") {
   CHECK(f.instruction == 0);
   CHECK(f.stream.empty());
   CHECK(f.action == FaultSpec::kStall);
+  CHECK(f.attempt == -1);
+  REQUIRE(parseFault("rank=0,action=crash,attempt=0", f));
+  CHECK(f.attempt == 0);
   for (const char *bad :
        {"", "rank=1", "action=crash", "rank=x,action=crash",
         "rank=1,action=explode", "rank=1,action=crash,step=0",
         "rank=1,action=crash,color=red", "rank=1,action=crash,rank=2",
-        "rank=1,action=crash,inst", "rank=-1,action=crash"}) {
+        "rank=1,action=crash,inst", "rank=-1,action=crash",
+        "rank=1,action=crash,attempt=-1"}) {
     INFO(bad);
     piper::runtime::Status st = parseFault(bad, f);
     CHECK_FALSE(st);

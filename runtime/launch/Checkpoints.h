@@ -1,0 +1,98 @@
+// Periodic checkpoints of a run (--checkpoint-dir): writing DIR/step-<N>/
+// atomically, keeping the last K, and finding the newest complete one to
+// --resume from.
+#ifndef PIPER_RUNTIME_LAUNCH_CHECKPOINTS_H
+#define PIPER_RUNTIME_LAUNCH_CHECKPOINTS_H
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "proto/plan.pb.h"
+#include "runtime/checkpoint/Safetensors.h"
+#include "runtime/comm/Communicator.h"
+#include "runtime/exec/Executor.h"
+#include "runtime/launch/RunOptions.h"
+#include "runtime/support/Status.h"
+
+namespace piper::runtime {
+
+/// The files of a checkpoint directory (docs/operations.md).
+inline constexpr const char *kCheckpointModelFile = "model.safetensors";
+inline constexpr const char *kCheckpointOptimizerFile = "optimizer.safetensors";
+/// Written last: a step-<N> directory without it is incomplete.
+inline constexpr const char *kCheckpointStateFile = "state.json";
+
+/// "DIR/step-<N>".
+std::string checkpointStepDir(const std::string &dir, int64_t step);
+
+/// What makes a run's data stream and its continuation the same: checked
+/// when resuming, recorded in state.json.
+struct RunIdentity {
+  uint64_t seed = 0;
+  /// --data's path, or "synthetic".
+  std::string data;
+  /// Global microbatches per step (replicas x microbatches), sequences per
+  /// microbatch and tokens per sequence: the data windows of a step.
+  int64_t microbatches = 0;
+  int64_t microbatchSize = 0;
+  int64_t seqLen = 0;
+  /// Informative only (a checkpoint loads under any strategy of the model).
+  int worldSize = 0;
+};
+
+/// The identity of this run, from its options and manifest (and the plan of
+/// its own class, when the manifest has no training config).
+RunIdentity runIdentity(const RunOptions &options,
+                        const plan::Manifest &manifest, const plan::Plan &plan);
+
+/// The checkpoint a resumed run starts from.
+struct ResumePoint {
+  /// 0 and no readers: none was found (start fresh).
+  int64_t step = 0;
+  std::string dir;
+  std::unique_ptr<SafetensorsReader> model, optimizer;
+  /// One line per newer checkpoint that was passed over, and why.
+  std::vector<std::string> skipped;
+};
+
+/// Finds the newest complete checkpoint of `dir` whose files open and are
+/// whole: step-<N> directories without state.json, or whose files are
+/// missing, truncated or unreadable, are skipped (and listed). The one
+/// chosen must match `plans` (every parameter, with its moments) and
+/// `identity` (seed, data, global batch), else an error says how it
+/// differs. No checkpoint at all is not an error (`out.step` stays 0).
+Status findResumePoint(const std::string &dir,
+                       const std::vector<plan::Plan> &plans,
+                       const RunIdentity &identity, ResumePoint &out);
+
+/// Removes what a run cut off while writing a checkpoint left: the
+/// "step-<N>.tmp" directories of `dir`. Rank 0 calls it before the first
+/// step; the launcher after a failure.
+void removeIncompleteCheckpoints(const std::string &dir);
+
+/// How long writing a checkpoint took and how big it is (rank 0).
+struct CheckpointStats {
+  double seconds = 0;
+  int64_t bytes = 0;
+};
+
+/// After step `step`, on every rank: writes DIR/step-<step>.tmp/ (model and
+/// optimizer files, merged by rank 0 as --save's are), then rank 0 writes
+/// state.json, renames the directory to DIR/step-<step> and keeps the
+/// newest `keep` complete checkpoints up to this step, removing the others.
+Status writeStepCheckpoint(const std::string &dir, int keep,
+                           const RunIdentity &identity,
+                           const plan::Manifest &manifest, Executor &exec,
+                           Communicator *comm, int rank, int64_t step,
+                           CheckpointStats &stats);
+
+/// Keeps the lines of the --metrics file at `path` for steps up to `step`
+/// (a resumed run appends the steps after), rewriting it atomically; a
+/// missing file is fine.
+Status keepMetricsUpTo(const std::string &path, int64_t step);
+
+} // namespace piper::runtime
+
+#endif // PIPER_RUNTIME_LAUNCH_CHECKPOINTS_H
