@@ -32,7 +32,8 @@ run() {
   env -i PATH=/usr/bin:/bin "$bin/piper-run" out --nproc 1 --steps 1 \
     --data text.bin --metrics metrics.jsonl >run.log 2>&1 ||
     { cat run.log; return 1; }
-  grep -q '^step 1 | loss' run.log
+  grep -q '^step 1/1 | loss' run.log
+  grep -q '^summary: 1 step' run.log
   grep -q '"step": 1' metrics.jsonl
 }
 

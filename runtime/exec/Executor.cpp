@@ -239,6 +239,7 @@ void Executor::resetProfile() { impl->profiler.reset(); }
 int64_t Executor::liveBytes() const { return impl->memory->liveBytes(); }
 int64_t Executor::peakBytes() const { return impl->memory->peakBytes(); }
 int64_t Executor::stateBytes() const { return impl->stateBytes; }
+double Executor::peakFlops() const { return impl->device->peakFlops(); }
 
 const plan::Plan &Executor::plan() const { return impl->plan; }
 

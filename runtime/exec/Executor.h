@@ -133,6 +133,8 @@ public:
   int64_t stateBytes() const;
   /// The learning-rate multiplier of 1-based `step` from the plan's schedule.
   double lrScale(int64_t step) const;
+  /// The device's peak FLOP/s (hal::Device::peakFlops); 0 when unknown.
+  double peakFlops() const;
 
   /// This rank's position in plan.ranks.
   int replicaIndex() const;

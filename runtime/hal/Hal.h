@@ -112,6 +112,11 @@ public:
 
   /// The communicator of this rank; null for a single rank without one.
   virtual Communicator *communicator() = 0;
+
+  /// The peak FLOP/s of this device at the plan's compute precision, for
+  /// piper-run's MFU; 0 when unknown (the CPU backend: its peak depends on
+  /// cores, clocks and what else runs).
+  virtual double peakFlops() const { return 0; }
 };
 
 } // namespace piper::runtime::hal

@@ -1,5 +1,5 @@
-// Step lines, --metrics JSON lines (nlohmann/json), the --profile table and
-// the memory summary of a rank.
+// --metrics JSON lines (nlohmann/json), the --profile table and the memory
+// summary of a rank.
 #include "runtime/launch/Reporting.h"
 
 #include <cerrno>
@@ -66,11 +66,6 @@ int64_t maxRssBytes() {
   if (::getrusage(RUSAGE_SELF, &usage) != 0)
     return 0;
   return static_cast<int64_t>(usage.ru_maxrss) * 1024; // Linux: KiB
-}
-
-std::string stepLine(const StepReport &r) {
-  return fmt::format("step {} | loss {:.9g} | {:.0f} tokens/s", r.step, r.loss,
-                     r.tokensPerS);
 }
 
 std::string metricsLine(const StepReport &r) {

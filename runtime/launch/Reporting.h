@@ -1,5 +1,5 @@
-// What a rank reports while it trains: the line per step, the --metrics
-// JSON lines, the --profile table and the peak-memory summary.
+// What a rank reports while it trains: the --metrics JSON lines, the
+// --profile table and the peak-memory summary (progress lines: Progress.h).
 #ifndef PIPER_RUNTIME_LAUNCH_REPORTING_H
 #define PIPER_RUNTIME_LAUNCH_REPORTING_H
 
@@ -29,9 +29,6 @@ struct StepReport {
 
 /// The process's peak resident set size (getrusage), in bytes.
 int64_t maxRssBytes();
-
-/// "step 3 | loss 2.90132034 | 15389 tokens/s" (no newline).
-std::string stepLine(const StepReport &report);
 
 /// The --metrics line of a step (docs/piper-run.md), without the newline:
 /// one JSON object with Python's json.dumps separators. A non-finite loss

@@ -85,6 +85,11 @@ bool parseRunOptions(int argc, char **argv, RunOptions &options,
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
 
+  // --- Progress output (docs/piper-run.md#output) ---
+  app.add_option("--log-every", options.logEvery,
+                 "print a progress line every N steps (and the last step)")
+      ->capture_default_str();
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError &e) {
@@ -126,6 +131,14 @@ bool parseRunOptions(int argc, char **argv, RunOptions &options,
   if (options.resume && !options.loadPath.empty())
     return usage("--resume and --load both choose the starting parameters; "
                  "give one");
+  // --- Progress output ---
+  if (options.logEvery < 1) {
+    std::fprintf(stderr,
+                 "piper-run: --log-every must be at least 1, not %lld\n",
+                 static_cast<long long>(options.logEvery));
+    exitCode = 2;
+    return false;
+  }
   if (app.count("--nproc") > 0 && options.nproc < 1) {
     std::fprintf(stderr, "piper-run: --nproc must be at least 1, not %d\n",
                  options.nproc);

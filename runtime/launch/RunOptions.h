@@ -59,6 +59,11 @@ struct RunOptions {
   /// The local launcher relaunches every rank with --resume after a failure,
   /// up to N times.
   int maxRestarts = 0;
+
+  // --- Progress output (docs/piper-run.md#output) ---
+  /// Rank 0 prints a progress line for every step divisible by this, and for
+  /// the last step; at least 1.
+  int64_t logEvery = 1;
 };
 
 /// Parses piper-run's `argv` into `options`. Returns false when the process

@@ -24,6 +24,7 @@
 #include "runtime/exec/Executor.h"
 #include "runtime/launch/CheckpointIO.h"
 #include "runtime/launch/Checkpoints.h"
+#include "runtime/launch/Progress.h"
 #include "runtime/launch/Reporting.h"
 #include "runtime/launch/StrategyFiles.h"
 #include "runtime/launch/TcpRendezvous.h"
@@ -54,6 +55,19 @@ double tokensPerStep(const plan::Manifest &manifest, const plan::Plan &plan) {
          t.microbatch_size() * t.seq_len();
 }
 
+/// The peak arena memory of every rank, indexed by rank: this rank's
+/// `peakBytes` gathered through a world sum (exact below 2^53 bytes).
+Status peakBytesPerRank(Communicator *comm, int rank, int worldSize,
+                        int64_t peakBytes, std::vector<int64_t> &out) {
+  std::vector<double> slots(worldSize, 0.0);
+  slots[rank] = double(peakBytes);
+  if (comm)
+    PIPER_RETURN_IF_ERROR(comm->allReduceSumWorld(slots.data(), slots.size())
+                              .withContext("gathering peak memory"));
+  out.assign(slots.begin(), slots.end());
+  return Status::ok();
+}
+
 /// Whether PIPER_PROFILE asks for --profile (any value but empty or "0").
 bool profileFromEnv() {
   const char *env = std::getenv("PIPER_PROFILE");
@@ -67,6 +81,7 @@ bool profileFromEnv() {
 constexpr std::chrono::milliseconds kCommTimeoutSlack{2000};
 
 int runRank(const RunOptions &options, const RankEnv &env) {
+  const auto runStart = Clock::now();
   const int rank = env.rank;
   const std::string who = fmt::format("rank {}", rank);
   initFailureReport(rank);
@@ -290,6 +305,15 @@ int runRank(const RunOptions &options, const RankEnv &env) {
   std::string failedAtError;
   if (!envInt("PIPER_RESTART_FAILED_AT_NS", failedAtNs, failedAtError))
     failedAtNs = -1;
+  Progress progress(loadedStep + 1, lastStep, options.logEvery, tokens);
+  if (rank == 0 && exec->peakFlops() > 0) {
+    // MFU needs every class's parameters; only a backend that knows its
+    // peak pays for reading them.
+    std::vector<plan::Plan> plans;
+    check(loadPlans(options, manifest, plans));
+    progress.setFlops(modelFlopsPerStep(plans, tokens),
+                      exec->peakFlops() * env.worldSize);
+  }
   // --profile leaves out the first step (allocator and BLAS warm-up) unless
   // it is the only one.
   int64_t profiledFrom = loadedStep + 1;
@@ -347,10 +371,21 @@ int runRank(const RunOptions &options, const RankEnv &env) {
     report.gradNorm = exec->lastGradNorm();
     report.peakBytes = exec->peakBytes();
     report.maxRssBytes = maxRssBytes();
-    fmt::print("{}\n", stepLine(report));
-    std::fflush(stdout);
+    std::string line = progress.record(report);
+    if (!line.empty()) {
+      fmt::print("{}\n", line);
+      std::fflush(stdout);
+    }
     check(metrics.write(report));
   }
+  // A world collective, even after no steps: it is then the barrier that
+  // keeps a rank from exiting while a peer still connects to it.
+  std::vector<int64_t> peaks;
+  Status gathered = peakBytesPerRank(comm.get(), rank, env.worldSize,
+                                     exec->peakBytes(), peaks);
+  if (!gathered && watchdog)
+    watchdog->streamFailed(gathered.message());
+  check(gathered);
   if (watchdog)
     watchdog->finish();
   check(metrics.close());
@@ -373,6 +408,12 @@ int runRank(const RunOptions &options, const RankEnv &env) {
     check(writeCheckpoint(options.saveGradsPath, CheckpointContent::Gradients,
                           manifest, *exec, comm.get(), rank, lastStep),
           /*named=*/false);
+  if (rank == 0) {
+    double wall =
+        std::chrono::duration<double>(Clock::now() - runStart).count();
+    fmt::print("{}", progress.summary(peaks, wall));
+    std::fflush(stdout);
+  }
   return 0;
 }
 

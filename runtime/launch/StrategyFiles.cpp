@@ -5,6 +5,10 @@
 #include <string>
 #include <utility>
 
+#include <fmt/format.h>
+#include <google/protobuf/descriptor.h>
+#include <google/protobuf/message.h>
+
 #include "proto/PlanFile.h"
 #include "runtime/checkpoint/Safetensors.h"
 #include "runtime/data/AtomicFile.h"
@@ -21,6 +25,125 @@ std::string joinPath(const std::string &dir, const std::string &file) {
   if (!file.empty() && file[0] == '/')
     return file;
   return dir + "/" + file;
+}
+
+using google::protobuf::FieldDescriptor;
+
+/// Field `f` of `training` as text ("0.0006", "BF16"), and whether it
+/// holds a value (is not the default). Every scalar type is handled, so a
+/// field added to TrainingConfig later is checked too.
+std::string fieldText(const plan::TrainingConfig &training,
+                      const FieldDescriptor *f, bool &set) {
+  const google::protobuf::Reflection *r = training.GetReflection();
+  if (f->is_repeated()) {
+    // The field alone, as text.
+    plan::TrainingConfig only = training;
+    const google::protobuf::Descriptor *d = only.GetDescriptor();
+    for (int i = 0; i < d->field_count(); ++i)
+      if (d->field(i) != f)
+        r->ClearField(&only, d->field(i));
+    set = r->FieldSize(training, f) > 0;
+    return "[" + only.ShortDebugString() + "]";
+  }
+  auto text = [&set](auto value) {
+    set = value != decltype(value){};
+    return fmt::format("{}", value);
+  };
+  switch (f->cpp_type()) {
+  case FieldDescriptor::CPPTYPE_INT32:
+    return text(r->GetInt32(training, f));
+  case FieldDescriptor::CPPTYPE_INT64:
+    return text(r->GetInt64(training, f));
+  case FieldDescriptor::CPPTYPE_UINT32:
+    return text(r->GetUInt32(training, f));
+  case FieldDescriptor::CPPTYPE_UINT64:
+    return text(r->GetUInt64(training, f));
+  case FieldDescriptor::CPPTYPE_DOUBLE:
+    return text(r->GetDouble(training, f));
+  case FieldDescriptor::CPPTYPE_FLOAT:
+    return text(r->GetFloat(training, f));
+  case FieldDescriptor::CPPTYPE_BOOL:
+    return text(r->GetBool(training, f));
+  case FieldDescriptor::CPPTYPE_ENUM:
+    set = r->GetEnumValue(training, f) != 0;
+    return r->GetEnum(training, f)->name();
+  case FieldDescriptor::CPPTYPE_STRING:
+    return "'" + text(r->GetString(training, f)) + "'";
+  case FieldDescriptor::CPPTYPE_MESSAGE:
+    set = r->HasField(training, f);
+    return "{" + r->GetMessage(training, f).ShortDebugString() + "}";
+  }
+  set = false;
+  return "";
+}
+
+/// `training` with an unset compute_dtype written as F32, which it means.
+plan::TrainingConfig normalized(const plan::TrainingConfig &training) {
+  plan::TrainingConfig t = training;
+  if (t.compute_dtype() == plan::DTYPE_UNSPECIFIED)
+    t.set_compute_dtype(plan::F32);
+  return t;
+}
+
+/// "manifest '<path>'".
+std::string manifestName(const RunOptions &options) {
+  return "manifest '" + joinPath(options.outDir, plan::kManifestFileName) + "'";
+}
+
+/// Checks the manifest's training config against the plan of manifest class
+/// `index`: every field the plan sets must have the same value in the
+/// manifest. (The compiler writes the manifest's config as the merge of its
+/// plans': a field a plan leaves unset may come from another class.)
+Status checkPlanTraining(const RunOptions &options,
+                         const plan::Manifest &manifest, int index,
+                         const plan::Plan &plan) {
+  if (!manifest.has_training())
+    return Status::ok(); // nothing to disagree with; tokens/s uses the plan's
+  plan::TrainingConfig ours = normalized(plan.training());
+  plan::TrainingConfig theirs = normalized(manifest.training());
+  const google::protobuf::Descriptor *d = plan::TrainingConfig::descriptor();
+  for (int i = 0; i < d->field_count(); ++i) {
+    const FieldDescriptor *f = d->field(i);
+    bool inPlan = false, inManifest = false;
+    std::string planValue = fieldText(ours, f, inPlan);
+    std::string manifestValue = fieldText(theirs, f, inManifest);
+    if (inPlan && planValue != manifestValue)
+      return Status::error(fmt::format(
+          "{} disagrees with its plans: training.{} is {} in the manifest "
+          "but {} in plan file '{}' (device class {})",
+          manifestName(options), f->name(),
+          inManifest ? manifestValue : "unset", planValue,
+          joinPath(options.outDir, manifest.classes(index).plan_file()),
+          manifest.classes(index).device_class()));
+  }
+  return Status::ok();
+}
+
+/// Checks that every training field the manifest sets is set by some plan
+/// (checkPlanTraining checked that they agree).
+Status checkManifestTraining(const RunOptions &options,
+                             const plan::Manifest &manifest,
+                             const std::vector<plan::Plan> &plans) {
+  if (!manifest.has_training())
+    return Status::ok();
+  plan::TrainingConfig theirs = normalized(manifest.training());
+  const google::protobuf::Descriptor *d = plan::TrainingConfig::descriptor();
+  for (int i = 0; i < d->field_count(); ++i) {
+    const FieldDescriptor *f = d->field(i);
+    bool inManifest = false, inPlans = false;
+    std::string value = fieldText(theirs, f, inManifest);
+    for (const plan::Plan &p : plans) {
+      bool set = false;
+      (void)fieldText(normalized(p.training()), f, set);
+      inPlans = inPlans || set;
+    }
+    if (inManifest && !inPlans)
+      return Status::error(fmt::format(
+          "{} disagrees with its plans: training.{} is {} in the manifest "
+          "but unset in every plan",
+          manifestName(options), f->name(), value));
+  }
+  return Status::ok();
 }
 
 } // namespace
@@ -44,7 +167,9 @@ Status loadPlan(const RunOptions &options, const plan::Manifest &manifest,
       joinPath(options.outDir, manifest.classes(index).plan_file());
   PIPER_RETURN_IF_ERROR(checkRegularFile(path, "plan file '" + path + "'"));
   std::string err = plan::readPlanFile(path, plan);
-  return err.empty() ? Status::ok() : Status::error(err);
+  if (!err.empty())
+    return Status::error(err);
+  return checkPlanTraining(options, manifest, index, plan);
 }
 
 Status loadPlans(const RunOptions &options, const plan::Manifest &manifest,
@@ -57,7 +182,7 @@ Status loadPlans(const RunOptions &options, const plan::Manifest &manifest,
         joinPath(options.outDir, manifest.classes(c).plan_file()) +
         "': invalid plan"));
   }
-  return Status::ok();
+  return checkManifestTraining(options, manifest, plans);
 }
 
 bool loadsBatches(const plan::Plan &plan) {

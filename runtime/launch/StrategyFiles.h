@@ -18,11 +18,15 @@ namespace piper::runtime {
 /// line (--backend).
 Status loadManifest(const RunOptions &options, plan::Manifest &manifest);
 
-/// Reads the plan file of manifest class `index`.
+/// Reads the plan file of manifest class `index` and checks that the
+/// manifest's `training` agrees with the plan's on every field the plan sets
+/// (an error names the field and both values).
 Status loadPlan(const RunOptions &options, const plan::Manifest &manifest,
                 int index, plan::Plan &plan);
 
-/// Reads and validates every plan of the manifest, in class order.
+/// Reads and validates every plan of the manifest, in class order (loadPlan),
+/// and checks that every `training` field the manifest sets is set by a
+/// plan.
 Status loadPlans(const RunOptions &options, const plan::Manifest &manifest,
                  std::vector<plan::Plan> &plans);
 

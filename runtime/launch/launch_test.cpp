@@ -1,5 +1,6 @@
 // Unit tests of piper-run's pieces that need no process of their own: the
-// step and --metrics lines, the rank environment and the BLAS core choice.
+// progress lines and summary, --metrics lines, the rank environment and the
+// BLAS core choice.
 #include <cmath>
 #include <cstdlib>
 #include <memory>
@@ -11,13 +12,14 @@
 
 #include "runtime/launch/BlasCore.h"
 #include "runtime/launch/LaunchEnv.h"
+#include "runtime/launch/Progress.h"
 #include "runtime/launch/Rendezvous.h"
 #include "runtime/launch/Reporting.h"
 #include "runtime/launch/TcpRendezvous.h"
 
 using namespace piper::runtime;
 
-TEST_CASE("step and metrics lines", "[launch]") {
+TEST_CASE("metrics lines", "[launch]") {
   StepReport r;
   r.step = 3;
   r.loss = 2.901320343017578;
@@ -27,7 +29,6 @@ TEST_CASE("step and metrics lines", "[launch]") {
   r.gradNorm = 1.28591234567;
   r.peakBytes = 17356800;
   r.maxRssBytes = 35328000;
-  CHECK(stepLine(r) == "step 3 | loss 2.90132034 | 15389 tokens/s");
   CHECK(metricsLine(r) ==
         "{\"step\": 3, \"loss\": 2.901320343017578, \"tokens_per_s\": "
         "15389.457, \"step_time_s\": 0.012346, \"lr\": 0.0006, "
@@ -43,7 +44,96 @@ TEST_CASE("step and metrics lines", "[launch]") {
   parsed = nlohmann::json::parse(metricsLine(r));
   CHECK(parsed["loss"].is_null());
   CHECK(parsed["grad_norm"].is_null());
-  CHECK(stepLine(r) == "step 3 | loss nan | 15389 tokens/s");
+}
+
+TEST_CASE("clock and byte formats", "[launch]") {
+  CHECK(formatClock(0) == "0:00:00");
+  CHECK(formatClock(0.4) == "0:00:00");
+  CHECK(formatClock(59.6) == "0:01:00");
+  CHECK(formatClock(3725) == "1:02:05");
+  CHECK(formatClock(123 * 3600 + 4 * 60 + 5) == "123:04:05");
+  CHECK(formatClock(-1) == "?");
+  CHECK(formatClock(std::nan("")) == "?");
+  CHECK(formatBytes(512) == "512 B");
+  CHECK(formatBytes(17818) == "17.4 KiB");
+  CHECK(formatBytes(17356800) == "16.6 MiB");
+  CHECK(formatBytes(int64_t(3) << 40) == "3.0 TiB");
+}
+
+namespace {
+
+/// A step of `seconds` with loss 2 and grad_norm 0.5.
+StepReport stepOf(int64_t step, double seconds) {
+  StepReport r;
+  r.step = step;
+  r.loss = 2;
+  r.gradNorm = 0.5;
+  r.stepSeconds = seconds;
+  return r;
+}
+
+} // namespace
+
+TEST_CASE("progress lines: every --log-every steps and the last", "[launch]") {
+  // Steps 1-5, 1000 tokens each; the first (warm-up) step is slow.
+  Progress p(1, 5, 2, 1000);
+  CHECK(p.record(stepOf(1, 4.0)) == "");
+  // tokens/s and ms/step over steps 1-2; ETA: 3 steps left at the mean of
+  // step 2 alone (the warm-up excluded).
+  CHECK(p.record(stepOf(2, 1.0)) ==
+        "step 2/5 | loss 2 | grad_norm 0.5 | 400 tokens/s | 2500.0 ms/step | "
+        "ETA 0:00:03");
+  CHECK(p.record(stepOf(3, 2.0)) == "");
+  CHECK(p.record(stepOf(4, 2.0)) ==
+        "step 4/5 | loss 2 | grad_norm 0.5 | 500 tokens/s | 2000.0 ms/step | "
+        "ETA 0:00:02");
+  // The last step is always printed, with ETA 0.
+  StepReport last = stepOf(5, 1.0);
+  last.loss = std::nan("");
+  last.gradNorm = -1; // not measured: left out
+  CHECK(p.record(last) ==
+        "step 5/5 | loss nan | 1000 tokens/s | 1000.0 ms/step | ETA 0:00:00");
+
+  CHECK(p.summary({17356800, 17818}, 10.04) ==
+        "summary: 5 steps (steps 1-5) in 10.0 s wall time\n"
+        "summary: mean 667 tokens/s, 1500.0 ms/step over steps 2-5 (first "
+        "step excluded: warm-up)\n"
+        "summary: peak arena memory per rank: rank 0 16.6 MiB, rank 1 17.4 "
+        "KiB\n");
+}
+
+TEST_CASE("progress after --load, with MFU, and its summary", "[launch]") {
+  // Resumed after step 2: steps 3-4; a step line for every step.
+  Progress p(3, 4, 1, 1000);
+  // 1e12 FLOPs per step on 1e13 FLOP/s of devices: 10% at 1 s/step.
+  p.setFlops(1e12, 1e13);
+  CHECK(p.record(stepOf(3, 1.0)) ==
+        "step 3/4 | loss 2 | grad_norm 0.5 | 1000 tokens/s | 1000.0 ms/step | "
+        "MFU 10.0% | ETA 0:00:01");
+  CHECK(p.record(stepOf(4, 0.5)) ==
+        "step 4/4 | loss 2 | grad_norm 0.5 | 2000 tokens/s | 500.0 ms/step | "
+        "MFU 20.0% | ETA 0:00:00");
+  std::vector<int64_t> peaks(16, 1 << 20);
+  peaks[5] = 3 << 20;
+  peaks[9] = 1 << 19;
+  CHECK(p.summary(peaks, 75) ==
+        "summary: 2 steps (steps 3-4) in 75.0 s wall time (0:01:15)\n"
+        "summary: mean 2000 tokens/s, 500.0 ms/step, MFU 20.0% over step 4 "
+        "(first step excluded: warm-up)\n"
+        "summary: peak arena memory per rank: min 512.0 KiB (rank 9), max "
+        "3.0 MiB (rank 5) over 16 ranks\n");
+
+  // One step: the warm-up is all there is.
+  Progress one(1, 1, 1, 1000);
+  CHECK(one.record(stepOf(1, 2.0)) ==
+        "step 1/1 | loss 2 | grad_norm 0.5 | 500 tokens/s | 2000.0 ms/step | "
+        "ETA 0:00:00");
+  CHECK(one.summary({}, 2) ==
+        "summary: 1 step (step 1) in 2.0 s wall time\n"
+        "summary: mean 500 tokens/s, 2000.0 ms/step over step 1 (the only "
+        "step: warm-up included)\n");
+  // No step ran (--steps 0): no summary.
+  CHECK(Progress(1, 0, 1, 1000).summary({1}, 1) == "");
 }
 
 TEST_CASE("the environment of a spawned rank", "[launch]") {

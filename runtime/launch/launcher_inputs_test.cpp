@@ -2,6 +2,7 @@
 // clear error before any step, never a hang, a silent success or a file
 // left behind.
 #include <filesystem>
+#include <functional>
 
 #include "runtime/launch/launcher_test_util.h"
 
@@ -118,6 +119,9 @@ TEST_CASE("piper-run never replaces a device, and checks every output before "
   RunResult zero = piperRun({out, "--nproc", "0"});
   CHECK(zero.exitCode() == 2);
   CHECK(zero.err == "piper-run: --nproc must be at least 1, not 0\n");
+  RunResult never = piperRun({out, "--nproc", "2", "--log-every", "0"});
+  CHECK(never.exitCode() == 2);
+  CHECK(never.err == "piper-run: --log-every must be at least 1, not 0\n");
 }
 
 TEST_CASE("piper-run refuses FIFOs and devices as inputs instead of hanging",
@@ -230,4 +234,67 @@ TEST_CASE("piper-run --save leaves no temporary files or parts behind",
     CHECK_FALSE(holdsFileWith(dir, "c.safetensors"));
     CHECK(readFile(dir + "/other.tmp-keepme") == "not ours");
   }
+}
+
+TEST_CASE("piper-run: a manifest whose training config disagrees with its "
+          "plans is an error before any rank starts",
+          "[launcher][inputs]") {
+  TinyModel m;
+  std::string out = strategy(pipelinePlans(m, 2), "training");
+  std::string manifestPath = out + "/manifest.textproto";
+  plan::Manifest good;
+  REQUIRE(plan::readManifest(manifestPath, good) == "");
+  // Rewrites the manifest with `edit` applied; returns piper-run's stderr.
+  auto failsWith = [&](const std::function<void(plan::TrainingConfig &)> &edit,
+                       const std::vector<std::string> &env = {}) {
+    plan::Manifest bad = good;
+    edit(*bad.mutable_training());
+    REQUIRE(plan::writeManifest(manifestPath, bad) == "");
+    RunResult r = piperRun({out, "--nproc", "2", "--steps", "1"}, env);
+    CHECK(r.exitCode() == 1);
+    CHECK(r.out.empty());
+    return r.err;
+  };
+  std::string prefix = "piper-run: manifest '" + manifestPath +
+                       "' disagrees with its plans: training.";
+  std::string class0 = "plan file '" + out + "/class0.plan' (device class 0)";
+  CHECK(failsWith([](plan::TrainingConfig &t) { t.set_lr(0.01); }) ==
+        prefix + "lr is 0.01 in the manifest but 0.05 in " + class0 + "\n");
+  CHECK(failsWith([](plan::TrainingConfig &t) { t.set_seq_len(16); }) ==
+        prefix + "seq_len is 16 in the manifest but 8 in " + class0 + "\n");
+  CHECK(failsWith([](plan::TrainingConfig &t) {
+          t.set_compute_dtype(plan::BF16);
+        }) == prefix + "compute_dtype is BF16 in the manifest but F32 in " +
+                  class0 + "\n");
+  // A field no plan sets.
+  CHECK(failsWith([](plan::TrainingConfig &t) { t.set_clip_grad_norm(1); }) ==
+        prefix + "clip_grad_norm is 1 in the manifest but unset in every "
+                 "plan\n");
+  // A field the manifest lacks but a plan sets.
+  CHECK(failsWith([](plan::TrainingConfig &t) {
+          t.clear_num_microbatches();
+        }) == prefix + "num_microbatches is unset in the manifest but 2 in " +
+                  class0 + "\n");
+
+  // A rank started by another launcher checks its own plan.
+  TinyModel one;
+  std::string single = strategy({singleClassPlan(one, 2, {0}, 1)}, "train1");
+  plan::Manifest manifest;
+  REQUIRE(plan::readManifest(single + "/manifest.textproto", manifest) == "");
+  manifest.mutable_training()->set_microbatch_size(4);
+  REQUIRE(plan::writeManifest(single + "/manifest.textproto", manifest) == "");
+  RunResult rank =
+      piperRun({single, "--steps", "1"}, {"RANK=0", "WORLD_SIZE=1"});
+  CHECK(rank.exitCode() == 1);
+  CHECK(rank.err.find("training.microbatch_size is 4 in the manifest but 2 "
+                      "in plan file '" +
+                      single + "/class0.plan'") != std::string::npos);
+
+  // A manifest without a training config has nothing to disagree with.
+  plan::Manifest bare = good;
+  bare.clear_training();
+  REQUIRE(plan::writeManifest(manifestPath, bare) == "");
+  RunResult r = piperRun({out, "--nproc", "2", "--steps", "1"});
+  INFO("stderr: " << r.err);
+  CHECK(r.exitCode() == 0);
 }

@@ -44,16 +44,24 @@ TEST_CASE("piper-run trains one rank and reports every step", "[launcher]") {
                           "3", "--seed", "4", "--metrics", metrics});
   INFO("stderr: " << r.err);
   REQUIRE(r.exitCode() == 0);
-  std::regex line(R"(step (\d) \| loss ([0-9.]+) \| \d+ tokens/s)");
+  // A progress line per step, then the summary.
+  std::regex line(R"(step (\d)/3 \| loss ([0-9.]+) \| grad_norm \S+ \| )"
+                  R"(\d+ tokens/s \| [0-9.]+ ms/step \| ETA \d+:\d\d:\d\d)");
   std::istringstream lines(r.out);
   std::string l;
-  int steps = 0;
+  int steps = 0, summary = 0;
   while (std::getline(lines, l)) {
     INFO("stdout line: " << l);
+    if (l.rfind("summary: ", 0) == 0) {
+      ++summary;
+      continue;
+    }
+    CHECK(summary == 0);
     CHECK(std::regex_match(l, line));
     ++steps;
   }
   CHECK(steps == 3);
+  CHECK(summary == 3);
   std::vector<double> losses = metricLosses(metrics);
   REQUIRE(losses.size() == 3);
   CHECK(losses[2] < losses[0]);
@@ -169,7 +177,7 @@ TEST_CASE("piper-run command-line and strategy errors", "[launcher]") {
                             "SLURM_NTASKS=2", "SLURM_JOB_NODELIST=n[1-2]"});
     INFO("stderr: " << r.err);
     CHECK(r.exitCode() == 0);
-    CHECK(r.out.find("step 1 |") != std::string::npos);
+    CHECK(r.out.find("step 1/1 |") != std::string::npos);
   }
   SECTION("unknown backend") {
     RunResult r = piperRun({pp, "--nproc", "2", "--backend", "cuda"});

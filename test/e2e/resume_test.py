@@ -188,7 +188,7 @@ def resume_mode(work):
     p = piper_run(plans, ["--steps", "2", "--resume", "--checkpoint-dir",
                           empty])
     check("no complete checkpoint in '%s', starting fresh" % empty in p.stderr
-          and "step 1 |" in p.stdout, "--resume with none starts fresh")
+          and "step 1/2 |" in p.stdout, "--resume with none starts fresh")
 
     # Errors.
     p = piper_run(plans, ["--steps", "2", "--resume"], expect=2)
