@@ -279,7 +279,8 @@ std::string dumpPlan(const Plan &plan, bool withKernels) {
   os << "events " << plan.num_events() << "\n";
   for (int s = 0; s < plan.streams_size(); ++s) {
     const Stream &st = plan.streams(s);
-    os << "stream " << s << " " << quoted(st.name()) << "  # "
+    os << "stream " << s << " " << quoted(st.name()) << " "
+       << (st.kind() == Stream::COMM ? "comm" : "compute") << "  # "
        << st.instructions_size() << " instructions\n";
     for (int i = 0; i < st.instructions_size(); ++i) {
       os << "  " << i << ": ";

@@ -475,8 +475,8 @@ void GptModelBuilder::buildProgram(ArrayRef<SegmentOp> segments) {
     auto task = TaskOp::create(
         b, loc(segment.getSymName()), segment.getResultTypes(), token,
         segment.getSymName(), args, ValueRange{}, tag,
-        /*devices=*/DenseI64ArrayAttr(), /*stream=*/StringAttr(),
-        /*send_stream=*/StringAttr());
+        /*devices=*/DeviceGroupAttr(), /*stream=*/StreamAttr(),
+        /*send_stream=*/StreamAttr());
     x = task.getOuts().front();
   }
 }

@@ -92,7 +92,7 @@ public:
     p.set_num_events(eventOf.size());
 
     for (Operation &op : body) {
-      plan::Stream &stream = streamFor(streamOf(&op));
+      plan::Stream &stream = streamFor(&op);
       std::set<int64_t> waits;
       for (Value v : op.getOperands())
         if (Operation *def = v.getDefiningOp();
@@ -220,12 +220,16 @@ private:
       ins.add_counts(rows * rowElements);
   }
 
-  plan::Stream &streamFor(StringRef name) {
+  /// The plan stream of `op`'s logical stream, created on first use.
+  plan::Stream &streamFor(Operation *op) {
+    StreamAttr attr = cast<ProgramNodeOpInterface>(op).getNodeStream();
     for (plan::Stream &s : *p.mutable_streams())
-      if (s.name() == name)
+      if (s.name() == attr.getName())
         return s;
     plan::Stream *s = p.add_streams();
-    s->set_name(name.str());
+    s->set_name(attr.getName().str());
+    s->set_kind(attr.isCompute() ? plan::Stream::COMPUTE
+                                 : plan::Stream::COMM);
     return *s;
   }
 

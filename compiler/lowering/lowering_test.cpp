@@ -29,7 +29,7 @@ piper.segment @f() -> tensor<2x4xf32> {
   piper.yield %y : tensor<2x4xf32>
 }
 piper.device_program @class0 attributes {device_class = 0 : i64, ranks = array<i64: 0>} {
-  %y, %yd = piper.task @f() {devices = array<i64: 0>, stream = "compute", tag = #piper.tag<PP = 0, MB = 0, PASS = F>} : () -> (tensor<2x4xf32>, !piper.token)
+  %y, %yd = piper.task @f() {devices = #piper.group<0>, stream = #piper.stream<"compute", compute>, tag = #piper.tag<PP = 0, MB = 0, PASS = F>} : () -> (tensor<2x4xf32>, !piper.token)
 }
 )";
 }

@@ -221,6 +221,8 @@ private:
     std::optional<llvm::StringRef> s = v->getAsString();
     if (!s)
       return fail(("\"" + key + "\" must be a string").str());
+    if (s->empty())
+      return fail(("\"" + key + "\" must not be empty").str());
     out = s->str();
     return llvm::Error::success();
   }

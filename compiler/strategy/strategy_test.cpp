@@ -116,6 +116,8 @@ TEST_CASE("bad strategies name the directive and the problem") {
             .find("\"shard_grads\" must be true or false") != std::string::npos);
   CHECK(parseError(R"([{"op": "place", "filter": {"PP": 0}, "devices": [0], "stream": []}])")
             .find("\"stream\" must be a string") != std::string::npos);
+  CHECK(parseError(R"([{"op": "place", "filter": {"PP": 0}, "devices": [0], "stream": ""}])")
+            .find("\"stream\" must not be empty") != std::string::npos);
   CHECK(parseError(std::string(100000, '[') + std::string(100000, ']'))
             .find("more than 64 levels deep") != std::string::npos);
   CHECK(parseError(R"([{"op": "stage", "stages": 100000}])")

@@ -279,7 +279,7 @@ LogicalResult mlir::piper::buildTrainingDag(ModuleOp module,
     auto nt = TaskOp::create(
         pb, t.getLoc(), seg.getResultTypes(), pb.getType<TokenType>(),
         t.getSegmentAttr(), args, ValueRange(), info.tag.withPass(PassKind::F),
-        DenseI64ArrayAttr(), StringAttr(), StringAttr());
+        DeviceGroupAttr(), StreamAttr(), StreamAttr());
     unsigned k = 0;
     for (auto [i, r] : llvm::enumerate(t.getOuts()))
       if (!llvm::is_contained(info.diff.lossResults, i))
@@ -316,7 +316,7 @@ LogicalResult mlir::piper::buildTrainingDag(ModuleOp module,
                              pb.getType<TokenType>(),
                              FlatSymbolRefAttr::get(bseg.getSymNameAttr()),
                              args, ValueRange(), info.tag.withPass(PassKind::B),
-                             DenseI64ArrayAttr(), StringAttr(), StringAttr());
+                             DeviceGroupAttr(), StreamAttr(), StreamAttr());
     for (auto [k, argIndex] : llvm::enumerate(info.diff.gradArgs)) {
       Value fwdArg = nf.getArgs()[argIndex];
       if (gradOf.count(fwdArg))
@@ -354,7 +354,7 @@ LogicalResult mlir::piper::buildTrainingDag(ModuleOp module,
                    pb.getType<TokenType>(),
                    FlatSymbolRefAttr::get(useg.getSymNameAttr()), ValueRange(),
                    ValueRange{newBwd[si].getDone()}, info.tag.withPass(PassKind::U),
-                   DenseI64ArrayAttr(), StringAttr(), StringAttr());
+                   DeviceGroupAttr(), StreamAttr(), StreamAttr());
   }
 
   for (StageInfo &info : llvm::reverse(infos))

@@ -64,8 +64,25 @@ bool mlir::piper::matchesFilter(TagAttr tag, const Filter &filter) {
 
 StringRef mlir::piper::streamOf(Operation *op) {
   if (auto node = dyn_cast<ProgramNodeOpInterface>(op))
-    return node.getNodeStream();
+    return node.getNodeStream().getName();
   return "compute";
+}
+
+StreamAttr mlir::piper::computeStream(MLIRContext *ctx) {
+  return StreamAttr::get(ctx, "compute", StreamKind::compute);
+}
+
+StreamAttr mlir::piper::commStream(Operation *program, StringRef name) {
+  MLIRContext *ctx = program->getContext();
+  bool compute = name == "compute";
+  program->walk([&](TaskOp task) {
+    if (task.getNodeStream().getName() != name)
+      return WalkResult::advance();
+    compute = true;
+    return WalkResult::interrupt();
+  });
+  return StreamAttr::get(ctx, name,
+                         compute ? StreamKind::compute : StreamKind::comm);
 }
 
 ArrayRef<int64_t> mlir::piper::devicesOf(Operation *op) {
@@ -86,15 +103,15 @@ std::string mlir::piper::describeNode(Operation *op) {
   } else if (auto c = dyn_cast<CollectiveOpInterface>(op)) {
     os << op->getName().stripDialect() << " ("
        << c.getTag().str() << ", group [";
-    llvm::interleaveComma(c.getDevices(), os);
+    llvm::interleaveComma(c.getDevices().getMembers(), os);
     os << "])";
   } else if (auto b = dyn_cast<BatchOp>(op)) {
     os << "batch (" << b.getTag().str() << ")";
   } else if (auto tr = dyn_cast<TransferOp>(op)) {
     os << "transfer [";
-    llvm::interleaveComma(tr.getFrom(), os);
+    llvm::interleaveComma(tr.getFrom().getMembers(), os);
     os << "] -> [";
-    llvm::interleaveComma(tr.getTo(), os);
+    llvm::interleaveComma(tr.getTo().getMembers(), os);
     os << "]";
   } else if (auto s = dyn_cast<SendOp>(op)) {
     os << "send channel " << s.getChannel();
@@ -248,7 +265,7 @@ mlir::piper::sharedParams(SegmentParams &segmentParams, ProgramOp program) {
       if (llvm::is_contained(attrs, t.getDevicesAttr()))
         continue;
       attrs.push_back(t.getDevicesAttr());
-      groups[p].push_back(*t.getDevices());
+      groups[p].push_back(t.getNodeDevices());
     }
   }
   llvm::MapVector<StringAttr, SmallVector<ArrayRef<int64_t>>> shared;

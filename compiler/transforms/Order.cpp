@@ -118,14 +118,14 @@ LogicalResult mlir::piper::applyOrder(ProgramOp program, const Directive &d) {
       auto t = cast<TaskOp>(op);
       if (t.getDevices()) {
         if (!devices) {
-          devices = *t.getDevices();
+          devices = t.getNodeDevices();
           first = t;
-        } else if (*devices != *t.getDevices()) {
+        } else if (*devices != t.getNodeDevices()) {
           return t.emitOpError(d.describe())
                  << ": an order directive must cover one device group, but "
                  << describeNode(first) << " runs on "
                  << formatDevices(*devices) << " and " << describeNode(t)
-                 << " on " << formatDevices(*t.getDevices());
+                 << " on " << formatDevices(t.getNodeDevices());
         }
       }
       ts.push_back(t);

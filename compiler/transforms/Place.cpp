@@ -41,16 +41,18 @@ LogicalResult mlir::piper::applyPlace(ProgramOp program, const Directive &d,
   SmallVector<TaskOp> tasks = matchingTasks(program, d.filter);
   if (tasks.empty())
     return program.emitOpError(d.describe()) << ": the filter matches no task";
-  Builder b(program.getContext());
+  MLIRContext *ctx = program.getContext();
+  auto group = DeviceGroupAttr::get(ctx, d.devices);
+  StreamAttr send = commStream(program, d.stream);
   for (TaskOp t : tasks) {
-    if (auto prev = t.getDevices(); prev && *prev != ArrayRef(d.devices))
+    if (auto prev = t.getDevicesAttr(); prev && prev != group)
       return t.emitOpError(d.describe())
              << ": overlapping placements: " << describeNode(t)
-             << " is already placed on " << formatDevices(*prev);
-    t.setDevicesAttr(b.getDenseI64ArrayAttr(d.devices));
-    if (!t.getStream())
-      t.setStreamAttr(b.getStringAttr("compute"));
-    t.setSendStreamAttr(b.getStringAttr(d.stream));
+             << " is already placed on " << formatDevices(prev.getMembers());
+    t.setDevicesAttr(group);
+    if (!t.getStreamAttr())
+      t.setStreamAttr(computeStream(ctx));
+    t.setSendStreamAttr(send);
   }
   return success();
 }
@@ -61,19 +63,19 @@ LogicalResult mlir::piper::finalizePlacement(ModuleOp module,
   if (failed(program))
     return failure();
   Block &body = program->getBody().front();
-  Builder attrs(module.getContext());
+  MLIRContext *ctx = module.getContext();
   SmallVector<TaskOp> tasks(body.getOps<TaskOp>());
   if (llvm::none_of(tasks, [](TaskOp t) { return t.getDevices(); }))
     for (TaskOp t : tasks) {
-      t.setDevicesAttr(attrs.getDenseI64ArrayAttr({0}));
-      t.setStreamAttr(attrs.getStringAttr("compute"));
+      t.setDevicesAttr(DeviceGroupAttr::get(ctx, {0}));
+      t.setStreamAttr(computeStream(ctx));
     }
   std::set<int64_t> used;
   for (TaskOp t : tasks) {
     if (!t.getDevices())
       return t.emitOpError() << describeNode(t)
                              << " is not placed by any place directive";
-    used.insert(t.getDevices()->begin(), t.getDevices()->end());
+    used.insert(t.getNodeDevices().begin(), t.getNodeDevices().end());
   }
   {
     int64_t world = worldSize ? *worldSize : *used.rbegin() + 1;
@@ -97,9 +99,9 @@ LogicalResult mlir::piper::finalizePlacement(ModuleOp module,
       auto [it, inserted] = ownerOf.insert({{p, stage}, t});
       if (!inserted && it->second.getDevices() != t.getDevices())
         return t.emitOpError()
-               << describeNode(t) << " on " << formatDevices(*t.getDevices())
+               << describeNode(t) << " on " << formatDevices(t.getNodeDevices())
                << " and " << describeNode(it->second) << " on "
-               << formatDevices(*it->second.getDevices())
+               << formatDevices(it->second.getNodeDevices())
                << " both use parameter @" << p.getValue()
                << "; the forward, backward and update of a stage must be "
                   "placed on the same devices";
@@ -115,7 +117,7 @@ LogicalResult mlir::piper::finalizePlacement(ModuleOp module,
       if (!producer || producer.getDevices() == t.getDevices() ||
           isa<TokenType>(use.get().getType()))
         continue;
-      ArrayRef<int64_t> from = *producer.getDevices(), to = *t.getDevices();
+      ArrayRef<int64_t> from = producer.getNodeDevices(), to = t.getNodeDevices();
       if (from.size() != to.size())
         return t.emitOpError()
                << describeNode(t) << " on " << formatDevices(to)
@@ -126,10 +128,12 @@ LogicalResult mlir::piper::finalizePlacement(ModuleOp module,
       Value &moved = transferred[key];
       if (!moved) {
         b.setInsertionPointAfter(producer);
-        StringAttr stream = producer.getSendStreamAttr();
+        StreamAttr stream = producer.getSendStreamAttr();
+        if (!stream)
+          stream = commStream(*program, "pp_stream");
         auto tr = TransferOp::create(
-            b, producer.getLoc(), use.get(), ValueRange(), from, to,
-            stream ? stream.getValue() : StringRef("pp_stream"));
+            b, producer.getLoc(), use.get(), ValueRange(),
+            producer.getDevicesAttr(), t.getDevicesAttr(), stream);
         moved = tr.getResult();
       }
       use.set(moved);

@@ -31,10 +31,10 @@ LogicalResult mlir::piper::applyReplicate(ModuleOp module, ProgramOp program,
   if (tasks.empty())
     return program.emitOpError(d.describe()) << ": the filter matches no task";
   for (TaskOp t : tasks)
-    if (!t.getDevices() || *t.getDevices() != ArrayRef(d.devices))
+    if (!t.getDevices() || t.getNodeDevices() != ArrayRef(d.devices))
       return t.emitOpError(d.describe())
              << ": " << describeNode(t) << " runs on "
-             << (t.getDevices() ? formatDevices(*t.getDevices())
+             << (t.getDevices() ? formatDevices(t.getNodeDevices())
                                 : std::string("no device"))
              << ", not on " << formatDevices(d.devices)
              << "; place it on the replicated devices first";
@@ -92,10 +92,12 @@ LogicalResult mlir::piper::applyReplicate(ModuleOp module, ProgramOp program,
   OpBuilder b(module.getContext());
   b.setInsertionPointAfter(backward.back());
   SmallVector<Value> reduced;
+  auto group = DeviceGroupAttr::get(b.getContext(), d.devices);
+  StreamAttr stream = commStream(program, d.reduceStream);
   for (auto &bucket : buckets) {
     auto ar = AllReduceOp::create(b, backward.back().getLoc(),
-                                  b.getArrayAttr(bucket), deps, d.devices,
-                                  d.reduceStream, stageTag,
+                                  b.getArrayAttr(bucket), deps, group,
+                                  stream, stageTag,
                                   /*collective=*/IntegerAttr());
     reduced.push_back(ar.getDone());
   }

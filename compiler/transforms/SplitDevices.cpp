@@ -79,14 +79,14 @@ LogicalResult mlir::piper::splitDevices(ModuleOp module) {
     if (auto tr = dyn_cast<TransferOp>(op)) {
       if (!isClass(tr.getFrom()) || !isClass(tr.getTo()))
         return tr.emitOpError("moves data between [")
-               << tr.getFrom() << "] and [" << tr.getTo()
+               << tr.getFrom().getMembers() << "] and [" << tr.getTo().getMembers()
                << "], which are not both device groups of tasks";
       Operation *def = tr.getInput().getDefiningOp();
       if (auto producer = dyn_cast_or_null<TaskOp>(def);
-          producer && *producer.getDevices() != tr.getFrom())
+          producer && producer.getDevicesAttr() != tr.getFrom())
         return tr.emitOpError("sends from [")
-               << tr.getFrom() << "] a value produced on ["
-               << *producer.getDevices() << "]";
+               << tr.getFrom().getMembers() << "] a value produced on ["
+               << producer.getNodeDevices() << "]";
       continue;
     }
     if (!isa<TaskOp>(op) && !onValues(&op))
@@ -101,9 +101,9 @@ LogicalResult mlir::piper::splitDevices(ModuleOp module) {
         continue;
       Operation *def = v.getDefiningOp();
       if (auto tr = dyn_cast_or_null<TransferOp>(def)) {
-        if (tr.getTo() != g)
+        if (tr.getTo().getMembers() != g)
           return op.emitOpError("runs on [")
-                 << g << "] but reads a transfer to [" << tr.getTo() << "]";
+                 << g << "] but reads a transfer to [" << tr.getTo().getMembers() << "]";
       } else if (def && !isa<BatchOp>(def) && groupOf(def) != g) {
         return op.emitOpError("runs on [")
                << g << "] but reads a value of " << describeNode(def)

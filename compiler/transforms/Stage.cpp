@@ -145,7 +145,7 @@ LogicalResult mlir::piper::applyStage(ModuleOp module, int64_t stages) {
                                b.getType<TokenType>(),
                                FlatSymbolRefAttr::get(seg.getSymNameAttr()),
                                inputs.getArrayRef(), deps.getArrayRef(), tag,
-                               DenseI64ArrayAttr(), StringAttr(), StringAttr());
+                               DeviceGroupAttr(), StreamAttr(), StreamAttr());
     for (auto [i, old] : llvm::enumerate(outputs))
       Value(old).replaceAllUsesWith(task.getOuts()[i]);
     for (TaskOp t : llvm::reverse(group)) {

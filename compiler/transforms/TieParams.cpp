@@ -58,7 +58,8 @@ LogicalResult mlir::piper::tieSharedParams(ModuleOp module) {
     SmallVector<int64_t> devices(members.begin(), members.end());
     auto ar = AllReduceOp::create(
         b, last.getLoc(), b.getArrayAttr({FlatSymbolRefAttr::get(param)}),
-        deps, devices, "dp_stream", TagAttr::get(b.getContext()),
+        deps, DeviceGroupAttr::get(b.getContext(), devices),
+        commStream(*program, "dp_stream"), TagAttr::get(b.getContext()),
         b.getI64IntegerAttr(collective++));
     for (TaskOp u : body.getOps<TaskOp>()) {
       if (!u.getTag().isPass(PassKind::U))

@@ -135,6 +135,12 @@ LogicalResult sortTopologically(Block &block,
 /// The logical stream a node of a device program is issued on; tasks
 /// without one, and batches, use "compute".
 StringRef streamOf(Operation *op);
+/// The default compute stream of tasks, "compute".
+StreamAttr computeStream(MLIRContext *ctx);
+/// The stream named `name` for communication nodes of `program`: a compute
+/// stream when a task of `program` already computes on it (the strategy
+/// then serializes the communication with compute), else a comm stream.
+StreamAttr commStream(Operation *program, StringRef name);
 /// The device group of a program node (empty for batches, transfers, sends,
 /// receives and nodes not placed yet).
 ArrayRef<int64_t> devicesOf(Operation *op);

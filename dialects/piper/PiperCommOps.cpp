@@ -17,10 +17,6 @@ SmallVector<int64_t> mlir::piper::balancedSlices(int64_t rows,
 }
 
 LogicalResult TransferOp::verify() {
-  auto err = [&] { return emitOpError(); };
-  if (failed(verifyDeviceGroup(getFrom(), "from", err)) ||
-      failed(verifyDeviceGroup(getTo(), "to", err)))
-    return failure();
   if (getFrom().size() != getTo().size())
     return emitOpError("from and to must have the same size (")
            << getFrom().size() << " vs " << getTo().size() << ")";
@@ -36,14 +32,14 @@ static LogicalResult verifyCollective(Operation *op) {
       id && static_cast<int64_t>(*id) < 0)
     return op->emitOpError("collective id must be non-negative, got ")
            << static_cast<int64_t>(*id);
-  return verifyDeviceGroup(c.getDevices(), "devices",
-                           [&] { return op->emitOpError(); });
+  return success();
 }
 
 /// Slicing collectives number members by rank: member i is the i-th
 /// smallest device.
 static LogicalResult verifyMemberOrder(Operation *op) {
-  ArrayRef<int64_t> d = cast<CollectiveOpInterface>(op).getDevices();
+  ArrayRef<int64_t> d =
+      cast<CollectiveOpInterface>(op).getDevices().getMembers();
   for (size_t i = 1; i < d.size(); ++i)
     if (d[i - 1] >= d[i])
       return op->emitOpError("devices must be listed in increasing order: "
@@ -70,15 +66,16 @@ static LogicalResult verifyRowsOnly(Operation *op, RankedTensorType input,
 static int64_t ceilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 void AllReduceOp::build(OpBuilder &b, OperationState &state, ArrayAttr grads,
-                        ValueRange deps, ArrayRef<int64_t> devices,
-                        StringRef stream, TagAttr tag, IntegerAttr collective) {
+                        ValueRange deps, DeviceGroupAttr devices,
+                        StreamAttr stream, TagAttr tag,
+                        IntegerAttr collective) {
   build(b, state, TypeRange(), b.getType<TokenType>(), ValueRange(), grads,
         deps, devices, stream, tag, collective);
 }
 
 void AllReduceOp::build(OpBuilder &b, OperationState &state, ValueRange inputs,
-                        ValueRange deps, ArrayRef<int64_t> devices,
-                        StringRef stream, TagAttr tag) {
+                        ValueRange deps, DeviceGroupAttr devices,
+                        StreamAttr stream, TagAttr tag) {
   build(b, state, inputs.getTypes(), b.getType<TokenType>(), inputs,
         ArrayAttr(), deps, devices, stream, tag, IntegerAttr());
 }

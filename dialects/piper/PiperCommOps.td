@@ -23,7 +23,7 @@ def Piper_CountsTensor : ConfinedType<1DTensorOf<[I32]>, [HasStaticShapePred],
 class Piper_CommOp<string mnemonic, list<Trait> traits = []>
     : Piper_Op<mnemonic, !listconcat(traits, [Piper_ProgramNodeOpInterface])> {
   code commonDecls = [{
-    ::llvm::StringRef getNodeStream() { return getStream(); }
+    ::mlir::piper::StreamAttr getNodeStream() { return getStream(); }
     ::mlir::MutableOperandRange getNodeDepsMutable() { return getDepsMutable(); }
   }];
 }
@@ -37,12 +37,12 @@ def Piper_TransferOp : Piper_CommOp<"transfer", [HasParent<"ProgramOp">,
     `piper.recv` by per-device splitting.
 
     ```mlir
-    %y, %t = piper.transfer %x after(%t0) {from = array<i64: 0, 1>, to = array<i64: 2, 3>, stream = "pp_stream"} : tensor<128x64xf32>
+    %y, %t = piper.transfer %x after(%t0) {from = #piper.group<0, 1>, to = #piper.group<2, 3>, stream = #piper.stream<"pp_stream", comm>} : tensor<128x64xf32>
     ```
   }];
   let arguments = (ins AnyStaticShapeTensor:$input, Variadic<Piper_TokenType>:$deps,
-                       DenseI64ArrayAttr:$from, DenseI64ArrayAttr:$to,
-                       StrAttr:$stream);
+                       Piper_DeviceGroupAttr:$from, Piper_DeviceGroupAttr:$to,
+                       Piper_StreamAttr:$stream);
   let results = (outs AnyStaticShapeTensor:$result, Piper_TokenType:$done);
   let assemblyFormat = [{
     $input (`after` `(` $deps^ `)`)? attr-dict `:` type($input)
@@ -62,11 +62,12 @@ def Piper_SendOp : Piper_CommOp<"send", [HasParent<"DeviceProgramOp">]> {
     sender goes on at once and its buffer stays alive until the step ends.
 
     ```mlir
-    %t = piper.send %x after(%t0) {channel = 3 : i64, peers = array<i64: 2, 3>, stream = "pp_stream"} : tensor<128x64xf32>
+    %t = piper.send %x after(%t0) {channel = 3 : i64, peers = #piper.group<2, 3>, stream = #piper.stream<"pp_stream", comm>} : tensor<128x64xf32>
     ```
   }];
   let arguments = (ins AnyRankedTensor:$input, Variadic<Piper_TokenType>:$deps,
-                       DenseI64ArrayAttr:$peers, I64Attr:$channel, StrAttr:$stream);
+                       Piper_DeviceGroupAttr:$peers, I64Attr:$channel,
+                       Piper_StreamAttr:$stream);
   let results = (outs Piper_TokenType:$done);
   let assemblyFormat = "$input (`after` `(` $deps^ `)`)? attr-dict `:` type($input)";
   let extraClassDeclaration = commonDecls # [{
@@ -82,11 +83,12 @@ def Piper_RecvOp : Piper_CommOp<"recv", [HasParent<"DeviceProgramOp">]> {
     data has arrived.
 
     ```mlir
-    %y, %t = piper.recv {channel = 3 : i64, peers = array<i64: 0, 1>, stream = "pp_stream"} : tensor<128x64xf32>
+    %y, %t = piper.recv {channel = 3 : i64, peers = #piper.group<0, 1>, stream = #piper.stream<"pp_stream", comm>} : tensor<128x64xf32>
     ```
   }];
-  let arguments = (ins Variadic<Piper_TokenType>:$deps, DenseI64ArrayAttr:$peers,
-                       I64Attr:$channel, StrAttr:$stream);
+  let arguments = (ins Variadic<Piper_TokenType>:$deps,
+                       Piper_DeviceGroupAttr:$peers, I64Attr:$channel,
+                       Piper_StreamAttr:$stream);
   let results = (outs AnyRankedTensor:$result, Piper_TokenType:$done);
   let assemblyFormat = "(`after` `(` $deps^ `)`)? attr-dict `:` type($result)";
   let extraClassDeclaration = commonDecls # [{
@@ -107,11 +109,11 @@ def Piper_RecvOp : Piper_CommOp<"recv", [HasParent<"DeviceProgramOp">]> {
 class Piper_CollectiveOp<string mnemonic, list<Trait> traits = []>
     : Piper_NodeOp<mnemonic, !listconcat(traits, [Piper_CollectiveOpInterface])> {
   dag commonArgs = (ins Variadic<Piper_TokenType>:$deps,
-                        DenseI64ArrayAttr:$devices, StrAttr:$stream,
+                        Piper_DeviceGroupAttr:$devices, Piper_StreamAttr:$stream,
                         Piper_TagAttr:$tag, OptionalAttr<I64Attr>:$collective);
   code commonDecls = [{
-    ::llvm::ArrayRef<int64_t> getNodeDevices() { return getDevices(); }
-    ::llvm::StringRef getNodeStream() { return getStream(); }
+    ::llvm::ArrayRef<int64_t> getNodeDevices() { return getDevices().getMembers(); }
+    ::mlir::piper::StreamAttr getNodeStream() { return getStream(); }
     ::mlir::MutableOperandRange getNodeDepsMutable() { return getDepsMutable(); }
     /// The number of members of the group.
     int64_t getGroupSize() { return static_cast<int64_t>(getDevices().size()); }
@@ -134,8 +136,8 @@ def Piper_AllReduceOp : Piper_CollectiveOp<"all_reduce", [
     every class.
 
     ```mlir
-    %s, %t = piper.all_reduce %x : tensor<8x64xf32> -> tensor<8x64xf32> after(%t0) {devices = array<i64: 0, 1>, stream = "dp_stream", tag = #piper.tag<PP = 0, MB = 1>}
-    %g = piper.all_reduce grads [@wte, @wpe] after(%t1) {devices = array<i64: 0, 1>, stream = "dp_stream", tag = #piper.tag<PP = 0>}
+    %s, %t = piper.all_reduce %x : tensor<8x64xf32> -> tensor<8x64xf32> after(%t0) {devices = #piper.group<0, 1>, stream = #piper.stream<"dp_stream", comm>, tag = #piper.tag<PP = 0, MB = 1>}
+    %g = piper.all_reduce grads [@wte, @wpe] after(%t1) {devices = #piper.group<0, 1>, stream = #piper.stream<"dp_stream", comm>, tag = #piper.tag<PP = 0>}
     ```
   }];
   let arguments = !con((ins Variadic<Piper_CommTensor>:$inputs,
@@ -149,13 +151,13 @@ def Piper_AllReduceOp : Piper_CollectiveOp<"all_reduce", [
   let builders = [
     // The gradient form.
     OpBuilder<(ins "::mlir::ArrayAttr":$grads, "::mlir::ValueRange":$deps,
-                   "::llvm::ArrayRef<int64_t>":$devices,
-                   "::llvm::StringRef":$stream, "TagAttr":$tag,
+                   "DeviceGroupAttr":$devices,
+                   "StreamAttr":$stream, "TagAttr":$tag,
                    "::mlir::IntegerAttr":$collective)>,
     // The value form: results have the types of the inputs.
     OpBuilder<(ins "::mlir::ValueRange":$inputs, "::mlir::ValueRange":$deps,
-                   "::llvm::ArrayRef<int64_t>":$devices,
-                   "::llvm::StringRef":$stream, "TagAttr":$tag)>,
+                   "DeviceGroupAttr":$devices,
+                   "StreamAttr":$stream, "TagAttr":$tag)>,
   ];
   let extraClassDeclaration = commonDecls # [{
     /// The parameters whose gradient accumulators the gradient form sums
@@ -179,7 +181,7 @@ def Piper_ReduceScatterOp : Piper_CollectiveOp<"reduce_scatter"> {
     only.
 
     ```mlir
-    %s, %t = piper.reduce_scatter %g after(%t0) {devices = array<i64: 0, 1, 2>, stream = "dp_stream", tag = #piper.tag<PP = 0>} : tensor<10x64xf32> -> tensor<4x64xf32>
+    %s, %t = piper.reduce_scatter %g after(%t0) {devices = #piper.group<0, 1, 2>, stream = #piper.stream<"dp_stream", comm>, tag = #piper.tag<PP = 0>} : tensor<10x64xf32> -> tensor<4x64xf32>
     ```
   }];
   let arguments = !con((ins Piper_CommTensor:$input), commonArgs);
@@ -200,7 +202,7 @@ def Piper_AllGatherOp : Piper_CollectiveOp<"all_gather"> {
     `ceil(N / G)` rows.
 
     ```mlir
-    %w, %t = piper.all_gather %shard after(%t0) {devices = array<i64: 0, 1, 2>, stream = "gather_stream", tag = #piper.tag<PP = 0>} : tensor<4x64xf32> -> tensor<10x64xf32>
+    %w, %t = piper.all_gather %shard after(%t0) {devices = #piper.group<0, 1, 2>, stream = #piper.stream<"gather_stream", comm>, tag = #piper.tag<PP = 0>} : tensor<4x64xf32> -> tensor<10x64xf32>
     ```
   }];
   let arguments = !con((ins Piper_CommTensor:$input), commonArgs);
@@ -225,7 +227,7 @@ def Piper_AllToAllOp : Piper_CollectiveOp<"all_to_all"> {
     members.
 
     ```mlir
-    %y, %rc, %t = piper.all_to_all %x, %sc after(%t0) {devices = array<i64: 0, 1>, stream = "ep_stream", tag = #piper.tag<PP = 0, MB = 0>} : tensor<16x64xf32>, tensor<2xi32> -> tensor<32x64xf32>, tensor<2xi32>
+    %y, %rc, %t = piper.all_to_all %x, %sc after(%t0) {devices = #piper.group<0, 1>, stream = #piper.stream<"ep_stream", comm>, tag = #piper.tag<PP = 0, MB = 0>} : tensor<16x64xf32>, tensor<2xi32> -> tensor<32x64xf32>, tensor<2xi32>
     ```
   }];
   let arguments = !con((ins Piper_CommTensor:$input, Piper_CountsTensor:$send_counts),
@@ -262,7 +264,10 @@ def Piper_ClipGradsOp : Piper_Op<"clip_grads", [HasParent<"DeviceProgramOp">,
   let extraClassDeclaration = [{
     /// A world collective: every rank takes part.
     ::llvm::ArrayRef<int64_t> getNodeDevices() { return {}; }
-    ::llvm::StringRef getNodeStream() { return "compute"; }
+    ::mlir::piper::StreamAttr getNodeStream() {
+      return ::mlir::piper::StreamAttr::get(getContext(), "compute",
+                                            ::mlir::piper::StreamKind::compute);
+    }
     ::mlir::MutableOperandRange getNodeDepsMutable() { return getDepsMutable(); }
   }];
 }

@@ -38,8 +38,58 @@ void PiperDialect::initialize() {
 }
 
 //===----------------------------------------------------------------------===//
-// Tags and device groups
+// Streams and device groups
 //===----------------------------------------------------------------------===//
+
+LogicalResult
+StreamAttr::verify(llvm::function_ref<InFlightDiagnostic()> emitError,
+                   StringRef name, StreamKind) {
+  if (name.empty())
+    return emitError() << "a stream needs a name";
+  return success();
+}
+
+std::string StreamAttr::str() const {
+  return ("'" + getName() + "' (" + stringifyStreamKind(getKind()) + ")")
+      .str();
+}
+
+LogicalResult
+DeviceGroupAttr::verify(llvm::function_ref<InFlightDiagnostic()> emitError,
+                        ArrayRef<int64_t> members) {
+  return verifyDeviceGroup(members, "a device group", emitError);
+}
+
+int64_t DeviceGroupAttr::indexOf(int64_t rank) const {
+  ArrayRef<int64_t> m = getMembers();
+  auto it = llvm::find(m, rank);
+  return it == m.end() ? -1 : static_cast<int64_t>(it - m.begin());
+}
+
+Attribute DeviceGroupAttr::parse(AsmParser &parser, Type) {
+  SMLoc start = parser.getCurrentLocation();
+  SmallVector<int64_t> members;
+  if (parser.parseLess())
+    return {};
+  if (failed(parser.parseOptionalGreater())) {
+    do {
+      int64_t v;
+      if (parser.parseInteger(v))
+        return {};
+      members.push_back(v);
+    } while (succeeded(parser.parseOptionalComma()));
+    if (parser.parseGreater())
+      return {};
+  }
+  return DeviceGroupAttr::getChecked([&] { return parser.emitError(start); },
+                                     parser.getContext(), members);
+}
+
+void DeviceGroupAttr::print(AsmPrinter &printer) const {
+  printer << "<";
+  llvm::interleaveComma(getMembers(), printer);
+  printer << ">";
+}
 
 //===----------------------------------------------------------------------===//
 // Tags
@@ -520,11 +570,41 @@ void DeviceProgramOp::build(OpBuilder &builder, OperationState &state,
 
 /// Only DAG nodes may appear in a program: compute belongs in segments.
 /// Ops with a parent constraint of their own report it themselves.
-static LogicalResult verifyNodes(Block &body, bool deviceLevel) {
+/// Every op of a program body is a program node.
+static LogicalResult verifyNodeKinds(Block &body) {
   for (Operation &node : body)
     // A misplaced yield reports its own parent constraint.
     if (!isa<ProgramNodeOpInterface, YieldOp>(node))
       return node.emitOpError("is not a program node");
+  return success();
+}
+
+/// Each stream name of a program body has one kind (send streams included).
+/// Runs after the nodes verified their own attributes.
+static LogicalResult verifyStreamKinds(Block &body) {
+  llvm::SmallDenseMap<StringRef, std::pair<StreamKind, Operation *>> kinds;
+  auto check = [&](Operation *node, StreamAttr stream) -> LogicalResult {
+    auto [it, inserted] = kinds.try_emplace(
+        stream.getName(), std::make_pair(stream.getKind(), node));
+    if (inserted || it->second.first == stream.getKind())
+      return success();
+    return node->emitOpError("uses stream ")
+        << stream.str() << ", but a '" << it->second.second->getName()
+        << "' node uses it as a "
+        << stringifyStreamKind(it->second.first)
+        << " stream: a stream has one kind";
+  };
+  for (Operation &node : body) {
+    auto n = dyn_cast<ProgramNodeOpInterface>(node);
+    if (!n || isa<BatchOp>(node))
+      continue;
+    if (failed(check(&node, n.getNodeStream())))
+      return failure();
+    if (auto task = dyn_cast<TaskOp>(node))
+      if (StreamAttr send = task.getSendStreamAttr();
+          send && failed(check(&node, send)))
+        return failure();
+  }
   return success();
 }
 
@@ -535,7 +615,11 @@ LogicalResult ProgramOp::verify() {
   if (auto settings = getOptimizerAttr();
       settings && failed(verifyOptimizer(*this, settings)))
     return failure();
-  return verifyNodes(getBody().front(), /*deviceLevel=*/false);
+  return verifyNodeKinds(getBody().front());
+}
+
+LogicalResult ProgramOp::verifyRegions() {
+  return verifyStreamKinds(getBody().front());
 }
 
 LogicalResult DeviceProgramOp::verify() {
@@ -550,7 +634,11 @@ LogicalResult DeviceProgramOp::verify() {
   if (failed(verifyDeviceGroup(getRanks(), "ranks",
                                [&] { return emitOpError(); })))
     return failure();
-  return verifyNodes(getBody().front(), /*deviceLevel=*/true);
+  return verifyNodeKinds(getBody().front());
+}
+
+LogicalResult DeviceProgramOp::verifyRegions() {
+  return verifyStreamKinds(getBody().front());
 }
 
 LogicalResult BatchOp::verify() {
@@ -559,9 +647,17 @@ LogicalResult BatchOp::verify() {
   return success();
 }
 
+StreamAttr TaskOp::getNodeStream() {
+  if (StreamAttr stream = getStreamAttr())
+    return stream;
+  return StreamAttr::get(getContext(), "compute", StreamKind::compute);
+}
+
 LogicalResult TaskOp::verify() {
-  if (auto devices = getDevices())
-    return verifyDeviceGroup(*devices, "devices", [&] { return emitOpError(); });
+  if (StreamAttr stream = getStreamAttr(); stream && !stream.isCompute())
+    return emitOpError("runs kernels, so its stream must be a compute "
+                       "stream, not ")
+           << stream.str();
   return success();
 }
 

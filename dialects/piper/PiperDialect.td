@@ -116,4 +116,75 @@ def Piper_TagAttr : AttrDef<Piper_Dialect, "Tag"> {
   }];
 }
 
+def Piper_StreamKind : I32EnumAttr<"StreamKind", "what a logical stream runs", [
+  I32EnumAttrCase<"compute", 0>,
+  I32EnumAttrCase<"comm", 1>
+]> {
+  let cppNamespace = "::mlir::piper";
+  let genSpecializedAttr = 0;
+  let description = [{
+    `compute` streams run tasks (kernels), and may also run communication
+    serialized with them; `comm` streams run only communication (transfers,
+    send/recv, collectives), overlapping the compute streams.
+  }];
+}
+
+def Piper_StreamAttr : AttrDef<Piper_Dialect, "Stream"> {
+  let mnemonic = "stream";
+  let summary = "A logical stream: its name and its kind";
+  let description = [{
+    A program node is issued on one logical stream of each device that runs
+    it. Nodes of one stream run in the stream's issue order; different
+    streams of a device overlap, synchronized only by token edges. A backend
+    maps each logical stream to a queue (a worker thread on CPU, a CUDA
+    stream on GPU). Within a program, one name has one kind: tasks need a
+    `compute` stream; communication runs on `comm` streams, or on a
+    `compute` stream where a strategy asks to serialize it with compute.
+
+    ```mlir
+    #piper.stream<"compute", compute>
+    #piper.stream<"pp_stream", comm>
+    ```
+  }];
+  let parameters = (ins StringRefParameter<"the stream's name">:$name,
+                        EnumParameter<Piper_StreamKind>:$kind);
+  let assemblyFormat = "`<` $name `,` $kind `>`";
+  let genVerifyDecl = 1;
+  let extraClassDeclaration = [{
+    bool isCompute() const { return getKind() == StreamKind::compute; }
+    /// "'pp_stream' (comm)" for diagnostics.
+    std::string str() const;
+  }];
+}
+
+def Piper_DeviceGroupAttr : AttrDef<Piper_Dialect, "DeviceGroup"> {
+  let mnemonic = "group";
+  let summary = "A group of devices (world ranks) that runs a node together";
+  let description = [{
+    The ranks of a device group, at least one, each non-negative and none
+    twice. Order matters where members pair up: member i of a transfer's
+    `from` group sends to member i of its `to` group. Collectives require
+    increasing members.
+
+    ```mlir
+    #piper.group<0, 1, 2, 3>
+    ```
+  }];
+  let parameters = (ins ArrayRefParameter<"int64_t", "ranks">:$members);
+  let hasCustomAssemblyFormat = 1;
+  let genVerifyDecl = 1;
+  let extraClassDeclaration = [{
+    size_t size() const { return getMembers().size(); }
+    operator ::llvm::ArrayRef<int64_t>() const { return getMembers(); }
+    const int64_t *begin() const { return getMembers().begin(); }
+    const int64_t *end() const { return getMembers().end(); }
+    int64_t operator[](size_t i) const { return getMembers()[i]; }
+    bool contains(int64_t rank) const {
+      return ::llvm::is_contained(getMembers(), rank);
+    }
+    /// Position of `rank` in the group, or -1.
+    int64_t indexOf(int64_t rank) const;
+  }];
+}
+
 #endif // PIPER_DIALECT_TD

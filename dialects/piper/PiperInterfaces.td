@@ -24,7 +24,7 @@ def Piper_ProgramNodeOpInterface : OpInterface<"ProgramNodeOpInterface"> {
     InterfaceMethod<[{
         The logical stream that issues this node ("compute" by default).
       }],
-      "::llvm::StringRef", "getNodeStream">,
+      "::mlir::piper::StreamAttr", "getNodeStream">,
     InterfaceMethod<[{
         The ordering-only dependencies of this node.
       }],
@@ -51,7 +51,7 @@ def Piper_CollectiveOpInterface : OpInterface<"CollectiveOpInterface"> {
     InterfaceMethod<[{
         The device group; every member takes part.
       }],
-      "::llvm::ArrayRef<int64_t>", "getDevices">,
+      "::mlir::piper::DeviceGroupAttr", "getDevices">,
     InterfaceMethod<[{
         The id that matches the copies of a collective spanning several
         device classes, if any.

@@ -803,6 +803,7 @@ def Piper_ProgramOp : Piper_Op<"program", [Symbol, SingleBlock, NoTerminator,
   let regions = (region SizedRegion<1>:$body);
   let assemblyFormat = "$sym_name attr-dict-with-keyword $body";
   let hasVerifier = 1;
+  let hasRegionVerifier = 1;
   let skipDefaultBuilders = 1;
   let builders = [OpBuilder<(ins "::llvm::StringRef":$name)>];
 }
@@ -825,6 +826,7 @@ def Piper_DeviceProgramOp : Piper_Op<"device_program", [Symbol, SingleBlock,
   let regions = (region SizedRegion<1>:$body);
   let assemblyFormat = "$sym_name attr-dict-with-keyword $body";
   let hasVerifier = 1;
+  let hasRegionVerifier = 1;
   let skipDefaultBuilders = 1;
   let builders = [OpBuilder<(ins "::llvm::StringRef":$name,
                                  "::llvm::ArrayRef<int64_t>":$ranks,
@@ -851,7 +853,10 @@ def Piper_BatchOp : Piper_NodeOp<"batch", [Pure]> {
   let hasVerifier = 1;
   let extraClassDeclaration = [{
     ::llvm::ArrayRef<int64_t> getNodeDevices() { return {}; }
-    ::llvm::StringRef getNodeStream() { return "compute"; }
+    ::mlir::piper::StreamAttr getNodeStream() {
+      return ::mlir::piper::StreamAttr::get(getContext(), "compute",
+                                            ::mlir::piper::StreamKind::compute);
+    }
     ::mlir::MutableOperandRange getNodeDepsMutable() {
       return ::mlir::MutableOperandRange(getOperation(), 0, 0);
     }
@@ -870,14 +875,14 @@ def Piper_TaskOp : Piper_NodeOp<"task", [
     completion token.
 
     ```mlir
-    %y, %t = piper.task @stage1_F(%x) after(%t0) {devices = array<i64: 2, 3>, stream = "compute", tag = #piper.tag<PP = 1, MB = 0, PASS = F>} : (tensor<128x64xf32>) -> (tensor<128x64xf32>, !piper.token)
+    %y, %t = piper.task @stage1_F(%x) after(%t0) {devices = #piper.group<2, 3>, stream = #piper.stream<"compute", compute>, tag = #piper.tag<PP = 1, MB = 0, PASS = F>} : (tensor<128x64xf32>) -> (tensor<128x64xf32>, !piper.token)
     ```
   }];
   let arguments = (ins FlatSymbolRefAttr:$segment, Variadic<AnyType>:$args,
                        Variadic<Piper_TokenType>:$deps, Piper_TagAttr:$tag,
-                       OptionalAttr<DenseI64ArrayAttr>:$devices,
-                       OptionalAttr<StrAttr>:$stream,
-                       OptionalAttr<StrAttr>:$send_stream);
+                       OptionalAttr<Piper_DeviceGroupAttr>:$devices,
+                       OptionalAttr<Piper_StreamAttr>:$stream,
+                       OptionalAttr<Piper_StreamAttr>:$send_stream);
   let results = (outs Variadic<AnyType>:$outs, Piper_TokenType:$done);
   let assemblyFormat = [{
     $segment `(` $args `)` (`after` `(` $deps^ `)`)? attr-dict `:`
@@ -886,11 +891,12 @@ def Piper_TaskOp : Piper_NodeOp<"task", [
   let hasVerifier = 1;
   let extraClassDeclaration = [{
     ::llvm::ArrayRef<int64_t> getNodeDevices() {
-      return getDevices().value_or(::llvm::ArrayRef<int64_t>());
+      if (auto group = getDevicesAttr())
+        return group.getMembers();
+      return {};
     }
-    ::llvm::StringRef getNodeStream() {
-      return getStream().value_or("compute");
-    }
+    /// The task's stream; a task not yet given one runs on "compute".
+    ::mlir::piper::StreamAttr getNodeStream();
     ::mlir::MutableOperandRange getNodeDepsMutable() { return getDepsMutable(); }
   }];
 }

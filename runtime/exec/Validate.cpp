@@ -111,9 +111,19 @@ Status validatePlan(const plan::Plan &plan) {
       return Status::error("stream " + std::to_string(s) + " has no name");
     if (!streamNames.insert(stream.name()).second)
       return Status::error("stream name '" + stream.name() + "' is used twice");
-    for (int i = 0; i < stream.instructions_size(); ++i)
-      PIPER_RETURN_IF_ERROR(checkInstruction(plan, stream.instructions(i))
-                                .withContext(instructionContext(plan, s, i)));
+    if (!plan::Stream::Kind_IsValid(stream.kind()))
+      return Status::error("stream '" + stream.name() + "' has unknown kind " +
+                           std::to_string(stream.kind()));
+    for (int i = 0; i < stream.instructions_size(); ++i) {
+      const plan::Instruction &inst = stream.instructions(i);
+      if (stream.kind() == plan::Stream::COMM &&
+          inst.kind() == plan::Instruction::CALL)
+        return Status::error("it runs kernels, but '" + stream.name() +
+                             "' is a communication stream")
+            .withContext(instructionContext(plan, s, i));
+      PIPER_RETURN_IF_ERROR(checkInstruction(plan, inst).withContext(
+          instructionContext(plan, s, i)));
+    }
   }
 
   PIPER_RETURN_IF_ERROR(checkStreamOrdering(plan));

@@ -213,6 +213,16 @@ TEST_CASE("validatePlan rejects bad plans", "[validate]") {
     p.set_ranks(0, 5);
     expectInvalid(p, {"rank 5", "world_size 1"});
   }
+  SECTION("kernels on a communication stream") {
+    compute()->set_kind(plan::Stream::COMM);
+    expectInvalid(p, {"stream 'compute', instruction 1 (F MB=0)",
+                      "it runs kernels, but 'compute' is a communication "
+                      "stream"});
+  }
+  SECTION("unknown stream kind") {
+    compute()->set_kind(static_cast<plan::Stream::Kind>(7));
+    expectInvalid(p, {"stream 'compute' has unknown kind 7"});
+  }
   SECTION("segment index") {
     compute()->mutable_instructions(1)->set_segment(9);
     expectInvalid(p, {"stream 'compute', instruction 1 (F MB=0)",

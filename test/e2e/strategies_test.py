@@ -35,6 +35,10 @@ GPT_STRATEGIES = [
     # The JSON directive form of pp2 x dp2 1F1B, written out by hand.
     ("examples/strategies/pp2_dp2_1f1b.json",
      ["--strategy", os.path.join(EXAMPLES, "pp2_dp2_1f1b.json")], 4),
+    # The same with every send, receive and all-reduce on the compute
+    # stream (a compute-kind stream serializing communication with kernels).
+    ("examples/strategies/pp2_dp2_serialized.json",
+     ["--strategy", os.path.join(EXAMPLES, "pp2_dp2_serialized.json")], 4),
 ]
 LLAMA_STRATEGIES = [
     ("1 device", ["--microbatches", "8"], 1),

@@ -7,7 +7,7 @@ piper.segment @f() {
 piper.program @p {
   %a = piper.task @f() {tag = #piper.tag<>} : () -> !piper.token
   // expected-error @+1 {{'piper.all_reduce' op sums either tensors (inputs) or gradient accumulators (grads), exactly one of them}}
-  %t = piper.all_reduce after(%a) {devices = array<i64: 0, 1>, stream = "s", tag = #piper.tag<>}
+  %t = piper.all_reduce after(%a) {devices = #piper.group<0, 1>, stream = #piper.stream<"s", comm>, tag = #piper.tag<>}
 }
 
 // -----
@@ -20,7 +20,7 @@ piper.segment @f() -> tensor<4x2xf32> {
 piper.program @p {
   %x, %a = piper.task @f() {tag = #piper.tag<>} : () -> (tensor<4x2xf32>, !piper.token)
   // expected-error @+1 {{'piper.all_reduce' op sums either tensors (inputs) or gradient accumulators (grads), exactly one of them}}
-  %r, %t = piper.all_reduce grads [@w] %x : tensor<4x2xf32> -> tensor<4x2xf32> {devices = array<i64: 0, 1>, stream = "s", tag = #piper.tag<>}
+  %r, %t = piper.all_reduce grads [@w] %x : tensor<4x2xf32> -> tensor<4x2xf32> {devices = #piper.group<0, 1>, stream = #piper.stream<"s", comm>, tag = #piper.tag<>}
 }
 
 // -----
@@ -33,7 +33,7 @@ piper.segment @f() -> tensor<4x2xf32> {
 piper.program @p {
   %x, %a = piper.task @f() {tag = #piper.tag<>} : () -> (tensor<4x2xf32>, !piper.token)
   // expected-error @+1 {{'piper.all_reduce' op results must have the types of the inputs}}
-  %r, %t = piper.all_reduce %x : tensor<4x2xf32> -> tensor<2x4xf32> {devices = array<i64: 0, 1>, stream = "s", tag = #piper.tag<>}
+  %r, %t = piper.all_reduce %x : tensor<4x2xf32> -> tensor<2x4xf32> {devices = #piper.group<0, 1>, stream = #piper.stream<"s", comm>, tag = #piper.tag<>}
 }
 
 // -----
@@ -46,7 +46,7 @@ piper.segment @f() -> tensor<4x2xi32> {
 piper.program @p {
   %x, %a = piper.task @f() {tag = #piper.tag<>} : () -> (tensor<4x2xi32>, !piper.token)
   // expected-error @+1 {{'piper.all_reduce' op sums f32 tensors, not 'tensor<4x2xi32>'}}
-  %r, %t = piper.all_reduce %x : tensor<4x2xi32> -> tensor<4x2xi32> {devices = array<i64: 0, 1>, stream = "s", tag = #piper.tag<>}
+  %r, %t = piper.all_reduce %x : tensor<4x2xi32> -> tensor<4x2xi32> {devices = #piper.group<0, 1>, stream = #piper.stream<"s", comm>, tag = #piper.tag<>}
 }
 
 // -----
@@ -59,7 +59,7 @@ piper.segment @f() -> tensor<10x2xf32> {
 piper.program @p {
   %x, %a = piper.task @f() {tag = #piper.tag<>} : () -> (tensor<10x2xf32>, !piper.token)
   // expected-error @+1 {{'piper.reduce_scatter' op result must have ceil(10 / 3) = 4 rows, the largest slice, not 3}}
-  %r, %t = piper.reduce_scatter %x {devices = array<i64: 0, 1, 2>, stream = "s", tag = #piper.tag<>} : tensor<10x2xf32> -> tensor<3x2xf32>
+  %r, %t = piper.reduce_scatter %x {devices = #piper.group<0, 1, 2>, stream = #piper.stream<"s", comm>, tag = #piper.tag<>} : tensor<10x2xf32> -> tensor<3x2xf32>
 }
 
 // -----
@@ -72,7 +72,7 @@ piper.segment @f() -> tensor<10x2xf32> {
 piper.program @p {
   %x, %a = piper.task @f() {tag = #piper.tag<>} : () -> (tensor<10x2xf32>, !piper.token)
   // expected-error @+1 {{'piper.reduce_scatter' op input 'tensor<10x2xf32>' and result 'tensor<4x3xf32>' must differ in dimension 0 only}}
-  %r, %t = piper.reduce_scatter %x {devices = array<i64: 0, 1, 2>, stream = "s", tag = #piper.tag<>} : tensor<10x2xf32> -> tensor<4x3xf32>
+  %r, %t = piper.reduce_scatter %x {devices = #piper.group<0, 1, 2>, stream = #piper.stream<"s", comm>, tag = #piper.tag<>} : tensor<10x2xf32> -> tensor<4x3xf32>
 }
 
 // -----
@@ -85,7 +85,7 @@ piper.segment @f() -> tensor<10x2xf32> {
 piper.program @p {
   %x, %a = piper.task @f() {tag = #piper.tag<>} : () -> (tensor<10x2xf32>, !piper.token)
   // expected-error @+1 {{'piper.reduce_scatter' op devices must be listed in increasing order: member i is the i-th smallest rank}}
-  %r, %t = piper.reduce_scatter %x {devices = array<i64: 2, 0, 1>, stream = "s", tag = #piper.tag<>} : tensor<10x2xf32> -> tensor<4x2xf32>
+  %r, %t = piper.reduce_scatter %x {devices = #piper.group<2, 0, 1>, stream = #piper.stream<"s", comm>, tag = #piper.tag<>} : tensor<10x2xf32> -> tensor<4x2xf32>
 }
 
 // -----
@@ -98,7 +98,7 @@ piper.segment @f() -> tensor<3x2xf32> {
 piper.program @p {
   %x, %a = piper.task @f() {tag = #piper.tag<>} : () -> (tensor<3x2xf32>, !piper.token)
   // expected-error @+1 {{'piper.all_gather' op input must have ceil(10 / 3) = 4 rows, the largest slice, not 3}}
-  %r, %t = piper.all_gather %x {devices = array<i64: 0, 1, 2>, stream = "s", tag = #piper.tag<>} : tensor<3x2xf32> -> tensor<10x2xf32>
+  %r, %t = piper.all_gather %x {devices = #piper.group<0, 1, 2>, stream = #piper.stream<"s", comm>, tag = #piper.tag<>} : tensor<3x2xf32> -> tensor<10x2xf32>
 }
 
 // -----
@@ -110,8 +110,8 @@ piper.segment @f() -> tensor<4x2xf32> {
 }
 piper.program @p {
   %x, %a = piper.task @f() {tag = #piper.tag<>} : () -> (tensor<4x2xf32>, !piper.token)
-  // expected-error @+1 {{'piper.all_gather' op devices names device 1 twice}}
-  %r, %t = piper.all_gather %x {devices = array<i64: 1, 1>, stream = "s", tag = #piper.tag<>} : tensor<4x2xf32> -> tensor<8x2xf32>
+  // expected-error @+1 {{a device group names device 1 twice}}
+  %r, %t = piper.all_gather %x {devices = #piper.group<1, 1>, stream = #piper.stream<"s", comm>, tag = #piper.tag<>} : tensor<4x2xf32> -> tensor<8x2xf32>
 }
 
 // -----
@@ -124,7 +124,7 @@ piper.segment @f() -> tensor<4x2xf32> {
 piper.program @p {
   %x, %a = piper.task @f() {tag = #piper.tag<>} : () -> (tensor<4x2xf32>, !piper.token)
   // expected-error @+1 {{'piper.all_gather' op result element type 'i32' differs from the input's 'f32'}}
-  %r, %t = piper.all_gather %x {devices = array<i64: 0, 1>, stream = "s", tag = #piper.tag<>} : tensor<4x2xf32> -> tensor<8x2xi32>
+  %r, %t = piper.all_gather %x {devices = #piper.group<0, 1>, stream = #piper.stream<"s", comm>, tag = #piper.tag<>} : tensor<4x2xf32> -> tensor<8x2xi32>
 }
 
 // -----
@@ -137,7 +137,7 @@ piper.segment @f() -> tensor<4x2xf32> {
 piper.program @p {
   %x, %a = piper.task @f() {tag = #piper.tag<>} : () -> (tensor<4x2xf32>, !piper.token)
   // expected-error @+1 {{'piper.all_reduce' op collective id must be non-negative, got -1}}
-  %r, %t = piper.all_reduce %x : tensor<4x2xf32> -> tensor<4x2xf32> {collective = -1, devices = array<i64: 0, 1>, stream = "s", tag = #piper.tag<>}
+  %r, %t = piper.all_reduce %x : tensor<4x2xf32> -> tensor<4x2xf32> {collective = -1, devices = #piper.group<0, 1>, stream = #piper.stream<"s", comm>, tag = #piper.tag<>}
 }
 
 // -----
@@ -150,5 +150,5 @@ piper.segment @f() -> (tensor<4x2xf32>, tensor<3xi32>) {
 piper.program @p {
   %x, %n, %a = piper.task @f() {tag = #piper.tag<>} : () -> (tensor<4x2xf32>, tensor<3xi32>, !piper.token)
   // expected-error @+1 {{'piper.all_to_all' op counts must have one entry per member (2), not 3}}
-  %r, %rc, %t = piper.all_to_all %x, %n {devices = array<i64: 0, 1>, stream = "s", tag = #piper.tag<>} : tensor<4x2xf32>, tensor<3xi32> -> tensor<8x2xf32>, tensor<3xi32>
+  %r, %rc, %t = piper.all_to_all %x, %n {devices = #piper.group<0, 1>, stream = #piper.stream<"s", comm>, tag = #piper.tag<>} : tensor<4x2xf32>, tensor<3xi32> -> tensor<8x2xf32>, tensor<3xi32>
 }

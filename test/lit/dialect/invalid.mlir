@@ -839,8 +839,8 @@ piper.segment @s() {
   piper.yield
 }
 piper.program @p {
-  // expected-error @+1 {{'piper.task' op devices must name at least one device}}
-  %d = piper.task @s() {devices = array<i64>, tag = #piper.tag<>} : () -> !piper.token
+  // expected-error @+1 {{a device group must name at least one device}}
+  %d = piper.task @s() {devices = #piper.group<>, tag = #piper.tag<>} : () -> !piper.token
 }
 
 // -----
@@ -850,8 +850,8 @@ piper.segment @s() {
   piper.yield
 }
 piper.program @p {
-  // expected-error @+1 {{'piper.task' op devices has a negative device -1}}
-  %d = piper.task @s() {devices = array<i64: -1>, tag = #piper.tag<>} : () -> !piper.token
+  // expected-error @+1 {{a device group has a negative device -1}}
+  %d = piper.task @s() {devices = #piper.group<-1>, tag = #piper.tag<>} : () -> !piper.token
 }
 
 // -----
@@ -861,8 +861,8 @@ piper.segment @s() {
   piper.yield
 }
 piper.program @p {
-  // expected-error @+1 {{'piper.task' op devices names device 3 twice}}
-  %d = piper.task @s() {devices = array<i64: 3, 2, 3>, tag = #piper.tag<>} : () -> !piper.token
+  // expected-error @+1 {{a device group names device 3 twice}}
+  %d = piper.task @s() {devices = #piper.group<3, 2, 3>, tag = #piper.tag<>} : () -> !piper.token
 }
 
 // -----
@@ -874,8 +874,8 @@ piper.program @p {
 // A transfer's source group is not empty.
 piper.program @p {
   %tok, %tgt, %bd = piper.batch {tag = #piper.tag<>} : tensor<2x2xi32>, tensor<2x2xi32>
-  // expected-error @+1 {{'piper.transfer' op from must name at least one device}}
-  %y, %d = piper.transfer %tok {from = array<i64>, to = array<i64: 1>, stream = "pp_stream"} : tensor<2x2xi32>
+  // expected-error @+1 {{a device group must name at least one device}}
+  %y, %d = piper.transfer %tok {from = #piper.group<>, to = #piper.group<1>, stream = #piper.stream<"pp_stream", comm>} : tensor<2x2xi32>
 }
 
 // -----
@@ -883,8 +883,8 @@ piper.program @p {
 // A transfer's target group has no negative device.
 piper.program @p {
   %tok, %tgt, %bd = piper.batch {tag = #piper.tag<>} : tensor<2x2xi32>, tensor<2x2xi32>
-  // expected-error @+1 {{'piper.transfer' op to has a negative device -1}}
-  %y, %d = piper.transfer %tok {from = array<i64: 0>, to = array<i64: -1>, stream = "pp_stream"} : tensor<2x2xi32>
+  // expected-error @+1 {{a device group has a negative device -1}}
+  %y, %d = piper.transfer %tok {from = #piper.group<0>, to = #piper.group<-1>, stream = #piper.stream<"pp_stream", comm>} : tensor<2x2xi32>
 }
 
 // -----
@@ -892,8 +892,8 @@ piper.program @p {
 // A transfer's target group names each device once.
 piper.program @p {
   %tok, %tgt, %bd = piper.batch {tag = #piper.tag<>} : tensor<2x2xi32>, tensor<2x2xi32>
-  // expected-error @+1 {{'piper.transfer' op to names device 1 twice}}
-  %y, %d = piper.transfer %tok {from = array<i64: 0, 2>, to = array<i64: 1, 1>, stream = "pp_stream"} : tensor<2x2xi32>
+  // expected-error @+1 {{a device group names device 1 twice}}
+  %y, %d = piper.transfer %tok {from = #piper.group<0, 2>, to = #piper.group<1, 1>, stream = #piper.stream<"pp_stream", comm>} : tensor<2x2xi32>
 }
 
 // -----
@@ -902,7 +902,7 @@ piper.program @p {
 piper.program @p {
   %tok, %tgt, %bd = piper.batch {tag = #piper.tag<>} : tensor<2x2xi32>, tensor<2x2xi32>
   // expected-error @+1 {{'piper.transfer' op from and to must have the same size (2 vs 1)}}
-  %y, %d = piper.transfer %tok {from = array<i64: 0, 1>, to = array<i64: 2>, stream = "pp_stream"} : tensor<2x2xi32>
+  %y, %d = piper.transfer %tok {from = #piper.group<0, 1>, to = #piper.group<2>, stream = #piper.stream<"pp_stream", comm>} : tensor<2x2xi32>
 }
 
 // -----
@@ -911,7 +911,7 @@ piper.program @p {
 piper.program @p {
   %tok, %tgt, %bd = piper.batch {tag = #piper.tag<>} : tensor<2x2xi32>, tensor<2x2xi32>
   // expected-error @+1 {{'piper.transfer' op failed to verify that all of {input, result} have same type}}
-  %y, %d = "piper.transfer"(%tok) {from = array<i64: 0>, to = array<i64: 1>, stream = "pp_stream", operandSegmentSizes = array<i32: 1, 0>} : (tensor<2x2xi32>) -> (tensor<4xi32>, !piper.token)
+  %y, %d = "piper.transfer"(%tok) {from = #piper.group<0>, to = #piper.group<1>, stream = #piper.stream<"pp_stream", comm>, operandSegmentSizes = array<i32: 1, 0>} : (tensor<2x2xi32>) -> (tensor<4xi32>, !piper.token)
 }
 
 // -----
@@ -920,7 +920,7 @@ piper.program @p {
 piper.device_program @c attributes {device_class = 0 : i64, ranks = array<i64: 0>} {
   %tok, %tgt, %bd = piper.batch {tag = #piper.tag<>} : tensor<2x2xi32>, tensor<2x2xi32>
   // expected-error @+1 {{'piper.transfer' op expects parent op 'piper.program'}}
-  %y, %d = piper.transfer %tok {from = array<i64: 0>, to = array<i64: 1>, stream = "pp_stream"} : tensor<2x2xi32>
+  %y, %d = piper.transfer %tok {from = #piper.group<0>, to = #piper.group<1>, stream = #piper.stream<"pp_stream", comm>} : tensor<2x2xi32>
 }
 
 // -----
@@ -929,7 +929,7 @@ piper.device_program @c attributes {device_class = 0 : i64, ranks = array<i64: 0
 piper.program @p {
   %tok, %tgt, %bd = piper.batch {tag = #piper.tag<>} : tensor<2x2xi32>, tensor<2x2xi32>
   // expected-error @+1 {{'piper.transfer' op requires attribute 'stream'}}
-  %y, %d = piper.transfer %tok {from = array<i64: 0>, to = array<i64: 1>} : tensor<2x2xi32>
+  %y, %d = piper.transfer %tok {from = #piper.group<0>, to = #piper.group<1>} : tensor<2x2xi32>
 }
 
 // -----
@@ -941,7 +941,7 @@ piper.program @p {
 // An all-reduce reduces at least one parameter.
 piper.program @p {
   // expected-error @+1 {{'piper.all_reduce' op must reduce at least one parameter}}
-  %d = piper.all_reduce grads [] {devices = array<i64: 0, 1>, stream = "dp_stream", tag = #piper.tag<>}
+  %d = piper.all_reduce grads [] {devices = #piper.group<0, 1>, stream = #piper.stream<"dp_stream", comm>, tag = #piper.tag<>}
 }
 
 // -----
@@ -950,7 +950,7 @@ piper.program @p {
 piper.param @w : tensor<4xf32> init zeros(0.0)
 piper.program @p {
   // expected-error @+1 {{'piper.all_reduce' op references unknown parameter @missing}}
-  %d = piper.all_reduce grads [@w, @missing] {devices = array<i64: 0, 1>, stream = "dp_stream", tag = #piper.tag<>}
+  %d = piper.all_reduce grads [@w, @missing] {devices = #piper.group<0, 1>, stream = #piper.stream<"dp_stream", comm>, tag = #piper.tag<>}
 }
 
 // -----
@@ -958,8 +958,8 @@ piper.program @p {
 // An all-reduce's device group is not empty.
 piper.param @w : tensor<4xf32> init zeros(0.0)
 piper.program @p {
-  // expected-error @+1 {{'piper.all_reduce' op devices must name at least one device}}
-  %d = piper.all_reduce grads [@w] {devices = array<i64>, stream = "dp_stream", tag = #piper.tag<>}
+  // expected-error @+1 {{a device group must name at least one device}}
+  %d = piper.all_reduce grads [@w] {devices = #piper.group<>, stream = #piper.stream<"dp_stream", comm>, tag = #piper.tag<>}
 }
 
 // -----
@@ -967,8 +967,8 @@ piper.program @p {
 // An all-reduce's device group names each device once.
 piper.param @w : tensor<4xf32> init zeros(0.0)
 piper.program @p {
-  // expected-error @+1 {{'piper.all_reduce' op devices names device 0 twice}}
-  %d = piper.all_reduce grads [@w] {devices = array<i64: 0, 0>, stream = "dp_stream", tag = #piper.tag<>}
+  // expected-error @+1 {{a device group names device 0 twice}}
+  %d = piper.all_reduce grads [@w] {devices = #piper.group<0, 0>, stream = #piper.stream<"dp_stream", comm>, tag = #piper.tag<>}
 }
 
 // -----
@@ -977,7 +977,7 @@ piper.program @p {
 piper.param @w : tensor<4xf32> init zeros(0.0)
 piper.program @p {
   // expected-error @+1 {{'piper.all_reduce' op attribute 'tag' failed to satisfy constraint}}
-  %d = piper.all_reduce grads [@w] {devices = array<i64: 0, 1>, stream = "dp_stream", tag = {PP = 0 : i64}}
+  %d = piper.all_reduce grads [@w] {devices = #piper.group<0, 1>, stream = #piper.stream<"dp_stream", comm>, tag = {PP = 0 : i64}}
 }
 
 // -----
@@ -990,7 +990,7 @@ piper.program @p {
 piper.program @p {
   %tok, %tgt, %bd = piper.batch {tag = #piper.tag<>} : tensor<2x2xi32>, tensor<2x2xi32>
   // expected-error @+1 {{'piper.send' op expects parent op 'piper.device_program'}}
-  %d = piper.send %tok {channel = 0 : i64, peers = array<i64: 1>, stream = "pp_stream"} : tensor<2x2xi32>
+  %d = piper.send %tok {channel = 0 : i64, peers = #piper.group<1>, stream = #piper.stream<"pp_stream", comm>} : tensor<2x2xi32>
 }
 
 // -----
@@ -998,7 +998,7 @@ piper.program @p {
 // Receives live in device programs.
 piper.program @p {
   // expected-error @+1 {{'piper.recv' op expects parent op 'piper.device_program'}}
-  %x, %d = piper.recv {channel = 0 : i64, peers = array<i64: 1>, stream = "pp_stream"} : tensor<2x2xi32>
+  %x, %d = piper.recv {channel = 0 : i64, peers = #piper.group<1>, stream = #piper.stream<"pp_stream", comm>} : tensor<2x2xi32>
 }
 
 // -----
@@ -1006,7 +1006,7 @@ piper.program @p {
 // A receive names its channel.
 piper.device_program @c attributes {device_class = 0 : i64, ranks = array<i64: 0>} {
   // expected-error @+1 {{'piper.recv' op requires attribute 'channel'}}
-  %x, %d = piper.recv {peers = array<i64: 1>, stream = "pp_stream"} : tensor<2x2xi32>
+  %x, %d = piper.recv {peers = #piper.group<1>, stream = #piper.stream<"pp_stream", comm>} : tensor<2x2xi32>
 }
 
 // -----
@@ -1015,7 +1015,7 @@ piper.device_program @c attributes {device_class = 0 : i64, ranks = array<i64: 0
 piper.device_program @c attributes {device_class = 0 : i64, ranks = array<i64: 0>} {
   %tok, %tgt, %bd = piper.batch {tag = #piper.tag<>} : tensor<2x2xi32>, tensor<2x2xi32>
   // expected-error @+1 {{'piper.send' op operand #0 must be ranked tensor of any type values, but got '!piper.token'}}
-  %d = "piper.send"(%bd) {channel = 0 : i64, peers = array<i64: 1>, stream = "pp_stream", operandSegmentSizes = array<i32: 1, 0>} : (!piper.token) -> !piper.token
+  %d = "piper.send"(%bd) {channel = 0 : i64, peers = #piper.group<1>, stream = #piper.stream<"pp_stream", comm>, operandSegmentSizes = array<i32: 1, 0>} : (!piper.token) -> !piper.token
 }
 
 // -----
@@ -1041,7 +1041,7 @@ piper.program @p {
 piper.param @w : tensor<4xf32> init zeros(0.0)
 piper.program @p {
   // expected-error @+1 {{'piper.all_reduce' op attribute 'grads' failed to satisfy constraint: flat symbol ref array attribute}}
-  %t = piper.all_reduce grads [@w::@x] {devices = array<i64: 0>, stream = "s", tag = #piper.tag<>}
+  %t = piper.all_reduce grads [@w::@x] {devices = #piper.group<0>, stream = #piper.stream<"s", comm>, tag = #piper.tag<>}
 }
 
 // -----
@@ -1119,5 +1119,62 @@ piper.device_program @c attributes {device_class = 0 : i64, num_microbatches = 0
 piper.param @w : tensor<4xf32> init zeros(0.0)
 piper.device_program @c attributes {device_class = 0 : i64, ranks = array<i64: 0>} {
   // expected-error @+1 {{'piper.all_reduce' op collective id must be non-negative, got -1}}
-  %d = piper.all_reduce grads [@w] {collective = -1 : i64, devices = array<i64: 0, 1>, stream = "dp_stream", tag = #piper.tag<>}
+  %d = piper.all_reduce grads [@w] {collective = -1 : i64, devices = #piper.group<0, 1>, stream = #piper.stream<"dp_stream", comm>, tag = #piper.tag<>}
 }
+
+// -----
+
+//===----------------------------------------------------------------------===//
+// Streams
+//===----------------------------------------------------------------------===//
+
+// A stream has a name.
+piper.program @p {
+  %tok, %tgt, %bd = piper.batch {tag = #piper.tag<>} : tensor<2x2xi32>, tensor<2x2xi32>
+  // expected-error @+1 {{a stream needs a name}}
+  %y, %d = piper.transfer %tok {from = #piper.group<0>, to = #piper.group<1>, stream = #piper.stream<"", comm>} : tensor<2x2xi32>
+}
+
+// -----
+
+// A stream's kind is compute or comm.
+piper.program @p {
+  %tok, %tgt, %bd = piper.batch {tag = #piper.tag<>} : tensor<2x2xi32>, tensor<2x2xi32>
+  // expected-error @+2 {{expected ::mlir::piper::StreamKind to be one of: compute, comm}}
+  // expected-error @+1 {{failed to parse Piper_StreamAttr parameter 'kind'}}
+  %y, %d = piper.transfer %tok {from = #piper.group<0>, to = #piper.group<1>, stream = #piper.stream<"pp_stream", network>} : tensor<2x2xi32>
+}
+
+// -----
+
+// Tasks run kernels: their stream is a compute stream.
+piper.segment @s() {
+  piper.yield
+}
+piper.program @p {
+  // expected-error @+1 {{'piper.task' op runs kernels, so its stream must be a compute stream, not 'pp_stream' (comm)}}
+  %d = piper.task @s() {devices = #piper.group<0>, stream = #piper.stream<"pp_stream", comm>, tag = #piper.tag<>} : () -> !piper.token
+}
+
+// -----
+
+// One stream name, one kind: a task's send stream may not be the compute
+// stream declared as a comm stream.
+piper.segment @s() {
+  piper.yield
+}
+piper.program @p {
+  // expected-error @+1 {{'piper.task' op uses stream 'compute' (comm), but a 'piper.task' node uses it as a compute stream: a stream has one kind}}
+  %d = piper.task @s() {devices = #piper.group<0>, send_stream = #piper.stream<"compute", comm>, stream = #piper.stream<"compute", compute>, tag = #piper.tag<>} : () -> !piper.token
+}
+
+// -----
+
+// One stream name, one kind, across the nodes of a device program.
+piper.param @w : tensor<4xf32> init zeros(0.0)
+piper.device_program @c attributes {device_class = 0 : i64, ranks = array<i64: 0, 1>} {
+  %a = piper.all_reduce grads [@w] {devices = #piper.group<0, 1>, stream = #piper.stream<"dp_stream", comm>, tag = #piper.tag<>}
+  // expected-error @+1 {{'piper.all_reduce' op uses stream 'dp_stream' (compute), but a 'piper.all_reduce' node uses it as a comm stream: a stream has one kind}}
+  %b = piper.all_reduce grads [@w] {devices = #piper.group<0, 1>, stream = #piper.stream<"dp_stream", compute>, tag = #piper.tag<>}
+}
+

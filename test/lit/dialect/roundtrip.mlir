@@ -229,27 +229,27 @@ piper.segment @acts() -> (tensor<4x4xf32>, tensor<4x12xf32>) {
 // CHECK-LABEL: piper.program @train attributes {num_microbatches = 2 : i64, num_replicas = 2 : i64} {
 // CHECK: [[TOK:%[^,]+]], [[TGT:%[^,]+]], [[BD:%[^ ]+]] = piper.batch {tag = #piper.tag<MB = 0>} : tensor<2x2xi32>, tensor<2x2xi32>
 // CHECK: [[F:%[^:]+]]:2, [[FD:%[^ ]+]] = piper.task @forward([[TOK]], [[TGT]]) {tag = #piper.tag<PP = 0, MB = 0, PASS = F, block = 0>} : (tensor<2x2xi32>, tensor<2x2xi32>) -> (tensor<f32>, tensor<4x16xf32>, !piper.token)
-// CHECK: [[F2:%[^:]+]]:2, [[FD2:%[^ ]+]] = piper.task @forward([[TOK]], [[TGT]]) after([[BD]], [[FD]]) {devices = array<i64: 0, 1>, stream = "compute", tag = #piper.tag<PP = 0, EP = 0, MB = 0, PASS = F>}
-// CHECK: [[MOVED:%[^,]+]], [[TD:%[^ ]+]] = piper.transfer [[F2]]#1 {from = array<i64: 0, 1>, stream = "pp_stream", to = array<i64: 2, 3>} : tensor<4x16xf32>
-// CHECK: piper.transfer [[MOVED]] after([[TD]]) {from = array<i64: 2, 3>, stream = "pp_stream", to = array<i64: 0, 1>} : tensor<4x16xf32>
+// CHECK: [[F2:%[^:]+]]:2, [[FD2:%[^ ]+]] = piper.task @forward([[TOK]], [[TGT]]) after([[BD]], [[FD]]) {devices = #piper.group<0, 1>, stream = #piper.stream<"compute", compute>, tag = #piper.tag<PP = 0, EP = 0, MB = 0, PASS = F>}
+// CHECK: [[MOVED:%[^,]+]], [[TD:%[^ ]+]] = piper.transfer [[F2]]#1 {from = #piper.group<0, 1>, stream = #piper.stream<"pp_stream", comm>, to = #piper.group<2, 3>} : tensor<4x16xf32>
+// CHECK: piper.transfer [[MOVED]] after([[TD]]) {from = #piper.group<2, 3>, stream = #piper.stream<"pp_stream", comm>, to = #piper.group<0, 1>} : tensor<4x16xf32>
 // CHECK: [[ACT:%[^:]+]]:2, [[AD:%[^ ]+]] = piper.task @acts() {tag = #piper.tag<>} : () -> (tensor<4x4xf32>, tensor<4x12xf32>, !piper.token)
-// CHECK: [[BW:%[^,]+]], [[BWD:%[^ ]+]] = piper.task @backward([[TOK]], [[ACT]]#0, [[ACT]]#1, [[ACT]]#0, [[MOVED]]) after([[TD]]) {devices = array<i64: 2, 3>, stream = "compute", tag = #piper.tag<PP = 1, MB = 0, PASS = B>}
-// CHECK: [[AR:%.*]] = piper.all_reduce grads [@wte, @wpe] after([[BWD]]) {devices = array<i64: 2, 3>, stream = "dp_stream", tag = #piper.tag<PP = 1>}
-// CHECK: piper.all_reduce grads [@qkv.w] {devices = array<i64: 2, 3>, stream = "dp_stream", tag = #piper.tag<>}
-// CHECK: piper.task @update() after([[AR]]) {devices = array<i64: 2, 3>, tag = #piper.tag<PP = 1, PASS = U>} : () -> !piper.token
+// CHECK: [[BW:%[^,]+]], [[BWD:%[^ ]+]] = piper.task @backward([[TOK]], [[ACT]]#0, [[ACT]]#1, [[ACT]]#0, [[MOVED]]) after([[TD]]) {devices = #piper.group<2, 3>, stream = #piper.stream<"compute", compute>, tag = #piper.tag<PP = 1, MB = 0, PASS = B>}
+// CHECK: [[AR:%.*]] = piper.all_reduce grads [@wte, @wpe] after([[BWD]]) {devices = #piper.group<2, 3>, stream = #piper.stream<"dp_stream", comm>, tag = #piper.tag<PP = 1>}
+// CHECK: piper.all_reduce grads [@qkv.w] {devices = #piper.group<2, 3>, stream = #piper.stream<"dp_stream", comm>, tag = #piper.tag<>}
+// CHECK: piper.task @update() after([[AR]]) {devices = #piper.group<2, 3>, tag = #piper.tag<PP = 1, PASS = U>} : () -> !piper.token
 // CHECK: piper.task @tokens([[AR]]) {tag = #piper.tag<PASS = BI>} : (!piper.token) -> (!piper.token, !piper.token)
 // CHECK: piper.task @update() {tag = #piper.tag<PASS = BW>}
 piper.program @train attributes {num_microbatches = 2 : i64, num_replicas = 2 : i64} {
   %tok, %tgt, %bd = piper.batch {tag = #piper.tag<MB = 0>} : tensor<2x2xi32>, tensor<2x2xi32>
   %loss, %logits, %fd = piper.task @forward(%tok, %tgt) {tag = #piper.tag<PP = 0, MB = 0, PASS = F, block = 0>} : (tensor<2x2xi32>, tensor<2x2xi32>) -> (tensor<f32>, tensor<4x16xf32>, !piper.token)
-  %loss2, %logits2, %fd2 = piper.task @forward(%tok, %tgt) after(%bd, %fd) {devices = array<i64: 0, 1>, stream = "compute", tag = #piper.tag<PP = 0, EP = 0, MB = 0, PASS = F>} : (tensor<2x2xi32>, tensor<2x2xi32>) -> (tensor<f32>, tensor<4x16xf32>, !piper.token)
-  %moved, %td = piper.transfer %logits2 {from = array<i64: 0, 1>, to = array<i64: 2, 3>, stream = "pp_stream"} : tensor<4x16xf32>
-  %back, %td2 = piper.transfer %moved after(%td) {from = array<i64: 2, 3>, to = array<i64: 0, 1>, stream = "pp_stream"} : tensor<4x16xf32>
+  %loss2, %logits2, %fd2 = piper.task @forward(%tok, %tgt) after(%bd, %fd) {devices = #piper.group<0, 1>, stream = #piper.stream<"compute", compute>, tag = #piper.tag<PP = 0, EP = 0, MB = 0, PASS = F>} : (tensor<2x2xi32>, tensor<2x2xi32>) -> (tensor<f32>, tensor<4x16xf32>, !piper.token)
+  %moved, %td = piper.transfer %logits2 {from = #piper.group<0, 1>, to = #piper.group<2, 3>, stream = #piper.stream<"pp_stream", comm>} : tensor<4x16xf32>
+  %back, %td2 = piper.transfer %moved after(%td) {from = #piper.group<2, 3>, to = #piper.group<0, 1>, stream = #piper.stream<"pp_stream", comm>} : tensor<4x16xf32>
   %act, %qkv, %ad = piper.task @acts() {tag = #piper.tag<>} : () -> (tensor<4x4xf32>, tensor<4x12xf32>, !piper.token)
-  %dx, %bwd = piper.task @backward(%tok, %act, %qkv, %act, %moved) after(%td) {devices = array<i64: 2, 3>, stream = "compute", tag = #piper.tag<PP = 1, MB = 0, PASS = B>} : (tensor<2x2xi32>, tensor<4x4xf32>, tensor<4x12xf32>, tensor<4x4xf32>, tensor<4x16xf32>) -> (tensor<4x4xf32>, !piper.token)
-  %ar = piper.all_reduce grads [@wte, @wpe] after(%bwd) {devices = array<i64: 2, 3>, stream = "dp_stream", tag = #piper.tag<PP = 1>}
-  %ar2 = piper.all_reduce grads [@qkv.w] {devices = array<i64: 2, 3>, stream = "dp_stream", tag = #piper.tag<>}
-  %ud = piper.task @update() after(%ar) {devices = array<i64: 2, 3>, tag = #piper.tag<PP = 1, PASS = U>} : () -> !piper.token
+  %dx, %bwd = piper.task @backward(%tok, %act, %qkv, %act, %moved) after(%td) {devices = #piper.group<2, 3>, stream = #piper.stream<"compute", compute>, tag = #piper.tag<PP = 1, MB = 0, PASS = B>} : (tensor<2x2xi32>, tensor<4x4xf32>, tensor<4x12xf32>, tensor<4x4xf32>, tensor<4x16xf32>) -> (tensor<4x4xf32>, !piper.token)
+  %ar = piper.all_reduce grads [@wte, @wpe] after(%bwd) {devices = #piper.group<2, 3>, stream = #piper.stream<"dp_stream", comm>, tag = #piper.tag<PP = 1>}
+  %ar2 = piper.all_reduce grads [@qkv.w] {devices = #piper.group<2, 3>, stream = #piper.stream<"dp_stream", comm>, tag = #piper.tag<>}
+  %ud = piper.task @update() after(%ar) {devices = #piper.group<2, 3>, tag = #piper.tag<PP = 1, PASS = U>} : () -> !piper.token
   %t1, %t2 = piper.task @tokens(%ar) {tag = #piper.tag<PASS = BI>} : (!piper.token) -> (!piper.token, !piper.token)
   %ud2 = piper.task @update() {tag = #piper.tag<PASS = BW>} : () -> !piper.token
 }
@@ -258,23 +258,23 @@ piper.program @train attributes {num_microbatches = 2 : i64, num_replicas = 2 : 
 // channel, a task, an all-reduce on the class's ranks and gradient clipping.
 // CHECK-LABEL: piper.device_program @class0 attributes {device_class = 0 : i64, ranks = array<i64: 0, 1>} {
 // CHECK: [[TOK:%[^,]+]], [[TGT:%[^,]+]], [[BD:%[^ ]+]] = piper.batch {tag = #piper.tag<MB = 0>}
-// CHECK: [[F:%[^:]+]]:2, [[FD:%[^ ]+]] = piper.task @forward([[TOK]], [[TGT]]) {devices = array<i64: 0, 1>, stream = "compute", tag = #piper.tag<PP = 0, PASS = F>}
-// CHECK: [[S:%.*]] = piper.send [[F]]#1 {channel = 0 : i64, peers = array<i64: 2, 3>, stream = "pp_stream"} : tensor<4x16xf32>
-// CHECK: piper.send [[F]]#1 after([[S]], [[FD]]) {channel = 1 : i64, peers = array<i64: 2, 3>, stream = "pp_stream"} : tensor<4x16xf32>
-// CHECK: [[R:%[^,]+]], [[RD:%[^ ]+]] = piper.recv {channel = 2 : i64, peers = array<i64: 2, 3>, stream = "pp_stream"} : tensor<4x4xf32>
-// CHECK: piper.recv after([[RD]]) {channel = 3 : i64, peers = array<i64: 2, 3>, stream = "pp_stream"} : tensor<4x4xf32>
-// CHECK: piper.all_reduce grads [@wte] after([[RD]]) {devices = array<i64: 0, 1>, stream = "dp_stream", tag = #piper.tag<PP = 0>}
+// CHECK: [[F:%[^:]+]]:2, [[FD:%[^ ]+]] = piper.task @forward([[TOK]], [[TGT]]) {devices = #piper.group<0, 1>, stream = #piper.stream<"compute", compute>, tag = #piper.tag<PP = 0, PASS = F>}
+// CHECK: [[S:%.*]] = piper.send [[F]]#1 {channel = 0 : i64, peers = #piper.group<2, 3>, stream = #piper.stream<"pp_stream", comm>} : tensor<4x16xf32>
+// CHECK: piper.send [[F]]#1 after([[S]], [[FD]]) {channel = 1 : i64, peers = #piper.group<2, 3>, stream = #piper.stream<"pp_stream", comm>} : tensor<4x16xf32>
+// CHECK: [[R:%[^,]+]], [[RD:%[^ ]+]] = piper.recv {channel = 2 : i64, peers = #piper.group<2, 3>, stream = #piper.stream<"pp_stream", comm>} : tensor<4x4xf32>
+// CHECK: piper.recv after([[RD]]) {channel = 3 : i64, peers = #piper.group<2, 3>, stream = #piper.stream<"pp_stream", comm>} : tensor<4x4xf32>
+// CHECK: piper.all_reduce grads [@wte] after([[RD]]) {devices = #piper.group<0, 1>, stream = #piper.stream<"dp_stream", comm>, tag = #piper.tag<PP = 0>}
 // CHECK: [[CLIP:%.*]] = piper.clip_grads after([[RD]]) {max_norm = 1.000000e+00 : f64}
 // CHECK: piper.clip_grads after([[CLIP]]) {max_norm = 5.000000e-01 : f64}
 // CHECK: piper.clip_grads {max_norm = 2.000000e+00 : f64}
 piper.device_program @class0 attributes {device_class = 0 : i64, num_microbatches = 1 : i64, ranks = array<i64: 0, 1>} {
   %tok, %tgt, %bd = piper.batch {tag = #piper.tag<MB = 0>} : tensor<2x2xi32>, tensor<2x2xi32>
-  %loss, %logits, %fd = piper.task @forward(%tok, %tgt) {devices = array<i64: 0, 1>, stream = "compute", tag = #piper.tag<PP = 0, PASS = F>} : (tensor<2x2xi32>, tensor<2x2xi32>) -> (tensor<f32>, tensor<4x16xf32>, !piper.token)
-  %s = piper.send %logits {channel = 0 : i64, peers = array<i64: 2, 3>, stream = "pp_stream"} : tensor<4x16xf32>
-  %s2 = piper.send %logits after(%s, %fd) {channel = 1 : i64, peers = array<i64: 2, 3>, stream = "pp_stream"} : tensor<4x16xf32>
-  %r, %rd = piper.recv {channel = 2 : i64, peers = array<i64: 2, 3>, stream = "pp_stream"} : tensor<4x4xf32>
-  %r2, %rd2 = piper.recv after(%rd) {channel = 3 : i64, peers = array<i64: 2, 3>, stream = "pp_stream"} : tensor<4x4xf32>
-  %ar = piper.all_reduce grads [@wte] after(%rd) {devices = array<i64: 0, 1>, stream = "dp_stream", tag = #piper.tag<PP = 0>}
+  %loss, %logits, %fd = piper.task @forward(%tok, %tgt) {devices = #piper.group<0, 1>, stream = #piper.stream<"compute", compute>, tag = #piper.tag<PP = 0, PASS = F>} : (tensor<2x2xi32>, tensor<2x2xi32>) -> (tensor<f32>, tensor<4x16xf32>, !piper.token)
+  %s = piper.send %logits {channel = 0 : i64, peers = #piper.group<2, 3>, stream = #piper.stream<"pp_stream", comm>} : tensor<4x16xf32>
+  %s2 = piper.send %logits after(%s, %fd) {channel = 1 : i64, peers = #piper.group<2, 3>, stream = #piper.stream<"pp_stream", comm>} : tensor<4x16xf32>
+  %r, %rd = piper.recv {channel = 2 : i64, peers = #piper.group<2, 3>, stream = #piper.stream<"pp_stream", comm>} : tensor<4x4xf32>
+  %r2, %rd2 = piper.recv after(%rd) {channel = 3 : i64, peers = #piper.group<2, 3>, stream = #piper.stream<"pp_stream", comm>} : tensor<4x4xf32>
+  %ar = piper.all_reduce grads [@wte] after(%rd) {devices = #piper.group<0, 1>, stream = #piper.stream<"dp_stream", comm>, tag = #piper.tag<PP = 0>}
   %clip = piper.clip_grads after(%rd) {max_norm = 1.0 : f64}
   %clip2 = piper.clip_grads after(%clip) {max_norm = 0.5 : f64}
   %clip3 = piper.clip_grads {max_norm = 2.0 : f64}

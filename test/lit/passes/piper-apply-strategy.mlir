@@ -17,26 +17,26 @@
 // Two stages on devices 0 and 1, two microbatches, and an order that runs
 // both forwards of stage 0 before its backwards (B0 then B1).
 // CHECK-LABEL: piper.program @model attributes {num_microbatches = 2 : i64, {{.*}}} {
-// CHECK: [[F0:%[^:]+]]:3, [[F0D:%[^ ]+]] = piper.task @stage0_F({{.*}}) {devices = array<i64: 0>, send_stream = "pp_stream", stream = "compute", tag = #piper.tag<PP = 0, MB = 0, PASS = F>}
-// CHECK-NEXT: [[A0:%[^,]+]], %{{.*}} = piper.transfer [[F0]]#0 {from = array<i64: 0>, stream = "pp_stream", to = array<i64: 1>}
-// CHECK-NEXT: piper.task @stage1_F([[A0]], {{.*}}) {devices = array<i64: 1>, send_stream = "p2p", stream = "compute", tag = #piper.tag<PP = 1, MB = 0, PASS = F>}
-// CHECK: [[F1:%[^:]+]]:3, [[F1D:%[^ ]+]] = piper.task @stage0_F({{.*}}) {devices = array<i64: 0>{{.*}}tag = #piper.tag<PP = 0, MB = 1, PASS = F>}
-// CHECK: [[G0:%[^,]+]], %{{.*}} = piper.transfer %{{.*}} {from = array<i64: 1>, stream = "p2p", to = array<i64: 0>}
-// CHECK-NEXT: [[B0D:%.*]] = piper.task @stage0_B([[G0]], [[F0]]#1, [[F0]]#2, {{.*}}) after([[F0D]], [[F1D]]) {devices = array<i64: 0>{{.*}}MB = 0, PASS = B
-// CHECK: piper.task @stage0_B({{.*}}) after([[B0D]]) {devices = array<i64: 0>{{.*}}MB = 1, PASS = B
+// CHECK: [[F0:%[^:]+]]:3, [[F0D:%[^ ]+]] = piper.task @stage0_F({{.*}}) {devices = #piper.group<0>, send_stream = #piper.stream<"pp_stream", comm>, stream = #piper.stream<"compute", compute>, tag = #piper.tag<PP = 0, MB = 0, PASS = F>}
+// CHECK-NEXT: [[A0:%[^,]+]], %{{.*}} = piper.transfer [[F0]]#0 {from = #piper.group<0>, stream = #piper.stream<"pp_stream", comm>, to = #piper.group<1>}
+// CHECK-NEXT: piper.task @stage1_F([[A0]], {{.*}}) {devices = #piper.group<1>, send_stream = #piper.stream<"p2p", comm>, stream = #piper.stream<"compute", compute>, tag = #piper.tag<PP = 1, MB = 0, PASS = F>}
+// CHECK: [[F1:%[^:]+]]:3, [[F1D:%[^ ]+]] = piper.task @stage0_F({{.*}}) {devices = #piper.group<0>{{.*}}tag = #piper.tag<PP = 0, MB = 1, PASS = F>}
+// CHECK: [[G0:%[^,]+]], %{{.*}} = piper.transfer %{{.*}} {from = #piper.group<1>, stream = #piper.stream<"p2p", comm>, to = #piper.group<0>}
+// CHECK-NEXT: [[B0D:%.*]] = piper.task @stage0_B([[G0]], [[F0]]#1, [[F0]]#2, {{.*}}) after([[F0D]], [[F1D]]) {devices = #piper.group<0>{{.*}}MB = 0, PASS = B
+// CHECK: piper.task @stage0_B({{.*}}) after([[B0D]]) {devices = #piper.group<0>{{.*}}MB = 1, PASS = B
 // CHECK: piper.task @stage0_U() after
 // CHECK: piper.task @stage1_U() after
 
 // The object form with a world size: without a stage directive the places
 // name two stages; each is replicated over two devices, stage 0 in buckets.
 // DP-LABEL: piper.program @model attributes {num_replicas = 2 : i64, {{.*}}replicated} {
-// DP: piper.task @stage0_F({{.*}}) {devices = array<i64: 0, 1>
-// DP: piper.transfer {{.*}} {from = array<i64: 0, 1>, stream = "pp_stream", to = array<i64: 2, 3>}
-// DP: [[B1:%[^ ]+]] = piper.task @stage1_B({{.*}}) {devices = array<i64: 2, 3>
-// DP-NEXT: [[AR1:%.*]] = piper.all_reduce grads [@lm] after([[B1]]) {devices = array<i64: 2, 3>, stream = "ar", tag = #piper.tag<PP = 1>}
-// DP: [[B0:%[^ ]+]] = piper.task @stage0_B({{.*}}) {devices = array<i64: 0, 1>
-// DP-NEXT: [[AR0A:%.*]] = piper.all_reduce grads [@b1, @w1] after([[B0]]) {devices = array<i64: 0, 1>, stream = "dp_stream", tag = #piper.tag<PP = 0>}
-// DP-NEXT: [[AR0B:%.*]] = piper.all_reduce grads [@wte] after([[B0]]) {devices = array<i64: 0, 1>, stream = "dp_stream", tag = #piper.tag<PP = 0>}
+// DP: piper.task @stage0_F({{.*}}) {devices = #piper.group<0, 1>
+// DP: piper.transfer {{.*}} {from = #piper.group<0, 1>, stream = #piper.stream<"pp_stream", comm>, to = #piper.group<2, 3>}
+// DP: [[B1:%[^ ]+]] = piper.task @stage1_B({{.*}}) {devices = #piper.group<2, 3>
+// DP-NEXT: [[AR1:%.*]] = piper.all_reduce grads [@lm] after([[B1]]) {devices = #piper.group<2, 3>, stream = #piper.stream<"ar", comm>, tag = #piper.tag<PP = 1>}
+// DP: [[B0:%[^ ]+]] = piper.task @stage0_B({{.*}}) {devices = #piper.group<0, 1>
+// DP-NEXT: [[AR0A:%.*]] = piper.all_reduce grads [@b1, @w1] after([[B0]]) {devices = #piper.group<0, 1>, stream = #piper.stream<"dp_stream", comm>, tag = #piper.tag<PP = 0>}
+// DP-NEXT: [[AR0B:%.*]] = piper.all_reduce grads [@wte] after([[B0]]) {devices = #piper.group<0, 1>, stream = #piper.stream<"dp_stream", comm>, tag = #piper.tag<PP = 0>}
 // DP-NEXT: piper.task @stage0_U() after([[B0]], [[AR0A]], [[AR0B]])
 // DP-NEXT: piper.task @stage1_U() after([[B1]], [[AR1]])
 

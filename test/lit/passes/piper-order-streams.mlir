@@ -39,19 +39,19 @@ piper.segment @h(%dx: tensor<4xf32>) {
   piper.yield
 }
 piper.device_program @class0 attributes {device_class = 0 : i64, ranks = array<i64: 0, 1>} {
-  %dx, %rd = piper.recv {channel = 1 : i64, peers = array<i64: 2, 3>, stream = "pp_stream"} : tensor<4xf32>
+  %dx, %rd = piper.recv {channel = 1 : i64, peers = #piper.group<2, 3>, stream = #piper.stream<"pp_stream", comm>} : tensor<4xf32>
   %tok, %tgt, %bd = piper.batch {tag = #piper.tag<MB = 0>} : tensor<2x2xi32>, tensor<2x2xi32>
   %tok1, %tgt1, %bd1 = piper.batch {tag = #piper.tag<MB = 1>} : tensor<2x2xi32>, tensor<2x2xi32>
-  %x, %fd = piper.task @f(%tok) {devices = array<i64: 0, 1>, stream = "compute", tag = #piper.tag<PP = 0, MB = 0, PASS = F>} : (tensor<2x2xi32>) -> (tensor<4xf32>, !piper.token)
-  %x1, %fd1 = piper.task @f(%tok1) after(%fd) {devices = array<i64: 0, 1>, stream = "compute", tag = #piper.tag<PP = 0, MB = 1, PASS = F>} : (tensor<2x2xi32>) -> (tensor<4xf32>, !piper.token)
-  %hd = piper.task @h(%dx) after(%fd1) {devices = array<i64: 0, 1>, stream = "compute", tag = #piper.tag<PP = 0, MB = 0, PASS = B>} : (tensor<4xf32>) -> !piper.token
-  %s = piper.send %x {channel = 0 : i64, peers = array<i64: 2, 3>, stream = "pp_stream"} : tensor<4xf32>
-  %ar = piper.all_reduce grads [@w] after(%hd) {devices = array<i64: 0, 1>, stream = "dp_stream", tag = #piper.tag<PP = 0>}
+  %x, %fd = piper.task @f(%tok) {devices = #piper.group<0, 1>, stream = #piper.stream<"compute", compute>, tag = #piper.tag<PP = 0, MB = 0, PASS = F>} : (tensor<2x2xi32>) -> (tensor<4xf32>, !piper.token)
+  %x1, %fd1 = piper.task @f(%tok1) after(%fd) {devices = #piper.group<0, 1>, stream = #piper.stream<"compute", compute>, tag = #piper.tag<PP = 0, MB = 1, PASS = F>} : (tensor<2x2xi32>) -> (tensor<4xf32>, !piper.token)
+  %hd = piper.task @h(%dx) after(%fd1) {devices = #piper.group<0, 1>, stream = #piper.stream<"compute", compute>, tag = #piper.tag<PP = 0, MB = 0, PASS = B>} : (tensor<4xf32>) -> !piper.token
+  %s = piper.send %x {channel = 0 : i64, peers = #piper.group<2, 3>, stream = #piper.stream<"pp_stream", comm>} : tensor<4xf32>
+  %ar = piper.all_reduce grads [@w] after(%hd) {devices = #piper.group<0, 1>, stream = #piper.stream<"dp_stream", comm>, tag = #piper.tag<PP = 0>}
 }
 piper.device_program @class1 attributes {device_class = 1 : i64, ranks = array<i64: 2, 3>} {
-  %xm, %rd = piper.recv {channel = 0 : i64, peers = array<i64: 0, 1>, stream = "pp_stream"} : tensor<4xf32>
-  %g, %gd = piper.task @g(%xm) {devices = array<i64: 2, 3>, stream = "compute", tag = #piper.tag<PP = 1, MB = 0, PASS = B>} : (tensor<4xf32>) -> (tensor<4xf32>, !piper.token)
-  %s = piper.send %g {channel = 1 : i64, peers = array<i64: 0, 1>, stream = "pp_stream"} : tensor<4xf32>
+  %xm, %rd = piper.recv {channel = 0 : i64, peers = #piper.group<0, 1>, stream = #piper.stream<"pp_stream", comm>} : tensor<4xf32>
+  %g, %gd = piper.task @g(%xm) {devices = #piper.group<2, 3>, stream = #piper.stream<"compute", compute>, tag = #piper.tag<PP = 1, MB = 0, PASS = B>} : (tensor<4xf32>) -> (tensor<4xf32>, !piper.token)
+  %s = piper.send %g {channel = 1 : i64, peers = #piper.group<0, 1>, stream = #piper.stream<"pp_stream", comm>} : tensor<4xf32>
 }
 
 // -----
@@ -68,14 +68,14 @@ piper.segment @f(%x: tensor<4xf32>) -> tensor<4xf32> {
 }
 // expected-error @+1 {{the schedule deadlocks:}}
 piper.device_program @class0 attributes {device_class = 0 : i64, ranks = array<i64: 0>} {
-  %a, %ad = piper.recv {channel = 1 : i64, peers = array<i64: 1>, stream = "pp_stream"} : tensor<4xf32>
-  %x, %xd = piper.task @f(%a) {devices = array<i64: 0>, stream = "compute", tag = #piper.tag<PP = 0, MB = 0, PASS = F>} : (tensor<4xf32>) -> (tensor<4xf32>, !piper.token)
-  %s = piper.send %x {channel = 0 : i64, peers = array<i64: 1>, stream = "pp_stream"} : tensor<4xf32>
+  %a, %ad = piper.recv {channel = 1 : i64, peers = #piper.group<1>, stream = #piper.stream<"pp_stream", comm>} : tensor<4xf32>
+  %x, %xd = piper.task @f(%a) {devices = #piper.group<0>, stream = #piper.stream<"compute", compute>, tag = #piper.tag<PP = 0, MB = 0, PASS = F>} : (tensor<4xf32>) -> (tensor<4xf32>, !piper.token)
+  %s = piper.send %x {channel = 0 : i64, peers = #piper.group<1>, stream = #piper.stream<"pp_stream", comm>} : tensor<4xf32>
 }
 piper.device_program @class1 attributes {device_class = 1 : i64, ranks = array<i64: 1>} {
-  %b, %bd = piper.recv {channel = 0 : i64, peers = array<i64: 0>, stream = "pp_stream"} : tensor<4xf32>
-  %y, %yd = piper.task @f(%b) {devices = array<i64: 1>, stream = "compute", tag = #piper.tag<PP = 1, MB = 0, PASS = F>} : (tensor<4xf32>) -> (tensor<4xf32>, !piper.token)
-  %s = piper.send %y {channel = 1 : i64, peers = array<i64: 0>, stream = "pp_stream"} : tensor<4xf32>
+  %b, %bd = piper.recv {channel = 0 : i64, peers = #piper.group<0>, stream = #piper.stream<"pp_stream", comm>} : tensor<4xf32>
+  %y, %yd = piper.task @f(%b) {devices = #piper.group<1>, stream = #piper.stream<"compute", compute>, tag = #piper.tag<PP = 1, MB = 0, PASS = F>} : (tensor<4xf32>) -> (tensor<4xf32>, !piper.token)
+  %s = piper.send %y {channel = 1 : i64, peers = #piper.group<0>, stream = #piper.stream<"pp_stream", comm>} : tensor<4xf32>
 }
 
 // -----
@@ -87,7 +87,7 @@ piper.device_program @class1 attributes {device_class = 1 : i64, ranks = array<i
 // DEADLOCK-NOT: waits at
 // expected-error @+1 {{ranks [4, 5] stream 'activations' waits at recv channel 7 for a send that never happens}}
 piper.device_program @class0 attributes {device_class = 0 : i64, ranks = array<i64: 4, 5>} {
-  %a, %ad = piper.recv {channel = 7 : i64, peers = array<i64: 0, 1>, stream = "activations"} : tensor<4xf32>
+  %a, %ad = piper.recv {channel = 7 : i64, peers = #piper.group<0, 1>, stream = #piper.stream<"activations", comm>} : tensor<4xf32>
   %tok, %tgt, %bd = piper.batch {tag = #piper.tag<MB = 0>} : tensor<2x2xi32>, tensor<2x2xi32>
 }
 
@@ -110,16 +110,16 @@ piper.segment @b() {
   piper.yield
 }
 piper.device_program @class0 attributes {device_class = 0 : i64, ranks = array<i64: 0, 1>} {
-  %b0 = piper.task @b() {devices = array<i64: 0, 1>, stream = "compute", tag = #piper.tag<PP = 0, MB = 0, PASS = B>} : () -> !piper.token
-  %b1 = piper.task @b() after(%b0) {devices = array<i64: 0, 1>, stream = "compute", tag = #piper.tag<PP = 0, MB = 1, PASS = B>} : () -> !piper.token
-  %ar = piper.all_reduce grads [@w] after(%b0, %b1) {devices = array<i64: 0, 1>, stream = "dp_stream", tag = #piper.tag<PP = 0>}
+  %b0 = piper.task @b() {devices = #piper.group<0, 1>, stream = #piper.stream<"compute", compute>, tag = #piper.tag<PP = 0, MB = 0, PASS = B>} : () -> !piper.token
+  %b1 = piper.task @b() after(%b0) {devices = #piper.group<0, 1>, stream = #piper.stream<"compute", compute>, tag = #piper.tag<PP = 0, MB = 1, PASS = B>} : () -> !piper.token
+  %ar = piper.all_reduce grads [@w] after(%b0, %b1) {devices = #piper.group<0, 1>, stream = #piper.stream<"dp_stream", comm>, tag = #piper.tag<PP = 0>}
   %c = piper.clip_grads after(%b1, %ar) {max_norm = 1.0 : f64}
-  %u = piper.task @b() after(%c) {devices = array<i64: 0, 1>, stream = "compute", tag = #piper.tag<PP = 0, PASS = U>} : () -> !piper.token
+  %u = piper.task @b() after(%c) {devices = #piper.group<0, 1>, stream = #piper.stream<"compute", compute>, tag = #piper.tag<PP = 0, PASS = U>} : () -> !piper.token
 }
 piper.device_program @class1 attributes {device_class = 1 : i64, ranks = array<i64: 2>} {
-  %b = piper.task @b() {devices = array<i64: 2>, stream = "compute", tag = #piper.tag<PP = 1, MB = 0, PASS = B>} : () -> !piper.token
+  %b = piper.task @b() {devices = #piper.group<2>, stream = #piper.stream<"compute", compute>, tag = #piper.tag<PP = 1, MB = 0, PASS = B>} : () -> !piper.token
   %c = piper.clip_grads after(%b) {max_norm = 1.0 : f64}
-  %u = piper.task @b() after(%c) {devices = array<i64: 2>, stream = "compute", tag = #piper.tag<PP = 1, PASS = U>} : () -> !piper.token
+  %u = piper.task @b() after(%c) {devices = #piper.group<2>, stream = #piper.stream<"compute", compute>, tag = #piper.tag<PP = 1, PASS = U>} : () -> !piper.token
 }
 
 // -----
@@ -142,12 +142,12 @@ piper.segment @g(%x: tensor<4xf32>) {
 // expected-error @+1 {{ranks [0] stream 'compute' waits at clip_grads for the other devices to reach their gradient clipping}}
 piper.device_program @class0 attributes {device_class = 0 : i64, ranks = array<i64: 0>} {
   %c = piper.clip_grads {max_norm = 1.0 : f64}
-  %x, %d = piper.task @f() after(%c) {devices = array<i64: 0>, stream = "compute", tag = #piper.tag<PP = 0, PASS = U>} : () -> (tensor<4xf32>, !piper.token)
-  %s = piper.send %x {channel = 0 : i64, peers = array<i64: 1>, stream = "pp_stream"} : tensor<4xf32>
+  %x, %d = piper.task @f() after(%c) {devices = #piper.group<0>, stream = #piper.stream<"compute", compute>, tag = #piper.tag<PP = 0, PASS = U>} : () -> (tensor<4xf32>, !piper.token)
+  %s = piper.send %x {channel = 0 : i64, peers = #piper.group<1>, stream = #piper.stream<"pp_stream", comm>} : tensor<4xf32>
 }
 piper.device_program @class1 attributes {device_class = 1 : i64, ranks = array<i64: 1>} {
-  %r, %rd = piper.recv {channel = 0 : i64, peers = array<i64: 0>, stream = "pp_stream"} : tensor<4xf32>
-  %d = piper.task @g(%r) {devices = array<i64: 1>, stream = "compute", tag = #piper.tag<PP = 1, PASS = B>} : (tensor<4xf32>) -> !piper.token
+  %r, %rd = piper.recv {channel = 0 : i64, peers = #piper.group<0>, stream = #piper.stream<"pp_stream", comm>} : tensor<4xf32>
+  %d = piper.task @g(%r) {devices = #piper.group<1>, stream = #piper.stream<"compute", compute>, tag = #piper.tag<PP = 1, PASS = B>} : (tensor<4xf32>) -> !piper.token
   %c = piper.clip_grads after(%d) {max_norm = 1.0 : f64}
 }
 
@@ -165,16 +165,16 @@ module {
 // of microbatch 1 waits until its backward of microbatch 0 is issued, and
 // each recv is issued right before the task that reads it.
 // PIPE-LABEL: piper.device_program @class0
-// PIPE: [[R0:%[^,]+]], %{{.*}} = piper.recv {channel = [[G0:[0-9]+]] : i64, peers = array<i64: 1>
+// PIPE: [[R0:%[^,]+]], %{{.*}} = piper.recv {channel = [[G0:[0-9]+]] : i64, peers = #piper.group<1>
 // PIPE-NEXT: piper.task @stage0_B([[R0]], {{.*}}tag = #piper.tag<PP = 0, MB = 0, PASS = B>
-// PIPE-NEXT: [[R1:%[^,]+]], %{{.*}} = piper.recv {channel = [[G1:[0-9]+]] : i64, peers = array<i64: 1>
+// PIPE-NEXT: [[R1:%[^,]+]], %{{.*}} = piper.recv {channel = [[G1:[0-9]+]] : i64, peers = #piper.group<1>
 // PIPE-NEXT: piper.task @stage0_B([[R1]], {{.*}}tag = #piper.tag<PP = 0, MB = 1, PASS = B>
 // PIPE-LABEL: piper.device_program @class1
-// PIPE: [[A0:%[^,]+]], %{{.*}} = piper.recv {channel = {{[0-9]+}} : i64, peers = array<i64: 0>
+// PIPE: [[A0:%[^,]+]], %{{.*}} = piper.recv {channel = {{[0-9]+}} : i64, peers = #piper.group<0>
 // PIPE-NEXT: piper.task @stage1_F([[A0]], {{.*}}tag = #piper.tag<PP = 1, MB = 0, PASS = F>
 // PIPE-NEXT: [[GR0:%[^,]+]], %{{.*}} = piper.task @stage1_B({{.*}}tag = #piper.tag<PP = 1, MB = 0, PASS = B>
 // PIPE-NEXT: piper.send [[GR0]] {channel = [[G0]] : i64
-// PIPE: [[A1:%[^,]+]], %{{.*}} = piper.recv {channel = {{[0-9]+}} : i64, peers = array<i64: 0>
+// PIPE: [[A1:%[^,]+]], %{{.*}} = piper.recv {channel = {{[0-9]+}} : i64, peers = #piper.group<0>
 // PIPE-NEXT: piper.task @stage1_F([[A1]], {{.*}}tag = #piper.tag<PP = 1, MB = 1, PASS = F>
 // PIPE-NEXT: [[GR1:%[^,]+]], %{{.*}} = piper.task @stage1_B({{.*}}tag = #piper.tag<PP = 1, MB = 1, PASS = B>
 // PIPE-NEXT: piper.send [[GR1]] {channel = [[G1]] : i64

@@ -14,11 +14,11 @@
 // other stage's tasks stay unplaced, and there are no transfers yet.
 // HALF-LABEL: piper.program @model {
 // HALF-NOT: piper.transfer
-// HALF: piper.task @stage0_F({{.*}}) {devices = array<i64: 0, 1>, send_stream = "pp_stream", stream = "compute", tag = #piper.tag<PP = 0, PASS = F>}
+// HALF: piper.task @stage0_F({{.*}}) {devices = #piper.group<0, 1>, send_stream = #piper.stream<"pp_stream", comm>, stream = #piper.stream<"compute", compute>, tag = #piper.tag<PP = 0, PASS = F>}
 // HALF: piper.task @stage1_F({{.*}}) {tag = #piper.tag<PP = 1, PASS = F>}
 // HALF: piper.task @stage1_B({{.*}}) {tag = #piper.tag<PP = 1, PASS = B>}
-// HALF: piper.task @stage0_B({{.*}}) {devices = array<i64: 0, 1>, send_stream = "pp_stream", stream = "compute", tag = #piper.tag<PP = 0, PASS = B>}
-// HALF: piper.task @stage0_U() {{.*}}devices = array<i64: 0, 1>
+// HALF: piper.task @stage0_B({{.*}}) {devices = #piper.group<0, 1>, send_stream = #piper.stream<"pp_stream", comm>, stream = #piper.stream<"compute", compute>, tag = #piper.tag<PP = 0, PASS = B>}
+// HALF: piper.task @stage0_U() {{.*}}devices = #piper.group<0, 1>
 // HALF: piper.task @stage1_U() after(%{{.*}}) {tag = #piper.tag<PP = 1, PASS = U>}
 // HALF-NOT: piper.transfer
 
@@ -27,21 +27,21 @@
 // value; the gradient crosses back on the stream of its sender's place.
 // BOTH-LABEL: piper.program @model {
 // BOTH-NEXT: [[TOK:%[^,]+]], [[TGT:%[^,]+]], %{{.*}} = piper.batch
-// BOTH-NEXT: [[F0:%[^:]+]]:3, %{{.*}} = piper.task @stage0_F([[TOK]]) {devices = array<i64: 0, 1>
-// BOTH-NEXT: [[ACT:%[^,]+]], %{{.*}} = piper.transfer [[F0]]#0 {from = array<i64: 0, 1>, stream = "pp_stream", to = array<i64: 2, 3>} : tensor<4x4xf32>
-// BOTH-NEXT: [[F1:%[^,]+]], %{{.*}} = piper.task @stage1_F([[ACT]], [[TGT]]) {devices = array<i64: 2, 3>, send_stream = "p2p", stream = "compute"
-// BOTH-NEXT: [[B1:%[^,]+]], %{{.*}} = piper.task @stage1_B([[TGT]], [[F1]], [[ACT]]) {devices = array<i64: 2, 3>
-// BOTH-NEXT: [[GRAD:%[^,]+]], %{{.*}} = piper.transfer [[B1]] {from = array<i64: 2, 3>, stream = "p2p", to = array<i64: 0, 1>} : tensor<4x4xf32>
-// BOTH-NEXT: piper.task @stage0_B([[GRAD]], [[F0]]#1, [[F0]]#2, [[TOK]]) {devices = array<i64: 0, 1>
-// BOTH-NEXT: piper.task @stage0_U() {{.*}}devices = array<i64: 0, 1>
-// BOTH-NEXT: piper.task @stage1_U() {{.*}}devices = array<i64: 2, 3>
+// BOTH-NEXT: [[F0:%[^:]+]]:3, %{{.*}} = piper.task @stage0_F([[TOK]]) {devices = #piper.group<0, 1>
+// BOTH-NEXT: [[ACT:%[^,]+]], %{{.*}} = piper.transfer [[F0]]#0 {from = #piper.group<0, 1>, stream = #piper.stream<"pp_stream", comm>, to = #piper.group<2, 3>} : tensor<4x4xf32>
+// BOTH-NEXT: [[F1:%[^,]+]], %{{.*}} = piper.task @stage1_F([[ACT]], [[TGT]]) {devices = #piper.group<2, 3>, send_stream = #piper.stream<"p2p", comm>, stream = #piper.stream<"compute", compute>
+// BOTH-NEXT: [[B1:%[^,]+]], %{{.*}} = piper.task @stage1_B([[TGT]], [[F1]], [[ACT]]) {devices = #piper.group<2, 3>
+// BOTH-NEXT: [[GRAD:%[^,]+]], %{{.*}} = piper.transfer [[B1]] {from = #piper.group<2, 3>, stream = #piper.stream<"p2p", comm>, to = #piper.group<0, 1>} : tensor<4x4xf32>
+// BOTH-NEXT: piper.task @stage0_B([[GRAD]], [[F0]]#1, [[F0]]#2, [[TOK]]) {devices = #piper.group<0, 1>
+// BOTH-NEXT: piper.task @stage0_U() {{.*}}devices = #piper.group<0, 1>
+// BOTH-NEXT: piper.task @stage1_U() {{.*}}devices = #piper.group<2, 3>
 // BOTH-NEXT: {{^ *}}}{{$}}
 
 // Both stages on one device need no transfer; placing a stage twice on the
 // same group is harmless.
 // SAME-LABEL: piper.program @model {
 // SAME-NOT: piper.transfer
-// SAME-COUNT-6: devices = array<i64: 0>
+// SAME-COUNT-6: devices = #piper.group<0>
 // SAME-NOT: piper.transfer
 // SAME: }
 
@@ -62,9 +62,9 @@
 
 // Placing the last unplaced stage inserts the transfers.
 // CHUNK-LABEL: piper.program @last
-// CHUNK-NEXT: [[X:%[^,]+]], %{{.*}} = piper.task @f() {devices = array<i64: 0>, send_stream = "pp_stream", stream = "compute", tag = #piper.tag<PP = 0, PASS = F>}
-// CHUNK-NEXT: [[MOVED:%[^,]+]], %{{.*}} = piper.transfer [[X]] {from = array<i64: 0>, stream = "pp_stream", to = array<i64: 1>} : tensor<4xf32>
-// CHUNK-NEXT: piper.task @g([[MOVED]]) {devices = array<i64: 1>, tag = #piper.tag<PP = 1, PASS = F>}
+// CHUNK-NEXT: [[X:%[^,]+]], %{{.*}} = piper.task @f() {devices = #piper.group<0>, send_stream = #piper.stream<"pp_stream", comm>, stream = #piper.stream<"compute", compute>, tag = #piper.tag<PP = 0, PASS = F>}
+// CHUNK-NEXT: [[MOVED:%[^,]+]], %{{.*}} = piper.transfer [[X]] {from = #piper.group<0>, stream = #piper.stream<"pp_stream", comm>, to = #piper.group<1>} : tensor<4xf32>
+// CHUNK-NEXT: piper.task @g([[MOVED]]) {devices = #piper.group<1>, tag = #piper.tag<PP = 1, PASS = F>}
 piper.param @w : tensor<4xf32> init zeros(0.0)
 piper.segment @f() -> tensor<4xf32> {
   %x = piper.param_ref @w : tensor<4xf32>
@@ -75,7 +75,7 @@ piper.segment @g(%x: tensor<4xf32>) {
 }
 piper.program @last {
   %x, %d0 = piper.task @f() {tag = #piper.tag<PP = 0, PASS = F>} : () -> (tensor<4xf32>, !piper.token)
-  %d1 = piper.task @g(%x) {devices = array<i64: 1>, tag = #piper.tag<PP = 1, PASS = F>} : (tensor<4xf32>) -> !piper.token
+  %d1 = piper.task @g(%x) {devices = #piper.group<1>, tag = #piper.tag<PP = 1, PASS = F>} : (tensor<4xf32>) -> !piper.token
 }
 
 // -----
@@ -86,7 +86,7 @@ piper.segment @f() {
 }
 piper.program @p {
   // expected-error @+1 {{'piper.task' op directive #0 (piper-place pp=0): overlapping placements: task @f (PP=0 MB=1 PASS=F) is already placed on [5]}}
-  %d = piper.task @f() {devices = array<i64: 5>, tag = #piper.tag<PP = 0, MB = 1, PASS = F>} : () -> !piper.token
+  %d = piper.task @f() {devices = #piper.group<5>, tag = #piper.tag<PP = 0, MB = 1, PASS = F>} : () -> !piper.token
 }
 
 // -----
@@ -114,7 +114,7 @@ piper.segment @g(%x: tensor<4xf32>) {
 piper.program @p {
   %x, %d0 = piper.task @f() {tag = #piper.tag<PP = 0, PASS = F>} : () -> (tensor<4xf32>, !piper.token)
   // expected-error @+1 {{'piper.task' op task @g (PP=1 PASS=F) on [1, 2] consumes a value of task @f (PP=0 PASS=F) on [0]; transfers need device groups of the same size}}
-  %d1 = piper.task @g(%x) {devices = array<i64: 1, 2>, tag = #piper.tag<PP = 1, PASS = F>} : (tensor<4xf32>) -> !piper.token
+  %d1 = piper.task @g(%x) {devices = #piper.group<1, 2>, tag = #piper.tag<PP = 1, PASS = F>} : (tensor<4xf32>) -> !piper.token
 }
 
 // -----
@@ -126,15 +126,15 @@ piper.segment @f() {
 // expected-error @+1 {{'piper.program' op devices [1] of the 3-device world run no task}}
 piper.program @p {
   %d0 = piper.task @f() {tag = #piper.tag<PP = 0, PASS = F>} : () -> !piper.token
-  %d1 = piper.task @f() {devices = array<i64: 2>, tag = #piper.tag<PP = 1, PASS = F>} : () -> !piper.token
+  %d1 = piper.task @f() {devices = #piper.group<2>, tag = #piper.tag<PP = 1, PASS = F>} : () -> !piper.token
 }
 
 // -----
 
 // Token edges only order: a dependence across groups needs no transfer.
 // CHUNK-LABEL: piper.program @tokens
-// CHUNK-NEXT: %{{.*}}, [[D0:%[^ ]+]] = piper.task @f() {devices = array<i64: 0>
-// CHUNK-NEXT: piper.task @h() after([[D0]]) {devices = array<i64: 1>
+// CHUNK-NEXT: %{{.*}}, [[D0:%[^ ]+]] = piper.task @f() {devices = #piper.group<0>
+// CHUNK-NEXT: piper.task @h() after([[D0]]) {devices = #piper.group<1>
 // CHUNK-NOT: piper.transfer
 piper.param @w : tensor<4xf32> init zeros(0.0)
 piper.segment @f() -> tensor<4xf32> {
@@ -146,5 +146,5 @@ piper.segment @h() {
 }
 piper.program @tokens {
   %x, %d0 = piper.task @f() {tag = #piper.tag<PP = 0, PASS = F>} : () -> (tensor<4xf32>, !piper.token)
-  %d1 = piper.task @h() after(%d0) {devices = array<i64: 1>, tag = #piper.tag<PP = 1, PASS = F>} : () -> !piper.token
+  %d1 = piper.task @h() after(%d0) {devices = #piper.group<1>, tag = #piper.tag<PP = 1, PASS = F>} : () -> !piper.token
 }

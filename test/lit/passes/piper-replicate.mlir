@@ -24,8 +24,8 @@
 // BUCKETS-LABEL: piper.program @model attributes {num_microbatches = 2 : i64, num_replicas = 2 : i64, replicated} {
 // BUCKETS: [[B0:%.*]] = piper.task @stage0_B({{.*}}tag = #piper.tag<PP = 0, MB = 0, PASS = B>
 // BUCKETS: [[B1:%.*]] = piper.task @stage0_B({{.*}}tag = #piper.tag<PP = 0, MB = 1, PASS = B>
-// BUCKETS-NEXT: [[AR0:%.*]] = piper.all_reduce grads [@b1, @w1] after([[B0]], [[B1]]) {devices = array<i64: 0, 1>, stream = "dp_stream", tag = #piper.tag<PP = 0>}
-// BUCKETS-NEXT: [[AR1:%.*]] = piper.all_reduce grads [@wte] after([[B0]], [[B1]]) {devices = array<i64: 0, 1>, stream = "dp_stream", tag = #piper.tag<PP = 0>}
+// BUCKETS-NEXT: [[AR0:%.*]] = piper.all_reduce grads [@b1, @w1] after([[B0]], [[B1]]) {devices = #piper.group<0, 1>, stream = #piper.stream<"dp_stream", comm>, tag = #piper.tag<PP = 0>}
+// BUCKETS-NEXT: [[AR1:%.*]] = piper.all_reduce grads [@wte] after([[B0]], [[B1]]) {devices = #piper.group<0, 1>, stream = #piper.stream<"dp_stream", comm>, tag = #piper.tag<PP = 0>}
 // BUCKETS-NEXT: piper.task @stage0_U() after([[B0]], [[B1]], [[AR0]], [[AR1]])
 // BUCKETS-NOT: piper.all_reduce
 
@@ -41,8 +41,8 @@
 // BOTH-LABEL: piper.program @model attributes {num_microbatches = 2 : i64, num_replicas = 2 : i64, replicated} {
 // BOTH: [[B10:%[^,]+]], [[B10D:%[^ ]+]] = piper.task @stage1_B({{.*}}MB = 0
 // BOTH: [[B11:%[^,]+]], [[B11D:%[^ ]+]] = piper.task @stage1_B({{.*}}MB = 1
-// BOTH-NEXT: [[AR1:%.*]] = piper.all_reduce grads [@lm] after([[B10D]], [[B11D]]) {devices = array<i64: 2, 3>, stream = "ar", tag = #piper.tag<PP = 1>}
-// BOTH: [[AR0:%.*]] = piper.all_reduce grads [@b1, @w1, @wte] after({{.*}}) {devices = array<i64: 0, 1>, stream = "dp_stream", tag = #piper.tag<PP = 0>}
+// BOTH-NEXT: [[AR1:%.*]] = piper.all_reduce grads [@lm] after([[B10D]], [[B11D]]) {devices = #piper.group<2, 3>, stream = #piper.stream<"ar", comm>, tag = #piper.tag<PP = 1>}
+// BOTH: [[AR0:%.*]] = piper.all_reduce grads [@b1, @w1, @wte] after({{.*}}) {devices = #piper.group<0, 1>, stream = #piper.stream<"dp_stream", comm>, tag = #piper.tag<PP = 0>}
 // BOTH-NEXT: piper.task @stage0_U() after({{.*}}, [[AR0]])
 // BOTH-NEXT: piper.task @stage1_U() after([[B10D]], [[B11D]], [[AR1]])
 
@@ -63,10 +63,10 @@
 // Every update of a reduced parameter waits for the reduction, whichever
 // stage it is tagged with; an update of other parameters does not.
 // CHUNK-LABEL: piper.program @updates
-// CHUNK: [[B:%.*]] = piper.task @bwd() {devices = array<i64: 0, 1>
-// CHUNK-NEXT: [[AR:%.*]] = piper.all_reduce grads [@w] after([[B]]) {devices = array<i64: 0, 1>, stream = "dp_stream", tag = #piper.tag<PP = 0>}
-// CHUNK-NEXT: piper.task @upd_w() after([[AR]]) {devices = array<i64: 0, 1>, tag = #piper.tag<PP = 1, PASS = U>}
-// CHUNK-NEXT: piper.task @upd_v() {devices = array<i64: 2, 3>, tag = #piper.tag<PP = 1, PASS = U>}
+// CHUNK: [[B:%.*]] = piper.task @bwd() {devices = #piper.group<0, 1>
+// CHUNK-NEXT: [[AR:%.*]] = piper.all_reduce grads [@w] after([[B]]) {devices = #piper.group<0, 1>, stream = #piper.stream<"dp_stream", comm>, tag = #piper.tag<PP = 0>}
+// CHUNK-NEXT: piper.task @upd_w() after([[AR]]) {devices = #piper.group<0, 1>, tag = #piper.tag<PP = 1, PASS = U>}
+// CHUNK-NEXT: piper.task @upd_v() {devices = #piper.group<2, 3>, tag = #piper.tag<PP = 1, PASS = U>}
 piper.param @w : tensor<4xf32> init zeros(0.0)
 piper.param @v : tensor<4xf32> init zeros(0.0)
 piper.segment @bwd() {
@@ -83,9 +83,9 @@ piper.segment @upd_v() {
   piper.yield
 }
 piper.program @updates {
-  %b = piper.task @bwd() {devices = array<i64: 0, 1>, tag = #piper.tag<PP = 0, PASS = B>} : () -> !piper.token
-  %u = piper.task @upd_w() {devices = array<i64: 0, 1>, tag = #piper.tag<PP = 1, PASS = U>} : () -> !piper.token
-  %v = piper.task @upd_v() {devices = array<i64: 2, 3>, tag = #piper.tag<PP = 1, PASS = U>} : () -> !piper.token
+  %b = piper.task @bwd() {devices = #piper.group<0, 1>, tag = #piper.tag<PP = 0, PASS = B>} : () -> !piper.token
+  %u = piper.task @upd_w() {devices = #piper.group<0, 1>, tag = #piper.tag<PP = 1, PASS = U>} : () -> !piper.token
+  %v = piper.task @upd_v() {devices = #piper.group<2, 3>, tag = #piper.tag<PP = 1, PASS = U>} : () -> !piper.token
 }
 
 // -----
@@ -96,6 +96,6 @@ piper.segment @f() {
 }
 // expected-error @+1 {{'piper.program' op directive #0 (piper-replicate pp=0): data-parallel degree 2 differs from the degree 3 of an earlier replicate}}
 piper.program @p attributes {num_replicas = 3 : i64, replicated} {
-  %d0 = piper.task @f() {devices = array<i64: 0, 1>, tag = #piper.tag<PP = 0, PASS = F>} : () -> !piper.token
-  %d1 = piper.task @f() {devices = array<i64: 2, 3, 4>, tag = #piper.tag<PP = 1, PASS = F>} : () -> !piper.token
+  %d0 = piper.task @f() {devices = #piper.group<0, 1>, tag = #piper.tag<PP = 0, PASS = F>} : () -> !piper.token
+  %d1 = piper.task @f() {devices = #piper.group<2, 3, 4>, tag = #piper.tag<PP = 1, PASS = F>} : () -> !piper.token
 }

@@ -68,11 +68,11 @@ piper.segment @f() {
   piper.yield
 }
 piper.program @p attributes {num_microbatches = 2 : i64} {
-  %f0 = piper.task @f() {devices = array<i64: 0>, tag = #piper.tag<PP = 0, MB = 0, PASS = F>} : () -> !piper.token
+  %f0 = piper.task @f() {devices = #piper.group<0>, tag = #piper.tag<PP = 0, MB = 0, PASS = F>} : () -> !piper.token
   // expected-error @+1 {{'piper.task' op directive #0 (order: gpipe schedule of stage 0): an order directive must cover one device group, but task @f (PP=0 MB=0 PASS=F) runs on [0] and task @f (PP=0 MB=1 PASS=F) on [1]}}
-  %f1 = piper.task @f() {devices = array<i64: 1>, tag = #piper.tag<PP = 0, MB = 1, PASS = F>} : () -> !piper.token
-  %b0 = piper.task @f() {devices = array<i64: 0>, tag = #piper.tag<PP = 0, MB = 0, PASS = B>} : () -> !piper.token
-  %b1 = piper.task @f() {devices = array<i64: 1>, tag = #piper.tag<PP = 0, MB = 1, PASS = B>} : () -> !piper.token
+  %f1 = piper.task @f() {devices = #piper.group<1>, tag = #piper.tag<PP = 0, MB = 1, PASS = F>} : () -> !piper.token
+  %b0 = piper.task @f() {devices = #piper.group<0>, tag = #piper.tag<PP = 0, MB = 0, PASS = B>} : () -> !piper.token
+  %b1 = piper.task @f() {devices = #piper.group<1>, tag = #piper.tag<PP = 0, MB = 1, PASS = B>} : () -> !piper.token
 }
 
 // -----

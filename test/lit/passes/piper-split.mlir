@@ -69,9 +69,9 @@ piper.segment @f() -> tensor<4xf32> {
 }
 piper.param @w : tensor<4xf32> init zeros(0.0)
 piper.program @p {
-  %x, %d = piper.task @f() {devices = array<i64: 0>, tag = #piper.tag<PP = 0, PASS = F>} : () -> (tensor<4xf32>, !piper.token)
+  %x, %d = piper.task @f() {devices = #piper.group<0>, tag = #piper.tag<PP = 0, PASS = F>} : () -> (tensor<4xf32>, !piper.token)
   // expected-error @+1 {{'piper.transfer' op directive #0 (piper-split microbatches=2): split must come before place and replicate}}
-  %y, %t = piper.transfer %x {from = array<i64: 0>, to = array<i64: 1>, stream = "pp_stream"} : tensor<4xf32>
+  %y, %t = piper.transfer %x {from = #piper.group<0>, to = #piper.group<1>, stream = #piper.stream<"pp_stream", comm>} : tensor<4xf32>
 }
 
 // -----
@@ -80,5 +80,5 @@ piper.program @p {
 piper.param @w : tensor<4xf32> init zeros(0.0)
 piper.program @p {
   // expected-error @+1 {{'piper.all_reduce' op directive #0 (piper-split microbatches=2): split must come before place and replicate}}
-  %a = piper.all_reduce grads [@w] {devices = array<i64: 0, 1>, stream = "dp_stream", tag = #piper.tag<PP = 0>}
+  %a = piper.all_reduce grads [@w] {devices = #piper.group<0, 1>, stream = #piper.stream<"dp_stream", comm>, tag = #piper.tag<PP = 0>}
 }

@@ -7,9 +7,9 @@
 // CHECK-LABEL: piper.program @p
 // CHECK: [[B0:%[^ ]+]] = piper.task @bwd0(
 // CHECK: [[B1:%[^ ]+]] = piper.task @bwd1(
-// CHECK: [[AR:%[^ ]+]] = piper.all_reduce grads [@wte] after([[B0]], [[B1]]) {collective = 0 : i64, devices = array<i64: 0, 1>, stream = "dp_stream", tag = #piper.tag<>}
-// CHECK: piper.task @upd() after([[B0]], [[AR]]) {devices = array<i64: 0>
-// CHECK: piper.task @upd() after([[B1]], [[AR]]) {devices = array<i64: 1>
+// CHECK: [[AR:%[^ ]+]] = piper.all_reduce grads [@wte] after([[B0]], [[B1]]) {collective = 0 : i64, devices = #piper.group<0, 1>, stream = #piper.stream<"dp_stream", comm>, tag = #piper.tag<>}
+// CHECK: piper.task @upd() after([[B0]], [[AR]]) {devices = #piper.group<0>
+// CHECK: piper.task @upd() after([[B1]], [[AR]]) {devices = #piper.group<1>
 piper.param @wte : tensor<4xf32> init zeros(0.0)
 piper.segment @bwd0(%g: tensor<4xf32>) {
   piper.accumulate_grad @wte, %g : tensor<4xf32>
@@ -29,12 +29,12 @@ piper.segment @src() -> tensor<4xf32> {
   piper.yield %w : tensor<4xf32>
 }
 piper.program @p {
-  %g0, %s0 = piper.task @src() {devices = array<i64: 0>, stream = "compute", tag = #piper.tag<PP = 0, PASS = F>} : () -> (tensor<4xf32>, !piper.token)
-  %g1, %s1 = piper.task @src() {devices = array<i64: 1>, stream = "compute", tag = #piper.tag<PP = 1, PASS = F>} : () -> (tensor<4xf32>, !piper.token)
-  %b0 = piper.task @bwd0(%g0) {devices = array<i64: 0>, stream = "compute", tag = #piper.tag<PP = 0, PASS = B>} : (tensor<4xf32>) -> !piper.token
-  %b1 = piper.task @bwd1(%g1) {devices = array<i64: 1>, stream = "compute", tag = #piper.tag<PP = 1, PASS = B>} : (tensor<4xf32>) -> !piper.token
-  %u0 = piper.task @upd() after(%b0) {devices = array<i64: 0>, stream = "compute", tag = #piper.tag<PP = 0, PASS = U>} : () -> !piper.token
-  %u1 = piper.task @upd() after(%b1) {devices = array<i64: 1>, stream = "compute", tag = #piper.tag<PP = 1, PASS = U>} : () -> !piper.token
+  %g0, %s0 = piper.task @src() {devices = #piper.group<0>, stream = #piper.stream<"compute", compute>, tag = #piper.tag<PP = 0, PASS = F>} : () -> (tensor<4xf32>, !piper.token)
+  %g1, %s1 = piper.task @src() {devices = #piper.group<1>, stream = #piper.stream<"compute", compute>, tag = #piper.tag<PP = 1, PASS = F>} : () -> (tensor<4xf32>, !piper.token)
+  %b0 = piper.task @bwd0(%g0) {devices = #piper.group<0>, stream = #piper.stream<"compute", compute>, tag = #piper.tag<PP = 0, PASS = B>} : (tensor<4xf32>) -> !piper.token
+  %b1 = piper.task @bwd1(%g1) {devices = #piper.group<1>, stream = #piper.stream<"compute", compute>, tag = #piper.tag<PP = 1, PASS = B>} : (tensor<4xf32>) -> !piper.token
+  %u0 = piper.task @upd() after(%b0) {devices = #piper.group<0>, stream = #piper.stream<"compute", compute>, tag = #piper.tag<PP = 0, PASS = U>} : () -> !piper.token
+  %u1 = piper.task @upd() after(%b1) {devices = #piper.group<1>, stream = #piper.stream<"compute", compute>, tag = #piper.tag<PP = 1, PASS = U>} : () -> !piper.token
 }
 
 // -----
@@ -51,8 +51,8 @@ piper.segment @bwd(%g: tensor<4xf32>) {
 }
 // expected-error @+1 {{'piper.program' op parameter @w is shared by device groups that overlap; its gradient cannot be summed once per copy}}
 piper.program @q {
-  %g0, %s0 = piper.task @src() {devices = array<i64: 0, 1>, tag = #piper.tag<PP = 0, PASS = F>} : () -> (tensor<4xf32>, !piper.token)
-  %b0 = piper.task @bwd(%g0) {devices = array<i64: 0, 1>, tag = #piper.tag<PP = 0, PASS = B>} : (tensor<4xf32>) -> !piper.token
-  %g1, %s1 = piper.task @src() {devices = array<i64: 1, 2>, tag = #piper.tag<PP = 1, PASS = F>} : () -> (tensor<4xf32>, !piper.token)
-  %b1 = piper.task @bwd(%g1) {devices = array<i64: 1, 2>, tag = #piper.tag<PP = 1, PASS = B>} : (tensor<4xf32>) -> !piper.token
+  %g0, %s0 = piper.task @src() {devices = #piper.group<0, 1>, tag = #piper.tag<PP = 0, PASS = F>} : () -> (tensor<4xf32>, !piper.token)
+  %b0 = piper.task @bwd(%g0) {devices = #piper.group<0, 1>, tag = #piper.tag<PP = 0, PASS = B>} : (tensor<4xf32>) -> !piper.token
+  %g1, %s1 = piper.task @src() {devices = #piper.group<1, 2>, tag = #piper.tag<PP = 1, PASS = F>} : () -> (tensor<4xf32>, !piper.token)
+  %b1 = piper.task @bwd(%g1) {devices = #piper.group<1, 2>, tag = #piper.tag<PP = 1, PASS = B>} : (tensor<4xf32>) -> !piper.token
 }

@@ -7,6 +7,6 @@ piper.segment @embed(%tok: tensor<2x4xi32>) -> tensor<8x4xf32> {
 }
 piper.program @train attributes {num_replicas = 3 : i64} {
   %tok, %tgt, %bd = piper.batch {tag = #piper.tag<MB = 0>} : tensor<2x4xi32>, tensor<2x4xi32>
-  %x, %fd = piper.task @embed(%tok) {devices = array<i64: 0, 1, 2>, tag = #piper.tag<PP = 0, MB = 0, PASS = F>} : (tensor<2x4xi32>) -> (tensor<8x4xf32>, !piper.token)
-  %s, %sd = piper.all_reduce %x : tensor<8x4xf32> -> tensor<8x4xf32> {devices = array<i64: 0, 1>, stream = "dp_stream", tag = #piper.tag<PP = 0, MB = 0>}
+  %x, %fd = piper.task @embed(%tok) {devices = #piper.group<0, 1, 2>, tag = #piper.tag<PP = 0, MB = 0, PASS = F>} : (tensor<2x4xi32>) -> (tensor<8x4xf32>, !piper.token)
+  %s, %sd = piper.all_reduce %x : tensor<8x4xf32> -> tensor<8x4xf32> {devices = #piper.group<0, 1>, stream = #piper.stream<"dp_stream", comm>, tag = #piper.tag<PP = 0, MB = 0>}
 }

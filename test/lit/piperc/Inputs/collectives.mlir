@@ -28,12 +28,12 @@ piper.segment @acc_c(%g: tensor<8x4xf32>) {
 }
 piper.program @train attributes {num_replicas = 3 : i64} {
   %tok, %tgt, %bd = piper.batch {tag = #piper.tag<MB = 0>} : tensor<2x4xi32>, tensor<2x4xi32>
-  %x, %fd = piper.task @embed(%tok) {devices = array<i64: 0, 1, 2>, tag = #piper.tag<PP = 0, MB = 0, PASS = F>} : (tensor<2x4xi32>) -> (tensor<8x4xf32>, !piper.token)
-  %s, %sd = piper.all_reduce %x : tensor<8x4xf32> -> tensor<8x4xf32> {devices = array<i64: 0, 1, 2>, stream = "dp_stream", tag = #piper.tag<PP = 0, MB = 0>}
-  %sh, %rd = piper.reduce_scatter %x {devices = array<i64: 0, 1, 2>, stream = "dp_stream", tag = #piper.tag<PP = 0, MB = 0>} : tensor<8x4xf32> -> tensor<3x4xf32>
-  %full, %gd = piper.all_gather %sh {devices = array<i64: 0, 1, 2>, stream = "gather_stream", tag = #piper.tag<PP = 0, MB = 0>} : tensor<3x4xf32> -> tensor<8x4xf32>
-  %t1 = piper.task @acc_a(%s) {devices = array<i64: 0, 1, 2>, tag = #piper.tag<PP = 0, MB = 0, PASS = B>} : (tensor<8x4xf32>) -> !piper.token
-  %t2 = piper.task @acc_b(%full) {devices = array<i64: 0, 1, 2>, tag = #piper.tag<PP = 0, MB = 0, PASS = B>} : (tensor<8x4xf32>) -> !piper.token
-  %t3 = piper.task @acc_c(%x) {devices = array<i64: 0, 1, 2>, tag = #piper.tag<PP = 0, MB = 0, PASS = B>} : (tensor<8x4xf32>) -> !piper.token
-  %ar = piper.all_reduce grads [@a, @b, @c] after(%t1, %t2, %t3) {devices = array<i64: 0, 1, 2>, stream = "dp_stream", tag = #piper.tag<PP = 0>}
+  %x, %fd = piper.task @embed(%tok) {devices = #piper.group<0, 1, 2>, tag = #piper.tag<PP = 0, MB = 0, PASS = F>} : (tensor<2x4xi32>) -> (tensor<8x4xf32>, !piper.token)
+  %s, %sd = piper.all_reduce %x : tensor<8x4xf32> -> tensor<8x4xf32> {devices = #piper.group<0, 1, 2>, stream = #piper.stream<"dp_stream", comm>, tag = #piper.tag<PP = 0, MB = 0>}
+  %sh, %rd = piper.reduce_scatter %x {devices = #piper.group<0, 1, 2>, stream = #piper.stream<"dp_stream", comm>, tag = #piper.tag<PP = 0, MB = 0>} : tensor<8x4xf32> -> tensor<3x4xf32>
+  %full, %gd = piper.all_gather %sh {devices = #piper.group<0, 1, 2>, stream = #piper.stream<"gather_stream", comm>, tag = #piper.tag<PP = 0, MB = 0>} : tensor<3x4xf32> -> tensor<8x4xf32>
+  %t1 = piper.task @acc_a(%s) {devices = #piper.group<0, 1, 2>, tag = #piper.tag<PP = 0, MB = 0, PASS = B>} : (tensor<8x4xf32>) -> !piper.token
+  %t2 = piper.task @acc_b(%full) {devices = #piper.group<0, 1, 2>, tag = #piper.tag<PP = 0, MB = 0, PASS = B>} : (tensor<8x4xf32>) -> !piper.token
+  %t3 = piper.task @acc_c(%x) {devices = #piper.group<0, 1, 2>, tag = #piper.tag<PP = 0, MB = 0, PASS = B>} : (tensor<8x4xf32>) -> !piper.token
+  %ar = piper.all_reduce grads [@a, @b, @c] after(%t1, %t2, %t3) {devices = #piper.group<0, 1, 2>, stream = #piper.stream<"dp_stream", comm>, tag = #piper.tag<PP = 0>}
 }
