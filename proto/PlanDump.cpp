@@ -221,6 +221,8 @@ void dumpInstruction(std::ostringstream &os, const Instruction &in) {
   default:
     os << Instruction::Kind_Name(in.kind());
   }
+  if (in.subgroups_size() > 0)
+    os << " subgroups (" << listText(in.subgroups(), "g") << ")";
   if (!in.label().empty())
     os << "  # " << in.label();
   os << "\n";

@@ -168,6 +168,10 @@ public:
       } else {
         return op.emitOpError("cannot be lowered to a plan instruction");
       }
+      if (auto c = dyn_cast<CollectiveOpInterface>(op))
+        if (ArrayAttr sub = c.getSubgroupsAttr())
+          for (Attribute g : sub)
+            ins->add_subgroups(groupId(cast<DeviceGroupAttr>(g)));
       if (eventOf.count(&op)) {
         plan::Instruction *rec = stream.add_instructions();
         rec->set_kind(plan::Instruction::RECORD);

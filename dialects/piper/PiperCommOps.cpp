@@ -32,6 +32,38 @@ static LogicalResult verifyCollective(Operation *op) {
       id && static_cast<int64_t>(*id) < 0)
     return op->emitOpError("collective id must be non-negative, got ")
            << static_cast<int64_t>(*id);
+  ArrayAttr sub = c.getSubgroupsAttr();
+  if (!sub)
+    return success();
+  if (sub.empty())
+    return op->emitOpError("subgroups, when given, are at least one group");
+  if (c.getCollective())
+    return op->emitOpError("a collective over several device classes "
+                           "(with a collective id) cannot have subgroups");
+  llvm::SmallDenseSet<int64_t> covered;
+  DeviceGroupAttr devices = c.getDevices();
+  size_t size = cast<DeviceGroupAttr>(sub[0]).size();
+  for (Attribute a : sub) {
+    auto g = cast<DeviceGroupAttr>(a);
+    if (g.size() != size)
+      return op->emitOpError("subgroups must have one size, got ")
+             << size << " and " << g.size() << " members";
+    ArrayRef<int64_t> m = g.getMembers();
+    for (size_t i = 0; i < m.size(); ++i) {
+      if (i > 0 && m[i - 1] >= m[i])
+        return op->emitOpError("subgroup members must be listed in "
+                               "increasing order");
+      if (!devices.contains(m[i]))
+        return op->emitOpError("subgroup member ")
+               << m[i] << " is not in the group";
+      if (!covered.insert(m[i]).second)
+        return op->emitOpError("device ") << m[i] << " is in two subgroups";
+    }
+  }
+  if (covered.size() != devices.size())
+    return op->emitOpError("the subgroups must cover the group: ")
+           << covered.size() << " of its " << devices.size()
+           << " devices are in one";
   return success();
 }
 
@@ -70,14 +102,15 @@ void AllReduceOp::build(OpBuilder &b, OperationState &state, ArrayAttr grads,
                         StreamAttr stream, TagAttr tag,
                         IntegerAttr collective) {
   build(b, state, TypeRange(), b.getType<TokenType>(), ValueRange(), grads,
-        deps, devices, stream, tag, collective);
+        deps, devices, stream, tag, collective, /*subgroups=*/ArrayAttr());
 }
 
 void AllReduceOp::build(OpBuilder &b, OperationState &state, ValueRange inputs,
                         ValueRange deps, DeviceGroupAttr devices,
                         StreamAttr stream, TagAttr tag) {
   build(b, state, inputs.getTypes(), b.getType<TokenType>(), inputs,
-        ArrayAttr(), deps, devices, stream, tag, IntegerAttr());
+        ArrayAttr(), deps, devices, stream, tag, IntegerAttr(),
+        /*subgroups=*/ArrayAttr());
 }
 
 LogicalResult AllReduceOp::verify() {
@@ -108,8 +141,7 @@ static LogicalResult verifySlices(Operation *op, RankedTensorType in,
   if (scatter && !in.getElementType().isF32())
     return op->emitOpError("sums f32 tensors, not ") << in;
   RankedTensorType full = scatter ? in : out, slice = scatter ? out : in;
-  int64_t members = static_cast<int64_t>(
-      cast<CollectiveOpInterface>(op).getDevices().size());
+  int64_t members = cast<CollectiveOpInterface>(op).getGroupSize();
   int64_t want = ceilDiv(full.getDimSize(0), members);
   if (slice.getDimSize(0) != want)
     return op->emitOpError(scatter ? "result" : "input")

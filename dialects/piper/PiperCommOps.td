@@ -104,19 +104,30 @@ def Piper_RecvOp : Piper_CommOp<"recv", [HasParent<"DeviceProgramOp">]> {
 /// Every member of the group runs it; members issue the collectives of one
 /// (group, stream) in the same order. `tag` places it in the step (stage,
 /// microbatch); `collective` matches the copies of a collective that spans
-/// several device classes. Reductions sum, in rank order, so every member
-/// gets the same bits.
+/// several device classes. `subgroups` splits `devices` into disjoint groups
+/// of equal size, each running the collective on its own (the
+/// expert-parallel groups of a data-parallel class, or the ranks holding the
+/// same experts); "member" and "group size" then refer to the subgroup.
+/// Reductions sum, in rank order, so every member gets the same bits.
 class Piper_CollectiveOp<string mnemonic, list<Trait> traits = []>
     : Piper_NodeOp<mnemonic, !listconcat(traits, [Piper_CollectiveOpInterface])> {
   dag commonArgs = (ins Variadic<Piper_TokenType>:$deps,
                         Piper_DeviceGroupAttr:$devices, Piper_StreamAttr:$stream,
-                        Piper_TagAttr:$tag, OptionalAttr<I64Attr>:$collective);
+                        Piper_TagAttr:$tag, OptionalAttr<I64Attr>:$collective,
+                        OptionalAttr<TypedArrayAttrBase<Piper_DeviceGroupAttr,
+                            "device groups">>:$subgroups);
   code commonDecls = [{
     ::llvm::ArrayRef<int64_t> getNodeDevices() { return getDevices().getMembers(); }
     ::mlir::piper::StreamAttr getNodeStream() { return getStream(); }
     ::mlir::MutableOperandRange getNodeDepsMutable() { return getDepsMutable(); }
-    /// The number of members of the group.
-    int64_t getGroupSize() { return static_cast<int64_t>(getDevices().size()); }
+    /// The number of members that run the collective together: the
+    /// group's, or one subgroup's.
+    int64_t getGroupSize() {
+      if (::mlir::ArrayAttr sub = getSubgroupsAttr(); sub && !sub.empty())
+        return static_cast<int64_t>(
+            ::llvm::cast<::mlir::piper::DeviceGroupAttr>(sub[0]).size());
+      return static_cast<int64_t>(getDevices().size());
+    }
   }];
   let hasVerifier = 1;
 }

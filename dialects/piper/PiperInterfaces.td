@@ -58,6 +58,16 @@ def Piper_CollectiveOpInterface : OpInterface<"CollectiveOpInterface"> {
       }],
       "::std::optional<uint64_t>", "getCollective">,
     InterfaceMethod<[{
+        The disjoint, equally sized groups `devices` is split into, each
+        running the collective on its own; absent when the whole group runs
+        it together.
+      }],
+      "::mlir::ArrayAttr", "getSubgroupsAttr">,
+    InterfaceMethod<[{
+        How many ranks run the collective together.
+      }],
+      "int64_t", "getGroupSize">,
+    InterfaceMethod<[{
         Where the collective sits in the step (stage, microbatch).
       }],
       "::mlir::piper::TagAttr", "getTag">,

@@ -7,6 +7,7 @@
 #include <set>
 #include <tuple>
 
+#include "proto/PlanGroups.h"
 #include "proto/analysis/MemoryPlan.h"
 #include "proto/analysis/StreamOrder.h"
 
@@ -477,13 +478,19 @@ private:
           grads += paramBytes(p);
         local = timeFor(2 * grads, m.memoryBytesPerSecond);
       } else {
-        if (inst.group() < 0 || inst.group() >= plan.groups_size()) {
+        // The class's first rank stands for every replica: all of them run
+        // with a group (or subgroup) of the same size.
+        const DeviceGroup *g = plan.ranks_size()
+                                   ? memberGroup(plan, inst, plan.ranks(0))
+                                   : nullptr;
+        if (!g) {
           error = where(c, s) + ": group " + std::to_string(inst.group()) +
-                  " is not a group of the plan";
+                  " (or its subgroup of rank " +
+                  std::to_string(plan.ranks_size() ? plan.ranks(0) : -1) +
+                  ") is not a group of the plan";
           return -1;
         }
-        ranks.assign(plan.groups(inst.group()).ranks().begin(),
-                     plan.groups(inst.group()).ranks().end());
+        ranks.assign(g->ranks().begin(), g->ranks().end());
         std::sort(ranks.begin(), ranks.end());
         for (int r : ranks) {
           auto it = classOfRank.find(r);

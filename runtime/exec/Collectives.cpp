@@ -33,7 +33,7 @@ CommDType ExecutorImpl::commType(int id) const {
 Status ExecutorImpl::collective(int s, const Instruction &inst,
                                 StepState &st) {
   const std::string &streamName = plan.streams(s).name();
-  std::vector<int> ranks = groupRanks(inst.group());
+  std::vector<int> ranks = memberRanks(inst);
   int position = static_cast<int>(
       std::find(ranks.begin(), ranks.end(), options.rank) - ranks.begin());
   CommKey key{streamName, ranks};

@@ -7,6 +7,7 @@
 #include <set>
 
 #include "proto/KernelIds.h"
+#include "proto/PlanGroups.h"
 #include "runtime/exec/ExecutorImpl.h"
 #include "runtime/exec/Init.h"
 #include "runtime/exec/Validate.h"
@@ -17,8 +18,9 @@ namespace piper::runtime {
 using plan::Instruction;
 using plan::Operand;
 
-std::vector<int> ExecutorImpl::groupRanks(int group) const {
-  const plan::DeviceGroup &g = plan.groups(group);
+std::vector<int> ExecutorImpl::memberRanks(const Instruction &inst) const {
+  // Validated at load: the group exists and a subgroup holds this rank.
+  const plan::DeviceGroup &g = *plan::memberGroup(plan, inst, options.rank);
   std::vector<int> ranks(g.ranks().begin(), g.ranks().end());
   std::sort(ranks.begin(), ranks.end());
   return ranks;
@@ -197,7 +199,7 @@ std::vector<CommKey> Executor::commKeys() const {
                  inst.kind() == Instruction::REDUCE_SCATTER ||
                  inst.kind() == Instruction::ALL_GATHER ||
                  inst.kind() == Instruction::ALL_TO_ALL) {
-        std::vector<int> ranks = impl->groupRanks(inst.group());
+        std::vector<int> ranks = impl->memberRanks(inst);
         if (ranks.size() >= 2)
           keys.insert({stream.name(), ranks});
       }

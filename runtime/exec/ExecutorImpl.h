@@ -216,7 +216,9 @@ public:
   int peerOf(const plan::Instruction &inst) const {
     return plan.groups(inst.peer_group()).ranks(replica);
   }
-  std::vector<int> groupRanks(int group) const;
+  /// The ranks this rank runs collective `inst` with (its group, or its
+  /// subgroup of it), in increasing order.
+  std::vector<int> memberRanks(const plan::Instruction &inst) const;
   const TensorPtr &stateOf(int index, int kind) const {
     return state[index][kind - 1];
   }

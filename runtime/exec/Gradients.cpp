@@ -109,7 +109,7 @@ Status ExecutorImpl::clipGrads() {
 }
 
 Status ExecutorImpl::allReduce(int s, const Instruction &inst) {
-  std::vector<int> ranks = groupRanks(inst.group());
+  std::vector<int> ranks = memberRanks(inst);
   if (ranks.size() < 2)
     return Status::ok(); // a sum over one rank is the identity
   std::string what = "all-reduce over ranks [";

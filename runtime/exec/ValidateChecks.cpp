@@ -4,6 +4,7 @@
 #include <set>
 
 #include "proto/KernelIds.h"
+#include "proto/PlanGroups.h"
 #include "runtime/exec/Validate.h"
 #include "runtime/exec/ValidateInternal.h"
 
@@ -213,12 +214,12 @@ Status checkSegment(const plan::Plan &plan, int index) {
 }
 
 namespace {
-/// A collective's group exists and contains every rank running the plan.
+/// A collective's group (and subgroups) exist and contain every rank
+/// running the plan.
 Status checkCollectiveGroup(const plan::Plan &plan, const Instruction &inst) {
-  if (inst.group() < 0 || inst.group() >= plan.groups_size())
-    return Status::error("group " + std::to_string(inst.group()) +
-                         " is out of range (the plan has " +
-                         std::to_string(plan.groups_size()) + " groups)");
+  std::string problem = plan::checkCollectiveGroups(plan, inst);
+  if (!problem.empty())
+    return Status::error(problem);
   const plan::DeviceGroup &g = plan.groups(inst.group());
   for (int r : plan.ranks())
     if (std::find(g.ranks().begin(), g.ranks().end(), r) == g.ranks().end())
@@ -226,6 +227,13 @@ Status checkCollectiveGroup(const plan::Plan &plan, const Instruction &inst) {
                            " does not contain rank " + std::to_string(r) +
                            ", which runs this plan");
   return Status::ok();
+}
+
+/// How many ranks run a (checked) collective together: the group's, or one
+/// subgroup's.
+int memberCount(const plan::Plan &plan, const Instruction &inst) {
+  int id = inst.subgroups_size() ? inst.subgroups(0) : inst.group();
+  return plan.groups(id).ranks_size();
 }
 
 int64_t elementsOf(const plan::TensorType &t) {
@@ -270,7 +278,7 @@ Status checkSlices(const plan::Plan &plan, const Instruction &inst) {
   const char *name = scatter ? "REDUCE_SCATTER" : "ALL_GATHER";
   const plan::TensorType &in = plan.buffers(inst.inputs(0)).type();
   const plan::TensorType &out = plan.buffers(inst.outputs(0)).type();
-  int members = plan.groups(inst.group()).ranks_size();
+  int members = memberCount(plan, inst);
   if (inst.counts_size() != members)
     return Status::error(std::string(name) + " has " +
                          std::to_string(inst.counts_size()) +
@@ -309,7 +317,7 @@ Status checkSlices(const plan::Plan &plan, const Instruction &inst) {
 /// ALL_TO_ALL: data buffers that differ only in rows, and one i32 count
 /// per member.
 Status checkAllToAll(const plan::Plan &plan, const Instruction &inst) {
-  int members = plan.groups(inst.group()).ranks_size();
+  int members = memberCount(plan, inst);
   const plan::TensorType &in = plan.buffers(inst.inputs(0)).type();
   const plan::TensorType &out = plan.buffers(inst.outputs(0)).type();
   if (in.dtype() != out.dtype() || in.shape_size() < 1 ||

@@ -5,6 +5,7 @@
 #include <map>
 #include <tuple>
 
+#include "proto/PlanGroups.h"
 #include "runtime/exec/Validate.h"
 #include "runtime/exec/ValidateInternal.h"
 
@@ -104,8 +105,12 @@ Status validateStrategy(const plan::Manifest &manifest,
                    inst.kind() == Instruction::REDUCE_SCATTER ||
                    inst.kind() == Instruction::ALL_GATHER ||
                    inst.kind() == Instruction::ALL_TO_ALL) {
-          const plan::DeviceGroup &g = plan.groups(inst.group());
-          std::vector<int> ranks(g.ranks().begin(), g.ranks().end());
+          const plan::DeviceGroup *g = plan::memberGroup(plan, inst, r);
+          if (!g)
+            return Status::error(where(r, s, i) +
+                                 ": no subgroup of the collective contains "
+                                 "this rank");
+          std::vector<int> ranks(g->ranks().begin(), g->ranks().end());
           std::sort(ranks.begin(), ranks.end());
           if (ranks.size() < 2)
             continue;

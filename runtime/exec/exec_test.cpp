@@ -287,6 +287,15 @@ TEST_CASE("validatePlan rejects bad plans", "[validate]") {
     dp.mutable_groups(0)->set_ranks(1, 2);
     expectInvalid(dp, {"does not contain rank 1"});
   }
+  SECTION("all-reduce subgroups that do not cover the group") {
+    plan::Plan dp = singleClassPlan(m, 2, {0, 1}, 2);
+    plan::DeviceGroup *g = dp.add_groups();
+    g->set_id(dp.groups_size() - 1);
+    g->add_ranks(0);
+    plan::Stream *s = dp.mutable_streams(0);
+    s->mutable_instructions(s->instructions_size() - 2)->add_subgroups(g->id());
+    expectInvalid(dp, {"(allreduce grads)", "do not cover group 0"});
+  }
   SECTION("event index") {
     compute()->mutable_instructions(0)->set_event(5);
     expectInvalid(p, {"instruction 0 (wait MB=0)", "event 5 is out of range"});

@@ -1,11 +1,16 @@
-"""Value-level collectives end to end: `piperc lower` compiles the
-hand-written program Inputs/collectives.mlir and `piper-run` runs it on 3 CPU
-ranks (Gloo). Each rank embeds its own microbatch x_r; the program sums the
-x_r by a value all_reduce (into @a), by reduce_scatter + all_gather with
-uneven slices 3/3/2 rows (into @b), and accumulates x_r itself (into @c);
-the gradient data-parallel all_reduce then sums every accumulator over the
-ranks. So grad(@a) = grad(@b) = 3 * grad(@c), where grad(@c) is the
-data-parallel path every strategy test already proves."""
+"""Value-level collectives end to end: `piperc lower` compiles a
+hand-written program and `piper-run` runs it on N CPU ranks (Gloo). Each rank
+embeds its own microbatch x_r; the program combines the x_r with collectives
+into @a and @b and accumulates x_r itself into @c; the gradient
+data-parallel all_reduce then sums every accumulator over the ranks. So
+grad(@a) and grad(@b) are multiples of grad(@c) (the data-parallel path
+every strategy test already proves), given per program:
+
+- Inputs/collectives.mlir, 3 ranks: a value all_reduce (@a) and
+  reduce_scatter + all_gather with uneven slices 3/3/2 rows (@b), both 3x;
+- Inputs/subgroups.mlir, 4 ranks: collectives over subgroups of the class,
+  consecutive then strided all_reduce (@a, 4x) and reduce_scatter +
+  all_gather within pairs (@b, 2x)."""
 import json
 import os
 import struct
@@ -14,6 +19,7 @@ import sys
 import tempfile
 
 PIPERC, PIPER_RUN, PROGRAM = sys.argv[1:4]
+RANKS, FACTOR_A, FACTOR_B = (int(v) for v in sys.argv[4:7])
 RTOL = 1e-6
 
 
@@ -50,21 +56,21 @@ def main():
     plans = os.path.join(work, "plans")
     run([PIPERC, "lower", PROGRAM, "-o", plans])
     grads_path = os.path.join(work, "grads.safetensors")
-    run([PIPER_RUN, plans, "--nproc", "3", "--backend", "cpu", "--steps", "1",
+    run([PIPER_RUN, plans, "--nproc", str(RANKS), "--backend", "cpu", "--steps", "1",
          "--seed", "7", "--save-grads", grads_path])
     g = load_safetensors(grads_path)
     a, b, c = g["a"], g["b"], g["c"]
     if max(abs(v) for v in c) == 0:
         sys.exit("FAIL: grad(@c) is all zeros: the ranks contributed nothing")
-    c3 = [3 * v for v in c]
     failed = 0
-    for name, got in (("all_reduce", a), ("reduce_scatter + all_gather", b)):
-        diff = max_rel(got, c3)
+    for name, got, factor in (("@a", a, FACTOR_A), ("@b", b, FACTOR_B)):
+        diff = max_rel(got, [factor * v for v in c])
         ok = diff <= RTOL
         failed += not ok
-        print("%s: %s of x over 3 ranks vs the data-parallel sum: max rel "
-              "diff %.2e" % ("ok" if ok else "FAIL", name, diff))
-    # The ranks embed different microbatches: the sum is not 3 * one rank's.
+        print("%s: grad(%s) vs %d x the data-parallel sum over %d ranks: max "
+              "rel diff %.2e" % ("ok" if ok else "FAIL", name, factor, RANKS,
+                                 diff))
+    # The ranks embed different microbatches: the sum is not N * one rank's.
     if all(v == c[0] for v in c):
         failed += 1
         print("FAIL: grad(@c) is constant")

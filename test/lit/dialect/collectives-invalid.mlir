@@ -152,3 +152,72 @@ piper.program @p {
   // expected-error @+1 {{'piper.all_to_all' op counts must have one entry per member (2), not 3}}
   %r, %rc, %t = piper.all_to_all %x, %n {devices = #piper.group<0, 1>, stream = #piper.stream<"s", comm>, tag = #piper.tag<>} : tensor<4x2xf32>, tensor<3xi32> -> tensor<8x2xf32>, tensor<3xi32>
 }
+
+// -----
+
+piper.param @w : tensor<4x2xf32> init zeros(0.0)
+piper.program @p {
+  // expected-error @+1 {{'piper.all_reduce' op subgroups, when given, are at least one group}}
+  %t = piper.all_reduce grads [@w] {subgroups = [], devices = #piper.group<0, 1, 2, 3>, stream = #piper.stream<"s", comm>, tag = #piper.tag<>}
+}
+
+// -----
+
+piper.param @w : tensor<4x2xf32> init zeros(0.0)
+piper.program @p {
+  // expected-error @+1 {{'piper.all_reduce' op subgroups must have one size, got 2 and 1 members}}
+  %t = piper.all_reduce grads [@w] {subgroups = [#piper.group<0, 1>, #piper.group<2>], devices = #piper.group<0, 1, 2, 3>, stream = #piper.stream<"s", comm>, tag = #piper.tag<>}
+}
+
+// -----
+
+piper.param @w : tensor<4x2xf32> init zeros(0.0)
+piper.program @p {
+  // expected-error @+1 {{'piper.all_reduce' op subgroup members must be listed in increasing order}}
+  %t = piper.all_reduce grads [@w] {subgroups = [#piper.group<1, 0>, #piper.group<2, 3>], devices = #piper.group<0, 1, 2, 3>, stream = #piper.stream<"s", comm>, tag = #piper.tag<>}
+}
+
+// -----
+
+piper.param @w : tensor<4x2xf32> init zeros(0.0)
+piper.program @p {
+  // expected-error @+1 {{'piper.all_reduce' op subgroup member 5 is not in the group}}
+  %t = piper.all_reduce grads [@w] {subgroups = [#piper.group<0, 1>, #piper.group<2, 5>], devices = #piper.group<0, 1, 2, 3>, stream = #piper.stream<"s", comm>, tag = #piper.tag<>}
+}
+
+// -----
+
+piper.param @w : tensor<4x2xf32> init zeros(0.0)
+piper.program @p {
+  // expected-error @+1 {{'piper.all_reduce' op device 1 is in two subgroups}}
+  %t = piper.all_reduce grads [@w] {subgroups = [#piper.group<0, 1>, #piper.group<1, 2>], devices = #piper.group<0, 1, 2, 3>, stream = #piper.stream<"s", comm>, tag = #piper.tag<>}
+}
+
+// -----
+
+piper.param @w : tensor<4x2xf32> init zeros(0.0)
+piper.program @p {
+  // expected-error @+1 {{'piper.all_reduce' op the subgroups must cover the group: 2 of its 4 devices are in one}}
+  %t = piper.all_reduce grads [@w] {subgroups = [#piper.group<0, 1>], devices = #piper.group<0, 1, 2, 3>, stream = #piper.stream<"s", comm>, tag = #piper.tag<>}
+}
+
+// -----
+
+piper.param @w : tensor<4x2xf32> init zeros(0.0)
+piper.program @p {
+  // expected-error @+1 {{'piper.all_reduce' op a collective over several device classes (with a collective id) cannot have subgroups}}
+  %t = piper.all_reduce grads [@w] {collective = 1, subgroups = [#piper.group<0, 1>, #piper.group<2, 3>], devices = #piper.group<0, 1, 2, 3>, stream = #piper.stream<"s", comm>, tag = #piper.tag<>}
+}
+
+// -----
+
+// Slices follow the subgroup: 10 rows over pairs are 5 per member.
+piper.segment @f() -> tensor<10x4xf32> {
+  %e = "test.make"() : () -> tensor<10x4xf32>
+  piper.yield %e : tensor<10x4xf32>
+}
+piper.program @p {
+  %x, %a = piper.task @f() {tag = #piper.tag<>} : () -> (tensor<10x4xf32>, !piper.token)
+  // expected-error @+1 {{'piper.reduce_scatter' op result must have ceil(10 / 2) = 5 rows, the largest slice, not 3}}
+  %s, %t = piper.reduce_scatter %x {devices = #piper.group<0, 1, 2, 3>, stream = #piper.stream<"s", comm>, subgroups = [#piper.group<0, 1>, #piper.group<2, 3>], tag = #piper.tag<>} : tensor<10x4xf32> -> tensor<3x4xf32>
+}

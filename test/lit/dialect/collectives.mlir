@@ -25,3 +25,16 @@ piper.program @p {
   %z, %rc, %ad = piper.all_to_all %y, %n {devices = #piper.group<0, 1>, stream = #piper.stream<"ep_stream", comm>, tag = #piper.tag<PP = 0, EP = 0, MB = 0>} : tensor<8x4xf32>, tensor<2xi32> -> tensor<16x4xf32>, tensor<2xi32>
   %g = piper.all_reduce grads [@w] after(%gd) {devices = #piper.group<0, 1, 2>, stream = #piper.stream<"dp_stream", comm>, tag = #piper.tag<PP = 0>}
 }
+
+// Subgroups: each member runs with its own part of the group; slice sizes
+// and all-to-all counts follow the subgroup's size.
+// CHECK-LABEL: piper.program @sub
+// CHECK: piper.all_reduce grads [@w] {devices = #piper.group<0, 1, 2, 3>, stream = #piper.stream<"dp_stream", comm>, subgroups = [#piper.group<0, 2>, #piper.group<1, 3>], tag = #piper.tag<PP = 0>}
+// CHECK: piper.reduce_scatter %{{.*}} {devices = #piper.group<0, 1, 2, 3>, stream = #piper.stream<"dp_stream", comm>, subgroups = [#piper.group<0, 1>, #piper.group<2, 3>], tag = #piper.tag<PP = 0>} : tensor<10x4xf32> -> tensor<5x4xf32>
+// CHECK: piper.all_to_all %{{.*}}, %{{.*}} {devices = #piper.group<0, 1, 2, 3>, stream = #piper.stream<"ep_stream", comm>, subgroups = [#piper.group<0, 1>, #piper.group<2, 3>], tag = #piper.tag<PP = 0>} : tensor<8x4xf32>, tensor<2xi32> -> tensor<16x4xf32>, tensor<2xi32>
+piper.program @sub {
+  %x, %y, %n, %t = piper.task @f() {tag = #piper.tag<PP = 0>} : () -> (tensor<10x4xf32>, tensor<8x4xf32>, tensor<2xi32>, !piper.token)
+  %g = piper.all_reduce grads [@w] {devices = #piper.group<0, 1, 2, 3>, stream = #piper.stream<"dp_stream", comm>, subgroups = [#piper.group<0, 2>, #piper.group<1, 3>], tag = #piper.tag<PP = 0>}
+  %sh, %rd = piper.reduce_scatter %x {devices = #piper.group<0, 1, 2, 3>, stream = #piper.stream<"dp_stream", comm>, subgroups = [#piper.group<0, 1>, #piper.group<2, 3>], tag = #piper.tag<PP = 0>} : tensor<10x4xf32> -> tensor<5x4xf32>
+  %z, %rc, %ad = piper.all_to_all %y, %n {devices = #piper.group<0, 1, 2, 3>, stream = #piper.stream<"ep_stream", comm>, subgroups = [#piper.group<0, 1>, #piper.group<2, 3>], tag = #piper.tag<PP = 0>} : tensor<8x4xf32>, tensor<2xi32> -> tensor<16x4xf32>, tensor<2xi32>
+}

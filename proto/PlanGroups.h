@@ -1,0 +1,26 @@
+// The device group a rank runs a collective instruction with: its
+// `group`, or the one of its `subgroups` that contains the rank. Shared by
+// the validator, the executor and the simulator.
+#ifndef PIPER_PROTO_PLANGROUPS_H
+#define PIPER_PROTO_PLANGROUPS_H
+
+#include <string>
+
+#include "proto/plan.pb.h"
+
+namespace piper::plan {
+
+/// Checks `inst.group()` and `inst.subgroups()` against `plan.groups()`:
+/// ids in range; subgroups disjoint, of one size, each in increasing rank
+/// order, together exactly the ranks of `group`. Returns "" or the problem.
+std::string checkCollectiveGroups(const Plan &plan, const Instruction &inst);
+
+/// The group `rank` runs `inst` with: the subgroup containing it, or
+/// `group` when there are no subgroups; null when ids are out of range or no
+/// subgroup contains `rank` (checkCollectiveGroups reports why).
+const DeviceGroup *memberGroup(const Plan &plan, const Instruction &inst,
+                               int rank);
+
+} // namespace piper::plan
+
+#endif // PIPER_PROTO_PLANGROUPS_H
