@@ -24,6 +24,10 @@ def Piper_Dialect : Dialect {
   let useDefaultAttributePrinterParser = 1;
   // Discardable attributes (`piper.block`, `piper.pass` on segments).
   let hasOperationAttrVerify = 1;
+  let extraClassDeclaration = [{
+    /// Registers the attributes (PiperAttrs.cpp, next to their storage).
+    void registerAttributes();
+  }];
 }
 
 def Piper_TokenType : TypeDef<Piper_Dialect, "Token"> {

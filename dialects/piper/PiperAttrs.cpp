@@ -1,0 +1,236 @@
+// The attributes of the piper dialect: streams, device groups and tags
+// (verifiers and custom assembly), and the discardable attributes the
+// dialect verifies on segments.
+#include "dialects/piper/PiperDialect.h"
+
+#include "llvm/ADT/STLExtras.h"
+#include "llvm/ADT/SmallSet.h"
+#include "llvm/ADT/StringExtras.h"
+#include "llvm/ADT/TypeSwitch.h"
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/DialectImplementation.h"
+
+using namespace mlir;
+using namespace mlir::piper;
+
+#define GET_ATTRDEF_CLASSES
+#include "dialects/piper/PiperAttrs.cpp.inc"
+
+void PiperDialect::registerAttributes() {
+  addAttributes<
+#define GET_ATTRDEF_LIST
+#include "dialects/piper/PiperAttrs.cpp.inc"
+      >();
+}
+
+//===----------------------------------------------------------------------===//
+// Streams and device groups
+//===----------------------------------------------------------------------===//
+
+LogicalResult
+StreamAttr::verify(llvm::function_ref<InFlightDiagnostic()> emitError,
+                   StringRef name, StreamKind) {
+  if (name.empty())
+    return emitError() << "a stream needs a name";
+  return success();
+}
+
+std::string StreamAttr::str() const {
+  return ("'" + getName() + "' (" + stringifyStreamKind(getKind()) + ")")
+      .str();
+}
+
+LogicalResult
+DeviceGroupAttr::verify(llvm::function_ref<InFlightDiagnostic()> emitError,
+                        ArrayRef<int64_t> members) {
+  return verifyDeviceGroup(members, "a device group", emitError);
+}
+
+int64_t DeviceGroupAttr::indexOf(int64_t rank) const {
+  ArrayRef<int64_t> m = getMembers();
+  auto it = llvm::find(m, rank);
+  return it == m.end() ? -1 : static_cast<int64_t>(it - m.begin());
+}
+
+Attribute DeviceGroupAttr::parse(AsmParser &parser, Type) {
+  SMLoc start = parser.getCurrentLocation();
+  SmallVector<int64_t> members;
+  if (parser.parseLess())
+    return {};
+  if (failed(parser.parseOptionalGreater())) {
+    do {
+      int64_t v;
+      if (parser.parseInteger(v))
+        return {};
+      members.push_back(v);
+    } while (succeeded(parser.parseOptionalComma()));
+    if (parser.parseGreater())
+      return {};
+  }
+  return DeviceGroupAttr::getChecked([&] { return parser.emitError(start); },
+                                     parser.getContext(), members);
+}
+
+void DeviceGroupAttr::print(AsmPrinter &printer) const {
+  printer << "<";
+  llvm::interleaveComma(getMembers(), printer);
+  printer << ">";
+}
+
+//===----------------------------------------------------------------------===//
+// Tags
+//===----------------------------------------------------------------------===//
+
+std::optional<int64_t> TagAttr::getIndex(StringRef key) const {
+  if (key == "PP")
+    return getPp();
+  if (key == "EP")
+    return getEp();
+  if (key == "MB")
+    return getMb();
+  if (key == "block")
+    return getBlock();
+  return std::nullopt;
+}
+
+TagAttr TagAttr::withMicrobatch(int64_t mb) const {
+  return TagAttr::get(getContext(), getPp(), getEp(), mb, getPass(),
+                      getBlock());
+}
+
+TagAttr TagAttr::withPass(PassKind kind) const {
+  return TagAttr::get(getContext(), getPp(), getEp(), getMb(), kind,
+                      getBlock());
+}
+
+std::string TagAttr::str() const {
+  std::string out;
+  llvm::raw_string_ostream os(out);
+  // Fixed key order reads better than alphabetical.
+  for (StringRef key : {"PP", "EP", "MB", "block"})
+    if (std::optional<int64_t> v = getIndex(key))
+      os << (out.empty() ? "" : " ") << key << "=" << *v;
+  if (std::optional<PassKind> pass = getPass())
+    os << (out.empty() ? "" : " ") << "PASS=" << stringifyPassKind(*pass);
+  return out;
+}
+
+LogicalResult
+TagAttr::verify(llvm::function_ref<InFlightDiagnostic()> emitError,
+                std::optional<int64_t> pp, std::optional<int64_t> ep,
+                std::optional<int64_t> mb, std::optional<PassKind> pass,
+                std::optional<int64_t> block) {
+  for (auto [key, v] : {std::pair<StringRef, std::optional<int64_t>>{"PP", pp},
+                        {"EP", ep},
+                        {"MB", mb},
+                        {"block", block}})
+    if (v && *v < 0)
+      return emitError() << "tag " << key
+                         << " must be a non-negative integer, got " << *v;
+  return success();
+}
+
+Attribute TagAttr::parse(AsmParser &parser, Type) {
+  SMLoc start = parser.getCurrentLocation();
+  std::optional<int64_t> pp, ep, mb, block;
+  std::optional<PassKind> pass;
+  if (parser.parseLess())
+    return {};
+  if (failed(parser.parseOptionalGreater())) {
+    llvm::SmallSet<StringRef, 4> seen;
+    do {
+      SMLoc loc = parser.getCurrentLocation();
+      StringRef key;
+      if (parser.parseKeyword(&key) || parser.parseEqual())
+        return {};
+      if (!seen.insert(key).second) {
+        parser.emitError(loc, "tag key '") << key << "' given twice";
+        return {};
+      }
+      if (key == "PASS") {
+        SMLoc passLoc = parser.getCurrentLocation();
+        StringRef name;
+        if (parser.parseKeyword(&name))
+          return {};
+        pass = symbolizePassKind(name);
+        if (!pass) {
+          parser.emitError(passLoc, "tag PASS must be one of F, B, BI, BW, "
+                                    "U, got '")
+              << name << "'";
+          return {};
+        }
+        continue;
+      }
+      std::optional<int64_t> *slot = key == "PP"      ? &pp
+                                     : key == "EP"    ? &ep
+                                     : key == "MB"    ? &mb
+                                     : key == "block" ? &block
+                                                      : nullptr;
+      if (!slot) {
+        parser.emitError(loc, "unknown tag key '")
+            << key << "' (expected PP, EP, MB, PASS or block)";
+        return {};
+      }
+      int64_t value;
+      if (parser.parseInteger(value))
+        return {};
+      *slot = value;
+    } while (succeeded(parser.parseOptionalComma()));
+    if (parser.parseGreater())
+      return {};
+  }
+  return TagAttr::getChecked([&] { return parser.emitError(start); },
+                             parser.getContext(), pp, ep, mb, pass, block);
+}
+
+void TagAttr::print(AsmPrinter &printer) const {
+  SmallVector<std::string> parts;
+  for (StringRef key : {"PP", "EP", "MB"})
+    if (std::optional<int64_t> v = getIndex(key))
+      parts.push_back((key + " = " + Twine(*v)).str());
+  if (std::optional<PassKind> pass = getPass())
+    parts.push_back(("PASS = " + stringifyPassKind(*pass)).str());
+  if (std::optional<int64_t> v = getBlock())
+    parts.push_back(("block = " + Twine(*v)).str());
+  printer << "<" << llvm::join(parts, ", ") << ">";
+}
+
+LogicalResult
+PiperDialect::verifyOperationAttribute(Operation *op, NamedAttribute attr) {
+  StringRef name = attr.getName().getValue();
+  if (name == "piper.block") {
+    auto block = dyn_cast<IntegerAttr>(attr.getValue());
+    if (!block || block.getInt() < 0)
+      return op->emitError("'piper.block' must be a non-negative integer, got ")
+             << attr.getValue();
+    return success();
+  }
+  if (name == "piper.pass") {
+    if (!isa<PassKindAttr>(attr.getValue()))
+      return op->emitError("'piper.pass' must be a #piper.pass, got ")
+             << attr.getValue();
+    return success();
+  }
+  return op->emitError("unknown piper attribute '") << name << "'";
+}
+
+LogicalResult mlir::piper::verifyDeviceGroup(
+    ArrayRef<int64_t> devices, StringRef what,
+    llvm::function_ref<InFlightDiagnostic()> emitError) {
+  if (devices.empty())
+    return emitError() << what << " must name at least one device";
+  // Groups are verified on every node and may span thousands of devices:
+  // the common ascending case is checked in one pass.
+  if (devices.front() >= 0 &&
+      llvm::adjacent_find(devices, std::greater_equal<int64_t>()) ==
+          devices.end())
+    return success();
+  llvm::SmallDenseSet<int64_t, 8> seen;
+  for (int64_t d : devices) {
+    if (d < 0)
+      return emitError() << what << " has a negative device " << d;
+    if (!seen.insert(d).second)
+      return emitError() << what << " names device " << d << " twice";
+  }
+  return success();
+}
