@@ -94,19 +94,62 @@ bool liveAt(const Block &b, Pos x, const StreamOrder &order) {
 
 PeakPoint findPeak(const Plan &plan, const StreamOrder &order,
                    const std::vector<Block> &blocks) {
+  // On one stream, "may be live at instruction i" (liveAt) holds on an
+  // interval of i: an instruction that happens before the definition is
+  // followed on its stream only by more such instructions, and once every
+  // access happens before an instruction it does before all later ones.
+  // So each block adds its bytes to [born, dies) of each stream, found by
+  // binary search, and one prefix sum per stream gives the live bytes at
+  // every instruction: O(blocks * streams * (streams + log n)).
+  auto firstTrue = [](int lo, int hi, auto pred) {
+    while (lo < hi) {
+      int mid = lo + (hi - lo) / 2;
+      if (pred(mid))
+        hi = mid;
+      else
+        lo = mid + 1;
+    }
+    return lo;
+  };
   PeakPoint peak;
-  for (int s = 0; s < plan.streams_size(); ++s)
-    for (int i = 0; i < plan.streams(s).instructions_size(); ++i) {
-      Pos x{s, i};
-      int64_t bytes = 0;
-      for (const Block &b : blocks)
-        if (liveAt(b, x, order))
-          bytes += b.bytes;
-      if (bytes > peak.bytes) {
-        peak.bytes = bytes;
-        peak.at = x;
+  std::vector<int> last;
+  for (int s = 0; s < plan.streams_size(); ++s) {
+    int len = plan.streams(s).instructions_size();
+    std::vector<int64_t> delta(static_cast<size_t>(len) + 1, 0);
+    for (const Block &b : blocks) {
+      if (b.accesses.empty() || b.bytes == 0)
+        continue;
+      const Pos &def = b.accesses.front();
+      int born = firstTrue(0, len, [&](int i) {
+        Pos x{s, i};
+        return x == def || !order.happensBefore(x, def);
+      });
+      int dies = len;
+      if (!b.untilStepEnd) {
+        dies = born;
+        for (const Pos &a : b.accesses)
+          if (a.stream == s)
+            dies = std::max(dies, a.inst + 1);
+        for (const Pos &a : b.accesses)
+          if (a.stream != s && dies < len)
+            dies = firstTrue(dies, len, [&](int i) {
+              return order.happensBefore(a, Pos{s, i});
+            });
+      }
+      if (born < dies) {
+        delta[born] += b.bytes;
+        delta[dies] -= b.bytes;
       }
     }
+    int64_t bytes = 0;
+    for (int i = 0; i < len; ++i) {
+      bytes += delta[i];
+      if (bytes > peak.bytes) {
+        peak.bytes = bytes;
+        peak.at = Pos{s, i};
+      }
+    }
+  }
   if (!peak.at.valid())
     return peak;
   for (int b = 0; b < static_cast<int>(blocks.size()); ++b)

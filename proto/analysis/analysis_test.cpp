@@ -587,3 +587,53 @@ TEST_CASE("packBlocks: on one stream the arena is the live-bytes peak when "
   REQUIRE(verifyLayout(blocks, layout, order, 64, error));
   CHECK(layout.bytes == 64 * *std::max_element(liveAt.begin(), liveAt.end()));
 }
+
+namespace {
+/// findPeak's definition, instruction by instruction: the bytes of the
+/// blocks that may be live at an instruction (defined at it or not after
+/// it, and not every access before it), O(instructions * blocks).
+std::pair<Pos, int64_t> bruteForcePeak(const RandomStep &r) {
+  Pos at;
+  int64_t best = 0;
+  for (int s = 0; s < r.plan.streams_size(); ++s)
+    for (int i = 0; i < r.plan.streams(s).instructions_size(); ++i) {
+      Pos x{s, i};
+      int64_t live = 0;
+      for (const Block &b : r.blocks) {
+        if (b.accesses.empty())
+          continue;
+        const Pos &def = b.accesses.front();
+        if (!(def == x) && r.order.happensBefore(x, def))
+          continue;
+        bool open = b.untilStepEnd;
+        for (const Pos &a : b.accesses)
+          open = open || a == x || !r.order.happensBefore(a, x);
+        if (open)
+          live += b.bytes;
+      }
+      if (live > best) {
+        best = live;
+        at = x;
+      }
+    }
+  return {at, best};
+}
+} // namespace
+
+TEST_CASE("findPeak: the sweep finds the instruction-by-instruction peak") {
+  std::mt19937 rng(11);
+  for (int round = 0; round < 300; ++round) {
+    int streams = 1 + rng() % 4;
+    RandomStep r = randomStep(rng, streams, 10 + rng() % 60, rng() % 80);
+    INFO("round " << round << ", " << streams << " streams, " << r.blocks.size()
+                  << " blocks");
+    PeakPoint peak = findPeak(r.plan, r.order, r.blocks);
+    auto [at, bytes] = bruteForcePeak(r);
+    CHECK(peak.bytes == bytes);
+    CHECK(peak.at == at);
+    int64_t listed = 0;
+    for (int b : peak.blocks)
+      listed += r.blocks[b].bytes;
+    CHECK(listed == bytes);
+  }
+}
