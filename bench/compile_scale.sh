@@ -16,17 +16,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-BAZEL="${BAZEL:-bazel}"
-read -r -a BUILD_FLAGS <<<"${BAZEL_BUILD_FLAGS:--c opt}"
+source bench/lib.sh
 DPS="${DPS:-1 256}"
 
-if [[ -z "${PIPERC:-}" ]]; then
-  echo "building //tools:piperc (${BUILD_FLAGS[*]}) ..." >&2
-  prefix="$(mktemp -d -t piper-bench-XXXXXX)/"
-  "$BAZEL" build "${BUILD_FLAGS[@]}" --symlink_prefix="$prefix" \
-    //tools:piperc >&2
-  PIPERC="${prefix}bin/tools/piperc"
-fi
+build_piperc
 
 work="$(mktemp -d -t piper-compile-scale-XXXXXX)"
 trap 'rm -rf "$work"' EXIT
@@ -49,6 +42,11 @@ for dp in $DPS; do
   printf '%-8s %8d %10s %10s %9d MB\n' "$dp" $((16 * dp)) "$wall" "$user" \
     $((rss / 1024))
 done
+first="${DPS%% *}"
+read -r _ firstUser _ <"$work/time$first"
+read -r _ lastUser _ <"$work/time${DPS##* }"
+echo "user time, DP ${DPS##* } / DP $first: $(ratio "$lastUser" "$firstUser")" \
+  "(1.00 = independent of the DP degree)"
 
 last="${DPS##* }"
 echo

@@ -17,18 +17,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-BAZEL="${BAZEL:-bazel}"
-read -r -a BUILD_FLAGS <<<"${BAZEL_BUILD_FLAGS:--c opt}"
+source bench/lib.sh
 MICROBATCHES="${MICROBATCHES:-1000 4000}"
 SCHEDULE="${SCHEDULE:-1f1b}"
 
-if [[ -z "${PIPERC:-}" ]]; then
-  echo "building //tools:piperc (${BUILD_FLAGS[*]}) ..." >&2
-  prefix="$(mktemp -d -t piper-bench-XXXXXX)/"
-  "$BAZEL" build "${BUILD_FLAGS[@]}" --symlink_prefix="$prefix" \
-    //tools:piperc >&2
-  PIPERC="${prefix}bin/tools/piperc"
-fi
+build_piperc
 
 work="$(mktemp -d -t piper-memory-plan-XXXXXX)"
 trap 'rm -rf "$work"' EXIT
@@ -36,6 +29,7 @@ trap 'rm -rf "$work"' EXIT
 
 printf '%-13s %9s %16s  %s\n' "microbatches" "wall (s)" "lower-to-plans" \
   "arena bytes per class"
+lowers=()
 for mb in $MICROBATCHES; do
   /usr/bin/time -f '%e' -o "$work/time" "$PIPERC" compile \
     "$work/gpt-tiny.mlir" --pp 2 --microbatches "$mb" --schedule "$SCHEDULE" \
@@ -45,4 +39,12 @@ for mb in $MICROBATCHES; do
     "$work/out/report.txt" | tr '\n' ' ')
   printf '%-13s %9s %14s s  %s\n' "$mb" "$(cat "$work/time")" "$lower" \
     "$arenas"
+  lowers+=("$lower")
 done
+first="${MICROBATCHES%% *}" last="${MICROBATCHES##* }"
+if [[ "$first" != "$last" ]]; then
+  n=$(ratio "$last" "$first")
+  echo "lower-to-plans, $last / $first microbatches:" \
+    "$(ratio "${lowers[-1]}" "${lowers[0]}") (linear: $n," \
+    "quadratic: $(ratio $((last * last)) $((first * first))))"
+fi

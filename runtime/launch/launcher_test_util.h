@@ -58,14 +58,13 @@ struct RunResult {
   int exitCode() const { return WIFEXITED(status) ? WEXITSTATUS(status) : -1; }
 };
 
-/// Runs `binary` with `args` and extra environment `env`, killing it after
-/// `timeout`.
-inline RunResult runBinary(const char *binary,
-                           const std::vector<std::string> &args,
-                           const std::vector<std::string> &env,
-                           std::chrono::seconds timeout) {
-  std::string dir = tempDir("run");
-  std::string outPath = dir + "/stdout", errPath = dir + "/stderr";
+/// Starts `binary` with `args` and the environment plus `env`, its stdout
+/// and stderr written to `outPath` and `errPath`; returns its pid.
+inline pid_t spawnBinary(const char *binary,
+                         const std::vector<std::string> &args,
+                         const std::vector<std::string> &env,
+                         const std::string &outPath,
+                         const std::string &errPath) {
   std::vector<std::string> argStrings = {binary};
   argStrings.insert(argStrings.end(), args.begin(), args.end());
   std::vector<char *> argv;
@@ -81,7 +80,6 @@ inline RunResult runBinary(const char *binary,
     envp.push_back(s.data());
   envp.push_back(nullptr);
 
-  auto start = std::chrono::steady_clock::now();
   std::fflush(nullptr);
   pid_t pid = ::fork();
   REQUIRE(pid >= 0);
@@ -93,6 +91,19 @@ inline RunResult runBinary(const char *binary,
     ::execve(binary, argv.data(), envp.data());
     ::_exit(127);
   }
+  return pid;
+}
+
+/// Runs `binary` with `args` and extra environment `env`, killing it after
+/// `timeout`.
+inline RunResult runBinary(const char *binary,
+                           const std::vector<std::string> &args,
+                           const std::vector<std::string> &env,
+                           std::chrono::seconds timeout) {
+  std::string dir = tempDir("run");
+  std::string outPath = dir + "/stdout", errPath = dir + "/stderr";
+  auto start = std::chrono::steady_clock::now();
+  pid_t pid = spawnBinary(binary, args, env, outPath, errPath);
   RunResult r;
   while (true) {
     pid_t done = ::waitpid(pid, &r.status, WNOHANG);

@@ -69,37 +69,12 @@ Launch runPipeline(const std::string &out, const std::vector<std::string> &env,
   std::string dir = tempDir("watch");
   std::string metrics = dir + "/metrics.jsonl";
   std::string outPath = dir + "/stdout", errPath = dir + "/stderr";
-  std::vector<std::string> args = {kPiperRun,     out,
-                                   "--nproc",     "2",
-                                   "--steps",     "100000000",
-                                   "--timeout-s", std::to_string(kTimeoutS),
-                                   "--metrics",   metrics};
-  std::vector<char *> argv;
-  for (std::string &s : args)
-    argv.push_back(s.data());
-  argv.push_back(nullptr);
-  std::vector<std::string> envStrings;
-  for (char **e = environ; *e; ++e)
-    envStrings.push_back(*e);
-  envStrings.insert(envStrings.end(), env.begin(), env.end());
-  std::vector<char *> envp;
-  for (std::string &s : envStrings)
-    envp.push_back(s.data());
-  envp.push_back(nullptr);
-
+  std::vector<std::string> args = {
+      out,           "--nproc",   "2",     "--steps", "100000000",
+      "--timeout-s", std::to_string(kTimeoutS), "--metrics", metrics};
   using Clock = std::chrono::steady_clock;
   auto start = Clock::now();
-  std::fflush(nullptr);
-  pid_t pid = ::fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    int o = ::open(outPath.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    int e = ::open(errPath.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    ::dup2(o, STDOUT_FILENO);
-    ::dup2(e, STDERR_FILENO);
-    ::execve(kPiperRun, argv.data(), envp.data());
-    ::_exit(127);
-  }
+  pid_t pid = spawnBinary(kPiperRun, args, env, outPath, errPath);
   Launch l;
   Clock::time_point faultAt{};
   bool signalled = false;
