@@ -27,9 +27,11 @@ std::string checkCollectiveGroups(const Plan &plan, const Instruction &inst) {
       return "subgroup " + std::to_string(id) + " is out of range (the plan "
              "has " + std::to_string(plan.groups_size()) + " groups)";
     const DeviceGroup &g = plan.groups(id);
+    if (g.ranks_size() == 0)
+      return "subgroup " + std::to_string(id) + " is empty";
     if (size < 0)
       size = g.ranks_size();
-    if (g.ranks_size() != size || size == 0)
+    if (g.ranks_size() != size)
       return "subgroups " + std::to_string(inst.subgroups(0)) + " and " +
              std::to_string(id) + " differ in size (" + std::to_string(size) +
              " vs " + std::to_string(g.ranks_size()) + " ranks)";

@@ -61,6 +61,7 @@ TEST_CASE("bad subgroups are named") {
     return checkCollectiveGroups(p, inst);
   };
   CHECK(error({{0, 1}, {2}}).find("differ in size") != std::string::npos);
+  CHECK(error({{0, 1}, {}}).find("is empty") != std::string::npos);
   CHECK(error({{0, 1}, {1, 2}}).find("rank 1 is in two subgroups") !=
         std::string::npos);
   CHECK(error({{0, 1}, {2, 5}}).find("rank 5, which is not in group") !=

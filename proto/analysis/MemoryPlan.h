@@ -32,6 +32,9 @@ struct ArenaLayout {
   int64_t bytes = 0;
 };
 
+/// `x` rounded up to a multiple of `a`.
+inline int64_t alignUp(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
+
 /// True when every access of `a` happens before `b` is defined, so `b` may
 /// reuse `a`'s bytes.
 bool endsBefore(const Block &a, const Block &b, const StreamOrder &order);

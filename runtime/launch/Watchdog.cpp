@@ -762,20 +762,22 @@ std::string Watchdog::report(const Abort &verdict) {
   return out;
 }
 
+std::string Watchdog::settle(Abort &verdict) {
+  std::lock_guard<std::mutex> lock(mu);
+  std::string text;
+  bool wrote = false, present = false;
+  if (store->putOnce(kAbortKey, encodeAbort(verdict), wrote) &&
+      store->get(kAbortKey, text, present) && present)
+    decodeAbort(text, verdict);
+  readPeers();
+  return report(verdict);
+}
+
 void Watchdog::conclude(Abort verdict) {
   if (concluding.exchange(true))
     while (true)
       std::this_thread::sleep_for(std::chrono::seconds(1)); // another exits
-  std::string text;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    bool wrote = false, present = false;
-    if (store->putOnce(kAbortKey, encodeAbort(verdict), wrote) &&
-        store->get(kAbortKey, text, present) && present)
-      decodeAbort(text, verdict);
-    readPeers();
-    text = report(verdict);
-  }
+  std::string text = settle(verdict);
   activeWatchdog = nullptr;
   setExitHook(nullptr);
   std::fputs(text.c_str(), stderr);
@@ -791,18 +793,9 @@ void Watchdog::conclude(Abort verdict) {
 void Watchdog::ownFailure(const std::string &message) {
   if (concluding.exchange(true))
     return;
-  std::string text;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    Abort verdict{rank, message};
-    std::replace(verdict.reason.begin(), verdict.reason.end(), '\n', ' ');
-    bool wrote = false, present = false;
-    if (store->putOnce(kAbortKey, encodeAbort(verdict), wrote) &&
-        store->get(kAbortKey, text, present) && present)
-      decodeAbort(text, verdict);
-    readPeers();
-    text = report(verdict);
-  }
+  Abort verdict{rank, message};
+  std::replace(verdict.reason.begin(), verdict.reason.end(), '\n', ' ');
+  std::string text = settle(verdict);
   activeWatchdog = nullptr;
   std::fputs(text.c_str(), stderr);
 }

@@ -145,6 +145,9 @@ private:
   bool decide(Abort &verdict);
   [[noreturn]] void conclude(Abort verdict);
   std::string report(const Abort &verdict);
+  /// Publishes `verdict` unless another rank's stands (then adopts that
+  /// one), reads every peer and returns the report. Takes `mu`.
+  std::string settle(Abort &verdict);
   bool communicating(const ExecPosition &pos) const;
 
   int rank, worldSize;

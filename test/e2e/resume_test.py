@@ -125,12 +125,18 @@ def crash_and_resume(work, plans, tag, ref, ref_params):
     return ckpt, common, m, save
 
 
-def resume_mode(work):
+def fp32_reference(work):
+    """gpt-tiny compiled for pp2 x dp2 and its uninterrupted fp32 run."""
     model = os.path.join(work, "gpt-tiny.mlir")
     run([PIPERC, "model", "gpt-tiny", "-o", model])
     plans = os.path.join(work, "pp2dp2")
     run([PIPERC, "compile", model, "-o", plans] + PP2_DP2)
     ref, ref_params = reference(work, plans, "fp32")
+    return model, plans, ref, ref_params
+
+
+def resume_mode(work):
+    model, plans, ref, ref_params = fp32_reference(work)
     ckpt, common, m, save = crash_and_resume(work, plans, "fp32", ref,
                                              ref_params)
 
@@ -219,11 +225,7 @@ def resume_mode(work):
 
 
 def restart_mode(work):
-    model = os.path.join(work, "gpt-tiny.mlir")
-    run([PIPERC, "model", "gpt-tiny", "-o", model])
-    plans = os.path.join(work, "pp2dp2")
-    run([PIPERC, "compile", model, "-o", plans] + PP2_DP2)
-    ref, ref_params = reference(work, plans, "fp32")
+    model, plans, ref, ref_params = fp32_reference(work)
 
     # A crash in the first attempt only: --max-restarts resumes and finishes.
     ckpt = os.path.join(work, "restart-ckpt")
