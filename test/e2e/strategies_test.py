@@ -316,10 +316,19 @@ GRAD_CASES = [
 ]
 
 
-def check_grads(work):
-    """Compares the saved gradients of GRAD_CASES; returns (passed, failed)."""
+# ZeRO's gradients, gathered from the ranges each member reduced.
+ZERO_GRAD_CASES = [
+    ("gpt", GRAD_CASES[0][1],
+     [("1 device", ["--microbatches", "2"], 1)] +
+     [("dp2 zero-%d" % z, ["--dp", "2", "--microbatches", "1", "--zero", str(z)], 2)
+      for z in (1, 2, 3)]),
+]
+
+
+def check_grads(work, cases=GRAD_CASES):
+    """Compares the saved gradients of `cases`; returns (passed, failed)."""
     passed = failed = 0
-    for model_name, model_args, strategies in GRAD_CASES:
+    for model_name, model_args, strategies in cases:
         model = os.path.join(work, "grads-%s.mlir" % model_name)
         run([PIPERC, "model"] + model_args + ["-o", model])
         grads = []
@@ -353,7 +362,7 @@ def check_grads(work):
 
 
 def main_zero(work):
-    passed = failed = 0
+    passed, failed = check_grads(work, ZERO_GRAD_CASES)
     for model_name, model_args, strategies in ZERO_MODELS:
         p, f, _ = check_model(work, model_name, model_args, strategies)
         passed, failed = passed + p, failed + f
