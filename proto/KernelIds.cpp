@@ -25,6 +25,13 @@ const std::vector<KernelSignature> &kernelSignatures() {
       {"expert_linear", 2, 2, 1, {"experts"}},
       {"moe_combine", 3, 3, 1, {"experts", "capacity"}},
       {"moe_aux_loss", 2, 2, 1, {"experts", "top_k"}},
+      // Expert parallelism: layouts around the all-to-alls (their own
+      // inverses' gradients).
+      {"moe_ep_counts", 1, 1, 3, {"experts", "capacity", "members"}},
+      {"moe_ep_pack", 2, 2, 1, {"experts", "capacity"}},
+      {"moe_ep_unpack", 2, 2, 1, {"experts", "capacity"}},
+      {"moe_ep_gather", 2, 2, 1, {"experts", "capacity", "members"}},
+      {"moe_ep_scatter", 2, 2, 1, {"experts", "capacity", "members"}},
       {"cross_entropy", 2, 2, 1, {}},
       {"loss_accumulate", 1, 1, 0, {}},
       // Backward.

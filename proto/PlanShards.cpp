@@ -60,7 +60,50 @@ int64_t stateElements(const Plan &plan, const Parameter &param, int kind) {
                                    : n;
 }
 
+int64_t expertMembers(const Parameter &param) {
+  return std::max<int64_t>(1, param.expert_members());
+}
+
+std::vector<int64_t> globalShape(const Parameter &param) {
+  std::vector<int64_t> shape(param.type().shape().begin(),
+                             param.type().shape().end());
+  if (!shape.empty())
+    shape[0] *= expertMembers(param);
+  return shape;
+}
+
+int64_t expertStart(const Parameter &param, int64_t replica) {
+  return (replica % expertMembers(param)) * paramElements(param);
+}
+
+std::vector<int> expertGroup(const Plan &plan, const Parameter &param,
+                             int64_t replica) {
+  int64_t m = expertMembers(param), first = replica / m * m;
+  std::vector<int> ranks;
+  for (int64_t r = first; r < first + m && r < plan.ranks_size(); ++r)
+    ranks.push_back(plan.ranks(static_cast<int>(r)));
+  return ranks;
+}
+
 std::string checkSharding(const Plan &plan) {
+  for (const Parameter &p : plan.params()) {
+    if (p.expert_members() < 0 || p.expert_members() > 1) {
+      std::string who = "parameter '" + p.name() + "': ";
+      if (p.expert_members() < 0)
+        return who + "negative expert_members";
+      if (plan.ranks_size() % p.expert_members() != 0)
+        return who + "expert_members " + std::to_string(p.expert_members()) +
+               " does not divide the plan's " +
+               std::to_string(plan.ranks_size()) + " replicas";
+      if (p.type().shape_size() == 0)
+        return who + "an expert parameter needs a first dimension";
+      if (p.has_sharding())
+        return who + "an expert parameter cannot also be ZeRO-sharded";
+      if (!std::is_sorted(plan.ranks().begin(), plan.ranks().end()))
+        return who + "expert-parallel groups need the plan's ranks in "
+                     "increasing order";
+    }
+  }
   for (const Parameter &p : plan.params()) {
     if (!p.has_sharding())
       continue;

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "proto/plan.pb.h"
 
@@ -39,10 +40,23 @@ int64_t shardMembers(const Plan &plan, const Parameter &param);
 /// read gathered parameters).
 int64_t stateElements(const Plan &plan, const Parameter &param, int kind);
 
+/// Expert parallelism (Parameter.expert_members): the members of an
+/// expert-parallel group (1 for a whole tensor), the global shape (the first
+/// dimension times the members), and the flat element where replica
+/// `replica`'s block starts in the global tensor.
+int64_t expertMembers(const Parameter &param);
+std::vector<int64_t> globalShape(const Parameter &param);
+int64_t expertStart(const Parameter &param, int64_t replica);
+/// The world ranks of replica `replica`'s expert-parallel group, in order.
+std::vector<int> expertGroup(const Plan &plan, const Parameter &param,
+                             int64_t replica);
+
 /// Checks every parameter's sharding: the group exists and lists exactly
 /// the plan's ranks in order (member i is replica i), and the pieces are
 /// sharded as a ZeRO stage shards them (gradient only with the moments,
-/// the value only with the gradient). Returns "" or the problem.
+/// the value only with the gradient), and expert parameters: their members
+/// divide the plan's replicas, and ZeRO does not shard them. Returns "" or
+/// the problem.
 std::string checkSharding(const Plan &plan);
 
 } // namespace piper::plan

@@ -125,6 +125,8 @@ struct CompileOptions {
   int64_t pp = 1, dp = 1, microbatches = 1, worldSize = 0;
   /// --zero: the ZeRO stage of every replicated stage.
   int zero = 0;
+  /// --ep: experts split over groups of this many replicas of each stage.
+  int64_t ep = 1;
   OptimizerConfig opt;
   /// Print the time of each phase to stderr when done.
   bool timing = false;
@@ -233,8 +235,14 @@ int runCompile(const CompileOptions &o) {
                                 "is {1}; use --dp 2 or more",
                                 o.zero, o.dp)
                       .str());
-    strategy =
-        strategyFromFlags(o.pp, o.dp, o.microbatches, *schedule, o.zero);
+    if (o.ep < 1 || o.dp % o.ep != 0)
+      return fail(llvm::formatv("--ep {0} must divide --dp {1}: expert-parallel "
+                                "groups are carved out of a stage's "
+                                "data-parallel replicas",
+                                o.ep, o.dp)
+                      .str());
+    strategy = strategyFromFlags(o.pp, o.dp, o.microbatches, *schedule, o.zero,
+                                 o.ep);
   }
   if (o.worldSizeGiven) {
     if (o.worldSize < 1 || o.worldSize > kMaxWorldSize)
@@ -461,7 +469,12 @@ int mlir::piper::pipercMain(int argc, char **argv) {
       "--zero", comp.zero,
       "ZeRO stage of the data-parallel replicas: 1 shards the AdamW moments, "
       "2 also the gradients, 3 also the parameters (docs/zero.md)");
-  for (CLI::Option *opt : {ppOpt, dpOpt, mbOpt, schedOpt, zeroOpt})
+  auto *epOpt = compileCmd->add_option(
+      "--ep", comp.ep,
+      "expert parallelism: split every MoE layer's experts over groups of this "
+      "many data-parallel replicas (divides --dp and the experts; "
+      "docs/expert-parallel.md)");
+  for (CLI::Option *opt : {ppOpt, dpOpt, mbOpt, schedOpt, zeroOpt, epOpt})
     opt->excludes(strategyOpt);
   compileCmd->add_option("--world-size", comp.worldSize,
                          "number of devices (checked against the strategy)");

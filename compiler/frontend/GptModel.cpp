@@ -204,7 +204,8 @@ void GptModelBuilder::param(const Twine &name, ArrayRef<int64_t> shape,
   std::string key = name.str();
   RankedTensorType type = f32(shape);
   paramTypes[key] = type;
-  ParamOp::create(b, loc(key), key, type, init, llvm::APFloat(scale));
+  ParamOp::create(b, loc(key), key, type, init, llvm::APFloat(scale),
+                  /*expert_members=*/nullptr);
 }
 
 void GptModelBuilder::buildParams() {

@@ -325,6 +325,8 @@ private:
       break;
     }
     out->mutable_init()->set_scale(decl.getScale().convertToDouble());
+    if (std::optional<uint64_t> m = decl.getExpertMembers())
+      out->set_expert_members(static_cast<int32_t>(*m));
     params[name] = p.params_size() - 1;
     return p.params_size() - 1;
   }

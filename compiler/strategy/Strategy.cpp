@@ -42,6 +42,8 @@ static llvm::StringRef kindName(Directive::Kind kind) {
     return "place";
   case Directive::Replicate:
     return "replicate";
+  case Directive::Shard:
+    return "shard";
   case Directive::Order:
     return "order";
   case Directive::Schedule:
@@ -194,7 +196,36 @@ public:
                         .str());
       d.schedule = name->str();
     } else if (*op == "shard") {
-      return fail("expert parallelism (shard) is not implemented yet");
+      // Expert parallelism: the MoE layers of the stage placed on `devices`
+      // (its data-parallel group) split their experts over consecutive
+      // groups of `ep` of them (default: all).
+      d.kind = Directive::Shard;
+      for (auto k : {"filter", "devices", "stream", "ep"})
+        allowed.insert(k);
+      if (auto e = getFilter("filter", d.filter, /*required=*/true))
+        return std::move(e);
+      for (const auto &[key, value] : d.filter.entries)
+        if (key == "EP" ? value.kind != FilterValue::Any
+                        : key != "PP")
+          return fail("shard selects expert regions with \"EP\": \"*\" "
+                      "and optionally \"PP\", not \"" + key + "\"" +
+                      (key == "EP" ? " with an index" : ""));
+      if (auto e = getDevices())
+        return std::move(e);
+      d.stream = "ep_stream";
+      if (auto e = getString("stream", d.stream))
+        return std::move(e);
+      d.expertParallel = static_cast<int64_t>(d.devices.size());
+      if (obj.get("ep")) {
+        if (auto e = getInt("ep", d.expertParallel, /*required=*/true))
+          return std::move(e);
+        if (d.expertParallel < 1 ||
+            static_cast<int64_t>(d.devices.size()) % d.expertParallel != 0)
+          return fail(llvm::formatv("\"ep\" must divide the {0} devices "
+                                    "(expert groups are carved out of them)",
+                                    d.devices.size())
+                          .str());
+      }
     } else {
       return fail(llvm::formatv("unknown directive \"{0}\" (expected stage, "
                                 "split, place, replicate, order or schedule)",
@@ -538,7 +569,7 @@ mlir::piper::buildSchedule(const ScheduleBuilder &schedule, int64_t stages,
 Strategy mlir::piper::strategyFromFlags(int64_t pp, int64_t dp,
                                         int64_t microbatches,
                                         const ScheduleBuilder &schedule,
-                                        int zero) {
+                                        int zero, int64_t ep) {
   Strategy s;
   auto add = [&](Directive d, std::string text) {
     d.index = s.directives.size();
@@ -580,6 +611,17 @@ Strategy mlir::piper::strategyFromFlags(int64_t pp, int64_t dp,
                            zero ? llvm::formatv(" zero={0}", zero).str()
                                 : std::string())
                  .str());
+    if (ep > 1) {
+      Directive shard;
+      shard.kind = Directive::Shard;
+      shard.filter = place.filter;
+      shard.filter.entries["EP"] = {FilterValue::Any, 0, ""};
+      shard.devices = devices;
+      shard.stream = "ep_stream";
+      shard.expertParallel = ep;
+      add(shard, llvm::formatv("shard PP={0} devices={1} ep={2}", st, devs, ep)
+                     .str());
+    }
   }
   for (Directive &d : buildSchedule(schedule, pp, microbatches))
     add(d, d.text);
@@ -589,5 +631,7 @@ Strategy mlir::piper::strategyFromFlags(int64_t pp, int64_t dp,
                   .str();
   if (zero)
     s.summary += llvm::formatv(" zero={0}", zero).str();
+  if (ep > 1)
+    s.summary += llvm::formatv(" ep={0}", ep).str();
   return s;
 }

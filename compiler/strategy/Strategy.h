@@ -50,7 +50,8 @@ inline constexpr llvm::StringLiteral kFilterKeys[] = {"PP", "EP", "MB", "PASS"};
 
 /// One directive of a strategy, as parsed from JSON or built from flags.
 struct Directive {
-  enum Kind { Stage, Split, Place, Replicate, Order, Schedule } kind = Split;
+  enum Kind { Stage, Split, Place, Replicate, Shard, Order, Schedule } kind =
+      Split;
   /// Position in the strategy and the directive's own text, for diagnostics.
   int index = 0;
   std::string text;
@@ -65,6 +66,9 @@ struct Directive {
   /// parameter all-gathers.
   int zero = 0;
   std::string gatherStream;
+  /// shard: the expert-parallel degree (experts split over groups of this
+  /// many consecutive devices of `devices`); 0 means all of `devices`.
+  int64_t expertParallel = 0;
   int64_t numMicrobatches = 1;
   std::string dimName = "MB";
   int64_t stages = 1;
@@ -129,10 +133,11 @@ std::vector<Directive> buildSchedule(const ScheduleBuilder &schedule,
                                      int64_t stages, int64_t microbatches);
 
 /// Builds the strategy for `--pp P --dp D --microbatches M --schedule S
-/// --zero Z`: stage s runs on devices [s*D, (s+1)*D), replicated with ZeRO
-/// stage Z.
+/// --zero Z --ep E`: stage s runs on devices [s*D, (s+1)*D), replicated with
+/// ZeRO stage Z, its experts split over groups of E of them.
 Strategy strategyFromFlags(int64_t pp, int64_t dp, int64_t microbatches,
-                           const ScheduleBuilder &schedule, int zero = 0);
+                           const ScheduleBuilder &schedule, int zero = 0,
+                           int64_t ep = 1);
 
 } // namespace mlir::piper
 

@@ -109,6 +109,29 @@ TEST_CASE("ZeRO: the original Piper's booleans, the stage key and --zero") {
   CHECK(flags.summary.find("zero=2") != std::string::npos);
 }
 
+TEST_CASE("shard: the original Piper's form, an expert-parallel degree and --ep") {
+  llvm::Expected<Strategy> s = parseStrategy(R"([
+    {"op": "shard", "filter": {"EP": "*"}, "devices": [0, 1], "stream": "ep"},
+    {"op": "shard", "filter": {"EP": "*", "PP": 1}, "devices": [4, 5, 6, 7],
+     "ep": 2}])");
+  REQUIRE(bool(s));
+  CHECK(s->directives[0].kind == Directive::Shard);
+  CHECK(s->directives[0].expertParallel == 2);
+  CHECK(s->directives[0].stream == "ep");
+  CHECK(s->directives[1].expertParallel == 2);
+  CHECK(s->directives[1].stream == "ep_stream");
+  Strategy flags = strategyFromFlags(2, 4, 4, *findSchedule("1f1b"), 0, 2);
+  int shards = 0;
+  for (const Directive &d : flags.directives)
+    if (d.kind == Directive::Shard) {
+      CHECK(d.expertParallel == 2);
+      CHECK(d.devices.size() == 4);
+      ++shards;
+    }
+  CHECK(shards == 2);
+  CHECK(flags.summary.find("ep=2") != std::string::npos);
+}
+
 TEST_CASE("bad strategies name the directive and the problem") {
   CHECK(parseError(R"([{"op": "teleport"}])").find(
             "directive #0") != std::string::npos);
@@ -134,8 +157,10 @@ TEST_CASE("bad strategies name the directive and the problem") {
         std::string::npos);
   CHECK(parseError(R"([{"op": "replicate", "filter": {"PP": 0}, "devices": [0, 1], "shard_grads": 1}])")
             .find("shard_grads") != std::string::npos);
-  CHECK(parseError(R"([{"op": "shard", "filter": {"EP": "*"}, "devices": [0, 1]}])")
-            .find("not implemented yet") != std::string::npos);
+  CHECK(parseError(R"([{"op": "shard", "filter": {"EP": "*"}, "devices": [0, 1, 2], "ep": 2}])")
+            .find("\"ep\" must divide the 3 devices") != std::string::npos);
+  CHECK(parseError(R"([{"op": "shard", "filter": {"MB": 0}, "devices": [0, 1]}])")
+            .find("not \"MB\"") != std::string::npos);
   CHECK(parseError(R"([{"op": "split", "num_microbatches": 0}])")
             .find("must be positive") != std::string::npos);
   CHECK(parseError(R"([{"op": "split", "num_microbatches": 2147483648}])")

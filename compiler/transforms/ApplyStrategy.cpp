@@ -33,6 +33,8 @@ LogicalResult mlir::piper::applyDirective(ModuleOp module, const Directive &d,
     return applyPlace(*program, d, worldSize);
   case Directive::Replicate:
     return applyReplicate(module, *program, d, worldSize);
+  case Directive::Shard:
+    return applyShard(module, *program, d);
   case Directive::Order:
     return applyOrder(*program, d);
   case Directive::Schedule: {
@@ -96,8 +98,11 @@ LogicalResult mlir::piper::applyDirectives(ModuleOp module,
   if (failed(applyDirective(module, splits.empty() ? one : *splits.front(),
                             strategy.worldSize)))
     return failure();
-  for (Directive::Kind kind : {Directive::Place, Directive::Replicate,
-                               Directive::Order, Directive::Schedule}) {
+  // shard before replicate: it makes expert weights local, and replicate
+  // reduces their gradients over the ranks holding the same experts.
+  for (Directive::Kind kind : {Directive::Place, Directive::Shard,
+                               Directive::Replicate, Directive::Order,
+                               Directive::Schedule}) {
     for (const Directive *d : ofKind(kind))
       if (failed(applyDirective(module, *d, strategy.worldSize)))
         return failure();

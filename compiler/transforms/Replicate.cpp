@@ -73,10 +73,56 @@ LogicalResult mlir::piper::applyReplicate(ModuleOp module, ProgramOp program,
   // groups at once by tieSharedParams, which subsumes this reduction.
   auto shared = sharedParams(segmentParams, program);
   params.remove_if([&](StringAttr p) { return shared.count(p) > 0; });
-  if (replicas == 1 || params.empty())
-    return success();
   if (!stageTag)
     stageTag = TagAttr::get(attrs.getContext());
+  // Expert weights split by `shard` (expert_members = G): member i of each
+  // expert-parallel group holds block i, so their gradients are summed over
+  // the replicas holding the same block (every G-th), never sharded by ZeRO.
+  SmallVector<StringAttr> experts;
+  int64_t members = 1;
+  params.remove_if([&](StringAttr p) {
+    std::optional<uint64_t> m = symbols.lookup<ParamOp>(p).getExpertMembers();
+    if (!m)
+      return false;
+    members = static_cast<int64_t>(*m);
+    experts.push_back(p);
+    return true;
+  });
+  if (!experts.empty() && replicas % members != 0)
+    return program.emitOpError(d.describe())
+           << ": expert-parallel groups of " << members
+           << " do not divide the " << replicas << " replicas";
+  if (!experts.empty() && replicas / members >= 2) {
+    SmallVector<Attribute> sameExperts;
+    for (int64_t i = 0; i < members; ++i) {
+      SmallVector<int64_t> ranks;
+      for (int64_t r = i; r < replicas; r += members)
+        ranks.push_back(d.devices[r]);
+      sameExperts.push_back(DeviceGroupAttr::get(attrs.getContext(), ranks));
+    }
+    SmallVector<Value> deps;
+    for (TaskOp t : backward)
+      deps.push_back(t.getDone());
+    OpBuilder b(module.getContext());
+    b.setInsertionPointAfter(backward.back());
+    SmallVector<Value> reduced;
+    for (auto &bucket : bucketParams(symbols, experts, d.bucketSizeMb)) {
+      auto ar = AllReduceOp::create(
+          b, backward.back().getLoc(), b.getArrayAttr(bucket), deps,
+          DeviceGroupAttr::get(b.getContext(), d.devices),
+          commStream(program, d.reduceStream), stageTag, IntegerAttr());
+      ar.setSubgroupsAttr(b.getArrayAttr(sameExperts));
+      reduced.push_back(ar.getDone());
+    }
+    for (TaskOp u : program.getBody().front().getOps<TaskOp>())
+      if (u.getTag().isPass(PassKind::U) &&
+          llvm::any_of(segmentParams.updated(u.getSegment()), [&](StringAttr p) {
+            return llvm::is_contained(experts, p);
+          }))
+        u.getDepsMutable().append(reduced);
+  }
+  if (replicas == 1 || params.empty())
+    return success();
   if (d.zero > 0)
     return applyZero(module, program, d, params, backward, stageTag);
 

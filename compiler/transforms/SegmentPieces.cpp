@@ -119,6 +119,7 @@ FailureOr<SegmentPieces> mlir::piper::splitSegment(SegmentOp seg,
         sourceOf[v] = {static_cast<int>(j), static_cast<unsigned>(k)};
     }
     YieldOp::create(pbuilder, yield.getLoc(), results);
+    out.outputValues.emplace_back(outputs[j].begin(), outputs[j].end());
     out.pieces.push_back(piece);
     out.inputs.push_back(std::move(sources));
   }

@@ -202,6 +202,12 @@ LogicalResult mlir::piper::splitDevices(ModuleOp module) {
       for (Attribute a : rs.getParamRefs())
         reduced.insert(cast<FlatSymbolRefAttr>(a).getAttr());
     });
+    // An expert weight split over all of the class's replicas has no other
+    // copy to sum with.
+    for (ParamOp p : module.getOps<ParamOp>())
+      if (std::optional<uint64_t> m = p.getExpertMembers();
+          m && static_cast<size_t>(*m) == dp.getRanks().size())
+        reduced.insert(p.getSymNameAttr());
     for (TaskOp t : dp.getBody().front().getOps<TaskOp>()) {
       ArrayRef<StringAttr> accumulated = segmentParams.accumulated(t.getSegment());
       const StringAttr *missing = llvm::find_if(

@@ -73,6 +73,9 @@ struct SegmentPieces {
   SmallVector<SegmentOp> pieces;
   SmallVector<SmallVector<PieceSource>> inputs; // per piece
   SmallVector<PieceSource> results;             // the segment's results
+  /// Per piece: the values of the split segment it outputs, in order
+  /// (valid while the split segment exists).
+  SmallVector<SmallVector<Value>> outputValues;
 };
 
 /// Splits `seg` before each op index of `cuts` (increasing, inside its op
@@ -104,6 +107,11 @@ LogicalResult applyZero(ModuleOp module, ProgramOp program, const Directive &d,
 /// After the order directives: bounds the ZeRO-2/3 gradients in flight and
 /// sets the ZeRO-3 gathers' prefetch distance (Zero.cpp).
 LogicalResult boundZeroCollectives(ModuleOp module);
+
+/// The `shard` directive (ExpertParallel.cpp): expert parallelism for the
+/// MoE layers of the tasks placed on d.devices.
+LogicalResult applyShard(ModuleOp module, ProgramOp program,
+                         const Directive &d);
 
 /// Returns the single piper.program of `module`, or emits an error.
 FailureOr<ProgramOp> getProgram(ModuleOp module);

@@ -289,6 +289,51 @@ LogicalResult MoeDispatchOp::verify() {
   return success();
 }
 
+/// Expert-parallel layouts: experts, capacity (and members) positive,
+/// members dividing experts, [experts * capacity, H] rows and [experts, 1]
+/// counts.
+static LogicalResult verifyEpShape(Operation *op, int64_t experts,
+                                   int64_t capacity, int64_t members,
+                                   Value rows, Value expertCounts) {
+  if (experts < 1 || capacity < 1 || members < 1)
+    return op->emitOpError("experts, capacity and members must be positive");
+  if (experts % members != 0)
+    return op->emitOpError("members ")
+           << members << " must divide experts " << experts;
+  if (rows && dim(rows, 0) != experts * capacity)
+    return op->emitOpError("rows must be experts * capacity = ")
+           << experts * capacity;
+  if (dim(expertCounts, 0) != experts || dim(expertCounts, 1) != 1)
+    return op->emitOpError("expert counts must be [") << experts << ", 1]";
+  return success();
+}
+
+LogicalResult MoeEpCountsOp::verify() {
+  if (failed(verifyEpShape(*this, getExperts(), getCapacity(), getMembers(),
+                           Value(), getExpertCounts())))
+    return failure();
+  for (Value v : {getSendCounts(), getExpertSendCounts()})
+    if (dim(v, 0) != static_cast<int64_t>(getMembers()))
+      return emitOpError("member counts must have one entry per member");
+  return success();
+}
+LogicalResult MoeEpPackOp::verify() {
+  return verifyEpShape(*this, getExperts(), getCapacity(), 1, getInput(),
+                       getExpertCounts());
+}
+LogicalResult MoeEpUnpackOp::verify() {
+  return verifyEpShape(*this, getExperts(), getCapacity(), 1, getInput(),
+                       getExpertCounts());
+}
+LogicalResult MoeEpGatherOp::verify() {
+  return verifyEpShape(*this, getExperts(), getCapacity(), getMembers(),
+                       getInput(), getExpertCounts());
+}
+LogicalResult MoeEpScatterOp::verify() {
+  return verifyEpShape(*this, getExperts(), getCapacity(), getMembers(),
+                       getInput(), getExpertCounts());
+}
+
 LogicalResult MoeCombineOp::verify() {
   if (getExpertsAttr().getInt() < 1 || getCapacityAttr().getInt() < 1)
     return emitOpError("experts and capacity must be positive");

@@ -14,6 +14,10 @@
 
 def I32Tensor2DAny : ConfinedType<2DTensorOf<[I32]>, [HasStaticShapePred],
                                   "statically shaped 2-D tensor of i32">;
+def F32OrI32Tensor2D : ConfinedType<2DTensorOf<[F32, I32]>, [HasStaticShapePred],
+                                    "statically shaped 2-D tensor of f32 or i32">;
+def I32Tensor1D : ConfinedType<1DTensorOf<[I32]>, [HasStaticShapePred],
+                               "statically shaped 1-D tensor of i32">;
 def F32Tensor3D : ConfinedType<3DTensorOf<[F32]>, [HasStaticShapePred],
                                "statically shaped 3-D tensor of f32">;
 
@@ -196,6 +200,90 @@ def Piper_MoeAuxLossGradOp : Piper_ComputeOp<"moe_aux_loss_grad", [Pure]> {
                        I64Attr:$experts, I64Attr:$top_k, F64Attr:$coeff);
   let results = (outs F32Tensor2D:$result);
   let assemblyFormat = "$logits `,` $indices attr-dict `:` functional-type(operands, results)";
+}
+
+
+//===----------------------------------------------------------------------===//
+// Expert parallelism: layouts around the all-to-alls of an MoE layer whose
+// experts are split over the members of an expert-parallel group (inserted
+// by `shard` after autodiff; each layout op's gradient is its inverse, which
+// the rewrite inserts in the backward itself). docs/kernels.md.
+//===----------------------------------------------------------------------===//
+
+def Piper_MoeEpCountsOp : Piper_ComputeOp<"moe_ep_counts", [Pure]> {
+  let summary = "Per-expert and per-member row counts of the router's decisions";
+  let description = [{
+    From the routing `indices` (as `moe_dispatch` keeps an expert's first
+    `capacity` assignments): `expert_counts[e]` = the used slots of expert
+    e, `send_counts[j]` = the rows member j (owning experts j·L .. j·L+L-1,
+    L = experts / members) gets, and `expert_send_counts` = L for every
+    member (each member is sent the counts of its own L experts).
+
+    ```mlir
+    %send, %ec, %ecs = piper.moe_ep_counts %idx {experts = 8 : i64, capacity = 32 : i64, members = 2 : i64} : (tensor<128x2xi32>) -> (tensor<2xi32>, tensor<8x1xi32>, tensor<2xi32>)
+    ```
+  }];
+  let arguments = (ins I32Tensor2DAny:$indices, I64Attr:$experts,
+                       I64Attr:$capacity, I64Attr:$members);
+  let results = (outs I32Tensor1D:$send_counts,
+                      I32Tensor2DAny:$expert_counts,
+                      I32Tensor1D:$expert_send_counts);
+  let assemblyFormat = "$indices attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+class Piper_MoeEpLayoutOp<string mnemonic, string what, bit withMembers>
+    : Piper_ComputeOp<mnemonic, [Pure, AllTypesMatch<["input", "result"]>]> {
+  let summary = what;
+  let arguments = !con((ins F32Tensor2D:$input, I32Tensor2DAny:$expert_counts,
+                            I64Attr:$experts, I64Attr:$capacity),
+                       !if(withMembers, (ins I64Attr:$members), (ins)));
+  let results = (outs F32Tensor2D:$result);
+  let assemblyFormat = "$input `,` $expert_counts attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Piper_MoeEpPackOp : Piper_MoeEpLayoutOp<"moe_ep_pack",
+    "Packs each expert's used slots consecutively, in expert order", 0> {
+  let description = [{
+    `input` is a slot buffer [E·C, H]; the first `expert_counts[e]` rows of
+    each expert's slots are copied one after the other, so each member's
+    experts' rows are consecutive (what an all-to-all sends). Zeros after.
+  }];
+}
+
+def Piper_MoeEpUnpackOp : Piper_MoeEpLayoutOp<"moe_ep_unpack",
+    "Inverse of moe_ep_pack: packed rows back into expert slots", 0> {
+  let description = [{ The inverse of `moe_ep_pack` (and its gradient). }];
+}
+
+def Piper_MoeEpGatherOp : Piper_MoeEpLayoutOp<"moe_ep_gather",
+    "Lays out the rows received from every source as this member's expert slots", 1> {
+  let description = [{
+    `input` holds the rows received from each member in turn, each source's
+    rows grouped by this member's L experts; `expert_counts` ([E, 1],
+    source-major: source s, local expert l at s·L + l) says how many. The
+    result is L expert slot blocks of capacity members·C: expert l's rows
+    from source 0, then source 1, ..., then zeros.
+  }];
+}
+
+def Piper_MoeEpScatterOp : Piper_MoeEpLayoutOp<"moe_ep_scatter",
+    "Inverse of moe_ep_gather: expert slots back into per-source rows", 1> {
+  let description = [{ The inverse of `moe_ep_gather` (and its gradient). }];
+}
+
+def Piper_EpExchangeOp : Piper_Op<"ep_exchange", [HasParent<"SegmentOp">,
+    AllTypesMatch<["input", "result"]>, AllTypesMatch<["send_counts", "recv_counts"]>]> {
+  let summary = "Where the shard rewrite cuts a segment for an all-to-all";
+  let description = [{
+    Exists only inside the `shard` rewrite (compiler/transforms/ExpertParallel.cpp):
+    the segment is cut before and after it, and it becomes a
+    `piper.all_to_all` between the pieces. Never lowered.
+  }];
+  let arguments = (ins F32OrI32Tensor2D:$input, I32Tensor1D:$send_counts);
+  let results = (outs F32OrI32Tensor2D:$result, I32Tensor1D:$recv_counts);
+  let assemblyFormat = "$input `,` $send_counts attr-dict `:` type($input) `,` type($send_counts)";
 }
 
 #endif // PIPER_MOE_OPS_TD

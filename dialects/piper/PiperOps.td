@@ -41,7 +41,10 @@ def Piper_ParamOp : Piper_Op<"param", [Symbol]> {
     (global, unsharded) shape, its dtype and its initializer. Segments read it
     with `piper.param_ref`. Initial values are a pure function of (seed,
     parameter name, element index), so every strategy starts from the same
-    numbers.
+    numbers. Expert parallelism (`shard`) makes an expert weight local:
+    with `expert_members = G` the type holds one member's experts (the
+    global tensor has G times its first dimension), member i of each
+    expert-parallel group holding the i-th block.
 
     ```mlir
     piper.param @h0.attn.w : tensor<64x192xf32> init normal(2.0e-02)
@@ -51,7 +54,8 @@ def Piper_ParamOp : Piper_Op<"param", [Symbol]> {
   let arguments = (ins SymbolNameAttr:$sym_name,
                        TypeAttrOf<AnyRankedTensor>:$type,
                        Piper_InitKindAttr:$init,
-                       F64Attr:$scale);
+                       F64Attr:$scale,
+                       OptionalAttr<ConfinedAttr<I64Attr, [IntMinValue<2>]>>:$expert_members);
   let assemblyFormat = "$sym_name `:` $type `init` `` $init `(` $scale `)` attr-dict";
   let hasVerifier = 1;
   let extraClassDeclaration = [{

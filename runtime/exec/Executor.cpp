@@ -80,7 +80,9 @@ Status ExecutorImpl::init(uint64_t seed) {
                                  at(param.state_offsets(4)));
     // The counter-based initializer gives a shard exactly its slice.
     bool valueSharded = plan::stateSharded(param, 0);
-    int64_t first = valueSharded ? shard[p].start : 0;
+    // An expert parameter holds its member's block of the global tensor.
+    int64_t first = valueSharded ? shard[p].start
+                                 : plan::expertStart(param, replica);
     int64_t count = valueSharded ? shard[p].count : elements;
     host.assign(static_cast<size_t>(count), 0.0f);
     fillInitializer(param.init(), param.name(), seed, first, host.data(),
@@ -224,14 +226,21 @@ std::vector<CommKey> Executor::commKeys() const {
       }
     }
   }
-  // Checkpoints gather ZeRO shards over each shard group (StateIO.cpp).
-  for (const plan::Parameter &p : plan.params())
+  // Checkpoints gather ZeRO shards over each shard group and expert blocks
+  // over each expert-parallel group (StateIO.cpp).
+  for (const plan::Parameter &p : plan.params()) {
     if (p.has_sharding()) {
       const plan::DeviceGroup &g = plan.groups(p.sharding().group());
       if (g.ranks_size() >= 2)
         keys.insert({kStateStream,
                      std::vector<int>(g.ranks().begin(), g.ranks().end())});
     }
+    if (plan::expertMembers(p) >= 2) {
+      std::vector<int> ranks = plan::expertGroup(plan, p, impl->replica);
+      std::sort(ranks.begin(), ranks.end());
+      keys.insert({kStateStream, ranks});
+    }
+  }
   std::vector<CommKey> out;
   for (auto &[stream, ranks] : keys)
     out.push_back(CommKey{stream, ranks});

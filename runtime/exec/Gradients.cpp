@@ -66,9 +66,12 @@ double ExecutorImpl::shareWeight(int p) const {
   // holds the same reduced gradient. A ZeRO rank holds only its range of
   // it, which the members together cover once. A parameter held by several
   // classes (tied) holds the same summed gradient in each: count it once.
+  // An expert parameter's block is held by num_replicas / expert_members
+  // replicas only.
   double weight = 1.0 / std::max(1, plan.params(p).copies());
   if (zeroSharded(p))
     weight *= std::max(1, plan.training().num_replicas());
+  weight *= plan::expertMembers(plan.params(p));
   return weight;
 }
 

@@ -72,11 +72,10 @@ Status Executor::saveParams(const std::string &dir) const {
 }
 
 std::vector<ParamSpec> Executor::paramSpecs() const {
+  // Checkpoints hold global tensors, whatever a rank keeps of them.
   std::vector<ParamSpec> specs;
   for (const plan::Parameter &p : impl->plan.params())
-    specs.push_back(
-        ParamSpec{p.name(), std::vector<int64_t>(p.type().shape().begin(),
-                                                 p.type().shape().end())});
+    specs.push_back(ParamSpec{p.name(), plan::globalShape(p)});
   return specs;
 }
 
@@ -110,7 +109,7 @@ Status Executor::saveOptimizerState(const std::string &path,
 
 bool Executor::shardsState() const {
   for (const plan::Parameter &p : impl->plan.params())
-    if (p.has_sharding())
+    if (p.has_sharding() || plan::expertMembers(p) >= 2)
       return true;
   return false;
 }
@@ -131,6 +130,28 @@ Status Executor::wholeState(int p, int kind, std::vector<char> &out) const {
   const plan::Plan &plan = impl->plan;
   const plan::Parameter &param = plan.params(p);
   const bool writer = impl->replica == 0;
+  if (plan::expertMembers(param) >= 2) {
+    // Expert parallelism: each member of an expert-parallel group holds a
+    // block of experts; replica 0 (member 0 of the first group) gets the
+    // global tensor.
+    std::vector<int> ranks = plan::expertGroup(plan, param, impl->replica);
+    const TensorPtr &t = impl->stateOf(p, kind);
+    std::vector<char> mine(static_cast<size_t>(t->bytes));
+    impl->memory->copyToHost(mine.data(), t->data, mine.size());
+    std::vector<char> whole(mine.size() * ranks.size());
+    std::vector<size_t> counts(ranks.size(),
+                               static_cast<size_t>(t->bytes / 4));
+    CommKey key{kStateStream, ranks};
+    PIPER_RETURN_IF_ERROR(
+        impl->comm
+            ->allGather(key, mine.data(), whole.data(), counts, CommDType::F32)
+            ->wait()
+            .withContext(impl->who + ": gathering the expert blocks of " +
+                         stateName(param.name(), kind)));
+    if (writer)
+      out = std::move(whole);
+    return Status::ok();
+  }
   if (!heldAsRanges(param, kind)) {
     if (writer) {
       const TensorPtr &t = impl->stateOf(p, kind);
@@ -180,11 +201,9 @@ Status Executor::saveState(const std::string &path, int64_t step,
     for (int kind : kinds) {
       host.emplace_back();
       PIPER_RETURN_IF_ERROR(wholeState(p, kind, host.back()));
-      tensors.push_back(SafetensorsTensor{
-          stateName(param.name(), kind), "F32",
-          std::vector<int64_t>(param.type().shape().begin(),
-                               param.type().shape().end()),
-          host.back().data()});
+      tensors.push_back(SafetensorsTensor{stateName(param.name(), kind), "F32",
+                                          plan::globalShape(param),
+                                          host.back().data()});
     }
   }
   if (impl->replica != 0)
@@ -212,7 +231,7 @@ Status Executor::loadState(const SafetensorsReader &reader, int kind) {
   for (int p = 0; p < impl->plan.params_size(); ++p) {
     const plan::Parameter &param = impl->plan.params(p);
     const SafetensorsEntry *e = reader.find(specs[p].name);
-    int64_t bytes = 4 * plan::paramElements(param);
+    int64_t bytes = 4 * plan::paramElements(param) * plan::expertMembers(param);
     if (!e || static_cast<int64_t>(e->end - e->begin) != bytes)
       return Status::error(impl->who + ": internal: checkpoint tensor '" +
                            specs[p].name + "' has a bad size");
@@ -225,8 +244,12 @@ Status Executor::loadState(const SafetensorsReader &reader, int kind) {
                                  host.data() + 4 * r.start,
                                  static_cast<size_t>(4 * r.count));
     } else {
-      impl->memory->copyFromHost(impl->stateOf(p, kind)->data, host.data(),
-                                 host.size());
+      // An expert parameter: this member's block of the global tensor.
+      const TensorPtr &t = impl->stateOf(p, kind);
+      impl->memory->copyFromHost(
+          t->data,
+          host.data() + 4 * plan::expertStart(param, impl->replica),
+          static_cast<size_t>(t->bytes));
     }
   }
   return Status::ok();

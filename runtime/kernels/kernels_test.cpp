@@ -235,6 +235,11 @@ TEST_CASE("kernelNames lists every kernel once", "[kernels]") {
                                          "expert_linear",
                                          "moe_combine",
                                          "moe_aux_loss",
+                                         "moe_ep_counts",
+                                         "moe_ep_pack",
+                                         "moe_ep_unpack",
+                                         "moe_ep_gather",
+                                         "moe_ep_scatter",
                                          "cross_entropy",
                                          "loss_accumulate",
                                          "embedding_grad",
@@ -2202,4 +2207,115 @@ TEST_CASE("MoE kernels handle empty batches and huge expert counts cheaply",
   outs = {Tensor::f32({huge, 0})};
   ins = {Tensor::f32({huge, 0}), Tensor::f32({huge, 0, 0})};
   mustRun(K("expert_linear").i("experts", huge), ins, outs);
+}
+
+TEST_CASE("expert parallelism: counts, pack, gather and their inverses move "
+          "every member's slots to the member owning the expert",
+          "[kernels][moe][ep]") {
+  const int64_t members = GENERATE(1, 2, 4);
+  const int64_t capacity = GENERATE(1, 3, 8);
+  INFO("members=" << members << " capacity=" << capacity);
+  const int64_t experts = 4, local = experts / members, rows = 6, k = 2,
+                hidden = 3, slots = experts * capacity;
+  Rng rng(90 + members * 10 + capacity);
+  auto ep = [&](const std::string &op) {
+    return slotKernel(op, experts, capacity).i("members", members);
+  };
+  // Each member dispatches its own tokens, counts and packs them.
+  std::vector<Tensor> buf, packed, counts, sends;
+  for (int64_t m = 0; m < members; ++m) {
+    std::vector<Tensor> in = {randomF32(rng, {rows, hidden}),
+                              randomIndices(rng, rows, k, experts)};
+    std::vector<Tensor> b = {Tensor::f32({slots, hidden})};
+    mustRun(slotKernel("moe_dispatch", experts, capacity), in, b);
+    std::vector<Tensor> cin = {in[1]};
+    std::vector<Tensor> c = {Tensor::i32({members}, std::vector<int32_t>(members)),
+                             Tensor::i32({experts, 1}, std::vector<int32_t>(experts)),
+                             Tensor::i32({members}, std::vector<int32_t>(members))};
+    mustRun(ep("moe_ep_counts"), cin, c);
+    // The counts are the rows dispatch filled: expert e's used slots.
+    for (int64_t e = 0; e < experts; ++e) {
+      int64_t used = 0;
+      for (int64_t s = 0; s < capacity; ++s)
+        for (int64_t h = 0; h < hidden; ++h)
+          used = b[0].f[(e * capacity + s) * hidden + h] != 0 ? s + 1 : used;
+      CHECK(c[1].i[e] == used);
+    }
+    for (int64_t j = 0; j < members; ++j) {
+      int64_t sum = 0;
+      for (int64_t e = j * local; e < (j + 1) * local; ++e)
+        sum += c[1].i[e];
+      CHECK(c[0].i[j] == sum);
+      CHECK(c[2].i[j] == local);
+    }
+    std::vector<Tensor> pin = {b[0], c[1]};
+    std::vector<Tensor> p = {Tensor::f32({slots, hidden})};
+    mustRun(slotKernel("moe_ep_pack", experts, capacity), pin, p);
+    // unpack(pack(x)) restores the dispatch buffer exactly.
+    std::vector<Tensor> uin = {p[0], c[1]};
+    std::vector<Tensor> u = {Tensor::f32({slots, hidden})};
+    mustRun(slotKernel("moe_ep_unpack", experts, capacity), uin, u);
+    CHECK(u[0].f == b[0].f);
+    buf.push_back(b[0]);
+    packed.push_back(p[0]);
+    counts.push_back(c[1]);
+    sends.push_back(c[0]);
+  }
+  // The all-to-alls, by hand: member j receives, from each source in order,
+  // that source's rows for j's experts and their L counts.
+  for (int64_t j = 0; j < members; ++j) {
+    Tensor recv = Tensor::f32({slots, hidden});
+    std::vector<int32_t> recvCounts;
+    int64_t at = 0;
+    for (int64_t src = 0; src < members; ++src) {
+      int64_t offset = 0;
+      for (int64_t d = 0; d < j; ++d)
+        offset += sends[src].i[d];
+      std::copy_n(packed[src].f.begin() + offset * hidden,
+                  sends[src].i[j] * hidden, recv.f.begin() + at * hidden);
+      at += sends[src].i[j];
+      for (int64_t l = 0; l < local; ++l)
+        recvCounts.push_back(counts[src].i[j * local + l]);
+    }
+    Tensor rc = Tensor::i32({experts, 1}, recvCounts);
+    std::vector<Tensor> gin = {recv, rc};
+    std::vector<Tensor> g = {Tensor::f32({slots, hidden})};
+    mustRun(ep("moe_ep_gather"), gin, g);
+    // Local expert l's slots: every source's used rows of expert j*L+l, in
+    // source order, then zeros.
+    for (int64_t l = 0; l < local; ++l) {
+      std::vector<float> want;
+      for (int64_t src = 0; src < members; ++src) {
+        int64_t e = j * local + l;
+        auto first = buf[src].f.begin() + e * capacity * hidden;
+        want.insert(want.end(), first, first + counts[src].i[e] * hidden);
+      }
+      want.resize(members * capacity * hidden, 0.0f);
+      auto first = g[0].f.begin() + l * members * capacity * hidden;
+      CHECK(std::vector<float>(first, first + want.size()) == want);
+    }
+    // scatter(gather(recv)) == recv.
+    std::vector<Tensor> sin = {g[0], rc};
+    std::vector<Tensor> sc = {Tensor::f32({slots, hidden})};
+    mustRun(ep("moe_ep_scatter"), sin, sc);
+    CHECK(sc[0].f == recv.f);
+  }
+}
+
+TEST_CASE("expert parallelism kernels reject bad counts and layouts",
+          "[kernels][moe][ep]") {
+  Tensor x = Tensor::f32({8, 2});
+  Tensor over = Tensor::i32({4, 1}, {1, 3, 0, 0});
+  CHECK(mustFail(slotKernel("moe_ep_pack", 4, 2), {x, over},
+                 {Tensor::f32({8, 2})})
+            .find("expert_counts[1] is 3, outside [0, capacity 2]") !=
+        std::string::npos);
+  Tensor ok = Tensor::i32({4, 1}, {1, 2, 0, 0});
+  CHECK(mustFail(slotKernel("moe_ep_gather", 4, 2).i("members", 3), {x, ok},
+                 {Tensor::f32({8, 2})})
+            .find("'members' 3 does not divide 'experts' 4") !=
+        std::string::npos);
+  CHECK(mustFail(slotKernel("moe_ep_unpack", 4, 2), {Tensor::f32({6, 2}), ok},
+                 {Tensor::f32({8, 2})})
+            .find("expected [8,*]") != std::string::npos);
 }

@@ -11,6 +11,7 @@
 
 #include <fmt/format.h>
 
+#include "proto/PlanShards.h"
 #include "runtime/data/AtomicFile.h"
 
 namespace piper::runtime {
@@ -31,9 +32,7 @@ std::vector<ParamSpec> strategyParams(const std::vector<plan::Plan> &plans) {
   for (const plan::Plan &p : plans)
     for (const plan::Parameter &param : p.params())
       if (seen.insert(param.name()).second)
-        specs.push_back(ParamSpec{
-            param.name(), std::vector<int64_t>(param.type().shape().begin(),
-                                               param.type().shape().end())});
+        specs.push_back(ParamSpec{param.name(), plan::globalShape(param)});
   return specs;
 }
 

@@ -140,6 +140,26 @@ ZERO_MODELS = [
       ("pp2 x dp2 zero-3, 1f1b, 4 mb",
        ["--pp", "2", "--dp", "2", "--microbatches", "4", "--zero", "3",
         "--clip-grad", "0.5"], 4)]),
+    # Expert parallelism: the experts split over groups of the data-parallel
+    # replicas, tokens routed with the router's real per-member counts.
+    ("qwen3-moe-ep", ["qwen3-moe", "--layers", "2", "--hidden", "64",
+                      "--heads", "4", "--kv-heads", "2", "--ffn", "64",
+                      "--experts", "4", "--top-k", "2", "--vocab", "256",
+                      "--seq", "32", "--batch", "4", "--capacity-factor", "1"],
+     [("1 device", ["--microbatches", "8", "--clip-grad", "0.5"], 1),
+      ("dp2 ep2, 4 mb", ["--dp", "2", "--ep", "2", "--microbatches", "4",
+                         "--clip-grad", "0.5"], 2),
+      ("dp4 ep2, 2 mb", ["--dp", "4", "--ep", "2", "--microbatches", "2",
+                         "--clip-grad", "0.5"], 4),
+      ("dp4 ep4, 2 mb", ["--dp", "4", "--ep", "4", "--microbatches", "2",
+                         "--clip-grad", "0.5"], 4),
+      ("pp2 x dp2 ep2, 1f1b, 4 mb",
+       ["--pp", "2", "--dp", "2", "--ep", "2", "--microbatches", "4",
+        "--clip-grad", "0.5"], 4),
+      ("pp2 x dp2 ep2 zero-2, gpipe, 4 mb",
+       ["--pp", "2", "--dp", "2", "--ep", "2", "--zero", "2",
+        "--microbatches", "4", "--schedule", "gpipe", "--clip-grad", "0.5"],
+       4)]),
     # bf16 against the same strategy without ZeRO: sharding changes no
     # rounding (the one-device bf16 run differs from DP2 by the order of
     # microbatch accumulation, ~1e-5, ZeRO or not).

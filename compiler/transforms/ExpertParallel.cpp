@@ -1,0 +1,296 @@
+// The `shard` directive: expert parallelism (docs/expert-parallel.md). The
+// experts of every MoE layer of a stage are split over consecutive groups of
+// its data-parallel replicas; each layer's forward and backward exchange
+// the router's real per-member row counts and the routed rows with
+// all-to-alls, which cut the stage's segments into pieces.
+#include "compiler/transforms/Transforms.h"
+
+#include "llvm/ADT/MapVector.h"
+#include "llvm/ADT/STLExtras.h"
+#include "mlir/IR/Builders.h"
+
+using namespace mlir;
+using namespace mlir::piper;
+
+namespace {
+
+struct EpLayout {
+  int64_t members = 1; // experts are split over this many devices
+  DeviceGroupAttr group;
+  ArrayAttr subgroups; // consecutive expert-parallel groups
+  StreamAttr stream;
+};
+
+RankedTensorType i32(MLIRContext *ctx, ArrayRef<int64_t> shape) {
+  return RankedTensorType::get(shape, IntegerType::get(ctx, 32));
+}
+
+/// The counts of a layer routed by `indices` over E experts of C slots.
+MoeEpCountsOp counts(OpBuilder &b, Location loc, Value indices, int64_t e,
+                     int64_t c, int64_t g) {
+  MLIRContext *ctx = b.getContext();
+  return MoeEpCountsOp::create(b, loc, i32(ctx, {g}), i32(ctx, {e, 1}),
+                               i32(ctx, {g}), indices, e, c, g);
+}
+
+/// Around one MoE layer, forward or backward: `slots` (a source slot
+/// buffer [E*C, H]) goes to the experts' owners, laid out as their local
+/// slots; `back` (local slots, computed there) comes back as a source slot
+/// buffer before `backAt`. Returns (local slots, source slots).
+std::pair<Value, Value> exchangeAround(OpBuilder &b, Location loc,
+                                       Value indices, Value slots,
+                                       Operation *slotsAfter, Value back,
+                                       Operation *backAt, int64_t e,
+                                       int64_t c, int64_t g) {
+  Type rows = slots.getType();
+  b.setInsertionPointAfter(slotsAfter);
+  MoeEpCountsOp n = counts(b, loc, indices, e, c, g);
+  auto packed =
+      MoeEpPackOp::create(b, loc, rows, slots, n.getExpertCounts(), e, c);
+  auto sent = EpExchangeOp::create(b, loc, rows, n.getSendCounts().getType(),
+                                   packed, n.getSendCounts());
+  auto owned = EpExchangeOp::create(
+      b, loc, n.getExpertCounts().getType(), n.getExpertSendCounts().getType(),
+      n.getExpertCounts(), n.getExpertSendCounts());
+  auto local = MoeEpGatherOp::create(b, loc, rows, sent.getResult(),
+                                     owned.getResult(), e, c, g);
+  slots.replaceAllUsesExcept(local, packed);
+
+  b.setInsertionPoint(backAt);
+  auto out = MoeEpScatterOp::create(b, loc, rows, back, owned.getResult(), e,
+                                    c, g);
+  auto returned = EpExchangeOp::create(b, loc, rows,
+                                       sent.getRecvCounts().getType(), out,
+                                       sent.getRecvCounts());
+  auto source = MoeEpUnpackOp::create(b, loc, rows, returned.getResult(),
+                                      n.getExpertCounts(), e, c);
+  back.replaceAllUsesExcept(source, out);
+  return {local, source};
+}
+
+/// Rewrites one segment's MoE layers; returns how many it had.
+FailureOr<int> rewriteLayers(SegmentOp seg, int64_t g,
+                             llvm::SetVector<StringAttr> &expertParams,
+                             const Directive &d) {
+  OpBuilder b(seg.getContext());
+  int layers = 0;
+  SmallVector<MoeDispatchOp> dispatches(seg.getOps<MoeDispatchOp>());
+  for (MoeDispatchOp dispatch : dispatches) {
+    int64_t e = dispatch.getExperts(), c = dispatch.getCapacity();
+    if (e % g != 0)
+      return seg.emitOpError(d.describe())
+             << ": " << e << " experts cannot be split over expert-parallel "
+             << "groups of " << g << " devices";
+    MoeCombineOp combine;
+    for (MoeCombineOp op : seg.getOps<MoeCombineOp>())
+      if (op.getIndices() == dispatch.getIndices())
+        combine = op;
+    if (!combine)
+      return dispatch.emitOpError("has no moe_combine of the same routing");
+    exchangeAround(b, dispatch.getLoc(), dispatch.getIndices(),
+                   dispatch.getResult(), dispatch, combine.getInput(), combine,
+                   e, c, g);
+    ++layers;
+  }
+  SmallVector<MoeCombineGradOp> grads(seg.getOps<MoeCombineGradOp>());
+  for (MoeCombineGradOp cg : grads) {
+    int64_t e = cg.getExperts(), c = cg.getCapacity();
+    if (e % g != 0)
+      return seg.emitOpError(d.describe())
+             << ": " << e << " experts cannot be split over expert-parallel "
+             << "groups of " << g << " devices";
+    MoeDispatchGradOp dg;
+    for (MoeDispatchGradOp op : seg.getOps<MoeDispatchGradOp>())
+      if (op.getIndices() == cg.getIndices())
+        dg = op;
+    if (!dg)
+      return cg.emitOpError("has no moe_dispatch_grad of the same routing");
+    exchangeAround(b, cg.getLoc(), cg.getIndices(), cg.getResult(0), cg,
+                   dg.getGrad(), dg, e, c, g);
+    ++layers;
+  }
+  // The experts each member keeps.
+  seg.walk([&](Operation *op) {
+    if (auto fwd = dyn_cast<ExpertLinearOp>(op)) {
+      fwd.setExperts(fwd.getExperts() / g);
+      if (auto ref = fwd.getWeight().getDefiningOp<ParamRefOp>())
+        expertParams.insert(ref.getParamAttr().getAttr());
+    } else if (auto gi = dyn_cast<ExpertLinearGradInputOp>(op)) {
+      gi.setExperts(gi.getExperts() / g);
+    } else if (auto gw = dyn_cast<ExpertLinearGradWeightOp>(op)) {
+      gw.setExperts(gw.getExperts() / g);
+    }
+  });
+  return layers;
+}
+
+RankedTensorType localType(Type global, int64_t g) {
+  auto t = cast<RankedTensorType>(global);
+  SmallVector<int64_t> shape(t.getShape());
+  shape[0] /= g;
+  return RankedTensorType::get(shape, t.getElementType());
+}
+
+/// Replaces `t` (calling a segment with exchange markers, split into
+/// `pieces`) by its piece tasks, each marker piece becoming an all-to-all.
+void splitWithExchanges(TaskOp t, const SegmentPieces &pieces,
+                        const EpLayout &ep) {
+  OpBuilder b(t);
+  struct Node {
+    Operation *op;
+    SmallVector<Value> outs;
+    Value done;
+  };
+  SmallVector<Node> nodes;
+  for (unsigned j = 0; j < pieces.pieces.size(); ++j) {
+    SegmentOp piece = pieces.pieces[j];
+    SmallVector<Value> args;
+    for (const PieceSource &s : pieces.inputs[j])
+      args.push_back(s.piece < 0 ? t.getArgs()[s.index]
+                                 : nodes[s.piece].outs[s.index]);
+    SmallVector<Value> deps;
+    if (j == 0)
+      deps.append(t.getDeps().begin(), t.getDeps().end());
+    else
+      deps.push_back(nodes.back().done);
+    auto body = piece.getBody().front().without_terminator();
+    auto marker = llvm::hasSingleElement(body)
+                      ? dyn_cast<EpExchangeOp>(*body.begin())
+                      : EpExchangeOp();
+    if (marker) {
+      auto a2a = AllToAllOp::create(
+          b, t.getLoc(), args[0].getType(), args[1].getType(),
+          b.getType<TokenType>(), args[0], args[1], deps, ep.group, ep.stream,
+          t.getTag(), IntegerAttr(), ep.subgroups);
+      Node n{a2a, {}, a2a.getDone()};
+      for (Value v : pieces.outputValues[j]) {
+        auto original = cast<OpResult>(v);
+        n.outs.push_back(original.getResultNumber() == 0 ? a2a.getResult()
+                                                         : a2a.getRecvCounts());
+      }
+      nodes.push_back(std::move(n));
+      continue;
+    }
+    auto nt = TaskOp::create(
+        b, t.getLoc(), piece.getResultTypes(), b.getType<TokenType>(),
+        FlatSymbolRefAttr::get(piece.getSymNameAttr()), args, deps, t.getTag(),
+        t.getDevicesAttr(), t.getStreamAttr(), t.getSendStreamAttr());
+    for (NamedAttribute a : t->getDiscardableAttrs())
+      nt->setDiscardableAttr(a.getName(), a.getValue());
+    nodes.push_back(Node{nt, SmallVector<Value>(nt.getOuts()), nt.getDone()});
+  }
+  for (auto [r, s] : llvm::enumerate(pieces.results))
+    t.getOuts()[r].replaceAllUsesWith(nodes[s.piece].outs[s.index]);
+  t.getDone().replaceAllUsesWith(nodes.back().done);
+  t.erase();
+}
+
+} // namespace
+
+LogicalResult mlir::piper::applyShard(ModuleOp module, ProgramOp program,
+                                      const Directive &d) {
+  MLIRContext *ctx = module.getContext();
+  if (!llvm::is_sorted(d.devices) ||
+      std::adjacent_find(d.devices.begin(), d.devices.end()) !=
+          d.devices.end())
+    return program.emitOpError(d.describe())
+           << ": devices must be listed in increasing order (member i of an "
+              "expert-parallel group is its i-th device)";
+  EpLayout ep;
+  ep.members = d.expertParallel > 0 ? d.expertParallel
+                                    : static_cast<int64_t>(d.devices.size());
+  ep.group = DeviceGroupAttr::get(ctx, d.devices);
+  ep.stream = commStream(program, d.stream);
+  SmallVector<Attribute> subgroups;
+  for (size_t first = 0; first < d.devices.size(); first += ep.members)
+    subgroups.push_back(DeviceGroupAttr::get(
+        ctx, ArrayRef(d.devices).slice(first, ep.members)));
+  ep.subgroups = ArrayAttr::get(ctx, subgroups);
+
+  // The stage's forward and backward tasks on exactly these devices.
+  std::optional<int64_t> pp;
+  if (auto it = d.filter.entries.find("PP"); it != d.filter.entries.end())
+    pp = it->second.index;
+  SmallVector<TaskOp> tasks;
+  for (TaskOp t : program.getBody().front().getOps<TaskOp>())
+    if (t.getDevicesAttr() == ep.group &&
+        (t.getTag().isPass(PassKind::F) || t.getTag().isPass(PassKind::B)) &&
+        (!pp || t.getTag().getPp() == pp))
+      tasks.push_back(t);
+  if (tasks.empty())
+    return program.emitOpError(d.describe())
+           << ": no forward or backward task runs on "
+           << formatDevices(d.devices) << "; place the stage there first";
+
+  SymbolTable symbols(module);
+  llvm::SetVector<StringAttr> expertParams;
+  llvm::MapVector<StringAttr, SegmentPieces> piecesOf;
+  int layers = 0;
+  for (TaskOp t : tasks) {
+    StringAttr name = t.getSegmentAttr().getAttr();
+    if (piecesOf.count(name))
+      continue;
+    auto seg = symbols.lookup<SegmentOp>(name);
+    FailureOr<int> n = rewriteLayers(seg, ep.members, expertParams, d);
+    if (failed(n))
+      return failure();
+    layers += *n;
+    // Cut before and after every exchange.
+    SmallVector<unsigned> cuts;
+    unsigned i = 0;
+    for (Operation &op : seg.getBody().front().without_terminator()) {
+      if (isa<EpExchangeOp>(op)) {
+        if (cuts.empty() || cuts.back() != i)
+          cuts.push_back(i);
+        cuts.push_back(i + 1);
+      }
+      ++i;
+    }
+    FailureOr<SegmentPieces> pieces = splitSegment(seg, cuts);
+    if (failed(pieces))
+      return failure();
+    for (SegmentOp piece : pieces->pieces)
+      symbols.insert(piece);
+    piecesOf[name] = std::move(*pieces);
+  }
+  if (layers == 0)
+    return program.emitOpError(d.describe())
+           << ": the filter matches no expert region (no MoE layer runs on "
+           << formatDevices(d.devices) << ")";
+
+  for (TaskOp t : tasks)
+    splitWithExchanges(t, piecesOf[t.getSegmentAttr().getAttr()], ep);
+  // The exchange pieces became all-to-alls: no task calls them.
+  for (auto &entry : piecesOf) {
+    for (SegmentOp piece : entry.second.pieces)
+      if (!piece.getBody().front().getOps<EpExchangeOp>().empty())
+        symbols.erase(piece);
+    symbols.erase(symbols.lookup<SegmentOp>(entry.first));
+  }
+
+  // Each member keeps its block of every expert weight: the parameter, its
+  // reads and its weight gradient become local.
+  for (StringAttr name : expertParams) {
+    auto param = symbols.lookup<ParamOp>(name);
+    if (param.getExpertMembers())
+      return param.emitOpError(d.describe())
+             << ": the experts of @" << name.getValue()
+             << " are already split by another shard directive";
+    RankedTensorType local = localType(param.getType(), ep.members);
+    param.setType(local);
+    param.setExpertMembers(ep.members);
+  }
+  module.walk([&](ParamRefOp ref) {
+    if (expertParams.contains(ref.getParamAttr().getAttr()))
+      ref.getResult().setType(
+          symbols.lookup<ParamOp>(ref.getParamAttr().getAttr()).getType());
+  });
+  module.walk([&](AccumulateGradOp acc) {
+    StringAttr p = acc.getParamAttr().getAttr();
+    if (!expertParams.contains(p))
+      return;
+    if (auto wg = acc.getGrad().getDefiningOp<ExpertLinearGradWeightOp>())
+      wg.getResult().setType(symbols.lookup<ParamOp>(p).getType());
+  });
+  return sortTopologically(program.getBody().front());
+}
