@@ -637,6 +637,9 @@ void Watchdog::conclude(Abort verdict) {
     exitRank(fmt::format("rank {}: watchdog: this rank failed: {}", rank,
                          verdict.reason),
              1);
+  std::fflush(stderr);
+  if (beforePeerFailedExit)
+    beforePeerFailedExit();
   exitRank(fmt::format("rank {}: stopping: rank {} failed (exit code {})",
                        rank, verdict.culprit, kExitPeerFailed),
            kExitPeerFailed);

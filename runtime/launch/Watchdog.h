@@ -10,6 +10,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -130,6 +131,9 @@ public:
   /// The rank that serves the store (0 for the TCP store), blamed when the
   /// store stops answering; -1 (a local folder) blames this rank.
   int storeOwner = -1;
+  /// Runs on the watchdog's thread when a verdict names another rank, after
+  /// the report and before the exit (--standby: hand this rank's state off).
+  std::function<void()> beforePeerFailedExit;
 
 private:
   struct Peer {
