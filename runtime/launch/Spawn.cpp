@@ -470,15 +470,6 @@ AttemptEnd launchOnce(Launch &launch, const Generation &gen) {
   return end;
 }
 
-/// The ranks of `manifest`'s class `cls`, "1, 3".
-std::string ranksOfClass(const plan::Manifest &manifest, int cls) {
-  std::string list;
-  if (cls >= 0)
-    for (int r : manifest.classes(cls).ranks())
-      list += (list.empty() ? "" : ", ") + std::to_string(r);
-  return list;
-}
-
 } // namespace
 
 int launchLocalRanks(const RunOptions &options,
@@ -599,11 +590,9 @@ int launchLocalRanks(const RunOptions &options,
                              recovery.step, from);
       } else if (options.checkpointDir.empty()) {
         fmt::print(stderr,
-                   "piper-run: cannot continue after rank {} failed: {} "
-                   "(device class {}: ranks {}), and there is no "
-                   "--checkpoint-dir to resume from\n",
-                   end.culprit, recovery.why, cls,
-                   ranksOfClass(manifest, cls));
+                   "piper-run: cannot continue after rank {} failed: {}, and "
+                   "there is no --checkpoint-dir to resume from\n",
+                   end.culprit, recovery.why);
         return finish(end.exitCode);
       } else {
         source += fmt::format(" ({})", recovery.why);

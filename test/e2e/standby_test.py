@@ -163,6 +163,17 @@ def main():
               "dp2: the spare parked, then wrote to rank-1.log")
         same_run("dp2 on a standby", ref, ref_params, m, save)
 
+        # Rank 0 stopped (SIGSTOP) in step 4: the watchdogs name it after
+        # --timeout-s, the launcher kills it, and the spare becomes rank 0.
+        p = piper_run(dp2, 2, ["--standby", "1", "--timeout-s", "2",
+                               "--metrics", m, "--save", save],
+                      {"PIPER_FAULT": "rank=0,action=stall,step=4,attempt=0"})
+        check("rank 0 failed (watchdog: no heartbeat for" in p.stderr,
+              "dp2: the watchdog named the stopped rank 0")
+        replaced("dp2 stall", p.stderr, 0, 4,
+                 re.compile(r"state of step 3 from its replica rank 1"))
+        same_run("dp2 rank 0 on a standby", ref, ref_params, m, save)
+
         # More failures than spares: a crash in every generation uses the
         # spare, then the restart, then stops.
         p = piper_run(dp2, 2, ["--standby", "1", "--max-restarts", "1",
