@@ -150,7 +150,13 @@ private:
   void loop();
   void publish(const char *state);
   std::string describeSelf(const ExecPosition &pos, std::vector<int> &waits);
-  void readPeers();
+  /// Reads the heartbeats of the peers this rank watches, or of all of
+  /// them (`all`, for a report).
+  void readPeers(bool all = false);
+  /// Rank 0 watches every rank; the others watch rank 0 alone, and learn of
+  /// any other verdict from the store: O(N) reads per poll in all, not
+  /// O(N^2).
+  bool watches(int r) const { return r != rank && (rank == 0 || r == 0); }
   bool decide(Abort &verdict);
   [[noreturn]] void conclude(Abort verdict);
   std::string report(const Abort &verdict);
