@@ -122,7 +122,8 @@ def main():
         run([PIPERC, "model", "gpt-tiny", "-o", model])
 
         # pp2 x dp2: rank 3 crashes at the start of step 4; its spare gets
-        # the state of step 3 from the other replica of its stage.
+        # the state of step 3 from the other replica of its stage, newer
+        # than the checkpoint of step 2.
         pp2dp2 = compile_plans(work, model, "pp2dp2",
                                ["--pp", "2", "--dp", "2", "--microbatches",
                                 "2", "--schedule", "1f1b"])
@@ -130,7 +131,9 @@ def main():
         m = os.path.join(work, "pp2dp2.jsonl")
         save = os.path.join(work, "pp2dp2.safetensors")
         p = piper_run(pp2dp2, 4, ["--standby", "1", "--metrics", m, "--save",
-                                  save],
+                                  save, "--checkpoint-every", "2",
+                                  "--checkpoint-dir",
+                                  os.path.join(work, "pp2dp2-ckpt")],
                       {"PIPER_FAULT": "rank=3,action=crash,step=4,attempt=0"})
         check("PIPER_FAULT: crashing" in p.stderr, "pp2dp2: rank 3 crashed")
         replaced("pp2dp2", p.stderr, 3, 4,
