@@ -206,6 +206,15 @@ void dumpInstruction(std::ostringstream &os, const Instruction &in) {
     os << "ALL_TO_ALL g" << in.group() << " " << ids(in.inputs()) << " -> "
        << ids(in.outputs());
     break;
+  case Instruction::REDUCE_SCATTER_GRADS:
+  case Instruction::ALL_GATHER_PARAMS:
+    os << Instruction::Kind_Name(in.kind()) << " g" << in.group() << " ("
+       << listText(in.params(), "p") << ")";
+    if (in.inputs_size() > 0)
+      os << " " << ids(in.inputs());
+    if (in.outputs_size() > 0)
+      os << " -> " << ids(in.outputs());
+    break;
   case Instruction::RECORD:
     os << "RECORD e" << in.event();
     break;
@@ -268,6 +277,12 @@ std::string dumpPlan(const Plan &plan, bool withKernels) {
         shard.start_size() == shard.global_shape_size())
       os << " shard of [" << listText(shard.global_shape(), "") << "] at ["
          << listText(shard.start(), "") << "]";
+    if (p.has_sharding()) {
+      const ParamSharding &z = p.sharding();
+      os << " zero g" << z.group() << " sharded ["
+         << (z.parameter() ? "value, " : "") << (z.gradient() ? "grad, " : "")
+         << "moments]";
+    }
     if (p.state_offsets_size() > 0)
       os << " state " << listText(p.state_offsets(), "@");
     os << "\n";

@@ -123,6 +123,8 @@ int runModel(const ModelOptions &opts, const CLI::App &cmd) {
 struct CompileOptions {
   std::string input, output, strategyFile, schedule = "1f1b", compileTo = "plan";
   int64_t pp = 1, dp = 1, microbatches = 1, worldSize = 0;
+  /// --zero: the ZeRO stage of every replicated stage.
+  int zero = 0;
   OptimizerConfig opt;
   /// Print the time of each phase to stderr when done.
   bool timing = false;
@@ -220,7 +222,19 @@ int runCompile(const CompileOptions &o) {
       return fail(err);
     if (std::string err = schedule->check(o.pp, o.microbatches); !err.empty())
       return fail("schedule '" + o.schedule + "' " + err);
-    strategy = strategyFromFlags(o.pp, o.dp, o.microbatches, *schedule);
+    if (o.zero < 0 || o.zero > 3)
+      return fail(llvm::formatv("--zero must be the ZeRO stage 0, 1, 2 or 3, "
+                                "got {0}",
+                                o.zero)
+                      .str());
+    if (o.zero > 0 && o.dp < 2)
+      return fail(llvm::formatv("--zero {0} shards state over the "
+                                "data-parallel replicas of a stage, but --dp "
+                                "is {1}; use --dp 2 or more",
+                                o.zero, o.dp)
+                      .str());
+    strategy =
+        strategyFromFlags(o.pp, o.dp, o.microbatches, *schedule, o.zero);
   }
   if (o.worldSizeGiven) {
     if (o.worldSize < 1 || o.worldSize > kMaxWorldSize)
@@ -443,7 +457,11 @@ int mlir::piper::pipercMain(int argc, char **argv) {
   auto *schedOpt = compileCmd->add_option(
       "--schedule", comp.schedule,
       "pipeline schedule: " + scheduleNames() + " (help: list them)");
-  for (CLI::Option *opt : {ppOpt, dpOpt, mbOpt, schedOpt})
+  auto *zeroOpt = compileCmd->add_option(
+      "--zero", comp.zero,
+      "ZeRO stage of the data-parallel replicas: 1 shards the AdamW moments, "
+      "2 also the gradients, 3 also the parameters (docs/zero.md)");
+  for (CLI::Option *opt : {ppOpt, dpOpt, mbOpt, schedOpt, zeroOpt})
     opt->excludes(strategyOpt);
   compileCmd->add_option("--world-size", comp.worldSize,
                          "number of devices (checked against the strategy)");

@@ -145,6 +145,20 @@ public:
           ins->add_inputs(buffer(in, ""));
           ins->add_outputs(buffer(out, ins->label()));
         }
+      } else if (auto rs = dyn_cast<ReduceScatterGradsOp>(op)) {
+        ins->set_kind(plan::Instruction::REDUCE_SCATTER_GRADS);
+        ins->set_group(groupId(rs.getDevices()));
+        if (failed(zeroParams(rs, *ins)))
+          return failure();
+        for (Value in : rs.getInputs())
+          ins->add_inputs(buffer(in, ""));
+      } else if (auto ag = dyn_cast<AllGatherParamsOp>(op)) {
+        ins->set_kind(plan::Instruction::ALL_GATHER_PARAMS);
+        ins->set_group(groupId(ag.getDevices()));
+        if (failed(zeroParams(ag, *ins)))
+          return failure();
+        for (Value r : ag.getResults())
+          ins->add_outputs(buffer(r, ins->label()));
       } else if (auto rs = dyn_cast<ReduceScatterOp>(op)) {
         ins->set_kind(plan::Instruction::REDUCE_SCATTER);
         ins->set_group(groupId(rs.getDevices()));
@@ -222,6 +236,37 @@ private:
     int64_t rowElements = t.getNumElements() / std::max<int64_t>(1, t.getDimSize(0));
     for (int64_t rows : balancedSlices(t.getDimSize(0), members))
       ins.add_counts(rows * rowElements);
+  }
+
+  /// The parameters of a ZeRO collective, with the sharding its stage
+  /// implies recorded on each (every collective naming a parameter must
+  /// agree).
+  template <typename ZeroOp>
+  LogicalResult zeroParams(ZeroOp op, plan::Instruction &ins) {
+    int group = ins.group();
+    int64_t stage = op.getZero();
+    for (Attribute a : op.getParamRefs()) {
+      StringAttr name = cast<FlatSymbolRefAttr>(a).getAttr();
+      int index = param(name);
+      ins.add_params(index);
+      plan::ParamSharding want;
+      want.set_group(group);
+      want.set_optimizer(true);
+      want.set_gradient(stage >= 2);
+      want.set_parameter(stage >= 3);
+      plan::Parameter &pp = *p.mutable_params(index);
+      auto it = zeroStage.find(name);
+      if (it != zeroStage.end() &&
+          (it->second != stage || pp.sharding().group() != group))
+        return op.emitOpError("shards parameter @")
+               << name.getValue() << " as ZeRO-" << stage
+               << " over another group or stage than an earlier ZeRO "
+                  "collective (ZeRO-"
+               << it->second << ")";
+      zeroStage[name] = stage;
+      *pp.mutable_sharding() = want;
+    }
+    return success();
   }
 
   /// The plan stream of `op`'s logical stream, created on first use.
@@ -440,6 +485,8 @@ private:
   std::vector<Operation *> opOfEvent;
   DenseMap<Value, int> buffers;
   DenseMap<StringAttr, int> params;
+  /// The ZeRO stage of each sharded parameter (from its collectives).
+  DenseMap<StringAttr, int64_t> zeroStage;
   llvm::StringMap<int> segments;
 };
 } // namespace

@@ -116,23 +116,36 @@ public:
           return std::move(e);
       } else {
         for (auto k : {"reduce_stream", "gather_stream", "bucket_size",
-                       "shard_grads", "shard_params"})
+                       "shard_grads", "shard_params", "zero"})
           allowed.insert(k);
+        // ZeRO: the original Piper's booleans (shard_grads: ZeRO-2,
+        // shard_params: ZeRO-3), or the stage itself ("zero": 0-3, which
+        // alone can say ZeRO-1).
         bool shardGrads = false, shardParams = false;
         if (auto e = getBool("shard_grads", shardGrads))
           return std::move(e);
         if (auto e = getBool("shard_params", shardParams))
           return std::move(e);
-        std::string gatherStream;
-        if (auto e = getString("gather_stream", gatherStream))
-          return std::move(e);
-        if (shardGrads || shardParams)
-          return fail("ZeRO sharding (shard_grads / shard_params) is not "
-                      "implemented yet");
+        d.zero = shardParams ? 3 : shardGrads ? 2 : 0;
+        if (const json::Value *z = obj.get("zero")) {
+          std::optional<int64_t> stage = z->getAsInteger();
+          if (!stage || *stage < 0 || *stage > 3)
+            return fail("\"zero\" must be the ZeRO stage: 0, 1, 2 or 3");
+          if ((shardGrads && *stage < 2) || (shardParams && *stage < 3))
+            return fail(llvm::formatv(
+                            "\"zero\": {0} contradicts \"{1}\": true "
+                            "(shard_grads is ZeRO-2, shard_params ZeRO-3)",
+                            *stage, shardParams ? "shard_params" : "shard_grads")
+                            .str());
+          d.zero = static_cast<int>(*stage);
+        }
         if (obj.get("stream"))
           return fail("replicate takes \"reduce_stream\", not \"stream\"");
         d.reduceStream = "dp_stream";
         if (auto e = getString("reduce_stream", d.reduceStream))
+          return std::move(e);
+        d.gatherStream = d.reduceStream;
+        if (auto e = getString("gather_stream", d.gatherStream))
           return std::move(e);
         if (const json::Value *b = obj.get("bucket_size")) {
           std::optional<double> mb = b->getAsNumber();
@@ -524,7 +537,8 @@ mlir::piper::buildSchedule(const ScheduleBuilder &schedule, int64_t stages,
 
 Strategy mlir::piper::strategyFromFlags(int64_t pp, int64_t dp,
                                         int64_t microbatches,
-                                        const ScheduleBuilder &schedule) {
+                                        const ScheduleBuilder &schedule,
+                                        int zero) {
   Strategy s;
   auto add = [&](Directive d, std::string text) {
     d.index = s.directives.size();
@@ -560,7 +574,12 @@ Strategy mlir::piper::strategyFromFlags(int64_t pp, int64_t dp,
     rep.filter = place.filter;
     rep.devices = devices;
     rep.reduceStream = "dp_stream";
-    add(rep, llvm::formatv("replicate PP={0} devices={1}", st, devs).str());
+    rep.gatherStream = zero == 3 ? "gather_stream" : "dp_stream";
+    rep.zero = zero;
+    add(rep, llvm::formatv("replicate PP={0} devices={1}{2}", st, devs,
+                           zero ? llvm::formatv(" zero={0}", zero).str()
+                                : std::string())
+                 .str());
   }
   for (Directive &d : buildSchedule(schedule, pp, microbatches))
     add(d, d.text);
@@ -568,5 +587,7 @@ Strategy mlir::piper::strategyFromFlags(int64_t pp, int64_t dp,
   s.summary = llvm::formatv("pp={0} dp={1} microbatches={2} schedule={3}", pp,
                             dp, microbatches, schedule.name)
                   .str();
+  if (zero)
+    s.summary += llvm::formatv(" zero={0}", zero).str();
   return s;
 }

@@ -60,6 +60,11 @@ struct Directive {
   std::string stream;        // place: stream of the send/recv it inserts
   std::string reduceStream;  // replicate: stream of the all-reduces
   double bucketSizeMb = 25;  // replicate: gradient bucket size
+  /// replicate: the ZeRO stage (0: none; 1: AdamW moments sharded over the
+  /// replicas; 2: and gradients; 3: and parameters) and the stream of its
+  /// parameter all-gathers.
+  int zero = 0;
+  std::string gatherStream;
   int64_t numMicrobatches = 1;
   std::string dimName = "MB";
   int64_t stages = 1;
@@ -123,10 +128,11 @@ std::string formatScheduleTable();
 std::vector<Directive> buildSchedule(const ScheduleBuilder &schedule,
                                      int64_t stages, int64_t microbatches);
 
-/// Builds the strategy for `--pp P --dp D --microbatches M --schedule S`:
-/// stage s runs on devices [s*D, (s+1)*D).
+/// Builds the strategy for `--pp P --dp D --microbatches M --schedule S
+/// --zero Z`: stage s runs on devices [s*D, (s+1)*D), replicated with ZeRO
+/// stage Z.
 Strategy strategyFromFlags(int64_t pp, int64_t dp, int64_t microbatches,
-                           const ScheduleBuilder &schedule);
+                           const ScheduleBuilder &schedule, int zero = 0);
 
 } // namespace mlir::piper
 

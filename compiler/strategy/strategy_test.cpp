@@ -84,6 +84,31 @@ TEST_CASE("the original Piper JSON form parses") {
   CHECK_FALSE(s->worldSize);
 }
 
+TEST_CASE("ZeRO: the original Piper's booleans, the stage key and --zero") {
+  llvm::Expected<Strategy> s = parseStrategy(R"([
+    {"op": "replicate", "filter": {"PP": 0}, "devices": [0, 1]},
+    {"op": "replicate", "filter": {"PP": 0}, "devices": [0, 1], "zero": 1},
+    {"op": "replicate", "filter": {"PP": 0}, "devices": [0, 1],
+     "shard_grads": true, "gather_stream": "g"},
+    {"op": "replicate", "filter": {"PP": 0}, "devices": [0, 1],
+     "shard_grads": true, "shard_params": true},
+    {"op": "replicate", "filter": {"PP": 0}, "devices": [0, 1],
+     "shard_params": true, "zero": 3}])");
+  REQUIRE(bool(s));
+  CHECK(s->directives[0].zero == 0);
+  CHECK(s->directives[1].zero == 1);
+  CHECK(s->directives[2].zero == 2);
+  CHECK(s->directives[2].gatherStream == "g");
+  CHECK(s->directives[1].gatherStream == "dp_stream");
+  CHECK(s->directives[3].zero == 3);
+  CHECK(s->directives[4].zero == 3);
+  Strategy flags = strategyFromFlags(2, 2, 4, *findSchedule("1f1b"), 2);
+  for (const Directive &d : flags.directives)
+    if (d.kind == Directive::Replicate)
+      CHECK(d.zero == 2);
+  CHECK(flags.summary.find("zero=2") != std::string::npos);
+}
+
 TEST_CASE("bad strategies name the directive and the problem") {
   CHECK(parseError(R"([{"op": "teleport"}])").find(
             "directive #0") != std::string::npos);
@@ -99,8 +124,16 @@ TEST_CASE("bad strategies name the directive and the problem") {
             .find("listed twice") != std::string::npos);
   CHECK(parseError(R"([{"op": "place", "filter": {"PASS": "X"}, "devices": [0]}])")
             .find("PASS must be one of") != std::string::npos);
-  CHECK(parseError(R"([{"op": "replicate", "filter": {"PP": 0}, "devices": [0, 1], "shard_grads": true}])")
-            .find("not implemented yet") != std::string::npos);
+  CHECK(parseError(R"([{"op": "replicate", "filter": {"PP": 0}, "devices": [0, 1], "zero": 4}])")
+            .find("\"zero\" must be the ZeRO stage: 0, 1, 2 or 3") !=
+        std::string::npos);
+  CHECK(parseError(R"([{"op": "replicate", "filter": {"PP": 0}, "devices": [0, 1], "zero": "two"}])")
+            .find("\"zero\" must be the ZeRO stage") != std::string::npos);
+  CHECK(parseError(R"([{"op": "replicate", "filter": {"PP": 0}, "devices": [0, 1], "zero": 1, "shard_grads": true}])")
+            .find("\"zero\": 1 contradicts \"shard_grads\": true") !=
+        std::string::npos);
+  CHECK(parseError(R"([{"op": "replicate", "filter": {"PP": 0}, "devices": [0, 1], "shard_grads": 1}])")
+            .find("shard_grads") != std::string::npos);
   CHECK(parseError(R"([{"op": "shard", "filter": {"EP": "*"}, "devices": [0, 1]}])")
             .find("not implemented yet") != std::string::npos);
   CHECK(parseError(R"([{"op": "split", "num_microbatches": 0}])")

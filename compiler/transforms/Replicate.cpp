@@ -39,6 +39,14 @@ LogicalResult mlir::piper::applyReplicate(ModuleOp module, ProgramOp program,
              << ", not on " << formatDevices(d.devices)
              << "; place it on the replicated devices first";
   int64_t replicas = d.devices.size();
+  if (d.zero > 0 && replicas < 2)
+    return program.emitOpError(d.describe())
+           << ": ZeRO-" << d.zero
+           << " shards state over the data-parallel replicas of a stage, but "
+              "this replicate has one device";
+  if (d.zero == 3)
+    return program.emitOpError(d.describe())
+           << ": ZeRO-3 (shard_params) is not implemented yet; use ZeRO-1 or 2";
   if (program.getReplicated() &&
       program.getNumReplicasAttr().getInt() != replicas)
     return program.emitOpError(d.describe())
@@ -72,20 +80,12 @@ LogicalResult mlir::piper::applyReplicate(ModuleOp module, ProgramOp program,
     return success();
   if (!stageTag)
     stageTag = TagAttr::get(attrs.getContext());
+  if (d.zero > 0)
+    return applyZero(module, program, d, params, backward, stageTag);
 
   // Buckets of about bucketSizeMb, in gradient-ready order.
-  SmallVector<SmallVector<Attribute>> buckets(1);
-  double bytes = 0, limit = d.bucketSizeMb * 1024 * 1024;
-  for (StringAttr p : params) {
-    auto param = symbols.lookup<ParamOp>(p);
-    double size = 4.0 * param.getTensorType().getNumElements();
-    if (!buckets.back().empty() && bytes + size > limit) {
-      buckets.emplace_back();
-      bytes = 0;
-    }
-    buckets.back().push_back(FlatSymbolRefAttr::get(p));
-    bytes += size;
-  }
+  SmallVector<SmallVector<Attribute>> buckets =
+      bucketParams(symbols, params.getArrayRef(), d.bucketSizeMb);
   SmallVector<Value> deps;
   for (TaskOp t : backward)
     deps.push_back(t.getDone());

@@ -198,6 +198,10 @@ LogicalResult mlir::piper::splitDevices(ModuleOp module) {
       for (Attribute a : ar.getParams())
         reduced.insert(cast<FlatSymbolRefAttr>(a).getAttr());
     });
+    dp.walk([&](ReduceScatterGradsOp rs) {
+      for (Attribute a : rs.getParamRefs())
+        reduced.insert(cast<FlatSymbolRefAttr>(a).getAttr());
+    });
     for (TaskOp t : dp.getBody().front().getOps<TaskOp>()) {
       ArrayRef<StringAttr> accumulated = segmentParams.accumulated(t.getSegment());
       const StringAttr *missing = llvm::find_if(
@@ -231,6 +235,8 @@ LogicalResult mlir::piper::splitDevices(ModuleOp module) {
             deps.push_back(t.getDone());
         } else if (auto ar = dyn_cast<AllReduceOp>(op)) {
           deps.push_back(ar.getDone());
+        } else if (auto rs = dyn_cast<ReduceScatterGradsOp>(op)) {
+          deps.push_back(rs.getDone());
         }
       }
       if (updates.empty())

@@ -61,6 +61,50 @@ private:
   llvm::StringMap<Entry> cache;
 };
 
+/// Where an input of a segment piece, or a result of the split segment,
+/// comes from: argument `index` of the task (piece -1), or output `index` of
+/// piece `piece`.
+struct PieceSource {
+  int piece;
+  unsigned index;
+};
+/// A segment cut into consecutive pieces (SegmentPieces.cpp).
+struct SegmentPieces {
+  SmallVector<SegmentOp> pieces;
+  SmallVector<SmallVector<PieceSource>> inputs; // per piece
+  SmallVector<PieceSource> results;             // the segment's results
+};
+
+/// Splits `seg` before each op index of `cuts` (increasing, inside its op
+/// list) into new segments named <seg>.0, <seg>.1, ... after it: a value
+/// defined in one piece and read in a later one becomes an output and an
+/// input; parameter reads are repeated in each piece that reads them.
+/// `seg` itself is left for the caller to erase once no task calls it.
+FailureOr<SegmentPieces> splitSegment(SegmentOp seg, ArrayRef<unsigned> cuts);
+
+/// Replaces `t` (a task calling the split segment) by a chain of tasks, one
+/// per piece, with its tag, devices and streams; the first keeps its
+/// dependencies, each next waits for the one before, and users of its
+/// results and token read the pieces'. Returns the new tasks in order.
+SmallVector<TaskOp> splitTask(TaskOp t, const SegmentPieces &pieces);
+
+/// Splits `params` (in order) into buckets of about `bucketSizeMb` of f32,
+/// each naming a parameter at most once.
+SmallVector<SmallVector<Attribute>>
+bucketParams(SymbolTable &symbols, ArrayRef<StringAttr> params,
+             double bucketSizeMb);
+
+/// `replicate` with ZeRO stage d.zero (Zero.cpp): shards the state of
+/// `params` over d.devices, with the reduce-scatters and all-gathers that
+/// implies, for the stage whose backward tasks are `backward`.
+LogicalResult applyZero(ModuleOp module, ProgramOp program, const Directive &d,
+                        const llvm::SetVector<StringAttr> &params,
+                        ArrayRef<TaskOp> backward, TagAttr stageTag);
+
+/// After the order directives: bounds the ZeRO-2/3 gradients in flight
+/// (Zero.cpp).
+LogicalResult boundZeroReductions(ModuleOp module);
+
 /// Returns the single piper.program of `module`, or emits an error.
 FailureOr<ProgramOp> getProgram(ModuleOp module);
 

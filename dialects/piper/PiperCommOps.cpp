@@ -178,3 +178,46 @@ LogicalResult AllToAllOp::verify() {
   }
   return success();
 }
+
+/// What both ZeRO collectives check: a stage of 1 to 3, one group in rank
+/// order without subgroups, parameters named once, and whole-tensor
+/// buffers (`values`, when present) of the parameters' types.
+static LogicalResult verifyZeroCollective(Operation *op, ArrayAttr params,
+                                          int64_t zero, TypeRange values) {
+  if (failed(verifyCollective(op)) || failed(verifyMemberOrder(op)))
+    return failure();
+  auto c = cast<CollectiveOpInterface>(op);
+  if (zero < 1 || zero > 3)
+    return op->emitOpError("zero must be the ZeRO stage 1, 2 or 3, not ")
+           << zero;
+  if (c.getSubgroupsAttr())
+    return op->emitOpError("shards over its whole group: no subgroups");
+  if (c.getCollective())
+    return op->emitOpError("runs within one device class: no collective id");
+  if (params.empty())
+    return op->emitOpError("must name at least one parameter");
+  llvm::SmallDenseSet<Attribute> seen;
+  for (Attribute a : params)
+    if (!seen.insert(a).second)
+      return op->emitOpError("names parameter ") << a << " twice";
+  if (!values.empty() && values.size() != params.size())
+    return op->emitOpError("takes one tensor per parameter (")
+           << params.size() << "), not " << values.size();
+  return success();
+}
+
+LogicalResult ReduceScatterGradsOp::verify() {
+  return verifyZeroCollective(*this, getParams(), getZero(),
+                              getInputs().getTypes());
+}
+
+LogicalResult AllGatherParamsOp::verify() {
+  if (failed(verifyZeroCollective(*this, getParams(), getZero(),
+                                  getResults().getTypes())))
+    return failure();
+  if (!getResults().empty() && getZero() != 3)
+    return emitOpError("gathers into new tensors only under ZeRO-3 (the "
+                       "parameters are shards); stage ")
+           << getZero() << " gathers in place";
+  return success();
+}

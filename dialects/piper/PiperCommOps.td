@@ -253,6 +253,75 @@ def Piper_AllToAllOp : Piper_CollectiveOp<"all_to_all"> {
 }
 
 //===----------------------------------------------------------------------===//
+// ZeRO: collectives on sharded parameter state
+//===----------------------------------------------------------------------===//
+
+/// A collective on the state of ZeRO-sharded parameters: `params` are
+/// sharded over `devices` (the stage's data-parallel group, in increasing
+/// rank order), each flattened and split into balanced consecutive ranges,
+/// member i holding N / G elements plus one when i < N % G. `zero` is the
+/// ZeRO stage (1: AdamW moments sharded; 2: and gradient accumulators; 3:
+/// and the fp32 parameters); every ZeRO collective naming a parameter gives
+/// the same stage.
+class Piper_ZeroCollectiveOp<string mnemonic, list<Trait> traits = []>
+    : Piper_CollectiveOp<mnemonic, !listconcat(traits, [
+        DeclareOpInterfaceMethods<SymbolUserOpInterface>])> {
+  code zeroDecls = [{
+    ::llvm::ArrayRef<::mlir::Attribute> getParamRefs() {
+      return getParams().getValue();
+    }
+  }];
+}
+
+def Piper_ReduceScatterGradsOp : Piper_ZeroCollectiveOp<"reduce_scatter_grads", [
+    AttrSizedOperandSegments]> {
+  let summary = "Sums gradients over a data-parallel group; each member keeps its ZeRO range";
+  let description = [{
+    Without `inputs`, sums the gradient accumulators of `params` (whole
+    tensors, ZeRO-1) and leaves each member its range of the sums. With
+    `inputs` (one whole gradient per parameter, of one microbatch: ZeRO-2
+    and 3 reduce each microbatch's gradients as they are produced), each
+    member adds its range of the sums into its sharded accumulators.
+
+    ```mlir
+    %t = piper.reduce_scatter_grads [@wte, @wpe] after(%t0) {devices = #piper.group<0, 1>, stream = #piper.stream<"dp_stream", comm>, tag = #piper.tag<PP = 0>, zero = 1 : i64}
+    %t2 = piper.reduce_scatter_grads [@wte] %g : tensor<32x16xf32> after(%t1) {devices = #piper.group<0, 1>, stream = #piper.stream<"dp_stream", comm>, tag = #piper.tag<PP = 0, MB = 0>, zero = 2 : i64}
+    ```
+  }];
+  let arguments = !con((ins Variadic<Piper_CommTensor>:$inputs,
+                            FlatSymbolRefArrayAttr:$params, I64Attr:$zero),
+                       commonArgs);
+  let results = (outs Piper_TokenType:$done);
+  let assemblyFormat = [{
+    $params ($inputs^ `:` type($inputs))? (`after` `(` $deps^ `)`)? attr-dict
+  }];
+  let extraClassDeclaration = commonDecls # zeroDecls;
+}
+
+def Piper_AllGatherParamsOp : Piper_ZeroCollectiveOp<"all_gather_params"> {
+  let summary = "Rebuilds whole parameters from every member's ZeRO range";
+  let description = [{
+    Every member contributes its range of each parameter of `params`.
+    Without results (ZeRO-1 and 2, after the update), the whole parameters
+    are completed in place; with results (ZeRO-3, before each use), the
+    gathered parameters are new tensors of the parameters' types, alive
+    until their last reader.
+
+    ```mlir
+    %t = piper.all_gather_params [@wte, @wpe] after(%t0) {devices = #piper.group<0, 1>, stream = #piper.stream<"dp_stream", comm>, tag = #piper.tag<PP = 0>, zero = 1 : i64}
+    %w, %t2 = piper.all_gather_params [@wte] -> tensor<32x16xf32> {devices = #piper.group<0, 1>, stream = #piper.stream<"gather_stream", comm>, tag = #piper.tag<PP = 0, MB = 0, PASS = F>, zero = 3 : i64}
+    ```
+  }];
+  let arguments = !con((ins FlatSymbolRefArrayAttr:$params, I64Attr:$zero),
+                       commonArgs);
+  let results = (outs Variadic<Piper_CommTensor>:$results, Piper_TokenType:$done);
+  let assemblyFormat = [{
+    $params (`->` type($results)^)? (`after` `(` $deps^ `)`)? attr-dict
+  }];
+  let extraClassDeclaration = commonDecls # zeroDecls;
+}
+
+//===----------------------------------------------------------------------===//
 // Gradient clipping
 //===----------------------------------------------------------------------===//
 

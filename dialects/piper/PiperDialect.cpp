@@ -467,6 +467,35 @@ LogicalResult TaskOp::verifySymbolUses(SymbolTableCollection &tables) {
   return success();
 }
 
+/// The parameters of a ZeRO collective exist and its tensors (gradients
+/// summed, or parameters gathered) have their types.
+static LogicalResult verifyZeroSymbols(Operation *op, ArrayAttr params,
+                                       TypeRange values,
+                                       SymbolTableCollection &tables) {
+  for (auto [i, a] : llvm::enumerate(params)) {
+    FailureOr<ParamOp> param =
+        lookupParam(op, cast<FlatSymbolRefAttr>(a), tables);
+    if (failed(param))
+      return failure();
+    if (!values.empty() && values[i] != param->getType())
+      return op->emitOpError("tensor ")
+             << i << " has type " << values[i] << " but parameter " << a
+             << " is " << param->getType();
+  }
+  return success();
+}
+
+LogicalResult
+ReduceScatterGradsOp::verifySymbolUses(SymbolTableCollection &tables) {
+  return verifyZeroSymbols(*this, getParams(), getInputs().getTypes(), tables);
+}
+
+LogicalResult
+AllGatherParamsOp::verifySymbolUses(SymbolTableCollection &tables) {
+  return verifyZeroSymbols(*this, getParams(), getResults().getTypes(),
+                           tables);
+}
+
 LogicalResult AllReduceOp::verifySymbolUses(SymbolTableCollection &tables) {
   for (Attribute a : getParams())
     if (failed(lookupParam(*this, cast<FlatSymbolRefAttr>(a), tables)))

@@ -1,6 +1,7 @@
 // The memory plan of a plan (see MemoryPlan.h): step blocks, segment
 // scratch, assignArena and checkArena. The block sweep is in ArenaSweep.cpp.
 #include "proto/analysis/MemoryPlan.h"
+#include "proto/PlanShards.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -223,6 +224,31 @@ StepBlocks stepBlocks(const Plan &plan, bool recordedScratch) {
         out.callBlock[s][i] = static_cast<int>(blocks.size());
         blocks.push_back(std::move(staging));
       }
+      if (inst.kind() == Instruction::REDUCE_SCATTER_GRADS ||
+          inst.kind() == Instruction::ALL_GATHER_PARAMS) {
+        // ZeRO (runtime/exec/Zero.cpp): the whole tensors of the bucket,
+        // flat and grouped by member, plus this member's part (float32);
+        // a reduce-scatter of step buffers goes parameter by parameter and
+        // needs one member range, plus one unpacked gradient in bf16.
+        Block staging;
+        int64_t range = 0, whole = 0;
+        for (int p : inst.params())
+          if (p >= 0 && p < plan.params_size()) {
+            const Parameter &param = plan.params(p);
+            int64_t n = paramElements(param);
+            int64_t cap = shardCapacity(n, shardMembers(plan, param));
+            staging.bytes += 4 * (n + cap);
+            range = std::max(range, cap);
+            whole = std::max(whole, n);
+          }
+        if (inst.kind() == Instruction::REDUCE_SCATTER_GRADS &&
+            inst.inputs_size() > 0)
+          staging.bytes = 4 * (range + (bf16 ? whole : 0));
+        staging.accesses.push_back(Pos{s, i});
+        staging.name = "ZeRO staging of " + describePosition(plan, {s, i});
+        out.callBlock[s][i] = static_cast<int>(blocks.size());
+        blocks.push_back(std::move(staging));
+      }
       if (inst.kind() == Instruction::CALL && inst.segment() >= 0 &&
           inst.segment() < plan.segments_size()) {
         const Segment &seg = plan.segments(inst.segment());
@@ -263,9 +289,9 @@ bool assignArena(Plan &plan, std::string &error) {
   int stateTensors = stateTensorsPerParam(plan);
   for (Parameter &p : *plan.mutable_params()) {
     p.clear_state_offsets();
-    int64_t bytes = f32Bytes(p.type());
     for (int k = 0; k < stateTensors; ++k) {
       p.add_state_offsets(cursor);
+      int64_t bytes = 4 * stateElements(plan, p, k);
       cursor = alignUp(cursor + std::max<int64_t>(bytes, 1), align);
     }
     ShardDescriptor *shard = p.mutable_shard();
@@ -310,7 +336,8 @@ bool assignArena(Plan &plan, std::string &error) {
       if (inst.kind() == Instruction::ALL_REDUCE ||
           inst.kind() == Instruction::REDUCE_SCATTER ||
           inst.kind() == Instruction::ALL_GATHER ||
-          inst.kind() == Instruction::ALL_TO_ALL)
+          inst.kind() == Instruction::ALL_TO_ALL ||
+          inst.kind() == Instruction::ALL_GATHER_PARAMS)
         for (int id : inst.outputs())
           mark(id, COMMUNICATION);
     }
@@ -371,8 +398,8 @@ bool checkArena(const Plan &plan, std::string &error) {
               std::to_string(stateTensors);
       return false;
     }
-    int64_t bytes = f32Bytes(p.type());
     for (int k = 0; k < stateTensors; ++k) {
+      int64_t bytes = 4 * stateElements(plan, p, k);
       int64_t off = p.state_offsets(k);
       if (off < 0 || off % align != 0 || off + bytes > state) {
         error = "the " + std::string(kinds[k]) + " of parameter '" + p.name() +

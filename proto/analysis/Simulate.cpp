@@ -462,6 +462,8 @@ private:
     case Instruction::REDUCE_SCATTER:
     case Instruction::ALL_GATHER:
     case Instruction::ALL_TO_ALL:
+    case Instruction::REDUCE_SCATTER_GRADS:
+    case Instruction::ALL_GATHER_PARAMS:
     case Instruction::CLIP_GRADS: {
       bool clip = inst.kind() == Instruction::CLIP_GRADS;
       std::set<int> members;
@@ -515,7 +517,10 @@ private:
         const auto &ids = inst.kind() == Instruction::ALL_GATHER
                               ? inst.outputs()
                               : inst.inputs();
-        for (int i = 0; i < ids.size(); ++i) {
+        // ZeRO's forms: the parameters' whole tensors, counted above.
+        bool zero = inst.kind() == Instruction::REDUCE_SCATTER_GRADS ||
+                    inst.kind() == Instruction::ALL_GATHER_PARAMS;
+        for (int i = 0; !zero && i < ids.size(); ++i) {
           if (inst.kind() == Instruction::ALL_TO_ALL && i > 0)
             break; // the counts
           if (ids[i] < 0 || ids[i] >= plan.buffers_size()) {
@@ -621,6 +626,8 @@ private:
     case Instruction::REDUCE_SCATTER:
     case Instruction::ALL_GATHER:
     case Instruction::ALL_TO_ALL:
+    case Instruction::REDUCE_SCATTER_GRADS:
+    case Instruction::ALL_GATHER_PARAMS:
     case Instruction::CLIP_GRADS: {
       auto it = collectives.find(st[c].pendingKey[s]);
       if (it == collectives.end())

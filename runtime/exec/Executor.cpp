@@ -55,21 +55,38 @@ Status ExecutorImpl::init(uint64_t seed) {
   }
   stateBytes = plan.state_bytes();
   std::vector<float> host;
+  shard.resize(numParams);
   for (int p = 0; p < numParams; ++p) {
     const plan::Parameter &param = plan.params(p);
     int64_t bytes = tensorBytes(param.type());
-    for (int k = 0; k < 4; ++k)
-      state[p][k] = viewTensor(param.type().dtype(), param.type(), bytes,
-                               at(param.state_offsets(k)));
+    int64_t elements = plan::paramElements(param);
+    shard[p] = plan::shardRange(elements, plan::shardMembers(plan, param),
+                                param.has_sharding() ? replica : 0);
+    for (int k = 0; k < 4; ++k) {
+      if (plan::stateSharded(param, k)) {
+        // A shard buffer: this rank's range first, zeros after it.
+        plan::TensorType flat;
+        flat.set_dtype(plan::F32);
+        flat.add_shape(plan::stateElements(plan, param, k));
+        state[p][k] = viewTensor(plan::F32, flat, 4 * flat.shape(0),
+                                 at(param.state_offsets(k)));
+      } else {
+        state[p][k] = viewTensor(param.type().dtype(), param.type(), bytes,
+                                 at(param.state_offsets(k)));
+      }
+    }
     if (bf16)
       bf16Params[p] = viewTensor(param.type().dtype(), param.type(), bytes,
                                  at(param.state_offsets(4)));
-    const TensorPtr &value = state[p][0];
-    host.assign(static_cast<size_t>(value->bytes / 4), 0.0f);
-    fillInitializer(param.init(), param.name(), seed, 0, host.data(),
-                    value->bytes / 4);
-    memory->copyFromHost(value->data, host.data(),
-                         static_cast<size_t>(value->bytes));
+    // The counter-based initializer gives a shard exactly its slice.
+    bool valueSharded = plan::stateSharded(param, 0);
+    int64_t first = valueSharded ? shard[p].start : 0;
+    int64_t count = valueSharded ? shard[p].count : elements;
+    host.assign(static_cast<size_t>(count), 0.0f);
+    fillInitializer(param.init(), param.name(), seed, first, host.data(),
+                    count);
+    memory->copyFromHost(state[p][0]->data, host.data(),
+                         static_cast<size_t>(4 * count));
   }
   bufferViews.assign(plan.buffers_size(), nullptr);
   for (int id = 0; id < plan.buffers_size(); ++id) {
@@ -198,13 +215,23 @@ std::vector<CommKey> Executor::commKeys() const {
       } else if (inst.kind() == Instruction::ALL_REDUCE ||
                  inst.kind() == Instruction::REDUCE_SCATTER ||
                  inst.kind() == Instruction::ALL_GATHER ||
-                 inst.kind() == Instruction::ALL_TO_ALL) {
+                 inst.kind() == Instruction::ALL_TO_ALL ||
+                 inst.kind() == Instruction::REDUCE_SCATTER_GRADS ||
+                 inst.kind() == Instruction::ALL_GATHER_PARAMS) {
         std::vector<int> ranks = impl->memberRanks(inst);
         if (ranks.size() >= 2)
           keys.insert({stream.name(), ranks});
       }
     }
   }
+  // Checkpoints gather ZeRO shards over each shard group (StateIO.cpp).
+  for (const plan::Parameter &p : plan.params())
+    if (p.has_sharding()) {
+      const plan::DeviceGroup &g = plan.groups(p.sharding().group());
+      if (g.ranks_size() >= 2)
+        keys.insert({kStateStream,
+                     std::vector<int>(g.ranks().begin(), g.ranks().end())});
+    }
   std::vector<CommKey> out;
   for (auto &[stream, ranks] : keys)
     out.push_back(CommKey{stream, ranks});

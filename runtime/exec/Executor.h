@@ -169,6 +169,15 @@ public:
   /// others are ignored.
   Status loadOptimizerState(const SafetensorsReader &reader);
 
+  /// Whether the plan holds ZeRO-sharded state: then every replica of the
+  /// class must call the save functions together (each contributes its
+  /// shards; replica 0 writes whole tensors), and the others return without
+  /// writing.
+  bool shardsState() const;
+  /// The stream name of the communicators that gather ZeRO shards for a
+  /// checkpoint (one per shard group, in commKeys()).
+  static constexpr const char *kStateStream = "zero_state";
+
 private:
   Status saveState(const std::string &path, int64_t step,
                    const std::vector<int> &kinds) const;

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "proto/PlanShards.h"
 #include "runtime/exec/Executor.h"
 #include "runtime/exec/Profile.h"
 #include "runtime/exec/Tensor.h"
@@ -36,6 +37,9 @@ struct ResolvedKernel {
   bool lowPrecision = false;
   /// An `adamw` update (the gradient norm is taken just before it).
   bool adamw = false;
+  /// An `adamw` of a ZeRO-sharded parameter: its operands are this rank's
+  /// range of each piece of state (ExecutorImpl::rangeOf).
+  bool onRange = false;
   int profileRow = 0;
   /// Operand views with dtypes and shapes filled in; a call sets `data`.
   std::vector<TensorRef> inputs, outputs;
@@ -110,8 +114,22 @@ public:
   int replica = 0;
   std::unique_ptr<DataSource> ownedData;
   DataSource *data = nullptr;
-  /// Per param: PARAM, GRAD, ADAM_M, ADAM_V at Operand::Kind - 1.
+  /// Per param: PARAM, GRAD, ADAM_M, ADAM_V at Operand::Kind - 1 (a ZeRO
+  /// shard's piece is a buffer of shardCapacity elements).
   std::vector<std::array<TensorPtr, 4>> state;
+  /// Per param: this rank's ZeRO range of its flattened elements (the whole
+  /// tensor when it is not sharded); the member index is the replica index.
+  std::vector<plan::ShardRange> shard;
+  /// Piece `kind` (an Operand kind) of param `p` at this rank's range: the
+  /// start of its shard buffer, or the range inside the whole tensor.
+  float *rangeOf(int p, int kind) const {
+    float *base = static_cast<float *>(stateOf(p, kind)->data);
+    return plan::stateSharded(plan.params(p), kind - 1) ? base
+                                                        : base + shard[p].start;
+  }
+  /// Whether param `p`'s optimizer state is sharded (its update, gradient
+  /// norm and clipping see only this rank's range).
+  bool zeroSharded(int p) const { return plan.params(p).has_sharding(); }
   std::vector<SegmentLifetimes> lifetimes;
   std::vector<std::vector<ResolvedKernel>> kernels; // [segment][kernel]
   std::vector<CallScratch> scratch;                 // [stream]
@@ -205,12 +223,24 @@ public:
 
   // Gradients (Gradients.cpp).
   Status allReduce(int s, const plan::Instruction &inst);
+  /// ZeRO (Zero.cpp): REDUCE_SCATTER_GRADS and ALL_GATHER_PARAMS.
+  Status reduceScatterGrads(int s, const plan::Instruction &inst,
+                            StepState &st);
+  Status allGatherParams(int s, const plan::Instruction &inst, StepState &st);
+  /// Elements of the largest member range among the instruction's params.
+  int64_t zeroRangeStaging(const plan::Instruction &inst) const;
   Status clipGrads();
   /// Zeroes the gradients no plan kernel clears (before steps 2, 3, ...).
   void clearGradients();
   /// This rank's share of the squared gradient norm when the plan does not
   /// clip (0 when it does); finishGradNorm takes the world sum.
   double localGradSquares();
+  /// The gradient of param `p` the norm and clipping see: the whole
+  /// accumulator, or this rank's range of it under ZeRO; its weight in the
+  /// world sum of squares.
+  float *gradOf(int p) const;
+  int64_t gradElements(int p) const;
+  double shareWeight(int p) const;
   void finishGradNorm(double worldSquares);
 
   int peerOf(const plan::Instruction &inst) const {

@@ -51,6 +51,27 @@ void ExecutorImpl::clearGradients() {
     }
 }
 
+float *ExecutorImpl::gradOf(int p) const {
+  return zeroSharded(p) ? rangeOf(p, Operand::GRAD)
+                        : static_cast<float *>(stateOf(p, Operand::GRAD)->data);
+}
+
+int64_t ExecutorImpl::gradElements(int p) const {
+  return zeroSharded(p) ? shard[p].count
+                        : stateOf(p, Operand::GRAD)->bytes / 4;
+}
+
+double ExecutorImpl::shareWeight(int p) const {
+  // The world sum of squares is divided by num_replicas, as every replica
+  // holds the same reduced gradient. A ZeRO rank holds only its range of
+  // it, which the members together cover once. A parameter held by several
+  // classes (tied) holds the same summed gradient in each: count it once.
+  double weight = 1.0 / std::max(1, plan.params(p).copies());
+  if (zeroSharded(p))
+    weight *= std::max(1, plan.training().num_replicas());
+  return weight;
+}
+
 double ExecutorImpl::localGradSquares() {
   if (clips)
     return 0;
@@ -58,12 +79,9 @@ double ExecutorImpl::localGradSquares() {
   // just before their update (Segments.cpp).
   double squares = 0;
   for (int p = 0; p < plan.params_size(); ++p) {
-    if (!updated[p]) {
-      const TensorPtr &g = stateOf(p, Operand::GRAD);
-      gradSquares[p] = device->sumOfSquares(static_cast<const float *>(g->data),
-                                            g->bytes / 4);
-    }
-    squares += gradSquares[p] / std::max(1, plan.params(p).copies());
+    if (!updated[p])
+      gradSquares[p] = device->sumOfSquares(gradOf(p), gradElements(p));
+    squares += gradSquares[p] * shareWeight(p);
   }
   return squares;
 }
@@ -79,14 +97,8 @@ Status ExecutorImpl::clipGrads() {
   // replicas: the world sum of squares counts every gradient num_replicas
   // times.
   double local = 0;
-  for (int p = 0; p < plan.params_size(); ++p) {
-    const TensorPtr &g = stateOf(p, Operand::GRAD);
-    // A parameter held by several classes (tied) holds the same summed
-    // gradient in each: count it once.
-    local += device->sumOfSquares(static_cast<const float *>(g->data),
-                                  g->bytes / 4) /
-             std::max(1, plan.params(p).copies());
-  }
+  for (int p = 0; p < plan.params_size(); ++p)
+    local += device->sumOfSquares(gradOf(p), gradElements(p)) * shareWeight(p);
   double total = local;
   if (comm)
     PIPER_RETURN_IF_ERROR(comm->allReduceSumWorld(&total, 1).withContext(
@@ -101,10 +113,8 @@ Status ExecutorImpl::clipGrads() {
   if (maxNorm <= 0 || norm <= maxNorm)
     return Status::ok();
   float scale = static_cast<float>(maxNorm / (norm + 1e-6));
-  for (int p = 0; p < plan.params_size(); ++p) {
-    const TensorPtr &g = stateOf(p, Operand::GRAD);
-    device->scale(static_cast<float *>(g->data), scale, g->bytes / 4);
-  }
+  for (int p = 0; p < plan.params_size(); ++p)
+    device->scale(gradOf(p), scale, gradElements(p));
   return Status::ok();
 }
 

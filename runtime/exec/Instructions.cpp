@@ -98,6 +98,12 @@ Status ExecutorImpl::execute(int s, int i, StepState &st,
   case Instruction::ALL_TO_ALL:
     PIPER_RETURN_IF_ERROR(collective(s, inst, st));
     break;
+  case Instruction::REDUCE_SCATTER_GRADS:
+    PIPER_RETURN_IF_ERROR(reduceScatterGrads(s, inst, st));
+    break;
+  case Instruction::ALL_GATHER_PARAMS:
+    PIPER_RETURN_IF_ERROR(allGatherParams(s, inst, st));
+    break;
   case Instruction::CLIP_GRADS:
     PIPER_RETURN_IF_ERROR(clipGrads());
     break;

@@ -45,15 +45,25 @@ Status ExecutorImpl::resolveKernels() {
       r.lowPrecision =
           bf16 && op != "accumulate" && op != "zero" && op != "adamw";
       r.adamw = op == "adamw";
+      r.onRange = r.adamw && !kernel.outputs().empty() &&
+                  kernel.outputs(0).kind() == Operand::PARAM &&
+                  kernel.outputs(0).index() >= 0 &&
+                  kernel.outputs(0).index() < plan.params_size() &&
+                  zeroSharded(kernel.outputs(0).index());
       r.profileRow = profiler.kernelRow(r.info->index);
       auto view = [&](const Operand &o) {
-        const plan::TensorType &type = o.kind() == Operand::VALUE
-                                           ? seg.values(o.index())
-                                           : plan.params(o.index()).type();
-        return TensorRef{
-            type.dtype(),
-            std::vector<int64_t>(type.shape().begin(), type.shape().end()),
-            nullptr};
+        if (o.kind() == Operand::VALUE) {
+          const plan::TensorType &type = seg.values(o.index());
+          return TensorRef{
+              type.dtype(),
+              std::vector<int64_t>(type.shape().begin(), type.shape().end()),
+              nullptr};
+        }
+        if (r.onRange) // elementwise over this rank's range
+          return TensorRef{plan::F32, {shard[o.index()].count}, nullptr};
+        TensorRef ref = stateOf(o.index(), o.kind())->ref();
+        ref.data = nullptr;
+        return ref;
       };
       for (const Operand &o : kernel.inputs())
         r.inputs.push_back(view(o));
@@ -172,6 +182,13 @@ Status ExecutorImpl::call(int s, const Instruction &inst, StepState &st,
     }
     for (int j = 0; j < kernel.outputs_size(); ++j)
       bind(outs[j], rk.outputs[j], dataOf(kernel.outputs(j)));
+    if (rk.onRange) {
+      for (int j = 0; j < kernel.inputs_size(); ++j)
+        ins[j].data = rangeOf(kernel.inputs(j).index(), kernel.inputs(j).kind());
+      for (int j = 0; j < kernel.outputs_size(); ++j)
+        outs[j].data =
+            rangeOf(kernel.outputs(j).index(), kernel.outputs(j).kind());
+    }
     // Without CLIP_GRADS, the norm is taken of the final gradient just
     // before the update reads (and a later `zero` clears) it.
     if (!clips && rk.adamw && !ins.empty())

@@ -107,21 +107,84 @@ Status Executor::saveOptimizerState(const std::string &path,
   return saveState(path, step, {Operand::ADAM_M, Operand::ADAM_V});
 }
 
+bool Executor::shardsState() const {
+  for (const plan::Parameter &p : impl->plan.params())
+    if (p.has_sharding())
+      return true;
+  return false;
+}
+
+namespace {
+
+/// Whether piece `kind` of a ZeRO parameter is valid only in each member's
+/// range: a sharded piece, or the gradient (a ZeRO-1 accumulator is whole,
+/// but the reduce-scatter leaves each member only its range of the sum).
+bool heldAsRanges(const plan::Parameter &param, int kind) {
+  return param.has_sharding() &&
+         (kind == Operand::GRAD || plan::stateSharded(param, kind - 1));
+}
+
+} // namespace
+
 Status Executor::saveState(const std::string &path, int64_t step,
                            const std::vector<int> &kinds) const {
+  const plan::Plan &plan = impl->plan;
+  const bool writer = impl->replica == 0;
   std::vector<SafetensorsTensor> tensors;
   std::vector<std::vector<char>> host;
-  host.reserve(impl->plan.params_size() * kinds.size());
-  for (int p = 0; p < impl->plan.params_size(); ++p) {
+  host.reserve(plan.params_size() * kinds.size());
+  for (int p = 0; p < plan.params_size(); ++p) {
+    const plan::Parameter &param = plan.params(p);
+    std::vector<int64_t> shape(param.type().shape().begin(),
+                               param.type().shape().end());
     for (int kind : kinds) {
-      const TensorPtr &t = impl->stateOf(p, kind);
-      host.emplace_back(static_cast<size_t>(t->bytes));
-      impl->memory->copyToHost(host.back().data(), t->data, host.back().size());
-      tensors.push_back(
-          SafetensorsTensor{stateName(impl->plan.params(p).name(), kind), "F32",
-                            t->shape, host.back().data()});
+      if (!heldAsRanges(param, kind)) {
+        if (!writer)
+          continue;
+        const TensorPtr &t = impl->stateOf(p, kind);
+        host.emplace_back(static_cast<size_t>(t->bytes));
+        impl->memory->copyToHost(host.back().data(), t->data,
+                                 host.back().size());
+      } else {
+        // ZeRO: every member contributes its range; the writer gets the
+        // whole tensor (a checkpoint holds whole tensors, so any strategy
+        // can load it).
+        int64_t n = plan::paramElements(param);
+        int64_t members = plan::shardMembers(plan, param);
+        std::vector<size_t> counts;
+        for (int64_t m = 0; m < members; ++m)
+          counts.push_back(
+              static_cast<size_t>(plan::shardRange(n, members, m).count));
+        const plan::ShardRange &mine = impl->shard[p];
+        std::vector<float> range(static_cast<size_t>(mine.count));
+        impl->memory->copyToHost(range.data(), impl->rangeOf(p, kind),
+                                 4 * range.size());
+        host.emplace_back(static_cast<size_t>(4 * n));
+        if (members < 2) {
+          std::memcpy(host.back().data(), range.data(), 4 * range.size());
+        } else {
+          const plan::DeviceGroup &g = plan.groups(param.sharding().group());
+          CommKey key{kStateStream,
+                      std::vector<int>(g.ranks().begin(), g.ranks().end())};
+          PIPER_RETURN_IF_ERROR(
+              impl->comm
+                  ->allGather(key, range.data(), host.back().data(), counts,
+                              CommDType::F32)
+                  ->wait()
+                  .withContext(impl->who + ": gathering the ZeRO shards of " +
+                               stateName(param.name(), kind)));
+        }
+        if (!writer) {
+          host.pop_back();
+          continue;
+        }
+      }
+      tensors.push_back(SafetensorsTensor{stateName(param.name(), kind), "F32",
+                                          shape, host.back().data()});
     }
   }
+  if (!writer)
+    return Status::ok();
   return writeSafetensors(path, tensors, checkpointMetadata(step))
       .withContext(impl->who);
 }
@@ -143,14 +206,24 @@ Status Executor::loadState(const SafetensorsReader &reader, int kind) {
       checkCheckpointParams(reader, specs, /*rejectExtra=*/false)
           .withContext(impl->who));
   for (int p = 0; p < impl->plan.params_size(); ++p) {
+    const plan::Parameter &param = impl->plan.params(p);
     const SafetensorsEntry *e = reader.find(specs[p].name);
-    const TensorPtr &t = impl->stateOf(p, kind);
-    if (!e || static_cast<int64_t>(e->end - e->begin) != t->bytes)
+    int64_t bytes = 4 * plan::paramElements(param);
+    if (!e || static_cast<int64_t>(e->end - e->begin) != bytes)
       return Status::error(impl->who + ": internal: checkpoint tensor '" +
                            specs[p].name + "' has a bad size");
-    std::vector<char> host(static_cast<size_t>(t->bytes));
+    std::vector<char> host(static_cast<size_t>(bytes));
     PIPER_RETURN_IF_ERROR(reader.read(*e, host.data()).withContext(impl->who));
-    impl->memory->copyFromHost(t->data, host.data(), host.size());
+    if (plan::stateSharded(param, kind - 1)) {
+      // A ZeRO shard: this rank's range of the whole tensor.
+      const plan::ShardRange &r = impl->shard[p];
+      impl->memory->copyFromHost(impl->rangeOf(p, kind),
+                                 host.data() + 4 * r.start,
+                                 static_cast<size_t>(4 * r.count));
+    } else {
+      impl->memory->copyFromHost(impl->stateOf(p, kind)->data, host.data(),
+                                 host.size());
+    }
   }
   return Status::ok();
 }

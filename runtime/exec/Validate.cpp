@@ -7,6 +7,7 @@
 #include <set>
 
 #include "proto/PlanFile.h"
+#include "proto/PlanShards.h"
 #include "proto/analysis/MemoryPlan.h"
 #include "runtime/exec/ValidateInternal.h"
 
@@ -89,6 +90,9 @@ Status validatePlan(const plan::Plan &plan) {
     if (!std::isfinite(param.init().scale()))
       return Status::error(what + " has a non-finite initializer scale");
   }
+
+  if (std::string problem = plan::checkSharding(plan); !problem.empty())
+    return Status::error(problem);
 
   for (int b = 0; b < plan.buffers_size(); ++b) {
     const plan::Buffer &buf = plan.buffers(b);

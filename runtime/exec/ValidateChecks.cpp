@@ -5,6 +5,7 @@
 
 #include "proto/KernelIds.h"
 #include "proto/PlanGroups.h"
+#include "proto/PlanShards.h"
 #include "runtime/exec/Validate.h"
 #include "runtime/exec/ValidateInternal.h"
 
@@ -186,6 +187,16 @@ Status checkSegment(const plan::Plan &plan, int index) {
                                " index " + std::to_string(op.index()) +
                                " is out of range (the plan has " +
                                std::to_string(plan.params_size()) + " params)");
+        // A ZeRO shard holds a range of the tensor: only the optimizer
+        // (on its range) and `zero` may touch it.
+        if (kernel.op() != "adamw" && kernel.op() != "zero" &&
+            plan::stateSharded(plan.params(op.index()),
+                               static_cast<int>(op.kind()) - 1))
+          return Status::error(
+              owhere + ": the " + stateName(op.kind()) + " of " +
+              paramName(plan, op.index()) +
+              " is a ZeRO shard; only adamw and zero may use it (gather "
+              "the parameter first)");
         return Status::ok();
       default:
         return Status::error(owhere + ": unknown operand kind " +
@@ -339,6 +350,60 @@ Status checkAllToAll(const plan::Plan &plan, const Instruction &inst) {
 }
 } // namespace
 
+/// REDUCE_SCATTER_GRADS and ALL_GATHER_PARAMS: distinct parameters sharded
+/// over exactly this group, and buffers (when given) of their whole types.
+Status checkZeroCollective(const plan::Plan &plan, const Instruction &inst) {
+  bool scatter = inst.kind() == Instruction::REDUCE_SCATTER_GRADS;
+  const std::string name = Instruction::Kind_Name(inst.kind());
+  if (inst.params().empty())
+    return Status::error(name + " lists no params");
+  if (inst.subgroups_size() > 0)
+    return Status::error(name + " runs over the whole shard group, without "
+                                "subgroups");
+  const auto &buffers = scatter ? inst.inputs() : inst.outputs();
+  if ((scatter ? inst.outputs_size() : inst.inputs_size()) != 0 ||
+      (!buffers.empty() && buffers.size() != inst.params_size()))
+    return Status::error(
+        name + (scatter ? " takes no outputs and either no inputs"
+                        : " takes no inputs and either no outputs") +
+        " or one per param; got " + std::to_string(inst.inputs_size()) +
+        " inputs and " + std::to_string(inst.outputs_size()) + " outputs for " +
+        std::to_string(inst.params_size()) + " params");
+  std::set<int> seen;
+  for (int i = 0; i < inst.params_size(); ++i) {
+    int p = inst.params(i);
+    if (p < 0 || p >= plan.params_size())
+      return Status::error("param " + std::to_string(p) +
+                           " is out of range (the plan has " +
+                           std::to_string(plan.params_size()) + " params)");
+    if (!seen.insert(p).second)
+      return Status::error(paramName(plan, p) + " is listed twice");
+    const plan::Parameter &param = plan.params(p);
+    if (!param.has_sharding() || param.sharding().group() != inst.group())
+      return Status::error(name + " of " + paramName(plan, p) +
+                           ", which is not sharded over group " +
+                           std::to_string(inst.group()));
+    // The whole-tensor forms work in place on whole state.
+    if (buffers.empty() && plan::stateSharded(param, scatter ? 1 : 0))
+      return Status::error(
+          name + " without " + (scatter ? "inputs" : "outputs") +
+          " works on whole tensors, but the " +
+          (scatter ? "gradient" : "value") + " of " + paramName(plan, p) +
+          " is a shard");
+    if (!buffers.empty()) {
+      plan::TensorType want = param.type();
+      want.set_dtype(plan::F32);
+      const plan::TensorType &have = plan.buffers(buffers[i]).type();
+      if (!sameType(want, have))
+        return Status::error(std::string(scatter ? "input " : "output ") +
+                             bufferName(plan, buffers[i]) + " is " +
+                             shapeString(have) + " but " + paramName(plan, p) +
+                             " is " + shapeString(want));
+    }
+  }
+  return Status::ok();
+}
+
 Status checkInstruction(const plan::Plan &plan, const Instruction &inst) {
   auto expectCounts = [&](int inputs, int outputs) -> Status {
     if (inst.inputs_size() != inputs || inst.outputs_size() != outputs)
@@ -429,6 +494,10 @@ Status checkInstruction(const plan::Plan &plan, const Instruction &inst) {
     PIPER_RETURN_IF_ERROR(expectCounts(2, 2));
     PIPER_RETURN_IF_ERROR(checkCollectiveGroup(plan, inst));
     return checkAllToAll(plan, inst);
+  case Instruction::REDUCE_SCATTER_GRADS:
+  case Instruction::ALL_GATHER_PARAMS:
+    PIPER_RETURN_IF_ERROR(checkCollectiveGroup(plan, inst));
+    return checkZeroCollective(plan, inst);
   case Instruction::RECORD:
   case Instruction::WAIT:
     PIPER_RETURN_IF_ERROR(expectCounts(0, 0));

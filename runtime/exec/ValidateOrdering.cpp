@@ -104,6 +104,12 @@ Status checkStreamOrdering(const plan::Plan &plan) {
       } else if (inst.kind() == Instruction::ALL_REDUCE) {
         for (int p : inst.params())
           touched[{p, Operand::GRAD}] = true;
+      } else if (inst.kind() == Instruction::REDUCE_SCATTER_GRADS) {
+        for (int p : inst.params())
+          touched[{p, Operand::GRAD}] = true;
+      } else if (inst.kind() == Instruction::ALL_GATHER_PARAMS) {
+        for (int p : inst.params())
+          touched[{p, Operand::PARAM}] |= inst.outputs_size() == 0;
       } else if (inst.kind() == Instruction::CLIP_GRADS) {
         for (int p = 0; p < plan.params_size(); ++p)
           touched[{p, Operand::GRAD}] = true;

@@ -104,7 +104,9 @@ Status validateStrategy(const plan::Manifest &manifest,
         } else if (inst.kind() == Instruction::ALL_REDUCE ||
                    inst.kind() == Instruction::REDUCE_SCATTER ||
                    inst.kind() == Instruction::ALL_GATHER ||
-                   inst.kind() == Instruction::ALL_TO_ALL) {
+                   inst.kind() == Instruction::ALL_TO_ALL ||
+                   inst.kind() == Instruction::REDUCE_SCATTER_GRADS ||
+                   inst.kind() == Instruction::ALL_GATHER_PARAMS) {
           const plan::DeviceGroup *g = plan::memberGroup(plan, inst, r);
           if (!g)
             return Status::error(where(r, s, i) +

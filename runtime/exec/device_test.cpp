@@ -172,6 +172,9 @@ public:
     return cpu->sumOfSquares(x, n);
   }
   void scale(float *x, float s, int64_t n) override { cpu->scale(x, s, n); }
+  void add(float *dst, const float *src, int64_t n) override {
+    cpu->add(dst, src, n);
+  }
   void packBf16(uint16_t *dst, const float *src, int64_t n) override {
     cpu->packBf16(dst, src, n);
   }
@@ -312,6 +315,9 @@ public:
     return cpu->sumOfSquares(x, n);
   }
   void scale(float *x, float s, int64_t n) override { cpu->scale(x, s, n); }
+  void add(float *dst, const float *src, int64_t n) override {
+    cpu->add(dst, src, n);
+  }
   void packBf16(uint16_t *dst, const float *src, int64_t n) override {
     cpu->packBf16(dst, src, n);
   }

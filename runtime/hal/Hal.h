@@ -104,6 +104,8 @@ public:
   virtual double sumOfSquares(const float *x, int64_t n) = 0;
   /// x[i] *= scale (gradient clipping).
   virtual void scale(float *x, float scale, int64_t n) = 0;
+  /// dst[i] += src[i] (a ZeRO shard's gradient accumulation).
+  virtual void add(float *dst, const float *src, int64_t n) = 0;
   /// Mixed precision: float -> packed bf16 (round to nearest even), packed
   /// bf16 -> float, and rounding floats to bf16 values in place.
   virtual void packBf16(uint16_t *dst, const float *src, int64_t n) = 0;

@@ -104,7 +104,8 @@ Status writeCheckpoint(const std::string &path, CheckpointContent what,
       forgetTempFile(slot);
   };
   Status written = Status::ok();
-  if (exec.replicaIndex() == 0) {
+  // Under ZeRO every replica contributes its shards; replica 0 writes.
+  if (exec.replicaIndex() == 0 || exec.shardsState()) {
     std::string target =
         merge ? checkpointPartPath(path, exec.plan().device_class()) : path;
     written = what == CheckpointContent::Gradients

@@ -227,6 +227,10 @@ public:
     return runtime::sumOfSquares(x, n);
   }
   void scale(float *x, float s, int64_t n) override { scaleFloats(x, s, n); }
+  void add(float *dst, const float *src, int64_t n) override {
+    for (int64_t i = 0; i < n; ++i)
+      dst[i] += src[i];
+  }
   void packBf16(uint16_t *dst, const float *src, int64_t n) override {
     for (int64_t i = 0; i < n; ++i)
       dst[i] = floatToBf16(src[i]);

@@ -1,0 +1,168 @@
+// Splitting a segment into consecutive pieces, and every task that calls it
+// into a chain of tasks: what lets ZeRO reduce a backward's gradients and
+// gather a forward's parameters bucket by bucket instead of all at once.
+#include "compiler/transforms/Transforms.h"
+
+#include "llvm/ADT/SetVector.h"
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/IRMapping.h"
+
+using namespace mlir;
+using namespace mlir::piper;
+
+FailureOr<SegmentPieces> mlir::piper::splitSegment(SegmentOp seg,
+                                                   ArrayRef<unsigned> cuts) {
+  Block &body = seg.getBody().front();
+  auto yield = cast<YieldOp>(body.getTerminator());
+  SmallVector<Operation *> ops;
+  for (Operation &op : body.without_terminator())
+    ops.push_back(&op);
+  unsigned numPieces = cuts.size() + 1;
+  for (auto [i, c] : llvm::enumerate(cuts))
+    if (c == 0 || c >= ops.size() || (i > 0 && c <= cuts[i - 1]))
+      return seg.emitOpError("cannot be split before op ")
+             << c << " (cuts must increase within its " << ops.size()
+             << " ops)";
+
+  DenseMap<Operation *, unsigned> pieceOf;
+  for (unsigned k = 0, i = 0; i < ops.size(); ++i) {
+    while (k < cuts.size() && i >= cuts[k])
+      ++k;
+    pieceOf[ops[i]] = k;
+  }
+  // What crosses pieces: a value defined in piece i and read in piece j > i
+  // is an output of i and an input of j. Parameter reads never cross: each
+  // piece reads the parameter itself.
+  SmallVector<llvm::SetVector<Value>> inputs(numPieces), outputs(numPieces);
+  auto isParamRead = [](Value v) {
+    return v.getDefiningOp<ParamRefOp>() != nullptr;
+  };
+  auto need = [&](Value v, unsigned j) {
+    if (isParamRead(v))
+      return;
+    if (auto arg = dyn_cast<BlockArgument>(v)) {
+      inputs[j].insert(v);
+      return;
+    }
+    unsigned i = pieceOf.lookup(v.getDefiningOp());
+    if (i == j)
+      return;
+    outputs[i].insert(v);
+    inputs[j].insert(v);
+  };
+  for (Operation *op : ops) {
+    if (isa<ParamRefOp>(op))
+      continue;
+    unsigned j = pieceOf[op];
+    op->walk([&](Operation *nested) {
+      for (Value v : nested->getOperands())
+        if (v.getParentBlock() == &body)
+          need(v, j);
+    });
+  }
+  // The segment's results leave from the piece that computes them (an
+  // argument passed through leaves from the last piece).
+  for (Value v : yield.getValues()) {
+    if (isParamRead(v))
+      return yield.emitOpError("cannot return a parameter from a piece");
+    if (isa<BlockArgument>(v)) {
+      inputs[numPieces - 1].insert(v);
+      outputs[numPieces - 1].insert(v);
+    } else {
+      outputs[pieceOf.lookup(v.getDefiningOp())].insert(v);
+    }
+  }
+
+  SegmentPieces out;
+  OpBuilder b(seg);
+  b.setInsertionPointAfter(seg);
+  DenseMap<Value, std::pair<int, unsigned>> sourceOf; // value -> (piece, out)
+  for (auto [k, arg] : llvm::enumerate(body.getArguments()))
+    sourceOf[arg] = {-1, static_cast<unsigned>(k)};
+  for (unsigned j = 0; j < numPieces; ++j) {
+    SmallVector<Type> inTypes, outTypes;
+    for (Value v : inputs[j])
+      inTypes.push_back(v.getType());
+    for (Value v : outputs[j])
+      outTypes.push_back(v.getType());
+    auto piece = SegmentOp::create(
+        b, seg.getLoc(), (seg.getSymName() + "." + Twine(j)).str(),
+        b.getFunctionType(inTypes, outTypes));
+    for (NamedAttribute a : seg->getDiscardableAttrs())
+      piece->setDiscardableAttr(a.getName(), a.getValue());
+    b.setInsertionPointAfter(piece);
+    Block &pb = piece.getBody().front();
+    IRMapping map;
+    SmallVector<PieceSource> sources;
+    for (auto [v, arg] : llvm::zip(inputs[j], pb.getArguments())) {
+      map.map(v, arg);
+      auto [p, index] = sourceOf.lookup(v);
+      // A passed-through argument is also an output of this piece; its
+      // source is the task argument.
+      sources.push_back(PieceSource{p, index});
+    }
+    OpBuilder pbuilder = OpBuilder::atBlockEnd(&pb);
+    for (Operation *op : ops) {
+      if (pieceOf[op] != j || isa<ParamRefOp>(op))
+        continue;
+      op->walk([&](Operation *nested) {
+        for (Value v : nested->getOperands())
+          if (auto ref = v.getDefiningOp<ParamRefOp>(); ref && !map.contains(v))
+            map.map(v, pbuilder.clone(*ref)->getResult(0));
+      });
+      pbuilder.clone(*op, map);
+    }
+    SmallVector<Value> results;
+    for (auto [k, v] : llvm::enumerate(outputs[j])) {
+      results.push_back(map.lookup(v));
+      if (!isa<BlockArgument>(v))
+        sourceOf[v] = {static_cast<int>(j), static_cast<unsigned>(k)};
+    }
+    YieldOp::create(pbuilder, yield.getLoc(), results);
+    out.pieces.push_back(piece);
+    out.inputs.push_back(std::move(sources));
+  }
+  // Passed-through arguments leave from the last piece, at their position
+  // among its outputs.
+  for (Value v : yield.getValues()) {
+    if (isa<BlockArgument>(v)) {
+      unsigned k = llvm::find(outputs[numPieces - 1], v) -
+                   outputs[numPieces - 1].begin();
+      out.results.push_back(PieceSource{static_cast<int>(numPieces - 1), k});
+    } else {
+      auto [p, k] = sourceOf.lookup(v);
+      out.results.push_back(PieceSource{p, k});
+    }
+  }
+  return out;
+}
+
+SmallVector<TaskOp> mlir::piper::splitTask(TaskOp t,
+                                           const SegmentPieces &pieces) {
+  OpBuilder b(t);
+  SmallVector<TaskOp> tasks;
+  for (unsigned j = 0; j < pieces.pieces.size(); ++j) {
+    SegmentOp piece = pieces.pieces[j];
+    SmallVector<Value> args;
+    for (const PieceSource &s : pieces.inputs[j])
+      args.push_back(s.piece < 0 ? t.getArgs()[s.index]
+                                 : tasks[s.piece].getOuts()[s.index]);
+    SmallVector<Value> deps;
+    if (j == 0)
+      deps.append(t.getDeps().begin(), t.getDeps().end());
+    else
+      deps.push_back(tasks.back().getDone());
+    auto nt = TaskOp::create(
+        b, t.getLoc(), piece.getResultTypes(), b.getType<TokenType>(),
+        FlatSymbolRefAttr::get(piece.getSymNameAttr()), args, deps, t.getTag(),
+        t.getDevicesAttr(), t.getStreamAttr(), t.getSendStreamAttr());
+    for (NamedAttribute a : t->getDiscardableAttrs())
+      nt->setDiscardableAttr(a.getName(), a.getValue());
+    tasks.push_back(nt);
+  }
+  for (auto [r, s] : llvm::enumerate(pieces.results))
+    t.getOuts()[r].replaceAllUsesWith(tasks[s.piece].getOuts()[s.index]);
+  t.getDone().replaceAllUsesWith(tasks.back().getDone());
+  t.erase();
+  return tasks;
+}

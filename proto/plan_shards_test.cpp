@@ -1,0 +1,67 @@
+#include "proto/PlanShards.h"
+
+#include <catch2/catch.hpp>
+#include <algorithm>
+
+using namespace piper::plan;
+
+TEST_CASE("shard ranges are balanced, consecutive and cover the tensor") {
+  for (int64_t n : {0, 1, 5, 16, 17, 1000, 1003})
+    for (int64_t g : {1, 2, 3, 4, 7, 8}) {
+      int64_t next = 0, most = 0, least = n;
+      for (int64_t i = 0; i < g; ++i) {
+        ShardRange r = shardRange(n, g, i);
+        CHECK(r.start == next);
+        next += r.count;
+        most = std::max(most, r.count);
+        least = std::min(least, r.count);
+      }
+      CHECK(next == n);
+      CHECK(most - least <= 1);
+      CHECK(shardCapacity(n, g) == most);
+    }
+  CHECK(shardRange(10, 4, 0).count == 3);
+  CHECK(shardRange(10, 4, 2).start == 6);
+  CHECK(shardRange(10, 4, 3).count == 2);
+}
+
+TEST_CASE("state pieces are sharded as the ZeRO stage says") {
+  Plan plan;
+  plan.add_ranks(4);
+  plan.add_ranks(5);
+  plan.add_ranks(6);
+  DeviceGroup *g = plan.add_groups();
+  g->set_id(0);
+  for (int r : {4, 5, 6})
+    g->add_ranks(r);
+  Parameter *p = plan.add_params();
+  p->set_name("w");
+  p->mutable_type()->add_shape(10);
+  p->mutable_type()->add_shape(3);
+  CHECK(stateElements(plan, *p, 2) == 30);
+  CHECK(checkSharding(plan).empty());
+  p->mutable_sharding()->set_optimizer(true);
+  CHECK(checkSharding(plan).empty());
+  CHECK(stateElements(plan, *p, 0) == 30);
+  CHECK(stateElements(plan, *p, 1) == 30);
+  CHECK(stateElements(plan, *p, 2) == 10);
+  p->mutable_sharding()->set_parameter(true);
+  CHECK(checkSharding(plan).find("value but not the gradient") !=
+        std::string::npos);
+  p->mutable_sharding()->set_gradient(true);
+  CHECK(checkSharding(plan).empty());
+  CHECK(stateElements(plan, *p, 0) == 10);
+  CHECK(stateElements(plan, *p, 4) == 30);
+  p->mutable_sharding()->set_group(3);
+  CHECK(checkSharding(plan).find("out of range") != std::string::npos);
+  DeviceGroup *h = plan.add_groups();
+  h->set_id(1);
+  h->add_ranks(4);
+  h->add_ranks(5);
+  p->mutable_sharding()->set_group(1);
+  CHECK(checkSharding(plan).find("not the plan's ranks") != std::string::npos);
+  p->mutable_sharding()->set_group(0);
+  p->mutable_sharding()->set_optimizer(false);
+  CHECK(checkSharding(plan).find("not the optimizer state") !=
+        std::string::npos);
+}

@@ -1,0 +1,187 @@
+// ZeRO's collectives on sharded parameter state (plan.proto ParamSharding):
+// REDUCE_SCATTER_GRADS leaves each member its range of the summed gradients,
+// ALL_GATHER_PARAMS rebuilds whole parameters from the members' ranges. One
+// collective per instruction: the bucket's tensors are staged flat, grouped
+// by member, at the instruction's scratch_offset.
+#include <algorithm>
+
+#include "runtime/exec/ExecutorImpl.h"
+
+namespace piper::runtime {
+
+using plan::Instruction;
+using plan::Operand;
+
+namespace {
+
+std::string describe(const char *what, const std::vector<int> &ranks,
+                     const std::string &stream, int params) {
+  std::string out = std::string(what) + " of " + std::to_string(params) +
+                    " params over ranks [";
+  for (size_t i = 0; i < ranks.size(); ++i)
+    out += (i ? ", " : "") + std::to_string(ranks[i]);
+  return out + "] on stream '" + stream + "'";
+}
+
+/// The bucket's layout in the staging block: member m's ranges of every
+/// parameter, in instruction order, one member after the other.
+struct Layout {
+  std::vector<std::vector<plan::ShardRange>> ranges; // [param][member]
+  std::vector<size_t> counts;                         // per member
+  size_t total = 0;
+};
+
+Layout layoutOf(const plan::Plan &plan, const Instruction &inst,
+                int members) {
+  Layout l;
+  l.counts.assign(members, 0);
+  for (int p : inst.params()) {
+    int64_t n = plan::paramElements(plan.params(p));
+    std::vector<plan::ShardRange> r(members);
+    for (int m = 0; m < members; ++m) {
+      r[m] = plan::shardRange(n, members, m);
+      l.counts[m] += static_cast<size_t>(r[m].count);
+    }
+    l.total += static_cast<size_t>(n);
+    l.ranges.push_back(std::move(r));
+  }
+  return l;
+}
+
+} // namespace
+
+Status ExecutorImpl::reduceScatterGrads(int s, const Instruction &inst,
+                                        StepState &st) {
+  std::vector<int> ranks = memberRanks(inst);
+  const int members = static_cast<int>(ranks.size());
+  const int me = replica; // checkSharding: the group is plan.ranks, in order
+  Layout l = layoutOf(plan, inst, members);
+  CommKey key{plan.streams(s).name(), ranks};
+  auto scatter = [&](const float *input, float *output,
+                     const std::vector<size_t> &counts) -> Status {
+    if (members < 2) {
+      memory->copy(output, input, 4 * counts[0]);
+      return Status::ok();
+    }
+    return comm->reduceScatter(key, input, output, counts, CommDType::F32)
+        ->wait()
+        .withContext(describe("ZeRO gradient reduce-scatter", ranks,
+                              key.stream, inst.params_size()));
+  };
+  char *staging = at(inst.scratch_offset());
+  if (inst.inputs_size() > 0) {
+    // One microbatch's whole gradients (ZeRO-2, 3): a parameter's
+    // flattened gradient is already grouped by member, so each is scattered
+    // straight from its buffer (unpacked first in mixed precision) and this
+    // member's range added into its sharded accumulator. The staging holds
+    // one range, and one unpacked gradient.
+    float *mine = reinterpret_cast<float *>(staging);
+    float *unpacked = mine + zeroRangeStaging(inst);
+    for (int i = 0; i < inst.params_size(); ++i) {
+      int p = inst.params(i);
+      TensorPtr in;
+      PIPER_RETURN_IF_ERROR(fetchStored(st, inst.inputs(i), in));
+      const float *grad = static_cast<const float *>(in->data);
+      if (in->dtype == plan::BF16) {
+        device->unpackBf16(unpacked, static_cast<const uint16_t *>(in->data),
+                           plan::paramElements(plan.params(p)));
+        grad = unpacked;
+      }
+      std::vector<size_t> counts;
+      for (const plan::ShardRange &r : l.ranges[i])
+        counts.push_back(static_cast<size_t>(r.count));
+      PIPER_RETURN_IF_ERROR(scatter(grad, mine, counts));
+      device->add(rangeOf(p, Operand::GRAD), mine, l.ranges[i][me].count);
+    }
+    return Status::ok();
+  }
+  // The whole accumulators (ZeRO-1), after the last microbatch: one
+  // collective for the bucket, staged flat member by member; each member's
+  // range of its accumulator is replaced by the sum.
+  float *flat = reinterpret_cast<float *>(staging);
+  float *mine = flat + l.total;
+  size_t pos = 0;
+  for (int m = 0; m < members; ++m)
+    for (int i = 0; i < inst.params_size(); ++i) {
+      const plan::ShardRange &r = l.ranges[i][m];
+      memory->copy(
+          flat + pos,
+          static_cast<const float *>(
+              stateOf(inst.params(i), Operand::GRAD)->data) +
+              r.start,
+          static_cast<size_t>(4 * r.count));
+      pos += static_cast<size_t>(r.count);
+    }
+  PIPER_RETURN_IF_ERROR(scatter(flat, mine, l.counts));
+  pos = 0;
+  for (int i = 0; i < inst.params_size(); ++i) {
+    const plan::ShardRange &r = l.ranges[i][me];
+    memory->copy(rangeOf(inst.params(i), Operand::GRAD), mine + pos,
+                 static_cast<size_t>(4 * r.count));
+    pos += static_cast<size_t>(r.count);
+  }
+  return Status::ok();
+}
+
+int64_t ExecutorImpl::zeroRangeStaging(const Instruction &inst) const {
+  int64_t most = 0;
+  for (int p : inst.params())
+    most = std::max(most, plan::shardCapacity(plan::paramElements(plan.params(p)),
+                                              plan::shardMembers(plan,
+                                                                 plan.params(p))));
+  return most;
+}
+
+Status ExecutorImpl::allGatherParams(int s, const Instruction &inst,
+                                     StepState &st) {
+  std::vector<int> ranks = memberRanks(inst);
+  const int members = static_cast<int>(ranks.size());
+  const int me = replica;
+  Layout l = layoutOf(plan, inst, members);
+  float *flat = reinterpret_cast<float *>(at(inst.scratch_offset()));
+  float *mine = flat + l.total;
+  size_t pos = 0;
+  for (int i = 0; i < inst.params_size(); ++i) {
+    const plan::ShardRange &r = l.ranges[i][me];
+    memory->copy(mine + pos, rangeOf(inst.params(i), Operand::PARAM),
+                 static_cast<size_t>(4 * r.count));
+    pos += static_cast<size_t>(r.count);
+  }
+  if (members < 2) {
+    memory->copy(flat, mine, 4 * l.counts[0]);
+  } else {
+    CommKey key{plan.streams(s).name(), ranks};
+    PIPER_RETURN_IF_ERROR(
+        comm->allGather(key, mine, flat, l.counts, CommDType::F32)
+            ->wait()
+            .withContext(describe("ZeRO parameter all-gather", ranks,
+                                  key.stream, inst.params_size())));
+  }
+  // Every member's ranges into the whole tensors: the parameters in place,
+  // or the output buffers (packed bf16 in mixed precision: the bf16 copy a
+  // kernel would read).
+  const bool toBuffers = inst.outputs_size() > 0;
+  pos = 0;
+  for (int m = 0; m < members; ++m)
+    for (int i = 0; i < inst.params_size(); ++i) {
+      const plan::ShardRange &r = l.ranges[i][m];
+      if (toBuffers && packed(inst.outputs(i)))
+        device->packBf16(
+            static_cast<uint16_t *>(bufferViews[inst.outputs(i)]->data) +
+                r.start,
+            flat + pos, r.count);
+      else
+        memory->copy(
+            static_cast<float *>(
+                toBuffers ? bufferViews[inst.outputs(i)]->data
+                          : stateOf(inst.params(i), Operand::PARAM)->data) +
+                r.start,
+            flat + pos, static_cast<size_t>(4 * r.count));
+      pos += static_cast<size_t>(r.count);
+    }
+  for (int id : inst.outputs())
+    PIPER_RETURN_IF_ERROR(publish(st, id));
+  return Status::ok();
+}
+
+} // namespace piper::runtime
