@@ -1,6 +1,8 @@
 // piper-run's main: one rank or the launcher of all of them.
 #include "runtime/launch/PiperRun.h"
 
+#include <vector>
+
 #include <fmt/format.h>
 
 #include "runtime/launch/BlasCore.h"
@@ -81,7 +83,11 @@ int piperRunMain(int argc, char **argv) {
     fmt::print(stderr, "piper-run: {}\n", st.message());
     return 1;
   }
-  st = checkStandbyState(options, manifest);
+  std::vector<plan::Plan> plans;
+  if (options.standby > 0)
+    st = loadPlans(options, manifest, plans);
+  if (st)
+    st = checkStandbyState(options, manifest, plans);
   if (!st) {
     fmt::print(stderr, "piper-run: {}\n", st.message());
     return 1;

@@ -292,7 +292,10 @@ int runRank(const RunOptions &options, const RankEnv &env,
   // peer fails (the launcher then picks the step every survivor finished).
   const char *handoffDir = std::getenv(kHandoffDirVar);
   std::unique_ptr<StepSnapshots> snapshots;
-  if (handoffDir && *handoffDir && env.worldSize > 1) {
+  // (Not under ZeRO: a rank holds only its shard, and the launcher then
+  // sets no handoff folder.)
+  if (handoffDir && *handoffDir && env.worldSize > 1 &&
+      !exec->shardsState()) {
     snapshots = std::make_unique<StepSnapshots>();
     snapshots->take(*exec, loadedStep);
   }

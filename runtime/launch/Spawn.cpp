@@ -36,6 +36,7 @@
 #include "runtime/launch/Rendezvous.h"
 #include "runtime/launch/Standby.h"
 #include "runtime/launch/StandbyLauncher.h"
+#include "runtime/launch/StrategyFiles.h"
 #include "runtime/launch/Watchdog.h"
 
 namespace piper::runtime {
@@ -161,6 +162,9 @@ struct Launch {
   /// (recovery-<A>/class-<C>).
   Spares spares;
   std::string standbyRoot;
+  /// Why the ranks hand no state off (a ZeRO-sharded class: no replica
+  /// holds a copy of another's shard); empty when they do.
+  std::string noHandoff;
 
   std::string handoffDir(int attempt) const {
     return standbyRoot.empty()
@@ -275,7 +279,7 @@ AttemptEnd launchOnce(Launch &launch, const Generation &gen) {
     if (gen.failedAtNs >= 0)
       vars.push_back(
           fmt::format("PIPER_RESTART_FAILED_AT_NS={}", gen.failedAtNs));
-    if (!launch.standbyRoot.empty())
+    if (!launch.standbyRoot.empty() && launch.noHandoff.empty())
       vars.push_back(fmt::format("{}={}", kHandoffDirVar,
                                  launch.handoffDir(gen.attempt)));
     if (!gen.recoveryDir.empty())
@@ -505,7 +509,11 @@ int launchLocalRanks(const RunOptions &options,
   ::sigaction(SIGHUP, &sa, nullptr);
 
   if (options.standby > 0) {
-    Status st = makeStoreDir(launch.standbyRoot);
+    std::vector<plan::Plan> plans;
+    Status st = loadPlans(options, manifest, plans);
+    launch.noHandoff = shardedStateNote(plans);
+    if (st)
+      st = makeStoreDir(launch.standbyRoot);
     if (st)
       st = launch.spares.start(options, argv, launch.baseEnv,
                                launch.failureWrite);
@@ -572,10 +580,13 @@ int launchLocalRanks(const RunOptions &options,
       std::filesystem::remove_all(
           fmt::format("{}/recovery-{}", launch.standbyRoot, gen.attempt), ec);
       Recovery recovery;
-      Status st = planRecovery(
-          manifest, launch.handoffDir(gen.attempt), end.lost,
-          fmt::format("{}/recovery-{}", launch.standbyRoot, next.attempt),
-          recovery);
+      recovery.why = launch.noHandoff;
+      Status st = Status::ok();
+      if (launch.noHandoff.empty())
+        st = planRecovery(
+            manifest, launch.handoffDir(gen.attempt), end.lost,
+            fmt::format("{}/recovery-{}", launch.standbyRoot, next.attempt),
+            recovery);
       if (!st) {
         fmt::print(stderr, "piper-run: --standby: {}\n", st.message());
         return finish(end.exitCode);

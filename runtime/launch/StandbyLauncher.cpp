@@ -34,10 +34,28 @@ int deviceClassOf(const plan::Manifest &manifest, int rank) {
   return -1;
 }
 
+std::string shardedStateNote(const std::vector<plan::Plan> &plans) {
+  for (const plan::Plan &plan : plans)
+    for (const plan::Parameter &param : plan.params())
+      if (param.has_sharding())
+        return fmt::format("device class {} shards its state over its "
+                           "replicas (ZeRO), so no rank holds a copy of "
+                           "another's shard",
+                           plan.device_class());
+  return std::string();
+}
+
 Status checkStandbyState(const RunOptions &options,
-                         const plan::Manifest &manifest) {
+                         const plan::Manifest &manifest,
+                         const std::vector<plan::Plan> &plans) {
   if (options.standby == 0 || !options.checkpointDir.empty())
     return Status::ok();
+  std::string sharded = shardedStateNote(plans);
+  if (!sharded.empty())
+    return Status::error(
+        "--standby needs --checkpoint-dir (with --checkpoint-every) for this "
+        "strategy: " +
+        sharded + "; only a checkpoint holds a failed rank's state");
   for (int c = 0; c < manifest.classes_size(); ++c)
     if (manifest.classes(c).ranks_size() < 2)
       return Status::error(fmt::format(

@@ -19,11 +19,19 @@
 
 namespace piper::runtime {
 
+/// Why no replica can give a lost rank's state under `plans`: the first
+/// device class that shards its state over its replicas (ZeRO: a rank's
+/// shard has no copy); empty when every class's replicas hold whole state.
+std::string shardedStateNote(const std::vector<plan::Plan> &plans);
+
 /// Before any rank starts: with --standby, a device class held by one rank
-/// (a pipeline stage without data parallelism) has no replica to copy a
-/// lost state from, so --checkpoint-dir must be given.
+/// (a pipeline stage without data parallelism) or sharding its state over
+/// its replicas (ZeRO) has no replica to copy a lost state from, so
+/// --checkpoint-dir must be given. `plans` are the manifest's, in class
+/// order.
 Status checkStandbyState(const RunOptions &options,
-                         const plan::Manifest &manifest);
+                         const plan::Manifest &manifest,
+                         const std::vector<plan::Plan> &plans);
 
 /// The parked spares of a run.
 class Spares {

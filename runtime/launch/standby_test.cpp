@@ -108,7 +108,8 @@ TEST_CASE("planRecovery: incomplete handoffs and lost ranks are left out",
   fs::remove_all(dir);
 }
 
-TEST_CASE("checkStandbyState: a single-rank class needs checkpoints",
+TEST_CASE("checkStandbyState: a class without a full replica needs "
+          "checkpoints",
           "[standby]") {
   piper::plan::Manifest pp2;
   pp2.set_world_size(2);
@@ -117,14 +118,25 @@ TEST_CASE("checkStandbyState: a single-rank class needs checkpoints",
     cls->set_device_class(c);
     cls->add_ranks(c);
   }
+  std::vector<piper::plan::Plan> plans(2);
   RunOptions options;
-  CHECK(checkStandbyState(options, pp2)); // no --standby
+  CHECK(checkStandbyState(options, pp2, plans)); // no --standby
   options.standby = 1;
-  Status st = checkStandbyState(options, pp2);
+  Status st = checkStandbyState(options, pp2, plans);
   REQUIRE_FALSE(st);
   CHECK(st.message().find("device class 0 is rank 0 alone") !=
         std::string::npos);
-  CHECK(checkStandbyState(options, pp2dp2()));
+  CHECK(checkStandbyState(options, pp2dp2(), plans));
+  // ZeRO: replicas hold only their shards.
+  plans[1].set_device_class(1);
+  plans[1].add_params()->mutable_sharding()->set_optimizer(true);
+  CHECK(shardedStateNote(plans) ==
+        "device class 1 shards its state over its replicas (ZeRO), so no "
+        "rank holds a copy of another's shard");
+  st = checkStandbyState(options, pp2dp2(), plans);
+  REQUIRE_FALSE(st);
+  CHECK(st.message().find("(ZeRO)") != std::string::npos);
   options.checkpointDir = "ckpt";
-  CHECK(checkStandbyState(options, pp2));
+  CHECK(checkStandbyState(options, pp2, plans));
+  CHECK(checkStandbyState(options, pp2dp2(), plans));
 }

@@ -2,7 +2,7 @@
 """End-to-end hot spares (--standby): a gpt-tiny run whose rank is killed in
 the middle continues on a spare, with the lost state copied from a surviving
 data-parallel replica (pp2 x dp2, dp2) or, without one, from the newest
-checkpoint (pp2), and gives the same loss at every step, bit for bit, and
+checkpoint (pp2, ZeRO-1 dp2), and gives the same loss at every step, bit for bit, and
 the same final parameters as a run never interrupted; spares are used before
 --max-restarts; the error paths are named.
 
@@ -221,6 +221,28 @@ def main():
         check("resuming from '%s/step-4' (step 4)" % ckpt in p.stderr,
               "pp2: resumed from step-4")
         same_run("pp2 on a standby", ref, ref_params, m, save)
+
+        # ZeRO-1 dp2: each replica holds only its shard of the moments, so
+        # the spare needs a checkpoint, as a pipeline stage does.
+        zero = compile_plans(work, model, "dp2-zero1",
+                             ["--dp", "2", "--microbatches", "2", "--zero",
+                              "1"])
+        p = piper_run(zero, 2, ["--standby", "1"], expect=1)
+        check("device class 0 shards its state over its replicas (ZeRO)" in
+              p.stderr, "ZeRO without --checkpoint-dir: " + p.stderr.strip())
+        ref, ref_params = reference(work, zero, 2, "zero1")
+        ckpt = os.path.join(work, "zero-ckpt")
+        m = os.path.join(work, "zero.jsonl")
+        save = os.path.join(work, "zero.safetensors")
+        p = piper_run(zero, 2, ["--standby", "1", "--checkpoint-dir", ckpt,
+                                "--checkpoint-every", "2", "--metrics", m,
+                                "--save", save],
+                      {"PIPER_FAULT": "rank=1,action=crash,step=5,attempt=0"})
+        replaced("zero1", p.stderr, 1, 5,
+                 re.compile(r"every rank resuming from the newest checkpoint "
+                            r"of '.*' \(device class 0 shards its state over "
+                            r"its replicas \(ZeRO\)"))
+        same_run("zero1 on a standby", ref, ref_params, m, save)
 
         # Usage errors.
         p = piper_run(dp2, 2, ["--standby", "1", "--load", save], expect=2)
