@@ -537,6 +537,16 @@ void Watchdog::conclude(Abort verdict) {
   activeWatchdog = nullptr;
   setExitHook(nullptr);
   std::fputs(text.c_str(), stderr);
+  std::fflush(stderr);
+  {
+    // What the store's owner waits for (serveUntilPeersStop).
+    std::lock_guard<std::mutex> lock(mu);
+    state = "stopped";
+    if (!storeFailing)
+      publish("stopped");
+  }
+  if (storeOwner == rank)
+    serveUntilPeersStop();
   if (verdict.culprit == rank)
     exitRank(fmt::format("rank {}: watchdog: this rank failed: {}", rank,
                          verdict.reason),
@@ -547,6 +557,29 @@ void Watchdog::conclude(Abort verdict) {
   exitRank(fmt::format("rank {}: stopping: rank {} failed (exit code {})",
                        rank, verdict.culprit, kExitPeerFailed),
            kExitPeerFailed);
+}
+
+void Watchdog::serveUntilPeersStop() {
+  // The other ranks learn the verdict from the store this process serves
+  // (they read only rank 0's heartbeat, not every rank's): keep it up until
+  // each has stopped, gone silent, or `timeout` has passed.
+  const auto silentAfter = 2 * publishEvery + std::chrono::milliseconds(500);
+  const auto deadline = Clock::now() + timeout;
+  while (Clock::now() < deadline) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      readPeers(/*all=*/true);
+    }
+    auto now = Clock::now();
+    bool waiting = false;
+    for (int r = 0; r < worldSize; ++r)
+      if (r != rank && peers[r].state != "stopped" &&
+          peers[r].state != "done" && now - peers[r].changed < silentAfter)
+        waiting = true;
+    if (!waiting || storeFailing)
+      return;
+    std::this_thread::sleep_for(pollEvery);
+  }
 }
 
 void Watchdog::ownFailure(const std::string &message) {

@@ -159,6 +159,9 @@ private:
   bool watches(int r) const { return r != rank && (rank == 0 || r == 0); }
   bool decide(Abort &verdict);
   [[noreturn]] void conclude(Abort verdict);
+  /// The store's owner (TCP), once concluded: keeps serving the store
+  /// until every other rank has read the verdict and stopped.
+  void serveUntilPeersStop();
   std::string report(const Abort &verdict);
   /// Publishes `verdict` unless another rank's stands (then adopts that
   /// one), reads every peer and returns the report. Takes `mu`.

@@ -3,7 +3,8 @@
 rank 0 reads every rank's heartbeat and the others read only rank 0's
 (docs/operations.md §5), yet every rank names the same culprit, whether it
 is a rank only rank 0 watches (stopped, or stuck in a SEND) or rank 0
-itself. (A rank hung inside a collective or a RECV looks, from outside,
+itself; also through the TCP store under torchrun-style variables.
+(A rank hung inside a collective or a RECV looks, from outside,
 like its peers in the same wait: which of them is named is the watchdog's
 deadlock rule, docs/operations.md §5, not tested here.)
 
@@ -12,6 +13,7 @@ Usage: watchdog_ranks_test.py PIPERC PIPER_RUN
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -67,6 +69,50 @@ def main():
             if not all(r in by and by[r][0] == culprit for r in others):
                 print("rc %d, verdicts %s\n%s" % (p.returncode, by,
                                                    p.stderr[-3000:]))
+
+        # The same under torchrun-style variables: the TCP store is rank
+        # 0's, which keeps serving it after its verdict until the others
+        # have read it (they would otherwise lose it with the store).
+        for fault, culprit, reason in cases[::2]:
+            sock = socket.socket()
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+            sock.close()
+            procs = []
+            for r in range(4):
+                env = dict(os.environ, RANK=str(r), WORLD_SIZE="4",
+                           LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",
+                           MASTER_PORT=str(port), PIPER_FAULT=fault)
+                procs.append(subprocess.Popen(
+                    [PIPER_RUN, plans, "--steps", "1000", "--timeout-s", "3"],
+                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                    text=True, env=env))
+            # The others first: a stopped culprit never exits by itself
+            # (srun or torchrun would kill it once the others failed).
+            errs, codes = [None] * 4, [None] * 4
+            for r in sorted(range(4), key=lambda r: r == culprit):
+                pr = procs[r]
+                if r == culprit and pr.poll() is None:
+                    pr.kill()
+                try:
+                    errs[r] = pr.communicate(timeout=60)[1]
+                except subprocess.TimeoutExpired:
+                    pr.kill()
+                    errs[r] = pr.communicate()[1]
+                codes[r] = pr.returncode
+            ok = True
+            for r in range(4):
+                if r == culprit:
+                    continue
+                ok = ok and codes[r] == 4 and re.search(
+                    r"^piper-run: rank %d: watchdog: rank %d failed: .*%s" %
+                    (r, culprit, re.escape(reason)), errs[r], re.M)
+            check(ok, "TCP store, %s: ranks %s all name rank %d, exit codes "
+                  "%s" % (fault, [r for r in range(4) if r != culprit],
+                          culprit, codes))
+            if not ok:
+                for r in range(4):
+                    print("rank %d:\n%s" % (r, errs[r][-1500:]))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print("%d passed, %d failed" % (passed, failed))
