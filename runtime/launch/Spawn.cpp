@@ -576,9 +576,12 @@ int launchLocalRanks(const RunOptions &options,
       // The states the survivors handed off; those of the generation
       // before are no longer needed.
       std::error_code ec;
-      std::filesystem::remove_all(launch.handoffDir(gen.attempt - 1), ec);
-      std::filesystem::remove_all(
-          fmt::format("{}/recovery-{}", launch.standbyRoot, gen.attempt), ec);
+      if (gen.attempt > 0) {
+        std::filesystem::remove_all(launch.handoffDir(gen.attempt - 1), ec);
+        std::filesystem::remove_all(
+            fmt::format("{}/recovery-{}", launch.standbyRoot, gen.attempt),
+            ec);
+      }
       Recovery recovery;
       recovery.why = launch.noHandoff;
       Status st = Status::ok();
