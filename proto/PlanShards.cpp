@@ -52,6 +52,9 @@ int64_t shardMembers(const Plan &plan, const Parameter &param) {
 }
 
 int64_t stateElements(const Plan &plan, const Parameter &param, int kind) {
+  // ZeRO-3 keeps no bf16 compute copy: kernels read gathered parameters.
+  if (kind == 4 && stateSharded(param, 0))
+    return 0;
   int64_t n = paramElements(param);
   return stateSharded(param, kind) ? shardCapacity(n, shardMembers(plan, param))
                                    : n;

@@ -35,7 +35,8 @@ bool stateSharded(const Parameter &param, int kind);
 int64_t shardMembers(const Plan &plan, const Parameter &param);
 
 /// Elements the buffer of piece `kind` holds: the whole tensor, or the
-/// shard capacity.
+/// shard capacity (none for the bf16 copy of a ZeRO-3 parameter: kernels
+/// read gathered parameters).
 int64_t stateElements(const Plan &plan, const Parameter &param, int kind);
 
 /// Checks every parameter's sharding: the group exists and lists exactly

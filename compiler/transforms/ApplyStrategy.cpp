@@ -107,7 +107,7 @@ LogicalResult mlir::piper::applyDirectives(ModuleOp module,
     if (kind == Directive::Replicate && failed(tieSharedParams(module)))
       return failure();
   }
-  return boundZeroReductions(module);
+  return boundZeroCollectives(module);
 }
 
 namespace {

@@ -79,7 +79,11 @@ def PiperReplicate : Pass<"piper-replicate", "::mlir::ModuleOp"> {
     The `replicate` directive for the filter `{"PP": pp}`: the stage's
     tasks must run on `devices`; its gradients are summed over them by
     `piper.all_reduce` nodes of about `bucket-mb` MB each, after the last
-    backward and before the update.
+    backward and before the update. With `zero`, the stage's state is
+    sharded over them instead (`piper.reduce_scatter_grads`,
+    `piper.all_gather_params`); the ZeRO-3 gathers get their prefetch
+    dependencies only in `piper-apply-strategy`, after the order
+    directives.
   }];
   let options = [
     Option<"pp", "pp", "int64_t", "0", "stage index (filter PP)">,
@@ -87,6 +91,11 @@ def PiperReplicate : Pass<"piper-replicate", "::mlir::ModuleOp"> {
     Option<"bucketMb", "bucket-mb", "double", "25", "bucket size in MB">,
     Option<"reduceStream", "reduce-stream", "std::string", "\"dp_stream\"",
            "stream of the all-reduces">,
+    Option<"zero", "zero", "int", "0",
+           "ZeRO stage: 1 shards the AdamW moments, 2 also the gradients, 3 "
+           "also the parameters (docs/zero.md)">,
+    Option<"gatherStream", "gather-stream", "std::string", "\"\"",
+           "stream of the ZeRO parameter all-gathers (default: reduce-stream)">,
   ];
 }
 

@@ -44,9 +44,6 @@ LogicalResult mlir::piper::applyReplicate(ModuleOp module, ProgramOp program,
            << ": ZeRO-" << d.zero
            << " shards state over the data-parallel replicas of a stage, but "
               "this replicate has one device";
-  if (d.zero == 3)
-    return program.emitOpError(d.describe())
-           << ": ZeRO-3 (shard_params) is not implemented yet; use ZeRO-1 or 2";
   if (program.getReplicated() &&
       program.getNumReplicasAttr().getInt() != replicas)
     return program.emitOpError(d.describe())
@@ -125,6 +122,8 @@ struct ReplicatePass : mlir::piper::impl::PiperReplicateBase<ReplicatePass> {
                                  "piper-replicate");
     d.bucketSizeMb = bucketMb;
     d.reduceStream = reduceStream;
+    d.zero = zero;
+    d.gatherStream = gatherStream.empty() ? reduceStream : gatherStream;
     if (failed(applyDirective(getOperation(), d, std::nullopt)))
       signalPassFailure();
   }

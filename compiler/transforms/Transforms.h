@@ -101,9 +101,9 @@ LogicalResult applyZero(ModuleOp module, ProgramOp program, const Directive &d,
                         const llvm::SetVector<StringAttr> &params,
                         ArrayRef<TaskOp> backward, TagAttr stageTag);
 
-/// After the order directives: bounds the ZeRO-2/3 gradients in flight
-/// (Zero.cpp).
-LogicalResult boundZeroReductions(ModuleOp module);
+/// After the order directives: bounds the ZeRO-2/3 gradients in flight and
+/// sets the ZeRO-3 gathers' prefetch distance (Zero.cpp).
+LogicalResult boundZeroCollectives(ModuleOp module);
 
 /// Returns the single piper.program of `module`, or emits an error.
 FailureOr<ProgramOp> getProgram(ModuleOp module);

@@ -95,21 +95,61 @@ SmallVector<unsigned> gradientCuts(SegmentOp seg,
   return cuts;
 }
 
-/// Recreates `t` with the results its segment has now (more than before).
-TaskOp withSegmentResults(TaskOp t, SegmentOp seg) {
-  OpBuilder b(t);
-  auto nt = TaskOp::create(b, t.getLoc(), seg.getResultTypes(),
-                           b.getType<TokenType>(), t.getSegmentAttr(),
-                           t.getArgs(), t.getDeps(), t.getTag(),
-                           t.getDevicesAttr(), t.getStreamAttr(),
-                           t.getSendStreamAttr());
-  for (NamedAttribute a : t->getDiscardableAttrs())
-    nt->setDiscardableAttr(a.getName(), a.getValue());
-  for (auto [o, n] : llvm::zip(t.getOuts(), nt.getOuts()))
-    o.replaceAllUsesWith(n);
-  t.getDone().replaceAllUsesWith(nt.getDone());
-  t.erase();
-  return nt;
+/// Where to cut a segment so that each piece reads about `bucketSizeMb` of
+/// the sharded parameters (ZeRO-3 gathers them per piece): before the
+/// parameter read that would overfill the piece.
+SmallVector<unsigned> paramCuts(SegmentOp seg,
+                                const llvm::SetVector<StringAttr> &zero,
+                                SymbolTable &symbols, double bucketSizeMb) {
+  SmallVector<unsigned> cuts;
+  double bytes = 0, limit = bucketSizeMb * 1024 * 1024;
+  llvm::SmallDenseSet<StringAttr> inPiece;
+  unsigned i = 0;
+  for (Operation &op : seg.getBody().front().without_terminator()) {
+    auto ref = dyn_cast<ParamRefOp>(op);
+    if (ref && zero.contains(ref.getParamAttr().getAttr()) &&
+        !inPiece.contains(ref.getParamAttr().getAttr())) {
+      auto param = symbols.lookup<ParamOp>(ref.getParamAttr().getAttr());
+      double size = 4.0 * param.getTensorType().getNumElements();
+      if (!inPiece.empty() && bytes + size > limit) {
+        cuts.push_back(i);
+        inPiece.clear();
+        bytes = 0;
+      }
+      inPiece.insert(ref.getParamAttr().getAttr());
+      bytes += size;
+    }
+    ++i;
+  }
+  return cuts;
+}
+
+/// ZeRO-3: the reads of sharded parameters in `seg` become new arguments
+/// (the gathered whole parameters). Returns the parameters of the new
+/// arguments, in order.
+SmallVector<StringAttr> liftParams(SegmentOp seg,
+                                   const llvm::SetVector<StringAttr> &zero) {
+  Block &body = seg.getBody().front();
+  llvm::MapVector<StringAttr, BlockArgument> args;
+  for (auto ref : llvm::make_early_inc_range(body.getOps<ParamRefOp>())) {
+    StringAttr p = ref.getParamAttr().getAttr();
+    if (!zero.contains(p))
+      continue;
+    auto it = args.find(p);
+    if (it == args.end())
+      it = args.insert({p, body.addArgument(ref.getType(), ref.getLoc())})
+               .first;
+    ref.getResult().replaceAllUsesWith(it->second);
+    ref.erase();
+  }
+  SmallVector<StringAttr> params;
+  if (args.empty())
+    return params;
+  for (auto &entry : args)
+    params.push_back(entry.first);
+  seg.setFunctionTypeAttr(TypeAttr::get(FunctionType::get(
+      seg.getContext(), body.getArgumentTypes(), seg.getResultTypes())));
+  return params;
 }
 
 } // namespace
@@ -126,7 +166,7 @@ LogicalResult mlir::piper::applyZero(ModuleOp module, ProgramOp program,
   StreamAttr reduceStream = commStream(program, d.reduceStream);
   StreamAttr gatherStream = commStream(program, d.gatherStream);
   IntegerAttr stage = b.getI64IntegerAttr(d.zero);
-  SmallVector<Value> reduced;
+  SmallVector<Value> reduced, gathered;
 
   if (d.zero == 1) {
     // ZeRO-1: gradients accumulate whole over the microbatches, as without
@@ -150,34 +190,65 @@ LogicalResult mlir::piper::applyZero(ModuleOp module, ProgramOp program,
     // into pieces of about a bucket of gradients; each piece hands its
     // gradients on, and a reduce-scatter per piece task (per microbatch)
     // adds each member's range into its sharded accumulator. Only the
-    // gradients of the pieces in flight exist whole.
+    // gradients of the pieces in flight exist whole. ZeRO-3 also cuts the
+    // forward segments into pieces of about a bucket of parameters, and
+    // every piece task reads the whole parameters it needs from an
+    // all-gather of their shards, freed after it.
+    SmallVector<TaskOp> tasks(backward.begin(), backward.end());
+    if (d.zero == 3)
+      for (TaskOp t : program.getBody().front().getOps<TaskOp>())
+        if (t.getTag().isPass(PassKind::F) && t.getDevicesAttr() == group)
+          tasks.push_back(t);
     llvm::MapVector<StringAttr, SegmentPieces> piecesOf;
-    for (TaskOp t : backward) {
+    for (TaskOp t : tasks) {
       StringAttr name = t.getSegmentAttr().getAttr();
       if (piecesOf.count(name))
         continue;
       auto seg = symbols.lookup<SegmentOp>(name);
-      FailureOr<SegmentPieces> pieces =
-          splitSegment(seg, gradientCuts(seg, params, symbols, d.bucketSizeMb));
+      bool isBackward = t.getTag().isPass(PassKind::B);
+      FailureOr<SegmentPieces> pieces = splitSegment(
+          seg, isBackward
+                   ? gradientCuts(seg, params, symbols, d.bucketSizeMb)
+                   : paramCuts(seg, params, symbols, d.bucketSizeMb));
       if (failed(pieces))
         return failure();
       for (SegmentOp piece : pieces->pieces)
         symbols.insert(piece);
       piecesOf[name] = std::move(*pieces);
     }
-    // The gradients each piece yields, by piece name.
-    llvm::DenseMap<StringAttr, SmallVector<StringAttr>> yielded;
+    // Each piece's gradients become results, and (ZeRO-3) its parameter
+    // reads arguments.
+    llvm::DenseMap<StringAttr, SmallVector<StringAttr>> yielded, lifted;
     for (auto &entry : piecesOf)
-      for (SegmentOp piece : entry.second.pieces)
+      for (SegmentOp piece : entry.second.pieces) {
         yielded[piece.getSymNameAttr()] = yieldGradients(piece, params);
-    for (TaskOp old : backward) {
+        if (d.zero == 3)
+          lifted[piece.getSymNameAttr()] = liftParams(piece, params);
+      }
+    for (TaskOp old : tasks) {
       const SegmentPieces &pieces = piecesOf[old.getSegmentAttr().getAttr()];
-      for (TaskOp pt : splitTask(old, pieces)) {
-        auto seg = symbols.lookup<SegmentOp>(pt.getSegment());
-        ArrayRef<StringAttr> gradParams = yielded[seg.getSymNameAttr()];
+      for (TaskOp t : splitTask(old, pieces)) {
+        StringAttr name = t.getSegmentAttr().getAttr();
+        if (ArrayRef<StringAttr> reads = lifted[name]; !reads.empty()) {
+          b.setInsertionPoint(t);
+          SmallVector<Attribute> refs;
+          SmallVector<Type> types;
+          for (StringAttr p : reads) {
+            refs.push_back(FlatSymbolRefAttr::get(p));
+            types.push_back(symbols.lookup<ParamOp>(p).getType());
+          }
+          // Its dependencies (the prefetch distance) are set once the
+          // schedule is known: boundZeroCollectives.
+          auto ag = AllGatherParamsOp::create(
+              b, t.getLoc(), types, b.getType<TokenType>(),
+              b.getArrayAttr(refs), stage, ValueRange(), group, gatherStream,
+              t.getTag(), IntegerAttr(), ArrayAttr());
+          t.getArgsMutable().append(ag.getResults());
+          gathered.push_back(ag.getDone());
+        }
+        ArrayRef<StringAttr> gradParams = yielded[name];
         if (gradParams.empty())
           continue;
-        TaskOp t = withSegmentResults(pt, seg);
         unsigned next = t.getOuts().size() - gradParams.size();
         b.setInsertionPointAfter(t);
         for (auto &bucket :
@@ -211,8 +282,11 @@ LogicalResult mlir::piper::applyZero(ModuleOp module, ProgramOp program,
     if (updated.empty())
       continue;
     u.getDepsMutable().append(reduced);
-    if (d.zero == 3)
+    if (d.zero == 3) {
+      // The update writes the shards every gather of the step reads.
+      u.getDepsMutable().append(gathered);
       continue;
+    }
     b.setInsertionPointAfter(u);
     for (auto &bucket : bucketParams(symbols, updated, d.bucketSizeMb))
       AllGatherParamsOp::create(b, u.getLoc(), TypeRange(),
@@ -224,19 +298,20 @@ LogicalResult mlir::piper::applyZero(ModuleOp module, ProgramOp program,
   return sortTopologically(program.getBody().front());
 }
 
-LogicalResult mlir::piper::boundZeroReductions(ModuleOp module) {
-  // The gradients a backward task hands to its reduce-scatters live until
-  // those finish. Nothing else stops a device's later backward tasks from
-  // running ahead of the communication, holding every microbatch's
-  // gradients at once; so backward task i + 2 of a device group waits for
-  // the reduce-scatters of task i (two microbatches in flight: one reducing
-  // while the next computes). Block order is the schedule's (the order
-  // directives have run) and a topological one, so this adds no cycle.
+LogicalResult mlir::piper::boundZeroCollectives(ModuleOp module) {
+  // Block order is the schedule's (the order directives have run) and a
+  // topological one, so the edges below add no cycle.
   for (ProgramOp program : module.getOps<ProgramOp>()) {
-    llvm::MapVector<std::pair<Attribute, Attribute>, SmallVector<TaskOp>>
-        tasksOf; // (devices, stream) -> backward tasks with reductions
+    Block &block = program.getBody().front();
+    using Key = std::pair<Attribute, Attribute>; // (devices, stream)
+    // The gradients a backward piece hands to its reduce-scatters live until
+    // those finish; nothing else stops later pieces from running ahead of
+    // the communication, holding every microbatch's gradients at once. So
+    // piece task i + 2 of a device group waits for the reduce-scatters of
+    // piece task i: one piece reducing while the next computes.
+    llvm::MapVector<Key, SmallVector<TaskOp>> reducing;
     llvm::DenseMap<Operation *, SmallVector<Value>> reductionsOf;
-    for (auto rs : program.getBody().front().getOps<ReduceScatterGradsOp>()) {
+    for (auto rs : block.getOps<ReduceScatterGradsOp>()) {
       if (rs.getInputs().empty())
         continue;
       auto t = rs.getInputs().front().getDefiningOp<TaskOp>();
@@ -244,10 +319,10 @@ LogicalResult mlir::piper::boundZeroReductions(ModuleOp module) {
         continue;
       auto &list = reductionsOf[t];
       if (list.empty())
-        tasksOf[{t.getDevicesAttr(), t.getNodeStream()}].push_back(t);
+        reducing[{t.getDevicesAttr(), t.getNodeStream()}].push_back(t);
       list.push_back(rs.getDone());
     }
-    for (auto &entry : tasksOf) {
+    for (auto &entry : reducing) {
       SmallVector<TaskOp> &tasks = entry.second;
       llvm::sort(tasks, [](TaskOp a, TaskOp b) {
         return a->isBeforeInBlock(b);
@@ -255,7 +330,29 @@ LogicalResult mlir::piper::boundZeroReductions(ModuleOp module) {
       for (size_t i = 2; i < tasks.size(); ++i)
         tasks[i].getDepsMutable().append(reductionsOf[tasks[i - 2]]);
     }
-    if (failed(sortTopologically(program.getBody().front())))
+    // ZeRO-3: the gather of task i's parameters starts when task i - 2 of
+    // its device group and stream is done: it overlaps task i - 1 (a
+    // prefetch of one piece), and at most two pieces' parameters are whole
+    // at a time.
+    llvm::MapVector<Key, SmallVector<TaskOp>> order;
+    for (TaskOp t : block.getOps<TaskOp>())
+      order[{t.getDevicesAttr(), t.getNodeStream()}].push_back(t);
+    llvm::DenseMap<Operation *, size_t> position;
+    for (auto &entry : order)
+      for (auto [i, t] : llvm::enumerate(entry.second))
+        position[t] = i;
+    for (auto ag : block.getOps<AllGatherParamsOp>()) {
+      if (ag.getResults().empty() || ag.getResults().front().use_empty())
+        continue;
+      auto t = dyn_cast<TaskOp>(*ag.getResults().front().user_begin());
+      if (!t)
+        continue;
+      size_t i = position.lookup(t);
+      if (i >= 2)
+        ag.getDepsMutable().append(
+            order[{t.getDevicesAttr(), t.getNodeStream()}][i - 2].getDone());
+    }
+    if (failed(sortTopologically(block)))
       return failure();
   }
   return success();

@@ -244,6 +244,11 @@ StepBlocks stepBlocks(const Plan &plan, bool recordedScratch) {
         if (inst.kind() == Instruction::REDUCE_SCATTER_GRADS &&
             inst.inputs_size() > 0)
           staging.bytes = 4 * (range + (bf16 ? whole : 0));
+        // A gather into new buffers goes straight from each shard into its
+        // buffer (through one whole parameter in bf16).
+        if (inst.kind() == Instruction::ALL_GATHER_PARAMS &&
+            inst.outputs_size() > 0)
+          staging.bytes = bf16 ? 4 * whole : 0;
         staging.accesses.push_back(Pos{s, i});
         staging.name = "ZeRO staging of " + describePosition(plan, {s, i});
         out.callBlock[s][i] = static_cast<int>(blocks.size());

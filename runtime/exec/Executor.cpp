@@ -75,7 +75,7 @@ Status ExecutorImpl::init(uint64_t seed) {
                                  at(param.state_offsets(k)));
       }
     }
-    if (bf16)
+    if (bf16 && !plan::stateSharded(param, 0))
       bf16Params[p] = viewTensor(param.type().dtype(), param.type(), bytes,
                                  at(param.state_offsets(4)));
     // The counter-based initializer gives a shard exactly its slice.

@@ -143,7 +143,8 @@ public:
   /// GRAD, ADAM_M or ADAM_V.
   TensorRef state(int index, plan::Operand::Kind kind) const;
   /// Writes every parameter to DIR/<name>.bin (raw little-endian fp32),
-  /// creating DIR if needed.
+  /// creating DIR if needed. Replica 0 writes; under ZeRO-3 every replica
+  /// must call it (each contributes its shards).
   Status saveParams(const std::string &dir) const;
   /// The name and shape of every parameter, in plan order.
   std::vector<ParamSpec> paramSpecs() const;
@@ -179,6 +180,9 @@ public:
   static constexpr const char *kStateStream = "zero_state";
 
 private:
+  /// Piece `kind` of param `p` as one whole tensor on replica 0 (`out`
+  /// stays empty elsewhere); under ZeRO every replica must call it.
+  Status wholeState(int p, int kind, std::vector<char> &out) const;
   Status saveState(const std::string &path, int64_t step,
                    const std::vector<int> &kinds) const;
   Status loadState(const SafetensorsReader &reader, int kind);

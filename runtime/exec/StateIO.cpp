@@ -52,15 +52,16 @@ Status Executor::saveParams(const std::string &dir) const {
     // all save it: each writes its own temporary file, and the renames
     // (of identical bytes) replace one another atomically.
     std::string tmp = path + ".tmp." + std::to_string(impl->options.rank);
-    const TensorPtr &t = impl->stateOf(p, Operand::PARAM);
-    std::vector<char> host(static_cast<size_t>(t->bytes));
-    impl->memory->copyToHost(host.data(), t->data, host.size());
+    std::vector<char> host;
+    PIPER_RETURN_IF_ERROR(wholeState(p, Operand::PARAM, host));
+    if (impl->replica != 0)
+      continue; // a ZeRO-3 member that contributed its shard
     FILE *f = std::fopen(tmp.c_str(), "wb");
     if (!f)
       return Status::error(impl->who + ": cannot write '" + tmp +
                            "': " + errnoText(errno));
     size_t n = std::fwrite(host.data(), 1, host.size(), f);
-    bool ok = n == static_cast<size_t>(t->bytes);
+    bool ok = n == host.size();
     ok = (std::fclose(f) == 0) && ok;
     if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
       std::remove(tmp.c_str());
@@ -126,64 +127,67 @@ bool heldAsRanges(const plan::Parameter &param, int kind) {
 
 } // namespace
 
+Status Executor::wholeState(int p, int kind, std::vector<char> &out) const {
+  const plan::Plan &plan = impl->plan;
+  const plan::Parameter &param = plan.params(p);
+  const bool writer = impl->replica == 0;
+  if (!heldAsRanges(param, kind)) {
+    if (writer) {
+      const TensorPtr &t = impl->stateOf(p, kind);
+      out.resize(static_cast<size_t>(t->bytes));
+      impl->memory->copyToHost(out.data(), t->data, out.size());
+    }
+    return Status::ok();
+  }
+  // ZeRO: every member contributes its range; replica 0 gets the whole
+  // tensor (checkpoints hold whole tensors, so any strategy can load them).
+  int64_t n = plan::paramElements(param);
+  int64_t members = plan::shardMembers(plan, param);
+  std::vector<size_t> counts;
+  for (int64_t m = 0; m < members; ++m)
+    counts.push_back(static_cast<size_t>(plan::shardRange(n, members, m).count));
+  const plan::ShardRange &mine = impl->shard[p];
+  std::vector<float> range(static_cast<size_t>(mine.count));
+  impl->memory->copyToHost(range.data(), impl->rangeOf(p, kind),
+                           4 * range.size());
+  std::vector<char> whole(static_cast<size_t>(4 * n));
+  if (members < 2) {
+    std::memcpy(whole.data(), range.data(), 4 * range.size());
+  } else {
+    const plan::DeviceGroup &g = plan.groups(param.sharding().group());
+    CommKey key{kStateStream,
+                std::vector<int>(g.ranks().begin(), g.ranks().end())};
+    PIPER_RETURN_IF_ERROR(
+        impl->comm
+            ->allGather(key, range.data(), whole.data(), counts, CommDType::F32)
+            ->wait()
+            .withContext(impl->who + ": gathering the ZeRO shards of " +
+                         stateName(param.name(), kind)));
+  }
+  if (writer)
+    out = std::move(whole);
+  return Status::ok();
+}
+
 Status Executor::saveState(const std::string &path, int64_t step,
                            const std::vector<int> &kinds) const {
   const plan::Plan &plan = impl->plan;
-  const bool writer = impl->replica == 0;
   std::vector<SafetensorsTensor> tensors;
   std::vector<std::vector<char>> host;
   host.reserve(plan.params_size() * kinds.size());
   for (int p = 0; p < plan.params_size(); ++p) {
     const plan::Parameter &param = plan.params(p);
-    std::vector<int64_t> shape(param.type().shape().begin(),
-                               param.type().shape().end());
     for (int kind : kinds) {
-      if (!heldAsRanges(param, kind)) {
-        if (!writer)
-          continue;
-        const TensorPtr &t = impl->stateOf(p, kind);
-        host.emplace_back(static_cast<size_t>(t->bytes));
-        impl->memory->copyToHost(host.back().data(), t->data,
-                                 host.back().size());
-      } else {
-        // ZeRO: every member contributes its range; the writer gets the
-        // whole tensor (a checkpoint holds whole tensors, so any strategy
-        // can load it).
-        int64_t n = plan::paramElements(param);
-        int64_t members = plan::shardMembers(plan, param);
-        std::vector<size_t> counts;
-        for (int64_t m = 0; m < members; ++m)
-          counts.push_back(
-              static_cast<size_t>(plan::shardRange(n, members, m).count));
-        const plan::ShardRange &mine = impl->shard[p];
-        std::vector<float> range(static_cast<size_t>(mine.count));
-        impl->memory->copyToHost(range.data(), impl->rangeOf(p, kind),
-                                 4 * range.size());
-        host.emplace_back(static_cast<size_t>(4 * n));
-        if (members < 2) {
-          std::memcpy(host.back().data(), range.data(), 4 * range.size());
-        } else {
-          const plan::DeviceGroup &g = plan.groups(param.sharding().group());
-          CommKey key{kStateStream,
-                      std::vector<int>(g.ranks().begin(), g.ranks().end())};
-          PIPER_RETURN_IF_ERROR(
-              impl->comm
-                  ->allGather(key, range.data(), host.back().data(), counts,
-                              CommDType::F32)
-                  ->wait()
-                  .withContext(impl->who + ": gathering the ZeRO shards of " +
-                               stateName(param.name(), kind)));
-        }
-        if (!writer) {
-          host.pop_back();
-          continue;
-        }
-      }
-      tensors.push_back(SafetensorsTensor{stateName(param.name(), kind), "F32",
-                                          shape, host.back().data()});
+      host.emplace_back();
+      PIPER_RETURN_IF_ERROR(wholeState(p, kind, host.back()));
+      tensors.push_back(SafetensorsTensor{
+          stateName(param.name(), kind), "F32",
+          std::vector<int64_t>(param.type().shape().begin(),
+                               param.type().shape().end()),
+          host.back().data()});
     }
   }
-  if (!writer)
+  if (impl->replica != 0)
     return Status::ok();
   return writeSafetensors(path, tensors, checkpointMetadata(step))
       .withContext(impl->who);

@@ -138,7 +138,45 @@ Status ExecutorImpl::allGatherParams(int s, const Instruction &inst,
   const int members = static_cast<int>(ranks.size());
   const int me = replica;
   Layout l = layoutOf(plan, inst, members);
-  float *flat = reinterpret_cast<float *>(at(inst.scratch_offset()));
+  CommKey key{plan.streams(s).name(), ranks};
+  auto gather = [&](const float *input, float *output,
+                    const std::vector<size_t> &counts) -> Status {
+    if (members < 2) {
+      memory->copy(output, input, 4 * counts[0]);
+      return Status::ok();
+    }
+    return comm->allGather(key, input, output, counts, CommDType::F32)
+        ->wait()
+        .withContext(describe("ZeRO parameter all-gather", ranks, key.stream,
+                              inst.params_size()));
+  };
+  char *staging = at(inst.scratch_offset());
+  if (inst.outputs_size() > 0) {
+    // Into new buffers (ZeRO-3, before a use): a flattened parameter is its
+    // members' ranges in order, so each is gathered straight from its shard
+    // into its buffer (through one staged whole parameter when the buffer
+    // is packed bf16: the bf16 copy a kernel would read).
+    float *whole = reinterpret_cast<float *>(staging);
+    for (int i = 0; i < inst.params_size(); ++i) {
+      int p = inst.params(i);
+      int id = inst.outputs(i);
+      std::vector<size_t> counts;
+      for (const plan::ShardRange &r : l.ranges[i])
+        counts.push_back(static_cast<size_t>(r.count));
+      bool pack = packed(id);
+      float *out = pack ? whole : static_cast<float *>(bufferViews[id]->data);
+      PIPER_RETURN_IF_ERROR(gather(rangeOf(p, Operand::PARAM), out, counts));
+      if (pack)
+        device->packBf16(static_cast<uint16_t *>(bufferViews[id]->data), whole,
+                         plan::paramElements(plan.params(p)));
+      PIPER_RETURN_IF_ERROR(publish(st, id));
+    }
+    return Status::ok();
+  }
+  // In place (ZeRO-1, 2, after the update): one collective for the bucket,
+  // staged flat member by member, then every member's ranges back into the
+  // whole parameters.
+  float *flat = reinterpret_cast<float *>(staging);
   float *mine = flat + l.total;
   size_t pos = 0;
   for (int i = 0; i < inst.params_size(); ++i) {
@@ -147,40 +185,17 @@ Status ExecutorImpl::allGatherParams(int s, const Instruction &inst,
                  static_cast<size_t>(4 * r.count));
     pos += static_cast<size_t>(r.count);
   }
-  if (members < 2) {
-    memory->copy(flat, mine, 4 * l.counts[0]);
-  } else {
-    CommKey key{plan.streams(s).name(), ranks};
-    PIPER_RETURN_IF_ERROR(
-        comm->allGather(key, mine, flat, l.counts, CommDType::F32)
-            ->wait()
-            .withContext(describe("ZeRO parameter all-gather", ranks,
-                                  key.stream, inst.params_size())));
-  }
-  // Every member's ranges into the whole tensors: the parameters in place,
-  // or the output buffers (packed bf16 in mixed precision: the bf16 copy a
-  // kernel would read).
-  const bool toBuffers = inst.outputs_size() > 0;
+  PIPER_RETURN_IF_ERROR(gather(mine, flat, l.counts));
   pos = 0;
   for (int m = 0; m < members; ++m)
     for (int i = 0; i < inst.params_size(); ++i) {
       const plan::ShardRange &r = l.ranges[i][m];
-      if (toBuffers && packed(inst.outputs(i)))
-        device->packBf16(
-            static_cast<uint16_t *>(bufferViews[inst.outputs(i)]->data) +
-                r.start,
-            flat + pos, r.count);
-      else
-        memory->copy(
-            static_cast<float *>(
-                toBuffers ? bufferViews[inst.outputs(i)]->data
-                          : stateOf(inst.params(i), Operand::PARAM)->data) +
-                r.start,
-            flat + pos, static_cast<size_t>(4 * r.count));
+      memory->copy(static_cast<float *>(
+                       stateOf(inst.params(i), Operand::PARAM)->data) +
+                       r.start,
+                   flat + pos, static_cast<size_t>(4 * r.count));
       pos += static_cast<size_t>(r.count);
     }
-  for (int id : inst.outputs())
-    PIPER_RETURN_IF_ERROR(publish(st, id));
   return Status::ok();
 }
 

@@ -209,6 +209,37 @@ TEST_CASE("validatePlan rejects bad plans", "[validate]") {
     p.set_arena_bytes(p.state_bytes());
     expectInvalid(p, {"memory plan: buffer", "outside the arena"});
   }
+  SECTION("ZeRO: a shard group that does not exist") {
+    p.mutable_params(0)->mutable_sharding()->set_group(5);
+    p.mutable_params(0)->mutable_sharding()->set_optimizer(true);
+    expectInvalid(p, {"parameter 'wte': sharding group 5 is out of range"});
+  }
+  SECTION("ZeRO: a kernel reads a sharded parameter") {
+    plan::ParamSharding *z = p.mutable_params(0)->mutable_sharding();
+    z->set_optimizer(true);
+    z->set_gradient(true);
+    z->set_parameter(true);
+    expectInvalid(p, {"kernel 0 ('embedding') input 1: the value of param "
+                      "'wte' (index 0) is a ZeRO shard; only adamw and zero "
+                      "may use it"});
+  }
+  SECTION("ZeRO: a reduce-scatter of an unsharded parameter") {
+    plan::Instruction *rs = compute()->add_instructions();
+    rs->set_kind(plan::Instruction::REDUCE_SCATTER_GRADS);
+    rs->set_group(0);
+    rs->add_params(1);
+    expectInvalid(p, {"REDUCE_SCATTER_GRADS of param 'head' (index 1), which "
+                      "is not sharded over group 0"});
+  }
+  SECTION("ZeRO: a gather into a buffer of another type") {
+    p.mutable_params(1)->mutable_sharding()->set_optimizer(true);
+    plan::Instruction *ag = compute()->add_instructions();
+    ag->set_kind(plan::Instruction::ALL_GATHER_PARAMS);
+    ag->set_group(0);
+    ag->add_params(1);
+    ag->add_outputs(0);
+    expectInvalid(p, {"ALL_GATHER_PARAMS", "but param 'head' (index 1) is"});
+  }
   SECTION("rank out of range") {
     p.set_ranks(0, 5);
     expectInvalid(p, {"rank 5", "world_size 1"});

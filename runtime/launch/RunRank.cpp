@@ -454,7 +454,8 @@ int runRank(const RunOptions &options, const RankEnv &env,
     std::fflush(stderr);
   }
 
-  if (!options.saveParamsDir.empty() && exec->replicaIndex() == 0)
+  if (!options.saveParamsDir.empty() &&
+      (exec->replicaIndex() == 0 || exec->shardsState()))
     check(exec->saveParams(options.saveParamsDir), /*named=*/false);
   if (!options.savePath.empty())
     check(writeCheckpoint(options.savePath, CheckpointContent::Params, manifest,

@@ -5,7 +5,7 @@ one device.
 
 Usage: strategies_test.py PIPERC PIPER_RUN EXAMPLES_DIR [SUITE]
 SUITE is "strategies" (the default: pipelines, data parallelism, bf16, tied
-weights, gradients) or "zero" (ZeRO-1/2 alone and under pipelining).
+weights, gradients) or "zero" (ZeRO-1/2/3 alone and under pipelining).
 """
 import array
 import json
@@ -109,28 +109,36 @@ def zero_strategies(zero_stages):
 TINY = ["--layers", "4", "--hidden", "64", "--heads", "4", "--vocab", "256",
         "--seq", "32", "--batch", "4"]
 ZERO_MODELS = [
-    ("gpt", ["gpt"] + TINY, zero_strategies([1, 2]) + [
+    ("gpt", ["gpt"] + TINY, zero_strategies([1, 2, 3]) + [
         # Buckets of 20 KB: the backward segments are cut into pieces, each
         # reducing its own gradients as soon as it ends.
         ("examples/strategies/pp2_dp2_1f1b_zero2.json",
-         ["--strategy", os.path.join(EXAMPLES, "pp2_dp2_1f1b_zero2.json")], 4)]),
-    ("llama", ["llama", "--kv-heads", "2"] + TINY, zero_strategies([1, 2])),
+         ["--strategy", os.path.join(EXAMPLES, "pp2_dp2_1f1b_zero2.json")], 4),
+        # The same under ZeRO-3: forward pieces too, each gathering its
+        # parameters on "gather_stream".
+        ("examples/strategies/pp2_dp2_1f1b_zero3.json",
+         ["--strategy", os.path.join(EXAMPLES, "pp2_dp2_1f1b_zero3.json")], 4)]),
+    ("llama", ["llama", "--kv-heads", "2"] + TINY, zero_strategies([1, 2, 3])),
     ("qwen3-moe", ["qwen3-moe", "--layers", "2", "--hidden", "64", "--heads",
                    "4", "--kv-heads", "2", "--ffn", "64", "--experts", "4",
                    "--top-k", "2", "--vocab", "256", "--seq", "32", "--batch",
-                   "4"], zero_strategies([1, 2])),
+                   "4"], zero_strategies([1, 2, 3])),
     # Uneven shards: 3 replicas split every 64-element row and vector 22,
     # 21, 21 (global batch 3 microbatches of 4 sequences).
     ("gpt-dp3", ["gpt"] + TINY,
      [("1 device", ["--microbatches", "3"], 1),
       ("dp3 zero-1", ["--dp", "3", "--zero", "1"], 3),
-      ("dp3 zero-2", ["--dp", "3", "--zero", "2"], 3)]),
+      ("dp3 zero-2", ["--dp", "3", "--zero", "2"], 3),
+      ("dp3 zero-3", ["--dp", "3", "--zero", "3"], 3)]),
     # A tied LM head stays whole (its two stages sum its gradient), the
     # rest is sharded; clipping at 0.5 is active and counts every range once.
     ("gpt-tied", ["gpt", "--tied"] + TINY,
      [("1 device", ["--microbatches", "8", "--clip-grad", "0.5"], 1),
       ("pp2 x dp2 zero-2, 1f1b, 4 mb",
        ["--pp", "2", "--dp", "2", "--microbatches", "4", "--zero", "2",
+        "--clip-grad", "0.5"], 4),
+      ("pp2 x dp2 zero-3, 1f1b, 4 mb",
+       ["--pp", "2", "--dp", "2", "--microbatches", "4", "--zero", "3",
         "--clip-grad", "0.5"], 4)]),
     # bf16 against the same strategy without ZeRO: sharding changes no
     # rounding (the one-device bf16 run differs from DP2 by the order of
@@ -140,13 +148,18 @@ ZERO_MODELS = [
       ("dp2 zero-1 bf16", ["--dp", "2", "--microbatches", "4", "--dtype",
                            "bf16", "--zero", "1"], 2),
       ("dp2 zero-2 bf16", ["--dp", "2", "--microbatches", "4", "--dtype",
-                           "bf16", "--zero", "2"], 2)]),
+                           "bf16", "--zero", "2"], 2),
+      ("dp2 zero-3 bf16", ["--dp", "2", "--microbatches", "4", "--dtype",
+                           "bf16", "--zero", "3"], 2)]),
     ("gpt-bf16-pp2dp2", ["gpt"] + TINY,
      [("pp2 x dp2 bf16, 1f1b", ["--pp", "2", "--dp", "2", "--microbatches",
                                  "4", "--dtype", "bf16"], 4),
       ("pp2 x dp2 zero-2 bf16, 1f1b",
        ["--pp", "2", "--dp", "2", "--microbatches", "4", "--dtype", "bf16",
-        "--zero", "2"], 4)]),
+        "--zero", "2"], 4),
+      ("pp2 x dp2 zero-3 bf16, 1f1b",
+       ["--pp", "2", "--dp", "2", "--microbatches", "4", "--dtype", "bf16",
+        "--zero", "3"], 4)]),
 ]
 
 
@@ -303,10 +316,19 @@ GRAD_CASES = [
 ]
 
 
-def check_grads(work):
-    """Compares the saved gradients of GRAD_CASES; returns (passed, failed)."""
+# ZeRO's gradients, gathered from the ranges each member reduced.
+ZERO_GRAD_CASES = [
+    ("gpt", GRAD_CASES[0][1],
+     [("1 device", ["--microbatches", "2"], 1)] +
+     [("dp2 zero-%d" % z, ["--dp", "2", "--microbatches", "1", "--zero", str(z)], 2)
+      for z in (1, 2, 3)]),
+]
+
+
+def check_grads(work, cases=GRAD_CASES):
+    """Compares the saved gradients of `cases`; returns (passed, failed)."""
     passed = failed = 0
-    for model_name, model_args, strategies in GRAD_CASES:
+    for model_name, model_args, strategies in cases:
         model = os.path.join(work, "grads-%s.mlir" % model_name)
         run([PIPERC, "model"] + model_args + ["-o", model])
         grads = []
@@ -340,7 +362,7 @@ def check_grads(work):
 
 
 def main_zero(work):
-    passed = failed = 0
+    passed, failed = check_grads(work, ZERO_GRAD_CASES)
     for model_name, model_args, strategies in ZERO_MODELS:
         p, f, _ = check_model(work, model_name, model_args, strategies)
         passed, failed = passed + p, failed + f
