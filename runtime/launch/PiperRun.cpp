@@ -1,6 +1,8 @@
 // piper-run's main: one rank or the launcher of all of them.
 #include "runtime/launch/PiperRun.h"
 
+#include <vector>
+
 #include <fmt/format.h>
 
 #include "runtime/launch/BlasCore.h"
@@ -8,6 +10,8 @@
 #include "runtime/launch/RunOptions.h"
 #include "runtime/launch/RunRank.h"
 #include "runtime/launch/Spawn.h"
+#include "runtime/launch/Standby.h"
+#include "runtime/launch/StandbyLauncher.h"
 #include "runtime/launch/StrategyFiles.h"
 #include "runtime/launch/Watchdog.h"
 
@@ -23,12 +27,22 @@ int piperRunMain(int argc, char **argv) {
   if (!parseRunOptions(argc, argv, options, exitCode))
     return exitCode;
 
+  // A spare the local launcher started (--standby): it parks.
+  if (isStandby())
+    return runStandby(options);
   bool isRank = false;
   RankEnv env;
   Status st = readRankEnv(options.nproc, isRank, env);
   if (!st) {
     fmt::print(stderr, "piper-run: {}\n", st.message());
     return 1;
+  }
+  if (isRank && options.standby > 0 && env.launcher != "piper-run") {
+    fmt::print(stderr,
+               "piper-run: --standby needs piper-run's local launcher (it "
+               "starts the spares); under {} leave it out\n",
+               env.launcher);
+    return 2;
   }
   if (isRank)
     return runRank(options, env);
@@ -69,7 +83,16 @@ int piperRunMain(int argc, char **argv) {
     fmt::print(stderr, "piper-run: {}\n", st.message());
     return 1;
   }
-  return launchLocalRanks(options, argv);
+  std::vector<plan::Plan> plans;
+  if (options.standby > 0)
+    st = loadPlans(options, manifest, plans);
+  if (st)
+    st = checkStandbyState(options, manifest, plans);
+  if (!st) {
+    fmt::print(stderr, "piper-run: {}\n", st.message());
+    return 1;
+  }
+  return launchLocalRanks(options, manifest, argv);
 }
 
 } // namespace piper::runtime

@@ -24,7 +24,10 @@ namespace {
 /// The variables of the protocol; a launcher never passes its own on.
 constexpr const char *kProtocolVars[] = {
     "PIPER_RANK",       "PIPER_WORLD_SIZE", "PIPER_STORE_DIR",
-    "PIPER_FAILURE_FD", "PIPER_ATTEMPT",    "PIPER_RESTART_FAILED_AT_NS"};
+    "PIPER_FAILURE_FD", "PIPER_ATTEMPT",    "PIPER_RESTART_FAILED_AT_NS",
+    // --standby (Standby.h)
+    "PIPER_STANDBY", "PIPER_STANDBY_FD", "PIPER_HANDOFF_DIR",
+    "PIPER_RECOVERY_DIR", "PIPER_RECOVERY_NOTE"};
 
 /// Whether the environment entry `entry` ("NAME=value") sets `name`.
 bool sets(const std::string &entry, const char *name) {

@@ -84,6 +84,11 @@ bool parseRunOptions(int argc, char **argv, RunOptions &options,
                  "checkpoint, up to N times (local launcher)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  app.add_option("--standby", options.standby,
+                 "start K spare ranks that load the strategy and park; a "
+                 "failed rank's place goes to one of them (local launcher)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
 
   // --- Progress output (docs/piper-run.md#output) ---
   app.add_option("--log-every", options.logEvery,
@@ -128,6 +133,9 @@ bool parseRunOptions(int argc, char **argv, RunOptions &options,
   if (options.maxRestarts > 0 && !options.loadPath.empty())
     return usage("--max-restarts cannot restart a run from --load; start "
                  "it with --checkpoint-dir and --resume instead");
+  if (options.standby > 0 && !options.loadPath.empty())
+    return usage("--standby cannot continue a run from --load; start it "
+                 "with --checkpoint-dir and --resume instead");
   if (options.resume && !options.loadPath.empty())
     return usage("--resume and --load both choose the starting parameters; "
                  "give one");

@@ -59,6 +59,10 @@ struct RunOptions {
   /// The local launcher relaunches every rank with --resume after a failure,
   /// up to N times.
   int maxRestarts = 0;
+  /// --standby K: the local launcher starts K spare ranks that load the
+  /// strategy and park; a failed rank's place goes to one of them, its state
+  /// from a surviving data-parallel replica or the newest checkpoint.
+  int standby = 0;
 
   // --- Progress output (docs/piper-run.md#output) ---
   /// Rank 0 prints a progress line for every step divisible by this, and for

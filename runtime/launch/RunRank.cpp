@@ -26,6 +26,7 @@
 #include "runtime/launch/Checkpoints.h"
 #include "runtime/launch/Progress.h"
 #include "runtime/launch/Reporting.h"
+#include "runtime/launch/Standby.h"
 #include "runtime/launch/StrategyFiles.h"
 #include "runtime/launch/TcpRendezvous.h"
 #include "runtime/launch/Watchdog.h"
@@ -80,7 +81,8 @@ bool profileFromEnv() {
 /// watchdog (which acts at --timeout-s) names the culprit first.
 constexpr std::chrono::milliseconds kCommTimeoutSlack{2000};
 
-int runRank(const RunOptions &options, const RankEnv &env) {
+int runRank(const RunOptions &options, const RankEnv &env,
+            const LoadedStrategy *loaded) {
   const auto runStart = Clock::now();
   const int rank = env.rank;
   const std::string who = fmt::format("rank {}", rank);
@@ -117,7 +119,10 @@ int runRank(const RunOptions &options, const RankEnv &env) {
   }
 
   plan::Manifest manifest;
-  check(loadManifest(options, manifest));
+  if (loaded)
+    manifest = loaded->manifest;
+  else
+    check(loadManifest(options, manifest));
   if (manifest.world_size() != env.worldSize)
     exitRank(fmt::format("{}: the strategy needs {} ranks, the {} world has "
                          "{}",
@@ -127,7 +132,17 @@ int runRank(const RunOptions &options, const RankEnv &env) {
   if (cls < 0)
     exitRank(who + ": no device class of the manifest lists this rank");
   plan::Plan plan;
-  check(loadPlan(options, manifest, cls, plan));
+  if (loaded)
+    plan = loaded->plans.at(cls);
+  else
+    check(loadPlan(options, manifest, cls, plan));
+  // Every class's plan (--load, --resume and MFU check against them all).
+  auto allPlans = [&](std::vector<plan::Plan> &plans) {
+    if (!loaded)
+      return loadPlans(options, manifest, plans);
+    plans = loaded->plans;
+    return Status::ok();
+  };
   // PIPER_FAULT (tests): checked on every rank, applied by the one it names.
   FaultSpec fault;
   bool faulty = false;
@@ -156,20 +171,31 @@ int runRank(const RunOptions &options, const RankEnv &env) {
   int64_t loadedStep = 0;
   if (!options.loadPath.empty()) {
     std::vector<plan::Plan> plans;
-    Status st = loadPlans(options, manifest, plans);
+    Status st = allPlans(plans);
     if (st)
       st = openCheckpoint(options.loadPath, plans, checkpoint, loadedStep);
     if (st)
       st = checkStepRange(options.loadPath, loadedStep, options.steps);
     check(st);
   }
+  // A generation after a failure under --standby: the state the launcher
+  // chose (a surviving replica's), in place of --resume's checkpoint.
+  const char *recoveryDir = std::getenv(kRecoveryDirVar);
+  const bool recovering = recoveryDir && *recoveryDir;
+  RecoveredState recovered;
+  if (recovering) {
+    check(openRecoveredState(recoveryDir, cls, recovered));
+    loadedStep = recovered.step;
+  }
+  // Runs that continue an earlier one: --steps is the total.
+  const bool continuing = options.resume || recovering;
   // --resume: every rank finds the same checkpoint (nothing writes to
   // --checkpoint-dir before the first step, which all ranks take part in).
   const RunIdentity identity = runIdentity(options, manifest, plan);
   ResumePoint resumePoint;
-  if (options.resume) {
+  if (options.resume && !recovering) {
     std::vector<plan::Plan> plans;
-    Status st = loadPlans(options, manifest, plans);
+    Status st = allPlans(plans);
     if (st)
       st = findResumePoint(options.checkpointDir, plans, identity, resumePoint);
     check(st);
@@ -256,6 +282,23 @@ int runRank(const RunOptions &options, const RankEnv &env) {
     resumePoint.model.reset();
     resumePoint.optimizer.reset();
   }
+  if (recovered.model) {
+    check(exec->loadCheckpoint(*recovered.model), /*named=*/false);
+    check(exec->loadOptimizerState(*recovered.optimizer), /*named=*/false);
+    recovered.model.reset();
+    recovered.optimizer.reset();
+  }
+  // --standby: the state at the last two step boundaries, handed off when a
+  // peer fails (the launcher then picks the step every survivor finished).
+  const char *handoffDir = std::getenv(kHandoffDirVar);
+  std::unique_ptr<StepSnapshots> snapshots;
+  // (Not under ZeRO: a rank holds only its shard, and the launcher then
+  // sets no handoff folder.)
+  if (handoffDir && *handoffDir && env.worldSize > 1 &&
+      !exec->shardsState()) {
+    snapshots = std::make_unique<StepSnapshots>();
+    snapshots->take(*exec, loadedStep);
+  }
   check(exec->connect(), /*named=*/false);
   if (env.worldSize > 1) {
     watchdog = std::make_unique<Watchdog>(
@@ -265,6 +308,15 @@ int runRank(const RunOptions &options, const RankEnv &env) {
                              : fileWatchStore(env.storeDir),
         *exec);
     watchdog->storeOwner = env.storeDir.empty() ? 0 : -1;
+    if (snapshots) {
+      std::string dir = fmt::format("{}/rank-{}", handoffDir, rank);
+      watchdog->beforePeerFailedExit = [&snapshots, dir, who] {
+        Status st = snapshots->write(dir);
+        if (!st)
+          fmt::print(stderr, "piper-run: {}: cannot hand off its state: {}\n",
+                     who, st.message());
+      };
+    }
     watchdog->start();
   }
 
@@ -284,18 +336,18 @@ int runRank(const RunOptions &options, const RankEnv &env) {
   MetricsFile metrics;
   if (rank == 0 && !options.metricsPath.empty()) {
     // A resumed run continues the metrics of the steps it keeps.
-    if (options.resume)
+    if (continuing)
       check(keepMetricsUpTo(options.metricsPath, loadedStep));
-    check(metrics.open(options.metricsPath, options.resume));
+    check(metrics.open(options.metricsPath, continuing));
   }
   const double tokens = tokensPerStep(manifest, plan);
 
   // After --load, step numbers continue from the checkpoint's: the data
   // windows and AdamW's bias correction see the steps they would have.
   // With --resume, --steps is the total, as an uninterrupted run's.
-  int64_t lastStep = options.resume ? std::max(loadedStep, options.steps)
-                                    : loadedStep + options.steps;
-  if (options.resume && rank == 0 && loadedStep >= options.steps)
+  int64_t lastStep = continuing ? std::max(loadedStep, options.steps)
+                                : loadedStep + options.steps;
+  if (continuing && rank == 0 && loadedStep >= options.steps)
     fmt::print(stderr,
                "piper-run: --resume: step {} reached --steps {}, no step "
                "to run\n",
@@ -310,7 +362,7 @@ int runRank(const RunOptions &options, const RankEnv &env) {
     // MFU needs every class's parameters; only a backend that knows its
     // peak pays for reading them.
     std::vector<plan::Plan> plans;
-    check(loadPlans(options, manifest, plans));
+    check(allPlans(plans));
     progress.setFlops(modelFlopsPerStep(plans, tokens),
                       exec->peakFlops() * env.worldSize);
   }
@@ -332,6 +384,8 @@ int runRank(const RunOptions &options, const RankEnv &env) {
     check(stepStatus, /*named=*/false);
     double seconds =
         std::chrono::duration<double>(Clock::now() - start).count();
+    if (snapshots)
+      snapshots->take(*exec, step);
     if (options.checkpointEvery > 0 && step % options.checkpointEvery == 0) {
       CheckpointStats stats;
       check(writeStepCheckpoint(options.checkpointDir, options.keepCheckpoints,
@@ -349,9 +403,11 @@ int runRank(const RunOptions &options, const RankEnv &env) {
       auto now = std::chrono::duration_cast<std::chrono::nanoseconds>(
                      Clock::now().time_since_epoch())
                      .count();
+      const char *note = std::getenv(kRecoveryNoteVar);
       fmt::print(stderr,
-                 "piper-run: training again: step {} done {:.2f} s after the "
-                 "failure\n",
+                 "piper-run: {}training again: step {} done {:.2f} s after "
+                 "the failure\n",
+                 note && *note ? std::string(note) + "; " : std::string(),
                  step, (now - failedAtNs) / 1e9);
     }
     if (eo.profile && step == loadedStep + 1 && lastStep > step) {

@@ -1,6 +1,8 @@
 // Spawning and supervising local ranks: fork/exec, the failure pipe, and
-// stopping every rank (SIGTERM, then SIGKILL) when one fails, and
-// relaunching them all from the newest checkpoint (--max-restarts).
+// stopping every rank (SIGTERM, then SIGKILL) when one fails; then, when a
+// spare (--standby) or a restart (--max-restarts) is left, launching the
+// next generation of ranks from the state of a surviving replica or the
+// newest checkpoint.
 #include "runtime/launch/Spawn.h"
 
 #include <algorithm>
@@ -14,13 +16,13 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include <fcntl.h>
 #include <poll.h>
-#include <sys/prctl.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -30,7 +32,11 @@
 #include "runtime/data/AtomicFile.h"
 #include "runtime/launch/CheckpointIO.h"
 #include "runtime/launch/Checkpoints.h"
+#include "runtime/launch/Children.h"
 #include "runtime/launch/Rendezvous.h"
+#include "runtime/launch/Standby.h"
+#include "runtime/launch/StandbyLauncher.h"
+#include "runtime/launch/StrategyFiles.h"
 #include "runtime/launch/Watchdog.h"
 
 namespace piper::runtime {
@@ -40,7 +46,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 /// How long stopped ranks get between SIGTERM and SIGKILL.
-constexpr auto kStopGrace = std::chrono::seconds(5);
+constexpr int kStopGraceMs = 5000;
 
 /// How long the other ranks get, once a verdict is in the store, to print
 /// their hang reports and exit by themselves (their watchdogs poll it four
@@ -55,19 +61,15 @@ volatile sig_atomic_t stopSignal = 0;
 
 void onStopSignal(int sig) { stopSignal = sig; }
 
-std::string describeExit(int status) {
-  if (WIFEXITED(status))
-    return fmt::format("exit code {}", WEXITSTATUS(status));
-  if (WIFSIGNALED(status)) {
-    int sig = WTERMSIG(status);
-    const char *name = strsignal(sig);
-    return name ? fmt::format("killed by signal {}, {}", sig, name)
-                : fmt::format("killed by signal {}", sig);
-  }
-  return fmt::format("status {}", status);
+long long nanosOf(Clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             t.time_since_epoch())
+      .count();
 }
 
-bool failed(int status) { return !WIFEXITED(status) || WEXITSTATUS(status); }
+double secondsSince(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
 
 /// The last `lines` lines of the file at `path`, for failure reports.
 std::string tailOf(const std::string &path, size_t lines) {
@@ -85,47 +87,7 @@ std::string tailOf(const std::string &path, size_t lines) {
   return out;
 }
 
-/// Sends SIGTERM to every live child, then SIGKILL to those still alive
-/// after the grace period, and reaps them all into `statuses` (by rank).
-void stopAll(std::map<pid_t, int> &alive, std::map<int, int> &statuses) {
-  for (auto &[pid, rank] : alive) {
-    ::kill(pid, SIGTERM);
-    ::kill(pid, SIGCONT); // a stopped rank handles SIGTERM once continued
-  }
-  auto reap = [&](pid_t pid, int status) {
-    auto it = alive.find(pid);
-    if (it == alive.end())
-      return;
-    statuses[it->second] = status;
-    alive.erase(it);
-  };
-  auto deadline = Clock::now() + kStopGrace;
-  while (!alive.empty() && Clock::now() < deadline) {
-    int status = 0;
-    pid_t pid = ::waitpid(-1, &status, WNOHANG);
-    if (pid > 0) {
-      reap(pid, status);
-      continue;
-    }
-    if (pid < 0 && errno != EINTR)
-      break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  for (auto &[pid, rank] : alive)
-    ::kill(pid, SIGKILL);
-  while (!alive.empty()) {
-    pid_t pid = alive.begin()->first;
-    int status = 0;
-    pid_t got = ::waitpid(pid, &status, 0);
-    if (got < 0 && errno == EINTR)
-      continue;
-    if (got < 0)
-      status = 0;
-    reap(pid, status);
-  }
-}
-
-/// The spawned ranks of one run and what is known of their ends.
+/// The spawned ranks of one generation and what is known of their ends.
 class Supervisor {
 public:
   Supervisor(int nproc, int failureReadFd)
@@ -167,19 +129,7 @@ public:
   }
 
   /// Reaps every rank that has exited, without blocking.
-  void reapExited() {
-    int status = 0;
-    pid_t pid;
-    while ((pid = ::waitpid(-1, &status, WNOHANG)) > 0) {
-      auto it = alive.find(pid);
-      if (it == alive.end())
-        continue;
-      statuses[it->second] = status;
-      if (failed(status))
-        reapOrder.push_back(it->second);
-      alive.erase(it);
-    }
-  }
+  void reapExited() { reapChildren(alive, statuses, &reapOrder); }
 
   /// The rank that failed first: one killed by a signal (a crash writes no
   /// line), before the watchdogs' verdict `abort` (when it names a rank),
@@ -199,20 +149,64 @@ private:
   std::string pending;
 };
 
-/// How one launch of the ranks ended.
-struct AttemptEnd {
-  int exitCode = 0;
-  /// A rank failed (not an interruption, not a launcher error): a restart
-  /// may follow.
-  bool rankFailed = false;
-  /// When the launcher first saw the failure (steady clock).
-  Clock::time_point failedAt;
+/// What stays the same across the generations of ranks of one run.
+struct Launch {
+  explicit Launch(const RunOptions &options) : options(options) {}
+  const RunOptions &options;
+  /// The failure pipe: ranks (and promoted spares) write "R\n" to it.
+  int failureRead = -1, failureWrite = -1;
+  /// The launcher's environment for every child.
+  std::vector<std::string> baseEnv;
+  /// --standby: the parked spares, and the folder of the states handed off
+  /// (gen-<A>/rank-<R>/step-<S>/) and of the recovery links
+  /// (recovery-<A>/class-<C>).
+  Spares spares;
+  std::string standbyRoot;
+  /// Why the ranks hand no state off (a ZeRO-sharded class: no replica
+  /// holds a copy of another's shard); empty when they do.
+  std::string noHandoff;
+
+  std::string handoffDir(int attempt) const {
+    return standbyRoot.empty()
+               ? std::string()
+               : fmt::format("{}/gen-{}", standbyRoot, attempt);
+  }
 };
 
-/// Launches the ranks once (`attempt`, from 0; `failedAtNs` is when the
-/// previous attempt failed, -1 for the first) and supervises them to the end.
-AttemptEnd launchOnce(const RunOptions &options, char **argv, int attempt,
-                      long long failedAtNs) {
+/// One launch of the ranks.
+struct Generation {
+  /// 0 for the first; PIPER_ATTEMPT.
+  int attempt = 0;
+  /// When the previous generation failed (steady clock), -1 for the first.
+  long long failedAtNs = -1;
+  char **argv = nullptr;
+  /// argv has --resume (a promoted spare is told so).
+  bool resume = false;
+  /// The state of every class, from surviving replicas (kRecoveryDirVar).
+  std::string recoveryDir;
+  /// The rank whose place a spare takes, -1 for none.
+  int promotedRank = -1;
+  /// What the launcher says when it promotes the spare (the state's source).
+  std::string recoveryText;
+};
+
+/// How one generation of the ranks ended.
+struct AttemptEnd {
+  int exitCode = 0;
+  /// A rank failed (not an interruption, not a launcher error): a spare or
+  /// a restart may follow.
+  bool rankFailed = false;
+  /// When the launcher first saw the failure.
+  Clock::time_point failedAt;
+  /// The rank that failed first, and every rank whose state is not to be
+  /// trusted (it, and any other that failed on its own).
+  int culprit = -1;
+  std::set<int> lost;
+};
+
+/// Launches generation `gen` of the ranks and supervises it to the end.
+AttemptEnd launchOnce(Launch &launch, const Generation &gen) {
+  const RunOptions &options = launch.options;
   AttemptEnd end;
   end.exitCode = 1;
   const int n = options.nproc;
@@ -238,7 +232,7 @@ AttemptEnd launchOnce(const RunOptions &options, char **argv, int attempt,
 
   // Every rank's log is opened here, before any rank starts, so that a log
   // folder that cannot be written is an error rather than a rank whose
-  // messages vanish.
+  // messages vanish. (A promoted spare opens its rank's log itself.)
   std::vector<int> logFds(n, -1);
   auto closeLogs = [&] {
     for (int &fd : logFds) {
@@ -252,10 +246,12 @@ AttemptEnd launchOnce(const RunOptions &options, char **argv, int attempt,
     st = makeDirectories(options.logDir);
     for (int r = 0; st && r < n; ++r) {
       logPaths[r] = fmt::format("{}/rank-{}.log", options.logDir, r);
-      // A restart adds to the logs of the attempts before it.
+      if (r == gen.promotedRank)
+        continue;
+      // A later generation adds to the logs of the ones before it.
       logFds[r] = ::open(logPaths[r].c_str(),
                          O_WRONLY | O_CREAT | O_CLOEXEC |
-                             (attempt == 0 ? O_TRUNC : O_APPEND),
+                             (gen.attempt == 0 ? O_TRUNC : O_APPEND),
                          0644);
       if (logFds[r] < 0)
         st = Status::error(fmt::format("--log-dir: cannot create '{}': {}",
@@ -269,76 +265,86 @@ AttemptEnd launchOnce(const RunOptions &options, char **argv, int attempt,
     }
   }
 
-  // Ranks write "R\n" to this pipe just before they exit on an error. A
-  // rank that dies makes its peers fail within microseconds, often before
-  // the dying process is reapable, so the first line, not the first exit,
-  // names the rank that failed first.
-  int failurePipe[2];
-  if (::pipe2(failurePipe, O_CLOEXEC) != 0) {
-    fmt::print(stderr, "piper-run: cannot create a pipe: {}\n",
-               errnoMessage(errno));
-    cleanup();
-    return end;
-  }
-  ::fcntl(failurePipe[0], F_SETFL, O_NONBLOCK);
+  // Lines left on the failure pipe by the generation before are old news.
+  Supervisor ranks(n, launch.failureRead);
+  ranks.drainPipe();
+  ranks.reported.clear();
 
-  // Everything a child needs is built before fork: after it, the child may
-  // only make async-signal-safe calls (the parent may have BLAS threads).
-  std::vector<std::string> baseEnv = inheritedEnvironment(n);
+  // The variables that make a process rank `r` of this generation.
+  std::string note;
+  auto rankVars = [&](int r) {
+    std::vector<std::string> vars =
+        rankEnvironment({}, r, n, storeDir, launch.failureWrite);
+    vars.push_back(fmt::format("PIPER_ATTEMPT={}", gen.attempt));
+    if (gen.failedAtNs >= 0)
+      vars.push_back(
+          fmt::format("PIPER_RESTART_FAILED_AT_NS={}", gen.failedAtNs));
+    if (!launch.standbyRoot.empty() && launch.noHandoff.empty())
+      vars.push_back(fmt::format("{}={}", kHandoffDirVar,
+                                 launch.handoffDir(gen.attempt)));
+    if (!gen.recoveryDir.empty())
+      vars.push_back(fmt::format("{}={}", kRecoveryDirVar, gen.recoveryDir));
+    if (!note.empty())
+      vars.push_back(fmt::format("{}={}", kRecoveryNoteVar, note));
+    return vars;
+  };
+
+  std::fflush(stdout);
+  std::fflush(stderr);
+  // The spare first: what rank 0 says when training again names it.
+  if (gen.promotedRank >= 0) {
+    int index = -1;
+    Clock::time_point failedAt{std::chrono::nanoseconds(gen.failedAtNs)};
+    pid_t pid = launch.spares.promote(
+        [&](int i) {
+          note = fmt::format("rank {} replaced by standby {}",
+                             gen.promotedRank, i);
+          std::vector<std::string> vars = rankVars(gen.promotedRank);
+          if (gen.resume)
+            vars.push_back(fmt::format("{}=1", kPromoteResumeVar));
+          return vars;
+        },
+        index);
+    if (pid >= 0) {
+      ranks.alive[pid] = gen.promotedRank;
+      fmt::print(stderr, "piper-run: rank {} replaced by standby {}, {} ({:.2f} "
+                         "s after the failure)\n",
+                 gen.promotedRank, index, gen.recoveryText,
+                 secondsSince(failedAt));
+    } else {
+      note.clear();
+      fmt::print(stderr,
+                 "piper-run: no standby could take rank {}'s place; starting "
+                 "it afresh, {}\n",
+                 gen.promotedRank, gen.recoveryText);
+    }
+  }
   std::vector<std::vector<std::string>> envs(n);
   std::vector<std::vector<char *>> envPtrs(n);
   for (int r = 0; r < n; ++r) {
-    envs[r] = rankEnvironment(baseEnv, r, n, storeDir, failurePipe[1]);
-    envs[r].push_back(fmt::format("PIPER_ATTEMPT={}", attempt));
-    if (failedAtNs >= 0)
-      envs[r].push_back(
-          fmt::format("PIPER_RESTART_FAILED_AT_NS={}", failedAtNs));
+    envs[r] = launch.baseEnv;
+    for (std::string &v : rankVars(r))
+      envs[r].push_back(std::move(v));
     for (std::string &s : envs[r])
       envPtrs[r].push_back(s.data());
     envPtrs[r].push_back(nullptr);
   }
-
-  struct sigaction sa;
-  std::memset(&sa, 0, sizeof(sa));
-  sa.sa_handler = onStopSignal;
-  sigemptyset(&sa.sa_mask);
-  ::sigaction(SIGINT, &sa, nullptr);
-  ::sigaction(SIGTERM, &sa, nullptr);
-  ::sigaction(SIGHUP, &sa, nullptr);
-
-  std::fflush(stdout);
-  std::fflush(stderr);
-  pid_t parent = ::getpid();
-  Supervisor ranks(n, failurePipe[0]);
   for (int r = 0; r < n; ++r) {
-    pid_t pid = ::fork();
+    if (std::any_of(ranks.alive.begin(), ranks.alive.end(),
+                    [&](auto &entry) { return entry.second == r; }))
+      continue; // the promoted spare
+    pid_t pid =
+        spawnSelf(gen.argv, envPtrs[r].data(), logFds[r], {launch.failureWrite});
     if (pid < 0) {
       fmt::print(stderr, "piper-run: cannot start rank {}: {}\n", r,
                  errnoMessage(errno));
-      stopAll(ranks.alive, ranks.statuses);
+      stopChildren(ranks.alive, ranks.statuses, kStopGraceMs);
       closeLogs();
       cleanup();
       return end;
     }
-    if (pid == 0) {
-      // Die with the launcher, so that no rank outlives a killed run.
-      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (::getppid() != parent)
-        ::_exit(1);
-      // The write end must survive exec; dup2 onto itself would not clear
-      // FD_CLOEXEC, so clear it by hand.
-      ::fcntl(failurePipe[1], F_SETFD, 0);
-      if (logFds[r] >= 0)
-        ::dup2(logFds[r], STDERR_FILENO);
-      ::execve("/proc/self/exe", argv, envPtrs[r].data());
-      const char msg[] = "piper-run: cannot exec /proc/self/exe\n";
-      ssize_t ignored = ::write(STDERR_FILENO, msg, sizeof(msg) - 1);
-      (void)ignored;
-      ::_exit(127);
-    }
     ranks.alive[pid] = r;
   }
-  ::close(failurePipe[1]);
   closeLogs();
 
   bool interrupted = false;
@@ -351,6 +357,7 @@ AttemptEnd launchOnce(const RunOptions &options, char **argv, int attempt,
     }
     ranks.drainPipe();
     ranks.reapExited();
+    launch.spares.reapExited();
     if (ranks.anyFailed()) {
       failedAt = Clock::now();
       break;
@@ -360,15 +367,13 @@ AttemptEnd launchOnce(const RunOptions &options, char **argv, int attempt,
     fmt::print(stderr,
                "piper-run: interrupted (signal {}), stopping {} ranks\n",
                static_cast<int>(stopSignal), ranks.alive.size());
-    stopAll(ranks.alive, ranks.statuses);
-    ::close(failurePipe[0]);
+    stopChildren(ranks.alive, ranks.statuses, kStopGraceMs);
     removeLeftovers();
     cleanup();
     end.exitCode = 128 + stopSignal;
     return end;
   }
   if (!ranks.anyFailed()) {
-    ::close(failurePipe[0]);
     cleanup();
     end.exitCode = 0;
     return end;
@@ -404,7 +409,11 @@ AttemptEnd launchOnce(const RunOptions &options, char **argv, int attempt,
     if (watch->putOnce(kAbortKey, encodeAbort(mine), wrote) && wrote)
       verdict = mine, haveVerdict = true;
   }
-  auto grace = Clock::now() + kReportGrace;
+  // With --standby the others also hand their state off before they exit.
+  auto grace = Clock::now() + kReportGrace +
+               (launch.standbyRoot.empty()
+                    ? std::chrono::seconds(0)
+                    : std::chrono::seconds(options.timeoutS));
   auto othersAlive = [&] {
     for (auto &[pid, r] : ranks.alive)
       if (r != culprit)
@@ -418,10 +427,11 @@ AttemptEnd launchOnce(const RunOptions &options, char **argv, int attempt,
   }
   culpritEnded = ranks.statuses.count(culprit) > 0;
   size_t others = ranks.alive.size();
-  stopAll(ranks.alive, ranks.statuses);
+  stopChildren(ranks.alive, ranks.statuses, kStopGraceMs);
   ranks.drainPipe();
-  ::close(failurePipe[0]);
 
+  end.culprit = culprit;
+  end.lost.insert(culprit);
   if (culpritEnded)
     fmt::print(stderr, "piper-run: rank {} failed ({})\n", culprit,
                describeExit(ranks.statuses[culprit]));
@@ -438,11 +448,13 @@ AttemptEnd launchOnce(const RunOptions &options, char **argv, int attempt,
     if (r == culprit)
       continue;
     if (WIFEXITED(ranks.statuses[r]) &&
-        WEXITSTATUS(ranks.statuses[r]) == kExitPeerFailed)
+        WEXITSTATUS(ranks.statuses[r]) == kExitPeerFailed) {
       peerFailed.push_back(r);
-    else
+    } else {
+      end.lost.insert(r);
       fmt::print(stderr, "piper-run: rank {} also failed ({})\n", r,
                  describeExit(ranks.statuses[r]));
+    }
   }
   if (!peerFailed.empty()) {
     std::string list;
@@ -464,9 +476,67 @@ AttemptEnd launchOnce(const RunOptions &options, char **argv, int attempt,
 
 } // namespace
 
-int launchLocalRanks(const RunOptions &options, char **argv) {
-  // Restarts resume: the same command line plus --resume (--steps is then
-  // the total, so a restarted run ends where the first would have).
+int launchLocalRanks(const RunOptions &options,
+                     const plan::Manifest &manifest, char **argv) {
+  Launch launch(options);
+  // Ranks write "R\n" to this pipe just before they exit on an error. A
+  // rank that dies makes its peers fail within microseconds, often before
+  // the dying process is reapable, so the first line, not the first exit,
+  // names the rank that failed first. One pipe serves every generation.
+  int failurePipe[2];
+  if (::pipe2(failurePipe, O_CLOEXEC) != 0) {
+    fmt::print(stderr, "piper-run: cannot create a pipe: {}\n",
+               errnoMessage(errno));
+    return 1;
+  }
+  ::fcntl(failurePipe[0], F_SETFL, O_NONBLOCK);
+  launch.failureRead = failurePipe[0];
+  launch.failureWrite = failurePipe[1];
+  auto closePipe = [&] {
+    ::close(failurePipe[0]);
+    ::close(failurePipe[1]);
+  };
+  // Everything a child needs is built before fork: after it, the child may
+  // only make async-signal-safe calls (the parent may have BLAS threads).
+  launch.baseEnv = inheritedEnvironment(options.nproc);
+
+  struct sigaction sa;
+  std::memset(&sa, 0, sizeof(sa));
+  sa.sa_handler = onStopSignal;
+  sigemptyset(&sa.sa_mask);
+  ::sigaction(SIGINT, &sa, nullptr);
+  ::sigaction(SIGTERM, &sa, nullptr);
+  ::sigaction(SIGHUP, &sa, nullptr);
+
+  if (options.standby > 0) {
+    std::vector<plan::Plan> plans;
+    Status st = loadPlans(options, manifest, plans);
+    launch.noHandoff = shardedStateNote(plans);
+    if (st)
+      st = makeStoreDir(launch.standbyRoot);
+    if (st)
+      st = launch.spares.start(options, argv, launch.baseEnv,
+                               launch.failureWrite);
+    if (!st) {
+      fmt::print(stderr, "piper-run: --standby: {}\n", st.message());
+      launch.spares.release();
+      closePipe();
+      return 1;
+    }
+  }
+  auto finish = [&](int code) {
+    launch.spares.release();
+    if (!launch.standbyRoot.empty()) {
+      std::error_code ec;
+      std::filesystem::remove_all(launch.standbyRoot, ec);
+    }
+    closePipe();
+    return code;
+  };
+
+  // Restarts from a checkpoint: the same command line plus --resume
+  // (--steps is then the total, so a restarted run ends where the first
+  // would have).
   std::vector<char *> resumeArgv;
   for (char **a = argv; *a; ++a)
     resumeArgv.push_back(*a);
@@ -474,27 +544,94 @@ int launchLocalRanks(const RunOptions &options, char **argv) {
   if (!options.resume)
     resumeArgv.push_back(resumeFlag);
   resumeArgv.push_back(nullptr);
-  long long failedAtNs = -1;
-  for (int attempt = 0;; ++attempt) {
-    AttemptEnd end = launchOnce(
-        options, attempt == 0 ? argv : resumeArgv.data(), attempt, failedAtNs);
-    if (!end.rankFailed || options.maxRestarts == 0)
-      return end.exitCode;
-    if (attempt >= options.maxRestarts) {
-      fmt::print(stderr, "piper-run: no restart left ({} of {} used)\n",
-                 attempt, options.maxRestarts);
-      return end.exitCode;
+
+  Generation gen;
+  gen.argv = argv;
+  int restarts = 0;
+  while (true) {
+    AttemptEnd end = launchOnce(launch, gen);
+    if (!end.rankFailed)
+      return finish(end.exitCode);
+    launch.spares.reapExited();
+    const bool spare = launch.spares.left() > 0;
+    if (!spare && restarts >= options.maxRestarts) {
+      if (options.standby > 0)
+        fmt::print(stderr, "piper-run: no standby left ({} of {} used)\n",
+                   launch.spares.used(), launch.spares.total());
+      if (options.maxRestarts > 0)
+        fmt::print(stderr, "piper-run: no restart left ({} of {} used)\n",
+                   restarts, options.maxRestarts);
+      return finish(end.exitCode);
     }
-    failedAtNs = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                     end.failedAt.time_since_epoch())
-                     .count();
-    double stopped =
-        std::chrono::duration<double>(Clock::now() - end.failedAt).count();
-    fmt::print(stderr,
-               "piper-run: restart {} of {}: relaunching {} ranks from the "
-               "newest checkpoint of '{}' ({:.2f} s after the failure)\n",
-               attempt + 1, options.maxRestarts, options.nproc,
-               options.checkpointDir, stopped);
+
+    Generation next;
+    next.attempt = gen.attempt + 1;
+    next.failedAtNs = nanosOf(end.failedAt);
+    next.argv = resumeArgv.data();
+    next.resume = true;
+    std::string source = fmt::format(
+        "every rank resuming from the newest checkpoint of '{}'",
+        options.checkpointDir);
+    if (options.standby > 0) {
+      // The states the survivors handed off; those of the generation
+      // before are no longer needed.
+      std::error_code ec;
+      if (gen.attempt > 0) {
+        std::filesystem::remove_all(launch.handoffDir(gen.attempt - 1), ec);
+        std::filesystem::remove_all(
+            fmt::format("{}/recovery-{}", launch.standbyRoot, gen.attempt),
+            ec);
+      }
+      Recovery recovery;
+      recovery.why = launch.noHandoff;
+      Status st = Status::ok();
+      if (launch.noHandoff.empty())
+        st = planRecovery(
+            manifest, launch.handoffDir(gen.attempt), end.lost,
+            fmt::format("{}/recovery-{}", launch.standbyRoot, next.attempt),
+            recovery);
+      if (!st) {
+        fmt::print(stderr, "piper-run: --standby: {}\n", st.message());
+        return finish(end.exitCode);
+      }
+      const int cls = deviceClassOf(manifest, end.culprit);
+      if (recovery.fromReplicas) {
+        next.argv = argv;
+        next.resume = false;
+        next.recoveryDir = recovery.dir;
+        int from = recovery.sourceOf.count(cls) ? recovery.sourceOf[cls] : -1;
+        source = fmt::format("state of step {} from its replica rank {}",
+                             recovery.step, from);
+      } else if (options.checkpointDir.empty()) {
+        fmt::print(stderr,
+                   "piper-run: cannot continue after rank {} failed: {}, and "
+                   "there is no --checkpoint-dir to resume from\n",
+                   end.culprit, recovery.why);
+        return finish(end.exitCode);
+      } else {
+        source += fmt::format(" ({})", recovery.why);
+      }
+    }
+    next.recoveryText = source;
+    if (spare) {
+      next.promotedRank = end.culprit;
+    } else {
+      ++restarts;
+      if (options.standby > 0)
+        fmt::print(stderr,
+                   "piper-run: restart {} of {}: relaunching {} ranks, {} "
+                   "({:.2f} s after the failure)\n",
+                   restarts, options.maxRestarts, options.nproc, source,
+                   secondsSince(end.failedAt));
+      else
+        fmt::print(stderr,
+                   "piper-run: restart {} of {}: relaunching {} ranks from "
+                   "the newest checkpoint of '{}' ({:.2f} s after the "
+                   "failure)\n",
+                   restarts, options.maxRestarts, options.nproc,
+                   options.checkpointDir, secondsSince(end.failedAt));
+    }
+    gen = next;
   }
 }
 

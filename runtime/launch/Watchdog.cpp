@@ -34,97 +34,6 @@ int64_t millisSince(Clock::time_point t, Clock::time_point now) {
       .count();
 }
 
-class FileWatchStore final : public WatchStore {
-public:
-  explicit FileWatchStore(std::string dir) : dir(std::move(dir)) {}
-
-  Status put(const std::string &key, const std::string &value) override {
-    std::string tmp;
-    PIPER_RETURN_IF_ERROR(writeTemp(key, value, tmp));
-    if (::rename(tmp.c_str(), path(key).c_str()) != 0) {
-      Status st = Status::error(fmt::format("cannot rename '{}': {}", tmp,
-                                            errnoMessage(errno)));
-      ::unlink(tmp.c_str());
-      return st;
-    }
-    return Status::ok();
-  }
-
-  Status putOnce(const std::string &key, const std::string &value,
-                 bool &wrote) override {
-    std::string tmp;
-    PIPER_RETURN_IF_ERROR(writeTemp(key, value, tmp));
-    wrote = ::link(tmp.c_str(), path(key).c_str()) == 0;
-    int err = errno;
-    ::unlink(tmp.c_str());
-    if (!wrote && err != EEXIST)
-      return Status::error(fmt::format("cannot create '{}': {}", path(key),
-                                       errnoMessage(err)));
-    return Status::ok();
-  }
-
-  Status get(const std::string &key, std::string &value,
-             bool &present) override {
-    std::ifstream in(path(key), std::ios::binary);
-    present = static_cast<bool>(in);
-    value.clear();
-    if (present) {
-      std::stringstream ss;
-      ss << in.rdbuf();
-      value = ss.str();
-    }
-    return Status::ok();
-  }
-
-private:
-  std::string path(const std::string &key) const { return dir + "/" + key; }
-  Status writeTemp(const std::string &key, const std::string &value,
-                   std::string &tmp) {
-    tmp = fmt::format("{}/.{}.{}.tmp", dir, key, ::getpid());
-    int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC,
-                    0644);
-    if (fd < 0)
-      return Status::error(
-          fmt::format("cannot create '{}': {}", tmp, errnoMessage(errno)));
-    bool ok = ::write(fd, value.data(), value.size()) ==
-              static_cast<ssize_t>(value.size());
-    int err = errno;
-    ::close(fd);
-    if (!ok) {
-      ::unlink(tmp.c_str());
-      return Status::error(
-          fmt::format("cannot write '{}': {}", tmp, errnoMessage(err)));
-    }
-    return Status::ok();
-  }
-  std::string dir;
-};
-
-class TcpWatchStore final : public WatchStore {
-public:
-  explicit TcpWatchStore(std::shared_ptr<TcpStore> store)
-      : store(std::move(store)) {}
-  Status put(const std::string &key, const std::string &value) override {
-    return store->setValue(key, value);
-  }
-  Status putOnce(const std::string &key, const std::string &value,
-                 bool &wrote) override {
-    // Not atomic across ranks: two verdicts within one round trip may both
-    // be written; the last stands, and every rank re-reads it.
-    bool present = false;
-    PIPER_RETURN_IF_ERROR(store->has(key, present));
-    wrote = !present;
-    return present ? Status::ok() : store->setValue(key, value);
-  }
-  Status get(const std::string &key, std::string &value,
-             bool &present) override {
-    return store->getValue(key, value, present);
-  }
-
-private:
-  std::shared_ptr<TcpStore> store;
-};
-
 std::string rankList(const std::vector<int> &ranks) {
   std::string s;
   for (size_t i = 0; i < ranks.size(); ++i)
@@ -168,14 +77,6 @@ bool isCommunication(Instruction::Kind kind) {
 
 std::string heartbeatKey(int rank) {
   return fmt::format("piper-watch-heartbeat-{}", rank);
-}
-
-std::unique_ptr<WatchStore> fileWatchStore(const std::string &dir) {
-  return std::make_unique<FileWatchStore>(dir);
-}
-
-std::unique_ptr<WatchStore> tcpWatchStore(std::shared_ptr<TcpStore> store) {
-  return std::make_unique<TcpWatchStore>(std::move(store));
 }
 
 std::string encodeAbort(const Abort &abort) {
@@ -401,10 +302,10 @@ void Watchdog::publish(const char *st) {
   }
 }
 
-void Watchdog::readPeers() {
+void Watchdog::readPeers(bool all) {
   auto now = Clock::now();
   for (int r = 0; r < worldSize; ++r) {
-    if (r == rank)
+    if (r == rank || (!all && !watches(r)))
       continue;
     std::string text;
     bool present = false;
@@ -475,7 +376,7 @@ bool Watchdog::decide(Abort &verdict) {
   int stale = -1;
   double staleFor = 0;
   for (int r = 0; r < worldSize; ++r) {
-    if (r == rank || peers[r].state == "done")
+    if (!watches(r) || peers[r].state == "done")
       continue;
     double t = secondsSince(peers[r].changed, now);
     if (t >= std::chrono::duration<double>(timeout).count() && t > staleFor) {
@@ -493,9 +394,12 @@ bool Watchdog::decide(Abort &verdict) {
             : fmt::format("no heartbeat at all in {:.1f} s", staleFor);
     return true;
   }
-  // Stuck: alive, in a step, but its position has not changed. Not while
-  // a rank is silent: the ranks waiting on it look stuck too, and its own
-  // verdict (no heartbeat) follows within a second or two.
+  // Stuck: alive, in a step, but its position has not changed. Only rank
+  // 0 judges it: it alone reads every rank's position. Not while a rank is
+  // silent: the ranks waiting on it look stuck too, and its own verdict (no
+  // heartbeat) follows within a second or two.
+  if (rank != 0)
+    return false;
   const auto silentAfter = 2 * publishEvery + std::chrono::milliseconds(500);
   for (int r = 0; r < worldSize; ++r)
     if (r != rank && peers[r].state != "done" &&
@@ -621,7 +525,7 @@ std::string Watchdog::settle(Abort &verdict) {
   if (store->putOnce(kAbortKey, encodeAbort(verdict), wrote) &&
       store->get(kAbortKey, text, present) && present)
     decodeAbort(text, verdict);
-  readPeers();
+  readPeers(/*all=*/true);
   return report(verdict);
 }
 
@@ -633,13 +537,49 @@ void Watchdog::conclude(Abort verdict) {
   activeWatchdog = nullptr;
   setExitHook(nullptr);
   std::fputs(text.c_str(), stderr);
+  std::fflush(stderr);
+  {
+    // What the store's owner waits for (serveUntilPeersStop).
+    std::lock_guard<std::mutex> lock(mu);
+    state = "stopped";
+    if (!storeFailing)
+      publish("stopped");
+  }
+  if (storeOwner == rank)
+    serveUntilPeersStop();
   if (verdict.culprit == rank)
     exitRank(fmt::format("rank {}: watchdog: this rank failed: {}", rank,
                          verdict.reason),
              1);
+  std::fflush(stderr);
+  if (beforePeerFailedExit)
+    beforePeerFailedExit();
   exitRank(fmt::format("rank {}: stopping: rank {} failed (exit code {})",
                        rank, verdict.culprit, kExitPeerFailed),
            kExitPeerFailed);
+}
+
+void Watchdog::serveUntilPeersStop() {
+  // The other ranks learn the verdict from the store this process serves
+  // (they read only rank 0's heartbeat, not every rank's): keep it up until
+  // each has stopped, gone silent, or `timeout` has passed.
+  const auto silentAfter = 2 * publishEvery + std::chrono::milliseconds(500);
+  const auto deadline = Clock::now() + timeout;
+  while (Clock::now() < deadline) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      readPeers(/*all=*/true);
+    }
+    auto now = Clock::now();
+    bool waiting = false;
+    for (int r = 0; r < worldSize; ++r)
+      if (r != rank && peers[r].state != "stopped" &&
+          peers[r].state != "done" && now - peers[r].changed < silentAfter)
+        waiting = true;
+    if (!waiting || storeFailing)
+      return;
+    std::this_thread::sleep_for(pollEvery);
+  }
 }
 
 void Watchdog::ownFailure(const std::string &message) {

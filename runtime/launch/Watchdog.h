@@ -10,6 +10,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -130,6 +131,9 @@ public:
   /// The rank that serves the store (0 for the TCP store), blamed when the
   /// store stops answering; -1 (a local folder) blames this rank.
   int storeOwner = -1;
+  /// Runs on the watchdog's thread when a verdict names another rank, after
+  /// the report and before the exit (--standby: hand this rank's state off).
+  std::function<void()> beforePeerFailedExit;
 
 private:
   struct Peer {
@@ -146,9 +150,18 @@ private:
   void loop();
   void publish(const char *state);
   std::string describeSelf(const ExecPosition &pos, std::vector<int> &waits);
-  void readPeers();
+  /// Reads the heartbeats of the peers this rank watches, or of all of
+  /// them (`all`, for a report).
+  void readPeers(bool all = false);
+  /// Rank 0 watches every rank; the others watch rank 0 alone, and learn of
+  /// any other verdict from the store: O(N) reads per poll in all, not
+  /// O(N^2).
+  bool watches(int r) const { return r != rank && (rank == 0 || r == 0); }
   bool decide(Abort &verdict);
   [[noreturn]] void conclude(Abort verdict);
+  /// The store's owner (TCP), once concluded: keeps serving the store
+  /// until every other rank has read the verdict and stopped.
+  void serveUntilPeersStop();
   std::string report(const Abort &verdict);
   /// Publishes `verdict` unless another rank's stands (then adopts that
   /// one), reads every peer and returns the report. Takes `mu`.
