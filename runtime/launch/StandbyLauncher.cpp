@@ -37,11 +37,13 @@ int deviceClassOf(const plan::Manifest &manifest, int rank) {
 std::string shardedStateNote(const std::vector<plan::Plan> &plans) {
   for (const plan::Plan &plan : plans)
     for (const plan::Parameter &param : plan.params())
-      if (param.has_sharding())
+      if (param.has_sharding() || param.expert_members() > 1)
         return fmt::format("device class {} shards its state over its "
-                           "replicas (ZeRO), so no rank holds a copy of "
+                           "replicas ({}), so no rank holds a copy of "
                            "another's shard",
-                           plan.device_class());
+                           plan.device_class(),
+                           param.has_sharding() ? "ZeRO"
+                                                : "expert parallelism");
   return std::string();
 }
 
