@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
-"""ZeRO checkpoints end to end: a gpt-tiny run under PP2 x DP2 ZeRO-3 writes
---checkpoint-dir checkpoints (every rank contributing its shards), resumes
-under the same strategy bit for bit, and resumes under other strategies (one
-device, DP4 ZeRO-1, DP2 ZeRO-2) to the uninterrupted losses within fp32
-round-off. A checkpoint from ZeRO-1 loads into ZeRO-3 with --load too.
+"""ZeRO and EP checkpoints end to end: a small qwen3-moe run under PP2 x DP2
+ZeRO-3 writes --checkpoint-dir checkpoints (every rank contributing its
+shards), resumes under the same strategy bit for bit, and resumes under
+other strategies (one device, DP4 ZeRO-1, DP2 ZeRO-2, DP2 EP2, DP4 EP2 with
+ZeRO-2) to the uninterrupted losses within fp32 round-off; a checkpoint
+written under EP resumes on one device. A checkpoint from ZeRO-1 loads into
+ZeRO-3 with --load too.
 
 Usage: zero_checkpoint_test.py PIPERC PIPER_RUN
 """
@@ -26,6 +28,9 @@ STRATEGIES = {
     "one-device": (["--microbatches", "4"], 1),
     "dp4-zero1": (["--dp", "4", "--microbatches", "1", "--zero", "1"], 4),
     "dp2-zero2": (["--dp", "2", "--microbatches", "2", "--zero", "2"], 2),
+    "dp2-ep2": (["--dp", "2", "--microbatches", "2", "--ep", "2"], 2),
+    "dp4-ep2-zero2": (["--dp", "4", "--microbatches", "1", "--ep", "2",
+                       "--zero", "2"], 4),
 }
 
 passed = failed = 0
@@ -60,9 +65,11 @@ def train(plans, ranks, *extra):
 def main():
     work = tempfile.mkdtemp(prefix="piper-zero-ckpt-",
                             dir=os.environ.get("TEST_TMPDIR"))
-    model = os.path.join(work, "gpt.mlir")
-    run([PIPERC, "model", "gpt", "--layers", "2", "--hidden", "32", "--heads",
-         "2", "--vocab", "64", "--seq", "16", "--batch", "2", "-o", model])
+    model = os.path.join(work, "moe.mlir")
+    run([PIPERC, "model", "qwen3-moe", "--layers", "2", "--hidden", "32",
+         "--heads", "2", "--kv-heads", "1", "--ffn", "32", "--experts", "4",
+         "--top-k", "2", "--vocab", "64", "--seq", "16", "--batch", "2",
+         "-o", model])
     plans = {}
     for name, (flags, ranks) in STRATEGIES.items():
         plans[name] = (os.path.join(work, "plans-" + name), ranks)
@@ -99,6 +106,22 @@ def main():
                 rel = abs(a - b) / abs(a) if b is not None else float("inf")
                 check(rel <= LOSS_RTOL, "%s resumed from the ZeRO-3 checkpoint: "
                       "step %d loss %r vs %r (rel %.2e)" % (name, step, b, a, rel))
+
+    # A checkpoint written under EP (experts gathered from their owners)
+    # resumes on one device.
+    ep, ep_ranks = plans["dp2-ep2"]
+    ep_ckpt = os.path.join(work, "ckpt-ep")
+    train(ep, ep_ranks, "--steps", "3", "--checkpoint-dir", ep_ckpt,
+          "--checkpoint-every", "3")
+    metrics = os.path.join(work, "from-ep.jsonl")
+    train(plans["one-device"][0], 1, "--steps", str(STEPS), "--checkpoint-dir",
+          ep_ckpt, "--resume", "--metrics", metrics)
+    got = losses(metrics)
+    for step in range(4, STEPS + 1):
+        a, b = ref_losses[step], got.get(step)
+        rel = abs(a - b) / abs(a) if b is not None else float("inf")
+        check(rel <= LOSS_RTOL, "one device resumed from the DP2 EP2 "
+              "checkpoint: step %d loss %r vs %r (rel %.2e)" % (step, b, a, rel))
 
     # --save from ZeRO-1 (whole parameters), --load into ZeRO-3 (shards).
     saved = os.path.join(work, "dp4.safetensors")
