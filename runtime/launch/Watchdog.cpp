@@ -15,6 +15,7 @@
 
 #include <fmt/format.h>
 
+#include "proto/PlanGroups.h"
 #include "runtime/data/AtomicFile.h"
 #include "runtime/launch/Rendezvous.h"
 
@@ -68,6 +69,8 @@ bool isCommunication(Instruction::Kind kind) {
   case Instruction::REDUCE_SCATTER:
   case Instruction::ALL_GATHER:
   case Instruction::ALL_TO_ALL:
+  case Instruction::REDUCE_SCATTER_GRADS:
+  case Instruction::ALL_GATHER_PARAMS:
   case Instruction::CLIP_GRADS:
     return true;
   default:
@@ -111,8 +114,11 @@ std::vector<int> waitsOn(const plan::Plan &plan, int replica,
   case Instruction::REDUCE_SCATTER:
   case Instruction::ALL_GATHER:
   case Instruction::ALL_TO_ALL:
-    if (inst.group() >= 0 && inst.group() < plan.groups_size())
-      for (int r : plan.groups(inst.group()).ranks())
+  case Instruction::REDUCE_SCATTER_GRADS:
+  case Instruction::ALL_GATHER_PARAMS:
+    // The members it runs with: its group, or its subgroup of it.
+    if (const plan::DeviceGroup *g = plan::memberGroup(plan, inst, rank))
+      for (int r : g->ranks())
         if (r != rank)
           ranks.push_back(r);
     break;
@@ -234,12 +240,15 @@ std::string Watchdog::describeSelf(const ExecPosition &pos,
     case Instruction::ALL_REDUCE:
     case Instruction::REDUCE_SCATTER:
     case Instruction::ALL_GATHER:
-    case Instruction::ALL_TO_ALL: {
+    case Instruction::ALL_TO_ALL:
+    case Instruction::REDUCE_SCATTER_GRADS:
+    case Instruction::ALL_GATHER_PARAMS: {
       std::vector<int> group;
-      if (inst.group() >= 0 && inst.group() < plan.groups_size())
-        group.assign(plan.groups(inst.group()).ranks().begin(),
-                     plan.groups(inst.group()).ranks().end());
-      what = fmt::format(": group {} [{}]", inst.group(), rankList(group));
+      const plan::DeviceGroup *g = plan::memberGroup(plan, inst, rank);
+      if (g)
+        group.assign(g->ranks().begin(), g->ranks().end());
+      what = fmt::format(": group {} [{}]", g ? g->id() : inst.group(),
+                         rankList(group));
       break;
     }
     case Instruction::CLIP_GRADS:
