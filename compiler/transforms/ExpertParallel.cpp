@@ -3,11 +3,17 @@
 // its data-parallel replicas; each layer's forward and backward exchange
 // the router's real per-member row counts and the routed rows with
 // all-to-alls, which cut the stage's segments into pieces.
+#include "compiler/transforms/Passes.h"
 #include "compiler/transforms/Transforms.h"
 
 #include "llvm/ADT/MapVector.h"
 #include "llvm/ADT/STLExtras.h"
 #include "mlir/IR/Builders.h"
+
+namespace mlir::piper {
+#define GEN_PASS_DEF_PIPERSHARD
+#include "compiler/transforms/Passes.h.inc"
+} // namespace mlir::piper
 
 using namespace mlir;
 using namespace mlir::piper;
@@ -294,3 +300,27 @@ LogicalResult mlir::piper::applyShard(ModuleOp module, ProgramOp program,
   });
   return sortTopologically(program.getBody().front());
 }
+
+namespace {
+struct ShardPass : mlir::piper::impl::PiperShardBase<ShardPass> {
+  using PiperShardBase::PiperShardBase;
+  void runOnOperation() override {
+    if (failed(verifyDeviceGroup(devices, "piper-shard devices", [&] {
+          return getOperation().emitError();
+        })))
+      return signalPassFailure();
+    Directive d =
+        stageDirective(Directive::Shard, pp, devices, "piper-shard");
+    d.filter.entries["EP"] = {FilterValue::Any, 0, ""};
+    d.expertParallel = ep;
+    d.stream = stream;
+    if (ep < 0 || (ep > 0 && static_cast<int64_t>(devices.size()) % ep != 0)) {
+      getOperation().emitError("piper-shard: ep ")
+          << static_cast<int64_t>(ep) << " must divide the " << devices.size() << " devices";
+      return signalPassFailure();
+    }
+    if (failed(applyDirective(getOperation(), d, std::nullopt)))
+      signalPassFailure();
+  }
+};
+} // namespace

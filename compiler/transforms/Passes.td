@@ -99,6 +99,25 @@ def PiperReplicate : Pass<"piper-replicate", "::mlir::ModuleOp"> {
   ];
 }
 
+def PiperShard : Pass<"piper-shard", "::mlir::ModuleOp"> {
+  let summary = "Expert parallelism for the MoE layers of one stage";
+  let description = [{
+    The `shard` directive for the filter `{"PP": pp, "EP": "*"}`: every MoE
+    layer of the stage's forward and backward tasks (placed on `devices`)
+    splits its experts over consecutive groups of `ep` devices, exchanging
+    rows with the router's real per-member counts in `piper.all_to_all`s on
+    `stream` (docs/expert-parallel.md). Run before `piper-replicate`.
+  }];
+  let options = [
+    Option<"pp", "pp", "int64_t", "0", "stage index (filter PP)">,
+    ListOption<"devices", "devices", "int64_t", "the stage's device group">,
+    Option<"ep", "ep", "int64_t", "0",
+           "expert-parallel degree (0: all of devices)">,
+    Option<"stream", "stream", "std::string", "\"ep_stream\"",
+           "stream of the all-to-alls">,
+  ];
+}
+
 def PiperTieParams : Pass<"piper-tie-params", "::mlir::ModuleOp"> {
   let summary = "Sum the gradients of parameters shared by several stages";
   let description = [{
