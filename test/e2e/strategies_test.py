@@ -166,15 +166,16 @@ ZERO_MODELS = [
     # bf16 EP against bf16 DP: kernels round their outputs to bf16, and an
     # expert's weight gradient is one GEMM over both members' tokens under
     # EP but two rounded partial sums added under DP, so the parameters
-    # differ by bf16 rounding of the expert gradients (measured: loss 2.3e-6
-    # relative, parameters 1.4e-3 after 5 steps; bound 5e-3).
+    # differ by bf16 rounding of the expert gradients (measured: loss up to
+    # 1.2e-5 relative, depending on the BLAS's threads, parameters 1.4e-3
+    # after 5 steps; bounds 1e-4 and 5e-3).
     ("qwen3-moe-ep-bf16", ["qwen3-moe", "--layers", "2", "--hidden", "64",
                            "--heads", "4", "--kv-heads", "2", "--ffn", "64",
                            "--experts", "4", "--top-k", "2", "--vocab", "256",
                            "--seq", "32", "--batch", "4"],
      [("dp2 bf16", ["--dp", "2", "--microbatches", "4", "--dtype", "bf16"], 2),
       ("dp2 ep2 bf16", ["--dp", "2", "--ep", "2", "--microbatches", "4",
-                        "--dtype", "bf16"], 2)], 5e-3),
+                        "--dtype", "bf16"], 2)], 5e-3, 1e-4),
     # bf16 against the same strategy without ZeRO: sharding changes no
     # rounding (the one-device bf16 run differs from DP2 by the order of
     # microbatch accumulation, ~1e-5, ZeRO or not).
@@ -256,7 +257,7 @@ def check_peaks(name, plans, output, logs, ranks):
 
 
 def check_model(work, model_name, model_args, strategies,
-                param_atol=PARAM_ATOL):
+                param_atol=PARAM_ATOL, loss_rtol=LOSS_RTOL):
     """Trains every strategy; returns (checks passed, checks failed)."""
     model = os.path.join(work, model_name + ".mlir")
     run([PIPERC, "model"] + model_args + ["-o", model])
@@ -292,7 +293,7 @@ def check_model(work, model_name, model_args, strategies,
     for name, losses, params in results[1:]:
         for step, (a, b) in enumerate(zip(ref_losses, losses), 1):
             rel = abs(a - b) / abs(a)
-            ok = rel <= LOSS_RTOL
+            ok = rel <= loss_rtol
             passed, failed = passed + ok, failed + (not ok)
             print("%s: %s step %d loss %.9f vs %.9f (rel %.2e)" %
                   ("ok" if ok else "FAIL", name, step, b, a, rel))
