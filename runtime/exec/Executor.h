@@ -78,6 +78,17 @@ struct ProfileEntry {
 
 class ExecutorImpl;
 
+/// Whole tensors read by flat element ranges: a sharded checkpoint, whose
+/// files hold slices written by different ranks.
+class StateSource {
+public:
+  virtual ~StateSource() = default;
+  /// Fills `out` with elements [start, start + count) of the flattened
+  /// tensor `name`; an error when the source does not hold all of them.
+  virtual Status read(const std::string &name, int64_t start, int64_t count,
+                      float *out) const = 0;
+};
+
 /// The learning-rate multiplier of 1-based `step`: linear warmup over
 /// warmup_steps, then cosine decay from lr to min_lr at decay_steps (see
 /// plan.proto TrainingConfig).
@@ -169,6 +180,18 @@ public:
   /// missing tensor or one of another dtype or shape is an error naming it;
   /// others are ignored.
   Status loadOptimizerState(const SafetensorsReader &reader);
+
+  /// A sharded checkpoint file: the parameters and AdamW moments this rank
+  /// alone holds (its ZeRO ranges, its expert block when it is in the first
+  /// expert group, the whole tensors on replica 0), each a 1-D tensor of
+  /// the full name with metadata "piper.slices" = {"<tensor>": [start,
+  /// global shape...]} and checkpointMetadata(step). Writes nothing (and
+  /// returns ok) when this rank holds nothing of its own. Every rank calls
+  /// it; no collective.
+  Status saveShards(const std::string &path, int64_t step) const;
+  /// Loads the parameters and AdamW moments (this rank's ranges of them)
+  /// from `source`; call before the first step.
+  Status loadShards(const StateSource &source);
 
   /// Whether the plan holds ZeRO-sharded state: then every replica of the
   /// class must call the save functions together (each contributes its

@@ -256,3 +256,75 @@ Status Executor::loadState(const SafetensorsReader &reader, int kind) {
 }
 
 } // namespace piper::runtime
+
+namespace piper::runtime {
+
+Status Executor::saveShards(const std::string &path, int64_t step) const {
+  const plan::Plan &plan = impl->plan;
+  const int replica = impl->replica;
+  std::vector<SafetensorsTensor> tensors;
+  std::vector<std::vector<char>> host;
+  std::string slices = "{";
+  host.reserve(plan.params_size() * 3);
+  for (int p = 0; p < plan.params_size(); ++p) {
+    const plan::Parameter &param = plan.params(p);
+    for (int kind : {Operand::PARAM, Operand::ADAM_M, Operand::ADAM_V}) {
+      int64_t start = 0, count = plan::paramElements(param);
+      const void *data = impl->stateOf(p, kind)->data;
+      if (heldAsRanges(param, kind)) { // a ZeRO range: every member's own
+        start = impl->shard[p].start;
+        count = impl->shard[p].count;
+        data = impl->rangeOf(p, kind);
+      } else if (plan::expertMembers(param) >= 2) {
+        if (replica >= plan::expertMembers(param))
+          continue; // the first expert group writes every block
+        start = plan::expertStart(param, replica);
+      } else if (replica != 0) {
+        continue;
+      }
+      if (count == 0)
+        continue;
+      host.emplace_back(static_cast<size_t>(4 * count));
+      impl->memory->copyToHost(host.back().data(), data, host.back().size());
+      std::string name = stateName(param.name(), kind);
+      tensors.push_back(
+          SafetensorsTensor{name, "F32", {count}, host.back().data()});
+      slices += (slices.size() > 1 ? ", \"" : "\"") + name + "\": [" +
+                std::to_string(start);
+      for (int64_t d : plan::globalShape(param))
+        slices += ", " + std::to_string(d);
+      slices += "]";
+    }
+  }
+  if (tensors.empty())
+    return Status::ok();
+  SafetensorsMetadata meta = checkpointMetadata(step);
+  meta.emplace_back("piper.slices", slices + "}");
+  return writeSafetensors(path, tensors, meta).withContext(impl->who);
+}
+
+Status Executor::loadShards(const StateSource &source) {
+  const plan::Plan &plan = impl->plan;
+  for (int p = 0; p < plan.params_size(); ++p) {
+    const plan::Parameter &param = plan.params(p);
+    for (int kind : {Operand::PARAM, Operand::ADAM_M, Operand::ADAM_V}) {
+      int64_t start = 0, count = plan::paramElements(param);
+      float *dst = static_cast<float *>(impl->stateOf(p, kind)->data);
+      if (plan::stateSharded(param, kind - 1)) {
+        start = impl->shard[p].start;
+        count = impl->shard[p].count;
+        dst = impl->rangeOf(p, kind);
+      } else if (plan::expertMembers(param) >= 2) {
+        start = plan::expertStart(param, impl->replica);
+      }
+      std::vector<float> host(static_cast<size_t>(count));
+      PIPER_RETURN_IF_ERROR(
+          source.read(stateName(param.name(), kind), start, count, host.data())
+              .withContext(impl->who));
+      impl->memory->copyFromHost(dst, host.data(), 4 * host.size());
+    }
+  }
+  return Status::ok();
+}
+
+} // namespace piper::runtime

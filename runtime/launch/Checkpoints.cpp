@@ -28,7 +28,8 @@ using Json = nlohmann::ordered_json;
 namespace {
 
 constexpr const char *kFormat = "piper-checkpoint";
-constexpr int kVersion = 1;
+// 2: the sharded layout ("layout": "shards"); whole checkpoints stay 1.
+constexpr int kVersion = 2;
 
 /// The step of a directory named "step-<N>" (digits only), else -1.
 int64_t stepOfName(const std::string &name) {
@@ -162,6 +163,47 @@ Status findResumePoint(const std::string &dir,
                        state.value("version", 0)));
       continue;
     }
+    const Json &sizes = state.contains("files") ? state["files"] : Json();
+    if (state.value("layout", "") == "shards") {
+      // Every rank's slices (ZeRO, expert parallelism): the files must be
+      // whole and together hold every tensor of this strategy.
+      std::vector<std::string> files;
+      std::string broken;
+      for (auto &[name, size] : sizes.items()) {
+        std::error_code ec;
+        uintmax_t actual = fs::file_size(path + "/" + name, ec);
+        if (ec || !size.is_number_integer() ||
+            size.get<int64_t>() != static_cast<int64_t>(actual)) {
+          broken = fmt::format("'{}/{}' is missing or not of the {} bytes "
+                               "written",
+                               path, name, size.dump());
+          break;
+        }
+        files.push_back(name);
+      }
+      auto index = std::make_unique<ShardIndex>();
+      if (broken.empty())
+        if (Status st = index->open(path, files, it->first); !st)
+          broken = st.message();
+      if (!broken.empty()) {
+        skip(broken);
+        continue;
+      }
+      std::string mismatch = identityMismatch(
+          state.contains("run") ? state["run"] : Json(), identity);
+      if (!mismatch.empty())
+        return Status::error(fmt::format(
+            "checkpoint '{}' is of another run: {}; resume with the options "
+            "it was written with, or use another --checkpoint-dir",
+            path, mismatch));
+      PIPER_RETURN_IF_ERROR(
+          index->check(strategyParams(plans))
+              .withContext(fmt::format("checkpoint '{}'", path)));
+      out.step = it->first;
+      out.dir = path;
+      out.shards = std::move(index);
+      return Status::ok();
+    }
     // Files that are missing, truncated or of another size than written.
     std::string broken;
     std::unique_ptr<SafetensorsReader> readers[2];
@@ -170,7 +212,6 @@ Status findResumePoint(const std::string &dir,
       std::string file = path + "/" + names[f];
       std::error_code ec;
       uintmax_t size = fs::file_size(file, ec);
-      const Json &sizes = state.contains("files") ? state["files"] : Json();
       if (!ec && sizes.contains(names[f]) &&
           sizes[names[f]] != static_cast<int64_t>(size)) {
         broken = fmt::format("'{}' has {} bytes, {} were written", file, size,
@@ -240,12 +281,28 @@ Status writeStepCheckpoint(const std::string &dir, int keep,
   const std::string who = fmt::format("rank {}", rank);
   const std::string finalDir = checkpointStepDir(dir, step);
   const std::string tmpDir = finalDir + ".tmp";
-  PIPER_RETURN_IF_ERROR(writeCheckpoint(tmpDir + "/" + kCheckpointModelFile,
-                                        CheckpointContent::Params, manifest,
-                                        exec, comm, rank, step));
-  PIPER_RETURN_IF_ERROR(writeCheckpoint(tmpDir + "/" + kCheckpointOptimizerFile,
-                                        CheckpointContent::Optimizer, manifest,
-                                        exec, comm, rank, step));
+  // Under ZeRO or expert parallelism (in any class: the ranks agree) each
+  // rank writes the slices it alone holds; otherwise whole tensors, one
+  // part per class merged by rank 0.
+  double shardedRanks = exec.shardsState() ? 1 : 0;
+  if (comm)
+    PIPER_RETURN_IF_ERROR(comm->allReduceSumWorld(&shardedRanks, 1)
+                              .withContext(who + ": checkpoint step " +
+                                           std::to_string(step)));
+  const bool sharded = shardedRanks > 0;
+  if (sharded) {
+    PIPER_RETURN_IF_ERROR(makeDirectories(tmpDir).withContext(who));
+    PIPER_RETURN_IF_ERROR(
+        exec.saveShards(tmpDir + "/" + shardFileName(rank), step));
+  } else {
+    PIPER_RETURN_IF_ERROR(writeCheckpoint(tmpDir + "/" + kCheckpointModelFile,
+                                          CheckpointContent::Params, manifest,
+                                          exec, comm, rank, step));
+    PIPER_RETURN_IF_ERROR(
+        writeCheckpoint(tmpDir + "/" + kCheckpointOptimizerFile,
+                        CheckpointContent::Optimizer, manifest, exec, comm,
+                        rank, step));
+  }
   if (comm) {
     // With one class no merge waited for the writers: the files are whole
     // once every rank is past this barrier.
@@ -263,7 +320,17 @@ Status writeStepCheckpoint(const std::string &dir, int keep,
   };
   Json files = Json::object();
   stats.bytes = 0;
-  for (const char *name : {kCheckpointModelFile, kCheckpointOptimizerFile}) {
+  std::vector<std::string> written;
+  if (sharded) {
+    std::error_code ec;
+    for (const auto &entry : fs::directory_iterator(tmpDir, ec))
+      if (entry.path().extension() == ".safetensors")
+        written.push_back(entry.path().filename().string());
+    std::sort(written.begin(), written.end());
+  } else {
+    written = {kCheckpointModelFile, kCheckpointOptimizerFile};
+  }
+  for (const std::string &name : written) {
     std::error_code ec;
     uintmax_t size = fs::file_size(tmpDir + "/" + name, ec);
     if (ec)
@@ -272,8 +339,9 @@ Status writeStepCheckpoint(const std::string &dir, int keep,
     stats.bytes += static_cast<int64_t>(size);
   }
   Json state = {{"format", kFormat},
-                {"version", kVersion},
+                {"version", sharded ? 2 : 1},
                 {"step", step},
+                {"layout", sharded ? "shards" : "whole"},
                 {"run", identityJson(identity)},
                 {"files", files}};
   std::string text = state.dump(2) + "\n";

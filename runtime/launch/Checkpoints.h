@@ -14,6 +14,7 @@
 #include "runtime/comm/Communicator.h"
 #include "runtime/exec/Executor.h"
 #include "runtime/launch/RunOptions.h"
+#include "runtime/launch/ShardedCheckpoints.h"
 #include "runtime/support/Status.h"
 
 namespace piper::runtime {
@@ -53,6 +54,9 @@ struct ResumePoint {
   int64_t step = 0;
   std::string dir;
   std::unique_ptr<SafetensorsReader> model, optimizer;
+  /// A sharded checkpoint (ZeRO, expert parallelism): every rank's slices,
+  /// instead of `model` and `optimizer`.
+  std::unique_ptr<ShardIndex> shards;
   /// One line per newer checkpoint that was passed over, and why.
   std::vector<std::string> skipped;
 };

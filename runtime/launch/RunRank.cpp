@@ -203,7 +203,7 @@ int runRank(const RunOptions &options, const RankEnv &env,
     if (rank == 0) {
       for (const std::string &line : resumePoint.skipped)
         fmt::print(stderr, "piper-run: --resume: {}\n", line);
-      if (resumePoint.model)
+      if (resumePoint.model || resumePoint.shards)
         fmt::print(stderr, "piper-run: resuming from '{}' (step {})\n",
                    resumePoint.dir, resumePoint.step);
       else
@@ -281,6 +281,10 @@ int runRank(const RunOptions &options, const RankEnv &env,
     check(exec->loadOptimizerState(*resumePoint.optimizer), /*named=*/false);
     resumePoint.model.reset();
     resumePoint.optimizer.reset();
+  }
+  if (resumePoint.shards) {
+    check(exec->loadShards(*resumePoint.shards), /*named=*/false);
+    resumePoint.shards.reset();
   }
   if (recovered.model) {
     check(exec->loadCheckpoint(*recovered.model), /*named=*/false);

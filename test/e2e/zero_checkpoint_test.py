@@ -86,8 +86,31 @@ def main():
     ckpt = os.path.join(work, "ckpt")
     train(zero3, ranks3, "--steps", "3", "--checkpoint-dir", ckpt,
           "--checkpoint-every", "3")
-    check(os.path.isfile(os.path.join(ckpt, "step-3", "optimizer.safetensors")),
-          "the ZeRO-3 run wrote step-3 with its AdamW moments")
+    # Sharded: one file per rank holding only its own slices, no gather.
+    step3 = os.path.join(ckpt, "step-3")
+    with open(os.path.join(step3, "state.json")) as f:
+        state = json.load(f)
+    names = sorted(os.listdir(step3))
+    check(state.get("layout") == "shards" and
+          names == ["rank-%d.safetensors" % r for r in range(4)] + ["state.json"],
+          "the ZeRO-3 run wrote step-3 as one slice file per rank: %s" % names)
+
+    # A sharded checkpoint missing a rank's slices is refused, naming what
+    # it lacks (not resumed from, not silently skipped).
+    broken = os.path.join(work, "ckpt-broken")
+    shutil.copytree(ckpt, broken)
+    os.remove(os.path.join(broken, "step-3", "rank-1.safetensors"))
+    del state["files"]["rank-1.safetensors"]
+    with open(os.path.join(broken, "step-3", "state.json"), "w") as f:
+        json.dump(state, f)
+    proc = subprocess.run([PIPER_RUN, zero3, "--nproc", "4", "--steps", "6",
+                           "--seed", str(SEED), "--checkpoint-dir", broken,
+                           "--resume"],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, timeout=300)
+    check(proc.returncode != 0 and "its slices of" in proc.stdout,
+          "a sharded checkpoint without rank 1's slices is refused: %s" %
+          proc.stdout.strip().splitlines()[-1:])
 
     for name, (folder, ranks) in plans.items():
         mine = os.path.join(work, "ckpt-" + name)
