@@ -177,12 +177,7 @@ void splitWithExchanges(TaskOp t, const SegmentPieces &pieces,
       nodes.push_back(std::move(n));
       continue;
     }
-    auto nt = TaskOp::create(
-        b, t.getLoc(), piece.getResultTypes(), b.getType<TokenType>(),
-        FlatSymbolRefAttr::get(piece.getSymNameAttr()), args, deps, t.getTag(),
-        t.getDevicesAttr(), t.getStreamAttr(), t.getSendStreamAttr());
-    for (NamedAttribute a : t->getDiscardableAttrs())
-      nt->setDiscardableAttr(a.getName(), a.getValue());
+    TaskOp nt = createPieceTask(b, t, piece, args, deps);
     nodes.push_back(Node{nt, SmallVector<Value>(nt.getOuts()), nt.getDone()});
   }
   for (auto [r, s] : llvm::enumerate(pieces.results))

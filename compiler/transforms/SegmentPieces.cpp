@@ -138,6 +138,17 @@ FailureOr<SegmentPieces> mlir::piper::splitSegment(SegmentOp seg,
   return out;
 }
 
+TaskOp mlir::piper::createPieceTask(OpBuilder &b, TaskOp t, SegmentOp piece,
+                                    ValueRange args, ValueRange deps) {
+  auto nt = TaskOp::create(
+      b, t.getLoc(), piece.getResultTypes(), b.getType<TokenType>(),
+      FlatSymbolRefAttr::get(piece.getSymNameAttr()), args, deps, t.getTag(),
+      t.getDevicesAttr(), t.getStreamAttr(), t.getSendStreamAttr());
+  for (NamedAttribute a : t->getDiscardableAttrs())
+    nt->setDiscardableAttr(a.getName(), a.getValue());
+  return nt;
+}
+
 SmallVector<TaskOp> mlir::piper::splitTask(TaskOp t,
                                            const SegmentPieces &pieces) {
   OpBuilder b(t);
@@ -153,13 +164,7 @@ SmallVector<TaskOp> mlir::piper::splitTask(TaskOp t,
       deps.append(t.getDeps().begin(), t.getDeps().end());
     else
       deps.push_back(tasks.back().getDone());
-    auto nt = TaskOp::create(
-        b, t.getLoc(), piece.getResultTypes(), b.getType<TokenType>(),
-        FlatSymbolRefAttr::get(piece.getSymNameAttr()), args, deps, t.getTag(),
-        t.getDevicesAttr(), t.getStreamAttr(), t.getSendStreamAttr());
-    for (NamedAttribute a : t->getDiscardableAttrs())
-      nt->setDiscardableAttr(a.getName(), a.getValue());
-    tasks.push_back(nt);
+    tasks.push_back(createPieceTask(b, t, piece, args, deps));
   }
   for (auto [r, s] : llvm::enumerate(pieces.results))
     t.getOuts()[r].replaceAllUsesWith(tasks[s.piece].getOuts()[s.index]);

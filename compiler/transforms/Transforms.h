@@ -85,6 +85,11 @@ struct SegmentPieces {
 /// `seg` itself is left for the caller to erase once no task calls it.
 FailureOr<SegmentPieces> splitSegment(SegmentOp seg, ArrayRef<unsigned> cuts);
 
+/// A task calling `piece` with `args` after `deps`, with the tag, devices,
+/// streams and discardable attributes of `t` (the task it replaces part of).
+TaskOp createPieceTask(OpBuilder &b, TaskOp t, SegmentOp piece,
+                       ValueRange args, ValueRange deps);
+
 /// Replaces `t` (a task calling the split segment) by a chain of tasks, one
 /// per piece, with its tag, devices and streams; the first keeps its
 /// dependencies, each next waits for the one before, and users of its

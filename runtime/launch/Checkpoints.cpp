@@ -163,6 +163,18 @@ Status findResumePoint(const std::string &dir,
                        state.value("version", 0)));
       continue;
     }
+    // A whole checkpoint of another model or run is an error, not a reason
+    // to start over from an older one.
+    auto sameRun = [&]() -> Status {
+      std::string mismatch = identityMismatch(
+          state.contains("run") ? state["run"] : Json(), identity);
+      if (mismatch.empty())
+        return Status::ok();
+      return Status::error(fmt::format(
+          "checkpoint '{}' is of another run: {}; resume with the options it "
+          "was written with, or use another --checkpoint-dir",
+          path, mismatch));
+    };
     const Json &sizes = state.contains("files") ? state["files"] : Json();
     if (state.value("layout", "") == "shards") {
       // Every rank's slices (ZeRO, expert parallelism): the files must be
@@ -189,13 +201,7 @@ Status findResumePoint(const std::string &dir,
         skip(broken);
         continue;
       }
-      std::string mismatch = identityMismatch(
-          state.contains("run") ? state["run"] : Json(), identity);
-      if (!mismatch.empty())
-        return Status::error(fmt::format(
-            "checkpoint '{}' is of another run: {}; resume with the options "
-            "it was written with, or use another --checkpoint-dir",
-            path, mismatch));
+      PIPER_RETURN_IF_ERROR(sameRun());
       PIPER_RETURN_IF_ERROR(
           index->check(strategyParams(plans))
               .withContext(fmt::format("checkpoint '{}'", path)));
@@ -232,15 +238,7 @@ Status findResumePoint(const std::string &dir,
       skip(broken);
       continue;
     }
-    // A whole checkpoint of another model or run is an error, not a reason
-    // to start over from an older one.
-    std::string mismatch = identityMismatch(
-        state.contains("run") ? state["run"] : Json(), identity);
-    if (!mismatch.empty())
-      return Status::error(fmt::format(
-          "checkpoint '{}' is of another run: {}; resume with the options it "
-          "was written with, or use another --checkpoint-dir",
-          path, mismatch));
+    PIPER_RETURN_IF_ERROR(sameRun());
     std::vector<ParamSpec> params = strategyParams(plans);
     PIPER_RETURN_IF_ERROR(
         checkCheckpointParams(*readers[0], params, /*rejectExtra=*/true));
