@@ -65,3 +65,31 @@ TEST_CASE("state pieces are sharded as the ZeRO stage says") {
   CHECK(checkSharding(plan).find("not the optimizer state") !=
         std::string::npos);
 }
+
+TEST_CASE("expert blocks: global shape, start and group, and their checks") {
+  Plan plan;
+  for (int r : {2, 3, 4, 5})
+    plan.add_ranks(r);
+  Parameter *p = plan.add_params();
+  p->set_name("experts.w");
+  p->mutable_type()->add_shape(2); // 2 of 4 experts
+  p->mutable_type()->add_shape(3);
+  p->set_expert_members(2);
+  CHECK(expertMembers(*p) == 2);
+  CHECK(globalShape(*p) == std::vector<int64_t>{4, 3});
+  CHECK(expertStart(*p, 0) == 0);
+  CHECK(expertStart(*p, 1) == 6);
+  CHECK(expertStart(*p, 2) == 0);
+  CHECK(expertGroup(plan, *p, 3) == std::vector<int>{4, 5});
+  CHECK(checkSharding(plan).empty());
+  p->set_expert_members(3);
+  CHECK(checkSharding(plan).find("does not divide the plan's 4 replicas") !=
+        std::string::npos);
+  p->set_expert_members(2);
+  p->mutable_sharding()->set_optimizer(true);
+  CHECK(checkSharding(plan).find("cannot also be ZeRO-sharded") !=
+        std::string::npos);
+  p->clear_sharding();
+  plan.set_ranks(0, 9);
+  CHECK(checkSharding(plan).find("increasing order") != std::string::npos);
+}

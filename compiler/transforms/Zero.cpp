@@ -76,10 +76,8 @@ SmallVector<unsigned> gradientCuts(SegmentOp seg,
                                    SymbolTable &symbols, double bucketSizeMb) {
   SmallVector<unsigned> cuts;
   double bytes = 0, limit = bucketSizeMb * 1024 * 1024;
-  unsigned i = 0, numOps = 0;
   Block &body = seg.getBody().front();
-  for (Operation &op : body.without_terminator())
-    (void)op, ++numOps;
+  unsigned i = 0, numOps = body.getOperations().size() - 1; // no terminator
   for (Operation &op : body.without_terminator()) {
     ++i;
     auto acc = dyn_cast<AccumulateGradOp>(op);

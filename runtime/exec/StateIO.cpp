@@ -130,29 +130,8 @@ Status Executor::wholeState(int p, int kind, std::vector<char> &out) const {
   const plan::Plan &plan = impl->plan;
   const plan::Parameter &param = plan.params(p);
   const bool writer = impl->replica == 0;
-  if (plan::expertMembers(param) >= 2) {
-    // Expert parallelism: each member of an expert-parallel group holds a
-    // block of experts; replica 0 (member 0 of the first group) gets the
-    // global tensor.
-    std::vector<int> ranks = plan::expertGroup(plan, param, impl->replica);
-    const TensorPtr &t = impl->stateOf(p, kind);
-    std::vector<char> mine(static_cast<size_t>(t->bytes));
-    impl->memory->copyToHost(mine.data(), t->data, mine.size());
-    std::vector<char> whole(mine.size() * ranks.size());
-    std::vector<size_t> counts(ranks.size(),
-                               static_cast<size_t>(t->bytes / 4));
-    CommKey key{kStateStream, ranks};
-    PIPER_RETURN_IF_ERROR(
-        impl->comm
-            ->allGather(key, mine.data(), whole.data(), counts, CommDType::F32)
-            ->wait()
-            .withContext(impl->who + ": gathering the expert blocks of " +
-                         stateName(param.name(), kind)));
-    if (writer)
-      out = std::move(whole);
-    return Status::ok();
-  }
-  if (!heldAsRanges(param, kind)) {
+  const bool expert = plan::expertMembers(param) >= 2;
+  if (!expert && !heldAsRanges(param, kind)) {
     if (writer) {
       const TensorPtr &t = impl->stateOf(p, kind);
       out.resize(static_cast<size_t>(t->bytes));
@@ -160,29 +139,43 @@ Status Executor::wholeState(int p, int kind, std::vector<char> &out) const {
     }
     return Status::ok();
   }
-  // ZeRO: every member contributes its range; replica 0 gets the whole
-  // tensor (checkpoints hold whole tensors, so any strategy can load them).
-  int64_t n = plan::paramElements(param);
-  int64_t members = plan::shardMembers(plan, param);
+  // Each member of a group holds consecutive elements of the global tensor:
+  // a ZeRO range, or an expert block. Replica 0 (member 0 of the first
+  // group) gets the whole tensor (checkpoints hold whole tensors, so any
+  // strategy can load them).
+  std::vector<int> ranks;
   std::vector<size_t> counts;
-  for (int64_t m = 0; m < members; ++m)
-    counts.push_back(static_cast<size_t>(plan::shardRange(n, members, m).count));
-  const plan::ShardRange &mine = impl->shard[p];
-  std::vector<float> range(static_cast<size_t>(mine.count));
-  impl->memory->copyToHost(range.data(), impl->rangeOf(p, kind),
-                           4 * range.size());
-  std::vector<char> whole(static_cast<size_t>(4 * n));
-  if (members < 2) {
-    std::memcpy(whole.data(), range.data(), 4 * range.size());
+  const float *piece = nullptr;
+  int64_t pieceCount = 0, total = 0;
+  if (expert) {
+    ranks = plan::expertGroup(plan, param, impl->replica);
+    pieceCount = plan::paramElements(param);
+    piece = static_cast<const float *>(impl->stateOf(p, kind)->data);
+    counts.assign(ranks.size(), static_cast<size_t>(pieceCount));
+    total = pieceCount * static_cast<int64_t>(ranks.size());
   } else {
     const plan::DeviceGroup &g = plan.groups(param.sharding().group());
-    CommKey key{kStateStream,
-                std::vector<int>(g.ranks().begin(), g.ranks().end())};
+    ranks.assign(g.ranks().begin(), g.ranks().end());
+    total = plan::paramElements(param);
+    for (size_t m = 0; m < ranks.size(); ++m)
+      counts.push_back(static_cast<size_t>(
+          plan::shardRange(total, ranks.size(), m).count));
+    pieceCount = impl->shard[p].count;
+    piece = impl->rangeOf(p, kind);
+  }
+  std::vector<float> mine(static_cast<size_t>(pieceCount));
+  impl->memory->copyToHost(mine.data(), piece, 4 * mine.size());
+  std::vector<char> whole(static_cast<size_t>(4 * total));
+  if (ranks.size() < 2) {
+    std::memcpy(whole.data(), mine.data(), 4 * mine.size());
+  } else {
+    CommKey key{kStateStream, ranks};
     PIPER_RETURN_IF_ERROR(
         impl->comm
-            ->allGather(key, range.data(), whole.data(), counts, CommDType::F32)
+            ->allGather(key, mine.data(), whole.data(), counts, CommDType::F32)
             ->wait()
-            .withContext(impl->who + ": gathering the ZeRO shards of " +
+            .withContext(impl->who + ": gathering the " +
+                         (expert ? "expert blocks" : "ZeRO shards") + " of " +
                          stateName(param.name(), kind)));
   }
   if (writer)
