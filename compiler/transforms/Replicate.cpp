@@ -3,6 +3,7 @@
 #include "compiler/transforms/Passes.h"
 #include "compiler/transforms/Transforms.h"
 
+#include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/MapVector.h"
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/SetVector.h"
@@ -21,6 +22,42 @@ using namespace mlir::piper;
 //===----------------------------------------------------------------------===//
 // replicate
 //===----------------------------------------------------------------------===//
+
+/// One `piper.all_reduce grads` per bucket of `params` (gradient-ready
+/// order) after the stage's last backward, over d.devices (each rank with
+/// its subgroup of it, when `subgroups` is set); every update of one of
+/// them waits for the reductions, whether or not the directive's filter
+/// matched it.
+static void allReduceGradients(ProgramOp program, const Directive &d,
+                               SegmentParams &segmentParams,
+                               ArrayRef<StringAttr> params,
+                               ArrayRef<TaskOp> backward, TagAttr stageTag,
+                               ArrayAttr subgroups) {
+  SmallVector<Value> deps;
+  for (TaskOp t : backward)
+    deps.push_back(t.getDone());
+  TaskOp last = backward.back();
+  OpBuilder b(last);
+  b.setInsertionPointAfter(last);
+  auto group = DeviceGroupAttr::get(b.getContext(), d.devices);
+  StreamAttr stream = commStream(program, d.reduceStream);
+  SmallVector<Value> reduced;
+  for (auto &bucket :
+       bucketParams(segmentParams.getSymbols(), params, d.bucketSizeMb)) {
+    auto ar = AllReduceOp::create(b, last.getLoc(), b.getArrayAttr(bucket),
+                                  deps, group, stream, stageTag,
+                                  /*collective=*/IntegerAttr());
+    if (subgroups)
+      ar.setSubgroupsAttr(subgroups);
+    reduced.push_back(ar.getDone());
+  }
+  llvm::DenseSet<StringAttr> summed(params.begin(), params.end());
+  for (TaskOp u : program.getBody().front().getOps<TaskOp>())
+    if (u.getTag().isPass(PassKind::U) &&
+        llvm::any_of(segmentParams.updated(u.getSegment()),
+                     [&](StringAttr p) { return summed.contains(p); }))
+      u.getDepsMutable().append(reduced);
+}
 
 LogicalResult mlir::piper::applyReplicate(ModuleOp module, ProgramOp program,
                                     const Directive &d,
@@ -100,59 +137,16 @@ LogicalResult mlir::piper::applyReplicate(ModuleOp module, ProgramOp program,
         ranks.push_back(d.devices[r]);
       sameExperts.push_back(DeviceGroupAttr::get(attrs.getContext(), ranks));
     }
-    SmallVector<Value> deps;
-    for (TaskOp t : backward)
-      deps.push_back(t.getDone());
-    OpBuilder b(module.getContext());
-    b.setInsertionPointAfter(backward.back());
-    SmallVector<Value> reduced;
-    for (auto &bucket : bucketParams(symbols, experts, d.bucketSizeMb)) {
-      auto ar = AllReduceOp::create(
-          b, backward.back().getLoc(), b.getArrayAttr(bucket), deps,
-          DeviceGroupAttr::get(b.getContext(), d.devices),
-          commStream(program, d.reduceStream), stageTag, IntegerAttr());
-      ar.setSubgroupsAttr(b.getArrayAttr(sameExperts));
-      reduced.push_back(ar.getDone());
-    }
-    for (TaskOp u : program.getBody().front().getOps<TaskOp>())
-      if (u.getTag().isPass(PassKind::U) &&
-          llvm::any_of(segmentParams.updated(u.getSegment()), [&](StringAttr p) {
-            return llvm::is_contained(experts, p);
-          }))
-        u.getDepsMutable().append(reduced);
+    allReduceGradients(program, d, segmentParams, experts, backward, stageTag,
+                       ArrayAttr::get(attrs.getContext(), sameExperts));
   }
   if (replicas == 1 || params.empty())
     return success();
   if (d.zero > 0)
     return applyZero(module, program, d, params, backward, stageTag);
 
-  // Buckets of about bucketSizeMb, in gradient-ready order.
-  SmallVector<SmallVector<Attribute>> buckets =
-      bucketParams(symbols, params.getArrayRef(), d.bucketSizeMb);
-  SmallVector<Value> deps;
-  for (TaskOp t : backward)
-    deps.push_back(t.getDone());
-  OpBuilder b(module.getContext());
-  b.setInsertionPointAfter(backward.back());
-  SmallVector<Value> reduced;
-  auto group = DeviceGroupAttr::get(b.getContext(), d.devices);
-  StreamAttr stream = commStream(program, d.reduceStream);
-  for (auto &bucket : buckets) {
-    auto ar = AllReduceOp::create(b, backward.back().getLoc(),
-                                  b.getArrayAttr(bucket), deps, group,
-                                  stream, stageTag,
-                                  /*collective=*/IntegerAttr());
-    reduced.push_back(ar.getDone());
-  }
-  // Every update of a reduced parameter waits for the reduction, whether or
-  // not the directive's filter matched it.
-  for (TaskOp u : program.getBody().front().getOps<TaskOp>()) {
-    if (!u.getTag().isPass(PassKind::U))
-      continue;
-    if (llvm::any_of(segmentParams.updated(u.getSegment()),
-                     [&](StringAttr p) { return params.contains(p); }))
-      u.getDepsMutable().append(reduced);
-  }
+  allReduceGradients(program, d, segmentParams, params.getArrayRef(),
+                     backward, stageTag, ArrayAttr());
   return sortTopologically(program.getBody().front());
 }
 
