@@ -80,6 +80,9 @@ FailureOr<int> rewriteLayers(SegmentOp seg, int64_t g,
                              const Directive &d) {
   OpBuilder b(seg.getContext());
   int layers = 0;
+  if (!seg.getOps<MoeEpCountsOp>().empty())
+    return seg.emitOpError(d.describe())
+           << ": its MoE layers are already split by another shard directive";
   SmallVector<MoeDispatchOp> dispatches(seg.getOps<MoeDispatchOp>());
   for (MoeDispatchOp dispatch : dispatches) {
     int64_t e = dispatch.getExperts(), c = dispatch.getCapacity();

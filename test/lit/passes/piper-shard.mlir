@@ -10,6 +10,10 @@
 // RUN:   -piper-shard="pp=0 devices=0,1,2,3 ep=3" 2>&1 | FileCheck %s --check-prefix=BAD-EP
 // RUN: not piper-opt %t.mlir -piper-stage=stages=1 -piper-build-training-dag -piper-place="pp=0 devices=0,1,2,3" \
 // RUN:   -piper-shard="pp=0 devices=0,1" 2>&1 | FileCheck %s --check-prefix=ELSEWHERE
+// RUN: not piper-opt %t.mlir -piper-stage=stages=1 -piper-build-training-dag -piper-place="pp=0 devices=0,1,2,3" \
+// RUN:   -piper-shard="pp=0 devices=0,1,2,3 ep=2" -piper-shard="pp=0 devices=0,1,2,3 ep=2" 2>&1 | FileCheck %s --check-prefix=TWICE
+// RUN: not piper-opt %t.mlir -piper-stage=stages=1 -piper-build-training-dag -piper-place="pp=0 devices=0,1" \
+// RUN:   -piper-shard="pp=0 devices=1,0" 2>&1 | FileCheck %s --check-prefix=UNSORTED
 
 // Each member keeps two of the four experts of every expert weight.
 // CHECK: piper.param @layers.0.moe.experts.w13 : tensor<2x8x16xf32> init normal(2.000000e-02) {expert_members = 2 : i64}
@@ -59,3 +63,5 @@
 
 // BAD-EP: piper-shard: ep 3 must divide the 4 devices
 // ELSEWHERE: no forward or backward task runs on [0, 1]; place the stage there first
+// TWICE: directive #0 (piper-shard pp=0): its MoE layers are already split by another shard directive
+// UNSORTED: devices must be listed in increasing order (member i of an expert-parallel group is its i-th device)
