@@ -1,6 +1,7 @@
 // piper-plan: prints a compiled plan (or a whole compiled folder) as text, for
 // people reading what the compiler produced and for FileCheck tests; with
-// --simulate, times one step of a compiled folder (docs/simulator.md).
+// --simulate, times one step of a compiled folder and pictures it
+// (docs/simulator.md).
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -17,6 +18,7 @@
 #include "proto/PlanFile.h"
 #include "proto/analysis/MemoryPlan.h"
 #include "proto/analysis/Simulate.h"
+#include "proto/analysis/TimelineSvg.h"
 
 namespace {
 
@@ -87,44 +89,13 @@ std::string readMachine(const std::string &path,
   return "";
 }
 
-/// The simulation as a Chrome / Perfetto trace: one process per device
-/// class, one thread per stream, an "X" event per instruction that takes
-/// time (microseconds).
-nlohmann::json traceJson(const piper::plan::Simulation &sim) {
-  using piper::plan::Instruction;
-  nlohmann::json events = nlohmann::json::array();
-  for (const auto &ct : sim.classes) {
-    std::string ranks;
-    for (size_t i = 0; i < ct.ranks.size(); ++i)
-      ranks += (i ? ", " : "") + std::to_string(ct.ranks[i]);
-    events.push_back({{"name", "process_name"},
-                      {"ph", "M"},
-                      {"pid", ct.deviceClass},
-                      {"args",
-                       {{"name", "class " + std::to_string(ct.deviceClass) +
-                                     " ranks [" + ranks + "]"}}}});
-    for (size_t s = 0; s < ct.streams.size(); ++s)
-      events.push_back({{"name", "thread_name"},
-                        {"ph", "M"},
-                        {"pid", ct.deviceClass},
-                        {"tid", s},
-                        {"args", {{"name", ct.streams[s].name}}}});
-    for (const auto &e : ct.timeline) {
-      if (e.kind == Instruction::RECORD || e.kind == Instruction::WAIT)
-        continue;
-      events.push_back({{"name", e.label.empty()
-                                     ? Instruction::Kind_Name(e.kind)
-                                     : e.label},
-                        {"cat", Instruction::Kind_Name(e.kind)},
-                        {"ph", "X"},
-                        {"pid", ct.deviceClass},
-                        {"tid", e.stream},
-                        {"ts", e.start * 1e6},
-                        {"dur", (e.end - e.start) * 1e6},
-                        {"args", {{"instruction", e.inst}}}});
-    }
-  }
-  return {{"traceEvents", events}, {"displayTimeUnit", "ms"}};
+/// Writes `text` to `path`; returns "" or the error.
+std::string writeText(const std::string &path, const std::string &text,
+                      const char *what) {
+  std::ofstream out(path, std::ios::binary);
+  out << text;
+  out.close();
+  return out ? "" : std::string("cannot write the ") + what + " '" + path + "'";
 }
 
 /// Simulates the step of the compiled folder `dir`; returns the exit code.
@@ -132,7 +103,7 @@ int simulateFolder(const std::string &dir,
                    const piper::plan::Manifest &manifest,
                    const piper::plan::Machine &machine,
                    const piper::plan::SimulateOptions &options, bool timeline,
-                   const std::string &tracePath) {
+                   const std::string &tracePath, const std::string &svgPath) {
   std::vector<piper::plan::Plan> plans(manifest.classes_size());
   for (int c = 0; c < manifest.classes_size(); ++c) {
     std::string err = piper::plan::readPlanFile(
@@ -145,12 +116,16 @@ int simulateFolder(const std::string &dir,
   if (!piper::plan::simulate(plans, machine, options, sim, err))
     return fail(dir + ": " + err);
   std::fputs(piper::plan::simulationReport(sim, timeline).c_str(), stdout);
-  if (!tracePath.empty()) {
-    std::ofstream out(tracePath);
-    out << traceJson(sim).dump(1) << "\n";
-    if (!out.good())
-      return fail("cannot write the trace '" + tracePath + "'");
-  }
+  if (!tracePath.empty())
+    if (std::string e = writeText(
+            tracePath, piper::plan::timelineTraceJson(sim), "trace");
+        !e.empty())
+      return fail(e);
+  if (!svgPath.empty())
+    if (std::string e = writeText(
+            svgPath, piper::plan::timelineSvg(sim, plans), "picture");
+        !e.empty())
+      return fail(e);
   return 0;
 }
 
@@ -160,7 +135,7 @@ int main(int argc, char **argv) {
   std::string path;
   bool noKernels = false, textproto = false, memory = false;
   bool simulate = false, timeline = false, blockingSends = false;
-  std::string tracePath, machinePath;
+  std::string tracePath, svgPath, machinePath;
   std::vector<std::string> costs;
   CLI::App app{"piper-plan: prints a plan file, or the manifest and every "
                "plan of a folder written by piperc compile, as text, or "
@@ -184,6 +159,10 @@ int main(int argc, char **argv) {
   app.add_option("--trace", tracePath,
                  "with --simulate: write a Chrome/Perfetto trace (JSON) of the "
                  "simulated step to this file");
+  app.add_option("--svg", svgPath,
+                 "with --simulate: write the simulated step as a picture "
+                 "(SVG: a row per device class, a lane per stream, boxes "
+                 "coloured by pass, labelled by microbatch) to this file");
   app.add_option("--machine", machinePath,
                  "with --simulate: a JSON machine description (keys "
                  "flops_per_second, memory_bytes_per_second, "
@@ -202,11 +181,12 @@ int main(int argc, char **argv) {
   } catch (const CLI::ParseError &e) {
     return app.exit(e);
   }
-  bool simOnly = timeline || !tracePath.empty() || !machinePath.empty() ||
+  bool simOnly = timeline || !tracePath.empty() || !svgPath.empty() ||
+                 !machinePath.empty() ||
                  !costs.empty() || blockingSends;
   if (simOnly && !simulate)
-    return fail("--timeline, --trace, --machine, --cost and --blocking-sends "
-                "need --simulate");
+    return fail("--timeline, --trace, --svg, --machine, --cost and "
+                "--blocking-sends need --simulate");
   if (simulate && (memory || textproto || noKernels))
     return fail("--simulate cannot be combined with --memory, --textproto "
                 "or --no-kernels");
@@ -241,7 +221,7 @@ int main(int argc, char **argv) {
       options.overrides[c.substr(0, eq)] = seconds;
     }
     return simulateFolder(path, manifest, machine, options, timeline,
-                          tracePath);
+                          tracePath, svgPath);
   }
   if (!memory)
     std::fputs(piper::plan::dumpManifest(manifest).c_str(), stdout);

@@ -32,6 +32,7 @@
 #include "proto/PlanFile.h"
 #include "proto/analysis/MemoryPlan.h"
 #include "proto/analysis/Simulate.h"
+#include "proto/analysis/TimelineSvg.h"
 
 using namespace mlir;
 using namespace mlir::piper;
@@ -381,6 +382,12 @@ int runCompile(const CompileOptions &o) {
                         plan.arena_bytes() - plan.state_bytes());
   }
   rs << ::piper::plan::predictedStepReport(lowered->plans);
+  // The predicted timeline as a trace and a picture, named in the report.
+  std::string timelineLine, timelineError;
+  if (!::piper::plan::writeTimelineFiles(lowered->plans, o.output,
+                                         timelineLine, timelineError))
+    return fail(timelineError);
+  rs << timelineLine;
   {
     std::error_code rec;
     llvm::raw_fd_ostream out(o.output + "/report.txt", rec);

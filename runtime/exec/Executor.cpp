@@ -103,6 +103,7 @@ Status ExecutorImpl::init(uint64_t seed) {
   for (const plan::Segment &seg : plan.segments())
     lifetimes.push_back(computeLifetimes(seg));
   profiler.init(plan.streams_size());
+  tracer.init(plan, options.traceStep);
   PIPER_RETURN_IF_ERROR(resolveKernels());
   analyzeGradients();
 
@@ -273,6 +274,8 @@ std::vector<ProfileEntry> Executor::profile() const {
 }
 
 void Executor::resetProfile() { impl->profiler.reset(); }
+
+const StepTrace &Executor::stepTrace() const { return impl->tracer.trace(); }
 
 int64_t Executor::liveBytes() const { return impl->memory->liveBytes(); }
 int64_t Executor::peakBytes() const { return impl->memory->peakBytes(); }

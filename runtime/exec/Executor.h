@@ -39,6 +39,10 @@ struct ExecutorOptions {
   /// Times every kernel (by op name) and every other instruction (by kind),
   /// per stream; read with Executor::profile(). Off, no clock is read.
   bool profile = false;
+  /// Records when every instruction of 1-based step `traceStep` starts and
+  /// ends, on every stream (piper-run --trace); read with
+  /// Executor::stepTrace(). -1 records nothing and reads no clock.
+  int64_t traceStep = -1;
   /// A test aid (PIPER_FAULT, docs/operations.md): `onFault` runs on the
   /// thread of stream `faultStream` just before instruction
   /// `faultInstruction` of step `faultStep` (after the position shows it).
@@ -74,6 +78,24 @@ struct ProfileEntry {
   std::string name;
   int64_t count = 0;
   double seconds = 0; // wall time summed over calls and streams
+};
+
+/// The measured timeline of one step (ExecutorOptions::traceStep). Times
+/// are steady_clock nanoseconds since its epoch: CLOCK_MONOTONIC, which the
+/// processes of one host share.
+struct StepTrace {
+  struct Span {
+    int64_t startNs = -1; // -1: the instruction did not run
+    int64_t endNs = -1;
+  };
+  /// The step recorded; 0 until it has run to the end.
+  int64_t step = 0;
+  /// When runStep started the streams, and when the last of them finished
+  /// (its asynchronous sends completed; before the step's loss all-reduce).
+  int64_t startNs = 0;
+  int64_t endNs = 0;
+  /// [stream][instruction], in plan order.
+  std::vector<std::vector<Span>> streams;
 };
 
 class ExecutorImpl;
@@ -135,6 +157,9 @@ public:
   /// sorted by decreasing time. Call between steps only.
   std::vector<ProfileEntry> profile() const;
   void resetProfile();
+  /// With ExecutorOptions::traceStep: that step's timeline once it has run
+  /// (StepTrace::step is 0 before). Call between steps only.
+  const StepTrace &stepTrace() const;
 
   /// Bytes of tensor storage alive now / at most so far (persistent state
   /// plus every step buffer and segment value, as allocated), and the bytes

@@ -170,6 +170,7 @@ public:
   std::vector<int64_t> bf16Step;
 
   Profiler profiler;
+  StepTracer tracer;
 
   // Live position (Executor::position, for a watchdog): relaxed atomics,
   // one store per instruction. streamAt points into streamAtStore once the

@@ -1,4 +1,4 @@
-// The runtime profile table (see Profile.h).
+// The runtime profile table and the step tracer (see Profile.h).
 #include "runtime/exec/Profile.h"
 
 #include <algorithm>
@@ -49,6 +49,31 @@ std::vector<ProfileEntry> Profiler::entries() const {
 void Profiler::reset() {
   for (std::vector<Slot> &stream : slots)
     std::fill(stream.begin(), stream.end(), Slot{});
+}
+
+void StepTracer::init(const plan::Plan &plan, int64_t step) {
+  tracedStep = step >= 1 ? step : -1;
+  if (tracedStep < 0)
+    return;
+  recorded.streams.resize(plan.streams_size());
+  for (int s = 0; s < plan.streams_size(); ++s)
+    recorded.streams[s].resize(plan.streams(s).instructions_size());
+  streamEnds.assign(plan.streams_size(), 0);
+}
+
+void StepTracer::beginStep() {
+  recorded.step = 0;
+  for (std::vector<StepTrace::Span> &stream : recorded.streams)
+    std::fill(stream.begin(), stream.end(), StepTrace::Span{});
+  std::fill(streamEnds.begin(), streamEnds.end(), 0);
+  recorded.startNs = steadyNowNs();
+}
+
+void StepTracer::endStep(int64_t step) {
+  recorded.endNs = recorded.startNs;
+  for (int64_t end : streamEnds)
+    recorded.endNs = std::max(recorded.endNs, end);
+  recorded.step = step;
 }
 
 } // namespace piper::runtime

@@ -39,6 +39,9 @@ void ExecutorImpl::runStream(int s, StepState &st) {
   };
   std::atomic<int> &at = streamAt.load(std::memory_order_relaxed)[s];
   const bool faults = options.faultStep == st.step && options.faultStream == s;
+  // --trace: this step's spans of this stream, else null (no clock read).
+  StepTrace::Span *spans =
+      tracer.traces(st.step) ? tracer.spans(s) : nullptr;
   int i = 0;
   try {
     for (; i < stream.instructions_size(); ++i) {
@@ -47,7 +50,11 @@ void ExecutorImpl::runStream(int s, StepState &st) {
       at.store(i, std::memory_order_relaxed);
       if (faults && i == options.faultInstruction && options.onFault)
         options.onFault();
+      if (spans)
+        spans[i].startNs = steadyNowNs();
       Status status = execute(s, i, st, pendingSends);
+      if (spans)
+        spans[i].endNs = steadyNowNs();
       if (!status) {
         markFailed(s);
         fail(st,
@@ -83,6 +90,8 @@ void ExecutorImpl::runStream(int s, StepState &st) {
         return;
       }
     }
+    if (spans)
+      tracer.endStream(s);
   } catch (const std::exception &e) {
     markFailed(s);
     fail(st, Status::error(who + ", " + instructionContext(plan, s, i) +
@@ -117,6 +126,9 @@ Status ExecutorImpl::runStep(int64_t step, double &loss) {
   posStep.store(step, std::memory_order_relaxed);
   posPhase.store(ExecPosition::kStreams, std::memory_order_relaxed);
 
+  const bool traced = tracer.traces(step);
+  if (traced)
+    tracer.beginStep();
   for (int s = 0; s < numStreams; ++s)
     streams[s]->enqueue([this, s, &st] { runStream(s, st); });
   for (int s = 0; s < numStreams; ++s)
@@ -125,6 +137,8 @@ Status ExecutorImpl::runStep(int64_t step, double &loss) {
     broken = true;
     return st.error;
   }
+  if (traced)
+    tracer.endStep(step);
   posPhase.store(ExecPosition::kLossAllReduce, std::memory_order_relaxed);
 
   loss = 0;

@@ -61,6 +61,14 @@ bool parseRunOptions(int argc, char **argv, RunOptions &options,
   app.add_flag("--profile", options.profile,
                "time every kernel op and instruction kind (first step "
                "excluded) and print a table at the end; also PIPER_PROFILE=1");
+  CLI::Option *trace = app.add_option(
+      "--trace", options.tracePath,
+      "write the measured timeline of one step (every instruction of every "
+      "stream of every rank) to this Chrome/Perfetto trace file");
+  app.add_option("--trace-step", options.traceStep,
+                 "the step --trace records (default: the last step run)")
+      ->check(CLI::PositiveNumber)
+      ->needs(trace);
   // --- Checkpoints, resume and restarts (docs/operations.md) ---
   CLI::Option *checkpointDir = app.add_option(
       "--checkpoint-dir", options.checkpointDir,
@@ -110,7 +118,8 @@ bool parseRunOptions(int argc, char **argv, RunOptions &options,
       {"--data", &options.dataPath},
       {"--save-grads", &options.saveGradsPath},
       {"--save", &options.savePath},
-      {"--load", &options.loadPath}};
+      {"--load", &options.loadPath},
+      {"--trace", &options.tracePath}};
   for (const auto &[flag, value] : files)
     if (app.count(flag) > 0 && value->empty()) {
       std::fprintf(stderr, "piper-run: %s needs a file name, not ''\n", flag);
@@ -139,6 +148,21 @@ bool parseRunOptions(int argc, char **argv, RunOptions &options,
   if (options.resume && !options.loadPath.empty())
     return usage("--resume and --load both choose the starting parameters; "
                  "give one");
+  // --trace: a fresh run's steps are known now (resumed ones: in the rank).
+  if (!options.tracePath.empty() && !options.resume &&
+      options.loadPath.empty()) {
+    if (options.steps == 0)
+      return usage("--trace: this run has no step to trace (--steps 0)");
+    if (options.traceStep > options.steps) {
+      std::fprintf(stderr,
+                   "piper-run: --trace-step %lld is not a step of this run "
+                   "(it runs steps 1 to %lld)\n",
+                   static_cast<long long>(options.traceStep),
+                   static_cast<long long>(options.steps));
+      exitCode = 2;
+      return false;
+    }
+  }
   // --- Progress output ---
   if (options.logEvery < 1) {
     std::fprintf(stderr,

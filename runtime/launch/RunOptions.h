@@ -44,6 +44,12 @@ struct RunOptions {
   /// kind, excluding the first step, and print a table at the end (rank 0 on
   /// stderr; with --log-dir every rank into its log).
   bool profile = false;
+  /// --trace: rank 0 writes the measured timeline of one step (every
+  /// instruction of every stream of every rank) here as a Chrome / Perfetto
+  /// trace; empty means none.
+  std::string tracePath;
+  /// --trace-step: the 1-based step to trace; 0 means the last step run.
+  int64_t traceStep = 0;
 
   // --- Checkpoints, resume and restarts (docs/operations.md) ---
   /// Periodic checkpoints go to DIR/step-<N>/, and --resume reads the newest

@@ -29,6 +29,7 @@
 #include "runtime/launch/Standby.h"
 #include "runtime/launch/StrategyFiles.h"
 #include "runtime/launch/TcpRendezvous.h"
+#include "runtime/launch/Trace.h"
 #include "runtime/launch/Watchdog.h"
 
 namespace piper::runtime {
@@ -66,6 +67,21 @@ Status peakBytesPerRank(Communicator *comm, int rank, int worldSize,
     PIPER_RETURN_IF_ERROR(comm->allReduceSumWorld(slots.data(), slots.size())
                               .withContext("gathering peak memory"));
   out.assign(slots.begin(), slots.end());
+  return Status::ok();
+}
+
+/// The step --trace records: --trace-step, else the last; an error when the
+/// run has no step or --trace-step is not one of `first`..`last`.
+Status chooseTracedStep(const RunOptions &options, int64_t first,
+                        int64_t last, int64_t &step) {
+  if (last < first)
+    return Status::error(fmt::format(
+        "--trace: this run has no step to trace (it ends at step {})", last));
+  step = options.traceStep > 0 ? options.traceStep : last;
+  if (step < first || step > last)
+    return Status::error(fmt::format(
+        "--trace-step {} is not a step of this run (it runs steps {} to {})",
+        step, first, last));
   return Status::ok();
 }
 
@@ -216,6 +232,15 @@ int runRank(const RunOptions &options, const RankEnv &env,
   // Before any step: a file that cannot be written fails now, not after
   // hours of training.
   check(checkOutputTargets(options));
+  // After --load, step numbers continue from the checkpoint's: the data
+  // windows and AdamW's bias correction see the steps they would have.
+  // With --resume, --steps is the total, as an uninterrupted run's.
+  const int64_t lastStep = continuing ? std::max(loadedStep, options.steps)
+                                      : loadedStep + options.steps;
+  // --trace: the step to record, checked before any step runs.
+  int64_t tracedStep = -1;
+  if (!options.tracePath.empty())
+    check(chooseTracedStep(options, loadedStep + 1, lastStep, tracedStep));
 
   // Declared before the communicator, which uses its store until it goes.
   TcpMeeting meeting;
@@ -265,6 +290,7 @@ int runRank(const RunOptions &options, const RankEnv &env,
   if (faulty)
     check(applyFault(fault, plan, rank, eo), /*named=*/false);
   eo.profile = options.profile || profileFromEnv();
+  eo.traceStep = tracedStep;
   // Reports of every rank go to its log with --log-dir; otherwise rank 0
   // speaks for itself on the shared terminal.
   const bool reports = rank == 0 || !options.logDir.empty();
@@ -323,6 +349,12 @@ int runRank(const RunOptions &options, const RankEnv &env,
     }
     watchdog->start();
   }
+  // --trace: the parts of the other ranks reach rank 0 through the
+  // rendezvous store (the local folder or rank 0's TCP store).
+  std::unique_ptr<WatchStore> traceStore;
+  if (tracedStep > 0 && env.worldSize > 1)
+    traceStore = env.storeDir.empty() ? tcpWatchStore(meeting.store)
+                                      : fileWatchStore(env.storeDir);
 
   long long failRank = -1, failStep = -1;
   std::string envError;
@@ -346,11 +378,6 @@ int runRank(const RunOptions &options, const RankEnv &env,
   }
   const double tokens = tokensPerStep(manifest, plan);
 
-  // After --load, step numbers continue from the checkpoint's: the data
-  // windows and AdamW's bias correction see the steps they would have.
-  // With --resume, --steps is the total, as an uninterrupted run's.
-  int64_t lastStep = continuing ? std::max(loadedStep, options.steps)
-                                : loadedStep + options.steps;
   if (continuing && rank == 0 && loadedStep >= options.steps)
     fmt::print(stderr,
                "piper-run: --resume: step {} reached --steps {}, no step "
@@ -438,6 +465,16 @@ int runRank(const RunOptions &options, const RankEnv &env,
     }
     check(metrics.write(report));
   }
+  // --trace: every rank hands in its part before the world collective
+  // below, which is thus the barrier after which rank 0 finds them all.
+  std::string tracePart;
+  if (tracedStep > 0) {
+    tracePart =
+        traceRankPart(exec->plan(), rank, hostName(), exec->stepTrace());
+    if (traceStore && rank != 0)
+      check(traceStore->put(traceKey(rank), tracePart)
+                .withContext("--trace: handing in its part"));
+  }
   // A world collective, even after no steps: it is then the barrier that
   // keeps a rank from exiting while a peer still connects to it.
   std::vector<int64_t> peaks;
@@ -469,6 +506,9 @@ int runRank(const RunOptions &options, const RankEnv &env,
     check(writeCheckpoint(options.saveGradsPath, CheckpointContent::Gradients,
                           manifest, *exec, comm.get(), rank, lastStep),
           /*named=*/false);
+  if (tracedStep > 0 && rank == 0)
+    check(writeMeasuredTrace(options.tracePath, traceStore.get(),
+                             env.worldSize, tracePart));
   if (rank == 0) {
     double wall =
         std::chrono::duration<double>(Clock::now() - runStart).count();

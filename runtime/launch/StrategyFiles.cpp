@@ -251,6 +251,8 @@ Status checkOutputTargets(const RunOptions &options) {
   if (!options.metricsPath.empty())
     PIPER_RETURN_IF_ERROR(
         checkWritableTarget(options.metricsPath, "--metrics"));
+  if (!options.tracePath.empty())
+    PIPER_RETURN_IF_ERROR(checkWritableTarget(options.tracePath, "--trace"));
   if (!options.saveParamsDir.empty())
     PIPER_RETURN_IF_ERROR(checkWritableDirectory(
         options.saveParamsDir,

@@ -1,6 +1,6 @@
 // Unit tests of piper-run's pieces that need no process of their own: the
-// progress lines and summary, --metrics lines, the rank environment and the
-// BLAS core choice.
+// progress lines and summary, --metrics lines, the rank environment, the
+// BLAS core choice and --trace's parts, merge and measured bubble.
 #include <cmath>
 #include <cstdlib>
 #include <memory>
@@ -16,6 +16,7 @@
 #include "runtime/launch/Rendezvous.h"
 #include "runtime/launch/Reporting.h"
 #include "runtime/launch/TcpRendezvous.h"
+#include "runtime/launch/Trace.h"
 
 using namespace piper::runtime;
 
@@ -378,4 +379,106 @@ TEST_CASE("the job token keeps jobs and strategies apart", "[launch]") {
   ::setenv("PIPER_JOB_TOKEN", "mine", 1);
   CHECK(jobToken(env, a) == "mine");
   ::unsetenv("PIPER_JOB_TOKEN");
+}
+
+namespace {
+
+/// A plan of two streams: "compute" runs CALL, CALL, and "comm" a SEND.
+piper::plan::Plan tracePlan(int deviceClass) {
+  piper::plan::Plan plan;
+  plan.set_device_class(deviceClass);
+  auto *compute = plan.add_streams();
+  compute->set_name("compute");
+  for (const char *label : {"task @stage0_F (PP=0 MB=0 PASS=F)", ""}) {
+    auto *i = compute->add_instructions();
+    i->set_kind(piper::plan::Instruction::CALL);
+    i->set_label(label);
+  }
+  auto *comm = plan.add_streams();
+  comm->set_name("comm");
+  auto *send = comm->add_instructions();
+  send->set_kind(piper::plan::Instruction::SEND);
+  send->set_label("send channel 0");
+  return plan;
+}
+
+/// A trace of tracePlan starting at `start` ns: the calls at [start+10,
+/// start+40] and [start+30, start+60] (overlapping: a union of 50 ns), the
+/// send at [start+50, start+90], the step ending at start+100.
+StepTrace traceAt(int64_t start) {
+  StepTrace t;
+  t.step = 3;
+  t.startNs = start;
+  t.endNs = start + 100;
+  t.streams = {{{start + 10, start + 40}, {start + 30, start + 60}},
+               {{start + 50, start + 90}}};
+  return t;
+}
+
+} // namespace
+
+TEST_CASE("the measured bubble is the step's share without a CALL",
+          "[launch][trace]") {
+  MeasuredBubble b = measuredBubble(tracePlan(0), traceAt(1000));
+  CHECK(b.stepSeconds == Approx(100e-9));
+  CHECK(b.computeBusySeconds == Approx(50e-9));
+  CHECK(b.fraction == Approx(0.5));
+}
+
+TEST_CASE("trace parts merge into one process per rank, aligned on one "
+          "host's clock", "[launch][trace]") {
+  std::vector<std::string> parts = {
+      traceRankPart(tracePlan(0), 0, "h", traceAt(5000)),
+      traceRankPart(tracePlan(1), 1, "h", traceAt(3000))};
+  std::string text, summary;
+  int64_t step = 0;
+  REQUIRE(mergeTraceParts(parts, text, summary, step));
+  CHECK(step == 3);
+  auto trace = nlohmann::json::parse(text);
+  CHECK(trace["metadata"]["source"] == "measured");
+  CHECK(trace["metadata"]["bubble_fraction"] ==
+        nlohmann::json::array({0.5, 0.5}));
+  // Rank 1 started first: it is time 0, rank 0 two microseconds later.
+  CHECK(trace["metadata"]["start_offset_us"] ==
+        nlohmann::json::array({2.0, 0.0}));
+  int x = 0;
+  for (const auto &e : trace["traceEvents"]) {
+    if (e["ph"] == "M" && e["name"] == "process_name")
+      CHECK(e["args"]["name"] == "rank " + std::to_string(e["pid"].get<int>()));
+    if (e["ph"] != "X")
+      continue;
+    ++x;
+    if (e["pid"] == 0 && e["tid"] == 0 && e["args"]["instruction"] == 0) {
+      CHECK(e["name"] == "task @stage0_F (PP=0 MB=0 PASS=F)");
+      CHECK(e["ts"].get<double>() == Approx(2.01));
+      CHECK(e["dur"].get<double>() == Approx(0.03));
+    }
+    if (e["args"]["instruction"] == 1 && e["tid"] == 0)
+      CHECK(e["name"] == "CALL"); // no label: the kind
+  }
+  CHECK(x == 6);
+  CHECK(summary.find("rank 1: step 0.000 ms, compute busy 0.000 ms, bubble "
+                     "50.00%") != std::string::npos);
+
+  // Two hosts: every rank at its own start.
+  parts[1] = traceRankPart(tracePlan(1), 1, "other", traceAt(3000));
+  REQUIRE(mergeTraceParts(parts, text, summary, step));
+  CHECK(nlohmann::json::parse(text)["metadata"]["start_offset_us"] ==
+        nlohmann::json::array({0.0, 0.0}));
+
+  // A rank without its part: null entries, named in the summary.
+  parts[1] = "";
+  summary.clear();
+  REQUIRE(mergeTraceParts(parts, text, summary, step));
+  CHECK(nlohmann::json::parse(text)["metadata"]["bubble_fraction"][1]
+            .is_null());
+  CHECK(summary.find("rank 1: not traced") != std::string::npos);
+
+  // Different steps cannot be one trace.
+  StepTrace other = traceAt(3000);
+  other.step = 4;
+  parts[1] = traceRankPart(tracePlan(1), 1, "h", other);
+  Status st = mergeTraceParts(parts, text, summary, step);
+  REQUIRE_FALSE(st);
+  CHECK(st.message() == "the ranks traced different steps: 3 and 4 (rank 1)");
 }
