@@ -70,10 +70,15 @@ Status peakBytesPerRank(Communicator *comm, int rank, int worldSize,
   return Status::ok();
 }
 
-/// The step --trace records: --trace-step, else the last; an error when the
-/// run has no step or --trace-step is not one of `first`..`last`.
-Status chooseTracedStep(const RunOptions &options, int64_t first,
-                        int64_t last, int64_t &step) {
+/// The step --trace records: --trace-step, else the last; an error when
+/// --trace-step is not one of `first`..`last`, or the run has no step. A
+/// resumed run with no step left (a restart after its last checkpoint)
+/// traces none (`step` -1) instead.
+Status chooseTracedStep(const RunOptions &options, bool continuing,
+                        int64_t first, int64_t last, int64_t &step) {
+  step = -1;
+  if (last < first && continuing && options.traceStep == 0)
+    return Status::ok();
   if (last < first)
     return Status::error(fmt::format(
         "--trace: this run has no step to trace (it ends at step {})", last));
@@ -240,7 +245,8 @@ int runRank(const RunOptions &options, const RankEnv &env,
   // --trace: the step to record, checked before any step runs.
   int64_t tracedStep = -1;
   if (!options.tracePath.empty())
-    check(chooseTracedStep(options, loadedStep + 1, lastStep, tracedStep));
+    check(chooseTracedStep(options, continuing, loadedStep + 1, lastStep,
+                           tracedStep));
 
   // Declared before the communicator, which uses its store until it goes.
   TcpMeeting meeting;
