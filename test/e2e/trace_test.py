@@ -8,14 +8,17 @@ row per device class). piper-run --trace writes the measured one: valid
 JSON, one process per rank named "rank R", its threads named after its
 plan's streams, every CALL of the plan exactly once per rank (named as in
 the predicted trace), no two events of one stream overlapping, and a
-measured bubble in [0, 1) per rank in the metadata. An unwritable --trace
-path and a --trace-step outside the run are refused before any step.
+measured bubble in [0, 1) per rank in the metadata. The same when the
+ranks are started torchrun-style (the parts then travel through rank 0's
+TCP store). An unwritable --trace path and a --trace-step outside the run
+are refused before any step.
 
 Usage: trace_test.py PIPERC PIPER_RUN
 """
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import tempfile
@@ -116,6 +119,32 @@ def check_measured(path, classes, world, step, checks, what):
                    all(e["ts"] >= 0 for e in events if e["ph"] == "X")))
 
 
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_torchrun_style(out, world, args):
+    """Starts the `world` ranks of `out` with torchrun's variables at once;
+    returns rank 0's stderr."""
+    port = str(free_port())
+    procs = []
+    for r in range(world):
+        env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world),
+                   LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(world),
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+        procs.append(subprocess.Popen([PIPER_RUN, out] + args, env=env,
+                                      stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+    outputs = [p.communicate(timeout=300) for p in procs]
+    for r, p in enumerate(procs):
+        if p.returncode != 0:
+            sys.exit("rank %d exited with %d:\n%s%s" % (
+                r, p.returncode, outputs[r][0], outputs[r][1]))
+    return outputs[0][1]
+
+
 def main():
     work = tempfile.mkdtemp(prefix="piper-trace-",
                             dir=os.environ.get("TEST_TMPDIR"))
@@ -149,8 +178,16 @@ def main():
                                      proc.stderr) for r in range(world))))
         check_measured(path, classes, world, step, checks, what)
 
-    # Refused before any rank starts.
+    # Under torchrun-style variables: rank 0's TCP store carries the parts.
     out = os.path.join(work, "pp2_1f1b")
+    _, classes = predicted(out)
+    path = os.path.join(work, "torchrun.trace.json")
+    stderr = run_torchrun_style(out, 2, ["--steps", "2", "--trace", path])
+    checks.append(("torchrun-style: rank 0 writes the trace",
+                   "trace of step 2 written to '%s'" % path in stderr))
+    check_measured(path, classes, 2, 2, checks, "torchrun-style pp2 1f1b")
+
+    # Refused before any rank starts.
     # (A folder under a regular file cannot be created, even by root.)
     under_file = os.path.join(out, "report.txt", "t.json")
     for target, message in [
