@@ -128,6 +128,7 @@ struct CompileOptions {
   int zero = 0;
   /// --ep: experts split over groups of this many replicas of each stage.
   int64_t ep = 1;
+  int64_t virtualStages = 0; // 0: the schedule's default
   OptimizerConfig opt;
   /// Print the time of each phase to stderr when done.
   bool timing = false;
@@ -220,10 +221,24 @@ int runCompile(const CompileOptions &o) {
                                 "limit of {2} devices",
                                 o.pp, o.dp, kMaxWorldSize)
                       .str());
-    if (std::string err = checkStageMicrobatches(o.pp, o.microbatches);
+    if (o.virtualStages < 0 || o.virtualStages > kMaxStages)
+      return fail(llvm::formatv("--virtual-stages must be from 1 to {0}, got "
+                                "{1}",
+                                kMaxStages, o.virtualStages)
+                      .str());
+    int64_t perDevice = o.virtualStages ? o.virtualStages
+                                        : defaultStagesPerDevice(*schedule);
+    if (o.pp * perDevice > kMaxStages)
+      return fail(llvm::formatv("--pp {0} times {1} stages per device group "
+                                "is more than the limit of {2} stages",
+                                o.pp, perDevice, kMaxStages)
+                      .str());
+    if (std::string err =
+            checkStageMicrobatches(o.pp * perDevice, o.microbatches);
         !err.empty())
       return fail(err);
-    if (std::string err = schedule->check(o.pp, o.microbatches); !err.empty())
+    if (std::string err = schedule->check(o.pp, perDevice, o.microbatches);
+        !err.empty())
       return fail("schedule '" + o.schedule + "' " + err);
     if (o.zero < 0 || o.zero > 3)
       return fail(llvm::formatv("--zero must be the ZeRO stage 0, 1, 2 or 3, "
@@ -243,7 +258,7 @@ int runCompile(const CompileOptions &o) {
                                 o.ep, o.dp)
                       .str());
     strategy = strategyFromFlags(o.pp, o.dp, o.microbatches, *schedule, o.zero,
-                                 o.ep);
+                                 o.ep, perDevice);
   }
   if (o.worldSizeGiven) {
     if (o.worldSize < 1 || o.worldSize > kMaxWorldSize)
@@ -481,7 +496,13 @@ int mlir::piper::pipercMain(int argc, char **argv) {
       "expert parallelism: split every MoE layer's experts over groups of this "
       "many data-parallel replicas (divides --dp and the experts; "
       "docs/expert-parallel.md)");
-  for (CLI::Option *opt : {ppOpt, dpOpt, mbOpt, schedOpt, zeroOpt, epOpt})
+  auto *vsOpt = compileCmd->add_option(
+      "--virtual-stages", comp.virtualStages,
+      "stages per pipeline device group: --pp P makes P*V stages, placed in "
+      "the schedule's layout (default: 2 for interleaved-1f1b, zbv and "
+      "dualpipev, else 1; docs/schedules.md)");
+  for (CLI::Option *opt :
+       {ppOpt, dpOpt, mbOpt, schedOpt, zeroOpt, epOpt, vsOpt})
     opt->excludes(strategyOpt);
   compileCmd->add_option("--world-size", comp.worldSize,
                          "number of devices (checked against the strategy)");

@@ -1,4 +1,4 @@
-// Parsing of strategy files and the GPipe / 1F1B schedule builders.
+// Parsing of strategy files, and the strategy of piperc's flags.
 #include "compiler/strategy/Strategy.h"
 
 #include "dialects/piper/PiperDialect.h"
@@ -183,6 +183,8 @@ public:
       }
       if (d.groups.empty())
         return fail("\"filters\" must not be empty");
+      if (auto e = checkSplitBackward())
+        return std::move(e);
     } else if (*op == "schedule") {
       d.kind = Directive::Schedule;
       allowed.insert("name");
@@ -241,6 +243,66 @@ public:
   }
 
 private:
+  /// The split-backward stencil of an order directive (the original
+  /// Piper's rule): each filter it names with PASS "BI" it also names once
+  /// with "BW", in a later group, and never with the fused "B".
+  llvm::Error checkSplitBackward() {
+    struct Halves {
+      int bi = -1, bw = -1;
+      bool fused = false;
+    };
+    std::map<std::string, Halves> bases;
+    for (auto [gi, group] : llvm::enumerate(d.groups))
+      for (const Filter &f : group) {
+        auto pass = f.entries.find("PASS");
+        if (pass == f.entries.end() || pass->second.kind != FilterValue::Pass)
+          continue;
+        Filter base = f;
+        base.entries.erase("PASS");
+        Halves &h = bases[base.str()];
+        const std::string &p = pass->second.pass;
+        int g = static_cast<int>(gi);
+        if (p == "B") {
+          h.fused = true;
+        } else if (p == "BI" || p == "BW") {
+          int &at = p == "BI" ? h.bi : h.bw;
+          if (at >= 0)
+            return fail(llvm::formatv("names PASS \"{0}\" for {1} twice "
+                                      "(groups {2} and {3})",
+                                      p, base.str(), at, g)
+                            .str());
+          at = g;
+        }
+      }
+    for (const auto &[base, h] : bases) {
+      if (h.bi < 0 && h.bw < 0)
+        continue;
+      const char *rule = "a split backward needs one \"BI\" and one "
+                         "\"BW\" for the same filter, \"BI\" first";
+      if (h.bw < 0)
+        return fail(llvm::formatv("names PASS \"BI\" for {0} without "
+                                  "\"BW\": {1}",
+                                  base, rule)
+                        .str());
+      if (h.bi < 0)
+        return fail(llvm::formatv("names PASS \"BW\" for {0} without "
+                                  "\"BI\": {1}",
+                                  base, rule)
+                        .str());
+      if (h.bw <= h.bi)
+        return fail(llvm::formatv("names PASS \"BW\" for {0} in group {1}, "
+                                  "not after its \"BI\" in group {2}: {3}",
+                                  base, h.bw, h.bi, rule)
+                        .str());
+      if (h.fused)
+        return fail(llvm::formatv("names {0} both fused (PASS \"B\") and "
+                                  "split (\"BI\"/\"BW\")",
+                                  base)
+                        .str());
+    }
+    return llvm::Error::success();
+  }
+
   llvm::Error fail(const std::string &msg) {
     return llvm::createStringError(d.describe() + ": " + msg);
   }
@@ -331,9 +393,6 @@ private:
         if (!kind)
           return fail("filter PASS must be one of \"F\", \"B\", \"BI\", "
                       "\"BW\", \"U\"");
-        if (*kind == PassKind::BI || *kind == PassKind::BW)
-          return fail("split backward passes (BI/BW) are not implemented "
-                      "yet");
         fv.kind = FilterValue::Pass;
         fv.pass = pass->str();
       } else if (std::optional<llvm::StringRef> s = value.getAsString()) {
@@ -473,103 +532,14 @@ int64_t mlir::piper::numStages(const Strategy &strategy) {
   return fromPlacements;
 }
 
-static std::string anyMicrobatches(int64_t stages, int64_t microbatches) {
-  if (stages < 1 || microbatches < 1)
-    return "needs at least one stage and one microbatch";
-  return "";
-}
-
-/// GPipe: every forward, then every backward.
-static StageOrder gpipeOrder(int64_t, int64_t, int64_t microbatches) {
-  StageOrder seq;
-  for (int64_t m = 0; m < microbatches; ++m)
-    seq.push_back({m, "F"});
-  for (int64_t m = 0; m < microbatches; ++m)
-    seq.push_back({m, "B"});
-  return seq;
-}
-
-/// 1F1B: stage s warms up with (stages - 1 - s) forwards, then alternates
-/// one forward and one backward, then drains the backwards.
-static StageOrder oneFOneBOrder(int64_t stage, int64_t stages,
-                                int64_t microbatches) {
-  StageOrder seq;
-  int64_t warmup = std::min(stages - 1 - stage, microbatches);
-  int64_t f = 0, b = 0;
-  for (; f < warmup; ++f)
-    seq.push_back({f, "F"});
-  while (f < microbatches) {
-    seq.push_back({f++, "F"});
-    seq.push_back({b++, "B"});
-  }
-  while (b < microbatches)
-    seq.push_back({b++, "B"});
-  return seq;
-}
-
-llvm::ArrayRef<ScheduleBuilder> mlir::piper::getScheduleBuilders() {
-  static const ScheduleBuilder builders[] = {
-      {"gpipe", "every forward, then every backward (GPipe)", anyMicrobatches,
-       gpipeOrder},
-      {"1f1b",
-       "warm-up forwards, then one forward and one backward in turn "
-       "(PipeDream-Flush)",
-       anyMicrobatches, oneFOneBOrder},
-  };
-  return builders;
-}
-
-const ScheduleBuilder *mlir::piper::findSchedule(llvm::StringRef name) {
-  for (const ScheduleBuilder &b : getScheduleBuilders())
-    if (b.name == name)
-      return &b;
-  return nullptr;
-}
-
-std::string mlir::piper::scheduleNames() {
-  return llvm::join(llvm::map_range(getScheduleBuilders(),
-                                    [](const ScheduleBuilder &b) {
-                                      return b.name;
-                                    }),
-                    ", ");
-}
-
-std::string mlir::piper::formatScheduleTable() {
-  std::string out;
-  for (const ScheduleBuilder &b : getScheduleBuilders())
-    out += llvm::formatv("{0,-8} {1}\n", b.name, b.summary).str();
-  return out;
-}
-
-static Filter taskFilter(int64_t stage, int64_t mb, llvm::StringRef pass) {
-  Filter f;
-  f.entries["PP"] = {FilterValue::Index, stage, ""};
-  f.entries["MB"] = {FilterValue::Index, mb, ""};
-  f.entries["PASS"] = {FilterValue::Pass, 0, pass.str()};
-  return f;
-}
-
-std::vector<Directive>
-mlir::piper::buildSchedule(const ScheduleBuilder &schedule, int64_t stages,
-                           int64_t microbatches) {
-  std::vector<Directive> out;
-  for (int64_t s = 0; s < stages; ++s) {
-    Directive d;
-    d.kind = Directive::Order;
-    for (auto &[mb, pass] : schedule.build(s, stages, microbatches))
-      d.groups.push_back({taskFilter(s, mb, pass)});
-    d.text = llvm::formatv("order: {0} schedule of stage {1}", schedule.name,
-                           s)
-                 .str();
-    out.push_back(std::move(d));
-  }
-  return out;
-}
-
 Strategy mlir::piper::strategyFromFlags(int64_t pp, int64_t dp,
                                         int64_t microbatches,
                                         const ScheduleBuilder &schedule,
-                                        int zero, int64_t ep) {
+                                        int zero, int64_t ep,
+                                        int64_t virtualStages) {
+  int64_t perDevice =
+      virtualStages > 0 ? virtualStages : defaultStagesPerDevice(schedule);
+  int64_t stages = pp * perDevice;
   Strategy s;
   auto add = [&](Directive d, std::string text) {
     d.index = s.directives.size();
@@ -578,16 +548,18 @@ Strategy mlir::piper::strategyFromFlags(int64_t pp, int64_t dp,
   };
   Directive stage;
   stage.kind = Directive::Stage;
-  stage.stages = pp;
-  add(stage, llvm::formatv("stage stages={0}", pp).str());
+  stage.stages = stages;
+  add(stage, llvm::formatv("stage stages={0}", stages).str());
   Directive split;
   split.kind = Directive::Split;
   split.numMicrobatches = microbatches;
   add(split, llvm::formatv("split num_microbatches={0}", microbatches).str());
-  for (int64_t st = 0; st < pp; ++st) {
+  for (int64_t st = 0; st < stages; ++st) {
+    // Stage st runs on pipeline device group g: ranks [g*dp, (g+1)*dp).
+    int64_t g = deviceOfStage(schedule.layout, st, pp);
     std::vector<int64_t> devices;
     for (int64_t r = 0; r < dp; ++r)
-      devices.push_back(st * dp + r);
+      devices.push_back(g * dp + r);
     std::string devs = llvm::formatv(
         "[{0}]", llvm::join(llvm::map_range(devices,
                                             [](int64_t d) {
@@ -623,12 +595,14 @@ Strategy mlir::piper::strategyFromFlags(int64_t pp, int64_t dp,
                      .str());
     }
   }
-  for (Directive &d : buildSchedule(schedule, pp, microbatches))
+  for (Directive &d : buildSchedule(schedule, pp, perDevice, microbatches))
     add(d, d.text);
   s.worldSize = pp * dp;
   s.summary = llvm::formatv("pp={0} dp={1} microbatches={2} schedule={3}", pp,
                             dp, microbatches, schedule.name)
                   .str();
+  if (perDevice > 1)
+    s.summary += llvm::formatv(" stages={0}", stages).str();
   if (zero)
     s.summary += llvm::formatv(" zero={0}", zero).str();
   if (ep > 1)

@@ -102,42 +102,74 @@ llvm::Expected<Strategy> parseStrategy(llvm::StringRef json);
 /// microbatches are more tasks than kMaxStageMicrobatches, or "".
 std::string checkStageMicrobatches(int64_t stages, int64_t microbatches);
 
-/// The (microbatch, pass) pairs one pipeline stage runs, in time order.
-using StageOrder = std::vector<std::pair<int64_t, std::string>>;
+/// One task of a schedule: a pipeline stage's pass over a microbatch.
+struct ScheduledTask {
+  int64_t stage = 0;
+  int64_t mb = 0;
+  std::string pass; // "F", "B", "BI" or "BW"
+};
+/// Tasks with no order among them: one task, or an overlap slot of several
+/// (which the compiler runs on different streams).
+using ScheduleSlot = std::vector<ScheduledTask>;
+/// The order of one pipeline device group: slots in time order.
+using DeviceOrder = std::vector<ScheduleSlot>;
+
+/// How a schedule's P*v stages sit on its P pipeline device groups.
+enum class StageLayout {
+  Linear,      ///< one stage per device group: stage d on group d
+  Interleaved, ///< v stages per group: group d holds d, d+P, d+2P, ...
+  V,           ///< two per group: group d holds stages d and 2P-1-d
+};
+
+/// The device group (of `devices`) that runs `stage` in `layout`.
+int64_t deviceOfStage(StageLayout layout, int64_t stage, int64_t devices);
 
 /// A pipeline schedule: its name, the constraints it checks and the order it
-/// gives each stage. `--schedule NAME`, the JSON `schedule` directive and the
-/// piper-schedule pass all find schedules in one registry
-/// (getScheduleBuilders); a new schedule is one more entry there.
+/// gives each pipeline device group. `--schedule NAME`, the JSON `schedule`
+/// directive and the piper-schedule pass all find schedules in one registry
+/// (getScheduleBuilders, Schedules.cpp); a new schedule is one more entry.
 struct ScheduleBuilder {
   llvm::StringRef name;
   llvm::StringRef summary;
-  /// An error message when the schedule cannot order `stages` stages of
-  /// `microbatches` microbatches, or "" when it can.
-  std::string (*check)(int64_t stages, int64_t microbatches);
-  /// The order of stage `stage` (of `stages`).
-  StageOrder (*build)(int64_t stage, int64_t stages, int64_t microbatches);
+  StageLayout layout;
+  /// What it needs, for `--schedule help` ("microbatches >= 2P").
+  llvm::StringRef needs;
+  /// An error message when the schedule cannot order `perDevice` stages on
+  /// each of `devices` device groups over `microbatches` microbatches, or
+  /// "" when it can.
+  std::string (*check)(int64_t devices, int64_t perDevice,
+                       int64_t microbatches);
+  /// The order of device group `device`.
+  DeviceOrder (*build)(int64_t device, int64_t devices, int64_t perDevice,
+                       int64_t microbatches);
 };
 
 /// Every registered schedule, in listing order.
 llvm::ArrayRef<ScheduleBuilder> getScheduleBuilders();
 /// The schedule called `name`, or null.
 const ScheduleBuilder *findSchedule(llvm::StringRef name);
-/// The registered names, "gpipe, 1f1b", for diagnostics.
+/// The registered names, "gpipe, 1f1b, ...", for diagnostics.
 std::string scheduleNames();
-/// One line per schedule (name and summary), for `--schedule help`.
+/// One line per schedule (name, layout, needs, summary), for `--schedule
+/// help`.
 std::string formatScheduleTable();
+/// Stages per device group when the strategy does not say: 2 for the V and
+/// interleaved layouts, 1 otherwise.
+int64_t defaultStagesPerDevice(const ScheduleBuilder &schedule);
 
-/// Emits one `order` directive per pipeline stage for `schedule`.
+/// Emits one `order` directive per pipeline device group for `schedule`.
 std::vector<Directive> buildSchedule(const ScheduleBuilder &schedule,
-                                     int64_t stages, int64_t microbatches);
+                                     int64_t devices, int64_t perDevice,
+                                     int64_t microbatches);
 
 /// Builds the strategy for `--pp P --dp D --microbatches M --schedule S
-/// --zero Z --ep E`: stage s runs on devices [s*D, (s+1)*D), replicated with
-/// ZeRO stage Z, its experts split over groups of E of them.
+/// --zero Z --ep E --virtual-stages V`: P*V stages (V: 0 for the schedule's
+/// default), stage s on the devices [g*D, (g+1)*D) of its pipeline group g
+/// in the schedule's layout, replicated with ZeRO stage Z, its experts split
+/// over groups of E of them.
 Strategy strategyFromFlags(int64_t pp, int64_t dp, int64_t microbatches,
                            const ScheduleBuilder &schedule, int zero = 0,
-                           int64_t ep = 1);
+                           int64_t ep = 1, int64_t virtualStages = 0);
 
 } // namespace mlir::piper
 

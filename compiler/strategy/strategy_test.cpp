@@ -1,6 +1,8 @@
 // Unit tests of strategy parsing and the schedule builders.
 #include <catch2/catch.hpp>
 
+#include <map>
+
 #include "compiler/strategy/Strategy.h"
 
 using namespace mlir::piper;
@@ -27,7 +29,7 @@ std::string parseError(const std::string &json) {
 } // namespace
 
 TEST_CASE("1f1b warms up with (stages - 1 - stage) forwards") {
-  std::vector<Directive> order = buildSchedule(*findSchedule("1f1b"), 4, 6);
+  std::vector<Directive> order = buildSchedule(*findSchedule("1f1b"), 4, 1, 6);
   REQUIRE(order.size() == 4);
   CHECK(render(order[0]) == "F0 F1 F2 F3 B0 F4 B1 F5 B2 B3 B4 B5");
   CHECK(render(order[1]) == "F0 F1 F2 B0 F3 B1 F4 B2 F5 B3 B4 B5");
@@ -38,13 +40,13 @@ TEST_CASE("1f1b warms up with (stages - 1 - stage) forwards") {
 }
 
 TEST_CASE("1f1b with fewer microbatches than stages still runs every pass") {
-  std::vector<Directive> order = buildSchedule(*findSchedule("1f1b"), 4, 2);
+  std::vector<Directive> order = buildSchedule(*findSchedule("1f1b"), 4, 1, 2);
   CHECK(render(order[0]) == "F0 F1 B0 B1");
   CHECK(render(order[3]) == "F0 B0 F1 B1");
 }
 
 TEST_CASE("gpipe runs every forward, then every backward") {
-  std::vector<Directive> order = buildSchedule(*findSchedule("gpipe"), 2, 3);
+  std::vector<Directive> order = buildSchedule(*findSchedule("gpipe"), 2, 1, 3);
   CHECK(render(order[0]) == "F0 F1 F2 B0 B1 B2");
   CHECK(render(order[1]) == "F0 F1 F2 B0 B1 B2");
 }
@@ -194,16 +196,129 @@ TEST_CASE("bad strategies name the directive and the problem") {
 TEST_CASE("schedules are found by name in one registry") {
   CHECK(findSchedule("gpipe"));
   CHECK(findSchedule("1f1b"));
-  CHECK_FALSE(findSchedule("zb-h1"));
-  CHECK(scheduleNames() == "gpipe, 1f1b");
-  CHECK(findSchedule("1f1b")->check(2, 0) != "");
-  CHECK(findSchedule("1f1b")->check(2, 1) == "");
+  CHECK_FALSE(findSchedule("dualpipe"));
+  CHECK(scheduleNames() == "gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-h2, "
+                           "zbv, dualpipev");
+  CHECK(findSchedule("1f1b")->check(2, 1, 0) != "");
+  CHECK(findSchedule("1f1b")->check(2, 1, 1) == "");
+  CHECK(findSchedule("1f1b")->check(2, 2, 1).find("needs 1 stage per") !=
+        std::string::npos);
+  CHECK(findSchedule("zb-h2")->check(4, 1, 6).find("at least 2P-1 = 7") !=
+        std::string::npos);
+  CHECK(findSchedule("zb-h2")->check(4, 1, 7) == "");
+  CHECK(findSchedule("zbv")->check(4, 2, 6).find("at least 7") !=
+        std::string::npos);
+  CHECK(findSchedule("zbv")->check(4, 1, 8).find("needs 2 stages") !=
+        std::string::npos);
+  CHECK(findSchedule("dualpipev")->check(4, 2, 7).find("at least 8") !=
+        std::string::npos);
+  CHECK(findSchedule("interleaved-1f1b")->check(4, 2, 6).find("multiple") !=
+        std::string::npos);
+  CHECK(findSchedule("interleaved-1f1b")->check(4, 1, 8).find("at least 2") !=
+        std::string::npos);
+  CHECK(formatScheduleTable().find("dualpipev") != std::string::npos);
+}
+
+/// Every (stage, microbatch) of the device groups' stages appears once with
+/// F and once as B or as BI then BW; every slot's tasks are on the group.
+static void checkComplete(const ScheduleBuilder &b, int64_t p, int64_t v,
+                          int64_t m) {
+  for (int64_t d = 0; d < p; ++d) {
+    std::map<std::pair<int64_t, int64_t>, std::string> seen;
+    for (const ScheduleSlot &slot : b.build(d, p, v, m))
+      for (const ScheduledTask &t : slot) {
+        INFO(b.name.str() << " P=" << p << " M=" << m << " group " << d);
+        CHECK(deviceOfStage(b.layout, t.stage, p) == d);
+        std::string &passes = seen[{t.stage, t.mb}];
+        if (t.pass == "BW")
+          CHECK(passes == "F BI");
+        passes += (passes.empty() ? "" : " ") + t.pass;
+      }
+    for (int64_t s = 0; s < p * v; ++s) {
+      if (deviceOfStage(b.layout, s, p) != d)
+        continue;
+      for (int64_t mb = 0; mb < m; ++mb) {
+        INFO(b.name.str() << " P=" << p << " M=" << m << " stage " << s
+                          << " mb " << mb);
+        std::string passes = seen[{s, mb}];
+        CHECK((passes == "F B" || passes == "F BI BW"));
+      }
+    }
+  }
+}
+
+TEST_CASE("every schedule runs every pass of its stages once") {
+  for (const ScheduleBuilder &b : getScheduleBuilders())
+    for (int64_t p : {2, 3, 4})
+      for (int64_t m = 1; m <= 3 * p + 1; ++m) {
+        int64_t v = b.layout == StageLayout::Linear ? 1 : 2;
+        if (b.check(p, v, m).empty())
+          checkComplete(b, p, v, m);
+      }
+}
+
+TEST_CASE("zb-h1 defers stage d's weight gradients by d") {
+  std::vector<Directive> order = buildSchedule(*findSchedule("zb-h1"), 3, 1, 4);
+  CHECK(render(order[0]) == "F0 F1 F2 BI0 BW0 F3 BI1 BW1 BI2 BW2 BI3 BW3");
+  CHECK(render(order[2]) == "F0 BI0 F1 BI1 F2 BI2 BW0 F3 BI3 BW1 BW2 BW3");
+}
+
+TEST_CASE("the V layout pairs stage d with 2P-1-d") {
+  CHECK(deviceOfStage(StageLayout::V, 0, 4) == 0);
+  CHECK(deviceOfStage(StageLayout::V, 7, 4) == 0);
+  CHECK(deviceOfStage(StageLayout::V, 4, 4) == 3);
+  CHECK(deviceOfStage(StageLayout::Interleaved, 6, 4) == 2);
+  Strategy s = strategyFromFlags(2, 1, 4, *findSchedule("zbv"));
+  std::map<int64_t, std::vector<int64_t>> placed;
+  for (const Directive &d : s.directives)
+    if (d.kind == Directive::Place)
+      placed[d.filter.entries.at("PP").index] = d.devices;
+  CHECK(placed[0] == std::vector<int64_t>{0});
+  CHECK(placed[1] == std::vector<int64_t>{1});
+  CHECK(placed[2] == std::vector<int64_t>{1});
+  CHECK(placed[3] == std::vector<int64_t>{0});
+}
+
+TEST_CASE("dualpipev overlaps a forward and a backward in one slot") {
+  std::vector<Directive> order =
+      buildSchedule(*findSchedule("dualpipev"), 2, 2, 4);
+  int slots = 0;
+  for (const Directive &d : order)
+    for (const std::vector<Filter> &g : d.groups)
+      if (g.size() == 2) {
+        ++slots;
+        CHECK(g[0].entries.at("PASS").pass == "F");
+        CHECK(g[1].entries.at("PASS").pass == "B");
+      }
+  CHECK(slots > 0);
+}
+
+TEST_CASE("an order's split backward needs BI then BW for one filter") {
+  auto order = [](const std::string &groups) {
+    return parseError(R"([{"op": "order", "filters": [)" + groups + "]}]");
+  };
+  CHECK(order(R"([{"PP": 0, "MB": 0, "PASS": "BI"}], [{"PP": 0, "MB": 0, "PASS": "BW"}])") == "");
+  CHECK(order(R"([{"PP": 0, "MB": 0, "PASS": "BI"}])")
+            .find("names PASS \"BI\" for {\"MB\": 0, \"PP\": 0} without "
+                  "\"BW\"") != std::string::npos);
+  CHECK(order(R"([{"PP": 0, "MB": 0, "PASS": "BW"}])")
+            .find("without \"BI\"") != std::string::npos);
+  CHECK(order(R"([{"PP": 0, "MB": 0, "PASS": "BW"}], [{"PP": 0, "MB": 0, "PASS": "BI"}])")
+            .find("in group 0, not after its \"BI\" in group 1") !=
+        std::string::npos);
+  CHECK(order(R"([{"PP": 0, "MB": 0, "PASS": "BI"}, {"PP": 0, "MB": 0, "PASS": "BW"}])")
+            .find("not after its") != std::string::npos);
+  CHECK(order(R"([{"PP": 0, "MB": 0, "PASS": "BI"}], [{"PP": 0, "MB": 0, "PASS": "BI"}], [{"PP": 0, "MB": 0, "PASS": "BW"}])")
+            .find("twice") != std::string::npos);
+  CHECK(order(R"([{"PP": 0, "MB": 0, "PASS": "B"}], [{"PP": 0, "MB": 0, "PASS": "BI"}], [{"PP": 0, "MB": 0, "PASS": "BW"}])")
+            .find("both fused") != std::string::npos);
 }
 
 TEST_CASE("a schedule directive names a registered schedule") {
   CHECK(parseError(R"([{"op": "schedule", "name": "1f1b"}])") == "");
   CHECK(parseError(R"([{"op": "schedule", "name": "dualpipe"}])")
-            .find("unknown schedule \"dualpipe\" (expected gpipe, 1f1b)") !=
+            .find("unknown schedule \"dualpipe\" (expected gpipe, 1f1b, "
+                  "interleaved-1f1b") !=
         std::string::npos);
   CHECK(parseError(R"([{"op": "schedule"}])")
             .find("missing string key \"name\"") != std::string::npos);

@@ -256,7 +256,7 @@ mlir::piper::sharedParams(SegmentParams &segmentParams, ProgramOp program) {
   DenseSet<std::pair<Attribute, Attribute>> seen;
   DenseMap<StringAttr, SmallVector<Attribute>> groupAttrs;
   for (TaskOp t : program.getBody().front().getOps<TaskOp>()) {
-    if (!t.getTag().isPass(PassKind::B) || !t.getDevices())
+    if (!t.getTag().isBackward() || !t.getDevices())
       continue;
     if (!seen.insert({t.getSegmentAttr(), t.getDevicesAttr()}).second)
       continue;

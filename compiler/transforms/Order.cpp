@@ -96,16 +96,82 @@ private:
 };
 } // namespace
 
+/// An overlap slot: the tasks of its k-th filter run on compute stream
+/// "compute.k" ("compute" for the first), so that the executor runs them
+/// concurrently, except that a member accumulating the gradient of a
+/// parameter that an earlier member accumulates joins that member's stream:
+/// two accumulations into one buffer must not race.
+static void assignOverlapStreams(ArrayRef<SmallVector<TaskOp>> members,
+                                 SegmentParams &segmentParams) {
+  SmallVector<std::pair<StreamAttr, llvm::SmallDenseSet<Attribute>>> used;
+  for (auto [k, tasks] : llvm::enumerate(members)) {
+    if (tasks.empty())
+      continue;
+    llvm::SmallDenseSet<Attribute> params;
+    for (TaskOp t : tasks)
+      for (StringAttr p :
+           segmentParams.accumulated(TaskOp(t).getSegment()))
+        params.insert(p);
+    StreamAttr stream = TaskOp(tasks.front()).getStreamAttr();
+    if (!stream || !stream.isCompute())
+      continue;
+    if (k > 0)
+      stream = StreamAttr::get(stream.getContext(),
+                               (stream.getName() + "." + Twine(k)).str(),
+                               StreamKind::compute);
+    for (auto &[earlier, earlierParams] : used)
+      if (llvm::any_of(params, [&](Attribute p) {
+            return earlierParams.contains(p);
+          }))
+        stream = earlier;
+    for (TaskOp t : tasks)
+      TaskOp(t).setStreamAttr(stream);
+    used.push_back({stream, std::move(params)});
+  }
+}
+
+/// Splits the fused backward tasks that the directive's "BI" filters name
+/// (with PASS "B" instead) into BI and BW tasks. The parser has checked that
+/// each such filter has its "BW" in a later group.
+static LogicalResult splitRequestedBackwards(ProgramOp program,
+                                             const Directive &d) {
+  llvm::SetVector<Operation *> fused;
+  TaskIndex index(program);
+  for (const std::vector<Filter> &group : d.groups)
+    for (const Filter &f : group) {
+      auto pass = f.entries.find("PASS");
+      if (pass == f.entries.end() || pass->second.pass != "BI")
+        continue;
+      Filter base = f;
+      base.entries["PASS"].pass = "B";
+      for (TaskOp t : index.lookup(base))
+        fused.insert(t);
+    }
+  SmallVector<TaskOp> tasks;
+  for (Operation *op : fused)
+    tasks.push_back(cast<TaskOp>(op));
+  return splitBackwardTasks(program, tasks, d.describe());
+}
+
 LogicalResult mlir::piper::applyOrder(ProgramOp program, const Directive &d) {
+  if (failed(splitRequestedBackwards(program, d)))
+    return failure();
   SmallVector<SmallVector<TaskOp>> groups;
   std::optional<ArrayRef<int64_t>> devices;
   TaskOp first;
   TaskIndex index(program);
+  SegmentParams segmentParams(program->getParentOfType<ModuleOp>());
   for (auto [gi, group] : llvm::enumerate(d.groups)) {
     llvm::SetVector<Operation *> tasks;
-    for (const Filter &f : group)
+    SmallVector<SmallVector<TaskOp>> members;
+    for (const Filter &f : group) {
+      members.emplace_back();
       for (TaskOp t : index.lookup(f))
-        tasks.insert(t);
+        if (tasks.insert(t))
+          members.back().push_back(t);
+    }
+    if (group.size() > 1)
+      assignOverlapStreams(members, segmentParams);
     if (tasks.empty()) {
       std::string filters;
       for (const Filter &f : group)

@@ -97,7 +97,7 @@ LogicalResult mlir::piper::applyReplicate(ModuleOp module, ProgramOp program,
   llvm::SetVector<StringAttr> params;
   TagAttr stageTag;
   for (TaskOp t : tasks) {
-    if (t.getTag().isPass(PassKind::B)) {
+    if (t.getTag().isBackward()) {
       backward.push_back(t);
       // Backward order: the last layers' gradients are ready first.
       params.insert_range(segmentParams.accumulated(t.getSegment()));

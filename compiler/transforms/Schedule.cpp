@@ -18,6 +18,59 @@ namespace mlir::piper {
 using namespace mlir;
 using namespace mlir::piper;
 
+/// The pipeline shape a schedule sees: P device groups of `perDevice`
+/// stages each, in the schedule's layout. Stages that are placed must sit
+/// on their groups as the layout says; unplaced ones are taken to.
+static FailureOr<std::pair<int64_t, int64_t>>
+pipelineShape(ProgramOp program, const ScheduleBuilder &schedule,
+              int64_t stages, StringRef what) {
+  // The device group of each stage: that of its first task.
+  SmallVector<DeviceGroupAttr> groupOf(stages);
+  SmallVector<TaskOp> firstOf(stages);
+  for (TaskOp t : program.getBody().front().getOps<TaskOp>())
+    if (auto pp = t.getTag().getPp(); pp && !firstOf[*pp]) {
+      firstOf[*pp] = t;
+      groupOf[*pp] = t.getDevicesAttr();
+    }
+  bool placed = llvm::all_of(groupOf, [](DeviceGroupAttr g) { return g; });
+  auto fail = [&]() {
+    return program.emitOpError(what) << ": schedule '" << schedule.name
+                                     << "' ";
+  };
+  if (!placed) {
+    int64_t perDevice = defaultStagesPerDevice(schedule);
+    if (stages % perDevice != 0)
+      return fail() << "needs an even number of stages for its V layout "
+                       "(device group d holds stages d and 2P-1-d), got "
+                    << stages;
+    return std::make_pair(stages / perDevice, perDevice);
+  }
+  llvm::SetVector<Attribute> groups;
+  for (DeviceGroupAttr g : groupOf)
+    groups.insert(g);
+  int64_t devices = groups.size();
+  if (schedule.layout == StageLayout::V && stages != 2 * devices)
+    return fail() << "needs the V layout: two stages per device group, "
+                     "stages d and 2P-1-d together, "
+                  << (stages % 2 ? "and an even number of stages; got "
+                                 : "got ")
+                  << stages << " stages on " << devices << " device groups";
+  if (stages % devices != 0)
+    return fail() << "cannot spread " << stages << " stages evenly over "
+                  << devices << " device groups";
+  // Group d of the layout is the group of its first stage (stage d).
+  for (int64_t st = 0; st < stages; ++st) {
+    int64_t d = deviceOfStage(schedule.layout, st, devices);
+    if (groupOf[st] != groupOf[d])
+      return fail() << "expects stage " << st << " on the device group of "
+                    << "stage " << d << " ("
+                    << formatDevices(groupOf[d].getMembers())
+                    << ") in its layout, but it runs on "
+                    << formatDevices(groupOf[st].getMembers());
+  }
+  return std::make_pair(devices, stages / devices);
+}
+
 LogicalResult mlir::piper::applySchedule(ModuleOp module,
                                          const ScheduleBuilder &schedule,
                                          StringRef what) {
@@ -34,11 +87,18 @@ LogicalResult mlir::piper::applySchedule(ModuleOp module,
              << " has no MB tag: schedules order microbatches, run "
                 "piper-split first";
   }
+  FailureOr<std::pair<int64_t, int64_t>> shape =
+      pipelineShape(*program, schedule, stages, what);
+  if (failed(shape))
+    return failure();
+  auto [devices, perDevice] = *shape;
   int64_t microbatches = program->getNumMicrobatches();
-  if (std::string err = schedule.check(stages, microbatches); !err.empty())
+  if (std::string err = schedule.check(devices, perDevice, microbatches);
+      !err.empty())
     return program->emitOpError(what)
            << ": schedule '" << schedule.name << "' " << err;
-  for (Directive &d : buildSchedule(schedule, stages, microbatches))
+  for (Directive &d :
+       buildSchedule(schedule, devices, perDevice, microbatches))
     if (failed(applyDirective(module, d, std::nullopt)))
       return failure();
   return success();

@@ -13,23 +13,37 @@ using namespace mlir::piper;
 FailureOr<SegmentPieces> mlir::piper::splitSegment(SegmentOp seg,
                                                    ArrayRef<unsigned> cuts) {
   Block &body = seg.getBody().front();
-  auto yield = cast<YieldOp>(body.getTerminator());
   SmallVector<Operation *> ops;
   for (Operation &op : body.without_terminator())
     ops.push_back(&op);
-  unsigned numPieces = cuts.size() + 1;
   for (auto [i, c] : llvm::enumerate(cuts))
     if (c == 0 || c >= ops.size() || (i > 0 && c <= cuts[i - 1]))
       return seg.emitOpError("cannot be split before op ")
              << c << " (cuts must increase within its " << ops.size()
              << " ops)";
-
   DenseMap<Operation *, unsigned> pieceOf;
   for (unsigned k = 0, i = 0; i < ops.size(); ++i) {
     while (k < cuts.size() && i >= cuts[k])
       ++k;
     pieceOf[ops[i]] = k;
   }
+  SmallVector<std::string> names;
+  for (unsigned j = 0; j <= cuts.size(); ++j)
+    names.push_back((seg.getSymName() + "." + Twine(j)).str());
+  return splitSegmentByOps(seg, pieceOf, names, cuts.size());
+}
+
+FailureOr<SegmentPieces>
+mlir::piper::splitSegmentByOps(SegmentOp seg,
+                               const DenseMap<Operation *, unsigned> &pieceOf,
+                               ArrayRef<std::string> names,
+                               unsigned passThroughPiece) {
+  Block &body = seg.getBody().front();
+  auto yield = cast<YieldOp>(body.getTerminator());
+  SmallVector<Operation *> ops;
+  for (Operation &op : body.without_terminator())
+    ops.push_back(&op);
+  unsigned numPieces = names.size();
   // What crosses pieces: a value defined in piece i and read in piece j > i
   // is an output of i and an input of j. Parameter reads never cross: each
   // piece reads the parameter itself.
@@ -37,6 +51,7 @@ FailureOr<SegmentPieces> mlir::piper::splitSegment(SegmentOp seg,
   auto isParamRead = [](Value v) {
     return v.getDefiningOp<ParamRefOp>() != nullptr;
   };
+  bool failedOrder = false;
   auto need = [&](Value v, unsigned j) {
     if (isParamRead(v))
       return;
@@ -47,27 +62,34 @@ FailureOr<SegmentPieces> mlir::piper::splitSegment(SegmentOp seg,
     unsigned i = pieceOf.lookup(v.getDefiningOp());
     if (i == j)
       return;
+    if (i > j) {
+      failedOrder = true;
+      return;
+    }
     outputs[i].insert(v);
     inputs[j].insert(v);
   };
   for (Operation *op : ops) {
     if (isa<ParamRefOp>(op))
       continue;
-    unsigned j = pieceOf[op];
+    unsigned j = pieceOf.lookup(op);
     op->walk([&](Operation *nested) {
       for (Value v : nested->getOperands())
         if (v.getParentBlock() == &body)
           need(v, j);
     });
   }
+  if (failedOrder)
+    return seg.emitOpError("cannot be split: a piece reads a value of a "
+                           "later piece");
   // The segment's results leave from the piece that computes them (an
-  // argument passed through leaves from the last piece).
+  // argument passed through leaves from piece passThroughPiece).
   for (Value v : yield.getValues()) {
     if (isParamRead(v))
       return yield.emitOpError("cannot return a parameter from a piece");
     if (isa<BlockArgument>(v)) {
-      inputs[numPieces - 1].insert(v);
-      outputs[numPieces - 1].insert(v);
+      inputs[passThroughPiece].insert(v);
+      outputs[passThroughPiece].insert(v);
     } else {
       outputs[pieceOf.lookup(v.getDefiningOp())].insert(v);
     }
@@ -85,9 +107,8 @@ FailureOr<SegmentPieces> mlir::piper::splitSegment(SegmentOp seg,
       inTypes.push_back(v.getType());
     for (Value v : outputs[j])
       outTypes.push_back(v.getType());
-    auto piece = SegmentOp::create(
-        b, seg.getLoc(), (seg.getSymName() + "." + Twine(j)).str(),
-        b.getFunctionType(inTypes, outTypes));
+    auto piece = SegmentOp::create(b, seg.getLoc(), names[j],
+                                   b.getFunctionType(inTypes, outTypes));
     for (NamedAttribute a : seg->getDiscardableAttrs())
       piece->setDiscardableAttr(a.getName(), a.getValue());
     b.setInsertionPointAfter(piece);
@@ -103,7 +124,7 @@ FailureOr<SegmentPieces> mlir::piper::splitSegment(SegmentOp seg,
     }
     OpBuilder pbuilder = OpBuilder::atBlockEnd(&pb);
     for (Operation *op : ops) {
-      if (pieceOf[op] != j || isa<ParamRefOp>(op))
+      if (pieceOf.lookup(op) != j || isa<ParamRefOp>(op))
         continue;
       op->walk([&](Operation *nested) {
         for (Value v : nested->getOperands())
@@ -123,13 +144,14 @@ FailureOr<SegmentPieces> mlir::piper::splitSegment(SegmentOp seg,
     out.pieces.push_back(piece);
     out.inputs.push_back(std::move(sources));
   }
-  // Passed-through arguments leave from the last piece, at their position
-  // among its outputs.
+  // Passed-through arguments leave from piece passThroughPiece, at their
+  // position among its outputs.
   for (Value v : yield.getValues()) {
     if (isa<BlockArgument>(v)) {
-      unsigned k = llvm::find(outputs[numPieces - 1], v) -
-                   outputs[numPieces - 1].begin();
-      out.results.push_back(PieceSource{static_cast<int>(numPieces - 1), k});
+      unsigned k = llvm::find(outputs[passThroughPiece], v) -
+                   outputs[passThroughPiece].begin();
+      out.results.push_back(
+          PieceSource{static_cast<int>(passThroughPiece), k});
     } else {
       auto [p, k] = sourceOf.lookup(v);
       out.results.push_back(PieceSource{p, k});

@@ -237,7 +237,7 @@ LogicalResult mlir::piper::splitDevices(ModuleOp module) {
         if (auto t = dyn_cast<TaskOp>(op)) {
           if (t.getTag().isPass(PassKind::U))
             updates.push_back(t);
-          else if (t.getTag().isPass(PassKind::B))
+          else if (t.getTag().isBackward())
             deps.push_back(t.getDone());
         } else if (auto ar = dyn_cast<AllReduceOp>(op)) {
           deps.push_back(ar.getDone());

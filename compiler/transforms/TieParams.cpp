@@ -46,7 +46,7 @@ LogicalResult mlir::piper::tieSharedParams(ModuleOp module) {
     SmallVector<Value> deps;
     TaskOp last;
     for (TaskOp t : body.getOps<TaskOp>()) {
-      if (!t.getTag().isPass(PassKind::B))
+      if (!t.getTag().isBackward())
         continue;
       if (llvm::is_contained(segmentParams.accumulated(t.getSegment()),
                              param)) {

@@ -85,6 +85,15 @@ struct SegmentPieces {
 /// `seg` itself is left for the caller to erase once no task calls it.
 FailureOr<SegmentPieces> splitSegment(SegmentOp seg, ArrayRef<unsigned> cuts);
 
+/// Splits `seg` into `names.size()` pieces by an assignment of its
+/// top-level ops: `pieceOf[op]` must be at least the piece of every op whose
+/// result it reads (pieces run in order). Results that are arguments passed
+/// through leave from piece `passThroughPiece`. The pieces are new segments
+/// named `names` after `seg`, with its attributes.
+FailureOr<SegmentPieces>
+splitSegmentByOps(SegmentOp seg, const DenseMap<Operation *, unsigned> &pieceOf,
+                  ArrayRef<std::string> names, unsigned passThroughPiece);
+
 /// A task calling `piece` with `args` after `deps`, with the tag, devices,
 /// streams and discardable attributes of `t` (the task it replaces part of).
 TaskOp createPieceTask(OpBuilder &b, TaskOp t, SegmentOp piece,
@@ -95,6 +104,19 @@ TaskOp createPieceTask(OpBuilder &b, TaskOp t, SegmentOp piece,
 /// dependencies, each next waits for the one before, and users of its
 /// results and token read the pieces'. Returns the new tasks in order.
 SmallVector<TaskOp> splitTask(TaskOp t, const SegmentPieces &pieces);
+
+/// Splits a backward segment into its input-gradient half (BI: <base>_BI)
+/// and its weight-gradient half (BW: <base>_BW; the gradient accumulations
+/// and every op only they need), registered in `symbols` (SplitBackward.cpp).
+FailureOr<SegmentPieces> splitBackwardSegment(SegmentOp seg,
+                                              SymbolTable &symbols);
+
+/// Replaces each backward task of `tasks` by a BI task and a BW task after
+/// it: its results come from BI, and whatever waited for it waits for BW
+/// (another backward piece of the same stage and microbatch, for BI).
+/// `what` (the directive) prefixes errors.
+LogicalResult splitBackwardTasks(ProgramOp program, ArrayRef<TaskOp> tasks,
+                                 StringRef what);
 
 /// Splits `params` (in order) into buckets of about `bucketSizeMb` of f32,
 /// each naming a parameter at most once.

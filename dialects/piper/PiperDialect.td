@@ -111,6 +111,12 @@ def Piper_TagAttr : AttrDef<Piper_Dialect, "Tag"> {
     std::optional<int64_t> getIndex(::llvm::StringRef key) const;
     /// Whether the tag names pass `kind`.
     bool isPass(PassKind kind) const { return getPass() == kind; }
+    /// Whether the tag names a backward pass: fused (B) or either half of a
+    /// split one (BI, BW).
+    bool isBackward() const {
+      return isPass(PassKind::B) || isPass(PassKind::BI) ||
+             isPass(PassKind::BW);
+    }
     /// This tag with its microbatch set to `mb`.
     TagAttr withMicrobatch(int64_t mb) const;
     /// This tag with its pass set to `kind`.

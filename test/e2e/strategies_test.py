@@ -5,7 +5,8 @@ one device.
 
 Usage: strategies_test.py PIPERC PIPER_RUN EXAMPLES_DIR [SUITE]
 SUITE is "strategies" (the default: pipelines, data parallelism, bf16, tied
-weights, gradients) or "zero" (ZeRO-1/2/3 alone and under pipelining).
+weights, gradients), "zero" (ZeRO-1/2/3 alone and under pipelining) or
+"schedules" (every pipeline schedule at PP 2 and 4).
 """
 import array
 import json
@@ -197,6 +198,66 @@ ZERO_MODELS = [
        ["--pp", "2", "--dp", "2", "--microbatches", "4", "--dtype", "bf16",
         "--zero", "3"], 4)]),
 ]
+
+
+# Every pipeline schedule at PP 2 and 4, with its fewest microbatches and an
+# odd number above (interleaved-1f1b needs a multiple of P: the next one), on
+# a GPT and a MoE model of 8 blocks (V layouts cut 2P = 8 stages). Each
+# microbatch count has its own one-device reference of the same global
+# batch. (schedule, [(pp, [microbatches])])
+SCHEDULE_MATRIX = [
+    ("gpipe", [(2, [1, 3]), (4, [1, 5])]),
+    ("1f1b", [(2, [1, 3]), (4, [1, 5])]),
+    ("zb-h1", [(2, [1, 3]), (4, [1, 5])]),
+    ("zb-h2", [(2, [3, 5]), (4, [7, 9])]),
+    ("interleaved-1f1b", [(2, [2, 4]), (4, [4, 8])]),
+    ("zbv", [(2, [3, 5]), (4, [7, 9])]),
+    ("dualpipev", [(2, [4, 5]), (4, [8, 9])]),
+]
+SCHEDULE_MODELS = [
+    ("gpt", ["gpt", "--layers", "6", "--hidden", "32", "--heads", "2",
+             "--vocab", "64", "--seq", "16", "--batch", "2"]),
+    ("qwen3-moe", ["qwen3-moe", "--layers", "6", "--hidden", "32", "--heads",
+                   "2", "--kv-heads", "1", "--ffn", "32", "--experts", "4",
+                   "--top-k", "2", "--vocab", "64", "--seq", "16", "--batch",
+                   "4"]),
+]
+# DP 2 on top: global batch 2 x M microbatches against one device with 2M.
+SCHEDULE_DP2 = [("zb-h1", 2, 3), ("dualpipev", 2, 4), ("zbv", 2, 3)]
+
+
+def schedule_cases():
+    """(model name, model args, strategies) per model and microbatch count,
+    each list led by its one-device reference."""
+    cases = []
+    for model_name, model_args in SCHEDULE_MODELS:
+        by_mb = {}
+        for schedule, shapes in SCHEDULE_MATRIX:
+            for pp, mbs in shapes:
+                for mb in mbs:
+                    by_mb.setdefault(mb, []).append(
+                        ("pp%d %s, %d mb" % (pp, schedule, mb),
+                         ["--pp", str(pp), "--microbatches", str(mb),
+                          "--schedule", schedule], pp))
+        for schedule, pp, mb in SCHEDULE_DP2:
+            by_mb.setdefault(2 * mb, []).append(
+                ("pp%d x dp2 %s, %d mb" % (pp, schedule, mb),
+                 ["--pp", str(pp), "--dp", "2", "--microbatches", str(mb),
+                  "--schedule", schedule], 2 * pp))
+        for mb, strategies in sorted(by_mb.items()):
+            cases.append(("%s-mb%d" % (model_name, mb), model_args,
+                          [("1 device", ["--microbatches", str(mb)], 1)] +
+                          strategies))
+    return cases
+
+
+def main_schedules(work):
+    passed = failed = 0
+    for case in schedule_cases():
+        p, f, _ = check_model(work, *case)
+        passed, failed = passed + p, failed + f
+    print("%d passed, %d failed" % (passed, failed))
+    return 1 if failed else 0
 
 
 def run(cmd):
@@ -411,6 +472,8 @@ def main():
     work = tempfile.mkdtemp(prefix="piper-e2e-", dir=os.environ.get("TEST_TMPDIR"))
     if SUITE == "zero":
         return main_zero(work)
+    if SUITE == "schedules":
+        return main_schedules(work)
     passed = failed = 0
     p, f = check_grads(work)
     passed, failed = passed + p, failed + f

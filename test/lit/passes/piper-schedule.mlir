@@ -56,8 +56,8 @@
 // WARMUP: [[B2:%[^ ]+]] = piper.task @stage0_B({{.*}}) after([[B1]]) {tag = #piper.tag<PP = 0, MB = 2, PASS = B>}
 // WARMUP: piper.task @stage0_B({{.*}}) after([[B2]]) {tag = #piper.tag<PP = 0, MB = 3, PASS = B>}
 
-// Only gpipe and 1f1b exist.
-// UNKNOWN: error: unknown schedule 'zb' (expected gpipe, 1f1b)
+// Unknown names are refused with the registered ones.
+// UNKNOWN: error: unknown schedule 'zb' (expected gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-h2, zbv, dualpipev)
 
 // The schedule orders microbatches: the program must be split first.
 // UNSPLIT: error: 'piper.task' op piper-schedule: task @{{[^ ]+}} ({{.*}}) has no MB tag: schedules order microbatches, run piper-split first
@@ -69,7 +69,7 @@ piper.segment @f() {
 }
 piper.program @p attributes {num_microbatches = 2 : i64} {
   %f0 = piper.task @f() {devices = #piper.group<0>, tag = #piper.tag<PP = 0, MB = 0, PASS = F>} : () -> !piper.token
-  // expected-error @+1 {{'piper.task' op directive #0 (order: gpipe schedule of stage 0): an order directive must cover one device group, but task @f (PP=0 MB=0 PASS=F) runs on [0] and task @f (PP=0 MB=1 PASS=F) on [1]}}
+  // expected-error @+1 {{'piper.task' op directive #0 (order: gpipe schedule of pipeline group 0): an order directive must cover one device group, but task @f (PP=0 MB=0 PASS=F) runs on [0] and task @f (PP=0 MB=1 PASS=F) on [1]}}
   %f1 = piper.task @f() {devices = #piper.group<1>, tag = #piper.tag<PP = 0, MB = 1, PASS = F>} : () -> !piper.token
   %b0 = piper.task @f() {devices = #piper.group<0>, tag = #piper.tag<PP = 0, MB = 0, PASS = B>} : () -> !piper.token
   %b1 = piper.task @f() {devices = #piper.group<1>, tag = #piper.tag<PP = 0, MB = 1, PASS = B>} : () -> !piper.token
@@ -90,7 +90,7 @@ piper.segment @use(%x: tensor<4xf32>) {
 piper.segment @b() {
   piper.yield
 }
-// expected-error @+1 {{'piper.program' op directive #0 (order: gpipe schedule of stage 0): the order contradicts the dataflow and creates a cycle: task @use (PP=0 MB=0 PASS=F) -> task @src (PP=0 MB=1 PASS=F) -> task @use (PP=0 MB=0 PASS=F)}}
+// expected-error @+1 {{'piper.program' op directive #0 (order: gpipe schedule of pipeline group 0): the order contradicts the dataflow and creates a cycle: task @use (PP=0 MB=0 PASS=F) -> task @src (PP=0 MB=1 PASS=F) -> task @use (PP=0 MB=0 PASS=F)}}
 piper.program @p attributes {num_microbatches = 2 : i64} {
   %x, %f1 = piper.task @src() {tag = #piper.tag<PP = 0, MB = 1, PASS = F>} : () -> (tensor<4xf32>, !piper.token)
   %f0 = piper.task @use(%x) {tag = #piper.tag<PP = 0, MB = 0, PASS = F>} : (tensor<4xf32>) -> !piper.token

@@ -1,0 +1,124 @@
+// Split backward: the BI/BW decomposition of zero-bubble schedules. A
+// backward task becomes an input-gradient task (BI: what the previous stage
+// waits for) and a weight-gradient task (BW: the gradient accumulations and
+// whatever only they need), which a schedule may run later. BW reads the
+// residuals and the intermediate gradients it needs, which stay alive until
+// it runs.
+#include "compiler/transforms/Transforms.h"
+
+#include "llvm/ADT/STLExtras.h"
+#include "mlir/IR/Builders.h"
+
+using namespace mlir;
+using namespace mlir::piper;
+
+/// Assigns each top-level op of a backward segment to BI (0) or BW (1): a
+/// gradient accumulation is BW, and so is every op all of whose users are;
+/// everything else (input gradients and whatever they need) is BI.
+static DenseMap<Operation *, unsigned> weightGradientOps(SegmentOp seg) {
+  Block &body = seg.getBody().front();
+  Operation *terminator = body.getTerminator();
+  SmallVector<Operation *> ops;
+  for (Operation &op : body.without_terminator())
+    ops.push_back(&op);
+  DenseMap<Operation *, unsigned> pieceOf;
+  // Users follow their producers in the block, so they are assigned first.
+  for (Operation *op : llvm::reverse(ops)) {
+    bool weight = isa<AccumulateGradOp>(op);
+    if (!weight && !op->use_empty()) {
+      weight = true;
+      for (Operation *user : op->getUsers()) {
+        Operation *top = body.findAncestorOpInBlock(*user);
+        if (!top || top == terminator || pieceOf.lookup(top) != 1) {
+          weight = false;
+          break;
+        }
+      }
+    }
+    pieceOf[op] = weight ? 1 : 0;
+  }
+  return pieceOf;
+}
+
+/// A symbol name not yet taken in `symbols`, starting from `name`.
+static std::string freshName(SymbolTable &symbols, std::string name) {
+  std::string candidate = name;
+  for (int i = 1; symbols.lookup(candidate); ++i)
+    candidate = name + "." + std::to_string(i);
+  return candidate;
+}
+
+FailureOr<SegmentPieces> mlir::piper::splitBackwardSegment(SegmentOp seg,
+                                                           SymbolTable &symbols) {
+  StringRef name = seg.getSymName();
+  std::string base = name.ends_with("_B") ? name.drop_back(2).str()
+                                          : name.str();
+  SmallVector<std::string> names = {freshName(symbols, base + "_BI"),
+                                    freshName(symbols, base + "_BW")};
+  FailureOr<SegmentPieces> pieces =
+      splitSegmentByOps(seg, weightGradientOps(seg), names,
+                        /*passThroughPiece=*/0);
+  if (failed(pieces))
+    return failure();
+  MLIRContext *ctx = seg.getContext();
+  const PassKind passes[] = {PassKind::BI, PassKind::BW};
+  for (auto [i, piece] : llvm::enumerate(pieces->pieces)) {
+    piece->setAttr("piper.pass", PassKindAttr::get(ctx, passes[i]));
+    symbols.insert(piece);
+  }
+  return pieces;
+}
+
+LogicalResult mlir::piper::splitBackwardTasks(ProgramOp program,
+                                              ArrayRef<TaskOp> tasks,
+                                              StringRef what) {
+  auto module = program->getParentOfType<ModuleOp>();
+  SymbolTable symbols(module);
+  llvm::MapVector<StringAttr, SegmentPieces> piecesOf;
+  for (TaskOp t : tasks) {
+    for (Value out : t.getOuts())
+      for (Operation *user : out.getUsers())
+        if (isa<ReduceScatterGradsOp>(user))
+          return t.emitOpError(what)
+                 << ": cannot split " << describeNode(t)
+                 << " into BI and BW: under ZeRO-2 and ZeRO-3 its gradients "
+                    "are reduced piece by piece (split backward works with "
+                    "ZeRO-0 and ZeRO-1)";
+    StringAttr name = t.getSegmentAttr().getAttr();
+    if (!piecesOf.count(name)) {
+      auto seg = symbols.lookup<SegmentOp>(name);
+      if (!seg)
+        return t.emitOpError("calls unknown segment @") << name.getValue();
+      FailureOr<SegmentPieces> pieces = splitBackwardSegment(seg, symbols);
+      if (failed(pieces))
+        return failure();
+      piecesOf[name] = std::move(*pieces);
+    }
+    // Another backward task of the same stage and microbatch that waits for
+    // this one (a chain of pieces) only needs its input gradients: it waits
+    // for BI. Everything else (updates, reductions) waits for BW.
+    TagAttr tag = t.getTag();
+    SmallVector<OpOperand *> chained;
+    for (OpOperand &use : t.getDone().getUses())
+      if (auto user = dyn_cast<TaskOp>(use.getOwner());
+          user && user.getTag().isBackward() &&
+          user.getTag().getPp() == tag.getPp() &&
+          user.getTag().getMb() == tag.getMb())
+        chained.push_back(&use);
+    SmallVector<TaskOp> halves = splitTask(t, piecesOf[name]);
+    halves[0]->setAttr("tag", tag.withPass(PassKind::BI));
+    halves[1]->setAttr("tag", tag.withPass(PassKind::BW));
+    for (OpOperand *use : chained)
+      use->set(halves[0].getDone());
+  }
+  // A fused segment no task calls any more is dropped.
+  for (auto &[name, pieces] : piecesOf) {
+    bool called = false;
+    program.walk([&](TaskOp t) {
+      called |= t.getSegmentAttr().getAttr() == name;
+    });
+    if (!called)
+      symbols.erase(symbols.lookup(name));
+  }
+  return success();
+}
