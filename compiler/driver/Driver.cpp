@@ -240,6 +240,11 @@ int runCompile(const CompileOptions &o) {
     if (std::string err = schedule->check(o.pp, perDevice, o.microbatches);
         !err.empty())
       return fail("schedule '" + o.schedule + "' " + err);
+    if (schedule->layout == StageLayout::Bidirectional &&
+        (o.dp > 1 || o.ep > 1))
+      return fail("schedule '" + o.schedule +
+                  "' runs two copies of the model on one pipeline; --dp and "
+                  "--ep on top of it are not supported yet");
     if (o.zero < 0 || o.zero > 3)
       return fail(llvm::formatv("--zero must be the ZeRO stage 0, 1, 2 or 3, "
                                 "got {0}",

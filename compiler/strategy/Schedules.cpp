@@ -3,7 +3,8 @@
 // (stage, microbatch, pass) slots, emitted as `order` directives. Published
 // definitions: GPipe; 1F1B (PipeDream-Flush); Megatron-LM's interleaved
 // 1F1B; ZB-H1, ZB-H2 and ZB-V ("Zero Bubble Pipeline Parallelism", Qi et
-// al., ICLR 2024); DualPipeV (DeepSeek's DualPipe repository). The bubble
+// al., ICLR 2024); DualPipe and DualPipeV (DeepSeek's DualPipe repository).
+// The bubble
 // each should have is checked against the formulas by
 // proto/analysis/schedule_bubble_test.cpp and docs/schedules.md.
 #include "compiler/strategy/Strategy.h"
@@ -24,8 +25,18 @@ int64_t mlir::piper::deviceOfStage(StageLayout layout, int64_t stage,
     return stage % devices;
   case StageLayout::V:
     return stage < devices ? stage : 2 * devices - 1 - stage;
+  case StageLayout::Bidirectional:
+    return stage;
   }
   return stage;
+}
+
+int64_t mlir::piper::deviceOfTask(StageLayout layout, int64_t stage,
+                                  int64_t mb, int64_t devices,
+                                  int64_t microbatches) {
+  if (layout == StageLayout::Bidirectional && 2 * mb >= microbatches)
+    return devices - 1 - stage;
+  return deviceOfStage(layout, stage, devices);
 }
 
 namespace {
@@ -272,24 +283,30 @@ std::string checkDualPipeV(int64_t devices, int64_t perDevice, int64_t mbs) {
   return checkV(devices, perDevice, mbs, 2 * devices, "2P");
 }
 
-/// DualPipeV (DeepSeek's dualpipev.py, phase by phase): forward warm-up on
-/// the first stage, then both, then the second stage's backward with split
-/// weight gradients; the main loop overlaps a forward of one stage with a
-/// backward of the other in one slot; the tail splits half of the
-/// backwards into BI and BW to fill the cool-down.
-DeviceOrder dualPipeV(int64_t d, int64_t devices, int64_t, int64_t mbs) {
+/// DeepSeek's DualPipe schedule of one rank, phase by phase (dualpipe.py
+/// and dualpipev.py share it): rank `r` of a pipeline of `n` ranks runs
+/// `chunks` microbatches in each of two phases; phase p is stage[p] over
+/// microbatches offset[p], offset[p]+1, ... Forward warm-up of phase 0,
+/// then both phases, then phase 1's backward with split weight gradients;
+/// the main loop overlaps a forward of one phase with a backward of the
+/// other in one slot; the tail splits half of the backwards into BI and BW
+/// to fill the cool-down. `middle`: the rank where the two directions meet,
+/// which does not overlap its first pair.
+DeviceOrder dualPipeOrder(int64_t r, int64_t n, int64_t chunks,
+                          const int64_t stage[2], const int64_t offset[2],
+                          bool middle) {
   OrderBuilder o;
-  const int64_t stage[2] = {d, 2 * devices - 1 - d};
   int64_t f[2] = {0, 0}, b[2] = {0, 0};
   std::deque<std::pair<int64_t, int64_t>> weights; // (stage, microbatch)
-  auto forward = [&](int p) { o.add(stage[p], f[p]++, "F"); };
+  auto forward = [&](int p) { o.add(stage[p], offset[p] + f[p]++, "F"); };
   auto backward = [&](int p, bool split) {
+    int64_t mb = offset[p] + b[p]++;
     if (!split) {
-      o.add(stage[p], b[p]++, "B");
+      o.add(stage[p], mb, "B");
       return;
     }
-    o.add(stage[p], b[p], "BI");
-    weights.push_back({stage[p], b[p]++});
+    o.add(stage[p], mb, "BI");
+    weights.push_back({stage[p], mb});
   };
   auto weight = [&] {
     auto [s, m] = weights.front();
@@ -297,50 +314,92 @@ DeviceOrder dualPipeV(int64_t d, int64_t devices, int64_t, int64_t mbs) {
     o.add(s, m, "BW");
   };
   auto forwardBackward = [&](int pf, int pb) {
-    o.overlap(ScheduledTask{stage[pf], f[pf]++, "F"},
-              ScheduledTask{stage[pb], b[pb]++, "B"});
+    o.overlap(ScheduledTask{stage[pf], offset[pf] + f[pf]++, "F"},
+              ScheduledTask{stage[pb], offset[pb] + b[pb]++, "B"});
   };
-  int64_t last = devices - 1;
-  for (int64_t i = 0; i < 2 * (last - d); ++i) // 1: nF0
+  int64_t last = n - 1;
+  for (int64_t i = 0; i < 2 * (last - r); ++i) // 1: nF0
     forward(0);
-  for (int64_t i = 0; i < d + 1; ++i) { // 2: nF0F1
+  for (int64_t i = 0; i < r + 1; ++i) { // 2: nF0F1
     forward(0);
     forward(1);
   }
-  for (int64_t i = 0; i < last - d; ++i) { // 3: nB1W1F1
+  for (int64_t i = 0; i < last - r; ++i) { // 3: nB1W1F1
     backward(1, true);
     weight();
     forward(1);
   }
-  for (int64_t i = 0; i < mbs - 2 * devices + d + 1; ++i) { // 4: nF0B1F1B0
-    if (i == 0 && d == last) {
-      forward(0); // not overlapped on the last group
+  for (int64_t i = 0; i < chunks - 2 * n + r + 1; ++i) { // 4: nF0B1F1B0
+    if (i == 0 && middle) {
+      forward(0); // not overlapped where the directions meet
       backward(1, false);
     } else {
       forwardBackward(0, 1);
     }
     forwardBackward(1, 0);
   }
-  for (int64_t i = 0; i < last - d; ++i) { // 5: nB1F1B0
+  for (int64_t i = 0; i < last - r; ++i) { // 5: nB1F1B0
     backward(1, false);
     forwardBackward(1, 0);
   }
   bool split = false; // 6: nB1B0, the second half split
-  for (int64_t i = 0; i < d + 1; ++i) {
-    if (i == (d + 1) / 2 && d % 2 == 1)
+  for (int64_t i = 0; i < r + 1; ++i) {
+    if (i == (r + 1) / 2 && r % 2 == 1)
       split = true;
     backward(1, split);
-    if (i == (d + 1) / 2 && d % 2 == 0)
+    if (i == (r + 1) / 2 && r % 2 == 0)
       split = true;
     backward(0, split);
   }
-  for (int64_t i = 0; i < last - d; ++i) { // 7: nWB0
+  for (int64_t i = 0; i < last - r; ++i) { // 7: nWB0
     weight();
     backward(0, true);
   }
   while (!weights.empty()) // 8: nW
     weight();
   return o.take();
+}
+
+/// DualPipeV: the V of device group d (stages d and 2P-1-d) as the two
+/// phases, every microbatch through both.
+DeviceOrder dualPipeV(int64_t d, int64_t devices, int64_t, int64_t mbs) {
+  const int64_t stage[2] = {d, 2 * devices - 1 - d}, offset[2] = {0, 0};
+  return dualPipeOrder(d, devices, mbs, stage, offset, d == devices - 1);
+}
+
+std::string checkDualPipe(int64_t devices, int64_t perDevice, int64_t mbs) {
+  if (std::string err = basics(devices, perDevice, mbs); !err.empty())
+    return err;
+  if (std::string err = needStagesPerDevice(
+          perDevice, 1, "two copies of the model, stage s on s and P-1-s");
+      !err.empty())
+    return err;
+  if (devices % 2 != 0)
+    return llvm::formatv("needs an even number of pipeline device groups, "
+                         "got {0}",
+                         devices)
+        .str();
+  if (mbs % 2 != 0 || mbs < 2 * devices)
+    return llvm::formatv("needs an even number of at least 2P = {0} "
+                         "microbatches (half go each way), got {1}",
+                         2 * devices, mbs)
+        .str();
+  return "";
+}
+
+/// DualPipe: the first half of the microbatches flows from group 0 to group
+/// P-1 through one copy of the model, the second half back through the
+/// other. On group d the phase that starts nearer is phase 0.
+DeviceOrder dualPipe(int64_t d, int64_t devices, int64_t, int64_t mbs) {
+  int64_t half = devices / 2, r = std::min(d, devices - 1 - d);
+  int64_t down = d, up = devices - 1 - d, upOffset = mbs / 2;
+  int64_t stage[2], offset[2];
+  if (d < half) {
+    stage[0] = down, offset[0] = 0, stage[1] = up, offset[1] = upOffset;
+  } else {
+    stage[0] = up, offset[0] = upOffset, stage[1] = down, offset[1] = 0;
+  }
+  return dualPipeOrder(r, half, mbs / 2, stage, offset, r == half - 1);
 }
 
 } // namespace
@@ -368,9 +427,14 @@ llvm::ArrayRef<ScheduleBuilder> mlir::piper::getScheduleBuilders() {
        StageLayout::Linear, "microbatches >= 2P-1", checkZbH2, zbH2},
       {"zbv", "zero bubble on the V layout (ZB-V)", StageLayout::V,
        "microbatches >= 2P-1", checkZbv, zbv},
+      {"dualpipe",
+       "DeepSeek's DualPipe: two copies of the model fed from both ends, "
+       "overlapped forward/backward slots, the copies' gradients summed",
+       StageLayout::Bidirectional, "P even; microbatches even, >= 2P",
+       checkDualPipe, dualPipe},
       {"dualpipev",
-       "DeepSeek's DualPipeV: overlapped forward/backward slots of the two "
-       "stages of a V",
+       "DeepSeek's DualPipeV: DualPipe folded onto the two stages of a V, "
+       "one copy of the model",
        StageLayout::V, "microbatches >= 2P", checkDualPipeV, dualPipeV},
   };
   return builders;
@@ -399,6 +463,8 @@ static llvm::StringRef layoutName(StageLayout layout) {
     return "interleaved";
   case StageLayout::V:
     return "V";
+  case StageLayout::Bidirectional:
+    return "both ways";
   }
   return "";
 }
@@ -415,7 +481,10 @@ std::string mlir::piper::formatScheduleTable() {
 }
 
 int64_t mlir::piper::defaultStagesPerDevice(const ScheduleBuilder &schedule) {
-  return schedule.layout == StageLayout::Linear ? 1 : 2;
+  return schedule.layout == StageLayout::V ||
+                 schedule.layout == StageLayout::Interleaved
+             ? 2
+             : 1;
 }
 
 static Filter taskFilter(const ScheduledTask &t) {

@@ -554,12 +554,35 @@ Strategy mlir::piper::strategyFromFlags(int64_t pp, int64_t dp,
   split.kind = Directive::Split;
   split.numMicrobatches = microbatches;
   add(split, llvm::formatv("split num_microbatches={0}", microbatches).str());
-  for (int64_t st = 0; st < stages; ++st) {
-    // Stage st runs on pipeline device group g: ranks [g*dp, (g+1)*dp).
-    int64_t g = deviceOfStage(schedule.layout, st, pp);
+  auto groupDevices = [&](int64_t g) {
     std::vector<int64_t> devices;
     for (int64_t r = 0; r < dp; ++r)
       devices.push_back(g * dp + r);
+    return devices;
+  };
+  if (schedule.layout == StageLayout::Bidirectional) {
+    // Two copies of the model: microbatch m of stage st runs on the group
+    // of its direction; tieSharedParams sums the copies' gradients.
+    for (int64_t st = 0; st < stages; ++st)
+      for (int64_t m = 0; m < microbatches; ++m) {
+        Directive place;
+        place.kind = Directive::Place;
+        place.filter.entries["PP"] = {FilterValue::Index, st, ""};
+        place.filter.entries["MB"] = {FilterValue::Index, m, ""};
+        place.devices = groupDevices(
+            deviceOfTask(schedule.layout, st, m, pp, microbatches));
+        place.stream = "pp_stream";
+        add(place, llvm::formatv("place PP={0} MB={1} devices=[{2}]", st, m,
+                                 place.devices.front())
+                       .str());
+      }
+  }
+  for (int64_t st = 0; st < stages; ++st) {
+    if (schedule.layout == StageLayout::Bidirectional)
+      break;
+    // Stage st runs on pipeline device group g: ranks [g*dp, (g+1)*dp).
+    int64_t g = deviceOfStage(schedule.layout, st, pp);
+    std::vector<int64_t> devices = groupDevices(g);
     std::string devs = llvm::formatv(
         "[{0}]", llvm::join(llvm::map_range(devices,
                                             [](int64_t d) {

@@ -119,10 +119,19 @@ enum class StageLayout {
   Linear,      ///< one stage per device group: stage d on group d
   Interleaved, ///< v stages per group: group d holds d, d+P, d+2P, ...
   V,           ///< two per group: group d holds stages d and 2P-1-d
+  /// Two copies of a P-stage model: the first half of the microbatches runs
+  /// stage s on group s, the second half on group P-1-s (DualPipe); the
+  /// copies' gradients are summed.
+  Bidirectional,
 };
 
-/// The device group (of `devices`) that runs `stage` in `layout`.
+/// The device group (of `devices`) that runs `stage` in `layout`; for the
+/// bidirectional layout, that of the first half of the microbatches.
 int64_t deviceOfStage(StageLayout layout, int64_t stage, int64_t devices);
+/// The device group that runs microbatch `mb` (of `microbatches`) of
+/// `stage` in `layout`.
+int64_t deviceOfTask(StageLayout layout, int64_t stage, int64_t mb,
+                     int64_t devices, int64_t microbatches);
 
 /// A pipeline schedule: its name, the constraints it checks and the order it
 /// gives each pipeline device group. `--schedule NAME`, the JSON `schedule`

@@ -196,9 +196,15 @@ TEST_CASE("bad strategies name the directive and the problem") {
 TEST_CASE("schedules are found by name in one registry") {
   CHECK(findSchedule("gpipe"));
   CHECK(findSchedule("1f1b"));
-  CHECK_FALSE(findSchedule("dualpipe"));
+  CHECK_FALSE(findSchedule("dualpipe-x"));
   CHECK(scheduleNames() == "gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-h2, "
-                           "zbv, dualpipev");
+                           "zbv, dualpipe, dualpipev");
+  CHECK(findSchedule("dualpipe")->check(3, 1, 6).find("even number of "
+                                                      "pipeline") !=
+        std::string::npos);
+  CHECK(findSchedule("dualpipe")->check(2, 1, 5).find("at least 2P = 4") !=
+        std::string::npos);
+  CHECK(findSchedule("dualpipe")->check(2, 1, 4) == "");
   CHECK(findSchedule("1f1b")->check(2, 1, 0) != "");
   CHECK(findSchedule("1f1b")->check(2, 1, 1) == "");
   CHECK(findSchedule("1f1b")->check(2, 2, 1).find("needs 1 stage per") !=
@@ -228,16 +234,16 @@ static void checkComplete(const ScheduleBuilder &b, int64_t p, int64_t v,
     for (const ScheduleSlot &slot : b.build(d, p, v, m))
       for (const ScheduledTask &t : slot) {
         INFO(b.name.str() << " P=" << p << " M=" << m << " group " << d);
-        CHECK(deviceOfStage(b.layout, t.stage, p) == d);
+        CHECK(deviceOfTask(b.layout, t.stage, t.mb, p, m) == d);
         std::string &passes = seen[{t.stage, t.mb}];
         if (t.pass == "BW")
           CHECK(passes == "F BI");
         passes += (passes.empty() ? "" : " ") + t.pass;
       }
     for (int64_t s = 0; s < p * v; ++s) {
-      if (deviceOfStage(b.layout, s, p) != d)
-        continue;
       for (int64_t mb = 0; mb < m; ++mb) {
+        if (deviceOfTask(b.layout, s, mb, p, m) != d)
+          continue;
         INFO(b.name.str() << " P=" << p << " M=" << m << " stage " << s
                           << " mb " << mb);
         std::string passes = seen[{s, mb}];
@@ -251,7 +257,10 @@ TEST_CASE("every schedule runs every pass of its stages once") {
   for (const ScheduleBuilder &b : getScheduleBuilders())
     for (int64_t p : {2, 3, 4})
       for (int64_t m = 1; m <= 3 * p + 1; ++m) {
-        int64_t v = b.layout == StageLayout::Linear ? 1 : 2;
+        int64_t v = b.layout == StageLayout::Linear ||
+                            b.layout == StageLayout::Bidirectional
+                        ? 1
+                        : 2;
         if (b.check(p, v, m).empty())
           checkComplete(b, p, v, m);
       }
@@ -316,10 +325,30 @@ TEST_CASE("an order's split backward needs BI then BW for one filter") {
 
 TEST_CASE("a schedule directive names a registered schedule") {
   CHECK(parseError(R"([{"op": "schedule", "name": "1f1b"}])") == "");
-  CHECK(parseError(R"([{"op": "schedule", "name": "dualpipe"}])")
-            .find("unknown schedule \"dualpipe\" (expected gpipe, 1f1b, "
+  CHECK(parseError(R"([{"op": "schedule", "name": "dualpipe-x"}])")
+            .find("unknown schedule \"dualpipe-x\" (expected gpipe, 1f1b, "
                   "interleaved-1f1b") !=
         std::string::npos);
   CHECK(parseError(R"([{"op": "schedule"}])")
             .find("missing string key \"name\"") != std::string::npos);
+}
+
+TEST_CASE("dualpipe sends each half of the microbatches one way") {
+  // Group 0 runs stage 0 of microbatches 0-3 and stage 3 of 4-7.
+  std::vector<Directive> order =
+      buildSchedule(*findSchedule("dualpipe"), 4, 1, 8);
+  for (const std::vector<Filter> &g : order[0].groups)
+    for (const Filter &f : g)
+      CHECK(f.entries.at("PP").index ==
+            (f.entries.at("MB").index < 4 ? 0 : 3));
+  Strategy s = strategyFromFlags(4, 1, 8, *findSchedule("dualpipe"));
+  int places = 0;
+  for (const Directive &d : s.directives)
+    if (d.kind == Directive::Place) {
+      ++places;
+      int64_t st = d.filter.entries.at("PP").index;
+      int64_t mb = d.filter.entries.at("MB").index;
+      CHECK(d.devices == std::vector<int64_t>{mb < 4 ? st : 3 - st});
+    }
+  CHECK(places == 32);
 }

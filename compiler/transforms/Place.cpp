@@ -57,6 +57,98 @@ LogicalResult mlir::piper::applyPlace(ProgramOp program, const Directive &d,
   return success();
 }
 
+/// An update no place directive placed runs where the backward tasks it
+/// waits for run: once per device group when a stage's microbatches run on
+/// several (a bidirectional pipeline's two copies of the model), each copy
+/// waiting for its own group's backward tasks.
+static void placeUpdates(ProgramOp program) {
+  SmallVector<TaskOp> updates;
+  for (TaskOp t : program.getBody().front().getOps<TaskOp>())
+    if (t.getTag().isPass(PassKind::U) && !t.getDevices())
+      updates.push_back(t);
+  for (TaskOp u : updates) {
+    llvm::MapVector<Attribute, SmallVector<Value>> depsOn;
+    SmallVector<Value> unplaced;
+    TaskOp sample;
+    for (Value dep : u.getDeps()) {
+      auto t = dep.getDefiningOp<TaskOp>();
+      if (t && t.getDevicesAttr()) {
+        depsOn[t.getDevicesAttr()].push_back(dep);
+        sample = t;
+      } else {
+        unplaced.push_back(dep);
+      }
+    }
+    if (depsOn.empty())
+      continue; // reported as unplaced
+    OpBuilder b(u);
+    b.setInsertionPointAfter(u);
+    for (auto [i, entry] : llvm::enumerate(depsOn)) {
+      TaskOp copy = i == 0 ? u : cast<TaskOp>(b.clone(*u));
+      SmallVector<Value> deps(unplaced);
+      deps.append(entry.second.begin(), entry.second.end());
+      copy.getDepsMutable().assign(deps);
+      copy.setDevicesAttr(cast<DeviceGroupAttr>(entry.first));
+      copy.setStreamAttr(computeStream(u.getContext()));
+      copy.setSendStreamAttr(sample.getSendStreamAttr());
+    }
+  }
+}
+
+/// A stage's parameters may have several copies, one per device group that
+/// runs some of its microbatches (summed by tieSharedParams), but within a
+/// microbatch the forward and backward share one, and every copy has its
+/// update.
+static LogicalResult checkParameterCopies(ModuleOp module,
+                                          ArrayRef<TaskOp> tasks) {
+  SegmentParams segmentParams(module);
+  DenseMap<std::tuple<StringAttr, int64_t, int64_t>, TaskOp> ownerOf;
+  DenseMap<std::pair<StringAttr, int64_t>, SmallVector<TaskOp>> copiesOf;
+  DenseSet<std::tuple<StringAttr, int64_t, Attribute>> updatedOn;
+  DenseSet<int64_t> stagesWithUpdates;
+  for (TaskOp t : tasks) {
+    int64_t stage = t.getTag().getPp().value_or(-1);
+    bool update = t.getTag().isPass(PassKind::U);
+    if (update)
+      stagesWithUpdates.insert(stage);
+    int64_t mb = t.getTag().getMb().value_or(-1);
+    for (StringAttr p : segmentParams.used(t.getSegment())) {
+      if (update) {
+        updatedOn.insert({p, stage, t.getDevicesAttr()});
+        continue;
+      }
+      auto [it, inserted] = ownerOf.insert({{p, stage, mb}, t});
+      if (!inserted && it->second.getDevices() != t.getDevices())
+        return t.emitOpError()
+               << describeNode(t) << " on " << formatDevices(t.getNodeDevices())
+               << " and " << describeNode(it->second) << " on "
+               << formatDevices(it->second.getNodeDevices())
+               << " both use parameter @" << p.getValue()
+               << "; the forward and backward of a stage's microbatch must "
+                  "be placed on the same devices";
+      SmallVector<TaskOp> &copies = copiesOf[{p, stage}];
+      if (llvm::none_of(copies, [&](TaskOp c) {
+            return c.getDevicesAttr() == t.getDevicesAttr();
+          }))
+        copies.push_back(t);
+    }
+  }
+  for (auto &[key, copies] : copiesOf) {
+    auto [p, stage] = key;
+    if (!stagesWithUpdates.contains(stage))
+      continue;
+    for (TaskOp t : copies)
+      if (!updatedOn.contains({p, stage, t.getDevicesAttr()}))
+        return t.emitOpError()
+               << describeNode(t) << " on " << formatDevices(t.getNodeDevices())
+               << " uses parameter @" << p.getValue()
+               << ", but no update of its stage runs there; the forward, "
+                  "backward and update of a stage must be placed on the "
+                  "same devices";
+  }
+  return success();
+}
+
 LogicalResult mlir::piper::finalizePlacement(ModuleOp module,
                                              std::optional<int64_t> worldSize) {
   FailureOr<ProgramOp> program = getProgram(module);
@@ -70,6 +162,8 @@ LogicalResult mlir::piper::finalizePlacement(ModuleOp module,
       t.setDevicesAttr(DeviceGroupAttr::get(ctx, {0}));
       t.setStreamAttr(computeStream(ctx));
     }
+  placeUpdates(*program);
+  tasks.assign(body.getOps<TaskOp>().begin(), body.getOps<TaskOp>().end());
   std::set<int64_t> used;
   for (TaskOp t : tasks) {
     if (!t.getDevices())
@@ -88,25 +182,8 @@ LogicalResult mlir::piper::finalizePlacement(ModuleOp module,
              << formatDevices(idle) << " of the " << world
              << "-device world run no task";
   }
-  // Within a stage, a parameter lives on one device group: the forward that
-  // reads it, the backward that accumulates its gradient and the update
-  // must share it. (Different stages may each hold a copy: a tied head.)
-  SegmentParams segmentParams(module);
-  DenseMap<std::pair<StringAttr, int64_t>, TaskOp> ownerOf;
-  for (TaskOp t : tasks) {
-    int64_t stage = t.getTag().getPp().value_or(-1);
-    for (StringAttr p : segmentParams.used(t.getSegment())) {
-      auto [it, inserted] = ownerOf.insert({{p, stage}, t});
-      if (!inserted && it->second.getDevices() != t.getDevices())
-        return t.emitOpError()
-               << describeNode(t) << " on " << formatDevices(t.getNodeDevices())
-               << " and " << describeNode(it->second) << " on "
-               << formatDevices(it->second.getNodeDevices())
-               << " both use parameter @" << p.getValue()
-               << "; the forward, backward and update of a stage must be "
-                  "placed on the same devices";
-    }
-  }
+  if (failed(checkParameterCopies(module, tasks)))
+    return failure();
   // A transfer on every data edge between different device groups (token
   // edges only order, so they need none).
   OpBuilder b(module.getContext());

@@ -24,14 +24,19 @@ using namespace mlir::piper;
 static FailureOr<std::pair<int64_t, int64_t>>
 pipelineShape(ProgramOp program, const ScheduleBuilder &schedule,
               int64_t stages, StringRef what) {
-  // The device group of each stage: that of its first task.
-  SmallVector<DeviceGroupAttr> groupOf(stages);
-  SmallVector<TaskOp> firstOf(stages);
-  for (TaskOp t : program.getBody().front().getOps<TaskOp>())
-    if (auto pp = t.getTag().getPp(); pp && !firstOf[*pp]) {
-      firstOf[*pp] = t;
+  // The device group of each stage: that of its first microbatch (of its
+  // last one in `lastGroupOf`).
+  int64_t microbatches = program.getNumMicrobatches();
+  SmallVector<DeviceGroupAttr> groupOf(stages), lastGroupOf(stages);
+  for (TaskOp t : program.getBody().front().getOps<TaskOp>()) {
+    auto pp = t.getTag().getPp();
+    if (!pp || !t.getTag().isPass(PassKind::F))
+      continue;
+    if (t.getTag().getMb() == 0)
       groupOf[*pp] = t.getDevicesAttr();
-    }
+    if (t.getTag().getMb() == microbatches - 1)
+      lastGroupOf[*pp] = t.getDevicesAttr();
+  }
   bool placed = llvm::all_of(groupOf, [](DeviceGroupAttr g) { return g; });
   auto fail = [&]() {
     return program.emitOpError(what) << ": schedule '" << schedule.name
@@ -58,6 +63,16 @@ pipelineShape(ProgramOp program, const ScheduleBuilder &schedule,
   if (stages % devices != 0)
     return fail() << "cannot spread " << stages << " stages evenly over "
                   << devices << " device groups";
+  if (schedule.layout == StageLayout::Bidirectional) {
+    for (int64_t st = 0; st < stages; ++st)
+      if (lastGroupOf[st] != groupOf[stages - 1 - st])
+        return fail() << "runs the second half of the microbatches of stage "
+                      << st << " on the device group of stage "
+                      << stages - 1 - st << " ("
+                      << formatDevices(groupOf[stages - 1 - st].getMembers())
+                      << "), but its last microbatch runs on "
+                      << formatDevices(lastGroupOf[st].getMembers());
+  }
   // Group d of the layout is the group of its first stage (stage d).
   for (int64_t st = 0; st < stages; ++st) {
     int64_t d = deviceOfStage(schedule.layout, st, devices);

@@ -1,7 +1,8 @@
 // Split backward: the BI/BW decomposition of zero-bubble schedules. A
-// backward task becomes an input-gradient task (BI: what the previous stage
-// waits for) and a weight-gradient task (BW: the gradient accumulations and
-// whatever only they need), which a schedule may run later. BW reads the
+// backward task becomes an input-gradient task (BI: the chain of activation
+// gradients, which the previous stage waits for) and a weight-gradient task
+// (BW: the weight gradients and their accumulations), which a schedule may
+// run later. BW reads the
 // residuals and the intermediate gradients it needs, which stay alive until
 // it runs.
 #include "compiler/transforms/Transforms.h"
@@ -12,30 +13,28 @@
 using namespace mlir;
 using namespace mlir::piper;
 
-/// Assigns each top-level op of a backward segment to BI (0) or BW (1): a
-/// gradient accumulation is BW, and so is every op all of whose users are;
-/// everything else (input gradients and whatever they need) is BI.
+/// Assigns each top-level op of a backward segment to BI (0) or BW (1): the
+/// weight gradients (ops with the WeightGradient trait), the gradient
+/// accumulations, and every op that reads their results (sums of a
+/// parameter's gradient contributions) are BW; everything else (the chain
+/// of activation gradients, also inside a first stage that returns none)
+/// is BI. BI never reads a BW value: input gradients do not depend on
+/// weight gradients.
 static DenseMap<Operation *, unsigned> weightGradientOps(SegmentOp seg) {
   Block &body = seg.getBody().front();
-  Operation *terminator = body.getTerminator();
-  SmallVector<Operation *> ops;
-  for (Operation &op : body.without_terminator())
-    ops.push_back(&op);
   DenseMap<Operation *, unsigned> pieceOf;
-  // Users follow their producers in the block, so they are assigned first.
-  for (Operation *op : llvm::reverse(ops)) {
-    bool weight = isa<AccumulateGradOp>(op);
-    if (!weight && !op->use_empty()) {
-      weight = true;
-      for (Operation *user : op->getUsers()) {
-        Operation *top = body.findAncestorOpInBlock(*user);
-        if (!top || top == terminator || pieceOf.lookup(top) != 1) {
-          weight = false;
-          break;
-        }
-      }
-    }
-    pieceOf[op] = weight ? 1 : 0;
+  // Producers come before their users in the block, so one forward sweep
+  // sees every BW operand first.
+  for (Operation &op : body.without_terminator()) {
+    bool weight = op.hasTrait<OpTrait::piper::WeightGradient>() ||
+                  isa<AccumulateGradOp>(op);
+    op.walk([&](Operation *nested) {
+      for (Value v : nested->getOperands())
+        if (Operation *def = v.getDefiningOp();
+            def && def->getBlock() == &body && pieceOf.lookup(def) == 1)
+          weight = true;
+    });
+    pieceOf[&op] = weight ? 1 : 0;
   }
   return pieceOf;
 }

@@ -38,6 +38,14 @@ class GradientEmitter;
 
 #include "dialects/piper/PiperInterfaces.h.inc"
 
+namespace mlir::OpTrait::piper {
+/// Marks an op that computes the gradient of a parameter from activations
+/// (a weight gradient, e.g. linear_grad_weight): with the gradient
+/// accumulations it uses, what a split backward defers to its BW half.
+template <typename ConcreteType>
+class WeightGradient : public TraitBase<ConcreteType, WeightGradient> {};
+} // namespace mlir::OpTrait::piper
+
 #define GET_OP_CLASSES
 #include "dialects/piper/PiperOps.h.inc"
 

@@ -161,7 +161,7 @@ def Piper_ExpertLinearGradInputOp : Piper_ComputeOp<"expert_linear_grad_input", 
   let assemblyFormat = "$grad `,` $weight attr-dict `:` functional-type(operands, results)";
 }
 
-def Piper_ExpertLinearGradWeightOp : Piper_ComputeOp<"expert_linear_grad_weight", [Pure]> {
+def Piper_ExpertLinearGradWeightOp : Piper_ComputeOp<"expert_linear_grad_weight", [Pure, Piper_WeightGradient]> {
   let summary = "Weight gradient of expert_linear";
   let description = [{
     dweight[e] = x_eᵀ · dy_e over the rows of expert e: the BW half.

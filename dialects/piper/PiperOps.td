@@ -18,6 +18,12 @@ class Piper_Op<string mnemonic, list<Trait> traits = []>
     : Op<Piper_Dialect, mnemonic, traits>;
 
 /// A tensor op of a segment, with a cost (FLOPs and bytes moved).
+// An op computing a parameter's gradient from activations: split backward
+// (BI/BW) defers it, and whatever reads its result, to the BW half.
+def Piper_WeightGradient : NativeOpTrait<"WeightGradient"> {
+  let cppNamespace = "::mlir::OpTrait::piper";
+}
+
 class Piper_ComputeOp<string mnemonic, list<Trait> traits = []>
     : Piper_Op<mnemonic, !listconcat(traits, [Piper_CostOpInterface])>;
 
@@ -322,7 +328,7 @@ def Piper_CrossEntropyOp : Piper_ComputeOp<"cross_entropy", [Pure,
 // schedules can split a backward pass into BI and BW.
 //===----------------------------------------------------------------------===//
 
-def Piper_EmbeddingGradOp : Piper_ComputeOp<"embedding_grad", [Pure]> {
+def Piper_EmbeddingGradOp : Piper_ComputeOp<"embedding_grad", [Pure, Piper_WeightGradient]> {
   let summary = "Table gradient of embedding: scatter-add of dy rows by id";
   let description = [{
     The gradient of `piper.embedding` with respect to its table: a
@@ -338,7 +344,7 @@ def Piper_EmbeddingGradOp : Piper_ComputeOp<"embedding_grad", [Pure]> {
   let assemblyFormat = "$ids `,` $grad attr-dict `:` functional-type(operands, results)";
 }
 
-def Piper_PositionAddGradOp : Piper_ComputeOp<"position_add_grad", [Pure]> {
+def Piper_PositionAddGradOp : Piper_ComputeOp<"position_add_grad", [Pure, Piper_WeightGradient]> {
   let summary = "Position-table gradient: dpos[s] = sum of dy rows n with n mod seq = s";
   let description = [{
     The gradient of `piper.position_add` with respect to the position
@@ -372,7 +378,7 @@ def Piper_LayerNormGradInputOp : Piper_ComputeOp<"layer_norm_grad_input", [Pure]
   let assemblyFormat = "$input `,` $gamma `,` $grad attr-dict `:` functional-type(operands, results)";
 }
 
-def Piper_LayerNormGradWeightOp : Piper_ComputeOp<"layer_norm_grad_weight", [Pure]> {
+def Piper_LayerNormGradWeightOp : Piper_ComputeOp<"layer_norm_grad_weight", [Pure, Piper_WeightGradient]> {
   let summary = "Gamma and beta gradients of layer_norm (the BW half)";
   let description = [{
     dgamma = sum over rows of grad * xhat, dbeta = sum over rows of
@@ -403,7 +409,7 @@ def Piper_LinearGradInputOp : Piper_ComputeOp<"linear_grad_input", [Pure]> {
   let assemblyFormat = "$grad `,` $weight attr-dict `:` functional-type(operands, results)";
 }
 
-def Piper_LinearGradWeightOp : Piper_ComputeOp<"linear_grad_weight", [Pure]> {
+def Piper_LinearGradWeightOp : Piper_ComputeOp<"linear_grad_weight", [Pure, Piper_WeightGradient]> {
   let summary = "Weight gradient of linear: dw = xᵀ·dy (dyᵀ·x with transpose_w)";
   let description = [{
     For y = x·w: dw = xᵀ·dy ([K, M]); with `transpose_w` dw = dyᵀ·x
@@ -419,7 +425,7 @@ def Piper_LinearGradWeightOp : Piper_ComputeOp<"linear_grad_weight", [Pure]> {
   let assemblyFormat = "$input `,` $grad attr-dict `:` functional-type(operands, results)";
 }
 
-def Piper_BiasGradOp : Piper_ComputeOp<"bias_grad", [Pure]> {
+def Piper_BiasGradOp : Piper_ComputeOp<"bias_grad", [Pure, Piper_WeightGradient]> {
   let summary = "Bias gradient: column sums of dy";
   let description = [{
     The gradient of a linear's bias: the sum of the rows of `grad`.
@@ -483,7 +489,7 @@ def Piper_RmsNormGradInputOp : Piper_ComputeOp<"rms_norm_grad_input", [Pure]> {
   let assemblyFormat = "$input `,` $gamma `,` $grad attr-dict `:` functional-type(operands, results)";
 }
 
-def Piper_RmsNormGradWeightOp : Piper_ComputeOp<"rms_norm_grad_weight", [Pure]> {
+def Piper_RmsNormGradWeightOp : Piper_ComputeOp<"rms_norm_grad_weight", [Pure, Piper_WeightGradient]> {
   let summary = "Gain gradient of rms_norm (the BW half)";
   let description = [{
     dgamma = sum over rows of grad * x / sqrt(mean(x²) + eps): the BW

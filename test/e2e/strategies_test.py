@@ -201,7 +201,8 @@ ZERO_MODELS = [
 
 
 # Every pipeline schedule at PP 2 and 4, with its fewest microbatches and an
-# odd number above (interleaved-1f1b needs a multiple of P: the next one), on
+# odd number above (interleaved-1f1b needs a multiple of P and dualpipe an
+# even number: the next one), on
 # a GPT and a MoE model of 8 blocks (V layouts cut 2P = 8 stages). Each
 # microbatch count has its own one-device reference of the same global
 # batch. (schedule, [(pp, [microbatches])])
@@ -213,6 +214,8 @@ SCHEDULE_MATRIX = [
     ("interleaved-1f1b", [(2, [2, 4]), (4, [4, 8])]),
     ("zbv", [(2, [3, 5]), (4, [7, 9])]),
     ("dualpipev", [(2, [4, 5]), (4, [8, 9])]),
+    # Two copies of the model (even microbatches, half each way).
+    ("dualpipe", [(2, [4, 6]), (4, [8, 10])]),
 ]
 SCHEDULE_MODELS = [
     ("gpt", ["gpt", "--layers", "6", "--hidden", "32", "--heads", "2",

@@ -57,7 +57,7 @@
 // WARMUP: piper.task @stage0_B({{.*}}) after([[B2]]) {tag = #piper.tag<PP = 0, MB = 3, PASS = B>}
 
 // Unknown names are refused with the registered ones.
-// UNKNOWN: error: unknown schedule 'zb' (expected gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-h2, zbv, dualpipev)
+// UNKNOWN: error: unknown schedule 'zb' (expected gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-h2, zbv, dualpipe, dualpipev)
 
 // The schedule orders microbatches: the program must be split first.
 // UNSPLIT: error: 'piper.task' op piper-schedule: task @{{[^ ]+}} ({{.*}}) has no MB tag: schedules order microbatches, run piper-split first
