@@ -93,16 +93,23 @@ LogicalResult mlir::piper::splitBackwardTasks(ProgramOp program,
         return failure();
       piecesOf[name] = std::move(*pieces);
     }
-    // Another backward task of the same stage and microbatch that waits for
-    // this one (a chain of pieces) only needs its input gradients: it waits
-    // for BI. Everything else (updates, reductions) waits for BW.
+    // Another backward node of the same stage and microbatch that waits for
+    // this one (the next piece of a chain, or the all-to-all between expert
+    // pieces) only needs its input gradients: it waits for BI. Everything
+    // else (updates, reductions) waits for BW.
     TagAttr tag = t.getTag();
+    auto inChain = [&](Operation *user) {
+      TagAttr other;
+      if (auto task = dyn_cast<TaskOp>(user))
+        other = task.getTag();
+      else if (auto c = dyn_cast<CollectiveOpInterface>(user))
+        other = c.getTag();
+      return other && other.isBackward() && other.getPp() == tag.getPp() &&
+             other.getMb() == tag.getMb();
+    };
     SmallVector<OpOperand *> chained;
     for (OpOperand &use : t.getDone().getUses())
-      if (auto user = dyn_cast<TaskOp>(use.getOwner());
-          user && user.getTag().isBackward() &&
-          user.getTag().getPp() == tag.getPp() &&
-          user.getTag().getMb() == tag.getMb())
+      if (inChain(use.getOwner()))
         chained.push_back(&use);
     SmallVector<TaskOp> halves = splitTask(t, piecesOf[name]);
     halves[0]->setAttr("tag", tag.withPass(PassKind::BI));

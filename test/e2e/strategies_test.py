@@ -251,6 +251,14 @@ def schedule_cases():
             cases.append(("%s-mb%d" % (model_name, mb), model_args,
                           [("1 device", ["--microbatches", str(mb)], 1)] +
                           strategies))
+    # Expert parallelism under split-backward and overlapped schedules: the
+    # all-to-alls between expert pieces wait for BI only.
+    ep = ["--pp", "2", "--dp", "2", "--ep", "2", "--microbatches", "4"]
+    cases.append(("qwen3-moe-ep", SCHEDULE_MODELS[1][1] +
+                  ["--capacity-factor", "1"],
+                  [("1 device", ["--microbatches", "8"], 1)] +
+                  [("pp2 x dp2 ep2 %s, 4 mb" % s, ep + ["--schedule", s], 4)
+                   for s in ("zb-h1", "zbv", "dualpipev")]))
     return cases
 
 
