@@ -3,10 +3,9 @@
 // (stage, microbatch, pass) slots, emitted as `order` directives. Published
 // definitions: GPipe; 1F1B (PipeDream-Flush); Megatron-LM's interleaved
 // 1F1B; ZB-H1, ZB-H2 and ZB-V ("Zero Bubble Pipeline Parallelism", Qi et
-// al., ICLR 2024); DualPipe and DualPipeV (DeepSeek's DualPipe repository).
-// The bubble
-// each should have is checked against the formulas by
-// proto/analysis/schedule_bubble_test.cpp and docs/schedules.md.
+// al., ICLR 2024); DualPipe and DualPipeV (DeepSeek's DualPipe
+// repository). The bubble each gives is checked against its formula by
+// test/lit/plan/schedules.test; docs/schedules.md describes them all.
 #include "compiler/strategy/Strategy.h"
 
 #include "llvm/ADT/StringExtras.h"
