@@ -238,6 +238,8 @@ public:
         until = std::max(until, b);
       }
       ct.computeBusy = covered;
+      if (!calls.empty())
+        ct.spanIdle = until - calls.front().first - covered;
       ct.bubbleFraction =
           ct.stepTime > 0 ? (ct.stepTime - covered) / ct.stepTime : 0;
       ct.timeline = std::move(cs.timeline);
@@ -691,7 +693,9 @@ std::string simulationReport(const Simulation &sim, bool timeline) {
     out += "class " + std::to_string(ct.deviceClass) + " ranks [" + ranks +
            "]: step " + formatSeconds(ct.stepTime) + ", compute busy " +
            formatSeconds(ct.computeBusy) + ", bubble " + buf + " (" +
-           formatSeconds(ct.stepTime - ct.computeBusy) + ")\n";
+           formatSeconds(ct.stepTime - ct.computeBusy) + "), " +
+           formatSeconds(ct.spanIdle) +
+           " idle between its first and last segment\n";
     for (size_t s = 0; s < ct.streams.size(); ++s) {
       const StreamTime &stream = ct.streams[s];
       std::snprintf(buf, sizeof buf, "%.2f%%",

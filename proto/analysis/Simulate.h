@@ -84,6 +84,10 @@ struct ClassTime {
   double computeBusy = 0;
   /// (stepTime - computeBusy) / stepTime: the compute stream(s) idle.
   double bubbleFraction = 0;
+  /// Seconds without a CALL between the class's first CALL and its last:
+  /// the bubble inside its span, without the fill before it and the drain
+  /// after it (what ZB-H2's formula counts).
+  double spanIdle = 0;
   std::vector<StreamTime> streams;
   std::vector<TimelineEntry> timeline; // every instruction, stream by stream
 };

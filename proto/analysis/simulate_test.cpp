@@ -490,7 +490,11 @@ TEST_CASE("the report prints step, bubble and the timeline") {
   CHECK_THAT(text, Contains("machine: compute 1 TFLOP/s, memory free, link "
                             "free + 0 s latency\n"));
   CHECK_THAT(text, Contains("class 0 ranks [0]: step 9 s, compute busy 6 s, "
-                            "bubble 33.33% (3 s)\n"));
+                            "bubble 33.33% (3 s), 3 s idle between its first "
+                            "and last segment\n"));
+  // Stage 1 starts late (the fill) but never waits once it has started.
+  CHECK(sim.classes[0].spanIdle == 3);
+  CHECK(sim.classes[1].spanIdle == 0);
   CHECK_THAT(text, Contains("  stream 0 'pp': busy 6 s (66.67%), ends at 9 s\n"));
   CHECK_THAT(text, Contains("    0 s .. 1 s  stream 0 #0 CALL F PP=0 MB=0\n"));
   CHECK_THAT(text, Contains("step: 9 s (the slowest class)\n"));
