@@ -95,6 +95,71 @@ static void placeUpdates(ProgramOp program) {
   }
 }
 
+/// A parameter shared by two stages on one device group (a tied embedding
+/// whose stages a V layout or DualPipe put together) has one copy there,
+/// which both stages' updates would step. The first update on the group
+/// keeps its AdamW step, after every backward task of the group that
+/// accumulates the parameter; later ones get a copy of their segment
+/// without that parameter's update and clearing.
+static void dedupeUpdates(ModuleOp module, ProgramOp program) {
+  SegmentParams segmentParams(module);
+  SymbolTable &symbols = segmentParams.getSymbols();
+  Block &body = program.getBody().front();
+  DenseMap<Attribute, DenseMap<Attribute, TaskOp>> keeperOn; // group, param
+  SmallVector<std::pair<TaskOp, llvm::SmallDenseSet<Attribute>>> drops;
+  for (TaskOp u : body.getOps<TaskOp>()) {
+    if (!u.getTag().isPass(PassKind::U) || !u.getDevicesAttr())
+      continue;
+    auto &keepers = keeperOn[u.getDevicesAttr()];
+    llvm::SmallDenseSet<Attribute> drop;
+    for (StringAttr p : segmentParams.updated(u.getSegment()))
+      if (!keepers.try_emplace(p, u).second)
+        drop.insert(p);
+    if (!drop.empty())
+      drops.push_back({u, std::move(drop)});
+  }
+  if (drops.empty())
+    return;
+  // Each keeper waits for every accumulation of its dropped parameters on
+  // its group.
+  for (auto &[u, drop] : drops)
+    for (Attribute p : drop) {
+      TaskOp keeper = keeperOn[u.getDevicesAttr()][p];
+      llvm::SetVector<Value> deps(keeper.getDeps().begin(),
+                                  keeper.getDeps().end());
+      for (TaskOp t : body.getOps<TaskOp>())
+        if (t.getTag().isBackward() &&
+            t.getDevicesAttr() == keeper.getDevicesAttr() &&
+            llvm::is_contained(segmentParams.accumulated(t.getSegment()),
+                               cast<StringAttr>(p)))
+          deps.insert(t.getDone());
+      keeper.getDepsMutable().assign(deps.getArrayRef());
+    }
+  for (auto &[u, drop] : drops) {
+    auto seg = symbols.lookup<SegmentOp>(u.getSegment());
+    OpBuilder b(seg);
+    b.setInsertionPointAfter(seg);
+    auto copy = cast<SegmentOp>(b.clone(*seg));
+    // A fresh name that keeps the pass suffix ("_U") the simulator keys on.
+    std::string name = ("shared_" + seg.getSymName()).str();
+    for (int i = 1; symbols.lookup(name); ++i)
+      name = ("shared" + Twine(i) + "_" + seg.getSymName()).str();
+    copy.setSymName(name);
+    symbols.insert(copy);
+    SmallVector<Operation *> erase;
+    copy.walk([&](Operation *op) {
+      if (!isa<AdamWOp, ZeroGradOp>(op))
+        return;
+      auto ref = op->getAttrOfType<FlatSymbolRefAttr>("param");
+      if (ref && drop.contains(ref.getAttr()))
+        erase.push_back(op);
+    });
+    for (Operation *op : erase)
+      op->erase();
+    u.setSegmentAttr(FlatSymbolRefAttr::get(copy.getSymNameAttr()));
+  }
+}
+
 /// A stage's parameters may have several copies, one per device group that
 /// runs some of its microbatches (summed by tieSharedParams), but within a
 /// microbatch the forward and backward share one, and every copy has its
@@ -184,6 +249,7 @@ LogicalResult mlir::piper::finalizePlacement(ModuleOp module,
   }
   if (failed(checkParameterCopies(module, tasks)))
     return failure();
+  dedupeUpdates(module, *program);
   // A transfer on every data edge between different device groups (token
   // edges only order, so they need none).
   OpBuilder b(module.getContext());

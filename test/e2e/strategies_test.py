@@ -259,6 +259,28 @@ def schedule_cases():
                   [("1 device", ["--microbatches", "8"], 1)] +
                   [("pp2 x dp2 ep2 %s, 4 mb" % s, ep + ["--schedule", s], 4)
                    for s in ("zb-h1", "zbv", "dualpipev")]))
+    # A tied LM head (its stages' copies summed; on a V both are on group
+    # 0, and DualPipe holds four copies), clipping on; ZeRO-1 under split
+    # backward; three virtual stages per group.
+    gpt = SCHEDULE_MODELS[0][1]
+    cases.append(("gpt-tied", gpt + ["--tied"],
+                  [("1 device", ["--microbatches", "8", "--clip-grad", "0.5"],
+                    1)] +
+                  [("pp2 %s, 8 mb" % s, ["--pp", "2", "--microbatches", "8",
+                                         "--schedule", s, "--clip-grad",
+                                         "0.5"], 2)
+                   for s in ("zb-h1", "zbv", "dualpipe", "dualpipev")]))
+    cases.append(("gpt-zero1", gpt,
+                  [("1 device", ["--microbatches", "8"], 1),
+                   ("pp2 x dp2 zero-1 zb-h1, 4 mb",
+                    ["--pp", "2", "--dp", "2", "--zero", "1",
+                     "--microbatches", "4", "--schedule", "zb-h1"], 4),
+                   ("pp2 x dp2 zero-1 dualpipev, 4 mb",
+                    ["--pp", "2", "--dp", "2", "--zero", "1",
+                     "--microbatches", "4", "--schedule", "dualpipev"], 4),
+                   ("pp2 interleaved v=3, 8 mb",
+                    ["--pp", "2", "--virtual-stages", "3", "--microbatches",
+                     "8", "--schedule", "interleaved-1f1b"], 2)]))
     return cases
 
 
