@@ -15,6 +15,24 @@ build_piperc() {
   PIPERC="${prefix}bin/tools/piperc"
 }
 
+# Sets PIPERC, PIPER_PLAN and PIPER_RUN: the ones given in the environment
+# (PIPER_PLAN defaults to the piper-plan beside PIPERC), or ones built with
+# $BAZEL_BUILD_FLAGS (default -c opt) under a separate symlink prefix.
+build_tools() {
+  if [[ -z "${PIPERC:-}" || -z "${PIPER_RUN:-}" ]]; then
+    local bazel="${BAZEL:-bazel}" flags prefix
+    read -r -a flags <<<"${BAZEL_BUILD_FLAGS:--c opt}"
+    prefix="$(mktemp -d -t piper-bench-XXXXXX)/"
+    echo "building piperc, piper-plan and piper-run (${flags[*]}) ..." >&2
+    "$bazel" build "${flags[@]}" --symlink_prefix="$prefix" //tools:piperc \
+      //tools:piper-plan //tools:piper-run >&2
+    PIPERC="${prefix}bin/tools/piperc"
+    PIPER_RUN="${prefix}bin/tools/piper-run"
+    PIPER_PLAN="${prefix}bin/tools/piper-plan"
+  fi
+  PIPER_PLAN="${PIPER_PLAN:-$(dirname "$PIPERC")/piper-plan}"
+}
+
 # Prints A / B with two decimals.
 ratio() {
   awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else printf "n/a" }'

@@ -94,7 +94,8 @@ def main():
                      re.findall(r"^class .*bubble ([0-9.]+)%", sim, re.M)]
         simulated = statistics.mean(fractions)
         bubble, busy = formula(s, costs)
-        expected = bubble / (bubble + busy) if bubble is not None else None
+        expected = (max(0.0, bubble) / (max(0.0, bubble) + busy)
+                    if bubble is not None else None)
         rows.append((s, measured, simulated, expected, costs))
     print("PP %d, %d microbatches, %s; bubble = idle share of a rank's step "
           "(mean over ranks or classes)" % (P, M, " ".join(MODEL)))

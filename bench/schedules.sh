@@ -9,7 +9,8 @@
 #
 # Usage: bench/schedules.sh
 # Environment:
-#   PIPERC, PIPER_PLAN, PIPER_RUN  binaries: skip the builds
+#   PIPERC, PIPER_RUN  binaries: skip the builds (PIPER_PLAN: default
+#                      beside PIPERC)
 #   BAZEL              bazel command (default: bazel)
 #   BAZEL_BUILD_FLAGS  flags of the build (default: -c opt; the binaries go
 #                      to a separate symlink prefix so bazel-bin stays
@@ -19,17 +20,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if [[ -z "${PIPERC:-}" || -z "${PIPER_PLAN:-}" || -z "${PIPER_RUN:-}" ]]; then
-  bazel="${BAZEL:-bazel}"
-  read -r -a flags <<<"${BAZEL_BUILD_FLAGS:--c opt}"
-  prefix="$(mktemp -d -t piper-bench-XXXXXX)/"
-  echo "building piperc, piper-plan and piper-run (${flags[*]}) ..." >&2
-  "$bazel" build "${flags[@]}" --symlink_prefix="$prefix" //tools:piperc \
-    //tools:piper-plan //tools:piper-run >&2
-  PIPERC="${prefix}bin/tools/piperc"
-  PIPER_PLAN="${prefix}bin/tools/piper-plan"
-  PIPER_RUN="${prefix}bin/tools/piper-run"
-fi
+source bench/lib.sh
+build_tools
 work="$(mktemp -d -t piper-schedules-XXXXXX)"
 python3 bench/schedules.py "$PIPERC" "$PIPER_PLAN" "$PIPER_RUN" \
   test/lit/plan/Inputs/free-comm.json "$work"

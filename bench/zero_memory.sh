@@ -23,18 +23,7 @@ cd "$(dirname "$0")/.."
 source bench/lib.sh
 MODELS="${MODELS:-llama-1b qwen3-moe-9b}"
 
-if [[ -z "${PIPERC:-}" || -z "${PIPER_RUN:-}" ]]; then
-  bazel="${BAZEL:-bazel}"
-  read -r -a flags <<<"${BAZEL_BUILD_FLAGS:--c opt}"
-  prefix="$(mktemp -d -t piper-bench-XXXXXX)/"
-  echo "building piperc, piper-plan and piper-run (${flags[*]}) ..." >&2
-  "$bazel" build "${flags[@]}" --symlink_prefix="$prefix" //tools:piperc \
-    //tools:piper-plan //tools:piper-run >&2
-  PIPERC="${prefix}bin/tools/piperc"
-  PIPER_RUN="${prefix}bin/tools/piper-run"
-  PIPER_PLAN="${prefix}bin/tools/piper-plan"
-fi
-PIPER_PLAN="${PIPER_PLAN:-$(dirname "$PIPERC")/piper-plan}"
+build_tools
 
 work="$(mktemp -d -t piper-zero-memory-XXXXXX)"
 trap 'rm -rf "$work"' EXIT

@@ -68,4 +68,21 @@ const DeviceGroup *memberGroup(const Plan &plan, const Instruction &inst,
   return nullptr;
 }
 
+bool isCommunication(Instruction::Kind kind) {
+  switch (kind) {
+  case Instruction::SEND:
+  case Instruction::RECV:
+  case Instruction::ALL_REDUCE:
+  case Instruction::REDUCE_SCATTER:
+  case Instruction::ALL_GATHER:
+  case Instruction::ALL_TO_ALL:
+  case Instruction::REDUCE_SCATTER_GRADS:
+  case Instruction::ALL_GATHER_PARAMS:
+  case Instruction::CLIP_GRADS:
+    return true;
+  default:
+    return false;
+  }
+}
+
 } // namespace piper::plan

@@ -1,6 +1,7 @@
 // The device group a rank runs a collective instruction with: its
-// `group`, or the one of its `subgroups` that contains the rank. Shared by
-// the validator, the executor and the simulator.
+// `group`, or the one of its `subgroups` that contains the rank; and which
+// instruction kinds communicate. Shared by the validator, the executor, the
+// simulator, the timeline pictures and the watchdog.
 #ifndef PIPER_PROTO_PLANGROUPS_H
 #define PIPER_PROTO_PLANGROUPS_H
 
@@ -20,6 +21,10 @@ std::string checkCollectiveGroups(const Plan &plan, const Instruction &inst);
 /// subgroup contains `rank` (checkCollectiveGroups reports why).
 const DeviceGroup *memberGroup(const Plan &plan, const Instruction &inst,
                                int rank);
+
+/// Whether instructions of `kind` wait on other ranks (send, receive, the
+/// collectives, gradient clipping).
+bool isCommunication(Instruction::Kind kind);
 
 } // namespace piper::plan
 

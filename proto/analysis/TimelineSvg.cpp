@@ -2,6 +2,8 @@
 // files piperc compile writes (see TimelineSvg.h).
 #include "proto/analysis/TimelineSvg.h"
 
+#include "proto/PlanGroups.h"
+
 #include <algorithm>
 #include <cctype>
 #include <cmath>
@@ -27,26 +29,8 @@ constexpr double kLaneGap = 3;
 constexpr double kRowGap = 12; // between classes
 constexpr double kMinBox = 0.75;
 
-/// Communication instructions: drawn grey.
-bool isCommunication(Instruction::Kind kind) {
-  switch (kind) {
-  case Instruction::SEND:
-  case Instruction::RECV:
-  case Instruction::ALL_REDUCE:
-  case Instruction::REDUCE_SCATTER:
-  case Instruction::ALL_GATHER:
-  case Instruction::ALL_TO_ALL:
-  case Instruction::REDUCE_SCATTER_GRADS:
-  case Instruction::ALL_GATHER_PARAMS:
-  case Instruction::CLIP_GRADS:
-    return true;
-  default:
-    return false;
-  }
-}
-
 bool drawn(const TimelineEntry &e) {
-  return e.kind == Instruction::CALL || isCommunication(e.kind);
+  return e.kind == Instruction::CALL || plan::isCommunication(e.kind);
 }
 
 /// The passes with their own colour, in legend order.

@@ -2,6 +2,8 @@
 // crash, stall or hang a rank at a step and instruction.
 #include "runtime/launch/Watchdog.h"
 
+#include "proto/PlanGroups.h"
+
 #include <cerrno>
 #include <chrono>
 #include <csignal>
@@ -132,7 +134,7 @@ Status applyFault(const FaultSpec &fault, const plan::Plan &plan, int rank,
         "PIPER_FAULT: stream '{}' of rank {} has {} instructions, no inst {}",
         stream.name(), rank, stream.instructions_size(), fault.instruction));
   const Instruction &inst = stream.instructions(fault.instruction);
-  if (fault.action == FaultSpec::kHangComm && !isCommunication(inst.kind()))
+  if (fault.action == FaultSpec::kHangComm && !plan::isCommunication(inst.kind()))
     return Status::error(fmt::format(
         "PIPER_FAULT: hang_comm needs a communication instruction; "
         "instruction {} of stream '{}' on rank {} is {} '{}'",

@@ -61,23 +61,6 @@ void exitHook(const std::string &message) {
 
 } // namespace
 
-bool isCommunication(Instruction::Kind kind) {
-  switch (kind) {
-  case Instruction::SEND:
-  case Instruction::RECV:
-  case Instruction::ALL_REDUCE:
-  case Instruction::REDUCE_SCATTER:
-  case Instruction::ALL_GATHER:
-  case Instruction::ALL_TO_ALL:
-  case Instruction::REDUCE_SCATTER_GRADS:
-  case Instruction::ALL_GATHER_PARAMS:
-  case Instruction::CLIP_GRADS:
-    return true;
-  default:
-    return false;
-  }
-}
-
 std::string heartbeatKey(int rank) {
   return fmt::format("piper-watch-heartbeat-{}", rank);
 }
@@ -199,7 +182,7 @@ bool Watchdog::communicating(const ExecPosition &pos) const {
   int i = pos.instruction[s];
   if (i >= plan.streams(s).instructions_size())
     return true; // waiting for its sends
-  return i >= 0 && isCommunication(plan.streams(s).instructions(i).kind());
+  return i >= 0 && plan::isCommunication(plan.streams(s).instructions(i).kind());
 }
 
 std::string Watchdog::describeSelf(const ExecPosition &pos,

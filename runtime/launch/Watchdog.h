@@ -75,9 +75,6 @@ struct FaultSpec {
 Status parseFault(const std::string &text, FaultSpec &fault);
 /// Reads PIPER_FAULT; `set` is false when it is unset or empty.
 Status faultFromEnv(FaultSpec &fault, bool &set);
-/// Whether instructions of `kind` wait on other ranks (send, receive, the
-/// collectives, gradient clipping).
-bool isCommunication(plan::Instruction::Kind kind);
 /// Fills `options`' fault fields for this rank's `plan` (nothing when the
 /// fault is another rank's); errors name a stream or instruction the plan
 /// lacks, or a hang_comm on an instruction that does not communicate.
