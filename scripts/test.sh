@@ -1,12 +1,24 @@
 #!/bin/bash
 # Builds everything and runs every test (unit, lit, end-to-end), then the
 # install check (scripts/install_test.sh), and prints one summary line:
-# "N passed, N failed" (N counts Bazel test targets, plus the install check).
+# "N passed, N failed" (N counts Bazel test targets, plus the install check),
+# followed by ", N skipped (...)" when tests tagged gpu were left out because
+# this machine has no GPU.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 log="$(mktemp -t piper-test-XXXXXX.log)"
-bazel test //... "$@" 2>&1 | tee "$log"
+
+# Tests tagged gpu need a GPU (docs/gpu.md): run them only where nvidia-smi
+# works; elsewhere leave them out and count them as skipped.
+gpuFlags=()
+skipped=0
+if ! nvidia-smi >/dev/null 2>&1; then
+  gpuFlags=(--test_tag_filters=-gpu)
+  skipped=$(bazel query 'attr(tags, "\bgpu\b", tests(//...))' 2>/dev/null | grep -c '^//' || true)
+fi
+
+bazel test //... "${gpuFlags[@]}" "$@" 2>&1 | tee "$log"
 rc=${PIPESTATUS[0]}
 
 # Outside Bazel: it installs into a temporary prefix and runs the tools from
@@ -20,5 +32,9 @@ if [ "$rc" -ne 0 ] && [ "$failed" -eq 0 ]; then
   # The build itself failed before any test ran.
   failed=1
 fi
-echo "$passed passed, $failed failed"
+if [ "$skipped" -gt 0 ]; then
+  echo "$passed passed, $failed failed, $skipped skipped (tagged gpu; no GPU here)"
+else
+  echo "$passed passed, $failed failed"
+fi
 [ "$rc" -eq 0 ] && [ "$installRc" -eq 0 ] && [ "$failed" -eq 0 ]

@@ -19,7 +19,7 @@ bool parseRunOptions(int argc, char **argv, RunOptions &options,
   app.add_option("--nproc", options.nproc,
                  "number of ranks to spawn; must equal the strategy's "
                  "world size");
-  app.add_option("--backend", options.backend, "execution backend (cpu)")
+  app.add_option("--backend", options.backend, "execution backend: cpu, or cuda (docs/gpu.md)")
       ->capture_default_str();
   app.add_option("--steps", options.steps,
                  "training steps to run (0: only --load/--save)")

@@ -22,6 +22,7 @@
 #include "runtime/comm/Communicator.h"
 #include "runtime/data/AtomicFile.h"
 #include "runtime/exec/Executor.h"
+#include "runtime/hal/cuda/CudaBackend.h"
 #include "runtime/launch/CheckpointIO.h"
 #include "runtime/launch/Checkpoints.h"
 #include "runtime/launch/Progress.h"
@@ -281,6 +282,22 @@ int runRank(const RunOptions &options, const RankEnv &env,
   eo.rank = rank;
   eo.seed = options.seed;
   eo.comm = comm.get();
+  if (options.backend == "cuda") {
+    // One rank per GPU: local rank r uses visible CUDA device r (modulo
+    // their number, so ranks may share one). CUDA_VISIBLE_DEVICES chooses
+    // which GPUs a node's ranks see (docs/gpu.md).
+    int gpus = 0;
+    check(hal::cudaDeviceCount(gpus).withContext("backend 'cuda'"),
+          /*named=*/true);
+    Status created;
+    auto device = std::make_shared<std::unique_ptr<hal::Device>>(
+        hal::createCudaDevice(gpus > 0 ? env.localRank % gpus : 0, comm.get(),
+                              created));
+    if (!*device)
+      exitRank(who + ": backend 'cuda': " + created.message());
+    // Created here, where an error can be reported; handed over once.
+    eo.createDevice = [device](Communicator *) { return std::move(*device); };
+  }
   eo.data = data.get();
   // Exit at the first stream error instead of finishing the step: peers
   // blocked on this rank would otherwise wait for their timeout, while an

@@ -13,6 +13,7 @@
 #include "runtime/checkpoint/Safetensors.h"
 #include "runtime/data/AtomicFile.h"
 #include "runtime/exec/Validate.h"
+#include "runtime/hal/cuda/CudaBackend.h"
 #include "runtime/launch/CheckpointIO.h"
 #include "runtime/launch/Checkpoints.h"
 
@@ -155,9 +156,18 @@ Status loadManifest(const RunOptions &options, plan::Manifest &manifest) {
   std::string err = plan::readManifest(path, manifest);
   if (!err.empty())
     return Status::error(err);
-  if (options.backend != "cpu")
-    return Status::error("backend '" + options.backend +
-                         "' is not available in this build (available: cpu)");
+  if (options.backend == "cuda") {
+    // Fails here, before any rank starts, when this build or machine cannot
+    // run CUDA (runtime/hal/cuda/CudaBackend.h).
+    Status cuda = hal::checkCudaBackend();
+    if (!cuda)
+      return Status::error("backend 'cuda': " + cuda.message());
+  } else if (options.backend != "cpu") {
+    return Status::error(
+        "backend '" + options.backend +
+        "' is not available in this build (available: cpu" +
+        (hal::cudaBackendBuilt() ? ", cuda" : "") + ")");
+  }
   return Status::ok();
 }
 

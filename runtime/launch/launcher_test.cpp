@@ -180,9 +180,25 @@ TEST_CASE("piper-run command-line and strategy errors", "[launcher]") {
     CHECK(r.out.find("step 1/1 |") != std::string::npos);
   }
   SECTION("unknown backend") {
-    RunResult r = piperRun({pp, "--nproc", "2", "--backend", "cuda"});
+    RunResult r = piperRun({pp, "--nproc", "2", "--backend", "tpu"});
     CHECK(r.exitCode() == 1);
-    CHECK(r.err.find("backend 'cuda' is not available") != std::string::npos);
+    CHECK(r.err.find("backend 'tpu' is not available in this build "
+                     "(available: cpu") != std::string::npos);
+  }
+  // Without CUDA in the build, or without a usable GPU, --backend cuda
+  // stops before any rank starts and says why; on a GPU it gets as far as
+  // loading the plans, which fail naming the kernels it does not have yet.
+  SECTION("cuda backend, where it cannot run") {
+    RunResult r = piperRun({pp, "--nproc", "2", "--backend", "cuda"});
+    INFO("stderr: " << r.err);
+    CHECK(r.exitCode() == 1);
+    CHECK(std::regex_search(
+        r.err,
+        std::regex("backend 'cuda': (this piper-run was built without CUDA "
+                   "\\(no toolkit at .* at build time\\); see docs/gpu.md|"
+                   "no usable CUDA device: cudaGetDeviceCount\\(&count\\): "
+                   "cudaError\\w+: .* \\(runtime/hal/cuda/CudaDevice.cpp:\\d+\\)|"
+                   "no kernel '\\w+')")));
   }
   SECTION("missing strategy folder") {
     RunResult r = piperRun({pp + "/nope", "--nproc", "2"});

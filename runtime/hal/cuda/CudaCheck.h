@@ -1,0 +1,52 @@
+// CUDA error reporting for the CUDA backend (builds with the toolkit only):
+// every error names the call, the file and line, and CUDA's own message.
+#ifndef PIPER_RUNTIME_HAL_CUDA_CUDACHECK_H
+#define PIPER_RUNTIME_HAL_CUDA_CUDACHECK_H
+
+#include <cuda_runtime_api.h>
+
+#include <string>
+
+#include "runtime/support/Status.h"
+
+namespace piper::runtime::hal {
+
+/// "cudaMalloc(&p, n): cudaErrorMemoryAllocation: out of memory
+/// (runtime/hal/cuda/CudaDevice.cpp:42)".
+std::string cudaErrorMessage(cudaError_t error, const char *call,
+                             const char *file, int line);
+
+/// Prints cudaErrorMessage as "piper-run: CUDA error: ..." and exits the
+/// process (status 1). For the HAL's void methods (copies, stream and event
+/// operations), which have no way to return an error: a CUDA error there
+/// leaves the device in an unknown state.
+[[noreturn]] void cudaFatal(cudaError_t error, const char *call,
+                            const char *file, int line);
+
+/// Stops the process with `what` when a HAL method the CUDA backend does
+/// not implement yet is called (docs/gpu.md lists them).
+[[noreturn]] void cudaNotImplemented(const char *what);
+
+} // namespace piper::runtime::hal
+
+/// Evaluates a CUDA runtime call; on error returns a Status from the
+/// enclosing function.
+#define PIPER_CUDA_RETURN_IF_ERROR(call)                                       \
+  do {                                                                         \
+    cudaError_t piperCudaErr_ = (call);                                        \
+    if (piperCudaErr_ != cudaSuccess)                                          \
+      return ::piper::runtime::Status::error(                                  \
+          ::piper::runtime::hal::cudaErrorMessage(piperCudaErr_, #call,        \
+                                                  __FILE__, __LINE__));        \
+  } while (0)
+
+/// Evaluates a CUDA runtime call; on error stops the process (cudaFatal).
+#define PIPER_CUDA_CHECK(call)                                                 \
+  do {                                                                         \
+    cudaError_t piperCudaErr_ = (call);                                        \
+    if (piperCudaErr_ != cudaSuccess)                                          \
+      ::piper::runtime::hal::cudaFatal(piperCudaErr_, #call, __FILE__,         \
+                                       __LINE__);                              \
+  } while (0)
+
+#endif // PIPER_RUNTIME_HAL_CUDA_CUDACHECK_H
