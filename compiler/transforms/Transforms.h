@@ -114,9 +114,7 @@ FailureOr<SegmentPieces> splitBackwardSegment(SegmentOp seg,
 /// Replaces each backward task of `tasks` by a BI task and a BW task after
 /// it: its results come from BI, and whatever waited for it waits for BW
 /// (another backward piece of the same stage and microbatch, for BI).
-/// `what` (the directive) prefixes errors.
-LogicalResult splitBackwardTasks(ProgramOp program, ArrayRef<TaskOp> tasks,
-                                 StringRef what);
+LogicalResult splitBackwardTasks(ProgramOp program, ArrayRef<TaskOp> tasks);
 
 /// Splits `params` (in order) into buckets of about `bucketSizeMb` of f32,
 /// each naming a parameter at most once.
