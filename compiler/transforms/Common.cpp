@@ -235,6 +235,16 @@ std::string mlir::piper::formatDevices(ArrayRef<int64_t> devices) {
          "]";
 }
 
+std::string mlir::piper::splitPassHint(const Filter &filter) {
+  auto pass = filter.entries.find("PASS");
+  if (pass == filter.entries.end() ||
+      (pass->second.pass != "BI" && pass->second.pass != "BW"))
+    return "";
+  return " (BI and BW tasks exist only once an order directive splits the "
+         "backward, after place and replicate: select the fused backward "
+         "with \"PASS\": \"B\", or the whole stage; docs/schedules.md)";
+}
+
 SmallVector<TaskOp> mlir::piper::matchingTasks(ProgramOp program,
                                          const Filter &filter) {
   SmallVector<TaskOp> out;

@@ -150,7 +150,7 @@ static LogicalResult splitRequestedBackwards(ProgramOp program,
   SmallVector<TaskOp> tasks;
   for (Operation *op : fused)
     tasks.push_back(cast<TaskOp>(op));
-  return splitBackwardTasks(program, tasks, d.describe());
+  return splitBackwardTasks(program, tasks);
 }
 
 LogicalResult mlir::piper::applyOrder(ProgramOp program, const Directive &d) {

@@ -40,7 +40,8 @@ LogicalResult mlir::piper::applyPlace(ProgramOp program, const Directive &d,
     return failure();
   SmallVector<TaskOp> tasks = matchingTasks(program, d.filter);
   if (tasks.empty())
-    return program.emitOpError(d.describe()) << ": the filter matches no task";
+    return program.emitOpError(d.describe()) << ": the filter matches no task"
+                                     << splitPassHint(d.filter);
   MLIRContext *ctx = program.getContext();
   auto group = DeviceGroupAttr::get(ctx, d.devices);
   StreamAttr send = commStream(program, d.stream);

@@ -66,7 +66,8 @@ LogicalResult mlir::piper::applyReplicate(ModuleOp module, ProgramOp program,
     return failure();
   SmallVector<TaskOp> tasks = matchingTasks(program, d.filter);
   if (tasks.empty())
-    return program.emitOpError(d.describe()) << ": the filter matches no task";
+    return program.emitOpError(d.describe()) << ": the filter matches no task"
+                                     << splitPassHint(d.filter);
   for (TaskOp t : tasks)
     if (!t.getDevices() || t.getNodeDevices() != ArrayRef(d.devices))
       return t.emitOpError(d.describe())

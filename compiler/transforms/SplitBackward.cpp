@@ -69,20 +69,11 @@ FailureOr<SegmentPieces> mlir::piper::splitBackwardSegment(SegmentOp seg,
 }
 
 LogicalResult mlir::piper::splitBackwardTasks(ProgramOp program,
-                                              ArrayRef<TaskOp> tasks,
-                                              StringRef what) {
+                                              ArrayRef<TaskOp> tasks) {
   auto module = program->getParentOfType<ModuleOp>();
   SymbolTable symbols(module);
   llvm::MapVector<StringAttr, SegmentPieces> piecesOf;
   for (TaskOp t : tasks) {
-    for (Value out : t.getOuts())
-      for (Operation *user : out.getUsers())
-        if (isa<ReduceScatterGradsOp>(user))
-          return t.emitOpError(what)
-                 << ": cannot split " << describeNode(t)
-                 << " into BI and BW: under ZeRO-2 and ZeRO-3 its gradients "
-                    "are reduced piece by piece (split backward works with "
-                    "ZeRO-0 and ZeRO-1)";
     StringAttr name = t.getSegmentAttr().getAttr();
     if (!piecesOf.count(name)) {
       auto seg = symbols.lookup<SegmentOp>(name);

@@ -114,9 +114,7 @@ FailureOr<SegmentPieces> splitBackwardSegment(SegmentOp seg,
 /// Replaces each backward task of `tasks` by a BI task and a BW task after
 /// it: its results come from BI, and whatever waited for it waits for BW
 /// (another backward piece of the same stage and microbatch, for BI).
-/// `what` (the directive) prefixes errors.
-LogicalResult splitBackwardTasks(ProgramOp program, ArrayRef<TaskOp> tasks,
-                                 StringRef what);
+LogicalResult splitBackwardTasks(ProgramOp program, ArrayRef<TaskOp> tasks);
 
 /// Splits `params` (in order) into buckets of about `bucketSizeMb` of f32,
 /// each naming a parameter at most once.
@@ -232,6 +230,9 @@ Directive stageDirective(Directive::Kind kind, int64_t pp,
 std::string formatDevices(ArrayRef<int64_t> devices);
 /// The tasks of `program` whose tag matches `filter`, in block order.
 SmallVector<TaskOp> matchingTasks(ProgramOp program, const Filter &filter);
+/// Why a `place` or `replicate` filter naming PASS "BI" or "BW" matches no
+/// task (the halves exist only once an `order` splits the backward), or "".
+std::string splitPassHint(const Filter &filter);
 /// Fails (naming the directive) when a device of `d` is outside the world.
 LogicalResult checkDevices(Operation *anchor, const Directive &d,
                            std::optional<int64_t> worldSize);

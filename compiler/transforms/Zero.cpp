@@ -342,7 +342,13 @@ LogicalResult mlir::piper::boundZeroCollectives(ModuleOp module) {
     for (auto ag : block.getOps<AllGatherParamsOp>()) {
       if (ag.getResults().empty() || ag.getResults().front().use_empty())
         continue;
-      auto t = dyn_cast<TaskOp>(*ag.getResults().front().user_begin());
+      // The first task (in schedule order) that reads the gathered
+      // parameters: a split backward's BI and BW both do.
+      TaskOp t;
+      for (Operation *user : ag.getResults().front().getUsers())
+        if (auto task = dyn_cast<TaskOp>(user);
+            task && (!t || task->isBeforeInBlock(t)))
+          t = task;
       if (!t)
         continue;
       size_t i = position.lookup(t);

@@ -260,8 +260,9 @@ def schedule_cases():
                   [("pp2 x dp2 ep2 %s, 4 mb" % s, ep + ["--schedule", s], 4)
                    for s in ("zb-h1", "zbv", "dualpipev")]))
     # A tied LM head (its stages' copies summed; on a V both are on group
-    # 0, and DualPipe holds four copies), clipping on; ZeRO-1 under split
-    # backward; three virtual stages per group.
+    # 0, and DualPipe holds four copies), clipping on; ZeRO-1/2/3 under
+    # split backward (ZeRO-2/3's pieces split into BI and BW, BW's
+    # gradients reduce-scattered); three virtual stages per group.
     gpt = SCHEDULE_MODELS[0][1]
     cases.append(("gpt-tied", gpt + ["--tied"],
                   [("1 device", ["--microbatches", "8", "--clip-grad", "0.5"],
@@ -270,15 +271,14 @@ def schedule_cases():
                                          "--schedule", s, "--clip-grad",
                                          "0.5"], 2)
                    for s in ("zb-h1", "zbv", "dualpipe", "dualpipev")]))
-    cases.append(("gpt-zero1", gpt,
-                  [("1 device", ["--microbatches", "8"], 1),
-                   ("pp2 x dp2 zero-1 zb-h1, 4 mb",
-                    ["--pp", "2", "--dp", "2", "--zero", "1",
-                     "--microbatches", "4", "--schedule", "zb-h1"], 4),
-                   ("pp2 x dp2 zero-1 dualpipev, 4 mb",
-                    ["--pp", "2", "--dp", "2", "--zero", "1",
-                     "--microbatches", "4", "--schedule", "dualpipev"], 4),
-                   ("pp2 interleaved v=3, 8 mb",
+    cases.append(("gpt-zero", gpt,
+                  [("1 device", ["--microbatches", "8"], 1)] +
+                  [("pp2 x dp2 zero-%d %s, 4 mb" % (z, s),
+                    ["--pp", "2", "--dp", "2", "--zero", str(z),
+                     "--microbatches", "4", "--schedule", s], 4)
+                   for z, s in ((1, "zb-h1"), (1, "dualpipev"), (2, "zb-h1"),
+                                (2, "zbv"), (3, "zb-h1"), (3, "dualpipev"))] +
+                  [("pp2 interleaved v=3, 8 mb",
                     ["--pp", "2", "--virtual-stages", "3", "--microbatches",
                      "8", "--schedule", "interleaved-1f1b"], 2)]))
     return cases
