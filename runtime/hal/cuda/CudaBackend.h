@@ -5,8 +5,8 @@
 //
 // What exists: device memory (the plan's arena, one plain cudaMalloc), one
 // CUDA stream per logical stream, CUDA events for cross-stream waits, and
-// host <-> device copies. What does not yet: kernels (the registry is empty,
-// so a plan fails to load naming the missing kernels) and the executor's
+// host <-> device copies, and one kernel, gelu forward. What does not yet:
+// the other kernels (a plan fails to load naming them) and the executor's
 // elementwise device methods (sumOfSquares, scale, add, bf16 packing), which
 // stop the process with a message saying so. See docs/gpu.md.
 #ifndef PIPER_RUNTIME_HAL_CUDA_CUDABACKEND_H

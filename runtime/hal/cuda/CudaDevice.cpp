@@ -1,6 +1,6 @@
 // The CUDA backend of the HAL (see CudaBackend.h): device memory from plain
 // cudaMalloc, one CUDA stream per logical stream, CUDA events between
-// streams, host <-> device copies. No kernels yet.
+// streams, host <-> device copies, and the first kernel (gelu forward).
 //
 // Streams. The executor enqueues host functions on a Stream; here each
 // stream keeps a host worker thread (as the CPU backend does) that owns a
@@ -34,6 +34,7 @@
 #include "fmt/core.h"
 #include "runtime/hal/cuda/CudaBackend.h"
 #include "runtime/hal/cuda/CudaCheck.h"
+#include "runtime/hal/cuda/CudaKernels.h"
 
 namespace piper::runtime::hal {
 
@@ -258,6 +259,11 @@ private:
   std::thread worker;
 };
 
+// The kernels of this backend; `fn` (the CPU calling convention) is unused:
+// runKernel dispatches on the index.
+constexpr int kGelu = 0;
+const KernelInfo kCudaKernels[] = {{"gelu", nullptr, kGelu}};
+
 class CudaDevice final : public Device {
 public:
   CudaDevice(int ordinal, cudaStream_t hostStream, Communicator *comm)
@@ -275,15 +281,39 @@ public:
   std::unique_ptr<Event> createEvent() override {
     return std::make_unique<CudaEvent>(ordinal);
   }
-  // No kernels yet: the executor's registry check fails a plan's load with
-  // "backend 'cuda': no kernel ...", naming them.
-  const KernelInfo *findKernel(const std::string &) const override {
+  // The registry: only gelu so far, so the executor's registry check fails
+  // a plan's load with "backend 'cuda': no kernel ...", naming the others.
+  const KernelInfo *findKernel(const std::string &name) const override {
+    for (const KernelInfo &k : kCudaKernels)
+      if (name == k.name)
+        return &k;
     return nullptr;
   }
-  std::vector<std::string> kernelNames() const override { return {}; }
+  std::vector<std::string> kernelNames() const override {
+    std::vector<std::string> names;
+    for (const KernelInfo &k : kCudaKernels)
+      names.push_back(k.name);
+    return names;
+  }
   Status runKernel(const KernelInfo &info, const plan::Kernel &,
-                   const std::vector<TensorRef> &,
-                   const std::vector<TensorRef> &, KernelContext &) override {
+                   const std::vector<TensorRef> &inputs,
+                   const std::vector<TensorRef> &outputs,
+                   KernelContext &) override {
+    if (&info == &kCudaKernels[kGelu]) {
+      if (inputs.size() != 1 || outputs.size() != 1 ||
+          inputs[0].dtype != plan::F32 || outputs[0].dtype != plan::F32 ||
+          inputs[0].shape != outputs[0].shape)
+        return Status::error("gelu: expects one f32 input and one f32 "
+                             "output of the same shape");
+      cudaStream_t stream = currentStream ? currentStream : hostStream;
+      PIPER_CUDA_RETURN_IF_ERROR(
+          launchGelu(static_cast<const float *>(inputs[0].data),
+                     static_cast<float *>(outputs[0].data),
+                     inputs[0].numel(), stream));
+      if (!currentStream)
+        PIPER_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(hostStream));
+      return Status::ok();
+    }
     return Status::error(std::string("backend 'cuda': no kernel '") +
                          info.name + "'");
   }
