@@ -98,4 +98,6 @@ system_cuda = repository_rule(
     },
     environ = ["CUDA_PATH"],
     local = True,
+    # Re-run by `bazel sync --configure` (after installing or removing a toolkit).
+    configure = True,
 )
