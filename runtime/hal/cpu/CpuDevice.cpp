@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "runtime/exec/Precision.h"
+#include "runtime/hal/HostWorker.h"
 
 namespace piper::runtime::hal {
 
@@ -142,62 +143,17 @@ private:
 /// One persistent worker thread running its queue in order.
 class CpuStream final : public Stream {
 public:
-  explicit CpuStream(std::string name)
-      : streamName(std::move(name)), worker([this] { run(); }) {}
-  ~CpuStream() override {
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      stopping = true;
-    }
-    wakeWorker.notify_one();
-    worker.join();
-  }
+  explicit CpuStream(std::string name) : streamName(std::move(name)) {}
 
   const std::string &name() const override { return streamName; }
-
   void enqueue(std::function<void()> work) override {
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      queue.push_back(std::move(work));
-      ++enqueued;
-    }
-    wakeWorker.notify_one();
+    worker.enqueue(std::move(work));
   }
-
-  void synchronize() override {
-    std::unique_lock<std::mutex> lock(mu);
-    uint64_t target = enqueued;
-    idle.wait(lock, [&] { return completed >= target; });
-  }
+  void synchronize() override { worker.synchronize(); }
 
 private:
-  void run() {
-    for (;;) {
-      std::function<void()> work;
-      {
-        std::unique_lock<std::mutex> lock(mu);
-        wakeWorker.wait(lock, [&] { return stopping || !queue.empty(); });
-        if (queue.empty())
-          return;
-        work = std::move(queue.front());
-        queue.pop_front();
-      }
-      work();
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        ++completed;
-      }
-      idle.notify_all();
-    }
-  }
-
   std::string streamName;
-  std::mutex mu;
-  std::condition_variable wakeWorker, idle;
-  std::deque<std::function<void()>> queue;
-  uint64_t enqueued = 0, completed = 0;
-  bool stopping = false;
-  std::thread worker; // last: starts once the rest is constructed
+  HostWorker worker; // last: starts once the rest is constructed
 };
 
 class CpuDevice final : public Device {

@@ -28,6 +28,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <thread>
 
@@ -35,6 +36,7 @@
 #include "runtime/hal/cuda/CudaBackend.h"
 #include "runtime/hal/cuda/CudaCheck.h"
 #include "runtime/hal/cuda/CudaKernels.h"
+#include "runtime/hal/HostWorker.h"
 
 namespace piper::runtime::hal {
 
@@ -192,15 +194,15 @@ public:
       : streamName(std::move(name)), ordinal(ordinal) {
     PIPER_CUDA_CHECK(cudaSetDevice(ordinal));
     PIPER_CUDA_CHECK(cudaStreamCreateWithFlags(&cuda, cudaStreamNonBlocking));
-    worker = std::thread([this] { run(); });
+    // The worker issues this stream's device work: its thread selects the
+    // GPU and makes `cuda` the stream kernels and copies run on.
+    worker = std::make_unique<HostWorker>([this] {
+      PIPER_CUDA_CHECK(cudaSetDevice(this->ordinal));
+      currentStream = cuda;
+    });
   }
   ~CudaStream() override {
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      stopping = true;
-    }
-    wakeWorker.notify_one();
-    worker.join();
+    worker.reset(); // runs the queued work, then stops the thread
     cudaStreamSynchronize(cuda);
     cudaStreamDestroy(cuda);
   }
@@ -208,55 +210,19 @@ public:
   const std::string &name() const override { return streamName; }
 
   void enqueue(std::function<void()> work) override {
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      queue.push_back(std::move(work));
-      ++enqueued;
-    }
-    wakeWorker.notify_one();
+    worker->enqueue(std::move(work));
   }
 
   void synchronize() override {
-    {
-      std::unique_lock<std::mutex> lock(mu);
-      uint64_t target = enqueued;
-      idle.wait(lock, [&] { return completed >= target; });
-    }
+    worker->synchronize();
     PIPER_CUDA_CHECK(cudaStreamSynchronize(cuda));
   }
 
 private:
-  void run() {
-    PIPER_CUDA_CHECK(cudaSetDevice(ordinal));
-    currentStream = cuda;
-    for (;;) {
-      std::function<void()> work;
-      {
-        std::unique_lock<std::mutex> lock(mu);
-        wakeWorker.wait(lock, [&] { return stopping || !queue.empty(); });
-        if (queue.empty())
-          return;
-        work = std::move(queue.front());
-        queue.pop_front();
-      }
-      work();
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        ++completed;
-      }
-      idle.notify_all();
-    }
-  }
-
   std::string streamName;
   int ordinal;
   cudaStream_t cuda = nullptr;
-  std::mutex mu;
-  std::condition_variable wakeWorker, idle;
-  std::deque<std::function<void()>> queue;
-  uint64_t enqueued = 0, completed = 0;
-  bool stopping = false;
-  std::thread worker;
+  std::unique_ptr<HostWorker> worker;
 };
 
 // The kernels of this backend; `fn` (the CPU calling convention) is unused:
