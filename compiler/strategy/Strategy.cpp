@@ -560,10 +560,10 @@ Strategy mlir::piper::strategyFromFlags(int64_t pp, int64_t dp,
       devices.push_back(g * dp + r);
     return devices;
   };
-  if (schedule.layout == StageLayout::Bidirectional) {
-    // Two copies of the model: microbatch m of stage st runs on the group
-    // of its direction; tieSharedParams sums the copies' gradients.
-    for (int64_t st = 0; st < stages; ++st)
+  for (int64_t st = 0; st < stages; ++st) {
+    if (schedule.layout == StageLayout::Bidirectional) {
+      // Two copies of the model: microbatch m of stage st runs on the group
+      // of its direction; tieSharedParams sums the copies' gradients.
       for (int64_t m = 0; m < microbatches; ++m) {
         Directive place;
         place.kind = Directive::Place;
@@ -576,10 +576,8 @@ Strategy mlir::piper::strategyFromFlags(int64_t pp, int64_t dp,
                                  place.devices.front())
                        .str());
       }
-  }
-  for (int64_t st = 0; st < stages; ++st) {
-    if (schedule.layout == StageLayout::Bidirectional)
-      break;
+      continue;
+    }
     // Stage st runs on pipeline device group g: ranks [g*dp, (g+1)*dp).
     int64_t g = deviceOfStage(schedule.layout, st, pp);
     std::vector<int64_t> devices = groupDevices(g);

@@ -47,8 +47,10 @@ static std::string freshName(SymbolTable &symbols, std::string name) {
   return candidate;
 }
 
-FailureOr<SegmentPieces> mlir::piper::splitBackwardSegment(SegmentOp seg,
-                                                           SymbolTable &symbols) {
+/// Splits a backward segment into its input-gradient half (BI: <base>_BI)
+/// and its weight-gradient half (BW: <base>_BW), registered in `symbols`.
+static FailureOr<SegmentPieces> splitBackwardSegment(SegmentOp seg,
+                                                     SymbolTable &symbols) {
   StringRef name = seg.getSymName();
   std::string base = name.ends_with("_B") ? name.drop_back(2).str()
                                           : name.str();

@@ -105,15 +105,12 @@ TaskOp createPieceTask(OpBuilder &b, TaskOp t, SegmentOp piece,
 /// results and token read the pieces'. Returns the new tasks in order.
 SmallVector<TaskOp> splitTask(TaskOp t, const SegmentPieces &pieces);
 
-/// Splits a backward segment into its input-gradient half (BI: <base>_BI)
-/// and its weight-gradient half (BW: <base>_BW; the gradient accumulations
-/// and every op only they need), registered in `symbols` (SplitBackward.cpp).
-FailureOr<SegmentPieces> splitBackwardSegment(SegmentOp seg,
-                                              SymbolTable &symbols);
-
-/// Replaces each backward task of `tasks` by a BI task and a BW task after
-/// it: its results come from BI, and whatever waited for it waits for BW
-/// (another backward piece of the same stage and microbatch, for BI).
+/// Replaces each backward task of `tasks` (SplitBackward.cpp) by an
+/// input-gradient task (BI: the activation-gradient chain) and, after it, a
+/// weight-gradient task (BW: ops with the WeightGradient trait, the
+/// accumulations and what reads them): its results come from BI, and
+/// whatever waited for it waits for BW (another backward piece of the same
+/// stage and microbatch, for BI).
 LogicalResult splitBackwardTasks(ProgramOp program, ArrayRef<TaskOp> tasks);
 
 /// Splits `params` (in order) into buckets of about `bucketSizeMb` of f32,
