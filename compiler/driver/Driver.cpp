@@ -222,8 +222,8 @@ int runCompile(const CompileOptions &o) {
                                 o.pp, o.dp, kMaxWorldSize)
                       .str());
     if (o.virtualStages < 0 || o.virtualStages > kMaxStages)
-      return fail(llvm::formatv("--virtual-stages must be from 1 to {0}, got "
-                                "{1}",
+      return fail(llvm::formatv("--virtual-stages must be from 1 to {0} (0: "
+                                "the schedule's default), got {1}",
                                 kMaxStages, o.virtualStages)
                       .str());
     int64_t perDevice = o.virtualStages ? o.virtualStages

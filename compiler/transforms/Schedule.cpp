@@ -66,8 +66,8 @@ pipelineShape(ProgramOp program, const ScheduleBuilder &schedule,
   if (schedule.layout == StageLayout::Bidirectional) {
     for (int64_t st = 0; st < stages; ++st)
       if (lastGroupOf[st] != groupOf[stages - 1 - st])
-        return fail() << "runs the second half of the microbatches of stage "
-                      << st << " on the device group of stage "
+        return fail() << "expects the second half of stage " << st
+                      << "'s microbatches on the device group of stage "
                       << stages - 1 - st << " ("
                       << formatDevices(groupOf[stages - 1 - st].getMembers())
                       << "), but its last microbatch runs on "

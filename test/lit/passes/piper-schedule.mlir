@@ -7,6 +7,8 @@
 // RUN:   -piper-schedule=schedule=1f1b | FileCheck %s --check-prefix=WARMUP
 // RUN: not piper-opt %S/Inputs/dag.mlir -piper-split -piper-schedule=schedule=zb 2>&1 | FileCheck %s --check-prefix=UNKNOWN
 // RUN: not piper-opt %S/Inputs/dag.mlir -piper-schedule 2>&1 | FileCheck %s --check-prefix=UNSPLIT
+// RUN: not piper-opt %S/Inputs/model.mlir -piper-stage=stages=3 -piper-build-training-dag -piper-split=microbatches=4 \
+// RUN:   -piper-schedule=schedule=zbv 2>&1 | FileCheck %s --check-prefix=V-ODD
 // RUN: piper-opt %s -split-input-file -verify-diagnostics -piper-schedule=schedule=gpipe
 
 // 1F1B with two stages and three microbatches. The last stage alternates
@@ -58,6 +60,10 @@
 
 // Unknown names are refused with the registered ones.
 // UNKNOWN: error: unknown schedule 'zb' (expected gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-h2, zbv, dualpipe, dualpipev)
+
+// Unplaced stages take the schedule's layout, which for a V needs an even
+// number of them.
+// V-ODD: error: 'piper.program' op piper-schedule: schedule 'zbv' needs an even number of stages for its V layout (device group d holds stages d and 2P-1-d), got 3
 
 // The schedule orders microbatches: the program must be split first.
 // UNSPLIT: error: 'piper.task' op piper-schedule: task @{{[^ ]+}} ({{.*}}) has no MB tag: schedules order microbatches, run piper-split first
