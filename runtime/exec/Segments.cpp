@@ -196,6 +196,7 @@ Status ExecutorImpl::call(int s, const Instruction &inst, StepState &st,
           device->sumOfSquares(ins[0].f32(), ins[0].numel());
     if (profiling)
       start = Clock::now();
+    ctx.lowPrecision = rk.lowPrecision;
     Status status = device->runKernel(*rk.info, kernel, ins, outs, ctx);
     if (profiling) {
       int64_t ns = nanosSince(start);

@@ -34,6 +34,34 @@ static std::string plural(size_t n, const char *noun) {
   return std::to_string(n) + " " + noun + (n == 1 ? "" : "s");
 }
 
+namespace {
+Status checkStorage(const KernelArgs &a, const TensorRef &t,
+                    const std::string &what) {
+  int64_t numel = 1;
+  for (int64_t d : t.shape) {
+    if (d < 0)
+      return a.error(what + " has negative dimension in shape " +
+                     shapeString(t.shape));
+    if (__builtin_mul_overflow(numel, d, &numel) || numel > (INT64_MAX >> 3))
+      return a.error(what + " has too many elements, shape " +
+                     shapeString(t.shape));
+  }
+  if (numel > 0 && !t.data)
+    return a.error(what + " has no storage");
+  return Status::ok();
+}
+} // namespace
+
+Status checkOperandStorage(const KernelArgs &a) {
+  for (size_t i = 0; i < a.inputs.size(); ++i)
+    PIPER_RETURN_IF_ERROR(
+        checkStorage(a, a.inputs[i], "input " + std::to_string(i)));
+  for (size_t i = 0; i < a.outputs.size(); ++i)
+    PIPER_RETURN_IF_ERROR(
+        checkStorage(a, a.outputs[i], "output " + std::to_string(i)));
+  return Status::ok();
+}
+
 Status expectCounts(const KernelArgs &a, size_t minInputs, size_t maxInputs,
                     size_t numOutputs) {
   size_t numInputs = a.inputs.size();

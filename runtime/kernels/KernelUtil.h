@@ -33,6 +33,11 @@ using KernelFn = Status (*)(const KernelArgs &);
 std::string shapeString(const std::vector<int64_t> &shape);
 const char *dtypeName(plan::DType dtype);
 
+/// Checks every operand's shape (no negative dimension, no overflowing
+/// element count) and storage (data for a non-empty tensor): kernels index
+/// raw memory with numel(), so a bogus shape must be an error first.
+Status checkOperandStorage(const KernelArgs &a);
+
 /// Checks that there are minInputs..maxInputs inputs and exactly numOutputs
 /// outputs.
 Status expectCounts(const KernelArgs &a, size_t minInputs, size_t maxInputs,

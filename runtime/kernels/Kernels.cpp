@@ -66,24 +66,6 @@ KernelInfo kernelTable[] = {
     {"adamw", detail::adamwKernel, 0},
 };
 
-// Kernels index raw memory with numel(); a bogus shape or a missing buffer
-// must be an error before any of them runs.
-Status checkStorage(const detail::KernelArgs &a, const TensorRef &t,
-                    const std::string &what) {
-  int64_t numel = 1;
-  for (int64_t d : t.shape) {
-    if (d < 0)
-      return a.error(what + " has negative dimension in shape " +
-                     detail::shapeString(t.shape));
-    if (__builtin_mul_overflow(numel, d, &numel) || numel > (INT64_MAX >> 3))
-      return a.error(what + " has too many elements, shape " +
-                     detail::shapeString(t.shape));
-  }
-  if (numel > 0 && !t.data)
-    return a.error(what + " has no storage");
-  return Status::ok();
-}
-
 /// The registry by name, built once.
 const std::unordered_map<std::string, const KernelInfo *> &registry() {
   static const auto *byName = [] {
@@ -118,12 +100,7 @@ Status runKernel(const KernelInfo &info, const plan::Kernel &kernel,
                  const std::vector<TensorRef> &inputs,
                  const std::vector<TensorRef> &outputs, KernelContext &ctx) {
   detail::KernelArgs args{kernel, inputs, outputs, ctx};
-  for (size_t i = 0; i < inputs.size(); ++i)
-    PIPER_RETURN_IF_ERROR(
-        checkStorage(args, inputs[i], "input " + std::to_string(i)));
-  for (size_t i = 0; i < outputs.size(); ++i)
-    PIPER_RETURN_IF_ERROR(
-        checkStorage(args, outputs[i], "output " + std::to_string(i)));
+  PIPER_RETURN_IF_ERROR(detail::checkOperandStorage(args));
   return info.fn(args);
 }
 

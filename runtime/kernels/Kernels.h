@@ -37,6 +37,10 @@ struct KernelContext {
   /// Learning-rate schedule multiplier of this step; `adamw` uses
   /// lr * lrScale.
   double lrScale = 1.0;
+  /// Mixed precision: this kernel computes in bf16 (its operands hold bf16
+  /// values). The CPU kernels ignore it (the executor rounds their results);
+  /// the GPU kernels run their GEMMs on bf16 tensor cores.
+  bool lowPrecision = false;
 };
 
 namespace detail {

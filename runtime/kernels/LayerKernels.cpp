@@ -4,6 +4,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "runtime/kernels/ElementwiseChecks.h"
 #include "runtime/kernels/KernelUtil.h"
 #include "runtime/kernels/Parallel.h"
 #include "runtime/kernels/VecMath.h"
@@ -579,11 +580,15 @@ PIPER_SIMD void swigluGradRow(const float *__restrict gate,
 
 } // namespace
 
-Status geluKernel(const KernelArgs &a) {
+Status checkGelu(const KernelArgs &a) {
   PIPER_RETURN_IF_ERROR(expectCounts(a, 1, 1, 1));
+  PIPER_RETURN_IF_ERROR(expectDType(a, a.inputs[0], "x", plan::F32));
+  return expectTensor(a, a.outputs[0], "y", plan::F32, a.inputs[0].shape);
+}
+
+Status geluKernel(const KernelArgs &a) {
+  PIPER_RETURN_IF_ERROR(checkGelu(a));
   const TensorRef &x = a.inputs[0], &y = a.outputs[0];
-  PIPER_RETURN_IF_ERROR(expectDType(a, x, "x", plan::F32));
-  PIPER_RETURN_IF_ERROR(expectTensor(a, y, "y", plan::F32, x.shape));
 
   parallelFor(x.numel(), kElementGrain, [&](int64_t begin, int64_t end) {
     geluLoop(x.f32() + begin, y.f32() + begin, end - begin);
@@ -591,12 +596,17 @@ Status geluKernel(const KernelArgs &a) {
   return Status::ok();
 }
 
-Status geluGradKernel(const KernelArgs &a) {
+Status checkGeluGrad(const KernelArgs &a) {
   PIPER_RETURN_IF_ERROR(expectCounts(a, 2, 2, 1));
-  const TensorRef &x = a.inputs[0], &dy = a.inputs[1], &dx = a.outputs[0];
+  const TensorRef &x = a.inputs[0];
   PIPER_RETURN_IF_ERROR(expectDType(a, x, "x", plan::F32));
-  PIPER_RETURN_IF_ERROR(expectTensor(a, dy, "dy", plan::F32, x.shape));
-  PIPER_RETURN_IF_ERROR(expectTensor(a, dx, "dx", plan::F32, x.shape));
+  PIPER_RETURN_IF_ERROR(expectTensor(a, a.inputs[1], "dy", plan::F32, x.shape));
+  return expectTensor(a, a.outputs[0], "dx", plan::F32, x.shape);
+}
+
+Status geluGradKernel(const KernelArgs &a) {
+  PIPER_RETURN_IF_ERROR(checkGeluGrad(a));
+  const TensorRef &x = a.inputs[0], &dy = a.inputs[1], &dx = a.outputs[0];
 
   parallelFor(x.numel(), kElementGrain, [&](int64_t begin, int64_t end) {
     geluGradLoop(x.f32() + begin, dy.f32() + begin, dx.f32() + begin,
@@ -606,7 +616,7 @@ Status geluGradKernel(const KernelArgs &a) {
 }
 
 // Shared checks of swiglu and its gradient: `gateUp` is [N,2F].
-static Status checkSwiglu(const KernelArgs &a, const TensorRef &gateUp,
+static Status checkGateUp(const KernelArgs &a, const TensorRef &gateUp,
                           int64_t &rows, int64_t &width) {
   int64_t cols = 0;
   PIPER_RETURN_IF_ERROR(
@@ -619,12 +629,16 @@ static Status checkSwiglu(const KernelArgs &a, const TensorRef &gateUp,
 }
 
 
-Status swigluKernel(const KernelArgs &a) {
+Status checkSwiglu(const KernelArgs &a, int64_t &rows, int64_t &width) {
   PIPER_RETURN_IF_ERROR(expectCounts(a, 1, 1, 1));
-  const TensorRef &gateUp = a.inputs[0], &y = a.outputs[0];
+  PIPER_RETURN_IF_ERROR(checkGateUp(a, a.inputs[0], rows, width));
+  return expectTensor(a, a.outputs[0], "y", plan::F32, {rows, width});
+}
+
+Status swigluKernel(const KernelArgs &a) {
   int64_t rows = 0, width = 0;
-  PIPER_RETURN_IF_ERROR(checkSwiglu(a, gateUp, rows, width));
-  PIPER_RETURN_IF_ERROR(expectTensor(a, y, "y", plan::F32, {rows, width}));
+  PIPER_RETURN_IF_ERROR(checkSwiglu(a, rows, width));
+  const TensorRef &gateUp = a.inputs[0], &y = a.outputs[0];
 
   parallelFor(rows, rowGrain(3 * width), [&](int64_t begin, int64_t end) {
     for (int64_t n = begin; n < end; ++n) {
@@ -635,15 +649,20 @@ Status swigluKernel(const KernelArgs &a) {
   return Status::ok();
 }
 
-Status swigluGradKernel(const KernelArgs &a) {
+Status checkSwigluGrad(const KernelArgs &a, int64_t &rows, int64_t &width) {
   PIPER_RETURN_IF_ERROR(expectCounts(a, 2, 2, 1));
+  PIPER_RETURN_IF_ERROR(checkGateUp(a, a.inputs[0], rows, width));
+  PIPER_RETURN_IF_ERROR(
+      expectTensor(a, a.inputs[1], "dy", plan::F32, {rows, width}));
+  return expectTensor(a, a.outputs[0], "dgate_up", plan::F32,
+                      {rows, 2 * width});
+}
+
+Status swigluGradKernel(const KernelArgs &a) {
+  int64_t rows = 0, width = 0;
+  PIPER_RETURN_IF_ERROR(checkSwigluGrad(a, rows, width));
   const TensorRef &gateUp = a.inputs[0], &dy = a.inputs[1],
                   &dgateUp = a.outputs[0];
-  int64_t rows = 0, width = 0;
-  PIPER_RETURN_IF_ERROR(checkSwiglu(a, gateUp, rows, width));
-  PIPER_RETURN_IF_ERROR(expectTensor(a, dy, "dy", plan::F32, {rows, width}));
-  PIPER_RETURN_IF_ERROR(
-      expectTensor(a, dgateUp, "dgate_up", plan::F32, {rows, 2 * width}));
 
   parallelFor(rows, rowGrain(5 * width), [&](int64_t begin, int64_t end) {
     for (int64_t n = begin; n < end; ++n) {
@@ -656,12 +675,17 @@ Status swigluGradKernel(const KernelArgs &a) {
   return Status::ok();
 }
 
-Status addKernel(const KernelArgs &a) {
+Status checkAdd(const KernelArgs &a) {
   PIPER_RETURN_IF_ERROR(expectCounts(a, 2, 2, 1));
-  const TensorRef &l = a.inputs[0], &r = a.inputs[1], &y = a.outputs[0];
+  const TensorRef &l = a.inputs[0];
   PIPER_RETURN_IF_ERROR(expectDType(a, l, "a", plan::F32));
-  PIPER_RETURN_IF_ERROR(expectTensor(a, r, "b", plan::F32, l.shape));
-  PIPER_RETURN_IF_ERROR(expectTensor(a, y, "y", plan::F32, l.shape));
+  PIPER_RETURN_IF_ERROR(expectTensor(a, a.inputs[1], "b", plan::F32, l.shape));
+  return expectTensor(a, a.outputs[0], "y", plan::F32, l.shape);
+}
+
+Status addKernel(const KernelArgs &a) {
+  PIPER_RETURN_IF_ERROR(checkAdd(a));
+  const TensorRef &l = a.inputs[0], &r = a.inputs[1], &y = a.outputs[0];
 
   parallelFor(l.numel(), kElementGrain, [&](int64_t begin, int64_t end) {
     addVectors(l.f32() + begin, r.f32() + begin, y.f32() + begin, end - begin);

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "runtime/kernels/ElementwiseChecks.h"
 #include "runtime/kernels/KernelUtil.h"
 #include "runtime/kernels/Parallel.h"
 #include "runtime/kernels/VecMath.h"
@@ -16,10 +17,6 @@ PIPER_SIMD void accumulateLoop(float *__restrict acc, const float *__restrict g,
   for (int64_t i = 0; i < n; ++i)
     acc[i] += g[i];
 }
-
-struct AdamwConstants {
-  double lr, decay, beta1, beta2, eps, correction1, correction2;
-};
 
 // One pass over the four arrays, per element in double.
 PIPER_SIMD void adamwLoop(const float *__restrict grad, float *__restrict param,
@@ -45,11 +42,15 @@ PIPER_SIMD void adamwLoop(const float *__restrict grad, float *__restrict param,
 
 } // namespace
 
-Status accumulateKernel(const KernelArgs &a) {
+Status checkAccumulate(const KernelArgs &a) {
   PIPER_RETURN_IF_ERROR(expectCounts(a, 1, 1, 1));
+  PIPER_RETURN_IF_ERROR(expectDType(a, a.inputs[0], "g", plan::F32));
+  return expectTensor(a, a.outputs[0], "acc", plan::F32, a.inputs[0].shape);
+}
+
+Status accumulateKernel(const KernelArgs &a) {
+  PIPER_RETURN_IF_ERROR(checkAccumulate(a));
   const TensorRef &g = a.inputs[0], &acc = a.outputs[0];
-  PIPER_RETURN_IF_ERROR(expectDType(a, g, "g", plan::F32));
-  PIPER_RETURN_IF_ERROR(expectTensor(a, acc, "acc", plan::F32, g.shape));
 
   float *accData = acc.f32();
   const float *gData = g.f32();
@@ -59,12 +60,18 @@ Status accumulateKernel(const KernelArgs &a) {
   return Status::ok();
 }
 
-Status zeroKernel(const KernelArgs &a) {
+Status checkZero(const KernelArgs &a) {
   PIPER_RETURN_IF_ERROR(expectCounts(a, 0, 0, 1));
   const TensorRef &t = a.outputs[0];
   if (t.dtype != plan::F32 && t.dtype != plan::I32)
     return a.error(std::string("t must be f32 or i32, got ") +
                    dtypeName(t.dtype));
+  return Status::ok();
+}
+
+Status zeroKernel(const KernelArgs &a) {
+  PIPER_RETURN_IF_ERROR(checkZero(a));
+  const TensorRef &t = a.outputs[0];
   // All-zero bytes are 0 in both f32 and i32.
   char *bytes = static_cast<char *>(t.data);
   parallelFor(t.numel(), kElementGrain, [&](int64_t begin, int64_t end) {
@@ -73,7 +80,7 @@ Status zeroKernel(const KernelArgs &a) {
   return Status::ok();
 }
 
-Status adamwKernel(const KernelArgs &a) {
+Status checkAdamw(const KernelArgs &a, AdamwConstants &c) {
   PIPER_RETURN_IF_ERROR(expectCounts(a, 1, 1, 3));
   const TensorRef &grad = a.inputs[0], &param = a.outputs[0], &m = a.outputs[1],
                   &v = a.outputs[2];
@@ -100,7 +107,6 @@ Status adamwKernel(const KernelArgs &a) {
     return a.error("learning-rate scale must be finite and non-negative");
   lr *= a.ctx.lrScale;
   double t = static_cast<double>(a.ctx.step);
-  AdamwConstants c;
   c.lr = lr;
   c.decay = lr * weightDecay;
   c.beta1 = beta1;
@@ -108,6 +114,14 @@ Status adamwKernel(const KernelArgs &a) {
   c.eps = eps;
   c.correction1 = 1.0 - std::pow(beta1, t);
   c.correction2 = 1.0 - std::pow(beta2, t);
+  return Status::ok();
+}
+
+Status adamwKernel(const KernelArgs &a) {
+  AdamwConstants c;
+  PIPER_RETURN_IF_ERROR(checkAdamw(a, c));
+  const TensorRef &grad = a.inputs[0], &param = a.outputs[0], &m = a.outputs[1],
+                  &v = a.outputs[2];
   const float *g = grad.f32();
   float *p = param.f32(), *mData = m.f32(), *vData = v.f32();
   parallelFor(grad.numel(), kElementGrain, [&](int64_t begin, int64_t end) {

@@ -35,7 +35,6 @@
 #include "fmt/core.h"
 #include "runtime/hal/cuda/CudaBackend.h"
 #include "runtime/hal/cuda/CudaCheck.h"
-#include "runtime/hal/cuda/CudaKernels.h"
 #include "runtime/hal/HostWorker.h"
 
 namespace piper::runtime::hal {
@@ -228,7 +227,7 @@ private:
 // The kernels of this backend; `fn` (the CPU calling convention) is unused:
 // runKernel dispatches on the index.
 constexpr int kGelu = 0;
-const KernelInfo kCudaKernels[] = {{"gelu", nullptr, kGelu}};
+const KernelInfo kCudaKernels[] = {{"gelu", nullptr, kGelu}}; // TODO(gpu table)
 
 class CudaDevice final : public Device {
 public:
@@ -265,21 +264,6 @@ public:
                    const std::vector<TensorRef> &inputs,
                    const std::vector<TensorRef> &outputs,
                    KernelContext &) override {
-    if (&info == &kCudaKernels[kGelu]) {
-      if (inputs.size() != 1 || outputs.size() != 1 ||
-          inputs[0].dtype != plan::F32 || outputs[0].dtype != plan::F32 ||
-          inputs[0].shape != outputs[0].shape)
-        return Status::error("gelu: expects one f32 input and one f32 "
-                             "output of the same shape");
-      cudaStream_t stream = currentStream ? currentStream : hostStream;
-      PIPER_CUDA_RETURN_IF_ERROR(
-          launchGelu(static_cast<const float *>(inputs[0].data),
-                     static_cast<float *>(outputs[0].data),
-                     inputs[0].numel(), stream));
-      if (!currentStream)
-        PIPER_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(hostStream));
-      return Status::ok();
-    }
     return Status::error(std::string("backend 'cuda': no kernel '") +
                          info.name + "'");
   }

@@ -1,0 +1,9 @@
+// The attention launchers for the host emulation.
+#include "runtime/hal/gpu/HostExec.h"
+#include "runtime/hal/gpu/AttentionLaunch.h"
+
+namespace piper::runtime::hal::PIPER_GPU_NS {
+using Exec = HostExec;
+}
+
+#include "runtime/hal/gpu/AttentionLaunch.inl"

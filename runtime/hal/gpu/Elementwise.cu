@@ -1,0 +1,9 @@
+// The elementwise launchers for CUDA.
+#include "runtime/hal/gpu/CudaExec.cuh"
+#include "runtime/hal/gpu/ElementwiseLaunch.h"
+
+namespace piper::runtime::hal::PIPER_GPU_NS {
+using Exec = CudaExec;
+}
+
+#include "runtime/hal/gpu/ElementwiseLaunch.inl"

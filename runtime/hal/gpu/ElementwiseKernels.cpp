@@ -1,0 +1,94 @@
+// The elementwise and optimizer GPU kernels (gelu, swiglu, add, accumulate,
+// zero, adamw) and the executor's elementwise device work.
+#include "runtime/hal/gpu/ElementwiseLaunch.h"
+#include "runtime/hal/gpu/GpuKernels.h"
+#include "runtime/kernels/ElementwiseChecks.h"
+
+namespace piper::runtime::hal::PIPER_GPU_NS {
+
+namespace {
+
+using detail::KernelArgs;
+
+Status gelu(const KernelArgs &a, const Context &ctx) {
+  PIPER_RETURN_IF_ERROR(detail::checkGelu(a));
+  return launchGelu(ctx, a.inputs[0].f32(), a.outputs[0].f32(),
+                    a.inputs[0].numel());
+}
+
+Status geluGrad(const KernelArgs &a, const Context &ctx) {
+  PIPER_RETURN_IF_ERROR(detail::checkGeluGrad(a));
+  return launchGeluGrad(ctx, a.inputs[0].f32(), a.inputs[1].f32(),
+                        a.outputs[0].f32(), a.inputs[0].numel());
+}
+
+Status swiglu(const KernelArgs &a, const Context &ctx) {
+  int64_t rows = 0, width = 0;
+  PIPER_RETURN_IF_ERROR(detail::checkSwiglu(a, rows, width));
+  return launchSwiglu(ctx, a.inputs[0].f32(), a.outputs[0].f32(), rows, width);
+}
+
+Status swigluGrad(const KernelArgs &a, const Context &ctx) {
+  int64_t rows = 0, width = 0;
+  PIPER_RETURN_IF_ERROR(detail::checkSwigluGrad(a, rows, width));
+  return launchSwigluGrad(ctx, a.inputs[0].f32(), a.inputs[1].f32(),
+                          a.outputs[0].f32(), rows, width);
+}
+
+Status add(const KernelArgs &a, const Context &ctx) {
+  PIPER_RETURN_IF_ERROR(detail::checkAdd(a));
+  return launchAdd(ctx, a.inputs[0].f32(), a.inputs[1].f32(),
+                   a.outputs[0].f32(), a.inputs[0].numel());
+}
+
+Status accumulate(const KernelArgs &a, const Context &ctx) {
+  PIPER_RETURN_IF_ERROR(detail::checkAccumulate(a));
+  return launchAdd(ctx, a.outputs[0].f32(), a.inputs[0].f32(),
+                   a.outputs[0].f32(), a.inputs[0].numel());
+}
+
+Status zero(const KernelArgs &a, const Context &ctx) {
+  PIPER_RETURN_IF_ERROR(detail::checkZero(a));
+  return zeroAsync(ctx, a.outputs[0].data,
+                   static_cast<size_t>(a.outputs[0].numel()) * 4);
+}
+
+Status adamw(const KernelArgs &a, const Context &ctx) {
+  AdamwConstants c;
+  PIPER_RETURN_IF_ERROR(detail::checkAdamw(a, c));
+  return launchAdamw(ctx, c, a.inputs[0].f32(), a.outputs[0].f32(),
+                     a.outputs[1].f32(), a.outputs[2].f32(),
+                     a.inputs[0].numel());
+}
+
+} // namespace
+
+void addElementwiseKernels(std::vector<KernelEntry> &out) {
+  out.insert(out.end(), {
+                            {"gelu", gelu},
+                            {"gelu_grad", geluGrad},
+                            {"swiglu", swiglu},
+                            {"swiglu_grad", swigluGrad},
+                            {"add", add},
+                            {"accumulate", accumulate},
+                            {"zero", zero},
+                            {"adamw", adamw},
+                        });
+}
+
+Status sumOfSquares(const Context &ctx, const float *x, int64_t n,
+                    double &result) {
+  result = 0;
+  if (n <= 0)
+    return Status::ok();
+  const int64_t chunks = (n + kSquaresChunk - 1) / kSquaresChunk;
+  void *scratch = nullptr;
+  PIPER_RETURN_IF_ERROR(ctx.workspace->reserve(
+      static_cast<size_t>(chunks + 1) * sizeof(double), scratch));
+  double *partials = static_cast<double *>(scratch);
+  PIPER_RETURN_IF_ERROR(
+      launchSumOfSquares(ctx, x, n, partials, partials + chunks));
+  return copyToHostSync(ctx, &result, partials + chunks, sizeof(double));
+}
+
+} // namespace piper::runtime::hal::PIPER_GPU_NS

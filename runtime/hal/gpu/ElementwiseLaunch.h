@@ -1,0 +1,43 @@
+// Launchers of the elementwise GPU kernels (ElementwiseLaunch.inl, compiled
+// for CUDA by Elementwise.cu and for the host emulation by
+// ElementwiseHost.cpp). Each queues its work on ctx.stream.
+#ifndef PIPER_RUNTIME_HAL_GPU_ELEMENTWISELAUNCH_H
+#define PIPER_RUNTIME_HAL_GPU_ELEMENTWISELAUNCH_H
+
+#include <cstdint>
+
+#include "runtime/hal/gpu/ElementwiseMath.h"
+#include "runtime/hal/gpu/GpuApi.h"
+
+namespace piper::runtime::hal::PIPER_GPU_NS {
+
+Status launchGelu(const Context &ctx, const float *x, float *y, int64_t n);
+Status launchGeluGrad(const Context &ctx, const float *x, const float *dy,
+                      float *dx, int64_t n);
+/// gateUp is [rows, 2 width] ([gate | up]); y is [rows, width].
+Status launchSwiglu(const Context &ctx, const float *gateUp, float *y,
+                    int64_t rows, int64_t width);
+Status launchSwigluGrad(const Context &ctx, const float *gateUp,
+                        const float *dy, float *dgateUp, int64_t rows,
+                        int64_t width);
+/// y = a + b (y may alias a or b).
+Status launchAdd(const Context &ctx, const float *a, const float *b, float *y,
+                 int64_t n);
+Status launchScale(const Context &ctx, float *x, float scale, int64_t n);
+Status launchAdamw(const Context &ctx, const AdamwConstants &c,
+                   const float *grad, float *param, float *m, float *v,
+                   int64_t n);
+Status launchPackBf16(const Context &ctx, uint16_t *dst, const float *src,
+                      int64_t n);
+Status launchUnpackBf16(const Context &ctx, float *dst, const uint16_t *src,
+                        int64_t n);
+Status launchRoundBf16(const Context &ctx, float *x, int64_t n);
+/// partials[c] = sum of x[i]^2 over chunk c (kSquaresChunk elements), then
+/// *total = the sum of the partials, both in double in a fixed order.
+/// `partials` holds ceil(n / kSquaresChunk) doubles.
+Status launchSumOfSquares(const Context &ctx, const float *x, int64_t n,
+                          double *partials, double *total);
+
+} // namespace piper::runtime::hal::PIPER_GPU_NS
+
+#endif // PIPER_RUNTIME_HAL_GPU_ELEMENTWISELAUNCH_H

@@ -1,0 +1,107 @@
+// The elementwise launchers' bodies, written once: included by
+// Elementwise.cu (Exec = CudaExec) and ElementwiseHost.cpp (Exec =
+// HostExec), after `Exec` is declared in this namespace.
+
+namespace piper::runtime::hal::PIPER_GPU_NS {
+
+Status launchGelu(const Context &ctx, const float *x, float *y, int64_t n) {
+  return Exec(ctx).forEach("gelu", n, [=] PIPER_LAMBDA(int64_t i) {
+    y[i] = geluForward(x[i]);
+  });
+}
+
+Status launchGeluGrad(const Context &ctx, const float *x, const float *dy,
+                      float *dx, int64_t n) {
+  return Exec(ctx).forEach("gelu_grad", n, [=] PIPER_LAMBDA(int64_t i) {
+    dx[i] = geluBackward(x[i], dy[i]);
+  });
+}
+
+Status launchSwiglu(const Context &ctx, const float *gateUp, float *y,
+                    int64_t rows, int64_t width) {
+  return Exec(ctx).forEach("swiglu", rows * width, [=] PIPER_LAMBDA(int64_t i) {
+    int64_t r = i / width, j = i % width;
+    const float *row = gateUp + r * 2 * width;
+    y[i] = swigluForward(row[j], row[width + j]);
+  });
+}
+
+Status launchSwigluGrad(const Context &ctx, const float *gateUp,
+                        const float *dy, float *dgateUp, int64_t rows,
+                        int64_t width) {
+  return Exec(ctx).forEach(
+      "swiglu_grad", rows * width, [=] PIPER_LAMBDA(int64_t i) {
+        int64_t r = i / width, j = i % width;
+        const float *row = gateUp + r * 2 * width;
+        float *drow = dgateUp + r * 2 * width;
+        swigluBackward(row[j], row[width + j], dy[i], drow[j],
+                       drow[width + j]);
+      });
+}
+
+Status launchAdd(const Context &ctx, const float *a, const float *b, float *y,
+                 int64_t n) {
+  return Exec(ctx).forEach("add", n,
+                           [=] PIPER_LAMBDA(int64_t i) { y[i] = a[i] + b[i]; });
+}
+
+Status launchScale(const Context &ctx, float *x, float scale, int64_t n) {
+  return Exec(ctx).forEach("scale", n,
+                           [=] PIPER_LAMBDA(int64_t i) { x[i] *= scale; });
+}
+
+Status launchAdamw(const Context &ctx, const AdamwConstants &c,
+                   const float *grad, float *param, float *m, float *v,
+                   int64_t n) {
+  return Exec(ctx).forEach("adamw", n, [=] PIPER_LAMBDA(int64_t i) {
+    adamwElement(c, grad[i], param[i], m[i], v[i]);
+  });
+}
+
+Status launchPackBf16(const Context &ctx, uint16_t *dst, const float *src,
+                      int64_t n) {
+  return Exec(ctx).forEach("pack_bf16", n, [=] PIPER_LAMBDA(int64_t i) {
+    dst[i] = toBf16(src[i]);
+  });
+}
+
+Status launchUnpackBf16(const Context &ctx, float *dst, const uint16_t *src,
+                        int64_t n) {
+  return Exec(ctx).forEach("unpack_bf16", n, [=] PIPER_LAMBDA(int64_t i) {
+    dst[i] = fromBf16(src[i]);
+  });
+}
+
+Status launchRoundBf16(const Context &ctx, float *x, int64_t n) {
+  return Exec(ctx).forEach("round_bf16", n, [=] PIPER_LAMBDA(int64_t i) {
+    x[i] = fromBf16(toBf16(x[i]));
+  });
+}
+
+Status launchSumOfSquares(const Context &ctx, const float *x, int64_t n,
+                          double *partials, double *total) {
+  using Lanes = Exec::Lanes;
+  const int64_t chunks = (n + kSquaresChunk - 1) / kSquaresChunk;
+  PIPER_RETURN_IF_ERROR(Exec(ctx).forEachRow(
+      "sum_of_squares", chunks, [=] PIPER_LAMBDA(Lanes lanes, int64_t c) {
+        int64_t begin = c * kSquaresChunk;
+        int64_t end = begin + kSquaresChunk < n ? begin + kSquaresChunk : n;
+        double s = 0;
+        for (int64_t i = begin + lanes.lane(); i < end; i += Lanes::kCount)
+          s += double(x[i]) * double(x[i]);
+        s = lanes.sum(s);
+        if (lanes.lane() == 0)
+          partials[c] = s;
+      }));
+  return Exec(ctx).forEachRow(
+      "sum_of_squares", 1, [=] PIPER_LAMBDA(Lanes lanes, int64_t) {
+        double s = 0;
+        for (int64_t c = lanes.lane(); c < chunks; c += Lanes::kCount)
+          s += partials[c];
+        s = lanes.sum(s);
+        if (lanes.lane() == 0)
+          *total = s;
+      });
+}
+
+} // namespace piper::runtime::hal::PIPER_GPU_NS

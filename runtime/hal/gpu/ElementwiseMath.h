@@ -1,0 +1,118 @@
+// The math of the elementwise GPU kernels (gelu, swiglu, AdamW, bf16
+// rounding), one function per element, compiled for the device by nvcc and
+// for the host by g++ (Simt.h). Each follows its CPU kernel
+// (runtime/kernels) operation for operation; the exp differs (expf here,
+// the CPU's own vectorized exp there), within 1e-7 absolute on tanh and
+// sigmoid.
+#ifndef PIPER_RUNTIME_HAL_GPU_ELEMENTWISEMATH_H
+#define PIPER_RUNTIME_HAL_GPU_ELEMENTWISEMATH_H
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "runtime/hal/gpu/Simt.h"
+#include "runtime/kernels/AdamwConstants.h"
+
+namespace piper::runtime::hal::PIPER_GPU_NS {
+
+constexpr float kGeluC = 0.7978845608028654f; // sqrt(2 / pi)
+constexpr float kGeluA = 0.044715f;
+
+/// tanh(u) = (1 - e) / (1 + e), e = exp(-2|u|) <= 1: nothing overflows.
+PIPER_HOST_DEVICE inline float tanhF(float u) {
+  float au = u < 0 ? -u : u;
+  float e = expF(-2.0f * au);
+  float t = (1.0f - e) / (1.0f + e);
+  return u < 0 ? -t : t;
+}
+
+PIPER_HOST_DEVICE inline float sigmoidF(float x) {
+  return 1.0f / (1.0f + expF(-x));
+}
+
+/// GPT-2's tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+PIPER_HOST_DEVICE inline float geluForward(float x) {
+  float t = tanhF(kGeluC * (x + kGeluA * x * x * x));
+  return 0.5f * x * (1.0f + t);
+}
+
+/// dy * gelu'(x).
+PIPER_HOST_DEVICE inline float geluBackward(float x, float dy) {
+  float t = tanhF(kGeluC * (x + kGeluA * x * x * x));
+  float dInner = kGeluC * (1.0f + 3.0f * kGeluA * x * x);
+  float dGelu = 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * dInner;
+  return dGelu * dy;
+}
+
+/// silu(gate) * up.
+PIPER_HOST_DEVICE inline float swigluForward(float gate, float up) {
+  return gate * sigmoidF(gate) * up;
+}
+
+/// The gradients of swigluForward: dgate and dup.
+PIPER_HOST_DEVICE inline void swigluBackward(float gate, float up, float dy,
+                                             float &dgate, float &dup) {
+  float sig = sigmoidF(gate);
+  // silu'(g) = sig (1 + g (1 - sig)).
+  dgate = dy * up * (sig * (1.0f + gate * (1.0f - sig)));
+  dup = dy * (gate * sig);
+}
+
+/// One element of AdamW with decoupled weight decay, in double.
+PIPER_HOST_DEVICE inline void adamwElement(const runtime::AdamwConstants &c, float grad,
+                                           float &param, float &m, float &v) {
+  const double step = c.lr / c.correction1, inv2 = 1.0 / c.correction2;
+  double g = grad;
+  double p = param;
+  p -= c.decay * p;
+  double mi = c.beta1 * m + (1.0 - c.beta1) * g;
+  double vi = c.beta2 * v + (1.0 - c.beta2) * g * g;
+  p -= step * mi / (sqrt(vi * inv2) + c.eps);
+  param = static_cast<float>(p);
+  m = static_cast<float>(mi);
+  v = static_cast<float>(vi);
+}
+
+PIPER_HOST_DEVICE inline uint32_t floatBits(float x) {
+#ifdef __CUDA_ARCH__
+  return __float_as_uint(x);
+#else
+  uint32_t b;
+  std::memcpy(&b, &x, sizeof(b));
+  return b;
+#endif
+}
+
+PIPER_HOST_DEVICE inline float bitsFloat(uint32_t b) {
+#ifdef __CUDA_ARCH__
+  return __uint_as_float(b);
+#else
+  float x;
+  std::memcpy(&x, &b, sizeof(x));
+  return x;
+#endif
+}
+
+/// The bf16 bits of x, rounded to nearest even; NaN stays a quiet NaN (as
+/// runtime/exec/Precision.h's floatToBf16).
+PIPER_HOST_DEVICE inline uint16_t toBf16(float x) {
+  uint32_t bits = floatBits(x);
+  if ((bits & 0x7F800000u) == 0x7F800000u && (bits & 0x007FFFFFu))
+    return static_cast<uint16_t>((bits >> 16) | 0x0040u);
+  uint32_t rounding = 0x7FFFu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>((bits + rounding) >> 16);
+}
+
+PIPER_HOST_DEVICE inline float fromBf16(uint16_t b) {
+  return bitsFloat(static_cast<uint32_t>(b) << 16);
+}
+
+/// Elements per partial sum of sumOfSquares: the partials (one warp each, in
+/// double, a fixed order) are then added by one warp, so the result does
+/// not depend on the launch.
+constexpr int64_t kSquaresChunk = 1 << 14;
+
+} // namespace piper::runtime::hal::PIPER_GPU_NS
+
+#endif // PIPER_RUNTIME_HAL_GPU_ELEMENTWISEMATH_H

@@ -1,0 +1,41 @@
+// Row-major GEMMs on the column-major BLAS of the backend.
+#include "runtime/hal/gpu/GpuApi.h"
+
+namespace piper::runtime::hal::PIPER_GPU_NS {
+
+Status gemm(const Context &ctx, bool transA, bool transB, int64_t m, int64_t n,
+            int64_t k, float alpha, const float *a, int64_t lda,
+            const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
+  if (m <= 0 || n <= 0)
+    return Status::ok();
+  if (k <= 0) {
+    // alpha * (empty sum) + beta * C.
+    if (beta == 1)
+      return Status::ok();
+    if (beta != 0)
+      return Status::error("gemm: k = 0 with beta other than 0 or 1");
+    for (int64_t r = 0; r < m; ++r)
+      PIPER_RETURN_IF_ERROR(
+          zeroAsync(ctx, c + r * ldc, static_cast<size_t>(n) * sizeof(float)));
+    return Status::ok();
+  }
+  // A row-major matrix is its transpose in column-major order: C^T (n x m)
+  // = op(B)^T op(A)^T, i.e. the column-major GEMM with the operands swapped.
+  ColMajorGemm g;
+  g.transA = transB;
+  g.transB = transA;
+  g.m = n;
+  g.n = m;
+  g.k = k;
+  g.alpha = alpha;
+  g.a = b;
+  g.lda = ldb;
+  g.b = a;
+  g.ldb = lda;
+  g.beta = beta;
+  g.c = c;
+  g.ldc = ldc;
+  return gemmColMajor(ctx, g);
+}
+
+} // namespace piper::runtime::hal::PIPER_GPU_NS

@@ -1,0 +1,38 @@
+// The GPU kernel registry (GpuKernels.h).
+#include "runtime/hal/gpu/GpuKernels.h"
+
+namespace piper::runtime::hal::PIPER_GPU_NS {
+
+const std::vector<KernelEntry> &kernels() {
+  static const auto *all = [] {
+    auto *v = new std::vector<KernelEntry>();
+    addElementwiseKernels(*v);
+    addLayerKernels(*v);
+    addAttentionKernels(*v);
+    addMoeKernels(*v);
+    return v;
+  }();
+  return *all;
+}
+
+const std::vector<KernelInfo> &kernelInfos() {
+  static const auto *infos = [] {
+    auto *v = new std::vector<KernelInfo>();
+    int index = 0;
+    for (const KernelEntry &e : kernels())
+      v->push_back(KernelInfo{e.name, nullptr, index++});
+    return v;
+  }();
+  return *infos;
+}
+
+Status runKernel(const KernelInfo &info, const plan::Kernel &kernel,
+                 const std::vector<TensorRef> &inputs,
+                 const std::vector<TensorRef> &outputs, KernelContext &kctx,
+                 const Context &ctx) {
+  detail::KernelArgs args{kernel, inputs, outputs, kctx};
+  PIPER_RETURN_IF_ERROR(detail::checkOperandStorage(args));
+  return kernels()[static_cast<size_t>(info.index)].fn(args, ctx);
+}
+
+} // namespace piper::runtime::hal::PIPER_GPU_NS

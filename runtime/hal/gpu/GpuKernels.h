@@ -1,0 +1,55 @@
+// The GPU kernel registry: every op of the CPU registry, implemented on the
+// GPU kernel layer (Simt.h, GpuApi.h). Both GPU backends use it: CUDA
+// (runtime/hal/cuda) and the host emulation (runtime/hal/gpu/host). Each
+// kernel checks its operands with the CPU kernel's own check function
+// (runtime/kernels/*Checks.h), then queues its launchers on ctx.stream.
+//
+// Adding a kernel: its check in the CPU kernel's file, its math in a
+// *Math.h (host and device), its launcher in a *Launch.inl, its wrapper in
+// the group's *Kernels.cpp, and its test in gpu_kernels_test (against the
+// CPU kernel, on the emulation everywhere and on CUDA on a GPU).
+#ifndef PIPER_RUNTIME_HAL_GPU_GPUKERNELS_H
+#define PIPER_RUNTIME_HAL_GPU_GPUKERNELS_H
+
+#include <string>
+#include <vector>
+
+#include "runtime/hal/gpu/GpuApi.h"
+#include "runtime/kernels/KernelUtil.h"
+
+namespace piper::runtime::hal::PIPER_GPU_NS {
+
+using KernelFn = Status (*)(const detail::KernelArgs &args,
+                            const Context &ctx);
+
+struct KernelEntry {
+  const char *name;
+  KernelFn fn;
+};
+
+/// Every GPU kernel; the i-th entry's KernelInfo has index i.
+const std::vector<KernelEntry> &kernels();
+/// KernelInfos of kernels() for a Device's registry (fn is null: devices
+/// dispatch on the index).
+const std::vector<KernelInfo> &kernelInfos();
+/// kernels()[info.index].fn(args, ctx); checks the operands' storage as the
+/// CPU registry's runKernel does.
+Status runKernel(const KernelInfo &info, const plan::Kernel &kernel,
+                 const std::vector<TensorRef> &inputs,
+                 const std::vector<TensorRef> &outputs, KernelContext &kctx,
+                 const Context &ctx);
+
+// The groups, one per *Kernels.cpp, each appending its entries.
+void addElementwiseKernels(std::vector<KernelEntry> &out);
+void addLayerKernels(std::vector<KernelEntry> &out);
+void addAttentionKernels(std::vector<KernelEntry> &out);
+void addMoeKernels(std::vector<KernelEntry> &out);
+
+// The executor's own elementwise work (hal::Device's methods), for both GPU
+// backends.
+Status sumOfSquares(const Context &ctx, const float *x, int64_t n,
+                    double &result);
+
+} // namespace piper::runtime::hal::PIPER_GPU_NS
+
+#endif // PIPER_RUNTIME_HAL_GPU_GPUKERNELS_H

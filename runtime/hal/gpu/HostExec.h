@@ -1,0 +1,39 @@
+// The host emulation's way of running a kernel body (see Simt.h): every
+// index, or every row with one lane, in order on the calling thread.
+// Included by the *Host.cpp files that instantiate the launchers (*.inl)
+// for the emulation; the CUDA twin is CudaExec.cuh.
+#ifndef PIPER_RUNTIME_HAL_GPU_HOSTEXEC_H
+#define PIPER_RUNTIME_HAL_GPU_HOSTEXEC_H
+
+#include <cstdint>
+
+#include "runtime/hal/gpu/GpuApi.h"
+#include "runtime/hal/gpu/Simt.h"
+
+namespace piper::runtime::hal::PIPER_GPU_NS {
+
+class HostExec {
+public:
+  using Lanes = HostLanes;
+  explicit HostExec(const Context &ctx) : ctx(ctx) {}
+  /// f(i) for i in [0, n).
+  template <class F> Status forEach(const char *, int64_t n, F f) const {
+    for (int64_t i = 0; i < n; ++i)
+      f(i);
+    return Status::ok();
+  }
+  /// f(lanes, r) for every row r in [0, rows).
+  template <class F> Status forEachRow(const char *, int64_t rows, F f) const {
+    for (int64_t r = 0; r < rows; ++r)
+      f(Lanes{}, r);
+    return Status::ok();
+  }
+  const Context &context() const { return ctx; }
+
+private:
+  const Context &ctx;
+};
+
+} // namespace piper::runtime::hal::PIPER_GPU_NS
+
+#endif // PIPER_RUNTIME_HAL_GPU_HOSTEXEC_H

@@ -1,0 +1,9 @@
+// The moe launchers for CUDA.
+#include "runtime/hal/gpu/CudaExec.cuh"
+#include "runtime/hal/gpu/MoeLaunch.h"
+
+namespace piper::runtime::hal::PIPER_GPU_NS {
+using Exec = CudaExec;
+}
+
+#include "runtime/hal/gpu/MoeLaunch.inl"

@@ -1,0 +1,22 @@
+// The GPU backend's kernels on the host: a Device with the CPU backend's
+// memory, streams, events and communicator, and the GPU kernel layer
+// (runtime/hal/gpu) run by its host emulation: every kernel body, launcher,
+// operand check and GEMM mapping of the CUDA backend, with one lane per
+// warp, sequentially. `piper-run --backend cuda-emulation` uses it, so plans
+// train through the CUDA backend's code on machines without a GPU
+// (docs/gpu.md). Slow: for tests.
+#ifndef PIPER_RUNTIME_HAL_GPU_HOST_EMULATEDDEVICE_H
+#define PIPER_RUNTIME_HAL_GPU_HOST_EMULATEDDEVICE_H
+
+#include <memory>
+
+#include "runtime/hal/Hal.h"
+
+namespace piper::runtime::hal {
+
+/// The emulated GPU device using `comm` (not owned; may be null).
+std::unique_ptr<Device> createEmulatedGpuDevice(Communicator *comm);
+
+} // namespace piper::runtime::hal
+
+#endif // PIPER_RUNTIME_HAL_GPU_HOST_EMULATEDDEVICE_H

@@ -1,0 +1,58 @@
+// The host emulation's backend primitives (GpuApi.h): host memory, work done
+// at once on the calling thread, GEMMs through OpenBLAS in BLAS's own
+// column-major convention (so Gemm.cpp's row-major mapping, which the CUDA
+// backend shares, is exercised by every emulated GEMM).
+#include <cblas.h>
+
+#include <cstring>
+#include <string>
+
+#include "runtime/hal/gpu/GpuApi.h"
+
+namespace piper::runtime::hal::PIPER_GPU_NS {
+
+Status launchStatus(int error, const char *kernel) {
+  if (error == 0)
+    return Status::ok();
+  return Status::error(std::string(kernel) + ": emulated launch failed (" +
+                       std::to_string(error) + ")");
+}
+
+Status zeroAsync(const Context &, void *ptr, size_t bytes) {
+  if (bytes)
+    std::memset(ptr, 0, bytes);
+  return Status::ok();
+}
+
+Status copyAsync(const Context &, void *dst, const void *src, size_t bytes) {
+  if (bytes && dst != src)
+    std::memmove(dst, src, bytes);
+  return Status::ok();
+}
+
+Status copyToHostSync(const Context &, void *host, const void *src,
+                      size_t bytes) {
+  if (bytes)
+    std::memcpy(host, src, bytes);
+  return Status::ok();
+}
+
+Status addToHostAsync(const Context &, const float *value, double scale,
+                      double *acc) {
+  *acc += scale * static_cast<double>(*value);
+  return Status::ok();
+}
+
+Status gemmColMajor(const Context &, const ColMajorGemm &g) {
+  // The operands of a bf16 GEMM already hold bf16 values (the executor
+  // rounds them), so fp32 arithmetic is the tensor cores' with fp32
+  // accumulation, up to the order of the sums.
+  cblas_sgemm(CblasColMajor, g.transA ? CblasTrans : CblasNoTrans,
+              g.transB ? CblasTrans : CblasNoTrans, static_cast<int>(g.m),
+              static_cast<int>(g.n), static_cast<int>(g.k), g.alpha, g.a,
+              static_cast<int>(g.lda), g.b, static_cast<int>(g.ldb), g.beta,
+              g.c, static_cast<int>(g.ldc));
+  return Status::ok();
+}
+
+} // namespace piper::runtime::hal::PIPER_GPU_NS

@@ -1,0 +1,234 @@
+// The GPU kernel test harness (KernelCases.h).
+#include "runtime/hal/gpu/test/KernelCases.h"
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <sstream>
+
+namespace piper::runtime::hal::testing {
+
+Operand f32(std::vector<int64_t> shape, double scale) {
+  Operand o;
+  o.shape = std::move(shape);
+  o.scale = scale;
+  return o;
+}
+Operand positive(std::vector<int64_t> shape, double scale) {
+  Operand o = f32(std::move(shape), scale);
+  o.fill = Fill::Positive;
+  return o;
+}
+Operand tokens(std::vector<int64_t> shape, int64_t limit) {
+  Operand o;
+  o.dtype = plan::I32;
+  o.shape = std::move(shape);
+  o.fill = Fill::Tokens;
+  o.limit = limit;
+  return o;
+}
+Operand given(plan::DType dtype, std::vector<int64_t> shape,
+              std::vector<double> values) {
+  Operand o;
+  o.dtype = dtype;
+  o.shape = std::move(shape);
+  o.fill = Fill::Given;
+  o.values = std::move(values);
+  return o;
+}
+Operand zeros(std::vector<int64_t> shape, plan::DType dtype) {
+  Operand o;
+  o.dtype = dtype;
+  o.shape = std::move(shape);
+  o.fill = Fill::Zero;
+  return o;
+}
+
+plan::AttrValue intAttr(int64_t v) {
+  plan::AttrValue a;
+  a.set_i(v);
+  return a;
+}
+plan::AttrValue floatAttr(double v) {
+  plan::AttrValue a;
+  a.set_f(v);
+  return a;
+}
+
+std::vector<KernelCase> &kernelCases() {
+  static std::vector<KernelCase> cases;
+  return cases;
+}
+
+RegisterCases::RegisterCases(std::vector<KernelCase> cases) {
+  for (KernelCase &c : cases)
+    kernelCases().push_back(std::move(c));
+}
+
+namespace {
+
+int64_t numel(const Operand &o) {
+  int64_t n = 1;
+  for (int64_t d : o.shape)
+    n *= d;
+  return n;
+}
+
+// Host bytes of an operand: f32 and i32 are 4 bytes per element.
+std::vector<uint32_t> fill(const Operand &o, std::mt19937_64 &rng) {
+  int64_t n = numel(o);
+  std::vector<uint32_t> words(static_cast<size_t>(n));
+  std::normal_distribution<double> normal(0.0, 1.0);
+  std::uniform_real_distribution<double> uniform(0.1, 1.1);
+  for (int64_t i = 0; i < n; ++i) {
+    float f = 0;
+    int32_t k = 0;
+    switch (o.fill) {
+    case Fill::Normal:
+      f = static_cast<float>(normal(rng) * o.scale);
+      break;
+    case Fill::Positive:
+      f = static_cast<float>(uniform(rng) * o.scale);
+      break;
+    case Fill::Tokens:
+      k = static_cast<int32_t>(
+          std::uniform_int_distribution<int64_t>(0, o.limit - 1)(rng));
+      break;
+    case Fill::Zero:
+      break;
+    case Fill::Given: {
+      double v = o.values[static_cast<size_t>(i) % o.values.size()];
+      f = static_cast<float>(v);
+      k = static_cast<int32_t>(v);
+      break;
+    }
+    }
+    if (o.dtype == plan::I32)
+      std::memcpy(&words[i], &k, 4);
+    else
+      std::memcpy(&words[i], &f, 4);
+  }
+  return words;
+}
+
+// The operands of one device: allocated, uploaded, downloaded.
+struct DeviceRun {
+  Device &device;
+  std::vector<void *> buffers;
+  std::vector<size_t> sizes;
+  ~DeviceRun() {
+    for (size_t i = 0; i < buffers.size(); ++i)
+      device.allocator().deallocate(buffers[i], sizes[i]);
+  }
+  TensorRef upload(const Operand &o, const std::vector<uint32_t> &words) {
+    size_t bytes = words.size() * 4;
+    void *p = device.allocator().allocate(bytes == 0 ? 4 : bytes);
+    buffers.push_back(p);
+    sizes.push_back(bytes == 0 ? 4 : bytes);
+    if (bytes)
+      device.allocator().copyFromHost(p, words.data(), bytes);
+    return TensorRef{o.dtype, o.shape, p};
+  }
+  std::vector<uint32_t> download(const TensorRef &t) {
+    std::vector<uint32_t> words(static_cast<size_t>(t.numel()));
+    if (!words.empty())
+      device.allocator().copyToHost(words.data(), t.data, words.size() * 4);
+    return words;
+  }
+};
+
+} // namespace
+
+CaseResult runCase(const KernelCase &c, Device &cpu, Device &gpu) {
+  CaseResult result;
+  plan::Kernel kernel;
+  kernel.set_op(c.op);
+  for (const auto &[name, value] : c.attrs)
+    (*kernel.mutable_attrs())[name] = value;
+  std::mt19937_64 rng(std::hash<std::string>()(c.name));
+  std::vector<std::vector<uint32_t>> inWords, outWords;
+  for (const Operand &o : c.inputs)
+    inWords.push_back(fill(o, rng));
+  for (const Operand &o : c.outputs)
+    outWords.push_back(fill(o, rng));
+
+  struct Side {
+    std::vector<std::vector<uint32_t>> outs;
+    double loss = 0;
+    std::string error;
+  };
+  auto runOn = [&](Device &device) {
+    Side side;
+    DeviceRun run{device, {}, {}};
+    std::vector<TensorRef> ins, outs;
+    for (size_t i = 0; i < c.inputs.size(); ++i)
+      ins.push_back(run.upload(c.inputs[i], inWords[i]));
+    for (size_t i = 0; i < c.outputs.size(); ++i)
+      outs.push_back(run.upload(c.outputs[i], outWords[i]));
+    const KernelInfo *info = device.findKernel(c.op);
+    if (!info) {
+      side.error = device.name() + " has no kernel '" + c.op + "'";
+      return side;
+    }
+    KernelContext ctx;
+    ctx.lossAccumulator = &side.loss;
+    ctx.step = c.step;
+    ctx.lrScale = c.lrScale;
+    ctx.lowPrecision = c.lowPrecision;
+    Status st = device.runKernel(*info, kernel, ins, outs, ctx);
+    if (!st) {
+      side.error = device.name() + ": " + st.message();
+      return side;
+    }
+    for (const TensorRef &t : outs)
+      side.outs.push_back(run.download(t));
+    return side;
+  };
+  Side want = runOn(cpu), got = runOn(gpu);
+  if (!want.error.empty() || !got.error.empty()) {
+    result.error = want.error.empty() ? got.error
+                   : got.error.empty() ? want.error
+                                       : want.error + "; " + got.error;
+    return result;
+  }
+  std::ostringstream bad;
+  auto compare = [&](double w, double g, const std::string &where) {
+    double bound = c.atol + c.rtol * std::fabs(w);
+    double diff = std::fabs(g - w);
+    if (std::isnan(w) != std::isnan(g) || diff > bound) {
+      if (bad.tellp() == 0)
+        bad << where << ": cpu " << w << ", gpu " << g;
+      result.worstRelative = INFINITY;
+      return;
+    }
+    if (bound > 0 && diff / bound > result.worstRelative)
+      result.worstRelative = diff / bound;
+  };
+  for (size_t o = 0; o < c.outputs.size(); ++o) {
+    for (size_t i = 0; i < want.outs[o].size(); ++i) {
+      double w = 0, g = 0;
+      if (c.outputs[o].dtype == plan::I32) {
+        int32_t a, b;
+        std::memcpy(&a, &want.outs[o][i], 4);
+        std::memcpy(&b, &got.outs[o][i], 4);
+        w = a;
+        g = b;
+      } else {
+        float a, b;
+        std::memcpy(&a, &want.outs[o][i], 4);
+        std::memcpy(&b, &got.outs[o][i], 4);
+        w = a;
+        g = b;
+      }
+      compare(w, g, "output " + std::to_string(o) + "[" + std::to_string(i) +
+                        "]");
+    }
+  }
+  if (c.checksLoss)
+    compare(want.loss, got.loss, "loss accumulator");
+  result.error = bad.str();
+  return result;
+}
+
+} // namespace piper::runtime::hal::testing

@@ -1,0 +1,88 @@
+// Test cases of the GPU kernels: each runs one op on the CPU device and on a
+// GPU device (the host emulation everywhere, CUDA on a GPU) with the same
+// random operands, and compares every output. Groups register their cases
+// from test/<Group>Cases.cpp (RegisterCases); gpu_kernels_test also checks
+// that every GPU kernel has at least one case.
+#ifndef PIPER_RUNTIME_HAL_GPU_TEST_KERNELCASES_H
+#define PIPER_RUNTIME_HAL_GPU_TEST_KERNELCASES_H
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "runtime/hal/Hal.h"
+
+namespace piper::runtime::hal::testing {
+
+/// How an operand is filled.
+enum class Fill {
+  Normal,   ///< N(0, scale^2)
+  Positive, ///< uniform in [0.1, 1.1) * scale (variances, ...)
+  Tokens,   ///< i32 uniform in [0, limit)
+  Zero,
+  Given,    ///< `values` (f32 or i32), repeated to fill
+};
+
+struct Operand {
+  plan::DType dtype = plan::F32;
+  std::vector<int64_t> shape;
+  Fill fill = Fill::Normal;
+  double scale = 1.0;
+  int64_t limit = 0;
+  std::vector<double> values;
+};
+
+/// f32 operand of `shape`, N(0, scale^2).
+Operand f32(std::vector<int64_t> shape, double scale = 1.0);
+/// f32 operand of `shape`, uniform in [0.1, 1.1) * scale.
+Operand positive(std::vector<int64_t> shape, double scale = 1.0);
+/// i32 operand of `shape`, uniform in [0, limit).
+Operand tokens(std::vector<int64_t> shape, int64_t limit);
+/// Operand of `shape` filled with `values`, repeated.
+Operand given(plan::DType dtype, std::vector<int64_t> shape,
+              std::vector<double> values);
+/// f32 or i32 zeros.
+Operand zeros(std::vector<int64_t> shape, plan::DType dtype = plan::F32);
+
+struct KernelCase {
+  std::string name;
+  std::string op;
+  std::vector<std::pair<std::string, plan::AttrValue>> attrs;
+  std::vector<Operand> inputs;
+  /// Outputs, with their initial contents (in-place kernels read them).
+  std::vector<Operand> outputs;
+  /// Per element: |gpu - cpu| <= atol + rtol |cpu|.
+  double rtol = 1e-5, atol = 1e-6;
+  int64_t step = 1;
+  double lrScale = 1.0;
+  bool lowPrecision = false;
+  /// Also compares the loss accumulator (loss_accumulate).
+  bool checksLoss = false;
+};
+
+plan::AttrValue intAttr(int64_t v);
+plan::AttrValue floatAttr(double v);
+
+/// All registered cases.
+std::vector<KernelCase> &kernelCases();
+
+/// Registers cases at static initialization (one per test/*Cases.cpp).
+struct RegisterCases {
+  explicit RegisterCases(std::vector<KernelCase> cases);
+};
+
+/// The result of running one case on both devices.
+struct CaseResult {
+  std::string error; ///< empty when both ran and every output agrees
+  double worstRelative = 0; ///< max |gpu - cpu| / (atol + rtol |cpu|)
+};
+
+/// Runs `c` on `cpu` and `gpu` with the same operands (seeded by the case
+/// name) and compares. Device memory comes from each device's allocator;
+/// kernels run outside streams (complete on return).
+CaseResult runCase(const KernelCase &c, Device &cpu, Device &gpu);
+
+} // namespace piper::runtime::hal::testing
+
+#endif // PIPER_RUNTIME_HAL_GPU_TEST_KERNELCASES_H
