@@ -8,6 +8,7 @@ const std::vector<KernelEntry> &kernels() {
     auto *v = new std::vector<KernelEntry>();
     addElementwiseKernels(*v);
     addLayerKernels(*v);
+    addLinearKernels(*v);
     addAttentionKernels(*v);
     addMoeKernels(*v);
     return v;

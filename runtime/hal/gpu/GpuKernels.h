@@ -42,6 +42,7 @@ Status runKernel(const KernelInfo &info, const plan::Kernel &kernel,
 // The groups, one per *Kernels.cpp, each appending its entries.
 void addElementwiseKernels(std::vector<KernelEntry> &out);
 void addLayerKernels(std::vector<KernelEntry> &out);
+void addLinearKernels(std::vector<KernelEntry> &out);
 void addAttentionKernels(std::vector<KernelEntry> &out);
 void addMoeKernels(std::vector<KernelEntry> &out);
 
