@@ -23,6 +23,11 @@ std::string cudaErrorMessage(cudaError_t error, const char *call,
 [[noreturn]] void cudaFatal(cudaError_t error, const char *call,
                             const char *file, int line);
 
+/// The CUDA stream of the HAL Stream whose worker runs on the calling
+/// thread (work a stream's function issues goes there), or null on any other
+/// thread (the executor's loading, checkpoints).
+cudaStream_t currentCudaStream();
+
 /// Stops the process with `what` when a HAL method the CUDA backend does
 /// not implement yet is called (docs/gpu.md lists them).
 [[noreturn]] void cudaNotImplemented(const char *what);

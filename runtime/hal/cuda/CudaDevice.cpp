@@ -296,6 +296,8 @@ private:
 
 } // namespace
 
+cudaStream_t currentCudaStream() { return currentStream; }
+
 bool cudaBackendBuilt() { return true; }
 
 Status cudaDeviceCount(int &count) {
