@@ -156,6 +156,9 @@ Status loadManifest(const RunOptions &options, plan::Manifest &manifest) {
   std::string err = plan::readManifest(path, manifest);
   if (!err.empty())
     return Status::error(err);
+  if (options.comm == "nccl" && options.backend != "cuda")
+    return Status::error("--comm nccl needs --backend cuda (NCCL runs on "
+                         "GPUs)");
   if (options.backend == "cuda") {
     // Fails here, before any rank starts, when this build or machine cannot
     // run CUDA (runtime/hal/cuda/CudaBackend.h).
