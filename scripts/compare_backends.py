@@ -13,6 +13,9 @@
       activation). Multi-rank cases run with BACKEND's ranks on one device
       (--comm gloo stages collectives through host memory). Prints one row
       per case; exits 1 if any case fails.
+  compare_backends.py test PIPERC PIPER_RUN BACKEND [run options]
+      both: compiles into a temporary folder, then runs (the e2e test
+      //test/e2e:cuda_emulation_test with BACKEND cuda-emulation).
 """
 import json
 import os
@@ -128,7 +131,12 @@ def main(argv):
     if len(argv) >= 3 and argv[0] == "compile":
         compile_all(argv[1], argv[2])
         return 0
-    if len(argv) >= 4 and argv[0] == "run":
+    if len(argv) >= 4 and argv[0] in ("run", "test"):
+        if argv[0] == "test":
+            plans = tempfile.mkdtemp(prefix="piper-plans-",
+                                     dir=os.environ.get("TEST_TMPDIR"))
+            compile_all(argv[1], plans)
+            argv = ["run", argv[2], plans] + argv[3:]
         piper_run, plans, backend = argv[1:4]
         rest = argv[4:]
         opts = {"--comm": None, "--steps": "5", "--only": "", "--table": None}
