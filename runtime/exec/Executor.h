@@ -177,7 +177,10 @@ public:
   const plan::Plan &plan() const;
   /// A piece of the persistent state of Plan.params[index]; `kind` is PARAM,
   /// GRAD, ADAM_M or ADAM_V.
+  /// Its data is device memory: read it on the host with stateToHost.
   TensorRef state(int index, plan::Operand::Kind kind) const;
+  /// A copy of state(index, kind) in host memory (empty for a bad index).
+  std::vector<float> stateToHost(int index, plan::Operand::Kind kind) const;
   /// Writes every parameter to DIR/<name>.bin (raw little-endian fp32),
   /// creating DIR if needed. Replica 0 writes; under ZeRO-3 every replica
   /// must call it (each contributes its shards).

@@ -35,6 +35,15 @@ TensorRef Executor::state(int index, plan::Operand::Kind kind) const {
   return impl->stateOf(index, kind)->ref();
 }
 
+std::vector<float> Executor::stateToHost(int index,
+                                         plan::Operand::Kind kind) const {
+  TensorRef t = state(index, kind);
+  std::vector<float> host(static_cast<size_t>(t.data ? t.numel() : 0));
+  if (!host.empty())
+    impl->memory->copyToHost(host.data(), t.data, 4 * host.size());
+  return host;
+}
+
 Status Executor::saveParams(const std::string &dir) const {
   // mkdir -p: create each component, tolerating the ones that exist.
   for (size_t pos = 1; pos <= dir.size(); ++pos) {
