@@ -25,8 +25,8 @@ Status checkEmbeddingGrad(const KernelArgs &a, int64_t &rows, int64_t &vocab,
 Status checkPositionAdd(const KernelArgs &a, int64_t &rows, int64_t &hidden,
                         int64_t &seq);
 /// position_add_grad: dy [N,H] -> dpos [P,H] (rows past seq get zeros).
-Status checkPositionAddGrad(const KernelArgs &a, int64_t &rows,
-                            int64_t &hidden, int64_t &seq);
+Status checkPositionAddGrad(const KernelArgs &a, int64_t &rows, int64_t &hidden,
+                            int64_t &seq);
 /// layer_norm: (x [N,H], gamma [H], beta [H]) -> y [N,H]; attribute eps
 /// (default 1e-5, >= 0).
 Status checkLayerNorm(const KernelArgs &a, int64_t &rows, int64_t &hidden,
