@@ -39,12 +39,14 @@ Status launchEmbeddingGrad(const Context &ctx, const int32_t *ids,
   // A stable counting sort of the rows by id (LayerMath.h's sortChunks):
   // hist[c * vocab + v] counts the rows of chunk c with id v, then becomes
   // their offset within bucket v; start[v] is bucket v's first slot in
-  // `order`, start[vocab] the number of valid rows.
+  // `order`, start[vocab] the number of valid rows; tileStart[t] the first
+  // slot of the ids [t kScanTile, (t + 1) kScanTile).
   const RowChunks rc = sortChunks(rows, vocab);
   const int64_t chunks = rc.chunks, per = rc.rowsPerChunk;
   int32_t *hist = scratch;
   int32_t *start = hist + chunks * vocab;
   int32_t *order = start + vocab + 1;
+  int32_t *tileStart = order + rows;
   PIPER_RETURN_IF_ERROR(zeroAsync(
       ctx, hist, static_cast<size_t>(chunks * vocab) * sizeof(int32_t)));
   PIPER_RETURN_IF_ERROR(
@@ -67,30 +69,26 @@ Status launchEmbeddingGrad(const Context &ctx, const int32_t *ids,
         }
         start[v] = running;
       }));
-  // Exclusive scan of the sizes by one warp: lane l takes a contiguous block
-  // of ids; the blocks' totals before it come from one reduction per lane.
+  // Exclusive scan of the sizes: a warp per tile of kScanTile ids, then one
+  // warp over the tiles' totals, then each id adds its tile's offset.
+  const int64_t tiles = (vocab + kScanTile - 1) / kScanTile;
+  PIPER_RETURN_IF_ERROR(Exec(ctx).forEachRow(
+      "embedding_grad", tiles, [=] PIPER_LAMBDA(Lanes lanes, int64_t t) {
+        int64_t begin = t * kScanTile;
+        int64_t count = vocab - begin < kScanTile ? vocab - begin : kScanTile;
+        int64_t total = exclusiveScan(lanes, start + begin, count);
+        if (lanes.lane() == 0)
+          tileStart[t] = static_cast<int32_t>(total);
+      }));
   PIPER_RETURN_IF_ERROR(Exec(ctx).forEachRow(
       "embedding_grad", 1, [=] PIPER_LAMBDA(Lanes lanes, int64_t) {
-        const int64_t block = (vocab + Lanes::kCount - 1) / Lanes::kCount;
-        const int64_t begin = lanes.lane() * block;
-        const int64_t end = begin + block < vocab ? begin + block : vocab;
-        int64_t mine = 0;
-        for (int64_t v = begin; v < end; ++v)
-          mine += start[v];
-        int64_t before = 0;
-        for (int l = 0; l < Lanes::kCount; ++l) {
-          int64_t other = lanes.sum(lanes.lane() == l ? mine : int64_t(0));
-          if (l < lanes.lane())
-            before += other;
-        }
-        int64_t total = lanes.sum(mine);
-        for (int64_t v = begin; v < end; ++v) {
-          int64_t size = start[v];
-          start[v] = static_cast<int32_t>(before);
-          before += size;
-        }
+        int64_t total = exclusiveScan(lanes, tileStart, tiles);
         if (lanes.lane() == 0)
           start[vocab] = static_cast<int32_t>(total);
+      }));
+  PIPER_RETURN_IF_ERROR(
+      Exec(ctx).forEach("embedding_grad", vocab, [=] PIPER_LAMBDA(int64_t v) {
+        start[v] += tileStart[v / kScanTile];
       }));
   // Scatter: chunk c's rows in token order after the earlier chunks' rows.
   PIPER_RETURN_IF_ERROR(

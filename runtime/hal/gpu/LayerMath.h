@@ -75,10 +75,11 @@ inline RowChunks columnChunks(int64_t rows) {
 /// of consecutive rows, each counted and scattered by one thread into its
 /// own histogram row (chunks x vocab int32), so the sorted order is the
 /// stable one (token order within an id) without atomics. At least
-/// kMinSortRows rows per chunk; at most kSortHistogram histogram entries
-/// (and at most kMaxChunks chunks).
-constexpr int64_t kMinSortRows = 256;
-constexpr int64_t kSortHistogram = int64_t(1) << 24;
+/// kMinSortRows rows per chunk (a chunk's count and scatter are sequential:
+/// the sort's latency); at most kSortHistogram histogram entries (32 MiB)
+/// and kMaxChunks chunks.
+constexpr int64_t kMinSortRows = 64;
+constexpr int64_t kSortHistogram = int64_t(1) << 23;
 
 inline RowChunks sortChunks(int64_t rows, int64_t vocab) {
   int64_t maxChunks = vocab > 0 ? kSortHistogram / vocab : kMaxChunks;
@@ -93,10 +94,43 @@ inline RowChunks sortChunks(int64_t rows, int64_t vocab) {
   return c;
 }
 
+/// Ids per warp of the bucket starts' scan (32 per lane on a GPU).
+constexpr int64_t kScanTile = 1024;
+
 /// int32 words of the embedding gradient's scratch: the histogram (chunks x
-/// vocab), the bucket starts (vocab + 1) and the sorted rows (rows).
+/// vocab), the bucket starts (vocab + 1), the sorted rows (rows) and the
+/// scan tiles' starts.
 inline int64_t embeddingGradScratchWords(int64_t rows, int64_t vocab) {
-  return sortChunks(rows, vocab).chunks * vocab + vocab + 1 + rows;
+  return sortChunks(rows, vocab).chunks * vocab + vocab + 1 + rows +
+         (vocab + kScanTile - 1) / kScanTile;
+}
+
+/// Replaces x[0, n) by its exclusive prefix sums and returns the total, in
+/// every lane. Lane l scans a contiguous block of ceil(n / kCount); the
+/// totals of the blocks before it come from one reduction per lane. All
+/// lanes must call it.
+template <class Lanes>
+PIPER_HOST_DEVICE inline int64_t exclusiveScan(Lanes lanes, int32_t *x,
+                                               int64_t n) {
+  const int64_t block = (n + Lanes::kCount - 1) / Lanes::kCount;
+  const int64_t begin = lanes.lane() * block;
+  const int64_t end = begin + block < n ? begin + block : n;
+  int64_t mine = 0;
+  for (int64_t i = begin; i < end; ++i)
+    mine += x[i];
+  int64_t before = 0;
+  for (int l = 0; l < Lanes::kCount; ++l) {
+    int64_t other = lanes.sum(lanes.lane() == l ? mine : int64_t(0));
+    if (l < lanes.lane())
+      before += other;
+  }
+  const int64_t total = lanes.sum(mine);
+  for (int64_t i = begin; i < end; ++i) {
+    int64_t size = x[i];
+    x[i] = static_cast<int32_t>(before);
+    before += size;
+  }
+  return total;
 }
 
 } // namespace piper::runtime::hal::PIPER_GPU_NS

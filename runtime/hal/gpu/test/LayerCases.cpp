@@ -15,7 +15,8 @@ std::string dims(std::initializer_list<int64_t> ds) {
 void embeddingCases(std::vector<KernelCase> &out) {
   // (ids shape, vocab, hidden): one token; odd sizes; [B,S] ids; many
   // repeats of few ids (long buckets); more rows than one sort chunk
-  // (LayerMath.h: 256 rows) and than kMaxChunks chunks of it.
+  // (LayerMath.h: 64 rows) and than kMaxChunks chunks of it; a vocabulary of
+  // several scan tiles (1024 ids).
   struct Shape {
     std::vector<int64_t> ids;
     int64_t vocab, hidden;
@@ -25,6 +26,7 @@ void embeddingCases(std::vector<KernelCase> &out) {
                                            {{4, 33}, 50, 65},
                                            {{1000}, 3, 17},
                                            {{3001}, 1000, 8},
+                                           {{5000}, 2500, 4},
                                            {{70001}, 5, 3},
                                            {{0}, 4, 3}}) {
     int64_t rows = 1;

@@ -254,13 +254,15 @@ TEST_CASE("layer norms on 32 lanes agree with the CPU kernels") {
 TEST_CASE("embedding_grad's per-lane scan on 32 lanes agrees with the CPU") {
   lanes::Context ctx;
   // Vocabularies smaller than the lanes (empty lane blocks), not a multiple
-  // of them, and larger; rows over several sort chunks (256 rows).
+  // of them, and larger; over several scan tiles (1024 ids); rows over
+  // several sort chunks (64 rows).
   for (auto [rows, vocab, hidden] :
        std::vector<std::tuple<int64_t, int64_t, int64_t>>{{1, 1, 1},
                                                           {10, 5, 3},
                                                           {100, 33, 4},
                                                           {1000, 70, 2},
-                                                          {3000, 1000, 3}}) {
+                                                          {3000, 1000, 3},
+                                                          {3000, 2500, 2}}) {
     INFO(rows << " rows, vocab " << vocab << ", hidden " << hidden);
     std::mt19937_64 rng(static_cast<uint64_t>(rows + vocab));
     std::vector<int32_t> ids(static_cast<size_t>(rows));
