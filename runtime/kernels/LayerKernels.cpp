@@ -6,6 +6,7 @@
 
 #include "runtime/kernels/ElementwiseChecks.h"
 #include "runtime/kernels/KernelUtil.h"
+#include "runtime/kernels/LayerChecks.h"
 #include "runtime/kernels/Parallel.h"
 #include "runtime/kernels/VecMath.h"
 
@@ -39,14 +40,19 @@ PIPER_SIMD void addVectors(const float *__restrict a, const float *__restrict b,
 
 } // namespace
 
-Status embeddingKernel(const KernelArgs &a) {
+Status checkEmbedding(const KernelArgs &a, int64_t &rows, int64_t &vocab,
+                      int64_t &hidden) {
   PIPER_RETURN_IF_ERROR(expectCounts(a, 2, 2, 1));
-  const TensorRef &ids = a.inputs[0], &table = a.inputs[1], &y = a.outputs[0];
-  int64_t rows = 0, vocab = 0, hidden = 0;
-  PIPER_RETURN_IF_ERROR(expectTokens(a, ids, "ids", rows));
+  PIPER_RETURN_IF_ERROR(expectTokens(a, a.inputs[0], "ids", rows));
   PIPER_RETURN_IF_ERROR(
-      expectMatrix(a, table, "table", plan::F32, vocab, hidden));
-  PIPER_RETURN_IF_ERROR(expectTensor(a, y, "y", plan::F32, {rows, hidden}));
+      expectMatrix(a, a.inputs[1], "table", plan::F32, vocab, hidden));
+  return expectTensor(a, a.outputs[0], "y", plan::F32, {rows, hidden});
+}
+
+Status embeddingKernel(const KernelArgs &a) {
+  int64_t rows = 0, vocab = 0, hidden = 0;
+  PIPER_RETURN_IF_ERROR(checkEmbedding(a, rows, vocab, hidden));
+  const TensorRef &ids = a.inputs[0], &table = a.inputs[1], &y = a.outputs[0];
   PIPER_RETURN_IF_ERROR(expectTokensBelow(a, ids, "ids", vocab));
 
   for (int64_t n = 0; n < rows; ++n)
@@ -55,19 +61,26 @@ Status embeddingKernel(const KernelArgs &a) {
   return Status::ok();
 }
 
-Status embeddingGradKernel(const KernelArgs &a) {
+Status checkEmbeddingGrad(const KernelArgs &a, int64_t &rows, int64_t &vocab,
+                          int64_t &hidden) {
   PIPER_RETURN_IF_ERROR(expectCounts(a, 2, 2, 1));
-  const TensorRef &ids = a.inputs[0], &dy = a.inputs[1], &dtable = a.outputs[0];
-  int64_t rows = 0, vocab = 0, hidden = 0;
-  PIPER_RETURN_IF_ERROR(expectTokens(a, ids, "ids", rows));
+  PIPER_RETURN_IF_ERROR(expectTokens(a, a.inputs[0], "ids", rows));
   PIPER_RETURN_IF_ERROR(
-      expectMatrix(a, dtable, "dtable", plan::F32, vocab, hidden));
-  PIPER_RETURN_IF_ERROR(expectTensor(a, dy, "dy", plan::F32, {rows, hidden}));
+      expectMatrix(a, a.outputs[0], "dtable", plan::F32, vocab, hidden));
+  PIPER_RETURN_IF_ERROR(
+      expectTensor(a, a.inputs[1], "dy", plan::F32, {rows, hidden}));
   int64_t vocabAttr = 0;
   PIPER_RETURN_IF_ERROR(readInt(a, "vocab", vocab, vocabAttr));
   if (vocabAttr != vocab)
     return a.error("attribute 'vocab' is " + std::to_string(vocabAttr) +
                    " but dtable has " + std::to_string(vocab) + " rows");
+  return Status::ok();
+}
+
+Status embeddingGradKernel(const KernelArgs &a) {
+  int64_t rows = 0, vocab = 0, hidden = 0;
+  PIPER_RETURN_IF_ERROR(checkEmbeddingGrad(a, rows, vocab, hidden));
+  const TensorRef &ids = a.inputs[0], &dy = a.inputs[1], &dtable = a.outputs[0];
   PIPER_RETURN_IF_ERROR(expectTokensBelow(a, ids, "ids", vocab));
 
   // Visit the rows grouped by id so each table row is summed once, in token
@@ -115,13 +128,18 @@ static Status checkPositions(const KernelArgs &a, const TensorRef &x,
   return Status::ok();
 }
 
-Status positionAddKernel(const KernelArgs &a) {
+Status checkPositionAdd(const KernelArgs &a, int64_t &rows, int64_t &hidden,
+                        int64_t &seq) {
   PIPER_RETURN_IF_ERROR(expectCounts(a, 2, 2, 1));
-  const TensorRef &x = a.inputs[0], &pos = a.inputs[1], &y = a.outputs[0];
+  PIPER_RETURN_IF_ERROR(checkPositions(a, a.inputs[0], "x", a.inputs[1], "pos",
+                                       rows, hidden, seq));
+  return expectTensor(a, a.outputs[0], "y", plan::F32, {rows, hidden});
+}
+
+Status positionAddKernel(const KernelArgs &a) {
   int64_t rows = 0, hidden = 0, seq = 0;
-  PIPER_RETURN_IF_ERROR(
-      checkPositions(a, x, "x", pos, "pos", rows, hidden, seq));
-  PIPER_RETURN_IF_ERROR(expectTensor(a, y, "y", plan::F32, {rows, hidden}));
+  PIPER_RETURN_IF_ERROR(checkPositionAdd(a, rows, hidden, seq));
+  const TensorRef &x = a.inputs[0], &pos = a.inputs[1], &y = a.outputs[0];
 
   for (int64_t n = 0; n < rows; ++n)
     addVectors(x.f32() + n * hidden, pos.f32() + (n % seq) * hidden,
@@ -129,12 +147,17 @@ Status positionAddKernel(const KernelArgs &a) {
   return Status::ok();
 }
 
-Status positionAddGradKernel(const KernelArgs &a) {
+Status checkPositionAddGrad(const KernelArgs &a, int64_t &rows,
+                            int64_t &hidden, int64_t &seq) {
   PIPER_RETURN_IF_ERROR(expectCounts(a, 1, 1, 1));
-  const TensorRef &dy = a.inputs[0], &dpos = a.outputs[0];
+  return checkPositions(a, a.inputs[0], "dy", a.outputs[0], "dpos", rows,
+                        hidden, seq);
+}
+
+Status positionAddGradKernel(const KernelArgs &a) {
   int64_t rows = 0, hidden = 0, seq = 0;
-  PIPER_RETURN_IF_ERROR(
-      checkPositions(a, dy, "dy", dpos, "dpos", rows, hidden, seq));
+  PIPER_RETURN_IF_ERROR(checkPositionAddGrad(a, rows, hidden, seq));
+  const TensorRef &dy = a.inputs[0], &dpos = a.outputs[0];
 
   // Positions past seq get no gradient but are part of the parameter.
   std::fill_n(dpos.f32(), dpos.numel(), 0.0f);
@@ -149,7 +172,7 @@ Status positionAddGradKernel(const KernelArgs &a) {
 }
 
 // Shared checks of layer_norm and its gradient.
-static Status checkLayerNorm(const KernelArgs &a, const TensorRef &x,
+static Status checkLayerNormOperands(const KernelArgs &a, const TensorRef &x,
                              const TensorRef &gamma, int64_t &rows,
                              int64_t &hidden, double &eps) {
   PIPER_RETURN_IF_ERROR(expectMatrix(a, x, "x", plan::F32, rows, hidden));
@@ -177,15 +200,22 @@ PIPER_SIMD static void layerNormRow(const float *__restrict x,
     y[j] = static_cast<float>((x[j] - mean) * rstd * gamma[j] + beta[j]);
 }
 
-Status layerNormKernel(const KernelArgs &a) {
+Status checkLayerNorm(const KernelArgs &a, int64_t &rows, int64_t &hidden,
+                      double &eps) {
   PIPER_RETURN_IF_ERROR(expectCounts(a, 3, 3, 1));
-  const TensorRef &x = a.inputs[0], &gamma = a.inputs[1], &beta = a.inputs[2],
-                  &y = a.outputs[0];
+  PIPER_RETURN_IF_ERROR(
+      checkLayerNormOperands(a, a.inputs[0], a.inputs[1], rows, hidden, eps));
+  PIPER_RETURN_IF_ERROR(
+      expectTensor(a, a.inputs[2], "beta", plan::F32, {hidden}));
+  return expectTensor(a, a.outputs[0], "y", plan::F32, {rows, hidden});
+}
+
+Status layerNormKernel(const KernelArgs &a) {
   int64_t rows = 0, hidden = 0;
   double eps = 0;
-  PIPER_RETURN_IF_ERROR(checkLayerNorm(a, x, gamma, rows, hidden, eps));
-  PIPER_RETURN_IF_ERROR(expectTensor(a, beta, "beta", plan::F32, {hidden}));
-  PIPER_RETURN_IF_ERROR(expectTensor(a, y, "y", plan::F32, {rows, hidden}));
+  PIPER_RETURN_IF_ERROR(checkLayerNorm(a, rows, hidden, eps));
+  const TensorRef &x = a.inputs[0], &gamma = a.inputs[1], &beta = a.inputs[2],
+                  &y = a.outputs[0];
 
   parallelFor(rows, rowGrain(hidden), [&](int64_t begin, int64_t end) {
     for (int64_t n = begin; n < end; ++n) {
@@ -271,15 +301,22 @@ PIPER_SIMD static void layerNormBackward(const float *x, const float *gamma,
     }
 }
 
-Status layerNormGradInputKernel(const KernelArgs &a) {
+Status checkLayerNormGradInput(const KernelArgs &a, int64_t &rows,
+                               int64_t &hidden, double &eps) {
   PIPER_RETURN_IF_ERROR(expectCounts(a, 3, 3, 1));
-  const TensorRef &x = a.inputs[0], &gamma = a.inputs[1], &dy = a.inputs[2];
-  const TensorRef &dx = a.outputs[0];
+  PIPER_RETURN_IF_ERROR(
+      checkLayerNormOperands(a, a.inputs[0], a.inputs[1], rows, hidden, eps));
+  PIPER_RETURN_IF_ERROR(
+      expectTensor(a, a.inputs[2], "dy", plan::F32, {rows, hidden}));
+  return expectTensor(a, a.outputs[0], "dx", plan::F32, {rows, hidden});
+}
+
+Status layerNormGradInputKernel(const KernelArgs &a) {
   int64_t rows = 0, hidden = 0;
   double eps = 0;
-  PIPER_RETURN_IF_ERROR(checkLayerNorm(a, x, gamma, rows, hidden, eps));
-  PIPER_RETURN_IF_ERROR(expectTensor(a, dy, "dy", plan::F32, {rows, hidden}));
-  PIPER_RETURN_IF_ERROR(expectTensor(a, dx, "dx", plan::F32, {rows, hidden}));
+  PIPER_RETURN_IF_ERROR(checkLayerNormGradInput(a, rows, hidden, eps));
+  const TensorRef &x = a.inputs[0], &gamma = a.inputs[1], &dy = a.inputs[2];
+  const TensorRef &dx = a.outputs[0];
 
   // Without dgamma the rows are independent: chunks of rows in parallel.
   parallelFor(rows, rowGrain(3 * hidden), [&](int64_t begin, int64_t end) {
@@ -290,15 +327,22 @@ Status layerNormGradInputKernel(const KernelArgs &a) {
   return Status::ok();
 }
 
-Status layerNormGradWeightKernel(const KernelArgs &a) {
+Status checkLayerNormGradWeight(const KernelArgs &a, int64_t &rows,
+                                int64_t &hidden, double &eps) {
   PIPER_RETURN_IF_ERROR(expectCounts(a, 2, 2, 2));
-  const TensorRef &x = a.inputs[0], &dy = a.inputs[1];
-  const TensorRef &dgamma = a.outputs[0], &dbeta = a.outputs[1];
+  PIPER_RETURN_IF_ERROR(checkNormWeightGrad(a, a.inputs[0], a.inputs[1], 1e-5,
+                                            rows, hidden, eps));
+  PIPER_RETURN_IF_ERROR(
+      expectTensor(a, a.outputs[0], "dgamma", plan::F32, {hidden}));
+  return expectTensor(a, a.outputs[1], "dbeta", plan::F32, {hidden});
+}
+
+Status layerNormGradWeightKernel(const KernelArgs &a) {
   int64_t rows = 0, hidden = 0;
   double eps = 0;
-  PIPER_RETURN_IF_ERROR(checkNormWeightGrad(a, x, dy, 1e-5, rows, hidden, eps));
-  PIPER_RETURN_IF_ERROR(expectTensor(a, dgamma, "dgamma", plan::F32, {hidden}));
-  PIPER_RETURN_IF_ERROR(expectTensor(a, dbeta, "dbeta", plan::F32, {hidden}));
+  PIPER_RETURN_IF_ERROR(checkLayerNormGradWeight(a, rows, hidden, eps));
+  const TensorRef &x = a.inputs[0], &dy = a.inputs[1];
+  const TensorRef &dgamma = a.outputs[0], &dbeta = a.outputs[1];
 
   layerNormBackward(x.f32(), nullptr, dy.f32(), rows, hidden, eps, nullptr,
                     dgamma.f32(), dbeta.f32());
@@ -306,7 +350,7 @@ Status layerNormGradWeightKernel(const KernelArgs &a) {
 }
 
 // Shared checks of rms_norm and its gradient.
-static Status checkRmsNorm(const KernelArgs &a, const TensorRef &x,
+static Status checkRmsNormOperands(const KernelArgs &a, const TensorRef &x,
                            const TensorRef &gamma, int64_t &rows,
                            int64_t &hidden, double &eps) {
   PIPER_RETURN_IF_ERROR(expectMatrix(a, x, "x", plan::F32, rows, hidden));
@@ -331,13 +375,19 @@ PIPER_SIMD static void rmsNormRow(const float *__restrict x,
     y[j] = static_cast<float>(x[j] * rrms * gamma[j]);
 }
 
-Status rmsNormKernel(const KernelArgs &a) {
+Status checkRmsNorm(const KernelArgs &a, int64_t &rows, int64_t &hidden,
+                    double &eps) {
   PIPER_RETURN_IF_ERROR(expectCounts(a, 2, 2, 1));
-  const TensorRef &x = a.inputs[0], &gamma = a.inputs[1], &y = a.outputs[0];
+  PIPER_RETURN_IF_ERROR(
+      checkRmsNormOperands(a, a.inputs[0], a.inputs[1], rows, hidden, eps));
+  return expectTensor(a, a.outputs[0], "y", plan::F32, {rows, hidden});
+}
+
+Status rmsNormKernel(const KernelArgs &a) {
   int64_t rows = 0, hidden = 0;
   double eps = 0;
-  PIPER_RETURN_IF_ERROR(checkRmsNorm(a, x, gamma, rows, hidden, eps));
-  PIPER_RETURN_IF_ERROR(expectTensor(a, y, "y", plan::F32, {rows, hidden}));
+  PIPER_RETURN_IF_ERROR(checkRmsNorm(a, rows, hidden, eps));
+  const TensorRef &x = a.inputs[0], &gamma = a.inputs[1], &y = a.outputs[0];
 
   parallelFor(rows, rowGrain(hidden), [&](int64_t begin, int64_t end) {
     for (int64_t n = begin; n < end; ++n) {
@@ -391,15 +441,22 @@ PIPER_SIMD static void rmsNormBackward(const float *x, const float *gamma,
       dgamma[j] = static_cast<float>(gammaSum[j]);
 }
 
-Status rmsNormGradInputKernel(const KernelArgs &a) {
+Status checkRmsNormGradInput(const KernelArgs &a, int64_t &rows,
+                             int64_t &hidden, double &eps) {
   PIPER_RETURN_IF_ERROR(expectCounts(a, 3, 3, 1));
-  const TensorRef &x = a.inputs[0], &gamma = a.inputs[1], &dy = a.inputs[2];
-  const TensorRef &dx = a.outputs[0];
+  PIPER_RETURN_IF_ERROR(
+      checkRmsNormOperands(a, a.inputs[0], a.inputs[1], rows, hidden, eps));
+  PIPER_RETURN_IF_ERROR(
+      expectTensor(a, a.inputs[2], "dy", plan::F32, {rows, hidden}));
+  return expectTensor(a, a.outputs[0], "dx", plan::F32, {rows, hidden});
+}
+
+Status rmsNormGradInputKernel(const KernelArgs &a) {
   int64_t rows = 0, hidden = 0;
   double eps = 0;
-  PIPER_RETURN_IF_ERROR(checkRmsNorm(a, x, gamma, rows, hidden, eps));
-  PIPER_RETURN_IF_ERROR(expectTensor(a, dy, "dy", plan::F32, {rows, hidden}));
-  PIPER_RETURN_IF_ERROR(expectTensor(a, dx, "dx", plan::F32, {rows, hidden}));
+  PIPER_RETURN_IF_ERROR(checkRmsNormGradInput(a, rows, hidden, eps));
+  const TensorRef &x = a.inputs[0], &gamma = a.inputs[1], &dy = a.inputs[2];
+  const TensorRef &dx = a.outputs[0];
 
   // Without dgamma the rows are independent: chunks of rows in parallel.
   parallelFor(rows, rowGrain(3 * hidden), [&](int64_t begin, int64_t end) {
@@ -410,14 +467,20 @@ Status rmsNormGradInputKernel(const KernelArgs &a) {
   return Status::ok();
 }
 
-Status rmsNormGradWeightKernel(const KernelArgs &a) {
+Status checkRmsNormGradWeight(const KernelArgs &a, int64_t &rows,
+                              int64_t &hidden, double &eps) {
   PIPER_RETURN_IF_ERROR(expectCounts(a, 2, 2, 1));
-  const TensorRef &x = a.inputs[0], &dy = a.inputs[1];
-  const TensorRef &dgamma = a.outputs[0];
+  PIPER_RETURN_IF_ERROR(checkNormWeightGrad(a, a.inputs[0], a.inputs[1], 1e-6,
+                                            rows, hidden, eps));
+  return expectTensor(a, a.outputs[0], "dgamma", plan::F32, {hidden});
+}
+
+Status rmsNormGradWeightKernel(const KernelArgs &a) {
   int64_t rows = 0, hidden = 0;
   double eps = 0;
-  PIPER_RETURN_IF_ERROR(checkNormWeightGrad(a, x, dy, 1e-6, rows, hidden, eps));
-  PIPER_RETURN_IF_ERROR(expectTensor(a, dgamma, "dgamma", plan::F32, {hidden}));
+  PIPER_RETURN_IF_ERROR(checkRmsNormGradWeight(a, rows, hidden, eps));
+  const TensorRef &x = a.inputs[0], &dy = a.inputs[1];
+  const TensorRef &dgamma = a.outputs[0];
 
   rmsNormBackward(x.f32(), nullptr, dy.f32(), rows, hidden, eps, nullptr,
                   dgamma.f32());

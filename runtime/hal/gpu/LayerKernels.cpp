@@ -1,10 +1,136 @@
-// The layer GPU kernels. (Being filled in.)
+// The layer GPU kernels: embedding, position embedding, layer norm and RMS
+// norm, forward and backward. Each checks its operands with the CPU
+// kernel's check (runtime/kernels/LayerChecks.h) and queues its launchers
+// (LayerLaunch.inl). The ids are device memory: unlike the CPU kernels, the
+// embedding kernels do not check them against the vocabulary (token files
+// are checked at load); the bodies skip an out-of-range id.
 #include "runtime/hal/gpu/GpuKernels.h"
 #include "runtime/hal/gpu/LayerLaunch.h"
 #include "runtime/kernels/LayerChecks.h"
 
 namespace piper::runtime::hal::PIPER_GPU_NS {
 
-void addLayerKernels(std::vector<KernelEntry> &) {}
+namespace {
+
+using detail::KernelArgs;
+
+// `count` elements of T from the context's workspace (at least one, so an
+// empty request still gets a valid block).
+template <class T> Status scratch(const Context &ctx, int64_t count, T *&ptr) {
+  void *p = nullptr;
+  PIPER_RETURN_IF_ERROR(ctx.workspace->reserve(
+      static_cast<size_t>(count > 0 ? count : 1) * sizeof(T), p));
+  ptr = static_cast<T *>(p);
+  return Status::ok();
+}
+
+Status embedding(const KernelArgs &a, const Context &ctx) {
+  int64_t rows = 0, vocab = 0, hidden = 0;
+  PIPER_RETURN_IF_ERROR(detail::checkEmbedding(a, rows, vocab, hidden));
+  return launchEmbedding(ctx, a.inputs[0].i32(), a.inputs[1].f32(),
+                         a.outputs[0].f32(), rows, vocab, hidden);
+}
+
+Status embeddingGrad(const KernelArgs &a, const Context &ctx) {
+  int64_t rows = 0, vocab = 0, hidden = 0;
+  PIPER_RETURN_IF_ERROR(detail::checkEmbeddingGrad(a, rows, vocab, hidden));
+  int32_t *work = nullptr;
+  PIPER_RETURN_IF_ERROR(
+      scratch(ctx, embeddingGradScratchWords(rows, vocab), work));
+  return launchEmbeddingGrad(ctx, a.inputs[0].i32(), a.inputs[1].f32(),
+                             a.outputs[0].f32(), rows, vocab, hidden, work);
+}
+
+Status positionAdd(const KernelArgs &a, const Context &ctx) {
+  int64_t rows = 0, hidden = 0, seq = 0;
+  PIPER_RETURN_IF_ERROR(detail::checkPositionAdd(a, rows, hidden, seq));
+  return launchPositionAdd(ctx, a.inputs[0].f32(), a.inputs[1].f32(),
+                           a.outputs[0].f32(), rows, hidden, seq);
+}
+
+Status positionAddGrad(const KernelArgs &a, const Context &ctx) {
+  int64_t rows = 0, hidden = 0, seq = 0;
+  PIPER_RETURN_IF_ERROR(detail::checkPositionAddGrad(a, rows, hidden, seq));
+  double *partials = nullptr;
+  PIPER_RETURN_IF_ERROR(
+      scratch(ctx, columnChunks(rows / seq).chunks * seq * hidden, partials));
+  return launchPositionAddGrad(ctx, a.inputs[0].f32(), a.outputs[0].f32(), rows,
+                               hidden, seq, a.outputs[0].shape[0], partials);
+}
+
+Status layerNorm(const KernelArgs &a, const Context &ctx) {
+  int64_t rows = 0, hidden = 0;
+  double eps = 0;
+  PIPER_RETURN_IF_ERROR(detail::checkLayerNorm(a, rows, hidden, eps));
+  return launchLayerNorm(ctx, a.inputs[0].f32(), a.inputs[1].f32(),
+                         a.inputs[2].f32(), a.outputs[0].f32(), rows, hidden,
+                         eps);
+}
+
+Status layerNormGradInput(const KernelArgs &a, const Context &ctx) {
+  int64_t rows = 0, hidden = 0;
+  double eps = 0;
+  PIPER_RETURN_IF_ERROR(detail::checkLayerNormGradInput(a, rows, hidden, eps));
+  return launchLayerNormGradInput(ctx, a.inputs[0].f32(), a.inputs[1].f32(),
+                                  a.inputs[2].f32(), a.outputs[0].f32(), rows,
+                                  hidden, eps);
+}
+
+Status layerNormGradWeight(const KernelArgs &a, const Context &ctx) {
+  int64_t rows = 0, hidden = 0;
+  double eps = 0;
+  PIPER_RETURN_IF_ERROR(detail::checkLayerNormGradWeight(a, rows, hidden, eps));
+  double *work = nullptr;
+  PIPER_RETURN_IF_ERROR(
+      scratch(ctx, 2 * rows + 2 * columnChunks(rows).chunks * hidden, work));
+  return launchLayerNormGradWeight(ctx, a.inputs[0].f32(), a.inputs[1].f32(),
+                                   a.outputs[0].f32(), a.outputs[1].f32(), rows,
+                                   hidden, eps, work);
+}
+
+Status rmsNorm(const KernelArgs &a, const Context &ctx) {
+  int64_t rows = 0, hidden = 0;
+  double eps = 0;
+  PIPER_RETURN_IF_ERROR(detail::checkRmsNorm(a, rows, hidden, eps));
+  return launchRmsNorm(ctx, a.inputs[0].f32(), a.inputs[1].f32(),
+                       a.outputs[0].f32(), rows, hidden, eps);
+}
+
+Status rmsNormGradInput(const KernelArgs &a, const Context &ctx) {
+  int64_t rows = 0, hidden = 0;
+  double eps = 0;
+  PIPER_RETURN_IF_ERROR(detail::checkRmsNormGradInput(a, rows, hidden, eps));
+  return launchRmsNormGradInput(ctx, a.inputs[0].f32(), a.inputs[1].f32(),
+                                a.inputs[2].f32(), a.outputs[0].f32(), rows,
+                                hidden, eps);
+}
+
+Status rmsNormGradWeight(const KernelArgs &a, const Context &ctx) {
+  int64_t rows = 0, hidden = 0;
+  double eps = 0;
+  PIPER_RETURN_IF_ERROR(detail::checkRmsNormGradWeight(a, rows, hidden, eps));
+  double *work = nullptr;
+  PIPER_RETURN_IF_ERROR(
+      scratch(ctx, rows + columnChunks(rows).chunks * hidden, work));
+  return launchRmsNormGradWeight(ctx, a.inputs[0].f32(), a.inputs[1].f32(),
+                                 a.outputs[0].f32(), rows, hidden, eps, work);
+}
+
+} // namespace
+
+void addLayerKernels(std::vector<KernelEntry> &out) {
+  out.insert(out.end(), {
+                            {"embedding", embedding},
+                            {"embedding_grad", embeddingGrad},
+                            {"position_add", positionAdd},
+                            {"position_add_grad", positionAddGrad},
+                            {"layer_norm", layerNorm},
+                            {"layer_norm_grad_input", layerNormGradInput},
+                            {"layer_norm_grad_weight", layerNormGradWeight},
+                            {"rms_norm", rmsNorm},
+                            {"rms_norm_grad_input", rmsNormGradInput},
+                            {"rms_norm_grad_weight", rmsNormGradWeight},
+                        });
+}
 
 } // namespace piper::runtime::hal::PIPER_GPU_NS

@@ -1,12 +1,61 @@
-// Launchers of the layer GPU kernels (LayerLaunch.inl). (Being filled in.)
+// Launchers of the layer GPU kernels (LayerLaunch.inl, compiled for CUDA by
+// Layer.cu and for the host emulation by LayerHost.cpp). Each queues its
+// work on ctx.stream; matrices are row-major [rows, hidden].
 #ifndef PIPER_RUNTIME_HAL_GPU_LAYERLAUNCH_H
 #define PIPER_RUNTIME_HAL_GPU_LAYERLAUNCH_H
 
 #include <cstdint>
 
 #include "runtime/hal/gpu/GpuApi.h"
+#include "runtime/hal/gpu/LayerMath.h"
 #include "runtime/hal/gpu/Simt.h"
 
-namespace piper::runtime::hal::PIPER_GPU_NS {} // namespace piper::runtime::hal::PIPER_GPU_NS
+namespace piper::runtime::hal::PIPER_GPU_NS {
+
+/// y[n] = table[ids[n]]; a row whose id is outside [0, vocab) gets zeros.
+Status launchEmbedding(const Context &ctx, const int32_t *ids,
+                       const float *table, float *y, int64_t rows,
+                       int64_t vocab, int64_t hidden);
+/// dtable[v] = the sum of dy[n] over the rows n with ids[n] == v, in token
+/// order in double (as the CPU kernel: the same result), ids outside
+/// [0, vocab) skipped. `scratch` holds embeddingGradScratchWords(rows,
+/// vocab) int32.
+Status launchEmbeddingGrad(const Context &ctx, const int32_t *ids,
+                           const float *dy, float *dtable, int64_t rows,
+                           int64_t vocab, int64_t hidden, int32_t *scratch);
+/// y[n] = x[n] + pos[n % seq].
+Status launchPositionAdd(const Context &ctx, const float *x, const float *pos,
+                         float *y, int64_t rows, int64_t hidden, int64_t seq);
+/// dpos[s] = the sum of dy[n] over n % seq == s for s < seq, zeros for the
+/// rows [seq, positions). `partials` holds columnChunks(rows / seq).chunks
+/// x seq x hidden doubles.
+Status launchPositionAddGrad(const Context &ctx, const float *dy, float *dpos,
+                             int64_t rows, int64_t hidden, int64_t seq,
+                             int64_t positions, double *partials);
+/// Layer norm of each row (a warp per row).
+Status launchLayerNorm(const Context &ctx, const float *x, const float *gamma,
+                       const float *beta, float *y, int64_t rows,
+                       int64_t hidden, double eps);
+Status launchLayerNormGradInput(const Context &ctx, const float *x,
+                                const float *gamma, const float *dy, float *dx,
+                                int64_t rows, int64_t hidden, double eps);
+/// dgamma = column sums of dy * xhat, dbeta = column sums of dy. `scratch`
+/// holds 2 rows + 2 columnChunks(rows).chunks x hidden doubles.
+Status launchLayerNormGradWeight(const Context &ctx, const float *x,
+                                 const float *dy, float *dgamma, float *dbeta,
+                                 int64_t rows, int64_t hidden, double eps,
+                                 double *scratch);
+Status launchRmsNorm(const Context &ctx, const float *x, const float *gamma,
+                     float *y, int64_t rows, int64_t hidden, double eps);
+Status launchRmsNormGradInput(const Context &ctx, const float *x,
+                              const float *gamma, const float *dy, float *dx,
+                              int64_t rows, int64_t hidden, double eps);
+/// dgamma = column sums of dy * x * rrms. `scratch` holds rows +
+/// columnChunks(rows).chunks x hidden doubles.
+Status launchRmsNormGradWeight(const Context &ctx, const float *x,
+                               const float *dy, float *dgamma, int64_t rows,
+                               int64_t hidden, double eps, double *scratch);
+
+} // namespace piper::runtime::hal::PIPER_GPU_NS
 
 #endif // PIPER_RUNTIME_HAL_GPU_LAYERLAUNCH_H

@@ -1,4 +1,297 @@
 // The layer launchers' bodies, written once: included by Layer.cu (Exec =
-// CudaExec) and LayerHost.cpp (Exec = HostExec). (Being filled in.)
+// CudaExec) and LayerHost.cpp (Exec = HostExec), after `Exec` is declared in
+// this namespace. Norms run a warp per row; column sums (norm weight
+// gradients, the position gradient) run one thread per (chunk of rows,
+// column) into double partials, then one thread per column adds the
+// partials in chunk order: deterministic, no atomics.
 
-namespace piper::runtime::hal::PIPER_GPU_NS {} // namespace piper::runtime::hal::PIPER_GPU_NS
+namespace piper::runtime::hal::PIPER_GPU_NS {
+
+// out[j] = the sum over c < chunks of partials[c * cols + j], in order.
+// (Not in an unnamed namespace: nvcc's extended lambdas need an enclosing
+// function with external linkage.)
+Status layerSumChunks(const Context &ctx, const char *name,
+                      const double *partials, int64_t chunks, int64_t cols,
+                      float *out) {
+  return Exec(ctx).forEach(name, cols, [=] PIPER_LAMBDA(int64_t j) {
+    double s = 0;
+    for (int64_t c = 0; c < chunks; ++c)
+      s += partials[c * cols + j];
+    out[j] = static_cast<float>(s);
+  });
+}
+
+Status launchEmbedding(const Context &ctx, const int32_t *ids,
+                       const float *table, float *y, int64_t rows,
+                       int64_t vocab, int64_t hidden) {
+  return Exec(ctx).forEach(
+      "embedding", rows * hidden, [=] PIPER_LAMBDA(int64_t i) {
+        int64_t n = i / hidden, j = i % hidden;
+        int64_t id = ids[n];
+        y[i] = id >= 0 && id < vocab ? table[id * hidden + j] : 0.0f;
+      });
+}
+
+Status launchEmbeddingGrad(const Context &ctx, const int32_t *ids,
+                           const float *dy, float *dtable, int64_t rows,
+                           int64_t vocab, int64_t hidden, int32_t *scratch) {
+  using Lanes = Exec::Lanes;
+  // A stable counting sort of the rows by id (LayerMath.h's sortChunks):
+  // hist[c * vocab + v] counts the rows of chunk c with id v, then becomes
+  // their offset within bucket v; start[v] is bucket v's first slot in
+  // `order`, start[vocab] the number of valid rows; tileStart[t] the first
+  // slot of the ids [t kScanTile, (t + 1) kScanTile).
+  const RowChunks rc = sortChunks(rows, vocab);
+  const int64_t chunks = rc.chunks, per = rc.rowsPerChunk;
+  int32_t *hist = scratch;
+  int32_t *start = hist + chunks * vocab;
+  int32_t *order = start + vocab + 1;
+  int32_t *tileStart = order + rows;
+  PIPER_RETURN_IF_ERROR(zeroAsync(
+      ctx, hist, static_cast<size_t>(chunks * vocab) * sizeof(int32_t)));
+  PIPER_RETURN_IF_ERROR(
+      Exec(ctx).forEach("embedding_grad", chunks, [=] PIPER_LAMBDA(int64_t c) {
+        int64_t end = (c + 1) * per < rows ? (c + 1) * per : rows;
+        for (int64_t n = c * per; n < end; ++n) {
+          int64_t id = ids[n];
+          if (id >= 0 && id < vocab)
+            ++hist[c * vocab + id];
+        }
+      }));
+  // Per id: the chunks' counts become offsets; start[v] = the bucket's size.
+  PIPER_RETURN_IF_ERROR(
+      Exec(ctx).forEach("embedding_grad", vocab, [=] PIPER_LAMBDA(int64_t v) {
+        int32_t running = 0;
+        for (int64_t c = 0; c < chunks; ++c) {
+          int32_t count = hist[c * vocab + v];
+          hist[c * vocab + v] = running;
+          running += count;
+        }
+        start[v] = running;
+      }));
+  // Exclusive scan of the sizes: a warp per tile of kScanTile ids, then one
+  // warp over the tiles' totals, then each id adds its tile's offset.
+  const int64_t tiles = (vocab + kScanTile - 1) / kScanTile;
+  PIPER_RETURN_IF_ERROR(Exec(ctx).forEachRow(
+      "embedding_grad", tiles, [=] PIPER_LAMBDA(Lanes lanes, int64_t t) {
+        int64_t begin = t * kScanTile;
+        int64_t count = vocab - begin < kScanTile ? vocab - begin : kScanTile;
+        int64_t total = exclusiveScan(lanes, start + begin, count);
+        if (lanes.lane() == 0)
+          tileStart[t] = static_cast<int32_t>(total);
+      }));
+  PIPER_RETURN_IF_ERROR(Exec(ctx).forEachRow(
+      "embedding_grad", 1, [=] PIPER_LAMBDA(Lanes lanes, int64_t) {
+        int64_t total = exclusiveScan(lanes, tileStart, tiles);
+        if (lanes.lane() == 0)
+          start[vocab] = static_cast<int32_t>(total);
+      }));
+  PIPER_RETURN_IF_ERROR(
+      Exec(ctx).forEach("embedding_grad", vocab, [=] PIPER_LAMBDA(int64_t v) {
+        start[v] += tileStart[v / kScanTile];
+      }));
+  // Scatter: chunk c's rows in token order after the earlier chunks' rows.
+  PIPER_RETURN_IF_ERROR(
+      Exec(ctx).forEach("embedding_grad", chunks, [=] PIPER_LAMBDA(int64_t c) {
+        int64_t end = (c + 1) * per < rows ? (c + 1) * per : rows;
+        for (int64_t n = c * per; n < end; ++n) {
+          int64_t id = ids[n];
+          if (id >= 0 && id < vocab)
+            order[start[id] + hist[c * vocab + id]++] = static_cast<int32_t>(n);
+        }
+      }));
+  // Every element of dtable: its bucket's rows of dy, in token order.
+  return Exec(ctx).forEach(
+      "embedding_grad", vocab * hidden, [=] PIPER_LAMBDA(int64_t i) {
+        int64_t v = i / hidden, j = i % hidden;
+        double s = 0;
+        for (int64_t k = start[v], e = start[v + 1]; k < e; ++k)
+          s += dy[int64_t(order[k]) * hidden + j];
+        dtable[i] = static_cast<float>(s);
+      });
+}
+
+Status launchPositionAdd(const Context &ctx, const float *x, const float *pos,
+                         float *y, int64_t rows, int64_t hidden, int64_t seq) {
+  return Exec(ctx).forEach("position_add", rows * hidden,
+                           [=] PIPER_LAMBDA(int64_t i) {
+                             int64_t n = i / hidden, j = i % hidden;
+                             y[i] = x[i] + pos[(n % seq) * hidden + j];
+                           });
+}
+
+Status launchPositionAddGrad(const Context &ctx, const float *dy, float *dpos,
+                             int64_t rows, int64_t hidden, int64_t seq,
+                             int64_t positions, double *partials) {
+  // dy as [rows / seq, seq * hidden]: dpos[0, seq) is its column sums.
+  const int64_t batch = rows / seq, cols = seq * hidden;
+  const RowChunks rc = columnChunks(batch);
+  const int64_t per = rc.rowsPerChunk;
+  PIPER_RETURN_IF_ERROR(Exec(ctx).forEach(
+      "position_add_grad", rc.chunks * cols, [=] PIPER_LAMBDA(int64_t i) {
+        int64_t c = i / cols, col = i % cols;
+        int64_t end = (c + 1) * per < batch ? (c + 1) * per : batch;
+        double s = 0;
+        for (int64_t b = c * per; b < end; ++b)
+          s += dy[b * cols + col];
+        partials[i] = s;
+      }));
+  PIPER_RETURN_IF_ERROR(layerSumChunks(ctx, "position_add_grad", partials,
+                                       rc.chunks, cols, dpos));
+  // Positions past seq get no gradient but are part of the parameter.
+  if (positions > seq)
+    return zeroAsync(ctx, dpos + cols,
+                     static_cast<size_t>((positions - seq) * hidden) *
+                         sizeof(float));
+  return Status::ok();
+}
+
+Status launchLayerNorm(const Context &ctx, const float *x, const float *gamma,
+                       const float *beta, float *y, int64_t rows,
+                       int64_t hidden, double eps) {
+  using Lanes = Exec::Lanes;
+  return Exec(ctx).forEachRow(
+      "layer_norm", rows, [=] PIPER_LAMBDA(Lanes lanes, int64_t n) {
+        const float *xr = x + n * hidden;
+        float *yr = y + n * hidden;
+        double mean = 0, rstd = 0;
+        layerNormStats(lanes, xr, hidden, eps, mean, rstd);
+        for (int64_t j = lanes.lane(); j < hidden; j += Lanes::kCount)
+          yr[j] =
+              static_cast<float>((xr[j] - mean) * rstd * gamma[j] + beta[j]);
+      });
+}
+
+Status launchLayerNormGradInput(const Context &ctx, const float *x,
+                                const float *gamma, const float *dy, float *dx,
+                                int64_t rows, int64_t hidden, double eps) {
+  using Lanes = Exec::Lanes;
+  return Exec(ctx).forEachRow(
+      "layer_norm_grad_input", rows, [=] PIPER_LAMBDA(Lanes lanes, int64_t n) {
+        const float *xr = x + n * hidden, *dyr = dy + n * hidden;
+        float *dxr = dx + n * hidden;
+        double mean = 0, rstd = 0;
+        layerNormStats(lanes, xr, hidden, eps, mean, rstd);
+        // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * gamma.
+        double gSum = 0, gxSum = 0;
+        for (int64_t j = lanes.lane(); j < hidden; j += Lanes::kCount) {
+          double g = double(dyr[j]) * gamma[j];
+          gSum += g;
+          gxSum += g * ((xr[j] - mean) * rstd);
+        }
+        gSum = lanes.sum(gSum);
+        gxSum = lanes.sum(gxSum);
+        const double gMean = gSum / hidden, gxMean = gxSum / hidden;
+        for (int64_t j = lanes.lane(); j < hidden; j += Lanes::kCount) {
+          double g = double(dyr[j]) * gamma[j];
+          double xhat = (xr[j] - mean) * rstd;
+          dxr[j] = static_cast<float>(rstd * (g - gMean - xhat * gxMean));
+        }
+      });
+}
+
+Status launchLayerNormGradWeight(const Context &ctx, const float *x,
+                                 const float *dy, float *dgamma, float *dbeta,
+                                 int64_t rows, int64_t hidden, double eps,
+                                 double *scratch) {
+  using Lanes = Exec::Lanes;
+  const RowChunks rc = columnChunks(rows);
+  const int64_t per = rc.rowsPerChunk;
+  double *stats = scratch;               // [rows] of (mean, rstd)
+  double *gammaParts = stats + 2 * rows; // [chunks, hidden]
+  double *betaParts = gammaParts + rc.chunks * hidden;
+  PIPER_RETURN_IF_ERROR(Exec(ctx).forEachRow(
+      "layer_norm_grad_weight", rows, [=] PIPER_LAMBDA(Lanes lanes, int64_t n) {
+        double mean = 0, rstd = 0;
+        layerNormStats(lanes, x + n * hidden, hidden, eps, mean, rstd);
+        if (lanes.lane() == 0) {
+          stats[2 * n] = mean;
+          stats[2 * n + 1] = rstd;
+        }
+      }));
+  PIPER_RETURN_IF_ERROR(Exec(ctx).forEach(
+      "layer_norm_grad_weight", rc.chunks * hidden,
+      [=] PIPER_LAMBDA(int64_t i) {
+        int64_t c = i / hidden, j = i % hidden;
+        int64_t end = (c + 1) * per < rows ? (c + 1) * per : rows;
+        double g = 0, b = 0;
+        for (int64_t n = c * per; n < end; ++n) {
+          float d = dy[n * hidden + j];
+          double xhat = (x[n * hidden + j] - stats[2 * n]) * stats[2 * n + 1];
+          g += d * xhat;
+          b += d;
+        }
+        gammaParts[i] = g;
+        betaParts[i] = b;
+      }));
+  PIPER_RETURN_IF_ERROR(layerSumChunks(ctx, "layer_norm_grad_weight",
+                                       gammaParts, rc.chunks, hidden, dgamma));
+  return layerSumChunks(ctx, "layer_norm_grad_weight", betaParts, rc.chunks,
+                        hidden, dbeta);
+}
+
+Status launchRmsNorm(const Context &ctx, const float *x, const float *gamma,
+                     float *y, int64_t rows, int64_t hidden, double eps) {
+  using Lanes = Exec::Lanes;
+  return Exec(ctx).forEachRow(
+      "rms_norm", rows, [=] PIPER_LAMBDA(Lanes lanes, int64_t n) {
+        const float *xr = x + n * hidden;
+        float *yr = y + n * hidden;
+        double rrms = rmsNormRrms(lanes, xr, hidden, eps);
+        for (int64_t j = lanes.lane(); j < hidden; j += Lanes::kCount)
+          yr[j] = static_cast<float>(xr[j] * rrms * gamma[j]);
+      });
+}
+
+Status launchRmsNormGradInput(const Context &ctx, const float *x,
+                              const float *gamma, const float *dy, float *dx,
+                              int64_t rows, int64_t hidden, double eps) {
+  using Lanes = Exec::Lanes;
+  return Exec(ctx).forEachRow(
+      "rms_norm_grad_input", rows, [=] PIPER_LAMBDA(Lanes lanes, int64_t n) {
+        const float *xr = x + n * hidden, *dyr = dy + n * hidden;
+        float *dxr = dx + n * hidden;
+        double rrms = rmsNormRrms(lanes, xr, hidden, eps);
+        // dx = rrms * (g - xhat * mean(g * xhat)), g = dy * gamma,
+        // xhat = x * rrms.
+        double acc = 0;
+        for (int64_t j = lanes.lane(); j < hidden; j += Lanes::kCount)
+          acc += double(dyr[j]) * gamma[j] * (xr[j] * rrms);
+        const double gxMean = lanes.sum(acc) / hidden;
+        for (int64_t j = lanes.lane(); j < hidden; j += Lanes::kCount) {
+          double g = double(dyr[j]) * gamma[j];
+          dxr[j] = static_cast<float>(rrms * (g - xr[j] * rrms * gxMean));
+        }
+      });
+}
+
+Status launchRmsNormGradWeight(const Context &ctx, const float *x,
+                               const float *dy, float *dgamma, int64_t rows,
+                               int64_t hidden, double eps, double *scratch) {
+  using Lanes = Exec::Lanes;
+  const RowChunks rc = columnChunks(rows);
+  const int64_t per = rc.rowsPerChunk;
+  double *rrmsOf = scratch;      // [rows]
+  double *parts = rrmsOf + rows; // [chunks, hidden]
+  PIPER_RETURN_IF_ERROR(Exec(ctx).forEachRow(
+      "rms_norm_grad_weight", rows, [=] PIPER_LAMBDA(Lanes lanes, int64_t n) {
+        double rrms = rmsNormRrms(lanes, x + n * hidden, hidden, eps);
+        if (lanes.lane() == 0)
+          rrmsOf[n] = rrms;
+      }));
+  PIPER_RETURN_IF_ERROR(Exec(ctx).forEach(
+      "rms_norm_grad_weight", rc.chunks * hidden, [=] PIPER_LAMBDA(int64_t i) {
+        int64_t c = i / hidden, j = i % hidden;
+        int64_t end = (c + 1) * per < rows ? (c + 1) * per : rows;
+        double g = 0;
+        for (int64_t n = c * per; n < end; ++n) {
+          double xhat = x[n * hidden + j] * rrmsOf[n];
+          g += dy[n * hidden + j] * xhat;
+        }
+        parts[i] = g;
+      }));
+  return layerSumChunks(ctx, "rms_norm_grad_weight", parts, rc.chunks, hidden,
+                        dgamma);
+}
+
+} // namespace piper::runtime::hal::PIPER_GPU_NS

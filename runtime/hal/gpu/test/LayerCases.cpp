@@ -1,0 +1,143 @@
+// Cases of the layer GPU kernels (KernelCases.h): embedding, position
+// embedding, layer norm and RMS norm, forward and backward.
+#include "runtime/hal/gpu/test/KernelCases.h"
+
+namespace piper::runtime::hal::testing {
+namespace {
+
+std::string dims(std::initializer_list<int64_t> ds) {
+  std::string s;
+  for (int64_t d : ds)
+    s += (s.empty() ? "" : "x") + std::to_string(d);
+  return s;
+}
+
+void embeddingCases(std::vector<KernelCase> &out) {
+  // (ids shape, vocab, hidden): one token; odd sizes; [B,S] ids; many
+  // repeats of few ids (long buckets); more rows than one sort chunk
+  // (LayerMath.h: 64 rows) and than kMaxChunks chunks of it; a vocabulary of
+  // several scan tiles (1024 ids).
+  struct Shape {
+    std::vector<int64_t> ids;
+    int64_t vocab, hidden;
+  };
+  for (const Shape &s : std::vector<Shape>{{{1}, 1, 1},
+                                           {{2, 5}, 7, 13},
+                                           {{4, 33}, 50, 65},
+                                           {{1000}, 3, 17},
+                                           {{3001}, 1000, 8},
+                                           {{5000}, 2500, 4},
+                                           {{70001}, 5, 3},
+                                           {{0}, 4, 3}}) {
+    int64_t rows = 1;
+    for (int64_t d : s.ids)
+      rows *= d;
+    std::string n =
+        dims({rows, s.vocab, s.hidden}) + (s.ids.size() == 2 ? " [B,S]" : "");
+    out.push_back({"embedding " + n,
+                   "embedding",
+                   {},
+                   {tokens(s.ids, s.vocab), f32({s.vocab, s.hidden})},
+                   {zeros({rows, s.hidden})}});
+    // dtable starts non-zero: every element is written (ids that do not
+    // occur get zeros).
+    out.push_back({"embedding_grad " + n,
+                   "embedding_grad",
+                   {{"vocab", intAttr(s.vocab)}},
+                   {tokens(s.ids, s.vocab), f32({rows, s.hidden})},
+                   {f32({s.vocab, s.hidden})}});
+  }
+}
+
+void positionCases(std::vector<KernelCase> &out) {
+  // (rows, hidden, seq, positions): size 1; P == seq; P > seq (the rows
+  // past seq get zero gradients); a batch over one column chunk (64
+  // rows, LayerMath.h) and over kMaxChunks chunks.
+  struct Shape {
+    int64_t rows, hidden, seq, positions;
+  };
+  for (const Shape &s : std::vector<Shape>{{1, 1, 1, 1},
+                                           {6, 5, 3, 3},
+                                           {12, 7, 4, 9},
+                                           {600, 3, 2, 5},
+                                           {20000, 3, 1, 2},
+                                           {0, 3, 2, 2}}) {
+    std::string n = dims({s.rows, s.hidden, s.seq, s.positions});
+    out.push_back({"position_add " + n,
+                   "position_add",
+                   {{"seq", intAttr(s.seq)}},
+                   {f32({s.rows, s.hidden}), f32({s.positions, s.hidden})},
+                   {zeros({s.rows, s.hidden})}});
+    out.push_back({"position_add_grad " + n,
+                   "position_add_grad",
+                   {{"seq", intAttr(s.seq)}},
+                   {f32({s.rows, s.hidden})},
+                   {f32({s.positions, s.hidden})}});
+  }
+}
+
+void normCases(std::vector<KernelCase> &out) {
+  // (rows, hidden): size 1 (zero variance: rstd = 1/sqrt(eps)); odd sizes;
+  // rows spanning several column chunks (64 rows) and kMaxChunks chunks;
+  // a row wider than a warp's stride several times; hidden 0.
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {
+      {1, 1}, {1, 7}, {5, 33}, {64, 129}, {300, 1000}, {20000, 5}, {3, 0}};
+  // The default eps, and an explicit one (larger, so it matters).
+  const std::vector<std::pair<std::string, double>> epsVariants = {
+      {"default eps", -1}, {"eps 0.1", 0.1}};
+  for (auto [rows, hidden] : shapes) {
+    for (const auto &[epsName, eps] : epsVariants) {
+      std::string n = dims({rows, hidden}) + " " + epsName;
+      std::vector<std::pair<std::string, plan::AttrValue>> attrs;
+      if (eps >= 0)
+        attrs.push_back({"eps", floatAttr(eps)});
+      // x with scale 3: a spread row; gamma and beta around 1 and 0.
+      out.push_back(
+          {"layer_norm " + n,
+           "layer_norm",
+           attrs,
+           {f32({rows, hidden}, 3), positive({hidden}), f32({hidden})},
+           {zeros({rows, hidden})}});
+      out.push_back(
+          {"layer_norm_grad_input " + n,
+           "layer_norm_grad_input",
+           attrs,
+           {f32({rows, hidden}, 3), positive({hidden}), f32({rows, hidden})},
+           {zeros({rows, hidden})}});
+      out.push_back({"layer_norm_grad_weight " + n,
+                     "layer_norm_grad_weight",
+                     attrs,
+                     {f32({rows, hidden}, 3), f32({rows, hidden})},
+                     {f32({hidden}), f32({hidden})}});
+      out.push_back({"rms_norm " + n,
+                     "rms_norm",
+                     attrs,
+                     {f32({rows, hidden}, 3), positive({hidden})},
+                     {zeros({rows, hidden})}});
+      out.push_back(
+          {"rms_norm_grad_input " + n,
+           "rms_norm_grad_input",
+           attrs,
+           {f32({rows, hidden}, 3), positive({hidden}), f32({rows, hidden})},
+           {zeros({rows, hidden})}});
+      out.push_back({"rms_norm_grad_weight " + n,
+                     "rms_norm_grad_weight",
+                     attrs,
+                     {f32({rows, hidden}, 3), f32({rows, hidden})},
+                     {f32({hidden})}});
+    }
+  }
+}
+
+std::vector<KernelCase> cases() {
+  std::vector<KernelCase> out;
+  embeddingCases(out);
+  positionCases(out);
+  normCases(out);
+  return out;
+}
+
+RegisterCases registered(cases());
+
+} // namespace
+} // namespace piper::runtime::hal::testing
