@@ -34,8 +34,8 @@ Status checkBiasGrad(const KernelArgs &a, int64_t &rows, int64_t &out);
 Status checkCrossEntropy(const KernelArgs &a, int64_t &rows, int64_t &vocab);
 /// cross_entropy_grad: (logits, targets) -> dlogits [rows, vocab]; `scale`
 /// (attribute, default 1) multiplies the mean's gradient.
-Status checkCrossEntropyGrad(const KernelArgs &a, int64_t &rows,
-                             int64_t &vocab, double &scale);
+Status checkCrossEntropyGrad(const KernelArgs &a, int64_t &rows, int64_t &vocab,
+                             double &scale);
 /// loss_accumulate: loss (f32 scalar) -> the context's loss accumulator,
 /// which must exist; `scale` (attribute, default 1).
 Status checkLossAccumulate(const KernelArgs &a, double &scale);

@@ -45,8 +45,8 @@ Status linearGradWeight(const KernelArgs &a, const Context &ctx) {
   float *dw = a.outputs[0].f32();
   // dw = x^T dy [in,out], or dy^T x [out,in] when transposed.
   if (d.transposeW)
-    return gemm(ctx, true, false, d.out, d.in, d.rows, 1.0f, dy, d.out, x,
-                d.in, 0.0f, dw, d.in);
+    return gemm(ctx, true, false, d.out, d.in, d.rows, 1.0f, dy, d.out, x, d.in,
+                0.0f, dw, d.in);
   return gemm(ctx, true, false, d.in, d.out, d.rows, 1.0f, x, d.in, dy, d.out,
               0.0f, dw, d.out);
 }
@@ -82,9 +82,8 @@ Status crossEntropyGrad(const KernelArgs &a, const Context &ctx) {
   int64_t rows = 0, vocab = 0;
   double scale = 1.0;
   PIPER_RETURN_IF_ERROR(detail::checkCrossEntropyGrad(a, rows, vocab, scale));
-  return launchCrossEntropyGrad(ctx, a.inputs[0].f32(), a.inputs[1].i32(),
-                                rows, vocab, scale / rows,
-                                a.outputs[0].f32());
+  return launchCrossEntropyGrad(ctx, a.inputs[0].f32(), a.inputs[1].i32(), rows,
+                                vocab, scale / rows, a.outputs[0].f32());
 }
 
 Status lossAccumulate(const KernelArgs &a, const Context &ctx) {

@@ -46,7 +46,8 @@ template <class Lanes>
 PIPER_HOST_DEVICE inline double logSumExp(Lanes lanes, SoftmaxSum s) {
   float rowMax = lanes.max(s.max);
   // A lane without finite elements holds sum 0 (exp(-inf) = 0 scales it).
-  double scaled = s.sum == 0 ? 0.0 : s.sum * exp(double(s.max) - double(rowMax));
+  double scaled =
+      s.sum == 0 ? 0.0 : s.sum * exp(double(s.max) - double(rowMax));
   double total = lanes.sum(scaled);
   return double(rowMax) + log(total);
 }

@@ -19,8 +19,8 @@ std::string dims(std::initializer_list<int64_t> ds) {
 // bf16-exact values (small multiples of 1/8): with lowPrecision the GEMMs
 // read their operands as bf16 (the executor rounds them first), and every
 // product and partial sum of these is exact in fp32, whatever the order.
-const std::vector<double> kBf16X = {0.125, -0.5, 0.75, -0.25, 0.375, 1.0,
-                                    -0.875};
+const std::vector<double> kBf16X = {0.125, -0.5, 0.75,  -0.25,
+                                    0.375, 1.0,  -0.875};
 const std::vector<double> kBf16W = {0.25, -0.125, 0.5, -0.75, 0.625};
 const std::vector<double> kBf16B = {0.5, -0.25, 0.125};
 
@@ -28,13 +28,12 @@ void linearCases(std::vector<KernelCase> &out) {
   // rows, in, out: one element, odd sizes, an empty inner dimension (the
   // GEMM's k = 0: y is the bias or zeros), no rows, and a larger one.
   const std::vector<std::tuple<int64_t, int64_t, int64_t>> shapes = {
-      {1, 1, 1}, {5, 7, 3}, {33, 17, 65}, {4, 0, 3},
-      {0, 5, 6}, {128, 96, 160}};
+      {1, 1, 1}, {5, 7, 3}, {33, 17, 65}, {4, 0, 3}, {0, 5, 6}, {128, 96, 160}};
   for (auto [rows, in, outDim] : shapes) {
     for (int transposeW : {0, 1}) {
-      std::vector<int64_t> wShape =
-          transposeW ? std::vector<int64_t>{outDim, in}
-                     : std::vector<int64_t>{in, outDim};
+      std::vector<int64_t> wShape = transposeW
+                                        ? std::vector<int64_t>{outDim, in}
+                                        : std::vector<int64_t>{in, outDim};
       std::string s = dims({rows, in, outDim}) + " transpose_w " +
                       std::to_string(transposeW);
       std::vector<std::pair<std::string, plan::AttrValue>> attrs = {
@@ -46,8 +45,8 @@ void linearCases(std::vector<KernelCase> &out) {
       double ws = 1.0 / std::sqrt(double(in > 0 ? in : 1));
       for (bool bf16 : {false, true}) {
         std::string p = bf16 ? " bf16" : "";
-        Operand x = bf16 ? given(plan::F32, {rows, in}, kBf16X)
-                         : f32({rows, in});
+        Operand x =
+            bf16 ? given(plan::F32, {rows, in}, kBf16X) : f32({rows, in});
         Operand w = bf16 ? given(plan::F32, wShape, kBf16W) : f32(wShape, ws);
         Operand dy = bf16 ? given(plan::F32, {rows, outDim}, kBf16B)
                           : f32({rows, outDim});
@@ -108,9 +107,9 @@ void lossCases(std::vector<KernelCase> &out) {
     double scale;
   };
   const std::vector<Shape> shapes = {
-      {{1}, 1, 1},   {{1}, 7, 1},   {{5}, 3, 1},     {{7}, 31, 1},
-      {{3, 11}, 33, 2}, {{64}, 1000, 1}, {{300}, 129, 20},
-      {{2, 4}, 50257, 1}, {{3}, 50257, 20}};
+      {{1}, 1, 1},      {{1}, 7, 1},        {{5}, 3, 1},
+      {{7}, 31, 1},     {{3, 11}, 33, 2},   {{64}, 1000, 1},
+      {{300}, 129, 20}, {{2, 4}, 50257, 1}, {{3}, 50257, 20}};
   for (const Shape &sh : shapes) {
     int64_t rows = 1;
     for (int64_t d : sh.targets)

@@ -36,8 +36,8 @@ void expectSameRejection(const KernelCase &c, const std::string &needle) {
   size_t at = r.error.find(sep);
   REQUIRE(r.error.rfind(cpuPrefix, 0) == 0);
   REQUIRE(at != std::string::npos);
-  std::string cpuMessage = r.error.substr(cpuPrefix.size(),
-                                          at - cpuPrefix.size());
+  std::string cpuMessage =
+      r.error.substr(cpuPrefix.size(), at - cpuPrefix.size());
   std::string gpuMessage = r.error.substr(at + sep.size());
   CHECK(cpuMessage == gpuMessage);
   CHECK(cpuMessage.find(needle) != std::string::npos);
@@ -50,74 +50,119 @@ TEST_CASE("the linear GPU kernels reject malformed calls as the CPU does") {
     return std::vector<std::pair<std::string, piper::plan::AttrValue>>{
         {"transpose_w", intAttr(v)}};
   };
-  expectSameRejection({"linear w rows", "linear", {}, {f32({4, 3}), f32({5, 2})},
+  expectSameRejection({"linear w rows",
+                       "linear",
+                       {},
+                       {f32({4, 3}), f32({5, 2})},
                        {f32({4, 2})}},
                       "w has shape [5,2], expected [3,*]");
-  expectSameRejection({"linear w transposed", "linear", tw(1),
-                       {f32({4, 3}), f32({3, 2})}, {f32({4, 3})}},
+  expectSameRejection({"linear w transposed",
+                       "linear",
+                       tw(1),
+                       {f32({4, 3}), f32({3, 2})},
+                       {f32({4, 3})}},
                       "expected [*,3] (transpose_w=1)");
-  expectSameRejection({"linear transpose_w 2", "linear", tw(2),
-                       {f32({4, 3}), f32({3, 2})}, {f32({4, 2})}},
-                      "transpose_w");
-  expectSameRejection({"linear bias", "linear", {},
-                       {f32({4, 3}), f32({3, 2}), f32({3})}, {f32({4, 2})}},
-                      "b has shape");
-  expectSameRejection({"linear y", "linear", {}, {f32({4, 3}), f32({3, 2})},
-                       {f32({2, 4})}},
-                      "y has shape");
-  expectSameRejection({"linear x rank", "linear", {}, {f32({4}), f32({3, 2})},
+  expectSameRejection({"linear transpose_w 2",
+                       "linear",
+                       tw(2),
+                       {f32({4, 3}), f32({3, 2})},
                        {f32({4, 2})}},
-                      "x");
-  expectSameRejection({"linear four inputs", "linear", {},
+                      "transpose_w");
+  expectSameRejection({"linear bias",
+                       "linear",
+                       {},
+                       {f32({4, 3}), f32({3, 2}), f32({3})},
+                       {f32({4, 2})}},
+                      "b has shape");
+  expectSameRejection(
+      {"linear y", "linear", {}, {f32({4, 3}), f32({3, 2})}, {f32({2, 4})}},
+      "y has shape");
+  expectSameRejection(
+      {"linear x rank", "linear", {}, {f32({4}), f32({3, 2})}, {f32({4, 2})}},
+      "x");
+  expectSameRejection({"linear four inputs",
+                       "linear",
+                       {},
                        {f32({4, 3}), f32({3, 2}), f32({2}), f32({2})},
                        {f32({4, 2})}},
                       "input");
-  expectSameRejection({"linear_grad_input w", "linear_grad_input", tw(1),
-                       {f32({4, 2}), f32({3, 2})}, {f32({4, 3})}},
+  expectSameRejection({"linear_grad_input w",
+                       "linear_grad_input",
+                       tw(1),
+                       {f32({4, 2}), f32({3, 2})},
+                       {f32({4, 3})}},
                       "expected [2,*] (transpose_w=1)");
-  expectSameRejection({"linear_grad_input dx", "linear_grad_input", {},
-                       {f32({4, 2}), f32({3, 2})}, {f32({4, 2})}},
+  expectSameRejection({"linear_grad_input dx",
+                       "linear_grad_input",
+                       {},
+                       {f32({4, 2}), f32({3, 2})},
+                       {f32({4, 2})}},
                       "dx has shape");
-  expectSameRejection({"linear_grad_weight dy rows", "linear_grad_weight", {},
-                       {f32({4, 3}), f32({5, 2})}, {f32({3, 2})}},
+  expectSameRejection({"linear_grad_weight dy rows",
+                       "linear_grad_weight",
+                       {},
+                       {f32({4, 3}), f32({5, 2})},
+                       {f32({3, 2})}},
                       "dy has shape [5,2], expected [4,*]");
-  expectSameRejection({"linear_grad_weight dw", "linear_grad_weight", tw(1),
-                       {f32({4, 3}), f32({4, 2})}, {f32({3, 2})}},
+  expectSameRejection({"linear_grad_weight dw",
+                       "linear_grad_weight",
+                       tw(1),
+                       {f32({4, 3}), f32({4, 2})},
+                       {f32({3, 2})}},
                       "dw has shape");
-  expectSameRejection({"bias_grad db", "bias_grad", {}, {f32({4, 3})},
-                       {f32({4})}},
-                      "db has shape");
-  expectSameRejection({"bias_grad i32", "bias_grad", {},
-                       {zeros({4, 3}, piper::plan::I32)}, {f32({3})}},
+  expectSameRejection(
+      {"bias_grad db", "bias_grad", {}, {f32({4, 3})}, {f32({4})}},
+      "db has shape");
+  expectSameRejection({"bias_grad i32",
+                       "bias_grad",
+                       {},
+                       {zeros({4, 3}, piper::plan::I32)},
+                       {f32({3})}},
                       "dy");
 }
 
 TEST_CASE("the loss GPU kernels reject malformed calls as the CPU does") {
-  expectSameRejection({"cross_entropy target count", "cross_entropy", {},
-                       {f32({4, 5}), tokens({3}, 5)}, {f32({})}},
+  expectSameRejection({"cross_entropy target count",
+                       "cross_entropy",
+                       {},
+                       {f32({4, 5}), tokens({3}, 5)},
+                       {f32({})}},
                       "targets has shape [3] (3 tokens), logits has 4 rows");
-  expectSameRejection({"cross_entropy empty vocab", "cross_entropy", {},
-                       {f32({2, 0}), tokens({2}, 1)}, {f32({})}},
+  expectSameRejection({"cross_entropy empty vocab",
+                       "cross_entropy",
+                       {},
+                       {f32({2, 0}), tokens({2}, 1)},
+                       {f32({})}},
                       "expected no empty dimension");
-  expectSameRejection({"cross_entropy loss shape", "cross_entropy", {},
-                       {f32({2, 5}), tokens({2}, 5)}, {f32({2})}},
+  expectSameRejection({"cross_entropy loss shape",
+                       "cross_entropy",
+                       {},
+                       {f32({2, 5}), tokens({2}, 5)},
+                       {f32({2})}},
                       "loss");
-  expectSameRejection({"cross_entropy f32 targets", "cross_entropy", {},
-                       {f32({2, 5}), f32({2})}, {f32({})}},
+  expectSameRejection({"cross_entropy f32 targets",
+                       "cross_entropy",
+                       {},
+                       {f32({2, 5}), f32({2})},
+                       {f32({})}},
                       "targets");
-  expectSameRejection({"cross_entropy_grad dlogits", "cross_entropy_grad", {},
-                       {f32({2, 5}), tokens({2}, 5)}, {f32({5, 2})}},
+  expectSameRejection({"cross_entropy_grad dlogits",
+                       "cross_entropy_grad",
+                       {},
+                       {f32({2, 5}), tokens({2}, 5)},
+                       {f32({5, 2})}},
                       "dlogits has shape");
-  expectSameRejection({"cross_entropy_grad scale", "cross_entropy_grad",
+  expectSameRejection({"cross_entropy_grad scale",
+                       "cross_entropy_grad",
                        {{"scale", floatAttr(INFINITY)}},
-                       {f32({2, 5}), tokens({2}, 5)}, {f32({2, 5})}},
+                       {f32({2, 5}), tokens({2}, 5)},
+                       {f32({2, 5})}},
                       "scale");
-  expectSameRejection({"loss_accumulate shape", "loss_accumulate", {},
-                       {f32({2})}, {}},
-                      "loss");
-  expectSameRejection({"loss_accumulate output", "loss_accumulate", {},
-                       {f32({})}, {f32({})}},
-                      "output");
+  expectSameRejection(
+      {"loss_accumulate shape", "loss_accumulate", {}, {f32({2})}, {}}, "loss");
+  expectSameRejection(
+      {"loss_accumulate output", "loss_accumulate", {}, {f32({})}, {f32({})}},
+      "output");
 }
 
 TEST_CASE("loss_accumulate needs an accumulator on the GPU too") {
@@ -156,8 +201,8 @@ TEST_CASE("the GPU cross entropy skips the term of an out-of-range target") {
   std::vector<TensorRef> lossOut = {TensorRef{piper::plan::F32, {}, &loss}};
   std::vector<TensorRef> gradOut = {
       TensorRef{piper::plan::F32, {rows, vocab}, dlogits.data()}};
-  REQUIRE(gpu->runKernel(*gpu->findKernel("cross_entropy"), ce, ins, lossOut,
-                         ctx));
+  REQUIRE(
+      gpu->runKernel(*gpu->findKernel("cross_entropy"), ce, ins, lossOut, ctx));
   REQUIRE(gpu->runKernel(*gpu->findKernel("cross_entropy_grad"), ceGrad, ins,
                          gradOut, ctx));
   // Rows 0 and 1 contribute ln V, row 2 ln V - 0.
