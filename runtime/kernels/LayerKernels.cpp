@@ -7,6 +7,7 @@
 #include "runtime/kernels/ElementwiseChecks.h"
 #include "runtime/kernels/KernelUtil.h"
 #include "runtime/kernels/LayerChecks.h"
+#include "runtime/kernels/LinearChecks.h"
 #include "runtime/kernels/Parallel.h"
 #include "runtime/kernels/VecMath.h"
 
@@ -507,20 +508,29 @@ static Status weightMismatch(const KernelArgs &a, const TensorRef &w,
                  " (transpose_w=" + (transposeW ? "1" : "0") + ")");
 }
 
-Status linearKernel(const KernelArgs &a) {
+Status checkLinear(const KernelArgs &a, LinearDims &d, bool &hasBias) {
   PIPER_RETURN_IF_ERROR(expectCounts(a, 2, 3, 1));
   const TensorRef &x = a.inputs[0], &w = a.inputs[1], &y = a.outputs[0];
-  bool transposeW = false;
-  int64_t rows = 0, in = 0, wIn = 0, out = 0;
-  PIPER_RETURN_IF_ERROR(expectMatrix(a, x, "x", plan::F32, rows, in));
-  PIPER_RETURN_IF_ERROR(weightDims(a, w, transposeW, wIn, out));
-  if (wIn != in)
-    return weightMismatch(a, w, transposeW, in);
-  bool hasBias = a.inputs.size() == 3;
+  int64_t wIn = 0;
+  PIPER_RETURN_IF_ERROR(expectMatrix(a, x, "x", plan::F32, d.rows, d.in));
+  PIPER_RETURN_IF_ERROR(weightDims(a, w, d.transposeW, wIn, d.out));
+  if (wIn != d.in)
+    return weightMismatch(a, w, d.transposeW, d.in);
+  hasBias = a.inputs.size() == 3;
   if (hasBias)
-    PIPER_RETURN_IF_ERROR(expectTensor(a, a.inputs[2], "b", plan::F32, {out}));
-  PIPER_RETURN_IF_ERROR(expectTensor(a, y, "y", plan::F32, {rows, out}));
-  PIPER_RETURN_IF_ERROR(expectBlasDims(a, {rows, in, out}));
+    PIPER_RETURN_IF_ERROR(
+        expectTensor(a, a.inputs[2], "b", plan::F32, {d.out}));
+  PIPER_RETURN_IF_ERROR(expectTensor(a, y, "y", plan::F32, {d.rows, d.out}));
+  return expectBlasDims(a, {d.rows, d.in, d.out});
+}
+
+Status linearKernel(const KernelArgs &a) {
+  LinearDims d;
+  bool hasBias = false;
+  PIPER_RETURN_IF_ERROR(checkLinear(a, d, hasBias));
+  const TensorRef &x = a.inputs[0], &w = a.inputs[1], &y = a.outputs[0];
+  const int64_t rows = d.rows, in = d.in, out = d.out;
+  const bool transposeW = d.transposeW;
 
   // The bias is the GEMM's initial C, so it costs no extra pass.
   if (hasBias)
@@ -531,20 +541,28 @@ Status linearKernel(const KernelArgs &a) {
   return Status::ok();
 }
 
-Status linearGradInputKernel(const KernelArgs &a) {
+Status checkLinearGradInput(const KernelArgs &a, LinearDims &d) {
   PIPER_RETURN_IF_ERROR(expectCounts(a, 2, 2, 1));
   const TensorRef &dy = a.inputs[0], &w = a.inputs[1], &dx = a.outputs[0];
-  bool transposeW = false;
-  int64_t rows = 0, out = 0, in = 0, wOut = 0;
-  PIPER_RETURN_IF_ERROR(expectMatrix(a, dy, "dy", plan::F32, rows, out));
-  PIPER_RETURN_IF_ERROR(weightDims(a, w, transposeW, in, wOut));
-  if (wOut != out)
+  int64_t wOut = 0;
+  PIPER_RETURN_IF_ERROR(expectMatrix(a, dy, "dy", plan::F32, d.rows, d.out));
+  PIPER_RETURN_IF_ERROR(weightDims(a, w, d.transposeW, d.in, wOut));
+  if (wOut != d.out)
     return a.error("w has shape " + shapeString(w.shape) + ", expected " +
-                   (transposeW ? "[" + std::to_string(out) + ",*]"
-                               : "[*," + std::to_string(out) + "]") +
-                   " (transpose_w=" + (transposeW ? "1" : "0") + ")");
-  PIPER_RETURN_IF_ERROR(expectTensor(a, dx, "dx", plan::F32, {rows, in}));
-  PIPER_RETURN_IF_ERROR(expectBlasDims(a, {rows, in, out}));
+                   (d.transposeW ? "[" + std::to_string(d.out) + ",*]"
+                                 : "[*," + std::to_string(d.out) + "]") +
+                   " (transpose_w=" + (d.transposeW ? "1" : "0") + ")");
+  PIPER_RETURN_IF_ERROR(
+      expectTensor(a, dx, "dx", plan::F32, {d.rows, d.in}));
+  return expectBlasDims(a, {d.rows, d.in, d.out});
+}
+
+Status linearGradInputKernel(const KernelArgs &a) {
+  LinearDims d;
+  PIPER_RETURN_IF_ERROR(checkLinearGradInput(a, d));
+  const TensorRef &dy = a.inputs[0], &w = a.inputs[1], &dx = a.outputs[0];
+  const int64_t rows = d.rows, in = d.in, out = d.out;
+  const bool transposeW = d.transposeW;
 
   // dx = dy * w^T for w [in,out]; dx = dy * w for w [out,in].
   gemm(false, !transposeW, rows, in, out, 1.0f, dy.f32(), out, w.f32(),
@@ -552,23 +570,30 @@ Status linearGradInputKernel(const KernelArgs &a) {
   return Status::ok();
 }
 
-Status linearGradWeightKernel(const KernelArgs &a) {
+Status checkLinearGradWeight(const KernelArgs &a, LinearDims &d) {
   PIPER_RETURN_IF_ERROR(expectCounts(a, 2, 2, 1));
   const TensorRef &x = a.inputs[0], &dy = a.inputs[1], &dw = a.outputs[0];
-  bool transposeW = false;
-  PIPER_RETURN_IF_ERROR(readTransposeW(a, transposeW));
-  int64_t rows = 0, in = 0, dyRows = 0, out = 0;
-  PIPER_RETURN_IF_ERROR(expectMatrix(a, x, "x", plan::F32, rows, in));
-  PIPER_RETURN_IF_ERROR(expectMatrix(a, dy, "dy", plan::F32, dyRows, out));
-  if (dyRows != rows)
+  PIPER_RETURN_IF_ERROR(readTransposeW(a, d.transposeW));
+  int64_t dyRows = 0;
+  PIPER_RETURN_IF_ERROR(expectMatrix(a, x, "x", plan::F32, d.rows, d.in));
+  PIPER_RETURN_IF_ERROR(expectMatrix(a, dy, "dy", plan::F32, dyRows, d.out));
+  if (dyRows != d.rows)
     return a.error("dy has shape " + shapeString(dy.shape) + ", expected [" +
-                   std::to_string(rows) + ",*]");
-  std::vector<int64_t> wShape = transposeW ? std::vector<int64_t>{out, in}
-                                           : std::vector<int64_t>{in, out};
+                   std::to_string(d.rows) + ",*]");
+  std::vector<int64_t> wShape = d.transposeW
+                                    ? std::vector<int64_t>{d.out, d.in}
+                                    : std::vector<int64_t>{d.in, d.out};
   PIPER_RETURN_IF_ERROR(expectTensor(a, dw, "dw", plan::F32, wShape));
-  PIPER_RETURN_IF_ERROR(expectBlasDims(a, {rows, in, out}));
+  return expectBlasDims(a, {d.rows, d.in, d.out});
+}
 
-  if (transposeW)
+Status linearGradWeightKernel(const KernelArgs &a) {
+  LinearDims d;
+  PIPER_RETURN_IF_ERROR(checkLinearGradWeight(a, d));
+  const TensorRef &x = a.inputs[0], &dy = a.inputs[1], &dw = a.outputs[0];
+  const int64_t rows = d.rows, in = d.in, out = d.out;
+
+  if (d.transposeW)
     gemm(true, false, out, in, rows, 1.0f, dy.f32(), out, x.f32(), in, 0.0f,
          dw.f32(), in);
   else
@@ -577,12 +602,17 @@ Status linearGradWeightKernel(const KernelArgs &a) {
   return Status::ok();
 }
 
-Status biasGradKernel(const KernelArgs &a) {
+Status checkBiasGrad(const KernelArgs &a, int64_t &rows, int64_t &out) {
   PIPER_RETURN_IF_ERROR(expectCounts(a, 1, 1, 1));
-  const TensorRef &dy = a.inputs[0], &db = a.outputs[0];
+  PIPER_RETURN_IF_ERROR(
+      expectMatrix(a, a.inputs[0], "dy", plan::F32, rows, out));
+  return expectTensor(a, a.outputs[0], "db", plan::F32, {out});
+}
+
+Status biasGradKernel(const KernelArgs &a) {
   int64_t rows = 0, out = 0;
-  PIPER_RETURN_IF_ERROR(expectMatrix(a, dy, "dy", plan::F32, rows, out));
-  PIPER_RETURN_IF_ERROR(expectTensor(a, db, "db", plan::F32, {out}));
+  PIPER_RETURN_IF_ERROR(checkBiasGrad(a, rows, out));
+  const TensorRef &dy = a.inputs[0], &db = a.outputs[0];
 
   std::vector<double> sum(out, 0.0);
   for (int64_t n = 0; n < rows; ++n)

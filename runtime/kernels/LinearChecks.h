@@ -1,10 +1,45 @@
-// Operand and attribute checks of the linear kernels, shared by the CPU
-// kernels and the GPU kernels (runtime/hal/gpu). (Being filled in.)
+// Operand and attribute checks of the linear and loss kernels (linear and
+// its gradients, bias_grad, cross_entropy and its gradient,
+// loss_accumulate), shared by the CPU kernels and the GPU kernels
+// (runtime/hal/gpu): both backends accept and reject exactly the same calls,
+// with the same messages. None of them reads tensor data (the GPU's operands
+// are device memory): the CPU kernels check the targets against the
+// vocabulary themselves (expectTokensBelow).
 #ifndef PIPER_RUNTIME_KERNELS_LINEARCHECKS_H
 #define PIPER_RUNTIME_KERNELS_LINEARCHECKS_H
 
+#include <cstdint>
+
 #include "runtime/kernels/KernelUtil.h"
 
-namespace piper::runtime::detail {} // namespace piper::runtime::detail
+namespace piper::runtime::detail {
+
+/// The sizes of a linear-family call: x [rows, in], y [rows, out], w
+/// [in, out] or, with transpose_w, [out, in].
+struct LinearDims {
+  int64_t rows = 0, in = 0, out = 0;
+  bool transposeW = false;
+};
+
+/// linear: (x, w[, b]) -> y; `hasBias` when b [out] is given.
+Status checkLinear(const KernelArgs &a, LinearDims &d, bool &hasBias);
+/// linear_grad_input: (dy, w) -> dx [rows, in].
+Status checkLinearGradInput(const KernelArgs &a, LinearDims &d);
+/// linear_grad_weight: (x, dy) -> dw of w's shape (overwritten).
+Status checkLinearGradWeight(const KernelArgs &a, LinearDims &d);
+/// bias_grad: dy [rows, out] -> db [out] (overwritten).
+Status checkBiasGrad(const KernelArgs &a, int64_t &rows, int64_t &out);
+/// cross_entropy: (logits [rows, vocab] f32, targets i32 of rows tokens) ->
+/// loss (f32 scalar, the mean over rows). Both dimensions non-empty.
+Status checkCrossEntropy(const KernelArgs &a, int64_t &rows, int64_t &vocab);
+/// cross_entropy_grad: (logits, targets) -> dlogits [rows, vocab]; `scale`
+/// (attribute, default 1) multiplies the mean's gradient.
+Status checkCrossEntropyGrad(const KernelArgs &a, int64_t &rows, int64_t &vocab,
+                             double &scale);
+/// loss_accumulate: loss (f32 scalar) -> the context's loss accumulator,
+/// which must exist; `scale` (attribute, default 1).
+Status checkLossAccumulate(const KernelArgs &a, double &scale);
+
+} // namespace piper::runtime::detail
 
 #endif // PIPER_RUNTIME_KERNELS_LINEARCHECKS_H

@@ -3,15 +3,18 @@
 #include <cmath>
 
 #include "runtime/kernels/KernelUtil.h"
+#include "runtime/kernels/LinearChecks.h"
 #include "runtime/kernels/Parallel.h"
 #include "runtime/kernels/VecMath.h"
 
 namespace piper::runtime::detail {
 
-// Shared checks of cross_entropy and its gradient.
-static Status checkCrossEntropy(const KernelArgs &a, const TensorRef &logits,
-                                const TensorRef &targets, int64_t &rows,
-                                int64_t &vocab) {
+// Shared checks of cross_entropy and its gradient (not the targets' range:
+// the kernels below check that, the GPU kernels cannot read the targets).
+static Status checkLogitsAndTargets(const KernelArgs &a, int64_t &rows,
+                                    int64_t &vocab) {
+  PIPER_RETURN_IF_ERROR(expectCounts(a, 2, 2, 1));
+  const TensorRef &logits = a.inputs[0], &targets = a.inputs[1];
   PIPER_RETURN_IF_ERROR(
       expectMatrix(a, logits, "logits", plan::F32, rows, vocab));
   int64_t count = 0;
@@ -25,7 +28,29 @@ static Status checkCrossEntropy(const KernelArgs &a, const TensorRef &logits,
   if (rows == 0 || vocab == 0)
     return a.error("logits has shape " + shapeString(logits.shape) +
                    ", expected no empty dimension");
-  return expectTokensBelow(a, targets, "targets", vocab);
+  return Status::ok();
+}
+
+Status checkCrossEntropy(const KernelArgs &a, int64_t &rows, int64_t &vocab) {
+  PIPER_RETURN_IF_ERROR(checkLogitsAndTargets(a, rows, vocab));
+  return expectScalar(a, a.outputs[0], "loss");
+}
+
+Status checkCrossEntropyGrad(const KernelArgs &a, int64_t &rows,
+                             int64_t &vocab, double &scale) {
+  PIPER_RETURN_IF_ERROR(checkLogitsAndTargets(a, rows, vocab));
+  PIPER_RETURN_IF_ERROR(
+      expectTensor(a, a.outputs[0], "dlogits", plan::F32, {rows, vocab}));
+  return readFloat(a, "scale", 1.0, scale);
+}
+
+Status checkLossAccumulate(const KernelArgs &a, double &scale) {
+  PIPER_RETURN_IF_ERROR(expectCounts(a, 1, 1, 0));
+  PIPER_RETURN_IF_ERROR(expectScalar(a, a.inputs[0], "loss"));
+  PIPER_RETURN_IF_ERROR(readFloat(a, "scale", 1.0, scale));
+  if (!a.ctx.lossAccumulator)
+    return a.error("no loss accumulator in the kernel context");
+  return Status::ok();
 }
 
 // log(sum(exp(row))), shifted by the row maximum so that it cannot overflow;
@@ -50,12 +75,11 @@ PIPER_SIMD static void crossEntropyGradRow(const float *__restrict row,
 }
 
 Status crossEntropyKernel(const KernelArgs &a) {
-  PIPER_RETURN_IF_ERROR(expectCounts(a, 2, 2, 1));
+  int64_t rows = 0, vocab = 0;
+  PIPER_RETURN_IF_ERROR(checkCrossEntropy(a, rows, vocab));
   const TensorRef &logits = a.inputs[0], &targets = a.inputs[1],
                   &loss = a.outputs[0];
-  int64_t rows = 0, vocab = 0;
-  PIPER_RETURN_IF_ERROR(checkCrossEntropy(a, logits, targets, rows, vocab));
-  PIPER_RETURN_IF_ERROR(expectScalar(a, loss, "loss"));
+  PIPER_RETURN_IF_ERROR(expectTokensBelow(a, targets, "targets", vocab));
 
   // Per-row losses, summed in row order: the same on any number of threads.
   std::vector<double> rowLoss(rows);
@@ -75,15 +99,12 @@ Status crossEntropyKernel(const KernelArgs &a) {
 }
 
 Status crossEntropyGradKernel(const KernelArgs &a) {
-  PIPER_RETURN_IF_ERROR(expectCounts(a, 2, 2, 1));
+  int64_t rows = 0, vocab = 0;
+  double scale = 1.0;
+  PIPER_RETURN_IF_ERROR(checkCrossEntropyGrad(a, rows, vocab, scale));
   const TensorRef &logits = a.inputs[0], &targets = a.inputs[1],
                   &dlogits = a.outputs[0];
-  int64_t rows = 0, vocab = 0;
-  PIPER_RETURN_IF_ERROR(checkCrossEntropy(a, logits, targets, rows, vocab));
-  PIPER_RETURN_IF_ERROR(
-      expectTensor(a, dlogits, "dlogits", plan::F32, {rows, vocab}));
-  double scale = 1.0;
-  PIPER_RETURN_IF_ERROR(readFloat(a, "scale", 1.0, scale));
+  PIPER_RETURN_IF_ERROR(expectTokensBelow(a, targets, "targets", vocab));
 
   double rowScale = scale / rows;
   parallelFor(rows, rowGrain(vocab), [&](int64_t begin, int64_t end) {
@@ -99,12 +120,8 @@ Status crossEntropyGradKernel(const KernelArgs &a) {
 }
 
 Status lossAccumulateKernel(const KernelArgs &a) {
-  PIPER_RETURN_IF_ERROR(expectCounts(a, 1, 1, 0));
-  PIPER_RETURN_IF_ERROR(expectScalar(a, a.inputs[0], "loss"));
   double scale = 1.0;
-  PIPER_RETURN_IF_ERROR(readFloat(a, "scale", 1.0, scale));
-  if (!a.ctx.lossAccumulator)
-    return a.error("no loss accumulator in the kernel context");
+  PIPER_RETURN_IF_ERROR(checkLossAccumulate(a, scale));
   *a.ctx.lossAccumulator += scale * a.inputs[0].f32()[0];
   return Status::ok();
 }

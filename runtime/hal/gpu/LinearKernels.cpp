@@ -1,10 +1,109 @@
-// The linear GPU kernels. (Being filled in.)
+// The linear and loss GPU kernels: linear and its gradients (GEMMs through
+// gemm(), cuBLASLt on CUDA, bf16 tensor cores with ctx.bf16), bias_grad
+// (chunked column sums), the softmax cross entropy and its gradient (a warp
+// per row), and loss_accumulate (into the host accumulator, asynchronously).
+// Each mirrors its CPU kernel (runtime/kernels/LayerKernels.cpp,
+// LossKernels.cpp) and checks its operands with the same function.
 #include "runtime/hal/gpu/GpuKernels.h"
 #include "runtime/hal/gpu/LinearLaunch.h"
 #include "runtime/kernels/LinearChecks.h"
 
 namespace piper::runtime::hal::PIPER_GPU_NS {
 
-void addLinearKernels(std::vector<KernelEntry> &) {}
+namespace {
+
+using detail::KernelArgs;
+using detail::LinearDims;
+
+Status linear(const KernelArgs &a, const Context &ctx) {
+  LinearDims d;
+  bool hasBias = false;
+  PIPER_RETURN_IF_ERROR(detail::checkLinear(a, d, hasBias));
+  float *y = a.outputs[0].f32();
+  // The bias is the GEMM's initial C (beta = 1).
+  if (hasBias)
+    PIPER_RETURN_IF_ERROR(
+        launchBroadcastRows(ctx, a.inputs[2].f32(), y, d.rows, d.out));
+  return gemm(ctx, false, d.transposeW, d.rows, d.out, d.in, 1.0f,
+              a.inputs[0].f32(), d.in, a.inputs[1].f32(),
+              d.transposeW ? d.in : d.out, hasBias ? 1.0f : 0.0f, y, d.out);
+}
+
+Status linearGradInput(const KernelArgs &a, const Context &ctx) {
+  LinearDims d;
+  PIPER_RETURN_IF_ERROR(detail::checkLinearGradInput(a, d));
+  // dx = dy * w^T for w [in,out]; dx = dy * w for w [out,in].
+  return gemm(ctx, false, !d.transposeW, d.rows, d.in, d.out, 1.0f,
+              a.inputs[0].f32(), d.out, a.inputs[1].f32(),
+              d.transposeW ? d.in : d.out, 0.0f, a.outputs[0].f32(), d.in);
+}
+
+Status linearGradWeight(const KernelArgs &a, const Context &ctx) {
+  LinearDims d;
+  PIPER_RETURN_IF_ERROR(detail::checkLinearGradWeight(a, d));
+  const float *x = a.inputs[0].f32(), *dy = a.inputs[1].f32();
+  float *dw = a.outputs[0].f32();
+  // dw = x^T dy [in,out], or dy^T x [out,in] when transposed.
+  if (d.transposeW)
+    return gemm(ctx, true, false, d.out, d.in, d.rows, 1.0f, dy, d.out, x, d.in,
+                0.0f, dw, d.in);
+  return gemm(ctx, true, false, d.in, d.out, d.rows, 1.0f, x, d.in, dy, d.out,
+              0.0f, dw, d.out);
+}
+
+Status biasGrad(const KernelArgs &a, const Context &ctx) {
+  int64_t rows = 0, out = 0;
+  PIPER_RETURN_IF_ERROR(detail::checkBiasGrad(a, rows, out));
+  if (out == 0)
+    return Status::ok();
+  if (rows == 0)
+    return zeroAsync(ctx, a.outputs[0].data,
+                     static_cast<size_t>(out) * sizeof(float));
+  void *scratch = nullptr;
+  PIPER_RETURN_IF_ERROR(ctx.workspace->reserve(
+      static_cast<size_t>(columnSumChunks(rows) * out) * sizeof(double),
+      scratch));
+  return launchColumnSums(ctx, a.inputs[0].f32(), rows, out,
+                          static_cast<double *>(scratch), a.outputs[0].f32());
+}
+
+Status crossEntropy(const KernelArgs &a, const Context &ctx) {
+  int64_t rows = 0, vocab = 0;
+  PIPER_RETURN_IF_ERROR(detail::checkCrossEntropy(a, rows, vocab));
+  void *scratch = nullptr;
+  PIPER_RETURN_IF_ERROR(ctx.workspace->reserve(
+      static_cast<size_t>(rows) * sizeof(double), scratch));
+  return launchCrossEntropy(ctx, a.inputs[0].f32(), a.inputs[1].i32(), rows,
+                            vocab, static_cast<double *>(scratch),
+                            a.outputs[0].f32());
+}
+
+Status crossEntropyGrad(const KernelArgs &a, const Context &ctx) {
+  int64_t rows = 0, vocab = 0;
+  double scale = 1.0;
+  PIPER_RETURN_IF_ERROR(detail::checkCrossEntropyGrad(a, rows, vocab, scale));
+  return launchCrossEntropyGrad(ctx, a.inputs[0].f32(), a.inputs[1].i32(), rows,
+                                vocab, scale / rows, a.outputs[0].f32());
+}
+
+Status lossAccumulate(const KernelArgs &a, const Context &ctx) {
+  double scale = 1.0;
+  PIPER_RETURN_IF_ERROR(detail::checkLossAccumulate(a, scale));
+  return addToHostAsync(ctx, a.inputs[0].f32(), scale, a.ctx.lossAccumulator);
+}
+
+} // namespace
+
+void addLinearKernels(std::vector<KernelEntry> &out) {
+  out.insert(out.end(), {
+                            {"linear", linear},
+                            {"linear_grad_input", linearGradInput},
+                            {"linear_grad_weight", linearGradWeight},
+                            {"bias_grad", biasGrad},
+                            {"cross_entropy", crossEntropy},
+                            {"cross_entropy_grad", crossEntropyGrad},
+                            {"loss_accumulate", lossAccumulate},
+                        });
+}
 
 } // namespace piper::runtime::hal::PIPER_GPU_NS

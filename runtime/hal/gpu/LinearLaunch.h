@@ -1,12 +1,41 @@
-// Launchers of the linear GPU kernels (LinearLaunch.inl). (Being filled in.)
+// Launchers of the linear and loss GPU kernels (LinearLaunch.inl, compiled
+// for CUDA by Linear.cu and for the host emulation by LinearHost.cpp). Each
+// queues its work on ctx.stream; the GEMMs themselves go through gemm()
+// (GpuApi.h) from the wrappers (LinearKernels.cpp).
 #ifndef PIPER_RUNTIME_HAL_GPU_LINEARLAUNCH_H
 #define PIPER_RUNTIME_HAL_GPU_LINEARLAUNCH_H
 
 #include <cstdint>
 
 #include "runtime/hal/gpu/GpuApi.h"
+#include "runtime/hal/gpu/LinearMath.h"
 #include "runtime/hal/gpu/Simt.h"
 
-namespace piper::runtime::hal::PIPER_GPU_NS {} // namespace piper::runtime::hal::PIPER_GPU_NS
+namespace piper::runtime::hal::PIPER_GPU_NS {
+
+/// y[r, j] = b[j] for y [rows, cols] (the bias as a GEMM's initial C).
+Status launchBroadcastRows(const Context &ctx, const float *b, float *y,
+                           int64_t rows, int64_t cols);
+/// out[j] = the sum over rows of x[r, j] (x [rows, cols]), in double in a
+/// fixed order: partials[c * cols + j] sums the chunk c of kColumnChunkRows
+/// rows, then the chunks are added in order. `partials` holds
+/// columnSumChunks(rows) * cols doubles.
+Status launchColumnSums(const Context &ctx, const float *x, int64_t rows,
+                        int64_t cols, double *partials, float *out);
+inline int64_t columnSumChunks(int64_t rows) {
+  return (rows + kColumnChunkRows - 1) / kColumnChunkRows;
+}
+/// The mean softmax cross entropy of logits [rows, vocab] against
+/// targets[rows] into *loss: one warp per row writes rowLoss[r] (double,
+/// `rows` of them), then one warp sums them in a fixed order.
+Status launchCrossEntropy(const Context &ctx, const float *logits,
+                          const int32_t *targets, int64_t rows, int64_t vocab,
+                          double *rowLoss, float *loss);
+/// dlogits = rowScale (softmax(logits) - onehot(targets)), one warp per row.
+Status launchCrossEntropyGrad(const Context &ctx, const float *logits,
+                              const int32_t *targets, int64_t rows,
+                              int64_t vocab, double rowScale, float *dlogits);
+
+} // namespace piper::runtime::hal::PIPER_GPU_NS
 
 #endif // PIPER_RUNTIME_HAL_GPU_LINEARLAUNCH_H

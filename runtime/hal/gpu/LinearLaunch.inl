@@ -1,4 +1,86 @@
-// The linear launchers' bodies, written once: included by Linear.cu (Exec =
-// CudaExec) and LinearHost.cpp (Exec = HostExec). (Being filled in.)
+// The linear and loss launchers' bodies, written once: included by
+// Linear.cu (Exec = CudaExec) and LinearHost.cpp (Exec = HostExec), after
+// `Exec` is declared in this namespace.
 
-namespace piper::runtime::hal::PIPER_GPU_NS {} // namespace piper::runtime::hal::PIPER_GPU_NS
+namespace piper::runtime::hal::PIPER_GPU_NS {
+
+Status launchBroadcastRows(const Context &ctx, const float *b, float *y,
+                           int64_t rows, int64_t cols) {
+  return Exec(ctx).forEach("linear_bias", rows * cols,
+                           [=] PIPER_LAMBDA(int64_t i) { y[i] = b[i % cols]; });
+}
+
+Status launchColumnSums(const Context &ctx, const float *x, int64_t rows,
+                        int64_t cols, double *partials, float *out) {
+  const int64_t chunks = columnSumChunks(rows);
+  PIPER_RETURN_IF_ERROR(Exec(ctx).forEach(
+      "bias_grad_partials", chunks * cols, [=] PIPER_LAMBDA(int64_t i) {
+        int64_t c = i / cols, j = i % cols;
+        int64_t begin = c * kColumnChunkRows;
+        int64_t end =
+            begin + kColumnChunkRows < rows ? begin + kColumnChunkRows : rows;
+        double s = 0;
+        for (int64_t r = begin; r < end; ++r)
+          s += x[r * cols + j];
+        partials[i] = s;
+      }));
+  return Exec(ctx).forEach("bias_grad", cols, [=] PIPER_LAMBDA(int64_t j) {
+    double s = 0;
+    for (int64_t c = 0; c < chunks; ++c)
+      s += partials[c * cols + j];
+    out[j] = static_cast<float>(s);
+  });
+}
+
+Status launchCrossEntropy(const Context &ctx, const float *logits,
+                          const int32_t *targets, int64_t rows, int64_t vocab,
+                          double *rowLoss, float *loss) {
+  using Lanes = Exec::Lanes;
+  PIPER_RETURN_IF_ERROR(Exec(ctx).forEachRow(
+      "cross_entropy", rows, [=] PIPER_LAMBDA(Lanes lanes, int64_t r) {
+        const float *row = logits + r * vocab;
+        SoftmaxSum s;
+        for (int64_t j = lanes.lane(); j < vocab; j += Lanes::kCount)
+          s.add(row[j]);
+        double lse = logSumExp(lanes, s);
+        if (lanes.lane() == 0) {
+          int32_t t = targets[r];
+          rowLoss[r] = validTarget(t, vocab) ? lse - row[t] : lse;
+        }
+      }));
+  return Exec(ctx).forEachRow(
+      "cross_entropy_mean", 1, [=] PIPER_LAMBDA(Lanes lanes, int64_t) {
+        double s = 0;
+        for (int64_t r = lanes.lane(); r < rows; r += Lanes::kCount)
+          s += rowLoss[r];
+        s = lanes.sum(s);
+        if (lanes.lane() == 0)
+          *loss = static_cast<float>(s / rows);
+      });
+}
+
+Status launchCrossEntropyGrad(const Context &ctx, const float *logits,
+                              const int32_t *targets, int64_t rows,
+                              int64_t vocab, double rowScale, float *dlogits) {
+  using Lanes = Exec::Lanes;
+  return Exec(ctx).forEachRow(
+      "cross_entropy_grad", rows, [=] PIPER_LAMBDA(Lanes lanes, int64_t r) {
+        const float *row = logits + r * vocab;
+        float *out = dlogits + r * vocab;
+        SoftmaxSum s;
+        for (int64_t j = lanes.lane(); j < vocab; j += Lanes::kCount)
+          s.add(row[j]);
+        double lse = logSumExp(lanes, s);
+        // As the CPU: the exponent is rounded to float once, from double;
+        // the target's element in double, then rounded.
+        const float scale = static_cast<float>(rowScale);
+        const int32_t t = targets[r];
+        for (int64_t j = lanes.lane(); j < vocab; j += Lanes::kCount) {
+          float e = expF(static_cast<float>(double(row[j]) - lse));
+          out[j] = j == t ? static_cast<float>(rowScale * (double(e) - 1.0))
+                          : scale * e;
+        }
+      });
+}
+
+} // namespace piper::runtime::hal::PIPER_GPU_NS

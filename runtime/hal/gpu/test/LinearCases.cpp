@@ -1,0 +1,176 @@
+// Cases of the linear and loss GPU kernels (KernelCases.h): linear and its
+// gradients (transpose_w 0 and 1, with and without bias, fp32 and bf16),
+// bias_grad, cross_entropy and its gradient, loss_accumulate.
+#include <cmath>
+#include <tuple>
+
+#include "runtime/hal/gpu/test/KernelCases.h"
+
+namespace piper::runtime::hal::testing {
+namespace {
+
+std::string dims(std::initializer_list<int64_t> ds) {
+  std::string s;
+  for (int64_t d : ds)
+    s += (s.empty() ? "" : "x") + std::to_string(d);
+  return s;
+}
+
+// bf16-exact values (small multiples of 1/8): with lowPrecision the GEMMs
+// read their operands as bf16 (the executor rounds them first), and every
+// product and partial sum of these is exact in fp32, whatever the order.
+const std::vector<double> kBf16X = {0.125, -0.5, 0.75,  -0.25,
+                                    0.375, 1.0,  -0.875};
+const std::vector<double> kBf16W = {0.25, -0.125, 0.5, -0.75, 0.625};
+const std::vector<double> kBf16B = {0.5, -0.25, 0.125};
+
+void linearCases(std::vector<KernelCase> &out) {
+  // rows, in, out: one element, odd sizes, an empty inner dimension (the
+  // GEMM's k = 0: y is the bias or zeros), no rows, and a larger one.
+  const std::vector<std::tuple<int64_t, int64_t, int64_t>> shapes = {
+      {1, 1, 1}, {5, 7, 3}, {33, 17, 65}, {4, 0, 3}, {0, 5, 6}, {128, 96, 160}};
+  for (auto [rows, in, outDim] : shapes) {
+    for (int transposeW : {0, 1}) {
+      std::vector<int64_t> wShape = transposeW
+                                        ? std::vector<int64_t>{outDim, in}
+                                        : std::vector<int64_t>{in, outDim};
+      std::string s = dims({rows, in, outDim}) + " transpose_w " +
+                      std::to_string(transposeW);
+      std::vector<std::pair<std::string, plan::AttrValue>> attrs = {
+          {"transpose_w", intAttr(transposeW)}};
+      // w ~ N(0, 1/in) keeps the products' sums O(1). The GEMMs sum in
+      // another order than the CPU's OpenBLAS (cuBLASLt on a GPU), so an
+      // output near 0 carries an absolute error of about sqrt(in) * 6e-8:
+      // atol 1e-5.
+      double ws = 1.0 / std::sqrt(double(in > 0 ? in : 1));
+      for (bool bf16 : {false, true}) {
+        std::string p = bf16 ? " bf16" : "";
+        Operand x =
+            bf16 ? given(plan::F32, {rows, in}, kBf16X) : f32({rows, in});
+        Operand w = bf16 ? given(plan::F32, wShape, kBf16W) : f32(wShape, ws);
+        Operand dy = bf16 ? given(plan::F32, {rows, outDim}, kBf16B)
+                          : f32({rows, outDim});
+        Operand b = bf16 ? given(plan::F32, {outDim}, kBf16B) : f32({outDim});
+        std::vector<KernelCase> cs = {
+            {"linear " + s + p, "linear", attrs, {x, w}, {f32({rows, outDim})}},
+            {"linear bias " + s + p,
+             "linear",
+             attrs,
+             {x, w, b},
+             {f32({rows, outDim})}},
+            {"linear_grad_input " + s + p,
+             "linear_grad_input",
+             attrs,
+             {dy, w},
+             {f32({rows, in})}},
+            {"linear_grad_weight " + s + p,
+             "linear_grad_weight",
+             attrs,
+             {x, dy},
+             {f32(wShape)}},
+        };
+        for (KernelCase &c : cs) {
+          c.atol = 1e-5;
+          c.lowPrecision = bf16;
+          out.push_back(c);
+        }
+      }
+    }
+  }
+  // Without the attribute (transpose_w defaults to 0).
+  KernelCase plain{"linear default transpose_w",
+                   "linear",
+                   {},
+                   {f32({9, 11}), f32({11, 13}, 0.3), f32({13})},
+                   {zeros({9, 13})}};
+  plain.atol = 1e-5;
+  out.push_back(plain);
+
+  // bias_grad: one chunk of rows, several with a partial last one
+  // (kColumnChunkRows = 64), no rows (db = 0), one column.
+  for (auto [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{
+           {1, 1}, {7, 13}, {64, 5}, {65, 33}, {1000, 257}, {0, 5}, {300, 1}})
+    out.push_back({"bias_grad " + dims({rows, cols}),
+                   "bias_grad",
+                   {},
+                   {f32({rows, cols})},
+                   {f32({cols})}});
+}
+
+void lossCases(std::vector<KernelCase> &out) {
+  // rows (targets as [B,S] when given), vocab, logit scale: one class, odd
+  // vocabularies around a warp's 32 lanes, GPT-2's 50257, and logits spread
+  // widely (scale 20: exponents down to ~-150, whose exponentials are 0).
+  struct Shape {
+    std::vector<int64_t> targets;
+    int64_t vocab;
+    double scale;
+  };
+  const std::vector<Shape> shapes = {
+      {{1}, 1, 1},      {{1}, 7, 1},        {{5}, 3, 1},
+      {{7}, 31, 1},     {{3, 11}, 33, 2},   {{64}, 1000, 1},
+      {{300}, 129, 20}, {{2, 4}, 50257, 1}, {{3}, 50257, 20}};
+  for (const Shape &sh : shapes) {
+    int64_t rows = 1;
+    for (int64_t d : sh.targets)
+      rows *= d;
+    std::string s = dims({rows, sh.vocab}) + " scale " +
+                    std::to_string(int(sh.scale)) +
+                    (sh.targets.size() == 2 ? " [B,S]" : "");
+    Operand logits = f32({rows, sh.vocab}, sh.scale);
+    Operand targets = tokens(sh.targets, sh.vocab);
+    out.push_back({"cross_entropy " + s,
+                   "cross_entropy",
+                   {},
+                   {logits, targets},
+                   {f32({})}});
+    out.push_back({"cross_entropy_grad " + s,
+                   "cross_entropy_grad",
+                   {},
+                   {logits, targets},
+                   {f32({rows, sh.vocab})}});
+    out.push_back({"cross_entropy_grad scale 0.25 " + s,
+                   "cross_entropy_grad",
+                   {{"scale", floatAttr(0.25)}},
+                   {logits, targets},
+                   {f32({rows, sh.vocab})}});
+  }
+  // A [1]-shaped loss output, and a gradient scale above 1.
+  out.push_back({"cross_entropy loss [1]",
+                 "cross_entropy",
+                 {},
+                 {f32({6, 40}), tokens({6}, 40)},
+                 {f32({1})}});
+  out.push_back({"cross_entropy_grad scale 3",
+                 "cross_entropy_grad",
+                 {{"scale", floatAttr(3)}},
+                 {f32({6, 40}), tokens({6}, 40)},
+                 {f32({6, 40})}});
+
+  for (auto [shape, scale] :
+       std::vector<std::pair<std::vector<int64_t>, double>>{
+           {{}, 1.0}, {{1}, 0.25}, {{}, -3.0}}) {
+    KernelCase c{"loss_accumulate scale " + std::to_string(scale) +
+                     (shape.empty() ? " []" : " [1]"),
+                 "loss_accumulate",
+                 {},
+                 {f32(shape, 5)},
+                 {}};
+    if (scale != 1.0)
+      c.attrs.push_back({"scale", floatAttr(scale)});
+    c.checksLoss = true;
+    out.push_back(c);
+  }
+}
+
+std::vector<KernelCase> cases() {
+  std::vector<KernelCase> out;
+  linearCases(out);
+  lossCases(out);
+  return out;
+}
+
+RegisterCases registered(cases());
+
+} // namespace
+} // namespace piper::runtime::hal::testing

@@ -1,0 +1,240 @@
+// The linear and loss GPU kernels beyond gpu_kernels_test's comparisons:
+// malformed calls are rejected by the GPU wrapper exactly as by the CPU
+// kernel (same message), out-of-range targets (which only the CPU kernels
+// can reject: the GPU kernels do not read operands on the host) neither
+// crash nor write out of bounds, and the worst error of each kernel's cases.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <iostream>
+#include <map>
+#include <set>
+
+#include "runtime/hal/cpu/CpuDevice.h"
+#include "runtime/hal/gpu/GpuKernels.h"
+#include "runtime/hal/gpu/host/EmulatedDevice.h"
+#include "runtime/hal/gpu/test/KernelCases.h"
+
+using namespace piper::runtime;
+using namespace piper::runtime::hal;
+using namespace piper::runtime::hal::testing;
+
+namespace {
+
+const std::set<std::string> kOps = {
+    "linear",        "linear_grad_input",  "linear_grad_weight", "bias_grad",
+    "cross_entropy", "cross_entropy_grad", "loss_accumulate"};
+
+// Runs a malformed call on both devices; both must fail with one message.
+void expectSameRejection(const KernelCase &c, const std::string &needle) {
+  INFO("case " << c.name);
+  auto cpu = createCpuDevice(nullptr);
+  auto gpu = createEmulatedGpuDevice(nullptr);
+  CaseResult r = runCase(c, *cpu, *gpu);
+  // runCase reports "cpu: M1; cuda-emulation: M2" when both fail.
+  const std::string cpuPrefix = "cpu: ", sep = "; cuda-emulation: ";
+  size_t at = r.error.find(sep);
+  REQUIRE(r.error.rfind(cpuPrefix, 0) == 0);
+  REQUIRE(at != std::string::npos);
+  std::string cpuMessage =
+      r.error.substr(cpuPrefix.size(), at - cpuPrefix.size());
+  std::string gpuMessage = r.error.substr(at + sep.size());
+  CHECK(cpuMessage == gpuMessage);
+  CHECK(cpuMessage.find(needle) != std::string::npos);
+}
+
+} // namespace
+
+TEST_CASE("the linear GPU kernels reject malformed calls as the CPU does") {
+  auto tw = [](int64_t v) {
+    return std::vector<std::pair<std::string, piper::plan::AttrValue>>{
+        {"transpose_w", intAttr(v)}};
+  };
+  expectSameRejection({"linear w rows",
+                       "linear",
+                       {},
+                       {f32({4, 3}), f32({5, 2})},
+                       {f32({4, 2})}},
+                      "w has shape [5,2], expected [3,*]");
+  expectSameRejection({"linear w transposed",
+                       "linear",
+                       tw(1),
+                       {f32({4, 3}), f32({3, 2})},
+                       {f32({4, 3})}},
+                      "expected [*,3] (transpose_w=1)");
+  expectSameRejection({"linear transpose_w 2",
+                       "linear",
+                       tw(2),
+                       {f32({4, 3}), f32({3, 2})},
+                       {f32({4, 2})}},
+                      "transpose_w");
+  expectSameRejection({"linear bias",
+                       "linear",
+                       {},
+                       {f32({4, 3}), f32({3, 2}), f32({3})},
+                       {f32({4, 2})}},
+                      "b has shape");
+  expectSameRejection(
+      {"linear y", "linear", {}, {f32({4, 3}), f32({3, 2})}, {f32({2, 4})}},
+      "y has shape");
+  expectSameRejection(
+      {"linear x rank", "linear", {}, {f32({4}), f32({3, 2})}, {f32({4, 2})}},
+      "x");
+  expectSameRejection({"linear four inputs",
+                       "linear",
+                       {},
+                       {f32({4, 3}), f32({3, 2}), f32({2}), f32({2})},
+                       {f32({4, 2})}},
+                      "input");
+  expectSameRejection({"linear_grad_input w",
+                       "linear_grad_input",
+                       tw(1),
+                       {f32({4, 2}), f32({3, 2})},
+                       {f32({4, 3})}},
+                      "expected [2,*] (transpose_w=1)");
+  expectSameRejection({"linear_grad_input dx",
+                       "linear_grad_input",
+                       {},
+                       {f32({4, 2}), f32({3, 2})},
+                       {f32({4, 2})}},
+                      "dx has shape");
+  expectSameRejection({"linear_grad_weight dy rows",
+                       "linear_grad_weight",
+                       {},
+                       {f32({4, 3}), f32({5, 2})},
+                       {f32({3, 2})}},
+                      "dy has shape [5,2], expected [4,*]");
+  expectSameRejection({"linear_grad_weight dw",
+                       "linear_grad_weight",
+                       tw(1),
+                       {f32({4, 3}), f32({4, 2})},
+                       {f32({3, 2})}},
+                      "dw has shape");
+  expectSameRejection(
+      {"bias_grad db", "bias_grad", {}, {f32({4, 3})}, {f32({4})}},
+      "db has shape");
+  expectSameRejection({"bias_grad i32",
+                       "bias_grad",
+                       {},
+                       {zeros({4, 3}, piper::plan::I32)},
+                       {f32({3})}},
+                      "dy");
+}
+
+TEST_CASE("the loss GPU kernels reject malformed calls as the CPU does") {
+  expectSameRejection({"cross_entropy target count",
+                       "cross_entropy",
+                       {},
+                       {f32({4, 5}), tokens({3}, 5)},
+                       {f32({})}},
+                      "targets has shape [3] (3 tokens), logits has 4 rows");
+  expectSameRejection({"cross_entropy empty vocab",
+                       "cross_entropy",
+                       {},
+                       {f32({2, 0}), tokens({2}, 1)},
+                       {f32({})}},
+                      "expected no empty dimension");
+  expectSameRejection({"cross_entropy loss shape",
+                       "cross_entropy",
+                       {},
+                       {f32({2, 5}), tokens({2}, 5)},
+                       {f32({2})}},
+                      "loss");
+  expectSameRejection({"cross_entropy f32 targets",
+                       "cross_entropy",
+                       {},
+                       {f32({2, 5}), f32({2})},
+                       {f32({})}},
+                      "targets");
+  expectSameRejection({"cross_entropy_grad dlogits",
+                       "cross_entropy_grad",
+                       {},
+                       {f32({2, 5}), tokens({2}, 5)},
+                       {f32({5, 2})}},
+                      "dlogits has shape");
+  expectSameRejection({"cross_entropy_grad scale",
+                       "cross_entropy_grad",
+                       {{"scale", floatAttr(INFINITY)}},
+                       {f32({2, 5}), tokens({2}, 5)},
+                       {f32({2, 5})}},
+                      "scale");
+  expectSameRejection(
+      {"loss_accumulate shape", "loss_accumulate", {}, {f32({2})}, {}}, "loss");
+  expectSameRejection(
+      {"loss_accumulate output", "loss_accumulate", {}, {f32({})}, {f32({})}},
+      "output");
+}
+
+TEST_CASE("loss_accumulate needs an accumulator on the GPU too") {
+  auto gpu = createEmulatedGpuDevice(nullptr);
+  piper::plan::Kernel kernel;
+  kernel.set_op("loss_accumulate");
+  float loss = 2;
+  std::vector<TensorRef> ins = {TensorRef{piper::plan::F32, {}, &loss}}, outs;
+  KernelContext ctx; // no accumulator
+  Status st = gpu->runKernel(*gpu->findKernel("loss_accumulate"), kernel, ins,
+                             outs, ctx);
+  REQUIRE(!st);
+  CHECK(st.message() ==
+        "loss_accumulate: no loss accumulator in the kernel context");
+}
+
+TEST_CASE("the GPU cross entropy skips the term of an out-of-range target") {
+  // Uniform logits: every row's log-sum-exp is ln V and its softmax 1/V.
+  // The CPU rejects these targets; the GPU kernels cannot read them on the
+  // host, so they leave the target term out instead of indexing out of the
+  // row (the allocations here are exact, so a sanitizer would see a stray
+  // access).
+  const int64_t vocab = 5, rows = 3;
+  auto gpu = createEmulatedGpuDevice(nullptr);
+  std::vector<float> logits(rows * vocab, 0.0f);
+  std::vector<int32_t> targets = {-1, 5, 2};
+  float loss = -1;
+  std::vector<float> dlogits(rows * vocab, -1.0f);
+  std::vector<TensorRef> ins = {
+      TensorRef{piper::plan::F32, {rows, vocab}, logits.data()},
+      TensorRef{piper::plan::I32, {rows}, targets.data()}};
+  KernelContext ctx;
+  piper::plan::Kernel ce, ceGrad;
+  ce.set_op("cross_entropy");
+  ceGrad.set_op("cross_entropy_grad");
+  std::vector<TensorRef> lossOut = {TensorRef{piper::plan::F32, {}, &loss}};
+  std::vector<TensorRef> gradOut = {
+      TensorRef{piper::plan::F32, {rows, vocab}, dlogits.data()}};
+  REQUIRE(
+      gpu->runKernel(*gpu->findKernel("cross_entropy"), ce, ins, lossOut, ctx));
+  REQUIRE(gpu->runKernel(*gpu->findKernel("cross_entropy_grad"), ceGrad, ins,
+                         gradOut, ctx));
+  // Rows 0 and 1 contribute ln V, row 2 ln V - 0.
+  CHECK(loss == Approx(std::log(5.0)).epsilon(1e-6));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < vocab; ++j) {
+      INFO("row " << r << " class " << j);
+      double want = (0.2 - (r == 2 && j == 2 ? 1.0 : 0.0)) / rows;
+      CHECK(dlogits[r * vocab + j] == Approx(want).epsilon(1e-6));
+    }
+  // The CPU rejects both calls.
+  auto cpu = createCpuDevice(nullptr);
+  CHECK(!cpu->runKernel(*cpu->findKernel("cross_entropy"), ce, ins, lossOut,
+                        ctx));
+}
+
+TEST_CASE("worst error of the linear and loss GPU kernels") {
+  auto cpu = createCpuDevice(nullptr);
+  auto gpu = createEmulatedGpuDevice(nullptr);
+  std::map<std::string, std::pair<double, int>> worst;
+  for (const KernelCase &c : kernelCases()) {
+    if (!kOps.count(c.op))
+      continue;
+    CaseResult r = runCase(c, *cpu, *gpu);
+    INFO("case " << c.name);
+    CHECK(r.error == "");
+    auto &w = worst[c.op];
+    w.first = std::max(w.first, r.worstRelative);
+    ++w.second;
+  }
+  CHECK(worst.size() == kOps.size());
+  for (const auto &[op, w] : worst)
+    std::cout << op << ": " << w.second << " cases, worst |gpu - cpu| / "
+              << "(atol + rtol |cpu|) = " << w.first << "\n";
+}

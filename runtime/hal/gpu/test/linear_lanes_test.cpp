@@ -1,0 +1,217 @@
+// The linear and loss launchers' warp code on the host: LinearLaunch.inl
+// compiled with an Exec whose rows run on 32 lanes (32 threads that meet at
+// every lanes.sum/max, combining in a warp's butterfly order) and whose
+// forEach visits the indices in reverse order. The emulation (HostExec) runs
+// one lane, so only this test exercises the lane striding and the
+// cross-lane log-sum-exp of the cross entropy before a GPU does. Compared
+// with the CPU kernels on host memory.
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "runtime/hal/gpu/GpuApi.h"
+#include "runtime/hal/gpu/LinearLaunch.h"
+#include "runtime/hal/gpu/Simt.h"
+#include "runtime/kernels/Kernels.h"
+
+namespace piper::runtime::hal::PIPER_GPU_NS {
+
+namespace {
+
+// The 32 lanes' meeting point: a reusable barrier and a slot per lane.
+class Meeting {
+public:
+  void wait() {
+    std::unique_lock<std::mutex> lock(mutex);
+    uint64_t gen = generation;
+    if (++arrived == 32) {
+      arrived = 0;
+      ++generation;
+      cv.notify_all();
+      return;
+    }
+    // A lane left waiting: the others skipped a lanes.sum/max (a divergent
+    // reduction, undefined on a GPU).
+    if (!cv.wait_for(lock, std::chrono::seconds(20),
+                     [&] { return generation != gen; })) {
+      std::fprintf(stderr, "lanes diverged: not every lane reached a "
+                           "lanes.sum/max\n");
+      std::abort();
+    }
+  }
+  double slots[32];
+
+private:
+  std::mutex mutex;
+  std::condition_variable cv;
+  int arrived = 0;
+  uint64_t generation = 0;
+};
+
+struct ThreadLanes {
+  static constexpr int kCount = 32;
+  int id;
+  Meeting *meeting;
+  int lane() const { return id; }
+  template <class T> T sum(T v) const {
+    return combine(v, [](T a, T b) { return a + b; });
+  }
+  float max(float v) const {
+    return combine(v, [](float a, float b) { return std::fmax(a, b); });
+  }
+
+private:
+  // Simt.h's WarpLanes: xor-butterfly, every lane ends with the result.
+  template <class T, class Op> T combine(T v, Op op) const {
+    for (int o = 16; o > 0; o >>= 1) {
+      meeting->slots[id] = static_cast<double>(v);
+      meeting->wait();
+      T other = static_cast<T>(meeting->slots[id ^ o]);
+      meeting->wait();
+      v = op(v, other);
+    }
+    return v;
+  }
+};
+
+} // namespace
+
+class LanesExec {
+public:
+  using Lanes = ThreadLanes;
+  explicit LanesExec(const Context &) {}
+  template <class F> Status forEach(const char *, int64_t n, F f) const {
+    for (int64_t i = n - 1; i >= 0; --i)
+      f(i);
+    return Status::ok();
+  }
+  // Every lane takes every row, as CudaExec's warps.
+  template <class F> Status forEachRow(const char *, int64_t rows, F f) const {
+    Meeting meeting;
+    std::vector<std::thread> lanes;
+    for (int l = 0; l < 32; ++l)
+      lanes.emplace_back([&, l] {
+        for (int64_t r = rows - 1; r >= 0; --r)
+          f(Lanes{l, &meeting}, r);
+      });
+    for (std::thread &t : lanes)
+      t.join();
+    return Status::ok();
+  }
+};
+
+using Exec = LanesExec;
+
+} // namespace piper::runtime::hal::PIPER_GPU_NS
+
+#include "runtime/hal/gpu/LinearLaunch.inl"
+
+using namespace piper;
+using namespace piper::runtime;
+namespace lanes = piper::runtime::hal::PIPER_GPU_NS;
+
+namespace {
+
+std::vector<float> normal(int64_t n, double scale, std::mt19937_64 &rng) {
+  std::normal_distribution<double> d(0.0, scale);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float &x : v)
+    x = static_cast<float>(d(rng));
+  return v;
+}
+
+template <class T>
+TensorRef ref(plan::DType dtype, std::vector<int64_t> shape,
+              std::vector<T> &data) {
+  return TensorRef{dtype, std::move(shape), data.data()};
+}
+
+void runCpu(const std::string &op, double scale, std::vector<TensorRef> ins,
+            std::vector<TensorRef> outs) {
+  plan::Kernel kernel;
+  kernel.set_op(op);
+  if (scale != 1.0)
+    (*kernel.mutable_attrs())["scale"].set_f(scale);
+  KernelContext ctx;
+  Status st = runKernel(kernel, ins, outs, ctx);
+  INFO(st.message());
+  REQUIRE(bool(st));
+}
+
+void expectClose(const std::vector<float> &want,
+                 const std::vector<float> &got) {
+  REQUIRE(want.size() == got.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    INFO("element " << i << ": cpu " << want[i] << ", lanes " << got[i]);
+    REQUIRE(std::fabs(got[i] - want[i]) <= 1e-6 + 1e-5 * std::fabs(want[i]));
+  }
+}
+
+} // namespace
+
+TEST_CASE("the cross entropy on 32 lanes agrees with the CPU kernels") {
+  lanes::Context ctx;
+  // Vocabularies below a warp (idle lanes), not a multiple of it, and
+  // several strides; logits narrow and wide (scale 20).
+  for (auto [rows, vocab, scale] :
+       std::vector<std::tuple<int64_t, int64_t, double>>{{1, 1, 1},
+                                                         {3, 7, 1},
+                                                         {4, 32, 1},
+                                                         {5, 33, 20},
+                                                         {37, 100, 2},
+                                                         {2, 5000, 20}}) {
+    INFO(rows << "x" << vocab << " scale " << scale);
+    std::mt19937_64 rng(static_cast<uint64_t>(rows * 100000 + vocab));
+    auto logits = normal(rows * vocab, scale, rng);
+    std::vector<int32_t> targets(static_cast<size_t>(rows));
+    for (int64_t r = 0; r < rows; ++r)
+      targets[r] = static_cast<int32_t>(
+          std::uniform_int_distribution<int64_t>(0, vocab - 1)(rng));
+    std::vector<float> wantLoss(1), gotLoss(1);
+    std::vector<double> rowLoss(static_cast<size_t>(rows));
+    runCpu("cross_entropy", 1.0,
+           {ref(plan::F32, {rows, vocab}, logits),
+            ref(plan::I32, {rows}, targets)},
+           {ref(plan::F32, {}, wantLoss)});
+    REQUIRE(
+        bool(lanes::launchCrossEntropy(ctx, logits.data(), targets.data(), rows,
+                                       vocab, rowLoss.data(), gotLoss.data())));
+    expectClose(wantLoss, gotLoss);
+
+    std::vector<float> want(static_cast<size_t>(rows * vocab)), got = want;
+    runCpu("cross_entropy_grad", 0.5,
+           {ref(plan::F32, {rows, vocab}, logits),
+            ref(plan::I32, {rows}, targets)},
+           {ref(plan::F32, {rows, vocab}, want)});
+    REQUIRE(bool(lanes::launchCrossEntropyGrad(ctx, logits.data(),
+                                               targets.data(), rows, vocab,
+                                               0.5 / rows, got.data())));
+    expectClose(want, got);
+  }
+}
+
+TEST_CASE("bias_grad's chunked column sums agree with the CPU kernel") {
+  lanes::Context ctx;
+  for (auto [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{
+           {1, 1}, {63, 3}, {64, 2}, {65, 7}, {200, 1}}) {
+    INFO(rows << "x" << cols);
+    std::mt19937_64 rng(static_cast<uint64_t>(rows * 1000 + cols));
+    auto dy = normal(rows * cols, 1, rng);
+    std::vector<float> want(static_cast<size_t>(cols)), got = want;
+    std::vector<double> partials(
+        static_cast<size_t>(lanes::columnSumChunks(rows) * cols));
+    runCpu("bias_grad", 1.0, {ref(plan::F32, {rows, cols}, dy)},
+           {ref(plan::F32, {cols}, want)});
+    REQUIRE(bool(lanes::launchColumnSums(ctx, dy.data(), rows, cols,
+                                         partials.data(), got.data())));
+    expectClose(want, got);
+  }
+}
