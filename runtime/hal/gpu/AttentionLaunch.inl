@@ -3,8 +3,9 @@
 // is declared in this namespace.
 //
 // Forward: one warp per (sequence, head, query i) runs attendRow over keys
-// 0..i and writes y's row. Backward, without a [seq, seq] matrix: a stats
-// pass recomputes each query row's softmax (maximum m, 1 / denominator) and
+// 0..i and writes y's row. The op's only output is y, so the forward saves
+// no log-sum-exp; the backward, without a [seq, seq] matrix, recomputes in
+// a stats pass each query row's softmax (maximum m, 1 / denominator) and
 // D = <dy, y>; then dS_ij = scale P_ij (<dy_i, v_j> - D_i) gives dQ per
 // query row (warp per (sequence, head, i), keys j <= i) and dK, dV per key
 // row (warp per (sequence, kv head, j), the group's query heads and queries
@@ -13,8 +14,8 @@
 
 namespace piper::runtime::hal::PIPER_GPU_NS {
 
-// Not in an anonymous namespace: nvcc's extended lambdas need enclosing
-// functions with external linkage.
+// The helpers are not in an anonymous namespace: nvcc's extended lambdas
+// need enclosing functions with external linkage.
 
 // Where one call's q and k come from: qkv itself, or the rotated copy in
 // scratch ([rows, qCols + kvCols], q | k).
