@@ -162,11 +162,12 @@ Status loadManifest(const RunOptions &options, plan::Manifest &manifest) {
     Status cuda = hal::checkCudaBackend();
     if (!cuda)
       return Status::error("backend 'cuda': " + cuda.message());
-  } else if (options.backend != "cpu") {
+  } else if (options.backend != "cpu" &&
+             options.backend != "cuda-emulation") {
     return Status::error(
         "backend '" + options.backend +
         "' is not available in this build (available: cpu" +
-        (hal::cudaBackendBuilt() ? ", cuda" : "") + ")");
+        (hal::cudaBackendBuilt() ? ", cuda" : "") + ", cuda-emulation)");
   }
   return Status::ok();
 }
