@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 
+#include "runtime/kernels/AttentionChecks.h"
 #include "runtime/kernels/KernelUtil.h"
 #include "runtime/kernels/VecMath.h"
 
@@ -12,28 +13,12 @@ namespace piper::runtime::detail {
 
 namespace {
 
-struct AttentionDims {
-  int64_t rows = 0;    // N = batch * seq
-  int64_t heads = 0;   // query heads
-  int64_t kvHeads = 0; // key/value heads; heads % kvHeads == 0
-  int64_t headDim = 0; // hd
-  int64_t seq = 0;
-  int64_t batch = 0;
-  int64_t qCols = 0;  // heads * hd, also the width of y
-  int64_t kvCols = 0; // kvHeads * hd
-  int64_t cols = 0;   // qCols + 2 * kvCols, the width of qkv
-  double ropeTheta = 0; // 0: no rotary embedding
-
-  int64_t group() const { return heads / kvHeads; }
-};
-
 // Reads the attributes and derives the sizes from qkv and `out` ([N, heads*hd]:
 // y of the forward, dy of the backward).
 Status attentionDims(const KernelArgs &a, const TensorRef &qkv,
                      const TensorRef &out, const char *outName,
                      AttentionDims &d) {
-  PIPER_RETURN_IF_ERROR(
-      expectMatrix(a, qkv, "qkv", plan::F32, d.rows, d.cols));
+  PIPER_RETURN_IF_ERROR(expectMatrix(a, qkv, "qkv", plan::F32, d.rows, d.cols));
   PIPER_RETURN_IF_ERROR(readPositiveInt(a, "heads", std::nullopt, d.heads));
   PIPER_RETURN_IF_ERROR(readPositiveInt(a, "kv_heads", d.heads, d.kvHeads));
   PIPER_RETURN_IF_ERROR(readPositiveInt(a, "seq", std::nullopt, d.seq));
@@ -187,11 +172,21 @@ struct SequenceQK {
 
 } // namespace
 
-Status attentionKernel(const KernelArgs &a) {
+Status checkAttention(const KernelArgs &a, AttentionDims &d) {
   PIPER_RETURN_IF_ERROR(expectCounts(a, 1, 1, 1));
-  const TensorRef &qkv = a.inputs[0], &y = a.outputs[0];
+  return attentionDims(a, a.inputs[0], a.outputs[0], "y", d);
+}
+
+Status checkAttentionGrad(const KernelArgs &a, AttentionDims &d) {
+  PIPER_RETURN_IF_ERROR(expectCounts(a, 2, 2, 1));
+  PIPER_RETURN_IF_ERROR(attentionDims(a, a.inputs[0], a.inputs[1], "dy", d));
+  return expectTensor(a, a.outputs[0], "dqkv", plan::F32, {d.rows, d.cols});
+}
+
+Status attentionKernel(const KernelArgs &a) {
   AttentionDims d;
-  PIPER_RETURN_IF_ERROR(attentionDims(a, qkv, y, "y", d));
+  PIPER_RETURN_IF_ERROR(checkAttention(a, d));
+  const TensorRef &qkv = a.inputs[0], &y = a.outputs[0];
   if (d.batch == 0)
     return Status::ok();
 
@@ -217,12 +212,9 @@ Status attentionKernel(const KernelArgs &a) {
 }
 
 Status attentionGradKernel(const KernelArgs &a) {
-  PIPER_RETURN_IF_ERROR(expectCounts(a, 2, 2, 1));
-  const TensorRef &qkv = a.inputs[0], &dy = a.inputs[1], &dqkv = a.outputs[0];
   AttentionDims d;
-  PIPER_RETURN_IF_ERROR(attentionDims(a, qkv, dy, "dy", d));
-  PIPER_RETURN_IF_ERROR(
-      expectTensor(a, dqkv, "dqkv", plan::F32, {d.rows, d.cols}));
+  PIPER_RETURN_IF_ERROR(checkAttentionGrad(a, d));
+  const TensorRef &qkv = a.inputs[0], &dy = a.inputs[1], &dqkv = a.outputs[0];
   if (d.batch == 0)
     return Status::ok();
 

@@ -1,12 +1,29 @@
-// Launchers of the attention GPU kernels (AttentionLaunch.inl). (Being filled in.)
+// Launchers of the attention GPU kernels (AttentionLaunch.inl, compiled for
+// CUDA by Attention.cu and for the host emulation by AttentionHost.cpp).
+// Each queues its work on ctx.stream.
 #ifndef PIPER_RUNTIME_HAL_GPU_ATTENTIONLAUNCH_H
 #define PIPER_RUNTIME_HAL_GPU_ATTENTIONLAUNCH_H
 
 #include <cstdint>
 
+#include "runtime/hal/gpu/AttentionMath.h"
 #include "runtime/hal/gpu/GpuApi.h"
 #include "runtime/hal/gpu/Simt.h"
 
-namespace piper::runtime::hal::PIPER_GPU_NS {} // namespace piper::runtime::hal::PIPER_GPU_NS
+namespace piper::runtime::hal::PIPER_GPU_NS {
+
+/// y = causal softmax(scale q k^T) v per (sequence, query head), q and k
+/// rotated when s.rotary(). qkv is [rows, cols], y [rows, qCols];
+/// `scratch` holds attentionScratch(s, false).bytes (device memory).
+Status launchAttention(const Context &ctx, const AttentionShape &s,
+                       const float *qkv, float *y, char *scratch);
+/// dqkv = the gradient of attention's y (dy, [rows, qCols]) with respect to
+/// qkv, every element written; `scratch` holds attentionScratch(s,
+/// true).bytes.
+Status launchAttentionGrad(const Context &ctx, const AttentionShape &s,
+                           const float *qkv, const float *dy, float *dqkv,
+                           char *scratch);
+
+} // namespace piper::runtime::hal::PIPER_GPU_NS
 
 #endif // PIPER_RUNTIME_HAL_GPU_ATTENTIONLAUNCH_H

@@ -1,4 +1,233 @@
-// The attention launchers' bodies, written once: included by Attention.cu (Exec =
-// CudaExec) and AttentionHost.cpp (Exec = HostExec). (Being filled in.)
+// The attention launchers' bodies, written once: included by Attention.cu
+// (Exec = CudaExec) and AttentionHost.cpp (Exec = HostExec), after `Exec`
+// is declared in this namespace.
+//
+// Forward: one warp per (sequence, head, query i) runs attendRow over keys
+// 0..i and writes y's row. The op's only output is y, so the forward saves
+// no log-sum-exp; the backward, without a [seq, seq] matrix, recomputes in
+// a stats pass each query row's softmax (maximum m, 1 / denominator) and
+// D = <dy, y>; then dS_ij = scale P_ij (<dy_i, v_j> - D_i) gives dQ per
+// query row (warp per (sequence, head, i), keys j <= i) and dK, dV per key
+// row (warp per (sequence, kv head, j), the group's query heads and queries
+// i >= j), each row owned by one warp: no atomics. With rotary embeddings,
+// q and k are rotated into scratch first and dQ, dK rotated back in place.
 
-namespace piper::runtime::hal::PIPER_GPU_NS {} // namespace piper::runtime::hal::PIPER_GPU_NS
+namespace piper::runtime::hal::PIPER_GPU_NS {
+
+// The helpers are not in an anonymous namespace: nvcc's extended lambdas
+// need enclosing functions with external linkage.
+
+// Where one call's q and k come from: qkv itself, or the rotated copy in
+// scratch ([rows, qCols + kvCols], q | k).
+struct AttentionQkSource {
+  const float *q = nullptr;
+  int64_t ld = 0;
+};
+
+// The rotary table and q, k rotated into scratch (q | k of every row), or
+// qkv's own q and k without rotary embeddings.
+Status attentionPrepareQk(const Context &ctx, const AttentionShape &s,
+                          const float *qkv, char *scratch,
+                          const AttentionScratch &layout,
+                          AttentionQkSource &src) {
+  if (!s.rotary()) {
+    src.q = qkv;
+    src.ld = s.cols;
+    return Status::ok();
+  }
+  double *cosT = reinterpret_cast<double *>(scratch + layout.cosOffset);
+  double *sinT = reinterpret_cast<double *>(scratch + layout.sinOffset);
+  float *qk = reinterpret_cast<float *>(scratch + layout.qkOffset);
+  const int64_t half = s.half(), hd = s.headDim;
+  const double theta = s.ropeTheta;
+  PIPER_RETURN_IF_ERROR(Exec(ctx).forEach(
+      "attention_rope_table", s.seq * half, [=] PIPER_LAMBDA(int64_t idx) {
+        ropeAngle(theta, hd, idx / half, idx % half, cosT[idx], sinT[idx]);
+      }));
+  const int64_t ldQk = s.qCols + s.kvCols, cols = s.cols, seq = s.seq;
+  const int64_t pairs = ldQk / 2; // per row: (heads + kvHeads) * hd / 2
+  PIPER_RETURN_IF_ERROR(Exec(ctx).forEach(
+      "attention_rope", s.rows() * pairs, [=] PIPER_LAMBDA(int64_t idx) {
+        int64_t r = idx / pairs, p = idx % pairs;
+        int64_t col = (p / half) * hd + p % half;
+        int64_t e = (r % seq) * half + p % half;
+        const float *in = qkv + r * cols + col;
+        float *out = qk + r * ldQk + col;
+        ropePair(in[0], in[half], cosT[e], sinT[e], false, out[0], out[half]);
+      }));
+  src.q = qk;
+  src.ld = ldQk;
+  return Status::ok();
+}
+
+// The (sequence b, query head h) view: q and k from `src`, v and dy from
+// qkv and dy.
+PIPER_HOST_DEVICE inline AttentionHead
+attentionHeadView(const AttentionShape &s, AttentionQkSource src,
+                  const float *qkv, const float *dy, int64_t b, int64_t h) {
+  int64_t g = h / s.group(), hd = s.headDim;
+  AttentionHead view;
+  view.q = src.q + b * s.seq * src.ld + h * hd;
+  view.k = src.q + s.qCols + b * s.seq * src.ld + g * hd;
+  view.v = qkv + s.qCols + s.kvCols + b * s.seq * s.cols + g * hd;
+  view.dy = dy ? dy + b * s.seq * s.qCols + h * hd : nullptr;
+  view.ldq = view.ldk = src.ld;
+  view.ldv = s.cols;
+  view.lddy = s.qCols;
+  return view;
+}
+
+Status launchAttention(const Context &ctx, const AttentionShape &s,
+                       const float *qkv, float *y, char *scratch) {
+  using Lanes = Exec::Lanes;
+  AttentionScratch layout = attentionScratch(s, false);
+  AttentionQkSource src;
+  PIPER_RETURN_IF_ERROR(attentionPrepareQk(ctx, s, qkv, scratch, layout, src));
+  return Exec(ctx).forEachRow(
+      "attention", s.batch * s.heads * s.seq,
+      [=] PIPER_LAMBDA(Lanes lanes, int64_t r) {
+        constexpr int kPer = kMaxHeadDim / Lanes::kCount;
+        int64_t i = r % s.seq, bh = r / s.seq;
+        int64_t h = bh % s.heads, b = bh / s.heads;
+        AttentionHead view = attentionHeadView(s, src, qkv, nullptr, b, h);
+        float acc[kPer];
+        float m, l;
+        attendRow(lanes, s, view, i, acc, m, l);
+        storeLaneShare(lanes, acc, 1.0f / l,
+                       y + (b * s.seq + i) * s.qCols + h * s.headDim,
+                       s.headDim);
+      });
+}
+
+Status launchAttentionGrad(const Context &ctx, const AttentionShape &s,
+                           const float *qkv, const float *dy, float *dqkv,
+                           char *scratch) {
+  using Lanes = Exec::Lanes;
+  AttentionScratch layout = attentionScratch(s, true);
+  AttentionQkSource src;
+  PIPER_RETURN_IF_ERROR(attentionPrepareQk(ctx, s, qkv, scratch, layout, src));
+  const int64_t queryRows = s.batch * s.heads * s.seq;
+  // Per (sequence, head, query), indexed like the query rows below.
+  float *rowMax = reinterpret_cast<float *>(scratch + layout.statsOffset);
+  float *rowInv = rowMax + queryRows;
+  float *rowDot = rowInv + queryRows;
+
+  // The softmax statistics of every query row and D = <dy, y> =
+  // sum_j P_ij <dy_i, v_j>, summed as the CPU does (in double, over the
+  // same dP_ij the dQ pass computes, so that dP_ij - D_i cancels alike:
+  // exactly 0 for a row's single key).
+  PIPER_RETURN_IF_ERROR(Exec(ctx).forEachRow(
+      "attention_grad_stats", queryRows,
+      [=] PIPER_LAMBDA(Lanes lanes, int64_t r) {
+        constexpr int kPer = kMaxHeadDim / Lanes::kCount;
+        const int64_t hd = s.headDim;
+        int64_t i = r % s.seq, bh = r / s.seq;
+        int64_t h = bh % s.heads, b = bh / s.heads;
+        AttentionHead view = attentionHeadView(s, src, qkv, dy, b, h);
+        float q[kPer], dyr[kPer];
+        loadLaneShare(lanes, view.q + i * view.ldq, hd, q);
+        loadLaneShare(lanes, view.dy + i * view.lddy, hd, dyr);
+        float m = -INFINITY, l = 0;
+        double dot = 0; // sum_j exp(s_j - m) dP_j
+        for (int64_t j = 0; j <= i; ++j) {
+          float score = s.scale * laneDot(lanes, q, view.k + j * view.ldk, hd);
+          float dp = laneDot(lanes, dyr, view.v + j * view.ldv, hd);
+          if (score > m) {
+            float c = expF(m - score);
+            l *= c;
+            dot *= c;
+            m = score;
+          }
+          float p = expF(score - m);
+          l += p;
+          dot += double(p) * double(dp);
+        }
+        float inv = 1.0f / l;
+        if (lanes.lane() == 0) {
+          rowMax[r] = m;
+          rowInv[r] = inv;
+          rowDot[r] = static_cast<float>(dot * inv);
+        }
+      }));
+
+  // dQ (of the rotated q) per query row: sum over keys j <= i of dS_ij k_j.
+  PIPER_RETURN_IF_ERROR(Exec(ctx).forEachRow(
+      "attention_grad_q", queryRows, [=] PIPER_LAMBDA(Lanes lanes, int64_t r) {
+        constexpr int kPer = kMaxHeadDim / Lanes::kCount;
+        const int64_t hd = s.headDim;
+        int64_t i = r % s.seq, bh = r / s.seq;
+        int64_t h = bh % s.heads, b = bh / s.heads;
+        AttentionHead view = attentionHeadView(s, src, qkv, dy, b, h);
+        float q[kPer], dyr[kPer], dq[kPer];
+        loadLaneShare(lanes, view.q + i * view.ldq, hd, q);
+        loadLaneShare(lanes, view.dy + i * view.lddy, hd, dyr);
+        zeroLaneShare(lanes, dq, hd);
+        const float m = rowMax[r], inv = rowInv[r], dot = rowDot[r];
+        for (int64_t j = 0; j <= i; ++j) {
+          const float *k = view.k + j * view.ldk;
+          float score = s.scale * laneDot(lanes, q, k, hd);
+          float dp = laneDot(lanes, dyr, view.v + j * view.ldv, hd);
+          float p = expF(score - m) * inv;
+          laneAxpy(lanes, dq, s.scale * p * (dp - dot), k, hd);
+        }
+        storeLaneShare(lanes, dq, 1.0f,
+                       dqkv + (b * s.seq + i) * s.cols + h * hd, hd);
+      }));
+
+  // dK (of the rotated k) and dV per key row j of a kv head: sums over the
+  // group's query heads and their queries i >= j.
+  PIPER_RETURN_IF_ERROR(Exec(ctx).forEachRow(
+      "attention_grad_kv", s.batch * s.kvHeads * s.seq,
+      [=] PIPER_LAMBDA(Lanes lanes, int64_t r) {
+        constexpr int kPer = kMaxHeadDim / Lanes::kCount;
+        const int64_t hd = s.headDim, group = s.group();
+        int64_t j = r % s.seq, bg = r / s.seq;
+        int64_t g = bg % s.kvHeads, b = bg / s.kvHeads;
+        float k[kPer], v[kPer], dk[kPer], dv[kPer];
+        {
+          AttentionHead view = attentionHeadView(s, src, qkv, dy, b, g * group);
+          loadLaneShare(lanes, view.k + j * view.ldk, hd, k);
+          loadLaneShare(lanes, view.v + j * view.ldv, hd, v);
+        }
+        zeroLaneShare(lanes, dk, hd);
+        zeroLaneShare(lanes, dv, hd);
+        for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+          AttentionHead view = attentionHeadView(s, src, qkv, dy, b, h);
+          const int64_t stats = (b * s.heads + h) * s.seq;
+          for (int64_t i = j; i < s.seq; ++i) {
+            const float *q = view.q + i * view.ldq;
+            const float *dyRow = view.dy + i * view.lddy;
+            float score = s.scale * laneDot(lanes, k, q, hd);
+            float dp = laneDot(lanes, v, dyRow, hd);
+            float p = expF(score - rowMax[stats + i]) * rowInv[stats + i];
+            laneAxpy(lanes, dv, p, dyRow, hd);
+            laneAxpy(lanes, dk, s.scale * p * (dp - rowDot[stats + i]), q, hd);
+          }
+        }
+        float *row = dqkv + (b * s.seq + j) * s.cols + s.qCols + g * hd;
+        storeLaneShare(lanes, dk, 1.0f, row, hd);
+        storeLaneShare(lanes, dv, 1.0f, row + s.kvCols, hd);
+      }));
+
+  if (!s.rotary())
+    return Status::ok();
+  // Rotates dQ and dK back (the transpose of the rotation), in place: each
+  // index reads its pair before writing it.
+  const double *cosT =
+      reinterpret_cast<const double *>(scratch + layout.cosOffset);
+  const double *sinT =
+      reinterpret_cast<const double *>(scratch + layout.sinOffset);
+  const int64_t half = s.half(), hd = s.headDim, cols = s.cols, seq = s.seq;
+  const int64_t pairs = (s.qCols + s.kvCols) / 2;
+  return Exec(ctx).forEach(
+      "attention_grad_rope", s.rows() * pairs, [=] PIPER_LAMBDA(int64_t idx) {
+        int64_t r = idx / pairs, p = idx % pairs;
+        int64_t col = (p / half) * hd + p % half;
+        int64_t e = (r % seq) * half + p % half;
+        float *x = dqkv + r * cols + col;
+        float x1 = x[0], x2 = x[half];
+        ropePair(x1, x2, cosT[e], sinT[e], true, x[0], x[half]);
+      });
+}
+
+} // namespace piper::runtime::hal::PIPER_GPU_NS

@@ -1,0 +1,72 @@
+// Cases of the attention GPU kernels (KernelCases.h): causal attention and
+// its gradient over sequences of one token, odd and longer lengths,
+// grouped-query groups of 1, 2, 4 and 8, head dims below, at and beyond a
+// warp (8 to 256, 48 and 10 not multiples of 32), with and without rotary
+// embeddings.
+#include "runtime/hal/gpu/test/KernelCases.h"
+
+#include <tuple>
+
+namespace piper::runtime::hal::testing {
+namespace {
+
+std::vector<KernelCase> cases() {
+  std::vector<KernelCase> out;
+  // batch, seq, heads, kv_heads, head dim, rope_theta.
+  using Config =
+      std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, double>;
+  for (auto [batch, seq, heads, kvHeads, hd, theta] : std::vector<Config>{
+           {1, 1, 1, 1, 8, 0.0},
+           {2, 1, 2, 1, 8, 10000.0},
+           {2, 5, 2, 2, 8, 10000.0},
+           {1, 7, 4, 2, 16, 0.0},
+           {2, 9, 4, 1, 16, 10000.0},
+           {3, 4, 2, 1, 48, 10000.0},
+           {2, 3, 6, 3, 10, 0.0},
+           {1, 17, 2, 2, 64, 0.0},
+           {1, 33, 8, 2, 64, 500000.0},
+           {1, 40, 8, 1, 32, 10000.0},
+           {1, 6, 1, 1, 256, 10000.0},
+       }) {
+    int64_t rows = batch * seq, qCols = heads * hd;
+    int64_t cols = (heads + 2 * kvHeads) * hd;
+    std::string name = "b" + std::to_string(batch) + " s" +
+                       std::to_string(seq) + " h" + std::to_string(heads) +
+                       "/" + std::to_string(kvHeads) + " hd" +
+                       std::to_string(hd) + (theta != 0 ? " rope" : "");
+    std::vector<std::pair<std::string, plan::AttrValue>> attrs = {
+        {"heads", intAttr(heads)},
+        {"kv_heads", intAttr(kvHeads)},
+        {"seq", intAttr(seq)}};
+    if (theta != 0)
+      attrs.push_back({"rope_theta", floatAttr(theta)});
+    // The forward holds the default bounds (1e-5 relative, 1e-6 absolute)
+    // although the CPU takes exp with its own vectorized polynomial
+    // (VecMath.h's fastExp) and sums over a stored probability matrix with
+    // BLAS where the GPU kernels sum online.
+    out.push_back({"attention " + name,
+                   "attention",
+                   attrs,
+                   {f32({rows, cols})},
+                   {zeros({rows, qCols})}});
+    // The gradient's dK and dV rows sum group * (seq - j) terms P_ij dy_i
+    // (and dS_ij q_i) of magnitude ~1 in float, in another order on each
+    // side (the CPU's GEMMs head by head, the GPU kernels query by query),
+    // down to results near 0 (N(0, 1) dy cancels): each side's rounding is
+    // ~1e-7 of the terms' absolute sum, a few 1e-6 at seq 40 with a group
+    // of 8. Hence 1e-5 absolute.
+    KernelCase backward{"attention_grad " + name,
+                        "attention_grad",
+                        attrs,
+                        {f32({rows, cols}), f32({rows, qCols})},
+                        {f32({rows, cols})}};
+    backward.atol = 1e-5;
+    out.push_back(backward);
+  }
+  return out;
+}
+
+RegisterCases registered(cases());
+
+} // namespace
+} // namespace piper::runtime::hal::testing
