@@ -30,7 +30,8 @@ void routerCases(std::vector<KernelCase> &out) {
            {64, 64, 6, 1},
            {5, 40, 40, 0},
            {100, 37, 3, 1},
-           {20, 70, 8, 0}}) {
+           {20, 70, 8, 0},
+           {128, 256, 8, 1}}) {
     std::string s = dims({n, e, k}) + " norm " + std::to_string(norm);
     std::vector<std::pair<std::string, plan::AttrValue>> attrs = {
         {"top_k", intAttr(k)}, {"norm_topk", intAttr(norm)}};
@@ -76,14 +77,15 @@ void slotCases(std::vector<KernelCase> &out) {
     int64_t n, k, e, c, h;
     bool skewed; // every index 0 or 1: heavy overflow
   };
-  // Chunks of the slot assignment hold 1024 assignments: 2800 and 6000 span
-  // several. Overflow: (7,2,4,3) keeps 12 of 14; (700,4,8,300) drops
+  // Chunks of the slot assignment hold 1024 assignments: 2800, 6000 and
+  // 4096 span several. Overflow: (7,2,4,3) keeps 12 of 14; (700,4,8,300) drops
   // about 1/7; the skewed ones drop most.
   for (const Shape &sh : std::vector<Shape>{{1, 1, 1, 1, 1, false},
                                             {7, 2, 4, 3, 5, false},
                                             {50, 2, 8, 20, 33, false},
                                             {700, 4, 8, 300, 9, false},
                                             {3000, 2, 3, 2500, 3, false},
+                                            {512, 8, 64, 80, 16, false},
                                             {300, 2, 4, 50, 7, true},
                                             {1100, 1, 2, 600, 2, true},
                                             {5, 2, 3, 2, 0, false}}) {
