@@ -9,15 +9,11 @@
 // the way back; each is the gradient of its inverse. docs/kernels.md.
 #include <algorithm>
 
-#include "runtime/kernels/KernelUtil.h"
+#include "runtime/kernels/MoeChecks.h"
 
 namespace piper::runtime::detail {
 
 namespace {
-
-struct EpShape {
-  int64_t experts = 0, capacity = 0, members = 1, local = 0, rows = 0;
-};
 
 Status readEpShape(const KernelArgs &a, EpShape &s, bool needMembers) {
   PIPER_RETURN_IF_ERROR(readPositiveInt(a, "experts", std::nullopt, s.experts));
@@ -35,11 +31,10 @@ Status readEpShape(const KernelArgs &a, EpShape &s, bool needMembers) {
   return Status::ok();
 }
 
-/// Checks the per-expert row counts ([E,1] i32, each in [0, C]).
+/// Reads the per-expert row counts ([E,1] i32, shape already checked),
+/// checking each in [0, C].
 Status readExpertCounts(const KernelArgs &a, const TensorRef &t,
                         const EpShape &s, std::vector<int64_t> &out) {
-  PIPER_RETURN_IF_ERROR(
-      expectTensor(a, t, "expert_counts", plan::I32, {s.experts, 1}));
   out.resize(s.experts);
   for (int64_t e = 0; e < s.experts; ++e) {
     int64_t c = t.i32()[e];
@@ -70,23 +65,28 @@ void copyRows(const float *from, float *to, int64_t count, int64_t hidden) {
 
 } // namespace
 
-Status moeEpCountsKernel(const KernelArgs &a) {
+Status checkMoeEpCounts(const KernelArgs &a, EpShape &s, int64_t &rows,
+                        int64_t &topK) {
   PIPER_RETURN_IF_ERROR(expectCounts(a, 1, 1, 3));
-  const TensorRef &indices = a.inputs[0];
-  EpShape s;
   PIPER_RETURN_IF_ERROR(readEpShape(a, s, /*needMembers=*/true));
-  int64_t rows = 0, topK = 0;
   PIPER_RETURN_IF_ERROR(
-      expectMatrix(a, indices, "indices", plan::I32, rows, topK));
+      expectMatrix(a, a.inputs[0], "indices", plan::I32, rows, topK));
+  PIPER_RETURN_IF_ERROR(
+      expectTensor(a, a.outputs[0], "send_counts", plan::I32, {s.members}));
+  PIPER_RETURN_IF_ERROR(expectTensor(a, a.outputs[1], "expert_counts",
+                                     plan::I32, {s.experts, 1}));
+  return expectTensor(a, a.outputs[2], "expert_send_counts", plan::I32,
+                      {s.members});
+}
+
+Status moeEpCountsKernel(const KernelArgs &a) {
+  EpShape s;
+  int64_t rows = 0, topK = 0;
+  PIPER_RETURN_IF_ERROR(checkMoeEpCounts(a, s, rows, topK));
+  const TensorRef &indices = a.inputs[0];
   PIPER_RETURN_IF_ERROR(expectTokensBelow(a, indices, "indices", s.experts));
   const TensorRef &send = a.outputs[0], &experts = a.outputs[1],
                   &expertSend = a.outputs[2];
-  PIPER_RETURN_IF_ERROR(
-      expectTensor(a, send, "send_counts", plan::I32, {s.members}));
-  PIPER_RETURN_IF_ERROR(
-      expectTensor(a, experts, "expert_counts", plan::I32, {s.experts, 1}));
-  PIPER_RETURN_IF_ERROR(
-      expectTensor(a, expertSend, "expert_send_counts", plan::I32, {s.members}));
   // moe_dispatch's rule: an expert keeps its first C assignments.
   std::vector<int64_t> used(s.experts, 0);
   for (int64_t i = 0; i < indices.numel(); ++i)
@@ -104,13 +104,19 @@ Status moeEpCountsKernel(const KernelArgs &a) {
   return Status::ok();
 }
 
+Status checkMoeEpPack(const KernelArgs &a, EpShape &s, int64_t &hidden) {
+  PIPER_RETURN_IF_ERROR(expectCounts(a, 2, 2, 1));
+  PIPER_RETURN_IF_ERROR(readEpShape(a, s, /*needMembers=*/false));
+  PIPER_RETURN_IF_ERROR(expectRows(a, a.inputs[0], a.outputs[0], s, hidden));
+  return expectTensor(a, a.inputs[1], "expert_counts", plan::I32,
+                      {s.experts, 1});
+}
+
 // moe_ep_pack: slots -> packed (reverse = 0); moe_ep_unpack: the inverse.
 static Status packRows(const KernelArgs &a, bool unpack) {
-  PIPER_RETURN_IF_ERROR(expectCounts(a, 2, 2, 1));
   EpShape s;
-  PIPER_RETURN_IF_ERROR(readEpShape(a, s, /*needMembers=*/false));
   int64_t hidden = 0;
-  PIPER_RETURN_IF_ERROR(expectRows(a, a.inputs[0], a.outputs[0], s, hidden));
+  PIPER_RETURN_IF_ERROR(checkMoeEpPack(a, s, hidden));
   std::vector<int64_t> counts;
   PIPER_RETURN_IF_ERROR(readExpertCounts(a, a.inputs[1], s, counts));
   const float *in = a.inputs[0].f32();
@@ -134,12 +140,18 @@ Status moeEpUnpackKernel(const KernelArgs &a) { return packRows(a, true); }
 // moe_ep_gather: rows received from each source (source-major, each
 // source's rows grouped by this member's L experts) -> L experts' slots of
 // capacity G*C, sources in order within each; moe_ep_scatter: the inverse.
-static Status gatherRows(const KernelArgs &a, bool scatter) {
+Status checkMoeEpGather(const KernelArgs &a, EpShape &s, int64_t &hidden) {
   PIPER_RETURN_IF_ERROR(expectCounts(a, 2, 2, 1));
-  EpShape s;
   PIPER_RETURN_IF_ERROR(readEpShape(a, s, /*needMembers=*/true));
-  int64_t hidden = 0;
   PIPER_RETURN_IF_ERROR(expectRows(a, a.inputs[0], a.outputs[0], s, hidden));
+  return expectTensor(a, a.inputs[1], "expert_counts", plan::I32,
+                      {s.experts, 1});
+}
+
+static Status gatherRows(const KernelArgs &a, bool scatter) {
+  EpShape s;
+  int64_t hidden = 0;
+  PIPER_RETURN_IF_ERROR(checkMoeEpGather(a, s, hidden));
   // The received counts: [G*L, 1], source-major (source s, local expert l).
   std::vector<int64_t> counts;
   PIPER_RETURN_IF_ERROR(readExpertCounts(a, a.inputs[1], s, counts));

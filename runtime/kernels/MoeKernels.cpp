@@ -6,7 +6,7 @@
 #include <cmath>
 #include <numeric>
 
-#include "runtime/kernels/KernelUtil.h"
+#include "runtime/kernels/MoeChecks.h"
 
 namespace piper::runtime::detail {
 
@@ -53,18 +53,24 @@ Status expectIndices(const KernelArgs &a, const TensorRef &t, int64_t rows,
 
 } // namespace
 
-Status moeRouterKernel(const KernelArgs &a) {
+Status checkMoeRouter(const KernelArgs &a, int64_t &rows, int64_t &experts,
+                      int64_t &topK, bool &normTopK) {
   PIPER_RETURN_IF_ERROR(expectCounts(a, 1, 1, 2));
   const TensorRef &logits = a.inputs[0], &indices = a.outputs[0],
                   &weights = a.outputs[1];
-  int64_t rows = 0, experts = 0, topK = 0;
-  bool normTopK = true;
   PIPER_RETURN_IF_ERROR(
       expectMatrix(a, logits, "logits", plan::F32, rows, experts));
   PIPER_RETURN_IF_ERROR(readRouterAttrs(a, experts, topK, normTopK));
   PIPER_RETURN_IF_ERROR(expectIndices(a, indices, rows, topK));
-  PIPER_RETURN_IF_ERROR(
-      expectTensor(a, weights, "weights", plan::F32, {rows, topK}));
+  return expectTensor(a, weights, "weights", plan::F32, {rows, topK});
+}
+
+Status moeRouterKernel(const KernelArgs &a) {
+  int64_t rows = 0, experts = 0, topK = 0;
+  bool normTopK = true;
+  PIPER_RETURN_IF_ERROR(checkMoeRouter(a, rows, experts, topK, normTopK));
+  const TensorRef &logits = a.inputs[0], &indices = a.outputs[0],
+                  &weights = a.outputs[1];
 
   std::vector<double> p;
   std::vector<int32_t> top(topK);
@@ -98,20 +104,26 @@ Status moeRouterKernel(const KernelArgs &a) {
   return Status::ok();
 }
 
-Status moeRouterGradKernel(const KernelArgs &a) {
+Status checkMoeRouterGrad(const KernelArgs &a, int64_t &rows,
+                          int64_t &experts, int64_t &topK, bool &normTopK) {
   PIPER_RETURN_IF_ERROR(expectCounts(a, 3, 3, 1));
   const TensorRef &logits = a.inputs[0], &indices = a.inputs[1],
                   &dweights = a.inputs[2], &dlogits = a.outputs[0];
-  int64_t rows = 0, experts = 0, topK = 0;
-  bool normTopK = true;
   PIPER_RETURN_IF_ERROR(
       expectMatrix(a, logits, "logits", plan::F32, rows, experts));
   PIPER_RETURN_IF_ERROR(readRouterAttrs(a, experts, topK, normTopK));
   PIPER_RETURN_IF_ERROR(expectIndices(a, indices, rows, topK));
   PIPER_RETURN_IF_ERROR(
       expectTensor(a, dweights, "dweights", plan::F32, {rows, topK}));
-  PIPER_RETURN_IF_ERROR(
-      expectTensor(a, dlogits, "dlogits", plan::F32, {rows, experts}));
+  return expectTensor(a, dlogits, "dlogits", plan::F32, {rows, experts});
+}
+
+Status moeRouterGradKernel(const KernelArgs &a) {
+  int64_t rows = 0, experts = 0, topK = 0;
+  bool normTopK = true;
+  PIPER_RETURN_IF_ERROR(checkMoeRouterGrad(a, rows, experts, topK, normTopK));
+  const TensorRef &logits = a.inputs[0], &indices = a.inputs[1],
+                  &dweights = a.inputs[2], &dlogits = a.outputs[0];
   PIPER_RETURN_IF_ERROR(expectTokensBelow(a, indices, "indices", experts));
 
   std::vector<double> p, grad(rows ? experts : 0), w(topK);
@@ -158,20 +170,9 @@ Status moeRouterGradKernel(const KernelArgs &a) {
 
 namespace {
 
-/// The routing of N tokens to E experts of C slots each.
-struct Routing {
-  int64_t rows = 0;     // N
-  int64_t topK = 0;     // k, the columns of indices
-  int64_t experts = 0;  // E
-  int64_t capacity = 0; // C
-  int64_t slots = 0;    // E * C, the rows of a slot buffer
-  /// slot[n * k + j]: the buffer row e * C + s of assignment (n, j), or -1
-  /// when it was dropped.
-  std::vector<int64_t> slot;
-};
-
 // Reads `experts` and `capacity` and the shape of `indices` ([N,k] i32).
-Status readRouting(const KernelArgs &a, const TensorRef &indices, Routing &r) {
+Status readRouting(const KernelArgs &a, const TensorRef &indices,
+                   MoeRouting &r) {
   PIPER_RETURN_IF_ERROR(
       expectMatrix(a, indices, "indices", plan::I32, r.rows, r.topK));
   PIPER_RETURN_IF_ERROR(readPositiveInt(a, "experts", std::nullopt, r.experts));
@@ -184,7 +185,7 @@ Status readRouting(const KernelArgs &a, const TensorRef &indices, Routing &r) {
 
 // Checks that `buf` is [E*C, cols] f32 and returns cols.
 Status expectSlotBuffer(const KernelArgs &a, const TensorRef &buf,
-                        const char *name, const Routing &r, int64_t &cols) {
+                        const char *name, const MoeRouting &r, int64_t &cols) {
   int64_t rows = 0;
   PIPER_RETURN_IF_ERROR(expectMatrix(a, buf, name, plan::F32, rows, cols));
   if (rows != r.slots)
@@ -198,8 +199,11 @@ Status expectSlotBuffer(const KernelArgs &a, const TensorRef &buf,
 /// The one slot assignment of dispatch, combine and their gradients. Walks
 /// (n, j) in row-major order; assignment (n, j) takes the next free slot of
 /// expert e = indices[n,j] if e has fewer than C assignments, else it is
-/// dropped. Checks that every index lies in [0, E).
-Status assignSlots(const KernelArgs &a, const TensorRef &indices, Routing &r) {
+/// dropped. Checks that every index lies in [0, E). slot[n * k + j]: the
+/// buffer row e * C + s of assignment (n, j), or -1 when it was dropped.
+/// (The GPU kernels compute the same slots: MoeLaunch.inl.)
+Status assignSlots(const KernelArgs &a, const TensorRef &indices,
+                   const MoeRouting &r, std::vector<int64_t> &slot) {
   PIPER_RETURN_IF_ERROR(expectTokensBelow(a, indices, "indices", r.experts));
   // Grouping the assignments by expert with a stable sort keeps row-major
   // order within each expert and needs no E-sized table (E may be huge when
@@ -210,13 +214,13 @@ Status assignSlots(const KernelArgs &a, const TensorRef &indices, Routing &r) {
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(),
                    [&](int64_t l, int64_t rr) { return ids[l] < ids[rr]; });
-  r.slot.assign(count, -1);
+  slot.assign(count, -1);
   for (int64_t begin = 0; begin < count;) {
     int32_t e = ids[order[begin]];
     int64_t end = begin;
     for (; end < count && ids[order[end]] == e; ++end)
       if (end - begin < r.capacity)
-        r.slot[order[end]] = int64_t(e) * r.capacity + (end - begin);
+        slot[order[end]] = int64_t(e) * r.capacity + (end - begin);
     begin = end;
   }
   return Status::ok();
@@ -224,41 +228,53 @@ Status assignSlots(const KernelArgs &a, const TensorRef &indices, Routing &r) {
 
 } // namespace
 
-Status moeDispatchKernel(const KernelArgs &a) {
+Status checkMoeDispatch(const KernelArgs &a, MoeRouting &r) {
   PIPER_RETURN_IF_ERROR(expectCounts(a, 2, 2, 1));
   const TensorRef &x = a.inputs[0], &indices = a.inputs[1], &buf = a.outputs[0];
-  Routing r;
   PIPER_RETURN_IF_ERROR(readRouting(a, indices, r));
-  int64_t hidden = 0;
-  PIPER_RETURN_IF_ERROR(expectSlotBuffer(a, buf, "buf", r, hidden));
-  PIPER_RETURN_IF_ERROR(expectTensor(a, x, "x", plan::F32, {r.rows, hidden}));
-  PIPER_RETURN_IF_ERROR(assignSlots(a, indices, r));
+  PIPER_RETURN_IF_ERROR(expectSlotBuffer(a, buf, "buf", r, r.hidden));
+  return expectTensor(a, x, "x", plan::F32, {r.rows, r.hidden});
+}
+
+Status moeDispatchKernel(const KernelArgs &a) {
+  MoeRouting r;
+  PIPER_RETURN_IF_ERROR(checkMoeDispatch(a, r));
+  const TensorRef &x = a.inputs[0], &indices = a.inputs[1], &buf = a.outputs[0];
+  const int64_t hidden = r.hidden;
+  std::vector<int64_t> slot;
+  PIPER_RETURN_IF_ERROR(assignSlots(a, indices, r, slot));
 
   std::fill_n(buf.f32(), buf.numel(), 0.0f);
   for (int64_t n = 0; n < r.rows; ++n)
     for (int64_t j = 0; j < r.topK; ++j)
-      if (int64_t s = r.slot[n * r.topK + j]; s >= 0)
+      if (int64_t s = slot[n * r.topK + j]; s >= 0)
         std::copy_n(x.f32() + n * hidden, hidden, buf.f32() + s * hidden);
   return Status::ok();
 }
 
-Status moeDispatchGradKernel(const KernelArgs &a) {
+Status checkMoeDispatchGrad(const KernelArgs &a, MoeRouting &r) {
   PIPER_RETURN_IF_ERROR(expectCounts(a, 2, 2, 1));
   const TensorRef &indices = a.inputs[0], &dbuf = a.inputs[1],
                   &dx = a.outputs[0];
-  Routing r;
   PIPER_RETURN_IF_ERROR(readRouting(a, indices, r));
-  int64_t hidden = 0;
-  PIPER_RETURN_IF_ERROR(expectSlotBuffer(a, dbuf, "dbuf", r, hidden));
-  PIPER_RETURN_IF_ERROR(
-      expectTensor(a, dx, "dx", plan::F32, {r.rows, hidden}));
-  PIPER_RETURN_IF_ERROR(assignSlots(a, indices, r));
+  PIPER_RETURN_IF_ERROR(expectSlotBuffer(a, dbuf, "dbuf", r, r.hidden));
+  return expectTensor(a, dx, "dx", plan::F32, {r.rows, r.hidden});
+}
+
+Status moeDispatchGradKernel(const KernelArgs &a) {
+  MoeRouting r;
+  PIPER_RETURN_IF_ERROR(checkMoeDispatchGrad(a, r));
+  const TensorRef &indices = a.inputs[0], &dbuf = a.inputs[1],
+                  &dx = a.outputs[0];
+  const int64_t hidden = r.hidden;
+  std::vector<int64_t> slot;
+  PIPER_RETURN_IF_ERROR(assignSlots(a, indices, r, slot));
 
   std::vector<double> sum(hidden);
   for (int64_t n = 0; n < r.rows; ++n) {
     std::fill(sum.begin(), sum.end(), 0.0);
     for (int64_t j = 0; j < r.topK; ++j)
-      if (int64_t s = r.slot[n * r.topK + j]; s >= 0) {
+      if (int64_t s = slot[n * r.topK + j]; s >= 0) {
         const float *row = dbuf.f32() + s * hidden;
         for (int64_t h = 0; h < hidden; ++h)
           sum[h] += row[h];
@@ -274,31 +290,36 @@ namespace {
 
 // Shared checks of moe_combine and its gradient: ebuf [E*C,H], indices [N,k],
 // weights [N,k].
-Status checkCombine(const KernelArgs &a, const TensorRef &ebuf,
-                    const TensorRef &indices, const TensorRef &weights,
-                    Routing &r, int64_t &hidden) {
+Status checkCombineOperands(const KernelArgs &a, MoeRouting &r) {
+  const TensorRef &ebuf = a.inputs[0], &indices = a.inputs[1],
+                  &weights = a.inputs[2];
   PIPER_RETURN_IF_ERROR(readRouting(a, indices, r));
-  PIPER_RETURN_IF_ERROR(expectSlotBuffer(a, ebuf, "ebuf", r, hidden));
+  PIPER_RETURN_IF_ERROR(expectSlotBuffer(a, ebuf, "ebuf", r, r.hidden));
   return expectTensor(a, weights, "weights", plan::F32, {r.rows, r.topK});
 }
 
 } // namespace
 
-Status moeCombineKernel(const KernelArgs &a) {
+Status checkMoeCombine(const KernelArgs &a, MoeRouting &r) {
   PIPER_RETURN_IF_ERROR(expectCounts(a, 3, 3, 1));
+  PIPER_RETURN_IF_ERROR(checkCombineOperands(a, r));
+  return expectTensor(a, a.outputs[0], "y", plan::F32, {r.rows, r.hidden});
+}
+
+Status moeCombineKernel(const KernelArgs &a) {
+  MoeRouting r;
+  PIPER_RETURN_IF_ERROR(checkMoeCombine(a, r));
   const TensorRef &ebuf = a.inputs[0], &indices = a.inputs[1],
                   &weights = a.inputs[2], &y = a.outputs[0];
-  Routing r;
-  int64_t hidden = 0;
-  PIPER_RETURN_IF_ERROR(checkCombine(a, ebuf, indices, weights, r, hidden));
-  PIPER_RETURN_IF_ERROR(expectTensor(a, y, "y", plan::F32, {r.rows, hidden}));
-  PIPER_RETURN_IF_ERROR(assignSlots(a, indices, r));
+  const int64_t hidden = r.hidden;
+  std::vector<int64_t> slot;
+  PIPER_RETURN_IF_ERROR(assignSlots(a, indices, r, slot));
 
   std::vector<double> sum(hidden);
   for (int64_t n = 0; n < r.rows; ++n) {
     std::fill(sum.begin(), sum.end(), 0.0);
     for (int64_t j = 0; j < r.topK; ++j)
-      if (int64_t s = r.slot[n * r.topK + j]; s >= 0) {
+      if (int64_t s = slot[n * r.topK + j]; s >= 0) {
         double w = weights.f32()[n * r.topK + j];
         const float *row = ebuf.f32() + s * hidden;
         for (int64_t h = 0; h < hidden; ++h)
@@ -311,28 +332,34 @@ Status moeCombineKernel(const KernelArgs &a) {
   return Status::ok();
 }
 
-Status moeCombineGradKernel(const KernelArgs &a) {
+Status checkMoeCombineGrad(const KernelArgs &a, MoeRouting &r) {
   PIPER_RETURN_IF_ERROR(expectCounts(a, 4, 4, 2));
+  const TensorRef &ebuf = a.inputs[0], &dy = a.inputs[3],
+                  &debuf = a.outputs[0], &dweights = a.outputs[1];
+  PIPER_RETURN_IF_ERROR(checkCombineOperands(a, r));
+  PIPER_RETURN_IF_ERROR(
+      expectTensor(a, dy, "dy", plan::F32, {r.rows, r.hidden}));
+  PIPER_RETURN_IF_ERROR(
+      expectTensor(a, debuf, "debuf", plan::F32, ebuf.shape));
+  return expectTensor(a, dweights, "dweights", plan::F32, {r.rows, r.topK});
+}
+
+Status moeCombineGradKernel(const KernelArgs &a) {
+  MoeRouting r;
+  PIPER_RETURN_IF_ERROR(checkMoeCombineGrad(a, r));
   const TensorRef &ebuf = a.inputs[0], &indices = a.inputs[1],
                   &weights = a.inputs[2], &dy = a.inputs[3],
                   &debuf = a.outputs[0], &dweights = a.outputs[1];
-  Routing r;
-  int64_t hidden = 0;
-  PIPER_RETURN_IF_ERROR(checkCombine(a, ebuf, indices, weights, r, hidden));
-  PIPER_RETURN_IF_ERROR(
-      expectTensor(a, dy, "dy", plan::F32, {r.rows, hidden}));
-  PIPER_RETURN_IF_ERROR(
-      expectTensor(a, debuf, "debuf", plan::F32, ebuf.shape));
-  PIPER_RETURN_IF_ERROR(
-      expectTensor(a, dweights, "dweights", plan::F32, {r.rows, r.topK}));
-  PIPER_RETURN_IF_ERROR(assignSlots(a, indices, r));
+  const int64_t hidden = r.hidden;
+  std::vector<int64_t> slot;
+  PIPER_RETURN_IF_ERROR(assignSlots(a, indices, r, slot));
 
   // Every slot holds at most one assignment, so debuf needs no accumulation.
   std::fill_n(debuf.f32(), debuf.numel(), 0.0f);
   for (int64_t n = 0; n < r.rows; ++n) {
     const float *dyr = dy.f32() + n * hidden;
     for (int64_t j = 0; j < r.topK; ++j) {
-      int64_t s = r.slot[n * r.topK + j];
+      int64_t s = slot[n * r.topK + j];
       float &dw = dweights.f32()[n * r.topK + j];
       if (s < 0) {
         dw = 0.0f;
@@ -394,77 +421,100 @@ Status expertCapacity(const KernelArgs &a, bool required, int64_t wExperts,
 
 } // namespace
 
-Status expertLinearKernel(const KernelArgs &a) {
+Status checkExpertLinear(const KernelArgs &a, ExpertLinearShape &s) {
   PIPER_RETURN_IF_ERROR(expectCounts(a, 2, 2, 1));
   const TensorRef &buf = a.inputs[0], &w = a.inputs[1], &y = a.outputs[0];
-  int64_t rows = 0, in = 0, experts = 0, wIn = 0, out = 0, capacity = 0;
-  PIPER_RETURN_IF_ERROR(expectMatrix(a, buf, "buf", plan::F32, rows, in));
-  PIPER_RETURN_IF_ERROR(expectExpertWeight(a, w, "w", experts, wIn, out));
+  int64_t rows = 0, wIn = 0;
+  PIPER_RETURN_IF_ERROR(expectMatrix(a, buf, "buf", plan::F32, rows, s.in));
+  PIPER_RETURN_IF_ERROR(expectExpertWeight(a, w, "w", s.experts, wIn, s.out));
   PIPER_RETURN_IF_ERROR(
-      expertCapacity(a, true, experts, "w", buf, "buf", rows, capacity));
-  if (wIn != in)
+      expertCapacity(a, true, s.experts, "w", buf, "buf", rows, s.capacity));
+  if (wIn != s.in)
     return a.error("w has shape " + shapeString(w.shape) + ", expected [" +
-                   std::to_string(experts) + "," + std::to_string(in) + ",*]");
-  PIPER_RETURN_IF_ERROR(expectTensor(a, y, "y", plan::F32, {rows, out}));
-  PIPER_RETURN_IF_ERROR(expectBlasDims(a, {capacity, in, out}));
+                   std::to_string(s.experts) + "," + std::to_string(s.in) +
+                   ",*]");
+  PIPER_RETURN_IF_ERROR(expectTensor(a, y, "y", plan::F32, {rows, s.out}));
+  return expectBlasDims(a, {s.capacity, s.in, s.out});
+}
+
+Status expertLinearKernel(const KernelArgs &a) {
+  ExpertLinearShape s;
+  PIPER_RETURN_IF_ERROR(checkExpertLinear(a, s));
+  const TensorRef &buf = a.inputs[0], &w = a.inputs[1], &y = a.outputs[0];
+  const int64_t capacity = s.capacity, in = s.in, out = s.out;
 
   if (y.numel() == 0)
     return Status::ok();
-  for (int64_t e = 0; e < experts; ++e)
+  for (int64_t e = 0; e < s.experts; ++e)
     gemm(false, false, capacity, out, in, 1.0f, buf.f32() + e * capacity * in,
          in, w.f32() + e * in * out, out, 0.0f, y.f32() + e * capacity * out,
          out);
   return Status::ok();
 }
 
-Status expertLinearGradInputKernel(const KernelArgs &a) {
+Status checkExpertLinearGradInput(const KernelArgs &a, ExpertLinearShape &s) {
   PIPER_RETURN_IF_ERROR(expectCounts(a, 2, 2, 1));
   const TensorRef &dy = a.inputs[0], &w = a.inputs[1], &dbuf = a.outputs[0];
-  int64_t rows = 0, out = 0, experts = 0, in = 0, wOut = 0, capacity = 0;
-  PIPER_RETURN_IF_ERROR(expectMatrix(a, dy, "dy", plan::F32, rows, out));
-  PIPER_RETURN_IF_ERROR(expectExpertWeight(a, w, "w", experts, in, wOut));
+  int64_t rows = 0, wOut = 0;
+  PIPER_RETURN_IF_ERROR(expectMatrix(a, dy, "dy", plan::F32, rows, s.out));
+  PIPER_RETURN_IF_ERROR(expectExpertWeight(a, w, "w", s.experts, s.in, wOut));
   PIPER_RETURN_IF_ERROR(
-      expertCapacity(a, false, experts, "w", dy, "dy", rows, capacity));
-  if (wOut != out)
+      expertCapacity(a, false, s.experts, "w", dy, "dy", rows, s.capacity));
+  if (wOut != s.out)
     return a.error("w has shape " + shapeString(w.shape) + ", expected [" +
-                   std::to_string(experts) + ",*," + std::to_string(out) +
+                   std::to_string(s.experts) + ",*," + std::to_string(s.out) +
                    "]");
-  PIPER_RETURN_IF_ERROR(expectTensor(a, dbuf, "dbuf", plan::F32, {rows, in}));
-  PIPER_RETURN_IF_ERROR(expectBlasDims(a, {capacity, in, out}));
+  PIPER_RETURN_IF_ERROR(
+      expectTensor(a, dbuf, "dbuf", plan::F32, {rows, s.in}));
+  return expectBlasDims(a, {s.capacity, s.in, s.out});
+}
+
+Status expertLinearGradInputKernel(const KernelArgs &a) {
+  ExpertLinearShape s;
+  PIPER_RETURN_IF_ERROR(checkExpertLinearGradInput(a, s));
+  const TensorRef &dy = a.inputs[0], &w = a.inputs[1], &dbuf = a.outputs[0];
+  const int64_t capacity = s.capacity, in = s.in, out = s.out;
 
   if (dbuf.numel() == 0)
     return Status::ok();
   // dbuf_e = dy_e * w_e^T.
-  for (int64_t e = 0; e < experts; ++e)
+  for (int64_t e = 0; e < s.experts; ++e)
     gemm(false, true, capacity, in, out, 1.0f, dy.f32() + e * capacity * out,
          out, w.f32() + e * in * out, out, 0.0f,
          dbuf.f32() + e * capacity * in, in);
   return Status::ok();
 }
 
-Status expertLinearGradWeightKernel(const KernelArgs &a) {
+Status checkExpertLinearGradWeight(const KernelArgs &a, ExpertLinearShape &s) {
   PIPER_RETURN_IF_ERROR(expectCounts(a, 2, 2, 1));
   const TensorRef &buf = a.inputs[0], &dy = a.inputs[1], &dw = a.outputs[0];
-  int64_t rows = 0, in = 0, dyRows = 0, out = 0, experts = 0, wIn = 0,
-          wOut = 0, capacity = 0;
-  PIPER_RETURN_IF_ERROR(expectMatrix(a, buf, "buf", plan::F32, rows, in));
-  PIPER_RETURN_IF_ERROR(expectMatrix(a, dy, "dy", plan::F32, dyRows, out));
+  int64_t rows = 0, dyRows = 0, wIn = 0, wOut = 0;
+  PIPER_RETURN_IF_ERROR(expectMatrix(a, buf, "buf", plan::F32, rows, s.in));
+  PIPER_RETURN_IF_ERROR(expectMatrix(a, dy, "dy", plan::F32, dyRows, s.out));
   if (dyRows != rows)
     return a.error("dy has shape " + shapeString(dy.shape) + ", expected [" +
                    std::to_string(rows) + ",*]");
-  PIPER_RETURN_IF_ERROR(expectExpertWeight(a, dw, "dw", experts, wIn, wOut));
   PIPER_RETURN_IF_ERROR(
-      expertCapacity(a, false, experts, "dw", buf, "buf", rows, capacity));
-  if (wIn != in || wOut != out)
+      expectExpertWeight(a, dw, "dw", s.experts, wIn, wOut));
+  PIPER_RETURN_IF_ERROR(
+      expertCapacity(a, false, s.experts, "dw", buf, "buf", rows, s.capacity));
+  if (wIn != s.in || wOut != s.out)
     return a.error("dw has shape " + shapeString(dw.shape) + ", expected [" +
-                   std::to_string(experts) + "," + std::to_string(in) + "," +
-                   std::to_string(out) + "]");
-  PIPER_RETURN_IF_ERROR(expectBlasDims(a, {capacity, in, out}));
+                   std::to_string(s.experts) + "," + std::to_string(s.in) +
+                   "," + std::to_string(s.out) + "]");
+  return expectBlasDims(a, {s.capacity, s.in, s.out});
+}
+
+Status expertLinearGradWeightKernel(const KernelArgs &a) {
+  ExpertLinearShape s;
+  PIPER_RETURN_IF_ERROR(checkExpertLinearGradWeight(a, s));
+  const TensorRef &buf = a.inputs[0], &dy = a.inputs[1], &dw = a.outputs[0];
+  const int64_t capacity = s.capacity, in = s.in, out = s.out;
 
   if (dw.numel() == 0)
     return Status::ok();
   // dw_e = buf_e^T * dy_e; zero when C = 0 (gemm fills it).
-  for (int64_t e = 0; e < experts; ++e)
+  for (int64_t e = 0; e < s.experts; ++e)
     gemm(true, false, in, out, capacity, 1.0f, buf.f32() + e * capacity * in,
          in, dy.f32() + e * capacity * out, out, 0.0f,
          dw.f32() + e * in * out, out);
@@ -476,15 +526,14 @@ Status expertLinearGradWeightKernel(const KernelArgs &a) {
 
 namespace {
 
-// Shared checks of moe_aux_loss and its gradient. Returns f[e] =
-// (number of (n, j) with indices[n,j] == e) / (N k), counted before any
-// capacity dropping.
-Status checkAuxLoss(const KernelArgs &a, const TensorRef &logits,
-                    const TensorRef &indices, int64_t &rows, int64_t &experts,
-                    std::vector<double> &fraction) {
+// Shared checks of moe_aux_loss and its gradient (logits [N,E], indices
+// [N,k]).
+Status checkAuxLossOperands(const KernelArgs &a, int64_t &rows,
+                            int64_t &experts, int64_t &topK) {
+  const TensorRef &logits = a.inputs[0], &indices = a.inputs[1];
   PIPER_RETURN_IF_ERROR(
       expectMatrix(a, logits, "logits", plan::F32, rows, experts));
-  int64_t expertsAttr = 0, topK = 0;
+  int64_t expertsAttr = 0;
   PIPER_RETURN_IF_ERROR(
       readPositiveInt(a, "experts", std::nullopt, expertsAttr));
   PIPER_RETURN_IF_ERROR(readPositiveInt(a, "top_k", std::nullopt, topK));
@@ -499,6 +548,14 @@ Status checkAuxLoss(const KernelArgs &a, const TensorRef &logits,
   if (rows == 0)
     return a.error("logits has shape " + shapeString(logits.shape) +
                    ", expected at least one row");
+  return Status::ok();
+}
+
+// f[e] = (number of (n, j) with indices[n,j] == e) / (N k), counted before
+// any capacity dropping. Checks that every index lies in [0, E).
+Status routedFractions(const KernelArgs &a, const TensorRef &indices,
+                       int64_t rows, int64_t experts, int64_t topK,
+                       std::vector<double> &fraction) {
   PIPER_RETURN_IF_ERROR(expectTokensBelow(a, indices, "indices", experts));
   fraction.assign(experts, 0.0);
   for (int64_t i = 0, e = indices.numel(); i < e; ++i)
@@ -510,15 +567,21 @@ Status checkAuxLoss(const KernelArgs &a, const TensorRef &logits,
 
 } // namespace
 
-Status moeAuxLossKernel(const KernelArgs &a) {
+Status checkMoeAuxLoss(const KernelArgs &a, int64_t &rows, int64_t &experts,
+                       int64_t &topK) {
   PIPER_RETURN_IF_ERROR(expectCounts(a, 2, 2, 1));
+  PIPER_RETURN_IF_ERROR(checkAuxLossOperands(a, rows, experts, topK));
+  return expectScalar(a, a.outputs[0], "loss");
+}
+
+Status moeAuxLossKernel(const KernelArgs &a) {
+  int64_t rows = 0, experts = 0, topK = 0;
+  PIPER_RETURN_IF_ERROR(checkMoeAuxLoss(a, rows, experts, topK));
   const TensorRef &logits = a.inputs[0], &indices = a.inputs[1],
                   &loss = a.outputs[0];
-  int64_t rows = 0, experts = 0;
   std::vector<double> fraction;
   PIPER_RETURN_IF_ERROR(
-      checkAuxLoss(a, logits, indices, rows, experts, fraction));
-  PIPER_RETURN_IF_ERROR(expectScalar(a, loss, "loss"));
+      routedFractions(a, indices, rows, experts, topK, fraction));
 
   // sum_e f_e P_e = (1/N) sum_n sum_e f_e p[n,e].
   std::vector<double> p;
@@ -532,18 +595,25 @@ Status moeAuxLossKernel(const KernelArgs &a) {
   return Status::ok();
 }
 
-Status moeAuxLossGradKernel(const KernelArgs &a) {
+Status checkMoeAuxLossGrad(const KernelArgs &a, int64_t &rows,
+                           int64_t &experts, int64_t &topK, double &scale) {
   PIPER_RETURN_IF_ERROR(expectCounts(a, 2, 2, 1));
+  PIPER_RETURN_IF_ERROR(checkAuxLossOperands(a, rows, experts, topK));
+  PIPER_RETURN_IF_ERROR(
+      expectTensor(a, a.outputs[0], "dlogits", plan::F32, {rows, experts}));
+  scale = 1.0;
+  return readFloat(a, "scale", 1.0, scale);
+}
+
+Status moeAuxLossGradKernel(const KernelArgs &a) {
+  int64_t rows = 0, experts = 0, topK = 0;
+  double scale = 1.0;
+  PIPER_RETURN_IF_ERROR(checkMoeAuxLossGrad(a, rows, experts, topK, scale));
   const TensorRef &logits = a.inputs[0], &indices = a.inputs[1],
                   &dlogits = a.outputs[0];
-  int64_t rows = 0, experts = 0;
   std::vector<double> fraction;
   PIPER_RETURN_IF_ERROR(
-      checkAuxLoss(a, logits, indices, rows, experts, fraction));
-  PIPER_RETURN_IF_ERROR(
-      expectTensor(a, dlogits, "dlogits", plan::F32, {rows, experts}));
-  double scale = 1.0;
-  PIPER_RETURN_IF_ERROR(readFloat(a, "scale", 1.0, scale));
+      routedFractions(a, indices, rows, experts, topK, fraction));
 
   // d/dlogits[n,e] of E/N sum_e' f_e' p[n,e'] = E/N p[n,e] (f_e - <f, p[n]>).
   double rowScale = scale * double(experts) / double(rows);
