@@ -63,6 +63,25 @@ std::vector<KernelCase> cases() {
     backward.atol = 1e-5;
     out.push_back(backward);
   }
+  // Malformed calls, rejected by the shared checks with one message.
+  KernelCase badHeads{"attention kv_heads not dividing heads",
+                      "attention",
+                      {{"heads", intAttr(4)},
+                       {"kv_heads", intAttr(3)},
+                       {"seq", intAttr(4)}},
+                      {f32({8, 10 * 8})},
+                      {zeros({8, 32})}};
+  badHeads.rejects = "kv_heads";
+  out.push_back(badHeads);
+  KernelCase badRows{"attention_grad rows not a multiple of seq",
+                     "attention_grad",
+                     {{"heads", intAttr(2)},
+                      {"kv_heads", intAttr(2)},
+                      {"seq", intAttr(4)}},
+                     {f32({6, 6 * 8}), f32({6, 16})},
+                     {f32({6, 6 * 8})}};
+  badRows.rejects = "seq";
+  out.push_back(badRows);
   return out;
 }
 

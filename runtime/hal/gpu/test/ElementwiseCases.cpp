@@ -70,6 +70,26 @@ std::vector<KernelCase> cases() {
       out.push_back(c);
     }
   }
+  // Malformed calls: the same check, the same message on both devices.
+  KernelCase badShape{"gelu shape mismatch", "gelu", {}, {f32({4, 5})},
+                      {zeros({4, 6})}};
+  badShape.rejects = "y has shape [4,6]";
+  out.push_back(badShape);
+  KernelCase badGate{"swiglu odd gate_up", "swiglu", {}, {f32({3, 5})},
+                     {zeros({3, 2})}};
+  badGate.rejects = "even number of columns";
+  out.push_back(badGate);
+  KernelCase badBeta{"adamw beta1 = 1",
+                     "adamw",
+                     {{"lr", floatAttr(1e-3)}, {"beta1", floatAttr(1.0)}},
+                     {f32({8})},
+                     {f32({8}), zeros({8}), zeros({8})}};
+  badBeta.rejects = "'beta1' and 'beta2' must be in [0, 1)";
+  out.push_back(badBeta);
+  KernelCase badZero{"zero of i32 inputs", "zero", {}, {f32({2})},
+                     {zeros({2})}};
+  badZero.rejects = "input";
+  out.push_back(badZero);
   return out;
 }
 

@@ -157,6 +157,7 @@ CaseResult runCase(const KernelCase &c, Device &cpu, Device &gpu) {
     std::vector<std::vector<uint32_t>> outs;
     double loss = 0;
     std::string error;
+    std::string kernelError; // the kernel's own message, without the device
   };
   auto runOn = [&](Device &device) {
     Side side;
@@ -179,6 +180,7 @@ CaseResult runCase(const KernelCase &c, Device &cpu, Device &gpu) {
     Status st = device.runKernel(*info, kernel, ins, outs, ctx);
     if (!st) {
       side.error = device.name() + ": " + st.message();
+      side.kernelError = st.message();
       return side;
     }
     for (const TensorRef &t : outs)
@@ -186,6 +188,19 @@ CaseResult runCase(const KernelCase &c, Device &cpu, Device &gpu) {
     return side;
   };
   Side want = runOn(cpu), got = runOn(gpu);
+  if (!c.rejects.empty()) {
+    if (want.kernelError.empty() || got.kernelError.empty())
+      result.error = std::string("expected both devices to reject the call (") +
+                     c.rejects + "); " +
+                     (want.kernelError.empty() ? "cpu accepted it"
+                                               : "the gpu accepted it");
+    else if (want.kernelError != got.kernelError)
+      result.error = "different messages: " + want.error + " | " + got.error;
+    else if (want.kernelError.find(c.rejects) == std::string::npos)
+      result.error = "message '" + want.kernelError + "' lacks '" + c.rejects +
+                     "'";
+    return result;
+  }
   if (!want.error.empty() || !got.error.empty()) {
     result.error = want.error.empty() ? got.error
                    : got.error.empty() ? want.error

@@ -59,6 +59,9 @@ struct KernelCase {
   bool lowPrecision = false;
   /// Also compares the loss accumulator (loss_accumulate).
   bool checksLoss = false;
+  /// Not empty: a malformed call. Both devices must reject it with the same
+  /// message, containing this.
+  std::string rejects;
 };
 
 plan::AttrValue intAttr(int64_t v);

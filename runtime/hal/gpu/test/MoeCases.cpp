@@ -238,6 +238,21 @@ std::vector<KernelCase> cases() {
   expertLinearCases(out);
   auxLossCases(out);
   epCases(out);
+  // Malformed calls, rejected by the shared checks with one message.
+  KernelCase badBuf{"moe_dispatch buffer of the wrong shape",
+                    "moe_dispatch",
+                    {{"experts", intAttr(3)}, {"capacity", intAttr(2)}},
+                    {f32({4, 5}), tokens({4, 2}, 3)},
+                    {f32({5, 5})}};
+  badBuf.rejects = "buf has shape [5,5]";
+  out.push_back(badBuf);
+  KernelCase badExperts{"expert_linear without experts",
+                        "expert_linear",
+                        {},
+                        {f32({6, 4}), f32({3, 4, 5})},
+                        {f32({6, 5})}};
+  badExperts.rejects = "expert";
+  out.push_back(badExperts);
   return out;
 }
 

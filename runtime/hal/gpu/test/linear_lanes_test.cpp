@@ -20,94 +20,10 @@
 #include "runtime/hal/gpu/GpuApi.h"
 #include "runtime/hal/gpu/LinearLaunch.h"
 #include "runtime/hal/gpu/Simt.h"
+#include "runtime/hal/gpu/test/LanesExec.h"
 #include "runtime/kernels/Kernels.h"
 
 namespace piper::runtime::hal::PIPER_GPU_NS {
-
-namespace {
-
-// The 32 lanes' meeting point: a reusable barrier and a slot per lane.
-class Meeting {
-public:
-  void wait() {
-    std::unique_lock<std::mutex> lock(mutex);
-    uint64_t gen = generation;
-    if (++arrived == 32) {
-      arrived = 0;
-      ++generation;
-      cv.notify_all();
-      return;
-    }
-    // A lane left waiting: the others skipped a lanes.sum/max (a divergent
-    // reduction, undefined on a GPU).
-    if (!cv.wait_for(lock, std::chrono::seconds(20),
-                     [&] { return generation != gen; })) {
-      std::fprintf(stderr, "lanes diverged: not every lane reached a "
-                           "lanes.sum/max\n");
-      std::abort();
-    }
-  }
-  double slots[32];
-
-private:
-  std::mutex mutex;
-  std::condition_variable cv;
-  int arrived = 0;
-  uint64_t generation = 0;
-};
-
-struct ThreadLanes {
-  static constexpr int kCount = 32;
-  int id;
-  Meeting *meeting;
-  int lane() const { return id; }
-  template <class T> T sum(T v) const {
-    return combine(v, [](T a, T b) { return a + b; });
-  }
-  float max(float v) const {
-    return combine(v, [](float a, float b) { return std::fmax(a, b); });
-  }
-
-private:
-  // Simt.h's WarpLanes: xor-butterfly, every lane ends with the result.
-  template <class T, class Op> T combine(T v, Op op) const {
-    for (int o = 16; o > 0; o >>= 1) {
-      meeting->slots[id] = static_cast<double>(v);
-      meeting->wait();
-      T other = static_cast<T>(meeting->slots[id ^ o]);
-      meeting->wait();
-      v = op(v, other);
-    }
-    return v;
-  }
-};
-
-} // namespace
-
-class LanesExec {
-public:
-  using Lanes = ThreadLanes;
-  explicit LanesExec(const Context &) {}
-  template <class F> Status forEach(const char *, int64_t n, F f) const {
-    for (int64_t i = n - 1; i >= 0; --i)
-      f(i);
-    return Status::ok();
-  }
-  // Every lane takes every row, as CudaExec's warps.
-  template <class F> Status forEachRow(const char *, int64_t rows, F f) const {
-    Meeting meeting;
-    std::vector<std::thread> lanes;
-    for (int l = 0; l < 32; ++l)
-      lanes.emplace_back([&, l] {
-        for (int64_t r = rows - 1; r >= 0; --r)
-          f(Lanes{l, &meeting}, r);
-      });
-    for (std::thread &t : lanes)
-      t.join();
-    return Status::ok();
-  }
-};
-
 using Exec = LanesExec;
 
 } // namespace piper::runtime::hal::PIPER_GPU_NS
