@@ -50,7 +50,10 @@ Status ExecutorImpl::resolveKernels() {
                   kernel.outputs(0).index() >= 0 &&
                   kernel.outputs(0).index() < plan.params_size() &&
                   zeroSharded(kernel.outputs(0).index());
-      r.profileRow = profiler.kernelRow(r.info->index);
+      // Profile rows are the kernel table's (the CPU registry names every
+      // op); a device's own KernelInfo indices may differ.
+      const KernelInfo *named = runtime::findKernel(op);
+      r.profileRow = profiler.kernelRow(named ? named->index : r.info->index);
       auto view = [&](const Operand &o) {
         if (o.kind() == Operand::VALUE) {
           const plan::TensorType &type = seg.values(o.index());
