@@ -163,7 +163,7 @@ public:
         staging(std::move(staging)) {}
   ~NcclWork() override {
     if (staging.any())
-      staging.finish(false);
+      (void)staging.finish(false);
     cudaEventDestroy(event);
   }
   Status wait() override;
@@ -382,6 +382,10 @@ NcclCommunicator::~NcclCommunicator() {
     all.push_back(group.get());
   // A group whose last operation has not completed within the timeout (a
   // failed run: a peer never came) is aborted; the others are destroyed.
+  // Healthy runs have completed everything (the device synchronized its
+  // streams): a short grace is enough.
+  auto grace = std::min<std::chrono::milliseconds>(
+      timeout, std::chrono::milliseconds(2000));
   auto start = Clock::now();
   for (Group *group : all) {
     std::lock_guard<std::mutex> lock(group->mu);
@@ -389,7 +393,7 @@ NcclCommunicator::~NcclCommunicator() {
       if (!tail || group->aborted)
         continue;
       while (cudaEventQuery(tail) == cudaErrorNotReady &&
-             Clock::now() - start < timeout)
+             Clock::now() - start < grace)
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
       if (cudaEventQuery(tail) != cudaSuccess)
         poisonLocked(*group, "destroyed with operations in flight");
@@ -489,8 +493,41 @@ Status NcclCommunicator::setUpGroup(Group &group) {
   PIPER_RETURN_IF_ERROR(
       cuda(cudaEventCreateWithFlags(&group.ready, cudaEventDisableTiming),
            "cudaEventCreateWithFlags(&ready)"));
-  return cuda(cudaEventCreateWithFlags(&group.sendTail, cudaEventDisableTiming),
-              "cudaEventCreateWithFlags(&sendTail)");
+  PIPER_RETURN_IF_ERROR(
+      cuda(cudaEventCreateWithFlags(&group.sendTail, cudaEventDisableTiming),
+           "cudaEventCreateWithFlags(&sendTail)"));
+  // NCCL connects a pair's peers on their first send/receive, blocking the
+  // host until the peer connects too: two ranks whose first operations are
+  // both sends (each waiting for the other's receive to connect) would
+  // never get there. One byte each way now, while both are here.
+  char *probe = nullptr;
+  PIPER_RETURN_IF_ERROR(cuda(cudaMalloc(&probe, 2), "cudaMalloc(&probe, 2)"));
+  cudaEvent_t done = nullptr;
+  Status exchanged = [&]() -> Status {
+    const int peer = 1 - group.position;
+    for (ncclComm_t comm : {group.comm, group.reverse}) {
+      bool sends = comm == group.sendComm();
+      Status st = grouped([&]() -> Status {
+        return sends ? PIPER_NCCL_CHECK(lib.ncclSend(probe, 1, ncclInt8, peer,
+                                                     comm, hostStream))
+                     : PIPER_NCCL_CHECK(lib.ncclRecv(probe + 1, 1, ncclInt8,
+                                                     peer, comm, hostStream));
+      });
+      if (!st)
+        return opError(op, st.message());
+    }
+    PIPER_RETURN_IF_ERROR(
+        cuda(cudaEventCreateWithFlags(&done, cudaEventDisableTiming),
+             "cudaEventCreateWithFlags(&done)"));
+    PIPER_RETURN_IF_ERROR(
+        cuda(cudaEventRecord(done, hostStream), "cudaEventRecord(done)"));
+    return hostWait(group, done, op + " (first exchange)");
+  }();
+  if (done)
+    cudaEventDestroy(done);
+  if (exchanged)
+    cudaFree(probe); // synchronizes: complete anyway
+  return exchanged;
 }
 
 Status NcclCommunicator::connect(std::vector<CommKey> keys) {
@@ -625,7 +662,7 @@ CommWorkPtr NcclCommunicator::launch(
   if (!issued) {
     if (event)
       cudaEventDestroy(event);
-    staging.finish(false);
+    (void)staging.finish(false);
     return completedWork(opError(op, issued.message()));
   }
   return std::make_shared<NcclWork>(*this, group, op, event,
