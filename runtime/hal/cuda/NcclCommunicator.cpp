@@ -460,11 +460,18 @@ Status NcclCommunicator::initComm(const std::string &prefix, int nranks,
       return opError(op, fmt::format("the rendezvous store: {}", e.what()));
     }
   }
-  Status made = PIPER_NCCL_CHECK(
-      lib.ncclCommInitRank(&comm, nranks, id, position));
-  if (!made) {
+  ncclResult_t result = lib.ncclCommInitRank(&comm, nranks, id, position);
+  if (result != ncclSuccess) {
     comm = nullptr;
-    return opError(op, made.message());
+    std::string detail =
+        ncclMessage(result, "ncclCommInitRank(&comm, nranks, id, position)",
+                    __FILE__, __LINE__);
+    // NCCL refuses two ranks of one communicator on one GPU ("Duplicate
+    // GPU detected").
+    if (result == ncclInvalidUsage)
+      detail += "; NCCL needs one GPU per rank (ranks sharing a GPU use "
+                "--comm gloo)";
+    return opError(op, detail);
   }
   return Status::ok();
 }
