@@ -19,7 +19,15 @@ bool parseRunOptions(int argc, char **argv, RunOptions &options,
   app.add_option("--nproc", options.nproc,
                  "number of ranks to spawn; must equal the strategy's "
                  "world size");
-  app.add_option("--backend", options.backend, "execution backend: cpu, or cuda (docs/gpu.md)")
+  app.add_option("--backend", options.backend,
+                 "execution backend: cpu, cuda, or cuda-emulation (the CUDA "
+                 "backend's kernels run on the host, for tests; docs/gpu.md)")
+      ->capture_default_str();
+  app.add_option("--comm", options.comm,
+                 "communicator of a multi-rank run: auto (gloo; nccl on "
+                 "--backend cuda), gloo (on cuda staged through host memory, "
+                 "so ranks may share one GPU), or nccl (cuda only)")
+      ->check(CLI::IsMember({"auto", "gloo", "nccl"}))
       ->capture_default_str();
   app.add_option("--steps", options.steps,
                  "training steps to run (0: only --load/--save)")

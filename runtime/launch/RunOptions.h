@@ -14,6 +14,10 @@ struct RunOptions {
   /// Number of ranks to spawn; must equal the manifest's world_size.
   int nproc = 0;
   std::string backend = "cpu";
+  /// The communicator of a multi-rank run: "auto" (Gloo; NCCL on --backend
+  /// cuda), "gloo" (on cuda: staged through host memory, so ranks may
+  /// share a GPU) or "nccl" (cuda only).
+  std::string comm = "auto";
   int64_t steps = 1;
   uint64_t seed = 0;
   /// Rank 0 writes one JSON object per step here; empty means none.

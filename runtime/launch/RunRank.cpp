@@ -23,6 +23,7 @@
 #include "runtime/data/AtomicFile.h"
 #include "runtime/exec/Executor.h"
 #include "runtime/hal/cuda/CudaBackend.h"
+#include "runtime/hal/gpu/host/EmulatedDevice.h"
 #include "runtime/launch/CheckpointIO.h"
 #include "runtime/launch/Checkpoints.h"
 #include "runtime/launch/Progress.h"
@@ -297,6 +298,10 @@ int runRank(const RunOptions &options, const RankEnv &env,
       exitRank(who + ": backend 'cuda': " + created.message());
     // Created here, where an error can be reported; handed over once.
     eo.createDevice = [device](Communicator *) { return std::move(*device); };
+  } else if (options.backend == "cuda-emulation") {
+    eo.createDevice = [](Communicator *c) {
+      return hal::createEmulatedGpuDevice(c);
+    };
   }
   eo.data = data.get();
   // Exit at the first stream error instead of finishing the step: peers

@@ -156,17 +156,21 @@ Status loadManifest(const RunOptions &options, plan::Manifest &manifest) {
   std::string err = plan::readManifest(path, manifest);
   if (!err.empty())
     return Status::error(err);
+  if (options.comm == "nccl" && options.backend != "cuda")
+    return Status::error("--comm nccl needs --backend cuda (NCCL runs on "
+                         "GPUs)");
   if (options.backend == "cuda") {
     // Fails here, before any rank starts, when this build or machine cannot
     // run CUDA (runtime/hal/cuda/CudaBackend.h).
     Status cuda = hal::checkCudaBackend();
     if (!cuda)
       return Status::error("backend 'cuda': " + cuda.message());
-  } else if (options.backend != "cpu") {
+  } else if (options.backend != "cpu" &&
+             options.backend != "cuda-emulation") {
     return Status::error(
         "backend '" + options.backend +
         "' is not available in this build (available: cpu" +
-        (hal::cudaBackendBuilt() ? ", cuda" : "") + ")");
+        (hal::cudaBackendBuilt() ? ", cuda" : "") + ", cuda-emulation)");
   }
   return Status::ok();
 }

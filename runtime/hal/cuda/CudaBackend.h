@@ -3,12 +3,10 @@
 // toolkit (CudaDevice.cpp) or without it (CudaUnavailable.cpp, where every
 // entry point says the build has no CUDA). Includes no CUDA header.
 //
-// What exists: device memory (the plan's arena, one plain cudaMalloc), one
-// CUDA stream per logical stream, CUDA events for cross-stream waits, and
-// host <-> device copies, and one kernel, gelu forward. What does not yet:
-// the other kernels (a plan fails to load naming them) and the executor's
-// elementwise device methods (sumOfSquares, scale, add, bf16 packing), which
-// stop the process with a message saying so. See docs/gpu.md.
+// The device: memory (the plan's arena, one plain cudaMalloc), one CUDA
+// stream per logical stream, CUDA events for cross-stream waits, host <->
+// device copies, and the GPU kernel layer (runtime/hal/gpu) on CUDA with
+// cuBLASLt loaded at run time. See docs/gpu.md.
 #ifndef PIPER_RUNTIME_HAL_CUDA_CUDABACKEND_H
 #define PIPER_RUNTIME_HAL_CUDA_CUDABACKEND_H
 

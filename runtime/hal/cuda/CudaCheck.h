@@ -28,10 +28,6 @@ std::string cudaErrorMessage(cudaError_t error, const char *call,
 /// thread (the executor's loading, checkpoints).
 cudaStream_t currentCudaStream();
 
-/// Stops the process with `what` when a HAL method the CUDA backend does
-/// not implement yet is called (docs/gpu.md lists them).
-[[noreturn]] void cudaNotImplemented(const char *what);
-
 } // namespace piper::runtime::hal
 
 /// Evaluates a CUDA runtime call; on error returns a Status from the

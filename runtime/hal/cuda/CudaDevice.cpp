@@ -1,6 +1,7 @@
 // The CUDA backend of the HAL (see CudaBackend.h): device memory from plain
 // cudaMalloc, one CUDA stream per logical stream, CUDA events between
-// streams, host <-> device copies, and the first kernel (gelu forward).
+// streams, host <-> device copies, and the GPU kernel layer
+// (runtime/hal/gpu) with its CUDA primitives (CudaApi.cpp).
 //
 // Streams. The executor enqueues host functions on a Stream; here each
 // stream keeps a host worker thread (as the CPU backend does) that owns a
@@ -35,6 +36,9 @@
 #include "fmt/core.h"
 #include "runtime/hal/cuda/CudaBackend.h"
 #include "runtime/hal/cuda/CudaCheck.h"
+#include "runtime/hal/cuda/CudaKernelContext.h"
+#include "runtime/hal/gpu/ElementwiseLaunch.h"
+#include "runtime/hal/gpu/GpuKernels.h"
 #include "runtime/hal/HostWorker.h"
 
 namespace piper::runtime::hal {
@@ -53,20 +57,13 @@ void cudaFatal(cudaError_t error, const char *call, const char *file,
   std::_Exit(1);
 }
 
-void cudaNotImplemented(const char *what) {
-  std::fprintf(stderr,
-               "piper-run: backend 'cuda': %s is not implemented yet "
-               "(docs/gpu.md)\n",
-               what);
-  std::fflush(stderr);
-  std::_Exit(1);
-}
-
 namespace {
 
 /// The CUDA stream of the Stream whose worker runs on this thread; null on
 /// other threads.
 thread_local cudaStream_t currentStream = nullptr;
+/// The GPU kernels' resources of that Stream.
+thread_local CudaKernelResources *currentResources = nullptr;
 
 /// The device memory: plain cudaMalloc per allocation (the executor makes
 /// exactly one, the plan's arena), never managed memory.
@@ -195,9 +192,11 @@ public:
     PIPER_CUDA_CHECK(cudaStreamCreateWithFlags(&cuda, cudaStreamNonBlocking));
     // The worker issues this stream's device work: its thread selects the
     // GPU and makes `cuda` the stream kernels and copies run on.
+    resources = std::make_unique<CudaKernelResources>(ordinal);
     worker = std::make_unique<HostWorker>([this] {
       PIPER_CUDA_CHECK(cudaSetDevice(this->ordinal));
       currentStream = cuda;
+      currentResources = resources.get();
     });
   }
   ~CudaStream() override {
@@ -221,13 +220,19 @@ private:
   std::string streamName;
   int ordinal;
   cudaStream_t cuda = nullptr;
+  std::unique_ptr<CudaKernelResources> resources;
   std::unique_ptr<HostWorker> worker;
 };
 
-// The kernels of this backend; `fn` (the CPU calling convention) is unused:
-// runKernel dispatches on the index.
-constexpr int kGelu = 0;
-const KernelInfo kCudaKernels[] = {{"gelu", nullptr, kGelu}}; // TODO(gpu table)
+// A void HAL method's kernel failed: the device is in an unknown state.
+void mustSucceed(const Status &status) {
+  if (status)
+    return;
+  std::fprintf(stderr, "piper-run: CUDA error: %s\n",
+               status.message().c_str());
+  std::fflush(stderr);
+  std::_Exit(1);
+}
 
 class CudaDevice final : public Device {
 public:
@@ -246,51 +251,76 @@ public:
   std::unique_ptr<Event> createEvent() override {
     return std::make_unique<CudaEvent>(ordinal);
   }
-  // The registry: only gelu so far, so the executor's registry check fails
-  // a plan's load with "backend 'cuda': no kernel ...", naming the others.
+  // The GPU kernel registry (runtime/hal/gpu/GpuKernels.h): the same ops
+  // as the CPU's; the executor checks them at load.
   const KernelInfo *findKernel(const std::string &name) const override {
-    for (const KernelInfo &k : kCudaKernels)
+    for (const KernelInfo &k : gpu::kernelInfos())
       if (name == k.name)
         return &k;
     return nullptr;
   }
   std::vector<std::string> kernelNames() const override {
     std::vector<std::string> names;
-    for (const KernelInfo &k : kCudaKernels)
+    for (const KernelInfo &k : gpu::kernelInfos())
       names.push_back(k.name);
     return names;
   }
-  Status runKernel(const KernelInfo &info, const plan::Kernel &,
+  // Queued on the calling stream; called off-stream (loading, tests), the
+  // work is complete on return.
+  Status runKernel(const KernelInfo &info, const plan::Kernel &kernel,
                    const std::vector<TensorRef> &inputs,
                    const std::vector<TensorRef> &outputs,
-                   KernelContext &) override {
-    return Status::error(std::string("backend 'cuda': no kernel '") +
-                         info.name + "'");
+                   KernelContext &kctx) override {
+    Status status = gpu::runKernel(info, kernel, inputs, outputs, kctx,
+                                   context(kctx.lowPrecision));
+    PIPER_RETURN_IF_ERROR(status);
+    return finishIfHost();
   }
-  double sumOfSquares(const float *, int64_t) override {
-    cudaNotImplemented("Device::sumOfSquares (gradient norm)");
+  double sumOfSquares(const float *x, int64_t n) override {
+    double result = 0;
+    mustSucceed(gpu::sumOfSquares(context(), x, n, result));
+    return result;
   }
-  void scale(float *, float, int64_t) override {
-    cudaNotImplemented("Device::scale (gradient clipping)");
+  void scale(float *x, float s, int64_t n) override {
+    mustSucceed(gpu::launchScale(context(), x, s, n));
+    mustSucceed(finishIfHost());
   }
-  void add(float *, const float *, int64_t) override {
-    cudaNotImplemented("Device::add (ZeRO gradient accumulation)");
+  void add(float *dst, const float *src, int64_t n) override {
+    mustSucceed(gpu::launchAdd(context(), dst, src, dst, n));
+    mustSucceed(finishIfHost());
   }
-  void packBf16(uint16_t *, const float *, int64_t) override {
-    cudaNotImplemented("Device::packBf16");
+  void packBf16(uint16_t *dst, const float *src, int64_t n) override {
+    mustSucceed(gpu::launchPackBf16(context(), dst, src, n));
+    mustSucceed(finishIfHost());
   }
-  void unpackBf16(float *, const uint16_t *, int64_t) override {
-    cudaNotImplemented("Device::unpackBf16");
+  void unpackBf16(float *dst, const uint16_t *src, int64_t n) override {
+    mustSucceed(gpu::launchUnpackBf16(context(), dst, src, n));
+    mustSucceed(finishIfHost());
   }
-  void roundBf16(float *, int64_t) override {
-    cudaNotImplemented("Device::roundBf16");
+  void roundBf16(float *x, int64_t n) override {
+    mustSucceed(gpu::launchRoundBf16(context(), x, n));
+    mustSucceed(finishIfHost());
   }
   Communicator *communicator() override { return comm; }
 
 private:
+  // The calling stream's kernel context, or the device's own (host
+  // stream) off-stream.
+  gpu::Context context(bool bf16 = false) {
+    if (currentResources)
+      return currentResources->context(currentStream, bf16);
+    return hostResources.context(hostStream, bf16);
+  }
+  Status finishIfHost() {
+    if (!currentStream)
+      PIPER_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(hostStream));
+    return Status::ok();
+  }
+
   int ordinal;
   cudaStream_t hostStream;
   CudaAllocator memory;
+  CudaKernelResources hostResources{ordinal};
   Communicator *comm;
 };
 
@@ -339,6 +369,11 @@ std::unique_ptr<Device> createCudaDevice(int ordinal, Communicator *comm,
         cudaStreamCreateWithFlags(&hostStream, cudaStreamNonBlocking));
     return Status::ok();
   }();
+  if (!status)
+    return nullptr;
+  // GEMMs need cuBLASLt: a missing library is an error now, not at the
+  // first linear kernel.
+  status = loadCublasLt();
   if (!status)
     return nullptr;
   return std::make_unique<CudaDevice>(ordinal, hostStream, comm);

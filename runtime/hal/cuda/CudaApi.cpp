@@ -1,0 +1,369 @@
+// The GPU kernel layer's primitives on CUDA (GpuApi.h): launch errors,
+// asynchronous memsets and copies, the loss hand-off to the host, and GEMMs
+// through cuBLASLt (fp32, or bf16 operands on tensor cores with fp32
+// accumulation), loaded with dlopen.
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+#include <dlfcn.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "fmt/core.h"
+#include "runtime/hal/cuda/CudaCheck.h"
+#include "runtime/hal/cuda/CudaKernelContext.h"
+#include "runtime/hal/gpu/ElementwiseLaunch.h"
+#include "runtime/hal/gpu/GpuApi.h"
+
+namespace piper::runtime::hal {
+
+namespace {
+
+// cuBLASLt's entry points, resolved once.
+struct CublasLt {
+#define PIPER_CUBLASLT_FN(name) decltype(&::name) name = nullptr;
+  PIPER_CUBLASLT_FN(cublasLtCreate)
+  PIPER_CUBLASLT_FN(cublasLtDestroy)
+  PIPER_CUBLASLT_FN(cublasLtGetStatusString)
+  PIPER_CUBLASLT_FN(cublasLtMatmulDescCreate)
+  PIPER_CUBLASLT_FN(cublasLtMatmulDescDestroy)
+  PIPER_CUBLASLT_FN(cublasLtMatmulDescSetAttribute)
+  PIPER_CUBLASLT_FN(cublasLtMatrixLayoutCreate)
+  PIPER_CUBLASLT_FN(cublasLtMatrixLayoutDestroy)
+  PIPER_CUBLASLT_FN(cublasLtMatmulPreferenceCreate)
+  PIPER_CUBLASLT_FN(cublasLtMatmulPreferenceDestroy)
+  PIPER_CUBLASLT_FN(cublasLtMatmulPreferenceSetAttribute)
+  PIPER_CUBLASLT_FN(cublasLtMatmulAlgoGetHeuristic)
+  PIPER_CUBLASLT_FN(cublasLtMatmul)
+#undef PIPER_CUBLASLT_FN
+};
+
+const CublasLt *cublasLt = nullptr;
+
+Status openCublasLt() {
+  std::vector<std::string> tried;
+  void *lib = nullptr;
+  std::vector<std::string> candidates;
+  if (const char *env = std::getenv("PIPER_CUBLASLT_LIBRARY"))
+    candidates.push_back(env);
+  candidates.push_back("libcublasLt.so.13");
+  candidates.push_back("/usr/local/cuda/lib64/libcublasLt.so.13");
+  for (const std::string &path : candidates) {
+    lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (lib)
+      break;
+    const char *why = dlerror();
+    tried.push_back(path + " (" + (why ? why : "not found") + ")");
+  }
+  if (!lib) {
+    std::string list;
+    for (const std::string &t : tried)
+      list += (list.empty() ? "" : "; ") + t;
+    return Status::error("cannot load cuBLASLt: tried " + list +
+                         " (set PIPER_CUBLASLT_LIBRARY or LD_LIBRARY_PATH; "
+                         "docs/gpu.md)");
+  }
+  auto *fns = new CublasLt();
+  std::string missing;
+#define PIPER_CUBLASLT_LOAD(name)                                              \
+  fns->name = reinterpret_cast<decltype(fns->name)>(dlsym(lib, #name));       \
+  if (!fns->name)                                                              \
+    missing += std::string(missing.empty() ? "" : ", ") + #name;
+  PIPER_CUBLASLT_LOAD(cublasLtCreate)
+  PIPER_CUBLASLT_LOAD(cublasLtDestroy)
+  PIPER_CUBLASLT_LOAD(cublasLtGetStatusString)
+  PIPER_CUBLASLT_LOAD(cublasLtMatmulDescCreate)
+  PIPER_CUBLASLT_LOAD(cublasLtMatmulDescDestroy)
+  PIPER_CUBLASLT_LOAD(cublasLtMatmulDescSetAttribute)
+  PIPER_CUBLASLT_LOAD(cublasLtMatrixLayoutCreate)
+  PIPER_CUBLASLT_LOAD(cublasLtMatrixLayoutDestroy)
+  PIPER_CUBLASLT_LOAD(cublasLtMatmulPreferenceCreate)
+  PIPER_CUBLASLT_LOAD(cublasLtMatmulPreferenceDestroy)
+  PIPER_CUBLASLT_LOAD(cublasLtMatmulPreferenceSetAttribute)
+  PIPER_CUBLASLT_LOAD(cublasLtMatmulAlgoGetHeuristic)
+  PIPER_CUBLASLT_LOAD(cublasLtMatmul)
+#undef PIPER_CUBLASLT_LOAD
+  if (!missing.empty()) {
+    delete fns;
+    return Status::error("cuBLASLt library lacks " + missing);
+  }
+  cublasLt = fns;
+  return Status::ok();
+}
+
+std::string cublasMessage(cublasStatus_t status, const char *call,
+                          const char *file, int line) {
+  const char *text = cublasLt && cublasLt->cublasLtGetStatusString
+                         ? cublasLt->cublasLtGetStatusString(status)
+                         : "?";
+  return fmt::format("{}: cuBLASLt status {} ({}) ({}:{})", call,
+                     static_cast<int>(status), text, file, line);
+}
+
+#define PIPER_CUBLAS_RETURN_IF_ERROR(call)                                     \
+  do {                                                                         \
+    cublasStatus_t piperCublasStatus_ = (call);                                \
+    if (piperCublasStatus_ != CUBLAS_STATUS_SUCCESS)                           \
+      return Status::error(                                                    \
+          cublasMessage(piperCublasStatus_, #call, __FILE__, __LINE__));       \
+  } while (0)
+
+/// Device scratch that grows to the largest request.
+class CudaWorkspace final : public gpu::Workspace {
+public:
+  CudaWorkspace(int ordinal, cudaStream_t &stream)
+      : ordinal(ordinal), stream(stream) {}
+  ~CudaWorkspace() override {
+    if (block)
+      cudaFree(block);
+  }
+  Status reserve(size_t bytes, void *&ptr) override {
+    if (bytes > size) {
+      // Work queued before may still use the old block.
+      if (block) {
+        PIPER_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+        PIPER_CUDA_RETURN_IF_ERROR(cudaFree(block));
+        block = nullptr;
+        size = 0;
+      }
+      size_t want = bytes < (1u << 20) ? (1u << 20) : bytes + bytes / 4;
+      PIPER_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal));
+      PIPER_CUDA_RETURN_IF_ERROR(cudaMalloc(&block, want));
+      size = want;
+    }
+    ptr = block;
+    return Status::ok();
+  }
+
+private:
+  int ordinal;
+  cudaStream_t &stream; // the stream of the latest context()
+  void *block = nullptr;
+  size_t size = 0;
+};
+
+/// What gemmColMajor finds behind Context::blas.
+struct CudaBlas {
+  cublasLtHandle_t handle = nullptr;
+  CudaWorkspace *operands = nullptr;
+};
+
+constexpr size_t kCublasWorkspace = size_t(32) << 20;
+
+size_t extent(bool trans, int64_t rows, int64_t cols, int64_t ld) {
+  // A column-major op(X) of rows x cols stored as X: X has `ld`-strided
+  // columns; its stored shape is (trans ? cols x rows : rows x cols).
+  int64_t storedRows = trans ? cols : rows, storedCols = trans ? rows : cols;
+  return static_cast<size_t>(ld * (storedCols - 1) + storedRows);
+}
+
+// Pinned host slots for losses on their way to the host accumulator.
+constexpr size_t kLossSlots = size_t(1) << 16;
+float *lossSlots = nullptr;
+std::atomic<uint64_t> nextLossSlot{0};
+std::once_flag lossSlotsOnce;
+
+struct LossHandOff {
+  const float *slot;
+  double scale;
+  double *acc;
+};
+
+void CUDART_CB addLoss(void *data) {
+  auto *h = static_cast<LossHandOff *>(data);
+  *h->acc += h->scale * static_cast<double>(*h->slot);
+  delete h;
+}
+
+} // namespace
+
+Status loadCublasLt() {
+  static std::once_flag once;
+  static Status status;
+  std::call_once(once, [] { status = openCublasLt(); });
+  return status;
+}
+
+struct CudaKernelResources::State {
+  int ordinal;
+  cudaStream_t stream = nullptr;
+  CudaWorkspace workspace, operands;
+  CudaBlas blas;
+  State(int ordinal)
+      : ordinal(ordinal), workspace(ordinal, stream),
+        operands(ordinal, stream) {}
+};
+
+CudaKernelResources::CudaKernelResources(int ordinal)
+    : state(std::make_unique<State>(ordinal)) {
+  state->blas.operands = &state->operands;
+}
+
+CudaKernelResources::~CudaKernelResources() {
+  if (state->blas.handle && cublasLt)
+    cublasLt->cublasLtDestroy(state->blas.handle);
+}
+
+gpu::Context CudaKernelResources::context(cudaStream_t stream, bool bf16) {
+  state->stream = stream;
+  gpu::Context ctx;
+  ctx.stream = stream;
+  ctx.workspace = &state->workspace;
+  ctx.blas = &state->blas;
+  ctx.bf16 = bf16;
+  return ctx;
+}
+
+namespace gpu {
+
+Status launchStatus(int error, const char *kernel) {
+  if (error == 0)
+    return Status::ok();
+  auto e = static_cast<cudaError_t>(error);
+  return Status::error(fmt::format("{}: kernel launch failed: {}: {}", kernel,
+                                   cudaGetErrorName(e), cudaGetErrorString(e)));
+}
+
+Status zeroAsync(const Context &ctx, void *ptr, size_t bytes) {
+  if (bytes)
+    PIPER_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(ptr, 0, bytes, ctx.stream));
+  return Status::ok();
+}
+
+Status copyAsync(const Context &ctx, void *dst, const void *src, size_t bytes) {
+  if (bytes && dst != src)
+    PIPER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
+        dst, src, bytes, cudaMemcpyDeviceToDevice, ctx.stream));
+  return Status::ok();
+}
+
+Status copyToHostSync(const Context &ctx, void *host, const void *src,
+                      size_t bytes) {
+  if (!bytes)
+    return Status::ok();
+  PIPER_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, ctx.stream));
+  PIPER_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(ctx.stream));
+  return Status::ok();
+}
+
+Status addToHostAsync(const Context &ctx, const float *value, double scale,
+                      double *acc) {
+  Status alloc;
+  std::call_once(lossSlotsOnce, [&] {
+    void *p = nullptr;
+    cudaError_t e = cudaHostAlloc(&p, kLossSlots * sizeof(float),
+                                  cudaHostAllocPortable);
+    if (e != cudaSuccess)
+      alloc = Status::error(
+          cudaErrorMessage(e, "cudaHostAlloc(loss slots)", __FILE__, __LINE__));
+    else
+      lossSlots = static_cast<float *>(p);
+  });
+  PIPER_RETURN_IF_ERROR(alloc);
+  if (!lossSlots)
+    return Status::error("loss hand-off: no pinned host slots");
+  // A slot is reused after kLossSlots later hand-offs; the executor
+  // synchronizes every stream once per step, and a step hands off one loss
+  // per microbatch.
+  float *slot = lossSlots + (nextLossSlot.fetch_add(1) % kLossSlots);
+  PIPER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
+      slot, value, sizeof(float), cudaMemcpyDeviceToHost, ctx.stream));
+  auto *handOff = new LossHandOff{slot, scale, acc};
+  cudaError_t e = cudaLaunchHostFunc(ctx.stream, addLoss, handOff);
+  if (e != cudaSuccess) {
+    delete handOff;
+    return Status::error(
+        cudaErrorMessage(e, "cudaLaunchHostFunc", __FILE__, __LINE__));
+  }
+  return Status::ok();
+}
+
+Status gemmColMajor(const Context &ctx, const ColMajorGemm &g) {
+  PIPER_RETURN_IF_ERROR(loadCublasLt());
+  const CublasLt &lt = *cublasLt;
+  auto *blas = static_cast<CudaBlas *>(ctx.blas);
+  if (!blas)
+    return Status::error("gemm: no cuBLASLt context");
+  if (!blas->handle)
+    PIPER_CUBLAS_RETURN_IF_ERROR(lt.cublasLtCreate(&blas->handle));
+
+  // Scratch: the cuBLASLt workspace, then (bf16) the operands' copies.
+  size_t aElems = extent(g.transA, g.m, g.k, g.lda);
+  size_t bElems = extent(g.transB, g.k, g.n, g.ldb);
+  size_t bf16Bytes = ctx.bf16 ? 2 * (aElems + bElems) + 256 : 0;
+  void *scratch = nullptr;
+  PIPER_RETURN_IF_ERROR(
+      blas->operands->reserve(kCublasWorkspace + bf16Bytes, scratch));
+  const void *a = g.a, *b = g.b;
+  cudaDataType_t operandType = CUDA_R_32F;
+  if (ctx.bf16) {
+    // The operands hold bf16 values already (the executor rounds them):
+    // packing is exact.
+    auto *a16 = reinterpret_cast<uint16_t *>(static_cast<char *>(scratch) +
+                                             kCublasWorkspace);
+    uint16_t *b16 = a16 + ((aElems + 127) / 128) * 128;
+    PIPER_RETURN_IF_ERROR(
+        launchPackBf16(ctx, a16, g.a, static_cast<int64_t>(aElems)));
+    PIPER_RETURN_IF_ERROR(
+        launchPackBf16(ctx, b16, g.b, static_cast<int64_t>(bElems)));
+    a = a16;
+    b = b16;
+    operandType = CUDA_R_16BF;
+  }
+
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
+  cublasLtMatmulPreference_t pref = nullptr;
+  Status status = [&]() -> Status {
+    PIPER_CUBLAS_RETURN_IF_ERROR(
+        lt.cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    cublasOperation_t ta = g.transA ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cublasOperation_t tb = g.transB ? CUBLAS_OP_T : CUBLAS_OP_N;
+    PIPER_CUBLAS_RETURN_IF_ERROR(lt.cublasLtMatmulDescSetAttribute(
+        desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+    PIPER_CUBLAS_RETURN_IF_ERROR(lt.cublasLtMatmulDescSetAttribute(
+        desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+    PIPER_CUBLAS_RETURN_IF_ERROR(lt.cublasLtMatrixLayoutCreate(
+        &la, operandType, g.transA ? g.k : g.m, g.transA ? g.m : g.k, g.lda));
+    PIPER_CUBLAS_RETURN_IF_ERROR(lt.cublasLtMatrixLayoutCreate(
+        &lb, operandType, g.transB ? g.n : g.k, g.transB ? g.k : g.n, g.ldb));
+    PIPER_CUBLAS_RETURN_IF_ERROR(
+        lt.cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, g.m, g.n, g.ldc));
+    PIPER_CUBLAS_RETURN_IF_ERROR(lt.cublasLtMatmulPreferenceCreate(&pref));
+    size_t workspaceBytes = kCublasWorkspace;
+    PIPER_CUBLAS_RETURN_IF_ERROR(lt.cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspaceBytes,
+        sizeof(workspaceBytes)));
+    cublasLtMatmulHeuristicResult_t heuristic{};
+    int found = 0;
+    PIPER_CUBLAS_RETURN_IF_ERROR(lt.cublasLtMatmulAlgoGetHeuristic(
+        blas->handle, desc, la, lb, lc, lc, pref, 1, &heuristic, &found));
+    if (found == 0)
+      return Status::error(fmt::format(
+          "gemm: cuBLASLt has no algorithm for m={} n={} k={} ({})", g.m, g.n,
+          g.k, ctx.bf16 ? "bf16" : "fp32"));
+    PIPER_CUBLAS_RETURN_IF_ERROR(lt.cublasLtMatmul(
+        blas->handle, desc, &g.alpha, a, la, b, lb, &g.beta, g.c, lc, g.c, lc,
+        &heuristic.algo, scratch, kCublasWorkspace, ctx.stream));
+    return Status::ok();
+  }();
+  if (pref)
+    lt.cublasLtMatmulPreferenceDestroy(pref);
+  if (lc)
+    lt.cublasLtMatrixLayoutDestroy(lc);
+  if (lb)
+    lt.cublasLtMatrixLayoutDestroy(lb);
+  if (la)
+    lt.cublasLtMatrixLayoutDestroy(la);
+  if (desc)
+    lt.cublasLtMatmulDescDestroy(desc);
+  return status;
+}
+
+} // namespace gpu
+
+} // namespace piper::runtime::hal

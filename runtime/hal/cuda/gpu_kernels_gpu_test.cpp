@@ -1,0 +1,36 @@
+// The CUDA kernels against the CPU kernels (needs a GPU; tag gpu): every
+// case of runtime/hal/gpu/test/*Cases.cpp, the cases the host emulation
+// passes everywhere (gpu_kernels_test).
+#include <catch2/catch.hpp>
+
+#include <cstdio>
+
+#include "runtime/hal/cpu/CpuDevice.h"
+#include "runtime/hal/cuda/CudaBackend.h"
+#include "runtime/hal/gpu/test/KernelCases.h"
+
+using namespace piper::runtime;
+using namespace piper::runtime::hal;
+
+TEST_CASE("the CUDA kernels agree with the CPU kernels") {
+  Status st;
+  auto gpu = createCudaDevice(0, nullptr, st);
+  INFO(st.message());
+  REQUIRE(gpu);
+  auto cpu = createCpuDevice(nullptr);
+  REQUIRE(!testing::kernelCases().empty());
+  double worst = 0;
+  std::string worstCase;
+  for (const testing::KernelCase &c : testing::kernelCases()) {
+    INFO("case " << c.name << " (" << c.op << ")");
+    testing::CaseResult r = testing::runCase(c, *cpu, *gpu);
+    CHECK(r.error == "");
+    if (r.error.empty() && r.worstRelative > worst) {
+      worst = r.worstRelative;
+      worstCase = c.name;
+    }
+  }
+  // The closest call to a bound, for docs/gpu.md's table.
+  std::printf("cuda kernels: %zu cases, worst |diff| / bound %.3f (%s)\n",
+              testing::kernelCases().size(), worst, worstCase.c_str());
+}

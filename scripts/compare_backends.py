@@ -1,0 +1,155 @@
+#!/usr/bin/env python3
+"""Trains the same compiled plans on two backends and compares the losses.
+
+  compare_backends.py compile PIPERC PLANS_DIR
+      compiles every case below into PLANS_DIR/<case> (done where piperc is:
+      the development machine, or scripts/gpu_bundle.sh).
+  compare_backends.py run PIPER_RUN PLANS_DIR BACKEND [--comm C] [--steps N]
+      [--only NAME,...] [--table FILE]
+      trains every case for N steps (default 5) on --backend cpu and on
+      BACKEND (cuda, or cuda-emulation) and compares each step's loss:
+      fp32 within 1e-4 relative, bf16 within 2e-2 (a one-ulp difference of
+      an fp32 sum can flip a bf16 rounding, 2^-8 relative, in an
+      activation). Multi-rank cases run with BACKEND's ranks on one device
+      (--comm gloo stages collectives through host memory). Prints one row
+      per case; exits 1 if any case fails.
+  compare_backends.py test PIPERC PIPER_RUN BACKEND [run options]
+      both: compiles into a temporary folder, then runs (the e2e test
+      //test/e2e:cuda_emulation_test with BACKEND cuda-emulation).
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+# name -> (model args, compile args, ranks, dtype)
+CASES = {
+    "gpt-tiny": (["gpt-tiny"], ["--microbatches", "2"], 1, "f32"),
+    "llama-tiny": (["llama-tiny"], ["--microbatches", "2"], 1, "f32"),
+    "qwen3-moe-tiny": (["qwen3-moe-tiny"], ["--microbatches", "2"], 1, "f32"),
+    "gpt-tiny-bf16": (["gpt-tiny"], ["--microbatches", "2", "--dtype", "bf16"],
+                      1, "bf16"),
+    "llama-tiny-pp2-dp2": (["llama-tiny"],
+                           ["--pp", "2", "--dp", "2", "--microbatches", "4"],
+                           4, "f32"),
+    "qwen3-moe-tiny-dp2-ep2": (["qwen3-moe-tiny"],
+                               ["--dp", "2", "--ep", "2", "--microbatches", "2"],
+                               2, "f32"),
+    "gpt-tiny-dp2-zero3": (["gpt-tiny"],
+                           ["--dp", "2", "--zero", "3", "--microbatches", "2"],
+                           2, "f32"),
+}
+BOUND = {"f32": 1e-4, "bf16": 2e-2}
+
+
+def run(cmd, timeout=900):
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, timeout=timeout)
+    return proc.returncode, proc.stdout
+
+
+def must(cmd):
+    rc, out = run(cmd)
+    if rc != 0:
+        sys.exit("command failed (%d): %s\n%s" % (rc, " ".join(cmd), out))
+    return out
+
+
+def compile_all(piperc, plans):
+    os.makedirs(plans, exist_ok=True)
+    for name, (model, args, _, _) in CASES.items():
+        mlir = os.path.join(plans, name + ".mlir")
+        must([piperc, "model"] + model + ["--seq", "32", "--batch", "4", "-o",
+                                          mlir])
+        must([piperc, "compile", mlir] + args + ["-o",
+                                                 os.path.join(plans, name)])
+        os.remove(mlir)
+    print("compiled %d plans into %s" % (len(CASES), plans))
+
+
+def train(piper_run, plan, ranks, backend, comm, steps, work):
+    metrics = os.path.join(work, "%s-%s.jsonl" % (os.path.basename(plan),
+                                                  backend))
+    cmd = [piper_run, plan, "--nproc", str(ranks), "--steps", str(steps),
+           "--seed", "3", "--backend", backend, "--metrics", metrics]
+    if comm and backend != "cpu":
+        cmd += ["--comm", comm]
+    start = time.time()
+    rc, out = run(cmd)
+    if rc != 0:
+        return None, "%s failed (%d): %s" % (backend, rc, out.strip()[-400:]), 0
+    with open(metrics) as f:
+        losses = [json.loads(line)["loss"] for line in f if line.strip()]
+    return losses, "", time.time() - start
+
+
+def compare_all(piper_run, plans, backend, comm, steps, only, table):
+    work = tempfile.mkdtemp(prefix="piper-backends-",
+                            dir=os.environ.get("TEST_TMPDIR"))
+    rows, failed = [], 0
+    for name, (_, _, ranks, dtype) in CASES.items():
+        if only and name not in only:
+            continue
+        plan = os.path.join(plans, name)
+        want, err, _ = train(piper_run, plan, ranks, "cpu", None, steps, work)
+        got, err2, seconds = (None, "", 0) if err else train(
+            piper_run, plan, ranks, backend, comm, steps, work)
+        err = err or err2
+        worst = None
+        if not err:
+            if len(want) != steps or len(got) != steps:
+                err = "expected %d losses, got %d and %d" % (steps, len(want),
+                                                              len(got))
+            else:
+                worst = max(abs(g - w) / max(abs(w), 1e-12)
+                            for w, g in zip(want, got))
+                if not worst <= BOUND[dtype]:
+                    err = "losses differ: cpu %s, %s %s" % (want, backend, got)
+        ok = not err
+        failed += not ok
+        rows.append("| %s | %d | %s | %s | %s | %s | %.1f s |" % (
+            name, ranks, dtype,
+            " ".join("%.5f" % l for l in (got or [])) or "-",
+            "-" if worst is None else "%.1e" % worst,
+            "ok" if ok else "FAIL", seconds))
+        if err:
+            print("FAIL %s: %s" % (name, err))
+    header = ("| case | ranks | dtype | %s losses | worst relative diff vs cpu "
+              "| result | time |\n|---|---|---|---|---|---|---|" % backend)
+    text = header + "\n" + "\n".join(rows)
+    print(text)
+    if table:
+        with open(table, "w") as f:
+            f.write(text + "\n")
+    print("%d passed, %d failed" % (len(rows) - failed, failed))
+    return 1 if failed else 0
+
+
+def main(argv):
+    if len(argv) >= 3 and argv[0] == "compile":
+        compile_all(argv[1], argv[2])
+        return 0
+    if len(argv) >= 4 and argv[0] in ("run", "test"):
+        if argv[0] == "test":
+            plans = tempfile.mkdtemp(prefix="piper-plans-",
+                                     dir=os.environ.get("TEST_TMPDIR"))
+            compile_all(argv[1], plans)
+            argv = ["run", argv[2], plans] + argv[3:]
+        piper_run, plans, backend = argv[1:4]
+        rest = argv[4:]
+        opts = {"--comm": None, "--steps": "5", "--only": "", "--table": None}
+        while rest:
+            if rest[0] not in opts or len(rest) < 2:
+                sys.exit(__doc__)
+            opts[rest[0]] = rest[1]
+            rest = rest[2:]
+        only = [n for n in opts["--only"].split(",") if n]
+        return compare_all(piper_run, plans, backend, opts["--comm"],
+                           int(opts["--steps"]), only, opts["--table"])
+    sys.exit(__doc__)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
