@@ -22,7 +22,9 @@
 #include "runtime/comm/Communicator.h"
 #include "runtime/data/AtomicFile.h"
 #include "runtime/exec/Executor.h"
+#include "runtime/hal/StagingCommunicator.h"
 #include "runtime/hal/cuda/CudaBackend.h"
+#include "runtime/hal/cuda/NcclCommunicator.h"
 #include "runtime/hal/gpu/host/EmulatedDevice.h"
 #include "runtime/launch/CheckpointIO.h"
 #include "runtime/launch/Checkpoints.h"
@@ -253,6 +255,24 @@ int runRank(const RunOptions &options, const RankEnv &env,
   // Declared before the communicator, which uses its store until it goes.
   TcpMeeting meeting;
   std::unique_ptr<Communicator> comm;
+  // Multi-rank communicators: Gloo over host memory on the CPU; NCCL
+  // between GPUs; with --comm gloo on a GPU (and on the emulated GPU), Gloo
+  // staged through host memory, so that several ranks can share one device.
+  const bool onCuda = options.backend == "cuda";
+  const bool useNccl = onCuda && options.comm != "gloo";
+  const bool staged =
+      options.backend == "cuda-emulation" || (onCuda && options.comm == "gloo");
+  hal::StagingCommunicator *staging = nullptr;
+  int cudaOrdinal = 0;
+  if (onCuda) {
+    // One rank per GPU: local rank r uses visible CUDA device r (modulo
+    // their number, so ranks may share one). CUDA_VISIBLE_DEVICES chooses
+    // which GPUs a node's ranks see (docs/gpu.md).
+    int gpus = 0;
+    check(hal::cudaDeviceCount(gpus).withContext("backend 'cuda'"),
+          /*named=*/true);
+    cudaOrdinal = gpus > 0 ? env.localRank % gpus : 0;
+  }
   if (env.worldSize > 1) {
     Status st;
     auto timeout = std::chrono::milliseconds(int64_t(options.timeoutS) * 1000);
@@ -261,46 +281,58 @@ int runRank(const RunOptions &options, const RankEnv &env,
     auto commTimeout = timeout + kCommTimeoutSlack;
     if (!env.storeDir.empty()) {
       // piper-run's own spawner: one machine, a file store, loopback.
-      comm = createGlooCommunicator(rank, env.worldSize, env.storeDir,
-                                    commTimeout, st);
+      comm = useNccl ? hal::createNcclCommunicator(rank, env.worldSize,
+                                                   cudaOrdinal, env.storeDir,
+                                                   commTimeout, st)
+                     : createGlooCommunicator(rank, env.worldSize,
+                                              env.storeDir, commTimeout, st);
     } else {
       check(meetOverTcp(env, jobToken(env, manifest), timeout, meeting),
             /*named=*/false);
       fmt::print(stderr,
                  "piper-run: {} of {} ({}, local rank {}): met at {}:{}, "
-                 "gloo binds {}\n",
+                 "{} {}\n",
                  who, env.worldSize, env.launcher, env.localRank,
-                 env.masterAddr, env.masterPort, meeting.bindAddress);
-      comm = createGlooCommunicator(rank, env.worldSize, meeting.store,
-                                    commTimeout, st, meeting.bindAddress);
+                 env.masterAddr, env.masterPort,
+                 useNccl ? "nccl on CUDA device" : "gloo binds",
+                 useNccl ? std::to_string(cudaOrdinal) : meeting.bindAddress);
+      comm = useNccl ? hal::createNcclCommunicator(rank, env.worldSize,
+                                                   cudaOrdinal, meeting.store,
+                                                   commTimeout, st)
+                     : createGlooCommunicator(rank, env.worldSize,
+                                              meeting.store, commTimeout, st,
+                                              meeting.bindAddress);
     }
     if (!comm || !st)
       exitRank(who + ": cannot create the communicator: " +
                (st ? std::string("unknown error") : st.message()));
+    if (staged) {
+      auto wrapped = std::make_unique<hal::StagingCommunicator>(std::move(comm));
+      staging = wrapped.get();
+      comm = std::move(wrapped);
+    }
   }
 
   ExecutorOptions eo;
   eo.rank = rank;
   eo.seed = options.seed;
   eo.comm = comm.get();
-  if (options.backend == "cuda") {
-    // One rank per GPU: local rank r uses visible CUDA device r (modulo
-    // their number, so ranks may share one). CUDA_VISIBLE_DEVICES chooses
-    // which GPUs a node's ranks see (docs/gpu.md).
-    int gpus = 0;
-    check(hal::cudaDeviceCount(gpus).withContext("backend 'cuda'"),
-          /*named=*/true);
+  if (onCuda) {
     Status created;
     auto device = std::make_shared<std::unique_ptr<hal::Device>>(
-        hal::createCudaDevice(gpus > 0 ? env.localRank % gpus : 0, comm.get(),
-                              created));
+        hal::createCudaDevice(cudaOrdinal, comm.get(), created));
     if (!*device)
       exitRank(who + ": backend 'cuda': " + created.message());
+    if (staging)
+      staging->attach((*device)->allocator());
     // Created here, where an error can be reported; handed over once.
     eo.createDevice = [device](Communicator *) { return std::move(*device); };
   } else if (options.backend == "cuda-emulation") {
-    eo.createDevice = [](Communicator *c) {
-      return hal::createEmulatedGpuDevice(c);
+    eo.createDevice = [staging](Communicator *c) {
+      auto device = hal::createEmulatedGpuDevice(c);
+      if (staging)
+        staging->attach(device->allocator());
+      return device;
     };
   }
   eo.data = data.get();

@@ -107,13 +107,15 @@ public:
   // Host memory is readable (or reusable) when these return: both wait for
   // their copy, on the calling stream.
   void copyToHost(void *host, const void *src, size_t bytes) override {
-    PIPER_CUDA_CHECK(cudaMemcpyAsync(host, src, bytes,
-                                     cudaMemcpyDeviceToHost, stream()));
+    // cudaMemcpyDefault: callers (the staging communicator) may pass host
+    // memory as `src` too.
+    PIPER_CUDA_CHECK(
+        cudaMemcpyAsync(host, src, bytes, cudaMemcpyDefault, stream()));
     PIPER_CUDA_CHECK(cudaStreamSynchronize(stream()));
   }
   void copyFromHost(void *dst, const void *host, size_t bytes) override {
-    PIPER_CUDA_CHECK(cudaMemcpyAsync(dst, host, bytes,
-                                     cudaMemcpyHostToDevice, stream()));
+    PIPER_CUDA_CHECK(
+        cudaMemcpyAsync(dst, host, bytes, cudaMemcpyDefault, stream()));
     PIPER_CUDA_CHECK(cudaStreamSynchronize(stream()));
   }
   int64_t liveBytes() const override { return live.load(); }

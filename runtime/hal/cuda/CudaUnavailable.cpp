@@ -1,6 +1,7 @@
 // The CUDA backend's entry points in a build without the CUDA toolkit
 // (@cuda//:defs.bzl CUDA_AVAILABLE = False): each says so.
 #include "runtime/hal/cuda/CudaBackend.h"
+#include "runtime/hal/cuda/NcclCommunicator.h"
 
 #ifndef PIPER_CUDA_PATH
 #define PIPER_CUDA_PATH "/usr/local/cuda"
@@ -26,6 +27,20 @@ Status cudaDeviceCount(int &count) {
 
 std::unique_ptr<Device> createCudaDevice(int, Communicator *,
                                          Status &status) {
+  status = notBuilt();
+  return nullptr;
+}
+
+std::unique_ptr<Communicator>
+createNcclCommunicator(int, int, int, std::shared_ptr<gloo::rendezvous::Store>,
+                       std::chrono::milliseconds, Status &status) {
+  status = notBuilt();
+  return nullptr;
+}
+
+std::unique_ptr<Communicator>
+createNcclCommunicator(int, int, int, const std::string &,
+                       std::chrono::milliseconds, Status &status) {
   status = notBuilt();
   return nullptr;
 }
