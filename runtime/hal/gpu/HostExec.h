@@ -10,6 +10,13 @@
 #include "runtime/hal/gpu/GpuApi.h"
 #include "runtime/hal/gpu/Simt.h"
 
+#ifdef PIPER_GPU_LANES32
+// The kernel layer's 32-lane test build (host/LanesExec.h).
+#include "runtime/hal/gpu/host/LanesExec.h"
+namespace piper::runtime::hal::PIPER_GPU_NS {
+using HostExec = LanesExec;
+} // namespace piper::runtime::hal::PIPER_GPU_NS
+#else
 namespace piper::runtime::hal::PIPER_GPU_NS {
 
 class HostExec {
@@ -35,5 +42,6 @@ private:
 };
 
 } // namespace piper::runtime::hal::PIPER_GPU_NS
+#endif
 
 #endif // PIPER_RUNTIME_HAL_GPU_HOSTEXEC_H

@@ -41,7 +41,7 @@ Status launchMoeRouter(const Context &ctx, const float *logits,
               best = ie;
             }
           }
-          laneRouterFirst(bestKey, best);
+          laneRouterFirst(lanes, bestKey, best);
           if (lanes.lane() == 0)
             indices[n * topK + j] = best;
           prevKey = bestKey;
@@ -144,10 +144,10 @@ Status launchMoeChunkCounts(const Context &ctx, const int32_t *ids,
           int e = i < count ? ids[i] : -1;
           if (e < 0 || e >= experts)
             e = -1;
-          uint32_t same = laneMatch(e);
-          if (e >= 0 && (same & laneMaskBelow()) == 0)
+          uint32_t same = lanes.match(e);
+          if (e >= 0 && (same & lanes.maskBelow()) == 0)
             table[e * chunks + c] += popCount(same);
-          laneSync();
+          lanes.sync();
         }
       });
 }
@@ -163,7 +163,7 @@ Status launchMoeChunkOffsets(const Context &ctx, int64_t *table,
         for (int64_t at = 0; at < chunks; at += Lanes::kCount) {
           int64_t c = at + lanes.lane();
           int64_t v = c < chunks ? counts[c] : 0;
-          int64_t inclusive = laneInclusiveScan(v);
+          int64_t inclusive = inclusiveScan(lanes, v);
           if (c < chunks)
             counts[c] = running + inclusive - v;
           running += lanes.sum(v);
@@ -185,16 +185,16 @@ Status launchMoeAssignSlots(const Context &ctx, const int32_t *ids,
           int e = i < count ? ids[i] : -1;
           if (e < 0 || e >= experts)
             e = -1;
-          uint32_t same = laneMatch(e);
+          uint32_t same = lanes.match(e);
           int64_t base = e >= 0 ? table[e * chunks + c] : 0;
           if (i < count) {
-            int64_t s = base + popCount(same & laneMaskBelow());
+            int64_t s = base + popCount(same & lanes.maskBelow());
             slot[i] = e >= 0 && s < capacity ? e * capacity + s : -1;
           }
-          laneSync();
-          if (e >= 0 && (same & laneMaskBelow()) == 0)
+          lanes.sync();
+          if (e >= 0 && (same & lanes.maskBelow()) == 0)
             table[e * chunks + c] = base + popCount(same);
-          laneSync();
+          lanes.sync();
         }
       });
 }
@@ -390,7 +390,7 @@ Status launchMoeEpRunStarts(const Context &ctx, const int32_t *counts,
         for (int64_t at = 0; at < entries; at += Lanes::kCount) {
           int64_t i = at + lanes.lane();
           int64_t v = i < entries ? epCount(counts, i, capacity) : 0;
-          int64_t inclusive = laneInclusiveScan(v);
+          int64_t inclusive = inclusiveScan(lanes, v);
           if (i < entries)
             base[i] = running + inclusive - v;
           running += lanes.sum(v);

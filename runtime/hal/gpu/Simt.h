@@ -13,6 +13,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #ifdef __CUDACC__
 #define PIPER_HOST_DEVICE __host__ __device__
@@ -27,11 +28,29 @@
 namespace piper::runtime::hal::PIPER_GPU_NS {
 
 /// One lane: the host's sequential execution of a warp-per-row body.
+///
+/// Every lanes type (HostLanes, WarpLanes, and the 32-thread test lanes of
+/// host/LanesExec.h) offers: lane(), kCount, sum and max (the result in
+/// every lane), shuffleXor / shuffleUp (the value of lane ^ mask / lane -
+/// delta; only for lanes that exist: loops over masks run below kCount),
+/// match (the lanes whose key equals this lane's, bit j for lane j),
+/// maskBelow (the lanes below this one) and sync (orders the lanes' memory
+/// accesses before it before those after it). Every lane must reach every
+/// call of these but lane().
 struct HostLanes {
   static constexpr int kCount = 1;
   PIPER_HOST_DEVICE int lane() const { return 0; }
   template <class T> PIPER_HOST_DEVICE T sum(T v) const { return v; }
   PIPER_HOST_DEVICE float max(float v) const { return v; }
+  template <class T> PIPER_HOST_DEVICE T shuffleXor(T v, int) const {
+    return v;
+  }
+  template <class T> PIPER_HOST_DEVICE T shuffleUp(T v, int) const {
+    return v;
+  }
+  PIPER_HOST_DEVICE uint32_t match(int) const { return 1u; }
+  PIPER_HOST_DEVICE uint32_t maskBelow() const { return 0u; }
+  PIPER_HOST_DEVICE void sync() const {}
 };
 
 #ifdef __CUDACC__
@@ -62,8 +81,68 @@ struct WarpLanes {
 #endif
     return v;
   }
+  // 64-bit integers go through long long (every width has a shuffle).
+  template <class T> PIPER_HOST_DEVICE T shuffleXor(T v, int mask) const {
+#ifdef __CUDA_ARCH__
+    if constexpr (sizeof(T) == 8 && std::is_integral<T>::value)
+      v = static_cast<T>(
+          __shfl_xor_sync(0xffffffffu, static_cast<long long>(v), mask));
+    else
+      v = __shfl_xor_sync(0xffffffffu, v, mask);
+#endif
+    return v;
+  }
+  template <class T> PIPER_HOST_DEVICE T shuffleUp(T v, int delta) const {
+#ifdef __CUDA_ARCH__
+    if constexpr (sizeof(T) == 8 && std::is_integral<T>::value)
+      v = static_cast<T>(
+          __shfl_up_sync(0xffffffffu, static_cast<long long>(v), delta));
+    else
+      v = __shfl_up_sync(0xffffffffu, v, delta);
+#endif
+    return v;
+  }
+  PIPER_HOST_DEVICE uint32_t match(int key) const {
+#ifdef __CUDA_ARCH__
+    return __match_any_sync(0xffffffffu, key);
+#else
+    return 1u;
+#endif
+  }
+  PIPER_HOST_DEVICE uint32_t maskBelow() const {
+#ifdef __CUDA_ARCH__
+    return (1u << (threadIdx.x & 31)) - 1u;
+#else
+    return 0u;
+#endif
+  }
+  PIPER_HOST_DEVICE void sync() const {
+#ifdef __CUDA_ARCH__
+    __syncwarp();
+#endif
+  }
 };
 #endif
+
+/// The number of set bits.
+PIPER_HOST_DEVICE inline int popCount(uint32_t mask) {
+#ifdef __CUDA_ARCH__
+  return __popc(mask);
+#else
+  return __builtin_popcount(mask);
+#endif
+}
+
+/// The sum of v over this lane and the lanes below it.
+template <class Lanes, class T>
+PIPER_HOST_DEVICE T inclusiveScan(const Lanes &lanes, T v) {
+  for (int o = 1; o < Lanes::kCount; o <<= 1) {
+    T t = lanes.shuffleUp(v, o);
+    if (lanes.lane() >= o)
+      v += t;
+  }
+  return v;
+}
 
 /// *p += v, atomically on the device (the host emulation is sequential).
 PIPER_HOST_DEVICE inline void atomicAddFloat(float *p, float v) {

@@ -20,7 +20,7 @@
 #include "runtime/hal/gpu/GpuApi.h"
 #include "runtime/hal/gpu/LayerLaunch.h"
 #include "runtime/hal/gpu/Simt.h"
-#include "runtime/hal/gpu/test/LanesExec.h"
+#include "runtime/hal/gpu/host/LanesExec.h"
 #include "runtime/kernels/Kernels.h"
 
 namespace piper::runtime::hal::PIPER_GPU_NS {

@@ -1,13 +1,15 @@
 // The warp code of the GPU kernels on the host, with 32 lanes: an Exec whose
-// rows run on 32 threads that meet at every lanes.sum/max and combine in a
-// warp's butterfly order (Simt.h's WarpLanes), and whose forEach visits the
-// indices in reverse order. The emulation (HostExec) runs one lane; the
-// *_lanes_test binaries compile a group's *Launch.inl with this Exec (in a
-// namespace of their own, PIPER_GPU_NS) to exercise the lane striding and
-// the cross-lane reductions before a GPU does. A lane left waiting at a
-// reduction (a divergent lanes.sum, undefined on a GPU) aborts the test.
-#ifndef PIPER_RUNTIME_HAL_GPU_TEST_LANESEXEC_H
-#define PIPER_RUNTIME_HAL_GPU_TEST_LANESEXEC_H
+// rows run on 32 threads that meet at every cross-lane operation (sum, max,
+// shuffles, match, sync) and combine in a warp's order (Simt.h's
+// WarpLanes), and whose forEach visits the indices in reverse order. The
+// emulation (HostExec) runs one lane; built with PIPER_GPU_LANES32,
+// HostExec is this Exec (//runtime/hal/gpu:emulation_lanes32, namespace
+// gpu_lanes32), so gpu_kernels_lanes_test runs the kernel cases with the
+// lane striding and the cross-lane operations a GPU has. A lane left
+// waiting at a meeting (a divergent reduction, undefined on a GPU) aborts
+// the test. For tests only: 32 threads per row launch.
+#ifndef PIPER_RUNTIME_HAL_GPU_HOST_LANESEXEC_H
+#define PIPER_RUNTIME_HAL_GPU_HOST_LANESEXEC_H
 
 #include <chrono>
 #include <condition_variable>
@@ -41,7 +43,7 @@ public:
       if (!cv.wait_for(lock, std::chrono::seconds(20),
                        [&] { return generation != gen; })) {
         std::fprintf(stderr, "lanes diverged: not every lane reached a "
-                             "lanes.sum/max\n");
+                             "cross-lane operation\n");
         std::abort();
       }
     }
@@ -69,8 +71,35 @@ struct ThreadLanes {
   float max(float v) const {
     return combine(v, [](float a, float b) { return a > b ? a : b; });
   }
+  template <class T> T shuffleXor(T v, int mask) const {
+    return exchange(v, id ^ mask);
+  }
+  template <class T> T shuffleUp(T v, int delta) const {
+    // A lane below delta keeps its own value, as __shfl_up_sync.
+    return exchange(v, id >= delta ? id - delta : id);
+  }
+  uint32_t match(int key) const {
+    int64_t *keys = meeting->ints;
+    keys[id] = key;
+    meeting->wait();
+    uint32_t mask = 0;
+    for (int l = 0; l < 32; ++l)
+      if (keys[l] == key)
+        mask |= 1u << l;
+    meeting->wait();
+    return mask;
+  }
+  uint32_t maskBelow() const { return (1u << id) - 1u; }
+  void sync() const { meeting->wait(); }
 
 private:
+  template <class T> T exchange(T v, int from) const {
+    slot<T>()[id] = v;
+    meeting->wait();
+    T other = static_cast<T>(slot<T>()[from]);
+    meeting->wait();
+    return other;
+  }
   template <class T, class Op> T combine(T v, Op op) const {
     for (int o = 16; o > 0; o >>= 1) {
       slot<T>()[id] = v;
@@ -94,7 +123,8 @@ private:
 class LanesExec {
 public:
   using Lanes = ThreadLanes;
-  explicit LanesExec(const Context &) {}
+  explicit LanesExec(const Context &ctx) : ctx(ctx) {}
+  const Context &context() const { return ctx; }
   template <class F> Status forEach(const char *, int64_t n, F f) const {
     for (int64_t i = n - 1; i >= 0; --i)
       f(i);
@@ -113,8 +143,11 @@ public:
       t.join();
     return Status::ok();
   }
+
+private:
+  const Context &ctx;
 };
 
 } // namespace piper::runtime::hal::PIPER_GPU_NS
 
-#endif // PIPER_RUNTIME_HAL_GPU_TEST_LANESEXEC_H
+#endif // PIPER_RUNTIME_HAL_GPU_HOST_LANESEXEC_H
