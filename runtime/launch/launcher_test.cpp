@@ -186,19 +186,32 @@ TEST_CASE("piper-run command-line and strategy errors", "[launcher]") {
                      "(available: cpu") != std::string::npos);
   }
   // Without CUDA in the build, or without a usable GPU, --backend cuda
-  // stops before any rank starts and says why; on a GPU it gets as far as
-  // loading the plans, which fail naming the kernels it does not have yet.
+  // stops before any rank starts and says why; on a GPU machine the two
+  // ranks share the GPU through --comm gloo and train.
   SECTION("cuda backend, where it cannot run") {
-    RunResult r = piperRun({pp, "--nproc", "2", "--backend", "cuda"});
+    RunResult r =
+        piperRun({pp, "--nproc", "2", "--backend", "cuda", "--comm", "gloo"});
     INFO("stderr: " << r.err);
+    if (r.exitCode() != 0) {
+      CHECK(r.exitCode() == 1);
+      CHECK(std::regex_search(
+          r.err,
+          std::regex("backend 'cuda': (this piper-run was built without CUDA "
+                     "\\(no toolkit at .* at build time\\); see docs/gpu.md|"
+                     "no usable CUDA device: cudaGetDeviceCount\\(&count\\): "
+                     "cudaError\\w+: .* "
+                     "\\(runtime/hal/cuda/CudaDevice.cpp:\\d+\\))")));
+    }
+  }
+  SECTION("nccl needs the cuda backend") {
+    RunResult r = piperRun({pp, "--nproc", "2", "--comm", "nccl"});
     CHECK(r.exitCode() == 1);
-    CHECK(std::regex_search(
-        r.err,
-        std::regex("backend 'cuda': (this piper-run was built without CUDA "
-                   "\\(no toolkit at .* at build time\\); see docs/gpu.md|"
-                   "no usable CUDA device: cudaGetDeviceCount\\(&count\\): "
-                   "cudaError\\w+: .* \\(runtime/hal/cuda/CudaDevice.cpp:\\d+\\)|"
-                   "no kernel '\\w+')")));
+    CHECK(r.err.find("--comm nccl needs --backend cuda") != std::string::npos);
+  }
+  SECTION("unknown communicator") {
+    RunResult r = piperRun({pp, "--nproc", "2", "--comm", "mpi"});
+    CHECK(r.exitCode() != 0);
+    CHECK(r.err.find("--comm") != std::string::npos);
   }
   SECTION("missing strategy folder") {
     RunResult r = piperRun({pp + "/nope", "--nproc", "2"});

@@ -46,11 +46,15 @@ const CublasLt *cublasLt = nullptr;
 Status openCublasLt() {
   std::vector<std::string> tried;
   void *lib = nullptr;
+  // $PIPER_CUBLASLT_LIBRARY alone when set (as PIPER_NCCL_LIBRARY): a
+  // chosen library that does not load is an error, not a silent fallback.
   std::vector<std::string> candidates;
-  if (const char *env = std::getenv("PIPER_CUBLASLT_LIBRARY"))
+  if (const char *env = std::getenv("PIPER_CUBLASLT_LIBRARY"); env && *env) {
     candidates.push_back(env);
-  candidates.push_back("libcublasLt.so.13");
-  candidates.push_back("/usr/local/cuda/lib64/libcublasLt.so.13");
+  } else {
+    candidates.push_back("libcublasLt.so.13");
+    candidates.push_back("/usr/local/cuda/lib64/libcublasLt.so.13");
+  }
   for (const std::string &path : candidates) {
     lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (lib)

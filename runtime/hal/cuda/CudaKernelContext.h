@@ -13,9 +13,9 @@
 
 namespace piper::runtime::hal {
 
-/// Loads libcublasLt (once; `$PIPER_CUBLASLT_LIBRARY`, then the loader's
-/// search for libcublasLt.so.13, then /usr/local/cuda/lib64) and says what
-/// was tried when it cannot.
+/// Loads libcublasLt (once: `$PIPER_CUBLASLT_LIBRARY` alone when set, else
+/// the loader's search for libcublasLt.so.13, then /usr/local/cuda/lib64)
+/// and says what was tried when it cannot.
 Status loadCublasLt();
 
 /// The per-stream resources of the GPU kernels on CUDA device `ordinal`:
