@@ -31,8 +31,9 @@ namespace piper::runtime::hal::PIPER_GPU_NS {
 ///
 /// Every lanes type (HostLanes, WarpLanes, and the 32-thread test lanes of
 /// host/LanesExec.h) offers: lane(), kCount, sum and max (the result in
-/// every lane), shuffleXor / shuffleUp (the value of lane ^ mask / lane -
-/// delta; only for lanes that exist: loops over masks run below kCount),
+/// every lane), shuffleXor / shuffleUp / shuffle (the value of lane ^ mask /
+/// lane - delta / lane src; only for lanes that exist: loops over lanes run
+/// below kCount),
 /// match (the lanes whose key equals this lane's, bit j for lane j),
 /// maskBelow (the lanes below this one) and sync (orders the lanes' memory
 /// accesses before it before those after it). Every lane must reach every
@@ -48,6 +49,7 @@ struct HostLanes {
   template <class T> PIPER_HOST_DEVICE T shuffleUp(T v, int) const {
     return v;
   }
+  template <class T> PIPER_HOST_DEVICE T shuffle(T v, int) const { return v; }
   PIPER_HOST_DEVICE uint32_t match(int) const { return 1u; }
   PIPER_HOST_DEVICE uint32_t maskBelow() const { return 0u; }
   PIPER_HOST_DEVICE void sync() const {}
@@ -99,6 +101,17 @@ struct WarpLanes {
           __shfl_up_sync(0xffffffffu, static_cast<long long>(v), delta));
     else
       v = __shfl_up_sync(0xffffffffu, v, delta);
+#endif
+    return v;
+  }
+  /// The value of lane `src` (< kCount), in every lane.
+  template <class T> PIPER_HOST_DEVICE T shuffle(T v, int src) const {
+#ifdef __CUDA_ARCH__
+    if constexpr (sizeof(T) == 8 && std::is_integral<T>::value)
+      v = static_cast<T>(
+          __shfl_sync(0xffffffffu, static_cast<long long>(v), src));
+    else
+      v = __shfl_sync(0xffffffffu, v, src);
 #endif
     return v;
   }

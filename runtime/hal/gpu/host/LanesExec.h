@@ -78,6 +78,7 @@ struct ThreadLanes {
     // A lane below delta keeps its own value, as __shfl_up_sync.
     return exchange(v, id >= delta ? id - delta : id);
   }
+  template <class T> T shuffle(T v, int src) const { return exchange(v, src); }
   uint32_t match(int key) const {
     int64_t *keys = meeting->ints;
     keys[id] = key;
