@@ -179,8 +179,10 @@ public:
   /// GRAD, ADAM_M or ADAM_V.
   /// Its data is device memory: read it on the host with stateToHost.
   TensorRef state(int index, plan::Operand::Kind kind) const;
-  /// A copy of state(index, kind) in host memory (empty for a bad index).
-  std::vector<float> stateToHost(int index, plan::Operand::Kind kind) const;
+  /// Copies state(index, kind) to host memory, into `out` (resized; its
+  /// capacity is reused; empty for a bad index).
+  void stateToHost(int index, plan::Operand::Kind kind,
+                   std::vector<float> &out) const;
   /// Writes every parameter to DIR/<name>.bin (raw little-endian fp32),
   /// creating DIR if needed. Replica 0 writes; under ZeRO-3 every replica
   /// must call it (each contributes its shards).

@@ -35,13 +35,12 @@ TensorRef Executor::state(int index, plan::Operand::Kind kind) const {
   return impl->stateOf(index, kind)->ref();
 }
 
-std::vector<float> Executor::stateToHost(int index,
-                                         plan::Operand::Kind kind) const {
+void Executor::stateToHost(int index, plan::Operand::Kind kind,
+                           std::vector<float> &out) const {
   TensorRef t = state(index, kind);
-  std::vector<float> host(static_cast<size_t>(t.data ? t.numel() : 0));
-  if (!host.empty())
-    impl->memory->copyToHost(host.data(), t.data, 4 * host.size());
-  return host;
+  out.resize(static_cast<size_t>(t.data ? t.numel() : 0));
+  if (!out.empty())
+    impl->memory->copyToHost(out.data(), t.data, 4 * out.size());
 }
 
 Status Executor::saveParams(const std::string &dir) const {

@@ -72,8 +72,8 @@ void StepSnapshots::take(const Executor &exec, int64_t step) {
   slot.tensors.resize(specs.size() * 3);
   for (size_t p = 0; p < specs.size(); ++p)
     for (int k = 0; k < 3; ++k) {
-      slot.tensors[p * 3 + k] =
-          exec.stateToHost(static_cast<int>(p), kSnapshotKinds[k]);
+      exec.stateToHost(static_cast<int>(p), kSnapshotKinds[k],
+                       slot.tensors[p * 3 + k]);
     }
   slot.step = step;
   newest = 1 - newest;
