@@ -2,9 +2,10 @@
 // with rotary embeddings), compiled for the device by nvcc and for the host
 // by g++ (Simt.h). It follows the CPU kernel (runtime/kernels/
 // AttentionKernels.cpp) in flash-attention form: one warp per query row (or,
-// for dK and dV, per key row) walks over the keys (queries) with an online
-// softmax, lane j holding the head's elements j, j + kCount, ... in
-// registers, so no [seq, seq] probability matrix is ever stored.
+// for dK and dV, per key row) walks over the keys (queries) kCount at a time
+// with an online softmax, lane j holding the head's elements j, j + kCount,
+// ... in registers and scoring key (query) base + j of each block, so no
+// [seq, seq] probability matrix is ever stored.
 #ifndef PIPER_RUNTIME_HAL_GPU_ATTENTIONMATH_H
 #define PIPER_RUNTIME_HAL_GPU_ATTENTIONMATH_H
 
@@ -137,23 +138,6 @@ PIPER_HOST_DEVICE inline void zeroLaneShare(Lanes lanes, float *r,
   }
 }
 
-/// <r, x> over the row (every lane gets it): the lane's share of r against
-/// row x, then the lanes' sum.
-template <class Lanes>
-PIPER_HOST_DEVICE inline float laneDot(Lanes lanes, const float *r,
-                                       const float *x, int64_t count) {
-  constexpr int kPer = kMaxHeadDim / Lanes::kCount;
-  float partial = 0;
-  PIPER_ATTENTION_UNROLL
-  for (int t = 0; t < kPer; ++t) {
-    int64_t e = lanes.lane() + int64_t(t) * Lanes::kCount;
-    if (e >= count)
-      break;
-    partial += r[t] * x[e];
-  }
-  return lanes.sum(partial);
-}
-
 /// acc += w * x over the lane's share.
 template <class Lanes>
 PIPER_HOST_DEVICE inline void laneAxpy(Lanes lanes, float *acc, float w,
@@ -197,13 +181,76 @@ PIPER_HOST_DEVICE inline void storeLaneShare(Lanes lanes, const float *r,
   }
 }
 
+/// The dots of a block of kCount rows against one row held in shares:
+/// lane j gets <r, x_j> for j < count (x_j = x + j * ldx; rows from count on
+/// are not read, their lanes get 0). Every lane multiplies its share of r
+/// with its share of every row (coalesced reads), then the lanes' partial
+/// sums are reduced and scattered at once (a transpose by halves: at offset
+/// o each lane keeps the half of its partials whose key has its bit o, sends
+/// the other half to lane ^ o and adds what it receives), kCount - 1
+/// shuffles in all. Each dot adds the same lanes' partials in the same tree
+/// (addition commutes), so <r, x_j> has the same bits whichever lane it
+/// lands in and whichever of the two rows is r: the passes of the backward
+/// recompute exactly the forward's scores. count is the same in every lane.
+template <class Lanes>
+PIPER_HOST_DEVICE inline float blockDot(Lanes lanes, const float *r,
+                                        const float *x, int64_t ldx,
+                                        int64_t count, int64_t hd) {
+  constexpr int kLanes = Lanes::kCount;
+  constexpr int kPer = kMaxHeadDim / kLanes;
+  const int lane = lanes.lane();
+  float part[kLanes];
+  PIPER_ATTENTION_UNROLL
+  for (int j = 0; j < kLanes; ++j) {
+    float sum = 0;
+    if (j < count) {
+      const float *row = x + j * ldx;
+      PIPER_ATTENTION_UNROLL
+      for (int t = 0; t < kPer; ++t) {
+        int64_t e = lane + int64_t(t) * kLanes;
+        if (e >= hd)
+          break;
+        sum += r[t] * row[e];
+      }
+    }
+    part[j] = sum;
+  }
+  // (The inner loop's bound is a constant so that both loops unroll and
+  // part stays in registers.)
+  PIPER_ATTENTION_UNROLL
+  for (int o = kLanes / 2; o > 0; o >>= 1) {
+    const bool upper = (lane & o) != 0;
+    PIPER_ATTENTION_UNROLL
+    for (int j = 0; j < kLanes / 2; ++j) {
+      if (j < o) {
+        float send = upper ? part[j] : part[j + o];
+        float keep = upper ? part[j + o] : part[j];
+        part[j] = keep + lanes.shuffleXor(send, o);
+      }
+    }
+  }
+  return part[0];
+}
+
+/// The number of rows of the block starting at `first` that are at most
+/// `last` (at most kCount), the same in every lane.
+template <class Lanes>
+PIPER_HOST_DEVICE inline int64_t blockCount(int64_t first, int64_t last) {
+  int64_t n = last - first + 1;
+  return n < Lanes::kCount ? n : Lanes::kCount;
+}
+
+PIPER_HOST_DEVICE inline float maxF(float a, float b) { return a > b ? a : b; }
+
 /// The forward of query row i of one (sequence, head) with an online
-/// softmax over keys 0..i: on return acc (lane's share) holds
-/// sum_j exp(s_j - m) v_j, m the largest score s_j = scale <q_i, k_j> and
-/// l = sum_j exp(s_j - m); the output row is acc / l. Every lane runs every
-/// iteration (the reductions need all of them): the scores, and so the
-/// branches on them, are the same in every lane (the butterfly sums agree
-/// bit for bit).
+/// softmax over keys 0..i, kCount keys at a time: lane j scores key
+/// base + j (blockDot; keys past i score -inf), one max and one sum per
+/// block update the running maximum m and l = sum_j exp(s_j - m), the
+/// accumulator is rescaled once, then every key's p_j (a shuffle from its
+/// lane) adds p_j v_j to the lane's share of acc, keys in order. On return
+/// acc holds sum_j exp(s_j - m) v_j, s_j = scale <q_i, k_j>; the output row
+/// is acc / l. Every lane runs every iteration: the loop bounds depend on i
+/// only.
 template <class Lanes>
 PIPER_HOST_DEVICE inline void attendRow(Lanes lanes, const AttentionShape &s,
                                         const AttentionHead &h, int64_t i,
@@ -215,19 +262,22 @@ PIPER_HOST_DEVICE inline void attendRow(Lanes lanes, const AttentionShape &s,
   zeroLaneShare(lanes, acc, hd);
   m = -INFINITY;
   l = 0;
-  for (int64_t j = 0; j <= i; ++j) {
-    float score = s.scale * laneDot(lanes, q, h.k + j * h.ldk, hd);
-    if (score > m) {
-      // Rescale what was summed against the old maximum (exp(-inf) = 0 on
-      // the first key).
-      float c = expF(m - score);
-      l *= c;
-      laneScale(lanes, acc, c, hd);
-      m = score;
-    }
-    float p = expF(score - m);
-    l += p;
-    laneAxpy(lanes, acc, p, h.v + j * h.ldv, hd);
+  for (int64_t base = 0; base <= i; base += Lanes::kCount) {
+    const int64_t count = blockCount<Lanes>(base, i);
+    float dot = blockDot(lanes, q, h.k + base * h.ldk, h.ldk, count, hd);
+    const bool valid = lanes.lane() < count;
+    float score = valid ? s.scale * dot : -INFINITY;
+    // The first block's lane 0 holds key 0: the maximum is finite, and the
+    // rescale of the empty sums is exp(-inf) = 0.
+    float mNew = maxF(m, lanes.max(score));
+    float c = expF(m - mNew);
+    float p = valid ? expF(score - mNew) : 0.0f;
+    l = l * c + lanes.sum(p);
+    m = mNew;
+    laneScale(lanes, acc, c, hd);
+    for (int64_t j = 0; j < count; ++j)
+      laneAxpy(lanes, acc, lanes.shuffle(p, int(j)), h.v + (base + j) * h.ldv,
+               hd);
   }
 }
 
