@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "runtime/hal/gpu/Simt.h"
 
@@ -105,76 +106,107 @@ struct AttentionHead {
   int64_t ldq, ldk, ldv, lddy;
 };
 
-// The lane's share of a row: elements lane + t kCount for t < kPer (kPer =
-// kMaxHeadDim / kCount, a compile-time bound, so that the shares live in
-// registers), as far as the row goes. These loops hold no reduction, so the
+// The lane's share of a row, read W floats at a time (W = 1, or 4 when
+// every row the call reads starts 16-byte aligned and hd is a multiple of
+// 4: attentionWidth): slot t < kPer (kPer = kMaxHeadDim / kCount, a
+// compile-time bound, so that the shares live in registers) holds element
+// (t / W) (kCount W) + lane W + t % W, as far as the row goes (W = 1:
+// elements lane, lane + kCount, ...). These loops hold no reduction, so the
 // lanes may leave them at different t.
 
+/// The element in slot t of the lane's share.
+template <int W, class Lanes>
+PIPER_HOST_DEVICE inline int64_t laneElement(Lanes lanes, int t) {
+  return int64_t(t / W) * (Lanes::kCount * W) + lanes.lane() * W + t % W;
+}
+
+/// out[0..W) = x[0..W) (x 16-byte aligned when W = 4).
+template <int W>
+PIPER_HOST_DEVICE inline void loadVector(const float *x, float *out) {
+#ifdef __CUDA_ARCH__
+  if constexpr (W == 4) {
+    float4 v = *reinterpret_cast<const float4 *>(x);
+    out[0] = v.x;
+    out[1] = v.y;
+    out[2] = v.z;
+    out[3] = v.w;
+  } else {
+    for (int w = 0; w < W; ++w)
+      out[w] = x[w];
+  }
+#else
+  for (int w = 0; w < W; ++w)
+    out[w] = x[w];
+#endif
+}
+
 /// Loads the lane's share of row x (count elements) into r.
-template <class Lanes>
+template <int W, class Lanes>
 PIPER_HOST_DEVICE inline void loadLaneShare(Lanes lanes, const float *x,
                                             int64_t count, float *r) {
   constexpr int kPer = kMaxHeadDim / Lanes::kCount;
   PIPER_ATTENTION_UNROLL
-  for (int t = 0; t < kPer; ++t) {
-    int64_t e = lanes.lane() + int64_t(t) * Lanes::kCount;
+  for (int t = 0; t < kPer; t += W) {
+    int64_t e = laneElement<W>(lanes, t);
     if (e >= count)
       break;
-    r[t] = x[e];
+    loadVector<W>(x + e, r + t);
   }
 }
 
 /// Zeroes the lane's share of r.
-template <class Lanes>
+template <int W, class Lanes>
 PIPER_HOST_DEVICE inline void zeroLaneShare(Lanes lanes, float *r,
                                             int64_t count) {
   constexpr int kPer = kMaxHeadDim / Lanes::kCount;
   PIPER_ATTENTION_UNROLL
   for (int t = 0; t < kPer; ++t) {
-    int64_t e = lanes.lane() + int64_t(t) * Lanes::kCount;
-    if (e >= count)
+    if (laneElement<W>(lanes, t) >= count)
       break;
     r[t] = 0;
   }
 }
 
 /// acc += w * x over the lane's share.
-template <class Lanes>
+template <int W, class Lanes>
 PIPER_HOST_DEVICE inline void laneAxpy(Lanes lanes, float *acc, float w,
                                        const float *x, int64_t count) {
   constexpr int kPer = kMaxHeadDim / Lanes::kCount;
   PIPER_ATTENTION_UNROLL
-  for (int t = 0; t < kPer; ++t) {
-    int64_t e = lanes.lane() + int64_t(t) * Lanes::kCount;
+  for (int t = 0; t < kPer; t += W) {
+    int64_t e = laneElement<W>(lanes, t);
     if (e >= count)
       break;
-    acc[t] += w * x[e];
+    float v[W];
+    loadVector<W>(x + e, v);
+    PIPER_ATTENTION_UNROLL
+    for (int u = 0; u < W; ++u)
+      acc[t + u] += w * v[u];
   }
 }
 
 /// acc *= c over the lane's share.
-template <class Lanes>
+template <int W, class Lanes>
 PIPER_HOST_DEVICE inline void laneScale(Lanes lanes, float *acc, float c,
                                         int64_t count) {
   constexpr int kPer = kMaxHeadDim / Lanes::kCount;
   PIPER_ATTENTION_UNROLL
   for (int t = 0; t < kPer; ++t) {
-    int64_t e = lanes.lane() + int64_t(t) * Lanes::kCount;
-    if (e >= count)
+    if (laneElement<W>(lanes, t) >= count)
       break;
     acc[t] *= c;
   }
 }
 
 /// Stores the lane's share of r, times `scale`, to row x.
-template <class Lanes>
+template <int W, class Lanes>
 PIPER_HOST_DEVICE inline void storeLaneShare(Lanes lanes, const float *r,
                                              float scale, float *x,
                                              int64_t count) {
   constexpr int kPer = kMaxHeadDim / Lanes::kCount;
   PIPER_ATTENTION_UNROLL
   for (int t = 0; t < kPer; ++t) {
-    int64_t e = lanes.lane() + int64_t(t) * Lanes::kCount;
+    int64_t e = laneElement<W>(lanes, t);
     if (e >= count)
       break;
     x[e] = r[t] * scale;
@@ -192,7 +224,7 @@ PIPER_HOST_DEVICE inline void storeLaneShare(Lanes lanes, const float *r,
 /// (addition commutes), so <r, x_j> has the same bits whichever lane it
 /// lands in and whichever of the two rows is r: the passes of the backward
 /// recompute exactly the forward's scores. count is the same in every lane.
-template <class Lanes>
+template <int W, class Lanes>
 PIPER_HOST_DEVICE inline float blockDot(Lanes lanes, const float *r,
                                         const float *x, int64_t ldx,
                                         int64_t count, int64_t hd) {
@@ -206,11 +238,15 @@ PIPER_HOST_DEVICE inline float blockDot(Lanes lanes, const float *r,
     if (j < count) {
       const float *row = x + j * ldx;
       PIPER_ATTENTION_UNROLL
-      for (int t = 0; t < kPer; ++t) {
-        int64_t e = lane + int64_t(t) * kLanes;
+      for (int t = 0; t < kPer; t += W) {
+        int64_t e = laneElement<W>(lanes, t);
         if (e >= hd)
           break;
-        sum += r[t] * row[e];
+        float v[W];
+        loadVector<W>(row + e, v);
+        PIPER_ATTENTION_UNROLL
+        for (int u = 0; u < W; ++u)
+          sum += r[t + u] * v[u];
       }
     }
     part[j] = sum;
@@ -232,6 +268,30 @@ PIPER_HOST_DEVICE inline float blockDot(Lanes lanes, const float *r,
   return part[0];
 }
 
+/// The width the shares of a call are read with: 4 when hd is a multiple
+/// of 4 and every base pointer (q and k's source, qkv, dy when given) is
+/// 16-byte aligned (the leading dimensions are multiples of hd), else 1.
+/// Checks addresses only, never data.
+inline int attentionWidth(const AttentionShape &s, const void *qk,
+                          const void *qkv, const void *dy) {
+  auto aligned = [](const void *p) {
+    return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+  };
+  return s.headDim % 4 == 0 && aligned(qk) && aligned(qkv) &&
+                 (dy == nullptr || aligned(dy))
+             ? 4
+             : 1;
+}
+
+/// body(std::integral_constant<int, W>()) for W = width (4 or 1): a row
+/// body written once for both widths.
+template <class F> PIPER_HOST_DEVICE inline void withWidth(int width, F body) {
+  if (width == 4)
+    body(std::integral_constant<int, 4>());
+  else
+    body(std::integral_constant<int, 1>());
+}
+
 /// The number of rows of the block starting at `first` that are at most
 /// `last` (at most kCount), the same in every lane.
 template <class Lanes>
@@ -251,20 +311,20 @@ PIPER_HOST_DEVICE inline float maxF(float a, float b) { return a > b ? a : b; }
 /// acc holds sum_j exp(s_j - m) v_j, s_j = scale <q_i, k_j>; the output row
 /// is acc / l. Every lane runs every iteration: the loop bounds depend on i
 /// only.
-template <class Lanes>
+template <int W, class Lanes>
 PIPER_HOST_DEVICE inline void attendRow(Lanes lanes, const AttentionShape &s,
                                         const AttentionHead &h, int64_t i,
                                         float *acc, float &m, float &l) {
   constexpr int kPer = kMaxHeadDim / Lanes::kCount;
   const int64_t hd = s.headDim;
   float q[kPer];
-  loadLaneShare(lanes, h.q + i * h.ldq, hd, q);
-  zeroLaneShare(lanes, acc, hd);
+  loadLaneShare<W>(lanes, h.q + i * h.ldq, hd, q);
+  zeroLaneShare<W>(lanes, acc, hd);
   m = -INFINITY;
   l = 0;
   for (int64_t base = 0; base <= i; base += Lanes::kCount) {
     const int64_t count = blockCount<Lanes>(base, i);
-    float dot = blockDot(lanes, q, h.k + base * h.ldk, h.ldk, count, hd);
+    float dot = blockDot<W>(lanes, q, h.k + base * h.ldk, h.ldk, count, hd);
     const bool valid = lanes.lane() < count;
     float score = valid ? s.scale * dot : -INFINITY;
     // The first block's lane 0 holds key 0: the maximum is finite, and the
@@ -274,10 +334,10 @@ PIPER_HOST_DEVICE inline void attendRow(Lanes lanes, const AttentionShape &s,
     float p = valid ? expF(score - mNew) : 0.0f;
     l = l * c + lanes.sum(p);
     m = mNew;
-    laneScale(lanes, acc, c, hd);
+    laneScale<W>(lanes, acc, c, hd);
     for (int64_t j = 0; j < count; ++j)
-      laneAxpy(lanes, acc, lanes.shuffle(p, int(j)), h.v + (base + j) * h.ldv,
-               hd);
+      laneAxpy<W>(lanes, acc, lanes.shuffle(p, int(j)),
+                  h.v + (base + j) * h.ldv, hd);
   }
 }
 
