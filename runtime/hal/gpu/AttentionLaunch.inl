@@ -3,14 +3,19 @@
 // is declared in this namespace.
 //
 // Forward: one warp per (sequence, head, query i) runs attendRow over keys
-// 0..i and writes y's row. The op's only output is y, so the forward saves
-// no log-sum-exp; the backward, without a [seq, seq] matrix, recomputes in
-// a stats pass each query row's softmax (maximum m, 1 / denominator) and
-// D = <dy, y>; then dS_ij = scale P_ij (<dy_i, v_j> - D_i) gives dQ per
-// query row (warp per (sequence, head, i), keys j <= i) and dK, dV per key
-// row (warp per (sequence, kv head, j), the group's query heads and queries
-// i >= j), each row owned by one warp: no atomics. With rotary embeddings,
-// q and k are rotated into scratch first and dQ, dK rotated back in place.
+// 0..i, a block of 32 at a time (lane j scores key base + j), and writes
+// y's row. The op's only output is y, so the forward saves no log-sum-exp;
+// the backward, without a [seq, seq] matrix, recomputes in a stats pass
+// each query row's softmax (maximum m, 1 / denominator) and D = <dy, y>; then
+// dS_ij = scale P_ij (<dy_i, v_j> - D_i) gives dQ per query row (warp per
+// (sequence, head, i), keys j <= i) and dK, dV per key row (warp per (sequence,
+// kv head, j), the group's query heads and queries i >= j), each row owned by
+// one warp: no atomics. Every pass takes its keys (queries) in blocks of 32,
+// one per lane, scored by blockDot; the accumulations then take them in order
+// with a shuffle each; rows are read as float4 where every row is 16-byte
+// aligned (attentionWidth), the body compiled for both widths (withWidth). With
+// rotary embeddings, q and k are rotated into scratch first and dQ, dK rotated
+// back in place.
 
 namespace piper::runtime::hal::PIPER_GPU_NS {
 
@@ -83,19 +88,23 @@ Status launchAttention(const Context &ctx, const AttentionShape &s,
   AttentionScratch layout = attentionScratch(s, false);
   AttentionQkSource src;
   PIPER_RETURN_IF_ERROR(attentionPrepareQk(ctx, s, qkv, scratch, layout, src));
+  const int width = attentionWidth(s, src.q, qkv, nullptr);
   return Exec(ctx).forEachRow(
       "attention", s.batch * s.heads * s.seq,
       [=] PIPER_LAMBDA(Lanes lanes, int64_t r) {
-        constexpr int kPer = kMaxHeadDim / Lanes::kCount;
-        int64_t i = r % s.seq, bh = r / s.seq;
-        int64_t h = bh % s.heads, b = bh / s.heads;
-        AttentionHead view = attentionHeadView(s, src, qkv, nullptr, b, h);
-        float acc[kPer];
-        float m, l;
-        attendRow(lanes, s, view, i, acc, m, l);
-        storeLaneShare(lanes, acc, 1.0f / l,
-                       y + (b * s.seq + i) * s.qCols + h * s.headDim,
-                       s.headDim);
+        withWidth(width, [&](auto w) {
+          constexpr int W = decltype(w)::value;
+          constexpr int kPer = kMaxHeadDim / Lanes::kCount;
+          int64_t i = r % s.seq, bh = r / s.seq;
+          int64_t h = bh % s.heads, b = bh / s.heads;
+          AttentionHead view = attentionHeadView(s, src, qkv, nullptr, b, h);
+          float acc[kPer];
+          float m, l;
+          attendRow<W>(lanes, s, view, i, acc, m, l);
+          storeLaneShare<W>(lanes, acc, 1.0f / l,
+                            y + (b * s.seq + i) * s.qCols + h * s.headDim,
+                            s.headDim);
+        });
       });
 }
 
@@ -106,6 +115,8 @@ Status launchAttentionGrad(const Context &ctx, const AttentionShape &s,
   AttentionScratch layout = attentionScratch(s, true);
   AttentionQkSource src;
   PIPER_RETURN_IF_ERROR(attentionPrepareQk(ctx, s, qkv, scratch, layout, src));
+  // One width for every pass: their dots must agree bit for bit.
+  const int width = attentionWidth(s, src.q, qkv, dy);
   const int64_t queryRows = s.batch * s.heads * s.seq;
   // Per (sequence, head, query), indexed like the query rows below.
   float *rowMax = reinterpret_cast<float *>(scratch + layout.statsOffset);
@@ -119,59 +130,76 @@ Status launchAttentionGrad(const Context &ctx, const AttentionShape &s,
   PIPER_RETURN_IF_ERROR(Exec(ctx).forEachRow(
       "attention_grad_stats", queryRows,
       [=] PIPER_LAMBDA(Lanes lanes, int64_t r) {
-        constexpr int kPer = kMaxHeadDim / Lanes::kCount;
-        const int64_t hd = s.headDim;
-        int64_t i = r % s.seq, bh = r / s.seq;
-        int64_t h = bh % s.heads, b = bh / s.heads;
-        AttentionHead view = attentionHeadView(s, src, qkv, dy, b, h);
-        float q[kPer], dyr[kPer];
-        loadLaneShare(lanes, view.q + i * view.ldq, hd, q);
-        loadLaneShare(lanes, view.dy + i * view.lddy, hd, dyr);
-        float m = -INFINITY, l = 0;
-        double dot = 0; // sum_j exp(s_j - m) dP_j
-        for (int64_t j = 0; j <= i; ++j) {
-          float score = s.scale * laneDot(lanes, q, view.k + j * view.ldk, hd);
-          float dp = laneDot(lanes, dyr, view.v + j * view.ldv, hd);
-          if (score > m) {
-            float c = expF(m - score);
-            l *= c;
-            dot *= c;
-            m = score;
+        withWidth(width, [&](auto w) {
+          constexpr int W = decltype(w)::value;
+          constexpr int kPer = kMaxHeadDim / Lanes::kCount;
+          const int64_t hd = s.headDim;
+          int64_t i = r % s.seq, bh = r / s.seq;
+          int64_t h = bh % s.heads, b = bh / s.heads;
+          AttentionHead view = attentionHeadView(s, src, qkv, dy, b, h);
+          float q[kPer], dyr[kPer];
+          loadLaneShare<W>(lanes, view.q + i * view.ldq, hd, q);
+          loadLaneShare<W>(lanes, view.dy + i * view.lddy, hd, dyr);
+          float m = -INFINITY, l = 0;
+          double dot = 0; // sum_j exp(s_j - m) dP_j
+          for (int64_t base = 0; base <= i; base += Lanes::kCount) {
+            const int64_t count = blockCount<Lanes>(base, i);
+            float sc = blockDot<W>(lanes, q, view.k + base * view.ldk, view.ldk,
+                                   count, hd);
+            float dp = blockDot<W>(lanes, dyr, view.v + base * view.ldv,
+                                   view.ldv, count, hd);
+            const bool valid = lanes.lane() < count;
+            float score = valid ? s.scale * sc : -INFINITY;
+            float mNew = maxF(m, lanes.max(score));
+            float c = expF(m - mNew);
+            float p = valid ? expF(score - mNew) : 0.0f;
+            l = l * c + lanes.sum(p);
+            dot = dot * c + lanes.sum(valid ? double(p) * double(dp) : 0.0);
+            m = mNew;
           }
-          float p = expF(score - m);
-          l += p;
-          dot += double(p) * double(dp);
-        }
-        float inv = 1.0f / l;
-        if (lanes.lane() == 0) {
-          rowMax[r] = m;
-          rowInv[r] = inv;
-          rowDot[r] = static_cast<float>(dot * inv);
-        }
+          float inv = 1.0f / l;
+          if (lanes.lane() == 0) {
+            rowMax[r] = m;
+            rowInv[r] = inv;
+            rowDot[r] = static_cast<float>(dot * inv);
+          }
+        });
       }));
 
   // dQ (of the rotated q) per query row: sum over keys j <= i of dS_ij k_j.
   PIPER_RETURN_IF_ERROR(Exec(ctx).forEachRow(
       "attention_grad_q", queryRows, [=] PIPER_LAMBDA(Lanes lanes, int64_t r) {
-        constexpr int kPer = kMaxHeadDim / Lanes::kCount;
-        const int64_t hd = s.headDim;
-        int64_t i = r % s.seq, bh = r / s.seq;
-        int64_t h = bh % s.heads, b = bh / s.heads;
-        AttentionHead view = attentionHeadView(s, src, qkv, dy, b, h);
-        float q[kPer], dyr[kPer], dq[kPer];
-        loadLaneShare(lanes, view.q + i * view.ldq, hd, q);
-        loadLaneShare(lanes, view.dy + i * view.lddy, hd, dyr);
-        zeroLaneShare(lanes, dq, hd);
-        const float m = rowMax[r], inv = rowInv[r], dot = rowDot[r];
-        for (int64_t j = 0; j <= i; ++j) {
-          const float *k = view.k + j * view.ldk;
-          float score = s.scale * laneDot(lanes, q, k, hd);
-          float dp = laneDot(lanes, dyr, view.v + j * view.ldv, hd);
-          float p = expF(score - m) * inv;
-          laneAxpy(lanes, dq, s.scale * p * (dp - dot), k, hd);
-        }
-        storeLaneShare(lanes, dq, 1.0f,
-                       dqkv + (b * s.seq + i) * s.cols + h * hd, hd);
+        withWidth(width, [&](auto w) {
+          constexpr int W = decltype(w)::value;
+          constexpr int kPer = kMaxHeadDim / Lanes::kCount;
+          const int64_t hd = s.headDim;
+          int64_t i = r % s.seq, bh = r / s.seq;
+          int64_t h = bh % s.heads, b = bh / s.heads;
+          AttentionHead view = attentionHeadView(s, src, qkv, dy, b, h);
+          float q[kPer], dyr[kPer], dq[kPer];
+          loadLaneShare<W>(lanes, view.q + i * view.ldq, hd, q);
+          loadLaneShare<W>(lanes, view.dy + i * view.lddy, hd, dyr);
+          zeroLaneShare<W>(lanes, dq, hd);
+          const float m = rowMax[r], inv = rowInv[r], dot = rowDot[r];
+          for (int64_t base = 0; base <= i; base += Lanes::kCount) {
+            const int64_t count = blockCount<Lanes>(base, i);
+            const float *k = view.k + base * view.ldk;
+            float sc = blockDot<W>(lanes, q, k, view.ldk, count, hd);
+            float dp = blockDot<W>(lanes, dyr, view.v + base * view.ldv,
+                                   view.ldv, count, hd);
+            float ds = 0;
+            if (lanes.lane() < count) {
+              float score = s.scale * sc;
+              float p = expF(score - m) * inv;
+              ds = s.scale * p * (dp - dot);
+            }
+            for (int64_t j = 0; j < count; ++j)
+              laneAxpy<W>(lanes, dq, lanes.shuffle(ds, int(j)),
+                          k + j * view.ldk, hd);
+          }
+          storeLaneShare<W>(lanes, dq, 1.0f,
+                            dqkv + (b * s.seq + i) * s.cols + h * hd, hd);
+        });
       }));
 
   // dK (of the rotated k) and dV per key row j of a kv head: sums over the
@@ -179,34 +207,51 @@ Status launchAttentionGrad(const Context &ctx, const AttentionShape &s,
   PIPER_RETURN_IF_ERROR(Exec(ctx).forEachRow(
       "attention_grad_kv", s.batch * s.kvHeads * s.seq,
       [=] PIPER_LAMBDA(Lanes lanes, int64_t r) {
-        constexpr int kPer = kMaxHeadDim / Lanes::kCount;
-        const int64_t hd = s.headDim, group = s.group();
-        int64_t j = r % s.seq, bg = r / s.seq;
-        int64_t g = bg % s.kvHeads, b = bg / s.kvHeads;
-        float k[kPer], v[kPer], dk[kPer], dv[kPer];
-        {
-          AttentionHead view = attentionHeadView(s, src, qkv, dy, b, g * group);
-          loadLaneShare(lanes, view.k + j * view.ldk, hd, k);
-          loadLaneShare(lanes, view.v + j * view.ldv, hd, v);
-        }
-        zeroLaneShare(lanes, dk, hd);
-        zeroLaneShare(lanes, dv, hd);
-        for (int64_t h = g * group; h < (g + 1) * group; ++h) {
-          AttentionHead view = attentionHeadView(s, src, qkv, dy, b, h);
-          const int64_t stats = (b * s.heads + h) * s.seq;
-          for (int64_t i = j; i < s.seq; ++i) {
-            const float *q = view.q + i * view.ldq;
-            const float *dyRow = view.dy + i * view.lddy;
-            float score = s.scale * laneDot(lanes, k, q, hd);
-            float dp = laneDot(lanes, v, dyRow, hd);
-            float p = expF(score - rowMax[stats + i]) * rowInv[stats + i];
-            laneAxpy(lanes, dv, p, dyRow, hd);
-            laneAxpy(lanes, dk, s.scale * p * (dp - rowDot[stats + i]), q, hd);
+        withWidth(width, [&](auto w) {
+          constexpr int W = decltype(w)::value;
+          constexpr int kPer = kMaxHeadDim / Lanes::kCount;
+          const int64_t hd = s.headDim, group = s.group();
+          int64_t j = r % s.seq, bg = r / s.seq;
+          int64_t g = bg % s.kvHeads, b = bg / s.kvHeads;
+          float k[kPer], v[kPer], dk[kPer], dv[kPer];
+          {
+            AttentionHead view =
+                attentionHeadView(s, src, qkv, dy, b, g * group);
+            loadLaneShare<W>(lanes, view.k + j * view.ldk, hd, k);
+            loadLaneShare<W>(lanes, view.v + j * view.ldv, hd, v);
           }
-        }
-        float *row = dqkv + (b * s.seq + j) * s.cols + s.qCols + g * hd;
-        storeLaneShare(lanes, dk, 1.0f, row, hd);
-        storeLaneShare(lanes, dv, 1.0f, row + s.kvCols, hd);
+          zeroLaneShare<W>(lanes, dk, hd);
+          zeroLaneShare<W>(lanes, dv, hd);
+          for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+            AttentionHead view = attentionHeadView(s, src, qkv, dy, b, h);
+            const int64_t stats = (b * s.heads + h) * s.seq;
+            // Queries j..seq-1, kCount at a time: lane l takes query
+            // first + l.
+            for (int64_t first = j; first < s.seq; first += Lanes::kCount) {
+              const int64_t count = blockCount<Lanes>(first, s.seq - 1);
+              const float *q = view.q + first * view.ldq;
+              const float *dyRows = view.dy + first * view.lddy;
+              float sc = blockDot<W>(lanes, k, q, view.ldq, count, hd);
+              float dp = blockDot<W>(lanes, v, dyRows, view.lddy, count, hd);
+              float p = 0, ds = 0;
+              if (lanes.lane() < count) {
+                const int64_t at = stats + first + lanes.lane();
+                float score = s.scale * sc;
+                p = expF(score - rowMax[at]) * rowInv[at];
+                ds = s.scale * p * (dp - rowDot[at]);
+              }
+              for (int64_t l = 0; l < count; ++l) {
+                laneAxpy<W>(lanes, dv, lanes.shuffle(p, int(l)),
+                            dyRows + l * view.lddy, hd);
+                laneAxpy<W>(lanes, dk, lanes.shuffle(ds, int(l)),
+                            q + l * view.ldq, hd);
+              }
+            }
+          }
+          float *row = dqkv + (b * s.seq + j) * s.cols + s.qCols + g * hd;
+          storeLaneShare<W>(lanes, dk, 1.0f, row, hd);
+          storeLaneShare<W>(lanes, dv, 1.0f, row + s.kvCols, hd);
+        });
       }));
 
   if (!s.rotary())

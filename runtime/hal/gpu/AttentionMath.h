@@ -2,15 +2,17 @@
 // with rotary embeddings), compiled for the device by nvcc and for the host
 // by g++ (Simt.h). It follows the CPU kernel (runtime/kernels/
 // AttentionKernels.cpp) in flash-attention form: one warp per query row (or,
-// for dK and dV, per key row) walks over the keys (queries) with an online
-// softmax, lane j holding the head's elements j, j + kCount, ... in
-// registers, so no [seq, seq] probability matrix is ever stored.
+// for dK and dV, per key row) walks over the keys (queries) kCount at a time
+// with an online softmax, lane j holding the head's elements j, j + kCount,
+// ... in registers and scoring key (query) base + j of each block, so no
+// [seq, seq] probability matrix is ever stored.
 #ifndef PIPER_RUNTIME_HAL_GPU_ATTENTIONMATH_H
 #define PIPER_RUNTIME_HAL_GPU_ATTENTIONMATH_H
 
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "runtime/hal/gpu/Simt.h"
 
@@ -104,130 +106,238 @@ struct AttentionHead {
   int64_t ldq, ldk, ldv, lddy;
 };
 
-// The lane's share of a row: elements lane + t kCount for t < kPer (kPer =
-// kMaxHeadDim / kCount, a compile-time bound, so that the shares live in
-// registers), as far as the row goes. These loops hold no reduction, so the
+// The lane's share of a row, read W floats at a time (W = 1, or 4 when
+// every row the call reads starts 16-byte aligned and hd is a multiple of
+// 4: attentionWidth): slot t < kPer (kPer = kMaxHeadDim / kCount, a
+// compile-time bound, so that the shares live in registers) holds element
+// (t / W) (kCount W) + lane W + t % W, as far as the row goes (W = 1:
+// elements lane, lane + kCount, ...). These loops hold no reduction, so the
 // lanes may leave them at different t.
 
+/// The element in slot t of the lane's share.
+template <int W, class Lanes>
+PIPER_HOST_DEVICE inline int64_t laneElement(Lanes lanes, int t) {
+  return int64_t(t / W) * (Lanes::kCount * W) + lanes.lane() * W + t % W;
+}
+
+/// out[0..W) = x[0..W) (x 16-byte aligned when W = 4).
+template <int W>
+PIPER_HOST_DEVICE inline void loadVector(const float *x, float *out) {
+#ifdef __CUDA_ARCH__
+  if constexpr (W == 4) {
+    float4 v = *reinterpret_cast<const float4 *>(x);
+    out[0] = v.x;
+    out[1] = v.y;
+    out[2] = v.z;
+    out[3] = v.w;
+  } else {
+    for (int w = 0; w < W; ++w)
+      out[w] = x[w];
+  }
+#else
+  for (int w = 0; w < W; ++w)
+    out[w] = x[w];
+#endif
+}
+
 /// Loads the lane's share of row x (count elements) into r.
-template <class Lanes>
+template <int W, class Lanes>
 PIPER_HOST_DEVICE inline void loadLaneShare(Lanes lanes, const float *x,
                                             int64_t count, float *r) {
   constexpr int kPer = kMaxHeadDim / Lanes::kCount;
   PIPER_ATTENTION_UNROLL
-  for (int t = 0; t < kPer; ++t) {
-    int64_t e = lanes.lane() + int64_t(t) * Lanes::kCount;
+  for (int t = 0; t < kPer; t += W) {
+    int64_t e = laneElement<W>(lanes, t);
     if (e >= count)
       break;
-    r[t] = x[e];
+    loadVector<W>(x + e, r + t);
   }
 }
 
 /// Zeroes the lane's share of r.
-template <class Lanes>
+template <int W, class Lanes>
 PIPER_HOST_DEVICE inline void zeroLaneShare(Lanes lanes, float *r,
                                             int64_t count) {
   constexpr int kPer = kMaxHeadDim / Lanes::kCount;
   PIPER_ATTENTION_UNROLL
   for (int t = 0; t < kPer; ++t) {
-    int64_t e = lanes.lane() + int64_t(t) * Lanes::kCount;
-    if (e >= count)
+    if (laneElement<W>(lanes, t) >= count)
       break;
     r[t] = 0;
   }
 }
 
-/// <r, x> over the row (every lane gets it): the lane's share of r against
-/// row x, then the lanes' sum.
-template <class Lanes>
-PIPER_HOST_DEVICE inline float laneDot(Lanes lanes, const float *r,
-                                       const float *x, int64_t count) {
-  constexpr int kPer = kMaxHeadDim / Lanes::kCount;
-  float partial = 0;
-  PIPER_ATTENTION_UNROLL
-  for (int t = 0; t < kPer; ++t) {
-    int64_t e = lanes.lane() + int64_t(t) * Lanes::kCount;
-    if (e >= count)
-      break;
-    partial += r[t] * x[e];
-  }
-  return lanes.sum(partial);
-}
-
 /// acc += w * x over the lane's share.
-template <class Lanes>
+template <int W, class Lanes>
 PIPER_HOST_DEVICE inline void laneAxpy(Lanes lanes, float *acc, float w,
                                        const float *x, int64_t count) {
   constexpr int kPer = kMaxHeadDim / Lanes::kCount;
   PIPER_ATTENTION_UNROLL
-  for (int t = 0; t < kPer; ++t) {
-    int64_t e = lanes.lane() + int64_t(t) * Lanes::kCount;
+  for (int t = 0; t < kPer; t += W) {
+    int64_t e = laneElement<W>(lanes, t);
     if (e >= count)
       break;
-    acc[t] += w * x[e];
+    float v[W];
+    loadVector<W>(x + e, v);
+    PIPER_ATTENTION_UNROLL
+    for (int u = 0; u < W; ++u)
+      acc[t + u] += w * v[u];
   }
 }
 
 /// acc *= c over the lane's share.
-template <class Lanes>
+template <int W, class Lanes>
 PIPER_HOST_DEVICE inline void laneScale(Lanes lanes, float *acc, float c,
                                         int64_t count) {
   constexpr int kPer = kMaxHeadDim / Lanes::kCount;
   PIPER_ATTENTION_UNROLL
   for (int t = 0; t < kPer; ++t) {
-    int64_t e = lanes.lane() + int64_t(t) * Lanes::kCount;
-    if (e >= count)
+    if (laneElement<W>(lanes, t) >= count)
       break;
     acc[t] *= c;
   }
 }
 
 /// Stores the lane's share of r, times `scale`, to row x.
-template <class Lanes>
+template <int W, class Lanes>
 PIPER_HOST_DEVICE inline void storeLaneShare(Lanes lanes, const float *r,
                                              float scale, float *x,
                                              int64_t count) {
   constexpr int kPer = kMaxHeadDim / Lanes::kCount;
   PIPER_ATTENTION_UNROLL
   for (int t = 0; t < kPer; ++t) {
-    int64_t e = lanes.lane() + int64_t(t) * Lanes::kCount;
+    int64_t e = laneElement<W>(lanes, t);
     if (e >= count)
       break;
     x[e] = r[t] * scale;
   }
 }
 
-/// The forward of query row i of one (sequence, head) with an online
-/// softmax over keys 0..i: on return acc (lane's share) holds
-/// sum_j exp(s_j - m) v_j, m the largest score s_j = scale <q_i, k_j> and
-/// l = sum_j exp(s_j - m); the output row is acc / l. Every lane runs every
-/// iteration (the reductions need all of them): the scores, and so the
-/// branches on them, are the same in every lane (the butterfly sums agree
-/// bit for bit).
+/// The dots of a block of kCount rows against one row held in shares:
+/// lane j gets <r, x_j> for j < count (x_j = x + j * ldx; rows from count on
+/// are not read, their lanes get 0). Every lane multiplies its share of r
+/// with its share of every row (coalesced reads), then the lanes' partial
+/// sums are reduced and scattered at once (a transpose by halves: at offset
+/// o each lane keeps the half of its partials whose key has its bit o, sends
+/// the other half to lane ^ o and adds what it receives), kCount - 1
+/// shuffles in all. Each dot adds the same lanes' partials in the same tree
+/// (addition commutes), so <r, x_j> has the same bits whichever lane it
+/// lands in and whichever of the two rows is r: the passes of the backward
+/// recompute exactly the forward's scores. count is the same in every lane.
+template <int W, class Lanes>
+PIPER_HOST_DEVICE inline float blockDot(Lanes lanes, const float *r,
+                                        const float *x, int64_t ldx,
+                                        int64_t count, int64_t hd) {
+  constexpr int kLanes = Lanes::kCount;
+  constexpr int kPer = kMaxHeadDim / kLanes;
+  const int lane = lanes.lane();
+  float part[kLanes];
+  PIPER_ATTENTION_UNROLL
+  for (int j = 0; j < kLanes; ++j) {
+    float sum = 0;
+    if (j < count) {
+      const float *row = x + j * ldx;
+      PIPER_ATTENTION_UNROLL
+      for (int t = 0; t < kPer; t += W) {
+        int64_t e = laneElement<W>(lanes, t);
+        if (e >= hd)
+          break;
+        float v[W];
+        loadVector<W>(row + e, v);
+        PIPER_ATTENTION_UNROLL
+        for (int u = 0; u < W; ++u)
+          sum += r[t + u] * v[u];
+      }
+    }
+    part[j] = sum;
+  }
+  // (The inner loop's bound is a constant so that both loops unroll and
+  // part stays in registers.)
+  PIPER_ATTENTION_UNROLL
+  for (int o = kLanes / 2; o > 0; o >>= 1) {
+    const bool upper = (lane & o) != 0;
+    PIPER_ATTENTION_UNROLL
+    for (int j = 0; j < kLanes / 2; ++j) {
+      if (j < o) {
+        float send = upper ? part[j] : part[j + o];
+        float keep = upper ? part[j + o] : part[j];
+        part[j] = keep + lanes.shuffleXor(send, o);
+      }
+    }
+  }
+  return part[0];
+}
+
+/// The width the shares of a call are read with: 4 when hd is a multiple
+/// of 4 and every base pointer (q and k's source, qkv, dy when given) is
+/// 16-byte aligned (the leading dimensions are multiples of hd), else 1.
+/// Checks addresses only, never data.
+inline int attentionWidth(const AttentionShape &s, const void *qk,
+                          const void *qkv, const void *dy) {
+  auto aligned = [](const void *p) {
+    return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+  };
+  return s.headDim % 4 == 0 && aligned(qk) && aligned(qkv) &&
+                 (dy == nullptr || aligned(dy))
+             ? 4
+             : 1;
+}
+
+/// body(std::integral_constant<int, W>()) for W = width (4 or 1): a row
+/// body written once for both widths.
+template <class F> PIPER_HOST_DEVICE inline void withWidth(int width, F body) {
+  if (width == 4)
+    body(std::integral_constant<int, 4>());
+  else
+    body(std::integral_constant<int, 1>());
+}
+
+/// The number of rows of the block starting at `first` that are at most
+/// `last` (at most kCount), the same in every lane.
 template <class Lanes>
+PIPER_HOST_DEVICE inline int64_t blockCount(int64_t first, int64_t last) {
+  int64_t n = last - first + 1;
+  return n < Lanes::kCount ? n : Lanes::kCount;
+}
+
+PIPER_HOST_DEVICE inline float maxF(float a, float b) { return a > b ? a : b; }
+
+/// The forward of query row i of one (sequence, head) with an online
+/// softmax over keys 0..i, kCount keys at a time: lane j scores key
+/// base + j (blockDot; keys past i score -inf), one max and one sum per
+/// block update the running maximum m and l = sum_j exp(s_j - m), the
+/// accumulator is rescaled once, then every key's p_j (a shuffle from its
+/// lane) adds p_j v_j to the lane's share of acc, keys in order. On return
+/// acc holds sum_j exp(s_j - m) v_j, s_j = scale <q_i, k_j>; the output row
+/// is acc / l. Every lane runs every iteration: the loop bounds depend on i
+/// only.
+template <int W, class Lanes>
 PIPER_HOST_DEVICE inline void attendRow(Lanes lanes, const AttentionShape &s,
                                         const AttentionHead &h, int64_t i,
                                         float *acc, float &m, float &l) {
   constexpr int kPer = kMaxHeadDim / Lanes::kCount;
   const int64_t hd = s.headDim;
   float q[kPer];
-  loadLaneShare(lanes, h.q + i * h.ldq, hd, q);
-  zeroLaneShare(lanes, acc, hd);
+  loadLaneShare<W>(lanes, h.q + i * h.ldq, hd, q);
+  zeroLaneShare<W>(lanes, acc, hd);
   m = -INFINITY;
   l = 0;
-  for (int64_t j = 0; j <= i; ++j) {
-    float score = s.scale * laneDot(lanes, q, h.k + j * h.ldk, hd);
-    if (score > m) {
-      // Rescale what was summed against the old maximum (exp(-inf) = 0 on
-      // the first key).
-      float c = expF(m - score);
-      l *= c;
-      laneScale(lanes, acc, c, hd);
-      m = score;
-    }
-    float p = expF(score - m);
-    l += p;
-    laneAxpy(lanes, acc, p, h.v + j * h.ldv, hd);
+  for (int64_t base = 0; base <= i; base += Lanes::kCount) {
+    const int64_t count = blockCount<Lanes>(base, i);
+    float dot = blockDot<W>(lanes, q, h.k + base * h.ldk, h.ldk, count, hd);
+    const bool valid = lanes.lane() < count;
+    float score = valid ? s.scale * dot : -INFINITY;
+    // The first block's lane 0 holds key 0: the maximum is finite, and the
+    // rescale of the empty sums is exp(-inf) = 0.
+    float mNew = maxF(m, lanes.max(score));
+    float c = expF(m - mNew);
+    float p = valid ? expF(score - mNew) : 0.0f;
+    l = l * c + lanes.sum(p);
+    m = mNew;
+    laneScale<W>(lanes, acc, c, hd);
+    for (int64_t j = 0; j < count; ++j)
+      laneAxpy<W>(lanes, acc, lanes.shuffle(p, int(j)),
+                  h.v + (base + j) * h.ldv, hd);
   }
 }
 

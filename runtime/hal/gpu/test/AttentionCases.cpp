@@ -1,8 +1,8 @@
 // Cases of the attention GPU kernels (KernelCases.h): causal attention and
 // its gradient over sequences of one token, odd and longer lengths,
 // grouped-query groups of 1, 2, 4 and 8, head dims below, at and beyond a
-// warp (8 to 256, 48 and 10 not multiples of 32), with and without rotary
-// embeddings.
+// warp (8 to 256, 48 and 10 not multiples of 32), sequences of one to
+// five blocks of 32 keys, with and without rotary embeddings.
 #include "runtime/hal/gpu/test/KernelCases.h"
 
 #include <tuple>
@@ -27,6 +27,18 @@ std::vector<KernelCase> cases() {
            {1, 33, 8, 2, 64, 500000.0},
            {1, 40, 8, 1, 32, 10000.0},
            {1, 6, 1, 1, 256, 10000.0},
+           // Several blocks of 32 keys (queries), full and partial; the
+           // small ones (up to 6000 operand elements) also run with 32
+           // lanes (gpu_kernels_lanes_test).
+           {1, 40, 2, 1, 12, 10000.0},
+           {1, 66, 1, 1, 10, 0.0},
+           // Rows read as float4 with one and two vectors per lane, also
+           // with 32 lanes.
+           {1, 5, 1, 1, 128, 10000.0},
+           {1, 3, 1, 1, 256, 0.0},
+           {2, 100, 4, 2, 64, 10000.0},
+           {1, 129, 4, 1, 48, 0.0},
+           {1, 65, 2, 2, 256, 10000.0},
        }) {
     int64_t rows = batch * seq, qCols = heads * hd;
     int64_t cols = (heads + 2 * kvHeads) * hd;
