@@ -26,8 +26,11 @@ template <class F> __global__ void forEachKernel(int64_t n, F f) {
 }
 
 // Every lane of a warp takes the same rows, so the warp's shuffles see all
-// 32 lanes.
-template <class F> __global__ void forEachRowKernel(int64_t rows, F f) {
+// 32 lanes. At most 128 registers per thread, so two blocks fit an SM (the
+// attention passes need 96-135 otherwise; none spills at 128).
+template <class F>
+__global__ void __launch_bounds__(kThreads, 2) forEachRowKernel(int64_t rows,
+                                                                 F f) {
   const int64_t warp = threadIdx.x / 32;
   for (int64_t r = blockIdx.x * int64_t(kWarpsPerBlock) + warp; r < rows;
        r += int64_t(gridDim.x) * kWarpsPerBlock)

@@ -28,14 +28,14 @@ std::vector<KernelCase> cases() {
            {1, 40, 8, 1, 32, 10000.0},
            {1, 6, 1, 1, 256, 10000.0},
            // Several blocks of 32 keys (queries), full and partial; the
-           // small ones (up to 6000 operand elements) also run with 32
+           // small ones (up to 3600 operand elements) also run with 32
            // lanes (gpu_kernels_lanes_test).
            {1, 40, 2, 1, 12, 10000.0},
            {1, 66, 1, 1, 10, 0.0},
            // Rows read as float4 with one and two vectors per lane, also
            // with 32 lanes.
            {1, 5, 1, 1, 128, 10000.0},
-           {1, 3, 1, 1, 256, 0.0},
+           {1, 2, 1, 1, 256, 0.0},
            {2, 100, 4, 2, 64, 10000.0},
            {1, 129, 4, 1, 48, 0.0},
            {1, 65, 2, 2, 256, 10000.0},

@@ -30,7 +30,7 @@ int64_t operandElements(const testing::KernelCase &c) {
 }
 
 #ifdef PIPER_GPU_LANES32
-constexpr int64_t kLanesElements = 6000;
+constexpr int64_t kLanesElements = 3600;
 #else
 constexpr int64_t kLanesElements = INT64_MAX;
 #endif
