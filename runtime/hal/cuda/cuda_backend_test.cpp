@@ -3,6 +3,10 @@
 // that is CUDA's own error from cudaGetDeviceCount, with file and line.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <string>
+#include <vector>
+
 #include "runtime/hal/cuda/CudaBackend.h"
 #ifdef PIPER_HAVE_CUDA
 #include "runtime/hal/cuda/CudaCheck.h"
@@ -28,11 +32,17 @@ TEST_CASE("--backend cuda runs here or says why not", "[cuda]") {
     return;
   }
   if (check) {
-    // A GPU machine: the device exists and has no kernels yet.
+    // A GPU machine: the device exists and has every kernel of the CPU
+    // registry, and no other.
     REQUIRE(device);
     CHECK(device->name() == "cuda");
-    CHECK(device->kernelNames().empty());
-    CHECK(device->findKernel("add") == nullptr);
+    std::vector<std::string> gpu = device->kernelNames(),
+                             cpu = piper::runtime::kernelNames();
+    std::sort(gpu.begin(), gpu.end());
+    std::sort(cpu.begin(), cpu.end());
+    CHECK(gpu == cpu);
+    CHECK(device->findKernel("add") != nullptr);
+    CHECK(device->findKernel("no_such_kernel") == nullptr);
     return;
   }
   // Built with CUDA, no usable device: CUDA's error names the call, its
