@@ -25,10 +25,9 @@ fi
 # Optimized, every library linked into the binaries, looking for the rest in
 # $ORIGIN/lib (the bundle's lib/).
 FLAGS=(-c opt --dynamic_mode=off '--linkopt=-Wl,-rpath,$ORIGIN/lib:$ORIGIN/../lib')
-TESTS=(//runtime/hal:gpu_kernels_gpu_test //runtime/hal:cuda_device_gpu_test)
-if bazel query //runtime/hal:nccl_gpu_test >/dev/null 2>&1; then
-  TESTS+=(//runtime/hal:nccl_gpu_test)
-fi
+# The GPU tests (cuda_device_gpu_test, gpu_kernels_gpu_test, nccl_gpu_test)
+# as one binary: one copy of the CUDA runtime and the executor.
+TESTS=(//runtime/hal:gpu_tests)
 bazel build "${FLAGS[@]}" //tools:piper-run "${TESTS[@]}"
 BIN=$(bazel info "${FLAGS[@]}" bazel-bin 2>/dev/null)
 bazel build //tools:piperc
@@ -65,7 +64,7 @@ install -m 755 scripts/gpu_check.sh scripts/compare_backends.py scripts/gpu_vs_t
 install -m 644 test/oracle/torch_models.py "$DIR/"
 
 MB=$(du -sm "$DIR" | cut -f1)
-echo "gpu_bundle.sh: $DIR is $MB MB ($(ls "$DIR/lib" | wc -l) libraries, ${#TESTS[@]} test binaries, $(ls "$DIR/plans" | wc -l) plans)"
+echo "gpu_bundle.sh: $DIR is $MB MB ($(ls "$DIR/lib" | wc -l) libraries, ${#TESTS[@]} test binary, $(ls "$DIR/plans" | wc -l) plans)"
 if [ "$MB" -ge "$LIMIT_MB" ]; then
   echo "gpu_bundle.sh: over the $LIMIT_MB MB limit" >&2
   exit 1
