@@ -16,6 +16,25 @@ std::string CommKey::str() const {
   return s + "]";
 }
 
+Status normalizeCommKey(CommKey &key, int rank, int worldSize) {
+  std::sort(key.ranks.begin(), key.ranks.end());
+  auto fail = [&](const std::string &detail) {
+    return Status::error("rank " + std::to_string(rank) +
+                         ": connecting communicator '" + key.str() +
+                         "' failed: " + detail);
+  };
+  if (key.ranks.empty())
+    return fail("it has no ranks");
+  if (std::adjacent_find(key.ranks.begin(), key.ranks.end()) != key.ranks.end())
+    return fail("it lists a rank twice");
+  if (key.ranks.front() < 0 || key.ranks.back() >= worldSize)
+    return fail("it has a rank outside the world of " +
+                std::to_string(worldSize) + " ranks");
+  if (!std::binary_search(key.ranks.begin(), key.ranks.end(), rank))
+    return fail("it does not contain this rank");
+  return Status::ok();
+}
+
 size_t commDTypeSize(CommDType type) {
   switch (type) {
   case CommDType::BF16:

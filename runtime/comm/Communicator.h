@@ -27,6 +27,11 @@ struct CommKey {
   bool operator<(const CommKey &o) const { return str() < o.str(); }
 };
 
+/// Sorts `key.ranks` and checks that they are unique, within a world of
+/// `worldSize` and contain `rank`; the error reads "rank R: connecting
+/// communicator 'K' failed: ...". For the communicators' connect().
+Status normalizeCommKey(CommKey &key, int rank, int worldSize);
+
 /// Element types of communicated buffers. Reductions support F32 and BF16
 /// (bf16 sums accumulate in fp32 and round once, to nearest even); the
 /// others only move data.

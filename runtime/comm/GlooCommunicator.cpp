@@ -90,21 +90,6 @@ private:
   Status status;
 };
 
-Status GlooCommunicator::checkKey(CommKey &key) const {
-  std::sort(key.ranks.begin(), key.ranks.end());
-  std::string op = fmt::format("connecting communicator '{}'", key.str());
-  if (key.ranks.empty())
-    return opError(op, "it has no ranks");
-  if (std::adjacent_find(key.ranks.begin(), key.ranks.end()) != key.ranks.end())
-    return opError(op, "it lists a rank twice");
-  if (key.ranks.front() < 0 || key.ranks.back() >= size)
-    return opError(
-        op, fmt::format("it has a rank outside the world of {} ranks", size));
-  if (!std::binary_search(key.ranks.begin(), key.ranks.end(), myRank))
-    return opError(op, "it does not contain this rank");
-  return Status::ok();
-}
-
 Status GlooCommunicator::connectGroup(Group &group, const std::string &prefix) {
   if (group.key.ranks.size() < 2)
     return Status::ok();
@@ -128,7 +113,7 @@ Status GlooCommunicator::connect(std::vector<CommKey> keys) {
   // Validate everything before meeting anyone, so a bad plan fails at once.
   std::map<std::string, CommKey> sortedKeys;
   for (CommKey &key : keys) {
-    PIPER_RETURN_IF_ERROR(checkKey(key));
+    PIPER_RETURN_IF_ERROR(normalizeCommKey(key, myRank, size));
     sortedKeys.emplace(key.str(), std::move(key));
   }
   connected = true;

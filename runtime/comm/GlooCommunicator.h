@@ -175,7 +175,6 @@ public:
   std::chrono::milliseconds opTimeout() const { return timeout; }
 
 private:
-  Status checkKey(CommKey &key) const;
   Status connectGroup(Group &group, const std::string &prefix);
   /// Finds the usable group of `key` or returns an error for `op`.
   Status findGroup(const CommKey &key, const std::string &op, Group *&group);

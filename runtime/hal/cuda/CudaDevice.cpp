@@ -256,16 +256,10 @@ public:
   // The GPU kernel registry (runtime/hal/gpu/GpuKernels.h): the same ops
   // as the CPU's; the executor checks them at load.
   const KernelInfo *findKernel(const std::string &name) const override {
-    for (const KernelInfo &k : gpu::kernelInfos())
-      if (name == k.name)
-        return &k;
-    return nullptr;
+    return gpu::findKernelInfo(name);
   }
   std::vector<std::string> kernelNames() const override {
-    std::vector<std::string> names;
-    for (const KernelInfo &k : gpu::kernelInfos())
-      names.push_back(k.name);
-    return names;
+    return gpu::kernelInfoNames();
   }
   // Queued on the calling stream; called off-stream (loading, tests), the
   // work is complete on return.

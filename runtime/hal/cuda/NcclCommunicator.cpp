@@ -240,7 +240,6 @@ public:
   Status hostWait(Group &group, cudaEvent_t event, const std::string &op);
 
 private:
-  Status checkKey(CommKey &key) const;
   /// Creates the NCCL communicator of `nranks` ranks where this one is
   /// `position`, meeting through the store under `prefix` (one rank:
   /// without the store).
@@ -414,21 +413,6 @@ NcclCommunicator::~NcclCommunicator() {
     cudaStreamDestroy(worldStream);
 }
 
-Status NcclCommunicator::checkKey(CommKey &key) const {
-  std::sort(key.ranks.begin(), key.ranks.end());
-  std::string op = fmt::format("connecting communicator '{}'", key.str());
-  if (key.ranks.empty())
-    return opError(op, "it has no ranks");
-  if (std::adjacent_find(key.ranks.begin(), key.ranks.end()) != key.ranks.end())
-    return opError(op, "it lists a rank twice");
-  if (key.ranks.front() < 0 || key.ranks.back() >= size)
-    return opError(
-        op, fmt::format("it has a rank outside the world of {} ranks", size));
-  if (!std::binary_search(key.ranks.begin(), key.ranks.end(), myRank))
-    return opError(op, "it does not contain this rank");
-  return Status::ok();
-}
-
 Status NcclCommunicator::initComm(const std::string &prefix, int nranks,
                                   int position, ncclComm_t &comm) {
   std::string op = fmt::format("connecting communicator '{}'", prefix);
@@ -542,7 +526,7 @@ Status NcclCommunicator::connect(std::vector<CommKey> keys) {
     return opError("connect", "the communicator is already connected");
   std::map<std::string, CommKey> sortedKeys;
   for (CommKey &key : keys) {
-    PIPER_RETURN_IF_ERROR(checkKey(key));
+    PIPER_RETURN_IF_ERROR(normalizeCommKey(key, myRank, size));
     sortedKeys.emplace(key.str(), std::move(key));
   }
   connected = true;

@@ -27,6 +27,20 @@ const std::vector<KernelInfo> &kernelInfos() {
   return *infos;
 }
 
+const KernelInfo *findKernelInfo(const std::string &name) {
+  for (const KernelInfo &k : kernelInfos())
+    if (name == k.name)
+      return &k;
+  return nullptr;
+}
+
+std::vector<std::string> kernelInfoNames() {
+  std::vector<std::string> names;
+  for (const KernelInfo &k : kernelInfos())
+    names.push_back(k.name);
+  return names;
+}
+
 Status runKernel(const KernelInfo &info, const plan::Kernel &kernel,
                  const std::vector<TensorRef> &inputs,
                  const std::vector<TensorRef> &outputs, KernelContext &kctx,

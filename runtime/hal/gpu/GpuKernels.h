@@ -32,6 +32,10 @@ const std::vector<KernelEntry> &kernels();
 /// KernelInfos of kernels() for a Device's registry (fn is null: devices
 /// dispatch on the index).
 const std::vector<KernelInfo> &kernelInfos();
+/// The KernelInfo of op `name`, or null (a Device's findKernel).
+const KernelInfo *findKernelInfo(const std::string &name);
+/// The ops' names, in registry order (a Device's kernelNames).
+std::vector<std::string> kernelInfoNames();
 /// kernels()[info.index].fn(args, ctx); checks the operands' storage as the
 /// CPU registry's runKernel does.
 Status runKernel(const KernelInfo &info, const plan::Kernel &kernel,

@@ -71,47 +71,38 @@ struct WarpLanes {
   }
   template <class T> PIPER_HOST_DEVICE T sum(T v) const {
 #ifdef __CUDA_ARCH__
-    for (int o = 16; o > 0; o >>= 1)
-      v += __shfl_xor_sync(0xffffffffu, v, o);
+    for (int o = kCount / 2; o > 0; o >>= 1)
+      v += shuffleXor(v, o);
 #endif
     return v;
   }
   PIPER_HOST_DEVICE float max(float v) const {
 #ifdef __CUDA_ARCH__
-    for (int o = 16; o > 0; o >>= 1)
-      v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    for (int o = kCount / 2; o > 0; o >>= 1)
+      v = fmaxf(v, shuffleXor(v, o));
 #endif
     return v;
   }
-  // 64-bit integers go through long long (every width has a shuffle).
+  // 64-bit integers travel as long long (the shuffles' own overloads).
+  template <class T>
+  using Word = std::conditional_t<sizeof(T) == 8 && std::is_integral<T>::value,
+                                  long long, T>;
   template <class T> PIPER_HOST_DEVICE T shuffleXor(T v, int mask) const {
 #ifdef __CUDA_ARCH__
-    if constexpr (sizeof(T) == 8 && std::is_integral<T>::value)
-      v = static_cast<T>(
-          __shfl_xor_sync(0xffffffffu, static_cast<long long>(v), mask));
-    else
-      v = __shfl_xor_sync(0xffffffffu, v, mask);
+    v = static_cast<T>(__shfl_xor_sync(0xffffffffu, Word<T>(v), mask));
 #endif
     return v;
   }
   template <class T> PIPER_HOST_DEVICE T shuffleUp(T v, int delta) const {
 #ifdef __CUDA_ARCH__
-    if constexpr (sizeof(T) == 8 && std::is_integral<T>::value)
-      v = static_cast<T>(
-          __shfl_up_sync(0xffffffffu, static_cast<long long>(v), delta));
-    else
-      v = __shfl_up_sync(0xffffffffu, v, delta);
+    v = static_cast<T>(__shfl_up_sync(0xffffffffu, Word<T>(v), delta));
 #endif
     return v;
   }
   /// The value of lane `src` (< kCount), in every lane.
   template <class T> PIPER_HOST_DEVICE T shuffle(T v, int src) const {
 #ifdef __CUDA_ARCH__
-    if constexpr (sizeof(T) == 8 && std::is_integral<T>::value)
-      v = static_cast<T>(
-          __shfl_sync(0xffffffffu, static_cast<long long>(v), src));
-    else
-      v = __shfl_sync(0xffffffffu, v, src);
+    v = static_cast<T>(__shfl_sync(0xffffffffu, Word<T>(v), src));
 #endif
     return v;
   }

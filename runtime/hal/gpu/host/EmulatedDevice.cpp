@@ -61,16 +61,10 @@ public:
   }
   std::unique_ptr<Event> createEvent() override { return host->createEvent(); }
   const KernelInfo *findKernel(const std::string &name) const override {
-    for (const KernelInfo &k : gpu::kernelInfos())
-      if (name == k.name)
-        return &k;
-    return nullptr;
+    return gpu::findKernelInfo(name);
   }
   std::vector<std::string> kernelNames() const override {
-    std::vector<std::string> names;
-    for (const KernelInfo &k : gpu::kernelInfos())
-      names.push_back(k.name);
-    return names;
+    return gpu::kernelInfoNames();
   }
   Status runKernel(const KernelInfo &info, const plan::Kernel &kernel,
                    const std::vector<TensorRef> &inputs,
