@@ -42,7 +42,57 @@ CASES = {
         model=["llama-tiny", "--batch", "8"],
         microbatches=4, family="llama", heads=4, kv_heads=2, tied=False,
         warmup=3, steps=20),
+    # A small GPT (hidden 256, vocab 4096, seq 128, batch 4: 2,048 tokens a
+    # step), where elementwise kernels weigh more than in gpt2-small: the
+    # shape on which an AVX2-only Zen 3 showed scalar kernels (issue 18).
+    "gpt-256": dict(
+        model=["gpt", "--layers", "4", "--hidden", "256", "--heads", "4",
+               "--vocab", "4096", "--seq", "128", "--batch", "4"],
+        microbatches=1, family="gpt", heads=4, kv_heads=4, tied=False,
+        warmup=2, steps=10),
 }
+
+
+def safetensors_shapes(path):
+    """name -> shape of a safetensors file's tensors (header only)."""
+    with open(path, "rb") as f:
+        size = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(size))
+    return {k: v["shape"] for k, v in header.items() if k != "__metadata__"}
+
+
+def kernel_elements(shapes, tokens):
+    """Elements one call of each elementwise or row kernel touches, for its
+    ns-per-element column: tokens x hidden (norms), tokens x ffn (GELU,
+    SwiGLU), tokens x vocab (cross-entropy)."""
+    emb = next(v for k, v in shapes.items()
+               if k in ("wte", "tok_embeddings.weight"))
+    vocab, hidden = emb
+    # GPT's c_fc is [hidden, ffn]; Llama's w1/w3 are [hidden, ffn] too.
+    ffns = [v[1] for k, v in shapes.items()
+            if len(v) == 2 and k.endswith(("c_fc.weight", "w1.weight"))]
+    ffn = ffns[0] if ffns else 4 * hidden
+    out = {}
+    for k in ("layer_norm", "layer_norm_grad_input", "rms_norm",
+              "rms_norm_grad_input", "add"):
+        out[k] = tokens * hidden
+    for k in ("gelu", "gelu_grad", "swiglu", "swiglu_grad"):
+        out[k] = tokens * ffn
+    for k in ("cross_entropy", "cross_entropy_grad"):
+        out[k] = tokens * vocab
+    return out
+
+
+def ns_per_element(table, elements):
+    """Lines 'kernel  ns/element' from piper-run --profile's table."""
+    lines = []
+    for m in re.finditer(r"^\s+(\w+)\s+(\d+)\s+([\d.]+)\s+[\d.]+\s+[\d.]+$",
+                         table, re.M):
+        name, count, total_ms = m.group(1), int(m.group(2)), float(m.group(3))
+        if name in elements and count:
+            lines.append("  %-22s %8.2f ns/element (%d elements a call)" % (
+                name, 1e6 * total_ms / count / elements[name], elements[name]))
+    return lines
 
 
 def log(msg):
@@ -279,6 +329,10 @@ def bench(args, name):
     if args.profile:
         table = p_err[p_err.find("profile of"):]
         log(table.rstrip())
+        log("piper per-element cost of the elementwise and row kernels:")
+        for line in ns_per_element(table, kernel_elements(
+                safetensors_shapes(init), s * b)):
+            log(line)
     log("")
     return dict(model=name, tokens_per_step=tokens_per_step,
                 threads=args.threads, blas_core=blas_core(),
@@ -294,7 +348,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--piperc", required=True)
     ap.add_argument("--piper-run", required=True)
-    ap.add_argument("--models", default="gpt2-small,llama-tiny",
+    ap.add_argument("--models", default="gpt2-small,llama-tiny,gpt-256",
                     help="comma-separated, from: " + ", ".join(CASES))
     ap.add_argument("--threads", type=int, required=True)
     ap.add_argument("--steps", type=int, default=0,

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Piper vs PyTorch eager on CPU: one training step (forward, backward, AdamW)
-# of gpt2-small (seq 256, batch 1) and llama-tiny (4 microbatches of 8), same
+# of gpt2-small (seq 256, batch 1), llama-tiny (4 microbatches of 8) and
+# gpt-256 (hidden 256, vocab 4096, seq 128, batch 4), same
 # model, weights, batch, float32 and thread count; prints tokens/s of both and
-# the ratio. A benchmark, not a test: it is not part of `bazel test`.
+# the ratio; with --profile also Piper's per-kernel table and ns per element
+# of its elementwise and row kernels. A benchmark, not a test.
 # See docs/performance.md.
 #
-# Usage: bench/cpu_vs_torch.sh [--models gpt2-small,llama-tiny] [--steps N]
+# Usage: bench/cpu_vs_torch.sh [--models gpt2-small,llama-tiny,gpt-256] [--steps N]
 #                              [--warmup N] [--profile] [--json FILE]
 # Environment:
 #   THREADS         threads of both sides (default: nproc)
