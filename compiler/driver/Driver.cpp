@@ -285,9 +285,10 @@ int runCompile(const CompileOptions &o) {
   if (o.opt.lr <= 0 || o.opt.minLr < 0 || o.opt.warmupSteps < 0 ||
       o.opt.decaySteps < 0 || o.opt.clipGradNorm < 0 || o.opt.weightDecay < 0 ||
       o.opt.beta1 < 0 || o.opt.beta1 >= 1 || o.opt.beta2 < 0 ||
-      o.opt.beta2 >= 1 || o.opt.eps < 0)
-    return fail("invalid optimizer settings: --lr must be positive, betas in "
-                "[0, 1), the others non-negative");
+      o.opt.beta2 >= 1 || o.opt.eps <= 0)
+    return fail("invalid optimizer settings: --lr and --eps must be "
+                "positive (--eps 0 divides 0 by 0 for a gradient that is 0), "
+                "betas in [0, 1), the others non-negative");
   if (o.opt.minLr > o.opt.lr)
     return fail(llvm::formatv("--min-lr {0}{1} is above --lr {2}",
                               llvm::format("%g", o.opt.minLr),

@@ -66,6 +66,12 @@ struct ExecPosition {
   /// the stream's instruction count when it has run them all (then it waits
   /// for its sends, or is done); -1 before its first instruction.
   std::vector<int> instruction;
+  /// Per plan stream: the instruction whose execution began (-1 before the
+  /// first). Below `instruction` while a stream has reached an instruction
+  /// but not started it: a rank stuck there has not entered that
+  /// communication, so it waits on nobody; its peers, which entered it,
+  /// wait on it (the watchdog's culprit).
+  std::vector<int> entered;
   /// The stream whose failure was reported first, -1 if none.
   int failedStream = -1;
 };

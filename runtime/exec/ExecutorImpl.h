@@ -173,8 +173,9 @@ public:
   StepTracer tracer;
 
   // Live position (Executor::position, for a watchdog): relaxed atomics,
-  // one store per instruction. streamAt points into streamAtStore once the
-  // first step allocates it (plan.streams_size() entries).
+  // two stores per instruction. streamAt points into streamAtStore once the
+  // first step allocates it: per stream the instruction reached, then per
+  // stream the instruction whose execution began (2 x plan.streams_size()).
   std::unique_ptr<std::atomic<int>[]> streamAtStore;
   std::atomic<std::atomic<int> *> streamAt{nullptr};
   std::atomic<int64_t> posStep{0};

@@ -6,6 +6,8 @@
 
 #include "runtime/exec/ExecutorImpl.h"
 
+#include <fmt/format.h>
+
 namespace piper::runtime {
 
 using plan::Instruction;
@@ -111,8 +113,11 @@ Status ExecutorImpl::clipGrads() {
   lastGradNorm = norm;
   double maxNorm = plan.training().clip_grad_norm();
   if (!std::isfinite(norm))
-    return Status::error("the global gradient norm is not finite (" +
-                         std::to_string(norm) + ")");
+    return Status::diverged(fmt::format(
+        "non-finite gradient norm at step {} ({}): the training diverged "
+        "(non-finite weights or data, or a learning rate too high); every "
+        "rank stops here",
+        posStep.load(std::memory_order_relaxed), norm));
   if (maxNorm <= 0 || norm <= maxNorm)
     return Status::ok();
   float scale = static_cast<float>(maxNorm / (norm + 1e-6));

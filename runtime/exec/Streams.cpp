@@ -38,6 +38,8 @@ void ExecutorImpl::runStream(int s, StepState &st) {
     pendingSends.clear();
   };
   std::atomic<int> &at = streamAt.load(std::memory_order_relaxed)[s];
+  std::atomic<int> &entered =
+      streamAt.load(std::memory_order_relaxed)[plan.streams_size() + s];
   const bool faults = options.faultStep == st.step && options.faultStream == s;
   // --trace: this step's spans of this stream, else null (no clock read).
   StepTrace::Span *spans =
@@ -50,6 +52,7 @@ void ExecutorImpl::runStream(int s, StepState &st) {
       at.store(i, std::memory_order_relaxed);
       if (faults && i == options.faultInstruction && options.onFault)
         options.onFault();
+      entered.store(i, std::memory_order_relaxed);
       if (spans)
         spans[i].startNs = steadyNowNs();
       Status status = execute(s, i, st, pendingSends);
@@ -116,12 +119,12 @@ Status ExecutorImpl::runStep(int64_t step, double &loss) {
 
   if (!streamAtStore) {
     streamAtStore = std::make_unique<std::atomic<int>[]>(
-        static_cast<size_t>(std::max(1, numStreams)));
-    for (int s = 0; s < numStreams; ++s)
+        static_cast<size_t>(std::max(1, 2 * numStreams)));
+    for (int s = 0; s < 2 * numStreams; ++s)
       streamAtStore[s].store(-1, std::memory_order_relaxed);
     streamAt.store(streamAtStore.get(), std::memory_order_release);
   }
-  for (int s = 0; s < numStreams; ++s)
+  for (int s = 0; s < 2 * numStreams; ++s)
     streamAtStore[s].store(-1, std::memory_order_relaxed);
   posStep.store(step, std::memory_order_relaxed);
   posPhase.store(ExecPosition::kStreams, std::memory_order_relaxed);
@@ -178,9 +181,12 @@ ExecPosition ExecutorImpl::position() const {
   p.failedStream = failedStream.load(std::memory_order_relaxed);
   std::atomic<int> *at = streamAt.load(std::memory_order_acquire);
   p.instruction.assign(static_cast<size_t>(plan.streams_size()), -1);
+  p.entered.assign(static_cast<size_t>(plan.streams_size()), -1);
   if (at)
-    for (int s = 0; s < plan.streams_size(); ++s)
+    for (int s = 0; s < plan.streams_size(); ++s) {
       p.instruction[s] = at[s].load(std::memory_order_relaxed);
+      p.entered[s] = at[plan.streams_size() + s].load(std::memory_order_relaxed);
+    }
   return p;
 }
 

@@ -87,6 +87,38 @@ TEST_CASE("executor: the gradient norm is reported without clipping",
   }
 }
 
+TEST_CASE("executor: a non-finite gradient norm is a divergence, named with "
+          "its step",
+          "[executor]") {
+  TinyModel m;
+  // A learning rate that throws the weights to ~1e30: the logits overflow
+  // and the next gradients are not finite.
+  m.lr = 1e30;
+  plan::Plan clip = singleClassPlan(m, 2, {0}, 1, true);
+  clip.mutable_training()->set_clip_grad_norm(1.0);
+  auto *insts = clip.mutable_streams(0)->mutable_instructions();
+  plan::Instruction update = insts->Get(insts->size() - 1);
+  insts->Mutable(insts->size() - 1)->Clear();
+  insts->Mutable(insts->size() - 1)->set_kind(Instruction::CLIP_GRADS);
+  *insts->Add() = update;
+  REQUIRE(validatePlan(clip));
+  ExecutorOptions opts;
+  Status status;
+  auto exec = Executor::create(clip, opts, status);
+  REQUIRE(exec);
+  Status st;
+  int64_t step = 1;
+  for (double loss = 0; step <= 5; ++step)
+    if (!(st = exec->runStep(step, loss)))
+      break;
+  REQUIRE_FALSE(st);
+  INFO(st.message());
+  CHECK(st.isDiverged());
+  CHECK(st.message().find("CLIP_GRADS") != std::string::npos);
+  CHECK(st.message().find("non-finite gradient norm at step " +
+                          std::to_string(step) + " (") != std::string::npos);
+}
+
 TEST_CASE("executor: gradients without an optimizer are the last step's",
           "[executor]") {
   TinyModel m;

@@ -344,7 +344,7 @@ int runRank(const RunOptions &options, const RankEnv &env,
   std::unique_ptr<Watchdog> watchdog;
   eo.onStreamError = [&watchdog](const Status &status) {
     if (watchdog)
-      watchdog->streamFailed(status.message());
+      watchdog->streamFailed(status);
     exitRank(status.message());
   };
   if (faulty)
@@ -471,7 +471,7 @@ int runRank(const RunOptions &options, const RankEnv &env,
     double loss = 0;
     Status stepStatus = exec->runStep(step, loss);
     if (!stepStatus && watchdog)
-      watchdog->streamFailed(stepStatus.message());
+      watchdog->streamFailed(stepStatus);
     check(stepStatus, /*named=*/false);
     double seconds =
         std::chrono::duration<double>(Clock::now() - start).count();
@@ -541,7 +541,7 @@ int runRank(const RunOptions &options, const RankEnv &env,
   Status gathered = peakBytesPerRank(comm.get(), rank, env.worldSize,
                                      exec->peakBytes(), peaks);
   if (!gathered && watchdog)
-    watchdog->streamFailed(gathered.message());
+    watchdog->streamFailed(gathered);
   check(gathered);
   if (watchdog)
     watchdog->finish();

@@ -202,6 +202,8 @@ struct AttemptEnd {
   /// trusted (it, and any other that failed on its own).
   int culprit = -1;
   std::set<int> lost;
+  /// The watchdog could not tell the culprit (Abort::guess): no spare.
+  bool guessed = false;
 };
 
 /// Launches generation `gen` of the ranks and supervises it to the end.
@@ -432,6 +434,7 @@ AttemptEnd launchOnce(Launch &launch, const Generation &gen) {
 
   end.culprit = culprit;
   end.lost.insert(culprit);
+  end.guessed = haveVerdict && verdict.guess && verdict.culprit == culprit;
   if (culpritEnded)
     fmt::print(stderr, "piper-run: rank {} failed ({})\n", culprit,
                describeExit(ranks.statuses[culprit]));
@@ -553,7 +556,12 @@ int launchLocalRanks(const RunOptions &options,
     if (!end.rankFailed)
       return finish(end.exitCode);
     launch.spares.reapExited();
-    const bool spare = launch.spares.left() > 0;
+    if (end.guessed && launch.spares.left() > 0)
+      fmt::print(stderr,
+                 "piper-run: --standby: no spare replaces rank {}: the "
+                 "watchdog could not tell which rank failed\n",
+                 end.culprit);
+    const bool spare = launch.spares.left() > 0 && !end.guessed;
     if (!spare && restarts >= options.maxRestarts) {
       if (options.standby > 0)
         fmt::print(stderr, "piper-run: no standby left ({} of {} used)\n",

@@ -7,6 +7,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 
@@ -66,7 +67,8 @@ std::string heartbeatKey(int rank) {
 }
 
 std::string encodeAbort(const Abort &abort) {
-  return fmt::format("{}\n{}", abort.culprit, abort.reason);
+  return fmt::format("{}{}\n{}", abort.culprit, abort.guess ? " guess" : "",
+                     abort.reason);
 }
 
 bool decodeAbort(const std::string &text, Abort &abort) {
@@ -75,9 +77,12 @@ bool decodeAbort(const std::string &text, Abort &abort) {
     return false;
   char *end = nullptr;
   long r = std::strtol(text.c_str(), &end, 10);
-  if (end != text.c_str() + eol)
+  const char *eolAt = text.c_str() + eol;
+  bool guess = eolAt - end == 6 && std::strncmp(end, " guess", 6) == 0;
+  if (end != eolAt && !guess)
     return false;
   abort.culprit = static_cast<int>(r);
+  abort.guess = guess;
   abort.reason = text.substr(eol + 1);
   return true;
 }
@@ -210,6 +215,13 @@ std::string Watchdog::describeSelf(const ExecPosition &pos,
     const Instruction &inst = stream.instructions(i);
     std::string what;
     std::vector<int> w = waitsOn(plan, exec.replicaIndex(), inst, rank);
+    // Reached but not begun (stuck before it: the heartbeat is published
+    // between the two): this rank never arrived at that communication, and
+    // waits on nobody; its peers, in it, wait on this rank.
+    const bool begun = s < static_cast<int>(pos.entered.size()) &&
+                       pos.entered[s] == i;
+    if (!begun)
+      w.clear();
     switch (inst.kind()) {
     case Instruction::SEND:
       if (inst.peer_group() >= 0 && inst.peer_group() < plan.groups_size() &&
@@ -248,9 +260,12 @@ std::string Watchdog::describeSelf(const ExecPosition &pos,
     default:
       break;
     }
-    out += fmt::format("pos stream '{}' instruction {} {} '{}'{}\n",
+    out += fmt::format("pos stream '{}' instruction {} {} '{}'{}{}\n",
                        stream.name(), i, Instruction::Kind_Name(inst.kind()),
-                       inst.label(), what);
+                       inst.label(), what,
+                       begun || !plan::isCommunication(inst.kind())
+                           ? ""
+                           : " (not begun)");
     if (pos.phase == ExecPosition::kStreams)
       waits.insert(waits.end(), w.begin(), w.end());
   }
@@ -463,6 +478,23 @@ bool Watchdog::decide(Abort &verdict) {
       "stuck: heartbeat alive, but no progress in its plan for {:.1f} s "
       "(--timeout-s {})",
       best->still, timeout.count() / 1000);
+  // A rank that waits on one that waits back (both inside one collective,
+  // or a deadlock): which of them failed cannot be told. Say so; a guess
+  // promotes no spare (Abort::guess).
+  for (int y : best->waits) {
+    if (y < 0 || y >= worldSize || y == best->rank)
+      continue;
+    const std::vector<int> &back = waitsOf(y);
+    if (std::find(back.begin(), back.end(), best->rank) != back.end()) {
+      verdict.guess = true;
+      verdict.reason += fmt::format(
+          "; but ranks {} and {} wait on each other (both inside one "
+          "communication, or a deadlock), so which one failed cannot be "
+          "told: rank {} is the one stuck longest, a guess",
+          best->rank, y, best->rank);
+      break;
+    }
+  }
   return true;
 }
 
@@ -584,9 +616,10 @@ void Watchdog::ownFailure(const std::string &message) {
   std::fputs(text.c_str(), stderr);
 }
 
-void Watchdog::streamFailed(const std::string &message) {
+void Watchdog::streamFailed(const Status &status) {
+  const std::string &message = status.message();
   ExecPosition pos = exec.position();
-  if (!communicating(pos))
+  if (status.isDiverged() || !communicating(pos))
     exitRank(message);
   {
     std::lock_guard<std::mutex> lock(mu);

@@ -54,6 +54,9 @@ std::unique_ptr<WatchStore> tcpWatchStore(std::shared_ptr<TcpStore> store);
 struct Abort {
   int culprit = -1;
   std::string reason;
+  /// The culprit could not be told from the others (ranks waiting on each
+  /// other): named, but no spare takes its place on a guess.
+  bool guess = false;
 };
 std::string encodeAbort(const Abort &abort);
 bool decodeAbort(const std::string &text, Abort &abort);
@@ -111,8 +114,9 @@ public:
   /// SEND, RECV, collective or waiting for its sends, or the step's loss
   /// all-reduce failed) is most likely a peer's failure: wait for a verdict
   /// up to `timeout` + 1 s, then take the blame. Any other error is this
-  /// rank's own. Never returns.
-  [[noreturn]] void streamFailed(const std::string &message);
+  /// rank's own, and so is a diverged one (Status::isDiverged: every rank
+  /// finds it at once). Never returns.
+  [[noreturn]] void streamFailed(const Status &status);
   /// Records this rank as the culprit (unless a verdict stands), prints the
   /// report; exitRank then exits. Installed as exitRank's hook.
   void ownFailure(const std::string &message);

@@ -255,3 +255,55 @@ TEST_CASE("watchdog: a rank stopped with SIGSTOP", "[watchdog]") {
   checkReport(l, "watchdog: no heartbeat for");
   CHECK(l.faultToEnd > kTimeoutS - 1.5);
 }
+
+// Data parallelism: a rank that reaches the gradient all-reduce but never
+// begins it (hang_comm acts just before) looks, by position alone, like its
+// partner, which is inside the all-reduce waiting for it. The heartbeat
+// says which one began: the one that did not is named, whichever rank it
+// is (by position alone, the longest stuck or the lowest rank was named).
+TEST_CASE("watchdog: hang_comm at a data-parallel all-reduce names the rank "
+          "that never arrived",
+          "[watchdog]") {
+  TinyModel m;
+  // Instruction 3 of stream 'compute': the ALL_REDUCE of the gradients.
+  std::string out =
+      strategy({singleClassPlan(m, 1, {0, 1}, 2)}, "watch-dp2");
+  for (int culprit : {0, 1}) {
+    int other = 1 - culprit;
+    Launch l = runPipeline(
+        out,
+        {"PIPER_FAULT=rank=" + std::to_string(culprit) +
+         ",step=2,inst=3,action=hang_comm"},
+        0);
+    const RunResult &r = l.result;
+    INFO("culprit " << culprit << ", stderr: " << r.err);
+    REQUIRE_FALSE(r.timedOut);
+    CHECK(r.exitCode() == 1);
+    CHECK(r.err.find("piper-run: rank " + std::to_string(culprit) +
+                     " failed (") != std::string::npos);
+    CHECK(r.err.find("piper-run: rank " + std::to_string(other) +
+                     " stopped because rank " + std::to_string(culprit) +
+                     " failed (exit code 4)") != std::string::npos);
+    CHECK(r.err.find("instruction 3 ALL_REDUCE 'allreduce grads': group 0 "
+                     "[0,1] (not begun)") != std::string::npos);
+    // Not a guess: the partner began the all-reduce, the culprit did not.
+    CHECK(r.err.find("cannot be told") == std::string::npos);
+    CHECK(l.faultToEnd < kTimeoutS + 5);
+  }
+}
+
+TEST_CASE("Abort encodes whether its culprit is a guess", "[watchdog]") {
+  using piper::runtime::Abort;
+  using piper::runtime::decodeAbort;
+  using piper::runtime::encodeAbort;
+  Abort a{3, "stuck", true}, b;
+  REQUIRE(decodeAbort(encodeAbort(a), b));
+  CHECK(b.culprit == 3);
+  CHECK(b.guess);
+  CHECK(b.reason == "stuck");
+  Abort c{2, "no heartbeat", false}, d;
+  REQUIRE(decodeAbort(encodeAbort(c), d));
+  CHECK(d.culprit == 2);
+  CHECK_FALSE(d.guess);
+  CHECK_FALSE(decodeAbort("2 maybe\nx", d));
+}

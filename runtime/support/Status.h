@@ -20,16 +20,30 @@ public:
     s.msg = std::move(message);
     return s;
   }
+  /// An error that every rank reaches by itself at the same point, such as
+  /// a non-finite global gradient norm (all-reduced, so the same on every
+  /// rank): no peer failed, so nobody waits for a watchdog's verdict.
+  static Status diverged(std::string message) {
+    Status s = error(std::move(message));
+    s.divergedError = true;
+    return s;
+  }
   bool isOk() const { return !failed; }
   explicit operator bool() const { return !failed; }
   const std::string &message() const { return msg; }
+  bool isDiverged() const { return divergedError; }
   /// Returns this error with `context` prepended ("context: message").
   Status withContext(const std::string &context) const {
-    return failed ? error(context + ": " + msg) : Status();
+    if (!failed)
+      return Status();
+    Status s = error(context + ": " + msg);
+    s.divergedError = divergedError;
+    return s;
   }
 
 private:
   bool failed = false;
+  bool divergedError = false;
   std::string msg;
 };
 
