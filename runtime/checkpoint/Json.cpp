@@ -106,4 +106,100 @@ std::string jsonQuote(const std::string &s) {
   return Json(s).dump(-1, ' ', false, Json::error_handler_t::replace);
 }
 
+namespace {
+
+/// The member `key` of `object` in `member`, or an error: `object` is not
+/// an object, or has no such member.
+Status findMember(const Json &object, const std::string &key,
+                  const Json *&member) {
+  member = nullptr;
+  if (!object.is_object())
+    return Status::error(fmt::format("expected an object with {}, found {}",
+                                     jsonQuote(key), jsonKindName(object)));
+  auto it = object.find(key);
+  if (it == object.end())
+    return Status::error("missing " + jsonQuote(key));
+  member = &*it;
+  return Status::ok();
+}
+
+Status wrongType(const std::string &key, const Json &value,
+                 const char *expected) {
+  // 2.0 is a number but not an integer: say which kind of number.
+  const char *kind =
+      value.is_number_float() ? "a floating-point number" : jsonKindName(value);
+  return Status::error(
+      fmt::format("{} is {}, expected {}", jsonQuote(key), kind, expected));
+}
+
+} // namespace
+
+Status jsonString(const Json &object, const std::string &key,
+                  std::string &out) {
+  const Json *v;
+  PIPER_RETURN_IF_ERROR(findMember(object, key, v));
+  if (!v->is_string())
+    return wrongType(key, *v, "a string");
+  out = v->get_ref<const std::string &>();
+  return Status::ok();
+}
+
+Status jsonInt(const Json &object, const std::string &key, int64_t &out) {
+  const Json *v;
+  PIPER_RETURN_IF_ERROR(findMember(object, key, v));
+  if (v->is_number_unsigned()) {
+    uint64_t u = v->get<uint64_t>();
+    if (u > uint64_t(INT64_MAX))
+      return Status::error(
+          fmt::format("{} is {}, past the largest integer", jsonQuote(key), u));
+    out = static_cast<int64_t>(u);
+    return Status::ok();
+  }
+  if (!v->is_number_integer())
+    return wrongType(key, *v, "an integer");
+  out = v->get<int64_t>();
+  return Status::ok();
+}
+
+Status jsonUint(const Json &object, const std::string &key, uint64_t &out) {
+  const Json *v;
+  PIPER_RETURN_IF_ERROR(findMember(object, key, v));
+  if (v->is_number_integer() && !v->is_number_unsigned())
+    return Status::error(fmt::format("{} is {}, expected a non-negative "
+                                     "integer",
+                                     jsonQuote(key), v->get<int64_t>()));
+  if (!v->is_number_unsigned())
+    return wrongType(key, *v, "a non-negative integer");
+  out = v->get<uint64_t>();
+  return Status::ok();
+}
+
+Status jsonNumber(const Json &object, const std::string &key, double &out) {
+  const Json *v;
+  PIPER_RETURN_IF_ERROR(findMember(object, key, v));
+  if (!v->is_number())
+    return wrongType(key, *v, "a number");
+  out = v->get<double>();
+  return Status::ok();
+}
+
+Status jsonObject(const Json &object, const std::string &key,
+                  const Json *&out) {
+  PIPER_RETURN_IF_ERROR(findMember(object, key, out));
+  if (!out->is_object())
+    return wrongType(key, *out, "an object");
+  return Status::ok();
+}
+
+Status jsonArray(const Json &object, const std::string &key, const Json *&out) {
+  PIPER_RETURN_IF_ERROR(findMember(object, key, out));
+  if (!out->is_array())
+    return wrongType(key, *out, "an array");
+  return Status::ok();
+}
+
+bool jsonHas(const Json &object, const std::string &key) {
+  return object.is_object() && object.contains(key);
+}
+
 } // namespace piper::runtime

@@ -15,6 +15,7 @@
 
 #include <fmt/format.h>
 
+#include "runtime/checkpoint/Integrity.h"
 #include "runtime/checkpoint/Json.h"
 #include "runtime/data/AtomicFile.h"
 
@@ -351,6 +352,9 @@ SafetensorsReader::open(const std::string &path, Status &status) {
     return nullptr;
   }
   r->dataStart = 8 + n;
+  r->size = size;
+  r->headerCrc =
+      crc32Update(crc32Update(0, lenBytes, 8), json.data(), json.size());
   status = parseHeader(where, json, size, r->dataStart, r->entries, r->meta);
   if (!status)
     return nullptr;
@@ -394,9 +398,18 @@ const SafetensorsEntry *SafetensorsReader::find(const std::string &name) const {
 }
 
 Status SafetensorsReader::read(const SafetensorsEntry &entry, void *out) const {
+  return readRange(entry, 0, static_cast<size_t>(entry.end - entry.begin), out);
+}
+
+Status SafetensorsReader::readRange(const SafetensorsEntry &entry,
+                                    uint64_t offset, size_t n,
+                                    void *out) const {
+  if (offset > entry.end - entry.begin || n > entry.end - entry.begin - offset)
+    return Status::error(fmt::format("checkpoint '{}': internal: bytes [{}, "
+                                     "{}) are outside tensor '{}'",
+                                     filePath, offset, offset + n, entry.name));
   errno = 0;
-  if (!preadAll(fd, out, static_cast<size_t>(entry.end - entry.begin),
-                dataStart + entry.begin))
+  if (!preadAll(fd, out, n, dataStart + entry.begin + offset))
     return Status::error("checkpoint '" + filePath + "': cannot read tensor '" +
                          entry.name + "': " +
                          (errno ? errnoMessage(errno)
@@ -422,12 +435,28 @@ Status mergeSafetensors(const std::vector<std::string> &parts,
   std::vector<Source> sources;
   std::map<std::string, size_t> byName;
   std::vector<char> a, b;
+  // Each part's bytes must still match the CRC-32s it records; the merged
+  // file records them when every part does.
+  bool checksummed = true;
+  std::vector<std::pair<std::string, uint32_t>> crcs;
   for (const auto &reader : readers) {
+    std::map<std::string, uint32_t> recorded;
+    bool present = false;
+    PIPER_RETURN_IF_ERROR(recordedCrcs(*reader, recorded, present));
+    checksummed = checksummed && present;
     for (const SafetensorsEntry &e : reader->tensors()) {
+      if (present) {
+        TensorScan scan;
+        PIPER_RETURN_IF_ERROR(scanTensor(*reader, e, scan));
+        if (scan.crc != recorded[e.name])
+          return crcMismatch(reader->path(), e.name, "its metadata",
+                             recorded[e.name], scan.crc);
+      }
       auto it = byName.find(e.name);
       if (it == byName.end()) {
         byName[e.name] = sources.size();
         sources.push_back(Source{reader.get(), &e});
+        crcs.emplace_back(e.name, recorded[e.name]);
         continue;
       }
       // Held twice (a tied or replicated parameter): keep one copy, but only
@@ -459,7 +488,10 @@ Status mergeSafetensors(const std::vector<std::string> &parts,
     offset += bytes;
     entries.push_back(std::move(e));
   }
-  std::string header = safetensorsHeader(entries, metadata);
+  SafetensorsMetadata merged = metadata;
+  if (checksummed && !readers.empty())
+    merged.emplace_back(kCrc32Key, crc32Json(crcs));
+  std::string header = safetensorsHeader(entries, merged);
   AtomicFile out;
   PIPER_RETURN_IF_ERROR(out.open(path).withContext("checkpoint"));
   PIPER_RETURN_IF_ERROR(

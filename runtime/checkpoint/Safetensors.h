@@ -79,12 +79,23 @@ public:
   const SafetensorsEntry *find(const std::string &name) const;
   /// Reads the `entry.end - entry.begin` data bytes of `entry` into `out`.
   Status read(const SafetensorsEntry &entry, void *out) const;
+  /// Reads `size` bytes of `entry`'s data from byte `offset` of it (within
+  /// its data) into `out`.
+  Status readRange(const SafetensorsEntry &entry, uint64_t offset, size_t size,
+                   void *out) const;
+  /// The CRC-32 of the file's first 8 + N bytes (the header length and the
+  /// header): with every tensor's CRC-32 it covers every byte of the file.
+  uint32_t headerCrc32() const { return headerCrc; }
+  /// The file's size in bytes.
+  uint64_t fileSize() const { return size; }
 
 private:
   SafetensorsReader() = default;
   std::string filePath;
   int fd = -1;
   uint64_t dataStart = 0; // 8 + N
+  uint64_t size = 0;
+  uint32_t headerCrc = 0;
   std::vector<SafetensorsEntry> entries;
   SafetensorsMetadata meta;
 };
@@ -99,7 +110,9 @@ Status parseSafetensors(const std::string &path, std::string_view bytes,
 /// Writes the tensors of `parts` (in order: each part's tensors in its
 /// header order) into one file at `path`, atomically, with `metadata`. A
 /// name held by several parts must have the same dtype, shape and bytes in
-/// each (a tied or replicated parameter) and is written once.
+/// each (a tied or replicated parameter) and is written once. A part's
+/// tensors must match the CRC-32s it records (piper.crc32, Integrity.h);
+/// when every part records them, so does the merged file.
 Status mergeSafetensors(const std::vector<std::string> &parts,
                         const std::string &path,
                         const SafetensorsMetadata &metadata);

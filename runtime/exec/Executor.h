@@ -24,6 +24,10 @@ struct ExecutorOptions {
   int rank = 0;
   /// Keys parameter initialization and the synthetic data.
   uint64_t seed = 0;
+  /// The id of the run (runtime/checkpoint/Integrity.h), recorded as
+  /// piper.run_id in every safetensors file the executor writes; empty
+  /// records none. Executor::setRunId changes it.
+  std::string runId;
   /// Not owned. May be null only when world_size is 1 and the plan has no
   /// communication with other ranks.
   Communicator *comm = nullptr;
@@ -178,6 +182,11 @@ public:
   /// The device's peak FLOP/s (hal::Device::peakFlops); 0 when unknown.
   double peakFlops() const;
 
+  /// The run id its files record (ExecutorOptions::runId), and a change of
+  /// it before the first save (it is agreed on once the ranks connect).
+  const std::string &runId() const;
+  void setRunId(const std::string &runId);
+
   /// This rank's position in plan.ranks.
   int replicaIndex() const;
   const plan::Plan &plan() const;
@@ -196,7 +205,8 @@ public:
   /// The name and shape of every parameter, in plan order.
   std::vector<ParamSpec> paramSpecs() const;
   /// Writes every parameter to the safetensors file `path` (F32, the plan's
-  /// names and shapes, in plan order, checkpointMetadata(step)) atomically.
+  /// names and shapes, in plan order, checkpointMetadata(step, runId) and
+  /// every tensor's CRC-32) atomically.
   Status saveCheckpoint(const std::string &path, int64_t step) const;
   /// Writes every gradient accumulator instead of the parameters (same
   /// names), e.g. after a step of a plan compiled with --no-optimizer.
@@ -209,7 +219,7 @@ public:
   Status loadCheckpoint(const SafetensorsReader &reader);
   /// Writes the AdamW moments of every parameter to the safetensors file
   /// `path`: "<name>.exp_avg" (ADAM_M) and "<name>.exp_avg_sq" (ADAM_V),
-  /// F32, in plan order, checkpointMetadata(step), atomically.
+  /// F32, in plan order, with the metadata saveCheckpoint writes, atomically.
   Status saveOptimizerState(const std::string &path, int64_t step) const;
   /// Replaces the AdamW moments of every parameter by the tensors
   /// saveOptimizerState names in `reader`; call before the first step. A
@@ -221,7 +231,7 @@ public:
   /// alone holds (its ZeRO ranges, its expert block when it is in the first
   /// expert group, the whole tensors on replica 0), each a 1-D tensor of
   /// the full name with metadata "piper.slices" = {"<tensor>": [start,
-  /// global shape...]} and checkpointMetadata(step). Writes nothing (and
+  /// global shape...]} and saveCheckpoint's metadata. Writes nothing (and
   /// returns ok) when this rank holds nothing of its own. Every rank calls
   /// it; no collective.
   Status saveShards(const std::string &path, int64_t step) const;

@@ -7,6 +7,7 @@
 
 #include <sys/stat.h>
 
+#include "runtime/checkpoint/Integrity.h"
 #include "runtime/exec/ExecutorImpl.h"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
@@ -27,6 +28,12 @@ std::string errnoText(int err) {
 }
 
 } // namespace
+
+const std::string &Executor::runId() const { return impl->options.runId; }
+
+void Executor::setRunId(const std::string &runId) {
+  impl->options.runId = runId;
+}
 
 TensorRef Executor::state(int index, plan::Operand::Kind kind) const {
   if (index < 0 || index >= impl->plan.params_size() || kind < Operand::PARAM ||
@@ -209,8 +216,9 @@ Status Executor::saveState(const std::string &path, int64_t step,
   }
   if (impl->replica != 0)
     return Status::ok();
-  return writeSafetensors(path, tensors, checkpointMetadata(step))
-      .withContext(impl->who);
+  SafetensorsMetadata meta = checkpointMetadata(step, impl->options.runId);
+  addCrc32s(meta, tensors);
+  return writeSafetensors(path, tensors, meta).withContext(impl->who);
 }
 
 Status Executor::loadCheckpoint(const SafetensorsReader &reader) {
@@ -299,8 +307,9 @@ Status Executor::saveShards(const std::string &path, int64_t step) const {
   }
   if (tensors.empty())
     return Status::ok();
-  SafetensorsMetadata meta = checkpointMetadata(step);
+  SafetensorsMetadata meta = checkpointMetadata(step, impl->options.runId);
   meta.emplace_back("piper.slices", slices + "}");
+  addCrc32s(meta, tensors);
   return writeSafetensors(path, tensors, meta).withContext(impl->who);
 }
 

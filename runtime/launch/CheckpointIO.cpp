@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "proto/PlanShards.h"
+#include "runtime/checkpoint/Integrity.h"
 #include "runtime/data/AtomicFile.h"
 
 namespace piper::runtime {
@@ -44,8 +45,13 @@ Status openCheckpoint(const std::string &path,
   if (!out)
     return st;
   PIPER_RETURN_IF_ERROR(checkpointStep(*out, step));
-  return checkCheckpointParams(*out, strategyParams(plans),
-                               /*rejectExtra=*/true);
+  PIPER_RETURN_IF_ERROR(checkCheckpointParams(*out, strategyParams(plans),
+                                              /*rejectExtra=*/true));
+  // A well-formed run id and the CRC-32s the file records (a file piper
+  // wrote), and finite values.
+  std::string runId;
+  PIPER_RETURN_IF_ERROR(recordedRunId(*out, runId));
+  return verifyTensors(*out);
 }
 
 Status checkStepRange(const std::string &path, int64_t step, int64_t steps) {
@@ -133,8 +139,9 @@ Status writeCheckpoint(const std::string &path, CheckpointContent what,
   std::vector<std::string> parts;
   for (const plan::Manifest::Class &c : manifest.classes())
     parts.push_back(checkpointPartPath(path, c.device_class()));
-  Status merged = mergeSafetensors(parts, path, checkpointMetadata(step))
-                      .withContext(who + ": merging checkpoint parts");
+  Status merged =
+      mergeSafetensors(parts, path, checkpointMetadata(step, exec.runId()))
+          .withContext(who + ": merging checkpoint parts");
   for (const std::string &part : parts)
     std::remove(part.c_str());
   forget();

@@ -21,8 +21,9 @@ namespace piper::runtime {
 std::vector<ParamSpec> strategyParams(const std::vector<plan::Plan> &plans);
 
 /// Opens the checkpoint at `path` and checks it against the parameters of
-/// every plan (a tensor that no class holds is an error too); sets `step` to
-/// its "step".
+/// every plan (a tensor that no class holds is an error too), against the
+/// CRC-32s it records (if any) and for NaNs and infinities; sets `step` to
+/// its "step". Reads the whole file.
 Status openCheckpoint(const std::string &path,
                       const std::vector<plan::Plan> &plans,
                       std::unique_ptr<SafetensorsReader> &out, int64_t &step);

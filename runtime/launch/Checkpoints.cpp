@@ -15,21 +15,18 @@
 #include <unistd.h>
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
+#include "runtime/checkpoint/CheckpointManifest.h"
+#include "runtime/checkpoint/Integrity.h"
+#include "runtime/checkpoint/Json.h"
 #include "runtime/data/AtomicFile.h"
 #include "runtime/launch/CheckpointIO.h"
 
 namespace piper::runtime {
 
 namespace fs = std::filesystem;
-using Json = nlohmann::ordered_json;
 
 namespace {
-
-constexpr const char *kFormat = "piper-checkpoint";
-// 2: the sharded layout ("layout": "shards"); whole checkpoints stay 1.
-constexpr int kVersion = 2;
 
 /// The step of a directory named "step-<N>" (digits only), else -1.
 int64_t stepOfName(const std::string &name) {
@@ -134,127 +131,179 @@ RunIdentity runIdentity(const RunOptions &options,
   return id;
 }
 
+namespace {
+
+/// What to do with one step-<N> directory when resuming.
+struct Candidate {
+  /// Set when it cannot be used, with why.
+  std::string skip;
+  /// The skip is for a complete checkpoint that failed verification.
+  bool corrupt = false;
+  CheckpointManifest manifest;
+  std::vector<std::unique_ptr<SafetensorsReader>> readers;
+};
+
+Status readText(const fs::path &path, std::string &out) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  if (!in.good() && !in.eof())
+    return Status::error(fmt::format("cannot read '{}'", path.string()));
+  out = text.str();
+  return Status::ok();
+}
+
+/// Reads, parses and verifies step directory `stepDir` of step `step`.
+void examine(const fs::path &stepDir, int64_t step, Candidate &c) {
+  const std::string path = stepDir.string();
+  std::string text;
+  Status st = readText(stepDir / kCheckpointStateFile, text);
+  if (st)
+    st = parseCheckpointManifest(text, c.manifest)
+             .withContext(std::string(kCheckpointStateFile));
+  if (st && c.manifest.step != step)
+    st = Status::error(
+        fmt::format("{} is of step {}", kCheckpointStateFile, c.manifest.step));
+  if (st && c.manifest.layout == "whole") {
+    // The files a whole checkpoint loads from.
+    for (const char *name : {kCheckpointModelFile, kCheckpointOptimizerFile})
+      if (std::none_of(c.manifest.files.begin(), c.manifest.files.end(),
+                       [&](const ManifestFile &f) { return f.name == name; }))
+        st = Status::error(
+            fmt::format("{} does not list {}", kCheckpointStateFile, name));
+  }
+  if (!st) {
+    c.skip = st.message();
+    return;
+  }
+  CheckpointFault fault;
+  st = verifyCheckpointDir(path, c.manifest, c.readers, fault);
+  if (!st) {
+    c.skip = st.message();
+    c.corrupt = fault == CheckpointFault::Corrupt;
+  }
+}
+
+/// The reader of file `name` among a whole checkpoint's.
+std::unique_ptr<SafetensorsReader> takeReader(Candidate &c,
+                                              const std::string &name) {
+  for (size_t i = 0; i < c.manifest.files.size(); ++i)
+    if (c.manifest.files[i].name == name)
+      return std::move(c.readers[i]);
+  return nullptr;
+}
+
+/// Checks a verified whole checkpoint against the strategy's parameters
+/// and moves its readers into `out`.
+Status useWhole(Candidate &c, const std::vector<plan::Plan> &plans,
+                ResumePoint &out) {
+  out.model = takeReader(c, kCheckpointModelFile);
+  out.optimizer = takeReader(c, kCheckpointOptimizerFile);
+  std::vector<ParamSpec> params = strategyParams(plans);
+  PIPER_RETURN_IF_ERROR(
+      checkCheckpointParams(*out.model, params, /*rejectExtra=*/true));
+  std::vector<ParamSpec> moments;
+  for (const ParamSpec &p : params) {
+    moments.push_back(ParamSpec{p.name + ".exp_avg", p.shape});
+    moments.push_back(ParamSpec{p.name + ".exp_avg_sq", p.shape});
+  }
+  return checkCheckpointParams(*out.optimizer, moments, /*rejectExtra=*/true);
+}
+
+} // namespace
+
 Status findResumePoint(const std::string &dir,
                        const std::vector<plan::Plan> &plans,
-                       const RunIdentity &identity, ResumePoint &out) {
+                       const RunIdentity &identity, bool fallback,
+                       ResumePoint &out) {
   out = ResumePoint();
   std::map<int64_t, fs::path> dirs = stepDirectories(dir);
+  // Checkpoints passed over for more than a missing state.json: when no
+  // other is left, starting afresh would silently throw them away.
+  std::vector<std::string> broken;
   for (auto it = dirs.rbegin(); it != dirs.rend(); ++it) {
     const std::string path = it->second.string();
-    auto skip = [&](const std::string &why) {
-      out.skipped.push_back(fmt::format("skipping '{}': {}", path, why));
-    };
     if (!isComplete(it->second)) {
-      skip(fmt::format("incomplete (no {})", kCheckpointStateFile));
+      out.skipped.push_back(fmt::format("skipping '{}': incomplete (no {})",
+                                        path, kCheckpointStateFile));
       continue;
     }
-    Json state;
-    std::ifstream in(it->second / kCheckpointStateFile);
-    state = Json::parse(in, nullptr, /*allow_exceptions=*/false);
-    if (!state.is_object() || state.value("format", "") != kFormat ||
-        !state.contains("step") || !state["step"].is_number_integer() ||
-        state["step"].get<int64_t>() != it->first) {
-      skip(fmt::format("{} is not a piper checkpoint state of step {}",
-                       kCheckpointStateFile, it->first));
+    Candidate c;
+    examine(it->second, it->first, c);
+    if (c.corrupt && !fallback)
+      return Status::error(fmt::format(
+          "{}; refusing to resume from '{}' (--resume-fallback resumes from "
+          "the newest older checkpoint that verifies instead)",
+          c.skip, path));
+    if (!c.skip.empty()) {
+      out.skipped.push_back(fmt::format("skipping '{}'{}: {}", path,
+                                        c.corrupt ? " (--resume-fallback)" : "",
+                                        c.skip));
+      broken.push_back(out.skipped.back());
       continue;
     }
-    if (state.value("version", 0) > kVersion) {
-      skip(fmt::format("written by a newer piper (version {})",
-                       state.value("version", 0)));
-      continue;
-    }
-    // A whole checkpoint of another model or run is an error, not a reason
-    // to start over from an older one.
-    auto sameRun = [&]() -> Status {
-      std::string mismatch = identityMismatch(
-          state.contains("run") ? state["run"] : Json(), identity);
-      if (mismatch.empty())
-        return Status::ok();
+    // A checkpoint of another model or run is an error, not a reason to
+    // start over from an older one.
+    std::string mismatch = identityMismatch(c.manifest.run, identity);
+    if (!mismatch.empty())
       return Status::error(fmt::format(
           "checkpoint '{}' is of another run: {}; resume with the options it "
           "was written with, or use another --checkpoint-dir",
           path, mismatch));
-    };
-    const Json &sizes = state.contains("files") ? state["files"] : Json();
-    if (state.value("layout", "") == "shards") {
-      // Every rank's slices (ZeRO, expert parallelism): the files must be
-      // whole and together hold every tensor of this strategy.
-      std::vector<std::string> files;
-      std::string broken;
-      for (auto &[name, size] : sizes.items()) {
-        std::error_code ec;
-        uintmax_t actual = fs::file_size(path + "/" + name, ec);
-        if (ec || !size.is_number_integer() ||
-            size.get<int64_t>() != static_cast<int64_t>(actual)) {
-          broken = fmt::format("'{}/{}' is missing or not of the {} bytes "
-                               "written",
-                               path, name, size.dump());
-          break;
-        }
-        files.push_back(name);
-      }
+    if (!c.manifest.checksummed())
+      out.warnings.push_back(fmt::format(
+          "'{}' was written before checkpoints carried run ids and CRC-32s "
+          "(version {}): only its sizes, headers, steps and values were "
+          "checked",
+          path, c.manifest.version));
+    if (c.manifest.layout == "shards") {
+      // Every rank's slices (ZeRO, expert parallelism): together they must
+      // hold every tensor of this strategy.
       auto index = std::make_unique<ShardIndex>();
-      if (broken.empty())
-        if (Status st = index->open(path, files, it->first); !st)
-          broken = st.message();
-      if (!broken.empty()) {
-        skip(broken);
-        continue;
-      }
-      PIPER_RETURN_IF_ERROR(sameRun());
+      PIPER_RETURN_IF_ERROR(
+          index->open(std::move(c.readers))
+              .withContext(fmt::format("checkpoint '{}'", path)));
       PIPER_RETURN_IF_ERROR(
           index->check(strategyParams(plans))
               .withContext(fmt::format("checkpoint '{}'", path)));
-      out.step = it->first;
-      out.dir = path;
       out.shards = std::move(index);
-      return Status::ok();
+    } else {
+      PIPER_RETURN_IF_ERROR(useWhole(c, plans, out));
     }
-    // Files that are missing, truncated or of another size than written.
-    std::string broken;
-    std::unique_ptr<SafetensorsReader> readers[2];
-    const char *names[2] = {kCheckpointModelFile, kCheckpointOptimizerFile};
-    for (int f = 0; f < 2 && broken.empty(); ++f) {
-      std::string file = path + "/" + names[f];
-      std::error_code ec;
-      uintmax_t size = fs::file_size(file, ec);
-      if (!ec && sizes.contains(names[f]) &&
-          sizes[names[f]] != static_cast<int64_t>(size)) {
-        broken = fmt::format("'{}' has {} bytes, {} were written", file, size,
-                             sizes[names[f]].dump());
-        break;
-      }
-      Status st;
-      readers[f] = SafetensorsReader::open(file, st);
-      int64_t fileStep = 0;
-      if (readers[f])
-        st = checkpointStep(*readers[f], fileStep);
-      if (!readers[f] || !st)
-        broken = st.message();
-      else if (fileStep != it->first)
-        broken = fmt::format("'{}' holds step {}", file, fileStep);
-    }
-    if (!broken.empty()) {
-      skip(broken);
-      continue;
-    }
-    PIPER_RETURN_IF_ERROR(sameRun());
-    std::vector<ParamSpec> params = strategyParams(plans);
-    PIPER_RETURN_IF_ERROR(
-        checkCheckpointParams(*readers[0], params, /*rejectExtra=*/true));
-    std::vector<ParamSpec> moments;
-    for (const ParamSpec &p : params) {
-      moments.push_back(ParamSpec{p.name + ".exp_avg", p.shape});
-      moments.push_back(ParamSpec{p.name + ".exp_avg_sq", p.shape});
-    }
-    PIPER_RETURN_IF_ERROR(
-        checkCheckpointParams(*readers[1], moments, /*rejectExtra=*/true));
     out.step = it->first;
     out.dir = path;
-    out.model = std::move(readers[0]);
-    out.optimizer = std::move(readers[1]);
+    out.runId = c.manifest.runId;
     return Status::ok();
   }
+  if (!broken.empty()) {
+    std::string list;
+    for (const std::string &b : broken)
+      list += (list.empty() ? "" : "; ") + b;
+    return Status::error(fmt::format(
+        "--resume: no checkpoint of '{}' can be resumed: {}; move {} away "
+        "to start afresh",
+        dir, list, broken.size() == 1 ? "it" : "them"));
+  }
+  return Status::ok();
+}
+
+Status shareRunId(Communicator *comm, int rank, std::string &runId) {
+  if (!comm)
+    return Status::ok();
+  // A world sum in which only rank 0's 4 x 32 bits are not zero: exact in
+  // doubles.
+  double words[4] = {0, 0, 0, 0};
+  if (rank == 0) {
+    if (!isRunId(runId))
+      return Status::error("internal: run id '" + runId + "' is malformed");
+    for (int i = 0; i < 4; ++i)
+      words[i] = double(std::stoul(runId.substr(8 * i, 8), nullptr, 16));
+  }
+  PIPER_RETURN_IF_ERROR(comm->allReduceSumWorld(words, 4).withContext(
+      fmt::format("rank {}: sharing the run id", rank)));
+  runId.clear();
+  for (double w : words)
+    runId += fmt::format("{:08x}", static_cast<uint32_t>(w));
   return Status::ok();
 }
 
@@ -316,7 +365,11 @@ Status writeStepCheckpoint(const std::string &dir, int keep,
     return Status::error(
         fmt::format("{}: checkpoint '{}': {}", who, finalDir, what));
   };
-  Json files = Json::object();
+  CheckpointManifest state;
+  state.step = step;
+  state.layout = sharded ? "shards" : "whole";
+  state.runId = exec.runId();
+  state.run = identityJson(identity);
   stats.bytes = 0;
   std::vector<std::string> written;
   if (sharded) {
@@ -328,21 +381,18 @@ Status writeStepCheckpoint(const std::string &dir, int keep,
   } else {
     written = {kCheckpointModelFile, kCheckpointOptimizerFile};
   }
+  // Every file's size and CRC-32s (from its header: each writer computed
+  // them from the bytes it wrote), the manifest written last.
   for (const std::string &name : written) {
-    std::error_code ec;
-    uintmax_t size = fs::file_size(tmpDir + "/" + name, ec);
-    if (ec)
-      return fail(fmt::format("{} was not written: {}", name, ec.message()));
-    files[name] = static_cast<int64_t>(size);
-    stats.bytes += static_cast<int64_t>(size);
+    ManifestFile file;
+    Status described =
+        describeCheckpointFile(tmpDir, name, state.runId, step, file);
+    if (!described)
+      return fail(described.message());
+    stats.bytes += static_cast<int64_t>(file.bytes);
+    state.files.push_back(std::move(file));
   }
-  Json state = {{"format", kFormat},
-                {"version", sharded ? 2 : 1},
-                {"step", step},
-                {"layout", sharded ? "shards" : "whole"},
-                {"run", identityJson(identity)},
-                {"files", files}};
-  std::string text = state.dump(2) + "\n";
+  std::string text = formatCheckpointManifest(state);
   AtomicFile marker;
   Status st = marker.open(tmpDir + "/" + kCheckpointStateFile);
   if (st)
@@ -386,10 +436,11 @@ Status keepMetricsUpTo(const std::string &path, int64_t step) {
     return Status::ok();
   std::string kept, line;
   while (std::getline(in, line)) {
-    Json object = Json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (object.is_object() && object.contains("step") &&
-        object["step"].is_number_integer() &&
-        object["step"].get<int64_t>() <= step)
+    // A line that is not a metrics object with an integer step is dropped.
+    Json object;
+    int64_t lineStep = 0;
+    if (parseJson(line, object) && jsonInt(object, "step", lineStep) &&
+        lineStep <= step)
       kept += line + "\n";
   }
   AtomicFile out;

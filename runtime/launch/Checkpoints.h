@@ -57,19 +57,35 @@ struct ResumePoint {
   /// A sharded checkpoint (ZeRO, expert parallelism): every rank's slices,
   /// instead of `model` and `optimizer`.
   std::unique_ptr<ShardIndex> shards;
+  /// The run that wrote it; "" before checkpoints carried run ids.
+  std::string runId;
   /// One line per newer checkpoint that was passed over, and why.
   std::vector<std::string> skipped;
+  /// Lines to print about the one chosen (one written before checkpoints
+  /// carried checksums).
+  std::vector<std::string> warnings;
 };
 
-/// Finds the newest complete checkpoint of `dir` whose files open and are
-/// whole: step-<N> directories without state.json, or whose files are
-/// missing, truncated or unreadable, are skipped (and listed). The one
-/// chosen must match `plans` (every parameter, with its moments) and
-/// `identity` (seed, data, global batch), else an error says how it
-/// differs. No checkpoint at all is not an error (`out.step` stays 0).
+/// Finds the newest checkpoint of `dir` that is complete and verifies
+/// (docs/operations.md, "Checkpoint integrity"). Incomplete ones are
+/// skipped (and listed): step-<N> directories without state.json, with a
+/// state.json that does not parse (every field is type-checked), or whose
+/// files are missing or not of the size written. One that is complete but
+/// fails verification (a CRC-32, a run id, a step, a NaN or infinity) is an
+/// error naming the file and tensor, unless `fallback` (--resume-fallback),
+/// which skips it too. The one chosen must match `plans` (every parameter,
+/// with its moments) and `identity` (seed, data, global batch), else an
+/// error says how it differs. No checkpoint directory at all is not an
+/// error (`out.step` stays 0); step directories none of which can be used
+/// are.
 Status findResumePoint(const std::string &dir,
                        const std::vector<plan::Plan> &plans,
-                       const RunIdentity &identity, ResumePoint &out);
+                       const RunIdentity &identity, bool fallback,
+                       ResumePoint &out);
+
+/// Makes `runId` rank 0's on every rank of `comm` (null: one rank, nothing
+/// to do); rank 0's must have newRunId's form.
+Status shareRunId(Communicator *comm, int rank, std::string &runId);
 
 /// Removes what a run cut off while writing a checkpoint left: the
 /// "step-<N>.tmp" directories of `dir`. Rank 0 calls it before the first
@@ -84,8 +100,9 @@ struct CheckpointStats {
 
 /// After step `step`, on every rank: writes DIR/step-<step>.tmp/ (model and
 /// optimizer files, merged by rank 0 as --save's are), then rank 0 writes
-/// state.json, renames the directory to DIR/step-<step> and keeps the
-/// newest `keep` complete checkpoints up to this step, removing the others.
+/// state.json (every file's size and CRC-32s, and `exec`'s run id),
+/// renames the directory to DIR/step-<step> and keeps the newest `keep`
+/// complete checkpoints up to this step, removing the others.
 Status writeStepCheckpoint(const std::string &dir, int keep,
                            const RunIdentity &identity,
                            const plan::Manifest &manifest, Executor &exec,

@@ -95,6 +95,11 @@ bool parseRunOptions(int argc, char **argv, RunOptions &options,
       "--resume", options.resume,
       "start from the newest complete checkpoint of --checkpoint-dir (fresh "
       "if none); --steps is then the total step count");
+  app.add_flag("--resume-fallback", options.resumeFallback,
+               "when resuming (--resume, restarts), skip checkpoints that "
+               "fail verification (a CRC-32, a run id, a NaN) for the newest "
+               "older one that verifies, instead of refusing to start")
+      ->needs(checkpointDir);
   app.add_option("--max-restarts", options.maxRestarts,
                  "after a rank fails, relaunch all ranks from the newest "
                  "checkpoint, up to N times (local launcher)")

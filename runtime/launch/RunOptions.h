@@ -66,6 +66,10 @@ struct RunOptions {
   /// Start from the newest complete checkpoint of --checkpoint-dir (fresh
   /// when there is none); --steps is then the total step count.
   bool resume = false;
+  /// When resuming, a checkpoint that fails verification (a CRC-32, a run
+  /// id, a NaN) is skipped for the newest older one that verifies, instead
+  /// of being an error.
+  bool resumeFallback = false;
   /// The local launcher relaunches every rank with --resume after a failure,
   /// up to N times.
   int maxRestarts = 0;

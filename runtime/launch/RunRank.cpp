@@ -18,6 +18,7 @@
 
 #include <fmt/format.h>
 
+#include "runtime/checkpoint/Integrity.h"
 #include "runtime/checkpoint/Safetensors.h"
 #include "runtime/comm/Communicator.h"
 #include "runtime/data/AtomicFile.h"
@@ -194,6 +195,9 @@ int runRank(const RunOptions &options, const RankEnv &env,
   // no class holds is an error here too when ranks are started by hand.
   std::unique_ptr<SafetensorsReader> checkpoint;
   int64_t loadedStep = 0;
+  // The run's identity in the files it writes: the one of the state it
+  // continues, else a new one; rank 0's, once the ranks are connected.
+  std::string runId;
   if (!options.loadPath.empty()) {
     std::vector<plan::Plan> plans;
     Status st = allPlans(plans);
@@ -201,6 +205,10 @@ int runRank(const RunOptions &options, const RankEnv &env,
       st = openCheckpoint(options.loadPath, plans, checkpoint, loadedStep);
     if (st)
       st = checkStepRange(options.loadPath, loadedStep, options.steps);
+    // A run continued from a file piper wrote keeps its run id (and so
+    // writes the same bytes, with --steps 0, as it read).
+    if (st)
+      st = recordedRunId(*checkpoint, runId);
     check(st);
   }
   // A generation after a failure under --standby: the state the launcher
@@ -211,6 +219,7 @@ int runRank(const RunOptions &options, const RankEnv &env,
   if (recovering) {
     check(openRecoveredState(recoveryDir, cls, recovered));
     loadedStep = recovered.step;
+    runId = recovered.runId;
   }
   // Runs that continue an earlier one: --steps is the total.
   const bool continuing = options.resume || recovering;
@@ -222,12 +231,17 @@ int runRank(const RunOptions &options, const RankEnv &env,
     std::vector<plan::Plan> plans;
     Status st = allPlans(plans);
     if (st)
-      st = findResumePoint(options.checkpointDir, plans, identity, resumePoint);
+      st = findResumePoint(options.checkpointDir, plans, identity,
+                           options.resumeFallback, resumePoint);
     check(st);
     loadedStep = resumePoint.step;
+    if (!resumePoint.runId.empty())
+      runId = resumePoint.runId;
     if (rank == 0) {
       for (const std::string &line : resumePoint.skipped)
         fmt::print(stderr, "piper-run: --resume: {}\n", line);
+      for (const std::string &line : resumePoint.warnings)
+        fmt::print(stderr, "piper-run: --resume: warning: {}\n", line);
       if (resumePoint.model || resumePoint.shards)
         fmt::print(stderr, "piper-run: resuming from '{}' (step {})\n",
                    resumePoint.dir, resumePoint.step);
@@ -384,12 +398,15 @@ int runRank(const RunOptions &options, const RankEnv &env,
   std::unique_ptr<StepSnapshots> snapshots;
   // (Not under ZeRO: a rank holds only its shard, and the launcher then
   // sets no handoff folder.)
-  if (handoffDir && *handoffDir && env.worldSize > 1 &&
-      !exec->shardsState()) {
+  if (handoffDir && *handoffDir && env.worldSize > 1 && !exec->shardsState())
     snapshots = std::make_unique<StepSnapshots>();
-    snapshots->take(*exec, loadedStep);
-  }
   check(exec->connect(), /*named=*/false);
+  if (runId.empty())
+    runId = newRunId();
+  check(shareRunId(comm.get(), rank, runId), /*named=*/false);
+  exec->setRunId(runId);
+  if (snapshots)
+    snapshots->take(*exec, loadedStep);
   if (env.worldSize > 1) {
     watchdog = std::make_unique<Watchdog>(
         rank, env.worldSize,

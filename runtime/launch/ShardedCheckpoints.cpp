@@ -5,58 +5,61 @@
 #include "runtime/launch/ShardedCheckpoints.h"
 
 #include <algorithm>
-#include <filesystem>
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
+
+#include "runtime/checkpoint/Json.h"
 
 namespace piper::runtime {
-
-namespace fs = std::filesystem;
-using Json = nlohmann::json;
 
 std::string shardFileName(int rank) {
   return fmt::format("rank-{}.safetensors", rank);
 }
 
-Status ShardIndex::open(const std::string &dir,
-                        const std::vector<std::string> &files,
-                        int64_t step) {
-  for (const std::string &name : files) {
-    std::string path = dir + "/" + name;
-    Status st;
-    auto reader = SafetensorsReader::open(path, st);
-    if (!reader)
-      return st;
-    int64_t fileStep = 0;
-    PIPER_RETURN_IF_ERROR(checkpointStep(*reader, fileStep));
-    if (fileStep != step)
+namespace {
+
+/// The piper.slices entry of tensor `name`: [start, global shape...], all
+/// non-negative integers.
+Status sliceOf(const std::string &path, const Json &slices,
+               const SafetensorsEntry &e, int64_t &start,
+               std::vector<int64_t> &shape) {
+  auto it = slices.find(e.name);
+  if (it == slices.end() || !it->is_array() || it->empty() ||
+      e.dtype != "F32" || e.shape.size() != 1)
+    return Status::error(fmt::format(
+        "'{}': tensor '{}' is not a 1-D F32 slice described in piper.slices",
+        path, e.name));
+  shape.clear();
+  for (size_t i = 0; i < it->size(); ++i) {
+    const Json &v = (*it)[i];
+    if (!v.is_number_unsigned() || v.get<uint64_t>() > uint64_t(INT64_MAX))
       return Status::error(
-          fmt::format("'{}' holds step {}, not {}", path, fileStep, step));
+          fmt::format("'{}': bad slice of '{}' in piper.slices: {}", path,
+                      e.name, it->dump()));
+    int64_t n = static_cast<int64_t>(v.get<uint64_t>());
+    if (i == 0)
+      start = n;
+    else
+      shape.push_back(n);
+  }
+  return Status::ok();
+}
+
+} // namespace
+
+Status ShardIndex::open(std::vector<std::unique_ptr<SafetensorsReader>> files) {
+  for (auto &reader : files) {
+    const std::string &path = reader->path();
     const std::string *text = reader->metadataValue("piper.slices");
-    Json slices = text ? Json::parse(*text, nullptr, false) : Json();
-    if (!slices.is_object())
+    Json slices;
+    if (!text || !parseJson(*text, slices) || !slices.is_object())
       return Status::error(
           fmt::format("'{}' has no valid piper.slices metadata", path));
     for (const SafetensorsEntry &e : reader->tensors()) {
-      const Json &s = slices.contains(e.name) ? slices[e.name] : Json();
-      if (!s.is_array() || s.size() < 1 || e.dtype != "F32" ||
-          e.shape.size() != 1)
-        return Status::error(fmt::format(
-            "'{}': tensor '{}' is not a 1-D F32 slice described in "
-            "piper.slices",
-            path, e.name));
-      Piece piece{static_cast<int>(readers.size()), &e, 0, e.shape[0]};
+      int64_t start = 0;
       std::vector<int64_t> shape;
-      for (size_t i = 0; i < s.size(); ++i) {
-        if (!s[i].is_number_integer() || s[i].get<int64_t>() < 0)
-          return Status::error(fmt::format(
-              "'{}': bad slice of '{}' in piper.slices", path, e.name));
-        if (i == 0)
-          piece.start = s[i].get<int64_t>();
-        else
-          shape.push_back(s[i].get<int64_t>());
-      }
+      PIPER_RETURN_IF_ERROR(sliceOf(path, slices, e, start, shape));
+      Piece piece{static_cast<int>(readers.size()), &e, start, e.shape[0]};
       Tensor &t = tensors[e.name];
       if (!t.pieces.empty() && t.shape != shape)
         return Status::error(fmt::format(

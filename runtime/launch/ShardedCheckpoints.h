@@ -20,10 +20,9 @@ std::string shardFileName(int rank);
 /// Every slice of a sharded checkpoint's files, by tensor name.
 class ShardIndex : public StateSource {
 public:
-  /// Opens `files` (names in `dir`), each of checkpoint step `step`, and
-  /// reads their piper.slices metadata.
-  Status open(const std::string &dir, const std::vector<std::string> &files,
-              int64_t step);
+  /// Indexes `files` (open, and verified to be of one checkpoint) by
+  /// their piper.slices metadata, and keeps them.
+  Status open(std::vector<std::unique_ptr<SafetensorsReader>> files);
   /// Every parameter of `params`, and both its moments, is held whole
   /// (with that global shape) by the union of the slices.
   Status check(const std::vector<ParamSpec> &params) const;

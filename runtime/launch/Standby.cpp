@@ -14,6 +14,7 @@
 
 #include <fmt/format.h>
 
+#include "runtime/checkpoint/Integrity.h"
 #include "runtime/data/AtomicFile.h"
 #include "runtime/launch/Checkpoints.h"
 #include "runtime/launch/Rendezvous.h"
@@ -68,6 +69,7 @@ void StepSnapshots::take(const Executor &exec, int64_t step) {
   std::lock_guard<std::mutex> lock(mu);
   if (specs.empty())
     specs = exec.paramSpecs();
+  runId = exec.runId();
   Slot &slot = slots[1 - newest];
   slot.tensors.resize(specs.size() * 3);
   for (size_t p = 0; p < specs.size(); ++p)
@@ -95,12 +97,14 @@ Status StepSnapshots::write(const std::string &dir) const {
             momentName(specs[p].name, kSnapshotKinds[k]), "F32",
             specs[p].shape, slot.tensors[p * 3 + k].data()});
     }
-    PIPER_RETURN_IF_ERROR(
-        writeSafetensors(stepDir + "/" + kCheckpointModelFile, model,
-                         checkpointMetadata(slot.step)));
-    PIPER_RETURN_IF_ERROR(
-        writeSafetensors(stepDir + "/" + kCheckpointOptimizerFile, moments,
-                         checkpointMetadata(slot.step)));
+    SafetensorsMetadata modelMeta = checkpointMetadata(slot.step, runId);
+    SafetensorsMetadata momentsMeta = modelMeta;
+    addCrc32s(modelMeta, model);
+    addCrc32s(momentsMeta, moments);
+    PIPER_RETURN_IF_ERROR(writeSafetensors(stepDir + "/" + kCheckpointModelFile,
+                                           model, modelMeta));
+    PIPER_RETURN_IF_ERROR(writeSafetensors(
+        stepDir + "/" + kCheckpointOptimizerFile, moments, momentsMeta));
     std::string marker = stepDir + "/" + kHandoffCompleteFile;
     std::ofstream out(marker);
     out << slot.step << "\n";
@@ -213,7 +217,11 @@ Status openRecoveredState(const std::string &dir, int cls,
         "recovery state '{}': the model is of step {}, the optimizer of "
         "step {}",
         classDir, out.step, optimizerStep));
-  return Status::ok();
+  // Written by a peer moments ago: still, its bytes must match the CRC-32s
+  // it records, and be finite.
+  PIPER_RETURN_IF_ERROR(verifyTensors(*out.model));
+  PIPER_RETURN_IF_ERROR(verifyTensors(*out.optimizer));
+  return recordedRunId(*out.model, out.runId);
 }
 
 } // namespace piper::runtime

@@ -61,6 +61,8 @@ private:
   };
   mutable std::mutex mu;
   std::vector<ParamSpec> specs;
+  /// The executor's run id at the last take, recorded in the files.
+  std::string runId;
   Slot slots[2];
   int newest = 1;
 };
@@ -78,12 +80,14 @@ int runStandby(const RunOptions &options);
 struct RecoveredState {
   int64_t step = 0;
   std::unique_ptr<SafetensorsReader> model, optimizer;
+  /// The run id the files record ("" if none).
+  std::string runId;
 };
 
 /// Opens `dir`/class-<cls>/ (kRecoveryDirVar) and checks that both files
-/// hold the same step.
-Status openRecoveredState(const std::string &dir, int cls,
-                          RecoveredState &out);
+/// hold the same step, match the CRC-32s they record and hold finite
+/// values.
+Status openRecoveredState(const std::string &dir, int cls, RecoveredState &out);
 
 } // namespace piper::runtime
 

@@ -251,7 +251,8 @@ Status checkStrategy(const RunOptions &options,
     ResumePoint resume;
     PIPER_RETURN_IF_ERROR(
         findResumePoint(options.checkpointDir, plans,
-                        runIdentity(options, manifest, plans.front()), resume));
+                        runIdentity(options, manifest, plans.front()),
+                        options.resumeFallback, resume));
   }
   return checkOutputTargets(options);
 }

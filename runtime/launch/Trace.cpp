@@ -56,6 +56,45 @@ std::string percent(double fraction) {
   return fmt::format("{:.2f}%", 100 * fraction);
 }
 
+/// Checks the type of every field of a traced rank's part that the merge
+/// reads: a part from another process is input, and nlohmann/json throws
+/// (SIGABRT) on a field of another type.
+Status checkPart(const json &part) {
+  using Is = bool (*)(const json &);
+  struct Field {
+    const char *key;
+    Is is;
+    const char *kind;
+  };
+  static const Field fields[] = {
+      {"step", [](const json &v) { return v.is_number_integer(); },
+       "an integer"},
+      {"start_ns", [](const json &v) { return v.is_number_integer(); },
+       "an integer"},
+      {"host", [](const json &v) { return v.is_string(); }, "a string"},
+      {"class", [](const json &v) { return v.is_number_integer(); },
+       "an integer"},
+      {"step_seconds", [](const json &v) { return v.is_number(); }, "a number"},
+      {"compute_busy_seconds", [](const json &v) { return v.is_number(); },
+       "a number"},
+      {"bubble_fraction", [](const json &v) { return v.is_number(); },
+       "a number"},
+      {"streams", [](const json &v) { return v.is_array(); }, "an array"},
+      {"events", [](const json &v) { return v.is_array(); }, "an array"}};
+  for (const Field &f : fields) {
+    auto it = part.find(f.key);
+    if (it == part.end())
+      return Status::error(fmt::format("missing \"{}\"", f.key));
+    if (!f.is(*it))
+      return Status::error(fmt::format("\"{}\" is a {}, expected {}", f.key,
+                                       it->type_name(), f.kind));
+  }
+  for (const json &e : part["events"])
+    if (!e.is_object() || !e.contains("ts") || !e["ts"].is_number())
+      return Status::error("an event without a numeric \"ts\"");
+  return Status::ok();
+}
+
 } // namespace
 
 MeasuredBubble measuredBubble(const plan::Plan &plan, const StepTrace &trace) {
@@ -144,11 +183,15 @@ Status mergeTraceParts(const std::vector<std::string> &parts,
                         e.what()));
       }
     }
-    if (!ranks[r].is_object() || ranks[r].value("step", 0) == 0) {
+    // An empty part, or one of a rank that ran no traced step.
+    if (!ranks[r].is_object() || !ranks[r].contains("step") ||
+        ranks[r]["step"] == 0) {
       missing.push_back(int(r));
       ranks[r] = nullptr;
       continue;
     }
+    PIPER_RETURN_IF_ERROR(checkPart(ranks[r]).withContext(
+        fmt::format("the trace part of rank {} is malformed", r)));
     if (step != 0 && ranks[r]["step"] != step)
       return Status::error(fmt::format(
           "the ranks traced different steps: {} and {} (rank {})", step,

@@ -481,4 +481,26 @@ TEST_CASE("trace parts merge into one process per rank, aligned on one "
   Status st = mergeTraceParts(parts, text, summary, step);
   REQUIRE_FALSE(st);
   CHECK(st.message() == "the ranks traced different steps: 3 and 4 (rank 1)");
+
+  // A part whose field has another type is an error naming it (it threw
+  // nlohmann::json's type_error).
+  auto bad = nlohmann::json::parse(
+      traceRankPart(tracePlan(1), 1, "h", traceAt(3000)));
+  bad["host"] = 7;
+  parts[1] = bad.dump();
+  st = mergeTraceParts(parts, text, summary, step);
+  CHECK(st.message() == "the trace part of rank 1 is malformed: \"host\" is "
+                        "a number, expected a string");
+  bad["host"] = "h";
+  bad["step"] = "3";
+  parts[1] = bad.dump();
+  st = mergeTraceParts(parts, text, summary, step);
+  CHECK(st.message() == "the trace part of rank 1 is malformed: \"step\" is "
+                        "a string, expected an integer");
+  bad["step"] = 3;
+  bad["events"] = {{{"ts", "soon"}}};
+  parts[1] = bad.dump();
+  st = mergeTraceParts(parts, text, summary, step);
+  CHECK(st.message() == "the trace part of rank 1 is malformed: an event "
+                        "without a numeric \"ts\"");
 }
