@@ -66,6 +66,8 @@ int piperRunMain(int argc, char **argv) {
                manifest.world_size(), options.nproc);
     return 1;
   }
+  // Every rank (restart, spare) of this launch inherits its job id.
+  localJobId();
   // PIPER_FAULT's syntax is checked before any rank starts.
   FaultSpec fault;
   bool faulty = false;

@@ -287,7 +287,9 @@ int runRank(const RunOptions &options, const RankEnv &env,
                      : createGlooCommunicator(rank, env.worldSize,
                                               env.storeDir, commTimeout, st);
     } else {
-      check(meetOverTcp(env, jobToken(env, manifest), timeout, meeting),
+      std::string fingerprint;
+      check(runFingerprint(options, manifest, fingerprint));
+      check(meetOverTcp(env, jobIdentity(env, fingerprint), timeout, meeting),
             /*named=*/false);
       fmt::print(stderr,
                  "piper-run: {} of {} ({}, local rank {}): met at {}:{}, "

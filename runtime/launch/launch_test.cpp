@@ -7,9 +7,12 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
+#include "proto/PlanFile.h"
 #include "runtime/launch/BlasCore.h"
 #include "runtime/launch/LaunchEnv.h"
 #include "runtime/launch/Progress.h"
@@ -359,26 +362,88 @@ TEST_CASE("Gloo binds the address on the way to the master", "[launch]") {
   ::unsetenv("PIPER_HOST_ADDR");
 }
 
-TEST_CASE("the job token keeps jobs and strategies apart", "[launch]") {
-  ::unsetenv("PIPER_JOB_TOKEN");
-  piper::plan::Manifest a, b;
-  a.set_world_size(2);
-  b.set_world_size(4);
+TEST_CASE("the job id: PIPER_JOB_ID, else the launcher's", "[launch]") {
+  std::vector<std::string> torchrun = {"RANK=1", "WORLD_SIZE=2",
+                                       "MASTER_ADDR=h", "MASTER_PORT=1"};
+  CHECK(jobName(rankFrom(torchrun)) == "torchrun");
+  torchrun.push_back("TORCHELASTIC_RUN_ID=run7");
+  CHECK(jobName(rankFrom(torchrun)) == "torchrun:run7");
+  torchrun.push_back("PIPER_JOB_ID=job-a");
+  CHECK(jobName(rankFrom(torchrun)) == "torchrun:job-a");
+  CHECK(jobName(rankFrom({"SLURM_PROCID=0", "SLURM_NTASKS=2",
+                          "SLURM_JOB_ID=4242", "SLURM_STEP_ID=3",
+                          "SLURM_JOB_NODELIST=n1"})) == "slurm:4242.3");
+  // The older name still counts; PIPER_JOB_ID wins.
+  CHECK(rankFrom({"PIPER_RANK=0", "PIPER_WORLD_SIZE=1", "PIPER_JOB_TOKEN=t"})
+            .jobId == "t");
+  CHECK(rankFrom({"PIPER_RANK=0", "PIPER_WORLD_SIZE=1", "PIPER_JOB_TOKEN=t",
+                  "PIPER_JOB_ID=i"})
+            .jobId == "i");
+  CHECK(rankError({"PIPER_RANK=0", "PIPER_WORLD_SIZE=1",
+                   "PIPER_JOB_ID=two words"}) ==
+        "PIPER_JOB_ID 'two words' is not a job id: at most 256 printable "
+        "characters without spaces or quotes");
+  CHECK(rankError({"PIPER_RANK=0", "PIPER_WORLD_SIZE=1",
+                   "PIPER_JOB_ID=" + std::string(300, 'x')})
+            .find("is not a job id") != std::string::npos);
+}
+
+TEST_CASE("the job identity tells jobs, strategies and run options apart",
+          "[launch]") {
+  // A strategy of two classes on disk: the fingerprint reads the plan
+  // files' headers.
+  char tmpl[] = "/tmp/job-id-XXXXXX";
+  REQUIRE(::mkdtemp(tmpl));
+  std::string dir = tmpl;
+  piper::plan::Manifest manifest;
+  manifest.set_world_size(2);
+  for (int c = 0; c < 2; ++c) {
+    auto *cls = manifest.add_classes();
+    cls->set_device_class(c);
+    cls->add_ranks(c);
+    cls->set_plan_file("plan_class" + std::to_string(c) + ".pb");
+    piper::plan::Plan plan;
+    plan.set_device_class(c);
+    REQUIRE(piper::plan::writePlanFile(dir + "/" + cls->plan_file(), plan) ==
+            "");
+  }
+  RunOptions options;
+  options.outDir = dir;
+  auto fingerprint = [&](const RunOptions &o) {
+    std::string f;
+    Status st = runFingerprint(o, manifest, f);
+    INFO(st.message());
+    REQUIRE(st);
+    CHECK(f.size() == 16);
+    return f;
+  };
+  std::string base = fingerprint(options);
+  CHECK(fingerprint(options) == base);
+  RunOptions other = options;
+  other.seed = 1;
+  CHECK(fingerprint(other) != base);
+  other = options;
+  other.steps = 7;
+  CHECK(fingerprint(other) != base);
+  other = options;
+  other.resume = true;
+  CHECK(fingerprint(other) != base);
+  // Another compile: a plan of other bytes.
+  piper::plan::Plan changed;
+  changed.set_device_class(1);
+  changed.set_num_events(3);
+  REQUIRE(piper::plan::writePlanFile(dir + "/plan_class1.pb", changed) == "");
+  CHECK(fingerprint(options) != base);
+  ::unlink((dir + "/plan_class1.pb").c_str());
+  std::string missing;
+  CHECK(runFingerprint(options, manifest, missing).message() ==
+        "cannot read the header of plan file '" + dir +
+            "/plan_class1.pb' (for the job id)");
+
   RankEnv env;
   env.launcher = "slurm";
   env.jobId = "77.0";
-  env.masterAddr = "n1";
-  env.masterPort = 29500;
-  std::string token = jobToken(env, a);
-  CHECK(token.rfind("slurm/77.0/n1:29500/", 0) == 0);
-  CHECK(jobToken(env, a) == token);
-  CHECK(jobToken(env, b) != token);
-  RankEnv other = env;
-  other.jobId = "78.0";
-  CHECK(jobToken(other, a) != token);
-  ::setenv("PIPER_JOB_TOKEN", "mine", 1);
-  CHECK(jobToken(env, a) == "mine");
-  ::unsetenv("PIPER_JOB_TOKEN");
+  CHECK(jobIdentity(env, base) == "slurm:77.0/" + base);
 }
 
 namespace {
