@@ -27,6 +27,7 @@
 #include "runtime/hal/cuda/NcclCommunicator.h"
 #include "runtime/hal/gpu/host/EmulatedDevice.h"
 #include "runtime/launch/CheckpointIO.h"
+#include "runtime/launch/CheckpointLock.h"
 #include "runtime/launch/Checkpoints.h"
 #include "runtime/launch/Progress.h"
 #include "runtime/launch/Reporting.h"
@@ -185,6 +186,13 @@ int runRank(const RunOptions &options, const RankEnv &env,
     exitRank(who + ": " + attemptError);
   if (faulty && fault.attempt >= 0 && fault.attempt != attempt)
     faulty = false;
+
+  // One job at a time in a --checkpoint-dir: rank 0 holds the lock unless
+  // the local launcher, its parent, does (CheckpointLock.h).
+  std::unique_ptr<CheckpointDirLock> checkpointLock;
+  if (rank == 0 && !options.checkpointDir.empty())
+    check(CheckpointDirLock::acquire(options.checkpointDir, jobName(env),
+                                     checkpointLock));
 
   std::unique_ptr<TokenFileData> data;
   if (loadsBatches(plan))

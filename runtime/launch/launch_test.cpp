@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -14,6 +15,7 @@
 
 #include "proto/PlanFile.h"
 #include "runtime/launch/BlasCore.h"
+#include "runtime/launch/CheckpointLock.h"
 #include "runtime/launch/LaunchEnv.h"
 #include "runtime/launch/Progress.h"
 #include "runtime/launch/Rendezvous.h"
@@ -444,6 +446,49 @@ TEST_CASE("the job identity tells jobs, strategies and run options apart",
   env.launcher = "slurm";
   env.jobId = "77.0";
   CHECK(jobIdentity(env, base) == "slurm:77.0/" + base);
+}
+
+TEST_CASE("one job at a time in a checkpoint directory", "[launch]") {
+  char tmpl[] = "/tmp/ckpt-lock-XXXXXX";
+  REQUIRE(::mkdtemp(tmpl));
+  std::string dir = std::string(tmpl) + "/ckpt";
+  std::unique_ptr<CheckpointDirLock> first;
+  REQUIRE(CheckpointDirLock::acquire(dir, "piper-run:job-a", first));
+  REQUIRE(first);
+  // Another job (here: this process again, through another open file) is
+  // refused with the holder's record.
+  std::unique_ptr<CheckpointDirLock> second;
+  Status st = CheckpointDirLock::acquire(dir, "piper-run:job-b", second);
+  CHECK_FALSE(st);
+  CHECK_FALSE(second);
+  CHECK(st.message().rfind("--checkpoint-dir '" + dir +
+                               "' is in use by another job: job "
+                               "'piper-run:job-a' (pid " +
+                               std::to_string(::getpid()) + " on host '",
+                           0) == 0);
+  CHECK(st.message().find("holds its lock '" + dir +
+                          "/.piper-run.lock' (two jobs writing one "
+                          "checkpoint directory remove each other's "
+                          "checkpoints: wait for that job to end, or give "
+                          "this one another --checkpoint-dir)") !=
+        std::string::npos);
+  // A child of the holder (a rank of the local launcher) is let in, and does
+  // not take the lock itself.
+  pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    std::unique_ptr<CheckpointDirLock> mine;
+    Status childSt = CheckpointDirLock::acquire(dir, "piper-run:job-a", mine);
+    ::_exit(!childSt ? 1 : mine ? 2 : 0);
+  }
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  // Once the holder is gone, the next job gets it.
+  first.reset();
+  REQUIRE(CheckpointDirLock::acquire(dir, "piper-run:job-b", second));
+  CHECK(second);
 }
 
 namespace {

@@ -152,3 +152,87 @@ TEST_CASE("two jobs on one MASTER_PORT: the stranger is refused, naming both "
   CHECK(readFile(metrics).size() > 0);
   CHECK(metricLosses(metrics) == metricLosses(alone));
 }
+
+TEST_CASE("two jobs on one --checkpoint-dir: the second is refused at start, "
+          "the first keeps going",
+          "[launcher][jobs]") {
+  TinyModel m;
+  std::string out = strategy(pipelinePlans(m, 2), "jobs-ckpt");
+  std::string ckpt = out + "/ckpt";
+  Started a = startRun({out, "--nproc", "2", "--steps", "100000000",
+                        "--checkpoint-dir", ckpt, "--checkpoint-every", "5",
+                        "--log-every", "100000000"},
+                       {});
+  REQUIRE(waitFor([&] { return newestStep(ckpt) >= 5; },
+                  std::chrono::seconds(60)));
+  std::string inUse = "--checkpoint-dir '" + ckpt +
+                      "' is in use by another job: job 'piper-run:local-";
+  std::string holder = "(pid " + std::to_string(a.pid) + " on host '";
+
+  // A second local job stops before any rank starts.
+  RunResult b = piperRun({out, "--nproc", "2", "--steps", "3",
+                          "--checkpoint-dir", ckpt, "--checkpoint-every", "1"},
+                         {}, std::chrono::seconds(60));
+  INFO("second job stderr: " << b.err);
+  CHECK(b.exitCode() == 1);
+  CHECK(b.err.rfind("piper-run: " + inUse, 0) == 0);
+  CHECK(b.err.find(holder) != std::string::npos);
+  CHECK(b.err.find("holds its lock '" + ckpt + "/.piper-run.lock'") !=
+        std::string::npos);
+  // A third, under torchrun-style variables: its rank 0 stops before the
+  // rendezvous.
+  RunResult c = piperRun({out, "--steps", "3", "--checkpoint-dir", ckpt,
+                          "--resume", "--timeout-s", "20"},
+                         torchrunEnv(0, 2, freePort()),
+                         std::chrono::seconds(60));
+  INFO("third job stderr: " << c.err);
+  CHECK(c.exitCode() == 1);
+  CHECK(c.err.rfind("piper-run: rank 0: " + inUse, 0) == 0);
+  CHECK(c.seconds < 15);
+
+  // The first job is still running and still writing checkpoints.
+  int status = 0;
+  CHECK(::waitpid(a.pid, &status, WNOHANG) == 0);
+  int seen = newestStep(ckpt);
+  CHECK(waitFor([&] { return newestStep(ckpt) > seen; },
+                std::chrono::seconds(60)));
+  ::kill(a.pid, SIGINT);
+  RunResult ra = finish(a, std::chrono::seconds(60));
+  INFO("first job stderr (tail): "
+       << ra.err.substr(ra.err.size() > 2000 ? ra.err.size() - 2000 : 0));
+  CHECK(ra.exitCode() == 128 + SIGINT);
+  CHECK(ra.err.find("is in use by another job") == std::string::npos);
+
+  // Once it has ended, the directory is free for the next job.
+  RunResult d = piperRun({out, "--nproc", "2", "--steps", "1",
+                          "--checkpoint-dir", ckpt, "--checkpoint-every", "1"},
+                         {}, std::chrono::seconds(60));
+  INFO("next job stderr: " << d.err);
+  CHECK(d.exitCode() == 0);
+}
+
+TEST_CASE("the checkpoint directory's lock lets a job's own restarts and "
+          "spares in",
+          "[launcher][jobs]") {
+  TinyModel m;
+  std::string out = strategy(pipelinePlans(m, 2), "jobs-restart");
+  // Rank 0 crashes in step 3 of the first attempt; rank 0 of the restart,
+  // or the spare that takes its place, must not be locked out by its own
+  // launcher.
+  std::vector<std::string> fault = {
+      "PIPER_FAULT=rank=0,step=3,action=crash,attempt=0"};
+  for (const char *how : {"--max-restarts", "--standby"}) {
+    std::string ckpt = out + "/ckpt" + how;
+    RunResult r = piperRun({out, "--nproc", "2", "--steps", "4",
+                            "--checkpoint-dir", ckpt, "--checkpoint-every",
+                            "1", how, "1"},
+                           fault, std::chrono::seconds(90));
+    INFO(how << " stderr: " << r.err);
+    CHECK(r.exitCode() == 0);
+    CHECK(r.err.find(std::string(how) == "--standby"
+                         ? "rank 0 replaced by standby 0"
+                         : "restart 1 of 1") != std::string::npos);
+    CHECK(r.err.find("is in use by another job") == std::string::npos);
+    CHECK(newestStep(ckpt) == 4);
+  }
+}
