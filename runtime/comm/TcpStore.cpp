@@ -138,8 +138,8 @@ static int connectBy(const std::string &host, int port,
     }
     int fd = -1;
     for (addrinfo *a = addrs; a && fd < 0; a = a->ai_next) {
-      fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC,
-                    a->ai_protocol);
+      fd =
+          ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
       if (fd >= 0 && ::connect(fd, a->ai_addr, a->ai_addrlen) != 0) {
         error = errnoText(errno);
         ::close(fd);
@@ -209,11 +209,10 @@ std::shared_ptr<TcpStore> TcpStore::connect(const std::string &host, int port,
       return nullptr;
     }
     if (Clock::now() >= deadline) {
-      status = Status::error("the rendezvous store at " + store->where +
-                             " did not admit rank " + std::to_string(rank) +
-                             " within " +
-                             std::to_string(timeout.count() / 1000) + " s (" +
-                             lastError + ")");
+      status = Status::error(
+          "the rendezvous store at " + store->where + " did not admit rank " +
+          std::to_string(rank) + " within " +
+          std::to_string(timeout.count() / 1000) + " s (" + lastError + ")");
       return nullptr;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(100));

@@ -96,9 +96,9 @@ TcpStoreServer::start(const std::string &host, int port,
   server->joined.assign(size_t(worldSize), false);
   int err = 0;
   for (addrinfo *a = addrs; a && server->listenFd < 0; a = a->ai_next) {
-    int fd = ::socket(a->ai_family,
-                      a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK,
-                      a->ai_protocol);
+    int fd =
+        ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK,
+                 a->ai_protocol);
     if (fd < 0) {
       err = errno;
       continue;
@@ -217,10 +217,11 @@ void TcpStoreServer::loop() {
     for (auto &c : connections)
       fds.push_back(
           {c->fd, short(POLLIN | (c->sent < c->out.size() ? POLLOUT : 0)), 0});
-    auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(
-                    wakeAt - now)
-                    .count();
-    int ready = ::poll(fds.data(), fds.size(), int(std::max<long long>(1, wait + 1)));
+    auto wait =
+        std::chrono::duration_cast<std::chrono::milliseconds>(wakeAt - now)
+            .count();
+    int ready =
+        ::poll(fds.data(), fds.size(), int(std::max<long long>(1, wait + 1)));
     if (ready < 0 && errno != EINTR) {
       // Only EINVAL or ENOMEM: wait rather than spin.
       ::poll(nullptr, 0, 10);
@@ -264,8 +265,8 @@ void TcpStoreServer::acceptSome(Clock::time_point &acceptAgainAt) {
           fmt::format("the rendezvous store is busy: {} connections have not "
                       "said hello yet",
                       pending));
-      ssize_t ignored = ::send(fd, busy.data(), busy.size(),
-                               MSG_NOSIGNAL | MSG_DONTWAIT);
+      ssize_t ignored =
+          ::send(fd, busy.data(), busy.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
       (void)ignored;
       ::close(fd);
       refused(fmt::format("refused a connection from {}: {} connections have "
@@ -318,10 +319,10 @@ void TcpStoreServer::readSome(Connection &c) {
       if (c.need == 0 || c.need > cap) {
         // Nothing is allocated for a frame over the cap: refuse and close.
         std::string why =
-            c.need == 0 ? std::string("an empty request")
-                        : fmt::format("a {} of {} bytes (at most {})",
-                                      c.greeted ? "request" : "hello", c.need,
-                                      cap);
+            c.need == 0
+                ? std::string("an empty request")
+                : fmt::format("a {} of {} bytes (at most {})",
+                              c.greeted ? "request" : "hello", c.need, cap);
         c.out += frame(std::string(1, kError) + why);
         c.closing = true;
         if (!c.greeted)

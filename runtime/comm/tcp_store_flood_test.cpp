@@ -120,8 +120,8 @@ std::string u32(uint32_t v) {
 
 /// A hello of job `job` as `rank` of `world`, as a frame.
 std::string helloFrame(const std::string &job, uint32_t rank, uint32_t world) {
-  std::string payload = "H" + u32(uint32_t(job.size())) + job + u32(rank) +
-                        u32(world);
+  std::string payload =
+      "H" + u32(uint32_t(job.size())) + job + u32(rank) + u32(world);
   return u32(uint32_t(payload.size())) + payload;
 }
 
@@ -140,8 +140,8 @@ std::string readToEnd(int fd) {
 /// A real rank of job "j" is still served.
 void checkServes(TcpStoreServer &server, int rank, int world) {
   Status st;
-  auto c = TcpStore::connect("127.0.0.1", server.port(), "j", rank, world, 5s,
-                             st);
+  auto c =
+      TcpStore::connect("127.0.0.1", server.port(), "j", rank, world, 5s, st);
   INFO(st.message());
   REQUIRE(c);
   REQUIRE(c->setValue("k", "v"));
@@ -209,8 +209,7 @@ TEST_CASE("tcp store: thousands of strangers leave no descriptor behind",
     ::close(fd);
   // The server closes its side of each (its descriptor and buffers go).
   bool released = descriptorsBackTo(baseline);
-  INFO("open descriptors: " << openDescriptors() << ", baseline "
-                            << baseline);
+  INFO("open descriptors: " << openDescriptors() << ", baseline " << baseline);
   CHECK(released);
   checkServes(*server, 0, 2);
   checkServes(*server, 1, 2);
@@ -254,8 +253,7 @@ TEST_CASE("tcp store: out of descriptors, the server waits instead of "
   for (int fd : clients)
     ::close(fd);
   bool released = descriptorsBackTo(baseline);
-  INFO("open descriptors: " << openDescriptors() << ", baseline "
-                            << baseline);
+  INFO("open descriptors: " << openDescriptors() << ", baseline " << baseline);
   CHECK(released);
   checkServes(*server, 0, 1);
 }

@@ -31,7 +31,8 @@ std::unique_ptr<TcpStoreServer> serve(const std::string &token, int world) {
 }
 
 /// Polls `done` every 10 ms until it holds or `timeout` passes.
-template <typename F> bool waitUntil(F done, std::chrono::milliseconds timeout) {
+template <typename F>
+bool waitUntil(F done, std::chrono::milliseconds timeout) {
   auto end = std::chrono::steady_clock::now() + timeout;
   while (!done()) {
     if (std::chrono::steady_clock::now() > end)
@@ -98,12 +99,12 @@ TEST_CASE("tcp store: other jobs and duplicate ranks are refused",
   std::vector<std::string> logged;
   std::mutex logMu;
   Status st;
-  auto server = TcpStoreServer::start(
-      "127.0.0.1", 0, "job-a", 2, st, TcpStoreLimits(),
-      [&](const std::string &line) {
-        std::lock_guard<std::mutex> lock(logMu);
-        logged.push_back(line);
-      });
+  auto server =
+      TcpStoreServer::start("127.0.0.1", 0, "job-a", 2, st, TcpStoreLimits(),
+                            [&](const std::string &line) {
+                              std::lock_guard<std::mutex> lock(logMu);
+                              logged.push_back(line);
+                            });
   REQUIRE(server);
   int port = server->port();
   // A stranger is told both jobs, and rank 0's side logs them too.
@@ -176,11 +177,11 @@ TEST_CASE("tcp store: a connection that says no hello in time is closed",
   TcpStoreLimits limits;
   limits.helloTimeout = 300ms;
   Status st;
-  auto server = TcpStoreServer::start(
-      "127.0.0.1", 0, "j", 1, st, limits, [&](const std::string &line) {
-        std::lock_guard<std::mutex> lock(logMu);
-        logged.push_back(line);
-      });
+  auto server = TcpStoreServer::start("127.0.0.1", 0, "j", 1, st, limits,
+                                      [&](const std::string &line) {
+                                        std::lock_guard<std::mutex> lock(logMu);
+                                        logged.push_back(line);
+                                      });
   REQUIRE(server);
   int fd = rawConnect(server->port());
   auto start = std::chrono::steady_clock::now();
@@ -214,12 +215,12 @@ TEST_CASE("tcp store: refusals are logged a few at a time", "[comm][store]") {
   std::vector<std::string> logged;
   std::mutex logMu;
   Status st;
-  auto server = TcpStoreServer::start(
-      "127.0.0.1", 0, "j", 1, st, TcpStoreLimits(),
-      [&](const std::string &line) {
-        std::lock_guard<std::mutex> lock(logMu);
-        logged.push_back(line);
-      });
+  auto server =
+      TcpStoreServer::start("127.0.0.1", 0, "j", 1, st, TcpStoreLimits(),
+                            [&](const std::string &line) {
+                              std::lock_guard<std::mutex> lock(logMu);
+                              logged.push_back(line);
+                            });
   REQUIRE(server);
   for (int i = 0; i < 30; ++i)
     CHECK_FALSE(

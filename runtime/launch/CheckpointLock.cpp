@@ -74,8 +74,8 @@ Status CheckpointDirLock::acquire(const std::string &dir,
   std::string path = fmt::format("{}/{}", dir, kCheckpointLockFile);
   // O_CLOEXEC: ranks and spares the launcher starts do not hold it, so a
   // rank that outlives its launcher cannot keep it.
-  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW,
-                  0644);
+  int fd =
+      ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
   if (fd < 0)
     return Status::error(fmt::format("{}: cannot open its lock '{}': {}", what,
                                      path, errnoMessage(errno)));
@@ -114,8 +114,10 @@ Status CheckpointDirLock::acquire(const std::string &dir,
   // Informative only: the lock is the flock, whatever the record says.
   if (::ftruncate(fd, 0) != 0 ||
       ::pwrite(fd, record.data(), record.size(), 0) != ssize_t(record.size()))
-    std::fprintf(stderr, "piper-run: warning: %s: cannot record this job in "
-                 "'%s'\n", what.c_str(), path.c_str());
+    std::fprintf(stderr,
+                 "piper-run: warning: %s: cannot record this job in "
+                 "'%s'\n",
+                 what.c_str(), path.c_str());
   out.reset(new CheckpointDirLock(fd));
   return Status::ok();
 }

@@ -54,10 +54,11 @@ using EnvLookup = std::function<const char *(const char *)>;
 /// torchrun-style variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
 /// MASTER_PORT), Slurm (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, the
 /// first host of SLURM_JOB_NODELIST; only inside an srun step) and Open MPI
-/// (OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK); then the job id (RankEnv). Sets `isRank` false (and
-/// returns ok) when none applies, or when an external launcher's world of
-/// one asks for `nproc` > 1 local ranks: the process is then a launcher.
-/// `nproc` is --nproc (0 when absent), which must agree with the world.
+/// (OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK); then the job id (RankEnv). Sets
+/// `isRank` false (and returns ok) when none applies, or when an external
+/// launcher's world of one asks for `nproc` > 1 local ranks: the process is
+/// then a launcher. `nproc` is --nproc (0 when absent), which must agree with
+/// the world.
 Status readRankEnv(int nproc, const EnvLookup &env, bool &isRank, RankEnv &out);
 /// readRankEnv on this process's environment.
 Status readRankEnv(int nproc, bool &isRank, RankEnv &out);

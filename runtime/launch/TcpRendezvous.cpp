@@ -9,9 +9,9 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
-#include <sys/stat.h>
 #include <netdb.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <fmt/format.h>
@@ -75,9 +75,9 @@ Status runFingerprint(const RunOptions &options, const plan::Manifest &manifest,
   text += fmt::format("|seed {}|steps {}|backend {}|comm {}|data-dtype {}|"
                       "checkpoint-every {}|data {}|load {}|resume {}",
                       options.seed, options.steps, options.backend,
-                      options.comm, options.dataDType,
-                      options.checkpointEvery, !options.dataPath.empty(),
-                      !options.loadPath.empty(), options.resume);
+                      options.comm, options.dataDType, options.checkpointEvery,
+                      !options.dataPath.empty(), !options.loadPath.empty(),
+                      options.resume);
   fingerprint = fmt::format("{:016x}", fnv1a(text));
   return Status::ok();
 }
@@ -143,16 +143,17 @@ Status meetOverTcp(const RankEnv &env, const std::string &jobId,
       localAddressFor(env.masterAddr, out.bindAddress).withContext(who));
   Status st;
   if (env.rank == 0) {
-    // Only the master's address, never every interface.
-    // Refusals are rank 0's to report: the stranger reports its own side.
+    // The connections it refuses are rank 0's to report (the stranger
+    // reports its own side).
     auto log = [who](const std::string &line) {
-      std::fprintf(stderr, "piper-run: %s: rendezvous store: %s\n",
-                   who.c_str(), line.c_str());
+      std::fprintf(stderr, "piper-run: %s: rendezvous store: %s\n", who.c_str(),
+                   line.c_str());
       std::fflush(stderr);
     };
-    out.server = TcpStoreServer::start(env.masterAddr, env.masterPort, jobId,
-                                       env.worldSize, st, TcpStoreLimits(),
-                                       log);
+    // Only the master's address, never every interface.
+    out.server =
+        TcpStoreServer::start(env.masterAddr, env.masterPort, jobId,
+                              env.worldSize, st, TcpStoreLimits(), log);
     if (!out.server)
       return st.withContext(who);
   }

@@ -381,8 +381,8 @@ TEST_CASE("the job id: PIPER_JOB_ID, else the launcher's", "[launch]") {
   CHECK(rankFrom({"PIPER_RANK=0", "PIPER_WORLD_SIZE=1", "PIPER_JOB_TOKEN=t",
                   "PIPER_JOB_ID=i"})
             .jobId == "i");
-  CHECK(rankError({"PIPER_RANK=0", "PIPER_WORLD_SIZE=1",
-                   "PIPER_JOB_ID=two words"}) ==
+  CHECK(rankError(
+            {"PIPER_RANK=0", "PIPER_WORLD_SIZE=1", "PIPER_JOB_ID=two words"}) ==
         "PIPER_JOB_ID 'two words' is not a job id: at most 256 printable "
         "characters without spaces or quotes");
   CHECK(rankError({"PIPER_RANK=0", "PIPER_WORLD_SIZE=1",

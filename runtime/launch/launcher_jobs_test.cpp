@@ -61,9 +61,9 @@ RunResult finish(const Started &s, std::chrono::seconds timeout) {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() -
-                                            s.start)
-                  .count();
+  r.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - s.start)
+          .count();
   r.out = readFile(s.outPath);
   r.err = readFile(s.errPath);
   return r;
@@ -108,8 +108,8 @@ TEST_CASE("two jobs on one MASTER_PORT: the stranger is refused, naming both "
   std::string out = strategy(pipelinePlans(m, 2), "jobs-port");
   // Job A's losses when it runs alone (seed 1).
   std::string alone = out + "/alone.jsonl";
-  RunResult solo = piperRun({out, "--nproc", "2", "--steps", "3", "--seed",
-                             "1", "--metrics", alone});
+  RunResult solo = piperRun(
+      {out, "--nproc", "2", "--steps", "3", "--seed", "1", "--metrics", alone});
   INFO("solo stderr: " << solo.err);
   REQUIRE(solo.exitCode() == 0);
 
@@ -159,12 +159,12 @@ TEST_CASE("two jobs on one --checkpoint-dir: the second is refused at start, "
   TinyModel m;
   std::string out = strategy(pipelinePlans(m, 2), "jobs-ckpt");
   std::string ckpt = out + "/ckpt";
-  Started a = startRun({out, "--nproc", "2", "--steps", "100000000",
-                        "--checkpoint-dir", ckpt, "--checkpoint-every", "5",
-                        "--log-every", "100000000"},
-                       {});
-  REQUIRE(waitFor([&] { return newestStep(ckpt) >= 5; },
-                  std::chrono::seconds(60)));
+  Started a =
+      startRun({out, "--nproc", "2", "--steps", "100000000", "--checkpoint-dir",
+                ckpt, "--checkpoint-every", "5", "--log-every", "100000000"},
+               {});
+  REQUIRE(
+      waitFor([&] { return newestStep(ckpt) >= 5; }, std::chrono::seconds(60)));
   std::string inUse = "--checkpoint-dir '" + ckpt +
                       "' is in use by another job: job 'piper-run:local-";
   std::string holder = "(pid " + std::to_string(a.pid) + " on host '";
@@ -181,10 +181,10 @@ TEST_CASE("two jobs on one --checkpoint-dir: the second is refused at start, "
         std::string::npos);
   // A third, under torchrun-style variables: its rank 0 stops before the
   // rendezvous.
-  RunResult c = piperRun({out, "--steps", "3", "--checkpoint-dir", ckpt,
-                          "--resume", "--timeout-s", "20"},
-                         torchrunEnv(0, 2, freePort()),
-                         std::chrono::seconds(60));
+  RunResult c =
+      piperRun({out, "--steps", "3", "--checkpoint-dir", ckpt, "--resume",
+                "--timeout-s", "20"},
+               torchrunEnv(0, 2, freePort()), std::chrono::seconds(60));
   INFO("third job stderr: " << c.err);
   CHECK(c.exitCode() == 1);
   CHECK(c.err.rfind("piper-run: rank 0: " + inUse, 0) == 0);
@@ -223,10 +223,10 @@ TEST_CASE("the checkpoint directory's lock lets a job's own restarts and "
       "PIPER_FAULT=rank=0,step=3,action=crash,attempt=0"};
   for (const char *how : {"--max-restarts", "--standby"}) {
     std::string ckpt = out + "/ckpt" + how;
-    RunResult r = piperRun({out, "--nproc", "2", "--steps", "4",
-                            "--checkpoint-dir", ckpt, "--checkpoint-every",
-                            "1", how, "1"},
-                           fault, std::chrono::seconds(90));
+    RunResult r =
+        piperRun({out, "--nproc", "2", "--steps", "4", "--checkpoint-dir", ckpt,
+                  "--checkpoint-every", "1", how, "1"},
+                 fault, std::chrono::seconds(90));
     INFO(how << " stderr: " << r.err);
     CHECK(r.exitCode() == 0);
     CHECK(r.err.find(std::string(how) == "--standby"
