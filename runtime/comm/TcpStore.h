@@ -1,11 +1,13 @@
 // A TCP key-value store for rendezvous without a shared file system, as
 // PyTorch's TCPStore: rank 0 serves it at MASTER_ADDR:MASTER_PORT, every
-// rank (rank 0 too) is a client. A per-job token keeps two jobs apart.
+// rank (rank 0 too) is a client. A job id keeps two jobs apart.
 #ifndef PIPER_RUNTIME_COMM_TCPSTORE_H
 #define PIPER_RUNTIME_COMM_TCPSTORE_H
 
 #include <atomic>
 #include <chrono>
+#include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -19,18 +21,39 @@
 
 namespace piper::runtime {
 
-/// The server side: one thread accepting clients and one per client. A
-/// client must first say hello with the job's token, its rank and the world
-/// size; a wrong token, another world size or a rank that has already
-/// joined is refused with a message the client reports.
+/// What the store's server accepts (docs/operations.md, "Job isolation").
+/// Nothing is allocated for a connection beyond a fixed record until its
+/// hello, at most `maxHello` bytes, names the store's job.
+struct TcpStoreLimits {
+  /// Connections that have not said hello yet; one more is told "busy" and
+  /// closed at once (its client tries again until its timeout).
+  int maxPending = 64;
+  /// A connection that has not said hello within this is closed.
+  std::chrono::milliseconds helloTimeout{10000};
+  /// The largest hello (job id, rank and world size).
+  uint32_t maxHello = 4096;
+  /// The largest request of a rank that has joined (a key and its value).
+  uint32_t maxMessage = 64u << 20;
+};
+
+/// The server side: one thread serving every connection from a poll loop.
+/// A client must first say hello with the job's id, its rank and the world
+/// size; another job's id, another world size or a rank that has already
+/// joined is refused with a message the client reports, and the connection
+/// closed. Refused and finished connections release their descriptor and
+/// memory at once.
 class TcpStoreServer {
 public:
+  /// Where the server reports refused connections (rate-limited); may be
+  /// empty.
+  using Log = std::function<void(const std::string &)>;
+
   /// Listens on `host`:`port` (an address of this machine; never all
-  /// interfaces) for the `worldSize` ranks of the job `token`.
-  static std::unique_ptr<TcpStoreServer> start(const std::string &host,
-                                               int port,
-                                               const std::string &token,
-                                               int worldSize, Status &status);
+  /// interfaces) for the `worldSize` ranks of the job `jobId`.
+  static std::unique_ptr<TcpStoreServer>
+  start(const std::string &host, int port, const std::string &jobId,
+        int worldSize, Status &status, const TcpStoreLimits &limits = {},
+        Log log = nullptr);
   ~TcpStoreServer();
   TcpStoreServer(const TcpStoreServer &) = delete;
   TcpStoreServer &operator=(const TcpStoreServer &) = delete;
@@ -38,24 +61,40 @@ public:
   /// The port it listens on (the one asked for, or the one the system
   /// chose for port 0).
   int port() const { return boundPort; }
+  /// Connections open now, and refused so far (for tests and reports).
+  size_t openConnections() const { return openCount.load(); }
+  size_t refusedConnections() const { return refusedCount.load(); }
 
 private:
+  struct Connection;
   TcpStoreServer() = default;
-  void acceptLoop();
-  void serve(int fd);
-  std::string hello(const std::string &request, int fd);
+  void loop();
+  void acceptSome(std::chrono::steady_clock::time_point &acceptAgainAt);
+  void readSome(Connection &c);
+  void flush(Connection &c);
+  void close(Connection &c);
+  /// Answers one complete request of `c`.
+  void handle(Connection &c, const std::string &request);
+  void hello(Connection &c, const std::string &request);
+  /// Counts a refused connection and reports it, at most a few lines.
+  void refused(const std::string &what);
 
-  std::string token;
+  std::string jobId;
   int worldSize = 0;
+  TcpStoreLimits limits;
+  Log log;
   int listenFd = -1;
+  int wakeFds[2] = {-1, -1};
   int boundPort = 0;
-  std::atomic<bool> stopping{false};
-  std::thread acceptor;
-  std::mutex mu; // guards everything below
-  std::vector<std::pair<std::string, std::vector<char>>> data;
-  std::vector<int> clientFds;
-  std::vector<int> joinedRanks;
-  std::vector<std::thread> clients;
+  std::thread server;
+  // Touched by the server thread alone once it runs.
+  std::vector<std::unique_ptr<Connection>> connections;
+  size_t pending = 0;
+  std::map<std::string, std::string> data;
+  std::vector<bool> joined;
+  size_t logged = 0, unlogged = 0;
+  std::chrono::steady_clock::time_point nextLog{};
+  std::atomic<size_t> openCount{0}, refusedCount{0};
 };
 
 /// The client side, usable as a Gloo rendezvous store (whose errors are
@@ -63,9 +102,10 @@ private:
 class TcpStore final : public gloo::rendezvous::Store {
 public:
   /// Connects to the store at `host`:`port` as `rank` of `worldSize` of
-  /// the job `token`, retrying until `timeout` (rank 0 may not listen yet).
+  /// the job `jobId`, retrying until `timeout` (rank 0 may not listen yet,
+  /// or be busy).
   static std::shared_ptr<TcpStore>
-  connect(const std::string &host, int port, const std::string &token, int rank,
+  connect(const std::string &host, int port, const std::string &jobId, int rank,
           int worldSize, std::chrono::milliseconds timeout, Status &status);
   ~TcpStore() override;
 

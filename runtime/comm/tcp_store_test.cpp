@@ -1,12 +1,18 @@
-// Tests of the TCP rendezvous store: keys, tokens, refusals, bounded waits,
-// and Gloo communicators met through it (threads as ranks, loopback only).
+// Tests of the TCP rendezvous store: keys, job ids, refusals, bounded waits,
+// floods of connections, and Gloo communicators met through it (threads as
+// ranks, loopback only).
 #include <chrono>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include <catch2/catch.hpp>
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "runtime/comm/TcpStore.h"
 
@@ -22,6 +28,43 @@ std::unique_ptr<TcpStoreServer> serve(const std::string &token, int world) {
   REQUIRE(server);
   REQUIRE(server->port() > 0);
   return server;
+}
+
+/// Polls `done` every 10 ms until it holds or `timeout` passes.
+template <typename F>
+bool waitUntil(F done, std::chrono::milliseconds timeout) {
+  auto end = std::chrono::steady_clock::now() + timeout;
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > end)
+      return false;
+    std::this_thread::sleep_for(10ms);
+  }
+  return true;
+}
+
+/// A plain TCP connection to 127.0.0.1:`port`.
+int rawConnect(int port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in addr = {};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(uint16_t(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::connect(fd, reinterpret_cast<sockaddr *>(&addr), sizeof(addr)) ==
+          0);
+  timeval tv{5, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  return fd;
+}
+
+/// Reads what the server says until it closes the connection (or 5 s).
+std::string readToEnd(int fd) {
+  std::string all;
+  char buf[4096];
+  ssize_t got;
+  while ((got = ::recv(fd, buf, sizeof(buf), 0)) > 0)
+    all.append(buf, size_t(got));
+  return got == 0 ? all : all + "<no end>";
 }
 
 } // namespace
@@ -53,15 +96,33 @@ TEST_CASE("tcp store: set, get and wait across clients", "[comm][store]") {
 
 TEST_CASE("tcp store: other jobs and duplicate ranks are refused",
           "[comm][store]") {
-  auto server = serve("job-a", 2);
-  int port = server->port();
+  std::vector<std::string> logged;
+  std::mutex logMu;
   Status st;
+  auto server =
+      TcpStoreServer::start("127.0.0.1", 0, "job-a", 2, st, TcpStoreLimits(),
+                            [&](const std::string &line) {
+                              std::lock_guard<std::mutex> lock(logMu);
+                              logged.push_back(line);
+                            });
+  REQUIRE(server);
+  int port = server->port();
+  // A stranger is told both jobs, and rank 0's side logs them too.
   CHECK_FALSE(TcpStore::connect("127.0.0.1", port, "job-b", 1, 2, 5s, st));
   CHECK(st.message() ==
         "the rendezvous store at 127.0.0.1:" + std::to_string(port) +
-            " refused rank 1: wrong job token: this store belongs to another "
-            "job (every rank of one job needs the same PIPER_JOB_TOKEN, "
-            "strategy and launcher job id)");
+            " refused rank 1: rank 1 is of job 'job-b', but this store serves "
+            "job 'job-a' (another job on this port? every rank of one job "
+            "must derive the same job id: PIPER_JOB_ID or the launcher's job "
+            "id, the same strategy and the same --seed, --steps and other run "
+            "options)");
+  {
+    std::lock_guard<std::mutex> lock(logMu);
+    REQUIRE(logged.size() == 1);
+    CHECK(logged[0].rfind("refused a connection from 127.0.0.1:", 0) == 0);
+    CHECK(logged[0].find(": rank 1 is of job 'job-b', but this store serves "
+                         "job 'job-a'") != std::string::npos);
+  }
   CHECK_FALSE(TcpStore::connect("127.0.0.1", port, "job-a", 1, 3, 5s, st));
   CHECK(st.message().find("the rank says the world has 3 ranks, the store's "
                           "job has 2") != std::string::npos);
@@ -72,6 +133,9 @@ TEST_CASE("tcp store: other jobs and duplicate ranks are refused",
   CHECK_FALSE(TcpStore::connect("127.0.0.1", port, "job-a", 2, 2, 5s, st));
   CHECK(st.message().find("rank 2 is outside the world of 2 ranks") !=
         std::string::npos);
+  // Every refused connection is closed at once.
+  CHECK(waitUntil([&] { return server->openConnections() == 1; }, 5s));
+  CHECK(server->refusedConnections() == 4);
 }
 
 TEST_CASE("tcp store: every wait is bounded", "[comm][store]") {
@@ -104,6 +168,66 @@ TEST_CASE("tcp store: every wait is bounded", "[comm][store]") {
                             std::to_string(server->port()) +
                             ": address already in use (another job on this "
                             "port? choose another MASTER_PORT)");
+}
+
+TEST_CASE("tcp store: a connection that says no hello in time is closed",
+          "[comm][store]") {
+  std::vector<std::string> logged;
+  std::mutex logMu;
+  TcpStoreLimits limits;
+  limits.helloTimeout = 300ms;
+  Status st;
+  auto server = TcpStoreServer::start("127.0.0.1", 0, "j", 1, st, limits,
+                                      [&](const std::string &line) {
+                                        std::lock_guard<std::mutex> lock(logMu);
+                                        logged.push_back(line);
+                                      });
+  REQUIRE(server);
+  int fd = rawConnect(server->port());
+  auto start = std::chrono::steady_clock::now();
+  CHECK(readToEnd(fd) == "");
+  CHECK(std::chrono::steady_clock::now() - start < 3s);
+  ::close(fd);
+  CHECK(waitUntil([&] { return server->openConnections() == 0; }, 5s));
+  std::lock_guard<std::mutex> lock(logMu);
+  REQUIRE(logged.size() == 1);
+  CHECK(logged[0].find("that said no hello within 300 ms") !=
+        std::string::npos);
+}
+
+TEST_CASE("tcp store: a joined rank's request over the limit is refused",
+          "[comm][store]") {
+  TcpStoreLimits limits;
+  limits.maxMessage = 1024;
+  Status st;
+  auto server = TcpStoreServer::start("127.0.0.1", 0, "j", 1, st, limits);
+  REQUIRE(server);
+  auto c = TcpStore::connect("127.0.0.1", server->port(), "j", 0, 1, 5s, st);
+  REQUIRE(c);
+  REQUIRE(c->setValue("small", std::string(100, 'x')));
+  Status big = c->setValue("big", std::string(2000, 'x'));
+  CHECK_FALSE(big);
+  CHECK(big.message().find("a request of 2012 bytes (at most 1024)") !=
+        std::string::npos);
+}
+
+TEST_CASE("tcp store: refusals are logged a few at a time", "[comm][store]") {
+  std::vector<std::string> logged;
+  std::mutex logMu;
+  Status st;
+  auto server =
+      TcpStoreServer::start("127.0.0.1", 0, "j", 1, st, TcpStoreLimits(),
+                            [&](const std::string &line) {
+                              std::lock_guard<std::mutex> lock(logMu);
+                              logged.push_back(line);
+                            });
+  REQUIRE(server);
+  for (int i = 0; i < 30; ++i)
+    CHECK_FALSE(
+        TcpStore::connect("127.0.0.1", server->port(), "k", 0, 1, 5s, st));
+  CHECK(server->refusedConnections() == 30);
+  std::lock_guard<std::mutex> lock(logMu);
+  CHECK(logged.size() == 5);
 }
 
 TEST_CASE("gloo communicators meet through the tcp store", "[comm][store]") {

@@ -2,6 +2,7 @@
 // it, and Slurm's compressed host lists.
 #include "runtime/launch/LaunchEnv.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstdlib>
@@ -217,8 +218,41 @@ Status readRankEnv(int nproc, bool &isRank, RankEnv &out) {
       nproc, [](const char *name) { return std::getenv(name); }, isRank, out);
 }
 
+std::string jobName(const RankEnv &env) {
+  return env.jobId.empty() ? env.launcher : env.launcher + ":" + env.jobId;
+}
+
+/// Reads the launcher's place (readRankEnv without the job id).
+static Status readPlace(int nproc, const EnvLookup &env, bool &isRank,
+                        RankEnv &out);
+
 Status readRankEnv(int nproc, const EnvLookup &env, bool &isRank,
                    RankEnv &out) {
+  PIPER_RETURN_IF_ERROR(readPlace(nproc, env, isRank, out));
+  if (!isRank)
+    return Status::ok();
+  // An explicit id names the job whatever started it (PIPER_JOB_TOKEN is
+  // its older name).
+  const char *var = "the launcher's job id";
+  for (const char *name : {"PIPER_JOB_ID", "PIPER_JOB_TOKEN"})
+    if (!value(env, name).empty()) {
+      out.jobId = value(env, name);
+      var = name;
+      break;
+    }
+  bool printable = std::all_of(out.jobId.begin(), out.jobId.end(), [](char c) {
+    return c > ' ' && c < 127 && c != '\'' && c != '"' && c != '\\';
+  });
+  if (out.jobId.size() > kMaxJobIdSize || !printable)
+    return Status::error(fmt::format(
+        "{} '{}' is not a job id: at most {} printable characters without "
+        "spaces or quotes",
+        var, out.jobId.substr(0, 64), kMaxJobIdSize));
+  return Status::ok();
+}
+
+static Status readPlace(int nproc, const EnvLookup &env, bool &isRank,
+                        RankEnv &out) {
   isRank = false;
   out = RankEnv();
   // Under Slurm, only an srun step (SLURM_STEP_ID) holds ranks: a batch

@@ -29,10 +29,21 @@ struct RankEnv {
   /// Otherwise the TCP store rank 0 serves here.
   std::string masterAddr;
   int masterPort = 0;
-  /// The launcher's id of the job (Slurm job and step, Open MPI job), part
-  /// of the job token; empty when it has none.
+  /// The job's id, part of the id the rendezvous admits (jobName):
+  /// PIPER_JOB_ID when set (piper-run's own spawner sets a random one),
+  /// else the launcher's (TORCHELASTIC_RUN_ID; SLURM_JOB_ID.SLURM_STEP_ID;
+  /// OMPI_MCA_ess_base_jobid, else PMIX_NAMESPACE); empty when there is
+  /// none.
   std::string jobId;
 };
+
+/// The longest job id (PIPER_JOB_ID or a launcher's); it travels in the
+/// rendezvous store's hello, which is capped.
+constexpr size_t kMaxJobIdSize = 256;
+
+/// "<launcher>:<job id>", or the launcher alone when it has no job id: the
+/// job as messages and the checkpoint directory's lock name it.
+std::string jobName(const RankEnv &env);
 
 /// Looks up an environment variable (null when unset); std::getenv by
 /// default, a map in tests.
@@ -43,10 +54,11 @@ using EnvLookup = std::function<const char *(const char *)>;
 /// torchrun-style variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
 /// MASTER_PORT), Slurm (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, the
 /// first host of SLURM_JOB_NODELIST; only inside an srun step) and Open MPI
-/// (OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK). Sets `isRank` false (and
-/// returns ok) when none applies, or when an external launcher's world of
-/// one asks for `nproc` > 1 local ranks: the process is then a launcher.
-/// `nproc` is --nproc (0 when absent), which must agree with the world.
+/// (OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK); then the job id (RankEnv). Sets
+/// `isRank` false (and returns ok) when none applies, or when an external
+/// launcher's world of one asks for `nproc` > 1 local ranks: the process is
+/// then a launcher. `nproc` is --nproc (0 when absent), which must agree with
+/// the world.
 Status readRankEnv(int nproc, const EnvLookup &env, bool &isRank, RankEnv &out);
 /// readRankEnv on this process's environment.
 Status readRankEnv(int nproc, bool &isRank, RankEnv &out);

@@ -1,11 +1,13 @@
 // piper-run's main: one rank or the launcher of all of them.
 #include "runtime/launch/PiperRun.h"
 
+#include <memory>
 #include <vector>
 
 #include <fmt/format.h>
 
 #include "runtime/launch/BlasCore.h"
+#include "runtime/launch/CheckpointLock.h"
 #include "runtime/launch/Rendezvous.h"
 #include "runtime/launch/RunOptions.h"
 #include "runtime/launch/RunRank.h"
@@ -65,6 +67,18 @@ int piperRunMain(int argc, char **argv) {
     fmt::print(stderr, "piper-run: strategy needs {} ranks, --nproc is {}\n",
                manifest.world_size(), options.nproc);
     return 1;
+  }
+  // One job at a time in a --checkpoint-dir: the launcher holds the lock
+  // for its whole life, restarts and spares included; a second job stops
+  // here.
+  std::string job = "piper-run:" + localJobId();
+  std::unique_ptr<CheckpointDirLock> checkpointLock;
+  if (!options.checkpointDir.empty()) {
+    st = CheckpointDirLock::acquire(options.checkpointDir, job, checkpointLock);
+    if (!st) {
+      fmt::print(stderr, "piper-run: {}\n", st.message());
+      return 1;
+    }
   }
   // PIPER_FAULT's syntax is checked before any rank starts.
   FaultSpec fault;

@@ -7,8 +7,10 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <thread>
 
+#include <sys/random.h>
 #include <unistd.h>
 
 #include <fmt/format.h>
@@ -57,6 +59,18 @@ bool envInt(const char *name, long long &value, std::string &error) {
     return false;
   }
   return true;
+}
+
+std::string localJobId() {
+  const char *set = std::getenv("PIPER_JOB_ID");
+  if (set && *set)
+    return set;
+  uint64_t random = 0;
+  if (::getrandom(&random, sizeof(random), 0) != ssize_t(sizeof(random)))
+    random = uint64_t(std::time(nullptr)) * 1000003u ^ uint64_t(::getpid());
+  std::string id = fmt::format("local-{:016x}", random);
+  ::setenv("PIPER_JOB_ID", id.c_str(), 1);
+  return id;
 }
 
 Status makeStoreDir(std::string &dir) {

@@ -15,6 +15,11 @@ namespace piper::runtime {
 /// malformed; a malformed one also sets `error`.
 bool envInt(const char *name, long long &value, std::string &error);
 
+/// The job id of a local launch: PIPER_JOB_ID when set, else a random
+/// "local-<16 hex digits>" that it then sets, so that every rank, restart
+/// and spare the launcher starts inherits it.
+std::string localJobId();
+
 /// Creates a fresh, empty rendezvous folder under $TMPDIR (else /tmp).
 Status makeStoreDir(std::string &dir);
 

@@ -28,6 +28,7 @@
 #include "runtime/hal/cuda/NcclCommunicator.h"
 #include "runtime/hal/gpu/host/EmulatedDevice.h"
 #include "runtime/launch/CheckpointIO.h"
+#include "runtime/launch/CheckpointLock.h"
 #include "runtime/launch/Checkpoints.h"
 #include "runtime/launch/Progress.h"
 #include "runtime/launch/Reporting.h"
@@ -187,6 +188,13 @@ int runRank(const RunOptions &options, const RankEnv &env,
   if (faulty && fault.attempt >= 0 && fault.attempt != attempt)
     faulty = false;
 
+  // One job at a time in a --checkpoint-dir: rank 0 holds the lock unless
+  // the local launcher, its parent, does (CheckpointLock.h).
+  std::unique_ptr<CheckpointDirLock> checkpointLock;
+  if (rank == 0 && !options.checkpointDir.empty())
+    check(CheckpointDirLock::acquire(options.checkpointDir, jobName(env),
+                                     checkpointLock));
+
   std::unique_ptr<TokenFileData> data;
   if (loadsBatches(plan))
     check(openData(options, plan.training(), options.seed, data));
@@ -301,7 +309,9 @@ int runRank(const RunOptions &options, const RankEnv &env,
                      : createGlooCommunicator(rank, env.worldSize,
                                               env.storeDir, commTimeout, st);
     } else {
-      check(meetOverTcp(env, jobToken(env, manifest), timeout, meeting),
+      std::string fingerprint;
+      check(runFingerprint(options, manifest, fingerprint));
+      check(meetOverTcp(env, jobIdentity(env, fingerprint), timeout, meeting),
             /*named=*/false);
       fmt::print(stderr,
                  "piper-run: {} of {} ({}, local rank {}): met at {}:{}, "

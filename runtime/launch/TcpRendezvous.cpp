@@ -1,16 +1,22 @@
-// The TCP rendezvous of ranks started by torchrun, srun or mpirun.
+// The TCP rendezvous of ranks started by torchrun, srun or mpirun, and the
+// job id that keeps two jobs on one port apart.
 #include "runtime/launch/TcpRendezvous.h"
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <fmt/format.h>
+
+#include "proto/PlanFile.h"
 
 namespace piper::runtime {
 
@@ -44,13 +50,40 @@ std::string rankList(const std::vector<int> &ranks) {
 
 } // namespace
 
-std::string jobToken(const RankEnv &env, const plan::Manifest &manifest) {
-  const char *explicitToken = std::getenv("PIPER_JOB_TOKEN");
-  if (explicitToken && *explicitToken)
-    return explicitToken;
-  return fmt::format("{}/{}/{}:{}/{:016x}", env.launcher, env.jobId,
-                     env.masterAddr, env.masterPort,
-                     fnv1a(manifest.SerializeAsString()));
+Status runFingerprint(const RunOptions &options, const plan::Manifest &manifest,
+                      std::string &fingerprint) {
+  std::string text = manifest.SerializeAsString();
+  // The header of a plan file holds its payload's size and CRC: enough to
+  // tell two compiles apart without reading every plan.
+  for (const plan::Manifest::Class &c : manifest.classes()) {
+    std::string path = c.plan_file();
+    if (path.empty() || path[0] != '/')
+      path = options.outDir + "/" + path;
+    // (Non-blocking and regular files only: a FIFO must not hang a rank.)
+    char header[plan::kPlanHeaderSize] = {};
+    int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    struct stat st = {};
+    bool ok = fd >= 0 && ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
+              ::pread(fd, header, sizeof(header), 0) == ssize_t(sizeof(header));
+    if (fd >= 0)
+      ::close(fd);
+    if (!ok)
+      return Status::error(fmt::format(
+          "cannot read the header of plan file '{}' (for the job id)", path));
+    text.append(header, sizeof(header));
+  }
+  text += fmt::format("|seed {}|steps {}|backend {}|comm {}|data-dtype {}|"
+                      "checkpoint-every {}|data {}|load {}|resume {}",
+                      options.seed, options.steps, options.backend,
+                      options.comm, options.dataDType, options.checkpointEvery,
+                      !options.dataPath.empty(), !options.loadPath.empty(),
+                      options.resume);
+  fingerprint = fmt::format("{:016x}", fnv1a(text));
+  return Status::ok();
+}
+
+std::string jobIdentity(const RankEnv &env, const std::string &fingerprint) {
+  return jobName(env) + "/" + fingerprint;
 }
 
 Status localAddressFor(const std::string &master, std::string &address) {
@@ -102,7 +135,7 @@ Status localAddressFor(const std::string &master, std::string &address) {
   return Status::ok();
 }
 
-Status meetOverTcp(const RankEnv &env, const std::string &token,
+Status meetOverTcp(const RankEnv &env, const std::string &jobId,
                    std::chrono::milliseconds timeout, TcpMeeting &out) {
   std::string who = fmt::format("rank {}", env.rank);
   std::string where = fmt::format("{}:{}", env.masterAddr, env.masterPort);
@@ -110,13 +143,21 @@ Status meetOverTcp(const RankEnv &env, const std::string &token,
       localAddressFor(env.masterAddr, out.bindAddress).withContext(who));
   Status st;
   if (env.rank == 0) {
+    // The connections it refuses are rank 0's to report (the stranger
+    // reports its own side).
+    auto log = [who](const std::string &line) {
+      std::fprintf(stderr, "piper-run: %s: rendezvous store: %s\n", who.c_str(),
+                   line.c_str());
+      std::fflush(stderr);
+    };
     // Only the master's address, never every interface.
-    out.server = TcpStoreServer::start(env.masterAddr, env.masterPort, token,
-                                       env.worldSize, st);
+    out.server =
+        TcpStoreServer::start(env.masterAddr, env.masterPort, jobId,
+                              env.worldSize, st, TcpStoreLimits(), log);
     if (!out.server)
       return st.withContext(who);
   }
-  out.store = TcpStore::connect(env.masterAddr, env.masterPort, token, env.rank,
+  out.store = TcpStore::connect(env.masterAddr, env.masterPort, jobId, env.rank,
                                 env.worldSize, timeout, st);
   if (!out.store)
     return st.withContext(who);

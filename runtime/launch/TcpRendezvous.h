@@ -11,14 +11,23 @@
 #include "proto/plan.pb.h"
 #include "runtime/comm/TcpStore.h"
 #include "runtime/launch/LaunchEnv.h"
+#include "runtime/launch/RunOptions.h"
 #include "runtime/support/Status.h"
 
 namespace piper::runtime {
 
-/// The token that keeps two jobs apart: PIPER_JOB_TOKEN when set, else the
-/// launcher and its job id, the master's address and a fingerprint of the
-/// strategy (so ranks of another job or another strategy are refused).
-std::string jobToken(const RankEnv &env, const plan::Manifest &manifest);
+/// A fingerprint (16 hex digits) of what every rank of one job agrees on:
+/// the manifest, every plan file's header (its size and checksum) and the
+/// options that change what is computed (--seed, --steps, --backend,
+/// --comm, --data-dtype, --checkpoint-every, and whether --data, --load and
+/// --resume are given).
+Status runFingerprint(const RunOptions &options, const plan::Manifest &manifest,
+                      std::string &fingerprint);
+
+/// The id the rendezvous admits, "<jobName(env)>/<fingerprint>": ranks of
+/// another job, or of the same job with another strategy or options, are
+/// refused with a message naming both ids.
+std::string jobIdentity(const RankEnv &env, const std::string &fingerprint);
 
 /// The address of this machine that Gloo's pairs bind to: PIPER_HOST_ADDR
 /// when set; else `master` itself when it is an address of this machine;
@@ -34,10 +43,11 @@ struct TcpMeeting {
   std::string bindAddress;
 };
 
-/// Starts the store (rank 0), connects to it, checks in and waits for
-/// every rank to check in. Errors after `timeout` name the ranks that never
-/// arrived.
-Status meetOverTcp(const RankEnv &env, const std::string &token,
+/// Starts the store (rank 0, which reports the connections it refuses on
+/// stderr), connects to it as job `jobId` (jobIdentity), checks in and
+/// waits for every rank to check in. Errors after `timeout` name the ranks
+/// that never arrived.
+Status meetOverTcp(const RankEnv &env, const std::string &jobId,
                    std::chrono::milliseconds timeout, TcpMeeting &out);
 
 } // namespace piper::runtime

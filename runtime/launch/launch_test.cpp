@@ -7,10 +7,15 @@
 #include <string>
 #include <vector>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
+#include "proto/PlanFile.h"
 #include "runtime/launch/BlasCore.h"
+#include "runtime/launch/CheckpointLock.h"
 #include "runtime/launch/LaunchEnv.h"
 #include "runtime/launch/Progress.h"
 #include "runtime/launch/Rendezvous.h"
@@ -359,26 +364,131 @@ TEST_CASE("Gloo binds the address on the way to the master", "[launch]") {
   ::unsetenv("PIPER_HOST_ADDR");
 }
 
-TEST_CASE("the job token keeps jobs and strategies apart", "[launch]") {
-  ::unsetenv("PIPER_JOB_TOKEN");
-  piper::plan::Manifest a, b;
-  a.set_world_size(2);
-  b.set_world_size(4);
+TEST_CASE("the job id: PIPER_JOB_ID, else the launcher's", "[launch]") {
+  std::vector<std::string> torchrun = {"RANK=1", "WORLD_SIZE=2",
+                                       "MASTER_ADDR=h", "MASTER_PORT=1"};
+  CHECK(jobName(rankFrom(torchrun)) == "torchrun");
+  torchrun.push_back("TORCHELASTIC_RUN_ID=run7");
+  CHECK(jobName(rankFrom(torchrun)) == "torchrun:run7");
+  torchrun.push_back("PIPER_JOB_ID=job-a");
+  CHECK(jobName(rankFrom(torchrun)) == "torchrun:job-a");
+  CHECK(jobName(rankFrom({"SLURM_PROCID=0", "SLURM_NTASKS=2",
+                          "SLURM_JOB_ID=4242", "SLURM_STEP_ID=3",
+                          "SLURM_JOB_NODELIST=n1"})) == "slurm:4242.3");
+  // The older name still counts; PIPER_JOB_ID wins.
+  CHECK(rankFrom({"PIPER_RANK=0", "PIPER_WORLD_SIZE=1", "PIPER_JOB_TOKEN=t"})
+            .jobId == "t");
+  CHECK(rankFrom({"PIPER_RANK=0", "PIPER_WORLD_SIZE=1", "PIPER_JOB_TOKEN=t",
+                  "PIPER_JOB_ID=i"})
+            .jobId == "i");
+  CHECK(rankError(
+            {"PIPER_RANK=0", "PIPER_WORLD_SIZE=1", "PIPER_JOB_ID=two words"}) ==
+        "PIPER_JOB_ID 'two words' is not a job id: at most 256 printable "
+        "characters without spaces or quotes");
+  CHECK(rankError({"PIPER_RANK=0", "PIPER_WORLD_SIZE=1",
+                   "PIPER_JOB_ID=" + std::string(300, 'x')})
+            .find("is not a job id") != std::string::npos);
+}
+
+TEST_CASE("the job identity tells jobs, strategies and run options apart",
+          "[launch]") {
+  // A strategy of two classes on disk: the fingerprint reads the plan
+  // files' headers.
+  char tmpl[] = "/tmp/job-id-XXXXXX";
+  REQUIRE(::mkdtemp(tmpl));
+  std::string dir = tmpl;
+  piper::plan::Manifest manifest;
+  manifest.set_world_size(2);
+  for (int c = 0; c < 2; ++c) {
+    auto *cls = manifest.add_classes();
+    cls->set_device_class(c);
+    cls->add_ranks(c);
+    cls->set_plan_file("plan_class" + std::to_string(c) + ".pb");
+    piper::plan::Plan plan;
+    plan.set_device_class(c);
+    REQUIRE(piper::plan::writePlanFile(dir + "/" + cls->plan_file(), plan) ==
+            "");
+  }
+  RunOptions options;
+  options.outDir = dir;
+  auto fingerprint = [&](const RunOptions &o) {
+    std::string f;
+    Status st = runFingerprint(o, manifest, f);
+    INFO(st.message());
+    REQUIRE(st);
+    CHECK(f.size() == 16);
+    return f;
+  };
+  std::string base = fingerprint(options);
+  CHECK(fingerprint(options) == base);
+  RunOptions other = options;
+  other.seed = 1;
+  CHECK(fingerprint(other) != base);
+  other = options;
+  other.steps = 7;
+  CHECK(fingerprint(other) != base);
+  other = options;
+  other.resume = true;
+  CHECK(fingerprint(other) != base);
+  // Another compile: a plan of other bytes.
+  piper::plan::Plan changed;
+  changed.set_device_class(1);
+  changed.set_num_events(3);
+  REQUIRE(piper::plan::writePlanFile(dir + "/plan_class1.pb", changed) == "");
+  CHECK(fingerprint(options) != base);
+  ::unlink((dir + "/plan_class1.pb").c_str());
+  std::string missing;
+  CHECK(runFingerprint(options, manifest, missing).message() ==
+        "cannot read the header of plan file '" + dir +
+            "/plan_class1.pb' (for the job id)");
+
   RankEnv env;
   env.launcher = "slurm";
   env.jobId = "77.0";
-  env.masterAddr = "n1";
-  env.masterPort = 29500;
-  std::string token = jobToken(env, a);
-  CHECK(token.rfind("slurm/77.0/n1:29500/", 0) == 0);
-  CHECK(jobToken(env, a) == token);
-  CHECK(jobToken(env, b) != token);
-  RankEnv other = env;
-  other.jobId = "78.0";
-  CHECK(jobToken(other, a) != token);
-  ::setenv("PIPER_JOB_TOKEN", "mine", 1);
-  CHECK(jobToken(env, a) == "mine");
-  ::unsetenv("PIPER_JOB_TOKEN");
+  CHECK(jobIdentity(env, base) == "slurm:77.0/" + base);
+}
+
+TEST_CASE("one job at a time in a checkpoint directory", "[launch]") {
+  char tmpl[] = "/tmp/ckpt-lock-XXXXXX";
+  REQUIRE(::mkdtemp(tmpl));
+  std::string dir = std::string(tmpl) + "/ckpt";
+  std::unique_ptr<CheckpointDirLock> first;
+  REQUIRE(CheckpointDirLock::acquire(dir, "piper-run:job-a", first));
+  REQUIRE(first);
+  // Another job (here: this process again, through another open file) is
+  // refused with the holder's record.
+  std::unique_ptr<CheckpointDirLock> second;
+  Status st = CheckpointDirLock::acquire(dir, "piper-run:job-b", second);
+  CHECK_FALSE(st);
+  CHECK_FALSE(second);
+  CHECK(st.message().rfind("--checkpoint-dir '" + dir +
+                               "' is in use by another job: job "
+                               "'piper-run:job-a' (pid " +
+                               std::to_string(::getpid()) + " on host '",
+                           0) == 0);
+  CHECK(st.message().find("holds its lock '" + dir +
+                          "/.piper-run.lock' (two jobs writing one "
+                          "checkpoint directory remove each other's "
+                          "checkpoints: wait for that job to end, or give "
+                          "this one another --checkpoint-dir)") !=
+        std::string::npos);
+  // A child of the holder (a rank of the local launcher) is let in, and does
+  // not take the lock itself.
+  pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    std::unique_ptr<CheckpointDirLock> mine;
+    Status childSt = CheckpointDirLock::acquire(dir, "piper-run:job-a", mine);
+    ::_exit(!childSt ? 1 : mine ? 2 : 0);
+  }
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  // Once the holder is gone, the next job gets it.
+  first.reset();
+  REQUIRE(CheckpointDirLock::acquire(dir, "piper-run:job-b", second));
+  CHECK(second);
 }
 
 namespace {

@@ -232,16 +232,19 @@ TEST_CASE("piper-run's TCP rendezvous: a missing rank and another job's rank "
   }
   SECTION("a rank of another job is refused") {
     std::vector<std::string> a = torchrunEnv(0, 2, 0, "127.0.0.1", port);
-    a.push_back("PIPER_JOB_TOKEN=job-a");
+    a.push_back("PIPER_JOB_ID=job-a");
     std::vector<std::string> b = torchrunEnv(1, 2, 0, "127.0.0.1", port);
-    b.push_back("PIPER_JOB_TOKEN=job-b");
+    b.push_back("PIPER_JOB_ID=job-b");
     std::vector<RunResult> runs =
         runAll(args, {a, b}, std::chrono::seconds(30));
     CHECK(runs[1].exitCode() == 1);
-    CHECK(runs[1].err.find("piper-run: rank 1: the rendezvous store at " +
-                           where +
-                           " refused rank 1: wrong job token: this store "
-                           "belongs to another job") != std::string::npos);
+    // Both jobs are named: same strategy and options, other job ids.
+    CHECK(std::regex_search(
+        runs[1].err,
+        std::regex("piper-run: rank 1: the rendezvous store at " + where +
+                   " refused rank 1: rank 1 is of job "
+                   "'torchrun:job-b/([0-9a-f]{16})', but this store serves "
+                   "job 'torchrun:job-a/\\1' ")));
     CHECK(runs[0].exitCode() == 1);
     CHECK(runs[0].err.find("rank 1 did not join the rendezvous") !=
           std::string::npos);
