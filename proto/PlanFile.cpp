@@ -1,5 +1,6 @@
 // Plan file and manifest I/O: the versioned, checksummed envelope around Plan.
 #include "proto/PlanFile.h"
+#include "proto/InputFile.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -98,41 +99,6 @@ std::string writeAtomically(const std::string &path, std::string_view bytes) {
   return "";
 }
 
-/// Reads the whole file at `path`; returns "" or an errno-based message.
-std::string readWholeFile(const std::string &path, std::string &out) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0)
-    return "cannot open: " + errnoText(errno);
-  struct stat st;
-  if (::fstat(fd, &st) != 0) {
-    int err = errno;
-    ::close(fd);
-    return "cannot stat: " + errnoText(err);
-  }
-  if (S_ISDIR(st.st_mode)) {
-    ::close(fd);
-    return "cannot open: is a directory";
-  }
-  out.clear();
-  out.reserve(static_cast<size_t>(st.st_size));
-  char chunk[1 << 16];
-  while (true) {
-    ssize_t n = ::read(fd, chunk, sizeof(chunk));
-    if (n < 0 && errno == EINTR)
-      continue;
-    if (n < 0) {
-      int err = errno;
-      ::close(fd);
-      return "cannot read: " + errnoText(err);
-    }
-    if (n == 0)
-      break;
-    out.append(chunk, static_cast<size_t>(n));
-  }
-  ::close(fd);
-  return "";
-}
-
 std::string planPrefix(const std::string &path) {
   return "plan file '" + path + "': ";
 }
@@ -205,9 +171,11 @@ std::string writePlanFile(const std::string &path, const Plan &plan) {
 
 std::string readPlanFile(const std::string &path, Plan &plan) {
   std::string bytes;
-  std::string err = readWholeFile(path, bytes);
+  // The envelope's header and the largest payload protobuf parses.
+  std::string err = readInputFile(
+      path, bytes, static_cast<int64_t>(kPlanHeaderSize) + INT_MAX);
   if (!err.empty())
-    return planPrefix(path) + err;
+    return inputError("plan file", path, err);
   return parsePlanFile(path, bytes, plan);
 }
 
@@ -287,9 +255,9 @@ std::string writeManifest(const std::string &path, const Manifest &manifest) {
 
 std::string readManifest(const std::string &path, Manifest &manifest) {
   std::string text;
-  std::string err = readWholeFile(path, text);
+  std::string err = readInputFile(path, text);
   if (!err.empty())
-    return manifestPrefix(path) + err;
+    return inputError("manifest", path, err);
   return parseManifest(path, text, manifest);
 }
 

@@ -2,8 +2,11 @@
 // people reading what the compiler produced and for FileCheck tests; with
 // --simulate, times one step of a compiled folder and pictures it
 // (docs/simulator.md).
+#include <cctype>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <string>
@@ -14,6 +17,7 @@
 #include <google/protobuf/text_format.h>
 #include <nlohmann/json.hpp>
 
+#include "proto/InputFile.h"
 #include "proto/PlanDump.h"
 #include "proto/PlanFile.h"
 #include "proto/analysis/MemoryPlan.h"
@@ -59,12 +63,12 @@ int printPlan(const std::string &path, bool kernels, bool textproto,
 /// override the default machine; a rate of 0 makes that resource free.
 std::string readMachine(const std::string &path,
                         piper::plan::Machine &machine) {
-  std::ifstream in(path);
-  if (!in)
-    return "cannot open machine file '" + path + "'";
+  std::string text;
+  if (std::string err = piper::readInputFile(path, text); !err.empty())
+    return piper::inputError("machine file", path, err);
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(in);
+    j = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception &e) {
     return "machine file '" + path + "': " + e.what();
   }
@@ -131,7 +135,7 @@ int simulateFolder(const std::string &dir,
 
 } // namespace
 
-int main(int argc, char **argv) {
+static int runPiperPlan(int argc, char **argv) {
   std::string path;
   bool noKernels = false, textproto = false, memory = false;
   bool simulate = false, timeline = false, blockingSends = false;
@@ -233,4 +237,15 @@ int main(int argc, char **argv) {
       return rc;
   }
   return 0;
+}
+
+int main(int argc, char **argv) {
+  int rc = runPiperPlan(argc, argv);
+  // What went to standard output must have arrived (> /dev/full).
+  if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
+    std::string reason = std::strerror(errno);
+    reason[0] = static_cast<char>(std::tolower(reason[0]));
+    return fail("cannot write to standard output: " + reason);
+  }
+  return rc;
 }

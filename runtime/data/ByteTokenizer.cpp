@@ -18,7 +18,11 @@ Status tokenizeBytesFile(const std::string &inputPath,
   numTokens = 0;
   if (dtype == TokenDType::Auto)
     dtype = TokenDType::U16;
-  int fd = ::open(inputPath.c_str(), O_RDONLY | O_CLOEXEC);
+  // Opening a FIFO would block until a writer comes, and a device such as
+  // /dev/zero would never end.
+  PIPER_RETURN_IF_ERROR(
+      checkRegularFile(inputPath, "input '" + inputPath + "'"));
+  int fd = ::open(inputPath.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0)
     return Status::error("input '" + inputPath +
                          "': cannot open: " + errnoMessage(errno));
@@ -27,8 +31,8 @@ Status tokenizeBytesFile(const std::string &inputPath,
     ~Closer() { ::close(fd); }
   } closer{fd};
   struct stat st;
-  if (::fstat(fd, &st) != 0 || S_ISDIR(st.st_mode))
-    return Status::error("input '" + inputPath + "': not a readable file");
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
+    return Status::error("input '" + inputPath + "': not a regular file");
 
   AtomicFile out;
   PIPER_RETURN_IF_ERROR(out.open(outputPath));

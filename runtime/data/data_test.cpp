@@ -329,6 +329,16 @@ TEST_CASE("piper-tokenize's library: chunks, empty input, errors",
         std::string::npos);
   // A failed write leaves no temporary file behind.
   CHECK(::access((dir + "/x.bin").c_str(), F_OK) != 0);
+
+  // Opening a FIFO blocked until a writer came (piper-tokenize hung), and
+  // /dev/zero never ends.
+  REQUIRE(::mkfifo((dir + "/in.fifo").c_str(), 0644) == 0);
+  Status fifo = tokenizeBytesFile(dir + "/in.fifo", dir + "/f.bin",
+                                  TokenDType::U16, false, count);
+  CHECK(fifo.message() == "input '" + dir + "/in.fifo': not a regular file");
+  Status zero = tokenizeBytesFile("/dev/zero", dir + "/z.bin", TokenDType::U16,
+                                  false, count);
+  CHECK(zero.message() == "input '/dev/zero': not a regular file");
 }
 
 TEST_CASE("atomic files replace their target only on commit", "[data]") {
