@@ -1,7 +1,10 @@
 // Parsing of strategy files, and the strategy of piperc's flags.
 #include "compiler/strategy/Strategy.h"
 
+#include "compiler/strategy/JsonScan.h"
 #include "dialects/piper/PiperDialect.h"
+#include "proto/InputFile.h"
+#include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/ADT/StringSet.h"
@@ -57,6 +60,9 @@ std::string Directive::describe() const {
 }
 
 namespace {
+/// How much of a directive's text diagnostics quote.
+constexpr size_t kMaxQuotedDirective = 200;
+
 /// Parses one directive object; errors are prefixed with its description.
 class DirectiveParser {
 public:
@@ -349,6 +355,7 @@ private:
     const json::Array *list = obj.getArray("devices");
     if (!list || list->empty())
       return fail("\"devices\" must be a non-empty list of device indices");
+    llvm::DenseSet<int64_t> listed;
     for (const json::Value &v : *list) {
       std::optional<int64_t> i = v.getAsInteger();
       if (!i || *i < 0 || *i >= kMaxWorldSize)
@@ -358,7 +365,8 @@ private:
                         .str());
       if (d.devices.size() >= size_t(kMaxWorldSize))
         return fail("\"devices\" lists more devices than the world may have");
-      if (llvm::is_contained(d.devices, *i))
+      // A set, not a search of the list: 2^20 devices made it quadratic.
+      if (!listed.insert(*i).second)
         return fail(llvm::formatv("device {0} is listed twice", *i).str());
       d.devices.push_back(*i);
     }
@@ -421,43 +429,16 @@ private:
 };
 } // namespace
 
-/// The deepest nesting of JSON arrays and objects in `text`, ignoring
-/// brackets inside strings; stops counting once past `limit`. llvm::json
-/// parses recursively, so a deep enough input would overflow the stack.
-static int64_t jsonNesting(llvm::StringRef text, int64_t limit) {
-  int64_t depth = 0, deepest = 0;
-  bool inString = false;
-  for (size_t i = 0; i < text.size(); ++i) {
-    char c = text[i];
-    if (inString) {
-      if (c == '\\')
-        ++i;
-      else if (c == '"')
-        inString = false;
-      continue;
-    }
-    if (c == '"') {
-      inString = true;
-    } else if (c == '[' || c == '{') {
-      deepest = std::max(deepest, ++depth);
-      if (deepest > limit)
-        return deepest;
-    } else if ((c == ']' || c == '}') && depth > 0) {
-      --depth;
-    }
-  }
-  return deepest;
-}
-
 llvm::Expected<Strategy> mlir::piper::parseStrategy(llvm::StringRef text) {
-  if (jsonNesting(text, kMaxJsonNesting) > kMaxJsonNesting)
-    return llvm::createStringError(llvm::formatv(
-        "strategy nests lists and objects more than {0} levels deep",
-        kMaxJsonNesting));
+  JsonScan scan = scanJson(text);
+  if (!scan.nesting.empty())
+    return llvm::createStringError(scan.nesting);
   llvm::Expected<json::Value> value = json::parse(text);
   if (!value)
     return llvm::createStringError("strategy is not valid JSON: " +
                                    llvm::toString(value.takeError()));
+  if (!scan.duplicate.empty())
+    return llvm::createStringError(scan.duplicate);
   Strategy strategy;
   const json::Array *list = value->getAsArray();
   if (const json::Object *obj = value->getAsObject()) {
@@ -483,6 +464,10 @@ llvm::Expected<Strategy> mlir::piper::parseStrategy(llvm::StringRef text) {
     std::string text;
     llvm::raw_string_ostream os(text);
     os << entry;
+    // Diagnostics quote the directive: a device list of 2^20 entries would
+    // be 8 MB of it.
+    if (text.size() > kMaxQuotedDirective)
+      text = text.substr(0, kMaxQuotedDirective) + "...";
     const json::Object *obj = entry.getAsObject();
     if (!obj)
       return llvm::createStringError(
@@ -503,6 +488,18 @@ llvm::Expected<Strategy> mlir::piper::parseStrategy(llvm::StringRef text) {
     return llvm::createStringError(err);
   strategy.summary = "strategy file, " +
                      std::to_string(strategy.directives.size()) + " directives";
+  return strategy;
+}
+
+llvm::Expected<Strategy> mlir::piper::readStrategyFile(const std::string &path,
+                                                       llvm::StringRef what) {
+  std::string text;
+  if (std::string err = ::piper::readInputFile(path, text); !err.empty())
+    return llvm::createStringError(::piper::inputError(what.str(), path, err));
+  llvm::Expected<Strategy> strategy = parseStrategy(text);
+  if (!strategy)
+    return llvm::createStringError(path + ": " +
+                                   llvm::toString(strategy.takeError()));
   return strategy;
 }
 

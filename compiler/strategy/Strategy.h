@@ -95,8 +95,16 @@ int64_t numStages(const Strategy &strategy);
 /// Parses a strategy file: either a JSON list of directives (the original
 /// Piper format) or an object {"world_size": N, "directives": [...]}.
 /// Unknown directives and keys, bad filter keys or values, and malformed
-/// device lists are errors naming the directive.
+/// device lists are errors naming the directive; so are a key an object
+/// repeats and lists nested more than kMaxJsonNesting deep.
 llvm::Expected<Strategy> parseStrategy(llvm::StringRef json);
+
+/// Reads the strategy file `path` (a `what`: "strategy file", "order file";
+/// "-" is standard input) with the shared input reader and parses it;
+/// errors name the file.
+llvm::Expected<Strategy>
+readStrategyFile(const std::string &path,
+                 llvm::StringRef what = "strategy file");
 
 /// An error message when `stages` pipeline stages of `microbatches`
 /// microbatches are more tasks than kMaxStageMicrobatches, or "".

@@ -352,3 +352,51 @@ TEST_CASE("dualpipe sends each half of the microbatches one way") {
     }
   CHECK(places == 32);
 }
+
+TEST_CASE("a key an object repeats is an error naming it") {
+  // llvm::json keeps the last value: "num_microbatches": 2 silently became 4.
+  CHECK(parseError(R"([{"op": "split", "filter": {}, "dim_name": "MB",
+                       "num_microbatches": 2, "num_microbatches": 4}])") ==
+        "key \"num_microbatches\" appears twice in one object (line 2)");
+  CHECK(parseError(R"({"world_size": 2, "directives": [], "world_size": 1})") ==
+        "key \"world_size\" appears twice in one object (line 1)");
+  CHECK(parseError(R"([{"op": "place", "filter": {"PP": 0, "PP": 1},
+                       "devices": [0]}])") ==
+        "key \"PP\" appears twice in one object (line 1)");
+  // Escapes spell the same key.
+  CHECK(parseError(R"([{"op": "stage", "stages": 1, "st\u0061ges": 2}])") ==
+        "key \"stages\" appears twice in one object (line 1)");
+  // The same key in different objects, and a key's text as a value, are
+  // fine.
+  CHECK(parseError(R"([{"op": "stage", "stages": 2},
+                       {"op": "split", "filter": {}, "dim_name": "MB",
+                        "num_microbatches": 2}])") == "");
+  // Malformed JSON is reported as such, not as a repeated key; a key cut
+  // off at the end of the text (found by the fuzzer: the scan read past it)
+  // too.
+  CHECK(parseError(R"([{"op": "stage", "op": )").find("not valid JSON") !=
+        std::string::npos);
+  CHECK(parseError(R"([{"op": "stage", ")").find("not valid JSON") !=
+        std::string::npos);
+}
+
+TEST_CASE("a device list of 2^20 entries parses in linear time") {
+  // Each device was searched for in the list before it: 2^20 entries took
+  // hours.
+  std::string devices;
+  for (int i = 0; i < (1 << 20); ++i)
+    devices += (i ? "," : "") + std::to_string(i);
+  llvm::Expected<Strategy> s =
+      parseStrategy(R"([{"op": "place", "filter": {"PP": 0}, "devices": [)" +
+                    devices + "]}]");
+  bool parsed = static_cast<bool>(s);
+  REQUIRE(parsed);
+  CHECK(s->directives.front().devices.size() == size_t(1) << 20);
+  std::string err =
+      parseError(R"([{"op": "place", "filter": {"PP": 0}, "devices": [)" +
+                 devices + ",0]}]");
+  CHECK(err.find("\"devices\" lists more devices than the world may have") !=
+        std::string::npos);
+  // The message quotes the start of the directive, not all 8 MB of it.
+  CHECK(err.size() < 400);
+}

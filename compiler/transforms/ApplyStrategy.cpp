@@ -9,7 +9,6 @@
 #include "llvm/ADT/StringExtras.h"
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/IRMapping.h"
-#include "llvm/Support/MemoryBuffer.h"
 
 namespace mlir::piper {
 #define GEN_PASS_DEF_PIPERAPPLYSTRATEGY
@@ -119,14 +118,7 @@ namespace {
 struct ApplyStrategyPass : mlir::piper::impl::PiperApplyStrategyBase<ApplyStrategyPass> {
   using PiperApplyStrategyBase::PiperApplyStrategyBase;
   void runOnOperation() override {
-    auto buffer = llvm::MemoryBuffer::getFile(file);
-    if (!buffer) {
-      getOperation().emitError("cannot read strategy file '")
-          << file << "': " << buffer.getError().message();
-      return signalPassFailure();
-    }
-    llvm::Expected<Strategy> strategy =
-        parseStrategy((*buffer)->getBuffer());
+    llvm::Expected<Strategy> strategy = readStrategyFile(file);
     if (!strategy) {
       getOperation().emitError(llvm::toString(strategy.takeError()));
       return signalPassFailure();

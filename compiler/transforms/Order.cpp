@@ -9,7 +9,6 @@
 #include "llvm/ADT/StringExtras.h"
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/IRMapping.h"
-#include "llvm/Support/MemoryBuffer.h"
 
 namespace mlir::piper {
 #define GEN_PASS_DEF_PIPERORDER
@@ -225,13 +224,7 @@ struct OrderPass : mlir::piper::impl::PiperOrderBase<OrderPass> {
   using PiperOrderBase::PiperOrderBase;
   void runOnOperation() override {
     ModuleOp module = getOperation();
-    auto buffer = llvm::MemoryBuffer::getFile(file);
-    if (!buffer) {
-      module.emitError("cannot read order file '")
-          << file << "': " << buffer.getError().message();
-      return signalPassFailure();
-    }
-    llvm::Expected<Strategy> strategy = parseStrategy((*buffer)->getBuffer());
+    llvm::Expected<Strategy> strategy = readStrategyFile(file, "order file");
     if (!strategy) {
       module.emitError(llvm::toString(strategy.takeError()));
       return signalPassFailure();

@@ -5,7 +5,6 @@
 
 #include "compiler/transforms/Transforms.h"
 #include "mlir/Pass/PassRegistry.h"
-#include "llvm/Support/MemoryBuffer.h"
 
 using namespace mlir;
 using namespace mlir::piper;
@@ -91,11 +90,7 @@ void buildCompilePipeline(OpPassManager &pm,
   if (!llvm::is_contained(phases, StringRef(o.phase)) || o.phase == "plan")
     return fail("unknown phase '" + o.phase +
                 "' (stage, training-dag, directives, devices or streams)");
-  auto buffer = llvm::MemoryBuffer::getFile(o.strategy);
-  if (!buffer)
-    return fail("cannot read strategy file '" + o.strategy +
-                "': " + buffer.getError().message());
-  llvm::Expected<Strategy> strategy = parseStrategy((*buffer)->getBuffer());
+  llvm::Expected<Strategy> strategy = readStrategyFile(o.strategy);
   if (!strategy)
     return fail(llvm::toString(strategy.takeError()));
   addCompilePipeline(pm, *strategy, OptimizerConfig(), o.phase);

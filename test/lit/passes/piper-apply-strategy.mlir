@@ -64,10 +64,10 @@
 // TWO-SPLITS: error: directive #1 ({"num_microbatches":4,"op":"split"}): only one split directive is allowed
 
 // Strategy parse errors surface as pass errors.
-// UNKNOWN: error: directive #0 ({"op":"pipeline","stages":2}): unknown directive "pipeline" (expected stage, split, place, replicate, order or schedule)
+// UNKNOWN: error: {{.*}}unknown-directive.json: directive #0 ({"op":"pipeline","stages":2}): unknown directive "pipeline" (expected stage, split, place, replicate, order or schedule)
 
 // A missing file.
-// NO-FILE: error: cannot read strategy file '{{.*}}does-not-exist.json': No such file or directory
+// NO-FILE: error: strategy file '{{.*}}does-not-exist.json': cannot open: no such file or directory
 
 module {
   piper.param @wte : tensor<16x4xf32> init normal(2.000000e-02)

@@ -14,4 +14,4 @@
 // CHECK: piper.device_program @class1
 
 // PHASE: error: piper-compile-pipeline: unknown phase 'plan' (stage, training-dag, directives, devices or streams)
-// MISSING: error: piper-compile-pipeline: cannot read strategy file '{{.*}}missing.json'
+// MISSING: error: piper-compile-pipeline: strategy file '{{.*}}missing.json': cannot open: no such file or directory

@@ -11,6 +11,6 @@
 
 // NOTORDER: error: directive #0 ({{.*}}"op":"split"}): piper-order applies order directives only (use piper-apply-strategy for a whole strategy)
 
-// MISSING: error: cannot read order file '{{.*}}missing.json'
+// MISSING: error: order file '{{.*}}missing.json': cannot open: no such file or directory
 
 // CYCLE: error: 'piper.program' op directive #0 ({{.*}}): the order contradicts the dataflow and creates a cycle: task @stage1_F (PP=1 MB=0 PASS=F) -> task @stage1_B
