@@ -186,16 +186,9 @@ int runCompile(const CompileOptions &o) {
   if (std::string err = checkRegularFile(o.input, "model"); !err.empty())
     return fail(err);
   if (!o.strategyFile.empty()) {
-    if (std::string err = checkRegularFile(o.strategyFile, "strategy file");
-        !err.empty())
-      return fail(err);
-    auto buffer = llvm::MemoryBuffer::getFile(o.strategyFile);
-    if (!buffer)
-      return fail("cannot read strategy file '" + o.strategyFile +
-                  "': " + buffer.getError().message());
-    llvm::Expected<Strategy> parsed = parseStrategy((*buffer)->getBuffer());
+    llvm::Expected<Strategy> parsed = readStrategyFile(o.strategyFile);
     if (!parsed)
-      return fail(o.strategyFile + ": " + llvm::toString(parsed.takeError()));
+      return fail(llvm::toString(parsed.takeError()));
     strategy = std::move(*parsed);
   } else {
     const ScheduleBuilder *schedule = findSchedule(o.schedule);
@@ -411,10 +404,13 @@ int runCompile(const CompileOptions &o) {
   rs << timelineLine;
   {
     std::error_code rec;
-    llvm::raw_fd_ostream out(o.output + "/report.txt", rec);
+    std::string reportPath = o.output + "/report.txt";
+    llvm::raw_fd_ostream out(reportPath, rec);
     if (rec)
       return fail("cannot write the report: " + rec.message());
     out << report;
+    if (std::string err = closeOutput(out, reportPath); !err.empty())
+      return fail(err);
   }
   llvm::outs() << "piperc: wrote " << lowered->plans.size()
                << " plan(s) for " << lowered->manifest.world_size()
@@ -559,11 +555,13 @@ int mlir::piper::pipercMain(int argc, char **argv) {
   CLI11_PARSE(app, argc, argv);
   comp.worldSizeGiven = compileCmd->count("--world-size") > 0;
   comp.minLrGiven = compileCmd->count("--min-lr") > 0;
-  if (modelCmd->parsed())
-    return runModel(model, *modelCmd);
-  if (lowerCmd->parsed())
-    return runLower(lower);
-  return runCompile(comp);
+  int rc = modelCmd->parsed()   ? runModel(model, *modelCmd)
+           : lowerCmd->parsed() ? runLower(lower)
+                                : runCompile(comp);
+  // What went to standard output must have arrived (> /dev/full).
+  if (std::string err = closeOutput(llvm::outs(), "-"); !err.empty())
+    return fail(err);
+  return rc;
 }
 
 int mlir::piper::piperOptMain(int argc, char **argv) {
@@ -572,21 +570,30 @@ int mlir::piper::piperOptMain(int argc, char **argv) {
   registerPiperCompilerPasses();
   auto [input, output] = registerAndParseCLIOptions(
       argc, argv, "piper-opt: the piper pass driver\n", registry);
-  // Refuse FIFOs and devices, and inputs nested deeper than the parser's
-  // stack allows, before MlirOptMain reads the file. Standard input ("-")
-  // can be read only once and is not pre-scanned.
-  if (input != "-") {
-    auto refuse = [](const std::string &msg) {
-      llvm::errs() << "piper-opt: error: " << msg << "\n";
-      return 1;
-    };
-    if (std::string err = checkRegularFile(input, "input"); !err.empty())
-      return refuse(err);
-    std::string error;
-    if (auto file = openInputFile(input, &error))
-      if (std::string err = checkMlirNesting(file->getBuffer(), "input", input);
-          !err.empty())
-        return refuse(err);
-  }
-  return asMainReturnCode(MlirOptMain(argc, argv, input, output, registry));
+  MlirOptMainConfig config = MlirOptMainConfig::createFromCLOptions();
+  // Listing dialects or passes reads no input.
+  if (config.shouldShowDialects() || config.shouldListPasses())
+    return asMainReturnCode(MlirOptMain(argc, argv, input, output, registry));
+  auto refuse = [](const std::string &msg) {
+    llvm::errs() << "piper-opt: error: " << msg << "\n";
+    return 1;
+  };
+  // The input goes through the shared reader and the pre-scan, files and
+  // standard input alike, before MLIR's parser sees it.
+  std::string error;
+  std::unique_ptr<llvm::MemoryBuffer> buffer =
+      readMlirInput(input, "input", error);
+  if (!buffer)
+    return refuse(error);
+  std::unique_ptr<llvm::ToolOutputFile> out = openOutputFile(output, &error);
+  if (!out)
+    return refuse(error);
+  LogicalResult result =
+      MlirOptMain(out->os(), std::move(buffer), registry, config);
+  if (std::string err = closeOutput(out->os(), output); !err.empty())
+    return refuse(err);
+  if (failed(result))
+    return 1;
+  out->keep();
+  return 0;
 }

@@ -1,19 +1,22 @@
 // Input checks and output writers shared by the piperc sub-commands.
 #include "compiler/driver/DriverSupport.h"
 
+#include <cctype>
 #include <cmath>
 #include <filesystem>
 #include <limits>
 
+#include "compiler/driver/MlirScan.h"
 #include "mlir/IR/BuiltinTypes.h"
 #include "mlir/IR/Verifier.h"
 #include "mlir/Parser/Parser.h"
 #include "mlir/Support/FileUtilities.h"
+#include "proto/InputFile.h"
+#include "proto/PlanFile.h"
 #include "llvm/ADT/StringExtras.h"
-#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/Format.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/ToolOutputFile.h"
-#include "proto/PlanFile.h"
 
 namespace mlir::piper::driver {
 
@@ -22,64 +25,48 @@ int fail(const std::string &msg) {
   return 1;
 }
 
-/// How deep the brackets of a model may nest ({ ( [ < together). MLIR's
-/// parser recurses once per level, so a few thousand levels overflow the
-/// stack; real models nest fewer than 20.
-static constexpr int64_t kMaxMlirNesting = 256;
-
-/// Refuses a path that is not a regular file (a FIFO, /dev/zero, a
-/// folder) before reading it: reading one would block or never end. "-"
-/// (standard input) and missing files are left to the reader.
 std::string checkRegularFile(llvm::StringRef path, llvm::StringRef what) {
-  if (path == "-")
-    return "";
-  llvm::sys::fs::file_status status;
-  if (llvm::sys::fs::status(path, status))
-    return "";
-  if (status.type() == llvm::sys::fs::file_type::directory_file)
-    return (what + " '" + path + "' is a directory").str();
-  if (status.type() != llvm::sys::fs::file_type::regular_file)
-    return (what + " '" + path + "' is not a regular file").str();
-  return "";
+  std::string err = ::piper::checkInputPath(path.str());
+  return err.empty() ? "" : ::piper::inputError(what.str(), path.str(), err);
 }
 
-/// The deepest nesting of { ( [ < in MLIR text, outside strings and
-/// comments (the -> arrow's > closes nothing); stops once past `limit`.
-/// A pre-scan, because MLIR 22's parser has no nesting bound of its own.
-static int64_t mlirNesting(llvm::StringRef text, int64_t limit) {
-  int64_t depth = 0, deepest = 0;
-  for (size_t i = 0; i < text.size(); ++i) {
-    char c = text[i];
-    if (c == '"') {
-      for (++i; i < text.size() && text[i] != '"'; ++i)
-        if (text[i] == '\\')
-          ++i;
-    } else if (c == '/' && i + 1 < text.size() && text[i + 1] == '/') {
-      i = text.find('\n', i);
-      if (i == llvm::StringRef::npos)
-        break;
-    } else if (c == '{' || c == '(' || c == '[' || c == '<') {
-      deepest = std::max(deepest, ++depth);
-      if (deepest > limit)
-        break;
-    } else if (c == '}' || c == ')' || c == ']' ||
-               (c == '>' && !(i > 0 && text[i - 1] == '-'))) {
-      if (depth > 0)
-        --depth;
-    }
+std::string checkMlirText(llvm::StringRef text, llvm::StringRef what,
+                          llvm::StringRef path) {
+  std::string err = scanMlirText(text);
+  return err.empty() ? "" : ::piper::inputError(what.str(), path.str(), err);
+}
+
+std::unique_ptr<llvm::MemoryBuffer>
+readMlirInput(llvm::StringRef path, llvm::StringRef what, std::string &error) {
+  std::string text;
+  if (std::string err = ::piper::readInputFile(path.str(), text);
+      !err.empty()) {
+    error = ::piper::inputError(what.str(), path.str(), err);
+    return nullptr;
   }
-  return deepest;
+  if (std::string err = checkMlirText(text, what, path); !err.empty()) {
+    error = err;
+    return nullptr;
+  }
+  // MLIR's own name for standard input, which diagnostics show.
+  return llvm::MemoryBuffer::getMemBufferCopy(text,
+                                              path == "-" ? "<stdin>" : path);
 }
 
-/// "" when the model text nests within kMaxMlirNesting, else the error.
-std::string checkMlirNesting(llvm::StringRef text, llvm::StringRef what,
-                             llvm::StringRef path) {
-  if (mlirNesting(text, kMaxMlirNesting) <= kMaxMlirNesting)
+std::string closeOutput(llvm::raw_fd_ostream &os, llvm::StringRef path) {
+  os.flush();
+  if (!os.has_error() && path != "-" && !path.empty())
+    os.close();
+  if (!os.has_error())
     return "";
-  return llvm::formatv("{0} '{1}' nests brackets or regions more than {2} "
-                       "levels deep",
-                       what, path, kMaxMlirNesting)
-      .str();
+  std::string message = os.error().message();
+  if (!message.empty())
+    message[0] = static_cast<char>(std::tolower(message[0]));
+  // An error left set makes the stream's destructor abort the process.
+  os.clear_error();
+  if (path.empty() || path == "-")
+    return "cannot write to standard output: " + message;
+  return ("cannot write '" + path + "': " + message).str();
 }
 
 /// Limits on the tensors of a model: each dimension fits the int32 fields
@@ -174,6 +161,8 @@ int writeOutput(ModuleOp module, const std::string &path) {
     return fail(error);
   module.print(out->os());
   out->os() << "\n";
+  if (std::string err = closeOutput(out->os(), path); !err.empty())
+    return fail(err);
   out->keep();
   return 0;
 }
@@ -181,14 +170,9 @@ int writeOutput(ModuleOp module, const std::string &path) {
 OwningOpRef<ModuleOp> loadModule(MLIRContext &ctx, llvm::SourceMgr &sourceMgr,
                                  const std::string &path, llvm::StringRef what,
                                  llvm::StringRef verb, std::string &error) {
-  auto file = openInputFile(path, &error);
+  std::unique_ptr<llvm::MemoryBuffer> file = readMlirInput(path, what, error);
   if (!file)
     return nullptr;
-  if (std::string err = checkMlirNesting(file->getBuffer(), what, path);
-      !err.empty()) {
-    error = err;
-    return nullptr;
-  }
   sourceMgr.AddNewSourceBuffer(std::move(file), llvm::SMLoc());
   OwningOpRef<ModuleOp> module = parseSourceFile<ModuleOp>(sourceMgr, &ctx);
   if (!module) {

@@ -9,7 +9,9 @@
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/IR/OwningOpRef.h"
 #include "llvm/ADT/StringRef.h"
+#include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/SourceMgr.h"
+#include "llvm/Support/raw_ostream.h"
 
 namespace mlir::piper::driver {
 
@@ -17,13 +19,25 @@ namespace mlir::piper::driver {
 int fail(const std::string &msg);
 
 /// Refuses a path that is not a regular file (a FIFO, /dev/zero, a folder)
-/// before reading it; "" when it may be read. "-" and missing files are
-/// left to the reader.
+/// or "-" before reading it, with the shared reader's check; "" when it may
+/// be read.
 std::string checkRegularFile(llvm::StringRef path, llvm::StringRef what);
 
-/// Refuses MLIR nested deeper than the parser's stack allows; "" when fine.
-std::string checkMlirNesting(llvm::StringRef text, llvm::StringRef what,
-                             llvm::StringRef path);
+/// Refuses MLIR text the parser would crash or stall on (scanMlirText:
+/// nesting, long numbers); "" when fine, else the error naming the input.
+std::string checkMlirText(llvm::StringRef text, llvm::StringRef what,
+                          llvm::StringRef path);
+
+/// Reads the MLIR input `path` ("-": standard input), a `what`, with the
+/// shared reader (size cap, no FIFOs or devices) and checks it with
+/// checkMlirText; null with `error` set when refused.
+std::unique_ptr<llvm::MemoryBuffer>
+readMlirInput(llvm::StringRef path, llvm::StringRef what, std::string &error);
+
+/// Flushes (and, for a file, closes) `os`, which writes `path` ("" or "-":
+/// standard output); "" when every byte was written, else the error, with
+/// the stream's error cleared so that its destructor does not abort.
+std::string closeOutput(llvm::raw_fd_ostream &os, llvm::StringRef path);
 
 /// Refuses tensors too large to plan (dimensions, bytes, model total).
 LogicalResult checkTensorSizes(ModuleOp module);

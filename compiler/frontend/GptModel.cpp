@@ -68,6 +68,13 @@ std::string mlir::piper::validateGptConfig(const GptConfig &cfg) {
              std::to_string(cfg.experts) + "), got " + std::to_string(cfg.topK);
     if (cfg.capacityFactor < 0 || !std::isfinite(cfg.capacityFactor))
       return "capacity factor must be non-negative";
+    // From experts / top_k on, every token has a slot; far beyond, the slot
+    // count overflowed int64 and came out as 1.
+    if (cfg.capacityFactor > double(cfg.experts))
+      return "capacity factor must be at most experts (" +
+             std::to_string(cfg.experts) +
+             "): from experts / top_k on every token has a slot; 0 is "
+             "dropless";
     if (cfg.auxLossCoeff < 0 || !std::isfinite(cfg.auxLossCoeff))
       return "aux loss coefficient must be non-negative";
   }
@@ -104,7 +111,10 @@ int64_t GptConfig::capacity() const {
   if (capacityFactor <= 0)
     return tokens;
   double c = std::ceil(capacityFactor * double(tokens * topK) / double(experts));
-  return std::max<int64_t>(1, std::min<int64_t>(tokens, int64_t(c)));
+  // Clamp before converting: a double past int64 does not convert.
+  if (!(c < double(tokens)))
+    return tokens;
+  return std::max<int64_t>(1, int64_t(c));
 }
 
 int64_t GptConfig::ffnSize() const {
