@@ -40,6 +40,10 @@ pid_t spawnSelf(char **argv, char **envp, int stderrFd,
 }
 
 std::string describeExit(int status) {
+  if (WIFEXITED(status) && WEXITSTATUS(status) == kExitLogLost)
+    return fmt::format("exit code {}: its --log-dir log could not be written "
+                       "(a full disk?), lines of it are missing",
+                       kExitLogLost);
   if (WIFEXITED(status))
     return fmt::format("exit code {}", WEXITSTATUS(status));
   if (WIFSIGNALED(status)) {

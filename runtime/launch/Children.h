@@ -19,7 +19,12 @@ namespace piper::runtime {
 pid_t spawnSelf(char **argv, char **envp, int stderrFd,
                 const std::vector<int> &inherit);
 
-/// "exit code 4", "killed by signal 9, Killed".
+/// The exit code of a rank that ran to its end but could not write all of
+/// its --log-dir log (a full disk): lines of it are missing.
+constexpr int kExitLogLost = 5;
+
+/// "exit code 4", "killed by signal 9, Killed", "exit code 5 (its log
+/// could not be written...)".
 std::string describeExit(int status);
 
 /// Whether `status` (of waitpid) is anything but exit code 0.

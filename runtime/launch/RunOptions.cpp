@@ -1,12 +1,38 @@
 // piper-run's command-line flags (CLI11), with their help texts.
 #include "runtime/launch/RunOptions.h"
 
+#include <charconv>
 #include <cstdio>
+#include <limits>
 #include <utility>
 
 #include <CLI/CLI.hpp>
+#include <fmt/format.h>
 
 namespace piper::runtime {
+namespace {
+
+/// A decimal integer from `lo` to `hi`. CLI11 2.1 converts 64-bit options
+/// with strtoll/strtoull and no range check: 2^64 saturated, -1 wrapped to
+/// 2^64-1 and 010 was octal 8.
+template <typename T> CLI::Validator integerFrom(T lo, T hi) {
+  return CLI::Validator(
+      [lo, hi](std::string &text) -> std::string {
+        T value{};
+        const char *end = text.data() + text.size();
+        auto [ptr, ec] = std::from_chars(text.data(), end, value);
+        if (ec == std::errc() && ptr == end && value >= lo && value <= hi)
+          return "";
+        return fmt::format("must be an integer from {} to {}, got '{}'", lo, hi,
+                           text);
+      },
+      fmt::format("INT in [{} - {}]", lo, hi));
+}
+
+constexpr int64_t kInt64Min = std::numeric_limits<int64_t>::min();
+constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
+
+} // namespace
 
 bool parseRunOptions(int argc, char **argv, RunOptions &options,
                      int &exitCode) {
@@ -31,11 +57,12 @@ bool parseRunOptions(int argc, char **argv, RunOptions &options,
       ->capture_default_str();
   app.add_option("--steps", options.steps,
                  "training steps to run (0: only --load/--save)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(integerFrom<int64_t>(0, kInt64Max))
       ->capture_default_str();
   app.add_option("--seed", options.seed,
                  "seed of parameter init and of the data (synthetic "
                  "sequences or token-file windows)")
+      ->check(integerFrom<uint64_t>(0, std::numeric_limits<uint64_t>::max()))
       ->capture_default_str();
   app.add_option("--metrics", options.metricsPath,
                  "JSON-lines file rank 0 writes one object per step to");
@@ -75,7 +102,7 @@ bool parseRunOptions(int argc, char **argv, RunOptions &options,
       "stream of every rank) to this Chrome/Perfetto trace file");
   app.add_option("--trace-step", options.traceStep,
                  "the step --trace records (default: the last step run)")
-      ->check(CLI::PositiveNumber)
+      ->check(integerFrom<int64_t>(1, kInt64Max))
       ->needs(trace);
   // --- Checkpoints, resume and restarts (docs/operations.md) ---
   CLI::Option *checkpointDir = app.add_option(
@@ -84,7 +111,7 @@ bool parseRunOptions(int argc, char **argv, RunOptions &options,
       "DIR/step-<N>/; --resume reads the newest complete one");
   app.add_option("--checkpoint-every", options.checkpointEvery,
                  "write a checkpoint after every N-th step")
-      ->check(CLI::PositiveNumber)
+      ->check(integerFrom<int64_t>(1, kInt64Max))
       ->needs(checkpointDir);
   app.add_option("--keep-checkpoints", options.keepCheckpoints,
                  "keep the newest K complete checkpoints, remove older ones")
@@ -114,6 +141,7 @@ bool parseRunOptions(int argc, char **argv, RunOptions &options,
   // --- Progress output (docs/piper-run.md#output) ---
   app.add_option("--log-every", options.logEvery,
                  "print a progress line every N steps (and the last step)")
+      ->check(integerFrom<int64_t>(kInt64Min, kInt64Max)) // < 1: below
       ->capture_default_str();
 
   try {

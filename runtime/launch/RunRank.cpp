@@ -9,6 +9,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -30,6 +31,7 @@
 #include "runtime/launch/CheckpointIO.h"
 #include "runtime/launch/CheckpointLock.h"
 #include "runtime/launch/Checkpoints.h"
+#include "runtime/launch/Children.h"
 #include "runtime/launch/Progress.h"
 #include "runtime/launch/Reporting.h"
 #include "runtime/launch/Standby.h"
@@ -108,8 +110,9 @@ bool profileFromEnv() {
 /// watchdog (which acts at --timeout-s) names the culprit first.
 constexpr std::chrono::milliseconds kCommTimeoutSlack{2000};
 
-int runRank(const RunOptions &options, const RankEnv &env,
-            const LoadedStrategy *loaded) {
+/// runRank's work; runRank adds what a log that cannot be written means.
+static int runRankLogged(const RunOptions &options, const RankEnv &env,
+                         const LoadedStrategy *loaded) {
   const auto runStart = Clock::now();
   const int rank = env.rank;
   const std::string who = fmt::format("rank {}", rank);
@@ -603,6 +606,31 @@ int runRank(const RunOptions &options, const RankEnv &env,
     std::fflush(stdout);
   }
   return 0;
+}
+
+int runRank(const RunOptions &options, const RankEnv &env,
+            const LoadedStrategy *loaded) {
+  // Under --log-dir stderr is this rank's log. On a full disk fmt::print
+  // throws and fprintf drops the line: either way lines are lost, so the
+  // rank fails with its own exit code, which the launcher names.
+  auto logLost = [&] {
+    exitRank(fmt::format("rank {}: --log-dir '{}': a write to the log failed, "
+                         "lines are missing",
+                         env.rank, options.logDir),
+             kExitLogLost);
+  };
+  int rc;
+  try {
+    rc = runRankLogged(options, env, loaded);
+  } catch (const std::system_error &) {
+    if (!options.logDir.empty() && std::ferror(stderr))
+      logLost();
+    throw;
+  }
+  if (!options.logDir.empty() &&
+      (std::fflush(stderr) != 0 || std::ferror(stderr)))
+    logLost();
+  return rc;
 }
 
 } // namespace piper::runtime

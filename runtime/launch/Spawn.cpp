@@ -23,6 +23,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -73,6 +74,10 @@ double secondsSince(Clock::time_point t) {
 
 /// The last `lines` lines of the file at `path`, for failure reports.
 std::string tailOf(const std::string &path, size_t lines) {
+  // A log that is not a regular file (a link to a device) may never end.
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode))
+    return "";
   std::ifstream in(path);
   std::deque<std::string> tail;
   std::string line;

@@ -2,7 +2,12 @@
 // clear error before any step, never a hang, a silent success or a file
 // left behind.
 #include <filesystem>
+#include <fstream>
 #include <functional>
+#include <iterator>
+#include <tuple>
+
+#include <unistd.h>
 
 #include "runtime/launch/launcher_test_util.h"
 
@@ -297,4 +302,59 @@ TEST_CASE("piper-run: a manifest whose training config disagrees with its "
   RunResult r = piperRun({out, "--nproc", "2", "--steps", "1"});
   INFO("stderr: " << r.err);
   CHECK(r.exitCode() == 0);
+}
+
+TEST_CASE("piper-run: 64-bit flags beyond their range are errors",
+          "[launcher][inputs]") {
+  TinyModel m;
+  std::string out = strategy({singleClassPlan(m, 2, {0}, 1)}, "ranges");
+  // CLI11 saturated 2^64 to 2^63-1 steps (a run without end) and wrapped
+  // --seed -1 to 2^64-1.
+  for (auto [flag, value, range] :
+       {std::tuple<const char *, const char *, const char *>{
+            "--steps", "18446744073709551616", "0 to 9223372036854775807"},
+        {"--steps", "-1", "0 to 9223372036854775807"},
+        {"--seed", "-1", "0 to 18446744073709551615"},
+        {"--seed", "18446744073709551616", "0 to 18446744073709551615"},
+        {"--checkpoint-every", "99999999999999999999",
+         "1 to 9223372036854775807"}}) {
+    RunResult r = piperRun({out, "--nproc", "1", flag, value,
+                            "--checkpoint-dir", tempDir("ranges")},
+                           {}, std::chrono::seconds(20));
+    INFO(flag << " " << value << ": " << r.err);
+    CHECK_FALSE(r.timedOut);
+    CHECK(r.exitCode() != 0);
+    CHECK(r.err.find(std::string(flag) + ": must be an integer from " + range +
+                     ", got '" + value + "'") != std::string::npos);
+  }
+  // The largest seed is a seed.
+  RunResult big = piperRun(
+      {out, "--nproc", "1", "--steps", "0", "--seed", "18446744073709551615"});
+  INFO("stderr: " << big.err);
+  CHECK(big.exitCode() == 0);
+}
+
+TEST_CASE("piper-run: a rank whose --log-dir log cannot be written fails",
+          "[launcher][inputs]") {
+  TinyModel m;
+  std::string out = strategy(pipelinePlans(m, 2), "fulllog");
+  std::string logs = tempDir("fulllog");
+  // A full disk, as /dev/full: every write to rank 0's log fails. The run
+  // trained, dropped the lines and exited 0 (or rank 0 aborted in
+  // fmt::print, and the launcher then read /dev/full for its tail forever).
+  REQUIRE(::symlink("/dev/full", (logs + "/rank-0.log").c_str()) == 0);
+  RunResult r =
+      piperRun({out, "--nproc", "2", "--steps", "1", "--log-dir", logs}, {},
+               std::chrono::seconds(60));
+  INFO("stderr: " << r.err);
+  REQUIRE_FALSE(r.timedOut);
+  CHECK(r.exitCode() != 0);
+  CHECK(r.err.find("piper-run: rank 0 failed (exit code 5: its --log-dir log "
+                   "could not be written (a full disk?), lines of it are "
+                   "missing)") != std::string::npos);
+  // The other rank's log is whole.
+  std::ifstream other(logs + "/rank-1.log");
+  std::string text((std::istreambuf_iterator<char>(other)),
+                   std::istreambuf_iterator<char>());
+  CHECK(text.find("peak memory") != std::string::npos);
 }
