@@ -1,4 +1,4 @@
-// The piperc and piper-opt drivers: model generation, the compile pipeline
+// The piperc driver: model generation, the compile pipeline
 // with --compile-to=PHASE, and writing the plans.
 #include "compiler/driver/Driver.h"
 #include "compiler/driver/DriverSupport.h"
@@ -20,7 +20,6 @@
 #include "mlir/Pass/PassManager.h"
 #include "mlir/Support/FileUtilities.h"
 #include "mlir/Support/Timing.h"
-#include "mlir/Tools/mlir-opt/MlirOptMain.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/FormatVariadic.h"
@@ -562,38 +561,4 @@ int mlir::piper::pipercMain(int argc, char **argv) {
   if (std::string err = closeOutput(llvm::outs(), "-"); !err.empty())
     return fail(err);
   return rc;
-}
-
-int mlir::piper::piperOptMain(int argc, char **argv) {
-  DialectRegistry registry;
-  registry.insert<PiperDialect>();
-  registerPiperCompilerPasses();
-  auto [input, output] = registerAndParseCLIOptions(
-      argc, argv, "piper-opt: the piper pass driver\n", registry);
-  MlirOptMainConfig config = MlirOptMainConfig::createFromCLOptions();
-  // Listing dialects or passes reads no input.
-  if (config.shouldShowDialects() || config.shouldListPasses())
-    return asMainReturnCode(MlirOptMain(argc, argv, input, output, registry));
-  auto refuse = [](const std::string &msg) {
-    llvm::errs() << "piper-opt: error: " << msg << "\n";
-    return 1;
-  };
-  // The input goes through the shared reader and the pre-scan, files and
-  // standard input alike, before MLIR's parser sees it.
-  std::string error;
-  std::unique_ptr<llvm::MemoryBuffer> buffer =
-      readMlirInput(input, "input", error);
-  if (!buffer)
-    return refuse(error);
-  std::unique_ptr<llvm::ToolOutputFile> out = openOutputFile(output, &error);
-  if (!out)
-    return refuse(error);
-  LogicalResult result =
-      MlirOptMain(out->os(), std::move(buffer), registry, config);
-  if (std::string err = closeOutput(out->os(), output); !err.empty())
-    return refuse(err);
-  if (failed(result))
-    return 1;
-  out->keep();
-  return 0;
 }
