@@ -1,7 +1,8 @@
 #!/bin/bash
 # Builds everything and runs every test (unit, lit, end-to-end), then the
-# install check (scripts/install_test.sh), and prints one summary line:
-# "N passed, N failed" (N counts Bazel test targets, plus the install check),
+# install check (scripts/install_test.sh) and the fuzz targets' replay
+# (scripts/fuzz.sh --replay), and prints one summary line: "N passed, N
+# failed" (N counts Bazel test targets, plus the install check and the replay),
 # followed by ", N skipped (...)" when tests tagged gpu were left out because
 # this machine has no GPU.
 set -uo pipefail
@@ -26,8 +27,19 @@ rc=${PIPESTATUS[0]}
 bash scripts/install_test.sh 2>&1 | tee -a "$log"
 installRc=${PIPESTATUS[0]}
 
-passed=$(grep -cE '^(//[^ ]+ +(\(cached\) )?|install_test )PASSED' "$log" || true)
-failed=$(grep -cE '^(//[^ ]+ +(\(cached\) )?|install_test )(FAILED|TIMEOUT|NO STATUS|FAILED TO BUILD|INCOMPLETE)' "$log" || true)
+# Also outside Bazel: every libFuzzer target, built with clang and the
+# sanitizers, once over its seeds and crash reproducers (docs/fuzzing.md), so
+# that the targets keep linking and no reproducer crashes again.
+bash scripts/fuzz.sh --replay 2>&1 | tee -a "$log"
+fuzzRc=${PIPESTATUS[0]}
+if [ "$fuzzRc" -eq 0 ]; then
+  echo "fuzz_replay PASSED"
+else
+  echo "fuzz_replay FAILED"
+fi | tee -a "$log"
+
+passed=$(grep -cE '^(//[^ ]+ +(\(cached\) )?|install_test |fuzz_replay )PASSED' "$log" || true)
+failed=$(grep -cE '^(//[^ ]+ +(\(cached\) )?|install_test |fuzz_replay )(FAILED|TIMEOUT|NO STATUS|FAILED TO BUILD|INCOMPLETE)' "$log" || true)
 if [ "$rc" -ne 0 ] && [ "$failed" -eq 0 ]; then
   # The build itself failed before any test ran.
   failed=1
@@ -37,4 +49,5 @@ if [ "$skipped" -gt 0 ]; then
 else
   echo "$passed passed, $failed failed"
 fi
-[ "$rc" -eq 0 ] && [ "$installRc" -eq 0 ] && [ "$failed" -eq 0 ]
+[ "$rc" -eq 0 ] && [ "$installRc" -eq 0 ] && [ "$fuzzRc" -eq 0 ] &&
+  [ "$failed" -eq 0 ]

@@ -119,6 +119,7 @@ const std::vector<Target> &targets() {
       {"safetensors", fuzzSafetensors},
       {"strategy", fuzzStrategy},
       {"tokenfile", fuzzTokenFile},
+      {"mlir", fuzzMlir},
   };
   return all;
 }

@@ -35,6 +35,10 @@ Result fuzzStrategy(const uint8_t *data, size_t size);
 /// A token file's header and size: the first byte picks the requested
 /// dtype (auto, uint16, uint32), the rest is the file.
 Result fuzzTokenFile(const uint8_t *data, size_t size);
+/// MLIR text through piperc's pre-scan and, when it passes, MLIR's parser,
+/// the verifier and the printer (builtin ops, others unregistered); traps
+/// when what the scan let through nests deeper than it promises.
+Result fuzzMlir(const uint8_t *data, size_t size);
 
 struct Target {
   const char *name; // the folder of its corpus: test/fuzz/corpus/<name>/

@@ -1,0 +1,1 @@
+module attributes {t.x = [1, 2} {}
