@@ -88,6 +88,7 @@ sources=(
   proto/analysis/MemoryReport.cpp proto/analysis/StreamOrder.cpp
   runtime/exec/Validate.cpp runtime/exec/ValidateChecks.cpp
   runtime/exec/ValidateOrdering.cpp runtime/exec/ValidateStrategy.cpp
+  runtime/checkpoint/CheckpointManifest.cpp runtime/checkpoint/Integrity.cpp
   runtime/checkpoint/Json.cpp runtime/checkpoint/Safetensors.cpp
   runtime/data/AtomicFile.cpp runtime/data/TokenFile.cpp
   compiler/strategy/JsonScan.cpp compiler/strategy/Schedules.cpp
