@@ -226,14 +226,16 @@ TcpStore::~TcpStore() {
 
 Status TcpStore::call(const std::string &request, std::string &reply) {
   std::lock_guard<std::mutex> lock(mu);
+  if (!lost.empty())
+    return Status::error(lost);
   if (!sendMessage(fd, request) || !recvMessage(fd, reply, kMaxReply)) {
     int err = errno;
-    return Status::error("lost the rendezvous store at " + where + ": " +
-                         (err == EAGAIN || err == EWOULDBLOCK
-                              ? "no answer within " +
-                                    std::to_string(timeout.count() / 1000) +
-                                    " s"
-                              : errnoText(err)));
+    lost = "lost the rendezvous store at " + where + ": " +
+           (err == EAGAIN || err == EWOULDBLOCK
+                ? "no answer within " + std::to_string(timeout.count() / 1000) +
+                      " s"
+                : errnoText(err));
+    return Status::error(lost);
   }
   if (!reply.empty() && reply[0] == kError)
     return Status::error("the rendezvous store at " + where + ": " +

@@ -98,7 +98,8 @@ private:
 };
 
 /// The client side, usable as a Gloo rendezvous store (whose errors are
-/// exceptions) and directly (Status). Thread-safe.
+/// exceptions) and directly (Status). Thread-safe. A call that fails (no
+/// answer within the timeout, a closed connection) loses the store for good.
 class TcpStore final : public gloo::rendezvous::Store {
 public:
   /// Connects to the store at `host`:`port` as `rank` of `worldSize` of
@@ -139,6 +140,11 @@ private:
   std::chrono::milliseconds timeout{0};
   int fd = -1;
   std::mutex mu;
+  /// Set by the first call that failed: its reply may still arrive and would
+  /// be read as the next call's, so the connection is not used again, and
+  /// every later call fails at once with this error (the watchdog then
+  /// names the store's rank within --timeout-s, not one timeout per call).
+  std::string lost;
 };
 
 /// Creates a Gloo communicator over TCP whose pairs bind to `hostname`,

@@ -2,6 +2,7 @@
 // floods of connections, and Gloo communicators met through it (threads as
 // ranks, loopback only).
 #include <chrono>
+#include <condition_variable>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -15,6 +16,7 @@
 #include <unistd.h>
 
 #include "runtime/comm/TcpStore.h"
+#include "runtime/comm/TcpStoreWire.h"
 
 using namespace piper::runtime;
 using namespace std::chrono_literals;
@@ -168,6 +170,80 @@ TEST_CASE("tcp store: every wait is bounded", "[comm][store]") {
                             std::to_string(server->port()) +
                             ": address already in use (another job on this "
                             "port? choose another MASTER_PORT)");
+}
+
+TEST_CASE("tcp store: a call that got no answer loses the store for good",
+          "[comm][store]") {
+  // A store that admits the rank, then answers its first request only after
+  // the client gave up on it (as a stopped rank 0 would once resumed).
+  int lfd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  REQUIRE(lfd >= 0);
+  sockaddr_in addr = {};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(lfd, reinterpret_cast<sockaddr *>(&addr), sizeof(addr)) == 0);
+  REQUIRE(::listen(lfd, 4) == 0);
+  socklen_t len = sizeof(addr);
+  REQUIRE(::getsockname(lfd, reinterpret_cast<sockaddr *>(&addr), &len) == 0);
+  int port = ntohs(addr.sin_port);
+  std::mutex mu;
+  std::condition_variable cv;
+  bool gaveUp = false;
+  std::thread slow([&] {
+    int fd = ::accept(lfd, nullptr, nullptr);
+    if (fd < 0)
+      return;
+    auto readFrame = [fd] {
+      char n[4];
+      if (::recv(fd, n, 4, MSG_WAITALL) != 4)
+        return false;
+      std::string payload(tcpstore::readU32(n), '\0');
+      return payload.empty() || ::recv(fd, payload.data(), payload.size(),
+                                       MSG_WAITALL) == ssize_t(payload.size());
+    };
+    auto reply = [fd](const std::string &payload) {
+      std::string f = tcpstore::frame(payload);
+      (void)!::send(fd, f.data(), f.size(), MSG_NOSIGNAL);
+    };
+    if (readFrame()) { // the hello
+      reply(std::string(1, tcpstore::kOk));
+      if (readFrame()) { // the first get: answered too late
+        std::unique_lock<std::mutex> lock(mu);
+        cv.wait(lock, [&] { return gaveUp; });
+        reply(std::string(1, tcpstore::kValue) + "stale");
+        while (readFrame()) // any later request: an answer that would fit
+          reply(std::string(1, tcpstore::kValue) + "stale");
+      }
+    }
+    ::close(fd);
+  });
+  Status st;
+  auto c = TcpStore::connect("127.0.0.1", port, "j", 0, 1, 1s, st);
+  INFO(st.message());
+  REQUIRE(c);
+  std::string value;
+  bool present = false;
+  Status first = c->getValue("k", value, present);
+  CHECK(first.message() == "lost the rendezvous store at 127.0.0.1:" +
+                               std::to_string(port) +
+                               ": no answer within 1 s");
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    gaveUp = true;
+  }
+  cv.notify_all();
+  std::this_thread::sleep_for(100ms); // the late reply has arrived
+  // Not read as the reply to the next request, and no second wait.
+  auto start = std::chrono::steady_clock::now();
+  Status second = c->getValue("k2", value, present);
+  CHECK(std::chrono::steady_clock::now() - start < 500ms);
+  CHECK_FALSE(second);
+  CHECK(second.message() == first.message());
+  CHECK_FALSE(present);
+  CHECK_FALSE(c->setValue("k3", "v"));
+  c.reset(); // closes the connection: the fake store's thread ends
+  slow.join();
+  ::close(lfd);
 }
 
 TEST_CASE("tcp store: a connection that says no hello in time is closed",

@@ -54,6 +54,9 @@ struct ExecutorOptions {
   int64_t faultStep = -1;
   int faultStream = -1;
   int faultInstruction = -1;
+  /// Whether `onFault` runs just after the position shows the instruction
+  /// begun (ExecPosition::entered) rather than just before.
+  bool faultInside = false;
   std::function<void()> onFault;
 };
 

@@ -50,9 +50,13 @@ void ExecutorImpl::runStream(int s, StepState &st) {
       if (st.failed.load(std::memory_order_relaxed))
         break;
       at.store(i, std::memory_order_relaxed);
-      if (faults && i == options.faultInstruction && options.onFault)
+      const bool fault =
+          faults && i == options.faultInstruction && options.onFault;
+      if (fault && !options.faultInside)
         options.onFault();
       entered.store(i, std::memory_order_relaxed);
+      if (fault && options.faultInside)
+        options.onFault();
       if (spans)
         spans[i].startNs = steadyNowNs();
       Status status = execute(s, i, st, pendingSends);

@@ -21,7 +21,8 @@ using plan::Instruction;
 
 namespace {
 constexpr const char *kFaultSyntax =
-    "expected rank=R,action=crash|stall|hang_comm[,step=S][,stream=NAME]"
+    "expected rank=R,action=crash|stall|hang_comm|hang_inside[,step=S]"
+    "[,stream=NAME]"
     "[,inst=I][,attempt=A]";
 
 bool parseInt(const std::string &text, long long &value) {
@@ -85,6 +86,8 @@ Status parseFault(const std::string &text, FaultSpec &fault) {
         fault.action = FaultSpec::kStall;
       else if (value == "hang_comm")
         fault.action = FaultSpec::kHangComm;
+      else if (value == "hang_inside")
+        fault.action = FaultSpec::kHangInside;
       else
         return bad(fmt::format("unknown action '{}'", value));
       haveAction = true;
@@ -134,15 +137,19 @@ Status applyFault(const FaultSpec &fault, const plan::Plan &plan, int rank,
         "PIPER_FAULT: stream '{}' of rank {} has {} instructions, no inst {}",
         stream.name(), rank, stream.instructions_size(), fault.instruction));
   const Instruction &inst = stream.instructions(fault.instruction);
-  if (fault.action == FaultSpec::kHangComm && !plan::isCommunication(inst.kind()))
+  const bool hangs = fault.action == FaultSpec::kHangComm ||
+                     fault.action == FaultSpec::kHangInside;
+  if (hangs && !plan::isCommunication(inst.kind()))
     return Status::error(fmt::format(
-        "PIPER_FAULT: hang_comm needs a communication instruction; "
+        "PIPER_FAULT: {} needs a communication instruction; "
         "instruction {} of stream '{}' on rank {} is {} '{}'",
+        fault.action == FaultSpec::kHangComm ? "hang_comm" : "hang_inside",
         fault.instruction, stream.name(), rank,
         Instruction::Kind_Name(inst.kind()), inst.label()));
   options.faultStep = fault.step;
   options.faultStream = s;
   options.faultInstruction = fault.instruction;
+  options.faultInside = fault.action == FaultSpec::kHangInside;
   std::string where = fmt::format(
       "step {}, stream '{}', instruction {} ({} '{}')", fault.step,
       stream.name(), fault.instruction, Instruction::Kind_Name(inst.kind()),
@@ -151,7 +158,9 @@ Status applyFault(const FaultSpec &fault, const plan::Plan &plan, int rank,
   options.onFault = [rank, where, action] {
     const char *what = action == FaultSpec::kCrash   ? "crashing (SIGKILL)"
                        : action == FaultSpec::kStall ? "stalling (SIGSTOP)"
-                                                     : "hanging (hang_comm)";
+                       : action == FaultSpec::kHangComm
+                           ? "hanging (hang_comm)"
+                           : "hanging inside (hang_inside)";
     std::fprintf(stderr, "piper-run: rank %d: PIPER_FAULT: %s at %s\n", rank,
                  what, where.c_str());
     std::fflush(stderr);

@@ -568,7 +568,7 @@ int launchLocalRanks(const RunOptions &options,
                  end.culprit);
     const bool spare = launch.spares.left() > 0 && !end.guessed;
     if (!spare && restarts >= options.maxRestarts) {
-      if (options.standby > 0)
+      if (options.standby > 0 && launch.spares.left() == 0)
         fmt::print(stderr, "piper-run: no standby left ({} of {} used)\n",
                    launch.spares.used(), launch.spares.total());
       if (options.maxRestarts > 0)

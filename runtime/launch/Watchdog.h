@@ -62,11 +62,13 @@ std::string encodeAbort(const Abort &abort);
 bool decodeAbort(const std::string &text, Abort &abort);
 
 /// PIPER_FAULT="rank=R,step=S,stream=NAME,inst=I,action=crash|stall|hang_comm
-/// ,attempt=A" (docs/operations.md). step defaults to 1, inst to 0, stream
+/// |hang_inside,attempt=A" (docs/operations.md). hang_comm blocks just
+/// before a communication (the rank never arrives); hang_inside just after
+/// it began (as a rank whose transport died inside a collective). step defaults to 1, inst to 0, stream
 /// to the plan's first stream; attempt (the launch PIPER_ATTEMPT numbers,
 /// from 0, under --max-restarts) to every attempt.
 struct FaultSpec {
-  enum Action { kCrash, kStall, kHangComm };
+  enum Action { kCrash, kStall, kHangComm, kHangInside };
   int rank = -1;
   int64_t step = 1;
   std::string stream;
@@ -80,7 +82,7 @@ Status parseFault(const std::string &text, FaultSpec &fault);
 Status faultFromEnv(FaultSpec &fault, bool &set);
 /// Fills `options`' fault fields for this rank's `plan` (nothing when the
 /// fault is another rank's); errors name a stream or instruction the plan
-/// lacks, or a hang_comm on an instruction that does not communicate.
+/// lacks, or a hang on an instruction that does not communicate.
 Status applyFault(const FaultSpec &fault, const plan::Plan &plan, int rank,
                   ExecutorOptions &options);
 

@@ -62,16 +62,18 @@ struct Launch {
   double faultToEnd = 0; // seconds from the fault to the launcher's exit
 };
 
-/// Runs the 2-rank pipeline `out` for many steps with `env`; when `signal`
-/// is non-zero, sends it to rank 1 once step 2 is in the metrics file.
+/// Runs the 2-rank pipeline `out` for many steps with `env` and the further
+/// piper-run arguments `extra`; when `signal` is non-zero, sends it to rank
+/// 1 once step 2 is in the metrics file.
 Launch runPipeline(const std::string &out, const std::vector<std::string> &env,
-                   int signal) {
+                   int signal, const std::vector<std::string> &extra = {}) {
   std::string dir = tempDir("watch");
   std::string metrics = dir + "/metrics.jsonl";
   std::string outPath = dir + "/stdout", errPath = dir + "/stderr";
   std::vector<std::string> args = {
       out,           "--nproc",   "2",     "--steps", "100000000",
       "--timeout-s", std::to_string(kTimeoutS), "--metrics", metrics};
+  args.insert(args.end(), extra.begin(), extra.end());
   using Clock = std::chrono::steady_clock;
   auto start = Clock::now();
   pid_t pid = spawnBinary(kPiperRun, args, env, outPath, errPath);
@@ -168,6 +170,8 @@ TEST_CASE("PIPER_FAULT syntax", "[watchdog]") {
   CHECK(f.attempt == -1);
   REQUIRE(parseFault("rank=0,action=crash,attempt=0", f));
   CHECK(f.attempt == 0);
+  REQUIRE(parseFault("rank=1,action=hang_inside,inst=3", f));
+  CHECK(f.action == FaultSpec::kHangInside);
   for (const char *bad :
        {"", "rank=1", "action=crash", "rank=x,action=crash",
         "rank=1,action=explode", "rank=1,action=crash,step=0",
@@ -290,6 +294,43 @@ TEST_CASE("watchdog: hang_comm at a data-parallel all-reduce names the rank "
     CHECK(r.err.find("cannot be told") == std::string::npos);
     CHECK(l.faultToEnd < kTimeoutS + 5);
   }
+}
+
+// Two ranks inside one all-reduce, each waiting on the other (hang_inside:
+// rank 1 began it, then its transport "died"): which one failed cannot be
+// told from outside. The verdict says so, and --standby promotes no spare
+// on a guess: the run ends, as without a spare.
+TEST_CASE("watchdog: ranks waiting on each other inside an all-reduce are a "
+          "guess, and no spare replaces the guessed rank",
+          "[watchdog]") {
+  TinyModel m;
+  std::string out =
+      strategy({singleClassPlan(m, 1, {0, 1}, 2)}, "watch-dp2-inside");
+  Launch l = runPipeline(
+      out, {"PIPER_FAULT=rank=1,step=2,inst=3,action=hang_inside"}, 0,
+      {"--standby", "1"});
+  const RunResult &r = l.result;
+  INFO("stderr: " << r.err);
+  REQUIRE_FALSE(r.timedOut);
+  CHECK(r.exitCode() == 1);
+  CHECK(r.err.find("PIPER_FAULT: hanging inside (hang_inside) at step 2") !=
+        std::string::npos);
+  // Both began the all-reduce: neither is marked "(not begun)".
+  CHECK(r.err.find("(not begun)") == std::string::npos);
+  std::smatch named;
+  REQUIRE(std::regex_search(
+      r.err, named,
+      std::regex(R"(piper-run: rank [01]: watchdog: rank ([01]) failed: )"
+                 R"(stuck: [^\n]*so which one failed cannot be )"
+                 R"(told: rank ([01]) is the one stuck longest, a guess)")));
+  CHECK(named[1] == named[2]);
+  CHECK(r.err.find("piper-run: --standby: no spare replaces rank " +
+                   named[1].str() +
+                   ": the watchdog could not tell which rank failed") !=
+        std::string::npos);
+  CHECK(r.err.find("replaced by standby") == std::string::npos);
+  CHECK(r.err.find("no standby left") == std::string::npos);
+  CHECK(l.faultToEnd < kTimeoutS + 5);
 }
 
 TEST_CASE("Abort encodes whether its culprit is a guess", "[watchdog]") {

@@ -17,6 +17,8 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 
 PIPERC, PIPER_RUN = (os.path.abspath(p) for p in sys.argv[1:3])
 
@@ -72,8 +74,16 @@ def main():
 
         # The same under torchrun-style variables: the TCP store is rank
         # 0's, which keeps serving it after its verdict until the others
-        # have read it (they would otherwise lose it with the store).
-        for fault, culprit, reason in cases[::2]:
+        # have read it (they would otherwise lose it with the store). When
+        # rank 0 itself stops, so does the store: every other rank's first
+        # store call then waits --timeout-s for an answer, and the store is
+        # lost from then on (no later call waits again), so each names rank 0
+        # within TIMEOUT + one heartbeat period (1 s) + one poll (0.25 s) of
+        # the stop, plus the report and exit: bounded here by 2 x TIMEOUT
+        # (before the store was lost for good, every call waited again:
+        # 4-5 x TIMEOUT).
+        timeout = 3
+        for fault, culprit, reason in cases:
             sock = socket.socket()
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
@@ -84,35 +94,66 @@ def main():
                            LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",
                            MASTER_PORT=str(port), PIPER_FAULT=fault)
                 procs.append(subprocess.Popen(
-                    [PIPER_RUN, plans, "--steps", "1000", "--timeout-s", "3"],
+                    [PIPER_RUN, plans, "--steps", "1000", "--timeout-s",
+                     str(timeout)],
                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                     text=True, env=env))
+            # Every rank's stderr, read as it comes: when the fault acted
+            # and when each rank ended.
+            errs, ended = [""] * 4, [None] * 4
+            faultAt = [None]
+
+            def reader(r):
+                for line in procs[r].stderr:
+                    if "PIPER_FAULT:" in line and faultAt[0] is None:
+                        faultAt[0] = time.monotonic()
+                    errs[r] += line
+                ended[r] = time.monotonic()
+
+            readers = [threading.Thread(target=reader, args=(r,))
+                       for r in range(4)]
+            for t in readers:
+                t.start()
             # The others first: a stopped culprit never exits by itself
             # (srun or torchrun would kill it once the others failed).
-            errs, codes = [None] * 4, [None] * 4
+            codes = [None] * 4
             for r in sorted(range(4), key=lambda r: r == culprit):
                 pr = procs[r]
                 if r == culprit and pr.poll() is None:
                     pr.kill()
                 try:
-                    errs[r] = pr.communicate(timeout=60)[1]
+                    pr.wait(timeout=60)
                 except subprocess.TimeoutExpired:
                     pr.kill()
-                    errs[r] = pr.communicate()[1]
+                    pr.wait()
+                readers[r].join()
                 codes[r] = pr.returncode
             ok = True
             for r in range(4):
                 if r == culprit:
                     continue
+                # Rank 0's stop takes its store along: either verdict names
+                # it (whichever the watchdog found first).
+                why = re.escape(reason) if culprit != 0 else (
+                    r"(no heartbeat for|the rendezvous store \(served by "
+                    r"rank 0\) failed for)")
                 ok = ok and codes[r] == 4 and re.search(
                     r"^piper-run: rank %d: watchdog: rank %d failed: .*%s" %
-                    (r, culprit, re.escape(reason)), errs[r], re.M)
+                    (r, culprit, why), errs[r], re.M)
             check(ok, "TCP store, %s: ranks %s all name rank %d, exit codes "
                   "%s" % (fault, [r for r in range(4) if r != culprit],
                           culprit, codes))
             if not ok:
                 for r in range(4):
                     print("rank %d:\n%s" % (r, errs[r][-1500:]))
+            if "stall" in fault:
+                others = [r for r in range(4) if r != culprit]
+                after = [None if ended[r] is None or faultAt[0] is None
+                         else round(ended[r] - faultAt[0], 1) for r in others]
+                check(all(a is not None and a < 2 * timeout for a in after),
+                      "TCP store, %s: ranks %s ended %s s after the stop "
+                      "(bound 2 x --timeout-s = %d s)" %
+                      (fault, others, after, 2 * timeout))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print("%d passed, %d failed" % (passed, failed))
