@@ -57,6 +57,7 @@ import os
 import random
 import re
 import shutil
+import signal
 import statistics
 import struct
 import sys
@@ -239,7 +240,9 @@ def main():
     ap.add_argument("--timeout-s", type=int, default=60)
     ap.add_argument("--wall-s", type=int, default=150)
     args = ap.parse_args()
-    # The init file alone is 500 MB: do not leave it behind.
+    # The init file alone is 500 MB: do not leave it behind, also when
+    # gpu_check.sh's time limit stops this with a SIGTERM.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     work = tempfile.mkdtemp(prefix="piper-gpu-bench-")
     try:
         return compare(args, work)
