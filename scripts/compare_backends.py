@@ -5,14 +5,20 @@
       compiles every case below into PLANS_DIR/<case> (done where piperc is:
       the development machine, or scripts/gpu_bundle.sh).
   compare_backends.py run PIPER_RUN PLANS_DIR BACKEND [--comm C] [--steps N]
-      [--only NAME,...] [--table FILE]
+      [--only NAME,...] [--table FILE] [--timeout-s T] [--wall-s S]
       trains every case for N steps (default 5) on --backend cpu and on
       BACKEND (cuda, or cuda-emulation) and compares each step's loss:
       fp32 within 1e-4 relative, bf16 within 2e-2 (a one-ulp difference of
       an fp32 sum can flip a bf16 rounding, 2^-8 relative, in an
       activation). Multi-rank cases run with BACKEND's ranks on one device
       (--comm gloo stages collectives through host memory). Prints one row
-      per case; exits 1 if any case fails.
+      per case; exits 1 if any case fails. --timeout-s T is passed to
+      every piper-run (its watchdog: a rank stuck for T seconds stops the
+      run); --wall-s S kills a piper-run still running after S seconds
+      (default 900) and fails its case with a message.
+  compare_backends.py list
+      prints the case names, one a line (scripts/gpu_check.sh runs them one
+      at a time, to skip those past its deadline).
   compare_backends.py test PIPERC PIPER_RUN BACKEND [run options]
       both: compiles into a temporary folder, then runs (the e2e test
       //test/e2e:cuda_emulation_test with BACKEND cuda-emulation).
@@ -45,15 +51,42 @@ BOUND = {"f32": 1e-4, "bf16": 2e-2}
 
 
 def run(cmd, timeout=900):
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, timeout=timeout)
-    return proc.returncode, proc.stdout
+    """(exit status, output). The status is None when the command was still
+    running after `timeout` seconds and was stopped: a hung GPU run becomes a
+    failed case, not a traceback that loses the table. The output goes
+    through a file, not a pipe, so that what was printed before the stop can
+    be read even if a stray child still holds it open (piper-run's ranks get
+    SIGKILL when it exits, PR_SET_PDEATHSIG, but not every child need)."""
+    with tempfile.TemporaryFile() as f:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT)
+        try:
+            rc = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            rc = None
+            proc.terminate()  # piper-run stops its ranks and says so
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        f.seek(0)
+        out = f.read().decode(errors="replace")
+    if rc is None:
+        out += "\n[stopped: still running after %d s]" % timeout
+    return rc, out
+
+
+def failure(what, rc, seconds):
+    if rc is None:
+        return "%s timed out after %d s" % (what, seconds)
+    return "%s failed (%d)" % (what, rc)
 
 
 def must(cmd):
     rc, out = run(cmd)
     if rc != 0:
-        sys.exit("command failed (%d): %s\n%s" % (rc, " ".join(cmd), out))
+        sys.exit("%s: %s\n%s" % (failure("command", rc, 900), " ".join(cmd),
+                                  out))
     return out
 
 
@@ -69,23 +102,34 @@ def compile_all(piperc, plans):
     print("compiled %d plans into %s" % (len(CASES), plans))
 
 
-def train(piper_run, plan, ranks, backend, comm, steps, work):
+def train(piper_run, plan, ranks, backend, comm, steps, work, limits):
+    """(losses, error headline, error detail, seconds); losses is None on an
+    error."""
+    timeout_s, wall_s = limits
     metrics = os.path.join(work, "%s-%s.jsonl" % (os.path.basename(plan),
                                                   backend))
     cmd = [piper_run, plan, "--nproc", str(ranks), "--steps", str(steps),
            "--seed", "3", "--backend", backend, "--metrics", metrics]
     if comm and backend != "cpu":
         cmd += ["--comm", comm]
+    if timeout_s:
+        cmd += ["--timeout-s", timeout_s]
     start = time.time()
-    rc, out = run(cmd)
+    rc, out = run(cmd, wall_s)
+    seconds = time.time() - start
     if rc != 0:
-        return None, "%s failed (%d): %s" % (backend, rc, out.strip()[-400:]), 0
-    with open(metrics) as f:
-        losses = [json.loads(line)["loss"] for line in f if line.strip()]
-    return losses, "", time.time() - start
+        # The end of the output: the rank's error and the watchdog's report.
+        return (None, failure(backend, rc, wall_s),
+                " ".join(cmd) + "\n" + out.strip()[-6000:], seconds)
+    try:
+        with open(metrics) as f:
+            losses = [json.loads(line)["loss"] for line in f if line.strip()]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return None, "%s: unreadable --metrics" % backend, repr(e), seconds
+    return losses, "", "", seconds
 
 
-def compare_all(piper_run, plans, backend, comm, steps, only, table):
+def compare_all(piper_run, plans, backend, comm, steps, only, table, limits):
     work = tempfile.mkdtemp(prefix="piper-backends-",
                             dir=os.environ.get("TEST_TMPDIR"))
     rows, failed = [], 0
@@ -93,10 +137,12 @@ def compare_all(piper_run, plans, backend, comm, steps, only, table):
         if only and name not in only:
             continue
         plan = os.path.join(plans, name)
-        want, err, _ = train(piper_run, plan, ranks, "cpu", None, steps, work)
-        got, err2, seconds = (None, "", 0) if err else train(
-            piper_run, plan, ranks, backend, comm, steps, work)
-        err = err or err2
+        want, err, detail, seconds = train(piper_run, plan, ranks, "cpu",
+                                           None, steps, work, limits)
+        got = None
+        if not err:
+            got, err, detail, seconds = train(piper_run, plan, ranks, backend,
+                                              comm, steps, work, limits)
         worst = None
         if not err:
             if len(want) != steps or len(got) != steps:
@@ -106,16 +152,17 @@ def compare_all(piper_run, plans, backend, comm, steps, only, table):
                 worst = max(abs(g - w) / max(abs(w), 1e-12)
                             for w, g in zip(want, got))
                 if not worst <= BOUND[dtype]:
-                    err = "losses differ: cpu %s, %s %s" % (want, backend, got)
+                    err = "losses differ"
+                    detail = "cpu %s, %s %s" % (want, backend, got)
         ok = not err
         failed += not ok
         rows.append("| %s | %d | %s | %s | %s | %s | %.1f s |" % (
             name, ranks, dtype,
             " ".join("%.5f" % l for l in (got or [])) or "-",
             "-" if worst is None else "%.1e" % worst,
-            "ok" if ok else "FAIL", seconds))
+            "ok" if ok else "FAIL: " + err, seconds))
         if err:
-            print("FAIL %s: %s" % (name, err))
+            print("FAIL %s: %s\n%s" % (name, err, detail), flush=True)
     header = ("| case | ranks | dtype | %s losses | worst relative diff vs cpu "
               "| result | time |\n|---|---|---|---|---|---|---|" % backend)
     text = header + "\n" + "\n".join(rows)
@@ -128,6 +175,9 @@ def compare_all(piper_run, plans, backend, comm, steps, only, table):
 
 
 def main(argv):
+    if argv == ["list"]:
+        print("\n".join(CASES))
+        return 0
     if len(argv) >= 3 and argv[0] == "compile":
         compile_all(argv[1], argv[2])
         return 0
@@ -139,15 +189,22 @@ def main(argv):
             argv = ["run", argv[2], plans] + argv[3:]
         piper_run, plans, backend = argv[1:4]
         rest = argv[4:]
-        opts = {"--comm": None, "--steps": "5", "--only": "", "--table": None}
+        opts = {"--comm": None, "--steps": "5", "--only": "", "--table": None,
+                "--timeout-s": None, "--wall-s": "900"}
         while rest:
             if rest[0] not in opts or len(rest) < 2:
                 sys.exit(__doc__)
             opts[rest[0]] = rest[1]
             rest = rest[2:]
         only = [n for n in opts["--only"].split(",") if n]
+        unknown = [n for n in only if n not in CASES]
+        if unknown:
+            sys.exit("unknown case %s; the cases: %s" % (
+                ", ".join(unknown), ", ".join(CASES)))
+        limits = (opts["--timeout-s"], int(opts["--wall-s"]))
         return compare_all(piper_run, plans, backend, opts["--comm"],
-                           int(opts["--steps"]), only, opts["--table"])
+                           int(opts["--steps"]), only, opts["--table"],
+                           limits)
     sys.exit(__doc__)
 
 

@@ -2,9 +2,10 @@
 # Builds, on the development machine, everything scripts/gpu_check.sh needs on
 # a GPU machine that has CUDA 13, a driver, PyTorch and Python 3, and none of
 # our Debian packages: piper-run (optimized) with the shared libraries it
-# needs beside it (rpath $ORIGIN/lib; glibc and the CUDA libraries come from
-# the GPU machine: cuBLASLt and NCCL are loaded at run time), the GPU test
-# binaries, the compiled plans, and the scripts. One folder, under 60 MB.
+# needs beside it (rpath $ORIGIN/lib; glibc, libstdc++, libgcc_s and the CUDA
+# libraries come from the GPU machine: cuBLASLt and NCCL are loaded at run
+# time), the GPU test binaries, the compiled plans, and the scripts. One
+# folder, under 60 MB.
 #
 #   scripts/gpu_bundle.sh [DIR]      (default: gpu-bundle, git-ignored)
 #
@@ -42,16 +43,31 @@ for t in "${TESTS[@]}"; do
 done
 strip "$DIR/piper-run" "$DIR"/tests/*
 
-# The shared libraries of the binaries, but glibc's own (the GPU machine's
-# are used) and the CUDA driver.
+# The shared libraries of the binaries, but not glibc's own, libstdc++ and
+# libgcc_s, nor the CUDA driver: the GPU machine's are used. This machine's
+# libstdc++ (Debian 12) imports arc4random@GLIBC_2.36, so bundled it would
+# stop every binary on a glibc 2.35 machine (Ubuntu 22.04), where the
+# system's libstdc++ has the GLIBCXX_3.4.30 piper-run needs.
 for f in "$DIR/piper-run" "$DIR"/tests/*; do
   ldd "$f" | awk '$3 ~ /^\// {print $3}'
 done | sort -u | while read -r lib; do
   case "$(basename "$lib")" in
-    libc.so*|libm.so*|libdl.so*|librt.so*|libpthread.so*|ld-linux*|libcuda.so*|libresolv.so*) ;;
+    ld-linux*|libc.so*|libm.so*|libmvec.so*|libdl.so*|librt.so*|libpthread.so*|\
+    libresolv.so*|libutil.so*|libanl.so*|libnss_*|libthread_db.so*|\
+    libBrokenLocale.so*|libc_malloc_debug.so*) ;;  # glibc
+    libstdc++.so*|libgcc_s.so*) ;;  # the compiler's runtime, tied to glibc
+    libcuda.so*|libnvidia-*) ;;  # the driver
     *) install -m 644 "$(readlink -f "$lib")" "$DIR/lib/$(basename "$lib")" ;;
   esac
 done
+# What the GPU machine's glibc and libstdc++ must provide at least (the
+# highest version each file refers to; gpu_check.sh's preflight checks that
+# the binaries load there).
+needs=$(for f in "$DIR/piper-run" "$DIR"/tests/* "$DIR"/lib/*; do
+  objdump -p "$f" 2>/dev/null | sed -n '/^Version References/,$p' |
+    grep -oE '\b(GLIBC|GLIBCXX|CXXABI)_[0-9.]+\b' || true  # none: no error
+done | sort -t_ -k1,1 -k2,2V -u | awk -F_ '{last[$1] = $0} END {for (k in last) printf "%s ", last[k]}')
+echo "gpu_bundle.sh: the bundle needs at least ${needs:-(objdump found nothing)}"
 
 python3 scripts/compare_backends.py compile "$PIPERC" "$DIR/plans"
 # The timed step: GPT-2 small in bf16, 8 sequences of 1024 tokens.
