@@ -1,8 +1,9 @@
 #!/bin/bash
-# Builds everything and runs every test (unit, lit, end-to-end), then the
-# install check (scripts/install_test.sh) and the fuzz targets' replay
-# (scripts/fuzz.sh --replay), and prints one summary line: "N passed, N
-# failed" (N counts Bazel test targets, plus the install check and the replay),
+# Builds everything and runs every test (unit, lit, end-to-end), checks that
+# //:tests gathers them all, then runs the install check
+# (scripts/install_test.sh) and the fuzz targets' replay (scripts/fuzz.sh
+# --replay), and prints one summary line: "N passed, N failed" (N counts
+# Bazel test targets, plus the suite check, the install check and the replay),
 # followed by ", N skipped (...)" when tests tagged gpu were left out because
 # this machine has no GPU.
 set -uo pipefail
@@ -22,6 +23,20 @@ fi
 bazel test //... "${gpuFlags[@]}" "$@" 2>&1 | tee "$log"
 rc=${PIPESTATUS[0]}
 
+# //:tests (the root BUILD.bazel) gathers every package's tests: a package
+# with tests but no line there fails here, so the suite cannot go stale.
+if missing=$(bazel query 'tests(//...) except tests(//:tests)' 2>/dev/null); then
+  if [ -z "$missing" ]; then
+    echo "suite_check PASSED"
+  else
+    echo "suite_check FAILED: tests not in //:tests (add their package's" \
+      "':tests' to the root BUILD.bazel):"
+    echo "$missing"
+  fi
+else
+  echo "suite_check FAILED: bazel query failed"
+fi | tee -a "$log"
+
 # Outside Bazel: it installs into a temporary prefix and runs the tools from
 # another folder, which a sandboxed Bazel test cannot do.
 bash scripts/install_test.sh 2>&1 | tee -a "$log"
@@ -38,8 +53,8 @@ else
   echo "fuzz_replay FAILED"
 fi | tee -a "$log"
 
-passed=$(grep -cE '^(//[^ ]+ +(\(cached\) )?|install_test |fuzz_replay )PASSED' "$log" || true)
-failed=$(grep -cE '^(//[^ ]+ +(\(cached\) )?|install_test |fuzz_replay )(FAILED|TIMEOUT|NO STATUS|FAILED TO BUILD|INCOMPLETE)' "$log" || true)
+passed=$(grep -cE '^(//[^ ]+ +(\(cached\) )?|install_test |fuzz_replay |suite_check )PASSED' "$log" || true)
+failed=$(grep -cE '^(//[^ ]+ +(\(cached\) )?|install_test |fuzz_replay |suite_check )(FAILED|TIMEOUT|NO STATUS|FAILED TO BUILD|INCOMPLETE)' "$log" || true)
 if [ "$rc" -ne 0 ] && [ "$failed" -eq 0 ]; then
   # The build itself failed before any test ran.
   failed=1
