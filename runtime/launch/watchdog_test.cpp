@@ -209,6 +209,12 @@ TEST_CASE("piper-run refuses a bad PIPER_FAULT before starting ranks",
   CHECK(r.err.find("hang_comm needs a communication instruction; instruction "
                    "2 of stream 'main' on rank 1 is CALL 'F PP=1 MB=0'") !=
         std::string::npos);
+  r = piperRun({out, "--nproc", "2"},
+               {"PIPER_FAULT=rank=1,inst=2,action=hang_inside"});
+  CHECK(r.exitCode() == 1);
+  CHECK(r.err.find("hang_inside needs a communication instruction; "
+                   "instruction 2 of stream 'main' on rank 1 is CALL 'F PP=1 "
+                   "MB=0'") != std::string::npos);
 }
 
 TEST_CASE("watchdog: PIPER_FAULT crash", "[watchdog]") {
