@@ -46,15 +46,8 @@ public:
       argument = pass->getArgument().str();
   }
   std::string what() const {
-    static const std::pair<const char *, const char *> phases[] = {
-        {"piper-stage", "stage"},
-        {"piper-build-training-dag", "autodiff"},
-        {"piper-apply-directives", "applying the strategy"},
-        {"piper-split-devices", "per-device split"},
-        {"piper-order-streams", "stream ordering"}};
-    for (auto [arg, phase] : phases)
-      if (argument == arg)
-        return phase;
+    if (std::optional<CompilePhase> phase = compilePhaseOfPass(argument))
+      return describeCompilePhase(*phase).str();
     return "compilation";
   }
 
@@ -173,9 +166,10 @@ int runCompile(const CompileOptions &o) {
   }
   if (o.input.empty())
     return fail("name a model .mlir file to compile");
-  if (!llvm::is_contained(getCompilePhases(), o.compileTo))
+  std::optional<CompilePhase> lastPhase = symbolizeCompilePhase(o.compileTo);
+  if (!lastPhase)
     return fail("unknown phase '" + o.compileTo + "' for --compile-to (" +
-                llvm::join(getCompilePhases(), ", ") + ")");
+                compilePhaseNames() + ")");
   int64_t deviceBytes = -1;
   if (!o.deviceMemory.empty() && !parseByteSize(o.deviceMemory, deviceBytes))
     return fail("--device-memory '" + o.deviceMemory +
@@ -310,8 +304,7 @@ int runCompile(const CompileOptions &o) {
   // each one.
   {
     PassManager pm(&ctx);
-    addCompilePipeline(pm, strategy, o.opt,
-                       o.compileTo == "plan" ? "streams" : o.compileTo);
+    addCompilePipeline(pm, strategy, o.opt, *lastPhase);
     TimingScope passTimer = root.nest("pipeline");
     if (o.timing)
       pm.enableTiming(passTimer);
@@ -328,7 +321,7 @@ int runCompile(const CompileOptions &o) {
     if (failed(pm.run(*module)))
       return fail(failure->what() + " failed");
   }
-  if (o.compileTo != "plan")
+  if (*lastPhase != CompilePhase::Plan)
     return writeOutput(*module, o.output);
 
   if (o.output.empty())
@@ -509,7 +502,7 @@ int mlir::piper::pipercMain(int argc, char **argv) {
                          "number of devices (checked against the strategy)");
   compileCmd->add_option("--compile-to", comp.compileTo,
                          "stop after a phase and print its IR: " +
-                             llvm::join(getCompilePhases(), ", "));
+                             compilePhaseNames());
   compileCmd->add_option("--lr", comp.opt.lr, "AdamW learning rate");
   compileCmd->add_option("--beta1", comp.opt.beta1, "AdamW beta1");
   compileCmd->add_option("--beta2", comp.opt.beta2, "AdamW beta2");

@@ -35,7 +35,7 @@ std::string Filter::str() const {
   return out + "}";
 }
 
-static llvm::StringRef kindName(Directive::Kind kind) {
+llvm::StringRef Directive::kindName() const {
   switch (kind) {
   case Directive::Stage:
     return "stage";
@@ -236,14 +236,14 @@ public:
       }
     } else {
       return fail(llvm::formatv("unknown directive \"{0}\" (expected stage, "
-                                "split, place, replicate, order or schedule)",
+                                "split, place, replicate, shard, order or schedule)",
                                 *op)
                       .str());
     }
     for (const auto &kv : obj)
       if (!allowed.contains(kv.first.str()))
         return fail(llvm::formatv("unknown key \"{0}\" for {1}",
-                                  kv.first.str(), kindName(d.kind))
+                                  kv.first.str(), d.kindName())
                         .str());
     return d;
   }

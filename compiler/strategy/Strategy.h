@@ -77,6 +77,8 @@ struct Directive {
 
   /// "directive #3 (place {...})" for messages.
   std::string describe() const;
+  /// "split", "place", ... as the JSON `op` names it.
+  llvm::StringRef kindName() const;
 };
 
 /// A whole strategy: directives plus an optional declared world size.

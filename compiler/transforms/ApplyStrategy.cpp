@@ -1,5 +1,6 @@
-// Whole strategies: one directive by kind, the phase order of a strategy's
-// directives, and the piper-apply-strategy pass.
+// One directive by kind (piper-apply-directive, which the directive
+// pipeline runs per directive) and whole strategy files
+// (piper-apply-strategy).
 #include "compiler/transforms/Passes.h"
 #include "compiler/transforms/Transforms.h"
 
@@ -12,6 +13,7 @@
 
 namespace mlir::piper {
 #define GEN_PASS_DEF_PIPERAPPLYSTRATEGY
+#define GEN_PASS_DEF_PIPERAPPLYDIRECTIVE
 #include "compiler/transforms/Passes.h.inc"
 } // namespace mlir::piper
 
@@ -49,73 +51,57 @@ LogicalResult mlir::piper::applyDirective(ModuleOp module, const Directive &d,
 }
 
 
-/// The directives of `strategy` of one kind, in order.
-static SmallVector<const Directive *> directivesOfKind(const Strategy &strategy,
-                                                       Directive::Kind kind) {
-  SmallVector<const Directive *> out;
-  for (const Directive &d : strategy.directives)
-    if (d.kind == kind)
-      out.push_back(&d);
-  return out;
-}
-
-/// A strategy has at most one stage directive.
-static LogicalResult checkOneStage(ModuleOp module, const Strategy &strategy) {
-  if (auto st = directivesOfKind(strategy, Directive::Stage); st.size() > 1)
-    return module.emitError(st[1]->describe())
-           << ": only one stage directive is allowed";
-  return success();
-}
-
-LogicalResult mlir::piper::applyStrategy(ModuleOp module,
-                                         const Strategy &strategy,
-                                         const OptimizerConfig &opt) {
-  if (failed(checkOneStage(module, strategy)))
-    return failure();
-  int64_t stages = numStages(strategy);
-  if (failed(applyStage(module, stages)) ||
-      failed(buildTrainingDag(module, opt)))
-    return failure();
-  return applyDirectives(module, strategy);
-}
-
-LogicalResult mlir::piper::applyDirectives(ModuleOp module,
-                                           const Strategy &strategy) {
-  auto ofKind = [&](Directive::Kind kind) {
-    return directivesOfKind(strategy, kind);
-  };
-  if (failed(checkOneStage(module, strategy)))
-    return failure();
-  SmallVector<const Directive *> splits = ofKind(Directive::Split);
-  if (splits.size() > 1)
-    return module.emitError(splits[1]->describe())
-           << ": only one split directive is allowed";
-  Directive one;
-  one.kind = Directive::Split;
-  one.numMicrobatches = 1;
-  one.text = "implicit split num_microbatches=1";
-  if (failed(applyDirective(module, splits.empty() ? one : *splits.front(),
-                            strategy.worldSize)))
-    return failure();
-  // shard before replicate: it makes expert weights local, and replicate
-  // reduces their gradients over the ranks holding the same experts.
-  for (Directive::Kind kind : {Directive::Place, Directive::Shard,
-                               Directive::Replicate, Directive::Order,
-                               Directive::Schedule}) {
-    for (const Directive *d : ofKind(kind))
-      if (failed(applyDirective(module, *d, strategy.worldSize)))
-        return failure();
-    if (kind == Directive::Place &&
-        failed(finalizePlacement(module, strategy.worldSize)))
-      return failure();
-    if (kind == Directive::Replicate && failed(tieSharedParams(module)))
-      return failure();
-  }
-  return boundZeroCollectives(module);
-}
-
 namespace {
-struct ApplyStrategyPass : mlir::piper::impl::PiperApplyStrategyBase<ApplyStrategyPass> {
+/// One directive: parsed from its `directive` option (piper-opt), or given
+/// parsed (the directive pipeline, which keeps its index and text).
+struct ApplyDirectivePass
+    : mlir::piper::impl::PiperApplyDirectiveBase<ApplyDirectivePass> {
+  using PiperApplyDirectiveBase::PiperApplyDirectiveBase;
+  ApplyDirectivePass(Directive d, std::optional<int64_t> world)
+      : parsed(std::move(d)) {
+    directive = parsed->text;
+    worldSize = world.value_or(0);
+    name = ("PiperApplyDirective(" + parsed->kindName() + ")").str();
+  }
+
+  /// Timing reports and IR dumps say which kind of directive each is.
+  StringRef getName() const override {
+    return name.empty() ? PiperApplyDirectiveBase::getName() : name;
+  }
+
+  void runOnOperation() override {
+    ModuleOp module = getOperation();
+    if (!parsed) {
+      llvm::Expected<Strategy> strategy =
+          parseStrategy("[" + directive + "]");
+      if (!strategy) {
+        module.emitError("piper-apply-directive: ")
+            << llvm::toString(strategy.takeError());
+        return signalPassFailure();
+      }
+      if (strategy->directives.size() != 1) {
+        module.emitError("piper-apply-directive: expected one directive, "
+                         "got ")
+            << strategy->directives.size();
+        return signalPassFailure();
+      }
+      parsed = std::move(strategy->directives.front());
+    }
+    std::optional<int64_t> world;
+    if (worldSize > 0)
+      world = worldSize;
+    if (failed(applyDirective(module, *parsed, world)))
+      signalPassFailure();
+  }
+
+  std::optional<Directive> parsed;
+  std::string name;
+};
+
+/// A whole strategy file on a forward model: the compile pipeline up to the
+/// directive phase, run as a dynamic pipeline.
+struct ApplyStrategyPass
+    : mlir::piper::impl::PiperApplyStrategyBase<ApplyStrategyPass> {
   using PiperApplyStrategyBase::PiperApplyStrategyBase;
   void runOnOperation() override {
     llvm::Expected<Strategy> strategy = readStrategyFile(file);
@@ -125,34 +111,17 @@ struct ApplyStrategyPass : mlir::piper::impl::PiperApplyStrategyBase<ApplyStrate
     }
     if (worldSize > 0)
       strategy->worldSize = worldSize;
-    if (failed(applyStrategy(getOperation(), *strategy, OptimizerConfig())))
+    OpPassManager pm(ModuleOp::getOperationName());
+    addCompilePipeline(pm, *strategy, OptimizerConfig(),
+                       CompilePhase::Directives);
+    if (failed(runPipeline(pm, getOperation())))
       signalPassFailure();
   }
-};
-
-/// The directives of a strategy built in C++ (piperc's flags, or a parsed
-/// file), after stage and autodiff: the pass piperc runs where piper-opt
-/// runs piper-apply-strategy on a file.
-struct ApplyDirectivesPass
-    : PassWrapper<ApplyDirectivesPass, OperationPass<ModuleOp>> {
-  MLIR_DEFINE_EXPLICIT_INTERNAL_INLINE_TYPE_ID(ApplyDirectivesPass)
-  explicit ApplyDirectivesPass(Strategy strategy)
-      : strategy(std::move(strategy)) {}
-  StringRef getArgument() const override { return "piper-apply-directives"; }
-  StringRef getName() const override { return "PiperApplyDirectives"; }
-  StringRef getDescription() const override {
-    return "Apply a strategy's split, place, replicate, order and schedule "
-           "directives";
-  }
-  void runOnOperation() override {
-    if (failed(applyDirectives(getOperation(), strategy)))
-      signalPassFailure();
-  }
-  Strategy strategy;
 };
 } // namespace
 
 std::unique_ptr<Pass>
-mlir::piper::createApplyDirectivesPass(Strategy strategy) {
-  return std::make_unique<ApplyDirectivesPass>(std::move(strategy));
+mlir::piper::createApplyDirectivePass(Directive directive,
+                                      std::optional<int64_t> worldSize) {
+  return std::make_unique<ApplyDirectivePass>(std::move(directive), worldSize);
 }

@@ -5,6 +5,8 @@
 #include "mlir/Pass/Pass.h"
 #include "mlir/Pass/PassManager.h"
 
+#include <optional>
+
 #include "compiler/transforms/Transforms.h"
 
 namespace mlir::piper {
@@ -15,25 +17,49 @@ namespace mlir::piper {
 #define GEN_PASS_REGISTRATION
 #include "compiler/transforms/Passes.h.inc"
 
-/// The pass piperc runs for a strategy built in C++ (its flags, or a parsed
-/// file) after stage and autodiff: the strategy's split, place, replicate,
-/// order and schedule directives (piper-opt runs piper-apply-strategy on a
-/// file instead).
-std::unique_ptr<Pass> createApplyDirectivesPass(Strategy strategy);
+/// The phases of `piperc compile`, in pipeline order; `--compile-to PHASE`
+/// stops after one (Plan runs them all, then lowers to plans).
+enum class CompilePhase { Stage, TrainingDag, Directives, Devices, Streams, Plan };
+
+/// "stage", "training-dag", "directives", "devices", "streams", "plan".
+StringRef stringifyCompilePhase(CompilePhase phase);
+/// The phase named `name`, or none.
+std::optional<CompilePhase> symbolizeCompilePhase(StringRef name);
+/// Every phase name in order, "stage, training-dag, ..., plan".
+std::string compilePhaseNames();
+/// What a phase does, for "piperc: error: <it> failed": "stage",
+/// "autodiff", "applying the strategy", "per-device split", "stream
+/// ordering", "lowering to plans".
+StringRef describeCompilePhase(CompilePhase phase);
+/// The phase whose pipeline adds the pass with command-line `argument`, or
+/// none for a pass the compile pipeline never adds.
+std::optional<CompilePhase> compilePhaseOfPass(StringRef argument);
+
+/// The piper-apply-directive pass for a directive already parsed (or built
+/// from piperc's flags): its index and text stay in its diagnostics.
+std::unique_ptr<Pass>
+createApplyDirectivePass(Directive directive,
+                         std::optional<int64_t> worldSize = std::nullopt);
 
 /// Registers every piper pass and pipeline (the one entry point shared by
 /// piper-opt and piperc).
 void registerPiperCompilerPasses();
 
-/// The phases of `piperc compile`, in pipeline order; `--compile-to PHASE`
-/// stops after one ("plan" runs them all, then lowers to plans).
-ArrayRef<StringRef> getCompilePhases();
+/// piper-directives-pipeline: the directive phase of `strategy`, after
+/// stage and autodiff. One piper-apply-directive per directive, in phase
+/// order: split (an implicit one microbatch when the strategy has none),
+/// place, then piper-finalize-placement, shard, replicate, then
+/// piper-tie-params, order, schedule, then piper-bound-zero-collectives.
+/// A strategy with two stage or two split directives gets a pipeline that
+/// fails with a message naming the second one.
+void addDirectivesPipeline(OpPassManager &pm, const Strategy &strategy);
 
-/// The passes of every compile phase up to and including `lastPhase`: stage,
-/// autodiff, the strategy's directives, then the lower-to-devices pipeline.
-/// piperc runs exactly this.
+/// The passes of every compile phase up to and including `lastPhase`
+/// (Plan: the same as Streams): piper-stage, piper-build-training-dag, the
+/// directive pipeline, then the lower-to-devices pipeline. piperc runs
+/// exactly this.
 void addCompilePipeline(OpPassManager &pm, const Strategy &strategy,
-                        const OptimizerConfig &opt, StringRef lastPhase);
+                        const OptimizerConfig &opt, CompilePhase lastPhase);
 
 /// piper-lower-to-devices-pipeline: the per-device split, then the issue
 /// order of every stream and the deadlock check. With `orderStreams` false,

@@ -154,6 +154,65 @@ def PiperSchedule : Pass<"piper-schedule", "::mlir::ModuleOp"> {
                         "gpipe or 1f1b">];
 }
 
+def PiperFinalizePlacement : Pass<"piper-finalize-placement", "::mlir::ModuleOp"> {
+  let summary = "Check that every task is placed and insert the transfers";
+  let description = [{
+    Ends the `place` directives: every task must be on a device group (when
+    no task is placed at all, all of them go to device 0), and a
+    `piper.transfer` goes on every data edge between groups, on the stream
+    named by the sender's place (`send_stream`). With `world-size`, device
+    indices beyond it are an error.
+  }];
+  let options = [Option<"worldSize", "world-size", "int64_t", "0",
+                        "number of devices (0: unbounded)">];
+}
+
+def PiperSplitBackward : Pass<"piper-split-backward", "::mlir::ModuleOp"> {
+  let summary = "Split backward tasks into input- and weight-gradient tasks";
+  let description = [{
+    Replaces every fused backward task (`PASS = B`) of the stages `pp` and
+    microbatches `mb` (each: all when empty) by a BI task (the
+    activation-gradient chain) and, after it, a BW task (the weight
+    gradients and their accumulation), as an `order` directive naming
+    `PASS: BI` does before it orders them (zero-bubble schedules).
+  }];
+  let options = [
+    ListOption<"pp", "pp", "int64_t", "stages (default: all)">,
+    ListOption<"mb", "mb", "int64_t", "microbatches (default: all)">,
+  ];
+}
+
+def PiperApplyDirective : Pass<"piper-apply-directive", "::mlir::ModuleOp"> {
+  let summary = "Apply one strategy directive";
+  let description = [{
+    One directive of a strategy, as its JSON object (`split`, `place`,
+    `replicate`, `shard`, `order` or `schedule`; see docs/directives.md).
+    The directive pipeline (`piper-directives-pipeline`, and piperc) runs
+    one of these per directive of the strategy, in phase order, with
+    `piper-finalize-placement`, `piper-tie-params` and
+    `piper-bound-zero-collectives` between the phases.
+  }];
+  let options = [
+    Option<"directive", "directive", "std::string", "",
+           "the directive, a JSON object">,
+    Option<"worldSize", "world-size", "int64_t", "0",
+           "number of devices (0: unbounded)">,
+  ];
+}
+
+def PiperBoundZeroCollectives
+    : Pass<"piper-bound-zero-collectives", "::mlir::ModuleOp"> {
+  let summary = "Bound the ZeRO-2/3 gradients in flight; set ZeRO-3 prefetch";
+  let description = [{
+    Runs after the order directives, when the block order is the
+    schedule's: a backward piece task waits for the reduce-scatters of the
+    piece two before it on its device group and stream, so at most two
+    pieces' gradients are in flight; every ZeRO-3 parameter all-gather gets
+    its prefetch dependency (docs/zero.md). Without ZeRO-2/3 it changes
+    nothing.
+  }];
+}
+
 def PiperApplyStrategy : Pass<"piper-apply-strategy", "::mlir::ModuleOp"> {
   let summary = "Apply a JSON strategy file to a forward model";
   let description = [{

@@ -12,6 +12,7 @@
 
 namespace mlir::piper {
 #define GEN_PASS_DEF_PIPERPLACE
+#define GEN_PASS_DEF_PIPERFINALIZEPLACEMENT
 #include "compiler/transforms/Passes.h.inc"
 } // namespace mlir::piper
 
@@ -305,6 +306,18 @@ struct PlacePass : mlir::piper::impl::PiperPlaceBase<PlacePass> {
     for (TaskOp t : program->getBody().front().getOps<TaskOp>())
       allPlaced &= bool(t.getDevices());
     if (allPlaced && failed(finalizePlacement(getOperation(), std::nullopt)))
+      signalPassFailure();
+  }
+};
+
+struct FinalizePlacementPass
+    : mlir::piper::impl::PiperFinalizePlacementBase<FinalizePlacementPass> {
+  using PiperFinalizePlacementBase::PiperFinalizePlacementBase;
+  void runOnOperation() override {
+    std::optional<int64_t> world;
+    if (worldSize > 0)
+      world = worldSize;
+    if (failed(finalizePlacement(getOperation(), world)))
       signalPassFailure();
   }
 };

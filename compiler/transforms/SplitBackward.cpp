@@ -5,10 +5,16 @@
 // run later. BW reads the
 // residuals and the intermediate gradients it needs, which stay alive until
 // it runs.
+#include "compiler/transforms/Passes.h"
 #include "compiler/transforms/Transforms.h"
 
 #include "llvm/ADT/STLExtras.h"
 #include "mlir/IR/Builders.h"
+
+namespace mlir::piper {
+#define GEN_PASS_DEF_PIPERSPLITBACKWARD
+#include "compiler/transforms/Passes.h.inc"
+} // namespace mlir::piper
 
 using namespace mlir;
 using namespace mlir::piper;
@@ -121,3 +127,25 @@ LogicalResult mlir::piper::splitBackwardTasks(ProgramOp program,
   }
   return success();
 }
+
+namespace {
+struct SplitBackwardPass
+    : mlir::piper::impl::PiperSplitBackwardBase<SplitBackwardPass> {
+  using PiperSplitBackwardBase::PiperSplitBackwardBase;
+  void runOnOperation() override {
+    FailureOr<ProgramOp> program = getProgram(getOperation());
+    if (failed(program))
+      return signalPassFailure();
+    auto wanted = [](ArrayRef<int64_t> list, std::optional<int64_t> index) {
+      return list.empty() || (index && llvm::is_contained(list, *index));
+    };
+    SmallVector<TaskOp> tasks;
+    for (TaskOp t : program->getBody().front().getOps<TaskOp>())
+      if (t.getTag().isPass(PassKind::B) && wanted(pp, t.getTag().getPp()) &&
+          wanted(mb, t.getTag().getMb()))
+        tasks.push_back(t);
+    if (failed(splitBackwardTasks(*program, tasks)))
+      signalPassFailure();
+  }
+};
+} // namespace

@@ -176,15 +176,6 @@ LogicalResult finalizePlacement(ModuleOp module, std::optional<int64_t> worldSiz
 /// Placement must be final.
 LogicalResult tieSharedParams(ModuleOp module);
 
-/// Runs a whole strategy on a forward model: stage, autodiff, then split,
-/// place, replicate and order in that phase order.
-LogicalResult applyStrategy(ModuleOp module, const Strategy &strategy,
-                            const OptimizerConfig &opt);
-
-/// The directives of a strategy after stage and autodiff: split, place,
-/// replicate, order and schedule, in that phase order.
-LogicalResult applyDirectives(ModuleOp module, const Strategy &strategy);
-
 /// Splits the program into one piper.device_program per device class.
 LogicalResult splitDevices(ModuleOp module);
 
@@ -200,9 +191,19 @@ double estimateFlops(Operation *op);
 /// Whether `tag` matches `filter`.
 bool matchesFilter(TagAttr tag, const Filter &filter);
 
-/// Topologically re-sorts the ops of `block` (data and token edges), keeping
-/// the current order where free. Fails when the edges contain a cycle, and
-/// then returns the ops on it in `cycle`.
+/// Topologically re-sorts the ops of `block` (data and token edges): of the
+/// ops whose producers have all been placed, the one that comes first today
+/// goes next (Kahn's algorithm by position). Fails when the edges contain a
+/// cycle, and then returns the ops on it in `cycle`.
+///
+/// Not MLIR's `mlir::sortTopologically` (TopologicalSortUtils.h), on
+/// purpose: its stable sort sweeps forward and places an op as soon as it is
+/// ready within the sweep, so after a schedule's `order` edges it
+/// interleaves the device groups differently (1F1B on two stages puts stage
+/// 1's F1 before stage 0's B0; by position, B0 comes first). The program's
+/// block order is the schedule's global order that piper-order-streams and
+/// the lit tests read, and MLIR's sort reports no cycle, which is the
+/// `order` directive's main error. docs/compiler.md ("Block order").
 LogicalResult sortTopologically(Block &block,
                                 SmallVectorImpl<Operation *> *cycle = nullptr);
 

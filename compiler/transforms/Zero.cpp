@@ -2,11 +2,17 @@
 // (ZeRO-1), the gradient accumulators (ZeRO-2) and the parameters (ZeRO-3)
 // of a replicated stage are split over its data-parallel replicas, and the
 // collectives that move them are explicit nodes of the program.
+#include "compiler/transforms/Passes.h"
 #include "compiler/transforms/Transforms.h"
 
 #include "llvm/ADT/MapVector.h"
 #include "llvm/ADT/STLExtras.h"
 #include "mlir/IR/Builders.h"
+
+namespace mlir::piper {
+#define GEN_PASS_DEF_PIPERBOUNDZEROCOLLECTIVES
+#include "compiler/transforms/Passes.h.inc"
+} // namespace mlir::piper
 
 using namespace mlir;
 using namespace mlir::piper;
@@ -361,3 +367,14 @@ LogicalResult mlir::piper::boundZeroCollectives(ModuleOp module) {
   }
   return success();
 }
+
+namespace {
+struct BoundZeroCollectivesPass
+    : mlir::piper::impl::PiperBoundZeroCollectivesBase<
+          BoundZeroCollectivesPass> {
+  void runOnOperation() override {
+    if (failed(boundZeroCollectives(getOperation())))
+      signalPassFailure();
+  }
+};
+} // namespace
