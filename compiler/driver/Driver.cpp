@@ -114,13 +114,10 @@ int runModel(const ModelOptions &opts, const CLI::App &cmd) {
 }
 
 struct CompileOptions {
-  std::string input, output, strategyFile, schedule = "1f1b", compileTo = "plan";
-  int64_t pp = 1, dp = 1, microbatches = 1, worldSize = 0;
-  /// --zero: the ZeRO stage of every replicated stage.
-  int zero = 0;
-  /// --ep: experts split over groups of this many replicas of each stage.
-  int64_t ep = 1;
-  int64_t virtualStages = 0; // 0: the schedule's default
+  std::string input, output, strategyFile, compileTo = "plan";
+  int64_t worldSize = 0;
+  /// --pp --dp --microbatches --schedule --zero --ep --virtual-stages.
+  StrategyFlags flags;
   OptimizerConfig opt;
   /// Print the time of each phase to stderr when done.
   bool timing = false;
@@ -159,8 +156,138 @@ bool parseByteSize(llvm::StringRef text, int64_t &bytes) {
   return false;
 }
 
+/// The strategy of a compile: the file, or the flags; --world-size on top.
+llvm::Expected<Strategy> compileStrategy(const CompileOptions &o) {
+  llvm::Expected<Strategy> strategy = o.strategyFile.empty()
+                                          ? buildStrategy(o.flags)
+                                          : readStrategyFile(o.strategyFile);
+  if (!strategy || !o.worldSizeGiven)
+    return strategy;
+  if (o.worldSize < 1 || o.worldSize > kMaxWorldSize)
+    return llvm::createStringError(
+        llvm::formatv("--world-size must be from 1 to {0}, got {1}",
+                      kMaxWorldSize, o.worldSize)
+            .str());
+  strategy->worldSize = o.worldSize;
+  return strategy;
+}
+
+/// Why the optimizer flags are invalid, or "".
+std::string checkOptimizer(const CompileOptions &o) {
+  for (auto [flag, value] :
+       {std::pair<const char *, double>{"--lr", o.opt.lr},
+        {"--beta1", o.opt.beta1},
+        {"--beta2", o.opt.beta2},
+        {"--eps", o.opt.eps},
+        {"--weight-decay", o.opt.weightDecay},
+        {"--min-lr", o.opt.minLr},
+        {"--clip-grad", o.opt.clipGradNorm}})
+    if (std::string err = finite(flag, value); !err.empty())
+      return err;
+  if (o.opt.lr <= 0 || o.opt.minLr < 0 || o.opt.warmupSteps < 0 ||
+      o.opt.decaySteps < 0 || o.opt.clipGradNorm < 0 || o.opt.weightDecay < 0 ||
+      o.opt.beta1 < 0 || o.opt.beta1 >= 1 || o.opt.beta2 < 0 ||
+      o.opt.beta2 >= 1 || o.opt.eps <= 0)
+    return "invalid optimizer settings: --lr and --eps must be positive "
+           "(--eps 0 divides 0 by 0 for a gradient that is 0), betas in [0, "
+           "1), the others non-negative";
+  if (o.opt.minLr > o.opt.lr)
+    return llvm::formatv("--min-lr {0}{1} is above --lr {2}",
+                         llvm::format("%g", o.opt.minLr),
+                         o.minLrGiven ? "" : " (the default)",
+                         llvm::format("%g", o.opt.lr))
+        .str();
+  return "";
+}
+
+double mib(int64_t bytes) { return double(bytes) / (1024.0 * 1024.0); }
+
+/// Writes OUT/report.txt: per device class its size, traffic and memory
+/// plan, the predicted step and the timeline files. Returns an error or "".
+std::string writeReport(const LoweredPlans &lowered, const Strategy &strategy,
+                        const std::string &output) {
+  // A human-readable report beside the plans.
+  std::string report;
+  llvm::raw_string_ostream rs(report);
+  rs << "model: " << lowered.manifest.model_name() << "\n"
+     << "strategy: " << strategy.summary << "\n"
+     << "world size: " << lowered.manifest.world_size() << "\n";
+  for (const auto &plan : lowered.plans) {
+    size_t instructions = 0, sendBytes = 0, reduceBytes = 0;
+    for (const auto &s : plan.streams())
+      for (const auto &ins : s.instructions()) {
+        ++instructions;
+        if (ins.kind() == ::piper::plan::Instruction::SEND) {
+          sendBytes += planTensorBytes(plan.buffers(ins.inputs(0)).type());
+        } else if (ins.kind() == ::piper::plan::Instruction::ALL_REDUCE) {
+          for (int p : ins.params())
+            reduceBytes += planTensorBytes(plan.params(p).type());
+        }
+      }
+    rs << llvm::formatv("class {0} ranks [{1}]: {2} parameters, {3} "
+                        "instructions on {4} stream(s); predicted peak "
+                        "memory {5:F1} MiB per rank (state {6:F1} MiB); per "
+                        "step sends {7:F2} MiB, all-reduces {8:F2} MiB\n",
+                        plan.device_class(),
+                        llvm::join(llvm::map_range(plan.ranks(),
+                                                   [](int r) {
+                                                     return std::to_string(r);
+                                                   }),
+                                   ", "),
+                        plan.params_size(), instructions, plan.streams_size(),
+                        mib(plan.predicted_peak_bytes()),
+                        mib(plan.predicted_state_bytes()), mib(sendBytes),
+                        mib(reduceBytes));
+    rs << llvm::formatv("  memory plan: arena {0} bytes ({1:F1} MiB) per rank "
+                        "= state {2} + step {3} (piper-plan --memory shows "
+                        "the layout)\n",
+                        plan.arena_bytes(), mib(plan.arena_bytes()),
+                        plan.state_bytes(),
+                        plan.arena_bytes() - plan.state_bytes());
+  }
+  rs << ::piper::plan::predictedStepReport(lowered.plans);
+  // The predicted timeline as a trace and a picture, named in the report.
+  std::string timelineLine, timelineError;
+  if (!::piper::plan::writeTimelineFiles(lowered.plans, output,
+                                         timelineLine, timelineError))
+    return timelineError;
+  rs << timelineLine;
+  {
+    std::error_code rec;
+    std::string reportPath = output + "/report.txt";
+    llvm::raw_fd_ostream out(reportPath, rec);
+    if (rec)
+      return "cannot write the report: " + rec.message();
+    out << report;
+    return closeOutput(out, reportPath);
+  }
+}
+
+/// The lines piperc prints once the plans are written.
+void printSummary(const LoweredPlans &lowered, const Strategy &strategy,
+                  const std::string &output) {
+  llvm::outs() << "piperc: wrote " << lowered.plans.size()
+               << " plan(s) for " << lowered.manifest.world_size()
+               << " device(s) to " << output << " (" << strategy.summary
+               << ")\n";
+  for (const auto &plan : lowered.plans) {
+    size_t instructions = 0;
+    for (const auto &s : plan.streams())
+      instructions += s.instructions_size();
+    llvm::outs() << "  class " << plan.device_class() << " ranks [";
+    for (int i = 0; i < plan.ranks_size(); ++i)
+      llvm::outs() << (i ? ", " : "") << plan.ranks(i);
+    llvm::outs() << "]: " << plan.params_size() << " parameters, "
+                 << plan.segments_size() << " segments, " << instructions
+                 << " instructions on " << plan.streams_size()
+                 << " stream(s), predicted peak "
+                 << llvm::formatv("{0:F1}", mib(plan.predicted_peak_bytes()))
+                 << " MiB per rank\n";
+  }
+}
+
 int runCompile(const CompileOptions &o) {
-  if (o.schedule == "help") {
+  if (o.flags.schedule == "help") {
     llvm::outs() << formatScheduleTable();
     return 0;
   }
@@ -175,112 +302,14 @@ int runCompile(const CompileOptions &o) {
     return fail("--device-memory '" + o.deviceMemory +
                 "': expected a size such as 80GiB, 512MiB, 16GB or a number "
                 "of bytes");
-  Strategy strategy;
   if (std::string err = checkRegularFile(o.input, "model"); !err.empty())
     return fail(err);
-  if (!o.strategyFile.empty()) {
-    llvm::Expected<Strategy> parsed = readStrategyFile(o.strategyFile);
-    if (!parsed)
-      return fail(llvm::toString(parsed.takeError()));
-    strategy = std::move(*parsed);
-  } else {
-    const ScheduleBuilder *schedule = findSchedule(o.schedule);
-    if (!schedule)
-      return fail("unknown schedule '" + o.schedule + "' (" +
-                  scheduleNames() + "; see --schedule help)");
-    if (o.pp < 1 || o.dp < 1 || o.microbatches < 1)
-      return fail("--pp, --dp and --microbatches must be positive");
-    struct Bound {
-      const char *flag;
-      int64_t value, limit;
-    };
-    for (Bound b : {Bound{"--pp", o.pp, kMaxStages},
-                    Bound{"--dp", o.dp, kMaxWorldSize},
-                    Bound{"--microbatches", o.microbatches, kMaxMicrobatches}})
-      if (b.value > b.limit)
-        return fail(llvm::formatv("{0} must be at most {1}, got {2}", b.flag,
-                                  b.limit, b.value)
-                        .str());
-    // Both are at most 2^20 here: the product cannot overflow.
-    if (o.pp * o.dp > kMaxWorldSize)
-      return fail(llvm::formatv("--pp {0} times --dp {1} is more than the "
-                                "limit of {2} devices",
-                                o.pp, o.dp, kMaxWorldSize)
-                      .str());
-    if (o.virtualStages < 0 || o.virtualStages > kMaxStages)
-      return fail(llvm::formatv("--virtual-stages must be from 1 to {0} (0: "
-                                "the schedule's default), got {1}",
-                                kMaxStages, o.virtualStages)
-                      .str());
-    int64_t perDevice = o.virtualStages ? o.virtualStages
-                                        : defaultStagesPerDevice(*schedule);
-    if (o.pp * perDevice > kMaxStages)
-      return fail(llvm::formatv("--pp {0} times {1} stages per device group "
-                                "is more than the limit of {2} stages",
-                                o.pp, perDevice, kMaxStages)
-                      .str());
-    if (std::string err =
-            checkStageMicrobatches(o.pp * perDevice, o.microbatches);
-        !err.empty())
-      return fail(err);
-    if (std::string err = schedule->check(o.pp, perDevice, o.microbatches);
-        !err.empty())
-      return fail("schedule '" + o.schedule + "' " + err);
-    if (schedule->layout == StageLayout::Bidirectional &&
-        (o.dp > 1 || o.ep > 1))
-      return fail("schedule '" + o.schedule +
-                  "' runs two copies of the model on one pipeline; --dp and "
-                  "--ep on top of it are not supported yet");
-    if (o.zero < 0 || o.zero > 3)
-      return fail(llvm::formatv("--zero must be the ZeRO stage 0, 1, 2 or 3, "
-                                "got {0}",
-                                o.zero)
-                      .str());
-    if (o.zero > 0 && o.dp < 2)
-      return fail(llvm::formatv("--zero {0} shards state over the "
-                                "data-parallel replicas of a stage, but --dp "
-                                "is {1}; use --dp 2 or more",
-                                o.zero, o.dp)
-                      .str());
-    if (o.ep < 1 || o.dp % o.ep != 0)
-      return fail(llvm::formatv("--ep {0} must divide --dp {1}: expert-parallel "
-                                "groups are carved out of a stage's "
-                                "data-parallel replicas",
-                                o.ep, o.dp)
-                      .str());
-    strategy = strategyFromFlags(o.pp, o.dp, o.microbatches, *schedule, o.zero,
-                                 o.ep, perDevice);
-  }
-  if (o.worldSizeGiven) {
-    if (o.worldSize < 1 || o.worldSize > kMaxWorldSize)
-      return fail(llvm::formatv("--world-size must be from 1 to {0}, got {1}",
-                                kMaxWorldSize, o.worldSize)
-                      .str());
-    strategy.worldSize = o.worldSize;
-  }
-  for (auto [flag, value] :
-       {std::pair<const char *, double>{"--lr", o.opt.lr},
-        {"--beta1", o.opt.beta1},
-        {"--beta2", o.opt.beta2},
-        {"--eps", o.opt.eps},
-        {"--weight-decay", o.opt.weightDecay},
-        {"--min-lr", o.opt.minLr},
-        {"--clip-grad", o.opt.clipGradNorm}})
-    if (std::string err = finite(flag, value); !err.empty())
-      return fail(err);
-  if (o.opt.lr <= 0 || o.opt.minLr < 0 || o.opt.warmupSteps < 0 ||
-      o.opt.decaySteps < 0 || o.opt.clipGradNorm < 0 || o.opt.weightDecay < 0 ||
-      o.opt.beta1 < 0 || o.opt.beta1 >= 1 || o.opt.beta2 < 0 ||
-      o.opt.beta2 >= 1 || o.opt.eps <= 0)
-    return fail("invalid optimizer settings: --lr and --eps must be "
-                "positive (--eps 0 divides 0 by 0 for a gradient that is 0), "
-                "betas in [0, 1), the others non-negative");
-  if (o.opt.minLr > o.opt.lr)
-    return fail(llvm::formatv("--min-lr {0}{1} is above --lr {2}",
-                              llvm::format("%g", o.opt.minLr),
-                              o.minLrGiven ? "" : " (the default)",
-                              llvm::format("%g", o.opt.lr))
-                    .str());
+  llvm::Expected<Strategy> strategyOr = compileStrategy(o);
+  if (!strategyOr)
+    return fail(llvm::toString(strategyOr.takeError()));
+  Strategy strategy = std::move(*strategyOr);
+  if (std::string err = checkOptimizer(o); !err.empty())
+    return fail(err);
 
   DefaultTimingManager timing;
   timing.setEnabled(o.timing);
@@ -347,81 +376,10 @@ int runCompile(const CompileOptions &o) {
   }
   if (std::string err = writePlans(*lowered, o.output); !err.empty())
     return fail(err);
-  // A human-readable report beside the plans.
-  std::string report;
-  llvm::raw_string_ostream rs(report);
-  rs << "model: " << lowered->manifest.model_name() << "\n"
-     << "strategy: " << strategy.summary << "\n"
-     << "world size: " << lowered->manifest.world_size() << "\n";
-  auto mib = [](int64_t bytes) { return double(bytes) / (1024.0 * 1024.0); };
-  for (const auto &plan : lowered->plans) {
-    size_t instructions = 0, sendBytes = 0, reduceBytes = 0;
-    for (const auto &s : plan.streams())
-      for (const auto &ins : s.instructions()) {
-        ++instructions;
-        if (ins.kind() == ::piper::plan::Instruction::SEND) {
-          sendBytes += planTensorBytes(plan.buffers(ins.inputs(0)).type());
-        } else if (ins.kind() == ::piper::plan::Instruction::ALL_REDUCE) {
-          for (int p : ins.params())
-            reduceBytes += planTensorBytes(plan.params(p).type());
-        }
-      }
-    rs << llvm::formatv("class {0} ranks [{1}]: {2} parameters, {3} "
-                        "instructions on {4} stream(s); predicted peak "
-                        "memory {5:F1} MiB per rank (state {6:F1} MiB); per "
-                        "step sends {7:F2} MiB, all-reduces {8:F2} MiB\n",
-                        plan.device_class(),
-                        llvm::join(llvm::map_range(plan.ranks(),
-                                                   [](int r) {
-                                                     return std::to_string(r);
-                                                   }),
-                                   ", "),
-                        plan.params_size(), instructions, plan.streams_size(),
-                        mib(plan.predicted_peak_bytes()),
-                        mib(plan.predicted_state_bytes()), mib(sendBytes),
-                        mib(reduceBytes));
-    rs << llvm::formatv("  memory plan: arena {0} bytes ({1:F1} MiB) per rank "
-                        "= state {2} + step {3} (piper-plan --memory shows "
-                        "the layout)\n",
-                        plan.arena_bytes(), mib(plan.arena_bytes()),
-                        plan.state_bytes(),
-                        plan.arena_bytes() - plan.state_bytes());
-  }
-  rs << ::piper::plan::predictedStepReport(lowered->plans);
-  // The predicted timeline as a trace and a picture, named in the report.
-  std::string timelineLine, timelineError;
-  if (!::piper::plan::writeTimelineFiles(lowered->plans, o.output,
-                                         timelineLine, timelineError))
-    return fail(timelineError);
-  rs << timelineLine;
-  {
-    std::error_code rec;
-    std::string reportPath = o.output + "/report.txt";
-    llvm::raw_fd_ostream out(reportPath, rec);
-    if (rec)
-      return fail("cannot write the report: " + rec.message());
-    out << report;
-    if (std::string err = closeOutput(out, reportPath); !err.empty())
-      return fail(err);
-  }
-  llvm::outs() << "piperc: wrote " << lowered->plans.size()
-               << " plan(s) for " << lowered->manifest.world_size()
-               << " device(s) to " << o.output << " (" << strategy.summary
-               << ")\n";
-  for (const auto &plan : lowered->plans) {
-    size_t instructions = 0;
-    for (const auto &s : plan.streams())
-      instructions += s.instructions_size();
-    llvm::outs() << "  class " << plan.device_class() << " ranks [";
-    for (int i = 0; i < plan.ranks_size(); ++i)
-      llvm::outs() << (i ? ", " : "") << plan.ranks(i);
-    llvm::outs() << "]: " << plan.params_size() << " parameters, "
-                 << plan.segments_size() << " segments, " << instructions
-                 << " instructions on " << plan.streams_size()
-                 << " stream(s), predicted peak "
-                 << llvm::formatv("{0:F1}", mib(plan.predicted_peak_bytes()))
-                 << " MiB per rank\n";
-  }
+  if (std::string err = writeReport(*lowered, strategy, o.output);
+      !err.empty())
+    return fail(err);
+  printSummary(*lowered, strategy, o.output);
   return 0;
 }
 } // namespace
@@ -474,24 +432,24 @@ int mlir::piper::pipercMain(int argc, char **argv) {
                          "output folder (plans) or file (--compile-to)");
   auto *strategyOpt = compileCmd->add_option("--strategy", comp.strategyFile,
                                              "strategy JSON file");
-  auto *ppOpt = compileCmd->add_option("--pp", comp.pp, "pipeline stages");
-  auto *dpOpt = compileCmd->add_option("--dp", comp.dp, "data-parallel replicas");
-  auto *mbOpt = compileCmd->add_option("--microbatches", comp.microbatches,
+  auto *ppOpt = compileCmd->add_option("--pp", comp.flags.pp, "pipeline stages");
+  auto *dpOpt = compileCmd->add_option("--dp", comp.flags.dp, "data-parallel replicas");
+  auto *mbOpt = compileCmd->add_option("--microbatches", comp.flags.microbatches,
                                        "microbatches per replica per step");
   auto *schedOpt = compileCmd->add_option(
-      "--schedule", comp.schedule,
+      "--schedule", comp.flags.schedule,
       "pipeline schedule: " + scheduleNames() + " (help: list them)");
   auto *zeroOpt = compileCmd->add_option(
-      "--zero", comp.zero,
+      "--zero", comp.flags.zero,
       "ZeRO stage of the data-parallel replicas: 1 shards the AdamW moments, "
       "2 also the gradients, 3 also the parameters (docs/zero.md)");
   auto *epOpt = compileCmd->add_option(
-      "--ep", comp.ep,
+      "--ep", comp.flags.ep,
       "expert parallelism: split every MoE layer's experts over groups of this "
       "many data-parallel replicas (divides --dp and the experts; "
       "docs/expert-parallel.md)");
   auto *vsOpt = compileCmd->add_option(
-      "--virtual-stages", comp.virtualStages,
+      "--virtual-stages", comp.flags.virtualStages,
       "stages per pipeline device group: --pp P makes P*V stages, placed in "
       "the schedule's layout (default: 2 for interleaved-1f1b, zbv and "
       "dualpipev, else 1; docs/schedules.md)");

@@ -1,4 +1,5 @@
-// Parsing of strategy files, and the strategy of piperc's flags.
+// Parsing of strategy files, and the rules every strategy must follow
+// (verifyStrategy), whether parsed or built from flags (StrategyFlags.cpp).
 #include "compiler/strategy/Strategy.h"
 
 #include "compiler/strategy/JsonScan.h"
@@ -82,12 +83,6 @@ public:
       allowed.insert("stages");
       if (auto e = getInt("stages", d.stages, /*required=*/true))
         return std::move(e);
-      if (d.stages < 1)
-        return fail("\"stages\" must be positive");
-      if (d.stages > kMaxStages)
-        return fail(llvm::formatv("\"stages\" must be at most {0}",
-                                  kMaxStages)
-                        .str());
     } else if (*op == "split") {
       d.kind = Directive::Split;
       for (auto k : {"filter", "dim_name", "num_microbatches"})
@@ -96,12 +91,6 @@ public:
         return std::move(e);
       if (auto e = getInt("num_microbatches", d.numMicrobatches, true))
         return std::move(e);
-      if (d.numMicrobatches < 1)
-        return fail("\"num_microbatches\" must be positive");
-      if (d.numMicrobatches > kMaxMicrobatches)
-        return fail(llvm::formatv("\"num_microbatches\" must be at most {0}",
-                                  kMaxMicrobatches)
-                        .str());
       if (auto e = getString("dim_name", d.dimName))
         return std::move(e);
       if (d.dimName != "MB")
@@ -224,16 +213,8 @@ public:
       if (auto e = getString("stream", d.stream))
         return std::move(e);
       d.expertParallel = static_cast<int64_t>(d.devices.size());
-      if (obj.get("ep")) {
-        if (auto e = getInt("ep", d.expertParallel, /*required=*/true))
-          return std::move(e);
-        if (d.expertParallel < 1 ||
-            static_cast<int64_t>(d.devices.size()) % d.expertParallel != 0)
-          return fail(llvm::formatv("\"ep\" must divide the {0} devices "
-                                    "(expert groups are carved out of them)",
-                                    d.devices.size())
-                          .str());
-      }
+      if (auto e = getInt("ep", d.expertParallel, /*required=*/false))
+        return std::move(e);
     } else {
       return fail(llvm::formatv("unknown directive \"{0}\" (expected stage, "
                                 "split, place, replicate, shard, order or schedule)",
@@ -478,14 +459,8 @@ llvm::Expected<Strategy> mlir::piper::parseStrategy(llvm::StringRef text) {
       return d.takeError();
     strategy.directives.push_back(std::move(*d));
   }
-  int64_t microbatches = 1;
-  for (const Directive &d : strategy.directives)
-    if (d.kind == Directive::Split)
-      microbatches = std::max(microbatches, d.numMicrobatches);
-  if (std::string err = checkStageMicrobatches(numStages(strategy),
-                                               microbatches);
-      !err.empty())
-    return llvm::createStringError(err);
+  if (llvm::Error err = verifyStrategy(strategy))
+    return std::move(err);
   strategy.summary = "strategy file, " +
                      std::to_string(strategy.directives.size()) + " directives";
   return strategy;
@@ -529,101 +504,56 @@ int64_t mlir::piper::numStages(const Strategy &strategy) {
   return fromPlacements;
 }
 
-Strategy mlir::piper::strategyFromFlags(int64_t pp, int64_t dp,
-                                        int64_t microbatches,
-                                        const ScheduleBuilder &schedule,
-                                        int zero, int64_t ep,
-                                        int64_t virtualStages) {
-  int64_t perDevice =
-      virtualStages > 0 ? virtualStages : defaultStagesPerDevice(schedule);
-  int64_t stages = pp * perDevice;
-  Strategy s;
-  auto add = [&](Directive d, std::string text) {
-    d.index = s.directives.size();
-    d.text = std::move(text);
-    s.directives.push_back(std::move(d));
+bool mlir::piper::dividesDevices(int64_t groupSize, int64_t devices) {
+  return groupSize >= 1 && devices % groupSize == 0;
+}
+
+/// The rules of one directive that do not depend on how it was written.
+static llvm::Error verifyDirective(const Directive &d) {
+  auto fail = [&](const std::string &msg) {
+    return llvm::createStringError(d.describe() + ": " + msg);
   };
-  Directive stage;
-  stage.kind = Directive::Stage;
-  stage.stages = stages;
-  add(stage, llvm::formatv("stage stages={0}", stages).str());
-  Directive split;
-  split.kind = Directive::Split;
-  split.numMicrobatches = microbatches;
-  add(split, llvm::formatv("split num_microbatches={0}", microbatches).str());
-  auto groupDevices = [&](int64_t g) {
-    std::vector<int64_t> devices;
-    for (int64_t r = 0; r < dp; ++r)
-      devices.push_back(g * dp + r);
-    return devices;
-  };
-  for (int64_t st = 0; st < stages; ++st) {
-    if (schedule.layout == StageLayout::Bidirectional) {
-      // Two copies of the model: microbatch m of stage st runs on the group
-      // of its direction; tieSharedParams sums the copies' gradients.
-      for (int64_t m = 0; m < microbatches; ++m) {
-        Directive place;
-        place.kind = Directive::Place;
-        place.filter.entries["PP"] = {FilterValue::Index, st, ""};
-        place.filter.entries["MB"] = {FilterValue::Index, m, ""};
-        place.devices = groupDevices(
-            deviceOfTask(schedule.layout, st, m, pp, microbatches));
-        place.stream = "pp_stream";
-        add(place, llvm::formatv("place PP={0} MB={1} devices=[{2}]", st, m,
-                                 place.devices.front())
-                       .str());
-      }
-      continue;
-    }
-    // Stage st runs on pipeline device group g: ranks [g*dp, (g+1)*dp).
-    int64_t g = deviceOfStage(schedule.layout, st, pp);
-    std::vector<int64_t> devices = groupDevices(g);
-    std::string devs = llvm::formatv(
-        "[{0}]", llvm::join(llvm::map_range(devices,
-                                            [](int64_t d) {
-                                              return std::to_string(d);
-                                            }),
-                            ", "));
-    Directive place;
-    place.kind = Directive::Place;
-    place.filter.entries["PP"] = {FilterValue::Index, st, ""};
-    place.devices = devices;
-    place.stream = "pp_stream";
-    add(place, llvm::formatv("place PP={0} devices={1}", st, devs).str());
-    Directive rep;
-    rep.kind = Directive::Replicate;
-    rep.filter = place.filter;
-    rep.devices = devices;
-    rep.reduceStream = "dp_stream";
-    rep.gatherStream = zero == 3 ? "gather_stream" : "dp_stream";
-    rep.zero = zero;
-    add(rep, llvm::formatv("replicate PP={0} devices={1}{2}", st, devs,
-                           zero ? llvm::formatv(" zero={0}", zero).str()
-                                : std::string())
-                 .str());
-    if (ep > 1) {
-      Directive shard;
-      shard.kind = Directive::Shard;
-      shard.filter = place.filter;
-      shard.filter.entries["EP"] = {FilterValue::Any, 0, ""};
-      shard.devices = devices;
-      shard.stream = "ep_stream";
-      shard.expertParallel = ep;
-      add(shard, llvm::formatv("shard PP={0} devices={1} ep={2}", st, devs, ep)
-                     .str());
-    }
+  switch (d.kind) {
+  case Directive::Stage:
+    if (d.stages < 1)
+      return fail("\"stages\" must be positive");
+    if (d.stages > kMaxStages)
+      return fail(
+          llvm::formatv("\"stages\" must be at most {0}", kMaxStages).str());
+    break;
+  case Directive::Split:
+    if (d.numMicrobatches < 1)
+      return fail("\"num_microbatches\" must be positive");
+    if (d.numMicrobatches > kMaxMicrobatches)
+      return fail(llvm::formatv("\"num_microbatches\" must be at most {0}",
+                                kMaxMicrobatches)
+                      .str());
+    break;
+  case Directive::Shard:
+    if (!dividesDevices(d.expertParallel,
+                        static_cast<int64_t>(d.devices.size())))
+      return fail(llvm::formatv("\"ep\" must divide the {0} devices (expert "
+                                "groups are carved out of them)",
+                                d.devices.size())
+                      .str());
+    break;
+  default:
+    break;
   }
-  for (Directive &d : buildSchedule(schedule, pp, perDevice, microbatches))
-    add(d, d.text);
-  s.worldSize = pp * dp;
-  s.summary = llvm::formatv("pp={0} dp={1} microbatches={2} schedule={3}", pp,
-                            dp, microbatches, schedule.name)
-                  .str();
-  if (perDevice > 1)
-    s.summary += llvm::formatv(" stages={0}", stages).str();
-  if (zero)
-    s.summary += llvm::formatv(" zero={0}", zero).str();
-  if (ep > 1)
-    s.summary += llvm::formatv(" ep={0}", ep).str();
-  return s;
+  return llvm::Error::success();
+}
+
+llvm::Error mlir::piper::verifyStrategy(const Strategy &strategy) {
+  int64_t microbatches = 1;
+  for (const Directive &d : strategy.directives) {
+    if (llvm::Error err = verifyDirective(d))
+      return err;
+    if (d.kind == Directive::Split)
+      microbatches = std::max(microbatches, d.numMicrobatches);
+  }
+  if (std::string err = checkStageMicrobatches(numStages(strategy),
+                                               microbatches);
+      !err.empty())
+    return llvm::createStringError(err);
+  return llvm::Error::success();
 }

@@ -190,6 +190,29 @@ Strategy strategyFromFlags(int64_t pp, int64_t dp, int64_t microbatches,
                            const ScheduleBuilder &schedule, int zero = 0,
                            int64_t ep = 1, int64_t virtualStages = 0);
 
+/// piperc's strategy flags.
+struct StrategyFlags {
+  int64_t pp = 1, dp = 1, microbatches = 1;
+  std::string schedule = "1f1b";
+  int zero = 0;
+  int64_t ep = 1;
+  int64_t virtualStages = 0; // 0: the schedule's default
+};
+
+/// The strategy of the flags: errors name the flags (`--ep 3 must divide
+/// --dp 2: ...`); the built strategy then passes verifyStrategy, as a file's
+/// does.
+llvm::Expected<Strategy> buildStrategy(const StrategyFlags &flags);
+
+/// The rules every strategy follows, parsed or built: each directive's
+/// ranges (stages, microbatches, an expert degree dividing its devices) and
+/// the limit on stages times microbatches. Errors name the directive.
+llvm::Error verifyStrategy(const Strategy &strategy);
+
+/// Whether groups of `groupSize` tile `devices` devices (an expert-parallel
+/// degree of a data-parallel group).
+bool dividesDevices(int64_t groupSize, int64_t devices);
+
 } // namespace mlir::piper
 
 #endif // PIPER_COMPILER_STRATEGY_STRATEGY_H

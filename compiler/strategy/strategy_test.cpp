@@ -400,3 +400,46 @@ TEST_CASE("a device list of 2^20 entries parses in linear time") {
   // The message quotes the start of the directive, not all 8 MB of it.
   CHECK(err.size() < 400);
 }
+
+TEST_CASE("flags build a strategy that passes the file's rules") {
+  StrategyFlags f;
+  f.pp = 2;
+  f.dp = 4;
+  f.microbatches = 4;
+  f.ep = 2;
+  f.zero = 1;
+  llvm::Expected<Strategy> s = buildStrategy(f);
+  REQUIRE(bool(s));
+  CHECK(s->worldSize == 8);
+  CHECK(!verifyStrategy(*s));
+
+  // Flag errors name the flags.
+  f.ep = 3;
+  llvm::Expected<Strategy> bad = buildStrategy(f);
+  REQUIRE(!bad);
+  CHECK(llvm::toString(bad.takeError()) ==
+        "--ep 3 must divide --dp 4: expert-parallel groups are carved out of "
+        "a stage's data-parallel replicas");
+  f.ep = 1;
+  f.schedule = "nope";
+  bad = buildStrategy(f);
+  REQUIRE(!bad);
+  CHECK(llvm::toString(bad.takeError()).find("unknown schedule 'nope'") == 0);
+
+  // A strategy built in C++ that breaks a rule is caught by the same check a
+  // file goes through, naming the directive.
+  Strategy built = strategyFromFlags(1, 4, 2, *findSchedule("1f1b"));
+  Directive shard;
+  shard.kind = Directive::Shard;
+  shard.index = static_cast<int>(built.directives.size());
+  shard.text = "shard ep=3";
+  shard.devices = {0, 1, 2, 3};
+  shard.expertParallel = 3;
+  built.directives.push_back(shard);
+  llvm::Error err = verifyStrategy(built);
+  REQUIRE(bool(err));
+  CHECK(llvm::toString(std::move(err)) ==
+        "directive #" + std::to_string(shard.index) +
+            " (shard ep=3): \"ep\" must divide the 4 devices (expert groups "
+            "are carved out of them)");
+}

@@ -68,8 +68,8 @@ std::optional<CompilePhase> mlir::piper::compilePhaseOfPass(StringRef argument) 
   return llvm::StringSwitch<std::optional<CompilePhase>>(argument)
       .Case("piper-stage", CompilePhase::Stage)
       .Case("piper-build-training-dag", CompilePhase::TrainingDag)
-      .Cases("piper-apply-directive", "piper-finalize-placement",
-             "piper-tie-params", "piper-bound-zero-collectives",
+      .Cases({"piper-apply-directive", "piper-finalize-placement",
+              "piper-tie-params", "piper-bound-zero-collectives"},
              CompilePhase::Directives)
       // The directive pipeline fails this way on an invalid strategy.
       .Case("piper-compile-error", CompilePhase::Directives)

@@ -1,0 +1,190 @@
+// The strategy of piperc's flags: `--pp --dp --microbatches --schedule --zero
+// --ep --virtual-stages` checked as flags, built into directives, and then
+// checked by verifyStrategy like a strategy file.
+#include "compiler/strategy/Strategy.h"
+
+#include "llvm/ADT/STLExtras.h"
+#include "llvm/ADT/StringExtras.h"
+#include "llvm/Support/FormatVariadic.h"
+
+using namespace mlir::piper;
+
+Strategy mlir::piper::strategyFromFlags(int64_t pp, int64_t dp,
+                                        int64_t microbatches,
+                                        const ScheduleBuilder &schedule,
+                                        int zero, int64_t ep,
+                                        int64_t virtualStages) {
+  int64_t perDevice =
+      virtualStages > 0 ? virtualStages : defaultStagesPerDevice(schedule);
+  int64_t stages = pp * perDevice;
+  Strategy s;
+  auto add = [&](Directive d, std::string text) {
+    d.index = s.directives.size();
+    d.text = std::move(text);
+    s.directives.push_back(std::move(d));
+  };
+  Directive stage;
+  stage.kind = Directive::Stage;
+  stage.stages = stages;
+  add(stage, llvm::formatv("stage stages={0}", stages).str());
+  Directive split;
+  split.kind = Directive::Split;
+  split.numMicrobatches = microbatches;
+  add(split, llvm::formatv("split num_microbatches={0}", microbatches).str());
+  auto groupDevices = [&](int64_t g) {
+    std::vector<int64_t> devices;
+    for (int64_t r = 0; r < dp; ++r)
+      devices.push_back(g * dp + r);
+    return devices;
+  };
+  for (int64_t st = 0; st < stages; ++st) {
+    if (schedule.layout == StageLayout::Bidirectional) {
+      // Two copies of the model: microbatch m of stage st runs on the group
+      // of its direction; tieSharedParams sums the copies' gradients.
+      for (int64_t m = 0; m < microbatches; ++m) {
+        Directive place;
+        place.kind = Directive::Place;
+        place.filter.entries["PP"] = {FilterValue::Index, st, ""};
+        place.filter.entries["MB"] = {FilterValue::Index, m, ""};
+        place.devices = groupDevices(
+            deviceOfTask(schedule.layout, st, m, pp, microbatches));
+        place.stream = "pp_stream";
+        add(place, llvm::formatv("place PP={0} MB={1} devices=[{2}]", st, m,
+                                 place.devices.front())
+                       .str());
+      }
+      continue;
+    }
+    // Stage st runs on pipeline device group g: ranks [g*dp, (g+1)*dp).
+    int64_t g = deviceOfStage(schedule.layout, st, pp);
+    std::vector<int64_t> devices = groupDevices(g);
+    std::string devs = llvm::formatv(
+        "[{0}]", llvm::join(llvm::map_range(devices,
+                                            [](int64_t d) {
+                                              return std::to_string(d);
+                                            }),
+                            ", "));
+    Directive place;
+    place.kind = Directive::Place;
+    place.filter.entries["PP"] = {FilterValue::Index, st, ""};
+    place.devices = devices;
+    place.stream = "pp_stream";
+    add(place, llvm::formatv("place PP={0} devices={1}", st, devs).str());
+    Directive rep;
+    rep.kind = Directive::Replicate;
+    rep.filter = place.filter;
+    rep.devices = devices;
+    rep.reduceStream = "dp_stream";
+    rep.gatherStream = zero == 3 ? "gather_stream" : "dp_stream";
+    rep.zero = zero;
+    add(rep, llvm::formatv("replicate PP={0} devices={1}{2}", st, devs,
+                           zero ? llvm::formatv(" zero={0}", zero).str()
+                                : std::string())
+                 .str());
+    if (ep > 1) {
+      Directive shard;
+      shard.kind = Directive::Shard;
+      shard.filter = place.filter;
+      shard.filter.entries["EP"] = {FilterValue::Any, 0, ""};
+      shard.devices = devices;
+      shard.stream = "ep_stream";
+      shard.expertParallel = ep;
+      add(shard, llvm::formatv("shard PP={0} devices={1} ep={2}", st, devs, ep)
+                     .str());
+    }
+  }
+  for (Directive &d : buildSchedule(schedule, pp, perDevice, microbatches))
+    add(d, d.text);
+  s.worldSize = pp * dp;
+  s.summary = llvm::formatv("pp={0} dp={1} microbatches={2} schedule={3}", pp,
+                            dp, microbatches, schedule.name)
+                  .str();
+  if (perDevice > 1)
+    s.summary += llvm::formatv(" stages={0}", stages).str();
+  if (zero)
+    s.summary += llvm::formatv(" zero={0}", zero).str();
+  if (ep > 1)
+    s.summary += llvm::formatv(" ep={0}", ep).str();
+  return s;
+}
+
+/// Why the flags cannot make a strategy, in the flags' own words, or "".
+static std::string checkFlags(const StrategyFlags &f,
+                              const ScheduleBuilder &schedule,
+                              int64_t perDevice) {
+  if (f.pp < 1 || f.dp < 1 || f.microbatches < 1)
+    return "--pp, --dp and --microbatches must be positive";
+  struct Bound {
+    const char *flag;
+    int64_t value, limit;
+  };
+  for (Bound b : {Bound{"--pp", f.pp, kMaxStages},
+                  Bound{"--dp", f.dp, kMaxWorldSize},
+                  Bound{"--microbatches", f.microbatches, kMaxMicrobatches}})
+    if (b.value > b.limit)
+      return llvm::formatv("{0} must be at most {1}, got {2}", b.flag, b.limit,
+                           b.value)
+          .str();
+  // Both are at most 2^20 here: the product cannot overflow.
+  if (f.pp * f.dp > kMaxWorldSize)
+    return llvm::formatv("--pp {0} times --dp {1} is more than the limit of "
+                         "{2} devices",
+                         f.pp, f.dp, kMaxWorldSize)
+        .str();
+  if (f.virtualStages < 0 || f.virtualStages > kMaxStages)
+    return llvm::formatv("--virtual-stages must be from 1 to {0} (0: the "
+                         "schedule's default), got {1}",
+                         kMaxStages, f.virtualStages)
+        .str();
+  if (f.pp * perDevice > kMaxStages)
+    return llvm::formatv("--pp {0} times {1} stages per device group is more "
+                         "than the limit of {2} stages",
+                         f.pp, perDevice, kMaxStages)
+        .str();
+  if (std::string err = checkStageMicrobatches(f.pp * perDevice,
+                                               f.microbatches);
+      !err.empty())
+    return err;
+  if (std::string err = schedule.check(f.pp, perDevice, f.microbatches);
+      !err.empty())
+    return "schedule '" + f.schedule + "' " + err;
+  if (schedule.layout == StageLayout::Bidirectional && (f.dp > 1 || f.ep > 1))
+    return "schedule '" + f.schedule +
+           "' runs two copies of the model on one pipeline; --dp and --ep on "
+           "top of it are not supported yet";
+  if (f.zero < 0 || f.zero > 3)
+    return llvm::formatv("--zero must be the ZeRO stage 0, 1, 2 or 3, got {0}",
+                         f.zero)
+        .str();
+  if (f.zero > 0 && f.dp < 2)
+    return llvm::formatv("--zero {0} shards state over the data-parallel "
+                         "replicas of a stage, but --dp is {1}; use --dp 2 or "
+                         "more",
+                         f.zero, f.dp)
+        .str();
+  if (f.ep < 1 || !dividesDevices(f.ep, f.dp))
+    return llvm::formatv("--ep {0} must divide --dp {1}: expert-parallel "
+                         "groups are carved out of a stage's data-parallel "
+                         "replicas",
+                         f.ep, f.dp)
+        .str();
+  return "";
+}
+
+llvm::Expected<Strategy> mlir::piper::buildStrategy(const StrategyFlags &f) {
+  const ScheduleBuilder *schedule = findSchedule(f.schedule);
+  if (!schedule)
+    return llvm::createStringError("unknown schedule '" + f.schedule + "' (" +
+                                   scheduleNames() + "; see --schedule help)");
+  int64_t perDevice =
+      f.virtualStages ? f.virtualStages : defaultStagesPerDevice(*schedule);
+  if (std::string err = checkFlags(f, *schedule, perDevice); !err.empty())
+    return llvm::createStringError(err);
+  Strategy s = strategyFromFlags(f.pp, f.dp, f.microbatches, *schedule, f.zero,
+                                 f.ep, perDevice);
+  // The flags' checks imply these; the file's rules hold for every
+  // strategy, whatever built it.
+  if (llvm::Error err = verifyStrategy(s))
+    return std::move(err);
+  return s;
+}
