@@ -20,16 +20,10 @@
 
 #include <fmt/format.h>
 
+#include "runtime/support/Errno.h"
+
 namespace piper::plan {
 namespace {
-
-// strerror() capitalizes; the project's messages are lowercase.
-std::string errnoText(int err) {
-  std::string s = std::strerror(err);
-  if (!s.empty() && s[0] >= 'A' && s[0] <= 'Z')
-    s[0] = static_cast<char>(s[0] - 'A' + 'a');
-  return s;
-}
 
 void putU32(unsigned char *p, uint32_t v) {
   for (int i = 0; i < 4; ++i)
@@ -68,7 +62,7 @@ std::string writeAtomically(const std::string &path, std::string_view bytes) {
   std::string tmp = path + ".tmp-XXXXXX";
   int fd = ::mkstemp(tmp.data());
   if (fd < 0)
-    return "cannot create a temporary file next to it: " + errnoText(errno);
+    return "cannot create a temporary file next to it: " + runtime::errnoMessage(errno);
   const char *p = bytes.data();
   size_t left = bytes.size();
   while (left > 0) {
@@ -79,7 +73,7 @@ std::string writeAtomically(const std::string &path, std::string_view bytes) {
       int err = errno;
       ::close(fd);
       ::unlink(tmp.c_str());
-      return "cannot write: " + errnoText(err);
+      return "cannot write: " + runtime::errnoMessage(err);
     }
     p += n;
     left -= static_cast<size_t>(n);
@@ -89,12 +83,12 @@ std::string writeAtomically(const std::string &path, std::string_view bytes) {
   if (::fsync(fd) != 0 || ::close(fd) != 0) {
     int err = errno;
     ::unlink(tmp.c_str());
-    return "cannot write: " + errnoText(err);
+    return "cannot write: " + runtime::errnoMessage(err);
   }
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     int err = errno;
     ::unlink(tmp.c_str());
-    return "cannot rename the temporary file into place: " + errnoText(err);
+    return "cannot rename the temporary file into place: " + runtime::errnoMessage(err);
   }
   return "";
 }

@@ -18,6 +18,7 @@
 #include "runtime/checkpoint/Integrity.h"
 #include "runtime/checkpoint/Json.h"
 #include "runtime/data/AtomicFile.h"
+#include "runtime/support/Errno.h"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
               "safetensors data is little endian and written from memory");

@@ -18,6 +18,7 @@
 #include <gloo/common/error.h>
 
 #include "runtime/comm/TcpStoreWire.h"
+#include "runtime/support/Errno.h"
 
 namespace piper::runtime {
 
@@ -141,7 +142,7 @@ static int connectBy(const std::string &host, int port,
       fd =
           ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
       if (fd >= 0 && ::connect(fd, a->ai_addr, a->ai_addrlen) != 0) {
-        error = errnoText(errno);
+        error = errnoMessage(errno);
         ::close(fd);
         fd = -1;
       }
@@ -200,7 +201,7 @@ std::shared_ptr<TcpStore> TcpStore::connect(const std::string &host, int port,
     lastError = answered ? reply.substr(1)
                 : err == EAGAIN || err == EWOULDBLOCK
                     ? std::string("no answer to its hello")
-                    : errnoText(err);
+                    : errnoMessage(err);
     if (!answered && err == EMSGSIZE) {
       status = Status::error("the rendezvous store at " + store->where +
                              " answered rank " + std::to_string(rank) +
@@ -234,7 +235,7 @@ Status TcpStore::call(const std::string &request, std::string &reply) {
            (err == EAGAIN || err == EWOULDBLOCK
                 ? "no answer within " + std::to_string(timeout.count() / 1000) +
                       " s"
-                : errnoText(err));
+                : errnoMessage(err));
     return Status::error(lost);
   }
   if (!reply.empty() && reply[0] == kError)

@@ -114,13 +114,6 @@ Status checkWritableDirectory(const std::string &dir, const std::string &what) {
   return Status::ok();
 }
 
-std::string errnoMessage(int err) {
-  std::string s = std::strerror(err);
-  if (!s.empty() && s[0] >= 'A' && s[0] <= 'Z')
-    s[0] = static_cast<char>(s[0] - 'A' + 'a');
-  return s;
-}
-
 std::string parentDirectory(const std::string &path) {
   size_t slash = path.find_last_of('/');
   if (slash == std::string::npos)

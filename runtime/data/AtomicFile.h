@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <string>
 
+#include "runtime/support/Errno.h"
 #include "runtime/support/Status.h"
 
 namespace piper::runtime {
@@ -64,9 +65,6 @@ void removeTempFiles();
 /// Makes SIGTERM, SIGINT and SIGHUP delete the remembered files, then end
 /// the process as the signal would have.
 void removeTempFilesOnSignals();
-
-/// strerror() text, lowercased (runtime messages are lowercase).
-std::string errnoMessage(int err);
 
 /// Creates `dir` and its missing parents (like mkdir -p).
 Status makeDirectories(const std::string &dir);

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "runtime/data/AtomicFile.h"
+#include "runtime/support/Errno.h"
 
 namespace piper::runtime {
 

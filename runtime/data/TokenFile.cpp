@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "runtime/data/AtomicFile.h"
+#include "runtime/support/Errno.h"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
               "token files are little endian and read in place");

@@ -21,6 +21,7 @@
 #include "runtime/checkpoint/Json.h"
 #include "runtime/data/AtomicFile.h"
 #include "runtime/launch/CheckpointIO.h"
+#include "runtime/support/Errno.h"
 
 namespace piper::runtime {
 

@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 
 #include "runtime/data/AtomicFile.h"
+#include "runtime/support/Errno.h"
 
 extern char **environ;
 

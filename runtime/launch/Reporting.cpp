@@ -15,6 +15,7 @@
 
 #include "runtime/data/AtomicFile.h"
 #include "runtime/kernels/Kernels.h"
+#include "runtime/support/Errno.h"
 
 namespace piper::runtime {
 

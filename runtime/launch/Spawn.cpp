@@ -39,6 +39,7 @@
 #include "runtime/launch/StandbyLauncher.h"
 #include "runtime/launch/StrategyFiles.h"
 #include "runtime/launch/Watchdog.h"
+#include "runtime/support/Errno.h"
 
 namespace piper::runtime {
 

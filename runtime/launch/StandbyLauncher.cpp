@@ -21,6 +21,7 @@
 #include "runtime/data/AtomicFile.h"
 #include "runtime/launch/Children.h"
 #include "runtime/launch/Standby.h"
+#include "runtime/support/Errno.h"
 
 namespace piper::runtime {
 

@@ -11,6 +11,7 @@
 
 #include "runtime/data/AtomicFile.h"
 #include "runtime/launch/Watchdog.h"
+#include "runtime/support/Errno.h"
 
 namespace piper::runtime {
 
