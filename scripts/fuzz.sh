@@ -91,7 +91,7 @@ sources=(
   runtime/checkpoint/CheckpointManifest.cpp runtime/checkpoint/Integrity.cpp
   runtime/checkpoint/Json.cpp runtime/checkpoint/Safetensors.cpp
   runtime/data/AtomicFile.cpp runtime/data/TokenFile.cpp
-  runtime/support/Errno.cpp
+  runtime/support/Errno.cpp runtime/support/FileIO.cpp
   compiler/strategy/JsonScan.cpp compiler/strategy/Schedules.cpp
   compiler/strategy/Strategy.cpp compiler/driver/MlirScan.cpp
   test/fuzz/PiperEnums.cpp test/fuzz/Targets.cpp test/fuzz/MlirTarget.cpp

@@ -19,6 +19,7 @@
 
 #include "runtime/comm/TcpStoreWire.h"
 #include "runtime/support/Errno.h"
+#include "runtime/support/FileIO.h"
 
 namespace piper::runtime {
 
@@ -30,35 +31,6 @@ using Clock = std::chrono::steady_clock;
 
 /// The largest reply a client reads (a value it asked for).
 constexpr uint32_t kMaxReply = 64u << 20;
-
-bool sendAll(int fd, const char *p, size_t n) {
-  while (n > 0) {
-    ssize_t got = ::send(fd, p, n, MSG_NOSIGNAL);
-    if (got < 0 && errno == EINTR)
-      continue;
-    if (got <= 0)
-      return false;
-    p += got;
-    n -= static_cast<size_t>(got);
-  }
-  return true;
-}
-
-bool recvAll(int fd, char *p, size_t n) {
-  while (n > 0) {
-    ssize_t got = ::recv(fd, p, n, 0);
-    if (got < 0 && errno == EINTR)
-      continue;
-    if (got <= 0) {
-      if (got == 0)
-        errno = ECONNRESET;
-      return false;
-    }
-    p += got;
-    n -= static_cast<size_t>(got);
-  }
-  return true;
-}
 
 bool sendMessage(int fd, const std::string &payload) {
   std::string f = frame(payload);

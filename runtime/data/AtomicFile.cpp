@@ -1,5 +1,6 @@
 // Atomic file writing (temp file, fsync, rename) and small path helpers.
 #include "runtime/data/AtomicFile.h"
+#include "runtime/support/FileIO.h"
 
 #include <atomic>
 #include <cerrno>
@@ -183,19 +184,11 @@ Status AtomicFile::open(const std::string &target) {
 Status AtomicFile::write(const void *data, size_t bytes) {
   if (fd < 0)
     return Status::error("'" + path + "' is not open for writing");
-  const char *p = static_cast<const char *>(data);
-  while (bytes > 0) {
-    ssize_t n = ::write(fd, p, bytes);
-    if (n < 0 && errno == EINTR)
-      continue;
-    if (n <= 0) {
-      Status st = Status::error("cannot write '" + tmpPath +
-                                "': " + errnoMessage(n < 0 ? errno : EIO));
-      discard();
-      return st;
-    }
-    p += n;
-    bytes -= static_cast<size_t>(n);
+  if (!writeAll(fd, data, bytes)) {
+    Status st =
+        Status::error("cannot write '" + tmpPath + "': " + errnoMessage(errno));
+    discard();
+    return st;
   }
   return Status::ok();
 }
