@@ -90,7 +90,7 @@ sources=(
   runtime/exec/ValidateOrdering.cpp runtime/exec/ValidateStrategy.cpp
   runtime/checkpoint/CheckpointManifest.cpp runtime/checkpoint/Integrity.cpp
   runtime/checkpoint/Json.cpp runtime/checkpoint/Safetensors.cpp
-  runtime/data/AtomicFile.cpp runtime/data/TokenFile.cpp
+  runtime/data/TokenFile.cpp runtime/support/AtomicFile.cpp
   runtime/support/Errno.cpp runtime/support/FileIO.cpp
   compiler/strategy/JsonScan.cpp compiler/strategy/Schedules.cpp
   compiler/strategy/Strategy.cpp compiler/driver/MlirScan.cpp

@@ -17,7 +17,7 @@
 
 #include "runtime/checkpoint/Integrity.h"
 #include "runtime/checkpoint/Json.h"
-#include "runtime/data/AtomicFile.h"
+#include "runtime/support/AtomicFile.h"
 #include "runtime/support/Errno.h"
 #include "runtime/support/FileIO.h"
 

@@ -12,7 +12,7 @@
 
 #include <fmt/format.h>
 
-#include "runtime/data/AtomicFile.h"
+#include "runtime/support/AtomicFile.h"
 #include "runtime/support/Errno.h"
 #include "runtime/support/FileIO.h"
 

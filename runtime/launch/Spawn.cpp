@@ -30,7 +30,6 @@
 
 #include <fmt/format.h>
 
-#include "runtime/data/AtomicFile.h"
 #include "runtime/launch/CheckpointIO.h"
 #include "runtime/launch/Checkpoints.h"
 #include "runtime/launch/Children.h"
@@ -39,6 +38,7 @@
 #include "runtime/launch/StandbyLauncher.h"
 #include "runtime/launch/StrategyFiles.h"
 #include "runtime/launch/Watchdog.h"
+#include "runtime/support/AtomicFile.h"
 #include "runtime/support/Errno.h"
 
 namespace piper::runtime {

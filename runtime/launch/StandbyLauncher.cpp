@@ -18,9 +18,9 @@
 
 #include <fmt/format.h>
 
-#include "runtime/data/AtomicFile.h"
 #include "runtime/launch/Children.h"
 #include "runtime/launch/Standby.h"
+#include "runtime/support/AtomicFile.h"
 #include "runtime/support/Errno.h"
 #include "runtime/support/FileIO.h"
 

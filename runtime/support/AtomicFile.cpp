@@ -1,5 +1,5 @@
 // Atomic file writing (temp file, fsync, rename) and small path helpers.
-#include "runtime/data/AtomicFile.h"
+#include "runtime/support/AtomicFile.h"
 #include "runtime/support/FileIO.h"
 
 #include <atomic>
