@@ -83,7 +83,7 @@ INCLUDES=(-I. -I"$gen" -I"$LLVM/include")
 sources=(
   "$gen/proto/plan.pb.cc"
   proto/InputFile.cpp proto/PlanFile.cpp proto/KernelIds.cpp
-  proto/PlanGroups.cpp proto/PlanShards.cpp
+  proto/PlanGroups.cpp proto/PlanShards.cpp proto/PlanTensors.cpp
   proto/analysis/ArenaSweep.cpp proto/analysis/MemoryPlan.cpp
   proto/analysis/MemoryReport.cpp proto/analysis/StreamOrder.cpp
   runtime/exec/Validate.cpp runtime/exec/ValidateChecks.cpp

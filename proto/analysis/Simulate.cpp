@@ -8,6 +8,7 @@
 #include <tuple>
 
 #include "proto/PlanGroups.h"
+#include "proto/PlanTensors.h"
 #include "proto/analysis/MemoryPlan.h"
 #include "proto/analysis/StreamOrder.h"
 
@@ -66,11 +67,7 @@ double pointToPoint(const Machine &m, double bytes) {
 /// Bytes a step buffer occupies on the wire: packed bf16 for float32
 /// buffers of bf16 plans, as the runtime sends them.
 double wireBytes(const Plan &plan, const TensorType &type) {
-  TensorType stored = type;
-  if (plan.training().compute_dtype() == BF16 && stored.dtype() == F32 &&
-      stored.shape_size() > 0)
-    stored.set_dtype(BF16);
-  return double(std::max<int64_t>(storedTensorBytes(stored), 0));
+  return double(std::max<int64_t>(tensorBytes(storedType(plan, type)), 0));
 }
 
 double paramBytes(const Parameter &p) {
