@@ -373,6 +373,8 @@ private:
     double t = cs.t[s];
     double fixed = 0;
     bool hasFixed = overrideFor(c, inst, fixed);
+    if (isCollective(inst.kind()))
+      return advanceCollective(c, s, inst, t, hasFixed, fixed, error);
     switch (inst.kind()) {
     case Instruction::CALL: {
       if (inst.segment() < 0 || inst.segment() >= plan.segments_size()) {
@@ -457,117 +459,6 @@ private:
       finish(c, s, inst, x.start, x.end, true);
       return 1;
     }
-    case Instruction::ALL_REDUCE:
-    case Instruction::REDUCE_SCATTER:
-    case Instruction::ALL_GATHER:
-    case Instruction::ALL_TO_ALL:
-    case Instruction::REDUCE_SCATTER_GRADS:
-    case Instruction::ALL_GATHER_PARAMS:
-    case Instruction::CLIP_GRADS: {
-      bool clip = inst.kind() == Instruction::CLIP_GRADS;
-      std::set<int> members;
-      std::vector<int> ranks;
-      double bytes = 0, local = 0;
-      if (clip) {
-        for (size_t k = 0; k < plans.size(); ++k)
-          members.insert(int(k));
-        for (int r = 0; r < worldSize; ++r)
-          ranks.push_back(r);
-        bytes = 4; // one float: the squared norm
-        double grads = 0;
-        for (const Parameter &p : plan.params())
-          grads += paramBytes(p);
-        local = timeFor(2 * grads, m.memoryBytesPerSecond);
-      } else {
-        // The class's first rank stands for every replica: all of them run
-        // with a group (or subgroup) of the same size.
-        const DeviceGroup *g = plan.ranks_size()
-                                   ? memberGroup(plan, inst, plan.ranks(0))
-                                   : nullptr;
-        if (!g) {
-          error = where(c, s) + ": group " + std::to_string(inst.group()) +
-                  " (or its subgroup of rank " +
-                  std::to_string(plan.ranks_size() ? plan.ranks(0) : -1) +
-                  ") is not a group of the plan";
-          return -1;
-        }
-        ranks.assign(g->ranks().begin(), g->ranks().end());
-        std::sort(ranks.begin(), ranks.end());
-        for (int r : ranks) {
-          auto it = classOfRank.find(r);
-          if (it == classOfRank.end()) {
-            error = where(c, s) + ": group rank " + std::to_string(r) +
-                    " belongs to no plan given";
-            return -1;
-          }
-          members.insert(it->second);
-        }
-        for (int p : inst.params()) {
-          if (p < 0 || p >= plan.params_size()) {
-            error = where(c, s) + ": parameter " + std::to_string(p) +
-                    " is out of range";
-            return -1;
-          }
-          bytes += paramBytes(plan.params(p));
-        }
-        // Value collectives: the full tensor's bytes (the input of an
-        // all-reduce or reduce-scatter, the output of an all-gather; an
-        // all-to-all's input, as if it were full and spread evenly).
-        const auto &ids = inst.kind() == Instruction::ALL_GATHER
-                              ? inst.outputs()
-                              : inst.inputs();
-        // ZeRO's forms: the parameters' whole tensors, counted above.
-        bool zero = inst.kind() == Instruction::REDUCE_SCATTER_GRADS ||
-                    inst.kind() == Instruction::ALL_GATHER_PARAMS;
-        for (int i = 0; !zero && i < ids.size(); ++i) {
-          if (inst.kind() == Instruction::ALL_TO_ALL && i > 0)
-            break; // the counts
-          if (ids[i] < 0 || ids[i] >= plan.buffers_size()) {
-            error = where(c, s) + ": buffer " + std::to_string(ids[i]) +
-                    " is out of range";
-            return -1;
-          }
-          bytes += wireBytes(plan, plan.buffers(ids[i]).type());
-        }
-      }
-      if (!cs.registered[s]) {
-        std::string kindName = inst.kind() == Instruction::ALL_REDUCE
-                                   ? "all-reduce"
-                                   : Instruction::Kind_Name(inst.kind());
-        std::string base =
-            clip ? std::string("clip") : kindName + " '" + stream.name() + "' [";
-        if (!clip)
-          for (size_t i = 0; i < ranks.size(); ++i)
-            base += (i ? "," : "") + std::to_string(ranks[i]);
-        int seq = cs.collectiveCount[base]++;
-        std::string key = base + "#" + std::to_string(seq);
-        Collective &k = collectives[key];
-        if (k.members.empty()) {
-          k.members = members;
-          k.ranks = int(ranks.size());
-          k.passes = inst.kind() == Instruction::ALL_REDUCE ||
-                             inst.kind() == Instruction::CLIP_GRADS
-                         ? 2
-                         : 1;
-        }
-        k.arrival[c] = t;
-        k.commBytes = std::max(k.commBytes, bytes);
-        cs.pendingKey[s] = key;
-        cs.registered[s] = 1;
-        k.duration[c] = hasFixed ? std::make_pair(true, fixed)
-                                 : std::make_pair(false, local);
-        tryComplete(k);
-      }
-      Collective &k = collectives[cs.pendingKey[s]];
-      if (!k.done)
-        return 0;
-      auto [isFixed, d] = k.duration[c];
-      if (!isFixed) // the ring, then the local part
-        d += ringCollective(m, k.ranks, k.commBytes, k.passes);
-      cs.t[s] = k.arrival[c];
-      finish(c, s, inst, k.start, k.start + d, true);
-      return 1;
-    }
     default:
       error = where(c, s) + ": cannot simulate instruction kind " +
               (Instruction::Kind_IsValid(inst.kind())
@@ -577,11 +468,137 @@ private:
     }
   }
 
+  /// advance() for a collective (isCollective): it arrives, then waits for
+  /// every member class; all start together.
+  int advanceCollective(int c, int s, const Instruction &inst, double t,
+                        bool hasFixed, double fixed, std::string &error) {
+    const Plan &plan = plans[c];
+    ClassState &cs = st[c];
+    const Stream &stream = plan.streams(s);
+    bool clip = inst.kind() == Instruction::CLIP_GRADS;
+    std::set<int> members;
+    std::vector<int> ranks;
+    double bytes = 0, local = 0;
+    if (clip) {
+      for (size_t k = 0; k < plans.size(); ++k)
+        members.insert(int(k));
+      for (int r = 0; r < worldSize; ++r)
+        ranks.push_back(r);
+      bytes = 4; // one float: the squared norm
+      double grads = 0;
+      for (const Parameter &p : plan.params())
+        grads += paramBytes(p);
+      local = timeFor(2 * grads, m.memoryBytesPerSecond);
+    } else {
+      // The class's first rank stands for every replica: all of them run
+      // with a group (or subgroup) of the same size.
+      const DeviceGroup *g = plan.ranks_size()
+                                 ? memberGroup(plan, inst, plan.ranks(0))
+                                 : nullptr;
+      if (!g) {
+        error = where(c, s) + ": group " + std::to_string(inst.group()) +
+                " (or its subgroup of rank " +
+                std::to_string(plan.ranks_size() ? plan.ranks(0) : -1) +
+                ") is not a group of the plan";
+        return -1;
+      }
+      ranks.assign(g->ranks().begin(), g->ranks().end());
+      std::sort(ranks.begin(), ranks.end());
+      for (int r : ranks) {
+        auto it = classOfRank.find(r);
+        if (it == classOfRank.end()) {
+          error = where(c, s) + ": group rank " + std::to_string(r) +
+                  " belongs to no plan given";
+          return -1;
+        }
+        members.insert(it->second);
+      }
+      for (int p : inst.params()) {
+        if (p < 0 || p >= plan.params_size()) {
+          error = where(c, s) + ": parameter " + std::to_string(p) +
+                  " is out of range";
+          return -1;
+        }
+        bytes += paramBytes(plan.params(p));
+      }
+      // Value collectives: the full tensor's bytes (the input of an
+      // all-reduce or reduce-scatter, the output of an all-gather; an
+      // all-to-all's input, as if it were full and spread evenly).
+      const auto &ids = inst.kind() == Instruction::ALL_GATHER
+                            ? inst.outputs()
+                            : inst.inputs();
+      // ZeRO's forms: the parameters' whole tensors, counted above.
+      bool zero = inst.kind() == Instruction::REDUCE_SCATTER_GRADS ||
+                  inst.kind() == Instruction::ALL_GATHER_PARAMS;
+      for (int i = 0; !zero && i < ids.size(); ++i) {
+        if (inst.kind() == Instruction::ALL_TO_ALL && i > 0)
+          break; // the counts
+        if (ids[i] < 0 || ids[i] >= plan.buffers_size()) {
+          error = where(c, s) + ": buffer " + std::to_string(ids[i]) +
+                  " is out of range";
+          return -1;
+        }
+        bytes += wireBytes(plan, plan.buffers(ids[i]).type());
+      }
+    }
+    if (!cs.registered[s]) {
+      std::string kindName = inst.kind() == Instruction::ALL_REDUCE
+                                 ? "all-reduce"
+                                 : Instruction::Kind_Name(inst.kind());
+      std::string base =
+          clip ? std::string("clip") : kindName + " '" + stream.name() + "' [";
+      if (!clip)
+        for (size_t i = 0; i < ranks.size(); ++i)
+          base += (i ? "," : "") + std::to_string(ranks[i]);
+      int seq = cs.collectiveCount[base]++;
+      std::string key = base + "#" + std::to_string(seq);
+      Collective &k = collectives[key];
+      if (k.members.empty()) {
+        k.members = members;
+        k.ranks = int(ranks.size());
+        k.passes = inst.kind() == Instruction::ALL_REDUCE ||
+                           inst.kind() == Instruction::CLIP_GRADS
+                       ? 2
+                       : 1;
+      }
+      k.arrival[c] = t;
+      k.commBytes = std::max(k.commBytes, bytes);
+      cs.pendingKey[s] = key;
+      cs.registered[s] = 1;
+      k.duration[c] = hasFixed ? std::make_pair(true, fixed)
+                               : std::make_pair(false, local);
+      tryComplete(k);
+    }
+    Collective &k = collectives[cs.pendingKey[s]];
+    if (!k.done)
+      return 0;
+    auto [isFixed, d] = k.duration[c];
+    if (!isFixed) // the ring, then the local part
+      d += ringCollective(m, k.ranks, k.commBytes, k.passes);
+    cs.t[s] = k.arrival[c];
+    finish(c, s, inst, k.start, k.start + d, true);
+    return 1;
+  }
+
   /// What the blocked instruction at stream `s` of class `c` waits for.
   std::string waitingFor(int c, int s) {
     const Plan &plan = plans[c];
     const Stream &stream = plan.streams(s);
     const Instruction &inst = stream.instructions(st[c].pc[s]);
+    if (isCollective(inst.kind())) {
+      auto it = collectives.find(st[c].pendingKey[s]);
+      if (it == collectives.end())
+        return "a collective";
+      std::string missing;
+      for (int member : it->second.members)
+        if (!it->second.arrival.count(member))
+          missing += (missing.empty() ? "" : ", ") + classId(member);
+      std::string key = it->first.substr(0, it->first.rfind('#'));
+      return (inst.kind() == Instruction::CLIP_GRADS
+                  ? std::string("the world's CLIP_GRADS")
+                  : "the " + key + "]") +
+             ", which class(es) " + missing + " have not reached";
+    }
     switch (inst.kind()) {
     case Instruction::WAIT: {
       int e = inst.event();
@@ -620,26 +637,6 @@ private:
       }
       return what + ", which class " + classId(peer) +
              " never issues on a stream named '" + stream.name() + "'";
-    }
-    case Instruction::ALL_REDUCE:
-    case Instruction::REDUCE_SCATTER:
-    case Instruction::ALL_GATHER:
-    case Instruction::ALL_TO_ALL:
-    case Instruction::REDUCE_SCATTER_GRADS:
-    case Instruction::ALL_GATHER_PARAMS:
-    case Instruction::CLIP_GRADS: {
-      auto it = collectives.find(st[c].pendingKey[s]);
-      if (it == collectives.end())
-        return "a collective";
-      std::string missing;
-      for (int member : it->second.members)
-        if (!it->second.arrival.count(member))
-          missing += (missing.empty() ? "" : ", ") + classId(member);
-      std::string key = it->first.substr(0, it->first.rfind('#'));
-      return (inst.kind() == Instruction::CLIP_GRADS
-                  ? std::string("the world's CLIP_GRADS")
-                  : "the " + key + "]") +
-             ", which class(es) " + missing + " have not reached";
     }
     default:
       return "nothing it can know";
