@@ -89,16 +89,20 @@ Status embeddingKernel(const KernelArgs &a);
 Status embeddingGradKernel(const KernelArgs &a);
 Status positionAddKernel(const KernelArgs &a);
 Status positionAddGradKernel(const KernelArgs &a);
+Status linearKernel(const KernelArgs &a);
+Status linearGradInputKernel(const KernelArgs &a);
+Status linearGradWeightKernel(const KernelArgs &a);
+Status biasGradKernel(const KernelArgs &a);
+
+// NormKernels.cpp
 Status layerNormKernel(const KernelArgs &a);
 Status layerNormGradInputKernel(const KernelArgs &a);
 Status layerNormGradWeightKernel(const KernelArgs &a);
 Status rmsNormKernel(const KernelArgs &a);
 Status rmsNormGradInputKernel(const KernelArgs &a);
 Status rmsNormGradWeightKernel(const KernelArgs &a);
-Status linearKernel(const KernelArgs &a);
-Status linearGradInputKernel(const KernelArgs &a);
-Status linearGradWeightKernel(const KernelArgs &a);
-Status biasGradKernel(const KernelArgs &a);
+
+// ElementwiseKernels.cpp
 Status geluKernel(const KernelArgs &a);
 Status geluGradKernel(const KernelArgs &a);
 Status swigluKernel(const KernelArgs &a);
