@@ -116,20 +116,26 @@ Status attentionGradKernel(const KernelArgs &a);
 // MoeKernels.cpp
 Status moeRouterKernel(const KernelArgs &a);
 Status moeRouterGradKernel(const KernelArgs &a);
+Status moeAuxLossKernel(const KernelArgs &a);
+Status moeAuxLossGradKernel(const KernelArgs &a);
+
+// MoeSlotKernels.cpp
 Status moeDispatchKernel(const KernelArgs &a);
+Status moeDispatchGradKernel(const KernelArgs &a);
+Status moeCombineKernel(const KernelArgs &a);
+Status moeCombineGradKernel(const KernelArgs &a);
+
+// MoeEpKernels.cpp
 Status moeEpCountsKernel(const KernelArgs &a);
 Status moeEpPackKernel(const KernelArgs &a);
 Status moeEpUnpackKernel(const KernelArgs &a);
 Status moeEpGatherKernel(const KernelArgs &a);
 Status moeEpScatterKernel(const KernelArgs &a);
-Status moeDispatchGradKernel(const KernelArgs &a);
-Status moeCombineKernel(const KernelArgs &a);
-Status moeCombineGradKernel(const KernelArgs &a);
+
+// MoeExpertKernels.cpp
 Status expertLinearKernel(const KernelArgs &a);
 Status expertLinearGradInputKernel(const KernelArgs &a);
 Status expertLinearGradWeightKernel(const KernelArgs &a);
-Status moeAuxLossKernel(const KernelArgs &a);
-Status moeAuxLossGradKernel(const KernelArgs &a);
 
 // LossKernels.cpp
 Status crossEntropyKernel(const KernelArgs &a);
