@@ -69,17 +69,22 @@ void forEachRow(int64_t rows, int64_t width, const Row &row) {
   });
 }
 
-// A grad_input kernel: without dgamma the rows are independent, so
-// `backward(x, gamma, dy, rows, dx)` runs on chunks of rows in parallel.
+// A grad_input kernel: checks the call (checkNormGradInput); then, without
+// dgamma the rows being independent, runs
+// `backward(x, gamma, dy, rows, hidden, eps, dx)` on chunks of rows in
+// parallel.
 template <typename Backward>
-Status normGradInput(const KernelArgs &a, int64_t rows, int64_t hidden,
+Status normGradInput(const KernelArgs &a, double defaultEps,
                      const Backward &backward) {
+  int64_t rows = 0, hidden = 0;
+  double eps = 0;
+  PIPER_RETURN_IF_ERROR(checkNormGradInput(a, defaultEps, rows, hidden, eps));
   const TensorRef &x = a.inputs[0], &gamma = a.inputs[1], &dy = a.inputs[2];
   const TensorRef &dx = a.outputs[0];
   parallelFor(rows, rowGrain(3 * hidden), [&](int64_t begin, int64_t end) {
     int64_t at = begin * hidden;
-    backward(x.f32() + at, gamma.f32(), dy.f32() + at, end - begin,
-             dx.f32() + at);
+    backward(x.f32() + at, gamma.f32(), dy.f32() + at, end - begin, hidden,
+             eps, dx.f32() + at);
   });
   return Status::ok();
 }
@@ -254,15 +259,9 @@ Status checkLayerNormGradInput(const KernelArgs &a, int64_t &rows,
 }
 
 Status layerNormGradInputKernel(const KernelArgs &a) {
-  int64_t rows = 0, hidden = 0;
-  double eps = 0;
-  PIPER_RETURN_IF_ERROR(checkLayerNormGradInput(a, rows, hidden, eps));
-  return normGradInput(a, rows, hidden,
-                       [&](const float *x, const float *gamma, const float *dy,
-                           int64_t n, float *dx) {
-                         layerNormBackward(x, gamma, dy, n, hidden, eps, dx,
-                                           nullptr, nullptr);
-                       });
+  return normGradInput(a, kLayerNormEps, [](auto... args) {
+    layerNormBackward(args..., nullptr, nullptr); // dx only
+  });
 }
 
 Status checkLayerNormGradWeight(const KernelArgs &a, int64_t &rows,
@@ -314,15 +313,9 @@ Status checkRmsNormGradInput(const KernelArgs &a, int64_t &rows,
 }
 
 Status rmsNormGradInputKernel(const KernelArgs &a) {
-  int64_t rows = 0, hidden = 0;
-  double eps = 0;
-  PIPER_RETURN_IF_ERROR(checkRmsNormGradInput(a, rows, hidden, eps));
-  return normGradInput(a, rows, hidden,
-                       [&](const float *x, const float *gamma, const float *dy,
-                           int64_t n, float *dx) {
-                         rmsNormBackward(x, gamma, dy, n, hidden, eps, dx,
-                                         nullptr);
-                       });
+  return normGradInput(a, kRmsNormEps, [](auto... args) {
+    rmsNormBackward(args..., nullptr); // dx only
+  });
 }
 
 Status checkRmsNormGradWeight(const KernelArgs &a, int64_t &rows,
