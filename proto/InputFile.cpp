@@ -8,16 +8,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "runtime/support/Errno.h"
+
 namespace piper {
 namespace {
-
-// strerror() capitalizes; the project's messages are lowercase.
-std::string errnoText(int err) {
-  std::string s = std::strerror(err);
-  if (!s.empty() && s[0] >= 'A' && s[0] <= 'Z')
-    s[0] = static_cast<char>(s[0] - 'A' + 'a');
-  return s;
-}
 
 std::string tooLarge(int64_t limit) {
   return "is more than the limit of " + std::to_string(limit) + " bytes";
@@ -32,7 +26,7 @@ std::string readAll(int fd, std::string &out, int64_t limit) {
     if (n < 0 && errno == EINTR)
       continue;
     if (n < 0)
-      return "cannot read: " + errnoText(errno);
+      return "cannot read: " + runtime::errnoMessage(errno);
     if (n == 0)
       return "";
     if (static_cast<int64_t>(out.size()) + n > limit) {
@@ -51,7 +45,7 @@ std::string checkInputPath(const std::string &path) {
     return "";
   struct stat st;
   if (::stat(path.c_str(), &st) != 0)
-    return "cannot open: " + errnoText(errno);
+    return "cannot open: " + runtime::errnoMessage(errno);
   if (S_ISDIR(st.st_mode))
     return "is a directory";
   if (!S_ISREG(st.st_mode))
@@ -75,11 +69,11 @@ std::string readInputFile(const std::string &path, std::string &out,
   // returns at once instead of waiting for a writer.
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0)
-    return "cannot open: " + errnoText(errno);
+    return "cannot open: " + runtime::errnoMessage(errno);
   struct stat st;
   std::string err;
   if (::fstat(fd, &st) != 0)
-    err = "cannot stat: " + errnoText(errno);
+    err = "cannot stat: " + runtime::errnoMessage(errno);
   else if (!S_ISREG(st.st_mode))
     err = "is not a regular file";
   else if (st.st_size > limit)

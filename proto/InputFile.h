@@ -1,7 +1,8 @@
 // The one reader of input files that every Piper tool uses (models,
 // strategies, manifests, plans, machine descriptions): it refuses what it
 // cannot bound instead of hanging or running out of memory. Shared by the
-// compiler and the runtime, so it depends on nothing but the C library.
+// compiler and the runtime, so it depends on nothing but the C library (and
+// runtime/support's errnoMessage).
 #ifndef PIPER_PROTO_INPUTFILE_H
 #define PIPER_PROTO_INPUTFILE_H
 

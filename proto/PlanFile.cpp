@@ -3,14 +3,9 @@
 #include "proto/InputFile.h"
 
 #include <algorithm>
-#include <cerrno>
 #include <climits>
 #include <cstring>
 #include <string_view>
-
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <google/protobuf/io/coded_stream.h>
 #include <google/protobuf/io/tokenizer.h>
@@ -20,16 +15,10 @@
 
 #include <fmt/format.h>
 
+#include "runtime/support/AtomicFile.h"
+
 namespace piper::plan {
 namespace {
-
-// strerror() capitalizes; the project's messages are lowercase.
-std::string errnoText(int err) {
-  std::string s = std::strerror(err);
-  if (!s.empty() && s[0] >= 'A' && s[0] <= 'Z')
-    s[0] = static_cast<char>(s[0] - 'A' + 'a');
-  return s;
-}
 
 void putU32(unsigned char *p, uint32_t v) {
   for (int i = 0; i < 4; ++i)
@@ -63,40 +52,16 @@ std::string unsupportedVersion(const char *what, uint32_t version) {
 }
 
 /// Writes `bytes` to a temporary file next to `path`, syncs it and renames it
-/// over `path`, so that a crash or a concurrent reader never sees half a file.
+/// over `path` (runtime::AtomicFile), so that a crash or a concurrent reader
+/// never sees half a file. Returns "" or the error.
 std::string writeAtomically(const std::string &path, std::string_view bytes) {
-  std::string tmp = path + ".tmp-XXXXXX";
-  int fd = ::mkstemp(tmp.data());
-  if (fd < 0)
-    return "cannot create a temporary file next to it: " + errnoText(errno);
-  const char *p = bytes.data();
-  size_t left = bytes.size();
-  while (left > 0) {
-    ssize_t n = ::write(fd, p, left);
-    if (n < 0 && errno == EINTR)
-      continue;
-    if (n <= 0) {
-      int err = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      return "cannot write: " + errnoText(err);
-    }
-    p += n;
-    left -= static_cast<size_t>(n);
-  }
-  // mkstemp creates 0600 files; plans are ordinary build outputs.
-  ::fchmod(fd, 0644);
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    int err = errno;
-    ::unlink(tmp.c_str());
-    return "cannot write: " + errnoText(err);
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    int err = errno;
-    ::unlink(tmp.c_str());
-    return "cannot rename the temporary file into place: " + errnoText(err);
-  }
-  return "";
+  runtime::AtomicFile file;
+  runtime::Status status = file.open(path);
+  if (status)
+    status = file.write(bytes.data(), bytes.size());
+  if (status)
+    status = file.commit();
+  return status ? "" : status.message();
 }
 
 std::string planPrefix(const std::string &path) {

@@ -68,21 +68,27 @@ const DeviceGroup *memberGroup(const Plan &plan, const Instruction &inst,
   return nullptr;
 }
 
-bool isCommunication(Instruction::Kind kind) {
+bool isGroupCollective(Instruction::Kind kind) {
   switch (kind) {
-  case Instruction::SEND:
-  case Instruction::RECV:
   case Instruction::ALL_REDUCE:
   case Instruction::REDUCE_SCATTER:
   case Instruction::ALL_GATHER:
   case Instruction::ALL_TO_ALL:
   case Instruction::REDUCE_SCATTER_GRADS:
   case Instruction::ALL_GATHER_PARAMS:
-  case Instruction::CLIP_GRADS:
     return true;
   default:
     return false;
   }
+}
+
+bool isCollective(Instruction::Kind kind) {
+  return isGroupCollective(kind) || kind == Instruction::CLIP_GRADS;
+}
+
+bool isCommunication(Instruction::Kind kind) {
+  return isCollective(kind) || kind == Instruction::SEND ||
+         kind == Instruction::RECV;
 }
 
 } // namespace piper::plan

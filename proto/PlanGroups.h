@@ -22,8 +22,18 @@ std::string checkCollectiveGroups(const Plan &plan, const Instruction &inst);
 const DeviceGroup *memberGroup(const Plan &plan, const Instruction &inst,
                                int rank);
 
-/// Whether instructions of `kind` wait on other ranks (send, receive, the
-/// collectives, gradient clipping).
+/// Whether instructions of `kind` are collectives over a device group (their
+/// `group`, or the member's subgroup: memberGroup): ALL_REDUCE,
+/// REDUCE_SCATTER, ALL_GATHER, ALL_TO_ALL, REDUCE_SCATTER_GRADS and
+/// ALL_GATHER_PARAMS.
+bool isGroupCollective(Instruction::Kind kind);
+
+/// Whether instructions of `kind` are collectives: the group collectives and
+/// CLIP_GRADS (the gradient norm, over every rank).
+bool isCollective(Instruction::Kind kind);
+
+/// Whether instructions of `kind` wait on other ranks: the collectives, SEND
+/// and RECV.
 bool isCommunication(Instruction::Kind kind);
 
 } // namespace piper::plan

@@ -4,20 +4,6 @@
 
 namespace piper::plan {
 
-ShardRange shardRange(int64_t elements, int64_t members, int64_t index) {
-  members = std::max<int64_t>(1, members);
-  int64_t base = elements / members, extra = elements % members;
-  ShardRange r;
-  r.count = base + (index < extra ? 1 : 0);
-  r.start = index * base + std::min(index, extra);
-  return r;
-}
-
-int64_t shardCapacity(int64_t elements, int64_t members) {
-  members = std::max<int64_t>(1, members);
-  return (elements + members - 1) / members;
-}
-
 int64_t paramElements(const Parameter &param) {
   int64_t n = 1;
   for (int64_t d : param.type().shape())

@@ -9,21 +9,12 @@
 #include <string>
 #include <vector>
 
+#include "proto/BalancedSplit.h"
 #include "proto/plan.pb.h"
 
 namespace piper::plan {
 
-/// The consecutive elements [start, start + count) of a flattened tensor of
-/// `elements` that member `index` of `members` holds: elements / members,
-/// plus one for the first elements % members members.
-struct ShardRange {
-  int64_t start = 0;
-  int64_t count = 0;
-};
-ShardRange shardRange(int64_t elements, int64_t members, int64_t index);
-
-/// Elements of a shard buffer: the largest range, ceil(elements / members).
-int64_t shardCapacity(int64_t elements, int64_t members);
+// shardRange and shardCapacity, the balanced split: BalancedSplit.h.
 
 /// Elements of the parameter's tensor (its whole type).
 int64_t paramElements(const Parameter &param);

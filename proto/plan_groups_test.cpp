@@ -76,3 +76,23 @@ TEST_CASE("bad subgroups are named") {
   CHECK(checkCollectiveGroups(p, inst).find("group -1 is out of range") !=
         std::string::npos);
 }
+
+TEST_CASE("group collectives, collectives and communication nest") {
+  for (int k = 0; k <= Instruction::Kind_MAX; ++k) {
+    if (!Instruction::Kind_IsValid(k))
+      continue;
+    auto kind = static_cast<Instruction::Kind>(k);
+    INFO(Instruction::Kind_Name(kind));
+    bool group = kind == Instruction::ALL_REDUCE ||
+                 kind == Instruction::REDUCE_SCATTER ||
+                 kind == Instruction::ALL_GATHER ||
+                 kind == Instruction::ALL_TO_ALL ||
+                 kind == Instruction::REDUCE_SCATTER_GRADS ||
+                 kind == Instruction::ALL_GATHER_PARAMS;
+    CHECK(isGroupCollective(kind) == group);
+    CHECK(isCollective(kind) == (group || kind == Instruction::CLIP_GRADS));
+    CHECK(isCommunication(kind) ==
+          (isCollective(kind) || kind == Instruction::SEND ||
+           kind == Instruction::RECV));
+  }
+}

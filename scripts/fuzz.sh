@@ -83,14 +83,15 @@ INCLUDES=(-I. -I"$gen" -I"$LLVM/include")
 sources=(
   "$gen/proto/plan.pb.cc"
   proto/InputFile.cpp proto/PlanFile.cpp proto/KernelIds.cpp
-  proto/PlanGroups.cpp proto/PlanShards.cpp
+  proto/PlanGroups.cpp proto/PlanShards.cpp proto/PlanTensors.cpp
   proto/analysis/ArenaSweep.cpp proto/analysis/MemoryPlan.cpp
   proto/analysis/MemoryReport.cpp proto/analysis/StreamOrder.cpp
   runtime/exec/Validate.cpp runtime/exec/ValidateChecks.cpp
   runtime/exec/ValidateOrdering.cpp runtime/exec/ValidateStrategy.cpp
   runtime/checkpoint/CheckpointManifest.cpp runtime/checkpoint/Integrity.cpp
   runtime/checkpoint/Json.cpp runtime/checkpoint/Safetensors.cpp
-  runtime/data/AtomicFile.cpp runtime/data/TokenFile.cpp
+  runtime/data/TokenFile.cpp runtime/support/AtomicFile.cpp
+  runtime/support/Errno.cpp runtime/support/FileIO.cpp
   compiler/strategy/JsonScan.cpp compiler/strategy/Schedules.cpp
   compiler/strategy/Strategy.cpp compiler/driver/MlirScan.cpp
   test/fuzz/PiperEnums.cpp test/fuzz/Targets.cpp test/fuzz/MlirTarget.cpp

@@ -23,6 +23,7 @@
 #include "proto/analysis/MemoryPlan.h"
 #include "proto/analysis/Simulate.h"
 #include "proto/analysis/TimelineSvg.h"
+#include "runtime/support/Errno.h"
 
 namespace {
 
@@ -243,9 +244,8 @@ int main(int argc, char **argv) {
   int rc = runPiperPlan(argc, argv);
   // What went to standard output must have arrived (> /dev/full).
   if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
-    std::string reason = std::strerror(errno);
-    reason[0] = static_cast<char>(std::tolower(reason[0]));
-    return fail("cannot write to standard output: " + reason);
+    return fail("cannot write to standard output: " +
+                piper::runtime::errnoMessage(errno));
   }
   return rc;
 }

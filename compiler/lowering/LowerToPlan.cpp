@@ -6,6 +6,7 @@
 #include "dialects/piper/PiperDialect.h"
 #include "proto/KernelIds.h"
 #include "proto/PlanFile.h"
+#include "proto/PlanTensors.h"
 #include "proto/analysis/MemoryPlan.h"
 
 using namespace mlir;
@@ -58,10 +59,7 @@ void setSegmentCost(SegmentOp seg, plan::Segment &out) {
 } // namespace
 
 int64_t mlir::piper::planTensorBytes(const plan::TensorType &t) {
-  int64_t n = 4; // f32 and i32
-  for (int64_t d : t.shape())
-    n *= d;
-  return n;
+  return std::max<int64_t>(::piper::plan::tensorBytes(t), 0);
 }
 
 namespace {

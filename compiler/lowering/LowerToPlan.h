@@ -20,7 +20,12 @@ struct LoweredPlans {
   std::vector<plan::Plan> plans;
 };
 
-/// Bytes of a plan tensor (f32 and i32 elements are 4 bytes).
+/// Bytes of a plan tensor of `type`, 0 for an invalid shape: the runtime's
+/// count (::piper::plan::tensorBytes). The lowering writes F32 and I32 types
+/// only, so this is 4 bytes an element, also in bf16 plans: right for
+/// parameters (fp32 state) and segment values (fp32 scratch), but a step
+/// buffer of a bf16 plan is stored and sent packed, 2 bytes an element; pass
+/// ::piper::plan::storedType(plan, type) to count that.
 int64_t planTensorBytes(const plan::TensorType &type);
 
 /// Lowers every piper.device_program of `module` (after piper-order-streams)

@@ -58,7 +58,8 @@ LogicalResult verifyDeviceGroup(llvm::ArrayRef<int64_t> devices,
 
 /// The rows of each member's slice when `rows` rows are split over
 /// `members` (reduce-scatter, all-gather): balanced and in order, member i
-/// holding rows / members rows plus one when i < rows % members.
+/// holding rows / members rows plus one when i < rows % members
+/// (proto/BalancedSplit.h, the rule of ZeRO shards too).
 llvm::SmallVector<int64_t> balancedSlices(int64_t rows, int64_t members);
 
 } // namespace mlir::piper

@@ -2,6 +2,7 @@
 // scratch, assignArena and checkArena. The block sweep is in ArenaSweep.cpp.
 #include "proto/analysis/MemoryPlan.h"
 #include "proto/PlanShards.h"
+#include "proto/PlanTensors.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -14,6 +15,16 @@
 namespace piper::plan {
 namespace {
 
+/// Bytes of a tensor of `type` held as float32 whatever its stored type: 4
+/// bytes an element even in bf16 plans. Segment values (kernels compute in
+/// fp32 and the executor rounds their outputs to bf16 values in place) and
+/// all-reduce staging (gradients are fp32 state) are float32 in the arena;
+/// only step buffers are stored packed (stepBlocks, plan::storedType).
+int64_t f32Bytes(const TensorType &type) {
+  TensorType f32 = type;
+  f32.set_dtype(F32);
+  return std::max<int64_t>(tensorBytes(f32), 0);
+}
 
 /// First-fit packing of `sizes`, largest first, where `conflict(i, j)` says
 /// that blocks i and j may not share bytes.
@@ -62,14 +73,6 @@ bool endsBefore(const Block &a, const Block &b, const StreamOrder &order) {
   return true;
 }
 
-int64_t storedTensorBytes(const TensorType &type) {
-  int64_t n = type.dtype() == BF16 ? 2 : 4;
-  for (int64_t d : type.shape())
-    if (d < 0 || __builtin_mul_overflow(n, d, &n))
-      return -1;
-  return n;
-}
-
 KernelSpan valueKernelSpans(const Segment &seg) {
   int n = seg.values_size();
   KernelSpan span;
@@ -101,10 +104,6 @@ struct ValueLives {
   std::vector<int> first, last;
 };
 
-bool packedType(const TensorType &t, bool bf16) {
-  return bf16 && t.dtype() == F32 && t.shape_size() > 0;
-}
-
 ValueLives segmentLives(const Segment &seg, bool bf16) {
   int n = seg.values_size();
   int end = seg.kernels_size();
@@ -114,7 +113,7 @@ ValueLives segmentLives(const Segment &seg, bool bf16) {
   for (int a : seg.args()) {
     if (a < 0 || a >= n || first[a] < 0)
       continue;
-    if (packedType(seg.values(a), bf16)) {
+    if (packedBf16(seg.values(a), bf16)) {
       first[a] = 0;
       last[a] = end;
     } else {
@@ -124,7 +123,7 @@ ValueLives segmentLives(const Segment &seg, bool bf16) {
   for (int r : seg.results()) {
     if (r < 0 || r >= n || first[r] < 0)
       continue;
-    if (packedType(seg.values(r), bf16))
+    if (packedBf16(seg.values(r), bf16))
       last[r] = end;
     else
       first[r] = last[r] = -1;
@@ -143,10 +142,8 @@ int64_t planSegmentScratch(const Segment &seg, bool bf16,
   for (int v = 0; v < n; ++v) {
     if (lives.first[v] < 0)
       continue;
-    TensorType f32 = seg.values(v);
-    f32.set_dtype(F32);
     ids.push_back(v);
-    sizes.push_back(std::max<int64_t>(storedTensorBytes(f32), 0));
+    sizes.push_back(f32Bytes(seg.values(v)));
   }
   const std::vector<int> &first = lives.first, &last = lives.last;
   ArenaLayout layout = pack(sizes, alignment, [&](int i, int j) {
@@ -174,10 +171,7 @@ StepBlocks stepBlocks(const Plan &plan, bool recordedScratch) {
       continue;
     out.bufferBlock[b.id()] = static_cast<int>(blocks.size());
     Block block;
-    TensorType stored = b.type();
-    if (packedType(stored, bf16))
-      stored.set_dtype(BF16);
-    block.bytes = std::max<int64_t>(storedTensorBytes(stored), 0);
+    block.bytes = std::max<int64_t>(tensorBytes(storedType(plan, b.type())), 0);
     block.name = "buffer " + std::to_string(b.id()) + " (" + b.name() + ")";
     blocks.push_back(std::move(block));
   }
@@ -213,11 +207,8 @@ StepBlocks stepBlocks(const Plan &plan, bool recordedScratch) {
         // (the executor waits for the all-reduce before it moves on).
         Block staging;
         for (int p : inst.params())
-          if (p >= 0 && p < plan.params_size()) {
-            TensorType f32 = plan.params(p).type();
-            f32.set_dtype(F32);
-            staging.bytes += std::max<int64_t>(storedTensorBytes(f32), 0);
-          }
+          if (p >= 0 && p < plan.params_size())
+            staging.bytes += f32Bytes(plan.params(p).type());
         staging.accesses.push_back(Pos{s, i});
         staging.name =
             "all-reduce staging of " + describePosition(plan, {s, i});
@@ -270,16 +261,6 @@ StepBlocks stepBlocks(const Plan &plan, bool recordedScratch) {
   }
   return out;
 }
-
-namespace {
-
-int64_t f32Bytes(const TensorType &type) {
-  TensorType f32 = type;
-  f32.set_dtype(F32);
-  return std::max<int64_t>(storedTensorBytes(f32), 0);
-}
-
-} // namespace
 
 int stateTensorsPerParam(const Plan &plan) {
   return plan.training().compute_dtype() == BF16 ? 5 : 4;

@@ -61,11 +61,6 @@ bool verifyLayout(const std::vector<Block> &blocks, const ArenaLayout &layout,
                   const StreamOrder &order, int64_t alignment,
                   std::string &error);
 
-/// Bytes of one element of `dtype` as the runtime stores step buffers (F32,
-/// I32: 4; BF16: 2), and of a whole tensor (-1 on a negative or overflowing
-/// shape).
-int64_t storedTensorBytes(const TensorType &type);
-
 /// For each local value of `segment`, the first and the last kernel that
 /// reads or writes it (-1 for values no kernel touches).
 struct KernelSpan {

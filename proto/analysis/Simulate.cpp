@@ -1,84 +1,22 @@
-// The step-time simulator (see Simulate.h and docs/simulator.md).
+// The step-time simulator's event loop (see Simulate.h and
+// docs/simulator.md): every class's streams advance in order; transfers and
+// collectives wait for their peers, WAITs for their events. What each
+// instruction costs is SimulateCost.cpp; the text reports SimulateReport.cpp.
 #include "proto/analysis/Simulate.h"
 
 #include <algorithm>
-#include <cmath>
-#include <cstdio>
 #include <set>
 #include <tuple>
 
 #include "proto/PlanGroups.h"
 #include "proto/analysis/MemoryPlan.h"
+#include "proto/analysis/SimulateCost.h"
 #include "proto/analysis/StreamOrder.h"
 
 namespace piper::plan {
-
-std::string segmentPass(const std::string &name) {
-  size_t at = name.rfind('_');
-  return at == std::string::npos ? "" : name.substr(at + 1);
-}
-
-std::string formatSeconds(double s) {
-  const char *unit = "s";
-  double v = s;
-  double a = std::fabs(s);
-  if (a != 0 && a < 1e-6) {
-    v = s * 1e9;
-    unit = "ns";
-  } else if (a != 0 && a < 1e-3) {
-    v = s * 1e6;
-    unit = "us";
-  } else if (a != 0 && a < 1) {
-    v = s * 1e3;
-    unit = "ms";
-  }
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.4g %s", v, unit);
-  return buf;
-}
-
 namespace {
 
-bool isFree(double rate) { return !(rate > 0) || std::isinf(rate); }
-
-double timeFor(double amount, double rate) {
-  return amount <= 0 || isFree(rate) ? 0 : amount / rate;
-}
-
-/// A ring collective over `n` ranks making `passes` passes over `bytes`
-/// (2 for an all-reduce, 1 for a reduce-scatter, all-gather or all-to-all).
-double ringCollective(const Machine &m, int n, double bytes, double passes) {
-  if (n <= 1)
-    return 0;
-  double lat = std::isfinite(m.linkLatencySeconds) && m.linkLatencySeconds > 0
-                   ? m.linkLatencySeconds
-                   : 0;
-  return lat + passes * (n - 1) / n * timeFor(bytes, m.linkBytesPerSecond);
-}
-
-double pointToPoint(const Machine &m, double bytes) {
-  double lat = std::isfinite(m.linkLatencySeconds) && m.linkLatencySeconds > 0
-                   ? m.linkLatencySeconds
-                   : 0;
-  return lat + timeFor(bytes, m.linkBytesPerSecond);
-}
-
-/// Bytes a step buffer occupies on the wire: packed bf16 for float32
-/// buffers of bf16 plans, as the runtime sends them.
-double wireBytes(const Plan &plan, const TensorType &type) {
-  TensorType stored = type;
-  if (plan.training().compute_dtype() == BF16 && stored.dtype() == F32 &&
-      stored.shape_size() > 0)
-    stored.set_dtype(BF16);
-  return double(std::max<int64_t>(storedTensorBytes(stored), 0));
-}
-
-double paramBytes(const Parameter &p) {
-  double n = 4;
-  for (int64_t d : p.type().shape())
-    n *= double(d);
-  return n;
-}
+using namespace simcost;
 
 struct EntryRef {
   int cls = -1;
@@ -209,45 +147,7 @@ public:
     }
 
     for (size_t c = 0; c < plans.size(); ++c) {
-      const Plan &plan = plans[c];
-      ClassState &cs = st[c];
-      ClassTime ct;
-      ct.deviceClass = plan.device_class();
-      ct.ranks.assign(plan.ranks().begin(), plan.ranks().end());
-      std::vector<std::pair<double, double>> calls;
-      for (int s = 0; s < plan.streams_size(); ++s) {
-        StreamTime stream;
-        stream.name = plan.streams(s).name();
-        stream.busy = cs.busy[s];
-        stream.end = std::max(cs.t[s], cs.sendsEnd[s]);
-        ct.stepTime = std::max(ct.stepTime, stream.end);
-        ct.streams.push_back(stream);
-      }
-      for (const TimelineEntry &e : cs.timeline)
-        if (e.kind == Instruction::CALL) {
-          ct.streams[e.stream].compute = true;
-          if (e.end > e.start)
-            calls.push_back({e.start, e.end});
-        }
-      std::sort(calls.begin(), calls.end());
-      double covered = 0, until = -1;
-      for (auto [a, b] : calls) {
-        a = std::max(a, until);
-        if (b > a)
-          covered += b - a;
-        until = std::max(until, b);
-      }
-      ct.computeBusy = covered;
-      if (!calls.empty())
-        ct.spanIdle = until - calls.front().first - covered;
-      ct.bubbleFraction =
-          ct.stepTime > 0 ? (ct.stepTime - covered) / ct.stepTime : 0;
-      ct.timeline = std::move(cs.timeline);
-      std::sort(ct.timeline.begin(), ct.timeline.end(),
-                [](const TimelineEntry &a, const TimelineEntry &b) {
-                  return std::tie(a.stream, a.inst) <
-                         std::tie(b.stream, b.inst);
-                });
+      ClassTime ct = summarize(int(c));
       out.stepTime = std::max(out.stepTime, ct.stepTime);
       out.classes.push_back(std::move(ct));
     }
@@ -268,6 +168,51 @@ private:
     std::vector<TimelineEntry> timeline;
   };
 
+  /// Class `c`'s times once the step has run: per stream its busy time and
+  /// end, the compute busy time and bubble, and its timeline (moved out).
+  ClassTime summarize(int c) {
+    const Plan &plan = plans[c];
+    ClassState &cs = st[c];
+    ClassTime ct;
+    ct.deviceClass = plan.device_class();
+    ct.ranks.assign(plan.ranks().begin(), plan.ranks().end());
+    std::vector<std::pair<double, double>> calls;
+    for (int s = 0; s < plan.streams_size(); ++s) {
+      StreamTime stream;
+      stream.name = plan.streams(s).name();
+      stream.busy = cs.busy[s];
+      stream.end = std::max(cs.t[s], cs.sendsEnd[s]);
+      ct.stepTime = std::max(ct.stepTime, stream.end);
+      ct.streams.push_back(stream);
+    }
+    for (const TimelineEntry &e : cs.timeline)
+      if (e.kind == Instruction::CALL) {
+        ct.streams[e.stream].compute = true;
+        if (e.end > e.start)
+          calls.push_back({e.start, e.end});
+      }
+    std::sort(calls.begin(), calls.end());
+    double covered = 0, until = -1;
+    for (auto [a, b] : calls) {
+      a = std::max(a, until);
+      if (b > a)
+        covered += b - a;
+      until = std::max(until, b);
+    }
+    ct.computeBusy = covered;
+    if (!calls.empty())
+      ct.spanIdle = until - calls.front().first - covered;
+    ct.bubbleFraction =
+        ct.stepTime > 0 ? (ct.stepTime - covered) / ct.stepTime : 0;
+    ct.timeline = std::move(cs.timeline);
+    std::sort(ct.timeline.begin(), ct.timeline.end(),
+              [](const TimelineEntry &a, const TimelineEntry &b) {
+                return std::tie(a.stream, a.inst) <
+                       std::tie(b.stream, b.inst);
+              });
+    return ct;
+  }
+
   std::vector<TimelineEntry> &timeline(int c) { return st[c].timeline; }
 
   std::string classId(int c) const {
@@ -277,31 +222,6 @@ private:
   std::string where(int c, int s, int inst = -1) const {
     return "class " + classId(c) + ", " +
            describePosition(plans[c], {s, inst < 0 ? st[c].pc[s] : inst});
-  }
-
-  /// A fixed duration for `inst` of class `c`, if the options give one.
-  bool overrideFor(int c, const Instruction &inst, double &seconds) const {
-    if (opt.overrides.empty())
-      return false;
-    const Plan &plan = plans[c];
-    if (inst.kind() == Instruction::CALL && inst.segment() >= 0 &&
-        inst.segment() < plan.segments_size()) {
-      auto it = opt.overrides.find(segmentPass(plan.segments(inst.segment()).name()));
-      if (it != opt.overrides.end()) {
-        seconds = it->second;
-        return true;
-      }
-    }
-    size_t best = 0;
-    bool found = false;
-    for (const auto &[key, value] : opt.overrides)
-      if (inst.label().compare(0, key.size(), key) == 0 &&
-          (!found || key.size() > best)) {
-        best = key.size();
-        seconds = value;
-        found = true;
-      }
-    return found;
   }
 
   void push(int c, int s, const Instruction &inst, double issue, double start,
@@ -375,7 +295,9 @@ private:
     const Instruction &inst = stream.instructions(cs.pc[s]);
     double t = cs.t[s];
     double fixed = 0;
-    bool hasFixed = overrideFor(c, inst, fixed);
+    bool hasFixed = overrideFor(opt, plan, inst, fixed);
+    if (isCollective(inst.kind()))
+      return advanceCollective(c, s, inst, t, hasFixed, fixed, error);
     switch (inst.kind()) {
     case Instruction::CALL: {
       if (inst.segment() < 0 || inst.segment() >= plan.segments_size()) {
@@ -384,10 +306,7 @@ private:
         return -1;
       }
       const Segment &seg = plan.segments(inst.segment());
-      double d = hasFixed ? fixed
-                          : std::max(timeFor(seg.flops(), m.flopsPerSecond),
-                                     timeFor(seg.bytes_moved(),
-                                             m.memoryBytesPerSecond));
+      double d = hasFixed ? fixed : callTime(m, seg);
       finish(c, s, inst, t, t + d, true);
       return 1;
     }
@@ -460,117 +379,6 @@ private:
       finish(c, s, inst, x.start, x.end, true);
       return 1;
     }
-    case Instruction::ALL_REDUCE:
-    case Instruction::REDUCE_SCATTER:
-    case Instruction::ALL_GATHER:
-    case Instruction::ALL_TO_ALL:
-    case Instruction::REDUCE_SCATTER_GRADS:
-    case Instruction::ALL_GATHER_PARAMS:
-    case Instruction::CLIP_GRADS: {
-      bool clip = inst.kind() == Instruction::CLIP_GRADS;
-      std::set<int> members;
-      std::vector<int> ranks;
-      double bytes = 0, local = 0;
-      if (clip) {
-        for (size_t k = 0; k < plans.size(); ++k)
-          members.insert(int(k));
-        for (int r = 0; r < worldSize; ++r)
-          ranks.push_back(r);
-        bytes = 4; // one float: the squared norm
-        double grads = 0;
-        for (const Parameter &p : plan.params())
-          grads += paramBytes(p);
-        local = timeFor(2 * grads, m.memoryBytesPerSecond);
-      } else {
-        // The class's first rank stands for every replica: all of them run
-        // with a group (or subgroup) of the same size.
-        const DeviceGroup *g = plan.ranks_size()
-                                   ? memberGroup(plan, inst, plan.ranks(0))
-                                   : nullptr;
-        if (!g) {
-          error = where(c, s) + ": group " + std::to_string(inst.group()) +
-                  " (or its subgroup of rank " +
-                  std::to_string(plan.ranks_size() ? plan.ranks(0) : -1) +
-                  ") is not a group of the plan";
-          return -1;
-        }
-        ranks.assign(g->ranks().begin(), g->ranks().end());
-        std::sort(ranks.begin(), ranks.end());
-        for (int r : ranks) {
-          auto it = classOfRank.find(r);
-          if (it == classOfRank.end()) {
-            error = where(c, s) + ": group rank " + std::to_string(r) +
-                    " belongs to no plan given";
-            return -1;
-          }
-          members.insert(it->second);
-        }
-        for (int p : inst.params()) {
-          if (p < 0 || p >= plan.params_size()) {
-            error = where(c, s) + ": parameter " + std::to_string(p) +
-                    " is out of range";
-            return -1;
-          }
-          bytes += paramBytes(plan.params(p));
-        }
-        // Value collectives: the full tensor's bytes (the input of an
-        // all-reduce or reduce-scatter, the output of an all-gather; an
-        // all-to-all's input, as if it were full and spread evenly).
-        const auto &ids = inst.kind() == Instruction::ALL_GATHER
-                              ? inst.outputs()
-                              : inst.inputs();
-        // ZeRO's forms: the parameters' whole tensors, counted above.
-        bool zero = inst.kind() == Instruction::REDUCE_SCATTER_GRADS ||
-                    inst.kind() == Instruction::ALL_GATHER_PARAMS;
-        for (int i = 0; !zero && i < ids.size(); ++i) {
-          if (inst.kind() == Instruction::ALL_TO_ALL && i > 0)
-            break; // the counts
-          if (ids[i] < 0 || ids[i] >= plan.buffers_size()) {
-            error = where(c, s) + ": buffer " + std::to_string(ids[i]) +
-                    " is out of range";
-            return -1;
-          }
-          bytes += wireBytes(plan, plan.buffers(ids[i]).type());
-        }
-      }
-      if (!cs.registered[s]) {
-        std::string kindName = inst.kind() == Instruction::ALL_REDUCE
-                                   ? "all-reduce"
-                                   : Instruction::Kind_Name(inst.kind());
-        std::string base =
-            clip ? std::string("clip") : kindName + " '" + stream.name() + "' [";
-        if (!clip)
-          for (size_t i = 0; i < ranks.size(); ++i)
-            base += (i ? "," : "") + std::to_string(ranks[i]);
-        int seq = cs.collectiveCount[base]++;
-        std::string key = base + "#" + std::to_string(seq);
-        Collective &k = collectives[key];
-        if (k.members.empty()) {
-          k.members = members;
-          k.ranks = int(ranks.size());
-          k.passes = inst.kind() == Instruction::ALL_REDUCE ||
-                             inst.kind() == Instruction::CLIP_GRADS
-                         ? 2
-                         : 1;
-        }
-        k.arrival[c] = t;
-        k.commBytes = std::max(k.commBytes, bytes);
-        cs.pendingKey[s] = key;
-        cs.registered[s] = 1;
-        k.duration[c] = hasFixed ? std::make_pair(true, fixed)
-                                 : std::make_pair(false, local);
-        tryComplete(k);
-      }
-      Collective &k = collectives[cs.pendingKey[s]];
-      if (!k.done)
-        return 0;
-      auto [isFixed, d] = k.duration[c];
-      if (!isFixed) // the ring, then the local part
-        d += ringCollective(m, k.ranks, k.commBytes, k.passes);
-      cs.t[s] = k.arrival[c];
-      finish(c, s, inst, k.start, k.start + d, true);
-      return 1;
-    }
     default:
       error = where(c, s) + ": cannot simulate instruction kind " +
               (Instruction::Kind_IsValid(inst.kind())
@@ -580,11 +388,107 @@ private:
     }
   }
 
+  /// advance() for a collective (isCollective): it arrives, then waits for
+  /// every member class; all start together.
+  int advanceCollective(int c, int s, const Instruction &inst, double t,
+                        bool hasFixed, double fixed, std::string &error) {
+    const Plan &plan = plans[c];
+    ClassState &cs = st[c];
+    const Stream &stream = plan.streams(s);
+    bool clip = inst.kind() == Instruction::CLIP_GRADS;
+    std::set<int> members;
+    std::vector<int> ranks;
+    if (clip) {
+      for (size_t k = 0; k < plans.size(); ++k)
+        members.insert(int(k));
+      for (int r = 0; r < worldSize; ++r)
+        ranks.push_back(r);
+    } else {
+      // The class's first rank stands for every replica: all of them run
+      // with a group (or subgroup) of the same size.
+      const DeviceGroup *g = plan.ranks_size()
+                                 ? memberGroup(plan, inst, plan.ranks(0))
+                                 : nullptr;
+      if (!g) {
+        error = where(c, s) + ": group " + std::to_string(inst.group()) +
+                " (or its subgroup of rank " +
+                std::to_string(plan.ranks_size() ? plan.ranks(0) : -1) +
+                ") is not a group of the plan";
+        return -1;
+      }
+      ranks.assign(g->ranks().begin(), g->ranks().end());
+      std::sort(ranks.begin(), ranks.end());
+      for (int r : ranks) {
+        auto it = classOfRank.find(r);
+        if (it == classOfRank.end()) {
+          error = where(c, s) + ": group rank " + std::to_string(r) +
+                  " belongs to no plan given";
+          return -1;
+        }
+        members.insert(it->second);
+      }
+    }
+    double bytes = 0, local = 0;
+    std::string problem;
+    if (!collectiveCost(m, plan, inst, bytes, local, problem)) {
+      error = where(c, s) + ": " + problem;
+      return -1;
+    }
+    if (!cs.registered[s]) {
+      std::string kindName = inst.kind() == Instruction::ALL_REDUCE
+                                 ? "all-reduce"
+                                 : Instruction::Kind_Name(inst.kind());
+      std::string base =
+          clip ? std::string("clip") : kindName + " '" + stream.name() + "' [";
+      if (!clip)
+        for (size_t i = 0; i < ranks.size(); ++i)
+          base += (i ? "," : "") + std::to_string(ranks[i]);
+      int seq = cs.collectiveCount[base]++;
+      std::string key = base + "#" + std::to_string(seq);
+      Collective &k = collectives[key];
+      if (k.members.empty()) {
+        k.members = members;
+        k.ranks = int(ranks.size());
+        k.passes = ringPasses(inst.kind());
+      }
+      k.arrival[c] = t;
+      k.commBytes = std::max(k.commBytes, bytes);
+      cs.pendingKey[s] = key;
+      cs.registered[s] = 1;
+      k.duration[c] = hasFixed ? std::make_pair(true, fixed)
+                               : std::make_pair(false, local);
+      tryComplete(k);
+    }
+    Collective &k = collectives[cs.pendingKey[s]];
+    if (!k.done)
+      return 0;
+    auto [isFixed, d] = k.duration[c];
+    if (!isFixed) // the ring, then the local part
+      d += ringCollective(m, k.ranks, k.commBytes, k.passes);
+    cs.t[s] = k.arrival[c];
+    finish(c, s, inst, k.start, k.start + d, true);
+    return 1;
+  }
+
   /// What the blocked instruction at stream `s` of class `c` waits for.
   std::string waitingFor(int c, int s) {
     const Plan &plan = plans[c];
     const Stream &stream = plan.streams(s);
     const Instruction &inst = stream.instructions(st[c].pc[s]);
+    if (isCollective(inst.kind())) {
+      auto it = collectives.find(st[c].pendingKey[s]);
+      if (it == collectives.end())
+        return "a collective";
+      std::string missing;
+      for (int member : it->second.members)
+        if (!it->second.arrival.count(member))
+          missing += (missing.empty() ? "" : ", ") + classId(member);
+      std::string key = it->first.substr(0, it->first.rfind('#'));
+      return (inst.kind() == Instruction::CLIP_GRADS
+                  ? std::string("the world's CLIP_GRADS")
+                  : "the " + key + "]") +
+             ", which class(es) " + missing + " have not reached";
+    }
     switch (inst.kind()) {
     case Instruction::WAIT: {
       int e = inst.event();
@@ -624,26 +528,6 @@ private:
       return what + ", which class " + classId(peer) +
              " never issues on a stream named '" + stream.name() + "'";
     }
-    case Instruction::ALL_REDUCE:
-    case Instruction::REDUCE_SCATTER:
-    case Instruction::ALL_GATHER:
-    case Instruction::ALL_TO_ALL:
-    case Instruction::REDUCE_SCATTER_GRADS:
-    case Instruction::ALL_GATHER_PARAMS:
-    case Instruction::CLIP_GRADS: {
-      auto it = collectives.find(st[c].pendingKey[s]);
-      if (it == collectives.end())
-        return "a collective";
-      std::string missing;
-      for (int member : it->second.members)
-        if (!it->second.arrival.count(member))
-          missing += (missing.empty() ? "" : ", ") + classId(member);
-      std::string key = it->first.substr(0, it->first.rfind('#'));
-      return (inst.kind() == Instruction::CLIP_GRADS
-                  ? std::string("the world's CLIP_GRADS")
-                  : "the " + key + "]") +
-             ", which class(es) " + missing + " have not reached";
-    }
     default:
       return "nothing it can know";
     }
@@ -666,76 +550,6 @@ bool simulate(const std::vector<Plan> &plans, const Machine &machine,
               std::string &error) {
   Simulator sim(plans, machine, options);
   return sim.run(out, error);
-}
-
-std::string simulationReport(const Simulation &sim, bool timeline) {
-  auto rate = [](double r, const char *unit, double scale) {
-    if (isFree(r))
-      return std::string("free");
-    char buf[64];
-    std::snprintf(buf, sizeof buf, "%.4g %s", r / scale, unit);
-    return std::string(buf);
-  };
-  std::string out = "machine: compute " +
-                    rate(sim.machine.flopsPerSecond, "TFLOP/s", 1e12) +
-                    ", memory " +
-                    rate(sim.machine.memoryBytesPerSecond, "GB/s", 1e9) +
-                    ", link " +
-                    rate(sim.machine.linkBytesPerSecond, "GB/s", 1e9) +
-                    " + " + formatSeconds(sim.machine.linkLatencySeconds) +
-                    " latency\n";
-  char buf[256];
-  for (const ClassTime &ct : sim.classes) {
-    std::string ranks;
-    for (size_t i = 0; i < ct.ranks.size(); ++i)
-      ranks += (i ? ", " : "") + std::to_string(ct.ranks[i]);
-    std::snprintf(buf, sizeof buf, "%.2f%%", 100 * ct.bubbleFraction);
-    out += "class " + std::to_string(ct.deviceClass) + " ranks [" + ranks +
-           "]: step " + formatSeconds(ct.stepTime) + ", compute busy " +
-           formatSeconds(ct.computeBusy) + ", bubble " + buf + " (" +
-           formatSeconds(ct.stepTime - ct.computeBusy) + "), " +
-           formatSeconds(ct.spanIdle) +
-           " idle between its first and last segment\n";
-    for (size_t s = 0; s < ct.streams.size(); ++s) {
-      const StreamTime &stream = ct.streams[s];
-      std::snprintf(buf, sizeof buf, "%.2f%%",
-                    ct.stepTime > 0 ? 100 * stream.busy / ct.stepTime : 0.0);
-      out += "  stream " + std::to_string(s) + " '" + stream.name +
-             "': busy " + formatSeconds(stream.busy) + " (" + buf +
-             "), ends at " + formatSeconds(stream.end) +
-             (stream.compute ? "" : ", no compute") + "\n";
-    }
-    if (!timeline)
-      continue;
-    for (const TimelineEntry &e : ct.timeline) {
-      if (e.kind == Instruction::RECORD || e.kind == Instruction::WAIT)
-        continue;
-      out += "    " + formatSeconds(e.start) + " .. " + formatSeconds(e.end) +
-             "  stream " + std::to_string(e.stream) + " #" +
-             std::to_string(e.inst) + " " + Instruction::Kind_Name(e.kind) +
-             " " + e.label + "\n";
-    }
-  }
-  out += "step: " + formatSeconds(sim.stepTime) + " (the slowest class)\n";
-  return out;
-}
-
-std::string predictedStepReport(const std::vector<Plan> &plans) {
-  Simulation sim;
-  std::string error;
-  if (!simulate(plans, Machine(), SimulateOptions(), sim, error))
-    return "predicted step: not simulated: " + error + "\n";
-  std::string out = "predicted step " + formatSeconds(sim.stepTime) +
-                    " on the default machine (docs/simulator.md; piper-plan "
-                    "--simulate shows the timeline)\n";
-  char buf[64];
-  for (const ClassTime &ct : sim.classes) {
-    std::snprintf(buf, sizeof buf, "%.2f%%", 100 * ct.bubbleFraction);
-    out += "  class " + std::to_string(ct.deviceClass) + ": step " +
-           formatSeconds(ct.stepTime) + ", compute busy " +
-           formatSeconds(ct.computeBusy) + ", bubble " + buf + "\n";
-  }
-  return out;
 }
 
 } // namespace piper::plan

@@ -17,7 +17,9 @@
 
 #include "runtime/checkpoint/Integrity.h"
 #include "runtime/checkpoint/Json.h"
-#include "runtime/data/AtomicFile.h"
+#include "runtime/support/AtomicFile.h"
+#include "runtime/support/Errno.h"
+#include "runtime/support/FileIO.h"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
               "safetensors data is little endian and written from memory");
@@ -60,21 +62,6 @@ std::string joinNames(const std::vector<std::string> &names,
   if (names.size() > limit)
     out += " and " + std::to_string(names.size() - limit) + " more";
   return out;
-}
-
-bool preadAll(int fd, void *out, size_t n, uint64_t offset) {
-  char *p = static_cast<char *>(out);
-  while (n > 0) {
-    ssize_t got = ::pread(fd, p, n, static_cast<off_t>(offset));
-    if (got < 0 && errno == EINTR)
-      continue;
-    if (got <= 0)
-      return false;
-    p += got;
-    n -= static_cast<size_t>(got);
-    offset += static_cast<uint64_t>(got);
-  }
-  return true;
 }
 
 /// True and sets `out` when `v` is a non-negative integer that fits 64 bits

@@ -9,7 +9,7 @@
 
 #include <cstring>
 
-#include "runtime/exec/Precision.h"
+#include "runtime/support/Precision.h"
 
 namespace piper::runtime::gloo_comm {
 

@@ -18,6 +18,8 @@
 #include <gloo/common/error.h>
 
 #include "runtime/comm/TcpStoreWire.h"
+#include "runtime/support/Errno.h"
+#include "runtime/support/FileIO.h"
 
 namespace piper::runtime {
 
@@ -29,35 +31,6 @@ using Clock = std::chrono::steady_clock;
 
 /// The largest reply a client reads (a value it asked for).
 constexpr uint32_t kMaxReply = 64u << 20;
-
-bool sendAll(int fd, const char *p, size_t n) {
-  while (n > 0) {
-    ssize_t got = ::send(fd, p, n, MSG_NOSIGNAL);
-    if (got < 0 && errno == EINTR)
-      continue;
-    if (got <= 0)
-      return false;
-    p += got;
-    n -= static_cast<size_t>(got);
-  }
-  return true;
-}
-
-bool recvAll(int fd, char *p, size_t n) {
-  while (n > 0) {
-    ssize_t got = ::recv(fd, p, n, 0);
-    if (got < 0 && errno == EINTR)
-      continue;
-    if (got <= 0) {
-      if (got == 0)
-        errno = ECONNRESET;
-      return false;
-    }
-    p += got;
-    n -= static_cast<size_t>(got);
-  }
-  return true;
-}
 
 bool sendMessage(int fd, const std::string &payload) {
   std::string f = frame(payload);
@@ -141,7 +114,7 @@ static int connectBy(const std::string &host, int port,
       fd =
           ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
       if (fd >= 0 && ::connect(fd, a->ai_addr, a->ai_addrlen) != 0) {
-        error = errnoText(errno);
+        error = errnoMessage(errno);
         ::close(fd);
         fd = -1;
       }
@@ -200,7 +173,7 @@ std::shared_ptr<TcpStore> TcpStore::connect(const std::string &host, int port,
     lastError = answered ? reply.substr(1)
                 : err == EAGAIN || err == EWOULDBLOCK
                     ? std::string("no answer to its hello")
-                    : errnoText(err);
+                    : errnoMessage(err);
     if (!answered && err == EMSGSIZE) {
       status = Status::error("the rendezvous store at " + store->where +
                              " answered rank " + std::to_string(rank) +
@@ -234,7 +207,7 @@ Status TcpStore::call(const std::string &request, std::string &reply) {
            (err == EAGAIN || err == EWOULDBLOCK
                 ? "no answer within " + std::to_string(timeout.count() / 1000) +
                       " s"
-                : errnoText(err));
+                : errnoMessage(err));
     return Status::error(lost);
   }
   if (!reply.empty() && reply[0] == kError)

@@ -20,6 +20,7 @@
 #include <fmt/format.h>
 
 #include "runtime/comm/TcpStoreWire.h"
+#include "runtime/support/Errno.h"
 
 namespace piper::runtime {
 
@@ -127,11 +128,11 @@ TcpStoreServer::start(const std::string &host, int port,
         : err == EADDRNOTAVAIL ? " (MASTER_ADDR must be an address of rank 0's "
                                  "machine)"
                                : "";
-    status = Status::error(what + errnoText(err) + hint);
+    status = Status::error(what + errnoMessage(err) + hint);
     return nullptr;
   }
   if (::pipe2(server->wakeFds, O_CLOEXEC | O_NONBLOCK) != 0) {
-    status = Status::error(what + "cannot create a pipe: " + errnoText(errno));
+    status = Status::error(what + "cannot create a pipe: " + errnoMessage(errno));
     return nullptr; // the destructor closes the socket
   }
   TcpStoreServer *s = server.get();
@@ -253,7 +254,7 @@ void TcpStoreServer::acceptSome(Clock::time_point &acceptAgainAt) {
       if (err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM) {
         // The connection stays in the backlog; try again a little later.
         acceptAgainAt = Clock::now() + kAcceptBackoff;
-        refused(fmt::format("cannot accept connections: {}", errnoText(err)));
+        refused(fmt::format("cannot accept connections: {}", errnoMessage(err)));
       }
       return; // EAGAIN: none left; anything else: the next turn retries
     }

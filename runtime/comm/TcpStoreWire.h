@@ -3,7 +3,6 @@
 #ifndef PIPER_RUNTIME_COMM_TCPSTOREWIRE_H
 #define PIPER_RUNTIME_COMM_TCPSTOREWIRE_H
 
-#include <cctype>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -24,13 +23,6 @@ constexpr char kOk = 'O', kValue = 'V', kNone = 'N', kError = 'E', kBusy = 'B';
 
 /// The largest reply to a hello a client reads (an error naming two jobs).
 constexpr uint32_t kMaxHelloReply = 64u << 10;
-
-inline std::string errnoText(int err) {
-  std::string s = std::strerror(err);
-  if (!s.empty())
-    s[0] = static_cast<char>(std::tolower(static_cast<unsigned char>(s[0])));
-  return s;
-}
 
 inline void putU32(std::string &out, uint32_t v) {
   for (int i = 0; i < 4; ++i)

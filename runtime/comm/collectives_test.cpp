@@ -5,7 +5,7 @@
 
 #include <numeric>
 
-#include "runtime/exec/Precision.h"
+#include "runtime/support/Precision.h"
 
 namespace piper::runtime {
 namespace {

@@ -8,7 +8,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "runtime/data/AtomicFile.h"
+#include "runtime/support/AtomicFile.h"
+#include "runtime/support/Errno.h"
 
 namespace piper::runtime {
 

@@ -12,7 +12,9 @@
 
 #include <fmt/format.h>
 
-#include "runtime/data/AtomicFile.h"
+#include "runtime/support/AtomicFile.h"
+#include "runtime/support/Errno.h"
+#include "runtime/support/FileIO.h"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
               "token files are little endian and read in place");
@@ -29,22 +31,6 @@ uint32_t readU32(const unsigned char *p) {
 void appendU32(std::string &out, uint32_t v) {
   for (int i = 0; i < 4; ++i)
     out.push_back(static_cast<char>((v >> (8 * i)) & 0xFF));
-}
-
-/// Reads exactly `n` bytes at `offset`; false on a short read or error.
-bool preadAll(int fd, void *out, size_t n, off_t offset) {
-  char *p = static_cast<char *>(out);
-  while (n > 0) {
-    ssize_t got = ::pread(fd, p, n, offset);
-    if (got < 0 && errno == EINTR)
-      continue;
-    if (got <= 0)
-      return false;
-    p += got;
-    n -= static_cast<size_t>(got);
-    offset += got;
-  }
-  return true;
 }
 
 } // namespace

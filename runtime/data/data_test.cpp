@@ -15,9 +15,9 @@
 
 #include <catch2/catch.hpp>
 
-#include "runtime/data/AtomicFile.h"
 #include "runtime/data/ByteTokenizer.h"
 #include "runtime/data/TokenFile.h"
+#include "runtime/support/AtomicFile.h"
 
 using namespace piper::runtime;
 

@@ -215,12 +215,7 @@ std::vector<CommKey> Executor::commKeys() const {
           inst.kind() == Instruction::RECV) {
         int peer = impl->peerOf(inst);
         keys.insert({stream.name(), {std::min(me, peer), std::max(me, peer)}});
-      } else if (inst.kind() == Instruction::ALL_REDUCE ||
-                 inst.kind() == Instruction::REDUCE_SCATTER ||
-                 inst.kind() == Instruction::ALL_GATHER ||
-                 inst.kind() == Instruction::ALL_TO_ALL ||
-                 inst.kind() == Instruction::REDUCE_SCATTER_GRADS ||
-                 inst.kind() == Instruction::ALL_GATHER_PARAMS) {
+      } else if (plan::isGroupCollective(inst.kind())) {
         std::vector<int> ranks = impl->memberRanks(inst);
         if (ranks.size() >= 2)
           keys.insert({stream.name(), ranks});

@@ -4,6 +4,7 @@
 // RECORD/WAIT on HAL events, LOAD_BATCH.
 #include <algorithm>
 
+#include "proto/PlanTensors.h"
 #include "runtime/exec/ExecutorImpl.h"
 
 namespace piper::runtime {
@@ -23,8 +24,7 @@ Status ExecutorImpl::fetchStored(StepState &st, int id, TensorPtr &out) {
 }
 
 bool ExecutorImpl::packed(int id) const {
-  const plan::TensorType &type = plan.buffers(id).type();
-  return bf16 && type.dtype() == plan::F32 && type.shape_size() > 0;
+  return plan::packedBf16(plan.buffers(id).type(), bf16);
 }
 
 Status ExecutorImpl::publish(StepState &st, int id) {

@@ -9,6 +9,7 @@
 
 #include "runtime/checkpoint/Integrity.h"
 #include "runtime/exec/ExecutorImpl.h"
+#include "runtime/support/Errno.h"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
               "--save-params writes the host's floats as little endian");
@@ -16,18 +17,6 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
 namespace piper::runtime {
 
 using plan::Operand;
-
-namespace {
-
-// strerror() capitalizes; runtime messages are lowercase.
-std::string errnoText(int err) {
-  std::string s = std::strerror(err);
-  if (!s.empty() && s[0] >= 'A' && s[0] <= 'Z')
-    s[0] = static_cast<char>(s[0] - 'A' + 'a');
-  return s;
-}
-
-} // namespace
 
 const std::string &Executor::runId() const { return impl->options.runId; }
 
@@ -58,7 +47,7 @@ Status Executor::saveParams(const std::string &dir) const {
     std::string prefix = dir.substr(0, pos);
     if (::mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST)
       return Status::error(impl->who + ": cannot create directory '" + prefix +
-                           "': " + errnoText(errno));
+                           "': " + errnoMessage(errno));
   }
   for (int p = 0; p < impl->plan.params_size(); ++p) {
     const std::string &name = impl->plan.params(p).name();
@@ -74,7 +63,7 @@ Status Executor::saveParams(const std::string &dir) const {
     FILE *f = std::fopen(tmp.c_str(), "wb");
     if (!f)
       return Status::error(impl->who + ": cannot write '" + tmp +
-                           "': " + errnoText(errno));
+                           "': " + errnoMessage(errno));
     size_t n = std::fwrite(host.data(), 1, host.size(), f);
     bool ok = n == host.size();
     ok = (std::fclose(f) == 0) && ok;

@@ -8,6 +8,7 @@
 
 #include "proto/PlanFile.h"
 #include "proto/PlanShards.h"
+#include "proto/PlanTensors.h"
 #include "proto/analysis/MemoryPlan.h"
 #include "runtime/exec/ValidateInternal.h"
 
@@ -17,13 +18,7 @@ using plan::Instruction;
 using namespace validate;
 
 int64_t tensorBytes(const plan::TensorType &type) {
-  // F32 and I32 are 4 bytes; BF16 (the runtime's packed step buffers) 2.
-  int64_t n = type.dtype() == plan::BF16 ? 2 : 4;
-  for (int64_t d : type.shape()) {
-    if (d < 0 || __builtin_mul_overflow(n, d, &n) || n > (int64_t(1) << 46))
-      return -1;
-  }
-  return n;
+  return plan::tensorBytes(type, int64_t(1) << 46);
 }
 
 std::string instructionContext(const plan::Plan &plan, int stream,

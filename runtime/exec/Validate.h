@@ -36,8 +36,9 @@ Status validateStrategy(const plan::Manifest &manifest,
 std::string instructionContext(const plan::Plan &plan, int stream,
                                int instruction);
 
-/// Bytes of a tensor of `type`, or -1 when a dimension is negative or the
-/// size overflows.
+/// Bytes of a tensor of `type` (plan::tensorBytes: BF16 2 bytes an element,
+/// F32 and I32 4), or -1 when a dimension is negative or the size is over
+/// 64 TiB, the most the runtime accepts.
 int64_t tensorBytes(const plan::TensorType &type);
 
 } // namespace piper::runtime

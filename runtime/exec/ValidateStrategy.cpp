@@ -101,12 +101,7 @@ Status validateStrategy(const plan::Manifest &manifest,
                 " is already used by " +
                 where(it->second.rank, it->second.stream, it->second.inst) +
                 " between the same ranks on the same stream");
-        } else if (inst.kind() == Instruction::ALL_REDUCE ||
-                   inst.kind() == Instruction::REDUCE_SCATTER ||
-                   inst.kind() == Instruction::ALL_GATHER ||
-                   inst.kind() == Instruction::ALL_TO_ALL ||
-                   inst.kind() == Instruction::REDUCE_SCATTER_GRADS ||
-                   inst.kind() == Instruction::ALL_GATHER_PARAMS) {
+        } else if (plan::isGroupCollective(inst.kind())) {
           const plan::DeviceGroup *g = plan::memberGroup(plan, inst, r);
           if (!g)
             return Status::error(where(r, s, i) +

@@ -9,8 +9,8 @@
 #include <numeric>
 
 #include "runtime/comm/test_ranks.h"
-#include "runtime/exec/Precision.h"
 #include "runtime/hal/cpu/CpuDevice.h"
+#include "runtime/support/Precision.h"
 
 namespace piper::runtime::hal {
 namespace {

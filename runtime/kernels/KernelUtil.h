@@ -89,16 +89,20 @@ Status embeddingKernel(const KernelArgs &a);
 Status embeddingGradKernel(const KernelArgs &a);
 Status positionAddKernel(const KernelArgs &a);
 Status positionAddGradKernel(const KernelArgs &a);
+Status linearKernel(const KernelArgs &a);
+Status linearGradInputKernel(const KernelArgs &a);
+Status linearGradWeightKernel(const KernelArgs &a);
+Status biasGradKernel(const KernelArgs &a);
+
+// NormKernels.cpp
 Status layerNormKernel(const KernelArgs &a);
 Status layerNormGradInputKernel(const KernelArgs &a);
 Status layerNormGradWeightKernel(const KernelArgs &a);
 Status rmsNormKernel(const KernelArgs &a);
 Status rmsNormGradInputKernel(const KernelArgs &a);
 Status rmsNormGradWeightKernel(const KernelArgs &a);
-Status linearKernel(const KernelArgs &a);
-Status linearGradInputKernel(const KernelArgs &a);
-Status linearGradWeightKernel(const KernelArgs &a);
-Status biasGradKernel(const KernelArgs &a);
+
+// ElementwiseKernels.cpp
 Status geluKernel(const KernelArgs &a);
 Status geluGradKernel(const KernelArgs &a);
 Status swigluKernel(const KernelArgs &a);
@@ -112,20 +116,26 @@ Status attentionGradKernel(const KernelArgs &a);
 // MoeKernels.cpp
 Status moeRouterKernel(const KernelArgs &a);
 Status moeRouterGradKernel(const KernelArgs &a);
+Status moeAuxLossKernel(const KernelArgs &a);
+Status moeAuxLossGradKernel(const KernelArgs &a);
+
+// MoeSlotKernels.cpp
 Status moeDispatchKernel(const KernelArgs &a);
+Status moeDispatchGradKernel(const KernelArgs &a);
+Status moeCombineKernel(const KernelArgs &a);
+Status moeCombineGradKernel(const KernelArgs &a);
+
+// MoeEpKernels.cpp
 Status moeEpCountsKernel(const KernelArgs &a);
 Status moeEpPackKernel(const KernelArgs &a);
 Status moeEpUnpackKernel(const KernelArgs &a);
 Status moeEpGatherKernel(const KernelArgs &a);
 Status moeEpScatterKernel(const KernelArgs &a);
-Status moeDispatchGradKernel(const KernelArgs &a);
-Status moeCombineKernel(const KernelArgs &a);
-Status moeCombineGradKernel(const KernelArgs &a);
+
+// MoeExpertKernels.cpp
 Status expertLinearKernel(const KernelArgs &a);
 Status expertLinearGradInputKernel(const KernelArgs &a);
 Status expertLinearGradWeightKernel(const KernelArgs &a);
-Status moeAuxLossKernel(const KernelArgs &a);
-Status moeAuxLossGradKernel(const KernelArgs &a);
 
 // LossKernels.cpp
 Status crossEntropyKernel(const KernelArgs &a);

@@ -1,7 +1,7 @@
-// Operand and attribute checks of the moe kernels (MoeKernels.cpp and
-// MoeEpKernels.cpp), shared by the CPU kernels and the GPU kernels
-// (runtime/hal/gpu): both backends accept and reject exactly the same calls,
-// with the same messages. These checks never read tensor data; the checks
+// Operand and attribute checks of the moe kernels (MoeKernels.cpp,
+// MoeSlotKernels.cpp, MoeExpertKernels.cpp and MoeEpKernels.cpp), shared by
+// the CPU kernels and the GPU kernels (runtime/hal/gpu): both backends accept
+// and reject exactly the same calls, with the same messages. These checks never read tensor data; the checks
 // that do (every index below the number of experts, every expert count in
 // [0, capacity]) run in the CPU kernels only, after these, and the GPU
 // kernels skip out-of-range indices and clamp counts instead (operands are

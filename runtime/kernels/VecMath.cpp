@@ -43,4 +43,10 @@ PIPER_SIMD void scaleInPlace(float *y, float scale, int64_t n) {
     y[i] *= scale;
 }
 
+PIPER_SIMD void addVectors(const float *__restrict a, const float *__restrict b,
+                           float *__restrict y, int64_t n) {
+  for (int64_t j = 0; j < n; ++j)
+    y[j] = a[j] + b[j];
+}
+
 } // namespace piper::runtime::detail

@@ -13,7 +13,8 @@
 
 #include <fmt/format.h>
 
-#include "runtime/data/AtomicFile.h"
+#include "runtime/support/AtomicFile.h"
+#include "runtime/support/Errno.h"
 
 namespace piper::runtime {
 

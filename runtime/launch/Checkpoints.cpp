@@ -19,8 +19,9 @@
 #include "runtime/checkpoint/CheckpointManifest.h"
 #include "runtime/checkpoint/Integrity.h"
 #include "runtime/checkpoint/Json.h"
-#include "runtime/data/AtomicFile.h"
 #include "runtime/launch/CheckpointIO.h"
+#include "runtime/support/AtomicFile.h"
+#include "runtime/support/Errno.h"
 
 namespace piper::runtime {
 

@@ -13,8 +13,9 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "runtime/data/AtomicFile.h"
 #include "runtime/kernels/Kernels.h"
+#include "runtime/support/AtomicFile.h"
+#include "runtime/support/Errno.h"
 
 namespace piper::runtime {
 

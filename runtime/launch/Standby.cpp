@@ -15,11 +15,11 @@
 #include <fmt/format.h>
 
 #include "runtime/checkpoint/Integrity.h"
-#include "runtime/data/AtomicFile.h"
 #include "runtime/launch/Checkpoints.h"
 #include "runtime/launch/Rendezvous.h"
 #include "runtime/launch/RunRank.h"
 #include "runtime/launch/StrategyFiles.h"
+#include "runtime/support/AtomicFile.h"
 
 namespace piper::runtime {
 

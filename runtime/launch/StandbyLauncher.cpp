@@ -18,9 +18,11 @@
 
 #include <fmt/format.h>
 
-#include "runtime/data/AtomicFile.h"
 #include "runtime/launch/Children.h"
 #include "runtime/launch/Standby.h"
+#include "runtime/support/AtomicFile.h"
+#include "runtime/support/Errno.h"
+#include "runtime/support/FileIO.h"
 
 namespace piper::runtime {
 
@@ -135,18 +137,9 @@ pid_t Spares::promote(
     for (const std::string &v : vars(spare.index))
       message += v + "\n";
     message += "\n";
-    size_t done = 0;
-    while (done < message.size()) {
-      ssize_t n = ::write(spare.fd, message.data() + done,
-                          message.size() - done);
-      if (n < 0 && errno == EINTR)
-        continue;
-      if (n <= 0)
-        break;
-      done += static_cast<size_t>(n);
-    }
+    bool sent = writeAll(spare.fd, message.data(), message.size());
     ::close(spare.fd);
-    if (done == message.size()) {
+    if (sent) {
       chosen = spare.pid;
       index = spare.index;
       ++promoted;

@@ -11,11 +11,11 @@
 
 #include "proto/PlanFile.h"
 #include "runtime/checkpoint/Safetensors.h"
-#include "runtime/data/AtomicFile.h"
 #include "runtime/exec/Validate.h"
 #include "runtime/hal/cuda/CudaBackend.h"
 #include "runtime/launch/CheckpointIO.h"
 #include "runtime/launch/Checkpoints.h"
+#include "runtime/support/AtomicFile.h"
 
 namespace piper::runtime {
 

@@ -11,8 +11,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "runtime/data/AtomicFile.h"
 #include "runtime/launch/Watchdog.h"
+#include "runtime/support/AtomicFile.h"
 
 namespace piper::runtime {
 

@@ -9,8 +9,9 @@
 
 #include <fmt/format.h>
 
-#include "runtime/data/AtomicFile.h"
 #include "runtime/launch/Watchdog.h"
+#include "runtime/support/AtomicFile.h"
+#include "runtime/support/Errno.h"
 
 namespace piper::runtime {
 

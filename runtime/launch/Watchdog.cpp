@@ -17,9 +17,9 @@
 
 #include <fmt/format.h>
 
-#include "runtime/data/AtomicFile.h"
 #include "runtime/launch/Rendezvous.h"
 #include "runtime/launch/WatchdogInternal.h"
+#include "runtime/support/AtomicFile.h"
 
 namespace piper::runtime {
 

@@ -22,31 +22,20 @@ using watchdog_detail::secondsSince;
 std::vector<int> waitsOn(const plan::Plan &plan, int replica,
                          const Instruction &inst, int rank) {
   std::vector<int> ranks;
-  switch (inst.kind()) {
-  case Instruction::RECV:
-    if (inst.peer_group() >= 0 && inst.peer_group() < plan.groups_size() &&
-        replica < plan.groups(inst.peer_group()).ranks_size())
-      ranks.push_back(plan.groups(inst.peer_group()).ranks(replica));
-    break;
-  case Instruction::ALL_REDUCE:
-  case Instruction::REDUCE_SCATTER:
-  case Instruction::ALL_GATHER:
-  case Instruction::ALL_TO_ALL:
-  case Instruction::REDUCE_SCATTER_GRADS:
-  case Instruction::ALL_GATHER_PARAMS:
+  if (plan::isGroupCollective(inst.kind())) {
     // The members it runs with: its group, or its subgroup of it.
     if (const plan::DeviceGroup *g = plan::memberGroup(plan, inst, rank))
       for (int r : g->ranks())
         if (r != rank)
           ranks.push_back(r);
-    break;
-  case Instruction::CLIP_GRADS:
+  } else if (inst.kind() == Instruction::RECV) {
+    if (inst.peer_group() >= 0 && inst.peer_group() < plan.groups_size() &&
+        replica < plan.groups(inst.peer_group()).ranks_size())
+      ranks.push_back(plan.groups(inst.peer_group()).ranks(replica));
+  } else if (inst.kind() == Instruction::CLIP_GRADS) {
     for (int r = 0; r < plan.world_size(); ++r)
       if (r != rank)
         ranks.push_back(r);
-    break;
-  default:
-    break;
   }
   return ranks;
 }
@@ -106,20 +95,6 @@ std::string Watchdog::describeSelf(const ExecPosition &pos,
     case Instruction::RECV:
       what = w.empty() ? "" : fmt::format(": from rank {}", w[0]);
       break;
-    case Instruction::ALL_REDUCE:
-    case Instruction::REDUCE_SCATTER:
-    case Instruction::ALL_GATHER:
-    case Instruction::ALL_TO_ALL:
-    case Instruction::REDUCE_SCATTER_GRADS:
-    case Instruction::ALL_GATHER_PARAMS: {
-      std::vector<int> group;
-      const plan::DeviceGroup *g = plan::memberGroup(plan, inst, rank);
-      if (g)
-        group.assign(g->ranks().begin(), g->ranks().end());
-      what = fmt::format(": group {} [{}]", g ? g->id() : inst.group(),
-                         rankList(group));
-      break;
-    }
     case Instruction::CLIP_GRADS:
       what = ": all ranks";
       break;
@@ -132,6 +107,14 @@ std::string Watchdog::describeSelf(const ExecPosition &pos,
                                                  .name());
       break;
     default:
+      if (plan::isGroupCollective(inst.kind())) {
+        std::vector<int> group;
+        const plan::DeviceGroup *g = plan::memberGroup(plan, inst, rank);
+        if (g)
+          group.assign(g->ranks().begin(), g->ranks().end());
+        what = fmt::format(": group {} [{}]", g ? g->id() : inst.group(),
+                           rankList(group));
+      }
       break;
     }
     out += fmt::format("pos stream '{}' instruction {} {} '{}'{}{}\n",

@@ -10,8 +10,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "runtime/exec/Precision.h"
 #include "runtime/hal/HostWorker.h"
+#include "runtime/support/Precision.h"
 
 namespace piper::runtime::hal {
 

@@ -1,5 +1,5 @@
 // bfloat16 rounding of whole buffers.
-#include "runtime/exec/Precision.h"
+#include "runtime/support/Precision.h"
 
 namespace piper::runtime {
 

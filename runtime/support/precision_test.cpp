@@ -4,7 +4,7 @@
 #include <cmath>
 #include <limits>
 
-#include "runtime/exec/Precision.h"
+#include "runtime/support/Precision.h"
 
 using namespace piper::runtime;
 

@@ -1,5 +1,6 @@
 // Atomic file writing (temp file, fsync, rename) and small path helpers.
-#include "runtime/data/AtomicFile.h"
+#include "runtime/support/AtomicFile.h"
+#include "runtime/support/FileIO.h"
 
 #include <atomic>
 #include <cerrno>
@@ -114,13 +115,6 @@ Status checkWritableDirectory(const std::string &dir, const std::string &what) {
   return Status::ok();
 }
 
-std::string errnoMessage(int err) {
-  std::string s = std::strerror(err);
-  if (!s.empty() && s[0] >= 'A' && s[0] <= 'Z')
-    s[0] = static_cast<char>(s[0] - 'A' + 'a');
-  return s;
-}
-
 std::string parentDirectory(const std::string &path) {
   size_t slash = path.find_last_of('/');
   if (slash == std::string::npos)
@@ -190,19 +184,11 @@ Status AtomicFile::open(const std::string &target) {
 Status AtomicFile::write(const void *data, size_t bytes) {
   if (fd < 0)
     return Status::error("'" + path + "' is not open for writing");
-  const char *p = static_cast<const char *>(data);
-  while (bytes > 0) {
-    ssize_t n = ::write(fd, p, bytes);
-    if (n < 0 && errno == EINTR)
-      continue;
-    if (n <= 0) {
-      Status st = Status::error("cannot write '" + tmpPath +
-                                "': " + errnoMessage(n < 0 ? errno : EIO));
-      discard();
-      return st;
-    }
-    p += n;
-    bytes -= static_cast<size_t>(n);
+  if (!writeAll(fd, data, bytes)) {
+    Status st =
+        Status::error("cannot write '" + tmpPath + "': " + errnoMessage(errno));
+    discard();
+    return st;
   }
   return Status::ok();
 }

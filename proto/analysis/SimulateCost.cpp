@@ -1,0 +1,132 @@
+// The simulator's cost model (see SimulateCost.h and docs/simulator.md).
+#include "proto/analysis/SimulateCost.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "proto/PlanTensors.h"
+
+namespace piper::plan {
+
+std::string segmentPass(const std::string &name) {
+  size_t at = name.rfind('_');
+  return at == std::string::npos ? "" : name.substr(at + 1);
+}
+
+namespace simcost {
+namespace {
+
+double latency(const Machine &m) {
+  return std::isfinite(m.linkLatencySeconds) && m.linkLatencySeconds > 0
+             ? m.linkLatencySeconds
+             : 0;
+}
+
+/// Bytes of a parameter's float32 value (or gradient).
+double paramBytes(const Parameter &p) {
+  double n = 4;
+  for (int64_t d : p.type().shape())
+    n *= double(d);
+  return n;
+}
+
+} // namespace
+
+bool isFree(double rate) { return !(rate > 0) || std::isinf(rate); }
+
+double timeFor(double amount, double rate) {
+  return amount <= 0 || isFree(rate) ? 0 : amount / rate;
+}
+
+double callTime(const Machine &m, const Segment &seg) {
+  return std::max(timeFor(seg.flops(), m.flopsPerSecond),
+                  timeFor(seg.bytes_moved(), m.memoryBytesPerSecond));
+}
+
+double pointToPoint(const Machine &m, double bytes) {
+  return latency(m) + timeFor(bytes, m.linkBytesPerSecond);
+}
+
+double ringCollective(const Machine &m, int n, double bytes, double passes) {
+  if (n <= 1)
+    return 0;
+  return latency(m) +
+         passes * (n - 1) / n * timeFor(bytes, m.linkBytesPerSecond);
+}
+
+double ringPasses(Instruction::Kind kind) {
+  return kind == Instruction::ALL_REDUCE || kind == Instruction::CLIP_GRADS
+             ? 2
+             : 1;
+}
+
+double wireBytes(const Plan &plan, const TensorType &type) {
+  return double(std::max<int64_t>(tensorBytes(storedType(plan, type)), 0));
+}
+
+bool collectiveCost(const Machine &m, const Plan &plan, const Instruction &inst,
+                    double &bytes, double &local, std::string &error) {
+  bytes = 0;
+  local = 0;
+  if (inst.kind() == Instruction::CLIP_GRADS) {
+    bytes = 4; // one float: the squared norm
+    double grads = 0;
+    for (const Parameter &p : plan.params())
+      grads += paramBytes(p);
+    local = timeFor(2 * grads, m.memoryBytesPerSecond);
+    return true;
+  }
+  for (int p : inst.params()) {
+    if (p < 0 || p >= plan.params_size()) {
+      error = "parameter " + std::to_string(p) + " is out of range";
+      return false;
+    }
+    bytes += paramBytes(plan.params(p));
+  }
+  // Value collectives: the full tensor's bytes (the input of an
+  // all-reduce or reduce-scatter, the output of an all-gather; an
+  // all-to-all's input, as if it were full and spread evenly).
+  const auto &ids =
+      inst.kind() == Instruction::ALL_GATHER ? inst.outputs() : inst.inputs();
+  // ZeRO's forms: the parameters' whole tensors, counted above.
+  bool zero = inst.kind() == Instruction::REDUCE_SCATTER_GRADS ||
+              inst.kind() == Instruction::ALL_GATHER_PARAMS;
+  for (int i = 0; !zero && i < ids.size(); ++i) {
+    if (inst.kind() == Instruction::ALL_TO_ALL && i > 0)
+      break; // the counts
+    if (ids[i] < 0 || ids[i] >= plan.buffers_size()) {
+      error = "buffer " + std::to_string(ids[i]) + " is out of range";
+      return false;
+    }
+    bytes += wireBytes(plan, plan.buffers(ids[i]).type());
+  }
+  return true;
+}
+
+bool overrideFor(const SimulateOptions &options, const Plan &plan,
+                 const Instruction &inst, double &seconds) {
+  if (options.overrides.empty())
+    return false;
+  if (inst.kind() == Instruction::CALL && inst.segment() >= 0 &&
+      inst.segment() < plan.segments_size()) {
+    auto it = options.overrides.find(
+        segmentPass(plan.segments(inst.segment()).name()));
+    if (it != options.overrides.end()) {
+      seconds = it->second;
+      return true;
+    }
+  }
+  size_t best = 0;
+  bool found = false;
+  for (const auto &[key, value] : options.overrides)
+    if (inst.label().compare(0, key.size(), key) == 0 &&
+        (!found || key.size() > best)) {
+      best = key.size();
+      seconds = value;
+      found = true;
+    }
+  return found;
+}
+
+} // namespace simcost
+} // namespace piper::plan

@@ -1,0 +1,338 @@
+// Layer norm and RMS norm kernels, forward and backward. Each backward has
+// two halves: *_grad_input (dx; rows are independent, so chunks of rows run
+// in parallel) and *_grad_weight (dgamma, and dbeta for layer norm; one
+// pass, a fixed order over rows). The two norms share their checks and
+// their kernels' shapes; only the row math differs.
+#include <cmath>
+#include <vector>
+
+#include "runtime/kernels/KernelUtil.h"
+#include "runtime/kernels/LayerChecks.h"
+#include "runtime/kernels/Parallel.h"
+#include "runtime/kernels/VecMath.h"
+
+namespace piper::runtime::detail {
+
+// Reductions accumulate in double in a fixed order (VecMath.h), so that
+// results do not depend on the machine's threads.
+
+namespace {
+
+constexpr double kLayerNormEps = 1e-5, kRmsNormEps = 1e-6;
+
+// --- shared checks and kernel shapes -----------------------------------------
+
+// The operands of a norm and of its grad_input: x [N,H], gamma [H], and
+// eps (default `defaultEps`, >= 0).
+Status checkNormOperands(const KernelArgs &a, const TensorRef &x,
+                         const TensorRef &gamma, double defaultEps,
+                         int64_t &rows, int64_t &hidden, double &eps) {
+  PIPER_RETURN_IF_ERROR(expectMatrix(a, x, "x", plan::F32, rows, hidden));
+  PIPER_RETURN_IF_ERROR(expectTensor(a, gamma, "gamma", plan::F32, {hidden}));
+  PIPER_RETURN_IF_ERROR(readFloat(a, "eps", defaultEps, eps));
+  if (eps < 0)
+    return a.error("attribute 'eps' must not be negative");
+  return Status::ok();
+}
+
+// A norm's grad_input: (x, gamma, dy) -> dx.
+Status checkNormGradInput(const KernelArgs &a, double defaultEps,
+                          int64_t &rows, int64_t &hidden, double &eps) {
+  PIPER_RETURN_IF_ERROR(expectCounts(a, 3, 3, 1));
+  PIPER_RETURN_IF_ERROR(checkNormOperands(a, a.inputs[0], a.inputs[1],
+                                          defaultEps, rows, hidden, eps));
+  PIPER_RETURN_IF_ERROR(
+      expectTensor(a, a.inputs[2], "dy", plan::F32, {rows, hidden}));
+  return expectTensor(a, a.outputs[0], "dx", plan::F32, {rows, hidden});
+}
+
+// A norm's grad_weight, which takes no gamma: (x [N,H], dy [N,H]) ->
+// `outputs` outputs, the first dgamma [H] (the caller checks the others).
+Status checkNormGradWeight(const KernelArgs &a, int outputs, double defaultEps,
+                           int64_t &rows, int64_t &hidden, double &eps) {
+  PIPER_RETURN_IF_ERROR(expectCounts(a, 2, 2, outputs));
+  const TensorRef &x = a.inputs[0], &dy = a.inputs[1];
+  PIPER_RETURN_IF_ERROR(expectMatrix(a, x, "x", plan::F32, rows, hidden));
+  PIPER_RETURN_IF_ERROR(readFloat(a, "eps", defaultEps, eps));
+  if (eps < 0)
+    return a.error("attribute 'eps' must not be negative");
+  PIPER_RETURN_IF_ERROR(expectTensor(a, dy, "dy", plan::F32, {rows, hidden}));
+  return expectTensor(a, a.outputs[0], "dgamma", plan::F32, {hidden});
+}
+
+// Runs `row(n)` for every row, chunks of rows of `width` in parallel.
+template <typename Row>
+void forEachRow(int64_t rows, int64_t width, const Row &row) {
+  parallelFor(rows, rowGrain(width), [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n)
+      row(n);
+  });
+}
+
+// A grad_input kernel: checks the call (checkNormGradInput); then, without
+// dgamma the rows being independent, runs
+// `backward(x, gamma, dy, rows, hidden, eps, dx)` on chunks of rows in
+// parallel.
+template <typename Backward>
+Status normGradInput(const KernelArgs &a, double defaultEps,
+                     const Backward &backward) {
+  int64_t rows = 0, hidden = 0;
+  double eps = 0;
+  PIPER_RETURN_IF_ERROR(checkNormGradInput(a, defaultEps, rows, hidden, eps));
+  const TensorRef &x = a.inputs[0], &gamma = a.inputs[1], &dy = a.inputs[2];
+  const TensorRef &dx = a.outputs[0];
+  parallelFor(rows, rowGrain(3 * hidden), [&](int64_t begin, int64_t end) {
+    int64_t at = begin * hidden;
+    backward(x.f32() + at, gamma.f32(), dy.f32() + at, end - begin, hidden,
+             eps, dx.f32() + at);
+  });
+  return Status::ok();
+}
+
+// --- layer norm --------------------------------------------------------------
+
+// Mean and 1/sqrt(biased variance + eps) of one row, two-pass in double.
+void rowStats(const float *x, int64_t hidden, double eps, double &mean,
+              double &rstd) {
+  mean = hidden ? sumDouble(x, hidden) / hidden : 0.0;
+  double var = hidden ? sumSquaredDeviation(x, hidden, mean) / hidden : 0.0;
+  rstd = 1.0 / std::sqrt(var + eps);
+}
+
+PIPER_SIMD void layerNormRow(const float *__restrict x,
+                             const float *__restrict gamma,
+                             const float *__restrict beta, float *__restrict y,
+                             int64_t hidden, double mean, double rstd) {
+  for (int64_t j = 0; j < hidden; ++j)
+    y[j] = static_cast<float>((x[j] - mean) * rstd * gamma[j] + beta[j]);
+}
+
+// The backward of layer_norm, shared by its two halves layer_norm_grad_input
+// (dx) and layer_norm_grad_weight (dgamma, dbeta). `dx` may be null (then
+// `gamma` is not read); `dgamma` and `dbeta` are both null or both set.
+PIPER_SIMD void layerNormBackward(const float *x, const float *gamma,
+                                  const float *dy, int64_t rows,
+                                  int64_t hidden, double eps, float *dx,
+                                  float *dgamma, float *dbeta) {
+  std::vector<double> gammaSum(dgamma ? hidden : 0, 0.0),
+      betaSum(dgamma ? hidden : 0, 0.0);
+  std::vector<double> xhat(hidden);
+  for (int64_t n = 0; n < rows; ++n) {
+    const float *xr = x + n * hidden;
+    const float *dyr = dy + n * hidden;
+    double mean = 0, rstd = 0;
+    rowStats(xr, hidden, eps, mean, rstd);
+    for (int64_t j = 0; j < hidden; ++j)
+      xhat[j] = (xr[j] - mean) * rstd;
+    if (dx) {
+      // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * gamma.
+      float *dxr = dx + n * hidden;
+      double gAcc[kLanes] = {}, gxAcc[kLanes] = {};
+      int64_t j = 0;
+      for (; j + kLanes <= hidden; j += kLanes)
+        for (int l = 0; l < kLanes; ++l) {
+          double g = double(dyr[j + l]) * gamma[j + l];
+          gAcc[l] += g;
+          gxAcc[l] += g * xhat[j + l];
+        }
+      for (int l = 0; j < hidden; ++j, ++l) {
+        double g = double(dyr[j]) * gamma[j];
+        gAcc[l] += g;
+        gxAcc[l] += g * xhat[j];
+      }
+      double gMean = 0, gxMean = 0;
+      for (int l = 0; l < kLanes; ++l) {
+        gMean += gAcc[l];
+        gxMean += gxAcc[l];
+      }
+      gMean /= hidden;
+      gxMean /= hidden;
+      for (int64_t j = 0; j < hidden; ++j) {
+        double g = double(dyr[j]) * gamma[j];
+        dxr[j] = static_cast<float>(rstd * (g - gMean - xhat[j] * gxMean));
+      }
+    }
+    if (dgamma)
+      for (int64_t j = 0; j < hidden; ++j) {
+        gammaSum[j] += dyr[j] * xhat[j];
+        betaSum[j] += dyr[j];
+      }
+  }
+  if (dgamma)
+    for (int64_t j = 0; j < hidden; ++j) {
+      dgamma[j] = static_cast<float>(gammaSum[j]);
+      dbeta[j] = static_cast<float>(betaSum[j]);
+    }
+}
+
+// --- RMS norm ----------------------------------------------------------------
+
+// 1/sqrt(mean(x^2) + eps) of one row, in double.
+double rowRrms(const float *x, int64_t hidden, double eps) {
+  double sq = dotDouble(x, x, hidden);
+  return 1.0 / std::sqrt((hidden ? sq / hidden : 0.0) + eps);
+}
+
+PIPER_SIMD void rmsNormRow(const float *__restrict x,
+                           const float *__restrict gamma, float *__restrict y,
+                           int64_t hidden, double rrms) {
+  for (int64_t j = 0; j < hidden; ++j)
+    y[j] = static_cast<float>(x[j] * rrms * gamma[j]);
+}
+
+// The backward of rms_norm, shared by its two halves rms_norm_grad_input
+// (dx) and rms_norm_grad_weight (dgamma). `dx` may be null (then `gamma` is
+// not read), as may `dgamma`.
+PIPER_SIMD void rmsNormBackward(const float *x, const float *gamma,
+                                const float *dy, int64_t rows, int64_t hidden,
+                                double eps, float *dx, float *dgamma) {
+  std::vector<double> gammaSum(dgamma ? hidden : 0, 0.0);
+  for (int64_t n = 0; n < rows; ++n) {
+    const float *xr = x + n * hidden;
+    const float *dyr = dy + n * hidden;
+    double rrms = rowRrms(xr, hidden, eps);
+    if (dx) {
+      // dx = rrms * (g - xhat * mean(g * xhat)) with g = dy * gamma and
+      // xhat = x * rrms.
+      float *dxr = dx + n * hidden;
+      double acc[kLanes] = {};
+      int64_t j = 0;
+      for (; j + kLanes <= hidden; j += kLanes)
+        for (int l = 0; l < kLanes; ++l)
+          acc[l] += double(dyr[j + l]) * gamma[j + l] * (xr[j + l] * rrms);
+      for (int l = 0; j < hidden; ++j, ++l)
+        acc[l] += double(dyr[j]) * gamma[j] * (xr[j] * rrms);
+      double gxMean = 0;
+      for (int l = 0; l < kLanes; ++l)
+        gxMean += acc[l];
+      gxMean /= hidden;
+      for (int64_t j = 0; j < hidden; ++j) {
+        double g = double(dyr[j]) * gamma[j];
+        dxr[j] = static_cast<float>(rrms * (g - xr[j] * rrms * gxMean));
+      }
+    }
+    if (dgamma)
+      for (int64_t j = 0; j < hidden; ++j) {
+        double xhat = xr[j] * rrms;
+        gammaSum[j] += dyr[j] * xhat;
+      }
+  }
+  if (dgamma)
+    for (int64_t j = 0; j < hidden; ++j)
+      dgamma[j] = static_cast<float>(gammaSum[j]);
+}
+
+} // namespace
+
+// --- layer norm kernels ------------------------------------------------------
+
+Status checkLayerNorm(const KernelArgs &a, int64_t &rows, int64_t &hidden,
+                      double &eps) {
+  PIPER_RETURN_IF_ERROR(expectCounts(a, 3, 3, 1));
+  PIPER_RETURN_IF_ERROR(checkNormOperands(a, a.inputs[0], a.inputs[1],
+                                          kLayerNormEps, rows, hidden, eps));
+  PIPER_RETURN_IF_ERROR(
+      expectTensor(a, a.inputs[2], "beta", plan::F32, {hidden}));
+  return expectTensor(a, a.outputs[0], "y", plan::F32, {rows, hidden});
+}
+
+Status layerNormKernel(const KernelArgs &a) {
+  int64_t rows = 0, hidden = 0;
+  double eps = 0;
+  PIPER_RETURN_IF_ERROR(checkLayerNorm(a, rows, hidden, eps));
+  const TensorRef &x = a.inputs[0], &gamma = a.inputs[1], &beta = a.inputs[2],
+                  &y = a.outputs[0];
+
+  forEachRow(rows, hidden, [&](int64_t n) {
+    const float *xr = x.f32() + n * hidden;
+    double mean = 0, rstd = 0;
+    rowStats(xr, hidden, eps, mean, rstd);
+    layerNormRow(xr, gamma.f32(), beta.f32(), y.f32() + n * hidden, hidden,
+                 mean, rstd);
+  });
+  return Status::ok();
+}
+
+Status checkLayerNormGradInput(const KernelArgs &a, int64_t &rows,
+                               int64_t &hidden, double &eps) {
+  return checkNormGradInput(a, kLayerNormEps, rows, hidden, eps);
+}
+
+Status layerNormGradInputKernel(const KernelArgs &a) {
+  return normGradInput(a, kLayerNormEps, [](auto... args) {
+    layerNormBackward(args..., nullptr, nullptr); // dx only
+  });
+}
+
+Status checkLayerNormGradWeight(const KernelArgs &a, int64_t &rows,
+                                int64_t &hidden, double &eps) {
+  PIPER_RETURN_IF_ERROR(
+      checkNormGradWeight(a, 2, kLayerNormEps, rows, hidden, eps));
+  return expectTensor(a, a.outputs[1], "dbeta", plan::F32, {hidden});
+}
+
+Status layerNormGradWeightKernel(const KernelArgs &a) {
+  int64_t rows = 0, hidden = 0;
+  double eps = 0;
+  PIPER_RETURN_IF_ERROR(checkLayerNormGradWeight(a, rows, hidden, eps));
+  const TensorRef &x = a.inputs[0], &dy = a.inputs[1];
+  const TensorRef &dgamma = a.outputs[0], &dbeta = a.outputs[1];
+
+  layerNormBackward(x.f32(), nullptr, dy.f32(), rows, hidden, eps, nullptr,
+                    dgamma.f32(), dbeta.f32());
+  return Status::ok();
+}
+
+// --- RMS norm kernels --------------------------------------------------------
+
+Status checkRmsNorm(const KernelArgs &a, int64_t &rows, int64_t &hidden,
+                    double &eps) {
+  PIPER_RETURN_IF_ERROR(expectCounts(a, 2, 2, 1));
+  PIPER_RETURN_IF_ERROR(checkNormOperands(a, a.inputs[0], a.inputs[1],
+                                          kRmsNormEps, rows, hidden, eps));
+  return expectTensor(a, a.outputs[0], "y", plan::F32, {rows, hidden});
+}
+
+Status rmsNormKernel(const KernelArgs &a) {
+  int64_t rows = 0, hidden = 0;
+  double eps = 0;
+  PIPER_RETURN_IF_ERROR(checkRmsNorm(a, rows, hidden, eps));
+  const TensorRef &x = a.inputs[0], &gamma = a.inputs[1], &y = a.outputs[0];
+
+  forEachRow(rows, hidden, [&](int64_t n) {
+    const float *xr = x.f32() + n * hidden;
+    rmsNormRow(xr, gamma.f32(), y.f32() + n * hidden, hidden,
+               rowRrms(xr, hidden, eps));
+  });
+  return Status::ok();
+}
+
+Status checkRmsNormGradInput(const KernelArgs &a, int64_t &rows,
+                             int64_t &hidden, double &eps) {
+  return checkNormGradInput(a, kRmsNormEps, rows, hidden, eps);
+}
+
+Status rmsNormGradInputKernel(const KernelArgs &a) {
+  return normGradInput(a, kRmsNormEps, [](auto... args) {
+    rmsNormBackward(args..., nullptr); // dx only
+  });
+}
+
+Status checkRmsNormGradWeight(const KernelArgs &a, int64_t &rows,
+                              int64_t &hidden, double &eps) {
+  return checkNormGradWeight(a, 1, kRmsNormEps, rows, hidden, eps);
+}
+
+Status rmsNormGradWeightKernel(const KernelArgs &a) {
+  int64_t rows = 0, hidden = 0;
+  double eps = 0;
+  PIPER_RETURN_IF_ERROR(checkRmsNormGradWeight(a, rows, hidden, eps));
+  const TensorRef &x = a.inputs[0], &dy = a.inputs[1];
+  const TensorRef &dgamma = a.outputs[0];
+
+  rmsNormBackward(x.f32(), nullptr, dy.f32(), rows, hidden, eps, nullptr,
+                  dgamma.f32());
+  return Status::ok();
+}
+
+} // namespace piper::runtime::detail
