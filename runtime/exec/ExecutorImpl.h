@@ -233,10 +233,10 @@ public:
   int64_t zeroRangeStaging(const plan::Instruction &inst) const;
   Status clipGrads();
   /// Zeroes the gradients no plan kernel clears (before steps 2, 3, ...).
-  void clearGradients();
+  Status clearGradients();
   /// This rank's share of the squared gradient norm when the plan does not
   /// clip (0 when it does); finishGradNorm takes the world sum.
-  double localGradSquares();
+  Status localGradSquares(double &squares);
   /// The gradient of param `p` the norm and clipping see: the whole
   /// accumulator, or this rank's range of it under ZeRO; its weight in the
   /// world sum of squares.

@@ -40,17 +40,21 @@ void ExecutorImpl::analyzeGradients() {
   }
 }
 
-void ExecutorImpl::clearGradients() {
+Status ExecutorImpl::clearGradients() {
   // Gradients are this step's alone, as after optimizer.zero_grad(): plans
   // clear the accumulators they update; the others (--no-optimizer) are
   // cleared here, so that an all-reduce never re-sums an earlier step.
   if (!ranStep)
-    return;
+    return Status::ok();
   for (int p = 0; p < plan.params_size(); ++p)
     if (!zeroedByPlan[p]) {
       const TensorPtr &g = stateOf(p, Operand::GRAD);
-      memory->zero(g->data, static_cast<size_t>(g->bytes));
+      PIPER_RETURN_IF_ERROR(
+          memory->zero(g->data, static_cast<size_t>(g->bytes))
+              .withContext("clearing the gradient of parameter '" +
+                           plan.params(p).name() + "'"));
     }
+  return Status::ok();
 }
 
 float *ExecutorImpl::gradOf(int p) const {
@@ -77,18 +81,21 @@ double ExecutorImpl::shareWeight(int p) const {
   return weight;
 }
 
-double ExecutorImpl::localGradSquares() {
+Status ExecutorImpl::localGradSquares(double &squares) {
+  squares = 0;
   if (clips)
-    return 0;
+    return Status::ok();
   // The same definition as CLIP_GRADS; updated parameters were measured
   // just before their update (Segments.cpp).
-  double squares = 0;
   for (int p = 0; p < plan.params_size(); ++p) {
     if (!updated[p])
-      gradSquares[p] = device->sumOfSquares(gradOf(p), gradElements(p));
+      PIPER_RETURN_IF_ERROR(
+          device->sumOfSquares(gradOf(p), gradElements(p), gradSquares[p])
+              .withContext("the gradient norm of parameter '" +
+                           plan.params(p).name() + "'"));
     squares += gradSquares[p] * shareWeight(p);
   }
-  return squares;
+  return Status::ok();
 }
 
 void ExecutorImpl::finishGradNorm(double worldSquares) {
@@ -102,8 +109,14 @@ Status ExecutorImpl::clipGrads() {
   // replicas: the world sum of squares counts every gradient num_replicas
   // times.
   double local = 0;
-  for (int p = 0; p < plan.params_size(); ++p)
-    local += device->sumOfSquares(gradOf(p), gradElements(p)) * shareWeight(p);
+  for (int p = 0; p < plan.params_size(); ++p) {
+    double squares = 0;
+    PIPER_RETURN_IF_ERROR(
+        device->sumOfSquares(gradOf(p), gradElements(p), squares)
+            .withContext("the gradient norm of parameter '" +
+                         plan.params(p).name() + "'"));
+    local += squares * shareWeight(p);
+  }
   double total = local;
   if (comm)
     PIPER_RETURN_IF_ERROR(comm->allReduceSumWorld(&total, 1).withContext(
@@ -122,7 +135,10 @@ Status ExecutorImpl::clipGrads() {
     return Status::ok();
   float scale = static_cast<float>(maxNorm / (norm + 1e-6));
   for (int p = 0; p < plan.params_size(); ++p)
-    device->scale(gradOf(p), scale, gradElements(p));
+    PIPER_RETURN_IF_ERROR(
+        device->scale(gradOf(p), scale, gradElements(p))
+            .withContext("clipping the gradient of parameter '" +
+                         plan.params(p).name() + "'"));
   return Status::ok();
 }
 
@@ -151,7 +167,9 @@ Status ExecutorImpl::allReduce(int s, const Instruction &inst) {
   size_t count = 0;
   for (int p : inst.params()) {
     const TensorPtr &g = stateOf(p, Operand::GRAD);
-    memory->copy(flat + count, g->data, static_cast<size_t>(g->bytes));
+    PIPER_RETURN_IF_ERROR(
+        memory->copy(flat + count, g->data, static_cast<size_t>(g->bytes))
+            .withContext(what + ": staging a gradient"));
     count += static_cast<size_t>(g->bytes / 4);
   }
   PIPER_RETURN_IF_ERROR(comm->allReduce(key, flat, count, CommDType::F32)
@@ -160,7 +178,9 @@ Status ExecutorImpl::allReduce(int s, const Instruction &inst) {
   size_t pos = 0;
   for (int p : inst.params()) {
     const TensorPtr &g = stateOf(p, Operand::GRAD);
-    memory->copy(g->data, flat + pos, static_cast<size_t>(g->bytes));
+    PIPER_RETURN_IF_ERROR(
+        memory->copy(g->data, flat + pos, static_cast<size_t>(g->bytes))
+            .withContext(what + ": unstaging a gradient"));
     pos += static_cast<size_t>(g->bytes / 4);
   }
   return Status::ok();

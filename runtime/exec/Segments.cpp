@@ -85,8 +85,15 @@ Status ExecutorImpl::computeParam(int p, int64_t step, void *&out) {
   const TensorPtr &copy = bf16Params[p];
   if (bf16Step[p] != step) {
     const TensorPtr &master = stateOf(p, Operand::PARAM);
-    memory->copy(copy->data, master->data, static_cast<size_t>(master->bytes));
-    device->roundBf16(static_cast<float *>(copy->data), copy->bytes / 4);
+    Status refreshed =
+        memory->copy(copy->data, master->data,
+                     static_cast<size_t>(master->bytes));
+    if (refreshed)
+      refreshed = device->roundBf16(static_cast<float *>(copy->data),
+                                    copy->bytes / 4);
+    if (!refreshed)
+      return refreshed.withContext("the bf16 copy of parameter '" +
+                                   plan.params(p).name() + "'");
     bf16Step[p] = step;
   }
   out = copy->data;
@@ -132,9 +139,13 @@ Status ExecutorImpl::call(int s, const Instruction &inst, StepState &st,
     TensorPtr stored;
     PIPER_RETURN_IF_ERROR(fetchStored(st, id, stored));
     if (stored->dtype == plan::BF16 && seg.value_offsets(v) >= 0)
-      device->unpackBf16(static_cast<float *>(values[v]),
-                         static_cast<const uint16_t *>(stored->data),
-                         stored->bytes / 2);
+      PIPER_RETURN_IF_ERROR(
+          device
+              ->unpackBf16(static_cast<float *>(values[v]),
+                           static_cast<const uint16_t *>(stored->data),
+                           stored->bytes / 2)
+              .withContext("segment '" + seg.name() + "': unpacking " +
+                           describeBuffer(id)));
     else
       values[v] = stored->data; // arguments are never written
   }
@@ -163,7 +174,9 @@ Status ExecutorImpl::call(int s, const Instruction &inst, StepState &st,
     for (int v : lt.allocBefore[k]) {
       const plan::TensorType &type = seg.values(v);
       int64_t bytes = tensorBytes(type);
-      memory->zero(values[v], static_cast<size_t>(bytes));
+      PIPER_RETURN_IF_ERROR(memory->zero(values[v], static_cast<size_t>(bytes))
+                                .withContext(where(k) + ": zeroing value " +
+                                             std::to_string(v)));
     }
     if (profiling && !lt.allocBefore[k].empty()) {
       int64_t ns = nanosSince(start);
@@ -195,8 +208,11 @@ Status ExecutorImpl::call(int s, const Instruction &inst, StepState &st,
     // Without CLIP_GRADS, the norm is taken of the final gradient just
     // before the update reads (and a later `zero` clears) it.
     if (!clips && rk.adamw && !ins.empty())
-      gradSquares[kernel.inputs(0).index()] =
-          device->sumOfSquares(ins[0].f32(), ins[0].numel());
+      PIPER_RETURN_IF_ERROR(
+          device
+              ->sumOfSquares(ins[0].f32(), ins[0].numel(),
+                             gradSquares[kernel.inputs(0).index()])
+              .withContext(where(k) + ": the gradient's sum of squares"));
     if (profiling)
       start = Clock::now();
     ctx.lowPrecision = rk.lowPrecision;
@@ -213,7 +229,10 @@ Status ExecutorImpl::call(int s, const Instruction &inst, StepState &st,
       for (size_t o = 0; o < outs.size(); ++o)
         if (kernel.outputs(int(o)).kind() == Operand::VALUE &&
             outs[o].dtype == plan::F32 && !outs[o].shape.empty())
-          device->roundBf16(outs[o].f32(), outs[o].numel());
+          PIPER_RETURN_IF_ERROR(
+              device->roundBf16(outs[o].f32(), outs[o].numel())
+                  .withContext(where(k) + ": rounding output " +
+                               std::to_string(o) + " to bf16"));
   }
   // Results go to their step buffers: packed from scratch in mixed
   // precision, copied when the value lives elsewhere (an argument, or a
@@ -226,12 +245,19 @@ Status ExecutorImpl::call(int s, const Instruction &inst, StepState &st,
     if (src == dst->data) {
       // Computed in place.
     } else if (dst->dtype == plan::BF16 && seg.value_offsets(v) >= 0) {
-      device->packBf16(static_cast<uint16_t *>(dst->data),
-                       static_cast<const float *>(src), dst->bytes / 2);
+      PIPER_RETURN_IF_ERROR(
+          device
+              ->packBf16(static_cast<uint16_t *>(dst->data),
+                         static_cast<const float *>(src), dst->bytes / 2)
+              .withContext("segment '" + seg.name() + "': packing " +
+                           describeBuffer(id)));
     } else {
       // An argument (in bf16, one passed through untouched: still packed)
       // or a value already stored for another result.
-      memory->copy(dst->data, src, static_cast<size_t>(dst->bytes));
+      PIPER_RETURN_IF_ERROR(
+          memory->copy(dst->data, src, static_cast<size_t>(dst->bytes))
+              .withContext("segment '" + seg.name() + "': storing " +
+                           describeBuffer(id)));
     }
     PIPER_RETURN_IF_ERROR(publish(st, id));
   }

@@ -15,9 +15,25 @@
 using namespace piper::runtime;
 using namespace piper::runtime::hal;
 
+namespace {
+
+std::unique_ptr<Stream> newStream(Device &device, const std::string &name) {
+  std::unique_ptr<Stream> stream;
+  REQUIRE(device.createStream(name, stream));
+  return stream;
+}
+
+std::unique_ptr<Event> newEvent(Device &device) {
+  std::unique_ptr<Event> event;
+  REQUIRE(device.createEvent(event));
+  return event;
+}
+
+} // namespace
+
 TEST_CASE("a stream runs its work in order on one persistent thread", "[hal]") {
   auto device = createCpuDevice(nullptr);
-  auto stream = device->createStream("compute");
+  auto stream = newStream(*device, "compute");
   CHECK(stream->name() == "compute");
   std::vector<int> order;
   std::vector<std::thread::id> threads;
@@ -26,7 +42,7 @@ TEST_CASE("a stream runs its work in order on one persistent thread", "[hal]") {
       order.push_back(i);
       threads.push_back(std::this_thread::get_id());
     });
-  stream->synchronize();
+  REQUIRE(stream->synchronize());
   REQUIRE(order.size() == 100);
   for (int i = 0; i < 100; ++i) {
     CHECK(order[i] == i);
@@ -37,61 +53,77 @@ TEST_CASE("a stream runs its work in order on one persistent thread", "[hal]") {
 
 TEST_CASE("events order work across streams, step after step", "[hal]") {
   auto device = createCpuDevice(nullptr);
-  auto a = device->createStream("a"), b = device->createStream("b");
-  auto event = device->createEvent();
+  auto a = newStream(*device, "a"), b = newStream(*device, "b");
+  auto event = newEvent(*device);
   std::atomic<bool> abort{false};
   for (uint64_t step = 1; step <= 50; ++step) {
     int produced = 0, consumed = -1;
-    bool waited = false;
+    bool waited = false, signalled = false;
     b->enqueue([&] {
-      waited = event->wait(step, abort);
+      waited = event->wait(step, abort).isOk();
       consumed = produced;
     });
     a->enqueue([&] {
       produced = int(step);
-      event->signal(step);
+      signalled = event->signal(step).isOk();
     });
-    a->synchronize();
-    b->synchronize();
+    REQUIRE(a->synchronize());
+    REQUIRE(b->synchronize());
+    CHECK(signalled);
     CHECK(waited);
     CHECK(consumed == int(step));
     CHECK(event->value() == step);
   }
 }
 
-TEST_CASE("an aborted wait returns false once woken", "[hal]") {
+TEST_CASE("an aborted wait fails once woken", "[hal]") {
   auto device = createCpuDevice(nullptr);
-  auto stream = device->createStream("s");
-  auto event = device->createEvent();
+  auto stream = newStream(*device, "s");
+  auto event = newEvent(*device);
   std::atomic<bool> abort{false};
-  bool result = true;
+  Status result;
   stream->enqueue([&] { result = event->wait(1, abort); });
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
   abort = true;
   event->wake();
-  stream->synchronize();
+  REQUIRE(stream->synchronize());
   CHECK_FALSE(result);
+  CHECK(result.message() == "aborted while waiting for the event to reach 1");
 }
 
 TEST_CASE("the allocator counts live and peak bytes and reuses blocks",
           "[hal]") {
   auto device = createCpuDevice(nullptr);
   Allocator &mem = device->allocator();
-  void *x = mem.allocate(1000);
-  void *y = mem.allocate(24);
+  void *x = nullptr, *y = nullptr;
+  REQUIRE(mem.allocate(1000, x));
+  REQUIRE(mem.allocate(24, y));
   REQUIRE(x);
   REQUIRE(y);
   CHECK(reinterpret_cast<uintptr_t>(x) % 64 == 0);
   CHECK(mem.liveBytes() == 1024);
-  mem.zero(x, 1000);
+  REQUIRE(mem.zero(x, 1000));
   CHECK(static_cast<char *>(x)[999] == 0);
   mem.deallocate(x, 1000);
   CHECK(mem.liveBytes() == 24);
   CHECK(mem.peakBytes() == 1024);
-  void *again = mem.allocate(1000); // same block size: reused
+  void *again = nullptr;
+  REQUIRE(mem.allocate(1000, again)); // same block size: reused
   CHECK(again == x);
   mem.deallocate(again, 1000);
   mem.deallocate(y, 24);
+  CHECK(mem.liveBytes() == 0);
+}
+
+TEST_CASE("an allocation that cannot be met is an error", "[hal]") {
+  auto device = createCpuDevice(nullptr);
+  Allocator &mem = device->allocator();
+  void *p = &mem;
+  Status st = mem.allocate(size_t(1) << 62, p);
+  CHECK_FALSE(st);
+  CHECK(p == nullptr);
+  CHECK(st.message() ==
+        "out of memory: cannot allocate 4611686018427387904 bytes");
   CHECK(mem.liveBytes() == 0);
 }
 

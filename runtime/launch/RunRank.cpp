@@ -419,7 +419,7 @@ static int runRankLogged(const RunOptions &options, const RankEnv &env,
   check(shareRunId(comm.get(), rank, runId), /*named=*/false);
   exec->setRunId(runId);
   if (snapshots)
-    snapshots->take(*exec, loadedStep);
+    check(snapshots->take(*exec, loadedStep), /*named=*/false);
   if (env.worldSize > 1) {
     watchdog = std::make_unique<Watchdog>(
         rank, env.worldSize,
@@ -506,7 +506,7 @@ static int runRankLogged(const RunOptions &options, const RankEnv &env,
     double seconds =
         std::chrono::duration<double>(Clock::now() - start).count();
     if (snapshots)
-      snapshots->take(*exec, step);
+      check(snapshots->take(*exec, step), /*named=*/false);
     if (options.checkpointEvery > 0 && step % options.checkpointEvery == 0) {
       CheckpointStats stats;
       check(writeStepCheckpoint(options.checkpointDir, options.keepCheckpoints,

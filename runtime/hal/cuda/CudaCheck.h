@@ -16,13 +16,6 @@ namespace piper::runtime::hal {
 std::string cudaErrorMessage(cudaError_t error, const char *call,
                              const char *file, int line);
 
-/// Prints cudaErrorMessage as "piper-run: CUDA error: ..." and exits the
-/// process (status 1). For the HAL's void methods (copies, stream and event
-/// operations), which have no way to return an error: a CUDA error there
-/// leaves the device in an unknown state.
-[[noreturn]] void cudaFatal(cudaError_t error, const char *call,
-                            const char *file, int line);
-
 /// The CUDA stream of the HAL Stream whose worker runs on the calling
 /// thread (work a stream's function issues goes there), or null on any other
 /// thread (the executor's loading, checkpoints).
@@ -39,15 +32,6 @@ cudaStream_t currentCudaStream();
       return ::piper::runtime::Status::error(                                  \
           ::piper::runtime::hal::cudaErrorMessage(piperCudaErr_, #call,        \
                                                   __FILE__, __LINE__));        \
-  } while (0)
-
-/// Evaluates a CUDA runtime call; on error stops the process (cudaFatal).
-#define PIPER_CUDA_CHECK(call)                                                 \
-  do {                                                                         \
-    cudaError_t piperCudaErr_ = (call);                                        \
-    if (piperCudaErr_ != cudaSuccess)                                          \
-      ::piper::runtime::hal::cudaFatal(piperCudaErr_, #call, __FILE__,         \
-                                       __LINE__);                              \
   } while (0)
 
 #endif // PIPER_RUNTIME_HAL_CUDA_CUDACHECK_H

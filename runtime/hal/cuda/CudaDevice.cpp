@@ -21,13 +21,16 @@
 // later record, never for less. The executor signals value t once in step
 // t and synchronizes every stream at the end of a step, so that later
 // record never depends on the waiter.
+//
+// Errors. Every method that can fail returns a Status naming the CUDA call,
+// its error and where it was made (cudaErrorMessage); nothing here ends the
+// process: a CUDA error becomes the failure of the stream that met it, which
+// the executor reports as the rank's failure (and the watchdog names).
 #include <cuda_runtime_api.h>
 
 #include <array>
 #include <atomic>
 #include <condition_variable>
-#include <cstdio>
-#include <cstdlib>
 #include <deque>
 #include <memory>
 #include <mutex>
@@ -49,14 +52,6 @@ std::string cudaErrorMessage(cudaError_t error, const char *call,
                      cudaGetErrorString(error), file, line);
 }
 
-void cudaFatal(cudaError_t error, const char *call, const char *file,
-               int line) {
-  std::fprintf(stderr, "piper-run: CUDA error: %s\n",
-               cudaErrorMessage(error, call, file, line).c_str());
-  std::fflush(stderr);
-  std::_Exit(1);
-}
-
 namespace {
 
 /// The CUDA stream of the Stream whose worker runs on this thread; null on
@@ -72,51 +67,56 @@ public:
   CudaAllocator(int ordinal, cudaStream_t hostStream)
       : ordinal(ordinal), hostStream(hostStream) {}
 
-  void *allocate(size_t bytes) override {
-    void *ptr = nullptr;
-    PIPER_CUDA_CHECK(cudaSetDevice(ordinal));
+  Status allocate(size_t bytes, void *&ptr) override {
+    ptr = nullptr;
+    PIPER_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal));
     cudaError_t err = cudaMalloc(&ptr, bytes == 0 ? 1 : bytes);
-    if (err == cudaErrorMemoryAllocation) {
-      (void)cudaGetLastError(); // clear it: the caller reports null
-      return nullptr;
+    if (err != cudaSuccess) {
+      ptr = nullptr;
+      (void)cudaGetLastError(); // out of memory is not sticky: clear it
+      return Status::error(cudaErrorMessage(
+          err, fmt::format("cudaMalloc(&ptr, {} bytes)", bytes).c_str(),
+          __FILE__, __LINE__));
     }
-    if (err != cudaSuccess)
-      cudaFatal(err, "cudaMalloc(&ptr, bytes)", __FILE__, __LINE__);
     int64_t now = live.fetch_add(static_cast<int64_t>(bytes)) +
                   static_cast<int64_t>(bytes);
     int64_t seen = peak.load();
     while (now > seen && !peak.compare_exchange_weak(seen, now)) {
     }
-    return ptr; // 256-byte aligned
+    return Status::ok(); // 256-byte aligned
   }
   void deallocate(void *ptr, size_t bytes) override {
     if (!ptr)
       return;
-    PIPER_CUDA_CHECK(cudaFree(ptr));
+    // An error here is a sticky one, which the call that met it first has
+    // reported (see Allocator::deallocate).
+    (void)cudaFree(ptr);
     live.fetch_sub(static_cast<int64_t>(bytes));
   }
-  void zero(void *ptr, size_t bytes) override {
-    PIPER_CUDA_CHECK(cudaMemsetAsync(ptr, 0, bytes, stream()));
-    finishIfHost();
+  Status zero(void *ptr, size_t bytes) override {
+    PIPER_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(ptr, 0, bytes, stream()));
+    return finishIfHost();
   }
-  void copy(void *dst, const void *src, size_t bytes) override {
-    PIPER_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes,
-                                     cudaMemcpyDeviceToDevice, stream()));
-    finishIfHost();
+  Status copy(void *dst, const void *src, size_t bytes) override {
+    PIPER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
+        dst, src, bytes, cudaMemcpyDeviceToDevice, stream()));
+    return finishIfHost();
   }
   // Host memory is readable (or reusable) when these return: both wait for
   // their copy, on the calling stream.
-  void copyToHost(void *host, const void *src, size_t bytes) override {
+  Status copyToHost(void *host, const void *src, size_t bytes) override {
     // cudaMemcpyDefault: callers (the staging communicator) may pass host
     // memory as `src` too.
-    PIPER_CUDA_CHECK(
+    PIPER_CUDA_RETURN_IF_ERROR(
         cudaMemcpyAsync(host, src, bytes, cudaMemcpyDefault, stream()));
-    PIPER_CUDA_CHECK(cudaStreamSynchronize(stream()));
+    PIPER_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream()));
+    return Status::ok();
   }
-  void copyFromHost(void *dst, const void *host, size_t bytes) override {
-    PIPER_CUDA_CHECK(
+  Status copyFromHost(void *dst, const void *host, size_t bytes) override {
+    PIPER_CUDA_RETURN_IF_ERROR(
         cudaMemcpyAsync(dst, host, bytes, cudaMemcpyDefault, stream()));
-    PIPER_CUDA_CHECK(cudaStreamSynchronize(stream()));
+    PIPER_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream()));
+    return Status::ok();
   }
   int64_t liveBytes() const override { return live.load(); }
   int64_t peakBytes() const override { return peak.load(); }
@@ -126,9 +126,10 @@ private:
     return currentStream ? currentStream : hostStream;
   }
   // Outside a stream's worker, device work is complete on return.
-  void finishIfHost() const {
+  Status finishIfHost() const {
     if (!currentStream)
-      PIPER_CUDA_CHECK(cudaStreamSynchronize(hostStream));
+      PIPER_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(hostStream));
+    return Status::ok();
   }
 
   int ordinal;
@@ -139,37 +140,45 @@ private:
 
 class CudaEvent final : public Event {
 public:
-  explicit CudaEvent(int ordinal) {
-    PIPER_CUDA_CHECK(cudaSetDevice(ordinal));
-    PIPER_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+  static Status create(int ordinal, std::unique_ptr<Event> &out) {
+    PIPER_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal));
+    cudaEvent_t event = nullptr;
+    PIPER_CUDA_RETURN_IF_ERROR(
+        cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+    out.reset(new CudaEvent(event));
+    return Status::ok();
   }
   ~CudaEvent() override { cudaEventDestroy(event); }
 
-  void signal(uint64_t v) override {
+  Status signal(uint64_t v) override {
     {
       std::lock_guard<std::mutex> lock(mu);
+      // Not published when the record fails: the stream fails, and the
+      // executor's abort then wakes the waiters.
       if (currentStream)
-        PIPER_CUDA_CHECK(cudaEventRecord(event, currentStream));
+        PIPER_CUDA_RETURN_IF_ERROR(cudaEventRecord(event, currentStream));
       onDevice = currentStream != nullptr;
       if (current.load() < v)
         current.store(v);
     }
     cv.notify_all();
+    return Status::ok();
   }
-  bool wait(uint64_t v, const std::atomic<bool> &abort) override {
+  Status wait(uint64_t v, const std::atomic<bool> &abort) override {
     std::unique_lock<std::mutex> lock(mu);
     cv.wait(lock, [&] { return current.load() >= v || abort.load(); });
     if (current.load() < v)
-      return false;
+      return abortedWait(v);
     // The latest record is at or after the one for v in the signaling
     // stream's order. A signal from a host thread means its work was done.
     if (onDevice) {
       if (currentStream)
-        PIPER_CUDA_CHECK(cudaStreamWaitEvent(currentStream, event, 0));
+        PIPER_CUDA_RETURN_IF_ERROR(
+            cudaStreamWaitEvent(currentStream, event, 0));
       else
-        PIPER_CUDA_CHECK(cudaEventSynchronize(event));
+        PIPER_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(event));
     }
-    return true;
+    return Status::ok();
   }
   void wake() override {
     { std::lock_guard<std::mutex> lock(mu); }
@@ -178,6 +187,8 @@ public:
   uint64_t value() const override { return current.load(); }
 
 private:
+  explicit CudaEvent(cudaEvent_t event) : event(event) {}
+
   cudaEvent_t event = nullptr;
   bool onDevice = false; // whether the latest signal recorded `event`
   std::atomic<uint64_t> current{0};
@@ -188,18 +199,14 @@ private:
 /// A host worker thread owning a non-blocking CUDA stream.
 class CudaStream final : public Stream {
 public:
-  CudaStream(std::string name, int ordinal)
-      : streamName(std::move(name)), ordinal(ordinal) {
-    PIPER_CUDA_CHECK(cudaSetDevice(ordinal));
-    PIPER_CUDA_CHECK(cudaStreamCreateWithFlags(&cuda, cudaStreamNonBlocking));
-    // The worker issues this stream's device work: its thread selects the
-    // GPU and makes `cuda` the stream kernels and copies run on.
-    resources = std::make_unique<CudaKernelResources>(ordinal);
-    worker = std::make_unique<HostWorker>([this] {
-      PIPER_CUDA_CHECK(cudaSetDevice(this->ordinal));
-      currentStream = cuda;
-      currentResources = resources.get();
-    });
+  static Status create(std::string name, int ordinal,
+                       std::unique_ptr<Stream> &out) {
+    PIPER_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal));
+    cudaStream_t cuda = nullptr;
+    PIPER_CUDA_RETURN_IF_ERROR(
+        cudaStreamCreateWithFlags(&cuda, cudaStreamNonBlocking));
+    out.reset(new CudaStream(std::move(name), ordinal, cuda));
+    return Status::ok();
   }
   ~CudaStream() override {
     worker.reset(); // runs the queued work, then stops the thread
@@ -213,28 +220,38 @@ public:
     worker->enqueue(std::move(work));
   }
 
-  void synchronize() override {
+  Status synchronize() override {
     worker->synchronize();
-    PIPER_CUDA_CHECK(cudaStreamSynchronize(cuda));
+    auto started = static_cast<cudaError_t>(startError.load());
+    if (started != cudaSuccess)
+      return Status::error(
+          cudaErrorMessage(started, "cudaSetDevice(ordinal) on the worker",
+                           __FILE__, __LINE__));
+    PIPER_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(cuda));
+    return Status::ok();
   }
 
 private:
+  CudaStream(std::string name, int ordinal, cudaStream_t cuda)
+      : streamName(std::move(name)), ordinal(ordinal), cuda(cuda) {
+    // The worker issues this stream's device work: its thread selects the
+    // GPU and makes `cuda` the stream kernels and copies run on. Should the
+    // selection fail, synchronize() says so.
+    resources = std::make_unique<CudaKernelResources>(ordinal);
+    worker = std::make_unique<HostWorker>([this] {
+      startError.store(static_cast<int>(cudaSetDevice(this->ordinal)));
+      currentStream = this->cuda;
+      currentResources = resources.get();
+    });
+  }
+
   std::string streamName;
   int ordinal;
   cudaStream_t cuda = nullptr;
+  std::atomic<int> startError{cudaSuccess};
   std::unique_ptr<CudaKernelResources> resources;
   std::unique_ptr<HostWorker> worker;
 };
-
-// A void HAL method's kernel failed: the device is in an unknown state.
-void mustSucceed(const Status &status) {
-  if (status)
-    return;
-  std::fprintf(stderr, "piper-run: CUDA error: %s\n",
-               status.message().c_str());
-  std::fflush(stderr);
-  std::_Exit(1);
-}
 
 class CudaDevice final : public Device {
 public:
@@ -247,11 +264,12 @@ public:
   }
   std::string name() const override { return "cuda"; }
   Allocator &allocator() override { return memory; }
-  std::unique_ptr<Stream> createStream(const std::string &name) override {
-    return std::make_unique<CudaStream>(name, ordinal);
+  Status createStream(const std::string &name,
+                      std::unique_ptr<Stream> &stream) override {
+    return CudaStream::create(name, ordinal, stream);
   }
-  std::unique_ptr<Event> createEvent() override {
-    return std::make_unique<CudaEvent>(ordinal);
+  Status createEvent(std::unique_ptr<Event> &event) override {
+    return CudaEvent::create(ordinal, event);
   }
   // The GPU kernel registry (runtime/hal/gpu/GpuKernels.h): the same ops
   // as the CPU's; the executor checks them at load.
@@ -272,30 +290,28 @@ public:
     PIPER_RETURN_IF_ERROR(status);
     return finishIfHost();
   }
-  double sumOfSquares(const float *x, int64_t n) override {
-    double result = 0;
-    mustSucceed(gpu::sumOfSquares(context(), x, n, result));
-    return result;
+  Status sumOfSquares(const float *x, int64_t n, double &result) override {
+    return gpu::sumOfSquares(context(), x, n, result); // waits for it
   }
-  void scale(float *x, float s, int64_t n) override {
-    mustSucceed(gpu::launchScale(context(), x, s, n));
-    mustSucceed(finishIfHost());
+  Status scale(float *x, float s, int64_t n) override {
+    PIPER_RETURN_IF_ERROR(gpu::launchScale(context(), x, s, n));
+    return finishIfHost();
   }
-  void add(float *dst, const float *src, int64_t n) override {
-    mustSucceed(gpu::launchAdd(context(), dst, src, dst, n));
-    mustSucceed(finishIfHost());
+  Status add(float *dst, const float *src, int64_t n) override {
+    PIPER_RETURN_IF_ERROR(gpu::launchAdd(context(), dst, src, dst, n));
+    return finishIfHost();
   }
-  void packBf16(uint16_t *dst, const float *src, int64_t n) override {
-    mustSucceed(gpu::launchPackBf16(context(), dst, src, n));
-    mustSucceed(finishIfHost());
+  Status packBf16(uint16_t *dst, const float *src, int64_t n) override {
+    PIPER_RETURN_IF_ERROR(gpu::launchPackBf16(context(), dst, src, n));
+    return finishIfHost();
   }
-  void unpackBf16(float *dst, const uint16_t *src, int64_t n) override {
-    mustSucceed(gpu::launchUnpackBf16(context(), dst, src, n));
-    mustSucceed(finishIfHost());
+  Status unpackBf16(float *dst, const uint16_t *src, int64_t n) override {
+    PIPER_RETURN_IF_ERROR(gpu::launchUnpackBf16(context(), dst, src, n));
+    return finishIfHost();
   }
-  void roundBf16(float *x, int64_t n) override {
-    mustSucceed(gpu::launchRoundBf16(context(), x, n));
-    mustSucceed(finishIfHost());
+  Status roundBf16(float *x, int64_t n) override {
+    PIPER_RETURN_IF_ERROR(gpu::launchRoundBf16(context(), x, n));
+    return finishIfHost();
   }
   Communicator *communicator() override { return comm; }
 

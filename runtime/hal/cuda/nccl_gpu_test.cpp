@@ -44,28 +44,34 @@ struct Setup {
     device = createCudaDevice(0, comm.get(), st);
     INFO(st.message());
     REQUIRE(device);
-    stream = device->createStream("s");
+    st = device->createStream("s", stream);
+    INFO(st.message());
+    REQUIRE(st);
   }
   /// Runs `body` on the stream's worker (its CUDA stream is current there)
   /// and returns its status.
   Status onStream(const std::function<Status()> &body) {
     Status result;
     stream->enqueue([&] { result = body(); });
-    stream->synchronize();
+    Status synced = stream->synchronize();
+    if (result && !synced)
+      result = synced;
     return result;
   }
   template <class T> T *upload(const std::vector<T> &values, size_t n = 0) {
     n = std::max(n, values.size());
-    auto *p = static_cast<T *>(device->allocator().allocate(n * sizeof(T)));
-    device->allocator().zero(p, n * sizeof(T));
-    device->allocator().copyFromHost(p, values.data(),
-                                     values.size() * sizeof(T));
+    void *block = nullptr;
+    REQUIRE(device->allocator().allocate(n * sizeof(T), block));
+    auto *p = static_cast<T *>(block);
+    REQUIRE(device->allocator().zero(p, n * sizeof(T)));
+    REQUIRE(device->allocator().copyFromHost(p, values.data(),
+                                             values.size() * sizeof(T)));
     owned.push_back({p, n * sizeof(T)});
     return p;
   }
   template <class T> std::vector<T> download(const T *p, size_t n) {
     std::vector<T> values(n);
-    device->allocator().copyToHost(values.data(), p, n * sizeof(T));
+    REQUIRE(device->allocator().copyToHost(values.data(), p, n * sizeof(T)));
     return values;
   }
   ~Setup() {
@@ -118,10 +124,10 @@ TEST_CASE("NCCL at world size 1: every collective, fp32 and bf16, on a "
     auto check = [&](const char *what) {
       INFO(what << " " << commDTypeName(type));
       std::vector<char> want(bytes), got(bytes);
-      s.device->allocator().copyToHost(want.data(), in, bytes);
-      s.device->allocator().copyToHost(got.data(), out, bytes);
+      REQUIRE(s.device->allocator().copyToHost(want.data(), in, bytes));
+      REQUIRE(s.device->allocator().copyToHost(got.data(), out, bytes));
       CHECK(want == got);
-      s.device->allocator().zero(out, bytes);
+      REQUIRE(s.device->allocator().zero(out, bytes));
     };
     st = s.onStream([&]() -> Status {
       return s.comm->reduceScatter(key, in, out, {n}, type)->wait();

@@ -1,8 +1,6 @@
 // The emulated GPU device (EmulatedDevice.h).
 #include "runtime/hal/gpu/host/EmulatedDevice.h"
 
-#include <cstdlib>
-#include <cstdio>
 #include <vector>
 
 #include "runtime/hal/cpu/CpuDevice.h"
@@ -38,17 +36,6 @@ gpu::Context hostContext(bool bf16 = false) {
   return ctx;
 }
 
-// The executor's elementwise methods return nothing: a launch error here is
-// a bug in the emulation, not in the plan.
-void mustSucceed(const Status &status) {
-  if (status)
-    return;
-  std::fprintf(stderr, "piper-run: backend 'cuda-emulation': %s\n",
-               status.message().c_str());
-  std::fflush(stderr);
-  std::_Exit(1);
-}
-
 class EmulatedGpuDevice final : public Device {
 public:
   explicit EmulatedGpuDevice(Communicator *comm)
@@ -56,10 +43,13 @@ public:
 
   std::string name() const override { return "cuda-emulation"; }
   Allocator &allocator() override { return host->allocator(); }
-  std::unique_ptr<Stream> createStream(const std::string &name) override {
-    return host->createStream(name);
+  Status createStream(const std::string &name,
+                      std::unique_ptr<Stream> &stream) override {
+    return host->createStream(name, stream);
   }
-  std::unique_ptr<Event> createEvent() override { return host->createEvent(); }
+  Status createEvent(std::unique_ptr<Event> &event) override {
+    return host->createEvent(event);
+  }
   const KernelInfo *findKernel(const std::string &name) const override {
     return gpu::findKernelInfo(name);
   }
@@ -73,25 +63,23 @@ public:
     return gpu::runKernel(info, kernel, inputs, outputs, ctx,
                           hostContext(ctx.lowPrecision));
   }
-  double sumOfSquares(const float *x, int64_t n) override {
-    double result = 0;
-    mustSucceed(gpu::sumOfSquares(hostContext(), x, n, result));
-    return result;
+  Status sumOfSquares(const float *x, int64_t n, double &result) override {
+    return gpu::sumOfSquares(hostContext(), x, n, result);
   }
-  void scale(float *x, float s, int64_t n) override {
-    mustSucceed(gpu::launchScale(hostContext(), x, s, n));
+  Status scale(float *x, float s, int64_t n) override {
+    return gpu::launchScale(hostContext(), x, s, n);
   }
-  void add(float *dst, const float *src, int64_t n) override {
-    mustSucceed(gpu::launchAdd(hostContext(), dst, src, dst, n));
+  Status add(float *dst, const float *src, int64_t n) override {
+    return gpu::launchAdd(hostContext(), dst, src, dst, n);
   }
-  void packBf16(uint16_t *dst, const float *src, int64_t n) override {
-    mustSucceed(gpu::launchPackBf16(hostContext(), dst, src, n));
+  Status packBf16(uint16_t *dst, const float *src, int64_t n) override {
+    return gpu::launchPackBf16(hostContext(), dst, src, n);
   }
-  void unpackBf16(float *dst, const uint16_t *src, int64_t n) override {
-    mustSucceed(gpu::launchUnpackBf16(hostContext(), dst, src, n));
+  Status unpackBf16(float *dst, const uint16_t *src, int64_t n) override {
+    return gpu::launchUnpackBf16(hostContext(), dst, src, n);
   }
-  void roundBf16(float *x, int64_t n) override {
-    mustSucceed(gpu::launchRoundBf16(hostContext(), x, n));
+  Status roundBf16(float *x, int64_t n) override {
+    return gpu::launchRoundBf16(hostContext(), x, n);
   }
   Communicator *communicator() override { return host->communicator(); }
 

@@ -112,29 +112,39 @@ std::vector<uint32_t> fill(const Operand &o, std::mt19937_64 &rng) {
   return words;
 }
 
-// The operands of one device: allocated, uploaded, downloaded.
+// The operands of one device: allocated, uploaded, downloaded. The first
+// device error is kept in `status` (the case fails with it).
 struct DeviceRun {
   Device &device;
   std::vector<void *> buffers;
   std::vector<size_t> sizes;
+  Status status;
   ~DeviceRun() {
     for (size_t i = 0; i < buffers.size(); ++i)
       device.allocator().deallocate(buffers[i], sizes[i]);
   }
   TensorRef upload(const Operand &o, const std::vector<uint32_t> &words) {
     size_t bytes = words.size() * 4;
-    void *p = device.allocator().allocate(bytes == 0 ? 4 : bytes);
-    buffers.push_back(p);
-    sizes.push_back(bytes == 0 ? 4 : bytes);
-    if (bytes)
-      device.allocator().copyFromHost(p, words.data(), bytes);
+    void *p = nullptr;
+    keep(device.allocator().allocate(bytes == 0 ? 4 : bytes, p));
+    if (p) {
+      buffers.push_back(p);
+      sizes.push_back(bytes == 0 ? 4 : bytes);
+    }
+    if (bytes && p)
+      keep(device.allocator().copyFromHost(p, words.data(), bytes));
     return TensorRef{o.dtype, o.shape, p};
   }
   std::vector<uint32_t> download(const TensorRef &t) {
     std::vector<uint32_t> words(static_cast<size_t>(t.numel()));
     if (!words.empty())
-      device.allocator().copyToHost(words.data(), t.data, words.size() * 4);
+      keep(device.allocator().copyToHost(words.data(), t.data,
+                                         words.size() * 4));
     return words;
+  }
+  void keep(const Status &st) {
+    if (status && !st)
+      status = st;
   }
 };
 
@@ -161,12 +171,16 @@ CaseResult runCase(const KernelCase &c, Device &cpu, Device &gpu) {
   };
   auto runOn = [&](Device &device) {
     Side side;
-    DeviceRun run{device, {}, {}};
+    DeviceRun run{device, {}, {}, {}};
     std::vector<TensorRef> ins, outs;
     for (size_t i = 0; i < c.inputs.size(); ++i)
       ins.push_back(run.upload(c.inputs[i], inWords[i]));
     for (size_t i = 0; i < c.outputs.size(); ++i)
       outs.push_back(run.upload(c.outputs[i], outWords[i]));
+    if (!run.status) {
+      side.error = device.name() + ": " + run.status.message();
+      return side;
+    }
     const KernelInfo *info = device.findKernel(c.op);
     if (!info) {
       side.error = device.name() + " has no kernel '" + c.op + "'";
@@ -185,6 +199,8 @@ CaseResult runCase(const KernelCase &c, Device &cpu, Device &gpu) {
     }
     for (const TensorRef &t : outs)
       side.outs.push_back(run.download(t));
+    if (!run.status)
+      side.error = device.name() + ": " + run.status.message();
     return side;
   };
   Side want = runOn(cpu), got = runOn(gpu);
