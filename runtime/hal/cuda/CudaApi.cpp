@@ -224,6 +224,7 @@ gpu::Context CudaKernelResources::context(cudaStream_t stream, bool bf16) {
 namespace gpu {
 
 Status launchStatus(int error, const char *kernel) {
+  noteKernelLaunch(kernel);
   if (error == 0)
     return Status::ok();
   auto e = static_cast<cudaError_t>(error);
@@ -350,6 +351,7 @@ Status gemmColMajor(const Context &ctx, const ColMajorGemm &g) {
       return Status::error(fmt::format(
           "gemm: cuBLASLt has no algorithm for m={} n={} k={} ({})", g.m, g.n,
           g.k, ctx.bf16 ? "bf16" : "fp32"));
+    noteKernelLaunch("gemm (cublasLtMatmul)");
     PIPER_CUBLAS_RETURN_IF_ERROR(lt.cublasLtMatmul(
         blas->handle, desc, &g.alpha, a, la, b, lb, &g.beta, g.c, lc, g.c, lc,
         &heuristic.algo, scratch, kCublasWorkspace, ctx.stream));

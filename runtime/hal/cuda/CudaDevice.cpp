@@ -52,6 +52,34 @@ std::string cudaErrorMessage(cudaError_t error, const char *call,
                      cudaGetErrorString(error), file, line);
 }
 
+bool isAsynchronousKernelError(cudaError_t error) {
+  switch (error) {
+  case cudaErrorIllegalAddress:
+  case cudaErrorLaunchTimeout:
+  case cudaErrorAssert:
+  case cudaErrorHardwareStackError:
+  case cudaErrorIllegalInstruction:
+  case cudaErrorMisalignedAddress:
+  case cudaErrorInvalidAddressSpace:
+  case cudaErrorInvalidPc:
+  case cudaErrorLaunchFailure:
+    return true;
+  default:
+    return false;
+  }
+}
+
+Status cudaCallError(cudaError_t error, const char *call, const char *file,
+                     int line, const char *lastKernel) {
+  std::string message = cudaErrorMessage(error, call, file, line);
+  if (lastKernel && isAsynchronousKernelError(error))
+    message += fmt::format("; the last kernel launched on this stream was "
+                           "'{}' (CUDA_LAUNCH_BLOCKING=1 names the one that "
+                           "faulted)",
+                           lastKernel);
+  return Status::error(message);
+}
+
 namespace {
 
 /// The CUDA stream of the Stream whose worker runs on this thread; null on
@@ -59,6 +87,10 @@ namespace {
 thread_local cudaStream_t currentStream = nullptr;
 /// The GPU kernels' resources of that Stream.
 thread_local CudaKernelResources *currentResources = nullptr;
+/// The last kernel launched from this thread, and on a Stream's worker
+/// that Stream's copy of it (read by synchronize() on another thread).
+thread_local const char *threadLastKernel = nullptr;
+thread_local std::atomic<const char *> *streamLastKernel = nullptr;
 
 /// The device memory: plain cudaMalloc per allocation (the executor makes
 /// exactly one, the plan's arena), never managed memory.
@@ -227,7 +259,12 @@ public:
       return Status::error(
           cudaErrorMessage(started, "cudaSetDevice(ordinal) on the worker",
                            __FILE__, __LINE__));
-    PIPER_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(cuda));
+    // A kernel that faulted after its launch returned shows here: name the
+    // stream's last kernel, the likely culprit (gpu-review A.5).
+    cudaError_t err = cudaStreamSynchronize(cuda);
+    if (err != cudaSuccess)
+      return cudaCallError(err, "cudaStreamSynchronize(stream)", __FILE__,
+                           __LINE__, lastKernel.load());
     return Status::ok();
   }
 
@@ -242,6 +279,7 @@ private:
       startError.store(static_cast<int>(cudaSetDevice(this->ordinal)));
       currentStream = this->cuda;
       currentResources = resources.get();
+      streamLastKernel = &this->lastKernel;
     });
   }
 
@@ -249,6 +287,7 @@ private:
   int ordinal;
   cudaStream_t cuda = nullptr;
   std::atomic<int> startError{cudaSuccess};
+  std::atomic<const char *> lastKernel{nullptr};
   std::unique_ptr<CudaKernelResources> resources;
   std::unique_ptr<HostWorker> worker;
 };
@@ -339,6 +378,14 @@ private:
 } // namespace
 
 cudaStream_t currentCudaStream() { return currentStream; }
+
+void noteKernelLaunch(const char *kernel) {
+  threadLastKernel = kernel;
+  if (streamLastKernel)
+    streamLastKernel->store(kernel, std::memory_order_relaxed);
+}
+
+const char *lastKernelLaunched() { return threadLastKernel; }
 
 bool cudaBackendBuilt() { return true; }
 
