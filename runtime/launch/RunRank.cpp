@@ -375,7 +375,8 @@ static int runRankLogged(const RunOptions &options, const RankEnv &env,
     exitRank(status.message());
   };
   if (faulty)
-    check(applyFault(fault, plan, rank, eo), /*named=*/false);
+    check(applyFault(fault, plan, rank, options.backend, eo),
+          /*named=*/false);
   eo.profile = options.profile || profileFromEnv();
   eo.traceStep = tracedStep;
   // Reports of every rank go to its log with --log-dir; otherwise rank 0

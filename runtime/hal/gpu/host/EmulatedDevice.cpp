@@ -1,6 +1,8 @@
 // The emulated GPU device (EmulatedDevice.h).
 #include "runtime/hal/gpu/host/EmulatedDevice.h"
 
+#include <atomic>
+#include <string>
 #include <vector>
 
 #include "runtime/hal/cpu/CpuDevice.h"
@@ -36,13 +38,66 @@ gpu::Context hostContext(bool bf16 = false) {
   return ctx;
 }
 
+/// Set by injectEmulatedDeviceError; the next operation takes it.
+std::atomic<bool> errorInjected{false};
+
+/// The injected error of operation `what`, once; else ok.
+Status injected(const std::string &what) {
+  if (!errorInjected.load(std::memory_order_relaxed) ||
+      !errorInjected.exchange(false))
+    return Status::ok();
+  return Status::error(what + ": emulated device error (PIPER_FAULT "
+                              "action=device_error)");
+}
+
+/// The CPU backend's memory, where every operation can fail as a CUDA
+/// call can (injectEmulatedDeviceError).
+class EmulatedAllocator final : public Allocator {
+public:
+  explicit EmulatedAllocator(Allocator &host) : host(host) {}
+  Status allocate(size_t bytes, void *&ptr) override {
+    ptr = nullptr;
+    PIPER_RETURN_IF_ERROR(
+        injected("allocation of " + std::to_string(bytes) + " bytes"));
+    return host.allocate(bytes, ptr);
+  }
+  void deallocate(void *ptr, size_t bytes) override {
+    host.deallocate(ptr, bytes);
+  }
+  Status zero(void *ptr, size_t bytes) override {
+    PIPER_RETURN_IF_ERROR(
+        injected("zeroing " + std::to_string(bytes) + " bytes"));
+    return host.zero(ptr, bytes);
+  }
+  Status copy(void *dst, const void *src, size_t bytes) override {
+    PIPER_RETURN_IF_ERROR(
+        injected("copying " + std::to_string(bytes) + " bytes"));
+    return host.copy(dst, src, bytes);
+  }
+  Status copyToHost(void *hostPtr, const void *src, size_t bytes) override {
+    PIPER_RETURN_IF_ERROR(injected("copying " + std::to_string(bytes) +
+                                   " bytes to the host"));
+    return host.copyToHost(hostPtr, src, bytes);
+  }
+  Status copyFromHost(void *dst, const void *hostPtr, size_t bytes) override {
+    PIPER_RETURN_IF_ERROR(injected("copying " + std::to_string(bytes) +
+                                   " bytes from the host"));
+    return host.copyFromHost(dst, hostPtr, bytes);
+  }
+  int64_t liveBytes() const override { return host.liveBytes(); }
+  int64_t peakBytes() const override { return host.peakBytes(); }
+
+private:
+  Allocator &host;
+};
+
 class EmulatedGpuDevice final : public Device {
 public:
   explicit EmulatedGpuDevice(Communicator *comm)
-      : host(createCpuDevice(comm)) {}
+      : host(createCpuDevice(comm)), memory(host->allocator()) {}
 
   std::string name() const override { return "cuda-emulation"; }
-  Allocator &allocator() override { return host->allocator(); }
+  Allocator &allocator() override { return memory; }
   Status createStream(const std::string &name,
                       std::unique_ptr<Stream> &stream) override {
     return host->createStream(name, stream);
@@ -60,31 +115,39 @@ public:
                    const std::vector<TensorRef> &inputs,
                    const std::vector<TensorRef> &outputs,
                    KernelContext &ctx) override {
+    PIPER_RETURN_IF_ERROR(injected(kernel.op()));
     return gpu::runKernel(info, kernel, inputs, outputs, ctx,
                           hostContext(ctx.lowPrecision));
   }
   Status sumOfSquares(const float *x, int64_t n, double &result) override {
+    PIPER_RETURN_IF_ERROR(injected("sum_of_squares"));
     return gpu::sumOfSquares(hostContext(), x, n, result);
   }
   Status scale(float *x, float s, int64_t n) override {
+    PIPER_RETURN_IF_ERROR(injected("scale"));
     return gpu::launchScale(hostContext(), x, s, n);
   }
   Status add(float *dst, const float *src, int64_t n) override {
+    PIPER_RETURN_IF_ERROR(injected("add"));
     return gpu::launchAdd(hostContext(), dst, src, dst, n);
   }
   Status packBf16(uint16_t *dst, const float *src, int64_t n) override {
+    PIPER_RETURN_IF_ERROR(injected("pack_bf16"));
     return gpu::launchPackBf16(hostContext(), dst, src, n);
   }
   Status unpackBf16(float *dst, const uint16_t *src, int64_t n) override {
+    PIPER_RETURN_IF_ERROR(injected("unpack_bf16"));
     return gpu::launchUnpackBf16(hostContext(), dst, src, n);
   }
   Status roundBf16(float *x, int64_t n) override {
+    PIPER_RETURN_IF_ERROR(injected("round_bf16"));
     return gpu::launchRoundBf16(hostContext(), x, n);
   }
   Communicator *communicator() override { return host->communicator(); }
 
 private:
   std::unique_ptr<Device> host;
+  EmulatedAllocator memory;
 };
 
 } // namespace
@@ -92,5 +155,7 @@ private:
 std::unique_ptr<Device> createEmulatedGpuDevice(Communicator *comm) {
   return std::make_unique<EmulatedGpuDevice>(comm);
 }
+
+void injectEmulatedDeviceError() { errorInjected.store(true); }
 
 } // namespace piper::runtime::hal
