@@ -38,6 +38,8 @@ Status ExecutorImpl::init(uint64_t seed) {
   bf16 = plan.training().compute_dtype() == plan::BF16;
   bf16Params.assign(plan.params_size(), nullptr);
   bf16Step.assign(plan.params_size(), 0);
+  bf16Seen.assign(bf16 ? plan.streams_size() : 0,
+                  std::vector<int64_t>(plan.params_size(), 0));
   int numParams = plan.params_size();
   state.resize(numParams);
   // One arena, allocated once: every tensor is a view at its planned offset
@@ -142,6 +144,15 @@ Status ExecutorImpl::init(uint64_t seed) {
     PIPER_RETURN_IF_ERROR(device->createEvent(events.back())
                               .withContext("creating event " +
                                            std::to_string(e)));
+  }
+  if (bf16 && plan.streams_size() > 1) {
+    bf16Ready.resize(plan.params_size());
+    for (int p = 0; p < plan.params_size(); ++p)
+      if (bf16Params[p])
+        PIPER_RETURN_IF_ERROR(device->createEvent(bf16Ready[p])
+                                  .withContext("creating the bf16 event of "
+                                               "parameter '" +
+                                               plan.params(p).name() + "'"));
   }
   return Status::ok();
 }

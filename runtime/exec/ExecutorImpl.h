@@ -163,11 +163,19 @@ public:
   bool ranStep = false;
 
   /// Mixed precision (training.compute_dtype == BF16): kernels read bf16
-  /// copies of the fp32 master parameters, refreshed once per step.
+  /// copies of the fp32 master parameters, refreshed once per step by the
+  /// first stream that reads each (on that stream: asynchronous on a GPU).
   bool bf16 = false;
   std::mutex bf16Mu;
   std::vector<TensorPtr> bf16Params;
   std::vector<int64_t> bf16Step;
+  /// Per stream and param: the last step whose copy the stream has (it
+  /// refreshed it, or waited for it); each stream touches only its own row.
+  std::vector<std::vector<int64_t>> bf16Seen;
+  /// Per param (plans with several streams): an event the refreshing
+  /// stream signals after the refresh, which the other streams reading the
+  /// copy wait for (gpu-review B.7).
+  std::vector<std::unique_ptr<hal::Event>> bf16Ready;
 
   Profiler profiler;
   StepTracer tracer;
@@ -212,8 +220,12 @@ public:
   // the executor's own overhead).
   Status call(int s, const plan::Instruction &inst, StepState &st,
               int64_t &accounted);
-  /// The bf16 copy of parameter `p` for `step`.
-  Status computeParam(int p, int64_t step, void *&out);
+  /// The bf16 copy of parameter `p` for stream `s` in this step: refreshed
+  /// on `s` when it is the first to read it, else ordered after the
+  /// refresh.
+  Status computeParam(int s, int p, StepState &st, void *&out);
+  /// Copies parameter `p` into its bf16 copy and rounds it there.
+  Status refreshParam(int p);
 
   // Value-level collectives (Collectives.cpp): ALL_REDUCE of buffers,
   // REDUCE_SCATTER, ALL_GATHER, ALL_TO_ALL.

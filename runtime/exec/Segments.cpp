@@ -79,25 +79,49 @@ Status ExecutorImpl::resolveKernels() {
   return Status::ok();
 }
 
-Status ExecutorImpl::computeParam(int p, int64_t step, void *&out) {
-  std::lock_guard<std::mutex> lock(bf16Mu);
+Status ExecutorImpl::computeParam(int s, int p, StepState &st, void *&out) {
+  const int64_t step = st.step;
   // The fifth state tensor of the parameter (Parameter.state_offsets[4]).
-  const TensorPtr &copy = bf16Params[p];
-  if (bf16Step[p] != step) {
-    const TensorPtr &master = stateOf(p, Operand::PARAM);
-    Status refreshed =
-        memory->copy(copy->data, master->data,
-                     static_cast<size_t>(master->bytes));
-    if (refreshed)
-      refreshed = device->roundBf16(static_cast<float *>(copy->data),
-                                    copy->bytes / 4);
-    if (!refreshed)
-      return refreshed.withContext("the bf16 copy of parameter '" +
-                                   plan.params(p).name() + "'");
-    bf16Step[p] = step;
+  out = bf16Params[p]->data;
+  int64_t &seen = bf16Seen[s][p];
+  if (seen == step)
+    return Status::ok();
+  hal::Event *ready = bf16Ready.empty() ? nullptr : bf16Ready[p].get();
+  bool refreshed = false;
+  {
+    std::lock_guard<std::mutex> lock(bf16Mu);
+    if (bf16Step[p] != step) {
+      Status done = refreshParam(p);
+      // Signalled before the step is published: a stream that finds this
+      // step's copy finds the event signalled too.
+      if (done && ready)
+        done = ready->signal(static_cast<uint64_t>(step));
+      if (!done)
+        return done.withContext("the bf16 copy of parameter '" +
+                                plan.params(p).name() + "'");
+      bf16Step[p] = step;
+      refreshed = true;
+    }
   }
-  out = copy->data;
+  // Refreshed by another stream: on a GPU the copy and rounding are queued
+  // there, so this stream is ordered after them (the event), as after any
+  // value another stream writes.
+  if (!refreshed && ready)
+    PIPER_RETURN_IF_ERROR(
+        ready->wait(static_cast<uint64_t>(step), st.failed)
+            .withContext("waiting for the bf16 copy of parameter '" +
+                         plan.params(p).name() + "'"));
+  seen = step;
   return Status::ok();
+}
+
+Status ExecutorImpl::refreshParam(int p) {
+  // A copy of the master, rounded: queued on the calling stream.
+  const TensorPtr &copy = bf16Params[p];
+  const TensorPtr &master = stateOf(p, Operand::PARAM);
+  PIPER_RETURN_IF_ERROR(memory->copy(copy->data, master->data,
+                                     static_cast<size_t>(master->bytes)));
+  return device->roundBf16(static_cast<float *>(copy->data), copy->bytes / 4);
 }
 
 namespace {
@@ -190,7 +214,7 @@ Status ExecutorImpl::call(int s, const Instruction &inst, StepState &st,
       if (rk.lowPrecision && op.kind() == Operand::PARAM) {
         void *copy = nullptr;
         PIPER_RETURN_IF_ERROR(
-            computeParam(op.index(), st.step, copy).withContext(where(k)));
+            computeParam(s, op.index(), st, copy).withContext(where(k)));
         bind(ins[j], rk.inputs[j], copy);
       } else {
         bind(ins[j], rk.inputs[j], dataOf(op));

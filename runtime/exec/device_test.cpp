@@ -544,3 +544,90 @@ TEST_CASE("executor: an asynchronous device error found at the end of a "
   REQUIRE(run.streamErrors.size() == 1);
   CHECK(run.streamErrors[0] == step.message());
 }
+
+namespace {
+/// A CPU event that counts its signals and waits.
+class CountedEvent final : public hal::Event {
+public:
+  CountedEvent(std::unique_ptr<hal::Event> inner, std::atomic<int> &signals,
+               std::atomic<int> &waits)
+      : inner(std::move(inner)), signals(signals), waits(waits) {}
+  Status signal(uint64_t value) override {
+    ++signals;
+    return inner->signal(value);
+  }
+  Status wait(uint64_t value, const std::atomic<bool> &abort) override {
+    ++waits;
+    return inner->wait(value, abort);
+  }
+  void wake() override { inner->wake(); }
+  uint64_t value() const override { return inner->value(); }
+
+private:
+  std::unique_ptr<hal::Event> inner;
+  std::atomic<int> &signals, &waits;
+};
+
+/// A CPU device whose events count their signals and waits.
+class EventCountingDevice : public ForwardingDevice {
+public:
+  using ForwardingDevice::ForwardingDevice;
+  Status createEvent(std::unique_ptr<hal::Event> &event) override {
+    std::unique_ptr<hal::Event> inner;
+    PIPER_RETURN_IF_ERROR(cpu->createEvent(inner));
+    ++created;
+    event = std::make_unique<CountedEvent>(std::move(inner), signals, waits);
+    return Status::ok();
+  }
+  static inline std::atomic<int> created{0}, signals{0}, waits{0};
+};
+} // namespace
+
+// gpu-review B.7: in mixed precision a parameter's bf16 copy is refreshed
+// once per step by the first stream that reads it (on a GPU, queued on that
+// stream). Another stream reading the same copy is ordered after the
+// refresh by an event, as for any value another stream writes.
+TEST_CASE("executor: bf16 parameter copies are ordered across streams by an "
+          "event",
+          "[executor]") {
+  plan::Plan plan;
+  plan.set_schema_version(plan::kPlanSchemaVersion);
+  plan.add_ranks(0);
+  plan.set_world_size(1);
+  plan.mutable_training()->set_vocab_size(8);
+  plan.mutable_training()->set_compute_dtype(plan::BF16);
+  addParam(plan, "w", {4, 4}, true);
+  // Reads w twice (the second read finds the copy this stream has).
+  plan::Segment *seg = addSegment(plan, "use w",
+                                  {tensorType(plan::F32, {4, 4}),
+                                   tensorType(plan::F32, {4, 4})},
+                                  {}, {});
+  addKernel(seg, "add", {state(Operand::PARAM, 0), state(Operand::PARAM, 0)},
+            {value(0)});
+  addKernel(seg, "add", {value(0), state(Operand::PARAM, 0)}, {value(1)});
+  for (const char *name : {"compute0", "compute1"}) {
+    plan::Stream *stream = plan.add_streams();
+    stream->set_name(name);
+    addInst(stream, Instruction::CALL, std::string("use w on ") + name)
+        ->set_segment(0);
+  }
+  withArena(plan);
+  ExecutorOptions opts;
+  opts.createDevice = [](Communicator *comm) {
+    return std::make_unique<EventCountingDevice>(comm);
+  };
+  Status status;
+  auto exec = Executor::create(plan, opts, status);
+  INFO(status.message());
+  REQUIRE(exec);
+  CHECK(EventCountingDevice::created == 1); // the parameter's; no plan event
+  for (int t = 1; t <= 3; ++t) {
+    double loss = 0;
+    Status step = exec->runStep(t, loss);
+    INFO(step.message());
+    REQUIRE(step);
+    // One refresh (and signal) per step; the other stream waits for it.
+    CHECK(EventCountingDevice::signals == t);
+    CHECK(EventCountingDevice::waits == t);
+  }
+}
