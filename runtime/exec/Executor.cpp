@@ -145,6 +145,10 @@ Status ExecutorImpl::init(uint64_t seed) {
                               .withContext("creating event " +
                                            std::to_string(e)));
   }
+  if (numParams > 0)
+    PIPER_RETURN_IF_ERROR(device->createSquareSums(numParams, squares)
+                              .withContext("creating the gradient norm's "
+                                           "sums of squares"));
   if (bf16 && plan.streams_size() > 1) {
     bf16Ready.resize(plan.params_size());
     for (int p = 0; p < plan.params_size(); ++p)

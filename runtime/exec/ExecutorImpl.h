@@ -156,8 +156,13 @@ public:
   /// Per param: whether a `zero` kernel of the plan clears its gradient;
   /// the others are cleared before every step but the first.
   std::vector<char> zeroedByPlan;
-  /// Per param: sum of squares of its gradient this step (plans without
-  /// CLIP_GRADS); each entry is written by the one stream updating it.
+  /// Per param (slot p): the sum of squares of its gradient, kept on the
+  /// device until the step reads them all at once (gpu-review C.12): one
+  /// device-to-host copy per step, no host synchronization per parameter.
+  /// Without CLIP_GRADS an updated parameter's slot is measured by the one
+  /// stream updating it, just before the update.
+  std::unique_ptr<hal::SquareSums> squares;
+  /// The slots as read back (host memory).
   std::vector<double> gradSquares;
   /// Whether a step has run (gradient accumulators may be dirty).
   bool ranStep = false;
@@ -248,11 +253,13 @@ public:
   Status clearGradients();
   /// This rank's share of the squared gradient norm when the plan does not
   /// clip (0 when it does); finishGradNorm takes the world sum.
-  Status localGradSquares(double &squares);
+  Status localGradSquares(double &sum);
   /// The gradient of param `p` the norm and clipping see: the whole
   /// accumulator, or this rank's range of it under ZeRO; its weight in the
   /// world sum of squares.
   float *gradOf(int p) const;
+  /// gradOf(p) as a span measured into slot p.
+  hal::SquaresSpan gradSpan(int p) const;
   int64_t gradElements(int p) const;
   double shareWeight(int p) const;
   void finishGradNorm(double worldSquares);

@@ -67,6 +67,10 @@ int64_t ExecutorImpl::gradElements(int p) const {
                         : stateOf(p, Operand::GRAD)->bytes / 4;
 }
 
+hal::SquaresSpan ExecutorImpl::gradSpan(int p) const {
+  return {gradOf(p), gradElements(p), p};
+}
+
 double ExecutorImpl::shareWeight(int p) const {
   // The world sum of squares is divided by num_replicas, as every replica
   // holds the same reduced gradient. A ZeRO rank holds only its range of
@@ -81,20 +85,25 @@ double ExecutorImpl::shareWeight(int p) const {
   return weight;
 }
 
-Status ExecutorImpl::localGradSquares(double &squares) {
-  squares = 0;
-  if (clips)
+Status ExecutorImpl::localGradSquares(double &sum) {
+  sum = 0;
+  if (clips || plan.params_size() == 0)
     return Status::ok();
   // The same definition as CLIP_GRADS; updated parameters were measured
-  // just before their update (Segments.cpp).
-  for (int p = 0; p < plan.params_size(); ++p) {
+  // just before their update (Segments.cpp), on the streams, which are
+  // synchronized by now.
+  std::vector<hal::SquaresSpan> spans;
+  for (int p = 0; p < plan.params_size(); ++p)
     if (!updated[p])
-      PIPER_RETURN_IF_ERROR(
-          device->sumOfSquares(gradOf(p), gradElements(p), gradSquares[p])
-              .withContext("the gradient norm of parameter '" +
-                           plan.params(p).name() + "'"));
-    squares += gradSquares[p] * shareWeight(p);
-  }
+      spans.push_back(gradSpan(p));
+  if (!spans.empty())
+    PIPER_RETURN_IF_ERROR(squares->measure(spans).withContext(
+        "measuring the gradient norm"));
+  PIPER_RETURN_IF_ERROR(
+      squares->read(gradSquares.data(), plan.params_size())
+          .withContext("reading the gradient norm"));
+  for (int p = 0; p < plan.params_size(); ++p)
+    sum += gradSquares[p] * shareWeight(p);
   return Status::ok();
 }
 
@@ -108,15 +117,21 @@ Status ExecutorImpl::clipGrads() {
   // Each class holds data-parallel-reduced gradients, identical across its
   // replicas: the world sum of squares counts every gradient num_replicas
   // times.
+  // One measurement of every gradient and one read (gpu-review C.12),
+  // summed in parameter order as before.
   double local = 0;
-  for (int p = 0; p < plan.params_size(); ++p) {
-    double squares = 0;
+  if (plan.params_size() > 0) {
+    std::vector<hal::SquaresSpan> spans;
+    for (int p = 0; p < plan.params_size(); ++p)
+      spans.push_back(gradSpan(p));
+    PIPER_RETURN_IF_ERROR(squares->measure(spans).withContext(
+        "measuring the gradient norm"));
     PIPER_RETURN_IF_ERROR(
-        device->sumOfSquares(gradOf(p), gradElements(p), squares)
-            .withContext("the gradient norm of parameter '" +
-                         plan.params(p).name() + "'"));
-    local += squares * shareWeight(p);
+        squares->read(gradSquares.data(), plan.params_size())
+            .withContext("reading the gradient norm"));
   }
+  for (int p = 0; p < plan.params_size(); ++p)
+    local += gradSquares[p] * shareWeight(p);
   double total = local;
   if (comm)
     PIPER_RETURN_IF_ERROR(comm->allReduceSumWorld(&total, 1).withContext(

@@ -233,9 +233,9 @@ Status ExecutorImpl::call(int s, const Instruction &inst, StepState &st,
     // before the update reads (and a later `zero` clears) it.
     if (!clips && rk.adamw && !ins.empty())
       PIPER_RETURN_IF_ERROR(
-          device
-              ->sumOfSquares(ins[0].f32(), ins[0].numel(),
-                             gradSquares[kernel.inputs(0).index()])
+          squares
+              ->measure({{ins[0].f32(), ins[0].numel(),
+                          kernel.inputs(0).index()}})
               .withContext(where(k) + ": the gradient's sum of squares"));
     if (profiling)
       start = Clock::now();

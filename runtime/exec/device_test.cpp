@@ -198,8 +198,9 @@ public:
                    KernelContext &ctx) override {
     return cpu->runKernel(info, kernel, inputs, outputs, ctx);
   }
-  Status sumOfSquares(const float *x, int64_t n, double &result) override {
-    return cpu->sumOfSquares(x, n, result);
+  Status createSquareSums(int slots,
+                          std::unique_ptr<hal::SquareSums> &sums) override {
+    return cpu->createSquareSums(slots, sums);
   }
   Status scale(float *x, float s, int64_t n) override {
     return cpu->scale(x, s, n);

@@ -93,6 +93,48 @@ public:
   virtual Status synchronize() = 0;
 };
 
+/// A run of floats in device memory, and the slot of a SquareSums its sum
+/// of squares goes to.
+struct SquaresSpan {
+  const float *data = nullptr;
+  int64_t n = 0;
+  int slot = 0;
+};
+
+/// Sums of squares of float spans (the global gradient norm), kept in
+/// device memory until read: measuring costs no host synchronization, and
+/// reading every slot is one device-to-host copy. Created once per executor
+/// (Device::createSquareSums).
+class SquareSums {
+public:
+  virtual ~SquareSums() = default;
+  /// Queues on the calling stream, for each span, the sum of its x[i]^2 in
+  /// double, in a fixed order (the same for any thread count), into its
+  /// slot. Spans of different calls may be measured on different streams
+  /// as long as their slots differ.
+  virtual Status measure(const std::vector<SquaresSpan> &spans) = 0;
+  /// Copies slots [0, count) to `out` (host memory) after the work queued
+  /// on the calling stream: one device-to-host copy, complete on return.
+  /// Slots measured on other streams must be complete by then (their
+  /// streams synchronized, or ordered before by an event).
+  virtual Status read(double *out, int count) = 0;
+};
+
+/// An error unless every span's slot is one of `slots` and `read` asks for
+/// at most `slots` (for the SquareSums implementations).
+inline Status checkSquaresSlots(const std::vector<SquaresSpan> &spans,
+                                int read, int slots) {
+  for (const SquaresSpan &span : spans)
+    if (span.slot < 0 || span.slot >= slots)
+      return Status::error("sum of squares: slot " + std::to_string(span.slot) +
+                           " is not one of the " + std::to_string(slots));
+  if (read < 0 || read > slots)
+    return Status::error("sum of squares: cannot read " +
+                         std::to_string(read) + " of " +
+                         std::to_string(slots) + " slots");
+  return Status::ok();
+}
+
 /// One accelerator (or the host CPU) as seen by one rank.
 class Device {
 public:
@@ -121,9 +163,9 @@ public:
   // Queued on the calling stream like a kernel; an error names the device
   // call that failed.
 
-  /// Sum of x[i]^2 in double, in a fixed order (the same for any thread
-  /// count), for the global gradient norm.
-  virtual Status sumOfSquares(const float *x, int64_t n, double &result) = 0;
+  /// `slots` slots of sums of squares, for the global gradient norm.
+  virtual Status createSquareSums(int slots,
+                                  std::unique_ptr<SquareSums> &sums) = 0;
   /// x[i] *= scale (gradient clipping).
   virtual Status scale(float *x, float scale, int64_t n) = 0;
   /// dst[i] += src[i] (a ZeRO shard's gradient accumulation).

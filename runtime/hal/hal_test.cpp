@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 
 #include <atomic>
+#include <cmath>
 #include <string>
 #include <thread>
 #include <vector>
@@ -125,6 +126,30 @@ TEST_CASE("an allocation that cannot be met is an error", "[hal]") {
   CHECK(st.message() ==
         "out of memory: cannot allocate 4611686018427387904 bytes");
   CHECK(mem.liveBytes() == 0);
+}
+
+// The gradient norm's sums of squares: one measure call over many spans
+// into slots, one read; the CPU's are runtime::sumOfSquares exactly.
+TEST_CASE("the CPU sums of squares are the CPU kernels' to the bit", "[hal]") {
+  auto device = createCpuDevice(nullptr);
+  std::vector<float> a(100003), b(7);
+  for (size_t i = 0; i < a.size(); ++i)
+    a[i] = static_cast<float>(std::sin(double(i))) * 3.0f;
+  for (size_t i = 0; i < b.size(); ++i)
+    b[i] = static_cast<float>(i) - 2.5f;
+  std::unique_ptr<SquareSums> squares;
+  REQUIRE(device->createSquareSums(3, squares));
+  REQUIRE(squares->measure({{a.data(), int64_t(a.size()), 2},
+                            {b.data(), int64_t(b.size()), 0},
+                            {a.data(), 0, 1}}));
+  std::vector<double> sums(3, -1.0);
+  REQUIRE(squares->read(sums.data(), 3));
+  CHECK(sums[2] == sumOfSquares(a.data(), int64_t(a.size())));
+  CHECK(sums[0] == sumOfSquares(b.data(), int64_t(b.size())));
+  CHECK(sums[1] == 0.0);
+  Status bad = squares->measure({{b.data(), 1, 3}});
+  CHECK(bad.message() == "sum of squares: slot 3 is not one of the 3");
+  CHECK_FALSE(squares->read(sums.data(), 4));
 }
 
 TEST_CASE("kernels are resolved by name once", "[hal]") {

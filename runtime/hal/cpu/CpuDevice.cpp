@@ -1,6 +1,7 @@
 // The CPU backend of the HAL (see CpuDevice.h).
 #include "runtime/hal/cpu/CpuDevice.h"
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
@@ -150,6 +151,29 @@ private:
   std::condition_variable cv;
 };
 
+/// Slots in host memory, measured at once in the CPU kernels' order
+/// (runtime::sumOfSquares: per-chunk partials added in chunk order).
+class CpuSquareSums final : public SquareSums {
+public:
+  explicit CpuSquareSums(int slots) : slots(static_cast<size_t>(slots), 0.0) {}
+  Status measure(const std::vector<SquaresSpan> &spans) override {
+    PIPER_RETURN_IF_ERROR(checkSquaresSlots(spans, 0, size()));
+    for (const SquaresSpan &span : spans)
+      slots[static_cast<size_t>(span.slot)] =
+          runtime::sumOfSquares(span.data, span.n);
+    return Status::ok();
+  }
+  Status read(double *out, int count) override {
+    PIPER_RETURN_IF_ERROR(checkSquaresSlots({}, count, size()));
+    std::copy(slots.begin(), slots.begin() + count, out);
+    return Status::ok();
+  }
+
+private:
+  int size() const { return static_cast<int>(slots.size()); }
+  std::vector<double> slots;
+};
+
 /// One persistent worker thread running its queue in order.
 class CpuStream final : public Stream {
 public:
@@ -196,8 +220,9 @@ public:
     return runtime::runKernel(info, kernel, inputs, outputs, ctx);
   }
   // Host memory: nothing here can fail.
-  Status sumOfSquares(const float *x, int64_t n, double &result) override {
-    result = runtime::sumOfSquares(x, n);
+  Status createSquareSums(int slots,
+                          std::unique_ptr<SquareSums> &sums) override {
+    sums = std::make_unique<CpuSquareSums>(slots);
     return Status::ok();
   }
   Status scale(float *x, float s, int64_t n) override {

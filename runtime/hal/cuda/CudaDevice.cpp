@@ -28,6 +28,7 @@
 // the executor reports as the rank's failure (and the watchdog names).
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <condition_variable>
@@ -329,9 +330,8 @@ public:
     PIPER_RETURN_IF_ERROR(status);
     return finishIfHost();
   }
-  Status sumOfSquares(const float *x, int64_t n, double &result) override {
-    return gpu::sumOfSquares(context(), x, n, result); // waits for it
-  }
+  Status createSquareSums(int slots,
+                          std::unique_ptr<SquareSums> &sums) override;
   Status scale(float *x, float s, int64_t n) override {
     PIPER_RETURN_IF_ERROR(gpu::launchScale(context(), x, s, n));
     return finishIfHost();
@@ -354,7 +354,6 @@ public:
   }
   Communicator *communicator() override { return comm; }
 
-private:
   // The calling stream's kernel context, or the device's own (host
   // stream) off-stream.
   gpu::Context context(bool bf16 = false) {
@@ -362,6 +361,8 @@ private:
       return currentResources->context(currentStream, bf16);
     return hostResources.context(hostStream, bf16);
   }
+
+private:
   Status finishIfHost() {
     if (!currentStream)
       PIPER_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(hostStream));
@@ -374,6 +375,44 @@ private:
   CudaKernelResources hostResources{ordinal};
   Communicator *comm;
 };
+
+/// The slots in device memory (one cudaMalloc outside the arena, like the
+/// streams' scratch); measuring queues the GPU kernel layer's sums on the
+/// calling stream, reading is one device-to-host copy.
+class CudaSquareSums final : public SquareSums {
+public:
+  CudaSquareSums(CudaDevice &device, double *slots, int count)
+      : device(device), slots(slots), count(count) {}
+  ~CudaSquareSums() override { cudaFree(slots); }
+  Status measure(const std::vector<SquaresSpan> &spans) override {
+    PIPER_RETURN_IF_ERROR(checkSquaresSlots(spans, 0, count));
+    std::vector<gpu::SquaresJob> jobs;
+    for (const SquaresSpan &span : spans)
+      jobs.push_back({span.data, span.n, slots + span.slot});
+    return gpu::sumsOfSquares(device.context(), jobs);
+  }
+  Status read(double *out, int n) override {
+    PIPER_RETURN_IF_ERROR(checkSquaresSlots({}, n, count));
+    return gpu::copyToHostSync(device.context(), out, slots,
+                               sizeof(double) * size_t(n));
+  }
+
+private:
+  CudaDevice &device;
+  double *slots;
+  int count;
+};
+
+Status CudaDevice::createSquareSums(int slots,
+                                    std::unique_ptr<SquareSums> &sums) {
+  PIPER_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal));
+  void *block = nullptr;
+  PIPER_CUDA_RETURN_IF_ERROR(
+      cudaMalloc(&block, sizeof(double) * size_t(std::max(1, slots))));
+  sums = std::make_unique<CudaSquareSums>(*this, static_cast<double *>(block),
+                                          slots);
+  return Status::ok();
+}
 
 } // namespace
 

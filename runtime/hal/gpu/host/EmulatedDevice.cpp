@@ -91,6 +91,32 @@ private:
   Allocator &host;
 };
 
+/// The GPU kernel layer's sums of squares into host memory (the emulation's
+/// device memory).
+class EmulatedSquareSums final : public SquareSums {
+public:
+  explicit EmulatedSquareSums(int slots)
+      : slots(static_cast<size_t>(slots), 0.0) {}
+  Status measure(const std::vector<SquaresSpan> &spans) override {
+    PIPER_RETURN_IF_ERROR(checkSquaresSlots(spans, 0, size()));
+    PIPER_RETURN_IF_ERROR(injected("sum_of_squares"));
+    std::vector<gpu::SquaresJob> jobs;
+    for (const SquaresSpan &span : spans)
+      jobs.push_back({span.data, span.n, &slots[size_t(span.slot)]});
+    return gpu::sumsOfSquares(hostContext(), jobs);
+  }
+  Status read(double *out, int count) override {
+    PIPER_RETURN_IF_ERROR(checkSquaresSlots({}, count, size()));
+    PIPER_RETURN_IF_ERROR(injected("reading the sums of squares"));
+    return gpu::copyToHostSync(hostContext(), out, slots.data(),
+                               sizeof(double) * size_t(count));
+  }
+
+private:
+  int size() const { return static_cast<int>(slots.size()); }
+  std::vector<double> slots;
+};
+
 class EmulatedGpuDevice final : public Device {
 public:
   explicit EmulatedGpuDevice(Communicator *comm)
@@ -119,9 +145,10 @@ public:
     return gpu::runKernel(info, kernel, inputs, outputs, ctx,
                           hostContext(ctx.lowPrecision));
   }
-  Status sumOfSquares(const float *x, int64_t n, double &result) override {
-    PIPER_RETURN_IF_ERROR(injected("sum_of_squares"));
-    return gpu::sumOfSquares(hostContext(), x, n, result);
+  Status createSquareSums(int slots,
+                          std::unique_ptr<SquareSums> &sums) override {
+    sums = std::make_unique<EmulatedSquareSums>(slots);
+    return Status::ok();
   }
   Status scale(float *x, float s, int64_t n) override {
     PIPER_RETURN_IF_ERROR(injected("scale"));
