@@ -37,11 +37,6 @@ void noteKernelLaunch(const char *kernel);
 /// The last kernel noted on the calling thread, or null.
 const char *lastKernelLaunched();
 
-/// The CUDA stream of the HAL Stream whose worker runs on the calling
-/// thread (work a stream's function issues goes there), or null on any other
-/// thread (the executor's loading, checkpoints).
-cudaStream_t currentCudaStream();
-
 } // namespace piper::runtime::hal
 
 /// Evaluates a CUDA runtime call; on error returns a Status from the

@@ -11,7 +11,9 @@
 // asynchronously; synchronize() drains the host queue, then the CUDA
 // stream. Work issued from any other thread (the executor's loading,
 // checkpoints) runs on the device's own host stream and is complete when
-// the call returns, as on the CPU.
+// the call returns, as on the CPU. Each stream is bound by name to the
+// device's communicator (Communicator::bindDeviceStream): NCCL issues the
+// stream's communication on its CUDA stream, passed explicitly.
 //
 // Events. signal(v) on a stream records a CUDA event on that stream, then
 // publishes v to host waiters; wait(v) on a stream blocks the host thread
@@ -229,20 +231,24 @@ private:
   std::condition_variable cv;
 };
 
-/// A host worker thread owning a non-blocking CUDA stream.
+/// A host worker thread owning a non-blocking CUDA stream, bound by name
+/// to the device's communicator (NCCL issues the stream's operations on
+/// it).
 class CudaStream final : public Stream {
 public:
-  static Status create(std::string name, int ordinal,
+  static Status create(std::string name, int ordinal, Communicator *comm,
                        std::unique_ptr<Stream> &out) {
     PIPER_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal));
     cudaStream_t cuda = nullptr;
     PIPER_CUDA_RETURN_IF_ERROR(
         cudaStreamCreateWithFlags(&cuda, cudaStreamNonBlocking));
-    out.reset(new CudaStream(std::move(name), ordinal, cuda));
+    out.reset(new CudaStream(std::move(name), ordinal, cuda, comm));
     return Status::ok();
   }
   ~CudaStream() override {
     worker.reset(); // runs the queued work, then stops the thread
+    if (comm)
+      comm->unbindDeviceStream(streamName, cuda);
     cudaStreamSynchronize(cuda);
     cudaStreamDestroy(cuda);
   }
@@ -270,8 +276,12 @@ public:
   }
 
 private:
-  CudaStream(std::string name, int ordinal, cudaStream_t cuda)
-      : streamName(std::move(name)), ordinal(ordinal), cuda(cuda) {
+  CudaStream(std::string name, int ordinal, cudaStream_t cuda,
+             Communicator *comm)
+      : streamName(std::move(name)), ordinal(ordinal), cuda(cuda),
+        comm(comm) {
+    if (comm)
+      comm->bindDeviceStream(streamName, cuda);
     // The worker issues this stream's device work: its thread selects the
     // GPU and makes `cuda` the stream kernels and copies run on. Should the
     // selection fail, synchronize() says so.
@@ -287,6 +297,7 @@ private:
   std::string streamName;
   int ordinal;
   cudaStream_t cuda = nullptr;
+  Communicator *comm; // not owned; outlives the stream
   std::atomic<int> startError{cudaSuccess};
   std::atomic<const char *> lastKernel{nullptr};
   std::unique_ptr<CudaKernelResources> resources;
@@ -306,7 +317,7 @@ public:
   Allocator &allocator() override { return memory; }
   Status createStream(const std::string &name,
                       std::unique_ptr<Stream> &stream) override {
-    return CudaStream::create(name, ordinal, stream);
+    return CudaStream::create(name, ordinal, comm, stream);
   }
   Status createEvent(std::unique_ptr<Event> &event) override {
     return CudaEvent::create(ordinal, event);
@@ -415,8 +426,6 @@ Status CudaDevice::createSquareSums(int slots,
 }
 
 } // namespace
-
-cudaStream_t currentCudaStream() { return currentStream; }
 
 void noteKernelLaunch(const char *kernel) {
   threadLastKernel = kernel;

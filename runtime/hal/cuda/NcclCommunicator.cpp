@@ -1,7 +1,7 @@
 // The NCCL communicator (NcclCommunicator.h), its setup: creating it,
 // connecting one NCCL communicator per key (two per pair) in sorted key
-// order, finding a key's group and stream for an operation, and tearing
-// down. Issuing and completion are in
+// order, binding logical streams to their CUDA streams, finding a key's
+// group for an operation, and tearing down. Issuing and completion are in
 // NcclWork.cpp, the operations in NcclCollectives.cpp and
 // NcclPointToPoint.cpp.
 #include "runtime/hal/cuda/NcclCommunicator.h"
@@ -260,15 +260,38 @@ Status NcclCommunicator::pairGroup(const std::string &stream, int peer,
       group);
 }
 
-Status NcclCommunicator::issueStream(IssueStream &issue) {
-  cudaStream_t current = currentCudaStream();
-  if (current) {
-    issue = {current, true};
-    return Status::ok();
+void NcclCommunicator::bindDeviceStream(const std::string &stream,
+                                        void *deviceStream) {
+  std::lock_guard<std::mutex> lock(boundMu);
+  if (deviceStream)
+    bound[stream] = static_cast<cudaStream_t>(deviceStream);
+  else
+    bound.erase(stream);
+}
+
+void NcclCommunicator::unbindDeviceStream(const std::string &stream,
+                                          void *deviceStream) {
+  std::lock_guard<std::mutex> lock(boundMu);
+  auto it = bound.find(stream);
+  if (it != bound.end() && it->second == deviceStream)
+    bound.erase(it);
+}
+
+Status NcclCommunicator::issueStream(const std::string &stream,
+                                     IssueStream &issue) {
+  // Any thread may issue (a HAL stream's worker, or the executor's own for
+  // checkpoints): select the device on it.
+  PIPER_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+  {
+    std::lock_guard<std::mutex> lock(boundMu);
+    auto it = bound.find(stream);
+    if (it != bound.end()) {
+      issue = {it->second, true};
+      return Status::ok();
+    }
   }
   if (!hostStream)
     return Status::error("the communicator is not connected");
-  PIPER_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
   issue = {hostStream, false};
   return Status::ok();
 }
@@ -281,7 +304,7 @@ CommWorkPtr NcclCommunicator::prepareCollective(
     found = opError(op, fmt::format("{} counts for {} members", counts->size(),
                                     group->key.ranks.size()));
   if (found)
-    found = issueStream(issue);
+    found = issueStream(key.stream, issue);
   return found ? nullptr : completedWork(found);
 }
 
@@ -290,7 +313,7 @@ CommWorkPtr NcclCommunicator::preparePair(const std::string &stream, int peer,
                                           IssueStream &issue) {
   Status found = pairGroup(stream, peer, op, group);
   if (found)
-    found = issueStream(issue);
+    found = issueStream(stream, issue);
   return found ? nullptr : completedWork(found);
 }
 

@@ -89,8 +89,9 @@ struct Staging {
   Status finish(bool copy);
 };
 
-/// Where an operation is issued: the calling HAL stream's CUDA stream, or
-/// the communicator's own host stream off a stream.
+/// Where an operation is issued: the CUDA stream bound to its logical
+/// stream (Communicator::bindDeviceStream), or the communicator's own host
+/// stream for an unbound one.
 struct IssueStream {
   cudaStream_t stream = nullptr;
   bool bound = false;
@@ -98,15 +99,15 @@ struct IssueStream {
 
 class NcclCommunicator;
 
-/// The completion of one operation: a CUDA event after it. On a HAL
-/// stream's thread (and without staging) wait() orders that thread's CUDA
-/// stream after the event; otherwise it waits on the host.
+/// The completion of one operation: a CUDA event after it. On a bound
+/// stream (and without staging) wait() orders that stream after the event;
+/// otherwise it waits on the host.
 class NcclWork final : public CommWork {
 public:
   NcclWork(NcclCommunicator &owner, Group &group, std::string op,
-           cudaEvent_t event, Staging staging)
+           cudaEvent_t event, cudaStream_t orderOn, Staging staging)
       : owner(owner), group(group), op(std::move(op)), event(event),
-        staging(std::move(staging)) {}
+        orderOn(orderOn), staging(std::move(staging)) {}
   ~NcclWork() override;
   Status wait() override;
 
@@ -115,6 +116,7 @@ private:
   Group &group;
   std::string op;
   cudaEvent_t event;
+  cudaStream_t orderOn; // the bound stream that waits; null: the host
   Staging staging;
   bool waited = false;
   Status status;
@@ -133,6 +135,10 @@ public:
   int worldSize() const override { return size; }
 
   Status connect(std::vector<CommKey> keys) override;
+  void bindDeviceStream(const std::string &stream,
+                        void *deviceStream) override;
+  void unbindDeviceStream(const std::string &stream,
+                          void *deviceStream) override;
   CommWorkPtr isend(const std::string &stream, const void *data, size_t bytes,
                     int peer, uint32_t tag) override;
   CommWorkPtr irecv(const std::string &stream, void *data, size_t bytes,
@@ -184,9 +190,9 @@ private:
   Status findGroup(const CommKey &key, const std::string &op, Group *&group);
   Status pairGroup(const std::string &stream, int peer, const std::string &op,
                    Group *&group);
-  /// Where the calling thread's operations are issued (selecting the device
-  /// on threads that are not a HAL stream's worker).
-  Status issueStream(IssueStream &issue);
+  /// Where operations of logical stream `stream` are issued (selecting the
+  /// device on the calling thread).
+  Status issueStream(const std::string &stream, IssueStream &issue);
   /// The group of collective `key` (with one count per member when
   /// `counts` is given) and where to issue it; on error, the error's work.
   CommWorkPtr prepareCollective(const CommKey &key, const std::string &op,
@@ -243,6 +249,9 @@ private:
   cudaStream_t worldStream = nullptr;
   /// Keyed by CommKey::str(); fixed after connect.
   std::map<std::string, std::unique_ptr<Group>> groups;
+  /// Logical stream name -> its CUDA stream (bindDeviceStream).
+  std::mutex boundMu;
+  std::map<std::string, cudaStream_t> bound;
 };
 
 #define PIPER_NCCL_CHECK(call) check((call), #call, __FILE__, __LINE__)

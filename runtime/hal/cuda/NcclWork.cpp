@@ -1,9 +1,8 @@
 // The NCCL communicator's issuing and completion (NcclInternal.h): every
 // operation runs under its group's lock and records a CUDA event; a work
-// waits for that event on the waiting thread's stream or on the host (at
-// most the timeout, then the group is aborted); host buffers are staged
-// through temporary device memory; NCCL's asynchronous errors poison the
-// group.
+// waits for that event on its bound stream or on the host (at most the
+// timeout, then the group is aborted); host buffers are staged through
+// temporary device memory; NCCL's asynchronous errors poison the group.
 #include <thread>
 #include <utility>
 
@@ -103,12 +102,13 @@ Status NcclWork::wait() {
   if (waited)
     return status;
   waited = true;
-  cudaStream_t current = currentCudaStream();
-  if (current && !staging.any()) {
-    cudaError_t err = cudaStreamWaitEvent(current, event, 0);
+  if (orderOn && !staging.any()) {
+    // The GPU waits: later work of the bound stream runs after the
+    // operation.
+    cudaError_t err = cudaStreamWaitEvent(orderOn, event, 0);
     if (err != cudaSuccess)
       status = owner.opError(
-          op, cudaErrorMessage(err, "cudaStreamWaitEvent(current, event)",
+          op, cudaErrorMessage(err, "cudaStreamWaitEvent(stream, event)",
                                __FILE__, __LINE__));
     else
       status = owner.asyncError(group, op);
@@ -261,6 +261,7 @@ CommWorkPtr NcclCommunicator::launch(
     return completedWork(opError(op, issued.message()));
   }
   return std::make_shared<NcclWork>(*this, group, op, event,
+                                    issue.bound ? issue.stream : nullptr,
                                     std::move(staging));
 }
 

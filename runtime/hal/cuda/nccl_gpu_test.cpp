@@ -1,7 +1,8 @@
 // The NCCL communicator on a GPU (tag gpu) at world size 1: every operation
-// kind, issued from a CUDA device's stream worker (on its CUDA stream), in
-// fp32 and bf16, results checked; host buffers staged; an operation off any
-// stream; and the error when NCCL cannot be loaded. (NCCL needs one GPU per
+// kind, issued from a CUDA device's stream worker (on its CUDA stream, bound
+// by name), in fp32 and bf16, results checked; host buffers staged;
+// operations of a bound stream from another thread, and of an unbound one;
+// and the error when NCCL cannot be loaded. (NCCL needs one GPU per
 // rank, so a one-GPU machine runs NCCL at world size 1 only.)
 #include <catch2/catch.hpp>
 
@@ -150,11 +151,11 @@ TEST_CASE("NCCL at world size 1: every collective, fp32 and bf16, on a "
   }
 }
 
-TEST_CASE("NCCL: host buffers are staged, and operations off a stream wait "
-          "on the host",
+TEST_CASE("NCCL: host buffers are staged, and operations of an unbound "
+          "stream wait on the host",
           "[nccl][gpu]") {
   Setup s;
-  const CommKey key{"t", {0}};
+  const CommKey key{"t", {0}}; // no HAL stream is named "t": unbound
   // Host memory on a stream (the executor's all-to-all row counts).
   std::vector<int32_t> counts = {7}, got = {0};
   Status st = s.onStream([&]() -> Status {
@@ -172,7 +173,7 @@ TEST_CASE("NCCL: host buffers are staged, and operations off a stream wait "
   REQUIRE(st);
   CHECK(flag[0] == 2.5f);
 
-  // Off any stream (this thread): issued on the communicator's own stream;
+  // From this thread, unbound: issued on the communicator's own stream;
   // wait() returns when the data are there.
   std::vector<double> x = {1.0, 2.0, 3.0};
   double *dx = s.upload(x);
@@ -184,6 +185,31 @@ TEST_CASE("NCCL: host buffers are staged, and operations off a stream wait "
   REQUIRE(s.comm->allReduceSumWorld(world, 2));
   CHECK(world[0] == 4.0);
   CHECK(world[1] == 5.0);
+}
+
+// The CUDA stream is passed explicitly: a HAL stream binds its name when
+// created, and an operation of that logical stream runs on it whichever
+// thread issues it; destroying the HAL stream unbinds the name.
+TEST_CASE("NCCL: operations run on the CUDA stream bound to their logical "
+          "stream",
+          "[nccl][gpu]") {
+  Setup s;
+  const size_t n = 4099;
+  float *d = s.upload(std::vector<float>(n, 1.5f));
+  std::unique_ptr<Stream> t;
+  REQUIRE(s.device->createStream("t", t));
+  // From this thread, not t's worker: queued on t's CUDA stream, and wait()
+  // orders t after it without blocking the host.
+  Status st = s.comm->allReduce({"t", {0}}, d, n, CommDType::F32)->wait();
+  INFO(st.message());
+  REQUIRE(st);
+  REQUIRE(t->synchronize());
+  CHECK(s.download(d, n) == std::vector<float>(n, 1.5f));
+  t.reset(); // unbinds "t": the communicator's own stream again
+  st = s.comm->allReduce({"t", {0}}, d, n, CommDType::F32)->wait();
+  INFO(st.message());
+  REQUIRE(st);
+  CHECK(s.download(d, n) == std::vector<float>(n, 1.5f));
 }
 
 TEST_CASE("NCCL: send and receive need a peer, not this rank", "[nccl][gpu]") {
