@@ -225,6 +225,10 @@ public:
   // the executor's own overhead).
   Status call(int s, const plan::Instruction &inst, StepState &st,
               int64_t &accounted);
+  /// Stores a CALL's results (`values`, by value id) into its step buffers
+  /// and publishes them.
+  Status storeResults(const plan::Instruction &inst, const plan::Segment &seg,
+                      const std::vector<void *> &values, StepState &st);
   /// The bf16 copy of parameter `p` for stream `s` in this step: refreshed
   /// on `s` when it is the first to read it, else ordered after the
   /// refresh.

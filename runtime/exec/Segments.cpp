@@ -258,6 +258,13 @@ Status ExecutorImpl::call(int s, const Instruction &inst, StepState &st,
                   .withContext(where(k) + ": rounding output " +
                                std::to_string(o) + " to bf16"));
   }
+  return storeResults(inst, seg, values, st);
+}
+
+Status ExecutorImpl::storeResults(const Instruction &inst,
+                                  const plan::Segment &seg,
+                                  const std::vector<void *> &values,
+                                  StepState &st) {
   // Results go to their step buffers: packed from scratch in mixed
   // precision, copied when the value lives elsewhere (an argument, or a
   // value that is several results).
