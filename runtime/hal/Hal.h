@@ -88,8 +88,8 @@ public:
   virtual void enqueue(std::function<void()> work) = 0;
   /// Blocks until everything enqueued so far has run, and its device work
   /// has finished: an asynchronous device error found here (a kernel that
-  /// faulted after its launch returned) is returned, naming the stream and,
-  /// where the backend knows it, the last kernel launched on it.
+  /// faulted after its launch returned) is returned, naming, where the
+  /// backend knows it, the last kernel launched on this stream.
   virtual Status synchronize() = 0;
 };
 
