@@ -79,6 +79,25 @@ public:
   /// ranks with different plans never wait on each other crosswise.
   virtual Status connect(std::vector<CommKey> keys) = 0;
 
+  /// Binds logical stream `stream` (the name operations are issued on:
+  /// isend's stream, CommKey::stream) to the device stream whose work its
+  /// operations are ordered with: an opaque handle, a cudaStream_t for
+  /// NCCL. A device binds each stream it creates, before the stream's first
+  /// operation, and unbinds it (only if still bound to `deviceStream`) when
+  /// it destroys it. Operations of an unbound stream run on a stream of the
+  /// communicator and complete on the host. Communicators of host memory
+  /// (Gloo) ignore both.
+  virtual void bindDeviceStream(const std::string &stream,
+                                void *deviceStream) {
+    (void)stream;
+    (void)deviceStream;
+  }
+  virtual void unbindDeviceStream(const std::string &stream,
+                                  void *deviceStream) {
+    (void)stream;
+    (void)deviceStream;
+  }
+
   /// Starts sending `bytes` at `data` to world rank `peer` on the connection
   /// of (stream, {this rank, peer}).
   virtual CommWorkPtr isend(const std::string &stream, const void *data,

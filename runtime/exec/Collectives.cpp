@@ -52,7 +52,9 @@ Status ExecutorImpl::collective(int s, const Instruction &inst,
       TensorPtr in;
       PIPER_RETURN_IF_ERROR(input(i, in));
       const TensorPtr &out = output(i);
-      memory->copy(out->data, in->data, static_cast<size_t>(in->bytes));
+      PIPER_RETURN_IF_ERROR(
+          memory->copy(out->data, in->data, static_cast<size_t>(in->bytes))
+              .withContext(what + ": copying its input"));
       if (!alone) {
         CommDType type = commType(inst.outputs(i));
         PIPER_RETURN_IF_ERROR(
@@ -78,7 +80,10 @@ Status ExecutorImpl::collective(int s, const Instruction &inst,
     std::vector<size_t> counts(inst.counts().begin(), inst.counts().end());
     size_t mine = counts[position];
     if (alone) {
-      memory->copy(out->data, in->data, mine * elem);
+      PIPER_RETURN_IF_ERROR(
+          memory->copy(out->data, in->data, mine * elem)
+              .withContext(describe(scatter ? "reduce-scatter" : "all-gather",
+                                    ranks, streamName)));
     } else if (scatter) {
       PIPER_RETURN_IF_ERROR(
           comm->reduceScatter(key, in->data, out->data, counts, type)
@@ -96,8 +101,14 @@ Status ExecutorImpl::collective(int s, const Instruction &inst,
                                                size_t{0}) *
                                    elem;
     if (static_cast<size_t>(out->bytes) > written)
-      memory->zero(static_cast<char *>(out->data) + written,
-                   static_cast<size_t>(out->bytes) - written);
+      PIPER_RETURN_IF_ERROR(
+          memory
+              ->zero(static_cast<char *>(out->data) + written,
+                     static_cast<size_t>(out->bytes) - written)
+              .withContext(
+                  describe(scatter ? "reduce-scatter" : "all-gather", ranks,
+                           streamName) +
+                  ": zeroing the rest of its output"));
     return publish(st, inst.outputs(0));
   }
   case Instruction::ALL_TO_ALL:
@@ -126,8 +137,10 @@ Status ExecutorImpl::allToAll(int s, const Instruction &inst, StepState &st,
   size_t rowBytes = static_cast<size_t>(rowElements) * commDTypeSize(type);
 
   std::vector<int32_t> sendCounts(members), recvCounts;
-  memory->copyToHost(sendCounts.data(), sendCountsBuf->data,
-                     members * sizeof(int32_t));
+  PIPER_RETURN_IF_ERROR(memory
+                            ->copyToHost(sendCounts.data(), sendCountsBuf->data,
+                                         members * sizeof(int32_t))
+                            .withContext(what + ": reading the row counts"));
   PIPER_RETURN_IF_ERROR(exchangeRowCounts(comm, key, options.rank,
                                           inType.shape(0), outType.shape(0),
                                           sendCounts, recvCounts, what));
@@ -135,7 +148,10 @@ Status ExecutorImpl::allToAll(int s, const Instruction &inst, StepState &st,
   for (int32_t c : recvCounts)
     recvRows += c;
   if (members < 2) {
-    memory->copy(out->data, in->data, static_cast<size_t>(recvRows) * rowBytes);
+    PIPER_RETURN_IF_ERROR(
+        memory
+            ->copy(out->data, in->data, static_cast<size_t>(recvRows) * rowBytes)
+            .withContext(what));
   } else {
     size_t elems = static_cast<size_t>(rowElements);
     std::vector<size_t> sendElems(members), recvElems(members);
@@ -150,10 +166,16 @@ Status ExecutorImpl::allToAll(int s, const Instruction &inst, StepState &st,
   }
   size_t written = static_cast<size_t>(recvRows) * rowBytes;
   if (static_cast<size_t>(out->bytes) > written)
-    memory->zero(static_cast<char *>(out->data) + written,
-                 static_cast<size_t>(out->bytes) - written);
-  memory->copyFromHost(recvCountsBuf->data, recvCounts.data(),
-                       members * sizeof(int32_t));
+    PIPER_RETURN_IF_ERROR(memory
+                              ->zero(static_cast<char *>(out->data) + written,
+                                     static_cast<size_t>(out->bytes) - written)
+                              .withContext(what +
+                                           ": zeroing the rest of its output"));
+  PIPER_RETURN_IF_ERROR(
+      memory
+          ->copyFromHost(recvCountsBuf->data, recvCounts.data(),
+                         members * sizeof(int32_t))
+          .withContext(what + ": storing the received row counts"));
   PIPER_RETURN_IF_ERROR(publish(st, inst.outputs(0)));
   return publish(st, inst.outputs(1));
 }

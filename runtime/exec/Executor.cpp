@@ -38,6 +38,8 @@ Status ExecutorImpl::init(uint64_t seed) {
   bf16 = plan.training().compute_dtype() == plan::BF16;
   bf16Params.assign(plan.params_size(), nullptr);
   bf16Step.assign(plan.params_size(), 0);
+  bf16Seen.assign(bf16 ? plan.streams_size() : 0,
+                  std::vector<int64_t>(plan.params_size(), 0));
   int numParams = plan.params_size();
   state.resize(numParams);
   // One arena, allocated once: every tensor is a view at its planned offset
@@ -45,13 +47,17 @@ Status ExecutorImpl::init(uint64_t seed) {
   if (plan.arena_bytes() > 0) {
     arena.allocator = memory;
     arena.bytes = static_cast<size_t>(plan.arena_bytes());
-    arena.data = static_cast<char *>(memory->allocate(arena.bytes));
-    if (!arena.data)
-      return Status::error("out of memory allocating the arena of " +
-                           std::to_string(plan.arena_bytes()) + " bytes");
+    void *data = nullptr;
+    Status allocated = memory->allocate(arena.bytes, data);
+    if (!allocated)
+      return allocated.withContext("allocating the arena of " +
+                                   std::to_string(plan.arena_bytes()) +
+                                   " bytes");
+    arena.data = static_cast<char *>(data);
     // Gradients and optimizer moments start at zero, as freshly allocated
     // tensors did.
-    memory->zero(arena.data, arena.bytes);
+    PIPER_RETURN_IF_ERROR(
+        memory->zero(arena.data, arena.bytes).withContext("zeroing the arena"));
   }
   stateBytes = plan.state_bytes();
   std::vector<float> host;
@@ -87,8 +93,11 @@ Status ExecutorImpl::init(uint64_t seed) {
     host.assign(static_cast<size_t>(count), 0.0f);
     fillInitializer(param.init(), param.name(), seed, first, host.data(),
                     count);
-    memory->copyFromHost(state[p][0]->data, host.data(),
-                         static_cast<size_t>(4 * count));
+    PIPER_RETURN_IF_ERROR(
+        memory
+            ->copyFromHost(state[p][0]->data, host.data(),
+                           static_cast<size_t>(4 * count))
+            .withContext("initializing parameter '" + param.name() + "'"));
   }
   bufferViews.assign(plan.buffers_size(), nullptr);
   for (int id = 0; id < plan.buffers_size(); ++id) {
@@ -124,10 +133,31 @@ Status ExecutorImpl::init(uint64_t seed) {
   }
 
   // Created once: no thread is started per step.
-  for (const plan::Stream &stream : plan.streams())
-    streams.push_back(device->createStream(stream.name()));
-  for (int e = 0; e < plan.num_events(); ++e)
-    events.push_back(device->createEvent());
+  for (const plan::Stream &stream : plan.streams()) {
+    streams.emplace_back();
+    PIPER_RETURN_IF_ERROR(
+        device->createStream(stream.name(), streams.back())
+            .withContext("creating stream '" + stream.name() + "'"));
+  }
+  for (int e = 0; e < plan.num_events(); ++e) {
+    events.emplace_back();
+    PIPER_RETURN_IF_ERROR(device->createEvent(events.back())
+                              .withContext("creating event " +
+                                           std::to_string(e)));
+  }
+  if (numParams > 0)
+    PIPER_RETURN_IF_ERROR(device->createSquareSums(numParams, squares)
+                              .withContext("creating the gradient norm's "
+                                           "sums of squares"));
+  if (bf16 && plan.streams_size() > 1) {
+    bf16Ready.resize(plan.params_size());
+    for (int p = 0; p < plan.params_size(); ++p)
+      if (bf16Params[p])
+        PIPER_RETURN_IF_ERROR(device->createEvent(bf16Ready[p])
+                                  .withContext("creating the bf16 event of "
+                                               "parameter '" +
+                                               plan.params(p).name() + "'"));
+  }
   return Status::ok();
 }
 

@@ -198,9 +198,10 @@ public:
   /// Its data is device memory: read it on the host with stateToHost.
   TensorRef state(int index, plan::Operand::Kind kind) const;
   /// Copies state(index, kind) to host memory, into `out` (resized; its
-  /// capacity is reused; empty for a bad index).
-  void stateToHost(int index, plan::Operand::Kind kind,
-                   std::vector<float> &out) const;
+  /// capacity is reused; empty for a bad index); an error when the device
+  /// copy fails.
+  Status stateToHost(int index, plan::Operand::Kind kind,
+                     std::vector<float> &out) const;
   /// Writes every parameter to DIR/<name>.bin (raw little-endian fp32),
   /// creating DIR if needed. Replica 0 writes; under ZeRO-3 every replica
   /// must call it (each contributes its shards).

@@ -156,18 +156,31 @@ public:
   /// Per param: whether a `zero` kernel of the plan clears its gradient;
   /// the others are cleared before every step but the first.
   std::vector<char> zeroedByPlan;
-  /// Per param: sum of squares of its gradient this step (plans without
-  /// CLIP_GRADS); each entry is written by the one stream updating it.
+  /// Per param (slot p): the sum of squares of its gradient, kept on the
+  /// device until the step reads them all at once (gpu-review C.12): one
+  /// device-to-host copy per step, no host synchronization per parameter.
+  /// Without CLIP_GRADS an updated parameter's slot is measured by the one
+  /// stream updating it, just before the update.
+  std::unique_ptr<hal::SquareSums> squares;
+  /// The slots as read back (host memory).
   std::vector<double> gradSquares;
   /// Whether a step has run (gradient accumulators may be dirty).
   bool ranStep = false;
 
   /// Mixed precision (training.compute_dtype == BF16): kernels read bf16
-  /// copies of the fp32 master parameters, refreshed once per step.
+  /// copies of the fp32 master parameters, refreshed once per step by the
+  /// first stream that reads each (on that stream: asynchronous on a GPU).
   bool bf16 = false;
   std::mutex bf16Mu;
   std::vector<TensorPtr> bf16Params;
   std::vector<int64_t> bf16Step;
+  /// Per stream and param: the last step whose copy the stream has (it
+  /// refreshed it, or waited for it); each stream touches only its own row.
+  std::vector<std::vector<int64_t>> bf16Seen;
+  /// Per param (plans with several streams): an event the refreshing
+  /// stream signals after the refresh, which the other streams reading the
+  /// copy wait for (gpu-review B.7).
+  std::vector<std::unique_ptr<hal::Event>> bf16Ready;
 
   Profiler profiler;
   StepTracer tracer;
@@ -212,8 +225,16 @@ public:
   // the executor's own overhead).
   Status call(int s, const plan::Instruction &inst, StepState &st,
               int64_t &accounted);
-  /// The bf16 copy of parameter `p` for `step`.
-  Status computeParam(int p, int64_t step, void *&out);
+  /// Stores a CALL's results (`values`, by value id) into its step buffers
+  /// and publishes them.
+  Status storeResults(const plan::Instruction &inst, const plan::Segment &seg,
+                      const std::vector<void *> &values, StepState &st);
+  /// The bf16 copy of parameter `p` for stream `s` in this step: refreshed
+  /// on `s` when it is the first to read it, else ordered after the
+  /// refresh.
+  Status computeParam(int s, int p, StepState &st, void *&out);
+  /// Copies parameter `p` into its bf16 copy and rounds it there.
+  Status refreshParam(int p);
 
   // Value-level collectives (Collectives.cpp): ALL_REDUCE of buffers,
   // REDUCE_SCATTER, ALL_GATHER, ALL_TO_ALL.
@@ -233,14 +254,16 @@ public:
   int64_t zeroRangeStaging(const plan::Instruction &inst) const;
   Status clipGrads();
   /// Zeroes the gradients no plan kernel clears (before steps 2, 3, ...).
-  void clearGradients();
+  Status clearGradients();
   /// This rank's share of the squared gradient norm when the plan does not
   /// clip (0 when it does); finishGradNorm takes the world sum.
-  double localGradSquares();
+  Status localGradSquares(double &sum);
   /// The gradient of param `p` the norm and clipping see: the whole
   /// accumulator, or this rank's range of it under ZeRO; its weight in the
   /// world sum of squares.
   float *gradOf(int p) const;
+  /// gradOf(p) as a span measured into slot p.
+  hal::SquaresSpan gradSpan(int p) const;
   int64_t gradElements(int p) const;
   double shareWeight(int p) const;
   void finishGradNorm(double worldSquares);

@@ -40,17 +40,21 @@ void ExecutorImpl::analyzeGradients() {
   }
 }
 
-void ExecutorImpl::clearGradients() {
+Status ExecutorImpl::clearGradients() {
   // Gradients are this step's alone, as after optimizer.zero_grad(): plans
   // clear the accumulators they update; the others (--no-optimizer) are
   // cleared here, so that an all-reduce never re-sums an earlier step.
   if (!ranStep)
-    return;
+    return Status::ok();
   for (int p = 0; p < plan.params_size(); ++p)
     if (!zeroedByPlan[p]) {
       const TensorPtr &g = stateOf(p, Operand::GRAD);
-      memory->zero(g->data, static_cast<size_t>(g->bytes));
+      PIPER_RETURN_IF_ERROR(
+          memory->zero(g->data, static_cast<size_t>(g->bytes))
+              .withContext("clearing the gradient of parameter '" +
+                           plan.params(p).name() + "'"));
     }
+  return Status::ok();
 }
 
 float *ExecutorImpl::gradOf(int p) const {
@@ -61,6 +65,10 @@ float *ExecutorImpl::gradOf(int p) const {
 int64_t ExecutorImpl::gradElements(int p) const {
   return zeroSharded(p) ? shard[p].count
                         : stateOf(p, Operand::GRAD)->bytes / 4;
+}
+
+hal::SquaresSpan ExecutorImpl::gradSpan(int p) const {
+  return {gradOf(p), gradElements(p), p};
 }
 
 double ExecutorImpl::shareWeight(int p) const {
@@ -77,18 +85,26 @@ double ExecutorImpl::shareWeight(int p) const {
   return weight;
 }
 
-double ExecutorImpl::localGradSquares() {
-  if (clips)
-    return 0;
+Status ExecutorImpl::localGradSquares(double &sum) {
+  sum = 0;
+  if (clips || plan.params_size() == 0)
+    return Status::ok();
   // The same definition as CLIP_GRADS; updated parameters were measured
-  // just before their update (Segments.cpp).
-  double squares = 0;
-  for (int p = 0; p < plan.params_size(); ++p) {
+  // just before their update (Segments.cpp), on the streams, which are
+  // synchronized by now.
+  std::vector<hal::SquaresSpan> spans;
+  for (int p = 0; p < plan.params_size(); ++p)
     if (!updated[p])
-      gradSquares[p] = device->sumOfSquares(gradOf(p), gradElements(p));
-    squares += gradSquares[p] * shareWeight(p);
-  }
-  return squares;
+      spans.push_back(gradSpan(p));
+  if (!spans.empty())
+    PIPER_RETURN_IF_ERROR(squares->measure(spans).withContext(
+        "measuring the gradient norm"));
+  PIPER_RETURN_IF_ERROR(
+      squares->read(gradSquares.data(), plan.params_size())
+          .withContext("reading the gradient norm"));
+  for (int p = 0; p < plan.params_size(); ++p)
+    sum += gradSquares[p] * shareWeight(p);
+  return Status::ok();
 }
 
 void ExecutorImpl::finishGradNorm(double worldSquares) {
@@ -101,9 +117,21 @@ Status ExecutorImpl::clipGrads() {
   // Each class holds data-parallel-reduced gradients, identical across its
   // replicas: the world sum of squares counts every gradient num_replicas
   // times.
+  // One measurement of every gradient and one read (gpu-review C.12),
+  // summed in parameter order as before.
   double local = 0;
+  if (plan.params_size() > 0) {
+    std::vector<hal::SquaresSpan> spans;
+    for (int p = 0; p < plan.params_size(); ++p)
+      spans.push_back(gradSpan(p));
+    PIPER_RETURN_IF_ERROR(squares->measure(spans).withContext(
+        "measuring the gradient norm"));
+    PIPER_RETURN_IF_ERROR(
+        squares->read(gradSquares.data(), plan.params_size())
+            .withContext("reading the gradient norm"));
+  }
   for (int p = 0; p < plan.params_size(); ++p)
-    local += device->sumOfSquares(gradOf(p), gradElements(p)) * shareWeight(p);
+    local += gradSquares[p] * shareWeight(p);
   double total = local;
   if (comm)
     PIPER_RETURN_IF_ERROR(comm->allReduceSumWorld(&total, 1).withContext(
@@ -122,7 +150,10 @@ Status ExecutorImpl::clipGrads() {
     return Status::ok();
   float scale = static_cast<float>(maxNorm / (norm + 1e-6));
   for (int p = 0; p < plan.params_size(); ++p)
-    device->scale(gradOf(p), scale, gradElements(p));
+    PIPER_RETURN_IF_ERROR(
+        device->scale(gradOf(p), scale, gradElements(p))
+            .withContext("clipping the gradient of parameter '" +
+                         plan.params(p).name() + "'"));
   return Status::ok();
 }
 
@@ -151,7 +182,9 @@ Status ExecutorImpl::allReduce(int s, const Instruction &inst) {
   size_t count = 0;
   for (int p : inst.params()) {
     const TensorPtr &g = stateOf(p, Operand::GRAD);
-    memory->copy(flat + count, g->data, static_cast<size_t>(g->bytes));
+    PIPER_RETURN_IF_ERROR(
+        memory->copy(flat + count, g->data, static_cast<size_t>(g->bytes))
+            .withContext(what + ": staging a gradient"));
     count += static_cast<size_t>(g->bytes / 4);
   }
   PIPER_RETURN_IF_ERROR(comm->allReduce(key, flat, count, CommDType::F32)
@@ -160,7 +193,9 @@ Status ExecutorImpl::allReduce(int s, const Instruction &inst) {
   size_t pos = 0;
   for (int p : inst.params()) {
     const TensorPtr &g = stateOf(p, Operand::GRAD);
-    memory->copy(g->data, flat + pos, static_cast<size_t>(g->bytes));
+    PIPER_RETURN_IF_ERROR(
+        memory->copy(g->data, flat + pos, static_cast<size_t>(g->bytes))
+            .withContext(what + ": unstaging a gradient"));
     pos += static_cast<size_t>(g->bytes / 4);
   }
   return Status::ok();

@@ -109,14 +109,22 @@ Status ExecutorImpl::execute(int s, int i, StepState &st,
     break;
   case Instruction::RECORD:
     // Events are timelines valued by step: no reset between steps.
-    events[inst.event()]->signal(static_cast<uint64_t>(st.step));
+    PIPER_RETURN_IF_ERROR(
+        events[inst.event()]
+            ->signal(static_cast<uint64_t>(st.step))
+            .withContext("signalling event " + std::to_string(inst.event())));
     break;
-  case Instruction::WAIT:
-    if (!events[inst.event()]->wait(static_cast<uint64_t>(st.step), st.failed))
+  case Instruction::WAIT: {
+    Status waited =
+        events[inst.event()]->wait(static_cast<uint64_t>(st.step), st.failed);
+    if (!waited && st.failed.load())
       return Status::error("stopped while waiting for event " +
                            std::to_string(inst.event()) +
                            ": another stream failed");
+    PIPER_RETURN_IF_ERROR(waited.withContext("waiting for event " +
+                                             std::to_string(inst.event())));
     break;
+  }
   case Instruction::LOAD_BATCH: {
     const plan::TrainingConfig &t = plan.training();
     const TensorPtr &tokens = bufferViews[inst.outputs(0)],
@@ -129,10 +137,16 @@ Status ExecutorImpl::execute(int s, int i, StepState &st,
     PIPER_RETURN_IF_ERROR(data->fill(st.step, global, t.microbatch_size(),
                                      t.seq_len(), hostTokens.data(),
                                      hostTargets.data()));
-    memory->copyFromHost(tokens->data, hostTokens.data(),
-                         static_cast<size_t>(tokens->bytes));
-    memory->copyFromHost(targets->data, hostTargets.data(),
-                         static_cast<size_t>(targets->bytes));
+    PIPER_RETURN_IF_ERROR(
+        memory
+            ->copyFromHost(tokens->data, hostTokens.data(),
+                           static_cast<size_t>(tokens->bytes))
+            .withContext("copying the tokens to the device"));
+    PIPER_RETURN_IF_ERROR(
+        memory
+            ->copyFromHost(targets->data, hostTargets.data(),
+                           static_cast<size_t>(targets->bytes))
+            .withContext("copying the targets to the device"));
     PIPER_RETURN_IF_ERROR(publish(st, inst.outputs(0)));
     PIPER_RETURN_IF_ERROR(publish(st, inst.outputs(1)));
     break;

@@ -79,18 +79,49 @@ Status ExecutorImpl::resolveKernels() {
   return Status::ok();
 }
 
-Status ExecutorImpl::computeParam(int p, int64_t step, void *&out) {
-  std::lock_guard<std::mutex> lock(bf16Mu);
+Status ExecutorImpl::computeParam(int s, int p, StepState &st, void *&out) {
+  const int64_t step = st.step;
   // The fifth state tensor of the parameter (Parameter.state_offsets[4]).
-  const TensorPtr &copy = bf16Params[p];
-  if (bf16Step[p] != step) {
-    const TensorPtr &master = stateOf(p, Operand::PARAM);
-    memory->copy(copy->data, master->data, static_cast<size_t>(master->bytes));
-    device->roundBf16(static_cast<float *>(copy->data), copy->bytes / 4);
-    bf16Step[p] = step;
+  out = bf16Params[p]->data;
+  int64_t &seen = bf16Seen[s][p];
+  if (seen == step)
+    return Status::ok();
+  hal::Event *ready = bf16Ready.empty() ? nullptr : bf16Ready[p].get();
+  bool refreshed = false;
+  {
+    std::lock_guard<std::mutex> lock(bf16Mu);
+    if (bf16Step[p] != step) {
+      Status done = refreshParam(p);
+      // Signalled before the step is published: a stream that finds this
+      // step's copy finds the event signalled too.
+      if (done && ready)
+        done = ready->signal(static_cast<uint64_t>(step));
+      if (!done)
+        return done.withContext("the bf16 copy of parameter '" +
+                                plan.params(p).name() + "'");
+      bf16Step[p] = step;
+      refreshed = true;
+    }
   }
-  out = copy->data;
+  // Refreshed by another stream: on a GPU the copy and rounding are queued
+  // there, so this stream is ordered after them (the event), as after any
+  // value another stream writes.
+  if (!refreshed && ready)
+    PIPER_RETURN_IF_ERROR(
+        ready->wait(static_cast<uint64_t>(step), st.failed)
+            .withContext("waiting for the bf16 copy of parameter '" +
+                         plan.params(p).name() + "'"));
+  seen = step;
   return Status::ok();
+}
+
+Status ExecutorImpl::refreshParam(int p) {
+  // A copy of the master, rounded: queued on the calling stream.
+  const TensorPtr &copy = bf16Params[p];
+  const TensorPtr &master = stateOf(p, Operand::PARAM);
+  PIPER_RETURN_IF_ERROR(memory->copy(copy->data, master->data,
+                                     static_cast<size_t>(master->bytes)));
+  return device->roundBf16(static_cast<float *>(copy->data), copy->bytes / 4);
 }
 
 namespace {
@@ -132,9 +163,13 @@ Status ExecutorImpl::call(int s, const Instruction &inst, StepState &st,
     TensorPtr stored;
     PIPER_RETURN_IF_ERROR(fetchStored(st, id, stored));
     if (stored->dtype == plan::BF16 && seg.value_offsets(v) >= 0)
-      device->unpackBf16(static_cast<float *>(values[v]),
-                         static_cast<const uint16_t *>(stored->data),
-                         stored->bytes / 2);
+      PIPER_RETURN_IF_ERROR(
+          device
+              ->unpackBf16(static_cast<float *>(values[v]),
+                           static_cast<const uint16_t *>(stored->data),
+                           stored->bytes / 2)
+              .withContext("segment '" + seg.name() + "': unpacking " +
+                           describeBuffer(id)));
     else
       values[v] = stored->data; // arguments are never written
   }
@@ -163,7 +198,9 @@ Status ExecutorImpl::call(int s, const Instruction &inst, StepState &st,
     for (int v : lt.allocBefore[k]) {
       const plan::TensorType &type = seg.values(v);
       int64_t bytes = tensorBytes(type);
-      memory->zero(values[v], static_cast<size_t>(bytes));
+      PIPER_RETURN_IF_ERROR(memory->zero(values[v], static_cast<size_t>(bytes))
+                                .withContext(where(k) + ": zeroing value " +
+                                             std::to_string(v)));
     }
     if (profiling && !lt.allocBefore[k].empty()) {
       int64_t ns = nanosSince(start);
@@ -177,7 +214,7 @@ Status ExecutorImpl::call(int s, const Instruction &inst, StepState &st,
       if (rk.lowPrecision && op.kind() == Operand::PARAM) {
         void *copy = nullptr;
         PIPER_RETURN_IF_ERROR(
-            computeParam(op.index(), st.step, copy).withContext(where(k)));
+            computeParam(s, op.index(), st, copy).withContext(where(k)));
         bind(ins[j], rk.inputs[j], copy);
       } else {
         bind(ins[j], rk.inputs[j], dataOf(op));
@@ -195,8 +232,11 @@ Status ExecutorImpl::call(int s, const Instruction &inst, StepState &st,
     // Without CLIP_GRADS, the norm is taken of the final gradient just
     // before the update reads (and a later `zero` clears) it.
     if (!clips && rk.adamw && !ins.empty())
-      gradSquares[kernel.inputs(0).index()] =
-          device->sumOfSquares(ins[0].f32(), ins[0].numel());
+      PIPER_RETURN_IF_ERROR(
+          squares
+              ->measure({{ins[0].f32(), ins[0].numel(),
+                          kernel.inputs(0).index()}})
+              .withContext(where(k) + ": the gradient's sum of squares"));
     if (profiling)
       start = Clock::now();
     ctx.lowPrecision = rk.lowPrecision;
@@ -213,8 +253,18 @@ Status ExecutorImpl::call(int s, const Instruction &inst, StepState &st,
       for (size_t o = 0; o < outs.size(); ++o)
         if (kernel.outputs(int(o)).kind() == Operand::VALUE &&
             outs[o].dtype == plan::F32 && !outs[o].shape.empty())
-          device->roundBf16(outs[o].f32(), outs[o].numel());
+          PIPER_RETURN_IF_ERROR(
+              device->roundBf16(outs[o].f32(), outs[o].numel())
+                  .withContext(where(k) + ": rounding output " +
+                               std::to_string(o) + " to bf16"));
   }
+  return storeResults(inst, seg, values, st);
+}
+
+Status ExecutorImpl::storeResults(const Instruction &inst,
+                                  const plan::Segment &seg,
+                                  const std::vector<void *> &values,
+                                  StepState &st) {
   // Results go to their step buffers: packed from scratch in mixed
   // precision, copied when the value lives elsewhere (an argument, or a
   // value that is several results).
@@ -226,12 +276,19 @@ Status ExecutorImpl::call(int s, const Instruction &inst, StepState &st,
     if (src == dst->data) {
       // Computed in place.
     } else if (dst->dtype == plan::BF16 && seg.value_offsets(v) >= 0) {
-      device->packBf16(static_cast<uint16_t *>(dst->data),
-                       static_cast<const float *>(src), dst->bytes / 2);
+      PIPER_RETURN_IF_ERROR(
+          device
+              ->packBf16(static_cast<uint16_t *>(dst->data),
+                         static_cast<const float *>(src), dst->bytes / 2)
+              .withContext("segment '" + seg.name() + "': packing " +
+                           describeBuffer(id)));
     } else {
       // An argument (in bf16, one passed through untouched: still packed)
       // or a value already stored for another result.
-      memory->copy(dst->data, src, static_cast<size_t>(dst->bytes));
+      PIPER_RETURN_IF_ERROR(
+          memory->copy(dst->data, src, static_cast<size_t>(dst->bytes))
+              .withContext("segment '" + seg.name() + "': storing " +
+                           describeBuffer(id)));
     }
     PIPER_RETURN_IF_ERROR(publish(st, id));
   }

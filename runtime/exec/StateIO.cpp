@@ -31,12 +31,15 @@ TensorRef Executor::state(int index, plan::Operand::Kind kind) const {
   return impl->stateOf(index, kind)->ref();
 }
 
-void Executor::stateToHost(int index, plan::Operand::Kind kind,
-                           std::vector<float> &out) const {
+Status Executor::stateToHost(int index, plan::Operand::Kind kind,
+                             std::vector<float> &out) const {
   TensorRef t = state(index, kind);
   out.resize(static_cast<size_t>(t.data ? t.numel() : 0));
-  if (!out.empty())
-    impl->memory->copyToHost(out.data(), t.data, 4 * out.size());
+  if (out.empty())
+    return Status::ok();
+  return impl->memory->copyToHost(out.data(), t.data, 4 * out.size())
+      .withContext(impl->who + ": reading the state of parameter " +
+                   std::to_string(index));
 }
 
 Status Executor::saveParams(const std::string &dir) const {
@@ -139,7 +142,10 @@ Status Executor::wholeState(int p, int kind, std::vector<char> &out) const {
     if (writer) {
       const TensorPtr &t = impl->stateOf(p, kind);
       out.resize(static_cast<size_t>(t->bytes));
-      impl->memory->copyToHost(out.data(), t->data, out.size());
+      PIPER_RETURN_IF_ERROR(
+          impl->memory->copyToHost(out.data(), t->data, out.size())
+              .withContext(impl->who + ": reading " +
+                           stateName(param.name(), kind)));
     }
     return Status::ok();
   }
@@ -168,7 +174,10 @@ Status Executor::wholeState(int p, int kind, std::vector<char> &out) const {
     piece = impl->rangeOf(p, kind);
   }
   std::vector<float> mine(static_cast<size_t>(pieceCount));
-  impl->memory->copyToHost(mine.data(), piece, 4 * mine.size());
+  PIPER_RETURN_IF_ERROR(
+      impl->memory->copyToHost(mine.data(), piece, 4 * mine.size())
+          .withContext(impl->who + ": reading " +
+                       stateName(param.name(), kind)));
   std::vector<char> whole(static_cast<size_t>(4 * total));
   if (ranks.size() < 2) {
     std::memcpy(whole.data(), mine.data(), 4 * mine.size());
@@ -238,16 +247,21 @@ Status Executor::loadState(const SafetensorsReader &reader, int kind) {
     if (plan::stateSharded(param, kind - 1)) {
       // A ZeRO shard: this rank's range of the whole tensor.
       const plan::ShardRange &r = impl->shard[p];
-      impl->memory->copyFromHost(impl->rangeOf(p, kind),
-                                 host.data() + 4 * r.start,
-                                 static_cast<size_t>(4 * r.count));
+      PIPER_RETURN_IF_ERROR(
+          impl->memory
+              ->copyFromHost(impl->rangeOf(p, kind), host.data() + 4 * r.start,
+                             static_cast<size_t>(4 * r.count))
+              .withContext(impl->who + ": loading " + specs[p].name));
     } else {
       // An expert parameter: this member's block of the global tensor.
       const TensorPtr &t = impl->stateOf(p, kind);
-      impl->memory->copyFromHost(
-          t->data,
-          host.data() + 4 * plan::expertStart(param, impl->replica),
-          static_cast<size_t>(t->bytes));
+      PIPER_RETURN_IF_ERROR(
+          impl->memory
+              ->copyFromHost(
+                  t->data,
+                  host.data() + 4 * plan::expertStart(param, impl->replica),
+                  static_cast<size_t>(t->bytes))
+              .withContext(impl->who + ": loading " + specs[p].name));
     }
   }
   return Status::ok();
@@ -283,8 +297,10 @@ Status Executor::saveShards(const std::string &path, int64_t step) const {
       if (count == 0)
         continue;
       host.emplace_back(static_cast<size_t>(4 * count));
-      impl->memory->copyToHost(host.back().data(), data, host.back().size());
       std::string name = stateName(param.name(), kind);
+      PIPER_RETURN_IF_ERROR(
+          impl->memory->copyToHost(host.back().data(), data, host.back().size())
+              .withContext(impl->who + ": reading " + name));
       tensors.push_back(
           SafetensorsTensor{name, "F32", {count}, host.back().data()});
       slices += (slices.size() > 1 ? ", \"" : "\"") + name + "\": [" +
@@ -320,7 +336,10 @@ Status Executor::loadShards(const StateSource &source) {
       PIPER_RETURN_IF_ERROR(
           source.read(stateName(param.name(), kind), start, count, host.data())
               .withContext(impl->who));
-      impl->memory->copyFromHost(dst, host.data(), 4 * host.size());
+      PIPER_RETURN_IF_ERROR(
+          impl->memory->copyFromHost(dst, host.data(), 4 * host.size())
+              .withContext(impl->who + ": loading " +
+                           stateName(param.name(), kind)));
     }
   }
   return Status::ok();

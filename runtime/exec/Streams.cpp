@@ -111,7 +111,11 @@ Status ExecutorImpl::runStep(int64_t step, double &loss) {
   if (broken)
     return Status::error(who + ": the executor cannot run after a failed step");
   int numStreams = plan.streams_size();
-  clearGradients();
+  Status cleared = clearGradients();
+  if (!cleared) {
+    broken = true;
+    return cleared.withContext(who + ": before step " + std::to_string(step));
+  }
   ranStep = true;
 
   StepState st;
@@ -138,8 +142,16 @@ Status ExecutorImpl::runStep(int64_t step, double &loss) {
     tracer.beginStep();
   for (int s = 0; s < numStreams; ++s)
     streams[s]->enqueue([this, s, &st] { runStream(s, st); });
-  for (int s = 0; s < numStreams; ++s)
-    streams[s]->synchronize();
+  for (int s = 0; s < numStreams; ++s) {
+    // An asynchronous device error (a kernel that faulted after its launch
+    // returned) surfaces here at the latest: the stream's failure.
+    Status synced = streams[s]->synchronize();
+    if (!synced) {
+      markFailed(s);
+      fail(st, synced.withContext(who + ", stream '" + plan.streams(s).name() +
+                                  "', end of step"));
+    }
+  }
   if (st.failed.load()) {
     broken = true;
     return st.error;
@@ -153,7 +165,12 @@ Status ExecutorImpl::runStep(int64_t step, double &loss) {
     loss += l;
   // One world reduction per step: the loss and, when the plan does not
   // clip, the squared gradient norm.
-  double sums[2] = {loss, localGradSquares()};
+  double sums[2] = {loss, 0};
+  Status measured = localGradSquares(sums[1]);
+  if (!measured) {
+    broken = true;
+    return measured.withContext(who + ": end of step " + std::to_string(step));
+  }
   if (comm) {
     Clock::time_point start;
     if (options.profile)

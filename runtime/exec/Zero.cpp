@@ -57,16 +57,15 @@ Status ExecutorImpl::reduceScatterGrads(int s, const Instruction &inst,
   const int me = replica; // checkSharding: the group is plan.ranks, in order
   Layout l = layoutOf(plan, inst, members);
   CommKey key{plan.streams(s).name(), ranks};
+  const std::string what = describe("ZeRO gradient reduce-scatter", ranks,
+                                    key.stream, inst.params_size());
   auto scatter = [&](const float *input, float *output,
                      const std::vector<size_t> &counts) -> Status {
-    if (members < 2) {
-      memory->copy(output, input, 4 * counts[0]);
-      return Status::ok();
-    }
+    if (members < 2)
+      return memory->copy(output, input, 4 * counts[0]).withContext(what);
     return comm->reduceScatter(key, input, output, counts, CommDType::F32)
         ->wait()
-        .withContext(describe("ZeRO gradient reduce-scatter", ranks,
-                              key.stream, inst.params_size()));
+        .withContext(what);
   };
   char *staging = at(inst.scratch_offset());
   if (inst.inputs_size() > 0) {
@@ -83,15 +82,22 @@ Status ExecutorImpl::reduceScatterGrads(int s, const Instruction &inst,
       PIPER_RETURN_IF_ERROR(fetchStored(st, inst.inputs(i), in));
       const float *grad = static_cast<const float *>(in->data);
       if (in->dtype == plan::BF16) {
-        device->unpackBf16(unpacked, static_cast<const uint16_t *>(in->data),
-                           plan::paramElements(plan.params(p)));
+        PIPER_RETURN_IF_ERROR(
+            device
+                ->unpackBf16(unpacked, static_cast<const uint16_t *>(in->data),
+                             plan::paramElements(plan.params(p)))
+                .withContext(what + ": unpacking " +
+                             describeBuffer(inst.inputs(i))));
         grad = unpacked;
       }
       std::vector<size_t> counts;
       for (const plan::ShardRange &r : l.ranges[i])
         counts.push_back(static_cast<size_t>(r.count));
       PIPER_RETURN_IF_ERROR(scatter(grad, mine, counts));
-      device->add(rangeOf(p, Operand::GRAD), mine, l.ranges[i][me].count);
+      PIPER_RETURN_IF_ERROR(
+          device->add(rangeOf(p, Operand::GRAD), mine, l.ranges[i][me].count)
+              .withContext(what + ": accumulating the range of parameter '" +
+                           plan.params(p).name() + "'"));
     }
     return Status::ok();
   }
@@ -104,20 +110,25 @@ Status ExecutorImpl::reduceScatterGrads(int s, const Instruction &inst,
   for (int m = 0; m < members; ++m)
     for (int i = 0; i < inst.params_size(); ++i) {
       const plan::ShardRange &r = l.ranges[i][m];
-      memory->copy(
-          flat + pos,
-          static_cast<const float *>(
-              stateOf(inst.params(i), Operand::GRAD)->data) +
-              r.start,
-          static_cast<size_t>(4 * r.count));
+      PIPER_RETURN_IF_ERROR(
+          memory
+              ->copy(flat + pos,
+                     static_cast<const float *>(
+                         stateOf(inst.params(i), Operand::GRAD)->data) +
+                         r.start,
+                     static_cast<size_t>(4 * r.count))
+              .withContext(what + ": staging"));
       pos += static_cast<size_t>(r.count);
     }
   PIPER_RETURN_IF_ERROR(scatter(flat, mine, l.counts));
   pos = 0;
   for (int i = 0; i < inst.params_size(); ++i) {
     const plan::ShardRange &r = l.ranges[i][me];
-    memory->copy(rangeOf(inst.params(i), Operand::GRAD), mine + pos,
-                 static_cast<size_t>(4 * r.count));
+    PIPER_RETURN_IF_ERROR(
+        memory
+            ->copy(rangeOf(inst.params(i), Operand::GRAD), mine + pos,
+                   static_cast<size_t>(4 * r.count))
+            .withContext(what + ": unstaging"));
     pos += static_cast<size_t>(r.count);
   }
   return Status::ok();
@@ -139,16 +150,15 @@ Status ExecutorImpl::allGatherParams(int s, const Instruction &inst,
   const int me = replica;
   Layout l = layoutOf(plan, inst, members);
   CommKey key{plan.streams(s).name(), ranks};
+  const std::string what = describe("ZeRO parameter all-gather", ranks,
+                                    key.stream, inst.params_size());
   auto gather = [&](const float *input, float *output,
                     const std::vector<size_t> &counts) -> Status {
-    if (members < 2) {
-      memory->copy(output, input, 4 * counts[0]);
-      return Status::ok();
-    }
+    if (members < 2)
+      return memory->copy(output, input, 4 * counts[0]).withContext(what);
     return comm->allGather(key, input, output, counts, CommDType::F32)
         ->wait()
-        .withContext(describe("ZeRO parameter all-gather", ranks, key.stream,
-                              inst.params_size()));
+        .withContext(what);
   };
   char *staging = at(inst.scratch_offset());
   if (inst.outputs_size() > 0) {
@@ -167,8 +177,11 @@ Status ExecutorImpl::allGatherParams(int s, const Instruction &inst,
       float *out = pack ? whole : static_cast<float *>(bufferViews[id]->data);
       PIPER_RETURN_IF_ERROR(gather(rangeOf(p, Operand::PARAM), out, counts));
       if (pack)
-        device->packBf16(static_cast<uint16_t *>(bufferViews[id]->data), whole,
-                         plan::paramElements(plan.params(p)));
+        PIPER_RETURN_IF_ERROR(
+            device
+                ->packBf16(static_cast<uint16_t *>(bufferViews[id]->data),
+                           whole, plan::paramElements(plan.params(p)))
+                .withContext(what + ": packing " + describeBuffer(id)));
       PIPER_RETURN_IF_ERROR(publish(st, id));
     }
     return Status::ok();
@@ -181,8 +194,11 @@ Status ExecutorImpl::allGatherParams(int s, const Instruction &inst,
   size_t pos = 0;
   for (int i = 0; i < inst.params_size(); ++i) {
     const plan::ShardRange &r = l.ranges[i][me];
-    memory->copy(mine + pos, rangeOf(inst.params(i), Operand::PARAM),
-                 static_cast<size_t>(4 * r.count));
+    PIPER_RETURN_IF_ERROR(
+        memory
+            ->copy(mine + pos, rangeOf(inst.params(i), Operand::PARAM),
+                   static_cast<size_t>(4 * r.count))
+            .withContext(what + ": staging"));
     pos += static_cast<size_t>(r.count);
   }
   PIPER_RETURN_IF_ERROR(gather(mine, flat, l.counts));
@@ -190,10 +206,13 @@ Status ExecutorImpl::allGatherParams(int s, const Instruction &inst,
   for (int m = 0; m < members; ++m)
     for (int i = 0; i < inst.params_size(); ++i) {
       const plan::ShardRange &r = l.ranges[i][m];
-      memory->copy(static_cast<float *>(
-                       stateOf(inst.params(i), Operand::PARAM)->data) +
-                       r.start,
-                   flat + pos, static_cast<size_t>(4 * r.count));
+      PIPER_RETURN_IF_ERROR(
+          memory
+              ->copy(static_cast<float *>(
+                         stateOf(inst.params(i), Operand::PARAM)->data) +
+                         r.start,
+                     flat + pos, static_cast<size_t>(4 * r.count))
+              .withContext(what + ": unstaging"));
       pos += static_cast<size_t>(r.count);
     }
   return Status::ok();

@@ -1,6 +1,7 @@
 // In-process tests of the executor on its device: gradients held per step,
 // the gradient norm without clipping, kernels resolved at load, a HAL device
-// plugged in through ExecutorOptions, and streams running concurrently.
+// plugged in through ExecutorOptions, streams running concurrently, and
+// device errors failing a step instead of the process.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -170,24 +171,22 @@ TEST_CASE("executor: an unknown kernel is a load-time error naming it",
 }
 
 namespace {
-/// A device that forwards to the CPU backend and counts what the executor
-/// asks of it: how another backend plugs in.
-class CountingDevice : public hal::Device {
+/// A device that forwards everything to the CPU backend: the test devices
+/// below override what they observe or change.
+class ForwardingDevice : public hal::Device {
 public:
-  explicit CountingDevice(Communicator *comm)
+  explicit ForwardingDevice(Communicator *comm)
       : cpu(hal::createCpuDevice(comm)) {}
-  std::string name() const override { return "counting"; }
+  std::string name() const override { return "forwarding"; }
   hal::Allocator &allocator() override { return cpu->allocator(); }
-  std::unique_ptr<hal::Stream> createStream(const std::string &name) override {
-    ++streams;
-    return cpu->createStream(name);
+  Status createStream(const std::string &name,
+                      std::unique_ptr<hal::Stream> &stream) override {
+    return cpu->createStream(name, stream);
   }
-  std::unique_ptr<hal::Event> createEvent() override {
-    ++events;
-    return cpu->createEvent();
+  Status createEvent(std::unique_ptr<hal::Event> &event) override {
+    return cpu->createEvent(event);
   }
   const KernelInfo *findKernel(const std::string &name) const override {
-    ++lookups;
     return cpu->findKernel(name);
   }
   std::vector<std::string> kernelNames() const override {
@@ -197,30 +196,62 @@ public:
                    const std::vector<TensorRef> &inputs,
                    const std::vector<TensorRef> &outputs,
                    KernelContext &ctx) override {
+    return cpu->runKernel(info, kernel, inputs, outputs, ctx);
+  }
+  Status createSquareSums(int slots,
+                          std::unique_ptr<hal::SquareSums> &sums) override {
+    return cpu->createSquareSums(slots, sums);
+  }
+  Status scale(float *x, float s, int64_t n) override {
+    return cpu->scale(x, s, n);
+  }
+  Status add(float *dst, const float *src, int64_t n) override {
+    return cpu->add(dst, src, n);
+  }
+  Status packBf16(uint16_t *dst, const float *src, int64_t n) override {
+    return cpu->packBf16(dst, src, n);
+  }
+  Status unpackBf16(float *dst, const uint16_t *src, int64_t n) override {
+    return cpu->unpackBf16(dst, src, n);
+  }
+  Status roundBf16(float *x, int64_t n) override {
+    return cpu->roundBf16(x, n);
+  }
+  Communicator *communicator() override { return cpu->communicator(); }
+
+protected:
+  std::unique_ptr<hal::Device> cpu;
+};
+
+/// A device that forwards to the CPU backend and counts what the executor
+/// asks of it: how another backend plugs in.
+class CountingDevice : public ForwardingDevice {
+public:
+  using ForwardingDevice::ForwardingDevice;
+  std::string name() const override { return "counting"; }
+  Status createStream(const std::string &name,
+                      std::unique_ptr<hal::Stream> &stream) override {
+    ++streams;
+    return cpu->createStream(name, stream);
+  }
+  Status createEvent(std::unique_ptr<hal::Event> &event) override {
+    ++events;
+    return cpu->createEvent(event);
+  }
+  const KernelInfo *findKernel(const std::string &name) const override {
+    ++lookups;
+    return cpu->findKernel(name);
+  }
+  Status runKernel(const KernelInfo &info, const plan::Kernel &kernel,
+                   const std::vector<TensorRef> &inputs,
+                   const std::vector<TensorRef> &outputs,
+                   KernelContext &ctx) override {
     ++kernelRuns;
     return cpu->runKernel(info, kernel, inputs, outputs, ctx);
   }
-  double sumOfSquares(const float *x, int64_t n) override {
-    return cpu->sumOfSquares(x, n);
-  }
-  void scale(float *x, float s, int64_t n) override { cpu->scale(x, s, n); }
-  void add(float *dst, const float *src, int64_t n) override {
-    cpu->add(dst, src, n);
-  }
-  void packBf16(uint16_t *dst, const float *src, int64_t n) override {
-    cpu->packBf16(dst, src, n);
-  }
-  void unpackBf16(float *dst, const uint16_t *src, int64_t n) override {
-    cpu->unpackBf16(dst, src, n);
-  }
-  void roundBf16(float *x, int64_t n) override { cpu->roundBf16(x, n); }
-  Communicator *communicator() override { return cpu->communicator(); }
 
   static inline int streams = 0, events = 0, lookups = 0;
   static inline std::atomic<int> kernelRuns{0}; // from the stream workers
-
-private:
-  std::unique_ptr<hal::Device> cpu;
 };
 } // namespace
 
@@ -311,24 +342,11 @@ namespace {
 /// A CPU device whose kernels each wait until `parties` kernels are running
 /// at once (or fail after a timeout): a plan only completes when its
 /// streams really progress concurrently.
-class RendezvousDevice : public hal::Device {
+class RendezvousDevice : public ForwardingDevice {
 public:
   RendezvousDevice(Communicator *comm, int parties)
-      : cpu(hal::createCpuDevice(comm)), parties(parties) {}
+      : ForwardingDevice(comm), parties(parties) {}
   std::string name() const override { return "rendezvous"; }
-  hal::Allocator &allocator() override { return cpu->allocator(); }
-  std::unique_ptr<hal::Stream> createStream(const std::string &name) override {
-    return cpu->createStream(name);
-  }
-  std::unique_ptr<hal::Event> createEvent() override {
-    return cpu->createEvent();
-  }
-  const KernelInfo *findKernel(const std::string &name) const override {
-    return cpu->findKernel(name);
-  }
-  std::vector<std::string> kernelNames() const override {
-    return cpu->kernelNames();
-  }
   Status runKernel(const KernelInfo &info, const plan::Kernel &kernel,
                    const std::vector<TensorRef> &inputs,
                    const std::vector<TensorRef> &outputs,
@@ -343,24 +361,8 @@ public:
     }
     return cpu->runKernel(info, kernel, inputs, outputs, ctx);
   }
-  double sumOfSquares(const float *x, int64_t n) override {
-    return cpu->sumOfSquares(x, n);
-  }
-  void scale(float *x, float s, int64_t n) override { cpu->scale(x, s, n); }
-  void add(float *dst, const float *src, int64_t n) override {
-    cpu->add(dst, src, n);
-  }
-  void packBf16(uint16_t *dst, const float *src, int64_t n) override {
-    cpu->packBf16(dst, src, n);
-  }
-  void unpackBf16(float *dst, const uint16_t *src, int64_t n) override {
-    cpu->unpackBf16(dst, src, n);
-  }
-  void roundBf16(float *x, int64_t n) override { cpu->roundBf16(x, n); }
-  Communicator *communicator() override { return cpu->communicator(); }
 
 private:
-  std::unique_ptr<hal::Device> cpu;
   int parties;
   std::mutex mu;
   std::condition_variable cv;
@@ -397,4 +399,236 @@ TEST_CASE("executor: compute streams progress at the same time", "[executor]") {
   Status step = exec->runStep(1, loss);
   INFO(step.message());
   CHECK(step);
+}
+
+namespace {
+/// The CPU allocator, failing its zeroes as a GPU's memset could once
+/// `failZero` is set.
+class FaultyAllocator final : public hal::Allocator {
+public:
+  explicit FaultyAllocator(hal::Allocator &inner) : inner(inner) {}
+  Status allocate(size_t bytes, void *&ptr) override {
+    return inner.allocate(bytes, ptr);
+  }
+  void deallocate(void *ptr, size_t bytes) override {
+    inner.deallocate(ptr, bytes);
+  }
+  Status zero(void *ptr, size_t bytes) override {
+    if (failZero)
+      return Status::error("cudaMemsetAsync: injected device error");
+    return inner.zero(ptr, bytes);
+  }
+  Status copy(void *dst, const void *src, size_t bytes) override {
+    return inner.copy(dst, src, bytes);
+  }
+  Status copyToHost(void *host, const void *src, size_t bytes) override {
+    return inner.copyToHost(host, src, bytes);
+  }
+  Status copyFromHost(void *dst, const void *host, size_t bytes) override {
+    return inner.copyFromHost(dst, host, bytes);
+  }
+  int64_t liveBytes() const override { return inner.liveBytes(); }
+  int64_t peakBytes() const override { return inner.peakBytes(); }
+
+  std::atomic<bool> failZero{false};
+
+private:
+  hal::Allocator &inner;
+};
+
+/// A CPU stream whose synchronize() reports an asynchronous device error
+/// (a kernel that faulted after its launch returned) once `failSync` is set.
+class FaultyStream final : public hal::Stream {
+public:
+  FaultyStream(std::unique_ptr<hal::Stream> inner,
+               const std::atomic<bool> &failSync)
+      : inner(std::move(inner)), failSync(failSync) {}
+  const std::string &name() const override { return inner->name(); }
+  void enqueue(std::function<void()> work) override {
+    inner->enqueue(std::move(work));
+  }
+  Status synchronize() override {
+    PIPER_RETURN_IF_ERROR(inner->synchronize());
+    if (failSync)
+      return Status::error("cudaStreamSynchronize: injected illegal address");
+    return Status::ok();
+  }
+
+private:
+  std::unique_ptr<hal::Stream> inner;
+  const std::atomic<bool> &failSync;
+};
+
+/// A CPU device whose memory and streams fail as a GPU's can.
+class FaultyDevice : public ForwardingDevice {
+public:
+  using ForwardingDevice::ForwardingDevice;
+  std::string name() const override { return "faulty"; }
+  hal::Allocator &allocator() override { return memory; }
+  Status createStream(const std::string &name,
+                      std::unique_ptr<hal::Stream> &stream) override {
+    std::unique_ptr<hal::Stream> inner;
+    PIPER_RETURN_IF_ERROR(cpu->createStream(name, inner));
+    stream = std::make_unique<FaultyStream>(std::move(inner), failSync);
+    return Status::ok();
+  }
+
+  FaultyAllocator memory{cpu->allocator()};
+  std::atomic<bool> failSync{false};
+};
+
+/// An executor of the tiny model's one-stream plan on a FaultyDevice
+/// (`device`), recording what its stream errors report.
+struct FaultyRun {
+  FaultyDevice *device = nullptr;
+  std::vector<std::string> streamErrors;
+  std::unique_ptr<Executor> exec;
+
+  FaultyRun() {
+    TinyModel m;
+    ExecutorOptions opts;
+    opts.seed = 3;
+    opts.createDevice = [this](Communicator *comm) {
+      auto created = std::make_unique<FaultyDevice>(comm);
+      device = created.get();
+      return created;
+    };
+    opts.onStreamError = [this](const Status &status) {
+      streamErrors.push_back(status.message());
+    };
+    Status status;
+    exec = Executor::create(singleClassPlan(m, 1, {0}, 1), opts, status);
+    INFO(status.message());
+    REQUIRE(exec);
+    double loss = 0;
+    REQUIRE(exec->runStep(1, loss));
+  }
+};
+} // namespace
+
+// A device error (on a GPU, a CUDA call's) is the failure of the stream that
+// met it, with the rank, instruction and segment it happened in, and reaches
+// the rank's error handler (piper-run's watchdog) like a kernel's error:
+// the process does not end, and the executor refuses further steps.
+TEST_CASE("executor: a device error fails the step, naming where",
+          "[executor]") {
+  FaultyRun run;
+  run.device->memory.failZero = true;
+  double loss = 0;
+  Status step = run.exec->runStep(2, loss);
+  INFO(step.message());
+  CHECK_FALSE(step);
+  CHECK(step.message() ==
+        "rank 0, stream 'compute', instruction 1 (F MB=0): segment 'fwd', "
+        "kernel 0: zeroing value 2: cudaMemsetAsync: injected device error");
+  REQUIRE(run.streamErrors.size() == 1);
+  CHECK(run.streamErrors[0] == step.message());
+  run.device->memory.failZero = false;
+  Status again = run.exec->runStep(3, loss);
+  CHECK(again.message() ==
+        "rank 0: the executor cannot run after a failed step");
+}
+
+// An asynchronous device error surfaces when the step synchronizes its
+// streams: the stream's failure too.
+TEST_CASE("executor: an asynchronous device error found at the end of a "
+          "step fails it",
+          "[executor]") {
+  FaultyRun run;
+  run.device->failSync = true;
+  double loss = 0;
+  Status step = run.exec->runStep(2, loss);
+  INFO(step.message());
+  CHECK_FALSE(step);
+  CHECK(step.message() == "rank 0, stream 'compute', end of step: "
+                          "cudaStreamSynchronize: injected illegal address");
+  REQUIRE(run.streamErrors.size() == 1);
+  CHECK(run.streamErrors[0] == step.message());
+}
+
+namespace {
+/// A CPU event that counts its signals and waits.
+class CountedEvent final : public hal::Event {
+public:
+  CountedEvent(std::unique_ptr<hal::Event> inner, std::atomic<int> &signals,
+               std::atomic<int> &waits)
+      : inner(std::move(inner)), signals(signals), waits(waits) {}
+  Status signal(uint64_t value) override {
+    ++signals;
+    return inner->signal(value);
+  }
+  Status wait(uint64_t value, const std::atomic<bool> &abort) override {
+    ++waits;
+    return inner->wait(value, abort);
+  }
+  void wake() override { inner->wake(); }
+  uint64_t value() const override { return inner->value(); }
+
+private:
+  std::unique_ptr<hal::Event> inner;
+  std::atomic<int> &signals, &waits;
+};
+
+/// A CPU device whose events count their signals and waits.
+class EventCountingDevice : public ForwardingDevice {
+public:
+  using ForwardingDevice::ForwardingDevice;
+  Status createEvent(std::unique_ptr<hal::Event> &event) override {
+    std::unique_ptr<hal::Event> inner;
+    PIPER_RETURN_IF_ERROR(cpu->createEvent(inner));
+    ++created;
+    event = std::make_unique<CountedEvent>(std::move(inner), signals, waits);
+    return Status::ok();
+  }
+  static inline std::atomic<int> created{0}, signals{0}, waits{0};
+};
+} // namespace
+
+// gpu-review B.7: in mixed precision a parameter's bf16 copy is refreshed
+// once per step by the first stream that reads it (on a GPU, queued on that
+// stream). Another stream reading the same copy is ordered after the
+// refresh by an event, as for any value another stream writes.
+TEST_CASE("executor: bf16 parameter copies are ordered across streams by an "
+          "event",
+          "[executor]") {
+  plan::Plan plan;
+  plan.set_schema_version(plan::kPlanSchemaVersion);
+  plan.add_ranks(0);
+  plan.set_world_size(1);
+  plan.mutable_training()->set_vocab_size(8);
+  plan.mutable_training()->set_compute_dtype(plan::BF16);
+  addParam(plan, "w", {4, 4}, true);
+  // Reads w twice (the second read finds the copy this stream has).
+  plan::Segment *seg = addSegment(plan, "use w",
+                                  {tensorType(plan::F32, {4, 4}),
+                                   tensorType(plan::F32, {4, 4})},
+                                  {}, {});
+  addKernel(seg, "add", {state(Operand::PARAM, 0), state(Operand::PARAM, 0)},
+            {value(0)});
+  addKernel(seg, "add", {value(0), state(Operand::PARAM, 0)}, {value(1)});
+  for (const char *name : {"compute0", "compute1"}) {
+    plan::Stream *stream = plan.add_streams();
+    stream->set_name(name);
+    addInst(stream, Instruction::CALL, std::string("use w on ") + name)
+        ->set_segment(0);
+  }
+  withArena(plan);
+  ExecutorOptions opts;
+  opts.createDevice = [](Communicator *comm) {
+    return std::make_unique<EventCountingDevice>(comm);
+  };
+  Status status;
+  auto exec = Executor::create(plan, opts, status);
+  INFO(status.message());
+  REQUIRE(exec);
+  CHECK(EventCountingDevice::created == 1); // the parameter's; no plan event
+  for (int t = 1; t <= 3; ++t) {
+    double loss = 0;
+    Status step = exec->runStep(t, loss);
+    INFO(step.message());
+    REQUIRE(step);
+    // One refresh (and signal) per step; the other stream waits for it.
+    CHECK(EventCountingDevice::signals == t);
+    CHECK(EventCountingDevice::waits == t);
+  }
 }

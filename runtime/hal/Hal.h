@@ -22,23 +22,29 @@ namespace piper::runtime::hal {
 
 /// Device memory. Every tensor of an executor (persistent state, step
 /// buffers, segment values) comes from here; kernels get its pointers.
-/// Thread-safe.
+/// Thread-safe. Every method that can fail on a GPU returns a Status: a
+/// device error (a CUDA call's, naming it) becomes the failure of the
+/// calling stream, and so of the rank, instead of ending the process.
 class Allocator {
 public:
   virtual ~Allocator() = default;
-  /// `bytes` of device memory, 64-byte aligned, contents undefined; null
-  /// when out of memory. Counted in liveBytes() until deallocate.
-  virtual void *allocate(size_t bytes) = 0;
-  /// Returns memory from allocate(ptr's `bytes`).
+  /// `bytes` of device memory in `ptr`, 64-byte aligned, contents
+  /// undefined; an error (and null) when out of memory or when the device
+  /// fails. Counted in liveBytes() until deallocate.
+  virtual Status allocate(size_t bytes, void *&ptr) = 0;
+  /// Returns memory from allocate(ptr's `bytes`). Never fails: a device
+  /// error here (a sticky CUDA error some other call already reported) is
+  /// dropped, so that tearing down after a failure cannot end the process.
   virtual void deallocate(void *ptr, size_t bytes) = 0;
   /// Sets `bytes` at `ptr` to zero.
-  virtual void zero(void *ptr, size_t bytes) = 0;
+  virtual Status zero(void *ptr, size_t bytes) = 0;
   /// Device-to-device copy.
-  virtual void copy(void *dst, const void *src, size_t bytes) = 0;
+  virtual Status copy(void *dst, const void *src, size_t bytes) = 0;
   /// Copies between host memory and device memory (initialization,
-  /// checkpoints, metrics).
-  virtual void copyToHost(void *host, const void *src, size_t bytes) = 0;
-  virtual void copyFromHost(void *dst, const void *host, size_t bytes) = 0;
+  /// checkpoints, metrics). The host memory is ready (or free to reuse)
+  /// when they return ok.
+  virtual Status copyToHost(void *host, const void *src, size_t bytes) = 0;
+  virtual Status copyFromHost(void *dst, const void *host, size_t bytes) = 0;
   /// Bytes allocated and not yet deallocated, and their high-water mark.
   virtual int64_t liveBytes() const = 0;
   virtual int64_t peakBytes() const = 0;
@@ -51,15 +57,25 @@ public:
 class Event {
 public:
   virtual ~Event() = default;
-  /// Raises the value to `value` and wakes the waiters it satisfies.
-  virtual void signal(uint64_t value) = 0;
-  /// Blocks until the value is at least `value` (true) or `abort` is set and
-  /// wake() was called after it (false).
-  virtual bool wait(uint64_t value, const std::atomic<bool> &abort) = 0;
+  /// Raises the value to `value` and wakes the waiters it satisfies; an
+  /// error when the device cannot record the signal on the calling stream.
+  virtual Status signal(uint64_t value) = 0;
+  /// Blocks until the value is at least `value` (ok), or `abort` is set and
+  /// wake() was called after it (an error saying the wait was aborted); also
+  /// an error when the device cannot order the calling stream after the
+  /// signal.
+  virtual Status wait(uint64_t value, const std::atomic<bool> &abort) = 0;
   /// Makes waiters re-check their abort flag.
   virtual void wake() = 0;
   virtual uint64_t value() const = 0;
 };
+
+/// The error of an Event::wait that its abort flag ended before the value
+/// reached `value`.
+inline Status abortedWait(uint64_t value) {
+  return Status::error("aborted while waiting for the event to reach " +
+                       std::to_string(value));
+}
 
 /// An in-order queue of work, created once per logical stream of a plan and
 /// kept for the executor's life (no thread is created per step).
@@ -70,9 +86,54 @@ public:
   /// Enqueues `work` to run after everything enqueued before it; returns at
   /// once. `work` must not throw.
   virtual void enqueue(std::function<void()> work) = 0;
-  /// Blocks until everything enqueued so far has run.
-  virtual void synchronize() = 0;
+  /// Blocks until everything enqueued so far has run, and its device work
+  /// has finished: an asynchronous device error found here (a kernel that
+  /// faulted after its launch returned) is returned, naming, where the
+  /// backend knows it, the last kernel launched on this stream.
+  virtual Status synchronize() = 0;
 };
+
+/// A run of floats in device memory, and the slot of a SquareSums its sum
+/// of squares goes to.
+struct SquaresSpan {
+  const float *data = nullptr;
+  int64_t n = 0;
+  int slot = 0;
+};
+
+/// Sums of squares of float spans (the global gradient norm), kept in
+/// device memory until read: measuring costs no host synchronization, and
+/// reading every slot is one device-to-host copy. Created once per executor
+/// (Device::createSquareSums).
+class SquareSums {
+public:
+  virtual ~SquareSums() = default;
+  /// Queues on the calling stream, for each span, the sum of its x[i]^2 in
+  /// double, in a fixed order (the same for any thread count), into its
+  /// slot. Spans of different calls may be measured on different streams
+  /// as long as their slots differ.
+  virtual Status measure(const std::vector<SquaresSpan> &spans) = 0;
+  /// Copies slots [0, count) to `out` (host memory) after the work queued
+  /// on the calling stream: one device-to-host copy, complete on return.
+  /// Slots measured on other streams must be complete by then (their
+  /// streams synchronized, or ordered before by an event).
+  virtual Status read(double *out, int count) = 0;
+};
+
+/// An error unless every span's slot is one of `slots` and `read` asks for
+/// at most `slots` (for the SquareSums implementations).
+inline Status checkSquaresSlots(const std::vector<SquaresSpan> &spans,
+                                int read, int slots) {
+  for (const SquaresSpan &span : spans)
+    if (span.slot < 0 || span.slot >= slots)
+      return Status::error("sum of squares: slot " + std::to_string(span.slot) +
+                           " is not one of the " + std::to_string(slots));
+  if (read < 0 || read > slots)
+    return Status::error("sum of squares: cannot read " +
+                         std::to_string(read) + " of " +
+                         std::to_string(slots) + " slots");
+  return Status::ok();
+}
 
 /// One accelerator (or the host CPU) as seen by one rank.
 class Device {
@@ -81,10 +142,11 @@ public:
   /// E.g. "cpu".
   virtual std::string name() const = 0;
   virtual Allocator &allocator() = 0;
-  /// A new stream. Streams of one device run concurrently; kernels on them
-  /// share the device's compute threads.
-  virtual std::unique_ptr<Stream> createStream(const std::string &name) = 0;
-  virtual std::unique_ptr<Event> createEvent() = 0;
+  /// A new stream in `stream`. Streams of one device run concurrently;
+  /// kernels on them share the device's compute threads.
+  virtual Status createStream(const std::string &name,
+                              std::unique_ptr<Stream> &stream) = 0;
+  virtual Status createEvent(std::unique_ptr<Event> &event) = 0;
   /// The kernel of op `name` on this device, or null. Called when a plan
   /// loads, never per kernel call.
   virtual const KernelInfo *findKernel(const std::string &name) const = 0;
@@ -98,19 +160,21 @@ public:
                            const std::vector<TensorRef> &outputs,
                            KernelContext &ctx) = 0;
   // The executor's own elementwise work on device memory, outside kernels.
+  // Queued on the calling stream like a kernel; an error names the device
+  // call that failed.
 
-  /// Sum of x[i]^2 in double, in a fixed order (the same for any thread
-  /// count), for the global gradient norm.
-  virtual double sumOfSquares(const float *x, int64_t n) = 0;
+  /// `slots` slots of sums of squares, for the global gradient norm.
+  virtual Status createSquareSums(int slots,
+                                  std::unique_ptr<SquareSums> &sums) = 0;
   /// x[i] *= scale (gradient clipping).
-  virtual void scale(float *x, float scale, int64_t n) = 0;
+  virtual Status scale(float *x, float scale, int64_t n) = 0;
   /// dst[i] += src[i] (a ZeRO shard's gradient accumulation).
-  virtual void add(float *dst, const float *src, int64_t n) = 0;
+  virtual Status add(float *dst, const float *src, int64_t n) = 0;
   /// Mixed precision: float -> packed bf16 (round to nearest even), packed
   /// bf16 -> float, and rounding floats to bf16 values in place.
-  virtual void packBf16(uint16_t *dst, const float *src, int64_t n) = 0;
-  virtual void unpackBf16(float *dst, const uint16_t *src, int64_t n) = 0;
-  virtual void roundBf16(float *x, int64_t n) = 0;
+  virtual Status packBf16(uint16_t *dst, const float *src, int64_t n) = 0;
+  virtual Status unpackBf16(float *dst, const uint16_t *src, int64_t n) = 0;
+  virtual Status roundBf16(float *x, int64_t n) = 0;
 
   /// The communicator of this rank; null for a single rank without one.
   virtual Communicator *communicator() = 0;

@@ -33,7 +33,9 @@ public:
     waited = true;
     status = inner->wait();
     if (status.isOk() && deviceOutput && outputBytes > 0)
-      memory.copyFromHost(deviceOutput, buffers->output.data(), outputBytes);
+      status = memory.copyFromHost(deviceOutput, buffers->output.data(),
+                                   outputBytes)
+                   .withContext("copying the result to the device");
     return status;
   }
 
@@ -74,6 +76,23 @@ bool StagingCommunicator::onDevice(const void *ptr) const {
   return ptr && (!isDevice || isDevice(ptr));
 }
 
+CommWorkPtr StagingCommunicator::stageInput(const std::string &op,
+                                            const void *data, size_t bytes,
+                                            std::vector<char> &staged,
+                                            const void *&in) const {
+  in = data;
+  if (!onDevice(data) || bytes == 0)
+    return nullptr;
+  staged.resize(bytes);
+  Status copied = memory->copyToHost(staged.data(), data, bytes);
+  if (!copied)
+    return completedWork(Status::error(
+        "rank " + std::to_string(host->rank()) + ": " + op +
+        " failed: copying the input to the host: " + copied.message()));
+  in = staged.data();
+  return nullptr;
+}
+
 namespace {
 
 /// This rank's position in `key` (its ranks sorted), or -1.
@@ -92,7 +111,8 @@ int positionOf(const CommKey &key, int rank) {
 // device), `out` the host buffer the host operation writes, copied back to
 // `deviceOut` by wait() (null: nothing to copy back).
 #define PIPER_STAGING_PROLOGUE(name)                                           \
-  if (CommWorkPtr error = notAttached(name))                                   \
+  const std::string op = name;                                                 \
+  if (CommWorkPtr error = notAttached(op))                                     \
     return error;                                                              \
   auto buffers = std::make_unique<Buffers>();
 
@@ -100,12 +120,9 @@ CommWorkPtr StagingCommunicator::isend(const std::string &stream,
                                        const void *data, size_t bytes, int peer,
                                        uint32_t tag) {
   PIPER_STAGING_PROLOGUE("send on stream '" + stream + "'")
-  const void *in = data;
-  if (onDevice(data) && bytes > 0) {
-    buffers->input.resize(bytes);
-    memory->copyToHost(buffers->input.data(), data, bytes);
-    in = buffers->input.data();
-  }
+  const void *in = nullptr;
+  if (CommWorkPtr error = stageInput(op, data, bytes, buffers->input, in))
+    return error;
   CommWorkPtr inner = host->isend(stream, in, bytes, peer, tag);
   return std::make_shared<StagedWork>(*memory, std::move(buffers),
                                       std::move(inner), nullptr, 0);
@@ -129,8 +146,9 @@ CommWorkPtr StagingCommunicator::allReduce(const CommKey &key, void *data,
   size_t bytes = count * commDTypeSize(type);
   if (!onDevice(data) || bytes == 0)
     return host->allReduce(key, data, count, type);
-  buffers->output.resize(bytes);
-  memory->copyToHost(buffers->output.data(), data, bytes);
+  const void *staged = nullptr;
+  if (CommWorkPtr error = stageInput(op, data, bytes, buffers->output, staged))
+    return error;
   CommWorkPtr inner =
       host->allReduce(key, buffers->output.data(), count, type);
   return std::make_shared<StagedWork>(*memory, std::move(buffers),
@@ -148,12 +166,9 @@ CommWorkPtr StagingCommunicator::reduceScatter(
                                          counts.size()
                         ? counts[position] * elem
                         : 0;
-  const void *in = input;
-  if (onDevice(input) && inBytes > 0) {
-    buffers->input.resize(inBytes);
-    memory->copyToHost(buffers->input.data(), input, inBytes);
-    in = buffers->input.data();
-  }
+  const void *in = nullptr;
+  if (CommWorkPtr error = stageInput(op, input, inBytes, buffers->input, in))
+    return error;
   void *out = output;
   void *deviceOut = nullptr;
   if (onDevice(output) && outBytes > 0) {
@@ -178,12 +193,9 @@ CommWorkPtr StagingCommunicator::allGather(const CommKey &key,
           ? counts[position] * elem
           : 0;
   size_t outBytes = sum(counts) * elem;
-  const void *in = input;
-  if (onDevice(input) && inBytes > 0) {
-    buffers->input.resize(inBytes);
-    memory->copyToHost(buffers->input.data(), input, inBytes);
-    in = buffers->input.data();
-  }
+  const void *in = nullptr;
+  if (CommWorkPtr error = stageInput(op, input, inBytes, buffers->input, in))
+    return error;
   void *out = output;
   void *deviceOut = nullptr;
   if (onDevice(output) && outBytes > 0) {
@@ -205,12 +217,9 @@ CommWorkPtr StagingCommunicator::allToAll(const CommKey &key, const void *input,
   size_t elem = commDTypeSize(type);
   size_t inBytes = sum(sendCounts) * elem;
   size_t outBytes = sum(recvCounts) * elem;
-  const void *in = input;
-  if (onDevice(input) && inBytes > 0) {
-    buffers->input.resize(inBytes);
-    memory->copyToHost(buffers->input.data(), input, inBytes);
-    in = buffers->input.data();
-  }
+  const void *in = nullptr;
+  if (CommWorkPtr error = stageInput(op, input, inBytes, buffers->input, in))
+    return error;
   void *out = output;
   void *deviceOut = nullptr;
   if (onDevice(output) && outBytes > 0) {

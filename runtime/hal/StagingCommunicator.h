@@ -66,6 +66,12 @@ private:
   /// An error work when no device memory is attached, else null.
   CommWorkPtr notAttached(const std::string &op) const;
   bool onDevice(const void *ptr) const;
+  /// Points `in` at `data`, or, for device memory, copies its `bytes` into
+  /// `staged` and points `in` there; an error work of `op` when that copy
+  /// fails, else null.
+  CommWorkPtr stageInput(const std::string &op, const void *data,
+                         size_t bytes, std::vector<char> &staged,
+                         const void *&in) const;
 
   std::unique_ptr<Communicator> host;
   Allocator *memory = nullptr;

@@ -1,7 +1,7 @@
 // The staging communicator over real Gloo ranks (one forked process each),
 // with a CPU device's allocator as the "device" memory: every operation kind
 // (uneven counts, all-to-all, send/recv, f32 and bf16), host buffers passed
-// through, and a peer that fails.
+// through, a device copy that fails, and a peer that fails.
 #include "runtime/hal/StagingCommunicator.h"
 
 #include <atomic>
@@ -30,31 +30,41 @@ float valueOf(int r, size_t i) {
   return static_cast<float>(int(r * 5 + i % 17) - 8) * 0.25f;
 }
 
-/// The CPU device's allocator, counting the staging copies.
+/// The CPU device's allocator, counting the staging copies; with
+/// `failCopies`, host copies fail as a GPU's could.
 class CountingAllocator final : public Allocator {
 public:
   explicit CountingAllocator(Allocator &inner) : inner(inner) {}
-  void *allocate(size_t bytes) override { return inner.allocate(bytes); }
+  Status allocate(size_t bytes, void *&ptr) override {
+    return inner.allocate(bytes, ptr);
+  }
   void deallocate(void *ptr, size_t bytes) override {
     inner.deallocate(ptr, bytes);
   }
-  void zero(void *ptr, size_t bytes) override { inner.zero(ptr, bytes); }
-  void copy(void *dst, const void *src, size_t bytes) override {
-    inner.copy(dst, src, bytes);
+  Status zero(void *ptr, size_t bytes) override {
+    return inner.zero(ptr, bytes);
   }
-  void copyToHost(void *host, const void *src, size_t bytes) override {
+  Status copy(void *dst, const void *src, size_t bytes) override {
+    return inner.copy(dst, src, bytes);
+  }
+  Status copyToHost(void *host, const void *src, size_t bytes) override {
     ++toHost;
-    inner.copyToHost(host, src, bytes);
+    if (failCopies)
+      return Status::error("injected device error");
+    return inner.copyToHost(host, src, bytes);
   }
-  void copyFromHost(void *dst, const void *host, size_t bytes) override {
+  Status copyFromHost(void *dst, const void *host, size_t bytes) override {
     ++fromHost;
-    inner.copyFromHost(dst, host, bytes);
+    if (failCopies)
+      return Status::error("injected device error");
+    return inner.copyFromHost(dst, host, bytes);
   }
   int64_t liveBytes() const override { return inner.liveBytes(); }
   int64_t peakBytes() const override { return inner.peakBytes(); }
 
   std::atomic<int> toHost{0};
   std::atomic<int> fromHost{0};
+  std::atomic<bool> failCopies{false};
 
 private:
   Allocator &inner;
@@ -73,16 +83,19 @@ struct Rank {
       memory->deallocate(ptr, bytes);
   }
   /// Device memory holding `values`.
+  // (The CPU allocator's copies cannot fail; allocate only when out of
+  // memory, which these few bytes never are.)
   template <class T> T *upload(const std::vector<T> &values) {
     size_t bytes = std::max<size_t>(1, values.size()) * sizeof(T);
-    void *ptr = memory->allocate(bytes);
+    void *ptr = nullptr;
+    (void)memory->allocate(bytes, ptr);
     owned.push_back({ptr, bytes});
-    memory->copyFromHost(ptr, values.data(), values.size() * sizeof(T));
+    (void)memory->copyFromHost(ptr, values.data(), values.size() * sizeof(T));
     return static_cast<T *>(ptr);
   }
   template <class T> std::vector<T> download(const T *ptr, size_t n) {
     std::vector<T> values(n);
-    memory->copyToHost(values.data(), ptr, n * sizeof(T));
+    (void)memory->copyToHost(values.data(), ptr, n * sizeof(T));
     return values;
   }
 };
@@ -249,6 +262,42 @@ TEST_CASE("staging: host buffers are passed through when told so",
   requireAllPassed(codes);
 }
 
+// A GPU's copy can fail (a CUDA error): staging the input fails the
+// operation at issue, copying the result back fails its wait, each with
+// the device's message, and no rank aborts.
+TEST_CASE("staging: a device copy that fails is the operation's error",
+          "[staging]") {
+  auto codes = runRanks(kWorld, 20s, [&](int rank, const std::string &dir) {
+    Rank r;
+    CHILD_CHECK(makeRank(rank, dir, r));
+    CHILD_OK(r.comm->connect(keys(rank)));
+    float *data = r.upload(std::vector<float>{1, 2, 3, 4});
+
+    r.memory->failCopies = true;
+    CHILD_FAILS_WITH(
+        r.comm->allReduce({"c", {0, 1, 2}}, data, 4, CommDType::F32)->wait(),
+        "rank " + std::to_string(rank) +
+            ": all-reduce over 'c[0,1,2]' failed: copying the input to the "
+            "host: injected device error");
+    r.memory->failCopies = false;
+
+    // Rank 0 sends to rank 1, whose copy back to the device fails.
+    if (rank == 0)
+      CHILD_OK(r.comm->isend("p", data, 4 * sizeof(float), 1, 7)->wait());
+    if (rank == 1) {
+      CommWorkPtr recv = r.comm->irecv("p", data, 4 * sizeof(float), 0, 7);
+      r.memory->failCopies = true;
+      CHILD_FAILS_WITH(recv->wait(), "copying the result to the device: "
+                                     "injected device error");
+      r.memory->failCopies = false;
+    }
+    double barrier[1] = {1.0};
+    CHILD_OK(r.comm->allReduceSumWorld(barrier, 1));
+    return 0;
+  });
+  requireAllPassed(codes);
+}
+
 TEST_CASE("staging: errors of the host communicator and before attach",
           "[staging]") {
   auto codes = runRanks(kWorld, 20s, [&](int rank, const std::string &dir) {
@@ -272,9 +321,11 @@ TEST_CASE("staging: errors of the host communicator and before attach",
 
     // The peer's failure comes back from wait(), and nothing is copied
     // back into the device buffer.
-    float *data = static_cast<float *>(memory.allocate(4 * sizeof(float)));
+    void *block = nullptr;
+    CHILD_OK(memory.allocate(4 * sizeof(float), block));
+    float *data = static_cast<float *>(block);
     float init[4] = {1, 2, 3, 4};
-    memory.copyFromHost(data, init, sizeof init);
+    CHILD_OK(memory.copyFromHost(data, init, sizeof init));
     int back = memory.fromHost;
     auto start = Clock::now();
     Status status =
@@ -285,11 +336,13 @@ TEST_CASE("staging: errors of the host communicator and before attach",
     std::fprintf(stderr, "(expected) %s\n", status.message().c_str());
     CHILD_CHECK(memory.fromHost == back);
     float after[4];
-    memory.copyToHost(after, data, sizeof after);
+    CHILD_OK(memory.copyToHost(after, data, sizeof after));
     CHILD_CHECK(std::memcmp(after, init, sizeof init) == 0);
     if (rank == 0) {
       std::vector<char> buf(16);
-      char *dbuf = static_cast<char *>(memory.allocate(16));
+      void *dblock = nullptr;
+      CHILD_OK(memory.allocate(16, dblock));
+      char *dbuf = static_cast<char *>(dblock);
       CHILD_FAILS_WITH(comm.irecv("p", dbuf, 16, 2, 1)->wait(),
                        "rank 0: recv from rank 2 on stream 'p' failed");
       CHILD_FAILS_WITH(comm.irecv("p", dbuf, 16, 0, 1)->wait(),

@@ -1,8 +1,10 @@
 // PIPER_FAULT, the fault injection of the tests (declared in Watchdog.h):
-// crash, stall or hang a rank at a step and instruction.
+// crash, stall or hang a rank at a step and instruction, or fail its
+// device's next operation.
 #include "runtime/launch/Watchdog.h"
 
 #include "proto/PlanGroups.h"
+#include "runtime/hal/gpu/host/EmulatedDevice.h"
 
 #include <cerrno>
 #include <chrono>
@@ -21,7 +23,8 @@ using plan::Instruction;
 
 namespace {
 constexpr const char *kFaultSyntax =
-    "expected rank=R,action=crash|stall|hang_comm|hang_inside[,step=S]"
+    "expected rank=R,action=crash|stall|hang_comm|hang_inside|device_error"
+    "[,step=S]"
     "[,stream=NAME]"
     "[,inst=I][,attempt=A]";
 
@@ -88,6 +91,8 @@ Status parseFault(const std::string &text, FaultSpec &fault) {
         fault.action = FaultSpec::kHangComm;
       else if (value == "hang_inside")
         fault.action = FaultSpec::kHangInside;
+      else if (value == "device_error")
+        fault.action = FaultSpec::kDeviceError;
       else
         return bad(fmt::format("unknown action '{}'", value));
       haveAction = true;
@@ -111,9 +116,16 @@ Status faultFromEnv(FaultSpec &fault, bool &set) {
 }
 
 Status applyFault(const FaultSpec &fault, const plan::Plan &plan, int rank,
-                  ExecutorOptions &options) {
+                  const std::string &backend, ExecutorOptions &options) {
   if (fault.rank != rank)
     return Status::ok();
+  // Only the emulated GPU can be told to fail (a real device fails by
+  // itself; the CPU backend's memory cannot).
+  if (fault.action == FaultSpec::kDeviceError && backend != "cuda-emulation")
+    return Status::error(fmt::format(
+        "PIPER_FAULT: device_error needs --backend cuda-emulation (rank {} "
+        "runs on '{}')",
+        rank, backend));
   int s = 0;
   if (!fault.stream.empty()) {
     s = -1;
@@ -156,18 +168,24 @@ Status applyFault(const FaultSpec &fault, const plan::Plan &plan, int rank,
       inst.label());
   FaultSpec::Action action = fault.action;
   options.onFault = [rank, where, action] {
-    const char *what = action == FaultSpec::kCrash   ? "crashing (SIGKILL)"
-                       : action == FaultSpec::kStall ? "stalling (SIGSTOP)"
-                       : action == FaultSpec::kHangComm
-                           ? "hanging (hang_comm)"
-                           : "hanging inside (hang_inside)";
+    const char *what =
+        action == FaultSpec::kCrash      ? "crashing (SIGKILL)"
+        : action == FaultSpec::kStall    ? "stalling (SIGSTOP)"
+        : action == FaultSpec::kHangComm ? "hanging (hang_comm)"
+        : action == FaultSpec::kHangInside
+            ? "hanging inside (hang_inside)"
+            : "failing the device's next operation (device_error)";
     std::fprintf(stderr, "piper-run: rank %d: PIPER_FAULT: %s at %s\n", rank,
                  what, where.c_str());
     std::fflush(stderr);
     // The heartbeat shows exactly where the fault acts (a real failure
     // leaves a position up to one poll old).
     Watchdog::publishActive();
-    if (action == FaultSpec::kCrash)
+    if (action == FaultSpec::kDeviceError)
+      // The instruction runs on and meets the error, which takes the path
+      // of any device error: the stream's failure, the watchdog's verdict.
+      hal::injectEmulatedDeviceError();
+    else if (action == FaultSpec::kCrash)
       ::raise(SIGKILL);
     else if (action == FaultSpec::kStall)
       ::raise(SIGSTOP);

@@ -375,7 +375,8 @@ static int runRankLogged(const RunOptions &options, const RankEnv &env,
     exitRank(status.message());
   };
   if (faulty)
-    check(applyFault(fault, plan, rank, eo), /*named=*/false);
+    check(applyFault(fault, plan, rank, options.backend, eo),
+          /*named=*/false);
   eo.profile = options.profile || profileFromEnv();
   eo.traceStep = tracedStep;
   // Reports of every rank go to its log with --log-dir; otherwise rank 0
@@ -419,7 +420,7 @@ static int runRankLogged(const RunOptions &options, const RankEnv &env,
   check(shareRunId(comm.get(), rank, runId), /*named=*/false);
   exec->setRunId(runId);
   if (snapshots)
-    snapshots->take(*exec, loadedStep);
+    check(snapshots->take(*exec, loadedStep), /*named=*/false);
   if (env.worldSize > 1) {
     watchdog = std::make_unique<Watchdog>(
         rank, env.worldSize,
@@ -506,7 +507,7 @@ static int runRankLogged(const RunOptions &options, const RankEnv &env,
     double seconds =
         std::chrono::duration<double>(Clock::now() - start).count();
     if (snapshots)
-      snapshots->take(*exec, step);
+      check(snapshots->take(*exec, step), /*named=*/false);
     if (options.checkpointEvery > 0 && step % options.checkpointEvery == 0) {
       CheckpointStats stats;
       check(writeStepCheckpoint(options.checkpointDir, options.keepCheckpoints,

@@ -65,7 +65,7 @@ bool readPromotion(int fd, std::vector<std::string> &vars) {
 
 // --- snapshots ------------------------------------------------------------------
 
-void StepSnapshots::take(const Executor &exec, int64_t step) {
+Status StepSnapshots::take(const Executor &exec, int64_t step) {
   std::lock_guard<std::mutex> lock(mu);
   if (specs.empty())
     specs = exec.paramSpecs();
@@ -74,11 +74,16 @@ void StepSnapshots::take(const Executor &exec, int64_t step) {
   slot.tensors.resize(specs.size() * 3);
   for (size_t p = 0; p < specs.size(); ++p)
     for (int k = 0; k < 3; ++k) {
-      exec.stateToHost(static_cast<int>(p), kSnapshotKinds[k],
-                       slot.tensors[p * 3 + k]);
+      Status copied = exec.stateToHost(static_cast<int>(p), kSnapshotKinds[k],
+                                       slot.tensors[p * 3 + k]);
+      if (!copied) {
+        slot.step = -1; // half overwritten: never written out
+        return copied;
+      }
     }
   slot.step = step;
   newest = 1 - newest;
+  return Status::ok();
 }
 
 Status StepSnapshots::write(const std::string &dir) const {

@@ -47,8 +47,8 @@ inline constexpr const char *kHandoffCompleteFile = "complete";
 class StepSnapshots {
 public:
   /// Copies `exec`'s state after `step` (the step boundary) over the older
-  /// of the two held.
-  void take(const Executor &exec, int64_t step);
+  /// of the two held (dropped when a device copy fails).
+  Status take(const Executor &exec, int64_t step);
   /// Writes every held step to `dir`/step-<S>/ as checkpoint files, the
   /// marker last.
   Status write(const std::string &dir) const;

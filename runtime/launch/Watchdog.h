@@ -62,13 +62,15 @@ std::string encodeAbort(const Abort &abort);
 bool decodeAbort(const std::string &text, Abort &abort);
 
 /// PIPER_FAULT="rank=R,step=S,stream=NAME,inst=I,action=crash|stall|hang_comm
-/// |hang_inside,attempt=A" (docs/operations.md). hang_comm blocks just
-/// before a communication (the rank never arrives); hang_inside just after
-/// it began (as a rank whose transport died inside a collective). step defaults to 1, inst to 0, stream
-/// to the plan's first stream; attempt (the launch PIPER_ATTEMPT numbers,
-/// from 0, under --max-restarts) to every attempt.
+/// |hang_inside|device_error,attempt=A" (docs/operations.md). hang_comm
+/// blocks just before a communication (the rank never arrives); hang_inside
+/// just after it began (as a rank whose transport died inside a
+/// collective); device_error makes the device's next operation fail, as a
+/// CUDA call can (--backend cuda-emulation only). step defaults to 1, inst
+/// to 0, stream to the plan's first stream; attempt (the launch
+/// PIPER_ATTEMPT numbers, from 0, under --max-restarts) to every attempt.
 struct FaultSpec {
-  enum Action { kCrash, kStall, kHangComm, kHangInside };
+  enum Action { kCrash, kStall, kHangComm, kHangInside, kDeviceError };
   int rank = -1;
   int64_t step = 1;
   std::string stream;
@@ -80,11 +82,12 @@ struct FaultSpec {
 Status parseFault(const std::string &text, FaultSpec &fault);
 /// Reads PIPER_FAULT; `set` is false when it is unset or empty.
 Status faultFromEnv(FaultSpec &fault, bool &set);
-/// Fills `options`' fault fields for this rank's `plan` (nothing when the
-/// fault is another rank's); errors name a stream or instruction the plan
-/// lacks, or a hang on an instruction that does not communicate.
+/// Fills `options`' fault fields for this rank's `plan` on `backend` (its
+/// --backend; nothing when the fault is another rank's); errors name a
+/// stream or instruction the plan lacks, a hang on an instruction that does
+/// not communicate, or a device_error on a backend that cannot inject one.
 Status applyFault(const FaultSpec &fault, const plan::Plan &plan, int rank,
-                  ExecutorOptions &options);
+                  const std::string &backend, ExecutorOptions &options);
 
 /// The ranks (other than this one) that instruction `inst` of this rank's
 /// plan waits on: a RECV's peer, a collective's group; a SEND waits on

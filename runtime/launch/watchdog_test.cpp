@@ -1,8 +1,9 @@
 // The watchdog end to end: a 2-stage pipeline (ranks 0 and 1) where rank 1
 // crashes, stalls or hangs in a communication (PIPER_FAULT), or is killed
-// (SIGKILL) or stopped (SIGSTOP) from outside. Every rank must stop within
-// --timeout-s + 5 s, the failed rank must be named, and every rank's last
-// plan position printed with its label. Also PIPER_FAULT's errors.
+// (SIGKILL) or stopped (SIGSTOP) from outside, or its (emulated) GPU fails
+// an operation. Every rank must stop within --timeout-s + 5 s, the failed
+// rank must be named, and every rank's last plan position printed with its
+// label. Also PIPER_FAULT's errors.
 #include <dirent.h>
 
 #include "runtime/launch/Watchdog.h"
@@ -172,6 +173,8 @@ TEST_CASE("PIPER_FAULT syntax", "[watchdog]") {
   CHECK(f.attempt == 0);
   REQUIRE(parseFault("rank=1,action=hang_inside,inst=3", f));
   CHECK(f.action == FaultSpec::kHangInside);
+  REQUIRE(parseFault("rank=1,action=device_error,step=2,inst=2", f));
+  CHECK(f.action == FaultSpec::kDeviceError);
   for (const char *bad :
        {"", "rank=1", "action=crash", "rank=x,action=crash",
         "rank=1,action=explode", "rank=1,action=crash,step=0",
@@ -215,6 +218,12 @@ TEST_CASE("piper-run refuses a bad PIPER_FAULT before starting ranks",
   CHECK(r.err.find("hang_inside needs a communication instruction; "
                    "instruction 2 of stream 'main' on rank 1 is CALL 'F PP=1 "
                    "MB=0'") != std::string::npos);
+  // Only the emulated GPU can be told to fail.
+  r = piperRun({out, "--nproc", "2"},
+               {"PIPER_FAULT=rank=1,inst=2,action=device_error"});
+  CHECK(r.exitCode() == 1);
+  CHECK(r.err.find("PIPER_FAULT: device_error needs --backend cuda-emulation "
+                   "(rank 1 runs on 'cpu')") != std::string::npos);
 }
 
 TEST_CASE("watchdog: PIPER_FAULT crash", "[watchdog]") {
@@ -253,6 +262,36 @@ TEST_CASE("watchdog: PIPER_FAULT hang_comm", "[watchdog]") {
   CHECK(err.find("stream 'main' instruction 6 RECV 'recv dx MB=0': from "
                  "rank 1") != std::string::npos);
   CHECK(l.faultToEnd > kTimeoutS - 1.5);
+}
+
+// A GPU's error (here the emulated GPU's, told to fail its next operation)
+// is no crash: it comes back as a Status through the executor, so the rank
+// fails with a message naming its stream, instruction, segment and the
+// operation, its watchdog publishes that as the verdict, and rank 0 stops
+// because rank 1 failed.
+TEST_CASE("watchdog: a device error on rank 1 is its named failure",
+          "[watchdog]") {
+  Launch l = runPipeline(pipeline(),
+                         {"PIPER_FAULT=rank=1,step=2,inst=2,action=device_error"},
+                         0, {"--backend", "cuda-emulation"});
+  const std::string &err = l.result.err;
+  CHECK(err.find("PIPER_FAULT: failing the device's next operation "
+                 "(device_error) at step 2, stream 'main', instruction 2 "
+                 "(CALL 'F PP=1 MB=0')") != std::string::npos);
+  checkReport(l, "exit code 1");
+  // What failed, where: the rank's own error and both watchdogs' verdicts.
+  const std::string failure =
+      R"(rank 1, stream 'main', instruction 2 \(F PP=1 MB=0\): segment )"
+      R"('fwd1', kernel 0: zeroing value 2: zeroing \d+ bytes: emulated )"
+      R"(device error \(PIPER_FAULT action=device_error\))";
+  CHECK(std::regex_search(err, std::regex("piper-run: rank 1: watchdog: "
+                                          "rank 1 failed: " +
+                                          failure)));
+  CHECK(std::regex_search(err, std::regex("piper-run: rank 0: watchdog: "
+                                          "rank 1 failed: " +
+                                          failure)));
+  CHECK(std::regex_search(err, std::regex("\npiper-run: " + failure)));
+  CHECK(err.find("CUDA error") == std::string::npos);
 }
 
 TEST_CASE("watchdog: a rank killed with SIGKILL", "[watchdog]") {

@@ -1,6 +1,7 @@
 // The CPU backend of the HAL (see CpuDevice.h).
 #include "runtime/hal/cpu/CpuDevice.h"
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
@@ -31,7 +32,7 @@ public:
         std::free(block);
   }
 
-  void *allocate(size_t bytes) override {
+  Status allocate(size_t bytes, void *&ptr) override {
     size_t size = blockSize(bytes);
     void *block = nullptr;
     {
@@ -45,9 +46,12 @@ public:
     }
     if (!block)
       block = std::aligned_alloc(64, size);
-    if (block)
-      add(static_cast<int64_t>(bytes));
-    return block;
+    ptr = block;
+    if (!block)
+      return Status::error("out of memory: cannot allocate " +
+                           std::to_string(bytes) + " bytes");
+    add(static_cast<int64_t>(bytes));
+    return Status::ok();
   }
 
   void deallocate(void *ptr, size_t bytes) override {
@@ -68,17 +72,21 @@ public:
     std::free(ptr);
   }
 
-  void zero(void *ptr, size_t bytes) override {
+  Status zero(void *ptr, size_t bytes) override {
     zeroBytes(ptr, static_cast<int64_t>(bytes));
+    return Status::ok();
   }
-  void copy(void *dst, const void *src, size_t bytes) override {
+  Status copy(void *dst, const void *src, size_t bytes) override {
     std::memcpy(dst, src, bytes);
+    return Status::ok();
   }
-  void copyToHost(void *host, const void *src, size_t bytes) override {
+  Status copyToHost(void *host, const void *src, size_t bytes) override {
     std::memcpy(host, src, bytes);
+    return Status::ok();
   }
-  void copyFromHost(void *dst, const void *host, size_t bytes) override {
+  Status copyFromHost(void *dst, const void *host, size_t bytes) override {
     std::memcpy(dst, host, bytes);
+    return Status::ok();
   }
   int64_t liveBytes() const override { return live.load(); }
   int64_t peakBytes() const override { return peak.load(); }
@@ -107,7 +115,7 @@ private:
 /// only when someone waits.
 class CpuEvent final : public Event {
 public:
-  void signal(uint64_t v) override {
+  Status signal(uint64_t v) override {
     uint64_t seen = current.load();
     while (seen < v && !current.compare_exchange_weak(seen, v)) {
     }
@@ -115,17 +123,20 @@ public:
       { std::lock_guard<std::mutex> lock(mu); }
       cv.notify_all();
     }
+    return Status::ok();
   }
-  bool wait(uint64_t v, const std::atomic<bool> &abort) override {
+  Status wait(uint64_t v, const std::atomic<bool> &abort) override {
     if (current.load() >= v)
-      return true;
+      return Status::ok();
     waiters.fetch_add(1);
     {
       std::unique_lock<std::mutex> lock(mu);
       cv.wait(lock, [&] { return current.load() >= v || abort.load(); });
     }
     waiters.fetch_sub(1);
-    return current.load() >= v;
+    if (current.load() >= v)
+      return Status::ok();
+    return abortedWait(v);
   }
   void wake() override {
     { std::lock_guard<std::mutex> lock(mu); }
@@ -140,6 +151,29 @@ private:
   std::condition_variable cv;
 };
 
+/// Slots in host memory, measured at once in the CPU kernels' order
+/// (runtime::sumOfSquares: per-chunk partials added in chunk order).
+class CpuSquareSums final : public SquareSums {
+public:
+  explicit CpuSquareSums(int slots) : slots(static_cast<size_t>(slots), 0.0) {}
+  Status measure(const std::vector<SquaresSpan> &spans) override {
+    PIPER_RETURN_IF_ERROR(checkSquaresSlots(spans, 0, size()));
+    for (const SquaresSpan &span : spans)
+      slots[static_cast<size_t>(span.slot)] =
+          runtime::sumOfSquares(span.data, span.n);
+    return Status::ok();
+  }
+  Status read(double *out, int count) override {
+    PIPER_RETURN_IF_ERROR(checkSquaresSlots({}, count, size()));
+    std::copy(slots.begin(), slots.begin() + count, out);
+    return Status::ok();
+  }
+
+private:
+  int size() const { return static_cast<int>(slots.size()); }
+  std::vector<double> slots;
+};
+
 /// One persistent worker thread running its queue in order.
 class CpuStream final : public Stream {
 public:
@@ -149,7 +183,10 @@ public:
   void enqueue(std::function<void()> work) override {
     worker.enqueue(std::move(work));
   }
-  void synchronize() override { worker.synchronize(); }
+  Status synchronize() override {
+    worker.synchronize();
+    return Status::ok();
+  }
 
 private:
   std::string streamName;
@@ -161,11 +198,14 @@ public:
   explicit CpuDevice(Communicator *comm) : comm(comm) {}
   std::string name() const override { return "cpu"; }
   Allocator &allocator() override { return memory; }
-  std::unique_ptr<Stream> createStream(const std::string &name) override {
-    return std::make_unique<CpuStream>(name);
+  Status createStream(const std::string &name,
+                      std::unique_ptr<Stream> &stream) override {
+    stream = std::make_unique<CpuStream>(name);
+    return Status::ok();
   }
-  std::unique_ptr<Event> createEvent() override {
-    return std::make_unique<CpuEvent>();
+  Status createEvent(std::unique_ptr<Event> &event) override {
+    event = std::make_unique<CpuEvent>();
+    return Status::ok();
   }
   const KernelInfo *findKernel(const std::string &name) const override {
     return runtime::findKernel(name);
@@ -179,23 +219,35 @@ public:
                    KernelContext &ctx) override {
     return runtime::runKernel(info, kernel, inputs, outputs, ctx);
   }
-  double sumOfSquares(const float *x, int64_t n) override {
-    return runtime::sumOfSquares(x, n);
+  // Host memory: nothing here can fail.
+  Status createSquareSums(int slots,
+                          std::unique_ptr<SquareSums> &sums) override {
+    sums = std::make_unique<CpuSquareSums>(slots);
+    return Status::ok();
   }
-  void scale(float *x, float s, int64_t n) override { scaleFloats(x, s, n); }
-  void add(float *dst, const float *src, int64_t n) override {
+  Status scale(float *x, float s, int64_t n) override {
+    scaleFloats(x, s, n);
+    return Status::ok();
+  }
+  Status add(float *dst, const float *src, int64_t n) override {
     for (int64_t i = 0; i < n; ++i)
       dst[i] += src[i];
+    return Status::ok();
   }
-  void packBf16(uint16_t *dst, const float *src, int64_t n) override {
+  Status packBf16(uint16_t *dst, const float *src, int64_t n) override {
     for (int64_t i = 0; i < n; ++i)
       dst[i] = floatToBf16(src[i]);
+    return Status::ok();
   }
-  void unpackBf16(float *dst, const uint16_t *src, int64_t n) override {
+  Status unpackBf16(float *dst, const uint16_t *src, int64_t n) override {
     for (int64_t i = 0; i < n; ++i)
       dst[i] = bf16ToFloat(src[i]);
+    return Status::ok();
   }
-  void roundBf16(float *x, int64_t n) override { roundToBf16(x, n); }
+  Status roundBf16(float *x, int64_t n) override {
+    roundToBf16(x, n);
+    return Status::ok();
+  }
   Communicator *communicator() override { return comm; }
 
 private:

@@ -7,9 +7,11 @@
 #include <dlfcn.h>
 
 #include <atomic>
+#include <cstdint>
 #include <cstdlib>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fmt/core.h"
@@ -184,6 +186,12 @@ void CUDART_CB addLoss(void *data) {
 
 } // namespace
 
+uint32_t matrixAlignment(const void *ptr, int64_t ld, size_t elementBytes) {
+  uint64_t bits = reinterpret_cast<uintptr_t>(ptr) |
+                  static_cast<uint64_t>(ld) * elementBytes | 256;
+  return static_cast<uint32_t>(bits & (~bits + 1)); // the lowest set bit
+}
+
 Status loadCublasLt() {
   static std::once_flag once;
   static Status status;
@@ -224,6 +232,7 @@ gpu::Context CudaKernelResources::context(cudaStream_t stream, bool bf16) {
 namespace gpu {
 
 Status launchStatus(int error, const char *kernel) {
+  noteKernelLaunch(kernel);
   if (error == 0)
     return Status::ok();
   auto e = static_cast<cudaError_t>(error);
@@ -342,6 +351,25 @@ Status gemmColMajor(const Context &ctx, const ColMajorGemm &g) {
     PIPER_CUBLAS_RETURN_IF_ERROR(lt.cublasLtMatmulPreferenceSetAttribute(
         pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspaceBytes,
         sizeof(workspaceBytes)));
+    // The heuristic assumes 256-byte-aligned operands unless told (gpu-review
+    // A.4): arena tensors are 64-byte aligned, MoE expert slices 4-byte.
+    // Tell it each operand's real alignment, so that it picks an algorithm
+    // that can run on them.
+    const size_t operandBytes = ctx.bf16 ? 2 : 4;
+    const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t>
+        alignments[] = {
+            {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+             matrixAlignment(a, g.lda, operandBytes)},
+            {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+             matrixAlignment(b, g.ldb, operandBytes)},
+            {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+             matrixAlignment(g.c, g.ldc, 4)},
+            {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+             matrixAlignment(g.c, g.ldc, 4)},
+        };
+    for (const auto &[attribute, bytes] : alignments)
+      PIPER_CUBLAS_RETURN_IF_ERROR(lt.cublasLtMatmulPreferenceSetAttribute(
+          pref, attribute, &bytes, sizeof(bytes)));
     cublasLtMatmulHeuristicResult_t heuristic{};
     int found = 0;
     PIPER_CUBLAS_RETURN_IF_ERROR(lt.cublasLtMatmulAlgoGetHeuristic(
@@ -350,6 +378,7 @@ Status gemmColMajor(const Context &ctx, const ColMajorGemm &g) {
       return Status::error(fmt::format(
           "gemm: cuBLASLt has no algorithm for m={} n={} k={} ({})", g.m, g.n,
           g.k, ctx.bf16 ? "bf16" : "fp32"));
+    noteKernelLaunch("gemm (cublasLtMatmul)");
     PIPER_CUBLAS_RETURN_IF_ERROR(lt.cublasLtMatmul(
         blas->handle, desc, &g.alpha, a, la, b, lb, &g.beta, g.c, lc, g.c, lc,
         &heuristic.algo, scratch, kCublasWorkspace, ctx.stream));

@@ -11,7 +11,9 @@
 // asynchronously; synchronize() drains the host queue, then the CUDA
 // stream. Work issued from any other thread (the executor's loading,
 // checkpoints) runs on the device's own host stream and is complete when
-// the call returns, as on the CPU.
+// the call returns, as on the CPU. Each stream is bound by name to the
+// device's communicator (Communicator::bindDeviceStream): NCCL issues the
+// stream's communication on its CUDA stream, passed explicitly.
 //
 // Events. signal(v) on a stream records a CUDA event on that stream, then
 // publishes v to host waiters; wait(v) on a stream blocks the host thread
@@ -21,13 +23,17 @@
 // later record, never for less. The executor signals value t once in step
 // t and synchronizes every stream at the end of a step, so that later
 // record never depends on the waiter.
+//
+// Errors. Every method that can fail returns a Status naming the CUDA call,
+// its error and where it was made (cudaErrorMessage); nothing here ends the
+// process: a CUDA error becomes the failure of the stream that met it, which
+// the executor reports as the rank's failure (and the watchdog names).
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <condition_variable>
-#include <cstdio>
-#include <cstdlib>
 #include <deque>
 #include <memory>
 #include <mutex>
@@ -49,12 +55,32 @@ std::string cudaErrorMessage(cudaError_t error, const char *call,
                      cudaGetErrorString(error), file, line);
 }
 
-void cudaFatal(cudaError_t error, const char *call, const char *file,
-               int line) {
-  std::fprintf(stderr, "piper-run: CUDA error: %s\n",
-               cudaErrorMessage(error, call, file, line).c_str());
-  std::fflush(stderr);
-  std::_Exit(1);
+bool isAsynchronousKernelError(cudaError_t error) {
+  switch (error) {
+  case cudaErrorIllegalAddress:
+  case cudaErrorLaunchTimeout:
+  case cudaErrorAssert:
+  case cudaErrorHardwareStackError:
+  case cudaErrorIllegalInstruction:
+  case cudaErrorMisalignedAddress:
+  case cudaErrorInvalidAddressSpace:
+  case cudaErrorInvalidPc:
+  case cudaErrorLaunchFailure:
+    return true;
+  default:
+    return false;
+  }
+}
+
+Status cudaCallError(cudaError_t error, const char *call, const char *file,
+                     int line, const char *lastKernel) {
+  std::string message = cudaErrorMessage(error, call, file, line);
+  if (lastKernel && isAsynchronousKernelError(error))
+    message += fmt::format("; the last kernel launched on this stream was "
+                           "'{}' (CUDA_LAUNCH_BLOCKING=1 names the one that "
+                           "faulted)",
+                           lastKernel);
+  return Status::error(message);
 }
 
 namespace {
@@ -64,6 +90,10 @@ namespace {
 thread_local cudaStream_t currentStream = nullptr;
 /// The GPU kernels' resources of that Stream.
 thread_local CudaKernelResources *currentResources = nullptr;
+/// The last kernel launched from this thread, and on a Stream's worker
+/// that Stream's copy of it (read by synchronize() on another thread).
+thread_local const char *threadLastKernel = nullptr;
+thread_local std::atomic<const char *> *streamLastKernel = nullptr;
 
 /// The device memory: plain cudaMalloc per allocation (the executor makes
 /// exactly one, the plan's arena), never managed memory.
@@ -72,51 +102,56 @@ public:
   CudaAllocator(int ordinal, cudaStream_t hostStream)
       : ordinal(ordinal), hostStream(hostStream) {}
 
-  void *allocate(size_t bytes) override {
-    void *ptr = nullptr;
-    PIPER_CUDA_CHECK(cudaSetDevice(ordinal));
+  Status allocate(size_t bytes, void *&ptr) override {
+    ptr = nullptr;
+    PIPER_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal));
     cudaError_t err = cudaMalloc(&ptr, bytes == 0 ? 1 : bytes);
-    if (err == cudaErrorMemoryAllocation) {
-      (void)cudaGetLastError(); // clear it: the caller reports null
-      return nullptr;
+    if (err != cudaSuccess) {
+      ptr = nullptr;
+      (void)cudaGetLastError(); // out of memory is not sticky: clear it
+      return Status::error(cudaErrorMessage(
+          err, fmt::format("cudaMalloc(&ptr, {} bytes)", bytes).c_str(),
+          __FILE__, __LINE__));
     }
-    if (err != cudaSuccess)
-      cudaFatal(err, "cudaMalloc(&ptr, bytes)", __FILE__, __LINE__);
     int64_t now = live.fetch_add(static_cast<int64_t>(bytes)) +
                   static_cast<int64_t>(bytes);
     int64_t seen = peak.load();
     while (now > seen && !peak.compare_exchange_weak(seen, now)) {
     }
-    return ptr; // 256-byte aligned
+    return Status::ok(); // 256-byte aligned
   }
   void deallocate(void *ptr, size_t bytes) override {
     if (!ptr)
       return;
-    PIPER_CUDA_CHECK(cudaFree(ptr));
+    // An error here is a sticky one, which the call that met it first has
+    // reported (see Allocator::deallocate).
+    (void)cudaFree(ptr);
     live.fetch_sub(static_cast<int64_t>(bytes));
   }
-  void zero(void *ptr, size_t bytes) override {
-    PIPER_CUDA_CHECK(cudaMemsetAsync(ptr, 0, bytes, stream()));
-    finishIfHost();
+  Status zero(void *ptr, size_t bytes) override {
+    PIPER_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(ptr, 0, bytes, stream()));
+    return finishIfHost();
   }
-  void copy(void *dst, const void *src, size_t bytes) override {
-    PIPER_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes,
-                                     cudaMemcpyDeviceToDevice, stream()));
-    finishIfHost();
+  Status copy(void *dst, const void *src, size_t bytes) override {
+    PIPER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
+        dst, src, bytes, cudaMemcpyDeviceToDevice, stream()));
+    return finishIfHost();
   }
   // Host memory is readable (or reusable) when these return: both wait for
   // their copy, on the calling stream.
-  void copyToHost(void *host, const void *src, size_t bytes) override {
+  Status copyToHost(void *host, const void *src, size_t bytes) override {
     // cudaMemcpyDefault: callers (the staging communicator) may pass host
     // memory as `src` too.
-    PIPER_CUDA_CHECK(
+    PIPER_CUDA_RETURN_IF_ERROR(
         cudaMemcpyAsync(host, src, bytes, cudaMemcpyDefault, stream()));
-    PIPER_CUDA_CHECK(cudaStreamSynchronize(stream()));
+    PIPER_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream()));
+    return Status::ok();
   }
-  void copyFromHost(void *dst, const void *host, size_t bytes) override {
-    PIPER_CUDA_CHECK(
+  Status copyFromHost(void *dst, const void *host, size_t bytes) override {
+    PIPER_CUDA_RETURN_IF_ERROR(
         cudaMemcpyAsync(dst, host, bytes, cudaMemcpyDefault, stream()));
-    PIPER_CUDA_CHECK(cudaStreamSynchronize(stream()));
+    PIPER_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream()));
+    return Status::ok();
   }
   int64_t liveBytes() const override { return live.load(); }
   int64_t peakBytes() const override { return peak.load(); }
@@ -126,9 +161,10 @@ private:
     return currentStream ? currentStream : hostStream;
   }
   // Outside a stream's worker, device work is complete on return.
-  void finishIfHost() const {
+  Status finishIfHost() const {
     if (!currentStream)
-      PIPER_CUDA_CHECK(cudaStreamSynchronize(hostStream));
+      PIPER_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(hostStream));
+    return Status::ok();
   }
 
   int ordinal;
@@ -139,37 +175,45 @@ private:
 
 class CudaEvent final : public Event {
 public:
-  explicit CudaEvent(int ordinal) {
-    PIPER_CUDA_CHECK(cudaSetDevice(ordinal));
-    PIPER_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+  static Status create(int ordinal, std::unique_ptr<Event> &out) {
+    PIPER_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal));
+    cudaEvent_t event = nullptr;
+    PIPER_CUDA_RETURN_IF_ERROR(
+        cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+    out.reset(new CudaEvent(event));
+    return Status::ok();
   }
   ~CudaEvent() override { cudaEventDestroy(event); }
 
-  void signal(uint64_t v) override {
+  Status signal(uint64_t v) override {
     {
       std::lock_guard<std::mutex> lock(mu);
+      // Not published when the record fails: the stream fails, and the
+      // executor's abort then wakes the waiters.
       if (currentStream)
-        PIPER_CUDA_CHECK(cudaEventRecord(event, currentStream));
+        PIPER_CUDA_RETURN_IF_ERROR(cudaEventRecord(event, currentStream));
       onDevice = currentStream != nullptr;
       if (current.load() < v)
         current.store(v);
     }
     cv.notify_all();
+    return Status::ok();
   }
-  bool wait(uint64_t v, const std::atomic<bool> &abort) override {
+  Status wait(uint64_t v, const std::atomic<bool> &abort) override {
     std::unique_lock<std::mutex> lock(mu);
     cv.wait(lock, [&] { return current.load() >= v || abort.load(); });
     if (current.load() < v)
-      return false;
+      return abortedWait(v);
     // The latest record is at or after the one for v in the signaling
     // stream's order. A signal from a host thread means its work was done.
     if (onDevice) {
       if (currentStream)
-        PIPER_CUDA_CHECK(cudaStreamWaitEvent(currentStream, event, 0));
+        PIPER_CUDA_RETURN_IF_ERROR(
+            cudaStreamWaitEvent(currentStream, event, 0));
       else
-        PIPER_CUDA_CHECK(cudaEventSynchronize(event));
+        PIPER_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(event));
     }
-    return true;
+    return Status::ok();
   }
   void wake() override {
     { std::lock_guard<std::mutex> lock(mu); }
@@ -178,6 +222,8 @@ public:
   uint64_t value() const override { return current.load(); }
 
 private:
+  explicit CudaEvent(cudaEvent_t event) : event(event) {}
+
   cudaEvent_t event = nullptr;
   bool onDevice = false; // whether the latest signal recorded `event`
   std::atomic<uint64_t> current{0};
@@ -185,24 +231,24 @@ private:
   std::condition_variable cv;
 };
 
-/// A host worker thread owning a non-blocking CUDA stream.
+/// A host worker thread owning a non-blocking CUDA stream, bound by name
+/// to the device's communicator (NCCL issues the stream's operations on
+/// it).
 class CudaStream final : public Stream {
 public:
-  CudaStream(std::string name, int ordinal)
-      : streamName(std::move(name)), ordinal(ordinal) {
-    PIPER_CUDA_CHECK(cudaSetDevice(ordinal));
-    PIPER_CUDA_CHECK(cudaStreamCreateWithFlags(&cuda, cudaStreamNonBlocking));
-    // The worker issues this stream's device work: its thread selects the
-    // GPU and makes `cuda` the stream kernels and copies run on.
-    resources = std::make_unique<CudaKernelResources>(ordinal);
-    worker = std::make_unique<HostWorker>([this] {
-      PIPER_CUDA_CHECK(cudaSetDevice(this->ordinal));
-      currentStream = cuda;
-      currentResources = resources.get();
-    });
+  static Status create(std::string name, int ordinal, Communicator *comm,
+                       std::unique_ptr<Stream> &out) {
+    PIPER_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal));
+    cudaStream_t cuda = nullptr;
+    PIPER_CUDA_RETURN_IF_ERROR(
+        cudaStreamCreateWithFlags(&cuda, cudaStreamNonBlocking));
+    out.reset(new CudaStream(std::move(name), ordinal, cuda, comm));
+    return Status::ok();
   }
   ~CudaStream() override {
     worker.reset(); // runs the queued work, then stops the thread
+    if (comm)
+      comm->unbindDeviceStream(streamName, cuda);
     cudaStreamSynchronize(cuda);
     cudaStreamDestroy(cuda);
   }
@@ -213,28 +259,50 @@ public:
     worker->enqueue(std::move(work));
   }
 
-  void synchronize() override {
+  Status synchronize() override {
     worker->synchronize();
-    PIPER_CUDA_CHECK(cudaStreamSynchronize(cuda));
+    auto started = static_cast<cudaError_t>(startError.load());
+    if (started != cudaSuccess)
+      return Status::error(
+          cudaErrorMessage(started, "cudaSetDevice(ordinal) on the worker",
+                           __FILE__, __LINE__));
+    // A kernel that faulted after its launch returned shows here: name the
+    // stream's last kernel, the likely culprit (gpu-review A.5).
+    cudaError_t err = cudaStreamSynchronize(cuda);
+    if (err != cudaSuccess)
+      return cudaCallError(err, "cudaStreamSynchronize(stream)", __FILE__,
+                           __LINE__, lastKernel.load());
+    return Status::ok();
   }
 
 private:
+  CudaStream(std::string name, int ordinal, cudaStream_t cuda,
+             Communicator *comm)
+      : streamName(std::move(name)), ordinal(ordinal), cuda(cuda),
+        comm(comm) {
+    if (comm)
+      comm->bindDeviceStream(streamName, cuda);
+    // The worker issues this stream's device work: its thread selects the
+    // GPU and makes `cuda` the stream kernels and copies run on. Should the
+    // selection fail, synchronize() says so.
+    resources = std::make_unique<CudaKernelResources>(ordinal);
+    worker = std::make_unique<HostWorker>([this] {
+      startError.store(static_cast<int>(cudaSetDevice(this->ordinal)));
+      currentStream = this->cuda;
+      currentResources = resources.get();
+      streamLastKernel = &this->lastKernel;
+    });
+  }
+
   std::string streamName;
   int ordinal;
   cudaStream_t cuda = nullptr;
+  Communicator *comm; // not owned; outlives the stream
+  std::atomic<int> startError{cudaSuccess};
+  std::atomic<const char *> lastKernel{nullptr};
   std::unique_ptr<CudaKernelResources> resources;
   std::unique_ptr<HostWorker> worker;
 };
-
-// A void HAL method's kernel failed: the device is in an unknown state.
-void mustSucceed(const Status &status) {
-  if (status)
-    return;
-  std::fprintf(stderr, "piper-run: CUDA error: %s\n",
-               status.message().c_str());
-  std::fflush(stderr);
-  std::_Exit(1);
-}
 
 class CudaDevice final : public Device {
 public:
@@ -247,11 +315,12 @@ public:
   }
   std::string name() const override { return "cuda"; }
   Allocator &allocator() override { return memory; }
-  std::unique_ptr<Stream> createStream(const std::string &name) override {
-    return std::make_unique<CudaStream>(name, ordinal);
+  Status createStream(const std::string &name,
+                      std::unique_ptr<Stream> &stream) override {
+    return CudaStream::create(name, ordinal, comm, stream);
   }
-  std::unique_ptr<Event> createEvent() override {
-    return std::make_unique<CudaEvent>(ordinal);
+  Status createEvent(std::unique_ptr<Event> &event) override {
+    return CudaEvent::create(ordinal, event);
   }
   // The GPU kernel registry (runtime/hal/gpu/GpuKernels.h): the same ops
   // as the CPU's; the executor checks them at load.
@@ -272,34 +341,30 @@ public:
     PIPER_RETURN_IF_ERROR(status);
     return finishIfHost();
   }
-  double sumOfSquares(const float *x, int64_t n) override {
-    double result = 0;
-    mustSucceed(gpu::sumOfSquares(context(), x, n, result));
-    return result;
+  Status createSquareSums(int slots,
+                          std::unique_ptr<SquareSums> &sums) override;
+  Status scale(float *x, float s, int64_t n) override {
+    PIPER_RETURN_IF_ERROR(gpu::launchScale(context(), x, s, n));
+    return finishIfHost();
   }
-  void scale(float *x, float s, int64_t n) override {
-    mustSucceed(gpu::launchScale(context(), x, s, n));
-    mustSucceed(finishIfHost());
+  Status add(float *dst, const float *src, int64_t n) override {
+    PIPER_RETURN_IF_ERROR(gpu::launchAdd(context(), dst, src, dst, n));
+    return finishIfHost();
   }
-  void add(float *dst, const float *src, int64_t n) override {
-    mustSucceed(gpu::launchAdd(context(), dst, src, dst, n));
-    mustSucceed(finishIfHost());
+  Status packBf16(uint16_t *dst, const float *src, int64_t n) override {
+    PIPER_RETURN_IF_ERROR(gpu::launchPackBf16(context(), dst, src, n));
+    return finishIfHost();
   }
-  void packBf16(uint16_t *dst, const float *src, int64_t n) override {
-    mustSucceed(gpu::launchPackBf16(context(), dst, src, n));
-    mustSucceed(finishIfHost());
+  Status unpackBf16(float *dst, const uint16_t *src, int64_t n) override {
+    PIPER_RETURN_IF_ERROR(gpu::launchUnpackBf16(context(), dst, src, n));
+    return finishIfHost();
   }
-  void unpackBf16(float *dst, const uint16_t *src, int64_t n) override {
-    mustSucceed(gpu::launchUnpackBf16(context(), dst, src, n));
-    mustSucceed(finishIfHost());
-  }
-  void roundBf16(float *x, int64_t n) override {
-    mustSucceed(gpu::launchRoundBf16(context(), x, n));
-    mustSucceed(finishIfHost());
+  Status roundBf16(float *x, int64_t n) override {
+    PIPER_RETURN_IF_ERROR(gpu::launchRoundBf16(context(), x, n));
+    return finishIfHost();
   }
   Communicator *communicator() override { return comm; }
 
-private:
   // The calling stream's kernel context, or the device's own (host
   // stream) off-stream.
   gpu::Context context(bool bf16 = false) {
@@ -307,6 +372,8 @@ private:
       return currentResources->context(currentStream, bf16);
     return hostResources.context(hostStream, bf16);
   }
+
+private:
   Status finishIfHost() {
     if (!currentStream)
       PIPER_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(hostStream));
@@ -320,9 +387,53 @@ private:
   Communicator *comm;
 };
 
+/// The slots in device memory (one cudaMalloc outside the arena, like the
+/// streams' scratch); measuring queues the GPU kernel layer's sums on the
+/// calling stream, reading is one device-to-host copy.
+class CudaSquareSums final : public SquareSums {
+public:
+  CudaSquareSums(CudaDevice &device, double *slots, int count)
+      : device(device), slots(slots), count(count) {}
+  ~CudaSquareSums() override { cudaFree(slots); }
+  Status measure(const std::vector<SquaresSpan> &spans) override {
+    PIPER_RETURN_IF_ERROR(checkSquaresSlots(spans, 0, count));
+    std::vector<gpu::SquaresJob> jobs;
+    for (const SquaresSpan &span : spans)
+      jobs.push_back({span.data, span.n, slots + span.slot});
+    return gpu::sumsOfSquares(device.context(), jobs);
+  }
+  Status read(double *out, int n) override {
+    PIPER_RETURN_IF_ERROR(checkSquaresSlots({}, n, count));
+    return gpu::copyToHostSync(device.context(), out, slots,
+                               sizeof(double) * size_t(n));
+  }
+
+private:
+  CudaDevice &device;
+  double *slots;
+  int count;
+};
+
+Status CudaDevice::createSquareSums(int slots,
+                                    std::unique_ptr<SquareSums> &sums) {
+  PIPER_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal));
+  void *block = nullptr;
+  PIPER_CUDA_RETURN_IF_ERROR(
+      cudaMalloc(&block, sizeof(double) * size_t(std::max(1, slots))));
+  sums = std::make_unique<CudaSquareSums>(*this, static_cast<double *>(block),
+                                          slots);
+  return Status::ok();
+}
+
 } // namespace
 
-cudaStream_t currentCudaStream() { return currentStream; }
+void noteKernelLaunch(const char *kernel) {
+  threadLastKernel = kernel;
+  if (streamLastKernel)
+    streamLastKernel->store(kernel, std::memory_order_relaxed);
+}
+
+const char *lastKernelLaunched() { return threadLastKernel; }
 
 bool cudaBackendBuilt() { return true; }
 

@@ -7,6 +7,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
+#include <cstdint>
 #include <memory>
 
 #include "runtime/hal/gpu/GpuApi.h"
@@ -17,6 +19,13 @@ namespace piper::runtime::hal {
 /// the loader's search for libcublasLt.so.13, then /usr/local/cuda/lib64)
 /// and says what was tried when it cannot.
 Status loadCublasLt();
+
+/// The alignment in bytes cuBLASLt may assume of a matrix at `ptr` with
+/// leading dimension `ld` (elements of `elementBytes`): the lowest set bit
+/// of the pointer and of the column stride in bytes, at most 256, the
+/// alignment cuBLASLt's heuristic assumes unless told
+/// (CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_*_BYTES, which GEMMs set from it).
+uint32_t matrixAlignment(const void *ptr, int64_t ld, size_t elementBytes);
 
 /// The per-stream resources of the GPU kernels on CUDA device `ordinal`:
 /// two growable scratch blocks (the kernels', and the GEMMs' bf16 operands

@@ -2,13 +2,16 @@
 // CUDA devices, one GPU per rank. NCCL is loaded at run time
 // (NcclLibrary.h); this header includes no CUDA or NCCL header.
 //
-// Every operation is issued on the calling thread's CUDA stream (the HAL
-// stream whose worker calls it: currentCudaStream()), or on a stream of the
-// communicator when called elsewhere, and never blocks the host. Its work
-// records a CUDA event after the operation; wait() makes the waiting
-// thread's CUDA stream wait for that event, or, off a stream (and for
-// operations on host memory), waits on the host until it completes, at most
-// the communicator's timeout, and then aborts the communicator.
+// Every operation is issued on the CUDA stream bound to its logical stream
+// (the key's or isend/irecv's stream name): the CUDA device binds each HAL
+// stream it creates by name (Communicator::bindDeviceStream), so the stream
+// is passed explicitly, never found through the calling thread. An unbound
+// stream's operations (the executor's checkpoint gathers) run on a stream
+// of the communicator. Nothing blocks the host at issue. Its work records a
+// CUDA event after the operation; wait() makes the bound stream wait for
+// that event, or, for an unbound stream (and for operations on host
+// memory), waits on the host until it completes, at most the
+// communicator's timeout, and then aborts the communicator.
 //
 // One NCCL communicator per key, created once in connect() in sorted key
 // order: the lowest rank of the key creates the ncclUniqueId and publishes

@@ -1,5 +1,6 @@
-// How cuBLASLt is found at run time, and the error when it is not; runs on
-// any machine with the toolkit (no GPU, no driver needed).
+// How cuBLASLt is found at run time, and the error when it is not, and the
+// operand alignment GEMMs tell it; runs on any machine with the toolkit (no
+// GPU, no driver needed).
 #include <catch2/catch.hpp>
 
 #include <link.h>
@@ -45,4 +46,21 @@ TEST_CASE("cuBLASLt is loaded at run time, and a chosen library that does "
         std::string::npos);
   CHECK(st.message().find("PIPER_CUBLASLT_LIBRARY") != std::string::npos);
   CHECK_FALSE(loaded("libcublasLt"));
+}
+
+// gpu-review A.4: cuBLASLt's heuristic assumes 256-byte-aligned operands;
+// GEMMs tell it the real alignment of each pointer and column stride.
+TEST_CASE("GEMM operands' alignment: the lowest set bit of the pointer and "
+          "the column stride, at most 256") {
+  auto at = [](uintptr_t address) {
+    return reinterpret_cast<const void *>(address);
+  };
+  CHECK(matrixAlignment(at(0x7f0000000000), 1024, 4) == 256);
+  CHECK(matrixAlignment(at(0x7f0000000040), 1024, 4) == 64); // an arena offset
+  CHECK(matrixAlignment(at(0x7f0000000004), 1024, 4) == 4);  // a MoE slice
+  // GPT-2's vocab 50257 as a leading dimension: bf16 columns 2-byte aligned.
+  CHECK(matrixAlignment(at(0x7f0000000000), 50257, 2) == 2);
+  CHECK(matrixAlignment(at(0x7f0000000000), 50257, 4) == 4);
+  CHECK(matrixAlignment(at(0x7f0000000000), 768, 2) == 256);
+  CHECK(matrixAlignment(at(0x7f0000000000), 40, 4) == 32);
 }

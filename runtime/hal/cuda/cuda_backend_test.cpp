@@ -69,3 +69,31 @@ TEST_CASE("CUDA errors carry the call, CUDA's name and message, file and "
         "(runtime/hal/cuda/X.cpp:42)");
 }
 #endif
+
+#ifdef PIPER_HAVE_CUDA
+// gpu-review A.5: an illegal address shows at a later call (a synchronize),
+// which is not the culprit: the error names the stream's last kernel. A
+// synchronous error (a bad argument) is the call's own and names none.
+TEST_CASE("an asynchronous kernel error names the last kernel launched",
+          "[cuda]") {
+  CHECK(cudaCallError(cudaErrorIllegalAddress, "cudaStreamSynchronize(s)",
+                      "runtime/hal/cuda/X.cpp", 7, "attention_backward")
+            .message() ==
+        "cudaStreamSynchronize(s): cudaErrorIllegalAddress: an illegal memory "
+        "access was encountered (runtime/hal/cuda/X.cpp:7); the last kernel "
+        "launched on this stream was 'attention_backward' "
+        "(CUDA_LAUNCH_BLOCKING=1 names the one that faulted)");
+  CHECK(cudaCallError(cudaErrorInvalidValue, "cudaMemcpyAsync(d, s, n)",
+                      "runtime/hal/cuda/X.cpp", 8, "attention_backward")
+            .message() == "cudaMemcpyAsync(d, s, n): cudaErrorInvalidValue: "
+                          "invalid argument (runtime/hal/cuda/X.cpp:8)");
+  CHECK(cudaCallError(cudaErrorLaunchFailure, "cudaEventQuery(e)", "X.cpp",
+                      9, nullptr)
+            .message()
+            .find("last kernel") == std::string::npos);
+  // Launches are noted per thread (a stream's worker issues its work).
+  CHECK(lastKernelLaunched() == nullptr);
+  noteKernelLaunch("layer_norm");
+  CHECK(std::string(lastKernelLaunched()) == "layer_norm");
+}
+#endif

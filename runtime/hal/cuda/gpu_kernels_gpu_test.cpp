@@ -1,6 +1,7 @@
 // The CUDA kernels against the CPU kernels (needs a GPU; tag gpu): every
 // case of runtime/hal/gpu/test/*Cases.cpp, the cases the host emulation
-// passes everywhere (gpu_kernels_test).
+// passes everywhere (gpu_kernels_test), and the gradient norm's sums of
+// squares.
 #include <catch2/catch.hpp>
 
 #include <cstdio>
@@ -33,4 +34,13 @@ TEST_CASE("the CUDA kernels agree with the CPU kernels") {
   // The closest call to a bound, for docs/gpu.md's table.
   std::printf("cuda kernels: %zu cases, worst |diff| / bound %.3f (%s)\n",
               testing::kernelCases().size(), worst, worstCase.c_str());
+}
+
+TEST_CASE("the CUDA sums of squares agree with the CPU's") {
+  Status st;
+  auto gpu = createCudaDevice(0, nullptr, st);
+  INFO(st.message());
+  REQUIRE(gpu);
+  auto cpu = createCpuDevice(nullptr);
+  CHECK(testing::compareSquareSums(*cpu, *gpu) == "");
 }

@@ -1,7 +1,8 @@
 // The NCCL communicator on a GPU (tag gpu) at world size 1: every operation
-// kind, issued from a CUDA device's stream worker (on its CUDA stream), in
-// fp32 and bf16, results checked; host buffers staged; an operation off any
-// stream; and the error when NCCL cannot be loaded. (NCCL needs one GPU per
+// kind, issued from a CUDA device's stream worker (on its CUDA stream, bound
+// by name), in fp32 and bf16, results checked; host buffers staged;
+// operations of a bound stream from another thread, and of an unbound one;
+// and the error when NCCL cannot be loaded. (NCCL needs one GPU per
 // rank, so a one-GPU machine runs NCCL at world size 1 only.)
 #include <catch2/catch.hpp>
 
@@ -44,28 +45,34 @@ struct Setup {
     device = createCudaDevice(0, comm.get(), st);
     INFO(st.message());
     REQUIRE(device);
-    stream = device->createStream("s");
+    st = device->createStream("s", stream);
+    INFO(st.message());
+    REQUIRE(st);
   }
   /// Runs `body` on the stream's worker (its CUDA stream is current there)
   /// and returns its status.
   Status onStream(const std::function<Status()> &body) {
     Status result;
     stream->enqueue([&] { result = body(); });
-    stream->synchronize();
+    Status synced = stream->synchronize();
+    if (result && !synced)
+      result = synced;
     return result;
   }
   template <class T> T *upload(const std::vector<T> &values, size_t n = 0) {
     n = std::max(n, values.size());
-    auto *p = static_cast<T *>(device->allocator().allocate(n * sizeof(T)));
-    device->allocator().zero(p, n * sizeof(T));
-    device->allocator().copyFromHost(p, values.data(),
-                                     values.size() * sizeof(T));
+    void *block = nullptr;
+    REQUIRE(device->allocator().allocate(n * sizeof(T), block));
+    auto *p = static_cast<T *>(block);
+    REQUIRE(device->allocator().zero(p, n * sizeof(T)));
+    REQUIRE(device->allocator().copyFromHost(p, values.data(),
+                                             values.size() * sizeof(T)));
     owned.push_back({p, n * sizeof(T)});
     return p;
   }
   template <class T> std::vector<T> download(const T *p, size_t n) {
     std::vector<T> values(n);
-    device->allocator().copyToHost(values.data(), p, n * sizeof(T));
+    REQUIRE(device->allocator().copyToHost(values.data(), p, n * sizeof(T)));
     return values;
   }
   ~Setup() {
@@ -118,10 +125,10 @@ TEST_CASE("NCCL at world size 1: every collective, fp32 and bf16, on a "
     auto check = [&](const char *what) {
       INFO(what << " " << commDTypeName(type));
       std::vector<char> want(bytes), got(bytes);
-      s.device->allocator().copyToHost(want.data(), in, bytes);
-      s.device->allocator().copyToHost(got.data(), out, bytes);
+      REQUIRE(s.device->allocator().copyToHost(want.data(), in, bytes));
+      REQUIRE(s.device->allocator().copyToHost(got.data(), out, bytes));
       CHECK(want == got);
-      s.device->allocator().zero(out, bytes);
+      REQUIRE(s.device->allocator().zero(out, bytes));
     };
     st = s.onStream([&]() -> Status {
       return s.comm->reduceScatter(key, in, out, {n}, type)->wait();
@@ -144,11 +151,11 @@ TEST_CASE("NCCL at world size 1: every collective, fp32 and bf16, on a "
   }
 }
 
-TEST_CASE("NCCL: host buffers are staged, and operations off a stream wait "
-          "on the host",
+TEST_CASE("NCCL: host buffers are staged, and operations of an unbound "
+          "stream wait on the host",
           "[nccl][gpu]") {
   Setup s;
-  const CommKey key{"t", {0}};
+  const CommKey key{"t", {0}}; // no HAL stream is named "t": unbound
   // Host memory on a stream (the executor's all-to-all row counts).
   std::vector<int32_t> counts = {7}, got = {0};
   Status st = s.onStream([&]() -> Status {
@@ -166,7 +173,7 @@ TEST_CASE("NCCL: host buffers are staged, and operations off a stream wait "
   REQUIRE(st);
   CHECK(flag[0] == 2.5f);
 
-  // Off any stream (this thread): issued on the communicator's own stream;
+  // From this thread, unbound: issued on the communicator's own stream;
   // wait() returns when the data are there.
   std::vector<double> x = {1.0, 2.0, 3.0};
   double *dx = s.upload(x);
@@ -178,6 +185,31 @@ TEST_CASE("NCCL: host buffers are staged, and operations off a stream wait "
   REQUIRE(s.comm->allReduceSumWorld(world, 2));
   CHECK(world[0] == 4.0);
   CHECK(world[1] == 5.0);
+}
+
+// The CUDA stream is passed explicitly: a HAL stream binds its name when
+// created, and an operation of that logical stream runs on it whichever
+// thread issues it; destroying the HAL stream unbinds the name.
+TEST_CASE("NCCL: operations run on the CUDA stream bound to their logical "
+          "stream",
+          "[nccl][gpu]") {
+  Setup s;
+  const size_t n = 4099;
+  float *d = s.upload(std::vector<float>(n, 1.5f));
+  std::unique_ptr<Stream> t;
+  REQUIRE(s.device->createStream("t", t));
+  // From this thread, not t's worker: queued on t's CUDA stream, and wait()
+  // orders t after it without blocking the host.
+  Status st = s.comm->allReduce({"t", {0}}, d, n, CommDType::F32)->wait();
+  INFO(st.message());
+  REQUIRE(st);
+  REQUIRE(t->synchronize());
+  CHECK(s.download(d, n) == std::vector<float>(n, 1.5f));
+  t.reset(); // unbinds "t": the communicator's own stream again
+  st = s.comm->allReduce({"t", {0}}, d, n, CommDType::F32)->wait();
+  INFO(st.message());
+  REQUIRE(st);
+  CHECK(s.download(d, n) == std::vector<float>(n, 1.5f));
 }
 
 TEST_CASE("NCCL: send and receive need a peer, not this rank", "[nccl][gpu]") {

@@ -1,5 +1,7 @@
 // The elementwise and optimizer GPU kernels (gelu, swiglu, add, accumulate,
 // zero, adamw) and the executor's elementwise device work.
+#include <algorithm>
+
 #include "runtime/hal/gpu/ElementwiseLaunch.h"
 #include "runtime/hal/gpu/GpuKernels.h"
 #include "runtime/kernels/ElementwiseChecks.h"
@@ -76,19 +78,24 @@ void addElementwiseKernels(std::vector<KernelEntry> &out) {
                         });
 }
 
-Status sumOfSquares(const Context &ctx, const float *x, int64_t n,
-                    double &result) {
-  result = 0;
-  if (n <= 0)
-    return Status::ok();
-  const int64_t chunks = (n + kSquaresChunk - 1) / kSquaresChunk;
+Status sumsOfSquares(const Context &ctx, const std::vector<SquaresJob> &jobs) {
+  // One block of partials for every job (the stream runs them in order):
+  // reserved once, so that no job's reservation waits for the stream.
+  int64_t chunks = 1;
+  for (const SquaresJob &job : jobs)
+    chunks = std::max(chunks, (job.n + kSquaresChunk - 1) / kSquaresChunk);
   void *scratch = nullptr;
   PIPER_RETURN_IF_ERROR(ctx.workspace->reserve(
-      static_cast<size_t>(chunks + 1) * sizeof(double), scratch));
+      static_cast<size_t>(chunks) * sizeof(double), scratch));
   double *partials = static_cast<double *>(scratch);
-  PIPER_RETURN_IF_ERROR(
-      launchSumOfSquares(ctx, x, n, partials, partials + chunks));
-  return copyToHostSync(ctx, &result, partials + chunks, sizeof(double));
+  for (const SquaresJob &job : jobs) {
+    if (job.n <= 0)
+      PIPER_RETURN_IF_ERROR(zeroAsync(ctx, job.result, sizeof(double)));
+    else
+      PIPER_RETURN_IF_ERROR(
+          launchSumOfSquares(ctx, job.x, job.n, partials, job.result));
+  }
+  return Status::ok();
 }
 
 } // namespace piper::runtime::hal::PIPER_GPU_NS

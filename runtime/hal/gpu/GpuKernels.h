@@ -52,8 +52,18 @@ void addMoeKernels(std::vector<KernelEntry> &out);
 
 // The executor's own elementwise work (hal::Device's methods), for both GPU
 // backends.
-Status sumOfSquares(const Context &ctx, const float *x, int64_t n,
-                    double &result);
+
+/// A float array in device memory and where its sum of squares goes (a
+/// double in device memory).
+struct SquaresJob {
+  const float *x = nullptr;
+  int64_t n = 0;
+  double *result = nullptr;
+};
+/// For each job, the sum of x[i]^2 in double, in a fixed order (per-chunk
+/// partials added in chunk order: the same for any launch), into *result;
+/// queued on the stream, no host synchronization (hal::SquareSums).
+Status sumsOfSquares(const Context &ctx, const std::vector<SquaresJob> &jobs);
 
 } // namespace piper::runtime::hal::PIPER_GPU_NS
 

@@ -4,7 +4,8 @@
 // operand check and GEMM mapping of the CUDA backend, with one lane per
 // warp, sequentially. `piper-run --backend cuda-emulation` uses it, so plans
 // train through the CUDA backend's code on machines without a GPU
-// (docs/gpu.md). Slow: for tests.
+// (docs/gpu.md). Slow: for tests. Its operations can be made to fail
+// (injectEmulatedDeviceError), as a GPU's can.
 #ifndef PIPER_RUNTIME_HAL_GPU_HOST_EMULATEDDEVICE_H
 #define PIPER_RUNTIME_HAL_GPU_HOST_EMULATEDDEVICE_H
 
@@ -16,6 +17,13 @@ namespace piper::runtime::hal {
 
 /// The emulated GPU device using `comm` (not owned; may be null).
 std::unique_ptr<Device> createEmulatedGpuDevice(Communicator *comm);
+
+/// Makes the next operation of an emulated device of this process (an
+/// allocation, a memset or copy, a kernel, an elementwise method) fail as a
+/// CUDA call can: "<operation>: emulated device error (PIPER_FAULT
+/// action=device_error)". For PIPER_FAULT's device_error, which shows a
+/// device error reaching the watchdog as the rank's named failure.
+void injectEmulatedDeviceError();
 
 } // namespace piper::runtime::hal
 

@@ -112,29 +112,39 @@ std::vector<uint32_t> fill(const Operand &o, std::mt19937_64 &rng) {
   return words;
 }
 
-// The operands of one device: allocated, uploaded, downloaded.
+// The operands of one device: allocated, uploaded, downloaded. The first
+// device error is kept in `status` (the case fails with it).
 struct DeviceRun {
   Device &device;
   std::vector<void *> buffers;
   std::vector<size_t> sizes;
+  Status status;
   ~DeviceRun() {
     for (size_t i = 0; i < buffers.size(); ++i)
       device.allocator().deallocate(buffers[i], sizes[i]);
   }
   TensorRef upload(const Operand &o, const std::vector<uint32_t> &words) {
     size_t bytes = words.size() * 4;
-    void *p = device.allocator().allocate(bytes == 0 ? 4 : bytes);
-    buffers.push_back(p);
-    sizes.push_back(bytes == 0 ? 4 : bytes);
-    if (bytes)
-      device.allocator().copyFromHost(p, words.data(), bytes);
+    void *p = nullptr;
+    keep(device.allocator().allocate(bytes == 0 ? 4 : bytes, p));
+    if (p) {
+      buffers.push_back(p);
+      sizes.push_back(bytes == 0 ? 4 : bytes);
+    }
+    if (bytes && p)
+      keep(device.allocator().copyFromHost(p, words.data(), bytes));
     return TensorRef{o.dtype, o.shape, p};
   }
   std::vector<uint32_t> download(const TensorRef &t) {
     std::vector<uint32_t> words(static_cast<size_t>(t.numel()));
     if (!words.empty())
-      device.allocator().copyToHost(words.data(), t.data, words.size() * 4);
+      keep(device.allocator().copyToHost(words.data(), t.data,
+                                         words.size() * 4));
     return words;
+  }
+  void keep(const Status &st) {
+    if (status && !st)
+      status = st;
   }
 };
 
@@ -161,12 +171,16 @@ CaseResult runCase(const KernelCase &c, Device &cpu, Device &gpu) {
   };
   auto runOn = [&](Device &device) {
     Side side;
-    DeviceRun run{device, {}, {}};
+    DeviceRun run{device, {}, {}, {}};
     std::vector<TensorRef> ins, outs;
     for (size_t i = 0; i < c.inputs.size(); ++i)
       ins.push_back(run.upload(c.inputs[i], inWords[i]));
     for (size_t i = 0; i < c.outputs.size(); ++i)
       outs.push_back(run.upload(c.outputs[i], outWords[i]));
+    if (!run.status) {
+      side.error = device.name() + ": " + run.status.message();
+      return side;
+    }
     const KernelInfo *info = device.findKernel(c.op);
     if (!info) {
       side.error = device.name() + " has no kernel '" + c.op + "'";
@@ -185,6 +199,8 @@ CaseResult runCase(const KernelCase &c, Device &cpu, Device &gpu) {
     }
     for (const TensorRef &t : outs)
       side.outs.push_back(run.download(t));
+    if (!run.status)
+      side.error = device.name() + ": " + run.status.message();
     return side;
   };
   Side want = runOn(cpu), got = runOn(gpu);
@@ -244,6 +260,61 @@ CaseResult runCase(const KernelCase &c, Device &cpu, Device &gpu) {
     compare(want.loss, got.loss, "loss accumulator");
   result.error = bad.str();
   return result;
+}
+
+std::string compareSquareSums(Device &cpu, Device &gpu, double rtol) {
+  // Lengths around the GPU's chunk (kSquaresChunk, 16384) and the CPU's
+  // grain; each span goes to a slot out of order.
+  const std::vector<int64_t> lengths = {0, 1, 1000, 2 * 16384 + 5, 100003};
+  const std::vector<int> slots = {3, 0, 4, 1, 2};
+  const int count = 6; // one slot more than measured
+  std::mt19937_64 rng(17);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  std::vector<std::vector<uint32_t>> words;
+  for (int64_t n : lengths) {
+    words.emplace_back(static_cast<size_t>(n));
+    for (uint32_t &w : words.back()) {
+      float f = normal(rng);
+      std::memcpy(&w, &f, 4);
+    }
+  }
+  auto sumsOn = [&](Device &device, std::vector<double> &sums) -> Status {
+    DeviceRun run{device, {}, {}, {}};
+    std::vector<SquaresSpan> first, second;
+    for (size_t i = 0; i < lengths.size(); ++i) {
+      TensorRef t = run.upload(Operand{plan::F32, {lengths[i]}}, words[i]);
+      (i % 2 ? second : first).push_back(
+          {static_cast<const float *>(t.data), lengths[i], slots[i]});
+    }
+    PIPER_RETURN_IF_ERROR(run.status);
+    std::unique_ptr<SquareSums> squares;
+    PIPER_RETURN_IF_ERROR(device.createSquareSums(count, squares));
+    PIPER_RETURN_IF_ERROR(squares->measure(first));
+    PIPER_RETURN_IF_ERROR(squares->measure(second));
+    sums.assign(count, -1.0);
+    PIPER_RETURN_IF_ERROR(squares->read(sums.data(), count - 1));
+    if (squares->measure({{first[0].data, 1, count}}) ||
+        squares->read(sums.data(), count + 1))
+      return Status::error("a slot out of range was accepted");
+    return Status::ok();
+  };
+  std::vector<double> want, got;
+  for (auto [device, sums] : {std::make_pair(&cpu, &want),
+                              std::make_pair(&gpu, &got)}) {
+    Status st = sumsOn(*device, *sums);
+    if (!st)
+      return device->name() + ": " + st.message();
+  }
+  std::ostringstream bad;
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    double w = want[size_t(slots[i])], g = got[size_t(slots[i])];
+    if (!(std::fabs(g - w) <= rtol * std::fabs(w)))
+      bad << "span of " << lengths[i] << " (slot " << slots[i] << "): cpu "
+          << w << ", gpu " << g << "; ";
+  }
+  if (want[count - 1] != -1.0 || got[count - 1] != -1.0)
+    bad << "read more slots than asked; ";
+  return bad.str();
 }
 
 } // namespace piper::runtime::hal::testing

@@ -86,6 +86,13 @@ struct CaseResult {
 /// kernels run outside streams (complete on return).
 CaseResult runCase(const KernelCase &c, Device &cpu, Device &gpu);
 
+/// The devices' SquareSums (the gradient norm) on the same spans (empty, one
+/// element, several chunks) in their own memory, measured in two calls into
+/// scattered slots and read back at once: "" when every GPU sum is within
+/// `rtol` of the CPU's, else what differs (or fails). Also checks that a
+/// slot out of range is an error on both.
+std::string compareSquareSums(Device &cpu, Device &gpu, double rtol = 1e-12);
+
 } // namespace piper::runtime::hal::testing
 
 #endif // PIPER_RUNTIME_HAL_GPU_TEST_KERNELCASES_H

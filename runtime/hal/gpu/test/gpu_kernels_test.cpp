@@ -2,7 +2,8 @@
 // case (test/*Cases.cpp), and every GPU kernel has a case. Built with
 // PIPER_GPU_LANES32 (gpu_kernels_lanes_test), the kernels run 32 lanes per
 // row on host threads: there, the cases up to kLanesElements operand
-// elements, and every kernel must have one.
+// elements, and every kernel must have one. Also the gradient norm's sums
+// of squares.
 #include <catch2/catch.hpp>
 
 #include <set>
@@ -54,6 +55,14 @@ TEST_CASE("the emulated GPU kernels agree with the CPU kernels") {
     INFO("kernel " << k.name << " ran no case");
     CHECK(ran.count(k.name) == 1);
   }
+}
+
+// gpu-review C.12: the gradient norm's sums of squares, measured into
+// device slots and read at once.
+TEST_CASE("the emulated GPU's sums of squares agree with the CPU's") {
+  auto cpu = createCpuDevice(nullptr);
+  auto gpu = createEmulatedGpuDevice(nullptr);
+  CHECK(testing::compareSquareSums(*cpu, *gpu) == "");
 }
 
 TEST_CASE("every GPU kernel has a test case") {

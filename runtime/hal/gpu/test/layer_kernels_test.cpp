@@ -140,14 +140,16 @@ TEST_CASE("the GPU embedding kernels skip out-of-range ids") {
   for (size_t i = 0; i < dy.size(); ++i)
     dy[i] = static_cast<float>(i + 1);
   auto upload = [&](const void *host, size_t bytes) {
-    void *p = mem.allocate(bytes);
-    mem.copyFromHost(p, host, bytes);
+    void *p = nullptr;
+    REQUIRE(mem.allocate(bytes, p));
+    REQUIRE(mem.copyFromHost(p, host, bytes));
     return p;
   };
   void *idsDev = upload(ids.data(), ids.size() * 4);
   void *tableDev = upload(table.data(), table.size() * 4);
   void *dyDev = upload(dy.data(), dy.size() * 4);
-  void *outDev = mem.allocate(static_cast<size_t>(rows * hidden) * 4);
+  void *outDev = nullptr;
+  REQUIRE(mem.allocate(static_cast<size_t>(rows * hidden) * 4, outDev));
   KernelContext kctx;
 
   plan::Kernel fwd;
@@ -157,7 +159,7 @@ TEST_CASE("the GPU embedding kernels skip out-of-range ids") {
                           TensorRef{plan::F32, {vocab, hidden}, tableDev}},
                          {TensorRef{plan::F32, {rows, hidden}, outDev}}, kctx));
   std::vector<float> y(static_cast<size_t>(rows * hidden));
-  mem.copyToHost(y.data(), outDev, y.size() * 4);
+  REQUIRE(mem.copyToHost(y.data(), outDev, y.size() * 4));
   CHECK(y == std::vector<float>{5, 6, 0, 0, 0, 0, 1, 2, 0, 0, 5, 6});
 
   plan::Kernel bwd;
@@ -169,7 +171,7 @@ TEST_CASE("the GPU embedding kernels skip out-of-range ids") {
                          {TensorRef{plan::F32, {vocab, hidden}, tableDev}},
                          kctx));
   std::vector<float> dtable(table.size());
-  mem.copyToHost(dtable.data(), tableDev, dtable.size() * 4);
+  REQUIRE(mem.copyToHost(dtable.data(), tableDev, dtable.size() * 4));
   // Row 0 from token 3 (dy 7, 8); row 1 from none; row 2 from tokens 0 and
   // 5 (dy 1 + 11, 2 + 12).
   CHECK(dtable == std::vector<float>{7, 8, 0, 0, 12, 14});
