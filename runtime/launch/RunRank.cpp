@@ -22,7 +22,7 @@
 #include "runtime/checkpoint/Integrity.h"
 #include "runtime/checkpoint/Safetensors.h"
 #include "runtime/comm/Communicator.h"
-#include "runtime/data/AtomicFile.h"
+#include "runtime/support/AtomicFile.h"
 #include "runtime/exec/Executor.h"
 #include "runtime/hal/StagingCommunicator.h"
 #include "runtime/hal/cuda/CudaBackend.h"

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/exec/Precision.h"
+#include "runtime/support/Precision.h"
 #include "runtime/hal/cuda/CudaBackend.h"
 #include "runtime/hal/cuda/NcclCommunicator.h"
 #include "runtime/hal/cuda/NcclLibrary.h"
