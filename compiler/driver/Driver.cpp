@@ -29,6 +29,7 @@
 #include "llvm/Support/SourceMgr.h"
 #include "llvm/Support/ToolOutputFile.h"
 #include "proto/PlanFile.h"
+#include "proto/PlanTensors.h"
 #include "proto/analysis/MemoryPlan.h"
 #include "proto/analysis/Simulate.h"
 #include "proto/analysis/TimelineSvg.h"
@@ -218,7 +219,8 @@ std::string writeReport(const LoweredPlans &lowered, const Strategy &strategy,
       for (const auto &ins : s.instructions()) {
         ++instructions;
         if (ins.kind() == ::piper::plan::Instruction::SEND) {
-          sendBytes += planTensorBytes(plan.buffers(ins.inputs(0)).type());
+          sendBytes += planTensorBytes(::piper::plan::storedType(
+              plan, plan.buffers(ins.inputs(0)).type()));
         } else if (ins.kind() == ::piper::plan::Instruction::ALL_REDUCE) {
           for (int p : ins.params())
             reduceBytes += planTensorBytes(plan.params(p).type());

@@ -22,38 +22,11 @@ plan::TensorType toTensorType(Type type) {
   return out;
 }
 
-/// The cost of one call of `seg` (Segment.flops, Segment.bytes_moved): the
-/// sum over its ops, as `stage` estimates FLOPs (structural ops count their
-/// results) and CostOpInterface counts bytes. The parameter-state ops name
-/// their parameter instead of taking tensors, so they count per element of
-/// it: accumulate_grad 1 FLOP and 12 bytes (reads the gradient and the
-/// accumulator, writes the accumulator), adamw about 12 FLOPs and 28 bytes
-/// (reads gradient, value and both moments, writes the last three),
-/// zero_grad 4 bytes.
+/// The cost of one call of `seg` (Segment.flops, Segment.bytes_moved).
 void setSegmentCost(SegmentOp seg, plan::Segment &out) {
-  double flops = 0, bytes = 0;
-  seg.walk([&](Operation *op) {
-    if (op == seg.getOperation())
-      return;
-    flops += estimateFlops(op);
-    if (auto cost = dyn_cast<CostOpInterface>(op))
-      bytes += cost.getBytesMoved();
-    auto perElement = [&](FlatSymbolRefAttr ref, double f, double b) {
-      if (auto decl = SymbolTable::lookupNearestSymbolFrom<ParamOp>(op, ref)) {
-        double n = decl.getTensorType().getNumElements();
-        flops += f * n;
-        bytes += b * n;
-      }
-    };
-    if (auto acc = dyn_cast<AccumulateGradOp>(op))
-      perElement(acc.getParamAttr(), 1, 12);
-    else if (auto adam = dyn_cast<AdamWOp>(op))
-      perElement(adam.getParamAttr(), 12, 28);
-    else if (auto zero = dyn_cast<ZeroGradOp>(op))
-      perElement(zero.getParamAttr(), 0, 4);
-  });
-  out.set_flops(flops);
-  out.set_bytes_moved(bytes);
+  SegmentCost cost = estimateSegmentCost(seg);
+  out.set_flops(cost.flops);
+  out.set_bytes_moved(cost.bytes);
 }
 
 } // namespace

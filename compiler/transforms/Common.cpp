@@ -219,6 +219,31 @@ mlir::piper::sortTopologically(Block &block,
   return success();
 }
 
+SegmentCost mlir::piper::estimateSegmentCost(SegmentOp seg) {
+  SegmentCost cost;
+  seg.walk([&](Operation *op) {
+    if (op == seg.getOperation())
+      return;
+    cost.flops += estimateFlops(op);
+    if (auto c = dyn_cast<CostOpInterface>(op))
+      cost.bytes += c.getBytesMoved();
+    auto perElement = [&](FlatSymbolRefAttr ref, double f, double b) {
+      if (auto decl = SymbolTable::lookupNearestSymbolFrom<ParamOp>(op, ref)) {
+        double n = decl.getTensorType().getNumElements();
+        cost.flops += f * n;
+        cost.bytes += b * n;
+      }
+    };
+    if (auto acc = dyn_cast<AccumulateGradOp>(op))
+      perElement(acc.getParamAttr(), 1, 12);
+    else if (auto adam = dyn_cast<AdamWOp>(op))
+      perElement(adam.getParamAttr(), 12, 28);
+    else if (auto zero = dyn_cast<ZeroGradOp>(op))
+      perElement(zero.getParamAttr(), 0, 4);
+  });
+  return cost;
+}
+
 double mlir::piper::estimateFlops(Operation *op) {
   if (auto cost = dyn_cast<CostOpInterface>(op))
     return cost.getFlops();

@@ -70,9 +70,7 @@ LogicalResult mlir::piper::applyStage(ModuleOp module, int64_t stages) {
     auto seg = symbols.lookup<SegmentOp>(t.getSegment());
     if (!seg)
       return t.emitOpError("calls unknown segment @") << t.getSegment();
-    double c = 0;
-    seg.walk([&](Operation *op) { c += estimateFlops(op); });
-    costs.push_back(c);
+    costs.push_back(estimateSegmentCost(seg).flops);
   }
   SmallVector<size_t> starts = balancedPartition(costs, stages);
 

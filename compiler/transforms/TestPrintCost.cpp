@@ -18,16 +18,9 @@ struct TestPrintCostPass
     : mlir::piper::impl::PiperTestPrintCostBase<TestPrintCostPass> {
   void runOnOperation() override {
     for (SegmentOp seg : getOperation().getOps<SegmentOp>()) {
-      double flops = 0, bytes = 0;
-      seg.walk([&](Operation *op) {
-        if (op == seg.getOperation())
-          return;
-        flops += estimateFlops(op);
-        if (auto cost = dyn_cast<CostOpInterface>(op))
-          bytes += cost.getBytesMoved();
-      });
+      SegmentCost cost = estimateSegmentCost(seg);
       llvm::outs() << llvm::formatv("segment @{0}: flops {1:F0}, bytes {2:F0}\n",
-                                    seg.getSymName(), flops, bytes);
+                                    seg.getSymName(), cost.flops, cost.bytes);
     }
     markAllAnalysesPreserved();
   }

@@ -188,6 +188,20 @@ LogicalResult orderStreams(ModuleOp module);
 /// Estimated FLOPs of one op (used to balance stages and in reports).
 double estimateFlops(Operation *op);
 
+/// The estimated cost of one call of a segment.
+struct SegmentCost {
+  double flops = 0, bytes = 0;
+};
+/// The sum over `seg`'s ops, as `stage`, the plans (Segment.flops,
+/// bytes_moved) and test-print-cost count it: FLOPs by estimateFlops
+/// (structural ops count their results), bytes by CostOpInterface. The
+/// parameter-state ops name their parameter instead of taking tensors, so
+/// they count per element of it: accumulate_grad 1 FLOP and 12 bytes (reads
+/// the gradient and the accumulator, writes the accumulator), adamw about 12
+/// FLOPs and 28 bytes (reads gradient, value and both moments, writes the
+/// last three), zero_grad 4 bytes.
+SegmentCost estimateSegmentCost(SegmentOp seg);
+
 /// Whether `tag` matches `filter`.
 bool matchesFilter(TagAttr tag, const Filter &filter);
 
