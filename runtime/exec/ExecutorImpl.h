@@ -258,6 +258,9 @@ public:
   /// This rank's share of the squared gradient norm when the plan does not
   /// clip (0 when it does); finishGradNorm takes the world sum.
   Status localGradSquares(double &sum);
+  /// Measures the squared gradient of every parameter (but those updated
+  /// this step, with `skipUpdated`) and reads them all into gradSquares.
+  Status measureGradSquares(bool skipUpdated);
   /// The gradient of param `p` the norm and clipping see: the whole
   /// accumulator, or this rank's range of it under ZeRO; its weight in the
   /// world sum of squares.

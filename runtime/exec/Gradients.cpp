@@ -92,19 +92,23 @@ Status ExecutorImpl::localGradSquares(double &sum) {
   // The same definition as CLIP_GRADS; updated parameters were measured
   // just before their update (Segments.cpp), on the streams, which are
   // synchronized by now.
+  PIPER_RETURN_IF_ERROR(measureGradSquares(/*skipUpdated=*/true));
+  for (int p = 0; p < plan.params_size(); ++p)
+    sum += gradSquares[p] * shareWeight(p);
+  return Status::ok();
+}
+
+Status ExecutorImpl::measureGradSquares(bool skipUpdated) {
+  // One measurement of the gradients and one read (gpu-review C.12).
   std::vector<hal::SquaresSpan> spans;
   for (int p = 0; p < plan.params_size(); ++p)
-    if (!updated[p])
+    if (!skipUpdated || !updated[p])
       spans.push_back(gradSpan(p));
   if (!spans.empty())
     PIPER_RETURN_IF_ERROR(squares->measure(spans).withContext(
         "measuring the gradient norm"));
-  PIPER_RETURN_IF_ERROR(
-      squares->read(gradSquares.data(), plan.params_size())
-          .withContext("reading the gradient norm"));
-  for (int p = 0; p < plan.params_size(); ++p)
-    sum += gradSquares[p] * shareWeight(p);
-  return Status::ok();
+  return squares->read(gradSquares.data(), plan.params_size())
+      .withContext("reading the gradient norm");
 }
 
 void ExecutorImpl::finishGradNorm(double worldSquares) {
@@ -120,16 +124,8 @@ Status ExecutorImpl::clipGrads() {
   // One measurement of every gradient and one read (gpu-review C.12),
   // summed in parameter order as before.
   double local = 0;
-  if (plan.params_size() > 0) {
-    std::vector<hal::SquaresSpan> spans;
-    for (int p = 0; p < plan.params_size(); ++p)
-      spans.push_back(gradSpan(p));
-    PIPER_RETURN_IF_ERROR(squares->measure(spans).withContext(
-        "measuring the gradient norm"));
-    PIPER_RETURN_IF_ERROR(
-        squares->read(gradSquares.data(), plan.params_size())
-            .withContext("reading the gradient norm"));
-  }
+  if (plan.params_size() > 0)
+    PIPER_RETURN_IF_ERROR(measureGradSquares(/*skipUpdated=*/false));
   for (int p = 0; p < plan.params_size(); ++p)
     local += gradSquares[p] * shareWeight(p);
   double total = local;
