@@ -32,6 +32,8 @@ SegmentLifetimes computeLifetimes(const plan::Segment &seg);
 /// does no string lookup and no allocation for operand views.
 struct ResolvedKernel {
   const KernelInfo *info = nullptr;
+  /// The kernel's attributes, decoded once here (calls read them by id).
+  KernelAttrs attrs;
   /// Mixed precision: reads bf16 parameter copies and rounds its outputs
   /// (every kernel but the optimizer and the gradient accumulators).
   bool lowPrecision = false;

@@ -1,6 +1,6 @@
-// CALL instructions: value lifetimes inside a segment, kernels resolved once
-// through the device's registry, and the per-call kernel loop (with the
-// bf16 parameter copies of mixed precision).
+// CALL instructions: value lifetimes inside a segment, kernels resolved
+// through the device's registry (and their attributes decoded) once, and the
+// per-call kernel loop (with the bf16 parameter copies of mixed precision).
 #include <algorithm>
 
 #include "proto/analysis/MemoryPlan.h"
@@ -39,6 +39,7 @@ Status ExecutorImpl::resolveKernels() {
                              seg.name() + "'), kernel " + std::to_string(k) +
                              ": unknown kernel '" + kernel.op() +
                              "' on device " + device->name());
+      r.attrs = decodeKernelAttrs(kernel);
       const std::string &op = kernel.op();
       // Mixed precision: compute kernels read bf16 weights; the optimizer
       // and the gradient accumulators stay in fp32.
@@ -240,7 +241,8 @@ Status ExecutorImpl::call(int s, const Instruction &inst, StepState &st,
     if (profiling)
       start = Clock::now();
     ctx.lowPrecision = rk.lowPrecision;
-    Status status = device->runKernel(*rk.info, kernel, ins, outs, ctx);
+    Status status =
+        device->runKernel(*rk.info, kernel, rk.attrs, ins, outs, ctx);
     if (profiling) {
       int64_t ns = nanosSince(start);
       profiler.add(s, rk.profileRow, ns);

@@ -193,10 +193,11 @@ public:
     return cpu->kernelNames();
   }
   Status runKernel(const KernelInfo &info, const plan::Kernel &kernel,
+                   const KernelAttrs &attrs,
                    const std::vector<TensorRef> &inputs,
                    const std::vector<TensorRef> &outputs,
                    KernelContext &ctx) override {
-    return cpu->runKernel(info, kernel, inputs, outputs, ctx);
+    return cpu->runKernel(info, kernel, attrs, inputs, outputs, ctx);
   }
   Status createSquareSums(int slots,
                           std::unique_ptr<hal::SquareSums> &sums) override {
@@ -243,11 +244,12 @@ public:
     return cpu->findKernel(name);
   }
   Status runKernel(const KernelInfo &info, const plan::Kernel &kernel,
+                   const KernelAttrs &attrs,
                    const std::vector<TensorRef> &inputs,
                    const std::vector<TensorRef> &outputs,
                    KernelContext &ctx) override {
     ++kernelRuns;
-    return cpu->runKernel(info, kernel, inputs, outputs, ctx);
+    return cpu->runKernel(info, kernel, attrs, inputs, outputs, ctx);
   }
 
   static inline int streams = 0, events = 0, lookups = 0;
@@ -348,6 +350,7 @@ public:
       : ForwardingDevice(comm), parties(parties) {}
   std::string name() const override { return "rendezvous"; }
   Status runKernel(const KernelInfo &info, const plan::Kernel &kernel,
+                   const KernelAttrs &attrs,
                    const std::vector<TensorRef> &inputs,
                    const std::vector<TensorRef> &outputs,
                    KernelContext &ctx) override {
@@ -359,7 +362,7 @@ public:
                        [&] { return arrived >= parties; }))
         return Status::error("the other stream never ran a kernel meanwhile");
     }
-    return cpu->runKernel(info, kernel, inputs, outputs, ctx);
+    return cpu->runKernel(info, kernel, attrs, inputs, outputs, ctx);
   }
 
 private:

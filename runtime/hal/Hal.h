@@ -154,8 +154,11 @@ public:
   /// against the kernel table (proto/KernelIds.h) when a plan loads: a
   /// backend must implement every kernel id and no other.
   virtual std::vector<std::string> kernelNames() const = 0;
-  /// Runs a resolved kernel on the calling stream's context.
+  /// Runs a resolved kernel on the calling stream's context; `attrs` is
+  /// decodeKernelAttrs(kernel), made once when the plan loaded (kernels
+  /// read their attributes from it, not from `kernel`).
   virtual Status runKernel(const KernelInfo &info, const plan::Kernel &kernel,
+                           const KernelAttrs &attrs,
                            const std::vector<TensorRef> &inputs,
                            const std::vector<TensorRef> &outputs,
                            KernelContext &ctx) = 0;

@@ -207,7 +207,8 @@ TEST_CASE("every CPU kernel accepts exactly the table's operand counts",
         for (int i = 0; i < out; ++i)
           outs.push_back(
               TensorRef{piper::plan::F32, {2, 2}, storage[5 + i].data()});
-        Status st = device->runKernel(*info, kernel, ins, outs, ctx);
+        Status st = device->runKernel(*info, kernel, decodeKernelAttrs(kernel),
+                                      ins, outs, ctx);
         const std::string &msg = st.message();
         bool countError =
             !st && msg.rfind(std::string(sig.name) + ": expected ", 0) == 0 &&

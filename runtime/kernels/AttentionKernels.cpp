@@ -19,10 +19,13 @@ Status attentionDims(const KernelArgs &a, const TensorRef &qkv,
                      const TensorRef &out, const char *outName,
                      AttentionDims &d) {
   PIPER_RETURN_IF_ERROR(expectMatrix(a, qkv, "qkv", plan::F32, d.rows, d.cols));
-  PIPER_RETURN_IF_ERROR(readPositiveInt(a, "heads", std::nullopt, d.heads));
-  PIPER_RETURN_IF_ERROR(readPositiveInt(a, "kv_heads", d.heads, d.kvHeads));
-  PIPER_RETURN_IF_ERROR(readPositiveInt(a, "seq", std::nullopt, d.seq));
-  PIPER_RETURN_IF_ERROR(readFloat(a, "rope_theta", 0.0, d.ropeTheta));
+  PIPER_RETURN_IF_ERROR(
+      readPositiveInt(a, KernelAttr::kHeads, std::nullopt, d.heads));
+  PIPER_RETURN_IF_ERROR(
+      readPositiveInt(a, KernelAttr::kKvHeads, d.heads, d.kvHeads));
+  PIPER_RETURN_IF_ERROR(
+      readPositiveInt(a, KernelAttr::kSeq, std::nullopt, d.seq));
+  PIPER_RETURN_IF_ERROR(readFloat(a, KernelAttr::kRopeTheta, 0.0, d.ropeTheta));
   if (d.heads % d.kvHeads != 0)
     return a.error("attribute 'heads' " + std::to_string(d.heads) +
                    " is not a multiple of 'kv_heads' " +

@@ -144,66 +144,76 @@ Status expectBlasDims(const KernelArgs &a,
   return Status::ok();
 }
 
-static const plan::AttrValue *findAttr(const KernelArgs &a,
-                                       const std::string &name) {
-  auto it = a.kernel.attrs().find(name);
-  return it == a.kernel.attrs().end() ? nullptr : &it->second;
+namespace {
+// Error paths only: building the name's string is no cost on a good call.
+Status missingAttr(const KernelArgs &a, KernelAttr id) {
+  return a.error("missing attribute '" + std::string(kernelAttrName(id)) + "'");
 }
+Status badAttr(const KernelArgs &a, KernelAttr id, const std::string &what) {
+  return a.error("attribute '" + std::string(kernelAttrName(id)) + "' " + what);
+}
+} // namespace
 
-Status readInt(const KernelArgs &a, const std::string &name,
-               std::optional<int64_t> dflt, int64_t &value) {
-  const plan::AttrValue *attr = findAttr(a, name);
-  if (!attr) {
+Status readInt(const KernelArgs &a, KernelAttr id, std::optional<int64_t> dflt,
+               int64_t &value) {
+  const KernelAttrs::Value &attr = a.attrs[id];
+  switch (attr.kind) {
+  case KernelAttrs::Value::kAbsent:
     if (!dflt)
-      return a.error("missing attribute '" + name + "'");
+      return missingAttr(a, id);
     value = *dflt;
     return Status::ok();
-  }
-  if (attr->value_case() == plan::AttrValue::kI) {
-    value = attr->i();
+  case KernelAttrs::Value::kInt:
+    value = attr.i;
     return Status::ok();
+  case KernelAttrs::Value::kFloat:
+    // Writers that only emit doubles still get integral attributes through.
+    if (std::isfinite(attr.f) && std::trunc(attr.f) == attr.f &&
+        std::fabs(attr.f) < 0x1p62) {
+      value = static_cast<int64_t>(attr.f);
+      return Status::ok();
+    }
+    break;
+  case KernelAttrs::Value::kOther:
+    break;
   }
-  // Writers that only emit doubles still get integral attributes through.
-  if (attr->value_case() == plan::AttrValue::kF && std::isfinite(attr->f()) &&
-      std::trunc(attr->f()) == attr->f() && std::fabs(attr->f()) < 0x1p62) {
-    value = static_cast<int64_t>(attr->f());
-    return Status::ok();
-  }
-  return a.error("attribute '" + name + "' must be an integer");
+  return badAttr(a, id, "must be an integer");
 }
 
-Status readPositiveInt(const KernelArgs &a, const std::string &name,
+Status readPositiveInt(const KernelArgs &a, KernelAttr id,
                        std::optional<int64_t> dflt, int64_t &value) {
-  PIPER_RETURN_IF_ERROR(readInt(a, name, dflt, value));
+  PIPER_RETURN_IF_ERROR(readInt(a, id, dflt, value));
   if (value < 1)
-    return a.error("attribute '" + name + "' must be positive, got " +
-                   std::to_string(value));
+    return badAttr(a, id, "must be positive, got " + std::to_string(value));
   return Status::ok();
 }
 
-Status readFloat(const KernelArgs &a, const std::string &name,
-                 std::optional<double> dflt, double &value) {
-  const plan::AttrValue *attr = findAttr(a, name);
-  if (!attr) {
+Status readFloat(const KernelArgs &a, KernelAttr id, std::optional<double> dflt,
+                 double &value) {
+  const KernelAttrs::Value &attr = a.attrs[id];
+  switch (attr.kind) {
+  case KernelAttrs::Value::kAbsent:
     if (!dflt)
-      return a.error("missing attribute '" + name + "'");
+      return missingAttr(a, id);
     value = *dflt;
     return Status::ok();
+  case KernelAttrs::Value::kFloat:
+    value = attr.f;
+    break;
+  case KernelAttrs::Value::kInt:
+    value = static_cast<double>(attr.i);
+    break;
+  case KernelAttrs::Value::kOther:
+    return badAttr(a, id, "must be a number");
   }
-  if (attr->value_case() == plan::AttrValue::kF)
-    value = attr->f();
-  else if (attr->value_case() == plan::AttrValue::kI)
-    value = static_cast<double>(attr->i());
-  else
-    return a.error("attribute '" + name + "' must be a number");
   if (!std::isfinite(value))
-    return a.error("attribute '" + name + "' must be finite");
+    return badAttr(a, id, "must be finite");
   return Status::ok();
 }
 
 Status readTransposeW(const KernelArgs &a, bool &transposeW) {
   int64_t flag = 0;
-  PIPER_RETURN_IF_ERROR(readInt(a, "transpose_w", 0, flag));
+  PIPER_RETURN_IF_ERROR(readInt(a, KernelAttr::kTransposeW, 0, flag));
   if (flag != 0 && flag != 1)
     return a.error("attribute 'transpose_w' must be 0 or 1, got " +
                    std::to_string(flag));

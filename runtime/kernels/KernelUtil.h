@@ -16,8 +16,11 @@
 namespace piper::runtime::detail {
 
 /// Everything one kernel call sees. Error messages are prefixed with the op.
+/// Attributes come decoded (`attrs`, made once at plan load): kernels read
+/// them by id through readInt & co., never from `kernel`'s attribute map.
 struct KernelArgs {
   const plan::Kernel &kernel;
+  const KernelAttrs &attrs;
   const std::vector<TensorRef> &inputs;
   const std::vector<TensorRef> &outputs;
   KernelContext &ctx;
@@ -62,16 +65,22 @@ Status expectTokensBelow(const KernelArgs &a, const TensorRef &t,
 /// Checks that each dimension fits the 32-bit integers of the BLAS interface.
 Status expectBlasDims(const KernelArgs &a, std::initializer_list<int64_t> dims);
 
-/// Reads an integer attribute; a missing attribute without default is an
-/// error, as is a non-integral value.
-Status readInt(const KernelArgs &a, const std::string &name,
-               std::optional<int64_t> dflt, int64_t &value);
+// Attribute readers: read a.attrs (decoded at plan load) by id, no string
+// lookup. Errors name the attribute as the plan does ("adamw: missing
+// attribute 'lr'") and surface when the kernel runs, as when kernels read
+// the protobuf.
+
+/// Reads an integer attribute (stored as an integer, or as an integral
+/// double); a missing attribute without default is an error, as is a
+/// non-integral value.
+Status readInt(const KernelArgs &a, KernelAttr id, std::optional<int64_t> dflt,
+               int64_t &value);
 /// Reads an integer attribute that must be at least 1.
-Status readPositiveInt(const KernelArgs &a, const std::string &name,
+Status readPositiveInt(const KernelArgs &a, KernelAttr id,
                        std::optional<int64_t> dflt, int64_t &value);
-/// Reads a finite numeric attribute.
-Status readFloat(const KernelArgs &a, const std::string &name,
-                 std::optional<double> dflt, double &value);
+/// Reads a finite numeric attribute (a double, or an integer).
+Status readFloat(const KernelArgs &a, KernelAttr id, std::optional<double> dflt,
+                 double &value);
 /// Reads the `transpose_w` flag of the linear family (0 or 1, default 0).
 Status readTransposeW(const KernelArgs &a, bool &transposeW);
 

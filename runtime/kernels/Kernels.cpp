@@ -1,5 +1,7 @@
 // The kernel registry (op name -> function, resolved once per plan), the
-// checks common to every operand, and the public attribute readers.
+// checks common to every operand, the attribute decoder (names to
+// KernelAttr ids, once per kernel at plan load) and the public attribute
+// readers.
 #include "runtime/kernels/Kernels.h"
 
 #include <cblas.h>
@@ -87,19 +89,79 @@ const KernelInfo *findKernel(const std::string &name) {
   return it == registry().end() ? nullptr : it->second;
 }
 
+namespace {
+
+// Indexed by KernelAttr: one name per id, in its order.
+constexpr const char *kAttrNames[] = {
+    "beta1",        // kBeta1
+    "beta2",        // kBeta2
+    "capacity",     // kCapacity
+    "eps",          // kEps
+    "experts",      // kExperts
+    "heads",        // kHeads
+    "kv_heads",     // kKvHeads
+    "lr",           // kLr
+    "members",      // kMembers
+    "norm_topk",    // kNormTopk
+    "rope_theta",   // kRopeTheta
+    "scale",        // kScale
+    "seq",          // kSeq
+    "top_k",        // kTopK
+    "transpose_w",  // kTransposeW
+    "vocab",        // kVocab
+    "weight_decay", // kWeightDecay
+};
+static_assert(sizeof(kAttrNames) / sizeof(kAttrNames[0]) ==
+                  static_cast<size_t>(KernelAttr::kCount),
+              "one name per KernelAttr");
+
+} // namespace
+
+const char *kernelAttrName(KernelAttr id) {
+  size_t i = static_cast<size_t>(id);
+  return i < static_cast<size_t>(KernelAttr::kCount) ? kAttrNames[i] : "?";
+}
+
+KernelAttrs decodeKernelAttrs(const plan::Kernel &kernel) {
+  KernelAttrs attrs;
+  if (kernel.attrs().empty())
+    return attrs;
+  for (size_t i = 0; i < static_cast<size_t>(KernelAttr::kCount); ++i) {
+    auto it = kernel.attrs().find(kAttrNames[i]);
+    if (it == kernel.attrs().end())
+      continue;
+    KernelAttrs::Value &v = attrs[static_cast<KernelAttr>(i)];
+    switch (it->second.value_case()) {
+    case plan::AttrValue::kI:
+      v.kind = KernelAttrs::Value::kInt;
+      v.i = it->second.i();
+      break;
+    case plan::AttrValue::kF:
+      v.kind = KernelAttrs::Value::kFloat;
+      v.f = it->second.f();
+      break;
+    default: // a string, or an AttrValue with nothing set
+      v.kind = KernelAttrs::Value::kOther;
+      break;
+    }
+  }
+  return attrs;
+}
+
 Status runKernel(const plan::Kernel &kernel,
                  const std::vector<TensorRef> &inputs,
                  const std::vector<TensorRef> &outputs, KernelContext &ctx) {
   const KernelInfo *info = findKernel(kernel.op());
   if (!info)
     return Status::error("unknown kernel '" + kernel.op() + "'");
-  return runKernel(*info, kernel, inputs, outputs, ctx);
+  return runKernel(*info, kernel, decodeKernelAttrs(kernel), inputs, outputs,
+                   ctx);
 }
 
 Status runKernel(const KernelInfo &info, const plan::Kernel &kernel,
-                 const std::vector<TensorRef> &inputs,
+                 const KernelAttrs &attrs, const std::vector<TensorRef> &inputs,
                  const std::vector<TensorRef> &outputs, KernelContext &ctx) {
-  detail::KernelArgs args{kernel, inputs, outputs, ctx};
+  detail::KernelArgs args{kernel, attrs, inputs, outputs, ctx};
   PIPER_RETURN_IF_ERROR(detail::checkOperandStorage(args));
   return info.fn(args);
 }

@@ -3,6 +3,8 @@
 #ifndef PIPER_RUNTIME_KERNELS_KERNELS_H
 #define PIPER_RUNTIME_KERNELS_KERNELS_H
 
+#include <array>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -43,6 +45,65 @@ struct KernelContext {
   bool lowPrecision = false;
 };
 
+/// Every attribute name a kernel reads, as a compile-time id: kernels read
+/// their attributes by id from a KernelAttrs, never by name from the
+/// protobuf. Adding an attribute: an id here (in name order, before kCount),
+/// its name at the same position of kAttrNames (Kernels.cpp) and in the
+/// spelling test of kernels_test.
+enum class KernelAttr : uint8_t {
+  kBeta1,       // "beta1"
+  kBeta2,       // "beta2"
+  kCapacity,    // "capacity"
+  kEps,         // "eps"
+  kExperts,     // "experts"
+  kHeads,       // "heads"
+  kKvHeads,     // "kv_heads"
+  kLr,          // "lr"
+  kMembers,     // "members"
+  kNormTopk,    // "norm_topk"
+  kRopeTheta,   // "rope_theta"
+  kScale,       // "scale"
+  kSeq,         // "seq"
+  kTopK,        // "top_k"
+  kTransposeW,  // "transpose_w"
+  kVocab,       // "vocab"
+  kWeightDecay, // "weight_decay"
+  kCount,
+};
+
+/// The plan's name of attribute `id`, e.g. "kv_heads".
+const char *kernelAttrName(KernelAttr id);
+
+/// One kernel's attributes, decoded from plan::Kernel.attrs once, when a
+/// plan loads (decodeKernelAttrs), and read by id on every call: no string
+/// lookup and no protobuf access per call. A slot keeps the attribute as the
+/// plan stores it (absent, an integer, a double, or something else, e.g. a
+/// string): decoding never fails, and a kernel's reader (readInt, readFloat,
+/// ... in KernelUtil.h) judges the value when the kernel runs, with the
+/// kernel's default and the same error messages as reading the protobuf.
+/// Attributes no kernel reads (names without a KernelAttr) are dropped.
+class KernelAttrs {
+public:
+  struct Value {
+    enum Kind : uint8_t { kAbsent, kInt, kFloat, kOther };
+    Kind kind = kAbsent;
+    int64_t i = 0; // kInt
+    double f = 0;  // kFloat
+  };
+
+  const Value &operator[](KernelAttr id) const {
+    return values_[static_cast<size_t>(id)];
+  }
+  Value &operator[](KernelAttr id) { return values_[static_cast<size_t>(id)]; }
+
+private:
+  std::array<Value, static_cast<size_t>(KernelAttr::kCount)> values_{};
+};
+
+/// Decodes `kernel`'s attributes (a string lookup per attribute: call it
+/// when a plan loads, not per call).
+KernelAttrs decodeKernelAttrs(const plan::Kernel &kernel);
+
 namespace detail {
 struct KernelArgs;
 } // namespace detail
@@ -63,17 +124,21 @@ struct KernelInfo {
 /// A string lookup: call it when a plan loads, not per call.
 const KernelInfo *findKernel(const std::string &name);
 
-/// Runs the resolved kernel `info` (which must be findKernel(kernel.op())) on
-/// `inputs` and `outputs`; see the overload below.
+/// Runs the resolved kernel `info` (which must be findKernel(kernel.op())),
+/// with `attrs` = decodeKernelAttrs(kernel), on `inputs` and `outputs`; see
+/// the overload below.
 Status runKernel(const KernelInfo &info, const plan::Kernel &kernel,
-                 const std::vector<TensorRef> &inputs,
+                 const KernelAttrs &attrs, const std::vector<TensorRef> &inputs,
                  const std::vector<TensorRef> &outputs, KernelContext &ctx);
 
-/// Looks up `kernel.op()` and runs it on `inputs` and `outputs`, which the
-/// caller has resolved from the kernel's operands, in order. Output tensors are allocated by the caller
-/// with the shapes the plan declares; kernels overwrite them unless the kernel
-/// is documented to update in place. Checks operand counts, dtypes and shapes,
-/// and returns an error naming the op on any mismatch.
+/// Looks up `kernel.op()`, decodes its attributes and runs it on `inputs`
+/// and `outputs`, which the caller has resolved from the kernel's operands,
+/// in order (a convenience for tests and one-off calls: executors resolve
+/// and decode once, at load, and call the overload above). Output tensors are
+/// allocated by the caller with the shapes the plan declares; kernels overwrite
+/// them unless the kernel is documented to update in place. Checks operand
+/// counts, dtypes and shapes, and returns an error naming the op on any
+/// mismatch.
 Status runKernel(const plan::Kernel &kernel,
                  const std::vector<TensorRef> &inputs,
                  const std::vector<TensorRef> &outputs, KernelContext &ctx);
@@ -96,7 +161,8 @@ void scaleFloats(float *x, float scale, int64_t n);
 /// memset(data, 0, bytes) on the kernels' threads (large step buffers).
 void zeroBytes(void *data, int64_t bytes);
 
-/// Reads integer attribute `name` of `kernel`, or `dflt` when absent.
+/// Reads integer attribute `name` of `kernel`, or `dflt` when absent (a
+/// string lookup in the protobuf; kernels read a KernelAttrs instead).
 int64_t attrInt(const plan::Kernel &kernel, const std::string &name,
                 int64_t dflt);
 /// Reads float attribute `name` of `kernel`, or `dflt` when absent.

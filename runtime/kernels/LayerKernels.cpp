@@ -64,7 +64,7 @@ Status checkEmbeddingGrad(const KernelArgs &a, int64_t &rows, int64_t &vocab,
   PIPER_RETURN_IF_ERROR(
       expectTensor(a, a.inputs[1], "dy", plan::F32, {rows, hidden}));
   int64_t vocabAttr = 0;
-  PIPER_RETURN_IF_ERROR(readInt(a, "vocab", vocab, vocabAttr));
+  PIPER_RETURN_IF_ERROR(readInt(a, KernelAttr::kVocab, vocab, vocabAttr));
   if (vocabAttr != vocab)
     return a.error("attribute 'vocab' is " + std::to_string(vocabAttr) +
                    " but dtable has " + std::to_string(vocab) + " rows");
@@ -108,7 +108,8 @@ static Status checkPositions(const KernelArgs &a, const TensorRef &x,
   PIPER_RETURN_IF_ERROR(expectMatrix(a, x, xName, plan::F32, rows, hidden));
   PIPER_RETURN_IF_ERROR(
       expectMatrix(a, pos, posName, plan::F32, positions, posHidden));
-  PIPER_RETURN_IF_ERROR(readPositiveInt(a, "seq", std::nullopt, seq));
+  PIPER_RETURN_IF_ERROR(
+      readPositiveInt(a, KernelAttr::kSeq, std::nullopt, seq));
   if (posHidden != hidden)
     return a.error(std::string(posName) + " has shape " +
                    shapeString(pos.shape) + ", expected [*," +

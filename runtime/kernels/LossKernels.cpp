@@ -41,13 +41,13 @@ Status checkCrossEntropyGrad(const KernelArgs &a, int64_t &rows,
   PIPER_RETURN_IF_ERROR(checkLogitsAndTargets(a, rows, vocab));
   PIPER_RETURN_IF_ERROR(
       expectTensor(a, a.outputs[0], "dlogits", plan::F32, {rows, vocab}));
-  return readFloat(a, "scale", 1.0, scale);
+  return readFloat(a, KernelAttr::kScale, 1.0, scale);
 }
 
 Status checkLossAccumulate(const KernelArgs &a, double &scale) {
   PIPER_RETURN_IF_ERROR(expectCounts(a, 1, 1, 0));
   PIPER_RETURN_IF_ERROR(expectScalar(a, a.inputs[0], "loss"));
-  PIPER_RETURN_IF_ERROR(readFloat(a, "scale", 1.0, scale));
+  PIPER_RETURN_IF_ERROR(readFloat(a, KernelAttr::kScale, 1.0, scale));
   if (!a.ctx.lossAccumulator)
     return a.error("no loss accumulator in the kernel context");
   return Status::ok();

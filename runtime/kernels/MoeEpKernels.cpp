@@ -16,12 +16,13 @@ namespace piper::runtime::detail {
 namespace {
 
 Status readEpShape(const KernelArgs &a, EpShape &s, bool needMembers) {
-  PIPER_RETURN_IF_ERROR(readPositiveInt(a, "experts", std::nullopt, s.experts));
   PIPER_RETURN_IF_ERROR(
-      readPositiveInt(a, "capacity", std::nullopt, s.capacity));
+      readPositiveInt(a, KernelAttr::kExperts, std::nullopt, s.experts));
+  PIPER_RETURN_IF_ERROR(
+      readPositiveInt(a, KernelAttr::kCapacity, std::nullopt, s.capacity));
   if (needMembers)
     PIPER_RETURN_IF_ERROR(
-        readPositiveInt(a, "members", std::nullopt, s.members));
+        readPositiveInt(a, KernelAttr::kMembers, std::nullopt, s.members));
   if (s.experts % s.members != 0)
     return a.error("attribute 'members' " + std::to_string(s.members) +
                    " does not divide 'experts' " + std::to_string(s.experts));

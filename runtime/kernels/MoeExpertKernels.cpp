@@ -30,8 +30,8 @@ Status expertCapacity(const KernelArgs &a, bool required, int64_t wExperts,
                       const char *rowsName, int64_t rows, int64_t &capacity) {
   int64_t experts = 0;
   PIPER_RETURN_IF_ERROR(readPositiveInt(
-      a, "experts", required ? std::nullopt : std::optional<int64_t>(wExperts),
-      experts));
+      a, KernelAttr::kExperts,
+      required ? std::nullopt : std::optional<int64_t>(wExperts), experts));
   if (experts != wExperts)
     return a.error("attribute 'experts' is " + std::to_string(experts) +
                    " but " + wName + " has " + std::to_string(wExperts) +

@@ -30,12 +30,13 @@ void softmaxRow(const float *row, int64_t experts, std::vector<double> &p) {
 // Reads top_k (required, 1..E) and norm_topk (0 or 1, default 1).
 Status readRouterAttrs(const KernelArgs &a, int64_t experts, int64_t &topK,
                        bool &normTopK) {
-  PIPER_RETURN_IF_ERROR(readPositiveInt(a, "top_k", std::nullopt, topK));
+  PIPER_RETURN_IF_ERROR(
+      readPositiveInt(a, KernelAttr::kTopK, std::nullopt, topK));
   if (topK > experts)
     return a.error("attribute 'top_k' " + std::to_string(topK) +
                    " exceeds the number of experts " + std::to_string(experts));
   int64_t flag = 1;
-  PIPER_RETURN_IF_ERROR(readInt(a, "norm_topk", 1, flag));
+  PIPER_RETURN_IF_ERROR(readInt(a, KernelAttr::kNormTopk, 1, flag));
   if (flag != 0 && flag != 1)
     return a.error("attribute 'norm_topk' must be 0 or 1, got " +
                    std::to_string(flag));
@@ -177,8 +178,9 @@ Status checkAuxLossOperands(const KernelArgs &a, int64_t &rows,
       expectMatrix(a, logits, "logits", plan::F32, rows, experts));
   int64_t expertsAttr = 0;
   PIPER_RETURN_IF_ERROR(
-      readPositiveInt(a, "experts", std::nullopt, expertsAttr));
-  PIPER_RETURN_IF_ERROR(readPositiveInt(a, "top_k", std::nullopt, topK));
+      readPositiveInt(a, KernelAttr::kExperts, std::nullopt, expertsAttr));
+  PIPER_RETURN_IF_ERROR(
+      readPositiveInt(a, KernelAttr::kTopK, std::nullopt, topK));
   if (expertsAttr != experts)
     return a.error("attribute 'experts' is " + std::to_string(expertsAttr) +
                    " but logits has " + std::to_string(experts) + " columns");
@@ -244,7 +246,7 @@ Status checkMoeAuxLossGrad(const KernelArgs &a, int64_t &rows,
   PIPER_RETURN_IF_ERROR(
       expectTensor(a, a.outputs[0], "dlogits", plan::F32, {rows, experts}));
   scale = 1.0;
-  return readFloat(a, "scale", 1.0, scale);
+  return readFloat(a, KernelAttr::kScale, 1.0, scale);
 }
 
 Status moeAuxLossGradKernel(const KernelArgs &a) {

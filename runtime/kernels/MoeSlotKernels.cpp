@@ -16,9 +16,10 @@ Status readRouting(const KernelArgs &a, const TensorRef &indices,
                    MoeRouting &r) {
   PIPER_RETURN_IF_ERROR(
       expectMatrix(a, indices, "indices", plan::I32, r.rows, r.topK));
-  PIPER_RETURN_IF_ERROR(readPositiveInt(a, "experts", std::nullopt, r.experts));
   PIPER_RETURN_IF_ERROR(
-      readPositiveInt(a, "capacity", std::nullopt, r.capacity));
+      readPositiveInt(a, KernelAttr::kExperts, std::nullopt, r.experts));
+  PIPER_RETURN_IF_ERROR(
+      readPositiveInt(a, KernelAttr::kCapacity, std::nullopt, r.capacity));
   if (__builtin_mul_overflow(r.experts, r.capacity, &r.slots))
     return a.error("attributes 'experts' * 'capacity' overflow");
   return Status::ok();

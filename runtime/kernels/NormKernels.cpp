@@ -29,7 +29,7 @@ Status checkNormOperands(const KernelArgs &a, const TensorRef &x,
                          int64_t &rows, int64_t &hidden, double &eps) {
   PIPER_RETURN_IF_ERROR(expectMatrix(a, x, "x", plan::F32, rows, hidden));
   PIPER_RETURN_IF_ERROR(expectTensor(a, gamma, "gamma", plan::F32, {hidden}));
-  PIPER_RETURN_IF_ERROR(readFloat(a, "eps", defaultEps, eps));
+  PIPER_RETURN_IF_ERROR(readFloat(a, KernelAttr::kEps, defaultEps, eps));
   if (eps < 0)
     return a.error("attribute 'eps' must not be negative");
   return Status::ok();
@@ -53,7 +53,7 @@ Status checkNormGradWeight(const KernelArgs &a, int outputs, double defaultEps,
   PIPER_RETURN_IF_ERROR(expectCounts(a, 2, 2, outputs));
   const TensorRef &x = a.inputs[0], &dy = a.inputs[1];
   PIPER_RETURN_IF_ERROR(expectMatrix(a, x, "x", plan::F32, rows, hidden));
-  PIPER_RETURN_IF_ERROR(readFloat(a, "eps", defaultEps, eps));
+  PIPER_RETURN_IF_ERROR(readFloat(a, KernelAttr::kEps, defaultEps, eps));
   if (eps < 0)
     return a.error("attribute 'eps' must not be negative");
   PIPER_RETURN_IF_ERROR(expectTensor(a, dy, "dy", plan::F32, {rows, hidden}));

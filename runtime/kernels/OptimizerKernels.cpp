@@ -89,11 +89,12 @@ Status checkAdamw(const KernelArgs &a, AdamwConstants &c) {
   PIPER_RETURN_IF_ERROR(expectTensor(a, m, "m", plan::F32, grad.shape));
   PIPER_RETURN_IF_ERROR(expectTensor(a, v, "v", plan::F32, grad.shape));
   double lr = 0, beta1 = 0, beta2 = 0, eps = 0, weightDecay = 0;
-  PIPER_RETURN_IF_ERROR(readFloat(a, "lr", std::nullopt, lr));
-  PIPER_RETURN_IF_ERROR(readFloat(a, "beta1", 0.9, beta1));
-  PIPER_RETURN_IF_ERROR(readFloat(a, "beta2", 0.95, beta2));
-  PIPER_RETURN_IF_ERROR(readFloat(a, "eps", 1e-8, eps));
-  PIPER_RETURN_IF_ERROR(readFloat(a, "weight_decay", 0.0, weightDecay));
+  PIPER_RETURN_IF_ERROR(readFloat(a, KernelAttr::kLr, std::nullopt, lr));
+  PIPER_RETURN_IF_ERROR(readFloat(a, KernelAttr::kBeta1, 0.9, beta1));
+  PIPER_RETURN_IF_ERROR(readFloat(a, KernelAttr::kBeta2, 0.95, beta2));
+  PIPER_RETURN_IF_ERROR(readFloat(a, KernelAttr::kEps, 1e-8, eps));
+  PIPER_RETURN_IF_ERROR(
+      readFloat(a, KernelAttr::kWeightDecay, 0.0, weightDecay));
   // A beta of 1 would make the bias correction divide by zero.
   if (beta1 < 0 || beta1 >= 1 || beta2 < 0 || beta2 >= 1)
     return a.error("attributes 'beta1' and 'beta2' must be in [0, 1)");

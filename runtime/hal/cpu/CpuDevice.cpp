@@ -214,10 +214,11 @@ public:
     return runtime::kernelNames();
   }
   Status runKernel(const KernelInfo &info, const plan::Kernel &kernel,
+                   const KernelAttrs &attrs,
                    const std::vector<TensorRef> &inputs,
                    const std::vector<TensorRef> &outputs,
                    KernelContext &ctx) override {
-    return runtime::runKernel(info, kernel, inputs, outputs, ctx);
+    return runtime::runKernel(info, kernel, attrs, inputs, outputs, ctx);
   }
   // Host memory: nothing here can fail.
   Status createSquareSums(int slots,

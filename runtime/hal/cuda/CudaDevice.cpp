@@ -333,10 +333,11 @@ public:
   // Queued on the calling stream; called off-stream (loading, tests), the
   // work is complete on return.
   Status runKernel(const KernelInfo &info, const plan::Kernel &kernel,
+                   const KernelAttrs &attrs,
                    const std::vector<TensorRef> &inputs,
                    const std::vector<TensorRef> &outputs,
                    KernelContext &kctx) override {
-    Status status = gpu::runKernel(info, kernel, inputs, outputs, kctx,
+    Status status = gpu::runKernel(info, kernel, attrs, inputs, outputs, kctx,
                                    context(kctx.lowPrecision));
     PIPER_RETURN_IF_ERROR(status);
     return finishIfHost();

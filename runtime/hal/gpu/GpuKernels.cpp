@@ -42,10 +42,10 @@ std::vector<std::string> kernelInfoNames() {
 }
 
 Status runKernel(const KernelInfo &info, const plan::Kernel &kernel,
-                 const std::vector<TensorRef> &inputs,
+                 const KernelAttrs &attrs, const std::vector<TensorRef> &inputs,
                  const std::vector<TensorRef> &outputs, KernelContext &kctx,
                  const Context &ctx) {
-  detail::KernelArgs args{kernel, inputs, outputs, kctx};
+  detail::KernelArgs args{kernel, attrs, inputs, outputs, kctx};
   PIPER_RETURN_IF_ERROR(detail::checkOperandStorage(args));
   return kernels()[static_cast<size_t>(info.index)].fn(args, ctx);
 }

@@ -36,10 +36,11 @@ const std::vector<KernelInfo> &kernelInfos();
 const KernelInfo *findKernelInfo(const std::string &name);
 /// The ops' names, in registry order (a Device's kernelNames).
 std::vector<std::string> kernelInfoNames();
-/// kernels()[info.index].fn(args, ctx); checks the operands' storage as the
-/// CPU registry's runKernel does.
+/// kernels()[info.index].fn(args, ctx), with `attrs` =
+/// decodeKernelAttrs(kernel); checks the operands' storage as the CPU
+/// registry's runKernel does.
 Status runKernel(const KernelInfo &info, const plan::Kernel &kernel,
-                 const std::vector<TensorRef> &inputs,
+                 const KernelAttrs &attrs, const std::vector<TensorRef> &inputs,
                  const std::vector<TensorRef> &outputs, KernelContext &kctx,
                  const Context &ctx);
 

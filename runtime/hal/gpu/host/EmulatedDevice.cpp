@@ -138,11 +138,12 @@ public:
     return gpu::kernelInfoNames();
   }
   Status runKernel(const KernelInfo &info, const plan::Kernel &kernel,
+                   const KernelAttrs &attrs,
                    const std::vector<TensorRef> &inputs,
                    const std::vector<TensorRef> &outputs,
                    KernelContext &ctx) override {
     PIPER_RETURN_IF_ERROR(injected(kernel.op()));
-    return gpu::runKernel(info, kernel, inputs, outputs, ctx,
+    return gpu::runKernel(info, kernel, attrs, inputs, outputs, ctx,
                           hostContext(ctx.lowPrecision));
   }
   Status createSquareSums(int slots,

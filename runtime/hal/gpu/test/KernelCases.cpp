@@ -191,7 +191,8 @@ CaseResult runCase(const KernelCase &c, Device &cpu, Device &gpu) {
     ctx.step = c.step;
     ctx.lrScale = c.lrScale;
     ctx.lowPrecision = c.lowPrecision;
-    Status st = device.runKernel(*info, kernel, ins, outs, ctx);
+    Status st = device.runKernel(*info, kernel, decodeKernelAttrs(kernel), ins,
+                                 outs, ctx);
     if (!st) {
       side.error = device.name() + ": " + st.message();
       side.kernelError = st.message();

@@ -155,6 +155,7 @@ TEST_CASE("the GPU embedding kernels skip out-of-range ids") {
   plan::Kernel fwd;
   fwd.set_op("embedding");
   REQUIRE(gpu->runKernel(*gpu->findKernel("embedding"), fwd,
+                         decodeKernelAttrs(fwd),
                          {TensorRef{plan::I32, {rows}, idsDev},
                           TensorRef{plan::F32, {vocab, hidden}, tableDev}},
                          {TensorRef{plan::F32, {rows, hidden}, outDev}}, kctx));
@@ -165,11 +166,11 @@ TEST_CASE("the GPU embedding kernels skip out-of-range ids") {
   plan::Kernel bwd;
   bwd.set_op("embedding_grad");
   (*bwd.mutable_attrs())["vocab"] = intAttr(vocab);
-  REQUIRE(gpu->runKernel(*gpu->findKernel("embedding_grad"), bwd,
-                         {TensorRef{plan::I32, {rows}, idsDev},
-                          TensorRef{plan::F32, {rows, hidden}, dyDev}},
-                         {TensorRef{plan::F32, {vocab, hidden}, tableDev}},
-                         kctx));
+  REQUIRE(gpu->runKernel(
+      *gpu->findKernel("embedding_grad"), bwd, decodeKernelAttrs(bwd),
+      {TensorRef{plan::I32, {rows}, idsDev},
+       TensorRef{plan::F32, {rows, hidden}, dyDev}},
+      {TensorRef{plan::F32, {vocab, hidden}, tableDev}}, kctx));
   std::vector<float> dtable(table.size());
   REQUIRE(mem.copyToHost(dtable.data(), tableDev, dtable.size() * 4));
   // Row 0 from token 3 (dy 7, 8); row 1 from none; row 2 from tokens 0 and

@@ -172,8 +172,8 @@ TEST_CASE("loss_accumulate needs an accumulator on the GPU too") {
   float loss = 2;
   std::vector<TensorRef> ins = {TensorRef{piper::plan::F32, {}, &loss}}, outs;
   KernelContext ctx; // no accumulator
-  Status st = gpu->runKernel(*gpu->findKernel("loss_accumulate"), kernel, ins,
-                             outs, ctx);
+  Status st = gpu->runKernel(*gpu->findKernel("loss_accumulate"), kernel,
+                             decodeKernelAttrs(kernel), ins, outs, ctx);
   REQUIRE(!st);
   CHECK(st.message() ==
         "loss_accumulate: no loss accumulator in the kernel context");
@@ -201,10 +201,10 @@ TEST_CASE("the GPU cross entropy skips the term of an out-of-range target") {
   std::vector<TensorRef> lossOut = {TensorRef{piper::plan::F32, {}, &loss}};
   std::vector<TensorRef> gradOut = {
       TensorRef{piper::plan::F32, {rows, vocab}, dlogits.data()}};
-  REQUIRE(
-      gpu->runKernel(*gpu->findKernel("cross_entropy"), ce, ins, lossOut, ctx));
-  REQUIRE(gpu->runKernel(*gpu->findKernel("cross_entropy_grad"), ceGrad, ins,
-                         gradOut, ctx));
+  REQUIRE(gpu->runKernel(*gpu->findKernel("cross_entropy"), ce,
+                         decodeKernelAttrs(ce), ins, lossOut, ctx));
+  REQUIRE(gpu->runKernel(*gpu->findKernel("cross_entropy_grad"), ceGrad,
+                         decodeKernelAttrs(ceGrad), ins, gradOut, ctx));
   // Rows 0 and 1 contribute ln V, row 2 ln V - 0.
   CHECK(loss == Approx(std::log(5.0)).epsilon(1e-6));
   for (int64_t r = 0; r < rows; ++r)
@@ -215,8 +215,8 @@ TEST_CASE("the GPU cross entropy skips the term of an out-of-range target") {
     }
   // The CPU rejects both calls.
   auto cpu = createCpuDevice(nullptr);
-  CHECK(!cpu->runKernel(*cpu->findKernel("cross_entropy"), ce, ins, lossOut,
-                        ctx));
+  CHECK(!cpu->runKernel(*cpu->findKernel("cross_entropy"), ce,
+                        decodeKernelAttrs(ce), ins, lossOut, ctx));
 }
 
 TEST_CASE("worst error of the linear and loss GPU kernels") {
