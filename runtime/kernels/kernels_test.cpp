@@ -8,8 +8,10 @@
 #include <cstring>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "runtime/kernels/KernelUtil.h"
 #include "runtime/kernels/Kernels.h"
 
 using namespace piper;
@@ -280,6 +282,172 @@ TEST_CASE("attrInt and attrFloat read attributes or defaults", "[kernels]") {
   CHECK(attrFloat(k, "transpose_w", 0.0) == 1.0);
   CHECK(attrFloat(k, "missing", 0.5) == 0.5);
   CHECK(attrFloat(k, "name", 0.5) == 0.5);
+}
+
+TEST_CASE("decodeKernelAttrs maps every attribute name to its id",
+          "[kernels][attrs]") {
+  const size_t count = static_cast<size_t>(KernelAttr::kCount);
+  std::set<std::string> names;
+  for (size_t n = 0; n < count; ++n) {
+    const KernelAttr id = static_cast<KernelAttr>(n);
+    names.insert(kernelAttrName(id));
+    K k("linear");
+    k.i(kernelAttrName(id), int64_t(n) + 10).f("not_an_attribute", 1.0);
+    KernelAttrs attrs = decodeKernelAttrs(k);
+    for (size_t m = 0; m < count; ++m) {
+      const KernelAttrs::Value &v = attrs[static_cast<KernelAttr>(m)];
+      INFO(kernelAttrName(id) << " / " << kernelAttrName(KernelAttr(m)));
+      if (m == n) {
+        CHECK(v.kind == KernelAttrs::Value::kInt);
+        CHECK(v.i == int64_t(n) + 10);
+      } else {
+        CHECK(v.kind == KernelAttrs::Value::kAbsent);
+      }
+    }
+  }
+  CHECK(names.size() == count);
+  const std::vector<std::pair<KernelAttr, std::string>> spelled = {
+      {KernelAttr::kBeta1, "beta1"},
+      {KernelAttr::kBeta2, "beta2"},
+      {KernelAttr::kCapacity, "capacity"},
+      {KernelAttr::kEps, "eps"},
+      {KernelAttr::kExperts, "experts"},
+      {KernelAttr::kHeads, "heads"},
+      {KernelAttr::kKvHeads, "kv_heads"},
+      {KernelAttr::kLr, "lr"},
+      {KernelAttr::kMembers, "members"},
+      {KernelAttr::kNormTopk, "norm_topk"},
+      {KernelAttr::kRopeTheta, "rope_theta"},
+      {KernelAttr::kScale, "scale"},
+      {KernelAttr::kSeq, "seq"},
+      {KernelAttr::kTopK, "top_k"},
+      {KernelAttr::kTransposeW, "transpose_w"},
+      {KernelAttr::kVocab, "vocab"},
+      {KernelAttr::kWeightDecay, "weight_decay"},
+  };
+  CHECK(spelled.size() == count);
+  for (const auto &[id, name] : spelled)
+    CHECK(kernelAttrName(id) == name);
+}
+
+TEST_CASE("decoded attributes read back with the readers' defaults and errors",
+          "[kernels][attrs]") {
+  K k("linear");
+  k.i("heads", 4)
+      .f("eps", 0.25)
+      .f("experts", 3.0)        // an integral double reads as an integer
+      .f("top_k", 1.5)          // not integral
+      .f("members", 0x1p62)     // integral, but too large
+      .s("seq", "x")            // not a number
+      .f("lr", INFINITY)        // not finite
+      .f("beta1", NAN)          // not finite
+      .i("capacity", 0)         // not positive
+      .i("vocab", -2)           // not positive
+      .i("transpose_w", 2)      // neither 0 nor 1
+      .f("rope_theta", -1e300); // finite
+  (*k.kernel.mutable_attrs())["weight_decay"]; // an AttrValue with no value
+  const KernelAttrs attrs = decodeKernelAttrs(k);
+  CHECK(attrs[KernelAttr::kHeads].kind == KernelAttrs::Value::kInt);
+  CHECK(attrs[KernelAttr::kEps].kind == KernelAttrs::Value::kFloat);
+  CHECK(attrs[KernelAttr::kSeq].kind == KernelAttrs::Value::kOther);
+  CHECK(attrs[KernelAttr::kWeightDecay].kind == KernelAttrs::Value::kOther);
+  CHECK(attrs[KernelAttr::kScale].kind == KernelAttrs::Value::kAbsent);
+
+  std::vector<TensorRef> none;
+  KernelContext ctx;
+  const detail::KernelArgs a{k, attrs, none, none, ctx};
+  auto message = [](const Status &s) {
+    return s.isOk() ? std::string("ok") : s.message();
+  };
+
+  int64_t i = 0;
+  REQUIRE(detail::readInt(a, KernelAttr::kHeads, std::nullopt, i));
+  CHECK(i == 4);
+  REQUIRE(detail::readInt(a, KernelAttr::kExperts, std::nullopt, i));
+  CHECK(i == 3);
+  REQUIRE(detail::readInt(a, KernelAttr::kScale, 7, i));
+  CHECK(i == 7);
+  CHECK(message(detail::readInt(a, KernelAttr::kScale, std::nullopt, i)) ==
+        "linear: missing attribute 'scale'");
+  CHECK(message(detail::readInt(a, KernelAttr::kTopK, 1, i)) ==
+        "linear: attribute 'top_k' must be an integer");
+  CHECK(message(detail::readInt(a, KernelAttr::kMembers, 1, i)) ==
+        "linear: attribute 'members' must be an integer");
+  CHECK(message(detail::readInt(a, KernelAttr::kSeq, 1, i)) ==
+        "linear: attribute 'seq' must be an integer");
+  CHECK(message(detail::readInt(a, KernelAttr::kLr, 1, i)) ==
+        "linear: attribute 'lr' must be an integer");
+  CHECK(message(detail::readInt(a, KernelAttr::kWeightDecay, 1, i)) ==
+        "linear: attribute 'weight_decay' must be an integer");
+
+  REQUIRE(detail::readPositiveInt(a, KernelAttr::kHeads, std::nullopt, i));
+  CHECK(i == 4);
+  REQUIRE(detail::readPositiveInt(a, KernelAttr::kScale, 2, i));
+  CHECK(i == 2);
+  CHECK(message(detail::readPositiveInt(a, KernelAttr::kCapacity, 1, i)) ==
+        "linear: attribute 'capacity' must be positive, got 0");
+  CHECK(message(detail::readPositiveInt(a, KernelAttr::kVocab, 1, i)) ==
+        "linear: attribute 'vocab' must be positive, got -2");
+  CHECK(message(detail::readPositiveInt(a, KernelAttr::kScale, 0, i)) ==
+        "linear: attribute 'scale' must be positive, got 0");
+  CHECK(message(
+            detail::readPositiveInt(a, KernelAttr::kScale, std::nullopt, i)) ==
+        "linear: missing attribute 'scale'");
+  CHECK(message(detail::readPositiveInt(a, KernelAttr::kTopK, 1, i)) ==
+        "linear: attribute 'top_k' must be an integer");
+
+  double f = 0;
+  REQUIRE(detail::readFloat(a, KernelAttr::kEps, std::nullopt, f));
+  CHECK(f == 0.25);
+  REQUIRE(detail::readFloat(a, KernelAttr::kHeads, std::nullopt, f));
+  CHECK(f == 4.0);
+  REQUIRE(detail::readFloat(a, KernelAttr::kRopeTheta, 0.0, f));
+  CHECK(f == -1e300);
+  REQUIRE(detail::readFloat(a, KernelAttr::kScale, 0.5, f));
+  CHECK(f == 0.5);
+  CHECK(message(detail::readFloat(a, KernelAttr::kScale, std::nullopt, f)) ==
+        "linear: missing attribute 'scale'");
+  CHECK(message(detail::readFloat(a, KernelAttr::kLr, 1.0, f)) ==
+        "linear: attribute 'lr' must be finite");
+  CHECK(message(detail::readFloat(a, KernelAttr::kBeta1, 1.0, f)) ==
+        "linear: attribute 'beta1' must be finite");
+  CHECK(message(detail::readFloat(a, KernelAttr::kSeq, 1.0, f)) ==
+        "linear: attribute 'seq' must be a number");
+  CHECK(message(detail::readFloat(a, KernelAttr::kWeightDecay, 1.0, f)) ==
+        "linear: attribute 'weight_decay' must be a number");
+
+  bool transposeW = true;
+  CHECK(message(detail::readTransposeW(a, transposeW)) ==
+        "linear: attribute 'transpose_w' must be 0 or 1, got 2");
+  const KernelAttrs noAttrs = decodeKernelAttrs(K("linear"));
+  const detail::KernelArgs plain{k, noAttrs, none, none, ctx};
+  REQUIRE(detail::readTransposeW(plain, transposeW));
+  CHECK_FALSE(transposeW);
+  const KernelAttrs flagged =
+      decodeKernelAttrs(K("linear").f("transpose_w", 1));
+  const detail::KernelArgs withFlag{k, flagged, none, none, ctx};
+  REQUIRE(detail::readTransposeW(withFlag, transposeW));
+  CHECK(transposeW);
+}
+
+TEST_CASE("kernels read the decoded attributes, not the plan's map",
+          "[kernels][attrs]") {
+  K k("loss_accumulate");
+  k.f("scale", 2.0);
+  const KernelAttrs attrs = decodeKernelAttrs(k);
+  k.f("scale", 5.0); // after decoding: not seen by the call
+  const KernelInfo *info = findKernel("loss_accumulate");
+  REQUIRE(info);
+  float loss = 1.5f;
+  std::vector<TensorRef> ins = {TensorRef{plan::F32, {}, &loss}}, outs;
+  double total = 0;
+  KernelContext ctx;
+  ctx.lossAccumulator = &total;
+  REQUIRE(runKernel(*info, k, attrs, ins, outs, ctx));
+  CHECK(total == 3.0);
+  // The convenience overload decodes the kernel it is given.
+  REQUIRE(runKernel(k, ins, outs, ctx));
+  CHECK(total == 3.0 + 7.5);
 }
 
 // ---------------------------------------------------------------------------
