@@ -364,7 +364,7 @@ SegmentOp GptModelBuilder::beginSegment(StringRef name, int64_t block,
                                         Location where) {
   auto segment =
       SegmentOp::create(b, where, name, b.getFunctionType(inputs, results));
-  segment->setAttr("piper.block", b.getI64IntegerAttr(block));
+  setModelBlock(segment, block);
   b.setInsertionPointToStart(&segment.getBody().front());
   return segment;
 }
@@ -479,8 +479,7 @@ void GptModelBuilder::buildProgram(ArrayRef<SegmentOp> segments) {
     SmallVector<Value, 2> args{x};
     if (segment == segments.back())
       args.push_back(batch.getTargets());
-    int64_t block =
-        cast<IntegerAttr>(segment->getAttr("piper.block")).getInt();
+    int64_t block = *getModelBlock(segment);
     auto tag = TagAttr::get(b.getContext(), std::nullopt, std::nullopt,
                             std::nullopt, std::nullopt, block);
     auto task = TaskOp::create(

@@ -160,9 +160,9 @@ TEST_CASE("segments and tasks form the forward chain", "[frontend]") {
   std::vector<std::string> names;
   for (auto [k, seg] : llvm::enumerate(segments)) {
     names.push_back(seg.getSymName().str());
-    auto block = seg->getAttrOfType<IntegerAttr>("piper.block");
+    std::optional<int64_t> block = getModelBlock(seg);
     REQUIRE(block);
-    CHECK(block.getInt() == static_cast<int64_t>(k));
+    CHECK(*block == static_cast<int64_t>(k));
   }
   CHECK(names == std::vector<std::string>{"embed", "block0", "block1",
                                           "block2", "block3", "head"});

@@ -8,6 +8,7 @@
 #include "proto/PlanFile.h"
 #include "proto/PlanTensors.h"
 #include "proto/analysis/MemoryPlan.h"
+#include "proto/analysis/Simulate.h"
 
 using namespace mlir;
 using namespace mlir::piper;
@@ -167,18 +168,14 @@ public:
     auto *training = p.mutable_training();
     training->set_num_microbatches(dp.getNumMicrobatches());
     training->set_num_replicas(dp.getNumReplicas());
-    if (DictionaryAttr opt = dp.getOptimizerAttr()) {
-      if (auto v = opt.getAs<FloatAttr>("min_lr"))
-        training->set_min_lr(v.getValueAsDouble());
-      if (auto v = opt.getAs<IntegerAttr>("warmup_steps"))
-        training->set_warmup_steps(v.getInt());
-      if (auto v = opt.getAs<IntegerAttr>("decay_steps"))
-        training->set_decay_steps(v.getInt());
-      if (auto v = opt.getAs<FloatAttr>("clip_grad_norm"))
-        training->set_clip_grad_norm(v.getValueAsDouble());
-      if (auto v = opt.getAs<StringAttr>("dtype"))
-        training->set_compute_dtype(v.getValue() == "bf16" ? plan::BF16
-                                                           : plan::F32);
+    if (OptimizerAttr opt = dp.getOptimizerAttr()) {
+      training->set_min_lr(opt.getMinLr().convertToDouble());
+      training->set_warmup_steps(opt.getWarmupSteps());
+      training->set_decay_steps(opt.getDecaySteps());
+      training->set_clip_grad_norm(opt.getClipGradNorm().convertToDouble());
+      training->set_compute_dtype(opt.getDtype() == ComputeType::bf16
+                                      ? plan::BF16
+                                      : plan::F32);
     }
     // The exact memory plan: arena offsets from lifetimes (schema 2).
     std::string error;
@@ -517,5 +514,15 @@ mlir::piper::lowerToPlans(ModuleOp module, const std::string &modelName,
   plan::TrainingConfig &t = *m.mutable_training();
   for (const plan::Plan &p : out.plans)
     t.MergeFrom(p.training());
+  // The plans must finish a step together. The plan simulator is the one
+  // model of cross-device progress (blocking receives, asynchronous sends,
+  // collectives that start when every member class reaches them); timing
+  // does not matter here, only whether every stream gets to its end.
+  plan::Simulation progress;
+  std::string error;
+  if (!plan::simulate(out.plans, plan::Machine(), plan::SimulateOptions(),
+                      progress, error))
+    return module.emitError("the device programs cannot finish a step: ")
+           << error;
   return out;
 }

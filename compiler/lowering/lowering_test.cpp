@@ -6,6 +6,7 @@
 #include <string>
 
 #include "compiler/lowering/LowerToPlan.h"
+#include "compiler/transforms/Transforms.h"
 #include "dialects/piper/PiperDialect.h"
 #include "mlir/IR/Diagnostics.h"
 #include "mlir/IR/MLIRContext.h"
@@ -83,4 +84,112 @@ TEST_CASE("the lowering rejects an op with no kernel, naming it",
   CHECK_FALSE(ok);
   CHECK(diags == "'test.conv2d' op cannot be lowered to a plan kernel: "
                  "unknown kernel 'conv2d'\n");
+}
+
+namespace {
+
+/// Orders and lowers `source` (device programs of any number of classes) as
+/// piperc does; returns the diagnostics, empty when the lowering succeeds.
+std::string orderAndLower(const std::string &source) {
+  MLIRContext ctx;
+  ctx.loadDialect<PiperDialect>();
+  ctx.printOpOnDiagnostic(false);
+  std::string diagnostics;
+  ScopedDiagnosticHandler handler(&ctx, [&](Diagnostic &d) {
+    diagnostics += d.str() + "\n";
+    return success();
+  });
+  OwningOpRef<ModuleOp> module = parseSourceString<ModuleOp>(source, &ctx);
+  REQUIRE(module);
+  REQUIRE(succeeded(orderStreams(*module)));
+  FailureOr<LoweredPlans> lowered = lowerToPlans(*module, "test", "test");
+  CHECK(failed(lowered) == !diagnostics.empty());
+  return diagnostics;
+}
+
+} // namespace
+
+// The plan simulator is the compiler's one model of cross-device progress
+// (docs/compiler.md, "One progress model"): device programs that cannot
+// finish a step together are refused when their plans are written, with
+// the simulator's words for what each blocked stream waits for.
+TEST_CASE("the lowering refuses device programs that deadlock, naming what "
+          "each stream waits for",
+          "[lowering]") {
+  const std::string segF = R"(
+piper.segment @f(%x: tensor<4xf32>) -> tensor<4xf32> {
+  piper.yield %x : tensor<4xf32>
+}
+)";
+  SECTION("each class receives before it sends what the other receives") {
+    std::string error = orderAndLower(segF + R"(
+piper.device_program @class0 attributes {device_class = 0 : i64, ranks = array<i64: 0>} {
+  %a, %ad = piper.recv {channel = 1 : i64, peers = #piper.group<1>, stream = #piper.stream<"pp_stream", comm>} : tensor<4xf32>
+  %x, %xd = piper.task @f(%a) {devices = #piper.group<0>, stream = #piper.stream<"compute", compute>, tag = #piper.tag<PP = 0, MB = 0, PASS = F>} : (tensor<4xf32>) -> (tensor<4xf32>, !piper.token)
+  %s = piper.send %x {channel = 0 : i64, peers = #piper.group<1>, stream = #piper.stream<"pp_stream", comm>} : tensor<4xf32>
+}
+piper.device_program @class1 attributes {device_class = 1 : i64, ranks = array<i64: 1>} {
+  %b, %bd = piper.recv {channel = 0 : i64, peers = #piper.group<0>, stream = #piper.stream<"pp_stream", comm>} : tensor<4xf32>
+  %y, %yd = piper.task @f(%b) {devices = #piper.group<1>, stream = #piper.stream<"compute", compute>, tag = #piper.tag<PP = 1, MB = 0, PASS = F>} : (tensor<4xf32>) -> (tensor<4xf32>, !piper.token)
+  %s = piper.send %y {channel = 1 : i64, peers = #piper.group<0>, stream = #piper.stream<"pp_stream", comm>} : tensor<4xf32>
+}
+)");
+    INFO(error);
+    CHECK(error.find("the device programs cannot finish a step: the plans "
+                     "cannot finish the step (deadlock): ") == 0);
+    CHECK(error.find("class 0, stream 'pp_stream', instruction 0 (") !=
+          std::string::npos);
+    CHECK(error.find("class 1, stream 'pp_stream', instruction 0 (") !=
+          std::string::npos);
+  }
+  SECTION("a receive whose send no class issues") {
+    std::string error = orderAndLower(segF + R"(
+piper.param @w : tensor<4xf32> init zeros(0.0)
+piper.segment @e() -> tensor<4xf32> {
+  %w = piper.param_ref @w : tensor<4xf32>
+  piper.yield %w : tensor<4xf32>
+}
+piper.device_program @class0 attributes {device_class = 0 : i64, ranks = array<i64: 0>} {
+  %a, %ad = piper.recv {channel = 7 : i64, peers = #piper.group<1>, stream = #piper.stream<"activations", comm>} : tensor<4xf32>
+  %x, %xd = piper.task @f(%a) {devices = #piper.group<0>, stream = #piper.stream<"compute", compute>, tag = #piper.tag<PP = 0, MB = 0, PASS = F>} : (tensor<4xf32>) -> (tensor<4xf32>, !piper.token)
+}
+piper.device_program @class1 attributes {device_class = 1 : i64, ranks = array<i64: 1>} {
+  %y, %yd = piper.task @e() {devices = #piper.group<1>, stream = #piper.stream<"compute", compute>, tag = #piper.tag<PP = 1, MB = 0, PASS = F>} : () -> (tensor<4xf32>, !piper.token)
+}
+)");
+    INFO(error);
+    CHECK(error.find("the device programs cannot finish a step: the plans "
+                     "cannot finish the step (deadlock): ") == 0);
+    CHECK(error.find("class 0, stream 'activations', instruction 0 (") !=
+          std::string::npos);
+    CHECK(error.find("which class 1 never issues on a stream named "
+                     "'activations'") != std::string::npos);
+  }
+  SECTION("a world-wide clip that one class reaches only after another's "
+          "send it waits for") {
+    std::string error = orderAndLower(R"(
+piper.param @w : tensor<4xf32> init zeros(0.0)
+piper.segment @f() -> tensor<4xf32> {
+  %w = piper.param_ref @w : tensor<4xf32>
+  piper.yield %w : tensor<4xf32>
+}
+piper.segment @g(%x: tensor<4xf32>) {
+  piper.yield
+}
+piper.device_program @class0 attributes {device_class = 0 : i64, ranks = array<i64: 0>} {
+  %c = piper.clip_grads {max_norm = 1.0 : f64}
+  %x, %d = piper.task @f() after(%c) {devices = #piper.group<0>, stream = #piper.stream<"compute", compute>, tag = #piper.tag<PP = 0, PASS = U>} : () -> (tensor<4xf32>, !piper.token)
+  %s = piper.send %x {channel = 0 : i64, peers = #piper.group<1>, stream = #piper.stream<"pp_stream", comm>} : tensor<4xf32>
+}
+piper.device_program @class1 attributes {device_class = 1 : i64, ranks = array<i64: 1>} {
+  %r, %rd = piper.recv {channel = 0 : i64, peers = #piper.group<0>, stream = #piper.stream<"pp_stream", comm>} : tensor<4xf32>
+  %d = piper.task @g(%r) {devices = #piper.group<1>, stream = #piper.stream<"compute", compute>, tag = #piper.tag<PP = 1, PASS = B>} : (tensor<4xf32>) -> !piper.token
+  %c = piper.clip_grads after(%d) {max_norm = 1.0 : f64}
+}
+)");
+    INFO(error);
+    CHECK(error.find("the device programs cannot finish a step: the plans "
+                     "cannot finish the step (deadlock): ") == 0);
+    CHECK(error.find("the world's CLIP_GRADS") != std::string::npos);
+  }
 }

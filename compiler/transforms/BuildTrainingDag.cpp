@@ -124,8 +124,8 @@ public:
     for (Value v : fwdResults)
       fwdTypes.push_back(v.getType());
     fwd.setFunctionType(mb.getFunctionType(fb.getArgumentTypes(), fwdTypes));
-    fwd->setAttr("piper.pass", PassKindAttr::get(mb.getContext(), PassKind::F));
-    bwd->setAttr("piper.pass", PassKindAttr::get(mb.getContext(), PassKind::B));
+    setSegmentPass(fwd, PassKind::F);
+    setSegmentPass(bwd, PassKind::B);
     out.backward = bwd;
     return std::move(out);
   }
@@ -336,7 +336,7 @@ LogicalResult mlir::piper::buildTrainingDag(ModuleOp module,
                        "_U";
     auto useg = SegmentOp::create(mb, info.fwdTask.getLoc(), name,
                                   mb.getFunctionType({}, {}));
-    useg->setAttr("piper.pass", PassKindAttr::get(mb.getContext(), PassKind::U));
+    setSegmentPass(useg, PassKind::U);
     OpBuilder ub = OpBuilder::atBlockEnd(&useg.getBody().front());
     for (StringAttr p : info.diff.params) {
       auto param = symbols.lookup<ParamOp>(p);
@@ -360,18 +360,13 @@ LogicalResult mlir::piper::buildTrainingDag(ModuleOp module,
   for (StageInfo &info : llvm::reverse(infos))
     info.fwdTask.erase();
   // The schedule and clipping are step-level settings the runtime applies.
-  Builder attrs(module.getContext());
-  program->setOptimizerAttr(
-      attrs.getDictionaryAttr({
-          attrs.getNamedAttr("min_lr", attrs.getF64FloatAttr(opt.minLr)),
-          attrs.getNamedAttr("warmup_steps",
-                             attrs.getI64IntegerAttr(opt.warmupSteps)),
-          attrs.getNamedAttr("decay_steps",
-                             attrs.getI64IntegerAttr(opt.decaySteps)),
-          attrs.getNamedAttr("clip_grad_norm",
-                             attrs.getF64FloatAttr(opt.clipGradNorm)),
-          attrs.getNamedAttr("dtype", attrs.getStringAttr(opt.dtype)),
-      }));
+  std::optional<ComputeType> dtype = symbolizeComputeType(opt.dtype);
+  if (!dtype)
+    return module.emitError("unknown compute dtype '")
+           << opt.dtype << "' (f32 or bf16)";
+  program->setOptimizerAttr(OptimizerAttr::get(
+      module.getContext(), opt.minLr, opt.warmupSteps, opt.decaySteps,
+      opt.clipGradNorm, *dtype));
   return success();
 }
 

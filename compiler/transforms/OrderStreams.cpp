@@ -1,9 +1,10 @@
-// piper-order-streams: the issue order of each device program, and a
-// simulation of all device programs that turns a deadlock into an error.
+// piper-order-streams: the issue order of each device program. Whether the
+// programs together finish a step (no deadlock across devices) is decided
+// once, on the plans they lower to, by the plan simulator: lowerToPlans
+// (compiler/lowering) runs it, so the compiler and piper-plan share one
+// cross-device progress model (docs/compiler.md, "One progress model").
 #include "compiler/transforms/Passes.h"
 #include "compiler/transforms/Transforms.h"
-
-#include "llvm/ADT/StringExtras.h"
 
 namespace mlir::piper {
 #define GEN_PASS_DEF_PIPERORDERSTREAMS
@@ -53,119 +54,6 @@ static LogicalResult orderProgram(DeviceProgramOp dp) {
   return sortTopologically(body);
 }
 
-/// The id of a collective that spans several device classes.
-static std::optional<int64_t> collectiveOf(Operation *op) {
-  if (auto c = dyn_cast<CollectiveOpInterface>(op))
-    if (std::optional<uint64_t> id = c.getCollective())
-      return static_cast<int64_t>(*id);
-  return std::nullopt;
-}
-
-namespace {
-/// Simulates the device programs with blocking receives, asynchronous sends
-/// and collectives that complete when their group reaches them.
-class Simulator {
-public:
-  explicit Simulator(MutableArrayRef<DeviceProgramOp> programs)
-      : programs(programs) {
-    for (auto [c, dp] : llvm::enumerate(this->programs))
-      for (Operation &op : dp.getBody().front()) {
-        streams[c][streamOf(&op).str()].push_back(&op);
-        if (auto s = dyn_cast<SendOp>(op))
-          sendOfChannel[s.getChannel()] = &op;
-        if (isa<ClipGradsOp>(op))
-          ++numClips;
-        if (std::optional<int64_t> id = collectiveOf(&op))
-          ++membersOf[*id];
-      }
-  }
-
-  LogicalResult run() {
-    size_t total = 0;
-    for (auto &[c, ss] : streams)
-      for (auto &[name, list] : ss)
-        total += list.size();
-    while (done.size() < total) {
-      bool progress = false;
-      for (auto &[c, ss] : streams)
-        for (auto &[name, list] : ss) {
-          size_t &pc = pcs[{c, name}];
-          while (pc < list.size() && ready(list[pc])) {
-            done.insert(list[pc++]);
-            progress = true;
-          }
-        }
-      if (!progress)
-        return report();
-    }
-    return success();
-  }
-
-private:
-  bool ready(Operation *op) {
-    for (Value v : op->getOperands())
-      if (Operation *def = v.getDefiningOp(); def && !done.contains(def))
-        return false;
-    if (auto r = dyn_cast<RecvOp>(op)) {
-      Operation *send = sendOfChannel.lookup(r.getChannel());
-      return send && done.contains(send);
-    }
-    // A collective over several classes completes once all of them reach it.
-    if (std::optional<int64_t> id = collectiveOf(op)) {
-      arrivedAt[*id].insert(op);
-      return arrivedAt[*id].size() == membersOf[*id];
-    }
-    // A world collective completes once every device program reached its own.
-    if (isa<ClipGradsOp>(op)) {
-      arrivedClips.insert(op);
-      return arrivedClips.size() == numClips;
-    }
-    return true;
-  }
-
-  LogicalResult report() {
-    std::string msg = "the schedule deadlocks:";
-    for (auto &[c, ss] : streams)
-      for (auto &[name, list] : ss) {
-        size_t pc = pcs[{c, name}];
-        if (pc >= list.size())
-          continue;
-        Operation *op = list[pc];
-        DeviceProgramOp dp = programs[c];
-        msg += "\n  ranks [" +
-               llvm::join(llvm::map_range(dp.getRanks(),
-                                          [](int64_t r) {
-                                            return std::to_string(r);
-                                          }),
-                          ", ") +
-               "] stream '" + name + "' waits at " + describeNode(op);
-        if (auto r = dyn_cast<RecvOp>(op))
-          msg += " for a send that never happens";
-        else if (isa<ClipGradsOp>(op) && arrivedClips.contains(op))
-          msg += " for the other devices to reach their gradient clipping";
-        else
-          for (Value v : op->getOperands())
-            if (Operation *def = v.getDefiningOp();
-                def && !done.contains(def)) {
-              msg += " for " + describeNode(def);
-              break;
-            }
-      }
-    return programs.front().emitError(msg);
-  }
-
-  MutableArrayRef<DeviceProgramOp> programs;
-  std::map<size_t, std::map<std::string, std::vector<Operation *>>> streams;
-  std::map<std::pair<size_t, std::string>, size_t> pcs;
-  DenseMap<int64_t, Operation *> sendOfChannel;
-  DenseSet<Operation *> done;
-  DenseSet<Operation *> arrivedClips;
-  size_t numClips = 0;
-  std::map<int64_t, size_t> membersOf;
-  std::map<int64_t, DenseSet<Operation *>> arrivedAt;
-};
-} // namespace
-
 LogicalResult mlir::piper::orderStreams(ModuleOp module) {
   SmallVector<DeviceProgramOp> programs(module.getOps<DeviceProgramOp>());
   if (programs.empty())
@@ -174,7 +62,7 @@ LogicalResult mlir::piper::orderStreams(ModuleOp module) {
   for (DeviceProgramOp dp : programs)
     if (failed(orderProgram(dp)))
       return dp.emitOpError("has a cycle between its nodes");
-  return Simulator(programs).run();
+  return success();
 }
 
 namespace {

@@ -237,11 +237,14 @@ def PiperSplitDevices : Pass<"piper-split-devices", "::mlir::ModuleOp"> {
 }
 
 def PiperOrderStreams : Pass<"piper-order-streams", "::mlir::ModuleOp"> {
-  let summary = "Fix the issue order of every stream and prove it deadlock-free";
+  let summary = "Fix the issue order of every stream";
   let description = [{
     Orders each device program (receives right before their consumers, sends
-    right after their producers) and simulates all of them together; a
-    deadlock is reported with the ranks, streams and nodes that wait.
+    right after their producers, a batch right before its first consumer).
+    Whether all programs together finish a step is decided on their plans by
+    the plan simulator, the one cross-device progress model: the lowering
+    to plans runs it and reports a deadlock with the classes, streams and
+    instructions that wait (`piper-plan simulate` reports the same).
   }];
 }
 

@@ -67,10 +67,9 @@ static FailureOr<SegmentPieces> splitBackwardSegment(SegmentOp seg,
                         /*passThroughPiece=*/0);
   if (failed(pieces))
     return failure();
-  MLIRContext *ctx = seg.getContext();
   const PassKind passes[] = {PassKind::BI, PassKind::BW};
   for (auto [i, piece] : llvm::enumerate(pieces->pieces)) {
-    piece->setAttr("piper.pass", PassKindAttr::get(ctx, passes[i]));
+    setSegmentPass(piece, passes[i]);
     symbols.insert(piece);
   }
   return pieces;

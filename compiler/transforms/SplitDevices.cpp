@@ -223,11 +223,8 @@ LogicalResult mlir::piper::splitDevices(ModuleOp module) {
   }
   // Gradient clipping: one world-wide clip per device program, after its
   // gradients are complete and before its updates.
-  DictionaryAttr optimizer = program->getOptimizerAttr();
-  double clip = 0;
-  if (optimizer)
-    if (auto c = optimizer.getAs<FloatAttr>("clip_grad_norm"))
-      clip = c.getValueAsDouble();
+  OptimizerAttr optimizer = program->getOptimizerAttr();
+  double clip = optimizer ? optimizer.getClipGradNorm().convertToDouble() : 0;
   if (clip > 0) {
     for (DeviceProgramOp dp : programs) {
       Block &b = dp.getBody().front();

@@ -180,9 +180,8 @@ LogicalResult tieSharedParams(ModuleOp module);
 LogicalResult splitDevices(ModuleOp module);
 
 /// Fixes the issue order of every device program (receives just before
-/// their consumers, sends right after their producers) and proves the plans
-/// free of deadlock by simulating them; a deadlock is an error naming the
-/// ranks and nodes.
+/// their consumers, sends right after their producers). That the programs
+/// then finish a step together is proven on their plans (lowerToPlans).
 LogicalResult orderStreams(ModuleOp module);
 
 /// Estimated FLOPs of one op (used to balance stages and in reports).

@@ -195,17 +195,54 @@ void TagAttr::print(AsmPrinter &printer) const {
   printer << "<" << llvm::join(parts, ", ") << ">";
 }
 
+static PiperDialect *piperDialect(Operation *op) {
+  return op->getContext()->getLoadedDialect<PiperDialect>();
+}
+
+void mlir::piper::setSegmentPass(Operation *segment, PassKind pass) {
+  piperDialect(segment)->getPassAttrHelper().setAttr(
+      segment, PassKindAttr::get(segment->getContext(), pass));
+}
+
+void mlir::piper::setModelBlock(Operation *segment, int64_t block) {
+  Builder b(segment->getContext());
+  piperDialect(segment)->getBlockAttrHelper().setAttr(
+      segment, b.getI64IntegerAttr(block));
+}
+
+std::optional<int64_t> mlir::piper::getModelBlock(Operation *segment) {
+  if (IntegerAttr block =
+          piperDialect(segment)->getBlockAttrHelper().getAttr(segment))
+    return block.getInt();
+  return std::nullopt;
+}
+
+LogicalResult
+OptimizerAttr::verify(function_ref<InFlightDiagnostic()> emitError,
+                      APFloat minLr, int64_t warmupSteps,
+                      int64_t decaySteps, APFloat clipGradNorm,
+                      ComputeType) {
+  double lr = minLr.convertToDouble(), clip = clipGradNorm.convertToDouble();
+  if (!(lr >= 0) || !(clip >= 0) || warmupSteps < 0 || decaySteps < 0)
+    return emitError() << "optimizer settings must be non-negative, got "
+                          "min_lr = "
+                       << lr << ", warmup_steps = " << warmupSteps
+                       << ", decay_steps = " << decaySteps
+                       << ", clip_grad_norm = " << clip;
+  return success();
+}
+
 LogicalResult
 PiperDialect::verifyOperationAttribute(Operation *op, NamedAttribute attr) {
   StringRef name = attr.getName().getValue();
-  if (name == "piper.block") {
+  if (name == BlockAttrHelper::getNameStr()) {
     auto block = dyn_cast<IntegerAttr>(attr.getValue());
     if (!block || block.getInt() < 0)
       return op->emitError("'piper.block' must be a non-negative integer, got ")
              << attr.getValue();
     return success();
   }
-  if (name == "piper.pass") {
+  if (name == PassAttrHelper::getNameStr()) {
     if (!isa<PassKindAttr>(attr.getValue()))
       return op->emitError("'piper.pass' must be a #piper.pass, got ")
              << attr.getValue();

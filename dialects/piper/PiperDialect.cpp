@@ -31,28 +31,6 @@ void PiperDialect::initialize() {
       >();
 }
 
-/// Checks the step-level training settings of a program.
-static LogicalResult verifyOptimizer(Operation *op, DictionaryAttr settings) {
-  for (NamedAttribute entry : settings) {
-    StringRef key = entry.getName().getValue();
-    Attribute v = entry.getValue();
-    bool ok;
-    if (key == "min_lr" || key == "clip_grad_norm")
-      ok = isa<FloatAttr>(v);
-    else if (key == "warmup_steps" || key == "decay_steps")
-      ok = isa<IntegerAttr>(v);
-    else if (key == "dtype")
-      ok = isa<StringAttr>(v) &&
-           llvm::is_contained({"f32", "bf16"}, cast<StringAttr>(v).getValue());
-    else
-      return op->emitOpError("unknown optimizer setting '") << key << "'";
-    if (!ok)
-      return op->emitOpError("optimizer setting '")
-             << key << "' has the wrong type or value: " << v;
-  }
-  return success();
-}
-
 //===----------------------------------------------------------------------===//
 // Module-level ops
 //===----------------------------------------------------------------------===//
@@ -439,9 +417,6 @@ LogicalResult ProgramOp::verify() {
   if (getNumMicrobatchesAttr().getInt() < 1 ||
       getNumReplicasAttr().getInt() < 1)
     return emitOpError("num_microbatches and num_replicas must be positive");
-  if (auto settings = getOptimizerAttr();
-      settings && failed(verifyOptimizer(*this, settings)))
-    return failure();
   return verifyNodeKinds(getBody().front());
 }
 
@@ -455,9 +430,6 @@ LogicalResult DeviceProgramOp::verify() {
   if (getNumMicrobatchesAttr().getInt() < 1 ||
       getNumReplicasAttr().getInt() < 1)
     return emitOpError("num_microbatches and num_replicas must be positive");
-  if (auto settings = getOptimizerAttr();
-      settings && failed(verifyOptimizer(*this, settings)))
-    return failure();
   if (failed(verifyDeviceGroup(getRanks(), "ranks",
                                [&] { return emitOpError(); })))
     return failure();

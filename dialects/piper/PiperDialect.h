@@ -15,15 +15,31 @@
 #include "mlir/Interfaces/InferTypeOpInterface.h"
 #include "mlir/Interfaces/SideEffectInterfaces.h"
 
-#include "dialects/piper/PiperDialect.h.inc"
 #include "dialects/piper/PiperEnums.h.inc"
 #include "mlir/IR/DialectImplementation.h"
+
+namespace mlir {
+/// Parses a double-precision parameter of an attribute's `struct(params)`
+/// format (MLIR ships integer, string and attribute field parsers only).
+template <>
+struct FieldParser<llvm::APFloat> {
+  static FailureOr<llvm::APFloat> parse(AsmParser &parser) {
+    double value = 0;
+    if (parser.parseFloat(value))
+      return failure();
+    return llvm::APFloat(value);
+  }
+};
+} // namespace mlir
 
 #define GET_TYPEDEF_CLASSES
 #include "dialects/piper/PiperTypes.h.inc"
 
 #define GET_ATTRDEF_CLASSES
 #include "dialects/piper/PiperAttrs.h.inc"
+
+// After the attributes: the dialect's discardable-attribute helpers use them.
+#include "dialects/piper/PiperDialect.h.inc"
 
 namespace mlir::piper {
 /// Elements of every tensor result of `op`: the default FLOP count of
@@ -61,6 +77,13 @@ LogicalResult verifyDeviceGroup(llvm::ArrayRef<int64_t> devices,
 /// holding rows / members rows plus one when i < rows % members
 /// (proto/BalancedSplit.h, the rule of ZeRO shards too).
 llvm::SmallVector<int64_t> balancedSlices(int64_t rows, int64_t members);
+
+/// The declared discardable attributes of a segment (PiperDialect's
+/// `discardableAttrs`): `piper.pass`, the pass it runs, and `piper.block`,
+/// the model region it came from (nullopt when absent).
+void setSegmentPass(Operation *segment, PassKind pass);
+void setModelBlock(Operation *segment, int64_t block);
+std::optional<int64_t> getModelBlock(Operation *segment);
 
 } // namespace mlir::piper
 

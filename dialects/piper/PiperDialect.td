@@ -22,7 +22,15 @@ def Piper_Dialect : Dialect {
   let cppNamespace = "::mlir::piper";
   let useDefaultTypePrinterParser = 1;
   let useDefaultAttributePrinterParser = 1;
-  // Discardable attributes (`piper.block`, `piper.pass` on segments).
+  // The discardable attributes of segments, declared so that passes set and
+  // read them through typed helpers (PiperDialect::getPassAttrHelper(), ...)
+  // and never by string; verifyOperationAttribute checks their values.
+  let discardableAttrs = (ins
+    // The model region (transformer block) a segment came from.
+    "::mlir::IntegerAttr":$block,
+    // The pass a segment runs (#piper.pass<F>, B, BI, BW or U).
+    "::mlir::piper::PassKindAttr":$pass
+  );
   let hasOperationAttrVerify = 1;
   let extraClassDeclaration = [{
     /// Registers the attributes (PiperAttrs.cpp, next to their storage).
@@ -195,6 +203,60 @@ def Piper_DeviceGroupAttr : AttrDef<Piper_Dialect, "DeviceGroup"> {
     /// Position of `rank` in the group, or -1.
     int64_t indexOf(int64_t rank) const;
   }];
+}
+
+//===----------------------------------------------------------------------===//
+// Step-level training settings.
+//===----------------------------------------------------------------------===//
+
+def Piper_ComputeType : I32EnumAttr<"ComputeType",
+    "the element type a step computes in", [
+  I32EnumAttrCase<"f32", 0>,
+  I32EnumAttrCase<"bf16", 1>
+]> {
+  let cppNamespace = "::mlir::piper";
+  let genSpecializedAttr = 0;
+}
+
+// A double-precision setting (0 unless given): an APFloat, which the
+// attribute storage can hash, parsed by FieldParser<APFloat> (PiperDialect.h).
+def Piper_F64Parameter : AttrOrTypeParameter<"::llvm::APFloat", ""> {
+  let comparator = "$_lhs.bitwiseIsEqual($_rhs)";
+  let defaultValue = "::llvm::APFloat(0.0)";
+}
+
+def Piper_OptimizerAttr : AttrDef<Piper_Dialect, "Optimizer"> {
+  let mnemonic = "optimizer";
+  let summary = "The step-level training settings the runtime applies";
+  let description = [{
+    The learning-rate schedule (`min_lr`, `warmup_steps`, `decay_steps`),
+    gradient clipping by global norm (`clip_grad_norm`, 0 = off) and the
+    compute type (`f32`, or `bf16` with fp32 master weights). Each is
+    optional and defaults to 0 / `f32`, the plan's own defaults. Set by
+    `piper-build-training-dag`, copied to each device program by
+    `piper-split-devices`, written to the plans' `training` settings.
+
+    ```mlir
+    #piper.optimizer<min_lr = 1.0e-05, warmup_steps = 10, clip_grad_norm = 0.5, dtype = bf16>
+    ```
+  }];
+  let parameters = (ins
+    Piper_F64Parameter:$min_lr,
+    DefaultValuedParameter<"int64_t", "0">:$warmup_steps,
+    DefaultValuedParameter<"int64_t", "0">:$decay_steps,
+    Piper_F64Parameter:$clip_grad_norm,
+    DefaultValuedParameter<"ComputeType", "ComputeType::f32">:$dtype
+  );
+  let assemblyFormat = "`<` struct(params) `>`";
+  let genVerifyDecl = 1;
+  let builders = [
+    AttrBuilder<(ins "double":$minLr, "int64_t":$warmupSteps,
+                     "int64_t":$decaySteps, "double":$clipGradNorm,
+                     "ComputeType":$dtype), [{
+      return $_get($_ctxt, ::llvm::APFloat(minLr), warmupSteps, decaySteps,
+                   ::llvm::APFloat(clipGradNorm), dtype);
+    }]>
+  ];
 }
 
 #endif // PIPER_DIALECT_TD

@@ -27,7 +27,7 @@ def Piper_ProgramOp : Piper_Op<"program", [Symbol, SingleBlock, NoTerminator,
   let arguments = (ins SymbolNameAttr:$sym_name,
                        DefaultValuedAttr<I64Attr, "1">:$num_microbatches,
                        DefaultValuedAttr<I64Attr, "1">:$num_replicas,
-                       OptionalAttr<DictionaryAttr>:$optimizer,
+                       OptionalAttr<Piper_OptimizerAttr>:$optimizer,
                        UnitAttr:$replicated);
   let regions = (region SizedRegion<1>:$body);
   let assemblyFormat = "$sym_name attr-dict-with-keyword $body";
@@ -51,7 +51,7 @@ def Piper_DeviceProgramOp : Piper_Op<"device_program", [Symbol, SingleBlock,
                        I64Attr:$device_class,
                        DefaultValuedAttr<I64Attr, "1">:$num_microbatches,
                        DefaultValuedAttr<I64Attr, "1">:$num_replicas,
-                       OptionalAttr<DictionaryAttr>:$optimizer);
+                       OptionalAttr<Piper_OptimizerAttr>:$optimizer);
   let regions = (region SizedRegion<1>:$body);
   let assemblyFormat = "$sym_name attr-dict-with-keyword $body";
   let hasVerifier = 1;

@@ -7,15 +7,15 @@
 #include <fmt/format.h>
 
 #include "runtime/launch/BlasCore.h"
-#include "runtime/launch/CheckpointLock.h"
-#include "runtime/launch/Rendezvous.h"
-#include "runtime/launch/RunOptions.h"
-#include "runtime/launch/RunRank.h"
-#include "runtime/launch/Spawn.h"
-#include "runtime/launch/Standby.h"
-#include "runtime/launch/StandbyLauncher.h"
-#include "runtime/launch/StrategyFiles.h"
-#include "runtime/launch/Watchdog.h"
+#include "runtime/launch/checkpoints/CheckpointLock.h"
+#include "runtime/launch/checkpoints/StrategyFiles.h"
+#include "runtime/launch/options/RunOptions.h"
+#include "runtime/launch/rank/RunRank.h"
+#include "runtime/launch/rank/Standby.h"
+#include "runtime/launch/rendezvous/Rendezvous.h"
+#include "runtime/launch/supervision/Spawn.h"
+#include "runtime/launch/supervision/StandbyLauncher.h"
+#include "runtime/launch/watchdog/Watchdog.h"
 
 namespace piper::runtime {
 

@@ -15,13 +15,13 @@
 
 #include "proto/PlanFile.h"
 #include "runtime/launch/BlasCore.h"
-#include "runtime/launch/CheckpointLock.h"
-#include "runtime/launch/LaunchEnv.h"
-#include "runtime/launch/Progress.h"
-#include "runtime/launch/Rendezvous.h"
-#include "runtime/launch/Reporting.h"
-#include "runtime/launch/TcpRendezvous.h"
-#include "runtime/launch/Trace.h"
+#include "runtime/launch/checkpoints/CheckpointLock.h"
+#include "runtime/launch/rank/Progress.h"
+#include "runtime/launch/rank/Reporting.h"
+#include "runtime/launch/rank/Trace.h"
+#include "runtime/launch/rendezvous/LaunchEnv.h"
+#include "runtime/launch/rendezvous/Rendezvous.h"
+#include "runtime/launch/rendezvous/TcpRendezvous.h"
 
 using namespace piper::runtime;
 

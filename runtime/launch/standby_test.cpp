@@ -11,8 +11,8 @@
 
 #include <catch2/catch.hpp>
 
-#include "runtime/launch/Standby.h"
-#include "runtime/launch/StandbyLauncher.h"
+#include "runtime/launch/rank/Standby.h"
+#include "runtime/launch/supervision/StandbyLauncher.h"
 
 using namespace piper::runtime;
 namespace fs = std::filesystem;

@@ -6,8 +6,8 @@
 // label. Also PIPER_FAULT's errors.
 #include <dirent.h>
 
-#include "runtime/launch/Watchdog.h"
 #include "runtime/launch/launcher_test_util.h"
+#include "runtime/launch/watchdog/Watchdog.h"
 
 using namespace piper::launchertest;
 using piper::runtime::FaultSpec;
