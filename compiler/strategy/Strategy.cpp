@@ -78,149 +78,8 @@ public:
     if (!op)
       return fail("missing string key \"op\"");
     llvm::StringSet<> allowed = {"op"};
-    if (*op == "stage") {
-      d.kind = Directive::Stage;
-      allowed.insert("stages");
-      if (auto e = getInt("stages", d.stages, /*required=*/true))
-        return std::move(e);
-    } else if (*op == "split") {
-      d.kind = Directive::Split;
-      for (auto k : {"filter", "dim_name", "num_microbatches"})
-        allowed.insert(k);
-      if (auto e = getFilter("filter", d.filter, /*required=*/false))
-        return std::move(e);
-      if (auto e = getInt("num_microbatches", d.numMicrobatches, true))
-        return std::move(e);
-      if (auto e = getString("dim_name", d.dimName))
-        return std::move(e);
-      if (d.dimName != "MB")
-        return fail("only the \"MB\" split dimension is supported");
-      if (!d.filter.entries.empty())
-        return fail("split supports only the empty filter {} (the whole DAG)");
-    } else if (*op == "place" || *op == "replicate") {
-      bool place = *op == "place";
-      d.kind = place ? Directive::Place : Directive::Replicate;
-      for (auto k : {"filter", "devices"})
-        allowed.insert(k);
-      if (auto e = getFilter("filter", d.filter, /*required=*/true))
-        return std::move(e);
-      if (auto e = getDevices())
-        return std::move(e);
-      if (place) {
-        allowed.insert("stream");
-        d.stream = "pp_stream";
-        if (auto e = getString("stream", d.stream))
-          return std::move(e);
-      } else {
-        for (auto k : {"reduce_stream", "gather_stream", "bucket_size",
-                       "shard_grads", "shard_params", "zero"})
-          allowed.insert(k);
-        // ZeRO: the original Piper's booleans (shard_grads: ZeRO-2,
-        // shard_params: ZeRO-3), or the stage itself ("zero": 0-3, which
-        // alone can say ZeRO-1).
-        bool shardGrads = false, shardParams = false;
-        if (auto e = getBool("shard_grads", shardGrads))
-          return std::move(e);
-        if (auto e = getBool("shard_params", shardParams))
-          return std::move(e);
-        d.zero = shardParams ? 3 : shardGrads ? 2 : 0;
-        if (const json::Value *z = obj.get("zero")) {
-          std::optional<int64_t> stage = z->getAsInteger();
-          if (!stage || *stage < 0 || *stage > 3)
-            return fail("\"zero\" must be the ZeRO stage: 0, 1, 2 or 3");
-          if ((shardGrads && *stage < 2) || (shardParams && *stage < 3))
-            return fail(llvm::formatv(
-                            "\"zero\": {0} contradicts \"{1}\": true "
-                            "(shard_grads is ZeRO-2, shard_params ZeRO-3)",
-                            *stage, shardParams ? "shard_params" : "shard_grads")
-                            .str());
-          d.zero = static_cast<int>(*stage);
-        }
-        if (obj.get("stream"))
-          return fail("replicate takes \"reduce_stream\", not \"stream\"");
-        d.reduceStream = "dp_stream";
-        if (auto e = getString("reduce_stream", d.reduceStream))
-          return std::move(e);
-        d.gatherStream = d.reduceStream;
-        if (auto e = getString("gather_stream", d.gatherStream))
-          return std::move(e);
-        if (const json::Value *b = obj.get("bucket_size")) {
-          std::optional<double> mb = b->getAsNumber();
-          if (!mb || !(*mb > 0) || !std::isfinite(*mb))
-            return fail("\"bucket_size\" must be a positive number of MB");
-          d.bucketSizeMb = *mb;
-        }
-      }
-    } else if (*op == "order") {
-      d.kind = Directive::Order;
-      allowed.insert("filters");
-      const json::Array *rows = obj.getArray("filters");
-      if (!rows)
-        return fail("missing list key \"filters\" (a list of groups)");
-      if (rows->size() > kMaxOrderGroups)
-        return fail(llvm::formatv("\"filters\" has {0} groups, more than the "
-                                  "limit of {1}",
-                                  rows->size(), kMaxOrderGroups)
-                        .str());
-      for (const json::Value &row : *rows) {
-        const json::Array *group = row.getAsArray();
-        if (!group || group->empty())
-          return fail("each entry of \"filters\" must be a non-empty list of "
-                      "filters");
-        std::vector<Filter> filters;
-        for (const json::Value &f : *group) {
-          Filter filter;
-          if (auto e = parseFilter(f, filter))
-            return std::move(e);
-          filters.push_back(std::move(filter));
-        }
-        d.groups.push_back(std::move(filters));
-      }
-      if (d.groups.empty())
-        return fail("\"filters\" must not be empty");
-      if (auto e = checkSplitBackward())
-        return std::move(e);
-    } else if (*op == "schedule") {
-      d.kind = Directive::Schedule;
-      allowed.insert("name");
-      std::optional<llvm::StringRef> name = obj.getString("name");
-      if (!name)
-        return fail("missing string key \"name\" (a schedule: " +
-                    scheduleNames() + ")");
-      if (!findSchedule(*name))
-        return fail(llvm::formatv("unknown schedule \"{0}\" (expected {1})",
-                                  *name, scheduleNames())
-                        .str());
-      d.schedule = name->str();
-    } else if (*op == "shard") {
-      // Expert parallelism: the MoE layers of the stage placed on `devices`
-      // (its data-parallel group) split their experts over consecutive
-      // groups of `ep` of them (default: all).
-      d.kind = Directive::Shard;
-      for (auto k : {"filter", "devices", "stream", "ep"})
-        allowed.insert(k);
-      if (auto e = getFilter("filter", d.filter, /*required=*/true))
-        return std::move(e);
-      for (const auto &[key, value] : d.filter.entries)
-        if (key == "EP" ? value.kind != FilterValue::Any
-                        : key != "PP")
-          return fail("shard selects expert regions with \"EP\": \"*\" "
-                      "and optionally \"PP\", not \"" + key + "\"" +
-                      (key == "EP" ? " with an index" : ""));
-      if (auto e = getDevices())
-        return std::move(e);
-      d.stream = "ep_stream";
-      if (auto e = getString("stream", d.stream))
-        return std::move(e);
-      d.expertParallel = static_cast<int64_t>(d.devices.size());
-      if (auto e = getInt("ep", d.expertParallel, /*required=*/false))
-        return std::move(e);
-    } else {
-      return fail(llvm::formatv("unknown directive \"{0}\" (expected stage, "
-                                "split, place, replicate, shard, order or schedule)",
-                                *op)
-                      .str());
-    }
+    if (auto e = parseKind(*op, allowed))
+      return std::move(e);
     for (const auto &kv : obj)
       if (!allowed.contains(kv.first.str()))
         return fail(llvm::formatv("unknown key \"{0}\" for {1}",
@@ -230,6 +89,192 @@ public:
   }
 
 private:
+  /// Reads the keys of directive kind `op` into `d` and adds them to
+  /// `allowed`, the keys that directive may have; the parseKIND functions
+  /// below do the same for one kind each.
+  llvm::Error parseKind(llvm::StringRef op, llvm::StringSet<> &allowed) {
+    if (op == "stage")
+      return parseStage(allowed);
+    if (op == "split")
+      return parseSplit(allowed);
+    if (op == "place" || op == "replicate")
+      return parsePlaceOrReplicate(op == "place", allowed);
+    if (op == "order")
+      return parseOrder(allowed);
+    if (op == "schedule")
+      return parseSchedule(allowed);
+    if (op == "shard")
+      return parseShard(allowed);
+    return fail(llvm::formatv("unknown directive \"{0}\" (expected stage, "
+                              "split, place, replicate, shard, order or "
+                              "schedule)",
+                              op)
+                    .str());
+  }
+
+  /// "stage": the number of stages.
+  llvm::Error parseStage(llvm::StringSet<> &allowed) {
+    d.kind = Directive::Stage;
+    allowed.insert("stages");
+    return getInt("stages", d.stages, /*required=*/true);
+  }
+
+  /// "split": microbatches over the whole DAG, along "MB" only.
+  llvm::Error parseSplit(llvm::StringSet<> &allowed) {
+    d.kind = Directive::Split;
+    for (auto k : {"filter", "dim_name", "num_microbatches"})
+      allowed.insert(k);
+    if (auto e = getFilter("filter", d.filter, /*required=*/false))
+      return e;
+    if (auto e = getInt("num_microbatches", d.numMicrobatches, true))
+      return e;
+    if (auto e = getString("dim_name", d.dimName))
+      return e;
+    if (d.dimName != "MB")
+      return fail("only the \"MB\" split dimension is supported");
+    if (!d.filter.entries.empty())
+      return fail("split supports only the empty filter {} (the whole DAG)");
+    return llvm::Error::success();
+  }
+
+  /// "place" (`place`) or "replicate": a filter and its devices, then the
+  /// stream of a place or the options of a replicate.
+  llvm::Error parsePlaceOrReplicate(bool place, llvm::StringSet<> &allowed) {
+    d.kind = place ? Directive::Place : Directive::Replicate;
+    for (auto k : {"filter", "devices"})
+      allowed.insert(k);
+    if (auto e = getFilter("filter", d.filter, /*required=*/true))
+      return e;
+    if (auto e = getDevices())
+      return e;
+    if (place) {
+      allowed.insert("stream");
+      d.stream = "pp_stream";
+      return getString("stream", d.stream);
+    }
+    return parseReplicateOptions(allowed);
+  }
+
+  /// The options of "replicate": the ZeRO stage, the reduce and gather
+  /// streams and the gradient bucket size.
+  llvm::Error parseReplicateOptions(llvm::StringSet<> &allowed) {
+    for (auto k : {"reduce_stream", "gather_stream", "bucket_size",
+                   "shard_grads", "shard_params", "zero"})
+      allowed.insert(k);
+    if (auto e = getZeroStage())
+      return e;
+    if (obj.get("stream"))
+      return fail("replicate takes \"reduce_stream\", not \"stream\"");
+    d.reduceStream = "dp_stream";
+    if (auto e = getString("reduce_stream", d.reduceStream))
+      return e;
+    d.gatherStream = d.reduceStream;
+    if (auto e = getString("gather_stream", d.gatherStream))
+      return e;
+    if (const json::Value *b = obj.get("bucket_size")) {
+      std::optional<double> mb = b->getAsNumber();
+      if (!mb || !(*mb > 0) || !std::isfinite(*mb))
+        return fail("\"bucket_size\" must be a positive number of MB");
+      d.bucketSizeMb = *mb;
+    }
+    return llvm::Error::success();
+  }
+
+  /// ZeRO: the original Piper's booleans (shard_grads: ZeRO-2,
+  /// shard_params: ZeRO-3), or the stage itself ("zero": 0-3, which
+  /// alone can say ZeRO-1); the two must agree.
+  llvm::Error getZeroStage() {
+    bool shardGrads = false, shardParams = false;
+    if (auto e = getBool("shard_grads", shardGrads))
+      return e;
+    if (auto e = getBool("shard_params", shardParams))
+      return e;
+    d.zero = shardParams ? 3 : shardGrads ? 2 : 0;
+    if (const json::Value *z = obj.get("zero")) {
+      std::optional<int64_t> stage = z->getAsInteger();
+      if (!stage || *stage < 0 || *stage > 3)
+        return fail("\"zero\" must be the ZeRO stage: 0, 1, 2 or 3");
+      if ((shardGrads && *stage < 2) || (shardParams && *stage < 3))
+        return fail(
+            llvm::formatv("\"zero\": {0} contradicts \"{1}\": true "
+                          "(shard_grads is ZeRO-2, shard_params ZeRO-3)",
+                          *stage, shardParams ? "shard_params" : "shard_grads")
+                .str());
+      d.zero = static_cast<int>(*stage);
+    }
+    return llvm::Error::success();
+  }
+
+  /// "order": a list of groups of filters, in the order their tasks run.
+  llvm::Error parseOrder(llvm::StringSet<> &allowed) {
+    d.kind = Directive::Order;
+    allowed.insert("filters");
+    const json::Array *rows = obj.getArray("filters");
+    if (!rows)
+      return fail("missing list key \"filters\" (a list of groups)");
+    if (rows->size() > kMaxOrderGroups)
+      return fail(llvm::formatv("\"filters\" has {0} groups, more than the "
+                                "limit of {1}",
+                                rows->size(), kMaxOrderGroups)
+                      .str());
+    for (const json::Value &row : *rows) {
+      const json::Array *group = row.getAsArray();
+      if (!group || group->empty())
+        return fail("each entry of \"filters\" must be a non-empty list of "
+                    "filters");
+      std::vector<Filter> filters;
+      for (const json::Value &f : *group) {
+        Filter filter;
+        if (auto e = parseFilter(f, filter))
+          return e;
+        filters.push_back(std::move(filter));
+      }
+      d.groups.push_back(std::move(filters));
+    }
+    if (d.groups.empty())
+      return fail("\"filters\" must not be empty");
+    return checkSplitBackward();
+  }
+
+  /// "schedule": the name of a known pipeline schedule.
+  llvm::Error parseSchedule(llvm::StringSet<> &allowed) {
+    d.kind = Directive::Schedule;
+    allowed.insert("name");
+    std::optional<llvm::StringRef> name = obj.getString("name");
+    if (!name)
+      return fail(
+          "missing string key \"name\" (a schedule: " + scheduleNames() + ")");
+    if (!findSchedule(*name))
+      return fail(llvm::formatv("unknown schedule \"{0}\" (expected {1})",
+                                *name, scheduleNames())
+                      .str());
+    d.schedule = name->str();
+    return llvm::Error::success();
+  }
+
+  /// "shard": expert parallelism. The MoE layers of the stage placed on
+  /// `devices` (its data-parallel group) split their experts over
+  /// consecutive groups of `ep` of them (default: all).
+  llvm::Error parseShard(llvm::StringSet<> &allowed) {
+    d.kind = Directive::Shard;
+    for (auto k : {"filter", "devices", "stream", "ep"})
+      allowed.insert(k);
+    if (auto e = getFilter("filter", d.filter, /*required=*/true))
+      return e;
+    for (const auto &[key, value] : d.filter.entries)
+      if (key == "EP" ? value.kind != FilterValue::Any : key != "PP")
+        return fail("shard selects expert regions with \"EP\": \"*\" "
+                    "and optionally \"PP\", not \"" +
+                    key + "\"" + (key == "EP" ? " with an index" : ""));
+    if (auto e = getDevices())
+      return e;
+    d.stream = "ep_stream";
+    if (auto e = getString("stream", d.stream))
+      return e;
+    d.expertParallel = static_cast<int64_t>(d.devices.size());
+    return getInt("ep", d.expertParallel, /*required=*/false);
+  }
+
   /// The split-backward stencil of an order directive (the original
   /// Piper's rule): each filter it names with PASS "BI" it also names once
   /// with "BW", in a later group, and never with the fused "B".

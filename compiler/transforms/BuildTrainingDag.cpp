@@ -217,35 +217,60 @@ private:
 };
 } // namespace
 
-LogicalResult mlir::piper::buildTrainingDag(ModuleOp module,
-                                            const OptimizerConfig &opt) {
-  FailureOr<ProgramOp> program = getProgram(module);
-  if (failed(program))
-    return failure();
-  Block &body = program->getBody().front();
-  SmallVector<TaskOp> tasks(body.getOps<TaskOp>());
-  if (tasks.empty())
-    return program->emitOpError("has no tasks to differentiate");
-  for (TaskOp t : tasks) {
-    if (t.getTag().getPass().has_value())
-      return t.emitOpError("is already part of a training DAG");
-    if (!t.getTag().getPp())
-      return t.emitOpError("has no PP tag: run piper-stage first");
+namespace {
+/// A forward task of the program and the backward of its segment.
+struct StageInfo {
+  TaskOp fwdTask;
+  SegmentOp fwdSegment;
+  Differentiated diff;
+  TagAttr tag;
+};
+
+/// Builds the training DAG of a program's forward tasks, one per stage:
+/// differentiates their segments, then appends new forward tasks, backward
+/// tasks in reverse, and an update task per stage to the program.
+class TrainingDagBuilder {
+public:
+  TrainingDagBuilder(ModuleOp module, ProgramOp program,
+                     const OptimizerConfig &opt)
+      : symbols(module), mb(module.getContext()),
+        pb(OpBuilder::atBlockEnd(&program.getBody().front())), opt(opt) {
+    mb.setInsertionPoint(program);
   }
 
-  SymbolTable symbols(module);
-  OpBuilder mb(module.getContext());
-  mb.setInsertionPoint(*program);
-  OpBuilder pb = OpBuilder::atBlockEnd(&body);
+  /// Renames each task's segment to NAME_F and builds its backward segment
+  /// NAME_B. Each segment must be called by exactly one task.
+  LogicalResult differentiateStages(ArrayRef<TaskOp> tasks);
+  /// Appends the new forward tasks, in order, reading each other's results
+  /// without the losses.
+  void createForwardTasks();
+  /// Appends the backward tasks in reverse stage order, each reading the
+  /// gradients of its forward results from the later stages' backward
+  /// tasks.
+  LogicalResult createBackwardTasks();
+  /// Appends one update task per stage, unless the configuration has none.
+  void createUpdateTasks();
+  /// Erases the program's original forward tasks.
+  void eraseOldTasks();
 
-  struct StageInfo {
-    TaskOp fwdTask;
-    SegmentOp fwdSegment;
-    Differentiated diff;
-    TagAttr tag;
-  };
+private:
+  /// One update task for a stage, after its backward task `bwd`: AdamW on
+  /// each of its parameters, then clear the accumulators for the next step.
+  void createUpdateTask(StageInfo &info, TaskOp bwd);
+
+  SymbolTable symbols;
+  /// Builds segments, before the program.
+  OpBuilder mb;
+  /// Builds tasks, at the end of the program.
+  OpBuilder pb;
+  const OptimizerConfig &opt;
   std::vector<StageInfo> infos;
-  for (auto [si, t] : llvm::enumerate(tasks)) {
+  SmallVector<TaskOp> newFwd, newBwd;
+};
+} // namespace
+
+LogicalResult TrainingDagBuilder::differentiateStages(ArrayRef<TaskOp> tasks) {
+  for (TaskOp t : tasks) {
     auto seg = symbols.lookup<SegmentOp>(t.getSegment());
     if (!seg)
       return t.emitOpError("calls unknown segment @") << t.getSegment();
@@ -266,10 +291,11 @@ LogicalResult mlir::piper::buildTrainingDag(ModuleOp module,
     // update in each; piper-tie-params sums its gradient across them.
     infos.push_back({t, seg, std::move(*diff), t.getTag()});
   }
+  return success();
+}
 
-  // New forward tasks, in order.
+void TrainingDagBuilder::createForwardTasks() {
   IRMapping map; // old values -> new values
-  SmallVector<TaskOp> newFwd;
   for (StageInfo &info : infos) {
     TaskOp t = info.fwdTask;
     SegmentOp seg = info.fwdSegment;
@@ -286,10 +312,12 @@ LogicalResult mlir::piper::buildTrainingDag(ModuleOp module,
         map.map(r, nt.getOuts()[k++]);
     newFwd.push_back(nt);
   }
+}
 
-  // Backward tasks in reverse; gradOf maps a new forward value to its grad.
+LogicalResult TrainingDagBuilder::createBackwardTasks() {
+  // gradOf maps a new forward value to its grad.
   DenseMap<Value, Value> gradOf;
-  SmallVector<TaskOp> newBwd(infos.size());
+  newBwd.resize(infos.size());
   for (int64_t si = infos.size() - 1; si >= 0; --si) {
     StageInfo &info = infos[si];
     TaskOp old = info.fwdTask, nf = newFwd[si];
@@ -326,44 +354,75 @@ LogicalResult mlir::piper::buildTrainingDag(ModuleOp module,
     }
     newBwd[si] = bt;
   }
+  return success();
+}
 
-  // One update task per stage: AdamW on each of its parameters, then clear
-  // the accumulators for the next step.
-  for (auto [si, info] : llvm::enumerate(infos)) {
-    if (opt.noUpdate)
-      break;
-    std::string name = "stage" + std::to_string(*info.tag.getPp()) +
-                       "_U";
-    auto useg = SegmentOp::create(mb, info.fwdTask.getLoc(), name,
-                                  mb.getFunctionType({}, {}));
-    setSegmentPass(useg, PassKind::U);
-    OpBuilder ub = OpBuilder::atBlockEnd(&useg.getBody().front());
-    for (StringAttr p : info.diff.params) {
-      auto param = symbols.lookup<ParamOp>(p);
-      double wd = param.getTensorType().getRank() >= 2 ? opt.weightDecay : 0.0;
-      AdamWOp::create(ub, param.getLoc(), FlatSymbolRefAttr::get(p),
-                      ub.getF64FloatAttr(opt.lr), ub.getF64FloatAttr(opt.beta1),
-                      ub.getF64FloatAttr(opt.beta2), ub.getF64FloatAttr(opt.eps),
-                      ub.getF64FloatAttr(wd));
-    }
-    for (StringAttr p : info.diff.params)
-      ZeroGradOp::create(ub, useg.getLoc(), FlatSymbolRefAttr::get(p));
-    YieldOp::create(ub, useg.getLoc(), ValueRange());
-    symbols.insert(useg);
-    TaskOp::create(pb, info.fwdTask.getLoc(), TypeRange(),
-                   pb.getType<TokenType>(),
-                   FlatSymbolRefAttr::get(useg.getSymNameAttr()), ValueRange(),
-                   ValueRange{newBwd[si].getDone()}, info.tag.withPass(PassKind::U),
-                   DeviceGroupAttr(), StreamAttr(), StreamAttr());
+void TrainingDagBuilder::createUpdateTask(StageInfo &info, TaskOp bwd) {
+  std::string name = "stage" + std::to_string(*info.tag.getPp()) + "_U";
+  auto useg = SegmentOp::create(mb, info.fwdTask.getLoc(), name,
+                                mb.getFunctionType({}, {}));
+  setSegmentPass(useg, PassKind::U);
+  OpBuilder ub = OpBuilder::atBlockEnd(&useg.getBody().front());
+  for (StringAttr p : info.diff.params) {
+    auto param = symbols.lookup<ParamOp>(p);
+    double wd = param.getTensorType().getRank() >= 2 ? opt.weightDecay : 0.0;
+    AdamWOp::create(ub, param.getLoc(), FlatSymbolRefAttr::get(p),
+                    ub.getF64FloatAttr(opt.lr), ub.getF64FloatAttr(opt.beta1),
+                    ub.getF64FloatAttr(opt.beta2), ub.getF64FloatAttr(opt.eps),
+                    ub.getF64FloatAttr(wd));
   }
+  for (StringAttr p : info.diff.params)
+    ZeroGradOp::create(ub, useg.getLoc(), FlatSymbolRefAttr::get(p));
+  YieldOp::create(ub, useg.getLoc(), ValueRange());
+  symbols.insert(useg);
+  TaskOp::create(pb, info.fwdTask.getLoc(), TypeRange(),
+                 pb.getType<TokenType>(),
+                 FlatSymbolRefAttr::get(useg.getSymNameAttr()), ValueRange(),
+                 ValueRange{bwd.getDone()}, info.tag.withPass(PassKind::U),
+                 DeviceGroupAttr(), StreamAttr(), StreamAttr());
+}
 
+void TrainingDagBuilder::createUpdateTasks() {
+  if (opt.noUpdate)
+    return;
+  for (auto [si, info] : llvm::enumerate(infos))
+    createUpdateTask(info, newBwd[si]);
+}
+
+void TrainingDagBuilder::eraseOldTasks() {
   for (StageInfo &info : llvm::reverse(infos))
     info.fwdTask.erase();
-  // The schedule and clipping are step-level settings the runtime applies.
+}
+
+LogicalResult mlir::piper::buildTrainingDag(ModuleOp module,
+                                            const OptimizerConfig &opt) {
+  FailureOr<ProgramOp> program = getProgram(module);
+  if (failed(program))
+    return failure();
+  Block &body = program->getBody().front();
+  SmallVector<TaskOp> tasks(body.getOps<TaskOp>());
+  if (tasks.empty())
+    return program->emitOpError("has no tasks to differentiate");
+  for (TaskOp t : tasks) {
+    if (t.getTag().getPass().has_value())
+      return t.emitOpError("is already part of a training DAG");
+    if (!t.getTag().getPp())
+      return t.emitOpError("has no PP tag: run piper-stage first");
+  }
+
   std::optional<ComputeType> dtype = symbolizeComputeType(opt.dtype);
   if (!dtype)
     return module.emitError("unknown compute dtype '")
            << opt.dtype << "' (f32 or bf16)";
+  TrainingDagBuilder dag(module, *program, opt);
+  if (failed(dag.differentiateStages(tasks)))
+    return failure();
+  dag.createForwardTasks();
+  if (failed(dag.createBackwardTasks()))
+    return failure();
+  dag.createUpdateTasks();
+  dag.eraseOldTasks();
+  // The schedule and clipping are step-level settings the runtime applies.
   program->setOptimizerAttr(OptimizerAttr::get(
       module.getContext(), opt.minLr, opt.warmupSteps, opt.decaySteps,
       opt.clipGradNorm, *dtype));

@@ -32,13 +32,12 @@ template <typename T> CLI::Validator integerFrom(T lo, T hi) {
 constexpr int64_t kInt64Min = std::numeric_limits<int64_t>::min();
 constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
 
-} // namespace
+// The add*Options helpers define the options in the order --help lists them.
 
-bool parseRunOptions(int argc, char **argv, RunOptions &options,
-                     int &exitCode) {
-  CLI::App app{"piper-run: runs a compiled Piper strategy on local CPU "
-               "processes (docs/piper-run.md)",
-               "piper-run"};
+/// The strategy folder and how to run it: ranks, backend, communicator,
+/// steps, seed, the metrics file, the communication timeout, and where
+/// parameters and the ranks' logs go.
+void addRunOptions(CLI::App &app, RunOptions &options) {
   app.add_option("out", options.outDir,
                  "compiled strategy folder (manifest.textproto + plans)")
       ->required();
@@ -74,6 +73,11 @@ bool parseRunOptions(int argc, char **argv, RunOptions &options,
                  "after the last step, write DIR/<param>.bin (fp32)");
   app.add_option("--log-dir", options.logDir,
                  "write each spawned rank's stderr to DIR/rank-<R>.log");
+}
+
+/// The training data (--data, --data-dtype) and the files parameters and
+/// gradients are saved to or loaded from.
+void addDataOptions(CLI::App &app, RunOptions &options) {
   CLI::Option *data = app.add_option(
       "--data", options.dataPath,
       "train on windows of this token file instead of synthetic data "
@@ -93,6 +97,10 @@ bool parseRunOptions(int argc, char **argv, RunOptions &options,
   app.add_option("--load", options.loadPath,
                  "before the first step, read all parameters from this "
                  "safetensors file (instead of initializing them)");
+}
+
+/// Measurements: --profile, and the --trace of one step.
+void addProfilingOptions(CLI::App &app, RunOptions &options) {
   app.add_flag("--profile", options.profile,
                "time every kernel op and instruction kind (first step "
                "excluded) and print a table at the end; also PIPER_PROFILE=1");
@@ -104,7 +112,10 @@ bool parseRunOptions(int argc, char **argv, RunOptions &options,
                  "the step --trace records (default: the last step run)")
       ->check(integerFrom<int64_t>(1, kInt64Max))
       ->needs(trace);
-  // --- Checkpoints, resume and restarts (docs/operations.md) ---
+}
+
+/// Checkpoints, resume and restarts (docs/operations.md).
+void addCheckpointOptions(CLI::App &app, RunOptions &options) {
   CLI::Option *checkpointDir = app.add_option(
       "--checkpoint-dir", options.checkpointDir,
       "periodic checkpoints (parameters, AdamW moments, step) go to "
@@ -137,21 +148,21 @@ bool parseRunOptions(int argc, char **argv, RunOptions &options,
                  "failed rank's place goes to one of them (local launcher)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+}
 
-  // --- Progress output (docs/piper-run.md#output) ---
+/// Progress output (docs/piper-run.md#output).
+void addProgressOptions(CLI::App &app, RunOptions &options) {
   app.add_option("--log-every", options.logEvery,
                  "print a progress line every N steps (and the last step)")
       ->check(integerFrom<int64_t>(kInt64Min, kInt64Max)) // < 1: below
       ->capture_default_str();
+}
 
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError &e) {
-    exitCode = app.exit(e);
-    return false;
-  }
-  // An empty file name means "none" inside, so `--save ''` (an unset shell
-  // variable) would silently save nothing.
+/// An empty file name means "none" inside, so `--save ''` (an unset shell
+/// variable) would silently save nothing. Returns false, with `exitCode` 2,
+/// after printing the first file option given an empty name.
+bool checkFileNames(const CLI::App &app, const RunOptions &options,
+                    int &exitCode) {
   const std::pair<const char *, const std::string *> files[] = {
       {"--metrics", &options.metricsPath},
       {"--save-params", &options.saveParamsDir},
@@ -167,6 +178,15 @@ bool parseRunOptions(int argc, char **argv, RunOptions &options,
       exitCode = 2;
       return false;
     }
+  return true;
+}
+
+/// The usage errors of option combinations and values CLI11 cannot check:
+/// resume, restarts and standbys against --checkpoint-dir and --load, the
+/// traced step, --log-every and --nproc. Returns false, with `exitCode` 2,
+/// after printing the first.
+bool checkOptionCombinations(const CLI::App &app, const RunOptions &options,
+                             int &exitCode) {
   auto usage = [&](const char *message) {
     std::fprintf(stderr, "piper-run: %s\n", message);
     exitCode = 2;
@@ -219,6 +239,29 @@ bool parseRunOptions(int argc, char **argv, RunOptions &options,
     return false;
   }
   return true;
+}
+
+} // namespace
+
+bool parseRunOptions(int argc, char **argv, RunOptions &options,
+                     int &exitCode) {
+  CLI::App app{"piper-run: runs a compiled Piper strategy on local CPU "
+               "processes (docs/piper-run.md)",
+               "piper-run"};
+  addRunOptions(app, options);
+  addDataOptions(app, options);
+  addProfilingOptions(app, options);
+  addCheckpointOptions(app, options);
+  addProgressOptions(app, options);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError &e) {
+    exitCode = app.exit(e);
+    return false;
+  }
+  return checkFileNames(app, options, exitCode) &&
+         checkOptionCombinations(app, options, exitCode);
 }
 
 } // namespace piper::runtime
