@@ -35,9 +35,11 @@ piper.device_program @class0 attributes {device_class = 0 : i64, ranks = array<i
 )";
 }
 
-/// Lowers `source`; returns the diagnostics, and the plan of class 0 in
-/// `plan` when the lowering succeeds.
-std::string lower(const std::string &source, bool &ok, plan::Plan &plan) {
+/// Lowers the device programs of `source` (ordering their streams first
+/// when `order`, as piperc does); returns the diagnostics, and the lowered
+/// plans in `lowered` when the lowering succeeds.
+std::string lowerAll(const std::string &source, bool order,
+                     FailureOr<LoweredPlans> &lowered) {
   MLIRContext ctx;
   ctx.loadDialect<PiperDialect>();
   ctx.allowUnregisteredDialects();
@@ -48,8 +50,20 @@ std::string lower(const std::string &source, bool &ok, plan::Plan &plan) {
     return success();
   });
   OwningOpRef<ModuleOp> module = parseSourceString<ModuleOp>(source, &ctx);
+  INFO(diagnostics);
   REQUIRE(module);
-  FailureOr<LoweredPlans> lowered = lowerToPlans(*module, "test", "test");
+  if (order)
+    REQUIRE(succeeded(orderStreams(*module)));
+  lowered = lowerToPlans(*module, "test", "test");
+  CHECK(failed(lowered) == !diagnostics.empty());
+  return diagnostics;
+}
+
+/// Lowers `source`; returns the diagnostics, and the plan of class 0 in
+/// `plan` when the lowering succeeds.
+std::string lower(const std::string &source, bool &ok, plan::Plan &plan) {
+  FailureOr<LoweredPlans> lowered = failure();
+  std::string diagnostics = lowerAll(source, /*order=*/false, lowered);
   ok = succeeded(lowered);
   if (ok) {
     REQUIRE(lowered->plans.size() == 1);
@@ -86,28 +100,12 @@ TEST_CASE("the lowering rejects an op with no kernel, naming it",
                  "unknown kernel 'conv2d'\n");
 }
 
-namespace {
-
 /// Orders and lowers `source` (device programs of any number of classes) as
 /// piperc does; returns the diagnostics, empty when the lowering succeeds.
-std::string orderAndLower(const std::string &source) {
-  MLIRContext ctx;
-  ctx.loadDialect<PiperDialect>();
-  ctx.printOpOnDiagnostic(false);
-  std::string diagnostics;
-  ScopedDiagnosticHandler handler(&ctx, [&](Diagnostic &d) {
-    diagnostics += d.str() + "\n";
-    return success();
-  });
-  OwningOpRef<ModuleOp> module = parseSourceString<ModuleOp>(source, &ctx);
-  REQUIRE(module);
-  REQUIRE(succeeded(orderStreams(*module)));
-  FailureOr<LoweredPlans> lowered = lowerToPlans(*module, "test", "test");
-  CHECK(failed(lowered) == !diagnostics.empty());
-  return diagnostics;
+static std::string orderAndLower(const std::string &source) {
+  FailureOr<LoweredPlans> lowered = failure();
+  return lowerAll(source, /*order=*/true, lowered);
 }
-
-} // namespace
 
 // The plan simulator is the compiler's one model of cross-device progress
 // (docs/compiler.md, "One progress model"): device programs that cannot
@@ -117,21 +115,21 @@ TEST_CASE("the lowering refuses device programs that deadlock, naming what "
           "each stream waits for",
           "[lowering]") {
   const std::string segF = R"(
-piper.segment @f(%x: tensor<4xf32>) -> tensor<4xf32> {
-  piper.yield %x : tensor<4xf32>
+piper.segment @f(%x: tensor<2x4xf32>) -> tensor<2x4xf32> {
+  piper.yield %x : tensor<2x4xf32>
 }
 )";
   SECTION("each class receives before it sends what the other receives") {
     std::string error = orderAndLower(segF + R"(
 piper.device_program @class0 attributes {device_class = 0 : i64, ranks = array<i64: 0>} {
-  %a, %ad = piper.recv {channel = 1 : i64, peers = #piper.group<1>, stream = #piper.stream<"pp_stream", comm>} : tensor<4xf32>
-  %x, %xd = piper.task @f(%a) {devices = #piper.group<0>, stream = #piper.stream<"compute", compute>, tag = #piper.tag<PP = 0, MB = 0, PASS = F>} : (tensor<4xf32>) -> (tensor<4xf32>, !piper.token)
-  %s = piper.send %x {channel = 0 : i64, peers = #piper.group<1>, stream = #piper.stream<"pp_stream", comm>} : tensor<4xf32>
+  %a, %ad = piper.recv {channel = 1 : i64, peers = #piper.group<1>, stream = #piper.stream<"pp_stream", comm>} : tensor<2x4xf32>
+  %x, %xd = piper.task @f(%a) {devices = #piper.group<0>, stream = #piper.stream<"compute", compute>, tag = #piper.tag<PP = 0, MB = 0, PASS = F>} : (tensor<2x4xf32>) -> (tensor<2x4xf32>, !piper.token)
+  %s = piper.send %x {channel = 0 : i64, peers = #piper.group<1>, stream = #piper.stream<"pp_stream", comm>} : tensor<2x4xf32>
 }
 piper.device_program @class1 attributes {device_class = 1 : i64, ranks = array<i64: 1>} {
-  %b, %bd = piper.recv {channel = 0 : i64, peers = #piper.group<0>, stream = #piper.stream<"pp_stream", comm>} : tensor<4xf32>
-  %y, %yd = piper.task @f(%b) {devices = #piper.group<1>, stream = #piper.stream<"compute", compute>, tag = #piper.tag<PP = 1, MB = 0, PASS = F>} : (tensor<4xf32>) -> (tensor<4xf32>, !piper.token)
-  %s = piper.send %y {channel = 1 : i64, peers = #piper.group<0>, stream = #piper.stream<"pp_stream", comm>} : tensor<4xf32>
+  %b, %bd = piper.recv {channel = 0 : i64, peers = #piper.group<0>, stream = #piper.stream<"pp_stream", comm>} : tensor<2x4xf32>
+  %y, %yd = piper.task @f(%b) {devices = #piper.group<1>, stream = #piper.stream<"compute", compute>, tag = #piper.tag<PP = 1, MB = 0, PASS = F>} : (tensor<2x4xf32>) -> (tensor<2x4xf32>, !piper.token)
+  %s = piper.send %y {channel = 1 : i64, peers = #piper.group<0>, stream = #piper.stream<"pp_stream", comm>} : tensor<2x4xf32>
 }
 )");
     INFO(error);
@@ -144,17 +142,18 @@ piper.device_program @class1 attributes {device_class = 1 : i64, ranks = array<i
   }
   SECTION("a receive whose send no class issues") {
     std::string error = orderAndLower(segF + R"(
-piper.param @w : tensor<4xf32> init zeros(0.0)
-piper.segment @e() -> tensor<4xf32> {
-  %w = piper.param_ref @w : tensor<4xf32>
-  piper.yield %w : tensor<4xf32>
+piper.param @w : tensor<2x4xf32> init zeros(0.0)
+piper.segment @e() -> tensor<2x4xf32> {
+  %w = piper.param_ref @w : tensor<2x4xf32>
+  %y = piper.gelu %w : tensor<2x4xf32>
+  piper.yield %y : tensor<2x4xf32>
 }
 piper.device_program @class0 attributes {device_class = 0 : i64, ranks = array<i64: 0>} {
-  %a, %ad = piper.recv {channel = 7 : i64, peers = #piper.group<1>, stream = #piper.stream<"activations", comm>} : tensor<4xf32>
-  %x, %xd = piper.task @f(%a) {devices = #piper.group<0>, stream = #piper.stream<"compute", compute>, tag = #piper.tag<PP = 0, MB = 0, PASS = F>} : (tensor<4xf32>) -> (tensor<4xf32>, !piper.token)
+  %a, %ad = piper.recv {channel = 7 : i64, peers = #piper.group<1>, stream = #piper.stream<"activations", comm>} : tensor<2x4xf32>
+  %x, %xd = piper.task @f(%a) {devices = #piper.group<0>, stream = #piper.stream<"compute", compute>, tag = #piper.tag<PP = 0, MB = 0, PASS = F>} : (tensor<2x4xf32>) -> (tensor<2x4xf32>, !piper.token)
 }
 piper.device_program @class1 attributes {device_class = 1 : i64, ranks = array<i64: 1>} {
-  %y, %yd = piper.task @e() {devices = #piper.group<1>, stream = #piper.stream<"compute", compute>, tag = #piper.tag<PP = 1, MB = 0, PASS = F>} : () -> (tensor<4xf32>, !piper.token)
+  %y, %yd = piper.task @e() {devices = #piper.group<1>, stream = #piper.stream<"compute", compute>, tag = #piper.tag<PP = 1, MB = 0, PASS = F>} : () -> (tensor<2x4xf32>, !piper.token)
 }
 )");
     INFO(error);
@@ -168,22 +167,23 @@ piper.device_program @class1 attributes {device_class = 1 : i64, ranks = array<i
   SECTION("a world-wide clip that one class reaches only after another's "
           "send it waits for") {
     std::string error = orderAndLower(R"(
-piper.param @w : tensor<4xf32> init zeros(0.0)
-piper.segment @f() -> tensor<4xf32> {
-  %w = piper.param_ref @w : tensor<4xf32>
-  piper.yield %w : tensor<4xf32>
+piper.param @w : tensor<2x4xf32> init zeros(0.0)
+piper.segment @f() -> tensor<2x4xf32> {
+  %w = piper.param_ref @w : tensor<2x4xf32>
+  %y = piper.gelu %w : tensor<2x4xf32>
+  piper.yield %y : tensor<2x4xf32>
 }
-piper.segment @g(%x: tensor<4xf32>) {
+piper.segment @g(%x: tensor<2x4xf32>) {
   piper.yield
 }
 piper.device_program @class0 attributes {device_class = 0 : i64, ranks = array<i64: 0>} {
   %c = piper.clip_grads {max_norm = 1.0 : f64}
-  %x, %d = piper.task @f() after(%c) {devices = #piper.group<0>, stream = #piper.stream<"compute", compute>, tag = #piper.tag<PP = 0, PASS = U>} : () -> (tensor<4xf32>, !piper.token)
-  %s = piper.send %x {channel = 0 : i64, peers = #piper.group<1>, stream = #piper.stream<"pp_stream", comm>} : tensor<4xf32>
+  %x, %d = piper.task @f() after(%c) {devices = #piper.group<0>, stream = #piper.stream<"compute", compute>, tag = #piper.tag<PP = 0, PASS = U>} : () -> (tensor<2x4xf32>, !piper.token)
+  %s = piper.send %x {channel = 0 : i64, peers = #piper.group<1>, stream = #piper.stream<"pp_stream", comm>} : tensor<2x4xf32>
 }
 piper.device_program @class1 attributes {device_class = 1 : i64, ranks = array<i64: 1>} {
-  %r, %rd = piper.recv {channel = 0 : i64, peers = #piper.group<0>, stream = #piper.stream<"pp_stream", comm>} : tensor<4xf32>
-  %d = piper.task @g(%r) {devices = #piper.group<1>, stream = #piper.stream<"compute", compute>, tag = #piper.tag<PP = 1, PASS = B>} : (tensor<4xf32>) -> !piper.token
+  %r, %rd = piper.recv {channel = 0 : i64, peers = #piper.group<0>, stream = #piper.stream<"pp_stream", comm>} : tensor<2x4xf32>
+  %d = piper.task @g(%r) {devices = #piper.group<1>, stream = #piper.stream<"compute", compute>, tag = #piper.tag<PP = 1, PASS = B>} : (tensor<2x4xf32>) -> !piper.token
   %c = piper.clip_grads after(%d) {max_norm = 1.0 : f64}
 }
 )");

@@ -170,7 +170,10 @@ static LogicalResult checkParameterCopies(ModuleOp module,
                                           ArrayRef<TaskOp> tasks) {
   SegmentParams segmentParams(module);
   DenseMap<std::tuple<StringAttr, int64_t, int64_t>, TaskOp> ownerOf;
-  DenseMap<std::pair<StringAttr, int64_t>, SmallVector<TaskOp>> copiesOf;
+  // In first-use order, so that the error below names the same parameter
+  // every run (a DenseMap keyed by attribute pointers would not).
+  llvm::MapVector<std::pair<StringAttr, int64_t>, SmallVector<TaskOp>>
+      copiesOf;
   DenseSet<std::tuple<StringAttr, int64_t, Attribute>> updatedOn;
   DenseSet<int64_t> stagesWithUpdates;
   for (TaskOp t : tasks) {

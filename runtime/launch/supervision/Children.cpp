@@ -15,6 +15,8 @@
 
 #include <fmt/format.h>
 
+#include "runtime/launch/rendezvous/LaunchEnv.h"
+
 namespace piper::runtime {
 
 pid_t spawnSelf(char **argv, char **envp, int stderrFd,

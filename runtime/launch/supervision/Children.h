@@ -9,8 +9,6 @@
 
 #include <sys/types.h>
 
-#include "runtime/launch/rendezvous/LaunchEnv.h"
-
 namespace piper::runtime {
 
 /// Starts this executable (/proc/self/exe) with `argv` and `envp`: the child

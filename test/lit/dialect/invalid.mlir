@@ -1094,16 +1094,31 @@ piper.segment @s() attributes {piper.stage = 0 : i64} {
 
 // -----
 
-// Optimizer settings are known keys with typed values.
-// expected-error @+1 {{'piper.program' op unknown optimizer setting 'momentum'}}
-piper.program @p attributes {optimizer = {momentum = 0.9 : f64}} {
+// Optimizer settings are known keys with typed values (#piper.optimizer).
+// expected-error @+1 {{duplicate or unknown struct parameter name: momentum}}
+piper.program @p attributes {optimizer = #piper.optimizer<momentum = 0.9>} {
 }
 
 // -----
 
 // The compute dtype is f32 or bf16.
-// expected-error @+1 {{'piper.program' op optimizer setting 'dtype' has the wrong type or value: "f16"}}
-piper.program @p attributes {optimizer = {dtype = "f16"}} {
+// expected-error @+2 {{expected one of [f32, bf16] for the element type a step computes in, got: f16}}
+// expected-error @+1 {{failed to parse Piper_OptimizerAttr parameter 'dtype' which is to be a `ComputeType`}}
+piper.program @p attributes {optimizer = #piper.optimizer<dtype = f16>} {
+}
+
+// -----
+
+// Schedules, steps and the clipping threshold are non-negative.
+// expected-error @+1 {{optimizer settings must be non-negative, got min_lr = 0.000000e+00, warmup_steps = -1, decay_steps = 0, clip_grad_norm = 0.000000e+00}}
+piper.program @p attributes {optimizer = #piper.optimizer<warmup_steps = -1>} {
+}
+
+// -----
+
+// A piper.program's optimizer is a #piper.optimizer, not a dictionary.
+// expected-error @+1 {{'piper.program' op attribute 'optimizer' failed to satisfy constraint}}
+piper.program @p attributes {optimizer = {clip_grad_norm = 0.5 : f64}} {
 }
 
 // -----

@@ -226,6 +226,16 @@ piper.segment @acts() -> (tensor<4x4xf32>, tensor<4x12xf32>) {
 
 // The training DAG: batch, tasks with and without deps/devices/stream,
 // transfers with and without deps, a bucketed all-reduce.
+// The step-level settings: given ones print, defaults (0, f32) do not, and
+// every double survives the round trip exactly (printed in as many digits
+// as it needs).
+// CHECK-LABEL: piper.program @settings attributes {optimizer = #piper.optimizer<min_lr = 1.2345678901230001E-5, warmup_steps = 10, clip_grad_norm = 5.000000e-01, dtype = bf16>} {
+piper.program @settings attributes {optimizer = #piper.optimizer<min_lr = 1.234567890123e-05, warmup_steps = 10, decay_steps = 0, clip_grad_norm = 0.5, dtype = bf16>} {
+}
+// CHECK-LABEL: piper.program @defaults attributes {optimizer = #piper.optimizer<>} {
+piper.program @defaults attributes {optimizer = #piper.optimizer<dtype = f32>} {
+}
+
 // CHECK-LABEL: piper.program @train attributes {num_microbatches = 2 : i64, num_replicas = 2 : i64} {
 // CHECK: [[TOK:%[^,]+]], [[TGT:%[^,]+]], [[BD:%[^ ]+]] = piper.batch {tag = #piper.tag<MB = 0>} : tensor<2x2xi32>, tensor<2x2xi32>
 // CHECK: [[F:%[^:]+]]:2, [[FD:%[^ ]+]] = piper.task @forward([[TOK]], [[TGT]]) {tag = #piper.tag<PP = 0, MB = 0, PASS = F, block = 0>} : (tensor<2x2xi32>, tensor<2x2xi32>) -> (tensor<f32>, tensor<4x16xf32>, !piper.token)

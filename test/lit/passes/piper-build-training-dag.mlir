@@ -62,7 +62,7 @@
 // The tasks: forwards in stage order, backwards in reverse, one update per
 // stage after its backward. The step-level optimizer settings (learning-rate
 // schedule, gradient clipping) are recorded on the program.
-// CHECK-LABEL: piper.program @model attributes {optimizer = {clip_grad_norm = {{.*}} : f64, decay_steps = {{.*}} : i64, {{.*}}min_lr = {{.*}} : f64, warmup_steps = {{.*}} : i64}} {
+// CHECK-LABEL: piper.program @model attributes {optimizer = #piper.optimizer<{{.*}}>} {
 // CHECK-NEXT: [[TOK:%[^,]+]], [[TGT:%[^,]+]], %{{.*}} = piper.batch {tag = #piper.tag<>}
 // CHECK-NEXT: [[F0:%[^:]+]]:3, %{{.*}} = piper.task @stage0_F([[TOK]]) {tag = #piper.tag<PP = 0, PASS = F>}
 // CHECK-NEXT: [[F1:%[^,]+]], %{{.*}} = piper.task @stage1_F([[F0]]#0, [[TGT]]) {tag = #piper.tag<PP = 1, PASS = F>}
@@ -73,7 +73,7 @@
 // CHECK-NEXT: {{^ *}}}{{$}}
 
 // The step-level options land in the program's optimizer settings.
-// STEP-LABEL: piper.program @model attributes {optimizer = {clip_grad_norm = 5.000000e-01 : f64, decay_steps = 100 : i64, dtype = "bf16", min_lr = 1.000000e-05 : f64, warmup_steps = 10 : i64}} {
+// STEP-LABEL: piper.program @model attributes {optimizer = #piper.optimizer<min_lr = 1.000000e-05, warmup_steps = 10, decay_steps = 100, clip_grad_norm = 5.000000e-01, dtype = bf16>} {
 
 // Without the optimizer there are no update segments or tasks.
 // NO-OPT-NOT: piper.segment @stage0_U

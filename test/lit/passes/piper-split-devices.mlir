@@ -96,7 +96,7 @@ piper.program @p {
 // With gradient clipping on (optimizer, from build-training-dag), each
 // device program gets one world-wide clip after its backwards and
 // all-reduces and before its updates; the optimizer settings are copied.
-// CHECK-LABEL: piper.device_program @class0 attributes {device_class = 0 : i64, num_replicas = 2 : i64, optimizer = {clip_grad_norm = 5.000000e-01 : f64}, ranks = array<i64: 0, 1>} {
+// CHECK-LABEL: piper.device_program @class0 attributes {device_class = 0 : i64, num_replicas = 2 : i64, optimizer = #piper.optimizer<clip_grad_norm = 5.000000e-01>, ranks = array<i64: 0, 1>} {
 // CHECK-NEXT: [[B:%.*]] = piper.task @bwd() {devices = #piper.group<0, 1>
 // CHECK-NEXT: [[AR:%.*]] = piper.all_reduce grads [@w] after([[B]])
 // CHECK-NEXT: [[CLIP:%.*]] = piper.clip_grads after([[B]], [[AR]]) {max_norm = 5.000000e-01 : f64}
@@ -111,7 +111,7 @@ piper.segment @upd() {
   piper.zero_grad @w
   piper.yield
 }
-piper.program @p attributes {num_replicas = 2 : i64, optimizer = {clip_grad_norm = 0.5 : f64}} {
+piper.program @p attributes {num_replicas = 2 : i64, optimizer = #piper.optimizer<clip_grad_norm = 0.5>} {
   %b = piper.task @bwd() {devices = #piper.group<0, 1>, tag = #piper.tag<PP = 0, PASS = B>} : () -> !piper.token
   %ar = piper.all_reduce grads [@w] after(%b) {devices = #piper.group<0, 1>, stream = #piper.stream<"dp_stream", comm>, tag = #piper.tag<PP = 0>}
   %u = piper.task @upd() after(%b, %ar) {devices = #piper.group<0, 1>, tag = #piper.tag<PP = 0, PASS = U>} : () -> !piper.token
