@@ -59,6 +59,93 @@ static void allReduceGradients(ProgramOp program, const Directive &d,
       u.getDepsMutable().append(reduced);
 }
 
+/// For each parameter whose gradient a reduction over exactly `group` (one
+/// that an earlier directive inserted) names: that reduction's ZeRO stage
+/// (0: an all-reduce).
+static llvm::DenseMap<StringAttr, int64_t>
+earlierReductions(ProgramOp program, DeviceGroupAttr group) {
+  llvm::DenseMap<StringAttr, int64_t> zeroOf;
+  auto add = [&](ArrayRef<Attribute> refs, int64_t zero) {
+    for (Attribute a : refs)
+      zeroOf.try_emplace(cast<FlatSymbolRefAttr>(a).getAttr(), zero);
+  };
+  for (Operation &op : program.getBody().front()) {
+    if (auto ar = dyn_cast<AllReduceOp>(op);
+        ar && ar.getDevices() == group && !ar.getSubgroupsAttr())
+      add(ar.getParams(), 0);
+    if (auto rs = dyn_cast<ReduceScatterGradsOp>(op);
+        rs && rs.getDevices() == group && !rs.getSubgroupsAttr())
+      add(rs.getParamRefs(), static_cast<int64_t>(rs.getZero()));
+  }
+  return zeroOf;
+}
+
+/// A parameter that the backward of another stage on the same devices
+/// accumulates too (a tied embedding whose first and last stages a V layout,
+/// or interleaving on one group, puts together; sharedParams sees one
+/// device group and leaves it to replicate) has one accumulator per rank,
+/// which both stages add to. Without ZeRO, and under ZeRO-1, that whole
+/// accumulator is reduced once, after every backward task of the group that
+/// adds to it: reduced after one stage's backwards only, it would race
+/// with the other stage's accumulation, and a second reduction by the other
+/// stage's replicate would sum the first stage's part again. The first
+/// replicate of the group inserts that reduction (waiting for the other
+/// stages' backwards too); later ones find it and leave the parameter out.
+/// ZeRO-2 and 3 reduce every piece's gradients separately, each once, so
+/// each stage's replicate reduces its own. Stages that share a parameter
+/// must use the same ZeRO stage. Moves the parameters that need one
+/// reduction after `backward` and `others` from `params` to `colocated`,
+/// and appends to `others` the other stages' backward tasks that add to
+/// them.
+static LogicalResult
+splitColocatedParams(ProgramOp program, const Directive &d,
+                     SegmentParams &segmentParams, ArrayRef<TaskOp> backward,
+                     llvm::SetVector<StringAttr> &params,
+                     llvm::SetVector<StringAttr> &colocated,
+                     SmallVector<TaskOp> &others) {
+  auto group = DeviceGroupAttr::get(program.getContext(), d.devices);
+  llvm::DenseMap<StringAttr, int64_t> earlier =
+      earlierReductions(program, group);
+  llvm::DenseSet<StringAttr> reducedEarlier;
+  for (StringAttr p : params) {
+    auto zero = earlier.find(p);
+    if (zero == earlier.end())
+      continue;
+    if (zero->second != d.zero)
+      return program.emitOpError(d.describe())
+             << ": parameter @" << p.getValue()
+             << " is accumulated by several stages on "
+             << formatDevices(d.devices) << ", replicated with ZeRO-"
+             << zero->second
+             << " and ZeRO-" << d.zero
+             << "; replicate the stages of one device group with the same "
+                "ZeRO stage";
+    if (d.zero <= 1)
+      reducedEarlier.insert(p);
+  }
+  params.remove_if([&](StringAttr p) { return reducedEarlier.contains(p); });
+  if (d.zero > 1)
+    return success();
+  llvm::SmallPtrSet<Operation *, 16> matched;
+  for (TaskOp t : backward)
+    matched.insert(t);
+  for (TaskOp t : program.getBody().front().getOps<TaskOp>()) {
+    if (!t.getTag().isBackward() || t.getDevicesAttr() != group ||
+        matched.contains(t))
+      continue;
+    bool adds = false;
+    for (StringAttr p : segmentParams.accumulated(t.getSegment()))
+      if (params.contains(p) || colocated.contains(p)) {
+        colocated.insert(p);
+        adds = true;
+      }
+    if (adds)
+      others.push_back(t);
+  }
+  params.remove_if([&](StringAttr p) { return colocated.contains(p); });
+  return success();
+}
+
 LogicalResult mlir::piper::applyReplicate(ModuleOp module, ProgramOp program,
                                     const Directive &d,
                                     std::optional<int64_t> worldSize) {
@@ -143,11 +230,34 @@ LogicalResult mlir::piper::applyReplicate(ModuleOp module, ProgramOp program,
   }
   if (replicas == 1 || params.empty())
     return success();
-  if (d.zero > 0)
-    return applyZero(module, program, d, params, backward, stageTag);
-
-  allReduceGradients(program, d, segmentParams, params.getArrayRef(),
-                     backward, stageTag, ArrayAttr());
+  llvm::SetVector<StringAttr> colocated;
+  SmallVector<TaskOp> afterAll;
+  if (failed(splitColocatedParams(program, d, segmentParams, backward, params,
+                                  colocated, afterAll)))
+    return failure();
+  // The reductions of the colocated parameters wait for every backward of
+  // the group that adds to them, and come after the last (block order).
+  if (!colocated.empty()) {
+    afterAll.append(backward.begin(), backward.end());
+    llvm::sort(afterAll, [](TaskOp a, TaskOp b) {
+      return a->isBeforeInBlock(b);
+    });
+  }
+  if (d.zero > 0) {
+    if (!params.empty() &&
+        failed(applyZero(module, program, d, params, backward, stageTag)))
+      return failure();
+    if (!colocated.empty() &&
+        failed(applyZero(module, program, d, colocated, afterAll, stageTag)))
+      return failure();
+    return success();
+  }
+  if (!params.empty())
+    allReduceGradients(program, d, segmentParams, params.getArrayRef(),
+                       backward, stageTag, ArrayAttr());
+  if (!colocated.empty())
+    allReduceGradients(program, d, segmentParams, colocated.getArrayRef(),
+                       afterAll, stageTag, ArrayAttr());
   return sortTopologically(program.getBody().front());
 }
 

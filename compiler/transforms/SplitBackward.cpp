@@ -26,7 +26,8 @@ using namespace mlir::piper;
 /// of activation gradients, also inside a first stage that returns none)
 /// is BI. BI never reads a BW value: input gradients do not depend on
 /// weight gradients.
-static DenseMap<Operation *, unsigned> weightGradientOps(SegmentOp seg) {
+DenseMap<Operation *, unsigned>
+mlir::piper::weightGradientOps(SegmentOp seg) {
   Block &body = seg.getBody().front();
   DenseMap<Operation *, unsigned> pieceOf;
   // Producers come before their users in the block, so one forward sweep

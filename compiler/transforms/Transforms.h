@@ -112,6 +112,10 @@ SmallVector<TaskOp> splitTask(TaskOp t, const SegmentPieces &pieces);
 /// whatever waited for it waits for BW (another backward piece of the same
 /// stage and microbatch, for BI).
 LogicalResult splitBackwardTasks(ProgramOp program, ArrayRef<TaskOp> tasks);
+/// The half of splitBackwardTasks each top-level op of a backward segment
+/// goes to: 0 (BI) or 1 (BW: ops with the WeightGradient trait, gradient
+/// accumulations and every op that reads one of their results).
+DenseMap<Operation *, unsigned> weightGradientOps(SegmentOp seg);
 
 /// Splits `params` (in order) into buckets of about `bucketSizeMb` of f32,
 /// each naming a parameter at most once.

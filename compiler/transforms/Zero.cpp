@@ -76,24 +76,52 @@ SmallVector<StringAttr> yieldGradients(SegmentOp seg,
 
 /// Where to cut a backward segment so that each piece accumulates about
 /// `bucketSizeMb` of the sharded parameters' gradients: after the
-/// accumulate_grad that fills a bucket.
+/// accumulate_grad that fills a bucket, or, when a weight gradient computed
+/// before that point is still to be read after it (the other output of a
+/// layer_norm_grad_weight, an embedding's gradient computed before the
+/// position embedding's is accumulated), at the first point after it where
+/// none is. What crosses a cut is then only the input-gradient chain (BI
+/// values, in splitBackwardTasks' terms): a piece never hands a weight
+/// gradient to the next. Otherwise, once an `order` splits the pieces into
+/// BI and BW, the next piece's BI (which takes the arguments and passes
+/// them through) would read this piece's BW, and a zero-bubble order that
+/// runs a microbatch's BIs before its BWs would be a cycle.
 SmallVector<unsigned> gradientCuts(SegmentOp seg,
                                    const llvm::SetVector<StringAttr> &zero,
                                    SymbolTable &symbols, double bucketSizeMb) {
   SmallVector<unsigned> cuts;
   double bytes = 0, limit = bucketSizeMb * 1024 * 1024;
   Block &body = seg.getBody().front();
-  unsigned i = 0, numOps = body.getOperations().size() - 1; // no terminator
-  for (Operation &op : body.without_terminator()) {
-    ++i;
-    auto acc = dyn_cast<AccumulateGradOp>(op);
-    if (!acc || !zero.contains(acc.getParamAttr().getAttr()))
-      continue;
-    auto param = symbols.lookup<ParamOp>(acc.getParamAttr().getAttr());
-    bytes += 4.0 * param.getTensorType().getNumElements();
-    if (bytes >= limit && i < numOps) {
-      cuts.push_back(i);
+  DenseMap<Operation *, unsigned> half = weightGradientOps(seg);
+  DenseMap<Operation *, unsigned> position;
+  for (auto [i, op] : llvm::enumerate(body.without_terminator()))
+    position[&op] = i;
+  unsigned numOps = position.size();
+  // The last op (by position) that reads a weight gradient computed so far;
+  // a cut before op c is safe when it is before c.
+  std::optional<unsigned> weightReadUntil;
+  bool full = false;
+  for (auto [i, op] : llvm::enumerate(body.without_terminator())) {
+    if (half.lookup(&op) == 1)
+      for (Operation *user : op.getUsers()) {
+        Operation *top = body.findAncestorOpInBlock(*user);
+        auto it = top ? position.find(top) : position.end();
+        if (it != position.end() &&
+            (!weightReadUntil || it->second > *weightReadUntil))
+          weightReadUntil = it->second;
+      }
+    if (auto acc = dyn_cast<AccumulateGradOp>(op);
+        acc && zero.contains(acc.getParamAttr().getAttr())) {
+      auto param = symbols.lookup<ParamOp>(acc.getParamAttr().getAttr());
+      bytes += 4.0 * param.getTensorType().getNumElements();
+      full |= bytes >= limit;
+    }
+    // A cut before op i + 1.
+    bool weightsDone = !weightReadUntil || *weightReadUntil <= i;
+    if (full && i + 1 < numOps && weightsDone) {
+      cuts.push_back(i + 1);
       bytes = 0;
+      full = false;
     }
   }
   return cuts;

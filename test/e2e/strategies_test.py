@@ -174,7 +174,14 @@ ZERO_MODELS = [
         # The same under ZeRO-3: forward pieces too, each gathering its
         # parameters on "gather_stream".
         ("examples/strategies/pp2_dp2_1f1b_zero3.json",
-         ["--strategy", os.path.join(EXAMPLES, "pp2_dp2_1f1b_zero3.json")], 4)]),
+         ["--strategy", os.path.join(EXAMPLES, "pp2_dp2_1f1b_zero3.json")], 4),
+        # Buckets of 1 KB under split-backward schedules: the pieces split
+        # again into BI and BW, and no cut hands a weight gradient to the
+        # next piece (issue 20: a BI reading the BW before it was a cycle).
+        ("examples/strategies/pp2_dp2_zbh1_zero2.json",
+         ["--strategy", os.path.join(EXAMPLES, "pp2_dp2_zbh1_zero2.json")], 4),
+        ("examples/strategies/pp2_dp2_zbv_zero3.json",
+         ["--strategy", os.path.join(EXAMPLES, "pp2_dp2_zbv_zero3.json")], 4)]),
     ("llama", ["llama", "--kv-heads", "2"] + TINY, zero_strategies([1, 2, 3])),
     ("qwen3-moe", ["qwen3-moe", "--layers", "2", "--hidden", "64", "--heads",
                    "4", "--kv-heads", "2", "--ffn", "64", "--experts", "4",
@@ -327,6 +334,21 @@ def schedule_cases():
                                          "--schedule", s, "--clip-grad",
                                          "0.5"], 2)
                    for s in ("zb-h1", "zbv", "dualpipe", "dualpipev")]))
+    # The same under data parallelism (issue 20): the V (and interleaving on
+    # one group) puts both copies' gradients in one accumulator per rank,
+    # reduced once after both stages' backwards, under every ZeRO stage.
+    cases.append(("gpt-tied-dp2", gpt + ["--tied"],
+                  [("1 device", ["--microbatches", "8", "--clip-grad", "0.5"],
+                    1)] +
+                  [("pp%d x dp2 zero-%d %s, 4 mb" % (pp, z, s),
+                    ["--pp", str(pp), "--dp", "2", "--zero", str(z),
+                     "--microbatches", "4", "--schedule", s, "--clip-grad",
+                     "0.5"], 2 * pp)
+                   for pp, z, s in ((2, 0, "zbv"), (2, 1, "zbv"),
+                                    (2, 0, "dualpipev"), (2, 1, "dualpipev"),
+                                    (2, 2, "zbv"), (2, 3, "dualpipev"),
+                                    (1, 0, "interleaved-1f1b"),
+                                    (1, 1, "zbv"))]))
     cases.append(("gpt-zero", gpt,
                   [("1 device", ["--microbatches", "8"], 1)] +
                   [("pp2 x dp2 zero-%d %s, 4 mb" % (z, s),

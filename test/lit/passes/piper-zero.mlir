@@ -6,6 +6,8 @@
 // RUN:   -piper-replicate="pp=0 devices=0,1 zero=2 bucket-mb=0.00005" | FileCheck %s --check-prefix=ZERO2
 // RUN: piper-opt %S/Inputs/dag.mlir -piper-split=microbatches=2 -piper-place="pp=0 devices=0,1" -piper-place="pp=1 devices=2,3" \
 // RUN:   -piper-replicate="pp=0 devices=0,1 zero=3 bucket-mb=0.0001 gather-stream=gather_stream" | FileCheck %s --check-prefix=ZERO3
+// RUN: piper-opt %S/Inputs/dag.mlir -piper-split=microbatches=2 -piper-place="pp=0 devices=0,1" -piper-place="pp=1 devices=2,3" \
+// RUN:   -piper-replicate="pp=0 devices=0,1 zero=2 bucket-mb=0.00001" | FileCheck %s --check-prefix=CUTS
 // RUN: not piper-opt %S/Inputs/dag.mlir -piper-place="pp=0 devices=0" -piper-place="pp=1 devices=1" \
 // RUN:   -piper-replicate="pp=0 devices=0 zero=1" 2>&1 | FileCheck %s --check-prefix=ONE-DEVICE
 
@@ -35,6 +37,20 @@
 // ZERO2-NEXT: piper.reduce_scatter_grads [@wte] [[P1]] : tensor<16x4xf32> after([[D1]])
 // ZERO2: piper.task @stage0_U()
 // ZERO2-NEXT: piper.all_gather_params [@b1] after
+
+// Buckets of 10 bytes: every accumulation fills one, but a cut after b1's
+// would hand w1's weight gradient (computed before it) to the next piece,
+// whose BI half would then read this piece's BW once a zero-bubble order
+// splits them (a cycle: issue 20). The cut moves to after w1's
+// accumulation; only the input-gradient chain crosses cuts.
+// CUTS: piper.segment @stage0_B.0({{.*}}) -> (tensor<4x4xf32>, tensor<4xf32>, tensor<4x4xf32>)
+// CUTS-NEXT: piper.gelu_grad
+// CUTS: piper.linear_grad_weight
+// CUTS-NEXT: piper.bias_grad
+// CUTS-NEXT: piper.yield
+// CUTS-NEXT: }
+// CUTS-NEXT: piper.segment @stage0_B.1(%arg0: tensor<2x2xi32>, %arg1: tensor<4x4xf32>) -> tensor<16x4xf32>
+// CUTS-NOT: piper.segment @stage0_B.2
 
 // ZeRO-3: the forward is cut too, before the parameter read that overfills
 // a piece; every piece reads gathered parameters as arguments (on
