@@ -43,16 +43,20 @@ LogicalResult mlir::piper::tieSharedParams(ModuleOp module) {
              << param.getValue()
              << " is shared by device groups that overlap; its gradient "
                 "cannot be summed once per copy";
+    // After every backward task of the groups holding a copy, not only
+    // those that accumulate it: this collective spans device classes on
+    // dp_stream, where ZeRO-2/3's per-piece reduce-scatters also run, and
+    // later backward pieces wait for those (boundZeroCollectives). Issued
+    // before them, it would hold them back until the other class arrives,
+    // which may first need this class's later backward pieces: a deadlock.
     SmallVector<Value> deps;
     TaskOp last;
     for (TaskOp t : body.getOps<TaskOp>()) {
-      if (!t.getTag().isBackward())
+      if (!t.getTag().isBackward() || !t.getDevices() ||
+          !llvm::is_contained(groups, t.getNodeDevices()))
         continue;
-      if (llvm::is_contained(segmentParams.accumulated(t.getSegment()),
-                             param)) {
-        deps.push_back(t.getDone());
-        last = t;
-      }
+      deps.push_back(t.getDone());
+      last = t;
     }
     b.setInsertionPointAfter(last);
     SmallVector<int64_t> devices(members.begin(), members.end());

@@ -203,6 +203,15 @@ ZERO_MODELS = [
         "--clip-grad", "0.5"], 4),
       ("pp2 x dp2 zero-3, 1f1b, 4 mb",
        ["--pp", "2", "--dp", "2", "--microbatches", "4", "--zero", "3",
+        "--clip-grad", "0.5"], 4),
+      # 20 KB buckets: the tie all-reduce (both classes, on dp_stream) waits
+      # for every backward piece of both groups, never holding back a
+      # reduce-scatter that a later piece waits for (that deadlocked).
+      ("examples/strategies/pp2_dp2_1f1b_zero2.json",
+       ["--strategy", os.path.join(EXAMPLES, "pp2_dp2_1f1b_zero2.json"),
+        "--clip-grad", "0.5"], 4),
+      ("examples/strategies/pp2_dp2_1f1b_zero3.json",
+       ["--strategy", os.path.join(EXAMPLES, "pp2_dp2_1f1b_zero3.json"),
         "--clip-grad", "0.5"], 4)]),
     # Expert parallelism: the experts split over groups of the data-parallel
     # replicas, tokens routed with the router's real per-member counts.
