@@ -455,8 +455,13 @@ int mlir::piper::pipercMain(int argc, char **argv) {
       "stages per pipeline device group: --pp P makes P*V stages, placed in "
       "the schedule's layout (default: 2 for interleaved-1f1b, zbv and "
       "dualpipev, else 1; docs/schedules.md)");
+  auto *bucketOpt = compileCmd->add_option(
+      "--bucket-mb", comp.flags.bucketMb,
+      "gradient bucket size of the data-parallel all-reduces (and ZeRO's "
+      "reduce-scatters and gathers) in MB of 2^20 bytes (default 25; the "
+      "replicate directive's bucket_size)");
   for (CLI::Option *opt :
-       {ppOpt, dpOpt, mbOpt, schedOpt, zeroOpt, epOpt, vsOpt})
+       {ppOpt, dpOpt, mbOpt, schedOpt, zeroOpt, epOpt, vsOpt, bucketOpt})
     opt->excludes(strategyOpt);
   compileCmd->add_option("--world-size", comp.worldSize,
                          "number of devices (checked against the strategy)");

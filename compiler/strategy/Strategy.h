@@ -48,6 +48,10 @@ struct Filter {
 /// Keys a filter may use.
 inline constexpr llvm::StringLiteral kFilterKeys[] = {"PP", "EP", "MB", "PASS"};
 
+/// The gradient bucket size of `replicate` (`bucket_size`, `--bucket-mb`)
+/// when none is given, in MB of 2^20 bytes: PyTorch DDP's default.
+inline constexpr double kDefaultBucketMb = 25;
+
 /// One directive of a strategy, as parsed from JSON or built from flags.
 struct Directive {
   enum Kind { Stage, Split, Place, Replicate, Shard, Order, Schedule } kind =
@@ -60,7 +64,7 @@ struct Directive {
   std::vector<int64_t> devices;
   std::string stream;        // place: stream of the send/recv it inserts
   std::string reduceStream;  // replicate: stream of the all-reduces
-  double bucketSizeMb = 25;  // replicate: gradient bucket size
+  double bucketSizeMb = kDefaultBucketMb; // replicate: gradient bucket size
   /// replicate: the ZeRO stage (0: none; 1: AdamW moments sharded over the
   /// replicas; 2: and gradients; 3: and parameters) and the stream of its
   /// parameter all-gathers.
@@ -182,13 +186,14 @@ std::vector<Directive> buildSchedule(const ScheduleBuilder &schedule,
                                      int64_t microbatches);
 
 /// Builds the strategy for `--pp P --dp D --microbatches M --schedule S
-/// --zero Z --ep E --virtual-stages V`: P*V stages (V: 0 for the schedule's
-/// default), stage s on the devices [g*D, (g+1)*D) of its pipeline group g
-/// in the schedule's layout, replicated with ZeRO stage Z, its experts split
-/// over groups of E of them.
+/// --zero Z --ep E --virtual-stages V --bucket-mb B`: P*V stages (V: 0 for
+/// the schedule's default), stage s on the devices [g*D, (g+1)*D) of its
+/// pipeline group g in the schedule's layout, replicated with ZeRO stage Z
+/// in gradient buckets of B MB, its experts split over groups of E of them.
 Strategy strategyFromFlags(int64_t pp, int64_t dp, int64_t microbatches,
                            const ScheduleBuilder &schedule, int zero = 0,
-                           int64_t ep = 1, int64_t virtualStages = 0);
+                           int64_t ep = 1, int64_t virtualStages = 0,
+                           double bucketMb = kDefaultBucketMb);
 
 /// piperc's strategy flags.
 struct StrategyFlags {
@@ -197,6 +202,7 @@ struct StrategyFlags {
   int zero = 0;
   int64_t ep = 1;
   int64_t virtualStages = 0; // 0: the schedule's default
+  double bucketMb = kDefaultBucketMb; // replicate's bucket_size
 };
 
 /// The strategy of the flags: errors name the flags (`--ep 3 must divide

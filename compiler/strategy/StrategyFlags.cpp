@@ -3,17 +3,27 @@
 // checked by verifyStrategy like a strategy file.
 #include "compiler/strategy/Strategy.h"
 
+#include <cmath>
+
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/StringExtras.h"
+#include "llvm/Support/Format.h"
 #include "llvm/Support/FormatVariadic.h"
 
 using namespace mlir::piper;
+
+/// A size in MB as people write it: "0.5", "25", "9.53674e-07" (formatv
+/// would print a fixed two decimals).
+static std::string megabytes(double mb) {
+  return llvm::formatv("{0}", llvm::format("%g", mb)).str();
+}
 
 Strategy mlir::piper::strategyFromFlags(int64_t pp, int64_t dp,
                                         int64_t microbatches,
                                         const ScheduleBuilder &schedule,
                                         int zero, int64_t ep,
-                                        int64_t virtualStages) {
+                                        int64_t virtualStages,
+                                        double bucketMb) {
   int64_t perDevice =
       virtualStages > 0 ? virtualStages : defaultStagesPerDevice(schedule);
   int64_t stages = pp * perDevice;
@@ -77,9 +87,13 @@ Strategy mlir::piper::strategyFromFlags(int64_t pp, int64_t dp,
     rep.reduceStream = "dp_stream";
     rep.gatherStream = zero == 3 ? "gather_stream" : "dp_stream";
     rep.zero = zero;
-    add(rep, llvm::formatv("replicate PP={0} devices={1}{2}", st, devs,
+    rep.bucketSizeMb = bucketMb;
+    add(rep, llvm::formatv("replicate PP={0} devices={1}{2}{3}", st, devs,
                            zero ? llvm::formatv(" zero={0}", zero).str()
-                                : std::string())
+                                : std::string(),
+                           bucketMb != kDefaultBucketMb
+                               ? " bucket_size=" + megabytes(bucketMb)
+                               : std::string())
                  .str());
     if (ep > 1) {
       Directive shard;
@@ -105,6 +119,8 @@ Strategy mlir::piper::strategyFromFlags(int64_t pp, int64_t dp,
     s.summary += llvm::formatv(" zero={0}", zero).str();
   if (ep > 1)
     s.summary += llvm::formatv(" ep={0}", ep).str();
+  if (bucketMb != kDefaultBucketMb)
+    s.summary += " bucket_mb=" + megabytes(bucketMb);
   return s;
 }
 
@@ -152,6 +168,9 @@ static std::string checkFlags(const StrategyFlags &f,
     return "schedule '" + f.schedule +
            "' runs two copies of the model on one pipeline; --dp and --ep on "
            "top of it are not supported yet";
+  if (!(f.bucketMb > 0) || !std::isfinite(f.bucketMb))
+    return "--bucket-mb must be a positive number of MB (2^20 bytes), got " +
+           megabytes(f.bucketMb);
   if (f.zero < 0 || f.zero > 3)
     return llvm::formatv("--zero must be the ZeRO stage 0, 1, 2 or 3, got {0}",
                          f.zero)
@@ -181,7 +200,7 @@ llvm::Expected<Strategy> mlir::piper::buildStrategy(const StrategyFlags &f) {
   if (std::string err = checkFlags(f, *schedule, perDevice); !err.empty())
     return llvm::createStringError(err);
   Strategy s = strategyFromFlags(f.pp, f.dp, f.microbatches, *schedule, f.zero,
-                                 f.ep, perDevice);
+                                 f.ep, perDevice, f.bucketMb);
   // The flags' checks imply these; the file's rules hold for every
   // strategy, whatever built it.
   if (llvm::Error err = verifyStrategy(s))

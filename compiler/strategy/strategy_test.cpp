@@ -1,6 +1,8 @@
 // Unit tests of strategy parsing and the schedule builders.
 #include <catch2/catch.hpp>
 
+#include <cmath>
+
 #include <map>
 
 #include "compiler/strategy/Strategy.h"
@@ -421,6 +423,34 @@ TEST_CASE("flags build a strategy that passes the file's rules") {
         "--ep 3 must divide --dp 4: expert-parallel groups are carved out of "
         "a stage's data-parallel replicas");
   f.ep = 1;
+
+  // --bucket-mb reaches every replicate directive and the summary; the
+  // default (25, DDP's) is said by neither.
+  for (Directive &d : s->directives)
+    if (d.kind == Directive::Replicate)
+      CHECK(d.bucketSizeMb == kDefaultBucketMb);
+  CHECK(s->summary.find("bucket_mb") == std::string::npos);
+  f.bucketMb = 0.5;
+  llvm::Expected<Strategy> small = buildStrategy(f);
+  REQUIRE(bool(small));
+  int replicates = 0;
+  for (Directive &d : small->directives)
+    if (d.kind == Directive::Replicate) {
+      ++replicates;
+      CHECK(d.bucketSizeMb == 0.5);
+      CHECK(d.text.find(" bucket_size=0.5") != std::string::npos);
+    }
+  CHECK(replicates == 2);
+  CHECK(small->summary.find(" bucket_mb=0.5") != std::string::npos);
+  for (double wrong : {0.0, -1.0, std::nan(""), HUGE_VAL}) {
+    f.bucketMb = wrong;
+    bad = buildStrategy(f);
+    REQUIRE(!bad);
+    CHECK(llvm::toString(bad.takeError())
+              .find("--bucket-mb must be a positive number of MB (2^20 "
+                    "bytes), got ") == 0);
+  }
+  f.bucketMb = kDefaultBucketMb;
   f.schedule = "nope";
   bad = buildStrategy(f);
   REQUIRE(!bad);
