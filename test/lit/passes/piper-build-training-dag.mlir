@@ -4,6 +4,8 @@
 // RUN: piper-opt %s -split-input-file -verify-diagnostics -piper-build-training-dag="lr=0.5 beta1=0.8 beta2=0.9 eps=1e-6 weight-decay=0.25" | FileCheck %s --check-prefix=OPT
 // RUN: piper-opt %s -split-input-file -verify-diagnostics -piper-build-training-dag="min-lr=1e-5 warmup-steps=10 decay-steps=100 clip-grad-norm=0.5 dtype=bf16" | FileCheck %s --check-prefix=STEP
 // RUN: piper-opt %s -split-input-file -verify-diagnostics -piper-build-training-dag="no-optimizer=true" | FileCheck %s --check-prefix=NO-OPT
+// RUN: not piper-opt %s -split-input-file -piper-build-training-dag="dtype=f16" 2>&1 | FileCheck %s --check-prefix=DTYPE
+// DTYPE: error: unknown compute dtype 'f16' (f32 or bf16)
 
 // Two stages. The forward of stage 1 accumulates the loss and returns the
 // logits its backward needs instead of the loss; the forward of stage 0
