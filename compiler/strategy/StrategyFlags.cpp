@@ -47,65 +47,94 @@ Strategy mlir::piper::strategyFromFlags(int64_t pp, int64_t dp,
       devices.push_back(g * dp + r);
     return devices;
   };
+  auto listDevices = [](const std::vector<int64_t> &devices) {
+    return llvm::formatv(
+               "[{0}]", llvm::join(llvm::map_range(devices,
+                                                   [](int64_t d) {
+                                                     return std::to_string(d);
+                                                   }),
+                                   ", "))
+        .str();
+  };
+  // Data parallelism for the tasks of stage st on `devices`.
+  auto replicate = [&](int64_t st, std::vector<int64_t> devices) {
+    Directive rep;
+    rep.kind = Directive::Replicate;
+    rep.filter.entries["PP"] = {FilterValue::Index, st, ""};
+    rep.devices = std::move(devices);
+    rep.reduceStream = "dp_stream";
+    rep.gatherStream = zero == 3 ? "gather_stream" : "dp_stream";
+    rep.zero = zero;
+    rep.bucketSizeMb = bucketMb;
+    std::string text = llvm::formatv(
+        "replicate PP={0} devices={1}{2}{3}", st, listDevices(rep.devices),
+        zero ? llvm::formatv(" zero={0}", zero).str() : std::string(),
+        bucketMb != kDefaultBucketMb ? " bucket_size=" + megabytes(bucketMb)
+                                     : std::string());
+    add(rep, text);
+  };
+  // Expert parallelism for the tasks of stage st on `devices` (one group,
+  // or both copies' groups).
+  auto shard = [&](int64_t st, std::vector<int64_t> devices) {
+    Directive sh;
+    sh.kind = Directive::Shard;
+    sh.filter.entries["PP"] = {FilterValue::Index, st, ""};
+    sh.filter.entries["EP"] = {FilterValue::Any, 0, ""};
+    sh.devices = std::move(devices);
+    sh.stream = "ep_stream";
+    sh.expertParallel = ep;
+    std::string text = llvm::formatv("shard PP={0} devices={1} ep={2}", st,
+                                     listDevices(sh.devices), ep);
+    add(sh, text);
+  };
   for (int64_t st = 0; st < stages; ++st) {
     if (schedule.layout == StageLayout::Bidirectional) {
       // Two copies of the model: microbatch m of stage st runs on the group
-      // of its direction; tieSharedParams sums the copies' gradients.
+      // of its direction; each copy is replicated on its own group, and
+      // tieSharedParams sums the copies' gradients (over every replica of
+      // both). The copies share the stage's segments: one shard directive
+      // splits the experts of both.
+      std::vector<int64_t> copies;
       for (int64_t m = 0; m < microbatches; ++m) {
+        int64_t g = deviceOfTask(schedule.layout, st, m, pp, microbatches);
+        if (!llvm::is_contained(copies, g))
+          copies.push_back(g);
         Directive place;
         place.kind = Directive::Place;
         place.filter.entries["PP"] = {FilterValue::Index, st, ""};
         place.filter.entries["MB"] = {FilterValue::Index, m, ""};
-        place.devices = groupDevices(
-            deviceOfTask(schedule.layout, st, m, pp, microbatches));
+        place.devices = groupDevices(g);
         place.stream = "pp_stream";
-        add(place, llvm::formatv("place PP={0} MB={1} devices=[{2}]", st, m,
-                                 place.devices.front())
+        add(place, llvm::formatv("place PP={0} MB={1} devices={2}", st, m,
+                                 listDevices(place.devices))
                        .str());
+      }
+      if (dp > 1)
+        for (int64_t g : copies)
+          replicate(st, groupDevices(g));
+      if (ep > 1) {
+        std::vector<int64_t> both;
+        for (int64_t g : copies)
+          llvm::append_range(both, groupDevices(g));
+        llvm::sort(both);
+        shard(st, both);
       }
       continue;
     }
     // Stage st runs on pipeline device group g: ranks [g*dp, (g+1)*dp).
     int64_t g = deviceOfStage(schedule.layout, st, pp);
     std::vector<int64_t> devices = groupDevices(g);
-    std::string devs = llvm::formatv(
-        "[{0}]", llvm::join(llvm::map_range(devices,
-                                            [](int64_t d) {
-                                              return std::to_string(d);
-                                            }),
-                            ", "));
     Directive place;
     place.kind = Directive::Place;
     place.filter.entries["PP"] = {FilterValue::Index, st, ""};
     place.devices = devices;
     place.stream = "pp_stream";
-    add(place, llvm::formatv("place PP={0} devices={1}", st, devs).str());
-    Directive rep;
-    rep.kind = Directive::Replicate;
-    rep.filter = place.filter;
-    rep.devices = devices;
-    rep.reduceStream = "dp_stream";
-    rep.gatherStream = zero == 3 ? "gather_stream" : "dp_stream";
-    rep.zero = zero;
-    rep.bucketSizeMb = bucketMb;
-    add(rep, llvm::formatv("replicate PP={0} devices={1}{2}{3}", st, devs,
-                           zero ? llvm::formatv(" zero={0}", zero).str()
-                                : std::string(),
-                           bucketMb != kDefaultBucketMb
-                               ? " bucket_size=" + megabytes(bucketMb)
-                               : std::string())
-                 .str());
-    if (ep > 1) {
-      Directive shard;
-      shard.kind = Directive::Shard;
-      shard.filter = place.filter;
-      shard.filter.entries["EP"] = {FilterValue::Any, 0, ""};
-      shard.devices = devices;
-      shard.stream = "ep_stream";
-      shard.expertParallel = ep;
-      add(shard, llvm::formatv("shard PP={0} devices={1} ep={2}", st, devs, ep)
-                     .str());
-    }
+    add(place, llvm::formatv("place PP={0} devices={1}", st,
+                             listDevices(devices))
+                   .str());
+    replicate(st, devices);
+    if (ep > 1)
+      shard(st, devices);
   }
   for (Directive &d : buildSchedule(schedule, pp, perDevice, microbatches))
     add(d, d.text);
@@ -164,10 +193,6 @@ static std::string checkFlags(const StrategyFlags &f,
   if (std::string err = schedule.check(f.pp, perDevice, f.microbatches);
       !err.empty())
     return "schedule '" + f.schedule + "' " + err;
-  if (schedule.layout == StageLayout::Bidirectional && (f.dp > 1 || f.ep > 1))
-    return "schedule '" + f.schedule +
-           "' runs two copies of the model on one pipeline; --dp and --ep on "
-           "top of it are not supported yet";
   if (!(f.bucketMb > 0) || !std::isfinite(f.bucketMb))
     return "--bucket-mb must be a positive number of MB (2^20 bytes), got " +
            megabytes(f.bucketMb);
@@ -180,6 +205,15 @@ static std::string checkFlags(const StrategyFlags &f,
                          "replicas of a stage, but --dp is {1}; use --dp 2 or "
                          "more",
                          f.zero, f.dp)
+        .str();
+  if (schedule.layout == StageLayout::Bidirectional && f.zero > 0)
+    return llvm::formatv(
+               "schedule '{0}' keeps two copies of every stage, on two device "
+               "groups that sum their gradients with one all-reduce; ZeRO "
+               "shards only a parameter that one group holds, so --zero {1} "
+               "would shard nothing: use 'dualpipev' (DualPipe's one-copy "
+               "V layout) with --zero",
+               f.schedule, f.zero)
         .str();
   if (f.ep < 1 || !dividesDevices(f.ep, f.dp))
     return llvm::formatv("--ep {0} must divide --dp {1}: expert-parallel "

@@ -6,6 +6,7 @@
 #include "compiler/transforms/Passes.h"
 #include "compiler/transforms/Transforms.h"
 
+#include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/MapVector.h"
 #include "llvm/ADT/STLExtras.h"
 #include "mlir/IR/Builders.h"
@@ -211,16 +212,45 @@ LogicalResult mlir::piper::applyShard(ModuleOp module, ProgramOp program,
         ctx, ArrayRef(d.devices).slice(first, ep.members)));
   ep.subgroups = ArrayAttr::get(ctx, subgroups);
 
-  // The stage's forward and backward tasks on exactly these devices.
+  // The stage's forward and backward tasks on these devices: on all of
+  // them, or on a device group of whole expert-parallel groups of them (a
+  // stage with two copies, DualPipe's, on two groups: one directive over
+  // both, since the copies share the stage's segments).
   std::optional<int64_t> pp;
   if (auto it = d.filter.entries.find("PP"); it != d.filter.entries.end())
     pp = it->second.index;
   SmallVector<TaskOp> tasks;
-  for (TaskOp t : program.getBody().front().getOps<TaskOp>())
-    if (t.getDevicesAttr() == ep.group &&
-        (t.getTag().isPass(PassKind::F) || t.getTag().isPass(PassKind::B)) &&
-        (!pp || t.getTag().getPp() == pp))
-      tasks.push_back(t);
+  llvm::DenseMap<Attribute, EpLayout> layoutOf;
+  for (TaskOp t : program.getBody().front().getOps<TaskOp>()) {
+    if (!t.getDevices() ||
+        !(t.getTag().isPass(PassKind::F) || t.getTag().isPass(PassKind::B)) ||
+        (pp && t.getTag().getPp() != pp) ||
+        !llvm::all_of(t.getNodeDevices(), [&](int64_t dev) {
+          return llvm::is_contained(d.devices, dev);
+        }))
+      continue;
+    tasks.push_back(t);
+    if (layoutOf.count(t.getDevicesAttr()))
+      continue;
+    ArrayRef<int64_t> own = t.getNodeDevices();
+    EpLayout local = ep;
+    local.group = t.getDevicesAttr();
+    SmallVector<Attribute> chunks;
+    for (size_t first = 0; first < own.size(); first += ep.members) {
+      auto chunk = DeviceGroupAttr::get(
+          ctx, own.slice(first, std::min<size_t>(ep.members,
+                                                 own.size() - first)));
+      if (!llvm::is_contained(subgroups, Attribute(chunk)))
+        return t.emitOpError(d.describe())
+               << ": " << describeNode(t) << " runs on "
+               << formatDevices(own)
+               << ", which is not made of whole expert-parallel groups of "
+               << ep.members << " of " << formatDevices(d.devices);
+      chunks.push_back(chunk);
+    }
+    local.subgroups = ArrayAttr::get(ctx, chunks);
+    layoutOf[t.getDevicesAttr()] = local;
+  }
   if (tasks.empty())
     return program.emitOpError(d.describe())
            << ": no forward or backward task runs on "
@@ -262,8 +292,10 @@ LogicalResult mlir::piper::applyShard(ModuleOp module, ProgramOp program,
            << ": the filter matches no expert region (no MoE layer runs on "
            << formatDevices(d.devices) << ")";
 
-  for (TaskOp t : tasks)
-    splitWithExchanges(t, piecesOf[t.getSegmentAttr().getAttr()], ep);
+  for (TaskOp t : tasks) {
+    const EpLayout &local = layoutOf[t.getDevicesAttr()];
+    splitWithExchanges(t, piecesOf[t.getSegmentAttr().getAttr()], local);
+  }
   // The exchange pieces became all-to-alls: no task calls them.
   for (auto &entry : piecesOf) {
     for (SegmentOp piece : entry.second.pieces)

@@ -151,18 +151,35 @@ LogicalResult mlir::piper::applyReplicate(ModuleOp module, ProgramOp program,
                                     std::optional<int64_t> worldSize) {
   if (failed(checkDevices(program, d, worldSize)))
     return failure();
-  SmallVector<TaskOp> tasks = matchingTasks(program, d.filter);
-  if (tasks.empty())
+  SmallVector<TaskOp> matched = matchingTasks(program, d.filter);
+  if (matched.empty())
     return program.emitOpError(d.describe()) << ": the filter matches no task"
                                      << splitPassHint(d.filter);
-  for (TaskOp t : tasks)
-    if (!t.getDevices() || t.getNodeDevices() != ArrayRef(d.devices))
-      return t.emitOpError(d.describe())
-             << ": " << describeNode(t) << " runs on "
-             << (t.getDevices() ? formatDevices(t.getNodeDevices())
-                                : std::string("no device"))
-             << ", not on " << formatDevices(d.devices)
-             << "; place it on the replicated devices first";
+  // The matched tasks on d.devices. A stage with two copies on two device
+  // groups (DualPipe) has one replicate per copy: tasks on a group that
+  // shares no device with d.devices belong to the other copy's.
+  SmallVector<TaskOp> tasks;
+  for (TaskOp t : matched) {
+    if (t.getDevices() && t.getNodeDevices() == ArrayRef(d.devices)) {
+      tasks.push_back(t);
+      continue;
+    }
+    if (t.getDevices() &&
+        llvm::none_of(t.getNodeDevices(), [&](int64_t dev) {
+          return llvm::is_contained(d.devices, dev);
+        }))
+      continue;
+    return t.emitOpError(d.describe())
+           << ": " << describeNode(t) << " runs on "
+           << (t.getDevices() ? formatDevices(t.getNodeDevices())
+                              : std::string("no device"))
+           << ", not on " << formatDevices(d.devices)
+           << "; place it on the replicated devices first";
+  }
+  if (tasks.empty())
+    return program.emitOpError(d.describe())
+           << ": no task of the filter runs on " << formatDevices(d.devices)
+           << "; place it on the replicated devices first";
   int64_t replicas = d.devices.size();
   if (d.zero > 0 && replicas < 2)
     return program.emitOpError(d.describe())
@@ -197,7 +214,15 @@ LogicalResult mlir::piper::applyReplicate(ModuleOp module, ProgramOp program,
   // Parameters shared with another stage are summed over both stages'
   // groups at once by tieSharedParams, which subsumes this reduction.
   auto shared = sharedParams(segmentParams, program);
+  size_t before = params.size();
   params.remove_if([&](StringAttr p) { return shared.count(p) > 0; });
+  if (d.zero > 0 && before > 0 && params.empty())
+    return program.emitOpError(d.describe())
+           << ": ZeRO-" << d.zero
+           << " would shard nothing: every parameter of the stage has copies "
+              "on several device groups (DualPipe's two copies of the model, "
+              "or a tied weight), which sum their gradients with one "
+              "all-reduce and keep them whole";
   if (!stageTag)
     stageTag = TagAttr::get(attrs.getContext());
   // Expert weights split by `shard` (expert_members = G): member i of each

@@ -38,9 +38,6 @@ static LogicalResult verifyCollective(Operation *op) {
     return success();
   if (sub.empty())
     return op->emitOpError("subgroups, when given, are at least one group");
-  if (c.getCollective())
-    return op->emitOpError("a collective over several device classes "
-                           "(with a collective id) cannot have subgroups");
   llvm::SmallDenseSet<int64_t> covered;
   DeviceGroupAttr devices = c.getDevices();
   size_t size = cast<DeviceGroupAttr>(sub[0]).size();

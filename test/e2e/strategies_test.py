@@ -6,7 +6,8 @@ one device.
 Usage: strategies_test.py PIPERC PIPER_RUN EXAMPLES_DIR [SUITE]
 SUITE is "strategies" (the default: pipelines, data parallelism, bf16, tied
 weights, gradients), "zero" (ZeRO-1/2/3 alone and under pipelining) or
-"schedules" (every pipeline schedule at PP 2 and 4).
+"schedules" (every pipeline schedule at PP 2 and 4) or "composition" (every
+schedule x DP, ZeRO-1/2/3, EP, a tied head and bf16 at PP 2).
 """
 import array
 import json
@@ -371,6 +372,83 @@ def schedule_cases():
     return cases
 
 
+# The composition matrix (issue 20): every schedule at PP 2 with 4
+# microbatches per replica (the fewest that every schedule takes: zb-h2 and
+# zbv need 2P - 1, interleaved-1f1b a multiple of P, dualpipe an even number
+# of at least 2P) x {DP2, DP2 ZeRO-1, ZeRO-2, ZeRO-3, DP2 EP2 on a MoE, a
+# tied head under DP2, bf16 under DP2}, against one device with the same
+# global batch of 8 microbatches. A combination that is refused names its
+# rule (docs/schedules.md, "What composes"); the test checks the message.
+COMPOSITION_SCHEDULES = ["gpipe", "1f1b", "zb-h1", "zb-h2", "interleaved-1f1b",
+                         "zbv", "dualpipev", "dualpipe"]
+COMPOSITION_REFUSED = {
+    ("dualpipe", "zero-1"): "would shard nothing: use 'dualpipev'",
+    ("dualpipe", "zero-2"): "would shard nothing: use 'dualpipev'",
+    ("dualpipe", "zero-3"): "would shard nothing: use 'dualpipev'",
+}
+COMPOSITION_GPT = ["gpt", "--layers", "4", "--hidden", "32", "--heads", "2",
+                   "--vocab", "64", "--seq", "16", "--batch", "2"]
+COMPOSITION_MOE = ["qwen3-moe", "--layers", "4", "--hidden", "32", "--heads",
+                   "2", "--kv-heads", "1", "--ffn", "32", "--experts", "4",
+                   "--top-k", "2", "--vocab", "64", "--seq", "16", "--batch",
+                   "4", "--capacity-factor", "1"]
+# (model name, model arguments, one-device flags, variant: extra flags,
+# bounds)
+COMPOSITION_VARIANTS = [
+    ("dp2", COMPOSITION_GPT, [], []),
+    ("zero-1", COMPOSITION_GPT, [], ["--zero", "1"]),
+    ("zero-2", COMPOSITION_GPT, [], ["--zero", "2"]),
+    ("zero-3", COMPOSITION_GPT, [], ["--zero", "3"]),
+    ("ep2", COMPOSITION_MOE, ["--clip-grad", "0.5"],
+     ["--ep", "2", "--clip-grad", "0.5"]),
+    ("tied", COMPOSITION_GPT + ["--tied"], ["--clip-grad", "0.5"],
+     ["--clip-grad", "0.5"]),
+    ("bf16", COMPOSITION_GPT, ["--dtype", "bf16"], ["--dtype", "bf16"]),
+]
+
+
+def composition_refusal(schedule, variant):
+    """Checks that piperc refuses a documented combination with its rule;
+    returns (passed, failed)."""
+    words = COMPOSITION_REFUSED[(schedule, variant)]
+    model_args = {v[0]: v[1] for v in COMPOSITION_VARIANTS}[variant]
+    extra = {v[0]: v[3] for v in COMPOSITION_VARIANTS}[variant]
+    with tempfile.TemporaryDirectory(dir=os.environ.get("TEST_TMPDIR")) as d:
+        model = os.path.join(d, "m.mlir")
+        run([PIPERC, "model"] + model_args + ["-o", model])
+        proc = subprocess.run(
+            [PIPERC, "compile", model, "-o", os.path.join(d, "plans"),
+             "--pp", "2", "--dp", "2", "--microbatches", "4", "--schedule",
+             schedule] + extra, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True, timeout=600)
+    ok = proc.returncode != 0 and words in proc.stdout
+    print("%s: pp2 x dp2 %s %s refused: %s" %
+          ("ok" if ok else "FAIL", schedule, variant, proc.stdout.strip()))
+    return int(ok), int(not ok)
+
+
+def main_composition(work):
+    passed = failed = 0
+    for variant, model_args, one_flags, extra in COMPOSITION_VARIANTS:
+        strategies = [("1 device", ["--microbatches", "8"] + one_flags, 1)]
+        for schedule in COMPOSITION_SCHEDULES:
+            if (schedule, variant) in COMPOSITION_REFUSED:
+                p, f = composition_refusal(schedule, variant)
+                passed, failed = passed + p, failed + f
+                continue
+            strategies.append(
+                ("pp2 x dp2 %s %s, 4 mb" % (schedule, variant),
+                 ["--pp", "2", "--dp", "2", "--microbatches", "4",
+                  "--schedule", schedule] + extra, 4))
+        bounds = ((bf16_param_atol(STEPS), bf16_loss_rtol)
+                  if variant == "bf16" else ())
+        p, f, _ = check_model(work, "composition-" + variant, model_args,
+                              strategies, *bounds)
+        passed, failed = passed + p, failed + f
+    print("%d passed, %d failed" % (passed, failed))
+    return 1 if failed else 0
+
+
 def main_schedules(work):
     passed = failed = 0
     for case in schedule_cases():
@@ -594,6 +672,8 @@ def main():
         return main_zero(work)
     if SUITE == "schedules":
         return main_schedules(work)
+    if SUITE == "composition":
+        return main_composition(work)
     passed = failed = 0
     p, f = check_grads(work)
     passed, failed = passed + p, failed + f

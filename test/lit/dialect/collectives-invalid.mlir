@@ -203,14 +203,6 @@ piper.program @p {
 
 // -----
 
-piper.param @w : tensor<4x2xf32> init zeros(0.0)
-piper.program @p {
-  // expected-error @+1 {{'piper.all_reduce' op a collective over several device classes (with a collective id) cannot have subgroups}}
-  %t = piper.all_reduce grads [@w] {collective = 1, subgroups = [#piper.group<0, 1>, #piper.group<2, 3>], devices = #piper.group<0, 1, 2, 3>, stream = #piper.stream<"s", comm>, tag = #piper.tag<>}
-}
-
-// -----
-
 // Slices follow the subgroup: 10 rows over pairs are 5 per member.
 piper.segment @f() -> tensor<10x4xf32> {
   %e = "test.make"() : () -> tensor<10x4xf32>

@@ -15,6 +15,8 @@
 // RUN: not piper-opt %S/Inputs/dag.mlir -piper-place="pp=0 devices=0,1" -piper-place="pp=1 devices=2,3" \
 // RUN:   -piper-replicate="pp=0 devices=2,3" 2>&1 | FileCheck %s --check-prefix=ELSEWHERE
 // RUN: not piper-opt %S/Inputs/dag.mlir -piper-place="pp=0 devices=0,1" -piper-place="pp=1 devices=2,3" \
+// RUN:   -piper-replicate="pp=0 devices=1,2" 2>&1 | FileCheck %s --check-prefix=OVERLAP
+// RUN: not piper-opt %S/Inputs/dag.mlir -piper-place="pp=0 devices=0,1" -piper-place="pp=1 devices=2,3" \
 // RUN:   -piper-replicate="pp=7 devices=0,1" 2>&1 | FileCheck %s --check-prefix=NO-TASK
 // RUN: piper-opt %s -split-input-file -verify-diagnostics -piper-replicate="pp=0 devices=0,1" | FileCheck %s --check-prefix=CHUNK
 
@@ -54,8 +56,11 @@
 // The stage must be placed on the replicated devices first.
 // UNPLACED: error: 'piper.task' op directive #0 (piper-replicate pp=0): task @stage0_F (PP=0 PASS=F) runs on no device, not on [0, 1]; place it on the replicated devices first
 
-// ... on exactly those devices.
-// ELSEWHERE: error: 'piper.task' op directive #0 (piper-replicate pp=0): task @stage0_F (PP=0 PASS=F) runs on [0, 1], not on [2, 3]; place it on the replicated devices first
+// ... on exactly those devices. A task on a group disjoint from them is
+// another copy's (DualPipe replicates each copy on its own group): some
+// task must run on the replicated devices.
+// ELSEWHERE: error: 'piper.program' op directive #0 (piper-replicate pp=0): no task of the filter runs on [2, 3]; place it on the replicated devices first
+// OVERLAP: error: 'piper.task' op directive #0 (piper-replicate pp=0): task @stage0_F (PP=0 PASS=F) runs on [0, 1], not on [1, 2]; place it on the replicated devices first
 
 // The stage must exist.
 // NO-TASK: error: 'piper.program' op directive #0 (piper-replicate pp=7): the filter matches no task
