@@ -73,20 +73,26 @@ Strategy mlir::piper::strategyFromFlags(int64_t pp, int64_t dp,
                                      : std::string());
     add(rep, text);
   };
-  // Expert parallelism for the tasks of stage st on `devices` (one group,
-  // or both copies' groups).
-  auto shard = [&](int64_t st, std::vector<int64_t> devices) {
+  // Expert parallelism for every stage on `devices` (one device group, or
+  // the two groups holding DualPipe's copies of the same stages), once
+  // those stages are placed; a group whose stages have no MoE layer (the
+  // LM head alone) is left alone.
+  std::vector<std::vector<int64_t>> sharded;
+  auto shard = [&](std::vector<int64_t> devices) {
+    if (ep <= 1 || llvm::is_contained(sharded, devices))
+      return;
+    sharded.push_back(devices);
     Directive sh;
     sh.kind = Directive::Shard;
-    sh.filter.entries["PP"] = {FilterValue::Index, st, ""};
     sh.filter.entries["EP"] = {FilterValue::Any, 0, ""};
     sh.devices = std::move(devices);
     sh.stream = "ep_stream";
     sh.expertParallel = ep;
-    std::string text = llvm::formatv("shard PP={0} devices={1} ep={2}", st,
+    std::string text = llvm::formatv("shard devices={0} ep={1}",
                                      listDevices(sh.devices), ep);
     add(sh, text);
   };
+  std::vector<std::vector<int64_t>> toShard;
   for (int64_t st = 0; st < stages; ++st) {
     if (schedule.layout == StageLayout::Bidirectional) {
       // Two copies of the model: microbatch m of stage st runs on the group
@@ -112,13 +118,11 @@ Strategy mlir::piper::strategyFromFlags(int64_t pp, int64_t dp,
       if (dp > 1)
         for (int64_t g : copies)
           replicate(st, groupDevices(g));
-      if (ep > 1) {
-        std::vector<int64_t> both;
-        for (int64_t g : copies)
-          llvm::append_range(both, groupDevices(g));
-        llvm::sort(both);
-        shard(st, both);
-      }
+      std::vector<int64_t> both;
+      for (int64_t g : copies)
+        llvm::append_range(both, groupDevices(g));
+      llvm::sort(both);
+      toShard.push_back(both);
       continue;
     }
     // Stage st runs on pipeline device group g: ranks [g*dp, (g+1)*dp).
@@ -133,9 +137,10 @@ Strategy mlir::piper::strategyFromFlags(int64_t pp, int64_t dp,
                              listDevices(devices))
                    .str());
     replicate(st, devices);
-    if (ep > 1)
-      shard(st, devices);
+    toShard.push_back(devices);
   }
+  for (std::vector<int64_t> &devices : toShard)
+    shard(devices);
   for (Directive &d : buildSchedule(schedule, pp, perDevice, microbatches))
     add(d, d.text);
   s.worldSize = pp * dp;

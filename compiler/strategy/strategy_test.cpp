@@ -475,7 +475,7 @@ TEST_CASE("flags build a strategy that passes the file's rules") {
 }
 
 TEST_CASE("dualpipe under --dp and --ep: a replicate per copy, a shard over "
-          "both") {
+          "both copies' groups") {
   StrategyFlags f;
   f.pp = 2;
   f.dp = 4;
@@ -488,20 +488,24 @@ TEST_CASE("dualpipe under --dp and --ep: a replicate per copy, a shard over "
   // Stage st: microbatches 0-1 on group st, 2-3 on group 1 - st; each copy
   // replicated on its group of 4, one shard over both groups' 8 ranks.
   std::map<int64_t, std::vector<std::vector<int64_t>>> replicated;
-  std::map<int64_t, std::vector<int64_t>> sharded;
+  std::vector<std::vector<int64_t>> sharded;
   for (const Directive &d : s->directives) {
     if (d.kind == Directive::Replicate)
       replicated[d.filter.entries.at("PP").index].push_back(d.devices);
     if (d.kind == Directive::Shard) {
       CHECK(d.expertParallel == 2);
-      sharded[d.filter.entries.at("PP").index] = d.devices;
+      // Every stage on the devices (a group without MoE layers is left
+      // alone).
+      CHECK(d.filter.entries.count("PP") == 0);
+      sharded.push_back(d.devices);
     }
   }
   std::vector<int64_t> g0 = {0, 1, 2, 3}, g1 = {4, 5, 6, 7};
   CHECK(replicated[0] == std::vector<std::vector<int64_t>>{g0, g1});
   CHECK(replicated[1] == std::vector<std::vector<int64_t>>{g1, g0});
-  CHECK(sharded[0] == std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6, 7});
-  CHECK(sharded[1] == sharded[0]);
+  // One shard over both copies' groups, which hold the same two stages.
+  CHECK(sharded == std::vector<std::vector<int64_t>>{
+                       {0, 1, 2, 3, 4, 5, 6, 7}});
 
   // ZeRO would shard nothing: refused with the rule and the alternative.
   f.zero = 2;

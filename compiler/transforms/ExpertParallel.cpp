@@ -287,6 +287,19 @@ LogicalResult mlir::piper::applyShard(ModuleOp module, ProgramOp program,
       symbols.insert(piece);
     piecesOf[name] = std::move(*pieces);
   }
+  // A shard naming a stage must find MoE layers in it. Without "PP" it
+  // covers every stage on its devices (what --ep writes, one per device
+  // group): a group whose stages have none (the LM head alone) is left
+  // alone, as long as the model has MoE layers somewhere.
+  if (layers == 0 && !pp) {
+    bool moe = false;
+    module.walk([&](Operation *op) {
+      if (isa<MoeDispatchOp, MoeEpCountsOp>(op))
+        moe = true;
+    });
+    if (moe)
+      return success();
+  }
   if (layers == 0)
     return program.emitOpError(d.describe())
            << ": the filter matches no expert region (no MoE layer runs on "
