@@ -3,14 +3,16 @@
 
 For each model preset, PP x DP x EP with every schedule of the paper's
 comparison, each with ZeRO 0, 1 and 3 (where the schedule takes it) and the
-expert all-to-alls overlapped or not, prints the simulator's step time and
+expert all-to-alls on their own stream, on the gradient reductions' stream
+or on the compute stream, prints the simulator's step time and
 bubble, the exact per-rank peak of the memory plan, and the largest
 microbatch (sequences per microbatch) whose plans fit in the device memory.
 
 The strategies are written as directives (JSON), so the stream of every
-collective is the user's choice: overlap on puts the all-to-alls on their
-own "ep_stream" and the gradient reductions on "dp_stream"; overlap off
-puts the all-to-alls on the compute stream of the task they belong to.
+collective is the user's choice: "own" puts the all-to-alls on their own
+"ep_stream" (the gradient reductions are on "dp_stream"), "shared" puts
+them on "dp_stream" with the reductions, "serial" on the compute stream of
+the task they belong to.
 
 Usage: composition.py PIPERC PIPER_PLAN MACHINES WORK [MODEL...]
 MACHINES: machine descriptions separated by commas; the first gives the
@@ -42,10 +44,13 @@ def group(g):
     return list(range(g * DP, (g + 1) * DP))
 
 
-def strategy(schedule, zero, overlap):
+# The all-to-alls' stream, by the name the table gives it.
+A2A = [("own", "ep_stream"), ("shared", "dp_stream"), ("serial", "compute")]
+
+
+def strategy(schedule, zero, a2a):
     """The directives of PP x DP x EP under `schedule`, as piperc's flags
-    write them, with the all-to-alls on ep_stream (overlap) or on the
-    compute stream."""
+    write them, with the all-to-alls on stream `a2a`."""
     layout = V_LAYOUT.get(schedule, "linear")
     stages = PP * (1 if layout == "linear" else 2)
     ds = [{"op": "stage", "stages": stages},
@@ -93,7 +98,7 @@ def strategy(schedule, zero, overlap):
                 seen.append(devices)
                 ds.append({"op": "shard", "filter": {"EP": "*"},
                            "devices": devices, "ep": EP,
-                           "stream": "ep_stream" if overlap else "compute"})
+                           "stream": a2a})
     ds.append({"op": "schedule", "name": schedule})
     return ds
 
@@ -106,13 +111,13 @@ def model_file(preset, batch):
     return path
 
 
-def compile_plans(preset, batch, schedule, zero, overlap, memory=None):
+def compile_plans(preset, batch, schedule, zero, a2a, memory=None):
     """(plans folder, piperc output) or (None, error text)."""
     tag = "%s-b%d-%s-z%d-%s" % (preset, batch, schedule, zero,
-                                 "on" if overlap else "off")
+                                 a2a)
     strat = os.path.join(WORK, tag + ".json")
     with open(strat, "w") as f:
-        json.dump(strategy(schedule, zero, overlap), f)
+        json.dump(strategy(schedule, zero, a2a), f)
     out = os.path.join(WORK, tag)
     cmd = [PIPERC, "compile", model_file(preset, batch), "--strategy", strat,
            "--dtype", "bf16", "-o", out]
@@ -152,7 +157,7 @@ def peak_mib(output):
 def largest_batch(preset, schedule, zero):
     """The largest microbatch size whose plans fit in DEVICE_MEMORY
     (doubling, then bisection), or 0 when even one sequence does not."""
-    fits = lambda b: compile_plans(preset, b, schedule, zero, True,
+    fits = lambda b: compile_plans(preset, b, schedule, zero, "ep_stream",
                                    DEVICE_MEMORY)[0] is not None
     if not fits(1):
         return 0
@@ -194,9 +199,9 @@ def main():
         for schedule in SCHEDULES:
             for zero in ZERO:
                 batch_max = None
-                for overlap in (True, False):
+                for label, a2a in A2A:
                     plans, output = compile_plans(preset, 1, schedule, zero,
-                                                  overlap)
+                                                  a2a)
                     if plans is None:
                         reason = next(
                             (l for l in output.splitlines() if "error" in l),
@@ -204,35 +209,33 @@ def main():
                         reason = reason[reason.find("):") + 2:].strip() \
                             if "):" in reason else reason
                         print("%-5s %-16s %-4d %-7s refused: %s" %
-                              (preset[-2:], schedule, zero,
-                               "overlap" if overlap else "serial",
+                              (preset[-2:], schedule, zero, label,
                                reason[:110]))
                         break
                     sims = [simulate(plans, m) for m in MACHINES]
                     steps = [t for t, _ in sims]
                     bubble = sims[0][1]
                     peak = peak_mib(output) / 1024
-                    if overlap:
+                    if label == "own":
                         batch_max = largest_batch(preset, schedule, zero)
-                    results[(preset, schedule, zero, overlap)] = (
+                    results[(preset, schedule, zero, label)] = (
                         steps, bubble, peak, batch_max)
                     print("%-5s %-16s %-4d %-7s %s %7.1f%% %10.1f %9s" %
-                          (preset[-2:], schedule, zero,
-                           "overlap" if overlap else "serial",
+                          (preset[-2:], schedule, zero, label,
                            " ".join("%9.1f" % (t * 1e3) for t in steps),
                            bubble * 100, peak,
-                           batch_max if overlap else ""))
+                           batch_max if label == "own" else ""))
         ratios(preset, results)
 
 
 def ratios(preset, results):
-    """The paper's comparisons, from this run's numbers (machine 1, and the
-    overlap on every machine)."""
-    def get(schedule, zero, overlap=True):
-        return results.get((preset, schedule, zero, overlap))
+    """The paper's comparisons, from this run's numbers (machine 1; the
+    all-to-all streams on every machine)."""
+    def get(schedule, zero, label="own"):
+        return results.get((preset, schedule, zero, label))
     base = get("1f1b", 0)
-    print("%s: throughput against 1F1B (ZeRO 0, overlap on), batch 1, "
-          "machine 1:" % preset)
+    print("%s: throughput against 1F1B (ZeRO 0, all-to-alls on their own "
+          "stream), batch 1, machine 1:" % preset)
     for schedule in SCHEDULES:
         for zero in ZERO:
             r = get(schedule, zero)
@@ -242,13 +245,20 @@ def ratios(preset, results):
                                     (base[0][0] / r[0][0] - 1) * 100, r[3],
                                     base[3]))
     for schedule in ("dualpipev", "dualpipe"):
-        on, off = get(schedule, 0, True), get(schedule, 0, False)
-        if on and off:
+        for zero in ZERO:
+            own = get(schedule, zero)
+            if not own:
+                continue
             for i in range(len(MACHINES)):
-                print("  %s all-to-all overlap, machine %d: step %.1f ms vs "
-                      "%.1f ms serial (%+.1f%% throughput)" %
-                      (schedule, i + 1, on[0][i] * 1e3, off[0][i] * 1e3,
-                       (off[0][i] / on[0][i] - 1) * 100))
+                others = ", ".join(
+                    "%s %.1f ms (%+.1f%%)" % (
+                        label, get(schedule, zero, label)[0][i] * 1e3,
+                        (get(schedule, zero, label)[0][i] / own[0][i] - 1)
+                        * 100)
+                    for label, _ in A2A[1:] if get(schedule, zero, label))
+                print("  %s zero %d all-to-alls, machine %d: own stream "
+                      "%.1f ms; %s" % (schedule, zero, i + 1,
+                                       own[0][i] * 1e3, others))
 
 
 if __name__ == "__main__":

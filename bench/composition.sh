@@ -2,9 +2,11 @@
 # The paper's headline composition, simulated: Qwen3-MoE 1B- and 9B-like
 # presets at PP 4 x DP 2 x EP 2 (8 GPUs: one H200 node), bf16, under 1F1B,
 # interleaved 1F1B, ZB-V, DualPipeV and DualPipe, each with ZeRO 0, 1 and 3
-# and the expert all-to-alls overlapped (own stream) or not (on the compute
-# stream): predicted step time and bubble (piper-plan --simulate on
-# bench/h200-node.json), exact per-rank peak (the memory plan), and the
+# and the expert all-to-alls on their own stream, on the gradient
+# reductions' stream or on the compute stream: predicted step time (on one
+# NVLink node, bench/h200-node.json, and one GPU per node over InfiniBand,
+# bench/h200-ib.json) and bubble (piper-plan --simulate), exact per-rank
+# peak (the memory plan), and the
 # largest microbatch that fits in an H200's 141 GB. Then the ratios the
 # paper reports. Machine and sources: docs/composition.md. A benchmark, not
 # a test: it is not part of `bazel test`.

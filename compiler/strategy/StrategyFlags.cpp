@@ -211,15 +211,6 @@ static std::string checkFlags(const StrategyFlags &f,
                          "more",
                          f.zero, f.dp)
         .str();
-  if (schedule.layout == StageLayout::Bidirectional && f.zero > 0)
-    return llvm::formatv(
-               "schedule '{0}' keeps two copies of every stage, on two device "
-               "groups that sum their gradients with one all-reduce; ZeRO "
-               "shards only a parameter that one group holds, so --zero {1} "
-               "would shard nothing: use 'dualpipev' (DualPipe's one-copy "
-               "V layout) with --zero",
-               f.schedule, f.zero)
-        .str();
   if (f.ep < 1 || !dividesDevices(f.ep, f.dp))
     return llvm::formatv("--ep {0} must divide --dp {1}: expert-parallel "
                          "groups are carved out of a stage's data-parallel "

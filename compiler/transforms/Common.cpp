@@ -281,7 +281,8 @@ SmallVector<TaskOp> mlir::piper::matchingTasks(ProgramOp program,
 
 /// For every parameter whose gradient is accumulated on more than one device
 /// group (a tied head: the embedding's stage and the head's stage), those
-/// groups, in program order.
+/// groups, in program order (a group whose ZeRO-2/3 reduce-scatters name
+/// it counts: they took its accumulation out of the segments).
 llvm::MapVector<StringAttr, SmallVector<ArrayRef<int64_t>>>
 mlir::piper::sharedParams(SegmentParams &segmentParams, ProgramOp program) {
   llvm::MapVector<StringAttr, SmallVector<ArrayRef<int64_t>>> groups;
@@ -301,6 +302,20 @@ mlir::piper::sharedParams(SegmentParams &segmentParams, ProgramOp program) {
         continue;
       attrs.push_back(t.getDevicesAttr());
       groups[p].push_back(t.getNodeDevices());
+    }
+  }
+  // ZeRO-2 and 3 take the accumulation out of the backward segments: their
+  // reduce-scatters name the parameters of each group instead.
+  for (auto rs : program.getBody().front().getOps<ReduceScatterGradsOp>()) {
+    if (rs.getSubgroupsAttr())
+      continue;
+    for (Attribute a : rs.getParamRefs()) {
+      StringAttr p = cast<FlatSymbolRefAttr>(a).getAttr();
+      SmallVector<Attribute> &attrs = groupAttrs[p];
+      if (llvm::is_contained(attrs, rs.getDevicesAttr()))
+        continue;
+      attrs.push_back(rs.getDevicesAttr());
+      groups[p].push_back(rs.getDevices().getMembers());
     }
   }
   llvm::MapVector<StringAttr, SmallVector<ArrayRef<int64_t>>> shared;

@@ -213,16 +213,16 @@ LogicalResult mlir::piper::applyReplicate(ModuleOp module, ProgramOp program,
   }
   // Parameters shared with another stage are summed over both stages'
   // groups at once by tieSharedParams, which subsumes this reduction.
+  // Under ZeRO they are sharded over each copy's group like the others
+  // (the groups holding copies have the same size, --dp): piper-tie-params
+  // then sums the copies' shards, member i of each group with member i of
+  // the others, after this group's reduce-scatters. Expert weights are never
+  // ZeRO-sharded.
   auto shared = sharedParams(segmentParams, program);
-  size_t before = params.size();
-  params.remove_if([&](StringAttr p) { return shared.count(p) > 0; });
-  if (d.zero > 0 && before > 0 && params.empty())
-    return program.emitOpError(d.describe())
-           << ": ZeRO-" << d.zero
-           << " would shard nothing: every parameter of the stage has copies "
-              "on several device groups (DualPipe's two copies of the model, "
-              "or a tied weight), which sum their gradients with one "
-              "all-reduce and keep them whole";
+  params.remove_if([&](StringAttr p) {
+    return shared.count(p) > 0 &&
+           (d.zero == 0 || symbols.lookup<ParamOp>(p).getExpertMembers());
+  });
   if (!stageTag)
     stageTag = TagAttr::get(attrs.getContext());
   // Expert weights split by `shard` (expert_members = G): member i of each

@@ -296,8 +296,11 @@ LogicalResult mlir::piper::applyZero(ModuleOp module, ProgramOp program,
         }
       }
     }
+    // The split segments, unless another group's tasks still call them
+    // (DualPipe's other copy, which that copy's replicate splits).
     for (auto &entry : piecesOf)
-      symbols.erase(symbols.lookup<SegmentOp>(entry.first));
+      if (SymbolTable::symbolKnownUseEmpty(entry.first, module))
+        symbols.erase(symbols.lookup<SegmentOp>(entry.first));
   }
 
   // Every update of a sharded parameter waits for its reductions; after
@@ -305,7 +308,9 @@ LogicalResult mlir::piper::applyZero(ModuleOp module, ProgramOp program,
   SegmentParams segmentParams(module);
   for (TaskOp u :
        llvm::make_early_inc_range(program.getBody().front().getOps<TaskOp>())) {
-    if (!u.getTag().isPass(PassKind::U))
+    // Another group's update of a parameter with copies there (DualPipe's
+    // other copy) is that group's replicate's.
+    if (!u.getTag().isPass(PassKind::U) || u.getDevicesAttr() != group)
       continue;
     SmallVector<StringAttr> updated;
     for (StringAttr p : segmentParams.updated(u.getSegment()))

@@ -195,8 +195,9 @@ ZERO_MODELS = [
       ("dp3 zero-1", ["--dp", "3", "--zero", "1"], 3),
       ("dp3 zero-2", ["--dp", "3", "--zero", "2"], 3),
       ("dp3 zero-3", ["--dp", "3", "--zero", "3"], 3)]),
-    # A tied LM head stays whole (its two stages sum its gradient), the
-    # rest is sharded; clipping at 0.5 is active and counts every range once.
+    # A tied LM head across groups is sharded on each and its copies summed
+    # range by range; clipping at 0.5 is active and counts every range of
+    # one copy once.
     ("gpt-tied", ["gpt", "--tied"] + TINY,
      [("1 device", ["--microbatches", "8", "--clip-grad", "0.5"], 1),
       ("pp2 x dp2 zero-2, 1f1b, 4 mb",
@@ -376,18 +377,14 @@ def schedule_cases():
 # microbatches per replica (the fewest that every schedule takes: zb-h2 and
 # zbv need 2P - 1, interleaved-1f1b a multiple of P, dualpipe an even number
 # of at least 2P) x {DP2, DP2 ZeRO-1, ZeRO-2, ZeRO-3, DP2 EP2 on a MoE
-# (also with ZeRO-1), a tied head under DP2, bf16 under DP2}, against one
-# device with the same
-# global batch of 8 microbatches. A combination that is refused names its
-# rule (docs/schedules.md, "What composes"); the test checks the message.
+# (also with ZeRO-1), a tied head under DP2 (also with ZeRO-1 and 3), bf16
+# under DP2}, against one device with the same global batch of 8
+# microbatches. A combination that is refused would name its rule
+# (docs/schedules.md, "What composes"; none is today): COMPOSITION_REFUSED
+# maps (schedule, variant) to words of the message, which the test checks.
 COMPOSITION_SCHEDULES = ["gpipe", "1f1b", "zb-h1", "zb-h2", "interleaved-1f1b",
                          "zbv", "dualpipev", "dualpipe"]
-COMPOSITION_REFUSED = {
-    ("dualpipe", "ep2-zero1"): "would shard nothing: use 'dualpipev'",
-    ("dualpipe", "zero-1"): "would shard nothing: use 'dualpipev'",
-    ("dualpipe", "zero-2"): "would shard nothing: use 'dualpipev'",
-    ("dualpipe", "zero-3"): "would shard nothing: use 'dualpipev'",
-}
+COMPOSITION_REFUSED = {}
 COMPOSITION_GPT = ["gpt", "--layers", "4", "--hidden", "32", "--heads", "2",
                    "--vocab", "64", "--seq", "16", "--batch", "2"]
 COMPOSITION_MOE = ["qwen3-moe", "--layers", "4", "--hidden", "32", "--heads",
@@ -407,6 +404,12 @@ COMPOSITION_VARIANTS = [
      ["--ep", "2", "--zero", "1", "--clip-grad", "0.5"]),
     ("tied", COMPOSITION_GPT + ["--tied"], ["--clip-grad", "0.5"],
      ["--clip-grad", "0.5"]),
+    # The tied embedding's copies ZeRO-sharded on each group holding one
+    # and summed range by range (both copies of DualPipe's every stage too).
+    ("tied-zero1", COMPOSITION_GPT + ["--tied"], ["--clip-grad", "0.5"],
+     ["--zero", "1", "--clip-grad", "0.5"]),
+    ("tied-zero3", COMPOSITION_GPT + ["--tied"], ["--clip-grad", "0.5"],
+     ["--zero", "3", "--clip-grad", "0.5"]),
     ("bf16", COMPOSITION_GPT, ["--dtype", "bf16"], ["--dtype", "bf16"]),
 ]
 
