@@ -378,7 +378,8 @@ def schedule_cases():
 # zbv need 2P - 1, interleaved-1f1b a multiple of P, dualpipe an even number
 # of at least 2P) x {DP2, DP2 ZeRO-1, ZeRO-2, ZeRO-3, DP2 EP2 on a MoE
 # (also with ZeRO-1), a tied head under DP2 (also with ZeRO-1 and 3), bf16
-# under DP2}, against one device with the same global batch of 8
+# under DP2, ZeRO-3 and a tied head under ZeRO-2 with 1 KB buckets},
+# against one device with the same global batch of 8
 # microbatches. A combination that is refused would name its rule
 # (docs/schedules.md, "What composes"; none is today): COMPOSITION_REFUSED
 # maps (schedule, variant) to words of the message, which the test checks.
@@ -411,6 +412,13 @@ COMPOSITION_VARIANTS = [
     ("tied-zero3", COMPOSITION_GPT + ["--tied"], ["--clip-grad", "0.5"],
      ["--zero", "3", "--clip-grad", "0.5"]),
     ("bf16", COMPOSITION_GPT, ["--dtype", "bf16"], ["--dtype", "bf16"]),
+    # Buckets of 1 KB: every backward (and ZeRO-3 forward) cut into pieces
+    # of a parameter or two, under every schedule's split backward and
+    # overlap slots (issue 20's cycle came from such cuts).
+    ("zero-3-1kb", COMPOSITION_GPT, [], ["--zero", "3", "--bucket-mb",
+                                         "0.001"]),
+    ("tied-zero-2-1kb", COMPOSITION_GPT + ["--tied"], ["--clip-grad", "0.5"],
+     ["--zero", "2", "--bucket-mb", "0.001", "--clip-grad", "0.5"]),
 ]
 
 
