@@ -180,11 +180,13 @@ def main():
             machine = json.load(f)
         names.append(os.path.splitext(os.path.basename(path))[0])
         print("machine %d %s: %.0f TFLOP/s, HBM %.1f TB/s, link %.0f GB/s + "
-              "%.0f us" % (i + 1, names[-1],
-                           machine["flops_per_second"] / 1e12,
-                           machine["memory_bytes_per_second"] / 1e12,
-                           machine["link_bytes_per_second"] / 1e9,
-                           machine["link_latency_seconds"] * 1e6))
+              "%.0f us%s" % (i + 1, names[-1],
+                             machine["flops_per_second"] / 1e12,
+                             machine["memory_bytes_per_second"] / 1e12,
+                             machine["link_bytes_per_second"] / 1e9,
+                             machine["link_latency_seconds"] * 1e6,
+                             ", one compute engine per device"
+                             if machine.get("share_compute") else ""))
     print("PP %d x DP %d x EP %d, %d microbatches per replica, bf16; memory "
           "%s per device; microbatches of 1 sequence for the step and peak"
           % (PP, DP, EP, MICROBATCHES, DEVICE_MEMORY))

@@ -81,11 +81,18 @@ std::string readMachine(const std::string &path,
       {"link_bytes_per_second", &machine.linkBytesPerSecond},
       {"link_latency_seconds", &machine.linkLatencySeconds}};
   for (auto it = j.begin(); it != j.end(); ++it) {
+    if (it.key() == "share_compute") {
+      if (!it.value().is_boolean())
+        return "machine file '" + path +
+               "': \"share_compute\" must be true or false";
+      machine.shareCompute = it.value().get<bool>();
+      continue;
+    }
     auto f = fields.find(it.key());
     if (f == fields.end())
       return "machine file '" + path + "': unknown key \"" + it.key() +
              "\" (expected flops_per_second, memory_bytes_per_second, "
-             "link_bytes_per_second, link_latency_seconds)";
+             "link_bytes_per_second, link_latency_seconds, share_compute)";
     if (!it.value().is_number() || it.value().get<double>() < 0)
       return "machine file '" + path + "': \"" + it.key() +
              "\" must be a non-negative number";
@@ -171,7 +178,9 @@ static int runPiperPlan(int argc, char **argv) {
   app.add_option("--machine", machinePath,
                  "with --simulate: a JSON machine description (keys "
                  "flops_per_second, memory_bytes_per_second, "
-                 "link_bytes_per_second, link_latency_seconds; 0 = free)");
+                 "link_bytes_per_second, link_latency_seconds; 0 = free; share_compute: "
+                 "true runs a device's CALLs one at a time across its compute "
+                 "streams)");
   app.add_option("--cost", costs,
                  "with --simulate: KEY=SECONDS, a fixed duration for CALLs of "
                  "pass KEY (segment name suffix: F, B, U) or else for "

@@ -100,19 +100,27 @@ public:
       cs.eventTime.assign(events, 0);
     }
 
-    bool progress = true;
-    while (progress) {
-      progress = false;
-      for (size_t c = 0; c < plans.size(); ++c)
-        for (int s = 0; s < plans[c].streams_size(); ++s)
-          while (st[c].pc[s] < plans[c].streams(s).instructions_size()) {
-            int r = advance(int(c), s, error);
-            if (r < 0)
-              return false;
-            if (r == 0)
-              break;
-            progress = true;
-          }
+    if (m.shareCompute) {
+      // A shared engine serves CALLs in the order their streams reach
+      // them: advance, one instruction at a time, the earliest stream that
+      // can move.
+      if (!runInTimeOrder(error))
+        return false;
+    } else {
+      bool progress = true;
+      while (progress) {
+        progress = false;
+        for (size_t c = 0; c < plans.size(); ++c)
+          for (int s = 0; s < plans[c].streams_size(); ++s)
+            while (st[c].pc[s] < plans[c].streams(s).instructions_size()) {
+              int r = advance(int(c), s, error);
+              if (r < 0)
+                return false;
+              if (r == 0)
+                break;
+              progress = true;
+            }
+      }
     }
 
     std::string blocked;
@@ -166,6 +174,7 @@ private:
     std::vector<double> eventTime;
     std::map<std::string, int> collectiveCount;
     std::vector<TimelineEntry> timeline;
+    double computeFree = 0; // Machine::shareCompute: the engine's next free time
   };
 
   /// Class `c`'s times once the step has run: per stream its busy time and
@@ -211,6 +220,34 @@ private:
                        std::tie(b.stream, b.inst);
               });
     return ct;
+  }
+
+  /// The event loop for a shared compute engine: each round advances the
+  /// stream with the earliest time that can move (ties by class, then
+  /// stream), so a CALL ready earlier takes the engine first. Stops when
+  /// no stream can move (done, or a deadlock the caller reports).
+  bool runInTimeOrder(std::string &error) {
+    std::vector<std::tuple<double, int, int>> order;
+    while (true) {
+      order.clear();
+      for (size_t c = 0; c < plans.size(); ++c)
+        for (int s = 0; s < plans[c].streams_size(); ++s)
+          if (st[c].pc[s] < plans[c].streams(s).instructions_size())
+            order.emplace_back(st[c].t[s], int(c), s);
+      std::sort(order.begin(), order.end());
+      bool moved = false;
+      for (auto [t, c, s] : order) {
+        int r = advance(c, s, error);
+        if (r < 0)
+          return false;
+        if (r == 1) {
+          moved = true;
+          break;
+        }
+      }
+      if (!moved)
+        return true;
+    }
   }
 
   std::vector<TimelineEntry> &timeline(int c) { return st[c].timeline; }
@@ -307,7 +344,10 @@ private:
       }
       const Segment &seg = plan.segments(inst.segment());
       double d = hasFixed ? fixed : callTime(m, seg);
-      finish(c, s, inst, t, t + d, true);
+      double start = m.shareCompute ? std::max(t, cs.computeFree) : t;
+      if (m.shareCompute)
+        cs.computeFree = start + d;
+      finish(c, s, inst, start, start + d, true);
       return 1;
     }
     case Instruction::LOAD_BATCH:

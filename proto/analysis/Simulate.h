@@ -33,6 +33,11 @@ struct Machine {
   double memoryBytesPerSecond = 3.0e12;
   double linkBytesPerSecond = 50e9;
   double linkLatencySeconds = 10e-6;
+  /// One compute engine per device: the CALLs of a device's compute
+  /// streams run one at a time, each when its stream reaches it and the
+  /// engine is free (a GPU whose kernels each fill its SMs). False: every
+  /// compute stream runs at the full rate beside the others.
+  bool shareCompute = false;
 };
 
 /// How the simulation runs, beyond the machine.

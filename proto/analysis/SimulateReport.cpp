@@ -44,7 +44,11 @@ std::string simulationReport(const Simulation &sim, bool timeline) {
                     ", link " +
                     rate(sim.machine.linkBytesPerSecond, "GB/s", 1e9) +
                     " + " + formatSeconds(sim.machine.linkLatencySeconds) +
-                    " latency\n";
+                    " latency" +
+                    (sim.machine.shareCompute
+                         ? ", one compute engine per device"
+                         : "") +
+                    "\n";
   char buf[256];
   for (const ClassTime &ct : sim.classes) {
     std::string ranks;

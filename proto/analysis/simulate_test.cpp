@@ -337,6 +337,41 @@ TEST_CASE("events order the streams of one device; streams run "
   CHECK(ct.streams[1].end == Approx(3));
 }
 
+TEST_CASE("with one compute engine per device, a device's CALLs run one at "
+          "a time, in the order their streams reach them") {
+  // The plan of the test above: "first" (2 s) and "side" (1 s) are ready
+  // at 0 (a tie goes to the lower stream), "third" at 2, "second" once the
+  // event of 2 s has fired and "side" has ended.
+  Plan plan = newPlan(0, {0}, 1);
+  int f = addSegment(plan, "a_F", 2e12, 0);
+  int g = addSegment(plan, "b_F", 1e12, 0);
+  call(plan, 0, f, "first");
+  add(plan, 0, Instruction::RECORD, "after first")->set_event(0);
+  call(plan, 0, f, "third");
+  call(plan, 1, g, "side");
+  add(plan, 1, Instruction::WAIT, "wait")->set_event(0);
+  call(plan, 1, g, "second");
+  plan.set_num_events(1);
+  Machine m;
+  m.flopsPerSecond = 1e12;
+  m.shareCompute = true;
+  Simulation sim = run({plan}, m);
+  const ClassTime &ct = sim.classes[0];
+  CHECK(entry(ct, 0, 0).start == Approx(0));
+  CHECK(entry(ct, 1, 0).start == Approx(2)); // after "first"
+  CHECK(entry(ct, 1, 0).end == Approx(3));
+  CHECK(entry(ct, 0, 2).start == Approx(3)); // ready at 2, after "side"
+  CHECK(entry(ct, 1, 2).start == Approx(5)); // ready at 3, after "third"
+  CHECK(ct.stepTime == Approx(6));           // the sum of the four calls
+  CHECK(ct.computeBusy == Approx(6));
+  // Devices do not share: two classes, each with one call, overlap.
+  Plan a = newPlan(0, {0}, 2), b = newPlan(1, {1}, 2);
+  call(a, 0, addSegment(a, "x_F", 1e12, 0), "x");
+  call(b, 0, addSegment(b, "y_F", 1e12, 0), "y");
+  Simulation two = run({a, b}, m);
+  CHECK(two.stepTime == Approx(1));
+}
+
 TEST_CASE("overrides fix durations by pass, then by the longest label "
           "prefix") {
   Plan plan = newPlan(0, {0}, 1);
