@@ -309,18 +309,26 @@ TEST_CASE("CLIP_GRADS synchronizes the world, then scales the gradients") {
   CHECK_FALSE(sim.classes[1].streams[0].compute);
 }
 
-TEST_CASE("events order the streams of one device; streams run "
-          "concurrently") {
+/// Two streams of one device: stream 0 runs "first" (2e12 FLOPs), records
+/// an event, runs "third" (2e12); stream 1 runs "side" (1e12), waits for
+/// the event, runs "second" (1e12).
+static Plan twoStreams() {
   Plan plan = newPlan(0, {0}, 1);
   int f = addSegment(plan, "a_F", 2e12, 0);
   int g = addSegment(plan, "b_F", 1e12, 0);
   call(plan, 0, f, "first");
   add(plan, 0, Instruction::RECORD, "after first")->set_event(0);
   call(plan, 0, f, "third");
-  call(plan, 1, g, "side"); // concurrent with "first"
+  call(plan, 1, g, "side");
   add(plan, 1, Instruction::WAIT, "wait")->set_event(0);
   call(plan, 1, g, "second");
   plan.set_num_events(1);
+  return plan;
+}
+
+TEST_CASE("events order the streams of one device; streams run "
+          "concurrently") {
+  Plan plan = twoStreams(); // "side" runs beside "first"
   Machine m;
   m.flopsPerSecond = 1e12;
   Simulation sim = run({plan}, m);
@@ -339,19 +347,10 @@ TEST_CASE("events order the streams of one device; streams run "
 
 TEST_CASE("with one compute engine per device, a device's CALLs run one at "
           "a time, in the order their streams reach them") {
-  // The plan of the test above: "first" (2 s) and "side" (1 s) are ready
-  // at 0 (a tie goes to the lower stream), "third" at 2, "second" once the
-  // event of 2 s has fired and "side" has ended.
-  Plan plan = newPlan(0, {0}, 1);
-  int f = addSegment(plan, "a_F", 2e12, 0);
-  int g = addSegment(plan, "b_F", 1e12, 0);
-  call(plan, 0, f, "first");
-  add(plan, 0, Instruction::RECORD, "after first")->set_event(0);
-  call(plan, 0, f, "third");
-  call(plan, 1, g, "side");
-  add(plan, 1, Instruction::WAIT, "wait")->set_event(0);
-  call(plan, 1, g, "second");
-  plan.set_num_events(1);
+  // "first" (2 s) and "side" (1 s) are ready at 0 (a tie goes to the lower
+  // stream), "third" at 2, "second" once the event of 2 s has fired and
+  // "side" has ended.
+  Plan plan = twoStreams();
   Machine m;
   m.flopsPerSecond = 1e12;
   m.shareCompute = true;
