@@ -117,7 +117,8 @@ int runModel(const ModelOptions &opts, const CLI::App &cmd) {
 struct CompileOptions {
   std::string input, output, strategyFile, compileTo = "plan";
   int64_t worldSize = 0;
-  /// --pp --dp --microbatches --schedule --zero --ep --virtual-stages.
+  /// --pp --dp --microbatches --schedule --zero --ep --virtual-stages
+  /// --bucket-mb --recompute.
   StrategyFlags flags;
   OptimizerConfig opt;
   /// Print the time of each phase to stderr when done.
@@ -206,14 +207,15 @@ double mib(int64_t bytes) { return double(bytes) / (1024.0 * 1024.0); }
 /// Writes OUT/report.txt: per device class its size, traffic and memory
 /// plan, the predicted step and the timeline files. Returns an error or "".
 std::string writeReport(const LoweredPlans &lowered, const Strategy &strategy,
-                        const std::string &output) {
+                        const std::string &output,
+                        ArrayRef<int64_t> peaksWithoutRecompute) {
   // A human-readable report beside the plans.
   std::string report;
   llvm::raw_string_ostream rs(report);
   rs << "model: " << lowered.manifest.model_name() << "\n"
      << "strategy: " << strategy.summary << "\n"
      << "world size: " << lowered.manifest.world_size() << "\n";
-  for (const auto &plan : lowered.plans) {
+  for (auto [index, plan] : llvm::enumerate(lowered.plans)) {
     size_t instructions = 0, sendBytes = 0, reduceBytes = 0;
     for (const auto &s : plan.streams())
       for (const auto &ins : s.instructions()) {
@@ -246,6 +248,11 @@ std::string writeReport(const LoweredPlans &lowered, const Strategy &strategy,
                         plan.arena_bytes(), mib(plan.arena_bytes()),
                         plan.state_bytes(),
                         plan.arena_bytes() - plan.state_bytes());
+    if (index < peaksWithoutRecompute.size())
+      rs << llvm::formatv("  recomputation: predicted peak {0} bytes per rank; "
+                          "without recomputation {1} bytes\n",
+                          plan.predicted_peak_bytes(),
+                          peaksWithoutRecompute[index]);
   }
   rs << ::piper::plan::predictedStepReport(lowered.plans);
   // The predicted timeline as a trace and a picture, named in the report.
@@ -267,12 +274,13 @@ std::string writeReport(const LoweredPlans &lowered, const Strategy &strategy,
 
 /// The lines piperc prints once the plans are written.
 void printSummary(const LoweredPlans &lowered, const Strategy &strategy,
-                  const std::string &output) {
+                  const std::string &output,
+                  ArrayRef<int64_t> peaksWithoutRecompute) {
   llvm::outs() << "piperc: wrote " << lowered.plans.size()
                << " plan(s) for " << lowered.manifest.world_size()
                << " device(s) to " << output << " (" << strategy.summary
                << ")\n";
-  for (const auto &plan : lowered.plans) {
+  for (auto [index, plan] : llvm::enumerate(lowered.plans)) {
     size_t instructions = 0;
     for (const auto &s : plan.streams())
       instructions += s.instructions_size();
@@ -284,8 +292,46 @@ void printSummary(const LoweredPlans &lowered, const Strategy &strategy,
                  << " instructions on " << plan.streams_size()
                  << " stream(s), predicted peak "
                  << llvm::formatv("{0:F1}", mib(plan.predicted_peak_bytes()))
-                 << " MiB per rank\n";
+                 << " MiB per rank";
+    if (index < peaksWithoutRecompute.size())
+      llvm::outs() << llvm::formatv(" ({0:F1} MiB without recomputation)",
+                                    mib(peaksWithoutRecompute[index]));
+    llvm::outs() << "\n";
   }
+}
+
+/// The predicted peak of each device class when `strategy` is compiled
+/// without its recompute directives (the report's comparison), or nullopt
+/// with `error` set.
+std::optional<std::vector<int64_t>>
+peaksWithoutRecompute(const CompileOptions &o, Strategy strategy,
+                      std::string &error) {
+  llvm::erase_if(strategy.directives, [](const Directive &d) {
+    return d.kind == Directive::Recompute;
+  });
+  MLIRContext ctx;
+  ctx.loadDialect<PiperDialect>();
+  ctx.printOpOnDiagnostic(false);
+  llvm::SourceMgr sourceMgr;
+  SourceMgrDiagnosticHandler handler(sourceMgr, &ctx);
+  OwningOpRef<ModuleOp> module =
+      loadModule(ctx, sourceMgr, o.input, "model", "compile", error);
+  if (!module)
+    return std::nullopt;
+  PassManager pm(&ctx);
+  addCompilePipeline(pm, strategy, o.opt, CompilePhase::Plan);
+  FailureOr<LoweredPlans> lowered = failure();
+  if (succeeded(pm.run(*module)))
+    lowered = lowerToPlans(*module, llvm::sys::path::stem(o.input).str(),
+                           strategy.summary);
+  if (failed(lowered)) {
+    error = "the strategy without recompute directives does not compile";
+    return std::nullopt;
+  }
+  std::vector<int64_t> peaks;
+  for (const auto &plan : lowered->plans)
+    peaks.push_back(plan.predicted_peak_bytes());
+  return peaks;
 }
 
 int runCompile(const CompileOptions &o) {
@@ -378,10 +424,23 @@ int runCompile(const CompileOptions &o) {
   }
   if (std::string err = writePlans(*lowered, o.output); !err.empty())
     return fail(err);
-  if (std::string err = writeReport(*lowered, strategy, o.output);
+  // With recomputation, the peak the same strategy would plan without it.
+  std::vector<int64_t> peaksWithout;
+  if (llvm::any_of(strategy.directives, [](const Directive &d) {
+        return d.kind == Directive::Recompute;
+      })) {
+    std::string error;
+    std::optional<std::vector<int64_t>> peaks =
+        peaksWithoutRecompute(o, strategy, error);
+    if (!peaks)
+      return fail("compiling without recomputation for the report: " + error);
+    peaksWithout = std::move(*peaks);
+  }
+  if (std::string err =
+          writeReport(*lowered, strategy, o.output, peaksWithout);
       !err.empty())
     return fail(err);
-  printSummary(*lowered, strategy, o.output);
+  printSummary(*lowered, strategy, o.output, peaksWithout);
   return 0;
 }
 } // namespace
@@ -460,8 +519,13 @@ int mlir::piper::pipercMain(int argc, char **argv) {
       "gradient bucket size of the data-parallel all-reduces (and ZeRO's "
       "reduce-scatters and gathers) in MB of 2^20 bytes (default 25; the "
       "replicate directive's bucket_size)");
-  for (CLI::Option *opt :
-       {ppOpt, dpOpt, mbOpt, schedOpt, zeroOpt, epOpt, vsOpt, bucketOpt})
+  auto *recomputeOpt = compileCmd->add_option(
+      "--recompute", comp.flags.recompute,
+      "activation recomputation: none (default), full (every transformer "
+      "block keeps only its input; the backward re-runs its forward) or "
+      "selective (the attention core only); docs/recompute.md");
+  for (CLI::Option *opt : {ppOpt, dpOpt, mbOpt, schedOpt, zeroOpt, epOpt,
+                           vsOpt, bucketOpt, recomputeOpt})
     opt->excludes(strategyOpt);
   compileCmd->add_option("--world-size", comp.worldSize,
                          "number of devices (checked against the strategy)");

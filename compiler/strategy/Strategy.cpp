@@ -52,6 +52,8 @@ llvm::StringRef Directive::kindName() const {
     return "order";
   case Directive::Schedule:
     return "schedule";
+  case Directive::Recompute:
+    return "recompute";
   }
   return "";
 }
@@ -105,9 +107,11 @@ private:
       return parseSchedule(allowed);
     if (op == "shard")
       return parseShard(allowed);
+    if (op == "recompute")
+      return parseRecompute(allowed);
     return fail(llvm::formatv("unknown directive \"{0}\" (expected stage, "
-                              "split, place, replicate, shard, order or "
-                              "schedule)",
+                              "split, place, replicate, shard, order, "
+                              "schedule or recompute)",
                               op)
                     .str());
   }
@@ -275,6 +279,25 @@ private:
     return getInt("ep", d.expertParallel, /*required=*/false);
   }
 
+  /// "recompute": the model blocks (by `block`; all transformer blocks when
+  /// the filter is absent or "*") whose activations the backward
+  /// recomputes, wholly ("full") or their attention core ("selective").
+  llvm::Error parseRecompute(llvm::StringSet<> &allowed) {
+    d.kind = Directive::Recompute;
+    for (auto k : {"filter", "granularity"})
+      allowed.insert(k);
+    if (const json::Value *f = obj.get("filter"))
+      if (auto e = parseFilter(*f, d.filter, kRecomputeFilterKeys))
+        return e;
+    if (auto e = getString("granularity", d.recompute))
+      return e;
+    if (d.recompute != "full" && d.recompute != "selective")
+      return fail("\"granularity\" must be \"full\" (whole blocks) or "
+                  "\"selective\" (their attention core), got \"" +
+                  d.recompute + "\"");
+    return llvm::Error::success();
+  }
+
   /// The split-backward stencil of an order directive (the original
   /// Piper's rule): each filter it names with PASS "BI" it also names once
   /// with "BW", in a later group, and never with the fused "B".
@@ -407,18 +430,32 @@ private:
     return parseFilter(*v, out);
   }
 
-  llvm::Error parseFilter(const json::Value &v, Filter &out) {
+  /// A filter object whose keys are among `keys`.
+  llvm::Error parseFilter(const json::Value &v, Filter &out,
+                          llvm::ArrayRef<llvm::StringLiteral> keys =
+                              kFilterKeys) {
     const json::Object *f = v.getAsObject();
     if (!f)
       return fail("a filter must be an object such as {\"PP\": 0, \"MB\": "
                   "\"*\"}");
     for (const auto &[k, value] : *f) {
       std::string key = k.str();
-      if (!llvm::is_contained(kFilterKeys, key))
-        return fail(llvm::formatv("unknown filter key \"{0}\" (expected PP, "
-                                  "EP, MB or PASS)",
-                                  key)
+      if (!llvm::is_contained(keys, key)) {
+        std::string expected;
+        for (auto [i, name] : llvm::enumerate(keys))
+          expected += (i == 0                 ? ""
+                       : i + 1 == keys.size() ? " or "
+                                              : ", ") +
+                      name.str();
+        if (d.kind == Directive::Recompute)
+          return fail(llvm::formatv("recompute selects forward regions by "
+                                    "model block (\"block\"), not \"{0}\"",
+                                    key)
+                          .str());
+        return fail(llvm::formatv("unknown filter key \"{0}\" (expected {1})",
+                                  key, expected)
                         .str());
+      }
       FilterValue fv;
       if (key == "PASS") {
         std::optional<llvm::StringRef> pass = value.getAsString();

@@ -47,6 +47,9 @@ struct Filter {
 
 /// Keys a filter may use.
 inline constexpr llvm::StringLiteral kFilterKeys[] = {"PP", "EP", "MB", "PASS"};
+/// Keys a recompute filter may use: it selects model blocks of the forward
+/// model, before stage gives them PP tags.
+inline constexpr llvm::StringLiteral kRecomputeFilterKeys[] = {"block"};
 
 /// The gradient bucket size of `replicate` (`bucket_size`, `--bucket-mb`)
 /// when none is given, in MB of 2^20 bytes: PyTorch DDP's default.
@@ -54,8 +57,16 @@ inline constexpr double kDefaultBucketMb = 25;
 
 /// One directive of a strategy, as parsed from JSON or built from flags.
 struct Directive {
-  enum Kind { Stage, Split, Place, Replicate, Shard, Order, Schedule } kind =
-      Split;
+  enum Kind {
+    Stage,
+    Split,
+    Place,
+    Replicate,
+    Shard,
+    Order,
+    Schedule,
+    Recompute
+  } kind = Split;
   /// Position in the strategy and the directive's own text, for diagnostics.
   int index = 0;
   std::string text;
@@ -78,6 +89,9 @@ struct Directive {
   int64_t stages = 1;
   std::vector<std::vector<Filter>> groups; // order: groups in time order
   std::string schedule; // schedule: a name from the schedule registry
+  /// recompute: "full" (every op of a matched block) or "selective" (its
+  /// attention core). Its filter names model blocks (`block`).
+  std::string recompute = "full";
 
   /// "directive #3 (place {...})" for messages.
   std::string describe() const;
@@ -203,6 +217,8 @@ struct StrategyFlags {
   int64_t ep = 1;
   int64_t virtualStages = 0; // 0: the schedule's default
   double bucketMb = kDefaultBucketMb; // replicate's bucket_size
+  /// --recompute: "none", "full" or "selective".
+  std::string recompute = "none";
 };
 
 /// The strategy of the flags: errors name the flags (`--ep 3 must divide

@@ -211,6 +211,11 @@ static std::string checkFlags(const StrategyFlags &f,
                          "more",
                          f.zero, f.dp)
         .str();
+  if (f.recompute != "none" && f.recompute != "full" &&
+      f.recompute != "selective")
+    return "--recompute must be none, full (every transformer block) or "
+           "selective (their attention core), got '" +
+           f.recompute + "'";
   if (f.ep < 1 || !dividesDevices(f.ep, f.dp))
     return llvm::formatv("--ep {0} must divide --dp {1}: expert-parallel "
                          "groups are carved out of a stage's data-parallel "
@@ -231,6 +236,16 @@ llvm::Expected<Strategy> mlir::piper::buildStrategy(const StrategyFlags &f) {
     return llvm::createStringError(err);
   Strategy s = strategyFromFlags(f.pp, f.dp, f.microbatches, *schedule, f.zero,
                                  f.ep, perDevice, f.bucketMb);
+  if (f.recompute != "none") {
+    // Every transformer block: the recompute directive's default filter.
+    Directive rc;
+    rc.kind = Directive::Recompute;
+    rc.recompute = f.recompute;
+    rc.index = s.directives.size();
+    rc.text = "recompute granularity=" + f.recompute;
+    s.directives.push_back(std::move(rc));
+    s.summary += " recompute=" + f.recompute;
+  }
   // The flags' checks imply these; the file's rules hold for every
   // strategy, whatever built it.
   if (llvm::Error err = verifyStrategy(s))

@@ -136,6 +136,54 @@ TEST_CASE("shard: the original Piper's form, an expert-parallel degree and --ep"
   CHECK(flags.summary.find("ep=2") != std::string::npos);
 }
 
+TEST_CASE("recompute: blocks by filter, full or selective, and --recompute") {
+  llvm::Expected<Strategy> s = parseStrategy(R"([
+    {"op": "recompute"},
+    {"op": "recompute", "filter": {"block": 3}, "granularity": "selective"},
+    {"op": "recompute", "filter": {"block": "*"}, "granularity": "full"}])");
+  REQUIRE(bool(s));
+  CHECK(s->directives[0].kind == Directive::Recompute);
+  CHECK(s->directives[0].recompute == "full");
+  CHECK(s->directives[0].filter.entries.empty());
+  CHECK(s->directives[1].recompute == "selective");
+  CHECK(s->directives[1].filter.entries.at("block").index == 3);
+  CHECK(s->directives[2].filter.entries.at("block").kind == FilterValue::Any);
+  // A recompute filter names model blocks; other directives' filters do not.
+  CHECK(parseError(R"([{"op": "recompute", "filter": {"PP": 0}}])")
+            .find("recompute selects forward regions by model block "
+                  "(\"block\"), not \"PP\"") != std::string::npos);
+  CHECK(parseError(R"([{"op": "place", "filter": {"block": 0}, "devices": [0]}])")
+            .find("unknown filter key \"block\" (expected PP, EP, MB or "
+                  "PASS)") != std::string::npos);
+  CHECK(parseError(R"([{"op": "recompute", "granularity": "layers"}])")
+            .find("\"granularity\" must be \"full\"") != std::string::npos);
+  CHECK(parseError(R"([{"op": "recompute", "granularity": 1}])")
+            .find("\"granularity\" must be a string") != std::string::npos);
+
+  StrategyFlags f;
+  f.pp = 2;
+  f.microbatches = 4;
+  f.recompute = "selective";
+  llvm::Expected<Strategy> flags = buildStrategy(f);
+  REQUIRE(bool(flags));
+  const Directive &last = flags->directives.back();
+  CHECK(last.kind == Directive::Recompute);
+  CHECK(last.recompute == "selective");
+  CHECK(last.filter.entries.empty());
+  CHECK(flags->summary.find("recompute=selective") != std::string::npos);
+  f.recompute = "none";
+  llvm::Expected<Strategy> none = buildStrategy(f);
+  REQUIRE(bool(none));
+  for (const Directive &d : none->directives)
+    CHECK(d.kind != Directive::Recompute);
+  f.recompute = "some";
+  llvm::Expected<Strategy> bad = buildStrategy(f);
+  REQUIRE(!bad);
+  CHECK(llvm::toString(bad.takeError()) ==
+        "--recompute must be none, full (every transformer block) or "
+        "selective (their attention core), got 'some'");
+}
+
 TEST_CASE("bad strategies name the directive and the problem") {
   CHECK(parseError(R"([{"op": "teleport"}])").find(
             "directive #0") != std::string::npos);

@@ -36,6 +36,8 @@ LogicalResult mlir::piper::applyDirective(ModuleOp module, const Directive &d,
     return applyReplicate(module, *program, d, worldSize);
   case Directive::Shard:
     return applyShard(module, *program, d);
+  case Directive::Recompute:
+    return applyRecompute(module, *program, d);
   case Directive::Order:
     return applyOrder(*program, d);
   case Directive::Schedule: {

@@ -124,6 +124,9 @@ public:
     for (Value v : fwdResults)
       fwdTypes.push_back(v.getType());
     fwd.setFunctionType(mb.getFunctionType(fb.getArgumentTypes(), fwdTypes));
+    // The recompute regions are spent: the backward re-runs their ops.
+    for (Operation &op : fb.without_terminator())
+      clearRecomputeRegion(&op);
     setSegmentPass(fwd, PassKind::F);
     setSegmentPass(bwd, PassKind::B);
     out.backward = bwd;
@@ -157,6 +160,19 @@ private:
     if (auto ref = v.getDefiningOp<ParamRefOp>()) {
       r = ParamRefOp::create(builder, ref.getLoc(), ref.getType(),
                              ref.getParamAttr());
+    } else if (Operation *def = recomputed(v)) {
+      // Re-run the op in the backward from its own saved operands (the
+      // region's inputs, or other recomputed values), here, where the
+      // first gradient rule needs it.
+      IRMapping operands;
+      for (Value o : def->getOperands())
+        operands.map(o, getSaved(builder, o));
+      Operation *clone = builder.clone(*def, operands);
+      clearRecomputeRegion(clone);
+      for (auto [orig, copy] :
+           llvm::zip(def->getResults(), clone->getResults()))
+        mapped[orig] = copy;
+      return mapped.lookup(v);
     } else {
       Block &bb = bwd.getBody().front();
       r = bb.addArgument(v.getType(), v.getLoc());
@@ -169,6 +185,23 @@ private:
     }
     mapped[v] = r;
     return r;
+  }
+
+  /// The op that defines `v` when the backward re-runs it instead of
+  /// keeping `v`: an op of a recompute region (the `recompute` directive),
+  /// unless `v` is an input of another region, which is kept (the
+  /// region's checkpoint: a block's input under full recomputation).
+  static Operation *recomputed(Value v) {
+    Operation *def = v.getDefiningOp();
+    std::optional<int64_t> region =
+        def ? getRecomputeRegion(def) : std::nullopt;
+    if (!region)
+      return nullptr;
+    for (Operation *user : v.getUsers())
+      if (std::optional<int64_t> other = getRecomputeRegion(user);
+          other && *other != *region)
+        return nullptr;
+    return def;
   }
 
   bool isReturnedLoss(Value loss) override { return losses.contains(loss); }

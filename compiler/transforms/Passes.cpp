@@ -132,8 +132,13 @@ void mlir::piper::addCompilePipeline(OpPassManager &pm,
   if (std::string err = checkDirectiveCounts(strategy); !err.empty())
     return pm.addPass(std::make_unique<FailPass>(std::move(err)));
   auto wants = [&](CompilePhase phase) { return phase <= lastPhase; };
-  if (wants(CompilePhase::Stage))
+  if (wants(CompilePhase::Stage)) {
+    // recompute marks the forward model's blocks, which stage merges.
+    for (const Directive &d : strategy.directives)
+      if (d.kind == Directive::Recompute)
+        pm.addPass(createApplyDirectivePass(d, strategy.worldSize));
     pm.addPass(createPiperStage(PiperStageOptions{numStages(strategy)}));
+  }
   if (wants(CompilePhase::TrainingDag)) {
     PiperBuildTrainingDagOptions o;
     o.lr = opt.lr;
@@ -218,6 +223,13 @@ void buildDirectivesPipeline(OpPassManager &pm,
       readPipelineStrategy(pm, "piper-directives-pipeline", o.strategy);
   if (!strategy)
     return;
+  for (const Directive &d : strategy->directives)
+    if (d.kind == Directive::Recompute)
+      return pm.addPass(std::make_unique<FailPass>(
+          "piper-directives-pipeline: " + d.describe() +
+          ": recompute rewrites the forward model before autodiff; run it "
+          "with piper-compile-pipeline (or piper-apply-directive before "
+          "piper-stage)"));
   if (o.worldSize > 0)
     strategy->worldSize = o.worldSize;
   addDirectivesPipeline(pm, *strategy);

@@ -139,6 +139,13 @@ LogicalResult boundZeroCollectives(ModuleOp module);
 LogicalResult applyShard(ModuleOp module, ProgramOp program,
                          const Directive &d);
 
+/// The `recompute` directive (Recompute.cpp), on the forward model before
+/// stage: marks the forward ops of the blocks it selects (all of them, or
+/// the attention core) with their recompute region, which autodiff re-runs
+/// in the backward instead of keeping their results.
+LogicalResult applyRecompute(ModuleOp module, ProgramOp program,
+                             const Directive &d);
+
 /// Returns the single piper.program of `module`, or emits an error.
 FailureOr<ProgramOp> getProgram(ModuleOp module);
 

@@ -217,6 +217,23 @@ std::optional<int64_t> mlir::piper::getModelBlock(Operation *segment) {
   return std::nullopt;
 }
 
+void mlir::piper::setRecomputeRegion(Operation *op, int64_t region) {
+  Builder b(op->getContext());
+  piperDialect(op)->getRecomputeAttrHelper().setAttr(
+      op, b.getI64IntegerAttr(region));
+}
+
+std::optional<int64_t> mlir::piper::getRecomputeRegion(Operation *op) {
+  if (IntegerAttr region =
+          piperDialect(op)->getRecomputeAttrHelper().getAttr(op))
+    return region.getInt();
+  return std::nullopt;
+}
+
+void mlir::piper::clearRecomputeRegion(Operation *op) {
+  op->removeAttr(piperDialect(op)->getRecomputeAttrHelper().getName());
+}
+
 LogicalResult
 OptimizerAttr::verify(function_ref<InFlightDiagnostic()> emitError,
                       APFloat minLr, int64_t warmupSteps,
@@ -239,6 +256,14 @@ PiperDialect::verifyOperationAttribute(Operation *op, NamedAttribute attr) {
     auto block = dyn_cast<IntegerAttr>(attr.getValue());
     if (!block || block.getInt() < 0)
       return op->emitError("'piper.block' must be a non-negative integer, got ")
+             << attr.getValue();
+    return success();
+  }
+  if (name == RecomputeAttrHelper::getNameStr()) {
+    auto region = dyn_cast<IntegerAttr>(attr.getValue());
+    if (!region || region.getInt() < 0)
+      return op->emitError(
+                 "'piper.recompute' must be a non-negative integer, got ")
              << attr.getValue();
     return success();
   }

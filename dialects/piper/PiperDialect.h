@@ -85,6 +85,13 @@ void setSegmentPass(Operation *segment, PassKind pass);
 void setModelBlock(Operation *segment, int64_t block);
 std::optional<int64_t> getModelBlock(Operation *segment);
 
+/// The declared discardable attribute of a forward op, `piper.recompute`:
+/// the recompute region (model block) it belongs to, whose results the
+/// backward recomputes instead of keeping (nullopt when absent).
+void setRecomputeRegion(Operation *op, int64_t region);
+std::optional<int64_t> getRecomputeRegion(Operation *op);
+void clearRecomputeRegion(Operation *op);
+
 } // namespace mlir::piper
 
 #endif // PIPER_DIALECTS_PIPER_PIPERDIALECT_H

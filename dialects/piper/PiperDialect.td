@@ -22,14 +22,18 @@ def Piper_Dialect : Dialect {
   let cppNamespace = "::mlir::piper";
   let useDefaultTypePrinterParser = 1;
   let useDefaultAttributePrinterParser = 1;
-  // The discardable attributes of segments, declared so that passes set and
+  // The discardable attributes of segments (and of ops, `recompute`), declared so that passes set and
   // read them through typed helpers (PiperDialect::getPassAttrHelper(), ...)
   // and never by string; verifyOperationAttribute checks their values.
   let discardableAttrs = (ins
     // The model region (transformer block) a segment came from.
     "::mlir::IntegerAttr":$block,
     // The pass a segment runs (#piper.pass<F>, B, BI, BW or U).
-    "::mlir::piper::PassKindAttr":$pass
+    "::mlir::piper::PassKindAttr":$pass,
+    // On a forward op: the recompute region (the model block) it belongs
+    // to. The backward re-runs the op instead of keeping its results
+    // (piper-recompute marks it, autodiff reads and drops it).
+    "::mlir::IntegerAttr":$recompute
   );
   let hasOperationAttrVerify = 1;
   let extraClassDeclaration = [{

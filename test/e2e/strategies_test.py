@@ -422,6 +422,120 @@ COMPOSITION_VARIANTS = [
 ]
 
 
+# Activation recomputation (issue 21): `--recompute full` (every transformer
+# block keeps only its input) and `selective` (the attention core), under
+# pipeline schedules (1F1B; zb-h1, whose split backward recomputes for BI and
+# BW; dualpipev), ZeRO-1/2/3, expert parallelism and bf16, against one device
+# without recomputation and the same global batch of 8 microbatches. The
+# recomputed forward runs the same kernels on the same inputs, so each
+# recompute run must also equal its own strategy without recomputation bit
+# for bit and, without a split backward, plan no more memory on any rank.
+RECOMPUTE_LLAMA = ["llama", "--layers", "4", "--hidden", "32", "--heads", "4",
+                   "--kv-heads", "2", "--ffn", "64", "--vocab", "64", "--seq",
+                   "16", "--batch", "2"]
+PP2 = ["--pp", "2", "--microbatches", "8"]
+PP2_DP2 = ["--pp", "2", "--dp", "2", "--microbatches", "4"]
+DP2 = ["--dp", "2", "--microbatches", "4"]
+RECOMPUTE_CASES = [
+    # (model name, model arguments, one-device flags,
+    #  [(name, flags without --recompute, ranks, granularities)])
+    ("gpt", COMPOSITION_GPT, [], [
+        ("1 device", ["--microbatches", "8"], 1, ["full", "selective"]),
+        ("pp2 1f1b", PP2 + ["--schedule", "1f1b"], 2, ["full", "selective"]),
+        ("pp2 zb-h1", PP2 + ["--schedule", "zb-h1"], 2, ["full", "selective"]),
+        ("pp2 dualpipev", PP2 + ["--schedule", "dualpipev"], 2, ["full"]),
+        ("pp2 x dp2 1f1b zero-1", PP2_DP2 + ["--zero", "1"], 4,
+         ["full", "selective"]),
+        ("dp2 zero-3", DP2 + ["--zero", "3"], 2, ["full", "selective"]),
+        ("pp2 x dp2 zb-h1 zero-3", PP2_DP2 + ["--schedule", "zb-h1",
+                                             "--zero", "3"], 4, ["full"]),
+    ]),
+    ("gpt-tied", COMPOSITION_GPT + ["--tied"], ["--clip-grad", "0.5"], [
+        ("pp2 1f1b", PP2 + ["--clip-grad", "0.5"], 2, ["full", "selective"]),
+        ("dp2 zero-3", DP2 + ["--zero", "3", "--clip-grad", "0.5"], 2,
+         ["full"]),
+    ]),
+    ("llama", RECOMPUTE_LLAMA, [], [
+        ("1 device", ["--microbatches", "8"], 1, ["full", "selective"]),
+        ("pp2 x dp2 1f1b zero-2", PP2_DP2 + ["--zero", "2"], 4,
+         ["full", "selective"]),
+    ]),
+    ("qwen3-moe", COMPOSITION_MOE, ["--clip-grad", "0.5"], [
+        ("1 device", ["--microbatches", "8", "--clip-grad", "0.5"], 1,
+         ["full", "selective"]),
+        ("dp2 ep2", DP2 + ["--ep", "2", "--clip-grad", "0.5"], 2,
+         ["full", "selective"]),
+        ("pp2 x dp2 ep2 zero-1 1f1b", PP2_DP2 + ["--ep", "2", "--zero", "1",
+                                                "--clip-grad", "0.5"], 4,
+         ["full"]),
+    ]),
+]
+
+
+def check_recompute_identical(work, model_name, model_args, name, flags,
+                              ranks, granularity):
+    """Trains `flags` with and without --recompute GRANULARITY: the losses
+    and parameters must be equal bit for bit, and the planned arena of
+    each rank no larger. Returns (passed, failed)."""
+    model = os.path.join(work, model_name + ".mlir")
+    if not os.path.exists(model):
+        run([PIPERC, "model"] + model_args + ["-o", model])
+    runs = []
+    for recompute in ("none", granularity):
+        tag = re.sub(r"[^a-z0-9]+", "-", "%s-%s-%s" % (model_name, name,
+                                                       recompute))
+        out = os.path.join(work, "plans-id-" + tag)
+        metrics = os.path.join(work, "metrics-id-%s.jsonl" % tag)
+        params = os.path.join(work, "params-id-" + tag)
+        run([PIPERC, "compile", model, "-o", out, "--recompute", recompute] +
+            flags)
+        run([PIPER_RUN, out, "--nproc", str(ranks), "--backend", "cpu",
+             "--steps", str(STEPS), "--seed", str(SEED), "--metrics", metrics,
+             "--save-params", params])
+        with open(metrics) as f:
+            losses = [json.loads(line)["loss"] for line in f if line.strip()]
+        runs.append((losses, load_params(params), planned_arenas(out)))
+    (l0, p0, a0), (l1, p1, a1) = runs
+    what = "%s %s --recompute %s" % (model_name, name, granularity)
+    ok = l0 == l1 and p0 == p1
+    print("%s: %s equals no recomputation bit for bit (losses %s)" %
+          ("ok" if ok else "FAIL", what, l1))
+    sizes = "planned arena per rank %s bytes, without recomputation %s" % (
+        [a1.get(r) for r in sorted(a1)], [a0.get(r) for r in sorted(a0)])
+    if "zb-" in name:
+        # A split backward keeps what BW reads from BI to BW, recomputed or
+        # not: on the last stage (one microbatch in flight) the two sets are
+        # the same tensors, and the arena can come out a page either way.
+        print("info: %s %s" % (what, sizes))
+        return int(ok), int(not ok)
+    smaller = sorted(a0) == sorted(a1) and all(a1[r] <= a0[r] for r in a0)
+    print("%s: %s %s" % ("ok" if smaller else "FAIL", what, sizes))
+    return int(ok) + int(smaller), int(not ok) + int(not smaller)
+
+
+def main_recompute(work):
+    passed = failed = 0
+    for model_name, model_args, one_flags, cases in RECOMPUTE_CASES:
+        strategies = [("1 device", ["--microbatches", "8"] + one_flags, 1)]
+        for name, flags, ranks, granularities in cases:
+            for g in granularities:
+                strategies.append(("%s --recompute %s" % (name, g),
+                                   flags + ["--recompute", g], ranks))
+                p, f = check_recompute_identical(work, model_name, model_args,
+                                                 name, flags, ranks, g)
+                passed, failed = passed + p, failed + f
+        p, f, _ = check_model(work, "recompute-" + model_name, model_args,
+                              strategies)
+        passed, failed = passed + p, failed + f
+    # bf16: the recomputed forward rounds as the first did.
+    p, f = check_recompute_identical(
+        work, "gpt-bf16", COMPOSITION_GPT, "pp2 1f1b bf16",
+        PP2 + ["--dtype", "bf16"], 2, "full")
+    passed, failed = passed + p, failed + f
+    print("%d passed, %d failed" % (passed, failed))
+    return 1 if failed else 0
+
+
 def composition_refusal(schedule, variant):
     """Checks that piperc refuses a documented combination with its rule;
     returns (passed, failed)."""
@@ -726,6 +840,8 @@ def main():
         return main_schedules(work)
     if SUITE == "composition":
         return main_composition(work)
+    if SUITE == "recompute":
+        return main_recompute(work)
     passed = failed = 0
     p, f = check_grads(work)
     passed, failed = passed + p, failed + f

@@ -1086,6 +1086,15 @@ piper.segment @s() attributes {piper.block = -1 : i64} {
 
 // -----
 
+// The recompute region of a forward op is a non-negative integer.
+piper.segment @s(%x: tensor<2xf32>) -> tensor<2xf32> {
+  // expected-error @+1 {{'piper.recompute' must be a non-negative integer, got "full"}}
+  %y = piper.gelu %x {piper.recompute = "full"} : tensor<2xf32>
+  piper.yield %y : tensor<2xf32>
+}
+
+// -----
+
 // Discardable piper attributes are declared by the dialect.
 // expected-error @+1 {{unknown piper attribute 'piper.stage'}}
 piper.segment @s() attributes {piper.stage = 0 : i64} {

@@ -1,0 +1,38 @@
+// recompute (piper-apply-directive on the forward model, before piper-stage)
+// marks a block's forward ops; piper-build-training-dag keeps only the
+// block's input for the backward and re-runs the marked ops there, where
+// the first gradient rule reads them, from re-read parameters.
+// RUN: piper-opt %S/Inputs/model.mlir '-piper-apply-directive=directive={{"op":"recompute","filter":{"block":1}}}' | FileCheck %s --check-prefix=MARK
+// RUN: piper-opt %S/Inputs/model.mlir '-piper-apply-directive=directive={{"op":"recompute","filter":{"block":1}}}' -piper-stage -piper-build-training-dag | FileCheck %s
+// RUN: not piper-opt %S/Inputs/model.mlir '-piper-apply-directive=directive={{"op":"recompute"}}' 2>&1 | FileCheck %s --check-prefix=NONE
+
+// MARK-LABEL: piper.segment @embed(
+// MARK-NOT: piper.recompute
+// MARK-LABEL: piper.segment @block0(
+// MARK: piper.param_ref @w1 : tensor<4x4xf32>
+// MARK: piper.linear {{.*}} {piper.recompute = 1 : i64}
+// MARK: piper.gelu {{.*}} {piper.recompute = 1 : i64}
+// MARK-LABEL: piper.segment @head(
+// MARK-NOT: piper.recompute
+
+// Without it the forward would return the logits, the embedding, the
+// linear's output and the GELU's; with it, the logits and the block's input.
+// CHECK-LABEL: piper.segment @stage0_F(%arg0: tensor<2x2xi32>, %arg1: tensor<2x2xi32>) -> (tensor<4x16xf32>, tensor<4x4xf32>)
+// CHECK: [[X:%[0-9]+]] = piper.embedding
+// CHECK-NOT: piper.recompute
+// CHECK: piper.yield %{{[0-9]+}}, [[X]] : tensor<4x16xf32>, tensor<4x4xf32>
+// CHECK-LABEL: piper.segment @stage0_B(%arg0: tensor<2x2xi32>, %arg1: tensor<4x16xf32>, %arg2: tensor<4x4xf32>, %arg3: tensor<2x2xi32>)
+// CHECK: piper.linear_grad_input
+// CHECK: [[W:%[0-9]+]] = piper.param_ref @w1
+// CHECK: [[B:%[0-9]+]] = piper.param_ref @b1
+// CHECK: [[Y:%[0-9]+]] = piper.linear %arg2, [[W]], [[B]]
+// CHECK-NEXT: [[G:%[0-9]+]] = piper.gelu [[Y]]
+// CHECK-NEXT: piper.linear_grad_weight [[G]],
+// CHECK: piper.gelu_grad [[Y]],
+// CHECK: piper.linear_grad_weight %arg2,
+// CHECK-NOT: piper.recompute
+// CHECK: piper.yield
+
+// A model without attention has no transformer block for the default
+// filter.
+// NONE: error: 'piper.program' op directive #0 ({"op":"recompute"}): the model has no transformer block (a block with attention) to recompute
