@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# Activation recomputation's memory, planned and analytical
+# (docs/recompute.md). llama-1b (seq 2048, microbatches of 4 sequences, fp32)
+# compiled for PP 2 x DP 4, 1F1B, 8 microbatches, under --recompute none,
+# selective and full. Per pipeline stage: the planned step memory (arena
+# minus parameter state) beside the analytical one, built from first
+# principles for our layers:
+#   kept activations  = in-flight microbatches x layers x per-layer bytes
+#                       (+ the head's logits and norm outputs on the last
+#                       stage), per layer and token: 5h + q + 3f elements
+#                       without recomputation, 4h + q + 3f selective, h full
+#                       (Korthikanti et al. 2022's 34sbh + 5as^2b adapted:
+#                       no dropout masks, no s^2 softmax, packed q|k|v and
+#                       SwiGLU; derivation in docs/recompute.md);
+#   send buffers      = every microbatch's stage output (or input gradient),
+#                       kept until the step ends (docs/memory-plan.md);
+#   backward working set = the largest backward call's scratch, read from
+#                       the plan (the gradient temporaries, and under full
+#                       the block being recomputed).
+# It prints both and their ratio, and Korthikanti's per-layer figure for
+# reference. A benchmark, not a test: not part of `bazel test`.
+#
+# Usage: bench/memory_recompute.sh
+# Environment:
+#   PIPERC, PIPER_RUN  binaries: skip the builds (PIPER_PLAN defaults to the
+#                      piper-plan beside PIPERC)
+#   BAZEL, BAZEL_BUILD_FLAGS  as in bench/lib.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+source bench/lib.sh
+build_tools
+
+work="$(mktemp -d -t piper-recompute-memory-XXXXXX)"
+trap 'rm -rf "$work"' EXIT
+
+PP=2 DP=4 MB=8
+"$PIPERC" model llama-1b -o "$work/llama-1b.mlir"
+for r in none selective full; do
+  "$PIPERC" compile "$work/llama-1b.mlir" --pp $PP --dp $DP \
+    --microbatches $MB --recompute $r -o "$work/$r" >/dev/null
+  "$PIPERC" compile "$work/llama-1b.mlir" --pp $PP --dp $DP \
+    --microbatches $MB --recompute $r --compile-to training-dag \
+    -o "$work/$r.dag.mlir"
+done
+
+python3 - "$work" "$PIPER_PLAN" $PP $MB <<'EOF'
+import re, subprocess, sys
+work, piper_plan, P, M = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+# llama-1b (compiler/frontend/Presets.cpp): its dimensions, read back from
+# the model so the formula follows the preset.
+model = open(work + "/llama-1b.mlir").read()
+att = re.search(r"piper.attention %\S+ \{heads = (\d+) : i64, kv_heads = (\d+) "
+                r": i64, rope_theta = \S+ : f64, seq = (\d+) : i64\} : "
+                r"\(tensor<(\d+)x(\d+)xf32>\) -> tensor<\d+x(\d+)xf32>", model)
+a, kv, s, tokens, q, h = (int(x) for x in att.groups())
+b = tokens // s
+f = int(re.search(r"piper.swiglu %\S+ : \(tensor<\d+x(\d+)xf32>\)", model).group(1)) // 2
+V = int(re.search(r"piper.cross_entropy %\S+, %\S+ : \(tensor<\d+x(\d+)xf32>", model).group(1))
+E = 4  # fp32 bytes
+per_token = {"none": 5 * h + q + 3 * f, "selective": 4 * h + q + 3 * f, "full": h}
+head_per_token = {"none": V + 2 * h, "selective": V + 2 * h, "full": V + h}
+gib = 2.0 ** 30
+sbh = s * b * h
+print("llama-1b: h %d, heads %d, kv heads %d (q|k|v width %d), ffn %d, vocab %d; "
+      "microbatch s %d x b %d; PP %d 1F1B, %d microbatches, fp32" % (
+          h, a, kv, q, f, V, s, b, P, M))
+print("kept per layer per microbatch: none %.0f MiB; in 16-bit units of sbh: "
+      "none %.1f sbh, selective %.1f sbh, full %.1f sbh (Korthikanti et al.: "
+      "34sbh + 5as^2b = %.1f sbh, selective 34sbh, full 2sbh)" % (
+          E * tokens * per_token["none"] / 2**20, 2 * per_token["none"] / h,
+          2 * per_token["selective"] / h, 2 * per_token["full"] / h,
+          34 + 5 * a * s / h))
+print()
+print("%-9s %5s %6s %6s %10s %10s %8s %10s %10s %10s %6s" % (
+    "recompute", "stage", "layers", "flight", "planned", "kept", "sends",
+    "bwd work", "formula", "peak", "ratio"))
+for r in ("none", "selective", "full"):
+    dag = open("%s/%s.dag.mlir" % (work, r)).read()
+    manifest = open("%s/%s/manifest.textproto" % (work, r)).read()
+    for stage, name in enumerate(re.findall(r'plan_file: "([^"]+)"', manifest)):
+        body = re.search(r"piper.segment @stage%d_F\(.*?\n  \}" % stage, dag, re.S).group(0)
+        layers = body.count("piper.attention ")
+        flight = min(P - stage, M)  # 1F1B: stage p keeps P - p in flight
+        mem = subprocess.run([piper_plan, "--memory", "%s/%s/%s" % (work, r, name)],
+                             check=True, capture_output=True, text=True).stdout
+        m = re.search(r"arena (\d+) bytes = state (\d+) \+ step (\d+)", mem)
+        arena, step = int(m.group(1)), int(m.group(3))
+        work_set = max(int(x) for x in re.findall(
+            r"(\d+) bytes, scratch of stream '[^']+', instruction \d+ \(task @stage\d+_B", mem))
+        kept = flight * layers * E * tokens * per_token[r]
+        if stage == P - 1:
+            kept += flight * E * tokens * head_per_token[r]
+        sends = M * E * sbh  # one [s*b, h] output or input gradient per microbatch
+        formula = kept + sends + work_set
+        print("%-9s %5d %6d %6d %9.2fG %9.2fG %7.2fG %9.2fG %9.2fG %9.2fG %6.3f" % (
+            r, stage, layers, flight, step / gib, kept / gib, sends / gib,
+            work_set / gib, formula / gib, arena / gib, step / formula))
+EOF
