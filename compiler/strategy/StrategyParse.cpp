@@ -1,0 +1,517 @@
+// Parsing of strategy files: the JSON directive list (or object with a
+// world size), each directive's keys and filters, checked against the rules
+// every strategy follows (verifyStrategy, Strategy.cpp).
+#include "compiler/strategy/Strategy.h"
+
+#include "compiler/strategy/JsonScan.h"
+#include "dialects/piper/PiperDialect.h"
+#include "proto/InputFile.h"
+#include "llvm/ADT/DenseSet.h"
+#include "llvm/ADT/STLExtras.h"
+#include "llvm/ADT/StringExtras.h"
+#include "llvm/ADT/StringSet.h"
+#include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/JSON.h"
+
+#include <cmath>
+
+using namespace mlir::piper;
+namespace json = llvm::json;
+
+namespace {
+/// How much of a directive's text diagnostics quote.
+constexpr size_t kMaxQuotedDirective = 200;
+
+/// Parses one directive object; errors are prefixed with its description.
+class DirectiveParser {
+public:
+  DirectiveParser(const json::Object &obj, int index, std::string text)
+      : obj(obj) {
+    d.index = index;
+    d.text = std::move(text);
+  }
+
+  llvm::Expected<Directive> parse() {
+    std::optional<llvm::StringRef> op = obj.getString("op");
+    if (!op)
+      return fail("missing string key \"op\"");
+    llvm::StringSet<> allowed = {"op"};
+    if (auto e = parseKind(*op, allowed))
+      return std::move(e);
+    for (const auto &kv : obj)
+      if (!allowed.contains(kv.first.str()))
+        return fail(llvm::formatv("unknown key \"{0}\" for {1}",
+                                  kv.first.str(), d.kindName())
+                        .str());
+    return d;
+  }
+
+private:
+  /// Reads the keys of directive kind `op` into `d` and adds them to
+  /// `allowed`, the keys that directive may have; the parseKIND functions
+  /// below do the same for one kind each.
+  llvm::Error parseKind(llvm::StringRef op, llvm::StringSet<> &allowed) {
+    if (op == "stage")
+      return parseStage(allowed);
+    if (op == "split")
+      return parseSplit(allowed);
+    if (op == "place" || op == "replicate")
+      return parsePlaceOrReplicate(op == "place", allowed);
+    if (op == "order")
+      return parseOrder(allowed);
+    if (op == "schedule")
+      return parseSchedule(allowed);
+    if (op == "shard")
+      return parseShard(allowed);
+    if (op == "recompute")
+      return parseRecompute(allowed);
+    return fail(llvm::formatv("unknown directive \"{0}\" (expected stage, "
+                              "split, place, replicate, shard, order, "
+                              "schedule or recompute)",
+                              op)
+                    .str());
+  }
+
+  /// "stage": the number of stages.
+  llvm::Error parseStage(llvm::StringSet<> &allowed) {
+    d.kind = Directive::Stage;
+    allowed.insert("stages");
+    return getInt("stages", d.stages, /*required=*/true);
+  }
+
+  /// "split": microbatches over the whole DAG, along "MB" only.
+  llvm::Error parseSplit(llvm::StringSet<> &allowed) {
+    d.kind = Directive::Split;
+    for (auto k : {"filter", "dim_name", "num_microbatches"})
+      allowed.insert(k);
+    if (auto e = getFilter("filter", d.filter, /*required=*/false))
+      return e;
+    if (auto e = getInt("num_microbatches", d.numMicrobatches, true))
+      return e;
+    if (auto e = getString("dim_name", d.dimName))
+      return e;
+    if (d.dimName != "MB")
+      return fail("only the \"MB\" split dimension is supported");
+    if (!d.filter.entries.empty())
+      return fail("split supports only the empty filter {} (the whole DAG)");
+    return llvm::Error::success();
+  }
+
+  /// "place" (`place`) or "replicate": a filter and its devices, then the
+  /// stream of a place or the options of a replicate.
+  llvm::Error parsePlaceOrReplicate(bool place, llvm::StringSet<> &allowed) {
+    d.kind = place ? Directive::Place : Directive::Replicate;
+    for (auto k : {"filter", "devices"})
+      allowed.insert(k);
+    if (auto e = getFilter("filter", d.filter, /*required=*/true))
+      return e;
+    if (auto e = getDevices())
+      return e;
+    if (place) {
+      allowed.insert("stream");
+      d.stream = "pp_stream";
+      return getString("stream", d.stream);
+    }
+    return parseReplicateOptions(allowed);
+  }
+
+  /// The options of "replicate": the ZeRO stage, the reduce and gather
+  /// streams and the gradient bucket size.
+  llvm::Error parseReplicateOptions(llvm::StringSet<> &allowed) {
+    for (auto k : {"reduce_stream", "gather_stream", "bucket_size",
+                   "shard_grads", "shard_params", "zero"})
+      allowed.insert(k);
+    if (auto e = getZeroStage())
+      return e;
+    if (obj.get("stream"))
+      return fail("replicate takes \"reduce_stream\", not \"stream\"");
+    d.reduceStream = "dp_stream";
+    if (auto e = getString("reduce_stream", d.reduceStream))
+      return e;
+    d.gatherStream = d.reduceStream;
+    if (auto e = getString("gather_stream", d.gatherStream))
+      return e;
+    if (const json::Value *b = obj.get("bucket_size")) {
+      std::optional<double> mb = b->getAsNumber();
+      if (!mb || !(*mb > 0) || !std::isfinite(*mb))
+        return fail("\"bucket_size\" must be a positive number of MB");
+      d.bucketSizeMb = *mb;
+    }
+    return llvm::Error::success();
+  }
+
+  /// ZeRO: the original Piper's booleans (shard_grads: ZeRO-2,
+  /// shard_params: ZeRO-3), or the stage itself ("zero": 0-3, which
+  /// alone can say ZeRO-1); the two must agree.
+  llvm::Error getZeroStage() {
+    bool shardGrads = false, shardParams = false;
+    if (auto e = getBool("shard_grads", shardGrads))
+      return e;
+    if (auto e = getBool("shard_params", shardParams))
+      return e;
+    d.zero = shardParams ? 3 : shardGrads ? 2 : 0;
+    if (const json::Value *z = obj.get("zero")) {
+      std::optional<int64_t> stage = z->getAsInteger();
+      if (!stage || *stage < 0 || *stage > 3)
+        return fail("\"zero\" must be the ZeRO stage: 0, 1, 2 or 3");
+      if ((shardGrads && *stage < 2) || (shardParams && *stage < 3))
+        return fail(
+            llvm::formatv("\"zero\": {0} contradicts \"{1}\": true "
+                          "(shard_grads is ZeRO-2, shard_params ZeRO-3)",
+                          *stage, shardParams ? "shard_params" : "shard_grads")
+                .str());
+      d.zero = static_cast<int>(*stage);
+    }
+    return llvm::Error::success();
+  }
+
+  /// "order": a list of groups of filters, in the order their tasks run.
+  llvm::Error parseOrder(llvm::StringSet<> &allowed) {
+    d.kind = Directive::Order;
+    allowed.insert("filters");
+    const json::Array *rows = obj.getArray("filters");
+    if (!rows)
+      return fail("missing list key \"filters\" (a list of groups)");
+    if (rows->size() > kMaxOrderGroups)
+      return fail(llvm::formatv("\"filters\" has {0} groups, more than the "
+                                "limit of {1}",
+                                rows->size(), kMaxOrderGroups)
+                      .str());
+    for (const json::Value &row : *rows) {
+      const json::Array *group = row.getAsArray();
+      if (!group || group->empty())
+        return fail("each entry of \"filters\" must be a non-empty list of "
+                    "filters");
+      std::vector<Filter> filters;
+      for (const json::Value &f : *group) {
+        Filter filter;
+        if (auto e = parseFilter(f, filter))
+          return e;
+        filters.push_back(std::move(filter));
+      }
+      d.groups.push_back(std::move(filters));
+    }
+    if (d.groups.empty())
+      return fail("\"filters\" must not be empty");
+    return checkSplitBackward();
+  }
+
+  /// "schedule": the name of a known pipeline schedule.
+  llvm::Error parseSchedule(llvm::StringSet<> &allowed) {
+    d.kind = Directive::Schedule;
+    allowed.insert("name");
+    std::optional<llvm::StringRef> name = obj.getString("name");
+    if (!name)
+      return fail(
+          "missing string key \"name\" (a schedule: " + scheduleNames() + ")");
+    if (!findSchedule(*name))
+      return fail(llvm::formatv("unknown schedule \"{0}\" (expected {1})",
+                                *name, scheduleNames())
+                      .str());
+    d.schedule = name->str();
+    return llvm::Error::success();
+  }
+
+  /// "shard": expert parallelism. The MoE layers of the stage placed on
+  /// `devices` (its data-parallel group) split their experts over
+  /// consecutive groups of `ep` of them (default: all).
+  llvm::Error parseShard(llvm::StringSet<> &allowed) {
+    d.kind = Directive::Shard;
+    for (auto k : {"filter", "devices", "stream", "ep"})
+      allowed.insert(k);
+    if (auto e = getFilter("filter", d.filter, /*required=*/true))
+      return e;
+    for (const auto &[key, value] : d.filter.entries)
+      if (key == "EP" ? value.kind != FilterValue::Any : key != "PP")
+        return fail("shard selects expert regions with \"EP\": \"*\" "
+                    "and optionally \"PP\", not \"" +
+                    key + "\"" + (key == "EP" ? " with an index" : ""));
+    if (auto e = getDevices())
+      return e;
+    d.stream = "ep_stream";
+    if (auto e = getString("stream", d.stream))
+      return e;
+    d.expertParallel = static_cast<int64_t>(d.devices.size());
+    return getInt("ep", d.expertParallel, /*required=*/false);
+  }
+
+  /// "recompute": the model blocks (by `block`; all transformer blocks when
+  /// the filter is absent or "*") whose activations the backward
+  /// recomputes, wholly ("full") or their attention core ("selective").
+  llvm::Error parseRecompute(llvm::StringSet<> &allowed) {
+    d.kind = Directive::Recompute;
+    for (auto k : {"filter", "granularity"})
+      allowed.insert(k);
+    if (const json::Value *f = obj.get("filter"))
+      if (auto e = parseFilter(*f, d.filter, kRecomputeFilterKeys))
+        return e;
+    if (auto e = getString("granularity", d.recompute))
+      return e;
+    if (d.recompute != "full" && d.recompute != "selective")
+      return fail("\"granularity\" must be \"full\" (whole blocks) or "
+                  "\"selective\" (their attention core), got \"" +
+                  d.recompute + "\"");
+    return llvm::Error::success();
+  }
+
+  /// The split-backward stencil of an order directive (the original
+  /// Piper's rule): each filter it names with PASS "BI" it also names once
+  /// with "BW", in a later group, and never with the fused "B".
+  llvm::Error checkSplitBackward() {
+    struct Halves {
+      int bi = -1, bw = -1;
+      bool fused = false;
+    };
+    std::map<std::string, Halves> bases;
+    for (auto [gi, group] : llvm::enumerate(d.groups))
+      for (const Filter &f : group) {
+        auto pass = f.entries.find("PASS");
+        if (pass == f.entries.end() || pass->second.kind != FilterValue::Pass)
+          continue;
+        Filter base = f;
+        base.entries.erase("PASS");
+        Halves &h = bases[base.str()];
+        const std::string &p = pass->second.pass;
+        int g = static_cast<int>(gi);
+        if (p == "B") {
+          h.fused = true;
+        } else if (p == "BI" || p == "BW") {
+          int &at = p == "BI" ? h.bi : h.bw;
+          if (at >= 0)
+            return fail(llvm::formatv("names PASS \"{0}\" for {1} twice "
+                                      "(groups {2} and {3})",
+                                      p, base.str(), at, g)
+                            .str());
+          at = g;
+        }
+      }
+    for (const auto &[base, h] : bases) {
+      if (h.bi < 0 && h.bw < 0)
+        continue;
+      const char *rule = "a split backward needs one \"BI\" and one "
+                         "\"BW\" for the same filter, \"BI\" first";
+      if (h.bw < 0)
+        return fail(llvm::formatv("names PASS \"BI\" for {0} without "
+                                  "\"BW\": {1}",
+                                  base, rule)
+                        .str());
+      if (h.bi < 0)
+        return fail(llvm::formatv("names PASS \"BW\" for {0} without "
+                                  "\"BI\": {1}",
+                                  base, rule)
+                        .str());
+      if (h.bw <= h.bi)
+        return fail(llvm::formatv("names PASS \"BW\" for {0} in group {1}, "
+                                  "not after its \"BI\" in group {2}: {3}",
+                                  base, h.bw, h.bi, rule)
+                        .str());
+      if (h.fused)
+        return fail(llvm::formatv("names {0} both fused (PASS \"B\") and "
+                                  "split (\"BI\"/\"BW\")",
+                                  base)
+                        .str());
+    }
+    return llvm::Error::success();
+  }
+
+  llvm::Error fail(const std::string &msg) {
+    return llvm::createStringError(d.describe() + ": " + msg);
+  }
+
+  llvm::Error getInt(llvm::StringRef key, int64_t &out, bool required) {
+    const json::Value *v = obj.get(key);
+    if (!v)
+      return required ? fail(("missing integer key \"" + key + "\"").str())
+                      : llvm::Error::success();
+    std::optional<int64_t> i = v->getAsInteger();
+    if (!i)
+      return fail(("\"" + key + "\" must be an integer").str());
+    out = *i;
+    return llvm::Error::success();
+  }
+
+  /// A string key: absent leaves `out` as it is; any other type is an error.
+  llvm::Error getString(llvm::StringRef key, std::string &out) {
+    const json::Value *v = obj.get(key);
+    if (!v)
+      return llvm::Error::success();
+    std::optional<llvm::StringRef> s = v->getAsString();
+    if (!s)
+      return fail(("\"" + key + "\" must be a string").str());
+    if (s->empty())
+      return fail(("\"" + key + "\" must not be empty").str());
+    out = s->str();
+    return llvm::Error::success();
+  }
+
+  /// A boolean key: absent leaves `out` as it is; any other type is an error.
+  llvm::Error getBool(llvm::StringRef key, bool &out) {
+    const json::Value *v = obj.get(key);
+    if (!v)
+      return llvm::Error::success();
+    std::optional<bool> b = v->getAsBoolean();
+    if (!b)
+      return fail(("\"" + key + "\" must be true or false").str());
+    out = *b;
+    return llvm::Error::success();
+  }
+
+  llvm::Error getDevices() {
+    const json::Array *list = obj.getArray("devices");
+    if (!list || list->empty())
+      return fail("\"devices\" must be a non-empty list of device indices");
+    llvm::DenseSet<int64_t> listed;
+    for (const json::Value &v : *list) {
+      std::optional<int64_t> i = v.getAsInteger();
+      if (!i || *i < 0 || *i >= kMaxWorldSize)
+        return fail(llvm::formatv("\"devices\" entries must be integers "
+                                  "from 0 to {0}",
+                                  kMaxWorldSize - 1)
+                        .str());
+      if (d.devices.size() >= size_t(kMaxWorldSize))
+        return fail("\"devices\" lists more devices than the world may have");
+      // A set, not a search of the list: 2^20 devices made it quadratic.
+      if (!listed.insert(*i).second)
+        return fail(llvm::formatv("device {0} is listed twice", *i).str());
+      d.devices.push_back(*i);
+    }
+    return llvm::Error::success();
+  }
+
+  llvm::Error getFilter(llvm::StringRef key, Filter &out, bool required) {
+    const json::Value *v = obj.get(key);
+    if (!v)
+      return required ? fail(("missing key \"" + key + "\"").str())
+                      : llvm::Error::success();
+    return parseFilter(*v, out);
+  }
+
+  /// A filter object whose keys are among `keys`.
+  llvm::Error parseFilter(const json::Value &v, Filter &out,
+                          llvm::ArrayRef<llvm::StringLiteral> keys =
+                              kFilterKeys) {
+    const json::Object *f = v.getAsObject();
+    if (!f)
+      return fail("a filter must be an object such as {\"PP\": 0, \"MB\": "
+                  "\"*\"}");
+    for (const auto &[k, value] : *f) {
+      std::string key = k.str();
+      if (!llvm::is_contained(keys, key)) {
+        std::string expected;
+        for (auto [i, name] : llvm::enumerate(keys))
+          expected += (i == 0                 ? ""
+                       : i + 1 == keys.size() ? " or "
+                                              : ", ") +
+                      name.str();
+        if (d.kind == Directive::Recompute)
+          return fail(llvm::formatv("recompute selects forward regions by "
+                                    "model block (\"block\"), not \"{0}\"",
+                                    key)
+                          .str());
+        return fail(llvm::formatv("unknown filter key \"{0}\" (expected {1})",
+                                  key, expected)
+                        .str());
+      }
+      FilterValue fv;
+      if (key == "PASS") {
+        std::optional<llvm::StringRef> pass = value.getAsString();
+        std::optional<PassKind> kind =
+            pass ? symbolizePassKind(*pass) : std::nullopt;
+        if (!kind)
+          return fail("filter PASS must be one of \"F\", \"B\", \"BI\", "
+                      "\"BW\", \"U\"");
+        fv.kind = FilterValue::Pass;
+        fv.pass = pass->str();
+      } else if (std::optional<llvm::StringRef> s = value.getAsString()) {
+        if (*s != "*")
+          return fail(llvm::formatv("filter {0} must be an index or \"*\"",
+                                    key)
+                          .str());
+        fv.kind = FilterValue::Any;
+      } else if (std::optional<int64_t> i = value.getAsInteger();
+                 i && *i >= 0 && *i < kMaxFilterIndex) {
+        fv.kind = FilterValue::Index;
+        fv.index = *i;
+      } else {
+        return fail(llvm::formatv("filter {0} must be an index from 0 to {1} "
+                                  "or \"*\"",
+                                  key, kMaxFilterIndex - 1)
+                        .str());
+      }
+      out.entries[key] = fv;
+    }
+    return llvm::Error::success();
+  }
+
+  const json::Object &obj;
+  Directive d;
+};
+} // namespace
+
+llvm::Expected<Strategy> mlir::piper::parseStrategy(llvm::StringRef text) {
+  JsonScan scan = scanJson(text);
+  if (!scan.nesting.empty())
+    return llvm::createStringError(scan.nesting);
+  llvm::Expected<json::Value> value = json::parse(text);
+  if (!value)
+    return llvm::createStringError("strategy is not valid JSON: " +
+                                   llvm::toString(value.takeError()));
+  if (!scan.duplicate.empty())
+    return llvm::createStringError(scan.duplicate);
+  Strategy strategy;
+  const json::Array *list = value->getAsArray();
+  if (const json::Object *obj = value->getAsObject()) {
+    for (const auto &kv : *obj)
+      if (kv.first != "directives" && kv.first != "world_size")
+        return llvm::createStringError(
+            "unknown top-level key \"" + kv.first.str() +
+            "\" (expected \"directives\" and \"world_size\")");
+    list = obj->getArray("directives");
+    if (const json::Value *ws = obj->get("world_size")) {
+      std::optional<int64_t> n = ws->getAsInteger();
+      if (!n || *n < 1 || *n > kMaxWorldSize)
+        return llvm::createStringError(llvm::formatv(
+            "\"world_size\" must be an integer from 1 to {0}", kMaxWorldSize));
+      strategy.worldSize = *n;
+    }
+  }
+  if (!list)
+    return llvm::createStringError(
+        "a strategy is a list of directives, or an object with a "
+        "\"directives\" list");
+  for (auto [i, entry] : llvm::enumerate(*list)) {
+    std::string text;
+    llvm::raw_string_ostream os(text);
+    os << entry;
+    // Diagnostics quote the directive: a device list of 2^20 entries would
+    // be 8 MB of it.
+    if (text.size() > kMaxQuotedDirective)
+      text = text.substr(0, kMaxQuotedDirective) + "...";
+    const json::Object *obj = entry.getAsObject();
+    if (!obj)
+      return llvm::createStringError(
+          llvm::formatv("directive #{0} ({1}): must be an object", i, text)
+              .str());
+    llvm::Expected<Directive> d = DirectiveParser(*obj, i, text).parse();
+    if (!d)
+      return d.takeError();
+    strategy.directives.push_back(std::move(*d));
+  }
+  if (llvm::Error err = verifyStrategy(strategy))
+    return std::move(err);
+  strategy.summary = "strategy file, " +
+                     std::to_string(strategy.directives.size()) + " directives";
+  return strategy;
+}
+
+llvm::Expected<Strategy> mlir::piper::readStrategyFile(const std::string &path,
+                                                       llvm::StringRef what) {
+  std::string text;
+  if (std::string err = ::piper::readInputFile(path, text); !err.empty())
+    return llvm::createStringError(::piper::inputError(what.str(), path, err));
+  llvm::Expected<Strategy> strategy = parseStrategy(text);
+  if (!strategy)
+    return llvm::createStringError(path + ": " +
+                                   llvm::toString(strategy.takeError()));
+  return strategy;
+}
