@@ -378,7 +378,8 @@ def schedule_cases():
 # zbv need 2P - 1, interleaved-1f1b a multiple of P, dualpipe an even number
 # of at least 2P) x {DP2, DP2 ZeRO-1, ZeRO-2, ZeRO-3, DP2 EP2 on a MoE
 # (also with ZeRO-1), a tied head under DP2 (also with ZeRO-1 and 3), bf16
-# under DP2, ZeRO-3 and a tied head under ZeRO-2 with 1 KB buckets},
+# under DP2, ZeRO-3 and a tied head under ZeRO-2 with 1 KB buckets, full
+# recomputation under ZeRO-3, selective recomputation under EP2},
 # against one device with the same global batch of 8
 # microbatches. A combination that is refused would name its rule
 # (docs/schedules.md, "What composes"; none is today): COMPOSITION_REFUSED
@@ -419,6 +420,13 @@ COMPOSITION_VARIANTS = [
                                          "0.001"]),
     ("tied-zero-2-1kb", COMPOSITION_GPT + ["--tied"], ["--clip-grad", "0.5"],
      ["--zero", "2", "--bucket-mb", "0.001", "--clip-grad", "0.5"]),
+    # Activation recomputation under every schedule (docs/recompute.md):
+    # whole blocks with ZeRO-3 (the backward re-reads gathered weights), the
+    # attention core of an MoE model under expert parallelism.
+    ("recompute-full-zero-3", COMPOSITION_GPT, [],
+     ["--zero", "3", "--recompute", "full"]),
+    ("recompute-selective-ep2", COMPOSITION_MOE, ["--clip-grad", "0.5"],
+     ["--ep", "2", "--recompute", "selective", "--clip-grad", "0.5"]),
 ]
 
 
