@@ -91,15 +91,26 @@ FailureOr<int> rewriteLayers(SegmentOp seg, int64_t g,
       return seg.emitOpError(d.describe())
              << ": " << e << " experts cannot be split over expert-parallel "
              << "groups of " << g << " devices";
-    MoeCombineOp combine;
+    // The expert outputs go back before the layer's combine; in a backward
+    // that recomputes the layer (docs/recompute.md), before the first
+    // reader of the recomputed outputs, its combine gradient.
+    Value back;
     for (MoeCombineOp op : seg.getOps<MoeCombineOp>())
       if (op.getIndices() == dispatch.getIndices())
-        combine = op;
-    if (!combine)
+        back = op.getInput();
+    if (!back)
+      for (MoeCombineGradOp op : seg.getOps<MoeCombineGradOp>())
+        if (op.getIndices() == dispatch.getIndices() &&
+            op.getInput().getDefiningOp())
+          back = op.getInput();
+    if (!back)
       return dispatch.emitOpError("has no moe_combine of the same routing");
+    Operation *backAt = *llvm::min_element(
+        back.getUsers(), [](Operation *x, Operation *y) {
+          return x->isBeforeInBlock(y);
+        });
     exchangeAround(b, dispatch.getLoc(), dispatch.getIndices(),
-                   dispatch.getResult(), dispatch, combine.getInput(), combine,
-                   e, c, g);
+                   dispatch.getResult(), dispatch, back, backAt, e, c, g);
     ++layers;
   }
   SmallVector<MoeCombineGradOp> grads(seg.getOps<MoeCombineGradOp>());

@@ -9,20 +9,12 @@
 using namespace mlir;
 using namespace mlir::piper;
 
-/// Whether `op` is part of an MoE layer's routed path. Those ops keep their
-/// activations: recomputing them would repeat the layer's expert-parallel
-/// all-to-alls (docs/recompute.md).
-static bool isRoutedMoeOp(Operation *op) {
-  return isa<MoeRouterOp, MoeDispatchOp, MoeCombineOp, ExpertLinearOp,
-             MoeAuxLossOp>(op);
-}
-
 /// The ops of `seg` the granularity recomputes.
 static SmallVector<Operation *> regionOps(SegmentOp seg, bool selective) {
   SmallVector<Operation *> ops;
   for (Operation &op : seg.getBody().front().without_terminator()) {
     if (selective ? !isa<AttentionOp>(op)
-                  : isa<ParamRefOp>(op) || isRoutedMoeOp(&op) || !isPure(&op))
+                  : isa<ParamRefOp>(op) || !isPure(&op))
       continue;
     ops.push_back(&op);
   }

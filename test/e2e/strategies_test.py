@@ -476,6 +476,13 @@ RECOMPUTE_CASES = [
         ("pp2 x dp2 ep2 zero-1 1f1b", PP2_DP2 + ["--ep", "2", "--zero", "1",
                                                 "--clip-grad", "0.5"], 4,
          ["full"]),
+        # The recomputed layers' all-to-alls in BI (split backward) and in
+        # both copies of the model (DualPipeV's V: one group, two stages).
+        ("pp2 x dp2 ep2 zb-h1", PP2_DP2 + ["--ep", "2", "--schedule", "zb-h1",
+                                          "--clip-grad", "0.5"], 4, ["full"]),
+        ("pp2 x dp2 ep2 dualpipev", PP2_DP2 + ["--ep", "2", "--schedule",
+                                              "dualpipev", "--clip-grad",
+                                              "0.5"], 4, ["full"]),
     ]),
 ]
 
