@@ -78,6 +78,7 @@ KernelSpan valueKernelSpans(const Segment &seg) {
   KernelSpan span;
   span.first.assign(n, -1);
   span.last.assign(n, -1);
+  span.lastWrite.assign(n, -1);
   for (int k = 0; k < seg.kernels_size(); ++k) {
     auto touch = [&](const Operand &op) {
       if (op.kind() != Operand::VALUE || op.index() < 0 || op.index() >= n)
@@ -88,8 +89,11 @@ KernelSpan valueKernelSpans(const Segment &seg) {
     };
     for (const Operand &op : seg.kernels(k).inputs())
       touch(op);
-    for (const Operand &op : seg.kernels(k).outputs())
+    for (const Operand &op : seg.kernels(k).outputs()) {
       touch(op);
+      if (op.kind() == Operand::VALUE && op.index() >= 0 && op.index() < n)
+        span.lastWrite[op.index()] = k;
+    }
   }
   return span;
 }
@@ -97,9 +101,11 @@ KernelSpan valueKernelSpans(const Segment &seg) {
 namespace {
 
 /// When each value of a segment call needs scratch: [first, last] in kernel
-/// indices, or first = -1 when it needs none. In bf16 plans, packed
-/// arguments are unpacked into float32 scratch for the whole call and
-/// results are computed in scratch, then packed.
+/// indices, or first = -1 when it needs none. In bf16 plans, a packed
+/// argument is unpacked into float32 scratch just before its first reader
+/// and lives until its last; a result is computed in scratch and packed
+/// right after its last writer (the executor does), living until its last
+/// reader; an argument that is also a result is packed when the call ends.
 struct ValueLives {
   std::vector<int> first, last;
 };
@@ -113,20 +119,21 @@ ValueLives segmentLives(const Segment &seg, bool bf16) {
   for (int a : seg.args()) {
     if (a < 0 || a >= n || first[a] < 0)
       continue;
-    if (packedBf16(seg.values(a), bf16)) {
-      first[a] = 0;
-      last[a] = end;
-    } else {
+    if (!packedBf16(seg.values(a), bf16)) {
       first[a] = last[a] = -1; // bound to its step buffer
     }
   }
+  std::vector<char> isArg(n, 0);
+  for (int a : seg.args())
+    if (a >= 0 && a < n)
+      isArg[a] = 1;
   for (int r : seg.results()) {
     if (r < 0 || r >= n || first[r] < 0)
       continue;
-    if (packedBf16(seg.values(r), bf16))
-      last[r] = end;
-    else
+    if (!packedBf16(seg.values(r), bf16))
       first[r] = last[r] = -1;
+    else if (isArg[r])
+      last[r] = end;
   }
   return lives;
 }

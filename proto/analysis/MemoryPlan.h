@@ -62,9 +62,9 @@ bool verifyLayout(const std::vector<Block> &blocks, const ArenaLayout &layout,
                   std::string &error);
 
 /// For each local value of `segment`, the first and the last kernel that
-/// reads or writes it (-1 for values no kernel touches).
+/// reads or writes it, and the last that writes it (-1 for none).
 struct KernelSpan {
-  std::vector<int> first, last;
+  std::vector<int> first, last, lastWrite;
 };
 KernelSpan valueKernelSpans(const Segment &segment);
 
@@ -72,9 +72,10 @@ KernelSpan valueKernelSpans(const Segment &segment);
 /// kernel that first touches it to the one that last does; values are
 /// float32 containers, 4 bytes an element. Arguments and results are bound
 /// to their step buffers, except in bf16 plans (`bf16`), whose float32 step
-/// buffers are stored packed: such an argument is unpacked into scratch for
-/// the whole call, and such a result is computed in scratch until the call
-/// ends (then packed). Lays the values out, largest first, each at the
+/// buffers are stored packed: such an argument is unpacked into scratch from
+/// its first reader to its last, and such a result is computed in scratch
+/// and packed right after its last writer (an argument that is also a
+/// result stays until the call ends, when it is packed). Lays the values out, largest first, each at the
 /// lowest aligned offset free of the values live with it, in a scratch
 /// area whose size is returned; `offsets` (by value id, -1 for values
 /// without scratch) may be null.

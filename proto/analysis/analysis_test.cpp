@@ -196,11 +196,13 @@ TEST_CASE("segment scratch reuses the bytes of dead values") {
   CHECK(offsets[0] == -1);
   CHECK(offsets[3] == -1);
   CHECK(offsets[1] != offsets[2]);
-  // bf16 plans unpack packed arguments into scratch for the whole call and
-  // compute results in scratch first (then pack them): v0 lives throughout,
-  // v3 from kernel 2 to the end, overlapping v2 but not v1.
-  CHECK(planSegmentScratch(seg, true, &offsets, 64) == 192);
+  // bf16 plans unpack a packed argument into scratch just before its first
+  // reader, until its last, and compute a result in scratch, packing it
+  // right after its last writer: v0 lives at kernel 0 only, so v2 takes its
+  // place; v3 lives at kernel 2, overlapping v2 but not v1.
+  CHECK(planSegmentScratch(seg, true, &offsets, 64) == 128);
   CHECK(offsets[0] >= 0);
+  CHECK(offsets[2] == offsets[0]);
   CHECK(offsets[3] == offsets[1]);
 }
 

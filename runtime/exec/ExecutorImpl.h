@@ -22,9 +22,14 @@
 namespace piper::runtime {
 
 /// When each local value of a segment comes to life: it is zeroed in its
-/// arena slot before its first kernel (arguments are never zeroed).
+/// arena slot before its first kernel (arguments are never zeroed); a
+/// packed bf16 argument is unpacked into its slot before its first reader.
 struct SegmentLifetimes {
-  std::vector<std::vector<int>> allocBefore; // per kernel
+  std::vector<std::vector<int>> allocBefore; // per kernel: value ids
+  std::vector<std::vector<int>> argsBefore;  // per kernel: argument positions
+  /// Per kernel: the result positions whose value it writes last (a packed
+  /// bf16 result is packed into its step buffer right after it).
+  std::vector<std::vector<int>> resultsAfter;
 };
 SegmentLifetimes computeLifetimes(const plan::Segment &seg);
 
@@ -51,6 +56,11 @@ struct ResolvedKernel {
 /// not allocate once warm.
 struct CallScratch {
   std::vector<void *> values; // by value id: its place in the arena
+  /// By argument position: the packed bf16 step buffer to unpack into the
+  /// argument's slot before its first reader, or null.
+  std::vector<TensorPtr> packed;
+  /// By result position: already packed into its step buffer.
+  std::vector<char> stored;
 
   std::vector<TensorRef> inputs, outputs;
 };
@@ -227,10 +237,16 @@ public:
   // the executor's own overhead).
   Status call(int s, const plan::Instruction &inst, StepState &st,
               int64_t &accounted);
-  /// Stores a CALL's results (`values`, by value id) into its step buffers
-  /// and publishes them.
+  /// Packs result position `r` of a CALL from its scratch value into its
+  /// packed bf16 step buffer; false in `packed` when the result is not
+  /// such a one.
+  Status packResult(const plan::Instruction &inst, const plan::Segment &seg,
+                    const std::vector<void *> &values, int r, bool &packed);
+  /// Stores a CALL's results (`values`, by value id) into its step buffers,
+  /// except those `stored` says are packed already, and publishes them.
   Status storeResults(const plan::Instruction &inst, const plan::Segment &seg,
-                      const std::vector<void *> &values, StepState &st);
+                      const std::vector<void *> &values,
+                      const std::vector<char> &stored, StepState &st);
   /// The bf16 copy of parameter `p` for stream `s` in this step: refreshed
   /// on `s` when it is the first to read it, else ordered after the
   /// refresh.

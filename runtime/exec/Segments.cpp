@@ -19,9 +19,18 @@ SegmentLifetimes computeLifetimes(const plan::Segment &seg) {
     isArg[a] = 1;
   SegmentLifetimes lt;
   lt.allocBefore.resize(seg.kernels_size());
+  lt.argsBefore.resize(seg.kernels_size());
   for (int v = 0; v < seg.values_size(); ++v)
     if (!isArg[v] && span.first[v] >= 0)
       lt.allocBefore[span.first[v]].push_back(v);
+  for (int a = 0; a < seg.args_size(); ++a)
+    if (int first = span.first[seg.args(a)]; first >= 0)
+      lt.argsBefore[first].push_back(a);
+  // An argument that is also a result is stored when the call ends.
+  lt.resultsAfter.resize(seg.kernels_size());
+  for (int r = 0; r < seg.results_size(); ++r)
+    if (int v = seg.results(r); !isArg[v] && span.lastWrite[v] >= 0)
+      lt.resultsAfter[span.lastWrite[v]].push_back(r);
   return lt;
 }
 
@@ -146,8 +155,10 @@ Status ExecutorImpl::call(int s, const Instruction &inst, StepState &st,
   // Every value lives in the arena: in the call's scratch at
   // scratch_offset + value_offsets[v], or (value_offsets[v] == -1) in the
   // step buffer it is bound to. Packed bf16 arguments are unpacked into
-  // their scratch slot; packed results are computed there and packed into
-  // their step buffer at the end.
+  // their scratch slot just before their first reader, and packed results
+  // computed there are packed into their step buffer right after their
+  // last writer: the memory plan gives each slot from its first kernel to
+  // its last only.
   std::vector<void *> &values = scratch.values;
   values.assign(seg.values_size(), nullptr);
   char *base = at(inst.scratch_offset());
@@ -159,18 +170,16 @@ Status ExecutorImpl::call(int s, const Instruction &inst, StepState &st,
     if (!values[v])
       values[v] = bufferViews[inst.outputs(r)]->data;
   }
+  std::vector<TensorPtr> &packed = scratch.packed;
+  packed.assign(inst.inputs_size(), nullptr);
+  std::vector<char> &stored = scratch.stored;
+  stored.assign(inst.outputs_size(), 0);
   for (int a = 0; a < inst.inputs_size(); ++a) {
     int id = inst.inputs(a), v = seg.args(a);
     TensorPtr stored;
     PIPER_RETURN_IF_ERROR(fetchStored(st, id, stored));
     if (stored->dtype == plan::BF16 && seg.value_offsets(v) >= 0)
-      PIPER_RETURN_IF_ERROR(
-          device
-              ->unpackBf16(static_cast<float *>(values[v]),
-                           static_cast<const uint16_t *>(stored->data),
-                           stored->bytes / 2)
-              .withContext("segment '" + seg.name() + "': unpacking " +
-                           describeBuffer(id)));
+      packed[a] = std::move(stored);
     else
       values[v] = stored->data; // arguments are never written
   }
@@ -195,6 +204,19 @@ Status ExecutorImpl::call(int s, const Instruction &inst, StepState &st,
     Clock::time_point start;
     if (profiling && !lt.allocBefore[k].empty())
       start = Clock::now();
+    for (int a : lt.argsBefore[k]) {
+      if (!packed[a])
+        continue;
+      int v = seg.args(a);
+      PIPER_RETURN_IF_ERROR(
+          device
+              ->unpackBf16(static_cast<float *>(values[v]),
+                           static_cast<const uint16_t *>(packed[a]->data),
+                           packed[a]->bytes / 2)
+              .withContext(where(k) + ": unpacking " +
+                           describeBuffer(inst.inputs(a))));
+      packed[a] = nullptr;
+    }
     // A value starts zeroed at its first kernel, as a fresh tensor did.
     for (int v : lt.allocBefore[k]) {
       const plan::TensorType &type = seg.values(v);
@@ -259,31 +281,51 @@ Status ExecutorImpl::call(int s, const Instruction &inst, StepState &st,
               device->roundBf16(outs[o].f32(), outs[o].numel())
                   .withContext(where(k) + ": rounding output " +
                                std::to_string(o) + " to bf16"));
+    for (int r : lt.resultsAfter[k]) {
+      bool done = false;
+      PIPER_RETURN_IF_ERROR(packResult(inst, seg, values, r, done));
+      stored[r] = done;
+    }
   }
-  return storeResults(inst, seg, values, st);
+  return storeResults(inst, seg, values, stored, st);
+}
+
+Status ExecutorImpl::packResult(const Instruction &inst,
+                                const plan::Segment &seg,
+                                const std::vector<void *> &values, int r,
+                                bool &packed) {
+  int id = inst.outputs(r), v = seg.results(r);
+  const TensorPtr &dst = bufferViews[id];
+  packed = values[v] != dst->data && dst->dtype == plan::BF16 &&
+           seg.value_offsets(v) >= 0;
+  if (!packed)
+    return Status::ok();
+  return device
+      ->packBf16(static_cast<uint16_t *>(dst->data),
+                 static_cast<const float *>(values[v]), dst->bytes / 2)
+      .withContext("segment '" + seg.name() + "': packing " +
+                   describeBuffer(id));
 }
 
 Status ExecutorImpl::storeResults(const Instruction &inst,
                                   const plan::Segment &seg,
                                   const std::vector<void *> &values,
+                                  const std::vector<char> &stored,
                                   StepState &st) {
   // Results go to their step buffers: packed from scratch in mixed
-  // precision, copied when the value lives elsewhere (an argument, or a
-  // value that is several results).
+  // precision (after their last writer, unless an argument is returned),
+  // copied when the value lives elsewhere (an argument, or a value that is
+  // several results).
   for (int r = 0; r < inst.outputs_size(); ++r) {
     int id = inst.outputs(r);
     const TensorPtr &dst = bufferViews[id];
     int v = seg.results(r);
     const void *src = values[v];
-    if (src == dst->data) {
-      // Computed in place.
-    } else if (dst->dtype == plan::BF16 && seg.value_offsets(v) >= 0) {
-      PIPER_RETURN_IF_ERROR(
-          device
-              ->packBf16(static_cast<uint16_t *>(dst->data),
-                         static_cast<const float *>(src), dst->bytes / 2)
-              .withContext("segment '" + seg.name() + "': packing " +
-                           describeBuffer(id)));
+    bool packed = stored[r];
+    if (!packed)
+      PIPER_RETURN_IF_ERROR(packResult(inst, seg, values, r, packed));
+    if (packed || src == dst->data) {
+      // Packed, or computed in place.
     } else {
       // An argument (in bf16, one passed through untouched: still packed)
       // or a value already stored for another result.
