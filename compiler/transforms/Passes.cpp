@@ -119,7 +119,17 @@ void mlir::piper::addDirectivesPipeline(OpPassManager &pm,
   // reduces their gradients over the ranks holding the same experts.
   addAll(Directive::Shard);
   addAll(Directive::Replicate);
-  pm.addPass(createPiperTieParams());
+  // The tie all-reduces span the groups of several replicates: buckets of
+  // the smallest of their sizes.
+  double tieBucketMb = kDefaultBucketMb;
+  bool replicated = false;
+  for (const Directive &d : strategy.directives)
+    if (d.kind == Directive::Replicate) {
+      tieBucketMb = replicated ? std::min(tieBucketMb, d.bucketSizeMb)
+                               : d.bucketSizeMb;
+      replicated = true;
+    }
+  pm.addPass(createPiperTieParams(PiperTieParamsOptions{tieBucketMb}));
   addAll(Directive::Order);
   addAll(Directive::Schedule);
   pm.addPass(createPiperBoundZeroCollectives());

@@ -128,6 +128,11 @@ def PiperTieParams : Pass<"piper-tie-params", "::mlir::ModuleOp"> {
     backward that accumulates it and before every update of it. Run after
     placement and replicate (which leaves shared parameters to it).
   }];
+  let options = [
+    Option<"bucketMb", "bucket-mb", "double", "25.0",
+           "gradient bucket size of the all-reduces in MB (2^20 bytes): "
+           "the replicate directives' bucket_size">,
+  ];
 }
 
 def PiperOrder : Pass<"piper-order", "::mlir::ModuleOp"> {

@@ -21,7 +21,7 @@ namespace mlir::piper {
 using namespace mlir;
 using namespace mlir::piper;
 
-LogicalResult mlir::piper::tieSharedParams(ModuleOp module) {
+LogicalResult mlir::piper::tieSharedParams(ModuleOp module, double bucketMb) {
   FailureOr<ProgramOp> program = getProgram(module);
   if (failed(program))
     return failure();
@@ -44,8 +44,8 @@ LogicalResult mlir::piper::tieSharedParams(ModuleOp module) {
     }
   // One reduction per set of groups holding copies (every stage of
   // DualPipe's two copies of the model on the same two groups shares one)
-  // and per way of pairing their members, in buckets of the default
-  // bucket size (a multi-parameter all-reduce is staged in one block):
+  // and per way of pairing their members, in buckets of `bucketMb` (a
+  // multi-parameter all-reduce is staged in one block):
   // - whole gradients: every rank of every group;
   // - expert weights split over expert-parallel groups of `width`: member i
   //   of an expert-parallel group holds block i, summed over the members i
@@ -152,7 +152,7 @@ LogicalResult mlir::piper::tieSharedParams(ModuleOp module) {
       }
       subgroups = b.getArrayAttr(sameBlock);
     }
-    for (auto &bucket : bucketParams(symbols, set.params, kDefaultBucketMb)) {
+    for (auto &bucket : bucketParams(symbols, set.params, bucketMb)) {
       auto ar = AllReduceOp::create(
           b, last->getLoc(), b.getArrayAttr(bucket), deps,
           DeviceGroupAttr::get(b.getContext(), devices),
@@ -179,8 +179,15 @@ LogicalResult mlir::piper::tieSharedParams(ModuleOp module) {
 namespace {
 struct TieParamsPass
     : mlir::piper::impl::PiperTieParamsBase<TieParamsPass> {
+  using PiperTieParamsBase::PiperTieParamsBase;
   void runOnOperation() override {
-    if (failed(tieSharedParams(getOperation())))
+    if (!(bucketMb > 0)) {
+      getOperation().emitError("piper-tie-params: bucket-mb must be "
+                               "positive, got ")
+          << bucketMb;
+      return signalPassFailure();
+    }
+    if (failed(tieSharedParams(getOperation(), bucketMb)))
       signalPassFailure();
   }
 };

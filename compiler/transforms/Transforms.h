@@ -184,8 +184,10 @@ LogicalResult finalizePlacement(ModuleOp module, std::optional<int64_t> worldSiz
 /// Sums the gradient of every parameter used by several stages (a tied LM
 /// head) over all device groups holding a copy: one piper.all_reduce over
 /// their union after the last backward using it, before every update of it.
-/// Placement must be final.
-LogicalResult tieSharedParams(ModuleOp module);
+/// Placement must be final. The all-reduces take buckets of `bucketMb` MB
+/// (the replicate directives' bucket_size, the smallest when they differ).
+LogicalResult tieSharedParams(ModuleOp module,
+                              double bucketMb = kDefaultBucketMb);
 
 /// Splits the program into one piper.device_program per device class.
 LogicalResult splitDevices(ModuleOp module);

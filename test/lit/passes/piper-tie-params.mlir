@@ -1,6 +1,8 @@
 // piper-tie-params: a parameter whose gradient is accumulated on several
 // device groups (a tied head) is summed over all of them at once.
 // RUN: piper-opt %s -split-input-file -verify-diagnostics -piper-tie-params | FileCheck %s
+// RUN: not piper-opt %s -split-input-file -piper-tie-params=bucket-mb=0 2>&1 | FileCheck %s --check-prefix=BUCKET
+// BUCKET: error: piper-tie-params: bucket-mb must be positive, got 0
 
 // The embedding's stage on [0] and the head's stage on [1] both accumulate
 // @wte: one all-reduce over [0, 1] after both backwards, before both updates.
