@@ -542,6 +542,29 @@ def main_recompute(work):
         p, f, _ = check_model(work, "recompute-" + model_name, model_args,
                               strategies)
         passed, failed = passed + p, failed + f
+    # Custom filters (test/e2e/Inputs/recompute-custom.json): the embedding
+    # and block 1 wholly, every attention core, and the tied head (block 5
+    # of 4 layers) with its cross entropy.
+    model = os.path.join(work, "gpt-tied-custom.mlir")
+    run([PIPERC, "model"] + COMPOSITION_GPT + ["--tied", "-o", model])
+    runs = []
+    for flags in ([], ["--strategy", os.path.join(
+            os.path.dirname(os.path.abspath(__file__)), "Inputs",
+            "recompute-custom.json")]):
+        out = os.path.join(work, "plans-custom%d" % len(runs))
+        metrics = out + ".jsonl"
+        run([PIPERC, "compile", model, "-o", out] +
+            (flags or ["--microbatches", "8"]))
+        run([PIPER_RUN, out, "--nproc", "1", "--backend", "cpu", "--steps",
+             str(STEPS), "--seed", str(SEED), "--metrics", metrics,
+             "--save-params", out + "-params"])
+        with open(metrics) as f:
+            losses = [json.loads(line)["loss"] for line in f if line.strip()]
+        runs.append((losses, load_params(out + "-params")))
+    ok = runs[0] == runs[1]
+    print("%s: gpt-tied custom recompute filters equal no recomputation bit "
+          "for bit (losses %s)" % ("ok" if ok else "FAIL", runs[1][0]))
+    passed, failed = passed + ok, failed + (not ok)
     # bf16: the recomputed forward rounds as the first did.
     p, f = check_recompute_identical(
         work, "gpt-bf16", COMPOSITION_GPT, "pp2 1f1b bf16",
