@@ -93,7 +93,8 @@ sources=(
   runtime/data/TokenFile.cpp runtime/support/AtomicFile.cpp
   runtime/support/Errno.cpp runtime/support/FileIO.cpp
   compiler/strategy/JsonScan.cpp compiler/strategy/Schedules.cpp
-  compiler/strategy/Strategy.cpp compiler/driver/MlirScan.cpp
+  compiler/strategy/Strategy.cpp compiler/strategy/StrategyParse.cpp
+  compiler/driver/MlirScan.cpp
   test/fuzz/PiperEnums.cpp test/fuzz/Targets.cpp test/fuzz/MlirTarget.cpp
 )
 
