@@ -80,6 +80,27 @@ StepReport stepOf(int64_t step, double seconds) {
 
 } // namespace
 
+TEST_CASE("model FLOPs count each parameter once at its global shape",
+          "[launch]") {
+  // Two classes: a tied [4, 8] weight in both, an expert weight split over
+  // 2 members ([2, 3, 5] of [4, 3, 5]) and a bias.
+  std::vector<piper::plan::Plan> plans(2);
+  auto param = [](piper::plan::Plan &p, const std::string &name,
+                  std::vector<int64_t> shape, int members = 0) {
+    piper::plan::Parameter *q = p.add_params();
+    q->set_name(name);
+    for (int64_t d : shape)
+      q->mutable_type()->add_shape(d);
+    if (members)
+      q->set_expert_members(members);
+  };
+  param(plans[0], "wte", {4, 8});
+  param(plans[1], "wte", {4, 8});
+  param(plans[1], "experts.w1", {2, 3, 5}, 2);
+  param(plans[1], "bias", {8});
+  CHECK(modelFlopsPerStep(plans, 10) == 6.0 * (32 + 60 + 8) * 10);
+}
+
 TEST_CASE("progress lines: every --log-every steps and the last", "[launch]") {
   // Steps 1-5, 1000 tokens each; the first (warm-up) step is slow.
   Progress p(1, 5, 2, 1000);

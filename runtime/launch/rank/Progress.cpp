@@ -1,6 +1,8 @@
 // Progress lines and the end-of-run summary of piper-run (rank 0, stdout).
 #include "runtime/launch/rank/Progress.h"
 
+#include "proto/PlanShards.h"
+
 #include <algorithm>
 #include <cmath>
 #include <set>
@@ -53,9 +55,8 @@ double modelFlopsPerStep(const std::vector<plan::Plan> &plans,
     for (const plan::Parameter &p : plan.params()) {
       if (!seen.insert(p.name()).second)
         continue;
-      const auto &shape = p.shard().global_shape_size() > 0
-                              ? p.shard().global_shape()
-                              : p.type().shape();
+      // An expert weight's type is one member's block of its experts.
+      std::vector<int64_t> shape = plan::globalShape(p);
       double n = 1;
       for (int64_t d : shape)
         n *= double(d);

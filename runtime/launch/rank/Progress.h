@@ -22,7 +22,8 @@ std::string formatBytes(int64_t bytes);
 
 /// The model FLOPs of one training step, 6 * N * tokens, where N counts
 /// every distinct parameter of `plans` once at its global shape (replicas,
-/// tied copies and tensor-parallel shards are one parameter). The usual
+/// tied copies and an expert weight's blocks are one parameter; every
+/// expert counts, not only the routed top-k). The usual
 /// estimate behind MFU: forward and backward matrix products only.
 double modelFlopsPerStep(const std::vector<plan::Plan> &plans,
                          double tokensPerStep);
