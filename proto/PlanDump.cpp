@@ -250,7 +250,10 @@ std::string dumpPlan(const Plan &plan, bool withKernels) {
   os << "training microbatches " << t.num_microbatches() << " replicas "
      << t.num_replicas() << " microbatch_size " << t.microbatch_size()
      << " seq " << t.seq_len() << " vocab " << t.vocab_size() << " dtype "
-     << (t.compute_dtype() == BF16 ? "bf16" : "f32") << "\n";
+     << (t.compute_dtype() == BF16 ? "bf16" : "f32");
+  if (t.tensor_parallel() > 1)
+    os << " tensor_parallel " << t.tensor_parallel();
+  os << "\n";
   os << "optimizer lr " << t.lr() << " betas (" << t.beta1() << ", "
      << t.beta2() << ") eps " << t.eps() << " weight_decay "
      << t.weight_decay() << " min_lr " << t.min_lr() << " warmup "
@@ -277,6 +280,15 @@ std::string dumpPlan(const Plan &plan, bool withKernels) {
         shard.start_size() == shard.global_shape_size())
       os << " shard of [" << listText(shard.global_shape(), "") << "] at ["
          << listText(shard.start(), "") << "]";
+    if (p.expert_members() > 1)
+      os << " experts of " << p.expert_members() << " members";
+    if (p.has_tensor_slice()) {
+      const TensorSlice &ts = p.tensor_slice();
+      os << " tensor slice dim " << ts.dim() << " of " << ts.members()
+         << " members";
+      if (ts.parts_size() > 0)
+        os << ", parts [" << listText(ts.parts(), "") << "]";
+    }
     if (p.has_sharding()) {
       const ParamSharding &z = p.sharding();
       os << " zero g" << z.group() << " sharded ["

@@ -50,28 +50,120 @@ int64_t expertMembers(const Parameter &param) {
   return std::max<int64_t>(1, param.expert_members());
 }
 
-std::vector<int64_t> globalShape(const Parameter &param) {
-  std::vector<int64_t> shape(param.type().shape().begin(),
-                             param.type().shape().end());
-  if (!shape.empty())
-    shape[0] *= expertMembers(param);
-  return shape;
-}
-
 int64_t expertStart(const Parameter &param, int64_t replica) {
   return (replica % expertMembers(param)) * paramElements(param);
 }
 
-std::vector<int> expertGroup(const Plan &plan, const Parameter &param,
-                             int64_t replica) {
-  int64_t m = expertMembers(param), first = replica / m * m;
+int64_t tensorParallel(const Plan &plan) {
+  return std::max(1, plan.training().tensor_parallel());
+}
+
+int64_t dataReplica(const Plan &plan, int64_t replica) {
+  return replica / tensorParallel(plan);
+}
+
+int64_t tensorSliceMembers(const Parameter &param) {
+  return param.has_tensor_slice()
+             ? std::max(1, param.tensor_slice().members())
+             : 1;
+}
+
+int64_t sliceMembers(const Parameter &param) {
+  return std::max(expertMembers(param), tensorSliceMembers(param));
+}
+
+std::vector<int64_t> globalShape(const Parameter &param) {
+  std::vector<int64_t> shape(param.type().shape().begin(),
+                             param.type().shape().end());
+  if (shape.empty())
+    return shape;
+  if (expertMembers(param) >= 2)
+    shape[0] *= expertMembers(param);
+  int dim = param.tensor_slice().dim();
+  if (tensorSliceMembers(param) >= 2 && dim >= 0 &&
+      dim < static_cast<int>(shape.size()))
+    shape[dim] *= tensorSliceMembers(param);
+  return shape;
+}
+
+std::vector<int> sliceGroup(const Plan &plan, const Parameter &param,
+                            int64_t replica) {
+  int64_t m = sliceMembers(param), first = replica / m * m;
   std::vector<int> ranks;
   for (int64_t r = first; r < first + m && r < plan.ranks_size(); ++r)
     ranks.push_back(plan.ranks(static_cast<int>(r)));
   return ranks;
 }
 
+std::vector<SliceRun> sliceRuns(const Parameter &param, int64_t replica) {
+  int64_t elements = paramElements(param);
+  if (tensorSliceMembers(param) < 2)
+    return {SliceRun{expertStart(param, replica), 0, elements}};
+  const TensorSlice &ts = param.tensor_slice();
+  int64_t members = tensorSliceMembers(param), m = replica % members;
+  std::vector<int64_t> global = globalShape(param);
+  int dim = ts.dim();
+  int64_t outer = 1, inner = 1;
+  for (int d = 0; d < dim; ++d)
+    outer *= global[d];
+  for (size_t d = dim + 1; d < global.size(); ++d)
+    inner *= global[d];
+  std::vector<int64_t> parts(ts.parts().begin(), ts.parts().end());
+  if (parts.empty())
+    parts.push_back(global[dim]);
+  int64_t localExtent = global[dim] / members;
+  std::vector<SliceRun> runs;
+  for (int64_t o = 0; o < outer; ++o) {
+    int64_t partStart = 0, localStart = 0;
+    for (int64_t part : parts) {
+      int64_t block = part / members;
+      SliceRun run{(o * global[dim] + partStart + m * block) * inner,
+                   (o * localExtent + localStart) * inner, block * inner};
+      if (!runs.empty() &&
+          runs.back().global + runs.back().count == run.global &&
+          runs.back().local + runs.back().count == run.local)
+        runs.back().count += run.count;
+      else if (run.count > 0)
+        runs.push_back(run);
+      partStart += part;
+      localStart += block;
+    }
+  }
+  return runs;
+}
+
+/// Why the tensor-parallel slice of `p` does not fit the plan, or "".
+static std::string checkTensorSlice(const Plan &plan, const Parameter &p) {
+  if (!p.has_tensor_slice())
+    return "";
+  const TensorSlice &ts = p.tensor_slice();
+  std::string who = "parameter '" + p.name() + "': tensor_slice ";
+  if (ts.members() < 2 || ts.members() != tensorParallel(plan))
+    return who + "has " + std::to_string(ts.members()) +
+           " members, but the plan's tensor_parallel is " +
+           std::to_string(tensorParallel(plan));
+  if (ts.dim() < 0 || ts.dim() >= p.type().shape_size())
+    return who + "dim " + std::to_string(ts.dim()) +
+           " is not a dimension of its type";
+  if (p.expert_members() > 1 || p.has_sharding())
+    return who + "cannot be combined with expert blocks or a ZeRO shard";
+  int64_t global = p.type().shape(ts.dim()) * ts.members(), sum = 0;
+  for (int64_t part : ts.parts()) {
+    if (part <= 0 || part % ts.members() != 0)
+      return who + "part " + std::to_string(part) +
+             " is not a positive multiple of the members";
+    sum += part;
+  }
+  if (ts.parts_size() > 0 && sum != global)
+    return who + "parts sum to " + std::to_string(sum) +
+           ", not the global extent " + std::to_string(global);
+  return "";
+}
+
 std::string checkSharding(const Plan &plan) {
+  for (const Parameter &p : plan.params())
+    if (std::string err = checkTensorSlice(plan, p); !err.empty())
+      return err;
   for (const Parameter &p : plan.params()) {
     if (p.expert_members() < 0 || p.expert_members() > 1) {
       std::string who = "parameter '" + p.name() + "': ";

@@ -32,22 +32,53 @@ int64_t shardMembers(const Plan &plan, const Parameter &param);
 int64_t stateElements(const Plan &plan, const Parameter &param, int kind);
 
 /// Expert parallelism (Parameter.expert_members): the members of an
-/// expert-parallel group (1 for a whole tensor), the global shape (the first
-/// dimension times the members), and the flat element where replica
-/// `replica`'s block starts in the global tensor.
+/// expert-parallel group (1 for a whole tensor), and the flat element where
+/// replica `replica`'s block starts in the global tensor.
 int64_t expertMembers(const Parameter &param);
-std::vector<int64_t> globalShape(const Parameter &param);
 int64_t expertStart(const Parameter &param, int64_t replica);
-/// The world ranks of replica `replica`'s expert-parallel group, in order.
-std::vector<int> expertGroup(const Plan &plan, const Parameter &param,
-                             int64_t replica);
+
+/// Tensor parallelism (TrainingConfig.tensor_parallel, at least 1): the
+/// members of a tensor-parallel group, and the data replica replica
+/// `replica` computes with its group (replica / tensor_parallel).
+int64_t tensorParallel(const Plan &plan);
+int64_t dataReplica(const Plan &plan, int64_t replica);
+/// The members of a tensor-parallel slice (Parameter.tensor_slice; 1 when
+/// the parameter is not sliced).
+int64_t tensorSliceMembers(const Parameter &param);
+
+/// A parameter split over the members of a group, by expert or tensor
+/// parallelism: how many members (1 for a whole tensor), the global shape,
+/// and the world ranks of replica `replica`'s group, in member order
+/// (consecutive replicas; replica r is member r mod the members).
+int64_t sliceMembers(const Parameter &param);
+std::vector<int64_t> globalShape(const Parameter &param);
+std::vector<int> sliceGroup(const Plan &plan, const Parameter &param,
+                            int64_t replica);
+
+/// A contiguous run of a member's slice: `count` elements at flat element
+/// `global` of the global tensor and `local` of the member's tensor.
+struct SliceRun {
+  int64_t global = 0;
+  int64_t local = 0;
+  int64_t count = 0;
+  bool operator==(const SliceRun &o) const {
+    return global == o.global && local == o.local && count == o.count;
+  }
+};
+/// The runs making up replica `replica`'s slice of the parameter, in local
+/// order: one run for a whole tensor or an expert block, one per (index
+/// before the sliced dimension, part) for a tensor-parallel slice. Adjacent
+/// runs are merged.
+std::vector<SliceRun> sliceRuns(const Parameter &param, int64_t replica);
 
 /// Checks every parameter's sharding: the group exists and lists exactly
 /// the plan's ranks in order (member i is replica i), and the pieces are
 /// sharded as a ZeRO stage shards them (gradient only with the moments,
 /// the value only with the gradient), and expert parameters: their members
-/// divide the plan's replicas, and ZeRO does not shard them. Returns "" or
-/// the problem.
+/// divide the plan's replicas, and ZeRO does not shard them, and
+/// tensor-parallel slices: they match the plan's tensor_parallel and their
+/// shape, and are neither expert blocks nor ZeRO-sharded. Returns "" or the
+/// problem.
 std::string checkSharding(const Plan &plan);
 
 } // namespace piper::plan

@@ -1,7 +1,8 @@
 #include "proto/PlanShards.h"
 
-#include <catch2/catch.hpp>
 #include <algorithm>
+
+#include <catch2/catch.hpp>
 
 using namespace piper::plan;
 
@@ -80,7 +81,8 @@ TEST_CASE("expert blocks: global shape, start and group, and their checks") {
   CHECK(expertStart(*p, 0) == 0);
   CHECK(expertStart(*p, 1) == 6);
   CHECK(expertStart(*p, 2) == 0);
-  CHECK(expertGroup(plan, *p, 3) == std::vector<int>{4, 5});
+  CHECK(sliceGroup(plan, *p, 3) == std::vector<int>{4, 5});
+  CHECK(sliceRuns(*p, 1) == std::vector<SliceRun>{{6, 0, 6}});
   CHECK(checkSharding(plan).empty());
   p->set_expert_members(3);
   CHECK(checkSharding(plan).find("does not divide the plan's 4 replicas") !=
@@ -92,4 +94,69 @@ TEST_CASE("expert blocks: global shape, start and group, and their checks") {
   p->clear_sharding();
   plan.set_ranks(0, 9);
   CHECK(checkSharding(plan).find("increasing order") != std::string::npos);
+}
+
+TEST_CASE("tensor-parallel slices: runs of fused parts, global shape, checks") {
+  Plan plan;
+  for (int r : {0, 1, 2, 3})
+    plan.add_ranks(r);
+  plan.mutable_training()->set_tensor_parallel(2);
+  plan.mutable_training()->set_num_replicas(2);
+  CHECK(tensorParallel(plan) == 2);
+  CHECK(dataReplica(plan, 3) == 1);
+  // A fused [2, 4 | 2 | 2] weight (q, k, v columns) split over 2 members:
+  // member 1 holds q columns 2..3, k column 5 and v column 7.
+  Parameter *p = plan.add_params();
+  p->set_name("wqkv");
+  p->mutable_type()->add_shape(2);
+  p->mutable_type()->add_shape(4);
+  TensorSlice *ts = p->mutable_tensor_slice();
+  ts->set_dim(1);
+  ts->set_members(2);
+  for (int64_t part : {4, 2, 2})
+    ts->add_parts(part);
+  CHECK(globalShape(*p) == std::vector<int64_t>{2, 8});
+  CHECK(sliceMembers(*p) == 2);
+  CHECK(sliceGroup(plan, *p, 2) == std::vector<int>{2, 3});
+  // Row 0: global columns 2,3 | 5 | 7; row 1 the same plus 8.
+  CHECK(sliceRuns(*p, 1) == std::vector<SliceRun>{{2, 0, 2},
+                                                  {5, 2, 1},
+                                                  {7, 3, 1},
+                                                  {10, 4, 2},
+                                                  {13, 6, 1},
+                                                  {15, 7, 1}});
+  // Member 0 of replica 2: columns 0,1 | 4 | 6, merged where adjacent.
+  CHECK(sliceRuns(*p, 2).front() == SliceRun{0, 0, 2});
+  // Every global element exactly once over the members.
+  std::vector<int> seen(16, 0);
+  for (int m = 0; m < 2; ++m)
+    for (const SliceRun &r : sliceRuns(*p, m))
+      for (int64_t i = 0; i < r.count; ++i)
+        ++seen[r.global + i];
+  CHECK(std::count(seen.begin(), seen.end(), 1) == 16);
+  CHECK(checkSharding(plan).empty());
+  // A row slice (dim 0, one part) is one contiguous run per member.
+  Parameter *w = plan.add_params();
+  w->set_name("wo");
+  w->mutable_type()->add_shape(3);
+  w->mutable_type()->add_shape(5);
+  w->mutable_tensor_slice()->set_dim(0);
+  w->mutable_tensor_slice()->set_members(2);
+  CHECK(sliceRuns(*w, 1) == std::vector<SliceRun>{{15, 0, 15}});
+  CHECK(globalShape(*w) == std::vector<int64_t>{6, 5});
+
+  ts->set_members(4);
+  CHECK(checkSharding(plan).find("tensor_parallel is 2") != std::string::npos);
+  ts->set_members(2);
+  ts->set_parts(0, 3);
+  CHECK(checkSharding(plan).find("not a positive multiple") !=
+        std::string::npos);
+  ts->set_parts(0, 6);
+  CHECK(checkSharding(plan).find("parts sum to 10") != std::string::npos);
+  ts->set_parts(0, 4);
+  ts->set_dim(2);
+  CHECK(checkSharding(plan).find("not a dimension") != std::string::npos);
+  ts->set_dim(1);
+  p->set_expert_members(2);
+  CHECK(checkSharding(plan).find("cannot be combined") != std::string::npos);
 }

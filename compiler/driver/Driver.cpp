@@ -519,13 +519,18 @@ int mlir::piper::pipercMain(int argc, char **argv) {
       "gradient bucket size of the data-parallel all-reduces (and ZeRO's "
       "reduce-scatters and gathers) in MB of 2^20 bytes (default 25; the "
       "replicate directive's bucket_size)");
+  auto *tpOpt = compileCmd->add_option(
+      "--tp", comp.flags.tp,
+      "tensor parallelism: split every transformer block's matrices over "
+      "groups of this many devices, Megatron's way (innermost: rank = "
+      "stage group * dp * tp + replica * tp + member; docs/tensor-parallel.md)");
   auto *recomputeOpt = compileCmd->add_option(
       "--recompute", comp.flags.recompute,
       "activation recomputation: none (default), full (every transformer "
       "block keeps only its input; the backward re-runs its forward) or "
       "selective (the attention core only); docs/recompute.md");
   for (CLI::Option *opt : {ppOpt, dpOpt, mbOpt, schedOpt, zeroOpt, epOpt,
-                           vsOpt, bucketOpt, recomputeOpt})
+                           vsOpt, bucketOpt, recomputeOpt, tpOpt})
     opt->excludes(strategyOpt);
   compileCmd->add_option("--world-size", comp.worldSize,
                          "number of devices (checked against the strategy)");

@@ -215,7 +215,7 @@ void GptModelBuilder::param(const Twine &name, ArrayRef<int64_t> shape,
   RankedTensorType type = f32(shape);
   paramTypes[key] = type;
   ParamOp::create(b, loc(key), key, type, init, llvm::APFloat(scale),
-                  /*expert_members=*/nullptr);
+                  /*expert_members=*/nullptr, /*tensor_slice=*/nullptr);
 }
 
 void GptModelBuilder::buildParams() {

@@ -168,6 +168,8 @@ public:
     auto *training = p.mutable_training();
     training->set_num_microbatches(dp.getNumMicrobatches());
     training->set_num_replicas(dp.getNumReplicas());
+    if (int64_t tp = getTensorParallel(module); tp > 1)
+      training->set_tensor_parallel(static_cast<int32_t>(tp));
     if (OptimizerAttr opt = dp.getOptimizerAttr()) {
       training->set_min_lr(opt.getMinLr().convertToDouble());
       training->set_warmup_steps(opt.getWarmupSteps());
@@ -295,6 +297,13 @@ private:
     out->mutable_init()->set_scale(decl.getScale().convertToDouble());
     if (std::optional<uint64_t> m = decl.getExpertMembers())
       out->set_expert_members(static_cast<int32_t>(*m));
+    if (TensorSliceAttr slice = decl.getTensorSliceAttr()) {
+      plan::TensorSlice *ts = out->mutable_tensor_slice();
+      ts->set_dim(static_cast<int32_t>(slice.getDim()));
+      ts->set_members(static_cast<int32_t>(slice.getMembers()));
+      for (int64_t part : slice.getParts())
+        ts->add_parts(part);
+    }
     params[name] = p.params_size() - 1;
     return p.params_size() - 1;
   }
@@ -424,8 +433,11 @@ private:
       // The loss seed 1 / (microbatches * replicas), times the term's weight.
       if (isa<CrossEntropyGradOp>(op))
         setFloat("scale", lossScale);
+      // Every member of a tensor-parallel group computes the same loss:
+      // the reported sum over ranks counts it once.
       if (auto acc = dyn_cast<LossAccumulateOp>(op))
-        setFloat("scale", lossScale * acc.getCoeff().convertToDouble());
+        setFloat("scale", lossScale * acc.getCoeff().convertToDouble() /
+                              double(getTensorParallel(module)));
       if (auto aux = dyn_cast<MoeAuxLossGradOp>(op))
         setFloat("scale", lossScale * aux.getCoeff().convertToDouble());
       if (isa<MoeRouterOp, MoeRouterGradOp>(op))

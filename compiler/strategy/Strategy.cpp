@@ -44,6 +44,8 @@ llvm::StringRef Directive::kindName() const {
     return "schedule";
   case Directive::Recompute:
     return "recompute";
+  case Directive::ShardTensor:
+    return "shard_tensor";
   }
   return "";
 }
@@ -102,6 +104,14 @@ static llvm::Error verifyDirective(const Directive &d) {
       return fail(llvm::formatv("\"num_microbatches\" must be at most {0}",
                                 kMaxMicrobatches)
                       .str());
+    break;
+  case Directive::ShardTensor:
+    if (d.tensorParallel < 2 || d.tensorParallel > kMaxWorldSize)
+      return fail(llvm::formatv("\"tp\" must be between 2 and {0}, got {1}",
+                                kMaxWorldSize, d.tensorParallel)
+                      .str());
+    if (d.stream.empty())
+      return fail("\"stream\" must name a stream");
     break;
   case Directive::Shard:
     if (!dividesDevices(d.expertParallel,

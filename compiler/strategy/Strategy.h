@@ -47,8 +47,8 @@ struct Filter {
 
 /// Keys a filter may use.
 inline constexpr llvm::StringLiteral kFilterKeys[] = {"PP", "EP", "MB", "PASS"};
-/// Keys a recompute filter may use: it selects model blocks of the forward
-/// model, before stage gives them PP tags.
+/// Keys a recompute or shard_tensor filter may use: it selects model blocks
+/// of the forward model, before stage gives them PP tags.
 inline constexpr llvm::StringLiteral kRecomputeFilterKeys[] = {"block"};
 
 /// The gradient bucket size of `replicate` (`bucket_size`, `--bucket-mb`)
@@ -65,7 +65,8 @@ struct Directive {
     Shard,
     Order,
     Schedule,
-    Recompute
+    Recompute,
+    ShardTensor
   } kind = Split;
   /// Position in the strategy and the directive's own text, for diagnostics.
   int index = 0;
@@ -92,6 +93,10 @@ struct Directive {
   /// recompute: "full" (every op of a matched block) or "selective" (its
   /// attention core). Its filter names model blocks (`block`).
   std::string recompute = "full";
+  /// shard_tensor: the tensor-parallel degree (the members of each group
+  /// that splits the matched blocks' matrices). Its filter names model
+  /// blocks (`block`), and `stream` the stream of its all-reduces.
+  int64_t tensorParallel = 0;
 
   /// "directive #3 (place {...})" for messages.
   std::string describe() const;
@@ -200,14 +205,17 @@ std::vector<Directive> buildSchedule(const ScheduleBuilder &schedule,
                                      int64_t microbatches);
 
 /// Builds the strategy for `--pp P --dp D --microbatches M --schedule S
-/// --zero Z --ep E --virtual-stages V --bucket-mb B`: P*V stages (V: 0 for
-/// the schedule's default), stage s on the devices [g*D, (g+1)*D) of its
-/// pipeline group g in the schedule's layout, replicated with ZeRO stage Z
-/// in gradient buckets of B MB, its experts split over groups of E of them.
+/// --zero Z --ep E --virtual-stages V --bucket-mb B --tp T`: P*V stages (V:
+/// 0 for the schedule's default), stage s on the devices [g*D*T,
+/// (g+1)*D*T) of its pipeline group g in the schedule's layout (rank
+/// g*D*T + d*T + t: tensor parallelism innermost, as Megatron orders it),
+/// replicated with ZeRO stage Z in gradient buckets of B MB, its experts
+/// split over groups of E of them, every block's matrices over groups of T.
 Strategy strategyFromFlags(int64_t pp, int64_t dp, int64_t microbatches,
                            const ScheduleBuilder &schedule, int zero = 0,
                            int64_t ep = 1, int64_t virtualStages = 0,
-                           double bucketMb = kDefaultBucketMb);
+                           double bucketMb = kDefaultBucketMb,
+                           int64_t tp = 1);
 
 /// piperc's strategy flags.
 struct StrategyFlags {
@@ -219,6 +227,8 @@ struct StrategyFlags {
   double bucketMb = kDefaultBucketMb; // replicate's bucket_size
   /// --recompute: "none", "full" or "selective".
   std::string recompute = "none";
+  /// --tp: the tensor-parallel degree.
+  int64_t tp = 1;
 };
 
 /// The strategy of the flags: errors name the flags (`--ep 3 must divide

@@ -1,5 +1,5 @@
 // The strategy of piperc's flags: `--pp --dp --microbatches --schedule --zero
-// --ep --virtual-stages` checked as flags, built into directives, and then
+// --ep --virtual-stages --tp` checked as flags, built into directives, and then
 // checked by verifyStrategy like a strategy file.
 #include "compiler/strategy/Strategy.h"
 
@@ -23,7 +23,7 @@ Strategy mlir::piper::strategyFromFlags(int64_t pp, int64_t dp,
                                         const ScheduleBuilder &schedule,
                                         int zero, int64_t ep,
                                         int64_t virtualStages,
-                                        double bucketMb) {
+                                        double bucketMb, int64_t tp) {
   int64_t perDevice =
       virtualStages > 0 ? virtualStages : defaultStagesPerDevice(schedule);
   int64_t stages = pp * perDevice;
@@ -41,10 +41,19 @@ Strategy mlir::piper::strategyFromFlags(int64_t pp, int64_t dp,
   split.kind = Directive::Split;
   split.numMicrobatches = microbatches;
   add(split, llvm::formatv("split num_microbatches={0}", microbatches).str());
+  if (tp > 1) {
+    // Every transformer block: the directive's default filter.
+    Directive st;
+    st.kind = Directive::ShardTensor;
+    st.tensorParallel = tp;
+    st.stream = "tp_stream";
+    add(st, llvm::formatv("shard_tensor tp={0}", tp).str());
+  }
+  // A pipeline device group: dp data-parallel replicas of tp members each.
   auto groupDevices = [&](int64_t g) {
     std::vector<int64_t> devices;
-    for (int64_t r = 0; r < dp; ++r)
-      devices.push_back(g * dp + r);
+    for (int64_t r = 0; r < dp * tp; ++r)
+      devices.push_back(g * dp * tp + r);
     return devices;
   };
   auto listDevices = [](const std::vector<int64_t> &devices) {
@@ -115,7 +124,7 @@ Strategy mlir::piper::strategyFromFlags(int64_t pp, int64_t dp,
                                  listDevices(place.devices))
                        .str());
       }
-      if (dp > 1)
+      if (dp * tp > 1)
         for (int64_t g : copies)
           replicate(st, groupDevices(g));
       std::vector<int64_t> both;
@@ -143,10 +152,12 @@ Strategy mlir::piper::strategyFromFlags(int64_t pp, int64_t dp,
     shard(devices);
   for (Directive &d : buildSchedule(schedule, pp, perDevice, microbatches))
     add(d, d.text);
-  s.worldSize = pp * dp;
+  s.worldSize = pp * dp * tp;
   s.summary = llvm::formatv("pp={0} dp={1} microbatches={2} schedule={3}", pp,
                             dp, microbatches, schedule.name)
                   .str();
+  if (tp > 1)
+    s.summary += llvm::formatv(" tp={0}", tp).str();
   if (perDevice > 1)
     s.summary += llvm::formatv(" stages={0}", stages).str();
   if (zero)
@@ -162,24 +173,28 @@ Strategy mlir::piper::strategyFromFlags(int64_t pp, int64_t dp,
 static std::string checkFlags(const StrategyFlags &f,
                               const ScheduleBuilder &schedule,
                               int64_t perDevice) {
-  if (f.pp < 1 || f.dp < 1 || f.microbatches < 1)
-    return "--pp, --dp and --microbatches must be positive";
+  if (f.pp < 1 || f.dp < 1 || f.microbatches < 1 || f.tp < 1)
+    return "--pp, --dp, --tp and --microbatches must be positive";
   struct Bound {
     const char *flag;
     int64_t value, limit;
   };
   for (Bound b : {Bound{"--pp", f.pp, kMaxStages},
                   Bound{"--dp", f.dp, kMaxWorldSize},
+                  Bound{"--tp", f.tp, kMaxWorldSize},
                   Bound{"--microbatches", f.microbatches, kMaxMicrobatches}})
     if (b.value > b.limit)
       return llvm::formatv("{0} must be at most {1}, got {2}", b.flag, b.limit,
                            b.value)
           .str();
-  // Both are at most 2^20 here: the product cannot overflow.
-  if (f.pp * f.dp > kMaxWorldSize)
-    return llvm::formatv("--pp {0} times --dp {1} is more than the limit of "
-                         "{2} devices",
-                         f.pp, f.dp, kMaxWorldSize)
+  // Each is at most 2^20 here: the product cannot overflow.
+  if (f.pp * f.dp > kMaxWorldSize || f.pp * f.dp * f.tp > kMaxWorldSize)
+    return llvm::formatv("--pp {0} times --dp {1}{2} is more than the limit "
+                         "of {3} devices",
+                         f.pp, f.dp,
+                         f.tp > 1 ? llvm::formatv(" times --tp {0}", f.tp).str()
+                                  : std::string(),
+                         kMaxWorldSize)
         .str();
   if (f.virtualStages < 0 || f.virtualStages > kMaxStages)
     return llvm::formatv("--virtual-stages must be from 1 to {0} (0: the "
@@ -216,6 +231,19 @@ static std::string checkFlags(const StrategyFlags &f,
     return "--recompute must be none, full (every transformer block) or "
            "selective (their attention core), got '" +
            f.recompute + "'";
+  if (f.tp > 1 && f.zero > 0)
+    return llvm::formatv("--zero {0} with --tp {1} is not supported yet: "
+                         "ZeRO would shard state over the data-parallel "
+                         "replicas of each tensor-parallel member "
+                         "(docs/tensor-parallel.md)",
+                         f.zero, f.tp)
+        .str();
+  if (f.tp > 1 && f.ep > 1)
+    return llvm::formatv("--ep {0} with --tp {1} is not supported yet: MoE "
+                         "layers run their experts whole on every "
+                         "tensor-parallel member (docs/tensor-parallel.md)",
+                         f.ep, f.tp)
+        .str();
   if (f.ep < 1 || !dividesDevices(f.ep, f.dp))
     return llvm::formatv("--ep {0} must divide --dp {1}: expert-parallel "
                          "groups are carved out of a stage's data-parallel "
@@ -235,7 +263,7 @@ llvm::Expected<Strategy> mlir::piper::buildStrategy(const StrategyFlags &f) {
   if (std::string err = checkFlags(f, *schedule, perDevice); !err.empty())
     return llvm::createStringError(err);
   Strategy s = strategyFromFlags(f.pp, f.dp, f.microbatches, *schedule, f.zero,
-                                 f.ep, perDevice, f.bucketMb);
+                                 f.ep, perDevice, f.bucketMb, f.tp);
   if (f.recompute != "none") {
     // Every transformer block: the recompute directive's default filter.
     Directive rc;

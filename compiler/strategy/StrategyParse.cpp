@@ -65,9 +65,11 @@ private:
       return parseShard(allowed);
     if (op == "recompute")
       return parseRecompute(allowed);
+    if (op == "shard_tensor")
+      return parseShardTensor(allowed);
     return fail(llvm::formatv("unknown directive \"{0}\" (expected stage, "
                               "split, place, replicate, shard, order, "
-                              "schedule or recompute)",
+                              "schedule, recompute or shard_tensor)",
                               op)
                     .str());
   }
@@ -254,6 +256,23 @@ private:
     return llvm::Error::success();
   }
 
+  /// "shard_tensor": tensor parallelism. The matrices of the model blocks
+  /// the filter selects (by `block`; every block when absent or "*") split
+  /// over groups of `tp` devices, Megatron's way; `stream` names the stream
+  /// of the all-reduces it adds.
+  llvm::Error parseShardTensor(llvm::StringSet<> &allowed) {
+    d.kind = Directive::ShardTensor;
+    for (auto k : {"filter", "tp", "stream"})
+      allowed.insert(k);
+    if (const json::Value *f = obj.get("filter"))
+      if (auto e = parseFilter(*f, d.filter, kRecomputeFilterKeys))
+        return e;
+    d.stream = "tp_stream";
+    if (auto e = getString("stream", d.stream))
+      return e;
+    return getInt("tp", d.tensorParallel, /*required=*/true);
+  }
+
   /// The split-backward stencil of an order directive (the original
   /// Piper's rule): each filter it names with PASS "BI" it also names once
   /// with "BW", in a later group, and never with the fused "B".
@@ -403,10 +422,11 @@ private:
                        : i + 1 == keys.size() ? " or "
                                               : ", ") +
                       name.str();
-        if (d.kind == Directive::Recompute)
-          return fail(llvm::formatv("recompute selects forward regions by "
-                                    "model block (\"block\"), not \"{0}\"",
-                                    key)
+        if (d.kind == Directive::Recompute ||
+            d.kind == Directive::ShardTensor)
+          return fail(llvm::formatv("{0} selects forward regions by "
+                                    "model block (\"block\"), not \"{1}\"",
+                                    d.kindName(), key)
                           .str());
         return fail(llvm::formatv("unknown filter key \"{0}\" (expected {1})",
                                   key, expected)

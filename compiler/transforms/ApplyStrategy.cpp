@@ -38,6 +38,8 @@ LogicalResult mlir::piper::applyDirective(ModuleOp module, const Directive &d,
     return applyShard(module, *program, d);
   case Directive::Recompute:
     return applyRecompute(module, *program, d);
+  case Directive::ShardTensor:
+    return applyShardTensor(module, *program, d);
   case Directive::Order:
     return applyOrder(*program, d);
   case Directive::Schedule: {

@@ -156,49 +156,24 @@ RankedTensorType localType(Type global, int64_t g) {
 /// `pieces`) by its piece tasks, each marker piece becoming an all-to-all.
 void splitWithExchanges(TaskOp t, const SegmentPieces &pieces,
                         const EpLayout &ep) {
-  OpBuilder b(t);
-  struct Node {
-    Operation *op;
-    SmallVector<Value> outs;
-    Value done;
-  };
-  SmallVector<Node> nodes;
-  for (unsigned j = 0; j < pieces.pieces.size(); ++j) {
-    SegmentOp piece = pieces.pieces[j];
-    SmallVector<Value> args;
-    for (const PieceSource &s : pieces.inputs[j])
-      args.push_back(s.piece < 0 ? t.getArgs()[s.index]
-                                 : nodes[s.piece].outs[s.index]);
-    SmallVector<Value> deps;
-    if (j == 0)
-      deps.append(t.getDeps().begin(), t.getDeps().end());
-    else
-      deps.push_back(nodes.back().done);
-    auto body = piece.getBody().front().without_terminator();
-    auto marker = llvm::hasSingleElement(body)
-                      ? dyn_cast<EpExchangeOp>(*body.begin())
-                      : EpExchangeOp();
-    if (marker) {
-      auto a2a = AllToAllOp::create(
-          b, t.getLoc(), args[0].getType(), args[1].getType(),
-          b.getType<TokenType>(), args[0], args[1], deps, ep.group, ep.stream,
-          t.getTag(), IntegerAttr(), ep.subgroups);
-      Node n{a2a, {}, a2a.getDone()};
-      for (Value v : pieces.outputValues[j]) {
-        auto original = cast<OpResult>(v);
-        n.outs.push_back(original.getResultNumber() == 0 ? a2a.getResult()
-                                                         : a2a.getRecvCounts());
-      }
-      nodes.push_back(std::move(n));
-      continue;
-    }
-    TaskOp nt = createPieceTask(b, t, piece, args, deps);
-    nodes.push_back(Node{nt, SmallVector<Value>(nt.getOuts()), nt.getDone()});
-  }
-  for (auto [r, s] : llvm::enumerate(pieces.results))
-    t.getOuts()[r].replaceAllUsesWith(nodes[s.piece].outs[s.index]);
-  t.getDone().replaceAllUsesWith(nodes.back().done);
-  t.erase();
+  splitTaskWith(t, pieces,
+                [&](OpBuilder &b, unsigned j, ArrayRef<Value> args,
+                    ArrayRef<Value> deps) -> std::optional<PieceNode> {
+                  auto marker = soleOp<EpExchangeOp>(pieces.pieces[j]);
+                  if (!marker)
+                    return std::nullopt;
+                  auto a2a = AllToAllOp::create(
+                      b, t.getLoc(), args[0].getType(), args[1].getType(),
+                      b.getType<TokenType>(), args[0], args[1], deps,
+                      ep.group, ep.stream, t.getTag(), IntegerAttr(),
+                      ep.subgroups);
+                  PieceNode n{a2a, {}, a2a.getDone()};
+                  for (Value v : pieces.outputValues[j])
+                    n.outs.push_back(cast<OpResult>(v).getResultNumber() == 0
+                                         ? a2a.getResult()
+                                         : a2a.getRecvCounts());
+                  return n;
+                });
 }
 
 } // namespace
@@ -323,7 +298,7 @@ LogicalResult mlir::piper::applyShard(ModuleOp module, ProgramOp program,
   // The exchange pieces became all-to-alls: no task calls them.
   for (auto &entry : piecesOf) {
     for (SegmentOp piece : entry.second.pieces)
-      if (!piece.getBody().front().getOps<EpExchangeOp>().empty())
+      if (soleOp<EpExchangeOp>(piece))
         symbols.erase(piece);
     symbols.erase(symbols.lookup<SegmentOp>(entry.first));
   }

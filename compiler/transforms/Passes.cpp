@@ -69,7 +69,8 @@ std::optional<CompilePhase> mlir::piper::compilePhaseOfPass(StringRef argument) 
       .Case("piper-stage", CompilePhase::Stage)
       .Case("piper-build-training-dag", CompilePhase::TrainingDag)
       .Cases({"piper-apply-directive", "piper-finalize-placement",
-              "piper-tie-params", "piper-bound-zero-collectives"},
+              "piper-tensor-parallel", "piper-tie-params",
+              "piper-bound-zero-collectives"},
              CompilePhase::Directives)
       // The directive pipeline fails this way on an invalid strategy.
       .Case("piper-compile-error", CompilePhase::Directives)
@@ -82,7 +83,8 @@ std::optional<CompilePhase> mlir::piper::compilePhaseOfPass(StringRef argument) 
 /// and one split directive.
 static std::string checkDirectiveCounts(const Strategy &strategy) {
   for (auto [kind, name] : {std::pair{Directive::Stage, "stage"},
-                            std::pair{Directive::Split, "split"}}) {
+                            std::pair{Directive::Split, "split"},
+                            std::pair{Directive::ShardTensor, "shard_tensor"}}) {
     int seen = 0;
     for (const Directive &d : strategy.directives)
       if (d.kind == kind && ++seen == 2)
@@ -118,6 +120,9 @@ void mlir::piper::addDirectivesPipeline(OpPassManager &pm,
   // shard before replicate: it makes expert weights local, and replicate
   // reduces their gradients over the ranks holding the same experts.
   addAll(Directive::Shard);
+  // Tensor parallelism's all-reduces, over the placed devices; replicate
+  // then reduces gradients over the data-parallel replicas of each member.
+  pm.addPass(createPiperTensorParallel());
   addAll(Directive::Replicate);
   // The tie all-reduces span the groups of several replicates: buckets of
   // the smallest of their sizes.
@@ -143,10 +148,13 @@ void mlir::piper::addCompilePipeline(OpPassManager &pm,
     return pm.addPass(std::make_unique<FailPass>(std::move(err)));
   auto wants = [&](CompilePhase phase) { return phase <= lastPhase; };
   if (wants(CompilePhase::Stage)) {
-    // recompute marks the forward model's blocks, which stage merges.
-    for (const Directive &d : strategy.directives)
-      if (d.kind == Directive::Recompute)
-        pm.addPass(createApplyDirectivePass(d, strategy.worldSize));
+    // shard_tensor splits the forward model's blocks, and recompute marks
+    // them (the f and g of tensor parallelism too), before stage merges
+    // them.
+    for (Directive::Kind kind : {Directive::ShardTensor, Directive::Recompute})
+      for (const Directive &d : strategy.directives)
+        if (d.kind == kind)
+          pm.addPass(createApplyDirectivePass(d, strategy.worldSize));
     pm.addPass(createPiperStage(PiperStageOptions{numStages(strategy)}));
   }
   if (wants(CompilePhase::TrainingDag)) {
@@ -234,10 +242,11 @@ void buildDirectivesPipeline(OpPassManager &pm,
   if (!strategy)
     return;
   for (const Directive &d : strategy->directives)
-    if (d.kind == Directive::Recompute)
+    if (d.kind == Directive::Recompute || d.kind == Directive::ShardTensor)
       return pm.addPass(std::make_unique<FailPass>(
-          "piper-directives-pipeline: " + d.describe() +
-          ": recompute rewrites the forward model before autodiff; run it "
+          "piper-directives-pipeline: " + d.describe() + ": " +
+          d.kindName().str() +
+          " rewrites the forward model before autodiff; run it "
           "with piper-compile-pipeline (or piper-apply-directive before "
           "piper-stage)"));
   if (o.worldSize > 0)

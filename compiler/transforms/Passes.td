@@ -205,6 +205,19 @@ def PiperApplyDirective : Pass<"piper-apply-directive", "::mlir::ModuleOp"> {
   ];
 }
 
+def PiperTensorParallel : Pass<"piper-tensor-parallel", "::mlir::ModuleOp"> {
+  let summary = "Make tensor parallelism's piper.tp_reduce value all-reduces";
+  let description = [{
+    After placement, on a model that `shard_tensor` split (the module's
+    `piper.tensor_parallel`): each task whose segment holds
+    `piper.tp_reduce`s is cut around them, and each becomes a value
+    `piper.all_reduce` over the consecutive tensor-parallel groups of the
+    task's devices (its subgroups), on the directive's stream, in the
+    task's chain. `piper.tp_copy` (the identity forward) is erased. Without
+    `shard_tensor` it changes nothing (docs/tensor-parallel.md).
+  }];
+}
+
 def PiperBoundZeroCollectives
     : Pass<"piper-bound-zero-collectives", "::mlir::ModuleOp"> {
   let summary = "Bound the ZeRO-2/3 gradients in flight; set ZeRO-3 prefetch";

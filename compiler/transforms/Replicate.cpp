@@ -59,11 +59,12 @@ static void allReduceGradients(ProgramOp program, const Directive &d,
       u.getDepsMutable().append(reduced);
 }
 
-/// For each parameter whose gradient a reduction over exactly `group` (one
-/// that an earlier directive inserted) names: that reduction's ZeRO stage
-/// (0: an all-reduce).
+/// For each parameter whose gradient a reduction over exactly `group` and
+/// `subgroups` (one that an earlier directive inserted) names: that
+/// reduction's ZeRO stage (0: an all-reduce).
 static llvm::DenseMap<StringAttr, int64_t>
-earlierReductions(ProgramOp program, DeviceGroupAttr group) {
+earlierReductions(ProgramOp program, DeviceGroupAttr group,
+                  ArrayAttr subgroups) {
   llvm::DenseMap<StringAttr, int64_t> zeroOf;
   auto add = [&](ArrayRef<Attribute> refs, int64_t zero) {
     for (Attribute a : refs)
@@ -71,10 +72,10 @@ earlierReductions(ProgramOp program, DeviceGroupAttr group) {
   };
   for (Operation &op : program.getBody().front()) {
     if (auto ar = dyn_cast<AllReduceOp>(op);
-        ar && ar.getDevices() == group && !ar.getSubgroupsAttr())
+        ar && ar.getDevices() == group && ar.getSubgroupsAttr() == subgroups)
       add(ar.getParams(), 0);
     if (auto rs = dyn_cast<ReduceScatterGradsOp>(op);
-        rs && rs.getDevices() == group && !rs.getSubgroupsAttr())
+        rs && rs.getDevices() == group && rs.getSubgroupsAttr() == subgroups)
       add(rs.getParamRefs(), static_cast<int64_t>(rs.getZero()));
   }
   return zeroOf;
@@ -100,12 +101,12 @@ earlierReductions(ProgramOp program, DeviceGroupAttr group) {
 static LogicalResult
 splitColocatedParams(ProgramOp program, const Directive &d,
                      SegmentParams &segmentParams, ArrayRef<TaskOp> backward,
-                     llvm::SetVector<StringAttr> &params,
+                     ArrayAttr subgroups, llvm::SetVector<StringAttr> &params,
                      llvm::SetVector<StringAttr> &colocated,
                      SmallVector<TaskOp> &others) {
   auto group = DeviceGroupAttr::get(program.getContext(), d.devices);
   llvm::DenseMap<StringAttr, int64_t> earlier =
-      earlierReductions(program, group);
+      earlierReductions(program, group, subgroups);
   llvm::DenseSet<StringAttr> reducedEarlier;
   for (StringAttr p : params) {
     auto zero = earlier.find(p);
@@ -180,7 +181,19 @@ LogicalResult mlir::piper::applyReplicate(ModuleOp module, ProgramOp program,
     return program.emitOpError(d.describe())
            << ": no task of the filter runs on " << formatDevices(d.devices)
            << "; place it on the replicated devices first";
-  int64_t replicas = d.devices.size();
+  // Under tensor parallelism the devices are data-parallel replicas of
+  // tensor-parallel groups (consecutive members): gradients are summed over
+  // the replicas of each member.
+  const int64_t tp = getTensorParallel(module);
+  if (static_cast<int64_t>(d.devices.size()) % tp != 0)
+    return program.emitOpError(d.describe())
+           << ": its " << d.devices.size()
+           << " devices are not whole tensor-parallel groups of " << tp;
+  if (tp > 1 && d.zero > 0)
+    return program.emitOpError(d.describe())
+           << ": ZeRO-" << d.zero << " with tensor parallelism is not "
+           << "supported yet (docs/tensor-parallel.md)";
+  int64_t replicas = d.devices.size() / tp;
   if (d.zero > 0 && replicas < 2)
     return program.emitOpError(d.describe())
            << ": ZeRO-" << d.zero
@@ -238,6 +251,10 @@ LogicalResult mlir::piper::applyReplicate(ModuleOp module, ProgramOp program,
     experts.push_back(p);
     return true;
   });
+  if (!experts.empty() && tp > 1)
+    return program.emitOpError(d.describe())
+           << ": expert parallelism with tensor parallelism is not "
+              "supported yet (docs/tensor-parallel.md)";
   if (!experts.empty() && replicas % members != 0)
     return program.emitOpError(d.describe())
            << ": expert-parallel groups of " << members
@@ -255,10 +272,23 @@ LogicalResult mlir::piper::applyReplicate(ModuleOp module, ProgramOp program,
   }
   if (replicas == 1 || params.empty())
     return success();
+  // Member t of each tensor-parallel group sums with member t of the
+  // others: {t, t + tp, ...}.
+  ArrayAttr sameMember;
+  if (tp > 1) {
+    SmallVector<Attribute> groups;
+    for (int64_t t = 0; t < tp; ++t) {
+      SmallVector<int64_t> ranks;
+      for (int64_t r = t; r < static_cast<int64_t>(d.devices.size()); r += tp)
+        ranks.push_back(d.devices[r]);
+      groups.push_back(DeviceGroupAttr::get(attrs.getContext(), ranks));
+    }
+    sameMember = ArrayAttr::get(attrs.getContext(), groups);
+  }
   llvm::SetVector<StringAttr> colocated;
   SmallVector<TaskOp> afterAll;
-  if (failed(splitColocatedParams(program, d, segmentParams, backward, params,
-                                  colocated, afterAll)))
+  if (failed(splitColocatedParams(program, d, segmentParams, backward,
+                                  sameMember, params, colocated, afterAll)))
     return failure();
   // The reductions of the colocated parameters wait for every backward of
   // the group that adds to them, and come after the last (block order).
@@ -279,10 +309,10 @@ LogicalResult mlir::piper::applyReplicate(ModuleOp module, ProgramOp program,
   }
   if (!params.empty())
     allReduceGradients(program, d, segmentParams, params.getArrayRef(),
-                       backward, stageTag, ArrayAttr());
+                       backward, stageTag, sameMember);
   if (!colocated.empty())
     allReduceGradients(program, d, segmentParams, colocated.getArrayRef(),
-                       afterAll, stageTag, ArrayAttr());
+                       afterAll, stageTag, sameMember);
   return sortTopologically(program.getBody().front());
 }
 

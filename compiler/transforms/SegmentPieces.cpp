@@ -171,26 +171,44 @@ TaskOp mlir::piper::createPieceTask(OpBuilder &b, TaskOp t, SegmentOp piece,
   return nt;
 }
 
-SmallVector<TaskOp> mlir::piper::splitTask(TaskOp t,
-                                           const SegmentPieces &pieces) {
+SmallVector<PieceNode> mlir::piper::splitTaskWith(TaskOp t,
+                                                  const SegmentPieces &pieces,
+                                                  PieceBuilder special) {
   OpBuilder b(t);
-  SmallVector<TaskOp> tasks;
+  SmallVector<PieceNode> nodes;
   for (unsigned j = 0; j < pieces.pieces.size(); ++j) {
-    SegmentOp piece = pieces.pieces[j];
     SmallVector<Value> args;
     for (const PieceSource &s : pieces.inputs[j])
       args.push_back(s.piece < 0 ? t.getArgs()[s.index]
-                                 : tasks[s.piece].getOuts()[s.index]);
+                                 : nodes[s.piece].outs[s.index]);
     SmallVector<Value> deps;
     if (j == 0)
       deps.append(t.getDeps().begin(), t.getDeps().end());
     else
-      deps.push_back(tasks.back().getDone());
-    tasks.push_back(createPieceTask(b, t, piece, args, deps));
+      deps.push_back(nodes.back().done);
+    if (std::optional<PieceNode> node = special(b, j, args, deps)) {
+      nodes.push_back(std::move(*node));
+      continue;
+    }
+    TaskOp nt = createPieceTask(b, t, pieces.pieces[j], args, deps);
+    nodes.push_back(
+        PieceNode{nt, SmallVector<Value>(nt.getOuts()), nt.getDone()});
   }
   for (auto [r, s] : llvm::enumerate(pieces.results))
-    t.getOuts()[r].replaceAllUsesWith(tasks[s.piece].getOuts()[s.index]);
-  t.getDone().replaceAllUsesWith(tasks.back().getDone());
+    t.getOuts()[r].replaceAllUsesWith(nodes[s.piece].outs[s.index]);
+  t.getDone().replaceAllUsesWith(nodes.back().done);
   t.erase();
+  return nodes;
+}
+
+SmallVector<TaskOp> mlir::piper::splitTask(TaskOp t,
+                                           const SegmentPieces &pieces) {
+  SmallVector<TaskOp> tasks;
+  for (const PieceNode &n :
+       splitTaskWith(t, pieces, [](OpBuilder &, unsigned, ArrayRef<Value>,
+                                   ArrayRef<Value>) {
+         return std::optional<PieceNode>();
+       }))
+    tasks.push_back(cast<TaskOp>(n.op));
   return tasks;
 }

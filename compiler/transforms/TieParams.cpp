@@ -86,15 +86,24 @@ LogicalResult mlir::piper::tieSharedParams(ModuleOp module, double bucketMb) {
                  << formatDevices(g)
                  << "; replicate the groups holding its copies with the same "
                     "ZeRO stage";
+    // Member i of each group sums with member i of the others: a ZeRO
+    // range, an expert block, or a tensor-parallel member (which holds its
+    // slice, or its own whole copy of a parameter the members share).
     int64_t width = ranges ? static_cast<int64_t>(groups.front().size())
-                           : static_cast<int64_t>(symbols.lookup<ParamOp>(param)
-                                                      .getExpertMembers()
-                                                      .value_or(1));
+                           : std::max<int64_t>(
+                                 static_cast<int64_t>(
+                                     symbols.lookup<ParamOp>(param)
+                                         .getExpertMembers()
+                                         .value_or(1)),
+                                 getTensorParallel(module));
     for (ArrayRef<int64_t> g : groups)
       if (g.size() % width != 0 || (ranges && g.size() != groups[0].size()))
         return program->emitOpError("parameter @")
                << param.getValue() << " is split over groups of " << width
-               << " ranks (" << (ranges ? "ZeRO" : "expert parallelism")
+               << " ranks ("
+               << (ranges                             ? "ZeRO"
+                   : getTensorParallel(module) > 1 ? "tensor parallelism"
+                                                      : "expert parallelism")
                << "), which its copy's group " << formatDevices(g)
                << " does not match";
     SmallVector<ArrayRef<int64_t>> key(groups.begin(), groups.end());

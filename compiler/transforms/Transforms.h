@@ -105,6 +105,33 @@ TaskOp createPieceTask(OpBuilder &b, TaskOp t, SegmentOp piece,
 /// results and token read the pieces'. Returns the new tasks in order.
 SmallVector<TaskOp> splitTask(TaskOp t, const SegmentPieces &pieces);
 
+/// A node of a split task's chain: a piece's task, or what a piece became
+/// instead (a collective), with the values standing for the piece's
+/// outputs, in order, and its token.
+struct PieceNode {
+  Operation *op = nullptr;
+  SmallVector<Value> outs;
+  Value done;
+};
+/// What `splitTaskWith` makes of piece `piece` given its arguments and its
+/// dependencies (built with the builder, before the task), or nullopt for a
+/// task calling the piece.
+using PieceBuilder = llvm::function_ref<std::optional<PieceNode>(
+    OpBuilder &, unsigned piece, ArrayRef<Value> args, ArrayRef<Value> deps)>;
+/// splitTask, where `special` may turn pieces into other nodes (the
+/// all-to-alls of expert parallelism, the all-reduces of tensor
+/// parallelism). Returns the chain's nodes in order.
+SmallVector<PieceNode> splitTaskWith(TaskOp t, const SegmentPieces &pieces,
+                                     PieceBuilder special);
+
+/// The body of `piece` when it is exactly one op of type OpT (a marker a
+/// rewrite cut out of its segment), or null.
+template <typename OpT>
+OpT soleOp(SegmentOp piece) {
+  auto body = piece.getBody().front().without_terminator();
+  return llvm::hasSingleElement(body) ? dyn_cast<OpT>(*body.begin()) : OpT();
+}
+
 /// Replaces each backward task of `tasks` (SplitBackward.cpp) by an
 /// input-gradient task (BI: the activation-gradient chain) and, after it, a
 /// weight-gradient task (BW: ops with the WeightGradient trait, the
@@ -145,6 +172,20 @@ LogicalResult applyShard(ModuleOp module, ProgramOp program,
 /// in the backward instead of keeping their results.
 LogicalResult applyRecompute(ModuleOp module, ProgramOp program,
                              const Directive &d);
+
+/// The `shard_tensor` directive (TensorParallel.cpp), on the forward model
+/// before stage: splits the matrices of the blocks it selects over
+/// tensor-parallel groups (local parameter slices, local attention heads),
+/// with Megatron's f and g as `piper.tp_copy` and `piper.tp_reduce`, and
+/// records the degree on the module.
+LogicalResult applyShardTensor(ModuleOp module, ProgramOp program,
+                               const Directive &d);
+
+/// After placement (piper-tensor-parallel): every `piper.tp_reduce` of a
+/// task's segment becomes a value all-reduce over the consecutive
+/// tensor-parallel groups of the task's devices, cutting the segment; the
+/// `piper.tp_copy`s go. Nothing without `shard_tensor`.
+LogicalResult lowerTensorParallel(ModuleOp module);
 
 /// Returns the single piper.program of `module`, or emits an error.
 FailureOr<ProgramOp> getProgram(ModuleOp module);

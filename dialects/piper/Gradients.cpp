@@ -162,6 +162,22 @@ LogicalResult AttentionOp::emitInputGradients(OpBuilder &b,
 }
 
 //===----------------------------------------------------------------------===//
+// Tensor parallelism: Megatron's f and g
+//===----------------------------------------------------------------------===//
+
+LogicalResult TpCopyOp::emitInputGradients(OpBuilder &b, GradientEmitter &g) {
+  g.addGrad(b, getInput(),
+            TpReduceOp::create(b, getLoc(), g.getGrad(getResult())));
+  return success();
+}
+
+LogicalResult TpReduceOp::emitInputGradients(OpBuilder &b,
+                                             GradientEmitter &g) {
+  g.addGrad(b, getInput(), g.getGrad(getResult()));
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
 // Losses
 //===----------------------------------------------------------------------===//
 

@@ -28,6 +28,23 @@ void PiperDialect::registerAttributes() {
 //===----------------------------------------------------------------------===//
 
 LogicalResult
+TensorSliceAttr::verify(llvm::function_ref<InFlightDiagnostic()> emitError,
+                        int64_t dim, int64_t members,
+                        ArrayRef<int64_t> parts) {
+  if (dim < 0)
+    return emitError() << "tensor_slice dim must be non-negative, got " << dim;
+  if (members < 2)
+    return emitError() << "tensor_slice members must be at least 2, got "
+                       << members;
+  for (int64_t part : parts)
+    if (part <= 0 || part % members != 0)
+      return emitError() << "tensor_slice part " << part
+                         << " is not a positive multiple of the " << members
+                         << " members";
+  return success();
+}
+
+LogicalResult
 StreamAttr::verify(llvm::function_ref<InFlightDiagnostic()> emitError,
                    StringRef name, StreamKind) {
   if (name.empty())
@@ -234,6 +251,31 @@ void mlir::piper::clearRecomputeRegion(Operation *op) {
   op->removeAttr(piperDialect(op)->getRecomputeAttrHelper().getName());
 }
 
+void mlir::piper::setTensorParallel(Operation *module, int64_t members,
+                                    StringRef stream) {
+  Builder b(module->getContext());
+  PiperDialect *d = piperDialect(module);
+  d->getTensorParallelAttrHelper().setAttr(module,
+                                           b.getI64IntegerAttr(members));
+  d->getTensorParallelStreamAttrHelper().setAttr(module,
+                                                 b.getStringAttr(stream));
+}
+
+int64_t mlir::piper::getTensorParallel(Operation *module) {
+  if (IntegerAttr tp =
+          piperDialect(module)->getTensorParallelAttrHelper().getAttr(module))
+    return tp.getInt();
+  return 1;
+}
+
+StringRef mlir::piper::getTensorParallelStream(Operation *module) {
+  if (StringAttr s = piperDialect(module)
+                         ->getTensorParallelStreamAttrHelper()
+                         .getAttr(module))
+    return s.getValue();
+  return "tp_stream";
+}
+
 LogicalResult
 OptimizerAttr::verify(function_ref<InFlightDiagnostic()> emitError,
                       APFloat minLr, int64_t warmupSteps,
@@ -264,6 +306,22 @@ PiperDialect::verifyOperationAttribute(Operation *op, NamedAttribute attr) {
     if (!region || region.getInt() < 0)
       return op->emitError(
                  "'piper.recompute' must be a non-negative integer, got ")
+             << attr.getValue();
+    return success();
+  }
+  if (name == TensorParallelAttrHelper::getNameStr()) {
+    auto tp = dyn_cast<IntegerAttr>(attr.getValue());
+    if (!isa<ModuleOp>(op) || !tp || tp.getInt() < 2)
+      return op->emitError("'piper.tensor_parallel' must be an integer of at "
+                           "least 2 on the module, got ")
+             << attr.getValue();
+    return success();
+  }
+  if (name == TensorParallelStreamAttrHelper::getNameStr()) {
+    auto s = dyn_cast<StringAttr>(attr.getValue());
+    if (!isa<ModuleOp>(op) || !s || s.getValue().empty())
+      return op->emitError("'piper.tensor_parallel_stream' must be a stream "
+                           "name on the module, got ")
              << attr.getValue();
     return success();
   }

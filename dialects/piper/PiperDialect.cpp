@@ -44,6 +44,20 @@ LogicalResult ParamOp::verify() {
            << type.getElementType();
   if (getScale().convertToDouble() < 0)
     return emitOpError("initializer scale must be non-negative");
+  if (TensorSliceAttr slice = getTensorSliceAttr()) {
+    if (getExpertMembers())
+      return emitOpError("a parameter cannot be both expert blocks and a "
+                         "tensor-parallel slice");
+    if (slice.getDim() >= type.getRank())
+      return emitOpError("tensor_slice dim ")
+             << slice.getDim() << " is not a dimension of " << type;
+    int64_t local = type.getDimSize(slice.getDim()), sum = 0;
+    for (int64_t part : slice.getParts())
+      sum += part;
+    if (!slice.getParts().empty() && sum != local * slice.getMembers())
+      return emitOpError("tensor_slice parts sum to ")
+             << sum << ", not " << slice.getMembers() << " x " << local;
+  }
   return success();
 }
 

@@ -92,6 +92,14 @@ void setRecomputeRegion(Operation *op, int64_t region);
 std::optional<int64_t> getRecomputeRegion(Operation *op);
 void clearRecomputeRegion(Operation *op);
 
+/// The declared discardable attributes of the module that `shard_tensor`
+/// sets: the tensor-parallel degree (1 when absent) and the stream of its
+/// all-reduces.
+void setTensorParallel(Operation *module, int64_t members,
+                       llvm::StringRef stream);
+int64_t getTensorParallel(Operation *module);
+llvm::StringRef getTensorParallelStream(Operation *module);
+
 } // namespace mlir::piper
 
 #endif // PIPER_DIALECTS_PIPER_PIPERDIALECT_H

@@ -33,7 +33,11 @@ def Piper_Dialect : Dialect {
     // On a forward op: the recompute region (the model block) it belongs
     // to. The backward re-runs the op instead of keeping its results
     // (piper-recompute marks it, autodiff reads and drops it).
-    "::mlir::IntegerAttr":$recompute
+    "::mlir::IntegerAttr":$recompute,
+    // On the module: the tensor-parallel degree (`shard_tensor`; at least
+    // 2) and the stream of its value all-reduces.
+    "::mlir::IntegerAttr":$tensor_parallel,
+    "::mlir::StringAttr":$tensor_parallel_stream
   );
   let hasOperationAttrVerify = 1;
   let extraClassDeclaration = [{
@@ -136,6 +140,29 @@ def Piper_TagAttr : AttrDef<Piper_Dialect, "Tag"> {
     /// "PP=1 MB=3 PASS=B" for diagnostics and plan labels.
     std::string str() const;
   }];
+}
+
+def Piper_TensorSliceAttr : AttrDef<Piper_Dialect, "TensorSlice"> {
+  let mnemonic = "tensor_slice";
+  let summary = "A parameter's tensor-parallel slice (plan.proto TensorSlice)";
+  let description = [{
+    Tensor parallelism (`shard_tensor`, docs/tensor-parallel.md) keeps one
+    slice of a parameter on each of the `members` devices of a
+    tensor-parallel group: dimension `dim` of the global tensor is `members`
+    times the parameter's, made of `parts`, consecutive extents (a fused
+    q|k|v or gate|up weight; none: one part), and member m holds the m-th of
+    `members` equal blocks of each part, in part order.
+
+    ```mlir
+    #piper.tensor_slice<dim = 1, members = 2, parts = [64, 32, 32]>
+    #piper.tensor_slice<dim = 0, members = 4>
+    ```
+  }];
+  let parameters = (ins "int64_t":$dim, "int64_t":$members,
+                        OptionalArrayRefParameter<"int64_t">:$parts);
+  let assemblyFormat =
+      "`<` `dim` `=` $dim `,` `members` `=` $members (`,` `parts` `=` `[` $parts^ `]`)? `>`";
+  let genVerifyDecl = 1;
 }
 
 def Piper_StreamKind : I32EnumAttr<"StreamKind", "what a logical stream runs", [

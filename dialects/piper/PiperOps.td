@@ -50,7 +50,9 @@ def Piper_ParamOp : Piper_Op<"param", [Symbol]> {
     numbers. Expert parallelism (`shard`) makes an expert weight local:
     with `expert_members = G` the type holds one member's experts (the
     global tensor has G times its first dimension), member i of each
-    expert-parallel group holding the i-th block.
+    expert-parallel group holding the i-th block. Tensor parallelism
+    (`shard_tensor`) makes a weight a `tensor_slice`: the type holds one
+    member's slice.
 
     ```mlir
     piper.param @h0.attn.w : tensor<64x192xf32> init normal(2.0e-02)
@@ -61,7 +63,8 @@ def Piper_ParamOp : Piper_Op<"param", [Symbol]> {
                        TypeAttrOf<AnyRankedTensor>:$type,
                        Piper_InitKindAttr:$init,
                        F64Attr:$scale,
-                       OptionalAttr<ConfinedAttr<I64Attr, [IntMinValue<2>]>>:$expert_members);
+                       OptionalAttr<ConfinedAttr<I64Attr, [IntMinValue<2>]>>:$expert_members,
+                       OptionalAttr<Piper_TensorSliceAttr>:$tensor_slice);
   let assemblyFormat = "$sym_name `:` $type `init` `` $init `(` $scale `)` attr-dict";
   let hasVerifier = 1;
   let extraClassDeclaration = [{
@@ -303,6 +306,48 @@ def Piper_SwigluOp : Piper_ComputeOp<"swiglu", [Pure,
   let results = (outs F32Tensor2D:$result);
   let assemblyFormat = "$input attr-dict `:` functional-type(operands, results)";
   let hasVerifier = 1;
+}
+
+def Piper_TpCopyOp : Piper_Op<"tp_copy", [Pure, SameOperandsAndResultType,
+    HasParent<"SegmentOp">,
+    DeclareOpInterfaceMethods<Piper_DifferentiableOpInterface>]> {
+  let summary = "Tensor parallelism's f: the identity, whose gradient is summed";
+  let description = [{
+    Megatron's `f` (docs/tensor-parallel.md): the input of a
+    column-parallel layer, which every member of the tensor-parallel group
+    holds whole. The identity forward; its gradient, each member's partial
+    input gradient, is summed over the group (`piper.tp_reduce`). The
+    tensor-parallel rewrite erases it once autodiff has read it.
+
+    ```mlir
+    %x1 = piper.tp_copy %x : tensor<128x64xf32>
+    ```
+  }];
+  let arguments = (ins F32Tensor2D:$input);
+  let results = (outs F32Tensor2D:$result);
+  let assemblyFormat = "$input attr-dict `:` type($result)";
+}
+
+def Piper_TpReduceOp : Piper_Op<"tp_reduce", [Pure, SameOperandsAndResultType,
+    HasParent<"SegmentOp">,
+    DeclareOpInterfaceMethods<Piper_DifferentiableOpInterface>]> {
+  let summary = "Tensor parallelism's g: the sum over the tensor-parallel group";
+  let description = [{
+    Megatron's `g` (docs/tensor-parallel.md): the output of a row-parallel
+    layer, a partial sum on each member of the tensor-parallel group, summed
+    over the group; its gradient is the identity. In backward segments it
+    sums the partial input gradients of column-parallel layers (the
+    gradient of `piper.tp_copy`). Never lowered: the tensor-parallel rewrite
+    cuts the segment around it and makes it a value `piper.all_reduce` over
+    the group, on the stream the directive names.
+
+    ```mlir
+    %y = piper.tp_reduce %partial : tensor<128x64xf32>
+    ```
+  }];
+  let arguments = (ins F32Tensor2D:$input);
+  let results = (outs F32Tensor2D:$result);
+  let assemblyFormat = "$input attr-dict `:` type($result)";
 }
 
 def Piper_CrossEntropyOp : Piper_ComputeOp<"cross_entropy", [Pure,

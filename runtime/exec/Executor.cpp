@@ -86,13 +86,17 @@ Status ExecutorImpl::init(uint64_t seed) {
                                  at(param.state_offsets(4)));
     // The counter-based initializer gives a shard exactly its slice.
     bool valueSharded = plan::stateSharded(param, 0);
-    // An expert parameter holds its member's block of the global tensor.
-    int64_t first = valueSharded ? shard[p].start
-                                 : plan::expertStart(param, replica);
+    // An expert or tensor-parallel parameter holds its member's slice of
+    // the global tensor: one or more runs of its elements.
     int64_t count = valueSharded ? shard[p].count : elements;
     host.assign(static_cast<size_t>(count), 0.0f);
-    fillInitializer(param.init(), param.name(), seed, first, host.data(),
-                    count);
+    if (valueSharded)
+      fillInitializer(param.init(), param.name(), seed, shard[p].start,
+                      host.data(), count);
+    else
+      for (const plan::SliceRun &run : plan::sliceRuns(param, replica))
+        fillInitializer(param.init(), param.name(), seed, run.global,
+                        host.data() + run.local, run.count);
     PIPER_RETURN_IF_ERROR(
         memory
             ->copyFromHost(state[p][0]->data, host.data(),
@@ -252,8 +256,9 @@ std::vector<CommKey> Executor::commKeys() const {
       }
     }
   }
-  // Checkpoints gather ZeRO shards over each shard group and expert blocks
-  // over each expert-parallel group (StateIO.cpp).
+  // Checkpoints gather ZeRO shards over each shard group, and expert blocks
+  // and tensor-parallel slices over each expert- or tensor-parallel group
+  // (StateIO.cpp).
   for (const plan::Parameter &p : plan.params()) {
     if (p.has_sharding()) {
       const plan::DeviceGroup &g = plan.groups(p.sharding().group());
@@ -261,8 +266,8 @@ std::vector<CommKey> Executor::commKeys() const {
         keys.insert({kStateStream,
                      std::vector<int>(g.ranks().begin(), g.ranks().end())});
     }
-    if (plan::expertMembers(p) >= 2) {
-      std::vector<int> ranks = plan::expertGroup(plan, p, impl->replica);
+    if (plan::sliceMembers(p) >= 2) {
+      std::vector<int> ranks = plan::sliceGroup(plan, p, impl->replica);
       std::sort(ranks.begin(), ranks.end());
       keys.insert({kStateStream, ranks});
     }

@@ -77,11 +77,17 @@ double ExecutorImpl::shareWeight(int p) const {
   // it, which the members together cover once. A parameter held by several
   // classes (tied) holds the same summed gradient in each: count it once.
   // An expert parameter's block is held by num_replicas / expert_members
-  // replicas only.
-  double weight = 1.0 / std::max(1, plan.params(p).copies());
+  // replicas only. Under tensor parallelism num_replicas counts data
+  // replicas: the members of a group hold disjoint slices of a sliced
+  // parameter (together once per data replica), and each holds a whole
+  // copy of the others.
+  const plan::Parameter &param = plan.params(p);
+  double weight = 1.0 / std::max(1, param.copies());
   if (zeroSharded(p))
     weight *= std::max(1, plan.training().num_replicas());
-  weight *= plan::expertMembers(plan.params(p));
+  weight *= plan::expertMembers(param);
+  if (plan::tensorSliceMembers(param) < 2)
+    weight /= static_cast<double>(plan::tensorParallel(plan));
   return weight;
 }
 

@@ -4,6 +4,7 @@
 // RECORD/WAIT on HAL events, LOAD_BATCH.
 #include <algorithm>
 
+#include "proto/PlanShards.h"
 #include "proto/PlanTensors.h"
 #include "runtime/exec/ExecutorImpl.h"
 
@@ -129,8 +130,10 @@ Status ExecutorImpl::execute(int s, int i, StepState &st,
     const plan::TrainingConfig &t = plan.training();
     const TensorPtr &tokens = bufferViews[inst.outputs(0)],
                     &targets = bufferViews[inst.outputs(1)];
-    int64_t global = static_cast<int64_t>(replica) * t.num_microbatches() +
-                     inst.microbatch();
+    // The members of a tensor-parallel group read the same data.
+    int64_t global =
+        plan::dataReplica(plan, replica) * t.num_microbatches() +
+        inst.microbatch();
     // Staged in host memory, then copied to the device.
     std::vector<int32_t> hostTokens(static_cast<size_t>(tokens->bytes / 4)),
         hostTargets(static_cast<size_t>(targets->bytes / 4));

@@ -1,11 +1,15 @@
 // Parameter state in and out of the executor: raw parameter files
 // (--save-params), safetensors checkpoints of parameters, gradients or AdamW
 // moments, and loading them back, each through host staging copies.
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 
 #include <sys/stat.h>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "runtime/checkpoint/Integrity.h"
 #include "runtime/exec/ExecutorImpl.h"
@@ -116,7 +120,7 @@ Status Executor::saveOptimizerState(const std::string &path,
 
 bool Executor::shardsState() const {
   for (const plan::Parameter &p : impl->plan.params())
-    if (p.has_sharding() || plan::expertMembers(p) >= 2)
+    if (p.has_sharding() || plan::sliceMembers(p) >= 2)
       return true;
   return false;
 }
@@ -137,8 +141,8 @@ Status Executor::wholeState(int p, int kind, std::vector<char> &out) const {
   const plan::Plan &plan = impl->plan;
   const plan::Parameter &param = plan.params(p);
   const bool writer = impl->replica == 0;
-  const bool expert = plan::expertMembers(param) >= 2;
-  if (!expert && !heldAsRanges(param, kind)) {
+  const bool sliced = plan::sliceMembers(param) >= 2;
+  if (!sliced && !heldAsRanges(param, kind)) {
     if (writer) {
       const TensorPtr &t = impl->stateOf(p, kind);
       out.resize(static_cast<size_t>(t->bytes));
@@ -149,16 +153,16 @@ Status Executor::wholeState(int p, int kind, std::vector<char> &out) const {
     }
     return Status::ok();
   }
-  // Each member of a group holds consecutive elements of the global tensor:
-  // a ZeRO range, or an expert block. Replica 0 (member 0 of the first
-  // group) gets the whole tensor (checkpoints hold whole tensors, so any
-  // strategy can load them).
+  // Each member of a group holds a slice of the global tensor: a ZeRO
+  // range, an expert block, or a tensor-parallel slice (runs of elements).
+  // Replica 0 (member 0 of the first group) gets the whole tensor
+  // (checkpoints hold whole tensors, so any strategy can load them).
   std::vector<int> ranks;
   std::vector<size_t> counts;
   const float *piece = nullptr;
   int64_t pieceCount = 0, total = 0;
-  if (expert) {
-    ranks = plan::expertGroup(plan, param, impl->replica);
+  if (sliced) {
+    ranks = plan::sliceGroup(plan, param, impl->replica);
     pieceCount = plan::paramElements(param);
     piece = static_cast<const float *>(impl->stateOf(p, kind)->data);
     counts.assign(ranks.size(), static_cast<size_t>(pieceCount));
@@ -188,8 +192,18 @@ Status Executor::wholeState(int p, int kind, std::vector<char> &out) const {
             ->allGather(key, mine.data(), whole.data(), counts, CommDType::F32)
             ->wait()
             .withContext(impl->who + ": gathering the " +
-                         (expert ? "expert blocks" : "ZeRO shards") + " of " +
+                         (sliced ? "slices" : "ZeRO shards") + " of " +
                          stateName(param.name(), kind)));
+  }
+  if (writer && plan::tensorSliceMembers(param) >= 2) {
+    // The members' blocks, in member order, into their runs.
+    std::vector<char> global(whole.size());
+    for (size_t m = 0; m < ranks.size(); ++m)
+      for (const plan::SliceRun &run : plan::sliceRuns(param, m))
+        std::memcpy(global.data() + 4 * run.global,
+                    whole.data() + 4 * (m * pieceCount + run.local),
+                    static_cast<size_t>(4 * run.count));
+    whole = std::move(global);
   }
   if (writer)
     out = std::move(whole);
@@ -238,7 +252,7 @@ Status Executor::loadState(const SafetensorsReader &reader, int kind) {
   for (int p = 0; p < impl->plan.params_size(); ++p) {
     const plan::Parameter &param = impl->plan.params(p);
     const SafetensorsEntry *e = reader.find(specs[p].name);
-    int64_t bytes = 4 * plan::paramElements(param) * plan::expertMembers(param);
+    int64_t bytes = 4 * plan::paramElements(param) * plan::sliceMembers(param);
     if (!e || static_cast<int64_t>(e->end - e->begin) != bytes)
       return Status::error(impl->who + ": internal: checkpoint tensor '" +
                            specs[p].name + "' has a bad size");
@@ -253,14 +267,14 @@ Status Executor::loadState(const SafetensorsReader &reader, int kind) {
                              static_cast<size_t>(4 * r.count))
               .withContext(impl->who + ": loading " + specs[p].name));
     } else {
-      // An expert parameter: this member's block of the global tensor.
+      // This member's slice of the global tensor (all of it when whole).
       const TensorPtr &t = impl->stateOf(p, kind);
+      std::vector<char> mine(static_cast<size_t>(t->bytes));
+      for (const plan::SliceRun &run : plan::sliceRuns(param, impl->replica))
+        std::memcpy(mine.data() + 4 * run.local, host.data() + 4 * run.global,
+                    static_cast<size_t>(4 * run.count));
       PIPER_RETURN_IF_ERROR(
-          impl->memory
-              ->copyFromHost(
-                  t->data,
-                  host.data() + 4 * plan::expertStart(param, impl->replica),
-                  static_cast<size_t>(t->bytes))
+          impl->memory->copyFromHost(t->data, mine.data(), mine.size())
               .withContext(impl->who + ": loading " + specs[p].name));
     }
   }
@@ -283,6 +297,9 @@ Status Executor::saveShards(const std::string &path, int64_t step) const {
     for (int kind : {Operand::PARAM, Operand::ADAM_M, Operand::ADAM_V}) {
       int64_t start = 0, count = plan::paramElements(param);
       const void *data = impl->stateOf(p, kind)->data;
+      // A tensor-parallel slice is runs of the global tensor: described by
+      // the slice, which the reader turns into the runs (plan::sliceRuns).
+      std::string tensorSlice;
       if (heldAsRanges(param, kind)) { // a ZeRO range: every member's own
         start = impl->shard[p].start;
         count = impl->shard[p].count;
@@ -291,6 +308,13 @@ Status Executor::saveShards(const std::string &path, int64_t step) const {
         if (replica >= plan::expertMembers(param))
           continue; // the first expert group writes every block
         start = plan::expertStart(param, replica);
+      } else if (plan::tensorSliceMembers(param) >= 2) {
+        const plan::TensorSlice &ts = param.tensor_slice();
+        if (replica >= ts.members())
+          continue; // the first tensor-parallel group writes every slice
+        tensorSlice = fmt::format(
+            "\"dim\": {}, \"members\": {}, \"member\": {}, \"parts\": [{}]",
+            ts.dim(), ts.members(), replica, fmt::join(ts.parts(), ", "));
       } else if (replica != 0) {
         continue;
       }
@@ -303,11 +327,14 @@ Status Executor::saveShards(const std::string &path, int64_t step) const {
               .withContext(impl->who + ": reading " + name));
       tensors.push_back(
           SafetensorsTensor{name, "F32", {count}, host.back().data()});
-      slices += (slices.size() > 1 ? ", \"" : "\"") + name + "\": [" +
-                std::to_string(start);
-      for (int64_t d : plan::globalShape(param))
-        slices += ", " + std::to_string(d);
-      slices += "]";
+      slices += (slices.size() > 1 ? ", \"" : "\"") + name + "\": ";
+      if (tensorSlice.empty())
+        slices += fmt::format("[{}, {}]", start,
+                              fmt::join(plan::globalShape(param), ", "));
+      else
+        slices += fmt::format("{{\"global\": [{}], {}}}",
+                              fmt::join(plan::globalShape(param), ", "),
+                              tensorSlice);
     }
   }
   if (tensors.empty())
@@ -333,9 +360,22 @@ Status Executor::loadShards(const StateSource &source) {
         start = plan::expertStart(param, impl->replica);
       }
       std::vector<float> host(static_cast<size_t>(count));
-      PIPER_RETURN_IF_ERROR(
-          source.read(stateName(param.name(), kind), start, count, host.data())
-              .withContext(impl->who));
+      if (plan::tensorSliceMembers(param) >= 2) {
+        // The runs of this member's slice, from the whole tensor: one read.
+        int64_t n = count * plan::tensorSliceMembers(param);
+        std::vector<float> whole(static_cast<size_t>(n));
+        PIPER_RETURN_IF_ERROR(
+            source.read(stateName(param.name(), kind), 0, n, whole.data())
+                .withContext(impl->who));
+        for (const plan::SliceRun &run : plan::sliceRuns(param, impl->replica))
+          std::copy_n(whole.begin() + run.global, run.count,
+                      host.begin() + run.local);
+      } else {
+        PIPER_RETURN_IF_ERROR(source
+                                  .read(stateName(param.name(), kind), start,
+                                        count, host.data())
+                                  .withContext(impl->who));
+      }
       PIPER_RETURN_IF_ERROR(
           impl->memory->copyFromHost(dst, host.data(), 4 * host.size())
               .withContext(impl->who + ": loading " +

@@ -514,11 +514,15 @@ Status checkInstruction(const plan::Plan &plan, const Instruction &inst) {
       return Status::error(
           "LOAD_BATCH needs training.num_microbatches, microbatch_size, "
           "seq_len and vocab_size of at least 1");
-    if (t.num_replicas() != plan.ranks_size())
+    if (t.tensor_parallel() < 0 ||
+        int64_t(t.num_replicas()) * plan::tensorParallel(plan) !=
+            plan.ranks_size())
       return Status::error(
           "training.num_replicas is " + std::to_string(t.num_replicas()) +
+          " and tensor_parallel " + std::to_string(t.tensor_parallel()) +
           " but the plan runs on " + std::to_string(plan.ranks_size()) +
-          " ranks (LOAD_BATCH picks data by replica index)");
+          " ranks (LOAD_BATCH picks data by replica index over the "
+          "tensor-parallel degree)");
     if (inst.microbatch() < 0 || inst.microbatch() >= t.num_microbatches())
       return Status::error("microbatch " + std::to_string(inst.microbatch()) +
                            " is out of range (num_microbatches is " +

@@ -6,8 +6,9 @@ one device.
 Usage: strategies_test.py PIPERC PIPER_RUN EXAMPLES_DIR [SUITE]
 SUITE is "strategies" (the default: pipelines, data parallelism, bf16, tied
 weights, gradients), "zero" (ZeRO-1/2/3 alone and under pipelining) or
-"schedules" (every pipeline schedule at PP 2 and 4) or "composition" (every
-schedule x DP, ZeRO-1/2/3, EP, a tied head and bf16 at PP 2).
+"schedules" (every pipeline schedule at PP 2 and 4), "composition" (every
+schedule x DP, ZeRO-1/2/3, EP, a tied head and bf16 at PP 2), "recompute"
+or "tensor-parallel".
 """
 import array
 import json
@@ -574,6 +575,91 @@ def main_recompute(work):
     return 1 if failed else 0
 
 
+# Tensor parallelism (issue 21, docs/tensor-parallel.md): every block's QKV
+# and MLP-up projections split by columns and their output projections by
+# rows over groups of 2 or 4 devices, with one all-reduce after each row
+# layer (forward) and each column layer's input gradient (backward), against
+# one device with the same global batch of 8 microbatches. Each member
+# computes its heads' and features' share and the all-reduce sums the
+# members' partial products in another order than one GEMM: fp32 round-off
+# only (LOSS_RTOL, PARAM_ATOL). The MoE model splits its attention and keeps
+# its experts whole on every member.
+TP_LLAMA = ["llama", "--layers", "4", "--hidden", "32", "--heads", "8",
+            "--kv-heads", "4", "--ffn", "64", "--vocab", "64", "--seq", "16",
+            "--batch", "2"]
+TP_MOE = ["qwen3-moe", "--layers", "4", "--hidden", "32", "--heads", "4",
+          "--kv-heads", "2", "--ffn", "32", "--experts", "4", "--top-k", "2",
+          "--vocab", "64", "--seq", "16", "--batch", "4",
+          "--capacity-factor", "1"]
+TP2 = ["--tp", "2", "--microbatches", "8"]
+TP_CASES = [
+    # (model name, model arguments, one-device flags,
+    #  [(name, flags, ranks, granularities also run with --recompute)])
+    ("llama", TP_LLAMA, [], [
+        ("tp2", TP2, 2, ["full", "selective"]),
+        ("tp4", ["--tp", "4", "--microbatches", "8"], 4, ["full"]),
+        ("pp2 x tp2 1f1b", TP2 + ["--pp", "2"], 4, ["full", "selective"]),
+        ("dp2 x tp2", ["--tp", "2", "--dp", "2", "--microbatches", "4"], 4,
+         ["selective"]),
+        ("pp2 x dp2 x tp2 1f1b", ["--tp", "2", "--dp", "2", "--pp", "2",
+                                  "--microbatches", "4"], 8, ["full"]),
+        ("pp2 x tp2 zb-h1", TP2 + ["--pp", "2", "--schedule", "zb-h1"], 4,
+         ["full"]),
+        ("pp2 x tp2 dualpipev", TP2 + ["--pp", "2", "--schedule",
+                                       "dualpipev"], 4, ["full"]),
+        ("pp2 x tp2 interleaved-1f1b", TP2 + ["--pp", "2", "--schedule",
+                                              "interleaved-1f1b"], 4, []),
+        # The all-reduces serialized with the kernels on the compute stream.
+        ("tp2 on the compute stream", ["--strategy", os.path.join(
+            EXAMPLES, "tp2_compute_stream.json")], 2, []),
+    ]),
+    ("qwen3-moe", TP_MOE, ["--clip-grad", "0.5"], [
+        ("tp2", TP2 + ["--clip-grad", "0.5"], 2, ["full", "selective"]),
+        ("pp2 x dp2 x tp2 zb-h1", ["--tp", "2", "--dp", "2", "--pp", "2",
+                                   "--microbatches", "4", "--schedule",
+                                   "zb-h1", "--clip-grad", "0.5"], 8,
+         ["full"]),
+    ]),
+]
+TP_GRAD_CASES = [
+    ("llama-tp", TP_LLAMA,
+     [("1 device", ["--microbatches", "2"], 1),
+      ("tp2", ["--tp", "2", "--microbatches", "2"], 2),
+      ("pp2 x tp2", ["--tp", "2", "--pp", "2", "--microbatches", "2"], 4)]),
+]
+
+
+def main_tensor_parallel(work):
+    passed, failed = check_grads(work, TP_GRAD_CASES)
+    for model_name, model_args, one_flags, cases in TP_CASES:
+        strategies = [("1 device", ["--microbatches", "8"] + one_flags, 1)]
+        for name, flags, ranks, granularities in cases:
+            strategies.append((name, flags, ranks))
+            for g in granularities:
+                strategies.append(("%s --recompute %s" % (name, g),
+                                   flags + ["--recompute", g], ranks))
+        p, f, _ = check_model(work, "tp-" + model_name, model_args,
+                              strategies)
+        passed, failed = passed + p, failed + f
+    # Recomputation re-runs the same kernels and all-reduces: bit for bit.
+    p, f = check_recompute_identical(work, "tp-llama", TP_LLAMA,
+                                     "pp2 x tp2 1f1b", TP2 + ["--pp", "2"],
+                                     4, "full")
+    passed, failed = passed + p, failed + f
+    # bf16: each member rounds its partial products to bf16 before the sum,
+    # where one device rounds the whole GEMM once: the bf16 bounds.
+    p, f, _ = check_model(
+        work, "tp-llama-bf16", TP_LLAMA,
+        [("1 device", ["--microbatches", "8", "--dtype", "bf16"], 1),
+         ("tp2", TP2 + ["--dtype", "bf16"], 2),
+         ("pp2 x dp2 x tp2", ["--tp", "2", "--dp", "2", "--pp", "2",
+                              "--microbatches", "4", "--dtype", "bf16"], 8)],
+        bf16_param_atol(STEPS), bf16_loss_rtol)
+    passed, failed = passed + p, failed + f
+    print("%d passed, %d failed" % (passed, failed))
+    return 1 if failed else 0
+
+
 def composition_refusal(schedule, variant):
     """Checks that piperc refuses a documented combination with its rule;
     returns (passed, failed)."""
@@ -880,6 +966,8 @@ def main():
         return main_composition(work)
     if SUITE == "recompute":
         return main_recompute(work)
+    if SUITE == "tensor-parallel":
+        return main_tensor_parallel(work)
     passed = failed = 0
     p, f = check_grads(work)
     passed, failed = passed + p, failed + f

@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
-"""ZeRO and EP checkpoints end to end: a small qwen3-moe run under PP2 x DP2
-ZeRO-3 writes --checkpoint-dir checkpoints (every rank contributing its
+"""ZeRO, EP and TP checkpoints end to end: a small qwen3-moe run under PP2 x
+DP2 ZeRO-3 writes --checkpoint-dir checkpoints (every rank contributing its
 shards), resumes under the same strategy bit for bit, and resumes under
 other strategies (one device, DP4 ZeRO-1, DP2 ZeRO-2, DP2 EP2, DP4 EP2 with
-ZeRO-2) to the uninterrupted losses within fp32 round-off; a checkpoint
-written under EP resumes on one device. A checkpoint from ZeRO-1 loads into
-ZeRO-3 with --load too.
+ZeRO-2, TP2, PP2 x DP2 x TP2) to the uninterrupted losses within fp32
+round-off; checkpoints written under EP and under TP (each member's slices
+of the fused weights) resume on one device, and the TP one under DP2 ZeRO-2.
+A checkpoint from ZeRO-1 loads into ZeRO-3 with --load too, and one saved
+whole under TP into one device.
 
 Usage: zero_checkpoint_test.py PIPERC PIPER_RUN
 """
@@ -31,6 +33,9 @@ STRATEGIES = {
     "dp2-ep2": (["--dp", "2", "--microbatches", "2", "--ep", "2"], 2),
     "dp4-ep2-zero2": (["--dp", "4", "--microbatches", "1", "--ep", "2",
                        "--zero", "2"], 4),
+    "tp2": (["--tp", "2", "--microbatches", "4"], 2),
+    "pp2-dp2-tp2": (["--pp", "2", "--dp", "2", "--tp", "2",
+                     "--microbatches", "2"], 8),
 }
 
 passed = failed = 0
@@ -67,7 +72,7 @@ def main():
                             dir=os.environ.get("TEST_TMPDIR"))
     model = os.path.join(work, "moe.mlir")
     run([PIPERC, "model", "qwen3-moe", "--layers", "2", "--hidden", "32",
-         "--heads", "2", "--kv-heads", "1", "--ffn", "32", "--experts", "4",
+         "--heads", "4", "--kv-heads", "2", "--ffn", "32", "--experts", "4",
          "--top-k", "2", "--vocab", "64", "--seq", "16", "--batch", "2",
          "-o", model])
     plans = {}
@@ -145,6 +150,38 @@ def main():
         rel = abs(a - b) / abs(a) if b is not None else float("inf")
         check(rel <= LOSS_RTOL, "one device resumed from the DP2 EP2 "
               "checkpoint: step %d loss %r vs %r (rel %.2e)" % (step, b, a, rel))
+
+    # A checkpoint written under PP2 x DP2 x TP2 (each member of the first
+    # tensor-parallel group writing its slices of every split weight)
+    # resumes on one device and under DP2 ZeRO-2.
+    tp, tp_ranks = plans["pp2-dp2-tp2"]
+    tp_ckpt = os.path.join(work, "ckpt-tp")
+    train(tp, tp_ranks, "--steps", "3", "--checkpoint-dir", tp_ckpt,
+          "--checkpoint-every", "3")
+    for name in ("one-device", "dp2-zero2"):
+        mine = os.path.join(work, "ckpt-tp-" + name)
+        shutil.copytree(tp_ckpt, mine)
+        metrics = os.path.join(work, "from-tp-%s.jsonl" % name)
+        folder, ranks = plans[name]
+        train(folder, ranks, "--steps", str(STEPS), "--checkpoint-dir", mine,
+              "--resume", "--metrics", metrics)
+        got = losses(metrics)
+        for step in range(4, STEPS + 1):
+            a, b = ref_losses[step], got.get(step)
+            rel = abs(a - b) / abs(a) if b is not None else float("inf")
+            check(rel <= LOSS_RTOL, "%s resumed from the PP2 x DP2 x TP2 "
+                  "checkpoint: step %d loss %r vs %r (rel %.2e)" %
+                  (name, step, b, a, rel))
+    # --save under TP gathers whole tensors: one device --load-s them.
+    saved = os.path.join(work, "tp2.safetensors")
+    train(plans["tp2"][0], 2, "--steps", "2", "--save", saved)
+    metrics = os.path.join(work, "loaded-tp.jsonl")
+    train(plans["one-device"][0], 1, "--load", saved, "--steps", "1",
+          "--metrics", metrics)
+    got = losses(metrics)
+    rel = abs(got[3] - ref_losses[3]) / ref_losses[3]
+    check(rel <= LOSS_RTOL, "TP2 parameters --load-ed on one device: step 3 "
+          "loss %r vs %r (rel %.2e)" % (got[3], ref_losses[3], rel))
 
     # --save from ZeRO-1 (whole parameters), --load into ZeRO-3 (shards).
     saved = os.path.join(work, "dp4.safetensors")

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "proto/PlanShards.h"
 #include "runtime/checkpoint/Safetensors.h"
 #include "runtime/exec/Executor.h"
 
@@ -30,10 +31,12 @@ public:
               float *out) const override;
 
 private:
+  /// A tensor's elements in one file: runs of the global tensor, in the
+  /// entry's order (one run for a flat range).
   struct Piece {
     int reader;
     const SafetensorsEntry *entry;
-    int64_t start, count;
+    std::vector<plan::SliceRun> runs;
   };
   struct Tensor {
     std::vector<int64_t> shape;

@@ -1,0 +1,398 @@
+// Tensor parallelism (docs/tensor-parallel.md). The `shard_tensor`
+// directive rewrites the forward model, Megatron's way: in each selected
+// block, the linear before an attention, SwiGLU or GELU core is split by
+// columns (its output features: whole heads, or whole gate|up pairs) and the
+// linear after it by rows, so that each member of a tensor-parallel group
+// computes its share of the core with no communication. Megatron's f
+// (`piper.tp_copy`, before the column-parallel linear) and g
+// (`piper.tp_reduce`, after the row-parallel one) carry the collectives;
+// autodiff derives the backward's from their gradient rules. After
+// placement, piper-tensor-parallel makes every tp_reduce a value all-reduce
+// over the tensor-parallel groups of its task's devices.
+#include "compiler/transforms/Passes.h"
+#include "compiler/transforms/Transforms.h"
+
+#include "llvm/ADT/MapVector.h"
+#include "llvm/ADT/STLExtras.h"
+#include "mlir/IR/Builders.h"
+
+namespace mlir::piper {
+#define GEN_PASS_DEF_PIPERTENSORPARALLEL
+#include "compiler/transforms/Passes.h.inc"
+} // namespace mlir::piper
+
+using namespace mlir;
+using namespace mlir::piper;
+
+namespace {
+
+/// One tensor-parallel layer of a block: the column-parallel linear, the
+/// core between (attention, swiglu or gelu) and the row-parallel linear.
+struct TpLayer {
+  LinearOp column;
+  Operation *core;
+  LinearOp row;
+  /// The fused parts of the column linear's output features (q, k, v;
+  /// gate, up), or empty for one.
+  SmallVector<int64_t> parts;
+};
+
+/// How one parameter is sliced.
+struct Slice {
+  int64_t dim;
+  SmallVector<int64_t> parts;
+};
+
+RankedTensorType withDim(Type t, int64_t dim, int64_t size) {
+  auto r = cast<RankedTensorType>(t);
+  SmallVector<int64_t> shape(r.getShape());
+  shape[dim] = size;
+  return RankedTensorType::get(shape, r.getElementType());
+}
+
+int64_t dimOf(Value v, int64_t dim) {
+  return cast<RankedTensorType>(v.getType()).getDimSize(dim);
+}
+
+class ShardTensor {
+public:
+  ShardTensor(ModuleOp module, const Directive &d)
+      : module(module), d(d), tp(d.tensorParallel), symbols(module) {}
+
+  /// Why `core` (reading `in`, the column linear's output, and giving
+  /// `out`) cannot be split, or its layer.
+  FailureOr<TpLayer> match(Operation *core, Value in, Value out,
+                           int64_t block) {
+    auto fail = [&]() {
+      return core->emitOpError(d.describe())
+             << ": block " << block << "'s " << core->getName() << " ";
+    };
+    TpLayer layer;
+    layer.core = core;
+    layer.column = in.getDefiningOp<LinearOp>();
+    if (!layer.column || !layer.column.getWeight().getDefiningOp<ParamRefOp>() ||
+        layer.column.getTransposeW() || !in.hasOneUse())
+      return fail() << "does not read a linear layer of its own (the "
+                       "column-parallel half of a tensor-parallel layer)";
+    if (!out.hasOneUse())
+      return fail() << "has more than one reader; tensor parallelism needs "
+                       "one linear layer after it (the row-parallel half)";
+    layer.row = dyn_cast<LinearOp>(*out.getUsers().begin());
+    if (!layer.row || layer.row.getInput() != out ||
+        !layer.row.getWeight().getDefiningOp<ParamRefOp>() ||
+        layer.row.getTransposeW())
+      return fail() << "is not read by a linear layer (the row-parallel "
+                       "half of a tensor-parallel layer)";
+    if (layer.row.getBias())
+      return layer.row.emitOpError(d.describe())
+             << ": block " << block << "'s row-parallel linear layer has a "
+             << "bias, which tensor parallelism would have to add once after "
+                "the sum over the group; biased row layers (gpt) are not "
+                "supported yet";
+    if (auto attn = dyn_cast<AttentionOp>(core)) {
+      int64_t heads = attn.getHeads(), kv = attn.getNumKvHeads();
+      int64_t hd = dimOf(out, 1) / heads;
+      if (heads % tp != 0)
+        return fail() << "has " << heads
+                      << " heads, which tensor parallelism of " << tp
+                      << " does not divide";
+      if (kv % tp != 0)
+        return fail() << "has " << kv << " key/value heads, which tensor "
+                      << "parallelism of " << tp
+                      << " does not divide (replicating key/value heads is "
+                         "not supported yet)";
+      layer.parts = {heads * hd, kv * hd, kv * hd};
+    } else if (isa<SwigluOp>(core)) {
+      int64_t ffn = dimOf(out, 1);
+      if (ffn % tp != 0)
+        return fail() << "has " << ffn << " hidden features, which tensor "
+                      << "parallelism of " << tp << " does not divide";
+      layer.parts = {ffn, ffn};
+    } else {
+      int64_t ffn = dimOf(out, 1);
+      if (ffn % tp != 0)
+        return fail() << "has " << ffn << " hidden features, which tensor "
+                      << "parallelism of " << tp << " does not divide";
+    }
+    return layer;
+  }
+
+  /// The layers of `seg`, in op order.
+  FailureOr<SmallVector<TpLayer>> layersOf(SegmentOp seg, int64_t block) {
+    SmallVector<TpLayer> layers;
+    for (Operation &op : seg.getBody().front().without_terminator()) {
+      Value in, out;
+      if (auto a = dyn_cast<AttentionOp>(op))
+        in = a.getQkv(), out = a.getResult();
+      else if (auto s = dyn_cast<SwigluOp>(op))
+        in = s.getInput(), out = s.getResult();
+      else if (auto g = dyn_cast<GeluOp>(op))
+        in = g.getInput(), out = g.getResult();
+      else
+        continue;
+      // An MoE layer's experts (expert_linear) stay whole on every member.
+      if (in.getDefiningOp<ExpertLinearOp>())
+        continue;
+      FailureOr<TpLayer> layer = match(&op, in, out, block);
+      if (failed(layer))
+        return failure();
+      layers.push_back(*layer);
+    }
+    return layers;
+  }
+
+  LogicalResult addSlice(Value weight, Slice s, Operation *at) {
+    auto ref = weight.getDefiningOp<ParamRefOp>();
+    StringAttr name = ref.getParamAttr().getAttr();
+    auto it = slices.find(name);
+    if (it != slices.end() &&
+        (it->second.dim != s.dim || it->second.parts != s.parts))
+      return at->emitOpError(d.describe())
+             << ": parameter @" << name.getValue()
+             << " would be split two different ways";
+    slices[name] = std::move(s);
+    return success();
+  }
+
+  /// Splits one layer: local types, local heads, f before and g after.
+  LogicalResult rewrite(TpLayer &layer) {
+    LinearOp col = layer.column, row = layer.row;
+    Value colOut = col.getResult();
+    int64_t features = dimOf(colOut, 1);
+    if (failed(addSlice(col.getWeight(), Slice{1, layer.parts}, col)) ||
+        (col.getBias() &&
+         failed(addSlice(col.getBias(), Slice{0, layer.parts}, col))) ||
+        failed(addSlice(row.getWeight(), Slice{0, {}}, row)))
+      return failure();
+    if (col.getBias() && !col.getBias().getDefiningOp<ParamRefOp>())
+      return col.emitOpError(d.describe())
+             << ": the bias of a column-parallel linear layer must be a "
+                "parameter";
+    OpBuilder b(col);
+    Value copy = TpCopyOp::create(b, col.getLoc(), col.getInput());
+    col.getInputMutable().assign(copy);
+    colOut.setType(withDim(colOut.getType(), 1, features / tp));
+    Value coreOut = layer.core->getResult(0);
+    coreOut.setType(withDim(coreOut.getType(), 1, dimOf(coreOut, 1) / tp));
+    if (auto attn = dyn_cast<AttentionOp>(layer.core)) {
+      int64_t kv = attn.getNumKvHeads();
+      attn.setHeads(attn.getHeads() / tp);
+      attn.setKvHeads(kv / tp);
+    }
+    b.setInsertionPointAfter(row);
+    auto sum = TpReduceOp::create(b, row.getLoc(), row.getResult());
+    row.getResult().replaceAllUsesExcept(sum, sum);
+    rewritten.insert(col);
+    rewritten.insert(row);
+    return success();
+  }
+
+  /// Makes every split parameter local, with its slice, and its reads.
+  LogicalResult sliceParams() {
+    MLIRContext *ctx = module.getContext();
+    for (auto &[name, s] : slices) {
+      auto param = symbols.lookup<ParamOp>(name);
+      if (param.getExpertMembers() || param.getTensorSliceAttr())
+        return param.emitOpError(d.describe())
+               << ": @" << name.getValue() << " is already split";
+      int64_t extent = param.getTensorType().getDimSize(s.dim);
+      if (extent % tp != 0)
+        return param.emitOpError(d.describe())
+               << ": dimension " << s.dim << " of @" << name.getValue()
+               << " (" << extent << ") is not divisible by tensor "
+               << "parallelism of " << tp;
+      param.setType(withDim(param.getType(), s.dim, extent / tp));
+      param.setTensorSliceAttr(TensorSliceAttr::get(ctx, s.dim, tp, s.parts));
+    }
+    WalkResult walk = module.walk([&](ParamRefOp ref) {
+      auto it = slices.find(ref.getParamAttr().getAttr());
+      if (it == slices.end())
+        return WalkResult::advance();
+      for (Operation *user : ref->getUsers())
+        if (!rewritten.contains(user)) {
+          ref.emitOpError(d.describe())
+              << ": @" << it->first.getValue()
+              << " is split by tensor parallelism, but also read by "
+              << user->getName()
+              << " outside the tensor-parallel layers";
+          return WalkResult::interrupt();
+        }
+      ref.getResult().setType(
+          symbols.lookup<ParamOp>(it->first).getType());
+      return WalkResult::advance();
+    });
+    return failure(walk.wasInterrupted());
+  }
+
+  LogicalResult run(ProgramOp program) {
+    auto fail = [&](Operation *at) {
+      return at->emitOpError(d.describe()) << ": ";
+    };
+    if (getTensorParallel(module) > 1)
+      return fail(program) << "the model is already split by tensor "
+                              "parallelism of "
+                           << getTensorParallel(module);
+    std::optional<int64_t> wanted;
+    if (auto it = d.filter.entries.find("block");
+        it != d.filter.entries.end() && it->second.kind == FilterValue::Index)
+      wanted = it->second.index;
+    SmallVector<TaskOp> tasks(program.getBody().front().getOps<TaskOp>());
+    llvm::MapVector<SegmentOp, int64_t> segments;
+    int64_t lastBlock = -1;
+    for (TaskOp t : tasks) {
+      TagAttr tag = t.getTag();
+      if (!tag.getBlock() || tag.getPp() || tag.getPass().has_value())
+        return fail(t) << "shard_tensor rewrites the forward model before "
+                          "stage and autodiff, but "
+                       << describeNode(t)
+                       << " is already staged (expected tasks tagged with "
+                          "'block' only)";
+      lastBlock = std::max(lastBlock, *tag.getBlock());
+      if (wanted && *tag.getBlock() != *wanted)
+        continue;
+      auto seg = symbols.lookup<SegmentOp>(t.getSegment());
+      if (!seg)
+        return fail(t) << describeNode(t) << " calls unknown segment @"
+                       << t.getSegment();
+      segments.insert({seg, *tag.getBlock()});
+    }
+    if (wanted && segments.empty())
+      return fail(program) << "the model has no block " << *wanted
+                           << " (its blocks are 0 to " << lastBlock << ")";
+    int layers = 0;
+    for (auto [seg, block] : segments) {
+      FailureOr<SmallVector<TpLayer>> found = layersOf(seg, block);
+      if (failed(found))
+        return failure();
+      if (wanted && found->empty())
+        return fail(seg) << "block " << block
+                         << " has no attention or MLP to split";
+      for (TpLayer &layer : *found)
+        if (failed(rewrite(layer)))
+          return failure();
+      layers += found->size();
+    }
+    if (layers == 0)
+      return fail(program) << "the model has no transformer block (an "
+                              "attention or MLP) to split";
+    if (failed(sliceParams()))
+      return failure();
+    setTensorParallel(module, tp, d.stream);
+    return success();
+  }
+
+private:
+  ModuleOp module;
+  const Directive &d;
+  int64_t tp;
+  SymbolTable symbols;
+  llvm::MapVector<StringAttr, Slice> slices;
+  llvm::SmallPtrSet<Operation *, 16> rewritten;
+};
+
+} // namespace
+
+LogicalResult mlir::piper::applyShardTensor(ModuleOp module, ProgramOp program,
+                                            const Directive &d) {
+  return ShardTensor(module, d).run(program);
+}
+
+LogicalResult mlir::piper::lowerTensorParallel(ModuleOp module) {
+  int64_t tp = getTensorParallel(module);
+  if (tp < 2) {
+    WalkResult stray = module.walk([](Operation *op) {
+      if (!isa<TpCopyOp, TpReduceOp>(op))
+        return WalkResult::advance();
+      op->emitOpError("needs the module's tensor-parallel degree "
+                      "(piper.tensor_parallel, set by shard_tensor)");
+      return WalkResult::interrupt();
+    });
+    return failure(stray.wasInterrupted());
+  }
+  FailureOr<ProgramOp> program = getProgram(module);
+  if (failed(program))
+    return failure();
+  // f is the identity forward: autodiff has read its gradient rule.
+  module.walk([](TpCopyOp copy) {
+    copy.getResult().replaceAllUsesWith(copy.getInput());
+    copy.erase();
+  });
+  MLIRContext *ctx = module.getContext();
+  StreamAttr stream =
+      commStream(*program, getTensorParallelStream(module));
+  SymbolTable symbols(module);
+  llvm::MapVector<StringAttr, SegmentPieces> piecesOf;
+  SmallVector<std::pair<TaskOp, ArrayAttr>> tasks;
+  for (TaskOp t : program->getBody().front().getOps<TaskOp>()) {
+    auto seg = symbols.lookup<SegmentOp>(t.getSegment());
+    if (!seg || seg.getBody().front().getOps<TpReduceOp>().empty())
+      continue;
+    ArrayRef<int64_t> devices =
+        t.getDevices() ? t.getNodeDevices() : ArrayRef<int64_t>();
+    if (devices.empty() || devices.size() % tp != 0)
+      return t.emitOpError()
+             << describeNode(t) << " runs on "
+             << (devices.empty() ? std::string("no device")
+                                 : formatDevices(devices))
+             << ", which is not made of whole tensor-parallel groups of " << tp
+             << "; place its stage on a multiple of " << tp << " devices";
+    SmallVector<Attribute> chunks;
+    for (size_t first = 0; first < devices.size(); first += tp)
+      chunks.push_back(
+          DeviceGroupAttr::get(ctx, devices.slice(first, tp)));
+    tasks.push_back({t, ArrayAttr::get(ctx, chunks)});
+    StringAttr name = t.getSegmentAttr().getAttr();
+    if (piecesOf.count(name))
+      continue;
+    // Cut before and after every tp_reduce.
+    SmallVector<unsigned> cuts;
+    unsigned i = 0;
+    for (Operation &op : seg.getBody().front().without_terminator()) {
+      if (isa<TpReduceOp>(op)) {
+        if (cuts.empty() || cuts.back() != i)
+          cuts.push_back(i);
+        cuts.push_back(i + 1);
+      }
+      ++i;
+    }
+    FailureOr<SegmentPieces> pieces = splitSegment(seg, cuts);
+    if (failed(pieces))
+      return failure();
+    for (SegmentOp piece : pieces->pieces)
+      symbols.insert(piece);
+    piecesOf[name] = std::move(*pieces);
+  }
+  for (auto [t, chunks] : tasks) {
+    const SegmentPieces &pieces = piecesOf[t.getSegmentAttr().getAttr()];
+    splitTaskWith(
+        t, pieces,
+        [&](OpBuilder &b, unsigned j, ArrayRef<Value> args,
+            ArrayRef<Value> deps) -> std::optional<PieceNode> {
+          if (!soleOp<TpReduceOp>(pieces.pieces[j]))
+            return std::nullopt;
+          auto ar = AllReduceOp::create(b, t.getLoc(), ValueRange{args[0]},
+                                        deps, t.getDevicesAttr(), stream,
+                                        t.getTag());
+          if (chunks.size() > 1)
+            ar.setSubgroupsAttr(chunks);
+          return PieceNode{ar, {ar.getResults()[0]}, ar.getDone()};
+        });
+  }
+  for (auto &entry : piecesOf) {
+    for (SegmentOp piece : entry.second.pieces)
+      if (soleOp<TpReduceOp>(piece))
+        symbols.erase(piece);
+    symbols.erase(symbols.lookup<SegmentOp>(entry.first));
+  }
+  return sortTopologically(program->getBody().front());
+}
+
+namespace {
+struct TensorParallelPass
+    : mlir::piper::impl::PiperTensorParallelBase<TensorParallelPass> {
+  void runOnOperation() override {
+    if (failed(lowerTensorParallel(getOperation())))
+      signalPassFailure();
+  }
+};
+} // namespace
