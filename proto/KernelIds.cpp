@@ -19,6 +19,7 @@ const std::vector<KernelSignature> &kernelSignatures() {
       {"gelu", 1, 1, 1, {}},
       {"swiglu", 1, 1, 1, {}},
       {"add", 2, 2, 1, {}},
+      {"bias_add", 2, 2, 1, {}},
       {"attention", 1, 1, 1, {"heads", "seq"}},
       {"moe_router", 1, 1, 2, {"top_k"}},
       {"moe_dispatch", 2, 2, 1, {"experts", "capacity"}},

@@ -5,7 +5,8 @@
 // linear after it by rows, so that each member of a tensor-parallel group
 // computes its share of the core with no communication. Megatron's f
 // (`piper.tp_copy`, before the column-parallel linear) and g
-// (`piper.tp_reduce`, after the row-parallel one) carry the collectives;
+// (`piper.tp_reduce`, after the row-parallel one, whose bias a
+// `piper.bias_add` then adds once) carry the collectives;
 // autodiff derives the backward's from their gradient rules. After
 // placement, piper-tensor-parallel makes every tp_reduce a value all-reduce
 // over the tensor-parallel groups of its task's devices.
@@ -83,12 +84,6 @@ public:
         layer.row.getTransposeW())
       return fail() << "is not read by a linear layer (the row-parallel "
                        "half of a tensor-parallel layer)";
-    if (layer.row.getBias())
-      return layer.row.emitOpError(d.describe())
-             << ": block " << block << "'s row-parallel linear layer has a "
-             << "bias, which tensor parallelism would have to add once after "
-                "the sum over the group; biased row layers (gpt) are not "
-                "supported yet";
     if (auto attn = dyn_cast<AttentionOp>(core)) {
       int64_t heads = attn.getHeads(), kv = attn.getNumKvHeads();
       int64_t hd = dimOf(out, 1) / heads;
@@ -179,9 +174,16 @@ public:
       attn.setHeads(attn.getHeads() / tp);
       attn.setKvHeads(kv / tp);
     }
+    // The row layer's bias is added once, after the sum.
     b.setInsertionPointAfter(row);
+    Value bias = row.getBias();
+    if (bias)
+      row.getBiasMutable().clear();
     auto sum = TpReduceOp::create(b, row.getLoc(), row.getResult());
-    row.getResult().replaceAllUsesExcept(sum, sum);
+    Value out = sum;
+    if (bias)
+      out = BiasAddOp::create(b, row.getLoc(), sum.getType(), sum, bias);
+    row.getResult().replaceAllUsesExcept(out, sum);
     rewritten.insert(col);
     rewritten.insert(row);
     return success();

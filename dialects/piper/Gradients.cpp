@@ -73,6 +73,21 @@ LogicalResult LinearOp::emitWeightGradients(OpBuilder &b, GradientEmitter &g) {
   return success();
 }
 
+LogicalResult BiasAddOp::emitInputGradients(OpBuilder &b, GradientEmitter &g) {
+  if (g.needsGrad(getInput()))
+    g.addGrad(b, getInput(), g.getGrad(getResult()));
+  return success();
+}
+
+LogicalResult BiasAddOp::emitWeightGradients(OpBuilder &b,
+                                             GradientEmitter &g) {
+  if (g.needsGrad(getBias()))
+    g.addGrad(b, getBias(),
+              BiasGradOp::create(b, getLoc(), getBias().getType(),
+                                 g.getGrad(getResult())));
+  return success();
+}
+
 LogicalResult LayerNormOp::emitInputGradients(OpBuilder &b,
                                               GradientEmitter &g) {
   if (!g.needsGrad(getInput()))
@@ -166,6 +181,8 @@ LogicalResult AttentionOp::emitInputGradients(OpBuilder &b,
 //===----------------------------------------------------------------------===//
 
 LogicalResult TpCopyOp::emitInputGradients(OpBuilder &b, GradientEmitter &g) {
+  if (!g.needsGrad(getInput()))
+    return success();
   g.addGrad(b, getInput(),
             TpReduceOp::create(b, getLoc(), g.getGrad(getResult())));
   return success();
@@ -173,7 +190,8 @@ LogicalResult TpCopyOp::emitInputGradients(OpBuilder &b, GradientEmitter &g) {
 
 LogicalResult TpReduceOp::emitInputGradients(OpBuilder &b,
                                              GradientEmitter &g) {
-  g.addGrad(b, getInput(), g.getGrad(getResult()));
+  if (g.needsGrad(getInput()))
+    g.addGrad(b, getInput(), g.getGrad(getResult()));
   return success();
 }
 

@@ -214,6 +214,15 @@ LogicalResult LinearOp::verify() {
   return success();
 }
 
+LogicalResult BiasAddOp::verify() {
+  if (dim(getBias(), 0) != dim(getInput(), 1))
+    return emitOpError("bias must have ") << dim(getInput(), 1)
+                                          << " elements";
+  if (getResult().getType() != getInput().getType())
+    return emitOpError("result type must equal the input type");
+  return success();
+}
+
 LogicalResult AttentionOp::verify() {
   int64_t width = dim(getResult(), 1);
   int64_t heads = getHeadsAttr().getInt(), kvHeads = int64_t(getNumKvHeads());

@@ -254,6 +254,25 @@ def Piper_AddOp : Piper_ComputeOp<"add", [Pure, SameOperandsAndResultType,
   let assemblyFormat = "$lhs `,` $rhs attr-dict `:` type($result)";
 }
 
+def Piper_BiasAddOp : Piper_ComputeOp<"bias_add", [Pure,
+    DeclareOpInterfaceMethods<Piper_DifferentiableOpInterface, ["emitWeightGradients"]>]> {
+  let summary = "Adds a bias to every row: y = x + b";
+  let description = [{
+    `x` [N, M] plus `b` [M] on every row. Tensor parallelism adds a
+    row-parallel layer's bias with it, once, after the sum over the group
+    (docs/tensor-parallel.md); its gradient is `dy` for `x` and
+    `bias_grad(dy)` for `b`.
+
+    ```mlir
+    %y = piper.bias_add %x, %b : (tensor<128x64xf32>, tensor<64xf32>) -> tensor<128x64xf32>
+    ```
+  }];
+  let arguments = (ins F32Tensor2D:$input, F32Tensor1D:$bias);
+  let results = (outs F32Tensor2D:$result);
+  let assemblyFormat = "$input `,` $bias attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
 def Piper_AttentionOp : Piper_Op<"attention", [Pure,
     DeclareOpInterfaceMethods<Piper_CostOpInterface, ["getFlops"]>,
     DeclareOpInterfaceMethods<Piper_DifferentiableOpInterface>]> {

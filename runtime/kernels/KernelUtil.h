@@ -101,6 +101,7 @@ Status positionAddGradKernel(const KernelArgs &a);
 Status linearKernel(const KernelArgs &a);
 Status linearGradInputKernel(const KernelArgs &a);
 Status linearGradWeightKernel(const KernelArgs &a);
+Status biasAddKernel(const KernelArgs &a);
 Status biasGradKernel(const KernelArgs &a);
 
 // NormKernels.cpp

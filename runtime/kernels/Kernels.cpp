@@ -31,6 +31,7 @@ KernelInfo kernelTable[] = {
     {"gelu", detail::geluKernel, 0},
     {"swiglu", detail::swigluKernel, 0},
     {"add", detail::addKernel, 0},
+    {"bias_add", detail::biasAddKernel, 0},
     {"attention", detail::attentionKernel, 0},
     {"moe_router", detail::moeRouterKernel, 0},
     {"moe_dispatch", detail::moeDispatchKernel, 0},

@@ -280,6 +280,24 @@ Status linearGradWeightKernel(const KernelArgs &a) {
   return Status::ok();
 }
 
+Status checkBiasAdd(const KernelArgs &a, int64_t &rows, int64_t &out) {
+  PIPER_RETURN_IF_ERROR(expectCounts(a, 2, 2, 1));
+  PIPER_RETURN_IF_ERROR(
+      expectMatrix(a, a.inputs[0], "x", plan::F32, rows, out));
+  PIPER_RETURN_IF_ERROR(expectTensor(a, a.inputs[1], "b", plan::F32, {out}));
+  return expectTensor(a, a.outputs[0], "y", plan::F32, {rows, out});
+}
+
+Status biasAddKernel(const KernelArgs &a) {
+  int64_t rows = 0, out = 0;
+  PIPER_RETURN_IF_ERROR(checkBiasAdd(a, rows, out));
+  const float *x = a.inputs[0].f32(), *b = a.inputs[1].f32();
+  float *y = a.outputs[0].f32();
+  for (int64_t n = 0; n < rows; ++n)
+    addVectors(x + n * out, b, y + n * out, out);
+  return Status::ok();
+}
+
 Status checkBiasGrad(const KernelArgs &a, int64_t &rows, int64_t &out) {
   PIPER_RETURN_IF_ERROR(expectCounts(a, 1, 1, 1));
   PIPER_RETURN_IF_ERROR(

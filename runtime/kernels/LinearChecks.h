@@ -27,6 +27,8 @@ Status checkLinear(const KernelArgs &a, LinearDims &d, bool &hasBias);
 Status checkLinearGradInput(const KernelArgs &a, LinearDims &d);
 /// linear_grad_weight: (x, dy) -> dw of w's shape (overwritten).
 Status checkLinearGradWeight(const KernelArgs &a, LinearDims &d);
+/// bias_add: (x [rows, out], b [out]) -> y [rows, out].
+Status checkBiasAdd(const KernelArgs &a, int64_t &rows, int64_t &out);
 /// bias_grad: dy [rows, out] -> db [out] (overwritten).
 Status checkBiasGrad(const KernelArgs &a, int64_t &rows, int64_t &out);
 /// cross_entropy: (logits [rows, vocab] f32, targets i32 of rows tokens) ->

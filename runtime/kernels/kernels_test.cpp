@@ -231,6 +231,7 @@ TEST_CASE("kernelNames lists every kernel once", "[kernels]") {
                                          "gelu",
                                          "swiglu",
                                          "add",
+                                         "bias_add",
                                          "attention",
                                          "moe_router",
                                          "moe_dispatch",
@@ -560,6 +561,27 @@ TEST_CASE("add sums elementwise", "[kernels][forward]") {
   std::vector<Tensor> outs = {Tensor::f32({2, 2})};
   mustRun(K("add"), ins, outs);
   CHECK(outs[0].f == std::vector<float>{11, 22, 33, 44});
+}
+
+TEST_CASE("bias_add adds the bias to every row", "[kernels][forward]") {
+  std::vector<Tensor> ins = {Tensor::f32({2, 3}, {1, 2, 3, 4, 5, 6}),
+                             Tensor::f32({3}, {10, 20, 30})};
+  std::vector<Tensor> outs = {Tensor::f32({2, 3})};
+  mustRun(K("bias_add"), ins, outs);
+  CHECK(outs[0].f == std::vector<float>{11, 22, 33, 14, 25, 36});
+  // Its bias gradient is bias_grad (column sums of dy), checked against
+  // finite differences of bias_add.
+  Rng rng(31);
+  std::vector<Tensor> fwdIns = {randomF32(rng, {4, 5}, -1.0, 1.0),
+                                randomF32(rng, {5}, -1.0, 1.0)};
+  Tensor dy = randomF32(rng, {4, 5}, -1.0, 1.0);
+  std::vector<Tensor> db = {Tensor::f32({5})};
+  std::vector<Tensor> dyIn = {dy};
+  mustRun(K("bias_grad"), dyIn, db);
+  requireNonZero(db[0].f);
+  checkGradient(K("bias_add"), fwdIns, 1, {4, 5}, dy.f, db[0].f);
+  // And its input gradient is dy itself.
+  checkGradient(K("bias_add"), fwdIns, 0, {4, 5}, dy.f, dy.f);
 }
 
 TEST_CASE("attention on one and two tokens", "[kernels][forward]") {
@@ -1363,6 +1385,10 @@ TEST_CASE("wrong shapes are rejected", "[kernels][errors]") {
   mustFail(K("linear_grad_weight").i("transpose_w", 1),
            {Tensor::f32({2, 3}), Tensor::f32({2, 5})}, {Tensor::f32({3, 5})});
   mustFail(K("bias_grad"), {Tensor::f32({2, 3})}, {Tensor::f32({2})});
+  mustFail(K("bias_add"), {Tensor::f32({2, 3}), Tensor::f32({2})},
+           {Tensor::f32({2, 3})});
+  mustFail(K("bias_add"), {Tensor::f32({2, 3}), Tensor::f32({3})},
+           {Tensor::f32({3, 2})});
   mustFail(K("layer_norm"),
            {Tensor::f32({2, 3}), Tensor::f32({3}), Tensor::f32({2})},
            {Tensor::f32({2, 3})});

@@ -595,6 +595,20 @@ TP2 = ["--tp", "2", "--microbatches", "8"]
 TP_CASES = [
     # (model name, model arguments, one-device flags,
     #  [(name, flags, ranks, granularities also run with --recompute)])
+    # gpt: biased layers (the row layers' biases added after the sum).
+    ("gpt", COMPOSITION_GPT, [], [
+        ("tp2", TP2, 2, ["full", "selective"]),
+        ("pp2 x tp2 1f1b", TP2 + ["--pp", "2"], 4, ["full"]),
+    ]),
+    # A head tied to the embedding across stages (clipping active).
+    ("gpt-tied", COMPOSITION_GPT + ["--tied"], ["--clip-grad", "0.5"], [
+        ("pp2 x tp2 1f1b", TP2 + ["--pp", "2", "--clip-grad", "0.5"], 4,
+         ["full"]),
+        ("pp2 x dp2 x tp2 dualpipev", ["--tp", "2", "--dp", "2", "--pp", "2",
+                                       "--microbatches", "4", "--schedule",
+                                       "dualpipev", "--clip-grad", "0.5"],
+         8, []),
+    ]),
     ("llama", TP_LLAMA, [], [
         ("tp2", TP2, 2, ["full", "selective"]),
         ("tp4", ["--tp", "4", "--microbatches", "8"], 4, ["full"]),
@@ -626,6 +640,9 @@ TP_GRAD_CASES = [
      [("1 device", ["--microbatches", "2"], 1),
       ("tp2", ["--tp", "2", "--microbatches", "2"], 2),
       ("pp2 x tp2", ["--tp", "2", "--pp", "2", "--microbatches", "2"], 4)]),
+    ("gpt-tp", COMPOSITION_GPT,
+     [("1 device", ["--microbatches", "2"], 1),
+      ("tp2", ["--tp", "2", "--microbatches", "2"], 2)]),
 ]
 
 

@@ -5,6 +5,7 @@
 // Each mirrors its CPU kernel (runtime/kernels/LayerKernels.cpp,
 // LossKernels.cpp) and checks its operands with the same function.
 #include "runtime/hal/gpu/GpuKernels.h"
+#include "runtime/hal/gpu/ElementwiseLaunch.h"
 #include "runtime/hal/gpu/LinearLaunch.h"
 #include "runtime/kernels/LinearChecks.h"
 
@@ -49,6 +50,16 @@ Status linearGradWeight(const KernelArgs &a, const Context &ctx) {
                 0.0f, dw, d.in);
   return gemm(ctx, true, false, d.in, d.out, d.rows, 1.0f, x, d.in, dy, d.out,
               0.0f, dw, d.out);
+}
+
+Status biasAdd(const KernelArgs &a, const Context &ctx) {
+  int64_t rows = 0, out = 0;
+  PIPER_RETURN_IF_ERROR(detail::checkBiasAdd(a, rows, out));
+  // y = b on every row, then y = x + y.
+  float *y = a.outputs[0].f32();
+  PIPER_RETURN_IF_ERROR(
+      launchBroadcastRows(ctx, a.inputs[1].f32(), y, rows, out));
+  return launchAdd(ctx, a.inputs[0].f32(), y, y, rows * out);
 }
 
 Status biasGrad(const KernelArgs &a, const Context &ctx) {
@@ -99,6 +110,7 @@ void addLinearKernels(std::vector<KernelEntry> &out) {
                             {"linear", linear},
                             {"linear_grad_input", linearGradInput},
                             {"linear_grad_weight", linearGradWeight},
+                            {"bias_add", biasAdd},
                             {"bias_grad", biasGrad},
                             {"cross_entropy", crossEntropy},
                             {"cross_entropy_grad", crossEntropyGrad},

@@ -86,6 +86,14 @@ void linearCases(std::vector<KernelCase> &out) {
   plain.atol = 1e-5;
   out.push_back(plain);
 
+  // bias_add: one element, odd sizes, more rows than a grid stride.
+  for (auto [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{
+           {1, 1}, {7, 13}, {1000, 257}, {0, 5}})
+    out.push_back({"bias_add " + dims({rows, cols}),
+                   "bias_add",
+                   {},
+                   {f32({rows, cols}), f32({cols})},
+                   {zeros({rows, cols})}});
   // bias_grad: one chunk of rows, several with a partial last one
   // (kColumnChunkRows = 64), no rows (db = 0), one column.
   for (auto [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{

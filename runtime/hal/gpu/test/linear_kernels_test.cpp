@@ -23,6 +23,7 @@ namespace {
 
 const std::set<std::string> kOps = {
     "linear",        "linear_grad_input",  "linear_grad_weight", "bias_grad",
+    "bias_add",
     "cross_entropy", "cross_entropy_grad", "loss_accumulate"};
 
 // Runs a malformed call on both devices; both must fail with one message.
