@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Activation recomputation's memory, planned and analytical
-# (docs/recompute.md). llama-1b (seq 2048, microbatches of 4 sequences, fp32)
-# compiled for PP 2 x DP 4, 1F1B, 8 microbatches, under --recompute none,
-# selective and full. Per pipeline stage: the planned step memory (arena
+# Activation recomputation's and tensor parallelism's memory, planned and
+# analytical (docs/recompute.md, docs/tensor-parallel.md). llama-1b (seq
+# 2048, microbatches of 4 sequences, fp32) compiled for PP 2 x DP 4 and PP 2
+# x DP 4 x TP 4, 1F1B, 8 microbatches, under --recompute none, selective
+# and full. Per pipeline stage: the planned step memory (arena
 # minus parameter state) beside the analytical one, built from first
 # principles for our layers:
 #   kept activations  = in-flight microbatches x layers x per-layer bytes
@@ -11,12 +12,24 @@
 #                       without recomputation, 4h + q + 3f selective, h full
 #                       (Korthikanti et al. 2022's 34sbh + 5as^2b adapted:
 #                       no dropout masks, no s^2 softmax, packed q|k|v and
-#                       SwiGLU; derivation in docs/recompute.md);
+#                       SwiGLU; derivation in docs/recompute.md); under TP
+#                       t the values between the column and row layers
+#                       (q|k|v, the attention output, gate|up, the SwiGLU
+#                       output) are split: 4h + (h + q + 3f)/t, 4h + (q +
+#                       3f)/t selective, h full (Korthikanti's 10 + 24/t);
 #   send buffers      = every microbatch's stage output (or input gradient),
 #                       kept until the step ends (docs/memory-plan.md);
 #   backward working set = the largest backward call's scratch, read from
 #                       the plan (the gradient temporaries, and under full
-#                       the block being recomputed).
+#                       the block being recomputed); under TP with full
+#                       recomputation the recomputed block no longer fits
+#                       one call: its backward is cut at the all-reduces,
+#                       and what one piece hands the next (the block's
+#                       activations but its input: none's per-token count
+#                       minus h) is step buffers while the block's backward
+#                       runs ("tp cuts"). On the last stage that term and
+#                       the head's scratch (the largest call there) do not
+#                       overlap in time, so the sum over-counts a little.
 # It prints both and their ratio, and Korthikanti's per-layer figure for
 # reference. A benchmark, not a test: not part of `bazel test`.
 #
@@ -36,12 +49,14 @@ trap 'rm -rf "$work"' EXIT
 
 PP=2 DP=4 MB=8
 "$PIPERC" model llama-1b -o "$work/llama-1b.mlir"
-for r in none selective full; do
-  "$PIPERC" compile "$work/llama-1b.mlir" --pp $PP --dp $DP \
-    --microbatches $MB --recompute $r -o "$work/$r" >/dev/null
-  "$PIPERC" compile "$work/llama-1b.mlir" --pp $PP --dp $DP \
-    --microbatches $MB --recompute $r --compile-to training-dag \
-    -o "$work/$r.dag.mlir"
+for tp in 1 4; do
+  for r in none selective full; do
+    "$PIPERC" compile "$work/llama-1b.mlir" --pp $PP --dp $DP --tp $tp \
+      --microbatches $MB --recompute $r -o "$work/$r-tp$tp" >/dev/null
+    "$PIPERC" compile "$work/llama-1b.mlir" --pp $PP --dp $DP --tp $tp \
+      --microbatches $MB --recompute $r --compile-to training-dag \
+      -o "$work/$r-tp$tp.dag.mlir"
+  done
 done
 
 python3 - "$work" "$PIPER_PLAN" $PP $MB <<'EOF'
@@ -58,42 +73,53 @@ b = tokens // s
 f = int(re.search(r"piper.swiglu %\S+ : \(tensor<\d+x(\d+)xf32>\)", model).group(1)) // 2
 V = int(re.search(r"piper.cross_entropy %\S+, %\S+ : \(tensor<\d+x(\d+)xf32>", model).group(1))
 E = 4  # fp32 bytes
-per_token = {"none": 5 * h + q + 3 * f, "selective": 4 * h + q + 3 * f, "full": h}
+def per_token(r, t):
+    """Kept elements per layer and token: the residual stream and norm
+    outputs whole, what lies between the column and row layers over t."""
+    return {"none": 4 * h + (h + q + 3 * f) / t,
+            "selective": 4 * h + (q + 3 * f) / t, "full": h}[r]
 head_per_token = {"none": V + 2 * h, "selective": V + 2 * h, "full": V + h}
 gib = 2.0 ** 30
 sbh = s * b * h
 print("llama-1b: h %d, heads %d, kv heads %d (q|k|v width %d), ffn %d, vocab %d; "
       "microbatch s %d x b %d; PP %d 1F1B, %d microbatches, fp32" % (
           h, a, kv, q, f, V, s, b, P, M))
-print("kept per layer per microbatch: none %.0f MiB; in 16-bit units of sbh: "
-      "none %.1f sbh, selective %.1f sbh, full %.1f sbh (Korthikanti et al.: "
-      "34sbh + 5as^2b = %.1f sbh, selective 34sbh, full 2sbh)" % (
-          E * tokens * per_token["none"] / 2**20, 2 * per_token["none"] / h,
-          2 * per_token["selective"] / h, 2 * per_token["full"] / h,
-          34 + 5 * a * s / h))
+for t in (1, 4):
+    print("TP %d: kept per layer per microbatch: none %.0f MiB; in 16-bit units "
+          "of sbh: none %.1f sbh, selective %.1f sbh, full %.1f sbh "
+          "(Korthikanti et al.: sbh(10 + 24/t) + 5as^2b/t = %.1f sbh, "
+          "selective %.1f sbh, full 2sbh)" % (
+              t, E * tokens * per_token("none", t) / 2**20,
+              2 * per_token("none", t) / h, 2 * per_token("selective", t) / h,
+              2 * per_token("full", t) / h, 10 + 24 / t + 5 * a * s / (h * t),
+              10 + 24 / t))
 print()
-print("%-9s %5s %6s %6s %10s %10s %8s %10s %10s %10s %6s" % (
-    "recompute", "stage", "layers", "flight", "planned", "kept", "sends",
-    "bwd work", "formula", "peak", "ratio"))
-for r in ("none", "selective", "full"):
-    dag = open("%s/%s.dag.mlir" % (work, r)).read()
-    manifest = open("%s/%s/manifest.textproto" % (work, r)).read()
+print("%-9s %3s %5s %6s %6s %10s %10s %8s %10s %8s %10s %10s %6s" % (
+    "recompute", "tp", "stage", "layers", "flight", "planned", "kept", "sends",
+    "bwd work", "tp cuts", "formula", "peak", "ratio"))
+for t, r in [(t, r) for t in (1, 4) for r in ("none", "selective", "full")]:
+    dag = open("%s/%s-tp%d.dag.mlir" % (work, r, t)).read()
+    manifest = open("%s/%s-tp%d/manifest.textproto" % (work, r, t)).read()
     for stage, name in enumerate(re.findall(r'plan_file: "([^"]+)"', manifest)):
         body = re.search(r"piper.segment @stage%d_F\(.*?\n  \}" % stage, dag, re.S).group(0)
         layers = body.count("piper.attention ")
         flight = min(P - stage, M)  # 1F1B: stage p keeps P - p in flight
-        mem = subprocess.run([piper_plan, "--memory", "%s/%s/%s" % (work, r, name)],
+        mem = subprocess.run([piper_plan, "--memory",
+                              "%s/%s-tp%d/%s" % (work, r, t, name)],
                              check=True, capture_output=True, text=True).stdout
         m = re.search(r"arena (\d+) bytes = state (\d+) \+ step (\d+)", mem)
         arena, step = int(m.group(1)), int(m.group(3))
         work_set = max(int(x) for x in re.findall(
             r"(\d+) bytes, scratch of stream '[^']+', instruction \d+ \(task @stage\d+_B", mem))
-        kept = flight * layers * E * tokens * per_token[r]
+        kept = flight * layers * E * tokens * per_token(r, t)
         if stage == P - 1:
             kept += flight * E * tokens * head_per_token[r]
         sends = M * E * sbh  # one [s*b, h] output or input gradient per microbatch
-        formula = kept + sends + work_set
-        print("%-9s %5d %6d %6d %9.2fG %9.2fG %7.2fG %9.2fG %9.2fG %9.2fG %6.3f" % (
-            r, stage, layers, flight, step / gib, kept / gib, sends / gib,
-            work_set / gib, formula / gib, arena / gib, step / formula))
+        cuts = (E * tokens * (per_token("none", t) - h)
+                if r == "full" and t > 1 and layers else 0)
+        formula = kept + sends + work_set + cuts
+        print("%-9s %3d %5d %6d %6d %9.2fG %9.2fG %7.2fG %9.2fG %7.2fG %9.2fG %9.2fG %6.3f" % (
+            r, t, stage, layers, flight, step / gib, kept / gib, sends / gib,
+            work_set / gib, cuts / gib, formula / gib, arena / gib,
+            step / formula))
 EOF
