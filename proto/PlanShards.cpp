@@ -50,10 +50,6 @@ int64_t expertMembers(const Parameter &param) {
   return std::max<int64_t>(1, param.expert_members());
 }
 
-int64_t expertStart(const Parameter &param, int64_t replica) {
-  return (replica % expertMembers(param)) * paramElements(param);
-}
-
 int64_t tensorParallel(const Plan &plan) {
   return std::max(1, plan.training().tensor_parallel());
 }
@@ -86,21 +82,37 @@ std::vector<int64_t> globalShape(const Parameter &param) {
   return shape;
 }
 
+int64_t sliceMember(const Plan &plan, const Parameter &param,
+                    int64_t replica) {
+  if (tensorSliceMembers(param) >= 2)
+    return replica % tensorSliceMembers(param);
+  return dataReplica(plan, replica) % expertMembers(param);
+}
+
 std::vector<int> sliceGroup(const Plan &plan, const Parameter &param,
                             int64_t replica) {
-  int64_t m = sliceMembers(param), first = replica / m * m;
+  // Replica indices: T consecutive ones, or G data replicas T apart.
+  int64_t m = sliceMembers(param), tp = tensorParallel(plan), first = 0,
+          stride = 1;
+  if (tensorSliceMembers(param) >= 2) {
+    first = replica / m * m;
+  } else {
+    first = dataReplica(plan, replica) / m * m * tp + replica % tp;
+    stride = tp;
+  }
   std::vector<int> ranks;
-  for (int64_t r = first; r < first + m && r < plan.ranks_size(); ++r)
-    ranks.push_back(plan.ranks(static_cast<int>(r)));
+  for (int64_t j = 0; j < m; ++j)
+    if (int64_t r = first + j * stride; r < plan.ranks_size())
+      ranks.push_back(plan.ranks(static_cast<int>(r)));
   return ranks;
 }
 
-std::vector<SliceRun> sliceRuns(const Parameter &param, int64_t replica) {
+std::vector<SliceRun> sliceRuns(const Parameter &param, int64_t member) {
   int64_t elements = paramElements(param);
   if (tensorSliceMembers(param) < 2)
-    return {SliceRun{expertStart(param, replica), 0, elements}};
+    return {SliceRun{(member % expertMembers(param)) * elements, 0, elements}};
   const TensorSlice &ts = param.tensor_slice();
-  int64_t members = tensorSliceMembers(param), m = replica % members;
+  int64_t members = tensorSliceMembers(param), m = member % members;
   std::vector<int64_t> global = globalShape(param);
   int dim = ts.dim();
   int64_t outer = 1, inner = 1;
@@ -169,10 +181,11 @@ std::string checkSharding(const Plan &plan) {
       std::string who = "parameter '" + p.name() + "': ";
       if (p.expert_members() < 0)
         return who + "negative expert_members";
-      if (plan.ranks_size() % p.expert_members() != 0)
+      int64_t data = plan.ranks_size() / tensorParallel(plan);
+      if (data % p.expert_members() != 0)
         return who + "expert_members " + std::to_string(p.expert_members()) +
-               " does not divide the plan's " +
-               std::to_string(plan.ranks_size()) + " replicas";
+               " does not divide the plan's " + std::to_string(data) +
+               " data replicas";
       if (p.type().shape_size() == 0)
         return who + "an expert parameter needs a first dimension";
       if (p.has_sharding())

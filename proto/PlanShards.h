@@ -32,10 +32,8 @@ int64_t shardMembers(const Plan &plan, const Parameter &param);
 int64_t stateElements(const Plan &plan, const Parameter &param, int kind);
 
 /// Expert parallelism (Parameter.expert_members): the members of an
-/// expert-parallel group (1 for a whole tensor), and the flat element where
-/// replica `replica`'s block starts in the global tensor.
+/// expert-parallel group (1 for a whole tensor).
 int64_t expertMembers(const Parameter &param);
-int64_t expertStart(const Parameter &param, int64_t replica);
 
 /// Tensor parallelism (TrainingConfig.tensor_parallel, at least 1): the
 /// members of a tensor-parallel group, and the data replica replica
@@ -48,10 +46,15 @@ int64_t tensorSliceMembers(const Parameter &param);
 
 /// A parameter split over the members of a group, by expert or tensor
 /// parallelism: how many members (1 for a whole tensor), the global shape,
-/// and the world ranks of replica `replica`'s group, in member order
-/// (consecutive replicas; replica r is member r mod the members).
+/// which member replica `replica` is, and the world ranks of its group, in
+/// member order. A tensor-parallel group is T consecutive replicas (member
+/// r mod T); an expert-parallel group is G consecutive data replicas of
+/// one tensor-parallel member (replica r is data replica d = r / T, member
+/// d mod G; without tensor parallelism, r mod G).
 int64_t sliceMembers(const Parameter &param);
 std::vector<int64_t> globalShape(const Parameter &param);
+int64_t sliceMember(const Plan &plan, const Parameter &param,
+                    int64_t replica);
 std::vector<int> sliceGroup(const Plan &plan, const Parameter &param,
                             int64_t replica);
 
@@ -65,11 +68,11 @@ struct SliceRun {
     return global == o.global && local == o.local && count == o.count;
   }
 };
-/// The runs making up replica `replica`'s slice of the parameter, in local
-/// order: one run for a whole tensor or an expert block, one per (index
-/// before the sliced dimension, part) for a tensor-parallel slice. Adjacent
-/// runs are merged.
-std::vector<SliceRun> sliceRuns(const Parameter &param, int64_t replica);
+/// The runs making up member `member`'s slice of the parameter (0 for a
+/// whole tensor), in local order: one run for a whole tensor or an expert
+/// block, one per (index before the sliced dimension, part) for a
+/// tensor-parallel slice. Adjacent runs are merged.
+std::vector<SliceRun> sliceRuns(const Parameter &param, int64_t member);
 
 /// Checks every parameter's sharding: the group exists and lists exactly
 /// the plan's ranks in order (member i is replica i), and the pieces are

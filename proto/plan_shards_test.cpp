@@ -78,14 +78,25 @@ TEST_CASE("expert blocks: global shape, start and group, and their checks") {
   p->set_expert_members(2);
   CHECK(expertMembers(*p) == 2);
   CHECK(globalShape(*p) == std::vector<int64_t>{4, 3});
-  CHECK(expertStart(*p, 0) == 0);
-  CHECK(expertStart(*p, 1) == 6);
-  CHECK(expertStart(*p, 2) == 0);
+  CHECK(sliceMember(plan, *p, 0) == 0);
+  CHECK(sliceMember(plan, *p, 1) == 1);
+  CHECK(sliceMember(plan, *p, 2) == 0);
   CHECK(sliceGroup(plan, *p, 3) == std::vector<int>{4, 5});
   CHECK(sliceRuns(*p, 1) == std::vector<SliceRun>{{6, 0, 6}});
+  // Under tensor parallelism of 2 the 4 ranks are 2 data replicas of 2
+  // members: the expert group of member 1 is data replicas 0 and 1, ranks
+  // 3 and 5 (replicas 1 and 3).
+  plan.mutable_training()->set_tensor_parallel(2);
+  CHECK(checkSharding(plan).find("does not divide the plan's 2 data "
+                                 "replicas") == std::string::npos);
+  CHECK(sliceMember(plan, *p, 3) == 1);
+  CHECK(sliceMember(plan, *p, 1) == 0);
+  CHECK(sliceGroup(plan, *p, 3) == std::vector<int>{3, 5});
+  CHECK(sliceGroup(plan, *p, 0) == std::vector<int>{2, 4});
+  plan.mutable_training()->clear_tensor_parallel();
   CHECK(checkSharding(plan).empty());
   p->set_expert_members(3);
-  CHECK(checkSharding(plan).find("does not divide the plan's 4 replicas") !=
+  CHECK(checkSharding(plan).find("does not divide the plan's 4 data replicas") !=
         std::string::npos);
   p->set_expert_members(2);
   p->mutable_sharding()->set_optimizer(true);

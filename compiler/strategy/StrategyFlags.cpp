@@ -238,12 +238,6 @@ static std::string checkFlags(const StrategyFlags &f,
                          "(docs/tensor-parallel.md)",
                          f.zero, f.tp)
         .str();
-  if (f.tp > 1 && f.ep > 1)
-    return llvm::formatv("--ep {0} with --tp {1} is not supported yet: MoE "
-                         "layers run their experts whole on every "
-                         "tensor-parallel member (docs/tensor-parallel.md)",
-                         f.ep, f.tp)
-        .str();
   if (f.ep < 1 || !dividesDevices(f.ep, f.dp))
     return llvm::formatv("--ep {0} must divide --dp {1}: expert-parallel "
                          "groups are carved out of a stage's data-parallel "

@@ -176,6 +176,26 @@ void splitWithExchanges(TaskOp t, const SegmentPieces &pieces,
                 });
 }
 
+/// `devices` (a stage's class, or several) cut into expert-parallel groups
+/// of `members`: consecutive devices, or under tensor parallelism of `tp`
+/// (consecutive members of one data replica) consecutive data replicas of
+/// one member, `tp` apart. Null when they do not tile.
+SmallVector<SmallVector<int64_t>> expertGroups(ArrayRef<int64_t> devices,
+                                               int64_t members, int64_t tp) {
+  SmallVector<SmallVector<int64_t>> groups;
+  int64_t n = devices.size();
+  if (n % (members * tp) != 0)
+    return groups;
+  for (int64_t t = 0; t < tp; ++t)
+    for (int64_t first = 0; first < n / tp; first += members) {
+      SmallVector<int64_t> g;
+      for (int64_t j = 0; j < members; ++j)
+        g.push_back(devices[(first + j) * tp + t]);
+      groups.push_back(std::move(g));
+    }
+  return groups;
+}
+
 } // namespace
 
 LogicalResult mlir::piper::applyShard(ModuleOp module, ProgramOp program,
@@ -187,15 +207,27 @@ LogicalResult mlir::piper::applyShard(ModuleOp module, ProgramOp program,
     return program.emitOpError(d.describe())
            << ": devices must be listed in increasing order (member i of an "
               "expert-parallel group is its i-th device)";
+  // Under tensor parallelism experts split over the data-parallel replicas
+  // of each member (Megatron's "parallel folding": TP on attention, EP on
+  // the experts), whole on every member of a tensor-parallel group.
+  const int64_t tp = getTensorParallel(module);
   EpLayout ep;
-  ep.members = d.expertParallel > 0 ? d.expertParallel
-                                    : static_cast<int64_t>(d.devices.size());
+  ep.members = d.expertParallel > 0
+                   ? d.expertParallel
+                   : static_cast<int64_t>(d.devices.size()) / tp;
   ep.group = DeviceGroupAttr::get(ctx, d.devices);
   ep.stream = commStream(program, d.stream);
   SmallVector<Attribute> subgroups;
-  for (size_t first = 0; first < d.devices.size(); first += ep.members)
-    subgroups.push_back(DeviceGroupAttr::get(
-        ctx, ArrayRef(d.devices).slice(first, ep.members)));
+  for (ArrayRef<int64_t> g : expertGroups(d.devices, ep.members, tp))
+    subgroups.push_back(DeviceGroupAttr::get(ctx, g));
+  if (subgroups.empty())
+    return program.emitOpError(d.describe())
+           << ": expert-parallel groups of " << ep.members << " over "
+           << d.devices.size() << " devices"
+           << (tp > 1 ? " (data-parallel replicas of tensor-parallel groups "
+                        "of " + std::to_string(tp) + ")"
+                      : std::string())
+           << " do not tile them";
   ep.subgroups = ArrayAttr::get(ctx, subgroups);
 
   // The stage's forward and backward tasks on these devices: on all of
@@ -222,10 +254,16 @@ LogicalResult mlir::piper::applyShard(ModuleOp module, ProgramOp program,
     EpLayout local = ep;
     local.group = t.getDevicesAttr();
     SmallVector<Attribute> chunks;
-    for (size_t first = 0; first < own.size(); first += ep.members) {
-      auto chunk = DeviceGroupAttr::get(
-          ctx, own.slice(first, std::min<size_t>(ep.members,
-                                                 own.size() - first)));
+    SmallVector<SmallVector<int64_t>> ownGroups =
+        expertGroups(own, ep.members, tp);
+    if (ownGroups.empty())
+      return t.emitOpError(d.describe())
+             << ": " << describeNode(t) << " runs on "
+             << formatDevices(own)
+             << ", which is not made of whole expert-parallel groups of "
+             << ep.members << " of " << formatDevices(d.devices);
+    for (ArrayRef<int64_t> g : ownGroups) {
+      auto chunk = DeviceGroupAttr::get(ctx, g);
       if (!llvm::is_contained(subgroups, Attribute(chunk)))
         return t.emitOpError(d.describe())
                << ": " << describeNode(t) << " runs on "

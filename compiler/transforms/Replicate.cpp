@@ -251,22 +251,20 @@ LogicalResult mlir::piper::applyReplicate(ModuleOp module, ProgramOp program,
     experts.push_back(p);
     return true;
   });
-  if (!experts.empty() && tp > 1)
-    return program.emitOpError(d.describe())
-           << ": expert parallelism with tensor parallelism is not "
-              "supported yet (docs/tensor-parallel.md)";
   if (!experts.empty() && replicas % members != 0)
     return program.emitOpError(d.describe())
            << ": expert-parallel groups of " << members
            << " do not divide the " << replicas << " replicas";
   if (!experts.empty() && replicas / members >= 2) {
+    // Data replica r of tensor-parallel member t is device r * tp + t.
     SmallVector<Attribute> sameExperts;
-    for (int64_t i = 0; i < members; ++i) {
-      SmallVector<int64_t> ranks;
-      for (int64_t r = i; r < replicas; r += members)
-        ranks.push_back(d.devices[r]);
-      sameExperts.push_back(DeviceGroupAttr::get(attrs.getContext(), ranks));
-    }
+    for (int64_t t = 0; t < tp; ++t)
+      for (int64_t i = 0; i < members; ++i) {
+        SmallVector<int64_t> ranks;
+        for (int64_t r = i; r < replicas; r += members)
+          ranks.push_back(d.devices[r * tp + t]);
+        sameExperts.push_back(DeviceGroupAttr::get(attrs.getContext(), ranks));
+      }
     allReduceGradients(program, d, segmentParams, experts, backward, stageTag,
                        ArrayAttr::get(attrs.getContext(), sameExperts));
   }

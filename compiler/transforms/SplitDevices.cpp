@@ -292,7 +292,8 @@ static LogicalResult checkGradientsReduced(ModuleOp module,
     // copy to sum with.
     for (ParamOp p : module.getOps<ParamOp>())
       if (std::optional<uint64_t> m = p.getExpertMembers();
-          m && static_cast<size_t>(*m) == dp.getRanks().size())
+          m && static_cast<int64_t>(*m) * getTensorParallel(module) ==
+                   static_cast<int64_t>(dp.getRanks().size()))
         reduced.insert(p.getSymNameAttr());
     for (TaskOp t : dp.getBody().front().getOps<TaskOp>()) {
       ArrayRef<StringAttr> accumulated =

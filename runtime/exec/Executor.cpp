@@ -94,7 +94,8 @@ Status ExecutorImpl::init(uint64_t seed) {
       fillInitializer(param.init(), param.name(), seed, shard[p].start,
                       host.data(), count);
     else
-      for (const plan::SliceRun &run : plan::sliceRuns(param, replica))
+      for (const plan::SliceRun &run : plan::sliceRuns(
+               param, plan::sliceMember(plan, param, replica)))
         fillInitializer(param.init(), param.name(), seed, run.global,
                         host.data() + run.local, run.count);
     PIPER_RETURN_IF_ERROR(

@@ -270,7 +270,8 @@ Status Executor::loadState(const SafetensorsReader &reader, int kind) {
       // This member's slice of the global tensor (all of it when whole).
       const TensorPtr &t = impl->stateOf(p, kind);
       std::vector<char> mine(static_cast<size_t>(t->bytes));
-      for (const plan::SliceRun &run : plan::sliceRuns(param, impl->replica))
+      for (const plan::SliceRun &run : plan::sliceRuns(
+               param, plan::sliceMember(impl->plan, param, impl->replica)))
         std::memcpy(mine.data() + 4 * run.local, host.data() + 4 * run.global,
                     static_cast<size_t>(4 * run.count));
       PIPER_RETURN_IF_ERROR(
@@ -304,17 +305,21 @@ Status Executor::saveShards(const std::string &path, int64_t step) const {
         start = impl->shard[p].start;
         count = impl->shard[p].count;
         data = impl->rangeOf(p, kind);
-      } else if (plan::expertMembers(param) >= 2) {
-        if (replica >= plan::expertMembers(param))
-          continue; // the first expert group writes every block
-        start = plan::expertStart(param, replica);
-      } else if (plan::tensorSliceMembers(param) >= 2) {
-        const plan::TensorSlice &ts = param.tensor_slice();
-        if (replica >= ts.members())
-          continue; // the first tensor-parallel group writes every slice
-        tensorSlice = fmt::format(
-            "\"dim\": {}, \"members\": {}, \"member\": {}, \"parts\": [{}]",
-            ts.dim(), ts.members(), replica, fmt::join(ts.parts(), ", "));
+      } else if (plan::sliceMembers(param) >= 2) {
+        // The group of replica 0 writes every block or slice.
+        std::vector<int> first = plan::sliceGroup(plan, param, 0);
+        if (std::find(first.begin(), first.end(), impl->options.rank) ==
+            first.end())
+          continue;
+        int64_t member = plan::sliceMember(plan, param, replica);
+        if (plan::tensorSliceMembers(param) < 2) {
+          start = member * count;
+        } else {
+          const plan::TensorSlice &ts = param.tensor_slice();
+          tensorSlice = fmt::format(
+              "\"dim\": {}, \"members\": {}, \"member\": {}, \"parts\": [{}]",
+              ts.dim(), ts.members(), member, fmt::join(ts.parts(), ", "));
+        }
       } else if (replica != 0) {
         continue;
       }
@@ -357,7 +362,7 @@ Status Executor::loadShards(const StateSource &source) {
         count = impl->shard[p].count;
         dst = impl->rangeOf(p, kind);
       } else if (plan::expertMembers(param) >= 2) {
-        start = plan::expertStart(param, impl->replica);
+        start = plan::sliceMember(plan, param, impl->replica) * count;
       }
       std::vector<float> host(static_cast<size_t>(count));
       if (plan::tensorSliceMembers(param) >= 2) {
@@ -367,7 +372,8 @@ Status Executor::loadShards(const StateSource &source) {
         PIPER_RETURN_IF_ERROR(
             source.read(stateName(param.name(), kind), 0, n, whole.data())
                 .withContext(impl->who));
-        for (const plan::SliceRun &run : plan::sliceRuns(param, impl->replica))
+        for (const plan::SliceRun &run : plan::sliceRuns(
+                 param, plan::sliceMember(plan, param, impl->replica)))
           std::copy_n(whole.begin() + run.global, run.count,
                       host.begin() + run.local);
       } else {

@@ -629,6 +629,15 @@ TP_CASES = [
     ]),
     ("qwen3-moe", TP_MOE, ["--clip-grad", "0.5"], [
         ("tp2", TP2 + ["--clip-grad", "0.5"], 2, ["full", "selective"]),
+        # EP on the experts over the data-parallel replicas of each
+        # member, TP on attention (Megatron's parallel folding).
+        ("dp2 x tp2 ep2", ["--tp", "2", "--dp", "2", "--ep", "2",
+                           "--microbatches", "4", "--clip-grad", "0.5"], 4,
+         ["selective"]),
+        ("pp2 x dp2 x tp2 ep2 dualpipev",
+         ["--tp", "2", "--dp", "2", "--ep", "2", "--pp", "2",
+          "--microbatches", "4", "--schedule", "dualpipev",
+          "--clip-grad", "0.5"], 8, ["full"]),
         ("pp2 x dp2 x tp2 zb-h1", ["--tp", "2", "--dp", "2", "--pp", "2",
                                    "--microbatches", "4", "--schedule",
                                    "zb-h1", "--clip-grad", "0.5"], 8,

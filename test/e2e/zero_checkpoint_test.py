@@ -36,6 +36,8 @@ STRATEGIES = {
     "tp2": (["--tp", "2", "--microbatches", "4"], 2),
     "pp2-dp2-tp2": (["--pp", "2", "--dp", "2", "--tp", "2",
                      "--microbatches", "2"], 8),
+    "dp2-tp2-ep2": (["--dp", "2", "--tp", "2", "--ep", "2",
+                     "--microbatches", "2"], 4),
 }
 
 passed = failed = 0
@@ -151,27 +153,29 @@ def main():
         check(rel <= LOSS_RTOL, "one device resumed from the DP2 EP2 "
               "checkpoint: step %d loss %r vs %r (rel %.2e)" % (step, b, a, rel))
 
-    # A checkpoint written under PP2 x DP2 x TP2 (each member of the first
-    # tensor-parallel group writing its slices of every split weight)
-    # resumes on one device and under DP2 ZeRO-2.
-    tp, tp_ranks = plans["pp2-dp2-tp2"]
-    tp_ckpt = os.path.join(work, "ckpt-tp")
-    train(tp, tp_ranks, "--steps", "3", "--checkpoint-dir", tp_ckpt,
-          "--checkpoint-every", "3")
-    for name in ("one-device", "dp2-zero2"):
-        mine = os.path.join(work, "ckpt-tp-" + name)
-        shutil.copytree(tp_ckpt, mine)
-        metrics = os.path.join(work, "from-tp-%s.jsonl" % name)
-        folder, ranks = plans[name]
-        train(folder, ranks, "--steps", str(STEPS), "--checkpoint-dir", mine,
-              "--resume", "--metrics", metrics)
-        got = losses(metrics)
-        for step in range(4, STEPS + 1):
-            a, b = ref_losses[step], got.get(step)
-            rel = abs(a - b) / abs(a) if b is not None else float("inf")
-            check(rel <= LOSS_RTOL, "%s resumed from the PP2 x DP2 x TP2 "
-                  "checkpoint: step %d loss %r vs %r (rel %.2e)" %
-                  (name, step, b, a, rel))
+    # Checkpoints written under PP2 x DP2 x TP2 (each member of the first
+    # tensor-parallel group writing its slices of every split weight) and
+    # under DP2 x TP2 x EP2 (the experts' blocks from the first expert
+    # group of member 0) resume on one device and under DP2 ZeRO-2.
+    for writer in ("pp2-dp2-tp2", "dp2-tp2-ep2"):
+        tp, tp_ranks = plans[writer]
+        tp_ckpt = os.path.join(work, "ckpt-" + writer)
+        train(tp, tp_ranks, "--steps", "3", "--checkpoint-dir", tp_ckpt,
+              "--checkpoint-every", "3")
+        for name in ("one-device", "dp2-zero2"):
+            mine = os.path.join(work, "ckpt-%s-%s" % (writer, name))
+            shutil.copytree(tp_ckpt, mine)
+            metrics = os.path.join(work, "from-%s-%s.jsonl" % (writer, name))
+            folder, ranks = plans[name]
+            train(folder, ranks, "--steps", str(STEPS), "--checkpoint-dir", mine,
+                  "--resume", "--metrics", metrics)
+            got = losses(metrics)
+            for step in range(4, STEPS + 1):
+                a, b = ref_losses[step], got.get(step)
+                rel = abs(a - b) / abs(a) if b is not None else float("inf")
+                check(rel <= LOSS_RTOL, "%s resumed from the %s checkpoint: "
+                      "step %d loss %r vs %r (rel %.2e)" %
+                      (name, writer, step, b, a, rel))
     # --save under TP gathers whole tensors: one device --load-s them.
     saved = os.path.join(work, "tp2.safetensors")
     train(plans["tp2"][0], 2, "--steps", "2", "--save", saved)
