@@ -293,22 +293,10 @@ LogicalResult mlir::piper::applyShard(ModuleOp module, ProgramOp program,
     if (failed(n))
       return failure();
     layers += *n;
-    // Cut before and after every exchange.
-    SmallVector<unsigned> cuts;
-    unsigned i = 0;
-    for (Operation &op : seg.getBody().front().without_terminator()) {
-      if (isa<EpExchangeOp>(op)) {
-        if (cuts.empty() || cuts.back() != i)
-          cuts.push_back(i);
-        cuts.push_back(i + 1);
-      }
-      ++i;
-    }
-    FailureOr<SegmentPieces> pieces = splitSegment(seg, cuts);
+    FailureOr<SegmentPieces> pieces = splitAround(
+        seg, [](Operation &op) { return isa<EpExchangeOp>(op); }, symbols);
     if (failed(pieces))
       return failure();
-    for (SegmentOp piece : pieces->pieces)
-      symbols.insert(piece);
     piecesOf[name] = std::move(*pieces);
   }
   // A shard naming a stage must find MoE layers in it. Without "PP" it

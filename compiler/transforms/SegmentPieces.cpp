@@ -160,6 +160,28 @@ mlir::piper::splitSegmentByOps(SegmentOp seg,
   return out;
 }
 
+FailureOr<SegmentPieces>
+mlir::piper::splitAround(SegmentOp seg,
+                         llvm::function_ref<bool(Operation &)> isMarker,
+                         SymbolTable &symbols) {
+  SmallVector<unsigned> cuts;
+  unsigned i = 0;
+  for (Operation &op : seg.getBody().front().without_terminator()) {
+    if (isMarker(op)) {
+      if (cuts.empty() || cuts.back() != i)
+        cuts.push_back(i);
+      cuts.push_back(i + 1);
+    }
+    ++i;
+  }
+  FailureOr<SegmentPieces> pieces = splitSegment(seg, cuts);
+  if (failed(pieces))
+    return failure();
+  for (SegmentOp piece : pieces->pieces)
+    symbols.insert(piece);
+  return pieces;
+}
+
 TaskOp mlir::piper::createPieceTask(OpBuilder &b, TaskOp t, SegmentOp piece,
                                     ValueRange args, ValueRange deps) {
   auto nt = TaskOp::create(

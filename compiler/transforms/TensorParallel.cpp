@@ -346,22 +346,10 @@ LogicalResult mlir::piper::lowerTensorParallel(ModuleOp module) {
     StringAttr name = t.getSegmentAttr().getAttr();
     if (piecesOf.count(name))
       continue;
-    // Cut before and after every tp_reduce.
-    SmallVector<unsigned> cuts;
-    unsigned i = 0;
-    for (Operation &op : seg.getBody().front().without_terminator()) {
-      if (isa<TpReduceOp>(op)) {
-        if (cuts.empty() || cuts.back() != i)
-          cuts.push_back(i);
-        cuts.push_back(i + 1);
-      }
-      ++i;
-    }
-    FailureOr<SegmentPieces> pieces = splitSegment(seg, cuts);
+    FailureOr<SegmentPieces> pieces = splitAround(
+        seg, [](Operation &op) { return isa<TpReduceOp>(op); }, symbols);
     if (failed(pieces))
       return failure();
-    for (SegmentOp piece : pieces->pieces)
-      symbols.insert(piece);
     piecesOf[name] = std::move(*pieces);
   }
   for (auto [t, chunks] : tasks) {

@@ -85,6 +85,13 @@ struct SegmentPieces {
 /// `seg` itself is left for the caller to erase once no task calls it.
 FailureOr<SegmentPieces> splitSegment(SegmentOp seg, ArrayRef<unsigned> cuts);
 
+/// splitSegment cutting before and after every op `isMarker` selects (a
+/// collective's stand-in, which becomes a piece of its own), with the pieces
+/// inserted into `symbols`.
+FailureOr<SegmentPieces>
+splitAround(SegmentOp seg, llvm::function_ref<bool(Operation &)> isMarker,
+            SymbolTable &symbols);
+
 /// Splits `seg` into `names.size()` pieces by an assignment of its
 /// top-level ops: `pieceOf[op]` must be at least the piece of every op whose
 /// result it reads (pieces run in order). Results that are arguments passed
