@@ -1,0 +1,59 @@
+// Every verifier diagnostic of tensor parallelism's attributes and ops
+// (docs/tensor-parallel.md), one case per split.
+// RUN: piper-opt %s -split-input-file -verify-diagnostics
+
+// A slice needs at least two members.
+// expected-error @+1 {{tensor_slice members must be at least 2, got 1}}
+piper.param @w : tensor<4x4xf32> init zeros(0.0) {tensor_slice = #piper.tensor_slice<dim = 1, members = 1>}
+
+// -----
+
+// Each fused part splits into equal blocks.
+// expected-error @+1 {{tensor_slice part 3 is not a positive multiple of the 2 members}}
+piper.param @w : tensor<4x4xf32> init zeros(0.0) {tensor_slice = #piper.tensor_slice<dim = 1, members = 2, parts = [3, 5]>}
+
+// -----
+
+// expected-error @+1 {{'piper.param' op tensor_slice dim 2 is not a dimension of 'tensor<4x4xf32>'}}
+piper.param @w : tensor<4x4xf32> init zeros(0.0) {tensor_slice = #piper.tensor_slice<dim = 2, members = 2>}
+
+// -----
+
+// The parts make up the global extent: members x the local one.
+// expected-error @+1 {{'piper.param' op tensor_slice parts sum to 6, not 2 x 4}}
+piper.param @w : tensor<4x4xf32> init zeros(0.0) {tensor_slice = #piper.tensor_slice<dim = 1, members = 2, parts = [2, 4]>}
+
+// -----
+
+// expected-error @+1 {{'piper.param' op a parameter cannot be both expert blocks and a tensor-parallel slice}}
+piper.param @w : tensor<2x4x4xf32> init zeros(0.0) {expert_members = 2 : i64, tensor_slice = #piper.tensor_slice<dim = 2, members = 2>}
+
+// -----
+
+// The degree lives on the module, and is at least 2.
+// expected-error @+1 {{'piper.tensor_parallel' must be an integer of at least 2 on the module, got 1 : i64}}
+module attributes {piper.tensor_parallel = 1 : i64} {
+}
+
+// -----
+
+module {
+  // expected-error @+1 {{'piper.tensor_parallel_stream' must be a stream name on the module, got "tp_stream"}}
+  piper.param @w : tensor<4xf32> init zeros(0.0) {piper.tensor_parallel_stream = "tp_stream"}
+}
+
+// -----
+
+piper.segment @s(%x: tensor<8x4xf32>, %b: tensor<3xf32>) -> tensor<8x4xf32> {
+  // expected-error @+1 {{'piper.bias_add' op bias must have 4 elements}}
+  %y = piper.bias_add %x, %b : (tensor<8x4xf32>, tensor<3xf32>) -> tensor<8x4xf32>
+  piper.yield %y : tensor<8x4xf32>
+}
+
+// -----
+
+piper.segment @s(%x: tensor<8x4xf32>, %b: tensor<4xf32>) -> tensor<8x4xf32> {
+  // expected-error @+1 {{'piper.bias_add' op result type must equal the input type}}
+  %y = piper.bias_add %x, %b : (tensor<8x4xf32>, tensor<4xf32>) -> tensor<4x8xf32>
+  piper.yield %x : tensor<8x4xf32>
+}

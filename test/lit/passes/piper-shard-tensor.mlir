@@ -1,0 +1,69 @@
+// The shard_tensor rewrite (compiler/transforms/TensorParallel.cpp) on
+// models it cannot split: each an error at the op, naming the directive.
+// RUN: piper-opt %s -split-input-file '-piper-apply-directive=directive={{"op":"shard_tensor","tp":2}}' -verify-diagnostics
+
+// A core whose input is not a linear layer of its own.
+module {
+  piper.param @wte : tensor<16x8xf32> init normal(2.0e-02)
+  piper.segment @b(%ids: tensor<2x2xi32>) -> tensor<4x8xf32> attributes {piper.block = 1 : i64} {
+    %w = piper.param_ref @wte : tensor<16x8xf32>
+    %x = piper.embedding %ids, %w : (tensor<2x2xi32>, tensor<16x8xf32>) -> tensor<4x8xf32>
+    // expected-error @+1 {{block 1's piper.gelu does not read a linear layer of its own (the column-parallel half of a tensor-parallel layer)}}
+    %g = piper.gelu %x : tensor<4x8xf32>
+    piper.yield %g : tensor<4x8xf32>
+  }
+  piper.program @m {
+    %tok, %tgt, %d = piper.batch {tag = #piper.tag<>} : tensor<2x2xi32>, tensor<2x2xi32>
+    %y, %d1 = piper.task @b(%tok) {tag = #piper.tag<block = 1>} : (tensor<2x2xi32>) -> (tensor<4x8xf32>, !piper.token)
+  }
+}
+
+// -----
+
+// A core read twice: no single row-parallel layer after it.
+module {
+  piper.param @wte : tensor<16x8xf32> init normal(2.0e-02)
+  piper.param @up : tensor<8x8xf32> init normal(2.0e-02)
+  piper.param @down : tensor<8x8xf32> init normal(2.0e-02)
+  piper.segment @b(%ids: tensor<2x2xi32>) -> tensor<4x8xf32> attributes {piper.block = 1 : i64} {
+    %w = piper.param_ref @wte : tensor<16x8xf32>
+    %x = piper.embedding %ids, %w : (tensor<2x2xi32>, tensor<16x8xf32>) -> tensor<4x8xf32>
+    %u = piper.param_ref @up : tensor<8x8xf32>
+    %h = piper.linear %x, %u : (tensor<4x8xf32>, tensor<8x8xf32>) -> tensor<4x8xf32>
+    // expected-error @+1 {{block 1's piper.gelu has more than one reader; tensor parallelism needs one linear layer after it (the row-parallel half)}}
+    %g = piper.gelu %h : tensor<4x8xf32>
+    %v = piper.param_ref @down : tensor<8x8xf32>
+    %o = piper.linear %g, %v : (tensor<4x8xf32>, tensor<8x8xf32>) -> tensor<4x8xf32>
+    %s = piper.add %o, %g : tensor<4x8xf32>
+    piper.yield %s : tensor<4x8xf32>
+  }
+  piper.program @m {
+    %tok, %tgt, %d = piper.batch {tag = #piper.tag<>} : tensor<2x2xi32>, tensor<2x2xi32>
+    %y, %d1 = piper.task @b(%tok) {tag = #piper.tag<block = 1>} : (tensor<2x2xi32>) -> (tensor<4x8xf32>, !piper.token)
+  }
+}
+
+// -----
+
+// A weight split by the rewrite but also read elsewhere.
+module {
+  piper.param @wte : tensor<16x8xf32> init normal(2.0e-02)
+  piper.param @up : tensor<8x8xf32> init normal(2.0e-02)
+  piper.param @down : tensor<8x8xf32> init normal(2.0e-02)
+  piper.segment @b(%ids: tensor<2x2xi32>) -> tensor<4x8xf32> attributes {piper.block = 1 : i64} {
+    %w = piper.param_ref @wte : tensor<16x8xf32>
+    %x = piper.embedding %ids, %w : (tensor<2x2xi32>, tensor<16x8xf32>) -> tensor<4x8xf32>
+    // expected-error @+1 {{@up is split by tensor parallelism, but also read by piper.linear outside the tensor-parallel layers}}
+    %u = piper.param_ref @up : tensor<8x8xf32>
+    %h = piper.linear %x, %u : (tensor<4x8xf32>, tensor<8x8xf32>) -> tensor<4x8xf32>
+    %g = piper.gelu %h : tensor<4x8xf32>
+    %v = piper.param_ref @down : tensor<8x8xf32>
+    %o = piper.linear %g, %v : (tensor<4x8xf32>, tensor<8x8xf32>) -> tensor<4x8xf32>
+    %z = piper.linear %o, %u : (tensor<4x8xf32>, tensor<8x8xf32>) -> tensor<4x8xf32>
+    piper.yield %z : tensor<4x8xf32>
+  }
+  piper.program @m {
+    %tok, %tgt, %d = piper.batch {tag = #piper.tag<>} : tensor<2x2xi32>, tensor<2x2xi32>
+    %y, %d1 = piper.task @b(%tok) {tag = #piper.tag<block = 1>} : (tensor<2x2xi32>) -> (tensor<4x8xf32>, !piper.token)
+  }
+}
