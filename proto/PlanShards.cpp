@@ -34,7 +34,28 @@ int64_t shardMembers(const Plan &plan, const Parameter &param) {
   int g = param.sharding().group();
   if (g < 0 || g >= plan.groups_size())
     return 1;
-  return std::max(1, plan.groups(g).ranks_size());
+  return std::max<int64_t>(1, plan.groups(g).ranks_size() /
+                                  tensorParallel(plan));
+}
+
+int64_t shardMember(const Plan &plan, const Parameter &param,
+                    int64_t replica) {
+  return param.has_sharding() ? dataReplica(plan, replica) : 0;
+}
+
+std::vector<int> shardGroup(const Plan &plan, const Parameter &param,
+                            int64_t replica) {
+  std::vector<int> ranks;
+  if (!param.has_sharding())
+    return ranks;
+  int g = param.sharding().group();
+  if (g < 0 || g >= plan.groups_size())
+    return ranks;
+  const DeviceGroup &group = plan.groups(g);
+  int64_t tp = tensorParallel(plan);
+  for (int64_t r = replica % tp; r < group.ranks_size(); r += tp)
+    ranks.push_back(group.ranks(static_cast<int>(r)));
+  return ranks;
 }
 
 int64_t stateElements(const Plan &plan, const Parameter &param, int kind) {
@@ -144,6 +165,19 @@ std::vector<SliceRun> sliceRuns(const Parameter &param, int64_t member) {
   return runs;
 }
 
+std::vector<SliceRun> rangeRuns(const Parameter &param, int64_t member,
+                                int64_t start, int64_t count) {
+  std::vector<SliceRun> runs;
+  for (const SliceRun &run : sliceRuns(param, member)) {
+    int64_t from = std::max(run.local, start),
+            to = std::min(run.local + run.count, start + count);
+    if (from < to)
+      runs.push_back(
+          SliceRun{run.global + (from - run.local), from - start, to - from});
+  }
+  return runs;
+}
+
 /// Why the tensor-parallel slice of `p` does not fit the plan, or "".
 static std::string checkTensorSlice(const Plan &plan, const Parameter &p) {
   if (!p.has_tensor_slice())
@@ -157,8 +191,8 @@ static std::string checkTensorSlice(const Plan &plan, const Parameter &p) {
   if (ts.dim() < 0 || ts.dim() >= p.type().shape_size())
     return who + "dim " + std::to_string(ts.dim()) +
            " is not a dimension of its type";
-  if (p.expert_members() > 1 || p.has_sharding())
-    return who + "cannot be combined with expert blocks or a ZeRO shard";
+  if (p.expert_members() > 1)
+    return who + "cannot be combined with expert blocks";
   int64_t global = p.type().shape(ts.dim()) * ts.members(), sum = 0;
   for (int64_t part : ts.parts()) {
     if (part <= 0 || part % ts.members() != 0)
@@ -210,6 +244,11 @@ std::string checkSharding(const Plan &plan) {
       return who + "group " + std::to_string(s.group()) +
              " is not the plan's ranks (a shard group is the data-parallel "
              "replicas of the class, in order)";
+    if (g.ranks_size() % tensorParallel(plan) != 0)
+      return who + "group " + std::to_string(s.group()) + " has " +
+             std::to_string(g.ranks_size()) +
+             " ranks, not whole tensor-parallel groups of " +
+             std::to_string(tensorParallel(plan));
     if (!std::is_sorted(g.ranks().begin(), g.ranks().end()) ||
         std::adjacent_find(g.ranks().begin(), g.ranks().end()) !=
             g.ranks().end())

@@ -23,8 +23,20 @@ int64_t paramElements(const Parameter &param);
 /// 1 gradient, 2 and 3 the AdamW moments, 4 the bf16 compute copy (never).
 bool stateSharded(const Parameter &param, int kind);
 
-/// Members of the parameter's sharding group (1 when it is not sharded).
+/// Members of the parameter's sharding group (1 when it is not sharded):
+/// the data replicas of the class. Under tensor parallelism each member of
+/// a tensor-parallel group shards its own slice (or its copy of a whole
+/// tensor) over the data replicas of that member, so the group's ranks are
+/// T such groups: replica r is member dataReplica(r) of the group of
+/// replicas {r mod T, r mod T + T, ...}.
 int64_t shardMembers(const Plan &plan, const Parameter &param);
+/// Which member of its sharding group replica `replica` is (0 when the
+/// parameter is not sharded), and the world ranks of that group in member
+/// order.
+int64_t shardMember(const Plan &plan, const Parameter &param,
+                    int64_t replica);
+std::vector<int> shardGroup(const Plan &plan, const Parameter &param,
+                            int64_t replica);
 
 /// Elements the buffer of piece `kind` holds: the whole tensor, or the
 /// shard capacity (none for the bf16 copy of a ZeRO-3 parameter: kernels
@@ -73,6 +85,11 @@ struct SliceRun {
 /// block, one per (index before the sliced dimension, part) for a
 /// tensor-parallel slice. Adjacent runs are merged.
 std::vector<SliceRun> sliceRuns(const Parameter &param, int64_t member);
+/// The runs of the `count` elements at flat element `start` of member
+/// `member`'s tensor (a ZeRO range of a slice): sliceRuns clipped to the
+/// range, `local` counted from `start`.
+std::vector<SliceRun> rangeRuns(const Parameter &param, int64_t member,
+                                int64_t start, int64_t count);
 
 /// Checks every parameter's sharding: the group exists and lists exactly
 /// the plan's ranks in order (member i is replica i), and the pieces are
@@ -80,8 +97,8 @@ std::vector<SliceRun> sliceRuns(const Parameter &param, int64_t member);
 /// the value only with the gradient), and expert parameters: their members
 /// divide the plan's replicas, and ZeRO does not shard them, and
 /// tensor-parallel slices: they match the plan's tensor_parallel and their
-/// shape, and are neither expert blocks nor ZeRO-sharded. Returns "" or the
-/// problem.
+/// shape, and are not expert blocks (ZeRO shards a slice over the data
+/// replicas of its member). Returns "" or the problem.
 std::string checkSharding(const Plan &plan);
 
 } // namespace piper::plan

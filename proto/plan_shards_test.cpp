@@ -171,3 +171,61 @@ TEST_CASE("tensor-parallel slices: runs of fused parts, global shape, checks") {
   p->set_expert_members(2);
   CHECK(checkSharding(plan).find("cannot be combined") != std::string::npos);
 }
+
+TEST_CASE("ZeRO under tensor parallelism: each member's data replicas") {
+  // 6 ranks = 3 data replicas x 2 members; a [2, 4 | 2 | 2] fused slice
+  // (8 local elements) sharded over the 3 replicas of each member.
+  Plan plan;
+  for (int r : {0, 1, 2, 3, 4, 5})
+    plan.add_ranks(r);
+  plan.mutable_training()->set_tensor_parallel(2);
+  plan.mutable_training()->set_num_replicas(3);
+  DeviceGroup *g = plan.add_groups();
+  for (int r : {0, 1, 2, 3, 4, 5})
+    g->add_ranks(r);
+  Parameter *p = plan.add_params();
+  p->set_name("wqkv");
+  p->mutable_type()->add_shape(2);
+  p->mutable_type()->add_shape(4);
+  TensorSlice *ts = p->mutable_tensor_slice();
+  ts->set_dim(1);
+  ts->set_members(2);
+  for (int64_t part : {4, 2, 2})
+    ts->add_parts(part);
+  p->mutable_sharding()->set_optimizer(true);
+  p->mutable_sharding()->set_gradient(true);
+  p->mutable_sharding()->set_parameter(true);
+  CHECK(checkSharding(plan).empty());
+  CHECK(shardMembers(plan, *p) == 3);
+  CHECK(stateElements(plan, *p, 0) == 3); // ceil(8 / 3)
+  CHECK(shardMember(plan, *p, 5) == 2);
+  CHECK(shardGroup(plan, *p, 3) == std::vector<int>{1, 3, 5});
+  CHECK(shardGroup(plan, *p, 4) == std::vector<int>{0, 2, 4});
+  // Member 1's slice is runs {2,0,2} {5,2,1} {7,3,1} {10,4,2} {13,6,1}
+  // {15,7,1}; data replica 1 holds local elements 3..5.
+  ShardRange r = shardRange(8, 3, 1);
+  CHECK(r.start == 3);
+  CHECK(r.count == 3);
+  CHECK(rangeRuns(*p, 1, r.start, r.count) ==
+        std::vector<SliceRun>{{7, 0, 1}, {10, 1, 2}});
+  // The ranges of every member's replicas cover every element once.
+  std::vector<int> seen(16, 0);
+  for (int m = 0; m < 2; ++m)
+    for (int d = 0; d < 3; ++d) {
+      ShardRange s = shardRange(8, 3, d);
+      for (const SliceRun &run : rangeRuns(*p, m, s.start, s.count))
+        for (int64_t i = 0; i < run.count; ++i)
+          ++seen[run.global + i];
+    }
+  CHECK(std::count(seen.begin(), seen.end(), 1) == 16);
+  // A whole tensor's range is one run.
+  Parameter *w = plan.add_params();
+  w->set_name("norm");
+  w->mutable_type()->add_shape(7);
+  CHECK(rangeRuns(*w, 1, 3, 3) == std::vector<SliceRun>{{3, 0, 3}});
+  // The shard group must be whole tensor-parallel groups.
+  g->add_ranks(6);
+  plan.add_ranks(6);
+  CHECK(checkSharding(plan).find("not whole tensor-parallel groups of 2") !=
+        std::string::npos);
+}

@@ -231,13 +231,6 @@ static std::string checkFlags(const StrategyFlags &f,
     return "--recompute must be none, full (every transformer block) or "
            "selective (their attention core), got '" +
            f.recompute + "'";
-  if (f.tp > 1 && f.zero > 0)
-    return llvm::formatv("--zero {0} with --tp {1} is not supported yet: "
-                         "ZeRO would shard state over the data-parallel "
-                         "replicas of each tensor-parallel member "
-                         "(docs/tensor-parallel.md)",
-                         f.zero, f.tp)
-        .str();
   if (f.ep < 1 || !dividesDevices(f.ep, f.dp))
     return llvm::formatv("--ep {0} must divide --dp {1}: expert-parallel "
                          "groups are carved out of a stage's data-parallel "

@@ -307,8 +307,6 @@ mlir::piper::sharedParams(SegmentParams &segmentParams, ProgramOp program) {
   // ZeRO-2 and 3 take the accumulation out of the backward segments: their
   // reduce-scatters name the parameters of each group instead.
   for (auto rs : program.getBody().front().getOps<ReduceScatterGradsOp>()) {
-    if (rs.getSubgroupsAttr())
-      continue;
     for (Attribute a : rs.getParamRefs()) {
       StringAttr p = cast<FlatSymbolRefAttr>(a).getAttr();
       SmallVector<Attribute> &attrs = groupAttrs[p];

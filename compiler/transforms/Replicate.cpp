@@ -189,10 +189,6 @@ LogicalResult mlir::piper::applyReplicate(ModuleOp module, ProgramOp program,
     return program.emitOpError(d.describe())
            << ": its " << d.devices.size()
            << " devices are not whole tensor-parallel groups of " << tp;
-  if (tp > 1 && d.zero > 0)
-    return program.emitOpError(d.describe())
-           << ": ZeRO-" << d.zero << " with tensor parallelism is not "
-           << "supported yet (docs/tensor-parallel.md)";
   int64_t replicas = d.devices.size() / tp;
   if (d.zero > 0 && replicas < 2)
     return program.emitOpError(d.describe())
@@ -298,10 +294,12 @@ LogicalResult mlir::piper::applyReplicate(ModuleOp module, ProgramOp program,
   }
   if (d.zero > 0) {
     if (!params.empty() &&
-        failed(applyZero(module, program, d, params, backward, stageTag)))
+        failed(applyZero(module, program, d, params, backward, stageTag,
+                            sameMember)))
       return failure();
     if (!colocated.empty() &&
-        failed(applyZero(module, program, d, colocated, afterAll, stageTag)))
+        failed(applyZero(module, program, d, colocated, afterAll, stageTag,
+                            sameMember)))
       return failure();
     return success();
   }

@@ -159,10 +159,13 @@ bucketParams(SymbolTable &symbols, ArrayRef<StringAttr> params,
 
 /// `replicate` with ZeRO stage d.zero (Zero.cpp): shards the state of
 /// `params` over d.devices, with the reduce-scatters and all-gathers that
-/// implies, for the stage whose backward tasks are `backward`.
+/// implies, for the stage whose backward tasks are `backward`. Under tensor
+/// parallelism `subgroups` are the data replicas of each member: each
+/// member shards its own tensors over them.
 LogicalResult applyZero(ModuleOp module, ProgramOp program, const Directive &d,
                         const llvm::SetVector<StringAttr> &params,
-                        ArrayRef<TaskOp> backward, TagAttr stageTag);
+                        ArrayRef<TaskOp> backward, TagAttr stageTag,
+                        ArrayAttr subgroups);
 
 /// After the order directives: bounds the ZeRO-2/3 gradients in flight and
 /// sets the ZeRO-3 gathers' prefetch distance (Zero.cpp).

@@ -190,7 +190,7 @@ LogicalResult mlir::piper::applyZero(ModuleOp module, ProgramOp program,
                                      const Directive &d,
                                      const llvm::SetVector<StringAttr> &params,
                                      ArrayRef<TaskOp> backward,
-                                     TagAttr stageTag) {
+                                     TagAttr stageTag, ArrayAttr subgroups) {
   MLIRContext *ctx = module.getContext();
   OpBuilder b(ctx);
   SymbolTable symbols(module);
@@ -214,7 +214,7 @@ LogicalResult mlir::piper::applyZero(ModuleOp module, ProgramOp program,
       auto rs = ReduceScatterGradsOp::create(
           b, last.getLoc(), b.getType<TokenType>(), ValueRange(),
           b.getArrayAttr(bucket), stage, deps, group, reduceStream, stageTag,
-          IntegerAttr(), ArrayAttr());
+          IntegerAttr(), subgroups);
       reduced.push_back(rs.getDone());
     }
   } else {
@@ -274,7 +274,7 @@ LogicalResult mlir::piper::applyZero(ModuleOp module, ProgramOp program,
           auto ag = AllGatherParamsOp::create(
               b, t.getLoc(), types, b.getType<TokenType>(),
               b.getArrayAttr(refs), stage, ValueRange(), group, gatherStream,
-              t.getTag(), IntegerAttr(), ArrayAttr());
+              t.getTag(), IntegerAttr(), subgroups);
           t.getArgsMutable().append(ag.getResults());
           gathered.push_back(ag.getDone());
         }
@@ -291,7 +291,7 @@ LogicalResult mlir::piper::applyZero(ModuleOp module, ProgramOp program,
           auto rs = ReduceScatterGradsOp::create(
               b, t.getLoc(), b.getType<TokenType>(), grads,
               b.getArrayAttr(bucket), stage, ValueRange{t.getDone()}, group,
-              reduceStream, t.getTag(), IntegerAttr(), ArrayAttr());
+              reduceStream, t.getTag(), IntegerAttr(), subgroups);
           reduced.push_back(rs.getDone());
         }
       }
@@ -330,7 +330,7 @@ LogicalResult mlir::piper::applyZero(ModuleOp module, ProgramOp program,
                                 b.getType<TokenType>(), b.getArrayAttr(bucket),
                                 stage, ValueRange{u.getDone()}, group,
                                 gatherStream, stageTag, IntegerAttr(),
-                                ArrayAttr());
+                                subgroups);
   }
   return sortTopologically(program.getBody().front());
 }

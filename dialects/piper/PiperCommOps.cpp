@@ -178,7 +178,7 @@ LogicalResult AllToAllOp::verify() {
 }
 
 /// What both ZeRO collectives check: a stage of 1 to 3, one group in rank
-/// order without subgroups, parameters named once, and whole-tensor
+/// order (with the strided subgroups of tensor parallelism, or none), parameters named once, and whole-tensor
 /// buffers (`values`, when present) of the parameters' types.
 static LogicalResult verifyZeroCollective(Operation *op, ArrayAttr params,
                                           int64_t zero, TypeRange values) {
@@ -188,8 +188,24 @@ static LogicalResult verifyZeroCollective(Operation *op, ArrayAttr params,
   if (zero < 1 || zero > 3)
     return op->emitOpError("zero must be the ZeRO stage 1, 2 or 3, not ")
            << zero;
-  if (c.getSubgroupsAttr())
-    return op->emitOpError("shards over its whole group: no subgroups");
+  // Under tensor parallelism each member shards over its data replicas:
+  // subgroup t is members t, t + T, ... of the group (T subgroups).
+  if (ArrayAttr sub = c.getSubgroupsAttr()) {
+    ArrayRef<int64_t> all = c.getDevices().getMembers();
+    size_t tp = sub.size();
+    bool strided = tp >= 2 && all.size() % tp == 0;
+    for (size_t t = 0; strided && t < tp; ++t) {
+      ArrayRef<int64_t> g = cast<DeviceGroupAttr>(sub[t]).getMembers();
+      strided = g.size() == all.size() / tp && g.size() >= 2;
+      for (size_t k = 0; strided && k < g.size(); ++k)
+        strided = g[k] == all[t + k * tp];
+    }
+    if (!strided)
+      return op->emitOpError(
+          "shards over its whole group, or under tensor parallelism over "
+          "the data replicas of each member: subgroups {t, t + T, ...} of "
+          "at least 2");
+  }
   if (c.getCollective())
     return op->emitOpError("runs within one device class: no collective id");
   if (params.empty())

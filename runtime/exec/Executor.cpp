@@ -67,7 +67,7 @@ Status ExecutorImpl::init(uint64_t seed) {
     int64_t bytes = tensorBytes(param.type());
     int64_t elements = plan::paramElements(param);
     shard[p] = plan::shardRange(elements, plan::shardMembers(plan, param),
-                                param.has_sharding() ? replica : 0);
+                                plan::shardMember(plan, param, replica));
     for (int k = 0; k < 4; ++k) {
       if (plan::stateSharded(param, k)) {
         // A shard buffer: this rank's range first, zeros after it.
@@ -88,16 +88,14 @@ Status ExecutorImpl::init(uint64_t seed) {
     bool valueSharded = plan::stateSharded(param, 0);
     // An expert or tensor-parallel parameter holds its member's slice of
     // the global tensor: one or more runs of its elements.
+    // A ZeRO-3 shard holds its range of that.
     int64_t count = valueSharded ? shard[p].count : elements;
     host.assign(static_cast<size_t>(count), 0.0f);
-    if (valueSharded)
-      fillInitializer(param.init(), param.name(), seed, shard[p].start,
-                      host.data(), count);
-    else
-      for (const plan::SliceRun &run : plan::sliceRuns(
-               param, plan::sliceMember(plan, param, replica)))
-        fillInitializer(param.init(), param.name(), seed, run.global,
-                        host.data() + run.local, run.count);
+    for (const plan::SliceRun &run :
+         plan::rangeRuns(param, plan::sliceMember(plan, param, replica),
+                         valueSharded ? shard[p].start : 0, count))
+      fillInitializer(param.init(), param.name(), seed, run.global,
+                      host.data() + run.local, run.count);
     PIPER_RETURN_IF_ERROR(
         memory
             ->copyFromHost(state[p][0]->data, host.data(),
@@ -261,12 +259,9 @@ std::vector<CommKey> Executor::commKeys() const {
   // and tensor-parallel slices over each expert- or tensor-parallel group
   // (StateIO.cpp).
   for (const plan::Parameter &p : plan.params()) {
-    if (p.has_sharding()) {
-      const plan::DeviceGroup &g = plan.groups(p.sharding().group());
-      if (g.ranks_size() >= 2)
-        keys.insert({kStateStream,
-                     std::vector<int>(g.ranks().begin(), g.ranks().end())});
-    }
+    if (std::vector<int> g = plan::shardGroup(plan, p, impl->replica);
+        g.size() >= 2)
+      keys.insert({kStateStream, g});
     if (plan::sliceMembers(p) >= 2) {
       std::vector<int> ranks = plan::sliceGroup(plan, p, impl->replica);
       std::sort(ranks.begin(), ranks.end());

@@ -153,57 +153,72 @@ Status Executor::wholeState(int p, int kind, std::vector<char> &out) const {
     }
     return Status::ok();
   }
-  // Each member of a group holds a slice of the global tensor: a ZeRO
-  // range, an expert block, or a tensor-parallel slice (runs of elements).
-  // Replica 0 (member 0 of the first group) gets the whole tensor
-  // (checkpoints hold whole tensors, so any strategy can load them).
-  std::vector<int> ranks;
-  std::vector<size_t> counts;
-  const float *piece = nullptr;
-  int64_t pieceCount = 0, total = 0;
-  if (sliced) {
-    ranks = plan::sliceGroup(plan, param, impl->replica);
-    pieceCount = plan::paramElements(param);
-    piece = static_cast<const float *>(impl->stateOf(p, kind)->data);
-    counts.assign(ranks.size(), static_cast<size_t>(pieceCount));
-    total = pieceCount * static_cast<int64_t>(ranks.size());
-  } else {
-    const plan::DeviceGroup &g = plan.groups(param.sharding().group());
-    ranks.assign(g.ranks().begin(), g.ranks().end());
-    total = plan::paramElements(param);
+  // Each member of a group holds a slice of the global tensor (an expert
+  // block, or a tensor-parallel slice: runs of elements), and under ZeRO
+  // each data replica a range of its member's tensor. Replica 0 (member 0
+  // of the first group) gets the whole tensor (checkpoints hold whole
+  // tensors, so any strategy can load them): first the ranges are gathered
+  // into the member's tensor over its shard group, then the members'
+  // tensors over the slice group.
+  const int64_t n = plan::paramElements(param);
+  auto gather = [&](const std::vector<int> &ranks, const float *mine,
+                    const std::vector<size_t> &counts, float *all,
+                    const char *what) -> Status {
+    if (ranks.size() < 2) {
+      std::memcpy(all, mine, 4 * counts[0]);
+      return Status::ok();
+    }
+    return impl->comm
+        ->allGather(CommKey{kStateStream, ranks}, mine, all, counts,
+                    CommDType::F32)
+        ->wait()
+        .withContext(impl->who + ": gathering the " + what + " of " +
+                     stateName(param.name(), kind));
+  };
+  std::vector<float> local(static_cast<size_t>(n));
+  if (heldAsRanges(param, kind)) {
+    std::vector<int> ranks = plan::shardGroup(plan, param, impl->replica);
+    std::vector<size_t> counts;
     for (size_t m = 0; m < ranks.size(); ++m)
       counts.push_back(static_cast<size_t>(
-          plan::shardRange(total, ranks.size(), m).count));
-    pieceCount = impl->shard[p].count;
-    piece = impl->rangeOf(p, kind);
-  }
-  std::vector<float> mine(static_cast<size_t>(pieceCount));
-  PIPER_RETURN_IF_ERROR(
-      impl->memory->copyToHost(mine.data(), piece, 4 * mine.size())
-          .withContext(impl->who + ": reading " +
-                       stateName(param.name(), kind)));
-  std::vector<char> whole(static_cast<size_t>(4 * total));
-  if (ranks.size() < 2) {
-    std::memcpy(whole.data(), mine.data(), 4 * mine.size());
-  } else {
-    CommKey key{kStateStream, ranks};
+          plan::shardRange(n, static_cast<int64_t>(ranks.size()), m).count));
+    std::vector<float> mine(static_cast<size_t>(impl->shard[p].count));
     PIPER_RETURN_IF_ERROR(
-        impl->comm
-            ->allGather(key, mine.data(), whole.data(), counts, CommDType::F32)
-            ->wait()
-            .withContext(impl->who + ": gathering the " +
-                         (sliced ? "slices" : "ZeRO shards") + " of " +
+        impl->memory
+            ->copyToHost(mine.data(), impl->rangeOf(p, kind), 4 * mine.size())
+            .withContext(impl->who + ": reading " +
+                         stateName(param.name(), kind)));
+    PIPER_RETURN_IF_ERROR(
+        gather(ranks, mine.data(), counts, local.data(), "ZeRO shards"));
+  } else {
+    PIPER_RETURN_IF_ERROR(
+        impl->memory
+            ->copyToHost(local.data(), impl->stateOf(p, kind)->data,
+                         4 * local.size())
+            .withContext(impl->who + ": reading " +
                          stateName(param.name(), kind)));
   }
-  if (writer && plan::tensorSliceMembers(param) >= 2) {
-    // The members' blocks, in member order, into their runs.
-    std::vector<char> global(whole.size());
-    for (size_t m = 0; m < ranks.size(); ++m)
-      for (const plan::SliceRun &run : plan::sliceRuns(param, m))
-        std::memcpy(global.data() + 4 * run.global,
-                    whole.data() + 4 * (m * pieceCount + run.local),
-                    static_cast<size_t>(4 * run.count));
-    whole = std::move(global);
+  std::vector<char> whole;
+  if (!sliced) {
+    whole.resize(4 * local.size());
+    std::memcpy(whole.data(), local.data(), whole.size());
+  } else {
+    std::vector<int> ranks = plan::sliceGroup(plan, param, impl->replica);
+    whole.resize(static_cast<size_t>(4 * n) * ranks.size());
+    PIPER_RETURN_IF_ERROR(gather(
+        ranks, local.data(),
+        std::vector<size_t>(ranks.size(), static_cast<size_t>(n)),
+        reinterpret_cast<float *>(whole.data()), "slices"));
+    if (writer && plan::tensorSliceMembers(param) >= 2) {
+      // The members' tensors, in member order, into their runs.
+      std::vector<char> global(whole.size());
+      for (size_t m = 0; m < ranks.size(); ++m)
+        for (const plan::SliceRun &run : plan::sliceRuns(param, m))
+          std::memcpy(global.data() + 4 * run.global,
+                      whole.data() + 4 * (m * n + run.local),
+                      static_cast<size_t>(4 * run.count));
+      whole = std::move(global);
+    }
   }
   if (writer)
     out = std::move(whole);
@@ -258,26 +273,24 @@ Status Executor::loadState(const SafetensorsReader &reader, int kind) {
                            specs[p].name + "' has a bad size");
     std::vector<char> host(static_cast<size_t>(bytes));
     PIPER_RETURN_IF_ERROR(reader.read(*e, host.data()).withContext(impl->who));
-    if (plan::stateSharded(param, kind - 1)) {
-      // A ZeRO shard: this rank's range of the whole tensor.
-      const plan::ShardRange &r = impl->shard[p];
-      PIPER_RETURN_IF_ERROR(
-          impl->memory
-              ->copyFromHost(impl->rangeOf(p, kind), host.data() + 4 * r.start,
-                             static_cast<size_t>(4 * r.count))
-              .withContext(impl->who + ": loading " + specs[p].name));
-    } else {
-      // This member's slice of the global tensor (all of it when whole).
-      const TensorPtr &t = impl->stateOf(p, kind);
-      std::vector<char> mine(static_cast<size_t>(t->bytes));
-      for (const plan::SliceRun &run : plan::sliceRuns(
-               param, plan::sliceMember(impl->plan, param, impl->replica)))
-        std::memcpy(mine.data() + 4 * run.local, host.data() + 4 * run.global,
-                    static_cast<size_t>(4 * run.count));
-      PIPER_RETURN_IF_ERROR(
-          impl->memory->copyFromHost(t->data, mine.data(), mine.size())
-              .withContext(impl->who + ": loading " + specs[p].name));
-    }
+    // This member's slice of the global tensor (all of it when whole), or
+    // under ZeRO this replica's range of that.
+    const bool ranged = plan::stateSharded(param, kind - 1);
+    const int64_t start = ranged ? impl->shard[p].start : 0,
+                  count = ranged ? impl->shard[p].count
+                                 : plan::paramElements(param);
+    std::vector<char> mine(static_cast<size_t>(4 * count));
+    for (const plan::SliceRun &run : plan::rangeRuns(
+             param, plan::sliceMember(impl->plan, param, impl->replica),
+             start, count))
+      std::memcpy(mine.data() + 4 * run.local, host.data() + 4 * run.global,
+                  static_cast<size_t>(4 * run.count));
+    PIPER_RETURN_IF_ERROR(
+        impl->memory
+            ->copyFromHost(ranged ? impl->rangeOf(p, kind)
+                                  : impl->stateOf(p, kind)->data,
+                           mine.data(), mine.size())
+            .withContext(impl->who + ": loading " + specs[p].name));
   }
   return Status::ok();
 }
@@ -301,25 +314,29 @@ Status Executor::saveShards(const std::string &path, int64_t step) const {
       // A tensor-parallel slice is runs of the global tensor: described by
       // the slice, which the reader turns into the runs (plan::sliceRuns).
       std::string tensorSlice;
-      if (heldAsRanges(param, kind)) { // a ZeRO range: every member's own
+      const int64_t member = plan::sliceMember(plan, param, replica);
+      if (plan::tensorSliceMembers(param) >= 2) {
+        const plan::TensorSlice &ts = param.tensor_slice();
+        tensorSlice = fmt::format(
+            "\"dim\": {}, \"members\": {}, \"member\": {}, \"parts\": [{}]",
+            ts.dim(), ts.members(), member, fmt::join(ts.parts(), ", "));
+      }
+      if (heldAsRanges(param, kind)) {
+        // A ZeRO range: every replica's own (of its member's slice, under
+        // tensor parallelism: "start" in the slice's description).
         start = impl->shard[p].start;
         count = impl->shard[p].count;
         data = impl->rangeOf(p, kind);
+        if (!tensorSlice.empty())
+          tensorSlice += fmt::format(", \"start\": {}", start);
       } else if (plan::sliceMembers(param) >= 2) {
         // The group of replica 0 writes every block or slice.
         std::vector<int> first = plan::sliceGroup(plan, param, 0);
         if (std::find(first.begin(), first.end(), impl->options.rank) ==
             first.end())
           continue;
-        int64_t member = plan::sliceMember(plan, param, replica);
-        if (plan::tensorSliceMembers(param) < 2) {
+        if (plan::tensorSliceMembers(param) < 2)
           start = member * count;
-        } else {
-          const plan::TensorSlice &ts = param.tensor_slice();
-          tensorSlice = fmt::format(
-              "\"dim\": {}, \"members\": {}, \"member\": {}, \"parts\": [{}]",
-              ts.dim(), ts.members(), member, fmt::join(ts.parts(), ", "));
-        }
       } else if (replica != 0) {
         continue;
       }
@@ -366,14 +383,17 @@ Status Executor::loadShards(const StateSource &source) {
       }
       std::vector<float> host(static_cast<size_t>(count));
       if (plan::tensorSliceMembers(param) >= 2) {
-        // The runs of this member's slice, from the whole tensor: one read.
-        int64_t n = count * plan::tensorSliceMembers(param);
+        // The runs of this member's slice (or of this replica's ZeRO range
+        // of it), from the whole tensor: one read.
+        int64_t n =
+            plan::paramElements(param) * plan::tensorSliceMembers(param);
         std::vector<float> whole(static_cast<size_t>(n));
         PIPER_RETURN_IF_ERROR(
             source.read(stateName(param.name(), kind), 0, n, whole.data())
                 .withContext(impl->who));
-        for (const plan::SliceRun &run : plan::sliceRuns(
-                 param, plan::sliceMember(plan, param, impl->replica)))
+        for (const plan::SliceRun &run : plan::rangeRuns(
+                 param, plan::sliceMember(plan, param, impl->replica),
+                 plan::stateSharded(param, kind - 1) ? start : 0, count))
           std::copy_n(whole.begin() + run.global, run.count,
                       host.begin() + run.local);
       } else {

@@ -357,9 +357,36 @@ Status checkZeroCollective(const plan::Plan &plan, const Instruction &inst) {
   const std::string name = Instruction::Kind_Name(inst.kind());
   if (inst.params().empty())
     return Status::error(name + " lists no params");
-  if (inst.subgroups_size() > 0)
+  // Under tensor parallelism each member's replicas form a shard group:
+  // the subgroups are those strided groups, member t's t-th
+  // (plan::shardGroup); otherwise the instruction's group is the one.
+  const int64_t tp = plan::tensorParallel(plan);
+  if (tp == 1 && inst.subgroups_size() > 0)
     return Status::error(name + " runs over the whole shard group, without "
                                 "subgroups");
+  if (tp > 1) {
+    bool strided = inst.subgroups_size() == tp && inst.group() >= 0 &&
+                   inst.group() < plan.groups_size();
+    for (int t = 0; strided && t < tp; ++t) {
+      int id = inst.subgroups(t);
+      if (id < 0 || id >= plan.groups_size()) {
+        strided = false;
+        break;
+      }
+      const auto &whole = plan.groups(inst.group()).ranks();
+      const auto &sub = plan.groups(id).ranks();
+      int k = 0;
+      for (int r = t; r < whole.size() && strided; r += tp, ++k)
+        strided = k < sub.size() && sub[k] == whole[r];
+      strided = strided && k == sub.size();
+    }
+    if (!strided)
+      return Status::error(
+          name + " under tensor_parallel " + std::to_string(tp) +
+          " needs " + std::to_string(tp) +
+          " subgroups, the data replicas of each tensor-parallel member "
+          "({t, t + " + std::to_string(tp) + ", ...} of its group)");
+  }
   const auto &buffers = scatter ? inst.inputs() : inst.outputs();
   if ((scatter ? inst.outputs_size() : inst.inputs_size()) != 0 ||
       (!buffers.empty() && buffers.size() != inst.params_size()))

@@ -54,7 +54,9 @@ Status ExecutorImpl::reduceScatterGrads(int s, const Instruction &inst,
                                         StepState &st) {
   std::vector<int> ranks = memberRanks(inst);
   const int members = static_cast<int>(ranks.size());
-  const int me = replica; // checkSharding: the group is plan.ranks, in order
+  // checkSharding: the group is plan.ranks, in order; under tensor
+  // parallelism `ranks` is this member's subgroup (every T-th).
+  const int me = static_cast<int>(plan::dataReplica(plan, replica));
   Layout l = layoutOf(plan, inst, members);
   CommKey key{plan.streams(s).name(), ranks};
   const std::string what = describe("ZeRO gradient reduce-scatter", ranks,
@@ -147,7 +149,7 @@ Status ExecutorImpl::allGatherParams(int s, const Instruction &inst,
                                      StepState &st) {
   std::vector<int> ranks = memberRanks(inst);
   const int members = static_cast<int>(ranks.size());
-  const int me = replica;
+  const int me = static_cast<int>(plan::dataReplica(plan, replica));
   Layout l = layoutOf(plan, inst, members);
   CommKey key{plan.streams(s).name(), ranks};
   const std::string what = describe("ZeRO parameter all-gather", ranks,

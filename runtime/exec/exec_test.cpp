@@ -409,6 +409,35 @@ TEST_CASE("validatePlan rejects bad plans", "[validate]") {
   }
 }
 
+TEST_CASE("validatePlan: ZeRO under tensor parallelism needs the members' "
+          "subgroups", "[validate]") {
+  // 4 ranks = 2 data replicas x 2 members: a ZeRO collective runs over
+  // {0, 2} and {1, 3}, never over the whole group or consecutive pairs.
+  TinyModel m;
+  plan::Plan p = singleClassPlan(m, 2, {0, 1, 2, 3}, 4);
+  p.mutable_training()->set_tensor_parallel(2);
+  p.mutable_training()->set_num_replicas(2);
+  p.mutable_params(1)->mutable_sharding()->set_optimizer(true);
+  plan::Instruction *rs = p.mutable_streams(0)->add_instructions();
+  rs->set_kind(plan::Instruction::REDUCE_SCATTER_GRADS);
+  rs->set_group(0);
+  rs->add_params(1);
+  const char *want = "REDUCE_SCATTER_GRADS under tensor_parallel 2 needs 2 "
+                     "subgroups, the data replicas of each tensor-parallel "
+                     "member";
+  SECTION("none") { expectInvalid(p, {want}); }
+  SECTION("consecutive pairs") {
+    for (std::vector<int> ranks : {std::vector<int>{0, 1}, {2, 3}}) {
+      plan::DeviceGroup *g = p.add_groups();
+      g->set_id(p.groups_size() - 1);
+      for (int r : ranks)
+        g->add_ranks(r);
+      rs->add_subgroups(g->id());
+    }
+    expectInvalid(p, {want});
+  }
+}
+
 TEST_CASE("a kernel off the kernel table is a load-time error naming it",
           "[validate]") {
   TinyModel m;

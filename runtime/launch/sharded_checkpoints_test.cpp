@@ -68,6 +68,34 @@ TEST_CASE("tensor-parallel slices of a fused weight read back whole") {
   CHECK(part == std::vector<float>{12, 13, 14, 15});
 }
 
+TEST_CASE("ZeRO ranges of tensor-parallel slices read back whole") {
+  // The same weight under ZeRO over 2 data replicas of each member: each
+  // rank writes 4 of its member's 8 local elements, from "start".
+  std::vector<float> whole(16);
+  std::iota(whole.begin(), whole.end(), 0.0f);
+  const std::vector<int> cols[2] = {{0, 1, 4, 6}, {2, 3, 5, 7}};
+  std::string dir = tempDir();
+  std::vector<std::unique_ptr<SafetensorsReader>> files;
+  for (int m = 0; m < 2; ++m) {
+    std::vector<float> local;
+    for (int row = 0; row < 2; ++row)
+      for (int c : cols[m])
+        local.push_back(whole[row * 8 + c]);
+    for (int start : {0, 4})
+      files.push_back(file(
+          dir + "/rank-" + std::to_string(2 * start / 4 + m), "w",
+          std::vector<float>(local.begin() + start, local.begin() + start + 4),
+          "{\"global\": [2, 8], \"dim\": 1, \"members\": 2, \"member\": " +
+              std::to_string(m) + ", \"parts\": [4, 2, 2], \"start\": " +
+              std::to_string(start) + "}"));
+  }
+  ShardIndex index;
+  REQUIRE(index.open(std::move(files)).isOk());
+  std::vector<float> got(16, -1.0f);
+  REQUIRE(index.read("w", 0, 16, got.data()).isOk());
+  CHECK(got == whole);
+}
+
 TEST_CASE("one member's slices alone do not cover the tensor") {
   std::string dir = tempDir();
   std::vector<std::unique_ptr<SafetensorsReader>> files;
@@ -86,7 +114,7 @@ TEST_CASE("bad tensor-parallel slice metadata is an error") {
   std::string dir = tempDir();
   const char *bad[] = {
       // member out of range, parts that do not sum to the dimension, a
-      // dimension the members do not divide, too few elements, no members.
+      // dimension the members do not divide, too few elements, no members,
       "{\"global\": [2, 8], \"dim\": 1, \"members\": 2, \"member\": 2, "
       "\"parts\": []}",
       "{\"global\": [2, 8], \"dim\": 1, \"members\": 2, \"member\": 0, "
@@ -96,6 +124,9 @@ TEST_CASE("bad tensor-parallel slice metadata is an error") {
       "{\"global\": [4, 8], \"dim\": 1, \"members\": 2, \"member\": 0, "
       "\"parts\": []}",
       "{\"global\": [2, 8], \"dim\": 1, \"member\": 0, \"parts\": []}",
+      // a ZeRO range past the member's 8 elements.
+      "{\"global\": [2, 8], \"dim\": 1, \"members\": 2, \"member\": 0, "
+      "\"parts\": [], \"start\": 1}",
   };
   for (const char *slice : bad) {
     std::vector<std::unique_ptr<SafetensorsReader>> files;

@@ -598,6 +598,8 @@ TP_CASES = [
     # gpt: biased layers (the row layers' biases added after the sum).
     ("gpt", COMPOSITION_GPT, [], [
         ("tp2", TP2, 2, ["full", "selective"]),
+        ("dp2 x tp2 zero-3", ["--tp", "2", "--dp", "2", "--microbatches", "4",
+                              "--zero", "3"], 4, ["selective"]),
         ("pp2 x tp2 1f1b", TP2 + ["--pp", "2"], 4, ["full"]),
     ]),
     # A head tied to the embedding across stages (clipping active).
@@ -608,6 +610,10 @@ TP_CASES = [
                                        "--microbatches", "4", "--schedule",
                                        "dualpipev", "--clip-grad", "0.5"],
          8, []),
+        # The tied copies' ZeRO ranges summed member by member.
+        ("pp2 x dp2 x tp2 zero-3 1f1b",
+         ["--tp", "2", "--dp", "2", "--pp", "2", "--microbatches", "4",
+          "--zero", "3", "--clip-grad", "0.5"], 8, []),
     ]),
     ("llama", TP_LLAMA, [], [
         ("tp2", TP2, 2, ["full", "selective"]),
@@ -617,6 +623,17 @@ TP_CASES = [
          ["selective"]),
         ("pp2 x dp2 x tp2 1f1b", ["--tp", "2", "--dp", "2", "--pp", "2",
                                   "--microbatches", "4"], 8, ["full"]),
+        # ZeRO over the data replicas of each tensor-parallel member.
+        ("pp2 x dp2 x tp2 zero-1 1f1b",
+         ["--tp", "2", "--dp", "2", "--pp", "2", "--microbatches", "4",
+          "--zero", "1"], 8, ["full", "selective"]),
+        ("dp2 x tp2 zero-2", ["--tp", "2", "--dp", "2", "--microbatches", "4",
+                              "--zero", "2"], 4, []),
+        ("dp2 x tp2 zero-3", ["--tp", "2", "--dp", "2", "--microbatches", "4",
+                              "--zero", "3"], 4, ["full", "selective"]),
+        ("pp2 x dp2 x tp2 zero-3 zb-h1",
+         ["--tp", "2", "--dp", "2", "--pp", "2", "--microbatches", "4",
+          "--zero", "3", "--schedule", "zb-h1"], 8, []),
         ("pp2 x tp2 zb-h1", TP2 + ["--pp", "2", "--schedule", "zb-h1"], 4,
          ["full"]),
         ("pp2 x tp2 dualpipev", TP2 + ["--pp", "2", "--schedule",
@@ -642,6 +659,10 @@ TP_CASES = [
                                    "--microbatches", "4", "--schedule",
                                    "zb-h1", "--clip-grad", "0.5"], 8,
          ["full"]),
+        # Attention ZeRO-sharded per member, experts EP (never sharded).
+        ("dp2 x tp2 ep2 zero-3", ["--tp", "2", "--dp", "2", "--ep", "2",
+                                  "--microbatches", "4", "--zero", "3",
+                                  "--clip-grad", "0.5"], 4, ["full"]),
     ]),
 ]
 TP_GRAD_CASES = [

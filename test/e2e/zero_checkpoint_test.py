@@ -3,11 +3,12 @@
 DP2 ZeRO-3 writes --checkpoint-dir checkpoints (every rank contributing its
 shards), resumes under the same strategy bit for bit, and resumes under
 other strategies (one device, DP4 ZeRO-1, DP2 ZeRO-2, DP2 EP2, DP4 EP2 with
-ZeRO-2, TP2, PP2 x DP2 x TP2) to the uninterrupted losses within fp32
-round-off; checkpoints written under EP and under TP (each member's slices
-of the fused weights) resume on one device, and the TP one under DP2 ZeRO-2.
-A checkpoint from ZeRO-1 loads into ZeRO-3 with --load too, and one saved
-whole under TP into one device.
+ZeRO-2, TP2, PP2 x DP2 x TP2, and TP with ZeRO-1, 2 and 3) to the
+uninterrupted losses within fp32 round-off; checkpoints written under EP and
+under TP (each member's slices of the fused weights, or under ZeRO each
+rank's range of them) resume on one device and under DP2 ZeRO-2. A
+checkpoint from ZeRO-1 loads into ZeRO-3 with --load too, and one saved
+whole under TP (and TP x ZeRO-3) into one device.
 
 Usage: zero_checkpoint_test.py PIPERC PIPER_RUN
 """
@@ -38,6 +39,14 @@ STRATEGIES = {
                      "--microbatches", "2"], 8),
     "dp2-tp2-ep2": (["--dp", "2", "--tp", "2", "--ep", "2",
                      "--microbatches", "2"], 4),
+    # ZeRO with TP: each member's tensors (its slices, and its copies of
+    # the unsplit ones) sharded over that member's data replicas.
+    "dp2-tp2-zero3": (["--dp", "2", "--tp", "2", "--microbatches", "2",
+                       "--zero", "3"], 4),
+    "pp2-dp2-tp2-zero1": (["--pp", "2", "--dp", "2", "--tp", "2",
+                           "--microbatches", "2", "--zero", "1"], 8),
+    "dp2-tp2-ep2-zero2": (["--dp", "2", "--tp", "2", "--ep", "2",
+                           "--microbatches", "2", "--zero", "2"], 4),
 }
 
 passed = failed = 0
@@ -156,8 +165,10 @@ def main():
     # Checkpoints written under PP2 x DP2 x TP2 (each member of the first
     # tensor-parallel group writing its slices of every split weight) and
     # under DP2 x TP2 x EP2 (the experts' blocks from the first expert
-    # group of member 0) resume on one device and under DP2 ZeRO-2.
-    for writer in ("pp2-dp2-tp2", "dp2-tp2-ep2"):
+    # group of member 0), and under DP2 x TP2 ZeRO-3 (every rank its ZeRO
+    # range of its member's slices) resume on one device and under DP2
+    # ZeRO-2.
+    for writer in ("pp2-dp2-tp2", "dp2-tp2-ep2", "dp2-tp2-zero3"):
         tp, tp_ranks = plans[writer]
         tp_ckpt = os.path.join(work, "ckpt-" + writer)
         train(tp, tp_ranks, "--steps", "3", "--checkpoint-dir", tp_ckpt,
@@ -186,6 +197,21 @@ def main():
     rel = abs(got[3] - ref_losses[3]) / ref_losses[3]
     check(rel <= LOSS_RTOL, "TP2 parameters --load-ed on one device: step 3 "
           "loss %r vs %r (rel %.2e)" % (got[3], ref_losses[3], rel))
+
+    # --save under TP x ZeRO-3 gathers each member's ranges, then the
+    # members' slices; --load scatters a whole tensor into ranges of slices.
+    saved = os.path.join(work, "tp2-zero3.safetensors")
+    train(plans["dp2-tp2-zero3"][0], 4, "--steps", "2", "--save", saved)
+    for name in ("one-device", "dp2-tp2-zero3"):
+        metrics = os.path.join(work, "loaded-tp-zero3-%s.jsonl" % name)
+        folder, ranks = plans[name]
+        train(folder, ranks, "--load", saved, "--steps", "1", "--metrics",
+              metrics)
+        got = losses(metrics)
+        rel = abs(got[3] - ref_losses[3]) / ref_losses[3]
+        check(rel <= LOSS_RTOL, "DP2 x TP2 ZeRO-3 parameters --load-ed into "
+              "%s: step 3 loss %r vs %r (rel %.2e)" %
+              (name, got[3], ref_losses[3], rel))
 
     # --save from ZeRO-1 (whole parameters), --load into ZeRO-3 (shards).
     saved = os.path.join(work, "dp4.safetensors")

@@ -41,8 +41,10 @@ bool counts(const Json &v, std::vector<int64_t> &out) {
 
 /// The piper.slices entry of tensor `name`: [start, global shape...], a
 /// flat range, or {"global": [...], "dim", "members", "member", "parts":
-/// [...]}, a tensor-parallel slice (plan.proto TensorSlice). Gives the
-/// global shape and the runs the entry's elements fill.
+/// [...]}, a tensor-parallel slice (plan.proto TensorSlice), with "start"
+/// when the entry is a ZeRO range of that slice (the elements from flat
+/// element `start` of the member's tensor). Gives the global shape and the
+/// runs the entry's elements fill.
 Status sliceOf(const std::string &path, const Json &slices,
                const SafetensorsEntry &e, std::vector<int64_t> &shape,
                std::vector<plan::SliceRun> &runs) {
@@ -90,10 +92,15 @@ Status sliceOf(const std::string &path, const Json &slices,
     sum += part;
     p.mutable_tensor_slice()->add_parts(part);
   }
-  if ((!parts.empty() && sum != shape[dim]) ||
-      plan::paramElements(p) != e.shape[0])
+  int64_t start = 0;
+  bool ranged = it->contains("start");
+  if (ranged && !count((*it)["start"], start))
     return bad();
-  runs = plan::sliceRuns(p, member);
+  if ((!parts.empty() && sum != shape[dim]) ||
+      (ranged ? start + e.shape[0] > plan::paramElements(p)
+              : plan::paramElements(p) != e.shape[0]))
+    return bad();
+  runs = plan::rangeRuns(p, member, start, e.shape[0]);
   return Status::ok();
 }
 

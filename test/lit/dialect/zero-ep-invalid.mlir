@@ -27,8 +27,16 @@ piper.program @p {
 
 piper.param @w : tensor<4x2xf32> init zeros(0.0)
 piper.program @p {
-  // expected-error @+1 {{'piper.all_gather_params' op shards over its whole group: no subgroups}}
+  // expected-error @+1 {{'piper.all_gather_params' op shards over its whole group, or under tensor parallelism over the data replicas of each member: subgroups {t, t + T, ...} of at least 2}}
   %t = piper.all_gather_params [@w] {devices = #piper.group<0, 1>, stream = #piper.stream<"s", comm>, subgroups = [#piper.group<0>, #piper.group<1>], tag = #piper.tag<>, zero = 1 : i64}
+}
+
+// -----
+
+piper.param @w : tensor<4x2xf32> init zeros(0.0)
+piper.program @p {
+  // expected-error @+1 {{'piper.reduce_scatter_grads' op shards over its whole group, or under tensor parallelism over the data replicas of each member: subgroups {t, t + T, ...} of at least 2}}
+  %t = piper.reduce_scatter_grads [@w] {devices = #piper.group<0, 1, 2, 3>, stream = #piper.stream<"s", comm>, subgroups = [#piper.group<0, 1>, #piper.group<2, 3>], tag = #piper.tag<>, zero = 1 : i64}
 }
 
 // -----
