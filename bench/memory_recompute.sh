@@ -2,8 +2,8 @@
 # Activation recomputation's and tensor parallelism's memory, planned and
 # analytical (docs/recompute.md, docs/tensor-parallel.md). llama-1b (seq
 # 2048, microbatches of 4 sequences, fp32) compiled for PP 2 x DP 4 and PP 2
-# x DP 4 x TP 4, 1F1B, 8 microbatches, under --recompute none, selective
-# and full. Per pipeline stage: the planned step memory (arena
+# x DP 4 x TP 4 (with and without --sp), 1F1B, 8 microbatches, under
+# --recompute none, selective and full. Per pipeline stage: the planned step memory (arena
 # minus parameter state) beside the analytical one, built from first
 # principles for our layers:
 #   kept activations  = in-flight microbatches x layers x per-layer bytes
@@ -17,6 +17,14 @@
 #                       (q|k|v, the attention output, gate|up, the SwiGLU
 #                       output) are split: 4h + (h + q + 3f)/t, 4h + (q +
 #                       3f)/t selective, h full (Korthikanti's 10 + 24/t);
+#                       with sequence parallelism (--sp) the residual
+#                       stream and the norms run on s/t of the rows, but
+#                       each column layer keeps its all-gathered input
+#                       whole for its weight gradient (Megatron re-gathers
+#                       it in the backward instead): 2h + (3h + q + 3f)/t,
+#                       2h + (2h + q + 3f)/t selective, h/t full
+#                       (Korthikanti's 34/t), and the stage outputs sent
+#                       are row shards (h/t per token);
 #   send buffers      = every microbatch's stage output (or input gradient),
 #                       kept until the step ends (docs/memory-plan.md);
 #   backward working set = the largest backward call's scratch, read from
@@ -49,13 +57,16 @@ trap 'rm -rf "$work"' EXIT
 
 PP=2 DP=4 MB=8
 "$PIPERC" model llama-1b -o "$work/llama-1b.mlir"
-for tp in 1 4; do
+for cfg in 1 4 4sp; do
+  tp=${cfg%sp} sp=()
+  [[ $cfg == *sp ]] && sp=(--sp)
   for r in none selective full; do
     "$PIPERC" compile "$work/llama-1b.mlir" --pp $PP --dp $DP --tp $tp \
-      --microbatches $MB --recompute $r -o "$work/$r-tp$tp" >/dev/null
+      "${sp[@]}" --microbatches $MB --recompute $r -o "$work/$r-tp$cfg" \
+      >/dev/null
     "$PIPERC" compile "$work/llama-1b.mlir" --pp $PP --dp $DP --tp $tp \
-      --microbatches $MB --recompute $r --compile-to training-dag \
-      -o "$work/$r-tp$tp.dag.mlir"
+      "${sp[@]}" --microbatches $MB --recompute $r --compile-to training-dag \
+      -o "$work/$r-tp$cfg.dag.mlir"
   done
 done
 
@@ -73,9 +84,15 @@ b = tokens // s
 f = int(re.search(r"piper.swiglu %\S+ : \(tensor<\d+x(\d+)xf32>\)", model).group(1)) // 2
 V = int(re.search(r"piper.cross_entropy %\S+, %\S+ : \(tensor<\d+x(\d+)xf32>", model).group(1))
 E = 4  # fp32 bytes
-def per_token(r, t):
+def per_token(r, t, sp=False):
     """Kept elements per layer and token: the residual stream and norm
-    outputs whole, what lies between the column and row layers over t."""
+    outputs whole, what lies between the column and row layers over t; with
+    sequence parallelism the residual stream and norm inputs over t too, the
+    column layers' gathered inputs whole."""
+    if sp:
+        return {"none": 2 * h + (3 * h + q + 3 * f) / t,
+                "selective": 2 * h + (2 * h + q + 3 * f) / t,
+                "full": h / t}[r]
     return {"none": 4 * h + (h + q + 3 * f) / t,
             "selective": 4 * h + (q + 3 * f) / t, "full": h}[r]
 head_per_token = {"none": V + 2 * h, "selective": V + 2 * h, "full": V + h}
@@ -84,42 +101,49 @@ sbh = s * b * h
 print("llama-1b: h %d, heads %d, kv heads %d (q|k|v width %d), ffn %d, vocab %d; "
       "microbatch s %d x b %d; PP %d 1F1B, %d microbatches, fp32" % (
           h, a, kv, q, f, V, s, b, P, M))
-for t in (1, 4):
-    print("TP %d: kept per layer per microbatch: none %.0f MiB; in 16-bit units "
+for t, sp in ((1, False), (4, False), (4, True)):
+    print("TP %d%s: kept per layer per microbatch: none %.0f MiB; in 16-bit units "
           "of sbh: none %.1f sbh, selective %.1f sbh, full %.1f sbh "
-          "(Korthikanti et al.: sbh(10 + 24/t) + 5as^2b/t = %.1f sbh, "
-          "selective %.1f sbh, full 2sbh)" % (
-              t, E * tokens * per_token("none", t) / 2**20,
-              2 * per_token("none", t) / h, 2 * per_token("selective", t) / h,
-              2 * per_token("full", t) / h, 10 + 24 / t + 5 * a * s / (h * t),
-              10 + 24 / t))
+          "(Korthikanti et al.: sbh(10 + 24/t), or 34sbh/t with SP, + "
+          "5as^2b/t = %.1f sbh, selective %.1f sbh, full 2sbh)" % (
+              t, " + SP" if sp else "",
+              E * tokens * per_token("none", t, sp) / 2**20,
+              2 * per_token("none", t, sp) / h,
+              2 * per_token("selective", t, sp) / h,
+              2 * per_token("full", t, sp) / h,
+              (34 if sp else 10 + 24 / t) + 5 * a * s / (h * t),
+              34 / t if sp else 10 + 24 / t))
 print()
-print("%-9s %3s %5s %6s %6s %10s %10s %8s %10s %8s %10s %10s %6s" % (
+print("%-9s %5s %5s %6s %6s %10s %10s %8s %10s %8s %10s %10s %6s" % (
     "recompute", "tp", "stage", "layers", "flight", "planned", "kept", "sends",
     "bwd work", "tp cuts", "formula", "peak", "ratio"))
-for t, r in [(t, r) for t in (1, 4) for r in ("none", "selective", "full")]:
-    dag = open("%s/%s-tp%d.dag.mlir" % (work, r, t)).read()
-    manifest = open("%s/%s-tp%d/manifest.textproto" % (work, r, t)).read()
+for cfg, r in [(c, r) for c in ("1", "4", "4sp")
+               for r in ("none", "selective", "full")]:
+    t, sp = int(cfg.rstrip("sp")), cfg.endswith("sp")
+    dag = open("%s/%s-tp%s.dag.mlir" % (work, r, cfg)).read()
+    manifest = open("%s/%s-tp%s/manifest.textproto" % (work, r, cfg)).read()
     for stage, name in enumerate(re.findall(r'plan_file: "([^"]+)"', manifest)):
         body = re.search(r"piper.segment @stage%d_F\(.*?\n  \}" % stage, dag, re.S).group(0)
         layers = body.count("piper.attention ")
         flight = min(P - stage, M)  # 1F1B: stage p keeps P - p in flight
         mem = subprocess.run([piper_plan, "--memory",
-                              "%s/%s-tp%d/%s" % (work, r, t, name)],
+                              "%s/%s-tp%s/%s" % (work, r, cfg, name)],
                              check=True, capture_output=True, text=True).stdout
         m = re.search(r"arena (\d+) bytes = state (\d+) \+ step (\d+)", mem)
         arena, step = int(m.group(1)), int(m.group(3))
         work_set = max(int(x) for x in re.findall(
             r"(\d+) bytes, scratch of stream '[^']+', instruction \d+ \(task @stage\d+_B", mem))
-        kept = flight * layers * E * tokens * per_token(r, t)
+        kept = flight * layers * E * tokens * per_token(r, t, sp)
         if stage == P - 1:
             kept += flight * E * tokens * head_per_token[r]
-        sends = M * E * sbh  # one [s*b, h] output or input gradient per microbatch
-        cuts = (E * tokens * (per_token("none", t) - h)
+        # One [s*b, h] output or input gradient per microbatch (a row
+        # shard under SP).
+        sends = M * E * sbh / (t if sp else 1)
+        cuts = (E * tokens * (per_token("none", t, sp) - per_token("full", t, sp))
                 if r == "full" and t > 1 and layers else 0)
         formula = kept + sends + work_set + cuts
-        print("%-9s %3d %5d %6d %6d %9.2fG %9.2fG %7.2fG %9.2fG %7.2fG %9.2fG %9.2fG %6.3f" % (
-            r, t, stage, layers, flight, step / gib, kept / gib, sends / gib,
+        print("%-9s %5s %5d %6d %6d %9.2fG %9.2fG %7.2fG %9.2fG %7.2fG %9.2fG %9.2fG %6.3f" % (
+            r, cfg.replace("sp", "+sp"), stage, layers, flight, step / gib, kept / gib, sends / gib,
             work_set / gib, cuts / gib, formula / gib, arena / gib,
             step / formula))
 EOF

@@ -20,6 +20,7 @@ const std::vector<KernelSignature> &kernelSignatures() {
       {"swiglu", 1, 1, 1, {}},
       {"add", 2, 2, 1, {}},
       {"bias_add", 2, 2, 1, {}},
+      {"sp_split", 1, 1, 1, {"members"}},
       {"attention", 1, 1, 1, {"heads", "seq"}},
       {"moe_router", 1, 1, 2, {"top_k"}},
       {"moe_dispatch", 2, 2, 1, {"experts", "capacity"}},

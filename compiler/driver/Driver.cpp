@@ -524,13 +524,18 @@ int mlir::piper::pipercMain(int argc, char **argv) {
       "tensor parallelism: split every transformer block's matrices over "
       "groups of this many devices, Megatron's way (innermost: rank = "
       "stage group * dp * tp + replica * tp + member; docs/tensor-parallel.md)");
+  auto *spOpt = compileCmd->add_flag(
+      "--sp", comp.flags.sp,
+      "sequence parallelism (with --tp): the blocks' norms, residual adds "
+      "and biases run on each member's 1/tp of the rows, the all-reduces "
+      "become reduce-scatter + all-gather pairs; docs/tensor-parallel.md");
   auto *recomputeOpt = compileCmd->add_option(
       "--recompute", comp.flags.recompute,
       "activation recomputation: none (default), full (every transformer "
       "block keeps only its input; the backward re-runs its forward) or "
       "selective (the attention core only); docs/recompute.md");
   for (CLI::Option *opt : {ppOpt, dpOpt, mbOpt, schedOpt, zeroOpt, epOpt,
-                           vsOpt, bucketOpt, recomputeOpt, tpOpt})
+                           vsOpt, bucketOpt, recomputeOpt, tpOpt, spOpt})
     opt->excludes(strategyOpt);
   compileCmd->add_option("--world-size", comp.worldSize,
                          "number of devices (checked against the strategy)");

@@ -97,6 +97,9 @@ struct Directive {
   /// that splits the matched blocks' matrices). Its filter names model
   /// blocks (`block`), and `stream` the stream of its all-reduces.
   int64_t tensorParallel = 0;
+  /// shard_tensor: sequence parallelism ("sequence_parallel": true): the
+  /// blocks' norms, residual adds and biases run on each member's rows.
+  bool sequenceParallel = false;
 
   /// "directive #3 (place {...})" for messages.
   std::string describe() const;
@@ -229,6 +232,8 @@ struct StrategyFlags {
   std::string recompute = "none";
   /// --tp: the tensor-parallel degree.
   int64_t tp = 1;
+  /// --sp: sequence parallelism (needs --tp).
+  bool sp = false;
 };
 
 /// The strategy of the flags: errors name the flags (`--ep 3 must divide

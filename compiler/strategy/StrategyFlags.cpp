@@ -231,6 +231,18 @@ static std::string checkFlags(const StrategyFlags &f,
     return "--recompute must be none, full (every transformer block) or "
            "selective (their attention core), got '" +
            f.recompute + "'";
+  if (f.sp && f.tp < 2)
+    return llvm::formatv("--sp (sequence parallelism) needs --tp of at least "
+                         "2: it splits the rows of what tensor parallelism "
+                         "leaves whole on every member, got --tp {0}",
+                         f.tp)
+        .str();
+  if (f.sp && f.zero > 0)
+    return llvm::formatv("--zero {0} with --sp is not supported yet: the "
+                         "norm weights' gradients are partial sums over the "
+                         "tensor-parallel group (docs/tensor-parallel.md)",
+                         f.zero)
+        .str();
   if (f.ep < 1 || !dividesDevices(f.ep, f.dp))
     return llvm::formatv("--ep {0} must divide --dp {1}: expert-parallel "
                          "groups are carved out of a stage's data-parallel "
@@ -251,6 +263,14 @@ llvm::Expected<Strategy> mlir::piper::buildStrategy(const StrategyFlags &f) {
     return llvm::createStringError(err);
   Strategy s = strategyFromFlags(f.pp, f.dp, f.microbatches, *schedule, f.zero,
                                  f.ep, perDevice, f.bucketMb, f.tp);
+  if (f.sp) {
+    for (Directive &d : s.directives)
+      if (d.kind == Directive::ShardTensor) {
+        d.sequenceParallel = true;
+        d.text += " sequence_parallel";
+      }
+    s.summary += " sp";
+  }
   if (f.recompute != "none") {
     // Every transformer block: the recompute directive's default filter.
     Directive rc;

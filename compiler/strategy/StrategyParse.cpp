@@ -259,16 +259,19 @@ private:
   /// "shard_tensor": tensor parallelism. The matrices of the model blocks
   /// the filter selects (by `block`; every block when absent or "*") split
   /// over groups of `tp` devices, Megatron's way; `stream` names the stream
-  /// of the all-reduces it adds.
+  /// of the collectives it adds; `sequence_parallel` (default false) runs
+  /// the blocks' norms, residual adds and biases on each member's rows.
   llvm::Error parseShardTensor(llvm::StringSet<> &allowed) {
     d.kind = Directive::ShardTensor;
-    for (auto k : {"filter", "tp", "stream"})
+    for (auto k : {"filter", "tp", "stream", "sequence_parallel"})
       allowed.insert(k);
     if (const json::Value *f = obj.get("filter"))
       if (auto e = parseFilter(*f, d.filter, kRecomputeFilterKeys))
         return e;
     d.stream = "tp_stream";
     if (auto e = getString("stream", d.stream))
+      return e;
+    if (auto e = getBool("sequence_parallel", d.sequenceParallel))
       return e;
     return getInt("tp", d.tensorParallel, /*required=*/true);
   }

@@ -234,6 +234,41 @@ LogicalResult mlir::piper::applyReplicate(ModuleOp module, ProgramOp program,
   });
   if (!stageTag)
     stageTag = TagAttr::get(attrs.getContext());
+  // Sequence parallelism: a parameter read on each member's rows (a norm
+  // weight, a row bias) has a partial gradient on every rank, summed over
+  // the whole group at once: the tensor-parallel members and the data
+  // replicas (no subgroups), even without data parallelism.
+  llvm::SetVector<StringAttr> partial;
+  for (StringAttr p : params)
+    if (isSequencePartial(symbols.lookup<ParamOp>(p)))
+      partial.insert(p);
+  if (!partial.empty()) {
+    if (d.zero > 0)
+      return program.emitOpError(d.describe())
+             << ": ZeRO-" << d.zero << " with sequence parallelism is not "
+             << "supported yet (the gradient of @"
+             << partial.front().getValue()
+             << " is a partial sum over the tensor-parallel group)";
+    params.remove_if([&](StringAttr p) { return partial.contains(p); });
+    llvm::SetVector<StringAttr> colocatedPartial;
+    SmallVector<TaskOp> afterAllPartial;
+    if (failed(splitColocatedParams(program, d, segmentParams, backward,
+                                    ArrayAttr(), partial, colocatedPartial,
+                                    afterAllPartial)))
+      return failure();
+    if (!partial.empty())
+      allReduceGradients(program, d, segmentParams, partial.getArrayRef(),
+                         backward, stageTag, ArrayAttr());
+    if (!colocatedPartial.empty()) {
+      afterAllPartial.append(backward.begin(), backward.end());
+      llvm::sort(afterAllPartial, [](TaskOp a, TaskOp b) {
+        return a->isBeforeInBlock(b);
+      });
+      allReduceGradients(program, d, segmentParams,
+                         colocatedPartial.getArrayRef(), afterAllPartial,
+                         stageTag, ArrayAttr());
+    }
+  }
   // Expert weights split by `shard` (expert_members = G): member i of each
   // expert-parallel group holds block i, so their gradients are summed over
   // the replicas holding the same block (every G-th), never sharded by ZeRO.

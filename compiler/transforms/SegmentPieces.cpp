@@ -165,12 +165,17 @@ mlir::piper::splitAround(SegmentOp seg,
                          llvm::function_ref<bool(Operation &)> isMarker,
                          SymbolTable &symbols) {
   SmallVector<unsigned> cuts;
+  auto ops = seg.getBody().front().without_terminator();
+  const unsigned numOps = std::distance(ops.begin(), ops.end());
   unsigned i = 0;
-  for (Operation &op : seg.getBody().front().without_terminator()) {
+  // No cut before the first op or after the last: a marker there is a
+  // piece of its own already.
+  for (Operation &op : ops) {
     if (isMarker(op)) {
-      if (cuts.empty() || cuts.back() != i)
+      if (i > 0 && (cuts.empty() || cuts.back() != i))
         cuts.push_back(i);
-      cuts.push_back(i + 1);
+      if (i + 1 < numOps)
+        cuts.push_back(i + 1);
     }
     ++i;
   }

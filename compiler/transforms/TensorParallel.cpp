@@ -262,6 +262,8 @@ public:
       return fail(program) << "the model has no block " << *wanted
                            << " (its blocks are 0 to " << lastBlock << ")";
     int layers = 0;
+    // The blocks with a tensor-parallel layer: sequence parallelism's.
+    llvm::MapVector<SegmentOp, int64_t> split;
     for (auto [seg, block] : segments) {
       FailureOr<SmallVector<TpLayer>> found = layersOf(seg, block);
       if (failed(found))
@@ -273,13 +275,181 @@ public:
         if (failed(rewrite(layer)))
           return failure();
       layers += found->size();
+      if (!found->empty())
+        split.insert({seg, block});
     }
     if (layers == 0)
       return fail(program) << "the model has no transformer block (an "
                               "attention or MLP) to split";
     if (failed(sliceParams()))
       return failure();
+    if (d.sequenceParallel && failed(sequenceParallel(program, split)))
+      return failure();
     setTensorParallel(module, tp, d.stream);
+    return success();
+  }
+
+  /// Sequence parallelism over the selected blocks (Megatron's): f and g
+  /// become an all-gather and a reduce-scatter of rows, and what lies
+  /// outside them (norms, residual adds, row biases) runs on each member's
+  /// N / T rows. A block result every reader of which is a selected block
+  /// stays sharded; others are gathered (`sp_gather`), and whole values
+  /// entering a block are split (`sp_split`). Parameters read on rows
+  /// (norm weights, row biases) get partial gradients: replicate sums them
+  /// over the tensor-parallel group too (`piper.sequence_partial`).
+  LogicalResult sequenceParallel(
+      ProgramOp program, const llvm::MapVector<SegmentOp, int64_t> &segments) {
+    MLIRContext *ctx = module.getContext();
+    IntegerAttr members = IntegerAttr::get(IntegerType::get(ctx, 64), tp);
+    auto fail = [&](Operation *at, int64_t block) {
+      return at->emitOpError(d.describe())
+             << ": sequence parallelism: block " << block << "'s ";
+    };
+    llvm::DenseMap<Operation *, TaskOp> taskOf;
+    for (TaskOp t : program.getBody().front().getOps<TaskOp>()) {
+      auto seg = symbols.lookup<SegmentOp>(t.getSegment());
+      if (!segments.count(seg))
+        continue;
+      if (taskOf.count(seg))
+        return fail(t, segments.lookup(seg))
+               << "segment @" << seg.getSymName()
+               << " is called by more than one task";
+      taskOf[seg] = t;
+    }
+    auto selected = [&](Operation *op) {
+      auto t = dyn_cast<TaskOp>(op);
+      return t && segments.count(symbols.lookup<SegmentOp>(t.getSegment()));
+    };
+    // A selected task's result stays sharded when only selected tasks
+    // read it.
+    auto staysSharded = [&](Value v) {
+      return !v.use_empty() && llvm::all_of(v.getUsers(), selected);
+    };
+    auto rowsOf = [](Type t) -> int64_t {
+      auto r = dyn_cast<RankedTensorType>(t);
+      return r && r.getRank() == 2 && r.getElementType().isF32()
+                 ? r.getDimSize(0)
+                 : -1;
+    };
+    auto part = [&](Type t) {
+      return withDim(t, 0, cast<RankedTensorType>(t).getDimSize(0) / tp);
+    };
+    auto whole = [&](Type t) {
+      return withDim(t, 0, cast<RankedTensorType>(t).getDimSize(0) * tp);
+    };
+    for (auto [seg, block] : segments) {
+      TaskOp task = taskOf.lookup(seg);
+      Block &body = seg.getBody().front();
+      llvm::DenseSet<Value> sharded;
+      OpBuilder b(ctx);
+      b.setInsertionPointToStart(&body);
+      for (auto [i, arg] : llvm::enumerate(body.getArguments())) {
+        int64_t rows = rowsOf(arg.getType());
+        if (rows < 0)
+          continue;
+        if (rows % tp != 0)
+          return fail(seg, block)
+                 << "input " << i << " has " << rows
+                 << " rows (microbatch size times sequence), which tensor "
+                    "parallelism of "
+                 << tp << " does not divide";
+        Value in = task.getArgs()[i];
+        if (auto producer = in.getDefiningOp<TaskOp>();
+            producer && selected(producer) && staysSharded(in)) {
+          arg.setType(part(arg.getType()));
+          sharded.insert(arg);
+          continue;
+        }
+        auto split = SpSplitOp::create(b, seg.getLoc(), part(arg.getType()),
+                                       arg, members);
+        arg.replaceAllUsesExcept(split.getResult(), split);
+        sharded.insert(split.getResult());
+      }
+      for (Operation &op :
+           llvm::make_early_inc_range(body.without_terminator())) {
+        b.setInsertionPoint(&op);
+        if (auto copy = dyn_cast<TpCopyOp>(op)) {
+          if (!sharded.contains(copy.getInput()))
+            return fail(&op, block) << "column-parallel layer's input is "
+                                       "not on the sequence-parallel rows";
+          auto ag = SpAllGatherOp::create(
+              b, op.getLoc(), whole(copy.getInput().getType()),
+              copy.getInput(), members);
+          copy.getResult().replaceAllUsesWith(ag.getResult());
+          op.erase();
+          continue;
+        }
+        if (auto reduce = dyn_cast<TpReduceOp>(op)) {
+          auto rs = SpReduceScatterOp::create(
+              b, op.getLoc(), part(reduce.getInput().getType()),
+              reduce.getInput(), members);
+          reduce.getResult().replaceAllUsesWith(rs.getResult());
+          op.erase();
+          sharded.insert(rs.getResult());
+          continue;
+        }
+        if (isa<SpSplitOp>(op))
+          continue;
+        bool reads = llvm::any_of(op.getOperands(), [&](Value v) {
+          return sharded.contains(v);
+        });
+        if (!reads)
+          continue;
+        if (!isa<RmsNormOp, LayerNormOp, AddOp, BiasAddOp>(op)) {
+          if (!body.getOps<MoeRouterOp>().empty())
+            return fail(&op, block)
+                   << "MoE layer is not supported yet (its router's "
+                      "load-balancing statistics would need the whole "
+                      "sequence)";
+          return fail(&op, block)
+                 << op.getName()
+                 << " reads sequence-parallel rows but does not work row "
+                    "by row (only norms, adds and biases run on a member's "
+                    "rows)";
+        }
+        for (Value v : op.getOperands()) {
+          if (sharded.contains(v))
+            continue;
+          auto ref = v.getDefiningOp<ParamRefOp>();
+          if (!ref)
+            return fail(&op, block)
+                   << op.getName()
+                   << " mixes sequence-parallel rows with a whole value";
+          setSequencePartial(
+              symbols.lookup<ParamOp>(ref.getParamAttr().getAttr()));
+        }
+        for (Value r : op.getResults()) {
+          r.setType(part(r.getType()));
+          sharded.insert(r);
+        }
+      }
+      auto yield = cast<YieldOp>(body.getTerminator());
+      b.setInsertionPoint(yield);
+      SmallVector<Type> results;
+      for (auto [j, v] : llvm::enumerate(yield.getValues())) {
+        Value out = task.getOuts()[j];
+        bool want = staysSharded(out) && rowsOf(v.getType()) > 0;
+        bool have = sharded.contains(v);
+        if (have && !want) {
+          auto g = SpGatherOp::create(b, yield.getLoc(), whole(v.getType()),
+                                      v, members);
+          yield->setOperand(j, g.getResult());
+        } else if (want && !have) {
+          if (rowsOf(v.getType()) % tp != 0)
+            return fail(yield, block)
+                   << "result " << j << " has rows tensor parallelism of "
+                   << tp << " does not divide";
+          auto sp = SpSplitOp::create(b, yield.getLoc(), part(v.getType()),
+                                      v, members);
+          yield->setOperand(j, sp.getResult());
+        }
+        Type type = yield->getOperand(j).getType();
+        out.setType(type);
+        results.push_back(type);
+      }
+      seg.setFunctionTypeAttr(TypeAttr::get(
+          FunctionType::get(ctx, body.getArgumentTypes(), results)));
+    }
     return success();
   }
 
@@ -297,6 +467,24 @@ private:
 LogicalResult mlir::piper::applyShardTensor(ModuleOp module, ProgramOp program,
                                             const Directive &d) {
   return ShardTensor(module, d).run(program);
+}
+
+/// The markers that become collectives over the tensor-parallel group: g
+/// (an all-reduce) and sequence parallelism's all-gathers and
+/// reduce-scatters (sp_split stays a kernel: it needs no communication).
+static bool isCollectiveMarker(Operation &op) {
+  return isa<TpReduceOp, SpAllGatherOp, SpReduceScatterOp, SpGatherOp>(op);
+}
+
+/// The marker a piece of splitAround holds alone, or null.
+static Operation *soleMarker(SegmentOp piece) {
+  if (Operation *op = soleOp<TpReduceOp>(piece))
+    return op;
+  if (Operation *op = soleOp<SpAllGatherOp>(piece))
+    return op;
+  if (Operation *op = soleOp<SpReduceScatterOp>(piece))
+    return op;
+  return soleOp<SpGatherOp>(piece);
 }
 
 /// Moves each accumulate_grad of `seg` up to just after the op that
@@ -332,7 +520,8 @@ LogicalResult mlir::piper::lowerTensorParallel(ModuleOp module) {
   int64_t tp = getTensorParallel(module);
   if (tp < 2) {
     WalkResult stray = module.walk([](Operation *op) {
-      if (!isa<TpCopyOp, TpReduceOp>(op))
+      if (!isa<TpCopyOp, TpReduceOp, SpAllGatherOp, SpReduceScatterOp,
+               SpSplitOp, SpGatherOp>(op))
         return WalkResult::advance();
       op->emitOpError("needs the module's tensor-parallel degree "
                       "(piper.tensor_parallel, set by shard_tensor)");
@@ -356,7 +545,7 @@ LogicalResult mlir::piper::lowerTensorParallel(ModuleOp module) {
   SmallVector<std::pair<TaskOp, ArrayAttr>> tasks;
   for (TaskOp t : program->getBody().front().getOps<TaskOp>()) {
     auto seg = symbols.lookup<SegmentOp>(t.getSegment());
-    if (!seg || seg.getBody().front().getOps<TpReduceOp>().empty())
+    if (!seg || llvm::none_of(seg.getBody().front(), isCollectiveMarker))
       continue;
     ArrayRef<int64_t> devices =
         t.getDevices() ? t.getNodeDevices() : ArrayRef<int64_t>();
@@ -376,8 +565,8 @@ LogicalResult mlir::piper::lowerTensorParallel(ModuleOp module) {
     if (piecesOf.count(name))
       continue;
     hoistAccumulations(seg);
-    FailureOr<SegmentPieces> pieces = splitAround(
-        seg, [](Operation &op) { return isa<TpReduceOp>(op); }, symbols);
+    FailureOr<SegmentPieces> pieces =
+        splitAround(seg, isCollectiveMarker, symbols);
     if (failed(pieces))
       return failure();
     piecesOf[name] = std::move(*pieces);
@@ -388,19 +577,38 @@ LogicalResult mlir::piper::lowerTensorParallel(ModuleOp module) {
         t, pieces,
         [&](OpBuilder &b, unsigned j, ArrayRef<Value> args,
             ArrayRef<Value> deps) -> std::optional<PieceNode> {
-          if (!soleOp<TpReduceOp>(pieces.pieces[j]))
+          Operation *marker = soleMarker(pieces.pieces[j]);
+          if (!marker)
             return std::nullopt;
-          auto ar = AllReduceOp::create(b, t.getLoc(), ValueRange{args[0]},
-                                        deps, t.getDevicesAttr(), stream,
-                                        t.getTag());
+          Type type = marker->getResult(0).getType();
+          Operation *node;
+          Value result, done;
+          if (isa<TpReduceOp>(marker)) {
+            auto ar = AllReduceOp::create(b, t.getLoc(), ValueRange{args[0]},
+                                          deps, t.getDevicesAttr(), stream,
+                                          t.getTag());
+            node = ar, result = ar.getResults()[0], done = ar.getDone();
+          } else if (isa<SpReduceScatterOp>(marker)) {
+            auto rs = ReduceScatterOp::create(
+                b, t.getLoc(), type, b.getType<TokenType>(), args[0], deps,
+                t.getDevicesAttr(), stream, t.getTag(), IntegerAttr(),
+                ArrayAttr());
+            node = rs, result = rs.getResult(), done = rs.getDone();
+          } else {
+            auto ag = AllGatherOp::create(
+                b, t.getLoc(), type, b.getType<TokenType>(), args[0], deps,
+                t.getDevicesAttr(), stream, t.getTag(), IntegerAttr(),
+                ArrayAttr());
+            node = ag, result = ag.getResult(), done = ag.getDone();
+          }
           if (chunks.size() > 1)
-            ar.setSubgroupsAttr(chunks);
-          return PieceNode{ar, {ar.getResults()[0]}, ar.getDone()};
+            node->setAttr("subgroups", chunks);
+          return PieceNode{node, {result}, done};
         });
   }
   for (auto &entry : piecesOf) {
     for (SegmentOp piece : entry.second.pieces)
-      if (soleOp<TpReduceOp>(piece))
+      if (soleMarker(piece))
         symbols.erase(piece);
     symbols.erase(symbols.lookup<SegmentOp>(entry.first));
   }

@@ -195,6 +195,32 @@ LogicalResult TpReduceOp::emitInputGradients(OpBuilder &b,
   return success();
 }
 
+// Sequence parallelism: each row op's gradient is its dual.
+template <typename Dual, typename Op>
+static LogicalResult spDualGradient(Op op, OpBuilder &b, GradientEmitter &g) {
+  if (!g.needsGrad(op.getInput()))
+    return success();
+  g.addGrad(b, op.getInput(),
+            Dual::create(b, op.getLoc(), op.getInput().getType(),
+                         g.getGrad(op.getResult()), op.getMembersAttr()));
+  return success();
+}
+
+LogicalResult SpAllGatherOp::emitInputGradients(OpBuilder &b,
+                                                GradientEmitter &g) {
+  return spDualGradient<SpReduceScatterOp>(*this, b, g);
+}
+LogicalResult SpReduceScatterOp::emitInputGradients(OpBuilder &b,
+                                                    GradientEmitter &g) {
+  return spDualGradient<SpAllGatherOp>(*this, b, g);
+}
+LogicalResult SpSplitOp::emitInputGradients(OpBuilder &b, GradientEmitter &g) {
+  return spDualGradient<SpGatherOp>(*this, b, g);
+}
+LogicalResult SpGatherOp::emitInputGradients(OpBuilder &b, GradientEmitter &g) {
+  return spDualGradient<SpSplitOp>(*this, b, g);
+}
+
 //===----------------------------------------------------------------------===//
 // Losses
 //===----------------------------------------------------------------------===//

@@ -261,6 +261,16 @@ void mlir::piper::setTensorParallel(Operation *module, int64_t members,
                                                  b.getStringAttr(stream));
 }
 
+void mlir::piper::setSequencePartial(Operation *param) {
+  piperDialect(param)->getSequencePartialAttrHelper().setAttr(
+      param, UnitAttr::get(param->getContext()));
+}
+
+bool mlir::piper::isSequencePartial(Operation *param) {
+  return static_cast<bool>(
+      piperDialect(param)->getSequencePartialAttrHelper().getAttr(param));
+}
+
 int64_t mlir::piper::getTensorParallel(Operation *module) {
   if (IntegerAttr tp =
           piperDialect(module)->getTensorParallelAttrHelper().getAttr(module))
@@ -323,6 +333,12 @@ PiperDialect::verifyOperationAttribute(Operation *op, NamedAttribute attr) {
       return op->emitError("'piper.tensor_parallel_stream' must be a stream "
                            "name on the module, got ")
              << attr.getValue();
+    return success();
+  }
+  if (name == SequencePartialAttrHelper::getNameStr()) {
+    if (!isa<ParamOp>(op) || !isa<UnitAttr>(attr.getValue()))
+      return op->emitError("'piper.sequence_partial' must be a unit "
+                           "attribute on a piper.param");
     return success();
   }
   if (name == PassAttrHelper::getNameStr()) {

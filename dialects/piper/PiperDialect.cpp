@@ -223,6 +223,36 @@ LogicalResult BiasAddOp::verify() {
   return success();
 }
 
+/// A sequence-parallel row op: `members` >= 2, same columns, and rows
+/// multiplied (gathers) or divided (splits, scatters) by `members`.
+static LogicalResult verifySpRows(Operation *op, Value input, Value result,
+                                  int64_t members, bool gathers) {
+  if (members < 2)
+    return op->emitOpError("members must be at least 2, got ") << members;
+  int64_t in = dim(input, 0), out = dim(result, 0);
+  if (dim(input, 1) != dim(result, 1))
+    return op->emitOpError("input and result must have the same columns");
+  int64_t whole = gathers ? out : in, part = gathers ? in : out;
+  if (whole != part * members)
+    return op->emitOpError("the whole value must have ")
+           << members << " times the rows of each member's part: " << whole
+           << " rows against " << part;
+  return success();
+}
+
+LogicalResult SpAllGatherOp::verify() {
+  return verifySpRows(*this, getInput(), getResult(), getMembers(), true);
+}
+LogicalResult SpGatherOp::verify() {
+  return verifySpRows(*this, getInput(), getResult(), getMembers(), true);
+}
+LogicalResult SpReduceScatterOp::verify() {
+  return verifySpRows(*this, getInput(), getResult(), getMembers(), false);
+}
+LogicalResult SpSplitOp::verify() {
+  return verifySpRows(*this, getInput(), getResult(), getMembers(), false);
+}
+
 LogicalResult AttentionOp::verify() {
   int64_t width = dim(getResult(), 1);
   int64_t heads = getHeadsAttr().getInt(), kvHeads = int64_t(getNumKvHeads());

@@ -100,6 +100,12 @@ void setTensorParallel(Operation *module, int64_t members,
 int64_t getTensorParallel(Operation *module);
 llvm::StringRef getTensorParallelStream(Operation *module);
 
+/// The declared discardable attribute of a parameter that sequence
+/// parallelism reads on each member's rows (its gradient is partial over
+/// the tensor-parallel group).
+void setSequencePartial(Operation *param);
+bool isSequencePartial(Operation *param);
+
 } // namespace mlir::piper
 
 #endif // PIPER_DIALECTS_PIPER_PIPERDIALECT_H

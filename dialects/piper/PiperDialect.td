@@ -37,7 +37,11 @@ def Piper_Dialect : Dialect {
     // On the module: the tensor-parallel degree (`shard_tensor`; at least
     // 2) and the stream of its value all-reduces.
     "::mlir::IntegerAttr":$tensor_parallel,
-    "::mlir::StringAttr":$tensor_parallel_stream
+    "::mlir::StringAttr":$tensor_parallel_stream,
+    // On a parameter: sequence parallelism reads it on each member's rows
+    // (a norm weight, a row bias), so each member's gradient is a partial
+    // sum: replicate sums it over the tensor-parallel group too.
+    "::mlir::UnitAttr":$sequence_partial
   );
   let hasOperationAttrVerify = 1;
   let extraClassDeclaration = [{

@@ -327,48 +327,6 @@ def Piper_SwigluOp : Piper_ComputeOp<"swiglu", [Pure,
   let hasVerifier = 1;
 }
 
-def Piper_TpCopyOp : Piper_Op<"tp_copy", [Pure, SameOperandsAndResultType,
-    HasParent<"SegmentOp">,
-    DeclareOpInterfaceMethods<Piper_DifferentiableOpInterface>]> {
-  let summary = "Tensor parallelism's f: the identity, whose gradient is summed";
-  let description = [{
-    Megatron's `f` (docs/tensor-parallel.md): the input of a
-    column-parallel layer, which every member of the tensor-parallel group
-    holds whole. The identity forward; its gradient, each member's partial
-    input gradient, is summed over the group (`piper.tp_reduce`). The
-    tensor-parallel rewrite erases it once autodiff has read it.
-
-    ```mlir
-    %x1 = piper.tp_copy %x : tensor<128x64xf32>
-    ```
-  }];
-  let arguments = (ins F32Tensor2D:$input);
-  let results = (outs F32Tensor2D:$result);
-  let assemblyFormat = "$input attr-dict `:` type($result)";
-}
-
-def Piper_TpReduceOp : Piper_Op<"tp_reduce", [Pure, SameOperandsAndResultType,
-    HasParent<"SegmentOp">,
-    DeclareOpInterfaceMethods<Piper_DifferentiableOpInterface>]> {
-  let summary = "Tensor parallelism's g: the sum over the tensor-parallel group";
-  let description = [{
-    Megatron's `g` (docs/tensor-parallel.md): the output of a row-parallel
-    layer, a partial sum on each member of the tensor-parallel group, summed
-    over the group; its gradient is the identity. In backward segments it
-    sums the partial input gradients of column-parallel layers (the
-    gradient of `piper.tp_copy`). Never lowered: the tensor-parallel rewrite
-    cuts the segment around it and makes it a value `piper.all_reduce` over
-    the group, on the stream the directive names.
-
-    ```mlir
-    %y = piper.tp_reduce %partial : tensor<128x64xf32>
-    ```
-  }];
-  let arguments = (ins F32Tensor2D:$input);
-  let results = (outs F32Tensor2D:$result);
-  let assemblyFormat = "$input attr-dict `:` type($result)";
-}
-
 def Piper_CrossEntropyOp : Piper_ComputeOp<"cross_entropy", [Pure,
     DeclareOpInterfaceMethods<Piper_DifferentiableOpInterface, ["isLoss"]>]> {
   let summary = "Mean softmax cross-entropy of logits [N, V] against targets [B, S]";
@@ -597,6 +555,7 @@ def Piper_CrossEntropyGradOp : Piper_ComputeOp<"cross_entropy_grad", [Pure]> {
 }
 
 include "PiperMoeOps.td"
+include "PiperTpOps.td"
 
 //===----------------------------------------------------------------------===//
 // State: gradient accumulators, the step loss and the optimizer.

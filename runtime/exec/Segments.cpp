@@ -188,6 +188,7 @@ Status ExecutorImpl::call(int s, const Instruction &inst, StepState &st,
   ctx.lossAccumulator = &st.loss[s];
   ctx.step = st.step;
   ctx.lrScale = scheduleScale(plan.training(), st.step);
+  ctx.tensorMember = replica % plan::tensorParallel(plan);
   auto dataOf = [&](const Operand &op) -> void * {
     return op.kind() == Operand::VALUE ? values[op.index()]
                                        : stateOf(op.index(), op.kind())->data;

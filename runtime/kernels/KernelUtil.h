@@ -102,6 +102,7 @@ Status linearKernel(const KernelArgs &a);
 Status linearGradInputKernel(const KernelArgs &a);
 Status linearGradWeightKernel(const KernelArgs &a);
 Status biasAddKernel(const KernelArgs &a);
+Status spSplitKernel(const KernelArgs &a);
 Status biasGradKernel(const KernelArgs &a);
 
 // NormKernels.cpp

@@ -32,6 +32,7 @@ KernelInfo kernelTable[] = {
     {"swiglu", detail::swigluKernel, 0},
     {"add", detail::addKernel, 0},
     {"bias_add", detail::biasAddKernel, 0},
+    {"sp_split", detail::spSplitKernel, 0},
     {"attention", detail::attentionKernel, 0},
     {"moe_router", detail::moeRouterKernel, 0},
     {"moe_dispatch", detail::moeDispatchKernel, 0},

@@ -43,6 +43,10 @@ struct KernelContext {
   /// values). The CPU kernels ignore it (the executor rounds their results);
   /// the GPU kernels run their GEMMs on bf16 tensor cores.
   bool lowPrecision = false;
+  /// This rank's member of its tensor-parallel group (plan::Plan's
+  /// replica mod training.tensor_parallel): `sp_split` keeps that member's
+  /// rows. The plan is one per device class; the member is the rank's.
+  int64_t tensorMember = 0;
 };
 
 /// Every attribute name a kernel reads, as a compile-time id: kernels read

@@ -298,6 +298,35 @@ Status biasAddKernel(const KernelArgs &a) {
   return Status::ok();
 }
 
+Status checkSpSplit(const KernelArgs &a, int64_t &first, int64_t &rows,
+                    int64_t &cols) {
+  PIPER_RETURN_IF_ERROR(expectCounts(a, 1, 1, 1));
+  int64_t members = 0, whole = 0;
+  PIPER_RETURN_IF_ERROR(readInt(a, KernelAttr::kMembers, std::nullopt,
+                                members));
+  PIPER_RETURN_IF_ERROR(
+      expectMatrix(a, a.inputs[0], "x", plan::F32, whole, cols));
+  if (members < 2 || whole % members != 0)
+    return a.error("members " + std::to_string(members) +
+                   " must be at least 2 and divide the " +
+                   std::to_string(whole) + " rows");
+  if (a.ctx.tensorMember < 0 || a.ctx.tensorMember >= members)
+    return a.error("tensor-parallel member " +
+                   std::to_string(a.ctx.tensorMember) + " is not one of " +
+                   std::to_string(members));
+  rows = whole / members;
+  first = a.ctx.tensorMember * rows;
+  return expectTensor(a, a.outputs[0], "y", plan::F32, {rows, cols});
+}
+
+Status spSplitKernel(const KernelArgs &a) {
+  int64_t first = 0, rows = 0, cols = 0;
+  PIPER_RETURN_IF_ERROR(checkSpSplit(a, first, rows, cols));
+  std::copy_n(a.inputs[0].f32() + first * cols, rows * cols,
+              a.outputs[0].f32());
+  return Status::ok();
+}
+
 Status checkBiasGrad(const KernelArgs &a, int64_t &rows, int64_t &out) {
   PIPER_RETURN_IF_ERROR(expectCounts(a, 1, 1, 1));
   PIPER_RETURN_IF_ERROR(

@@ -29,6 +29,11 @@ Status checkLinearGradInput(const KernelArgs &a, LinearDims &d);
 Status checkLinearGradWeight(const KernelArgs &a, LinearDims &d);
 /// bias_add: (x [rows, out], b [out]) -> y [rows, out].
 Status checkBiasAdd(const KernelArgs &a, int64_t &rows, int64_t &out);
+/// sp_split: x [rows, cols] -> y [rows / members, cols], the context's
+/// tensor member's rows; `members` (>= 2) divides rows. Gives the member's
+/// first row.
+Status checkSpSplit(const KernelArgs &a, int64_t &first, int64_t &rows,
+                    int64_t &cols);
 /// bias_grad: dy [rows, out] -> db [out] (overwritten).
 Status checkBiasGrad(const KernelArgs &a, int64_t &rows, int64_t &out);
 /// cross_entropy: (logits [rows, vocab] f32, targets i32 of rows tokens) ->

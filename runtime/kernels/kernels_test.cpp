@@ -232,6 +232,7 @@ TEST_CASE("kernelNames lists every kernel once", "[kernels]") {
                                          "swiglu",
                                          "add",
                                          "bias_add",
+                                         "sp_split",
                                          "attention",
                                          "moe_router",
                                          "moe_dispatch",
@@ -582,6 +583,26 @@ TEST_CASE("bias_add adds the bias to every row", "[kernels][forward]") {
   checkGradient(K("bias_add"), fwdIns, 1, {4, 5}, dy.f, db[0].f);
   // And its input gradient is dy itself.
   checkGradient(K("bias_add"), fwdIns, 0, {4, 5}, dy.f, dy.f);
+}
+
+TEST_CASE("sp_split keeps the context's member's rows", "[kernels][forward]") {
+  // 4 rows of 2 over 2 members: member 1 keeps rows 2 and 3.
+  std::vector<Tensor> ins = {Tensor::f32({4, 2}, {0, 1, 2, 3, 4, 5, 6, 7})};
+  std::vector<Tensor> outs = {Tensor::f32({2, 2})};
+  KernelContext ctx;
+  ctx.tensorMember = 1;
+  REQUIRE(run(K("sp_split").i("members", 2), ins, outs, ctx).isOk());
+  CHECK(outs[0].f == std::vector<float>{4, 5, 6, 7});
+  ctx.tensorMember = 0;
+  REQUIRE(run(K("sp_split").i("members", 2), ins, outs, ctx).isOk());
+  CHECK(outs[0].f == std::vector<float>{0, 1, 2, 3});
+  // Errors: members that do not divide the rows, a member out of range.
+  std::vector<Tensor> three = {Tensor::f32({3, 2})};
+  CHECK(run(K("sp_split").i("members", 2), three, outs, ctx).message().find(
+            "must be at least 2 and divide the 3 rows") != std::string::npos);
+  ctx.tensorMember = 2;
+  CHECK(run(K("sp_split").i("members", 2), ins, outs, ctx).message().find(
+            "tensor-parallel member 2 is not one of 2") != std::string::npos);
 }
 
 TEST_CASE("attention on one and two tokens", "[kernels][forward]") {

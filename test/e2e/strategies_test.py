@@ -598,6 +598,12 @@ TP_CASES = [
     # gpt: biased layers (the row layers' biases added after the sum).
     ("gpt", COMPOSITION_GPT, [], [
         ("tp2", TP2, 2, ["full", "selective"]),
+        # Sequence parallelism: layer norms, residual adds and the row
+        # layers' biases on each member's rows.
+        ("tp2 + sp", TP2 + ["--sp"], 2, ["full", "selective"]),
+        ("pp2 x dp2 x tp2 + sp zb-h1",
+         ["--tp", "2", "--sp", "--dp", "2", "--pp", "2", "--microbatches",
+          "4", "--schedule", "zb-h1"], 8, []),
         ("dp2 x tp2 zero-3", ["--tp", "2", "--dp", "2", "--microbatches", "4",
                               "--zero", "3"], 4, ["selective"]),
         ("pp2 x tp2 1f1b", TP2 + ["--pp", "2"], 4, ["full"]),
@@ -610,6 +616,8 @@ TP_CASES = [
                                        "--microbatches", "4", "--schedule",
                                        "dualpipev", "--clip-grad", "0.5"],
          8, []),
+        ("pp2 x tp2 + sp 1f1b", TP2 + ["--sp", "--pp", "2", "--clip-grad",
+                                       "0.5"], 4, []),
         # The tied copies' ZeRO ranges summed member by member.
         ("pp2 x dp2 x tp2 zero-3 1f1b",
          ["--tp", "2", "--dp", "2", "--pp", "2", "--microbatches", "4",
@@ -617,6 +625,15 @@ TP_CASES = [
     ]),
     ("llama", TP_LLAMA, [], [
         ("tp2", TP2, 2, ["full", "selective"]),
+        ("tp2 + sp", TP2 + ["--sp"], 2, ["full", "selective"]),
+        ("tp4 + sp", ["--tp", "4", "--sp", "--microbatches", "8"], 4, []),
+        ("pp2 x tp2 + sp 1f1b", TP2 + ["--sp", "--pp", "2"], 4,
+         ["full", "selective"]),
+        ("dp2 x tp2 + sp", ["--tp", "2", "--sp", "--dp", "2",
+                            "--microbatches", "4"], 4, ["full"]),
+        ("pp2 x tp2 + sp dualpipev", TP2 + ["--sp", "--pp", "2",
+                                            "--schedule", "dualpipev"], 4,
+         []),
         ("tp4", ["--tp", "4", "--microbatches", "8"], 4, ["full"]),
         ("pp2 x tp2 1f1b", TP2 + ["--pp", "2"], 4, ["full", "selective"]),
         ("dp2 x tp2", ["--tp", "2", "--dp", "2", "--microbatches", "4"], 4,
@@ -669,10 +686,12 @@ TP_GRAD_CASES = [
     ("llama-tp", TP_LLAMA,
      [("1 device", ["--microbatches", "2"], 1),
       ("tp2", ["--tp", "2", "--microbatches", "2"], 2),
+      ("tp2 + sp", ["--tp", "2", "--sp", "--microbatches", "2"], 2),
       ("pp2 x tp2", ["--tp", "2", "--pp", "2", "--microbatches", "2"], 4)]),
     ("gpt-tp", COMPOSITION_GPT,
      [("1 device", ["--microbatches", "2"], 1),
-      ("tp2", ["--tp", "2", "--microbatches", "2"], 2)]),
+      ("tp2", ["--tp", "2", "--microbatches", "2"], 2),
+      ("tp2 + sp", ["--tp", "2", "--sp", "--microbatches", "2"], 2)]),
 ]
 
 
@@ -700,7 +719,8 @@ def main_tensor_parallel(work):
         [("1 device", ["--microbatches", "8", "--dtype", "bf16"], 1),
          ("tp2", TP2 + ["--dtype", "bf16"], 2),
          ("pp2 x dp2 x tp2", ["--tp", "2", "--dp", "2", "--pp", "2",
-                              "--microbatches", "4", "--dtype", "bf16"], 8)],
+                              "--microbatches", "4", "--dtype", "bf16"], 8),
+         ("tp2 + sp", TP2 + ["--sp", "--dtype", "bf16"], 2)],
         bf16_param_atol(STEPS), bf16_loss_rtol)
     passed, failed = passed + p, failed + f
     print("%d passed, %d failed" % (passed, failed))

@@ -62,6 +62,13 @@ Status biasAdd(const KernelArgs &a, const Context &ctx) {
   return launchAdd(ctx, a.inputs[0].f32(), y, y, rows * out);
 }
 
+Status spSplit(const KernelArgs &a, const Context &ctx) {
+  int64_t first = 0, rows = 0, cols = 0;
+  PIPER_RETURN_IF_ERROR(detail::checkSpSplit(a, first, rows, cols));
+  return copyAsync(ctx, a.outputs[0].f32(), a.inputs[0].f32() + first * cols,
+                   static_cast<size_t>(rows * cols) * sizeof(float));
+}
+
 Status biasGrad(const KernelArgs &a, const Context &ctx) {
   int64_t rows = 0, out = 0;
   PIPER_RETURN_IF_ERROR(detail::checkBiasGrad(a, rows, out));
@@ -111,6 +118,7 @@ void addLinearKernels(std::vector<KernelEntry> &out) {
                             {"linear_grad_input", linearGradInput},
                             {"linear_grad_weight", linearGradWeight},
                             {"bias_add", biasAdd},
+                            {"sp_split", spSplit},
                             {"bias_grad", biasGrad},
                             {"cross_entropy", crossEntropy},
                             {"cross_entropy_grad", crossEntropyGrad},

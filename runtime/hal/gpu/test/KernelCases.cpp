@@ -191,6 +191,7 @@ CaseResult runCase(const KernelCase &c, Device &cpu, Device &gpu) {
     ctx.step = c.step;
     ctx.lrScale = c.lrScale;
     ctx.lowPrecision = c.lowPrecision;
+    ctx.tensorMember = c.tensorMember;
     Status st = device.runKernel(*info, kernel, decodeKernelAttrs(kernel), ins,
                                  outs, ctx);
     if (!st) {

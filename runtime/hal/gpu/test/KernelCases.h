@@ -57,6 +57,8 @@ struct KernelCase {
   int64_t step = 1;
   double lrScale = 1.0;
   bool lowPrecision = false;
+  /// The rank's tensor-parallel member (sp_split).
+  int64_t tensorMember = 0;
   /// Also compares the loss accumulator (loss_accumulate).
   bool checksLoss = false;
   /// Not empty: a malformed call. Both devices must reject it with the same

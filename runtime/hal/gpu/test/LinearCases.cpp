@@ -94,6 +94,20 @@ void linearCases(std::vector<KernelCase> &out) {
                    {},
                    {f32({rows, cols}), f32({cols})},
                    {zeros({rows, cols})}});
+  // sp_split: each member's rows, of one row and of many.
+  for (auto [rows, cols, members] : std::vector<std::tuple<int64_t, int64_t,
+                                                           int64_t>>{
+           {2, 3, 2}, {1000, 257, 4}})
+    for (int64_t m = 0; m < members; ++m) {
+      KernelCase c{"sp_split " + dims({rows, cols}) + " member " +
+                       std::to_string(m) + " of " + std::to_string(members),
+                   "sp_split",
+                   {{"members", intAttr(members)}},
+                   {f32({rows, cols})},
+                   {zeros({rows / members, cols})}};
+      c.tensorMember = m;
+      out.push_back(c);
+    }
   // bias_grad: one chunk of rows, several with a partial last one
   // (kColumnChunkRows = 64), no rows (db = 0), one column.
   for (auto [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{

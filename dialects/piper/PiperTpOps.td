@@ -1,0 +1,126 @@
+// Tensor and sequence parallelism's markers (docs/tensor-parallel.md):
+// Megatron's f and g and the sequence-parallel row collectives, which the
+// tensor-parallel rewrite inserts into the forward model and autodiff
+// differentiates; after placement they become collectives.
+#ifndef PIPER_TP_OPS
+#define PIPER_TP_OPS
+
+def Piper_TpCopyOp : Piper_Op<"tp_copy", [Pure, SameOperandsAndResultType,
+    HasParent<"SegmentOp">,
+    DeclareOpInterfaceMethods<Piper_DifferentiableOpInterface>]> {
+  let summary = "Tensor parallelism's f: the identity, whose gradient is summed";
+  let description = [{
+    Megatron's `f` (docs/tensor-parallel.md): the input of a
+    column-parallel layer, which every member of the tensor-parallel group
+    holds whole. The identity forward; its gradient, each member's partial
+    input gradient, is summed over the group (`piper.tp_reduce`). The
+    tensor-parallel rewrite erases it once autodiff has read it.
+
+    ```mlir
+    %x1 = piper.tp_copy %x : tensor<128x64xf32>
+    ```
+  }];
+  let arguments = (ins F32Tensor2D:$input);
+  let results = (outs F32Tensor2D:$result);
+  let assemblyFormat = "$input attr-dict `:` type($result)";
+}
+
+def Piper_TpReduceOp : Piper_Op<"tp_reduce", [Pure, SameOperandsAndResultType,
+    HasParent<"SegmentOp">,
+    DeclareOpInterfaceMethods<Piper_DifferentiableOpInterface>]> {
+  let summary = "Tensor parallelism's g: the sum over the tensor-parallel group";
+  let description = [{
+    Megatron's `g` (docs/tensor-parallel.md): the output of a row-parallel
+    layer, a partial sum on each member of the tensor-parallel group, summed
+    over the group; its gradient is the identity. In backward segments it
+    sums the partial input gradients of column-parallel layers (the
+    gradient of `piper.tp_copy`). Never lowered: the tensor-parallel rewrite
+    cuts the segment around it and makes it a value `piper.all_reduce` over
+    the group, on the stream the directive names.
+
+    ```mlir
+    %y = piper.tp_reduce %partial : tensor<128x64xf32>
+    ```
+  }];
+  let arguments = (ins F32Tensor2D:$input);
+  let results = (outs F32Tensor2D:$result);
+  let assemblyFormat = "$input attr-dict `:` type($result)";
+}
+
+
+//===----------------------------------------------------------------------===//
+// Sequence parallelism (docs/tensor-parallel.md): the parts of a block that
+// tensor parallelism leaves replicated (norms, residual adds, biases) run on
+// each member's rows; `members` is the tensor-parallel degree T, and member
+// m holds rows [m N / T, (m + 1) N / T) of an N-row value.
+//===----------------------------------------------------------------------===//
+
+class Piper_SpRowsOp<string mnemonic, list<Trait> traits = []>
+    : Piper_Op<mnemonic, !listconcat(traits, [Pure, HasParent<"SegmentOp">,
+        DeclareOpInterfaceMethods<Piper_DifferentiableOpInterface>])> {
+  let arguments = (ins F32Tensor2D:$input, I64Attr:$members);
+  let results = (outs F32Tensor2D:$result);
+  let assemblyFormat = "$input attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Piper_SpAllGatherOp : Piper_SpRowsOp<"sp_all_gather"> {
+  let summary = "Sequence parallelism's f: gathers the members' rows";
+  let description = [{
+    Megatron's `f` under sequence parallelism: the input of a
+    column-parallel layer, each member's rows [N / T, M], concatenated in
+    member order into [N, M]; its gradient is a reduce-scatter
+    (`piper.sp_reduce_scatter`). Lowered, after placement, to a value
+    `piper.all_gather` over each tensor-parallel group.
+
+    ```mlir
+    %x = piper.sp_all_gather %rows {members = 2 : i64} : (tensor<64x64xf32>) -> tensor<128x64xf32>
+    ```
+  }];
+}
+
+def Piper_SpReduceScatterOp : Piper_SpRowsOp<"sp_reduce_scatter"> {
+  let summary = "Sequence parallelism's g: sums over the group, keeps own rows";
+  let description = [{
+    Megatron's `g` under sequence parallelism: a row-parallel layer's
+    partial output [N, M] summed over the group, member m keeping rows m of
+    the sum [N / T, M]; its gradient is an all-gather
+    (`piper.sp_all_gather`). Lowered to a value `piper.reduce_scatter`.
+
+    ```mlir
+    %y = piper.sp_reduce_scatter %partial {members = 2 : i64} : (tensor<128x64xf32>) -> tensor<64x64xf32>
+    ```
+  }];
+}
+
+def Piper_SpSplitOp : Piper_SpRowsOp<"sp_split",
+    [Piper_CostOpInterface]> {
+  let summary = "Enters the sequence-parallel region: keeps this member's rows";
+  let description = [{
+    A value every member holds whole (the embedding's output) entering a
+    sequence-parallel block: member m keeps rows m of T. No communication:
+    the kernel reads the member from the runtime (docs/kernels.md). Its
+    gradient gathers the members' row gradients (`piper.sp_gather`).
+
+    ```mlir
+    %rows = piper.sp_split %x {members = 2 : i64} : (tensor<128x64xf32>) -> tensor<64x64xf32>
+    ```
+  }];
+}
+
+def Piper_SpGatherOp : Piper_SpRowsOp<"sp_gather"> {
+  let summary = "Leaves the sequence-parallel region: gathers the rows";
+  let description = [{
+    A sequence-parallel value read by a part every member computes whole
+    (the final norm's consumer, the LM head): the members' rows
+    concatenated. Every member then computes the same gradient of the whole
+    value, so the gradient keeps this member's rows (`piper.sp_split`).
+    Lowered to a value `piper.all_gather`.
+
+    ```mlir
+    %x = piper.sp_gather %rows {members = 2 : i64} : (tensor<64x64xf32>) -> tensor<128x64xf32>
+    ```
+  }];
+}
+
+#endif // PIPER_TP_OPS
