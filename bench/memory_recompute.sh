@@ -111,7 +111,7 @@ for t, sp in ((1, False), (4, False), (4, True)):
               2 * per_token("none", t, sp) / h,
               2 * per_token("selective", t, sp) / h,
               2 * per_token("full", t, sp) / h,
-              (34 if sp else 10 + 24 / t) + 5 * a * s / (h * t),
+              (34 / t if sp else 10 + 24 / t) + 5 * a * s / (h * t),
               34 / t if sp else 10 + 24 / t))
 print()
 print("%-9s %5s %5s %6s %6s %10s %10s %8s %10s %8s %10s %10s %6s" % (
