@@ -8,7 +8,10 @@
 # principles for our layers:
 #   kept activations  = in-flight microbatches x layers x per-layer bytes
 #                       (+ the head's logits and norm outputs on the last
-#                       stage), per layer and token: 5h + q + 3f elements
+#                       stage: V + 2h per token, V/t + 4t + 1 + 2h under
+#                       TP's vocabulary parallelism, whose logits are a
+#                       member's columns and whose loss keeps [4t + 1]
+#                       statistics), per layer and token: 5h + q + 3f elements
 #                       without recomputation, 4h + q + 3f selective, h full
 #                       (Korthikanti et al. 2022's 34sbh + 5as^2b adapted:
 #                       no dropout masks, no s^2 softmax, packed q|k|v and
@@ -95,7 +98,12 @@ def per_token(r, t, sp=False):
                 "full": h / t}[r]
     return {"none": 4 * h + (h + q + 3 * f) / t,
             "selective": 4 * h + (q + 3 * f) / t, "full": h}[r]
-head_per_token = {"none": V + 2 * h, "selective": V + 2 * h, "full": V + h}
+def head_per_token(r, t):
+    """The head's kept elements per token: its logits (a member's V/t
+    columns and the loss statistics under vocabulary parallelism), the
+    final norm's output and, but under full recomputation, its input."""
+    logits = V if t == 1 else V / t + 4 * t + 1
+    return logits + (h if r == "full" else 2 * h)
 gib = 2.0 ** 30
 sbh = s * b * h
 print("llama-1b: h %d, heads %d, kv heads %d (q|k|v width %d), ffn %d, vocab %d; "
@@ -135,7 +143,7 @@ for cfg, r in [(c, r) for c in ("1", "4", "4sp")
             r"(\d+) bytes, scratch of stream '[^']+', instruction \d+ \(task @stage\d+_B", mem))
         kept = flight * layers * E * tokens * per_token(r, t, sp)
         if stage == P - 1:
-            kept += flight * E * tokens * head_per_token[r]
+            kept += flight * E * tokens * head_per_token(r, t)
         # One [s*b, h] output or input gradient per microbatch (a row
         # shard under SP).
         sends = M * E * sbh / (t if sp else 1)

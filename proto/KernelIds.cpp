@@ -35,6 +35,10 @@ const std::vector<KernelSignature> &kernelSignatures() {
       {"moe_ep_gather", 2, 2, 1, {"experts", "capacity", "members"}},
       {"moe_ep_scatter", 2, 2, 1, {"experts", "capacity", "members"}},
       {"cross_entropy", 2, 2, 1, {}},
+      // Vocabulary parallelism: a member's statistics, the loss from
+      // their sum over the group (docs/tensor-parallel.md §5c).
+      {"vocab_ce_stats", 2, 2, 1, {"members"}},
+      {"vocab_cross_entropy", 3, 3, 1, {"members"}},
       {"loss_accumulate", 1, 1, 0, {}},
       // Backward.
       {"embedding_grad", 2, 2, 1, {}},
@@ -56,6 +60,7 @@ const std::vector<KernelSignature> &kernelSignatures() {
       {"moe_combine_grad", 4, 4, 2, {"experts", "capacity"}},
       {"moe_aux_loss_grad", 2, 2, 1, {"experts", "top_k"}},
       {"cross_entropy_grad", 2, 2, 1, {}},
+      {"vocab_cross_entropy_grad", 3, 3, 1, {"members"}},
       // State and optimizer.
       {"accumulate", 1, 1, 1, {}},
       {"zero", 0, 0, 1, {}},

@@ -529,13 +529,19 @@ int mlir::piper::pipercMain(int argc, char **argv) {
       "sequence parallelism (with --tp): the blocks' norms, residual adds "
       "and biases run on each member's 1/tp of the rows, the all-reduces "
       "become reduce-scatter + all-gather pairs; docs/tensor-parallel.md");
+  auto *vocabOpt = compileCmd->add_flag(
+      "--no-vocab-parallel", comp.flags.noVocabParallel,
+      "with --tp: keep the token embedding and LM head whole on every "
+      "member (by default they are split by vocabulary rows and the loss "
+      "never gathers the logits; docs/tensor-parallel.md)");
   auto *recomputeOpt = compileCmd->add_option(
       "--recompute", comp.flags.recompute,
       "activation recomputation: none (default), full (every transformer "
       "block keeps only its input; the backward re-runs its forward) or "
       "selective (the attention core only); docs/recompute.md");
   for (CLI::Option *opt : {ppOpt, dpOpt, mbOpt, schedOpt, zeroOpt, epOpt,
-                           vsOpt, bucketOpt, recomputeOpt, tpOpt, spOpt})
+                           vsOpt, bucketOpt, recomputeOpt, tpOpt, spOpt,
+                           vocabOpt})
     opt->excludes(strategyOpt);
   compileCmd->add_option("--world-size", comp.worldSize,
                          "number of devices (checked against the strategy)");

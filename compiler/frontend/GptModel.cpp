@@ -398,13 +398,15 @@ SegmentOp GptModelBuilder::buildEmbed() {
   Value tokens = segment.getBody().getArgument(0);
   if (cfg.llamaLike()) {
     Value x = EmbeddingOp::create(b, loc("tok_embeddings"), act(cfg.hidden),
-                                  tokens, ref("tok_embeddings.weight"));
+                                  tokens, ref("tok_embeddings.weight"),
+                                  IntegerAttr());
     YieldOp::create(b, loc("embed"), ValueRange{x});
     return segment;
   }
   Value wte = ref("wte");
   Value wpe = ref("wpe");
-  Value x = EmbeddingOp::create(b, loc("wte"), act(cfg.hidden), tokens, wte);
+  Value x = EmbeddingOp::create(b, loc("wte"), act(cfg.hidden), tokens, wte,
+                                IntegerAttr());
   x = PositionAddOp::create(b, loc("wpe"), act(cfg.hidden), x, wpe,
                             static_cast<uint64_t>(cfg.seq));
   YieldOp::create(b, loc("embed"), ValueRange{x});

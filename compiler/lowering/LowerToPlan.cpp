@@ -427,11 +427,8 @@ private:
         setInt("vocab",
                cast<RankedTensorType>(eg.getResult().getType()).getDimSize(0));
       }
-      if (auto emb = dyn_cast<EmbeddingOp>(op))
-        p.mutable_training()->set_vocab_size(
-            cast<RankedTensorType>(emb.getTable().getType()).getDimSize(0));
       // The loss seed 1 / (microbatches * replicas), times the term's weight.
-      if (isa<CrossEntropyGradOp>(op))
+      if (isa<CrossEntropyGradOp, VocabCrossEntropyGradOp>(op))
         setFloat("scale", lossScale);
       // Every member of a tensor-parallel group computes the same loss:
       // the reported sum over ranks counts it once.
@@ -516,9 +513,11 @@ mlir::piper::lowerToPlans(ModuleOp module, const std::string &modelName,
         param.set_copies(copies[param.name()]);
   // Every class loads batches, so each needs the vocabulary size even when
   // the embedding lives elsewhere.
+  // A vocabulary-parallel table is one member's rows.
   int64_t vocab = 0;
   module.walk([&](EmbeddingOp emb) {
-    vocab = cast<RankedTensorType>(emb.getTable().getType()).getDimSize(0);
+    vocab = cast<RankedTensorType>(emb.getTable().getType()).getDimSize(0) *
+            emb.getMembers().value_or(1);
   });
   for (plan::Plan &p : out.plans)
     p.mutable_training()->set_vocab_size(vocab);

@@ -100,6 +100,10 @@ struct Directive {
   /// shard_tensor: sequence parallelism ("sequence_parallel": true): the
   /// blocks' norms, residual adds and biases run on each member's rows.
   bool sequenceParallel = false;
+  /// shard_tensor: vocabulary parallelism ("vocab_parallel", default true):
+  /// the token embedding and the LM head split by vocabulary rows, the
+  /// loss computed without gathering the logits.
+  bool vocabParallel = true;
 
   /// "directive #3 (place {...})" for messages.
   std::string describe() const;
@@ -234,6 +238,9 @@ struct StrategyFlags {
   int64_t tp = 1;
   /// --sp: sequence parallelism (needs --tp).
   bool sp = false;
+  /// --no-vocab-parallel: keep the embedding and LM head whole on every
+  /// tensor-parallel member (needs --tp).
+  bool noVocabParallel = false;
 };
 
 /// The strategy of the flags: errors name the flags (`--ep 3 must divide

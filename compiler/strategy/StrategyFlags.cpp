@@ -237,12 +237,9 @@ static std::string checkFlags(const StrategyFlags &f,
                          "leaves whole on every member, got --tp {0}",
                          f.tp)
         .str();
-  if (f.sp && f.zero > 0)
-    return llvm::formatv("--zero {0} with --sp is not supported yet: the "
-                         "norm weights' gradients are partial sums over the "
-                         "tensor-parallel group (docs/tensor-parallel.md)",
-                         f.zero)
-        .str();
+  if (f.noVocabParallel && f.tp < 2)
+    return "--no-vocab-parallel needs --tp of at least 2 (it keeps the "
+           "embedding and LM head whole on every tensor-parallel member)";
   if (f.ep < 1 || !dividesDevices(f.ep, f.dp))
     return llvm::formatv("--ep {0} must divide --dp {1}: expert-parallel "
                          "groups are carved out of a stage's data-parallel "
@@ -263,6 +260,12 @@ llvm::Expected<Strategy> mlir::piper::buildStrategy(const StrategyFlags &f) {
     return llvm::createStringError(err);
   Strategy s = strategyFromFlags(f.pp, f.dp, f.microbatches, *schedule, f.zero,
                                  f.ep, perDevice, f.bucketMb, f.tp);
+  if (f.noVocabParallel)
+    for (Directive &d : s.directives)
+      if (d.kind == Directive::ShardTensor) {
+        d.vocabParallel = false;
+        d.text += " vocab_parallel=false";
+      }
   if (f.sp) {
     for (Directive &d : s.directives)
       if (d.kind == Directive::ShardTensor) {

@@ -260,10 +260,13 @@ private:
   /// the filter selects (by `block`; every block when absent or "*") split
   /// over groups of `tp` devices, Megatron's way; `stream` names the stream
   /// of the collectives it adds; `sequence_parallel` (default false) runs
-  /// the blocks' norms, residual adds and biases on each member's rows.
+  /// the blocks' norms, residual adds and biases on each member's rows;
+  /// `vocab_parallel` (default true) splits the token embedding and the LM
+  /// head by vocabulary rows, whatever the filter.
   llvm::Error parseShardTensor(llvm::StringSet<> &allowed) {
     d.kind = Directive::ShardTensor;
-    for (auto k : {"filter", "tp", "stream", "sequence_parallel"})
+    for (auto k : {"filter", "tp", "stream", "sequence_parallel",
+                   "vocab_parallel"})
       allowed.insert(k);
     if (const json::Value *f = obj.get("filter"))
       if (auto e = parseFilter(*f, d.filter, kRecomputeFilterKeys))
@@ -272,6 +275,8 @@ private:
     if (auto e = getString("stream", d.stream))
       return e;
     if (auto e = getBool("sequence_parallel", d.sequenceParallel))
+      return e;
+    if (auto e = getBool("vocab_parallel", d.vocabParallel))
       return e;
     return getInt("tp", d.tensorParallel, /*required=*/true);
   }

@@ -237,18 +237,14 @@ LogicalResult mlir::piper::applyReplicate(ModuleOp module, ProgramOp program,
   // Sequence parallelism: a parameter read on each member's rows (a norm
   // weight, a row bias) has a partial gradient on every rank, summed over
   // the whole group at once: the tensor-parallel members and the data
-  // replicas (no subgroups), even without data parallelism.
+  // replicas (no subgroups), even without data parallelism. Under ZeRO
+  // these (vectors of the hidden size) stay whole on every rank, as expert
+  // weights do; the other parameters are sharded.
   llvm::SetVector<StringAttr> partial;
   for (StringAttr p : params)
     if (isSequencePartial(symbols.lookup<ParamOp>(p)))
       partial.insert(p);
   if (!partial.empty()) {
-    if (d.zero > 0)
-      return program.emitOpError(d.describe())
-             << ": ZeRO-" << d.zero << " with sequence parallelism is not "
-             << "supported yet (the gradient of @"
-             << partial.front().getValue()
-             << " is a partial sum over the tensor-parallel group)";
     params.remove_if([&](StringAttr p) { return partial.contains(p); });
     llvm::SetVector<StringAttr> colocatedPartial;
     SmallVector<TaskOp> afterAllPartial;

@@ -281,11 +281,105 @@ public:
     if (layers == 0)
       return fail(program) << "the model has no transformer block (an "
                               "attention or MLP) to split";
+    if (d.vocabParallel && failed(vocabParallel(program)))
+      return failure();
     if (failed(sliceParams()))
       return failure();
     if (d.sequenceParallel && failed(sequenceParallel(program, split)))
       return failure();
     setTensorParallel(module, tp, d.stream);
+    return success();
+  }
+
+  /// Why the vocabulary of `vocab` tokens cannot be split, or success.
+  LogicalResult checkVocab(Operation *at, StringRef what, int64_t vocab) {
+    if (vocab % tp == 0)
+      return success();
+    return at->emitOpError(d.describe())
+           << ": vocabulary parallelism: " << what << " has a vocabulary of "
+           << vocab << " tokens, which tensor parallelism of " << tp
+           << " does not divide (pad the vocabulary to a multiple of " << tp
+           << ", or keep the embedding and LM head whole with "
+              "\"vocab_parallel\": false, --no-vocab-parallel)";
+  }
+
+  /// Vocabulary parallelism (Megatron's vocab-parallel embedding and cross
+  /// entropy), over every segment whatever the filter: each token embedding
+  /// table and each LM head (the linear layer whose logits a cross entropy
+  /// reads) split by vocabulary rows. An embedding gives zero rows for
+  /// other members' ids and a g (`piper.tp_reduce`) sums them; the head
+  /// reads its input through f (`piper.tp_copy`), and its member's logits
+  /// go to `piper.vocab_ce_stats`, whose per-row statistics g sums before
+  /// `piper.vocab_cross_entropy`: the logits are never gathered. A head
+  /// tied to the embedding (`transpose_w` on the table) takes the same
+  /// rows.
+  LogicalResult vocabParallel(ProgramOp program) {
+    MLIRContext *ctx = module.getContext();
+    IntegerAttr members = IntegerAttr::get(IntegerType::get(ctx, 64), tp);
+    llvm::SmallPtrSet<Operation *, 8> seen;
+    auto fail = [&](Operation *at) {
+      return at->emitOpError(d.describe()) << ": vocabulary parallelism: ";
+    };
+    for (TaskOp t : program.getBody().front().getOps<TaskOp>()) {
+      auto seg = symbols.lookup<SegmentOp>(t.getSegment());
+      if (!seg || !seen.insert(seg).second)
+        continue;
+      for (Operation &op : llvm::make_early_inc_range(
+               seg.getBody().front().without_terminator())) {
+        if (auto emb = dyn_cast<EmbeddingOp>(op)) {
+          if (!emb.getTable().getDefiningOp<ParamRefOp>())
+            return fail(emb) << "the embedding's table is not a parameter";
+          if (failed(checkVocab(emb, "the token embedding",
+                                dimOf(emb.getTable(), 0))) ||
+              failed(addSlice(emb.getTable(), Slice{0, {}}, emb)))
+            return failure();
+          emb.setMembersAttr(members);
+          OpBuilder b(ctx);
+          b.setInsertionPointAfter(emb);
+          auto sum = TpReduceOp::create(b, emb.getLoc(), emb.getResult());
+          emb.getResult().replaceAllUsesExcept(sum, sum);
+          rewritten.insert(emb);
+          continue;
+        }
+        auto ce = dyn_cast<CrossEntropyOp>(op);
+        if (!ce)
+          continue;
+        Value logits = ce.getLogits();
+        auto head = logits.getDefiningOp<LinearOp>();
+        if (!head || !head.getWeight().getDefiningOp<ParamRefOp>() ||
+            !logits.hasOneUse())
+          return fail(ce) << "the loss's logits are not computed by a "
+                             "linear layer of their own (the LM head)";
+        int64_t vocab = dimOf(logits, 1);
+        if (failed(checkVocab(ce, "the LM head", vocab)) ||
+            failed(addSlice(head.getWeight(),
+                            Slice{head.getTransposeW() ? 0 : 1, {}}, head)))
+          return failure();
+        if (Value bias = head.getBias()) {
+          if (!bias.getDefiningOp<ParamRefOp>())
+            return fail(head) << "the LM head's bias is not a parameter";
+          if (failed(addSlice(bias, Slice{0, {}}, head)))
+            return failure();
+        }
+        OpBuilder b(head);
+        Value copy = TpCopyOp::create(b, head.getLoc(), head.getInput());
+        head.getInputMutable().assign(copy);
+        logits.setType(withDim(logits.getType(), 1, vocab / tp));
+        b.setInsertionPoint(ce);
+        int64_t rows = dimOf(logits, 0);
+        auto stats = VocabCeStatsOp::create(
+            b, ce.getLoc(),
+            RankedTensorType::get({rows, 4 * tp + 1}, b.getF32Type()), logits,
+            ce.getTargets(), members);
+        auto sum = TpReduceOp::create(b, ce.getLoc(), stats.getResult());
+        auto loss = VocabCrossEntropyOp::create(b, ce.getLoc(), ce.getType(),
+                                                sum, logits, ce.getTargets(),
+                                                members);
+        ce.getLoss().replaceAllUsesWith(loss.getLoss());
+        ce.erase();
+        rewritten.insert(head);
+      }
+    }
     return success();
   }
 
@@ -296,7 +390,10 @@ public:
   /// stays sharded; others are gathered (`sp_gather`), and whole values
   /// entering a block are split (`sp_split`). Parameters read on rows
   /// (norm weights, row biases) get partial gradients: replicate sums them
-  /// over the tensor-parallel group too (`piper.sequence_partial`).
+  /// over the tensor-parallel group too (`piper.sequence_partial`). Any
+  /// other op reading rows (an MoE layer's router, dispatch and experts)
+  /// runs whole on every member on the gathered rows (`sp_gather`), and a
+  /// whole value meeting rows again is split (`sp_split`).
   LogicalResult sequenceParallel(
       ProgramOp program, const llvm::MapVector<SegmentOp, int64_t> &segments) {
     MLIRContext *ctx = module.getContext();
@@ -365,6 +462,8 @@ public:
         arg.replaceAllUsesExcept(split.getResult(), split);
         sharded.insert(split.getResult());
       }
+      // Sharded values gathered for ops that need every row, once each.
+      llvm::DenseMap<Value, Value> gathered;
       for (Operation &op :
            llvm::make_early_inc_range(body.without_terminator())) {
         b.setInsertionPoint(&op);
@@ -396,27 +495,44 @@ public:
         if (!reads)
           continue;
         if (!isa<RmsNormOp, LayerNormOp, AddOp, BiasAddOp>(op)) {
-          if (!body.getOps<MoeRouterOp>().empty())
-            return fail(&op, block)
-                   << "MoE layer is not supported yet (its router's "
-                      "load-balancing statistics would need the whole "
-                      "sequence)";
-          return fail(&op, block)
-                 << op.getName()
-                 << " reads sequence-parallel rows but does not work row "
-                    "by row (only norms, adds and biases run on a member's "
-                    "rows)";
+          // Not a norm, add or bias (an MoE layer's router, dispatch and
+          // experts, whose capacity and load-balancing statistics are the
+          // whole microbatch's): it runs whole on every member, on the
+          // gathered rows, as without sequence parallelism.
+          for (OpOperand &use : op.getOpOperands()) {
+            Value v = use.get();
+            if (!sharded.contains(v))
+              continue;
+            Value &all = gathered[v];
+            if (!all) {
+              OpBuilder gb(ctx);
+              gb.setInsertionPointAfterValue(v);
+              all = SpGatherOp::create(gb, op.getLoc(), whole(v.getType()), v,
+                                       members);
+            }
+            use.set(all);
+          }
+          continue;
         }
-        for (Value v : op.getOperands()) {
+        for (OpOperand &use : op.getOpOperands()) {
+          Value v = use.get();
           if (sharded.contains(v))
             continue;
-          auto ref = v.getDefiningOp<ParamRefOp>();
-          if (!ref)
+          if (auto ref = v.getDefiningOp<ParamRefOp>()) {
+            setSequencePartial(
+                symbols.lookup<ParamOp>(ref.getParamAttr().getAttr()));
+            continue;
+          }
+          // A whole value every member computed alike (an MoE layer's
+          // output) meets the rows: this member's rows of it.
+          int64_t rows = rowsOf(v.getType());
+          if (rows < 0 || rows % tp != 0)
             return fail(&op, block)
-                   << op.getName()
-                   << " mixes sequence-parallel rows with a whole value";
-          setSequencePartial(
-              symbols.lookup<ParamOp>(ref.getParamAttr().getAttr()));
+                   << op.getName() << " mixes sequence-parallel rows with "
+                   << v.getType() << ", whose rows tensor parallelism of "
+                   << tp << " does not divide";
+          use.set(SpSplitOp::create(b, op.getLoc(), part(v.getType()), v,
+                                    members));
         }
         for (Value r : op.getResults()) {
           r.setType(part(r.getType()));

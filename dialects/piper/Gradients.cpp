@@ -27,7 +27,8 @@ LogicalResult EmbeddingOp::emitWeightGradients(OpBuilder &b,
     g.addGrad(b, getTable(),
               EmbeddingGradOp::create(b, getLoc(), getTable().getType(),
                                       g.getSaved(b, getIds()),
-                                      g.getGrad(getResult())));
+                                      g.getGrad(getResult()),
+                                      getMembersAttr()));
   return success();
 }
 
@@ -238,6 +239,26 @@ LogicalResult CrossEntropyOp::emitInputGradients(OpBuilder &b,
   g.addGrad(b, getLogits(),
             CrossEntropyGradOp::create(b, getLoc(), getLogits().getType(),
                                        logits, targets));
+  return success();
+}
+
+bool VocabCrossEntropyOp::isLoss() { return true; }
+
+LogicalResult VocabCrossEntropyOp::emitInputGradients(OpBuilder &b,
+                                                      GradientEmitter &g) {
+  if (!g.isReturnedLoss(getLoss()))
+    return success();
+  g.accumulateLoss(getLoss(), b.getF64FloatAttr(1.0));
+  // The statistics get no gradient: the logits' follows from them directly
+  // (their maxima cancel out of the loss, and the sums' and the target's
+  // terms are this member's columns of softmax - onehot).
+  Value targets = g.getSaved(b, getTargets());
+  Value logits = g.getSaved(b, getLogits());
+  Value stats = g.getSaved(b, getStats());
+  g.addGrad(b, getLogits(),
+            VocabCrossEntropyGradOp::create(b, getLoc(), getLogits().getType(),
+                                            stats, logits, targets,
+                                            getMembersAttr()));
   return success();
 }
 

@@ -170,6 +170,8 @@ LogicalResult EmbeddingOp::verify() {
   if (dim(getResult(), 0) != rows || dim(getResult(), 1) != dim(getTable(), 1))
     return emitOpError("result must be [") << rows << ", " << dim(getTable(), 1)
                                            << "], got " << getResult().getType();
+  if (getMembers() && *getMembers() < 2)
+    return emitOpError("members must be at least 2, got ") << *getMembers();
   return success();
 }
 
@@ -403,6 +405,36 @@ LogicalResult CrossEntropyOp::verify() {
                                        << " rows but targets hold " << rows
                                        << " tokens";
   return success();
+}
+
+/// The checks shared by the vocabulary-parallel loss ops: `members` at
+/// least 2, logits rows equal to the target tokens, and `stats` (when
+/// given) [rows, 4 members + 1].
+static LogicalResult verifyVocabLoss(Operation *op, Value logits,
+                                     Value targets, Value stats,
+                                     int64_t members) {
+  if (members < 2)
+    return op->emitOpError("members must be at least 2, got ") << members;
+  int64_t rows = dim(targets, 0) * dim(targets, 1);
+  if (dim(logits, 0) != rows)
+    return op->emitOpError("logits have ")
+           << dim(logits, 0) << " rows but targets hold " << rows
+           << " tokens";
+  if (stats && (dim(stats, 0) != rows || dim(stats, 1) != 4 * members + 1))
+    return op->emitOpError("statistics must be [")
+           << rows << ", " << 4 * members + 1 << "] (4 members + 1 columns), "
+           << "got " << stats.getType();
+  return success();
+}
+
+LogicalResult VocabCeStatsOp::verify() {
+  return verifyVocabLoss(*this, getLogits(), getTargets(), getResult(),
+                         getMembers());
+}
+
+LogicalResult VocabCrossEntropyOp::verify() {
+  return verifyVocabLoss(*this, getLogits(), getTargets(), getStats(),
+                         getMembers());
 }
 
 //===----------------------------------------------------------------------===//

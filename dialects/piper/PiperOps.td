@@ -161,11 +161,18 @@ def Piper_EmbeddingOp : Piper_ComputeOp<"embedding", [Pure,
     row b*S+s holding `table[ids[b, s]]`. An id outside [0, V) is a
     run-time error naming it.
 
+    With `members` T (vocabulary parallelism, docs/tensor-parallel.md
+    §5c), `table` is member m's rows [m V, (m + 1) V) of a global [T V, H]
+    table (the member comes from the runtime): an id outside them gives a
+    zero row, and a `piper.tp_reduce` sums the members' results. An id
+    outside [0, T V) is a run-time error.
+
     ```mlir
     %x = piper.embedding %ids, %wte : (tensor<4x32xi32>, tensor<256x64xf32>) -> tensor<128x64xf32>
     ```
   }];
-  let arguments = (ins I32Tensor2D:$ids, F32Tensor2D:$table);
+  let arguments = (ins I32Tensor2D:$ids, F32Tensor2D:$table,
+                       OptionalAttr<I64Attr>:$members);
   let results = (outs F32Tensor2D:$result);
   let assemblyFormat = "$ids `,` $table attr-dict `:` functional-type(operands, results)";
   let hasVerifier = 1;
@@ -355,13 +362,16 @@ def Piper_EmbeddingGradOp : Piper_ComputeOp<"embedding_grad", [Pure, Piper_Weigh
   let description = [{
     The gradient of `piper.embedding` with respect to its table: a
     [V, H] tensor (V from the result type) where row v sums the rows of
-    `grad` [B*S, H] whose id is v. Ids are not differentiable.
+    `grad` [B*S, H] whose id is v. Ids are not differentiable. With
+    `members` (vocabulary parallelism), row v is id m V + v of member m,
+    and rows of other members' ids are skipped.
 
     ```mlir
     %dwte = piper.embedding_grad %ids, %dx : (tensor<4x32xi32>, tensor<128x64xf32>) -> tensor<256x64xf32>
     ```
   }];
-  let arguments = (ins I32Tensor2D:$ids, F32Tensor2D:$grad);
+  let arguments = (ins I32Tensor2D:$ids, F32Tensor2D:$grad,
+                       OptionalAttr<I64Attr>:$members);
   let results = (outs F32Tensor2D:$result);
   let assemblyFormat = "$ids `,` $grad attr-dict `:` functional-type(operands, results)";
 }

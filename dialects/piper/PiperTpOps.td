@@ -123,4 +123,75 @@ def Piper_SpGatherOp : Piper_SpRowsOp<"sp_gather"> {
   }];
 }
 
+//===----------------------------------------------------------------------===//
+// Vocabulary parallelism (docs/tensor-parallel.md §5c): the token embedding
+// and the LM head split by vocabulary rows over the tensor-parallel group;
+// member m of T holds ids [m V, (m + 1) V) of the global vocabulary (V the
+// local size). The loss is never computed on gathered logits: each member
+// reduces its columns to per-row statistics, which a `piper.tp_reduce`
+// sums over the group.
+//===----------------------------------------------------------------------===//
+
+def Piper_VocabCeStatsOp : Piper_ComputeOp<"vocab_ce_stats", [Pure]> {
+  let summary = "A member's softmax statistics of its vocabulary columns";
+  let description = [{
+    `logits` [N, V] are columns [m V, (m + 1) V) of the whole logits on
+    member m of `members` T (the member comes from the runtime); `targets`
+    [B, S] hold global ids. The result [N, 4T + 1] is zero except, per
+    row, column m (the local maximum), columns T + m, 2T + m and 3T + m
+    (the sum of exp(logit - maximum) over the local columns, as three terms
+    whose first two are bf16 values: bf16 storage in mixed precision keeps
+    it whole) and, where the target is a local id, column 4T (its logit). Summed over the members (a
+    `piper.tp_reduce`, exact: each column has one non-zero term), it holds
+    every member's statistics. No gradient: `piper.vocab_cross_entropy`
+    differentiates the logits directly.
+
+    ```mlir
+    %s = piper.vocab_ce_stats %logits, %targets {members = 2 : i64} : (tensor<128x128xf32>, tensor<4x32xi32>) -> tensor<128x9xf32>
+    ```
+  }];
+  let arguments = (ins F32Tensor2D:$logits, I32Tensor2D:$targets,
+                       I64Attr:$members);
+  let results = (outs F32Tensor2D:$result);
+  let assemblyFormat = "$logits `,` $targets attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Piper_VocabCrossEntropyOp : Piper_ComputeOp<"vocab_cross_entropy", [Pure,
+    DeclareOpInterfaceMethods<Piper_DifferentiableOpInterface, ["isLoss"]>]> {
+  let summary = "Mean cross entropy from the summed vocabulary statistics";
+  let description = [{
+    The mean over the N rows of log-sum-exp - target logit, the
+    log-sum-exp over the whole vocabulary read from `stats` (the members'
+    `piper.vocab_ce_stats`, summed): M + log(sum_j s_j exp(m_j - M)), M
+    the largest member maximum, s_j the sum of member j's three terms.
+    Every member computes the same loss.
+    `logits` and `targets` are this member's, read only by the gradient
+    (`piper.vocab_cross_entropy_grad`), which needs no communication.
+
+    ```mlir
+    %loss = piper.vocab_cross_entropy %s, %logits, %targets {members = 2 : i64} : (tensor<128x9xf32>, tensor<128x128xf32>, tensor<4x32xi32>) -> tensor<f32>
+    ```
+  }];
+  let arguments = (ins F32Tensor2D:$stats, F32Tensor2D:$logits,
+                       I32Tensor2D:$targets, I64Attr:$members);
+  let results = (outs F32Scalar:$loss);
+  let assemblyFormat = "$stats `,` $logits `,` $targets attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Piper_VocabCrossEntropyGradOp : Piper_ComputeOp<"vocab_cross_entropy_grad", [Pure]> {
+  let summary = "A member's columns of the cross entropy's logit gradient";
+  let description = [{
+    `dlogits = (exp(logits - lse) - onehot(targets)) / N` on this member's
+    columns (the one-hot only where the target is a local id), `lse` each
+    row's log-sum-exp from the summed statistics, times the loss seed that
+    the runtime fills in (as for `piper.cross_entropy_grad`).
+  }];
+  let arguments = (ins F32Tensor2D:$stats, F32Tensor2D:$logits,
+                       I32Tensor2D:$targets, I64Attr:$members);
+  let results = (outs F32Tensor2D:$result);
+  let assemblyFormat = "$stats `,` $logits `,` $targets attr-dict `:` functional-type(operands, results)";
+}
+
 #endif // PIPER_TP_OPS

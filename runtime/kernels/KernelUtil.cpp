@@ -154,6 +154,24 @@ Status badAttr(const KernelArgs &a, KernelAttr id, const std::string &what) {
 }
 } // namespace
 
+Status readVocabShard(const KernelArgs &a, int64_t vocab, bool required,
+                      int64_t &members, int64_t &first) {
+  PIPER_RETURN_IF_ERROR(readInt(a, KernelAttr::kMembers,
+                                required ? std::nullopt
+                                         : std::optional<int64_t>(1),
+                                members));
+  if (members < 1 || (required && members < 2))
+    return a.error("members " + std::to_string(members) + " must be at least " +
+                   (required ? "2" : "1"));
+  int64_t member = members == 1 ? 0 : a.ctx.tensorMember;
+  if (member < 0 || member >= members)
+    return a.error("tensor-parallel member " +
+                   std::to_string(a.ctx.tensorMember) + " is not one of " +
+                   std::to_string(members));
+  first = member * vocab;
+  return Status::ok();
+}
+
 Status readInt(const KernelArgs &a, KernelAttr id, std::optional<int64_t> dflt,
                int64_t &value) {
   const KernelAttrs::Value &attr = a.attrs[id];

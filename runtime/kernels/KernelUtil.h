@@ -62,6 +62,12 @@ Status expectTokens(const KernelArgs &a, const TensorRef &t, const char *name,
 /// Checks that every token of `t` (already validated) lies in [0, limit).
 Status expectTokensBelow(const KernelArgs &a, const TensorRef &t,
                          const char *name, int64_t limit);
+/// Vocabulary parallelism (docs/tensor-parallel.md §5c): reads attribute
+/// `members` (the tensor-parallel degree; default 1 unless `required`,
+/// else at least 2) and gives this rank's first vocabulary id, its
+/// context's tensor member times the local `vocab`.
+Status readVocabShard(const KernelArgs &a, int64_t vocab, bool required,
+                      int64_t &members, int64_t &first);
 /// Checks that each dimension fits the 32-bit integers of the BLAS interface.
 Status expectBlasDims(const KernelArgs &a, std::initializer_list<int64_t> dims);
 
@@ -151,6 +157,9 @@ Status expertLinearGradWeightKernel(const KernelArgs &a);
 // LossKernels.cpp
 Status crossEntropyKernel(const KernelArgs &a);
 Status crossEntropyGradKernel(const KernelArgs &a);
+Status vocabCeStatsKernel(const KernelArgs &a);
+Status vocabCrossEntropyKernel(const KernelArgs &a);
+Status vocabCrossEntropyGradKernel(const KernelArgs &a);
 Status lossAccumulateKernel(const KernelArgs &a);
 
 // OptimizerKernels.cpp

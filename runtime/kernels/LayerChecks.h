@@ -14,12 +14,16 @@
 
 namespace piper::runtime::detail {
 
-/// embedding: (ids i32 [N] or [B,S], table [V,H]) -> y [N,H].
+/// embedding: (ids i32 [N] or [B,S], table [V,H]) -> y [N,H]. With
+/// attribute `members` T (vocabulary parallelism), the table holds ids
+/// [first, first + V) of T V, `first` the context's member times V (else
+/// 0), and other ids give zero rows.
 Status checkEmbedding(const KernelArgs &a, int64_t &rows, int64_t &vocab,
-                      int64_t &hidden);
-/// embedding_grad: (ids, dy [N,H]) -> dtable [V,H]; attribute vocab = V.
+                      int64_t &hidden, int64_t &first, int64_t &members);
+/// embedding_grad: (ids, dy [N,H]) -> dtable [V,H]; attribute vocab = V,
+/// and `members` as embedding's (other members' ids are skipped).
 Status checkEmbeddingGrad(const KernelArgs &a, int64_t &rows, int64_t &vocab,
-                          int64_t &hidden);
+                          int64_t &hidden, int64_t &first, int64_t &members);
 /// position_add: (x [N,H], pos [P,H]) -> y [N,H]; attribute seq, N a
 /// multiple of seq, P >= seq. Row n adds pos row n % seq.
 Status checkPositionAdd(const KernelArgs &a, int64_t &rows, int64_t &hidden,

@@ -35,28 +35,34 @@ PIPER_SIMD void sumsToFloat(const double *__restrict sum,
 } // namespace
 
 Status checkEmbedding(const KernelArgs &a, int64_t &rows, int64_t &vocab,
-                      int64_t &hidden) {
+                      int64_t &hidden, int64_t &first, int64_t &members) {
   PIPER_RETURN_IF_ERROR(expectCounts(a, 2, 2, 1));
   PIPER_RETURN_IF_ERROR(expectTokens(a, a.inputs[0], "ids", rows));
   PIPER_RETURN_IF_ERROR(
       expectMatrix(a, a.inputs[1], "table", plan::F32, vocab, hidden));
+  PIPER_RETURN_IF_ERROR(
+      readVocabShard(a, vocab, /*required=*/false, members, first));
   return expectTensor(a, a.outputs[0], "y", plan::F32, {rows, hidden});
 }
 
 Status embeddingKernel(const KernelArgs &a) {
-  int64_t rows = 0, vocab = 0, hidden = 0;
-  PIPER_RETURN_IF_ERROR(checkEmbedding(a, rows, vocab, hidden));
+  int64_t rows = 0, vocab = 0, hidden = 0, first = 0, members = 1;
+  PIPER_RETURN_IF_ERROR(checkEmbedding(a, rows, vocab, hidden, first, members));
   const TensorRef &ids = a.inputs[0], &table = a.inputs[1], &y = a.outputs[0];
-  PIPER_RETURN_IF_ERROR(expectTokensBelow(a, ids, "ids", vocab));
+  PIPER_RETURN_IF_ERROR(expectTokensBelow(a, ids, "ids", vocab * members));
 
-  for (int64_t n = 0; n < rows; ++n)
-    std::copy_n(table.f32() + ids.i32()[n] * hidden, hidden,
-                y.f32() + n * hidden);
+  for (int64_t n = 0; n < rows; ++n) {
+    int64_t id = ids.i32()[n] - first;
+    if (id >= 0 && id < vocab)
+      std::copy_n(table.f32() + id * hidden, hidden, y.f32() + n * hidden);
+    else
+      std::fill_n(y.f32() + n * hidden, hidden, 0.0f);
+  }
   return Status::ok();
 }
 
 Status checkEmbeddingGrad(const KernelArgs &a, int64_t &rows, int64_t &vocab,
-                          int64_t &hidden) {
+                          int64_t &hidden, int64_t &first, int64_t &members) {
   PIPER_RETURN_IF_ERROR(expectCounts(a, 2, 2, 1));
   PIPER_RETURN_IF_ERROR(expectTokens(a, a.inputs[0], "ids", rows));
   PIPER_RETURN_IF_ERROR(
@@ -68,14 +74,15 @@ Status checkEmbeddingGrad(const KernelArgs &a, int64_t &rows, int64_t &vocab,
   if (vocabAttr != vocab)
     return a.error("attribute 'vocab' is " + std::to_string(vocabAttr) +
                    " but dtable has " + std::to_string(vocab) + " rows");
-  return Status::ok();
+  return readVocabShard(a, vocab, /*required=*/false, members, first);
 }
 
 Status embeddingGradKernel(const KernelArgs &a) {
-  int64_t rows = 0, vocab = 0, hidden = 0;
-  PIPER_RETURN_IF_ERROR(checkEmbeddingGrad(a, rows, vocab, hidden));
+  int64_t rows = 0, vocab = 0, hidden = 0, first = 0, members = 1;
+  PIPER_RETURN_IF_ERROR(
+      checkEmbeddingGrad(a, rows, vocab, hidden, first, members));
   const TensorRef &ids = a.inputs[0], &dy = a.inputs[1], &dtable = a.outputs[0];
-  PIPER_RETURN_IF_ERROR(expectTokensBelow(a, ids, "ids", vocab));
+  PIPER_RETURN_IF_ERROR(expectTokensBelow(a, ids, "ids", vocab * members));
 
   // Visit the rows grouped by id so each table row is summed once, in token
   // order, without a [V,H] double buffer.
@@ -88,11 +95,19 @@ Status embeddingGradKernel(const KernelArgs &a) {
   std::vector<double> sum(hidden);
   for (int64_t begin = 0; begin < rows;) {
     int32_t id = idData[order[begin]];
-    std::fill(sum.begin(), sum.end(), 0.0);
     int64_t end = begin;
+    // Another member's id: its rows are that member's.
+    if (id < first || id >= first + vocab) {
+      while (end < rows && idData[order[end]] == id)
+        ++end;
+      begin = end;
+      continue;
+    }
+    std::fill(sum.begin(), sum.end(), 0.0);
     for (; end < rows && idData[order[end]] == id; ++end)
       addRowToSums(sum.data(), dy.f32() + order[end] * hidden, hidden);
-    sumsToFloat(sum.data(), dtable.f32() + int64_t(id) * hidden, hidden);
+    sumsToFloat(sum.data(), dtable.f32() + (int64_t(id) - first) * hidden,
+                hidden);
     begin = end;
   }
   return Status::ok();

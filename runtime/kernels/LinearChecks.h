@@ -43,6 +43,20 @@ Status checkCrossEntropy(const KernelArgs &a, int64_t &rows, int64_t &vocab);
 /// (attribute, default 1) multiplies the mean's gradient.
 Status checkCrossEntropyGrad(const KernelArgs &a, int64_t &rows, int64_t &vocab,
                              double &scale);
+/// The vocabulary-parallel loss kernels' dimensions: rows, this member's
+/// columns (vocab), the group's members and this member's first id.
+struct VocabDims {
+  int64_t rows = 0, vocab = 0, members = 0, first = 0;
+};
+/// vocab_ce_stats: (logits [rows, vocab], targets) -> stats [rows,
+/// 4 members + 1]; `members` (attribute, >= 2) and the context's member.
+Status checkVocabCeStats(const KernelArgs &a, VocabDims &d);
+/// vocab_cross_entropy: (stats, logits, targets) -> loss (f32 scalar).
+Status checkVocabCrossEntropy(const KernelArgs &a, VocabDims &d);
+/// vocab_cross_entropy_grad: (stats, logits, targets) -> dlogits [rows,
+/// vocab]; `scale` as cross_entropy_grad's.
+Status checkVocabCrossEntropyGrad(const KernelArgs &a, VocabDims &d,
+                                  double &scale);
 /// loss_accumulate: loss (f32 scalar) -> the context's loss accumulator,
 /// which must exist; `scale` (attribute, default 1).
 Status checkLossAccumulate(const KernelArgs &a, double &scale);

@@ -6,15 +6,15 @@
 #include "runtime/kernels/LinearChecks.h"
 #include "runtime/kernels/Parallel.h"
 #include "runtime/kernels/VecMath.h"
+#include "runtime/support/Precision.h"
 
 namespace piper::runtime::detail {
 
 // Shared checks of cross_entropy and its gradient (not the targets' range:
 // the kernels below check that, the GPU kernels cannot read the targets).
-static Status checkLogitsAndTargets(const KernelArgs &a, int64_t &rows,
-                                    int64_t &vocab) {
-  PIPER_RETURN_IF_ERROR(expectCounts(a, 2, 2, 1));
-  const TensorRef &logits = a.inputs[0], &targets = a.inputs[1];
+static Status checkLogits(const KernelArgs &a, const TensorRef &logits,
+                          const TensorRef &targets, int64_t &rows,
+                          int64_t &vocab) {
   PIPER_RETURN_IF_ERROR(
       expectMatrix(a, logits, "logits", plan::F32, rows, vocab));
   int64_t count = 0;
@@ -29,6 +29,12 @@ static Status checkLogitsAndTargets(const KernelArgs &a, int64_t &rows,
     return a.error("logits has shape " + shapeString(logits.shape) +
                    ", expected no empty dimension");
   return Status::ok();
+}
+
+static Status checkLogitsAndTargets(const KernelArgs &a, int64_t &rows,
+                                    int64_t &vocab) {
+  PIPER_RETURN_IF_ERROR(expectCounts(a, 2, 2, 1));
+  return checkLogits(a, a.inputs[0], a.inputs[1], rows, vocab);
 }
 
 Status checkCrossEntropy(const KernelArgs &a, int64_t &rows, int64_t &vocab) {
@@ -60,18 +66,21 @@ static double logSumExp(const float *row, int64_t vocab, float *scratch) {
   return rowMax + std::log(expShiftedSum(row, rowMax, scratch, vocab));
 }
 
-// dlogits = rowScale * (softmax(row) - onehot(target)) of one row.
+// dlogits = rowScale * (softmax(row) - onehot(target)) of one row; a
+// target outside [0, vocab) (another member's column) has no one-hot term.
 PIPER_SIMD static void crossEntropyGradRow(const float *__restrict row,
                                            float *__restrict out,
                                            int64_t vocab, double lse,
-                                           double rowScale, int32_t target) {
+                                           double rowScale, int64_t target) {
   // The exponent is rounded to float once, from double.
   float scale = static_cast<float>(rowScale);
   for (int64_t j = 0; j < vocab; ++j)
     out[j] = scale * fastExp(static_cast<float>(double(row[j]) - lse));
-  out[target] = static_cast<float>(
-      rowScale *
-      (double(fastExp(static_cast<float>(double(row[target]) - lse))) - 1.0));
+  if (target >= 0 && target < vocab)
+    out[target] = static_cast<float>(
+        rowScale *
+        (double(fastExp(static_cast<float>(double(row[target]) - lse))) -
+         1.0));
 }
 
 Status crossEntropyKernel(const KernelArgs &a) {
@@ -114,6 +123,138 @@ Status crossEntropyGradKernel(const KernelArgs &a) {
       // The output row is the scratch of the sum, then overwritten.
       double lse = logSumExp(row, vocab, out);
       crossEntropyGradRow(row, out, vocab, lse, rowScale, targets.i32()[n]);
+    }
+  });
+  return Status::ok();
+}
+
+//===----------------------------------------------------------------------===//
+// Vocabulary-parallel cross entropy (docs/tensor-parallel.md §5c): member m
+// of `members` T holds columns [m V, (m + 1) V) of the logits (V = its
+// `vocab`). vocab_ce_stats writes each row's local statistics into this
+// member's columns of a [rows, 4T + 1] tensor, zeros elsewhere: column m the
+// local maximum, columns T + m, 2T + m and 3T + m the sum of exp(l - max)
+// over the local columns as three terms whose first two are bf16 values
+// (so that the sum survives bf16 storage; the maximum and the target's
+// logit are logits, bf16 values themselves in mixed precision), column 4T
+// the target's logit where this member holds it. The sum of the members'
+// tensors (an all-reduce, exact: every column has one non-zero term) holds
+// every member's statistics; vocab_cross_entropy and its gradient read the
+// row's log-sum-exp from it.
+//===----------------------------------------------------------------------===//
+
+Status checkVocabCeStats(const KernelArgs &a, VocabDims &d) {
+  PIPER_RETURN_IF_ERROR(checkLogitsAndTargets(a, d.rows, d.vocab));
+  PIPER_RETURN_IF_ERROR(readVocabShard(a, d.vocab, /*required=*/true, d.members, d.first));
+  return expectTensor(a, a.outputs[0], "stats", plan::F32,
+                      {d.rows, 4 * d.members + 1});
+}
+
+// (stats, logits, targets): the logits and targets as cross_entropy's, the
+// statistics [rows, 2 members + 1].
+static Status checkVocabLossOperands(const KernelArgs &a, VocabDims &d) {
+  PIPER_RETURN_IF_ERROR(expectCounts(a, 3, 3, 1));
+  PIPER_RETURN_IF_ERROR(
+      checkLogits(a, a.inputs[1], a.inputs[2], d.rows, d.vocab));
+  PIPER_RETURN_IF_ERROR(readVocabShard(a, d.vocab, /*required=*/true, d.members, d.first));
+  return expectTensor(a, a.inputs[0], "stats", plan::F32,
+                      {d.rows, 4 * d.members + 1});
+}
+
+Status checkVocabCrossEntropy(const KernelArgs &a, VocabDims &d) {
+  PIPER_RETURN_IF_ERROR(checkVocabLossOperands(a, d));
+  return expectScalar(a, a.outputs[0], "loss");
+}
+
+Status checkVocabCrossEntropyGrad(const KernelArgs &a, VocabDims &d,
+                                  double &scale) {
+  PIPER_RETURN_IF_ERROR(checkVocabLossOperands(a, d));
+  PIPER_RETURN_IF_ERROR(expectTensor(a, a.outputs[0], "dlogits", plan::F32,
+                                     {d.rows, d.vocab}));
+  return readFloat(a, KernelAttr::kScale, 1.0, scale);
+}
+
+// The row's log-sum-exp over the whole vocabulary from the members'
+// statistics: M + log(sum_j s_j exp(m_j - M)), M the largest m_j, s_j the
+// sum of member j's three terms (in double).
+static double statsLogSumExp(const float *stats, int64_t members) {
+  float rowMax = stats[0];
+  for (int64_t j = 1; j < members; ++j)
+    rowMax = std::max(rowMax, stats[j]);
+  double sum = 0;
+  for (int64_t j = 0; j < members; ++j) {
+    double s = double(stats[members + j]) + double(stats[2 * members + j]) +
+               double(stats[3 * members + j]);
+    if (s != 0)
+      sum += s * std::exp(double(stats[j]) - double(rowMax));
+  }
+  return double(rowMax) + std::log(sum);
+}
+
+Status vocabCeStatsKernel(const KernelArgs &a) {
+  VocabDims d;
+  PIPER_RETURN_IF_ERROR(checkVocabCeStats(a, d));
+  const TensorRef &logits = a.inputs[0], &targets = a.inputs[1],
+                  &stats = a.outputs[0];
+  PIPER_RETURN_IF_ERROR(
+      expectTokensBelow(a, targets, "targets", d.vocab * d.members));
+  const int64_t width = 4 * d.members + 1, m = d.first / d.vocab;
+  parallelFor(d.rows, rowGrain(d.vocab), [&](int64_t begin, int64_t end) {
+    std::vector<float> scratch(d.vocab);
+    for (int64_t n = begin; n < end; ++n) {
+      const float *row = logits.f32() + n * d.vocab;
+      float *out = stats.f32() + n * width;
+      std::fill_n(out, width, 0.0f);
+      float rowMax = maxOf(row, d.vocab);
+      out[m] = rowMax;
+      // s = hi + mid + lo, hi and mid bf16 values, each remainder exact.
+      float sum = static_cast<float>(
+          expShiftedSum(row, rowMax, scratch.data(), d.vocab));
+      float hi = roundToBf16(sum), mid = roundToBf16(sum - hi);
+      out[d.members + m] = hi;
+      out[2 * d.members + m] = mid;
+      out[3 * d.members + m] = (sum - hi) - mid;
+      int64_t t = targets.i32()[n] - d.first;
+      if (t >= 0 && t < d.vocab)
+        out[4 * d.members] = row[t];
+    }
+  });
+  return Status::ok();
+}
+
+Status vocabCrossEntropyKernel(const KernelArgs &a) {
+  VocabDims d;
+  PIPER_RETURN_IF_ERROR(checkVocabCrossEntropy(a, d));
+  const TensorRef &stats = a.inputs[0], &targets = a.inputs[2];
+  PIPER_RETURN_IF_ERROR(
+      expectTokensBelow(a, targets, "targets", d.vocab * d.members));
+  const int64_t width = 4 * d.members + 1;
+  // Summed in row order, as cross_entropy.
+  double total = 0;
+  for (int64_t n = 0; n < d.rows; ++n) {
+    const float *row = stats.f32() + n * width;
+    total += statsLogSumExp(row, d.members) - row[4 * d.members];
+  }
+  a.outputs[0].f32()[0] = static_cast<float>(total / d.rows);
+  return Status::ok();
+}
+
+Status vocabCrossEntropyGradKernel(const KernelArgs &a) {
+  VocabDims d;
+  double scale = 1.0;
+  PIPER_RETURN_IF_ERROR(checkVocabCrossEntropyGrad(a, d, scale));
+  const TensorRef &stats = a.inputs[0], &logits = a.inputs[1],
+                  &targets = a.inputs[2], &dlogits = a.outputs[0];
+  PIPER_RETURN_IF_ERROR(
+      expectTokensBelow(a, targets, "targets", d.vocab * d.members));
+  const int64_t width = 4 * d.members + 1;
+  const double rowScale = scale / d.rows;
+  parallelFor(d.rows, rowGrain(d.vocab), [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) {
+      double lse = statsLogSumExp(stats.f32() + n * width, d.members);
+      crossEntropyGradRow(logits.f32() + n * d.vocab,
+                          dlogits.f32() + n * d.vocab, d.vocab, lse, rowScale,
+                          targets.i32()[n] - d.first);
     }
   });
   return Status::ok();

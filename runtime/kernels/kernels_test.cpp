@@ -245,6 +245,8 @@ TEST_CASE("kernelNames lists every kernel once", "[kernels]") {
                                          "moe_ep_gather",
                                          "moe_ep_scatter",
                                          "cross_entropy",
+                                         "vocab_ce_stats",
+                                         "vocab_cross_entropy",
                                          "loss_accumulate",
                                          "embedding_grad",
                                          "position_add_grad",
@@ -265,6 +267,7 @@ TEST_CASE("kernelNames lists every kernel once", "[kernels]") {
                                          "moe_combine_grad",
                                          "moe_aux_loss_grad",
                                          "cross_entropy_grad",
+                                         "vocab_cross_entropy_grad",
                                          "accumulate",
                                          "zero",
                                          "adamw"};
@@ -1294,6 +1297,172 @@ TEST_CASE("cross_entropy_grad is the gradient of scale * cross_entropy",
   }
   checkGradient(K("cross_entropy"), {logits, targets}, 0, {}, {float(scale)},
                 outs[0].f);
+}
+
+// ---------------------------------------------------------------------------
+// Vocabulary parallelism (docs/tensor-parallel.md §5c): T members each hold
+// V / T columns of the logits (rows of the embedding table); the sum of
+// their vocab_ce_stats gives every member the whole loss, and each member's
+// gradient columns are those of cross_entropy_grad on the whole logits.
+
+/// Columns [first, first + count) of a row-major [rows, cols] tensor.
+Tensor columns(const Tensor &t, int64_t rows, int64_t cols, int64_t first,
+               int64_t count) {
+  Tensor out = Tensor::f32({rows, count});
+  for (int64_t n = 0; n < rows; ++n)
+    for (int64_t j = 0; j < count; ++j)
+      out.f[n * count + j] = t.f[n * cols + first + j];
+  return out;
+}
+
+TEST_CASE("vocabulary-parallel cross entropy equals cross_entropy on the "
+          "whole logits",
+          "[kernels][forward][grad]") {
+  for (int64_t members : {2, 3, 4}) {
+    INFO("members " << members);
+    Rng rng(40 + members);
+    const int64_t rows = 6, local = 5, vocab = members * local;
+    // Logits spread widely, so that the members' maxima differ by far
+    // (exponents down to ~-60) and the rescaling matters.
+    Tensor logits = randomF32(rng, {rows, vocab}, -30.0, 30.0);
+    std::vector<int32_t> ids;
+    for (int64_t n = 0; n < rows; ++n)
+      ids.push_back(static_cast<int32_t>((n * 7 + 3) % vocab));
+    Tensor targets = Tensor::i32({2, 3}, ids);
+    std::vector<Tensor> wholeIns = {logits, targets};
+    std::vector<Tensor> wholeLoss = {Tensor::f32({})};
+    std::vector<Tensor> wholeGrad = {Tensor::f32({rows, vocab})};
+    const double scale = 0.75;
+    mustRun(K("cross_entropy"), wholeIns, wholeLoss);
+    mustRun(K("cross_entropy_grad").f("scale", scale), wholeIns, wholeGrad);
+
+    // Each member's statistics, summed: the all-reduce.
+    const int64_t width = 4 * members + 1;
+    Tensor stats = Tensor::f32({rows, width});
+    std::vector<Tensor> parts;
+    for (int64_t m = 0; m < members; ++m) {
+      KernelContext ctx;
+      ctx.tensorMember = m;
+      std::vector<Tensor> ins = {
+          columns(logits, rows, vocab, m * local, local), targets};
+      std::vector<Tensor> outs = {Tensor::f32({rows, width})};
+      std::fill(outs[0].f.begin(), outs[0].f.end(), 9.0f); // overwritten
+      REQUIRE(run(K("vocab_ce_stats").i("members", members), ins, outs, ctx)
+                  .isOk());
+      for (int64_t n = 0; n < rows; ++n)
+        for (int64_t j = 0; j < width; ++j) {
+          bool own = j == m || j == members + m || j == 2 * members + m ||
+                     j == 3 * members + m || j == 4 * members;
+          if (!own)
+            CHECK(outs[0].f[n * width + j] == 0.0f);
+          stats.f[n * width + j] += outs[0].f[n * width + j];
+        }
+      parts.push_back(ins[0]);
+    }
+    for (int64_t n = 0; n < rows; ++n) // the target's logit, exactly
+      CHECK(stats.f[n * width + 4 * members] ==
+            logits.f[n * vocab + targets.i[n]]);
+    for (int64_t m = 0; m < members; ++m) {
+      KernelContext ctx;
+      ctx.tensorMember = m;
+      std::vector<Tensor> ins = {stats, parts[m], targets};
+      std::vector<Tensor> loss = {Tensor::f32({})};
+      REQUIRE(run(K("vocab_cross_entropy").i("members", members), ins, loss,
+                  ctx)
+                  .isOk());
+      // The same log-sum-exp, regrouped by member: float round-off of the
+      // members' sums (their float storage, 2^-24 relative).
+      CHECK(loss[0].f[0] == Approx(wholeLoss[0].f[0]).epsilon(1e-6));
+      std::vector<Tensor> grad = {Tensor::f32({rows, local})};
+      REQUIRE(run(K("vocab_cross_entropy_grad")
+                      .i("members", members)
+                      .f("scale", scale),
+                  ins, grad, ctx)
+                  .isOk());
+      Tensor want = columns(wholeGrad[0], rows, vocab, m * local, local);
+      for (size_t i = 0; i < want.f.size(); ++i)
+        CHECK(grad[0].f[i] == Approx(want.f[i]).epsilon(1e-5).margin(1e-9));
+    }
+  }
+}
+
+TEST_CASE("vocabulary-parallel kernels reject bad members and targets",
+          "[kernels][forward]") {
+  KernelContext ctx;
+  ctx.tensorMember = 2;
+  std::vector<Tensor> ins = {Tensor::f32({2, 3}), Tensor::i32({1, 2}, {0, 1})};
+  std::vector<Tensor> outs = {Tensor::f32({2, 9})};
+  CHECK(run(K("vocab_ce_stats").i("members", 2), ins, outs, ctx)
+            .message()
+            .find("tensor-parallel member 2 is not one of 2") !=
+        std::string::npos);
+  CHECK(mustFail(K("vocab_ce_stats"), ins, outs).find("members") !=
+        std::string::npos);
+  CHECK(mustFail(K("vocab_ce_stats").i("members", 1), ins, outs)
+            .find("members 1 must be at least 2") != std::string::npos);
+  // [2, 5] is not [rows, 4 members + 1].
+  CHECK(mustFail(K("vocab_ce_stats").i("members", 2), ins,
+                 {Tensor::f32({2, 5})})
+            .find("stats") != std::string::npos);
+  // Targets are global ids: below members * local vocabulary (6).
+  std::vector<Tensor> bad = {Tensor::f32({2, 3}), Tensor::i32({1, 2}, {0, 6})};
+  CHECK(mustFail(K("vocab_ce_stats").i("members", 2), bad, outs)
+            .find("targets") != std::string::npos);
+  std::vector<Tensor> lossIns = {Tensor::f32({2, 9}), Tensor::f32({2, 3}),
+                                 Tensor::i32({1, 2}, {0, 6})};
+  CHECK(mustFail(K("vocab_cross_entropy").i("members", 2), lossIns,
+                 {Tensor::f32({})})
+            .find("targets") != std::string::npos);
+  lossIns[2] = Tensor::i32({1, 2}, {0, 5});
+  CHECK(mustFail(K("vocab_cross_entropy_grad").i("members", 2), lossIns,
+                 {Tensor::f32({2, 4})})
+            .find("dlogits") != std::string::npos);
+}
+
+TEST_CASE("vocabulary-parallel embedding: the members' rows sum to the "
+          "whole lookup, and their gradients are its rows",
+          "[kernels][forward][grad]") {
+  Rng rng(44);
+  const int64_t members = 3, local = 4, vocab = members * local, hidden = 5;
+  Tensor ids = Tensor::i32({2, 4}, {0, 11, 4, 4, 7, 3, 8, 11});
+  Tensor table = randomF32(rng, {vocab, hidden});
+  Tensor dy = randomF32(rng, {8, hidden});
+  std::vector<Tensor> wholeIns = {ids, table};
+  std::vector<Tensor> whole = {Tensor::f32({8, hidden})};
+  mustRun(K("embedding"), wholeIns, whole);
+  std::vector<Tensor> gradIns = {ids, dy};
+  std::vector<Tensor> wholeGrad = {Tensor::f32({vocab, hidden})};
+  mustRun(K("embedding_grad").i("vocab", vocab), gradIns, wholeGrad);
+
+  std::vector<float> sum(8 * hidden, 0.0f);
+  for (int64_t m = 0; m < members; ++m) {
+    KernelContext ctx;
+    ctx.tensorMember = m;
+    Tensor rows = Tensor::f32({local, hidden});
+    std::copy_n(table.f.begin() + m * local * hidden, local * hidden,
+                rows.f.begin());
+    std::vector<Tensor> ins = {ids, rows};
+    std::vector<Tensor> outs = {Tensor::f32({8, hidden})};
+    std::fill(outs[0].f.begin(), outs[0].f.end(), 9.0f); // overwritten
+    REQUIRE(run(K("embedding").i("members", members), ins, outs, ctx).isOk());
+    for (size_t i = 0; i < sum.size(); ++i)
+      sum[i] += outs[0].f[i]; // one non-zero term: exact
+    std::vector<Tensor> grad = {Tensor::f32({local, hidden})};
+    REQUIRE(run(K("embedding_grad").i("vocab", local).i("members", members),
+                gradIns, grad, ctx)
+                .isOk());
+    CHECK(std::equal(grad[0].f.begin(), grad[0].f.end(),
+                     wholeGrad[0].f.begin() + m * local * hidden));
+  }
+  CHECK(sum == whole[0].f);
+  // An id of the global vocabulary's range only.
+  KernelContext ctx;
+  std::vector<Tensor> bad = {Tensor::i32({1, 1}, {12}),
+                             Tensor::f32({local, hidden})};
+  std::vector<Tensor> outs = {Tensor::f32({1, hidden})};
+  CHECK(run(K("embedding").i("members", members), bad, outs, ctx)
+            .message()
+            .find("ids") != std::string::npos);
 }
 
 // ---------------------------------------------------------------------------

@@ -606,6 +606,10 @@ TP_CASES = [
           "4", "--schedule", "zb-h1"], 8, []),
         ("dp2 x tp2 zero-3", ["--tp", "2", "--dp", "2", "--microbatches", "4",
                               "--zero", "3"], 4, ["selective"]),
+        # The row biases' and norms' partial gradients whole on every rank.
+        ("dp2 x tp2 + sp zero-3", ["--tp", "2", "--sp", "--dp", "2",
+                                   "--microbatches", "4", "--zero", "3"], 4,
+         []),
         ("pp2 x tp2 1f1b", TP2 + ["--pp", "2"], 4, ["full"]),
     ]),
     # A head tied to the embedding across stages (clipping active).
@@ -631,6 +635,13 @@ TP_CASES = [
          ["full", "selective"]),
         ("dp2 x tp2 + sp", ["--tp", "2", "--sp", "--dp", "2",
                             "--microbatches", "4"], 4, ["full"]),
+        # ZeRO with SP: the partial norm weights whole on every rank.
+        ("dp2 x tp2 + sp zero-1", ["--tp", "2", "--sp", "--dp", "2",
+                                   "--microbatches", "4", "--zero", "1"], 4,
+         []),
+        ("pp2 x dp2 x tp2 + sp zero-3 1f1b",
+         ["--tp", "2", "--sp", "--dp", "2", "--pp", "2", "--microbatches",
+          "4", "--zero", "3"], 8, ["selective"]),
         ("pp2 x tp2 + sp dualpipev", TP2 + ["--sp", "--pp", "2",
                                             "--schedule", "dualpipev"], 4,
          []),
@@ -676,6 +687,17 @@ TP_CASES = [
                                    "--microbatches", "4", "--schedule",
                                    "zb-h1", "--clip-grad", "0.5"], 8,
          ["full"]),
+        # Sequence parallelism: the MoE layer whole on every member on
+        # the gathered rows (its capacity and load balancing are the
+        # microbatch's), norms and residual adds on each member's rows.
+        ("tp2 + sp", TP2 + ["--sp", "--clip-grad", "0.5"], 2,
+         ["full", "selective"]),
+        ("dp2 x tp2 ep2 + sp", ["--tp", "2", "--sp", "--dp", "2", "--ep",
+                                "2", "--microbatches", "4", "--clip-grad",
+                                "0.5"], 4, []),
+        ("pp2 x tp2 + sp zb-h1", TP2 + ["--sp", "--pp", "2", "--schedule",
+                                        "zb-h1", "--clip-grad", "0.5"], 4,
+         ["full"]),
         # Attention ZeRO-sharded per member, experts EP (never sharded).
         ("dp2 x tp2 ep2 zero-3", ["--tp", "2", "--dp", "2", "--ep", "2",
                                   "--microbatches", "4", "--zero", "3",
@@ -691,6 +713,9 @@ TP_GRAD_CASES = [
     ("gpt-tp", COMPOSITION_GPT,
      [("1 device", ["--microbatches", "2"], 1),
       ("tp2", ["--tp", "2", "--microbatches", "2"], 2),
+      ("tp2 + sp", ["--tp", "2", "--sp", "--microbatches", "2"], 2)]),
+    ("moe-tp", TP_MOE,
+     [("1 device", ["--microbatches", "2"], 1),
       ("tp2 + sp", ["--tp", "2", "--sp", "--microbatches", "2"], 2)]),
 ]
 

@@ -47,6 +47,10 @@ STRATEGIES = {
                            "--microbatches", "2", "--zero", "1"], 8),
     "dp2-tp2-ep2-zero2": (["--dp", "2", "--tp", "2", "--ep", "2",
                            "--microbatches", "2", "--zero", "2"], 4),
+    # ZeRO with sequence parallelism: the partial norm weights whole on
+    # every rank, the other tensors sharded per member.
+    "dp2-tp2-sp-zero3": (["--dp", "2", "--tp", "2", "--sp",
+                          "--microbatches", "2", "--zero", "3"], 4),
 }
 
 passed = failed = 0
@@ -168,7 +172,8 @@ def main():
     # group of member 0), and under DP2 x TP2 ZeRO-3 (every rank its ZeRO
     # range of its member's slices) resume on one device and under DP2
     # ZeRO-2.
-    for writer in ("pp2-dp2-tp2", "dp2-tp2-ep2", "dp2-tp2-zero3"):
+    for writer in ("pp2-dp2-tp2", "dp2-tp2-ep2", "dp2-tp2-zero3",
+                   "dp2-tp2-sp-zero3"):
         tp, tp_ranks = plans[writer]
         tp_ckpt = os.path.join(work, "ckpt-" + writer)
         train(tp, tp_ranks, "--steps", "3", "--checkpoint-dir", tp_ckpt,

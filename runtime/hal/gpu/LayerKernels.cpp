@@ -25,20 +25,23 @@ template <class T> Status scratch(const Context &ctx, int64_t count, T *&ptr) {
 }
 
 Status embedding(const KernelArgs &a, const Context &ctx) {
-  int64_t rows = 0, vocab = 0, hidden = 0;
-  PIPER_RETURN_IF_ERROR(detail::checkEmbedding(a, rows, vocab, hidden));
+  int64_t rows = 0, vocab = 0, hidden = 0, first = 0, members = 1;
+  PIPER_RETURN_IF_ERROR(
+      detail::checkEmbedding(a, rows, vocab, hidden, first, members));
   return launchEmbedding(ctx, a.inputs[0].i32(), a.inputs[1].f32(),
-                         a.outputs[0].f32(), rows, vocab, hidden);
+                         a.outputs[0].f32(), rows, vocab, hidden, first);
 }
 
 Status embeddingGrad(const KernelArgs &a, const Context &ctx) {
-  int64_t rows = 0, vocab = 0, hidden = 0;
-  PIPER_RETURN_IF_ERROR(detail::checkEmbeddingGrad(a, rows, vocab, hidden));
+  int64_t rows = 0, vocab = 0, hidden = 0, first = 0, members = 1;
+  PIPER_RETURN_IF_ERROR(
+      detail::checkEmbeddingGrad(a, rows, vocab, hidden, first, members));
   int32_t *work = nullptr;
   PIPER_RETURN_IF_ERROR(
       scratch(ctx, embeddingGradScratchWords(rows, vocab), work));
   return launchEmbeddingGrad(ctx, a.inputs[0].i32(), a.inputs[1].f32(),
-                             a.outputs[0].f32(), rows, vocab, hidden, work);
+                             a.outputs[0].f32(), rows, vocab, hidden, first,
+                             work);
 }
 
 Status positionAdd(const KernelArgs &a, const Context &ctx) {

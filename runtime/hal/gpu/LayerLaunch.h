@@ -12,17 +12,19 @@
 
 namespace piper::runtime::hal::PIPER_GPU_NS {
 
-/// y[n] = table[ids[n]]; a row whose id is outside [0, vocab) gets zeros.
+/// y[n] = table[ids[n] - first]; a row whose id is outside [first, first +
+/// vocab) gets zeros (`first` is a vocabulary-parallel member's first id).
 Status launchEmbedding(const Context &ctx, const int32_t *ids,
                        const float *table, float *y, int64_t rows,
-                       int64_t vocab, int64_t hidden);
-/// dtable[v] = the sum of dy[n] over the rows n with ids[n] == v, in token
-/// order in double (as the CPU kernel: the same result), ids outside
-/// [0, vocab) skipped. `scratch` holds embeddingGradScratchWords(rows,
-/// vocab) int32.
+                       int64_t vocab, int64_t hidden, int64_t first);
+/// dtable[v] = the sum of dy[n] over the rows n with ids[n] - first == v,
+/// in token order in double (as the CPU kernel: the same result), ids
+/// outside [first, first + vocab) skipped. `scratch` holds
+/// embeddingGradScratchWords(rows, vocab) int32.
 Status launchEmbeddingGrad(const Context &ctx, const int32_t *ids,
                            const float *dy, float *dtable, int64_t rows,
-                           int64_t vocab, int64_t hidden, int32_t *scratch);
+                           int64_t vocab, int64_t hidden, int64_t first,
+                           int32_t *scratch);
 /// y[n] = x[n] + pos[n % seq].
 Status launchPositionAdd(const Context &ctx, const float *x, const float *pos,
                          float *y, int64_t rows, int64_t hidden, int64_t seq);

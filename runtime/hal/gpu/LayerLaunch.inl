@@ -23,18 +23,19 @@ Status layerSumChunks(const Context &ctx, const char *name,
 
 Status launchEmbedding(const Context &ctx, const int32_t *ids,
                        const float *table, float *y, int64_t rows,
-                       int64_t vocab, int64_t hidden) {
+                       int64_t vocab, int64_t hidden, int64_t first) {
   return Exec(ctx).forEach(
       "embedding", rows * hidden, [=] PIPER_LAMBDA(int64_t i) {
         int64_t n = i / hidden, j = i % hidden;
-        int64_t id = ids[n];
+        int64_t id = ids[n] - first;
         y[i] = id >= 0 && id < vocab ? table[id * hidden + j] : 0.0f;
       });
 }
 
 Status launchEmbeddingGrad(const Context &ctx, const int32_t *ids,
                            const float *dy, float *dtable, int64_t rows,
-                           int64_t vocab, int64_t hidden, int32_t *scratch) {
+                           int64_t vocab, int64_t hidden, int64_t first,
+                           int32_t *scratch) {
   using Lanes = Exec::Lanes;
   // A stable counting sort of the rows by id (LayerMath.h's sortChunks):
   // hist[c * vocab + v] counts the rows of chunk c with id v, then becomes
@@ -53,7 +54,7 @@ Status launchEmbeddingGrad(const Context &ctx, const int32_t *ids,
       Exec(ctx).forEach("embedding_grad", chunks, [=] PIPER_LAMBDA(int64_t c) {
         int64_t end = (c + 1) * per < rows ? (c + 1) * per : rows;
         for (int64_t n = c * per; n < end; ++n) {
-          int64_t id = ids[n];
+          int64_t id = ids[n] - first;
           if (id >= 0 && id < vocab)
             ++hist[c * vocab + id];
         }
@@ -95,7 +96,7 @@ Status launchEmbeddingGrad(const Context &ctx, const int32_t *ids,
       Exec(ctx).forEach("embedding_grad", chunks, [=] PIPER_LAMBDA(int64_t c) {
         int64_t end = (c + 1) * per < rows ? (c + 1) * per : rows;
         for (int64_t n = c * per; n < end; ++n) {
-          int64_t id = ids[n];
+          int64_t id = ids[n] - first;
           if (id >= 0 && id < vocab)
             order[start[id] + hist[c * vocab + id]++] = static_cast<int32_t>(n);
         }

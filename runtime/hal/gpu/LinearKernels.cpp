@@ -1,7 +1,7 @@
 // The linear and loss GPU kernels: linear and its gradients (GEMMs through
 // gemm(), cuBLASLt on CUDA, bf16 tensor cores with ctx.bf16), bias_grad
 // (chunked column sums), the softmax cross entropy and its gradient (a warp
-// per row), and loss_accumulate (into the host accumulator, asynchronously).
+// per row), their vocabulary-parallel forms, and loss_accumulate (into the host accumulator, asynchronously).
 // Each mirrors its CPU kernel (runtime/kernels/LayerKernels.cpp,
 // LossKernels.cpp) and checks its operands with the same function.
 #include "runtime/hal/gpu/GpuKernels.h"
@@ -104,6 +104,35 @@ Status crossEntropyGrad(const KernelArgs &a, const Context &ctx) {
                                 vocab, scale / rows, a.outputs[0].f32());
 }
 
+Status vocabCeStats(const KernelArgs &a, const Context &ctx) {
+  detail::VocabDims d;
+  PIPER_RETURN_IF_ERROR(detail::checkVocabCeStats(a, d));
+  return launchVocabCeStats(ctx, a.inputs[0].f32(), a.inputs[1].i32(), d.rows,
+                            d.vocab, d.members, d.first / d.vocab,
+                            a.outputs[0].f32());
+}
+
+Status vocabCrossEntropy(const KernelArgs &a, const Context &ctx) {
+  detail::VocabDims d;
+  PIPER_RETURN_IF_ERROR(detail::checkVocabCrossEntropy(a, d));
+  void *scratch = nullptr;
+  PIPER_RETURN_IF_ERROR(ctx.workspace->reserve(
+      static_cast<size_t>(d.rows) * sizeof(double), scratch));
+  return launchVocabCrossEntropy(ctx, a.inputs[0].f32(), d.rows, d.members,
+                                 static_cast<double *>(scratch),
+                                 a.outputs[0].f32());
+}
+
+Status vocabCrossEntropyGrad(const KernelArgs &a, const Context &ctx) {
+  detail::VocabDims d;
+  double scale = 1.0;
+  PIPER_RETURN_IF_ERROR(detail::checkVocabCrossEntropyGrad(a, d, scale));
+  return launchVocabCrossEntropyGrad(
+      ctx, a.inputs[0].f32(), a.inputs[1].f32(), a.inputs[2].i32(), d.rows,
+      d.vocab, d.members, d.first / d.vocab, scale / d.rows,
+      a.outputs[0].f32());
+}
+
 Status lossAccumulate(const KernelArgs &a, const Context &ctx) {
   double scale = 1.0;
   PIPER_RETURN_IF_ERROR(detail::checkLossAccumulate(a, scale));
@@ -122,6 +151,10 @@ void addLinearKernels(std::vector<KernelEntry> &out) {
                             {"bias_grad", biasGrad},
                             {"cross_entropy", crossEntropy},
                             {"cross_entropy_grad", crossEntropyGrad},
+                            {"vocab_ce_stats", vocabCeStats},
+                            {"vocab_cross_entropy", vocabCrossEntropy},
+                            {"vocab_cross_entropy_grad",
+                             vocabCrossEntropyGrad},
                             {"loss_accumulate", lossAccumulate},
                         });
 }

@@ -35,6 +35,24 @@ Status launchCrossEntropy(const Context &ctx, const float *logits,
 Status launchCrossEntropyGrad(const Context &ctx, const float *logits,
                               const int32_t *targets, int64_t rows,
                               int64_t vocab, double rowScale, float *dlogits);
+/// Vocabulary parallelism: member `member` of `members` writes its
+/// statistics of logits [rows, vocab] (its columns) into stats [rows,
+/// 4 members + 1] (vocab_ce_stats), one warp per row.
+Status launchVocabCeStats(const Context &ctx, const float *logits,
+                          const int32_t *targets, int64_t rows, int64_t vocab,
+                          int64_t members, int64_t member, float *stats);
+/// The mean loss from the summed statistics (vocab_cross_entropy).
+Status launchVocabCrossEntropy(const Context &ctx, const float *stats,
+                               int64_t rows, int64_t members, double *rowLoss,
+                               float *loss);
+/// This member's columns of the logits' gradient
+/// (vocab_cross_entropy_grad).
+Status launchVocabCrossEntropyGrad(const Context &ctx, const float *stats,
+                                   const float *logits,
+                                   const int32_t *targets, int64_t rows,
+                                   int64_t vocab, int64_t members,
+                                   int64_t member, double rowScale,
+                                   float *dlogits);
 
 } // namespace piper::runtime::hal::PIPER_GPU_NS
 

@@ -83,4 +83,87 @@ Status launchCrossEntropyGrad(const Context &ctx, const float *logits,
       });
 }
 
+Status launchVocabCeStats(const Context &ctx, const float *logits,
+                          const int32_t *targets, int64_t rows, int64_t vocab,
+                          int64_t members, int64_t member, float *stats) {
+  using Lanes = Exec::Lanes;
+  const int64_t width = 4 * members + 1, first = member * vocab;
+  return Exec(ctx).forEachRow(
+      "vocab_ce_stats", rows, [=] PIPER_LAMBDA(Lanes lanes, int64_t r) {
+        const float *row = logits + r * vocab;
+        SoftmaxSum s;
+        for (int64_t j = lanes.lane(); j < vocab; j += Lanes::kCount)
+          s.add(row[j]);
+        float rowMax = lanes.max(s.max);
+        double scaled =
+            s.sum == 0 ? 0.0 : s.sum * exp(double(s.max) - double(rowMax));
+        // The sum as hi + mid + lo, hi and mid bf16 values (as the CPU).
+        float sum = static_cast<float>(lanes.sum(scaled));
+        float hi = fromBf16(toBf16(sum));
+        float mid = fromBf16(toBf16(sum - hi));
+        float lo = (sum - hi) - mid;
+        const int64_t t = int64_t(targets[r]) - first;
+        // Each lane writes its own columns: no lane reads another's.
+        for (int64_t j = lanes.lane(); j < width; j += Lanes::kCount) {
+          float v = 0.0f;
+          if (j == member)
+            v = rowMax;
+          else if (j == members + member)
+            v = hi;
+          else if (j == 2 * members + member)
+            v = mid;
+          else if (j == 3 * members + member)
+            v = lo;
+          else if (j == 4 * members && t >= 0 && t < vocab)
+            v = row[t];
+          stats[r * width + j] = v;
+        }
+      });
+}
+
+Status launchVocabCrossEntropy(const Context &ctx, const float *stats,
+                               int64_t rows, int64_t members, double *rowLoss,
+                               float *loss) {
+  using Lanes = Exec::Lanes;
+  const int64_t width = 4 * members + 1;
+  PIPER_RETURN_IF_ERROR(Exec(ctx).forEach(
+      "vocab_cross_entropy", rows, [=] PIPER_LAMBDA(int64_t r) {
+        const float *row = stats + r * width;
+        rowLoss[r] = statsLogSumExp(row, members) - row[4 * members];
+      }));
+  return Exec(ctx).forEachRow(
+      "vocab_cross_entropy_mean", 1, [=] PIPER_LAMBDA(Lanes lanes, int64_t) {
+        double s = 0;
+        for (int64_t r = lanes.lane(); r < rows; r += Lanes::kCount)
+          s += rowLoss[r];
+        s = lanes.sum(s);
+        if (lanes.lane() == 0)
+          *loss = static_cast<float>(s / rows);
+      });
+}
+
+Status launchVocabCrossEntropyGrad(const Context &ctx, const float *stats,
+                                   const float *logits,
+                                   const int32_t *targets, int64_t rows,
+                                   int64_t vocab, int64_t members,
+                                   int64_t member, double rowScale,
+                                   float *dlogits) {
+  using Lanes = Exec::Lanes;
+  const int64_t width = 4 * members + 1, first = member * vocab;
+  return Exec(ctx).forEachRow(
+      "vocab_cross_entropy_grad", rows,
+      [=] PIPER_LAMBDA(Lanes lanes, int64_t r) {
+        const float *row = logits + r * vocab;
+        float *out = dlogits + r * vocab;
+        double lse = statsLogSumExp(stats + r * width, members);
+        const float scale = static_cast<float>(rowScale);
+        const int64_t t = int64_t(targets[r]) - first;
+        for (int64_t j = lanes.lane(); j < vocab; j += Lanes::kCount) {
+          float e = expF(static_cast<float>(double(row[j]) - lse));
+          out[j] = j == t ? static_cast<float>(rowScale * (double(e) - 1.0))
+                          : scale * e;
+        }
+      });
+}
+
 } // namespace piper::runtime::hal::PIPER_GPU_NS

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "runtime/hal/gpu/ElementwiseMath.h"
 #include "runtime/hal/gpu/Simt.h"
 
 namespace piper::runtime::hal::PIPER_GPU_NS {
@@ -50,6 +51,26 @@ PIPER_HOST_DEVICE inline double logSumExp(Lanes lanes, SoftmaxSum s) {
       s.sum == 0 ? 0.0 : s.sum * exp(double(s.max) - double(rowMax));
   double total = lanes.sum(scaled);
   return double(rowMax) + log(total);
+}
+
+/// A row's log-sum-exp over the whole vocabulary from the summed
+/// vocabulary-parallel statistics [m_j | hi_j | mid_j | lo_j | target]
+/// (vocab_ce_stats, T columns each): M + log(sum_j s_j exp(m_j - M)), M the
+/// largest m_j, s_j = hi_j + mid_j + lo_j; as the CPU kernels
+/// (LossKernels.cpp), in double.
+PIPER_HOST_DEVICE inline double statsLogSumExp(const float *stats,
+                                               int64_t members) {
+  float rowMax = stats[0];
+  for (int64_t j = 1; j < members; ++j)
+    rowMax = stats[j] > rowMax ? stats[j] : rowMax;
+  double sum = 0;
+  for (int64_t j = 0; j < members; ++j) {
+    double s = double(stats[members + j]) + double(stats[2 * members + j]) +
+               double(stats[3 * members + j]);
+    if (s != 0)
+      sum += s * exp(double(stats[j]) - double(rowMax));
+  }
+  return double(rowMax) + log(sum);
 }
 
 /// Whether a target id indexes a row of `vocab` classes. The GPU kernels

@@ -46,6 +46,27 @@ void embeddingCases(std::vector<KernelCase> &out) {
                    {{"vocab", intAttr(s.vocab)}},
                    {tokens(s.ids, s.vocab), f32({rows, s.hidden})},
                    {f32({s.vocab, s.hidden})}});
+    // Vocabulary parallelism: each member of 3 holds `vocab` of the 3
+    // vocab ids; other members' ids give zero rows and no gradient.
+    const int64_t members = 3;
+    for (int64_t m = 0; m < members && rows > 0; ++m) {
+      std::string v = n + " member " + std::to_string(m) + " of 3";
+      KernelCase fwd{"embedding " + v,
+                     "embedding",
+                     {{"members", intAttr(members)}},
+                     {tokens(s.ids, s.vocab * members),
+                      f32({s.vocab, s.hidden})},
+                     {f32({rows, s.hidden})}};
+      KernelCase bwd{"embedding_grad " + v,
+                     "embedding_grad",
+                     {{"vocab", intAttr(s.vocab)},
+                      {"members", intAttr(members)}},
+                     {tokens(s.ids, s.vocab * members), f32({rows, s.hidden})},
+                     {f32({s.vocab, s.hidden})}};
+      fwd.tensorMember = bwd.tensorMember = m;
+      out.push_back(fwd);
+      out.push_back(bwd);
+    }
   }
 }
 

@@ -169,6 +169,62 @@ void lossCases(std::vector<KernelCase> &out) {
                  {f32({6, 40}), tokens({6}, 40)},
                  {f32({6, 40})}});
 
+  // Vocabulary parallelism: each member of 2 and 4 on its columns (local
+  // vocabularies around a warp's 32 lanes and larger; the targets global
+  // ids, some on this member), logits spread widely (scale 20); the loss
+  // and gradient from valid summed statistics (maxima, positive sums, a
+  // target logit).
+  for (auto [rows, local, members, scale] :
+       std::vector<std::tuple<int64_t, int64_t, int64_t, double>>{
+           {5, 3, 2, 1}, {7, 33, 2, 20}, {64, 250, 4, 1}, {3, 12565, 4, 20}})
+    for (int64_t m = 0; m < members; ++m) {
+      std::string s = dims({rows, local}) + " member " + std::to_string(m) +
+                      " of " + std::to_string(members) + " scale " +
+                      std::to_string(int(scale));
+      // Maxima, then each sum as hi, mid and lo terms, then the target.
+      const int64_t width = 4 * members + 1;
+      std::vector<double> stats;
+      for (int64_t j = 0; j < width; ++j)
+        stats.push_back(j < members       ? 0.5 * double(j) - 1.0
+                        : j < 2 * members ? 1.0 + double(j)
+                        : j < 3 * members ? 0.0078125
+                        : j < 4 * members ? -3e-5
+                                          : -0.75);
+      Operand logits = f32({rows, local}, scale);
+      Operand targets = tokens({rows}, local * members);
+      Operand summed = given(plan::F32, {rows, width}, stats);
+      std::vector<std::pair<std::string, plan::AttrValue>> attrs = {
+          {"members", intAttr(members)}};
+      std::vector<KernelCase> cs = {
+          {"vocab_ce_stats " + s, "vocab_ce_stats", attrs, {logits, targets},
+           {f32({rows, width})}},
+          {"vocab_cross_entropy " + s, "vocab_cross_entropy", attrs,
+           {summed, logits, targets}, {f32({})}},
+          {"vocab_cross_entropy_grad scale 0.25 " + s,
+           "vocab_cross_entropy_grad", attrs, {summed, logits, targets},
+           {f32({rows, local})}},
+      };
+      cs.back().attrs.push_back({"scale", floatAttr(0.25)});
+      // The exponential sum s <= local differs by the exps' few ulp and
+      // the summation order; its mid and lo terms carry that difference
+      // (absolute, s's rounding): atol 1e-6 s. Maxima and the target's
+      // logit are copies, equal.
+      cs.front().atol = 1e-6 * double(local);
+      for (KernelCase &c : cs) {
+        c.tensorMember = m;
+        out.push_back(c);
+      }
+    }
+  // A member outside the group: both devices reject it alike.
+  KernelCase outside{"vocab_ce_stats member 2 of 2",
+                     "vocab_ce_stats",
+                     {{"members", intAttr(2)}},
+                     {f32({3, 4}), tokens({3}, 8)},
+                     {f32({3, 9})}};
+  outside.tensorMember = 2;
+  outside.rejects = "tensor-parallel member 2 is not one of 2";
+  out.push_back(outside);
+
   for (auto [shape, scale] :
        std::vector<std::pair<std::vector<int64_t>, double>>{
            {{}, 1.0}, {{1}, 0.25}, {{}, -3.0}}) {

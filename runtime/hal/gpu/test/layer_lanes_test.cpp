@@ -187,7 +187,7 @@ TEST_CASE("embedding_grad's per-lane scan on 32 lanes agrees with the CPU") {
            {f32({vocab, hidden}, want)});
     REQUIRE(
         bool(lanes::launchEmbeddingGrad(ctx, ids.data(), dy.data(), got.data(),
-                                        rows, vocab, hidden, scratch.data())));
+                                        rows, vocab, hidden, 0, scratch.data())));
     // The same order of additions as the CPU: equal, not just close.
     CHECK(want == got);
   }

@@ -24,7 +24,8 @@ namespace {
 const std::set<std::string> kOps = {
     "linear",        "linear_grad_input",  "linear_grad_weight", "bias_grad",
     "bias_add",
-    "cross_entropy", "cross_entropy_grad", "loss_accumulate"};
+    "cross_entropy", "cross_entropy_grad", "loss_accumulate",
+    "vocab_ce_stats", "vocab_cross_entropy", "vocab_cross_entropy_grad"};
 
 // Runs a malformed call on both devices; both must fail with one message.
 void expectSameRejection(const KernelCase &c, const std::string &needle) {
