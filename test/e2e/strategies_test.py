@@ -7,8 +7,8 @@ Usage: strategies_test.py PIPERC PIPER_RUN EXAMPLES_DIR [SUITE]
 SUITE is "strategies" (the default: pipelines, data parallelism, bf16, tied
 weights, gradients), "zero" (ZeRO-1/2/3 alone and under pipelining) or
 "schedules" (every pipeline schedule at PP 2 and 4), "composition" (every
-schedule x DP, ZeRO-1/2/3, EP, a tied head and bf16 at PP 2), "recompute"
-or "tensor-parallel".
+schedule x DP, ZeRO-1/2/3, EP, a tied head and bf16 at PP 2), "recompute",
+"tensor-parallel" or "tp-matrix" (issue 21's proof matrix).
 """
 import array
 import json
@@ -752,6 +752,62 @@ def main_tensor_parallel(work):
     return 1 if failed else 0
 
 
+# Issue 21's proof matrix, case by case: gpt (untied and tied), llama (GQA)
+# and qwen3-moe, each under TP2, TP4, TP2 + SP, PP2 x TP2 1F1B, PP2 x DP2 x
+# TP2 ZeRO-1, DP2 x TP2 ZeRO-3 (and, for the MoE model, DP2 x TP2 with EP2
+# on the experts), each with --recompute none, full and selective, plus
+# PP2 x TP2 under zb-h1 and dualpipev; the same global batch of 8
+# microbatches as one device, the bounds as above. Models with 4 heads (and
+# 4 key/value heads for the MoE model) so that TP4 divides them.
+TP_MATRIX_MODELS = [
+    ("gpt", ["gpt", "--layers", "2", "--hidden", "32", "--heads", "4",
+             "--vocab", "64", "--seq", "16", "--batch", "2"], []),
+    ("gpt-tied", ["gpt", "--layers", "2", "--hidden", "32", "--heads", "4",
+                  "--vocab", "64", "--seq", "16", "--batch", "2", "--tied"],
+     ["--clip-grad", "0.5"]),
+    ("llama", ["llama", "--layers", "2", "--hidden", "32", "--heads", "8",
+               "--kv-heads", "4", "--ffn", "64", "--vocab", "64", "--seq",
+               "16", "--batch", "2"], []),
+    ("qwen3-moe", ["qwen3-moe", "--layers", "2", "--hidden", "32", "--heads",
+                   "4", "--kv-heads", "4", "--ffn", "32", "--experts", "4",
+                   "--top-k", "2", "--vocab", "64", "--seq", "16", "--batch",
+                   "4", "--capacity-factor", "1"], ["--clip-grad", "0.5"]),
+]
+TP_MATRIX_STRATEGIES = [
+    ("tp2", ["--tp", "2", "--microbatches", "8"], 2),
+    ("tp4", ["--tp", "4", "--microbatches", "8"], 4),
+    ("tp2 + sp", ["--tp", "2", "--sp", "--microbatches", "8"], 2),
+    ("pp2 x tp2 1f1b", ["--tp", "2", "--pp", "2", "--microbatches", "8"], 4),
+    ("pp2 x dp2 x tp2 zero-1", ["--tp", "2", "--dp", "2", "--pp", "2",
+                                "--microbatches", "4", "--zero", "1"], 8),
+    ("dp2 x tp2 zero-3", ["--tp", "2", "--dp", "2", "--microbatches", "4",
+                          "--zero", "3"], 4),
+]
+
+
+def main_tp_matrix(work):
+    passed = failed = 0
+    for name, model_args, extra in TP_MATRIX_MODELS:
+        strategies = [("1 device", ["--microbatches", "8"] + extra, 1)]
+        cases = list(TP_MATRIX_STRATEGIES)
+        if name == "qwen3-moe":
+            cases.append(("dp2 x tp2 ep2", ["--tp", "2", "--dp", "2", "--ep",
+                                            "2", "--microbatches", "4"], 4))
+        for case, flags, ranks in cases:
+            for r in ("none", "full", "selective"):
+                strategies.append(("%s --recompute %s" % (case, r),
+                                   flags + extra + ["--recompute", r], ranks))
+        for schedule in ("zb-h1", "dualpipev"):
+            strategies.append(("pp2 x tp2 " + schedule,
+                               ["--tp", "2", "--pp", "2", "--microbatches",
+                                "8", "--schedule", schedule] + extra, 4))
+        p, f, _ = check_model(work, "tp-matrix-" + name, model_args,
+                              strategies)
+        passed, failed = passed + p, failed + f
+    print("%d passed, %d failed" % (passed, failed))
+    return 1 if failed else 0
+
+
 def composition_refusal(schedule, variant):
     """Checks that piperc refuses a documented combination with its rule;
     returns (passed, failed)."""
@@ -1060,6 +1116,8 @@ def main():
         return main_recompute(work)
     if SUITE == "tensor-parallel":
         return main_tensor_parallel(work)
+    if SUITE == "tp-matrix":
+        return main_tp_matrix(work)
     passed = failed = 0
     p, f = check_grads(work)
     passed, failed = passed + p, failed + f
