@@ -145,18 +145,20 @@ Status crossEntropyGradKernel(const KernelArgs &a) {
 
 Status checkVocabCeStats(const KernelArgs &a, VocabDims &d) {
   PIPER_RETURN_IF_ERROR(checkLogitsAndTargets(a, d.rows, d.vocab));
-  PIPER_RETURN_IF_ERROR(readVocabShard(a, d.vocab, /*required=*/true, d.members, d.first));
+  PIPER_RETURN_IF_ERROR(
+      readVocabShard(a, d.vocab, /*required=*/true, d.members, d.first));
   return expectTensor(a, a.outputs[0], "stats", plan::F32,
                       {d.rows, 4 * d.members + 1});
 }
 
 // (stats, logits, targets): the logits and targets as cross_entropy's, the
-// statistics [rows, 2 members + 1].
+// statistics [rows, 4 members + 1].
 static Status checkVocabLossOperands(const KernelArgs &a, VocabDims &d) {
   PIPER_RETURN_IF_ERROR(expectCounts(a, 3, 3, 1));
   PIPER_RETURN_IF_ERROR(
       checkLogits(a, a.inputs[1], a.inputs[2], d.rows, d.vocab));
-  PIPER_RETURN_IF_ERROR(readVocabShard(a, d.vocab, /*required=*/true, d.members, d.first));
+  PIPER_RETURN_IF_ERROR(
+      readVocabShard(a, d.vocab, /*required=*/true, d.members, d.first));
   return expectTensor(a, a.inputs[0], "stats", plan::F32,
                       {d.rows, 4 * d.members + 1});
 }

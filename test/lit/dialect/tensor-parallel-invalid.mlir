@@ -57,3 +57,44 @@ piper.segment @s(%x: tensor<8x4xf32>, %b: tensor<4xf32>) -> tensor<8x4xf32> {
   %y = piper.bias_add %x, %b : (tensor<8x4xf32>, tensor<4xf32>) -> tensor<4x8xf32>
   piper.yield %x : tensor<8x4xf32>
 }
+
+// -----
+
+// Vocabulary parallelism (docs/tensor-parallel.md §5c).
+piper.segment @s(%ids: tensor<2x4xi32>, %t: tensor<4x8xf32>) -> tensor<8x8xf32> {
+  // expected-error @+1 {{'piper.embedding' op members must be at least 2, got 1}}
+  %y = piper.embedding %ids, %t {members = 1 : i64} : (tensor<2x4xi32>, tensor<4x8xf32>) -> tensor<8x8xf32>
+  piper.yield %y : tensor<8x8xf32>
+}
+
+// -----
+
+piper.segment @s(%l: tensor<8x16xf32>, %t: tensor<2x4xi32>) -> tensor<8x9xf32> {
+  // expected-error @+1 {{'piper.vocab_ce_stats' op members must be at least 2, got 1}}
+  %s = piper.vocab_ce_stats %l, %t {members = 1 : i64} : (tensor<8x16xf32>, tensor<2x4xi32>) -> tensor<8x9xf32>
+  piper.yield %s : tensor<8x9xf32>
+}
+
+// -----
+
+piper.segment @s(%l: tensor<8x16xf32>, %t: tensor<2x4xi32>) -> tensor<8x5xf32> {
+  // expected-error @+1 {{'piper.vocab_ce_stats' op statistics must be [8, 9] (4 members + 1 columns), got 'tensor<8x5xf32>'}}
+  %s = piper.vocab_ce_stats %l, %t {members = 2 : i64} : (tensor<8x16xf32>, tensor<2x4xi32>) -> tensor<8x5xf32>
+  piper.yield %s : tensor<8x5xf32>
+}
+
+// -----
+
+piper.segment @s(%l: tensor<6x16xf32>, %t: tensor<2x4xi32>) -> tensor<6x9xf32> {
+  // expected-error @+1 {{'piper.vocab_ce_stats' op logits have 6 rows but targets hold 8 tokens}}
+  %s = piper.vocab_ce_stats %l, %t {members = 2 : i64} : (tensor<6x16xf32>, tensor<2x4xi32>) -> tensor<6x9xf32>
+  piper.yield %s : tensor<6x9xf32>
+}
+
+// -----
+
+piper.segment @s(%s: tensor<8x13xf32>, %l: tensor<8x16xf32>, %t: tensor<2x4xi32>) -> tensor<f32> {
+  // expected-error @+1 {{'piper.vocab_cross_entropy' op statistics must be [8, 9] (4 members + 1 columns), got 'tensor<8x13xf32>'}}
+  %loss = piper.vocab_cross_entropy %s, %l, %t {members = 2 : i64} : (tensor<8x13xf32>, tensor<8x16xf32>, tensor<2x4xi32>) -> tensor<f32>
+  piper.yield %loss : tensor<f32>
+}

@@ -67,3 +67,85 @@ module {
     %y, %d1 = piper.task @b(%tok) {tag = #piper.tag<block = 1>} : (tensor<2x2xi32>) -> (tensor<4x8xf32>, !piper.token)
   }
 }
+
+// -----
+
+// Vocabulary parallelism (on by default): a loss whose logits are not an
+// LM head's (a linear layer of their own).
+module {
+  piper.param @wte : tensor<16x8xf32> init normal(2.0e-02)
+  piper.param @up : tensor<8x8xf32> init normal(2.0e-02)
+  piper.param @down : tensor<8x8xf32> init normal(2.0e-02)
+  piper.segment @b(%ids: tensor<2x2xi32>, %tgt: tensor<2x2xi32>) -> tensor<f32> attributes {piper.block = 1 : i64} {
+    %w = piper.param_ref @wte : tensor<16x8xf32>
+    %x = piper.embedding %ids, %w : (tensor<2x2xi32>, tensor<16x8xf32>) -> tensor<4x8xf32>
+    %u = piper.param_ref @up : tensor<8x8xf32>
+    %h = piper.linear %x, %u : (tensor<4x8xf32>, tensor<8x8xf32>) -> tensor<4x8xf32>
+    %g = piper.gelu %h : tensor<4x8xf32>
+    %dn = piper.param_ref @down : tensor<8x8xf32>
+    %y = piper.linear %g, %dn : (tensor<4x8xf32>, tensor<8x8xf32>) -> tensor<4x8xf32>
+    // expected-error @+1 {{vocabulary parallelism: the loss's logits are not computed by a linear layer of their own (the LM head)}}
+    %loss = piper.cross_entropy %y, %tgt : (tensor<4x8xf32>, tensor<2x2xi32>) -> tensor<f32>
+    piper.yield %loss : tensor<f32>
+  }
+  piper.program @m {
+    %tok, %tgt, %d = piper.batch {tag = #piper.tag<>} : tensor<2x2xi32>, tensor<2x2xi32>
+    %l, %d1 = piper.task @b(%tok, %tgt) {tag = #piper.tag<block = 1>} : (tensor<2x2xi32>, tensor<2x2xi32>) -> (tensor<f32>, !piper.token)
+  }
+}
+
+// -----
+
+// An embedding table that is not a parameter.
+module {
+  piper.param @wte : tensor<16x8xf32> init normal(2.0e-02)
+  piper.param @up : tensor<8x8xf32> init normal(2.0e-02)
+  piper.param @down : tensor<8x8xf32> init normal(2.0e-02)
+  piper.segment @b(%ids: tensor<2x2xi32>) -> tensor<4x8xf32> attributes {piper.block = 1 : i64} {
+    %w = piper.param_ref @wte : tensor<16x8xf32>
+    %w2 = piper.add %w, %w : tensor<16x8xf32>
+    // expected-error @+1 {{vocabulary parallelism: the embedding's table is not a parameter}}
+    %x = piper.embedding %ids, %w2 : (tensor<2x2xi32>, tensor<16x8xf32>) -> tensor<4x8xf32>
+    %u = piper.param_ref @up : tensor<8x8xf32>
+    %h = piper.linear %x, %u : (tensor<4x8xf32>, tensor<8x8xf32>) -> tensor<4x8xf32>
+    %g = piper.gelu %h : tensor<4x8xf32>
+    %dn = piper.param_ref @down : tensor<8x8xf32>
+    %y = piper.linear %g, %dn : (tensor<4x8xf32>, tensor<8x8xf32>) -> tensor<4x8xf32>
+    piper.yield %y : tensor<4x8xf32>
+  }
+  piper.program @m {
+    %tok, %tgt, %d = piper.batch {tag = #piper.tag<>} : tensor<2x2xi32>, tensor<2x2xi32>
+    %y, %d1 = piper.task @b(%tok) {tag = #piper.tag<block = 1>} : (tensor<2x2xi32>) -> (tensor<4x8xf32>, !piper.token)
+  }
+}
+
+// -----
+
+// An LM head whose bias is not a parameter.
+module {
+  piper.param @wte : tensor<16x8xf32> init normal(2.0e-02)
+  piper.param @up : tensor<8x8xf32> init normal(2.0e-02)
+  piper.param @down : tensor<8x8xf32> init normal(2.0e-02)
+  piper.param @head : tensor<8x16xf32> init normal(2.0e-02)
+  piper.param @bias : tensor<4x16xf32> init zeros(0.0)
+  piper.segment @b(%ids: tensor<2x2xi32>, %tgt: tensor<2x2xi32>) -> tensor<f32> attributes {piper.block = 1 : i64} {
+    %w = piper.param_ref @wte : tensor<16x8xf32>
+    %x = piper.embedding %ids, %w : (tensor<2x2xi32>, tensor<16x8xf32>) -> tensor<4x8xf32>
+    %u = piper.param_ref @up : tensor<8x8xf32>
+    %h = piper.linear %x, %u : (tensor<4x8xf32>, tensor<8x8xf32>) -> tensor<4x8xf32>
+    %g = piper.gelu %h : tensor<4x8xf32>
+    %dn = piper.param_ref @down : tensor<8x8xf32>
+    %y = piper.linear %g, %dn : (tensor<4x8xf32>, tensor<8x8xf32>) -> tensor<4x8xf32>
+    %hw = piper.param_ref @head : tensor<8x16xf32>
+    %b0 = piper.param_ref @bias : tensor<4x16xf32>
+    %b1 = piper.bias_grad %b0 : (tensor<4x16xf32>) -> tensor<16xf32>
+    // expected-error @+1 {{vocabulary parallelism: the LM head's bias is not a parameter}}
+    %logits = piper.linear %y, %hw, %b1 : (tensor<4x8xf32>, tensor<8x16xf32>, tensor<16xf32>) -> tensor<4x16xf32>
+    %loss = piper.cross_entropy %logits, %tgt : (tensor<4x16xf32>, tensor<2x2xi32>) -> tensor<f32>
+    piper.yield %loss : tensor<f32>
+  }
+  piper.program @m {
+    %tok, %tgt, %d = piper.batch {tag = #piper.tag<>} : tensor<2x2xi32>, tensor<2x2xi32>
+    %l, %d1 = piper.task @b(%tok, %tgt) {tag = #piper.tag<block = 1>} : (tensor<2x2xi32>, tensor<2x2xi32>) -> (tensor<f32>, !piper.token)
+  }
+}
