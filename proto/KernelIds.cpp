@@ -21,6 +21,10 @@ const std::vector<KernelSignature> &kernelSignatures() {
       {"add", 2, 2, 1, {}},
       {"bias_add", 2, 2, 1, {}},
       {"sp_split", 1, 1, 1, {"members"}},
+      // Replicated key/value heads under tensor parallelism
+      // (docs/tensor-parallel.md §2b).
+      {"columns", 1, 1, 1, {"start"}},
+      {"tp_kv_assemble", 2, 2, 1, {"members", "query"}},
       {"attention", 1, 1, 1, {"heads", "seq"}},
       {"moe_router", 1, 1, 2, {"top_k"}},
       {"moe_dispatch", 2, 2, 1, {"experts", "capacity"}},
@@ -48,6 +52,8 @@ const std::vector<KernelSignature> &kernelSignatures() {
       {"rms_norm_grad_input", 3, 3, 1, {}},
       {"rms_norm_grad_weight", 2, 2, 1, {}},
       {"linear_grad_input", 2, 2, 1, {}},
+      {"columns_grad", 1, 1, 1, {"start"}},
+      {"tp_kv_assemble_grad", 1, 1, 1, {"members", "query"}},
       {"linear_grad_weight", 2, 2, 1, {}},
       {"bias_grad", 1, 1, 1, {}},
       {"gelu_grad", 2, 2, 1, {}},

@@ -27,7 +27,7 @@ using namespace mlir::piper;
 /// is BI. BI never reads a BW value: input gradients do not depend on
 /// weight gradients.
 DenseMap<Operation *, unsigned>
-mlir::piper::weightGradientOps(SegmentOp seg) {
+mlir::piper::weightGradientOps(SegmentOp seg, ArrayRef<bool> weightArgs) {
   Block &body = seg.getBody().front();
   DenseMap<Operation *, unsigned> pieceOf;
   // Producers come before their users in the block, so one forward sweep
@@ -36,10 +36,16 @@ mlir::piper::weightGradientOps(SegmentOp seg) {
     bool weight = op.hasTrait<OpTrait::piper::WeightGradient>() ||
                   isa<AccumulateGradOp>(op);
     op.walk([&](Operation *nested) {
-      for (Value v : nested->getOperands())
+      for (Value v : nested->getOperands()) {
         if (Operation *def = v.getDefiningOp();
             def && def->getBlock() == &body && pieceOf.lookup(def) == 1)
           weight = true;
+        if (auto arg = dyn_cast<BlockArgument>(v);
+            arg && arg.getOwner() == &body &&
+            arg.getArgNumber() < weightArgs.size() &&
+            weightArgs[arg.getArgNumber()])
+          weight = true;
+      }
     });
     pieceOf[&op] = weight ? 1 : 0;
   }
@@ -76,17 +82,54 @@ static FailureOr<SegmentPieces> splitBackwardSegment(SegmentOp seg,
   return pieces;
 }
 
+/// Whether `v` is a weight gradient computed by another node: a BW task's
+/// result, or a collective's over one (the gathered key/value pieces'
+/// reduce-scatter, docs/tensor-parallel.md §2b).
+static bool isWeightGradientValue(Value v) {
+  Operation *def = v.getDefiningOp();
+  if (auto t = dyn_cast_or_null<TaskOp>(def))
+    return t.getTag().isPass(PassKind::BW);
+  if (def && isa<CollectiveOpInterface>(def))
+    return llvm::any_of(def->getOperands(), isWeightGradientValue);
+  return false;
+}
+
 LogicalResult mlir::piper::splitBackwardTasks(ProgramOp program,
                                               ArrayRef<TaskOp> tasks) {
   auto module = program->getParentOfType<ModuleOp>();
   SymbolTable symbols(module);
   llvm::MapVector<StringAttr, SegmentPieces> piecesOf;
+  // Segments made only of weight-gradient work (the piece after a
+  // collective on a weight gradient's path, e.g. the gathered key/value
+  // pieces' reduce-scatter under tensor parallelism): BW whole, with no BI
+  // half that would wait for that collective.
+  llvm::DenseSet<StringAttr> allWeight;
   for (TaskOp t : tasks) {
     StringAttr name = t.getSegmentAttr().getAttr();
+    if (allWeight.contains(name)) {
+      t->setAttr("tag", t.getTag().withPass(PassKind::BW));
+      continue;
+    }
     if (!piecesOf.count(name)) {
       auto seg = symbols.lookup<SegmentOp>(name);
       if (!seg)
         return t.emitOpError("calls unknown segment @") << name.getValue();
+      SmallVector<bool> weightArgs;
+      for (Value arg : t.getArgs())
+        weightArgs.push_back(isWeightGradientValue(arg));
+      DenseMap<Operation *, unsigned> weight =
+          weightGradientOps(seg, weightArgs);
+      Block &body = seg.getBody().front();
+      if (llvm::is_contained(weightArgs, true) &&
+          !body.without_terminator().empty() &&
+          llvm::all_of(body.without_terminator(), [&](Operation &op) {
+            return weight.lookup(&op) == 1;
+          })) {
+        setSegmentPass(seg, PassKind::BW);
+        allWeight.insert(name);
+        t->setAttr("tag", t.getTag().withPass(PassKind::BW));
+        continue;
+      }
       FailureOr<SegmentPieces> pieces = splitBackwardSegment(seg, symbols);
       if (failed(pieces))
         return failure();

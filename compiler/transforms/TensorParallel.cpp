@@ -36,6 +36,9 @@ struct TpLayer {
   /// The fused parts of the column linear's output features (q, k, v;
   /// gate, up), or empty for one.
   SmallVector<int64_t> parts;
+  /// Attention with fewer key/value heads K than members T: the T / K
+  /// members sharing each key/value head (1: heads split).
+  int64_t kvShare = 1;
 };
 
 /// How one parameter is sliced.
@@ -91,11 +94,27 @@ public:
         return fail() << "has " << heads
                       << " heads, which tensor parallelism of " << tp
                       << " does not divide";
-      if (kv % tp != 0)
+      if (kv % tp != 0 && tp % kv != 0)
         return fail() << "has " << kv << " key/value heads, which tensor "
                       << "parallelism of " << tp
-                      << " does not divide (replicating key/value heads is "
-                         "not supported yet)";
+                      << " neither divides nor is a multiple of (each "
+                         "member needs whole key/value heads, or the same "
+                         "number of members must share each)";
+      if (kv < tp) {
+        // Replicated key/value heads (docs/tensor-parallel.md §2b).
+        layer.kvShare = tp / kv;
+        if (hd % layer.kvShare != 0)
+          return fail() << "has a head dimension of " << hd
+                        << ", which the " << layer.kvShare
+                        << " members sharing each of its " << kv
+                        << " key/value heads do not divide";
+        if (layer.column.getBias())
+          return fail() << "has a bias on its q|k|v projection, which "
+                           "replicated key/value heads ("
+                        << kv << " key/value heads over tensor parallelism of "
+                        << tp
+                        << ") do not support";
+      }
       layer.parts = {heads * hd, kv * hd, kv * hd};
     } else if (isa<SwigluOp>(core)) {
       int64_t ffn = dimOf(out, 1);
@@ -172,7 +191,9 @@ public:
     if (auto attn = dyn_cast<AttentionOp>(layer.core)) {
       int64_t kv = attn.getNumKvHeads();
       attn.setHeads(attn.getHeads() / tp);
-      attn.setKvHeads(kv / tp);
+      attn.setKvHeads(std::max<int64_t>(kv / tp, 1));
+      if (layer.kvShare > 1)
+        replicateKvHead(layer);
     }
     // The row layer's bias is added once, after the sum.
     b.setInsertionPointAfter(row);
@@ -187,6 +208,43 @@ public:
     rewritten.insert(col);
     rewritten.insert(row);
     return success();
+  }
+
+  /// Replicated key/value heads (docs/tensor-parallel.md §2b): the weight
+  /// stays sliced T ways (member m holds 1/r of head m / r's k and v
+  /// columns), and before the GEMM each member gathers the pieces and
+  /// assembles its head whole, so the column linear computes q for its
+  /// heads and k, v for the one head they read.
+  void replicateKvHead(TpLayer &layer) {
+    LinearOp col = layer.column;
+    Value weight = col.getWeight();
+    auto global = cast<RankedTensorType>(weight.getType());
+    int64_t rows = global.getDimSize(0);
+    int64_t query = layer.parts[0] / tp, piece = layer.parts[1] / tp;
+    int64_t hd = piece * layer.kvShare;
+    Type f32 = global.getElementType();
+    MLIRContext *ctx = module.getContext();
+    OpBuilder b(col);
+    Location loc = col.getLoc();
+    auto i64 = [&](int64_t v) {
+      return IntegerAttr::get(IntegerType::get(ctx, 64), v);
+    };
+    // The param_ref's type becomes local in sliceParams; these are built
+    // with the local shapes already.
+    auto pieces = ColumnsOp::create(
+        b, loc, RankedTensorType::get({rows, 2 * piece}, f32), weight,
+        i64(query));
+    auto all = SpAllGatherOp::create(
+        b, loc, RankedTensorType::get({tp * rows, 2 * piece}, f32), pieces,
+        i64(tp));
+    auto assembled = TpKvAssembleOp::create(
+        b, loc, RankedTensorType::get({rows, query + 2 * hd}, f32), weight,
+        all, i64(tp), i64(query));
+    col.getWeightMutable().assign(assembled);
+    col.getResult().setType(
+        withDim(col.getResult().getType(), 1, query + 2 * hd));
+    rewritten.insert(pieces);
+    rewritten.insert(assembled);
   }
 
   /// Makes every split parameter local, with its slice, and its reads.
@@ -632,6 +690,32 @@ static void hoistAccumulations(SegmentOp seg) {
   }
 }
 
+/// Moves each collective marker on a weight gradient's path (the gathered
+/// key/value pieces' reduce-scatter, docs/tensor-parallel.md §2b), with
+/// everything that reads it, to the end of the segment, in order. Input
+/// gradients never read weight gradients, so this keeps the dataflow; cut
+/// there, no input-gradient op comes after such a collective, and a split
+/// backward (zero-bubble schedules) defers it with the weight gradients
+/// instead of making the next piece's BI wait for this piece's BW.
+static void sinkWeightGradientMarkers(SegmentOp seg) {
+  DenseMap<Operation *, unsigned> weight = weightGradientOps(seg);
+  Block &body = seg.getBody().front();
+  llvm::SmallPtrSet<Operation *, 16> moved;
+  SmallVector<Operation *> order;
+  for (Operation &op : body.without_terminator()) {
+    bool sink = isCollectiveMarker(op) && weight.lookup(&op) == 1;
+    for (Value v : op.getOperands())
+      if (Operation *def = v.getDefiningOp(); def && moved.contains(def))
+        sink = true;
+    if (sink) {
+      moved.insert(&op);
+      order.push_back(&op);
+    }
+  }
+  for (Operation *op : order)
+    op->moveBefore(body.getTerminator());
+}
+
 LogicalResult mlir::piper::lowerTensorParallel(ModuleOp module) {
   int64_t tp = getTensorParallel(module);
   if (tp < 2) {
@@ -681,6 +765,7 @@ LogicalResult mlir::piper::lowerTensorParallel(ModuleOp module) {
     if (piecesOf.count(name))
       continue;
     hoistAccumulations(seg);
+    sinkWeightGradientMarkers(seg);
     FailureOr<SegmentPieces> pieces =
         splitAround(seg, isCollectiveMarker, symbols);
     if (failed(pieces))

@@ -148,8 +148,10 @@ OpT soleOp(SegmentOp piece) {
 LogicalResult splitBackwardTasks(ProgramOp program, ArrayRef<TaskOp> tasks);
 /// The half of splitBackwardTasks each top-level op of a backward segment
 /// goes to: 0 (BI) or 1 (BW: ops with the WeightGradient trait, gradient
-/// accumulations and every op that reads one of their results).
-DenseMap<Operation *, unsigned> weightGradientOps(SegmentOp seg);
+/// accumulations and every op that reads one of their results, or an
+/// argument flagged in `weightArgs`, a weight gradient computed elsewhere).
+DenseMap<Operation *, unsigned>
+weightGradientOps(SegmentOp seg, ArrayRef<bool> weightArgs = {});
 
 /// Splits `params` (in order) into buckets of about `bucketSizeMb` of f32,
 /// each naming a parameter at most once.

@@ -222,6 +222,35 @@ LogicalResult SpGatherOp::emitInputGradients(OpBuilder &b, GradientEmitter &g) {
   return spDualGradient<SpSplitOp>(*this, b, g);
 }
 
+// Replicated key/value heads: column copies and the assembly of a head.
+LogicalResult ColumnsOp::emitInputGradients(OpBuilder &b, GradientEmitter &g) {
+  if (g.needsGrad(getInput()))
+    g.addGrad(b, getInput(),
+              ColumnsGradOp::create(b, getLoc(), getInput().getType(),
+                                    g.getGrad(getResult()), getStartAttr()));
+  return success();
+}
+
+LogicalResult TpKvAssembleOp::emitInputGradients(OpBuilder &b,
+                                                 GradientEmitter &g) {
+  Value dy = g.getGrad(getResult());
+  if (g.needsGrad(getWeight())) {
+    auto w = cast<RankedTensorType>(getWeight().getType());
+    auto query = RankedTensorType::get(
+        {w.getDimSize(0), static_cast<int64_t>(getQuery())},
+                                       w.getElementType());
+    Value dq = ColumnsOp::create(b, getLoc(), query, dy, b.getI64IntegerAttr(0));
+    g.addGrad(b, getWeight(),
+              ColumnsGradOp::create(b, getLoc(), w, dq,
+                                    b.getI64IntegerAttr(0)));
+  }
+  if (g.needsGrad(getPieces()))
+    g.addGrad(b, getPieces(),
+              TpKvAssembleGradOp::create(b, getLoc(), getPieces().getType(), dy,
+                                         getMembersAttr(), getQueryAttr()));
+  return success();
+}
+
 //===----------------------------------------------------------------------===//
 // Losses
 //===----------------------------------------------------------------------===//

@@ -255,6 +255,70 @@ LogicalResult SpSplitOp::verify() {
   return verifySpRows(*this, getInput(), getResult(), getMembers(), false);
 }
 
+LogicalResult ColumnsOp::verify() {
+  int64_t start = getStart(), cols = dim(getInput(), 1),
+          taken = dim(getResult(), 1);
+  if (dim(getInput(), 0) != dim(getResult(), 0))
+    return emitOpError("input and result must have the same rows");
+  if (start < 0 || start + taken > cols)
+    return emitOpError("columns [")
+           << start << ", " << start + taken << ") are not columns of "
+           << getInput().getType();
+  return success();
+}
+
+LogicalResult ColumnsGradOp::verify() {
+  int64_t start = getStart(), cols = dim(getResult(), 1),
+          given = dim(getInput(), 1);
+  if (dim(getInput(), 0) != dim(getResult(), 0))
+    return emitOpError("input and result must have the same rows");
+  if (start < 0 || start + given > cols)
+    return emitOpError("columns [")
+           << start << ", " << start + given << ") are not columns of "
+           << getResult().getType();
+  return success();
+}
+
+/// Checks tp_kv_assemble's (and its gradient's) shapes: the member's
+/// weight [h, q + 2p] (when given), the gathered pieces [T h, 2p] and the
+/// assembled weight [h, q + 2 hd], hd a multiple r of p with r dividing T.
+static LogicalResult verifyKvAssemble(Operation *op, Value weight,
+                                      Value pieces, Value assembled,
+                                      int64_t members, int64_t query) {
+  if (members < 2)
+    return op->emitOpError("members must be at least 2, got ") << members;
+  int64_t rows = dim(assembled, 0), piece2 = dim(pieces, 1);
+  if (query < 0 || piece2 <= 0 || piece2 % 2 != 0)
+    return op->emitOpError("query must be non-negative and the pieces an "
+                           "even, positive number of columns (k then v)");
+  if (dim(pieces, 0) != members * rows)
+    return op->emitOpError("the gathered pieces must have ")
+           << members << " times the weight's " << rows << " rows, got "
+           << dim(pieces, 0);
+  if (weight && (dim(weight, 0) != rows || dim(weight, 1) != query + piece2))
+    return op->emitOpError("the member's weight must be [")
+           << rows << ", " << query + piece2 << "] (query + pieces), got "
+           << weight.getType();
+  int64_t kv2 = dim(assembled, 1) - query;
+  int64_t share = piece2 > 0 && kv2 > 0 && kv2 % piece2 == 0 ? kv2 / piece2
+                                                             : 0;
+  if (share <= 0 || members % share != 0)
+    return op->emitOpError("the assembled weight's ")
+           << kv2 << " key/value columns must be r times the pieces' "
+           << piece2 << ", r dividing the " << members << " members";
+  return success();
+}
+
+LogicalResult TpKvAssembleOp::verify() {
+  return verifyKvAssemble(*this, getWeight(), getPieces(), getResult(),
+                          getMembers(), getQuery());
+}
+
+LogicalResult TpKvAssembleGradOp::verify() {
+  return verifyKvAssemble(*this, Value(), getResult(), getInput(),
+                          getMembers(), getQuery());
+}
+
 LogicalResult AttentionOp::verify() {
   int64_t width = dim(getResult(), 1);
   int64_t heads = getHeadsAttr().getInt(), kvHeads = int64_t(getNumKvHeads());

@@ -194,4 +194,96 @@ def Piper_VocabCrossEntropyGradOp : Piper_ComputeOp<"vocab_cross_entropy_grad", 
   let assemblyFormat = "$stats `,` $logits `,` $targets attr-dict `:` functional-type(operands, results)";
 }
 
+//===----------------------------------------------------------------------===//
+// Replicated key/value heads (docs/tensor-parallel.md §2b): with fewer
+// key/value heads K than members T (T = r K), the r members of a kv group
+// share one key/value head. The fused q|k|v weight stays sliced T ways
+// (member m holds 1/r of the columns of head m / r in k and in v: its
+// "piece", p = hd / r columns each); before the column-parallel GEMM each
+// member gathers the pieces (`piper.columns`, `piper.sp_all_gather`) and
+// assembles its head whole (`piper.tp_kv_assemble`). The gradient goes back
+// the same way: the members' partial gradients of a head are summed by the
+// all-gather's reduce-scatter, so every member's piece gets the whole
+// gradient.
+//===----------------------------------------------------------------------===//
+
+def Piper_ColumnsOp : Piper_ComputeOp<"columns", [Pure,
+    DeclareOpInterfaceMethods<Piper_DifferentiableOpInterface>]> {
+  let summary = "Consecutive columns of a matrix";
+  let description = [{
+    `result[i, j] = input[i, start + j]` for the result's columns. Its
+    gradient is `piper.columns_grad`.
+
+    ```mlir
+    %kv = piper.columns %w {start = 32 : i64} : (tensor<64x48xf32>) -> tensor<64x16xf32>
+    ```
+  }];
+  let arguments = (ins F32Tensor2D:$input, I64Attr:$start);
+  let results = (outs F32Tensor2D:$result);
+  let assemblyFormat = "$input attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Piper_ColumnsGradOp : Piper_ComputeOp<"columns_grad", [Pure]> {
+  let summary = "A matrix that is zero except for consecutive columns";
+  let description = [{
+    The gradient of `piper.columns`: `result[i, start + j] = input[i, j]`,
+    zero in every other column.
+
+    ```mlir
+    %dw = piper.columns_grad %dkv {start = 32 : i64} : (tensor<64x16xf32>) -> tensor<64x48xf32>
+    ```
+  }];
+  let arguments = (ins F32Tensor2D:$input, I64Attr:$start);
+  let results = (outs F32Tensor2D:$result);
+  let assemblyFormat = "$input attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Piper_TpKvAssembleOp : Piper_ComputeOp<"tp_kv_assemble", [Pure,
+    DeclareOpInterfaceMethods<Piper_DifferentiableOpInterface>]> {
+  let summary = "A member's q|k|v weight with its key/value head whole";
+  let description = [{
+    `weight` [h, q + 2p] is member m's slice of a fused q|k|v weight (q its
+    query columns, then its pieces of k and v), `pieces` [T h, 2p] the
+    members' k|v pieces gathered in member order. The result [h, q + 2 hd]
+    (hd = r p) is the member's query columns, then key/value head
+    g = m / r whole: its k columns are the k pieces of members g r ..
+    g r + r - 1 side by side, then its v columns likewise. `members` is T,
+    `query` q; the member comes from the runtime. The gradient of
+    `weight` is the result gradient's query columns
+    (`piper.columns`, `piper.columns_grad`), that of `pieces`
+    `piper.tp_kv_assemble_grad`.
+
+    ```mlir
+    %w = piper.tp_kv_assemble %wl, %all {members = 4 : i64, query = 16 : i64} : (tensor<64x24xf32>, tensor<256x8xf32>) -> tensor<64x32xf32>
+    ```
+  }];
+  let arguments = (ins F32Tensor2D:$weight, F32Tensor2D:$pieces,
+                       I64Attr:$members, I64Attr:$query);
+  let results = (outs F32Tensor2D:$result);
+  let assemblyFormat = "$weight `,` $pieces attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Piper_TpKvAssembleGradOp : Piper_ComputeOp<"tp_kv_assemble_grad", [Pure]> {
+  let summary = "The gathered pieces' gradient of tp_kv_assemble";
+  let description = [{
+    `input` [h, q + 2 hd] is the gradient of `piper.tp_kv_assemble`'s
+    result; the result [T h, 2p] (p = hd / r) is zero except the rows of
+    the members g r .. g r + r - 1 that share this member's key/value head
+    g: their pieces' columns of the head's gradient. Summed over the
+    members (the gathered pieces' reduce-scatter), each member's piece
+    gets the gradient of every query head that reads it.
+
+    ```mlir
+    %d = piper.tp_kv_assemble_grad %dw {members = 4 : i64, query = 16 : i64} : (tensor<64x32xf32>) -> tensor<256x8xf32>
+    ```
+  }];
+  let arguments = (ins F32Tensor2D:$input, I64Attr:$members, I64Attr:$query);
+  let results = (outs F32Tensor2D:$result);
+  let assemblyFormat = "$input attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
 #endif // PIPER_TP_OPS

@@ -109,6 +109,10 @@ Status linearGradInputKernel(const KernelArgs &a);
 Status linearGradWeightKernel(const KernelArgs &a);
 Status biasAddKernel(const KernelArgs &a);
 Status spSplitKernel(const KernelArgs &a);
+Status columnsKernel(const KernelArgs &a);
+Status columnsGradKernel(const KernelArgs &a);
+Status tpKvAssembleKernel(const KernelArgs &a);
+Status tpKvAssembleGradKernel(const KernelArgs &a);
 Status biasGradKernel(const KernelArgs &a);
 
 // NormKernels.cpp

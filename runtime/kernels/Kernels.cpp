@@ -33,6 +33,8 @@ KernelInfo kernelTable[] = {
     {"add", detail::addKernel, 0},
     {"bias_add", detail::biasAddKernel, 0},
     {"sp_split", detail::spSplitKernel, 0},
+    {"columns", detail::columnsKernel, 0},
+    {"tp_kv_assemble", detail::tpKvAssembleKernel, 0},
     {"attention", detail::attentionKernel, 0},
     {"moe_router", detail::moeRouterKernel, 0},
     {"moe_dispatch", detail::moeDispatchKernel, 0},
@@ -55,6 +57,8 @@ KernelInfo kernelTable[] = {
     {"rms_norm_grad_input", detail::rmsNormGradInputKernel, 0},
     {"rms_norm_grad_weight", detail::rmsNormGradWeightKernel, 0},
     {"linear_grad_input", detail::linearGradInputKernel, 0},
+    {"columns_grad", detail::columnsGradKernel, 0},
+    {"tp_kv_assemble_grad", detail::tpKvAssembleGradKernel, 0},
     {"linear_grad_weight", detail::linearGradWeightKernel, 0},
     {"bias_grad", detail::biasGradKernel, 0},
     {"gelu_grad", detail::geluGradKernel, 0},
@@ -108,9 +112,11 @@ constexpr const char *kAttrNames[] = {
     "lr",           // kLr
     "members",      // kMembers
     "norm_topk",    // kNormTopk
+    "query",        // kQuery
     "rope_theta",   // kRopeTheta
     "scale",        // kScale
     "seq",          // kSeq
+    "start",        // kStart
     "top_k",        // kTopK
     "transpose_w",  // kTransposeW
     "vocab",        // kVocab

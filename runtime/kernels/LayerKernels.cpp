@@ -342,6 +342,125 @@ Status spSplitKernel(const KernelArgs &a) {
   return Status::ok();
 }
 
+Status checkColumns(const KernelArgs &a, bool grad, ColumnsDims &d) {
+  PIPER_RETURN_IF_ERROR(expectCounts(a, 1, 1, 1));
+  PIPER_RETURN_IF_ERROR(readInt(a, KernelAttr::kStart, std::nullopt, d.start));
+  const TensorRef &narrow = grad ? a.inputs[0] : a.outputs[0];
+  const TensorRef &wide = grad ? a.outputs[0] : a.inputs[0];
+  PIPER_RETURN_IF_ERROR(
+      expectMatrix(a, wide, grad ? "dx" : "x", plan::F32, d.rows, d.wide));
+  int64_t rows = 0;
+  PIPER_RETURN_IF_ERROR(
+      expectMatrix(a, narrow, grad ? "dy" : "y", plan::F32, rows, d.narrow));
+  if (rows != d.rows)
+    return a.error("the narrow and the wide matrix must have the same rows, "
+                   "got " +
+                   std::to_string(rows) + " and " + std::to_string(d.rows));
+  if (d.start < 0 || d.start + d.narrow > d.wide)
+    return a.error("columns [" + std::to_string(d.start) + ", " +
+                   std::to_string(d.start + d.narrow) +
+                   ") are not columns of a matrix of " +
+                   std::to_string(d.wide));
+  return Status::ok();
+}
+
+Status columnsKernel(const KernelArgs &a) {
+  ColumnsDims d;
+  PIPER_RETURN_IF_ERROR(checkColumns(a, false, d));
+  const float *x = a.inputs[0].f32();
+  float *y = a.outputs[0].f32();
+  for (int64_t i = 0; i < d.rows; ++i)
+    std::copy_n(x + i * d.wide + d.start, d.narrow, y + i * d.narrow);
+  return Status::ok();
+}
+
+Status columnsGradKernel(const KernelArgs &a) {
+  ColumnsDims d;
+  PIPER_RETURN_IF_ERROR(checkColumns(a, true, d));
+  const float *dy = a.inputs[0].f32();
+  float *dx = a.outputs[0].f32();
+  std::fill_n(dx, d.rows * d.wide, 0.0f);
+  for (int64_t i = 0; i < d.rows; ++i)
+    std::copy_n(dy + i * d.narrow, d.narrow, dx + i * d.wide + d.start);
+  return Status::ok();
+}
+
+Status checkKvAssemble(const KernelArgs &a, bool grad, KvAssembleDims &d) {
+  PIPER_RETURN_IF_ERROR(expectCounts(a, grad ? 1 : 2, grad ? 1 : 2, 1));
+  PIPER_RETURN_IF_ERROR(readInt(a, KernelAttr::kMembers, std::nullopt,
+                                d.members));
+  PIPER_RETURN_IF_ERROR(readInt(a, KernelAttr::kQuery, std::nullopt, d.query));
+  const TensorRef &assembled = grad ? a.inputs[0] : a.outputs[0];
+  const TensorRef &pieces = grad ? a.outputs[0] : a.inputs[1];
+  int64_t cols = 0, pieceRows = 0, pieceCols = 0;
+  PIPER_RETURN_IF_ERROR(expectMatrix(a, assembled, grad ? "dy" : "y",
+                                     plan::F32, d.rows, cols));
+  PIPER_RETURN_IF_ERROR(expectMatrix(a, pieces, grad ? "dpieces" : "pieces",
+                                     plan::F32, pieceRows, pieceCols));
+  if (d.members < 2)
+    return a.error("members " + std::to_string(d.members) +
+                   " must be at least 2");
+  if (d.query < 0 || pieceCols <= 0 || pieceCols % 2 != 0 ||
+      pieceRows != d.members * d.rows)
+    return a.error("the pieces must be [members * rows, 2p] = [" +
+                   std::to_string(d.members * d.rows) +
+                   ", an even number], got [" + std::to_string(pieceRows) +
+                   ", " + std::to_string(pieceCols) + "], with query " +
+                   std::to_string(d.query));
+  d.piece = pieceCols / 2;
+  int64_t kv = cols - d.query;
+  d.share = kv > 0 && kv % pieceCols == 0 ? kv / pieceCols : 0;
+  if (d.share <= 0 || d.members % d.share != 0)
+    return a.error("the assembled weight's " + std::to_string(kv) +
+                   " key/value columns must be r times the pieces' " +
+                   std::to_string(pieceCols) + ", r dividing the " +
+                   std::to_string(d.members) + " members");
+  if (a.ctx.tensorMember < 0 || a.ctx.tensorMember >= d.members)
+    return a.error("tensor-parallel member " +
+                   std::to_string(a.ctx.tensorMember) + " is not one of " +
+                   std::to_string(d.members));
+  d.group = a.ctx.tensorMember / d.share;
+  if (!grad)
+    PIPER_RETURN_IF_ERROR(expectTensor(a, a.inputs[0], "w", plan::F32,
+                                       {d.rows, d.query + pieceCols}));
+  return Status::ok();
+}
+
+Status tpKvAssembleKernel(const KernelArgs &a) {
+  KvAssembleDims d;
+  PIPER_RETURN_IF_ERROR(checkKvAssemble(a, false, d));
+  const float *w = a.inputs[0].f32(), *pieces = a.inputs[1].f32();
+  float *y = a.outputs[0].f32();
+  const int64_t p = d.piece, hd = d.share * p, cols = d.query + 2 * hd;
+  for (int64_t i = 0; i < d.rows; ++i) {
+    std::copy_n(w + i * (d.query + 2 * p), d.query, y + i * cols);
+    // Head g's k (kv = 0) and v (kv = 1) columns: piece s from member
+    // g * share + s.
+    for (int64_t kv = 0; kv < 2; ++kv)
+      for (int64_t s = 0; s < d.share; ++s)
+        std::copy_n(pieces + ((d.group * d.share + s) * d.rows + i) * 2 * p +
+                        kv * p,
+                    p, y + i * cols + d.query + kv * hd + s * p);
+  }
+  return Status::ok();
+}
+
+Status tpKvAssembleGradKernel(const KernelArgs &a) {
+  KvAssembleDims d;
+  PIPER_RETURN_IF_ERROR(checkKvAssemble(a, true, d));
+  const float *dy = a.inputs[0].f32();
+  float *dpieces = a.outputs[0].f32();
+  const int64_t p = d.piece, hd = d.share * p, cols = d.query + 2 * hd;
+  std::fill_n(dpieces, d.members * d.rows * 2 * p, 0.0f);
+  for (int64_t s = 0; s < d.share; ++s)
+    for (int64_t i = 0; i < d.rows; ++i)
+      for (int64_t kv = 0; kv < 2; ++kv)
+        std::copy_n(dy + i * cols + d.query + kv * hd + s * p, p,
+                    dpieces + ((d.group * d.share + s) * d.rows + i) * 2 * p +
+                        kv * p);
+  return Status::ok();
+}
+
 Status checkBiasGrad(const KernelArgs &a, int64_t &rows, int64_t &out) {
   PIPER_RETURN_IF_ERROR(expectCounts(a, 1, 1, 1));
   PIPER_RETURN_IF_ERROR(

@@ -34,6 +34,21 @@ Status checkBiasAdd(const KernelArgs &a, int64_t &rows, int64_t &out);
 /// first row.
 Status checkSpSplit(const KernelArgs &a, int64_t &first, int64_t &rows,
                     int64_t &cols);
+/// columns: x [rows, wide] -> y [rows, narrow], y[i, j] = x[i, start + j];
+/// columns_grad (`grad`): dy [rows, narrow] -> dx [rows, wide], zero outside
+/// columns [start, start + narrow).
+struct ColumnsDims {
+  int64_t rows = 0, narrow = 0, wide = 0, start = 0;
+};
+Status checkColumns(const KernelArgs &a, bool grad, ColumnsDims &d);
+/// Replicated key/value heads (docs/tensor-parallel.md §2b): tp_kv_assemble
+/// (w [h, q + 2p], pieces [members h, 2p]) -> y [h, q + 2 share p]; its
+/// gradient (`grad`) dy [h, q + 2 share p] -> dpieces [members h, 2p].
+/// `group` is the context member's key/value head (member / share).
+struct KvAssembleDims {
+  int64_t rows = 0, query = 0, piece = 0, share = 0, members = 0, group = 0;
+};
+Status checkKvAssemble(const KernelArgs &a, bool grad, KvAssembleDims &d);
 /// bias_grad: dy [rows, out] -> db [out] (overwritten).
 Status checkBiasGrad(const KernelArgs &a, int64_t &rows, int64_t &out);
 /// cross_entropy: (logits [rows, vocab] f32, targets i32 of rows tokens) ->

@@ -233,6 +233,8 @@ TEST_CASE("kernelNames lists every kernel once", "[kernels]") {
                                          "add",
                                          "bias_add",
                                          "sp_split",
+                                         "columns",
+                                         "tp_kv_assemble",
                                          "attention",
                                          "moe_router",
                                          "moe_dispatch",
@@ -255,6 +257,8 @@ TEST_CASE("kernelNames lists every kernel once", "[kernels]") {
                                          "rms_norm_grad_input",
                                          "rms_norm_grad_weight",
                                          "linear_grad_input",
+                                         "columns_grad",
+                                         "tp_kv_assemble_grad",
                                          "linear_grad_weight",
                                          "bias_grad",
                                          "gelu_grad",
@@ -322,9 +326,11 @@ TEST_CASE("decodeKernelAttrs maps every attribute name to its id",
       {KernelAttr::kLr, "lr"},
       {KernelAttr::kMembers, "members"},
       {KernelAttr::kNormTopk, "norm_topk"},
+      {KernelAttr::kQuery, "query"},
       {KernelAttr::kRopeTheta, "rope_theta"},
       {KernelAttr::kScale, "scale"},
       {KernelAttr::kSeq, "seq"},
+      {KernelAttr::kStart, "start"},
       {KernelAttr::kTopK, "top_k"},
       {KernelAttr::kTransposeW, "transpose_w"},
       {KernelAttr::kVocab, "vocab"},
@@ -606,6 +612,103 @@ TEST_CASE("sp_split keeps the context's member's rows", "[kernels][forward]") {
   ctx.tensorMember = 2;
   CHECK(run(K("sp_split").i("members", 2), ins, outs, ctx).message().find(
             "tensor-parallel member 2 is not one of 2") != std::string::npos);
+}
+
+TEST_CASE("columns and columns_grad copy consecutive columns",
+          "[kernels][forward]") {
+  std::vector<Tensor> ins = {Tensor::f32({2, 4}, {0, 1, 2, 3, 4, 5, 6, 7})};
+  std::vector<Tensor> outs = {Tensor::f32({2, 2})};
+  mustRun(K("columns").i("start", 1), ins, outs);
+  CHECK(outs[0].f == std::vector<float>{1, 2, 5, 6});
+  // The gradient puts them back among zeros (overwriting the output).
+  std::vector<Tensor> wide = {Tensor::f32({2, 4}, std::vector<float>(8, 9))};
+  mustRun(K("columns_grad").i("start", 1), outs, wide);
+  CHECK(wide[0].f == std::vector<float>{0, 1, 2, 0, 0, 5, 6, 0});
+  // Errors: columns past the end, rows that differ, no start.
+  CHECK(run(K("columns").i("start", 3), ins, outs).message().find(
+            "columns [3, 5) are not columns of a matrix of 4") !=
+        std::string::npos);
+  std::vector<Tensor> threeRows = {Tensor::f32({3, 2})};
+  CHECK(run(K("columns").i("start", 0), ins, threeRows).message().find(
+            "must have the same rows") != std::string::npos);
+  CHECK(run(K("columns"), ins, outs).message().find("start") !=
+        std::string::npos);
+}
+
+TEST_CASE("tp_kv_assemble gives each member its key/value head whole",
+          "[kernels][forward]") {
+  // T = 4 members, K = 2 key/value heads of hd = 2: members 0, 1 share head
+  // 0, members 2, 3 head 1; each holds one column (p = 1) of its head's k
+  // and of its v, after q = 2 query columns. Two rows (h = 2).
+  const int64_t members = 4, rows = 2;
+  // Gathered pieces [members * rows, 2]: member j's row i is
+  // [k = 10 j + i, v = 100 + 10 j + i].
+  std::vector<float> pieces;
+  for (int64_t j = 0; j < members; ++j)
+    for (int64_t i = 0; i < rows; ++i)
+      pieces.insert(pieces.end(), {float(10 * j + i), float(100 + 10 * j + i)});
+  for (int64_t m = 0; m < members; ++m) {
+    KernelContext ctx;
+    ctx.tensorMember = m;
+    // The member's own weight: q columns [-1, -2] (row 0), [-3, -4] (row
+    // 1), then its pieces.
+    std::vector<Tensor> ins = {
+        Tensor::f32({rows, 4}, {-1, -2, pieces[(m * rows) * 2],
+                                pieces[(m * rows) * 2 + 1], -3, -4,
+                                pieces[(m * rows + 1) * 2],
+                                pieces[(m * rows + 1) * 2 + 1]}),
+        Tensor::f32({members * rows, 2}, pieces)};
+    std::vector<Tensor> outs = {Tensor::f32({rows, 6})};
+    K k("tp_kv_assemble");
+    k.i("members", members).i("query", 2);
+    REQUIRE(run(k, ins, outs, ctx).isOk());
+    const float a = float(10 * (m / 2 * 2)), b = a + 10;
+    CHECK(outs[0].f == std::vector<float>{-1, -2, a, b, 100 + a, 100 + b,
+                                          -3, -4, a + 1, b + 1, 101 + a,
+                                          101 + b});
+    // Its gradient is the adjoint on the pieces: <assemble(w, P), dy> =
+    // <w's query columns, dy's> + <P, assemble_grad(dy)>, exact on integers.
+    Rng rng(40 + m);
+    std::vector<float> dy(rows * 6);
+    for (float &x : dy)
+      x = float(int(rng.uniform(-8, 8)));
+    std::vector<Tensor> dyIn = {Tensor::f32({rows, 6}, dy)};
+    std::vector<Tensor> dp = {
+        Tensor::f32({members * rows, 2}, std::vector<float>(16, 7))};
+    K g("tp_kv_assemble_grad");
+    g.i("members", members).i("query", 2);
+    REQUIRE(run(g, dyIn, dp, ctx).isOk());
+    double lhs = 0, rhs = 0;
+    for (size_t e = 0; e < dy.size(); ++e)
+      lhs += double(outs[0].f[e]) * dy[e];
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < 2; ++j)
+        rhs += double(ins[0].f[i * 4 + j]) * dy[i * 6 + j];
+    for (size_t e = 0; e < pieces.size(); ++e)
+      rhs += double(pieces[e]) * dp[0].f[e];
+    CHECK(lhs == rhs);
+    // Rows of members outside the head's group are zero.
+    for (int64_t j = 0; j < members; ++j)
+      if (j / 2 != m / 2)
+        for (int64_t e = 0; e < rows * 2; ++e)
+          CHECK(dp[0].f[j * rows * 2 + e] == 0);
+  }
+  // Errors: pieces of the wrong rows, an assembled width that is not a
+  // multiple of the pieces, a member out of range.
+  KernelContext ctx;
+  K k("tp_kv_assemble");
+  k.i("members", members).i("query", 2);
+  std::vector<Tensor> w = {Tensor::f32({rows, 4}), Tensor::f32({6, 2})};
+  std::vector<Tensor> y = {Tensor::f32({rows, 6})};
+  CHECK(run(k, w, y, ctx).message().find("the pieces must be") !=
+        std::string::npos);
+  w[1] = Tensor::f32({members * rows, 2});
+  std::vector<Tensor> odd = {Tensor::f32({rows, 5})};
+  CHECK(run(k, w, odd, ctx).message().find("key/value columns must be r "
+                                           "times") != std::string::npos);
+  ctx.tensorMember = 4;
+  CHECK(run(k, w, y, ctx).message().find("tensor-parallel member 4 is not "
+                                         "one of 4") != std::string::npos);
 }
 
 TEST_CASE("attention on one and two tokens", "[kernels][forward]") {

@@ -591,6 +591,14 @@ TP_MOE = ["qwen3-moe", "--layers", "4", "--hidden", "32", "--heads", "4",
           "--kv-heads", "2", "--ffn", "32", "--experts", "4", "--top-k", "2",
           "--vocab", "64", "--seq", "16", "--batch", "4",
           "--capacity-factor", "1"]
+# One key/value head (MQA) for 4 query heads: under TP2 and TP4 the
+# members share it (replicated key/value heads, docs/tensor-parallel.md
+# §2b): each holds 1/r of its k and v columns, gathers the others' before
+# the q|k|v GEMM, and the pieces' gradients are summed by the gather's
+# reduce-scatter.
+TP_LLAMA_KV1 = ["llama", "--layers", "4", "--hidden", "32", "--heads", "4",
+                "--kv-heads", "1", "--ffn", "64", "--vocab", "64", "--seq",
+                "16", "--batch", "2"]
 TP2 = ["--tp", "2", "--microbatches", "8"]
 TP_CASES = [
     # (model name, model arguments, one-device flags,
@@ -672,8 +680,27 @@ TP_CASES = [
         ("tp2 on the compute stream", ["--strategy", os.path.join(
             EXAMPLES, "tp2_compute_stream.json")], 2, []),
     ]),
+    ("llama-kv1", TP_LLAMA_KV1, ["--clip-grad", "0.5"], [
+        ("tp2", TP2 + ["--clip-grad", "0.5"], 2, ["full", "selective"]),
+        ("tp4 + sp", ["--tp", "4", "--sp", "--microbatches", "8",
+                      "--clip-grad", "0.5"], 4, ["full"]),
+        ("dp2 x tp2 zero-2", ["--tp", "2", "--dp", "2", "--microbatches",
+                              "4", "--zero", "2", "--clip-grad", "0.5"], 4,
+         []),
+        # The pieces' reduce-scatter in the deferred weight-gradient half.
+        ("pp2 x dp2 x tp2 zero-3 zb-h1",
+         ["--tp", "2", "--dp", "2", "--pp", "2", "--microbatches", "4",
+          "--zero", "3", "--schedule", "zb-h1", "--clip-grad", "0.5"], 8,
+         []),
+        ("pp2 x tp2 dualpipev", TP2 + ["--pp", "2", "--schedule",
+                                       "dualpipev", "--clip-grad", "0.5"],
+         4, []),
+    ]),
     ("qwen3-moe", TP_MOE, ["--clip-grad", "0.5"], [
         ("tp2", TP2 + ["--clip-grad", "0.5"], 2, ["full", "selective"]),
+        # Its 2 key/value heads shared by 2 members each.
+        ("tp4", ["--tp", "4", "--microbatches", "8", "--clip-grad", "0.5"],
+         4, ["selective"]),
         # EP on the experts over the data-parallel replicas of each
         # member, TP on attention (Megatron's parallel folding).
         ("dp2 x tp2 ep2", ["--tp", "2", "--dp", "2", "--ep", "2",
@@ -717,6 +744,10 @@ TP_GRAD_CASES = [
     ("moe-tp", TP_MOE,
      [("1 device", ["--microbatches", "2"], 1),
       ("tp2 + sp", ["--tp", "2", "--sp", "--microbatches", "2"], 2)]),
+    ("llama-kv1-tp", TP_LLAMA_KV1,
+     [("1 device", ["--microbatches", "2"], 1),
+      ("tp4", ["--tp", "4", "--microbatches", "2"], 4),
+      ("tp2 + sp", ["--tp", "2", "--sp", "--microbatches", "2"], 2)]),
 ]
 
 
@@ -757,8 +788,9 @@ def main_tensor_parallel(work):
 # TP2 ZeRO-1, DP2 x TP2 ZeRO-3 (and, for the MoE model, DP2 x TP2 with EP2
 # on the experts), each with --recompute none, full and selective, plus
 # PP2 x TP2 under zb-h1 and dualpipev; the same global batch of 8
-# microbatches as one device, the bounds as above. Models with 4 heads (and
-# 4 key/value heads for the MoE model) so that TP4 divides them.
+# microbatches as one device, the bounds as above. llama and qwen3-moe have
+# 2 key/value heads: TP2 splits them, TP4 replicates each over 2 members
+# (docs/tensor-parallel.md §2b).
 TP_MATRIX_MODELS = [
     ("gpt", ["gpt", "--layers", "2", "--hidden", "32", "--heads", "4",
              "--vocab", "64", "--seq", "16", "--batch", "2"], []),
@@ -766,10 +798,10 @@ TP_MATRIX_MODELS = [
                   "--vocab", "64", "--seq", "16", "--batch", "2", "--tied"],
      ["--clip-grad", "0.5"]),
     ("llama", ["llama", "--layers", "2", "--hidden", "32", "--heads", "8",
-               "--kv-heads", "4", "--ffn", "64", "--vocab", "64", "--seq",
+               "--kv-heads", "2", "--ffn", "64", "--vocab", "64", "--seq",
                "16", "--batch", "2"], []),
     ("qwen3-moe", ["qwen3-moe", "--layers", "2", "--hidden", "32", "--heads",
-                   "4", "--kv-heads", "4", "--ffn", "32", "--experts", "4",
+                   "4", "--kv-heads", "2", "--ffn", "32", "--experts", "4",
                    "--top-k", "2", "--vocab", "64", "--seq", "16", "--batch",
                    "4", "--capacity-factor", "1"], ["--clip-grad", "0.5"]),
 ]

@@ -69,6 +69,36 @@ Status spSplit(const KernelArgs &a, const Context &ctx) {
                    static_cast<size_t>(rows * cols) * sizeof(float));
 }
 
+Status columns(const KernelArgs &a, const Context &ctx) {
+  detail::ColumnsDims d;
+  PIPER_RETURN_IF_ERROR(detail::checkColumns(a, false, d));
+  return launchColumns(ctx, a.inputs[0].f32(), d.rows, d.wide, d.start,
+                       d.narrow, false, a.outputs[0].f32());
+}
+
+Status columnsGrad(const KernelArgs &a, const Context &ctx) {
+  detail::ColumnsDims d;
+  PIPER_RETURN_IF_ERROR(detail::checkColumns(a, true, d));
+  return launchColumns(ctx, a.inputs[0].f32(), d.rows, d.wide, d.start,
+                       d.narrow, true, a.outputs[0].f32());
+}
+
+Status tpKvAssemble(const KernelArgs &a, const Context &ctx) {
+  detail::KvAssembleDims d;
+  PIPER_RETURN_IF_ERROR(detail::checkKvAssemble(a, false, d));
+  return launchKvAssemble(ctx, a.inputs[0].f32(), a.inputs[1].f32(), d.rows,
+                          d.query, d.piece, d.share, d.group,
+                          a.outputs[0].f32());
+}
+
+Status tpKvAssembleGrad(const KernelArgs &a, const Context &ctx) {
+  detail::KvAssembleDims d;
+  PIPER_RETURN_IF_ERROR(detail::checkKvAssemble(a, true, d));
+  return launchKvAssembleGrad(ctx, a.inputs[0].f32(), d.rows, d.query,
+                              d.piece, d.share, d.members, d.group,
+                              a.outputs[0].f32());
+}
+
 Status biasGrad(const KernelArgs &a, const Context &ctx) {
   int64_t rows = 0, out = 0;
   PIPER_RETURN_IF_ERROR(detail::checkBiasGrad(a, rows, out));
@@ -148,6 +178,10 @@ void addLinearKernels(std::vector<KernelEntry> &out) {
                             {"linear_grad_weight", linearGradWeight},
                             {"bias_add", biasAdd},
                             {"sp_split", spSplit},
+                            {"columns", columns},
+                            {"columns_grad", columnsGrad},
+                            {"tp_kv_assemble", tpKvAssemble},
+                            {"tp_kv_assemble_grad", tpKvAssembleGrad},
                             {"bias_grad", biasGrad},
                             {"cross_entropy", crossEntropy},
                             {"cross_entropy_grad", crossEntropyGrad},

@@ -16,6 +16,22 @@ namespace piper::runtime::hal::PIPER_GPU_NS {
 /// y[r, j] = b[j] for y [rows, cols] (the bias as a GEMM's initial C).
 Status launchBroadcastRows(const Context &ctx, const float *b, float *y,
                            int64_t rows, int64_t cols);
+/// y [rows, narrow] = columns [start, start + narrow) of x [rows, wide]
+/// (columns); with `grad`, the other way: dx [rows, wide] zero except
+/// those columns, from dy [rows, narrow] (columns_grad).
+Status launchColumns(const Context &ctx, const float *in, int64_t rows,
+                     int64_t wide, int64_t start, int64_t narrow, bool grad,
+                     float *out);
+/// tp_kv_assemble (docs/tensor-parallel.md §2b): y [rows, query + 2 share
+/// piece] from w [rows, query + 2 piece] and pieces [members rows, 2 piece],
+/// key/value head `group`.
+Status launchKvAssemble(const Context &ctx, const float *w, const float *pieces,
+                        int64_t rows, int64_t query, int64_t piece,
+                        int64_t share, int64_t group, float *y);
+/// tp_kv_assemble_grad: dpieces [members rows, 2 piece] from dy.
+Status launchKvAssembleGrad(const Context &ctx, const float *dy, int64_t rows,
+                            int64_t query, int64_t piece, int64_t share,
+                            int64_t members, int64_t group, float *dpieces);
 /// out[j] = the sum over rows of x[r, j] (x [rows, cols]), in double in a
 /// fixed order: partials[c * cols + j] sums the chunk c of kColumnChunkRows
 /// rows, then the chunks are added in order. `partials` holds

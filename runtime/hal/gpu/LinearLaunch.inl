@@ -10,6 +10,60 @@ Status launchBroadcastRows(const Context &ctx, const float *b, float *y,
                            [=] PIPER_LAMBDA(int64_t i) { y[i] = b[i % cols]; });
 }
 
+Status launchColumns(const Context &ctx, const float *in, int64_t rows,
+                     int64_t wide, int64_t start, int64_t narrow, bool grad,
+                     float *out) {
+  if (!grad)
+    return Exec(ctx).forEach(
+        "columns", rows * narrow, [=] PIPER_LAMBDA(int64_t e) {
+          out[e] = in[(e / narrow) * wide + start + e % narrow];
+        });
+  return Exec(ctx).forEach(
+      "columns_grad", rows * wide, [=] PIPER_LAMBDA(int64_t e) {
+        int64_t j = e % wide;
+        out[e] = j >= start && j < start + narrow
+                     ? in[(e / wide) * narrow + j - start]
+                     : 0.0f;
+      });
+}
+
+Status launchKvAssemble(const Context &ctx, const float *w, const float *pieces,
+                        int64_t rows, int64_t query, int64_t piece,
+                        int64_t share, int64_t group, float *y) {
+  const int64_t hd = share * piece, cols = query + 2 * hd;
+  return Exec(ctx).forEach(
+      "tp_kv_assemble", rows * cols, [=] PIPER_LAMBDA(int64_t e) {
+        int64_t i = e / cols, j = e % cols;
+        if (j < query) {
+          y[e] = w[i * (query + 2 * piece) + j];
+          return;
+        }
+        int64_t t = j - query, kv = t / hd, s = (t % hd) / piece,
+                c = t % piece;
+        y[e] = pieces[((group * share + s) * rows + i) * 2 * piece +
+                      kv * piece + c];
+      });
+}
+
+Status launchKvAssembleGrad(const Context &ctx, const float *dy, int64_t rows,
+                            int64_t query, int64_t piece, int64_t share,
+                            int64_t members, int64_t group, float *dpieces) {
+  const int64_t hd = share * piece, cols = query + 2 * hd;
+  return Exec(ctx).forEach(
+      "tp_kv_assemble_grad", members * rows * 2 * piece,
+      [=] PIPER_LAMBDA(int64_t e) {
+        int64_t r = e / (2 * piece), col = e % (2 * piece);
+        int64_t member = r / rows, i = r % rows;
+        if (member / share != group) {
+          dpieces[e] = 0.0f;
+          return;
+        }
+        int64_t s = member - group * share, kv = col / piece,
+                c = col % piece;
+        dpieces[e] = dy[i * cols + query + kv * hd + s * piece + c];
+      });
+}
+
 Status launchColumnSums(const Context &ctx, const float *x, int64_t rows,
                         int64_t cols, double *partials, float *out) {
   const int64_t chunks = columnSumChunks(rows);

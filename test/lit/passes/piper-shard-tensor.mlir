@@ -149,3 +149,30 @@ module {
     %l, %d1 = piper.task @b(%tok, %tgt) {tag = #piper.tag<block = 1>} : (tensor<2x2xi32>, tensor<2x2xi32>) -> (tensor<f32>, !piper.token)
   }
 }
+
+// -----
+
+// Replicated key/value heads (1 head over 2 members) under a biased q|k|v
+// projection: refused.
+module {
+  piper.param @wte : tensor<16x8xf32> init normal(2.0e-02)
+  piper.param @qkv : tensor<8x16xf32> init normal(2.0e-02)
+  piper.param @qkv_b : tensor<16xf32> init zeros(0.0)
+  piper.param @o : tensor<8x8xf32> init normal(2.0e-02)
+  piper.segment @b(%ids: tensor<2x2xi32>) -> tensor<4x8xf32> attributes {piper.block = 1 : i64} {
+    %w = piper.param_ref @wte : tensor<16x8xf32>
+    %x = piper.embedding %ids, %w : (tensor<2x2xi32>, tensor<16x8xf32>) -> tensor<4x8xf32>
+    %q = piper.param_ref @qkv : tensor<8x16xf32>
+    %qb = piper.param_ref @qkv_b : tensor<16xf32>
+    %h = piper.linear %x, %q, %qb : (tensor<4x8xf32>, tensor<8x16xf32>, tensor<16xf32>) -> tensor<4x16xf32>
+    // expected-error @+1 {{block 1's piper.attention has a bias on its q|k|v projection, which replicated key/value heads (1 key/value heads over tensor parallelism of 2) do not support}}
+    %a = piper.attention %h {heads = 2 : i64, kv_heads = 1 : i64, seq = 2 : i64} : (tensor<4x16xf32>) -> tensor<4x8xf32>
+    %v = piper.param_ref @o : tensor<8x8xf32>
+    %y = piper.linear %a, %v : (tensor<4x8xf32>, tensor<8x8xf32>) -> tensor<4x8xf32>
+    piper.yield %y : tensor<4x8xf32>
+  }
+  piper.program @m {
+    %tok, %tgt, %d = piper.batch {tag = #piper.tag<>} : tensor<2x2xi32>, tensor<2x2xi32>
+    %y, %d1 = piper.task @b(%tok) {tag = #piper.tag<block = 1>} : (tensor<2x2xi32>) -> (tensor<4x8xf32>, !piper.token)
+  }
+}

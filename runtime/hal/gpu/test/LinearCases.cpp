@@ -1,6 +1,7 @@
 // Cases of the linear and loss GPU kernels (KernelCases.h): linear and its
 // gradients (transpose_w 0 and 1, with and without bias, fp32 and bf16),
 // bias_grad, cross_entropy and its gradient, loss_accumulate.
+#include <array>
 #include <cmath>
 #include <tuple>
 
@@ -107,6 +108,51 @@ void linearCases(std::vector<KernelCase> &out) {
                    {zeros({rows / members, cols})}};
       c.tensorMember = m;
       out.push_back(c);
+    }
+  // columns and columns_grad: from the start, in the middle, to the end.
+  for (auto [rows, wide, start, narrow] :
+       std::vector<std::array<int64_t, 4>>{
+           {3, 5, 0, 2}, {7, 13, 4, 6}, {300, 257, 129, 128}}) {
+    std::string at = dims({rows, wide}) + " [" + std::to_string(start) + ", " +
+                     std::to_string(start + narrow) + ")";
+    out.push_back({"columns " + at,
+                   "columns",
+                   {{"start", intAttr(start)}},
+                   {f32({rows, wide})},
+                   {zeros({rows, narrow})}});
+    out.push_back({"columns_grad " + at,
+                   "columns_grad",
+                   {{"start", intAttr(start)}},
+                   {f32({rows, narrow})},
+                   {f32({rows, wide})}});
+  }
+  // tp_kv_assemble and its gradient: rows, query, piece, share (members
+  // per key/value head), members; every member.
+  for (auto [rows, query, piece, share, members] :
+       std::vector<std::array<int64_t, 5>>{
+           {3, 4, 1, 2, 2}, {5, 8, 2, 2, 4}, {7, 6, 3, 4, 4}, {64, 96, 16, 2, 8}})
+    for (int64_t m = 0; m < members; ++m) {
+      std::string at = "rows " + std::to_string(rows) + " query " +
+                       std::to_string(query) + " piece " +
+                       std::to_string(piece) + " share " +
+                       std::to_string(share) + " member " + std::to_string(m) +
+                       " of " + std::to_string(members);
+      const int64_t cols = query + 2 * share * piece;
+      KernelCase c{"tp_kv_assemble " + at,
+                   "tp_kv_assemble",
+                   {{"members", intAttr(members)}, {"query", intAttr(query)}},
+                   {f32({rows, query + 2 * piece}),
+                    f32({members * rows, 2 * piece})},
+                   {zeros({rows, cols})}};
+      c.tensorMember = m;
+      out.push_back(c);
+      KernelCase g{"tp_kv_assemble_grad " + at,
+                   "tp_kv_assemble_grad",
+                   {{"members", intAttr(members)}, {"query", intAttr(query)}},
+                   {f32({rows, cols})},
+                   {f32({members * rows, 2 * piece})}};
+      g.tensorMember = m;
+      out.push_back(g);
     }
   // bias_grad: one chunk of rows, several with a partial last one
   // (kColumnChunkRows = 64), no rows (db = 0), one column.
