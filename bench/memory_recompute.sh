@@ -38,9 +38,19 @@
 #                       and what one piece hands the next (the block's
 #                       activations but its input: none's per-token count
 #                       minus h) is step buffers while the block's backward
-#                       runs ("tp cuts"). On the last stage that term and
-#                       the head's scratch (the largest call there) do not
-#                       overlap in time, so the sum over-counts a little.
+#                       runs ("tp cuts"); and under TP every backward
+#                       collective hands a gradient of the block's output
+#                       [s*b, h] from one call to the next (the partial
+#                       input gradient and its all-reduced sum; with SP a
+#                       row shard and the gathered whole), which no call's
+#                       scratch holds: 2h per token ("tp grads"). The head's backward (on the last
+#                       stage, in its own calls under TP) comes first: the
+#                       last stage peaks either there (everything kept, the
+#                       head's scratch) or in a block's backward after it,
+#                       when the head's kept activations of that microbatch
+#                       are gone and the cuts and the largest block call's
+#                       scratch are live; the formula is the larger of the
+#                       two.
 # It prints both and their ratio, and Korthikanti's per-layer figure for
 # reference. A benchmark, not a test: not part of `bazel test`.
 #
@@ -122,9 +132,9 @@ for t, sp in ((1, False), (4, False), (4, True)):
               (34 / t if sp else 10 + 24 / t) + 5 * a * s / (h * t),
               34 / t if sp else 10 + 24 / t))
 print()
-print("%-9s %5s %5s %6s %6s %10s %10s %8s %10s %8s %10s %10s %6s" % (
+print("%-9s %5s %5s %6s %6s %10s %10s %8s %10s %8s %8s %10s %10s %6s" % (
     "recompute", "tp", "stage", "layers", "flight", "planned", "kept", "sends",
-    "bwd work", "tp cuts", "formula", "peak", "ratio"))
+    "bwd work", "tp cuts", "tp grads", "formula", "peak", "ratio"))
 for cfg, r in [(c, r) for c in ("1", "4", "4sp")
                for r in ("none", "selective", "full")]:
     t, sp = int(cfg.rstrip("sp")), cfg.endswith("sp")
@@ -134,13 +144,33 @@ for cfg, r in [(c, r) for c in ("1", "4", "4sp")
         body = re.search(r"piper.segment @stage%d_F\(.*?\n  \}" % stage, dag, re.S).group(0)
         layers = body.count("piper.attention ")
         flight = min(P - stage, M)  # 1F1B: stage p keeps P - p in flight
-        mem = subprocess.run([piper_plan, "--memory",
-                              "%s/%s-tp%s/%s" % (work, r, cfg, name)],
+        plan_path = "%s/%s-tp%s/%s" % (work, r, cfg, name)
+        mem = subprocess.run([piper_plan, "--memory", "--largest", "100000",
+                              plan_path],
                              check=True, capture_output=True, text=True).stdout
+        listing = subprocess.run([piper_plan, plan_path], check=True,
+                                 capture_output=True, text=True).stdout
         m = re.search(r"arena (\d+) bytes = state (\d+) \+ step (\d+)", mem)
         arena, step = int(m.group(1)), int(m.group(3))
-        work_set = max(int(x) for x in re.findall(
-            r"(\d+) bytes, scratch of stream '[^']+', instruction \d+ \(task @stage\d+_B", mem))
+        # Backward calls' scratch, the head's (the segments computing the
+        # loss's gradient) apart from the blocks'.
+        head_segments = set()
+        for seg in re.split(r"\nsegment ", listing):
+            m2 = re.match(r's\d+ "([^"]+)"', seg)
+            if m2 and "cross_entropy_grad(" in seg:
+                head_segments.add(m2.group(1))
+        head_ws = block_ws = 0
+        for size, task in re.findall(
+                r"(\d+) bytes, scratch of stream '[^']+', instruction \d+ "
+                r"\(task @(stage\d+_B[^ ]*) ", mem):
+            if task in head_segments:
+                head_ws = max(head_ws, int(size))
+            else:
+                block_ws = max(block_ws, int(size))
+        if not head_segments or stage != P - 1:
+            head_ws = 0
+        if layers == 0:
+            block_ws = 0
         kept = flight * layers * E * tokens * per_token(r, t, sp)
         if stage == P - 1:
             kept += flight * E * tokens * head_per_token(r, t)
@@ -149,9 +179,17 @@ for cfg, r in [(c, r) for c in ("1", "4", "4sp")
         sends = M * E * sbh / (t if sp else 1)
         cuts = (E * tokens * (per_token("none", t, sp) - per_token("full", t, sp))
                 if r == "full" and t > 1 and layers else 0)
-        formula = kept + sends + work_set + cuts
-        print("%-9s %5s %5d %6d %6d %9.2fG %9.2fG %7.2fG %9.2fG %7.2fG %9.2fG %9.2fG %6.3f" % (
+        grads = 2 * E * sbh if t > 1 else 0
+        # The two moments: the head's backward (last stage), a block's.
+        at_head = kept + sends + head_ws + grads if head_ws else 0
+        head_kept = (E * tokens * head_per_token(r, t)
+                     if stage == P - 1 else 0)
+        at_block = (kept - (head_kept if head_ws else 0) + sends + block_ws +
+                    cuts + grads)
+        formula = max(at_head, at_block)
+        work_set = head_ws if at_head >= at_block else block_ws
+        print("%-9s %5s %5d %6d %6d %9.2fG %9.2fG %7.2fG %9.2fG %7.2fG %7.2fG %9.2fG %9.2fG %6.3f" % (
             r, cfg.replace("sp", "+sp"), stage, layers, flight, step / gib, kept / gib, sends / gib,
-            work_set / gib, cuts / gib, formula / gib, arena / gib,
+            work_set / gib, cuts / gib, grads / gib, formula / gib, arena / gib,
             step / formula))
 EOF

@@ -39,14 +39,14 @@ int fail(const std::string &message) {
 
 /// Prints one plan file; returns the process exit code.
 int printPlan(const std::string &path, bool kernels, bool textproto,
-              bool memory) {
+              bool memory, int largest) {
   piper::plan::Plan plan;
   std::string err = piper::plan::readPlanFile(path, plan);
   if (!err.empty())
     return fail(err);
   if (memory) {
     std::string text;
-    if (!piper::plan::memoryReport(plan, 5, text))
+    if (!piper::plan::memoryReport(plan, largest, text))
       return fail(path + ": " + text);
     std::fputs(text.c_str(), stdout);
   } else if (textproto) {
@@ -147,6 +147,7 @@ static int runPiperPlan(int argc, char **argv) {
   std::string path;
   bool noKernels = false, textproto = false, memory = false;
   bool simulate = false, timeline = false, blockingSends = false;
+  int largest = 5;
   std::string tracePath, svgPath, machinePath;
   std::vector<std::string> costs;
   CLI::App app{"piper-plan: prints a plan file, or the manifest and every "
@@ -161,7 +162,12 @@ static int runPiperPlan(int argc, char **argv) {
                "print the raw protobuf text format instead");
   app.add_flag("--memory", memory,
                "print the arena layout from buffer lifetimes instead: state, "
-               "arena and the largest blocks per plan");
+               "arena, the largest blocks per plan and what is live at the "
+               "step's peak");
+  app.add_option("--largest", largest,
+                 "with --memory: how many of the largest blocks, and of "
+                 "those live at the peak, to list (default 5)")
+      ->check(CLI::NonNegativeNumber);
   app.add_flag("--simulate", simulate,
                "simulate one training step of an OUT/ folder and print, per "
                "device class, the predicted step time, stream busy times and "
@@ -201,6 +207,8 @@ static int runPiperPlan(int argc, char **argv) {
   if (simOnly && !simulate)
     return fail("--timeline, --trace, --svg, --machine, --cost and "
                 "--blocking-sends need --simulate");
+  if (largest != 5 && !memory)
+    return fail("--largest needs --memory");
   if (simulate && (memory || textproto || noKernels))
     return fail("--simulate cannot be combined with --memory, --textproto "
                 "or --no-kernels");
@@ -208,7 +216,7 @@ static int runPiperPlan(int argc, char **argv) {
     return fail("--simulate needs a folder written by piperc compile, not '" +
                 path + "'");
   if (!isDirectory(path))
-    return printPlan(path, !noKernels, textproto, memory);
+    return printPlan(path, !noKernels, textproto, memory, largest);
 
   piper::plan::Manifest manifest;
   std::string err = piper::plan::readManifest(
@@ -243,7 +251,7 @@ static int runPiperPlan(int argc, char **argv) {
     if (!memory)
       std::fputs("\n", stdout);
     if (int rc = printPlan(path + "/" + c.plan_file(), !noKernels, textproto,
-                           memory))
+                           memory, largest))
       return rc;
   }
   return 0;

@@ -492,6 +492,39 @@ public:
     auto whole = [&](Type t) {
       return withDim(t, 0, cast<RankedTensorType>(t).getDimSize(0) * tp);
     };
+    // A result of a task outside the selected blocks that only selected
+    // blocks read (the embedding's output) is split where it is made: what
+    // the first block keeps for its backward (its input, under full
+    // recomputation) and what a pipeline sends are then rows too.
+    llvm::DenseSet<Value> splitAtSource;
+    llvm::DenseMap<SegmentOp, int> callers;
+    for (TaskOp t : program.getBody().front().getOps<TaskOp>())
+      ++callers[symbols.lookup<SegmentOp>(t.getSegment())];
+    for (TaskOp t : program.getBody().front().getOps<TaskOp>()) {
+      auto seg = symbols.lookup<SegmentOp>(t.getSegment());
+      if (selected(t) || !seg || callers.lookup(seg) != 1)
+        continue;
+      Block &body = seg.getBody().front();
+      auto yield = cast<YieldOp>(body.getTerminator());
+      SmallVector<Type> results(seg.getFunctionType().getResults());
+      bool changed = false;
+      for (auto [j, out] : llvm::enumerate(t.getOuts())) {
+        int64_t rows = rowsOf(out.getType());
+        if (rows < 0 || rows % tp != 0 || !staysSharded(out))
+          continue;
+        OpBuilder yb(yield);
+        auto split = SpSplitOp::create(yb, yield.getLoc(), part(out.getType()),
+                                       yield->getOperand(j), members);
+        yield->setOperand(j, split.getResult());
+        out.setType(split.getType());
+        results[j] = split.getType();
+        splitAtSource.insert(out);
+        changed = true;
+      }
+      if (changed)
+        seg.setFunctionTypeAttr(TypeAttr::get(
+            FunctionType::get(ctx, body.getArgumentTypes(), results)));
+    }
     for (auto [seg, block] : segments) {
       TaskOp task = taskOf.lookup(seg);
       Block &body = seg.getBody().front();
@@ -510,7 +543,8 @@ public:
                  << tp << " does not divide";
         Value in = task.getArgs()[i];
         if (auto producer = in.getDefiningOp<TaskOp>();
-            producer && selected(producer) && staysSharded(in)) {
+            producer && ((selected(producer) && staysSharded(in)) ||
+                         splitAtSource.contains(in))) {
           arg.setType(part(arg.getType()));
           sharded.insert(arg);
           continue;

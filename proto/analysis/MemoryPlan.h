@@ -133,8 +133,12 @@ struct PeakPoint {
   int64_t bytes = 0;
   std::vector<int> blocks;
 };
+/// With `callsOnly`, only CALL instructions are candidates: a wait or a
+/// transfer on a stream ordered loosely against the compute stream may see
+/// nearly every block as possibly live, a kernel call the blocks that
+/// really meet it.
 PeakPoint findPeak(const Plan &plan, const StreamOrder &order,
-                   const std::vector<Block> &blocks);
+                   const std::vector<Block> &blocks, bool callsOnly = false);
 
 /// Checks that every rank of `plan` fits in `deviceBytes` of memory (its
 /// recorded arena_bytes). Otherwise `error` names the ranks, what they need
@@ -145,8 +149,9 @@ bool checkFits(const Plan &plan, int64_t deviceBytes, std::string &error);
 /// Lays out the arena of `plan` (stepBlocks + packBlocks), checks it with
 /// verifyLayout and renders it as text: the persistent state (four float32
 /// tensors per parameter: value, gradient, AdamW moments), the arena, their
-/// sum beside the compiler's predicted peak, and the `largest` largest
-/// blocks with their offsets. Returns false, with the reason in `text`, when
+/// sum beside the compiler's predicted peak, the `largest` largest blocks
+/// with their offsets, and the step's peak (findPeak): where, how many bytes
+/// are live there and the `largest` largest of them. Returns false, with the reason in `text`, when
 /// the plan's streams deadlock or the layout fails its check.
 bool memoryReport(const Plan &plan, int largest, std::string &text);
 

@@ -48,6 +48,23 @@ bool memoryReport(const Plan &plan, int largest, std::string &text) {
     os << "  offset " << offsets[bySize[i]] << ": " << b.bytes << " bytes, "
        << b.name << "\n";
   }
+  // What may be live at the step's peak kernel call: the arena's step part
+  // is at least this (more where the packing leaves gaps).
+  StreamOrder order;
+  std::string ignored;
+  if (StreamOrder::build(*use, order, ignored)) {
+    PeakPoint peak = findPeak(*use, order, blocks, /*callsOnly=*/true);
+    if (peak.at.valid()) {
+      os << "peak: " << peak.bytes << " bytes live at "
+         << describePosition(*use, peak.at) << " (" << peak.blocks.size()
+         << " blocks)\n";
+      for (int i = 0; i < largest && i < static_cast<int>(peak.blocks.size());
+           ++i) {
+        const Block &b = blocks[peak.blocks[i]];
+        os << "  live: " << b.bytes << " bytes, " << b.name << "\n";
+      }
+    }
+  }
   text = os.str();
   return true;
 }
@@ -93,7 +110,7 @@ bool liveAt(const Block &b, Pos x, const StreamOrder &order) {
 } // namespace
 
 PeakPoint findPeak(const Plan &plan, const StreamOrder &order,
-                   const std::vector<Block> &blocks) {
+                   const std::vector<Block> &blocks, bool callsOnly) {
   // On one stream, "may be live at instruction i" (liveAt) holds on an
   // interval of i: an instruction that happens before the definition is
   // followed on its stream only by more such instructions, and once every
@@ -144,6 +161,9 @@ PeakPoint findPeak(const Plan &plan, const StreamOrder &order,
     int64_t bytes = 0;
     for (int i = 0; i < len; ++i) {
       bytes += delta[i];
+      if (callsOnly &&
+          plan.streams(s).instructions(i).kind() != Instruction::CALL)
+        continue;
       if (bytes > peak.bytes) {
         peak.bytes = bytes;
         peak.at = Pos{s, i};

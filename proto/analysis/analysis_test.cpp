@@ -250,12 +250,17 @@ TEST_CASE("memoryReport: a layout for a good plan, the reason for a bad one") {
   b->mutable_type()->set_dtype(F32);
   b->mutable_type()->add_shape(4);
   add(plan, 0, Instruction::LOAD_BATCH)->add_outputs(0);
+  add(plan, 0, Instruction::CALL)->add_inputs(0);
   add(plan, 0, Instruction::SEND)->add_inputs(0);
   std::string text;
   REQUIRE(memoryReport(plan, 1, text));
   CHECK(text.find("memory class 0: arena 16 bytes = state 0 + step 16 (1 "
                   "buffers and 0 scratch and staging areas") == 0);
   CHECK(text.find("  offset 0: 16 bytes, buffer 0") != std::string::npos);
+  // The peak at a kernel call: the buffer, live from the batch's load to
+  // the send.
+  CHECK(text.find("peak: 16 bytes live at ") != std::string::npos);
+  CHECK(text.find("  live: 16 bytes, buffer 0") != std::string::npos);
   // A recorded memory plan is checked, not trusted.
   Plan recorded = plan;
   REQUIRE(assignArena(recorded, text));
@@ -594,12 +599,16 @@ namespace {
 /// findPeak's definition, instruction by instruction: the bytes of the
 /// blocks that may be live at an instruction (defined at it or not after
 /// it, and not every access before it), O(instructions * blocks).
-std::pair<Pos, int64_t> bruteForcePeak(const RandomStep &r) {
+std::pair<Pos, int64_t> bruteForcePeak(const RandomStep &r,
+                                       bool callsOnly = false) {
   Pos at;
   int64_t best = 0;
   for (int s = 0; s < r.plan.streams_size(); ++s)
     for (int i = 0; i < r.plan.streams(s).instructions_size(); ++i) {
       Pos x{s, i};
+      if (callsOnly &&
+          r.plan.streams(s).instructions(i).kind() != Instruction::CALL)
+        continue;
       int64_t live = 0;
       for (const Block &b : r.blocks) {
         if (b.accesses.empty())
@@ -629,13 +638,15 @@ TEST_CASE("findPeak: the sweep finds the instruction-by-instruction peak") {
     RandomStep r = randomStep(rng, streams, 10 + rng() % 60, rng() % 80);
     INFO("round " << round << ", " << streams << " streams, " << r.blocks.size()
                   << " blocks");
-    PeakPoint peak = findPeak(r.plan, r.order, r.blocks);
-    auto [at, bytes] = bruteForcePeak(r);
-    CHECK(peak.bytes == bytes);
-    CHECK(peak.at == at);
-    int64_t listed = 0;
-    for (int b : peak.blocks)
-      listed += r.blocks[b].bytes;
-    CHECK(listed == bytes);
+    for (bool callsOnly : {false, true}) {
+      PeakPoint peak = findPeak(r.plan, r.order, r.blocks, callsOnly);
+      auto [at, bytes] = bruteForcePeak(r, callsOnly);
+      CHECK(peak.bytes == bytes);
+      CHECK(peak.at == at);
+      int64_t listed = 0;
+      for (int b : peak.blocks)
+        listed += r.blocks[b].bytes;
+      CHECK(listed == bytes);
+    }
   }
 }
