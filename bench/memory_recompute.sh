@@ -21,13 +21,12 @@
 #                       output) are split: 4h + (h + q + 3f)/t, 4h + (q +
 #                       3f)/t selective, h full (Korthikanti's 10 + 24/t);
 #                       with sequence parallelism (--sp) the residual
-#                       stream and the norms run on s/t of the rows, but
-#                       each column layer keeps its all-gathered input
-#                       whole for its weight gradient (Megatron re-gathers
-#                       it in the backward instead): 2h + (3h + q + 3f)/t,
-#                       2h + (2h + q + 3f)/t selective, h/t full
-#                       (Korthikanti's 34/t), and the stage outputs sent
-#                       are row shards (h/t per token);
+#                       stream and the norms run on s/t of the rows, and
+#                       each column layer's input is kept as rows and
+#                       gathered again in the backward, as Megatron does:
+#                       (5h + q + 3f)/t, (4h + q + 3f)/t selective, h/t
+#                       full (Korthikanti's 34/t), and the stage outputs
+#                       sent are row shards (h/t per token);
 #   send buffers      = every microbatch's stage output (or input gradient),
 #                       kept until the step ends (docs/memory-plan.md);
 #   backward working set = the largest backward call's scratch, read from
@@ -43,7 +42,8 @@
 #                       [s*b, h] from one call to the next (the partial
 #                       input gradient and its all-reduced sum; with SP a
 #                       row shard and the gathered whole), which no call's
-#                       scratch holds: 2h per token ("tp grads"). The head's backward (on the last
+#                       scratch holds: 2h per token, 3h with SP (the column
+#                       layer's input gathered again) ("tp grads"). The head's backward (on the last
 #                       stage, in its own calls under TP) comes first: the
 #                       last stage peaks either there (everything kept, the
 #                       head's scratch) or in a block's backward after it,
@@ -100,11 +100,11 @@ E = 4  # fp32 bytes
 def per_token(r, t, sp=False):
     """Kept elements per layer and token: the residual stream and norm
     outputs whole, what lies between the column and row layers over t; with
-    sequence parallelism the residual stream and norm inputs over t too, the
-    column layers' gathered inputs whole."""
+    sequence parallelism everything over t (the column layers' inputs kept
+    as rows, gathered again in the backward)."""
     if sp:
-        return {"none": 2 * h + (3 * h + q + 3 * f) / t,
-                "selective": 2 * h + (2 * h + q + 3 * f) / t,
+        return {"none": (5 * h + q + 3 * f) / t,
+                "selective": (4 * h + q + 3 * f) / t,
                 "full": h / t}[r]
     return {"none": 4 * h + (h + q + 3 * f) / t,
             "selective": 4 * h + (q + 3 * f) / t, "full": h}[r]
@@ -179,7 +179,9 @@ for cfg, r in [(c, r) for c in ("1", "4", "4sp")
         sends = M * E * sbh / (t if sp else 1)
         cuts = (E * tokens * (per_token("none", t, sp) - per_token("full", t, sp))
                 if r == "full" and t > 1 and layers else 0)
-        grads = 2 * E * sbh if t > 1 else 0
+        # Under SP also the column layer's input gathered again for its
+        # weight gradient, [s*b, h] whole.
+        grads = (2 + sp) * E * sbh if t > 1 else 0
         # The two moments: the head's backward (last stage), a block's.
         at_head = kept + sends + head_ws + grads if head_ws else 0
         head_kept = (E * tokens * head_per_token(r, t)

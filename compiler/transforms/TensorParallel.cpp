@@ -566,6 +566,10 @@ public:
           auto ag = SpAllGatherOp::create(
               b, op.getLoc(), whole(copy.getInput().getType()),
               copy.getInput(), members);
+          // As Megatron does, the backward gathers the rows again for the
+          // column layer's weight gradient instead of keeping them whole:
+          // the all-gather is recomputed (its input, the rows, is kept).
+          setRecomputeRegion(ag, block);
           copy.getResult().replaceAllUsesWith(ag.getResult());
           op.erase();
           continue;
