@@ -1,0 +1,201 @@
+// Tensor parallelism after placement (docs/tensor-parallel.md §2): the
+// `piper-tensor-parallel` pass cuts every segment around the markers the
+// `shard_tensor` rewrite and autodiff left (g, sequence parallelism's row
+// collectives, the gathered key/value pieces) and makes each a value
+// collective over the tensor-parallel groups of its task's devices.
+#include "compiler/transforms/Passes.h"
+#include "compiler/transforms/Transforms.h"
+
+#include "mlir/IR/Builders.h"
+#include "llvm/ADT/MapVector.h"
+#include "llvm/ADT/STLExtras.h"
+#include "llvm/ADT/SmallPtrSet.h"
+
+namespace mlir::piper {
+#define GEN_PASS_DEF_PIPERTENSORPARALLEL
+#include "compiler/transforms/Passes.h.inc"
+} // namespace mlir::piper
+
+using namespace mlir;
+using namespace mlir::piper;
+
+/// The markers that become collectives over the tensor-parallel group: g
+/// (an all-reduce) and sequence parallelism's all-gathers and
+/// reduce-scatters (sp_split stays a kernel: it needs no communication).
+static bool isCollectiveMarker(Operation &op) {
+  return isa<TpReduceOp, SpAllGatherOp, SpReduceScatterOp, SpGatherOp>(op);
+}
+
+/// The marker a piece of splitAround holds alone, or null.
+static Operation *soleMarker(SegmentOp piece) {
+  if (Operation *op = soleOp<TpReduceOp>(piece))
+    return op;
+  if (Operation *op = soleOp<SpAllGatherOp>(piece))
+    return op;
+  if (Operation *op = soleOp<SpReduceScatterOp>(piece))
+    return op;
+  return soleOp<SpGatherOp>(piece);
+}
+
+/// Moves each accumulate_grad of `seg` up to just after the op that
+/// computes its gradient (the block's start for an argument), but never
+/// before an earlier accumulation of the same parameter (so each
+/// accumulator adds in the same order). A column layer's weight gradient is
+/// computed before its input gradient's all-reduce, but autodiff
+/// accumulates it after; cut there, one piece would hand the next a weight
+/// gradient, and once a split backward divides the pieces into BI and BW
+/// (zero-bubble schedules), or ZeRO hands each piece's gradients to a
+/// reduce-scatter, the next piece's BI would read this piece's BW.
+static void hoistAccumulations(SegmentOp seg) {
+  Block &body = seg.getBody().front();
+  SmallVector<AccumulateGradOp> accs(body.getOps<AccumulateGradOp>());
+  llvm::DenseMap<StringAttr, Operation *> last;
+  for (AccumulateGradOp acc : accs) {
+    Operation *after = nullptr;
+    if (Operation *def = acc.getGrad().getDefiningOp())
+      after = body.findAncestorOpInBlock(*def);
+    StringAttr param = acc.getParamAttr().getAttr();
+    Operation *prev = last.lookup(param);
+    if (prev && (!after || after->isBeforeInBlock(prev)))
+      after = prev;
+    if (after)
+      acc->moveAfter(after);
+    else
+      acc->moveBefore(&body.front());
+    last[param] = acc;
+  }
+}
+
+/// Moves each collective marker on a weight gradient's path (the gathered
+/// key/value pieces' reduce-scatter, docs/tensor-parallel.md §2b), with
+/// everything that reads it, to the end of the segment, in order. Input
+/// gradients never read weight gradients, so this keeps the dataflow; cut
+/// there, no input-gradient op comes after such a collective, and a split
+/// backward (zero-bubble schedules) defers it with the weight gradients
+/// instead of making the next piece's BI wait for this piece's BW.
+static void sinkWeightGradientMarkers(SegmentOp seg) {
+  DenseMap<Operation *, unsigned> weight = weightGradientOps(seg);
+  Block &body = seg.getBody().front();
+  llvm::SmallPtrSet<Operation *, 16> moved;
+  SmallVector<Operation *> order;
+  for (Operation &op : body.without_terminator()) {
+    bool sink = isCollectiveMarker(op) && weight.lookup(&op) == 1;
+    for (Value v : op.getOperands())
+      if (Operation *def = v.getDefiningOp(); def && moved.contains(def))
+        sink = true;
+    if (sink) {
+      moved.insert(&op);
+      order.push_back(&op);
+    }
+  }
+  for (Operation *op : order)
+    op->moveBefore(body.getTerminator());
+}
+
+LogicalResult mlir::piper::lowerTensorParallel(ModuleOp module) {
+  int64_t tp = getTensorParallel(module);
+  if (tp < 2) {
+    WalkResult stray = module.walk([](Operation *op) {
+      if (!isa<TpCopyOp, TpReduceOp, SpAllGatherOp, SpReduceScatterOp,
+               SpSplitOp, SpGatherOp>(op))
+        return WalkResult::advance();
+      op->emitOpError("needs the module's tensor-parallel degree "
+                      "(piper.tensor_parallel, set by shard_tensor)");
+      return WalkResult::interrupt();
+    });
+    return failure(stray.wasInterrupted());
+  }
+  FailureOr<ProgramOp> program = getProgram(module);
+  if (failed(program))
+    return failure();
+  // f is the identity forward: autodiff has read its gradient rule.
+  module.walk([](TpCopyOp copy) {
+    copy.getResult().replaceAllUsesWith(copy.getInput());
+    copy.erase();
+  });
+  MLIRContext *ctx = module.getContext();
+  StreamAttr stream = commStream(*program, getTensorParallelStream(module));
+  SymbolTable symbols(module);
+  llvm::MapVector<StringAttr, SegmentPieces> piecesOf;
+  SmallVector<std::pair<TaskOp, ArrayAttr>> tasks;
+  for (TaskOp t : program->getBody().front().getOps<TaskOp>()) {
+    auto seg = symbols.lookup<SegmentOp>(t.getSegment());
+    if (!seg || llvm::none_of(seg.getBody().front(), isCollectiveMarker))
+      continue;
+    ArrayRef<int64_t> devices =
+        t.getDevices() ? t.getNodeDevices() : ArrayRef<int64_t>();
+    if (devices.empty() || devices.size() % tp != 0)
+      return t.emitOpError()
+             << describeNode(t) << " runs on "
+             << (devices.empty() ? std::string("no device")
+                                 : formatDevices(devices))
+             << ", which is not made of whole tensor-parallel groups of " << tp
+             << "; place its stage on a multiple of " << tp << " devices";
+    SmallVector<Attribute> chunks;
+    for (size_t first = 0; first < devices.size(); first += tp)
+      chunks.push_back(DeviceGroupAttr::get(ctx, devices.slice(first, tp)));
+    tasks.push_back({t, ArrayAttr::get(ctx, chunks)});
+    StringAttr name = t.getSegmentAttr().getAttr();
+    if (piecesOf.count(name))
+      continue;
+    hoistAccumulations(seg);
+    sinkWeightGradientMarkers(seg);
+    FailureOr<SegmentPieces> pieces =
+        splitAround(seg, isCollectiveMarker, symbols);
+    if (failed(pieces))
+      return failure();
+    piecesOf[name] = std::move(*pieces);
+  }
+  for (auto [t, chunks] : tasks) {
+    const SegmentPieces &pieces = piecesOf[t.getSegmentAttr().getAttr()];
+    splitTaskWith(
+        t, pieces,
+        [&](OpBuilder &b, unsigned j, ArrayRef<Value> args,
+            ArrayRef<Value> deps) -> std::optional<PieceNode> {
+          Operation *marker = soleMarker(pieces.pieces[j]);
+          if (!marker)
+            return std::nullopt;
+          Type type = marker->getResult(0).getType();
+          Operation *node;
+          Value result, done;
+          if (isa<TpReduceOp>(marker)) {
+            auto ar =
+                AllReduceOp::create(b, t.getLoc(), ValueRange{args[0]}, deps,
+                                    t.getDevicesAttr(), stream, t.getTag());
+            node = ar, result = ar.getResults()[0], done = ar.getDone();
+          } else if (isa<SpReduceScatterOp>(marker)) {
+            auto rs = ReduceScatterOp::create(
+                b, t.getLoc(), type, b.getType<TokenType>(), args[0], deps,
+                t.getDevicesAttr(), stream, t.getTag(), IntegerAttr(),
+                ArrayAttr());
+            node = rs, result = rs.getResult(), done = rs.getDone();
+          } else {
+            auto ag =
+                AllGatherOp::create(b, t.getLoc(), type, b.getType<TokenType>(),
+                                    args[0], deps, t.getDevicesAttr(), stream,
+                                    t.getTag(), IntegerAttr(), ArrayAttr());
+            node = ag, result = ag.getResult(), done = ag.getDone();
+          }
+          if (chunks.size() > 1)
+            node->setAttr("subgroups", chunks);
+          return PieceNode{node, {result}, done};
+        });
+  }
+  for (auto &entry : piecesOf) {
+    for (SegmentOp piece : entry.second.pieces)
+      if (soleMarker(piece))
+        symbols.erase(piece);
+    symbols.erase(symbols.lookup<SegmentOp>(entry.first));
+  }
+  return sortTopologically(program->getBody().front());
+}
+
+namespace {
+struct TensorParallelPass
+    : mlir::piper::impl::PiperTensorParallelBase<TensorParallelPass> {
+  void runOnOperation() override {
+    if (failed(lowerTensorParallel(getOperation())))
+      signalPassFailure();
+  }
+};
+} // namespace
