@@ -253,6 +253,8 @@ std::string dumpPlan(const Plan &plan, bool withKernels) {
      << (t.compute_dtype() == BF16 ? "bf16" : "f32");
   if (t.tensor_parallel() > 1)
     os << " tensor_parallel " << t.tensor_parallel();
+  if (t.context_parallel() > 1)
+    os << " context_parallel " << t.context_parallel();
   os << "\n";
   os << "optimizer lr " << t.lr() << " betas (" << t.beta1() << ", "
      << t.beta2() << ") eps " << t.eps() << " weight_decay "

@@ -79,6 +79,33 @@ int64_t dataReplica(const Plan &plan, int64_t replica) {
   return replica / tensorParallel(plan);
 }
 
+int64_t contextParallel(const Plan &plan) {
+  return std::max(1, plan.training().context_parallel());
+}
+
+int64_t contextMember(const Plan &plan, int64_t replica) {
+  return dataReplica(plan, replica) % contextParallel(plan);
+}
+
+int64_t batchReplica(const Plan &plan, int64_t replica) {
+  return dataReplica(plan, replica) / contextParallel(plan);
+}
+
+int64_t globalMicrobatches(const TrainingConfig &t) {
+  return std::max<int64_t>(
+             1, t.num_replicas() / std::max(1, t.context_parallel())) *
+         t.num_microbatches();
+}
+
+int64_t contextPosition(int64_t seqLen, int64_t members, int64_t member,
+                        int64_t t) {
+  if (members <= 1)
+    return t;
+  int64_t chunk = seqLen / (2 * members);
+  return t < chunk ? member * chunk + t
+                   : (2 * members - 1 - member) * chunk + (t - chunk);
+}
+
 int64_t tensorSliceMembers(const Parameter &param) {
   return param.has_tensor_slice()
              ? std::max(1, param.tensor_slice().members())

@@ -52,6 +52,25 @@ int64_t expertMembers(const Parameter &param);
 /// `replica` computes with its group (replica / tensor_parallel).
 int64_t tensorParallel(const Plan &plan);
 int64_t dataReplica(const Plan &plan, int64_t replica);
+/// Context parallelism (TrainingConfig.context_parallel, at least 1): the
+/// members of a context-parallel group, which member replica `replica` is
+/// (dataReplica mod context_parallel), and which global batch replica its
+/// group reads (dataReplica / context_parallel): the members of one group
+/// hold parts of the same sequences. dataReplica stays the gradient replica
+/// (ZeRO and gradient sums run over data x context members).
+int64_t contextParallel(const Plan &plan);
+int64_t contextMember(const Plan &plan, int64_t replica);
+int64_t batchReplica(const Plan &plan, int64_t replica);
+/// Global microbatches per step: num_replicas / context_parallel batch
+/// replicas, num_microbatches each.
+int64_t globalMicrobatches(const TrainingConfig &t);
+/// The load-balanced causal layout of a sequence of `seqLen` tokens over
+/// `members` context members: the sequence is 2N equal chunks and member m
+/// holds chunks m and 2N-1-m, in that order. The global position of the
+/// member's local token `t` (t < seqLen / members). seqLen must be a
+/// multiple of 2N.
+int64_t contextPosition(int64_t seqLen, int64_t members, int64_t member,
+                        int64_t t);
 /// The members of a tensor-parallel slice (Parameter.tensor_slice; 1 when
 /// the parameter is not sliced).
 int64_t tensorSliceMembers(const Parameter &param);

@@ -229,3 +229,42 @@ TEST_CASE("ZeRO under tensor parallelism: each member's data replicas") {
   CHECK(checkSharding(plan).find("not whole tensor-parallel groups of 2") !=
         std::string::npos);
 }
+
+TEST_CASE("context parallelism: members, batch replicas, positions") {
+  Plan plan;
+  for (int r = 0; r < 8; ++r)
+    plan.add_ranks(r);
+  // 8 ranks = TP2 x CP2 x DP2 (tp innermost): replica r is tensor member
+  // r % 2, context member (r / 2) % 2, batch replica r / 4.
+  plan.mutable_training()->set_tensor_parallel(2);
+  plan.mutable_training()->set_num_replicas(4);
+  plan.mutable_training()->set_num_microbatches(3);
+  CHECK(contextParallel(plan) == 1);
+  CHECK(globalMicrobatches(plan.training()) == 12);
+  plan.mutable_training()->set_context_parallel(2);
+  CHECK(contextParallel(plan) == 2);
+  CHECK(globalMicrobatches(plan.training()) == 6);
+  const int64_t member[8] = {0, 0, 1, 1, 0, 0, 1, 1};
+  const int64_t batch[8] = {0, 0, 0, 0, 1, 1, 1, 1};
+  for (int r = 0; r < 8; ++r) {
+    CHECK(contextMember(plan, r) == member[r]);
+    CHECK(batchReplica(plan, r) == batch[r]);
+    CHECK(dataReplica(plan, r) == r / 2);
+  }
+  // S = 8 over 2 members: chunks of 2; member 0 holds chunks 0 and 3,
+  // member 1 chunks 1 and 2.
+  const int64_t want[2][4] = {{0, 1, 6, 7}, {2, 3, 4, 5}};
+  for (int m = 0; m < 2; ++m)
+    for (int t = 0; t < 4; ++t)
+      CHECK(contextPosition(8, 2, m, t) == want[m][t]);
+  CHECK(contextPosition(8, 1, 0, 5) == 5);
+  // Every position once over the members, for several sizes.
+  for (int64_t n : {2, 3, 4, 8})
+    for (int64_t s : {2 * n, 6 * n}) {
+      std::vector<int> seen(s, 0);
+      for (int64_t m = 0; m < n; ++m)
+        for (int64_t t = 0; t < s / n; ++t)
+          ++seen[contextPosition(s, n, m, t)];
+      CHECK(std::count(seen.begin(), seen.end(), 1) == s);
+    }
+}

@@ -3,7 +3,9 @@
 #include "runtime/exec/Data.h"
 
 #include <string>
+#include <vector>
 
+#include "proto/PlanShards.h"
 #include "runtime/exec/Init.h"
 
 namespace piper::runtime {
@@ -91,6 +93,31 @@ openTokenFileData(const std::string &path, TokenDType dtype, int64_t vocabSize,
   if (!status)
     return nullptr;
   return std::make_unique<TokenFileData>(std::move(file), seed);
+}
+
+Status fillContextShard(DataSource &data, int64_t step,
+                        int64_t globalMicrobatch, int64_t batch,
+                        int64_t seqLen, int64_t members, int64_t member,
+                        int32_t *tokens, int32_t *targets) {
+  if (members <= 1)
+    return data.fill(step, globalMicrobatch, batch, seqLen, tokens, targets);
+  if (seqLen % (2 * members) != 0 || member < 0 || member >= members)
+    return Status::error("context member " + std::to_string(member) + " of " +
+                         std::to_string(members) + " cannot split sequences of " +
+                         std::to_string(seqLen) + " tokens");
+  size_t whole = size_t(batch) * size_t(seqLen);
+  std::vector<int32_t> allTokens(whole), allTargets(whole);
+  PIPER_RETURN_IF_ERROR(data.fill(step, globalMicrobatch, batch, seqLen,
+                                  allTokens.data(), allTargets.data()));
+  const int64_t local = seqLen / members;
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t i = 0; i < local; ++i) {
+      int64_t from =
+          b * seqLen + plan::contextPosition(seqLen, members, member, i);
+      tokens[b * local + i] = allTokens[from];
+      targets[b * local + i] = allTargets[from];
+    }
+  return Status::ok();
 }
 
 } // namespace piper::runtime

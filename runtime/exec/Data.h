@@ -57,6 +57,17 @@ private:
   uint64_t seed;
 };
 
+/// Fills `tokens` and `targets`, int32 [batch, seqLen / members], with
+/// context member `member`'s part of global microbatch `globalMicrobatch`:
+/// the whole sequences from `data`, then of each the two chunks the member
+/// holds (plan::contextPosition: chunks m and 2N-1-m of 2N). With one member
+/// the whole sequences. seqLen must be a multiple of 2 x members when
+/// members > 1.
+Status fillContextShard(DataSource &data, int64_t step,
+                        int64_t globalMicrobatch, int64_t batch,
+                        int64_t seqLen, int64_t members, int64_t member,
+                        int32_t *tokens, int32_t *targets);
+
 /// Opens `path` as training data for a model with `vocabSize` tokens and
 /// sequences of `seqLen`: maps it (see TokenFile::open for `dtype`), checks
 /// every token against the vocabulary and that it holds at least

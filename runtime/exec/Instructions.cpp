@@ -130,16 +130,18 @@ Status ExecutorImpl::execute(int s, int i, StepState &st,
     const plan::TrainingConfig &t = plan.training();
     const TensorPtr &tokens = bufferViews[inst.outputs(0)],
                     &targets = bufferViews[inst.outputs(1)];
-    // The members of a tensor-parallel group read the same data.
+    // The members of a tensor-parallel group read the same data, and the
+    // members of a context-parallel group parts of the same sequences.
     int64_t global =
-        plan::dataReplica(plan, replica) * t.num_microbatches() +
+        plan::batchReplica(plan, replica) * t.num_microbatches() +
         inst.microbatch();
     // Staged in host memory, then copied to the device.
     std::vector<int32_t> hostTokens(static_cast<size_t>(tokens->bytes / 4)),
         hostTargets(static_cast<size_t>(targets->bytes / 4));
-    PIPER_RETURN_IF_ERROR(data->fill(st.step, global, t.microbatch_size(),
-                                     t.seq_len(), hostTokens.data(),
-                                     hostTargets.data()));
+    PIPER_RETURN_IF_ERROR(fillContextShard(
+        *data, st.step, global, t.microbatch_size(), t.seq_len(),
+        plan::contextParallel(plan), plan::contextMember(plan, replica),
+        hostTokens.data(), hostTargets.data()));
     PIPER_RETURN_IF_ERROR(
         memory
             ->copyFromHost(tokens->data, hostTokens.data(),

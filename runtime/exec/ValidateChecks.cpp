@@ -550,6 +550,19 @@ Status checkInstruction(const plan::Plan &plan, const Instruction &inst) {
           " but the plan runs on " + std::to_string(plan.ranks_size()) +
           " ranks (LOAD_BATCH picks data by replica index over the "
           "tensor-parallel degree)");
+    const int64_t cp = plan::contextParallel(plan);
+    if (t.context_parallel() < 0 || t.num_replicas() % cp != 0)
+      return Status::error(
+          "training.context_parallel is " +
+          std::to_string(t.context_parallel()) +
+          ", which does not divide num_replicas " +
+          std::to_string(t.num_replicas()) +
+          " (LOAD_BATCH splits each sequence over consecutive replicas)");
+    if (cp > 1 && t.seq_len() % (2 * cp) != 0)
+      return Status::error(
+          "training.seq_len " + std::to_string(t.seq_len()) +
+          " is not a multiple of 2 x context_parallel " + std::to_string(cp) +
+          " (each context member holds 2 of the sequence's 2N equal chunks)");
     if (inst.microbatch() < 0 || inst.microbatch() >= t.num_microbatches())
       return Status::error("microbatch " + std::to_string(inst.microbatch()) +
                            " is out of range (num_microbatches is " +
@@ -557,14 +570,18 @@ Status checkInstruction(const plan::Plan &plan, const Instruction &inst) {
     plan::TensorType want;
     want.set_dtype(plan::I32);
     want.add_shape(t.microbatch_size());
-    want.add_shape(t.seq_len());
+    want.add_shape(t.seq_len() / cp);
     for (int i = 0; i < 2; ++i)
       if (!sameType(plan.buffers(inst.outputs(i)).type(), want))
         return Status::error(std::string(i == 0 ? "tokens " : "targets ") +
                              bufferName(plan, inst.outputs(i)) + " is " +
                              shapeString(plan.buffers(inst.outputs(i)).type()) +
                              ", expected " + shapeString(want) +
-                             " (training.microbatch_size x training.seq_len)");
+                             (cp == 1 ? " (training.microbatch_size x "
+                                        "training.seq_len)"
+                                      : " (training.microbatch_size x "
+                                        "training.seq_len / "
+                                        "context_parallel)"));
     return Status::ok();
   }
   case Instruction::CLIP_GRADS:

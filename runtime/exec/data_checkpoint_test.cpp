@@ -1,6 +1,8 @@
 // In-process tests of token-file data (deterministic windows, range, errors,
+// context-parallel shards,
 // training on real bytes) and of executor checkpoints (save/load round trip,
 // mismatches named).
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
@@ -116,6 +118,41 @@ TEST_CASE("token data: windows are deterministic, in range, shifted by one",
   REQUIRE(data->fill(3, 2, batch, seq, tok.data(), tgt.data()));
   REQUIRE(again->fill(3, 2, batch, seq, tok2.data(), tgt2.data()));
   CHECK(tok == tok2);
+}
+
+TEST_CASE("context shards: each member holds chunks m and 2N-1-m, the "
+          "members together every token once", "[data]") {
+  SyntheticData data(3, 1000);
+  const int64_t batch = 3;
+  for (int64_t members : {1, 2, 3, 4})
+    for (int64_t seq : {2 * members, 8 * members}) {
+      std::vector<int32_t> tok(batch * seq), tgt(batch * seq);
+      REQUIRE(data.fill(2, 5, batch, seq, tok.data(), tgt.data()));
+      const int64_t local = seq / members, chunk = seq / (2 * members);
+      std::vector<int> seen(batch * seq, 0);
+      for (int64_t m = 0; m < members; ++m) {
+        std::vector<int32_t> t(batch * local), g(batch * local);
+        REQUIRE(fillContextShard(data, 2, 5, batch, seq, members, m, t.data(),
+                                 g.data()));
+        for (int64_t b = 0; b < batch; ++b)
+          for (int64_t i = 0; i < local; ++i) {
+            // Written out independently of contextPosition.
+            int64_t pos = members == 1 ? i
+                          : i < chunk  ? m * chunk + i
+                                       : (2 * members - 1 - m) * chunk +
+                                            (i - chunk);
+            CHECK(t[b * local + i] == tok[b * seq + pos]);
+            CHECK(g[b * local + i] == tgt[b * seq + pos]);
+            ++seen[b * seq + pos];
+          }
+      }
+      CHECK(std::count(seen.begin(), seen.end(), 1) == batch * seq);
+    }
+  std::vector<int32_t> t(8), g(8);
+  Status bad = fillContextShard(data, 1, 0, 1, 12, 4, 0, t.data(), g.data());
+  REQUIRE_FALSE(bad);
+  CHECK(bad.message() == "context member 0 of 4 cannot split sequences of 12 "
+                         "tokens");
 }
 
 TEST_CASE("token data: window starts cover [0, N - S - 1] uniformly",

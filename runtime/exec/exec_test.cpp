@@ -673,3 +673,25 @@ TEST_CASE("executor: a one-rank all-reduce needs no communicator",
   CHECK(exec->commKeys().empty());
   CHECK(runSteps(p, 2, 0) == runSteps(singleClassPlan(m, 1, {0}, 1), 2, 0));
 }
+
+TEST_CASE("validatePlan: LOAD_BATCH under context parallelism", "[validate]") {
+  TinyModel m;
+  plan::Plan p = contextParallelPlan(m, 2, {0, 1, 2, 3}, 4, 2);
+  REQUIRE(validatePlan(p));
+  SECTION("whole sequences") {
+    plan::Plan whole = singleClassPlan(m, 2, {0, 1, 2, 3}, 4);
+    whole.mutable_training()->set_context_parallel(2);
+    expectInvalid(whole, {"(load MB=0)", "expected i32[2,4]",
+                          "training.seq_len / context_parallel"});
+  }
+  SECTION("degree that does not divide the replicas") {
+    p.mutable_training()->set_context_parallel(3);
+    expectInvalid(p, {"training.context_parallel is 3, which does not divide "
+                      "num_replicas 4"});
+  }
+  SECTION("sequence not a multiple of 2N") {
+    p.mutable_training()->set_seq_len(6);
+    expectInvalid(p, {"training.seq_len 6 is not a multiple of 2 x "
+                      "context_parallel 2"});
+  }
+}

@@ -228,3 +228,27 @@ TEST_CASE("2-way data parallelism computes the single-rank run",
     checkClose(ranks[0].params[p], single.params[p], 1e-5);
   }
 }
+
+TEST_CASE("context parallelism: members split each sequence and sum their "
+          "gradients, as one rank computes", "[multirank]") {
+  TinyModel m;
+  const int steps = 3;
+  uint64_t seed = 9;
+  // CP2 x DP2 on 4 ranks: ranks 0, 1 split global microbatches 0 and 1,
+  // ranks 2, 3 microbatches 2 and 3, like one rank with 4 (and CP4 alone,
+  // each member 2 chunks of 1 token).
+  RankResult single = runSingle(singleClassPlan(m, 4, {0}, 1), steps, seed);
+  for (auto [cp, mb] : {std::pair{2, 2}, std::pair{4, 4}}) {
+    CAPTURE(cp);
+    std::vector<RankResult> ranks = runRanks(
+        {contextParallelPlan(m, mb, {0, 1, 2, 3}, 4, cp)}, steps, seed);
+    for (int t = 0; t < steps; ++t)
+      for (const RankResult &r : ranks)
+        CHECK(r.losses[t] == Approx(single.losses[t]).epsilon(1e-6));
+    for (int p = 0; p < 2; ++p)
+      for (const RankResult &r : ranks) {
+        CHECK(r.params[p] == ranks[0].params[p]);
+        checkClose(r.params[p], single.params[p], 1e-5);
+      }
+  }
+}

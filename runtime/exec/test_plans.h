@@ -256,6 +256,21 @@ inline plan::Plan singleClassPlan(const TinyModel &m, int microbatches,
   return plan;
 }
 
+/// singleClassPlan with each sequence split over `cp` context members
+/// (consecutive ranks): the token buffers hold seqLen / cp tokens; the
+/// ranks are cp x (ranks / cp) gradient replicas. The bigram model is
+/// per-token, so no kernel needs the other members' tokens.
+inline plan::Plan contextParallelPlan(const TinyModel &m, int microbatches,
+                                      std::vector<int> ranks, int worldSize,
+                                      int cp) {
+  TinyModel local = m;
+  local.seqLen = m.seqLen / cp;
+  plan::Plan plan = singleClassPlan(local, microbatches, ranks, worldSize);
+  plan.mutable_training()->set_seq_len(m.seqLen);
+  plan.mutable_training()->set_context_parallel(cp);
+  return plan;
+}
+
 /// A 2-stage pipeline over ranks 0 (embedding) and 1 (head and loss), GPipe
 /// order on one stream "main" per rank.
 inline std::vector<plan::Plan> pipelinePlans(const TinyModel &m,

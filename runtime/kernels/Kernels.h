@@ -47,6 +47,10 @@ struct KernelContext {
   /// replica mod training.tensor_parallel): `sp_split` keeps that member's
   /// rows. The plan is one per device class; the member is the rank's.
   int64_t tensorMember = 0;
+  /// This rank's member of its context-parallel group
+  /// (plan::contextMember): which two chunks of every sequence it holds,
+  /// and whose key/value shard a ring attention step reads.
+  int64_t contextMember = 0;
 };
 
 /// Every attribute name a kernel reads, as a compile-time id: kernels read

@@ -16,6 +16,7 @@
 
 #include <fmt/format.h>
 
+#include "proto/PlanShards.h"
 #include "runtime/checkpoint/CheckpointManifest.h"
 #include "runtime/checkpoint/Integrity.h"
 #include "runtime/checkpoint/Json.h"
@@ -124,8 +125,9 @@ RunIdentity runIdentity(const RunOptions &options,
   RunIdentity id;
   id.seed = options.seed;
   id.data = options.dataPath.empty() ? "synthetic" : options.dataPath;
-  id.microbatches =
-      int64_t(std::max(1, t.num_replicas())) * t.num_microbatches();
+  // Context members share their microbatches: a checkpoint of a CP run
+  // resumes under any CP degree with the same global batch.
+  id.microbatches = plan::globalMicrobatches(t);
   id.microbatchSize = t.microbatch_size();
   id.seqLen = t.seq_len();
   id.worldSize = manifest.world_size();

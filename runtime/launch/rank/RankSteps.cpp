@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "proto/PlanShards.h"
 #include "runtime/launch/checkpoints/CheckpointIO.h"
 #include "runtime/launch/rank/RankRun.h"
 #include "runtime/launch/rank/Trace.h"
@@ -23,8 +24,8 @@ double tokensPerStep(const plan::Manifest &manifest, const plan::Plan &plan) {
   const plan::TrainingConfig &t = manifest.training().num_microbatches() > 0
                                       ? manifest.training()
                                       : plan.training();
-  return double(std::max(1, t.num_replicas())) * t.num_microbatches() *
-         t.microbatch_size() * t.seq_len();
+  return double(plan::globalMicrobatches(t)) * t.microbatch_size() *
+         t.seq_len();
 }
 
 /// The peak arena memory of every rank, indexed by rank: this rank's
