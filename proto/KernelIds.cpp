@@ -26,6 +26,9 @@ const std::vector<KernelSignature> &kernelSignatures() {
       {"columns", 1, 1, 1, {"start"}},
       {"tp_kv_assemble", 2, 2, 1, {"members", "query"}},
       {"attention", 1, 1, 1, {"heads", "seq"}},
+      // Ring attention under context parallelism: one step of the ring
+      // (docs/context-parallel.md).
+      {"attention_block", 2, 4, 2, {"heads", "seq", "cp", "step"}},
       {"moe_router", 1, 1, 2, {"top_k"}},
       {"moe_dispatch", 2, 2, 1, {"experts", "capacity"}},
       {"expert_linear", 2, 2, 1, {"experts"}},
@@ -59,6 +62,7 @@ const std::vector<KernelSignature> &kernelSignatures() {
       {"gelu_grad", 2, 2, 1, {}},
       {"swiglu_grad", 2, 2, 1, {}},
       {"attention_grad", 2, 2, 1, {"heads", "seq"}},
+      {"attention_block_grad", 5, 7, 2, {"heads", "seq", "cp", "step"}},
       {"moe_router_grad", 3, 3, 1, {"top_k"}},
       {"moe_dispatch_grad", 2, 2, 1, {"experts", "capacity"}},
       {"expert_linear_grad_input", 2, 2, 1, {}},

@@ -1,5 +1,5 @@
 // Operand and attribute checks of the attention kernels (attention,
-// attention_grad), shared by the CPU kernels and the GPU kernels
+// attention_grad, and ring attention's attention_block(_grad)), shared by the CPU kernels and the GPU kernels
 // (runtime/hal/gpu): both backends accept and reject exactly the same calls,
 // with the same messages, and derive the same sizes.
 #ifndef PIPER_RUNTIME_KERNELS_ATTENTIONCHECKS_H
@@ -28,6 +28,33 @@ struct AttentionDims {
 
   int64_t group() const { return heads / kvHeads; }
 };
+
+/// One step of ring attention under context parallelism
+/// (docs/context-parallel.md): `seq` is the whole sequence S, each of the
+/// `cp` members holds seq / cp rows of every sequence (chunks m and
+/// 2cp-1-m), and the step attends the member's queries to the key/value
+/// shard of member `owner`.
+struct AttentionBlockDims : AttentionDims {
+  int64_t cp = 1;     // context members N
+  int64_t step = 0;   // ring step, 0..N-1
+  int64_t member = 0; // this rank's member (KernelContext.contextMember)
+  int64_t owner = 0;  // whose key/value shard the step reads
+  int64_t local = 0;  // rows per sequence: seq / cp; batch = rows / local
+};
+
+/// attention_block: (qkv, kv[, o, lse]) -> (o, lse). kv [N, 2 kv_heads * hd]
+/// is owner (member - step) mod cp's k|v columns; o [N, heads * hd] the
+/// attention output over the key/value shards seen so far (normalized) and
+/// lse [N, heads] its log-sum-exp of scores; step 0 takes no o, lse.
+/// Attributes: attention's (seq = the whole sequence) and cp, step.
+Status checkAttentionBlock(const KernelArgs &a, AttentionBlockDims &d);
+/// attention_block_grad: (qkv, kv, y, lse, dy[, dq, dkv]) -> (dq, dkv): kv
+/// is owner (member + step) mod cp's shard, y and lse the forward's final
+/// output and log-sum-exp; dq [N, heads * hd] adds this step's query
+/// gradient to the one given, dkv [N, 2 kv_heads * hd] this member's part
+/// of the owner's key/value gradient to the one given (the ring's partial
+/// sum). Both in the unrotated columns of qkv.
+Status checkAttentionBlockGrad(const KernelArgs &a, AttentionBlockDims &d);
 
 /// attention: qkv -> y [N, heads * hd]. Attributes: heads, kv_heads
 /// (default heads), seq, rope_theta (default 0: no rotary embedding).

@@ -133,6 +133,8 @@ Status addKernel(const KernelArgs &a);
 // AttentionKernels.cpp
 Status attentionKernel(const KernelArgs &a);
 Status attentionGradKernel(const KernelArgs &a);
+Status attentionBlockKernel(const KernelArgs &a);
+Status attentionBlockGradKernel(const KernelArgs &a);
 
 // MoeKernels.cpp
 Status moeRouterKernel(const KernelArgs &a);

@@ -36,6 +36,7 @@ KernelInfo kernelTable[] = {
     {"columns", detail::columnsKernel, 0},
     {"tp_kv_assemble", detail::tpKvAssembleKernel, 0},
     {"attention", detail::attentionKernel, 0},
+    {"attention_block", detail::attentionBlockKernel, 0},
     {"moe_router", detail::moeRouterKernel, 0},
     {"moe_dispatch", detail::moeDispatchKernel, 0},
     {"expert_linear", detail::expertLinearKernel, 0},
@@ -64,6 +65,7 @@ KernelInfo kernelTable[] = {
     {"gelu_grad", detail::geluGradKernel, 0},
     {"swiglu_grad", detail::swigluGradKernel, 0},
     {"attention_grad", detail::attentionGradKernel, 0},
+    {"attention_block_grad", detail::attentionBlockGradKernel, 0},
     {"moe_router_grad", detail::moeRouterGradKernel, 0},
     {"moe_dispatch_grad", detail::moeDispatchGradKernel, 0},
     {"expert_linear_grad_input", detail::expertLinearGradInputKernel, 0},
@@ -105,6 +107,7 @@ constexpr const char *kAttrNames[] = {
     "beta1",        // kBeta1
     "beta2",        // kBeta2
     "capacity",     // kCapacity
+    "cp",           // kCp
     "eps",          // kEps
     "experts",      // kExperts
     "heads",        // kHeads
@@ -117,6 +120,7 @@ constexpr const char *kAttrNames[] = {
     "scale",        // kScale
     "seq",          // kSeq
     "start",        // kStart
+    "step",         // kStep
     "top_k",        // kTopK
     "transpose_w",  // kTransposeW
     "vocab",        // kVocab

@@ -236,6 +236,7 @@ TEST_CASE("kernelNames lists every kernel once", "[kernels]") {
                                          "columns",
                                          "tp_kv_assemble",
                                          "attention",
+                                         "attention_block",
                                          "moe_router",
                                          "moe_dispatch",
                                          "expert_linear",
@@ -264,6 +265,7 @@ TEST_CASE("kernelNames lists every kernel once", "[kernels]") {
                                          "gelu_grad",
                                          "swiglu_grad",
                                          "attention_grad",
+                                         "attention_block_grad",
                                          "moe_router_grad",
                                          "moe_dispatch_grad",
                                          "expert_linear_grad_input",
@@ -319,6 +321,7 @@ TEST_CASE("decodeKernelAttrs maps every attribute name to its id",
       {KernelAttr::kBeta1, "beta1"},
       {KernelAttr::kBeta2, "beta2"},
       {KernelAttr::kCapacity, "capacity"},
+      {KernelAttr::kCp, "cp"},
       {KernelAttr::kEps, "eps"},
       {KernelAttr::kExperts, "experts"},
       {KernelAttr::kHeads, "heads"},
@@ -331,6 +334,7 @@ TEST_CASE("decodeKernelAttrs maps every attribute name to its id",
       {KernelAttr::kScale, "scale"},
       {KernelAttr::kSeq, "seq"},
       {KernelAttr::kStart, "start"},
+      {KernelAttr::kStep, "step"},
       {KernelAttr::kTopK, "top_k"},
       {KernelAttr::kTransposeW, "transpose_w"},
       {KernelAttr::kVocab, "vocab"},
@@ -1182,6 +1186,172 @@ TEST_CASE("attention_grad with grouped-query heads and rotary embeddings",
   mustRun(backward, ins, outs);
   requireNonZero(outs[0].f);
   checkGradient(forward, {qkv}, 0, {rows, width}, r, outs[0].f);
+}
+
+// Ring attention (context parallelism): the members' steps, emulated in
+// one process, give the whole-sequence attention and its gradient on each
+// member's rows.
+TEST_CASE("ring attention steps equal attention and attention_grad over "
+          "the whole sequence",
+          "[kernels][grad]") {
+  struct Config {
+    int64_t cp, heads, kv, hd;
+    double theta;
+  };
+  const Config config =
+      GENERATE(Config{2, 4, 2, 4, 10000.0}, Config{4, 2, 1, 2, 0.0},
+               Config{2, 2, 2, 3, 0.0}, Config{4, 4, 4, 2, 10.0},
+               Config{1, 2, 1, 4, 10000.0});
+  const int64_t n = config.cp;
+  INFO("cp=" << n << " heads=" << config.heads << " kv_heads=" << config.kv
+             << " hd=" << config.hd << " rope_theta=" << config.theta);
+  Rng rng(31);
+  const int64_t batch = 2, seq = 4 * n, local = seq / n, rows = batch * seq;
+  const int64_t qCols = config.heads * config.hd,
+                kvCols = config.kv * config.hd;
+  const int64_t cols = qCols + 2 * kvCols;
+  auto attrs = [&](K k) {
+    return k.i("heads", config.heads)
+        .i("kv_heads", config.kv)
+        .i("seq", seq)
+        .f("rope_theta", config.theta);
+  };
+  Tensor qkv = randomF32(rng, {rows, cols}, -1.5, 1.5);
+  Tensor dy = randomF32(rng, {rows, qCols});
+  std::vector<Tensor> ins = {qkv}, want = {Tensor::f32({rows, qCols})};
+  mustRun(attrs(K("attention")), ins, want);
+  std::vector<Tensor> gradIns = {qkv, dy},
+                      wantGrad = {Tensor::f32({rows, cols})};
+  mustRun(attrs(K("attention_grad")), gradIns, wantGrad);
+
+  // Member m's rows: chunks m and 2n-1-m of each sequence (written out
+  // here, not through plan::contextPosition).
+  auto globalRow = [&](int64_t m, int64_t r) {
+    int64_t b = r / local, t = r % local, c = seq / (2 * n);
+    int64_t pos = t < c ? m * c + t : (2 * n - 1 - m) * c + (t - c);
+    return b * seq + pos;
+  };
+  auto gather = [&](const Tensor &whole, int64_t m, int64_t first,
+                    int64_t width) {
+    int64_t wholeCols = whole.shape[1];
+    Tensor part = Tensor::f32({batch * local, width});
+    for (int64_t r = 0; r < batch * local; ++r)
+      for (int64_t c = 0; c < width; ++c)
+        part.f[r * width + c] =
+            whole.f[globalRow(m, r) * wholeCols + first + c];
+    return part;
+  };
+  std::vector<Tensor> q(n), kv(n), y(n), lse(n), dq(n), dkv(n);
+  for (int64_t m = 0; m < n; ++m) {
+    q[m] = gather(qkv, m, 0, cols);
+    kv[m] = gather(qkv, m, qCols, 2 * kvCols);
+  }
+  const int64_t l = batch * local;
+  // Forward: at step s member m holds owner (m - s) mod n's shard.
+  for (int64_t s = 0; s < n; ++s)
+    for (int64_t m = 0; m < n; ++m) {
+      KernelContext ctx;
+      ctx.contextMember = m;
+      std::vector<Tensor> in = {q[m], kv[(m - s + n) % n]};
+      if (s > 0) {
+        in.push_back(y[m]);
+        in.push_back(lse[m]);
+      }
+      std::vector<Tensor> out = {
+          Tensor::f32({l, qCols}, std::vector<float>(l * qCols, 9.0f)),
+          Tensor::f32({l, config.heads})};
+      Status st = run(attrs(K("attention_block")).i("cp", n).i("step", s), in,
+                      out, ctx);
+      REQUIRE(st);
+      y[m] = out[0];
+      lse[m] = out[1];
+    }
+  // Backward: at step s member m holds owner (m + s) mod n's shard and the
+  // partial sum of its key/value gradient.
+  for (int64_t s = 0; s < n; ++s)
+    for (int64_t m = 0; m < n; ++m) {
+      int64_t owner = (m + s) % n;
+      KernelContext ctx;
+      ctx.contextMember = m;
+      std::vector<Tensor> in = {q[m], kv[owner], y[m], lse[m],
+                                gather(dy, m, 0, qCols)};
+      if (s > 0) {
+        in.push_back(dq[m]);
+        in.push_back(dkv[owner]);
+      }
+      std::vector<Tensor> out = {
+          Tensor::f32({l, qCols}, std::vector<float>(l * qCols, 9.0f)),
+          Tensor::f32({l, 2 * kvCols},
+                      std::vector<float>(l * 2 * kvCols, 9.0f))};
+      Status st = run(attrs(K("attention_block_grad")).i("cp", n).i("step", s),
+                      in, out, ctx);
+      REQUIRE(st);
+      dq[m] = out[0];
+      dkv[owner] = out[1];
+    }
+  // fp32 sums of at most seq terms of inputs below 1.5 in magnitude,
+  // in another order than the whole-sequence kernels: the bound of the
+  // attention tests against their double reference.
+  for (int64_t m = 0; m < n; ++m) {
+    Tensor wantY = gather(want[0], m, 0, qCols);
+    Tensor wantDq = gather(wantGrad[0], m, 0, qCols);
+    Tensor wantDkv = gather(wantGrad[0], m, qCols, 2 * kvCols);
+    for (size_t e = 0; e < wantY.f.size(); ++e)
+      CHECK(y[m].f[e] == Approx(wantY.f[e]).margin(2e-5));
+    for (size_t e = 0; e < wantDq.f.size(); ++e)
+      CHECK(dq[m].f[e] == Approx(wantDq.f[e]).margin(2e-5));
+    for (size_t e = 0; e < wantDkv.f.size(); ++e)
+      CHECK(dkv[m].f[e] == Approx(wantDkv.f[e]).margin(2e-5));
+  }
+}
+
+TEST_CASE("ring attention steps reject bad members, steps and shapes",
+          "[kernels]") {
+  auto block = [](int64_t cp, int64_t step) {
+    return K("attention_block")
+        .i("heads", 2)
+        .i("seq", 8)
+        .i("cp", cp)
+        .i("step", step);
+  };
+  // heads 2, hd 2: qkv [8, 12], kv [8, 8]; 8 / 2 = 4 rows of each
+  // sequence per member, 2 sequences.
+  auto ins = [] {
+    return std::vector<Tensor>{Tensor::f32({8, 12}), Tensor::f32({8, 8})};
+  };
+  auto outs = [] {
+    return std::vector<Tensor>{Tensor::f32({8, 4}), Tensor::f32({8, 2})};
+  };
+  auto fails = [&](const plan::Kernel &k, std::vector<Tensor> in,
+                   std::vector<Tensor> out, int64_t member,
+                   const std::string &needle) {
+    KernelContext ctx;
+    ctx.contextMember = member;
+    Status st = run(k, in, out, ctx);
+    INFO("message: " << st.message());
+    REQUIRE_FALSE(st);
+    CHECK(st.message().find(needle) != std::string::npos);
+  };
+  {
+    KernelContext ctx;
+    ctx.contextMember = 1;
+    std::vector<Tensor> in = ins(), out = outs();
+    REQUIRE(run(block(2, 1), in, out, ctx));
+  }
+  fails(block(2, 2), ins(), outs(), 0,
+        "attribute 'step' 2 is not in [0, cp 2)");
+  fails(block(2, 0), ins(), outs(), 2, "context member 2 is not one of 2");
+  fails(block(3, 0), ins(), outs(), 0, "seq 8 is not a multiple of 2 x cp 3");
+  fails(block(2, 0), {Tensor::f32({6, 12}), Tensor::f32({6, 8})},
+        {Tensor::f32({6, 4}), Tensor::f32({6, 2})}, 0,
+        "qkv has 6 rows, not a multiple of the member's seq / cp 4");
+  std::vector<Tensor> three = ins();
+  three.push_back(Tensor::f32({8, 4}));
+  fails(block(2, 1), three, outs(), 0, "got 3 inputs");
+  std::vector<Tensor> narrowKv = {Tensor::f32({8, 12}), Tensor::f32({8, 4})};
+  fails(block(2, 0), narrowKv, outs(), 0, "kv");
+  fails(K("attention_block").i("heads", 2).i("seq", 8).i("step", 0), ins(),
+        outs(), 0, "'cp'");
 }
 
 // The norm backwards come in two halves (zero-bubble schedules run the input
