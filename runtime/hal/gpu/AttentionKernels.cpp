@@ -1,4 +1,5 @@
-// The attention GPU kernels (attention, attention_grad): causal
+// The attention GPU kernels (attention, attention_grad, and ring
+// attention's attention_block(_grad)): causal
 // grouped-query attention with rotary embeddings, flash-attention style
 // (AttentionLaunch.inl), checked by the CPU kernel's own checks.
 #include <cmath>
@@ -76,12 +77,72 @@ Status attentionGrad(const KernelArgs &a, const Context &ctx) {
                              a.outputs[0].f32(), scratch);
 }
 
+// The ring step's shape: the base shape over the member's rows.
+Status ringShape(const KernelArgs &a, const detail::AttentionBlockDims &d,
+                 RingShape &s) {
+  AttentionDims local = d;
+  local.seq = d.local;
+  PIPER_RETURN_IF_ERROR(attentionShape(a, local, s));
+  s.globalSeq = d.seq;
+  s.cp = d.cp;
+  s.member = d.member;
+  s.owner = d.owner;
+  return Status::ok();
+}
+
+Status reserveScratch(const Context &ctx, size_t bytes, char *&scratch) {
+  scratch = nullptr;
+  if (bytes == 0)
+    return Status::ok();
+  void *p = nullptr;
+  PIPER_RETURN_IF_ERROR(ctx.workspace->reserve(bytes, p));
+  scratch = static_cast<char *>(p);
+  return Status::ok();
+}
+
+Status attentionBlock(const KernelArgs &a, const Context &ctx) {
+  detail::AttentionBlockDims d;
+  PIPER_RETURN_IF_ERROR(detail::checkAttentionBlock(a, d));
+  if (d.batch == 0)
+    return Status::ok();
+  RingShape s;
+  PIPER_RETURN_IF_ERROR(ringShape(a, d, s));
+  char *scratch = nullptr;
+  PIPER_RETURN_IF_ERROR(
+      reserveScratch(ctx, ringScratch(s, false).bytes, scratch));
+  bool combine = a.inputs.size() == 4;
+  return launchAttentionBlock(ctx, s, a.inputs[0].f32(), a.inputs[1].f32(),
+                              combine ? a.inputs[2].f32() : nullptr,
+                              combine ? a.inputs[3].f32() : nullptr,
+                              a.outputs[0].f32(), a.outputs[1].f32(), scratch);
+}
+
+Status attentionBlockGrad(const KernelArgs &a, const Context &ctx) {
+  detail::AttentionBlockDims d;
+  PIPER_RETURN_IF_ERROR(detail::checkAttentionBlockGrad(a, d));
+  if (d.batch == 0)
+    return Status::ok();
+  RingShape s;
+  PIPER_RETURN_IF_ERROR(ringShape(a, d, s));
+  char *scratch = nullptr;
+  PIPER_RETURN_IF_ERROR(
+      reserveScratch(ctx, ringScratch(s, true).bytes, scratch));
+  bool add = a.inputs.size() == 7;
+  return launchAttentionBlockGrad(
+      ctx, s, a.inputs[0].f32(), a.inputs[1].f32(), a.inputs[2].f32(),
+      a.inputs[3].f32(), a.inputs[4].f32(), add ? a.inputs[5].f32() : nullptr,
+      add ? a.inputs[6].f32() : nullptr, a.outputs[0].f32(), a.outputs[1].f32(),
+      scratch);
+}
+
 } // namespace
 
 void addAttentionKernels(std::vector<KernelEntry> &out) {
   out.insert(out.end(), {
                             {"attention", attention},
                             {"attention_grad", attentionGrad},
+                            {"attention_block", attentionBlock},
+                            {"attention_block_grad", attentionBlockGrad},
                         });
 }
 

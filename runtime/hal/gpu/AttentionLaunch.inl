@@ -100,7 +100,7 @@ Status launchAttention(const Context &ctx, const AttentionShape &s,
           AttentionHead view = attentionHeadView(s, src, qkv, nullptr, b, h);
           float acc[kPer];
           float m, l;
-          attendRow<W>(lanes, s, view, i, acc, m, l);
+          attendRow<W>(lanes, s, view, i, i, acc, m, l);
           storeLaneShare<W>(lanes, acc, 1.0f / l,
                             y + (b * s.seq + i) * s.qCols + h * s.headDim,
                             s.headDim);
@@ -273,6 +273,311 @@ Status launchAttentionGrad(const Context &ctx, const AttentionShape &s,
         float x1 = x[0], x2 = x[half];
         ropePair(x1, x2, cosT[e], sinT[e], true, x[0], x[half]);
       });
+}
+
+// Ring attention (context parallelism, docs/context-parallel.md). A step
+// reads the member's q from qkv and the owner's k, v from kv
+// ([rows, 2 kvCols]); positions are global (ringPosition), and increase
+// with the row within each member's part of a sequence, so the keys a
+// query sees are a prefix of the shard and the queries a key is seen by a
+// suffix (ringRowsBefore). With rotary embeddings q and k are rotated into
+// scratch at those positions (angles computed as the CPU's RopeTable).
+
+// q (member's positions) and k (owner's) rotated into scratch, or qkv's q
+// and kv's k.
+Status ringPrepareQk(const Context &ctx, const RingShape &s, const float *qkv,
+                     const float *kv, char *scratch,
+                     const AttentionScratch &layout, AttentionQkSource &qSrc,
+                     AttentionQkSource &kSrc) {
+  if (!s.rotary()) {
+    qSrc = {qkv, s.cols};
+    kSrc = {kv, 2 * s.kvCols};
+    return Status::ok();
+  }
+  float *qk = reinterpret_cast<float *>(scratch + layout.qkOffset);
+  const int64_t half = s.half(), hd = s.headDim, cols = s.cols;
+  const int64_t qCols = s.qCols, kvLd = 2 * s.kvCols;
+  const int64_t ldQk = s.qCols + s.kvCols, pairs = ldQk / 2;
+  const RingShape shape = s;
+  PIPER_RETURN_IF_ERROR(Exec(ctx).forEach(
+      "attention_block_rope", s.rows() * pairs, [=] PIPER_LAMBDA(int64_t idx) {
+        int64_t r = idx / pairs, p = idx % pairs;
+        int64_t col = (p / half) * hd + p % half, t = r % shape.seq;
+        bool isQ = col < qCols;
+        int64_t pos = ringPosition(shape.globalSeq, shape.cp,
+                                   isQ ? shape.member : shape.owner, t);
+        const float *in = isQ ? qkv + r * cols + col
+                              : kv + r * kvLd + (col - qCols);
+        double c, sn;
+        ropeAngle(shape.ropeTheta, hd, pos, p % half, c, sn);
+        float *out = qk + r * ldQk + col;
+        ropePair(in[0], in[half], c, sn, false, out[0], out[half]);
+      }));
+  qSrc = {qk, ldQk};
+  kSrc = {qk + s.qCols, ldQk};
+  return Status::ok();
+}
+
+// The (sequence b, query head h) view of a ring step.
+PIPER_HOST_DEVICE inline AttentionHead
+ringHeadView(const RingShape &s, AttentionQkSource qSrc, AttentionQkSource kSrc,
+             const float *kv, const float *dy, int64_t b, int64_t h) {
+  int64_t g = h / s.group(), hd = s.headDim, l = s.seq;
+  AttentionHead view;
+  view.q = qSrc.q + b * l * qSrc.ld + h * hd;
+  view.k = kSrc.q + b * l * kSrc.ld + g * hd;
+  view.v = kv + s.kvCols + b * l * 2 * s.kvCols + g * hd;
+  view.dy = dy ? dy + b * l * s.qCols + h * hd : nullptr;
+  view.ldq = qSrc.ld;
+  view.ldk = kSrc.ld;
+  view.ldv = 2 * s.kvCols;
+  view.lddy = s.qCols;
+  return view;
+}
+
+// 4 when hd is a multiple of 4 and every row pointer is 16-byte aligned.
+inline int ringWidth(const RingShape &s, std::initializer_list<const void *> ps) {
+  if (s.headDim % 4 != 0)
+    return 1;
+  for (const void *p : ps)
+    if (p && reinterpret_cast<uintptr_t>(p) % 16 != 0)
+      return 1;
+  return 4;
+}
+
+Status launchAttentionBlock(const Context &ctx, const RingShape &s,
+                            const float *qkv, const float *kv,
+                            const float *oIn, const float *lseIn, float *o,
+                            float *lse, char *scratch) {
+  using Lanes = Exec::Lanes;
+  AttentionScratch layout = ringScratch(s, false);
+  AttentionQkSource qSrc, kSrc;
+  PIPER_RETURN_IF_ERROR(
+      ringPrepareQk(ctx, s, qkv, kv, scratch, layout, qSrc, kSrc));
+  const int width = ringWidth(s, {qSrc.q, kSrc.q, kv, oIn, o});
+  return Exec(ctx).forEachRow(
+      "attention_block", s.batch * s.heads * s.seq,
+      [=] PIPER_LAMBDA(Lanes lanes, int64_t r) {
+        withWidth(width, [&](auto w) {
+          constexpr int W = decltype(w)::value;
+          constexpr int kPer = kMaxHeadDim / Lanes::kCount;
+          const int64_t hd = s.headDim;
+          int64_t i = r % s.seq, bh = r / s.seq;
+          int64_t h = bh % s.heads, b = bh / s.heads;
+          AttentionHead view = ringHeadView(s, qSrc, kSrc, kv, nullptr, b, h);
+          int64_t pos = ringPosition(s.globalSeq, s.cp, s.member, i);
+          int64_t last = ringRowsBefore(s, s.owner, pos, true) - 1;
+          float acc[kPer];
+          float m, l;
+          attendRow<W>(lanes, s, view, i, last, acc, m, l);
+          const int64_t row = b * s.seq + i;
+          float lb = last < 0 ? -INFINITY
+                              : static_cast<float>(double(m) + log(double(l)));
+          float inv = last < 0 ? 0.0f : 1.0f / l;
+          float *out = o + row * s.qCols + h * hd;
+          PIPER_ATTENTION_UNROLL
+          for (int t = 0; t < kPer; ++t) {
+            if (laneElement<W>(lanes, t) >= hd)
+              break;
+            acc[t] *= inv;
+          }
+          float lsOut = lb;
+          if (oIn) {
+            // Combined with the earlier steps by their log-sum-exps, in
+            // double as the CPU does.
+            float la = lseIn[row * s.heads + h];
+            float old[kPer];
+            loadLaneShare<W>(lanes, oIn + row * s.qCols + h * hd, hd, old);
+            if (lb == -INFINITY) {
+              lsOut = la;
+              PIPER_ATTENTION_UNROLL
+              for (int t = 0; t < kPer; ++t) {
+                if (laneElement<W>(lanes, t) >= hd)
+                  break;
+                acc[t] = old[t];
+              }
+            } else if (la != -INFINITY) {
+              double hi = la > lb ? la : lb, lo = la > lb ? lb : la;
+              double sum = hi + log1p(exp(lo - hi));
+              double wa = exp(double(la) - sum), wb = exp(double(lb) - sum);
+              PIPER_ATTENTION_UNROLL
+              for (int t = 0; t < kPer; ++t) {
+                if (laneElement<W>(lanes, t) >= hd)
+                  break;
+                acc[t] = static_cast<float>(wa * old[t] + wb * acc[t]);
+              }
+              lsOut = static_cast<float>(sum);
+            }
+          }
+          storeLaneShare<W>(lanes, acc, 1.0f, out, hd);
+          if (lanes.lane() == 0)
+            lse[row * s.heads + h] = lsOut;
+        });
+      });
+}
+
+Status launchAttentionBlockGrad(const Context &ctx, const RingShape &s,
+                                const float *qkv, const float *kv,
+                                const float *y, const float *lse,
+                                const float *dy, const float *dqIn,
+                                const float *dkvIn, float *dq, float *dkv,
+                                char *scratch) {
+  using Lanes = Exec::Lanes;
+  AttentionScratch layout = ringScratch(s, true);
+  AttentionQkSource qSrc, kSrc;
+  PIPER_RETURN_IF_ERROR(
+      ringPrepareQk(ctx, s, qkv, kv, scratch, layout, qSrc, kSrc));
+  const int width = ringWidth(s, {qSrc.q, kSrc.q, kv, y, dy});
+  const int64_t queryRows = s.batch * s.heads * s.seq;
+  float *rowDot = reinterpret_cast<float *>(scratch + layout.statsOffset);
+
+  // D = <dy, y> per query row, summed in double as the CPU does.
+  PIPER_RETURN_IF_ERROR(Exec(ctx).forEachRow(
+      "attention_block_grad_dot", queryRows,
+      [=] PIPER_LAMBDA(Lanes lanes, int64_t r) {
+        withWidth(width, [&](auto w) {
+          constexpr int W = decltype(w)::value;
+          constexpr int kPer = kMaxHeadDim / Lanes::kCount;
+          const int64_t hd = s.headDim;
+          int64_t i = r % s.seq, bh = r / s.seq;
+          int64_t h = bh % s.heads, b = bh / s.heads;
+          const int64_t at = (b * s.seq + i) * s.qCols + h * hd;
+          float dyr[kPer], yr[kPer];
+          loadLaneShare<W>(lanes, dy + at, hd, dyr);
+          loadLaneShare<W>(lanes, y + at, hd, yr);
+          double part = 0;
+          PIPER_ATTENTION_UNROLL
+          for (int t = 0; t < kPer; ++t) {
+            if (laneElement<W>(lanes, t) >= hd)
+              break;
+            part += double(dyr[t]) * double(yr[t]);
+          }
+          double dot = lanes.sum(part);
+          if (lanes.lane() == 0)
+            rowDot[r] = static_cast<float>(dot);
+        });
+      }));
+
+  // dQ (rotated) per query row over the keys it sees:
+  // P_ij = exp(s_ij - lse_i), dS_ij = scale P_ij (<dy_i, v_j> - D_i).
+  PIPER_RETURN_IF_ERROR(Exec(ctx).forEachRow(
+      "attention_block_grad_q", queryRows,
+      [=] PIPER_LAMBDA(Lanes lanes, int64_t r) {
+        withWidth(width, [&](auto w) {
+          constexpr int W = decltype(w)::value;
+          constexpr int kPer = kMaxHeadDim / Lanes::kCount;
+          const int64_t hd = s.headDim;
+          int64_t i = r % s.seq, bh = r / s.seq;
+          int64_t h = bh % s.heads, b = bh / s.heads;
+          AttentionHead view = ringHeadView(s, qSrc, kSrc, kv, dy, b, h);
+          int64_t pos = ringPosition(s.globalSeq, s.cp, s.member, i);
+          int64_t last = ringRowsBefore(s, s.owner, pos, true) - 1;
+          float q[kPer], dyr[kPer], dqr[kPer];
+          loadLaneShare<W>(lanes, view.q + i * view.ldq, hd, q);
+          loadLaneShare<W>(lanes, view.dy + i * view.lddy, hd, dyr);
+          zeroLaneShare<W>(lanes, dqr, hd);
+          const float li = lse[(b * s.seq + i) * s.heads + h], dot = rowDot[r];
+          for (int64_t base = 0; base <= last; base += Lanes::kCount) {
+            const int64_t count = blockCount<Lanes>(base, last);
+            const float *k = view.k + base * view.ldk;
+            float sc = blockDot<W>(lanes, q, k, view.ldk, count, hd);
+            float dp = blockDot<W>(lanes, dyr, view.v + base * view.ldv,
+                                   view.ldv, count, hd);
+            float ds = 0;
+            if (lanes.lane() < count) {
+              float p = expF(s.scale * sc - li);
+              ds = s.scale * p * (dp - dot);
+            }
+            for (int64_t j = 0; j < count; ++j)
+              laneAxpy<W>(lanes, dqr, lanes.shuffle(ds, int(j)),
+                          k + j * view.ldk, hd);
+          }
+          storeLaneShare<W>(lanes, dqr, 1.0f,
+                            dq + (b * s.seq + i) * s.qCols + h * hd, hd);
+        });
+      }));
+
+  // dK (rotated) and dV per key row j of a kv head: the group's query heads
+  // and the queries that see it.
+  PIPER_RETURN_IF_ERROR(Exec(ctx).forEachRow(
+      "attention_block_grad_kv", s.batch * s.kvHeads * s.seq,
+      [=] PIPER_LAMBDA(Lanes lanes, int64_t r) {
+        withWidth(width, [&](auto w) {
+          constexpr int W = decltype(w)::value;
+          constexpr int kPer = kMaxHeadDim / Lanes::kCount;
+          const int64_t hd = s.headDim, group = s.group();
+          int64_t j = r % s.seq, bg = r / s.seq;
+          int64_t g = bg % s.kvHeads, b = bg / s.kvHeads;
+          int64_t pos = ringPosition(s.globalSeq, s.cp, s.owner, j);
+          int64_t first = ringRowsBefore(s, s.member, pos, false);
+          float k[kPer], v[kPer], dk[kPer], dv[kPer];
+          {
+            AttentionHead view =
+                ringHeadView(s, qSrc, kSrc, kv, dy, b, g * group);
+            loadLaneShare<W>(lanes, view.k + j * view.ldk, hd, k);
+            loadLaneShare<W>(lanes, view.v + j * view.ldv, hd, v);
+          }
+          zeroLaneShare<W>(lanes, dk, hd);
+          zeroLaneShare<W>(lanes, dv, hd);
+          for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+            AttentionHead view = ringHeadView(s, qSrc, kSrc, kv, dy, b, h);
+            const int64_t stats = (b * s.heads + h) * s.seq;
+            for (int64_t at = first; at < s.seq; at += Lanes::kCount) {
+              const int64_t count = blockCount<Lanes>(at, s.seq - 1);
+              const float *q = view.q + at * view.ldq;
+              const float *dyRows = view.dy + at * view.lddy;
+              float sc = blockDot<W>(lanes, k, q, view.ldq, count, hd);
+              float dp = blockDot<W>(lanes, v, dyRows, view.lddy, count, hd);
+              float p = 0, ds = 0;
+              if (lanes.lane() < count) {
+                const int64_t i = at + lanes.lane();
+                p = expF(s.scale * sc - lse[(b * s.seq + i) * s.heads + h]);
+                ds = s.scale * p * (dp - rowDot[stats + i]);
+              }
+              for (int64_t l = 0; l < count; ++l) {
+                laneAxpy<W>(lanes, dv, lanes.shuffle(p, int(l)),
+                            dyRows + l * view.lddy, hd);
+                laneAxpy<W>(lanes, dk, lanes.shuffle(ds, int(l)),
+                            q + l * view.ldq, hd);
+              }
+            }
+          }
+          float *row = dkv + (b * s.seq + j) * 2 * s.kvCols + g * hd;
+          storeLaneShare<W>(lanes, dk, 1.0f, row, hd);
+          storeLaneShare<W>(lanes, dv, 1.0f, row + s.kvCols, hd);
+        });
+      }));
+
+  // dQ and dK rotated back at their positions, in place, then the given
+  // partial sums added.
+  const int64_t half = s.half(), hd = s.headDim, qCols = s.qCols;
+  const int64_t kvLd = 2 * s.kvCols;
+  const RingShape shape = s;
+  if (s.rotary()) {
+    const int64_t pairs = (s.qCols + s.kvCols) / 2;
+    PIPER_RETURN_IF_ERROR(Exec(ctx).forEach(
+        "attention_block_grad_rope", s.rows() * pairs,
+        [=] PIPER_LAMBDA(int64_t idx) {
+          int64_t r = idx / pairs, p = idx % pairs;
+          int64_t col = (p / half) * hd + p % half, t = r % shape.seq;
+          bool isQ = col < qCols;
+          int64_t pos = ringPosition(shape.globalSeq, shape.cp,
+                                     isQ ? shape.member : shape.owner, t);
+          float *x = isQ ? dq + r * qCols + col : dkv + r * kvLd + (col - qCols);
+          double c, sn;
+          ropeAngle(shape.ropeTheta, hd, pos, p % half, c, sn);
+          float x1 = x[0], x2 = x[half];
+          ropePair(x1, x2, c, sn, true, x[0], x[half]);
+        }));
+  }
+  if (!dqIn)
+    return Status::ok();
+  PIPER_RETURN_IF_ERROR(Exec(ctx).forEach(
+      "attention_block_grad_add_q", s.rows() * qCols,
+      [=] PIPER_LAMBDA(int64_t idx) { dq[idx] += dqIn[idx]; }));
+  return Exec(ctx).forEach(
+      "attention_block_grad_add_kv", s.rows() * kvLd,
+      [=] PIPER_LAMBDA(int64_t idx) { dkv[idx] += dkvIn[idx]; });
 }
 
 } // namespace piper::runtime::hal::PIPER_GPU_NS

@@ -303,18 +303,19 @@ PIPER_HOST_DEVICE inline int64_t blockCount(int64_t first, int64_t last) {
 PIPER_HOST_DEVICE inline float maxF(float a, float b) { return a > b ? a : b; }
 
 /// The forward of query row i of one (sequence, head) with an online
-/// softmax over keys 0..i, kCount keys at a time: lane j scores key
-/// base + j (blockDot; keys past i score -inf), one max and one sum per
-/// block update the running maximum m and l = sum_j exp(s_j - m), the
-/// accumulator is rescaled once, then every key's p_j (a shuffle from its
-/// lane) adds p_j v_j to the lane's share of acc, keys in order. On return
-/// acc holds sum_j exp(s_j - m) v_j, s_j = scale <q_i, k_j>; the output row
-/// is acc / l. Every lane runs every iteration: the loop bounds depend on i
-/// only.
+/// softmax over keys 0..last (last = i for causal attention), kCount keys
+/// at a time: lane j scores key base + j (blockDot; keys past last score
+/// -inf), one max and one sum per block update the running maximum m and
+/// l = sum_j exp(s_j - m), the accumulator is rescaled once, then every
+/// key's p_j (a shuffle from its lane) adds p_j v_j to the lane's share of
+/// acc, keys in order. On return acc holds sum_j exp(s_j - m) v_j,
+/// s_j = scale <q_i, k_j>; the output row is acc / l (last < 0: no key,
+/// acc 0, m -inf, l 0). Every lane runs every iteration: the loop bounds
+/// depend on last only.
 template <int W, class Lanes>
-PIPER_HOST_DEVICE inline void attendRow(Lanes lanes, const AttentionShape &s,
-                                        const AttentionHead &h, int64_t i,
-                                        float *acc, float &m, float &l) {
+PIPER_HOST_DEVICE inline void
+attendRow(Lanes lanes, const AttentionShape &s, const AttentionHead &h,
+          int64_t i, int64_t last, float *acc, float &m, float &l) {
   constexpr int kPer = kMaxHeadDim / Lanes::kCount;
   const int64_t hd = s.headDim;
   float q[kPer];
@@ -322,8 +323,8 @@ PIPER_HOST_DEVICE inline void attendRow(Lanes lanes, const AttentionShape &s,
   zeroLaneShare<W>(lanes, acc, hd);
   m = -INFINITY;
   l = 0;
-  for (int64_t base = 0; base <= i; base += Lanes::kCount) {
-    const int64_t count = blockCount<Lanes>(base, i);
+  for (int64_t base = 0; base <= last; base += Lanes::kCount) {
+    const int64_t count = blockCount<Lanes>(base, last);
     float dot = blockDot<W>(lanes, q, h.k + base * h.ldk, h.ldk, count, hd);
     const bool valid = lanes.lane() < count;
     float score = valid ? s.scale * dot : -INFINITY;
@@ -339,6 +340,65 @@ PIPER_HOST_DEVICE inline void attendRow(Lanes lanes, const AttentionShape &s,
       laneAxpy<W>(lanes, acc, lanes.shuffle(p, int(j)),
                   h.v + (base + j) * h.ldv, hd);
   }
+}
+
+/// Ring attention under context parallelism (docs/context-parallel.md):
+/// one step attends a member's query rows to member `owner`'s key/value
+/// shard. The base shape's `seq` is the rows each member holds of a
+/// sequence (globalSeq / cp) and `batch` the sequences; rows are at global
+/// positions ringPosition.
+struct RingShape : AttentionShape {
+  int64_t globalSeq = 0, cp = 1, member = 0, owner = 0;
+};
+
+/// The global position of local row t of member `member`'s part of a
+/// sequence of `seq` tokens over `cp` members: chunks m and 2cp-1-m of 2cp
+/// (plan::contextPosition).
+PIPER_HOST_DEVICE inline int64_t ringPosition(int64_t seq, int64_t cp,
+                                              int64_t member, int64_t t) {
+  if (cp <= 1)
+    return t;
+  int64_t chunk = seq / (2 * cp);
+  return t < chunk ? member * chunk + t
+                   : (2 * cp - 1 - member) * chunk + (t - chunk);
+}
+
+/// How many of member `member`'s local rows 0..local-1 lie before `pos`
+/// (at most `pos` when `inclusive`): positions increase with the row, so
+/// those rows are a prefix, found by bisection.
+PIPER_HOST_DEVICE inline int64_t ringRowsBefore(const RingShape &s,
+                                                int64_t member, int64_t pos,
+                                                bool inclusive) {
+  int64_t lo = 0, hi = s.seq;
+  while (lo < hi) {
+    int64_t mid = (lo + hi) / 2;
+    int64_t p = ringPosition(s.globalSeq, s.cp, member, mid);
+    if (p < pos || (inclusive && p == pos))
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
+/// Device scratch of one ring step: q | k rotated at their positions
+/// ([rows, qCols + kvCols] floats) with rotary embeddings, and for the
+/// backward D = <dy, y> per (sequence, head, query).
+inline AttentionScratch ringScratch(const RingShape &s, bool grad) {
+  AttentionScratch l;
+  size_t at = 0;
+  if (s.rotary()) {
+    l.qkOffset = at;
+    at += attentionAlign(static_cast<size_t>(s.rows() * (s.qCols + s.kvCols)) *
+                         sizeof(float));
+  }
+  if (grad) {
+    l.statsOffset = at;
+    at += attentionAlign(static_cast<size_t>(s.batch * s.heads * s.seq) *
+                         sizeof(float));
+  }
+  l.bytes = at;
+  return l;
 }
 
 } // namespace piper::runtime::hal::PIPER_GPU_NS

@@ -5,6 +5,7 @@
 // five blocks of 32 keys, with and without rotary embeddings.
 #include "runtime/hal/gpu/test/KernelCases.h"
 
+#include <cmath>
 #include <tuple>
 
 namespace piper::runtime::hal::testing {
@@ -75,6 +76,80 @@ std::vector<KernelCase> cases() {
     backward.atol = 1e-5;
     out.push_back(backward);
   }
+  // Ring attention steps (context parallelism): batch, whole sequence, cp,
+  // member, step, heads, kv_heads, head dim, rope_theta. Steps after 0
+  // combine with a given o and lse (forward) or add to given dq and dkv
+  // (backward); a member's first chunk sees nothing of a later owner's
+  // shard (lse -inf, o kept); local rows of one to five blocks of 32.
+  using RingConfig = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t,
+                                int64_t, int64_t, int64_t, double>;
+  for (auto [batch, seq, cp, member, step, heads, kvHeads, hd, theta] :
+       std::vector<RingConfig>{
+           {1, 8, 2, 0, 0, 2, 1, 8, 10000.0},
+           {2, 8, 2, 0, 1, 2, 2, 8, 0.0},
+           {2, 8, 2, 1, 1, 2, 1, 8, 10000.0},
+           {1, 16, 4, 2, 3, 4, 2, 16, 10000.0},
+           {1, 16, 4, 3, 1, 4, 1, 12, 0.0},
+           {2, 12, 1, 0, 0, 2, 1, 8, 10000.0},
+           {1, 256, 2, 1, 1, 2, 1, 64, 10000.0},
+           {1, 264, 2, 0, 1, 1, 1, 10, 0.0},
+           {1, 64, 2, 1, 0, 4, 2, 32, 500000.0},
+       }) {
+    int64_t local = seq / cp, rows = batch * local, qCols = heads * hd;
+    int64_t kvWidth = 2 * kvHeads * hd, cols = qCols + kvWidth;
+    std::string name = "b" + std::to_string(batch) + " s" +
+                       std::to_string(seq) + " cp" + std::to_string(cp) + " m" +
+                       std::to_string(member) + " step" + std::to_string(step) +
+                       " h" + std::to_string(heads) + "/" +
+                       std::to_string(kvHeads) + " hd" + std::to_string(hd) +
+                       (theta != 0 ? " rope" : "");
+    std::vector<std::pair<std::string, plan::AttrValue>> attrs = {
+        {"heads", intAttr(heads)},
+        {"kv_heads", intAttr(kvHeads)},
+        {"seq", intAttr(seq)},
+        {"cp", intAttr(cp)},
+        {"step", intAttr(step)}};
+    if (theta != 0)
+      attrs.push_back({"rope_theta", floatAttr(theta)});
+    KernelCase forward{"attention_block " + name,
+                       "attention_block",
+                       attrs,
+                       {f32({rows, cols}), f32({rows, kvWidth})},
+                       {zeros({rows, qCols}), zeros({rows, heads})}};
+    if (step > 0) {
+      forward.inputs.push_back(f32({rows, qCols}));
+      forward.inputs.push_back(f32({rows, heads}));
+    }
+    forward.contextMember = member;
+    out.push_back(forward);
+    // lse = log(local rows): P = exp(s - lse) of the size a softmax over
+    // the shard gives; the bound is attention_grad's.
+    KernelCase backward{
+        "attention_block_grad " + name,
+        "attention_block_grad",
+        attrs,
+        {f32({rows, cols}), f32({rows, kvWidth}), f32({rows, qCols}),
+         given(plan::F32, {rows, heads}, {std::log(double(local))}),
+         f32({rows, qCols})},
+        {f32({rows, qCols}), f32({rows, kvWidth})}};
+    if (step > 0) {
+      backward.inputs.push_back(f32({rows, qCols}));
+      backward.inputs.push_back(f32({rows, kvWidth}));
+    }
+    backward.contextMember = member;
+    backward.atol = 1e-5;
+    out.push_back(backward);
+  }
+  KernelCase badStep{"attention_block step past cp",
+                     "attention_block",
+                     {{"heads", intAttr(2)},
+                      {"seq", intAttr(8)},
+                      {"cp", intAttr(2)},
+                      {"step", intAttr(2)}},
+                     {f32({8, 12}), f32({8, 8})},
+                     {zeros({8, 4}), zeros({8, 2})}};
+  badStep.rejects = "step";
+  out.push_back(badStep);
   // Malformed calls, rejected by the shared checks with one message.
   KernelCase badHeads{"attention kv_heads not dividing heads",
                       "attention",

@@ -192,6 +192,7 @@ CaseResult runCase(const KernelCase &c, Device &cpu, Device &gpu) {
     ctx.lrScale = c.lrScale;
     ctx.lowPrecision = c.lowPrecision;
     ctx.tensorMember = c.tensorMember;
+    ctx.contextMember = c.contextMember;
     Status st = device.runKernel(*info, kernel, decodeKernelAttrs(kernel), ins,
                                  outs, ctx);
     if (!st) {

@@ -59,6 +59,8 @@ struct KernelCase {
   bool lowPrecision = false;
   /// The rank's tensor-parallel member (sp_split).
   int64_t tensorMember = 0;
+  /// The rank's context-parallel member (ring attention).
+  int64_t contextMember = 0;
   /// Also compares the loss accumulator (loss_accumulate).
   bool checksLoss = false;
   /// Not empty: a malformed call. Both devices must reject it with the same
