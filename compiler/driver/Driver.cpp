@@ -534,14 +534,24 @@ int mlir::piper::pipercMain(int argc, char **argv) {
       "with --tp: keep the token embedding and LM head whole on every "
       "member (by default they are split by vocabulary rows and the loss "
       "never gathers the logits; docs/tensor-parallel.md)");
+  auto *cpOpt = compileCmd->add_option(
+      "--cp", comp.flags.cp,
+      "context parallelism: split every microbatch's sequence over groups "
+      "of this many devices, attention computed around a ring (rank = "
+      "stage group * dp * cp * tp + (replica * cp + member) * tp + tensor "
+      "member; the sequence must be a multiple of 2 * cp; "
+      "docs/context-parallel.md)");
+  auto *cpKindOpt = compileCmd->add_option(
+      "--cp-kind", comp.flags.cpKind,
+      "context parallelism's kind: ring (default: ring attention)");
   auto *recomputeOpt = compileCmd->add_option(
       "--recompute", comp.flags.recompute,
       "activation recomputation: none (default), full (every transformer "
       "block keeps only its input; the backward re-runs its forward) or "
       "selective (the attention core only); docs/recompute.md");
-  for (CLI::Option *opt : {ppOpt, dpOpt, mbOpt, schedOpt, zeroOpt, epOpt,
-                           vsOpt, bucketOpt, recomputeOpt, tpOpt, spOpt,
-                           vocabOpt})
+  for (CLI::Option *opt :
+       {ppOpt, dpOpt, mbOpt, schedOpt, zeroOpt, epOpt, vsOpt, bucketOpt,
+        recomputeOpt, tpOpt, spOpt, vocabOpt, cpOpt, cpKindOpt})
     opt->excludes(strategyOpt);
   compileCmd->add_option("--world-size", comp.worldSize,
                          "number of devices (checked against the strategy)");

@@ -408,7 +408,7 @@ SegmentOp GptModelBuilder::buildEmbed() {
   Value x = EmbeddingOp::create(b, loc("wte"), act(cfg.hidden), tokens, wte,
                                 IntegerAttr());
   x = PositionAddOp::create(b, loc("wpe"), act(cfg.hidden), x, wpe,
-                            static_cast<uint64_t>(cfg.seq));
+                            b.getI64IntegerAttr(cfg.seq), IntegerAttr());
   YieldOp::create(b, loc("embed"), ValueRange{x});
   return segment;
 }

@@ -85,7 +85,10 @@ public:
         ins->add_outputs(buffer(batch.getTargets(), "targets"));
         auto t = cast<RankedTensorType>(batch.getTokens().getType());
         p.mutable_training()->set_microbatch_size(t.getDimSize(0));
-        p.mutable_training()->set_seq_len(t.getDimSize(1));
+        // Under context parallelism each member loads its chunks of the
+        // whole sequence (LOAD_BATCH): the plan names the whole length.
+        p.mutable_training()->set_seq_len(t.getDimSize(1) *
+                                          getContextParallel(module));
       } else if (auto task = dyn_cast<TaskOp>(op)) {
         FailureOr<int> seg = segment(task.getSegment());
         if (failed(seg))
@@ -170,6 +173,8 @@ public:
     training->set_num_replicas(dp.getNumReplicas());
     if (int64_t tp = getTensorParallel(module); tp > 1)
       training->set_tensor_parallel(static_cast<int32_t>(tp));
+    if (int64_t cp = getContextParallel(module); cp > 1)
+      training->set_context_parallel(static_cast<int32_t>(cp));
     if (OptimizerAttr opt = dp.getOptimizerAttr()) {
       training->set_min_lr(opt.getMinLr().convertToDouble());
       training->set_warmup_steps(opt.getWarmupSteps());

@@ -46,6 +46,8 @@ llvm::StringRef Directive::kindName() const {
     return "recompute";
   case Directive::ShardTensor:
     return "shard_tensor";
+  case Directive::ContextParallel:
+    return "context_parallel";
   }
   return "";
 }
@@ -110,6 +112,18 @@ static llvm::Error verifyDirective(const Directive &d) {
       return fail(llvm::formatv("\"tp\" must be between 2 and {0}, got {1}",
                                 kMaxWorldSize, d.tensorParallel)
                       .str());
+    if (d.stream.empty())
+      return fail("\"stream\" must name a stream");
+    break;
+  case Directive::ContextParallel:
+    if (d.contextParallel < 2 || d.contextParallel > kMaxWorldSize)
+      return fail(llvm::formatv("\"cp\" must be between 2 and {0}, got {1}",
+                                kMaxWorldSize, d.contextParallel)
+                      .str());
+    if (d.cpKind != "ring")
+      return fail("\"kind\" must be \"ring\" (ring attention; Ulysses is "
+                  "not built yet), got \"" +
+                  d.cpKind + "\"");
     if (d.stream.empty())
       return fail("\"stream\" must name a stream");
     break;

@@ -66,7 +66,8 @@ struct Directive {
     Order,
     Schedule,
     Recompute,
-    ShardTensor
+    ShardTensor,
+    ContextParallel
   } kind = Split;
   /// Position in the strategy and the directive's own text, for diagnostics.
   int index = 0;
@@ -104,6 +105,11 @@ struct Directive {
   /// the token embedding and the LM head split by vocabulary rows, the
   /// loss computed without gathering the logits.
   bool vocabParallel = true;
+  /// context_parallel: the context-parallel degree (the members of each
+  /// group that splits every microbatch's sequence) and its kind ("ring":
+  /// ring attention), with `stream` the stream of its exchanges.
+  int64_t contextParallel = 0;
+  std::string cpKind = "ring";
 
   /// "directive #3 (place {...})" for messages.
   std::string describe() const;
@@ -215,14 +221,15 @@ std::vector<Directive> buildSchedule(const ScheduleBuilder &schedule,
 /// --zero Z --ep E --virtual-stages V --bucket-mb B --tp T`: P*V stages (V:
 /// 0 for the schedule's default), stage s on the devices [g*D*T,
 /// (g+1)*D*T) of its pipeline group g in the schedule's layout (rank
-/// g*D*T + d*T + t: tensor parallelism innermost, as Megatron orders it),
+/// g*D*T + d*T + t: tensor parallelism innermost, as Megatron orders it;
+/// with --cp C, D*C*T devices per group, rank g*D*C*T + (d*C + c)*T + t),
 /// replicated with ZeRO stage Z in gradient buckets of B MB, its experts
 /// split over groups of E of them, every block's matrices over groups of T.
 Strategy strategyFromFlags(int64_t pp, int64_t dp, int64_t microbatches,
                            const ScheduleBuilder &schedule, int zero = 0,
                            int64_t ep = 1, int64_t virtualStages = 0,
-                           double bucketMb = kDefaultBucketMb,
-                           int64_t tp = 1);
+                           double bucketMb = kDefaultBucketMb, int64_t tp = 1,
+                           int64_t cp = 1);
 
 /// piperc's strategy flags.
 struct StrategyFlags {
@@ -241,6 +248,9 @@ struct StrategyFlags {
   /// --no-vocab-parallel: keep the embedding and LM head whole on every
   /// tensor-parallel member (needs --tp).
   bool noVocabParallel = false;
+  /// --cp: the context-parallel degree; --cp-kind: "ring".
+  int64_t cp = 1;
+  std::string cpKind = "ring";
 };
 
 /// The strategy of the flags: errors name the flags (`--ep 3 must divide

@@ -22,8 +22,8 @@ Strategy mlir::piper::strategyFromFlags(int64_t pp, int64_t dp,
                                         int64_t microbatches,
                                         const ScheduleBuilder &schedule,
                                         int zero, int64_t ep,
-                                        int64_t virtualStages,
-                                        double bucketMb, int64_t tp) {
+                                        int64_t virtualStages, double bucketMb,
+                                        int64_t tp, int64_t cp) {
   int64_t perDevice =
       virtualStages > 0 ? virtualStages : defaultStagesPerDevice(schedule);
   int64_t stages = pp * perDevice;
@@ -49,11 +49,20 @@ Strategy mlir::piper::strategyFromFlags(int64_t pp, int64_t dp,
     st.stream = "tp_stream";
     add(st, llvm::formatv("shard_tensor tp={0}", tp).str());
   }
-  // A pipeline device group: dp data-parallel replicas of tp members each.
+  if (cp > 1) {
+    Directive c;
+    c.kind = Directive::ContextParallel;
+    c.contextParallel = cp;
+    c.stream = "cp_stream";
+    add(c, llvm::formatv("context_parallel cp={0}", cp).str());
+  }
+  // A pipeline device group: dp data-parallel replicas of cp context
+  // members of tp tensor members each (tp innermost, then cp).
+  const int64_t group = dp * cp * tp;
   auto groupDevices = [&](int64_t g) {
     std::vector<int64_t> devices;
-    for (int64_t r = 0; r < dp * tp; ++r)
-      devices.push_back(g * dp * tp + r);
+    for (int64_t r = 0; r < group; ++r)
+      devices.push_back(g * group + r);
     return devices;
   };
   auto listDevices = [](const std::vector<int64_t> &devices) {
@@ -124,7 +133,7 @@ Strategy mlir::piper::strategyFromFlags(int64_t pp, int64_t dp,
                                  listDevices(place.devices))
                        .str());
       }
-      if (dp * tp > 1)
+      if (group > 1)
         for (int64_t g : copies)
           replicate(st, groupDevices(g));
       std::vector<int64_t> both;
@@ -152,10 +161,12 @@ Strategy mlir::piper::strategyFromFlags(int64_t pp, int64_t dp,
     shard(devices);
   for (Directive &d : buildSchedule(schedule, pp, perDevice, microbatches))
     add(d, d.text);
-  s.worldSize = pp * dp * tp;
+  s.worldSize = pp * group;
   s.summary = llvm::formatv("pp={0} dp={1} microbatches={2} schedule={3}", pp,
                             dp, microbatches, schedule.name)
                   .str();
+  if (cp > 1)
+    s.summary += llvm::formatv(" cp={0}", cp).str();
   if (tp > 1)
     s.summary += llvm::formatv(" tp={0}", tp).str();
   if (perDevice > 1)
@@ -173,25 +184,28 @@ Strategy mlir::piper::strategyFromFlags(int64_t pp, int64_t dp,
 static std::string checkFlags(const StrategyFlags &f,
                               const ScheduleBuilder &schedule,
                               int64_t perDevice) {
-  if (f.pp < 1 || f.dp < 1 || f.microbatches < 1 || f.tp < 1)
-    return "--pp, --dp, --tp and --microbatches must be positive";
+  if (f.pp < 1 || f.dp < 1 || f.microbatches < 1 || f.tp < 1 || f.cp < 1)
+    return "--pp, --dp, --tp, --cp and --microbatches must be positive";
   struct Bound {
     const char *flag;
     int64_t value, limit;
   };
-  for (Bound b : {Bound{"--pp", f.pp, kMaxStages},
-                  Bound{"--dp", f.dp, kMaxWorldSize},
-                  Bound{"--tp", f.tp, kMaxWorldSize},
-                  Bound{"--microbatches", f.microbatches, kMaxMicrobatches}})
+  for (Bound b :
+       {Bound{"--pp", f.pp, kMaxStages}, Bound{"--dp", f.dp, kMaxWorldSize},
+        Bound{"--tp", f.tp, kMaxWorldSize}, Bound{"--cp", f.cp, kMaxWorldSize},
+        Bound{"--microbatches", f.microbatches, kMaxMicrobatches}})
     if (b.value > b.limit)
       return llvm::formatv("{0} must be at most {1}, got {2}", b.flag, b.limit,
                            b.value)
           .str();
   // Each is at most 2^20 here: the product cannot overflow.
-  if (f.pp * f.dp > kMaxWorldSize || f.pp * f.dp * f.tp > kMaxWorldSize)
-    return llvm::formatv("--pp {0} times --dp {1}{2} is more than the limit "
-                         "of {3} devices",
+  if (f.pp * f.dp > kMaxWorldSize || f.pp * f.dp * f.tp > kMaxWorldSize ||
+      f.pp * f.dp * f.tp > kMaxWorldSize / f.cp)
+    return llvm::formatv("--pp {0} times --dp {1}{2}{3} is more than the "
+                         "limit of {4} devices",
                          f.pp, f.dp,
+                         f.cp > 1 ? llvm::formatv(" times --cp {0}", f.cp).str()
+                                  : std::string(),
                          f.tp > 1 ? llvm::formatv(" times --tp {0}", f.tp).str()
                                   : std::string(),
                          kMaxWorldSize)
@@ -220,11 +234,25 @@ static std::string checkFlags(const StrategyFlags &f,
     return llvm::formatv("--zero must be the ZeRO stage 0, 1, 2 or 3, got {0}",
                          f.zero)
         .str();
-  if (f.zero > 0 && f.dp < 2)
+  if (f.zero > 0 && f.dp * f.cp < 2)
     return llvm::formatv("--zero {0} shards state over the data-parallel "
                          "replicas of a stage, but --dp is {1}; use --dp 2 or "
                          "more",
                          f.zero, f.dp)
+        .str();
+  if (f.cpKind != "ring")
+    return "--cp-kind must be ring (ring attention; Ulysses is not built "
+           "yet), got '" +
+           f.cpKind + "'";
+  if (f.cp > 1 && f.tp > 1)
+    return llvm::formatv("--cp {0} with --tp {1}: context parallelism "
+                         "together with tensor parallelism is not built yet",
+                         f.cp, f.tp)
+        .str();
+  if (f.cp > 1 && f.ep > 1)
+    return llvm::formatv("--cp {0} with --ep {1}: MoE layers under context "
+                         "parallelism are not built yet",
+                         f.cp, f.ep)
         .str();
   if (f.recompute != "none" && f.recompute != "full" &&
       f.recompute != "selective")
@@ -259,7 +287,7 @@ llvm::Expected<Strategy> mlir::piper::buildStrategy(const StrategyFlags &f) {
   if (std::string err = checkFlags(f, *schedule, perDevice); !err.empty())
     return llvm::createStringError(err);
   Strategy s = strategyFromFlags(f.pp, f.dp, f.microbatches, *schedule, f.zero,
-                                 f.ep, perDevice, f.bucketMb, f.tp);
+                                 f.ep, perDevice, f.bucketMb, f.tp, f.cp);
   if (f.noVocabParallel)
     for (Directive &d : s.directives)
       if (d.kind == Directive::ShardTensor) {

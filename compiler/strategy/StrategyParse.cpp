@@ -67,9 +67,12 @@ private:
       return parseRecompute(allowed);
     if (op == "shard_tensor")
       return parseShardTensor(allowed);
+    if (op == "context_parallel")
+      return parseContextParallel(allowed);
     return fail(llvm::formatv("unknown directive \"{0}\" (expected stage, "
                               "split, place, replicate, shard, order, "
-                              "schedule, recompute or shard_tensor)",
+                              "schedule, recompute, shard_tensor or "
+                              "context_parallel)",
                               op)
                     .str());
   }
@@ -281,6 +284,22 @@ private:
     return getInt("tp", d.tensorParallel, /*required=*/true);
   }
 
+  /// "context_parallel": context parallelism. Every microbatch's sequence
+  /// split over groups of `cp` devices (each holding two of 2 cp chunks),
+  /// attention computed around the ring (`kind` "ring", the default);
+  /// `stream` names the stream of the ring's exchanges.
+  llvm::Error parseContextParallel(llvm::StringSet<> &allowed) {
+    d.kind = Directive::ContextParallel;
+    for (auto k : {"cp", "kind", "stream"})
+      allowed.insert(k);
+    d.stream = "cp_stream";
+    if (auto e = getString("stream", d.stream))
+      return e;
+    if (auto e = getString("kind", d.cpKind))
+      return e;
+    return getInt("cp", d.contextParallel, /*required=*/true);
+  }
+
   /// The split-backward stencil of an order directive (the original
   /// Piper's rule): each filter it names with PASS "BI" it also names once
   /// with "BW", in a later group, and never with the fused "B".
@@ -431,7 +450,8 @@ private:
                                               : ", ") +
                       name.str();
         if (d.kind == Directive::Recompute ||
-            d.kind == Directive::ShardTensor)
+            d.kind == Directive::ShardTensor ||
+            d.kind == Directive::ContextParallel)
           return fail(llvm::formatv("{0} selects forward regions by "
                                     "model block (\"block\"), not \"{1}\"",
                                     d.kindName(), key)

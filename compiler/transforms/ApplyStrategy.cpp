@@ -40,6 +40,8 @@ LogicalResult mlir::piper::applyDirective(ModuleOp module, const Directive &d,
     return applyRecompute(module, *program, d);
   case Directive::ShardTensor:
     return applyShardTensor(module, *program, d);
+  case Directive::ContextParallel:
+    return applyContextParallel(module, *program, d);
   case Directive::Order:
     return applyOrder(*program, d);
   case Directive::Schedule: {

@@ -113,6 +113,11 @@ std::string mlir::piper::describeNode(Operation *op) {
     os << "] -> [";
     llvm::interleaveComma(tr.getTo().getMembers(), os);
     os << "]";
+  } else if (auto r = dyn_cast<RingShiftOp>(op)) {
+    os << "ring_shift (" << r.getTag().str() << ", offset " << r.getOffset()
+       << ", group [";
+    llvm::interleaveComma(r.getDevices().getMembers(), os);
+    os << "])";
   } else if (auto s = dyn_cast<SendOp>(op)) {
     os << "send channel " << s.getChannel();
   } else if (auto r = dyn_cast<RecvOp>(op)) {

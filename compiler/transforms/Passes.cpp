@@ -82,9 +82,11 @@ std::optional<CompilePhase> mlir::piper::compilePhaseOfPass(StringRef argument) 
 /// Why the directive phase cannot run `strategy`, or "": at most one stage
 /// and one split directive.
 static std::string checkDirectiveCounts(const Strategy &strategy) {
-  for (auto [kind, name] : {std::pair{Directive::Stage, "stage"},
-                            std::pair{Directive::Split, "split"},
-                            std::pair{Directive::ShardTensor, "shard_tensor"}}) {
+  for (auto [kind, name] :
+       {std::pair{Directive::Stage, "stage"},
+        std::pair{Directive::Split, "split"},
+        std::pair{Directive::ShardTensor, "shard_tensor"},
+        std::pair{Directive::ContextParallel, "context_parallel"}}) {
     int seen = 0;
     for (const Directive &d : strategy.directives)
       if (d.kind == kind && ++seen == 2)
@@ -148,10 +150,12 @@ void mlir::piper::addCompilePipeline(OpPassManager &pm,
     return pm.addPass(std::make_unique<FailPass>(std::move(err)));
   auto wants = [&](CompilePhase phase) { return phase <= lastPhase; };
   if (wants(CompilePhase::Stage)) {
-    // shard_tensor splits the forward model's blocks, and recompute marks
-    // them (the f and g of tensor parallelism too), before stage merges
-    // them.
-    for (Directive::Kind kind : {Directive::ShardTensor, Directive::Recompute})
+    // shard_tensor splits the forward model's blocks, context_parallel
+    // their sequences, and recompute marks them (the f and g of tensor
+    // parallelism too), before stage merges them.
+    for (Directive::Kind kind :
+         {Directive::ShardTensor, Directive::ContextParallel,
+          Directive::Recompute})
       for (const Directive &d : strategy.directives)
         if (d.kind == kind)
           pm.addPass(createApplyDirectivePass(d, strategy.worldSize));
@@ -242,7 +246,8 @@ void buildDirectivesPipeline(OpPassManager &pm,
   if (!strategy)
     return;
   for (const Directive &d : strategy->directives)
-    if (d.kind == Directive::Recompute || d.kind == Directive::ShardTensor)
+    if (d.kind == Directive::Recompute || d.kind == Directive::ShardTensor ||
+        d.kind == Directive::ContextParallel)
       return pm.addPass(std::make_unique<FailPass>(
           "piper-directives-pipeline: " + d.describe() + ": " +
           d.kindName().str() +

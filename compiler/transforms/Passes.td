@@ -215,6 +215,14 @@ def PiperTensorParallel : Pass<"piper-tensor-parallel", "::mlir::ModuleOp"> {
     task's devices (its subgroups), on the directive's stream, in the
     task's chain. `piper.tp_copy` (the identity forward) is erased. Without
     `shard_tensor` it changes nothing (docs/tensor-parallel.md).
+
+    Then, on a model that `context_parallel` split (the module's
+    `piper.context_parallel`): each `piper.cp_attention` and
+    `piper.cp_attention_grad` becomes its ring of `piper.attention_block`
+    and `piper.attention_block_grad` kernels, the segment is cut around
+    the exchanges between them, and each exchange becomes a
+    `piper.ring_shift` over the context-parallel rings of the task's
+    devices, on the directive's stream (docs/context-parallel.md).
   }];
 }
 

@@ -13,7 +13,7 @@ using namespace mlir::piper;
 static SmallVector<Operation *> regionOps(SegmentOp seg, bool selective) {
   SmallVector<Operation *> ops;
   for (Operation &op : seg.getBody().front().without_terminator()) {
-    if (selective ? !isa<AttentionOp>(op)
+    if (selective ? !isa<AttentionOp, CpAttentionOp>(op)
                   : isa<ParamRefOp>(op) || !isPure(&op))
       continue;
     ops.push_back(&op);
@@ -21,8 +21,12 @@ static SmallVector<Operation *> regionOps(SegmentOp seg, bool selective) {
   return ops;
 }
 
+/// Whether `seg` holds an attention core (ring attention under context
+/// parallelism).
 static bool hasAttention(SegmentOp seg) {
-  return !seg.getBody().front().getOps<AttentionOp>().empty();
+  Block &body = seg.getBody().front();
+  return !body.getOps<AttentionOp>().empty() ||
+         !body.getOps<CpAttentionOp>().empty();
 }
 
 LogicalResult mlir::piper::applyRecompute(ModuleOp module, ProgramOp program,

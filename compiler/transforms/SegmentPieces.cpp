@@ -239,3 +239,23 @@ SmallVector<TaskOp> mlir::piper::splitTask(TaskOp t,
     tasks.push_back(cast<TaskOp>(n.op));
   return tasks;
 }
+
+void mlir::piper::hoistAccumulations(SegmentOp seg) {
+  Block &body = seg.getBody().front();
+  SmallVector<AccumulateGradOp> accs(body.getOps<AccumulateGradOp>());
+  llvm::DenseMap<StringAttr, Operation *> last;
+  for (AccumulateGradOp acc : accs) {
+    Operation *after = nullptr;
+    if (Operation *def = acc.getGrad().getDefiningOp())
+      after = body.findAncestorOpInBlock(*def);
+    StringAttr param = acc.getParamAttr().getAttr();
+    Operation *prev = last.lookup(param);
+    if (prev && (!after || after->isBeforeInBlock(prev)))
+      after = prev;
+    if (after)
+      acc->moveAfter(after);
+    else
+      acc->moveBefore(&body.front());
+    last[param] = acc;
+  }
+}

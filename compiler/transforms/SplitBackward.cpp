@@ -146,6 +146,8 @@ LogicalResult mlir::piper::splitBackwardTasks(ProgramOp program,
         other = task.getTag();
       else if (auto c = dyn_cast<CollectiveOpInterface>(user))
         other = c.getTag();
+      else if (auto r = dyn_cast<RingShiftOp>(user))
+        other = r.getTag();
       return other && other.isBackward() && other.getPp() == tag.getPp() &&
              other.getMb() == tag.getMb();
     };

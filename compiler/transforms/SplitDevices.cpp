@@ -73,6 +73,10 @@ private:
   /// Lowers a transfer to a send in the source class and a receive in the
   /// destination class, on a fresh channel.
   void lowerTransfer(TransferOp tr);
+  /// Lowers a ring shift to a send and a receive of one channel in its
+  /// class: each member sends to its ring member `offset` ahead and
+  /// receives from the one `offset` behind.
+  void lowerRingShift(RingShiftOp rs);
   /// Clones a collective over several classes into every class it covers;
   /// fails when it covers part of a class or devices that run no task.
   LogicalResult cloneSpanningCollective(Operation &op,
@@ -221,6 +225,28 @@ void DeviceSplitter::lowerTransfer(TransferOp tr) {
   maps[to].map(tr.getDone(), recv.getDone());
 }
 
+void DeviceSplitter::lowerRingShift(RingShiftOp rs) {
+  size_t c = classOf(rs.getDevices().getMembers());
+  OpBuilder b = builderFor(c);
+  MLIRContext *ctx = rs.getContext();
+  SmallVector<Value> deps;
+  for (Value d : rs.getDeps())
+    if (maps[c].contains(d))
+      deps.push_back(maps[c].lookup(d));
+  auto send =
+      SendOp::create(b, rs.getLoc(), maps[c].lookup(rs.getInput()), deps,
+                     DeviceGroupAttr::get(ctx, rs.peersAt(rs.getOffset())),
+                     channel, rs.getStream());
+  auto recv =
+      RecvOp::create(b, rs.getLoc(), rs.getResult().getType(),
+                     b.getType<TokenType>(), ValueRange{send.getDone()},
+                     DeviceGroupAttr::get(ctx, rs.peersAt(-rs.getOffset())),
+                     channel, rs.getStream());
+  ++channel;
+  maps[c].map(rs.getResult(), recv.getResult());
+  maps[c].map(rs.getDone(), recv.getDone());
+}
+
 LogicalResult
 DeviceSplitter::cloneSpanningCollective(Operation &op,
                                         CollectiveOpInterface ar) {
@@ -254,6 +280,10 @@ LogicalResult DeviceSplitter::cloneNodes() {
     }
     if (auto tr = dyn_cast<TransferOp>(op)) {
       lowerTransfer(tr);
+      continue;
+    }
+    if (auto rs = dyn_cast<RingShiftOp>(op)) {
+      lowerRingShift(rs);
       continue;
     }
     if (auto ar = dyn_cast<CollectiveOpInterface>(op);

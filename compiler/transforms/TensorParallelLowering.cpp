@@ -37,35 +37,6 @@ static Operation *soleMarker(SegmentOp piece) {
   return soleOp<SpGatherOp>(piece);
 }
 
-/// Moves each accumulate_grad of `seg` up to just after the op that
-/// computes its gradient (the block's start for an argument), but never
-/// before an earlier accumulation of the same parameter (so each
-/// accumulator adds in the same order). A column layer's weight gradient is
-/// computed before its input gradient's all-reduce, but autodiff
-/// accumulates it after; cut there, one piece would hand the next a weight
-/// gradient, and once a split backward divides the pieces into BI and BW
-/// (zero-bubble schedules), or ZeRO hands each piece's gradients to a
-/// reduce-scatter, the next piece's BI would read this piece's BW.
-static void hoistAccumulations(SegmentOp seg) {
-  Block &body = seg.getBody().front();
-  SmallVector<AccumulateGradOp> accs(body.getOps<AccumulateGradOp>());
-  llvm::DenseMap<StringAttr, Operation *> last;
-  for (AccumulateGradOp acc : accs) {
-    Operation *after = nullptr;
-    if (Operation *def = acc.getGrad().getDefiningOp())
-      after = body.findAncestorOpInBlock(*def);
-    StringAttr param = acc.getParamAttr().getAttr();
-    Operation *prev = last.lookup(param);
-    if (prev && (!after || after->isBeforeInBlock(prev)))
-      after = prev;
-    if (after)
-      acc->moveAfter(after);
-    else
-      acc->moveBefore(&body.front());
-    last[param] = acc;
-  }
-}
-
 /// Moves each collective marker on a weight gradient's path (the gathered
 /// key/value pieces' reduce-scatter, docs/tensor-parallel.md §2b), with
 /// everything that reads it, to the end of the segment, in order. Input
@@ -194,7 +165,8 @@ namespace {
 struct TensorParallelPass
     : mlir::piper::impl::PiperTensorParallelBase<TensorParallelPass> {
   void runOnOperation() override {
-    if (failed(lowerTensorParallel(getOperation())))
+    if (failed(lowerTensorParallel(getOperation())) ||
+        failed(lowerContextParallel(getOperation())))
       signalPassFailure();
   }
 };

@@ -131,6 +131,18 @@ using PieceBuilder = llvm::function_ref<std::optional<PieceNode>(
 SmallVector<PieceNode> splitTaskWith(TaskOp t, const SegmentPieces &pieces,
                                      PieceBuilder special);
 
+/// Moves each accumulate_grad of `seg` up to just after the op that
+/// computes its gradient (the block's start for an argument), but never
+/// before an earlier accumulation of the same parameter (so each
+/// accumulator adds in the same order). Before cutting a backward
+/// segment around markers: a column layer's weight gradient is
+/// computed before its input gradient's all-reduce, but autodiff
+/// accumulates it after; cut there, one piece would hand the next a weight
+/// gradient, and once a split backward divides the pieces into BI and BW
+/// (zero-bubble schedules), or ZeRO hands each piece's gradients to a
+/// reduce-scatter, the next piece's BI would read this piece's BW.
+void hoistAccumulations(SegmentOp seg);
+
 /// The body of `piece` when it is exactly one op of type OpT (a marker a
 /// rewrite cut out of its segment), or null.
 template <typename OpT>
@@ -193,11 +205,27 @@ LogicalResult applyRecompute(ModuleOp module, ProgramOp program,
 LogicalResult applyShardTensor(ModuleOp module, ProgramOp program,
                                const Directive &d);
 
+/// The `context_parallel` directive (ContextParallel.cpp), on the forward
+/// model before stage: every microbatch's sequence split over groups of
+/// `cp` devices (Megatron's load-balanced chunks), every value with a row
+/// per token holding the member's rows, attention as ring attention
+/// (`piper.cp_attention`); records the degree on the module.
+LogicalResult applyContextParallel(ModuleOp module, ProgramOp program,
+                                   const Directive &d);
+
 /// After placement (piper-tensor-parallel): every `piper.tp_reduce` of a
 /// task's segment becomes a value all-reduce over the consecutive
 /// tensor-parallel groups of the task's devices, cutting the segment; the
 /// `piper.tp_copy`s go. Nothing without `shard_tensor`.
 LogicalResult lowerTensorParallel(ModuleOp module);
+
+/// After placement (piper-tensor-parallel, after lowerTensorParallel):
+/// every `piper.cp_attention` and `piper.cp_attention_grad` becomes its
+/// ring of `piper.attention_block(_grad)` kernels, and each exchange
+/// between them a `piper.ring_shift` node over the context-parallel rings
+/// of the task's devices, cutting the segment. Nothing without
+/// `context_parallel`.
+LogicalResult lowerContextParallel(ModuleOp module);
 
 /// Returns the single piper.program of `module`, or emits an error.
 FailureOr<ProgramOp> getProgram(ModuleOp module);

@@ -44,7 +44,8 @@ LogicalResult PositionAddOp::emitWeightGradients(OpBuilder &b,
   if (g.needsGrad(getPos()))
     g.addGrad(b, getPos(),
               PositionAddGradOp::create(b, getLoc(), getPos().getType(),
-                                        g.getGrad(getResult()), getSeqAttr()));
+                                        g.getGrad(getResult()), getSeqAttr(),
+                                        getCpAttr()));
   return success();
 }
 
@@ -174,6 +175,23 @@ LogicalResult AttentionOp::emitInputGradients(OpBuilder &b,
                 b, getLoc(), getQkv().getType(), g.getSaved(b, getQkv()),
                 g.getGrad(getResult()), getHeadsAttr(), getSeqAttr(),
                 getKvHeadsAttr(), getRopeThetaAttr()));
+  return success();
+}
+
+LogicalResult CpAttentionOp::emitInputGradients(OpBuilder &b,
+                                                GradientEmitter &g) {
+  // The ring backward recomputes each block's scores from q|k|v and the
+  // forward's output and log-sum-exp (the key/value shards are never
+  // kept).
+  Value dy = g.getGrad(getResult());
+  if (!dy || !g.needsGrad(getQkv()))
+    return success();
+  g.addGrad(b, getQkv(),
+            CpAttentionGradOp::create(
+                b, getLoc(), getQkv().getType(), g.getSaved(b, getQkv()),
+                g.getSaved(b, getResult()), g.getSaved(b, getLse()), dy,
+                getHeadsAttr(), getSeqAttr(), getKvHeadsAttr(),
+                getRopeThetaAttr(), getCpAttr()));
   return success();
 }
 

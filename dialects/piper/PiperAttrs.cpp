@@ -286,6 +286,31 @@ StringRef mlir::piper::getTensorParallelStream(Operation *module) {
   return "tp_stream";
 }
 
+void mlir::piper::setContextParallel(Operation *module, int64_t members,
+                                     StringRef stream) {
+  Builder b(module->getContext());
+  PiperDialect *d = piperDialect(module);
+  d->getContextParallelAttrHelper().setAttr(module,
+                                            b.getI64IntegerAttr(members));
+  d->getContextParallelStreamAttrHelper().setAttr(module,
+                                                  b.getStringAttr(stream));
+}
+
+int64_t mlir::piper::getContextParallel(Operation *module) {
+  if (IntegerAttr cp =
+          piperDialect(module)->getContextParallelAttrHelper().getAttr(module))
+    return cp.getInt();
+  return 1;
+}
+
+StringRef mlir::piper::getContextParallelStream(Operation *module) {
+  if (StringAttr s =
+          piperDialect(module)->getContextParallelStreamAttrHelper().getAttr(
+              module))
+    return s.getValue();
+  return "cp_stream";
+}
+
 LogicalResult
 OptimizerAttr::verify(function_ref<InFlightDiagnostic()> emitError,
                       APFloat minLr, int64_t warmupSteps,
@@ -331,6 +356,22 @@ PiperDialect::verifyOperationAttribute(Operation *op, NamedAttribute attr) {
     auto s = dyn_cast<StringAttr>(attr.getValue());
     if (!isa<ModuleOp>(op) || !s || s.getValue().empty())
       return op->emitError("'piper.tensor_parallel_stream' must be a stream "
+                           "name on the module, got ")
+             << attr.getValue();
+    return success();
+  }
+  if (name == ContextParallelAttrHelper::getNameStr()) {
+    auto cp = dyn_cast<IntegerAttr>(attr.getValue());
+    if (!isa<ModuleOp>(op) || !cp || cp.getInt() < 2)
+      return op->emitError("'piper.context_parallel' must be an integer of "
+                           "at least 2 on the module, got ")
+             << attr.getValue();
+    return success();
+  }
+  if (name == ContextParallelStreamAttrHelper::getNameStr()) {
+    auto s = dyn_cast<StringAttr>(attr.getValue());
+    if (!isa<ModuleOp>(op) || !s || s.getValue().empty())
+      return op->emitError("'piper.context_parallel_stream' must be a stream "
                            "name on the module, got ")
              << attr.getValue();
     return success();

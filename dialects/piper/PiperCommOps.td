@@ -54,6 +54,42 @@ def Piper_TransferOp : Piper_CommOp<"transfer", [HasParent<"ProgramOp">,
   }];
 }
 
+def Piper_RingShiftOp : Piper_CommOp<"ring_shift", [HasParent<"ProgramOp">,
+    AllTypesMatch<["input", "result"]>]> {
+  let summary = "Passes a tensor one way around rings of devices";
+  let description = [{
+    Context parallelism's key/value exchange (docs/context-parallel.md).
+    `rings` split `devices` (one device class) into rings of equal size,
+    each listed in ring order; member k of a ring sends `input` to member
+    (k + offset) mod size of its ring and gets `result` from member
+    (k - offset) mod size. `tag` places it in the step. Lowered to a
+    `piper.send` and a `piper.recv` of one channel in the class's program
+    by per-device splitting.
+
+    ```mlir
+    %y, %t = piper.ring_shift %x after(%t0) {devices = #piper.group<0, 1>, offset = 1 : i64, rings = [#piper.group<0, 1>], stream = #piper.stream<"cp_stream", comm>, tag = #piper.tag<PP = 0, MB = 0, PASS = F>} : tensor<64x128xf32>
+    ```
+  }];
+  let arguments = (ins Piper_CommTensor:$input, Variadic<Piper_TokenType>:$deps,
+                       Piper_DeviceGroupAttr:$devices,
+                       TypedArrayAttrBase<Piper_DeviceGroupAttr,
+                           "device groups">:$rings,
+                       I64Attr:$offset, Piper_StreamAttr:$stream,
+                       Piper_TagAttr:$tag);
+  let results = (outs Piper_CommTensor:$result, Piper_TokenType:$done);
+  let assemblyFormat = [{
+    $input (`after` `(` $deps^ `)`)? attr-dict `:` type($input)
+  }];
+  let hasVerifier = 1;
+  let extraClassDeclaration = commonDecls # [{
+    ::llvm::ArrayRef<int64_t> getNodeDevices() { return getDevices().getMembers(); }
+    /// Where each member of `devices` (in its order) sends: its ring
+    /// member `offset` ahead; with `offset` negated, where it receives
+    /// from.
+    ::llvm::SmallVector<int64_t> peersAt(int64_t offset);
+  }];
+}
+
 def Piper_SendOp : Piper_CommOp<"send", [HasParent<"DeviceProgramOp">]> {
   let summary = "Sends a tensor to the same-index member of another class";
   let description = [{

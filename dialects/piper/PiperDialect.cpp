@@ -178,10 +178,13 @@ LogicalResult EmbeddingOp::verify() {
 LogicalResult PositionAddOp::verify() {
   if (getSeqAttr().getInt() <= 0)
     return emitOpError("seq must be positive");
-  if (dim(getInput(), 0) % getSeq() != 0)
-    return emitOpError("rows (") << dim(getInput(), 0)
-                                 << ") must be a multiple of seq (" << getSeq()
-                                 << ")";
+  int64_t cp = getCp().value_or(1);
+  if (cp < 1 || (cp > 1 && int64_t(getSeq()) % (2 * cp) != 0))
+    return emitOpError("cp must be positive, and seq a multiple of 2 * cp");
+  if (dim(getInput(), 0) % (int64_t(getSeq()) / cp) != 0)
+    return emitOpError("rows (")
+           << dim(getInput(), 0) << ") must be a multiple of seq (" << getSeq()
+           << ")" << (cp > 1 ? " / cp" : "");
   if (dim(getPos(), 0) < getSeqAttr().getInt() || dim(getPos(), 1) != dim(getInput(), 1))
     return emitOpError("position table ")
            << getPos().getType() << " must have at least " << getSeq()

@@ -100,6 +100,14 @@ void setTensorParallel(Operation *module, int64_t members,
 int64_t getTensorParallel(Operation *module);
 llvm::StringRef getTensorParallelStream(Operation *module);
 
+/// The declared discardable attributes of the module that
+/// `context_parallel` sets: the context-parallel degree (1 when absent) and
+/// the stream of its ring exchanges.
+void setContextParallel(Operation *module, int64_t members,
+                        llvm::StringRef stream);
+int64_t getContextParallel(Operation *module);
+llvm::StringRef getContextParallelStream(Operation *module);
+
 /// The declared discardable attribute of a parameter that sequence
 /// parallelism reads on each member's rows (its gradient is partial over
 /// the tensor-parallel group).

@@ -38,6 +38,10 @@ def Piper_Dialect : Dialect {
     // 2) and the stream of its value all-reduces.
     "::mlir::IntegerAttr":$tensor_parallel,
     "::mlir::StringAttr":$tensor_parallel_stream,
+    // On the module: the context-parallel degree (`context_parallel`; at
+    // least 2) and the stream of its ring exchanges.
+    "::mlir::IntegerAttr":$context_parallel,
+    "::mlir::StringAttr":$context_parallel_stream,
     // On a parameter: sequence parallelism reads it on each member's rows
     // (a norm weight, a row bias), so each member's gradient is a partial
     // sum: replicate sums it over the tensor-parallel group too.

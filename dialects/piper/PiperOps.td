@@ -184,12 +184,17 @@ def Piper_PositionAddOp : Piper_ComputeOp<"position_add", [Pure,
   let description = [{
     Adds a learned position embedding `pos` [P, H] (P >= seq) to
     `input` [N, H], where row n is position n mod `seq` of its sequence.
+    With `cp` (context parallelism, docs/context-parallel.md), `input`
+    holds a context member's seq / cp rows of each sequence, its chunks m
+    and 2 cp - 1 - m of 2 cp (the member comes from the runtime), and each
+    row adds its global position.
 
     ```mlir
     %y = piper.position_add %x, %wpe {seq = 32 : i64} : (tensor<128x64xf32>, tensor<32x64xf32>) -> tensor<128x64xf32>
     ```
   }];
-  let arguments = (ins F32Tensor2D:$input, F32Tensor2D:$pos, I64Attr:$seq);
+  let arguments = (ins F32Tensor2D:$input, F32Tensor2D:$pos, I64Attr:$seq,
+                       OptionalAttr<I64Attr>:$cp);
   let results = (outs F32Tensor2D:$result);
   let assemblyFormat = "$input `,` $pos attr-dict `:` functional-type(operands, results)";
   let hasVerifier = 1;
@@ -382,13 +387,15 @@ def Piper_PositionAddGradOp : Piper_ComputeOp<"position_add_grad", [Pure, Piper_
     The gradient of `piper.position_add` with respect to the position
     table (the input's gradient is `grad` itself): row s of the [P, H]
     result sums the rows n of `grad` with n mod `seq` = s (zero for s >=
-    seq).
+    seq). With `cp`, as `piper.position_add`'s: the member's rows go to
+    their global positions, the other members' positions get zeros.
 
     ```mlir
     %dwpe = piper.position_add_grad %dy {seq = 32 : i64} : (tensor<128x64xf32>) -> tensor<32x64xf32>
     ```
   }];
-  let arguments = (ins F32Tensor2D:$grad, I64Attr:$seq);
+  let arguments = (ins F32Tensor2D:$grad, I64Attr:$seq,
+                       OptionalAttr<I64Attr>:$cp);
   let results = (outs F32Tensor2D:$result);
   let assemblyFormat = "$grad attr-dict `:` functional-type(operands, results)";
 }
@@ -566,6 +573,7 @@ def Piper_CrossEntropyGradOp : Piper_ComputeOp<"cross_entropy_grad", [Pure]> {
 
 include "PiperMoeOps.td"
 include "PiperTpOps.td"
+include "PiperCpOps.td"
 
 //===----------------------------------------------------------------------===//
 // State: gradient accumulators, the step loss and the optimizer.

@@ -24,13 +24,28 @@ Status checkEmbedding(const KernelArgs &a, int64_t &rows, int64_t &vocab,
 /// and `members` as embedding's (other members' ids are skipped).
 Status checkEmbeddingGrad(const KernelArgs &a, int64_t &rows, int64_t &vocab,
                           int64_t &hidden, int64_t &first, int64_t &members);
-/// position_add: (x [N,H], pos [P,H]) -> y [N,H]; attribute seq, N a
-/// multiple of seq, P >= seq. Row n adds pos row n % seq.
-Status checkPositionAdd(const KernelArgs &a, int64_t &rows, int64_t &hidden,
-                        int64_t &seq);
-/// position_add_grad: dy [N,H] -> dpos [P,H] (rows past seq get zeros).
-Status checkPositionAddGrad(const KernelArgs &a, int64_t &rows, int64_t &hidden,
-                            int64_t &seq);
+/// The rows of position_add(_grad): N rows of H, sequences of `seq`
+/// tokens; under context parallelism (attribute cp, default 1) each
+/// sequence's local = seq / cp rows are member `member`'s chunks m and
+/// 2 cp - 1 - m (docs/context-parallel.md).
+struct PositionDims {
+  int64_t rows = 0, hidden = 0, seq = 0, local = 0, cp = 1, member = 0;
+  /// The global position of local row t of a sequence (t < local).
+  int64_t position(int64_t t) const {
+    if (cp == 1)
+      return t;
+    int64_t chunk = seq / (2 * cp);
+    return t < chunk ? member * chunk + t
+                     : (2 * cp - 1 - member) * chunk + (t - chunk);
+  }
+};
+/// position_add: (x [N,H], pos [P,H]) -> y [N,H]; attributes seq (and cp:
+/// seq a multiple of 2 cp), N a multiple of seq / cp, P >= seq. Row n adds
+/// pos row position(n % (seq / cp)).
+Status checkPositionAdd(const KernelArgs &a, PositionDims &d);
+/// position_add_grad: dy [N,H] -> dpos [P,H] (rows of positions no local
+/// row has get zeros).
+Status checkPositionAddGrad(const KernelArgs &a, PositionDims &d);
 /// layer_norm: (x [N,H], gamma [H], beta [H]) -> y [N,H]; attribute eps
 /// (default 1e-5, >= 0).
 Status checkLayerNorm(const KernelArgs &a, int64_t &rows, int64_t &hidden,

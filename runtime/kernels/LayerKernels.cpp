@@ -114,69 +114,80 @@ Status embeddingGradKernel(const KernelArgs &a) {
 }
 
 // Shared checks of position_add and its gradient: `x` is [N,H] with N a
-// multiple of `seq`, `pos` is [P,H] with P >= seq.
+// multiple of seq / cp, `pos` is [P,H] with P >= seq.
 static Status checkPositions(const KernelArgs &a, const TensorRef &x,
                              const char *xName, const TensorRef &pos,
-                             const char *posName, int64_t &rows,
-                             int64_t &hidden, int64_t &seq) {
+                             const char *posName, PositionDims &d) {
   int64_t positions = 0, posHidden = 0;
+  int64_t &rows = d.rows, &hidden = d.hidden, &seq = d.seq;
   PIPER_RETURN_IF_ERROR(expectMatrix(a, x, xName, plan::F32, rows, hidden));
   PIPER_RETURN_IF_ERROR(
       expectMatrix(a, pos, posName, plan::F32, positions, posHidden));
   PIPER_RETURN_IF_ERROR(
       readPositiveInt(a, KernelAttr::kSeq, std::nullopt, seq));
+  PIPER_RETURN_IF_ERROR(readPositiveInt(a, KernelAttr::kCp, 1, d.cp));
   if (posHidden != hidden)
     return a.error(std::string(posName) + " has shape " +
                    shapeString(pos.shape) + ", expected [*," +
                    std::to_string(hidden) + "]");
-  if (rows % seq != 0)
+  if (d.cp > 1 && seq % (2 * d.cp) != 0)
+    return a.error("seq " + std::to_string(seq) +
+                   " is not a multiple of 2 x cp " + std::to_string(d.cp));
+  d.member = a.ctx.contextMember;
+  if (d.member < 0 || d.member >= d.cp)
+    return a.error("the context member " + std::to_string(d.member) +
+                   " is not one of " + std::to_string(d.cp));
+  d.local = seq / d.cp;
+  if (rows % d.local != 0)
     return a.error(std::string(xName) + " has " + std::to_string(rows) +
-                   " rows, not a multiple of seq " + std::to_string(seq));
+                   " rows, not a multiple of seq" +
+                   (d.cp > 1 ? " / cp " : " ") + std::to_string(d.local));
   if (positions < seq)
     return a.error(std::string(posName) + " has " + std::to_string(positions) +
                    " rows, fewer than seq " + std::to_string(seq));
   return Status::ok();
 }
 
-Status checkPositionAdd(const KernelArgs &a, int64_t &rows, int64_t &hidden,
-                        int64_t &seq) {
+Status checkPositionAdd(const KernelArgs &a, PositionDims &d) {
   PIPER_RETURN_IF_ERROR(expectCounts(a, 2, 2, 1));
-  PIPER_RETURN_IF_ERROR(checkPositions(a, a.inputs[0], "x", a.inputs[1], "pos",
-                                       rows, hidden, seq));
-  return expectTensor(a, a.outputs[0], "y", plan::F32, {rows, hidden});
+  PIPER_RETURN_IF_ERROR(
+      checkPositions(a, a.inputs[0], "x", a.inputs[1], "pos", d));
+  return expectTensor(a, a.outputs[0], "y", plan::F32, {d.rows, d.hidden});
 }
 
 Status positionAddKernel(const KernelArgs &a) {
-  int64_t rows = 0, hidden = 0, seq = 0;
-  PIPER_RETURN_IF_ERROR(checkPositionAdd(a, rows, hidden, seq));
+  PositionDims d;
+  PIPER_RETURN_IF_ERROR(checkPositionAdd(a, d));
   const TensorRef &x = a.inputs[0], &pos = a.inputs[1], &y = a.outputs[0];
+  const int64_t hidden = d.hidden;
 
-  for (int64_t n = 0; n < rows; ++n)
-    addVectors(x.f32() + n * hidden, pos.f32() + (n % seq) * hidden,
+  for (int64_t n = 0; n < d.rows; ++n)
+    addVectors(x.f32() + n * hidden,
+               pos.f32() + d.position(n % d.local) * hidden,
                y.f32() + n * hidden, hidden);
   return Status::ok();
 }
 
-Status checkPositionAddGrad(const KernelArgs &a, int64_t &rows,
-                            int64_t &hidden, int64_t &seq) {
+Status checkPositionAddGrad(const KernelArgs &a, PositionDims &d) {
   PIPER_RETURN_IF_ERROR(expectCounts(a, 1, 1, 1));
-  return checkPositions(a, a.inputs[0], "dy", a.outputs[0], "dpos", rows,
-                        hidden, seq);
+  return checkPositions(a, a.inputs[0], "dy", a.outputs[0], "dpos", d);
 }
 
 Status positionAddGradKernel(const KernelArgs &a) {
-  int64_t rows = 0, hidden = 0, seq = 0;
-  PIPER_RETURN_IF_ERROR(checkPositionAddGrad(a, rows, hidden, seq));
+  PositionDims d;
+  PIPER_RETURN_IF_ERROR(checkPositionAddGrad(a, d));
   const TensorRef &dy = a.inputs[0], &dpos = a.outputs[0];
+  const int64_t hidden = d.hidden;
 
-  // Positions past seq get no gradient but are part of the parameter.
+  // Positions no local row has (past seq; other context members') get no
+  // gradient but are part of the parameter.
   std::fill_n(dpos.f32(), dpos.numel(), 0.0f);
   std::vector<double> sum(hidden);
-  for (int64_t s = 0; s < seq; ++s) {
+  for (int64_t t = 0; t < d.local; ++t) {
     std::fill(sum.begin(), sum.end(), 0.0);
-    for (int64_t n = s; n < rows; n += seq)
+    for (int64_t n = t; n < d.rows; n += d.local)
       addRowToSums(sum.data(), dy.f32() + n * hidden, hidden);
-    sumsToFloat(sum.data(), dpos.f32() + s * hidden, hidden);
+    sumsToFloat(sum.data(), dpos.f32() + d.position(t) * hidden, hidden);
   }
   return Status::ok();
 }

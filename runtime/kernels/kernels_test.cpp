@@ -1080,6 +1080,72 @@ TEST_CASE("position_add gradients", "[kernels][grad]") {
   checkGradient(forward, {x, pos}, 1, {rows, hidden}, r, outs[0].f);
 }
 
+TEST_CASE("position_add under context parallelism adds global positions",
+          "[kernels][forward][grad]") {
+  // Members m of cp hold chunks m and 2 cp - 1 - m of each sequence: each
+  // member's rows equal the whole sequence's at those positions, and the
+  // members' position gradients sum to the whole one.
+  const int64_t cp = GENERATE(2, 4);
+  Rng rng(23);
+  const int64_t seq = 4 * cp, batch = 2, hidden = 3, positions = seq + 2;
+  const int64_t local = seq / cp, chunk = seq / (2 * cp);
+  Tensor x = randomF32(rng, {batch * seq, hidden});
+  Tensor pos = randomF32(rng, {positions, hidden});
+  Tensor dy = randomF32(rng, {batch * seq, hidden});
+  std::vector<Tensor> ins = {x, pos};
+  std::vector<Tensor> whole = {Tensor::f32({batch * seq, hidden})};
+  mustRun(K("position_add").i("seq", seq), ins, whole);
+  std::vector<Tensor> dyIn = {dy};
+  std::vector<Tensor> wholeGrad = {Tensor::f32({positions, hidden})};
+  mustRun(K("position_add_grad").i("seq", seq), dyIn, wholeGrad);
+  std::vector<double> sum(positions * hidden, 0.0);
+  for (int64_t m = 0; m < cp; ++m) {
+    auto row = [&](int64_t r) {
+      int64_t b = r / local, t = r % local;
+      return b * seq +
+             (t < chunk ? m * chunk + t : (2 * cp - 1 - m) * chunk + t - chunk);
+    };
+    Tensor xm = Tensor::f32({batch * local, hidden});
+    Tensor dym = Tensor::f32({batch * local, hidden});
+    for (int64_t r = 0; r < batch * local; ++r)
+      for (int64_t j = 0; j < hidden; ++j) {
+        xm.f[r * hidden + j] = x.f[row(r) * hidden + j];
+        dym.f[r * hidden + j] = dy.f[row(r) * hidden + j];
+      }
+    KernelContext ctx;
+    ctx.contextMember = m;
+    std::vector<Tensor> in = {xm, pos};
+    std::vector<Tensor> out = {Tensor::f32({batch * local, hidden})};
+    REQUIRE(
+        run(K("position_add").i("seq", seq).i("cp", cp), in, out, ctx).isOk());
+    for (int64_t r = 0; r < batch * local; ++r)
+      for (int64_t j = 0; j < hidden; ++j)
+        CHECK(out[0].f[r * hidden + j] == whole[0].f[row(r) * hidden + j]);
+    std::vector<Tensor> gin = {dym};
+    std::vector<Tensor> gout = {Tensor::f32({positions, hidden})};
+    std::fill(gout[0].f.begin(), gout[0].f.end(), 9.0f);
+    REQUIRE(
+        run(K("position_add_grad").i("seq", seq).i("cp", cp), gin, gout, ctx)
+            .isOk());
+    for (int64_t i = 0; i < positions * hidden; ++i)
+      sum[i] += gout[0].f[i];
+  }
+  // Each position is one member's: its sum is that member's, exactly.
+  for (int64_t i = 0; i < positions * hidden; ++i)
+    CHECK(float(sum[i]) == wholeGrad[0].f[i]);
+  KernelContext outside;
+  outside.contextMember = cp;
+  std::vector<Tensor> in = {Tensor::f32({local, hidden}), pos};
+  std::vector<Tensor> out = {Tensor::f32({local, hidden})};
+  Status s = run(K("position_add").i("seq", seq).i("cp", cp), in, out, outside);
+  CHECK(s.message().find("the context member " + std::to_string(cp) +
+                         " is not one of " + std::to_string(cp)) !=
+        std::string::npos);
+  mustFail(K("position_add").i("seq", 6).i("cp", 2),
+           {Tensor::f32({3, hidden}), Tensor::f32({6, hidden})},
+           {Tensor::f32({3, hidden})});
+}
+
 TEST_CASE("linear gradients", "[kernels][grad]") {
   const int64_t transposeW = GENERATE(0, 1);
   const bool withBias = GENERATE(false, true);

@@ -783,6 +783,81 @@ def main_tensor_parallel(work):
     return 1 if failed else 0
 
 
+# Context parallelism (issue 22, docs/context-parallel.md): every
+# microbatch's sequence split over 2 or 4 ranks (each holding chunks m and
+# 2N - 1 - m), attention as ring attention (key/value shards passed around
+# the ring, partial results combined by log-sum-exp), against one device
+# with the same global batch of 8 microbatches. The ring sums the softmax
+# over key blocks in another order than one pass, and the context ranks'
+# gradients are summed like data-parallel replicas': fp32 round-off only
+# (LOSS_RTOL, PARAM_ATOL).
+CP_LLAMA = ["llama", "--layers", "4", "--hidden", "32", "--heads", "8",
+            "--kv-heads", "2", "--ffn", "64", "--vocab", "64", "--seq", "16",
+            "--batch", "2"]
+CP_GPT = ["gpt", "--layers", "3", "--hidden", "32", "--heads", "2",
+          "--vocab", "64", "--seq", "16", "--batch", "2"]
+CP2 = ["--cp", "2", "--microbatches", "8"]
+CP_CASES = [
+    # (model name, model arguments, [(name, flags, ranks)])
+    ("llama", CP_LLAMA, [
+        ("cp2", CP2, 2),
+        ("cp4", ["--cp", "4", "--microbatches", "8"], 4),
+        ("pp2 x cp2 1f1b", CP2 + ["--pp", "2"], 4),
+        ("dp2 x cp2 zero-2", ["--cp", "2", "--dp", "2", "--microbatches", "4",
+                              "--zero", "2"], 4),
+        ("cp2 --recompute full", CP2 + ["--recompute", "full"], 2),
+        ("cp2 --recompute selective", CP2 + ["--recompute", "selective"], 2),
+        ("pp2 x cp2 zb-h1", CP2 + ["--pp", "2", "--schedule", "zb-h1"], 4),
+        ("pp2 x cp2 dualpipev", CP2 + ["--pp", "2", "--schedule",
+                                       "dualpipev"], 4),
+        ("dp2 x cp2 zero-3", ["--cp", "2", "--dp", "2", "--microbatches", "4",
+                              "--zero", "3"], 4),
+    ]),
+    # gpt: learned positions, each rank adding its rows' global positions.
+    ("gpt", CP_GPT, [
+        ("cp2", CP2, 2),
+        ("cp4", ["--cp", "4", "--microbatches", "8"], 4),
+        ("pp2 x cp2 1f1b", CP2 + ["--pp", "2"], 4),
+        ("dp2 x cp2 zero-2", ["--cp", "2", "--dp", "2", "--microbatches", "4",
+                              "--zero", "2"], 4),
+        ("cp2 --recompute selective", CP2 + ["--recompute", "selective"], 2),
+    ]),
+    ("gpt-tied", CP_GPT + ["--tied"], [
+        ("cp2", CP2, 2),
+        ("dp2 x cp2 zero-1", ["--cp", "2", "--dp", "2", "--microbatches", "4",
+                              "--zero", "1"], 4),
+    ]),
+]
+# Gradients of one step, with the ring in both directions (CP4: three
+# exchanges forward, four backward, the last returning each owner's
+# key/value gradient).
+CP_GRAD_CASES = [
+    ("llama-cp", CP_LLAMA,
+     [("1 device", ["--microbatches", "2"], 1),
+      ("cp4", ["--cp", "4", "--microbatches", "2"], 4),
+      ("cp2", ["--cp", "2", "--microbatches", "2"], 2)]),
+    ("gpt-cp", CP_GPT,
+     [("1 device", ["--microbatches", "2"], 1),
+      ("cp4", ["--cp", "4", "--microbatches", "2"], 4)]),
+]
+
+
+def main_context_parallel(work):
+    passed, failed = check_grads(work, CP_GRAD_CASES)
+    for model_name, model_args, cases in CP_CASES:
+        strategies = [("1 device", ["--microbatches", "8"], 1)] + cases
+        p, f, _ = check_model(work, "cp-" + model_name, model_args,
+                              strategies)
+        passed, failed = passed + p, failed + f
+    # Recomputation re-runs the same ring: bit for bit.
+    p, f = check_recompute_identical(work, "cp-llama", CP_LLAMA,
+                                     "pp2 x cp2 1f1b", CP2 + ["--pp", "2"],
+                                     4, "full")
+    passed, failed = passed + p, failed + f
+    print("%d passed, %d failed" % (passed, failed))
+    return 1 if failed else 0
+
+
 # Issue 21's proof matrix, case by case: gpt (untied and tied), llama (GQA)
 # and qwen3-moe, each under TP2, TP4, TP2 + SP, PP2 x TP2 1F1B, PP2 x DP2 x
 # TP2 ZeRO-1, DP2 x TP2 ZeRO-3 (and, for the MoE model, DP2 x TP2 with EP2
@@ -1150,6 +1225,8 @@ def main():
         return main_tensor_parallel(work)
     if SUITE == "tp-matrix":
         return main_tp_matrix(work)
+    if SUITE == "context-parallel":
+        return main_context_parallel(work)
     passed = failed = 0
     p, f = check_grads(work)
     passed, failed = passed + p, failed + f

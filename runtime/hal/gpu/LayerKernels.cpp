@@ -44,21 +44,29 @@ Status embeddingGrad(const KernelArgs &a, const Context &ctx) {
                              work);
 }
 
+/// The position map of the checked dimensions.
+static PositionMap positionMap(const detail::PositionDims &d) {
+  return PositionMap{d.seq, d.local, d.cp, d.member};
+}
+
 Status positionAdd(const KernelArgs &a, const Context &ctx) {
-  int64_t rows = 0, hidden = 0, seq = 0;
-  PIPER_RETURN_IF_ERROR(detail::checkPositionAdd(a, rows, hidden, seq));
+  detail::PositionDims d;
+  PIPER_RETURN_IF_ERROR(detail::checkPositionAdd(a, d));
   return launchPositionAdd(ctx, a.inputs[0].f32(), a.inputs[1].f32(),
-                           a.outputs[0].f32(), rows, hidden, seq);
+                           a.outputs[0].f32(), d.rows, d.hidden,
+                           positionMap(d));
 }
 
 Status positionAddGrad(const KernelArgs &a, const Context &ctx) {
-  int64_t rows = 0, hidden = 0, seq = 0;
-  PIPER_RETURN_IF_ERROR(detail::checkPositionAddGrad(a, rows, hidden, seq));
+  detail::PositionDims d;
+  PIPER_RETURN_IF_ERROR(detail::checkPositionAddGrad(a, d));
   double *partials = nullptr;
   PIPER_RETURN_IF_ERROR(
-      scratch(ctx, columnChunks(rows / seq).chunks * seq * hidden, partials));
-  return launchPositionAddGrad(ctx, a.inputs[0].f32(), a.outputs[0].f32(), rows,
-                               hidden, seq, a.outputs[0].shape[0], partials);
+      scratch(ctx, columnChunks(d.rows / d.local).chunks * d.local * d.hidden,
+              partials));
+  return launchPositionAddGrad(ctx, a.inputs[0].f32(), a.outputs[0].f32(),
+                               d.rows, d.hidden, positionMap(d),
+                               a.outputs[0].shape[0], partials);
 }
 
 Status layerNorm(const KernelArgs &a, const Context &ctx) {

@@ -25,14 +25,15 @@ Status launchEmbeddingGrad(const Context &ctx, const int32_t *ids,
                            const float *dy, float *dtable, int64_t rows,
                            int64_t vocab, int64_t hidden, int64_t first,
                            int32_t *scratch);
-/// y[n] = x[n] + pos[n % seq].
+/// y[n] = x[n] + pos[map.position(n % map.local)].
 Status launchPositionAdd(const Context &ctx, const float *x, const float *pos,
-                         float *y, int64_t rows, int64_t hidden, int64_t seq);
-/// dpos[s] = the sum of dy[n] over n % seq == s for s < seq, zeros for the
-/// rows [seq, positions). `partials` holds columnChunks(rows / seq).chunks
-/// x seq x hidden doubles.
+                         float *y, int64_t rows, int64_t hidden,
+                         PositionMap map);
+/// dpos[map.position(t)] = the sum of dy[n] over n % map.local == t, zeros
+/// for every other of the `positions` rows. `partials` holds
+/// columnChunks(rows / map.local).chunks x map.local x hidden doubles.
 Status launchPositionAddGrad(const Context &ctx, const float *dy, float *dpos,
-                             int64_t rows, int64_t hidden, int64_t seq,
+                             int64_t rows, int64_t hidden, PositionMap map,
                              int64_t positions, double *partials);
 /// Layer norm of each row (a warp per row).
 Status launchLayerNorm(const Context &ctx, const float *x, const float *gamma,

@@ -113,18 +113,21 @@ Status launchEmbeddingGrad(const Context &ctx, const int32_t *ids,
 }
 
 Status launchPositionAdd(const Context &ctx, const float *x, const float *pos,
-                         float *y, int64_t rows, int64_t hidden, int64_t seq) {
-  return Exec(ctx).forEach("position_add", rows * hidden,
-                           [=] PIPER_LAMBDA(int64_t i) {
-                             int64_t n = i / hidden, j = i % hidden;
-                             y[i] = x[i] + pos[(n % seq) * hidden + j];
-                           });
+                         float *y, int64_t rows, int64_t hidden,
+                         PositionMap map) {
+  return Exec(ctx).forEach(
+      "position_add", rows * hidden, [=] PIPER_LAMBDA(int64_t i) {
+        int64_t n = i / hidden, j = i % hidden;
+        y[i] = x[i] + pos[map.position(n % map.local) * hidden + j];
+      });
 }
 
 Status launchPositionAddGrad(const Context &ctx, const float *dy, float *dpos,
-                             int64_t rows, int64_t hidden, int64_t seq,
+                             int64_t rows, int64_t hidden, PositionMap map,
                              int64_t positions, double *partials) {
-  // dy as [rows / seq, seq * hidden]: dpos[0, seq) is its column sums.
+  // dy as [rows / local, local * hidden]: the position of local row t
+  // gets column sums t * hidden .. (t + 1) * hidden.
+  const int64_t seq = map.local;
   const int64_t batch = rows / seq, cols = seq * hidden;
   const RowChunks rc = columnChunks(batch);
   const int64_t per = rc.rowsPerChunk;
@@ -137,14 +140,29 @@ Status launchPositionAddGrad(const Context &ctx, const float *dy, float *dpos,
           s += dy[b * cols + col];
         partials[i] = s;
       }));
-  PIPER_RETURN_IF_ERROR(layerSumChunks(ctx, "position_add_grad", partials,
-                                       rc.chunks, cols, dpos));
-  // Positions past seq get no gradient but are part of the parameter.
-  if (positions > seq)
-    return zeroAsync(ctx, dpos + cols,
-                     static_cast<size_t>((positions - seq) * hidden) *
-                         sizeof(float));
-  return Status::ok();
+  if (map.cp == 1) {
+    PIPER_RETURN_IF_ERROR(layerSumChunks(ctx, "position_add_grad", partials,
+                                         rc.chunks, cols, dpos));
+    // Positions past seq get no gradient but are part of the parameter.
+    if (positions > seq)
+      return zeroAsync(ctx, dpos + cols,
+                       static_cast<size_t>((positions - seq) * hidden) *
+                           sizeof(float));
+    return Status::ok();
+  }
+  // Context parallelism: this member's two chunks of positions; the
+  // others' (and those past seq) get no gradient here.
+  PIPER_RETURN_IF_ERROR(zeroAsync(
+      ctx, dpos, static_cast<size_t>(positions * hidden) * sizeof(float)));
+  const int64_t chunks = rc.chunks;
+  return Exec(ctx).forEach(
+      "position_add_grad", cols, [=] PIPER_LAMBDA(int64_t col) {
+        double s = 0;
+        for (int64_t c = 0; c < chunks; ++c)
+          s += partials[c * cols + col];
+        int64_t t = col / hidden, j = col % hidden;
+        dpos[map.position(t) * hidden + j] = static_cast<float>(s);
+      });
 }
 
 Status launchLayerNorm(const Context &ctx, const float *x, const float *gamma,

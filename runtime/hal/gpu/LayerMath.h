@@ -53,6 +53,21 @@ PIPER_HOST_DEVICE inline double rmsNormRrms(Lanes lanes, const float *x,
 /// by one thread per column into a double partial, then the partials are
 /// added in chunk order. Depends on `rows` only, so the result does not
 /// depend on the launch.
+/// position_add's rows (runtime/kernels/LayerChecks.h PositionDims):
+/// sequences of `seq` tokens, `local` rows of each on this rank, which are
+/// context member `member` of `cp`'s chunks m and 2 cp - 1 - m.
+struct PositionMap {
+  int64_t seq, local, cp, member;
+  /// The global position of local row t of a sequence.
+  PIPER_HOST_DEVICE int64_t position(int64_t t) const {
+    if (cp == 1)
+      return t;
+    int64_t chunk = seq / (2 * cp);
+    return t < chunk ? member * chunk + t
+                     : (2 * cp - 1 - member) * chunk + (t - chunk);
+  }
+};
+
 struct RowChunks {
   int64_t rowsPerChunk = 1;
   int64_t chunks = 0;

@@ -64,7 +64,7 @@
 // TWO-SPLITS: error: directive #1 ({"num_microbatches":4,"op":"split"}): only one split directive is allowed
 
 // Strategy parse errors surface as pass errors.
-// UNKNOWN: error: {{.*}}unknown-directive.json: directive #0 ({"op":"pipeline","stages":2}): unknown directive "pipeline" (expected stage, split, place, replicate, shard, order, schedule, recompute or shard_tensor)
+// UNKNOWN: error: {{.*}}unknown-directive.json: directive #0 ({"op":"pipeline","stages":2}): unknown directive "pipeline" (expected stage, split, place, replicate, shard, order, schedule, recompute, shard_tensor or context_parallel)
 
 // A missing file.
 // NO-FILE: error: strategy file '{{.*}}does-not-exist.json': cannot open: no such file or directory

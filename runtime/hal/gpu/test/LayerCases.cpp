@@ -95,6 +95,34 @@ void positionCases(std::vector<KernelCase> &out) {
                    {f32({s.rows, s.hidden})},
                    {f32({s.positions, s.hidden})}});
   }
+  // Context parallelism: member m's rows of each sequence (seq / cp of
+  // them) at the global positions of chunks m and 2 cp - 1 - m; its
+  // gradient only at those positions (the others zero). (rows, hidden,
+  // seq, positions, cp, member); one batch over several column chunks.
+  struct CpShape {
+    int64_t rows, hidden, seq, positions, cp, member;
+  };
+  for (const CpShape &s : std::vector<CpShape>{{8, 3, 8, 8, 2, 0},
+                                               {8, 3, 8, 10, 2, 1},
+                                               {6, 5, 24, 24, 4, 3},
+                                               {600, 2, 8, 9, 4, 2}}) {
+    std::string n = dims({s.rows, s.hidden, s.seq, s.positions}) + " cp" +
+                    std::to_string(s.cp) + " m" + std::to_string(s.member);
+    KernelCase fwd{"position_add " + n,
+                   "position_add",
+                   {{"seq", intAttr(s.seq)}, {"cp", intAttr(s.cp)}},
+                   {f32({s.rows, s.hidden}), f32({s.positions, s.hidden})},
+                   {zeros({s.rows, s.hidden})}};
+    fwd.contextMember = s.member;
+    out.push_back(fwd);
+    KernelCase bwd{"position_add_grad " + n,
+                   "position_add_grad",
+                   {{"seq", intAttr(s.seq)}, {"cp", intAttr(s.cp)}},
+                   {f32({s.rows, s.hidden})},
+                   {f32({s.positions, s.hidden})}};
+    bwd.contextMember = s.member;
+    out.push_back(bwd);
+  }
 }
 
 void normCases(std::vector<KernelCase> &out) {

@@ -1,0 +1,192 @@
+// Context parallelism (docs/context-parallel.md). The `context_parallel`
+// directive rewrites the forward model before stage: every microbatch's
+// sequence of S tokens is split over the cp members of a context-parallel
+// group, member m holding chunks m and 2 cp - 1 - m of the 2 cp equal
+// chunks (Megatron's load-balanced causal layout; the runtime's batch
+// loader gives each member those tokens and targets). Every value with a
+// row per token then holds the member's B S / cp rows; row-wise ops
+// (embeddings, norms, linear layers, activations, residual adds, the
+// loss) need nothing else, and attention becomes ring attention
+// (`piper.cp_attention`), which piper-tensor-parallel lowers after
+// placement to per-step kernels and ring exchanges. No parameter is split:
+// the members are gradient replicas (replicate sums over data x context).
+#include "compiler/transforms/Transforms.h"
+
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/SymbolTable.h"
+#include "llvm/ADT/DenseSet.h"
+
+using namespace mlir;
+using namespace mlir::piper;
+
+namespace {
+class ContextParallel {
+public:
+  ContextParallel(ModuleOp module, const Directive &d)
+      : module(module), d(d), cp(d.contextParallel), symbols(module) {}
+
+  LogicalResult run(ProgramOp program);
+
+private:
+  InFlightDiagnostic fail(Operation *at) {
+    return at->emitOpError(d.describe()) << ": ";
+  }
+  /// Splits the ops of `seg` that read the member's rows; `sharded` holds
+  /// the segment's values that are rows.
+  LogicalResult rewrite(SegmentOp seg, llvm::DenseSet<Value> &sharded);
+  /// `t` with its first dimension (the rows) divided by cp.
+  RankedTensorType part(Type t) {
+    auto r = cast<RankedTensorType>(t);
+    SmallVector<int64_t> shape(r.getShape());
+    shape[0] /= cp;
+    return RankedTensorType::get(shape, r.getElementType());
+  }
+
+  ModuleOp module;
+  const Directive &d;
+  int64_t cp;
+  SymbolTable symbols;
+  /// Rows of a whole microbatch (B S) and the sequence length S.
+  int64_t rows = 0, seq = 0;
+};
+} // namespace
+
+LogicalResult ContextParallel::rewrite(SegmentOp seg,
+                                       llvm::DenseSet<Value> &sharded) {
+  Block &body = seg.getBody().front();
+  for (Operation &op : llvm::make_early_inc_range(body.without_terminator())) {
+    bool reads = llvm::any_of(op.getOperands(),
+                              [&](Value v) { return sharded.contains(v); });
+    if (!reads)
+      continue;
+    if (auto attn = dyn_cast<AttentionOp>(op)) {
+      if (attn.getSeq() != seq)
+        return fail(&op) << "attention over sequences of " << attn.getSeq()
+                         << " tokens, but the batch's are " << seq;
+      OpBuilder b(&op);
+      int64_t heads = attn.getHeads();
+      auto yType = part(attn.getResult().getType());
+      auto lseType =
+          RankedTensorType::get({yType.getDimSize(0), heads}, b.getF32Type());
+      auto ring = CpAttentionOp::create(
+          b, op.getLoc(), yType, lseType, attn.getQkv(), attn.getHeadsAttr(),
+          attn.getSeqAttr(), attn.getKvHeadsAttr(), attn.getRopeThetaAttr(),
+          b.getI64IntegerAttr(cp));
+      for (NamedAttribute a : op.getDiscardableAttrs())
+        ring->setDiscardableAttr(a.getName(), a.getValue());
+      attn.getResult().replaceAllUsesWith(ring.getResult());
+      op.erase();
+      sharded.insert(ring.getResult());
+      sharded.insert(ring.getLse());
+      continue;
+    }
+    if (auto pos = dyn_cast<PositionAddOp>(op)) {
+      if (pos.getSeq() != seq)
+        return fail(&op) << "position embeddings of sequences of "
+                         << pos.getSeq() << " tokens, but the batch's are "
+                         << seq;
+      // Each local row adds its global position.
+      pos.setCpAttr(OpBuilder(&op).getI64IntegerAttr(cp));
+    }
+    if (isa<MoeRouterOp, MoeDispatchOp, ExpertLinearOp, MoeCombineOp,
+            MoeAuxLossOp>(op))
+      return fail(&op) << "MoE layers (" << op.getName()
+                       << ") under context parallelism are not built yet";
+    if (!isa<EmbeddingOp, PositionAddOp, RmsNormOp, LayerNormOp, LinearOp,
+             AddOp, BiasAddOp, GeluOp, SwigluOp, CrossEntropyOp>(op))
+      return fail(&op) << op.getName()
+                       << " reads the sequence's rows, and context "
+                          "parallelism does not know how to split it";
+    for (Value r : op.getResults()) {
+      auto t = cast<RankedTensorType>(r.getType());
+      if (t.getRank() == 0)
+        continue;
+      if (t.getRank() != 2 || t.getDimSize(0) != rows)
+        return fail(&op) << op.getName() << " gives " << t
+                         << ", which is not a row per token (" << rows
+                         << " rows)";
+      r.setType(part(t));
+      sharded.insert(r);
+    }
+  }
+  return success();
+}
+
+LogicalResult ContextParallel::run(ProgramOp program) {
+  MLIRContext *ctx = module.getContext();
+  if (getContextParallel(module) > 1)
+    return fail(program) << "the model is already split by a "
+                            "context_parallel directive";
+  if (getTensorParallel(module) > 1)
+    return fail(program) << "context parallelism together with tensor "
+                            "parallelism (shard_tensor, --tp) is not built "
+                            "yet";
+  Block &top = program.getBody().front();
+  auto batches = top.getOps<BatchOp>();
+  if (!llvm::hasSingleElement(batches))
+    return fail(program) << "needs the forward model's one piper.batch "
+                            "(run it before split)";
+  BatchOp batch = *batches.begin();
+  auto ids = cast<RankedTensorType>(batch.getTokens().getType());
+  seq = ids.getDimSize(1);
+  rows = ids.getDimSize(0) * seq;
+  if (seq % (2 * cp) != 0)
+    return fail(batch) << "the sequence of " << seq
+                       << " tokens is not a multiple of 2 * cp = " << 2 * cp
+                       << " (each member holds two of 2 * cp equal chunks)";
+  bool attention = false;
+  module.walk([&](AttentionOp) { attention = true; });
+  if (!attention)
+    return fail(program) << "the model has no attention: context "
+                            "parallelism splits attention's sequence";
+  llvm::DenseMap<SegmentOp, int> callers;
+  for (TaskOp t : top.getOps<TaskOp>())
+    ++callers[symbols.lookup<SegmentOp>(t.getSegment())];
+  auto local = RankedTensorType::get({ids.getDimSize(0), seq / cp},
+                                     ids.getElementType());
+  llvm::DenseSet<Value> sharded;
+  for (Value v : {batch.getTokens(), batch.getTargets()}) {
+    v.setType(local);
+    sharded.insert(v);
+  }
+  for (TaskOp t : top.getOps<TaskOp>()) {
+    auto seg = symbols.lookup<SegmentOp>(t.getSegment());
+    if (!seg)
+      return t.emitOpError("calls unknown segment @") << t.getSegment();
+    Block &body = seg.getBody().front();
+    llvm::DenseSet<Value> inside;
+    bool any = false;
+    for (auto [i, arg] : llvm::enumerate(t.getArgs())) {
+      if (!sharded.contains(arg))
+        continue;
+      body.getArgument(i).setType(arg.getType());
+      inside.insert(body.getArgument(i));
+      any = true;
+    }
+    if (!any)
+      continue;
+    if (callers.lookup(seg) != 1)
+      return fail(t) << "segment @" << seg.getSymName()
+                     << " is called by more than one task";
+    if (failed(rewrite(seg, inside)))
+      return failure();
+    auto yield = cast<YieldOp>(body.getTerminator());
+    SmallVector<Type> results;
+    for (auto [j, v] : llvm::enumerate(yield.getValues())) {
+      results.push_back(v.getType());
+      t.getOuts()[j].setType(v.getType());
+      if (inside.contains(v))
+        sharded.insert(t.getOuts()[j]);
+    }
+    seg.setFunctionTypeAttr(TypeAttr::get(
+        FunctionType::get(ctx, body.getArgumentTypes(), results)));
+  }
+  setContextParallel(module, cp, d.stream);
+  return success();
+}
+
+LogicalResult mlir::piper::applyContextParallel(ModuleOp module,
+                                                ProgramOp program,
+                                                const Directive &d) {
+  return ContextParallel(module, d).run(program);
+}

@@ -1,0 +1,203 @@
+// Context parallelism after placement (docs/context-parallel.md §3): each
+// `piper.cp_attention` and `piper.cp_attention_grad` the rewrite and
+// autodiff left becomes its ring of per-step kernels, the segment is cut
+// around the exchanges between steps, and each exchange becomes a
+// `piper.ring_shift` node over the context-parallel rings of its task's
+// devices, on the directive's stream.
+#include "compiler/transforms/Transforms.h"
+
+#include "mlir/IR/Builders.h"
+#include "llvm/ADT/MapVector.h"
+#include "llvm/ADT/STLExtras.h"
+
+using namespace mlir;
+using namespace mlir::piper;
+
+/// Ring attention's forward: the member's key/value columns, then cp
+/// steps, each over the shard the previous step's member held (the shard
+/// moves one member forward between steps: step s reads owner
+/// (member - s) mod cp's).
+static void expandForward(CpAttentionOp op) {
+  OpBuilder b(op);
+  Location loc = op.getLoc();
+  int64_t cp = op.getCp(), heads = op.getHeads();
+  int64_t rows = cast<RankedTensorType>(op.getQkv().getType()).getDimSize(0);
+  int64_t hd =
+      cast<RankedTensorType>(op.getResult().getType()).getDimSize(1) / heads;
+  int64_t kvWidth = 2 * op.getNumKvHeads() * hd;
+  auto f32 = b.getF32Type();
+  auto kvType = RankedTensorType::get({rows, kvWidth}, f32);
+  Value kv = ColumnsOp::create(b, loc, kvType, op.getQkv(),
+                               b.getI64IntegerAttr(heads * hd));
+  Value o, lse;
+  for (int64_t s = 0; s < cp; ++s) {
+    if (s > 0)
+      kv = CpRingShiftOp::create(b, loc, kv, b.getI64IntegerAttr(cp),
+                                 b.getI64IntegerAttr(1));
+    SmallVector<Value> carry;
+    if (s > 0)
+      carry = {o, lse};
+    auto block = AttentionBlockOp::create(
+        b, loc, op.getResult().getType(), op.getLse().getType(), op.getQkv(),
+        kv, carry, op.getHeadsAttr(), op.getSeqAttr(), op.getKvHeadsAttr(),
+        op.getRopeThetaAttr(), op.getCpAttr(), b.getI64IntegerAttr(s));
+    o = block.getResult();
+    lse = block.getLse();
+  }
+  op.getResult().replaceAllUsesWith(o);
+  op.getLse().replaceAllUsesWith(lse);
+  op.erase();
+}
+
+/// Ring attention's backward, the other way around: step s reads owner
+/// (member + s) mod cp's keys and values, with the key/value gradient the
+/// members before it summed for that owner; a last exchange hands each
+/// owner its sum. The query gradient stays with the member.
+static void expandBackward(CpAttentionGradOp op) {
+  OpBuilder b(op);
+  Location loc = op.getLoc();
+  int64_t cp = op.getCp(), heads = op.getHeads();
+  auto qkvType = cast<RankedTensorType>(op.getQkv().getType());
+  int64_t rows = qkvType.getDimSize(0);
+  int64_t hd =
+      cast<RankedTensorType>(op.getY().getType()).getDimSize(1) / heads;
+  int64_t kvWidth = 2 * op.getNumKvHeads() * hd;
+  auto f32 = b.getF32Type();
+  auto kvType = RankedTensorType::get({rows, kvWidth}, f32);
+  Value kv = ColumnsOp::create(b, loc, kvType, op.getQkv(),
+                               b.getI64IntegerAttr(heads * hd));
+  auto shift = [&](Value v) -> Value {
+    return CpRingShiftOp::create(b, loc, v, b.getI64IntegerAttr(cp),
+                                 b.getI64IntegerAttr(-1));
+  };
+  Value dq, dkv;
+  for (int64_t s = 0; s < cp; ++s) {
+    SmallVector<Value> carry;
+    if (s > 0) {
+      kv = shift(kv);
+      dkv = shift(dkv);
+      carry = {dq, dkv};
+    }
+    auto block = AttentionBlockGradOp::create(
+        b, loc, op.getY().getType(), kvType, op.getQkv(), kv, op.getY(),
+        op.getLse(), op.getGrad(), carry, op.getHeadsAttr(), op.getSeqAttr(),
+        op.getKvHeadsAttr(), op.getRopeThetaAttr(), op.getCpAttr(),
+        b.getI64IntegerAttr(s));
+    dq = block.getDq();
+    dkv = block.getDkv();
+  }
+  dkv = shift(dkv);
+  Value dqFull =
+      ColumnsGradOp::create(b, loc, qkvType, dq, b.getI64IntegerAttr(0));
+  Value dkvFull = ColumnsGradOp::create(b, loc, qkvType, dkv,
+                                        b.getI64IntegerAttr(heads * hd));
+  Value dqkv = AddOp::create(b, loc, qkvType, dqFull, dkvFull);
+  op.getResult().replaceAllUsesWith(dqkv);
+  op.erase();
+}
+
+static bool isShift(Operation &op) { return isa<CpRingShiftOp>(op); }
+
+LogicalResult mlir::piper::lowerContextParallel(ModuleOp module) {
+  int64_t cp = getContextParallel(module);
+  if (cp < 2) {
+    WalkResult stray = module.walk([](Operation *op) {
+      if (!isa<CpAttentionOp, CpAttentionGradOp, AttentionBlockOp,
+               AttentionBlockGradOp, CpRingShiftOp>(op))
+        return WalkResult::advance();
+      op->emitOpError("needs the module's context-parallel degree "
+                      "(piper.context_parallel, set by context_parallel)");
+      return WalkResult::interrupt();
+    });
+    return failure(stray.wasInterrupted());
+  }
+  FailureOr<ProgramOp> program = getProgram(module);
+  if (failed(program))
+    return failure();
+  WalkResult wrong = module.walk([&](Operation *op) {
+    auto attr = op->getAttrOfType<IntegerAttr>("cp");
+    if (!isa<CpAttentionOp, CpAttentionGradOp>(op) || attr.getInt() == cp)
+      return WalkResult::advance();
+    op->emitOpError("is split over ")
+        << attr.getInt() << " members, but the module's context-parallel "
+        << "degree is " << cp;
+    return WalkResult::interrupt();
+  });
+  if (wrong.wasInterrupted())
+    return failure();
+  int64_t tp = getTensorParallel(module);
+  MLIRContext *ctx = module.getContext();
+  StreamAttr stream = commStream(*program, getContextParallelStream(module));
+  SymbolTable symbols(module);
+  llvm::MapVector<StringAttr, SegmentPieces> piecesOf;
+  SmallVector<std::pair<TaskOp, ArrayAttr>> tasks;
+  for (TaskOp t : program->getBody().front().getOps<TaskOp>()) {
+    StringAttr name = t.getSegmentAttr().getAttr();
+    auto seg = symbols.lookup<SegmentOp>(name);
+    if (!seg || (!piecesOf.count(name) &&
+                 seg.getBody().front().getOps<CpAttentionOp>().empty() &&
+                 seg.getBody().front().getOps<CpAttentionGradOp>().empty()))
+      continue;
+    ArrayRef<int64_t> devices =
+        t.getDevices() ? t.getNodeDevices() : ArrayRef<int64_t>();
+    int64_t group = cp * tp;
+    if (devices.empty() || devices.size() % group != 0)
+      return t.emitOpError()
+             << describeNode(t) << " runs on "
+             << (devices.empty() ? std::string("no device")
+                                 : formatDevices(devices))
+             << ", which is not made of whole context-parallel groups of " << cp
+             << (tp > 1
+                     ? " (times tensor parallelism " + std::to_string(tp) + ")"
+                     : std::string())
+             << "; place its stage on a multiple of " << group << " devices";
+    // Replica r of the class is member (r / tp) mod cp of the ring of the
+    // replicas with the same r mod tp and r / (tp cp) (the world's order
+    // is tp, then cp, then dp: docs/context-parallel.md).
+    SmallVector<Attribute> rings;
+    for (size_t first = 0; first < devices.size(); first += group)
+      for (int64_t m = 0; m < tp; ++m) {
+        SmallVector<int64_t> ring;
+        for (int64_t c = 0; c < cp; ++c)
+          ring.push_back(devices[first + c * tp + m]);
+        rings.push_back(DeviceGroupAttr::get(ctx, ring));
+      }
+    tasks.push_back({t, ArrayAttr::get(ctx, rings)});
+    if (piecesOf.count(name))
+      continue;
+    for (CpAttentionOp op : llvm::make_early_inc_range(
+             seg.getBody().front().getOps<CpAttentionOp>()))
+      expandForward(op);
+    for (CpAttentionGradOp op : llvm::make_early_inc_range(
+             seg.getBody().front().getOps<CpAttentionGradOp>()))
+      expandBackward(op);
+    hoistAccumulations(seg);
+    FailureOr<SegmentPieces> pieces = splitAround(seg, isShift, symbols);
+    if (failed(pieces))
+      return failure();
+    piecesOf[name] = std::move(*pieces);
+  }
+  for (auto [t, rings] : tasks) {
+    const SegmentPieces &pieces = piecesOf[t.getSegmentAttr().getAttr()];
+    splitTaskWith(t, pieces,
+                  [&](OpBuilder &b, unsigned j, ArrayRef<Value> args,
+                      ArrayRef<Value> deps) -> std::optional<PieceNode> {
+                    auto marker = soleOp<CpRingShiftOp>(pieces.pieces[j]);
+                    if (!marker)
+                      return std::nullopt;
+                    auto node = RingShiftOp::create(
+                        b, t.getLoc(), args[0].getType(),
+                        b.getType<TokenType>(), args[0], deps,
+                        t.getDevicesAttr(), rings, marker.getOffsetAttr(),
+                        stream, t.getTag());
+                    return PieceNode{node, {node.getResult()}, node.getDone()};
+                  });
+  }
+  for (auto &entry : piecesOf) {
+    for (SegmentOp piece : entry.second.pieces)
+      if (soleOp<CpRingShiftOp>(piece))
+        symbols.erase(piece);
+    symbols.erase(symbols.lookup<SegmentOp>(entry.first));
+  }
+  return sortTopologically(program->getBody().front());
+}
