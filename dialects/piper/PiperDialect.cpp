@@ -709,5 +709,12 @@ double AttentionOp::getFlops() {
   return 4.0 * numElements(getResult()) * getSeq();
 }
 
+// The backward recomputes the scores (q k^T) and does four more products
+// of the forward's size (P v for D, dV, dP, dQ and dK: 2.5 times the
+// forward's two).
+double AttentionGradOp::getFlops() {
+  return 10.0 * numElements(getGrad()) * getSeq();
+}
+
 #define GET_OP_CLASSES
 #include "dialects/piper/PiperOps.cpp.inc"

@@ -493,7 +493,8 @@ def Piper_GeluGradOp : Piper_ComputeOp<"gelu_grad", [Pure, SameOperandsAndResult
   let assemblyFormat = "$input `,` $grad attr-dict `:` type($result)";
 }
 
-def Piper_AttentionGradOp : Piper_ComputeOp<"attention_grad", [Pure]> {
+def Piper_AttentionGradOp : Piper_Op<"attention_grad", [Pure,
+    DeclareOpInterfaceMethods<Piper_CostOpInterface, ["getFlops"]>]> {
   let summary = "Gradient of attention w.r.t. packed q|k|v (recomputes the softmax)";
   let description = [{
     The gradient of `piper.attention` with respect to its packed `qkv`

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Context parallelism's memory and step time (docs/context-parallel.md):
+# llama-1b (fp32, one sequence per microbatch, one microbatch) at sequence
+# 32K and 128K compiled for CP 1, 2, 4 and 8. Per rank it prints:
+#   planned step memory  the arena minus the parameter state (the
+#                        activations, their gradients, scratch: everything
+#                        with a row per token, which CP splits), beside
+#                        the analytical 1/N of CP 1's, and their ratio;
+#   predicted step time  the simulator's (bench/h200-node.json: 400 TFLOP/s,
+#                        450 GB/s links), with the ring's exchanges as
+#                        compiled: each step waits for its shard, so the
+#                        cp_stream time is on the critical path ("overlap
+#                        off"); "overlap on" is the bound an overlapped ring
+#                        could reach, the step minus the exchanges' busy
+#                        time (not built yet: docs/context-parallel.md §5).
+# The fit "step = A/N + C" through CP 1 and CP 8 separates what CP splits
+# (A: every value with a row per token) from what it does not (C). C is
+# mostly the ring's sent key/value shards: a SEND's buffer stays alive until
+# the step ends (docs/memory-plan.md), so each layer's forward keeps its
+# N - 1 sent shards [S/N, 2 kv_heads hd] until the step ends, (N - 1)/N S
+# 2 kv_heads hd floats per layer (16 layers x 7 x 64 MiB = 7 GiB of CP 8's
+# 49 GiB at 128K), plus what no token count scales (the embedding's and
+# the head's weight-gradient temporaries). Freeing a sent buffer when its
+# transfer completes would remove it (docs/context-parallel.md §5).
+# A benchmark, not a test: not part of `bazel test`.
+#
+# Usage: bench/context_parallel.sh
+# Environment:
+#   PIPERC, PIPER_RUN  binaries: skip the builds (PIPER_PLAN defaults to the
+#                      piper-plan beside PIPERC)
+#   BAZEL, BAZEL_BUILD_FLAGS  as in bench/lib.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+source bench/lib.sh
+build_tools
+
+work="$(mktemp -d -t piper-cp-XXXXXX)"
+trap 'rm -rf "$work"' EXIT
+machine="$PWD/bench/h200-node.json"
+
+rows=()
+for seq in 32768 131072; do
+  "$PIPERC" model llama-1b --seq $seq --batch 1 -o "$work/m$seq.mlir"
+  for cp in 1 2 4 8; do
+    out="$work/s$seq-cp$cp"
+    "$PIPERC" compile "$work/m$seq.mlir" --cp $cp -o "$out" >/dev/null
+    step=$("$PIPER_PLAN" --memory "$out/plan_class0.pb" |
+      sed -n 's/.*arena [0-9]* bytes = state [0-9]* + step \([0-9]*\).*/\1/p')
+    sim=$("$PIPER_PLAN" --simulate --machine "$machine" "$out")
+    total=$(sed -n 's/^step: \([0-9.]*\) \([a-z]*\).*/\1\2/p' <<<"$sim")
+    comm=$(sed -n "s/.*'cp_stream': busy \([0-9.]*\) \([a-z]*\).*/\1\2/p" \
+      <<<"$sim")
+    rows+=("$seq $cp $step $total ${comm:-0ms}")
+  done
+done
+printf '%s\n' "${rows[@]}" | python3 -c '
+import re, sys
+def secs(text):
+    v, unit = re.match(r"([0-9.]+)([a-z]+)", text).groups()
+    return float(v) * {"s": 1, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}[unit]
+rows = [line.split() for line in sys.stdin if line.strip()]
+print("%-7s %3s %14s %14s %6s %12s %12s %12s" % ("seq", "cp", "step memory",
+      "1/N of cp1", "ratio", "overlap off", "exchanges", "overlap on"))
+for seq in sorted({int(r[0]) for r in rows}):
+    mine = [(int(r[1]), int(r[2]), secs(r[3]), secs(r[4])) for r in rows
+            if int(r[0]) == seq]
+    base = mine[0][1]
+    for cp, step, total, comm in mine:
+        print("%-7d %3d %10.2f GiB %10.2f GiB %6.3f %9.1f ms %9.1f ms %9.1f ms"
+              % (seq, cp, step / 2**30, base / cp / 2**30, step * cp / base,
+                 total * 1e3, comm * 1e3, (total - comm) * 1e3))
+    # What does not shrink: step = A / N + C through CP 1 and the largest
+    # CP, and how far the others are from that line.
+    (c1, s1, _, _), (cn, sn, _, _) = mine[0], mine[-1]
+    A = (s1 - sn) / (1 - 1 / cn)
+    C = s1 - A
+    print("        fit step = %.2f GiB / N + %.2f GiB (what CP does not split); "
+          "residuals %s GiB" % (A / 2**30, C / 2**30, ", ".join(
+              "%+.2f" % ((s - A / c - C) / 2**30) for c, s, _, _ in mine)))
+'
