@@ -66,8 +66,9 @@ LogicalResult ContextParallel::rewrite(SegmentOp seg,
       OpBuilder b(&op);
       int64_t heads = attn.getHeads();
       auto yType = part(attn.getResult().getType());
-      auto lseType =
-          RankedTensorType::get({yType.getDimSize(0), heads}, b.getF32Type());
+      // The log-sum-exp as a (bf16, rest) pair per head (PiperCpOps.td).
+      auto lseType = RankedTensorType::get({yType.getDimSize(0), 2 * heads},
+                                           b.getF32Type());
       auto ring = CpAttentionOp::create(
           b, op.getLoc(), yType, lseType, attn.getQkv(), attn.getHeadsAttr(),
           attn.getSeqAttr(), attn.getKvHeadsAttr(), attn.getRopeThetaAttr(),

@@ -83,7 +83,7 @@ LogicalResult CpAttentionOp::verify() {
   int64_t hd, rows = dim(getQkv(), 0);
   if (failed(verifyRing(*this, a, getQkv(), dim(getResult(), 1), hd)) ||
       failed(verifyShape(*this, getResult(), "result", rows, a.heads * hd)) ||
-      failed(verifyShape(*this, getLse(), "lse", rows, a.heads)))
+      failed(verifyShape(*this, getLse(), "lse", rows, 2 * a.heads)))
     return failure();
   return success();
 }
@@ -93,7 +93,7 @@ LogicalResult CpAttentionGradOp::verify() {
   int64_t hd, rows = dim(getQkv(), 0);
   if (failed(verifyRing(*this, a, getQkv(), dim(getY(), 1), hd)) ||
       failed(verifyShape(*this, getY(), "y", rows, a.heads * hd)) ||
-      failed(verifyShape(*this, getLse(), "lse", rows, a.heads)) ||
+      failed(verifyShape(*this, getLse(), "lse", rows, 2 * a.heads)) ||
       failed(verifyShape(*this, getGrad(), "grad", rows, a.heads * hd)) ||
       failed(verifyShape(*this, getResult(), "result", rows, dim(getQkv(), 1))))
     return failure();
@@ -122,7 +122,7 @@ LogicalResult AttentionBlockOp::verify() {
       failed(verifyStep(*this, getStep(), a.cp, getKv(), getCarry().size(),
                         rows, 2 * a.kvHeads * hd)) ||
       failed(verifyShape(*this, getResult(), "result", rows, a.heads * hd)) ||
-      failed(verifyShape(*this, getLse(), "lse", rows, a.heads)))
+      failed(verifyShape(*this, getLse(), "lse", rows, 2 * a.heads)))
     return failure();
   if (!getCarry().empty() &&
       (getCarry()[0].getType() != getResult().getType() ||
@@ -139,7 +139,7 @@ LogicalResult AttentionBlockGradOp::verify() {
       failed(verifyStep(*this, getStep(), a.cp, getKv(), getCarry().size(),
                         rows, 2 * a.kvHeads * hd)) ||
       failed(verifyShape(*this, getY(), "y", rows, a.heads * hd)) ||
-      failed(verifyShape(*this, getLse(), "lse", rows, a.heads)) ||
+      failed(verifyShape(*this, getLse(), "lse", rows, 2 * a.heads)) ||
       failed(verifyShape(*this, getGrad(), "grad", rows, a.heads * hd)) ||
       failed(verifyShape(*this, getDq(), "dq", rows, a.heads * hd)) ||
       failed(verifyShape(*this, getDkv(), "dkv", rows, 2 * a.kvHeads * hd)))

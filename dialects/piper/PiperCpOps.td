@@ -18,8 +18,10 @@ def Piper_CpAttentionOp : Piper_Op<"cp_attention", [Pure,
     holds this member's rows (B sequences of seq / cp rows, chunks m and
     2 cp - 1 - m of each), attending causally to every earlier position of
     the global sequence of `seq` tokens; RoPE rotates at global positions.
-    `result` is the attention output of the member's rows, `lse` [N, heads]
-    the log-sum-exp of each row's scores (kept for the backward). The
+    `result` is the attention output of the member's rows, `lse` [N,
+    2 heads] the log-sum-exp of each row's scores (kept for the backward)
+    as a pair per head: column h a bf16 value, column heads + h the rest,
+    so that bf16 storage in mixed precision keeps it to |lse| 2^-16. The
     `context_parallel` rewrite makes it from `piper.attention`; its
     gradient is `piper.cp_attention_grad`. After placement,
     piper-tensor-parallel lowers it to `cp` `piper.attention_block` kernels
@@ -27,7 +29,7 @@ def Piper_CpAttentionOp : Piper_Op<"cp_attention", [Pure,
     (`piper.cp_ring_shift`).
 
     ```mlir
-    %y, %lse = piper.cp_attention %qkv {cp = 2 : i64, heads = 4 : i64, seq = 32 : i64} : (tensor<64x192xf32>) -> (tensor<64x64xf32>, tensor<64x4xf32>)
+    %y, %lse = piper.cp_attention %qkv {cp = 2 : i64, heads = 4 : i64, seq = 32 : i64} : (tensor<64x192xf32>) -> (tensor<64x64xf32>, tensor<64x8xf32>)
     ```
   }];
   let arguments = (ins F32Tensor2D:$qkv, I64Attr:$heads, I64Attr:$seq,
@@ -54,7 +56,7 @@ def Piper_CpAttentionGradOp : Piper_Op<"cp_attention_grad", [Pure,
     last exchange returns to the owner.
 
     ```mlir
-    %dqkv = piper.cp_attention_grad %qkv, %y, %lse, %dy {cp = 2 : i64, heads = 4 : i64, seq = 32 : i64} : (tensor<64x192xf32>, tensor<64x64xf32>, tensor<64x4xf32>, tensor<64x64xf32>) -> tensor<64x192xf32>
+    %dqkv = piper.cp_attention_grad %qkv, %y, %lse, %dy {cp = 2 : i64, heads = 4 : i64, seq = 32 : i64} : (tensor<64x192xf32>, tensor<64x64xf32>, tensor<64x8xf32>, tensor<64x64xf32>) -> tensor<64x192xf32>
     ```
   }];
   let arguments = (ins F32Tensor2D:$qkv, F32Tensor2D:$y, F32Tensor2D:$lse,
@@ -81,10 +83,11 @@ def Piper_AttentionBlockOp : Piper_Op<"attention_block", [Pure,
     positions (causal, RoPE rotated), combined by log-sum-exp with the
     previous steps' output and log-sum-exp (`carry`: none at step 0, else
     `o` and `lse`). Results: the output so far [N, heads hd] and its
-    log-sum-exp [N, heads]; after step cp - 1 they are cp_attention's.
+    log-sum-exp pair [N, 2 heads]; after step cp - 1 they are
+    cp_attention's.
 
     ```mlir
-    %o, %l = piper.attention_block %qkv, %kv, %o0, %l0 {cp = 2 : i64, heads = 4 : i64, seq = 32 : i64, step = 1 : i64} : (tensor<64x192xf32>, tensor<64x128xf32>, tensor<64x64xf32>, tensor<64x4xf32>) -> (tensor<64x64xf32>, tensor<64x4xf32>)
+    %o, %l = piper.attention_block %qkv, %kv, %o0, %l0 {cp = 2 : i64, heads = 4 : i64, seq = 32 : i64, step = 1 : i64} : (tensor<64x192xf32>, tensor<64x128xf32>, tensor<64x64xf32>, tensor<64x8xf32>) -> (tensor<64x64xf32>, tensor<64x8xf32>)
     ```
   }];
   let arguments = (ins F32Tensor2D:$qkv, F32Tensor2D:$kv,
@@ -112,7 +115,7 @@ def Piper_AttentionBlockGradOp : Piper_Op<"attention_block_grad", [Pure,
     `carry`'s second, which the previous members of the ring summed).
 
     ```mlir
-    %dq, %dkv = piper.attention_block_grad %qkv, %kv, %y, %lse, %dy {cp = 2 : i64, heads = 4 : i64, seq = 32 : i64, step = 0 : i64} : (tensor<64x192xf32>, tensor<64x128xf32>, tensor<64x64xf32>, tensor<64x4xf32>, tensor<64x64xf32>) -> (tensor<64x64xf32>, tensor<64x128xf32>)
+    %dq, %dkv = piper.attention_block_grad %qkv, %kv, %y, %lse, %dy {cp = 2 : i64, heads = 4 : i64, seq = 32 : i64, step = 0 : i64} : (tensor<64x192xf32>, tensor<64x128xf32>, tensor<64x64xf32>, tensor<64x8xf32>, tensor<64x64xf32>) -> (tensor<64x64xf32>, tensor<64x128xf32>)
     ```
   }];
   let arguments = (ins F32Tensor2D:$qkv, F32Tensor2D:$kv, F32Tensor2D:$y,

@@ -45,9 +45,18 @@ struct AttentionBlockDims : AttentionDims {
 /// attention_block: (qkv, kv[, o, lse]) -> (o, lse). kv [N, 2 kv_heads * hd]
 /// is owner (member - step) mod cp's k|v columns; o [N, heads * hd] the
 /// attention output over the key/value shards seen so far (normalized) and
-/// lse [N, heads] its log-sum-exp of scores; step 0 takes no o, lse.
+/// lse [N, 2 heads] its log-sum-exp of scores as a pair per head: column h
+/// a bf16 value, column heads + h the rest (their sum is the log-sum-exp;
+/// stored in bf16 between steps, as mixed precision stores every value,
+/// the pair keeps it to |lse| 2^-16: docs/context-parallel.md); step 0
+/// takes no o, lse.
 /// Attributes: attention's (seq = the whole sequence) and cp, step.
 Status checkAttentionBlock(const KernelArgs &a, AttentionBlockDims &d);
+/// A log-sum-exp pair of row `row`, head h of an lse [N, 2 heads]: stores
+/// v as its bf16 rounding and the exact rest (0 for an infinite v); loads
+/// their sum.
+void storeRingLse(float *lse, int64_t heads, int64_t row, int64_t h, float v);
+float loadRingLse(const float *lse, int64_t heads, int64_t row, int64_t h);
 /// attention_block_grad: (qkv, kv, y, lse, dy[, dq, dkv]) -> (dq, dkv): kv
 /// is owner (member + step) mod cp's shard, y and lse the forward's final
 /// output and log-sum-exp; dq [N, heads * hd] adds this step's query

@@ -9,6 +9,7 @@
 #include "runtime/kernels/AttentionChecks.h"
 #include "runtime/kernels/KernelUtil.h"
 #include "runtime/kernels/VecMath.h"
+#include "runtime/support/Precision.h"
 
 namespace piper::runtime::detail {
 
@@ -288,6 +289,23 @@ void maskedSoftmax(float *probs, int64_t l, const int64_t *qpos,
 
 } // namespace
 
+void storeRingLse(float *lse, int64_t heads, int64_t row, int64_t h, float v) {
+  float *p = lse + row * 2 * heads;
+  if (!std::isfinite(v)) {
+    p[h] = v;
+    p[heads + h] = 0.0f;
+    return;
+  }
+  float hi = roundToBf16(v);
+  p[h] = hi;
+  p[heads + h] = v - hi; // exact: hi is v to 8 significant bits
+}
+
+float loadRingLse(const float *lse, int64_t heads, int64_t row, int64_t h) {
+  const float *p = lse + row * 2 * heads;
+  return p[h] + p[heads + h];
+}
+
 Status checkAttentionBlock(const KernelArgs &a, AttentionBlockDims &d) {
   PIPER_RETURN_IF_ERROR(expectCounts(a, 2, 4, 2));
   if (a.inputs.size() == 3)
@@ -301,9 +319,9 @@ Status checkAttentionBlock(const KernelArgs &a, AttentionBlockDims &d) {
     PIPER_RETURN_IF_ERROR(
         expectTensor(a, a.inputs[2], "o", plan::F32, {d.rows, d.qCols}));
     PIPER_RETURN_IF_ERROR(
-        expectTensor(a, a.inputs[3], "lse", plan::F32, {d.rows, d.heads}));
+        expectTensor(a, a.inputs[3], "lse", plan::F32, {d.rows, 2 * d.heads}));
   }
-  return expectTensor(a, a.outputs[1], "lse", plan::F32, {d.rows, d.heads});
+  return expectTensor(a, a.outputs[1], "lse", plan::F32, {d.rows, 2 * d.heads});
 }
 
 Status checkAttentionBlockGrad(const KernelArgs &a, AttentionBlockDims &d) {
@@ -318,7 +336,7 @@ Status checkAttentionBlockGrad(const KernelArgs &a, AttentionBlockDims &d) {
   PIPER_RETURN_IF_ERROR(expectTensor(a, a.inputs[1], "kv", plan::F32, kvShape));
   PIPER_RETURN_IF_ERROR(expectTensor(a, a.inputs[2], "y", plan::F32, qShape));
   PIPER_RETURN_IF_ERROR(
-      expectTensor(a, a.inputs[3], "lse", plan::F32, {d.rows, d.heads}));
+      expectTensor(a, a.inputs[3], "lse", plan::F32, {d.rows, 2 * d.heads}));
   if (a.inputs.size() == 7) {
     PIPER_RETURN_IF_ERROR(
         expectTensor(a, a.inputs[5], "dq", plan::F32, qShape));
@@ -442,7 +460,7 @@ Status attentionBlockKernel(const KernelArgs &a) {
   std::vector<int64_t> qpos = memberPositions(d, d.member),
                        kpos = memberPositions(d, d.owner);
   BlockQK qk;
-  std::vector<float> probs(l * l);
+  std::vector<float> probs(l * l), lseBlock(d.rows * d.heads);
   for (int64_t b = 0; b < d.batch; ++b) {
     const float *rows = qkv.f32() + b * l * d.cols;
     const float *kvRows = kv.f32() + b * l * kvLd;
@@ -452,20 +470,24 @@ Status attentionBlockKernel(const KernelArgs &a) {
       gemm(false, true, l, l, hd, scale, qk.q + h * hd, qk.ldq, qk.k + g * hd,
            qk.ldk, 0.0f, probs.data(), l);
       maskedSoftmax(probs.data(), l, qpos.data(), kpos.data(),
-                    lse.f32() + b * l * d.heads + h, d.heads);
+                    lseBlock.data() + b * l * d.heads + h, d.heads);
       gemm(false, false, l, hd, l, 1.0f, probs.data(), l,
            kvRows + d.kvCols + g * hd, kvLd, 0.0f,
            o.f32() + b * l * d.qCols + h * hd, d.qCols);
     }
   }
-  if (a.inputs.size() == 2)
+  if (a.inputs.size() == 2) {
+    for (int64_t r = 0; r < d.rows; ++r)
+      for (int64_t h = 0; h < d.heads; ++h)
+        storeRingLse(lse.f32(), d.heads, r, h, lseBlock[r * d.heads + h]);
     return Status::ok();
+  }
   const float *oOld = a.inputs[2].f32(), *lseOld = a.inputs[3].f32();
   const float minusInf = -__builtin_inff();
   for (int64_t r = 0; r < d.rows; ++r)
     for (int64_t h = 0; h < d.heads; ++h) {
-      float &lb = lse.f32()[r * d.heads + h];
-      float la = lseOld[r * d.heads + h];
+      float lb = lseBlock[r * d.heads + h];
+      float la = loadRingLse(lseOld, d.heads, r, h);
       float *out = o.f32() + r * d.qCols + h * hd;
       const float *old = oOld + r * d.qCols + h * hd;
       if (lb == minusInf || la == minusInf) {
@@ -473,6 +495,7 @@ Status attentionBlockKernel(const KernelArgs &a) {
           std::copy(old, old + hd, out);
           lb = la;
         }
+        storeRingLse(lse.f32(), d.heads, r, h, lb);
         continue;
       }
       double hi = std::max<double>(la, lb), lo = std::min<double>(la, lb);
@@ -480,7 +503,7 @@ Status attentionBlockKernel(const KernelArgs &a) {
       double wa = std::exp(la - sum), wb = std::exp(lb - sum);
       for (int64_t c = 0; c < hd; ++c)
         out[c] = static_cast<float>(wa * old[c] + wb * out[c]);
-      lb = static_cast<float>(sum);
+      storeRingLse(lse.f32(), d.heads, r, h, static_cast<float>(sum));
     }
   return Status::ok();
 }
@@ -528,7 +551,7 @@ Status attentionBlockGradKernel(const KernelArgs &a) {
       gemm(false, true, l, l, hd, scale, q, qk.ldq, k, qk.ldk, 0.0f,
            probs.data(), l);
       for (int64_t i = 0; i < l; ++i) {
-        float li = lse.f32()[(b * l + i) * d.heads + h];
+        float li = loadRingLse(lse.f32(), d.heads, b * l + i, h);
         float *row = probs.data() + i * l;
         for (int64_t j = 0; j < l; ++j)
           row[j] = qpos[i] >= kpos[j] ? fastExp(row[j] - li) : 0.0f;

@@ -6,13 +6,16 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "runtime/kernels/AttentionChecks.h"
 #include "runtime/kernels/KernelUtil.h"
 #include "runtime/kernels/Kernels.h"
+#include "runtime/support/Precision.h"
 
 using namespace piper;
 using namespace piper::runtime;
@@ -1325,7 +1328,7 @@ TEST_CASE("ring attention steps equal attention and attention_grad over "
       }
       std::vector<Tensor> out = {
           Tensor::f32({l, qCols}, std::vector<float>(l * qCols, 9.0f)),
-          Tensor::f32({l, config.heads})};
+          Tensor::f32({l, 2 * config.heads})};
       Status st = run(attrs(K("attention_block")).i("cp", n).i("step", s), in,
                       out, ctx);
       REQUIRE(st);
@@ -1371,6 +1374,30 @@ TEST_CASE("ring attention steps equal attention and attention_grad over "
   }
 }
 
+TEST_CASE("ring attention's log-sum-exp pair survives bf16 storage",
+          "[kernels]") {
+  // hi is v rounded to bf16 and lo the exact rest: their fp32 sum is v,
+  // and with lo rounded to bf16 too (mixed precision stores every value
+  // so) the error is at most lo's bf16 rounding, |lo| u with u = 2^-8 (8
+  // significant bits), |lo| being at most v's rounding, |v| u: |v| 2^-16.
+  Rng rng(5);
+  for (int i = 0; i < 1000; ++i) {
+    float v = static_cast<float>(rng.uniform(-40.0, 40.0));
+    float lse[4];
+    detail::storeRingLse(lse, 2, 0, 1, v);
+    CHECK(lse[1] == roundToBf16(lse[1]));
+    CHECK(detail::loadRingLse(lse, 2, 0, 1) == v);
+    lse[3] = roundToBf16(lse[3]);
+    CHECK(std::abs(detail::loadRingLse(lse, 2, 0, 1) - v) <=
+          std::abs(v) * std::ldexp(1.0f, -16));
+  }
+  float lse[2];
+  detail::storeRingLse(lse, 1, 0, 0, -std::numeric_limits<float>::infinity());
+  CHECK(lse[1] == 0.0f);
+  CHECK(detail::loadRingLse(lse, 1, 0, 0) ==
+        -std::numeric_limits<float>::infinity());
+}
+
 TEST_CASE("ring attention steps reject bad members, steps and shapes",
           "[kernels]") {
   auto block = [](int64_t cp, int64_t step) {
@@ -1386,7 +1413,7 @@ TEST_CASE("ring attention steps reject bad members, steps and shapes",
     return std::vector<Tensor>{Tensor::f32({8, 12}), Tensor::f32({8, 8})};
   };
   auto outs = [] {
-    return std::vector<Tensor>{Tensor::f32({8, 4}), Tensor::f32({8, 2})};
+    return std::vector<Tensor>{Tensor::f32({8, 4}), Tensor::f32({8, 4})};
   };
   auto fails = [&](const plan::Kernel &k, std::vector<Tensor> in,
                    std::vector<Tensor> out, int64_t member,
@@ -1409,7 +1436,7 @@ TEST_CASE("ring attention steps reject bad members, steps and shapes",
   fails(block(2, 0), ins(), outs(), 2, "context member 2 is not one of 2");
   fails(block(3, 0), ins(), outs(), 0, "seq 8 is not a multiple of 2 x cp 3");
   fails(block(2, 0), {Tensor::f32({6, 12}), Tensor::f32({6, 8})},
-        {Tensor::f32({6, 4}), Tensor::f32({6, 2})}, 0,
+        {Tensor::f32({6, 4}), Tensor::f32({6, 4})}, 0,
         "qkv has 6 rows, not a multiple of the member's seq / cp 4");
   std::vector<Tensor> three = ins();
   three.push_back(Tensor::f32({8, 4}));

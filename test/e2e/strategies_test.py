@@ -849,6 +849,17 @@ def main_context_parallel(work):
         p, f, _ = check_model(work, "cp-" + model_name, model_args,
                               strategies)
         passed, failed = passed + p, failed + f
+    # bf16: the ring's carried output is rounded to bf16 after each step
+    # (where one device rounds the attention output once) and its
+    # log-sum-exp travels as a (bf16, rest) pair, within |lse| 2^-16: the
+    # bf16 bounds, as tensor parallelism's rounded partial sums.
+    p, f, _ = check_model(
+        work, "cp-llama-bf16", CP_LLAMA,
+        [("1 device", ["--microbatches", "8", "--dtype", "bf16"], 1),
+         ("cp2", CP2 + ["--dtype", "bf16"], 2),
+         ("cp4", ["--cp", "4", "--microbatches", "8", "--dtype", "bf16"], 4)],
+        bf16_param_atol(STEPS), bf16_loss_rtol)
+    passed, failed = passed + p, failed + f
     # Recomputation re-runs the same ring: bit for bit.
     p, f = check_recompute_identical(work, "cp-llama", CP_LLAMA,
                                      "pp2 x cp2 1f1b", CP2 + ["--pp", "2"],

@@ -385,7 +385,7 @@ Status launchAttentionBlock(const Context &ctx, const RingShape &s,
           if (oIn) {
             // Combined with the earlier steps by their log-sum-exps, in
             // double as the CPU does.
-            float la = lseIn[row * s.heads + h];
+            float la = loadRingLse(lseIn, s.heads, row, h);
             float old[kPer];
             loadLaneShare<W>(lanes, oIn + row * s.qCols + h * hd, hd, old);
             if (lb == -INFINITY) {
@@ -411,7 +411,7 @@ Status launchAttentionBlock(const Context &ctx, const RingShape &s,
           }
           storeLaneShare<W>(lanes, acc, 1.0f, out, hd);
           if (lanes.lane() == 0)
-            lse[row * s.heads + h] = lsOut;
+            storeRingLse(lse, s.heads, row, h, lsOut);
         });
       });
 }
@@ -476,7 +476,8 @@ Status launchAttentionBlockGrad(const Context &ctx, const RingShape &s,
           loadLaneShare<W>(lanes, view.q + i * view.ldq, hd, q);
           loadLaneShare<W>(lanes, view.dy + i * view.lddy, hd, dyr);
           zeroLaneShare<W>(lanes, dqr, hd);
-          const float li = lse[(b * s.seq + i) * s.heads + h], dot = rowDot[r];
+          const float li = loadRingLse(lse, s.heads, b * s.seq + i, h),
+                      dot = rowDot[r];
           for (int64_t base = 0; base <= last; base += Lanes::kCount) {
             const int64_t count = blockCount<Lanes>(base, last);
             const float *k = view.k + base * view.ldk;
@@ -531,7 +532,8 @@ Status launchAttentionBlockGrad(const Context &ctx, const RingShape &s,
               float p = 0, ds = 0;
               if (lanes.lane() < count) {
                 const int64_t i = at + lanes.lane();
-                p = expF(s.scale * sc - lse[(b * s.seq + i) * s.heads + h]);
+                p = expF(s.scale * sc -
+                         loadRingLse(lse, s.heads, b * s.seq + i, h));
                 ds = s.scale * p * (dp - rowDot[stats + i]);
               }
               for (int64_t l = 0; l < count; ++l) {

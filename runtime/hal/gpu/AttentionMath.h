@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "runtime/hal/gpu/ElementwiseMath.h"
 #include "runtime/hal/gpu/Simt.h"
 
 #ifdef __CUDACC__
@@ -301,6 +302,28 @@ PIPER_HOST_DEVICE inline int64_t blockCount(int64_t first, int64_t last) {
 }
 
 PIPER_HOST_DEVICE inline float maxF(float a, float b) { return a > b ? a : b; }
+
+/// Ring attention's log-sum-exp of row `row`, head h, in an lse [N, 2
+/// heads]: a bf16 value in column h and the exact rest in column heads + h
+/// (0 for an infinite value), as runtime/kernels/AttentionChecks.h's
+/// storeRingLse and loadRingLse.
+PIPER_HOST_DEVICE inline void storeRingLse(float *lse, int64_t heads,
+                                           int64_t row, int64_t h, float v) {
+  float *p = lse + row * 2 * heads;
+  if (!(v > -INFINITY && v < INFINITY)) {
+    p[h] = v;
+    p[heads + h] = 0.0f;
+    return;
+  }
+  float hi = fromBf16(toBf16(v));
+  p[h] = hi;
+  p[heads + h] = v - hi;
+}
+PIPER_HOST_DEVICE inline float loadRingLse(const float *lse, int64_t heads,
+                                           int64_t row, int64_t h) {
+  const float *p = lse + row * 2 * heads;
+  return p[h] + p[heads + h];
+}
 
 /// The forward of query row i of one (sequence, head) with an online
 /// softmax over keys 0..last (last = i for causal attention), kCount keys

@@ -11,7 +11,7 @@ module attributes {piper.context_parallel = 1 : i64} {}
 piper.segment @s(%qkv: tensor<8x48xf32>) -> tensor<8x16xf32> {
   // Each member holds two of 2 cp equal chunks of a sequence.
   // expected-error @+1 {{seq 6 must be a multiple of 2 * cp = 4}}
-  %y, %lse = piper.cp_attention %qkv {cp = 2 : i64, heads = 2 : i64, seq = 6 : i64} : (tensor<8x48xf32>) -> (tensor<8x16xf32>, tensor<8x2xf32>)
+  %y, %lse = piper.cp_attention %qkv {cp = 2 : i64, heads = 2 : i64, seq = 6 : i64} : (tensor<8x48xf32>) -> (tensor<8x16xf32>, tensor<8x4xf32>)
   piper.yield %y : tensor<8x16xf32>
 }
 
@@ -19,15 +19,16 @@ piper.segment @s(%qkv: tensor<8x48xf32>) -> tensor<8x16xf32> {
 
 piper.segment @s(%qkv: tensor<6x48xf32>) -> tensor<6x16xf32> {
   // expected-error @+1 {{rows 6 must be a multiple of seq / cp = 4}}
-  %y, %lse = piper.cp_attention %qkv {cp = 2 : i64, heads = 2 : i64, seq = 8 : i64} : (tensor<6x48xf32>) -> (tensor<6x16xf32>, tensor<6x2xf32>)
+  %y, %lse = piper.cp_attention %qkv {cp = 2 : i64, heads = 2 : i64, seq = 8 : i64} : (tensor<6x48xf32>) -> (tensor<6x16xf32>, tensor<6x4xf32>)
   piper.yield %y : tensor<6x16xf32>
 }
 
 // -----
 
 piper.segment @s(%qkv: tensor<8x48xf32>) -> tensor<8x16xf32> {
-  // expected-error @+1 {{lse must be [8, 2], got 'tensor<8x4xf32>'}}
-  %y, %lse = piper.cp_attention %qkv {cp = 2 : i64, heads = 2 : i64, seq = 8 : i64} : (tensor<8x48xf32>) -> (tensor<8x16xf32>, tensor<8x4xf32>)
+  // The log-sum-exp is a pair per head.
+  // expected-error @+1 {{lse must be [8, 4], got 'tensor<8x2xf32>'}}
+  %y, %lse = piper.cp_attention %qkv {cp = 2 : i64, heads = 2 : i64, seq = 8 : i64} : (tensor<8x48xf32>) -> (tensor<8x16xf32>, tensor<8x2xf32>)
   piper.yield %y : tensor<8x16xf32>
 }
 
@@ -35,15 +36,15 @@ piper.segment @s(%qkv: tensor<8x48xf32>) -> tensor<8x16xf32> {
 
 piper.segment @s(%qkv: tensor<8x40xf32>) -> tensor<8x16xf32> {
   // expected-error @+1 {{qkv must have (heads + 2 * kv_heads) * head_dim = 48 columns, got 40}}
-  %y, %lse = piper.cp_attention %qkv {cp = 2 : i64, heads = 2 : i64, seq = 8 : i64} : (tensor<8x40xf32>) -> (tensor<8x16xf32>, tensor<8x2xf32>)
+  %y, %lse = piper.cp_attention %qkv {cp = 2 : i64, heads = 2 : i64, seq = 8 : i64} : (tensor<8x40xf32>) -> (tensor<8x16xf32>, tensor<8x4xf32>)
   piper.yield %y : tensor<8x16xf32>
 }
 
 // -----
 
-piper.segment @s(%qkv: tensor<8x48xf32>, %y: tensor<8x16xf32>, %lse: tensor<8x2xf32>, %dy: tensor<8x8xf32>) -> tensor<8x48xf32> {
+piper.segment @s(%qkv: tensor<8x48xf32>, %y: tensor<8x16xf32>, %lse: tensor<8x4xf32>, %dy: tensor<8x8xf32>) -> tensor<8x48xf32> {
   // expected-error @+1 {{grad must be [8, 16], got 'tensor<8x8xf32>'}}
-  %d = piper.cp_attention_grad %qkv, %y, %lse, %dy {cp = 2 : i64, heads = 2 : i64, seq = 8 : i64} : (tensor<8x48xf32>, tensor<8x16xf32>, tensor<8x2xf32>, tensor<8x8xf32>) -> tensor<8x48xf32>
+  %d = piper.cp_attention_grad %qkv, %y, %lse, %dy {cp = 2 : i64, heads = 2 : i64, seq = 8 : i64} : (tensor<8x48xf32>, tensor<8x16xf32>, tensor<8x4xf32>, tensor<8x8xf32>) -> tensor<8x48xf32>
   piper.yield %d : tensor<8x48xf32>
 }
 
@@ -51,7 +52,7 @@ piper.segment @s(%qkv: tensor<8x48xf32>, %y: tensor<8x16xf32>, %lse: tensor<8x2x
 
 piper.segment @s(%qkv: tensor<8x48xf32>, %kv: tensor<8x32xf32>) -> tensor<8x16xf32> {
   // expected-error @+1 {{step must be in [0, cp = 2), got 2}}
-  %y, %lse = piper.attention_block %qkv, %kv {cp = 2 : i64, heads = 2 : i64, seq = 8 : i64, step = 2 : i64} : (tensor<8x48xf32>, tensor<8x32xf32>) -> (tensor<8x16xf32>, tensor<8x2xf32>)
+  %y, %lse = piper.attention_block %qkv, %kv {cp = 2 : i64, heads = 2 : i64, seq = 8 : i64, step = 2 : i64} : (tensor<8x48xf32>, tensor<8x32xf32>) -> (tensor<8x16xf32>, tensor<8x4xf32>)
   piper.yield %y : tensor<8x16xf32>
 }
 
@@ -60,7 +61,7 @@ piper.segment @s(%qkv: tensor<8x48xf32>, %kv: tensor<8x32xf32>) -> tensor<8x16xf
 piper.segment @s(%qkv: tensor<8x48xf32>, %kv: tensor<8x32xf32>) -> tensor<8x16xf32> {
   // A later step continues the earlier steps' output and log-sum-exp.
   // expected-error @+1 {{step 0 carries nothing and every later step carries the previous step's two results, got 0 carried value(s) at step 1}}
-  %y, %lse = piper.attention_block %qkv, %kv {cp = 2 : i64, heads = 2 : i64, seq = 8 : i64, step = 1 : i64} : (tensor<8x48xf32>, tensor<8x32xf32>) -> (tensor<8x16xf32>, tensor<8x2xf32>)
+  %y, %lse = piper.attention_block %qkv, %kv {cp = 2 : i64, heads = 2 : i64, seq = 8 : i64, step = 1 : i64} : (tensor<8x48xf32>, tensor<8x32xf32>) -> (tensor<8x16xf32>, tensor<8x4xf32>)
   piper.yield %y : tensor<8x16xf32>
 }
 
@@ -69,15 +70,15 @@ piper.segment @s(%qkv: tensor<8x48xf32>, %kv: tensor<8x32xf32>) -> tensor<8x16xf
 piper.segment @s(%qkv: tensor<8x48xf32>, %kv: tensor<8x16xf32>) -> tensor<8x16xf32> {
   // The key/value shard is the k and v columns.
   // expected-error @+1 {{kv must be [8, 32], got 'tensor<8x16xf32>'}}
-  %y, %lse = piper.attention_block %qkv, %kv {cp = 2 : i64, heads = 2 : i64, seq = 8 : i64, step = 0 : i64} : (tensor<8x48xf32>, tensor<8x16xf32>) -> (tensor<8x16xf32>, tensor<8x2xf32>)
+  %y, %lse = piper.attention_block %qkv, %kv {cp = 2 : i64, heads = 2 : i64, seq = 8 : i64, step = 0 : i64} : (tensor<8x48xf32>, tensor<8x16xf32>) -> (tensor<8x16xf32>, tensor<8x4xf32>)
   piper.yield %y : tensor<8x16xf32>
 }
 
 // -----
 
-piper.segment @s(%qkv: tensor<8x48xf32>, %kv: tensor<8x32xf32>, %y: tensor<8x16xf32>, %lse: tensor<8x2xf32>, %dy: tensor<8x16xf32>, %dq: tensor<8x16xf32>) -> tensor<8x16xf32> {
+piper.segment @s(%qkv: tensor<8x48xf32>, %kv: tensor<8x32xf32>, %y: tensor<8x16xf32>, %lse: tensor<8x4xf32>, %dy: tensor<8x16xf32>, %dq: tensor<8x16xf32>) -> tensor<8x16xf32> {
   // expected-error @+1 {{step 0 carries nothing and every later step carries the previous step's two results, got 1 carried value(s) at step 1}}
-  %a, %b = piper.attention_block_grad %qkv, %kv, %y, %lse, %dy, %dq {cp = 2 : i64, heads = 2 : i64, seq = 8 : i64, step = 1 : i64} : (tensor<8x48xf32>, tensor<8x32xf32>, tensor<8x16xf32>, tensor<8x2xf32>, tensor<8x16xf32>, tensor<8x16xf32>) -> (tensor<8x16xf32>, tensor<8x32xf32>)
+  %a, %b = piper.attention_block_grad %qkv, %kv, %y, %lse, %dy, %dq {cp = 2 : i64, heads = 2 : i64, seq = 8 : i64, step = 1 : i64} : (tensor<8x48xf32>, tensor<8x32xf32>, tensor<8x16xf32>, tensor<8x4xf32>, tensor<8x16xf32>, tensor<8x16xf32>) -> (tensor<8x16xf32>, tensor<8x32xf32>)
   piper.yield %a : tensor<8x16xf32>
 }
 
@@ -118,13 +119,13 @@ piper.program @p {
 // The valid forms parse and verify.
 module attributes {piper.context_parallel = 2 : i64, piper.context_parallel_stream = "cp_stream"} {
   piper.segment @s(%qkv: tensor<8x48xf32>, %dy: tensor<8x16xf32>) -> tensor<8x48xf32> {
-    %y, %lse = piper.cp_attention %qkv {cp = 2 : i64, heads = 2 : i64, seq = 8 : i64} : (tensor<8x48xf32>) -> (tensor<8x16xf32>, tensor<8x2xf32>)
+    %y, %lse = piper.cp_attention %qkv {cp = 2 : i64, heads = 2 : i64, seq = 8 : i64} : (tensor<8x48xf32>) -> (tensor<8x16xf32>, tensor<8x4xf32>)
     %kv = piper.columns %qkv {start = 16 : i64} : (tensor<8x48xf32>) -> tensor<8x32xf32>
-    %o0, %l0 = piper.attention_block %qkv, %kv {cp = 2 : i64, heads = 2 : i64, seq = 8 : i64, step = 0 : i64} : (tensor<8x48xf32>, tensor<8x32xf32>) -> (tensor<8x16xf32>, tensor<8x2xf32>)
+    %o0, %l0 = piper.attention_block %qkv, %kv {cp = 2 : i64, heads = 2 : i64, seq = 8 : i64, step = 0 : i64} : (tensor<8x48xf32>, tensor<8x32xf32>) -> (tensor<8x16xf32>, tensor<8x4xf32>)
     %kv1 = piper.cp_ring_shift %kv {cp = 2 : i64, offset = 1 : i64} : tensor<8x32xf32>
-    %o1, %l1 = piper.attention_block %qkv, %kv1, %o0, %l0 {cp = 2 : i64, heads = 2 : i64, seq = 8 : i64, step = 1 : i64} : (tensor<8x48xf32>, tensor<8x32xf32>, tensor<8x16xf32>, tensor<8x2xf32>) -> (tensor<8x16xf32>, tensor<8x2xf32>)
-    %dq, %dkv = piper.attention_block_grad %qkv, %kv, %o1, %l1, %dy {cp = 2 : i64, heads = 2 : i64, seq = 8 : i64, step = 0 : i64} : (tensor<8x48xf32>, tensor<8x32xf32>, tensor<8x16xf32>, tensor<8x2xf32>, tensor<8x16xf32>) -> (tensor<8x16xf32>, tensor<8x32xf32>)
-    %d = piper.cp_attention_grad %qkv, %y, %lse, %dy {cp = 2 : i64, heads = 2 : i64, seq = 8 : i64} : (tensor<8x48xf32>, tensor<8x16xf32>, tensor<8x2xf32>, tensor<8x16xf32>) -> tensor<8x48xf32>
+    %o1, %l1 = piper.attention_block %qkv, %kv1, %o0, %l0 {cp = 2 : i64, heads = 2 : i64, seq = 8 : i64, step = 1 : i64} : (tensor<8x48xf32>, tensor<8x32xf32>, tensor<8x16xf32>, tensor<8x4xf32>) -> (tensor<8x16xf32>, tensor<8x4xf32>)
+    %dq, %dkv = piper.attention_block_grad %qkv, %kv, %o1, %l1, %dy {cp = 2 : i64, heads = 2 : i64, seq = 8 : i64, step = 0 : i64} : (tensor<8x48xf32>, tensor<8x32xf32>, tensor<8x16xf32>, tensor<8x4xf32>, tensor<8x16xf32>) -> (tensor<8x16xf32>, tensor<8x32xf32>)
+    %d = piper.cp_attention_grad %qkv, %y, %lse, %dy {cp = 2 : i64, heads = 2 : i64, seq = 8 : i64} : (tensor<8x48xf32>, tensor<8x16xf32>, tensor<8x4xf32>, tensor<8x16xf32>) -> tensor<8x48xf32>
     piper.yield %d : tensor<8x48xf32>
   }
 }

@@ -115,22 +115,26 @@ std::vector<KernelCase> cases() {
                        "attention_block",
                        attrs,
                        {f32({rows, cols}), f32({rows, kvWidth})},
-                       {zeros({rows, qCols}), zeros({rows, heads})}};
+                       {zeros({rows, qCols}), zeros({rows, 2 * heads})}};
     if (step > 0) {
+      // The log-sum-exp pair (hi, lo) of each head.
       forward.inputs.push_back(f32({rows, qCols}));
-      forward.inputs.push_back(f32({rows, heads}));
+      forward.inputs.push_back(f32({rows, 2 * heads}));
     }
     forward.contextMember = member;
     out.push_back(forward);
-    // lse = log(local rows): P = exp(s - lse) of the size a softmax over
-    // the shard gives; the bound is attention_grad's.
+    // lse = log(local rows) (the pair: hi, then lo = 0 per head): P =
+    // exp(s - lse) of the size a softmax over the shard gives; the bound
+    // is attention_grad's.
+    std::vector<double> lsePair(2 * heads, 0.0);
+    std::fill(lsePair.begin(), lsePair.begin() + heads,
+              std::log(double(local)));
     KernelCase backward{
         "attention_block_grad " + name,
         "attention_block_grad",
         attrs,
         {f32({rows, cols}), f32({rows, kvWidth}), f32({rows, qCols}),
-         given(plan::F32, {rows, heads}, {std::log(double(local))}),
-         f32({rows, qCols})},
+         given(plan::F32, {rows, 2 * heads}, lsePair), f32({rows, qCols})},
         {f32({rows, qCols}), f32({rows, kvWidth})}};
     if (step > 0) {
       backward.inputs.push_back(f32({rows, qCols}));
@@ -147,7 +151,7 @@ std::vector<KernelCase> cases() {
                       {"cp", intAttr(2)},
                       {"step", intAttr(2)}},
                      {f32({8, 12}), f32({8, 8})},
-                     {zeros({8, 4}), zeros({8, 2})}};
+                     {zeros({8, 4}), zeros({8, 4})}};
   badStep.rejects = "step";
   out.push_back(badStep);
   // Malformed calls, rejected by the shared checks with one message.
