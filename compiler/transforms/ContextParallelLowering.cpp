@@ -13,6 +13,19 @@
 using namespace mlir;
 using namespace mlir::piper;
 
+/// The key and value columns of `op`'s packed q|k|v (after the query
+/// columns, as many as its output `out` has): what the ring passes
+/// around, no query bytes on the wire.
+template <typename OpT>
+static Value keyValueColumns(OpBuilder &b, OpT op, Value out) {
+  auto qkv = cast<RankedTensorType>(op.getQkv().getType());
+  int64_t queryCols = cast<RankedTensorType>(out.getType()).getDimSize(1);
+  auto type = RankedTensorType::get(
+      {qkv.getDimSize(0), qkv.getDimSize(1) - queryCols}, b.getF32Type());
+  return ColumnsOp::create(b, op.getLoc(), type, op.getQkv(),
+                           b.getI64IntegerAttr(queryCols));
+}
+
 /// Ring attention's forward: the member's key/value columns, then cp
 /// steps, each over the shard the previous step's member held (the shard
 /// moves one member forward between steps: step s reads owner
@@ -20,15 +33,8 @@ using namespace mlir::piper;
 static void expandForward(CpAttentionOp op) {
   OpBuilder b(op);
   Location loc = op.getLoc();
-  int64_t cp = op.getCp(), heads = op.getHeads();
-  int64_t rows = cast<RankedTensorType>(op.getQkv().getType()).getDimSize(0);
-  int64_t hd =
-      cast<RankedTensorType>(op.getResult().getType()).getDimSize(1) / heads;
-  int64_t kvWidth = 2 * op.getNumKvHeads() * hd;
-  auto f32 = b.getF32Type();
-  auto kvType = RankedTensorType::get({rows, kvWidth}, f32);
-  Value kv = ColumnsOp::create(b, loc, kvType, op.getQkv(),
-                               b.getI64IntegerAttr(heads * hd));
+  int64_t cp = op.getCp();
+  Value kv = keyValueColumns(b, op, op.getResult());
   Value o, lse;
   for (int64_t s = 0; s < cp; ++s) {
     if (s > 0)
@@ -56,16 +62,11 @@ static void expandForward(CpAttentionOp op) {
 static void expandBackward(CpAttentionGradOp op) {
   OpBuilder b(op);
   Location loc = op.getLoc();
-  int64_t cp = op.getCp(), heads = op.getHeads();
+  int64_t cp = op.getCp();
   auto qkvType = cast<RankedTensorType>(op.getQkv().getType());
-  int64_t rows = qkvType.getDimSize(0);
-  int64_t hd =
-      cast<RankedTensorType>(op.getY().getType()).getDimSize(1) / heads;
-  int64_t kvWidth = 2 * op.getNumKvHeads() * hd;
-  auto f32 = b.getF32Type();
-  auto kvType = RankedTensorType::get({rows, kvWidth}, f32);
-  Value kv = ColumnsOp::create(b, loc, kvType, op.getQkv(),
-                               b.getI64IntegerAttr(heads * hd));
+  Value kv = keyValueColumns(b, op, op.getY());
+  auto kvType = cast<RankedTensorType>(kv.getType());
+  int64_t queryCols = cast<RankedTensorType>(op.getY().getType()).getDimSize(1);
   auto shift = [&](Value v) -> Value {
     return CpRingShiftOp::create(b, loc, v, b.getI64IntegerAttr(cp),
                                  b.getI64IntegerAttr(-1));
@@ -90,7 +91,7 @@ static void expandBackward(CpAttentionGradOp op) {
   Value dqFull =
       ColumnsGradOp::create(b, loc, qkvType, dq, b.getI64IntegerAttr(0));
   Value dkvFull = ColumnsGradOp::create(b, loc, qkvType, dkv,
-                                        b.getI64IntegerAttr(heads * hd));
+                                        b.getI64IntegerAttr(queryCols));
   Value dqkv = AddOp::create(b, loc, qkvType, dqFull, dkvFull);
   op.getResult().replaceAllUsesWith(dqkv);
   op.erase();

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 
+#include "proto/PlanShards.h"
 #include "runtime/kernels/KernelUtil.h"
 
 namespace piper::runtime::detail {
@@ -32,11 +33,7 @@ struct PositionDims {
   int64_t rows = 0, hidden = 0, seq = 0, local = 0, cp = 1, member = 0;
   /// The global position of local row t of a sequence (t < local).
   int64_t position(int64_t t) const {
-    if (cp == 1)
-      return t;
-    int64_t chunk = seq / (2 * cp);
-    return t < chunk ? member * chunk + t
-                     : (2 * cp - 1 - member) * chunk + (t - chunk);
+    return plan::contextPosition(seq, cp, member, t);
   }
 };
 /// position_add: (x [N,H], pos [P,H]) -> y [N,H]; attributes seq (and cp:
