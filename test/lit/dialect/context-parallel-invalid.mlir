@@ -129,3 +129,67 @@ module attributes {piper.context_parallel = 2 : i64, piper.context_parallel_stre
     piper.yield %d : tensor<8x48xf32>
   }
 }
+
+// -----
+
+piper.segment @s(%qkv: tensor<8x48xf32>, %kv: tensor<8x32xf32>, %o: tensor<8x16xf32>, %l: tensor<8x2xf32>) -> tensor<8x16xf32> {
+  // expected-error @+1 {{lse must be [8, 4], got 'tensor<8x2xf32>'}}
+  %y, %lse = piper.attention_block %qkv, %kv, %o, %l {cp = 2 : i64, heads = 2 : i64, seq = 8 : i64, step = 1 : i64} : (tensor<8x48xf32>, tensor<8x32xf32>, tensor<8x16xf32>, tensor<8x2xf32>) -> (tensor<8x16xf32>, tensor<8x2xf32>)
+  piper.yield %y : tensor<8x16xf32>
+}
+
+// -----
+
+piper.segment @s(%qkv: tensor<8x48xf32>, %kv: tensor<8x32xf32>, %o: tensor<8x8xf32>, %l: tensor<8x4xf32>) -> tensor<8x16xf32> {
+  // expected-error @+1 {{the carried output and log-sum-exp must have the results' types}}
+  %y, %lse = piper.attention_block %qkv, %kv, %o, %l {cp = 2 : i64, heads = 2 : i64, seq = 8 : i64, step = 1 : i64} : (tensor<8x48xf32>, tensor<8x32xf32>, tensor<8x8xf32>, tensor<8x4xf32>) -> (tensor<8x16xf32>, tensor<8x4xf32>)
+  piper.yield %y : tensor<8x16xf32>
+}
+
+// -----
+
+piper.segment @s(%qkv: tensor<8x48xf32>) -> tensor<8x16xf32> {
+  // expected-error @+1 {{heads (2) must be a multiple of kv_heads (3)}}
+  %y, %lse = piper.cp_attention %qkv {cp = 2 : i64, heads = 2 : i64, kv_heads = 3 : i64, seq = 8 : i64} : (tensor<8x48xf32>) -> (tensor<8x16xf32>, tensor<8x4xf32>)
+  piper.yield %y : tensor<8x16xf32>
+}
+
+// -----
+
+piper.segment @s(%kv: tensor<8x32xf32>) -> tensor<8x32xf32> {
+  // expected-error @+1 {{cp must be at least 2, got 1}}
+  %r = piper.cp_ring_shift %kv {cp = 1 : i64, offset = 1 : i64} : tensor<8x32xf32>
+  piper.yield %r : tensor<8x32xf32>
+}
+
+// -----
+
+piper.program @p {
+  %x, %a = piper.task @f() {tag = #piper.tag<>} : () -> (tensor<8x4xf32>, !piper.token)
+  // expected-error @+1 {{rings must have one size, got 2 and 1 members}}
+  %y, %t = piper.ring_shift %x {devices = #piper.group<0, 1, 2>, offset = 1 : i64, rings = [#piper.group<0, 1>, #piper.group<2>], stream = #piper.stream<"cp_stream", comm>, tag = #piper.tag<PP = 0>} : tensor<8x4xf32>
+}
+
+// -----
+
+piper.program @p {
+  %x, %a = piper.task @f() {tag = #piper.tag<>} : () -> (tensor<8x4xf32>, !piper.token)
+  // expected-error @+1 {{ring member 5 is not in the group}}
+  %y, %t = piper.ring_shift %x {devices = #piper.group<0, 1>, offset = 1 : i64, rings = [#piper.group<0, 5>], stream = #piper.stream<"cp_stream", comm>, tag = #piper.tag<PP = 0>} : tensor<8x4xf32>
+}
+
+// -----
+
+piper.program @p {
+  %x, %a = piper.task @f() {tag = #piper.tag<>} : () -> (tensor<8x4xf32>, !piper.token)
+  // expected-error @+1 {{offset 2 moves nothing around rings of 2}}
+  %y, %t = piper.ring_shift %x {devices = #piper.group<0, 1>, offset = 2 : i64, rings = [#piper.group<0, 1>], stream = #piper.stream<"cp_stream", comm>, tag = #piper.tag<PP = 0>} : tensor<8x4xf32>
+}
+
+// -----
+
+piper.program @p {
+  %x, %a = piper.task @f() {tag = #piper.tag<>} : () -> (tensor<8x4xf32>, !piper.token)
+  // expected-error @+1 {{rings must have at least 2 members, got 1}}
+  %y, %t = piper.ring_shift %x {devices = #piper.group<0>, offset = 1 : i64, rings = [#piper.group<0>], stream = #piper.stream<"cp_stream", comm>, tag = #piper.tag<PP = 0>} : tensor<8x4xf32>
+}

@@ -1,0 +1,22 @@
+// The ring's lowering after placement (piper-tensor-parallel): without
+// context_parallel's degree on the module, a stray ring op is an error.
+// RUN: piper-opt %s -split-input-file -piper-tensor-parallel -verify-diagnostics
+
+piper.segment @s(%qkv: tensor<8x48xf32>) -> tensor<8x16xf32> {
+  // expected-error @+1 {{'piper.cp_attention' op needs the module's context-parallel degree (piper.context_parallel, set by context_parallel)}}
+  %y, %lse = piper.cp_attention %qkv {cp = 2 : i64, heads = 2 : i64, seq = 8 : i64} : (tensor<8x48xf32>) -> (tensor<8x16xf32>, tensor<8x4xf32>)
+  piper.yield %y : tensor<8x16xf32>
+}
+
+// -----
+
+// A ring of another degree than the module's.
+module attributes {piper.context_parallel = 4 : i64} {
+  piper.segment @s(%qkv: tensor<8x48xf32>) -> tensor<8x16xf32> {
+    // expected-error @+1 {{'piper.cp_attention' op is split over 2 members, but the module's context-parallel degree is 4}}
+    %y, %lse = piper.cp_attention %qkv {cp = 2 : i64, heads = 2 : i64, seq = 8 : i64} : (tensor<8x48xf32>) -> (tensor<8x16xf32>, tensor<8x4xf32>)
+    piper.yield %y : tensor<8x16xf32>
+  }
+  piper.program @model {
+  }
+}
