@@ -29,6 +29,13 @@ const std::vector<KernelSignature> &kernelSignatures() {
       // Ring attention under context parallelism: one step of the ring
       // (docs/context-parallel.md).
       {"attention_block", 2, 4, 2, {"heads", "seq", "cp", "step"}},
+      // Ulysses context parallelism: the layouts around its all-to-alls
+      // (each pair the other's inverse; the split and the zigzag also give
+      // the all-to-all's send counts).
+      {"cp_ulysses_split", 1, 1, 2, {"cp", "heads"}},
+      {"cp_ulysses_merge", 1, 1, 1, {"cp", "heads"}},
+      {"cp_ulysses_natural", 1, 1, 1, {"cp", "seq"}},
+      {"cp_ulysses_zigzag", 1, 1, 2, {"cp", "seq"}},
       {"moe_router", 1, 1, 2, {"top_k"}},
       {"moe_dispatch", 2, 2, 1, {"experts", "capacity"}},
       {"expert_linear", 2, 2, 1, {"experts"}},

@@ -537,13 +537,15 @@ int mlir::piper::pipercMain(int argc, char **argv) {
   auto *cpOpt = compileCmd->add_option(
       "--cp", comp.flags.cp,
       "context parallelism: split every microbatch's sequence over groups "
-      "of this many devices, attention computed around a ring (rank = "
+      "of this many devices (rank = "
       "stage group * dp * cp * tp + (replica * cp + member) * tp + tensor "
       "member; the sequence must be a multiple of 2 * cp; "
       "docs/context-parallel.md)");
   auto *cpKindOpt = compileCmd->add_option(
       "--cp-kind", comp.flags.cpKind,
-      "context parallelism's kind: ring (default: ring attention)");
+      "context parallelism's kind: ring (default: ring attention, key/value "
+      "shards passed around) or ulysses (all-to-alls from the sequence to "
+      "the heads and back: heads and key/value heads multiples of --cp)");
   auto *recomputeOpt = compileCmd->add_option(
       "--recompute", comp.flags.recompute,
       "activation recomputation: none (default), full (every transformer "

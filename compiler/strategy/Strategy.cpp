@@ -120,9 +120,9 @@ static llvm::Error verifyDirective(const Directive &d) {
       return fail(llvm::formatv("\"cp\" must be between 2 and {0}, got {1}",
                                 kMaxWorldSize, d.contextParallel)
                       .str());
-    if (d.cpKind != "ring")
-      return fail("\"kind\" must be \"ring\" (ring attention; Ulysses is "
-                  "not built yet), got \"" +
+    if (d.cpKind != "ring" && d.cpKind != "ulysses")
+      return fail("\"kind\" must be \"ring\" (ring attention) or "
+                  "\"ulysses\" (all-to-alls to heads), got \"" +
                   d.cpKind + "\"");
     if (d.stream.empty())
       return fail("\"stream\" must name a stream");

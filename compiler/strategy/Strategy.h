@@ -248,7 +248,7 @@ struct StrategyFlags {
   /// --no-vocab-parallel: keep the embedding and LM head whole on every
   /// tensor-parallel member (needs --tp).
   bool noVocabParallel = false;
-  /// --cp: the context-parallel degree; --cp-kind: "ring".
+  /// --cp: the context-parallel degree; --cp-kind: "ring" or "ulysses".
   int64_t cp = 1;
   std::string cpKind = "ring";
 };

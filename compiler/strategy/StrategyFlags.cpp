@@ -240,9 +240,9 @@ static std::string checkFlags(const StrategyFlags &f,
                          "more",
                          f.zero, f.dp)
         .str();
-  if (f.cpKind != "ring")
-    return "--cp-kind must be ring (ring attention; Ulysses is not built "
-           "yet), got '" +
+  if (f.cpKind != "ring" && f.cpKind != "ulysses")
+    return "--cp-kind must be ring (ring attention) or ulysses (all-to-alls "
+           "from the sequence to the heads), got '" +
            f.cpKind + "'";
   if (f.cp > 1 && f.tp > 1)
     return llvm::formatv("--cp {0} with --tp {1}: context parallelism "
@@ -288,6 +288,12 @@ llvm::Expected<Strategy> mlir::piper::buildStrategy(const StrategyFlags &f) {
     return llvm::createStringError(err);
   Strategy s = strategyFromFlags(f.pp, f.dp, f.microbatches, *schedule, f.zero,
                                  f.ep, perDevice, f.bucketMb, f.tp, f.cp);
+  if (f.cpKind != "ring")
+    for (Directive &d : s.directives)
+      if (d.kind == Directive::ContextParallel) {
+        d.cpKind = f.cpKind;
+        d.text += " kind=" + f.cpKind;
+      }
   if (f.noVocabParallel)
     for (Directive &d : s.directives)
       if (d.kind == Directive::ShardTensor) {

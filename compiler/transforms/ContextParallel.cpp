@@ -8,7 +8,10 @@
 // (embeddings, norms, linear layers, activations, residual adds, the
 // loss) need nothing else, and attention becomes ring attention
 // (`piper.cp_attention`), which piper-tensor-parallel lowers after
-// placement to per-step kernels and ring exchanges. No parameter is split:
+// placement to per-step kernels and ring exchanges, or, of kind ulysses,
+// plain attention over every row of the member's share of the heads
+// between `piper.cp_seq_to_heads` and `piper.cp_heads_to_seq`, lowered
+// there to all-to-alls. No parameter is split:
 // the members are gradient replicas (replicate sums over data x context).
 #include "compiler/transforms/Transforms.h"
 
@@ -34,6 +37,9 @@ private:
   /// Splits the ops of `seg` that read the member's rows; `sharded` holds
   /// the segment's values that are rows.
   LogicalResult rewrite(SegmentOp seg, llvm::DenseSet<Value> &sharded);
+  /// Ulysses: `attn` over every row of the member's share of the heads,
+  /// between all-to-alls; its result is the member's rows.
+  FailureOr<Value> ulysses(AttentionOp attn);
   /// `t` with its first dimension (the rows) divided by cp.
   RankedTensorType part(Type t) {
     auto r = cast<RankedTensorType>(t);
@@ -51,6 +57,42 @@ private:
 };
 } // namespace
 
+FailureOr<Value> ContextParallel::ulysses(AttentionOp attn) {
+  int64_t heads = attn.getHeads(), kv = attn.getNumKvHeads();
+  if (heads % cp != 0 || kv % cp != 0)
+    return fail(attn) << "Ulysses gives each of the cp = " << cp
+                      << " members a share of attention's heads, but it has "
+                      << heads << " query and " << kv
+                      << " key/value heads; use a cp that divides both, "
+                         "or ring attention (--cp-kind ring)";
+  OpBuilder b(attn);
+  Location loc = attn.getLoc();
+  auto qkv = cast<RankedTensorType>(attn.getQkv().getType());
+  auto y = cast<RankedTensorType>(attn.getResult().getType());
+  // Every row of the microbatch, the member's share of the columns.
+  auto narrow = [&](RankedTensorType t) {
+    return RankedTensorType::get({rows, t.getDimSize(1) / cp},
+                                 t.getElementType());
+  };
+  IntegerAttr cpAttr = b.getI64IntegerAttr(cp), seqAttr = attn.getSeqAttr();
+  IntegerAttr kvAttr = b.getI64IntegerAttr(kv);
+  auto toHeads =
+      CpSeqToHeadsOp::create(b, loc, narrow(qkv), attn.getQkv(), cpAttr,
+                             seqAttr, attn.getHeadsAttr(), kvAttr);
+  auto core = AttentionOp::create(
+      b, loc, narrow(y), toHeads.getResult(), b.getI64IntegerAttr(heads / cp),
+      seqAttr, attn.getKvHeads() ? b.getI64IntegerAttr(kv / cp) : IntegerAttr(),
+      attn.getRopeThetaAttr());
+  for (NamedAttribute a : attn->getDiscardableAttrs())
+    core->setDiscardableAttr(a.getName(), a.getValue());
+  auto toSeq =
+      CpHeadsToSeqOp::create(b, loc, part(y), core.getResult(), cpAttr, seqAttr,
+                             attn.getHeadsAttr(), IntegerAttr());
+  attn.getResult().replaceAllUsesWith(toSeq.getResult());
+  attn.erase();
+  return toSeq.getResult();
+}
+
 LogicalResult ContextParallel::rewrite(SegmentOp seg,
                                        llvm::DenseSet<Value> &sharded) {
   Block &body = seg.getBody().front();
@@ -63,6 +105,13 @@ LogicalResult ContextParallel::rewrite(SegmentOp seg,
       if (attn.getSeq() != seq)
         return fail(&op) << "attention over sequences of " << attn.getSeq()
                          << " tokens, but the batch's are " << seq;
+      if (d.cpKind == "ulysses") {
+        FailureOr<Value> y = ulysses(attn);
+        if (failed(y))
+          return failure();
+        sharded.insert(*y);
+        continue;
+      }
       OpBuilder b(&op);
       int64_t heads = attn.getHeads();
       auto yType = part(attn.getResult().getType());

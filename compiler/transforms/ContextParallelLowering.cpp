@@ -3,7 +3,9 @@
 // autodiff left becomes its ring of per-step kernels, the segment is cut
 // around the exchanges between steps, and each exchange becomes a
 // `piper.ring_shift` node over the context-parallel rings of its task's
-// devices, on the directive's stream.
+// devices, on the directive's stream. Ulysses' `piper.cp_seq_to_heads`
+// and `piper.cp_heads_to_seq` become their layout kernels around a
+// `piper.all_to_all` node over the same groups.
 #include "compiler/transforms/Transforms.h"
 
 #include "mlir/IR/Builders.h"
@@ -97,14 +99,63 @@ static void expandBackward(CpAttentionGradOp op) {
   op.erase();
 }
 
-static bool isShift(Operation &op) { return isa<CpRingShiftOp>(op); }
+/// Ulysses, sequence to heads: the member's rows as blocks of each
+/// member's heads, the all-to-all, the received rows in sequence order.
+static void expandSeqToHeads(CpSeqToHeadsOp op) {
+  OpBuilder b(op);
+  Location loc = op.getLoc();
+  Type type = op.getResult().getType();
+  auto counts = RankedTensorType::get({op.getCp()}, b.getI32Type());
+  auto split = CpUlyssesSplitOp::create(b, loc, type, counts, op.getInput(),
+                                        op.getCpAttr(), op.getHeadsAttr(),
+                                        op.getKvHeadsAttr());
+  auto sent = CpAllToAllOp::create(b, loc, type, counts, split.getResult(),
+                                   split.getCounts(), op.getCpAttr());
+  auto natural = CpUlyssesNaturalOp::create(b, loc, type, sent.getResult(),
+                                            op.getCpAttr(), op.getSeqAttr());
+  op.getResult().replaceAllUsesWith(natural.getResult());
+  op.erase();
+}
+
+/// Ulysses, heads to sequence: the rows in blocks of each member's rows,
+/// the all-to-all, the received blocks side by side.
+static void expandHeadsToSeq(CpHeadsToSeqOp op) {
+  OpBuilder b(op);
+  Location loc = op.getLoc();
+  Type type = op.getInput().getType();
+  auto counts = RankedTensorType::get({op.getCp()}, b.getI32Type());
+  auto zigzag = CpUlyssesZigzagOp::create(b, loc, type, counts, op.getInput(),
+                                          op.getCpAttr(), op.getSeqAttr());
+  auto sent = CpAllToAllOp::create(b, loc, type, counts, zigzag.getResult(),
+                                   zigzag.getCounts(), op.getCpAttr());
+  auto merged = CpUlyssesMergeOp::create(
+      b, loc, op.getResult().getType(), sent.getResult(), op.getCpAttr(),
+      op.getHeadsAttr(), op.getKvHeadsAttr());
+  op.getResult().replaceAllUsesWith(merged.getResult());
+  op.erase();
+}
+
+static bool isExchange(Operation &op) {
+  return isa<CpRingShiftOp, CpAllToAllOp>(op);
+}
+
+/// Whether `seg` holds context-parallel ops to lower.
+static bool hasContextParallelOps(SegmentOp seg) {
+  Block &body = seg.getBody().front();
+  return !body.getOps<CpAttentionOp>().empty() ||
+         !body.getOps<CpAttentionGradOp>().empty() ||
+         !body.getOps<CpSeqToHeadsOp>().empty() ||
+         !body.getOps<CpHeadsToSeqOp>().empty();
+}
 
 LogicalResult mlir::piper::lowerContextParallel(ModuleOp module) {
   int64_t cp = getContextParallel(module);
   if (cp < 2) {
     WalkResult stray = module.walk([](Operation *op) {
       if (!isa<CpAttentionOp, CpAttentionGradOp, AttentionBlockOp,
-               AttentionBlockGradOp, CpRingShiftOp>(op))
+               AttentionBlockGradOp, CpRingShiftOp, CpSeqToHeadsOp,
+               CpHeadsToSeqOp, CpUlyssesSplitOp, CpUlyssesMergeOp,
+               CpUlyssesNaturalOp, CpUlyssesZigzagOp, CpAllToAllOp>(op))
         return WalkResult::advance();
       op->emitOpError("needs the module's context-parallel degree "
                       "(piper.context_parallel, set by context_parallel)");
@@ -117,7 +168,9 @@ LogicalResult mlir::piper::lowerContextParallel(ModuleOp module) {
     return failure();
   WalkResult wrong = module.walk([&](Operation *op) {
     auto attr = op->getAttrOfType<IntegerAttr>("cp");
-    if (!isa<CpAttentionOp, CpAttentionGradOp>(op) || attr.getInt() == cp)
+    if (!isa<CpAttentionOp, CpAttentionGradOp, CpSeqToHeadsOp, CpHeadsToSeqOp>(
+            op) ||
+        attr.getInt() == cp)
       return WalkResult::advance();
     op->emitOpError("is split over ")
         << attr.getInt() << " members, but the module's context-parallel "
@@ -135,9 +188,7 @@ LogicalResult mlir::piper::lowerContextParallel(ModuleOp module) {
   for (TaskOp t : program->getBody().front().getOps<TaskOp>()) {
     StringAttr name = t.getSegmentAttr().getAttr();
     auto seg = symbols.lookup<SegmentOp>(name);
-    if (!seg || (!piecesOf.count(name) &&
-                 seg.getBody().front().getOps<CpAttentionOp>().empty() &&
-                 seg.getBody().front().getOps<CpAttentionGradOp>().empty()))
+    if (!seg || (!piecesOf.count(name) && !hasContextParallelOps(seg)))
       continue;
     ArrayRef<int64_t> devices =
         t.getDevices() ? t.getNodeDevices() : ArrayRef<int64_t>();
@@ -172,8 +223,14 @@ LogicalResult mlir::piper::lowerContextParallel(ModuleOp module) {
     for (CpAttentionGradOp op : llvm::make_early_inc_range(
              seg.getBody().front().getOps<CpAttentionGradOp>()))
       expandBackward(op);
+    for (CpSeqToHeadsOp op : llvm::make_early_inc_range(
+             seg.getBody().front().getOps<CpSeqToHeadsOp>()))
+      expandSeqToHeads(op);
+    for (CpHeadsToSeqOp op : llvm::make_early_inc_range(
+             seg.getBody().front().getOps<CpHeadsToSeqOp>()))
+      expandHeadsToSeq(op);
     hoistAccumulations(seg);
-    FailureOr<SegmentPieces> pieces = splitAround(seg, isShift, symbols);
+    FailureOr<SegmentPieces> pieces = splitAround(seg, isExchange, symbols);
     if (failed(pieces))
       return failure();
     piecesOf[name] = std::move(*pieces);
@@ -183,6 +240,20 @@ LogicalResult mlir::piper::lowerContextParallel(ModuleOp module) {
     splitTaskWith(t, pieces,
                   [&](OpBuilder &b, unsigned j, ArrayRef<Value> args,
                       ArrayRef<Value> deps) -> std::optional<PieceNode> {
+                    if (auto a2a = soleOp<CpAllToAllOp>(pieces.pieces[j])) {
+                      auto node = AllToAllOp::create(
+                          b, t.getLoc(), args[0].getType(), args[1].getType(),
+                          b.getType<TokenType>(), args[0], args[1], deps,
+                          t.getDevicesAttr(), stream, t.getTag(), IntegerAttr(),
+                          rings);
+                      PieceNode n{node, {}, node.getDone()};
+                      for (Value v : pieces.outputValues[j])
+                        n.outs.push_back(cast<OpResult>(v).getResultNumber() ==
+                                                 0
+                                             ? node.getResult()
+                                             : node.getRecvCounts());
+                      return n;
+                    }
                     auto marker = soleOp<CpRingShiftOp>(pieces.pieces[j]);
                     if (!marker)
                       return std::nullopt;
@@ -196,7 +267,7 @@ LogicalResult mlir::piper::lowerContextParallel(ModuleOp module) {
   }
   for (auto &entry : piecesOf) {
     for (SegmentOp piece : entry.second.pieces)
-      if (soleOp<CpRingShiftOp>(piece))
+      if (soleOp<CpRingShiftOp>(piece) || soleOp<CpAllToAllOp>(piece))
         symbols.erase(piece);
     symbols.erase(symbols.lookup<SegmentOp>(entry.first));
   }

@@ -195,6 +195,30 @@ LogicalResult CpAttentionOp::emitInputGradients(OpBuilder &b,
   return success();
 }
 
+// Ulysses: each all-to-all's gradient is the other (a permutation of
+// rows and columns, whose adjoint is its inverse).
+template <typename Dual, typename Op>
+static LogicalResult ulyssesDualGradient(Op op, OpBuilder &b,
+                                         GradientEmitter &g) {
+  if (!g.needsGrad(op.getInput()))
+    return success();
+  g.addGrad(b, op.getInput(),
+            Dual::create(b, op.getLoc(), op.getInput().getType(),
+                         g.getGrad(op.getResult()), op.getCpAttr(),
+                         op.getSeqAttr(), op.getHeadsAttr(),
+                         op.getKvHeadsAttr()));
+  return success();
+}
+
+LogicalResult CpSeqToHeadsOp::emitInputGradients(OpBuilder &b,
+                                                 GradientEmitter &g) {
+  return ulyssesDualGradient<CpHeadsToSeqOp>(*this, b, g);
+}
+LogicalResult CpHeadsToSeqOp::emitInputGradients(OpBuilder &b,
+                                                 GradientEmitter &g) {
+  return ulyssesDualGradient<CpSeqToHeadsOp>(*this, b, g);
+}
+
 //===----------------------------------------------------------------------===//
 // Tensor parallelism: Megatron's f and g
 //===----------------------------------------------------------------------===//

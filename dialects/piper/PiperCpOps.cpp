@@ -160,6 +160,101 @@ LogicalResult CpRingShiftOp::verify() {
   return success();
 }
 
+/// Ulysses' column checks: cp, heads and kv_heads (none: 0; multiples of
+/// cp), the wide [n, W] and the narrow [cp n, W / cp] matrices.
+static LogicalResult verifyUlyssesColumns(Operation *op, int64_t cp,
+                                          int64_t heads,
+                                          std::optional<uint64_t> kvHeads,
+                                          Value wide, Value narrow) {
+  int64_t kv = static_cast<int64_t>(kvHeads.value_or(0));
+  if (cp < 2)
+    return op->emitOpError("cp must be at least 2, got ") << cp;
+  if (heads <= 0 || kv < 0)
+    return op->emitOpError("heads must be positive and kv_heads not negative");
+  if (heads % cp != 0 || kv % cp != 0)
+    return op->emitOpError("heads (")
+           << heads << ") and kv_heads (" << kv
+           << ") must be multiples of cp = " << cp
+           << " (each member attends with its share of the heads)";
+  int64_t units = heads + 2 * kv, cols = dim(wide, 1);
+  if (cols % units != 0)
+    return op->emitOpError("the wide side's ")
+           << cols << " columns are not (heads + 2 * kv_heads) = " << units
+           << " heads";
+  return verifyShape(op, narrow, "the narrow side", cp * dim(wide, 0),
+                     cols / cp);
+}
+
+/// Ulysses' row checks: rows of whole sequences of `seq`, a multiple of
+/// 2 cp.
+static LogicalResult verifyUlyssesRows(Operation *op, int64_t cp, int64_t seq,
+                                       Value whole) {
+  if (cp < 2)
+    return op->emitOpError("cp must be at least 2, got ") << cp;
+  if (seq <= 0 || seq % (2 * cp) != 0)
+    return op->emitOpError("seq ")
+           << seq << " must be a positive multiple of 2 * cp = " << 2 * cp
+           << " (each member holds two of 2 * cp equal chunks)";
+  if (dim(whole, 0) % seq != 0)
+    return op->emitOpError("rows ")
+           << dim(whole, 0) << " are not whole sequences of " << seq;
+  return success();
+}
+
+LogicalResult CpSeqToHeadsOp::verify() {
+  if (failed(verifyUlyssesColumns(*this, getCp(), getHeads(), getKvHeads(),
+                                  getInput(), getResult())))
+    return failure();
+  return verifyUlyssesRows(*this, getCp(), getSeq(), getResult());
+}
+
+LogicalResult CpHeadsToSeqOp::verify() {
+  if (failed(verifyUlyssesColumns(*this, getCp(), getHeads(), getKvHeads(),
+                                  getResult(), getInput())))
+    return failure();
+  return verifyUlyssesRows(*this, getCp(), getSeq(), getInput());
+}
+
+LogicalResult CpUlyssesSplitOp::verify() {
+  if (failed(verifyUlyssesColumns(*this, getCp(), getHeads(), getKvHeads(),
+                                  getInput(), getResult())))
+    return failure();
+  if (dim(getCounts(), 0) != getCp())
+    return emitOpError("counts must have cp = ") << getCp() << " entries";
+  return success();
+}
+
+LogicalResult CpUlyssesMergeOp::verify() {
+  return verifyUlyssesColumns(*this, getCp(), getHeads(), getKvHeads(),
+                              getResult(), getInput());
+}
+
+LogicalResult CpUlyssesNaturalOp::verify() {
+  return verifyUlyssesRows(*this, getCp(), getSeq(), getInput());
+}
+
+LogicalResult CpUlyssesZigzagOp::verify() {
+  if (failed(verifyUlyssesRows(*this, getCp(), getSeq(), getInput())))
+    return failure();
+  if (getResult().getType() != getInput().getType())
+    return emitOpError("result type must equal the input type");
+  if (dim(getCounts(), 0) != getCp())
+    return emitOpError("counts must have cp = ") << getCp() << " entries";
+  return success();
+}
+
+LogicalResult CpAllToAllOp::verify() {
+  if (getCp() < 2)
+    return emitOpError("cp must be at least 2, got ") << getCp();
+  if (dim(getSendCounts(), 0) != getCp())
+    return emitOpError("send_counts must have cp = ") << getCp() << " entries";
+  if (dim(getInput(), 0) % getCp() != 0)
+    return emitOpError("rows ")
+           << dim(getInput(), 0) << " are not cp = " << getCp()
+           << " equal blocks";
+  return success();
+}
+
 // Attention's work is 4 FLOPs per output element per key (q k^T and P v);
 // a member's rows meet the whole sequence over the ring, seq / cp keys per
 // step. The backward does twice the matrix products and recomputes the

@@ -152,4 +152,152 @@ def Piper_CpRingShiftOp : Piper_Op<"cp_ring_shift", [Pure,
   let hasVerifier = 1;
 }
 
+//===----------------------------------------------------------------------===//
+// Ulysses: all-to-alls between the sequence and the heads
+//===----------------------------------------------------------------------===//
+
+def Piper_CpSeqToHeadsOp : Piper_Op<"cp_seq_to_heads", [Pure,
+    HasParent<"SegmentOp">,
+    DeclareOpInterfaceMethods<Piper_DifferentiableOpInterface>]> {
+  let summary = "Ulysses: a member's rows of every head to every row of its heads";
+  let description = [{
+    `input` [n, W] holds this member's n rows (B sequences of seq / cp
+    rows, chunks m and 2 cp - 1 - m of each) of `heads` query heads then
+    `kv_heads` key and `kv_heads` value heads (none: query heads only), W
+    = (heads + 2 kv_heads) hd. `result` [cp n, W / cp] holds every row of
+    the B sequences, in sequence order, of this member's heads: query
+    heads m heads / cp ... (m + 1) heads / cp - 1 and the same share of the
+    key and value heads. heads and kv_heads must be multiples of cp. The
+    `context_parallel` rewrite of kind ulysses puts it before attention;
+    its gradient is `piper.cp_heads_to_seq`. After placement
+    piper-tensor-parallel lowers it to `piper.cp_ulysses_split`, an
+    all-to-all over the context-parallel group and
+    `piper.cp_ulysses_natural`.
+
+    ```mlir
+    %h = piper.cp_seq_to_heads %qkv {cp = 2 : i64, heads = 4 : i64, seq = 32 : i64} : (tensor<32x192xf32>) -> tensor<64x96xf32>
+    ```
+  }];
+  let arguments = (ins F32Tensor2D:$input, I64Attr:$cp, I64Attr:$seq,
+                       I64Attr:$heads, OptionalAttr<I64Attr>:$kv_heads);
+  let results = (outs F32Tensor2D:$result);
+  let assemblyFormat = "$input attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Piper_CpHeadsToSeqOp : Piper_Op<"cp_heads_to_seq", [Pure,
+    HasParent<"SegmentOp">,
+    DeclareOpInterfaceMethods<Piper_DifferentiableOpInterface>]> {
+  let summary = "Ulysses: every row of a member's heads back to its rows of every head";
+  let description = [{
+    The inverse of `piper.cp_seq_to_heads` with the same attributes (they
+    describe the wide side): `input` [cp n, W / cp], `result` [n, W]. Its
+    gradient is `piper.cp_seq_to_heads`. Lowered to
+    `piper.cp_ulysses_zigzag`, an all-to-all and `piper.cp_ulysses_merge`.
+
+    ```mlir
+    %y = piper.cp_heads_to_seq %h {cp = 2 : i64, heads = 4 : i64, seq = 32 : i64} : (tensor<64x32xf32>) -> tensor<32x64xf32>
+    ```
+  }];
+  let arguments = (ins F32Tensor2D:$input, I64Attr:$cp, I64Attr:$seq,
+                       I64Attr:$heads, OptionalAttr<I64Attr>:$kv_heads);
+  let results = (outs F32Tensor2D:$result);
+  let assemblyFormat = "$input attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Piper_CpUlyssesSplitOp : Piper_ComputeOp<"cp_ulysses_split", [Pure,
+    HasParent<"SegmentOp">]> {
+  let summary = "Ulysses: a member's rows as cp blocks of each member's heads";
+  let description = [{
+    `input` [n, W] (heads, kv_heads as `piper.cp_seq_to_heads`'s) to
+    `result` [cp n, W / cp], block j member j's heads of the n rows, and
+    the all-to-all's send counts (n for every member).
+
+    ```mlir
+    %b, %c = piper.cp_ulysses_split %qkv {cp = 2 : i64, heads = 4 : i64} : (tensor<32x192xf32>) -> (tensor<64x96xf32>, tensor<2xi32>)
+    ```
+  }];
+  let arguments = (ins F32Tensor2D:$input, I64Attr:$cp, I64Attr:$heads,
+                       OptionalAttr<I64Attr>:$kv_heads);
+  let results = (outs F32Tensor2D:$result, I32Tensor1D:$counts);
+  let assemblyFormat = "$input attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Piper_CpUlyssesMergeOp : Piper_ComputeOp<"cp_ulysses_merge", [Pure,
+    HasParent<"SegmentOp">]> {
+  let summary = "Ulysses: cp blocks of each member's heads as the rows' every head";
+  let description = [{
+    The inverse of `piper.cp_ulysses_split`: `input` [cp n, W / cp] to
+    `result` [n, W].
+
+    ```mlir
+    %y = piper.cp_ulysses_merge %b {cp = 2 : i64, heads = 4 : i64} : (tensor<64x32xf32>) -> tensor<32x64xf32>
+    ```
+  }];
+  let arguments = (ins F32Tensor2D:$input, I64Attr:$cp, I64Attr:$heads,
+                       OptionalAttr<I64Attr>:$kv_heads);
+  let results = (outs F32Tensor2D:$result);
+  let assemblyFormat = "$input attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Piper_CpUlyssesNaturalOp : Piper_ComputeOp<"cp_ulysses_natural", [Pure,
+    HasParent<"SegmentOp">, SameOperandsAndResultType]> {
+  let summary = "Ulysses: rows received from each member into sequence order";
+  let description = [{
+    `input` holds cp blocks, block i member i's rows (its chunks i and
+    2 cp - 1 - i of each of the B sequences of `seq`); `result` the same
+    rows in sequence order.
+
+    ```mlir
+    %h = piper.cp_ulysses_natural %r {cp = 2 : i64, seq = 32 : i64} : (tensor<64x96xf32>) -> tensor<64x96xf32>
+    ```
+  }];
+  let arguments = (ins F32Tensor2D:$input, I64Attr:$cp, I64Attr:$seq);
+  let results = (outs F32Tensor2D:$result);
+  let assemblyFormat = "$input attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Piper_CpUlyssesZigzagOp : Piper_ComputeOp<"cp_ulysses_zigzag", [Pure,
+    HasParent<"SegmentOp">]> {
+  let summary = "Ulysses: rows in sequence order into blocks of each member's rows";
+  let description = [{
+    The inverse of `piper.cp_ulysses_natural`, and the all-to-all's send
+    counts (rows / cp for every member).
+
+    ```mlir
+    %r, %c = piper.cp_ulysses_zigzag %h {cp = 2 : i64, seq = 32 : i64} : (tensor<64x32xf32>) -> (tensor<64x32xf32>, tensor<2xi32>)
+    ```
+  }];
+  let arguments = (ins F32Tensor2D:$input, I64Attr:$cp, I64Attr:$seq);
+  let results = (outs F32Tensor2D:$result, I32Tensor1D:$counts);
+  let assemblyFormat = "$input attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Piper_CpAllToAllOp : Piper_Op<"cp_all_to_all", [HasParent<"SegmentOp">,
+    AllTypesMatch<["input", "result"]>,
+    AllTypesMatch<["send_counts", "recv_counts"]>]> {
+  let summary = "Where the Ulysses lowering cuts a segment for an all-to-all";
+  let description = [{
+    Member m sends block j of `input` (send_counts[j] rows) to member j of
+    its context-parallel group and gets member j's block m as its block j.
+    A marker the Ulysses lowering places; it cuts the segment there and
+    becomes a `piper.all_to_all` over the context-parallel groups, on the
+    context-parallel stream.
+
+    ```mlir
+    %r, %rc = piper.cp_all_to_all %b, %c {cp = 2 : i64} : tensor<64x96xf32>, tensor<2xi32>
+    ```
+  }];
+  let arguments = (ins F32Tensor2D:$input, I32Tensor1D:$send_counts,
+                       I64Attr:$cp);
+  let results = (outs F32Tensor2D:$result, I32Tensor1D:$recv_counts);
+  let assemblyFormat = "$input `,` $send_counts attr-dict `:` type($input) `,` type($send_counts)";
+  let hasVerifier = 1;
+}
+
 #endif // PIPER_CP_OPS

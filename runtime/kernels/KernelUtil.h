@@ -115,6 +115,12 @@ Status tpKvAssembleKernel(const KernelArgs &a);
 Status tpKvAssembleGradKernel(const KernelArgs &a);
 Status biasGradKernel(const KernelArgs &a);
 
+// UlyssesKernels.cpp
+Status ulyssesSplitKernel(const KernelArgs &a);
+Status ulyssesMergeKernel(const KernelArgs &a);
+Status ulyssesNaturalKernel(const KernelArgs &a);
+Status ulyssesZigzagKernel(const KernelArgs &a);
+
 // NormKernels.cpp
 Status layerNormKernel(const KernelArgs &a);
 Status layerNormGradInputKernel(const KernelArgs &a);

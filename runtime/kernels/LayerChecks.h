@@ -12,6 +12,7 @@
 
 #include "proto/PlanShards.h"
 #include "runtime/kernels/KernelUtil.h"
+#include "runtime/kernels/UlyssesLayout.h"
 
 namespace piper::runtime::detail {
 
@@ -63,6 +64,20 @@ Status checkRmsNormGradInput(const KernelArgs &a, int64_t &rows,
 /// rms_norm_grad_weight: (x, dy) -> dgamma [H].
 Status checkRmsNormGradWeight(const KernelArgs &a, int64_t &rows,
                               int64_t &hidden, double &eps);
+
+/// Ulysses context parallelism's column layouts (UlyssesLayout.h):
+/// cp_ulysses_split: x [n, W] -> (y [cp n, W / cp], send counts i32 [cp],
+/// each n); cp_ulysses_merge (`merge`): x [cp n, W / cp] -> y [n, W].
+/// Attributes cp (>= 2), heads and kv_heads (default 0), both multiples of
+/// cp; W a multiple of heads + 2 kv_heads. Sets `rows` = n.
+Status checkUlyssesColumns(const KernelArgs &a, bool merge, UlyssesColumns &c,
+                           int64_t &rows);
+/// cp_ulysses_natural: x [R, C] member order -> y [R, C] natural order;
+/// cp_ulysses_zigzag (`zigzag`): the other way, and send counts i32 [cp]
+/// (each R / cp). Attributes cp (>= 2) and seq (a multiple of 2 cp); R a
+/// multiple of seq.
+Status checkUlyssesRows(const KernelArgs &a, bool zigzag, UlyssesRows &r,
+                        int64_t &cols);
 
 } // namespace piper::runtime::detail
 

@@ -240,6 +240,10 @@ TEST_CASE("kernelNames lists every kernel once", "[kernels]") {
                                          "tp_kv_assemble",
                                          "attention",
                                          "attention_block",
+                                         "cp_ulysses_split",
+                                         "cp_ulysses_merge",
+                                         "cp_ulysses_natural",
+                                         "cp_ulysses_zigzag",
                                          "moe_router",
                                          "moe_dispatch",
                                          "expert_linear",
@@ -1372,6 +1376,149 @@ TEST_CASE("ring attention steps equal attention and attention_grad over "
     for (size_t e = 0; e < wantDkv.f.size(); ++e)
       CHECK(dkv[m].f[e] == Approx(wantDkv.f[e]).margin(2e-5));
   }
+}
+
+TEST_CASE("Ulysses' layouts around emulated all-to-alls give attention "
+          "over the whole sequence of each member's heads",
+          "[kernels]") {
+  struct Config {
+    int64_t cp, heads, kv, hd;
+  };
+  const Config config = GENERATE(Config{2, 4, 2, 4}, Config{4, 8, 4, 2},
+                                 Config{2, 2, 2, 6}, Config{4, 4, 4, 2});
+  const int64_t n = config.cp;
+  INFO("cp=" << n << " heads=" << config.heads << " kv_heads=" << config.kv
+             << " hd=" << config.hd);
+  Rng rng(37);
+  const int64_t batch = 2, seq = 4 * n, local = seq / n, rows = batch * seq;
+  const int64_t l = batch * local;
+  const int64_t qCols = config.heads * config.hd,
+                kvCols = config.kv * config.hd;
+  const int64_t cols = qCols + 2 * kvCols;
+  Tensor qkv = randomF32(rng, {rows, cols}, -1.5, 1.5);
+  std::vector<Tensor> ins = {qkv}, want = {Tensor::f32({rows, qCols})};
+  mustRun(K("attention")
+              .i("heads", config.heads)
+              .i("kv_heads", config.kv)
+              .i("seq", seq)
+              .f("rope_theta", 10000.0),
+          ins, want);
+  // Member m's rows: chunks m and 2n-1-m of each sequence (written out
+  // here, not through UlyssesLayout.h).
+  auto globalRow = [&](int64_t m, int64_t r) {
+    int64_t b = r / local, t = r % local, c = seq / (2 * n);
+    int64_t pos = t < c ? m * c + t : (2 * n - 1 - m) * c + (t - c);
+    return b * seq + pos;
+  };
+  auto rowsOf = [&](const Tensor &whole, int64_t m) {
+    int64_t width = whole.shape[1];
+    Tensor part = Tensor::f32({l, width});
+    for (int64_t r = 0; r < l; ++r)
+      std::copy_n(whole.f.begin() + globalRow(m, r) * width, width,
+                  part.f.begin() + r * width);
+    return part;
+  };
+  // Member j's all-to-all result: block i is member i's block j.
+  auto allToAll = [&](const std::vector<Tensor> &sent) {
+    std::vector<Tensor> got(n);
+    int64_t block = sent[0].numel() / n;
+    for (int64_t j = 0; j < n; ++j) {
+      got[j] = Tensor::f32(sent[0].shape);
+      for (int64_t i = 0; i < n; ++i)
+        std::copy_n(sent[i].f.begin() + j * block, block,
+                    got[j].f.begin() + i * block);
+    }
+    return got;
+  };
+  auto cpCols = [&](K k, bool kv) {
+    k.i("cp", n).i("heads", config.heads);
+    if (kv)
+      k.i("kv_heads", config.kv);
+    return k;
+  };
+  std::vector<Tensor> blocks(n), counts(n);
+  for (int64_t m = 0; m < n; ++m) {
+    std::vector<Tensor> in = {rowsOf(qkv, m)};
+    std::vector<Tensor> out = {Tensor::f32({rows, cols / n}),
+                               Tensor::i32({n}, std::vector<int32_t>(n, -1))};
+    mustRun(cpCols(K("cp_ulysses_split"), true), in, out);
+    blocks[m] = out[0];
+    CHECK(out[1].i == std::vector<int32_t>(n, int32_t(l)));
+  }
+  std::vector<Tensor> received = allToAll(blocks), back(n);
+  const int64_t h = config.heads / n, kv = config.kv / n;
+  for (int64_t m = 0; m < n; ++m) {
+    std::vector<Tensor> in = {received[m]},
+                        natural = {Tensor::f32({rows, cols / n})};
+    mustRun(K("cp_ulysses_natural").i("cp", n).i("seq", seq), in, natural);
+    // Every row, in sequence order, of member m's query, key and value
+    // heads.
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols / n; ++c) {
+        int64_t group = c < h * config.hd          ? 0
+                        : c < (h + kv) * config.hd ? 1
+                                                   : 2;
+        int64_t wideCol =
+            group == 0 ? m * h * config.hd + c
+                       : qCols + (group - 1) * kvCols + m * kv * config.hd +
+                             (c - h * config.hd - (group - 1) * kv * config.hd);
+        REQUIRE(natural[0].f[r * (cols / n) + c] == qkv.f[r * cols + wideCol]);
+      }
+    std::vector<Tensor> y = {Tensor::f32({rows, qCols / n})};
+    mustRun(K("attention")
+                .i("heads", h)
+                .i("kv_heads", kv)
+                .i("seq", seq)
+                .f("rope_theta", 10000.0),
+            natural, y);
+    std::vector<Tensor> out = {Tensor::f32({rows, qCols / n}),
+                               Tensor::i32({n}, std::vector<int32_t>(n, -1))};
+    mustRun(K("cp_ulysses_zigzag").i("cp", n).i("seq", seq), y, out);
+    CHECK(out[1].i == std::vector<int32_t>(n, int32_t(l)));
+    back[m] = out[0];
+  }
+  std::vector<Tensor> returned = allToAll(back);
+  for (int64_t m = 0; m < n; ++m) {
+    std::vector<Tensor> in = {returned[m]}, y = {Tensor::f32({l, qCols})};
+    mustRun(cpCols(K("cp_ulysses_merge"), false), in, y);
+    // The same kernel on the same rows and heads: bit for bit.
+    CHECK(y[0].f == rowsOf(want[0], m).f);
+  }
+  // The inverses: merge after split, zigzag after natural.
+  std::vector<Tensor> in = {blocks[0]}, merged = {Tensor::f32({l, cols})};
+  mustRun(cpCols(K("cp_ulysses_merge"), true), in, merged);
+  CHECK(merged[0].f == rowsOf(qkv, 0).f);
+}
+
+TEST_CASE("Ulysses' layouts reject bad heads, sequences and shapes",
+          "[kernels]") {
+  auto counts = [](int64_t n) {
+    return Tensor::i32({n}, std::vector<int32_t>(n));
+  };
+  CHECK(mustFail(K("cp_ulysses_split").i("cp", 2).i("heads", 3),
+                 {Tensor::f32({4, 6})}, {Tensor::f32({8, 3}), counts(2)})
+            .find("heads (3) and kv_heads (0) must be multiples of cp = 2") !=
+        std::string::npos);
+  CHECK(mustFail(K("cp_ulysses_split").i("cp", 1).i("heads", 2),
+                 {Tensor::f32({4, 6})}, {Tensor::f32({4, 6}), counts(1)})
+            .find("cp must be at least 2") != std::string::npos);
+  CHECK(
+      mustFail(K("cp_ulysses_split").i("cp", 2).i("heads", 2).i("kv_heads", 2),
+               {Tensor::f32({4, 12})}, {Tensor::f32({4, 6}), counts(2)})
+          .find("the narrow matrix must be [8, 6]") != std::string::npos);
+  CHECK(mustFail(K("cp_ulysses_merge").i("cp", 2).i("heads", 2),
+                 {Tensor::f32({8, 3})}, {Tensor::f32({4, 5})})
+            .find("are not (heads + 2 kv_heads) = 2 heads") !=
+        std::string::npos);
+  CHECK(mustFail(K("cp_ulysses_natural").i("cp", 2).i("seq", 6),
+                 {Tensor::f32({12, 2})}, {Tensor::f32({12, 2})})
+            .find("seq 6 must be a multiple of 2 cp = 4") != std::string::npos);
+  CHECK(mustFail(K("cp_ulysses_zigzag").i("cp", 2).i("seq", 8),
+                 {Tensor::f32({12, 2})}, {Tensor::f32({12, 2}), counts(2)})
+            .find("rows 12 are not whole sequences of 8") != std::string::npos);
+  CHECK(mustFail(K("cp_ulysses_zigzag").i("cp", 2).i("seq", 8),
+                 {Tensor::f32({16, 2})}, {Tensor::f32({16, 2}), counts(3)})
+            .find("counts") != std::string::npos);
 }
 
 TEST_CASE("ring attention's log-sum-exp pair survives bf16 storage",

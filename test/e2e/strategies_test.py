@@ -797,6 +797,7 @@ CP_LLAMA = ["llama", "--layers", "4", "--hidden", "32", "--heads", "8",
 CP_GPT = ["gpt", "--layers", "3", "--hidden", "32", "--heads", "2",
           "--vocab", "64", "--seq", "16", "--batch", "2"]
 CP2 = ["--cp", "2", "--microbatches", "8"]
+CP2U = CP2 + ["--cp-kind", "ulysses"]
 CP_CASES = [
     # (model name, model arguments, [(name, flags, ranks)])
     ("llama", CP_LLAMA, [
@@ -812,6 +813,15 @@ CP_CASES = [
                                        "dualpipev"], 4),
         ("dp2 x cp2 zero-3", ["--cp", "2", "--dp", "2", "--microbatches", "4",
                               "--zero", "3"], 4),
+        ("cp2 ulysses", CP2U, 2),
+        ("pp2 x cp2 ulysses 1f1b", CP2U + ["--pp", "2"], 4),
+        ("dp2 x cp2 ulysses zero-2", ["--cp", "2", "--cp-kind", "ulysses",
+                                      "--dp", "2", "--microbatches", "4",
+                                      "--zero", "2"], 4),
+        ("cp2 ulysses --recompute selective",
+         CP2U + ["--recompute", "selective"], 2),
+        ("pp2 x cp2 ulysses zb-h1", CP2U + ["--pp", "2", "--schedule",
+                                            "zb-h1"], 4),
     ]),
     # gpt: learned positions, each rank adding its rows' global positions.
     ("gpt", CP_GPT, [
@@ -821,6 +831,16 @@ CP_CASES = [
         ("dp2 x cp2 zero-2", ["--cp", "2", "--dp", "2", "--microbatches", "4",
                               "--zero", "2"], 4),
         ("cp2 --recompute selective", CP2 + ["--recompute", "selective"], 2),
+        ("cp2 ulysses", CP2U, 2),
+        ("pp2 x cp2 ulysses 1f1b", CP2U + ["--pp", "2"], 4),
+        ("cp2 ulysses --recompute full", CP2U + ["--recompute", "full"], 2),
+    ]),
+    # Ulysses over 4 members: 8 query and 4 key/value heads, 2 and 1 each.
+    ("llama-kv4", ["llama", "--layers", "4", "--hidden", "32", "--heads",
+                   "8", "--kv-heads", "4", "--ffn", "64", "--vocab", "64",
+                   "--seq", "16", "--batch", "2"], [
+        ("cp4 ulysses", ["--cp", "4", "--cp-kind", "ulysses",
+                         "--microbatches", "8"], 4),
     ]),
     ("gpt-tied", CP_GPT + ["--tied"], [
         ("cp2", CP2, 2),
@@ -835,7 +855,9 @@ CP_GRAD_CASES = [
     ("llama-cp", CP_LLAMA,
      [("1 device", ["--microbatches", "2"], 1),
       ("cp4", ["--cp", "4", "--microbatches", "2"], 4),
-      ("cp2", ["--cp", "2", "--microbatches", "2"], 2)]),
+      ("cp2", ["--cp", "2", "--microbatches", "2"], 2),
+      ("cp2 ulysses", ["--cp", "2", "--cp-kind", "ulysses",
+                       "--microbatches", "2"], 2)]),
     ("gpt-cp", CP_GPT,
      [("1 device", ["--microbatches", "2"], 1),
       ("cp4", ["--cp", "4", "--microbatches", "2"], 4)]),

@@ -127,6 +127,37 @@ Status rmsNormGradWeight(const KernelArgs &a, const Context &ctx) {
                                  a.outputs[0].f32(), rows, hidden, eps, work);
 }
 
+Status ulyssesColumns(const KernelArgs &a, const Context &ctx, bool merge) {
+  UlyssesColumns c;
+  int64_t rows = 0;
+  PIPER_RETURN_IF_ERROR(detail::checkUlyssesColumns(a, merge, c, rows));
+  return launchUlyssesColumns(ctx, a.inputs[0].f32(), c, rows, merge,
+                              a.outputs[0].f32(),
+                              merge ? nullptr : a.outputs[1].i32());
+}
+
+Status ulyssesRows(const KernelArgs &a, const Context &ctx, bool zigzag) {
+  UlyssesRows r;
+  int64_t cols = 0;
+  PIPER_RETURN_IF_ERROR(detail::checkUlyssesRows(a, zigzag, r, cols));
+  return launchUlyssesRows(ctx, a.inputs[0].f32(), r, cols, zigzag,
+                           a.outputs[0].f32(),
+                           zigzag ? a.outputs[1].i32() : nullptr);
+}
+
+Status ulyssesSplit(const KernelArgs &a, const Context &ctx) {
+  return ulyssesColumns(a, ctx, false);
+}
+Status ulyssesMerge(const KernelArgs &a, const Context &ctx) {
+  return ulyssesColumns(a, ctx, true);
+}
+Status ulyssesNatural(const KernelArgs &a, const Context &ctx) {
+  return ulyssesRows(a, ctx, false);
+}
+Status ulyssesZigzag(const KernelArgs &a, const Context &ctx) {
+  return ulyssesRows(a, ctx, true);
+}
+
 } // namespace
 
 void addLayerKernels(std::vector<KernelEntry> &out) {
@@ -141,6 +172,10 @@ void addLayerKernels(std::vector<KernelEntry> &out) {
                             {"rms_norm", rmsNorm},
                             {"rms_norm_grad_input", rmsNormGradInput},
                             {"rms_norm_grad_weight", rmsNormGradWeight},
+                            {"cp_ulysses_split", ulyssesSplit},
+                            {"cp_ulysses_merge", ulyssesMerge},
+                            {"cp_ulysses_natural", ulyssesNatural},
+                            {"cp_ulysses_zigzag", ulyssesZigzag},
                         });
 }
 

@@ -9,6 +9,7 @@
 #include "runtime/hal/gpu/GpuApi.h"
 #include "runtime/hal/gpu/LayerMath.h"
 #include "runtime/hal/gpu/Simt.h"
+#include "runtime/kernels/UlyssesLayout.h"
 
 namespace piper::runtime::hal::PIPER_GPU_NS {
 
@@ -58,6 +59,16 @@ Status launchRmsNormGradInput(const Context &ctx, const float *x,
 Status launchRmsNormGradWeight(const Context &ctx, const float *x,
                                const float *dy, float *dgamma, int64_t rows,
                                int64_t hidden, double eps, double *scratch);
+/// Ulysses context parallelism (runtime/kernels/UlyssesLayout.h): the split
+/// (x [rows, wide] -> y [cp rows, narrow], counts[cp] = rows) or, with
+/// `merge`, the other way (x [cp rows, narrow] -> y [rows, wide]).
+Status launchUlyssesColumns(const Context &ctx, const float *x,
+                            UlyssesColumns c, int64_t rows, bool merge,
+                            float *y, int32_t *counts);
+/// Member order to natural (x, y [r.rows, cols]) or, with `zigzag`, the
+/// other way and counts[cp] = r.rows / cp.
+Status launchUlyssesRows(const Context &ctx, const float *x, UlyssesRows r,
+                         int64_t cols, bool zigzag, float *y, int32_t *counts);
 
 } // namespace piper::runtime::hal::PIPER_GPU_NS
 

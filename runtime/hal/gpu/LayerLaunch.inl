@@ -313,4 +313,45 @@ Status launchRmsNormGradWeight(const Context &ctx, const float *x,
                         dgamma);
 }
 
+static Status fillUlyssesCounts(const Context &ctx, int32_t *counts,
+                               int64_t cp, int64_t each) {
+  return Exec(ctx).forEach("cp_ulysses_counts", cp, [=] PIPER_LAMBDA(int64_t j) {
+    counts[j] = static_cast<int32_t>(each);
+  });
+}
+
+Status launchUlyssesColumns(const Context &ctx, const float *x,
+                            UlyssesColumns c, int64_t rows, bool merge,
+                            float *y, int32_t *counts) {
+  const int64_t wide = c.wide(), narrow = c.narrow();
+  if (merge)
+    return Exec(ctx).forEach(
+        "cp_ulysses_merge", rows * wide, [=] PIPER_LAMBDA(int64_t e) {
+          int64_t r = e / wide, j = 0, col = 0;
+          c.narrowColumn(e % wide, j, col);
+          y[e] = x[(j * rows + r) * narrow + col];
+        });
+  PIPER_RETURN_IF_ERROR(Exec(ctx).forEach(
+      "cp_ulysses_split", c.cp * rows * narrow, [=] PIPER_LAMBDA(int64_t e) {
+        int64_t row = e / narrow, j = row / rows, r = row % rows;
+        y[e] = x[r * wide + c.wideColumn(j, e % narrow)];
+      }));
+  return fillUlyssesCounts(ctx, counts, c.cp, rows);
+}
+
+Status launchUlyssesRows(const Context &ctx, const float *x, UlyssesRows r,
+                         int64_t cols, bool zigzag, float *y,
+                         int32_t *counts) {
+  if (!zigzag)
+    return Exec(ctx).forEach(
+        "cp_ulysses_natural", r.rows * cols, [=] PIPER_LAMBDA(int64_t e) {
+          y[e] = x[r.memberRow(e / cols) * cols + e % cols];
+        });
+  PIPER_RETURN_IF_ERROR(Exec(ctx).forEach(
+      "cp_ulysses_zigzag", r.rows * cols, [=] PIPER_LAMBDA(int64_t e) {
+        y[e] = x[r.naturalRow(e / cols) * cols + e % cols];
+      }));
+  return fillUlyssesCounts(ctx, counts, r.cp, r.rows / r.cp);
+}
+
 } // namespace piper::runtime::hal::PIPER_GPU_NS

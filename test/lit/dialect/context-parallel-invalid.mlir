@@ -193,3 +193,84 @@ piper.program @p {
   // expected-error @+1 {{rings must have at least 2 members, got 1}}
   %y, %t = piper.ring_shift %x {devices = #piper.group<0>, offset = 1 : i64, rings = [#piper.group<0>], stream = #piper.stream<"cp_stream", comm>, tag = #piper.tag<PP = 0>} : tensor<8x4xf32>
 }
+
+// -----
+
+// Ulysses: the heads must split over the members.
+piper.segment @s(%qkv: tensor<8x40xf32>) -> tensor<16x20xf32> {
+  // expected-error @+1 {{heads (3) and kv_heads (1) must be multiples of cp = 2 (each member attends with its share of the heads)}}
+  %h = piper.cp_seq_to_heads %qkv {cp = 2 : i64, heads = 3 : i64, kv_heads = 1 : i64, seq = 8 : i64} : (tensor<8x40xf32>) -> tensor<16x20xf32>
+  piper.yield %h : tensor<16x20xf32>
+}
+
+// -----
+
+piper.segment @s(%qkv: tensor<8x48xf32>) -> tensor<8x24xf32> {
+  // expected-error @+1 {{the narrow side must be [16, 24], got 'tensor<8x24xf32>'}}
+  %h = piper.cp_seq_to_heads %qkv {cp = 2 : i64, heads = 2 : i64, kv_heads = 2 : i64, seq = 8 : i64} : (tensor<8x48xf32>) -> tensor<8x24xf32>
+  piper.yield %h : tensor<8x24xf32>
+}
+
+// -----
+
+piper.segment @s(%y: tensor<12x8xf32>) -> tensor<6x16xf32> {
+  // expected-error @+1 {{seq 6 must be a positive multiple of 2 * cp = 4 (each member holds two of 2 * cp equal chunks)}}
+  %x = piper.cp_heads_to_seq %y {cp = 2 : i64, heads = 2 : i64, seq = 6 : i64} : (tensor<12x8xf32>) -> tensor<6x16xf32>
+  piper.yield %x : tensor<6x16xf32>
+}
+
+// -----
+
+piper.segment @s(%y: tensor<12x8xf32>) -> tensor<12x8xf32> {
+  // expected-error @+1 {{rows 12 are not whole sequences of 8}}
+  %x = piper.cp_ulysses_natural %y {cp = 2 : i64, seq = 8 : i64} : (tensor<12x8xf32>) -> tensor<12x8xf32>
+  piper.yield %x : tensor<12x8xf32>
+}
+
+// -----
+
+piper.segment @s(%y: tensor<16x8xf32>) -> tensor<2xi32> {
+  // expected-error @+1 {{counts must have cp = 2 entries}}
+  %x, %c = piper.cp_ulysses_zigzag %y {cp = 2 : i64, seq = 8 : i64} : (tensor<16x8xf32>) -> (tensor<16x8xf32>, tensor<4xi32>)
+  piper.yield %c : tensor<4xi32>
+}
+
+// -----
+
+piper.segment @s(%y: tensor<16x8xf32>) -> tensor<16x8xf32> {
+  // expected-error @+1 {{result type must equal the input type}}
+  %x, %c = piper.cp_ulysses_zigzag %y {cp = 2 : i64, seq = 8 : i64} : (tensor<16x8xf32>) -> (tensor<8x16xf32>, tensor<2xi32>)
+  piper.yield %x : tensor<8x16xf32>
+}
+
+// -----
+
+piper.segment @s(%x: tensor<8x48xf32>) -> tensor<16x24xf32> {
+  // expected-error @+1 {{counts must have cp = 2 entries}}
+  %b, %c = piper.cp_ulysses_split %x {cp = 2 : i64, heads = 2 : i64, kv_heads = 2 : i64} : (tensor<8x48xf32>) -> (tensor<16x24xf32>, tensor<3xi32>)
+  piper.yield %b : tensor<16x24xf32>
+}
+
+// -----
+
+piper.segment @s(%b: tensor<16x8xf32>) -> tensor<8x16xf32> {
+  // expected-error @+1 {{cp must be at least 2, got 1}}
+  %y = piper.cp_ulysses_merge %b {cp = 1 : i64, heads = 2 : i64} : (tensor<16x8xf32>) -> tensor<8x16xf32>
+  piper.yield %y : tensor<8x16xf32>
+}
+
+// -----
+
+piper.segment @s(%b: tensor<15x8xf32>, %c: tensor<2xi32>) -> tensor<15x8xf32> {
+  // expected-error @+1 {{rows 15 are not cp = 2 equal blocks}}
+  %r, %rc = piper.cp_all_to_all %b, %c {cp = 2 : i64} : tensor<15x8xf32>, tensor<2xi32>
+  piper.yield %r : tensor<15x8xf32>
+}
+
+// -----
+
+piper.segment @s(%b: tensor<16x8xf32>, %c: tensor<4xi32>) -> tensor<16x8xf32> {
+  // expected-error @+1 {{send_counts must have cp = 2 entries}}
+  %r, %rc = piper.cp_all_to_all %b, %c {cp = 2 : i64} : tensor<16x8xf32>, tensor<4xi32>
+  piper.yield %r : tensor<16x8xf32>
+}

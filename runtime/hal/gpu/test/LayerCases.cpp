@@ -1,5 +1,7 @@
 // Cases of the layer GPU kernels (KernelCases.h): embedding, position
 // embedding, layer norm and RMS norm, forward and backward.
+#include <array>
+
 #include "runtime/hal/gpu/test/KernelCases.h"
 
 namespace piper::runtime::hal::testing {
@@ -178,11 +180,69 @@ void normCases(std::vector<KernelCase> &out) {
   }
 }
 
+// Ulysses' layouts (runtime/kernels/UlyssesLayout.h): cp, heads,
+// kv_heads (0: query heads only), head dimension, sequences, seq; each
+// kernel, and calls the checks reject.
+void ulyssesCases(std::vector<KernelCase> &out) {
+  for (auto [cp, heads, kv, hd, batch, seq] :
+       std::vector<std::array<int64_t, 6>>{{2, 2, 0, 3, 1, 4},
+                                           {2, 4, 2, 2, 2, 8},
+                                           {4, 8, 4, 4, 3, 16},
+                                           {4, 8, 0, 8, 2, 32}}) {
+    std::string n = "cp " + std::to_string(cp) + " heads " +
+                    std::to_string(heads) + " kv_heads " + std::to_string(kv) +
+                    " hd " + std::to_string(hd) + " " + std::to_string(batch) +
+                    "x" + std::to_string(seq);
+    const int64_t rows = batch * seq / cp, wide = (heads + 2 * kv) * hd;
+    std::vector<std::pair<std::string, plan::AttrValue>> cols = {
+        {"cp", intAttr(cp)}, {"heads", intAttr(heads)}};
+    if (kv > 0)
+      cols.push_back({"kv_heads", intAttr(kv)});
+    out.push_back({"cp_ulysses_split " + n,
+                   "cp_ulysses_split",
+                   cols,
+                   {f32({rows, wide})},
+                   {zeros({cp * rows, wide / cp}), zeros({cp}, plan::I32)}});
+    out.push_back({"cp_ulysses_merge " + n,
+                   "cp_ulysses_merge",
+                   cols,
+                   {f32({cp * rows, wide / cp})},
+                   {zeros({rows, wide})}});
+    std::vector<std::pair<std::string, plan::AttrValue>> seqAttrs = {
+        {"cp", intAttr(cp)}, {"seq", intAttr(seq)}};
+    out.push_back({"cp_ulysses_natural " + n,
+                   "cp_ulysses_natural",
+                   seqAttrs,
+                   {f32({batch * seq, hd})},
+                   {zeros({batch * seq, hd})}});
+    out.push_back({"cp_ulysses_zigzag " + n,
+                   "cp_ulysses_zigzag",
+                   seqAttrs,
+                   {f32({batch * seq, hd})},
+                   {zeros({batch * seq, hd}), zeros({cp}, plan::I32)}});
+  }
+  KernelCase heads{"cp_ulysses_split heads not a multiple of cp",
+                   "cp_ulysses_split",
+                   {{"cp", intAttr(4)}, {"heads", intAttr(6)}},
+                   {f32({4, 12})},
+                   {zeros({16, 3}), zeros({4}, plan::I32)}};
+  heads.rejects = "must be multiples of cp = 4";
+  out.push_back(heads);
+  KernelCase seq{"cp_ulysses_natural seq not a multiple of 2 cp",
+                 "cp_ulysses_natural",
+                 {{"cp", intAttr(2)}, {"seq", intAttr(6)}},
+                 {f32({12, 2})},
+                 {zeros({12, 2})}};
+  seq.rejects = "must be a multiple of 2 cp = 4";
+  out.push_back(seq);
+}
+
 std::vector<KernelCase> cases() {
   std::vector<KernelCase> out;
   embeddingCases(out);
   positionCases(out);
   normCases(out);
+  ulyssesCases(out);
   return out;
 }
 
