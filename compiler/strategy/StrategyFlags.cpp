@@ -244,11 +244,6 @@ static std::string checkFlags(const StrategyFlags &f,
     return "--cp-kind must be ring (ring attention) or ulysses (all-to-alls "
            "from the sequence to the heads), got '" +
            f.cpKind + "'";
-  if (f.cp > 1 && f.tp > 1)
-    return llvm::formatv("--cp {0} with --tp {1}: context parallelism "
-                         "together with tensor parallelism is not built yet",
-                         f.cp, f.tp)
-        .str();
   if (f.cp > 1 && f.ep > 1)
     return llvm::formatv("--cp {0} with --ep {1}: MoE layers under context "
                          "parallelism are not built yet",

@@ -13,6 +13,10 @@
 // between `piper.cp_seq_to_heads` and `piper.cp_heads_to_seq`, lowered
 // there to all-to-alls. No parameter is split:
 // the members are gradient replicas (replicate sums over data x context).
+// Under tensor parallelism (shard_tensor runs first) each member's rows go
+// through the tensor-parallel block as the whole rows did: attention over
+// the tensor member's heads, sequence parallelism splitting the member's
+// rows.
 #include "compiler/transforms/Transforms.h"
 
 #include "mlir/IR/Builders.h"
@@ -54,6 +58,9 @@ private:
   SymbolTable symbols;
   /// Rows of a whole microbatch (B S) and the sequence length S.
   int64_t rows = 0, seq = 0;
+  /// The tensor-parallel degree (shard_tensor ran first): under sequence
+  /// parallelism a value may hold rows / tp of the rows.
+  int64_t tp = 1;
 };
 } // namespace
 
@@ -62,8 +69,9 @@ FailureOr<Value> ContextParallel::ulysses(AttentionOp attn) {
   if (heads % cp != 0 || kv % cp != 0)
     return fail(attn) << "Ulysses gives each of the cp = " << cp
                       << " members a share of attention's heads, but it has "
-                      << heads << " query and " << kv
-                      << " key/value heads; use a cp that divides both, "
+                      << heads << " query and " << kv << " key/value heads"
+                      << (tp > 1 ? " per tensor-parallel member" : "")
+                      << "; use a cp that divides both, "
                          "or ring attention (--cp-kind ring)";
   OpBuilder b(attn);
   Location loc = attn.getLoc();
@@ -142,8 +150,19 @@ LogicalResult ContextParallel::rewrite(SegmentOp seg,
             MoeAuxLossOp>(op))
       return fail(&op) << "MoE layers (" << op.getName()
                        << ") under context parallelism are not built yet";
+    // Under tensor parallelism (shard_tensor ran first): Megatron's f and
+    // g, the vocabulary-parallel loss and sequence parallelism's row
+    // splits and gathers, which then split the member's rows.
+    if (isa<SpSplitOp, SpGatherOp, SpAllGatherOp, SpReduceScatterOp>(op) &&
+        (rows / cp) % tp != 0)
+      return fail(&op) << "sequence parallelism splits each member's "
+                       << rows / cp << " rows (B S / cp) over " << tp
+                       << " tensor-parallel members, which does not divide "
+                          "them";
     if (!isa<EmbeddingOp, PositionAddOp, RmsNormOp, LayerNormOp, LinearOp,
-             AddOp, BiasAddOp, GeluOp, SwigluOp, CrossEntropyOp>(op))
+             AddOp, BiasAddOp, GeluOp, SwigluOp, CrossEntropyOp, TpCopyOp,
+             TpReduceOp, VocabCeStatsOp, VocabCrossEntropyOp, SpSplitOp,
+             SpGatherOp, SpAllGatherOp, SpReduceScatterOp>(op))
       return fail(&op) << op.getName()
                        << " reads the sequence's rows, and context "
                           "parallelism does not know how to split it";
@@ -151,7 +170,10 @@ LogicalResult ContextParallel::rewrite(SegmentOp seg,
       auto t = cast<RankedTensorType>(r.getType());
       if (t.getRank() == 0)
         continue;
-      if (t.getRank() != 2 || t.getDimSize(0) != rows)
+      // A row per token, or under sequence parallelism the tensor
+      // member's rows.
+      if (t.getRank() != 2 ||
+          (t.getDimSize(0) != rows && t.getDimSize(0) * tp != rows))
         return fail(&op) << op.getName() << " gives " << t
                          << ", which is not a row per token (" << rows
                          << " rows)";
@@ -167,10 +189,7 @@ LogicalResult ContextParallel::run(ProgramOp program) {
   if (getContextParallel(module) > 1)
     return fail(program) << "the model is already split by a "
                             "context_parallel directive";
-  if (getTensorParallel(module) > 1)
-    return fail(program) << "context parallelism together with tensor "
-                            "parallelism (shard_tensor, --tp) is not built "
-                            "yet";
+  tp = getTensorParallel(module);
   Block &top = program.getBody().front();
   auto batches = top.getOps<BatchOp>();
   if (!llvm::hasSingleElement(batches))

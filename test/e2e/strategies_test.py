@@ -822,6 +822,12 @@ CP_CASES = [
          CP2U + ["--recompute", "selective"], 2),
         ("pp2 x cp2 ulysses zb-h1", CP2U + ["--pp", "2", "--schedule",
                                             "zb-h1"], 4),
+        ("cp2 x tp2", CP2 + ["--tp", "2"], 4),
+        ("cp2 x tp2 + sp", CP2 + ["--tp", "2", "--sp"], 4),
+        ("pp2 x cp2 x tp2 1f1b", CP2 + ["--tp", "2", "--pp", "2"], 8),
+        ("cp4 x tp2 --recompute selective", ["--cp", "4", "--tp", "2",
+                                             "--microbatches", "8",
+                                             "--recompute", "selective"], 8),
     ]),
     # gpt: learned positions, each rank adding its rows' global positions.
     ("gpt", CP_GPT, [
@@ -834,6 +840,10 @@ CP_CASES = [
         ("cp2 ulysses", CP2U, 2),
         ("pp2 x cp2 ulysses 1f1b", CP2U + ["--pp", "2"], 4),
         ("cp2 ulysses --recompute full", CP2U + ["--recompute", "full"], 2),
+        ("cp2 x tp2", CP2 + ["--tp", "2"], 4),
+        ("dp2 x cp2 x tp2 + sp zero-2", ["--cp", "2", "--tp", "2", "--sp",
+                                         "--dp", "2", "--microbatches", "4",
+                                         "--zero", "2"], 8),
     ]),
     # Ulysses over 4 members: 8 query and 4 key/value heads, 2 and 1 each.
     ("llama-kv4", ["llama", "--layers", "4", "--hidden", "32", "--heads",
@@ -841,9 +851,14 @@ CP_CASES = [
                    "--seq", "16", "--batch", "2"], [
         ("cp4 ulysses", ["--cp", "4", "--cp-kind", "ulysses",
                          "--microbatches", "8"], 4),
+        # TP2 first (4 query, 2 key/value heads per member), then Ulysses
+        # over 2: 2 and 1.
+        ("cp2 ulysses x tp2 + sp", CP2U + ["--tp", "2", "--sp"], 4),
     ]),
     ("gpt-tied", CP_GPT + ["--tied"], [
         ("cp2", CP2, 2),
+        # The vocabulary-parallel tied head under CP.
+        ("cp2 x tp2", CP2 + ["--tp", "2"], 4),
         ("dp2 x cp2 zero-1", ["--cp", "2", "--dp", "2", "--microbatches", "4",
                               "--zero", "1"], 4),
     ]),
