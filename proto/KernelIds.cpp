@@ -36,6 +36,9 @@ const std::vector<KernelSignature> &kernelSignatures() {
       {"cp_ulysses_merge", 1, 1, 1, {"cp", "heads"}},
       {"cp_ulysses_natural", 1, 1, 1, {"cp", "seq"}},
       {"cp_ulysses_zigzag", 1, 1, 2, {"cp", "seq"}},
+      // MoE layers under context parallelism: the member's rows of the
+      // gathered sequence.
+      {"cp_split", 1, 1, 1, {"cp", "seq"}},
       {"moe_router", 1, 1, 2, {"top_k"}},
       {"moe_dispatch", 2, 2, 1, {"experts", "capacity"}},
       {"expert_linear", 2, 2, 1, {"experts"}},
@@ -63,6 +66,7 @@ const std::vector<KernelSignature> &kernelSignatures() {
       {"rms_norm_grad_weight", 2, 2, 1, {}},
       {"linear_grad_input", 2, 2, 1, {}},
       {"columns_grad", 1, 1, 1, {"start"}},
+      {"cp_split_grad", 1, 1, 1, {"cp", "seq"}},
       {"tp_kv_assemble_grad", 1, 1, 1, {"members", "query"}},
       {"linear_grad_weight", 2, 2, 1, {}},
       {"bias_grad", 1, 1, 1, {}},

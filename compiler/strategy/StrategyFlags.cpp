@@ -244,11 +244,6 @@ static std::string checkFlags(const StrategyFlags &f,
     return "--cp-kind must be ring (ring attention) or ulysses (all-to-alls "
            "from the sequence to the heads), got '" +
            f.cpKind + "'";
-  if (f.cp > 1 && f.ep > 1)
-    return llvm::formatv("--cp {0} with --ep {1}: MoE layers under context "
-                         "parallelism are not built yet",
-                         f.cp, f.ep)
-        .str();
   if (f.recompute != "none" && f.recompute != "full" &&
       f.recompute != "selective")
     return "--recompute must be none, full (every transformer block) or "
@@ -263,12 +258,18 @@ static std::string checkFlags(const StrategyFlags &f,
   if (f.noVocabParallel && f.tp < 2)
     return "--no-vocab-parallel needs --tp of at least 2 (it keeps the "
            "embedding and LM head whole on every tensor-parallel member)";
-  if (f.ep < 1 || !dividesDevices(f.ep, f.dp))
-    return llvm::formatv("--ep {0} must divide --dp {1}: expert-parallel "
-                         "groups are carved out of a stage's data-parallel "
-                         "replicas",
-                         f.ep, f.dp)
-        .str();
+  if (f.ep < 1 || !dividesDevices(f.ep, f.dp * f.cp))
+    return f.cp > 1
+               ? llvm::formatv("--ep {0} must divide --dp {1} x --cp {2} = "
+                               "{3}: expert-parallel groups are carved out of "
+                               "a stage's data- and context-parallel replicas",
+                               f.ep, f.dp, f.cp, f.dp * f.cp)
+                     .str()
+               : llvm::formatv("--ep {0} must divide --dp {1}: expert-parallel "
+                               "groups are carved out of a stage's "
+                               "data-parallel replicas",
+                               f.ep, f.dp)
+                     .str();
   return "";
 }
 

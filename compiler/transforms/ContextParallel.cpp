@@ -13,7 +13,10 @@
 // between `piper.cp_seq_to_heads` and `piper.cp_heads_to_seq`, lowered
 // there to all-to-alls. No parameter is split:
 // the members are gradient replicas (replicate sums over data x context).
-// Under tensor parallelism (shard_tensor runs first) each member's rows go
+// MoE layers run on the whole sequence, gathered before them (cp_gather)
+// and split after (cp_split), so that routing, capacity and the auxiliary
+// loss are one device's. Under tensor parallelism (shard_tensor runs
+// first) each member's rows go
 // through the tensor-parallel block as the whole rows did: attention over
 // the tensor member's heads, sequence parallelism splitting the member's
 // rows.
@@ -104,11 +107,71 @@ FailureOr<Value> ContextParallel::ulysses(AttentionOp attn) {
 LogicalResult ContextParallel::rewrite(SegmentOp seg,
                                        llvm::DenseSet<Value> &sharded) {
   Block &body = seg.getBody().front();
+  // MoE layers run on the whole sequence (docs/context-parallel.md §4):
+  // what they read of the member's rows is gathered (once per value), and
+  // what the member's rows read of their results split back.
+  llvm::DenseMap<Value, Value> gatherOf;
+  llvm::DenseSet<Value> gathered;
+  auto splitGathered = [&](Operation &op) -> LogicalResult {
+    for (OpOperand &use : op.getOpOperands()) {
+      if (!gathered.contains(use.get()))
+        continue;
+      auto t = cast<RankedTensorType>(use.get().getType());
+      if (t.getRank() == 0)
+        continue;
+      if (t.getRank() != 2 || t.getDimSize(0) != rows ||
+          !t.getElementType().isF32())
+        return fail(&op) << "reads " << t
+                         << " of an MoE layer, which is not a row per token "
+                            "of the sequence ("
+                         << rows << " rows)";
+      OpBuilder b(&op);
+      auto split =
+          CpSplitOp::create(b, op.getLoc(), part(t), use.get(),
+                            b.getI64IntegerAttr(cp), b.getI64IntegerAttr(seq));
+      use.set(split);
+      sharded.insert(split);
+    }
+    return success();
+  };
   for (Operation &op : llvm::make_early_inc_range(body.without_terminator())) {
     bool reads = llvm::any_of(op.getOperands(),
                               [&](Value v) { return sharded.contains(v); });
-    if (!reads)
+    bool readsGathered = llvm::any_of(
+        op.getOperands(), [&](Value v) { return gathered.contains(v); });
+    if (!reads && !readsGathered)
       continue;
+    if (isa<MoeRouterOp, MoeDispatchOp, ExpertLinearOp, MoeCombineOp,
+            MoeAuxLossOp>(op) ||
+        !reads) {
+      for (OpOperand &use : op.getOpOperands()) {
+        if (!sharded.contains(use.get()))
+          continue;
+        auto t = cast<RankedTensorType>(use.get().getType());
+        if (t.getRank() != 2 || t.getDimSize(0) * cp != rows ||
+            !t.getElementType().isF32())
+          return fail(&op) << op.getName() << " reads " << t
+                           << ", which context parallelism cannot gather into "
+                              "the sequence's "
+                           << rows << " rows";
+        Value &all = gatherOf[use.get()];
+        if (!all) {
+          OpBuilder b(&op);
+          all = CpGatherOp::create(
+              b, op.getLoc(),
+              RankedTensorType::get({rows, t.getDimSize(1)},
+                                    t.getElementType()),
+              use.get(), b.getI64IntegerAttr(cp), b.getI64IntegerAttr(seq));
+          gathered.insert(all);
+        }
+        use.set(all);
+      }
+      for (Value r : op.getResults())
+        gathered.insert(r);
+      continue;
+    }
+    if (failed(splitGathered(op)))
+      return failure();
     if (auto attn = dyn_cast<AttentionOp>(op)) {
       if (attn.getSeq() != seq)
         return fail(&op) << "attention over sequences of " << attn.getSeq()
@@ -146,10 +209,6 @@ LogicalResult ContextParallel::rewrite(SegmentOp seg,
       // Each local row adds its global position.
       pos.setCpAttr(OpBuilder(&op).getI64IntegerAttr(cp));
     }
-    if (isa<MoeRouterOp, MoeDispatchOp, ExpertLinearOp, MoeCombineOp,
-            MoeAuxLossOp>(op))
-      return fail(&op) << "MoE layers (" << op.getName()
-                       << ") under context parallelism are not built yet";
     // Under tensor parallelism (shard_tensor ran first): Megatron's f and
     // g, the vocabulary-parallel loss and sequence parallelism's row
     // splits and gathers, which then split the member's rows.
@@ -181,7 +240,9 @@ LogicalResult ContextParallel::rewrite(SegmentOp seg,
       sharded.insert(r);
     }
   }
-  return success();
+  // What leaves the segment of an MoE layer's whole sequence leaves as the
+  // member's rows.
+  return splitGathered(*body.getTerminator());
 }
 
 LogicalResult ContextParallel::run(ProgramOp program) {

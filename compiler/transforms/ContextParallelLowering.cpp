@@ -5,7 +5,9 @@
 // `piper.ring_shift` node over the context-parallel rings of its task's
 // devices, on the directive's stream. Ulysses' `piper.cp_seq_to_heads`
 // and `piper.cp_heads_to_seq` become their layout kernels around a
-// `piper.all_to_all` node over the same groups.
+// `piper.all_to_all` node over the same groups; an MoE layer's
+// `piper.cp_gather` (and its gradient) an all-gather (reduce-scatter) node
+// and the row order.
 #include "compiler/transforms/Transforms.h"
 
 #include "mlir/IR/Builders.h"
@@ -135,8 +137,34 @@ static void expandHeadsToSeq(CpHeadsToSeqOp op) {
   op.erase();
 }
 
+/// MoE layers under context parallelism: the gather is an all-gather in
+/// member order, then sequence order; its gradient the way back, summed.
+static void expandGather(CpGatherOp op) {
+  OpBuilder b(op);
+  Location loc = op.getLoc();
+  Type type = op.getResult().getType();
+  auto all = CpAllGatherOp::create(b, loc, type, op.getInput(), op.getCpAttr());
+  auto natural = CpUlyssesNaturalOp::create(b, loc, type, all.getResult(),
+                                            op.getCpAttr(), op.getSeqAttr());
+  op.getResult().replaceAllUsesWith(natural.getResult());
+  op.erase();
+}
+
+static void expandGatherGrad(CpGatherGradOp op) {
+  OpBuilder b(op);
+  Location loc = op.getLoc();
+  Type type = op.getInput().getType();
+  auto counts = RankedTensorType::get({op.getCp()}, b.getI32Type());
+  auto zigzag = CpUlyssesZigzagOp::create(b, loc, type, counts, op.getInput(),
+                                          op.getCpAttr(), op.getSeqAttr());
+  auto summed = CpReduceScatterOp::create(b, loc, op.getResult().getType(),
+                                          zigzag.getResult(), op.getCpAttr());
+  op.getResult().replaceAllUsesWith(summed.getResult());
+  op.erase();
+}
+
 static bool isExchange(Operation &op) {
-  return isa<CpRingShiftOp, CpAllToAllOp>(op);
+  return isa<CpRingShiftOp, CpAllToAllOp, CpAllGatherOp, CpReduceScatterOp>(op);
 }
 
 /// Whether `seg` holds context-parallel ops to lower.
@@ -145,7 +173,9 @@ static bool hasContextParallelOps(SegmentOp seg) {
   return !body.getOps<CpAttentionOp>().empty() ||
          !body.getOps<CpAttentionGradOp>().empty() ||
          !body.getOps<CpSeqToHeadsOp>().empty() ||
-         !body.getOps<CpHeadsToSeqOp>().empty();
+         !body.getOps<CpHeadsToSeqOp>().empty() ||
+         !body.getOps<CpGatherOp>().empty() ||
+         !body.getOps<CpGatherGradOp>().empty();
 }
 
 LogicalResult mlir::piper::lowerContextParallel(ModuleOp module) {
@@ -155,7 +185,9 @@ LogicalResult mlir::piper::lowerContextParallel(ModuleOp module) {
       if (!isa<CpAttentionOp, CpAttentionGradOp, AttentionBlockOp,
                AttentionBlockGradOp, CpRingShiftOp, CpSeqToHeadsOp,
                CpHeadsToSeqOp, CpUlyssesSplitOp, CpUlyssesMergeOp,
-               CpUlyssesNaturalOp, CpUlyssesZigzagOp, CpAllToAllOp>(op))
+               CpUlyssesNaturalOp, CpUlyssesZigzagOp, CpAllToAllOp, CpGatherOp,
+               CpGatherGradOp, CpSplitOp, CpSplitGradOp, CpAllGatherOp,
+               CpReduceScatterOp>(op))
         return WalkResult::advance();
       op->emitOpError("needs the module's context-parallel degree "
                       "(piper.context_parallel, set by context_parallel)");
@@ -168,8 +200,8 @@ LogicalResult mlir::piper::lowerContextParallel(ModuleOp module) {
     return failure();
   WalkResult wrong = module.walk([&](Operation *op) {
     auto attr = op->getAttrOfType<IntegerAttr>("cp");
-    if (!isa<CpAttentionOp, CpAttentionGradOp, CpSeqToHeadsOp, CpHeadsToSeqOp>(
-            op) ||
+    if (!isa<CpAttentionOp, CpAttentionGradOp, CpSeqToHeadsOp, CpHeadsToSeqOp,
+             CpGatherOp, CpGatherGradOp, CpSplitOp, CpSplitGradOp>(op) ||
         attr.getInt() == cp)
       return WalkResult::advance();
     op->emitOpError("is split over ")
@@ -229,6 +261,12 @@ LogicalResult mlir::piper::lowerContextParallel(ModuleOp module) {
     for (CpHeadsToSeqOp op : llvm::make_early_inc_range(
              seg.getBody().front().getOps<CpHeadsToSeqOp>()))
       expandHeadsToSeq(op);
+    for (CpGatherOp op :
+         llvm::make_early_inc_range(seg.getBody().front().getOps<CpGatherOp>()))
+      expandGather(op);
+    for (CpGatherGradOp op : llvm::make_early_inc_range(
+             seg.getBody().front().getOps<CpGatherGradOp>()))
+      expandGatherGrad(op);
     hoistAccumulations(seg);
     FailureOr<SegmentPieces> pieces = splitAround(seg, isExchange, symbols);
     if (failed(pieces))
@@ -254,6 +292,24 @@ LogicalResult mlir::piper::lowerContextParallel(ModuleOp module) {
                                              : node.getRecvCounts());
                       return n;
                     }
+                    if (auto ag = soleOp<CpAllGatherOp>(pieces.pieces[j])) {
+                      auto node = AllGatherOp::create(
+                          b, t.getLoc(), ag.getResult().getType(),
+                          b.getType<TokenType>(), args[0], deps,
+                          t.getDevicesAttr(), stream, t.getTag(), IntegerAttr(),
+                          rings);
+                      return PieceNode{
+                          node, {node.getResult()}, node.getDone()};
+                    }
+                    if (auto rs = soleOp<CpReduceScatterOp>(pieces.pieces[j])) {
+                      auto node = ReduceScatterOp::create(
+                          b, t.getLoc(), rs.getResult().getType(),
+                          b.getType<TokenType>(), args[0], deps,
+                          t.getDevicesAttr(), stream, t.getTag(), IntegerAttr(),
+                          rings);
+                      return PieceNode{
+                          node, {node.getResult()}, node.getDone()};
+                    }
                     auto marker = soleOp<CpRingShiftOp>(pieces.pieces[j]);
                     if (!marker)
                       return std::nullopt;
@@ -267,7 +323,8 @@ LogicalResult mlir::piper::lowerContextParallel(ModuleOp module) {
   }
   for (auto &entry : piecesOf) {
     for (SegmentOp piece : entry.second.pieces)
-      if (soleOp<CpRingShiftOp>(piece) || soleOp<CpAllToAllOp>(piece))
+      if (soleOp<CpRingShiftOp>(piece) || soleOp<CpAllToAllOp>(piece) ||
+          soleOp<CpAllGatherOp>(piece) || soleOp<CpReduceScatterOp>(piece))
         symbols.erase(piece);
     symbols.erase(symbols.lookup<SegmentOp>(entry.first));
   }

@@ -219,6 +219,26 @@ LogicalResult CpHeadsToSeqOp::emitInputGradients(OpBuilder &b,
   return ulyssesDualGradient<CpSeqToHeadsOp>(*this, b, g);
 }
 
+// MoE layers under context parallelism: the gather's gradient sums the
+// members' gradients of the whole sequence and keeps the member's rows;
+// the split's puts the member's rows back, zeros elsewhere.
+LogicalResult CpGatherOp::emitInputGradients(OpBuilder &b, GradientEmitter &g) {
+  if (g.needsGrad(getInput()))
+    g.addGrad(b, getInput(),
+              CpGatherGradOp::create(b, getLoc(), getInput().getType(),
+                                     g.getGrad(getResult()), getCpAttr(),
+                                     getSeqAttr()));
+  return success();
+}
+LogicalResult CpSplitOp::emitInputGradients(OpBuilder &b, GradientEmitter &g) {
+  if (g.needsGrad(getInput()))
+    g.addGrad(b, getInput(),
+              CpSplitGradOp::create(b, getLoc(), getInput().getType(),
+                                    g.getGrad(getResult()), getCpAttr(),
+                                    getSeqAttr()));
+  return success();
+}
+
 //===----------------------------------------------------------------------===//
 // Tensor parallelism: Megatron's f and g
 //===----------------------------------------------------------------------===//

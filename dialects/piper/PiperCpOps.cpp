@@ -255,6 +255,41 @@ LogicalResult CpAllToAllOp::verify() {
   return success();
 }
 
+/// The member's rows `part` [rows / cp, C] of the whole sequences `whole`
+/// [rows, C]; with `seq` (> 0) rows of whole sequences of seq, a multiple
+/// of 2 cp.
+static LogicalResult verifyMemberRows(Operation *op, int64_t cp, int64_t seq,
+                                      Value whole, Value part) {
+  if (cp < 2)
+    return op->emitOpError("cp must be at least 2, got ") << cp;
+  if (seq && failed(verifyUlyssesRows(op, cp, seq, whole)))
+    return failure();
+  if (dim(whole, 0) % cp != 0)
+    return op->emitOpError("rows ")
+           << dim(whole, 0) << " are not cp = " << cp << " equal blocks";
+  return verifyShape(op, part, "the member's part", dim(whole, 0) / cp,
+                     dim(whole, 1));
+}
+
+LogicalResult CpGatherOp::verify() {
+  return verifyMemberRows(*this, getCp(), getSeq(), getResult(), getInput());
+}
+LogicalResult CpGatherGradOp::verify() {
+  return verifyMemberRows(*this, getCp(), getSeq(), getInput(), getResult());
+}
+LogicalResult CpSplitOp::verify() {
+  return verifyMemberRows(*this, getCp(), getSeq(), getInput(), getResult());
+}
+LogicalResult CpSplitGradOp::verify() {
+  return verifyMemberRows(*this, getCp(), getSeq(), getResult(), getInput());
+}
+LogicalResult CpAllGatherOp::verify() {
+  return verifyMemberRows(*this, getCp(), 0, getResult(), getInput());
+}
+LogicalResult CpReduceScatterOp::verify() {
+  return verifyMemberRows(*this, getCp(), 0, getInput(), getResult());
+}
+
 // Attention's work is 4 FLOPs per output element per key (q k^T and P v);
 // a member's rows meet the whole sequence over the ring, seq / cp keys per
 // step. The backward does twice the matrix products and recomputes the

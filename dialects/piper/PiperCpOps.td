@@ -300,4 +300,120 @@ def Piper_CpAllToAllOp : Piper_Op<"cp_all_to_all", [HasParent<"SegmentOp">,
   let hasVerifier = 1;
 }
 
+//===----------------------------------------------------------------------===//
+// MoE layers under context parallelism: the whole sequence gathered
+//===----------------------------------------------------------------------===//
+
+def Piper_CpGatherOp : Piper_Op<"cp_gather", [Pure, HasParent<"SegmentOp">,
+    DeclareOpInterfaceMethods<Piper_DifferentiableOpInterface>]> {
+  let summary = "The whole sequence from the context-parallel members' rows";
+  let description = [{
+    `input` [n, C] holds this member's rows (B sequences of seq / cp rows,
+    chunks m and 2 cp - 1 - m of each); `result` [cp n, C] every member's,
+    in sequence order, as one device holds them. The `context_parallel`
+    rewrite puts it before an MoE layer, so that routing, capacity and the
+    auxiliary loss see the sequence as one device does. Its gradient is
+    `piper.cp_gather_grad`. Lowered after placement to an all-gather over
+    the context-parallel group and `piper.cp_ulysses_natural`.
+
+    ```mlir
+    %all = piper.cp_gather %x {cp = 2 : i64, seq = 8 : i64} : (tensor<8x16xf32>) -> tensor<16x16xf32>
+    ```
+  }];
+  let arguments = (ins F32Tensor2D:$input, I64Attr:$cp, I64Attr:$seq);
+  let results = (outs F32Tensor2D:$result);
+  let assemblyFormat = "$input attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Piper_CpGatherGradOp : Piper_Op<"cp_gather_grad", [Pure,
+    HasParent<"SegmentOp">]> {
+  let summary = "Gradient of cp_gather: summed over the members, the member's rows kept";
+  let description = [{
+    `input` [cp n, C] (sequence order) summed over the context-parallel
+    group; `result` [n, C] this member's rows of the sum. Lowered to
+    `piper.cp_ulysses_zigzag` and a reduce-scatter over the group.
+
+    ```mlir
+    %dx = piper.cp_gather_grad %dall {cp = 2 : i64, seq = 8 : i64} : (tensor<16x16xf32>) -> tensor<8x16xf32>
+    ```
+  }];
+  let arguments = (ins F32Tensor2D:$input, I64Attr:$cp, I64Attr:$seq);
+  let results = (outs F32Tensor2D:$result);
+  let assemblyFormat = "$input attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Piper_CpSplitOp : Piper_ComputeOp<"cp_split", [Pure,
+    HasParent<"SegmentOp">,
+    DeclareOpInterfaceMethods<Piper_DifferentiableOpInterface>]> {
+  let summary = "This context-parallel member's rows of the whole sequence";
+  let description = [{
+    `input` [cp n, C] in sequence order (an MoE layer's output on the
+    gathered sequence); `result` [n, C] this member's rows (chunks m and
+    2 cp - 1 - m of each sequence; the member comes from the runtime). No
+    communication. Its gradient is `piper.cp_split_grad`.
+
+    ```mlir
+    %y = piper.cp_split %all {cp = 2 : i64, seq = 8 : i64} : (tensor<16x16xf32>) -> tensor<8x16xf32>
+    ```
+  }];
+  let arguments = (ins F32Tensor2D:$input, I64Attr:$cp, I64Attr:$seq);
+  let results = (outs F32Tensor2D:$result);
+  let assemblyFormat = "$input attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Piper_CpSplitGradOp : Piper_ComputeOp<"cp_split_grad", [Pure,
+    HasParent<"SegmentOp">]> {
+  let summary = "Gradient of cp_split: the member's rows in place, zeros elsewhere";
+  let description = [{
+    `input` [n, C] this member's rows; `result` [cp n, C] in sequence
+    order, zero in the other members' rows.
+
+    ```mlir
+    %dall = piper.cp_split_grad %dy {cp = 2 : i64, seq = 8 : i64} : (tensor<8x16xf32>) -> tensor<16x16xf32>
+    ```
+  }];
+  let arguments = (ins F32Tensor2D:$input, I64Attr:$cp, I64Attr:$seq);
+  let results = (outs F32Tensor2D:$result);
+  let assemblyFormat = "$input attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Piper_CpAllGatherOp : Piper_Op<"cp_all_gather", [HasParent<"SegmentOp">]> {
+  let summary = "Where the context-parallel lowering cuts a segment for an all-gather";
+  let description = [{
+    `result` [cp n, C]: the members' `input` [n, C] in member order. A
+    marker of `piper.cp_gather`'s lowering; it cuts the segment and
+    becomes a `piper.all_gather` over the context-parallel groups, on the
+    context-parallel stream.
+
+    ```mlir
+    %all = piper.cp_all_gather %x {cp = 2 : i64} : (tensor<8x16xf32>) -> tensor<16x16xf32>
+    ```
+  }];
+  let arguments = (ins F32Tensor2D:$input, I64Attr:$cp);
+  let results = (outs F32Tensor2D:$result);
+  let assemblyFormat = "$input attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Piper_CpReduceScatterOp : Piper_Op<"cp_reduce_scatter", [HasParent<"SegmentOp">]> {
+  let summary = "Where the context-parallel lowering cuts a segment for a reduce-scatter";
+  let description = [{
+    `result` [n, C]: member m's block of the sum over the members of
+    `input` [cp n, C]. A marker of `piper.cp_gather_grad`'s lowering; it
+    becomes a `piper.reduce_scatter` over the context-parallel groups.
+
+    ```mlir
+    %dx = piper.cp_reduce_scatter %d {cp = 2 : i64} : (tensor<16x16xf32>) -> tensor<8x16xf32>
+    ```
+  }];
+  let arguments = (ins F32Tensor2D:$input, I64Attr:$cp);
+  let results = (outs F32Tensor2D:$result);
+  let assemblyFormat = "$input attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
 #endif // PIPER_CP_OPS

@@ -120,6 +120,8 @@ Status ulyssesSplitKernel(const KernelArgs &a);
 Status ulyssesMergeKernel(const KernelArgs &a);
 Status ulyssesNaturalKernel(const KernelArgs &a);
 Status ulyssesZigzagKernel(const KernelArgs &a);
+Status cpSplitKernel(const KernelArgs &a);
+Status cpSplitGradKernel(const KernelArgs &a);
 
 // NormKernels.cpp
 Status layerNormKernel(const KernelArgs &a);

@@ -78,6 +78,13 @@ Status checkUlyssesColumns(const KernelArgs &a, bool merge, UlyssesColumns &c,
 /// multiple of seq.
 Status checkUlyssesRows(const KernelArgs &a, bool zigzag, UlyssesRows &r,
                         int64_t &cols);
+/// cp_split: x [R, C] (whole sequences in sequence order) -> y [R / cp,
+/// C], the context member's rows (chunks m and 2 cp - 1 - m of each
+/// sequence); cp_split_grad (`grad`): the other way, zeros in the other
+/// members' rows. Attributes cp (>= 2) and seq (a multiple of 2 cp);
+/// `member` = the context's member, in [0, cp).
+Status checkCpSplit(const KernelArgs &a, bool grad, UlyssesRows &r,
+                    int64_t &cols, int64_t &member);
 
 } // namespace piper::runtime::detail
 

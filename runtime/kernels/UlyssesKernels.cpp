@@ -1,6 +1,8 @@
-// Ulysses context parallelism's layouts around its all-to-alls
-// (UlyssesLayout.h, docs/context-parallel.md §2): pure copies, so exact in
-// every precision. The checks are shared with the GPU kernels.
+// Context parallelism's row and column layouts (UlyssesLayout.h,
+// docs/context-parallel.md): Ulysses' around its all-to-alls, and the
+// member's rows of a gathered sequence (MoE layers under context
+// parallelism). Pure copies, so exact in every precision. The checks are
+// shared with the GPU kernels.
 #include <algorithm>
 #include <string>
 
@@ -81,6 +83,56 @@ Status checkUlyssesRows(const KernelArgs &a, bool zigzag, UlyssesRows &r,
   if (zigzag)
     PIPER_RETURN_IF_ERROR(
         expectTensor(a, a.outputs[1], "counts", plan::I32, {r.cp}));
+  return Status::ok();
+}
+
+Status checkCpSplit(const KernelArgs &a, bool grad, UlyssesRows &r,
+                    int64_t &cols, int64_t &member) {
+  PIPER_RETURN_IF_ERROR(expectCounts(a, 1, 1, 1));
+  PIPER_RETURN_IF_ERROR(readMembers(a, r.cp));
+  PIPER_RETURN_IF_ERROR(
+      readPositiveInt(a, KernelAttr::kSeq, std::nullopt, r.seq));
+  if (r.seq % (2 * r.cp) != 0)
+    return a.error("seq " + std::to_string(r.seq) +
+                   " must be a multiple of 2 cp = " + std::to_string(2 * r.cp));
+  const TensorRef &whole = grad ? a.outputs[0] : a.inputs[0];
+  const TensorRef &part = grad ? a.inputs[0] : a.outputs[0];
+  PIPER_RETURN_IF_ERROR(
+      expectMatrix(a, whole, grad ? "dx" : "x", plan::F32, r.rows, cols));
+  if (r.rows % r.seq != 0)
+    return a.error("rows " + std::to_string(r.rows) +
+                   " are not whole sequences of " + std::to_string(r.seq));
+  PIPER_RETURN_IF_ERROR(expectTensor(a, part, grad ? "dy" : "y", plan::F32,
+                                     {r.rows / r.cp, cols}));
+  member = a.ctx.contextMember;
+  if (member < 0 || member >= r.cp)
+    return a.error("context-parallel member " + std::to_string(member) +
+                   " is not one of " + std::to_string(r.cp));
+  return Status::ok();
+}
+
+Status cpSplitKernel(const KernelArgs &a) {
+  UlyssesRows r;
+  int64_t cols = 0, member = 0;
+  PIPER_RETURN_IF_ERROR(checkCpSplit(a, false, r, cols, member));
+  const float *x = a.inputs[0].f32();
+  float *y = a.outputs[0].f32();
+  const int64_t n = r.rows / r.cp;
+  for (int64_t i = 0; i < n; ++i)
+    std::copy_n(x + r.naturalRow(member * n + i) * cols, cols, y + i * cols);
+  return Status::ok();
+}
+
+Status cpSplitGradKernel(const KernelArgs &a) {
+  UlyssesRows r;
+  int64_t cols = 0, member = 0;
+  PIPER_RETURN_IF_ERROR(checkCpSplit(a, true, r, cols, member));
+  const float *dy = a.inputs[0].f32();
+  float *dx = a.outputs[0].f32();
+  const int64_t n = r.rows / r.cp;
+  std::fill_n(dx, r.rows * cols, 0.0f);
+  for (int64_t i = 0; i < n; ++i)
+    std::copy_n(dy + i * cols, cols, dx + r.naturalRow(member * n + i) * cols);
   return Status::ok();
 }
 

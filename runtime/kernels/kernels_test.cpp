@@ -244,6 +244,7 @@ TEST_CASE("kernelNames lists every kernel once", "[kernels]") {
                                          "cp_ulysses_merge",
                                          "cp_ulysses_natural",
                                          "cp_ulysses_zigzag",
+                                         "cp_split",
                                          "moe_router",
                                          "moe_dispatch",
                                          "expert_linear",
@@ -266,6 +267,7 @@ TEST_CASE("kernelNames lists every kernel once", "[kernels]") {
                                          "rms_norm_grad_weight",
                                          "linear_grad_input",
                                          "columns_grad",
+                                         "cp_split_grad",
                                          "tp_kv_assemble_grad",
                                          "linear_grad_weight",
                                          "bias_grad",
@@ -1488,6 +1490,58 @@ TEST_CASE("Ulysses' layouts around emulated all-to-alls give attention "
   std::vector<Tensor> in = {blocks[0]}, merged = {Tensor::f32({l, cols})};
   mustRun(cpCols(K("cp_ulysses_merge"), true), in, merged);
   CHECK(merged[0].f == rowsOf(qkv, 0).f);
+}
+
+TEST_CASE("cp_split keeps the member's rows and cp_split_grad puts them "
+          "back",
+          "[kernels]") {
+  const int64_t cp = GENERATE(2, 4);
+  const int64_t batch = 2, seq = 4 * cp, rows = batch * seq, cols = 3;
+  const int64_t local = seq / cp, chunk = seq / (2 * cp);
+  Rng rng(41);
+  Tensor x = randomF32(rng, {rows, cols});
+  std::vector<int> covered(rows, 0);
+  for (int64_t m = 0; m < cp; ++m) {
+    KernelContext ctx;
+    ctx.contextMember = m;
+    std::vector<Tensor> in = {x}, out = {Tensor::f32({rows / cp, cols})};
+    REQUIRE(run(K("cp_split").i("cp", cp).i("seq", seq), in, out, ctx));
+    std::vector<Tensor> back = {
+        Tensor::f32({rows, cols}, std::vector<float>(rows * cols, 9.0f))};
+    REQUIRE(run(K("cp_split_grad").i("cp", cp).i("seq", seq), out, back, ctx));
+    // Row t of sequence b: chunk m, then chunk 2 cp - 1 - m (written out).
+    for (int64_t r = 0; r < rows / cp; ++r) {
+      int64_t b = r / local, t = r % local;
+      int64_t pos =
+          t < chunk ? m * chunk + t : (2 * cp - 1 - m) * chunk + (t - chunk);
+      int64_t g = b * seq + pos;
+      ++covered[g];
+      for (int64_t c = 0; c < cols; ++c)
+        CHECK(out[0].f[r * cols + c] == x.f[g * cols + c]);
+    }
+    for (int64_t g = 0; g < rows; ++g)
+      for (int64_t c = 0; c < cols; ++c) {
+        bool mine = false;
+        for (int64_t r = 0; r < rows / cp; ++r) {
+          int64_t b = r / local, t = r % local;
+          int64_t pos = t < chunk ? m * chunk + t
+                                  : (2 * cp - 1 - m) * chunk + (t - chunk);
+          mine = mine || b * seq + pos == g;
+        }
+        CHECK(back[0].f[g * cols + c] == (mine ? x.f[g * cols + c] : 0.0f));
+      }
+  }
+  CHECK(std::count(covered.begin(), covered.end(), 1) == rows);
+  KernelContext outside;
+  outside.contextMember = cp;
+  std::vector<Tensor> in = {x}, out = {Tensor::f32({rows / cp, cols})};
+  Status s = run(K("cp_split").i("cp", cp).i("seq", seq), in, out, outside);
+  REQUIRE_FALSE(s);
+  CHECK(s.message().find("context-parallel member " + std::to_string(cp) +
+                         " is not one of") != std::string::npos);
+  CHECK(mustFail(K("cp_split").i("cp", 2).i("seq", 8), {Tensor::f32({16, 3})},
+                 {Tensor::f32({4, 3})})
+            .find("y has shape [4,3]") != std::string::npos);
 }
 
 TEST_CASE("Ulysses' layouts reject bad heads, sequences and shapes",

@@ -796,6 +796,10 @@ CP_LLAMA = ["llama", "--layers", "4", "--hidden", "32", "--heads", "8",
             "--batch", "2"]
 CP_GPT = ["gpt", "--layers", "3", "--hidden", "32", "--heads", "2",
           "--vocab", "64", "--seq", "16", "--batch", "2"]
+CP_MOE = ["qwen3-moe", "--layers", "2", "--hidden", "32", "--heads", "4",
+          "--kv-heads", "2", "--ffn", "32", "--experts", "4", "--top-k", "2",
+          "--vocab", "64", "--seq", "16", "--batch", "4",
+          "--capacity-factor", "1"]
 CP2 = ["--cp", "2", "--microbatches", "8"]
 CP2U = CP2 + ["--cp-kind", "ulysses"]
 CP_CASES = [
@@ -855,6 +859,20 @@ CP_CASES = [
         # over 2: 2 and 1.
         ("cp2 ulysses x tp2 + sp", CP2U + ["--tp", "2", "--sp"], 4),
     ]),
+    # MoE layers on the gathered sequence (routing, capacity and the
+    # auxiliary loss as one device's), with and without expert
+    # parallelism over the context members.
+    ("qwen3-moe", CP_MOE, [
+        ("cp2", CP2, 2),
+        ("cp2 x ep2", CP2 + ["--ep", "2"], 2),
+        ("cp2 ulysses x ep2", CP2U + ["--ep", "2"], 2),
+        ("dp2 x cp2 x ep2 zero-1", ["--cp", "2", "--dp", "2", "--ep", "2",
+                                    "--microbatches", "4", "--zero", "1"], 4),
+        ("pp2 x cp2 x ep2 1f1b", CP2 + ["--ep", "2", "--pp", "2"], 4),
+        ("cp2 x tp2", CP2 + ["--tp", "2"], 4),
+        ("cp2 x ep2 --recompute full", CP2 + ["--ep", "2", "--recompute",
+                                              "full"], 2),
+    ]),
     ("gpt-tied", CP_GPT + ["--tied"], [
         ("cp2", CP2, 2),
         # The vocabulary-parallel tied head under CP.
@@ -873,6 +891,10 @@ CP_GRAD_CASES = [
       ("cp2", ["--cp", "2", "--microbatches", "2"], 2),
       ("cp2 ulysses", ["--cp", "2", "--cp-kind", "ulysses",
                        "--microbatches", "2"], 2)]),
+    # MoE: the gathered layer's gradients are summed back over the ring.
+    ("qwen3-moe-cp", CP_MOE,
+     [("1 device", ["--microbatches", "2"], 1),
+      ("cp2 x ep2", ["--cp", "2", "--ep", "2", "--microbatches", "2"], 2)]),
     ("gpt-cp", CP_GPT,
      [("1 device", ["--microbatches", "2"], 1),
       ("cp4", ["--cp", "4", "--microbatches", "2"], 4)]),

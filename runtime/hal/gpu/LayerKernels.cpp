@@ -145,6 +145,21 @@ Status ulyssesRows(const KernelArgs &a, const Context &ctx, bool zigzag) {
                            zigzag ? a.outputs[1].i32() : nullptr);
 }
 
+Status cpSplitRows(const KernelArgs &a, const Context &ctx, bool grad) {
+  UlyssesRows r;
+  int64_t cols = 0, member = 0;
+  PIPER_RETURN_IF_ERROR(detail::checkCpSplit(a, grad, r, cols, member));
+  return launchCpSplit(ctx, a.inputs[0].f32(), r, cols, member, grad,
+                       a.outputs[0].f32());
+}
+
+Status cpSplit(const KernelArgs &a, const Context &ctx) {
+  return cpSplitRows(a, ctx, false);
+}
+Status cpSplitGrad(const KernelArgs &a, const Context &ctx) {
+  return cpSplitRows(a, ctx, true);
+}
+
 Status ulyssesSplit(const KernelArgs &a, const Context &ctx) {
   return ulyssesColumns(a, ctx, false);
 }
@@ -176,6 +191,8 @@ void addLayerKernels(std::vector<KernelEntry> &out) {
                             {"cp_ulysses_merge", ulyssesMerge},
                             {"cp_ulysses_natural", ulyssesNatural},
                             {"cp_ulysses_zigzag", ulyssesZigzag},
+                            {"cp_split", cpSplit},
+                            {"cp_split_grad", cpSplitGrad},
                         });
 }
 

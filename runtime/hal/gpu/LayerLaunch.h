@@ -69,6 +69,10 @@ Status launchUlyssesColumns(const Context &ctx, const float *x,
 /// other way and counts[cp] = r.rows / cp.
 Status launchUlyssesRows(const Context &ctx, const float *x, UlyssesRows r,
                          int64_t cols, bool zigzag, float *y, int32_t *counts);
+/// cp_split: y [r.rows / cp, cols] = member `member`'s rows of x [r.rows,
+/// cols] (sequence order); with `grad`, the other way, zeros elsewhere.
+Status launchCpSplit(const Context &ctx, const float *x, UlyssesRows r,
+                     int64_t cols, int64_t member, bool grad, float *y);
 
 } // namespace piper::runtime::hal::PIPER_GPU_NS
 

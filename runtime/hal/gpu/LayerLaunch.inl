@@ -354,4 +354,19 @@ Status launchUlyssesRows(const Context &ctx, const float *x, UlyssesRows r,
   return fillUlyssesCounts(ctx, counts, r.cp, r.rows / r.cp);
 }
 
+Status launchCpSplit(const Context &ctx, const float *x, UlyssesRows r,
+                     int64_t cols, int64_t member, bool grad, float *y) {
+  const int64_t n = r.rows / r.cp;
+  if (!grad)
+    return Exec(ctx).forEach(
+        "cp_split", n * cols, [=] PIPER_LAMBDA(int64_t e) {
+          y[e] = x[r.naturalRow(member * n + e / cols) * cols + e % cols];
+        });
+  return Exec(ctx).forEach(
+      "cp_split_grad", r.rows * cols, [=] PIPER_LAMBDA(int64_t e) {
+        int64_t at = r.memberRow(e / cols);
+        y[e] = at / n == member ? x[(at % n) * cols + e % cols] : 0.0f;
+      });
+}
+
 } // namespace piper::runtime::hal::PIPER_GPU_NS

@@ -274,3 +274,37 @@ piper.segment @s(%b: tensor<16x8xf32>, %c: tensor<4xi32>) -> tensor<16x8xf32> {
   %r, %rc = piper.cp_all_to_all %b, %c {cp = 2 : i64} : tensor<16x8xf32>, tensor<4xi32>
   piper.yield %r : tensor<16x8xf32>
 }
+
+// -----
+
+// MoE layers under context parallelism: the member's part of whole
+// sequences.
+piper.segment @s(%x: tensor<8x16xf32>) -> tensor<12x16xf32> {
+  // expected-error @+1 {{the member's part must be [6, 16], got 'tensor<8x16xf32>'}}
+  %all = piper.cp_gather %x {cp = 2 : i64, seq = 4 : i64} : (tensor<8x16xf32>) -> tensor<12x16xf32>
+  piper.yield %all : tensor<12x16xf32>
+}
+
+// -----
+
+piper.segment @s(%x: tensor<16x16xf32>) -> tensor<8x16xf32> {
+  // expected-error @+1 {{seq 6 must be a positive multiple of 2 * cp = 4}}
+  %y = piper.cp_split %x {cp = 2 : i64, seq = 6 : i64} : (tensor<16x16xf32>) -> tensor<8x16xf32>
+  piper.yield %y : tensor<8x16xf32>
+}
+
+// -----
+
+piper.segment @s(%x: tensor<8x16xf32>) -> tensor<16x8xf32> {
+  // expected-error @+1 {{the member's part must be [8, 8], got 'tensor<8x16xf32>'}}
+  %all = piper.cp_all_gather %x {cp = 2 : i64} : (tensor<8x16xf32>) -> tensor<16x8xf32>
+  piper.yield %all : tensor<16x8xf32>
+}
+
+// -----
+
+piper.segment @s(%x: tensor<15x16xf32>) -> tensor<7x16xf32> {
+  // expected-error @+1 {{rows 15 are not cp = 2 equal blocks}}
+  %y = piper.cp_reduce_scatter %x {cp = 2 : i64} : (tensor<15x16xf32>) -> tensor<7x16xf32>
+  piper.yield %y : tensor<7x16xf32>
+}

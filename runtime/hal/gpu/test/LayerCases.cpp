@@ -221,6 +221,31 @@ void ulyssesCases(std::vector<KernelCase> &out) {
                    {f32({batch * seq, hd})},
                    {zeros({batch * seq, hd}), zeros({cp}, plan::I32)}});
   }
+  // The member's rows of the gathered sequence, every member.
+  for (auto [cp, batch, seq, cols] : std::vector<std::array<int64_t, 4>>{
+           {2, 1, 4, 3}, {2, 3, 8, 5}, {4, 2, 16, 7}})
+    for (int64_t m = 0; m < cp; ++m) {
+      std::string n = "cp " + std::to_string(cp) + " member " +
+                      std::to_string(m) + " " + std::to_string(batch) + "x" +
+                      std::to_string(seq) + "x" + std::to_string(cols);
+      std::vector<std::pair<std::string, plan::AttrValue>> attrs = {
+          {"cp", intAttr(cp)}, {"seq", intAttr(seq)}};
+      const int64_t rows = batch * seq;
+      KernelCase split{"cp_split " + n,
+                       "cp_split",
+                       attrs,
+                       {f32({rows, cols})},
+                       {zeros({rows / cp, cols})}};
+      split.contextMember = m;
+      out.push_back(split);
+      KernelCase grad{"cp_split_grad " + n,
+                      "cp_split_grad",
+                      attrs,
+                      {f32({rows / cp, cols})},
+                      {f32({rows, cols})}};
+      grad.contextMember = m;
+      out.push_back(grad);
+    }
   KernelCase heads{"cp_ulysses_split heads not a multiple of cp",
                    "cp_ulysses_split",
                    {{"cp", intAttr(4)}, {"heads", intAttr(6)}},
