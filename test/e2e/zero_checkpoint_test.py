@@ -6,7 +6,10 @@ other strategies (one device, DP4 ZeRO-1, DP2 ZeRO-2, DP2 EP2, DP4 EP2 with
 ZeRO-2, TP2, PP2 x DP2 x TP2, and TP with ZeRO-1, 2 and 3) to the
 uninterrupted losses within fp32 round-off; checkpoints written under EP and
 under TP (each member's slices of the fused weights, or under ZeRO each
-rank's range of them) resume on one device and under DP2 ZeRO-2. A
+rank's range of them) resume on one device and under DP2 ZeRO-2, as do
+checkpoints written under context parallelism (CP2 x EP2, DP2 x CP2
+ZeRO-2), which the ZeRO-3 checkpoint also resumes into (CP2 x EP2, DP2 x
+CP2 ZeRO-2, CP2 x TP2, CP2 Ulysses). A
 checkpoint from ZeRO-1 loads into ZeRO-3 with --load too, and one saved
 whole under TP (and TP x ZeRO-3) into one device.
 
@@ -51,6 +54,16 @@ STRATEGIES = {
     # every rank, the other tensors sharded per member.
     "dp2-tp2-sp-zero3": (["--dp", "2", "--tp", "2", "--sp",
                           "--microbatches", "2", "--zero", "3"], 4),
+    # Context parallelism splits no parameter: its checkpoints are any
+    # other's (each microbatch's sequence over 2 members, MoE layers on the
+    # gathered sequence).
+    "cp2-ep2": (["--cp", "2", "--ep", "2", "--microbatches", "4"], 2),
+    "dp2-cp2-zero2": (["--dp", "2", "--cp", "2", "--microbatches", "2",
+                       "--zero", "2"], 4),
+    "cp2-tp2": (["--cp", "2", "--tp", "2", "--microbatches", "4"],
+                        4),
+    "cp2-ulysses": (["--cp", "2", "--cp-kind", "ulysses", "--microbatches",
+                     "4"], 2),
 }
 
 passed = failed = 0
@@ -173,7 +186,7 @@ def main():
     # range of its member's slices) resume on one device and under DP2
     # ZeRO-2.
     for writer in ("pp2-dp2-tp2", "dp2-tp2-ep2", "dp2-tp2-zero3",
-                   "dp2-tp2-sp-zero3"):
+                   "dp2-tp2-sp-zero3", "cp2-ep2", "dp2-cp2-zero2"):
         tp, tp_ranks = plans[writer]
         tp_ckpt = os.path.join(work, "ckpt-" + writer)
         train(tp, tp_ranks, "--steps", "3", "--checkpoint-dir", tp_ckpt,
