@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Context parallelism's memory and step time (docs/context-parallel.md):
 # llama-1b (fp32, one sequence per microbatch, one microbatch) at sequence
-# 32K and 128K compiled for CP 1, 2, 4 and 8. Per rank it prints:
+# 32K and 128K compiled for CP 1, 2, 4 and 8 (ring attention) and CP 2, 4
+# and 8 (Ulysses). Per rank it prints:
 #   planned step memory  the arena minus the parameter state (the
 #                        activations, their gradients, scratch: everything
 #                        with a row per token, which CP splits), beside
@@ -42,16 +43,18 @@ machine="$PWD/bench/h200-node.json"
 rows=()
 for seq in 32768 131072; do
   "$PIPERC" model llama-1b --seq $seq --batch 1 -o "$work/m$seq.mlir"
-  for cp in 1 2 4 8; do
-    out="$work/s$seq-cp$cp"
-    "$PIPERC" compile "$work/m$seq.mlir" --cp $cp -o "$out" >/dev/null
+  for run in 1:ring 2:ring 4:ring 8:ring 2:ulysses 4:ulysses 8:ulysses; do
+    cp=${run%%:*} kind=${run#*:}
+    out="$work/s$seq-cp$cp-$kind"
+    "$PIPERC" compile "$work/m$seq.mlir" --cp $cp --cp-kind $kind -o "$out" \
+      >/dev/null
     step=$("$PIPER_PLAN" --memory "$out/plan_class0.pb" |
       sed -n 's/.*arena [0-9]* bytes = state [0-9]* + step \([0-9]*\).*/\1/p')
     sim=$("$PIPER_PLAN" --simulate --machine "$machine" "$out")
     total=$(sed -n 's/^step: \([0-9.]*\) \([a-z]*\).*/\1\2/p' <<<"$sim")
     comm=$(sed -n "s/.*'cp_stream': busy \([0-9.]*\) \([a-z]*\).*/\1\2/p" \
       <<<"$sim")
-    rows+=("$seq $cp $step $total ${comm:-0ms}")
+    rows+=("$seq $cp $kind $step $total ${comm:-0ms}")
   done
 done
 printf '%s\n' "${rows[@]}" | python3 -c '
@@ -60,16 +63,22 @@ def secs(text):
     v, unit = re.match(r"([0-9.]+)([a-z]+)", text).groups()
     return float(v) * {"s": 1, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}[unit]
 rows = [line.split() for line in sys.stdin if line.strip()]
-print("%-7s %3s %14s %14s %6s %12s %12s %12s" % ("seq", "cp", "step memory",
-      "1/N of cp1", "ratio", "overlap off", "exchanges", "overlap on"))
+print("%-7s %3s %-8s %14s %14s %6s %12s %12s %12s" % ("seq", "cp", "kind",
+      "step memory", "1/N of cp1", "ratio", "overlap off", "exchanges",
+      "overlap on"))
 for seq in sorted({int(r[0]) for r in rows}):
-    mine = [(int(r[1]), int(r[2]), secs(r[3]), secs(r[4])) for r in rows
-            if int(r[0]) == seq]
-    base = mine[0][1]
-    for cp, step, total, comm in mine:
-        print("%-7d %3d %10.2f GiB %10.2f GiB %6.3f %9.1f ms %9.1f ms %9.1f ms"
-              % (seq, cp, step / 2**30, base / cp / 2**30, step * cp / base,
-                 total * 1e3, comm * 1e3, (total - comm) * 1e3))
+    every = [(int(r[1]), r[2], int(r[3]), secs(r[4]), secs(r[5]))
+             for r in rows if int(r[0]) == seq]
+    base = every[0][2]
+    for cp, kind, step, total, comm in every:
+        # Ulysses exchanges with all-to-alls the attention waits for: no
+        # overlap to bound.
+        on = "%9.1f ms" % ((total - comm) * 1e3) if kind == "ring" else "-"
+        print("%-7d %3d %-8s %10.2f GiB %10.2f GiB %6.3f %9.1f ms %9.1f ms %12s"
+              % (seq, cp, kind, step / 2**30, base / cp / 2**30,
+                 step * cp / base, total * 1e3, comm * 1e3, on))
+    mine = [(cp, step, total, comm) for cp, kind, step, total, comm in every
+            if kind == "ring"]
     # What does not shrink: step = A / N + C through CP 1 and the largest
     # CP, and how far the others are from that line.
     (c1, s1, _, _), (cn, sn, _, _) = mine[0], mine[-1]
