@@ -173,7 +173,7 @@ LogicalResult ContextParallel::rewrite(SegmentOp seg,
     if (failed(splitGathered(op)))
       return failure();
     if (auto attn = dyn_cast<AttentionOp>(op)) {
-      if (attn.getSeq() != seq)
+      if (int64_t(attn.getSeq()) != seq)
         return fail(&op) << "attention over sequences of " << attn.getSeq()
                          << " tokens, but the batch's are " << seq;
       if (d.cpKind == "ulysses") {
@@ -202,7 +202,7 @@ LogicalResult ContextParallel::rewrite(SegmentOp seg,
       continue;
     }
     if (auto pos = dyn_cast<PositionAddOp>(op)) {
-      if (pos.getSeq() != seq)
+      if (int64_t(pos.getSeq()) != seq)
         return fail(&op) << "position embeddings of sequences of "
                          << pos.getSeq() << " tokens, but the batch's are "
                          << seq;

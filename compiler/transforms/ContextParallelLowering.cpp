@@ -107,7 +107,7 @@ static void expandSeqToHeads(CpSeqToHeadsOp op) {
   OpBuilder b(op);
   Location loc = op.getLoc();
   Type type = op.getResult().getType();
-  auto counts = RankedTensorType::get({op.getCp()}, b.getI32Type());
+  auto counts = RankedTensorType::get({int64_t(op.getCp())}, b.getI32Type());
   auto split = CpUlyssesSplitOp::create(b, loc, type, counts, op.getInput(),
                                         op.getCpAttr(), op.getHeadsAttr(),
                                         op.getKvHeadsAttr());
@@ -125,7 +125,7 @@ static void expandHeadsToSeq(CpHeadsToSeqOp op) {
   OpBuilder b(op);
   Location loc = op.getLoc();
   Type type = op.getInput().getType();
-  auto counts = RankedTensorType::get({op.getCp()}, b.getI32Type());
+  auto counts = RankedTensorType::get({int64_t(op.getCp())}, b.getI32Type());
   auto zigzag = CpUlyssesZigzagOp::create(b, loc, type, counts, op.getInput(),
                                           op.getCpAttr(), op.getSeqAttr());
   auto sent = CpAllToAllOp::create(b, loc, type, counts, zigzag.getResult(),
@@ -154,7 +154,7 @@ static void expandGatherGrad(CpGatherGradOp op) {
   OpBuilder b(op);
   Location loc = op.getLoc();
   Type type = op.getInput().getType();
-  auto counts = RankedTensorType::get({op.getCp()}, b.getI32Type());
+  auto counts = RankedTensorType::get({int64_t(op.getCp())}, b.getI32Type());
   auto zigzag = CpUlyssesZigzagOp::create(b, loc, type, counts, op.getInput(),
                                           op.getCpAttr(), op.getSeqAttr());
   auto summed = CpReduceScatterOp::create(b, loc, op.getResult().getType(),

@@ -219,7 +219,7 @@ LogicalResult CpUlyssesSplitOp::verify() {
   if (failed(verifyUlyssesColumns(*this, getCp(), getHeads(), getKvHeads(),
                                   getInput(), getResult())))
     return failure();
-  if (dim(getCounts(), 0) != getCp())
+  if (dim(getCounts(), 0) != int64_t(getCp()))
     return emitOpError("counts must have cp = ") << getCp() << " entries";
   return success();
 }
@@ -238,7 +238,7 @@ LogicalResult CpUlyssesZigzagOp::verify() {
     return failure();
   if (getResult().getType() != getInput().getType())
     return emitOpError("result type must equal the input type");
-  if (dim(getCounts(), 0) != getCp())
+  if (dim(getCounts(), 0) != int64_t(getCp()))
     return emitOpError("counts must have cp = ") << getCp() << " entries";
   return success();
 }
@@ -246,7 +246,7 @@ LogicalResult CpUlyssesZigzagOp::verify() {
 LogicalResult CpAllToAllOp::verify() {
   if (getCp() < 2)
     return emitOpError("cp must be at least 2, got ") << getCp();
-  if (dim(getSendCounts(), 0) != getCp())
+  if (dim(getSendCounts(), 0) != int64_t(getCp()))
     return emitOpError("send_counts must have cp = ") << getCp() << " entries";
   if (dim(getInput(), 0) % getCp() != 0)
     return emitOpError("rows ")
