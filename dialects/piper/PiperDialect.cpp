@@ -705,6 +705,33 @@ double LinearOp::getFlops() {
          cast<RankedTensorType>(getInput().getType()).getDimSize(1);
 }
 
+// The two halves of a linear's backward are one product each, as large as
+// the forward's: 2 FLOPs per result element per contracted element (the
+// output features for dx, the rows for dw). So are the experts' layers,
+// whose contraction is the same for every expert's rows.
+double LinearGradInputOp::getFlops() {
+  auto grad = cast<RankedTensorType>(getGrad().getType());
+  return 2.0 * numElements(getResult()) * grad.getDimSize(1);
+}
+double LinearGradWeightOp::getFlops() {
+  auto input = cast<RankedTensorType>(getInput().getType());
+  return 2.0 * numElements(getResult()) * input.getDimSize(0);
+}
+double ExpertLinearOp::getFlops() {
+  return 2.0 * numElements(getResult()) *
+         cast<RankedTensorType>(getInput().getType()).getDimSize(1);
+}
+double ExpertLinearGradInputOp::getFlops() {
+  return 2.0 * numElements(getResult()) *
+         cast<RankedTensorType>(getGrad().getType()).getDimSize(1);
+}
+double ExpertLinearGradWeightOp::getFlops() {
+  // [E, K, M] from each expert's C rows: 2 C K M per expert.
+  auto input = cast<RankedTensorType>(getInput().getType());
+  return 2.0 * numElements(getResult()) * input.getDimSize(0) /
+         double(getExperts());
+}
+
 double AttentionOp::getFlops() {
   return 4.0 * numElements(getResult()) * getSeq();
 }

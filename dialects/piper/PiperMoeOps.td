@@ -130,7 +130,8 @@ def Piper_MoeCombineGradOp : Piper_ComputeOp<"moe_combine_grad", [Pure]> {
   let assemblyFormat = "$input `,` $indices `,` $weights `,` $grad attr-dict `:` functional-type(operands, results)";
 }
 
-def Piper_ExpertLinearOp : Piper_ComputeOp<"expert_linear", [Pure,
+def Piper_ExpertLinearOp : Piper_Op<"expert_linear", [Pure,
+    DeclareOpInterfaceMethods<Piper_CostOpInterface, ["getFlops"]>,
     DeclareOpInterfaceMethods<Piper_DifferentiableOpInterface, ["emitWeightGradients"]>]> {
   let summary = "Per-expert dense layer over expert slots: y[e] = x[e] · w[e]";
   let description = [{
@@ -147,7 +148,8 @@ def Piper_ExpertLinearOp : Piper_ComputeOp<"expert_linear", [Pure,
   let hasVerifier = 1;
 }
 
-def Piper_ExpertLinearGradInputOp : Piper_ComputeOp<"expert_linear_grad_input", [Pure]> {
+def Piper_ExpertLinearGradInputOp : Piper_Op<"expert_linear_grad_input", [Pure,
+    DeclareOpInterfaceMethods<Piper_CostOpInterface, ["getFlops"]>]> {
   let summary = "Input gradient of expert_linear";
   let description = [{
     dx = dy · weight[e]ᵀ for the rows of expert e.
@@ -161,7 +163,8 @@ def Piper_ExpertLinearGradInputOp : Piper_ComputeOp<"expert_linear_grad_input", 
   let assemblyFormat = "$grad `,` $weight attr-dict `:` functional-type(operands, results)";
 }
 
-def Piper_ExpertLinearGradWeightOp : Piper_ComputeOp<"expert_linear_grad_weight", [Pure, Piper_WeightGradient]> {
+def Piper_ExpertLinearGradWeightOp : Piper_Op<"expert_linear_grad_weight", [Pure,
+    DeclareOpInterfaceMethods<Piper_CostOpInterface, ["getFlops"]>, Piper_WeightGradient]> {
   let summary = "Weight gradient of expert_linear";
   let description = [{
     dweight[e] = x_eᵀ · dy_e over the rows of expert e: the BW half.

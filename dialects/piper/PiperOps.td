@@ -433,7 +433,8 @@ def Piper_LayerNormGradWeightOp : Piper_ComputeOp<"layer_norm_grad_weight", [Pur
   let assemblyFormat = "$input `,` $grad attr-dict `:` functional-type(operands, results)";
 }
 
-def Piper_LinearGradInputOp : Piper_ComputeOp<"linear_grad_input", [Pure]> {
+def Piper_LinearGradInputOp : Piper_Op<"linear_grad_input", [Pure,
+    DeclareOpInterfaceMethods<Piper_CostOpInterface, ["getFlops"]>]> {
   let summary = "Input gradient of linear: dx = dy·wᵀ (dy·w with transpose_w)";
   let description = [{
     For y = x·w: dx = dy·wᵀ; with `transpose_w` (y = x·wᵀ, a tied head)
@@ -448,7 +449,8 @@ def Piper_LinearGradInputOp : Piper_ComputeOp<"linear_grad_input", [Pure]> {
   let assemblyFormat = "$grad `,` $weight attr-dict `:` functional-type(operands, results)";
 }
 
-def Piper_LinearGradWeightOp : Piper_ComputeOp<"linear_grad_weight", [Pure, Piper_WeightGradient]> {
+def Piper_LinearGradWeightOp : Piper_Op<"linear_grad_weight", [Pure,
+    DeclareOpInterfaceMethods<Piper_CostOpInterface, ["getFlops"]>, Piper_WeightGradient]> {
   let summary = "Weight gradient of linear: dw = xᵀ·dy (dyᵀ·x with transpose_w)";
   let description = [{
     For y = x·w: dw = xᵀ·dy ([K, M]); with `transpose_w` dw = dyᵀ·x
