@@ -8,12 +8,14 @@
 #                        with a row per token, which CP splits), beside
 #                        the analytical 1/N of CP 1's, and their ratio;
 #   predicted step time  the simulator's (bench/h200-node.json: 400 TFLOP/s,
-#                        450 GB/s links), with the ring's exchanges as
-#                        compiled: each step waits for its shard, so the
-#                        cp_stream time is on the critical path ("overlap
-#                        off"); "overlap on" is the bound an overlapped ring
-#                        could reach, the step minus the exchanges' busy
-#                        time (not built yet: docs/context-parallel.md §5).
+#                        450 GB/s links) as compiled ("overlap on": each
+#                        ring exchange runs beside the step before it, so
+#                        only the piece that reads a shard waits for it),
+#                        and for the ring the same strategy compiled with
+#                        --cp-no-overlap ("overlap off": each exchange waits
+#                        for the step before it, on the critical path),
+#                        with the exchanges' time (cp_stream's timeline
+#                        entries, overlaps counted once).
 # The fit "step = A/N + C" through CP 1 and CP 8 separates what CP splits
 # (A: every value with a row per token) from what it does not (C). C is
 # mostly the ring's sent key/value shards: a SEND's buffer stays alive until
@@ -50,11 +52,19 @@ for seq in 32768 131072; do
       >/dev/null
     step=$("$PIPER_PLAN" --memory "$out/plan_class0.pb" |
       sed -n 's/.*arena [0-9]* bytes = state [0-9]* + step \([0-9]*\).*/\1/p')
-    sim=$("$PIPER_PLAN" --simulate --machine "$machine" "$out")
+    sim=$("$PIPER_PLAN" --simulate --timeline --machine "$machine" "$out")
     total=$(sed -n 's/^step: \([0-9.]*\) \([a-z]*\).*/\1\2/p' <<<"$sim")
-    comm=$(sed -n "s/.*'cp_stream': busy \([0-9.]*\) \([a-z]*\).*/\1\2/p" \
-      <<<"$sim")
-    rows+=("$seq $cp $kind $step $total ${comm:-0ms}")
+    # The exchanges' time: the union of cp_stream's timeline entries (a
+    # transfer's SEND and RECV are two entries over the same interval).
+    comm=$(python3 bench/stream_union.py cp_stream <<<"$sim")
+    serial=-
+    if [ "$kind" = ring ] && [ "$cp" -gt 1 ]; then
+      "$PIPERC" compile "$work/m$seq.mlir" --cp $cp --cp-no-overlap \
+        -o "$out-serial" >/dev/null
+      serial=$("$PIPER_PLAN" --simulate --machine "$machine" "$out-serial" |
+        sed -n 's/^step: \([0-9.]*\) \([a-z]*\).*/\1\2/p')
+    fi
+    rows+=("$seq $cp $kind $step $total ${comm:-0ms} $serial")
   done
 done
 printf '%s\n' "${rows[@]}" | python3 -c '
@@ -64,21 +74,21 @@ def secs(text):
     return float(v) * {"s": 1, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}[unit]
 rows = [line.split() for line in sys.stdin if line.strip()]
 print("%-7s %3s %-8s %14s %14s %6s %12s %12s %12s" % ("seq", "cp", "kind",
-      "step memory", "1/N of cp1", "ratio", "overlap off", "exchanges",
-      "overlap on"))
+      "step memory", "1/N of cp1", "ratio", "overlap off", "overlap on",
+      "exchanges"))
 for seq in sorted({int(r[0]) for r in rows}):
-    every = [(int(r[1]), r[2], int(r[3]), secs(r[4]), secs(r[5]))
+    every = [(int(r[1]), r[2], int(r[3]), secs(r[4]), secs(r[5]), r[6])
              for r in rows if int(r[0]) == seq]
     base = every[0][2]
-    for cp, kind, step, total, comm in every:
-        # Ulysses exchanges with all-to-alls the attention waits for: no
-        # overlap to bound.
-        on = "%9.1f ms" % ((total - comm) * 1e3) if kind == "ring" else "-"
-        print("%-7d %3d %-8s %10.2f GiB %10.2f GiB %6.3f %9.1f ms %9.1f ms %12s"
+    for cp, kind, step, total, comm, serial in every:
+        # Ulysses exchanges with all-to-alls the attention waits for: there
+        # is no order to change, so no "off" row.
+        off = "%9.1f ms" % (secs(serial) * 1e3) if serial != "-" else "-"
+        print("%-7d %3d %-8s %10.2f GiB %10.2f GiB %6.3f %12s %9.1f ms %9.1f ms"
               % (seq, cp, kind, step / 2**30, base / cp / 2**30,
-                 step * cp / base, total * 1e3, comm * 1e3, on))
-    mine = [(cp, step, total, comm) for cp, kind, step, total, comm in every
-            if kind == "ring"]
+                 step * cp / base, off, total * 1e3, comm * 1e3))
+    mine = [(cp, step, total, comm)
+            for cp, kind, step, total, comm, _ in every if kind == "ring"]
     # What does not shrink: step = A / N + C through CP 1 and the largest
     # CP, and how far the others are from that line.
     (c1, s1, _, _), (cn, sn, _, _) = mine[0], mine[-1]

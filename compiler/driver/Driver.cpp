@@ -546,6 +546,11 @@ int mlir::piper::pipercMain(int argc, char **argv) {
       "context parallelism's kind: ring (default: ring attention, key/value "
       "shards passed around) or ulysses (all-to-alls from the sequence to "
       "the heads and back: heads and key/value heads multiples of --cp)");
+  auto *cpNoOverlapOpt = compileCmd->add_flag(
+      "--cp-no-overlap", comp.flags.cpNoOverlap,
+      "with --cp (ring): each key/value exchange waits for the ring step "
+      "before it instead of running beside it (the serialized ring, for "
+      "comparison and debugging; docs/context-parallel.md)");
   auto *recomputeOpt = compileCmd->add_option(
       "--recompute", comp.flags.recompute,
       "activation recomputation: none (default), full (every transformer "
@@ -553,7 +558,7 @@ int mlir::piper::pipercMain(int argc, char **argv) {
       "selective (the attention core only); docs/recompute.md");
   for (CLI::Option *opt :
        {ppOpt, dpOpt, mbOpt, schedOpt, zeroOpt, epOpt, vsOpt, bucketOpt,
-        recomputeOpt, tpOpt, spOpt, vocabOpt, cpOpt, cpKindOpt})
+        recomputeOpt, tpOpt, spOpt, vocabOpt, cpOpt, cpKindOpt, cpNoOverlapOpt})
     opt->excludes(strategyOpt);
   compileCmd->add_option("--world-size", comp.worldSize,
                          "number of devices (checked against the strategy)");

@@ -124,6 +124,9 @@ static llvm::Error verifyDirective(const Directive &d) {
       return fail("\"kind\" must be \"ring\" (ring attention) or "
                   "\"ulysses\" (all-to-alls to heads), got \"" +
                   d.cpKind + "\"");
+    if (!d.cpOverlap && d.cpKind != "ring")
+      return fail("\"overlap\" orders the ring's exchanges; kind \"" +
+                  d.cpKind + "\" has none to order");
     if (d.stream.empty())
       return fail("\"stream\" must name a stream");
     break;

@@ -110,6 +110,9 @@ struct Directive {
   /// ring attention), with `stream` the stream of its exchanges.
   int64_t contextParallel = 0;
   std::string cpKind = "ring";
+  /// context_parallel: whether each ring exchange runs beside the step
+  /// before it (true) or after it, on the critical path (false).
+  bool cpOverlap = true;
 
   /// "directive #3 (place {...})" for messages.
   std::string describe() const;
@@ -251,6 +254,8 @@ struct StrategyFlags {
   /// --cp: the context-parallel degree; --cp-kind: "ring" or "ulysses".
   int64_t cp = 1;
   std::string cpKind = "ring";
+  /// --cp-no-overlap: the ring's exchanges after the step before them.
+  bool cpNoOverlap = false;
 };
 
 /// The strategy of the flags: errors name the flags (`--ep 3 must divide

@@ -255,6 +255,9 @@ static std::string checkFlags(const StrategyFlags &f,
                          "leaves whole on every member, got --tp {0}",
                          f.tp)
         .str();
+  if (f.cpNoOverlap && (f.cp < 2 || f.cpKind != "ring"))
+    return "--cp-no-overlap needs --cp of at least 2 with --cp-kind ring (it "
+           "orders the ring's exchanges after the steps before them)";
   if (f.noVocabParallel && f.tp < 2)
     return "--no-vocab-parallel needs --tp of at least 2 (it keeps the "
            "embedding and LM head whole on every tensor-parallel member)";
@@ -289,6 +292,12 @@ llvm::Expected<Strategy> mlir::piper::buildStrategy(const StrategyFlags &f) {
       if (d.kind == Directive::ContextParallel) {
         d.cpKind = f.cpKind;
         d.text += " kind=" + f.cpKind;
+      }
+  if (f.cpNoOverlap)
+    for (Directive &d : s.directives)
+      if (d.kind == Directive::ContextParallel) {
+        d.cpOverlap = false;
+        d.text += " overlap=false";
       }
   if (f.noVocabParallel)
     for (Directive &d : s.directives)

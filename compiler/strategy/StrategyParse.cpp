@@ -287,13 +287,16 @@ private:
   /// "context_parallel": context parallelism. Every microbatch's sequence
   /// split over groups of `cp` devices (each holding two of 2 cp chunks),
   /// attention computed around the ring (`kind` "ring", the default);
-  /// `stream` names the stream of the ring's exchanges.
+  /// `stream` names the stream of the ring's exchanges; `overlap` (default
+  /// true) runs each exchange beside the ring step before it.
   llvm::Error parseContextParallel(llvm::StringSet<> &allowed) {
     d.kind = Directive::ContextParallel;
-    for (auto k : {"cp", "kind", "stream"})
+    for (auto k : {"cp", "kind", "stream", "overlap"})
       allowed.insert(k);
     d.stream = "cp_stream";
     if (auto e = getString("stream", d.stream))
+      return e;
+    if (auto e = getBool("overlap", d.cpOverlap))
       return e;
     if (auto e = getString("kind", d.cpKind))
       return e;

@@ -311,7 +311,7 @@ LogicalResult ContextParallel::run(ProgramOp program) {
     seg.setFunctionTypeAttr(TypeAttr::get(
         FunctionType::get(ctx, body.getArgumentTypes(), results)));
   }
-  setContextParallel(module, cp, d.stream);
+  setContextParallel(module, cp, d.stream, d.cpOverlap);
   return success();
 }
 

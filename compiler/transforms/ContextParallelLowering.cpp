@@ -33,17 +33,19 @@ static Value keyValueColumns(OpBuilder &b, OpT op, Value out) {
 /// Ring attention's forward: the member's key/value columns, then cp
 /// steps, each over the shard the previous step's member held (the shard
 /// moves one member forward between steps: step s reads owner
-/// (member - s) mod cp's).
+/// (member - s) mod cp's). The shard for step s + 1 is passed on before
+/// step s computes, so the exchange runs beside it.
 static void expandForward(CpAttentionOp op) {
   OpBuilder b(op);
   Location loc = op.getLoc();
   int64_t cp = op.getCp();
-  Value kv = keyValueColumns(b, op, op.getResult());
+  SmallVector<Value> kvs{keyValueColumns(b, op, op.getResult())};
   Value o, lse;
   for (int64_t s = 0; s < cp; ++s) {
-    if (s > 0)
-      kv = CpRingShiftOp::create(b, loc, kv, b.getI64IntegerAttr(cp),
-                                 b.getI64IntegerAttr(1));
+    if (s + 1 < cp)
+      kvs.push_back(CpRingShiftOp::create(
+          b, loc, kvs.back(), b.getI64IntegerAttr(cp), b.getI64IntegerAttr(1)));
+    Value kv = kvs[s];
     SmallVector<Value> carry;
     if (s > 0)
       carry = {o, lse};
@@ -60,38 +62,49 @@ static void expandForward(CpAttentionOp op) {
 }
 
 /// Ring attention's backward, the other way around: step s reads owner
-/// (member + s) mod cp's keys and values, with the key/value gradient the
-/// members before it summed for that owner; a last exchange hands each
-/// owner its sum. The query gradient stays with the member.
+/// (member + s) mod cp's keys and values, and adds this member's part of
+/// that owner's key/value gradient to the sum the members before it
+/// passed on; a last exchange hands each owner its sum. The query
+/// gradient stays with the member. Both exchanges of a step run beside
+/// the step before it: the keys and values for step s + 1 are passed on
+/// before step s computes, and step s computes its parts alone, adding
+/// the passed sum (and the query gradient so far) after it, in the order
+/// the carrying kernel adds (its part, then the sum).
 static void expandBackward(CpAttentionGradOp op) {
   OpBuilder b(op);
   Location loc = op.getLoc();
   int64_t cp = op.getCp();
   auto qkvType = cast<RankedTensorType>(op.getQkv().getType());
-  Value kv = keyValueColumns(b, op, op.getY());
-  auto kvType = cast<RankedTensorType>(kv.getType());
+  SmallVector<Value> kvs{keyValueColumns(b, op, op.getY())};
+  auto kvType = cast<RankedTensorType>(kvs[0].getType());
   int64_t queryCols = cast<RankedTensorType>(op.getY().getType()).getDimSize(1);
   auto shift = [&](Value v) -> Value {
     return CpRingShiftOp::create(b, loc, v, b.getI64IntegerAttr(cp),
                                  b.getI64IntegerAttr(-1));
   };
-  Value dq, dkv;
+  Value dq, dkv, partDkv, passed;
   for (int64_t s = 0; s < cp; ++s) {
-    SmallVector<Value> carry;
     if (s > 0) {
-      kv = shift(kv);
-      dkv = shift(dkv);
-      carry = {dq, dkv};
+      // The previous step's sum, once its part is in, goes on.
+      dkv = passed ? AddOp::create(b, loc, kvType, partDkv, passed).getResult()
+                   : partDkv;
     }
+    if (s + 1 < cp)
+      kvs.push_back(shift(kvs.back()));
+    if (s > 0)
+      passed = shift(dkv);
     auto block = AttentionBlockGradOp::create(
-        b, loc, op.getY().getType(), kvType, op.getQkv(), kv, op.getY(),
-        op.getLse(), op.getGrad(), carry, op.getHeadsAttr(), op.getSeqAttr(),
-        op.getKvHeadsAttr(), op.getRopeThetaAttr(), op.getCpAttr(),
-        b.getI64IntegerAttr(s));
-    dq = block.getDq();
-    dkv = block.getDkv();
+        b, loc, op.getY().getType(), kvType, op.getQkv(), kvs[s], op.getY(),
+        op.getLse(), op.getGrad(), ValueRange(), op.getHeadsAttr(),
+        op.getSeqAttr(), op.getKvHeadsAttr(), op.getRopeThetaAttr(),
+        op.getCpAttr(), b.getI64IntegerAttr(s));
+    dq = dq ? AddOp::create(b, loc, dq.getType(), block.getDq(), dq).getResult()
+            : block.getDq();
+    partDkv = block.getDkv();
   }
-  dkv = shift(dkv);
+  dkv =
+      shift(passed ? AddOp::create(b, loc, kvType, partDkv, passed).getResult()
+                   : partDkv);
   Value dqFull =
       ColumnsGradOp::create(b, loc, qkvType, dq, b.getI64IntegerAttr(0));
   Value dkvFull = ColumnsGradOp::create(b, loc, qkvType, dkv,
@@ -214,6 +227,7 @@ LogicalResult mlir::piper::lowerContextParallel(ModuleOp module) {
   int64_t tp = getTensorParallel(module);
   MLIRContext *ctx = module.getContext();
   StreamAttr stream = commStream(*program, getContextParallelStream(module));
+  bool overlap = getContextParallelOverlap(module);
   SymbolTable symbols(module);
   llvm::MapVector<StringAttr, SegmentPieces> piecesOf;
   SmallVector<std::pair<TaskOp, ArrayAttr>> tasks;
@@ -268,7 +282,15 @@ LogicalResult mlir::piper::lowerContextParallel(ModuleOp module) {
              seg.getBody().front().getOps<CpGatherGradOp>()))
       expandGatherGrad(op);
     hoistAccumulations(seg);
-    FailureOr<SegmentPieces> pieces = splitAround(seg, isExchange, symbols);
+    // A piece starts at each op that reads what the ring passed (a step
+    // over a passed shard, the addition of a passed gradient sum): the
+    // work before it need not wait for the exchange, which runs beside it.
+    FailureOr<SegmentPieces> pieces =
+        splitAround(seg, isExchange, symbols, [](Operation &op) {
+          return llvm::any_of(op.getOperands(), [](Value v) {
+            return v.getDefiningOp<CpRingShiftOp>() != nullptr;
+          });
+        });
     if (failed(pieces))
       return failure();
     piecesOf[name] = std::move(*pieces);
@@ -313,12 +335,17 @@ LogicalResult mlir::piper::lowerContextParallel(ModuleOp module) {
                     auto marker = soleOp<CpRingShiftOp>(pieces.pieces[j]);
                     if (!marker)
                       return std::nullopt;
+                    // Overlapped, it is ordered by its data alone: it
+                    // runs beside the pieces after it until one reads its
+                    // result. Otherwise it waits for the piece before it
+                    // and the next waits for it.
                     auto node = RingShiftOp::create(
                         b, t.getLoc(), args[0].getType(),
-                        b.getType<TokenType>(), args[0], deps,
-                        t.getDevicesAttr(), rings, marker.getOffsetAttr(),
-                        stream, t.getTag());
-                    return PieceNode{node, {node.getResult()}, node.getDone()};
+                        b.getType<TokenType>(), args[0],
+                        overlap ? ArrayRef<Value>() : deps, t.getDevicesAttr(),
+                        rings, marker.getOffsetAttr(), stream, t.getTag());
+                    return PieceNode{
+                        node, {node.getResult()}, node.getDone(), !overlap};
                   });
   }
   for (auto &entry : piecesOf) {

@@ -15,8 +15,9 @@ using namespace mlir;
 using namespace mlir::piper;
 
 /// Orders one device program: tasks keep their (schedule) order; a receive
-/// or batch goes right before its first consuming task, a send or
-/// collective right after its last producing task. Issuing communication in
+/// or batch goes right before its first consuming task (a ring shift's
+/// receive right after its send), a send or collective right after its
+/// last producing task. Issuing communication in
 /// compute order is what keeps blocking receives from deadlocking.
 static LogicalResult orderProgram(DeviceProgramOp dp) {
   Block &body = dp.getBody().front();
@@ -42,6 +43,14 @@ static LogicalResult orderProgram(DeviceProgramOp dp) {
       key[&op] = k;
     }
   }
+  // A receive paired with this device's own send (a ring shift: the send
+  // to the next member, then the receive from the previous) goes right
+  // after it, so the exchange is issued as soon as its input exists, not
+  // when the task that reads it is next.
+  for (auto recv : body.getOps<RecvOp>())
+    for (Value v : recv->getOperands())
+      if (auto send = v.getDefiningOp<SendOp>())
+        key[recv] = key[send] + 0.5;
   // Stable sort by key, then repair any edge the keys got wrong.
   SmallVector<Operation *> ops;
   for (Operation &op : body)

@@ -160,10 +160,9 @@ mlir::piper::splitSegmentByOps(SegmentOp seg,
   return out;
 }
 
-FailureOr<SegmentPieces>
-mlir::piper::splitAround(SegmentOp seg,
-                         llvm::function_ref<bool(Operation &)> isMarker,
-                         SymbolTable &symbols) {
+FailureOr<SegmentPieces> mlir::piper::splitAround(
+    SegmentOp seg, llvm::function_ref<bool(Operation &)> isMarker,
+    SymbolTable &symbols, llvm::function_ref<bool(Operation &)> cutBefore) {
   SmallVector<unsigned> cuts;
   auto ops = seg.getBody().front().without_terminator();
   const unsigned numOps = std::distance(ops.begin(), ops.end());
@@ -171,12 +170,12 @@ mlir::piper::splitAround(SegmentOp seg,
   // No cut before the first op or after the last: a marker there is a
   // piece of its own already.
   for (Operation &op : ops) {
-    if (isMarker(op)) {
-      if (i > 0 && (cuts.empty() || cuts.back() != i))
-        cuts.push_back(i);
-      if (i + 1 < numOps)
-        cuts.push_back(i + 1);
-    }
+    bool marker = isMarker(op);
+    if ((marker || (cutBefore && cutBefore(op))) && i > 0 &&
+        (cuts.empty() || cuts.back() != i))
+      cuts.push_back(i);
+    if (marker && i + 1 < numOps)
+      cuts.push_back(i + 1);
     ++i;
   }
   FailureOr<SegmentPieces> pieces = splitSegment(seg, cuts);
@@ -203,27 +202,31 @@ SmallVector<PieceNode> mlir::piper::splitTaskWith(TaskOp t,
                                                   PieceBuilder special) {
   OpBuilder b(t);
   SmallVector<PieceNode> nodes;
+  // What the next piece waits for: the task's dependencies, then the last
+  // chained node's token.
+  SmallVector<Value> deps(t.getDeps().begin(), t.getDeps().end());
+  Value last;
   for (unsigned j = 0; j < pieces.pieces.size(); ++j) {
     SmallVector<Value> args;
     for (const PieceSource &s : pieces.inputs[j])
       args.push_back(s.piece < 0 ? t.getArgs()[s.index]
                                  : nodes[s.piece].outs[s.index]);
-    SmallVector<Value> deps;
-    if (j == 0)
-      deps.append(t.getDeps().begin(), t.getDeps().end());
-    else
-      deps.push_back(nodes.back().done);
-    if (std::optional<PieceNode> node = special(b, j, args, deps)) {
-      nodes.push_back(std::move(*node));
-      continue;
+    std::optional<PieceNode> node = special(b, j, args, deps);
+    if (!node) {
+      TaskOp nt = createPieceTask(b, t, pieces.pieces[j], args, deps);
+      node = PieceNode{nt, SmallVector<Value>(nt.getOuts()), nt.getDone()};
     }
-    TaskOp nt = createPieceTask(b, t, pieces.pieces[j], args, deps);
-    nodes.push_back(
-        PieceNode{nt, SmallVector<Value>(nt.getOuts()), nt.getDone()});
+    if (node->chained) {
+      deps.assign(1, node->done);
+      last = node->done;
+    }
+    nodes.push_back(std::move(*node));
   }
   for (auto [r, s] : llvm::enumerate(pieces.results))
     t.getOuts()[r].replaceAllUsesWith(nodes[s.piece].outs[s.index]);
-  t.getDone().replaceAllUsesWith(nodes.back().done);
+  // An unchained node's readers wait for it through its result; the
+  // task's token is the chain's.
+  t.getDone().replaceAllUsesWith(last ? last : nodes.back().done);
   t.erase();
   return nodes;
 }

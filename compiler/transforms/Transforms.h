@@ -86,11 +86,12 @@ struct SegmentPieces {
 FailureOr<SegmentPieces> splitSegment(SegmentOp seg, ArrayRef<unsigned> cuts);
 
 /// splitSegment cutting before and after every op `isMarker` selects (a
-/// collective's stand-in, which becomes a piece of its own), with the pieces
-/// inserted into `symbols`.
+/// collective's stand-in, which becomes a piece of its own), and before
+/// every op `cutBefore` selects, with the pieces inserted into `symbols`.
 FailureOr<SegmentPieces>
 splitAround(SegmentOp seg, llvm::function_ref<bool(Operation &)> isMarker,
-            SymbolTable &symbols);
+            SymbolTable &symbols,
+            llvm::function_ref<bool(Operation &)> cutBefore = nullptr);
 
 /// Splits `seg` into `names.size()` pieces by an assignment of its
 /// top-level ops: `pieceOf[op]` must be at least the piece of every op whose
@@ -119,6 +120,11 @@ struct PieceNode {
   Operation *op = nullptr;
   SmallVector<Value> outs;
   Value done;
+  /// Whether the next piece waits for this node's token. An unchained
+  /// node (a ring exchange) is ordered by its data alone: the pieces after
+  /// it wait for the node before it, so the exchange runs beside them and
+  /// only the piece that reads its result waits for it.
+  bool chained = true;
 };
 /// What `splitTaskWith` makes of piece `piece` given its arguments and its
 /// dependencies (built with the builder, before the task), or nullopt for a

@@ -287,13 +287,24 @@ StringRef mlir::piper::getTensorParallelStream(Operation *module) {
 }
 
 void mlir::piper::setContextParallel(Operation *module, int64_t members,
-                                     StringRef stream) {
+                                     StringRef stream, bool overlap) {
   Builder b(module->getContext());
   PiperDialect *d = piperDialect(module);
   d->getContextParallelAttrHelper().setAttr(module,
                                             b.getI64IntegerAttr(members));
   d->getContextParallelStreamAttrHelper().setAttr(module,
                                                   b.getStringAttr(stream));
+  // Absent is the default (overlapped).
+  if (!overlap)
+    d->getContextParallelOverlapAttrHelper().setAttr(module,
+                                                     b.getBoolAttr(false));
+}
+
+bool mlir::piper::getContextParallelOverlap(Operation *module) {
+  BoolAttr overlap =
+      piperDialect(module)->getContextParallelOverlapAttrHelper().getAttr(
+          module);
+  return !overlap || overlap.getValue();
 }
 
 int64_t mlir::piper::getContextParallel(Operation *module) {
@@ -373,6 +384,13 @@ PiperDialect::verifyOperationAttribute(Operation *op, NamedAttribute attr) {
     if (!isa<ModuleOp>(op) || !s || s.getValue().empty())
       return op->emitError("'piper.context_parallel_stream' must be a stream "
                            "name on the module, got ")
+             << attr.getValue();
+    return success();
+  }
+  if (name == ContextParallelOverlapAttrHelper::getNameStr()) {
+    if (!isa<ModuleOp>(op) || !isa<BoolAttr>(attr.getValue()))
+      return op->emitError("'piper.context_parallel_overlap' must be a "
+                           "boolean on the module, got ")
              << attr.getValue();
     return success();
   }

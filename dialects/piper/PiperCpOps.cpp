@@ -104,13 +104,20 @@ LogicalResult CpAttentionGradOp::verify() {
 /// carried values (none at step 0, two after).
 static LogicalResult verifyStep(Operation *op, int64_t step, int64_t cp,
                                 Value kv, size_t carried, int64_t rows,
-                                int64_t kvWidth) {
+                                int64_t kvWidth, bool carryOptional) {
   if (step < 0 || step >= cp)
     return op->emitOpError("step must be in [0, cp = ")
            << cp << "), got " << step;
-  if ((step == 0) != (carried == 0) || (carried != 0 && carried != 2))
-    return op->emitOpError("step 0 carries nothing and every later step "
-                           "carries the previous step's two results, got ")
+  if (carryOptional
+          ? (step == 0 && carried != 0) || (carried != 0 && carried != 2)
+          : (step == 0) != (carried == 0) || (carried != 0 && carried != 2))
+    return op->emitOpError(carryOptional
+                               ? "step 0 carries nothing and a later step "
+                                 "carries nothing or the previous step's two "
+                                 "results, got "
+                               : "step 0 carries nothing and every later step "
+                                 "carries the previous step's two results, "
+                                 "got ")
            << carried << " carried value(s) at step " << step;
   return verifyShape(op, kv, "kv", rows, kvWidth);
 }
@@ -120,7 +127,7 @@ LogicalResult AttentionBlockOp::verify() {
   int64_t hd, rows = dim(getQkv(), 0);
   if (failed(verifyRing(*this, a, getQkv(), dim(getResult(), 1), hd)) ||
       failed(verifyStep(*this, getStep(), a.cp, getKv(), getCarry().size(),
-                        rows, 2 * a.kvHeads * hd)) ||
+                        rows, 2 * a.kvHeads * hd, false)) ||
       failed(verifyShape(*this, getResult(), "result", rows, a.heads * hd)) ||
       failed(verifyShape(*this, getLse(), "lse", rows, 2 * a.heads)))
     return failure();
@@ -137,7 +144,7 @@ LogicalResult AttentionBlockGradOp::verify() {
   int64_t hd, rows = dim(getQkv(), 0);
   if (failed(verifyRing(*this, a, getQkv(), dim(getY(), 1), hd)) ||
       failed(verifyStep(*this, getStep(), a.cp, getKv(), getCarry().size(),
-                        rows, 2 * a.kvHeads * hd)) ||
+                        rows, 2 * a.kvHeads * hd, true)) ||
       failed(verifyShape(*this, getY(), "y", rows, a.heads * hd)) ||
       failed(verifyShape(*this, getLse(), "lse", rows, 2 * a.heads)) ||
       failed(verifyShape(*this, getGrad(), "grad", rows, a.heads * hd)) ||

@@ -113,6 +113,9 @@ def Piper_AttentionBlockGradOp : Piper_Op<"attention_block_grad", [Pure,
     (adding to `carry`'s first, none at step 0) and the owner's key/value
     gradient so far [N, 2 kv_heads hd] (adding this member's part to
     `carry`'s second, which the previous members of the ring summed).
+    Without `carry` (at any step) the two are this step's parts alone: the
+    ring's lowering adds the sums after the step, so the step need not
+    wait for the exchange that brings them.
 
     ```mlir
     %dq, %dkv = piper.attention_block_grad %qkv, %kv, %y, %lse, %dy {cp = 2 : i64, heads = 4 : i64, seq = 32 : i64, step = 0 : i64} : (tensor<64x192xf32>, tensor<64x128xf32>, tensor<64x64xf32>, tensor<64x8xf32>, tensor<64x64xf32>) -> (tensor<64x64xf32>, tensor<64x128xf32>)

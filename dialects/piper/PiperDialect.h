@@ -101,12 +101,14 @@ int64_t getTensorParallel(Operation *module);
 llvm::StringRef getTensorParallelStream(Operation *module);
 
 /// The declared discardable attributes of the module that
-/// `context_parallel` sets: the context-parallel degree (1 when absent) and
-/// the stream of its ring exchanges.
+/// `context_parallel` sets: the context-parallel degree (1 when absent),
+/// the stream of its ring exchanges and whether they run beside the ring
+/// steps (true when absent).
 void setContextParallel(Operation *module, int64_t members,
-                        llvm::StringRef stream);
+                        llvm::StringRef stream, bool overlap = true);
 int64_t getContextParallel(Operation *module);
 llvm::StringRef getContextParallelStream(Operation *module);
+bool getContextParallelOverlap(Operation *module);
 
 /// The declared discardable attribute of a parameter that sequence
 /// parallelism reads on each member's rows (its gradient is partial over

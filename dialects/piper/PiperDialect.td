@@ -39,9 +39,11 @@ def Piper_Dialect : Dialect {
     "::mlir::IntegerAttr":$tensor_parallel,
     "::mlir::StringAttr":$tensor_parallel_stream,
     // On the module: the context-parallel degree (`context_parallel`; at
-    // least 2) and the stream of its ring exchanges.
+    // least 2), the stream of its ring exchanges, and whether they wait
+    // for the step before them (false; absent: they run beside it).
     "::mlir::IntegerAttr":$context_parallel,
     "::mlir::StringAttr":$context_parallel_stream,
+    "::mlir::BoolAttr":$context_parallel_overlap,
     // On a parameter: sequence parallelism reads it on each member's rows
     // (a norm weight, a row bias), so each member's gradient is a partial
     // sum: replicate sums it over the tensor-parallel group too.
