@@ -8,6 +8,7 @@
 #include <filesystem>
 
 #include "compiler/frontend/GptModel.h"
+#include "compiler/frontend/HfConfig.h"
 #include "compiler/frontend/Presets.h"
 #include "compiler/lowering/LowerToPlan.h"
 #include "compiler/strategy/Strategy.h"
@@ -20,6 +21,11 @@
 #include "mlir/Pass/PassManager.h"
 #include "mlir/Support/FileUtilities.h"
 #include "mlir/Support/Timing.h"
+#include "proto/PlanFile.h"
+#include "proto/PlanTensors.h"
+#include "proto/analysis/MemoryPlan.h"
+#include "proto/analysis/Simulate.h"
+#include "proto/analysis/TimelineSvg.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/FormatVariadic.h"
@@ -28,11 +34,6 @@
 #include "llvm/Support/Path.h"
 #include "llvm/Support/SourceMgr.h"
 #include "llvm/Support/ToolOutputFile.h"
-#include "proto/PlanFile.h"
-#include "proto/PlanTensors.h"
-#include "proto/analysis/MemoryPlan.h"
-#include "proto/analysis/Simulate.h"
-#include "proto/analysis/TimelineSvg.h"
 
 using namespace mlir;
 using namespace mlir::piper;
@@ -58,6 +59,8 @@ private:
 
 struct ModelOptions {
   std::string name;
+  /// --hf DIR (its config.json) or --hf-config FILE.
+  std::string hfDir, hfConfig;
   GptConfig gpt;
   std::string output;
   bool list = false;
@@ -69,6 +72,38 @@ int runModel(const ModelOptions &opts, const CLI::App &cmd) {
     llvm::outs() << formatPresetTable();
     return 0;
   }
+  auto given = [&](const char *flag) { return cmd.count(flag) > 0; };
+  if (!opts.hfDir.empty() || !opts.hfConfig.empty()) {
+    if (!opts.name.empty())
+      return fail("give a model name or --hf/--hf-config, not both");
+    for (const char *flag :
+         {"--layers", "--hidden", "--heads", "--kv-heads", "--ffn", "--vocab",
+          "--tied", "--rope-theta", "--experts", "--top-k", "--capacity-factor",
+          "--aux-loss-coeff"})
+      if (given(flag))
+        return fail(std::string(flag) +
+                    " cannot be combined with --hf/--hf-config: the sizes "
+                    "come from config.json (only --seq and --batch apply)");
+    if (!given("--seq"))
+      return fail("--hf/--hf-config need --seq (the configuration has only "
+                  "the longest sequence, max_position_embeddings)");
+    std::string path = !opts.hfConfig.empty()
+                           ? opts.hfConfig
+                           : (llvm::Twine(opts.hfDir) + "/config.json").str();
+    auto text = llvm::MemoryBuffer::getFile(path);
+    if (!text)
+      return fail("cannot read " + path + ": " + text.getError().message());
+    GptConfig cfg;
+    if (std::string err = gptConfigFromHuggingFace(
+            (*text)->getBuffer(), path, opts.gpt.seq,
+            given("--batch") ? opts.gpt.batch : 1, cfg);
+        !err.empty())
+      return fail(err);
+    MLIRContext ctx;
+    ctx.loadDialect<PiperDialect>();
+    OwningOpRef<ModuleOp> module = buildGptModel(&ctx, cfg);
+    return writeOutput(*module, opts.output);
+  }
   if (opts.name.empty())
     return fail("name a model (see piperc model --list)");
   std::optional<ModelPreset> preset = findPreset(opts.name);
@@ -76,7 +111,6 @@ int runModel(const ModelOptions &opts, const CLI::App &cmd) {
     return fail("unknown model '" + opts.name + "' (see piperc model --list)");
   // Flags given on the command line override the preset.
   GptConfig cfg = preset->config;
-  auto given = [&](const char *flag) { return cmd.count(flag) > 0; };
   struct IntFlag {
     const char *flag;
     int64_t GptConfig::*field;
@@ -456,6 +490,12 @@ int mlir::piper::pipercMain(int argc, char **argv) {
                        "model or preset name (see --list)");
   modelCmd->add_flag("--list", model.list,
                      "list the models and presets with parameter counts");
+  modelCmd->add_option("--hf", model.hfDir,
+                       "a Hugging Face model folder: the model of its "
+                       "config.json (LlamaForCausalLM; with --seq, --batch; "
+                       "docs/hugging-face.md)");
+  modelCmd->add_option("--hf-config", model.hfConfig,
+                       "a Hugging Face config.json file (as --hf)");
   modelCmd->add_option("--layers", model.gpt.layers, "transformer blocks");
   modelCmd->add_option("--hidden", model.gpt.hidden, "hidden size");
   modelCmd->add_option("--heads", model.gpt.heads, "attention heads");

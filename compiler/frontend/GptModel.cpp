@@ -100,6 +100,8 @@ std::string mlir::piper::validateGptConfig(const GptConfig &cfg) {
              std::to_string(cfg.hidden / cfg.heads);
     if (!(cfg.ropeTheta > 0) || !std::isfinite(cfg.ropeTheta))
       return "rope theta must be positive";
+    if (!(cfg.rmsEps > 0) || !std::isfinite(cfg.rmsEps))
+      return "rms norm epsilon must be positive";
     if (cfg.tiedHead)
       return "llama models have an untied head";
   }
@@ -287,7 +289,7 @@ void GptModelBuilder::buildLlamaParams() {
 Value GptModelBuilder::rmsNorm(Value x, const Twine &prefix) {
   std::string p = prefix.str();
   return RmsNormOp::create(b, loc(p), act(cfg.hidden), x, ref(p + ".weight"),
-                           llvm::APFloat(1e-6));
+                           llvm::APFloat(cfg.rmsEps));
 }
 
 SegmentOp GptModelBuilder::buildLlamaBlock(int64_t layer) {

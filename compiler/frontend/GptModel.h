@@ -49,6 +49,8 @@ struct GptConfig {
   int64_t ffn = 0;
   /// Rotary embedding base. Llama only.
   double ropeTheta = 10000.0;
+  /// RMSNorm's epsilon (Llama and Qwen3Moe).
+  double rmsEps = 1e-6;
 
   /// Experts per MoE layer and experts per token (Qwen3Moe only).
   int64_t experts = 4;

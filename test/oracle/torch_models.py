@@ -88,8 +88,9 @@ def gpt_loss(p, tokens, targets, layers, heads, tied, mask):
 
 
 def llama_loss(p, tokens, targets, layers, heads, kv_heads, mask, cos, sin,
-               moe=None):
-    """Llama, or Qwen3-MoE with moe = (experts, top_k, aux loss coeff)."""
+               moe=None, eps=1e-6):
+    """Llama, or Qwen3-MoE with moe = (experts, top_k, aux loss coeff);
+    `eps` is RMSNorm's."""
     b, s = tokens.shape
     x = p["tok_embeddings.weight"][tokens]
     h = x.shape[-1]
@@ -97,7 +98,7 @@ def llama_loss(p, tokens, targets, layers, heads, kv_heads, mask, cos, sin,
     loss_extra = 0.0
     for i in range(layers):
         pre = "layers.%d." % i
-        y = rms_norm(x, p[pre + "attention_norm.weight"])
+        y = rms_norm(x, p[pre + "attention_norm.weight"], eps)
         qkv = y @ p[pre + "attention.wqkv.weight"]
         q = qkv[..., :heads * hd].reshape(b, s, heads, hd).transpose(1, 2)
         k = qkv[..., heads * hd:(heads + kv_heads) * hd]
@@ -110,7 +111,7 @@ def llama_loss(p, tokens, targets, layers, heads, kv_heads, mask, cos, sin,
         v = v.repeat_interleave(group, dim=1)
         a = causal_attention(q, k, v, mask).transpose(1, 2).reshape(b, s, h)
         x = x + a @ p[pre + "attention.wo.weight"]
-        y = rms_norm(x, p[pre + "ffn_norm.weight"])
+        y = rms_norm(x, p[pre + "ffn_norm.weight"], eps)
         if moe is None:
             gu = y @ p[pre + "feed_forward.w13.weight"]
             f = gu.shape[-1] // 2
@@ -140,6 +141,6 @@ def llama_loss(p, tokens, targets, layers, heads, kv_heads, mask, cos, sin,
         aux = experts * (frac * probs.mean(0)).sum()
         loss_extra = loss_extra + coeff * aux
         x = x + out.reshape(b, s, h)
-    x = rms_norm(x, p["norm.weight"])
+    x = rms_norm(x, p["norm.weight"], eps)
     logits = x @ p["output.weight"]
     return F.cross_entropy(logits.reshape(b * s, -1), targets.reshape(-1)) + loss_extra

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Whole-model oracle: with the same weights and batch, Piper's loss and every
 parameter gradient of the gpt-tiny (untied and tied), llama-tiny and
-qwen3-moe-tiny presets match PyTorch
+qwen3-moe-tiny presets, and of a Llama built from a Hugging Face config.json
+(`piperc model --hf`: RMSNorm epsilon 1e-5, rope_theta 500000, GQA), match
+PyTorch
 (CPU, float32, written independently here) to relative error <= 1e-4.
 
 Piper side: `piperc compile --no-optimizer` (gradients accumulate, nothing is
@@ -34,6 +36,19 @@ MODELS = {
     "gpt-tied": ["gpt-tiny", "--tied"],
     "llama": ["llama-tiny"],
     "qwen3-moe": ["qwen3-moe-tiny"],
+    # Filled in by main(): the folder of HF_CONFIG.
+    "hf-llama": None,
+}
+# A Llama-3-style config.json at the presets' sizes: the keys it sets must
+# reach the model (the oracle uses the same epsilon and theta).
+HF_CONFIG = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+    "hidden_size": HIDDEN, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "intermediate_size": 96, "vocab_size": VOCAB,
+    "max_position_embeddings": 128, "rms_norm_eps": 1e-5,
+    "rope_theta": 500000.0, "rope_scaling": None, "hidden_act": "silu",
+    "attention_bias": False, "mlp_bias": False, "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": 2,
 }
 
 
@@ -54,6 +69,10 @@ def torch_loss(name, params, tokens, targets):
     if name == "llama":
         cos, sin = rope_tables(SEQ, hd, 10000.0)
         return llama_loss(params, tokens, targets, 2, 4, 2, mask, cos, sin)
+    if name == "hf-llama":
+        cos, sin = rope_tables(SEQ, hd, HF_CONFIG["rope_theta"])
+        return llama_loss(params, tokens, targets, 2, 4, 2, mask, cos, sin,
+                          eps=HF_CONFIG["rms_norm_eps"])
     cos, sin = rope_tables(SEQ, hd, 1000000.0)
     return llama_loss(params, tokens, targets, 2, 4, 2, mask, cos, sin,
                       moe=(4, 2, 0.01))
@@ -115,6 +134,11 @@ def main():
     torch.set_num_threads(1)
     work = tempfile.mkdtemp(prefix="piper-oracle-", dir=os.environ.get("TEST_TMPDIR"))
     total = failed = 0
+    folder = os.path.join(work, "hf-llama-folder")
+    os.makedirs(folder)
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(HF_CONFIG, f)
+    MODELS["hf-llama"] = ["--hf", folder, "--seq", str(SEQ)]
     for name, args in MODELS.items():
         t, f = check(work, name, args)
         total, failed = total + t, failed + f

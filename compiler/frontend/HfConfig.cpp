@@ -1,0 +1,300 @@
+// Hugging Face configurations to GptConfig (see HfConfig.h and
+// docs/hugging-face.md). Every key of the configuration is either read,
+// checked against what Piper's model computes, or known not to change the
+// math (token ids, dtype, caching); any other key is an error, so that no
+// setting is silently dropped.
+#include "compiler/frontend/HfConfig.h"
+
+#include <cmath>
+#include <optional>
+
+#include "llvm/ADT/StringSet.h"
+#include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/JSON.h"
+
+using namespace mlir;
+using namespace mlir::piper;
+
+namespace {
+
+/// Keys of every `transformers` configuration that change nothing Piper
+/// computes: identifiers, token ids, generation and output switches, the
+/// stored dtype (a checkpoint's own dtype is read from its files).
+const char *const kNeutralKeys[] = {
+    "_name_or_path",     "architectures",        "bos_token_id",
+    "eos_token_id",      "pad_token_id",         "torch_dtype",
+    "dtype",             "transformers_version", "use_cache",
+    "output_attentions", "output_hidden_states", "return_dict",
+    "tokenizer_class",   "_attn_implementation", "model_type",
+};
+
+/// Architectures `transformers` has that Piper knows and does not build
+/// yet, with what is missing.
+struct Pending {
+  const char *name, *missing;
+};
+const Pending kPending[] = {
+    {"GPT2LMHeadModel",
+     "its Conv1D layouts and position table size are not mapped yet"},
+    {"Qwen3ForCausalLM",
+     "its per-head q/k RMSNorm and separate head_dim are not implemented yet"},
+    {"Qwen3MoeForCausalLM",
+     "its per-head q/k RMSNorm, separate head_dim and dense/sparse layer mix "
+     "are not implemented yet"},
+};
+
+class Reader {
+public:
+  Reader(const llvm::json::Object &obj, std::string where)
+      : obj(obj), where(std::move(where)) {}
+
+  std::string error(const llvm::Twine &message) const {
+    return (where + ": " + message).str();
+  }
+
+  /// Marks `key` as handled.
+  void use(llvm::StringRef key) { used.insert(key); }
+
+  /// An integer size at `key` (required unless `fallback` is given).
+  std::optional<int64_t> size(llvm::StringRef key, std::string &err,
+                              std::optional<int64_t> fallback = {}) {
+    use(key);
+    const llvm::json::Value *v = obj.get(key);
+    if (!v || v->kind() == llvm::json::Value::Null) {
+      if (!fallback)
+        err = error("\"" + key + "\" is missing (an integer)");
+      return fallback;
+    }
+    std::optional<int64_t> n = v->getAsInteger();
+    if (!n || *n <= 0) {
+      err = error("\"" + key + "\" must be a positive integer");
+      return std::nullopt;
+    }
+    return n;
+  }
+
+  /// A finite number at `key`, or `fallback` when absent.
+  std::optional<double> number(llvm::StringRef key, double fallback,
+                               std::string &err) {
+    use(key);
+    const llvm::json::Value *v = obj.get(key);
+    if (!v || v->kind() == llvm::json::Value::Null)
+      return fallback;
+    std::optional<double> d = v->getAsNumber();
+    if (!d || !std::isfinite(*d)) {
+      err = error("\"" + key + "\" must be a number");
+      return std::nullopt;
+    }
+    return d;
+  }
+
+  /// A boolean at `key`, or `fallback` when absent.
+  std::optional<bool> boolean(llvm::StringRef key, bool fallback,
+                              std::string &err) {
+    use(key);
+    const llvm::json::Value *v = obj.get(key);
+    if (!v || v->kind() == llvm::json::Value::Null)
+      return fallback;
+    std::optional<bool> b = v->getAsBoolean();
+    if (!b)
+      err = error("\"" + key + "\" must be true or false");
+    return b;
+  }
+
+  /// A string at `key`, or `fallback` when absent.
+  std::optional<std::string> string(llvm::StringRef key,
+                                    llvm::StringRef fallback,
+                                    std::string &err) {
+    use(key);
+    const llvm::json::Value *v = obj.get(key);
+    if (!v || v->kind() == llvm::json::Value::Null)
+      return fallback.str();
+    std::optional<llvm::StringRef> s = v->getAsString();
+    if (!s) {
+      err = error("\"" + key + "\" must be a string");
+      return std::nullopt;
+    }
+    return s->str();
+  }
+
+  const llvm::json::Value *get(llvm::StringRef key) {
+    use(key);
+    return obj.get(key);
+  }
+
+  /// The first key neither read nor known to be neutral, in the file's
+  /// order-independent sorted order (deterministic messages).
+  std::optional<std::string> unknownKey() const {
+    std::optional<std::string> first;
+    for (const auto &kv : obj) {
+      llvm::StringRef key = kv.first;
+      if (used.contains(key))
+        continue;
+      if (llvm::is_contained(kNeutralKeys, key))
+        continue;
+      if (!first || key < *first)
+        first = key.str();
+    }
+    return first;
+  }
+
+private:
+  const llvm::json::Object &obj;
+  std::string where;
+  llvm::StringSet<> used;
+};
+
+/// The architecture the configuration names ("architectures"[0], or from
+/// "model_type"), or an error.
+std::string architectureOf(const llvm::json::Object &obj,
+                           llvm::StringRef source, std::string &arch) {
+  if (const llvm::json::Value *a = obj.get("architectures");
+      a && a->kind() != llvm::json::Value::Null) {
+    const llvm::json::Array *list = a->getAsArray();
+    if (!list || list->size() != 1 || !(*list)[0].getAsString())
+      return (source + ": \"architectures\" must list one architecture "
+                       "name")
+          .str();
+    arch = (*list)[0].getAsString()->str();
+    return "";
+  }
+  std::optional<llvm::StringRef> type = obj.getString("model_type");
+  if (type == "llama")
+    arch = "LlamaForCausalLM";
+  else if (type == "gpt2")
+    arch = "GPT2LMHeadModel";
+  else if (type == "qwen3")
+    arch = "Qwen3ForCausalLM";
+  else if (type == "qwen3_moe")
+    arch = "Qwen3MoeForCausalLM";
+  else
+    return (source + ": names no architecture (\"architectures\" or a known "
+                     "\"model_type\")")
+        .str();
+  return "";
+}
+
+/// LlamaForCausalLM (Llama 2 and 3 without rope scaling): RMSNorm, rotary
+/// embeddings on the first and second halves of each head (`transformers`'
+/// rotate_half, as Piper's kernels), grouped-query attention, SwiGLU, no
+/// biases, an untied head.
+std::string readLlama(Reader &r, GptConfig &cfg) {
+  std::string err;
+  cfg.family = ModelFamily::Llama;
+  auto hidden = r.size("hidden_size", err);
+  auto layers = r.size("num_hidden_layers", err);
+  auto heads = r.size("num_attention_heads", err);
+  auto ffn = r.size("intermediate_size", err);
+  auto vocab = r.size("vocab_size", err);
+  if (!err.empty())
+    return err;
+  auto kvHeads = r.size("num_key_value_heads", err, *heads);
+  auto positions = r.size("max_position_embeddings", err, int64_t(0));
+  auto headDim = r.size("head_dim", err, *hidden / *heads);
+  auto theta = r.number("rope_theta", 10000.0, err);
+  auto eps = r.number("rms_norm_eps", 1e-6, err);
+  auto init = r.number("initializer_range", 0.02, err);
+  auto attnDropout = r.number("attention_dropout", 0.0, err);
+  auto act = r.string("hidden_act", "silu", err);
+  auto attnBias = r.boolean("attention_bias", false, err);
+  auto mlpBias = r.boolean("mlp_bias", false, err);
+  auto tied = r.boolean("tie_word_embeddings", false, err);
+  auto tp = r.size("pretraining_tp", err, int64_t(1));
+  if (!err.empty())
+    return err;
+  if (*act != "silu")
+    return r.error("\"hidden_act\" is \"" + *act +
+                   "\": Piper's Llama MLP is SwiGLU (\"silu\")");
+  if (*attnBias)
+    return r.error("\"attention_bias\": true is not implemented (Piper's "
+                   "Llama projections have no bias)");
+  if (*mlpBias)
+    return r.error("\"mlp_bias\": true is not implemented (Piper's Llama "
+                   "MLP has no bias)");
+  if (*attnDropout != 0)
+    return r.error("\"attention_dropout\" is " +
+                   llvm::formatv("{0}", *attnDropout) +
+                   ": Piper trains without dropout (set it to 0)");
+  if (*tied)
+    return r.error("\"tie_word_embeddings\": true is not implemented for "
+                   "Llama yet (Piper's Llama head is untied)");
+  if (*headDim * *heads != *hidden)
+    return r.error("\"head_dim\" " + std::to_string(*headDim) + " times " +
+                   std::to_string(*heads) +
+                   " heads is not hidden_size " + std::to_string(*hidden) +
+                   ": a separate head size is not implemented");
+  // pretraining_tp > 1 only slices `transformers`' matrix products; the
+  // math is the same.
+  (void)tp;
+  if (const llvm::json::Value *scaling = r.get("rope_scaling");
+      scaling && scaling->kind() != llvm::json::Value::Null) {
+    const llvm::json::Object *s = scaling->getAsObject();
+    if (!s)
+      return r.error("\"rope_scaling\" must be an object or null");
+    std::optional<llvm::StringRef> type = s->getString("rope_type");
+    if (!type)
+      type = s->getString("type");
+    if (!type)
+      return r.error("\"rope_scaling\" names no \"rope_type\"");
+    if (*type != "default")
+      return r.error("\"rope_scaling\" of type \"" + *type +
+                     "\" is not implemented (Piper's rotary embeddings use "
+                     "the unscaled frequencies of \"rope_theta\")");
+  }
+  if (*positions && cfg.seq > *positions)
+    return r.error("the sequence of " + std::to_string(cfg.seq) +
+                   " tokens is longer than \"max_position_embeddings\" " +
+                   std::to_string(*positions));
+  cfg.hidden = *hidden;
+  cfg.layers = *layers;
+  cfg.heads = *heads;
+  cfg.kvHeads = *kvHeads;
+  cfg.ffn = *ffn;
+  cfg.vocab = *vocab;
+  cfg.ropeTheta = *theta;
+  cfg.rmsEps = *eps;
+  cfg.initStd = *init;
+  cfg.tiedHead = false;
+  if (std::optional<std::string> key = r.unknownKey())
+    return r.error("unknown key \"" + *key +
+                   "\": Piper cannot tell whether it changes "
+                   "LlamaForCausalLM's math (docs/hugging-face.md lists the "
+                   "keys it reads and ignores)");
+  return "";
+}
+
+} // namespace
+
+std::string mlir::piper::gptConfigFromHuggingFace(llvm::StringRef text,
+                                                  llvm::StringRef source,
+                                                  int64_t seq, int64_t batch,
+                                                  GptConfig &out) {
+  llvm::Expected<llvm::json::Value> parsed = llvm::json::parse(text);
+  if (!parsed)
+    return (source + ": not JSON: " + llvm::toString(parsed.takeError()))
+        .str();
+  const llvm::json::Object *obj = parsed->getAsObject();
+  if (!obj)
+    return (source + ": a configuration is a JSON object").str();
+  std::string arch;
+  if (std::string err = architectureOf(*obj, source, arch); !err.empty())
+    return err;
+  for (const Pending &p : kPending)
+    if (arch == p.name)
+      return (source + ": " + arch + " is not supported yet: " + p.missing)
+          .str();
+  if (arch != "LlamaForCausalLM")
+    return (source + ": unknown architecture \"" + arch +
+            "\" (supported: LlamaForCausalLM)")
+        .str();
+  GptConfig cfg;
+  cfg.seq = seq;
+  cfg.batch = batch;
+  Reader r(*obj, (source + " (" + arch + ")").str());
+  if (std::string err = readLlama(r, cfg); !err.empty())
+    return err;
+  if (std::string err = validateGptConfig(cfg); !err.empty())
+    return (source + ": " + err).str();
+  out = cfg;
+  return "";
+}

@@ -1,0 +1,27 @@
+// Models from Hugging Face configurations (docs/hugging-face.md): a
+// `config.json` as `transformers` writes it becomes the GptConfig of the
+// same architecture, or a clear error naming the key whose math Piper does
+// not implement.
+#ifndef PIPER_COMPILER_FRONTEND_HFCONFIG_H
+#define PIPER_COMPILER_FRONTEND_HFCONFIG_H
+
+#include <string>
+
+#include "compiler/frontend/GptModel.h"
+#include "llvm/ADT/StringRef.h"
+
+namespace mlir::piper {
+
+/// The model of a Hugging Face `config.json` (its text; `source` names it in
+/// errors), with `seq` and `batch` as given (the configuration has neither).
+/// Architectures: LlamaForCausalLM. Returns an empty string and fills `out`,
+/// or the error: malformed JSON, a missing or mistyped size, an unknown
+/// architecture, a key Piper does not know, or a value whose math it does
+/// not implement (each naming the key).
+std::string gptConfigFromHuggingFace(llvm::StringRef text,
+                                     llvm::StringRef source, int64_t seq,
+                                     int64_t batch, GptConfig &out);
+
+} // namespace mlir::piper
+
+#endif // PIPER_COMPILER_FRONTEND_HFCONFIG_H
