@@ -506,8 +506,9 @@ int mlir::piper::pipercMain(int argc, char **argv) {
   modelCmd->add_option("--seq", model.gpt.seq, "sequence length");
   modelCmd->add_option("--batch", model.gpt.batch,
                        "microbatch size (sequences)");
-  modelCmd->add_option("--tied", model.gpt.tiedHead,
-                       "tie the LM head to the token embedding (gpt)")
+  modelCmd
+      ->add_option("--tied", model.gpt.tiedHead,
+                   "tie the LM head to the token embedding")
       ->expected(0, 1)
       ->default_str("true");
   modelCmd->add_option("--rope-theta", model.ropeTheta,

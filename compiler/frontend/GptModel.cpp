@@ -102,8 +102,6 @@ std::string mlir::piper::validateGptConfig(const GptConfig &cfg) {
       return "rope theta must be positive";
     if (!(cfg.rmsEps > 0) || !std::isfinite(cfg.rmsEps))
       return "rms norm epsilon must be positive";
-    if (cfg.tiedHead)
-      return "llama models have an untied head";
   }
   return "";
 }
@@ -138,7 +136,7 @@ int64_t mlir::piper::countParameters(const GptConfig &cfg) {
     if (cfg.family == ModelFamily::Qwen3Moe)
       mlp = h * cfg.experts + cfg.experts * mlp;
     int64_t perLayer = h + h * qkv + h * h + h + mlp;
-    return v * h + cfg.layers * perLayer + h + h * v;
+    return v * h + cfg.layers * perLayer + h + (cfg.tiedHead ? 0 : h * v);
   }
   int64_t perLayer = 2 * h + h * 3 * h + 3 * h + h * h + h + 2 * h +
                      h * f + f + f * h + h;
@@ -283,7 +281,8 @@ void GptModelBuilder::buildLlamaParams() {
     param(p + "feed_forward.w2.weight", {f, h}, InitKind::normal, projStd);
   }
   param("norm.weight", {h}, InitKind::ones);
-  param("output.weight", {h, v}, InitKind::normal, cfg.initStd);
+  if (!cfg.tiedHead)
+    param("output.weight", {h, v}, InitKind::normal, cfg.initStd);
 }
 
 Value GptModelBuilder::rmsNorm(Value x, const Twine &prefix) {
@@ -455,7 +454,14 @@ SegmentOp GptModelBuilder::buildHead() {
   Value logits;
   if (cfg.llamaLike()) {
     x = rmsNorm(x, "norm");
-    logits = linear(x, "output", cfg.vocab, /*bias=*/false);
+    // Tied (Llama 3.2's tie_word_embeddings): the head is the token
+    // embedding's transpose.
+    logits = cfg.tiedHead
+                 ? LinearOp::create(b, loc("output"), act(cfg.vocab), x,
+                                    ref("tok_embeddings.weight"), Value(),
+                                    /*transpose_w=*/true)
+                       .getResult()
+                 : linear(x, "output", cfg.vocab, /*bias=*/false);
   } else {
     x = layerNorm(x, "ln_f");
   }

@@ -16,7 +16,7 @@ enum class ModelFamily {
   /// GPT-2: learned positions, LayerNorm with bias, GELU MLP, biases.
   Gpt,
   /// Llama: RMSNorm, rotary embeddings, grouped-query attention, SwiGLU,
-  /// no biases, untied head.
+  /// no biases, untied head (tied with `tiedHead`).
   Llama,
   /// Qwen3-MoE: Llama-style attention, mixture-of-experts SwiGLU MLPs with
   /// top-k softmax routing and an optional load-balancing loss.

@@ -177,7 +177,7 @@ std::string architectureOf(const llvm::json::Object &obj,
 /// LlamaForCausalLM (Llama 2 and 3 without rope scaling): RMSNorm, rotary
 /// embeddings on the first and second halves of each head (`transformers`'
 /// rotate_half, as Piper's kernels), grouped-query attention, SwiGLU, no
-/// biases, an untied head.
+/// biases, the head tied to the token embedding or not.
 std::string readLlama(Reader &r, GptConfig &cfg) {
   std::string err;
   cfg.family = ModelFamily::Llama;
@@ -215,9 +215,6 @@ std::string readLlama(Reader &r, GptConfig &cfg) {
     return r.error("\"attention_dropout\" is " +
                    llvm::formatv("{0}", *attnDropout) +
                    ": Piper trains without dropout (set it to 0)");
-  if (*tied)
-    return r.error("\"tie_word_embeddings\": true is not implemented for "
-                   "Llama yet (Piper's Llama head is untied)");
   if (*headDim * *heads != *hidden)
     return r.error("\"head_dim\" " + std::to_string(*headDim) + " times " +
                    std::to_string(*heads) +
@@ -254,7 +251,7 @@ std::string readLlama(Reader &r, GptConfig &cfg) {
   cfg.ropeTheta = *theta;
   cfg.rmsEps = *eps;
   cfg.initStd = *init;
-  cfg.tiedHead = false;
+  cfg.tiedHead = *tied;
   if (std::optional<std::string> key = r.unknownKey())
     return r.error("unknown key \"" + *key +
                    "\": Piper cannot tell whether it changes "

@@ -446,6 +446,24 @@ TEST_CASE("llama builds with RMSNorm, rotary GQA attention and SwiGLU",
   CHECK_FALSE(module->lookupSymbol("wpe"));
 }
 
+TEST_CASE("a tied llama head is the token embedding's transpose",
+          "[frontend]") {
+  MLIRContext ctx;
+  for (bool tied : {false, true}) {
+    GptConfig cfg;
+    cfg.family = ModelFamily::Llama;
+    cfg.kvHeads = 2;
+    cfg.tiedHead = tied;
+    REQUIRE(validateGptConfig(cfg).empty());
+    OwningOpRef<ModuleOp> module = buildGptModel(&ctx, cfg);
+    CHECK(countParameters(cfg) == totalParamElements(*module));
+    CHECK(bool(module->lookupSymbol("output.weight")) == !tied);
+    int transposed = 0;
+    module->walk([&](LinearOp op) { transposed += op.getTransposeW(); });
+    CHECK(transposed == (tied ? 1 : 0));
+  }
+}
+
 TEST_CASE("countParameters matches the GPT module", "[frontend]") {
   MLIRContext ctx;
   for (bool tied : {false, true}) {
@@ -462,9 +480,9 @@ TEST_CASE("llama configs are validated", "[frontend]") {
   cfg.kvHeads = 3;
   CHECK(validateGptConfig(cfg).find("multiple of kv_heads") != std::string::npos);
   cfg.kvHeads = 2;
-  cfg.tiedHead = true;
-  CHECK(validateGptConfig(cfg).find("untied") != std::string::npos);
-  cfg.tiedHead = false;
+  cfg.rmsEps = 0;
+  CHECK(validateGptConfig(cfg).find("rms norm epsilon") != std::string::npos);
+  cfg.rmsEps = 1e-6;
   cfg.hidden = 12;
   cfg.heads = 4; // head dim 3: odd
   CHECK(validateGptConfig(cfg).find("even head dimension") != std::string::npos);

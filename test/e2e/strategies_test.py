@@ -135,6 +135,10 @@ MODELS = [
     ("gpt-tied", ["gpt", "--layers", "4", "--hidden", "64", "--heads", "4",
                   "--vocab", "256", "--seq", "32", "--batch", "4", "--tied"],
      TIED_STRATEGIES),
+    # Llama 3.2's tied head: the same copies and sums as gpt's.
+    ("llama-tied", ["llama", "--layers", "4", "--hidden", "64", "--heads", "4",
+                    "--kv-heads", "2", "--vocab", "256", "--seq", "32",
+                    "--batch", "4", "--tied"], TIED_STRATEGIES),
     ("gpt-bf16", ["gpt", "--layers", "4", "--hidden", "64", "--heads", "4",
                   "--vocab", "256", "--seq", "32", "--batch", "4"], BF16_STRATEGIES),
     ("gpt-bf16-1dev", ["gpt", "--layers", "4", "--hidden", "64", "--heads",

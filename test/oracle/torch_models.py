@@ -142,5 +142,7 @@ def llama_loss(p, tokens, targets, layers, heads, kv_heads, mask, cos, sin,
         loss_extra = loss_extra + coeff * aux
         x = x + out.reshape(b, s, h)
     x = rms_norm(x, p["norm.weight"], eps)
-    logits = x @ p["output.weight"]
+    # A tied head (no output.weight) is the token embedding's transpose.
+    head = p["output.weight"] if "output.weight" in p else p["tok_embeddings.weight"].t()
+    logits = x @ head
     return F.cross_entropy(logits.reshape(b * s, -1), targets.reshape(-1)) + loss_extra

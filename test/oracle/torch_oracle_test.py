@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Whole-model oracle: with the same weights and batch, Piper's loss and every
-parameter gradient of the gpt-tiny (untied and tied), llama-tiny and
+parameter gradient of the gpt-tiny and llama-tiny (untied and tied) and
 qwen3-moe-tiny presets, and of a Llama built from a Hugging Face config.json
 (`piperc model --hf`: RMSNorm epsilon 1e-5, rope_theta 500000, GQA), match
 PyTorch
@@ -35,6 +35,7 @@ MODELS = {
     "gpt": ["gpt-tiny"],
     "gpt-tied": ["gpt-tiny", "--tied"],
     "llama": ["llama-tiny"],
+    "llama-tied": ["llama-tiny", "--tied"],
     "qwen3-moe": ["qwen3-moe-tiny"],
     # Filled in by main(): the folder of HF_CONFIG.
     "hf-llama": None,
@@ -66,7 +67,7 @@ def torch_loss(name, params, tokens, targets):
     if name.startswith("gpt"):
         return gpt_loss(params, tokens, targets, 2, 4, name == "gpt-tied", mask)
     hd = HIDDEN // 4
-    if name == "llama":
+    if name in ("llama", "llama-tied"):
         cos, sin = rope_tables(SEQ, hd, 10000.0)
         return llama_loss(params, tokens, targets, 2, 4, 2, mask, cos, sin)
     if name == "hf-llama":
