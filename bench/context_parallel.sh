@@ -14,8 +14,9 @@
 #                        and for the ring the same strategy compiled with
 #                        --cp-no-overlap ("overlap off": each exchange waits
 #                        for the step before it, on the critical path),
-#                        with the exchanges' time (cp_stream's timeline
-#                        entries, overlaps counted once).
+#                        their ratio ("on/off"), and the exchanges' time
+#                        (cp_stream's timeline entries, overlaps counted
+#                        once).
 # The fit "step = A/N + C" through CP 1 and CP 8 separates what CP splits
 # (A: every value with a row per token) from what it does not (C). C is
 # mostly the ring's sent key/value shards: a SEND's buffer stays alive until
@@ -73,9 +74,9 @@ def secs(text):
     v, unit = re.match(r"([0-9.]+)([a-z]+)", text).groups()
     return float(v) * {"s": 1, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}[unit]
 rows = [line.split() for line in sys.stdin if line.strip()]
-print("%-7s %3s %-8s %14s %14s %6s %12s %12s %12s" % ("seq", "cp", "kind",
-      "step memory", "1/N of cp1", "ratio", "overlap off", "overlap on",
-      "exchanges"))
+print("%-7s %3s %-8s %14s %14s %6s %12s %12s %7s %12s" % ("seq", "cp",
+      "kind", "step memory", "1/N of cp1", "ratio", "overlap off",
+      "overlap on", "on/off", "exchanges"))
 for seq in sorted({int(r[0]) for r in rows}):
     every = [(int(r[1]), r[2], int(r[3]), secs(r[4]), secs(r[5]), r[6])
              for r in rows if int(r[0]) == seq]
@@ -84,9 +85,11 @@ for seq in sorted({int(r[0]) for r in rows}):
         # Ulysses exchanges with all-to-alls the attention waits for: there
         # is no order to change, so no "off" row.
         off = "%9.1f ms" % (secs(serial) * 1e3) if serial != "-" else "-"
-        print("%-7d %3d %-8s %10.2f GiB %10.2f GiB %6.3f %12s %9.1f ms %9.1f ms"
-              % (seq, cp, kind, step / 2**30, base / cp / 2**30,
-                 step * cp / base, off, total * 1e3, comm * 1e3))
+        ratio = "%7.4f" % (total / secs(serial)) if serial != "-" else "-"
+        print("%-7d %3d %-8s %10.2f GiB %10.2f GiB %6.3f %12s %9.1f ms %7s "
+              "%9.1f ms" % (seq, cp, kind, step / 2**30, base / cp / 2**30,
+                            step * cp / base, off, total * 1e3, ratio,
+                            comm * 1e3))
     mine = [(cp, step, total, comm)
             for cp, kind, step, total, comm, _ in every if kind == "ring"]
     # What does not shrink: step = A / N + C through CP 1 and the largest

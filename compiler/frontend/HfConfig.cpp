@@ -55,49 +55,49 @@ public:
   /// Marks `key` as handled.
   void use(llvm::StringRef key) { used.insert(key); }
 
+  /// The value at `key` (marked handled), or null when absent or null.
+  const llvm::json::Value *present(llvm::StringRef key) {
+    use(key);
+    const llvm::json::Value *v = obj.get(key);
+    return v && v->kind() != llvm::json::Value::Null ? v : nullptr;
+  }
+
   /// An integer size at `key` (required unless `fallback` is given).
   std::optional<int64_t> size(llvm::StringRef key, std::string &err,
                               std::optional<int64_t> fallback = {}) {
-    use(key);
-    const llvm::json::Value *v = obj.get(key);
-    if (!v || v->kind() == llvm::json::Value::Null) {
+    const llvm::json::Value *v = present(key);
+    if (!v) {
       if (!fallback)
         err = error("\"" + key + "\" is missing (an integer)");
       return fallback;
     }
     std::optional<int64_t> n = v->getAsInteger();
-    if (!n || *n <= 0) {
-      err = error("\"" + key + "\" must be a positive integer");
-      return std::nullopt;
-    }
+    if (!n || *n <= 0)
+      return fail(key, "a positive integer", err);
     return n;
   }
 
   /// A finite number at `key`, or `fallback` when absent.
   std::optional<double> number(llvm::StringRef key, double fallback,
                                std::string &err) {
-    use(key);
-    const llvm::json::Value *v = obj.get(key);
-    if (!v || v->kind() == llvm::json::Value::Null)
+    const llvm::json::Value *v = present(key);
+    if (!v)
       return fallback;
     std::optional<double> d = v->getAsNumber();
-    if (!d || !std::isfinite(*d)) {
-      err = error("\"" + key + "\" must be a number");
-      return std::nullopt;
-    }
+    if (!d || !std::isfinite(*d))
+      return fail(key, "a number", err);
     return d;
   }
 
   /// A boolean at `key`, or `fallback` when absent.
   std::optional<bool> boolean(llvm::StringRef key, bool fallback,
                               std::string &err) {
-    use(key);
-    const llvm::json::Value *v = obj.get(key);
-    if (!v || v->kind() == llvm::json::Value::Null)
+    const llvm::json::Value *v = present(key);
+    if (!v)
       return fallback;
     std::optional<bool> b = v->getAsBoolean();
     if (!b)
-      err = error("\"" + key + "\" must be true or false");
+      return fail(key, "true or false", err);
     return b;
   }
 
@@ -105,16 +105,13 @@ public:
   std::optional<std::string> string(llvm::StringRef key,
                                     llvm::StringRef fallback,
                                     std::string &err) {
-    use(key);
-    const llvm::json::Value *v = obj.get(key);
-    if (!v || v->kind() == llvm::json::Value::Null)
+    const llvm::json::Value *v = present(key);
+    if (!v)
       return fallback.str();
-    std::optional<llvm::StringRef> s = v->getAsString();
-    if (!s) {
-      err = error("\"" + key + "\" must be a string");
-      return std::nullopt;
-    }
-    return s->str();
+    std::optional<llvm::StringRef> str = v->getAsString();
+    if (!str)
+      return fail(key, "a string", err);
+    return str->str();
   }
 
   const llvm::json::Value *get(llvm::StringRef key) {
@@ -122,8 +119,8 @@ public:
     return obj.get(key);
   }
 
-  /// The first key neither read nor known to be neutral, in the file's
-  /// order-independent sorted order (deterministic messages).
+  /// The first key, in sorted order (deterministic messages), neither
+  /// read nor known to be neutral.
   std::optional<std::string> unknownKey() const {
     std::optional<std::string> first;
     for (const auto &kv : obj) {
@@ -139,6 +136,13 @@ public:
   }
 
 private:
+  /// Sets `err` to "\"key\" must be <what>"; no value.
+  std::nullopt_t fail(llvm::StringRef key, llvm::StringRef what,
+                      std::string &err) const {
+    err = error("\"" + key + "\" must be " + what);
+    return std::nullopt;
+  }
+
   const llvm::json::Object &obj;
   std::string where;
   llvm::StringSet<> used;

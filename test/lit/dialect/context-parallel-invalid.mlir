@@ -8,6 +8,12 @@ module attributes {piper.context_parallel = 1 : i64} {}
 
 // -----
 
+// Whether the ring's exchanges overlap its steps: a boolean on the module.
+// expected-error @+1 {{'piper.context_parallel_overlap' must be a boolean on the module, got 1 : i64}}
+module attributes {piper.context_parallel_overlap = 1 : i64} {}
+
+// -----
+
 piper.segment @s(%qkv: tensor<8x48xf32>) -> tensor<8x16xf32> {
   // Each member holds two of 2 cp equal chunks of a sequence.
   // expected-error @+1 {{seq 6 must be a multiple of 2 * cp = 4}}
