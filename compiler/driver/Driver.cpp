@@ -102,6 +102,10 @@ int runModel(const ModelOptions &opts, const CLI::App &cmd) {
     MLIRContext ctx;
     ctx.loadDialect<PiperDialect>();
     OwningOpRef<ModuleOp> module = buildGptModel(&ctx, cfg);
+    if (std::string err =
+            annotateHuggingFace(*module, cfg, (*text)->getBuffer());
+        !err.empty())
+      return fail(err);
     return writeOutput(*module, opts.output);
   }
   if (opts.name.empty())

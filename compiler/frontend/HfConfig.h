@@ -8,6 +8,7 @@
 #include <string>
 
 #include "compiler/frontend/GptModel.h"
+#include "mlir/IR/BuiltinOps.h"
 #include "llvm/ADT/StringRef.h"
 
 namespace mlir::piper {
@@ -21,6 +22,14 @@ namespace mlir::piper {
 std::string gptConfigFromHuggingFace(llvm::StringRef text,
                                      llvm::StringRef source, int64_t seq,
                                      int64_t batch, GptConfig &out);
+
+/// Records on every parameter of `module` (built from `cfg`, a model of a
+/// Hugging Face configuration) the checkpoint tensors it is made of
+/// (`piper.hf_sources`: names and layouts of `transformers`), and on the
+/// module the configuration's text (`piper.hf_config`). Returns an empty
+/// string, or the error.
+std::string annotateHuggingFace(ModuleOp module, const GptConfig &cfg,
+                                llvm::StringRef configText);
 
 } // namespace mlir::piper
 

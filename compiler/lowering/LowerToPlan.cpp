@@ -309,6 +309,15 @@ private:
       for (int64_t part : slice.getParts())
         ts->add_parts(part);
     }
+    for (HfSourceAttr source : getHfSources(decl)) {
+      plan::HfSource *hf = out->add_hf_sources();
+      hf->set_name(source.getName().str());
+      for (int64_t d : source.getShape())
+        hf->add_shape(d);
+      hf->set_transpose(source.getTranspose().getValue());
+      hf->set_index(source.getIndex());
+      hf->set_offset(source.getOffset());
+    }
     params[name] = p.params_size() - 1;
     return p.params_size() - 1;
   }
@@ -491,6 +500,7 @@ mlir::piper::lowerToPlans(ModuleOp module, const std::string &modelName,
   m.set_world_size(worldSize);
   m.set_model_name(modelName);
   m.set_strategy(strategySummary);
+  m.set_hf_config(getHfConfig(module).str());
   for (DeviceProgramOp dp : programs) {
     int64_t mbs = dp.getNumMicrobatches();
     int64_t reps = dp.getNumReplicas();

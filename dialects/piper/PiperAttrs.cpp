@@ -3,12 +3,13 @@
 // dialect verifies on segments.
 #include "dialects/piper/PiperDialect.h"
 
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/DialectImplementation.h"
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/SmallSet.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/ADT/TypeSwitch.h"
-#include "mlir/IR/Builders.h"
-#include "mlir/IR/DialectImplementation.h"
+#include "llvm/Support/InterleavedRange.h"
 
 using namespace mlir;
 using namespace mlir::piper;
@@ -41,6 +42,25 @@ TensorSliceAttr::verify(llvm::function_ref<InFlightDiagnostic()> emitError,
       return emitError() << "tensor_slice part " << part
                          << " is not a positive multiple of the " << members
                          << " members";
+  return success();
+}
+
+LogicalResult
+HfSourceAttr::verify(llvm::function_ref<InFlightDiagnostic()> emitError,
+                     StringRef name, ArrayRef<int64_t> shape,
+                     BoolAttr transpose, int64_t index, int64_t offset) {
+  if (name.empty())
+    return emitError() << "hf_source needs a tensor name";
+  if (shape.empty() || shape.size() > 2 ||
+      llvm::any_of(shape, [](int64_t d) { return d <= 0; }))
+    return emitError() << "hf_source '" << name
+                       << "' must have a 1-D or 2-D positive shape";
+  if (!transpose || (transpose.getValue() && shape.size() != 2))
+    return emitError() << "hf_source '" << name
+                       << "': only a 2-D tensor can be transposed";
+  if (index < 0 || offset < 0)
+    return emitError() << "hf_source '" << name
+                       << "': index and offset must be non-negative";
   return success();
 }
 
@@ -271,6 +291,79 @@ bool mlir::piper::isSequencePartial(Operation *param) {
       piperDialect(param)->getSequencePartialAttrHelper().getAttr(param));
 }
 
+void mlir::piper::setHfSources(Operation *param,
+                               ArrayRef<HfSourceAttr> sources) {
+  SmallVector<Attribute> attrs(sources.begin(), sources.end());
+  piperDialect(param)->getHfSourcesAttrHelper().setAttr(
+      param, ArrayAttr::get(param->getContext(), attrs));
+}
+
+SmallVector<HfSourceAttr> mlir::piper::getHfSources(Operation *param) {
+  SmallVector<HfSourceAttr> out;
+  if (ArrayAttr a =
+          piperDialect(param)->getHfSourcesAttrHelper().getAttr(param))
+    for (Attribute s : a)
+      if (auto source = dyn_cast<HfSourceAttr>(s))
+        out.push_back(source);
+  return out;
+}
+
+void mlir::piper::setHfConfig(Operation *module, StringRef json) {
+  piperDialect(module)->getHfConfigAttrHelper().setAttr(
+      module, StringAttr::get(module->getContext(), json));
+}
+
+StringRef mlir::piper::getHfConfig(Operation *module) {
+  if (StringAttr s =
+          piperDialect(module)->getHfConfigAttrHelper().getAttr(module))
+    return s.getValue();
+  return "";
+}
+
+namespace {
+
+/// Checks that `sources` cover parameter `param`'s global tensor exactly:
+/// each placed inside it, their elements adding up to its own.
+LogicalResult verifyHfSources(ParamOp param, ArrayAttr sources) {
+  SmallVector<int64_t> global(param.getTensorType().getShape());
+  if (std::optional<uint64_t> m = param.getExpertMembers())
+    global[0] *= static_cast<int64_t>(*m);
+  if (TensorSliceAttr slice = param.getTensorSliceAttr())
+    global[slice.getDim()] *= slice.getMembers();
+  int64_t covered = 0;
+  for (Attribute a : sources) {
+    auto s = dyn_cast<HfSourceAttr>(a);
+    if (!s)
+      return param.emitError("'piper.hf_sources' must hold #piper.hf_source "
+                             "attributes, got ")
+             << a;
+    SmallVector<int64_t> placed(s.getShape());
+    if (s.getTranspose().getValue())
+      std::swap(placed[0], placed[1]);
+    const size_t lead = global.size() - placed.size();
+    bool fits = (lead == 0 && s.getIndex() == 0) ||
+                (lead == 1 && s.getIndex() < global[0]);
+    for (size_t d = 0; fits && d < placed.size(); ++d) {
+      int64_t start = d + 1 == placed.size() ? s.getOffset() : 0;
+      fits = start + placed[d] <= global[lead + d] &&
+             (d + 1 == placed.size() || placed[d] == global[lead + d]);
+    }
+    if (!fits)
+      return param.emitError("Hugging Face tensor '")
+             << s.getName() << "' does not fit parameter @"
+             << param.getSymName() << " of global shape "
+             << llvm::interleaved_array(global);
+    covered += llvm::product_of(placed);
+  }
+  if (covered != llvm::product_of(global))
+    return param.emitError("the Hugging Face tensors of parameter @")
+           << param.getSymName() << " cover " << covered << " of its "
+           << llvm::product_of(global) << " elements";
+  return success();
+}
+
+} // namespace
+
 int64_t mlir::piper::getTensorParallel(Operation *module) {
   if (IntegerAttr tp =
           piperDialect(module)->getTensorParallelAttrHelper().getAttr(module))
@@ -398,6 +491,21 @@ PiperDialect::verifyOperationAttribute(Operation *op, NamedAttribute attr) {
     if (!isa<ParamOp>(op) || !isa<UnitAttr>(attr.getValue()))
       return op->emitError("'piper.sequence_partial' must be a unit "
                            "attribute on a piper.param");
+    return success();
+  }
+  if (name == HfSourcesAttrHelper::getNameStr()) {
+    auto param = dyn_cast<ParamOp>(op);
+    auto sources = dyn_cast<ArrayAttr>(attr.getValue());
+    if (!param || !sources)
+      return op->emitError("'piper.hf_sources' must be an array of "
+                           "#piper.hf_source on a piper.param");
+    return verifyHfSources(param, sources);
+  }
+  if (name == HfConfigAttrHelper::getNameStr()) {
+    if (!isa<ModuleOp>(op) || !isa<StringAttr>(attr.getValue()))
+      return op->emitError("'piper.hf_config' must be a string on the "
+                           "module, got ")
+             << attr.getValue();
     return success();
   }
   if (name == PassAttrHelper::getNameStr()) {

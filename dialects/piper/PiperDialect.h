@@ -116,6 +116,17 @@ bool getContextParallelOverlap(Operation *module);
 void setSequencePartial(Operation *param);
 bool isSequencePartial(Operation *param);
 
+/// The declared discardable attribute of a parameter built from a Hugging
+/// Face checkpoint: the tensors it is made of, in placement order (none:
+/// not from one).
+void setHfSources(Operation *param, llvm::ArrayRef<HfSourceAttr> sources);
+llvm::SmallVector<HfSourceAttr> getHfSources(Operation *param);
+
+/// The declared discardable attribute of a module built from a Hugging Face
+/// config.json: its text ("" when absent).
+void setHfConfig(Operation *module, llvm::StringRef json);
+llvm::StringRef getHfConfig(Operation *module);
+
 } // namespace mlir::piper
 
 #endif // PIPER_DIALECTS_PIPER_PIPERDIALECT_H

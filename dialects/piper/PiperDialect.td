@@ -47,7 +47,12 @@ def Piper_Dialect : Dialect {
     // On a parameter: sequence parallelism reads it on each member's rows
     // (a norm weight, a row bias), so each member's gradient is a partial
     // sum: replicate sums it over the tensor-parallel group too.
-    "::mlir::UnitAttr":$sequence_partial
+    "::mlir::UnitAttr":$sequence_partial,
+    // On a parameter: where it comes from in a Hugging Face checkpoint
+    // (an array of #piper.hf_source; docs/hugging-face.md).
+    "::mlir::ArrayAttr":$hf_sources,
+    // On the module: the Hugging Face config.json it was built from.
+    "::mlir::StringAttr":$hf_config
   );
   let hasOperationAttrVerify = 1;
   let extraClassDeclaration = [{
@@ -172,6 +177,31 @@ def Piper_TensorSliceAttr : AttrDef<Piper_Dialect, "TensorSlice"> {
                         OptionalArrayRefParameter<"int64_t">:$parts);
   let assemblyFormat =
       "`<` `dim` `=` $dim `,` `members` `=` $members (`,` `parts` `=` `[` $parts^ `]`)? `>`";
+  let genVerifyDecl = 1;
+}
+
+def Piper_HfSourceAttr : AttrDef<Piper_Dialect, "HfSource"> {
+  let mnemonic = "hf_source";
+  let summary = "A Hugging Face tensor a parameter is made of (plan.proto HfSource)";
+  let description = [{
+    One tensor of a Hugging Face checkpoint, `name` of `shape`, and where it
+    lies in the parameter's global tensor: transposed first when
+    `transpose` (a 2-D `nn.Linear` weight, stored [out, in], in a Piper
+    weight stored [in, out]), then placed at column `offset` of the last
+    dimension, and, when the parameter has one dimension more than the
+    placed tensor (a block of experts), at position `index` of its first.
+    A parameter's sources cover it exactly (a fused q|k|v weight has three).
+
+    ```mlir
+    #piper.hf_source<"model.layers.0.self_attn.k_proj.weight", shape = [32, 64], transpose = true, index = 0, offset = 64>
+    ```
+  }];
+  let parameters = (ins StringRefParameter<>:$name,
+                        ArrayRefParameter<"int64_t">:$shape,
+                        "::mlir::BoolAttr":$transpose, "int64_t":$index,
+                        "int64_t":$offset);
+  let assemblyFormat =
+      "`<` $name `,` `shape` `=` `[` $shape `]` `,` `transpose` `=` $transpose `,` `index` `=` $index `,` `offset` `=` $offset `>`";
   let genVerifyDecl = 1;
 }
 

@@ -239,9 +239,9 @@ public:
   /// returns ok) when this rank holds nothing of its own. Every rank calls
   /// it; no collective.
   Status saveShards(const std::string &path, int64_t step) const;
-  /// Loads the parameters and AdamW moments (this rank's ranges of them)
-  /// from `source`; call before the first step.
-  Status loadShards(const StateSource &source);
+  /// Loads the parameters and, with `moments`, the AdamW moments (this
+  /// rank's ranges of them) from `source`; call before the first step.
+  Status loadShards(const StateSource &source, bool moments = true);
 
   /// Whether the plan holds ZeRO-sharded state: then every replica of the
   /// class must call the save functions together (each contributes its

@@ -367,11 +367,15 @@ Status Executor::saveShards(const std::string &path, int64_t step) const {
   return writeSafetensors(path, tensors, meta).withContext(impl->who);
 }
 
-Status Executor::loadShards(const StateSource &source) {
+Status Executor::loadShards(const StateSource &source, bool moments) {
   const plan::Plan &plan = impl->plan;
+  const std::vector<int> kinds =
+      moments
+          ? std::vector<int>{Operand::PARAM, Operand::ADAM_M, Operand::ADAM_V}
+          : std::vector<int>{Operand::PARAM};
   for (int p = 0; p < plan.params_size(); ++p) {
     const plan::Parameter &param = plan.params(p);
-    for (int kind : {Operand::PARAM, Operand::ADAM_M, Operand::ADAM_V}) {
+    for (int kind : kinds) {
       int64_t start = 0, count = plan::paramElements(param);
       float *dst = static_cast<float *>(impl->stateOf(p, kind)->data);
       if (plan::stateSharded(param, kind - 1)) {

@@ -15,6 +15,7 @@
 #include "runtime/hal/cuda/CudaBackend.h"
 #include "runtime/launch/checkpoints/CheckpointIO.h"
 #include "runtime/launch/checkpoints/Checkpoints.h"
+#include "runtime/launch/checkpoints/HfFolders.h"
 #include "runtime/support/AtomicFile.h"
 
 namespace piper::runtime {
@@ -238,7 +239,11 @@ Status checkStrategy(const RunOptions &options,
       PIPER_RETURN_IF_ERROR(openData(options, t, options.seed, data));
     }
   }
-  if (!options.loadPath.empty()) {
+  if (!options.loadPath.empty() && isDirectory(options.loadPath)) {
+    Status st;
+    if (!HfStateSource::open(options.loadPath, manifest, plans, st))
+      return st;
+  } else if (!options.loadPath.empty()) {
     std::unique_ptr<SafetensorsReader> reader;
     int64_t step = 0;
     PIPER_RETURN_IF_ERROR(
@@ -254,6 +259,8 @@ Status checkStrategy(const RunOptions &options,
                         runIdentity(options, manifest, plans.front()),
                         options.resumeFallback, resume));
   }
+  if (!options.saveHfDir.empty())
+    PIPER_RETURN_IF_ERROR(checkHfExport(options.saveHfDir, manifest));
   return checkOutputTargets(options);
 }
 

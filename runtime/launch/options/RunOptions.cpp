@@ -4,6 +4,9 @@
 #include <charconv>
 #include <cstdio>
 #include <limits>
+#include <map>
+#include <stdexcept>
+#include <string>
 #include <utility>
 
 #include <CLI/CLI.hpp>
@@ -96,7 +99,27 @@ void addDataOptions(CLI::App &app, RunOptions &options) {
                  "safetensors file");
   app.add_option("--load", options.loadPath,
                  "before the first step, read all parameters from this "
-                 "safetensors file (instead of initializing them)");
+                 "safetensors file, or from this Hugging Face model folder "
+                 "for models built with piperc model --hf (instead of "
+                 "initializing them)");
+  CLI::Option *saveHf = app.add_option(
+      "--save-hf", options.saveHfDir,
+      "after the last step, write the parameters to this folder as a "
+      "Hugging Face model (config.json and safetensors; models built with "
+      "piperc model --hf)");
+  app.add_option("--hf-dtype", options.hfDType,
+                 "the dtype of --save-hf's tensors: fp32 or bf16")
+      ->transform(CLI::CheckedTransformer(
+          std::map<std::string, std::string>{{"fp32", "F32"}, {"bf16", "BF16"}},
+          CLI::ignore_case))
+      ->needs(saveHf);
+  app.add_option("--hf-shard-size", options.hfShardSize,
+                 "the most tensor data of one --save-hf file, as "
+                 "save_pretrained's max_shard_size: bytes, or a number with "
+                 "KB, MB, GB (powers of 1000) or KiB, MiB, GiB; more makes "
+                 "shards and an index")
+      ->needs(saveHf)
+      ->capture_default_str();
 }
 
 /// Measurements: --profile, and the --trace of one step.
@@ -158,6 +181,40 @@ void addProgressOptions(CLI::App &app, RunOptions &options) {
       ->capture_default_str();
 }
 
+/// A size as save_pretrained's max_shard_size takes it: a positive number
+/// of bytes, or a number (with a fraction) and a unit: B, KB, MB, GB, TB
+/// (powers of 1000) or KiB, MiB, GiB, TiB (powers of 1024).
+bool parseShardSize(const std::string &text, uint64_t &bytes) {
+  size_t end = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &end);
+  } catch (const std::exception &) {
+    return false;
+  }
+  std::string unit = text.substr(end);
+  static const std::pair<const char *, double> kUnits[] = {
+      {"", 1},
+      {"B", 1},
+      {"KB", 1e3},
+      {"MB", 1e6},
+      {"GB", 1e9},
+      {"TB", 1e12},
+      {"KiB", 1024.0},
+      {"MiB", 1048576.0},
+      {"GiB", 1073741824.0},
+      {"TiB", 1099511627776.0}};
+  for (const auto &[name, scale] : kUnits)
+    if (unit == name) {
+      double b = value * scale;
+      if (!(b >= 1) || b > 1e18)
+        return false;
+      bytes = static_cast<uint64_t>(b);
+      return true;
+    }
+  return false;
+}
+
 /// An empty file name means "none" inside, so `--save ''` (an unset shell
 /// variable) would silently save nothing. Returns false, with `exitCode` 2,
 /// after printing the first file option given an empty name.
@@ -171,6 +228,7 @@ bool checkFileNames(const CLI::App &app, const RunOptions &options,
       {"--save-grads", &options.saveGradsPath},
       {"--save", &options.savePath},
       {"--load", &options.loadPath},
+      {"--save-hf", &options.saveHfDir},
       {"--trace", &options.tracePath}};
   for (const auto &[flag, value] : files)
     if (app.count(flag) > 0 && value->empty()) {
@@ -258,6 +316,14 @@ bool parseRunOptions(int argc, char **argv, RunOptions &options,
     app.parse(argc, argv);
   } catch (const CLI::ParseError &e) {
     exitCode = app.exit(e);
+    return false;
+  }
+  if (!parseShardSize(options.hfShardSize, options.hfShardBytes)) {
+    std::fprintf(stderr,
+                 "piper-run: --hf-shard-size must be a positive size such as "
+                 "5GB or 500MiB, not '%s'\n",
+                 options.hfShardSize.c_str());
+    exitCode = 2;
     return false;
   }
   return checkFileNames(app, options, exitCode) &&

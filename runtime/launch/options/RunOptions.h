@@ -44,6 +44,15 @@ struct RunOptions {
   /// instead of being initialized, and steps continue after its "step";
   /// empty means none.
   std::string loadPath;
+  /// After the last step, the parameters are written to this folder as a
+  /// Hugging Face model (docs/hugging-face.md); empty means none.
+  std::string saveHfDir;
+  /// --hf-dtype: the safetensors dtype of --save-hf, "F32" or "BF16".
+  std::string hfDType = "F32";
+  /// --hf-shard-size: the most tensor bytes of one --save-hf file, as
+  /// given ("5GB") and in bytes.
+  std::string hfShardSize = "5GB";
+  uint64_t hfShardBytes = 5'000'000'000;
   /// --profile (or PIPER_PROFILE=1): time every kernel op and instruction
   /// kind, excluding the first step, and print a table at the end (rank 0 on
   /// stderr; with --log-dir every rank into its log).

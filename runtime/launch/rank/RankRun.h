@@ -14,6 +14,7 @@
 #include "runtime/hal/Backends.h"
 #include "runtime/launch/checkpoints/CheckpointLock.h"
 #include "runtime/launch/checkpoints/Checkpoints.h"
+#include "runtime/launch/checkpoints/HfFolders.h"
 #include "runtime/launch/checkpoints/StrategyFiles.h"
 #include "runtime/launch/rank/Progress.h"
 #include "runtime/launch/rank/Reporting.h"
@@ -79,6 +80,8 @@ private:
   std::unique_ptr<CheckpointDirLock> checkpointLock;
   std::unique_ptr<TokenFileData> data;
   std::unique_ptr<SafetensorsReader> checkpoint;
+  /// --load of a Hugging Face folder.
+  std::unique_ptr<HfStateSource> hfSource;
   int64_t loadedStep = 0;
   /// The run's identity in the files it writes: the one of the state it
   /// continues, else a new one; rank 0's, once the ranks are connected.

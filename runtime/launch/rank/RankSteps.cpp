@@ -193,6 +193,23 @@ void RankRun::finish() {
     check(writeCheckpoint(options.savePath, CheckpointContent::Params, manifest,
                           *exec, comm.get(), rank, lastStep),
           /*named=*/false);
+  if (!options.saveHfDir.empty()) {
+    // Every class's parameters merged into one file, as --save's, which
+    // rank 0 then writes out under their Hugging Face names.
+    const std::string merged = options.saveHfDir + "/.piper-export.safetensors";
+    check(writeCheckpoint(merged, CheckpointContent::Params, manifest, *exec,
+                          comm.get(), rank, lastStep),
+          /*named=*/false);
+    if (rank == 0) {
+      std::vector<plan::Plan> plans;
+      Status st = allPlans(plans);
+      if (st)
+        st = exportHfFolder(options.saveHfDir, merged, manifest, plans,
+                            options.hfDType, options.hfShardBytes);
+      std::remove(merged.c_str());
+      check(st, /*named=*/false);
+    }
+  }
   if (!options.saveGradsPath.empty())
     check(writeCheckpoint(options.saveGradsPath, CheckpointContent::Gradients,
                           manifest, *exec, comm.get(), rank, lastStep),

@@ -181,7 +181,14 @@ void RankRun::openStartState() {
 
   // --load is checked against every class's parameters, so that a tensor
   // no class holds is an error here too when ranks are started by hand.
-  if (!options.loadPath.empty()) {
+  if (!options.loadPath.empty() && isDirectory(options.loadPath)) {
+    // A Hugging Face folder: a fresh run from its weights.
+    std::vector<plan::Plan> plans;
+    Status st = allPlans(plans);
+    if (st)
+      hfSource = HfStateSource::open(options.loadPath, manifest, plans, st);
+    check(st);
+  } else if (!options.loadPath.empty()) {
     std::vector<plan::Plan> plans;
     Status st = allPlans(plans);
     if (st)
@@ -319,6 +326,10 @@ void RankRun::createExecutor() {
   if (checkpoint) {
     check(exec->loadCheckpoint(*checkpoint), /*named=*/false);
     checkpoint.reset();
+  }
+  if (hfSource) {
+    check(exec->loadShards(*hfSource, /*moments=*/false), /*named=*/false);
+    hfSource.reset();
   }
   if (resumePoint.model) {
     check(exec->loadCheckpoint(*resumePoint.model), /*named=*/false);

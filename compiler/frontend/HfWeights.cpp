@@ -1,0 +1,86 @@
+// The Hugging Face names and layouts of a model's parameters (see
+// HfConfig.h and docs/hugging-face.md): each Piper parameter of a model
+// built from a config.json records the checkpoint tensors it is made of.
+#include "compiler/frontend/HfConfig.h"
+
+#include "dialects/piper/PiperDialect.h"
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/Verifier.h"
+#include "llvm/ADT/StringExtras.h"
+
+using namespace mlir;
+using namespace mlir::piper;
+
+namespace {
+
+/// The sources of a Llama parameter (Piper's Meta-style name), or none
+/// when the name is not one of LlamaForCausalLM's.
+SmallVector<HfSourceAttr> llamaSources(MLIRContext *ctx, StringRef name,
+                                       const GptConfig &cfg) {
+  Builder b(ctx);
+  const int64_t h = cfg.hidden, hd = cfg.hidden / cfg.heads;
+  const int64_t q = cfg.heads * hd, kv = cfg.numKvHeads() * hd;
+  const int64_t f = cfg.ffnSize(), v = cfg.vocab;
+  // An nn.Linear weight [out, in] (transposed into Piper's [in, out]) at
+  // column `offset`, or a tensor as it is.
+  auto linear = [&](const std::string &hf, int64_t out, int64_t in,
+                    int64_t offset = 0) {
+    return HfSourceAttr::get(ctx, hf, {out, in}, b.getBoolAttr(true), 0,
+                             offset);
+  };
+  auto same = [&](const std::string &hf, ArrayRef<int64_t> shape) {
+    return HfSourceAttr::get(ctx, hf, shape, b.getBoolAttr(false), 0, 0);
+  };
+  if (name == "tok_embeddings.weight")
+    return {same("model.embed_tokens.weight", {v, h})};
+  if (name == "norm.weight")
+    return {same("model.norm.weight", {h})};
+  if (name == "output.weight")
+    return {linear("lm_head.weight", v, h)};
+  // layers.<i>.<rest>
+  if (!name.consume_front("layers."))
+    return {};
+  auto [index, rest] = name.split('.');
+  unsigned layer;
+  if (index.getAsInteger(10, layer) || layer >= cfg.layers)
+    return {};
+  const std::string p = "model.layers." + index.str() + ".";
+  if (rest == "attention_norm.weight")
+    return {same(p + "input_layernorm.weight", {h})};
+  if (rest == "ffn_norm.weight")
+    return {same(p + "post_attention_layernorm.weight", {h})};
+  if (rest == "attention.wqkv.weight")
+    return {linear(p + "self_attn.q_proj.weight", q, h),
+            linear(p + "self_attn.k_proj.weight", kv, h, q),
+            linear(p + "self_attn.v_proj.weight", kv, h, q + kv)};
+  if (rest == "attention.wo.weight")
+    return {linear(p + "self_attn.o_proj.weight", h, q)};
+  if (rest == "feed_forward.w13.weight")
+    return {linear(p + "mlp.gate_proj.weight", f, h),
+            linear(p + "mlp.up_proj.weight", f, h, f)};
+  if (rest == "feed_forward.w2.weight")
+    return {linear(p + "mlp.down_proj.weight", h, f)};
+  return {};
+}
+
+} // namespace
+
+std::string mlir::piper::annotateHuggingFace(ModuleOp module,
+                                             const GptConfig &cfg,
+                                             llvm::StringRef configText) {
+  if (cfg.family != ModelFamily::Llama)
+    return "Hugging Face weights are mapped for LlamaForCausalLM only";
+  for (ParamOp param : module.getOps<ParamOp>()) {
+    SmallVector<HfSourceAttr> sources =
+        llamaSources(module.getContext(), param.getSymName(), cfg);
+    if (sources.empty())
+      return ("internal: parameter '" + param.getSymName() +
+              "' has no Hugging Face name")
+          .str();
+    setHfSources(param, sources);
+  }
+  setHfConfig(module, configText);
+  if (failed(verify(module)))
+    return "internal: the Hugging Face names do not fit the model";
+  return "";
+}

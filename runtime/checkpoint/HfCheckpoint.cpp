@@ -1,0 +1,500 @@
+// Hugging Face model folders: see HfCheckpoint.h.
+#include "runtime/checkpoint/HfCheckpoint.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <set>
+
+#include <sys/stat.h>
+
+#include <fmt/format.h>
+
+#include "runtime/checkpoint/Json.h"
+#include "runtime/support/AtomicFile.h"
+#include "runtime/support/Errno.h"
+#include "runtime/support/Precision.h"
+
+namespace piper::runtime {
+
+namespace {
+
+/// The limit on config.json and index files (a large index is a few MB).
+constexpr uint64_t kMaxJsonFileBytes = 256ull << 20;
+/// Problems one error lists before "and N more".
+constexpr size_t kMaxListed = 20;
+
+bool isFile(const std::string &path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+/// Reads the text file at `path` (at most kMaxJsonFileBytes).
+Status readText(const std::string &path, std::string &out) {
+  PIPER_RETURN_IF_ERROR(checkRegularFile(path, "'" + path + "'"));
+  FILE *f = std::fopen(path.c_str(), "rb");
+  if (!f)
+    return Status::error("cannot read '" + path + "': " + errnoMessage(errno));
+  out.clear();
+  char buf[1 << 16];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) {
+    out.append(buf, n);
+    if (out.size() > kMaxJsonFileBytes) {
+      std::fclose(f);
+      return Status::error(
+          fmt::format("'{}' is larger than {} bytes", path, kMaxJsonFileBytes));
+    }
+  }
+  bool failed = std::ferror(f);
+  std::fclose(f);
+  if (failed)
+    return Status::error("cannot read '" + path + "'");
+  return Status::ok();
+}
+
+int64_t numel(const std::vector<int64_t> &shape) {
+  int64_t n = 1;
+  for (int64_t d : shape)
+    n *= d;
+  return n;
+}
+
+/// Where a placed source lies in its parameter: `rows` rows of `cols`
+/// elements, row r starting at element `base + r * stride`.
+struct Layout {
+  int64_t rows = 1, cols = 0, stride = 0, base = 0;
+};
+
+/// The layout of `s` in parameter `p`, or an error when it does not fit
+/// (the compiler checks this; a damaged plan may not).
+Status layoutOf(const HfParam &p, const HfPlacement &s, Layout &out) {
+  std::vector<int64_t> placed = s.shape;
+  if (s.transpose && placed.size() == 2)
+    std::swap(placed[0], placed[1]);
+  const std::vector<int64_t> &g = p.shape;
+  bool fits = !placed.empty() && placed.size() <= 2 && !g.empty() &&
+              (!s.transpose || placed.size() == 2) && s.offset >= 0 &&
+              s.index >= 0 && g.size() >= placed.size() &&
+              g.size() - placed.size() <= 1;
+  const size_t lead = fits ? g.size() - placed.size() : 0;
+  if (fits) {
+    fits = (lead == 0 ? s.index == 0 : s.index < g[0]) &&
+           s.offset + placed.back() <= g.back() &&
+           (placed.size() == 1 || placed[0] == g[lead]);
+    for (int64_t d : placed)
+      fits = fits && d > 0;
+  }
+  if (!fits)
+    return Status::error(fmt::format(
+        "Hugging Face tensor '{}' of shape {} does not fit parameter '{}' of "
+        "shape {}",
+        s.name, formatShape(s.shape), p.name, formatShape(p.shape)));
+  out.rows = placed.size() == 2 ? placed[0] : 1;
+  out.cols = placed.back();
+  out.stride = g.back();
+  out.base = (lead ? s.index * (numel(g) / g[0]) : 0) + s.offset;
+  return Status::ok();
+}
+
+/// Copies source `src` (its own layout) into the parameter tensor `dst`.
+void place(const HfPlacement &s, const Layout &l, const float *src,
+           float *dst) {
+  for (int64_t r = 0; r < l.rows; ++r)
+    for (int64_t c = 0; c < l.cols; ++c)
+      dst[l.base + r * l.stride + c] =
+          s.transpose ? src[c * l.rows + r] : src[r * l.cols + c];
+}
+
+/// The inverse of place: source `s`'s elements out of parameter `param`.
+void extract(const HfPlacement &s, const Layout &l, const float *param,
+             float *dst) {
+  for (int64_t r = 0; r < l.rows; ++r)
+    for (int64_t c = 0; c < l.cols; ++c)
+      (s.transpose ? dst[c * l.rows + r] : dst[r * l.cols + c]) =
+          param[l.base + r * l.stride + c];
+}
+
+/// Float16 bits to float (exact).
+float f16ToFloat(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1Fu, mant = h & 0x3FFu, bits;
+  if (exp == 0x1F) {
+    bits = sign | 0x7F800000u | (mant << 13);
+  } else if (exp != 0) {
+    bits = sign | ((exp + 112) << 23) | (mant << 13);
+  } else if (mant == 0) {
+    bits = sign;
+  } else { // subnormal: normalize
+    int e = -1;
+    do {
+      ++e;
+      mant <<= 1;
+    } while ((mant & 0x400u) == 0);
+    bits =
+        sign | (static_cast<uint32_t>(112 - e) << 23) | ((mant & 0x3FFu) << 13);
+  }
+  float x;
+  std::memcpy(&x, &bits, sizeof(x));
+  return x;
+}
+
+bool readableDType(const std::string &dtype) {
+  return dtype == "F32" || dtype == "BF16" || dtype == "F16";
+}
+
+/// Tensors a folder may hold that no parameter is made of, and which
+/// `transformers` ignores as well.
+bool ignorable(const std::string &name, const std::set<std::string> &used) {
+  auto endsWith = [&](const char *suffix) {
+    size_t n = std::strlen(suffix);
+    return name.size() >= n && name.compare(name.size() - n, n, suffix) == 0;
+  };
+  if (endsWith(".rotary_emb.inv_freq"))
+    return true; // a non-persistent buffer older checkpoints saved
+  // A tied head: transformers ties lm_head to the embedding and drops it.
+  return name == "lm_head.weight" && used.count("model.embed_tokens.weight");
+}
+
+} // namespace
+
+std::unique_ptr<HfFolder> HfFolder::open(const std::string &dir,
+                                         Status &status) {
+  const std::string who = "Hugging Face folder '" + dir + "': ";
+  std::unique_ptr<HfFolder> f(new HfFolder());
+  f->folder = dir;
+  struct stat st;
+  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    status = Status::error(who + "not a directory");
+    return nullptr;
+  }
+  const std::string configPath = dir + "/" + kHfConfigFile;
+  if (isFile(configPath)) {
+    status = readText(configPath, f->config).withContext(who);
+    if (!status)
+      return nullptr;
+  }
+  auto openFile = [&](const std::string &name) -> SafetensorsReader * {
+    std::unique_ptr<SafetensorsReader> r =
+        SafetensorsReader::open(dir + "/" + name, status);
+    if (!r) {
+      status = status.withContext(who.substr(0, who.size() - 2));
+      return nullptr;
+    }
+    f->files.push_back(std::move(r));
+    return f->files.back().get();
+  };
+  // transformers' order: the single file first, then the index.
+  const std::string single = dir + "/" + kHfWeightsFile;
+  const std::string index = dir + "/" + kHfIndexFile;
+  if (isFile(single) || !isFile(index)) {
+    if (!isFile(single)) {
+      status = Status::error(who + "has neither " + kHfWeightsFile + " nor " +
+                             kHfIndexFile);
+      return nullptr;
+    }
+    SafetensorsReader *r = openFile(kHfWeightsFile);
+    if (!r)
+      return nullptr;
+    for (const SafetensorsEntry &e : r->tensors())
+      f->where[e.name] = 0;
+    status = Status::ok();
+    return f;
+  }
+  std::string text;
+  Json root;
+  const Json *map = nullptr;
+  status = readText(index, text);
+  if (status)
+    status = parseJson(text, root);
+  if (status)
+    status = jsonObject(root, "weight_map", map);
+  if (!status) {
+    status = status.withContext(who + kHfIndexFile);
+    return nullptr;
+  }
+  std::map<std::string, size_t> fileIndex;
+  for (auto it = map->begin(); it != map->end(); ++it) {
+    if (!it.value().is_string()) {
+      status = Status::error(who + kHfIndexFile + ": weight_map[" +
+                             jsonQuote(it.key()) + "] is " +
+                             jsonKindName(it.value()) + ", expected a string");
+      return nullptr;
+    }
+    const std::string file = it.value().get<std::string>();
+    if (file.empty() || file.find('/') != std::string::npos || file == "." ||
+        file == "..") {
+      status = Status::error(who + kHfIndexFile + ": weight_map[" +
+                             jsonQuote(it.key()) + "] names " +
+                             jsonQuote(file) + ", not a file of the folder");
+      return nullptr;
+    }
+    auto [pos, fresh] = fileIndex.emplace(file, f->files.size());
+    if (fresh && !openFile(file))
+      return nullptr;
+    const SafetensorsReader &r = *f->files[pos->second];
+    if (!r.find(it.key())) {
+      status =
+          Status::error(who + kHfIndexFile + " maps " + jsonQuote(it.key()) +
+                        " to " + file + ", which does not hold it");
+      return nullptr;
+    }
+    f->where[it.key()] = pos->second;
+  }
+  for (const auto &[file, i] : fileIndex)
+    for (const SafetensorsEntry &e : f->files[i]->tensors()) {
+      auto w = f->where.find(e.name);
+      if (w == f->where.end() || w->second != i) {
+        status = Status::error(
+            who + file + " holds " + jsonQuote(e.name) + ", which " +
+            kHfIndexFile +
+            (w == f->where.end() ? " does not list" : " maps to another file"));
+        return nullptr;
+      }
+    }
+  status = Status::ok();
+  return f;
+}
+
+std::vector<std::string> HfFolder::names() const {
+  std::vector<std::string> out;
+  for (const auto &[name, file] : where)
+    out.push_back(name);
+  return out;
+}
+
+const SafetensorsEntry *HfFolder::find(const std::string &name) const {
+  auto it = where.find(name);
+  return it == where.end() ? nullptr : files[it->second]->find(name);
+}
+
+Status HfFolder::readFloat(const std::string &name,
+                           std::vector<float> &out) const {
+  auto it = where.find(name);
+  if (it == where.end())
+    return Status::error("Hugging Face folder '" + folder +
+                         "' has no tensor '" + name + "'");
+  const SafetensorsReader &r = *files[it->second];
+  const SafetensorsEntry &e = *r.find(name);
+  if (!readableDType(e.dtype))
+    return Status::error(
+        fmt::format("{}: tensor '{}' is {}; Piper reads F32, BF16 and F16",
+                    r.path(), name, e.dtype));
+  const size_t n = static_cast<size_t>(numel(e.shape));
+  out.resize(n);
+  if (e.dtype == "F32")
+    return r.read(e, out.data());
+  std::vector<uint16_t> half(n);
+  PIPER_RETURN_IF_ERROR(r.read(e, half.data()));
+  for (size_t i = 0; i < n; ++i)
+    out[i] = e.dtype == "BF16" ? bf16ToFloat(half[i]) : f16ToFloat(half[i]);
+  return Status::ok();
+}
+
+Status checkHfFolder(const HfFolder &folder,
+                     const std::vector<HfParam> &params) {
+  std::vector<std::string> problems;
+  std::set<std::string> used;
+  for (const HfParam &p : params) {
+    int64_t covered = 0;
+    for (const HfPlacement &s : p.sources) {
+      Layout l;
+      if (Status st = layoutOf(p, s, l); !st) {
+        problems.push_back(st.message());
+        continue;
+      }
+      covered += numel(s.shape);
+      used.insert(s.name);
+      const SafetensorsEntry *e = folder.find(s.name);
+      if (!e)
+        problems.push_back(fmt::format("missing tensor '{}' (of parameter "
+                                       "'{}')",
+                                       s.name, p.name));
+      else if (e->shape != s.shape)
+        problems.push_back(fmt::format(
+            "tensor '{}' has shape {}, the model needs {} (parameter '{}')",
+            s.name, formatShape(e->shape), formatShape(s.shape), p.name));
+      else if (!readableDType(e->dtype))
+        problems.push_back(
+            fmt::format("tensor '{}' is {}; Piper reads F32, BF16 and F16",
+                        s.name, e->dtype));
+    }
+    if (covered != numel(p.shape))
+      problems.push_back(fmt::format(
+          "parameter '{}': its Hugging Face tensors cover {} of its {} "
+          "elements",
+          p.name, covered, numel(p.shape)));
+  }
+  for (const std::string &name : folder.names())
+    if (!used.count(name) && !ignorable(name, used))
+      problems.push_back("unexpected tensor '" + name +
+                         "' (no parameter of the model is made of it)");
+  if (problems.empty())
+    return Status::ok();
+  std::string message =
+      "Hugging Face folder '" + folder.dir() + "' does not fit the model:";
+  for (size_t i = 0; i < problems.size() && i < kMaxListed; ++i)
+    message += "\n  " + problems[i];
+  if (problems.size() > kMaxListed)
+    message += fmt::format("\n  and {} more", problems.size() - kMaxListed);
+  return Status::error(message);
+}
+
+Status readHfParam(const HfFolder &folder, const HfParam &param,
+                   std::vector<float> &out) {
+  out.assign(static_cast<size_t>(numel(param.shape)), 0.0f);
+  std::vector<float> src;
+  for (const HfPlacement &s : param.sources) {
+    Layout l;
+    PIPER_RETURN_IF_ERROR(layoutOf(param, s, l));
+    PIPER_RETURN_IF_ERROR(folder.readFloat(s.name, src));
+    if (static_cast<int64_t>(src.size()) != numel(s.shape))
+      return Status::error(fmt::format(
+          "Hugging Face folder '{}': tensor '{}' has {} elements, the model "
+          "needs {}",
+          folder.dir(), s.name, src.size(), numel(s.shape)));
+    place(s, l, src.data(), out.data());
+  }
+  return Status::ok();
+}
+
+Status checkHfConfigsMatch(const std::string &folderConfig,
+                           const std::string &modelConfig,
+                           const std::string &folderName) {
+  // Keys that do not change the model (HfConfig.cpp's neutral keys).
+  static const std::set<std::string> kNeutral = {
+      "_name_or_path",     "transformers_version",
+      "torch_dtype",       "dtype",
+      "use_cache",         "_attn_implementation",
+      "output_attentions", "output_hidden_states",
+      "return_dict",       "tokenizer_class",
+      "bos_token_id",      "eos_token_id",
+      "pad_token_id"};
+  const std::string who = folderName + "/" + kHfConfigFile;
+  Json folder, model;
+  PIPER_RETURN_IF_ERROR(parseJson(folderConfig, folder).withContext(who));
+  PIPER_RETURN_IF_ERROR(
+      parseJson(modelConfig, model)
+          .withContext("the model's Hugging Face configuration"));
+  if (!folder.is_object() || !model.is_object())
+    return Status::error(who + ": not a JSON object");
+  std::set<std::string> keys;
+  for (const Json *obj : {&folder, &model})
+    for (auto it = obj->begin(); it != obj->end(); ++it)
+      keys.insert(it.key());
+  std::vector<std::string> diffs;
+  for (const std::string &k : keys) {
+    if (kNeutral.count(k))
+      continue;
+    const bool inFolder = folder.contains(k), inModel = model.contains(k);
+    if (inFolder && inModel && folder[k] == model[k])
+      continue;
+    diffs.push_back(fmt::format("{}: {} here, {} in the compiled model",
+                                jsonQuote(k),
+                                inFolder ? folder[k].dump() : "absent",
+                                inModel ? model[k].dump() : "absent"));
+  }
+  if (diffs.empty())
+    return Status::ok();
+  std::string message =
+      who + " describes another model than the one compiled (piperc model "
+            "--hf):";
+  for (const std::string &d : diffs)
+    message += "\n  " + d;
+  return Status::error(message);
+}
+
+Status writeHfFolder(const std::string &dir, const std::string &configText,
+                     const std::vector<HfParam> &params,
+                     const HfParamReader &read, const std::string &dtype,
+                     uint64_t maxShardBytes) {
+  if (dtype != "F32" && dtype != "BF16")
+    return Status::error("Hugging Face export: dtype " + dtype +
+                         " is not F32 or BF16");
+  const int width = dtype == "F32" ? 4 : 2;
+  PIPER_RETURN_IF_ERROR(makeDirectories(dir));
+  // The tensors in parameter order, cut into shards.
+  struct Out {
+    size_t param, source;
+    uint64_t bytes;
+  };
+  std::vector<std::vector<Out>> shards(1);
+  uint64_t shardBytes = 0, total = 0;
+  for (size_t p = 0; p < params.size(); ++p)
+    for (size_t s = 0; s < params[p].sources.size(); ++s) {
+      Layout l;
+      PIPER_RETURN_IF_ERROR(layoutOf(params[p], params[p].sources[s], l));
+      uint64_t bytes =
+          static_cast<uint64_t>(width * numel(params[p].sources[s].shape));
+      if (!shards.back().empty() && shardBytes + bytes > maxShardBytes) {
+        shards.emplace_back();
+        shardBytes = 0;
+      }
+      shards.back().push_back(Out{p, s, bytes});
+      shardBytes += bytes;
+      total += bytes;
+    }
+  const size_t n = shards.size();
+  auto fileName = [&](size_t k) {
+    return n == 1 ? std::string(kHfWeightsFile)
+                  : fmt::format("model-{:05d}-of-{:05d}.safetensors", k + 1, n);
+  };
+  Json weightMap = Json::object();
+  size_t cached = params.size();
+  std::vector<float> whole;
+  for (size_t k = 0; k < n; ++k) {
+    std::vector<std::vector<char>> data;
+    std::vector<SafetensorsTensor> tensors;
+    data.reserve(shards[k].size());
+    for (const Out &o : shards[k]) {
+      const HfParam &p = params[o.param];
+      const HfPlacement &s = p.sources[o.source];
+      if (cached != o.param) {
+        PIPER_RETURN_IF_ERROR(read(p, whole));
+        if (static_cast<int64_t>(whole.size()) != numel(p.shape))
+          return Status::error("Hugging Face export: internal: parameter '" +
+                               p.name + "' read with a wrong size");
+        cached = o.param;
+      }
+      Layout l;
+      PIPER_RETURN_IF_ERROR(layoutOf(p, s, l));
+      std::vector<float> src(static_cast<size_t>(numel(s.shape)));
+      extract(s, l, whole.data(), src.data());
+      data.emplace_back(static_cast<size_t>(o.bytes));
+      if (width == 4) {
+        std::memcpy(data.back().data(), src.data(), data.back().size());
+      } else {
+        auto *bf = reinterpret_cast<uint16_t *>(data.back().data());
+        for (size_t i = 0; i < src.size(); ++i)
+          bf[i] = floatToBf16(src[i]);
+      }
+      tensors.push_back(
+          SafetensorsTensor{s.name, dtype, s.shape, data.back().data()});
+      weightMap[s.name] = fileName(k);
+    }
+    PIPER_RETURN_IF_ERROR(
+        writeSafetensors(dir + "/" + fileName(k), tensors, {{"format", "pt"}}));
+  }
+  // The folder must read as this export: the other layout's file goes.
+  const std::string stale =
+      dir + "/" + (n == 1 ? kHfIndexFile : kHfWeightsFile);
+  if (std::remove(stale.c_str()) != 0 && errno != ENOENT)
+    return Status::error("cannot remove '" + stale +
+                         "': " + errnoMessage(errno));
+  auto writeText = [&](const std::string &name, const std::string &text) {
+    AtomicFile f;
+    PIPER_RETURN_IF_ERROR(f.open(dir + "/" + name));
+    PIPER_RETURN_IF_ERROR(f.write(text.data(), text.size()));
+    return f.commit();
+  };
+  if (n > 1) {
+    Json index = Json::object();
+    index["metadata"] = Json::object({{"total_size", total}});
+    index["weight_map"] = weightMap;
+    PIPER_RETURN_IF_ERROR(writeText(kHfIndexFile, index.dump(2) + "\n"));
+  }
+  return writeText(kHfConfigFile, configText);
+}
+
+} // namespace piper::runtime

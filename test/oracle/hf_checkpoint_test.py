@@ -1,0 +1,317 @@
+#!/usr/bin/env python3
+"""Hugging Face folders in and out (docs/hugging-face.md), against the
+Hugging Face-convention Llama of hf_models.py (separate q/k/v and gate/up,
+[out, in] weights), in PyTorch (CPU, float32):
+
+- load: `piper-run --load FOLDER`, one step: the loss equals the oracle's
+  (relative 1e-5) and every gradient, mapped to Piper's layout, too
+  (relative norm 1e-4), for a tied Llama-3.2-style folder (one file), an
+  untied one in three shards with an index, and bf16 and f16 ones (the
+  oracle then uses the values they hold);
+- strategies: three training steps from the folder under PP2 x DP2 ZeRO-3
+  and under TP2 give one device's losses;
+- out: `--save-hf` after three steps writes a folder whose tensors are the
+  trained parameters of `--save` (exactly), and the oracle's loss of that
+  folder is Piper's; a load -> save-hf round trip of an fp32 folder is
+  bit-identical, tensor by tensor; bf16 export rounds as torch does;
+- bad input, each a clear error: a missing or truncated shard, a tensor of
+  the wrong shape, a missing tensor, an extra tensor, an unsupported
+  rope_scaling type, a config that contradicts the weights or the compiled
+  model, a model not built from a Hugging Face config.
+
+Usage: hf_checkpoint_test.py PIPERC PIPER_RUN
+"""
+import copy
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import hf_models as hf  # noqa: E402
+from torch_models import read_safetensors  # noqa: E402
+
+PIPERC, PIPER_RUN = (os.path.abspath(p) for p in sys.argv[1:3])
+SEQ, VOCAB = 32, 256
+LOSS_RTOL, GRAD_RTOL = 1e-5, 1e-4
+
+# Llama-3.2-1B's config.json keys, scaled down (it ties its head).
+LLAMA32 = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+    "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+    "vocab_size": VOCAB, "max_position_embeddings": 131072,
+    "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "rope_scaling": None,
+    "hidden_act": "silu", "attention_bias": False, "attention_dropout": 0.0,
+    "mlp_bias": False, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+    "initializer_range": 0.02, "pretraining_tp": 1, "use_cache": True,
+    "bos_token_id": 128000, "eos_token_id": 128001,
+    "transformers_version": "4.45.0",
+}
+UNTIED = dict(LLAMA32, tie_word_embeddings=False, num_hidden_layers=3)
+
+failures = []
+
+
+def run(cmd, expect_ok=True):
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, timeout=600)
+    if expect_ok and proc.returncode != 0:
+        sys.exit("command failed (%d): %s\n%s" % (proc.returncode, " ".join(cmd),
+                                                 proc.stdout))
+    return proc
+
+
+def check(ok, what):
+    print("%s: %s" % ("ok" if ok else "FAIL", what))
+    if not ok:
+        failures.append(what)
+
+
+def compile_model(work, name, folder, *flags, batch=2):
+    model = os.path.join(work, name + ".mlir")
+    plans = os.path.join(work, name + "-plans")
+    run([PIPERC, "model", "--hf", folder, "--seq", str(SEQ), "--batch", str(batch),
+         "-o", model])
+    run([PIPERC, "compile", model, "-o", plans] + list(flags))
+    return plans
+
+
+def losses(metrics):
+    with open(metrics) as f:
+        return [json.loads(line)["loss"] for line in f]
+
+
+def rel(a, b):
+    return abs(a - b) / abs(b)
+
+
+def grads_match(name, work, folder, config, weights, tokens_all, dtype="F32"):
+    """One step from `folder`: loss and gradients against the oracle."""
+    plans = compile_model(work, name, folder, "--microbatches", "1",
+                          "--no-optimizer", "--clip-grad", "0")
+    data = os.path.join(work, name + "-tokens.bin")
+    tokens_all.tofile(data)
+    grads = os.path.join(work, name + "-grads.safetensors")
+    metrics = os.path.join(work, name + "-metrics.jsonl")
+    run([PIPER_RUN, plans, "--nproc", "1", "--steps", "1", "--load", folder,
+         "--data", data, "--metrics", metrics, "--save-grads", grads])
+    stored = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}[dtype]
+    p = {k: v.detach().to(stored).float().clone().requires_grad_()
+         for k, v in weights.items()}
+    window = torch.tensor(tokens_all.astype(np.int64))
+    tokens, targets = window[:SEQ].repeat(2, 1), window[1:].repeat(2, 1)
+    loss = hf.llama_loss(p, config, tokens, targets)
+    loss.backward()
+    piper_loss = losses(metrics)[0]
+    check(rel(piper_loss, loss.item()) <= LOSS_RTOL,
+          "%s: loss piper %.7f oracle %.7f (rel %.1e)" %
+          (name, piper_loss, loss.item(), rel(piper_loss, loss.item())))
+    ref = hf.to_piper({k: v.grad for k, v in p.items()}, config)
+    got = read_safetensors(grads)
+    if sorted(ref) != sorted(got):
+        check(False, "%s: gradient names differ: %s" % (name, sorted(set(ref) ^ set(got))))
+        return
+    worst, where = 0.0, ""
+    for k in ref:
+        err = (got[k] - ref[k]).norm().item() / max(ref[k].norm().item(), 1e-12)
+        if err > worst:
+            worst, where = err, k
+    check(worst <= GRAD_RTOL, "%s: %d gradients, worst relative error %.1e (%s)" %
+          (name, len(ref), worst, where))
+
+
+def expect_error(what, cmd, needle):
+    proc = run(cmd, expect_ok=False)
+    ok = proc.returncode != 0 and needle in proc.stdout and "Traceback" not in proc.stdout \
+        and proc.returncode < 128
+    check(ok, "error: %s (exit %d)" % (what, proc.returncode))
+    if not ok:
+        print("  expected %r in:\n%s" % (needle, proc.stdout))
+
+
+def main():
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    work = tempfile.mkdtemp(prefix="piper-hf-", dir=os.environ.get("TEST_TMPDIR"))
+    gen = torch.Generator().manual_seed(11)
+    rng = np.random.default_rng(5)
+    window = rng.integers(0, VOCAB, SEQ + 1).astype("<u2")
+
+    # --- Load: one step, loss and gradients ---
+    tied_w = hf.llama_random_weights(LLAMA32, gen)
+    tied = os.path.join(work, "llama32-tied")
+    # As some exporters do, the tied head is in the file too (ignored).
+    hf.write_folder(tied, LLAMA32, dict(tied_w, **{"lm_head.weight": tied_w["model.embed_tokens.weight"]}))
+    grads_match("tied", work, tied, LLAMA32, tied_w, window)
+
+    untied_w = hf.llama_random_weights(UNTIED, gen)
+    sharded = os.path.join(work, "llama-sharded")
+    hf.write_folder(sharded, UNTIED, untied_w, shards=3)
+    grads_match("sharded", work, sharded, UNTIED, untied_w, window)
+
+    bf16 = os.path.join(work, "llama-bf16")
+    hf.write_folder(bf16, UNTIED, untied_w, dtype="BF16", shards=2)
+    grads_match("bf16", work, bf16, UNTIED, untied_w, window, dtype="BF16")
+    f16 = os.path.join(work, "llama-f16")
+    hf.write_folder(f16, UNTIED, untied_w, dtype="F16")
+    grads_match("f16", work, f16, UNTIED, untied_w, window, dtype="F16")
+
+    # --- Strategies: three steps from the folder, one device's losses ---
+    long_data = os.path.join(work, "long-tokens.bin")
+    rng.integers(0, VOCAB, 4096).astype("<u2").tofile(long_data)
+    runs = {
+        "single": (["--microbatches", "4"], 1),
+        "pp2-dp2-zero3": (["--pp", "2", "--dp", "2", "--zero", "3",
+                           "--microbatches", "2"], 4),
+        "tp2": (["--tp", "2", "--microbatches", "4"], 2),
+    }
+    curves, saved = {}, {}
+    for name, (flags, nproc) in runs.items():
+        plans = compile_model(work, "train-" + name, sharded, *flags, batch=1)
+        metrics = os.path.join(work, name + "-train.jsonl")
+        out = os.path.join(work, name + "-export")
+        save = os.path.join(work, name + "-params.safetensors")
+        run([PIPER_RUN, plans, "--nproc", str(nproc), "--steps", "3", "--load",
+             sharded, "--data", long_data, "--seed", "9", "--metrics", metrics,
+             "--save-hf", out, "--hf-shard-size", "200KB",
+             "--save", save])
+        curves[name], saved[name] = losses(metrics), (out, save)
+    for name in ("pp2-dp2-zero3", "tp2"):
+        worst = max(rel(a, b) for a, b in zip(curves[name], curves["single"]))
+        check(len(curves[name]) == 3 and worst <= LOSS_RTOL,
+              "%s from the folder: losses %s vs one device %s (worst rel %.1e)" %
+              (name, curves[name], curves["single"], worst))
+
+    # --- Out: the exported folder is the trained parameters ---
+    for name, (out, save) in saved.items():
+        exported = {k: v[0] for k, v in hf.read_folder(out).items()}
+        with open(os.path.join(out, "config.json")) as f:
+            same_config = json.load(f) == UNTIED
+        mapped = hf.to_piper(exported, UNTIED)
+        params = read_safetensors(save)
+        exact = sorted(mapped) == sorted(params) and all(
+            torch.equal(mapped[k], params[k]) for k in params)
+        check(exact and same_config and sorted(exported) == sorted(untied_w),
+              "%s: --save-hf holds the --save parameters exactly, and config.json" % name)
+    out = saved["single"][0]
+    exported = {k: v[0] for k, v in hf.read_folder(out).items()}
+    plans = compile_model(work, "reload", out, "--microbatches", "1", "--no-optimizer")
+    data = os.path.join(work, "reload-tokens.bin")
+    window.tofile(data)
+    metrics = os.path.join(work, "reload.jsonl")
+    run([PIPER_RUN, plans, "--nproc", "1", "--steps", "1", "--load", out, "--data",
+         data, "--metrics", metrics])
+    w = torch.tensor(window.astype(np.int64))
+    with torch.no_grad():
+        oracle = hf.llama_loss(exported, UNTIED, w[:SEQ].repeat(2, 1), w[1:].repeat(2, 1)).item()
+    got = losses(metrics)[0]
+    check(rel(got, oracle) <= LOSS_RTOL,
+          "trained export: oracle loss %.7f, piper %.7f after --load" % (oracle, got))
+
+    # Round trip: load -> save-hf, fp32, bit for bit; bf16 as torch rounds.
+    plans = compile_model(work, "roundtrip", sharded, "--microbatches", "1")
+    back = os.path.join(work, "roundtrip")
+    back16 = os.path.join(work, "roundtrip-bf16")
+    run([PIPER_RUN, plans, "--nproc", "1", "--steps", "0", "--load", sharded,
+         "--save-hf", back])
+    run([PIPER_RUN, plans, "--nproc", "1", "--steps", "0", "--load", sharded,
+         "--save-hf", back16, "--hf-dtype", "bf16"])
+    original = hf.read_folder(sharded)
+    again = hf.read_folder(back)
+    check(sorted(original) == sorted(again) and
+          all(original[k][2] == again[k][2] and again[k][1] == "F32" for k in original),
+          "round trip load -> --save-hf: %d tensors bit-identical (fp32)" % len(original))
+    again16 = hf.read_folder(back16)
+    check(all(again16[k][1] == "BF16" and
+              torch.equal(again16[k][0], original[k][0].to(torch.bfloat16).float())
+              for k in original),
+          "--hf-dtype bf16: every tensor rounded as torch's .to(bfloat16)")
+    check(os.path.exists(os.path.join(back, "model.safetensors")) and
+          not os.path.exists(os.path.join(back, "model.safetensors.index.json")),
+          "a small export is one model.safetensors")
+    with open(os.path.join(saved["single"][0], "model.safetensors.index.json")) as f:
+        index = json.load(f)
+    check(len(set(index["weight_map"].values())) >= 2 and
+          index["metadata"]["total_size"] == sum(v.numel() * 4 for v in exported.values()),
+          "--hf-shard-size 200KB: %d shards and an index with the total size" %
+          len(set(index["weight_map"].values())))
+
+    # --- Bad input ---
+    def broken(name, config=UNTIED, weights=None, shards=3, dtype="F32"):
+        folder = os.path.join(work, "bad-" + name)
+        hf.write_folder(folder, config, untied_w if weights is None else weights,
+                        dtype=dtype, shards=shards)
+        return folder
+
+    base = [PIPER_RUN, plans, "--nproc", "1", "--steps", "1", "--load"]
+    folder = broken("missing-shard")
+    os.remove(os.path.join(folder, "model-00002-of-00003.safetensors"))
+    expect_error("missing shard", base + [folder], "model-00002-of-00003.safetensors")
+    folder = broken("truncated-shard")
+    path = os.path.join(folder, "model-00003-of-00003.safetensors")
+    os.truncate(path, os.path.getsize(path) - 10)
+    expect_error("truncated shard", base + [folder], "model-00003-of-00003.safetensors")
+    w = dict(untied_w)
+    w["model.layers.1.self_attn.k_proj.weight"] = torch.zeros(16, 64)
+    expect_error("tensor of the wrong shape", base + [broken("shape", weights=w)],
+                 "tensor 'model.layers.1.self_attn.k_proj.weight' has shape [16, 64], "
+                 "the model needs [32, 64]")
+    w = {k: v for k, v in untied_w.items() if k != "model.layers.2.mlp.up_proj.weight"}
+    expect_error("missing tensor", base + [broken("missing", weights=w)],
+                 "missing tensor 'model.layers.2.mlp.up_proj.weight'")
+    w = dict(untied_w, **{"model.layers.0.self_attn.q_norm.weight": torch.ones(16)})
+    expect_error("extra tensor", base + [broken("extra", weights=w)],
+                 "unexpected tensor 'model.layers.0.self_attn.q_norm.weight'")
+    folder = broken("index")
+    with open(os.path.join(folder, "model.safetensors.index.json")) as f:
+        index = json.load(f)
+    index["weight_map"]["model.norm.weight"] = "model-00001-of-00003.safetensors"
+    with open(os.path.join(folder, "model.safetensors.index.json"), "w") as f:
+        json.dump(index, f)
+    expect_error("an index mapping a tensor to a file without it", base + [folder],
+                 "maps \"model.norm.weight\" to model-00001-of-00003.safetensors, "
+                 "which does not hold it")
+    folder = broken("heads", config=dict(UNTIED, num_attention_heads=8, head_dim=8))
+    expect_error("config.json contradicting the compiled model", base + [folder],
+                 "\"num_attention_heads\": 8 here, 4 in the compiled model")
+    folder = broken("sizes", config=dict(UNTIED, hidden_size=128, head_dim=32))
+    bad_plans = compile_model(work, "bad-sizes", folder, "--microbatches", "1")
+    expect_error("config whose sizes contradict the weights",
+                 [PIPER_RUN, bad_plans, "--nproc", "1", "--steps", "1", "--load", folder],
+                 "has shape [256, 64], the model needs [256, 128]")
+    folder = broken("yarn", config=dict(UNTIED, rope_scaling={"rope_type": "yarn", "factor": 4.0}))
+    expect_error("unsupported rope_scaling type",
+                 [PIPERC, "model", "--hf", folder, "--seq", str(SEQ), "-o",
+                  os.path.join(work, "yarn.mlir")], "rope_scaling")
+    preset = os.path.join(work, "preset.mlir")
+    preset_plans = os.path.join(work, "preset-plans")
+    run([PIPERC, "model", "llama-tiny", "-o", preset])
+    run([PIPERC, "compile", preset, "-o", preset_plans])
+    expect_error("--load DIR for a model not built from a Hugging Face config",
+                 [PIPER_RUN, preset_plans, "--nproc", "1", "--steps", "1", "--load", sharded],
+                 "not built from a Hugging Face configuration")
+    expect_error("--save-hf for a model not built from a Hugging Face config",
+                 [PIPER_RUN, preset_plans, "--nproc", "1", "--steps", "1", "--save-hf",
+                  os.path.join(work, "nope")], "not built from a Hugging Face configuration")
+
+    export = [PIPER_RUN, plans, "--nproc", "1", "--steps", "0", "--load", sharded,
+              "--save-hf", os.path.join(work, "never")]
+    expect_error("--hf-shard-size 0", export + ["--hf-shard-size", "0"],
+                 "--hf-shard-size must be a positive size")
+    expect_error("--hf-shard-size 5XB", export + ["--hf-shard-size", "5XB"],
+                 "--hf-shard-size must be a positive size")
+    expect_error("--hf-dtype fp8", export + ["--hf-dtype", "fp8"], "--hf-dtype")
+
+    shutil.rmtree(work, ignore_errors=True)
+    print("%d failed" % len(failures))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,209 @@
+"""Hugging Face-convention models for the oracle, written from the published
+`transformers` definitions (LlamaForCausalLM in
+src/transformers/models/llama/modeling_llama.py), not from Piper's code:
+separate q/k/v and gate/up projections, `nn.Linear` weights stored
+[out, in], rotate-half rotary embeddings, and the checkpoint folders
+`save_pretrained` writes (config.json, model.safetensors or shards with
+model.safetensors.index.json).
+"""
+import json
+import os
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+
+def write_safetensors(path, tensors, dtype="F32"):
+    """tensors: name -> float32 torch tensor, written in `dtype` (F32, BF16
+    or F16), in the given order, with {"format": "pt"} metadata."""
+    header = {"__metadata__": {"format": "pt"}}
+    blobs, offset = [], 0
+    for name, t in tensors.items():
+        t = t.detach().contiguous()
+        if dtype in ("BF16", "F16"):
+            half = torch.bfloat16 if dtype == "BF16" else torch.float16
+            raw = t.to(half).view(torch.int16).numpy().astype("<i2").tobytes()
+        else:
+            raw = t.float().numpy().astype("<f4").tobytes()
+        header[name] = {"dtype": dtype, "shape": list(t.shape),
+                        "data_offsets": [offset, offset + len(raw)]}
+        blobs.append(raw)
+        offset += len(raw)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(len(text).to_bytes(8, "little"))
+        f.write(text)
+        for b in blobs:
+            f.write(b)
+
+
+def read_safetensors_any(path):
+    """Every tensor of a safetensors file as float32, by name, with its
+    dtype and raw bytes: name -> (tensor, dtype, bytes)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    n = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + n])
+    base = 8 + n
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        begin, end = info["data_offsets"]
+        raw = data[base + begin:base + end]
+        if info["dtype"] == "F32":
+            t = torch.tensor(np.frombuffer(raw, dtype="<f4").copy())
+        elif info["dtype"] == "BF16":
+            t = torch.tensor(np.frombuffer(raw, dtype="<i2").copy()).view(
+                torch.bfloat16).float()
+        else:
+            raise ValueError("dtype %s" % info["dtype"])
+        out[name] = (t.reshape(info["shape"]), info["dtype"], raw)
+    return out
+
+
+def read_folder(folder):
+    """A Hugging Face folder's tensors: name -> (tensor, dtype, bytes)."""
+    index = os.path.join(folder, "model.safetensors.index.json")
+    single = os.path.join(folder, "model.safetensors")
+    if os.path.exists(single):
+        return read_safetensors_any(single)
+    with open(index) as f:
+        weight_map = json.load(f)["weight_map"]
+    out = {}
+    for file in sorted(set(weight_map.values())):
+        part = read_safetensors_any(os.path.join(folder, file))
+        for name, value in part.items():
+            assert weight_map[name] == file, (name, file)
+            out[name] = value
+    assert sorted(out) == sorted(weight_map)
+    return out
+
+
+def write_folder(folder, config, tensors, dtype="F32", shards=1):
+    """save_pretrained's layout: config.json and the tensors in `shards`
+    files (with an index when more than one)."""
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+    names = list(tensors)
+    if shards == 1:
+        write_safetensors(os.path.join(folder, "model.safetensors"), tensors, dtype)
+        return
+    weight_map, total = {}, 0
+    per = -(-len(names) // shards)
+    for k in range(shards):
+        file = "model-%05d-of-%05d.safetensors" % (k + 1, shards)
+        part = {n: tensors[n] for n in names[k * per:(k + 1) * per]}
+        write_safetensors(os.path.join(folder, file), part, dtype)
+        for n, t in part.items():
+            weight_map[n] = file
+            total += t.numel() * (4 if dtype == "F32" else 2)
+    with open(os.path.join(folder, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f)
+
+
+def llama_random_weights(config, generator):
+    """A LlamaForCausalLM state dict of random float32 weights (norm weights
+    around 1, so that they matter)."""
+    h, inter = config["hidden_size"], config["intermediate_size"]
+    heads, kv = config["num_attention_heads"], config["num_key_value_heads"]
+    hd = h // heads
+    v = config["vocab_size"]
+
+    def rand(*shape, scale=0.05):
+        return torch.randn(*shape, generator=generator) * scale
+
+    p = {"model.embed_tokens.weight": rand(v, h, scale=0.5)}
+    for i in range(config["num_hidden_layers"]):
+        pre = "model.layers.%d." % i
+        p[pre + "input_layernorm.weight"] = 1 + rand(h, scale=0.1)
+        p[pre + "self_attn.q_proj.weight"] = rand(heads * hd, h, scale=0.2)
+        p[pre + "self_attn.k_proj.weight"] = rand(kv * hd, h, scale=0.2)
+        p[pre + "self_attn.v_proj.weight"] = rand(kv * hd, h, scale=0.2)
+        p[pre + "self_attn.o_proj.weight"] = rand(h, heads * hd, scale=0.1)
+        p[pre + "post_attention_layernorm.weight"] = 1 + rand(h, scale=0.1)
+        p[pre + "mlp.gate_proj.weight"] = rand(inter, h, scale=0.1)
+        p[pre + "mlp.up_proj.weight"] = rand(inter, h, scale=0.1)
+        p[pre + "mlp.down_proj.weight"] = rand(h, inter, scale=0.1)
+    p["model.norm.weight"] = 1 + rand(h, scale=0.1)
+    if not config.get("tie_word_embeddings", False):
+        p["lm_head.weight"] = rand(v, h, scale=0.1)
+    return p
+
+
+def _rms_norm(x, w, eps):
+    # LlamaRMSNorm: x * rsqrt(mean(x^2) + eps), times the weight.
+    var = x.pow(2).mean(-1, keepdim=True)
+    return w * (x * torch.rsqrt(var + eps))
+
+
+def _rotate_half(x):
+    x1, x2 = x[..., :x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def llama_logits(p, config, tokens):
+    """LlamaForCausalLM's forward: [B, S] token ids -> [B, S, V] logits."""
+    h = config["hidden_size"]
+    heads, kv = config["num_attention_heads"], config["num_key_value_heads"]
+    hd = h // heads
+    eps, theta = config["rms_norm_eps"], config["rope_theta"]
+    b, s = tokens.shape
+    # LlamaRotaryEmbedding (rope_type "default").
+    inv_freq = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.int64).float() / hd))
+    freqs = torch.arange(s).float()[:, None] * inv_freq[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos, sin = emb.cos(), emb.sin()
+    mask = torch.triu(torch.ones(s, s, dtype=torch.bool), diagonal=1)
+    x = p["model.embed_tokens.weight"][tokens]
+    for i in range(config["num_hidden_layers"]):
+        pre = "model.layers.%d." % i
+        y = _rms_norm(x, p[pre + "input_layernorm.weight"], eps)
+        q = F.linear(y, p[pre + "self_attn.q_proj.weight"]).view(b, s, heads, hd).transpose(1, 2)
+        k = F.linear(y, p[pre + "self_attn.k_proj.weight"]).view(b, s, kv, hd).transpose(1, 2)
+        v = F.linear(y, p[pre + "self_attn.v_proj.weight"]).view(b, s, kv, hd).transpose(1, 2)
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        k = k.repeat_interleave(heads // kv, dim=1)  # repeat_kv
+        v = v.repeat_interleave(heads // kv, dim=1)
+        scores = (q @ k.transpose(2, 3)) * hd ** -0.5
+        scores = scores.masked_fill(mask, float("-inf"))
+        a = torch.softmax(scores, dim=-1) @ v
+        a = a.transpose(1, 2).reshape(b, s, heads * hd)
+        x = x + F.linear(a, p[pre + "self_attn.o_proj.weight"])
+        y = _rms_norm(x, p[pre + "post_attention_layernorm.weight"], eps)
+        gate = F.linear(y, p[pre + "mlp.gate_proj.weight"])
+        up = F.linear(y, p[pre + "mlp.up_proj.weight"])
+        x = x + F.linear(F.silu(gate) * up, p[pre + "mlp.down_proj.weight"])
+    x = _rms_norm(x, p["model.norm.weight"], eps)
+    head = p.get("lm_head.weight", p["model.embed_tokens.weight"])
+    return F.linear(x, head)
+
+
+def llama_loss(p, config, tokens, targets):
+    logits = llama_logits(p, config, tokens)
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def to_piper(hf, config):
+    """Hugging Face Llama tensors (weights or their gradients) in Piper's
+    names and layouts: Meta-style names, [in, out] weights, q|k|v and
+    gate|up fused along the output columns."""
+    out = {"tok_embeddings.weight": hf["model.embed_tokens.weight"],
+           "norm.weight": hf["model.norm.weight"]}
+    if "lm_head.weight" in hf and not config.get("tie_word_embeddings", False):
+        out["output.weight"] = hf["lm_head.weight"].t()
+    for i in range(config["num_hidden_layers"]):
+        pre, to = "model.layers.%d." % i, "layers.%d." % i
+        out[to + "attention_norm.weight"] = hf[pre + "input_layernorm.weight"]
+        out[to + "ffn_norm.weight"] = hf[pre + "post_attention_layernorm.weight"]
+        out[to + "attention.wqkv.weight"] = torch.cat(
+            [hf[pre + "self_attn.%s_proj.weight" % n].t() for n in "qkv"], dim=1)
+        out[to + "attention.wo.weight"] = hf[pre + "self_attn.o_proj.weight"].t()
+        out[to + "feed_forward.w13.weight"] = torch.cat(
+            [hf[pre + "mlp.gate_proj.weight"].t(), hf[pre + "mlp.up_proj.weight"].t()], dim=1)
+        out[to + "feed_forward.w2.weight"] = hf[pre + "mlp.down_proj.weight"].t()
+    return out
