@@ -102,6 +102,14 @@ std::string mlir::piper::validateGptConfig(const GptConfig &cfg) {
       return "rope theta must be positive";
     if (!(cfg.rmsEps > 0) || !std::isfinite(cfg.rmsEps))
       return "rms norm epsilon must be positive";
+    if (cfg.ropeFactor != 0 &&
+        (!(cfg.ropeFactor > 0) || !std::isfinite(cfg.ropeFactor) ||
+         !(cfg.ropeLowFreqFactor > 0) ||
+         !(cfg.ropeHighFreqFactor > cfg.ropeLowFreqFactor) ||
+         !std::isfinite(cfg.ropeHighFreqFactor) ||
+         cfg.ropeOriginalMaxPosition <= 0))
+      return "llama3 rope scaling needs a positive factor, 0 < low_freq_factor "
+             "< high_freq_factor and a positive original_max_position";
   }
   return "";
 }
@@ -303,10 +311,16 @@ SegmentOp GptModelBuilder::buildLlamaBlock(int64_t layer) {
   // x + wo(attention(rope(wqkv(attention_norm(x)))))
   Value y = rmsNorm(x, p + ".attention_norm");
   y = linear(y, p + ".attention.wqkv", qkv, /*bias=*/false);
+  RopeScalingAttr scaling;
+  if (cfg.ropeFactor != 0)
+    scaling = RopeScalingAttr::get(
+        b.getContext(), llvm::APFloat(cfg.ropeFactor),
+        llvm::APFloat(cfg.ropeLowFreqFactor),
+        llvm::APFloat(cfg.ropeHighFreqFactor), cfg.ropeOriginalMaxPosition);
   auto att = AttentionOp::create(
       b, loc(p + ".attention"), act(h), y, static_cast<uint64_t>(cfg.heads),
       static_cast<uint64_t>(cfg.seq), b.getI64IntegerAttr(cfg.numKvHeads()),
-      b.getF64FloatAttr(cfg.ropeTheta));
+      b.getF64FloatAttr(cfg.ropeTheta), scaling);
   y = linear(att, p + ".attention.wo", h, /*bias=*/false);
   x = AddOp::create(b, loc(p + ".attention.residual"), x, y);
   y = rmsNorm(x, p + ".ffn_norm");
@@ -429,7 +443,7 @@ SegmentOp GptModelBuilder::buildBlock(int64_t layer) {
   y = AttentionOp::create(b, loc(p + ".attn"), act(h), y,
                           static_cast<uint64_t>(cfg.heads),
                           static_cast<uint64_t>(cfg.seq), IntegerAttr(),
-                          FloatAttr());
+                          FloatAttr(), RopeScalingAttr());
   y = linear(y, p + ".attn.c_proj", h);
   x = AddOp::create(b, loc(p + ".attn.residual"), x, y);
 

@@ -49,6 +49,10 @@ struct GptConfig {
   int64_t ffn = 0;
   /// Rotary embedding base. Llama only.
   double ropeTheta = 10000.0;
+  /// Llama 3.1's frequency scaling (#piper.rope_llama3); ropeFactor 0 means
+  /// none. Llama only.
+  double ropeFactor = 0, ropeLowFreqFactor = 0, ropeHighFreqFactor = 0;
+  int64_t ropeOriginalMaxPosition = 0;
   /// RMSNorm's epsilon (Llama and Qwen3Moe).
   double rmsEps = 1e-6;
 

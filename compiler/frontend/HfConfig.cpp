@@ -8,6 +8,7 @@
 #include <cmath>
 #include <optional>
 
+#include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/StringSet.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/JSON.h"
@@ -178,10 +179,49 @@ std::string architectureOf(const llvm::json::Object &obj,
   return "";
 }
 
-/// LlamaForCausalLM (Llama 2 and 3 without rope scaling): RMSNorm, rotary
-/// embeddings on the first and second halves of each head (`transformers`'
-/// rotate_half, as Piper's kernels), grouped-query attention, SwiGLU, no
-/// biases, the head tied to the token embedding or not.
+/// Llama 3.1's "rope_scaling" of type "llama3" into `cfg`: every key
+/// required (transformers requires them too), none unknown.
+std::string readLlama3Scaling(Reader &r, const llvm::json::Object &s,
+                              GptConfig &cfg) {
+  static const llvm::StringRef kKeys[] = {
+      "rope_type",        "type",
+      "factor",           "low_freq_factor",
+      "high_freq_factor", "original_max_position_embeddings"};
+  for (const auto &kv : s)
+    if (!llvm::is_contained(kKeys, llvm::StringRef(kv.first)))
+      return r.error("unknown key \"" + kv.first.str() +
+                     "\" in \"rope_scaling\" of type \"llama3\"");
+  auto number = [&](const char *key, double &out) -> std::string {
+    std::optional<double> v = s.getNumber(key);
+    if (!v)
+      return r.error(std::string("\"rope_scaling\" of type \"llama3\" needs "
+                                 "a number \"") +
+                     key + "\"");
+    out = *v;
+    return "";
+  };
+  double original = 0;
+  for (auto [key, field] :
+       {std::pair{"factor", &cfg.ropeFactor},
+        std::pair{"low_freq_factor", &cfg.ropeLowFreqFactor},
+        std::pair{"high_freq_factor", &cfg.ropeHighFreqFactor},
+        std::pair{"original_max_position_embeddings", &original}})
+    if (std::string e = number(key, *field); !e.empty())
+      return e;
+  if (!(cfg.ropeFactor > 0) || !(cfg.ropeLowFreqFactor > 0) ||
+      !(cfg.ropeHighFreqFactor > cfg.ropeLowFreqFactor) || !(original >= 1) ||
+      original != std::floor(original) || original > 1e15)
+    return r.error("\"rope_scaling\" of type \"llama3\" needs factor > 0, 0 "
+                   "< low_freq_factor < high_freq_factor and a positive "
+                   "integer original_max_position_embeddings");
+  cfg.ropeOriginalMaxPosition = static_cast<int64_t>(original);
+  return "";
+}
+
+/// LlamaForCausalLM (Llama 2, 3, and 3.1/3.2 with rope scaling "llama3"):
+/// RMSNorm, rotary embeddings on the first and second halves of each head
+/// (`transformers`' rotate_half, as Piper's kernels), grouped-query attention,
+/// SwiGLU, no biases, the head tied to the token embedding or not.
 std::string readLlama(Reader &r, GptConfig &cfg) {
   std::string err;
   cfg.family = ModelFamily::Llama;
@@ -237,10 +277,14 @@ std::string readLlama(Reader &r, GptConfig &cfg) {
       type = s->getString("type");
     if (!type)
       return r.error("\"rope_scaling\" names no \"rope_type\"");
-    if (*type != "default")
+    if (*type == "llama3") {
+      if (std::string e = readLlama3Scaling(r, *s, cfg); !e.empty())
+        return e;
+    } else if (*type != "default") {
       return r.error("\"rope_scaling\" of type \"" + *type +
-                     "\" is not implemented (Piper's rotary embeddings use "
-                     "the unscaled frequencies of \"rope_theta\")");
+                     "\" is not implemented (Piper implements \"default\" "
+                     "and \"llama3\")");
+    }
   }
   if (*positions && cfg.seq > *positions)
     return r.error("the sequence of " + std::to_string(cfg.seq) +

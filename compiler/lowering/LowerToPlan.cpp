@@ -423,6 +423,15 @@ private:
           setFloat(a.getName().getValue(), f.getValueAsDouble());
         else if (isa<UnitAttr>(a.getValue()))
           setInt(a.getName().getValue(), 1);
+        else if (auto r = dyn_cast<RopeScalingAttr>(a.getValue())) {
+          // Llama 3.1's frequencies: the kernels' rope_* attributes.
+          setFloat("rope_factor", r.getFactor().convertToDouble());
+          setFloat("rope_low_freq_factor",
+                   r.getLowFreqFactor().convertToDouble());
+          setFloat("rope_high_freq_factor",
+                   r.getHighFreqFactor().convertToDouble());
+          setInt("rope_original_max_position", r.getOriginalMaxPosition());
+        }
       }
       // Attributes with defaults are not stored on the op.
       if (auto ln = dyn_cast<LayerNormOp>(op))

@@ -93,7 +93,7 @@ FailureOr<Value> ContextParallel::ulysses(AttentionOp attn) {
   auto core = AttentionOp::create(
       b, loc, narrow(y), toHeads.getResult(), b.getI64IntegerAttr(heads / cp),
       seqAttr, attn.getKvHeads() ? b.getI64IntegerAttr(kv / cp) : IntegerAttr(),
-      attn.getRopeThetaAttr());
+      attn.getRopeThetaAttr(), attn.getRopeScalingAttr());
   for (NamedAttribute a : attn->getDiscardableAttrs())
     core->setDiscardableAttr(a.getName(), a.getValue());
   auto toSeq =
@@ -192,7 +192,7 @@ LogicalResult ContextParallel::rewrite(SegmentOp seg,
       auto ring = CpAttentionOp::create(
           b, op.getLoc(), yType, lseType, attn.getQkv(), attn.getHeadsAttr(),
           attn.getSeqAttr(), attn.getKvHeadsAttr(), attn.getRopeThetaAttr(),
-          b.getI64IntegerAttr(cp));
+          b.getI64IntegerAttr(cp), attn.getRopeScalingAttr());
       for (NamedAttribute a : op.getDiscardableAttrs())
         ring->setDiscardableAttr(a.getName(), a.getValue());
       attn.getResult().replaceAllUsesWith(ring.getResult());

@@ -52,7 +52,8 @@ static void expandForward(CpAttentionOp op) {
     auto block = AttentionBlockOp::create(
         b, loc, op.getResult().getType(), op.getLse().getType(), op.getQkv(),
         kv, carry, op.getHeadsAttr(), op.getSeqAttr(), op.getKvHeadsAttr(),
-        op.getRopeThetaAttr(), op.getCpAttr(), b.getI64IntegerAttr(s));
+        op.getRopeThetaAttr(), op.getCpAttr(), b.getI64IntegerAttr(s),
+        op.getRopeScalingAttr());
     o = block.getResult();
     lse = block.getLse();
   }
@@ -97,7 +98,7 @@ static void expandBackward(CpAttentionGradOp op) {
         b, loc, op.getY().getType(), kvType, op.getQkv(), kvs[s], op.getY(),
         op.getLse(), op.getGrad(), ValueRange(), op.getHeadsAttr(),
         op.getSeqAttr(), op.getKvHeadsAttr(), op.getRopeThetaAttr(),
-        op.getCpAttr(), b.getI64IntegerAttr(s));
+        op.getCpAttr(), b.getI64IntegerAttr(s), op.getRopeScalingAttr());
     dq = dq ? AddOp::create(b, loc, dq.getType(), block.getDq(), dq).getResult()
             : block.getDq();
     partDkv = block.getDkv();

@@ -174,7 +174,7 @@ LogicalResult AttentionOp::emitInputGradients(OpBuilder &b,
             AttentionGradOp::create(
                 b, getLoc(), getQkv().getType(), g.getSaved(b, getQkv()),
                 g.getGrad(getResult()), getHeadsAttr(), getSeqAttr(),
-                getKvHeadsAttr(), getRopeThetaAttr()));
+                getKvHeadsAttr(), getRopeThetaAttr(), getRopeScalingAttr()));
   return success();
 }
 
@@ -191,7 +191,7 @@ LogicalResult CpAttentionOp::emitInputGradients(OpBuilder &b,
                 b, getLoc(), getQkv().getType(), g.getSaved(b, getQkv()),
                 g.getSaved(b, getResult()), g.getSaved(b, getLse()), dy,
                 getHeadsAttr(), getSeqAttr(), getKvHeadsAttr(),
-                getRopeThetaAttr(), getCpAttr()));
+                getRopeThetaAttr(), getCpAttr(), getRopeScalingAttr()));
   return success();
 }
 

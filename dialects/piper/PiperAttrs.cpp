@@ -3,6 +3,8 @@
 // dialect verifies on segments.
 #include "dialects/piper/PiperDialect.h"
 
+#include <cmath>
+
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/DialectImplementation.h"
 #include "llvm/ADT/STLExtras.h"
@@ -62,6 +64,53 @@ HfSourceAttr::verify(llvm::function_ref<InFlightDiagnostic()> emitError,
     return emitError() << "hf_source '" << name
                        << "': index and offset must be non-negative";
   return success();
+}
+
+LogicalResult
+RopeScalingAttr::verify(llvm::function_ref<InFlightDiagnostic()> emitError,
+                        APFloat factor, APFloat low, APFloat high,
+                        int64_t originalMaxPosition) {
+  double f = factor.convertToDouble(), l = low.convertToDouble(),
+         h = high.convertToDouble();
+  if (!(f > 0) || !std::isfinite(f))
+    return emitError() << "rope_llama3 factor must be positive, got " << f;
+  if (!(l > 0) || !(h > l) || !std::isfinite(h))
+    return emitError() << "rope_llama3 needs 0 < low_freq_factor < "
+                          "high_freq_factor, got "
+                       << l << " and " << h;
+  if (originalMaxPosition <= 0)
+    return emitError() << "rope_llama3 original_max_position must be "
+                          "positive, got "
+                       << originalMaxPosition;
+  return success();
+}
+
+Attribute RopeScalingAttr::parse(AsmParser &parser, Type) {
+  SMLoc start = parser.getCurrentLocation();
+  double factor, low, high;
+  int64_t original;
+  if (parser.parseLess() || parser.parseKeyword("factor") ||
+      parser.parseEqual() || parser.parseFloat(factor) || parser.parseComma() ||
+      parser.parseKeyword("low_freq_factor") || parser.parseEqual() ||
+      parser.parseFloat(low) || parser.parseComma() ||
+      parser.parseKeyword("high_freq_factor") || parser.parseEqual() ||
+      parser.parseFloat(high) || parser.parseComma() ||
+      parser.parseKeyword("original_max_position") || parser.parseEqual() ||
+      parser.parseInteger(original) || parser.parseGreater())
+    return {};
+  return RopeScalingAttr::getChecked([&] { return parser.emitError(start); },
+                                     parser.getContext(), APFloat(factor),
+                                     APFloat(low), APFloat(high), original);
+}
+
+void RopeScalingAttr::print(AsmPrinter &printer) const {
+  printer << "<factor = ";
+  printer.printFloat(getFactor());
+  printer << ", low_freq_factor = ";
+  printer.printFloat(getLowFreqFactor());
+  printer << ", high_freq_factor = ";
+  printer.printFloat(getHighFreqFactor());
+  printer << ", original_max_position = " << getOriginalMaxPosition() << ">";
 }
 
 LogicalResult

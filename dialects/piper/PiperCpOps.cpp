@@ -21,6 +21,7 @@ namespace {
 struct RingAttrs {
   int64_t heads, kvHeads, seq, cp;
   std::optional<double> theta;
+  bool scaled = false; // rope_scaling
 };
 } // namespace
 
@@ -50,6 +51,8 @@ static LogicalResult verifyRing(Operation *op, const RingAttrs &a, Value qkv,
   if (a.theta && (hd % 2 != 0 || *a.theta <= 0))
     return op->emitOpError("rotary embeddings need an even head dimension "
                            "and a positive rope_theta");
+  if (a.scaled && !a.theta)
+    return op->emitOpError("rope_scaling needs rope_theta");
   if (dim(qkv, 0) % (a.seq / a.cp) != 0)
     return op->emitOpError("rows ")
            << dim(qkv, 0)
@@ -74,8 +77,10 @@ template <typename OpT> static RingAttrs ringAttrs(OpT op) {
   return RingAttrs{
       static_cast<int64_t>(op.getHeads()),
       static_cast<int64_t>(op.getKvHeads().value_or(op.getHeads())),
-      static_cast<int64_t>(op.getSeq()), static_cast<int64_t>(op.getCp()),
-      theta};
+      static_cast<int64_t>(op.getSeq()),
+      static_cast<int64_t>(op.getCp()),
+      theta,
+      static_cast<bool>(op.getRopeScalingAttr())};
 }
 
 LogicalResult CpAttentionOp::verify() {

@@ -34,7 +34,8 @@ def Piper_CpAttentionOp : Piper_Op<"cp_attention", [Pure,
   }];
   let arguments = (ins F32Tensor2D:$qkv, I64Attr:$heads, I64Attr:$seq,
                        OptionalAttr<I64Attr>:$kv_heads,
-                       OptionalAttr<F64Attr>:$rope_theta, I64Attr:$cp);
+                       OptionalAttr<F64Attr>:$rope_theta, I64Attr:$cp,
+                       OptionalAttr<Piper_RopeScalingAttr>:$rope_scaling);
   let results = (outs F32Tensor2D:$result, F32Tensor2D:$lse);
   let assemblyFormat = "$qkv attr-dict `:` functional-type(operands, results)";
   let hasVerifier = 1;
@@ -62,7 +63,8 @@ def Piper_CpAttentionGradOp : Piper_Op<"cp_attention_grad", [Pure,
   let arguments = (ins F32Tensor2D:$qkv, F32Tensor2D:$y, F32Tensor2D:$lse,
                        F32Tensor2D:$grad, I64Attr:$heads, I64Attr:$seq,
                        OptionalAttr<I64Attr>:$kv_heads,
-                       OptionalAttr<F64Attr>:$rope_theta, I64Attr:$cp);
+                       OptionalAttr<F64Attr>:$rope_theta, I64Attr:$cp,
+                       OptionalAttr<Piper_RopeScalingAttr>:$rope_scaling);
   let results = (outs F32Tensor2D:$result);
   let assemblyFormat = [{
     $qkv `,` $y `,` $lse `,` $grad attr-dict `:` functional-type(operands, results)
@@ -94,7 +96,8 @@ def Piper_AttentionBlockOp : Piper_Op<"attention_block", [Pure,
                        Variadic<F32Tensor2D>:$carry, I64Attr:$heads,
                        I64Attr:$seq, OptionalAttr<I64Attr>:$kv_heads,
                        OptionalAttr<F64Attr>:$rope_theta, I64Attr:$cp,
-                       I64Attr:$step);
+                       I64Attr:$step,
+                       OptionalAttr<Piper_RopeScalingAttr>:$rope_scaling);
   let results = (outs F32Tensor2D:$result, F32Tensor2D:$lse);
   let assemblyFormat = [{
     $qkv `,` $kv (`,` $carry^)? attr-dict `:` functional-type(operands, results)
@@ -126,7 +129,8 @@ def Piper_AttentionBlockGradOp : Piper_Op<"attention_block_grad", [Pure,
                        Variadic<F32Tensor2D>:$carry, I64Attr:$heads,
                        I64Attr:$seq, OptionalAttr<I64Attr>:$kv_heads,
                        OptionalAttr<F64Attr>:$rope_theta, I64Attr:$cp,
-                       I64Attr:$step);
+                       I64Attr:$step,
+                       OptionalAttr<Piper_RopeScalingAttr>:$rope_scaling);
   let results = (outs F32Tensor2D:$dq, F32Tensor2D:$dkv);
   let assemblyFormat = [{
     $qkv `,` $kv `,` $y `,` $lse `,` $grad (`,` $carry^)? attr-dict `:` functional-type(operands, results)

@@ -342,6 +342,8 @@ LogicalResult AttentionOp::verify() {
   if (getRopeTheta() && (hd % 2 != 0 || getRopeTheta()->convertToDouble() <= 0))
     return emitOpError("rotary embeddings need an even head dimension and a "
                        "positive rope_theta");
+  if (getRopeScaling() && !getRopeTheta())
+    return emitOpError("rope_scaling needs rope_theta");
   if (dim(getQkv(), 0) != dim(getResult(), 0) ||
       dim(getQkv(), 0) % getSeq() != 0)
     return emitOpError("rows must match and be a multiple of seq");

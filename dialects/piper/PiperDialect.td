@@ -205,6 +205,30 @@ def Piper_HfSourceAttr : AttrDef<Piper_Dialect, "HfSource"> {
   let genVerifyDecl = 1;
 }
 
+def Piper_RopeScalingAttr : AttrDef<Piper_Dialect, "RopeScaling"> {
+  let mnemonic = "rope_llama3";
+  let summary = "Llama 3.1's rotary frequency scaling (rope_scaling type llama3)";
+  let description = [{
+    The frequencies theta^(-2i/hd) of rotary embeddings, rescaled as Llama
+    3.1 does (`transformers`' `rope_type = "llama3"`): with wavelength
+    w = 2 pi / f, L = original_max_position, a frequency with
+    w < L / high_freq_factor stays, one with w > L / low_freq_factor is
+    divided by `factor`, and one between is interpolated:
+    (1 - s) f / factor + s f with s = (L / w - low_freq_factor) /
+    (high_freq_factor - low_freq_factor).
+
+    ```mlir
+    #piper.rope_llama3<factor = 8.0, low_freq_factor = 1.0, high_freq_factor = 4.0, original_max_position = 8192>
+    ```
+  }];
+  let parameters = (ins APFloatParameter<"">:$factor,
+                        APFloatParameter<"">:$low_freq_factor,
+                        APFloatParameter<"">:$high_freq_factor,
+                        "int64_t":$original_max_position);
+  let hasCustomAssemblyFormat = 1;
+  let genVerifyDecl = 1;
+}
+
 def Piper_StreamKind : I32EnumAttr<"StreamKind", "what a logical stream runs", [
   I32EnumAttrCase<"compute", 0>,
   I32EnumAttrCase<"comm", 1>

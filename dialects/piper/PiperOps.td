@@ -295,12 +295,14 @@ def Piper_AttentionOp : Piper_Op<"attention", [Pure,
     head h reading kv head h / (heads / kv_heads)). Each of the N / seq
     sequences attends causally within itself, scaled by 1/sqrt(hd). With
     `rope_theta`, q and k are rotated first (rotary embeddings, Llama's
-    rotate-half convention, position = row index within the sequence). The
+    rotate-half convention, position = row index within the sequence),
+    with `rope_scaling` at Llama 3.1's rescaled frequencies. The
     result is [N, heads * hd].
   }];
   let arguments = (ins F32Tensor2D:$qkv, I64Attr:$heads, I64Attr:$seq,
                        OptionalAttr<I64Attr>:$kv_heads,
-                       OptionalAttr<F64Attr>:$rope_theta);
+                       OptionalAttr<F64Attr>:$rope_theta,
+                       OptionalAttr<Piper_RopeScalingAttr>:$rope_scaling);
   let results = (outs F32Tensor2D:$result);
   let assemblyFormat = "$qkv attr-dict `:` functional-type(operands, results)";
   let hasVerifier = 1;
@@ -510,7 +512,8 @@ def Piper_AttentionGradOp : Piper_Op<"attention_grad", [Pure,
   }];
   let arguments = (ins F32Tensor2D:$qkv, F32Tensor2D:$grad, I64Attr:$heads,
                        I64Attr:$seq, OptionalAttr<I64Attr>:$kv_heads,
-                       OptionalAttr<F64Attr>:$rope_theta);
+                       OptionalAttr<F64Attr>:$rope_theta,
+                       OptionalAttr<Piper_RopeScalingAttr>:$rope_scaling);
   let results = (outs F32Tensor2D:$result);
   let assemblyFormat = "$qkv `,` $grad attr-dict `:` functional-type(operands, results)";
 }

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "runtime/kernels/KernelUtil.h"
+#include "runtime/kernels/Rope.h"
 
 namespace piper::runtime::detail {
 
@@ -25,6 +26,7 @@ struct AttentionDims {
   int64_t kvCols = 0;   // kvHeads * hd
   int64_t cols = 0;     // qCols + 2 * kvCols, the width of qkv
   double ropeTheta = 0; // 0: no rotary embedding
+  RopeScaling rope;     // Llama 3.1's frequencies (factor 0: none)
 
   int64_t group() const { return heads / kvHeads; }
 };

@@ -34,6 +34,26 @@ Status attentionShape(const KernelArgs &a, const TensorRef &qkv,
                    std::to_string(d.kvHeads));
   if (d.ropeTheta < 0)
     return a.error("attribute 'rope_theta' must not be negative");
+  PIPER_RETURN_IF_ERROR(
+      readFloat(a, KernelAttr::kRopeFactor, 0.0, d.rope.factor));
+  if (d.rope.factor != 0) {
+    int64_t original = 0;
+    PIPER_RETURN_IF_ERROR(readFloat(a, KernelAttr::kRopeLowFreqFactor,
+                                    std::nullopt, d.rope.lowFreqFactor));
+    PIPER_RETURN_IF_ERROR(readFloat(a, KernelAttr::kRopeHighFreqFactor,
+                                    std::nullopt, d.rope.highFreqFactor));
+    PIPER_RETURN_IF_ERROR(readPositiveInt(
+        a, KernelAttr::kRopeOriginalMaxPosition, std::nullopt, original));
+    d.rope.originalMaxPosition = double(original);
+    if (!(d.rope.factor > 0) || !(d.rope.lowFreqFactor > 0) ||
+        !(d.rope.highFreqFactor > d.rope.lowFreqFactor) ||
+        !std::isfinite(d.rope.factor) || !std::isfinite(d.rope.highFreqFactor))
+      return a.error("attributes 'rope_factor', 'rope_low_freq_factor' and "
+                     "'rope_high_freq_factor' must satisfy factor > 0 and 0 "
+                     "< low < high");
+    if (d.ropeTheta == 0)
+      return a.error("attribute 'rope_factor' needs 'rope_theta'");
+  }
 
   int64_t outRows = 0;
   PIPER_RETURN_IF_ERROR(
@@ -117,7 +137,7 @@ struct RopeTable {
     cos.resize(d.seq * half);
     sin.resize(d.seq * half);
     for (int64_t i = 0; i < half; ++i) {
-      double freq = std::pow(d.ropeTheta, -2.0 * double(i) / d.headDim);
+      double freq = ropeFrequency(d.ropeTheta, d.headDim, i, d.rope);
       for (int64_t t = 0; t < d.seq; ++t) {
         double angle = double(t) * freq;
         cos[t * half + i] = std::cos(angle);

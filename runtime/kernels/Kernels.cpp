@@ -110,27 +110,31 @@ namespace {
 
 // Indexed by KernelAttr: one name per id, in its order.
 constexpr const char *kAttrNames[] = {
-    "beta1",        // kBeta1
-    "beta2",        // kBeta2
-    "capacity",     // kCapacity
-    "cp",           // kCp
-    "eps",          // kEps
-    "experts",      // kExperts
-    "heads",        // kHeads
-    "kv_heads",     // kKvHeads
-    "lr",           // kLr
-    "members",      // kMembers
-    "norm_topk",    // kNormTopk
-    "query",        // kQuery
-    "rope_theta",   // kRopeTheta
-    "scale",        // kScale
-    "seq",          // kSeq
-    "start",        // kStart
-    "step",         // kStep
-    "top_k",        // kTopK
-    "transpose_w",  // kTransposeW
-    "vocab",        // kVocab
-    "weight_decay", // kWeightDecay
+    "beta1",                      // kBeta1
+    "beta2",                      // kBeta2
+    "capacity",                   // kCapacity
+    "cp",                         // kCp
+    "eps",                        // kEps
+    "experts",                    // kExperts
+    "heads",                      // kHeads
+    "kv_heads",                   // kKvHeads
+    "lr",                         // kLr
+    "members",                    // kMembers
+    "norm_topk",                  // kNormTopk
+    "query",                      // kQuery
+    "rope_factor",                // kRopeFactor
+    "rope_high_freq_factor",      // kRopeHighFreqFactor
+    "rope_low_freq_factor",       // kRopeLowFreqFactor
+    "rope_original_max_position", // kRopeOriginalMaxPosition
+    "rope_theta",                 // kRopeTheta
+    "scale",                      // kScale
+    "seq",                        // kSeq
+    "start",                      // kStart
+    "step",                       // kStep
+    "top_k",                      // kTopK
+    "transpose_w",                // kTransposeW
+    "vocab",                      // kVocab
+    "weight_decay",               // kWeightDecay
 };
 static_assert(sizeof(kAttrNames) / sizeof(kAttrNames[0]) ==
                   static_cast<size_t>(KernelAttr::kCount),

@@ -54,6 +54,12 @@ LLAMA32 = {
     "transformers_version": "4.45.0",
 }
 UNTIED = dict(LLAMA32, tie_word_embeddings=False, num_hidden_layers=3)
+# Llama 3.1's rope_scaling, with an original context of 64 so that at head
+# dim 16 the frequencies fall in all three of its ranges (kept,
+# interpolated, divided by the factor) and it changes the loss at seq 32.
+LLAMA31 = dict(UNTIED, num_hidden_layers=2, rope_scaling={
+    "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0, "original_max_position_embeddings": 64})
 
 failures = []
 
@@ -162,6 +168,22 @@ def main():
     hf.write_folder(f16, UNTIED, untied_w, dtype="F16")
     grads_match("f16", work, f16, UNTIED, untied_w, window, dtype="F16")
 
+    # Llama 3.1's rope scaling: the oracle's loss with it is not the one
+    # without (so the check below can fail), and Piper's matches it, also
+    # under context parallelism (the ring's rotary positions).
+    scaled_w = hf.llama_random_weights(LLAMA31, gen)
+    scaled = os.path.join(work, "llama31")
+    hf.write_folder(scaled, LLAMA31, scaled_w)
+    grads_match("llama31", work, scaled, LLAMA31, scaled_w, window)
+    w = torch.tensor(window.astype(np.int64))
+    with torch.no_grad():
+        args = (w[:SEQ].repeat(2, 1), w[1:].repeat(2, 1))
+        with_scaling = hf.llama_loss(scaled_w, LLAMA31, *args).item()
+        without = hf.llama_loss(scaled_w, dict(LLAMA31, rope_scaling=None), *args).item()
+    check(rel(with_scaling, without) > 100 * LOSS_RTOL,
+          "llama31: rope_scaling changes the oracle's loss (%.7f vs %.7f unscaled)" %
+          (with_scaling, without))
+
     # --- Strategies: three steps from the folder, one device's losses ---
     long_data = os.path.join(work, "long-tokens.bin")
     rng.integers(0, VOCAB, 4096).astype("<u2").tofile(long_data)
@@ -182,6 +204,16 @@ def main():
              "--save-hf", out, "--hf-shard-size", "200KB",
              "--save", save])
         curves[name], saved[name] = losses(metrics), (out, save)
+    for name, flags, nproc in (("llama31-single", ["--microbatches", "2"], 1),
+                               ("llama31-cp2", ["--cp", "2", "--microbatches", "2"], 2)):
+        plans = compile_model(work, "train-" + name, scaled, *flags, batch=1)
+        metrics = os.path.join(work, name + "-train.jsonl")
+        run([PIPER_RUN, plans, "--nproc", str(nproc), "--steps", "3", "--load",
+             scaled, "--data", long_data, "--seed", "9", "--metrics", metrics])
+        curves[name] = losses(metrics)
+    worst = max(rel(a, b) for a, b in zip(curves["llama31-cp2"], curves["llama31-single"]))
+    check(worst <= LOSS_RTOL, "llama31 under CP2: losses %s vs one device %s (worst rel %.1e)" %
+          (curves["llama31-cp2"], curves["llama31-single"], worst))
     for name in ("pp2-dp2-zero3", "tp2"):
         worst = max(rel(a, b) for a, b in zip(curves[name], curves["single"]))
         check(len(curves[name]) == 3 and worst <= LOSS_RTOL,

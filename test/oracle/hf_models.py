@@ -7,6 +7,7 @@ separate q/k/v and gate/up projections, `nn.Linear` weights stored
 model.safetensors.index.json).
 """
 import json
+import math
 import os
 
 import numpy as np
@@ -145,15 +146,35 @@ def _rotate_half(x):
     return torch.cat((-x2, x1), dim=-1)
 
 
+def rope_inv_freq(config, hd):
+    """LlamaRotaryEmbedding's inverse frequencies, in float32 as
+    transformers computes them: rope_type "default", or "llama3"
+    (modeling_rope_utils._compute_llama3_parameters: long wavelengths
+    divided by `factor`, short ones kept, those between interpolated)."""
+    theta = config["rope_theta"]
+    inv_freq = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.int64).float() / hd))
+    scaling = config.get("rope_scaling") or {}
+    if scaling.get("rope_type", scaling.get("type")) != "llama3":
+        return inv_freq
+    factor = scaling["factor"]
+    low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+    old = scaling["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv_freq
+    inv_freq_llama = torch.where(wavelen > old / low, inv_freq / factor, inv_freq)
+    smooth = (old / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * inv_freq_llama / factor + smooth * inv_freq_llama
+    is_medium = ~(wavelen < old / high) * ~(wavelen > old / low)
+    return torch.where(is_medium, smoothed, inv_freq_llama)
+
+
 def llama_logits(p, config, tokens):
     """LlamaForCausalLM's forward: [B, S] token ids -> [B, S, V] logits."""
     h = config["hidden_size"]
     heads, kv = config["num_attention_heads"], config["num_key_value_heads"]
     hd = h // heads
-    eps, theta = config["rms_norm_eps"], config["rope_theta"]
+    eps = config["rms_norm_eps"]
     b, s = tokens.shape
-    # LlamaRotaryEmbedding (rope_type "default").
-    inv_freq = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.int64).float() / hd))
+    inv_freq = rope_inv_freq(config, hd)
     freqs = torch.arange(s).float()[:, None] * inv_freq[None, :]
     emb = torch.cat((freqs, freqs), dim=-1)
     cos, sin = emb.cos(), emb.sin()

@@ -33,6 +33,7 @@ Status attentionShape(const KernelArgs &a, const AttentionDims &d,
   s.kvCols = d.kvCols;
   s.cols = d.cols;
   s.ropeTheta = d.ropeTheta;
+  s.rope = d.rope;
   // As the CPU kernel rounds it.
   s.scale = static_cast<float>(1.0 / std::sqrt(double(d.headDim)));
   return Status::ok();

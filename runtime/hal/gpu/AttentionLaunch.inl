@@ -45,9 +45,10 @@ Status attentionPrepareQk(const Context &ctx, const AttentionShape &s,
   float *qk = reinterpret_cast<float *>(scratch + layout.qkOffset);
   const int64_t half = s.half(), hd = s.headDim;
   const double theta = s.ropeTheta;
+  const RopeScaling scaling = s.rope;
   PIPER_RETURN_IF_ERROR(Exec(ctx).forEach(
       "attention_rope_table", s.seq * half, [=] PIPER_LAMBDA(int64_t idx) {
-        ropeAngle(theta, hd, idx / half, idx % half, cosT[idx], sinT[idx]);
+        ropeAngle(theta, scaling, hd, idx / half, idx % half, cosT[idx], sinT[idx]);
       }));
   const int64_t ldQk = s.qCols + s.kvCols, cols = s.cols, seq = s.seq;
   const int64_t pairs = ldQk / 2; // per row: (heads + kvHeads) * hd / 2
@@ -309,7 +310,7 @@ Status ringPrepareQk(const Context &ctx, const RingShape &s, const float *qkv,
         const float *in = isQ ? qkv + r * cols + col
                               : kv + r * kvLd + (col - qCols);
         double c, sn;
-        ropeAngle(shape.ropeTheta, hd, pos, p % half, c, sn);
+        ropeAngle(shape.ropeTheta, shape.rope, hd, pos, p % half, c, sn);
         float *out = qk + r * ldQk + col;
         ropePair(in[0], in[half], c, sn, false, out[0], out[half]);
       }));
@@ -567,7 +568,7 @@ Status launchAttentionBlockGrad(const Context &ctx, const RingShape &s,
                                      isQ ? shape.member : shape.owner, t);
           float *x = isQ ? dq + r * qCols + col : dkv + r * kvLd + (col - qCols);
           double c, sn;
-          ropeAngle(shape.ropeTheta, hd, pos, p % half, c, sn);
+          ropeAngle(shape.ropeTheta, shape.rope, hd, pos, p % half, c, sn);
           float x1 = x[0], x2 = x[half];
           ropePair(x1, x2, c, sn, true, x[0], x[half]);
         }));

@@ -16,6 +16,7 @@
 
 #include "runtime/hal/gpu/ElementwiseMath.h"
 #include "runtime/hal/gpu/Simt.h"
+#include "runtime/kernels/Rope.h"
 
 #ifdef __CUDACC__
 #define PIPER_ATTENTION_UNROLL _Pragma("unroll")
@@ -37,6 +38,7 @@ struct AttentionShape {
   int64_t batch = 0, seq = 0, heads = 0, kvHeads = 0, headDim = 0;
   int64_t qCols = 0, kvCols = 0, cols = 0;
   double ropeTheta = 0; // 0: no rotary embedding
+  RopeScaling rope;     // Llama 3.1's frequencies (factor 0: none)
   float scale = 0;      // 1 / sqrt(headDim), as the CPU rounds it
 
   PIPER_HOST_DEVICE int64_t group() const { return heads / kvHeads; }
@@ -81,10 +83,11 @@ inline AttentionScratch attentionScratch(const AttentionShape &s, bool grad) {
 
 /// The rotary table's entry (t, i): cos and sin of t * theta^(-2i/hd), in
 /// double, as the CPU's RopeTable.
-PIPER_HOST_DEVICE inline void ropeAngle(double theta, int64_t headDim,
-                                        int64_t t, int64_t i, double &c,
-                                        double &sn) {
-  double freq = pow(theta, -2.0 * double(i) / double(headDim));
+PIPER_HOST_DEVICE inline void ropeAngle(double theta,
+                                        const RopeScaling &scaling,
+                                        int64_t headDim, int64_t t, int64_t i,
+                                        double &c, double &sn) {
+  double freq = ropeFrequency(theta, headDim, i, scaling);
   double angle = double(t) * freq;
   c = cos(angle);
   sn = sin(angle);

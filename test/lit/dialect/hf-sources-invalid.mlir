@@ -51,3 +51,35 @@ module attributes {piper.hf_sources = []} {}
 
 // expected-error @+1 {{'piper.hf_config' must be a string on the module, got 3 : i64}}
 module attributes {piper.hf_config = 3} {}
+
+// -----
+
+// Llama 3.1's rotary scaling (#piper.rope_llama3): valid, then each of
+// its checks.
+piper.segment @s(%qkv: tensor<4x12xf32>) {
+  %y = piper.attention %qkv {heads = 2 : i64, seq = 2 : i64, rope_theta = 5.0e+05 : f64, rope_scaling = #piper.rope_llama3<factor = 8.0, low_freq_factor = 1.0, high_freq_factor = 4.0, original_max_position = 64>} : (tensor<4x12xf32>) -> tensor<4x4xf32>
+  piper.yield
+}
+
+// -----
+
+piper.segment @s(%qkv: tensor<4x12xf32>) {
+  // expected-error @+1 {{'piper.attention' op rope_scaling needs rope_theta}}
+  %y = piper.attention %qkv {heads = 2 : i64, seq = 2 : i64, rope_scaling = #piper.rope_llama3<factor = 8.0, low_freq_factor = 1.0, high_freq_factor = 4.0, original_max_position = 64>} : (tensor<4x12xf32>) -> tensor<4x4xf32>
+  piper.yield
+}
+
+// -----
+
+// expected-error @+1 {{rope_llama3 factor must be positive, got 0.000000e+00}}
+piper.param @w : tensor<4xf32> init zeros(0.0) {scaling = #piper.rope_llama3<factor = 0.0, low_freq_factor = 1.0, high_freq_factor = 4.0, original_max_position = 64>}
+
+// -----
+
+// expected-error @+1 {{rope_llama3 needs 0 < low_freq_factor < high_freq_factor, got 4.000000e+00 and 1.000000e+00}}
+piper.param @w : tensor<4xf32> init zeros(0.0) {scaling = #piper.rope_llama3<factor = 8.0, low_freq_factor = 4.0, high_freq_factor = 1.0, original_max_position = 64>}
+
+// -----
+
+// expected-error @+1 {{rope_llama3 original_max_position must be positive, got 0}}
+piper.param @w : tensor<4xf32> init zeros(0.0) {scaling = #piper.rope_llama3<factor = 8.0, low_freq_factor = 1.0, high_freq_factor = 4.0, original_max_position = 0>}

@@ -76,6 +76,33 @@ std::vector<KernelCase> cases() {
     backward.atol = 1e-5;
     out.push_back(backward);
   }
+  // Llama 3.1's rescaled rotary frequencies (rope_factor & co.): with head
+  // dim 32, theta 5e5 and an original context of 64, the 16 frequencies
+  // fall in all three ranges (kept, interpolated, divided by the factor).
+  {
+    std::vector<std::pair<std::string, plan::AttrValue>> attrs = {
+        {"heads", intAttr(4)},
+        {"kv_heads", intAttr(2)},
+        {"seq", intAttr(40)},
+        {"rope_theta", floatAttr(500000.0)},
+        {"rope_factor", floatAttr(8.0)},
+        {"rope_low_freq_factor", floatAttr(1.0)},
+        {"rope_high_freq_factor", floatAttr(4.0)},
+        {"rope_original_max_position", intAttr(64)}};
+    const int64_t rows = 2 * 40, qCols = 4 * 32, cols = (4 + 2 * 2) * 32;
+    out.push_back({"attention b2 s40 h4/2 hd32 rope llama3",
+                   "attention",
+                   attrs,
+                   {f32({rows, cols})},
+                   {zeros({rows, qCols})}});
+    KernelCase backward{"attention_grad b2 s40 h4/2 hd32 rope llama3",
+                        "attention_grad",
+                        attrs,
+                        {f32({rows, cols}), f32({rows, qCols})},
+                        {f32({rows, cols})}};
+    backward.atol = 1e-5; // as above
+    out.push_back(backward);
+  }
   // Ring attention steps (context parallelism): batch, whole sequence, cp,
   // member, step, heads, kv_heads, head dim, rope_theta. Steps after 0
   // combine with a given o and lse (forward) or add to given dq and dkv
