@@ -53,6 +53,12 @@ std::string mlir::piper::validateGptConfig(const GptConfig &cfg) {
            std::to_string(cfg.initStd);
   if (cfg.kvHeads < 0 || cfg.ffn < 0 || cfg.ffn > kMaxSize)
     return "kv_heads and ffn must be non-negative";
+  if (cfg.positions != 0 &&
+      (cfg.positions < cfg.seq || cfg.positions > kMaxSize))
+    return "the position table's " + std::to_string(cfg.positions) +
+           " rows must cover seq " + std::to_string(cfg.seq);
+  if (!(cfg.layerNormEps > 0) || !std::isfinite(cfg.layerNormEps))
+    return "layer norm epsilon must be positive";
   if (cfg.family == ModelFamily::Gpt && cfg.kvHeads && cfg.kvHeads != cfg.heads)
     return "gpt models have no grouped-query attention (kv_heads must equal "
            "heads)";
@@ -237,7 +243,8 @@ void GptModelBuilder::buildParams() {
       initStd / std::sqrt(2.0 * static_cast<double>(cfg.layers));
 
   param("wte", {v, h}, InitKind::normal, initStd);
-  param("wpe", {s, h}, InitKind::normal, initStd);
+  param("wpe", {cfg.positions ? cfg.positions : s, h}, InitKind::normal,
+        initStd);
   for (int64_t i = 0; i < cfg.layers; ++i) {
     std::string p = "h." + std::to_string(i) + ".";
     param(p + "ln_1.weight", {h}, InitKind::ones);
@@ -403,7 +410,7 @@ Value GptModelBuilder::layerNorm(Value x, const Twine &prefix) {
   Value gamma = ref(p + ".weight");
   Value beta = ref(p + ".bias");
   return LayerNormOp::create(b, loc(p), act(cfg.hidden), x, gamma, beta,
-                             llvm::APFloat(1e-5));
+                             llvm::APFloat(cfg.layerNormEps));
 }
 
 SegmentOp GptModelBuilder::buildEmbed() {

@@ -55,6 +55,11 @@ struct GptConfig {
   int64_t ropeOriginalMaxPosition = 0;
   /// RMSNorm's epsilon (Llama and Qwen3Moe).
   double rmsEps = 1e-6;
+  /// LayerNorm's epsilon (GPT).
+  double layerNormEps = 1e-5;
+  /// Rows of GPT's learned position table (Hugging Face's n_positions); 0
+  /// means seq. At least seq: a sequence reads the first seq rows.
+  int64_t positions = 0;
 
   /// Experts per MoE layer and experts per token (Qwen3Moe only).
   int64_t experts = 4;

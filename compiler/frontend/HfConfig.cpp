@@ -6,11 +6,12 @@
 #include "compiler/frontend/HfConfig.h"
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <optional>
 
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/StringSet.h"
-#include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/JSON.h"
 
 using namespace mlir;
@@ -35,14 +36,26 @@ struct Pending {
   const char *name, *missing;
 };
 const Pending kPending[] = {
-    {"GPT2LMHeadModel",
-     "its Conv1D layouts and position table size are not mapped yet"},
     {"Qwen3ForCausalLM",
      "its per-head q/k RMSNorm and separate head_dim are not implemented yet"},
     {"Qwen3MoeForCausalLM",
      "its per-head q/k RMSNorm, separate head_dim and dense/sparse layer mix "
      "are not implemented yet"},
 };
+
+/// A number as JSON would show it: 0.1, 1e-05, 2.
+std::string formatNumber(double value) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.17g", value);
+  // The shortest form that reads back the same, as JSON writers print.
+  for (int digits = 1; digits < 17; ++digits) {
+    char shortBuf[32];
+    std::snprintf(shortBuf, sizeof(shortBuf), "%.*g", digits, value);
+    if (std::strtod(shortBuf, nullptr) == value)
+      return shortBuf;
+  }
+  return buf;
+}
 
 class Reader {
 public:
@@ -256,8 +269,7 @@ std::string readLlama(Reader &r, GptConfig &cfg) {
     return r.error("\"mlp_bias\": true is not implemented (Piper's Llama "
                    "MLP has no bias)");
   if (*attnDropout != 0)
-    return r.error("\"attention_dropout\" is " +
-                   llvm::formatv("{0}", *attnDropout) +
+    return r.error("\"attention_dropout\" is " + formatNumber(*attnDropout) +
                    ": Piper trains without dropout (set it to 0)");
   if (*headDim * *heads != *hidden)
     return r.error("\"head_dim\" " + std::to_string(*headDim) + " times " +
@@ -308,6 +320,83 @@ std::string readLlama(Reader &r, GptConfig &cfg) {
   return "";
 }
 
+/// GPT2LMHeadModel: learned positions (a table of n_positions rows),
+/// LayerNorm with bias, Conv1D projections with biases, the tanh GELU, the
+/// head tied to the token embedding unless tie_word_embeddings is false.
+std::string readGpt2(Reader &r, GptConfig &cfg) {
+  std::string err;
+  cfg.family = ModelFamily::Gpt;
+  auto hidden = r.size("n_embd", err);
+  auto layers = r.size("n_layer", err);
+  auto heads = r.size("n_head", err);
+  auto vocab = r.size("vocab_size", err);
+  auto positions = r.size("n_positions", err);
+  if (!err.empty())
+    return err;
+  auto inner = r.size("n_inner", err, 4 * *hidden);
+  auto eps = r.number("layer_norm_epsilon", 1e-5, err);
+  auto init = r.number("initializer_range", 0.02, err);
+  auto act = r.string("activation_function", "gelu_new", err);
+  auto tied = r.boolean("tie_word_embeddings", true, err);
+  auto scale = r.boolean("scale_attn_weights", true, err);
+  auto byLayer = r.boolean("scale_attn_by_inverse_layer_idx", false, err);
+  auto cross = r.boolean("add_cross_attention", false, err);
+  // Upcasting the attention to float32 changes nothing in float32.
+  r.boolean("reorder_and_upcast_attn", false, err);
+  // The legacy context size: n_positions is the table's.
+  r.size("n_ctx", err, int64_t(0));
+  std::optional<double> dropouts[3];
+  const char *dropoutKeys[3] = {"resid_pdrop", "embd_pdrop", "attn_pdrop"};
+  for (int i = 0; i < 3; ++i)
+    dropouts[i] = r.number(dropoutKeys[i], 0.1, err);
+  if (!err.empty())
+    return err;
+  // Settings of GPT2DoubleHeadsModel's classification head (absent from
+  // GPT2LMHeadModel) and of other tasks.
+  for (const char *key : {"summary_type", "summary_use_proj",
+                          "summary_activation", "summary_proj_to_labels",
+                          "summary_first_dropout", "task_specific_params"})
+    r.use(key);
+  if (*act != "gelu_new" && *act != "gelu_pytorch_tanh")
+    return r.error("\"activation_function\" is \"" + *act +
+                   "\": Piper's GPT MLP uses the tanh GELU (\"gelu_new\")");
+  if (!*scale)
+    return r.error("\"scale_attn_weights\": false is not implemented (Piper "
+                   "scales scores by 1/sqrt(head_dim))");
+  if (*byLayer)
+    return r.error("\"scale_attn_by_inverse_layer_idx\": true is not "
+                   "implemented");
+  if (*cross)
+    return r.error("\"add_cross_attention\": true is not implemented "
+                   "(Piper's GPT is decoder-only)");
+  for (int i = 0; i < 3; ++i)
+    if (*dropouts[i] != 0)
+      return r.error(std::string("\"") + dropoutKeys[i] + "\" is " +
+                     formatNumber(*dropouts[i]) +
+                     " (GPT-2's default is 0.1 when absent): Piper trains "
+                     "without dropout; set it to 0.0 in config.json to train "
+                     "this model without it");
+  if (cfg.seq > *positions)
+    return r.error("the sequence of " + std::to_string(cfg.seq) +
+                   " tokens is longer than \"n_positions\" " +
+                   std::to_string(*positions));
+  cfg.hidden = *hidden;
+  cfg.layers = *layers;
+  cfg.heads = *heads;
+  cfg.vocab = *vocab;
+  cfg.ffn = *inner;
+  cfg.positions = *positions;
+  cfg.layerNormEps = *eps;
+  cfg.initStd = *init;
+  cfg.tiedHead = *tied;
+  if (std::optional<std::string> key = r.unknownKey())
+    return r.error("unknown key \"" + *key +
+                   "\": Piper cannot tell whether it changes "
+                   "GPT2LMHeadModel's math (docs/hugging-face.md lists the "
+                   "keys it reads and ignores)");
+  return "";
+}
+
 } // namespace
 
 std::string mlir::piper::gptConfigFromHuggingFace(llvm::StringRef text,
@@ -328,15 +417,17 @@ std::string mlir::piper::gptConfigFromHuggingFace(llvm::StringRef text,
     if (arch == p.name)
       return (source + ": " + arch + " is not supported yet: " + p.missing)
           .str();
-  if (arch != "LlamaForCausalLM")
+  if (arch != "LlamaForCausalLM" && arch != "GPT2LMHeadModel")
     return (source + ": unknown architecture \"" + arch +
-            "\" (supported: LlamaForCausalLM)")
+            "\" (supported: LlamaForCausalLM, GPT2LMHeadModel)")
         .str();
   GptConfig cfg;
   cfg.seq = seq;
   cfg.batch = batch;
   Reader r(*obj, (source + " (" + arch + ")").str());
-  if (std::string err = readLlama(r, cfg); !err.empty())
+  if (std::string err =
+          arch == "GPT2LMHeadModel" ? readGpt2(r, cfg) : readLlama(r, cfg);
+      !err.empty())
     return err;
   if (std::string err = validateGptConfig(cfg); !err.empty())
     return (source + ": " + err).str();

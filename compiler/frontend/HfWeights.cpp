@@ -63,16 +63,39 @@ SmallVector<HfSourceAttr> llamaSources(MLIRContext *ctx, StringRef name,
   return {};
 }
 
+/// The sources of a GPT-2 parameter: Piper's GPT names are GPT-2's
+/// (GPT2Model's, under "transformer."), its Conv1D weights are [in, out]
+/// as Piper's; only the untied head is an nn.Linear.
+SmallVector<HfSourceAttr> gpt2Sources(MLIRContext *ctx, ParamOp param,
+                                      const GptConfig &cfg) {
+  Builder b(ctx);
+  StringRef name = param.getSymName();
+  ArrayRef<int64_t> shape = param.getTensorType().getShape();
+  if (name == "lm_head.weight")
+    return {HfSourceAttr::get(ctx, "lm_head.weight", {cfg.vocab, cfg.hidden},
+                              b.getBoolAttr(true), 0, 0)};
+  if (name == "wte" || name == "wpe")
+    return {HfSourceAttr::get(ctx, ("transformer." + name + ".weight").str(),
+                              shape, b.getBoolAttr(false), 0, 0)};
+  if (!name.starts_with("h.") && !name.starts_with("ln_f."))
+    return {};
+  return {HfSourceAttr::get(ctx, ("transformer." + name).str(), shape,
+                            b.getBoolAttr(false), 0, 0)};
+}
+
 } // namespace
 
 std::string mlir::piper::annotateHuggingFace(ModuleOp module,
                                              const GptConfig &cfg,
                                              llvm::StringRef configText) {
-  if (cfg.family != ModelFamily::Llama)
-    return "Hugging Face weights are mapped for LlamaForCausalLM only";
+  if (cfg.family == ModelFamily::Qwen3Moe)
+    return "Hugging Face weights are mapped for LlamaForCausalLM and "
+           "GPT2LMHeadModel only";
   for (ParamOp param : module.getOps<ParamOp>()) {
     SmallVector<HfSourceAttr> sources =
-        llamaSources(module.getContext(), param.getSymName(), cfg);
+        cfg.family == ModelFamily::Gpt
+            ? gpt2Sources(module.getContext(), param, cfg)
+            : llamaSources(module.getContext(), param.getSymName(), cfg);
     if (sources.empty())
       return ("internal: parameter '" + param.getSymName() +
               "' has no Hugging Face name")

@@ -151,10 +151,12 @@ bool ignorable(const std::string &name, const std::set<std::string> &used) {
     size_t n = std::strlen(suffix);
     return name.size() >= n && name.compare(name.size() - n, n, suffix) == 0;
   };
-  if (endsWith(".rotary_emb.inv_freq"))
-    return true; // a non-persistent buffer older checkpoints saved
+  if (endsWith(".rotary_emb.inv_freq") || endsWith(".attn.bias") ||
+      endsWith(".attn.masked_bias"))
+    return true; // buffers older checkpoints saved (rotary, GPT-2's masks)
   // A tied head: transformers ties lm_head to the embedding and drops it.
-  return name == "lm_head.weight" && used.count("model.embed_tokens.weight");
+  return name == "lm_head.weight" && (used.count("model.embed_tokens.weight") ||
+                                      used.count("transformer.wte.weight"));
 }
 
 } // namespace
@@ -264,19 +266,30 @@ std::vector<std::string> HfFolder::names() const {
   return out;
 }
 
+std::string HfFolder::resolve(const std::string &name) const {
+  if (where.count(name))
+    return name;
+  for (const char *prefix : {"transformer.", "model."}) {
+    const size_t n = std::strlen(prefix);
+    if (name.compare(0, n, prefix) == 0 && where.count(name.substr(n)))
+      return name.substr(n);
+  }
+  return "";
+}
+
 const SafetensorsEntry *HfFolder::find(const std::string &name) const {
-  auto it = where.find(name);
-  return it == where.end() ? nullptr : files[it->second]->find(name);
+  auto it = where.find(resolve(name));
+  return it == where.end() ? nullptr : files[it->second]->find(it->first);
 }
 
 Status HfFolder::readFloat(const std::string &name,
                            std::vector<float> &out) const {
-  auto it = where.find(name);
+  auto it = where.find(resolve(name));
   if (it == where.end())
     return Status::error("Hugging Face folder '" + folder +
                          "' has no tensor '" + name + "'");
   const SafetensorsReader &r = *files[it->second];
-  const SafetensorsEntry &e = *r.find(name);
+  const SafetensorsEntry &e = *r.find(it->first);
   if (!readableDType(e.dtype))
     return Status::error(
         fmt::format("{}: tensor '{}' is {}; Piper reads F32, BF16 and F16",
@@ -306,6 +319,8 @@ Status checkHfFolder(const HfFolder &folder,
       }
       covered += numel(s.shape);
       used.insert(s.name);
+      if (std::string stored = folder.resolve(s.name); !stored.empty())
+        used.insert(stored);
       const SafetensorsEntry *e = folder.find(s.name);
       if (!e)
         problems.push_back(fmt::format("missing tensor '{}' (of parameter "

@@ -56,7 +56,13 @@ public:
   const std::string &configText() const { return config; }
   /// Every tensor's name, sorted.
   std::vector<std::string> names() const;
-  /// The tensor `name`'s header entry, or null.
+  /// The name under which the folder holds tensor `name`: `name`, or,
+  /// for a checkpoint of the base model (GPT-2's original files hold
+  /// "wte.weight", not "transformer.wte.weight"), `name` without its
+  /// "transformer." or "model." prefix, as from_pretrained accepts; ""
+  /// when it holds neither.
+  std::string resolve(const std::string &name) const;
+  /// The tensor `name`'s header entry (resolved), or null.
   const SafetensorsEntry *find(const std::string &name) const;
   /// Reads tensor `name` (F32, BF16 or F16) as float32.
   Status readFloat(const std::string &name, std::vector<float> &out) const;

@@ -61,6 +61,22 @@ LLAMA31 = dict(UNTIED, num_hidden_layers=2, rope_scaling={
     "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
     "high_freq_factor": 4.0, "original_max_position_embeddings": 64})
 
+# GPT-2's config.json keys (dropout set to 0: Piper trains without it), at
+# a smaller size; the position table is longer than the sequence.
+GPT2 = {
+    "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
+    "vocab_size": VOCAB, "n_positions": 64, "n_embd": 64, "n_layer": 2,
+    "n_head": 4, "n_inner": None, "activation_function": "gelu_new",
+    "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
+    "layer_norm_epsilon": 1e-5, "initializer_range": 0.02,
+    "summary_type": "cls_index", "summary_use_proj": True,
+    "summary_activation": None, "summary_proj_to_labels": True,
+    "summary_first_dropout": 0.1, "scale_attn_weights": True,
+    "use_cache": True, "scale_attn_by_inverse_layer_idx": False,
+    "reorder_and_upcast_attn": False, "bos_token_id": 50256,
+    "eos_token_id": 50256, "transformers_version": "4.45.0",
+}
+
 failures = []
 
 
@@ -97,8 +113,10 @@ def rel(a, b):
     return abs(a - b) / abs(b)
 
 
-def grads_match(name, work, folder, config, weights, tokens_all, dtype="F32"):
+def grads_match(name, work, folder, config, weights, tokens_all, dtype="F32",
+                arch="llama"):
     """One step from `folder`: loss and gradients against the oracle."""
+    loss_fn, to_piper = hf.ARCHS[arch]
     plans = compile_model(work, name, folder, "--microbatches", "1",
                           "--no-optimizer", "--clip-grad", "0")
     data = os.path.join(work, name + "-tokens.bin")
@@ -112,13 +130,13 @@ def grads_match(name, work, folder, config, weights, tokens_all, dtype="F32"):
          for k, v in weights.items()}
     window = torch.tensor(tokens_all.astype(np.int64))
     tokens, targets = window[:SEQ].repeat(2, 1), window[1:].repeat(2, 1)
-    loss = hf.llama_loss(p, config, tokens, targets)
+    loss = loss_fn(p, config, tokens, targets)
     loss.backward()
     piper_loss = losses(metrics)[0]
     check(rel(piper_loss, loss.item()) <= LOSS_RTOL,
           "%s: loss piper %.7f oracle %.7f (rel %.1e)" %
           (name, piper_loss, loss.item(), rel(piper_loss, loss.item())))
-    ref = hf.to_piper({k: v.grad for k, v in p.items()}, config)
+    ref = to_piper({k: v.grad for k, v in p.items()}, config)
     got = read_safetensors(grads)
     if sorted(ref) != sorted(got):
         check(False, "%s: gradient names differ: %s" % (name, sorted(set(ref) ^ set(got))))
@@ -184,6 +202,27 @@ def main():
           "llama31: rope_scaling changes the oracle's loss (%.7f vs %.7f unscaled)" %
           (with_scaling, without))
 
+    # GPT-2: a position table of n_positions (64) rows for seq 32, tied;
+    # also as GPT-2's original files hold it: GPT2Model's names without
+    # "transformer." and the attention mask buffers (both ignored by
+    # from_pretrained, and by Piper).
+    gpt2_w = hf.gpt2_random_weights(GPT2, gen)
+    gpt2 = os.path.join(work, "gpt2")
+    hf.write_folder(gpt2, GPT2, gpt2_w)
+    grads_match("gpt2", work, gpt2, GPT2, gpt2_w, window, arch="gpt2")
+    hub = {k[len("transformer."):]: v for k, v in gpt2_w.items()}
+    for i in range(GPT2["n_layer"]):
+        hub["h.%d.attn.bias" % i] = torch.tril(torch.ones(64, 64)).view(1, 1, 64, 64)
+    gpt2_hub = os.path.join(work, "gpt2-hub")
+    hf.write_folder(gpt2_hub, GPT2, hub)
+    grads_match("gpt2-hub-names", work, gpt2_hub, GPT2, gpt2_w, window, arch="gpt2")
+    gpt2_untied = dict(GPT2, tie_word_embeddings=False, n_inner=80)
+    untied_gpt2_w = hf.gpt2_random_weights(gpt2_untied, gen)
+    gpt2_u = os.path.join(work, "gpt2-untied")
+    hf.write_folder(gpt2_u, gpt2_untied, untied_gpt2_w, shards=2)
+    grads_match("gpt2-untied", work, gpt2_u, gpt2_untied, untied_gpt2_w, window,
+                arch="gpt2")
+
     # --- Strategies: three steps from the folder, one device's losses ---
     long_data = os.path.join(work, "long-tokens.bin")
     rng.integers(0, VOCAB, 4096).astype("<u2").tofile(long_data)
@@ -211,6 +250,22 @@ def main():
         run([PIPER_RUN, plans, "--nproc", str(nproc), "--steps", "3", "--load",
              scaled, "--data", long_data, "--seed", "9", "--metrics", metrics])
         curves[name] = losses(metrics)
+    for name, flags, nproc in (("gpt2-single", ["--microbatches", "4"], 1),
+                               ("gpt2-pp2-dp2-zero3", ["--pp", "2", "--dp", "2", "--zero",
+                                                       "3", "--microbatches", "2"], 4)):
+        plans = compile_model(work, "train-" + name, gpt2_u, *flags, batch=1)
+        metrics = os.path.join(work, name + "-train.jsonl")
+        out = os.path.join(work, name + "-export")
+        run([PIPER_RUN, plans, "--nproc", str(nproc), "--steps", "3", "--load",
+             gpt2_u, "--data", long_data, "--seed", "9", "--metrics", metrics,
+             "--save-hf", out])
+        curves[name] = losses(metrics)
+    worst = max(rel(a, b) for a, b in zip(curves["gpt2-pp2-dp2-zero3"], curves["gpt2-single"]))
+    check(worst <= LOSS_RTOL, "gpt2 under PP2 x DP2 ZeRO-3: losses %s vs one device %s "
+          "(worst rel %.1e)" % (curves["gpt2-pp2-dp2-zero3"], curves["gpt2-single"], worst))
+    exported = hf.read_folder(os.path.join(work, "gpt2-pp2-dp2-zero3-export"))
+    check(sorted(exported) == sorted(untied_gpt2_w),
+          "gpt2 export: GPT2LMHeadModel's names (%d tensors)" % len(exported))
     worst = max(rel(a, b) for a, b in zip(curves["llama31-cp2"], curves["llama31-single"]))
     check(worst <= LOSS_RTOL, "llama31 under CP2: losses %s vs one device %s (worst rel %.1e)" %
           (curves["llama31-cp2"], curves["llama31-single"], worst))
@@ -264,6 +319,14 @@ def main():
               torch.equal(again16[k][0], original[k][0].to(torch.bfloat16).float())
               for k in original),
           "--hf-dtype bf16: every tensor rounded as torch's .to(bfloat16)")
+    plans_g = compile_model(work, "roundtrip-gpt2", gpt2_u, "--microbatches", "1")
+    back_g = os.path.join(work, "roundtrip-gpt2")
+    run([PIPER_RUN, plans_g, "--nproc", "1", "--steps", "0", "--load", gpt2_u,
+         "--save-hf", back_g])
+    original_g, again_g = hf.read_folder(gpt2_u), hf.read_folder(back_g)
+    check(sorted(original_g) == sorted(again_g) and
+          all(original_g[k][2] == again_g[k][2] for k in original_g),
+          "gpt2 round trip load -> --save-hf: %d tensors bit-identical" % len(original_g))
     check(os.path.exists(os.path.join(back, "model.safetensors")) and
           not os.path.exists(os.path.join(back, "model.safetensors.index.json")),
           "a small export is one model.safetensors")
@@ -317,6 +380,12 @@ def main():
     expect_error("config whose sizes contradict the weights",
                  [PIPER_RUN, bad_plans, "--nproc", "1", "--steps", "1", "--load", folder],
                  "has shape [256, 64], the model needs [256, 128]")
+    folder = os.path.join(work, "gpt2-dropout")
+    hf.write_folder(folder, dict(GPT2, resid_pdrop=0.1), gpt2_w)
+    expect_error("GPT-2 with dropout",
+                 [PIPERC, "model", "--hf", folder, "--seq", str(SEQ), "-o",
+                  os.path.join(work, "dropout.mlir")],
+                 "\"resid_pdrop\" is 0.1")
     folder = broken("yarn", config=dict(UNTIED, rope_scaling={"rope_type": "yarn", "factor": 4.0}))
     expect_error("unsupported rope_scaling type",
                  [PIPERC, "model", "--hf", folder, "--seq", str(SEQ), "-o",

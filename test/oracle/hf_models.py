@@ -1,6 +1,7 @@
 """Hugging Face-convention models for the oracle, written from the published
 `transformers` definitions (LlamaForCausalLM in
-src/transformers/models/llama/modeling_llama.py), not from Piper's code:
+src/transformers/models/llama/modeling_llama.py, GPT2LMHeadModel in
+src/transformers/models/gpt2/modeling_gpt2.py), not from Piper's code:
 separate q/k/v and gate/up projections, `nn.Linear` weights stored
 [out, in], rotate-half rotary embeddings, and the checkpoint folders
 `save_pretrained` writes (config.json, model.safetensors or shards with
@@ -228,3 +229,88 @@ def to_piper(hf, config):
             [hf[pre + "mlp.gate_proj.weight"].t(), hf[pre + "mlp.up_proj.weight"].t()], dim=1)
         out[to + "feed_forward.w2.weight"] = hf[pre + "mlp.down_proj.weight"].t()
     return out
+
+
+def gpt2_random_weights(config, generator):
+    """A GPT2LMHeadModel state dict of random float32 weights (Conv1D
+    weights [in, out]; LayerNorm weights around 1, biases nonzero)."""
+    h, v, n = config["n_embd"], config["vocab_size"], config["n_positions"]
+    inner = config.get("n_inner") or 4 * h
+
+    def rand(*shape, scale=0.05):
+        return torch.randn(*shape, generator=generator) * scale
+
+    p = {"transformer.wte.weight": rand(v, h, scale=0.5),
+         "transformer.wpe.weight": rand(n, h, scale=0.1)}
+    for i in range(config["n_layer"]):
+        pre = "transformer.h.%d." % i
+        for ln in ("ln_1", "ln_2"):
+            p[pre + ln + ".weight"] = 1 + rand(h, scale=0.1)
+            p[pre + ln + ".bias"] = rand(h, scale=0.1)
+        p[pre + "attn.c_attn.weight"] = rand(h, 3 * h, scale=0.2)
+        p[pre + "attn.c_attn.bias"] = rand(3 * h, scale=0.1)
+        p[pre + "attn.c_proj.weight"] = rand(h, h, scale=0.1)
+        p[pre + "attn.c_proj.bias"] = rand(h, scale=0.1)
+        p[pre + "mlp.c_fc.weight"] = rand(h, inner, scale=0.1)
+        p[pre + "mlp.c_fc.bias"] = rand(inner, scale=0.1)
+        p[pre + "mlp.c_proj.weight"] = rand(inner, h, scale=0.1)
+        p[pre + "mlp.c_proj.bias"] = rand(h, scale=0.1)
+    p["transformer.ln_f.weight"] = 1 + rand(h, scale=0.1)
+    p["transformer.ln_f.bias"] = rand(h, scale=0.1)
+    if not config.get("tie_word_embeddings", True):
+        p["lm_head.weight"] = rand(v, h, scale=0.1)
+    return p
+
+
+def _gelu_new(x):
+    # NewGELUActivation.
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+def gpt2_logits(p, config, tokens):
+    """GPT2LMHeadModel's forward (no dropout): [B, S] -> [B, S, V]."""
+    h, heads = config["n_embd"], config["n_head"]
+    hd, eps = h // heads, config.get("layer_norm_epsilon", 1e-5)
+    b, s = tokens.shape
+    mask = torch.triu(torch.ones(s, s, dtype=torch.bool), diagonal=1)
+    x = p["transformer.wte.weight"][tokens] + p["transformer.wpe.weight"][:s]
+    for i in range(config["n_layer"]):
+        pre = "transformer.h.%d." % i
+        y = F.layer_norm(x, (h,), p[pre + "ln_1.weight"], p[pre + "ln_1.bias"], eps)
+        # Conv1D: x @ W + b, W [in, out].
+        qkv = y @ p[pre + "attn.c_attn.weight"] + p[pre + "attn.c_attn.bias"]
+        q, k, v = (t.view(b, s, heads, hd).permute(0, 2, 1, 3) for t in qkv.split(h, dim=2))
+        scores = (q @ k.transpose(-1, -2)) / math.sqrt(hd)
+        scores = scores.masked_fill(mask, float("-inf"))
+        a = (torch.softmax(scores, dim=-1) @ v).permute(0, 2, 1, 3).reshape(b, s, h)
+        x = x + a @ p[pre + "attn.c_proj.weight"] + p[pre + "attn.c_proj.bias"]
+        y = F.layer_norm(x, (h,), p[pre + "ln_2.weight"], p[pre + "ln_2.bias"], eps)
+        y = _gelu_new(y @ p[pre + "mlp.c_fc.weight"] + p[pre + "mlp.c_fc.bias"])
+        x = x + y @ p[pre + "mlp.c_proj.weight"] + p[pre + "mlp.c_proj.bias"]
+    x = F.layer_norm(x, (h,), p["transformer.ln_f.weight"], p["transformer.ln_f.bias"], eps)
+    return F.linear(x, p.get("lm_head.weight", p["transformer.wte.weight"]))
+
+
+def gpt2_to_piper(hf, config):
+    """GPT-2 tensors in Piper's names: GPT2Model's without "transformer."
+    (wte and wpe without ".weight"); the untied head transposed."""
+    out = {}
+    for name, t in hf.items():
+        if name == "lm_head.weight":
+            if not config.get("tie_word_embeddings", True):
+                out[name] = t.t()
+            continue
+        name = name[len("transformer."):]
+        out[{"wte.weight": "wte", "wpe.weight": "wpe"}.get(name, name)] = t
+    return out
+
+
+ARCHS = {"llama": (llama_loss, to_piper)}
+
+
+def gpt2_loss(p, config, tokens, targets):
+    logits = gpt2_logits(p, config, tokens)
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+ARCHS["gpt2"] = (gpt2_loss, gpt2_to_piper)
