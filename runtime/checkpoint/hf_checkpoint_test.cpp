@@ -1,0 +1,263 @@
+// Hugging Face folders (HfCheckpoint.h): exact dtype conversions, the
+// placement of sources in a parameter (transposed, at a column offset, in an
+// expert block) and back, sharded export with its index, and the checks'
+// messages. The whole-model proof is //test/oracle:hf_checkpoint_test.
+#include "runtime/checkpoint/HfCheckpoint.h"
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <sys/stat.h>
+
+#include <catch2/catch.hpp>
+
+#include "runtime/checkpoint/Json.h"
+
+using namespace piper::runtime;
+
+namespace {
+
+std::string freshDir(const std::string &name) {
+  const char *tmp = std::getenv("TEST_TMPDIR");
+  std::string dir = std::string(tmp ? tmp : "/tmp") + "/hf-" + name;
+  std::string cmd = "rm -rf '" + dir + "' && mkdir -p '" + dir + "'";
+  REQUIRE(std::system(cmd.c_str()) == 0);
+  return dir;
+}
+
+void writeText(const std::string &path, const std::string &text) {
+  std::ofstream(path) << text;
+}
+
+bool exists(const std::string &path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+float bitsToFloat(uint32_t bits) {
+  float x;
+  std::memcpy(&x, &bits, sizeof(x));
+  return x;
+}
+
+std::unique_ptr<HfFolder> openFolder(const std::string &dir) {
+  Status st;
+  std::unique_ptr<HfFolder> f = HfFolder::open(dir, st);
+  INFO(st.message());
+  REQUIRE(f);
+  return f;
+}
+
+} // namespace
+
+TEST_CASE("Hugging Face tensors read as float32 exactly", "[hf]") {
+  std::string dir = freshDir("dtypes");
+  // float16: zeros, normals, the subnormal range's ends, the largest
+  // finite value, infinities and a NaN; bfloat16: the top half of float32.
+  const std::vector<std::pair<uint16_t, float>> f16 = {
+      {0x0000, 0.0f},
+      {0x8000, -0.0f},
+      {0x3C00, 1.0f},
+      {0xC000, -2.0f},
+      {0x3555, 0.333251953125f},
+      {0x0001, std::ldexp(1.0f, -24)},
+      {0x03FF, 1023 * std::ldexp(1.0f, -24)},
+      {0x8200, -std::ldexp(1.0f, -15)},
+      {0x0400, std::ldexp(1.0f, -14)},
+      {0x7BFF, 65504.0f},
+      {0x7C00, std::numeric_limits<float>::infinity()},
+      {0xFC00, -std::numeric_limits<float>::infinity()},
+  };
+  std::vector<uint16_t> halfBits, bfBits;
+  for (const auto &[bits, value] : f16)
+    halfBits.push_back(bits);
+  halfBits.push_back(0x7E00); // NaN
+  const std::vector<float> bfValues = {1.0f, -3.5f, bitsToFloat(0x3EAA0000u),
+                                       0.0f};
+  for (float v : bfValues) {
+    uint32_t bits;
+    std::memcpy(&bits, &v, sizeof(bits));
+    bfBits.push_back(static_cast<uint16_t>(bits >> 16));
+  }
+  std::vector<float> f32 = {1.5f, -0.25f};
+  REQUIRE(writeSafetensors(
+      dir + "/model.safetensors",
+      {SafetensorsTensor{"h",
+                         "F16",
+                         {static_cast<int64_t>(halfBits.size())},
+                         halfBits.data()},
+       SafetensorsTensor{
+           "b", "BF16", {static_cast<int64_t>(bfBits.size())}, bfBits.data()},
+       SafetensorsTensor{"f", "F32", {2}, f32.data()}},
+      {{"format", "pt"}}));
+  auto folder = openFolder(dir);
+  CHECK(folder->configText().empty());
+  std::vector<float> out;
+  REQUIRE(folder->readFloat("h", out));
+  REQUIRE(out.size() == f16.size() + 1);
+  for (size_t i = 0; i < f16.size(); ++i) {
+    INFO("float16 bits " << halfBits[i]);
+    CHECK(std::memcmp(&out[i], &f16[i].second, 4) == 0);
+  }
+  CHECK(std::isnan(out.back()));
+  REQUIRE(folder->readFloat("b", out));
+  CHECK(out == bfValues);
+  REQUIRE(folder->readFloat("f", out));
+  CHECK(out == f32);
+  Status st = folder->readFloat("missing", out);
+  CHECK(st.message() ==
+        "Hugging Face folder '" + dir + "' has no tensor 'missing'");
+}
+
+TEST_CASE("Hugging Face sources are placed in a parameter and taken back",
+          "[hf]") {
+  std::string dir = freshDir("place");
+  // Two experts of [3, 4]: expert 0 is an nn.Linear [2, 3] (transposed to
+  // columns 0..1) beside a [3, 2] tensor as it is (columns 2..3); expert 1
+  // is one [3, 4] tensor.
+  HfParam param{"experts", {2, 3, 4}, {}};
+  param.sources = {HfPlacement{"e0.lin", {2, 3}, true, 0, 0},
+                   HfPlacement{"e0.raw", {3, 2}, false, 0, 2},
+                   HfPlacement{"e1", {3, 4}, false, 1, 0}};
+  std::vector<float> lin = {1, 2, 3, 4, 5, 6};             // [2, 3]
+  std::vector<float> raw = {7, 8, 9, 10, 11, 12};          // [3, 2]
+  std::vector<float> e1 = {13, 14, 15, 16, 17, 18, 19, 20, // [3, 4]
+                           21, 22, 23, 24};
+  REQUIRE(
+      writeSafetensors(dir + "/model.safetensors",
+                       {SafetensorsTensor{"e0.lin", "F32", {2, 3}, lin.data()},
+                        SafetensorsTensor{"e0.raw", "F32", {3, 2}, raw.data()},
+                        SafetensorsTensor{"e1", "F32", {3, 4}, e1.data()},
+                        SafetensorsTensor{"model.layers.0.rotary_emb."
+                                          "inv_freq",
+                                          "F32",
+                                          {2},
+                                          raw.data()}},
+                       {}));
+  auto folder = openFolder(dir);
+  REQUIRE(checkHfFolder(*folder, {param}));
+  std::vector<float> whole;
+  REQUIRE(readHfParam(*folder, param, whole));
+  // Row r of expert 0: lin[0][r], lin[1][r], raw[r][0], raw[r][1].
+  const std::vector<float> expected = {1,  4,  7,  8,  2,  5,  9,  10,
+                                       3,  6,  11, 12, 13, 14, 15, 16,
+                                       17, 18, 19, 20, 21, 22, 23, 24};
+  CHECK(whole == expected);
+
+  // Back out, one tensor per file (a 24-byte limit), then in one file.
+  std::string out = freshDir("place-out");
+  auto reader = [&](const HfParam &p, std::vector<float> &v) {
+    CHECK(p.name == "experts");
+    v = whole;
+    return Status::ok();
+  };
+  writeText(out + "/model.safetensors", "stale");
+  REQUIRE(writeHfFolder(out, "{\"a\": 1}", {param}, reader, "F32", 24));
+  CHECK(!exists(out + "/model.safetensors"));
+  auto back = openFolder(out);
+  CHECK(back->configText() == "{\"a\": 1}");
+  CHECK(back->names() == std::vector<std::string>{"e0.lin", "e0.raw", "e1"});
+  std::vector<float> v;
+  REQUIRE(back->readFloat("e0.lin", v));
+  CHECK(v == lin);
+  REQUIRE(back->readFloat("e0.raw", v));
+  CHECK(v == raw);
+  REQUIRE(back->readFloat("e1", v));
+  CHECK(v == e1);
+  {
+    std::ifstream index(out + "/" + kHfIndexFile);
+    std::stringstream text;
+    text << index.rdbuf();
+    Json root;
+    REQUIRE(parseJson(text.str(), root));
+    CHECK(root["metadata"]["total_size"] == 4 * 24);
+    CHECK(root["weight_map"]["e1"] == "model-00003-of-00003.safetensors");
+  }
+  REQUIRE(writeHfFolder(out, "{}", {param}, reader, "BF16", 1000));
+  CHECK(!exists(out + "/" + kHfIndexFile));
+  back = openFolder(out);
+  REQUIRE(back->find("e1"));
+  CHECK(back->find("e1")->dtype == "BF16");
+  REQUIRE(back->readFloat("e1", v));
+  CHECK(v == e1); // small integers are exact in bfloat16
+}
+
+TEST_CASE("Hugging Face folders that do not fit give one error listing all",
+          "[hf]") {
+  std::string dir = freshDir("misfit");
+  std::vector<float> data(12, 1.0f);
+  REQUIRE(
+      writeSafetensors(dir + "/model.safetensors",
+                       {SafetensorsTensor{"a", "F32", {3, 4}, data.data()},
+                        SafetensorsTensor{"i", "I32", {2}, data.data()},
+                        SafetensorsTensor{"extra", "F32", {2}, data.data()}},
+                       {}));
+  auto folder = openFolder(dir);
+  HfParam wrongShape{"p", {4, 3}, {HfPlacement{"a", {4, 3}, false, 0, 0}}};
+  HfParam missing{"q", {2}, {HfPlacement{"gone", {2}, false, 0, 0}}};
+  HfParam badDtype{"r", {2}, {HfPlacement{"i", {2}, false, 0, 0}}};
+  HfParam misplaced{"s", {4, 3}, {HfPlacement{"a", {3, 4}, true, 0, 1}}};
+  HfParam partial{"t", {3, 5}, {HfPlacement{"a", {3, 4}, false, 0, 0}}};
+  Status st = checkHfFolder(
+      *folder, {wrongShape, missing, badDtype, misplaced, partial});
+  CHECK(st.message() ==
+        "Hugging Face folder '" + dir +
+            "' does not fit the model:\n"
+            "  tensor 'a' has shape [3, 4], the model needs [4, 3] "
+            "(parameter 'p')\n"
+            "  missing tensor 'gone' (of parameter 'q')\n"
+            "  tensor 'i' is I32; Piper reads F32, BF16 and F16\n"
+            "  Hugging Face tensor 'a' of shape [3, 4] does not fit parameter "
+            "'s' of shape [4, 3]\n"
+            "  parameter 's': its Hugging Face tensors cover 0 of its 12 "
+            "elements\n"
+            "  parameter 't': its Hugging Face tensors cover 12 of its 15 "
+            "elements\n"
+            "  unexpected tensor 'extra' (no parameter of the model is made "
+            "of it)");
+
+  Status open;
+  CHECK(!HfFolder::open(dir + "/model.safetensors", open));
+  CHECK(open.message() ==
+        "Hugging Face folder '" + dir + "/model.safetensors': not a directory");
+  std::string empty = freshDir("empty");
+  CHECK(!HfFolder::open(empty, open));
+  CHECK(open.message() == "Hugging Face folder '" + empty +
+                              "': has neither model.safetensors nor "
+                              "model.safetensors.index.json");
+  writeText(empty + "/" + kHfIndexFile, "{\"weight_map\": {\"a\": 3}}");
+  CHECK(!HfFolder::open(empty, open));
+  CHECK(open.message() == "Hugging Face folder '" + empty +
+                              "': model.safetensors.index.json: "
+                              "weight_map[\"a\"] is a number, expected a "
+                              "string");
+  writeText(empty + "/" + kHfIndexFile,
+            "{\"weight_map\": {\"a\": \"../x.safetensors\"}}");
+  CHECK(!HfFolder::open(empty, open));
+  CHECK(open.message() == "Hugging Face folder '" + empty +
+                              "': model.safetensors.index.json: "
+                              "weight_map[\"a\"] names \"../x.safetensors\", "
+                              "not a file of the folder");
+}
+
+TEST_CASE("a folder's config.json must describe the compiled model", "[hf]") {
+  CHECK(checkHfConfigsMatch(
+      R"({"hidden_size": 64, "torch_dtype": "bfloat16", "rms_norm_eps": 1e-05})",
+      R"({"rms_norm_eps": 0.00001, "hidden_size": 64, "torch_dtype": "float32"})",
+      "dir"));
+  Status st = checkHfConfigsMatch(
+      R"({"hidden_size": 64, "num_attention_heads": 8, "rope_scaling": null})",
+      R"({"hidden_size": 64, "num_attention_heads": 4})", "dir");
+  CHECK(st.message() ==
+        "dir/config.json describes another model than the one compiled "
+        "(piperc model --hf):\n"
+        "  \"num_attention_heads\": 8 here, 4 in the compiled model\n"
+        "  \"rope_scaling\": null here, absent in the compiled model");
+}
