@@ -133,6 +133,28 @@ public:
     return obj.get(key);
   }
 
+  /// The error for the first key neither read nor neutral, naming `arch`;
+  /// "" when there is none.
+  std::string rejectUnknownKeys(llvm::StringRef arch) const {
+    if (std::optional<std::string> key = unknownKey())
+      return error("unknown key \"" + *key +
+                   "\": Piper cannot tell whether it changes " + arch +
+                   "'s math (docs/hugging-face.md lists the keys it reads "
+                   "and ignores)");
+    return "";
+  }
+
+  /// The error for a sequence of `seq` tokens longer than `positions`
+  /// (the configuration's `key`); "" when it fits.
+  std::string checkSeq(int64_t seq, llvm::StringRef key,
+                       int64_t positions) const {
+    if (seq <= positions)
+      return "";
+    return error("the sequence of " + std::to_string(seq) +
+                 " tokens is longer than \"" + key + "\" " +
+                 std::to_string(positions));
+  }
+
   /// The first key, in sorted order (deterministic messages), neither
   /// read nor known to be neutral.
   std::optional<std::string> unknownKey() const {
@@ -298,10 +320,11 @@ std::string readLlama(Reader &r, GptConfig &cfg) {
                      "and \"llama3\")");
     }
   }
-  if (*positions && cfg.seq > *positions)
-    return r.error("the sequence of " + std::to_string(cfg.seq) +
-                   " tokens is longer than \"max_position_embeddings\" " +
-                   std::to_string(*positions));
+  if (*positions)
+    if (std::string e =
+            r.checkSeq(cfg.seq, "max_position_embeddings", *positions);
+        !e.empty())
+      return e;
   cfg.hidden = *hidden;
   cfg.layers = *layers;
   cfg.heads = *heads;
@@ -312,12 +335,7 @@ std::string readLlama(Reader &r, GptConfig &cfg) {
   cfg.rmsEps = *eps;
   cfg.initStd = *init;
   cfg.tiedHead = *tied;
-  if (std::optional<std::string> key = r.unknownKey())
-    return r.error("unknown key \"" + *key +
-                   "\": Piper cannot tell whether it changes "
-                   "LlamaForCausalLM's math (docs/hugging-face.md lists the "
-                   "keys it reads and ignores)");
-  return "";
+  return r.rejectUnknownKeys("LlamaForCausalLM");
 }
 
 /// GPT2LMHeadModel: learned positions (a table of n_positions rows),
@@ -376,10 +394,9 @@ std::string readGpt2(Reader &r, GptConfig &cfg) {
                      " (GPT-2's default is 0.1 when absent): Piper trains "
                      "without dropout; set it to 0.0 in config.json to train "
                      "this model without it");
-  if (cfg.seq > *positions)
-    return r.error("the sequence of " + std::to_string(cfg.seq) +
-                   " tokens is longer than \"n_positions\" " +
-                   std::to_string(*positions));
+  if (std::string e = r.checkSeq(cfg.seq, "n_positions", *positions);
+      !e.empty())
+    return e;
   cfg.hidden = *hidden;
   cfg.layers = *layers;
   cfg.heads = *heads;
@@ -389,12 +406,7 @@ std::string readGpt2(Reader &r, GptConfig &cfg) {
   cfg.layerNormEps = *eps;
   cfg.initStd = *init;
   cfg.tiedHead = *tied;
-  if (std::optional<std::string> key = r.unknownKey())
-    return r.error("unknown key \"" + *key +
-                   "\": Piper cannot tell whether it changes "
-                   "GPT2LMHeadModel's math (docs/hugging-face.md lists the "
-                   "keys it reads and ignores)");
-  return "";
+  return r.rejectUnknownKeys("GPT2LMHeadModel");
 }
 
 } // namespace

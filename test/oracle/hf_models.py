@@ -11,9 +11,10 @@ import json
 import math
 import os
 
-import numpy as np
 import torch
 import torch.nn.functional as F
+
+from torch_models import read_safetensors_any
 
 
 def write_safetensors(path, tensors, dtype="F32"):
@@ -39,31 +40,6 @@ def write_safetensors(path, tensors, dtype="F32"):
         f.write(text)
         for b in blobs:
             f.write(b)
-
-
-def read_safetensors_any(path):
-    """Every tensor of a safetensors file as float32, by name, with its
-    dtype and raw bytes: name -> (tensor, dtype, bytes)."""
-    with open(path, "rb") as f:
-        data = f.read()
-    n = int.from_bytes(data[:8], "little")
-    header = json.loads(data[8:8 + n])
-    base = 8 + n
-    out = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        begin, end = info["data_offsets"]
-        raw = data[base + begin:base + end]
-        if info["dtype"] == "F32":
-            t = torch.tensor(np.frombuffer(raw, dtype="<f4").copy())
-        elif info["dtype"] == "BF16":
-            t = torch.tensor(np.frombuffer(raw, dtype="<i2").copy()).view(
-                torch.bfloat16).float()
-        else:
-            raise ValueError("dtype %s" % info["dtype"])
-        out[name] = (t.reshape(info["shape"]), info["dtype"], raw)
-    return out
 
 
 def read_folder(folder):

@@ -11,8 +11,9 @@ import torch
 import torch.nn.functional as F
 
 
-def read_safetensors(path):
-    """Every F32 tensor of a safetensors file, by name."""
+def read_safetensors_any(path):
+    """Every tensor of a safetensors file as float32 (from F32 or BF16), by
+    name, with its dtype and raw bytes: name -> (tensor, dtype, bytes)."""
     with open(path, "rb") as f:
         data = f.read()
     n = int.from_bytes(data[:8], "little")
@@ -22,10 +23,25 @@ def read_safetensors(path):
     for name, info in header.items():
         if name == "__metadata__":
             continue
-        assert info["dtype"] == "F32", info
         begin, end = info["data_offsets"]
-        arr = np.frombuffer(data[base + begin:base + end], dtype="<f4")
-        out[name] = torch.tensor(arr.reshape(info["shape"]).copy())
+        raw = data[base + begin:base + end]
+        if info["dtype"] == "F32":
+            t = torch.tensor(np.frombuffer(raw, dtype="<f4").copy())
+        elif info["dtype"] == "BF16":
+            t = torch.tensor(np.frombuffer(raw, dtype="<i2").copy()).view(
+                torch.bfloat16).float()
+        else:
+            raise ValueError("dtype %s" % info["dtype"])
+        out[name] = (t.reshape(info["shape"]), info["dtype"], raw)
+    return out
+
+
+def read_safetensors(path):
+    """Every F32 tensor of a safetensors file, by name."""
+    out = {}
+    for name, (t, dtype, _) in read_safetensors_any(path).items():
+        assert dtype == "F32", (name, dtype)
+        out[name] = t
     return out
 
 
