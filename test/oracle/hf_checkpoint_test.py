@@ -409,6 +409,13 @@ def main():
                  "--hf-shard-size must be a positive size")
     expect_error("--hf-dtype fp8", export + ["--hf-dtype", "fp8"], "--hf-dtype")
 
+    ckpt = os.path.join(work, "ckpt")
+    run([PIPER_RUN, plans, "--nproc", "1", "--steps", "1", "--load", sharded, "--data",
+         long_data, "--checkpoint-dir", ckpt, "--checkpoint-every", "1"])
+    expect_error("--load of a --checkpoint-dir step directory",
+                 base + [os.path.join(ckpt, "step-1")],
+                 "a checkpoint directory of --checkpoint-dir, not a Hugging Face folder")
+
     shutil.rmtree(work, ignore_errors=True)
     print("%d failed" % len(failures))
     return 1 if failures else 0

@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 
 #include "proto/PlanShards.h"
+#include "runtime/launch/checkpoints/Checkpoints.h"
 #include "runtime/support/AtomicFile.h"
 
 namespace piper::runtime {
@@ -26,6 +27,15 @@ bool isDirectory(const std::string &path) {
   struct stat st;
   return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
+
+namespace {
+
+bool isFile(const std::string &path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+} // namespace
 
 std::vector<HfParam> strategyHfParams(const std::vector<plan::Plan> &plans) {
   std::vector<HfParam> out;
@@ -51,6 +61,15 @@ std::unique_ptr<HfStateSource>
 HfStateSource::open(const std::string &dir, const plan::Manifest &manifest,
                     const std::vector<plan::Plan> &plans, Status &status) {
   const std::string what = "--load '" + dir + "'";
+  if (isFile(dir + "/" + kCheckpointStateFile)) {
+    status = Status::error(
+        what +
+        ": a checkpoint directory of --checkpoint-dir, not a Hugging "
+        "Face folder: continue it with --checkpoint-dir <its parent> "
+        "--resume, or --load its " +
+        kCheckpointModelFile + " (unsharded checkpoints)");
+    return nullptr;
+  }
   if (manifest.hf_config().empty()) {
     status = notFromHf(what);
     return nullptr;
