@@ -18,17 +18,22 @@
 
 namespace piper::runtime {
 
+bool isDirectory(const std::string &path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+bool isRegularFile(const std::string &path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
 namespace {
 
 /// The limit on config.json and index files (a large index is a few MB).
 constexpr uint64_t kMaxJsonFileBytes = 256ull << 20;
 /// Problems one error lists before "and N more".
 constexpr size_t kMaxListed = 20;
-
-bool isFile(const std::string &path) {
-  struct stat st;
-  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
-}
 
 /// Reads the text file at `path` (at most kMaxJsonFileBytes).
 Status readText(const std::string &path, std::string &out) {
@@ -172,7 +177,7 @@ std::unique_ptr<HfFolder> HfFolder::open(const std::string &dir,
     return nullptr;
   }
   const std::string configPath = dir + "/" + kHfConfigFile;
-  if (isFile(configPath)) {
+  if (isRegularFile(configPath)) {
     status = readText(configPath, f->config).withContext(who);
     if (!status)
       return nullptr;
@@ -190,8 +195,8 @@ std::unique_ptr<HfFolder> HfFolder::open(const std::string &dir,
   // transformers' order: the single file first, then the index.
   const std::string single = dir + "/" + kHfWeightsFile;
   const std::string index = dir + "/" + kHfIndexFile;
-  if (isFile(single) || !isFile(index)) {
-    if (!isFile(single)) {
+  if (isRegularFile(single) || !isRegularFile(index)) {
+    if (!isRegularFile(single)) {
       status = Status::error(who + "has neither " + kHfWeightsFile + " nor " +
                              kHfIndexFile);
       return nullptr;

@@ -21,6 +21,11 @@ inline constexpr const char *kHfConfigFile = "config.json";
 inline constexpr const char *kHfWeightsFile = "model.safetensors";
 inline constexpr const char *kHfIndexFile = "model.safetensors.index.json";
 
+/// Whether `path` names a directory (`--load DIR`: a Hugging Face folder).
+bool isDirectory(const std::string &path);
+/// Whether `path` names a regular file.
+bool isRegularFile(const std::string &path);
+
 /// One checkpoint tensor of a parameter (plan.proto HfSource): `name` of
 /// `shape`, transposed first when `transpose`, placed at element `offset`
 /// of the parameter's last dimension, and at `index` of its first when the

@@ -4,8 +4,6 @@
 #include <algorithm>
 #include <set>
 
-#include <sys/stat.h>
-
 #include "proto/PlanShards.h"
 #include "runtime/launch/checkpoints/Checkpoints.h"
 #include "runtime/support/AtomicFile.h"
@@ -19,20 +17,6 @@ Status notFromHf(const std::string &what) {
       what + ": the model was not built from a Hugging Face configuration "
              "(piperc model --hf DIR); its parameters have no Hugging Face "
              "names");
-}
-
-} // namespace
-
-bool isDirectory(const std::string &path) {
-  struct stat st;
-  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-}
-
-namespace {
-
-bool isFile(const std::string &path) {
-  struct stat st;
-  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
 
 } // namespace
@@ -61,7 +45,7 @@ std::unique_ptr<HfStateSource>
 HfStateSource::open(const std::string &dir, const plan::Manifest &manifest,
                     const std::vector<plan::Plan> &plans, Status &status) {
   const std::string what = "--load '" + dir + "'";
-  if (isFile(dir + "/" + kCheckpointStateFile)) {
+  if (isRegularFile(dir + "/" + kCheckpointStateFile)) {
     status = Status::error(
         what +
         ": a checkpoint directory of --checkpoint-dir, not a Hugging "

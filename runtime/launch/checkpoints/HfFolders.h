@@ -17,9 +17,6 @@
 
 namespace piper::runtime {
 
-/// Whether `path` names a directory (`--load DIR`: a Hugging Face folder).
-bool isDirectory(const std::string &path);
-
 /// Every parameter of the strategy with its Hugging Face tensors, each name
 /// once, in class order.
 std::vector<HfParam> strategyHfParams(const std::vector<plan::Plan> &plans);
