@@ -3274,3 +3274,49 @@ TEST_CASE("expert parallelism kernels reject bad counts and layouts",
                  {Tensor::f32({8, 2})})
             .find("expected [8,*]") != std::string::npos);
 }
+
+TEST_CASE("Llama 3.1's rotary frequencies in their three ranges",
+          "[kernels][rope]") {
+  // theta 10000, head dim 8: f_i = 10000^(-i/4) = 1, 0.1, 0.01, 0.001,
+  // wavelengths 2 pi / f_i = 6.28, 62.8, 628, 6283. With an original
+  // context of 1000, low 1 and high 4: w < 250 keeps f, w > 1000 divides
+  // it by the factor 8, between interpolates with s = (1000 / w - 1) / 3.
+  const RopeScaling s{8.0, 1.0, 4.0, 1000.0};
+  const double pi = 3.14159265358979323846;
+  CHECK(ropeFrequency(10000.0, 8, 0, s) == 1.0);
+  CHECK(ropeFrequency(10000.0, 8, 1, s) == Approx(0.1).epsilon(1e-15));
+  const double f2 = std::pow(10000.0, -0.5),
+               t = (1000.0 * f2 / (2 * pi) - 1) / 3;
+  CHECK(ropeFrequency(10000.0, 8, 2, s) ==
+        Approx((1 - t) * f2 / 8 + t * f2).epsilon(1e-15));
+  CHECK(ropeFrequency(10000.0, 8, 3, s) ==
+        Approx(std::pow(10000.0, -0.75) / 8).epsilon(1e-15));
+  CHECK(ropeFrequency(10000.0, 8, 3, RopeScaling{}) ==
+        std::pow(10000.0, -0.75));
+}
+
+TEST_CASE("attention rejects a bad Llama 3.1 rotary scaling",
+          "[kernels][rope]") {
+  std::vector<Tensor> ins = {Tensor::f32({2, 6}, std::vector<float>(12, 0.5f))};
+  std::vector<Tensor> outs = {Tensor::f32({2, 2})};
+  auto scaled = [](double theta, double factor, double low, double high,
+                   int64_t original) {
+    K k = K("attention").i("heads", 1).i("seq", 2);
+    if (theta != 0)
+      k.f("rope_theta", theta);
+    k.f("rope_factor", factor)
+        .f("rope_low_freq_factor", low)
+        .f("rope_high_freq_factor", high);
+    if (original != 0)
+      k.i("rope_original_max_position", original);
+    return k;
+  };
+  mustRun(scaled(500000.0, 8.0, 1.0, 4.0, 64), ins, outs);
+  CHECK(mustFail(scaled(0, 8.0, 1.0, 4.0, 64), ins, outs) ==
+        "attention: attribute 'rope_factor' needs 'rope_theta'");
+  CHECK(mustFail(scaled(500000.0, 8.0, 4.0, 1.0, 64), ins, outs) ==
+        "attention: attributes 'rope_factor', 'rope_low_freq_factor' and "
+        "'rope_high_freq_factor' must satisfy factor > 0 and 0 < low < high");
+  CHECK(mustFail(scaled(500000.0, 8.0, 1.0, 4.0, 0), ins, outs)
+            .find("rope_original_max_position") != std::string::npos);
+}
