@@ -35,6 +35,10 @@ CASES = {
     "gpt-tiny": (["gpt-tiny"], ["--microbatches", "2"], 1, "f32"),
     "llama-tiny": (["llama-tiny"], ["--microbatches", "2"], 1, "f32"),
     "qwen3-moe-tiny": (["qwen3-moe-tiny"], ["--microbatches", "2"], 1, "f32"),
+    # Qwen3's q/k norm and a head size of its own (4 heads of 24, hidden 64),
+    # under tensor parallelism (the ranks share the GPU).
+    "qwen3-tiny-tp2": (["qwen3-tiny"], ["--tp", "2", "--microbatches", "2"],
+                       2, "f32"),
     "gpt-tiny-bf16": (["gpt-tiny"], ["--microbatches", "2", "--dtype", "bf16"],
                       1, "bf16"),
     "llama-tiny-pp2-dp2": (["llama-tiny"],

@@ -77,9 +77,9 @@ int runModel(const ModelOptions &opts, const CLI::App &cmd) {
     if (!opts.name.empty())
       return fail("give a model name or --hf/--hf-config, not both");
     for (const char *flag :
-         {"--layers", "--hidden", "--heads", "--kv-heads", "--ffn", "--vocab",
-          "--tied", "--rope-theta", "--experts", "--top-k", "--capacity-factor",
-          "--aux-loss-coeff"})
+         {"--layers", "--hidden", "--heads", "--kv-heads", "--head-dim",
+          "--qk-norm", "--ffn", "--vocab", "--tied", "--rope-theta",
+          "--experts", "--top-k", "--capacity-factor", "--aux-loss-coeff"})
       if (given(flag))
         return fail(std::string(flag) +
                     " cannot be combined with --hf/--hf-config: the sizes "
@@ -123,6 +123,7 @@ int runModel(const ModelOptions &opts, const CLI::App &cmd) {
                     IntFlag{"--hidden", &GptConfig::hidden},
                     IntFlag{"--heads", &GptConfig::heads},
                     IntFlag{"--kv-heads", &GptConfig::kvHeads},
+                    IntFlag{"--head-dim", &GptConfig::headDim},
                     IntFlag{"--ffn", &GptConfig::ffn},
                     IntFlag{"--vocab", &GptConfig::vocab},
                     IntFlag{"--seq", &GptConfig::seq},
@@ -142,6 +143,8 @@ int runModel(const ModelOptions &opts, const CLI::App &cmd) {
       cfg.*f.field = opts.gpt.*f.field;
   if (given("--tied"))
     cfg.tiedHead = opts.gpt.tiedHead;
+  if (given("--qk-norm"))
+    cfg.qkNorm = opts.gpt.qkNorm;
   if (given("--rope-theta"))
     cfg.ropeTheta = opts.ropeTheta;
   if (std::string err = validateGptConfig(cfg); !err.empty())
@@ -505,6 +508,15 @@ int mlir::piper::pipercMain(int argc, char **argv) {
   modelCmd->add_option("--heads", model.gpt.heads, "attention heads");
   modelCmd->add_option("--kv-heads", model.gpt.kvHeads,
                        "key/value heads (llama: grouped-query attention)");
+  modelCmd->add_option("--head-dim", model.gpt.headDim,
+                       "width of each attention head (llama, qwen3, "
+                       "qwen3-moe); default hidden / heads");
+  modelCmd
+      ->add_option("--qk-norm", model.gpt.qkNorm,
+                   "Qwen3's RMSNorm of each query and key head (llama, "
+                   "qwen3-moe; on in the qwen3 presets)")
+      ->expected(0, 1)
+      ->default_str("true");
   modelCmd->add_option("--ffn", model.gpt.ffn, "MLP hidden size");
   modelCmd->add_option("--vocab", model.gpt.vocab, "vocabulary size");
   modelCmd->add_option("--seq", model.gpt.seq, "sequence length");

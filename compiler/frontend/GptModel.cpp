@@ -39,9 +39,14 @@ std::string mlir::piper::validateGptConfig(const GptConfig &cfg) {
       return std::string(size.name) + " must be at most " +
              std::to_string(kMaxSize) + ", got " + std::to_string(size.value);
   }
-  if (cfg.hidden % cfg.heads != 0)
+  if (cfg.headDim < 0 || cfg.headDim > kMaxSize)
+    return "head_dim must be between 0 (hidden / heads) and " +
+           std::to_string(kMaxSize) + ", got " + std::to_string(cfg.headDim);
+  if (cfg.headDim == 0 && cfg.hidden % cfg.heads != 0)
     return "hidden (" + std::to_string(cfg.hidden) +
            ") must be divisible by heads (" + std::to_string(cfg.heads) + ")";
+  if (cfg.family == ModelFamily::Gpt && (cfg.headDim || cfg.qkNorm))
+    return "gpt models have neither a separate head_dim nor a q/k norm";
   if (cfg.layers > kMaxLayers)
     return "layers must be at most " + std::to_string(kMaxLayers) + ", got " +
            std::to_string(cfg.layers);
@@ -92,18 +97,22 @@ std::string mlir::piper::validateGptConfig(const GptConfig &cfg) {
     const double f = cfg.ffn ? double(cfg.ffn) : 4.0 * h;
     const double e = cfg.family == ModelFamily::Qwen3Moe ? double(cfg.experts)
                                                           : 1.0;
-    for (double elements : {double(cfg.vocab) * h, 2.0 * e * h * f,
-                            tokens * double(cfg.vocab), tokens * 3.0 * h,
-                            tokens * f * 2.0 * double(cfg.topK > 0 ? cfg.topK : 1),
-                            tokens * double(cfg.heads) * double(cfg.seq)})
+    for (double elements :
+         {double(cfg.vocab) * h, 2.0 * e * h * f, tokens * double(cfg.vocab),
+          tokens * 3.0 * h,
+          tokens * double(cfg.heads + 2 * cfg.numKvHeads()) *
+              double(cfg.headDim),
+          double(cfg.heads) * double(cfg.headDim) * h,
+          tokens * f * 2.0 * double(cfg.topK > 0 ? cfg.topK : 1),
+          tokens * double(cfg.heads) * double(cfg.seq)})
       if (elements > kMaxTensorElements)
         return "the model's tensors would be too large (more than 2^46 "
                "elements in one tensor)";
   }
   if (cfg.llamaLike()) {
-    if ((cfg.hidden / cfg.heads) % 2 != 0)
+    if (cfg.headSize() % 2 != 0)
       return "rotary embeddings need an even head dimension, got " +
-             std::to_string(cfg.hidden / cfg.heads);
+             std::to_string(cfg.headSize());
     if (!(cfg.ropeTheta > 0) || !std::isfinite(cfg.ropeTheta))
       return "rope theta must be positive";
     if (!(cfg.rmsEps > 0) || !std::isfinite(cfg.rmsEps))
@@ -144,12 +153,13 @@ int64_t GptConfig::ffnSize() const {
 int64_t mlir::piper::countParameters(const GptConfig &cfg) {
   const int64_t h = cfg.hidden, v = cfg.vocab, f = cfg.ffnSize();
   if (cfg.llamaLike()) {
-    const int64_t hd = h / cfg.heads;
+    const int64_t hd = cfg.headSize();
     const int64_t qkv = (cfg.heads + 2 * cfg.numKvHeads()) * hd;
     int64_t mlp = h * 2 * f + f * h;
     if (cfg.family == ModelFamily::Qwen3Moe)
       mlp = h * cfg.experts + cfg.experts * mlp;
-    int64_t perLayer = h + h * qkv + h * h + h + mlp;
+    int64_t perLayer =
+        h + h * qkv + cfg.heads * hd * h + h + mlp + (cfg.qkNorm ? 2 * hd : 0);
     return v * h + cfg.layers * perLayer + h + (cfg.tiedHead ? 0 : h * v);
   }
   int64_t perLayer = 2 * h + h * 3 * h + 3 * h + h * h + h + 2 * h +
@@ -270,7 +280,7 @@ void GptModelBuilder::buildParams() {
 
 void GptModelBuilder::buildLlamaParams() {
   const int64_t h = cfg.hidden, v = cfg.vocab, f = cfg.ffnSize();
-  const int64_t hd = h / cfg.heads;
+  const int64_t hd = cfg.headSize();
   const int64_t qkv = (cfg.heads + 2 * cfg.numKvHeads()) * hd;
   const double projStd =
       cfg.initStd / std::sqrt(2.0 * static_cast<double>(cfg.layers));
@@ -280,7 +290,10 @@ void GptModelBuilder::buildLlamaParams() {
     param(p + "attention_norm.weight", {h}, InitKind::ones);
     param(p + "attention.wqkv.weight", {h, qkv}, InitKind::normal,
           cfg.initStd);
-    param(p + "attention.wo.weight", {h, h}, InitKind::normal, projStd);
+    if (cfg.qkNorm)
+      param(p + "attention.qk_norm.weight", {2 * hd}, InitKind::ones);
+    param(p + "attention.wo.weight", {cfg.heads * hd, h}, InitKind::normal,
+          projStd);
     param(p + "ffn_norm.weight", {h}, InitKind::ones);
     if (cfg.family == ModelFamily::Qwen3Moe) {
       const int64_t e = cfg.experts;
@@ -308,7 +321,7 @@ Value GptModelBuilder::rmsNorm(Value x, const Twine &prefix) {
 
 SegmentOp GptModelBuilder::buildLlamaBlock(int64_t layer) {
   OpBuilder::InsertionGuard guard(b);
-  const int64_t h = cfg.hidden, hd = h / cfg.heads;
+  const int64_t h = cfg.hidden, hd = cfg.headSize();
   const int64_t qkv = (cfg.heads + 2 * cfg.numKvHeads()) * hd;
   std::string p = "layers." + std::to_string(layer);
   SegmentOp segment =
@@ -318,16 +331,22 @@ SegmentOp GptModelBuilder::buildLlamaBlock(int64_t layer) {
   // x + wo(attention(rope(wqkv(attention_norm(x)))))
   Value y = rmsNorm(x, p + ".attention_norm");
   y = linear(y, p + ".attention.wqkv", qkv, /*bias=*/false);
+  if (cfg.qkNorm)
+    y = QkNormOp::create(
+        b, loc(p + ".attention.qk_norm"), act(qkv), y,
+        ref(p + ".attention.qk_norm.weight"), static_cast<uint64_t>(cfg.heads),
+        b.getI64IntegerAttr(cfg.numKvHeads()), llvm::APFloat(cfg.rmsEps));
   RopeScalingAttr scaling;
   if (cfg.ropeFactor != 0)
     scaling = RopeScalingAttr::get(
         b.getContext(), llvm::APFloat(cfg.ropeFactor),
         llvm::APFloat(cfg.ropeLowFreqFactor),
         llvm::APFloat(cfg.ropeHighFreqFactor), cfg.ropeOriginalMaxPosition);
-  auto att = AttentionOp::create(
-      b, loc(p + ".attention"), act(h), y, static_cast<uint64_t>(cfg.heads),
-      static_cast<uint64_t>(cfg.seq), b.getI64IntegerAttr(cfg.numKvHeads()),
-      b.getF64FloatAttr(cfg.ropeTheta), scaling);
+  auto att = AttentionOp::create(b, loc(p + ".attention"), act(cfg.heads * hd),
+                                 y, static_cast<uint64_t>(cfg.heads),
+                                 static_cast<uint64_t>(cfg.seq),
+                                 b.getI64IntegerAttr(cfg.numKvHeads()),
+                                 b.getF64FloatAttr(cfg.ropeTheta), scaling);
   y = linear(att, p + ".attention.wo", h, /*bias=*/false);
   x = AddOp::create(b, loc(p + ".attention.residual"), x, y);
   y = rmsNorm(x, p + ".ffn_norm");

@@ -30,7 +30,7 @@ struct GptConfig {
   int64_t layers = 4;
   /// Model width H.
   int64_t hidden = 64;
-  /// Attention heads; must divide `hidden`.
+  /// Attention heads; must divide `hidden` unless headDim is set.
   int64_t heads = 4;
   /// Vocabulary size V.
   int64_t vocab = 256;
@@ -47,6 +47,13 @@ struct GptConfig {
   /// MLP hidden size; 0 means 4 * hidden (GPT) or the Llama rule
   /// (8/3 * hidden rounded up to a multiple of 32).
   int64_t ffn = 0;
+  /// Width of each head of q, k and v; 0 means hidden / heads. Llama-like
+  /// only (Qwen3's head_dim, where heads * head_dim may differ from hidden).
+  int64_t headDim = 0;
+  /// Qwen3's RMSNorm of each query and key head before the rotary
+  /// embedding (`piper.qk_norm`, weight `attention.qk_norm.weight`, the q
+  /// norm's head_dim then the k norm's). Llama-like only.
+  bool qkNorm = false;
   /// Rotary embedding base. Llama only.
   double ropeTheta = 10000.0;
   /// Llama 3.1's frequency scaling (#piper.rope_llama3); ropeFactor 0 means
@@ -71,6 +78,7 @@ struct GptConfig {
   double auxLossCoeff = 0.01;
 
   int64_t numKvHeads() const { return kvHeads ? kvHeads : heads; }
+  int64_t headSize() const { return headDim ? headDim : hidden / heads; }
   bool llamaLike() const { return family != ModelFamily::Gpt; }
   /// Slots per expert for a microbatch.
   int64_t capacity() const;

@@ -36,11 +36,9 @@ struct Pending {
   const char *name, *missing;
 };
 const Pending kPending[] = {
-    {"Qwen3ForCausalLM",
-     "its per-head q/k RMSNorm and separate head_dim are not implemented yet"},
     {"Qwen3MoeForCausalLM",
-     "its per-head q/k RMSNorm, separate head_dim and dense/sparse layer mix "
-     "are not implemented yet"},
+     "its mixture-of-experts layers (expert names, moe_intermediate_size, "
+     "the dense/sparse layer mix) are not mapped yet"},
 };
 
 /// A number as JSON would show it: 0.1, 1e-05, 2.
@@ -256,10 +254,14 @@ std::string readLlama3Scaling(Reader &r, const llvm::json::Object &s,
 /// LlamaForCausalLM (Llama 2, 3, and 3.1/3.2 with rope scaling "llama3"):
 /// RMSNorm, rotary embeddings on the first and second halves of each head
 /// (`transformers`' rotate_half, as Piper's kernels), grouped-query attention,
-/// SwiGLU, no biases, the head tied to the token embedding or not.
-std::string readLlama(Reader &r, GptConfig &cfg) {
+/// SwiGLU, no biases, the head tied to the token embedding or not. With
+/// `qwen3`, Qwen3ForCausalLM: the same, plus an RMSNorm of each query and
+/// key head before the rotation (q_norm, k_norm), head_dim 128 unless
+/// given, tied by default, and sliding-window keys (which must be off).
+std::string readLlama(Reader &r, GptConfig &cfg, bool qwen3) {
   std::string err;
   cfg.family = ModelFamily::Llama;
+  cfg.qkNorm = qwen3;
   auto hidden = r.size("hidden_size", err);
   auto layers = r.size("num_hidden_layers", err);
   auto heads = r.size("num_attention_heads", err);
@@ -269,7 +271,7 @@ std::string readLlama(Reader &r, GptConfig &cfg) {
     return err;
   auto kvHeads = r.size("num_key_value_heads", err, *heads);
   auto positions = r.size("max_position_embeddings", err, int64_t(0));
-  auto headDim = r.size("head_dim", err, *hidden / *heads);
+  auto headDim = r.size("head_dim", err, qwen3 ? 128 : *hidden / *heads);
   auto theta = r.number("rope_theta", 10000.0, err);
   auto eps = r.number("rms_norm_eps", 1e-6, err);
   auto init = r.number("initializer_range", 0.02, err);
@@ -277,10 +279,33 @@ std::string readLlama(Reader &r, GptConfig &cfg) {
   auto act = r.string("hidden_act", "silu", err);
   auto attnBias = r.boolean("attention_bias", false, err);
   auto mlpBias = r.boolean("mlp_bias", false, err);
-  auto tied = r.boolean("tie_word_embeddings", false, err);
-  auto tp = r.size("pretraining_tp", err, int64_t(1));
+  auto tied = r.boolean("tie_word_embeddings", qwen3, err);
+  std::optional<int64_t> tp = 1;
+  std::optional<bool> sliding = false;
+  if (qwen3) {
+    sliding = r.boolean("use_sliding_window", false, err);
+    // Read only with use_sliding_window (checked below to be off).
+    r.use("sliding_window");
+    r.use("max_window_layers");
+  } else {
+    tp = r.size("pretraining_tp", err, int64_t(1));
+  }
   if (!err.empty())
     return err;
+  if (*sliding)
+    return r.error("\"use_sliding_window\": true is not implemented (Piper's "
+                   "attention is full causal attention)");
+  if (const llvm::json::Value *types = r.get("layer_types");
+      qwen3 && types && types->kind() != llvm::json::Value::Null) {
+    const llvm::json::Array *list = types->getAsArray();
+    if (!list)
+      return r.error("\"layer_types\" must be a list");
+    for (const llvm::json::Value &t : *list)
+      if (t.getAsString() != std::optional<llvm::StringRef>("full_attention"))
+        return r.error("\"layer_types\" lists a layer that is not "
+                       "\"full_attention\": sliding-window attention is not "
+                       "implemented");
+  }
   if (*act != "silu")
     return r.error("\"hidden_act\" is \"" + *act +
                    "\": Piper's Llama MLP is SwiGLU (\"silu\")");
@@ -293,11 +318,7 @@ std::string readLlama(Reader &r, GptConfig &cfg) {
   if (*attnDropout != 0)
     return r.error("\"attention_dropout\" is " + formatNumber(*attnDropout) +
                    ": Piper trains without dropout (set it to 0)");
-  if (*headDim * *heads != *hidden)
-    return r.error("\"head_dim\" " + std::to_string(*headDim) + " times " +
-                   std::to_string(*heads) +
-                   " heads is not hidden_size " + std::to_string(*hidden) +
-                   ": a separate head size is not implemented");
+
   // pretraining_tp > 1 only slices `transformers`' matrix products; the
   // math is the same.
   (void)tp;
@@ -329,13 +350,15 @@ std::string readLlama(Reader &r, GptConfig &cfg) {
   cfg.layers = *layers;
   cfg.heads = *heads;
   cfg.kvHeads = *kvHeads;
+  // transformers' head size; hidden / heads when it is that (the default).
+  cfg.headDim = *headDim * *heads == *hidden ? 0 : *headDim;
   cfg.ffn = *ffn;
   cfg.vocab = *vocab;
   cfg.ropeTheta = *theta;
   cfg.rmsEps = *eps;
   cfg.initStd = *init;
   cfg.tiedHead = *tied;
-  return r.rejectUnknownKeys("LlamaForCausalLM");
+  return r.rejectUnknownKeys(qwen3 ? "Qwen3ForCausalLM" : "LlamaForCausalLM");
 }
 
 /// GPT2LMHeadModel: learned positions (a table of n_positions rows),
@@ -429,16 +452,19 @@ std::string mlir::piper::gptConfigFromHuggingFace(llvm::StringRef text,
     if (arch == p.name)
       return (source + ": " + arch + " is not supported yet: " + p.missing)
           .str();
-  if (arch != "LlamaForCausalLM" && arch != "GPT2LMHeadModel")
+  if (arch != "LlamaForCausalLM" && arch != "GPT2LMHeadModel" &&
+      arch != "Qwen3ForCausalLM")
     return (source + ": unknown architecture \"" + arch +
-            "\" (supported: LlamaForCausalLM, GPT2LMHeadModel)")
+            "\" (supported: LlamaForCausalLM, Qwen3ForCausalLM, "
+            "GPT2LMHeadModel)")
         .str();
   GptConfig cfg;
   cfg.seq = seq;
   cfg.batch = batch;
   Reader r(*obj, (source + " (" + arch + ")").str());
-  if (std::string err =
-          arch == "GPT2LMHeadModel" ? readGpt2(r, cfg) : readLlama(r, cfg);
+  if (std::string err = arch == "GPT2LMHeadModel"
+                            ? readGpt2(r, cfg)
+                            : readLlama(r, cfg, arch == "Qwen3ForCausalLM");
       !err.empty())
     return err;
   if (std::string err = validateGptConfig(cfg); !err.empty())

@@ -18,7 +18,7 @@ namespace {
 SmallVector<HfSourceAttr> llamaSources(MLIRContext *ctx, StringRef name,
                                        const GptConfig &cfg) {
   Builder b(ctx);
-  const int64_t h = cfg.hidden, hd = cfg.hidden / cfg.heads;
+  const int64_t h = cfg.hidden, hd = cfg.headSize();
   const int64_t q = cfg.heads * hd, kv = cfg.numKvHeads() * hd;
   const int64_t f = cfg.ffnSize(), v = cfg.vocab;
   // An nn.Linear weight [out, in] (transposed into Piper's [in, out]) at
@@ -53,6 +53,10 @@ SmallVector<HfSourceAttr> llamaSources(MLIRContext *ctx, StringRef name,
     return {linear(p + "self_attn.q_proj.weight", q, h),
             linear(p + "self_attn.k_proj.weight", kv, h, q),
             linear(p + "self_attn.v_proj.weight", kv, h, q + kv)};
+  if (rest == "attention.qk_norm.weight" && cfg.qkNorm)
+    return {same(p + "self_attn.q_norm.weight", {hd}),
+            HfSourceAttr::get(ctx, p + "self_attn.k_norm.weight", {hd},
+                              b.getBoolAttr(false), 0, hd)};
   if (rest == "attention.wo.weight")
     return {linear(p + "self_attn.o_proj.weight", h, q)};
   if (rest == "feed_forward.w13.weight")
@@ -89,8 +93,8 @@ std::string mlir::piper::annotateHuggingFace(ModuleOp module,
                                              const GptConfig &cfg,
                                              llvm::StringRef configText) {
   if (cfg.family == ModelFamily::Qwen3Moe)
-    return "Hugging Face weights are mapped for LlamaForCausalLM and "
-           "GPT2LMHeadModel only";
+    return "Hugging Face weights are mapped for LlamaForCausalLM, "
+           "Qwen3ForCausalLM and GPT2LMHeadModel only";
   for (ParamOp param : module.getOps<ParamOp>()) {
     SmallVector<HfSourceAttr> sources =
         cfg.family == ModelFamily::Gpt

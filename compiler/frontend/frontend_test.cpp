@@ -490,3 +490,41 @@ TEST_CASE("llama configs are validated", "[frontend]") {
   gpt.kvHeads = 2;
   CHECK(validateGptConfig(gpt).find("grouped-query") != std::string::npos);
 }
+
+TEST_CASE("qwen3: a q/k norm per head and a head size of its own",
+          "[frontend]") {
+  MLIRContext ctx;
+  GptConfig cfg;
+  cfg.family = ModelFamily::Llama;
+  cfg.hidden = 32;
+  cfg.heads = 4;
+  cfg.kvHeads = 2;
+  cfg.headDim = 12; // 4 x 12 = 48 != 32
+  cfg.qkNorm = true;
+  REQUIRE(validateGptConfig(cfg).empty());
+  OwningOpRef<ModuleOp> module = buildGptModel(&ctx, cfg);
+  CHECK(countParameters(cfg) == totalParamElements(*module));
+  auto norm =
+      module->lookupSymbol<ParamOp>("layers.0.attention.qk_norm.weight");
+  REQUIRE(norm);
+  CHECK(norm.getTensorType().getShape() == ArrayRef<int64_t>{24});
+  auto wo = module->lookupSymbol<ParamOp>("layers.0.attention.wo.weight");
+  CHECK(wo.getTensorType().getShape() == ArrayRef<int64_t>{48, 32});
+  int norms = 0;
+  module->walk([&](QkNormOp op) {
+    ++norms;
+    // q|k|v of (4 + 2 x 2) heads of 12, read by the attention.
+    CHECK(op.getQkv().getType().getDimSize(1) == 96);
+    CHECK(isa<AttentionOp>(*op.getResult().getUsers().begin()));
+  });
+  CHECK(norms == cfg.layers);
+  // Odd head sizes cannot rotate; gpt has neither.
+  cfg.headDim = 7;
+  CHECK(validateGptConfig(cfg).find("even head dimension") !=
+        std::string::npos);
+  cfg.headDim = -1;
+  CHECK(validateGptConfig(cfg).find("head_dim") != std::string::npos);
+  GptConfig gpt;
+  gpt.qkNorm = true;
+  CHECK(validateGptConfig(gpt).find("q/k norm") != std::string::npos);
+}

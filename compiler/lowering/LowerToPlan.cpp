@@ -446,6 +446,12 @@ private:
         setFloat("eps", g.getEps().convertToDouble());
       if (auto g = dyn_cast<RmsNormGradWeightOp>(op))
         setFloat("eps", g.getEps().convertToDouble());
+      if (auto q = dyn_cast<QkNormOp>(op))
+        setFloat("eps", q.getEps().convertToDouble());
+      if (auto g = dyn_cast<QkNormGradInputOp>(op))
+        setFloat("eps", g.getEps().convertToDouble());
+      if (auto g = dyn_cast<QkNormGradWeightOp>(op))
+        setFloat("eps", g.getEps().convertToDouble());
       if (auto eg = dyn_cast<EmbeddingGradOp>(op)) {
         setInt("vocab",
                cast<RankedTensorType>(eg.getResult().getType()).getDimSize(0));

@@ -218,10 +218,10 @@ LogicalResult ContextParallel::rewrite(SegmentOp seg,
                        << rows / cp << " rows (B S / cp) over " << tp
                        << " tensor-parallel members, which does not divide "
                           "them";
-    if (!isa<EmbeddingOp, PositionAddOp, RmsNormOp, LayerNormOp, LinearOp,
-             AddOp, BiasAddOp, GeluOp, SwigluOp, CrossEntropyOp, TpCopyOp,
-             TpReduceOp, VocabCeStatsOp, VocabCrossEntropyOp, SpSplitOp,
-             SpGatherOp, SpAllGatherOp, SpReduceScatterOp>(op))
+    if (!isa<EmbeddingOp, PositionAddOp, RmsNormOp, QkNormOp, LayerNormOp,
+             LinearOp, AddOp, BiasAddOp, GeluOp, SwigluOp, CrossEntropyOp,
+             TpCopyOp, TpReduceOp, VocabCeStatsOp, VocabCrossEntropyOp,
+             SpSplitOp, SpGatherOp, SpAllGatherOp, SpReduceScatterOp>(op))
       return fail(&op) << op.getName()
                        << " reads the sequence's rows, and context "
                           "parallelism does not know how to split it";

@@ -26,6 +26,10 @@ struct TpLayer {
   /// Attention with fewer key/value heads K than members T: the T / K
   /// members sharing each key/value head (1: heads split).
   int64_t kvShare = 1;
+  /// Qwen3's per-head q/k norm between the column linear and the
+  /// attention, or null: its heads become local, and its weight, read by
+  /// every member for its own heads, gets partial gradients.
+  QkNormOp qkNorm;
 };
 
 /// How one parameter is sliced.

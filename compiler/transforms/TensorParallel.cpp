@@ -32,6 +32,14 @@ FailureOr<TpLayer> ShardTensor::match(Operation *core, Value in, Value out,
   };
   TpLayer layer;
   layer.core = core;
+  // Attention may read q|k|v through Qwen3's q/k norm, on whole heads.
+  if (auto norm = in.getDefiningOp<QkNormOp>();
+      norm && isa<AttentionOp>(core)) {
+    if (!in.hasOneUse())
+      return fail() << "reads a q/k norm that has other readers";
+    layer.qkNorm = norm;
+    in = norm.getQkv();
+  }
   layer.column = in.getDefiningOp<LinearOp>();
   if (!layer.column || !layer.column.getWeight().getDefiningOp<ParamRefOp>() ||
       layer.column.getTransposeW() || !in.hasOneUse())
@@ -151,6 +159,18 @@ LogicalResult ShardTensor::rewrite(TpLayer &layer) {
     attn.setKvHeads(std::max<int64_t>(kv / tp, 1));
     if (layer.kvShare > 1)
       replicateKvHead(layer);
+    if (QkNormOp norm = layer.qkNorm) {
+      // The norm's weight is whole on every member, which normalizes its
+      // own heads: its gradient is a sum over the group.
+      norm.setHeads(attn.getHeads());
+      norm.setKvHeads(attn.getNumKvHeads());
+      norm.getResult().setType(col.getResult().getType());
+      auto ref = norm.getGamma().getDefiningOp<ParamRefOp>();
+      if (!ref)
+        return norm.emitOpError(d.describe())
+               << ": the q/k norm's weight must be a parameter";
+      setSequencePartial(symbols.lookup<ParamOp>(ref.getParamAttr().getAttr()));
+    }
   }
   // The row layer's bias is added once, after the sum.
   b.setInsertionPointAfter(row);

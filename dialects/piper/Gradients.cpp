@@ -139,6 +139,29 @@ LogicalResult RmsNormOp::emitWeightGradients(OpBuilder &b, GradientEmitter &g) {
   return success();
 }
 
+LogicalResult QkNormOp::emitInputGradients(OpBuilder &b, GradientEmitter &g) {
+  if (!g.needsGrad(getQkv()))
+    return success();
+  Value gamma = g.getSaved(b, getGamma());
+  Value qkv = g.getSaved(b, getQkv());
+  g.addGrad(b, getQkv(),
+            QkNormGradInputOp::create(b, getLoc(), getQkv().getType(), qkv,
+                                      gamma, g.getGrad(getResult()),
+                                      getHeadsAttr(), getKvHeadsAttr(),
+                                      getEpsAttr()));
+  return success();
+}
+
+LogicalResult QkNormOp::emitWeightGradients(OpBuilder &b, GradientEmitter &g) {
+  if (g.needsGrad(getGamma()))
+    g.addGrad(b, getGamma(),
+              QkNormGradWeightOp::create(b, getLoc(), getGamma().getType(),
+                                         g.getSaved(b, getQkv()),
+                                         g.getGrad(getResult()), getHeadsAttr(),
+                                         getKvHeadsAttr(), getEpsAttr()));
+  return success();
+}
+
 //===----------------------------------------------------------------------===//
 // Elementwise ops and attention
 //===----------------------------------------------------------------------===//

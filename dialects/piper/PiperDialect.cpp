@@ -359,6 +359,23 @@ LogicalResult RmsNormOp::verify() {
   return success();
 }
 
+LogicalResult QkNormOp::verify() {
+  int64_t heads = getHeads(), kv = getNumKvHeads();
+  if (heads < 1 || kv < 1 || heads % kv != 0)
+    return emitOpError("heads (")
+           << heads << ") must be a positive multiple of kv_heads (" << kv
+           << ")";
+  int64_t hd = dim(getGamma(), 0) / 2;
+  if (dim(getGamma(), 0) % 2 != 0 || hd == 0 ||
+      dim(getQkv(), 1) != (heads + 2 * kv) * hd)
+    return emitOpError("gamma must be [2 * hd] and qkv [N, (heads + 2 * "
+                       "kv_heads) * hd], got ")
+           << getGamma().getType() << " and " << getQkv().getType();
+  if (getResult().getType() != getQkv().getType())
+    return emitOpError("result type must equal the qkv type");
+  return success();
+}
+
 LogicalResult SwigluOp::verify() {
   if (dim(getInput(), 1) != 2 * dim(getResult(), 1) ||
       dim(getInput(), 0) != dim(getResult(), 0))

@@ -324,6 +324,31 @@ def Piper_RmsNormOp : Piper_ComputeOp<"rms_norm", [Pure,
   let hasVerifier = 1;
 }
 
+def Piper_QkNormOp : Piper_ComputeOp<"qk_norm", [Pure,
+    DeclareOpInterfaceMethods<Piper_DifferentiableOpInterface, ["emitWeightGradients"]>]> {
+  let summary = "RMS normalization of each query and key head of packed q|k|v";
+  let description = [{
+    Qwen3's per-head q/k norm. Each row of `qkv` holds q (heads * hd), then
+    k and v (kv_heads * hd each; `kv_heads` defaults to `heads`), as
+    `piper.attention` reads them. Every hd-wide query head is RMS-normalized
+    and scaled by `gamma[0:hd]`, every key head by `gamma[hd:2hd]`; v is
+    copied. `gamma` is [2 * hd]: the q norm's weight, then the k norm's.
+
+    ```mlir
+    %y = piper.qk_norm %qkv, %g {heads = 4 : i64, kv_heads = 2 : i64} : (tensor<128x128xf32>, tensor<32xf32>) -> tensor<128x128xf32>
+    ```
+  }];
+  let arguments = (ins F32Tensor2D:$qkv, F32Tensor1D:$gamma, I64Attr:$heads,
+                       OptionalAttr<I64Attr>:$kv_heads,
+                       DefaultValuedAttr<F64Attr, "1e-6">:$eps);
+  let results = (outs F32Tensor2D:$result);
+  let assemblyFormat = "$qkv `,` $gamma attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+  let extraClassDeclaration = [{
+    int64_t getNumKvHeads() { return getKvHeads().value_or(getHeads()); }
+  }];
+}
+
 def Piper_SwigluOp : Piper_ComputeOp<"swiglu", [Pure,
     DeclareOpInterfaceMethods<Piper_DifferentiableOpInterface>]> {
   let summary = "SwiGLU: silu(gate) * up over packed [gate | up] columns";
@@ -548,6 +573,41 @@ def Piper_RmsNormGradWeightOp : Piper_ComputeOp<"rms_norm_grad_weight", [Pure, P
                        DefaultValuedAttr<F64Attr, "1e-6">:$eps);
   let results = (outs F32Tensor1D:$result);
   let assemblyFormat = "$input `,` $grad attr-dict `:` functional-type(operands, results)";
+}
+
+def Piper_QkNormGradInputOp : Piper_ComputeOp<"qk_norm_grad_input", [Pure]> {
+  let summary = "Input gradient of qk_norm (the BI half of its backward)";
+  let description = [{
+    dqkv of `piper.qk_norm` from its `qkv`, `gamma` and the output
+    gradient: rms_norm's input gradient on each query and key head, the v
+    columns' gradient passed through.
+
+    ```mlir
+    %dx = piper.qk_norm_grad_input %qkv, %g, %dy {heads = 4 : i64} : (tensor<128x96xf32>, tensor<16xf32>, tensor<128x96xf32>) -> tensor<128x96xf32>
+    ```
+  }];
+  let arguments = (ins F32Tensor2D:$qkv, F32Tensor1D:$gamma, F32Tensor2D:$grad,
+                       I64Attr:$heads, OptionalAttr<I64Attr>:$kv_heads,
+                       DefaultValuedAttr<F64Attr, "1e-6">:$eps);
+  let results = (outs F32Tensor2D:$result);
+  let assemblyFormat = "$qkv `,` $gamma `,` $grad attr-dict `:` functional-type(operands, results)";
+}
+
+def Piper_QkNormGradWeightOp : Piper_ComputeOp<"qk_norm_grad_weight", [Pure, Piper_WeightGradient]> {
+  let summary = "Gain gradient of qk_norm (the BW half)";
+  let description = [{
+    dgamma [2 * hd]: the sum over rows and query heads of grad * xhat (the
+    q norm's weight), then over key heads (the k norm's).
+
+    ```mlir
+    %dg = piper.qk_norm_grad_weight %qkv, %dy {heads = 4 : i64} : (tensor<128x96xf32>, tensor<128x96xf32>) -> tensor<16xf32>
+    ```
+  }];
+  let arguments = (ins F32Tensor2D:$qkv, F32Tensor2D:$grad, I64Attr:$heads,
+                       OptionalAttr<I64Attr>:$kv_heads,
+                       DefaultValuedAttr<F64Attr, "1e-6">:$eps);
+  let results = (outs F32Tensor1D:$result);
+  let assemblyFormat = "$qkv `,` $grad attr-dict `:` functional-type(operands, results)";
 }
 
 def Piper_SwigluGradOp : Piper_ComputeOp<"swiglu_grad", [Pure]> {

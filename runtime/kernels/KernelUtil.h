@@ -130,6 +130,9 @@ Status layerNormGradWeightKernel(const KernelArgs &a);
 Status rmsNormKernel(const KernelArgs &a);
 Status rmsNormGradInputKernel(const KernelArgs &a);
 Status rmsNormGradWeightKernel(const KernelArgs &a);
+Status qkNormKernel(const KernelArgs &a);
+Status qkNormGradInputKernel(const KernelArgs &a);
+Status qkNormGradWeightKernel(const KernelArgs &a);
 
 // ElementwiseKernels.cpp
 Status geluKernel(const KernelArgs &a);

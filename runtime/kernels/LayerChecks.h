@@ -65,6 +65,24 @@ Status checkRmsNormGradInput(const KernelArgs &a, int64_t &rows,
 Status checkRmsNormGradWeight(const KernelArgs &a, int64_t &rows,
                               int64_t &hidden, double &eps);
 
+/// The shape of qk_norm (Qwen3's per-head q/k RMS norm): `rows` rows of
+/// (heads + 2 kvHeads) heads of hd, q's heads, then k's, then v's.
+struct QkNormDims {
+  int64_t rows = 0, heads = 0, kvHeads = 0, hd = 0;
+  double eps = 0;
+  int64_t headsPerRow() const { return heads + 2 * kvHeads; }
+  int64_t width() const { return headsPerRow() * hd; }
+};
+/// qk_norm: (qkv [N, (heads + 2 kv_heads) hd], gamma [2 hd]) -> y, qkv's
+/// shape; attributes heads (>= 1), kv_heads (default heads; divides heads)
+/// and eps (default 1e-6, >= 0). gamma is the q norm's weight, then the k
+/// norm's.
+Status checkQkNorm(const KernelArgs &a, QkNormDims &d);
+/// qk_norm_grad_input: (qkv, gamma, dy) -> dqkv.
+Status checkQkNormGradInput(const KernelArgs &a, QkNormDims &d);
+/// qk_norm_grad_weight: (qkv, dy) -> dgamma [2 hd] (hd from qkv's width).
+Status checkQkNormGradWeight(const KernelArgs &a, QkNormDims &d);
+
 /// Ulysses context parallelism's column layouts (UlyssesLayout.h):
 /// cp_ulysses_split: x [n, W] -> (y [cp n, W / cp], send counts i32 [cp],
 /// each n); cp_ulysses_merge (`merge`): x [cp n, W / cp] -> y [n, W].

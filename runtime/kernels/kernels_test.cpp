@@ -230,6 +230,7 @@ TEST_CASE("kernelNames lists every kernel once", "[kernels]") {
                                          "position_add",
                                          "layer_norm",
                                          "rms_norm",
+                                         "qk_norm",
                                          "linear",
                                          "gelu",
                                          "swiglu",
@@ -265,6 +266,8 @@ TEST_CASE("kernelNames lists every kernel once", "[kernels]") {
                                          "layer_norm_grad_weight",
                                          "rms_norm_grad_input",
                                          "rms_norm_grad_weight",
+                                         "qk_norm_grad_input",
+                                         "qk_norm_grad_weight",
                                          "linear_grad_input",
                                          "columns_grad",
                                          "cp_split_grad",
@@ -1833,6 +1836,94 @@ TEST_CASE("rms_norm_grad_input and rms_norm_grad_weight are the gradients "
     checkGradient(forward, {x, gamma}, 0, {rows, hidden}, r, dx[0].f);
     checkGradient(forward, {x, gamma}, 1, {rows, hidden}, r, dw[0].f);
   }
+}
+
+TEST_CASE("qk_norm is rms_norm on each q and k head, v copied", "[kernels]") {
+  // 2 rows of heads 4, kv_heads 2, hd 3: q heads 0-3 with gamma[0:3], k
+  // heads 4-5 with gamma[3:6], v heads 6-7 untouched. Each head is checked
+  // against the rms_norm kernel on that head alone.
+  Rng rng(41);
+  const int64_t rows = 2, heads = 4, kv = 2, hd = 3, g = heads + 2 * kv;
+  Tensor x = randomF32(rng, {rows, g * hd}, -2.0, 2.0);
+  Tensor gamma = randomF32(rng, {2 * hd}, 0.5, 1.5);
+  std::vector<Tensor> ins = {x, gamma};
+  std::vector<Tensor> outs = {Tensor::f32({rows, g * hd})};
+  mustRun(K("qk_norm").i("heads", heads).i("kv_heads", kv).f("eps", 1e-3), ins,
+          outs);
+  for (int64_t n = 0; n < rows; ++n)
+    for (int64_t j = 0; j < g; ++j) {
+      INFO("row " << n << " head " << j);
+      const float *xr = x.f.data() + (n * g + j) * hd;
+      const float *yr = outs[0].f.data() + (n * g + j) * hd;
+      if (j >= heads + kv) {
+        for (int64_t t = 0; t < hd; ++t)
+          CHECK(yr[t] == xr[t]);
+        continue;
+      }
+      const int64_t c = j < heads ? 0 : 1;
+      std::vector<Tensor> one = {
+          Tensor::f32({1, hd}, std::vector<float>(xr, xr + hd)),
+          Tensor::f32({hd},
+                      std::vector<float>(gamma.f.begin() + c * hd,
+                                         gamma.f.begin() + (c + 1) * hd))};
+      std::vector<Tensor> want = {Tensor::f32({1, hd})};
+      mustRun(K("rms_norm").f("eps", 1e-3), one, want);
+      for (int64_t t = 0; t < hd; ++t)
+        CHECK(yr[t] == want[0].f[t]);
+    }
+}
+
+TEST_CASE("qk_norm_grad_input and qk_norm_grad_weight are the gradients of "
+          "qk_norm",
+          "[kernels][grad]") {
+  Rng rng(42);
+  // kv_heads given (grouped-query) and left out (= heads).
+  for (int64_t kv : {1, 0}) {
+    const int64_t rows = 3, heads = 2, hd = 4;
+    const int64_t g = heads + 2 * (kv ? kv : heads);
+    INFO("kv_heads=" << kv);
+    auto attrs = [&](const std::string &op) {
+      K k(op);
+      k.i("heads", heads).f("eps", 1e-3);
+      if (kv)
+        k.i("kv_heads", kv);
+      return k;
+    };
+    Tensor x = randomF32(rng, {rows, g * hd}, -2.0, 2.0);
+    Tensor gamma = randomF32(rng, {2 * hd}, 0.5, 1.5);
+    std::vector<float> r = rng.vec(rows * g * hd);
+    std::vector<Tensor> ins = {x, gamma, Tensor::f32({rows, g * hd}, r)};
+    std::vector<Tensor> dx = {Tensor::f32({rows, g * hd})};
+    mustRun(attrs("qk_norm_grad_input"), ins, dx);
+    std::vector<Tensor> wins = {x, Tensor::f32({rows, g * hd}, r)};
+    std::vector<Tensor> dw = {Tensor::f32({2 * hd})};
+    mustRun(attrs("qk_norm_grad_weight"), wins, dw);
+    requireNonZero(dx[0].f);
+    requireNonZero(dw[0].f);
+    checkGradient(attrs("qk_norm"), {x, gamma}, 0, {rows, g * hd}, r, dx[0].f);
+    checkGradient(attrs("qk_norm"), {x, gamma}, 1, {rows, g * hd}, r, dw[0].f);
+  }
+}
+
+TEST_CASE("qk_norm rejects bad operands and attributes", "[kernels][errors]") {
+  CHECK(mustFail(K("qk_norm"), {Tensor::f32({2, 6}), Tensor::f32({2})},
+                 {Tensor::f32({2, 6})}) ==
+        "qk_norm: missing attribute 'heads'");
+  CHECK(mustFail(K("qk_norm").i("heads", 2).i("kv_heads", 0),
+                 {Tensor::f32({2, 6}), Tensor::f32({2})}, {Tensor::f32({2, 6})})
+            .find("kv_heads") != std::string::npos);
+  CHECK(mustFail(K("qk_norm").i("heads", 2),
+                 {Tensor::f32({2, 12}), Tensor::f32({3})},
+                 {Tensor::f32({2, 12})}) ==
+        "qk_norm: gamma has shape [3], expected [4]");
+  CHECK(mustFail(K("qk_norm").i("heads", 2).f("eps", -1.0),
+                 {Tensor::f32({2, 12}), Tensor::f32({4})},
+                 {Tensor::f32({2, 12})}) ==
+        "qk_norm: attribute 'eps' must not be negative");
+  CHECK(mustFail(K("qk_norm_grad_weight").i("heads", 2),
+                 {Tensor::f32({2, 12}), Tensor::f32({2, 6})},
+                 {Tensor::f32({4})}) ==
+        "qk_norm_grad_weight: dy has shape [2,6], expected [2,12]");
 }
 
 TEST_CASE("swiglu_grad is the gradient of swiglu", "[kernels][grad]") {

@@ -603,6 +603,11 @@ TP_MOE = ["qwen3-moe", "--layers", "4", "--hidden", "32", "--heads", "4",
 TP_LLAMA_KV1 = ["llama", "--layers", "4", "--hidden", "32", "--heads", "4",
                 "--kv-heads", "1", "--ffn", "64", "--vocab", "64", "--seq",
                 "16", "--batch", "2"]
+# Qwen3: a q/k norm per head inside the tensor-parallel attention (its
+# weight's gradient summed over the group) and heads of 24 for hidden 32.
+TP_QWEN3 = ["qwen3", "--layers", "2", "--hidden", "32", "--heads", "4",
+            "--kv-heads", "2", "--head-dim", "24", "--ffn", "64", "--vocab",
+            "64", "--seq", "16", "--batch", "2"]
 TP2 = ["--tp", "2", "--microbatches", "8"]
 TP_CASES = [
     # (model name, model arguments, one-device flags,
@@ -748,6 +753,13 @@ TP_GRAD_CASES = [
     ("moe-tp", TP_MOE,
      [("1 device", ["--microbatches", "2"], 1),
       ("tp2 + sp", ["--tp", "2", "--sp", "--microbatches", "2"], 2)]),
+    ("qwen3-tp", TP_QWEN3,
+     [("1 device", ["--microbatches", "2"], 1),
+      ("tp2", ["--tp", "2", "--microbatches", "2"], 2),
+      ("tp4 (shared key/value heads) + sp", ["--tp", "4", "--sp",
+                                             "--microbatches", "2"], 4),
+      ("pp2 x dp2 x tp2 zero-3", ["--tp", "2", "--dp", "2", "--pp", "2",
+                                  "--microbatches", "1", "--zero", "3"], 8)]),
     ("llama-kv1-tp", TP_LLAMA_KV1,
      [("1 device", ["--microbatches", "2"], 1),
       ("tp4", ["--tp", "4", "--microbatches", "2"], 4),

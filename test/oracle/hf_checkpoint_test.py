@@ -61,6 +61,22 @@ LLAMA31 = dict(UNTIED, num_hidden_layers=2, rope_scaling={
     "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
     "high_freq_factor": 4.0, "original_max_position_embeddings": 64})
 
+# Qwen3-0.6B's config.json keys, scaled down: a head_dim of its own (24 x 4
+# heads = 96, not hidden_size 64), grouped-query attention, q/k norms, tied.
+QWEN3 = {
+    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
+    "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 24,
+    "vocab_size": VOCAB, "max_position_embeddings": 40960,
+    "max_window_layers": 28, "rms_norm_eps": 1e-6, "rope_theta": 1000000,
+    "rope_scaling": None, "hidden_act": "silu", "attention_bias": False,
+    "attention_dropout": 0.0, "sliding_window": None,
+    "use_sliding_window": False, "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16", "initializer_range": 0.02, "use_cache": True,
+    "bos_token_id": 151643, "eos_token_id": 151645,
+    "transformers_version": "4.51.0",
+}
+
 # GPT-2's config.json keys (dropout set to 0: Piper trains without it), at
 # a smaller size; the position table is longer than the sequence.
 GPT2 = {
@@ -223,6 +239,21 @@ def main():
     grads_match("gpt2-untied", work, gpt2_u, gpt2_untied, untied_gpt2_w, window,
                 arch="gpt2")
 
+    # Qwen3: the q/k norms' gradients are among those compared; without
+    # the norms the oracle's loss differs (so the check can fail).
+    qwen3_w = hf.llama_random_weights(QWEN3, gen)
+    qwen3 = os.path.join(work, "qwen3")
+    hf.write_folder(qwen3, QWEN3, qwen3_w, shards=2)
+    grads_match("qwen3", work, qwen3, QWEN3, qwen3_w, window, arch="qwen3")
+    with torch.no_grad():
+        plain = {k: v for k, v in qwen3_w.items() if "_norm.weight" not in k or "layernorm" in k}
+        no_norm = hf.llama_loss(plain, dict(QWEN3, architectures=["LlamaForCausalLM"],
+                                            model_type="llama"), *args).item()
+        with_norm = hf.llama_loss(qwen3_w, QWEN3, *args).item()
+    check(rel(with_norm, no_norm) > 100 * LOSS_RTOL,
+          "qwen3: the q/k norms change the oracle's loss (%.7f vs %.7f without)" %
+          (with_norm, no_norm))
+
     # --- Strategies: three steps from the folder, one device's losses ---
     long_data = os.path.join(work, "long-tokens.bin")
     rng.integers(0, VOCAB, 4096).astype("<u2").tofile(long_data)
@@ -250,6 +281,34 @@ def main():
         run([PIPER_RUN, plans, "--nproc", str(nproc), "--steps", "3", "--load",
              scaled, "--data", long_data, "--seed", "9", "--metrics", metrics])
         curves[name] = losses(metrics)
+    # Qwen3 under tensor parallelism (each member normalizes its own heads;
+    # the q/k norm weight's gradient is summed over the group), with
+    # replicated key/value heads (TP4 over 2), and PP2 x DP2 ZeRO-3.
+    # Four sequences a step in each.
+    for name, flags, nproc in (("qwen3-single", ["--microbatches", "4"], 1),
+                               ("qwen3-tp2", ["--tp", "2", "--microbatches", "4"], 2),
+                               ("qwen3-tp4", ["--tp", "4", "--microbatches", "4"], 4),
+                               ("qwen3-pp2-dp2-zero3", ["--pp", "2", "--dp", "2", "--zero",
+                                                        "3", "--microbatches", "2"], 4),
+                               ("qwen3-cp2", ["--cp", "2", "--microbatches", "4"], 2)):
+        plans = compile_model(work, "train-" + name, qwen3, *flags, batch=1)
+        metrics = os.path.join(work, name + "-train.jsonl")
+        out = os.path.join(work, name + "-export")
+        run([PIPER_RUN, plans, "--nproc", str(nproc), "--steps", "3", "--load",
+             qwen3, "--data", long_data, "--seed", "9", "--metrics", metrics,
+             "--save-hf", out])
+        curves[name] = losses(metrics)
+        if name != "qwen3-single":
+            worst = max(rel(a, b) for a, b in zip(curves[name], curves["qwen3-single"]))
+            check(len(curves[name]) == 3 and worst <= LOSS_RTOL,
+                  "%s: losses %s vs one device %s (worst rel %.1e)" %
+                  (name, curves[name], curves["qwen3-single"], worst))
+    single, tp = (hf.read_folder(os.path.join(work, n + "-export"))
+                  for n in ("qwen3-single", "qwen3-tp2"))
+    worst = max((single[k][0] - tp[k][0]).norm().item() / single[k][0].norm().item()
+                for k in single) if sorted(single) == sorted(qwen3_w) == sorted(tp) else 1
+    check(worst <= GRAD_RTOL, "qwen3 export after 3 steps, TP2 against one device: "
+          "Qwen3ForCausalLM's names, worst relative difference %.1e" % worst)
     for name, flags, nproc in (("gpt2-single", ["--microbatches", "4"], 1),
                                ("gpt2-pp2-dp2-zero3", ["--pp", "2", "--dp", "2", "--zero",
                                                        "3", "--microbatches", "2"], 4)):
@@ -319,6 +378,14 @@ def main():
               torch.equal(again16[k][0], original[k][0].to(torch.bfloat16).float())
               for k in original),
           "--hf-dtype bf16: every tensor rounded as torch's .to(bfloat16)")
+    plans_q = compile_model(work, "roundtrip-qwen3", qwen3, "--microbatches", "1")
+    back_q = os.path.join(work, "roundtrip-qwen3")
+    run([PIPER_RUN, plans_q, "--nproc", "1", "--steps", "0", "--load", qwen3,
+         "--save-hf", back_q])
+    original_q, again_q = hf.read_folder(qwen3), hf.read_folder(back_q)
+    check(sorted(original_q) == sorted(again_q) and
+          all(original_q[k][2] == again_q[k][2] for k in original_q),
+          "qwen3 round trip load -> --save-hf: %d tensors bit-identical" % len(original_q))
     plans_g = compile_model(work, "roundtrip-gpt2", gpt2_u, "--microbatches", "1")
     back_g = os.path.join(work, "roundtrip-gpt2")
     run([PIPER_RUN, plans_g, "--nproc", "1", "--steps", "0", "--load", gpt2_u,

@@ -83,12 +83,28 @@ def write_folder(folder, config, tensors, dtype="F32", shards=1):
         json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f)
 
 
+def is_qwen3(config):
+    """Qwen3ForCausalLM: Llama plus q_norm/k_norm, head_dim 128 unless
+    given."""
+    return (config.get("architectures") or [None])[0] == "Qwen3ForCausalLM" or \
+        config.get("model_type") == "qwen3"
+
+
+def head_dim(config):
+    h, heads = config["hidden_size"], config["num_attention_heads"]
+    return config.get("head_dim") or (128 if is_qwen3(config) else h // heads)
+
+
+def tied(config):
+    return config.get("tie_word_embeddings", is_qwen3(config))
+
+
 def llama_random_weights(config, generator):
-    """A LlamaForCausalLM state dict of random float32 weights (norm weights
-    around 1, so that they matter)."""
+    """A LlamaForCausalLM (or Qwen3ForCausalLM) state dict of random float32
+    weights (norm weights around 1, so that they matter)."""
     h, inter = config["hidden_size"], config["intermediate_size"]
     heads, kv = config["num_attention_heads"], config["num_key_value_heads"]
-    hd = h // heads
+    hd = head_dim(config)
     v = config["vocab_size"]
 
     def rand(*shape, scale=0.05):
@@ -102,12 +118,15 @@ def llama_random_weights(config, generator):
         p[pre + "self_attn.k_proj.weight"] = rand(kv * hd, h, scale=0.2)
         p[pre + "self_attn.v_proj.weight"] = rand(kv * hd, h, scale=0.2)
         p[pre + "self_attn.o_proj.weight"] = rand(h, heads * hd, scale=0.1)
+        if is_qwen3(config):
+            p[pre + "self_attn.q_norm.weight"] = 1 + rand(hd, scale=0.3)
+            p[pre + "self_attn.k_norm.weight"] = 1 + rand(hd, scale=0.3)
         p[pre + "post_attention_layernorm.weight"] = 1 + rand(h, scale=0.1)
         p[pre + "mlp.gate_proj.weight"] = rand(inter, h, scale=0.1)
         p[pre + "mlp.up_proj.weight"] = rand(inter, h, scale=0.1)
         p[pre + "mlp.down_proj.weight"] = rand(h, inter, scale=0.1)
     p["model.norm.weight"] = 1 + rand(h, scale=0.1)
-    if not config.get("tie_word_embeddings", False):
+    if not tied(config):
         p["lm_head.weight"] = rand(v, h, scale=0.1)
     return p
 
@@ -145,10 +164,13 @@ def rope_inv_freq(config, hd):
 
 
 def llama_logits(p, config, tokens):
-    """LlamaForCausalLM's forward: [B, S] token ids -> [B, S, V] logits."""
+    """LlamaForCausalLM's forward: [B, S] token ids -> [B, S, V] logits.
+    Qwen3ForCausalLM's too: Qwen3Attention RMS-normalizes each query and key
+    head (q_norm, k_norm, over head_dim) after the projection and before the
+    rotation."""
     h = config["hidden_size"]
     heads, kv = config["num_attention_heads"], config["num_key_value_heads"]
-    hd = h // heads
+    hd = head_dim(config)
     eps = config["rms_norm_eps"]
     b, s = tokens.shape
     inv_freq = rope_inv_freq(config, hd)
@@ -160,8 +182,12 @@ def llama_logits(p, config, tokens):
     for i in range(config["num_hidden_layers"]):
         pre = "model.layers.%d." % i
         y = _rms_norm(x, p[pre + "input_layernorm.weight"], eps)
-        q = F.linear(y, p[pre + "self_attn.q_proj.weight"]).view(b, s, heads, hd).transpose(1, 2)
-        k = F.linear(y, p[pre + "self_attn.k_proj.weight"]).view(b, s, kv, hd).transpose(1, 2)
+        q = F.linear(y, p[pre + "self_attn.q_proj.weight"]).view(b, s, heads, hd)
+        k = F.linear(y, p[pre + "self_attn.k_proj.weight"]).view(b, s, kv, hd)
+        if is_qwen3(config):
+            q = _rms_norm(q, p[pre + "self_attn.q_norm.weight"], eps)
+            k = _rms_norm(k, p[pre + "self_attn.k_norm.weight"], eps)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = F.linear(y, p[pre + "self_attn.v_proj.weight"]).view(b, s, kv, hd).transpose(1, 2)
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
@@ -192,7 +218,7 @@ def to_piper(hf, config):
     gate|up fused along the output columns."""
     out = {"tok_embeddings.weight": hf["model.embed_tokens.weight"],
            "norm.weight": hf["model.norm.weight"]}
-    if "lm_head.weight" in hf and not config.get("tie_word_embeddings", False):
+    if "lm_head.weight" in hf and not tied(config):
         out["output.weight"] = hf["lm_head.weight"].t()
     for i in range(config["num_hidden_layers"]):
         pre, to = "model.layers.%d." % i, "layers.%d." % i
@@ -201,6 +227,9 @@ def to_piper(hf, config):
         out[to + "attention.wqkv.weight"] = torch.cat(
             [hf[pre + "self_attn.%s_proj.weight" % n].t() for n in "qkv"], dim=1)
         out[to + "attention.wo.weight"] = hf[pre + "self_attn.o_proj.weight"].t()
+        if is_qwen3(config):
+            out[to + "attention.qk_norm.weight"] = torch.cat(
+                [hf[pre + "self_attn.q_norm.weight"], hf[pre + "self_attn.k_norm.weight"]])
         out[to + "feed_forward.w13.weight"] = torch.cat(
             [hf[pre + "mlp.gate_proj.weight"].t(), hf[pre + "mlp.up_proj.weight"].t()], dim=1)
         out[to + "feed_forward.w2.weight"] = hf[pre + "mlp.down_proj.weight"].t()
@@ -281,7 +310,7 @@ def gpt2_to_piper(hf, config):
     return out
 
 
-ARCHS = {"llama": (llama_loss, to_piper)}
+ARCHS = {"llama": (llama_loss, to_piper), "qwen3": (llama_loss, to_piper)}
 
 
 def gpt2_loss(p, config, tokens, targets):

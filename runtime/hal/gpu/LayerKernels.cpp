@@ -127,6 +127,34 @@ Status rmsNormGradWeight(const KernelArgs &a, const Context &ctx) {
                                  a.outputs[0].f32(), rows, hidden, eps, work);
 }
 
+Status qkNorm(const KernelArgs &a, const Context &ctx) {
+  detail::QkNormDims d;
+  PIPER_RETURN_IF_ERROR(detail::checkQkNorm(a, d));
+  return launchQkNorm(ctx, a.inputs[0].f32(), a.inputs[1].f32(),
+                      a.outputs[0].f32(), d.rows, d.heads, d.kvHeads, d.hd,
+                      d.eps);
+}
+
+Status qkNormGradInput(const KernelArgs &a, const Context &ctx) {
+  detail::QkNormDims d;
+  PIPER_RETURN_IF_ERROR(detail::checkQkNormGradInput(a, d));
+  return launchQkNormGradInput(ctx, a.inputs[0].f32(), a.inputs[1].f32(),
+                               a.inputs[2].f32(), a.outputs[0].f32(), d.rows,
+                               d.heads, d.kvHeads, d.hd, d.eps);
+}
+
+Status qkNormGradWeight(const KernelArgs &a, const Context &ctx) {
+  detail::QkNormDims d;
+  PIPER_RETURN_IF_ERROR(detail::checkQkNormGradWeight(a, d));
+  double *work = nullptr;
+  PIPER_RETURN_IF_ERROR(scratch(
+      ctx, d.rows * d.headsPerRow() + columnChunks(d.rows).chunks * 2 * d.hd,
+      work));
+  return launchQkNormGradWeight(ctx, a.inputs[0].f32(), a.inputs[1].f32(),
+                                a.outputs[0].f32(), d.rows, d.heads, d.kvHeads,
+                                d.hd, d.eps, work);
+}
+
 Status ulyssesColumns(const KernelArgs &a, const Context &ctx, bool merge) {
   UlyssesColumns c;
   int64_t rows = 0;
@@ -187,6 +215,9 @@ void addLayerKernels(std::vector<KernelEntry> &out) {
                             {"rms_norm", rmsNorm},
                             {"rms_norm_grad_input", rmsNormGradInput},
                             {"rms_norm_grad_weight", rmsNormGradWeight},
+                            {"qk_norm", qkNorm},
+                            {"qk_norm_grad_input", qkNormGradInput},
+                            {"qk_norm_grad_weight", qkNormGradWeight},
                             {"cp_ulysses_split", ulyssesSplit},
                             {"cp_ulysses_merge", ulyssesMerge},
                             {"cp_ulysses_natural", ulyssesNatural},

@@ -59,6 +59,23 @@ Status launchRmsNormGradInput(const Context &ctx, const float *x,
 Status launchRmsNormGradWeight(const Context &ctx, const float *x,
                                const float *dy, float *dgamma, int64_t rows,
                                int64_t hidden, double eps, double *scratch);
+/// qk_norm (runtime/kernels/LayerChecks.h's QkNormDims): rms_norm of each
+/// q head with gamma[0, hd) and each k head with gamma[hd, 2 hd), v copied
+/// (a warp per head of a row).
+Status launchQkNorm(const Context &ctx, const float *x, const float *gamma,
+                    float *y, int64_t rows, int64_t heads, int64_t kvHeads,
+                    int64_t hd, double eps);
+/// dx of qk_norm (dy copied into v's columns).
+Status launchQkNormGradInput(const Context &ctx, const float *x,
+                             const float *gamma, const float *dy, float *dx,
+                             int64_t rows, int64_t heads, int64_t kvHeads,
+                             int64_t hd, double eps);
+/// dgamma [2 hd] of qk_norm. `scratch` holds rows (heads + 2 kvHeads) +
+/// columnChunks(rows).chunks x 2 hd doubles.
+Status launchQkNormGradWeight(const Context &ctx, const float *x,
+                              const float *dy, float *dgamma, int64_t rows,
+                              int64_t heads, int64_t kvHeads, int64_t hd,
+                              double eps, double *scratch);
 /// Ulysses context parallelism (runtime/kernels/UlyssesLayout.h): the split
 /// (x [rows, wide] -> y [cp rows, narrow], counts[cp] = rows) or, with
 /// `merge`, the other way (x [cp rows, narrow] -> y [rows, wide]).

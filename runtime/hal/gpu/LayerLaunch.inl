@@ -313,6 +313,97 @@ Status launchRmsNormGradWeight(const Context &ctx, const float *x,
                         dgamma);
 }
 
+// qk_norm: virtual rows of hd, r = n (heads + 2 kvHeads) + head; a head
+// of q reads gamma[0, hd), of k gamma[hd, 2 hd), of v none (copied).
+Status launchQkNorm(const Context &ctx, const float *x, const float *gamma,
+                    float *y, int64_t rows, int64_t heads, int64_t kvHeads,
+                    int64_t hd, double eps) {
+  using Lanes = Exec::Lanes;
+  const int64_t g = heads + 2 * kvHeads;
+  return Exec(ctx).forEachRow(
+      "qk_norm", rows * g, [=] PIPER_LAMBDA(Lanes lanes, int64_t r) {
+        const float *xr = x + r * hd;
+        float *yr = y + r * hd;
+        const int64_t j = r % g;
+        if (j >= heads + kvHeads) {
+          for (int64_t t = lanes.lane(); t < hd; t += Lanes::kCount)
+            yr[t] = xr[t];
+          return;
+        }
+        const float *gm = gamma + (j < heads ? 0 : hd);
+        double rrms = rmsNormRrms(lanes, xr, hd, eps);
+        for (int64_t t = lanes.lane(); t < hd; t += Lanes::kCount)
+          yr[t] = static_cast<float>(xr[t] * rrms * gm[t]);
+      });
+}
+
+Status launchQkNormGradInput(const Context &ctx, const float *x,
+                             const float *gamma, const float *dy, float *dx,
+                             int64_t rows, int64_t heads, int64_t kvHeads,
+                             int64_t hd, double eps) {
+  using Lanes = Exec::Lanes;
+  const int64_t g = heads + 2 * kvHeads;
+  return Exec(ctx).forEachRow(
+      "qk_norm_grad_input", rows * g, [=] PIPER_LAMBDA(Lanes lanes, int64_t r) {
+        const float *xr = x + r * hd, *dyr = dy + r * hd;
+        float *dxr = dx + r * hd;
+        const int64_t j = r % g;
+        if (j >= heads + kvHeads) {
+          for (int64_t t = lanes.lane(); t < hd; t += Lanes::kCount)
+            dxr[t] = dyr[t];
+          return;
+        }
+        const float *gm = gamma + (j < heads ? 0 : hd);
+        double rrms = rmsNormRrms(lanes, xr, hd, eps);
+        // As rms_norm_grad_input: dx = rrms * (g - xhat * mean(g * xhat)).
+        double acc = 0;
+        for (int64_t t = lanes.lane(); t < hd; t += Lanes::kCount)
+          acc += double(dyr[t]) * gm[t] * (xr[t] * rrms);
+        const double gxMean = lanes.sum(acc) / hd;
+        for (int64_t t = lanes.lane(); t < hd; t += Lanes::kCount) {
+          double gv = double(dyr[t]) * gm[t];
+          dxr[t] = static_cast<float>(rrms * (gv - xr[t] * rrms * gxMean));
+        }
+      });
+}
+
+Status launchQkNormGradWeight(const Context &ctx, const float *x,
+                              const float *dy, float *dgamma, int64_t rows,
+                              int64_t heads, int64_t kvHeads, int64_t hd,
+                              double eps, double *scratch) {
+  using Lanes = Exec::Lanes;
+  const int64_t g = heads + 2 * kvHeads, cols = 2 * hd;
+  const RowChunks rc = columnChunks(rows);
+  const int64_t per = rc.rowsPerChunk;
+  double *rrmsOf = scratch;          // [rows * g]
+  double *parts = rrmsOf + rows * g; // [chunks, 2 hd]
+  PIPER_RETURN_IF_ERROR(Exec(ctx).forEachRow(
+      "qk_norm_grad_weight", rows * g,
+      [=] PIPER_LAMBDA(Lanes lanes, int64_t r) {
+        double rrms = rmsNormRrms(lanes, x + r * hd, hd, eps);
+        if (lanes.lane() == 0)
+          rrmsOf[r] = rrms;
+      }));
+  PIPER_RETURN_IF_ERROR(Exec(ctx).forEach(
+      "qk_norm_grad_weight", rc.chunks * cols, [=] PIPER_LAMBDA(int64_t i) {
+        int64_t c = i / cols, col = i % cols;
+        int64_t t = col % hd;
+        // Class 0: the q heads [0, heads); 1: the k heads.
+        int64_t first = col < hd ? 0 : heads;
+        int64_t last = col < hd ? heads : heads + kvHeads;
+        int64_t end = (c + 1) * per < rows ? (c + 1) * per : rows;
+        double acc = 0;
+        for (int64_t n = c * per; n < end; ++n)
+          for (int64_t j = first; j < last; ++j) {
+            int64_t r = n * g + j;
+            acc += dy[r * hd + t] * (x[r * hd + t] * rrmsOf[r]);
+          }
+        parts[i] = acc;
+      }));
+  return layerSumChunks(ctx, "qk_norm_grad_weight", parts, rc.chunks, cols,
+                        dgamma);
+}
+
 static Status fillUlyssesCounts(const Context &ctx, int32_t *counts,
                                int64_t cp, int64_t each) {
   return Exec(ctx).forEach("cp_ulysses_counts", cp, [=] PIPER_LAMBDA(int64_t j) {

@@ -435,6 +435,33 @@ piper.segment @s(%qkv: tensor<4x12xf32>) {
 
 // -----
 
+// qk_norm: kv_heads divides heads.
+piper.segment @s(%x: tensor<4x14xf32>, %g: tensor<4xf32>) {
+  // expected-error @+1 {{'piper.qk_norm' op heads (3) must be a positive multiple of kv_heads (2)}}
+  %y = piper.qk_norm %x, %g {heads = 3 : i64, kv_heads = 2 : i64} : (tensor<4x14xf32>, tensor<4xf32>) -> tensor<4x14xf32>
+  piper.yield
+}
+
+// -----
+
+// qk_norm: q|k|v holds heads + 2 kv_heads heads of the gamma's half.
+piper.segment @s(%x: tensor<4x12xf32>, %g: tensor<6xf32>) {
+  // expected-error @+1 {{'piper.qk_norm' op gamma must be [2 * hd] and qkv [N, (heads + 2 * kv_heads) * hd], got 'tensor<6xf32>' and 'tensor<4x12xf32>'}}
+  %y = piper.qk_norm %x, %g {heads = 2 : i64} : (tensor<4x12xf32>, tensor<6xf32>) -> tensor<4x12xf32>
+  piper.yield
+}
+
+// -----
+
+// qk_norm: the result has the input's type.
+piper.segment @s(%x: tensor<4x12xf32>, %g: tensor<4xf32>) {
+  // expected-error @+1 {{'piper.qk_norm' op result type must equal the qkv type}}
+  %y = piper.qk_norm %x, %g {heads = 2 : i64} : (tensor<4x12xf32>, tensor<4xf32>) -> tensor<2x12xf32>
+  piper.yield
+}
+
+// -----
+
 // rms_norm: gamma spans the width.
 piper.segment @s(%x: tensor<4x4xf32>, %g: tensor<8xf32>) {
   // expected-error @+1 {{'piper.rms_norm' op gamma must have 4 elements}}

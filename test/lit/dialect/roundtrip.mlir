@@ -155,6 +155,20 @@ piper.segment @llama(%qkv: tensor<4x16xf32>, %x: tensor<4x8xf32>, %dy: tensor<4x
   piper.yield %att : tensor<4x8xf32>
 }
 
+// Qwen3's q/k norm over q|k|v (4 query heads, 2 key/value heads of 2)
+// and its two gradient halves; eps printed only when not the default.
+// CHECK-LABEL: piper.segment @qwen3(
+// CHECK-SAME: [[QKV:%[^:]+]]: tensor<4x16xf32>, [[G:%[^:]+]]: tensor<4xf32>, [[DY:%[^:]+]]: tensor<4x16xf32>)
+// CHECK: piper.qk_norm [[QKV]], [[G]] {heads = 4 : i64, kv_heads = 2 : i64} : (tensor<4x16xf32>, tensor<4xf32>) -> tensor<4x16xf32>
+// CHECK: piper.qk_norm_grad_input [[QKV]], [[G]], [[DY]] {eps = 1.000000e-05 : f64, heads = 4 : i64, kv_heads = 2 : i64} : (tensor<4x16xf32>, tensor<4xf32>, tensor<4x16xf32>) -> tensor<4x16xf32>
+// CHECK: piper.qk_norm_grad_weight [[QKV]], [[DY]] {heads = 4 : i64, kv_heads = 2 : i64} : (tensor<4x16xf32>, tensor<4x16xf32>) -> tensor<4xf32>
+piper.segment @qwen3(%qkv: tensor<4x16xf32>, %g: tensor<4xf32>, %dy: tensor<4x16xf32>) -> tensor<4x16xf32> {
+  %y = piper.qk_norm %qkv, %g {heads = 4 : i64, kv_heads = 2 : i64} : (tensor<4x16xf32>, tensor<4xf32>) -> tensor<4x16xf32>
+  %dx = piper.qk_norm_grad_input %qkv, %g, %dy {heads = 4 : i64, kv_heads = 2 : i64, eps = 1.0e-05 : f64} : (tensor<4x16xf32>, tensor<4xf32>, tensor<4x16xf32>) -> tensor<4x16xf32>
+  %dg = piper.qk_norm_grad_weight %qkv, %dy {heads = 4 : i64, kv_heads = 2 : i64} : (tensor<4x16xf32>, tensor<4x16xf32>) -> tensor<4xf32>
+  piper.yield %y : tensor<4x16xf32>
+}
+
 // Mixture of experts: routing (with and without renormalized top-k),
 // dispatch into expert slots, per-expert linear layers, combine, the
 // load-balancing loss with its weight, and every gradient.

@@ -178,6 +178,45 @@ void normCases(std::vector<KernelCase> &out) {
                      {f32({hidden})}});
     }
   }
+  // qk_norm (Qwen3's per-head q/k norm): (rows, heads, kv_heads (0: the
+  // attribute left out), hd): one head; grouped-query; hd wider than a
+  // warp's stride; rows over several column chunks; hd odd.
+  struct QkShape {
+    int64_t rows, heads, kv, hd;
+  };
+  for (const QkShape &q : std::vector<QkShape>{{1, 1, 0, 1},
+                                               {5, 4, 2, 8},
+                                               {3, 2, 1, 70},
+                                               {700, 3, 3, 4},
+                                               {9, 6, 2, 5}}) {
+    const int64_t kv = q.kv ? q.kv : q.heads;
+    const int64_t w = (q.heads + 2 * kv) * q.hd;
+    for (const auto &[epsName, eps] : epsVariants) {
+      std::string n = dims({q.rows, q.heads, kv, q.hd}) + " " + epsName;
+      std::vector<std::pair<std::string, plan::AttrValue>> attrs = {
+          {"heads", intAttr(q.heads)}};
+      if (q.kv)
+        attrs.push_back({"kv_heads", intAttr(q.kv)});
+      if (eps >= 0)
+        attrs.push_back({"eps", floatAttr(eps)});
+      out.push_back({"qk_norm " + n,
+                     "qk_norm",
+                     attrs,
+                     {f32({q.rows, w}, 3), positive({2 * q.hd})},
+                     {zeros({q.rows, w})}});
+      out.push_back(
+          {"qk_norm_grad_input " + n,
+           "qk_norm_grad_input",
+           attrs,
+           {f32({q.rows, w}, 3), positive({2 * q.hd}), f32({q.rows, w})},
+           {zeros({q.rows, w})}});
+      out.push_back({"qk_norm_grad_weight " + n,
+                     "qk_norm_grad_weight",
+                     attrs,
+                     {f32({q.rows, w}, 3), f32({q.rows, w})},
+                     {f32({2 * q.hd})}});
+    }
+  }
 }
 
 // Ulysses' layouts (runtime/kernels/UlyssesLayout.h): cp, heads,

@@ -30,7 +30,10 @@ const std::set<std::string> kLayerOps = {"embedding",
                                          "layer_norm_grad_weight",
                                          "rms_norm",
                                          "rms_norm_grad_input",
-                                         "rms_norm_grad_weight"};
+                                         "rms_norm_grad_weight",
+                                         "qk_norm",
+                                         "qk_norm_grad_input",
+                                         "qk_norm_grad_weight"};
 
 } // namespace
 
@@ -108,6 +111,36 @@ TEST_CASE("malformed layer calls fail on the GPU with the CPU's message") {
         {f32({2, 3}), f32({2, 3})},
         {zeros({2})}},
        "dgamma has shape [2], expected [3]"},
+      {{"qk_norm no heads",
+        "qk_norm",
+        {},
+        {f32({2, 6}), f32({2})},
+        {zeros({2, 6})}},
+       "missing attribute 'heads'"},
+      {{"qk_norm kv_heads not dividing heads",
+        "qk_norm",
+        {{"heads", intAttr(3)}, {"kv_heads", intAttr(2)}},
+        {f32({2, 14}), f32({4})},
+        {zeros({2, 14})}},
+       "attribute 'heads' (3) must be a multiple of 'kv_heads' (2)"},
+      {{"qk_norm width not whole heads",
+        "qk_norm",
+        {{"heads", intAttr(2)}},
+        {f32({2, 7}), f32({2})},
+        {zeros({2, 7})}},
+       "qkv has 7 columns, not a positive multiple of heads + 2 kv_heads = 6"},
+      {{"qk_norm_grad_input wrong gamma",
+        "qk_norm_grad_input",
+        {{"heads", intAttr(2)}},
+        {f32({2, 12}), f32({2}), f32({2, 12})},
+        {zeros({2, 12})}},
+       "gamma has shape [2], expected [4]"},
+      {{"qk_norm_grad_weight wrong dgamma",
+        "qk_norm_grad_weight",
+        {{"heads", intAttr(2)}},
+        {f32({2, 12}), f32({2, 12})},
+        {zeros({2})}},
+       "dgamma has shape [2], expected [4]"},
   };
   std::set<std::string> covered;
   for (const Bad &b : bad) {
