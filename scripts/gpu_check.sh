@@ -11,7 +11,11 @@
 #      comparing the losses, piper-run with --timeout-s 30 and 90 s per run;
 #      multi-rank plans share the one GPU through --comm gloo;
 #   3. timed steps of GPT-2 small in bf16 beside PyTorch's on the same GPU,
-#      failing when their step-1 losses differ by more than 2e-2.
+#      failing when their step-1 losses differ by more than 2e-2;
+#   4. where time is left, where GPT-2 small's step goes: piper-run
+#      --profile with CUDA_LAUNCH_BLOCKING=1 (each kernel's launch then
+#      waits for it, so the profile's host times are the kernels' times),
+#      the costliest rows in the report (information, not a check).
 # All of it runs under one deadline, GPU_CHECK_DEADLINE_S seconds from the
 # start (default 420): a step that would start past it is recorded as
 # "skipped: deadline", and each step's own limit is cut to what is left. So
@@ -20,12 +24,13 @@
 #
 # The results are written as they are produced, so that a run stopped from
 # outside keeps what was done, to $OUT (else to a new /tmp folder, named at
-# the end): five files, as the tool brings back at most eight:
+# the end): six files, as the tool brings back at most eight:
 #   gpu_check.md            the report, a table row per check
 #   gpu_check.log           everything printed
 #   gpu_check_failures.log  the output of every step that failed
 #   gpu_tests.log           the test binaries' output
 #   gpu_check_step.log      the output of the step running (or the last)
+#   gpu_profile.log         step 4's whole profile
 # Exit status 0 when every check ran and passed.
 #
 # GPU_CHECK_FORCE=1 runs the GPU steps even where the preflight saw no GPU.
@@ -151,6 +156,19 @@ run_step() {
       shorten "$STEPLOG" 1048576
     } >>"$FAILLOG"
   fi
+}
+
+# profile_rows FILE: piper-run --profile's table rows of FILE as markdown
+# rows (row, calls, ms per step, percent).
+profile_rows() {
+  awk '/^profile of/ { on = 1; next }
+       on && /^  / && NF >= 4 && $NF ~ /^[0-9.]+$/ && $(NF - 1) ~ /^[0-9.]+$/ {
+         calls = $(NF - 3); last = NF - 4
+         if (calls !~ /^[0-9]+$/) { calls = ""; last = NF - 3 }
+         name = $1
+         for (i = 2; i <= last; i++) name = name " " $i
+         printf "| %s | %s | %s | %s |\n", name, calls, $(NF - 1), $NF
+       }' "$1"
 }
 
 say "# Piper GPU check ($(date -u +%Y-%m-%dT%H:%MZ), deadline $DEADLINE_S s)"
@@ -366,6 +384,30 @@ else
     124 | 137) line=$(printf '%s' "$line" | sed "s#| [^|]* |\$#| $STEP_RESULT |#") ;;
   esac
   row "$STEP_RESULT" "${line:-| gpt2-small bf16 | | | | | | | $STEP_RESULT |}"
+fi
+
+STEP=profile
+say ""
+say "## GPT-2 small, bf16: where a step goes (CUDA_LAUNCH_BLOCKING=1, information only)"
+say ""
+skip=$(skip_reason)
+if [ -n "$skip" ]; then
+  say "$skip"
+else
+  # Three steps (the profile leaves out the first, the warm-up).
+  run_step gpt2-small-profile "$(limit 150)" env CUDA_LAUNCH_BLOCKING=1 \
+    "$PIPER_RUN" plans/gpt2-small-bf16 --nproc 1 --backend cuda --steps 3 \
+    --profile --timeout-s 60
+  cp "$STEPLOG" "$RESULTS/gpu_profile.log"
+  if [ "$STEP_RC" -eq 0 ]; then
+    # The profile's rows (Reporting.cpp): name (may hold spaces), calls
+    # (blank for the totals), ms over the steps, ms per step, percent.
+    say "| row | calls | ms per step | % of the step |"
+    say "|---|---|---|---|"
+    profile_rows "$STEPLOG" | while IFS= read -r line; do say "$line"; done
+  else
+    say "not measured: $STEP_RESULT (gpu_profile.log)"
+  fi
 fi
 
 STEP=summary

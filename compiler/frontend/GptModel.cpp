@@ -88,7 +88,17 @@ std::string mlir::piper::validateGptConfig(const GptConfig &cfg) {
              "dropless";
     if (cfg.auxLossCoeff < 0 || !std::isfinite(cfg.auxLossCoeff))
       return "aux loss coefficient must be non-negative";
+    for (size_t i = 0; i < cfg.denseLayers.size(); ++i)
+      if (cfg.denseLayers[i] < 0 || cfg.denseLayers[i] >= cfg.layers ||
+          (i && cfg.denseLayers[i] <= cfg.denseLayers[i - 1]))
+        return "dense layers must be distinct layer indices in [0, " +
+               std::to_string(cfg.layers) + "), ascending";
+  } else if (!cfg.denseLayers.empty()) {
+    return "only qwen3-moe models have dense layers among expert layers";
   }
+  if (cfg.denseFfn < 0 || cfg.denseFfn > kMaxSize)
+    return "the dense MLP size must be between 0 and " +
+           std::to_string(kMaxSize);
   {
     // The largest tensors, in floating point so that the products cannot
     // overflow: embeddings and head, the MLP (all experts), the logits and
@@ -99,7 +109,7 @@ std::string mlir::piper::validateGptConfig(const GptConfig &cfg) {
                                                           : 1.0;
     for (double elements :
          {double(cfg.vocab) * h, 2.0 * e * h * f, tokens * double(cfg.vocab),
-          tokens * 3.0 * h,
+          2.0 * h * double(cfg.denseFfn), tokens * 3.0 * h,
           tokens * double(cfg.heads + 2 * cfg.numKvHeads()) *
               double(cfg.headDim),
           double(cfg.heads) * double(cfg.headDim) * h,
@@ -155,12 +165,15 @@ int64_t mlir::piper::countParameters(const GptConfig &cfg) {
   if (cfg.llamaLike()) {
     const int64_t hd = cfg.headSize();
     const int64_t qkv = (cfg.heads + 2 * cfg.numKvHeads()) * hd;
-    int64_t mlp = h * 2 * f + f * h;
-    if (cfg.family == ModelFamily::Qwen3Moe)
-      mlp = h * cfg.experts + cfg.experts * mlp;
-    int64_t perLayer =
-        h + h * qkv + cfg.heads * hd * h + h + mlp + (cfg.qkNorm ? 2 * hd : 0);
-    return v * h + cfg.layers * perLayer + h + (cfg.tiedHead ? 0 : h * v);
+    const int64_t df = cfg.denseFfnSize();
+    const int64_t moe = h * cfg.experts + cfg.experts * (h * 2 * f + f * h);
+    const int64_t dense = h * 2 * df + df * h;
+    const int64_t attention =
+        h + h * qkv + cfg.heads * hd * h + h + (cfg.qkNorm ? 2 * hd : 0);
+    int64_t total = v * h + h + (cfg.tiedHead ? 0 : h * v);
+    for (int64_t i = 0; i < cfg.layers; ++i)
+      total += attention + (cfg.moeLayer(i) ? moe : dense);
+    return total;
   }
   int64_t perLayer = 2 * h + h * 3 * h + 3 * h + h * h + h + 2 * h +
                      h * f + f + f * h + h;
@@ -295,7 +308,7 @@ void GptModelBuilder::buildLlamaParams() {
     param(p + "attention.wo.weight", {cfg.heads * hd, h}, InitKind::normal,
           projStd);
     param(p + "ffn_norm.weight", {h}, InitKind::ones);
-    if (cfg.family == ModelFamily::Qwen3Moe) {
+    if (cfg.moeLayer(i)) {
       const int64_t e = cfg.experts;
       param(p + "moe.router.weight", {h, e}, InitKind::normal, cfg.initStd);
       param(p + "moe.experts.w13", {e, h, 2 * f}, InitKind::normal,
@@ -304,9 +317,10 @@ void GptModelBuilder::buildLlamaParams() {
       continue;
     }
     // Gate and up projections packed as [gate | up] for piper.swiglu.
-    param(p + "feed_forward.w13.weight", {h, 2 * f}, InitKind::normal,
-          cfg.initStd);
-    param(p + "feed_forward.w2.weight", {f, h}, InitKind::normal, projStd);
+    param(p + "feed_forward.w13.weight", {h, 2 * cfg.denseFfnSize()},
+          InitKind::normal, cfg.initStd);
+    param(p + "feed_forward.w2.weight", {cfg.denseFfnSize(), h},
+          InitKind::normal, projStd);
   }
   param("norm.weight", {h}, InitKind::ones);
   if (!cfg.tiedHead)
@@ -350,15 +364,16 @@ SegmentOp GptModelBuilder::buildLlamaBlock(int64_t layer) {
   y = linear(att, p + ".attention.wo", h, /*bias=*/false);
   x = AddOp::create(b, loc(p + ".attention.residual"), x, y);
   y = rmsNorm(x, p + ".ffn_norm");
-  if (cfg.family == ModelFamily::Qwen3Moe) {
+  if (cfg.moeLayer(layer)) {
     x = AddOp::create(b, loc(p + ".moe.residual"), x, moe(y, p + ".moe"));
     YieldOp::create(b, loc(p), ValueRange{x});
     return segment;
   }
   // x + w2(silu(w1(ffn_norm(x))) * w3(ffn_norm(x)))
-  y = linear(y, p + ".feed_forward.w13", 2 * cfg.ffnSize(), /*bias=*/false);
-  y = SwigluOp::create(b, loc(p + ".feed_forward.swiglu"), act(cfg.ffnSize()),
-                       y);
+  y = linear(y, p + ".feed_forward.w13", 2 * cfg.denseFfnSize(),
+             /*bias=*/false);
+  y = SwigluOp::create(b, loc(p + ".feed_forward.swiglu"),
+                       act(cfg.denseFfnSize()), y);
   y = linear(y, p + ".feed_forward.w2", h, /*bias=*/false);
   x = AddOp::create(b, loc(p + ".feed_forward.residual"), x, y);
   YieldOp::create(b, loc(p), ValueRange{x});
@@ -372,10 +387,10 @@ Value GptModelBuilder::moe(Value x, const std::string &p) {
     return RankedTensorType::get(shape, b.getI32Type());
   };
   Value logits = linear(x, p + ".router", e, /*bias=*/false);
-  auto route = MoeRouterOp::create(b, loc(p + ".router"), i32({rows, k}),
-                                   f32({rows, k}), logits,
-                                   static_cast<uint64_t>(k),
-                                   /*norm_topk=*/true);
+  auto route =
+      MoeRouterOp::create(b, loc(p + ".router"), i32({rows, k}), f32({rows, k}),
+                          logits, static_cast<uint64_t>(k),
+                          /*norm_topk=*/cfg.normTopK);
   if (cfg.auxLossCoeff > 0)
     MoeAuxLossOp::create(b, loc(p + ".aux_loss"), f32({}), logits,
                          route.getIndices(), static_cast<uint64_t>(e),

@@ -2,8 +2,10 @@
 #ifndef PIPER_COMPILER_FRONTEND_GPTMODEL_H
 #define PIPER_COMPILER_FRONTEND_GPTMODEL_H
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/IR/MLIRContext.h"
@@ -76,6 +78,16 @@ struct GptConfig {
   double capacityFactor = 0.0;
   /// Weight of the load-balancing loss in the training loss (0: none).
   double auxLossCoeff = 0.01;
+  /// Qwen3Moe: whether the router renormalizes the top-k probabilities to
+  /// sum to 1 (transformers' norm_topk_prob).
+  bool normTopK = true;
+  /// Qwen3Moe: the layers whose MLP is a dense SwiGLU of denseFfn instead of
+  /// experts (transformers' mlp_only_layers, and the layers
+  /// decoder_sparse_step skips), ascending.
+  std::vector<int64_t> denseLayers;
+  /// Qwen3Moe: the dense layers' MLP size (transformers' intermediate_size);
+  /// 0 means ffn (the experts' size).
+  int64_t denseFfn = 0;
 
   int64_t numKvHeads() const { return kvHeads ? kvHeads : heads; }
   int64_t headSize() const { return headDim ? headDim : hidden / heads; }
@@ -83,6 +95,13 @@ struct GptConfig {
   /// Slots per expert for a microbatch.
   int64_t capacity() const;
   int64_t ffnSize() const;
+  /// The MLP size of a dense layer: denseFfn, else ffnSize().
+  int64_t denseFfnSize() const { return denseFfn ? denseFfn : ffnSize(); }
+  /// Whether layer `layer`'s MLP is a mixture of experts.
+  bool moeLayer(int64_t layer) const {
+    return family == ModelFamily::Qwen3Moe &&
+           !std::binary_search(denseLayers.begin(), denseLayers.end(), layer);
+  }
 };
 
 /// Number of trainable parameters (elements) of the model `cfg` describes.

@@ -30,17 +30,6 @@ const char *const kNeutralKeys[] = {
     "tokenizer_class",   "_attn_implementation", "model_type",
 };
 
-/// Architectures `transformers` has that Piper knows and does not build
-/// yet, with what is missing.
-struct Pending {
-  const char *name, *missing;
-};
-const Pending kPending[] = {
-    {"Qwen3MoeForCausalLM",
-     "its mixture-of-experts layers (expert names, moe_intermediate_size, "
-     "the dense/sparse layer mix) are not mapped yet"},
-};
-
 /// A number as JSON would show it: 0.1, 1e-05, 2.
 std::string formatNumber(double value) {
   char buf[32];
@@ -216,10 +205,13 @@ std::string architectureOf(const llvm::json::Object &obj,
 /// required (transformers requires them too), none unknown.
 std::string readLlama3Scaling(Reader &r, const llvm::json::Object &s,
                               GptConfig &cfg) {
-  static const llvm::StringRef kKeys[] = {
-      "rope_type",        "type",
-      "factor",           "low_freq_factor",
-      "high_freq_factor", "original_max_position_embeddings"};
+  static const llvm::StringRef kKeys[] = {"rope_type",
+                                          "type",
+                                          "rope_theta",
+                                          "factor",
+                                          "low_freq_factor",
+                                          "high_freq_factor",
+                                          "original_max_position_embeddings"};
   for (const auto &kv : s)
     if (!llvm::is_contained(kKeys, llvm::StringRef(kv.first)))
       return r.error("unknown key \"" + kv.first.str() +
@@ -251,6 +243,58 @@ std::string readLlama3Scaling(Reader &r, const llvm::json::Object &s,
   return "";
 }
 
+/// Qwen3MoeForCausalLM's mixture-of-experts keys into `cfg` (whose ffn is
+/// intermediate_size so far): num_experts experts of moe_intermediate_size,
+/// num_experts_per_tok of them per token, dropless, norm_topk_prob; layer i
+/// has experts unless it is in mlp_only_layers or (i + 1) is not a multiple
+/// of decoder_sparse_step (Qwen3MoeDecoderLayer), else a dense MLP of
+/// intermediate_size. transformers adds its load-balancing loss only with
+/// output_router_logits, pooled over every layer's tokens, which Piper's
+/// per-layer loss is not: that is refused.
+std::string readQwen3MoeLayers(Reader &r, GptConfig &cfg) {
+  std::string err;
+  auto experts = r.size("num_experts", err, int64_t(128));
+  auto topK = r.size("num_experts_per_tok", err, int64_t(8));
+  auto expertFfn = r.size("moe_intermediate_size", err, int64_t(768));
+  auto step = r.size("decoder_sparse_step", err, int64_t(1));
+  auto normTopK = r.boolean("norm_topk_prob", false, err);
+  auto routerLogits = r.boolean("output_router_logits", false, err);
+  r.number("router_aux_loss_coef", 0.001, err);
+  if (!err.empty())
+    return err;
+  if (*routerLogits)
+    return r.error("\"output_router_logits\": true adds transformers' "
+                   "load-balancing loss, pooled over every layer's tokens, "
+                   "which Piper does not compute (its auxiliary loss is per "
+                   "layer); set it to false");
+  std::vector<int64_t> mlpOnly;
+  if (const llvm::json::Value *v = r.get("mlp_only_layers");
+      v && v->kind() != llvm::json::Value::Null) {
+    const llvm::json::Array *list = v->getAsArray();
+    if (!list)
+      return r.error("\"mlp_only_layers\" must be a list of layer indices");
+    for (const llvm::json::Value &i : *list) {
+      std::optional<int64_t> n = i.getAsInteger();
+      if (!n || *n < 0 || *n >= cfg.layers)
+        return r.error("\"mlp_only_layers\" must list layer indices in [0, " +
+                       std::to_string(cfg.layers) + ")");
+      mlpOnly.push_back(*n);
+    }
+  }
+  cfg.denseFfn = cfg.ffn;
+  cfg.ffn = *expertFfn;
+  cfg.experts = *experts;
+  cfg.topK = *topK;
+  cfg.normTopK = *normTopK;
+  cfg.capacityFactor = 0; // dropless, as transformers
+  cfg.auxLossCoeff = 0;
+  cfg.denseLayers.clear();
+  for (int64_t i = 0; i < cfg.layers; ++i)
+    if (llvm::is_contained(mlpOnly, i) || (i + 1) % *step != 0)
+      cfg.denseLayers.push_back(i);
+  return "";
+}
+
 /// LlamaForCausalLM (Llama 2, 3, and 3.1/3.2 with rope scaling "llama3"):
 /// RMSNorm, rotary embeddings on the first and second halves of each head
 /// (`transformers`' rotate_half, as Piper's kernels), grouped-query attention,
@@ -258,9 +302,10 @@ std::string readLlama3Scaling(Reader &r, const llvm::json::Object &s,
 /// `qwen3`, Qwen3ForCausalLM: the same, plus an RMSNorm of each query and
 /// key head before the rotation (q_norm, k_norm), head_dim 128 unless
 /// given, tied by default, and sliding-window keys (which must be off).
-std::string readLlama(Reader &r, GptConfig &cfg, bool qwen3) {
+/// With `moe` too, Qwen3MoeForCausalLM (readQwen3Moe's layers).
+std::string readLlama(Reader &r, GptConfig &cfg, bool qwen3, bool moe) {
   std::string err;
-  cfg.family = ModelFamily::Llama;
+  cfg.family = moe ? ModelFamily::Qwen3Moe : ModelFamily::Llama;
   cfg.qkNorm = qwen3;
   auto hidden = r.size("hidden_size", err);
   auto layers = r.size("num_hidden_layers", err);
@@ -271,7 +316,10 @@ std::string readLlama(Reader &r, GptConfig &cfg, bool qwen3) {
     return err;
   auto kvHeads = r.size("num_key_value_heads", err, *heads);
   auto positions = r.size("max_position_embeddings", err, int64_t(0));
-  auto headDim = r.size("head_dim", err, qwen3 ? 128 : *hidden / *heads);
+  // Qwen3's default head size is 128; Qwen3-MoE's (transformers reads it
+  // with getattr) hidden / heads.
+  auto headDim =
+      r.size("head_dim", err, qwen3 && !moe ? 128 : *hidden / *heads);
   auto theta = r.number("rope_theta", 10000.0, err);
   auto eps = r.number("rms_norm_eps", 1e-6, err);
   auto init = r.number("initializer_range", 0.02, err);
@@ -279,7 +327,7 @@ std::string readLlama(Reader &r, GptConfig &cfg, bool qwen3) {
   auto act = r.string("hidden_act", "silu", err);
   auto attnBias = r.boolean("attention_bias", false, err);
   auto mlpBias = r.boolean("mlp_bias", false, err);
-  auto tied = r.boolean("tie_word_embeddings", qwen3, err);
+  auto tied = r.boolean("tie_word_embeddings", qwen3 && !moe, err);
   std::optional<int64_t> tp = 1;
   std::optional<bool> sliding = false;
   if (qwen3) {
@@ -322,21 +370,50 @@ std::string readLlama(Reader &r, GptConfig &cfg, bool qwen3) {
   // pretraining_tp > 1 only slices `transformers`' matrix products; the
   // math is the same.
   (void)tp;
-  if (const llvm::json::Value *scaling = r.get("rope_scaling");
-      scaling && scaling->kind() != llvm::json::Value::Null) {
+  // transformers 5 writes "rope_parameters" (rope_theta and the scaling
+  // in one object) where 4 wrote "rope_theta" and "rope_scaling".
+  const llvm::json::Value *scaling = r.get("rope_scaling");
+  llvm::StringRef scalingKey = "rope_scaling";
+  if (const llvm::json::Value *params = r.get("rope_parameters");
+      params && params->kind() != llvm::json::Value::Null) {
+    const llvm::json::Object *p = params->getAsObject();
+    if (!p)
+      return r.error("\"rope_parameters\" must be an object or null");
+    if (scaling && scaling->kind() != llvm::json::Value::Null)
+      return r.error("both \"rope_parameters\" and \"rope_scaling\" are "
+                     "given: transformers reads one");
+    std::optional<double> inner = p->getNumber("rope_theta");
+    if (!inner || !std::isfinite(*inner))
+      return r.error("\"rope_parameters\" needs a number \"rope_theta\"");
+    if (r.present("rope_theta") && *inner != *theta)
+      return r.error("\"rope_theta\" " + formatNumber(*theta) +
+                     " contradicts \"rope_parameters\" \"rope_theta\" " +
+                     formatNumber(*inner));
+    theta = inner;
+    scaling = params;
+    scalingKey = "rope_parameters";
+  }
+  if (scaling && scaling->kind() != llvm::json::Value::Null) {
     const llvm::json::Object *s = scaling->getAsObject();
     if (!s)
       return r.error("\"rope_scaling\" must be an object or null");
     std::optional<llvm::StringRef> type = s->getString("rope_type");
     if (!type)
       type = s->getString("type");
+    if (!type && scalingKey == "rope_parameters")
+      type = "default";
     if (!type)
       return r.error("\"rope_scaling\" names no \"rope_type\"");
+    if (*type == "default" && scalingKey == "rope_parameters")
+      for (const auto &kv : *s)
+        if (kv.first != "rope_type" && kv.first != "rope_theta")
+          return r.error("unknown key \"" + kv.first.str() +
+                         "\" in \"rope_parameters\" of type \"default\"");
     if (*type == "llama3") {
       if (std::string e = readLlama3Scaling(r, *s, cfg); !e.empty())
         return e;
     } else if (*type != "default") {
-      return r.error("\"rope_scaling\" of type \"" + *type +
+      return r.error("\"" + scalingKey + "\" of type \"" + *type +
                      "\" is not implemented (Piper implements \"default\" "
                      "and \"llama3\")");
     }
@@ -354,11 +431,16 @@ std::string readLlama(Reader &r, GptConfig &cfg, bool qwen3) {
   cfg.headDim = *headDim * *heads == *hidden ? 0 : *headDim;
   cfg.ffn = *ffn;
   cfg.vocab = *vocab;
+  if (moe)
+    if (std::string e = readQwen3MoeLayers(r, cfg); !e.empty())
+      return e;
   cfg.ropeTheta = *theta;
   cfg.rmsEps = *eps;
   cfg.initStd = *init;
   cfg.tiedHead = *tied;
-  return r.rejectUnknownKeys(qwen3 ? "Qwen3ForCausalLM" : "LlamaForCausalLM");
+  return r.rejectUnknownKeys(moe     ? "Qwen3MoeForCausalLM"
+                             : qwen3 ? "Qwen3ForCausalLM"
+                                     : "LlamaForCausalLM");
 }
 
 /// GPT2LMHeadModel: learned positions (a table of n_positions rows),
@@ -448,15 +530,11 @@ std::string mlir::piper::gptConfigFromHuggingFace(llvm::StringRef text,
   std::string arch;
   if (std::string err = architectureOf(*obj, source, arch); !err.empty())
     return err;
-  for (const Pending &p : kPending)
-    if (arch == p.name)
-      return (source + ": " + arch + " is not supported yet: " + p.missing)
-          .str();
   if (arch != "LlamaForCausalLM" && arch != "GPT2LMHeadModel" &&
-      arch != "Qwen3ForCausalLM")
+      arch != "Qwen3ForCausalLM" && arch != "Qwen3MoeForCausalLM")
     return (source + ": unknown architecture \"" + arch +
             "\" (supported: LlamaForCausalLM, Qwen3ForCausalLM, "
-            "GPT2LMHeadModel)")
+            "Qwen3MoeForCausalLM, GPT2LMHeadModel)")
         .str();
   GptConfig cfg;
   cfg.seq = seq;
@@ -464,7 +542,8 @@ std::string mlir::piper::gptConfigFromHuggingFace(llvm::StringRef text,
   Reader r(*obj, (source + " (" + arch + ")").str());
   if (std::string err = arch == "GPT2LMHeadModel"
                             ? readGpt2(r, cfg)
-                            : readLlama(r, cfg, arch == "Qwen3ForCausalLM");
+                            : readLlama(r, cfg, arch.rfind("Qwen3", 0) == 0,
+                                        arch == "Qwen3MoeForCausalLM");
       !err.empty())
     return err;
   if (std::string err = validateGptConfig(cfg); !err.empty())

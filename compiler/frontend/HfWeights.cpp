@@ -20,7 +20,8 @@ SmallVector<HfSourceAttr> llamaSources(MLIRContext *ctx, StringRef name,
   Builder b(ctx);
   const int64_t h = cfg.hidden, hd = cfg.headSize();
   const int64_t q = cfg.heads * hd, kv = cfg.numKvHeads() * hd;
-  const int64_t f = cfg.ffnSize(), v = cfg.vocab;
+  const int64_t f = cfg.denseFfnSize(), v = cfg.vocab;
+  const int64_t ef = cfg.ffnSize(), e = cfg.experts;
   // An nn.Linear weight [out, in] (transposed into Piper's [in, out]) at
   // column `offset`, or a tensor as it is.
   auto linear = [&](const std::string &hf, int64_t out, int64_t in,
@@ -59,6 +60,28 @@ SmallVector<HfSourceAttr> llamaSources(MLIRContext *ctx, StringRef name,
                               b.getBoolAttr(false), 0, hd)};
   if (rest == "attention.wo.weight")
     return {linear(p + "self_attn.o_proj.weight", h, q)};
+  // Qwen3-MoE: the router (an nn.Linear, [E, H]) and each expert's
+  // gate/up/down projections into block `x` of Piper's [E, ...] weights.
+  if (rest == "moe.router.weight")
+    return {linear(p + "mlp.gate.weight", e, h)};
+  if (rest == "moe.experts.w13" || rest == "moe.experts.w2") {
+    SmallVector<HfSourceAttr> out;
+    for (int64_t x = 0; x < e; ++x) {
+      const std::string q = p + "mlp.experts." + std::to_string(x) + ".";
+      auto expert = [&](const char *proj, int64_t rows, int64_t cols,
+                        int64_t offset) {
+        return HfSourceAttr::get(ctx, q + proj, {rows, cols},
+                                 b.getBoolAttr(true), x, offset);
+      };
+      if (rest == "moe.experts.w2") {
+        out.push_back(expert("down_proj.weight", h, ef, 0));
+        continue;
+      }
+      out.push_back(expert("gate_proj.weight", ef, h, 0));
+      out.push_back(expert("up_proj.weight", ef, h, ef));
+    }
+    return out;
+  }
   if (rest == "feed_forward.w13.weight")
     return {linear(p + "mlp.gate_proj.weight", f, h),
             linear(p + "mlp.up_proj.weight", f, h, f)};
@@ -92,9 +115,6 @@ SmallVector<HfSourceAttr> gpt2Sources(MLIRContext *ctx, ParamOp param,
 std::string mlir::piper::annotateHuggingFace(ModuleOp module,
                                              const GptConfig &cfg,
                                              llvm::StringRef configText) {
-  if (cfg.family == ModelFamily::Qwen3Moe)
-    return "Hugging Face weights are mapped for LlamaForCausalLM, "
-           "Qwen3ForCausalLM and GPT2LMHeadModel only";
   for (ParamOp param : module.getOps<ParamOp>()) {
     SmallVector<HfSourceAttr> sources =
         cfg.family == ModelFamily::Gpt

@@ -528,3 +528,36 @@ TEST_CASE("qwen3: a q/k norm per head and a head size of its own",
   gpt.qkNorm = true;
   CHECK(validateGptConfig(gpt).find("q/k norm") != std::string::npos);
 }
+
+TEST_CASE("qwen3-moe: dense layers among expert layers", "[frontend]") {
+  MLIRContext ctx;
+  GptConfig cfg;
+  cfg.family = ModelFamily::Qwen3Moe;
+  cfg.layers = 3;
+  cfg.ffn = 16;
+  cfg.denseFfn = 40;
+  cfg.denseLayers = {1};
+  cfg.normTopK = false;
+  REQUIRE(validateGptConfig(cfg).empty());
+  OwningOpRef<ModuleOp> module = buildGptModel(&ctx, cfg);
+  CHECK(countParameters(cfg) == totalParamElements(*module));
+  CHECK(module->lookupSymbol("layers.0.moe.experts.w13"));
+  CHECK_FALSE(module->lookupSymbol("layers.1.moe.experts.w13"));
+  auto dense = module->lookupSymbol<ParamOp>("layers.1.feed_forward.w2.weight");
+  REQUIRE(dense);
+  CHECK(dense.getTensorType().getShape() == ArrayRef<int64_t>{40, 64});
+  int routers = 0;
+  module->walk([&](MoeRouterOp op) {
+    ++routers;
+    CHECK_FALSE(op->hasAttr("norm_topk"));
+  });
+  CHECK(routers == 2);
+  cfg.denseLayers = {2, 1};
+  CHECK(validateGptConfig(cfg).find("ascending") != std::string::npos);
+  cfg.denseLayers = {3};
+  CHECK(validateGptConfig(cfg).find("[0, 3)") != std::string::npos);
+  GptConfig llama;
+  llama.family = ModelFamily::Llama;
+  llama.denseLayers = {0};
+  CHECK(validateGptConfig(llama).find("only qwen3-moe") != std::string::npos);
+}

@@ -77,6 +77,17 @@ QWEN3 = {
     "transformers_version": "4.51.0",
 }
 
+# Qwen3-30B-A3B's config.json keys, scaled down: 4 experts of 32, top-2
+# renormalized, heads of 24 (4 x 24 = 96, hidden 64), and layer 1 dense
+# (mlp_only_layers) with intermediate_size 80.
+QWEN3_MOE = dict(
+    QWEN3, architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe",
+    num_hidden_layers=3, intermediate_size=80, moe_intermediate_size=32,
+    num_experts=4, num_experts_per_tok=2, norm_topk_prob=True,
+    decoder_sparse_step=1, mlp_only_layers=[1], output_router_logits=False,
+    router_aux_loss_coef=0.001, tie_word_embeddings=False,
+    max_window_layers=48)
+
 # GPT-2's config.json keys (dropout set to 0: Piper trains without it), at
 # a smaller size; the position table is longer than the sequence.
 GPT2 = {
@@ -152,7 +163,9 @@ def grads_match(name, work, folder, config, weights, tokens_all, dtype="F32",
     check(rel(piper_loss, loss.item()) <= LOSS_RTOL,
           "%s: loss piper %.7f oracle %.7f (rel %.1e)" %
           (name, piper_loss, loss.item(), rel(piper_loss, loss.item())))
-    ref = to_piper({k: v.grad for k, v in p.items()}, config)
+    # An expert no token chose has no gradient in torch: zeros in Piper.
+    ref = to_piper({k: v.grad if v.grad is not None else torch.zeros_like(v)
+                    for k, v in p.items()}, config)
     got = read_safetensors(grads)
     if sorted(ref) != sorted(got):
         check(False, "%s: gradient names differ: %s" % (name, sorted(set(ref) ^ set(got))))
@@ -254,6 +267,31 @@ def main():
           "qwen3: the q/k norms change the oracle's loss (%.7f vs %.7f without)" %
           (with_norm, no_norm))
 
+    # Qwen3-MoE: experts in layers 0 and 2, a dense MLP in layer 1; the
+    # router's gradient through the renormalized top-2 weights; and without
+    # renormalization (norm_topk_prob false, transformers' default) with
+    # every other layer dense (decoder_sparse_step 2).
+    moe_w = hf.llama_random_weights(QWEN3_MOE, gen)
+    moe = os.path.join(work, "qwen3-moe")
+    hf.write_folder(moe, QWEN3_MOE, moe_w, shards=3)
+    grads_match("qwen3-moe", work, moe, QWEN3_MOE, moe_w, window, arch="qwen3-moe")
+    moe_plain = dict(QWEN3_MOE, norm_topk_prob=False, decoder_sparse_step=2,
+                     mlp_only_layers=[])
+    moe_plain_w = hf.llama_random_weights(moe_plain, gen)
+    moe_plain_dir = os.path.join(work, "qwen3-moe-plain")
+    hf.write_folder(moe_plain_dir, moe_plain, moe_plain_w)
+    grads_match("qwen3-moe-unnormalized", work, moe_plain_dir, moe_plain, moe_plain_w,
+                window, arch="qwen3-moe")
+    with torch.no_grad():
+        normalized = hf.llama_loss(moe_plain_w, dict(moe_plain, norm_topk_prob=True),
+                                   *args).item()
+        plain = hf.llama_loss(moe_plain_w, moe_plain, *args).item()
+    # (One MoE layer of three: the difference is smaller, still 10x the
+    # loss bound.)
+    check(rel(normalized, plain) > 10 * LOSS_RTOL,
+          "qwen3-moe: norm_topk_prob changes the oracle's loss (%.7f vs %.7f)" %
+          (normalized, plain))
+
     # --- Strategies: three steps from the folder, one device's losses ---
     long_data = os.path.join(work, "long-tokens.bin")
     rng.integers(0, VOCAB, 4096).astype("<u2").tofile(long_data)
@@ -309,6 +347,34 @@ def main():
                 for k in single) if sorted(single) == sorted(qwen3_w) == sorted(tp) else 1
     check(worst <= GRAD_RTOL, "qwen3 export after 3 steps, TP2 against one device: "
           "Qwen3ForCausalLM's names, worst relative difference %.1e" % worst)
+    # Qwen3-MoE under expert parallelism (each rank reads only its experts'
+    # tensors), tensor parallelism (the attention split, the experts whole
+    # on each member) and PP2 x DP2 ZeRO-3 (the dense layer on one stage).
+    for name, flags, nproc in (("qwen3-moe-single", ["--microbatches", "4"], 1),
+                               ("qwen3-moe-dp2-ep2", ["--dp", "2", "--ep", "2",
+                                                      "--microbatches", "2"], 2),
+                               ("qwen3-moe-tp2", ["--tp", "2", "--microbatches", "4"], 2),
+                               ("qwen3-moe-pp2-dp2-zero3",
+                                ["--pp", "2", "--dp", "2", "--zero", "3",
+                                 "--microbatches", "2"], 4)):
+        plans = compile_model(work, "train-" + name, moe, *flags, batch=1)
+        metrics = os.path.join(work, name + "-train.jsonl")
+        out = os.path.join(work, name + "-export")
+        run([PIPER_RUN, plans, "--nproc", str(nproc), "--steps", "3", "--load",
+             moe, "--data", long_data, "--seed", "9", "--metrics", metrics,
+             "--save-hf", out])
+        curves[name] = losses(metrics)
+        if name != "qwen3-moe-single":
+            worst = max(rel(a, b) for a, b in zip(curves[name], curves["qwen3-moe-single"]))
+            check(len(curves[name]) == 3 and worst <= LOSS_RTOL,
+                  "%s: losses %s vs one device %s (worst rel %.1e)" %
+                  (name, curves[name], curves["qwen3-moe-single"], worst))
+    single, ep = (hf.read_folder(os.path.join(work, n + "-export"))
+                  for n in ("qwen3-moe-single", "qwen3-moe-dp2-ep2"))
+    worst = max((single[k][0] - ep[k][0]).norm().item() / single[k][0].norm().item()
+                for k in single) if sorted(single) == sorted(moe_w) == sorted(ep) else 1
+    check(worst <= GRAD_RTOL, "qwen3-moe export after 3 steps, DP2 x EP2 against one "
+          "device: Qwen3MoeForCausalLM's names, worst relative difference %.1e" % worst)
     for name, flags, nproc in (("gpt2-single", ["--microbatches", "4"], 1),
                                ("gpt2-pp2-dp2-zero3", ["--pp", "2", "--dp", "2", "--zero",
                                                        "3", "--microbatches", "2"], 4)):
@@ -386,6 +452,14 @@ def main():
     check(sorted(original_q) == sorted(again_q) and
           all(original_q[k][2] == again_q[k][2] for k in original_q),
           "qwen3 round trip load -> --save-hf: %d tensors bit-identical" % len(original_q))
+    plans_m = compile_model(work, "roundtrip-qwen3-moe", moe, "--microbatches", "1")
+    back_m = os.path.join(work, "roundtrip-qwen3-moe")
+    run([PIPER_RUN, plans_m, "--nproc", "1", "--steps", "0", "--load", moe,
+         "--save-hf", back_m])
+    original_m, again_m = hf.read_folder(moe), hf.read_folder(back_m)
+    check(sorted(original_m) == sorted(again_m) and
+          all(original_m[k][2] == again_m[k][2] for k in original_m),
+          "qwen3-moe round trip load -> --save-hf: %d tensors bit-identical" % len(original_m))
     plans_g = compile_model(work, "roundtrip-gpt2", gpt2_u, "--microbatches", "1")
     back_g = os.path.join(work, "roundtrip-gpt2")
     run([PIPER_RUN, plans_g, "--nproc", "1", "--steps", "0", "--load", gpt2_u,

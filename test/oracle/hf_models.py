@@ -83,20 +83,35 @@ def write_folder(folder, config, tensors, dtype="F32", shards=1):
         json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f)
 
 
+def is_qwen3_moe(config):
+    """Qwen3MoeForCausalLM: Qwen3's attention, mixture-of-experts MLPs."""
+    return (config.get("architectures") or [None])[0] == "Qwen3MoeForCausalLM" or \
+        config.get("model_type") == "qwen3_moe"
+
+
 def is_qwen3(config):
-    """Qwen3ForCausalLM: Llama plus q_norm/k_norm, head_dim 128 unless
-    given."""
+    """Qwen3ForCausalLM (or -Moe): Llama plus q_norm/k_norm; the dense
+    model's head_dim is 128 unless given."""
     return (config.get("architectures") or [None])[0] == "Qwen3ForCausalLM" or \
-        config.get("model_type") == "qwen3"
+        config.get("model_type") == "qwen3" or is_qwen3_moe(config)
 
 
 def head_dim(config):
     h, heads = config["hidden_size"], config["num_attention_heads"]
-    return config.get("head_dim") or (128 if is_qwen3(config) else h // heads)
+    default = 128 if is_qwen3(config) and not is_qwen3_moe(config) else h // heads
+    return config.get("head_dim") or default
 
 
 def tied(config):
-    return config.get("tie_word_embeddings", is_qwen3(config))
+    return config.get("tie_word_embeddings", is_qwen3(config) and not is_qwen3_moe(config))
+
+
+def moe_layer(config, i):
+    """Qwen3MoeDecoderLayer's choice: experts unless in mlp_only_layers or
+    (i + 1) is not a multiple of decoder_sparse_step."""
+    return is_qwen3_moe(config) and i not in (config.get("mlp_only_layers") or []) and \
+        config.get("num_experts", 128) > 0 and \
+        (i + 1) % config.get("decoder_sparse_step", 1) == 0
 
 
 def llama_random_weights(config, generator):
@@ -122,6 +137,15 @@ def llama_random_weights(config, generator):
             p[pre + "self_attn.q_norm.weight"] = 1 + rand(hd, scale=0.3)
             p[pre + "self_attn.k_norm.weight"] = 1 + rand(hd, scale=0.3)
         p[pre + "post_attention_layernorm.weight"] = 1 + rand(h, scale=0.1)
+        if moe_layer(config, i):
+            e, f = config["num_experts"], config["moe_intermediate_size"]
+            p[pre + "mlp.gate.weight"] = rand(e, h, scale=0.5)
+            for x in range(e):
+                q = pre + "mlp.experts.%d." % x
+                p[q + "gate_proj.weight"] = rand(f, h, scale=0.1)
+                p[q + "up_proj.weight"] = rand(f, h, scale=0.1)
+                p[q + "down_proj.weight"] = rand(h, f, scale=0.1)
+            continue
         p[pre + "mlp.gate_proj.weight"] = rand(inter, h, scale=0.1)
         p[pre + "mlp.up_proj.weight"] = rand(inter, h, scale=0.1)
         p[pre + "mlp.down_proj.weight"] = rand(h, inter, scale=0.1)
@@ -199,12 +223,38 @@ def llama_logits(p, config, tokens):
         a = a.transpose(1, 2).reshape(b, s, heads * hd)
         x = x + F.linear(a, p[pre + "self_attn.o_proj.weight"])
         y = _rms_norm(x, p[pre + "post_attention_layernorm.weight"], eps)
+        if moe_layer(config, i):
+            x = x + _sparse_moe(p, config, pre, y)
+            continue
         gate = F.linear(y, p[pre + "mlp.gate_proj.weight"])
         up = F.linear(y, p[pre + "mlp.up_proj.weight"])
         x = x + F.linear(F.silu(gate) * up, p[pre + "mlp.down_proj.weight"])
     x = _rms_norm(x, p["model.norm.weight"], eps)
     head = p.get("lm_head.weight", p["model.embed_tokens.weight"])
     return F.linear(x, head)
+
+
+def _sparse_moe(p, config, pre, y):
+    """Qwen3MoeSparseMoeBlock: softmax over the router's logits, the top
+    num_experts_per_tok, renormalized with norm_topk_prob, each token's
+    experts' SwiGLU outputs summed with those weights (dropless)."""
+    b, s, h = y.shape
+    t = y.reshape(-1, h)
+    probs = torch.softmax(F.linear(t, p[pre + "mlp.gate.weight"]), dim=-1, dtype=torch.float)
+    weights, chosen = torch.topk(probs, config["num_experts_per_tok"], dim=-1)
+    if config.get("norm_topk_prob", False):
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    out = torch.zeros_like(t)
+    for x in range(config["num_experts"]):
+        token, slot = torch.where(chosen == x)
+        if token.numel() == 0:
+            continue
+        q = pre + "mlp.experts.%d." % x
+        z = t[token]
+        z = F.linear(F.silu(F.linear(z, p[q + "gate_proj.weight"])) *
+                     F.linear(z, p[q + "up_proj.weight"]), p[q + "down_proj.weight"])
+        out = out.index_add(0, token, z * weights[token, slot, None])
+    return out.reshape(b, s, h)
 
 
 def llama_loss(p, config, tokens, targets):
@@ -224,12 +274,23 @@ def to_piper(hf, config):
         pre, to = "model.layers.%d." % i, "layers.%d." % i
         out[to + "attention_norm.weight"] = hf[pre + "input_layernorm.weight"]
         out[to + "ffn_norm.weight"] = hf[pre + "post_attention_layernorm.weight"]
+        if moe_layer(config, i):
+            e = config["num_experts"]
+            q = pre + "mlp.experts.%d."
+            out[to + "moe.router.weight"] = hf[pre + "mlp.gate.weight"].t()
+            out[to + "moe.experts.w13"] = torch.stack([torch.cat(
+                [hf[q % x + "gate_proj.weight"].t(), hf[q % x + "up_proj.weight"].t()], dim=1)
+                for x in range(e)])
+            out[to + "moe.experts.w2"] = torch.stack(
+                [hf[q % x + "down_proj.weight"].t() for x in range(e)])
         out[to + "attention.wqkv.weight"] = torch.cat(
             [hf[pre + "self_attn.%s_proj.weight" % n].t() for n in "qkv"], dim=1)
         out[to + "attention.wo.weight"] = hf[pre + "self_attn.o_proj.weight"].t()
         if is_qwen3(config):
             out[to + "attention.qk_norm.weight"] = torch.cat(
                 [hf[pre + "self_attn.q_norm.weight"], hf[pre + "self_attn.k_norm.weight"]])
+        if moe_layer(config, i):
+            continue
         out[to + "feed_forward.w13.weight"] = torch.cat(
             [hf[pre + "mlp.gate_proj.weight"].t(), hf[pre + "mlp.up_proj.weight"].t()], dim=1)
         out[to + "feed_forward.w2.weight"] = hf[pre + "mlp.down_proj.weight"].t()
@@ -310,7 +371,8 @@ def gpt2_to_piper(hf, config):
     return out
 
 
-ARCHS = {"llama": (llama_loss, to_piper), "qwen3": (llama_loss, to_piper)}
+ARCHS = {"llama": (llama_loss, to_piper), "qwen3": (llama_loss, to_piper),
+         "qwen3-moe": (llama_loss, to_piper)}
 
 
 def gpt2_loss(p, config, tokens, targets):
