@@ -103,16 +103,7 @@ Status layoutOf(const HfParam &p, const HfPlacement &s, Layout &out) {
   return Status::ok();
 }
 
-/// Copies source `src` (its own layout) into the parameter tensor `dst`.
-void place(const HfPlacement &s, const Layout &l, const float *src,
-           float *dst) {
-  for (int64_t r = 0; r < l.rows; ++r)
-    for (int64_t c = 0; c < l.cols; ++c)
-      dst[l.base + r * l.stride + c] =
-          s.transpose ? src[c * l.rows + r] : src[r * l.cols + c];
-}
-
-/// The inverse of place: source `s`'s elements out of parameter `param`.
+/// Source `s`'s elements out of parameter `param`.
 void extract(const HfPlacement &s, const Layout &l, const float *param,
              float *dst) {
   for (int64_t r = 0; r < l.rows; ++r)
@@ -364,17 +355,49 @@ Status checkHfFolder(const HfFolder &folder,
 Status readHfParam(const HfFolder &folder, const HfParam &param,
                    std::vector<float> &out) {
   out.assign(static_cast<size_t>(numel(param.shape)), 0.0f);
-  std::vector<float> src;
+  HfSourceCache cache;
+  return readHfParamRange(folder, param, 0, static_cast<int64_t>(out.size()),
+                          out.data(), cache);
+}
+
+Status readHfParamRange(const HfFolder &folder, const HfParam &param,
+                        int64_t start, int64_t count, float *out,
+                        HfSourceCache &cache) {
+  const int64_t total = numel(param.shape), end = start + count;
+  if (start < 0 || count < 0 || end > total)
+    return Status::error(fmt::format(
+        "Hugging Face folder '{}': internal: elements [{}, {}) of parameter "
+        "'{}', which has {}",
+        folder.dir(), start, end, param.name, total));
+  std::fill(out, out + count, 0.0f);
   for (const HfPlacement &s : param.sources) {
     Layout l;
     PIPER_RETURN_IF_ERROR(layoutOf(param, s, l));
-    PIPER_RETURN_IF_ERROR(folder.readFloat(s.name, src));
-    if (static_cast<int64_t>(src.size()) != numel(s.shape))
-      return Status::error(fmt::format(
-          "Hugging Face folder '{}': tensor '{}' has {} elements, the model "
-          "needs {}",
-          folder.dir(), s.name, src.size(), numel(s.shape)));
-    place(s, l, src.data(), out.data());
+    // The source's elements lie in [first, last) of the global tensor.
+    const int64_t first = l.base,
+                  last = l.base + (l.rows - 1) * l.stride + l.cols;
+    if (last <= start || first >= end)
+      continue;
+    auto it = cache.find(s.name);
+    if (it == cache.end()) {
+      std::vector<float> src;
+      PIPER_RETURN_IF_ERROR(folder.readFloat(s.name, src));
+      if (static_cast<int64_t>(src.size()) != numel(s.shape))
+        return Status::error(fmt::format(
+            "Hugging Face folder '{}': tensor '{}' has {} elements, the "
+            "model needs {}",
+            folder.dir(), s.name, src.size(), numel(s.shape)));
+      it = cache.emplace(s.name, std::move(src)).first;
+    }
+    const float *src = it->second.data();
+    for (int64_t r = 0; r < l.rows; ++r) {
+      const int64_t row = l.base + r * l.stride;
+      const int64_t c0 = std::max<int64_t>(0, start - row);
+      const int64_t c1 = std::min<int64_t>(l.cols, end - row);
+      for (int64_t c = c0; c < c1; ++c)
+        out[row + c - start] =
+            s.transpose ? src[c * l.rows + r] : src[r * l.cols + c];
+    }
   }
   return Status::ok();
 }

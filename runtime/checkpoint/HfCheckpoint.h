@@ -92,6 +92,18 @@ Status checkHfFolder(const HfFolder &folder,
 Status readHfParam(const HfFolder &folder, const HfParam &param,
                    std::vector<float> &out);
 
+/// Source tensors read, by name (readHfParamRange).
+using HfSourceCache = std::map<std::string, std::vector<float>>;
+
+/// Elements [start, start + count) of `param`'s global tensor (row-major),
+/// reading only the source tensors whose elements lie in that range (an
+/// expert-parallel rank's block of experts reads those experts' tensors
+/// alone). Sources read are kept in `cache` for further ranges of the same
+/// parameter: clear it before another parameter.
+Status readHfParamRange(const HfFolder &folder, const HfParam &param,
+                        int64_t start, int64_t count, float *out,
+                        HfSourceCache &cache);
+
 /// Checks that `folderConfig` (a folder's config.json) describes the same
 /// model as `modelConfig` (the one the strategy was compiled from): every
 /// key but the neutral ones (names, versions, the stored dtype) has the same

@@ -151,6 +151,33 @@ TEST_CASE("Hugging Face sources are placed in a parameter and taken back",
                                        17, 18, 19, 20, 21, 22, 23, 24};
   CHECK(whole == expected);
 
+  // A range reads only the tensors with elements in it: expert 1's block
+  // (an expert-parallel rank's) reads e1 alone; elements 9..13 straddle
+  // expert 0's last row (e0.lin's element, e0.raw's two) and expert 1.
+  auto slice = [&](int64_t from, int64_t n) {
+    return std::vector<float>(expected.begin() + from,
+                              expected.begin() + from + n);
+  };
+  HfSourceCache cache;
+  std::vector<float> part(12, -1.0f);
+  REQUIRE(readHfParamRange(*folder, param, 12, 12, part.data(), cache));
+  CHECK(part == slice(12, 12));
+  CHECK(cache.size() == 1);
+  CHECK(cache.count("e1") == 1);
+  cache.clear();
+  std::vector<float> mid(5, -1.0f);
+  REQUIRE(readHfParamRange(*folder, param, 9, 5, mid.data(), cache));
+  CHECK(mid == slice(9, 5));
+  CHECK(cache.size() == 3);
+  // Further ranges of the parameter use the tensors kept.
+  std::vector<float> head(4, -1.0f);
+  REQUIRE(readHfParamRange(*folder, param, 0, 4, head.data(), cache));
+  CHECK(head == slice(0, 4));
+  Status past = readHfParamRange(*folder, param, 20, 5, mid.data(), cache);
+  CHECK(!past);
+  CHECK(past.message().find("elements [20, 25) of parameter 'experts', which "
+                            "has 24") != std::string::npos);
+
   // Back out, one tensor per file (a 24-byte limit), then in one file.
   std::string out = freshDir("place-out");
   auto reader = [&](const HfParam &p, std::vector<float> &v) {

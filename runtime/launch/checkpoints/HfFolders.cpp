@@ -86,16 +86,10 @@ Status HfStateSource::read(const std::string &name, int64_t start,
     if (it == params.end())
       return Status::error("Hugging Face folder '" + folder->dir() +
                            "': no parameter '" + name + "'");
-    cached = -1;
-    PIPER_RETURN_IF_ERROR(readHfParam(*folder, *it, whole));
+    sources.clear();
     cached = static_cast<int>(it - params.begin());
   }
-  if (start < 0 || count < 0 ||
-      start + count > static_cast<int64_t>(whole.size()))
-    return Status::error("Hugging Face folder: internal: range out of '" +
-                         name + "'");
-  std::copy_n(whole.begin() + start, count, out);
-  return Status::ok();
+  return readHfParamRange(*folder, params[cached], start, count, out, sources);
 }
 
 Status checkHfExport(const std::string &dir, const plan::Manifest &manifest) {

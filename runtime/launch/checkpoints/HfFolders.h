@@ -21,9 +21,12 @@ namespace piper::runtime {
 /// once, in class order.
 std::vector<HfParam> strategyHfParams(const std::vector<plan::Plan> &plans);
 
-/// A Hugging Face folder as the parameters of a strategy: read(name, ...)
-/// assembles parameter `name`'s global tensor from its tensors (the last
-/// one is kept, so a parameter's ranges cost one assembly).
+/// A Hugging Face folder as the parameters of a strategy: read(name, start,
+/// count) places the elements of parameter `name` in that range from the
+/// tensors that hold them, reading no other (an expert-parallel rank reads
+/// its experts' tensors, a ZeRO rank those its range overlaps); the tensors
+/// read for the last parameter are kept for its further ranges (a
+/// tensor-parallel slice is many).
 class HfStateSource : public StateSource {
 public:
   /// Opens `dir` for the strategy of `manifest` and `plans` and checks it:
@@ -42,7 +45,7 @@ private:
   std::unique_ptr<HfFolder> folder;
   std::vector<HfParam> params;
   mutable int cached = -1;
-  mutable std::vector<float> whole;
+  mutable HfSourceCache sources;
 };
 
 /// Checks, before any work, that `--save-hf dir` can be written: the model
