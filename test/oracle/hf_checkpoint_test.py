@@ -179,6 +179,33 @@ def grads_match(name, work, folder, config, weights, tokens_all, dtype="F32",
           (name, len(ref), worst, where))
 
 
+def train_like_one_device(work, name, folder, weights, data, runs, exported):
+    """Three steps from `folder` on one device (four microbatches), then
+    under each of `runs` ((suffix, compile flags, ranks)): the same losses;
+    and run `exported`'s --save-hf folder holds the model's names with one
+    device's parameters."""
+    curves = {}
+    for suffix, flags, nproc in [("single", ["--microbatches", "4"], 1)] + runs:
+        run_name = name + "-" + suffix
+        plans = compile_model(work, "train-" + run_name, folder, *flags, batch=1)
+        metrics = os.path.join(work, run_name + "-train.jsonl")
+        run([PIPER_RUN, plans, "--nproc", str(nproc), "--steps", "3", "--load",
+             folder, "--data", data, "--seed", "9", "--metrics", metrics,
+             "--save-hf", os.path.join(work, run_name + "-export")])
+        curves[suffix] = losses(metrics)
+        if suffix != "single":
+            worst = max(rel(a, b) for a, b in zip(curves[suffix], curves["single"]))
+            check(len(curves[suffix]) == 3 and worst <= LOSS_RTOL,
+                  "%s: losses %s vs one device %s (worst rel %.1e)" %
+                  (run_name, curves[suffix], curves["single"], worst))
+    single, other = (hf.read_folder(os.path.join(work, "%s-%s-export" % (name, n)))
+                     for n in ("single", exported))
+    worst = max((single[k][0] - other[k][0]).norm().item() / single[k][0].norm().item()
+                for k in single) if sorted(single) == sorted(weights) == sorted(other) else 1
+    check(worst <= GRAD_RTOL, "%s export after 3 steps, %s against one device: the "
+          "Hugging Face names, worst relative difference %.1e" % (name, exported, worst))
+
+
 def expect_error(what, cmd, needle):
     proc = run(cmd, expect_ok=False)
     ok = proc.returncode != 0 and needle in proc.stdout and "Traceback" not in proc.stdout \
@@ -323,58 +350,20 @@ def main():
     # the q/k norm weight's gradient is summed over the group), with
     # replicated key/value heads (TP4 over 2), and PP2 x DP2 ZeRO-3.
     # Four sequences a step in each.
-    for name, flags, nproc in (("qwen3-single", ["--microbatches", "4"], 1),
-                               ("qwen3-tp2", ["--tp", "2", "--microbatches", "4"], 2),
-                               ("qwen3-tp4", ["--tp", "4", "--microbatches", "4"], 4),
-                               ("qwen3-pp2-dp2-zero3", ["--pp", "2", "--dp", "2", "--zero",
-                                                        "3", "--microbatches", "2"], 4),
-                               ("qwen3-cp2", ["--cp", "2", "--microbatches", "4"], 2)):
-        plans = compile_model(work, "train-" + name, qwen3, *flags, batch=1)
-        metrics = os.path.join(work, name + "-train.jsonl")
-        out = os.path.join(work, name + "-export")
-        run([PIPER_RUN, plans, "--nproc", str(nproc), "--steps", "3", "--load",
-             qwen3, "--data", long_data, "--seed", "9", "--metrics", metrics,
-             "--save-hf", out])
-        curves[name] = losses(metrics)
-        if name != "qwen3-single":
-            worst = max(rel(a, b) for a, b in zip(curves[name], curves["qwen3-single"]))
-            check(len(curves[name]) == 3 and worst <= LOSS_RTOL,
-                  "%s: losses %s vs one device %s (worst rel %.1e)" %
-                  (name, curves[name], curves["qwen3-single"], worst))
-    single, tp = (hf.read_folder(os.path.join(work, n + "-export"))
-                  for n in ("qwen3-single", "qwen3-tp2"))
-    worst = max((single[k][0] - tp[k][0]).norm().item() / single[k][0].norm().item()
-                for k in single) if sorted(single) == sorted(qwen3_w) == sorted(tp) else 1
-    check(worst <= GRAD_RTOL, "qwen3 export after 3 steps, TP2 against one device: "
-          "Qwen3ForCausalLM's names, worst relative difference %.1e" % worst)
+    train_like_one_device(work, "qwen3", qwen3, qwen3_w, long_data, [
+        ("tp2", ["--tp", "2", "--microbatches", "4"], 2),
+        ("tp4", ["--tp", "4", "--microbatches", "4"], 4),
+        ("pp2-dp2-zero3", ["--pp", "2", "--dp", "2", "--zero", "3",
+                           "--microbatches", "2"], 4),
+        ("cp2", ["--cp", "2", "--microbatches", "4"], 2)], "tp2")
     # Qwen3-MoE under expert parallelism (each rank reads only its experts'
     # tensors), tensor parallelism (the attention split, the experts whole
     # on each member) and PP2 x DP2 ZeRO-3 (the dense layer on one stage).
-    for name, flags, nproc in (("qwen3-moe-single", ["--microbatches", "4"], 1),
-                               ("qwen3-moe-dp2-ep2", ["--dp", "2", "--ep", "2",
-                                                      "--microbatches", "2"], 2),
-                               ("qwen3-moe-tp2", ["--tp", "2", "--microbatches", "4"], 2),
-                               ("qwen3-moe-pp2-dp2-zero3",
-                                ["--pp", "2", "--dp", "2", "--zero", "3",
-                                 "--microbatches", "2"], 4)):
-        plans = compile_model(work, "train-" + name, moe, *flags, batch=1)
-        metrics = os.path.join(work, name + "-train.jsonl")
-        out = os.path.join(work, name + "-export")
-        run([PIPER_RUN, plans, "--nproc", str(nproc), "--steps", "3", "--load",
-             moe, "--data", long_data, "--seed", "9", "--metrics", metrics,
-             "--save-hf", out])
-        curves[name] = losses(metrics)
-        if name != "qwen3-moe-single":
-            worst = max(rel(a, b) for a, b in zip(curves[name], curves["qwen3-moe-single"]))
-            check(len(curves[name]) == 3 and worst <= LOSS_RTOL,
-                  "%s: losses %s vs one device %s (worst rel %.1e)" %
-                  (name, curves[name], curves["qwen3-moe-single"], worst))
-    single, ep = (hf.read_folder(os.path.join(work, n + "-export"))
-                  for n in ("qwen3-moe-single", "qwen3-moe-dp2-ep2"))
-    worst = max((single[k][0] - ep[k][0]).norm().item() / single[k][0].norm().item()
-                for k in single) if sorted(single) == sorted(moe_w) == sorted(ep) else 1
-    check(worst <= GRAD_RTOL, "qwen3-moe export after 3 steps, DP2 x EP2 against one "
-          "device: Qwen3MoeForCausalLM's names, worst relative difference %.1e" % worst)
+    train_like_one_device(work, "qwen3-moe", moe, moe_w, long_data, [
+        ("dp2-ep2", ["--dp", "2", "--ep", "2", "--microbatches", "2"], 2),
+        ("tp2", ["--tp", "2", "--microbatches", "4"], 2),
+        ("pp2-dp2-zero3", ["--pp", "2", "--dp", "2", "--zero", "3",
+                           "--microbatches", "2"], 4)], "dp2-ep2")
     for name, flags, nproc in (("gpt2-single", ["--microbatches", "4"], 1),
                                ("gpt2-pp2-dp2-zero3", ["--pp", "2", "--dp", "2", "--zero",
                                                        "3", "--microbatches", "2"], 4)):
