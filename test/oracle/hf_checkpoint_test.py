@@ -206,6 +206,19 @@ def train_like_one_device(work, name, folder, weights, data, runs, exported):
           "Hugging Face names, worst relative difference %.1e" % (name, exported, worst))
 
 
+def round_trip(work, name, folder):
+    """Zero steps from `folder`, then --save-hf: the same tensors, bit for
+    bit."""
+    plans = compile_model(work, "roundtrip-" + name, folder, "--microbatches", "1")
+    back = os.path.join(work, "roundtrip-" + name)
+    run([PIPER_RUN, plans, "--nproc", "1", "--steps", "0", "--load", folder,
+         "--save-hf", back])
+    original, again = hf.read_folder(folder), hf.read_folder(back)
+    check(sorted(original) == sorted(again) and
+          all(original[k][2] == again[k][2] for k in original),
+          "%s round trip load -> --save-hf: %d tensors bit-identical" % (name, len(original)))
+
+
 def expect_error(what, cmd, needle):
     proc = run(cmd, expect_ok=False)
     ok = proc.returncode != 0 and needle in proc.stdout and "Traceback" not in proc.stdout \
@@ -433,30 +446,8 @@ def main():
               torch.equal(again16[k][0], original[k][0].to(torch.bfloat16).float())
               for k in original),
           "--hf-dtype bf16: every tensor rounded as torch's .to(bfloat16)")
-    plans_q = compile_model(work, "roundtrip-qwen3", qwen3, "--microbatches", "1")
-    back_q = os.path.join(work, "roundtrip-qwen3")
-    run([PIPER_RUN, plans_q, "--nproc", "1", "--steps", "0", "--load", qwen3,
-         "--save-hf", back_q])
-    original_q, again_q = hf.read_folder(qwen3), hf.read_folder(back_q)
-    check(sorted(original_q) == sorted(again_q) and
-          all(original_q[k][2] == again_q[k][2] for k in original_q),
-          "qwen3 round trip load -> --save-hf: %d tensors bit-identical" % len(original_q))
-    plans_m = compile_model(work, "roundtrip-qwen3-moe", moe, "--microbatches", "1")
-    back_m = os.path.join(work, "roundtrip-qwen3-moe")
-    run([PIPER_RUN, plans_m, "--nproc", "1", "--steps", "0", "--load", moe,
-         "--save-hf", back_m])
-    original_m, again_m = hf.read_folder(moe), hf.read_folder(back_m)
-    check(sorted(original_m) == sorted(again_m) and
-          all(original_m[k][2] == again_m[k][2] for k in original_m),
-          "qwen3-moe round trip load -> --save-hf: %d tensors bit-identical" % len(original_m))
-    plans_g = compile_model(work, "roundtrip-gpt2", gpt2_u, "--microbatches", "1")
-    back_g = os.path.join(work, "roundtrip-gpt2")
-    run([PIPER_RUN, plans_g, "--nproc", "1", "--steps", "0", "--load", gpt2_u,
-         "--save-hf", back_g])
-    original_g, again_g = hf.read_folder(gpt2_u), hf.read_folder(back_g)
-    check(sorted(original_g) == sorted(again_g) and
-          all(original_g[k][2] == again_g[k][2] for k in original_g),
-          "gpt2 round trip load -> --save-hf: %d tensors bit-identical" % len(original_g))
+    for name, folder in (("qwen3", qwen3), ("qwen3-moe", moe), ("gpt2", gpt2_u)):
+        round_trip(work, name, folder)
     check(os.path.exists(os.path.join(back, "model.safetensors")) and
           not os.path.exists(os.path.join(back, "model.safetensors.index.json")),
           "a small export is one model.safetensors")

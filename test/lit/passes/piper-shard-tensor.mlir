@@ -176,3 +176,61 @@ module {
     %y, %d1 = piper.task @b(%tok) {tag = #piper.tag<block = 1>} : (tensor<2x2xi32>) -> (tensor<4x8xf32>, !piper.token)
   }
 }
+
+// -----
+
+// Qwen3's q/k norm between the q|k|v projection and the attention joins the
+// layer only when the attention is its one reader.
+module {
+  piper.param @wte : tensor<16x8xf32> init normal(2.0e-02)
+  piper.param @wqkv : tensor<8x12xf32> init normal(2.0e-02)
+  piper.param @qk : tensor<4xf32> init ones(0.0)
+  piper.param @wo : tensor<4x8xf32> init normal(2.0e-02)
+  piper.segment @b(%ids: tensor<2x2xi32>) -> (tensor<4x8xf32>, tensor<4x12xf32>) attributes {piper.block = 1 : i64} {
+    %w = piper.param_ref @wte : tensor<16x8xf32>
+    %x = piper.embedding %ids, %w : (tensor<2x2xi32>, tensor<16x8xf32>) -> tensor<4x8xf32>
+    %q = piper.param_ref @wqkv : tensor<8x12xf32>
+    %qkv = piper.linear %x, %q : (tensor<4x8xf32>, tensor<8x12xf32>) -> tensor<4x12xf32>
+    %g = piper.param_ref @qk : tensor<4xf32>
+    %n = piper.qk_norm %qkv, %g {heads = 2 : i64} : (tensor<4x12xf32>, tensor<4xf32>) -> tensor<4x12xf32>
+    // expected-error @+1 {{block 1's piper.attention reads a q/k norm that has other readers}}
+    %a = piper.attention %n {heads = 2 : i64, seq = 2 : i64} : (tensor<4x12xf32>) -> tensor<4x4xf32>
+    %o = piper.param_ref @wo : tensor<4x8xf32>
+    %y = piper.linear %a, %o : (tensor<4x4xf32>, tensor<4x8xf32>) -> tensor<4x8xf32>
+    piper.yield %y, %n : tensor<4x8xf32>, tensor<4x12xf32>
+  }
+  piper.program @m {
+    %tok, %tgt, %d = piper.batch {tag = #piper.tag<>} : tensor<2x2xi32>, tensor<2x2xi32>
+    %y, %n, %d1 = piper.task @b(%tok) {tag = #piper.tag<block = 1>} : (tensor<2x2xi32>) -> (tensor<4x8xf32>, tensor<4x12xf32>, !piper.token)
+  }
+}
+
+// -----
+
+// The q/k norm's weight, whole on every member with its gradient summed over
+// the group, must be a parameter.
+module {
+  piper.param @wte : tensor<16x8xf32> init normal(2.0e-02)
+  piper.param @wqkv : tensor<8x12xf32> init normal(2.0e-02)
+  piper.param @wg : tensor<8x4xf32> init normal(2.0e-02)
+  piper.param @wo : tensor<4x8xf32> init normal(2.0e-02)
+  piper.segment @b(%ids: tensor<2x2xi32>) -> tensor<4x8xf32> attributes {piper.block = 1 : i64} {
+    %w = piper.param_ref @wte : tensor<16x8xf32>
+    %x = piper.embedding %ids, %w : (tensor<2x2xi32>, tensor<16x8xf32>) -> tensor<4x8xf32>
+    %wg = piper.param_ref @wg : tensor<8x4xf32>
+    %t = piper.linear %x, %wg : (tensor<4x8xf32>, tensor<8x4xf32>) -> tensor<4x4xf32>
+    %g = piper.rms_norm_grad_weight %t, %t : (tensor<4x4xf32>, tensor<4x4xf32>) -> tensor<4xf32>
+    %q = piper.param_ref @wqkv : tensor<8x12xf32>
+    %qkv = piper.linear %x, %q : (tensor<4x8xf32>, tensor<8x12xf32>) -> tensor<4x12xf32>
+    // expected-error @+1 {{the q/k norm's weight must be a parameter}}
+    %n = piper.qk_norm %qkv, %g {heads = 2 : i64} : (tensor<4x12xf32>, tensor<4xf32>) -> tensor<4x12xf32>
+    %a = piper.attention %n {heads = 2 : i64, seq = 2 : i64} : (tensor<4x12xf32>) -> tensor<4x4xf32>
+    %o = piper.param_ref @wo : tensor<4x8xf32>
+    %y = piper.linear %a, %o : (tensor<4x4xf32>, tensor<4x8xf32>) -> tensor<4x8xf32>
+    piper.yield %y : tensor<4x8xf32>
+  }
+  piper.program @m {
+    %tok, %tgt, %d = piper.batch {tag = #piper.tag<>} : tensor<2x2xi32>, tensor<2x2xi32>
+    %y, %d1 = piper.task @b(%tok) {tag = #piper.tag<block = 1>} : (tensor<2x2xi32>) -> (tensor<4x8xf32>, !piper.token)
+  }
+}
