@@ -253,7 +253,19 @@ std::string readLlama3Scaling(Reader &r, const llvm::json::Object &s,
 /// per-layer loss is not: that is refused.
 std::string readQwen3MoeLayers(Reader &r, GptConfig &cfg) {
   std::string err;
+  // transformers 5 writes num_experts as "num_local_experts" (its
+  // attribute_map); either, or both when equal.
   auto experts = r.size("num_experts", err, int64_t(128));
+  if (const llvm::json::Value *local = r.present("num_local_experts")) {
+    std::optional<int64_t> n = local->getAsInteger();
+    if (!n || *n <= 0)
+      return r.error("\"num_local_experts\" must be a positive integer");
+    if (r.present("num_experts") && *n != *experts)
+      return r.error("\"num_local_experts\" " + std::to_string(*n) +
+                     " contradicts \"num_experts\" " +
+                     std::to_string(*experts));
+    experts = n;
+  }
   auto topK = r.size("num_experts_per_tok", err, int64_t(8));
   auto expertFfn = r.size("moe_intermediate_size", err, int64_t(768));
   auto step = r.size("decoder_sparse_step", err, int64_t(1));

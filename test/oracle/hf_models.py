@@ -106,11 +106,16 @@ def tied(config):
     return config.get("tie_word_embeddings", is_qwen3(config) and not is_qwen3_moe(config))
 
 
+def num_experts(config):
+    """num_experts, which transformers 5 writes as num_local_experts."""
+    return config.get("num_experts", config.get("num_local_experts", 128))
+
+
 def moe_layer(config, i):
     """Qwen3MoeDecoderLayer's choice: experts unless in mlp_only_layers or
     (i + 1) is not a multiple of decoder_sparse_step."""
     return is_qwen3_moe(config) and i not in (config.get("mlp_only_layers") or []) and \
-        config.get("num_experts", 128) > 0 and \
+        num_experts(config) > 0 and \
         (i + 1) % config.get("decoder_sparse_step", 1) == 0
 
 
@@ -138,7 +143,7 @@ def llama_random_weights(config, generator):
             p[pre + "self_attn.k_norm.weight"] = 1 + rand(hd, scale=0.3)
         p[pre + "post_attention_layernorm.weight"] = 1 + rand(h, scale=0.1)
         if moe_layer(config, i):
-            e, f = config["num_experts"], config["moe_intermediate_size"]
+            e, f = num_experts(config), config["moe_intermediate_size"]
             p[pre + "mlp.gate.weight"] = rand(e, h, scale=0.5)
             for x in range(e):
                 q = pre + "mlp.experts.%d." % x
@@ -245,7 +250,7 @@ def _sparse_moe(p, config, pre, y):
     if config.get("norm_topk_prob", False):
         weights = weights / weights.sum(dim=-1, keepdim=True)
     out = torch.zeros_like(t)
-    for x in range(config["num_experts"]):
+    for x in range(num_experts(config)):
         token, slot = torch.where(chosen == x)
         if token.numel() == 0:
             continue
@@ -275,7 +280,7 @@ def to_piper(hf, config):
         out[to + "attention_norm.weight"] = hf[pre + "input_layernorm.weight"]
         out[to + "ffn_norm.weight"] = hf[pre + "post_attention_layernorm.weight"]
         if moe_layer(config, i):
-            e = config["num_experts"]
+            e = num_experts(config)
             q = pre + "mlp.experts.%d."
             out[to + "moe.router.weight"] = hf[pre + "mlp.gate.weight"].t()
             out[to + "moe.experts.w13"] = torch.stack([torch.cat(
