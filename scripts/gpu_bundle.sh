@@ -76,8 +76,16 @@ python3 scripts/compare_backends.py compile "$PIPERC" "$DIR/plans"
   -o "$DIR/plans/gpt2-small-bf16" >/dev/null
 rm "$DIR/plans/gpt2-small.mlir"
 
-install -m 755 scripts/gpu_check.sh scripts/compare_backends.py scripts/gpu_vs_torch.py "$DIR/"
-install -m 644 test/oracle/torch_models.py "$DIR/"
+# The Hugging Face models transformers wrote, with its loss and gradients
+# (test/oracle/transformers), and their plans (Debian's python3, which has
+# torch, the oracle's dependency).
+cp -r test/oracle/transformers "$DIR/transformers"
+/usr/bin/python3 test/oracle/hf_transformers_parity.py "$PIPERC" - test/oracle/transformers \
+  --compile-to "$DIR/plans/hf"
+
+install -m 755 scripts/gpu_check.sh scripts/compare_backends.py scripts/gpu_vs_torch.py \
+  test/oracle/hf_transformers_parity.py "$DIR/"
+install -m 644 test/oracle/torch_models.py test/oracle/hf_models.py "$DIR/"
 
 MB=$(du -sm "$DIR" | cut -f1)
 echo "gpu_bundle.sh: $DIR is $MB MB ($(ls "$DIR/lib" | wc -l) libraries, ${#TESTS[@]} test binary, $(ls "$DIR/plans" | wc -l) plans)"

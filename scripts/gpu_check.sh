@@ -10,6 +10,10 @@
 #      ZeRO-3 plans) for 5 steps on --backend cuda and on --backend cpu,
 #      comparing the losses, piper-run with --timeout-s 30 and 90 s per run;
 #      multi-rank plans share the one GPU through --comm gloo;
+#   2b. the Hugging Face models of test/oracle/transformers (Llama, Llama
+#      3.1, Qwen3, Qwen3-MoE, GPT-2, as transformers wrote them) loaded and
+#      stepped once on --backend cuda, their losses and gradients against
+#      transformers' own;
 #   3. timed steps of GPT-2 small in bf16 beside PyTorch's on the same GPU,
 #      failing when their step-1 losses differ by more than 2e-2;
 #   4. where time is left, where GPT-2 small's step goes: piper-run
@@ -360,6 +364,24 @@ for name in $CASES; do
   line=$(sed -n 3p "$WORK/case.md" 2>/dev/null)
   row "$STEP_RESULT" "${line:-| $name | | | | | $STEP_RESULT | $STEP_S s |}"
 done
+
+STEP=transformers
+say ""
+say "## Hugging Face models on cuda against transformers (one step)"
+say ""
+skip=$(skip_reason)
+if [ -n "$skip" ]; then
+  row "$skip" "| (all) | $skip |"
+else
+  run_step transformers "$(limit 120)" python3 -u hf_transformers_parity.py - \
+    "$PIPER_RUN" transformers --plans plans/hf --backend cuda
+  say "| check | result |"
+  say "|---|---|"
+  grep -E '^(ok|FAIL):' "$STEPLOG" | while IFS= read -r line; do
+    say "| ${line#*: } | ${line%%:*} |"
+  done
+  row "$STEP_RESULT" "| (all) | $STEP_RESULT ($STEP_S s) |"
+fi
 
 STEP=gpt2-small
 say ""

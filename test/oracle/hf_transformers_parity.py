@@ -3,7 +3,12 @@
 scripts/hf_reference.py makes where transformers is installed
 (docs/hugging-face.md, "Parity with transformers"):
 
-  hf_transformers_parity.py PIPERC PIPER_RUN REFERENCE_DIR
+  hf_transformers_parity.py PIPERC PIPER_RUN REFERENCE_DIR [--backend B]
+      [--plans DIR]
+
+--backend goes to piper-run (scripts/gpu_check.sh runs the cases on
+cuda); with --plans, DIR/<case> are the compiled plans (gpu_bundle.sh's,
+on a machine without piperc: PIPERC may then be "-").
 
 For each case: piperc model --hf <case>/model, then one step of piper-run
 --load <case>/model on <case>/tokens.bin (two copies of the window, one
@@ -57,29 +62,41 @@ def hub_names(grads, config):
     return out
 
 
-def check_case(piperc, piper_run, case, work):
+def compile_commands(piperc, model, ref, mlir, plans):
+    """The model of `model`'s config.json at the reference's sizes, and its
+    plans: one microbatch, no optimizer, no clipping."""
+    return ([piperc, "model", "--hf", model, "--seq", str(ref["seq"]), "--batch",
+             str(ref["batch"]), "-o", mlir],
+            [piperc, "compile", mlir, "-o", plans, "--microbatches", "1", "--no-optimizer",
+             "--clip-grad", "0"])
+
+
+def check_case(piperc, piper_run, case, work, backend="cpu", plans_dir=None):
     model = os.path.join(case, "model")
     with open(os.path.join(case, "reference.json")) as f:
         ref = json.load(f)
     with open(os.path.join(model, "config.json")) as f:
         config = json.load(f)
     name = os.path.basename(case)
-    mlir = os.path.join(work, name + ".mlir")
-    plans = os.path.join(work, name + "-plans")
-    run([piperc, "model", "--hf", model, "--seq", str(ref["seq"]), "--batch",
-         str(ref["batch"]), "-o", mlir])
-    run([piperc, "compile", mlir, "-o", plans, "--microbatches", "1", "--no-optimizer",
-         "--clip-grad", "0"])
+    if plans_dir:
+        plans = os.path.join(plans_dir, name)
+    else:
+        mlir = os.path.join(work, name + ".mlir")
+        plans = os.path.join(work, name + "-plans")
+        for cmd in compile_commands(piperc, model, ref, mlir, plans):
+            run(cmd)
     metrics = os.path.join(work, name + ".jsonl")
     grads = os.path.join(work, name + "-grads.safetensors")
-    run([piper_run, plans, "--nproc", "1", "--steps", "1", "--load", model, "--data",
-         os.path.join(case, "tokens.bin"), "--metrics", metrics, "--save-grads", grads])
+    run([piper_run, plans, "--nproc", "1", "--steps", "1", "--backend", backend,
+         "--load", model, "--data", os.path.join(case, "tokens.bin"), "--metrics",
+         metrics, "--save-grads", grads, "--timeout-s", "60"])
     with open(metrics) as f:
         loss = json.loads(f.readline())["loss"]
     rel = abs(loss - ref["loss"]) / abs(ref["loss"])
     ok_loss = rel <= LOSS_RTOL
-    print("%s: %s loss piper %.7f transformers %s %.7f (rel %.1e)" %
-          ("ok" if ok_loss else "FAIL", name, loss, ref["transformers"], ref["loss"], rel))
+    print("%s: %s loss piper (%s) %.7f transformers %s %.7f (rel %.1e)" %
+          ("ok" if ok_loss else "FAIL", name, backend, loss, ref["transformers"], ref["loss"],
+           rel))
     theirs = hub_names(read_safetensors(os.path.join(case, "grads.safetensors")), config)
     arch = "gpt2" if config["model_type"] == "gpt2" else "llama"
     mapped = hf.ARCHS[arch][1](theirs, config)
@@ -99,16 +116,36 @@ def check_case(piperc, piper_run, case, work):
 
 
 def main():
-    piperc, piper_run, reference = sys.argv[1:4]
+    import argparse
+    parser = argparse.ArgumentParser()
+    parser.add_argument("piperc")
+    parser.add_argument("piper_run")
+    parser.add_argument("reference")
+    parser.add_argument("--backend", default="cpu")
+    parser.add_argument("--plans")
+    parser.add_argument("--compile-to", help="only compile every case's plans into this folder")
+    args = parser.parse_args()
+    piperc, piper_run, reference = args.piperc, args.piper_run, args.reference
     work = tempfile.mkdtemp(prefix="piper-hf-parity-", dir=os.environ.get("TEST_TMPDIR"))
     torch.set_num_threads(1)
+    if args.compile_to:
+        for name in sorted(os.listdir(reference)):
+            case = os.path.join(reference, name)
+            if os.path.isdir(case):
+                with open(os.path.join(case, "reference.json")) as f:
+                    ref = json.load(f)
+                mlir = os.path.join(work, name + ".mlir")
+                for cmd in compile_commands(piperc, os.path.join(case, "model"), ref, mlir,
+                                            os.path.join(args.compile_to, name)):
+                    run(cmd)
+        return
     failed = 0
     for name in sorted(os.listdir(reference)):
         case = os.path.join(reference, name)
         if not os.path.isdir(case):
             continue
         try:
-            failed += not check_case(piperc, piper_run, case, work)
+            failed += not check_case(piperc, piper_run, case, work, args.backend, args.plans)
         except RuntimeError as e:
             failed += 1
             print("FAIL: %s: %s" % (name, e))
