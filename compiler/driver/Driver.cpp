@@ -499,8 +499,9 @@ int mlir::piper::pipercMain(int argc, char **argv) {
                      "list the models and presets with parameter counts");
   modelCmd->add_option("--hf", model.hfDir,
                        "a Hugging Face model folder: the model of its "
-                       "config.json (LlamaForCausalLM; with --seq, --batch; "
-                       "docs/hugging-face.md)");
+                       "config.json (LlamaForCausalLM, Qwen3ForCausalLM, "
+                       "Qwen3MoeForCausalLM, GPT2LMHeadModel; with --seq, "
+                       "--batch; docs/hugging-face.md)");
   modelCmd->add_option("--hf-config", model.hfConfig,
                        "a Hugging Face config.json file (as --hf)");
   modelCmd->add_option("--layers", model.gpt.layers, "transformer blocks");
