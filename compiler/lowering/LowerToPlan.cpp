@@ -9,6 +9,7 @@
 #include "proto/PlanTensors.h"
 #include "proto/analysis/MemoryPlan.h"
 #include "proto/analysis/Simulate.h"
+#include "llvm/ADT/TypeSwitch.h"
 
 using namespace mlir;
 using namespace mlir::piper;
@@ -433,25 +434,13 @@ private:
           setInt("rope_original_max_position", r.getOriginalMaxPosition());
         }
       }
-      // Attributes with defaults are not stored on the op.
-      if (auto ln = dyn_cast<LayerNormOp>(op))
-        setFloat("eps", ln.getEps().convertToDouble());
-      if (auto rms = dyn_cast<RmsNormOp>(op))
-        setFloat("eps", rms.getEps().convertToDouble());
-      if (auto g = dyn_cast<LayerNormGradInputOp>(op))
-        setFloat("eps", g.getEps().convertToDouble());
-      if (auto g = dyn_cast<LayerNormGradWeightOp>(op))
-        setFloat("eps", g.getEps().convertToDouble());
-      if (auto g = dyn_cast<RmsNormGradInputOp>(op))
-        setFloat("eps", g.getEps().convertToDouble());
-      if (auto g = dyn_cast<RmsNormGradWeightOp>(op))
-        setFloat("eps", g.getEps().convertToDouble());
-      if (auto q = dyn_cast<QkNormOp>(op))
-        setFloat("eps", q.getEps().convertToDouble());
-      if (auto g = dyn_cast<QkNormGradInputOp>(op))
-        setFloat("eps", g.getEps().convertToDouble());
-      if (auto g = dyn_cast<QkNormGradWeightOp>(op))
-        setFloat("eps", g.getEps().convertToDouble());
+      // Attributes with defaults are not stored on the op: the norms' eps.
+      llvm::TypeSwitch<Operation *>(&op)
+          .Case<LayerNormOp, LayerNormGradInputOp, LayerNormGradWeightOp,
+                RmsNormOp, RmsNormGradInputOp, RmsNormGradWeightOp, QkNormOp,
+                QkNormGradInputOp, QkNormGradWeightOp>([&](auto norm) {
+            setFloat("eps", norm.getEps().convertToDouble());
+          });
       if (auto eg = dyn_cast<EmbeddingGradOp>(op)) {
         setInt("vocab",
                cast<RankedTensorType>(eg.getResult().getType()).getDimSize(0));

@@ -374,8 +374,8 @@ Status checkQkNormOperands(const KernelArgs &a, const TensorRef *gamma,
   return Status::ok();
 }
 
-// The weight (q's or k's, at gamma + 0 or + hd) of head j of a row, or
-// null for a v head.
+// Which half of gamma normalizes head j of a row: 0 (q's, at gamma), 1
+// (k's, at gamma + hd), or -1 for a v head (copied).
 inline int64_t qkClass(const QkNormDims &d, int64_t j) {
   return j < d.heads ? 0 : j < d.heads + d.kvHeads ? 1 : -1;
 }
