@@ -9,7 +9,8 @@
 #
 #   scripts/gpu_bundle.sh [DIR]      (default: gpu-bundle, git-ignored)
 #
-# Then, on the GPU machine: DIR/gpu_check.sh (docs/gpu.md).
+# Then, on the GPU machine: DIR/gpu_check.sh, or DIR/gpu_perf.sh for the
+# performance rows (docs/gpu.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DIR=${1:-gpu-bundle}
@@ -75,6 +76,13 @@ python3 scripts/compare_backends.py compile "$PIPERC" "$DIR/plans"
 "$PIPERC" compile "$DIR/plans/gpt2-small.mlir" --microbatches 1 --dtype bf16 \
   -o "$DIR/plans/gpt2-small-bf16" >/dev/null
 rm "$DIR/plans/gpt2-small.mlir"
+# gpu_perf.sh's P4: Llama-1B in bf16 at 8192 tokens per step, two ways.
+for cfg in 2048x4 4096x2; do
+  "$PIPERC" model llama-1b --seq "${cfg%x*}" --batch "${cfg#*x}" -o "$DIR/plans/llama-1b.mlir"
+  "$PIPERC" compile "$DIR/plans/llama-1b.mlir" --microbatches 1 --dtype bf16 \
+    -o "$DIR/plans/llama-1b-$cfg-bf16" >/dev/null
+  rm "$DIR/plans/llama-1b.mlir"
+done
 
 # The Hugging Face models transformers wrote, with its loss and gradients
 # (test/oracle/transformers), and their plans (Debian's python3, which has
@@ -84,8 +92,14 @@ cp -r test/oracle/transformers "$DIR/transformers"
   --compile-to "$DIR/plans/hf"
 
 install -m 755 scripts/gpu_check.sh scripts/compare_backends.py scripts/gpu_vs_torch.py \
-  test/oracle/hf_transformers_parity.py "$DIR/"
+  scripts/gpu_perf.sh scripts/gpu_perf.py test/oracle/hf_transformers_parity.py "$DIR/"
 install -m 644 test/oracle/torch_models.py test/oracle/hf_models.py "$DIR/"
+# The commit the bundle was built from, and whether the tree had changes
+# beyond it (gpu_perf.sh puts both in every row of perf.jsonl).
+{
+  git rev-parse HEAD
+  if [ -n "$(git status --porcelain --untracked-files=no)" ]; then echo dirty; else echo clean; fi
+} >"$DIR/COMMIT"
 
 MB=$(du -sm "$DIR" | cut -f1)
 echo "gpu_bundle.sh: $DIR is $MB MB ($(ls "$DIR/lib" | wc -l) libraries, ${#TESTS[@]} test binary, $(ls "$DIR/plans" | wc -l) plans)"
