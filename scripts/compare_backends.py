@@ -7,7 +7,8 @@
   compare_backends.py run PIPER_RUN PLANS_DIR BACKEND [--comm C] [--steps N]
       [--only NAME,...] [--table FILE] [--timeout-s T] [--wall-s S]
       trains every case for N steps (default 5) on --backend cpu and on
-      BACKEND (cuda, or cuda-emulation) and compares each step's loss:
+      BACKEND (cuda, or cuda-emulation; a case may add piper-run options
+      there, e.g. --attention cudnn) and compares each step's loss:
       fp32 within 1e-4 relative, bf16 within 2e-2 (a one-ulp difference of
       an fp32 sum can flip a bf16 rounding, 2^-8 relative, in an
       activation). Multi-rank cases run with BACKEND's ranks on one device
@@ -30,7 +31,8 @@ import sys
 import tempfile
 import time
 
-# name -> (model args, compile args, ranks, dtype)
+# name -> (model args, compile args, ranks, dtype[, piper-run args of the
+# backend compared with the cpu])
 CASES = {
     "gpt-tiny": (["gpt-tiny"], ["--microbatches", "2"], 1, "f32"),
     "llama-tiny": (["llama-tiny"], ["--microbatches", "2"], 1, "f32"),
@@ -41,6 +43,18 @@ CASES = {
                        2, "f32"),
     "gpt-tiny-bf16": (["gpt-tiny"], ["--microbatches", "2", "--dtype", "bf16"],
                       1, "bf16"),
+    # Attention on the fused path: cuDNN's flash attention on cuda, its host
+    # model on cuda-emulation (runtime/hal/gpu/host/HostFusedAttention.h);
+    # llama-tiny's rotary embeddings and shared key/value heads go through
+    # the path's packing and unpacking. The bf16 bound holds: the path only
+    # moves where activations are rounded to bf16 (q and k after their
+    # rotation, y, the gradients), each 2^-8 relative.
+    "gpt-tiny-bf16-cudnn": (["gpt-tiny"],
+                            ["--microbatches", "2", "--dtype", "bf16"], 1,
+                            "bf16", ["--attention", "cudnn"]),
+    "llama-tiny-bf16-cudnn": (["llama-tiny"],
+                              ["--microbatches", "2", "--dtype", "bf16"], 1,
+                              "bf16", ["--attention", "cudnn"]),
     "llama-tiny-pp2-dp2": (["llama-tiny"],
                            ["--pp", "2", "--dp", "2", "--microbatches", "4"],
                            4, "f32"),
@@ -96,7 +110,7 @@ def must(cmd):
 
 def compile_all(piperc, plans):
     os.makedirs(plans, exist_ok=True)
-    for name, (model, args, _, _) in CASES.items():
+    for name, (model, args, *_) in CASES.items():
         mlir = os.path.join(plans, name + ".mlir")
         must([piperc, "model"] + model + ["--seq", "32", "--batch", "4", "-o",
                                           mlir])
@@ -106,7 +120,8 @@ def compile_all(piperc, plans):
     print("compiled %d plans into %s" % (len(CASES), plans))
 
 
-def train(piper_run, plan, ranks, backend, comm, steps, work, limits):
+def train(piper_run, plan, ranks, backend, comm, steps, work, limits,
+          extra=()):
     """(losses, error headline, error detail, seconds); losses is None on an
     error."""
     timeout_s, wall_s = limits
@@ -118,6 +133,7 @@ def train(piper_run, plan, ranks, backend, comm, steps, work, limits):
         cmd += ["--comm", comm]
     if timeout_s:
         cmd += ["--timeout-s", timeout_s]
+    cmd += list(extra)
     start = time.time()
     rc, out = run(cmd, wall_s)
     seconds = time.time() - start
@@ -137,7 +153,7 @@ def compare_all(piper_run, plans, backend, comm, steps, only, table, limits):
     work = tempfile.mkdtemp(prefix="piper-backends-",
                             dir=os.environ.get("TEST_TMPDIR"))
     rows, failed = [], 0
-    for name, (_, _, ranks, dtype) in CASES.items():
+    for name, (_, _, ranks, dtype, *extra) in CASES.items():
         if only and name not in only:
             continue
         plan = os.path.join(plans, name)
@@ -146,7 +162,8 @@ def compare_all(piper_run, plans, backend, comm, steps, only, table, limits):
         got = None
         if not err:
             got, err, detail, seconds = train(piper_run, plan, ranks, backend,
-                                              comm, steps, work, limits)
+                                              comm, steps, work, limits,
+                                              extra[0] if extra else ())
         worst = None
         if not err:
             if len(want) != steps or len(got) != steps:

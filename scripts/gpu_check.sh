@@ -28,13 +28,17 @@
 #
 # The results are written as they are produced, so that a run stopped from
 # outside keeps what was done, to $OUT (else to a new /tmp folder, named at
-# the end): six files, as the tool brings back at most eight:
+# the end): seven files, as the tool brings back at most eight:
 #   gpu_check.md            the report, a table row per check
 #   gpu_check.log           everything printed
 #   gpu_check_failures.log  the output of every step that failed
 #   gpu_tests.log           the test binaries' output
 #   gpu_check_step.log      the output of the step running (or the last)
 #   gpu_profile.log         step 4's whole profile
+#   cudnn_deviceprop.json   the GPU's cuDNN device description (written by
+#                           cudnn_sdpa_gpu_test): commit it as
+#                           runtime/hal/cuda/testdata/ to plan for this GPU
+#                           without one (docs/gpu.md)
 # Exit status 0 when every check ran and passed.
 #
 # GPU_CHECK_FORCE=1 runs the GPU steps even where the preflight saw no GPU.
@@ -206,12 +210,12 @@ else
   fi
 fi
 
-# cuBLASLt and NCCL for piper's processes: the toolkit's, else PyTorch's
-# wheels'.
+# cuBLASLt, NCCL and cuDNN for piper's processes: the toolkit's, else
+# PyTorch's wheels'.
 PYLIBS=$(timeout 30 python3 - <<'PY' 2>/dev/null
 import importlib, os
 dirs = []
-for mod in ("nvidia.cublas", "nvidia.nccl", "nvidia.cu13"):
+for mod in ("nvidia.cublas", "nvidia.nccl", "nvidia.cudnn", "nvidia.cu13"):
     try:
         m = importlib.import_module(mod)
         for p in getattr(m, "__path__", []):
@@ -265,6 +269,9 @@ check_lib() {
 }
 check_lib cuBLASLt libcublasLt.so.13 PIPER_CUBLASLT_LIBRARY
 check_lib NCCL libnccl.so.2 PIPER_NCCL_LIBRARY
+# cuDNN: bf16 plans' attention (--attention auto falls back to the SIMT
+# kernels without it, and says so; the -cudnn training cases then fail).
+check_lib cuDNN libcudnn.so.9 PIPER_CUDNN_LIBRARY
 
 TORCH_SEES_GPU=0
 torch=$(timeout 90 python3 - <<'PY' 2>&1
@@ -329,7 +336,8 @@ for t in "${TESTS[@]}"; do
     row "$skip" "| $name | $skip | | |"
     continue
   fi
-  run_step "$name" "$(limit 120)" env LD_LIBRARY_PATH="$PIPER_LD_PATH" "./$t"
+  run_step "$name" "$(limit 120)" env LD_LIBRARY_PATH="$PIPER_LD_PATH" \
+    PIPER_CUDNN_DEVICEPROP_OUT="$RESULTS/cudnn_deviceprop.json" "./$t"
   {
     printf '==== %s: %s (%s s)\n' "$name" "$STEP_RESULT" "$STEP_S"
     cat "$STEPLOG"

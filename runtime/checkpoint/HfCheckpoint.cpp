@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <set>
@@ -387,6 +388,14 @@ Status readHfParamRange(const HfFolder &folder, const HfParam &param,
             "Hugging Face folder '{}': tensor '{}' has {} elements, the "
             "model needs {}",
             folder.dir(), s.name, src.size(), numel(s.shape)));
+      // As --load FILE (Integrity.h): a training never starts from a
+      // non-finite weight.
+      for (size_t i = 0; i < src.size(); ++i)
+        if (!std::isfinite(src[i]))
+          return Status::error(fmt::format(
+              "Hugging Face folder '{}': tensor '{}' holds a non-finite "
+              "value ({} at element {}); piper does not start from it",
+              folder.dir(), s.name, src[i], i));
       it = cache.emplace(s.name, std::move(src)).first;
     }
     const float *src = it->second.data();

@@ -288,3 +288,27 @@ TEST_CASE("a folder's config.json must describe the compiled model", "[hf]") {
         "  \"num_attention_heads\": 8 here, 4 in the compiled model\n"
         "  \"rope_scaling\": null here, absent in the compiled model");
 }
+
+TEST_CASE("a Hugging Face tensor with a non-finite value is refused, as "
+          "--load FILE refuses one",
+          "[hf]") {
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(),
+                    -std::numeric_limits<float>::infinity()}) {
+    std::string dir = freshDir("nonfinite");
+    HfParam param{"w", {2, 2}, {HfPlacement{"w", {2, 2}, false, 0, 0}}};
+    std::vector<float> w = {1, 2, bad, 4};
+    REQUIRE(writeSafetensors(dir + "/model.safetensors",
+                             {SafetensorsTensor{"w", "F32", {2, 2}, w.data()}},
+                             {}));
+    auto folder = openFolder(dir);
+    HfSourceCache cache;
+    std::vector<float> out(4);
+    Status st = readHfParamRange(*folder, param, 0, 4, out.data(), cache);
+    INFO(st.message());
+    CHECK(!st);
+    CHECK(st.message().find("tensor 'w' holds a non-finite value (" +
+                            std::string(std::isnan(bad) ? "nan" : "-inf") +
+                            " at element 2); piper does not start from it") !=
+          std::string::npos);
+  }
+}

@@ -144,9 +144,9 @@ Status ExecutorImpl::init(uint64_t seed) {
   }
   for (int e = 0; e < plan.num_events(); ++e) {
     events.emplace_back();
-    PIPER_RETURN_IF_ERROR(device->createEvent(events.back())
-                              .withContext("creating event " +
-                                           std::to_string(e)));
+    PIPER_RETURN_IF_ERROR(
+        device->createEvent(events.back())
+            .withContext("creating event " + std::to_string(e)));
   }
   if (numParams > 0)
     PIPER_RETURN_IF_ERROR(device->createSquareSums(numParams, squares)
@@ -299,7 +299,14 @@ std::vector<ProfileEntry> Executor::profile() const {
   return impl->profiler.entries();
 }
 
-void Executor::resetProfile() { impl->profiler.reset(); }
+hal::LaunchTimes Executor::launchTimes() const {
+  return impl->device->launchTimes();
+}
+
+void Executor::resetProfile() {
+  impl->profiler.reset();
+  impl->device->resetLaunchTimes();
+}
 
 const StepTrace &Executor::stepTrace() const { return impl->tracer.trace(); }
 

@@ -169,6 +169,10 @@ public:
   /// the last resetProfile(), one entry per op or instruction kind that ran,
   /// sorted by decreasing time. Call between steps only.
   std::vector<ProfileEntry> profile() const;
+  /// With ExecutorOptions::profile and a device created with
+  /// DeviceOptions::timeLaunches (--profile=gpu): the device time of its
+  /// launches since the same reset; empty otherwise.
+  hal::LaunchTimes launchTimes() const;
   void resetProfile();
   /// With ExecutorOptions::traceStep: that step's timeline once it has run
   /// (StepTrace::step is 0 before). Call between steps only.

@@ -288,6 +288,13 @@ public:
   int64_t gradElements(int p) const;
   double shareWeight(int p) const;
   void finishGradNorm(double worldSquares);
+  /// "non-finite <what> at step <step> (<value>): the training diverged
+  /// ...": the one message of a diverged run.
+  static std::string divergedMessage(const char *what, int64_t step,
+                                     double value);
+  /// A diverged error (Status::diverged) when the step's world loss, or the
+  /// gradient norm of a plan that does not clip, is not finite.
+  Status checkDivergence(int64_t step, double loss) const;
 
   int peerOf(const plan::Instruction &inst) const {
     return plan.groups(inst.peer_group()).ranks(replica);

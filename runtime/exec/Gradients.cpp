@@ -63,8 +63,7 @@ float *ExecutorImpl::gradOf(int p) const {
 }
 
 int64_t ExecutorImpl::gradElements(int p) const {
-  return zeroSharded(p) ? shard[p].count
-                        : stateOf(p, Operand::GRAD)->bytes / 4;
+  return zeroSharded(p) ? shard[p].count : stateOf(p, Operand::GRAD)->bytes / 4;
 }
 
 hal::SquaresSpan ExecutorImpl::gradSpan(int p) const {
@@ -111,8 +110,8 @@ Status ExecutorImpl::measureGradSquares(bool skipUpdated) {
     if (!skipUpdated || !updated[p])
       spans.push_back(gradSpan(p));
   if (!spans.empty())
-    PIPER_RETURN_IF_ERROR(squares->measure(spans).withContext(
-        "measuring the gradient norm"));
+    PIPER_RETURN_IF_ERROR(
+        squares->measure(spans).withContext("measuring the gradient norm"));
   return squares->read(gradSquares.data(), plan.params_size())
       .withContext("reading the gradient norm");
 }
@@ -121,6 +120,23 @@ void ExecutorImpl::finishGradNorm(double worldSquares) {
   if (!clips)
     lastGradNorm =
         std::sqrt(worldSquares / std::max(1, plan.training().num_replicas()));
+}
+
+std::string ExecutorImpl::divergedMessage(const char *what, int64_t step,
+                                          double value) {
+  return fmt::format("non-finite {} at step {} ({}): the training diverged "
+                     "(non-finite weights or data, or a learning rate too "
+                     "high); every rank stops here",
+                     what, step, value);
+}
+
+Status ExecutorImpl::checkDivergence(int64_t step, double loss) const {
+  if (!clips && plan.params_size() > 0 && !std::isfinite(lastGradNorm))
+    return Status::diverged(
+        divergedMessage("gradient norm", step, lastGradNorm));
+  if (!std::isfinite(loss))
+    return Status::diverged(divergedMessage("loss", step, loss));
+  return Status::ok();
 }
 
 Status ExecutorImpl::clipGrads() {
@@ -143,11 +159,8 @@ Status ExecutorImpl::clipGrads() {
   lastGradNorm = norm;
   double maxNorm = plan.training().clip_grad_norm();
   if (!std::isfinite(norm))
-    return Status::diverged(fmt::format(
-        "non-finite gradient norm at step {} ({}): the training diverged "
-        "(non-finite weights or data, or a learning rate too high); every "
-        "rank stops here",
-        posStep.load(std::memory_order_relaxed), norm));
+    return Status::diverged(divergedMessage(
+        "gradient norm", posStep.load(std::memory_order_relaxed), norm));
   if (maxNorm <= 0 || norm <= maxNorm)
     return Status::ok();
   float scale = static_cast<float>(maxNorm / (norm + 1e-6));

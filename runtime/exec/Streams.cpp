@@ -42,8 +42,7 @@ void ExecutorImpl::runStream(int s, StepState &st) {
       streamAt.load(std::memory_order_relaxed)[plan.streams_size() + s];
   const bool faults = options.faultStep == st.step && options.faultStream == s;
   // --trace: this step's spans of this stream, else null (no clock read).
-  StepTrace::Span *spans =
-      tracer.traces(st.step) ? tracer.spans(s) : nullptr;
+  StepTrace::Span *spans = tracer.traces(st.step) ? tracer.spans(s) : nullptr;
   int i = 0;
   try {
     for (; i < stream.instructions_size(); ++i) {
@@ -158,6 +157,15 @@ Status ExecutorImpl::runStep(int64_t step, double &loss) {
   }
   if (traced)
     tracer.endStep(step);
+  if (options.profile) {
+    // The streams are synchronized: every timed launch has finished.
+    Status timed = device->collectLaunchTimes();
+    if (!timed) {
+      broken = true;
+      return timed.withContext(who + ": reading the launch times of step " +
+                               std::to_string(step));
+    }
+  }
   posPhase.store(ExecPosition::kLossAllReduce, std::memory_order_relaxed);
 
   loss = 0;
@@ -186,6 +194,15 @@ Status ExecutorImpl::runStep(int64_t step, double &loss) {
   }
   loss = sums[0];
   finishGradNorm(sums[1]);
+  // Divergence stops the run whatever the clipping: a plan that clips stops
+  // at CLIP_GRADS, before its update; one that does not stops here, after
+  // the step and before anything is written from it (a checkpoint, --save).
+  // Every rank sees the same world sums, so every rank stops.
+  Status finite = checkDivergence(step, loss);
+  if (!finite) {
+    broken = true;
+    return finite.withContext(who + ", end of step " + std::to_string(step));
+  }
   posPhase.store(ExecPosition::kIdle, std::memory_order_relaxed);
   return Status::ok();
 }
@@ -206,7 +223,8 @@ ExecPosition ExecutorImpl::position() const {
   if (at)
     for (int s = 0; s < plan.streams_size(); ++s) {
       p.instruction[s] = at[s].load(std::memory_order_relaxed);
-      p.entered[s] = at[plan.streams_size() + s].load(std::memory_order_relaxed);
+      p.entered[s] =
+          at[plan.streams_size() + s].load(std::memory_order_relaxed);
     }
   return p;
 }

@@ -47,8 +47,8 @@ createCommunicator(CommunicatorKind kind, int rank, int worldSize,
                                               meet.store, timeout, status);
   else
     comm = fileStore
-               ? createGlooCommunicator(rank, worldSize, meet.storeDir,
-                                        timeout, status)
+               ? createGlooCommunicator(rank, worldSize, meet.storeDir, timeout,
+                                        status)
                : createGlooCommunicator(rank, worldSize, meet.store, timeout,
                                         status, meet.bindAddress);
   if (!comm || !status) {
@@ -64,7 +64,8 @@ createCommunicator(CommunicatorKind kind, int rank, int worldSize,
 }
 
 Status createDevice(DeviceKind kind, int cudaOrdinal, Communicator *comm,
-                    StagingCommunicator *staging, DeviceFactory &out) {
+                    StagingCommunicator *staging, DeviceFactory &out,
+                    const DeviceOptions &options) {
   out = nullptr;
   switch (kind) {
   case DeviceKind::Cpu:
@@ -72,7 +73,7 @@ Status createDevice(DeviceKind kind, int cudaOrdinal, Communicator *comm,
   case DeviceKind::Cuda: {
     Status created;
     auto device = std::make_shared<std::unique_ptr<Device>>(
-        createCudaDevice(cudaOrdinal, comm, created));
+        createCudaDevice(cudaOrdinal, comm, created, options));
     if (!*device)
       return Status::error("backend 'cuda': " + created.message());
     if (staging)
@@ -82,8 +83,8 @@ Status createDevice(DeviceKind kind, int cudaOrdinal, Communicator *comm,
     return Status::ok();
   }
   case DeviceKind::CudaEmulation:
-    out = [staging](Communicator *c) {
-      auto device = createEmulatedGpuDevice(c);
+    out = [staging, options](Communicator *c) {
+      auto device = createEmulatedGpuDevice(c, options);
       if (staging)
         staging->attach(device->allocator());
       return device;

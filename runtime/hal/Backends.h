@@ -76,7 +76,8 @@ using DeviceFactory =
 /// created now, so that its error is this call's; the emulated one when the
 /// executor asks.
 Status createDevice(DeviceKind kind, int cudaOrdinal, Communicator *comm,
-                    StagingCommunicator *staging, DeviceFactory &out);
+                    StagingCommunicator *staging, DeviceFactory &out,
+                    const DeviceOptions &options = {});
 
 /// The CUDA device a rank with local rank `localRank` uses on `kind`: local
 /// rank r uses visible device r modulo their number (so ranks may share

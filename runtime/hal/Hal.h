@@ -122,18 +122,48 @@ public:
 
 /// An error unless every span's slot is one of `slots` and `read` asks for
 /// at most `slots` (for the SquareSums implementations).
-inline Status checkSquaresSlots(const std::vector<SquaresSpan> &spans,
-                                int read, int slots) {
+inline Status checkSquaresSlots(const std::vector<SquaresSpan> &spans, int read,
+                                int slots) {
   for (const SquaresSpan &span : spans)
     if (span.slot < 0 || span.slot >= slots)
       return Status::error("sum of squares: slot " + std::to_string(span.slot) +
                            " is not one of the " + std::to_string(slots));
   if (read < 0 || read > slots)
-    return Status::error("sum of squares: cannot read " +
-                         std::to_string(read) + " of " +
-                         std::to_string(slots) + " slots");
+    return Status::error("sum of squares: cannot read " + std::to_string(read) +
+                         " of " + std::to_string(slots) + " slots");
   return Status::ok();
 }
+
+/// How a device runs attention (piper-run --attention; docs/gpu.md): on
+/// CUDA, `Auto` runs bf16 plans' attention on cuDNN's fused kernels where
+/// cuDNN takes the shape (else on the SIMT kernels, saying so once),
+/// `Cudnn` requires them, `Simt` never uses them. Other devices run their
+/// own kernels whatever the choice (the launcher refuses `Cudnn` there).
+enum class AttentionChoice { Auto, Cudnn, Simt };
+
+/// The choices a rank's device is created with.
+struct DeviceOptions {
+  AttentionChoice attention = AttentionChoice::Auto;
+  /// piper-run --profile=gpu: time every device launch (Device::
+  /// collectLaunchTimes).
+  bool timeLaunches = false;
+};
+
+/// The device time of one launch name (--profile=gpu): kernels, GEMMs,
+/// cuDNN calls, summed over launches and streams.
+struct LaunchTime {
+  std::string name;
+  int64_t count = 0;
+  double seconds = 0;
+};
+
+/// What --profile=gpu measured since the last reset.
+struct LaunchTimes {
+  std::vector<LaunchTime> rows; ///< by decreasing time
+  /// The union of the launches' intervals over every stream, per step
+  /// summed: the time the device was busy with at least one launch.
+  double busySeconds = 0;
+};
 
 /// One accelerator (or the host CPU) as seen by one rank.
 class Device {
@@ -186,6 +216,14 @@ public:
   /// piper-run's MFU; 0 when unknown (the CPU backend: its peak depends on
   /// cores, clocks and what else runs).
   virtual double peakFlops() const { return 0; }
+
+  /// With DeviceOptions::timeLaunches: adds the launches timed since the
+  /// last call to the totals (called after the step's streams are
+  /// synchronized, so every launch has finished). Devices that do not time
+  /// launches (the CPU) have none.
+  virtual Status collectLaunchTimes() { return Status::ok(); }
+  virtual LaunchTimes launchTimes() const { return {}; }
+  virtual void resetLaunchTimes() {}
 };
 
 } // namespace piper::runtime::hal

@@ -208,6 +208,22 @@ TEST_CASE("piper-run command-line and strategy errors", "[launcher]") {
     CHECK(r.exitCode() == 1);
     CHECK(r.err.find("--comm nccl needs --backend cuda") != std::string::npos);
   }
+  SECTION("--attention cudnn needs a GPU backend and a bf16 plan") {
+    RunResult cpu = piperRun({pp, "--nproc", "2", "--attention", "cudnn"});
+    CHECK(cpu.exitCode() == 1);
+    CHECK(cpu.err.find("--attention cudnn needs --backend cuda") !=
+          std::string::npos);
+    // These plans are fp32.
+    RunResult fp32 = piperRun({pp, "--nproc", "2", "--backend",
+                               "cuda-emulation", "--attention", "cudnn"});
+    CHECK(fp32.exitCode() == 1);
+    CHECK(fp32.err.find("--attention cudnn: cuDNN's fused attention runs "
+                        "bf16 plans only, and this strategy is fp32") !=
+          std::string::npos);
+    RunResult bad = piperRun({pp, "--nproc", "2", "--attention", "flash"});
+    CHECK(bad.exitCode() != 0);
+    CHECK(bad.err.find("--attention") != std::string::npos);
+  }
   SECTION("unknown communicator") {
     RunResult r = piperRun({pp, "--nproc", "2", "--comm", "mpi"});
     CHECK(r.exitCode() != 0);
@@ -267,4 +283,35 @@ TEST_CASE("piper-run: a cross-rank deadlock fails after --timeout-s",
   // The error names the peer the rank was waiting for.
   CHECK(std::regex_search(r.err, std::regex(R"(from rank [01])")));
   CHECK(r.seconds < 20);
+}
+
+TEST_CASE("--profile=gpu adds the device time of every launch", "[launcher]") {
+  TinyModel m;
+  std::string out = strategy({singleClassPlan(m, 2, {0}, 1)}, "gpuprofile");
+  // On the emulation the launches are timed by the host clock.
+  RunResult gpu = piperRun({out, "--nproc", "1", "--steps", "3", "--backend",
+                            "cuda-emulation", "--profile=gpu"});
+  INFO("stderr: " << gpu.err);
+  REQUIRE(gpu.exitCode() == 0);
+  CHECK(gpu.err.find("device time per launch (--profile=gpu") !=
+        std::string::npos);
+  // The tiny model's linear layers run as GEMMs; every launch row and the
+  // busy and idle totals are there.
+  CHECK(std::regex_search(gpu.err, std::regex("\n  gemm +[0-9]+ ")));
+  CHECK(gpu.err.find("(device busy)") != std::string::npos);
+  CHECK(gpu.err.find("(device idle)") != std::string::npos);
+  // Plain --profile times the host side only.
+  RunResult host = piperRun({out, "--nproc", "1", "--steps", "3", "--backend",
+                             "cuda-emulation", "--profile"});
+  REQUIRE(host.exitCode() == 0);
+  CHECK(host.err.find("profile of") != std::string::npos);
+  CHECK(host.err.find("device time per launch") == std::string::npos);
+  // The cpu backend has no device launches; an unknown mode is a CLI error.
+  RunResult cpu = piperRun({out, "--nproc", "1", "--profile=gpu"});
+  CHECK(cpu.exitCode() == 1);
+  CHECK(cpu.err.find("--profile=gpu needs --backend cuda or cuda-emulation") !=
+        std::string::npos);
+  RunResult bad = piperRun({out, "--nproc", "1", "--profile=tpu"});
+  CHECK(bad.exitCode() != 0);
+  CHECK(bad.err.find("--profile") != std::string::npos);
 }

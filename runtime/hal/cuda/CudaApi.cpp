@@ -6,17 +6,21 @@
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
+#include <map>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "fmt/core.h"
 #include "runtime/hal/cuda/CudaCheck.h"
 #include "runtime/hal/cuda/CudaKernelContext.h"
+#include "runtime/hal/cuda/CudnnAttention.h"
 #include "runtime/hal/gpu/ElementwiseLaunch.h"
 #include "runtime/hal/gpu/GpuApi.h"
 
@@ -75,7 +79,7 @@ Status openCublasLt() {
   auto *fns = new CublasLt();
   std::string missing;
 #define PIPER_CUBLASLT_LOAD(name)                                              \
-  fns->name = reinterpret_cast<decltype(fns->name)>(dlsym(lib, #name));       \
+  fns->name = reinterpret_cast<decltype(fns->name)>(dlsym(lib, #name));        \
   if (!fns->name)                                                              \
     missing += std::string(missing.empty() ? "" : ", ") + #name;
   PIPER_CUBLASLT_LOAD(cublasLtCreate)
@@ -151,13 +155,106 @@ private:
   size_t size = 0;
 };
 
+/// A GEMM's shape as cuBLASLt sees it: everything its descriptors and
+/// algorithm depend on (not the pointers, alpha or beta).
+struct GemmKey {
+  bool transA, transB, bf16;
+  int64_t m, n, k, lda, ldb, ldc;
+  uint32_t alignA, alignB, alignC;
+  bool operator<(const GemmKey &o) const {
+    return std::tie(transA, transB, bf16, m, n, k, lda, ldb, ldc, alignA,
+                    alignB, alignC) < std::tie(o.transA, o.transB, o.bf16, o.m,
+                                               o.n, o.k, o.lda, o.ldb, o.ldc,
+                                               o.alignA, o.alignB, o.alignC);
+  }
+};
+
+/// A GEMM prepared once (gpu-speed 4): its descriptor, layouts and the
+/// heuristic's algorithm, kept for the stream's life, so every call of the
+/// shape runs the same algorithm (the same bits every step) and none pays
+/// for the heuristic again.
+struct PreparedGemm {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+};
+
 /// What gemmColMajor finds behind Context::blas.
 struct CudaBlas {
   cublasLtHandle_t handle = nullptr;
   CudaWorkspace *operands = nullptr;
+  std::map<GemmKey, PreparedGemm> prepared;
 };
 
 constexpr size_t kCublasWorkspace = size_t(32) << 20;
+
+void destroyPrepared(const CublasLt &lt, PreparedGemm &g) {
+  if (g.lc)
+    lt.cublasLtMatrixLayoutDestroy(g.lc);
+  if (g.lb)
+    lt.cublasLtMatrixLayoutDestroy(g.lb);
+  if (g.la)
+    lt.cublasLtMatrixLayoutDestroy(g.la);
+  if (g.desc)
+    lt.cublasLtMatmulDescDestroy(g.desc);
+  g = PreparedGemm();
+}
+
+/// The descriptors of `key` and the heuristic's best algorithm for them.
+Status prepareGemm(const CublasLt &lt, cublasLtHandle_t handle,
+                   const GemmKey &key, cudaDataType_t operandType,
+                   PreparedGemm &g) {
+  PIPER_CUBLAS_RETURN_IF_ERROR(
+      lt.cublasLtMatmulDescCreate(&g.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  cublasOperation_t ta = key.transA ? CUBLAS_OP_T : CUBLAS_OP_N;
+  cublasOperation_t tb = key.transB ? CUBLAS_OP_T : CUBLAS_OP_N;
+  PIPER_CUBLAS_RETURN_IF_ERROR(lt.cublasLtMatmulDescSetAttribute(
+      g.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+  PIPER_CUBLAS_RETURN_IF_ERROR(lt.cublasLtMatmulDescSetAttribute(
+      g.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+  PIPER_CUBLAS_RETURN_IF_ERROR(lt.cublasLtMatrixLayoutCreate(
+      &g.la, operandType, key.transA ? key.k : key.m,
+      key.transA ? key.m : key.k, key.lda));
+  PIPER_CUBLAS_RETURN_IF_ERROR(lt.cublasLtMatrixLayoutCreate(
+      &g.lb, operandType, key.transB ? key.n : key.k,
+      key.transB ? key.k : key.n, key.ldb));
+  PIPER_CUBLAS_RETURN_IF_ERROR(
+      lt.cublasLtMatrixLayoutCreate(&g.lc, CUDA_R_32F, key.m, key.n, key.ldc));
+  cublasLtMatmulPreference_t pref = nullptr;
+  PIPER_CUBLAS_RETURN_IF_ERROR(lt.cublasLtMatmulPreferenceCreate(&pref));
+  Status status = [&]() -> Status {
+    size_t workspaceBytes = kCublasWorkspace;
+    PIPER_CUBLAS_RETURN_IF_ERROR(lt.cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspaceBytes,
+        sizeof(workspaceBytes)));
+    // The heuristic assumes 256-byte-aligned operands unless told
+    // (gpu-review A.4): arena tensors are 64-byte aligned, MoE expert slices
+    // 4-byte. Tell it each operand's real alignment (part of the key), so
+    // that it picks an algorithm that can run on them.
+    const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t>
+        alignments[] = {
+            {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.alignA},
+            {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.alignB},
+            {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.alignC},
+            {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.alignC},
+        };
+    for (const auto &[attribute, bytes] : alignments)
+      PIPER_CUBLAS_RETURN_IF_ERROR(lt.cublasLtMatmulPreferenceSetAttribute(
+          pref, attribute, &bytes, sizeof(bytes)));
+    cublasLtMatmulHeuristicResult_t heuristic{};
+    int found = 0;
+    PIPER_CUBLAS_RETURN_IF_ERROR(lt.cublasLtMatmulAlgoGetHeuristic(
+        handle, g.desc, g.la, g.lb, g.lc, g.lc, pref, 1, &heuristic, &found));
+    if (found == 0)
+      return Status::error(
+          fmt::format("gemm: cuBLASLt has no algorithm for m={} n={} k={} ({})",
+                      key.m, key.n, key.k, key.bf16 ? "bf16" : "fp32"));
+    g.algo = heuristic.algo;
+    return Status::ok();
+  }();
+  lt.cublasLtMatmulPreferenceDestroy(pref);
+  return status;
+}
 
 size_t extent(bool trans, int64_t rows, int64_t cols, int64_t ld) {
   // A column-major op(X) of rows x cols stored as X: X has `ld`-strided
@@ -199,23 +296,160 @@ Status loadCublasLt() {
   return status;
 }
 
+/// One stream's launch timer: a pooled pair of timing events around each
+/// launch, read after the stream is synchronized.
+class CudaLaunchTimer final : public gpu::LaunchTimer {
+public:
+  explicit CudaLaunchTimer(int ordinal) : ordinal(ordinal) {}
+  ~CudaLaunchTimer() override {
+    for (const Record &r : records) {
+      pool.push_back(r.start);
+      pool.push_back(r.end);
+    }
+    if (pending)
+      pool.push_back(pending);
+    for (cudaEvent_t e : pool)
+      cudaEventDestroy(e);
+  }
+  Status begin(const gpu::Context &ctx) override {
+    PIPER_RETURN_IF_ERROR(take(pending));
+    PIPER_CUDA_RETURN_IF_ERROR(cudaEventRecord(pending, ctx.stream));
+    return Status::ok();
+  }
+  Status end(const gpu::Context &ctx, const char *name) override {
+    Record r{name, pending, nullptr};
+    pending = nullptr;
+    if (!r.start)
+      return Status::error(std::string("launch timer: '") + name +
+                           "' ended without a begin");
+    Status st = take(r.end);
+    if (st)
+      st = [&]() -> Status {
+        PIPER_CUDA_RETURN_IF_ERROR(cudaEventRecord(r.end, ctx.stream));
+        return Status::ok();
+      }();
+    records.push_back(r);
+    return st;
+  }
+
+  struct Record {
+    const char *name;
+    cudaEvent_t start, end;
+  };
+  /// The launches recorded since the last call (their events go back to the
+  /// pool after `use` has read them).
+  template <class F> Status drain(F use) {
+    Status st = Status::ok();
+    for (const Record &r : records) {
+      if (st)
+        st = use(r);
+      pool.push_back(r.start);
+      if (r.end)
+        pool.push_back(r.end);
+    }
+    records.clear();
+    return st;
+  }
+
+private:
+  Status take(cudaEvent_t &event) {
+    if (!pool.empty()) {
+      event = pool.back();
+      pool.pop_back();
+      return Status::ok();
+    }
+    PIPER_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal));
+    PIPER_CUDA_RETURN_IF_ERROR(cudaEventCreate(&event));
+    return Status::ok();
+  }
+
+  int ordinal;
+  cudaEvent_t pending = nullptr;
+  std::vector<Record> records;
+  std::vector<cudaEvent_t> pool;
+};
+
+void CudaLaunchTimers::add(CudaLaunchTimer *timer) {
+  std::lock_guard<std::mutex> lock(mu);
+  timers.push_back(timer);
+}
+
+void CudaLaunchTimers::remove(CudaLaunchTimer *timer) {
+  std::lock_guard<std::mutex> lock(mu);
+  timers.erase(std::remove(timers.begin(), timers.end(), timer), timers.end());
+}
+
+Status CudaLaunchTimers::collect() {
+  std::lock_guard<std::mutex> lock(mu);
+  // Every launch's interval in ms from one reference event (the first
+  // launch's start), so that the union over the streams can be taken.
+  cudaEvent_t reference = nullptr;
+  Status st = Status::ok();
+  for (CudaLaunchTimer *timer : timers) {
+    Status drained =
+        timer->drain([&](const CudaLaunchTimer::Record &r) -> Status {
+          if (!r.end)
+            return Status::ok();
+          if (!reference)
+            reference = r.start;
+          float from = 0, to = 0;
+          PIPER_CUDA_RETURN_IF_ERROR(
+              cudaEventElapsedTime(&from, reference, r.start));
+          PIPER_CUDA_RETURN_IF_ERROR(
+              cudaEventElapsedTime(&to, reference, r.end));
+          totals.add(r.name, from, to);
+          return Status::ok();
+        });
+    if (st)
+      st = drained;
+  }
+  totals.endBatch();
+  return st;
+}
+
+LaunchTimes CudaLaunchTimers::times() const {
+  std::lock_guard<std::mutex> lock(mu);
+  return totals.times();
+}
+
+void CudaLaunchTimers::reset() {
+  std::lock_guard<std::mutex> lock(mu);
+  totals.reset();
+}
+
 struct CudaKernelResources::State {
   int ordinal;
   cudaStream_t stream = nullptr;
   CudaWorkspace workspace, operands;
   CudaBlas blas;
-  State(int ordinal)
-      : ordinal(ordinal), workspace(ordinal, stream),
-        operands(ordinal, stream) {}
+  CudnnAttentionState dnn;
+  CudaLaunchTimers *timers = nullptr;
+  std::unique_ptr<CudaLaunchTimer> timer;
+  State(int ordinal, gpu::AttentionMode attention)
+      : ordinal(ordinal), workspace(ordinal, stream), operands(ordinal, stream),
+        dnn(attention) {}
 };
 
-CudaKernelResources::CudaKernelResources(int ordinal)
-    : state(std::make_unique<State>(ordinal)) {
+CudaKernelResources::CudaKernelResources(int ordinal,
+                                         gpu::AttentionMode attention,
+                                         CudaLaunchTimers *timers)
+    : state(std::make_unique<State>(ordinal, attention)) {
   state->blas.operands = &state->operands;
+  if (timers) {
+    state->timers = timers;
+    state->timer = std::make_unique<CudaLaunchTimer>(ordinal);
+    timers->add(state->timer.get());
+  }
 }
 
 CudaKernelResources::~CudaKernelResources() {
-  if (state->blas.handle && cublasLt)
+  if (state->timers)
+    state->timers->remove(state->timer.get());
+  if (!cublasLt)
+    return;
+  for (auto &[key, g] : state->blas.prepared)
+    destroyPrepared(*cublasLt, g);
+  if (state->blas.handle)
     cublasLt->cublasLtDestroy(state->blas.handle);
 }
 
@@ -226,6 +460,9 @@ gpu::Context CudaKernelResources::context(cudaStream_t stream, bool bf16) {
   ctx.workspace = &state->workspace;
   ctx.blas = &state->blas;
   ctx.bf16 = bf16;
+  ctx.attention = state->dnn.mode();
+  ctx.fused = &state->dnn;
+  ctx.timer = state->timer.get();
   return ctx;
 }
 
@@ -248,8 +485,8 @@ Status zeroAsync(const Context &ctx, void *ptr, size_t bytes) {
 
 Status copyAsync(const Context &ctx, void *dst, const void *src, size_t bytes) {
   if (bytes && dst != src)
-    PIPER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
-        dst, src, bytes, cudaMemcpyDeviceToDevice, ctx.stream));
+    PIPER_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, ctx.stream));
   return Status::ok();
 }
 
@@ -268,8 +505,8 @@ Status addToHostAsync(const Context &ctx, const float *value, double scale,
   Status alloc;
   std::call_once(lossSlotsOnce, [&] {
     void *p = nullptr;
-    cudaError_t e = cudaHostAlloc(&p, kLossSlots * sizeof(float),
-                                  cudaHostAllocPortable);
+    cudaError_t e =
+        cudaHostAlloc(&p, kLossSlots * sizeof(float), cudaHostAllocPortable);
     if (e != cudaSuccess)
       alloc = Status::error(
           cudaErrorMessage(e, "cudaHostAlloc(loss slots)", __FILE__, __LINE__));
@@ -328,73 +565,37 @@ Status gemmColMajor(const Context &ctx, const ColMajorGemm &g) {
     operandType = CUDA_R_16BF;
   }
 
-  cublasLtMatmulDesc_t desc = nullptr;
-  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
-  cublasLtMatmulPreference_t pref = nullptr;
-  Status status = [&]() -> Status {
-    PIPER_CUBLAS_RETURN_IF_ERROR(
-        lt.cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    cublasOperation_t ta = g.transA ? CUBLAS_OP_T : CUBLAS_OP_N;
-    cublasOperation_t tb = g.transB ? CUBLAS_OP_T : CUBLAS_OP_N;
-    PIPER_CUBLAS_RETURN_IF_ERROR(lt.cublasLtMatmulDescSetAttribute(
-        desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
-    PIPER_CUBLAS_RETURN_IF_ERROR(lt.cublasLtMatmulDescSetAttribute(
-        desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
-    PIPER_CUBLAS_RETURN_IF_ERROR(lt.cublasLtMatrixLayoutCreate(
-        &la, operandType, g.transA ? g.k : g.m, g.transA ? g.m : g.k, g.lda));
-    PIPER_CUBLAS_RETURN_IF_ERROR(lt.cublasLtMatrixLayoutCreate(
-        &lb, operandType, g.transB ? g.n : g.k, g.transB ? g.k : g.n, g.ldb));
-    PIPER_CUBLAS_RETURN_IF_ERROR(
-        lt.cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, g.m, g.n, g.ldc));
-    PIPER_CUBLAS_RETURN_IF_ERROR(lt.cublasLtMatmulPreferenceCreate(&pref));
-    size_t workspaceBytes = kCublasWorkspace;
-    PIPER_CUBLAS_RETURN_IF_ERROR(lt.cublasLtMatmulPreferenceSetAttribute(
-        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspaceBytes,
-        sizeof(workspaceBytes)));
-    // The heuristic assumes 256-byte-aligned operands unless told (gpu-review
-    // A.4): arena tensors are 64-byte aligned, MoE expert slices 4-byte.
-    // Tell it each operand's real alignment, so that it picks an algorithm
-    // that can run on them.
-    const size_t operandBytes = ctx.bf16 ? 2 : 4;
-    const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t>
-        alignments[] = {
-            {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
-             matrixAlignment(a, g.lda, operandBytes)},
-            {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-             matrixAlignment(b, g.ldb, operandBytes)},
-            {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
-             matrixAlignment(g.c, g.ldc, 4)},
-            {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
-             matrixAlignment(g.c, g.ldc, 4)},
-        };
-    for (const auto &[attribute, bytes] : alignments)
-      PIPER_CUBLAS_RETURN_IF_ERROR(lt.cublasLtMatmulPreferenceSetAttribute(
-          pref, attribute, &bytes, sizeof(bytes)));
-    cublasLtMatmulHeuristicResult_t heuristic{};
-    int found = 0;
-    PIPER_CUBLAS_RETURN_IF_ERROR(lt.cublasLtMatmulAlgoGetHeuristic(
-        blas->handle, desc, la, lb, lc, lc, pref, 1, &heuristic, &found));
-    if (found == 0)
-      return Status::error(fmt::format(
-          "gemm: cuBLASLt has no algorithm for m={} n={} k={} ({})", g.m, g.n,
-          g.k, ctx.bf16 ? "bf16" : "fp32"));
-    noteKernelLaunch("gemm (cublasLtMatmul)");
-    PIPER_CUBLAS_RETURN_IF_ERROR(lt.cublasLtMatmul(
-        blas->handle, desc, &g.alpha, a, la, b, lb, &g.beta, g.c, lc, g.c, lc,
-        &heuristic.algo, scratch, kCublasWorkspace, ctx.stream));
-    return Status::ok();
-  }();
-  if (pref)
-    lt.cublasLtMatmulPreferenceDestroy(pref);
-  if (lc)
-    lt.cublasLtMatrixLayoutDestroy(lc);
-  if (lb)
-    lt.cublasLtMatrixLayoutDestroy(lb);
-  if (la)
-    lt.cublasLtMatrixLayoutDestroy(la);
-  if (desc)
-    lt.cublasLtMatmulDescDestroy(desc);
-  return status;
+  const size_t operandBytes = ctx.bf16 ? 2 : 4;
+  const GemmKey key{g.transA,
+                    g.transB,
+                    ctx.bf16,
+                    g.m,
+                    g.n,
+                    g.k,
+                    g.lda,
+                    g.ldb,
+                    g.ldc,
+                    matrixAlignment(a, g.lda, operandBytes),
+                    matrixAlignment(b, g.ldb, operandBytes),
+                    matrixAlignment(g.c, g.ldc, 4)};
+  auto found = blas->prepared.find(key);
+  if (found == blas->prepared.end()) {
+    PreparedGemm prepared;
+    Status st = prepareGemm(lt, blas->handle, key, operandType, prepared);
+    if (!st) {
+      destroyPrepared(lt, prepared);
+      return st;
+    }
+    found = blas->prepared.emplace(key, prepared).first;
+  }
+  const PreparedGemm &p = found->second;
+  if (ctx.timer)
+    PIPER_RETURN_IF_ERROR(ctx.timer->begin(ctx));
+  noteKernelLaunch("gemm (cublasLtMatmul)");
+  PIPER_CUBLAS_RETURN_IF_ERROR(lt.cublasLtMatmul(
+      blas->handle, p.desc, &g.alpha, a, p.la, b, p.lb, &g.beta, g.c, p.lc, g.c,
+      p.lc, &p.algo, scratch, kCublasWorkspace, ctx.stream));
+  return ctx.timer ? ctx.timer->end(ctx, "gemm") : Status::ok();
 }
 
 } // namespace gpu

@@ -31,7 +31,8 @@ Status cudaDeviceCount(int &count);
 /// A Device on CUDA device `ordinal` using `comm` (not owned; may be null
 /// for a single rank). Null with `status` set when it cannot be created.
 std::unique_ptr<Device> createCudaDevice(int ordinal, Communicator *comm,
-                                         Status &status);
+                                         Status &status,
+                                         const DeviceOptions &options = {});
 
 } // namespace piper::runtime::hal
 

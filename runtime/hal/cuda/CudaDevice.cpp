@@ -40,12 +40,12 @@
 #include <thread>
 
 #include "fmt/core.h"
+#include "runtime/hal/HostWorker.h"
 #include "runtime/hal/cuda/CudaBackend.h"
 #include "runtime/hal/cuda/CudaCheck.h"
 #include "runtime/hal/cuda/CudaKernelContext.h"
 #include "runtime/hal/gpu/ElementwiseLaunch.h"
 #include "runtime/hal/gpu/GpuKernels.h"
-#include "runtime/hal/HostWorker.h"
 
 namespace piper::runtime::hal {
 
@@ -133,8 +133,8 @@ public:
     return finishIfHost();
   }
   Status copy(void *dst, const void *src, size_t bytes) override {
-    PIPER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
-        dst, src, bytes, cudaMemcpyDeviceToDevice, stream()));
+    PIPER_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream()));
     return finishIfHost();
   }
   // Host memory is readable (or reusable) when these return: both wait for
@@ -237,12 +237,14 @@ private:
 class CudaStream final : public Stream {
 public:
   static Status create(std::string name, int ordinal, Communicator *comm,
+                       gpu::AttentionMode attention, CudaLaunchTimers *timers,
                        std::unique_ptr<Stream> &out) {
     PIPER_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal));
     cudaStream_t cuda = nullptr;
     PIPER_CUDA_RETURN_IF_ERROR(
         cudaStreamCreateWithFlags(&cuda, cudaStreamNonBlocking));
-    out.reset(new CudaStream(std::move(name), ordinal, cuda, comm));
+    out.reset(new CudaStream(std::move(name), ordinal, cuda, comm, attention,
+                             timers));
     return Status::ok();
   }
   ~CudaStream() override {
@@ -263,9 +265,8 @@ public:
     worker->synchronize();
     auto started = static_cast<cudaError_t>(startError.load());
     if (started != cudaSuccess)
-      return Status::error(
-          cudaErrorMessage(started, "cudaSetDevice(ordinal) on the worker",
-                           __FILE__, __LINE__));
+      return Status::error(cudaErrorMessage(
+          started, "cudaSetDevice(ordinal) on the worker", __FILE__, __LINE__));
     // A kernel that faulted after its launch returned shows here: name the
     // stream's last kernel, the likely culprit (gpu-review A.5).
     cudaError_t err = cudaStreamSynchronize(cuda);
@@ -277,15 +278,16 @@ public:
 
 private:
   CudaStream(std::string name, int ordinal, cudaStream_t cuda,
-             Communicator *comm)
-      : streamName(std::move(name)), ordinal(ordinal), cuda(cuda),
-        comm(comm) {
+             Communicator *comm, gpu::AttentionMode attention,
+             CudaLaunchTimers *timers)
+      : streamName(std::move(name)), ordinal(ordinal), cuda(cuda), comm(comm) {
     if (comm)
       comm->bindDeviceStream(streamName, cuda);
     // The worker issues this stream's device work: its thread selects the
     // GPU and makes `cuda` the stream kernels and copies run on. Should the
     // selection fail, synchronize() says so.
-    resources = std::make_unique<CudaKernelResources>(ordinal);
+    resources =
+        std::make_unique<CudaKernelResources>(ordinal, attention, timers);
     worker = std::make_unique<HostWorker>([this] {
       startError.store(static_cast<int>(cudaSetDevice(this->ordinal)));
       currentStream = this->cuda;
@@ -306,9 +308,12 @@ private:
 
 class CudaDevice final : public Device {
 public:
-  CudaDevice(int ordinal, cudaStream_t hostStream, Communicator *comm)
-      : ordinal(ordinal), hostStream(hostStream),
-        memory(ordinal, hostStream), comm(comm) {}
+  CudaDevice(int ordinal, cudaStream_t hostStream, Communicator *comm,
+             gpu::AttentionMode attention, bool timeLaunches)
+      : ordinal(ordinal), attention(attention),
+        timers(timeLaunches ? &launchTimers : nullptr), hostStream(hostStream),
+        memory(ordinal, hostStream), hostResources(ordinal, attention, timers),
+        comm(comm) {}
   ~CudaDevice() override {
     cudaStreamSynchronize(hostStream);
     cudaStreamDestroy(hostStream);
@@ -317,7 +322,7 @@ public:
   Allocator &allocator() override { return memory; }
   Status createStream(const std::string &name,
                       std::unique_ptr<Stream> &stream) override {
-    return CudaStream::create(name, ordinal, comm, stream);
+    return CudaStream::create(name, ordinal, comm, attention, timers, stream);
   }
   Status createEvent(std::unique_ptr<Event> &event) override {
     return CudaEvent::create(ordinal, event);
@@ -365,6 +370,16 @@ public:
     return finishIfHost();
   }
   Communicator *communicator() override { return comm; }
+  Status collectLaunchTimes() override {
+    return timers ? timers->collect() : Status::ok();
+  }
+  LaunchTimes launchTimes() const override {
+    return timers ? timers->times() : LaunchTimes();
+  }
+  void resetLaunchTimes() override {
+    if (timers)
+      timers->reset();
+  }
 
   // The calling stream's kernel context, or the device's own (host
   // stream) off-stream.
@@ -382,9 +397,12 @@ private:
   }
 
   int ordinal;
+  gpu::AttentionMode attention;
+  CudaLaunchTimers launchTimers;
+  CudaLaunchTimers *timers; // &launchTimers with --profile=gpu, else null
   cudaStream_t hostStream;
   CudaAllocator memory;
-  CudaKernelResources hostResources{ordinal};
+  CudaKernelResources hostResources;
   Communicator *comm;
 };
 
@@ -455,7 +473,8 @@ Status checkCudaBackend() {
 }
 
 std::unique_ptr<Device> createCudaDevice(int ordinal, Communicator *comm,
-                                         Status &status) {
+                                         Status &status,
+                                         const DeviceOptions &options) {
   int count = 0;
   status = cudaDeviceCount(count);
   if (!status)
@@ -484,7 +503,13 @@ std::unique_ptr<Device> createCudaDevice(int ordinal, Communicator *comm,
   status = loadCublasLt();
   if (!status)
     return nullptr;
-  return std::make_unique<CudaDevice>(ordinal, hostStream, comm);
+  gpu::AttentionMode attention = gpu::AttentionMode::Auto;
+  if (options.attention == AttentionChoice::Cudnn)
+    attention = gpu::AttentionMode::Cudnn;
+  else if (options.attention == AttentionChoice::Simt)
+    attention = gpu::AttentionMode::Simt;
+  return std::make_unique<CudaDevice>(ordinal, hostStream, comm, attention,
+                                      options.timeLaunches);
 }
 
 } // namespace piper::runtime::hal

@@ -9,7 +9,13 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <mutex>
+#include <vector>
+
+#include "runtime/hal/Hal.h"
+#include "runtime/hal/LaunchTimes.h"
 
 #include "runtime/hal/gpu/GpuApi.h"
 
@@ -27,13 +33,37 @@ Status loadCublasLt();
 /// (CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_*_BYTES, which GEMMs set from it).
 uint32_t matrixAlignment(const void *ptr, int64_t ld, size_t elementBytes);
 
+class CudaLaunchTimer;
+
+/// The launch timers of one device's streams (piper-run --profile=gpu) and
+/// what they measured: each stream's timer records CUDA events around its
+/// launches; collect() reads them once the streams are synchronized.
+class CudaLaunchTimers {
+public:
+  void add(CudaLaunchTimer *timer);
+  void remove(CudaLaunchTimer *timer);
+  /// Adds every launch recorded since the last collect to the totals.
+  Status collect();
+  LaunchTimes times() const;
+  void reset();
+
+private:
+  mutable std::mutex mu;
+  std::vector<CudaLaunchTimer *> timers;
+  LaunchTimeTotals totals;
+};
+
 /// The per-stream resources of the GPU kernels on CUDA device `ordinal`:
 /// two growable scratch blocks (the kernels', and the GEMMs' bf16 operands
 /// and cuBLASLt workspace, so a kernel may keep its scratch across a GEMM)
 /// and a cuBLASLt handle. Not thread-safe: one per stream.
 class CudaKernelResources {
 public:
-  explicit CudaKernelResources(int ordinal);
+  /// `attention`: how the kernels run attention (gpu::Context::attention);
+  /// `timers`: where its launch timer registers (null: launches are not
+  /// timed).
+  CudaKernelResources(int ordinal, gpu::AttentionMode attention,
+                      CudaLaunchTimers *timers = nullptr);
   ~CudaKernelResources();
   /// The kernels' context for work queued on `stream`.
   gpu::Context context(cudaStream_t stream, bool bf16);

@@ -11,8 +11,9 @@ namespace piper::runtime::hal {
 
 namespace {
 Status notBuilt() {
-  return Status::error("this piper-run was built without CUDA (no toolkit at " PIPER_CUDA_PATH
-                       " at build time); see docs/gpu.md");
+  return Status::error(
+      "this piper-run was built without CUDA (no toolkit at " PIPER_CUDA_PATH
+      " at build time); see docs/gpu.md");
 }
 } // namespace
 
@@ -25,8 +26,8 @@ Status cudaDeviceCount(int &count) {
   return notBuilt();
 }
 
-std::unique_ptr<Device> createCudaDevice(int, Communicator *,
-                                         Status &status) {
+std::unique_ptr<Device> createCudaDevice(int, Communicator *, Status &status,
+                                         const DeviceOptions &) {
   status = notBuilt();
   return nullptr;
 }
@@ -38,9 +39,10 @@ createNcclCommunicator(int, int, int, std::shared_ptr<gloo::rendezvous::Store>,
   return nullptr;
 }
 
-std::unique_ptr<Communicator>
-createNcclCommunicator(int, int, int, const std::string &,
-                       std::chrono::milliseconds, Status &status) {
+std::unique_ptr<Communicator> createNcclCommunicator(int, int, int,
+                                                     const std::string &,
+                                                     std::chrono::milliseconds,
+                                                     Status &status) {
   status = notBuilt();
   return nullptr;
 }

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "runtime/hal/gpu/AttentionLaunch.h"
+#include "runtime/hal/gpu/ElementwiseLaunch.h"
 #include "runtime/hal/gpu/GpuKernels.h"
 #include "runtime/kernels/AttentionChecks.h"
 
@@ -52,6 +53,108 @@ Status attentionScratchFor(const Context &ctx, const AttentionShape &s,
   return Status::ok();
 }
 
+// The fused path (GpuApi.h, Context::fused): the backend's fused attention
+// for s, or null where the SIMT kernels run (--attention simt, fp32 plans,
+// a backend without one, or a shape it refuses under --attention auto).
+Status fusedFor(const Context &ctx, const AttentionShape &s,
+                const FusedAttention *&fused) {
+  fused = nullptr;
+  if (ctx.attention == AttentionMode::Simt)
+    return Status::ok();
+  if (!ctx.bf16) {
+    if (ctx.attention == AttentionMode::Cudnn)
+      return Status::error(
+          "--attention cudnn: cuDNN's fused attention runs bf16 plans only "
+          "(compile with piperc compile --dtype bf16, or use --attention "
+          "auto: fp32 plans run the SIMT kernels)");
+    return Status::ok();
+  }
+  FusedAttentionShape shape;
+  shape.batch = s.batch;
+  shape.seq = s.seq;
+  shape.heads = s.heads;
+  shape.kvHeads = s.kvHeads;
+  shape.headDim = s.headDim;
+  shape.scale = s.scale;
+  if (!ctx.fused) {
+    if (ctx.attention == AttentionMode::Cudnn)
+      return Status::error("--attention cudnn: this device has no fused "
+                           "attention");
+    return Status::ok();
+  }
+  return ctx.fused->get(ctx, shape, fused);
+}
+
+// One workspace block for a fused call: the rotary table, bf16 qkv and y,
+// the statistics, (backward) bf16 dy and dqkv, then the fused kernels' own
+// workspace, each 256-byte aligned.
+struct FusedScratch {
+  char *table = nullptr;
+  uint16_t *qkv16 = nullptr, *y16 = nullptr, *dy16 = nullptr, *dqkv16 = nullptr;
+  float *stats = nullptr;
+  void *workspace = nullptr;
+};
+
+Status reserveFused(const Context &ctx, const AttentionShape &s,
+                    const FusedAttention &fused, bool grad, FusedScratch &f) {
+  const size_t qkvBytes = attentionAlign(size_t(s.rows() * s.cols) * 2);
+  const size_t yBytes = attentionAlign(size_t(s.rows() * s.qCols) * 2);
+  const size_t statsBytes =
+      attentionAlign(size_t(s.batch * s.heads * s.seq) * sizeof(float));
+  const size_t table = attentionRopeTableBytes(s);
+  size_t total = table + qkvBytes + yBytes + statsBytes +
+                 (grad ? yBytes + qkvBytes : 0) +
+                 attentionAlign(fused.workspaceBytes());
+  void *p = nullptr;
+  PIPER_RETURN_IF_ERROR(ctx.workspace->reserve(total, p));
+  char *at = static_cast<char *>(p);
+  auto take = [&](size_t bytes) {
+    char *here = at;
+    at += bytes;
+    return here;
+  };
+  f.table = take(table);
+  f.qkv16 = reinterpret_cast<uint16_t *>(take(qkvBytes));
+  f.y16 = reinterpret_cast<uint16_t *>(take(yBytes));
+  f.stats = reinterpret_cast<float *>(take(statsBytes));
+  if (grad) {
+    f.dy16 = reinterpret_cast<uint16_t *>(take(yBytes));
+    f.dqkv16 = reinterpret_cast<uint16_t *>(take(qkvBytes));
+  }
+  f.workspace = take(attentionAlign(fused.workspaceBytes()));
+  return Status::ok();
+}
+
+// y = attention(qkv) by the fused kernels: q, k rotated and packed to bf16,
+// the fused forward, y up-cast (exactly: the fused kernels write bf16).
+Status fusedForward(const Context &ctx, const AttentionShape &s,
+                    const FusedAttention &fused, const float *qkv, float *y) {
+  FusedScratch f;
+  PIPER_RETURN_IF_ERROR(reserveFused(ctx, s, fused, false, f));
+  PIPER_RETURN_IF_ERROR(launchAttentionPackBf16(ctx, s, qkv, f.qkv16, f.table));
+  PIPER_RETURN_IF_ERROR(
+      fused.forward(ctx, f.qkv16, f.y16, f.stats, f.workspace));
+  return launchUnpackBf16(ctx, y, f.y16, s.rows() * s.qCols);
+}
+
+// dqkv by the fused kernels. The op's operands are (qkv, dy) only, so the
+// forward runs again for y and the statistics (the same bits: the fused
+// forward is deterministic), then the fused backward; dq and dk are rotated
+// back while they are up-cast.
+Status fusedBackward(const Context &ctx, const AttentionShape &s,
+                     const FusedAttention &fused, const float *qkv,
+                     const float *dy, float *dqkv) {
+  FusedScratch f;
+  PIPER_RETURN_IF_ERROR(reserveFused(ctx, s, fused, true, f));
+  PIPER_RETURN_IF_ERROR(launchAttentionPackBf16(ctx, s, qkv, f.qkv16, f.table));
+  PIPER_RETURN_IF_ERROR(
+      fused.forward(ctx, f.qkv16, f.y16, f.stats, f.workspace));
+  PIPER_RETURN_IF_ERROR(launchPackBf16(ctx, f.dy16, dy, s.rows() * s.qCols));
+  PIPER_RETURN_IF_ERROR(fused.backward(ctx, f.qkv16, f.y16, f.dy16, f.stats,
+                                       f.dqkv16, f.workspace));
+  return launchAttentionUnpackGradBf16(ctx, s, f.dqkv16, dqkv, f.table);
+}
+
 Status attention(const KernelArgs &a, const Context &ctx) {
   AttentionDims d;
   PIPER_RETURN_IF_ERROR(detail::checkAttention(a, d));
@@ -59,6 +162,10 @@ Status attention(const KernelArgs &a, const Context &ctx) {
     return Status::ok();
   AttentionShape s;
   PIPER_RETURN_IF_ERROR(attentionShape(a, d, s));
+  const FusedAttention *fused = nullptr;
+  PIPER_RETURN_IF_ERROR(fusedFor(ctx, s, fused));
+  if (fused)
+    return fusedForward(ctx, s, *fused, a.inputs[0].f32(), a.outputs[0].f32());
   char *scratch = nullptr;
   PIPER_RETURN_IF_ERROR(attentionScratchFor(ctx, s, false, scratch));
   return launchAttention(ctx, s, a.inputs[0].f32(), a.outputs[0].f32(),
@@ -72,6 +179,11 @@ Status attentionGrad(const KernelArgs &a, const Context &ctx) {
     return Status::ok();
   AttentionShape s;
   PIPER_RETURN_IF_ERROR(attentionShape(a, d, s));
+  const FusedAttention *fused = nullptr;
+  PIPER_RETURN_IF_ERROR(fusedFor(ctx, s, fused));
+  if (fused)
+    return fusedBackward(ctx, s, *fused, a.inputs[0].f32(), a.inputs[1].f32(),
+                         a.outputs[0].f32());
   char *scratch = nullptr;
   PIPER_RETURN_IF_ERROR(attentionScratchFor(ctx, s, true, scratch));
   return launchAttentionGrad(ctx, s, a.inputs[0].f32(), a.inputs[1].f32(),

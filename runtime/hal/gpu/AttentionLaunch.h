@@ -25,6 +25,27 @@ Status launchAttentionGrad(const Context &ctx, const AttentionShape &s,
                            const float *qkv, const float *dy, float *dqkv,
                            char *scratch);
 
+/// The fused path (cuDNN's flash attention, GpuApi.h FusedAttention) reads
+/// q, k and v as bf16 in qkv's own layout ([rows, cols], q | k | v), q and k
+/// rotated when s.rotary(): qkv16 = bf16(rotate(qkv)), rounded to nearest
+/// even after the rotation (v is bf16-valued already in bf16 plans: exact).
+/// `table` holds attentionRopeTableBytes(s) (device memory; unused without
+/// rotary embeddings), and is left holding the rotary table for
+/// launchAttentionUnpackGradBf16.
+Status launchAttentionPackBf16(const Context &ctx, const AttentionShape &s,
+                               const float *qkv, uint16_t *qkv16, char *table);
+/// dqkv (fp32, [rows, cols]) from the fused backward's bf16 dqkv16: dq and
+/// dk rotated back (the rotation's transpose, in double, as the SIMT
+/// kernel), dv up-cast; every element written. `table` as left by
+/// launchAttentionPackBf16 with the same shape.
+Status launchAttentionUnpackGradBf16(const Context &ctx,
+                                     const AttentionShape &s,
+                                     const uint16_t *dqkv16, float *dqkv,
+                                     const char *table);
+/// Bytes of the rotary table (cos, sin: [seq, hd/2] doubles each) of the
+/// fused path; 0 without rotary embeddings.
+size_t attentionRopeTableBytes(const AttentionShape &s);
+
 /// One step of ring attention (context parallelism): o, lse of the
 /// member's queries over the owner's key/value shard kv ([rows, 2 kvCols]),
 /// combined with oIn, lseIn (null at step 0); `scratch` holds

@@ -48,7 +48,8 @@ Status attentionPrepareQk(const Context &ctx, const AttentionShape &s,
   const RopeScaling scaling = s.rope;
   PIPER_RETURN_IF_ERROR(Exec(ctx).forEach(
       "attention_rope_table", s.seq * half, [=] PIPER_LAMBDA(int64_t idx) {
-        ropeAngle(theta, scaling, hd, idx / half, idx % half, cosT[idx], sinT[idx]);
+        ropeAngle(theta, scaling, hd, idx / half, idx % half, cosT[idx],
+                  sinT[idx]);
       }));
   const int64_t ldQk = s.qCols + s.kvCols, cols = s.cols, seq = s.seq;
   const int64_t pairs = ldQk / 2; // per row: (heads + kvHeads) * hd / 2
@@ -276,6 +277,91 @@ Status launchAttentionGrad(const Context &ctx, const AttentionShape &s,
       });
 }
 
+// The fused path's conversions (AttentionLaunch.h).
+
+size_t attentionRopeTableBytes(const AttentionShape &s) {
+  if (!s.rotary())
+    return 0;
+  return 2 *
+         attentionAlign(static_cast<size_t>(s.seq * s.half()) * sizeof(double));
+}
+
+Status launchAttentionPackBf16(const Context &ctx, const AttentionShape &s,
+                               const float *qkv, uint16_t *qkv16, char *table) {
+  const int64_t cols = s.cols, rows = s.rows();
+  if (!s.rotary())
+    return Exec(ctx).forEach(
+        "attention_pack_bf16", rows * cols,
+        [=] PIPER_LAMBDA(int64_t idx) { qkv16[idx] = toBf16(qkv[idx]); });
+  const size_t tableBytes = attentionRopeTableBytes(s) / 2;
+  double *cosT = reinterpret_cast<double *>(table);
+  double *sinT = reinterpret_cast<double *>(table + tableBytes);
+  const int64_t half = s.half(), hd = s.headDim, seq = s.seq;
+  const double theta = s.ropeTheta;
+  const RopeScaling scaling = s.rope;
+  PIPER_RETURN_IF_ERROR(Exec(ctx).forEach(
+      "attention_rope_table", seq * half, [=] PIPER_LAMBDA(int64_t idx) {
+        ropeAngle(theta, scaling, hd, idx / half, idx % half, cosT[idx],
+                  sinT[idx]);
+      }));
+  // Per row: (heads + kvHeads) * hd / 2 rotated pairs of q | k, then v's
+  // kvCols elements copied (as pairs too, so one index covers two).
+  const int64_t rotated = (s.qCols + s.kvCols) / 2, copied = s.kvCols / 2;
+  const int64_t perRow = rotated + copied, vStart = s.qCols + s.kvCols;
+  return Exec(ctx).forEach(
+      "attention_rope_pack_bf16", rows * perRow, [=] PIPER_LAMBDA(int64_t idx) {
+        int64_t r = idx / perRow, p = idx % perRow;
+        const float *in = qkv + r * cols;
+        uint16_t *out = qkv16 + r * cols;
+        if (p >= rotated) {
+          int64_t c = vStart + 2 * (p - rotated);
+          out[c] = toBf16(in[c]);
+          out[c + 1] = toBf16(in[c + 1]);
+          return;
+        }
+        int64_t col = (p / half) * hd + p % half;
+        int64_t e = (r % seq) * half + p % half;
+        float o1, o2;
+        ropePair(in[col], in[col + half], cosT[e], sinT[e], false, o1, o2);
+        out[col] = toBf16(o1);
+        out[col + half] = toBf16(o2);
+      });
+}
+
+Status launchAttentionUnpackGradBf16(const Context &ctx,
+                                     const AttentionShape &s,
+                                     const uint16_t *dqkv16, float *dqkv,
+                                     const char *table) {
+  const int64_t cols = s.cols, rows = s.rows();
+  if (!s.rotary())
+    return Exec(ctx).forEach(
+        "attention_grad_unpack_bf16", rows * cols,
+        [=] PIPER_LAMBDA(int64_t idx) { dqkv[idx] = fromBf16(dqkv16[idx]); });
+  const size_t tableBytes = attentionRopeTableBytes(s) / 2;
+  const double *cosT = reinterpret_cast<const double *>(table);
+  const double *sinT = reinterpret_cast<const double *>(table + tableBytes);
+  const int64_t half = s.half(), hd = s.headDim, seq = s.seq;
+  const int64_t rotated = (s.qCols + s.kvCols) / 2, copied = s.kvCols / 2;
+  const int64_t perRow = rotated + copied, vStart = s.qCols + s.kvCols;
+  return Exec(ctx).forEach("attention_grad_rope_unpack_bf16", rows * perRow,
+                           [=] PIPER_LAMBDA(int64_t idx) {
+                             int64_t r = idx / perRow, p = idx % perRow;
+                             const uint16_t *in = dqkv16 + r * cols;
+                             float *out = dqkv + r * cols;
+                             if (p >= rotated) {
+                               int64_t c = vStart + 2 * (p - rotated);
+                               out[c] = fromBf16(in[c]);
+                               out[c + 1] = fromBf16(in[c + 1]);
+                               return;
+                             }
+                             int64_t col = (p / half) * hd + p % half;
+                             int64_t e = (r % seq) * half + p % half;
+                             ropePair(fromBf16(in[col]),
+                                      fromBf16(in[col + half]), cosT[e],
+                                      sinT[e], true, out[col], out[col + half]);
+                           });
+}
+
 // Ring attention (context parallelism, docs/context-parallel.md). A step
 // reads the member's q from qkv and the owner's k, v from kv
 // ([rows, 2 kvCols]); positions are global (ringPosition), and increase
@@ -307,8 +393,8 @@ Status ringPrepareQk(const Context &ctx, const RingShape &s, const float *qkv,
         bool isQ = col < qCols;
         int64_t pos = ringPosition(shape.globalSeq, shape.cp,
                                    isQ ? shape.member : shape.owner, t);
-        const float *in = isQ ? qkv + r * cols + col
-                              : kv + r * kvLd + (col - qCols);
+        const float *in =
+            isQ ? qkv + r * cols + col : kv + r * kvLd + (col - qCols);
         double c, sn;
         ropeAngle(shape.ropeTheta, shape.rope, hd, pos, p % half, c, sn);
         float *out = qk + r * ldQk + col;
@@ -337,7 +423,8 @@ ringHeadView(const RingShape &s, AttentionQkSource qSrc, AttentionQkSource kSrc,
 }
 
 // 4 when hd is a multiple of 4 and every row pointer is 16-byte aligned.
-inline int ringWidth(const RingShape &s, std::initializer_list<const void *> ps) {
+inline int ringWidth(const RingShape &s,
+                     std::initializer_list<const void *> ps) {
   if (s.headDim % 4 != 0)
     return 1;
   for (const void *p : ps)
@@ -347,9 +434,9 @@ inline int ringWidth(const RingShape &s, std::initializer_list<const void *> ps)
 }
 
 Status launchAttentionBlock(const Context &ctx, const RingShape &s,
-                            const float *qkv, const float *kv,
-                            const float *oIn, const float *lseIn, float *o,
-                            float *lse, char *scratch) {
+                            const float *qkv, const float *kv, const float *oIn,
+                            const float *lseIn, float *o, float *lse,
+                            char *scratch) {
   using Lanes = Exec::Lanes;
   AttentionScratch layout = ringScratch(s, false);
   AttentionQkSource qSrc, kSrc;
@@ -566,7 +653,8 @@ Status launchAttentionBlockGrad(const Context &ctx, const RingShape &s,
           bool isQ = col < qCols;
           int64_t pos = ringPosition(shape.globalSeq, shape.cp,
                                      isQ ? shape.member : shape.owner, t);
-          float *x = isQ ? dq + r * qCols + col : dkv + r * kvLd + (col - qCols);
+          float *x =
+              isQ ? dq + r * qCols + col : dkv + r * kvLd + (col - qCols);
           double c, sn;
           ropeAngle(shape.ropeTheta, shape.rope, hd, pos, p % half, c, sn);
           float x1 = x[0], x2 = x[half];

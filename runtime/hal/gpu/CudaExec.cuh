@@ -29,8 +29,8 @@ template <class F> __global__ void forEachKernel(int64_t n, F f) {
 // 32 lanes. At most 128 registers per thread, so two blocks fit an SM (the
 // attention passes need 96-135 otherwise; none spills at 128).
 template <class F>
-__global__ void __launch_bounds__(kThreads, 2) forEachRowKernel(int64_t rows,
-                                                                 F f) {
+__global__ void __launch_bounds__(kThreads, 2)
+    forEachRowKernel(int64_t rows, F f) {
   const int64_t warp = threadIdx.x / 32;
   for (int64_t r = blockIdx.x * int64_t(kWarpsPerBlock) + warp; r < rows;
        r += int64_t(gridDim.x) * kWarpsPerBlock)
@@ -50,18 +50,26 @@ public:
   template <class F> Status forEach(const char *name, int64_t n, F f) const {
     if (n <= 0)
       return Status::ok();
+    if (ctx.timer)
+      PIPER_RETURN_IF_ERROR(ctx.timer->begin(ctx));
     cudaexec::forEachKernel<<<cudaexec::blocksFor(n, cudaexec::kThreads),
                               cudaexec::kThreads, 0, ctx.stream>>>(n, f);
-    return launchStatus(static_cast<int>(cudaGetLastError()), name);
+    PIPER_RETURN_IF_ERROR(
+        launchStatus(static_cast<int>(cudaGetLastError()), name));
+    return ctx.timer ? ctx.timer->end(ctx, name) : Status::ok();
   }
-  template <class F> Status forEachRow(const char *name, int64_t rows,
-                                       F f) const {
+  template <class F>
+  Status forEachRow(const char *name, int64_t rows, F f) const {
     if (rows <= 0)
       return Status::ok();
-    cudaexec::forEachRowKernel<<<
-        cudaexec::blocksFor(rows, cudaexec::kWarpsPerBlock),
-        cudaexec::kThreads, 0, ctx.stream>>>(rows, f);
-    return launchStatus(static_cast<int>(cudaGetLastError()), name);
+    if (ctx.timer)
+      PIPER_RETURN_IF_ERROR(ctx.timer->begin(ctx));
+    cudaexec::
+        forEachRowKernel<<<cudaexec::blocksFor(rows, cudaexec::kWarpsPerBlock),
+                           cudaexec::kThreads, 0, ctx.stream>>>(rows, f);
+    PIPER_RETURN_IF_ERROR(
+        launchStatus(static_cast<int>(cudaGetLastError()), name));
+    return ctx.timer ? ctx.timer->end(ctx, name) : Status::ok();
   }
   const Context &context() const { return ctx; }
 

@@ -34,6 +34,24 @@ public:
   virtual Status reserve(size_t bytes, void *&ptr) = 0;
 };
 
+/// How attention runs (piper-run --attention, docs/gpu.md): `Simt` always
+/// on the warp-per-row kernels (AttentionLaunch.h); `Auto` (the default) on
+/// the backend's fused attention (cuDNN on CUDA) in bf16 plans where it has
+/// one for the shape, else on the SIMT kernels, saying so once; `Cudnn`
+/// requires the fused attention (an error where it cannot run).
+enum class AttentionMode : uint8_t { Auto, Cudnn, Simt };
+
+/// Times device launches (piper-run --profile=gpu): begin() before a launch
+/// is queued, end() after, on the context's stream; the backend reads the
+/// times after the stream is synchronized. Null in a Context: not timed.
+class LaunchTimer {
+public:
+  virtual ~LaunchTimer() = default;
+  virtual Status begin(const struct Context &ctx) = 0;
+  /// `name` lives as long as the program (a string literal).
+  virtual Status end(const struct Context &ctx, const char *name) = 0;
+};
+
 /// Everything a GPU kernel call gets besides its operands.
 struct Context {
   /// The CUDA stream of the calling logical stream (null: the emulation).
@@ -44,6 +62,12 @@ struct Context {
   /// Mixed precision: GEMMs read their operands as bf16 (they hold bf16
   /// values already) on tensor cores, accumulating in fp32.
   bool bf16 = false;
+  AttentionMode attention = AttentionMode::Simt;
+  /// The backend's fused attention (CUDA: cuDNN's, per stream; the
+  /// emulation: its host model); null: none.
+  class FusedAttentionProvider *fused = nullptr;
+  /// --profile=gpu's timer of this stream's launches; null: none.
+  LaunchTimer *timer = nullptr;
 };
 
 // Backend primitives.
@@ -87,8 +111,47 @@ Status gemmColMajor(const Context &ctx, const ColMajorGemm &g);
 /// gemm (runtime/kernels/KernelUtil.h): mapped onto gemmColMajor
 /// (Gemm.cpp). Empty products are handled here.
 Status gemm(const Context &ctx, bool transA, bool transB, int64_t m, int64_t n,
-            int64_t k, float alpha, const float *a, int64_t lda,
-            const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
+            int64_t k, float alpha, const float *a, int64_t lda, const float *b,
+            int64_t ldb, float beta, float *c, int64_t ldc);
+
+/// The sizes of a fused attention call, in the layout of the attention
+/// kernels (AttentionLaunch.h): qkv16 [batch * seq, (heads + 2 kvHeads) *
+/// headDim] bf16, q | k | v, q and k rotated; y16 and dy16 [batch * seq,
+/// heads * headDim] bf16; stats [batch, heads, seq] fp32, each query row's
+/// log-sum-exp of its scaled, causally masked scores; dqkv16 as qkv16.
+struct FusedAttentionShape {
+  int64_t batch = 0, seq = 0, heads = 0, kvHeads = 0, headDim = 0;
+  float scale = 0;
+};
+
+/// Causal grouped-query attention by the backend's fused kernels (cuDNN's
+/// flash attention on CUDA), prepared once for one shape.
+class FusedAttention {
+public:
+  virtual ~FusedAttention() = default;
+  /// Device workspace its calls need (from the stream's Workspace).
+  virtual size_t workspaceBytes() const = 0;
+  virtual Status forward(const Context &ctx, const uint16_t *qkv16,
+                         uint16_t *y16, float *stats,
+                         void *workspace) const = 0;
+  virtual Status backward(const Context &ctx, const uint16_t *qkv16,
+                          const uint16_t *y16, const uint16_t *dy16,
+                          const float *stats, uint16_t *dqkv16,
+                          void *workspace) const = 0;
+};
+
+/// Where a context's fused attention comes from.
+class FusedAttentionProvider {
+public:
+  virtual ~FusedAttentionProvider() = default;
+  /// The fused attention for `shape` (forward and backward), prepared on
+  /// the first call with the shape and kept; null (and ok) where attention
+  /// runs on the SIMT kernels: under AttentionMode::Auto the backend
+  /// refuses the shape (said once on stderr). Under AttentionMode::Cudnn a
+  /// refusal is the error.
+  virtual Status get(const Context &ctx, const FusedAttentionShape &shape,
+                     const FusedAttention *&out) = 0;
+};
 
 } // namespace piper::runtime::hal::PIPER_GPU_NS
 

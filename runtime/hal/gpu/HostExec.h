@@ -24,16 +24,25 @@ public:
   using Lanes = HostLanes;
   explicit HostExec(const Context &ctx) : ctx(ctx) {}
   /// f(i) for i in [0, n).
-  template <class F> Status forEach(const char *, int64_t n, F f) const {
+  template <class F> Status forEach(const char *name, int64_t n, F f) const {
+    if (n <= 0)
+      return Status::ok();
+    if (ctx.timer)
+      PIPER_RETURN_IF_ERROR(ctx.timer->begin(ctx));
     for (int64_t i = 0; i < n; ++i)
       f(i);
-    return Status::ok();
+    return ctx.timer ? ctx.timer->end(ctx, name) : Status::ok();
   }
   /// f(lanes, r) for every row r in [0, rows).
-  template <class F> Status forEachRow(const char *, int64_t rows, F f) const {
+  template <class F>
+  Status forEachRow(const char *name, int64_t rows, F f) const {
+    if (rows <= 0)
+      return Status::ok();
+    if (ctx.timer)
+      PIPER_RETURN_IF_ERROR(ctx.timer->begin(ctx));
     for (int64_t r = 0; r < rows; ++r)
       f(Lanes{}, r);
-    return Status::ok();
+    return ctx.timer ? ctx.timer->end(ctx, name) : Status::ok();
   }
   const Context &context() const { return ctx; }
 

@@ -160,19 +160,34 @@ Status loadManifest(const RunOptions &options, plan::Manifest &manifest) {
   if (options.comm == "nccl" && options.backend != "cuda")
     return Status::error("--comm nccl needs --backend cuda (NCCL runs on "
                          "GPUs)");
+  if (options.profileMode == "gpu" && options.backend == "cpu")
+    return Status::error("--profile=gpu needs --backend cuda or "
+                         "cuda-emulation (the cpu backend has no device "
+                         "launches: --profile times its kernels)");
+  if (options.attention == "cudnn" && options.backend == "cpu")
+    return Status::error("--attention cudnn needs --backend cuda (cuDNN's "
+                         "fused attention runs on GPUs; the cpu backend runs "
+                         "its own kernels), or cuda-emulation (its host "
+                         "model)");
   if (options.backend == "cuda") {
     // Fails here, before any rank starts, when this build or machine cannot
     // run CUDA (runtime/hal/cuda/CudaBackend.h).
     Status cuda = hal::checkCudaBackend();
     if (!cuda)
       return Status::error("backend 'cuda': " + cuda.message());
-  } else if (options.backend != "cpu" &&
-             options.backend != "cuda-emulation") {
-    return Status::error(
-        "backend '" + options.backend +
-        "' is not available in this build (available: cpu" +
-        (hal::cudaBackendBuilt() ? ", cuda" : "") + ", cuda-emulation)");
+  } else if (options.backend != "cpu" && options.backend != "cuda-emulation") {
+    return Status::error("backend '" + options.backend +
+                         "' is not available in this build (available: cpu" +
+                         (hal::cudaBackendBuilt() ? ", cuda" : "") +
+                         ", cuda-emulation)");
   }
+  if (options.attention == "cudnn" &&
+      manifest.training().compute_dtype() != plan::BF16)
+    return Status::error("--attention cudnn: cuDNN's fused attention runs "
+                         "bf16 plans only, and this strategy is fp32 "
+                         "(compile it with piperc compile --dtype bf16, or "
+                         "use --attention auto: fp32 plans run the SIMT "
+                         "kernels)");
   return Status::ok();
 }
 

@@ -57,6 +57,13 @@ void addRunOptions(CLI::App &app, RunOptions &options) {
                  "so ranks may share one GPU), or nccl (cuda only)")
       ->check(CLI::IsMember({"auto", "gloo", "nccl"}))
       ->capture_default_str();
+  app.add_option("--attention", options.attention,
+                 "how --backend cuda runs attention: auto (cuDNN's fused "
+                 "attention in bf16 plans where cuDNN takes the shape, else "
+                 "the SIMT kernels, said once), cudnn (cuDNN or an error; "
+                 "bf16 plans on cuda only), or simt")
+      ->check(CLI::IsMember({"auto", "cudnn", "simt"}))
+      ->capture_default_str();
   app.add_option("--steps", options.steps,
                  "training steps to run (0: only --load/--save)")
       ->check(integerFrom<int64_t>(0, kInt64Max))
@@ -124,9 +131,12 @@ void addDataOptions(CLI::App &app, RunOptions &options) {
 
 /// Measurements: --profile, and the --trace of one step.
 void addProfilingOptions(CLI::App &app, RunOptions &options) {
-  app.add_flag("--profile", options.profile,
+  app.add_flag("--profile{host}", options.profileMode,
                "time every kernel op and instruction kind (first step "
-               "excluded) and print a table at the end; also PIPER_PROFILE=1");
+               "excluded) and print a table at the end; --profile=gpu also "
+               "times every device launch on the device (cuda; the host "
+               "clock on cuda-emulation); also PIPER_PROFILE=1 or =gpu")
+      ->check(CLI::IsMember({"host", "gpu"}));
   CLI::Option *trace = app.add_option(
       "--trace", options.tracePath,
       "write the measured timeline of one step (every instruction of every "
@@ -318,6 +328,7 @@ bool parseRunOptions(int argc, char **argv, RunOptions &options,
     exitCode = app.exit(e);
     return false;
   }
+  options.profile = !options.profileMode.empty();
   if (!parseShardSize(options.hfShardSize, options.hfShardBytes)) {
     std::fprintf(stderr,
                  "piper-run: --hf-shard-size must be a positive size such as "

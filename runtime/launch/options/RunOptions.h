@@ -18,6 +18,10 @@ struct RunOptions {
   /// cuda), "gloo" (on cuda: staged through host memory, so ranks may
   /// share a GPU) or "nccl" (cuda only).
   std::string comm = "auto";
+  /// How --backend cuda runs attention: "auto" (cuDNN's fused attention in
+  /// bf16 plans where cuDNN takes the shape, else the SIMT kernels),
+  /// "cudnn" (cuDNN or an error) or "simt" (docs/gpu.md).
+  std::string attention = "auto";
   int64_t steps = 1;
   uint64_t seed = 0;
   /// Rank 0 writes one JSON object per step here; empty means none.
@@ -55,8 +59,12 @@ struct RunOptions {
   uint64_t hfShardBytes = 5'000'000'000;
   /// --profile (or PIPER_PROFILE=1): time every kernel op and instruction
   /// kind, excluding the first step, and print a table at the end (rank 0 on
-  /// stderr; with --log-dir every rank into its log).
+  /// stderr; with --log-dir every rank into its log). --profile=gpu (or
+  /// PIPER_PROFILE=gpu) also times every device launch with device events
+  /// (--backend cuda; the host clock on cuda-emulation).
   bool profile = false;
+  /// "" (no --profile), "host" or "gpu".
+  std::string profileMode;
   /// --trace: rank 0 writes the measured timeline of one step (every
   /// instruction of every stream of every rank) here as a Chrome / Perfetto
   /// trace; empty means none.

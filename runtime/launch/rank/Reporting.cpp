@@ -160,6 +160,24 @@ std::string profileTable(const std::string &who, const Executor &exec,
   total("(all kernels)", kernels);
   total("(all rows)", all);
   total("(step wall time)", stepSeconds);
+  // --profile=gpu: the device's own time of every launch.
+  hal::LaunchTimes device = exec.launchTimes();
+  if (!device.rows.empty()) {
+    out += fmt::format("  device time per launch (--profile=gpu; launches "
+                       "of concurrent streams overlap):\n");
+    out += fmt::format("  {:<32} {:>9} {:>11} {:>10} {:>7}\n", "launch",
+                       "count", "total ms", "ms/step", "% step");
+    double launched = 0;
+    for (const hal::LaunchTime &t : device.rows) {
+      out += fmt::format("  {:<32} {:>9} {:>11.3f} {:>10.3f} {:>7.2f}\n",
+                         t.name, t.count, 1e3 * t.seconds, perStep(t.seconds),
+                         percent(t.seconds));
+      launched += t.seconds;
+    }
+    total("(all launches)", launched);
+    total("(device busy)", device.busySeconds);
+    total("(device idle)", std::max(0.0, stepSeconds - device.busySeconds));
+  }
   return out;
 }
 

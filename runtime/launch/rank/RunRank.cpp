@@ -67,6 +67,12 @@ bool profileFromEnv() {
   return env && *env && std::strcmp(env, "0") != 0;
 }
 
+/// --profile=gpu or PIPER_PROFILE=gpu: device launches are timed.
+bool profileGpu(const RunOptions &options) {
+  const char *env = std::getenv("PIPER_PROFILE");
+  return options.profileMode == "gpu" || (env && std::strcmp(env, "gpu") == 0);
+}
+
 /// How much longer than --timeout-s a communication may wait, so that the
 /// watchdog (which acts at --timeout-s) names the culprit first.
 constexpr std::chrono::milliseconds kCommTimeoutSlack{2000};
@@ -280,9 +286,8 @@ void RankRun::connect() {
     fmt::print(stderr,
                "piper-run: {} of {} ({}, local rank {}): met at {}:{}, {} "
                "{}\n",
-               who, env.worldSize, env.launcher, env.localRank,
-               env.masterAddr, env.masterPort,
-               nccl ? "nccl on CUDA device" : "gloo binds",
+               who, env.worldSize, env.launcher, env.localRank, env.masterAddr,
+               env.masterPort, nccl ? "nccl on CUDA device" : "gloo binds",
                nccl ? std::to_string(cudaOrdinal) : meeting.bindAddress);
     meet.store = meeting.store;
     meet.bindAddress = meeting.bindAddress;
@@ -298,8 +303,14 @@ void RankRun::createExecutor() {
   eo.rank = rank;
   eo.seed = options.seed;
   eo.comm = comm.get();
+  hal::DeviceOptions deviceOptions;
+  if (options.attention == "cudnn")
+    deviceOptions.attention = hal::AttentionChoice::Cudnn;
+  else if (options.attention == "simt")
+    deviceOptions.attention = hal::AttentionChoice::Simt;
+  deviceOptions.timeLaunches = profileGpu(options);
   check(hal::createDevice(deviceKind, cudaOrdinal, comm.get(), staging,
-                          eo.createDevice));
+                          eo.createDevice, deviceOptions));
   eo.data = data.get();
   // Exit at the first stream error instead of finishing the step: peers
   // blocked on this rank would otherwise wait for their timeout, while an

@@ -2,12 +2,17 @@
 #include "runtime/hal/gpu/host/EmulatedDevice.h"
 
 #include <atomic>
+#include <chrono>
+#include <mutex>
 #include <string>
 #include <vector>
+
+#include "runtime/hal/LaunchTimes.h"
 
 #include "runtime/hal/cpu/CpuDevice.h"
 #include "runtime/hal/gpu/ElementwiseLaunch.h"
 #include "runtime/hal/gpu/GpuKernels.h"
+#include "runtime/hal/gpu/host/HostFusedAttention.h"
 
 namespace piper::runtime::hal {
 
@@ -37,6 +42,47 @@ gpu::Context hostContext(bool bf16 = false) {
   ctx.bf16 = bf16;
   return ctx;
 }
+
+/// --profile=gpu on the emulation: each launch timed by the host clock (the
+/// emulation runs a launch before the launcher returns), from any stream's
+/// thread.
+class HostLaunchTimer final : public gpu::LaunchTimer {
+public:
+  Status begin(const gpu::Context &) override {
+    started = nowMs();
+    return Status::ok();
+  }
+  Status end(const gpu::Context &, const char *name) override {
+    double to = nowMs();
+    std::lock_guard<std::mutex> lock(mu);
+    totals.add(name, started, to);
+    return Status::ok();
+  }
+  void endBatch() {
+    std::lock_guard<std::mutex> lock(mu);
+    totals.endBatch();
+  }
+  LaunchTimes times() const {
+    std::lock_guard<std::mutex> lock(mu);
+    return totals.times();
+  }
+  void reset() {
+    std::lock_guard<std::mutex> lock(mu);
+    totals.reset();
+  }
+
+private:
+  static double nowMs() {
+    return std::chrono::duration<double, std::milli>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  }
+  static thread_local double started;
+  mutable std::mutex mu;
+  LaunchTimeTotals totals;
+};
+
+thread_local double HostLaunchTimer::started = 0;
 
 /// Set by injectEmulatedDeviceError; the next operation takes it.
 std::atomic<bool> errorInjected{false};
@@ -75,13 +121,13 @@ public:
     return host.copy(dst, src, bytes);
   }
   Status copyToHost(void *hostPtr, const void *src, size_t bytes) override {
-    PIPER_RETURN_IF_ERROR(injected("copying " + std::to_string(bytes) +
-                                   " bytes to the host"));
+    PIPER_RETURN_IF_ERROR(
+        injected("copying " + std::to_string(bytes) + " bytes to the host"));
     return host.copyToHost(hostPtr, src, bytes);
   }
   Status copyFromHost(void *dst, const void *hostPtr, size_t bytes) override {
-    PIPER_RETURN_IF_ERROR(injected("copying " + std::to_string(bytes) +
-                                   " bytes from the host"));
+    PIPER_RETURN_IF_ERROR(
+        injected("copying " + std::to_string(bytes) + " bytes from the host"));
     return host.copyFromHost(dst, hostPtr, bytes);
   }
   int64_t liveBytes() const override { return host.liveBytes(); }
@@ -119,8 +165,14 @@ private:
 
 class EmulatedGpuDevice final : public Device {
 public:
-  explicit EmulatedGpuDevice(Communicator *comm)
-      : host(createCpuDevice(comm)), memory(host->allocator()) {}
+  EmulatedGpuDevice(Communicator *comm, const DeviceOptions &options)
+      : host(createCpuDevice(comm)), memory(host->allocator()),
+        // Auto runs the SIMT kernels here (there is no cuDNN); Cudnn the
+        // host model of cuDNN's fused attention.
+        attention(options.attention == AttentionChoice::Cudnn
+                      ? gpu::AttentionMode::Cudnn
+                      : gpu::AttentionMode::Simt),
+        timed(options.timeLaunches) {}
 
   std::string name() const override { return "cuda-emulation"; }
   Allocator &allocator() override { return memory; }
@@ -143,8 +195,12 @@ public:
                    const std::vector<TensorRef> &outputs,
                    KernelContext &ctx) override {
     PIPER_RETURN_IF_ERROR(injected(kernel.op()));
-    return gpu::runKernel(info, kernel, attrs, inputs, outputs, ctx,
-                          hostContext(ctx.lowPrecision));
+    gpu::Context gctx = hostContext(ctx.lowPrecision);
+    gctx.attention = attention;
+    gctx.fused = &fused;
+    if (timed)
+      gctx.timer = &timer;
+    return gpu::runKernel(info, kernel, attrs, inputs, outputs, ctx, gctx);
   }
   Status createSquareSums(int slots,
                           std::unique_ptr<SquareSums> &sums) override {
@@ -153,35 +209,56 @@ public:
   }
   Status scale(float *x, float s, int64_t n) override {
     PIPER_RETURN_IF_ERROR(injected("scale"));
-    return gpu::launchScale(hostContext(), x, s, n);
+    return gpu::launchScale(timedContext(), x, s, n);
   }
   Status add(float *dst, const float *src, int64_t n) override {
     PIPER_RETURN_IF_ERROR(injected("add"));
-    return gpu::launchAdd(hostContext(), dst, src, dst, n);
+    return gpu::launchAdd(timedContext(), dst, src, dst, n);
   }
   Status packBf16(uint16_t *dst, const float *src, int64_t n) override {
     PIPER_RETURN_IF_ERROR(injected("pack_bf16"));
-    return gpu::launchPackBf16(hostContext(), dst, src, n);
+    return gpu::launchPackBf16(timedContext(), dst, src, n);
   }
   Status unpackBf16(float *dst, const uint16_t *src, int64_t n) override {
     PIPER_RETURN_IF_ERROR(injected("unpack_bf16"));
-    return gpu::launchUnpackBf16(hostContext(), dst, src, n);
+    return gpu::launchUnpackBf16(timedContext(), dst, src, n);
   }
   Status roundBf16(float *x, int64_t n) override {
     PIPER_RETURN_IF_ERROR(injected("round_bf16"));
-    return gpu::launchRoundBf16(hostContext(), x, n);
+    return gpu::launchRoundBf16(timedContext(), x, n);
   }
   Communicator *communicator() override { return host->communicator(); }
+  /// The context of the executor's own elementwise work, timed as kernels.
+  gpu::Context timedContext() {
+    gpu::Context ctx = hostContext();
+    if (timed)
+      ctx.timer = &timer;
+    return ctx;
+  }
+  Status collectLaunchTimes() override {
+    if (timed)
+      timer.endBatch();
+    return Status::ok();
+  }
+  LaunchTimes launchTimes() const override {
+    return timed ? timer.times() : LaunchTimes();
+  }
+  void resetLaunchTimes() override { timer.reset(); }
 
 private:
   std::unique_ptr<Device> host;
   EmulatedAllocator memory;
+  gpu::AttentionMode attention;
+  gpu::HostFusedAttentionProvider fused;
+  bool timed;
+  HostLaunchTimer timer;
 };
 
 } // namespace
 
-std::unique_ptr<Device> createEmulatedGpuDevice(Communicator *comm) {
-  return std::make_unique<EmulatedGpuDevice>(comm);
+std::unique_ptr<Device> createEmulatedGpuDevice(Communicator *comm,
+                                                const DeviceOptions &options) {
+  return std::make_unique<EmulatedGpuDevice>(comm, options);
 }
 
 void injectEmulatedDeviceError() { errorInjected.store(true); }

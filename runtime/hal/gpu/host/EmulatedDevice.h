@@ -15,8 +15,12 @@
 
 namespace piper::runtime::hal {
 
-/// The emulated GPU device using `comm` (not owned; may be null).
-std::unique_ptr<Device> createEmulatedGpuDevice(Communicator *comm);
+/// The emulated GPU device using `comm` (not owned; may be null). With
+/// `options.attention` Cudnn, bf16 attention runs the fused path on a host
+/// model of cuDNN's fused attention (host/HostFusedAttention.h); otherwise
+/// on the SIMT kernels.
+std::unique_ptr<Device>
+createEmulatedGpuDevice(Communicator *comm, const DeviceOptions &options = {});
 
 /// Makes the next operation of an emulated device of this process (an
 /// allocation, a memset or copy, a kernel, an elementwise method) fail as a

@@ -43,7 +43,9 @@ Status addToHostAsync(const Context &, const float *value, double scale,
   return Status::ok();
 }
 
-Status gemmColMajor(const Context &, const ColMajorGemm &g) {
+Status gemmColMajor(const Context &ctx, const ColMajorGemm &g) {
+  if (ctx.timer)
+    PIPER_RETURN_IF_ERROR(ctx.timer->begin(ctx));
   // The operands of a bf16 GEMM already hold bf16 values (the executor
   // rounds them), so fp32 arithmetic is the tensor cores' with fp32
   // accumulation, up to the order of the sums.
@@ -52,7 +54,7 @@ Status gemmColMajor(const Context &, const ColMajorGemm &g) {
               static_cast<int>(g.n), static_cast<int>(g.k), g.alpha, g.a,
               static_cast<int>(g.lda), g.b, static_cast<int>(g.ldb), g.beta,
               g.c, static_cast<int>(g.ldc));
-  return Status::ok();
+  return ctx.timer ? ctx.timer->end(ctx, "gemm") : Status::ok();
 }
 
 } // namespace piper::runtime::hal::PIPER_GPU_NS
