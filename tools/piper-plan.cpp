@@ -129,13 +129,13 @@ int simulateFolder(const std::string &dir,
     return fail(dir + ": " + err);
   std::fputs(piper::plan::simulationReport(sim, timeline).c_str(), stdout);
   if (!tracePath.empty())
-    if (std::string e = writeText(
-            tracePath, piper::plan::timelineTraceJson(sim), "trace");
+    if (std::string e =
+            writeText(tracePath, piper::plan::timelineTraceJson(sim), "trace");
         !e.empty())
       return fail(e);
   if (!svgPath.empty())
-    if (std::string e = writeText(
-            svgPath, piper::plan::timelineSvg(sim, plans), "picture");
+    if (std::string e =
+            writeText(svgPath, piper::plan::timelineSvg(sim, plans), "picture");
         !e.empty())
       return fail(e);
   return 0;
@@ -181,12 +181,13 @@ static int runPiperPlan(int argc, char **argv) {
                  "with --simulate: write the simulated step as a picture "
                  "(SVG: a row per device class, a lane per stream, boxes "
                  "coloured by pass, labelled by microbatch) to this file");
-  app.add_option("--machine", machinePath,
-                 "with --simulate: a JSON machine description (keys "
-                 "flops_per_second, memory_bytes_per_second, "
-                 "link_bytes_per_second, link_latency_seconds; 0 = free; share_compute: "
-                 "true runs a device's CALLs one at a time across its compute "
-                 "streams)");
+  app.add_option(
+      "--machine", machinePath,
+      "with --simulate: a JSON machine description (keys "
+      "flops_per_second, memory_bytes_per_second, "
+      "link_bytes_per_second, link_latency_seconds; 0 = free; share_compute: "
+      "true runs a device's CALLs one at a time across its compute "
+      "streams)");
   app.add_option("--cost", costs,
                  "with --simulate: KEY=SECONDS, a fixed duration for CALLs of "
                  "pass KEY (segment name suffix: F, B, U) or else for "
@@ -199,11 +200,11 @@ static int runPiperPlan(int argc, char **argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError &e) {
-    return app.exit(e);
+    // A malformed command line exits 2 (CLI11's own codes are 100+).
+    return app.exit(e) == 0 ? 0 : 2;
   }
   bool simOnly = timeline || !tracePath.empty() || !svgPath.empty() ||
-                 !machinePath.empty() ||
-                 !costs.empty() || blockingSends;
+                 !machinePath.empty() || !costs.empty() || blockingSends;
   if (simOnly && !simulate)
     return fail("--timeline, --trace, --svg, --machine, --cost and "
                 "--blocking-sends need --simulate");
@@ -233,17 +234,16 @@ static int runPiperPlan(int argc, char **argv) {
     for (const std::string &c : costs) {
       size_t eq = c.find('=');
       char *end = nullptr;
-      double seconds = eq == std::string::npos
-                           ? -1
-                           : std::strtod(c.c_str() + eq + 1, &end);
+      double seconds =
+          eq == std::string::npos ? -1 : std::strtod(c.c_str() + eq + 1, &end);
       if (eq == std::string::npos || eq == 0 || end == c.c_str() + eq + 1 ||
           *end != '\0' || !(seconds >= 0))
         return fail("--cost '" + c +
                     "': expected KEY=SECONDS with SECONDS >= 0");
       options.overrides[c.substr(0, eq)] = seconds;
     }
-    return simulateFolder(path, manifest, machine, options, timeline,
-                          tracePath, svgPath);
+    return simulateFolder(path, manifest, machine, options, timeline, tracePath,
+                          svgPath);
   }
   if (!memory)
     std::fputs(piper::plan::dumpManifest(manifest).c_str(), stdout);

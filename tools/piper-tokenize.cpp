@@ -26,7 +26,8 @@ int main(int argc, char **argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError &e) {
-    return app.exit(e);
+    // A malformed command line exits 2 (CLI11's own codes are 100+).
+    return app.exit(e) == 0 ? 0 : 2;
   }
   TokenDType dtype;
   Status st = parseTokenDType(dtypeName, dtype);

@@ -5,10 +5,14 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <set>
 
+#include <dirent.h>
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <fmt/format.h>
 
@@ -457,15 +461,14 @@ Status checkHfConfigsMatch(const std::string &folderConfig,
   return Status::error(message);
 }
 
-Status writeHfFolder(const std::string &dir, const std::string &configText,
-                     const std::vector<HfParam> &params,
-                     const HfParamReader &read, const std::string &dtype,
-                     uint64_t maxShardBytes) {
-  if (dtype != "F32" && dtype != "BF16")
-    return Status::error("Hugging Face export: dtype " + dtype +
-                         " is not F32 or BF16");
+namespace {
+
+/// The export itself, into the empty folder `dir`.
+Status writeHfFolderInto(const std::string &dir, const std::string &configText,
+                         const std::vector<HfParam> &params,
+                         const HfParamReader &read, const std::string &dtype,
+                         uint64_t maxShardBytes) {
   const int width = dtype == "F32" ? 4 : 2;
-  PIPER_RETURN_IF_ERROR(makeDirectories(dir));
   // The tensors in parameter order, cut into shards.
   struct Out {
     size_t param, source;
@@ -528,12 +531,6 @@ Status writeHfFolder(const std::string &dir, const std::string &configText,
     PIPER_RETURN_IF_ERROR(
         writeSafetensors(dir + "/" + fileName(k), tensors, {{"format", "pt"}}));
   }
-  // The folder must read as this export: the other layout's file goes.
-  const std::string stale =
-      dir + "/" + (n == 1 ? kHfIndexFile : kHfWeightsFile);
-  if (std::remove(stale.c_str()) != 0 && errno != ENOENT)
-    return Status::error("cannot remove '" + stale +
-                         "': " + errnoMessage(errno));
   auto writeText = [&](const std::string &name, const std::string &text) {
     AtomicFile f;
     PIPER_RETURN_IF_ERROR(f.open(dir + "/" + name));
@@ -547,6 +544,190 @@ Status writeHfFolder(const std::string &dir, const std::string &configText,
     PIPER_RETURN_IF_ERROR(writeText(kHfIndexFile, index.dump(2) + "\n"));
   }
   return writeText(kHfConfigFile, configText);
+}
+
+/// Whether `name` is a file an export writes (the others of a folder are
+/// carried over to the next export).
+bool exportFile(const std::string &name) {
+  if (name == kHfConfigFile || name == kHfWeightsFile || name == kHfIndexFile)
+    return true;
+  // model-00001-of-00003.safetensors
+  unsigned k = 0, n = 0;
+  char tail[32] = {0};
+  return std::sscanf(name.c_str(), "model-%5u-of-%5u.%31s", &k, &n, tail) ==
+             3 &&
+         std::string(tail) == "safetensors";
+}
+
+/// rm -rf `path` (best effort: what is left is said in the error).
+Status removeTree(const std::string &path) {
+  struct stat st;
+  if (::lstat(path.c_str(), &st) != 0)
+    return errno == ENOENT ? Status::ok()
+                           : Status::error("cannot read '" + path +
+                                           "': " + errnoMessage(errno));
+  if (S_ISDIR(st.st_mode)) {
+    DIR *d = ::opendir(path.c_str());
+    if (!d)
+      return Status::error("cannot list '" + path +
+                           "': " + errnoMessage(errno));
+    std::vector<std::string> names;
+    while (dirent *e = ::readdir(d)) {
+      std::string name = e->d_name;
+      if (name != "." && name != "..")
+        names.push_back(name);
+    }
+    ::closedir(d);
+    for (const std::string &name : names)
+      PIPER_RETURN_IF_ERROR(removeTree(path + "/" + name));
+    if (::rmdir(path.c_str()) != 0)
+      return Status::error("cannot remove '" + path +
+                           "': " + errnoMessage(errno));
+    return Status::ok();
+  }
+  if (::unlink(path.c_str()) != 0 && errno != ENOENT)
+    return Status::error("cannot remove '" + path +
+                         "': " + errnoMessage(errno));
+  return Status::ok();
+}
+
+std::string baseName(const std::string &path) {
+  size_t slash = path.find_last_of('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+/// Removes the temporary folders earlier exports to `base` left in
+/// `parent` (killed before their exchange).
+Status removeStaleExports(const std::string &parent, const std::string &base) {
+  const std::string prefix = "." + base + ".piper-export-";
+  DIR *d = ::opendir(parent.c_str());
+  if (!d)
+    return Status::error("cannot list '" + parent +
+                         "': " + errnoMessage(errno));
+  std::vector<std::string> stale;
+  while (dirent *e = ::readdir(d)) {
+    std::string name = e->d_name;
+    if (name.compare(0, prefix.size(), prefix) == 0)
+      stale.push_back(parent + "/" + name);
+  }
+  ::closedir(d);
+  for (const std::string &path : stale)
+    PIPER_RETURN_IF_ERROR(removeTree(path).withContext(
+        "removing an earlier export's temporary folder"));
+  return Status::ok();
+}
+
+/// Carries the files of `dir` that are not an export's into `tmp`
+/// (hard links: nothing is copied, `dir` keeps them until the exchange).
+Status carryOver(const std::string &dir, const std::string &tmp) {
+  DIR *d = ::opendir(dir.c_str());
+  if (!d)
+    return Status::error("cannot list '" + dir + "': " + errnoMessage(errno));
+  std::vector<std::string> names;
+  while (dirent *e = ::readdir(d)) {
+    std::string name = e->d_name;
+    if (name != "." && name != ".." && !exportFile(name))
+      names.push_back(name);
+  }
+  ::closedir(d);
+  for (const std::string &name : names) {
+    const std::string from = dir + "/" + name, to = tmp + "/" + name;
+    struct stat st;
+    if (::lstat(from.c_str(), &st) != 0)
+      continue; // gone since it was listed
+    if (S_ISLNK(st.st_mode)) {
+      std::vector<char> target(static_cast<size_t>(st.st_size) + 1, '\0');
+      ssize_t len = ::readlink(from.c_str(), target.data(), st.st_size + 1);
+      if (len < 0 || ::symlink(target.data(), to.c_str()) != 0)
+        return Status::error("cannot carry '" + from +
+                             "' over: " + errnoMessage(errno));
+    } else if (S_ISREG(st.st_mode)) {
+      if (::link(from.c_str(), to.c_str()) != 0)
+        return Status::error("cannot carry '" + from +
+                             "' over: " + errnoMessage(errno));
+    } else {
+      return Status::error(
+          "'" + from +
+          "' is a folder or special file; an export to a folder replaces it "
+          "whole and carries over only files (move it out of the folder)");
+    }
+  }
+  return Status::ok();
+}
+
+Status syncDirectory(const std::string &dir) {
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd < 0)
+    return Status::error("cannot open '" + dir + "': " + errnoMessage(errno));
+  int rc = ::fsync(fd);
+  int err = errno;
+  ::close(fd);
+  if (rc != 0)
+    return Status::error("cannot sync '" + dir + "': " + errnoMessage(err));
+  return Status::ok();
+}
+
+} // namespace
+
+Status writeHfFolder(const std::string &dirGiven, const std::string &configText,
+                     const std::vector<HfParam> &params,
+                     const HfParamReader &read, const std::string &dtype,
+                     uint64_t maxShardBytes) {
+  if (dtype != "F32" && dtype != "BF16")
+    return Status::error("Hugging Face export: dtype " + dtype +
+                         " is not F32 or BF16");
+  // A folder given through a symbolic link is exchanged where it is.
+  std::string dir = dirGiven;
+  while (dir.size() > 1 && dir.back() == '/')
+    dir.pop_back();
+  bool exists = false;
+  struct stat st;
+  if (::stat(dir.c_str(), &st) == 0) {
+    if (!S_ISDIR(st.st_mode))
+      return Status::error("'" + dir + "' is not a folder");
+    exists = true;
+    if (char *real = ::realpath(dir.c_str(), nullptr)) {
+      dir = real;
+      std::free(real);
+    }
+  }
+  const std::string parent = parentDirectory(dir), base = baseName(dir);
+  PIPER_RETURN_IF_ERROR(makeDirectories(parent));
+  PIPER_RETURN_IF_ERROR(removeStaleExports(parent, base));
+  const std::string tmp = parent + "/." + base + ".piper-export-" +
+                          std::to_string(static_cast<long>(::getpid()));
+  if (::mkdir(tmp.c_str(), 0777) != 0)
+    return Status::error("cannot create '" + tmp + "': " + errnoMessage(errno));
+  Status st2 = [&]() -> Status {
+    PIPER_RETURN_IF_ERROR(
+        writeHfFolderInto(tmp, configText, params, read, dtype, maxShardBytes));
+    if (exists) {
+      PIPER_RETURN_IF_ERROR(carryOver(dir, tmp));
+      ::chmod(tmp.c_str(), st.st_mode & 07777);
+    }
+    PIPER_RETURN_IF_ERROR(syncDirectory(tmp));
+    if (!exists) {
+      if (::rename(tmp.c_str(), dir.c_str()) != 0)
+        return Status::error("cannot rename '" + tmp + "' to '" + dir +
+                             "': " + errnoMessage(errno));
+      return syncDirectory(parent);
+    }
+    // One atomic step: the new export takes the folder's place, the earlier
+    // one goes to the temporary name and is removed.
+    if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, dir.c_str(),
+                    RENAME_EXCHANGE) != 0)
+      return Status::error("cannot exchange '" + tmp + "' with '" + dir +
+                           "' (renameat2 RENAME_EXCHANGE): " +
+                           errnoMessage(errno) + "; the folder is unchanged");
+    PIPER_RETURN_IF_ERROR(syncDirectory(parent));
+    return removeTree(tmp).withContext(
+        "the export is complete; removing the earlier one");
+  }();
+  if (!st2) {
+    Status cleaned = removeTree(tmp);
+    (void)cleaned; // the export's own error is the one to report
+  }
+  return st2;
 }
 
 } // namespace piper::runtime

@@ -121,9 +121,14 @@ using HfParamReader =
 /// with `read`, one at a time) in `dtype` ("F32" or "BF16"), in files
 /// of at most `maxShardBytes` of tensor data (a tensor larger than that
 /// gets a file of its own): one model.safetensors, or
-/// model-0000K-of-0000N.safetensors and model.safetensors.index.json. Each
-/// file is written atomically; files of an earlier export that this one
-/// does not write are left alone.
+/// model-0000K-of-0000N.safetensors and model.safetensors.index.json. The
+/// export is all or nothing: it is written into a temporary folder beside
+/// `dir` (`.<name>.piper-export-<pid>`), which then takes `dir`'s place in
+/// one atomic exchange (renameat2 RENAME_EXCHANGE), so that `dir` holds
+/// either the complete earlier export or the complete new one, never a mix
+/// and no shard of another layout. Files of `dir` that are not an export's
+/// (a tokenizer, a README) are carried over. A temporary folder a killed
+/// export left behind is removed by the next export to `dir`.
 Status writeHfFolder(const std::string &dir, const std::string &configText,
                      const std::vector<HfParam> &params,
                      const HfParamReader &read, const std::string &dtype,

@@ -10,11 +10,14 @@
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include <dirent.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <catch2/catch.hpp>
 
@@ -311,4 +314,107 @@ TEST_CASE("a Hugging Face tensor with a non-finite value is refused, as "
                             " at element 2); piper does not start from it") !=
           std::string::npos);
   }
+}
+
+namespace {
+
+/// Every file of `dir` (not recursively) and its bytes.
+std::map<std::string, std::string> folderFiles(const std::string &dir) {
+  std::map<std::string, std::string> out;
+  DIR *d = ::opendir(dir.c_str());
+  REQUIRE(d);
+  while (dirent *e = ::readdir(d)) {
+    std::string name = e->d_name;
+    if (name == "." || name == "..")
+      continue;
+    std::ifstream f(dir + "/" + name, std::ios::binary);
+    std::stringstream text;
+    text << f.rdbuf();
+    out[name] = text.str();
+  }
+  ::closedir(d);
+  return out;
+}
+
+/// Names in `parent` that start with `prefix`.
+std::vector<std::string> namesStartingWith(const std::string &parent,
+                                           const std::string &prefix) {
+  std::vector<std::string> out;
+  DIR *d = ::opendir(parent.c_str());
+  REQUIRE(d);
+  while (dirent *e = ::readdir(d))
+    if (std::string(e->d_name).compare(0, prefix.size(), prefix) == 0)
+      out.push_back(e->d_name);
+  ::closedir(d);
+  return out;
+}
+
+} // namespace
+
+TEST_CASE("a Hugging Face export is all or nothing", "[hf]") {
+  std::string parent = freshDir("atomic");
+  std::string dir = parent + "/model";
+  std::vector<HfParam> params;
+  for (int i = 0; i < 3; ++i)
+    params.push_back(
+        HfParam{"p" + std::to_string(i),
+                {2, 3},
+                {HfPlacement{"t" + std::to_string(i), {2, 3}, false, 0, 0}}});
+  auto values = [](float base) {
+    return [base](const HfParam &p, std::vector<float> &v) {
+      v.assign(6, base + float(p.name[1] - '0'));
+      return Status::ok();
+    };
+  };
+  // Three shards of one tensor each (24 bytes), and a file of the user's.
+  REQUIRE(writeHfFolder(dir, "{\"v\": 1}", params, values(1), "F32", 24));
+  writeText(dir + "/tokenizer.json", "{\"tok\": true}");
+  const std::map<std::string, std::string> first = folderFiles(dir);
+  CHECK(first.count("model-00003-of-00003.safetensors") == 1);
+
+  // An export that fails at its second parameter leaves the first export
+  // whole, and no temporary folder.
+  int calls = 0;
+  Status failed = writeHfFolder(
+      dir, "{\"v\": 2}", params,
+      [&](const HfParam &p, std::vector<float> &v) {
+        if (++calls == 2)
+          return Status::error("reading '" + p.name + "' failed");
+        v.assign(6, 9.0f);
+        return Status::ok();
+      },
+      "F32", 1000);
+  CHECK(!failed);
+  CHECK(failed.message().find("reading 'p1' failed") != std::string::npos);
+  CHECK(folderFiles(dir) == first);
+  CHECK(namesStartingWith(parent, ".model.piper-export-").empty());
+
+  // A temporary folder a killed export left is removed by the next export,
+  // which replaces the three shards by one file (no shard of the earlier
+  // layout stays) and carries the user's file over.
+  std::string stale = parent + "/.model.piper-export-99999";
+  REQUIRE(::mkdir(stale.c_str(), 0777) == 0);
+  writeText(stale + "/model.safetensors", "half-written");
+  REQUIRE(writeHfFolder(dir, "{\"v\": 3}", params, values(5), "F32", 1000));
+  CHECK(namesStartingWith(parent, ".model.piper-export-").empty());
+  std::map<std::string, std::string> now = folderFiles(dir);
+  std::vector<std::string> names;
+  for (const auto &[name, bytes] : now)
+    names.push_back(name);
+  CHECK(names == std::vector<std::string>{"config.json", "model.safetensors",
+                                          "tokenizer.json"});
+  CHECK(now["config.json"] == "{\"v\": 3}");
+  CHECK(now["tokenizer.json"] == "{\"tok\": true}");
+  auto folder = openFolder(dir);
+  std::vector<float> v;
+  REQUIRE(folder->readFloat("t2", v));
+  CHECK(v == std::vector<float>(6, 7.0f));
+
+  // A sub-folder cannot be carried over: an error, the folder unchanged.
+  REQUIRE(::mkdir((dir + "/extra").c_str(), 0777) == 0);
+  Status sub = writeHfFolder(dir, "{}", params, values(0), "F32", 1000);
+  CHECK(!sub);
+  CHECK(sub.message().find("is a folder or special file") != std::string::npos);
+  CHECK(folderFiles(dir).at("config.json") == "{\"v\": 3}");
+  CHECK(namesStartingWith(parent, ".model.piper-export-").empty());
 }

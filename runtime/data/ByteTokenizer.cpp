@@ -34,6 +34,14 @@ Status tokenizeBytesFile(const std::string &inputPath,
   struct stat st;
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
     return Status::error("input '" + inputPath + "': not a regular file");
+  // The output replaces its file whole: were it the input (by any name),
+  // the text would be gone.
+  struct stat outSt;
+  if (::stat(outputPath.c_str(), &outSt) == 0 && outSt.st_dev == st.st_dev &&
+      outSt.st_ino == st.st_ino)
+    return Status::error("output '" + outputPath + "' is the input '" +
+                         inputPath +
+                         "': piper-tokenize does not overwrite its input");
 
   AtomicFile out;
   PIPER_RETURN_IF_ERROR(out.open(outputPath));

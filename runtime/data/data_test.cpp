@@ -316,6 +316,17 @@ TEST_CASE("piper-tokenize's library: chunks, empty input, errors",
   CHECK(count == 0);
   CHECK(readBytes(dir + "/empty.bin") == tokenFileHeader(TokenDType::U16));
 
+  // The input is never overwritten, by its own name or another (a link).
+  Status onInput = tokenizeBytesFile(dir + "/big.txt", dir + "/big.txt",
+                                     TokenDType::U16, false, count);
+  CHECK_FALSE(onInput);
+  CHECK(onInput.message().find("does not overwrite its input") !=
+        std::string::npos);
+  REQUIRE(::symlink((dir + "/big.txt").c_str(), (dir + "/alias").c_str()) == 0);
+  CHECK_FALSE(tokenizeBytesFile(dir + "/big.txt", dir + "/alias",
+                                TokenDType::U16, false, count));
+  CHECK(readBytes(dir + "/big.txt") == big);
+
   Status missing = tokenizeBytesFile(dir + "/nope.txt", dir + "/x.bin",
                                      TokenDType::U16, false, count);
   CHECK_FALSE(missing);

@@ -293,6 +293,10 @@ TEST_CASE("rank and world from each launcher's variables", "[launch]") {
   CHECK(rankError(
             {"RANK=0", "WORLD_SIZE=2", "MASTER_ADDR=h", "MASTER_PORT=70000"}) ==
         "MASTER_PORT=70000 is not a TCP port (1-65535)");
+  CHECK(
+      rankError({"RANK=0", "WORLD_SIZE=2", "MASTER_ADDR=h", "MASTER_PORT="}) ==
+      "MASTER_PORT is set but empty: give rank 0's free TCP port (1-65535), "
+      "or unset it");
   CHECK(rankError({"RANK=1", "WORLD_SIZE=2", "MASTER_ADDR=h", "MASTER_PORT=1"},
                   4) == "--nproc is 4 but WORLD_SIZE is 2");
 
@@ -557,7 +561,8 @@ TEST_CASE("the measured bubble is the step's share without a CALL",
 }
 
 TEST_CASE("trace parts merge into one process per rank, aligned on one "
-          "host's clock", "[launch][trace]") {
+          "host's clock",
+          "[launch][trace]") {
   std::vector<std::string> parts = {
       traceRankPart(tracePlan(0), 0, "h", traceAt(5000)),
       traceRankPart(tracePlan(1), 1, "h", traceAt(3000))};
@@ -601,8 +606,8 @@ TEST_CASE("trace parts merge into one process per rank, aligned on one "
   parts[1] = "";
   summary.clear();
   REQUIRE(mergeTraceParts(parts, text, summary, step));
-  CHECK(nlohmann::json::parse(text)["metadata"]["bubble_fraction"][1]
-            .is_null());
+  CHECK(
+      nlohmann::json::parse(text)["metadata"]["bubble_fraction"][1].is_null());
   CHECK(summary.find("rank 1: not traced") != std::string::npos);
 
   // Different steps cannot be one trace.
@@ -615,8 +620,8 @@ TEST_CASE("trace parts merge into one process per rank, aligned on one "
 
   // A part whose field has another type is an error naming it (it threw
   // nlohmann::json's type_error).
-  auto bad = nlohmann::json::parse(
-      traceRankPart(tracePlan(1), 1, "h", traceAt(3000)));
+  auto bad =
+      nlohmann::json::parse(traceRankPart(tracePlan(1), 1, "h", traceAt(3000)));
   bad["host"] = 7;
   parts[1] = bad.dump();
   st = mergeTraceParts(parts, text, summary, step);

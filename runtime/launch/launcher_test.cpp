@@ -221,12 +221,12 @@ TEST_CASE("piper-run command-line and strategy errors", "[launcher]") {
                         "bf16 plans only, and this strategy is fp32") !=
           std::string::npos);
     RunResult bad = piperRun({pp, "--nproc", "2", "--attention", "flash"});
-    CHECK(bad.exitCode() != 0);
+    CHECK(bad.exitCode() == 2);
     CHECK(bad.err.find("--attention") != std::string::npos);
   }
   SECTION("unknown communicator") {
     RunResult r = piperRun({pp, "--nproc", "2", "--comm", "mpi"});
-    CHECK(r.exitCode() != 0);
+    CHECK(r.exitCode() == 2);
     CHECK(r.err.find("--comm") != std::string::npos);
   }
   SECTION("missing strategy folder") {
@@ -312,6 +312,6 @@ TEST_CASE("--profile=gpu adds the device time of every launch", "[launcher]") {
   CHECK(cpu.err.find("--profile=gpu needs --backend cuda or cuda-emulation") !=
         std::string::npos);
   RunResult bad = piperRun({out, "--nproc", "1", "--profile=tpu"});
-  CHECK(bad.exitCode() != 0);
+  CHECK(bad.exitCode() == 2);
   CHECK(bad.err.find("--profile") != std::string::npos);
 }

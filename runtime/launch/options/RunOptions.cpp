@@ -325,7 +325,8 @@ bool parseRunOptions(int argc, char **argv, RunOptions &options,
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError &e) {
-    exitCode = app.exit(e);
+    // A malformed command line exits 2 (CLI11's own codes are 100+).
+    exitCode = app.exit(e) == 0 ? 0 : 2;
     return false;
   }
   options.profile = !options.profileMode.empty();

@@ -137,6 +137,11 @@ Status intVar(const EnvLookup &env, const char *name, bool &set,
 
 /// A port: from MASTER_PORT when set, else `fallback`.
 Status masterPort(const EnvLookup &env, int fallback, int &port) {
+  // Set but empty is a launcher's mistake, not "unset": the ranks would
+  // meet on a default port nobody chose.
+  if (const char *raw = env("MASTER_PORT"); raw && !*raw)
+    return Status::error("MASTER_PORT is set but empty: give rank 0's free "
+                         "TCP port (1-65535), or unset it");
   bool set = false;
   long long p = 0;
   PIPER_RETURN_IF_ERROR(intVar(env, "MASTER_PORT", set, p));
