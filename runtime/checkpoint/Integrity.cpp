@@ -222,14 +222,18 @@ Status verifyTensors(const SafetensorsReader &reader,
   std::map<std::string, uint32_t> own;
   bool present = false;
   PIPER_RETURN_IF_ERROR(recordedCrcs(reader, own, present));
-  const std::map<std::string, uint32_t> *crcs = expected  ? expected
-                                                : present ? &own
-                                                          : nullptr;
-  const std::string where = expected ? expectedWhere : "its metadata";
+  // Both records when both exist: a tensor changed together with its CRC-32
+  // in state.json (or in the file) still disagrees with the other.
+  std::vector<std::pair<const std::map<std::string, uint32_t> *, std::string>>
+      records;
+  if (expected)
+    records.emplace_back(expected, expectedWhere);
+  if (present)
+    records.emplace_back(&own, "its metadata");
   for (const SafetensorsEntry &e : reader.tensors()) {
     TensorScan scan;
     PIPER_RETURN_IF_ERROR(scanTensor(reader, e, scan));
-    if (crcs) {
+    for (const auto &[crcs, where] : records) {
       auto it = crcs->find(e.name);
       if (it == crcs->end())
         return Status::error(

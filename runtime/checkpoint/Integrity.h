@@ -82,7 +82,7 @@ Status crcMismatch(const std::string &path, const std::string &name,
 
 /// Reads every tensor of `reader` and checks that it matches its CRC-32 in
 /// `expected` (when not null; `expectedWhere` names it in messages, e.g.
-/// "state.json"), else the one the file records (when it records any), and,
+/// "state.json") and the one the file records (when it records any), and,
 /// with `finite`, that no floating-point tensor holds a NaN or an infinity.
 /// Errors name the file and the tensor: "checkpoint 'F': tensor 'T' does
 /// not match its CRC-32 in state.json (recorded 0a1b2c3d, read 5e6f7a8b):

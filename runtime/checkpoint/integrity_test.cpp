@@ -431,6 +431,26 @@ TEST_CASE("a checkpoint directory verified against its state.json",
                            "state.json"));
     CHECK(fault == CheckpointFault::Corrupt);
   }
+  SECTION("a tensor changed with its CRC-32 in state.json: corrupt, by the "
+          "file's own record") {
+    flipByte(optimizer, offsetOf(optimizer, "w.exp_avg", 1) + 3, 0x80);
+    // state.json edited to the changed tensor's CRC-32 (its header's is
+    // unchanged: only tensor bytes moved).
+    Status st;
+    auto r = SafetensorsReader::open(optimizer, st);
+    REQUIRE(r);
+    const SafetensorsEntry *e = r->find("w.exp_avg");
+    REQUIRE(e);
+    TensorScan scan;
+    REQUIRE(scanTensor(*r, *e, scan));
+    for (auto &[name, crc] : manifest.files[1].tensors)
+      if (name == "w.exp_avg")
+        crc = scan.crc;
+    CHECK(contains(verifyDir(dir, manifest, fault),
+                   "tensor 'w.exp_avg' does not match its CRC-32 in its "
+                   "metadata"));
+    CHECK(fault == CheckpointFault::Corrupt);
+  }
   SECTION("a moment's sign flipped: corrupt, naming the tensor") {
     flipByte(optimizer, offsetOf(optimizer, "w.exp_avg", 1) + 3, 0x80);
     CHECK(contains(verifyDir(dir, manifest, fault),
