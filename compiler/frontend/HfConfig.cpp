@@ -10,6 +10,8 @@
 #include <cstdlib>
 #include <optional>
 
+#include "compiler/strategy/JsonScan.h"
+#include "proto/InputFile.h"
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/StringSet.h"
 #include "llvm/Support/JSON.h"
@@ -528,14 +530,31 @@ std::string readGpt2(Reader &r, GptConfig &cfg) {
 
 } // namespace
 
+std::string mlir::piper::readHfConfigFile(const std::string &path,
+                                          std::string &text) {
+  if (std::string err = ::piper::readInputFile(path, text,
+                                               ::piper::kMaxHfConfigBytes);
+      !err.empty())
+    return ::piper::inputError("Hugging Face configuration", path, err);
+  return "";
+}
+
 std::string mlir::piper::gptConfigFromHuggingFace(llvm::StringRef text,
                                                   llvm::StringRef source,
                                                   int64_t seq, int64_t batch,
                                                   GptConfig &out) {
+  // llvm::json recurses once per level: a deep input would overflow the
+  // stack before the parser could say no.
+  JsonScan scan = scanJson(text, "the configuration");
+  if (!scan.nesting.empty())
+    return (source + ": " + scan.nesting).str();
   llvm::Expected<llvm::json::Value> parsed = llvm::json::parse(text);
   if (!parsed)
     return (source + ": not JSON: " + llvm::toString(parsed.takeError()))
         .str();
+  // llvm::json keeps a repeated key's last value without a word.
+  if (!scan.duplicate.empty())
+    return (source + ": " + scan.duplicate).str();
   const llvm::json::Object *obj = parsed->getAsObject();
   if (!obj)
     return (source + ": a configuration is a JSON object").str();

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "compiler/strategy/JsonScan.h"
 #include "llvm/ADT/StringRef.h"
 #include "llvm/Support/Error.h"
 
@@ -27,7 +28,6 @@ inline constexpr int64_t kMaxMicrobatches = 1 << 13;   // per replica per step
 inline constexpr int64_t kMaxStageMicrobatches = 1 << 17;
 inline constexpr int64_t kMaxOrderGroups = 1 << 15;    // groups of one order
 inline constexpr int64_t kMaxFilterIndex = 1 << 20;    // PP, EP or MB index
-inline constexpr int64_t kMaxJsonNesting = 64;         // lists and objects
 
 /// One entry of a filter: an exact index, any index ("*"), or a pass name.
 struct FilterValue {
