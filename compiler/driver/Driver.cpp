@@ -76,6 +76,9 @@ int runModel(const ModelOptions &opts, const CLI::App &cmd) {
   if (!opts.hfDir.empty() || !opts.hfConfig.empty()) {
     if (!opts.name.empty())
       return fail("give a model name or --hf/--hf-config, not both");
+    if (!opts.hfDir.empty() && !opts.hfConfig.empty())
+      return fail("give --hf DIR or --hf-config FILE, not both (--hf reads "
+                  "DIR/config.json)");
     for (const char *flag :
          {"--layers", "--hidden", "--heads", "--kv-heads", "--head-dim",
           "--qk-norm", "--ffn", "--vocab", "--tied", "--rope-theta",

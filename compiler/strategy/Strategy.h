@@ -251,9 +251,10 @@ struct StrategyFlags {
   /// --no-vocab-parallel: keep the embedding and LM head whole on every
   /// tensor-parallel member (needs --tp).
   bool noVocabParallel = false;
-  /// --cp: the context-parallel degree; --cp-kind: "ring" or "ulysses".
+  /// --cp: the context-parallel degree; --cp-kind: "ring" or "ulysses"
+  /// ("": not given, ring).
   int64_t cp = 1;
-  std::string cpKind = "ring";
+  std::string cpKind;
   /// --cp-no-overlap: the ring's exchanges after the step before them.
   bool cpNoOverlap = false;
 };
