@@ -17,6 +17,10 @@ namespace piper {
 /// text in memory to parse it.
 inline constexpr int64_t kMaxInputBytes = int64_t(256) << 20; // 256 MiB
 
+/// The most bytes of a Hugging Face config.json that piperc and piper-run
+/// read: real ones are a few KB (a few hundred keys at most).
+inline constexpr int64_t kMaxHfConfigBytes = int64_t(16) << 20; // 16 MiB
+
 /// Checks, without opening it, that `path` may be read: a regular file or
 /// "-" (standard input). A FIFO is refused because opening one blocks until
 /// a writer comes, a device such as /dev/zero because it never ends, a

@@ -30,8 +30,8 @@ esac
 # Each target and its entry point in test/fuzz/Targets.h.
 declare -A entry=([plan]=fuzzPlan [manifest]=fuzzManifest
   [safetensors]=fuzzSafetensors [strategy]=fuzzStrategy
-  [tokenfile]=fuzzTokenFile [mlir]=fuzzMlir)
-all_targets=(plan manifest safetensors strategy tokenfile mlir)
+  [hfconfig]=fuzzHfConfig [tokenfile]=fuzzTokenFile [mlir]=fuzzMlir)
+all_targets=(plan manifest safetensors strategy hfconfig tokenfile mlir)
 targets=("$@")
 [ ${#targets[@]} -eq 0 ] && targets=("${all_targets[@]}")
 for t in "${targets[@]}"; do
@@ -95,6 +95,7 @@ sources=(
   compiler/strategy/JsonScan.cpp compiler/strategy/Schedules.cpp
   compiler/strategy/Strategy.cpp compiler/strategy/StrategyParse.cpp
   compiler/driver/MlirScan.cpp
+  compiler/frontend/HfConfig.cpp compiler/frontend/GptConfig.cpp
   test/fuzz/PiperEnums.cpp test/fuzz/Targets.cpp test/fuzz/MlirTarget.cpp
 )
 

@@ -76,6 +76,9 @@ int runModel(const ModelOptions &opts, const CLI::App &cmd) {
   if (!opts.hfDir.empty() || !opts.hfConfig.empty()) {
     if (!opts.name.empty())
       return fail("give a model name or --hf/--hf-config, not both");
+    if (!opts.hfDir.empty() && !opts.hfConfig.empty())
+      return fail("give --hf DIR or --hf-config FILE, not both (--hf reads "
+                  "DIR/config.json)");
     for (const char *flag :
          {"--layers", "--hidden", "--heads", "--kv-heads", "--head-dim",
           "--qk-norm", "--ffn", "--vocab", "--tied", "--rope-theta",
@@ -90,20 +93,19 @@ int runModel(const ModelOptions &opts, const CLI::App &cmd) {
     std::string path = !opts.hfConfig.empty()
                            ? opts.hfConfig
                            : (llvm::Twine(opts.hfDir) + "/config.json").str();
-    auto text = llvm::MemoryBuffer::getFile(path);
-    if (!text)
-      return fail("cannot read " + path + ": " + text.getError().message());
+    std::string text;
+    if (std::string err = readHfConfigFile(path, text); !err.empty())
+      return fail(err);
     GptConfig cfg;
     if (std::string err = gptConfigFromHuggingFace(
-            (*text)->getBuffer(), path, opts.gpt.seq,
-            given("--batch") ? opts.gpt.batch : 1, cfg);
+            text, path, opts.gpt.seq, given("--batch") ? opts.gpt.batch : 1,
+            cfg);
         !err.empty())
       return fail(err);
     MLIRContext ctx;
     ctx.loadDialect<PiperDialect>();
     OwningOpRef<ModuleOp> module = buildGptModel(&ctx, cfg);
-    if (std::string err =
-            annotateHuggingFace(*module, cfg, (*text)->getBuffer());
+    if (std::string err = annotateHuggingFace(*module, cfg, text);
         !err.empty())
       return fail(err);
     return writeOutput(*module, opts.output);

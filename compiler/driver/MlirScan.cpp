@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdint>
 #include <vector>
 
 #include "llvm/ADT/StringMap.h"
@@ -20,6 +21,30 @@ bool isIdChar(char c) {
          c == '.';
 }
 bool isDigit(char c) { return std::isdigit(static_cast<unsigned char>(c)); }
+
+/// The width of the integer type `word` spells (i32, si8, ui64); with
+/// `shape`, of the element type that ends a shape's dimensions (x4xi32
+/// after tensor<8 or ?); -1 when it spells none, INT64_MAX when the width
+/// itself is too long to read.
+int64_t integerTypeWidth(llvm::StringRef word, bool shape) {
+  if (shape) {
+    size_t x = word.rfind('x');
+    if (x == llvm::StringRef::npos ||
+        word.take_front(x).find_first_not_of("0123456789x?") !=
+            llvm::StringRef::npos)
+      return -1;
+    word = word.drop_front(x + 1);
+  }
+  if (word.starts_with("si") || word.starts_with("ui"))
+    word = word.drop_front();
+  if (!word.consume_front("i") || word.empty() ||
+      word.find_first_not_of("0123456789") != llvm::StringRef::npos)
+    return -1;
+  uint64_t width = 0;
+  if (word.getAsInteger(10, width) || width > uint64_t(INT64_MAX))
+    return INT64_MAX;
+  return static_cast<int64_t>(width);
+}
 
 /// Why the nesting grew past the limit; picks the message.
 enum class Growth { Bracket, AffineTerm, Alias };
@@ -148,8 +173,10 @@ private:
 
   void number() {
     size_t start = i, k = i;
+    bool hex = false, integer = true;
     if (text[k] == '0' && at(k + 1) == 'x' &&
         std::isxdigit(static_cast<unsigned char>(at(k + 2)))) {
+      hex = true;
       k += 2;
       while (k < text.size() &&
              std::isxdigit(static_cast<unsigned char>(text[k])))
@@ -158,6 +185,7 @@ private:
       while (k < text.size() && isDigit(text[k]))
         ++k;
       if (at(k) == '.') {
+        integer = false;
         for (++k; k < text.size() && isDigit(text[k]);)
           ++k;
         if (at(k) == 'e' || at(k) == 'E') {
@@ -170,10 +198,22 @@ private:
       }
     }
     i = k - 1;
-    if (static_cast<int64_t>(k - start) > kMaxMlirNumberChars)
-      fail(llvm::formatv("has a number of {0} characters, more than the "
-                         "limit of {1}",
-                         k - start, kMaxMlirNumberChars)
+    int64_t chars = static_cast<int64_t>(k - start);
+    if (chars > kMaxMlirNumberChars)
+      return fail(llvm::formatv("has a number of {0} characters, more than "
+                                "the limit of {1}",
+                                chars, kMaxMlirNumberChars)
+                      .str(),
+                  start);
+    // An integer literal longer than any 64-bit value: its conversion
+    // grows with its length times the width it needs.
+    int64_t digits = hex ? chars - 2 : chars;
+    int64_t limit = hex ? kMaxMlirHexDigits : kMaxMlirIntegerDigits;
+    if (integer && digits > limit)
+      fail(llvm::formatv("has an integer of {0} {1}digits, more than a "
+                         "{2}-bit value has ({3})",
+                         digits, hex ? "hexadecimal " : "",
+                         kMaxMlirIntegerWidth, limit)
                .str(),
            start);
   }
@@ -182,6 +222,19 @@ private:
     size_t start = i;
     skipWhile(i, isIdChar);
     llvm::StringRef word = text.slice(start, i + 1);
+    // A shape's dimensions end in its element type: 4xi32 reads as the
+    // number 4, then x4xi32's tail.
+    char before = start ? text[start - 1] : '\0';
+    bool shape = word.starts_with("x") &&
+                 (isDigit(before) || before == '?' || before == ']');
+    if (int64_t width = integerTypeWidth(word, shape);
+        width > kMaxMlirIntegerWidth)
+      return fail(
+          llvm::formatv("has an integer type of more than {0} bits ({1})",
+                        kMaxMlirIntegerWidth,
+                        shape ? word.drop_front(word.rfind('x') + 1) : word)
+              .str(),
+          shape ? start + word.rfind('x') + 1 : start);
     if (word == "affine_map" || word == "affine_set") {
       affineNext = true;
       return;

@@ -21,6 +21,16 @@ inline constexpr int64_t kMaxMlirNesting = 256;
 /// 3,300-bit integer, and no attribute of the piper dialect needs more
 /// than 64 bits.
 inline constexpr int64_t kMaxMlirNumberChars = 1000;
+/// The widest integer type (i64, si64, ui64): no model needs more, and
+/// MLIR's own limit (2^24 - 1 bits) lets 4,000 attributes of i16777215 in
+/// a 71 KB file take gigabytes, and 10,000 999-digit i4096 integers
+/// take 48 s.
+inline constexpr int64_t kMaxMlirIntegerWidth = 64;
+/// The most digits of an integer literal: 20 decimal (2^64 - 1 has 20) or
+/// 16 hexadecimal ones, all a value of at most kMaxMlirIntegerWidth bits
+/// can have, so that converting one costs a bounded time.
+inline constexpr int64_t kMaxMlirIntegerDigits = 20;
+inline constexpr int64_t kMaxMlirHexDigits = 16;
 
 /// Checks MLIR `text` before the parser reads it; "" when it may be parsed,
 /// else the error, ending with its line and column. The nesting counts
@@ -30,7 +40,12 @@ inline constexpr int64_t kMaxMlirNumberChars = 1000;
 ///    unary minus), until the next comma or closing bracket;
 ///  - at a use of an attribute or type alias (#a, !t), the deepest nesting
 ///    of its definition, so that chains of aliases count in full.
-/// Strings and comments are skipped.
+/// Integer types (i32, si8, ui64, and a shape's element type, 4xi32) are
+/// at most kMaxMlirIntegerWidth bits wide, integer literals at most
+/// kMaxMlirIntegerDigits (kMaxMlirHexDigits) digits long and every number
+/// at most kMaxMlirNumberChars characters: the work of converting a
+/// number or building a value is bounded per byte of input. Strings and
+/// comments are skipped.
 std::string scanMlirText(llvm::StringRef text);
 
 } // namespace mlir::piper::driver

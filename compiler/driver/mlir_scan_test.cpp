@@ -119,7 +119,7 @@ TEST_CASE("numbers are at most kMaxMlirNumberChars characters") {
                 "1000 (line 1, column 30)"));
   CHECK(refuses(moduleWith("1." + repeat("1", 40000)), "has a number of"));
   CHECK(refuses(moduleWith("0x" + repeat("f", 1000)), "has a number of"));
-  CHECK(scanMlirText(moduleWith(repeat("9", 1000))) == "");
+  CHECK(scanMlirText(moduleWith("1." + repeat("9", 998))) == "");
   // Shapes, names and hex strings are not numbers.
   CHECK(scanMlirText(moduleWith("tensor<" + repeat("1x", 2000) + "f32>")) ==
         "");
@@ -127,6 +127,42 @@ TEST_CASE("numbers are at most kMaxMlirNumberChars characters") {
         "");
   CHECK(scanMlirText(moduleWith("dense<\"0x" + repeat("AB", 5000) +
                                 "\"> : tensor<5000xi8>")) == "");
+}
+
+TEST_CASE("integer types are at most 64 bits, integer literals 20 digits") {
+  // 4,000 attributes of i16777215 (71 KB) took gigabytes; 10,000 999-digit
+  // i4096 integers 48 s.
+  CHECK(scanMlirText(moduleWith("1 : i16777215")) ==
+        "has an integer type of more than 64 bits (i16777215) (line 1, "
+        "column 34)");
+  CHECK(refuses(moduleWith("1 : si65"), "more than 64 bits (si65)"));
+  CHECK(refuses(moduleWith("1 : ui128"), "more than 64 bits (ui128)"));
+  CHECK(refuses(moduleWith("1 : i" + repeat("9", 30)), "more than 64 bits"));
+  // A shape's element type, after a dimension, ? or a scalable [4].
+  CHECK(scanMlirText(moduleWith("dense<0> : tensor<4x8xi4096>")) ==
+        "has an integer type of more than 64 bits (i4096) (line 1, column "
+        "52)");
+  CHECK(refuses(moduleWith("dense<0> : tensor<?xi128>"), "(i128)"));
+  CHECK(refuses("func.func private @f(vector<[4]xi99>)\n", "(i99)"));
+  CHECK(refuses("!t = i65\nmodule {}\n", "(i65)"));
+  // Up to 64 bits, and words that only look like types, pass.
+  CHECK(scanMlirText(moduleWith("[1 : i1, 2 : si8, 3 : ui64, 4 : i64]")) ==
+        "");
+  CHECK(scanMlirText(moduleWith("dense<0> : tensor<2x?x4xi64>")) == "");
+  CHECK(scanMlirText("module attributes {xi128 = 1 : i64, x = \"i999\", "
+                     "ii128 = 2} {}\n") == "");
+  CHECK(scanMlirText("%x128 = \"t.op\"() : () -> i32\n") == "");
+  // Integer literals: 2^64 - 1 has 20 digits, 16 hexadecimal ones.
+  CHECK(scanMlirText(moduleWith("18446744073709551615 : ui64")) == "");
+  CHECK(scanMlirText(moduleWith("0xFFFFFFFFFFFFFFFF : i64")) == "");
+  CHECK(scanMlirText(moduleWith(repeat("9", 999) + " : i64")) ==
+        "has an integer of 999 digits, more than a 64-bit value has (20) "
+        "(line 1, column 30)");
+  CHECK(refuses(moduleWith("0x1" + repeat("0", 16) + " : i64"),
+                "has an integer of 17 hexadecimal digits"));
+  // Fractions and exponents are not integers.
+  CHECK(scanMlirText(moduleWith("1." + repeat("0", 500) + "e+05 : f64")) ==
+        "");
 }
 
 TEST_CASE("file metadata brackets count") {

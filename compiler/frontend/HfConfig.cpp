@@ -8,10 +8,16 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <initializer_list>
+#include <limits>
 #include <optional>
+#include <utility>
 
+#include "compiler/strategy/JsonScan.h"
+#include "proto/InputFile.h"
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/StringSet.h"
+#include "llvm/Support/CheckedArithmetic.h"
 #include "llvm/Support/JSON.h"
 
 using namespace mlir;
@@ -29,6 +35,10 @@ const char *const kNeutralKeys[] = {
     "output_attentions", "output_hidden_states", "return_dict",
     "tokenizer_class",   "_attn_implementation", "model_type",
 };
+
+/// The largest size a key may give: plan.proto's int32 fields and
+/// validateGptConfig's limit, so that a product of two sizes never wraps.
+constexpr int64_t kMaxHfSize = std::numeric_limits<int32_t>::max();
 
 /// A number as JSON would show it: 0.1, 1e-05, 2.
 std::string formatNumber(double value) {
@@ -75,7 +85,29 @@ public:
     std::optional<int64_t> n = v->getAsInteger();
     if (!n || *n <= 0)
       return fail(key, "a positive integer", err);
+    if (*n > kMaxHfSize)
+      return fail(key,
+                  "at most " + std::to_string(kMaxHfSize) + ", got " +
+                      std::to_string(*n),
+                  err);
     return n;
+  }
+
+  /// The product of `factors` (each a key and its size), or the error
+  /// naming the keys when it does not fit in int64; "" when it does.
+  std::string product(
+      std::initializer_list<std::pair<llvm::StringRef, int64_t>> factors,
+      int64_t &out) const {
+    out = 1;
+    std::string keys;
+    bool wrapped = false;
+    for (const auto &[key, value] : factors) {
+      keys += (keys.empty() ? "\"" : " x \"") + key.str() + "\"";
+      std::optional<int64_t> p = llvm::checkedMul(out, value);
+      wrapped |= !p;
+      out = p.value_or(0);
+    }
+    return wrapped ? error(keys + " overflows 64-bit integers") : "";
   }
 
   /// A finite number at `key`, or `fallback` when absent.
@@ -256,15 +288,15 @@ std::string readQwen3MoeLayers(Reader &r, GptConfig &cfg) {
   // transformers 5 writes num_experts as "num_local_experts" (its
   // attribute_map); either, or both when equal.
   auto experts = r.size("num_experts", err, int64_t(128));
-  if (const llvm::json::Value *local = r.present("num_local_experts")) {
-    std::optional<int64_t> n = local->getAsInteger();
-    if (!n || *n <= 0)
-      return r.error("\"num_local_experts\" must be a positive integer");
-    if (r.present("num_experts") && *n != *experts)
-      return r.error("\"num_local_experts\" " + std::to_string(*n) +
+  if (r.present("num_local_experts")) {
+    auto local = r.size("num_local_experts", err);
+    if (!err.empty())
+      return err;
+    if (r.present("num_experts") && *local != *experts)
+      return r.error("\"num_local_experts\" " + std::to_string(*local) +
                      " contradicts \"num_experts\" " +
                      std::to_string(*experts));
-    experts = n;
+    experts = local;
   }
   auto topK = r.size("num_experts_per_tok", err, int64_t(8));
   auto expertFfn = r.size("moe_intermediate_size", err, int64_t(768));
@@ -274,6 +306,13 @@ std::string readQwen3MoeLayers(Reader &r, GptConfig &cfg) {
   r.number("router_aux_loss_coef", 0.001, err);
   if (!err.empty())
     return err;
+  int64_t unused = 0;
+  if (std::string e = r.product({{"num_experts", *experts},
+                                 {"moe_intermediate_size", *expertFfn},
+                                 {"hidden_size", cfg.hidden}},
+                                unused);
+      !e.empty())
+    return e;
   if (*routerLogits)
     return r.error("\"output_router_logits\": true adds transformers' "
                    "load-balancing loss, pooled over every layer's tokens, "
@@ -355,16 +394,26 @@ std::string readLlama(Reader &r, GptConfig &cfg, bool qwen3, bool moe) {
   if (*sliding)
     return r.error("\"use_sliding_window\": true is not implemented (Piper's "
                    "attention is full causal attention)");
+  // transformers 5 writes layer_types for Llama too; Piper's attention is
+  // full causal attention, so every layer must say so (a sliding layer
+  // would be trained as a full one).
   if (const llvm::json::Value *types = r.get("layer_types");
-      qwen3 && types && types->kind() != llvm::json::Value::Null) {
+      types && types->kind() != llvm::json::Value::Null) {
     const llvm::json::Array *list = types->getAsArray();
     if (!list)
       return r.error("\"layer_types\" must be a list");
-    for (const llvm::json::Value &t : *list)
-      if (t.getAsString() != std::optional<llvm::StringRef>("full_attention"))
+    if (static_cast<int64_t>(list->size()) != *layers)
+      return r.error("\"layer_types\" lists " +
+                     std::to_string(list->size()) +
+                     " layers, \"num_hidden_layers\" is " +
+                     std::to_string(*layers));
+    for (size_t i = 0; i < list->size(); ++i)
+      if ((*list)[i].getAsString() !=
+          std::optional<llvm::StringRef>("full_attention"))
         return r.error("\"layer_types\" lists a layer that is not "
-                       "\"full_attention\": sliding-window attention is not "
-                       "implemented");
+                       "\"full_attention\" (layer " +
+                       std::to_string(i) +
+                       "): sliding-window attention is not implemented");
   }
   if (*act != "silu")
     return r.error("\"hidden_act\" is \"" + *act +
@@ -435,12 +484,37 @@ std::string readLlama(Reader &r, GptConfig &cfg, bool qwen3, bool moe) {
             r.checkSeq(cfg.seq, "max_position_embeddings", *positions);
         !e.empty())
       return e;
+  // The size products the model is made of, checked: each size is at
+  // most kMaxHfSize, but three of them can wrap (a wrapped heads x head_dim
+  // once equalled hidden_size and took a head_dim of 2^62 + 8 for the
+  // default).
+  int64_t width = 0, unused = 0;
+  for (const std::string &e :
+       {r.product({{"num_attention_heads", *heads}, {"head_dim", *headDim}},
+                  width),
+        r.product({{"vocab_size", *vocab}, {"hidden_size", *hidden}}, unused),
+        r.product({{"hidden_size", *hidden}, {"num_hidden_layers", *layers}},
+                  unused),
+        r.product({{"num_attention_heads", *heads},
+                   {"head_dim", *headDim},
+                   {"hidden_size", *hidden}},
+                  unused),
+        r.product({{"num_key_value_heads", *kvHeads},
+                   {"head_dim", *headDim},
+                   {"hidden_size", *hidden}},
+                  unused),
+        r.product({{"intermediate_size", *ffn},
+                   {"hidden_size", *hidden},
+                   {"num_hidden_layers", *layers}},
+                  unused)})
+    if (!e.empty())
+      return e;
   cfg.hidden = *hidden;
   cfg.layers = *layers;
   cfg.heads = *heads;
   cfg.kvHeads = *kvHeads;
   // transformers' head size; hidden / heads when it is that (the default).
-  cfg.headDim = *headDim * *heads == *hidden ? 0 : *headDim;
+  cfg.headDim = width == *hidden ? 0 : *headDim;
   cfg.ffn = *ffn;
   cfg.vocab = *vocab;
   if (moe)
@@ -468,6 +542,7 @@ std::string readGpt2(Reader &r, GptConfig &cfg) {
   auto positions = r.size("n_positions", err);
   if (!err.empty())
     return err;
+  // n_embd is at most kMaxHfSize: 4 x n_embd fits.
   auto inner = r.size("n_inner", err, 4 * *hidden);
   auto eps = r.number("layer_norm_epsilon", 1e-5, err);
   auto init = r.number("initializer_range", 0.02, err);
@@ -514,6 +589,16 @@ std::string readGpt2(Reader &r, GptConfig &cfg) {
   if (std::string e = r.checkSeq(cfg.seq, "n_positions", *positions);
       !e.empty())
     return e;
+  // The size products the model is made of, checked (as Llama's).
+  int64_t unused = 0;
+  for (const std::string &e :
+       {r.product({{"vocab_size", *vocab}, {"n_embd", *hidden}}, unused),
+        r.product({{"n_positions", *positions}, {"n_embd", *hidden}}, unused),
+        r.product({{"n_embd", *hidden}, {"n_layer", *layers}}, unused),
+        r.product({{"n_inner", *inner}, {"n_embd", *hidden}, {"n_layer", *layers}},
+                  unused)})
+    if (!e.empty())
+      return e;
   cfg.hidden = *hidden;
   cfg.layers = *layers;
   cfg.heads = *heads;
@@ -528,14 +613,31 @@ std::string readGpt2(Reader &r, GptConfig &cfg) {
 
 } // namespace
 
+std::string mlir::piper::readHfConfigFile(const std::string &path,
+                                          std::string &text) {
+  if (std::string err = ::piper::readInputFile(path, text,
+                                               ::piper::kMaxHfConfigBytes);
+      !err.empty())
+    return ::piper::inputError("Hugging Face configuration", path, err);
+  return "";
+}
+
 std::string mlir::piper::gptConfigFromHuggingFace(llvm::StringRef text,
                                                   llvm::StringRef source,
                                                   int64_t seq, int64_t batch,
                                                   GptConfig &out) {
+  // llvm::json recurses once per level: a deep input would overflow the
+  // stack before the parser could say no.
+  JsonScan scan = scanJson(text, "the configuration");
+  if (!scan.nesting.empty())
+    return (source + ": " + scan.nesting).str();
   llvm::Expected<llvm::json::Value> parsed = llvm::json::parse(text);
   if (!parsed)
     return (source + ": not JSON: " + llvm::toString(parsed.takeError()))
         .str();
+  // llvm::json keeps a repeated key's last value without a word.
+  if (!scan.duplicate.empty())
+    return (source + ": " + scan.duplicate).str();
   const llvm::json::Object *obj = parsed->getAsObject();
   if (!obj)
     return (source + ": a configuration is a JSON object").str();

@@ -13,10 +13,18 @@
 
 namespace mlir::piper {
 
+/// Reads the Hugging Face configuration file `path` ("-": standard input)
+/// into `text` with the shared input reader: a regular file of at most
+/// kMaxHfConfigBytes (a FIFO, a device or a symlink to one is refused
+/// unread). Returns "" or the error naming the file.
+std::string readHfConfigFile(const std::string &path, std::string &text);
+
 /// The model of a Hugging Face `config.json` (its text; `source` names it in
 /// errors), with `seq` and `batch` as given (the configuration has neither).
-/// Architectures: LlamaForCausalLM. Returns an empty string and fills `out`,
-/// or the error: malformed JSON, a missing or mistyped size, an unknown
+/// Architectures: LlamaForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM,
+/// GPT2LMHeadModel. Returns an empty string and fills `out`, or the error:
+/// malformed JSON (or nested more than kMaxJsonNesting deep, or an object
+/// repeating a key), a missing, mistyped or too large size, an unknown
 /// architecture, a key Piper does not know, or a value whose math it does
 /// not implement (each naming the key).
 std::string gptConfigFromHuggingFace(llvm::StringRef text,

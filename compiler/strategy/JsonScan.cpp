@@ -1,9 +1,8 @@
-// The strategy JSON pre-scan (JsonScan.h).
+// The JSON pre-scan (JsonScan.h).
 #include "compiler/strategy/JsonScan.h"
 
 #include <vector>
 
-#include "compiler/strategy/Strategy.h"
 #include "llvm/ADT/StringSet.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/JSON.h"
@@ -33,7 +32,7 @@ std::string decodeKey(llvm::StringRef quoted) {
 }
 } // namespace
 
-JsonScan mlir::piper::scanJson(llvm::StringRef text) {
+JsonScan mlir::piper::scanJson(llvm::StringRef text, llvm::StringRef what) {
   JsonScan scan;
   std::vector<Frame> open;
   int64_t line = 1;
@@ -60,9 +59,9 @@ JsonScan mlir::piper::scanJson(llvm::StringRef text) {
                              .str();
     } else if (c == '[' || c == '{') {
       if (static_cast<int64_t>(open.size()) >= kMaxJsonNesting) {
-        scan.nesting = llvm::formatv("strategy nests lists and objects more "
-                                     "than {0} levels deep (line {1})",
-                                     kMaxJsonNesting, line)
+        scan.nesting = llvm::formatv("{0} nests lists and objects more than "
+                                     "{1} levels deep (line {2})",
+                                     what, kMaxJsonNesting, line)
                            .str();
         return scan;
       }

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "compiler/strategy/JsonScan.h"
 #include "llvm/ADT/StringRef.h"
 #include "llvm/Support/Error.h"
 
@@ -27,7 +28,6 @@ inline constexpr int64_t kMaxMicrobatches = 1 << 13;   // per replica per step
 inline constexpr int64_t kMaxStageMicrobatches = 1 << 17;
 inline constexpr int64_t kMaxOrderGroups = 1 << 15;    // groups of one order
 inline constexpr int64_t kMaxFilterIndex = 1 << 20;    // PP, EP or MB index
-inline constexpr int64_t kMaxJsonNesting = 64;         // lists and objects
 
 /// One entry of a filter: an exact index, any index ("*"), or a pass name.
 struct FilterValue {
@@ -251,9 +251,10 @@ struct StrategyFlags {
   /// --no-vocab-parallel: keep the embedding and LM head whole on every
   /// tensor-parallel member (needs --tp).
   bool noVocabParallel = false;
-  /// --cp: the context-parallel degree; --cp-kind: "ring" or "ulysses".
+  /// --cp: the context-parallel degree; --cp-kind: "ring" or "ulysses"
+  /// ("": not given, ring).
   int64_t cp = 1;
-  std::string cpKind = "ring";
+  std::string cpKind;
   /// --cp-no-overlap: the ring's exchanges after the step before them.
   bool cpNoOverlap = false;
 };

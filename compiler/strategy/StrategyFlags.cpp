@@ -240,10 +240,14 @@ static std::string checkFlags(const StrategyFlags &f,
                          "more",
                          f.zero, f.dp)
         .str();
-  if (f.cpKind != "ring" && f.cpKind != "ulysses")
+  if (!f.cpKind.empty() && f.cpKind != "ring" && f.cpKind != "ulysses")
     return "--cp-kind must be ring (ring attention) or ulysses (all-to-alls "
            "from the sequence to the heads), got '" +
            f.cpKind + "'";
+  if (!f.cpKind.empty() && f.cp < 2)
+    return "--cp-kind " + f.cpKind +
+           " needs --cp of at least 2 (it picks how context parallelism "
+           "splits attention)";
   if (f.recompute != "none" && f.recompute != "full" &&
       f.recompute != "selective")
     return "--recompute must be none, full (every transformer block) or "
@@ -255,7 +259,7 @@ static std::string checkFlags(const StrategyFlags &f,
                          "leaves whole on every member, got --tp {0}",
                          f.tp)
         .str();
-  if (f.cpNoOverlap && (f.cp < 2 || f.cpKind != "ring"))
+  if (f.cpNoOverlap && (f.cp < 2 || f.cpKind == "ulysses"))
     return "--cp-no-overlap needs --cp of at least 2 with --cp-kind ring (it "
            "orders the ring's exchanges after the steps before them)";
   if (f.noVocabParallel && f.tp < 2)
@@ -287,7 +291,7 @@ llvm::Expected<Strategy> mlir::piper::buildStrategy(const StrategyFlags &f) {
     return llvm::createStringError(err);
   Strategy s = strategyFromFlags(f.pp, f.dp, f.microbatches, *schedule, f.zero,
                                  f.ep, perDevice, f.bucketMb, f.tp, f.cp);
-  if (f.cpKind != "ring")
+  if (f.cpKind == "ulysses")
     for (Directive &d : s.directives)
       if (d.kind == Directive::ContextParallel) {
         d.cpKind = f.cpKind;

@@ -500,7 +500,7 @@ private:
 } // namespace
 
 llvm::Expected<Strategy> mlir::piper::parseStrategy(llvm::StringRef text) {
-  JsonScan scan = scanJson(text);
+  JsonScan scan = scanJson(text, "strategy");
   if (!scan.nesting.empty())
     return llvm::createStringError(scan.nesting);
   llvm::Expected<json::Value> value = json::parse(text);

@@ -74,7 +74,7 @@ def Piper_RingShiftOp : Piper_CommOp<"ring_shift", [HasParent<"ProgramOp">,
                        Piper_DeviceGroupAttr:$devices,
                        TypedArrayAttrBase<Piper_DeviceGroupAttr,
                            "device groups">:$rings,
-                       I64Attr:$offset, Piper_StreamAttr:$stream,
+                       Piper_SignedI64Attr:$offset, Piper_StreamAttr:$stream,
                        Piper_TagAttr:$tag);
   let results = (outs Piper_CommTensor:$result, Piper_TokenType:$done);
   let assemblyFormat = [{

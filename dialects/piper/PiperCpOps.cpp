@@ -163,12 +163,19 @@ LogicalResult AttentionBlockGradOp::verify() {
   return success();
 }
 
+/// Where `offset` lands around a ring of `size` members, in [0, size):
+/// negative offsets (the backward exchange's -1) go the other way.
+static int64_t ringStep(int64_t offset, int64_t size) {
+  return (offset % size + size) % size;
+}
+
 LogicalResult CpRingShiftOp::verify() {
-  if (getCp() < 2)
-    return emitOpError("cp must be at least 2, got ") << getCp();
-  if (getOffset() == 0 || getOffset() % getCp() == 0)
+  int64_t cp = static_cast<int64_t>(getCp());
+  if (cp < 2)
+    return emitOpError("cp must be at least 2, got ") << cp;
+  if (ringStep(getOffset(), cp) == 0)
     return emitOpError("offset ")
-           << getOffset() << " moves nothing around a ring of " << getCp();
+           << getOffset() << " moves nothing around a ring of " << cp;
   return success();
 }
 
@@ -344,7 +351,7 @@ LogicalResult RingShiftOp::verify() {
     return emitOpError("the rings must cover the group: ")
            << covered.size() << " of its " << devices.size()
            << " devices are in one";
-  if (getOffset() % int64_t(size) == 0)
+  if (ringStep(getOffset(), int64_t(size)) == 0)
     return emitOpError("offset ")
            << getOffset() << " moves nothing around rings of " << size;
   if (getInput().getType() != getResult().getType())

@@ -153,7 +153,8 @@ def Piper_CpRingShiftOp : Piper_Op<"cp_ring_shift", [Pure,
     %kv1 = piper.cp_ring_shift %kv0 {cp = 2 : i64, offset = 1 : i64} : tensor<64x128xf32>
     ```
   }];
-  let arguments = (ins F32Tensor2D:$input, I64Attr:$cp, I64Attr:$offset);
+  let arguments = (ins F32Tensor2D:$input, I64Attr:$cp,
+                       Piper_SignedI64Attr:$offset);
   let results = (outs F32Tensor2D:$result);
   let assemblyFormat = "$input attr-dict `:` type($result)";
   let hasVerifier = 1;

@@ -36,6 +36,13 @@ def F32Scalar : 0DTensorOf<[F32]>;
 def I32Tensor2D : ConfinedType<2DTensorOf<[I32]>, [HasStaticShapePred],
                                "statically shaped 2-D tensor of i32">;
 
+/// An i64 attribute that may be negative (a ring offset): upstream's
+/// I64Attr hands back uint64_t, which reads -1 as 2^64 - 1.
+def Piper_SignedI64Attr : TypedSignlessIntegerAttrBase<I64, "int64_t",
+    "64-bit signless integer attribute read as signed"> {
+  let convertFromStorage = "$_self.getValue().getSExtValue()";
+}
+
 //===----------------------------------------------------------------------===//
 // Module level: parameters and segments
 //===----------------------------------------------------------------------===//

@@ -16,6 +16,7 @@
 
 #include <fmt/format.h>
 
+#include "proto/InputFile.h"
 #include "runtime/checkpoint/Json.h"
 #include "runtime/support/AtomicFile.h"
 #include "runtime/support/Errno.h"
@@ -35,32 +36,18 @@ bool isRegularFile(const std::string &path) {
 
 namespace {
 
-/// The limit on config.json and index files (a large index is a few MB).
-constexpr uint64_t kMaxJsonFileBytes = 256ull << 20;
+/// The limit on index files (a large index is a few MB); config.json has
+/// kMaxHfConfigBytes.
+constexpr int64_t kMaxIndexFileBytes = int64_t(256) << 20;
 /// Problems one error lists before "and N more".
 constexpr size_t kMaxListed = 20;
 
-/// Reads the text file at `path` (at most kMaxJsonFileBytes).
-Status readText(const std::string &path, std::string &out) {
-  PIPER_RETURN_IF_ERROR(checkRegularFile(path, "'" + path + "'"));
-  FILE *f = std::fopen(path.c_str(), "rb");
-  if (!f)
-    return Status::error("cannot read '" + path + "': " + errnoMessage(errno));
-  out.clear();
-  char buf[1 << 16];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) {
-    out.append(buf, n);
-    if (out.size() > kMaxJsonFileBytes) {
-      std::fclose(f);
-      return Status::error(
-          fmt::format("'{}' is larger than {} bytes", path, kMaxJsonFileBytes));
-    }
-  }
-  bool failed = std::ferror(f);
-  std::fclose(f);
-  if (failed)
-    return Status::error("cannot read '" + path + "'");
+/// Reads the text file at `path` with the shared input reader: a regular
+/// file (a FIFO, a device or a symlink to one refused unread) of at most
+/// `limit` bytes.
+Status readText(const std::string &path, std::string &out, int64_t limit) {
+  if (std::string err = readInputFile(path, out, limit); !err.empty())
+    return Status::error(inputError("file", path, err));
   return Status::ok();
 }
 
@@ -172,9 +159,13 @@ std::unique_ptr<HfFolder> HfFolder::open(const std::string &dir,
     status = Status::error(who + "not a directory");
     return nullptr;
   }
+  // A config.json that is there but not a regular file (a FIFO, a
+  // symlink to /dev/zero) is an error, not an absent configuration.
   const std::string configPath = dir + "/" + kHfConfigFile;
-  if (isRegularFile(configPath)) {
-    status = readText(configPath, f->config).withContext(who);
+  struct stat link;
+  if (::lstat(configPath.c_str(), &link) == 0) {
+    status = readText(configPath, f->config, kMaxHfConfigBytes)
+                 .withContext(who.substr(0, who.size() - 2));
     if (!status)
       return nullptr;
   }
@@ -208,7 +199,7 @@ std::unique_ptr<HfFolder> HfFolder::open(const std::string &dir,
   std::string text;
   Json root;
   const Json *map = nullptr;
-  status = readText(index, text);
+  status = readText(index, text, kMaxIndexFileBytes);
   if (status)
     status = parseJson(text, root);
   if (status)

@@ -418,3 +418,46 @@ TEST_CASE("a Hugging Face export is all or nothing", "[hf]") {
   CHECK(folderFiles(dir).at("config.json") == "{\"v\": 3}");
   CHECK(namesStartingWith(parent, ".model.piper-export-").empty());
 }
+
+TEST_CASE("a folder's config.json is read with the shared reader's limits",
+          "[hf]") {
+  std::string dir = freshDir("config-limits");
+  std::vector<float> w = {1.0f};
+  REQUIRE(writeSafetensors(dir + "/model.safetensors",
+                           {SafetensorsTensor{"w", "F32", {1}, w.data()}},
+                           {}));
+  const std::string config = dir + "/config.json";
+  const std::string who = "Hugging Face folder '" + dir + "': file '" +
+                          config + "' ";
+  auto refused = [&]() {
+    Status st;
+    CHECK(!HfFolder::open(dir, st));
+    return st.message();
+  };
+  // A symlink to /dev/zero ran out of memory, a FIFO blocked until a
+  // writer came: both were taken for an absent config.json before.
+  REQUIRE(::symlink("/dev/zero", config.c_str()) == 0);
+  CHECK(refused() == who + "is not a regular file");
+  REQUIRE(std::remove(config.c_str()) == 0);
+  REQUIRE(::mkfifo(config.c_str(), 0600) == 0);
+  CHECK(refused() == who + "is not a regular file");
+  REQUIRE(std::remove(config.c_str()) == 0);
+  // A 4 GB sparse file is refused by its size, unread.
+  writeText(config, "{}");
+  REQUIRE(::truncate(config.c_str(), int64_t(4) << 30) == 0);
+  CHECK(refused() == who + "is more than the limit of 16777216 bytes");
+  REQUIRE(std::remove(config.c_str()) == 0);
+  // A dangling symlink is there, and cannot be opened.
+  REQUIRE(::symlink("nowhere.json", config.c_str()) == 0);
+  CHECK(refused().rfind(who.substr(0, who.size() - 1) + ": cannot open: ",
+                        0) == 0);
+  REQUIRE(std::remove(config.c_str()) == 0);
+  writeText(config, "{\"a\": 1}");
+  CHECK(openFolder(dir)->configText() == "{\"a\": 1}");
+  // 100,000 levels of nesting: parseJson refuses it before recursing.
+  Status deep = checkHfConfigsMatch(std::string(100000, '[') +
+                                        std::string(100000, ']'),
+                                    "{}", "dir");
+  CHECK(!deep);
+  CHECK(deep.message().rfind("dir/config.json: ", 0) == 0);
+}

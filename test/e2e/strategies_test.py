@@ -816,6 +816,9 @@ CP_MOE = ["qwen3-moe", "--layers", "2", "--hidden", "32", "--heads", "4",
           "--kv-heads", "2", "--ffn", "32", "--experts", "4", "--top-k", "2",
           "--vocab", "64", "--seq", "16", "--batch", "4",
           "--capacity-factor", "1"]
+CP_LLAMA_SEQ30 = ["llama", "--layers", "4", "--hidden", "32", "--heads",
+                  "8", "--kv-heads", "2", "--ffn", "64", "--vocab", "64",
+                  "--seq", "30", "--batch", "2"]
 CP2 = ["--cp", "2", "--microbatches", "8"]
 CP2U = CP2 + ["--cp-kind", "ulysses"]
 CP_CASES = [
@@ -889,6 +892,13 @@ CP_CASES = [
         ("cp2 x ep2 --recompute full", CP2 + ["--ep", "2", "--recompute",
                                               "full"], 2),
     ]),
+    # Rings whose size divides 2^64 - 1 (3, 5): the backward exchange's
+    # offset -1 is a signed offset, not 2^64 - 1 (issue 42). seq 30 is a
+    # multiple of 2 * cp for both.
+    ("llama-seq30", CP_LLAMA_SEQ30, [
+        ("cp3", ["--cp", "3", "--microbatches", "8"], 3),
+        ("cp5", ["--cp", "5", "--microbatches", "8"], 5),
+    ]),
     ("gpt-tied", CP_GPT + ["--tied"], [
         ("cp2", CP2, 2),
         # The vocabulary-parallel tied head under CP.
@@ -914,6 +924,10 @@ CP_GRAD_CASES = [
     ("gpt-cp", CP_GPT,
      [("1 device", ["--microbatches", "2"], 1),
       ("cp4", ["--cp", "4", "--microbatches", "2"], 4)]),
+    ("llama-cp-seq30", CP_LLAMA_SEQ30,
+     [("1 device", ["--microbatches", "2"], 1),
+      ("cp3", ["--cp", "3", "--microbatches", "2"], 3),
+      ("cp5", ["--cp", "5", "--microbatches", "2"], 5)]),
 ]
 
 

@@ -6,6 +6,7 @@
 
 #include <google/protobuf/stubs/logging.h>
 
+#include "compiler/frontend/HfConfig.h"
 #include "compiler/strategy/Strategy.h"
 #include "proto/PlanFile.h"
 #include "runtime/checkpoint/Safetensors.h"
@@ -91,6 +92,20 @@ Result fuzzStrategy(const uint8_t *data, size_t size) {
   return "";
 }
 
+Result fuzzHfConfig(const uint8_t *data, size_t size) {
+  mlir::piper::GptConfig cfg;
+  std::string err = mlir::piper::gptConfigFromHuggingFace(
+      llvm::StringRef(reinterpret_cast<const char *>(data), size),
+      "config.json", /*seq=*/16, /*batch=*/1, cfg);
+  if (!err.empty())
+    return err;
+  // What piperc does next with an accepted configuration, short of
+  // building the model: its sizes.
+  (void)mlir::piper::countParameters(cfg);
+  (void)cfg.capacity();
+  return "";
+}
+
 Result fuzzTokenFile(const uint8_t *data, size_t size) {
   if (size == 0)
     return "empty input";
@@ -118,6 +133,7 @@ const std::vector<Target> &targets() {
       {"manifest", fuzzManifest},
       {"safetensors", fuzzSafetensors},
       {"strategy", fuzzStrategy},
+      {"hfconfig", fuzzHfConfig},
       {"tokenfile", fuzzTokenFile},
       {"mlir", fuzzMlir},
   };

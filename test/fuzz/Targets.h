@@ -32,6 +32,9 @@ Result fuzzManifest(const uint8_t *data, size_t size);
 Result fuzzSafetensors(const uint8_t *data, size_t size);
 /// A strategy file (JSON) through parseStrategy.
 Result fuzzStrategy(const uint8_t *data, size_t size);
+/// A Hugging Face config.json through gptConfigFromHuggingFace (seq 16,
+/// batch 1); an accepted one has its parameters counted.
+Result fuzzHfConfig(const uint8_t *data, size_t size);
 /// A token file's header and size: the first byte picks the requested
 /// dtype (auto, uint16, uint32), the rest is the file.
 Result fuzzTokenFile(const uint8_t *data, size_t size);

@@ -98,6 +98,24 @@ piper.segment @s(%kv: tensor<8x32xf32>) -> tensor<8x32xf32> {
 
 // -----
 
+// Offsets are signed: -3 is a whole turn of a ring of 3 (and is named as
+// -3, not 2^64 - 3).
+piper.segment @s(%kv: tensor<8x32xf32>) -> tensor<8x32xf32> {
+  // expected-error @+1 {{offset -3 moves nothing around a ring of 3}}
+  %r = piper.cp_ring_shift %kv {cp = 3 : i64, offset = -3 : i64} : tensor<8x32xf32>
+  piper.yield %r : tensor<8x32xf32>
+}
+
+// -----
+
+piper.segment @s(%kv: tensor<8x32xf32>) -> tensor<8x32xf32> {
+  // expected-error @+1 {{cp must be at least 2, got -2}}
+  %r = piper.cp_ring_shift %kv {cp = -2 : i64, offset = 1 : i64} : tensor<8x32xf32>
+  piper.yield %r : tensor<8x32xf32>
+}
+
+// -----
+
 piper.segment @s(%x: tensor<8x4xf32>, %p: tensor<8x4xf32>) -> tensor<8x4xf32> {
   // expected-error @+1 {{cp must be positive, and seq a multiple of 2 * cp}}
   %y = piper.position_add %x, %p {cp = 2 : i64, seq = 6 : i64} : (tensor<8x4xf32>, tensor<8x4xf32>) -> tensor<8x4xf32>
@@ -129,6 +147,10 @@ module attributes {piper.context_parallel = 2 : i64, piper.context_parallel_stre
     %kv = piper.columns %qkv {start = 16 : i64} : (tensor<8x48xf32>) -> tensor<8x32xf32>
     %o0, %l0 = piper.attention_block %qkv, %kv {cp = 2 : i64, heads = 2 : i64, seq = 8 : i64, step = 0 : i64} : (tensor<8x48xf32>, tensor<8x32xf32>) -> (tensor<8x16xf32>, tensor<8x4xf32>)
     %kv1 = piper.cp_ring_shift %kv {cp = 2 : i64, offset = 1 : i64} : tensor<8x32xf32>
+    // The backward ring's offset -1, around rings of 3 and 5 (whose sizes
+    // divide 2^64 - 1, what -1 read unsigned would be).
+    %kvb3 = piper.cp_ring_shift %kv {cp = 3 : i64, offset = -1 : i64} : tensor<8x32xf32>
+    %kvb5 = piper.cp_ring_shift %kv {cp = 5 : i64, offset = -1 : i64} : tensor<8x32xf32>
     %o1, %l1 = piper.attention_block %qkv, %kv1, %o0, %l0 {cp = 2 : i64, heads = 2 : i64, seq = 8 : i64, step = 1 : i64} : (tensor<8x48xf32>, tensor<8x32xf32>, tensor<8x16xf32>, tensor<8x4xf32>) -> (tensor<8x16xf32>, tensor<8x4xf32>)
     %dq, %dkv = piper.attention_block_grad %qkv, %kv, %o1, %l1, %dy {cp = 2 : i64, heads = 2 : i64, seq = 8 : i64, step = 0 : i64} : (tensor<8x48xf32>, tensor<8x32xf32>, tensor<8x16xf32>, tensor<8x4xf32>, tensor<8x16xf32>) -> (tensor<8x16xf32>, tensor<8x32xf32>)
     %d = piper.cp_attention_grad %qkv, %y, %lse, %dy {cp = 2 : i64, heads = 2 : i64, seq = 8 : i64} : (tensor<8x48xf32>, tensor<8x16xf32>, tensor<8x4xf32>, tensor<8x16xf32>) -> tensor<8x48xf32>
@@ -190,6 +212,26 @@ piper.program @p {
   %x, %a = piper.task @f() {tag = #piper.tag<>} : () -> (tensor<8x4xf32>, !piper.token)
   // expected-error @+1 {{offset 2 moves nothing around rings of 2}}
   %y, %t = piper.ring_shift %x {devices = #piper.group<0, 1>, offset = 2 : i64, rings = [#piper.group<0, 1>], stream = #piper.stream<"cp_stream", comm>, tag = #piper.tag<PP = 0>} : tensor<8x4xf32>
+}
+
+// -----
+
+piper.program @p {
+  %x, %a = piper.task @f() {tag = #piper.tag<>} : () -> (tensor<8x4xf32>, !piper.token)
+  // expected-error @+1 {{offset -5 moves nothing around rings of 5}}
+  %y, %t = piper.ring_shift %x {devices = #piper.group<0, 1, 2, 3, 4>, offset = -5 : i64, rings = [#piper.group<0, 1, 2, 3, 4>], stream = #piper.stream<"cp_stream", comm>, tag = #piper.tag<PP = 0>} : tensor<8x4xf32>
+}
+
+// -----
+
+// The backward ring's offset -1 around rings of 3 verifies.
+piper.segment @f() -> tensor<8x4xf32> {
+  %a = "test.make"() : () -> tensor<8x4xf32>
+  piper.yield %a : tensor<8x4xf32>
+}
+piper.program @p {
+  %x, %a = piper.task @f() {tag = #piper.tag<>} : () -> (tensor<8x4xf32>, !piper.token)
+  %y, %t = piper.ring_shift %x {devices = #piper.group<0, 1, 2>, offset = -1 : i64, rings = [#piper.group<0, 1, 2>], stream = #piper.stream<"cp_stream", comm>, tag = #piper.tag<PP = 0>} : tensor<8x4xf32>
 }
 
 // -----

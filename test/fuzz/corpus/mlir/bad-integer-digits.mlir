@@ -1,0 +1,1 @@
+module attributes {piper.x = 999999999999999999999 : i64} {}

@@ -1,0 +1,1 @@
+module attributes {piper.x = 1 : i16777215} {}
