@@ -666,7 +666,12 @@ int mlir::piper::pipercMain(int argc, char **argv) {
   lowerCmd->add_option("-o,--output", lower.output, "output folder")
       ->required();
 
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError &e) {
+    // A malformed command line exits 2 (CLI11's own codes are 100+).
+    return app.exit(e) == 0 ? 0 : 2;
+  }
   comp.worldSizeGiven = compileCmd->count("--world-size") > 0;
   comp.minLrGiven = compileCmd->count("--min-lr") > 0;
   int rc = modelCmd->parsed()   ? runModel(model, *modelCmd)
