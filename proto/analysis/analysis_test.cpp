@@ -383,6 +383,20 @@ TEST_CASE("checkArena rejects a corrupted memory plan, naming the culprit") {
       p.arena_bytes());
   REQUIRE_FALSE(checkArena(p, error));
   CHECK(error.find("outside the arena") != std::string::npos);
+
+  // A step buffer moved into the state, or onto the scratch of a call that
+  // reads it (issue 42 item 9: the runtime's validator runs this check).
+  p = good;
+  p.mutable_buffers(2)->set_offset(p.params(0).state_offsets(0));
+  REQUIRE_FALSE(checkArena(p, error));
+  CHECK(error.find("outside the arena") != std::string::npos);
+  p = good;
+  p.mutable_streams(0)->mutable_instructions(1)->set_scratch_offset(
+      p.buffers(0).offset());
+  REQUIRE_FALSE(checkArena(p, error));
+  CHECK(error == "memory plan: buffer 0 (b0) and scratch of stream 's0', "
+                 "instruction 1 (CALL) share bytes at offset 0 but may be "
+                 "live at the same time");
 }
 
 TEST_CASE("checkFits names the ranks, the peak and the largest live blocks") {
@@ -650,3 +664,4 @@ TEST_CASE("findPeak: the sweep finds the instruction-by-instruction peak") {
     }
   }
 }
+
