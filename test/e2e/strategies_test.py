@@ -67,6 +67,14 @@ def bf16_loss_rtol(step):
     return LOSS_RTOL + (step - 1) * BF16_U
 
 
+def bf16_split_loss_rtol(step):
+    """bf16 under tensor or context parallelism: the forward itself differs
+    by a rounding (each member rounds its partial sum, or the ring its
+    carried output, to bf16 before the sum, where one device rounds once),
+    so step 1 is not identical either: step s within s u."""
+    return LOSS_RTOL + step * BF16_U
+
+
 def bf16_param_atol(steps):
     return 2 * ADAMW_LR * sum(adamw_step_bound(t) for t in range(1, steps + 1))
 
@@ -793,7 +801,7 @@ def main_tensor_parallel(work):
          ("pp2 x dp2 x tp2", ["--tp", "2", "--dp", "2", "--pp", "2",
                               "--microbatches", "4", "--dtype", "bf16"], 8),
          ("tp2 + sp", TP2 + ["--sp", "--dtype", "bf16"], 2)],
-        bf16_param_atol(STEPS), bf16_loss_rtol)
+        bf16_param_atol(STEPS), bf16_split_loss_rtol)
     passed, failed = passed + p, failed + f
     print("%d passed, %d failed" % (passed, failed))
     return 1 if failed else 0
@@ -947,7 +955,7 @@ def main_context_parallel(work):
         [("1 device", ["--microbatches", "8", "--dtype", "bf16"], 1),
          ("cp2", CP2 + ["--dtype", "bf16"], 2),
          ("cp4", ["--cp", "4", "--microbatches", "8", "--dtype", "bf16"], 4)],
-        bf16_param_atol(STEPS), bf16_loss_rtol)
+        bf16_param_atol(STEPS), bf16_split_loss_rtol)
     passed, failed = passed + p, failed + f
     # Recomputation re-runs the same ring: bit for bit.
     p, f = check_recompute_identical(work, "cp-llama", CP_LLAMA,
