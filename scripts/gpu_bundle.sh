@@ -30,7 +30,7 @@ FLAGS=(-c opt --dynamic_mode=off '--linkopt=-Wl,-rpath,$ORIGIN/lib:$ORIGIN/../li
 # The GPU tests (cuda_device_gpu_test, gpu_kernels_gpu_test, nccl_gpu_test)
 # as one binary: one copy of the CUDA runtime and the executor.
 TESTS=(//runtime/hal:gpu_tests)
-bazel build "${FLAGS[@]}" //tools:piper-run "${TESTS[@]}"
+bazel build "${FLAGS[@]}" //tools:piper-run //bench:attention_bench "${TESTS[@]}"
 BIN=$(bazel info "${FLAGS[@]}" bazel-bin 2>/dev/null)
 bazel build //tools:piperc
 PIPERC=$(bazel info bazel-bin 2>/dev/null)/tools/piperc
@@ -38,18 +38,19 @@ PIPERC=$(bazel info bazel-bin 2>/dev/null)/tools/piperc
 rm -rf "$DIR"
 mkdir -p "$DIR/lib" "$DIR/tests" "$DIR/plans"
 install -m 755 "$BIN/tools/piper-run" "$DIR/"
+install -m 755 "$BIN/bench/attention_bench" "$DIR/"
 for t in "${TESTS[@]}"; do
   name=${t##*:}
   install -m 755 "$BIN/runtime/hal/$name" "$DIR/tests/"
 done
-strip "$DIR/piper-run" "$DIR"/tests/*
+strip "$DIR/piper-run" "$DIR/attention_bench" "$DIR"/tests/*
 
 # The shared libraries of the binaries, but not glibc's own, libstdc++ and
 # libgcc_s, nor the CUDA driver: the GPU machine's are used. This machine's
 # libstdc++ (Debian 12) imports arc4random@GLIBC_2.36, so bundled it would
 # stop every binary on a glibc 2.35 machine (Ubuntu 22.04), where the
 # system's libstdc++ has the GLIBCXX_3.4.30 piper-run needs.
-for f in "$DIR/piper-run" "$DIR"/tests/*; do
+for f in "$DIR/piper-run" "$DIR/attention_bench" "$DIR"/tests/*; do
   ldd "$f" | awk '$3 ~ /^\// {print $3}'
 done | sort -u | while read -r lib; do
   case "$(basename "$lib")" in
@@ -64,7 +65,7 @@ done
 # What the GPU machine's glibc and libstdc++ must provide at least (the
 # highest version each file refers to; gpu_check.sh's preflight checks that
 # the binaries load there).
-needs=$(for f in "$DIR/piper-run" "$DIR"/tests/* "$DIR"/lib/*; do
+needs=$(for f in "$DIR/piper-run" "$DIR/attention_bench" "$DIR"/tests/* "$DIR"/lib/*; do
   objdump -p "$f" 2>/dev/null | sed -n '/^Version References/,$p' |
     grep -oE '\b(GLIBC|GLIBCXX|CXXABI)_[0-9.]+\b' || true  # none: no error
 done | sort -t_ -k1,1 -k2,2V -u | awk -F_ '{last[$1] = $0} END {for (k in last) printf "%s ", last[k]}')
