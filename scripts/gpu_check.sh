@@ -63,6 +63,13 @@ GPT2_RESERVE_S=150
 RESULTS=${OUT:-$(mktemp -d /tmp/piper-gpu-check.XXXXXX)}
 mkdir -p "$RESULTS" && RESULTS=$(cd "$RESULTS" && pwd) || exit 2
 cd "$(dirname "$0")" || exit 2
+# The bundle's libraries travel as lib.tar.xz (gpu_bundle.sh): unpacked
+# once, here.
+if [ ! -d lib ] && [ -f lib.tar.xz ]; then
+  tar -xJf lib.tar.xz 2>/dev/null ||
+    python3 -c 'import tarfile; tarfile.open("lib.tar.xz").extractall()' ||
+    { echo "$(basename "$0"): cannot unpack lib.tar.xz" >&2; exit 2; }
+fi
 HERE=$(pwd)
 REPORT=$RESULTS/gpu_check.md
 FAILLOG=$RESULTS/gpu_check_failures.log

@@ -59,6 +59,13 @@ P5_RESERVE_S=40
 RESULTS=${OUT:-$(mktemp -d /tmp/piper-gpu-perf.XXXXXX)}
 mkdir -p "$RESULTS" && RESULTS=$(cd "$RESULTS" && pwd) || exit 2
 cd "$(dirname "$0")" || exit 2
+# The bundle's libraries travel as lib.tar.xz (gpu_bundle.sh): unpacked
+# once, here.
+if [ ! -d lib ] && [ -f lib.tar.xz ]; then
+  tar -xJf lib.tar.xz 2>/dev/null ||
+    python3 -c 'import tarfile; tarfile.open("lib.tar.xz").extractall()' ||
+    { echo "$(basename "$0"): cannot unpack lib.tar.xz" >&2; exit 2; }
+fi
 HERE=$(pwd)
 MD=$RESULTS/perf.md
 JSONL=$RESULTS/perf.jsonl
