@@ -22,7 +22,9 @@
 namespace piper::runtime {
 
 /// When each local value of a segment comes to life: it is zeroed in its
-/// arena slot before its first kernel (arguments are never zeroed); a
+/// arena slot before its first kernel (arguments are never zeroed, nor
+/// values their first kernel overwrites whole: Kernels.h
+/// kernelReadsOutputs); a
 /// packed bf16 argument is unpacked into its slot before its first reader.
 struct SegmentLifetimes {
   std::vector<std::vector<int>> allocBefore; // per kernel: value ids

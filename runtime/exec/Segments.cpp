@@ -11,6 +11,26 @@ namespace piper::runtime {
 using plan::Instruction;
 using plan::Operand;
 
+namespace {
+
+/// Whether `kernel`, the first to touch value `v`, writes all of it before
+/// anything reads it: v is one of its outputs and none of its inputs, and
+/// the kernel does not read its outputs (kernelReadsOutputs). Such a value
+/// is not zeroed first (gpu-speed: most of a GPU step's memsets).
+bool firstWriterOverwrites(const plan::Kernel &kernel, int v) {
+  if (kernelReadsOutputs(kernel.op()))
+    return false;
+  bool output = false;
+  for (const Operand &o : kernel.outputs())
+    output |= o.kind() == Operand::VALUE && o.index() == v;
+  for (const Operand &o : kernel.inputs())
+    if (o.kind() == Operand::VALUE && o.index() == v)
+      return false;
+  return output;
+}
+
+} // namespace
+
 SegmentLifetimes computeLifetimes(const plan::Segment &seg) {
   // The same kernel spans the memory planner lays the scratch out from.
   plan::KernelSpan span = plan::valueKernelSpans(seg);
@@ -21,7 +41,8 @@ SegmentLifetimes computeLifetimes(const plan::Segment &seg) {
   lt.allocBefore.resize(seg.kernels_size());
   lt.argsBefore.resize(seg.kernels_size());
   for (int v = 0; v < seg.values_size(); ++v)
-    if (!isArg[v] && span.first[v] >= 0)
+    if (!isArg[v] && span.first[v] >= 0 &&
+        !firstWriterOverwrites(seg.kernels(span.first[v]), v))
       lt.allocBefore[span.first[v]].push_back(v);
   for (int a = 0; a < seg.args_size(); ++a)
     if (int first = span.first[seg.args(a)]; first >= 0)
@@ -223,9 +244,9 @@ Status ExecutorImpl::call(int s, const Instruction &inst, StepState &st,
     for (int v : lt.allocBefore[k]) {
       const plan::TensorType &type = seg.values(v);
       int64_t bytes = tensorBytes(type);
-      PIPER_RETURN_IF_ERROR(memory->zero(values[v], static_cast<size_t>(bytes))
-                                .withContext(where(k) + ": zeroing value " +
-                                             std::to_string(v)));
+      PIPER_RETURN_IF_ERROR(
+          memory->zero(values[v], static_cast<size_t>(bytes))
+              .withContext(where(k) + ": zeroing value " + std::to_string(v)));
     }
     if (profiling && !lt.allocBefore[k].empty()) {
       int64_t ns = nanosSince(start);
@@ -249,7 +270,8 @@ Status ExecutorImpl::call(int s, const Instruction &inst, StepState &st,
       bind(outs[j], rk.outputs[j], dataOf(kernel.outputs(j)));
     if (rk.onRange) {
       for (int j = 0; j < kernel.inputs_size(); ++j)
-        ins[j].data = rangeOf(kernel.inputs(j).index(), kernel.inputs(j).kind());
+        ins[j].data =
+            rangeOf(kernel.inputs(j).index(), kernel.inputs(j).kind());
       for (int j = 0; j < kernel.outputs_size(); ++j)
         outs[j].data =
             rangeOf(kernel.outputs(j).index(), kernel.outputs(j).kind());
@@ -259,8 +281,8 @@ Status ExecutorImpl::call(int s, const Instruction &inst, StepState &st,
     if (!clips && rk.adamw && !ins.empty())
       PIPER_RETURN_IF_ERROR(
           squares
-              ->measure({{ins[0].f32(), ins[0].numel(),
-                          kernel.inputs(0).index()}})
+              ->measure(
+                  {{ins[0].f32(), ins[0].numel(), kernel.inputs(0).index()}})
               .withContext(where(k) + ": the gradient's sum of squares"));
     if (profiling)
       start = Clock::now();

@@ -104,6 +104,10 @@ const std::unordered_map<std::string, const KernelInfo *> &registry() {
 
 } // namespace
 
+bool kernelReadsOutputs(const std::string &op) {
+  return op == "accumulate" || op == "adamw";
+}
+
 const KernelInfo *findKernel(const std::string &name) {
   auto it = registry().find(name);
   return it == registry().end() ? nullptr : it->second;
@@ -208,8 +212,8 @@ double sumOfSquares(const float *x, int64_t n) {
   const int64_t grain = detail::kElementGrain;
   std::vector<double> partial(n > 0 ? (n + grain - 1) / grain : 0);
   detail::parallelFor(n, grain, [&](int64_t begin, int64_t end) {
-    partial[begin / grain] = detail::dotDouble(x + begin, x + begin,
-                                               end - begin);
+    partial[begin / grain] =
+        detail::dotDouble(x + begin, x + begin, end - begin);
   });
   double sum = 0;
   for (double p : partial)
@@ -218,18 +222,18 @@ double sumOfSquares(const float *x, int64_t n) {
 }
 
 void scaleFloats(float *x, float scale, int64_t n) {
-  detail::parallelFor(n, detail::kElementGrain, [&](int64_t begin, int64_t end) {
-    detail::scaleInPlace(x + begin, scale, end - begin);
-  });
+  detail::parallelFor(n, detail::kElementGrain,
+                      [&](int64_t begin, int64_t end) {
+                        detail::scaleInPlace(x + begin, scale, end - begin);
+                      });
 }
 
 void zeroBytes(void *data, int64_t bytes) {
   char *p = static_cast<char *>(data);
-  detail::parallelFor(bytes, detail::kElementGrain * 4,
-                      [&](int64_t begin, int64_t end) {
-                        std::memset(p + begin, 0,
-                                    static_cast<size_t>(end - begin));
-                      });
+  detail::parallelFor(
+      bytes, detail::kElementGrain * 4, [&](int64_t begin, int64_t end) {
+        std::memset(p + begin, 0, static_cast<size_t>(end - begin));
+      });
 }
 
 std::string blasDescription() {

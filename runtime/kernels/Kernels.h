@@ -136,6 +136,12 @@ struct KernelInfo {
   int index;
 };
 
+/// Whether kernel `op` reads its outputs (updates them in place: accumulate,
+/// adamw). Every other kernel writes every element of every output, so an
+/// output it is the first to touch needs no zeroing (the executor skips
+/// it); //runtime/hal/gpu:gpu_kernels_test checks both on every kernel case.
+bool kernelReadsOutputs(const std::string &op);
+
 /// The registry entry of op `name`, or null when no kernel has that name.
 /// A string lookup: call it when a plan loads, not per call.
 const KernelInfo *findKernel(const std::string &name);

@@ -44,3 +44,22 @@ TEST_CASE("the CUDA sums of squares agree with the CPU's") {
   auto cpu = createCpuDevice(nullptr);
   CHECK(testing::compareSquareSums(*cpu, *gpu) == "");
 }
+
+// As gpu_kernels_test on the emulation: the executor does not zero a value
+// whose first kernel writes it whole, so every CUDA kernel not declared to
+// read its outputs (kernelReadsOutputs) must write every element of them.
+TEST_CASE("the CUDA kernels write every element of their outputs") {
+  Status st;
+  auto gpu = createCudaDevice(0, nullptr, st);
+  INFO(st.message());
+  REQUIRE(gpu);
+  for (const testing::KernelCase &c : testing::kernelCases()) {
+    if (!c.rejects.empty() || kernelReadsOutputs(c.op))
+      continue;
+    INFO("case " << c.name << " (" << c.op << ")");
+    std::vector<std::vector<uint32_t>> zero, canary;
+    REQUIRE(testing::runOutputsFrom(c, *gpu, 0u, zero) == "");
+    REQUIRE(testing::runOutputsFrom(c, *gpu, 0x7fc00001u, canary) == "");
+    CHECK(zero == canary);
+  }
+}

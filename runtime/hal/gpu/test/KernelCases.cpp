@@ -150,6 +150,48 @@ struct DeviceRun {
 
 } // namespace
 
+std::string runOutputsFrom(const KernelCase &c, Device &device,
+                           uint32_t outputWord,
+                           std::vector<std::vector<uint32_t>> &outputs) {
+  outputs.clear();
+  plan::Kernel kernel;
+  kernel.set_op(c.op);
+  for (const auto &[name, value] : c.attrs)
+    (*kernel.mutable_attrs())[name] = value;
+  std::mt19937_64 rng(std::hash<std::string>()(c.name));
+  DeviceRun run{device, {}, {}, {}};
+  std::vector<TensorRef> ins, outs;
+  for (const Operand &o : c.inputs)
+    ins.push_back(run.upload(o, fill(o, rng)));
+  for (const Operand &o : c.outputs) {
+    int64_t n = 1;
+    for (int64_t d : o.shape)
+      n *= d;
+    outs.push_back(run.upload(
+        o, std::vector<uint32_t>(static_cast<size_t>(n), outputWord)));
+  }
+  const KernelInfo *info = device.findKernel(c.op);
+  if (!info)
+    return "no kernel '" + c.op + "'";
+  double loss = 0;
+  KernelContext ctx;
+  ctx.lossAccumulator = &loss;
+  ctx.step = c.step;
+  ctx.lrScale = c.lrScale;
+  ctx.lowPrecision = c.lowPrecision;
+  ctx.tensorMember = c.tensorMember;
+  ctx.contextMember = c.contextMember;
+  if (!run.status)
+    return run.status.message();
+  Status st = device.runKernel(*info, kernel, decodeKernelAttrs(kernel), ins,
+                               outs, ctx);
+  if (!st)
+    return st.message();
+  for (const TensorRef &t : outs)
+    outputs.push_back(run.download(t));
+  return run.status ? "" : run.status.message();
+}
+
 CaseResult runCase(const KernelCase &c, Device &cpu, Device &gpu) {
   CaseResult result;
   plan::Kernel kernel;
@@ -216,12 +258,12 @@ CaseResult runCase(const KernelCase &c, Device &cpu, Device &gpu) {
     else if (want.kernelError != got.kernelError)
       result.error = "different messages: " + want.error + " | " + got.error;
     else if (want.kernelError.find(c.rejects) == std::string::npos)
-      result.error = "message '" + want.kernelError + "' lacks '" + c.rejects +
-                     "'";
+      result.error =
+          "message '" + want.kernelError + "' lacks '" + c.rejects + "'";
     return result;
   }
   if (!want.error.empty() || !got.error.empty()) {
-    result.error = want.error.empty() ? got.error
+    result.error = want.error.empty()  ? got.error
                    : got.error.empty() ? want.error
                                        : want.error + "; " + got.error;
     return result;
@@ -255,8 +297,8 @@ CaseResult runCase(const KernelCase &c, Device &cpu, Device &gpu) {
         w = a;
         g = b;
       }
-      compare(w, g, "output " + std::to_string(o) + "[" + std::to_string(i) +
-                        "]");
+      compare(w, g,
+              "output " + std::to_string(o) + "[" + std::to_string(i) + "]");
     }
   }
   if (c.checksLoss)
@@ -286,8 +328,9 @@ std::string compareSquareSums(Device &cpu, Device &gpu, double rtol) {
     std::vector<SquaresSpan> first, second;
     for (size_t i = 0; i < lengths.size(); ++i) {
       TensorRef t = run.upload(Operand{plan::F32, {lengths[i]}}, words[i]);
-      (i % 2 ? second : first).push_back(
-          {static_cast<const float *>(t.data), lengths[i], slots[i]});
+      (i % 2 ? second : first)
+          .push_back(
+              {static_cast<const float *>(t.data), lengths[i], slots[i]});
     }
     PIPER_RETURN_IF_ERROR(run.status);
     std::unique_ptr<SquareSums> squares;
@@ -302,8 +345,8 @@ std::string compareSquareSums(Device &cpu, Device &gpu, double rtol) {
     return Status::ok();
   };
   std::vector<double> want, got;
-  for (auto [device, sums] : {std::make_pair(&cpu, &want),
-                              std::make_pair(&gpu, &got)}) {
+  for (auto [device, sums] :
+       {std::make_pair(&cpu, &want), std::make_pair(&gpu, &got)}) {
     Status st = sumsOn(*device, *sums);
     if (!st)
       return device->name() + ": " + st.message();
@@ -312,8 +355,8 @@ std::string compareSquareSums(Device &cpu, Device &gpu, double rtol) {
   for (size_t i = 0; i < lengths.size(); ++i) {
     double w = want[size_t(slots[i])], g = got[size_t(slots[i])];
     if (!(std::fabs(g - w) <= rtol * std::fabs(w)))
-      bad << "span of " << lengths[i] << " (slot " << slots[i] << "): cpu "
-          << w << ", gpu " << g << "; ";
+      bad << "span of " << lengths[i] << " (slot " << slots[i] << "): cpu " << w
+          << ", gpu " << g << "; ";
   }
   if (want[count - 1] != -1.0 || got[count - 1] != -1.0)
     bad << "read more slots than asked; ";

@@ -21,7 +21,7 @@ enum class Fill {
   Positive, ///< uniform in [0.1, 1.1) * scale (variances, ...)
   Tokens,   ///< i32 uniform in [0, limit)
   Zero,
-  Given,    ///< `values` (f32 or i32), repeated to fill
+  Given, ///< `values` (f32 or i32), repeated to fill
 };
 
 struct Operand {
@@ -81,7 +81,7 @@ struct RegisterCases {
 
 /// The result of running one case on both devices.
 struct CaseResult {
-  std::string error; ///< empty when both ran and every output agrees
+  std::string error;        ///< empty when both ran and every output agrees
   double worstRelative = 0; ///< max |gpu - cpu| / (atol + rtol |cpu|)
 };
 
@@ -89,6 +89,13 @@ struct CaseResult {
 /// name) and compares. Device memory comes from each device's allocator;
 /// kernels run outside streams (complete on return).
 CaseResult runCase(const KernelCase &c, Device &cpu, Device &gpu);
+
+/// Runs `c` on `device` with its inputs as runCase fills them and every
+/// output word set to `outputWord` first; `outputs` gets the outputs' words.
+/// "" or the error.
+std::string runOutputsFrom(const KernelCase &c, Device &device,
+                           uint32_t outputWord,
+                           std::vector<std::vector<uint32_t>> &outputs);
 
 /// The devices' SquareSums (the gradient norm) on the same spans (empty, one
 /// element, several chunks) in their own memory, measured in two calls into

@@ -74,3 +74,36 @@ TEST_CASE("every GPU kernel has a test case") {
     CHECK(tested.count(k.name) == 1);
   }
 }
+
+// The executor skips zeroing a value whose first kernel writes it whole
+// (Kernels.h kernelReadsOutputs): every kernel not declared to read its
+// outputs must give the same bits from outputs that start as zeros and as a
+// NaN canary, on the CPU and on the emulated GPU, in every case; the
+// declared ones must read them somewhere (the declaration is not stale).
+TEST_CASE("kernels write every element of their outputs, but those declared "
+          "to update them in place") {
+  auto cpu = createCpuDevice(nullptr);
+  auto gpu = createEmulatedGpuDevice(nullptr);
+  std::set<std::string> readers;
+  for (const testing::KernelCase &c : testing::kernelCases()) {
+    if (!c.rejects.empty() || operandElements(c) > kLanesElements)
+      continue;
+    for (Device *d : {cpu.get(), gpu.get()}) {
+      INFO("case " << c.name << " (" << c.op << ") on " << d->name());
+      std::vector<std::vector<uint32_t>> zero, canary;
+      REQUIRE(testing::runOutputsFrom(c, *d, 0u, zero) == "");
+      REQUIRE(testing::runOutputsFrom(c, *d, 0x7fc00001u, canary) == "");
+      if (kernelReadsOutputs(c.op)) {
+        if (zero != canary)
+          readers.insert(c.op);
+        continue;
+      }
+      CHECK(zero == canary);
+    }
+  }
+  for (const char *op : {"accumulate", "adamw"}) {
+    INFO("kernel " << op);
+    CHECK(kernelReadsOutputs(op));
+    CHECK(readers.count(op) == 1);
+  }
+}
