@@ -71,9 +71,15 @@ Launch runPipeline(const std::string &out, const std::vector<std::string> &env,
   std::string dir = tempDir("watch");
   std::string metrics = dir + "/metrics.jsonl";
   std::string outPath = dir + "/stdout", errPath = dir + "/stderr";
-  std::vector<std::string> args = {
-      out,           "--nproc",   "2",     "--steps", "100000000",
-      "--timeout-s", std::to_string(kTimeoutS), "--metrics", metrics};
+  std::vector<std::string> args = {out,
+                                   "--nproc",
+                                   "2",
+                                   "--steps",
+                                   "100000000",
+                                   "--timeout-s",
+                                   std::to_string(kTimeoutS),
+                                   "--metrics",
+                                   metrics};
   args.insert(args.end(), extra.begin(), extra.end());
   using Clock = std::chrono::steady_clock;
   auto start = Clock::now();
@@ -227,8 +233,8 @@ TEST_CASE("piper-run refuses a bad PIPER_FAULT before starting ranks",
 }
 
 TEST_CASE("watchdog: PIPER_FAULT crash", "[watchdog]") {
-  Launch l = runPipeline(
-      pipeline(), {"PIPER_FAULT=rank=1,step=2,inst=3,action=crash"}, 0);
+  Launch l = runPipeline(pipeline(),
+                         {"PIPER_FAULT=rank=1,step=2,inst=3,action=crash"}, 0);
   CHECK(l.result.err.find("PIPER_FAULT: crashing (SIGKILL) at step 2, stream "
                           "'main', instruction 3 (CALL 'B PP=1 MB=0')") !=
         std::string::npos);
@@ -240,8 +246,8 @@ TEST_CASE("watchdog: PIPER_FAULT crash", "[watchdog]") {
 }
 
 TEST_CASE("watchdog: PIPER_FAULT stall", "[watchdog]") {
-  Launch l = runPipeline(
-      pipeline(), {"PIPER_FAULT=rank=1,step=2,inst=2,action=stall"}, 0);
+  Launch l = runPipeline(pipeline(),
+                         {"PIPER_FAULT=rank=1,step=2,inst=2,action=stall"}, 0);
   checkReport(l, "watchdog: no heartbeat for");
   // The stalled rank was stopped where the fault put it.
   CHECK(l.result.err.find("stream 'main' instruction 2 CALL 'F PP=1 MB=0': "
@@ -271,9 +277,9 @@ TEST_CASE("watchdog: PIPER_FAULT hang_comm", "[watchdog]") {
 // because rank 1 failed.
 TEST_CASE("watchdog: a device error on rank 1 is its named failure",
           "[watchdog]") {
-  Launch l = runPipeline(pipeline(),
-                         {"PIPER_FAULT=rank=1,step=2,inst=2,action=device_error"},
-                         0, {"--backend", "cuda-emulation"});
+  Launch l = runPipeline(
+      pipeline(), {"PIPER_FAULT=rank=1,step=2,inst=2,action=device_error"}, 0,
+      {"--backend", "cuda-emulation"});
   const std::string &err = l.result.err;
   CHECK(err.find("PIPER_FAULT: failing the device's next operation "
                  "(device_error) at step 2, stream 'main', instruction 2 "
@@ -282,8 +288,8 @@ TEST_CASE("watchdog: a device error on rank 1 is its named failure",
   // What failed, where: the rank's own error and both watchdogs' verdicts.
   const std::string failure =
       R"(rank 1, stream 'main', instruction 2 \(F PP=1 MB=0\): segment )"
-      R"('fwd1', kernel 0: zeroing value 2: zeroing \d+ bytes: emulated )"
-      R"(device error \(PIPER_FAULT action=device_error\))";
+      R"('fwd1', kernel 0: [^\n]*emulated device error \(PIPER_FAULT )"
+      R"(action=device_error\))";
   CHECK(std::regex_search(err, std::regex("piper-run: rank 1: watchdog: "
                                           "rank 1 failed: " +
                                           failure)));
@@ -315,15 +321,13 @@ TEST_CASE("watchdog: hang_comm at a data-parallel all-reduce names the rank "
           "[watchdog]") {
   TinyModel m;
   // Instruction 3 of stream 'compute': the ALL_REDUCE of the gradients.
-  std::string out =
-      strategy({singleClassPlan(m, 1, {0, 1}, 2)}, "watch-dp2");
+  std::string out = strategy({singleClassPlan(m, 1, {0, 1}, 2)}, "watch-dp2");
   for (int culprit : {0, 1}) {
     int other = 1 - culprit;
-    Launch l = runPipeline(
-        out,
-        {"PIPER_FAULT=rank=" + std::to_string(culprit) +
-         ",step=2,inst=3,action=hang_comm"},
-        0);
+    Launch l = runPipeline(out,
+                           {"PIPER_FAULT=rank=" + std::to_string(culprit) +
+                            ",step=2,inst=3,action=hang_comm"},
+                           0);
     const RunResult &r = l.result;
     INFO("culprit " << culprit << ", stderr: " << r.err);
     REQUIRE_FALSE(r.timedOut);
@@ -351,9 +355,9 @@ TEST_CASE("watchdog: ranks waiting on each other inside an all-reduce are a "
   TinyModel m;
   std::string out =
       strategy({singleClassPlan(m, 1, {0, 1}, 2)}, "watch-dp2-inside");
-  Launch l = runPipeline(
-      out, {"PIPER_FAULT=rank=1,step=2,inst=3,action=hang_inside"}, 0,
-      {"--standby", "1"});
+  Launch l =
+      runPipeline(out, {"PIPER_FAULT=rank=1,step=2,inst=3,action=hang_inside"},
+                  0, {"--standby", "1"});
   const RunResult &r = l.result;
   INFO("stderr: " << r.err);
   REQUIRE_FALSE(r.timedOut);
