@@ -11,6 +11,9 @@
 #include "proto/analysis/Simulate.h"
 #include "llvm/ADT/TypeSwitch.h"
 
+#include <map>
+#include <vector>
+
 using namespace mlir;
 using namespace mlir::piper;
 
@@ -181,9 +184,8 @@ public:
       training->set_warmup_steps(opt.getWarmupSteps());
       training->set_decay_steps(opt.getDecaySteps());
       training->set_clip_grad_norm(opt.getClipGradNorm().convertToDouble());
-      training->set_compute_dtype(opt.getDtype() == ComputeType::bf16
-                                      ? plan::BF16
-                                      : plan::F32);
+      training->set_compute_dtype(
+          opt.getDtype() == ComputeType::bf16 ? plan::BF16 : plan::F32);
     }
     // The exact memory plan: arena offsets from lifetimes (schema 2).
     std::string error;
@@ -192,7 +194,6 @@ public:
     predictMemory();
     return std::move(p);
   }
-
 
   /// The predicted peak and state are the memory plan's: the runtime
   /// allocates exactly one arena of arena_bytes.
@@ -209,7 +210,8 @@ private:
   static void setSliceCounts(plan::Instruction &ins, Type full,
                              int64_t members) {
     auto t = cast<RankedTensorType>(full);
-    int64_t rowElements = t.getNumElements() / std::max<int64_t>(1, t.getDimSize(0));
+    int64_t rowElements =
+        t.getNumElements() / std::max<int64_t>(1, t.getDimSize(0));
     for (int64_t rows : balancedSlices(t.getDimSize(0), members))
       ins.add_counts(rows * rowElements);
   }
@@ -253,19 +255,23 @@ private:
         return s;
     plan::Stream *s = p.add_streams();
     s->set_name(attr.getName().str());
-    s->set_kind(attr.isCompute() ? plan::Stream::COMPUTE
-                                 : plan::Stream::COMM);
+    s->set_kind(attr.isCompute() ? plan::Stream::COMPUTE : plan::Stream::COMM);
     return *s;
   }
 
   int groupId(ArrayRef<int64_t> ranks) {
-    for (const plan::DeviceGroup &g : p.groups())
-      if (llvm::equal(g.ranks(), ranks))
-        return g.id();
+    // Looked up, not scanned: a class of a large world has as many groups
+    // as members, and a scan per collective made lowering quadratic in the
+    // world size (issue 42 item 3).
+    std::vector<int64_t> key(ranks.begin(), ranks.end());
+    auto it = groupIds.find(key);
+    if (it != groupIds.end())
+      return it->second;
     plan::DeviceGroup *g = p.add_groups();
     g->set_id(p.groups_size() - 1);
     for (int64_t r : ranks)
       g->add_ranks(r);
+    groupIds.emplace(std::move(key), g->id());
     return g->id();
   }
 
@@ -379,8 +385,8 @@ private:
       if (auto acc = dyn_cast<AccumulateGradOp>(op)) {
         k->set_op("accumulate");
         *k->add_inputs() = values.lookup(acc.getGrad());
-        *k->add_outputs() = operand(plan::Operand::GRAD,
-                                    param(acc.getParamAttr().getAttr()));
+        *k->add_outputs() =
+            operand(plan::Operand::GRAD, param(acc.getParamAttr().getAttr()));
         continue;
       }
       if (auto z = dyn_cast<ZeroGradOp>(op)) {
@@ -481,6 +487,7 @@ private:
   /// The op recording each event (the inverse of eventOf).
   std::vector<Operation *> opOfEvent;
   DenseMap<Value, int> buffers;
+  std::map<std::vector<int64_t>, int> groupIds;
   DenseMap<StringAttr, int> params;
   /// The ZeRO stage of each sharded parameter (from its collectives).
   DenseMap<StringAttr, int64_t> zeroStage;

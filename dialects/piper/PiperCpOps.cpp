@@ -334,14 +334,16 @@ LogicalResult RingShiftOp::verify() {
   size_t size = cast<DeviceGroupAttr>(rings[0]).size();
   if (size < 2)
     return emitOpError("rings must have at least 2 members, got ") << size;
-  llvm::SmallSet<int64_t, 16> covered;
+  llvm::DenseSet<int64_t> covered;
+  // A set, not DeviceGroupAttr::contains (a scan of the group: quadratic).
+  llvm::DenseSet<int64_t> inGroup(devices.begin(), devices.end());
   for (Attribute r : rings) {
     auto g = cast<DeviceGroupAttr>(r);
     if (g.size() != size)
       return emitOpError("rings must have one size, got ")
              << size << " and " << g.size() << " members";
     for (int64_t d : g.getMembers()) {
-      if (!devices.contains(d))
+      if (!inGroup.contains(d))
         return emitOpError("ring member ") << d << " is not in the group";
       if (!covered.insert(d).second)
         return emitOpError("device ") << d << " is in two rings";
@@ -362,13 +364,19 @@ LogicalResult RingShiftOp::verify() {
 SmallVector<int64_t> RingShiftOp::peersAt(int64_t offset) {
   ArrayRef<int64_t> devices = getDevices().getMembers();
   SmallVector<int64_t> peers(devices.size(), -1);
+  // Positions looked up, not searched: a search per ring member made
+  // lowering a world's rings quadratic in its size (issue 42 item 3).
+  llvm::DenseMap<int64_t, size_t> position;
+  for (size_t i = 0; i < devices.size(); ++i)
+    position.try_emplace(devices[i], i);
   for (Attribute r : getRings()) {
     ArrayRef<int64_t> ring = cast<DeviceGroupAttr>(r).getMembers();
     int64_t n = static_cast<int64_t>(ring.size());
     for (int64_t k = 0; k < n; ++k) {
       int64_t to = ring[((k + offset) % n + n) % n];
-      size_t at = llvm::find(devices, ring[k]) - devices.begin();
-      peers[at] = to;
+      auto it = position.find(ring[k]);
+      if (it != position.end()) // the verifier keeps rings in the group
+        peers[it->second] = to;
     }
   }
   return peers;
