@@ -139,8 +139,9 @@ std::shared_ptr<TcpStore> TcpStore::connect(const std::string &host, int port,
   putString(hello, jobId);
   putU32(hello, static_cast<uint32_t>(rank));
   putU32(hello, static_cast<uint32_t>(worldSize));
-  // A busy store (too many connections that have not said hello) or one
-  // that closes without a word is tried again until the deadline.
+  // A busy store (one that closed this connection to make room for newer
+  // ones without a hello) or one that closes without a word is tried again
+  // until the deadline; the error then names the last reason.
   std::string lastError = "no address";
   while (true) {
     int fd = connectBy(host, port, deadline, lastError);
@@ -173,6 +174,9 @@ std::shared_ptr<TcpStore> TcpStore::connect(const std::string &host, int port,
     lastError = answered ? reply.substr(1)
                 : err == EAGAIN || err == EWOULDBLOCK
                     ? std::string("no answer to its hello")
+                : err == ECONNRESET || err == EPIPE
+                    ? std::string("the store closed the connection without "
+                                  "answering its hello")
                     : errnoMessage(err);
     if (!answered && err == EMSGSIZE) {
       status = Status::error("the rendezvous store at " + store->where +

@@ -23,13 +23,20 @@ namespace piper::runtime {
 
 /// What the store's server accepts (docs/operations.md, "Job isolation").
 /// Nothing is allocated for a connection beyond a fixed record until its
-/// hello, at most `maxHello` bytes, names the store's job.
+/// hello, at most `maxHello` bytes, names the store's job. Connections that
+/// have said hello are the job's ranks, at most the world size; those that
+/// have not have a budget of their own, so strangers on the port (idle
+/// sockets, half-hellos, a slowloris) can delay a rank by no more than one
+/// turn of the server's loop.
 struct TcpStoreLimits {
-  /// Connections that have not said hello yet; one more is told "busy" and
-  /// closed at once (its client tries again until its timeout).
-  int maxPending = 64;
-  /// A connection that has not said hello within this is closed.
-  std::chrono::milliseconds helloTimeout{10000};
+  /// Connections that have not said hello yet. When that many are open (or
+  /// the process is out of descriptors), a new one closes the oldest of
+  /// them, which is told "busy" (its client tries again until its timeout).
+  /// The server lowers it to what RLIMIT_NOFILE leaves room for.
+  int maxPending = 1024;
+  /// A connection that has not said hello within this is closed; the bytes
+  /// of a hello that trickles in do not extend it.
+  std::chrono::milliseconds helloTimeout{5000};
   /// The largest hello (job id, rank and world size).
   uint32_t maxHello = 4096;
   /// The largest request of a rank that has joined (a key and its value).
@@ -70,6 +77,11 @@ private:
   TcpStoreServer() = default;
   void loop();
   void acceptSome(std::chrono::steady_clock::time_point &acceptAgainAt);
+  /// Closes the connection that has waited longest for its hello, telling
+  /// it the store is busy; false when every open one has said hello.
+  /// `cursor` is where the search starts (connections before it have said
+  /// hello or are closed) and is moved past the one closed.
+  bool evictOldest(size_t &cursor, const std::string &why);
   void readSome(Connection &c);
   void flush(Connection &c);
   void close(Connection &c);
@@ -90,6 +102,8 @@ private:
   // Touched by the server thread alone once it runs.
   std::vector<std::unique_ptr<Connection>> connections;
   size_t pending = 0;
+  /// limits.maxPending, lowered to what RLIMIT_NOFILE leaves room for.
+  size_t pendingCap = 0;
   std::map<std::string, std::string> data;
   std::vector<bool> joined;
   size_t logged = 0, unlogged = 0;

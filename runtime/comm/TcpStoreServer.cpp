@@ -1,8 +1,10 @@
 // The TCP rendezvous store's server: one thread, one poll loop over the
 // listening socket and every connection, non-blocking sockets. A connection
 // costs a fixed record until its hello names the store's job; it is closed
-// (its descriptor and buffers released) as soon as it is refused, ends, or
-// misses its hello deadline.
+// (its descriptor and buffers released) as soon as it is refused, ends,
+// misses its hello deadline, or is the oldest without a hello when a newer
+// connection needs its place. So strangers on the port never keep a rank
+// out: a rank's connection is accepted, and its hello read, at once.
 #include "runtime/comm/TcpStore.h"
 
 #include <algorithm>
@@ -13,6 +15,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/types.h>
 #include <unistd.h>
@@ -33,8 +36,17 @@ namespace {
 /// descriptors (accepting again at once would spin).
 constexpr auto kAcceptBackoff = std::chrono::milliseconds(100);
 /// At most this many connections are accepted per turn of the loop, so that
-/// a flood of them cannot starve the ranks already connected.
-constexpr int kAcceptsPerTurn = 256;
+/// a flood of them cannot starve the ranks already connected (and at most
+/// half the budget of connections without a hello, so that one accepted in
+/// a turn is polled for its hello before newer ones can push it out).
+constexpr size_t kAcceptsPerTurn = 256;
+/// Descriptors the budget of connections without a hello leaves to the rest
+/// of rank 0's process (its files and pipes), beside two per rank (a store
+/// connection and a Gloo pair).
+constexpr size_t kReservedDescriptors = 256;
+/// The budget is never lowered below this (a process that short of
+/// descriptors recovers by closing the oldest stranger on EMFILE).
+constexpr size_t kMinPending = 16;
 /// Refusals reported one by one; after that, one line per interval.
 constexpr size_t kLoggedRefusals = 5;
 constexpr auto kLogInterval = std::chrono::seconds(10);
@@ -50,6 +62,20 @@ std::string peerName(const sockaddr_storage &addr) {
     return "an unknown peer";
   return addr.ss_family == AF_INET6 ? fmt::format("[{}]:{}", host, service)
                                     : fmt::format("{}:{}", host, service);
+}
+
+/// limits.maxPending, lowered so that the connections without a hello, the
+/// ranks' and the reserve fit under RLIMIT_NOFILE.
+size_t pendingBudget(const TcpStoreLimits &limits, int worldSize) {
+  size_t cap = size_t(limits.maxPending);
+  rlimit nofile = {};
+  if (::getrlimit(RLIMIT_NOFILE, &nofile) != 0 ||
+      nofile.rlim_cur == RLIM_INFINITY)
+    return cap;
+  size_t reserved = kReservedDescriptors + 2 * size_t(worldSize);
+  size_t room =
+      nofile.rlim_cur > reserved ? size_t(nofile.rlim_cur) - reserved : 0;
+  return std::min(cap, std::max(room, kMinPending));
 }
 
 } // namespace
@@ -95,6 +121,7 @@ TcpStoreServer::start(const std::string &host, int port,
   server->limits = limits;
   server->log = std::move(log);
   server->joined.assign(size_t(worldSize), false);
+  server->pendingCap = pendingBudget(limits, worldSize);
   int err = 0;
   for (addrinfo *a = addrs; a && server->listenFd < 0; a = a->ai_next) {
     int fd =
@@ -244,13 +271,25 @@ void TcpStoreServer::loop() {
 }
 
 void TcpStoreServer::acceptSome(Clock::time_point &acceptAgainAt) {
-  for (int i = 0; i < kAcceptsPerTurn; ++i) {
+  // Connections before `cursor` have said hello or are closed; those
+  // accepted here go after it.
+  size_t cursor = 0;
+  const size_t most = std::clamp<size_t>(pendingCap / 2, 1, kAcceptsPerTurn);
+  for (size_t i = 0; i < most; ++i) {
     sockaddr_storage addr = {};
     socklen_t len = sizeof(addr);
     int fd = ::accept4(listenFd, reinterpret_cast<sockaddr *>(&addr), &len,
                        SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) {
       int err = errno;
+      if (err == EMFILE || err == ENFILE) {
+        // A descriptor held by a connection without a hello is worth less
+        // than the one waiting: the oldest such connection makes room.
+        if (evictOldest(cursor,
+                        fmt::format("its process is out of descriptors ({})",
+                                    errnoMessage(err))))
+          continue;
+      }
       if (err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM) {
         // The connection stays in the backlog; try again a little later.
         acceptAgainAt = Clock::now() + kAcceptBackoff;
@@ -258,33 +297,55 @@ void TcpStoreServer::acceptSome(Clock::time_point &acceptAgainAt) {
       }
       return; // EAGAIN: none left; anything else: the next turn retries
     }
-    std::string peer = peerName(addr);
-    if (pending >= size_t(limits.maxPending)) {
-      // Told at once, in one small write that a fresh socket's buffer takes.
-      std::string busy = frame(
-          std::string(1, kBusy) +
-          fmt::format("the rendezvous store is busy: {} connections have not "
-                      "said hello yet",
-                      pending));
-      ssize_t ignored =
-          ::send(fd, busy.data(), busy.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
-      (void)ignored;
-      ::close(fd);
-      refused(fmt::format("refused a connection from {}: {} connections have "
-                          "not said hello yet",
-                          peer, pending));
-      continue;
-    }
+    if (pending >= pendingCap)
+      evictOldest(cursor,
+                  fmt::format("{} connections have not said hello (a flood "
+                              "of connections on its port?)",
+                              pending));
     int one = 1;
     ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     auto c = std::make_unique<Connection>();
     c->fd = fd;
-    c->peer = std::move(peer);
+    c->peer = peerName(addr);
     c->helloBy = Clock::now() + limits.helloTimeout;
+    Connection &added = *c;
     connections.push_back(std::move(c));
     ++pending;
     openCount.fetch_add(1);
+    // A rank sends its hello as soon as it is connected: answered now, it
+    // owes nothing to the strangers around it.
+    readSome(added);
   }
+}
+
+bool TcpStoreServer::evictOldest(size_t &cursor, const std::string &why) {
+  for (; cursor < connections.size(); ++cursor) {
+    Connection &c = *connections[cursor];
+    if (c.fd < 0 || c.greeted)
+      continue;
+    // What it sent is dropped first (closing over unread bytes would reset
+    // the connection, and the peer might lose the reason), then it is told,
+    // in one small write its socket's buffer takes, unless a reply is
+    // already under way.
+    char drain[4096];
+    ssize_t ignored = ::recv(c.fd, drain, sizeof(drain), MSG_DONTWAIT);
+    if (c.out.empty()) {
+      std::string busy =
+          frame(std::string(1, kBusy) + "the rendezvous store is busy: " + why +
+                "; this connection, the oldest without a hello, was closed to "
+                "make room");
+      ignored =
+          ::send(c.fd, busy.data(), busy.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    }
+    (void)ignored;
+    refused(fmt::format("closed a connection from {} that had not said hello: "
+                        "{}",
+                        c.peer, why));
+    close(c);
+    ++cursor;
+    return true;
+  }
+  return false;
 }
 
 void TcpStoreServer::readSome(Connection &c) {

@@ -16,8 +16,9 @@ namespace piper::runtime::tcpstore {
 
 // Requests: "H" hello (job id, rank, world), "S" set (key, value), "G" get
 // (key). Replies: "O" ok, "V" + value, "N" no such key, "E" + an error (a
-// refused hello is followed by the server closing the connection), "B" busy
-// (too many connections that have not said hello yet: try again).
+// refused hello is followed by the server closing the connection), "B" +
+// why the store is busy (this connection, without a hello, was closed to
+// make room for newer ones: try again).
 constexpr char kHello = 'H', kSet = 'S', kGet = 'G';
 constexpr char kOk = 'O', kValue = 'V', kNone = 'N', kError = 'E', kBusy = 'B';
 

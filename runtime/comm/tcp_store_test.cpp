@@ -1,6 +1,7 @@
 // Tests of the TCP rendezvous store: keys, job ids, refusals, bounded waits,
 // floods of connections, and Gloo communicators met through it (threads as
 // ranks, loopback only).
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <memory>
@@ -12,6 +13,7 @@
 #include <catch2/catch.hpp>
 
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -268,6 +270,42 @@ TEST_CASE("tcp store: a connection that says no hello in time is closed",
   std::lock_guard<std::mutex> lock(logMu);
   REQUIRE(logged.size() == 1);
   CHECK(logged[0].find("that said no hello within 300 ms") !=
+        std::string::npos);
+}
+
+TEST_CASE("tcp store: a rank that a store keeps closing on is told so",
+          "[comm][store]") {
+  // Not a store: it accepts and closes every connection at once.
+  int listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  REQUIRE(listener >= 0);
+  sockaddr_in addr = {};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(listener, reinterpret_cast<sockaddr *>(&addr), sizeof(addr)) ==
+          0);
+  REQUIRE(::listen(listener, 16) == 0);
+  socklen_t len = sizeof(addr);
+  REQUIRE(::getsockname(listener, reinterpret_cast<sockaddr *>(&addr), &len) ==
+          0);
+  std::atomic<bool> stop{false};
+  std::thread closer([&] {
+    while (!stop) {
+      pollfd p = {listener, POLLIN, 0};
+      if (::poll(&p, 1, 20) == 1) {
+        int fd = ::accept(listener, nullptr, nullptr);
+        if (fd >= 0)
+          ::close(fd);
+      }
+    }
+  });
+  Status st;
+  CHECK_FALSE(
+      TcpStore::connect("127.0.0.1", ntohs(addr.sin_port), "j", 0, 1, 1s, st));
+  stop = true;
+  closer.join();
+  ::close(listener);
+  CHECK(st.message().find("did not admit rank 0 within 1 s (the store closed "
+                          "the connection without answering its hello)") !=
         std::string::npos);
 }
 

@@ -2,8 +2,10 @@
 // each other (the stranger is refused, naming both jobs), and two jobs on one
 // --checkpoint-dir never run together (the second is refused at start while
 // the first keeps going; restarts and spares of one job are not locked
-// out). Loopback addresses only; every wait is bounded.
+// out), and strangers flooding the port do not keep a job's rank out.
+// Loopback addresses only; every wait is bounded.
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 
 #include <arpa/inet.h>
@@ -29,6 +31,33 @@ int freePort() {
   REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr *>(&addr), &len) == 0);
   ::close(fd);
   return ntohs(addr.sin_port);
+}
+
+/// `n` connections to 127.0.0.1:`port` that never say hello (every tenth
+/// sends the first 7 bytes of one); fewer when they cannot be opened.
+std::vector<int> strangers(int port, int n) {
+  std::vector<int> fds;
+  const std::string half("\x0e\x00\x00\x00H\x05\x00", 7);
+  for (int i = 0; i < n; ++i) {
+    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+      break;
+    sockaddr_in addr = {};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(uint16_t(port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (::connect(fd, reinterpret_cast<sockaddr *>(&addr), sizeof(addr)) != 0) {
+      ::close(fd);
+      break;
+    }
+    if (i % 10 == 0 &&
+        ::send(fd, half.data(), half.size(), MSG_NOSIGNAL) != 7) {
+      ::close(fd);
+      break;
+    }
+    fds.push_back(fd);
+  }
+  return fds;
 }
 
 /// A piper-run started in the background.
@@ -102,7 +131,8 @@ template <typename F> bool waitFor(F done, std::chrono::seconds timeout) {
 } // namespace
 
 TEST_CASE("two jobs on one MASTER_PORT: the stranger is refused, naming both "
-          "jobs, and the job trains alone",
+          "jobs, and the job trains alone, its rank 1 let in among 1,000 "
+          "connections that never say hello",
           "[launcher][jobs]") {
   TinyModel m;
   std::string out = strategy(pipelinePlans(m, 2), "jobs-port");
@@ -127,9 +157,26 @@ TEST_CASE("two jobs on one MASTER_PORT: the stranger is refused, naming both "
   Started a0 = startRun(args("1"), torchrunEnv(0, 2, port));
   Started b1 = startRun(args("2"), torchrunEnv(1, 2, port));
   RunResult b = finish(b1, std::chrono::seconds(60));
-  Started a1 = startRun(args("1"), torchrunEnv(1, 2, port));
+  // Then 1,000 strangers hold connections to the port without a hello (a
+  // tenth of them half a hello), and A's rank 1 comes with --timeout-s 8:
+  // a store that lets them keep it out until their hello deadline (10 s in
+  // the store before this one) fails it.
+  rlimit nofile = {};
+  REQUIRE(::getrlimit(RLIMIT_NOFILE, &nofile) == 0);
+  rlimit raised = nofile;
+  raised.rlim_cur = std::max<rlim_t>(raised.rlim_cur,
+                                     std::min<rlim_t>(raised.rlim_max, 2048));
+  ::setrlimit(RLIMIT_NOFILE, &raised);
+  std::vector<int> flood = strangers(port, 1000);
+  ::setrlimit(RLIMIT_NOFILE, &nofile);
+  CHECK(flood.size() == 1000);
+  std::vector<std::string> shortWait = args("1");
+  shortWait.back() = "8";
+  Started a1 = startRun(shortWait, torchrunEnv(1, 2, port));
   RunResult ra1 = finish(a1, std::chrono::seconds(60));
   RunResult ra0 = finish(a0, std::chrono::seconds(60));
+  for (int fd : flood)
+    ::close(fd);
   INFO("job B rank 1 stderr: " << b.err << "\njob A rank 0 stderr: " << ra0.err
                                << "\njob A rank 1 stderr: " << ra1.err);
   CHECK(b.exitCode() == 1);
