@@ -75,6 +75,10 @@ int64_t tensorParallel(const Plan &plan) {
   return std::max(1, plan.training().tensor_parallel());
 }
 
+int64_t tensorMember(const Plan &plan, int64_t replica) {
+  return replica % tensorParallel(plan);
+}
+
 int64_t dataReplica(const Plan &plan, int64_t replica) {
   return replica / tensorParallel(plan);
 }

@@ -48,9 +48,12 @@ int64_t stateElements(const Plan &plan, const Parameter &param, int kind);
 int64_t expertMembers(const Parameter &param);
 
 /// Tensor parallelism (TrainingConfig.tensor_parallel, at least 1): the
-/// members of a tensor-parallel group, and the data replica replica
-/// `replica` computes with its group (replica / tensor_parallel).
+/// members of a tensor-parallel group, which member replica `replica` is
+/// (replica mod tensor_parallel: the replicas of one member hold the same
+/// slices), and the data replica it computes with its group (replica /
+/// tensor_parallel).
 int64_t tensorParallel(const Plan &plan);
+int64_t tensorMember(const Plan &plan, int64_t replica);
 int64_t dataReplica(const Plan &plan, int64_t replica);
 /// Context parallelism (TrainingConfig.context_parallel, at least 1): the
 /// members of a context-parallel group, which member replica `replica` is

@@ -212,6 +212,9 @@ public:
   Status saveParams(const std::string &dir) const;
   /// The name and shape of every parameter, in plan order.
   std::vector<ParamSpec> paramSpecs() const;
+  /// The same as this rank holds them: a tensor-parallel slice or an
+  /// expert block in its local shape (what state() holds).
+  std::vector<ParamSpec> heldParamSpecs() const;
   /// Writes every parameter to the safetensors file `path` (F32, the plan's
   /// names and shapes, in plan order, checkpointMetadata(step, runId) and
   /// every tensor's CRC-32) atomically.
@@ -234,6 +237,14 @@ public:
   /// missing tensor or one of another dtype or shape is an error naming it;
   /// others are ignored.
   Status loadOptimizerState(const SafetensorsReader &reader);
+  /// Replaces the parameters (from `model`) and AdamW moments (from
+  /// `optimizer`, named as saveOptimizerState names them) by tensors of
+  /// heldParamSpecs' shapes, copied as they are: the state a replica that
+  /// holds the same slices wrote (--standby's handoffs). Not for ZeRO
+  /// ranges (an error). A missing tensor or one of another dtype or shape
+  /// is an error naming it.
+  Status loadHeldState(const SafetensorsReader &model,
+                       const SafetensorsReader &optimizer);
 
   /// A sharded checkpoint file: the parameters and AdamW moments this rank
   /// alone holds (its ZeRO ranges, its expert block when it is in the first

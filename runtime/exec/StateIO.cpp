@@ -90,6 +90,14 @@ std::vector<ParamSpec> Executor::paramSpecs() const {
   return specs;
 }
 
+std::vector<ParamSpec> Executor::heldParamSpecs() const {
+  std::vector<ParamSpec> specs;
+  for (const plan::Parameter &p : impl->plan.params())
+    specs.push_back(ParamSpec{
+        p.name(), {p.type().shape().begin(), p.type().shape().end()}});
+  return specs;
+}
+
 namespace {
 
 /// The checkpoint name of parameter `name`'s piece of state `kind`: the
@@ -291,6 +299,41 @@ Status Executor::loadState(const SafetensorsReader &reader, int kind) {
                                   : impl->stateOf(p, kind)->data,
                            mine.data(), mine.size())
             .withContext(impl->who + ": loading " + specs[p].name));
+  }
+  return Status::ok();
+}
+
+Status Executor::loadHeldState(const SafetensorsReader &model,
+                               const SafetensorsReader &optimizer) {
+  const std::vector<ParamSpec> held = heldParamSpecs();
+  for (int kind : {Operand::PARAM, Operand::ADAM_M, Operand::ADAM_V}) {
+    const SafetensorsReader &reader =
+        kind == Operand::PARAM ? model : optimizer;
+    std::vector<ParamSpec> specs = held;
+    for (ParamSpec &spec : specs)
+      spec.name = stateName(spec.name, kind);
+    PIPER_RETURN_IF_ERROR(
+        checkCheckpointParams(reader, specs, /*rejectExtra=*/false)
+            .withContext(impl->who));
+    for (int p = 0; p < impl->plan.params_size(); ++p) {
+      const plan::Parameter &param = impl->plan.params(p);
+      if (param.has_sharding())
+        return Status::error(impl->who + ": internal: '" + param.name() +
+                             "' is held as ZeRO ranges, not whole");
+      const SafetensorsEntry *e = reader.find(specs[p].name);
+      std::vector<char> host(
+          static_cast<size_t>(4 * plan::paramElements(param)));
+      if (!e || e->end - e->begin != host.size())
+        return Status::error(impl->who + ": internal: tensor '" +
+                             specs[p].name + "' has a bad size");
+      PIPER_RETURN_IF_ERROR(
+          reader.read(*e, host.data()).withContext(impl->who));
+      PIPER_RETURN_IF_ERROR(
+          impl->memory
+              ->copyFromHost(impl->stateOf(p, kind)->data, host.data(),
+                             host.size())
+              .withContext(impl->who + ": loading " + specs[p].name));
+    }
   }
   return Status::ok();
 }

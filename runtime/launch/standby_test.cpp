@@ -70,13 +70,13 @@ TEST_CASE("planRecovery: the newest step every class holds", "[standby]") {
   handoff(handoffs, 1, 5);
   handoff(handoffs, 3, 6); // the failed rank's, never used
   Recovery r;
-  REQUIRE(planRecovery(pp2dp2(), handoffs, {3}, dir + "/recovery-1", r));
+  REQUIRE(planRecovery(pp2dp2(), {}, handoffs, {3}, dir + "/recovery-1", r));
   CHECK(r.fromReplicas);
   CHECK(r.step == 4);
-  CHECK(r.sourceOf == std::map<int, int>{{0, 0}, {1, 1}});
-  CHECK(fs::equivalent(dir + "/recovery-1/class-1",
+  CHECK(r.sourceOf == std::map<int, int>{{0, 0}, {1, 1}, {2, 0}, {3, 1}});
+  CHECK(fs::equivalent(dir + "/recovery-1/class-1-member-0",
                        handoffs + "/rank-1/step-4"));
-  CHECK(fs::exists(dir + "/recovery-1/class-0/" +
+  CHECK(fs::exists(dir + "/recovery-1/class-0-member-0/" +
                    std::string(kHandoffCompleteFile)));
   fs::remove_all(dir);
 }
@@ -91,17 +91,18 @@ TEST_CASE("planRecovery: incomplete handoffs and lost ranks are left out",
   handoff(handoffs, 3, 2);
   Recovery r;
   // Rank 3 is lost: class 1 has only rank 1's incomplete copy.
-  REQUIRE(planRecovery(pp2dp2(), handoffs, {3}, dir + "/recovery-1", r));
+  REQUIRE(planRecovery(pp2dp2(), {}, handoffs, {3}, dir + "/recovery-1", r));
   CHECK_FALSE(r.fromReplicas);
   CHECK(r.why ==
         "no surviving rank of device class 1 (ranks 1, 3) holds its state");
   // Rank 1 lost instead: rank 3's copy serves class 1.
-  REQUIRE(planRecovery(pp2dp2(), handoffs, {1}, dir + "/recovery-1", r));
+  REQUIRE(planRecovery(pp2dp2(), {}, handoffs, {1}, dir + "/recovery-1", r));
   CHECK(r.fromReplicas);
   CHECK(r.step == 2);
   CHECK(r.sourceOf.at(1) == 3);
   // Nothing handed off at all (a failure before any rank's watchdog ran).
-  REQUIRE(planRecovery(pp2dp2(), dir + "/none", {0}, dir + "/recovery-2", r));
+  REQUIRE(
+      planRecovery(pp2dp2(), {}, dir + "/none", {0}, dir + "/recovery-2", r));
   CHECK_FALSE(r.fromReplicas);
   CHECK(r.why ==
         "no surviving rank of device class 0 (ranks 0, 2) holds its state");
@@ -139,4 +140,66 @@ TEST_CASE("checkStandbyState: a class without a full replica needs "
   options.checkpointDir = "ckpt";
   CHECK(checkStandbyState(options, pp2, plans));
   CHECK(checkStandbyState(options, pp2dp2(), plans));
+}
+
+namespace {
+
+/// One class of `ranks` ranks (tensor parallelism within it).
+piper::plan::Manifest oneClass(int ranks) {
+  piper::plan::Manifest m;
+  m.set_world_size(ranks);
+  auto *cls = m.add_classes();
+  for (int r = 0; r < ranks; ++r)
+    cls->add_ranks(r);
+  return m;
+}
+
+} // namespace
+
+TEST_CASE("planRecovery: a tensor-parallel member's state from the same "
+          "member of another data replica",
+          "[standby]") {
+  // tp2 x dp2: replica r is member r mod 2, so ranks 0, 2 hold member 0's
+  // slices and ranks 1, 3 member 1's.
+  std::string dir = freshDir();
+  std::string handoffs = dir + "/gen-0";
+  for (int r : {0, 1, 2})
+    for (int step : {2, 3})
+      handoff(handoffs, r, step);
+  Recovery r;
+  REQUIRE(
+      planRecovery(oneClass(4), {2}, handoffs, {3}, dir + "/recovery-1", r));
+  CHECK(r.fromReplicas);
+  CHECK(r.step == 3);
+  CHECK(r.sourceOf == std::map<int, int>{{0, 0}, {1, 1}, {2, 0}, {3, 1}});
+  CHECK(fs::equivalent(dir + "/recovery-1/class-0-member-1",
+                       handoffs + "/rank-1/step-3"));
+  CHECK(fs::equivalent(dir + "/recovery-1/class-0-member-0",
+                       handoffs + "/rank-0/step-3"));
+  // Both replicas of member 1 lost: member 0's state is no substitute.
+  REQUIRE(
+      planRecovery(oneClass(4), {2}, handoffs, {1, 3}, dir + "/recovery-2", r));
+  CHECK_FALSE(r.fromReplicas);
+  CHECK(r.why == "no surviving rank of device class 0's tensor-parallel "
+                 "member 1 (ranks 1, 3) holds its state");
+  fs::remove_all(dir);
+}
+
+TEST_CASE("checkStandbyState: tensor parallelism without data parallelism "
+          "needs checkpoints",
+          "[standby]") {
+  std::vector<piper::plan::Plan> plans(1);
+  plans[0].mutable_training()->set_tensor_parallel(2);
+  RunOptions options;
+  options.standby = 1;
+  Status st = checkStandbyState(options, oneClass(2), plans);
+  REQUIRE_FALSE(st);
+  CHECK(st.message() ==
+        "--standby needs --checkpoint-dir (with --checkpoint-every) for this "
+        "strategy: device class 0's tensor-parallel member 0 is rank 0 alone "
+        "(tensor parallelism without data parallelism), so when it fails no "
+        "data-parallel replica holds its slices; only a checkpoint does");
+  CHECK(checkStandbyState(options, oneClass(4), plans)); // tp2 x dp2
+  options.checkpointDir = "ckpt";
+  CHECK(checkStandbyState(options, oneClass(2), plans));
 }

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """End-to-end hot spares (--standby): a gpt-tiny run whose rank is killed in
 the middle continues on a spare, with the lost state copied from a surviving
-data-parallel replica (pp2 x dp2, dp2) or, without one, from the newest
-checkpoint (pp2, ZeRO-1 dp2), and gives the same loss at every step, bit for bit, and
+data-parallel replica (pp2 x dp2, dp2; under tp2 x dp2 and tp2 x cp2 the
+replica of the same tensor-parallel member) or, without one, from the newest
+checkpoint (pp2, ZeRO-1 dp2, tp2), and gives the same loss at every step, bit for bit, and
 the same final parameters as a run never interrupted; spares are used before
 --max-restarts; the error paths are named.
 
@@ -243,6 +244,64 @@ def main():
                             r"of '.*' \(device class 0 shards its state over "
                             r"its replicas \(ZeRO\)"))
         same_run("zero1 on a standby", ref, ref_params, m, save)
+
+        # tp2 x dp2: a rank holds its tensor-parallel member's slices, which
+        # the same member of the other data replica holds too (replica r is
+        # member r mod 2): rank 3's from rank 1, not rank 0.
+        tp2dp2 = compile_plans(work, model, "tp2dp2",
+                               ["--tp", "2", "--dp", "2", "--microbatches",
+                                "2"])
+        ref, ref_params = reference(work, tp2dp2, 4, "tp2dp2")
+        m = os.path.join(work, "tp2dp2.jsonl")
+        save = os.path.join(work, "tp2dp2.safetensors")
+        p = piper_run(tp2dp2, 4, ["--standby", "1", "--metrics", m, "--save",
+                                  save],
+                      {"PIPER_FAULT": "rank=3,action=crash,step=4,attempt=0"})
+        replaced("tp2dp2", p.stderr, 3, 4,
+                 re.compile(r"state of step 3 from its replica rank 1$"))
+        same_run("tp2dp2 on a standby", ref, ref_params, m, save)
+
+        # tp2 x cp2: context members hold the same slices as well (rank 2
+        # is member 0 of the second context member: rank 0's state).
+        tp2cp2 = compile_plans(work, model, "tp2cp2",
+                               ["--tp", "2", "--cp", "2", "--microbatches",
+                                "2"])
+        ref, ref_params = reference(work, tp2cp2, 4, "tp2cp2")
+        m = os.path.join(work, "tp2cp2.jsonl")
+        save = os.path.join(work, "tp2cp2.safetensors")
+        p = piper_run(tp2cp2, 4, ["--standby", "1", "--metrics", m, "--save",
+                                  save],
+                      {"PIPER_FAULT":
+                       "rank=2,action=crash,step=4,inst=7,attempt=0"})
+        replaced("tp2cp2", p.stderr, 2, 4,
+                 re.compile(r"state of step 3 from its replica rank 0$"))
+        same_run("tp2cp2 on a standby", ref, ref_params, m, save)
+
+        # tp2 alone: no other rank holds a member's slices, so, as for a
+        # pipeline stage, a checkpoint is needed.
+        tp2 = compile_plans(work, model, "tp2",
+                            ["--tp", "2", "--microbatches", "2"])
+        p = piper_run(tp2, 2, ["--standby", "1"], expect=1)
+        check("--standby needs --checkpoint-dir (with --checkpoint-every) for "
+              "this strategy: device class 0's tensor-parallel member 0 is "
+              "rank 0 alone (tensor parallelism without data parallelism)" in
+              p.stderr, "tp2 without --checkpoint-dir: " + p.stderr.strip())
+        ref, ref_params = reference(work, tp2, 2, "tp2")
+        ckpt = os.path.join(work, "tp2-ckpt")
+        m = os.path.join(work, "tp2.jsonl")
+        save = os.path.join(work, "tp2.safetensors")
+        p = piper_run(tp2, 2, ["--standby", "1", "--checkpoint-dir", ckpt,
+                               "--checkpoint-every", "2", "--metrics", m,
+                               "--save", save],
+                      {"PIPER_FAULT": "rank=1,action=crash,step=5,attempt=0"})
+        replaced("tp2", p.stderr, 1, 5,
+                 re.compile(r"every rank resuming from the newest checkpoint "
+                            r"of '.*' \(no surviving rank of device class 0's "
+                            r"tensor-parallel member 1 \(ranks 1\) holds its "
+                            r"state\)"))
+        check("resuming from '%s/step-4' (step 4)" % ckpt in p.stderr,
+              "tp2: resumed from step-4")
+        same_run("tp2 on a standby", ref, ref_params, m, save)
 
         # Usage errors.
         p = piper_run(dp2, 2, ["--standby", "1", "--load", save], expect=2)

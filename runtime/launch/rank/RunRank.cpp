@@ -20,6 +20,7 @@
 
 #include <fmt/format.h>
 
+#include "proto/PlanShards.h"
 #include "runtime/checkpoint/Integrity.h"
 #include "runtime/launch/checkpoints/CheckpointIO.h"
 #include "runtime/launch/checkpoints/StrategyFiles.h"
@@ -212,7 +213,12 @@ void RankRun::openStartState() {
   const char *recoveryDir = std::getenv(kRecoveryDirVar);
   recovering = recoveryDir && *recoveryDir;
   if (recovering) {
-    check(openRecoveredState(recoveryDir, cls, recovered));
+    // The state of this rank's tensor-parallel member (the same slices).
+    const auto &ranks = plan.ranks();
+    const int64_t replica =
+        std::find(ranks.begin(), ranks.end(), rank) - ranks.begin();
+    check(openRecoveredState(recoveryDir, cls,
+                             plan::tensorMember(plan, replica), recovered));
     loadedStep = recovered.step;
     runId = recovered.runId;
   }
@@ -353,8 +359,10 @@ void RankRun::createExecutor() {
     resumePoint.shards.reset();
   }
   if (recovered.model) {
-    check(exec->loadCheckpoint(*recovered.model), /*named=*/false);
-    check(exec->loadOptimizerState(*recovered.optimizer), /*named=*/false);
+    // A replica's own state (of the same tensor-parallel member): its
+    // slices as it held them.
+    check(exec->loadHeldState(*recovered.model, *recovered.optimizer),
+          /*named=*/false);
     recovered.model.reset();
     recovered.optimizer.reset();
   }
@@ -364,9 +372,9 @@ void RankRun::startWatch() {
   // --standby: the state at the last two step boundaries, handed off when a
   // peer fails (the launcher then picks the step every survivor finished).
   handoffDir = std::getenv(kHandoffDirVar);
-  // (Not under ZeRO: a rank holds only its shard, and the launcher then
-  // sets no handoff folder.)
-  if (handoffDir && *handoffDir && env.worldSize > 1 && !exec->shardsState())
+  // (Not under ZeRO or expert parallelism: no replica holds a copy of a
+  // rank's shard, and the launcher then sets no handoff folder.)
+  if (handoffDir && *handoffDir && env.worldSize > 1 && handsOffState(plan))
     snapshots = std::make_unique<StepSnapshots>();
   check(exec->connect(), /*named=*/false);
   if (runId.empty())

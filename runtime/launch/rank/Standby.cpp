@@ -14,6 +14,7 @@
 
 #include <fmt/format.h>
 
+#include "proto/PlanShards.h"
 #include "runtime/checkpoint/Integrity.h"
 #include "runtime/launch/checkpoints/Checkpoints.h"
 #include "runtime/launch/checkpoints/StrategyFiles.h"
@@ -68,7 +69,7 @@ bool readPromotion(int fd, std::vector<std::string> &vars) {
 Status StepSnapshots::take(const Executor &exec, int64_t step) {
   std::lock_guard<std::mutex> lock(mu);
   if (specs.empty())
-    specs = exec.paramSpecs();
+    specs = exec.heldParamSpecs();
   runId = exec.runId();
   Slot &slot = slots[1 - newest];
   slot.tensors.resize(specs.size() * 3);
@@ -200,11 +201,18 @@ int runStandby(const RunOptions &options) {
   return runRank(rankOptions, env, &strategy);
 }
 
+bool handsOffState(const plan::Plan &plan) {
+  for (const plan::Parameter &param : plan.params())
+    if (param.has_sharding() || plan::expertMembers(param) >= 2)
+      return false;
+  return true;
+}
+
 // --- recovered state ------------------------------------------------------------
 
-Status openRecoveredState(const std::string &dir, int cls,
+Status openRecoveredState(const std::string &dir, int cls, int64_t member,
                           RecoveredState &out) {
-  std::string classDir = fmt::format("{}/class-{}", dir, cls);
+  std::string classDir = dir + "/" + recoveryStateName(cls, member);
   Status st;
   out.model = SafetensorsReader::open(
       classDir + "/" + kCheckpointModelFile, st);

@@ -22,9 +22,10 @@
 namespace piper::runtime {
 
 /// A rank's parameters and AdamW moments at its last two step boundaries
-/// (host copies), so that whatever step its peers stopped at, the state of
-/// the last step every survivor finished is at hand. Thread-safe: the main
-/// thread takes them, the watchdog's thread writes them.
+/// (host copies, as the rank holds them: a tensor-parallel member's
+/// slices in their local shapes), so that whatever step its peers stopped at,
+/// the state of the last step every survivor finished is at hand. Thread-safe:
+/// the main thread takes them, the watchdog's thread writes them.
 class StepSnapshots {
 public:
   /// Copies `exec`'s state after `step` (the step boundary) over the older
@@ -65,10 +66,16 @@ struct RecoveredState {
   std::string runId;
 };
 
-/// Opens `dir`/class-<cls>/ (kRecoveryDirVar) and checks that both files
-/// hold the same step, match the CRC-32s they record and hold finite
-/// values.
-Status openRecoveredState(const std::string &dir, int cls, RecoveredState &out);
+/// Opens `dir`/recoveryStateName(cls, member)/ (kRecoveryDirVar) and
+/// checks that both files hold the same step, match the CRC-32s they record
+/// and hold finite values.
+Status openRecoveredState(const std::string &dir, int cls, int64_t member,
+                          RecoveredState &out);
+
+/// Whether a rank of `plan` keeps step snapshots to hand off: its state is
+/// whole or tensor-parallel slices, which the other replicas of its
+/// tensor-parallel member hold too; not ZeRO ranges or expert blocks.
+bool handsOffState(const plan::Plan &plan);
 
 } // namespace piper::runtime
 

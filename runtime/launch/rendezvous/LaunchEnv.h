@@ -44,9 +44,15 @@ inline constexpr const char *kStandbyFdVar = "PIPER_STANDBY_FD";
 /// Where a rank hands its step-boundary state off when a peer fails:
 /// DIR/rank-<R>/step-<S>/.
 inline constexpr const char *kHandoffDirVar = "PIPER_HANDOFF_DIR";
-/// Where a recovered rank finds its device class's state: DIR/class-<C>/
+/// Where a recovered rank finds its state: DIR/recoveryStateName(C, M)/
 /// (model.safetensors, optimizer.safetensors).
 inline constexpr const char *kRecoveryDirVar = "PIPER_RECOVERY_DIR";
+/// The state of the ranks of device class `cls` that are tensor-parallel
+/// member `member` (plan::tensorMember; 0 without tensor parallelism) in a
+/// recovery folder: they hold the same slices, so one state serves them.
+inline std::string recoveryStateName(int cls, int64_t member) {
+  return "class-" + std::to_string(cls) + "-member-" + std::to_string(member);
+}
 /// What rank 0 says of the recovery when it trains again.
 inline constexpr const char *kRecoveryNoteVar = "PIPER_RECOVERY_NOTE";
 /// In a promotion only: resume from --checkpoint-dir (as --resume).

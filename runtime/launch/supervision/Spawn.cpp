@@ -18,6 +18,7 @@
 
 #include <fmt/format.h>
 
+#include "proto/PlanShards.h"
 #include "runtime/launch/checkpoints/StrategyFiles.h"
 #include "runtime/launch/rendezvous/Rendezvous.h"
 #include "runtime/launch/supervision/SpawnInternal.h"
@@ -64,6 +65,8 @@ bool prepareLaunch(Launch &launch, const plan::Manifest &manifest,
     std::vector<plan::Plan> plans;
     Status st = loadPlans(options, manifest, plans);
     launch.noHandoff = shardedStateNote(plans);
+    for (const plan::Plan &plan : plans)
+      launch.tensorParallel.push_back(plan::tensorParallel(plan));
     if (st)
       st = makeStoreDir(launch.standbyRoot);
     if (st)
@@ -113,19 +116,21 @@ bool recoverFromReplicas(Launch &launch, const plan::Manifest &manifest,
   Status st = Status::ok();
   if (launch.noHandoff.empty())
     st = planRecovery(
-        manifest, launch.handoffDir(gen.attempt), end.lost,
+        manifest, launch.tensorParallel, launch.handoffDir(gen.attempt),
+        end.lost,
         fmt::format("{}/recovery-{}", launch.standbyRoot, next.attempt),
         recovery);
   if (!st) {
     fmt::print(stderr, "piper-run: --standby: {}\n", st.message());
     return false;
   }
-  const int cls = deviceClassOf(manifest, end.culprit);
   if (recovery.fromReplicas) {
     next.argv = argv;
     next.resume = false;
     next.recoveryDir = recovery.dir;
-    int from = recovery.sourceOf.count(cls) ? recovery.sourceOf[cls] : -1;
+    int from = recovery.sourceOf.count(end.culprit)
+                   ? recovery.sourceOf[end.culprit]
+                   : -1;
     source = fmt::format("state of step {} from its replica rank {}",
                          recovery.step, from);
   } else if (options.checkpointDir.empty()) {

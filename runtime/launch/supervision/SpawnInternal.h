@@ -33,12 +33,15 @@ struct Launch {
   std::vector<std::string> baseEnv;
   /// --standby: the parked spares, and the folder of the states handed off
   /// (gen-<A>/rank-<R>/step-<S>/) and of the recovery links
-  /// (recovery-<A>/class-<C>).
+  /// (recovery-<A>/class-<C>-member-<M>).
   Spares spares;
   std::string standbyRoot;
   /// Why the ranks hand no state off (a ZeRO-sharded class: no replica
   /// holds a copy of another's shard); empty when they do.
   std::string noHandoff;
+  /// Per device class: its tensor-parallel members (each holds its own
+  /// slices, copied from the same member of another data replica).
+  std::vector<int64_t> tensorParallel;
 
   std::string handoffDir(int attempt) const {
     return standbyRoot.empty()

@@ -18,6 +18,7 @@
 
 #include <fmt/format.h>
 
+#include "proto/PlanShards.h"
 #include "runtime/launch/rendezvous/LaunchEnv.h"
 #include "runtime/launch/supervision/Children.h"
 #include "runtime/support/AtomicFile.h"
@@ -27,6 +28,53 @@
 namespace piper::runtime {
 
 namespace fs = std::filesystem;
+
+namespace {
+
+/// The ranks of a device class that hold one state: those of
+/// tensor-parallel member `member` of `members` (replica r, the r-th rank of
+/// the class, is member r mod T), all of the class without tensor
+/// parallelism.
+struct StateGroup {
+  int cls = 0;
+  int64_t member = 0, members = 1;
+  std::vector<int> ranks;
+
+  /// "device class C", or "device class C's tensor-parallel member M".
+  std::string name() const {
+    return members < 2 ? fmt::format("device class {}", cls)
+                       : fmt::format("device class {}'s tensor-parallel "
+                                     "member {}",
+                                     cls, member);
+  }
+};
+
+std::vector<StateGroup> stateGroups(const plan::Manifest &manifest,
+                                    const std::vector<int64_t> &tp) {
+  std::vector<StateGroup> groups;
+  for (int c = 0; c < manifest.classes_size(); ++c) {
+    const int64_t t =
+        c < static_cast<int>(tp.size()) ? std::max<int64_t>(1, tp[c]) : 1;
+    const auto &ranks = manifest.classes(c).ranks();
+    for (int64_t m = 0; m < t; ++m) {
+      StateGroup g{c, m, t, {}};
+      for (int i = 0; i < ranks.size(); ++i)
+        if (i % t == m)
+          g.ranks.push_back(ranks[i]);
+      groups.push_back(std::move(g));
+    }
+  }
+  return groups;
+}
+
+std::vector<int64_t> tensorParallelOf(const std::vector<plan::Plan> &plans) {
+  std::vector<int64_t> tp;
+  for (const plan::Plan &p : plans)
+    tp.push_back(plan::tensorParallel(p));
+  return tp;
+}
+
+} // namespace
 
 int deviceClassOf(const plan::Manifest &manifest, int rank) {
   for (int c = 0; c < manifest.classes_size(); ++c)
@@ -60,15 +108,19 @@ Status checkStandbyState(const RunOptions &options,
         "--standby needs --checkpoint-dir (with --checkpoint-every) for this "
         "strategy: " +
         sharded + "; only a checkpoint holds a failed rank's state");
-  for (int c = 0; c < manifest.classes_size(); ++c)
-    if (manifest.classes(c).ranks_size() < 2)
+  // Under tensor parallelism a member's slices are held by the same member
+  // of the other data replicas only.
+  for (const StateGroup &g : stateGroups(manifest, tensorParallelOf(plans)))
+    if (g.ranks.size() < 2)
       return Status::error(fmt::format(
           "--standby needs --checkpoint-dir (with --checkpoint-every) for "
-          "this strategy: device class {} is rank {} alone, so when it fails "
-          "no data-parallel replica holds its state; only a checkpoint does",
-          c,
-          manifest.classes(c).ranks_size() ? manifest.classes(c).ranks(0)
-                                           : -1));
+          "this strategy: {} is rank {} alone{}, so when it fails no "
+          "data-parallel replica holds its {}; only a checkpoint does",
+          g.name(), g.ranks.empty() ? -1 : g.ranks[0],
+          g.members < 2 ? ""
+                        : " (tensor parallelism without data "
+                          "parallelism)",
+          g.members < 2 ? "state" : "slices"));
   return Status::ok();
 }
 
@@ -195,14 +247,16 @@ void Spares::release() {
 // --- the state to recover from ------------------------------------------------
 
 Status planRecovery(const plan::Manifest &manifest,
+                    const std::vector<int64_t> &tensorParallel,
                     const std::string &handoffDir, const std::set<int> &lost,
                     const std::string &recoveryDir, Recovery &out) {
   out = Recovery();
-  // Per class: step -> the first surviving rank (manifest order) that
-  // handed that step off whole.
-  std::vector<std::map<int64_t, int>> held(manifest.classes_size());
-  for (int c = 0; c < manifest.classes_size(); ++c) {
-    for (int r : manifest.classes(c).ranks()) {
+  // Per state (a class, or a tensor-parallel member of it): step -> the
+  // first surviving rank (manifest order) that handed that step off whole.
+  const std::vector<StateGroup> groups = stateGroups(manifest, tensorParallel);
+  std::vector<std::map<int64_t, int>> held(groups.size());
+  for (size_t c = 0; c < groups.size(); ++c) {
+    for (int r : groups[c].ranks) {
       if (lost.count(r))
         continue;
       std::error_code ec;
@@ -219,7 +273,7 @@ Status planRecovery(const plan::Manifest &manifest,
       }
     }
   }
-  // The newest step that every class holds.
+  // The newest step that every class (every member) holds.
   int64_t best = -1;
   for (const auto &[step, rank] : held.empty() ? std::map<int64_t, int>()
                                                : held[0]) {
@@ -230,14 +284,14 @@ Status planRecovery(const plan::Manifest &manifest,
       best = std::max(best, step);
   }
   if (best < 0) {
-    for (int c = 0; c < manifest.classes_size(); ++c)
+    for (size_t c = 0; c < groups.size(); ++c)
       if (held[c].empty()) {
         std::string ranks;
-        for (int r : manifest.classes(c).ranks())
+        for (int r : groups[c].ranks)
           ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
-        out.why = fmt::format("no surviving rank of device class {} (ranks "
-                              "{}) holds its state",
-                              c, ranks);
+        out.why = fmt::format("no surviving rank of {} (ranks {}) holds its "
+                              "state",
+                              groups[c].name(), ranks);
         return Status::ok();
       }
     out.why = "the surviving ranks hold no step in common";
@@ -246,18 +300,20 @@ Status planRecovery(const plan::Manifest &manifest,
   std::error_code ec;
   fs::remove_all(recoveryDir, ec);
   PIPER_RETURN_IF_ERROR(makeDirectories(recoveryDir));
-  for (int c = 0; c < manifest.classes_size(); ++c) {
+  for (size_t c = 0; c < groups.size(); ++c) {
     int r = held[c].at(best);
     fs::path target = fs::absolute(fs::path(handoffDir) /
                                    fmt::format("rank-{}", r) /
                                    fmt::format("step-{}", best));
-    fs::path link = fs::path(recoveryDir) / fmt::format("class-{}", c);
+    fs::path link = fs::path(recoveryDir) /
+                    recoveryStateName(groups[c].cls, groups[c].member);
     fs::create_directory_symlink(target, link, ec);
     if (ec)
       return Status::error(fmt::format("cannot link '{}' to '{}': {}",
                                        link.string(), target.string(),
                                        ec.message()));
-    out.sourceOf[c] = r;
+    for (int rank : groups[c].ranks)
+      out.sourceOf[rank] = r;
   }
   out.fromReplicas = true;
   out.step = best;

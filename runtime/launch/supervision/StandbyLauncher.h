@@ -25,10 +25,11 @@ namespace piper::runtime {
 std::string shardedStateNote(const std::vector<plan::Plan> &plans);
 
 /// Before any rank starts: with --standby, a device class held by one rank
-/// (a pipeline stage without data parallelism) or sharding its state over
-/// its replicas (ZeRO) has no replica to copy a lost state from, so
-/// --checkpoint-dir must be given. `plans` are the manifest's, in class
-/// order.
+/// (a pipeline stage without data parallelism), a tensor-parallel member
+/// held by one rank (tensor parallelism without data parallelism) or a
+/// class sharding its state over its replicas (ZeRO) has no replica to copy
+/// a lost state from, so --checkpoint-dir must be given. `plans` are the
+/// manifest's, in class order.
 Status checkStandbyState(const RunOptions &options,
                          const plan::Manifest &manifest,
                          const std::vector<plan::Plan> &plans);
@@ -72,12 +73,13 @@ private:
 
 /// Where the next generation's state comes from.
 struct Recovery {
-  /// Every device class has a surviving rank that handed off its state at
-  /// `step`; `dir` holds class-<C> links to them.
+  /// Every device class (every tensor-parallel member of it) has a
+  /// surviving rank that handed off its state at `step`; `dir` holds
+  /// recoveryStateName(C, M) links to them.
   bool fromReplicas = false;
   int64_t step = 0;
   std::string dir;
-  /// Per device class: the rank whose state it gets.
+  /// Per rank of the manifest: the rank whose state it gets.
   std::map<int, int> sourceOf;
   /// Why not, when !fromReplicas.
   std::string why;
@@ -86,8 +88,13 @@ struct Recovery {
 /// Looks at the states the ranks of the generation that failed handed off
 /// under `handoffDir` (rank-<R>/step-<S>/), leaving out the ranks of `lost`,
 /// and picks the newest step every device class has one of; links them
-/// into `recoveryDir`/class-<C>.
+/// into `recoveryDir`/recoveryStateName(C, M). Under tensor parallelism
+/// (`tensorParallel`: plan::tensorParallel of each class, 1 where absent)
+/// the replicas of a class hold T different states, one per member
+/// (replica r is member r mod T): each is looked for among the replicas of
+/// its member.
 Status planRecovery(const plan::Manifest &manifest,
+                    const std::vector<int64_t> &tensorParallel,
                     const std::string &handoffDir, const std::set<int> &lost,
                     const std::string &recoveryDir, Recovery &out);
 
