@@ -86,10 +86,9 @@ int main(int argc, char **argv) {
   const int64_t rows = b * t, cols = (hq + 2 * hkv) * d, yCols = hq * d;
 
   hal::DeviceOptions options;
-  options.attention = mode == "cudnn" ? hal::AttentionChoice::Cudnn
-                                      : hal::AttentionChoice::Simt;
-  hal::DeviceKind kind = backend == "cuda" ? hal::DeviceKind::Cuda
-                                           : hal::DeviceKind::CudaEmulation;
+  // The command line admits only these names (CLI::IsMember above).
+  options.attention = *hal::parseAttentionChoice(mode);
+  hal::DeviceKind kind = *hal::parseDeviceKind(backend);
   hal::DeviceFactory factory;
   Status st = hal::createDevice(kind, 0, nullptr, nullptr, factory, options);
   if (!st)

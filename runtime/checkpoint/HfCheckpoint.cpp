@@ -7,9 +7,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <set>
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -550,111 +550,73 @@ bool exportFile(const std::string &name) {
          std::string(tail) == "safetensors";
 }
 
-/// rm -rf `path` (best effort: what is left is said in the error).
+/// rm -rf `path`.
 Status removeTree(const std::string &path) {
-  struct stat st;
-  if (::lstat(path.c_str(), &st) != 0)
-    return errno == ENOENT ? Status::ok()
-                           : Status::error("cannot read '" + path +
-                                           "': " + errnoMessage(errno));
-  if (S_ISDIR(st.st_mode)) {
-    DIR *d = ::opendir(path.c_str());
-    if (!d)
-      return Status::error("cannot list '" + path +
-                           "': " + errnoMessage(errno));
-    std::vector<std::string> names;
-    while (dirent *e = ::readdir(d)) {
-      std::string name = e->d_name;
-      if (name != "." && name != "..")
-        names.push_back(name);
-    }
-    ::closedir(d);
-    for (const std::string &name : names)
-      PIPER_RETURN_IF_ERROR(removeTree(path + "/" + name));
-    if (::rmdir(path.c_str()) != 0)
-      return Status::error("cannot remove '" + path +
-                           "': " + errnoMessage(errno));
-    return Status::ok();
-  }
-  if (::unlink(path.c_str()) != 0 && errno != ENOENT)
-    return Status::error("cannot remove '" + path +
-                         "': " + errnoMessage(errno));
+  std::error_code ec;
+  std::filesystem::remove_all(path, ec);
+  if (ec)
+    return Status::error("cannot remove '" + path + "': " + ec.message());
   return Status::ok();
 }
 
-std::string baseName(const std::string &path) {
-  size_t slash = path.find_last_of('/');
-  return slash == std::string::npos ? path : path.substr(slash + 1);
+/// The names in folder `dir` that `keep` accepts.
+template <class F>
+Status listFolder(const std::string &dir, F keep,
+                  std::vector<std::string> &names) {
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end;
+       it.increment(ec))
+    if (std::string name = it->path().filename().string(); keep(name))
+      names.push_back(name);
+  if (ec)
+    return Status::error("cannot list '" + dir + "': " + ec.message());
+  return Status::ok();
 }
 
 /// Removes the temporary folders earlier exports to `base` left in
 /// `parent` (killed before their exchange).
 Status removeStaleExports(const std::string &parent, const std::string &base) {
   const std::string prefix = "." + base + ".piper-export-";
-  DIR *d = ::opendir(parent.c_str());
-  if (!d)
-    return Status::error("cannot list '" + parent +
-                         "': " + errnoMessage(errno));
   std::vector<std::string> stale;
-  while (dirent *e = ::readdir(d)) {
-    std::string name = e->d_name;
-    if (name.compare(0, prefix.size(), prefix) == 0)
-      stale.push_back(parent + "/" + name);
-  }
-  ::closedir(d);
-  for (const std::string &path : stale)
-    PIPER_RETURN_IF_ERROR(removeTree(path).withContext(
-        "removing an earlier export's temporary folder"));
+  PIPER_RETURN_IF_ERROR(listFolder(
+      parent,
+      [&](const std::string &name) {
+        return name.compare(0, prefix.size(), prefix) == 0;
+      },
+      stale));
+  for (const std::string &name : stale)
+    PIPER_RETURN_IF_ERROR(removeTree(parent + "/" + name)
+                              .withContext("removing an earlier export's "
+                                           "temporary folder"));
   return Status::ok();
 }
 
 /// Carries the files of `dir` that are not an export's into `tmp`
 /// (hard links: nothing is copied, `dir` keeps them until the exchange).
 Status carryOver(const std::string &dir, const std::string &tmp) {
-  DIR *d = ::opendir(dir.c_str());
-  if (!d)
-    return Status::error("cannot list '" + dir + "': " + errnoMessage(errno));
+  namespace fs = std::filesystem;
   std::vector<std::string> names;
-  while (dirent *e = ::readdir(d)) {
-    std::string name = e->d_name;
-    if (name != "." && name != ".." && !exportFile(name))
-      names.push_back(name);
-  }
-  ::closedir(d);
+  PIPER_RETURN_IF_ERROR(listFolder(
+      dir, [](const std::string &name) { return !exportFile(name); }, names));
   for (const std::string &name : names) {
-    const std::string from = dir + "/" + name, to = tmp + "/" + name;
-    struct stat st;
-    if (::lstat(from.c_str(), &st) != 0)
+    const fs::path from = dir + "/" + name, to = tmp + "/" + name;
+    std::error_code ec;
+    fs::file_status status = fs::symlink_status(from, ec);
+    if (ec)
       continue; // gone since it was listed
-    if (S_ISLNK(st.st_mode)) {
-      std::vector<char> target(static_cast<size_t>(st.st_size) + 1, '\0');
-      ssize_t len = ::readlink(from.c_str(), target.data(), st.st_size + 1);
-      if (len < 0 || ::symlink(target.data(), to.c_str()) != 0)
-        return Status::error("cannot carry '" + from +
-                             "' over: " + errnoMessage(errno));
-    } else if (S_ISREG(st.st_mode)) {
-      if (::link(from.c_str(), to.c_str()) != 0)
-        return Status::error("cannot carry '" + from +
-                             "' over: " + errnoMessage(errno));
-    } else {
+    if (fs::is_symlink(status))
+      fs::copy_symlink(from, to, ec);
+    else if (fs::is_regular_file(status))
+      fs::create_hard_link(from, to, ec);
+    else
       return Status::error(
-          "'" + from +
+          "'" + from.string() +
           "' is a folder or special file; an export to a folder replaces it "
           "whole and carries over only files (move it out of the folder)");
-    }
+    if (ec)
+      return Status::error("cannot carry '" + from.string() +
+                           "' over: " + ec.message());
   }
-  return Status::ok();
-}
-
-Status syncDirectory(const std::string &dir) {
-  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
-  if (fd < 0)
-    return Status::error("cannot open '" + dir + "': " + errnoMessage(errno));
-  int rc = ::fsync(fd);
-  int err = errno;
-  ::close(fd);
-  if (rc != 0)
-    return Status::error("cannot sync '" + dir + "': " + errnoMessage(err));
   return Status::ok();
 }
 
@@ -682,7 +644,8 @@ Status writeHfFolder(const std::string &dirGiven, const std::string &configText,
       std::free(real);
     }
   }
-  const std::string parent = parentDirectory(dir), base = baseName(dir);
+  const std::string parent = parentDirectory(dir),
+                    base = std::filesystem::path(dir).filename().string();
   PIPER_RETURN_IF_ERROR(makeDirectories(parent));
   PIPER_RETURN_IF_ERROR(removeStaleExports(parent, base));
   const std::string tmp = parent + "/." + base + ".piper-export-" +

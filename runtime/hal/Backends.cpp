@@ -19,6 +19,16 @@ std::optional<DeviceKind> parseDeviceKind(const std::string &name) {
   return std::nullopt;
 }
 
+std::optional<AttentionChoice> parseAttentionChoice(const std::string &name) {
+  if (name == "auto")
+    return AttentionChoice::Auto;
+  if (name == "cudnn")
+    return AttentionChoice::Cudnn;
+  if (name == "simt")
+    return AttentionChoice::Simt;
+  return std::nullopt;
+}
+
 CommunicatorKind communicatorKind(DeviceKind device, const std::string &comm) {
   switch (device) {
   case DeviceKind::Cpu:

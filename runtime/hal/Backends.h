@@ -33,6 +33,9 @@ enum class DeviceKind {
 /// The kind --backend `name` names, or none.
 std::optional<DeviceKind> parseDeviceKind(const std::string &name);
 
+/// The choice --attention `name` ("auto", "cudnn", "simt") names, or none.
+std::optional<AttentionChoice> parseAttentionChoice(const std::string &name);
+
 /// How the ranks of a backend communicate.
 enum class CommunicatorKind {
   Gloo,       ///< Gloo over host memory (the CPU)

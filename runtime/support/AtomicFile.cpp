@@ -220,11 +220,19 @@ Status AtomicFile::commit() {
   forgetTempFile(tmpSlot);
   tmpSlot = -1;
   // Make the rename itself durable; failing to open the folder is harmless.
-  int dirFd = ::open(parentDirectory(path).c_str(), O_RDONLY | O_CLOEXEC);
-  if (dirFd >= 0) {
-    ::fsync(dirFd);
-    ::close(dirFd);
-  }
+  (void)syncDirectory(parentDirectory(path));
+  return Status::ok();
+}
+
+Status syncDirectory(const std::string &dir) {
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0)
+    return Status::error("cannot open '" + dir + "': " + errnoMessage(errno));
+  int rc = ::fsync(fd);
+  int err = errno;
+  ::close(fd);
+  if (rc != 0)
+    return Status::error("cannot sync '" + dir + "': " + errnoMessage(err));
   return Status::ok();
 }
 

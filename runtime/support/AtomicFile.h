@@ -69,6 +69,9 @@ void removeTempFilesOnSignals();
 /// Creates `dir` and its missing parents (like mkdir -p).
 Status makeDirectories(const std::string &dir);
 
+/// fsyncs folder `dir`, making the renames and links in it durable.
+Status syncDirectory(const std::string &dir);
+
 /// The folder part of `path` ("." when it has none).
 std::string parentDirectory(const std::string &path);
 

@@ -59,8 +59,7 @@ private:
     cudnnStatus_t st =
         lib.cudnnSetStream(handle, reinterpret_cast<cudaStream_t>(ctx.stream));
     if (st != CUDNN_STATUS_SUCCESS)
-      return Status::error(
-          fmt::format("cudnnSetStream: {}", lib.cudnnGetErrorString(st)));
+      return Status::error(lib.errorText("cudnnSetStream", st));
     return Status::ok();
   }
   const CudnnLibrary &lib;
@@ -125,19 +124,11 @@ struct CudnnAttentionState::Impl {
       cudnnStatus_t st = lib->cudnnCreate(&handle);
       if (st != CUDNN_STATUS_SUCCESS) {
         handle = nullptr;
-        return Status::error(fmt::format(
-            "cudnnCreate: {}: {}", lib->cudnnGetErrorString(st), lastError()));
+        return Status::error(lib->errorText("cudnnCreate", st));
       }
       return Status::ok();
     }();
     return unavailable;
-  }
-
-  std::string lastError() const {
-    char text[512] = {0};
-    if (lib && lib->cudnnGetLastErrorString)
-      lib->cudnnGetLastErrorString(text, sizeof(text));
-    return text[0] ? text : "no message";
   }
 
   Status prepare(const gpu::FusedAttentionShape &s, Entry &e) {

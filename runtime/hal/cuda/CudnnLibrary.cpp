@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <mutex>
 
+#include "runtime/hal/cuda/DynamicLibrary.h"
+
 namespace piper::runtime::hal {
 
 namespace {
@@ -82,32 +84,14 @@ std::vector<std::string> cudnnLibraryCandidates() {
 Status openCudnnLibrary(CudnnLibrary &lib) {
   const char *env = std::getenv("PIPER_CUDNN_LIBRARY");
   const bool explicitPath = env && *env;
-  std::string tried;
-  for (const std::string &path : cudnnLibraryCandidates()) {
-    if (!tried.empty())
-      tried += "; ";
-    tried += "'" + path + "'";
-    if (explicitPath)
-      tried += " (PIPER_CUDNN_LIBRARY)";
-    else if (path.find('/') == std::string::npos)
-      tried += " (default search)";
-    dlerror();
-    void *handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (!handle) {
-      const char *why = dlerror();
-      tried += ": " + std::string(why ? why : "dlopen failed");
-      continue;
-    }
-    CudnnLibrary found;
-    std::string missing;
-    if (!resolve(handle, found, missing)) {
-      // cudnnGetLastErrorString and the backend API as used here are
-      // cuDNN 9's.
-      tried += ": loaded, but it does not define " + missing +
-               " (not cuDNN, or a cuDNN older than 9.0)";
-      dlclose(handle);
-      continue;
-    }
+  CudnnLibrary found;
+  std::string tried, path;
+  // cudnnGetLastErrorString and the backend API as used here are cuDNN 9's.
+  void *handle = openFirstLibrary(
+      cudnnLibraryCandidates(), "PIPER_CUDNN_LIBRARY", explicitPath,
+      [&](void *h, std::string &missing) { return resolve(h, found, missing); },
+      "not cuDNN, or a cuDNN older than 9.0", path, tried);
+  if (handle) {
     found.handle = handle;
     found.path = path;
     found.version = found.cudnnGetVersion();

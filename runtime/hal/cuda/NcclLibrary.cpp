@@ -6,6 +6,8 @@
 #include <cstdlib>
 #include <mutex>
 
+#include "runtime/hal/cuda/DynamicLibrary.h"
+
 namespace piper::runtime::hal {
 
 namespace {
@@ -36,30 +38,13 @@ std::vector<std::string> ncclLibraryCandidates() {
 Status openNcclLibrary(NcclLibrary &lib) {
   const char *env = std::getenv("PIPER_NCCL_LIBRARY");
   const bool explicitPath = env && *env;
-  std::string tried;
-  for (const std::string &path : ncclLibraryCandidates()) {
-    if (!tried.empty())
-      tried += "; ";
-    tried += "'" + path + "'";
-    if (explicitPath)
-      tried += " (PIPER_NCCL_LIBRARY)";
-    else if (path.find('/') == std::string::npos)
-      tried += " (default search)";
-    dlerror();
-    void *handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (!handle) {
-      const char *why = dlerror();
-      tried += ": " + std::string(why ? why : "dlopen failed");
-      continue;
-    }
-    NcclLibrary found;
-    std::string missing;
-    if (!resolve(handle, found, missing)) {
-      tried += ": loaded, but it does not define " + missing +
-               " (not NCCL, or an NCCL older than 2.14)";
-      dlclose(handle);
-      continue;
-    }
+  NcclLibrary found;
+  std::string tried, path;
+  void *handle = openFirstLibrary(
+      ncclLibraryCandidates(), "PIPER_NCCL_LIBRARY", explicitPath,
+      [&](void *h, std::string &missing) { return resolve(h, found, missing); },
+      "not NCCL, or an NCCL older than 2.14", path, tried);
+  if (handle) {
     found.handle = handle;
     found.path = path;
     if (found.ncclGetVersion(&found.version) != ncclSuccess)

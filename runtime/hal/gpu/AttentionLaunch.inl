@@ -22,6 +22,20 @@ namespace piper::runtime::hal::PIPER_GPU_NS {
 // The helpers are not in an anonymous namespace: nvcc's extended lambdas
 // need enclosing functions with external linkage.
 
+// The rotary table: entry (t, i) holds the cos and sin of position t's
+// angle for pair i (ropeAngle), [seq, hd/2] doubles each.
+Status launchRopeTable(const Context &ctx, const AttentionShape &s,
+                       double *cosT, double *sinT) {
+  const int64_t half = s.half(), hd = s.headDim;
+  const double theta = s.ropeTheta;
+  const RopeScaling scaling = s.rope;
+  return Exec(ctx).forEach("attention_rope_table", s.seq * half,
+                           [=] PIPER_LAMBDA(int64_t idx) {
+                             ropeAngle(theta, scaling, hd, idx / half,
+                                       idx % half, cosT[idx], sinT[idx]);
+                           });
+}
+
 // Where one call's q and k come from: qkv itself, or the rotated copy in
 // scratch ([rows, qCols + kvCols], q | k).
 struct AttentionQkSource {
@@ -44,13 +58,7 @@ Status attentionPrepareQk(const Context &ctx, const AttentionShape &s,
   double *sinT = reinterpret_cast<double *>(scratch + layout.sinOffset);
   float *qk = reinterpret_cast<float *>(scratch + layout.qkOffset);
   const int64_t half = s.half(), hd = s.headDim;
-  const double theta = s.ropeTheta;
-  const RopeScaling scaling = s.rope;
-  PIPER_RETURN_IF_ERROR(Exec(ctx).forEach(
-      "attention_rope_table", s.seq * half, [=] PIPER_LAMBDA(int64_t idx) {
-        ropeAngle(theta, scaling, hd, idx / half, idx % half, cosT[idx],
-                  sinT[idx]);
-      }));
+  PIPER_RETURN_IF_ERROR(launchRopeTable(ctx, s, cosT, sinT));
   const int64_t ldQk = s.qCols + s.kvCols, cols = s.cols, seq = s.seq;
   const int64_t pairs = ldQk / 2; // per row: (heads + kvHeads) * hd / 2
   PIPER_RETURN_IF_ERROR(Exec(ctx).forEach(
@@ -297,13 +305,7 @@ Status launchAttentionPackBf16(const Context &ctx, const AttentionShape &s,
   double *cosT = reinterpret_cast<double *>(table);
   double *sinT = reinterpret_cast<double *>(table + tableBytes);
   const int64_t half = s.half(), hd = s.headDim, seq = s.seq;
-  const double theta = s.ropeTheta;
-  const RopeScaling scaling = s.rope;
-  PIPER_RETURN_IF_ERROR(Exec(ctx).forEach(
-      "attention_rope_table", seq * half, [=] PIPER_LAMBDA(int64_t idx) {
-        ropeAngle(theta, scaling, hd, idx / half, idx % half, cosT[idx],
-                  sinT[idx]);
-      }));
+  PIPER_RETURN_IF_ERROR(launchRopeTable(ctx, s, cosT, sinT));
   // Per row: (heads + kvHeads) * hd / 2 rotated pairs of q | k, then v's
   // kvCols elements copied (as pairs too, so one index covers two).
   const int64_t rotated = (s.qCols + s.kvCols) / 2, copied = s.kvCols / 2;

@@ -69,20 +69,6 @@ void removeCheckpointDir(const fs::path &stepDir) {
   fs::remove_all(stepDir, ec);
 }
 
-Status syncDirectory(const std::string &dir) {
-  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0)
-    return Status::error(
-        fmt::format("cannot open '{}': {}", dir, errnoMessage(errno)));
-  int rc = ::fsync(fd);
-  int err = errno;
-  ::close(fd);
-  if (rc != 0)
-    return Status::error(
-        fmt::format("cannot sync '{}': {}", dir, errnoMessage(err)));
-  return Status::ok();
-}
-
 Json identityJson(const RunIdentity &id) {
   return Json{{"seed", id.seed},
               {"data", id.data},

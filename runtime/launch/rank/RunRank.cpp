@@ -310,10 +310,9 @@ void RankRun::createExecutor() {
   eo.seed = options.seed;
   eo.comm = comm.get();
   hal::DeviceOptions deviceOptions;
-  if (options.attention == "cudnn")
-    deviceOptions.attention = hal::AttentionChoice::Cudnn;
-  else if (options.attention == "simt")
-    deviceOptions.attention = hal::AttentionChoice::Simt;
+  // The command line admits only the three names (RunOptions.cpp).
+  deviceOptions.attention = hal::parseAttentionChoice(options.attention)
+                                .value_or(hal::AttentionChoice::Auto);
   deviceOptions.timeLaunches = profileGpu(options);
   check(hal::createDevice(deviceKind, cudaOrdinal, comm.get(), staging,
                           eo.createDevice, deviceOptions));

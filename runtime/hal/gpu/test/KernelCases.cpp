@@ -148,107 +148,95 @@ struct DeviceRun {
   }
 };
 
-} // namespace
+/// One device's run of a case: its outputs and loss, or its error (with
+/// the device's name) and the kernel's own message.
+struct Side {
+  std::vector<std::vector<uint32_t>> outs;
+  double loss = 0;
+  std::string error;
+  std::string kernelError; // the kernel's own message, without the device
+};
 
-std::string runOutputsFrom(const KernelCase &c, Device &device,
-                           uint32_t outputWord,
-                           std::vector<std::vector<uint32_t>> &outputs) {
-  outputs.clear();
+/// The words of the case's inputs, from `rng` (seeded by the case's name:
+/// both devices, and every run of the case, get the same operands).
+std::vector<std::vector<uint32_t>> inputWords(const KernelCase &c,
+                                              std::mt19937_64 &rng) {
+  std::vector<std::vector<uint32_t>> words;
+  for (const Operand &o : c.inputs)
+    words.push_back(fill(o, rng));
+  return words;
+}
+
+Side runOn(const KernelCase &c, Device &device,
+           const std::vector<std::vector<uint32_t>> &inWords,
+           const std::vector<std::vector<uint32_t>> &outWords) {
   plan::Kernel kernel;
   kernel.set_op(c.op);
   for (const auto &[name, value] : c.attrs)
     (*kernel.mutable_attrs())[name] = value;
-  std::mt19937_64 rng(std::hash<std::string>()(c.name));
+  Side side;
   DeviceRun run{device, {}, {}, {}};
   std::vector<TensorRef> ins, outs;
-  for (const Operand &o : c.inputs)
-    ins.push_back(run.upload(o, fill(o, rng)));
-  for (const Operand &o : c.outputs) {
-    int64_t n = 1;
-    for (int64_t d : o.shape)
-      n *= d;
-    outs.push_back(run.upload(
-        o, std::vector<uint32_t>(static_cast<size_t>(n), outputWord)));
+  for (size_t i = 0; i < c.inputs.size(); ++i)
+    ins.push_back(run.upload(c.inputs[i], inWords[i]));
+  for (size_t i = 0; i < c.outputs.size(); ++i)
+    outs.push_back(run.upload(c.outputs[i], outWords[i]));
+  if (!run.status) {
+    side.error = device.name() + ": " + run.status.message();
+    return side;
   }
   const KernelInfo *info = device.findKernel(c.op);
-  if (!info)
-    return "no kernel '" + c.op + "'";
-  double loss = 0;
+  if (!info) {
+    side.error = device.name() + " has no kernel '" + c.op + "'";
+    return side;
+  }
   KernelContext ctx;
-  ctx.lossAccumulator = &loss;
+  ctx.lossAccumulator = &side.loss;
   ctx.step = c.step;
   ctx.lrScale = c.lrScale;
   ctx.lowPrecision = c.lowPrecision;
   ctx.tensorMember = c.tensorMember;
   ctx.contextMember = c.contextMember;
-  if (!run.status)
-    return run.status.message();
   Status st = device.runKernel(*info, kernel, decodeKernelAttrs(kernel), ins,
                                outs, ctx);
-  if (!st)
-    return st.message();
+  if (!st) {
+    side.error = device.name() + ": " + st.message();
+    side.kernelError = st.message();
+    return side;
+  }
   for (const TensorRef &t : outs)
-    outputs.push_back(run.download(t));
-  return run.status ? "" : run.status.message();
+    side.outs.push_back(run.download(t));
+  if (!run.status)
+    side.error = device.name() + ": " + run.status.message();
+  return side;
+}
+
+} // namespace
+
+std::string runOutputsFrom(const KernelCase &c, Device &device,
+                           uint32_t outputWord,
+                           std::vector<std::vector<uint32_t>> &outputs) {
+  std::mt19937_64 rng(std::hash<std::string>()(c.name));
+  std::vector<std::vector<uint32_t>> outWords;
+  for (const Operand &o : c.outputs) {
+    int64_t n = 1;
+    for (int64_t d : o.shape)
+      n *= d;
+    outWords.emplace_back(static_cast<size_t>(n), outputWord);
+  }
+  Side side = runOn(c, device, inputWords(c, rng), outWords);
+  outputs = std::move(side.outs);
+  return side.error;
 }
 
 CaseResult runCase(const KernelCase &c, Device &cpu, Device &gpu) {
   CaseResult result;
-  plan::Kernel kernel;
-  kernel.set_op(c.op);
-  for (const auto &[name, value] : c.attrs)
-    (*kernel.mutable_attrs())[name] = value;
   std::mt19937_64 rng(std::hash<std::string>()(c.name));
-  std::vector<std::vector<uint32_t>> inWords, outWords;
-  for (const Operand &o : c.inputs)
-    inWords.push_back(fill(o, rng));
+  std::vector<std::vector<uint32_t>> inWords = inputWords(c, rng), outWords;
   for (const Operand &o : c.outputs)
     outWords.push_back(fill(o, rng));
-
-  struct Side {
-    std::vector<std::vector<uint32_t>> outs;
-    double loss = 0;
-    std::string error;
-    std::string kernelError; // the kernel's own message, without the device
-  };
-  auto runOn = [&](Device &device) {
-    Side side;
-    DeviceRun run{device, {}, {}, {}};
-    std::vector<TensorRef> ins, outs;
-    for (size_t i = 0; i < c.inputs.size(); ++i)
-      ins.push_back(run.upload(c.inputs[i], inWords[i]));
-    for (size_t i = 0; i < c.outputs.size(); ++i)
-      outs.push_back(run.upload(c.outputs[i], outWords[i]));
-    if (!run.status) {
-      side.error = device.name() + ": " + run.status.message();
-      return side;
-    }
-    const KernelInfo *info = device.findKernel(c.op);
-    if (!info) {
-      side.error = device.name() + " has no kernel '" + c.op + "'";
-      return side;
-    }
-    KernelContext ctx;
-    ctx.lossAccumulator = &side.loss;
-    ctx.step = c.step;
-    ctx.lrScale = c.lrScale;
-    ctx.lowPrecision = c.lowPrecision;
-    ctx.tensorMember = c.tensorMember;
-    ctx.contextMember = c.contextMember;
-    Status st = device.runKernel(*info, kernel, decodeKernelAttrs(kernel), ins,
-                                 outs, ctx);
-    if (!st) {
-      side.error = device.name() + ": " + st.message();
-      side.kernelError = st.message();
-      return side;
-    }
-    for (const TensorRef &t : outs)
-      side.outs.push_back(run.download(t));
-    if (!run.status)
-      side.error = device.name() + ": " + run.status.message();
-    return side;
-  };
-  Side want = runOn(cpu), got = runOn(gpu);
+  Side want = runOn(c, cpu, inWords, outWords),
+       got = runOn(c, gpu, inWords, outWords);
   if (!c.rejects.empty()) {
     if (want.kernelError.empty() || got.kernelError.empty())
       result.error = std::string("expected both devices to reject the call (") +
