@@ -11,6 +11,7 @@ JSON object a row: commit, gpu, date, row, case, result, metrics).
     piper-train PLAN --model M --case C   P3/P4: piper-run --backend cuda
     torch-train PLAN --model M --case C --mode eager|compile
                                           P3/P4: PyTorch on the same GPU
+    ratios                                Piper over torch from perf.jsonl
     profile PLAN                          P5: piper-run --profile
 
 Exit status: 0, or 3 when a row records a failure (the row is written), or
@@ -951,6 +952,34 @@ def cmd_profile(args, out):
     return 0
 
 
+RATIO_COLUMNS = 4
+
+
+def cmd_ratios(args, out):
+    """Piper's tokens/s over each PyTorch reference measured in this run
+    (perf.jsonl's P3 and P4 rows): one row per model and shape."""
+    rows = []
+    try:
+        with open(os.path.join(args.out, "perf.jsonl")) as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+    except (OSError, ValueError, TypeError) as e:
+        out.row("ratios", "(all)", "FAIL: perf.jsonl: %s" % first_line(e), [],
+                RATIO_COLUMNS)
+        return 3
+    tps = {r["case"]: r["tokens_per_s"] for r in rows
+           if r.get("row") in ("P3", "P4") and r.get("tokens_per_s")}
+    for prefix in ("gpt2-small", "llama-1b 2048x4", "llama-1b 4096x2"):
+        piper = tps.get(prefix + " piper")
+        refs = [tps.get(prefix + " torch eager+SDPA"),
+                tps.get(prefix + " torch.compile+SDPA")]
+        cells = ["%.2f" % (piper / r) if piper and r else "n/a" for r in refs]
+        result = "ok" if piper else "n/a: no Piper row"
+        out.row("ratios", prefix, result, cells, RATIO_COLUMNS,
+                piper_over_eager=(piper / refs[0] if piper and refs[0] else None),
+                piper_over_compile=(piper / refs[1] if piper and refs[1] else None))
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.environ.get("OUT"))
@@ -980,6 +1009,7 @@ def main():
             t.add_argument("--timeout-s", type=int, default=60)
         else:
             t.add_argument("--mode", choices=["eager", "compile"], default="eager")
+    sub.add_parser("ratios")
     p = sub.add_parser("profile")
     p.add_argument("plan")
     p.add_argument("--top", type=int, default=12)
@@ -997,6 +1027,8 @@ def main():
         return cmd_piper_train(args, out)
     if args.cmd == "torch-train":
         return cmd_torch_train(args, out)
+    if args.cmd == "ratios":
+        return cmd_ratios(args, out)
     return cmd_profile(args, out)
 
 

@@ -320,6 +320,12 @@ for cfg in 2048x4 4096x2; do
     --row P4 --mode compile
 done
 
+# The ratios the targets are stated in, from the rows above (a
+# reference that did not run gives n/a).
+section "Piper against PyTorch, measured in this run (tokens/s ratios)" \
+  case result "piper / eager" "piper / torch.compile"
+step ratios ratios "piper / torch" 10 "$DEADLINE" ratios
+
 section "P5: where GPT-2 small's step goes (piper-run's profile, 3 steps, the first left out)" \
   case result detail
 step P5 P5 "gpt2-small profile" 60 "$DEADLINE" profile "$GPT2"

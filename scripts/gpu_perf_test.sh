@@ -305,6 +305,15 @@ expect([x['name'] for x in pr.get('top', [])] == ['attention_grad', 'attention',
        'A: profile rows %r' % pr.get('top'))
 expect('host issue times' in pr.get('kind', ''), 'A: profile kind %r' % pr.get('kind'))
 expect('docs/gpu-perf-history.jsonl' in md, 'A: perf.md does not say where perf.jsonl goes')
+# The ratios row: Piper's tokens/s over each reference's, from this run.
+for prefix in ('gpt2-small', 'llama-1b 2048x4', 'llama-1b 4096x2'):
+    q = by_case.get(prefix, {})
+    pt = by_case.get(prefix + ' piper', {}).get('tokens_per_s', 0)
+    for key, ref in (('piper_over_eager', ' torch eager+SDPA'),
+                     ('piper_over_compile', ' torch.compile+SDPA')):
+        rt = by_case.get(prefix + ref, {}).get('tokens_per_s', 0)
+        expect(rt > 0 and abs(q.get(key, 0) - pt / rt) < 1e-9,
+               'A: %s %s %r, not %r / %r' % (prefix, key, q.get(key), pt, rt))
 " || fail "A: the checks above"
 # gpu_perf.py's conventions against the measurement plan's numbers.
 (cd "$WORK/a" && "$PY" - <<'EOF') || fail "A: FLOP counts or peak detection"
