@@ -85,9 +85,11 @@ int piperRunMain(int argc, char **argv) {
   bool faulty = false;
   st = faultFromEnv(fault, faulty);
   if (st && faulty && fault.rank >= options.nproc)
-    st = Status::error(fmt::format(
-        "PIPER_FAULT: rank {} is not one of the {} ranks", fault.rank,
-        options.nproc));
+    st = Status::error(
+        fmt::format("PIPER_FAULT: rank {} is not one of the {} ranks",
+                    fault.rank, options.nproc));
+  if (st && faulty)
+    st = checkFaultCheckpoint(fault, options.checkpointEvery);
   if (!st) {
     fmt::print(stderr, "piper-run: {}\n", st.message());
     return 2;

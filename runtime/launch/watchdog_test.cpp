@@ -6,6 +6,8 @@
 // label. Also PIPER_FAULT's errors.
 #include <dirent.h>
 
+#include <filesystem>
+
 #include "runtime/launch/launcher_test_util.h"
 #include "runtime/launch/watchdog/Watchdog.h"
 
@@ -181,12 +183,21 @@ TEST_CASE("PIPER_FAULT syntax", "[watchdog]") {
   CHECK(f.action == FaultSpec::kHangInside);
   REQUIRE(parseFault("rank=1,action=device_error,step=2,inst=2", f));
   CHECK(f.action == FaultSpec::kDeviceError);
+  CHECK_FALSE(f.atCheckpoint);
+  REQUIRE(parseFault("rank=0,action=stall,step=3,at=checkpoint", f));
+  CHECK(f.atCheckpoint);
+  CHECK(f.step == 3);
+  REQUIRE(parseFault("rank=0,action=crash,at=step", f));
+  CHECK_FALSE(f.atCheckpoint);
   for (const char *bad :
        {"", "rank=1", "action=crash", "rank=x,action=crash",
         "rank=1,action=explode", "rank=1,action=crash,step=0",
         "rank=1,action=crash,color=red", "rank=1,action=crash,rank=2",
         "rank=1,action=crash,inst", "rank=-1,action=crash",
-        "rank=1,action=crash,attempt=-1"}) {
+        "rank=1,action=crash,attempt=-1", "rank=0,action=crash,at=end",
+        "rank=0,action=hang_comm,at=checkpoint",
+        "rank=0,action=crash,at=checkpoint,inst=2",
+        "rank=0,action=crash,at=checkpoint,stream=main"}) {
     INFO(bad);
     piper::runtime::Status st = parseFault(bad, f);
     CHECK_FALSE(st);
@@ -230,6 +241,67 @@ TEST_CASE("piper-run refuses a bad PIPER_FAULT before starting ranks",
   CHECK(r.exitCode() == 1);
   CHECK(r.err.find("PIPER_FAULT: device_error needs --backend cuda-emulation "
                    "(rank 1 runs on 'cpu')") != std::string::npos);
+}
+
+TEST_CASE("piper-run refuses an at=checkpoint fault that no checkpoint meets",
+          "[watchdog]") {
+  std::string out = pipeline();
+  RunResult r = piperRun({out, "--nproc", "2"},
+                         {"PIPER_FAULT=rank=0,step=2,action=crash,at="
+                          "checkpoint"});
+  CHECK(r.exitCode() == 2);
+  CHECK(r.err.find("piper-run: PIPER_FAULT: at=checkpoint, step 2: no "
+                   "checkpoint is written after step 2 (--checkpoint-every "
+                   "0)") != std::string::npos);
+  r = piperRun({out, "--nproc", "2", "--checkpoint-dir",
+                tempDir("watch-ck-every"), "--checkpoint-every", "3"},
+               {"PIPER_FAULT=rank=0,step=2,action=crash,at=checkpoint"});
+  CHECK(r.exitCode() == 2);
+  CHECK(r.err.find("(--checkpoint-every 3)") != std::string::npos);
+}
+
+// Rank 0 (which also merges the checkpoint and writes its state.json) dies
+// or stops inside the checkpoint after step 2, its files written, while
+// rank 1 waits at the barrier that completes it (issue 42 item 12): every
+// report names rank 0, shows both ranks in that checkpoint, and the
+// incomplete checkpoint is not taken for a complete one.
+TEST_CASE("watchdog: rank 0 failing inside a checkpoint write is named",
+          "[watchdog]") {
+  for (const char *action : {"crash", "stall"}) {
+    std::string dir = tempDir("watch-ck");
+    Launch l = runPipeline(
+        pipeline(),
+        {std::string("PIPER_FAULT=rank=0,step=2,at=checkpoint,action=") +
+         action},
+        0, {"--checkpoint-dir", dir, "--checkpoint-every", "1"});
+    const RunResult &r = l.result;
+    INFO(action << ": stderr: " << r.err);
+    REQUIRE_FALSE(r.timedOut);
+    CHECK(r.exitCode() == 1);
+    CHECK(r.err.find("PIPER_FAULT: " +
+                     std::string(action[0] == 'c' ? "crashing (SIGKILL)"
+                                                  : "stalling (SIGSTOP)") +
+                     " at the checkpoint of step 2, its files written") !=
+          std::string::npos);
+    CHECK(r.err.find("piper-run: rank 0 failed (") != std::string::npos);
+    CHECK(r.err.find("piper-run: rank 1: watchdog: rank 0 failed") !=
+          std::string::npos);
+    CHECK(r.err.find("watchdog: rank 1 failed") == std::string::npos);
+    CHECK(r.err.find("piper-run: rank 1 stopped because rank 0 failed (exit "
+                     "code 4)") != std::string::npos);
+    CHECK(std::regex_search(
+        r.err,
+        std::regex(R"(  rank 0: step 2, run, no (heartbeat|progress) )"
+                   R"(for [0-9.]+ s  <-- failed\n    checkpoint step 2: )"
+                   R"(with all 2 ranks\n)")));
+    CHECK(
+        r.err.find("checkpoint step 2: with all 2 ranks\n    stream 'main'") !=
+        std::string::npos);
+    CHECK(l.faultToEnd < kTimeoutS + 5);
+    // Step 1's checkpoint is complete, step 2's is not.
+    CHECK(std::filesystem::exists(dir + "/step-1/state.json"));
+    CHECK_FALSE(std::filesystem::exists(dir + "/step-2"));
+  }
 }
 
 TEST_CASE("watchdog: PIPER_FAULT crash", "[watchdog]") {

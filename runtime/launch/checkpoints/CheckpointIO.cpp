@@ -83,9 +83,11 @@ void removeCheckpointLeftovers(const std::string &path) {
       std::filesystem::remove(entry.path(), ec);
 }
 
-Status writeCheckpoint(const std::string &path, CheckpointContent what,
-                       const plan::Manifest &manifest, Executor &exec,
-                       Communicator *comm, int rank, int64_t step) {
+Status
+writeCheckpoint(const std::string &path, CheckpointContent what,
+                const plan::Manifest &manifest, Executor &exec,
+                Communicator *comm, int rank, int64_t step,
+                const std::function<void(const Status &)> &collectiveFailed) {
   std::string who = fmt::format("rank {}", rank);
   // Only ranks that write create the folder: another rank, late, would
   // re-create a checkpoint directory rank 0 has already renamed.
@@ -129,6 +131,8 @@ Status writeCheckpoint(const std::string &path, CheckpointContent what,
     double done = 1;
     Status st = comm->allReduceSumWorld(&done, 1).withContext(
         who + ": waiting for every class to write its checkpoint part");
+    if (!st && collectiveFailed)
+      collectiveFailed(st);
     PIPER_RETURN_IF_ERROR(st);
   }
   if (rank != 0) {

@@ -4,6 +4,7 @@
 #define PIPER_RUNTIME_LAUNCH_CHECKPOINTS_CHECKPOINTIO_H
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -48,9 +49,14 @@ enum class CheckpointContent {
 /// parameters to `path`; with several classes they write parts that rank 0
 /// merges, in manifest order, once every rank has passed a barrier on
 /// `comm`.
-Status writeCheckpoint(const std::string &path, CheckpointContent what,
-                       const plan::Manifest &manifest, Executor &exec,
-                       Communicator *comm, int rank, int64_t step);
+/// `collectiveFailed`, if given, is called with the error of a failed
+/// barrier (most likely a peer failed: piper-run's watchdog waits there for
+/// its verdict) and need not return.
+Status writeCheckpoint(
+    const std::string &path, CheckpointContent what,
+    const plan::Manifest &manifest, Executor &exec, Communicator *comm,
+    int rank, int64_t step,
+    const std::function<void(const Status &)> &collectiveFailed = nullptr);
 
 } // namespace piper::runtime
 

@@ -312,7 +312,8 @@ Status writeStepCheckpoint(const std::string &dir, int keep,
                            const RunIdentity &identity,
                            const plan::Manifest &manifest, Executor &exec,
                            Communicator *comm, int rank, int64_t step,
-                           CheckpointStats &stats) {
+                           CheckpointStats &stats,
+                           const CheckpointHooks &hooks) {
   auto start = std::chrono::steady_clock::now();
   const std::string who = fmt::format("rank {}", rank);
   const std::string finalDir = checkpointStepDir(dir, step);
@@ -320,32 +321,41 @@ Status writeStepCheckpoint(const std::string &dir, int keep,
   // Under ZeRO or expert parallelism (in any class: the ranks agree) each
   // rank writes the slices it alone holds; otherwise whole tensors, one
   // part per class merged by rank 0.
+  auto collective = [&](Status st) {
+    if (!st && hooks.collectiveFailed)
+      hooks.collectiveFailed(st);
+    return st;
+  };
   double shardedRanks = exec.shardsState() ? 1 : 0;
   if (comm)
-    PIPER_RETURN_IF_ERROR(comm->allReduceSumWorld(&shardedRanks, 1)
-                              .withContext(who + ": checkpoint step " +
-                                           std::to_string(step)));
+    PIPER_RETURN_IF_ERROR(collective(
+        comm->allReduceSumWorld(&shardedRanks, 1)
+            .withContext(who + ": checkpoint step " + std::to_string(step))));
   const bool sharded = shardedRanks > 0;
   if (sharded) {
     PIPER_RETURN_IF_ERROR(makeDirectories(tmpDir).withContext(who));
     PIPER_RETURN_IF_ERROR(
         exec.saveShards(tmpDir + "/" + shardFileName(rank), step));
   } else {
-    PIPER_RETURN_IF_ERROR(writeCheckpoint(tmpDir + "/" + kCheckpointModelFile,
-                                          CheckpointContent::Params, manifest,
-                                          exec, comm, rank, step));
-    PIPER_RETURN_IF_ERROR(
-        writeCheckpoint(tmpDir + "/" + kCheckpointOptimizerFile,
-                        CheckpointContent::Optimizer, manifest, exec, comm,
-                        rank, step));
+    PIPER_RETURN_IF_ERROR(writeCheckpoint(
+        tmpDir + "/" + kCheckpointModelFile, CheckpointContent::Params,
+        manifest, exec, comm, rank, step, hooks.collectiveFailed));
+    PIPER_RETURN_IF_ERROR(writeCheckpoint(
+        tmpDir + "/" + kCheckpointOptimizerFile, CheckpointContent::Optimizer,
+        manifest, exec, comm, rank, step, hooks.collectiveFailed));
   }
+  if (hooks.filesWritten)
+    hooks.filesWritten();
   if (comm) {
     // With one class no merge waited for the writers: the files are whole
     // once every rank is past this barrier.
     double done = 1;
-    PIPER_RETURN_IF_ERROR(comm->allReduceSumWorld(&done, 1).withContext(
-        who + ": waiting for every rank to write checkpoint step " +
-        std::to_string(step)));
+    PIPER_RETURN_IF_ERROR(
+        collective(comm->allReduceSumWorld(&done, 1).withContext(
+            who +
+            ": waiting for every rank to "
+            "write checkpoint step " +
+            std::to_string(step))));
   }
   if (rank != 0)
     return Status::ok();

@@ -5,6 +5,7 @@
 #define PIPER_RUNTIME_LAUNCH_CHECKPOINTS_CHECKPOINTS_H
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -103,11 +104,21 @@ struct CheckpointStats {
 /// state.json (every file's size and CRC-32s, and `exec`'s run id),
 /// renames the directory to DIR/step-<step> and keeps the newest `keep`
 /// complete checkpoints up to this step, removing the others.
+///
+/// `hooks.filesWritten`, if given, runs once this rank's files are written,
+/// before the barrier that completes the checkpoint (PIPER_FAULT
+/// at=checkpoint); `hooks.collectiveFailed` is called with the error of a
+/// failed world collective (most likely a peer failed) and need not return.
+struct CheckpointHooks {
+  std::function<void()> filesWritten;
+  std::function<void(const Status &)> collectiveFailed;
+};
 Status writeStepCheckpoint(const std::string &dir, int keep,
                            const RunIdentity &identity,
                            const plan::Manifest &manifest, Executor &exec,
                            Communicator *comm, int rank, int64_t step,
-                           CheckpointStats &stats);
+                           CheckpointStats &stats,
+                           const CheckpointHooks &hooks = {});
 
 /// Keeps the lines of the --metrics file at `path` for steps up to `step`
 /// (a resumed run appends the steps after), rewriting it atomically; a

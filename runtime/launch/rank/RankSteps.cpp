@@ -83,7 +83,7 @@ void RankRun::train() {
     std::vector<plan::Plan> plans;
     check(allPlans(plans));
     progress->setFlops(modelFlopsPerStep(plans, tokens),
-                      exec->peakFlops() * env.worldSize);
+                       exec->peakFlops() * env.worldSize);
   }
   // --profile leaves out the first step (allocator and BLAS warm-up) unless
   // it is the only one.
@@ -107,10 +107,23 @@ void RankRun::train() {
       check(snapshots->take(*exec, step), /*named=*/false);
     if (options.checkpointEvery > 0 && step % options.checkpointEvery == 0) {
       CheckpointStats stats;
+      CheckpointHooks hooks;
+      if (faulty)
+        hooks.filesWritten = checkpointFault(fault, rank, step);
+      if (watchdog) {
+        // A barrier that fails here most likely met a peer's failure: the
+        // watchdog names that rank, as in a step.
+        watchdog->setActivity(fmt::format("checkpoint step {}", step));
+        hooks.collectiveFailed = [this](const Status &st) {
+          watchdog->collectiveFailed(st);
+        };
+      }
       check(writeStepCheckpoint(options.checkpointDir, options.keepCheckpoints,
                                 identity, manifest, *exec, comm.get(), rank,
-                                step, stats),
+                                step, stats, hooks),
             /*named=*/false);
+      if (watchdog)
+        watchdog->setActivity("");
       if (rank == 0)
         fmt::print(stderr,
                    "piper-run: checkpoint '{}' written: {:.2f} MB in {:.3f} "
@@ -126,8 +139,8 @@ void RankRun::train() {
       fmt::print(stderr,
                  "piper-run: {}training again: step {} done {:.2f} s after "
                  "the failure\n",
-                 note && *note ? std::string(note) + "; " : std::string(),
-                 step, (now - failedAtNs) / 1e9);
+                 note && *note ? std::string(note) + "; " : std::string(), step,
+                 (now - failedAtNs) / 1e9);
     }
     if (eo.profile && step == loadedStep + 1 && lastStep > step) {
       exec->resetProfile();
@@ -215,8 +228,8 @@ void RankRun::finish() {
                           manifest, *exec, comm.get(), rank, lastStep),
           /*named=*/false);
   if (tracedStep > 0 && rank == 0)
-    check(writeMeasuredTrace(options.tracePath, traceStore.get(),
-                             env.worldSize, tracePart));
+    check(writeMeasuredTrace(options.tracePath, traceStore.get(), env.worldSize,
+                             tracePart));
   if (rank == 0) {
     double wall =
         std::chrono::duration<double>(Clock::now() - runStart).count();

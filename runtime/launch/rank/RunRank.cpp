@@ -174,6 +174,9 @@ void RankRun::readFaults() {
     exitRank(who + ": " + attemptError);
   if (faulty && fault.attempt >= 0 && fault.attempt != attempt)
     faulty = false;
+  if (faulty)
+    check(checkFaultCheckpoint(fault, options.checkpointEvery),
+          /*named=*/false);
 }
 
 void RankRun::openStartState() {

@@ -26,7 +26,7 @@ constexpr const char *kFaultSyntax =
     "expected rank=R,action=crash|stall|hang_comm|hang_inside|device_error"
     "[,step=S]"
     "[,stream=NAME]"
-    "[,inst=I][,attempt=A]";
+    "[,inst=I][,at=step|checkpoint][,attempt=A]";
 
 bool parseInt(const std::string &text, long long &value) {
   if (text.empty())
@@ -78,6 +78,14 @@ Status parseFault(const std::string &text, FaultSpec &fault) {
           return bad(fmt::format("inst {} is out of range", n));
         fault.instruction = static_cast<int>(n);
       }
+    } else if (key == "at") {
+      if (value == "step")
+        fault.atCheckpoint = false;
+      else if (value == "checkpoint")
+        fault.atCheckpoint = true;
+      else
+        return bad(
+            fmt::format("unknown place '{}' (step or checkpoint)", value));
     } else if (key == "stream") {
       if (value.empty())
         return bad("stream needs a name");
@@ -104,6 +112,14 @@ Status parseFault(const std::string &text, FaultSpec &fault) {
     return bad("rank is missing");
   if (!haveAction)
     return bad("action is missing");
+  if (fault.atCheckpoint) {
+    // Inside the checkpoint write of the step: no instruction runs there.
+    if (std::find(seen.begin(), seen.end(), "stream") != seen.end() ||
+        std::find(seen.begin(), seen.end(), "inst") != seen.end())
+      return bad("at=checkpoint takes no stream or inst");
+    if (fault.action != FaultSpec::kCrash && fault.action != FaultSpec::kStall)
+      return bad("at=checkpoint takes action crash or stall");
+  }
   return Status::ok();
 }
 
@@ -115,10 +131,63 @@ Status faultFromEnv(FaultSpec &fault, bool &set) {
   return parseFault(text, fault);
 }
 
+namespace {
+/// What a fault does when it acts: says so on stderr, publishes the
+/// heartbeat (which then shows exactly where it acts), then acts.
+std::function<void()> faultAction(int rank, const std::string &where,
+                                  FaultSpec::Action action) {
+  return [rank, where, action] {
+    const char *what =
+        action == FaultSpec::kCrash      ? "crashing (SIGKILL)"
+        : action == FaultSpec::kStall    ? "stalling (SIGSTOP)"
+        : action == FaultSpec::kHangComm ? "hanging (hang_comm)"
+        : action == FaultSpec::kHangInside
+            ? "hanging inside (hang_inside)"
+            : "failing the device's next operation (device_error)";
+    std::fprintf(stderr, "piper-run: rank %d: PIPER_FAULT: %s at %s\n", rank,
+                 what, where.c_str());
+    std::fflush(stderr);
+    // The heartbeat shows exactly where the fault acts (a real failure
+    // leaves a position up to one poll old).
+    Watchdog::publishActive();
+    if (action == FaultSpec::kDeviceError)
+      // The instruction runs on and meets the error, which takes the path
+      // of any device error: the stream's failure, the watchdog's verdict.
+      hal::injectEmulatedDeviceError();
+    else if (action == FaultSpec::kCrash)
+      ::raise(SIGKILL);
+    else if (action == FaultSpec::kStall)
+      ::raise(SIGSTOP);
+    else
+      while (true)
+        std::this_thread::sleep_for(std::chrono::seconds(1));
+  };
+}
+} // namespace
+
+Status checkFaultCheckpoint(const FaultSpec &fault, int64_t checkpointEvery) {
+  if (!fault.atCheckpoint ||
+      (checkpointEvery > 0 && fault.step % checkpointEvery == 0))
+    return Status::ok();
+  return Status::error(fmt::format(
+      "PIPER_FAULT: at=checkpoint, step {}: no checkpoint is written after "
+      "step {} (--checkpoint-every {})",
+      fault.step, fault.step, checkpointEvery));
+}
+
+std::function<void()> checkpointFault(const FaultSpec &fault, int rank,
+                                      int64_t step) {
+  if (fault.rank != rank || !fault.atCheckpoint || fault.step != step)
+    return nullptr;
+  return faultAction(
+      rank, fmt::format("the checkpoint of step {}, its files written", step),
+      fault.action);
+}
+
 Status applyFault(const FaultSpec &fault, const plan::Plan &plan, int rank,
                   const std::string &backend, ExecutorOptions &options) {
-  if (fault.rank != rank)
-    return Status::ok();
+  if (fault.rank != rank || fault.atCheckpoint)
+    return Status::ok(); // checkpointFault's
   // Only the emulated GPU can be told to fail (a real device fails by
   // itself; the CPU backend's memory cannot).
   if (fault.action == FaultSpec::kDeviceError && backend != "cuda-emulation")
@@ -162,37 +231,11 @@ Status applyFault(const FaultSpec &fault, const plan::Plan &plan, int rank,
   options.faultStream = s;
   options.faultInstruction = fault.instruction;
   options.faultInside = fault.action == FaultSpec::kHangInside;
-  std::string where = fmt::format(
-      "step {}, stream '{}', instruction {} ({} '{}')", fault.step,
-      stream.name(), fault.instruction, Instruction::Kind_Name(inst.kind()),
-      inst.label());
-  FaultSpec::Action action = fault.action;
-  options.onFault = [rank, where, action] {
-    const char *what =
-        action == FaultSpec::kCrash      ? "crashing (SIGKILL)"
-        : action == FaultSpec::kStall    ? "stalling (SIGSTOP)"
-        : action == FaultSpec::kHangComm ? "hanging (hang_comm)"
-        : action == FaultSpec::kHangInside
-            ? "hanging inside (hang_inside)"
-            : "failing the device's next operation (device_error)";
-    std::fprintf(stderr, "piper-run: rank %d: PIPER_FAULT: %s at %s\n", rank,
-                 what, where.c_str());
-    std::fflush(stderr);
-    // The heartbeat shows exactly where the fault acts (a real failure
-    // leaves a position up to one poll old).
-    Watchdog::publishActive();
-    if (action == FaultSpec::kDeviceError)
-      // The instruction runs on and meets the error, which takes the path
-      // of any device error: the stream's failure, the watchdog's verdict.
-      hal::injectEmulatedDeviceError();
-    else if (action == FaultSpec::kCrash)
-      ::raise(SIGKILL);
-    else if (action == FaultSpec::kStall)
-      ::raise(SIGSTOP);
-    else
-      while (true)
-        std::this_thread::sleep_for(std::chrono::seconds(1));
-  };
+  std::string where =
+      fmt::format("step {}, stream '{}', instruction {} ({} '{}')", fault.step,
+                  stream.name(), fault.instruction,
+                  Instruction::Kind_Name(inst.kind()), inst.label());
+  options.onFault = faultAction(rank, where, fault.action);
   return Status::ok();
 }
 

@@ -73,7 +73,8 @@ bool decodeAbort(const std::string &text, Abort &abort) {
   return true;
 }
 
-// --- the watchdog --------------------------------------------------------------
+// --- the watchdog
+// --------------------------------------------------------------
 
 Watchdog::Watchdog(int rank, int worldSize, std::chrono::milliseconds timeout,
                    std::unique_ptr<WatchStore> store, const Executor &exec)
@@ -239,8 +240,8 @@ void Watchdog::conclude(Abort verdict) {
   std::fflush(stderr);
   if (beforePeerFailedExit)
     beforePeerFailedExit();
-  exitRank(fmt::format("rank {}: stopping: rank {} failed (exit code {})",
-                       rank, verdict.culprit, kExitPeerFailed),
+  exitRank(fmt::format("rank {}: stopping: rank {} failed (exit code {})", rank,
+                       verdict.culprit, kExitPeerFailed),
            kExitPeerFailed);
 }
 
@@ -278,10 +279,20 @@ void Watchdog::ownFailure(const std::string &message) {
 }
 
 void Watchdog::streamFailed(const Status &status) {
-  const std::string &message = status.message();
   ExecPosition pos = exec.position();
   if (status.isDiverged() || !communicating(pos))
-    exitRank(message);
+    exitRank(status.message());
+  collectiveFailed(status);
+}
+
+void Watchdog::setActivity(const std::string &what) {
+  std::lock_guard<std::mutex> lock(mu);
+  activity = what;
+  publish(state.c_str());
+}
+
+void Watchdog::collectiveFailed(const Status &status) {
+  const std::string &message = status.message();
   {
     std::lock_guard<std::mutex> lock(mu);
     state = "error";

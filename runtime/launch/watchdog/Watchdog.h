@@ -69,6 +69,9 @@ bool decodeAbort(const std::string &text, Abort &abort);
 /// CUDA call can (--backend cuda-emulation only). step defaults to 1, inst
 /// to 0, stream to the plan's first stream; attempt (the launch
 /// PIPER_ATTEMPT numbers, from 0, under --max-restarts) to every attempt.
+/// at=checkpoint (crash or stall only, no stream or inst) acts instead
+/// inside the checkpoint written after step S (--checkpoint-every): once
+/// the rank's own files are written, before the barrier that completes it.
 struct FaultSpec {
   enum Action { kCrash, kStall, kHangComm, kHangInside, kDeviceError };
   int rank = -1;
@@ -77,6 +80,7 @@ struct FaultSpec {
   int instruction = 0;
   Action action = kCrash;
   int attempt = -1;
+  bool atCheckpoint = false;
 };
 /// Parses PIPER_FAULT's value; errors say what is wrong and the syntax.
 Status parseFault(const std::string &text, FaultSpec &fault);
@@ -88,6 +92,13 @@ Status faultFromEnv(FaultSpec &fault, bool &set);
 /// not communicate, or a device_error on a backend that cannot inject one.
 Status applyFault(const FaultSpec &fault, const plan::Plan &plan, int rank,
                   const std::string &backend, ExecutorOptions &options);
+/// An at=checkpoint fault needs a checkpoint after its step: an error
+/// naming --checkpoint-every otherwise.
+Status checkFaultCheckpoint(const FaultSpec &fault, int64_t checkpointEvery);
+/// The action of an at=checkpoint fault for this rank's checkpoint of
+/// `step`, or an empty function.
+std::function<void()> checkpointFault(const FaultSpec &fault, int rank,
+                                      int64_t step);
 
 /// The ranks (other than this one) that instruction `inst` of this rank's
 /// plan waits on: a RECV's peer, a collective's group; a SEND waits on
@@ -122,6 +133,16 @@ public:
   /// rank's own, and so is a diverged one (Status::isDiverged: every rank
   /// finds it at once). Never returns.
   [[noreturn]] void streamFailed(const Status &status);
+  /// Between steps, this rank is in world collectives of its own (a
+  /// checkpoint's barriers): `what` ("checkpoint step 3") shows in its
+  /// heartbeat and in reports as its position, waiting on every other rank.
+  /// "" ends it.
+  void setActivity(const std::string &what);
+  /// A world collective of the activity failed: most likely a peer did (a
+  /// rank killed inside a checkpoint write). As streamFailed on a
+  /// communication error: waits for a verdict up to `timeout` + 1 s, then
+  /// takes the blame. Never returns.
+  [[noreturn]] void collectiveFailed(const Status &status);
   /// Records this rank as the culprit (unless a verdict stands), prints the
   /// report; exitRank then exits. Installed as exitRank's hook.
   void ownFailure(const std::string &message);
@@ -144,11 +165,11 @@ public:
 private:
   struct Peer {
     bool seen = false;
-    std::string text;            // the last heartbeat
-    std::string seq;             // its sequence number
+    std::string text;                              // the last heartbeat
+    std::string seq;                               // its sequence number
     std::chrono::steady_clock::time_point changed; // when seq last changed
-    std::string state;           // run, error, done
-    int64_t stillMs = 0;         // as published
+    std::string state;                             // run, error, done
+    int64_t stillMs = 0;                           // as published
     std::vector<int> waits;
     int64_t step = 0;
     int phase = 0;
@@ -183,6 +204,7 @@ private:
   int64_t seq = 0;
   std::string state = "run";
   std::string errorMessage;
+  std::string activity; // setActivity's; guarded by mu
   ExecPosition lastPos;
   std::chrono::steady_clock::time_point progressAt, startedAt, publishedAt;
   std::string storeError;

@@ -50,7 +50,8 @@ bool Watchdog::communicating(const ExecPosition &pos) const {
   int i = pos.instruction[s];
   if (i >= plan.streams(s).instructions_size())
     return true; // waiting for its sends
-  return i >= 0 && plan::isCommunication(plan.streams(s).instructions(i).kind());
+  return i >= 0 &&
+         plan::isCommunication(plan.streams(s).instructions(i).kind());
 }
 
 std::string Watchdog::describeSelf(const ExecPosition &pos,
@@ -58,21 +59,27 @@ std::string Watchdog::describeSelf(const ExecPosition &pos,
   const plan::Plan &plan = exec.plan();
   std::string out;
   waits.clear();
+  if (!activity.empty()) {
+    // Between steps, in world collectives of its own (setActivity).
+    out += fmt::format("pos {}: with all {} ranks\n", activity, worldSize);
+    for (int r = 0; r < worldSize; ++r)
+      if (r != rank)
+        waits.push_back(r);
+  }
   for (int s = 0; s < plan.streams_size(); ++s) {
     const plan::Stream &stream = plan.streams(s);
-    int i = s < static_cast<int>(pos.instruction.size()) ? pos.instruction[s]
-                                                         : -1;
+    int i =
+        s < static_cast<int>(pos.instruction.size()) ? pos.instruction[s] : -1;
     if (i < 0) {
-      out += fmt::format("pos stream '{}': no instruction yet\n",
-                         stream.name());
+      out +=
+          fmt::format("pos stream '{}': no instruction yet\n", stream.name());
       continue;
     }
     if (i >= stream.instructions_size()) {
-      out += fmt::format("pos stream '{}': after its last instruction ({}){}\n",
-                         stream.name(), stream.instructions_size(),
-                         pos.phase == ExecPosition::kStreams
-                             ? ", waiting for its sends"
-                             : "");
+      out += fmt::format(
+          "pos stream '{}': after its last instruction ({}){}\n", stream.name(),
+          stream.instructions_size(),
+          pos.phase == ExecPosition::kStreams ? ", waiting for its sends" : "");
       continue;
     }
     const Instruction &inst = stream.instructions(i);
@@ -81,16 +88,17 @@ std::string Watchdog::describeSelf(const ExecPosition &pos,
     // Reached but not begun (stuck before it: the heartbeat is published
     // between the two): this rank never arrived at that communication, and
     // waits on nobody; its peers, in it, wait on this rank.
-    const bool begun = s < static_cast<int>(pos.entered.size()) &&
-                       pos.entered[s] == i;
+    const bool begun =
+        s < static_cast<int>(pos.entered.size()) && pos.entered[s] == i;
     if (!begun)
       w.clear();
     switch (inst.kind()) {
     case Instruction::SEND:
       if (inst.peer_group() >= 0 && inst.peer_group() < plan.groups_size() &&
           exec.replicaIndex() < plan.groups(inst.peer_group()).ranks_size())
-        what = fmt::format(": to rank {}", plan.groups(inst.peer_group())
-                                               .ranks(exec.replicaIndex()));
+        what = fmt::format(
+            ": to rank {}",
+            plan.groups(inst.peer_group()).ranks(exec.replicaIndex()));
       break;
     case Instruction::RECV:
       what = w.empty() ? "" : fmt::format(": from rank {}", w[0]);
@@ -103,8 +111,8 @@ std::string Watchdog::describeSelf(const ExecPosition &pos,
       break;
     case Instruction::CALL:
       if (inst.segment() >= 0 && inst.segment() < plan.segments_size())
-        what = fmt::format(": segment '{}'", plan.segments(inst.segment())
-                                                 .name());
+        what =
+            fmt::format(": segment '{}'", plan.segments(inst.segment()).name());
       break;
     default:
       if (plan::isGroupCollective(inst.kind())) {
@@ -117,12 +125,10 @@ std::string Watchdog::describeSelf(const ExecPosition &pos,
       }
       break;
     }
-    out += fmt::format("pos stream '{}' instruction {} {} '{}'{}{}\n",
-                       stream.name(), i, Instruction::Kind_Name(inst.kind()),
-                       inst.label(), what,
-                       begun || !plan::isCommunication(inst.kind())
-                           ? ""
-                           : " (not begun)");
+    out += fmt::format(
+        "pos stream '{}' instruction {} {} '{}'{}{}\n", stream.name(), i,
+        Instruction::Kind_Name(inst.kind()), inst.label(), what,
+        begun || !plan::isCommunication(inst.kind()) ? "" : " (not begun)");
     if (pos.phase == ExecPosition::kStreams)
       waits.insert(waits.end(), w.begin(), w.end());
   }
@@ -283,10 +289,10 @@ bool Watchdog::decide(Abort &verdict) {
 
 std::string Watchdog::report(const Abort &verdict) {
   auto now = Clock::now();
-  std::string out = fmt::format(
-      "piper-run: rank {}: watchdog: rank {} failed: {}\n"
-      "piper-run: rank {}: last plan positions:\n",
-      rank, verdict.culprit, verdict.reason, rank);
+  std::string out =
+      fmt::format("piper-run: rank {}: watchdog: rank {} failed: {}\n"
+                  "piper-run: rank {}: last plan positions:\n",
+                  rank, verdict.culprit, verdict.reason, rank);
   for (int r = 0; r < worldSize; ++r) {
     std::string head, body;
     if (r == rank) {
