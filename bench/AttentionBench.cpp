@@ -116,10 +116,13 @@ int main(int argc, char **argv) {
       return memory.copyFromHost(ptr, host.data(), size_t(n) * 4);
     return memory.zero(ptr, size_t(n) * 4);
   };
-  void *qkv = nullptr, *y = nullptr, *dy = nullptr, *dqkv = nullptr;
+  void *qkv = nullptr, *y = nullptr, *lse = nullptr, *dy = nullptr,
+       *dqkv = nullptr;
   st = upload(random(rows * cols), rows * cols, qkv);
   if (st)
     st = upload({}, rows * yCols, y);
+  if (st)
+    st = upload({}, rows * 2 * hq, lse);
   if (st)
     st = upload(random(rows * yCols), rows * yCols, dy);
   if (st)
@@ -150,16 +153,19 @@ int main(int argc, char **argv) {
     return fail("the device has no attention kernels");
   TensorRef qkvRef{plan::F32, {rows, cols}, qkv};
   TensorRef yRef{plan::F32, {rows, yCols}, y};
+  TensorRef lseRef{plan::F32, {rows, 2 * hq}, lse};
   TensorRef dyRef{plan::F32, {rows, yCols}, dy};
   TensorRef dqkvRef{plan::F32, {rows, cols}, dqkv};
   KernelContext kctx;
   kctx.lowPrecision = true;
   auto runFwd = [&] {
-    return device->runKernel(*fwdInfo, fwd, fwdAttrs, {qkvRef}, {yRef}, kctx);
+    return device->runKernel(*fwdInfo, fwd, fwdAttrs, {qkvRef}, {yRef, lseRef},
+                             kctx);
   };
   auto runBwd = [&] {
-    return device->runKernel(*bwdInfo, bwd, bwdAttrs, {qkvRef, dyRef},
-                             {dqkvRef}, kctx);
+    // From the forward's y and lse (timed first, so they are its).
+    return device->runKernel(*bwdInfo, bwd, bwdAttrs,
+                             {qkvRef, yRef, lseRef, dyRef}, {dqkvRef}, kctx);
   };
   using Clock = std::chrono::steady_clock;
   auto timed = [&](auto run, double &ms) -> Status {

@@ -26,7 +26,8 @@ const std::vector<KernelSignature> &kernelSignatures() {
       // (docs/tensor-parallel.md §2b).
       {"columns", 1, 1, 1, {"start"}},
       {"tp_kv_assemble", 2, 2, 1, {"members", "query"}},
-      {"attention", 1, 1, 1, {"heads", "seq"}},
+      // y and the softmax statistics (lse) the backward reads.
+      {"attention", 1, 1, 2, {"heads", "seq"}},
       // Ring attention under context parallelism: one step of the ring
       // (docs/context-parallel.md).
       {"attention_block", 2, 4, 2, {"heads", "seq", "cp", "step"}},
@@ -75,7 +76,7 @@ const std::vector<KernelSignature> &kernelSignatures() {
       {"bias_grad", 1, 1, 1, {}},
       {"gelu_grad", 2, 2, 1, {}},
       {"swiglu_grad", 2, 2, 1, {}},
-      {"attention_grad", 2, 2, 1, {"heads", "seq"}},
+      {"attention_grad", 4, 4, 1, {"heads", "seq"}},
       {"attention_block_grad", 5, 7, 2, {"heads", "seq", "cp", "step"}},
       {"moe_router_grad", 3, 3, 1, {"top_k"}},
       {"moe_dispatch_grad", 2, 2, 1, {"experts", "capacity"}},

@@ -4,12 +4,12 @@
 #include <cmath>
 
 #include "dialects/piper/PiperDialect.h"
-#include "llvm/ADT/StringMap.h"
-#include "llvm/ADT/Twine.h"
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/BuiltinAttributes.h"
 #include "mlir/IR/BuiltinTypes.h"
 #include "mlir/IR/Location.h"
+#include "llvm/ADT/StringMap.h"
+#include "llvm/ADT/Twine.h"
 
 using namespace mlir;
 using namespace mlir::piper;
@@ -111,8 +111,7 @@ void GptModelBuilder::buildParams() {
     param(p + "attn.c_proj.bias", {h}, InitKind::zeros);
     param(p + "ln_2.weight", {h}, InitKind::ones);
     param(p + "ln_2.bias", {h}, InitKind::zeros);
-    param(p + "mlp.c_fc.weight", {h, cfg.ffnSize()}, InitKind::normal,
-          initStd);
+    param(p + "mlp.c_fc.weight", {h, cfg.ffnSize()}, InitKind::normal, initStd);
     param(p + "mlp.c_fc.bias", {cfg.ffnSize()}, InitKind::zeros);
     param(p + "mlp.c_proj.weight", {cfg.ffnSize(), h}, InitKind::normal,
           projStd);
@@ -134,8 +133,7 @@ void GptModelBuilder::buildLlamaParams() {
   for (int64_t i = 0; i < cfg.layers; ++i) {
     std::string p = "layers." + std::to_string(i) + ".";
     param(p + "attention_norm.weight", {h}, InitKind::ones);
-    param(p + "attention.wqkv.weight", {h, qkv}, InitKind::normal,
-          cfg.initStd);
+    param(p + "attention.wqkv.weight", {h, qkv}, InitKind::normal, cfg.initStd);
     if (cfg.qkNorm)
       param(p + "attention.qk_norm.weight", {2 * hd}, InitKind::ones);
     param(p + "attention.wo.weight", {cfg.heads * hd, h}, InitKind::normal,
@@ -171,9 +169,8 @@ SegmentOp GptModelBuilder::buildLlamaBlock(int64_t layer) {
   const int64_t h = cfg.hidden, hd = cfg.headSize();
   const int64_t qkv = (cfg.heads + 2 * cfg.numKvHeads()) * hd;
   std::string p = "layers." + std::to_string(layer);
-  SegmentOp segment =
-      beginSegment("block" + std::to_string(layer), layer + 1, {act(h)},
-                   {act(h)}, loc(p));
+  SegmentOp segment = beginSegment("block" + std::to_string(layer), layer + 1,
+                                   {act(h)}, {act(h)}, loc(p));
   Value x = segment.getBody().getArgument(0);
   // x + wo(attention(rope(wqkv(attention_norm(x)))))
   Value y = rmsNorm(x, p + ".attention_norm");
@@ -189,12 +186,12 @@ SegmentOp GptModelBuilder::buildLlamaBlock(int64_t layer) {
         b.getContext(), llvm::APFloat(cfg.ropeFactor),
         llvm::APFloat(cfg.ropeLowFreqFactor),
         llvm::APFloat(cfg.ropeHighFreqFactor), cfg.ropeOriginalMaxPosition);
-  auto att = AttentionOp::create(b, loc(p + ".attention"), act(cfg.heads * hd),
-                                 y, static_cast<uint64_t>(cfg.heads),
-                                 static_cast<uint64_t>(cfg.seq),
-                                 b.getI64IntegerAttr(cfg.numKvHeads()),
-                                 b.getF64FloatAttr(cfg.ropeTheta), scaling);
-  y = linear(att, p + ".attention.wo", h, /*bias=*/false);
+  auto att = AttentionOp::create(
+      b, loc(p + ".attention"), act(cfg.heads * hd), act(2 * cfg.heads), y,
+      static_cast<uint64_t>(cfg.heads), static_cast<uint64_t>(cfg.seq),
+      b.getI64IntegerAttr(cfg.numKvHeads()), b.getF64FloatAttr(cfg.ropeTheta),
+      scaling);
+  y = linear(att.getResult(), p + ".attention.wo", h, /*bias=*/false);
   x = AddOp::create(b, loc(p + ".attention.residual"), x, y);
   y = rmsNorm(x, p + ".ffn_norm");
   if (cfg.moeLayer(layer)) {
@@ -229,19 +226,16 @@ Value GptModelBuilder::moe(Value x, const std::string &p) {
                          route.getIndices(), static_cast<uint64_t>(e),
                          static_cast<uint64_t>(k),
                          llvm::APFloat(cfg.auxLossCoeff));
-  Value buf = MoeDispatchOp::create(b, loc(p + ".dispatch"),
-                                    f32({slots, cfg.hidden}), x,
-                                    route.getIndices(), static_cast<uint64_t>(e),
-                                    static_cast<uint64_t>(cfg.capacity()));
-  Value hcur = ExpertLinearOp::create(b, loc(p + ".experts.w13"),
-                                      f32({slots, 2 * f}), buf,
-                                      ref(p + ".experts.w13"),
-                                      static_cast<uint64_t>(e));
+  Value buf = MoeDispatchOp::create(
+      b, loc(p + ".dispatch"), f32({slots, cfg.hidden}), x, route.getIndices(),
+      static_cast<uint64_t>(e), static_cast<uint64_t>(cfg.capacity()));
+  Value hcur = ExpertLinearOp::create(
+      b, loc(p + ".experts.w13"), f32({slots, 2 * f}), buf,
+      ref(p + ".experts.w13"), static_cast<uint64_t>(e));
   hcur = SwigluOp::create(b, loc(p + ".experts.swiglu"), f32({slots, f}), hcur);
-  hcur = ExpertLinearOp::create(b, loc(p + ".experts.w2"),
-                                f32({slots, cfg.hidden}), hcur,
-                                ref(p + ".experts.w2"),
-                                static_cast<uint64_t>(e));
+  hcur = ExpertLinearOp::create(
+      b, loc(p + ".experts.w2"), f32({slots, cfg.hidden}), hcur,
+      ref(p + ".experts.w2"), static_cast<uint64_t>(e));
   return MoeCombineOp::create(b, loc(p + ".combine"), act(cfg.hidden), hcur,
                               route.getIndices(), route.getWeights(),
                               static_cast<uint64_t>(e),
@@ -282,13 +276,13 @@ Value GptModelBuilder::layerNorm(Value x, const Twine &prefix) {
 
 SegmentOp GptModelBuilder::buildEmbed() {
   OpBuilder::InsertionGuard guard(b);
-  SegmentOp segment = beginSegment("embed", 0, {idsType()},
-                                   {act(cfg.hidden)}, loc("embed"));
+  SegmentOp segment =
+      beginSegment("embed", 0, {idsType()}, {act(cfg.hidden)}, loc("embed"));
   Value tokens = segment.getBody().getArgument(0);
   if (cfg.llamaLike()) {
-    Value x = EmbeddingOp::create(b, loc("tok_embeddings"), act(cfg.hidden),
-                                  tokens, ref("tok_embeddings.weight"),
-                                  IntegerAttr());
+    Value x =
+        EmbeddingOp::create(b, loc("tok_embeddings"), act(cfg.hidden), tokens,
+                            ref("tok_embeddings.weight"), IntegerAttr());
     YieldOp::create(b, loc("embed"), ValueRange{x});
     return segment;
   }
@@ -306,18 +300,18 @@ SegmentOp GptModelBuilder::buildBlock(int64_t layer) {
   OpBuilder::InsertionGuard guard(b);
   const int64_t h = cfg.hidden;
   std::string p = "h." + std::to_string(layer);
-  SegmentOp segment =
-      beginSegment("block" + std::to_string(layer), layer + 1, {act(h)},
-                   {act(h)}, loc(p));
+  SegmentOp segment = beginSegment("block" + std::to_string(layer), layer + 1,
+                                   {act(h)}, {act(h)}, loc(p));
   Value x = segment.getBody().getArgument(0);
 
   // Attention sub-block: x + c_proj(attention(c_attn(ln_1(x)))).
   Value y = layerNorm(x, p + ".ln_1");
   y = linear(y, p + ".attn.c_attn", 3 * h);
-  y = AttentionOp::create(b, loc(p + ".attn"), act(h), y,
+  y = AttentionOp::create(b, loc(p + ".attn"), act(h), act(2 * cfg.heads), y,
                           static_cast<uint64_t>(cfg.heads),
                           static_cast<uint64_t>(cfg.seq), IntegerAttr(),
-                          FloatAttr(), RopeScalingAttr());
+                          FloatAttr(), RopeScalingAttr())
+          .getResult();
   y = linear(y, p + ".attn.c_proj", h);
   x = AddOp::create(b, loc(p + ".attn.residual"), x, y);
 
@@ -359,8 +353,7 @@ SegmentOp GptModelBuilder::buildHead() {
                               Value(), /*transpose_w=*/true);
   else
     logits = linear(x, "lm_head", cfg.vocab, /*bias=*/false);
-  Value loss =
-      CrossEntropyOp::create(b, loc("loss"), f32({}), logits, targets);
+  Value loss = CrossEntropyOp::create(b, loc("loss"), f32({}), logits, targets);
   YieldOp::create(b, loc("head"), ValueRange{loss});
   return segment;
 }
@@ -380,21 +373,21 @@ void GptModelBuilder::buildProgram(ArrayRef<SegmentOp> segments) {
     int64_t block = *getModelBlock(segment);
     auto tag = TagAttr::get(b.getContext(), std::nullopt, std::nullopt,
                             std::nullopt, std::nullopt, block);
-    auto task = TaskOp::create(
-        b, loc(segment.getSymName()), segment.getResultTypes(), token,
-        segment.getSymName(), args, ValueRange{}, tag,
-        /*devices=*/DeviceGroupAttr(), /*stream=*/StreamAttr(),
-        /*send_stream=*/StreamAttr());
+    auto task =
+        TaskOp::create(b, loc(segment.getSymName()), segment.getResultTypes(),
+                       token, segment.getSymName(), args, ValueRange{}, tag,
+                       /*devices=*/DeviceGroupAttr(), /*stream=*/StreamAttr(),
+                       /*send_stream=*/StreamAttr());
     x = task.getOuts().front();
   }
 }
 
 OwningOpRef<ModuleOp> GptModelBuilder::build() {
   ctx->getOrLoadDialect<PiperDialect>();
-  OwningOpRef<ModuleOp> module = ModuleOp::create(
-      loc(cfg.family == ModelFamily::Llama      ? "llama"
-          : cfg.family == ModelFamily::Qwen3Moe ? "qwen3-moe"
-                                                : "gpt"));
+  OwningOpRef<ModuleOp> module =
+      ModuleOp::create(loc(cfg.family == ModelFamily::Llama      ? "llama"
+                           : cfg.family == ModelFamily::Qwen3Moe ? "qwen3-moe"
+                                                                 : "gpt"));
   b.setInsertionPointToEnd(module->getBody());
   buildParams();
   SmallVector<SegmentOp> segments;

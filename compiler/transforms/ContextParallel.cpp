@@ -90,9 +90,15 @@ FailureOr<Value> ContextParallel::ulysses(AttentionOp attn) {
   auto toHeads =
       CpSeqToHeadsOp::create(b, loc, narrow(qkv), attn.getQkv(), cpAttr,
                              seqAttr, attn.getHeadsAttr(), kvAttr);
+  // The forward model's lse has no uses yet (the backward reads it).
+  if (!attn.getLse().use_empty())
+    return fail(attn) << "Ulysses needs attention's lse unused before "
+                         "differentiation";
+  auto lse = RankedTensorType::get({rows, 2 * (heads / cp)}, b.getF32Type());
   auto core = AttentionOp::create(
-      b, loc, narrow(y), toHeads.getResult(), b.getI64IntegerAttr(heads / cp),
-      seqAttr, attn.getKvHeads() ? b.getI64IntegerAttr(kv / cp) : IntegerAttr(),
+      b, loc, narrow(y), lse, toHeads.getResult(),
+      b.getI64IntegerAttr(heads / cp), seqAttr,
+      attn.getKvHeads() ? b.getI64IntegerAttr(kv / cp) : IntegerAttr(),
       attn.getRopeThetaAttr(), attn.getRopeScalingAttr());
   for (NamedAttribute a : attn->getDiscardableAttrs())
     core->setDiscardableAttr(a.getName(), a.getValue());
@@ -196,6 +202,7 @@ LogicalResult ContextParallel::rewrite(SegmentOp seg,
       for (NamedAttribute a : op.getDiscardableAttrs())
         ring->setDiscardableAttr(a.getName(), a.getValue());
       attn.getResult().replaceAllUsesWith(ring.getResult());
+      attn.getLse().replaceAllUsesWith(ring.getLse());
       op.erase();
       sharded.insert(ring.getResult());
       sharded.insert(ring.getLse());

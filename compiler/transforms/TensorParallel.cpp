@@ -157,6 +157,8 @@ LogicalResult ShardTensor::rewrite(TpLayer &layer) {
     int64_t kv = attn.getNumKvHeads();
     attn.setHeads(attn.getHeads() / tp);
     attn.setKvHeads(std::max<int64_t>(kv / tp, 1));
+    attn.getLse().setType(
+        withDim(attn.getLse().getType(), 1, 2 * attn.getHeads()));
     if (layer.kvShare > 1)
       replicateKvHead(layer);
     if (QkNormOp norm = layer.qkNorm) {

@@ -25,10 +25,9 @@ LogicalResult EmbeddingOp::emitWeightGradients(OpBuilder &b,
                                                GradientEmitter &g) {
   if (g.needsGrad(getTable()))
     g.addGrad(b, getTable(),
-              EmbeddingGradOp::create(b, getLoc(), getTable().getType(),
-                                      g.getSaved(b, getIds()),
-                                      g.getGrad(getResult()),
-                                      getMembersAttr()));
+              EmbeddingGradOp::create(
+                  b, getLoc(), getTable().getType(), g.getSaved(b, getIds()),
+                  g.getGrad(getResult()), getMembersAttr()));
   return success();
 }
 
@@ -81,8 +80,7 @@ LogicalResult BiasAddOp::emitInputGradients(OpBuilder &b, GradientEmitter &g) {
   return success();
 }
 
-LogicalResult BiasAddOp::emitWeightGradients(OpBuilder &b,
-                                             GradientEmitter &g) {
+LogicalResult BiasAddOp::emitWeightGradients(OpBuilder &b, GradientEmitter &g) {
   if (g.needsGrad(getBias()))
     g.addGrad(b, getBias(),
               BiasGradOp::create(b, getLoc(), getBias().getType(),
@@ -192,12 +190,16 @@ LogicalResult SwigluOp::emitInputGradients(OpBuilder &b, GradientEmitter &g) {
 
 LogicalResult AttentionOp::emitInputGradients(OpBuilder &b,
                                               GradientEmitter &g) {
-  // attention_grad recomputes the softmax from q|k|v.
+  // From the forward's q|k|v, output and softmax statistics (lse).
+  Value dy = g.getGrad(getResult());
+  if (!dy || !g.needsGrad(getQkv()))
+    return success();
   g.addGrad(b, getQkv(),
             AttentionGradOp::create(
                 b, getLoc(), getQkv().getType(), g.getSaved(b, getQkv()),
-                g.getGrad(getResult()), getHeadsAttr(), getSeqAttr(),
-                getKvHeadsAttr(), getRopeThetaAttr(), getRopeScalingAttr()));
+                g.getSaved(b, getResult()), g.getSaved(b, getLse()), dy,
+                getHeadsAttr(), getSeqAttr(), getKvHeadsAttr(),
+                getRopeThetaAttr(), getRopeScalingAttr()));
   return success();
 }
 
@@ -274,8 +276,7 @@ LogicalResult TpCopyOp::emitInputGradients(OpBuilder &b, GradientEmitter &g) {
   return success();
 }
 
-LogicalResult TpReduceOp::emitInputGradients(OpBuilder &b,
-                                             GradientEmitter &g) {
+LogicalResult TpReduceOp::emitInputGradients(OpBuilder &b, GradientEmitter &g) {
   if (g.needsGrad(getInput()))
     g.addGrad(b, getInput(), g.getGrad(getResult()));
   return success();
@@ -323,11 +324,12 @@ LogicalResult TpKvAssembleOp::emitInputGradients(OpBuilder &b,
     auto w = cast<RankedTensorType>(getWeight().getType());
     auto query = RankedTensorType::get(
         {w.getDimSize(0), static_cast<int64_t>(getQuery())},
-                                       w.getElementType());
-    Value dq = ColumnsOp::create(b, getLoc(), query, dy, b.getI64IntegerAttr(0));
-    g.addGrad(b, getWeight(),
-              ColumnsGradOp::create(b, getLoc(), w, dq,
-                                    b.getI64IntegerAttr(0)));
+        w.getElementType());
+    Value dq =
+        ColumnsOp::create(b, getLoc(), query, dy, b.getI64IntegerAttr(0));
+    g.addGrad(
+        b, getWeight(),
+        ColumnsGradOp::create(b, getLoc(), w, dq, b.getI64IntegerAttr(0)));
   }
   if (g.needsGrad(getPieces()))
     g.addGrad(b, getPieces(),

@@ -1,13 +1,13 @@
 // The piper dialect: registration, verifiers and custom assembly.
 #include "dialects/piper/PiperDialect.h"
 
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/DialectImplementation.h"
+#include "mlir/Interfaces/FunctionImplementation.h"
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/SmallSet.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/ADT/TypeSwitch.h"
-#include "mlir/IR/Builders.h"
-#include "mlir/IR/DialectImplementation.h"
-#include "mlir/Interfaces/FunctionImplementation.h"
 
 using namespace mlir;
 using namespace mlir::piper;
@@ -61,12 +61,11 @@ LogicalResult ParamOp::verify() {
   return success();
 }
 
-void SegmentOp::build(OpBuilder &builder, OperationState &state,
-                      StringRef name, FunctionType type) {
+void SegmentOp::build(OpBuilder &builder, OperationState &state, StringRef name,
+                      FunctionType type) {
   state.addAttribute(SymbolTable::getSymbolAttrName(),
                      builder.getStringAttr(name));
-  state.addAttribute(getFunctionTypeAttrName(state.name),
-                     TypeAttr::get(type));
+  state.addAttribute(getFunctionTypeAttrName(state.name), TypeAttr::get(type));
   Region *body = state.addRegion();
   Block *block = new Block();
   body->push_back(block);
@@ -103,10 +102,9 @@ LogicalResult YieldOp::verify() {
   auto segment = (*this)->getParentOfType<SegmentOp>();
   ArrayRef<Type> expected = segment.getResultTypes();
   if (getValues().size() != expected.size())
-    return emitOpError("yields ") << getValues().size()
-                                  << " values but segment @"
-                                  << segment.getSymName() << " returns "
-                                  << expected.size();
+    return emitOpError("yields ")
+           << getValues().size() << " values but segment @"
+           << segment.getSymName() << " returns " << expected.size();
   for (auto [i, pair] :
        llvm::enumerate(llvm::zip(getValues().getTypes(), expected)))
     if (std::get<0>(pair) != std::get<1>(pair))
@@ -130,22 +128,21 @@ LogicalResult ParamRefOp::verifySymbolUses(SymbolTableCollection &tables) {
   if (failed(param))
     return failure();
   if (param->getType() != getResult().getType())
-    return emitOpError("type ") << getResult().getType()
-                                << " does not match parameter "
-                                << getParamAttr() << " of type "
-                                << param->getType();
+    return emitOpError("type ")
+           << getResult().getType() << " does not match parameter "
+           << getParamAttr() << " of type " << param->getType();
   return success();
 }
 
-LogicalResult AccumulateGradOp::verifySymbolUses(SymbolTableCollection &tables) {
+LogicalResult
+AccumulateGradOp::verifySymbolUses(SymbolTableCollection &tables) {
   FailureOr<ParamOp> param = lookupParam(*this, getParamAttr(), tables);
   if (failed(param))
     return failure();
   if (param->getType() != getGrad().getType())
-    return emitOpError("gradient type ") << getGrad().getType()
-                                         << " does not match parameter "
-                                         << getParamAttr() << " of type "
-                                         << param->getType();
+    return emitOpError("gradient type ")
+           << getGrad().getType() << " does not match parameter "
+           << getParamAttr() << " of type " << param->getType();
   return success();
 }
 
@@ -168,8 +165,9 @@ static int64_t dim(Value v, unsigned i) {
 LogicalResult EmbeddingOp::verify() {
   int64_t rows = dim(getIds(), 0) * dim(getIds(), 1);
   if (dim(getResult(), 0) != rows || dim(getResult(), 1) != dim(getTable(), 1))
-    return emitOpError("result must be [") << rows << ", " << dim(getTable(), 1)
-                                           << "], got " << getResult().getType();
+    return emitOpError("result must be [")
+           << rows << ", " << dim(getTable(), 1) << "], got "
+           << getResult().getType();
   if (getMembers() && *getMembers() < 2)
     return emitOpError("members must be at least 2, got ") << *getMembers();
   return success();
@@ -185,7 +183,8 @@ LogicalResult PositionAddOp::verify() {
     return emitOpError("rows (")
            << dim(getInput(), 0) << ") must be a multiple of seq (" << getSeq()
            << ")" << (cp > 1 ? " / cp" : "");
-  if (dim(getPos(), 0) < getSeqAttr().getInt() || dim(getPos(), 1) != dim(getInput(), 1))
+  if (dim(getPos(), 0) < getSeqAttr().getInt() ||
+      dim(getPos(), 1) != dim(getInput(), 1))
     return emitOpError("position table ")
            << getPos().getType() << " must have at least " << getSeq()
            << " rows of width " << dim(getInput(), 1);
@@ -208,21 +207,21 @@ LogicalResult LinearOp::verify() {
   int64_t wk = getTransposeW() ? dim(getWeight(), 1) : dim(getWeight(), 0);
   int64_t m = getTransposeW() ? dim(getWeight(), 0) : dim(getWeight(), 1);
   if (wk != k)
-    return emitOpError("input has ") << k << " columns but the weight "
-                                     << getWeight().getType() << " expects "
-                                     << wk;
+    return emitOpError("input has ")
+           << k << " columns but the weight " << getWeight().getType()
+           << " expects " << wk;
   if (getBias() && dim(getBias(), 0) != m)
     return emitOpError("bias must have ") << m << " elements";
   if (dim(getResult(), 0) != dim(getInput(), 0) || dim(getResult(), 1) != m)
-    return emitOpError("result must be [") << dim(getInput(), 0) << ", " << m
-                                           << "], got " << getResult().getType();
+    return emitOpError("result must be [")
+           << dim(getInput(), 0) << ", " << m << "], got "
+           << getResult().getType();
   return success();
 }
 
 LogicalResult BiasAddOp::verify() {
   if (dim(getBias(), 0) != dim(getInput(), 1))
-    return emitOpError("bias must have ") << dim(getInput(), 1)
-                                          << " elements";
+    return emitOpError("bias must have ") << dim(getInput(), 1) << " elements";
   if (getResult().getType() != getInput().getType())
     return emitOpError("result type must equal the input type");
   return success();
@@ -285,9 +284,9 @@ LogicalResult ColumnsGradOp::verify() {
 /// Checks tp_kv_assemble's (and its gradient's) shapes: the member's
 /// weight [h, q + 2p] (when given), the gathered pieces [T h, 2p] and the
 /// assembled weight [h, q + 2 hd], hd a multiple r of p with r dividing T.
-static LogicalResult verifyKvAssemble(Operation *op, Value weight,
-                                      Value pieces, Value assembled,
-                                      int64_t members, int64_t query) {
+static LogicalResult verifyKvAssemble(Operation *op, Value weight, Value pieces,
+                                      Value assembled, int64_t members,
+                                      int64_t query) {
   if (members < 2)
     return op->emitOpError("members must be at least 2, got ") << members;
   int64_t rows = dim(assembled, 0), piece2 = dim(pieces, 1);
@@ -303,12 +302,11 @@ static LogicalResult verifyKvAssemble(Operation *op, Value weight,
            << rows << ", " << query + piece2 << "] (query + pieces), got "
            << weight.getType();
   int64_t kv2 = dim(assembled, 1) - query;
-  int64_t share = piece2 > 0 && kv2 > 0 && kv2 % piece2 == 0 ? kv2 / piece2
-                                                             : 0;
+  int64_t share = piece2 > 0 && kv2 > 0 && kv2 % piece2 == 0 ? kv2 / piece2 : 0;
   if (share <= 0 || members % share != 0)
     return op->emitOpError("the assembled weight's ")
-           << kv2 << " key/value columns must be r times the pieces' "
-           << piece2 << ", r dividing the " << members << " members";
+           << kv2 << " key/value columns must be r times the pieces' " << piece2
+           << ", r dividing the " << members << " members";
   return success();
 }
 
@@ -318,8 +316,8 @@ LogicalResult TpKvAssembleOp::verify() {
 }
 
 LogicalResult TpKvAssembleGradOp::verify() {
-  return verifyKvAssemble(*this, Value(), getResult(), getInput(),
-                          getMembers(), getQuery());
+  return verifyKvAssemble(*this, Value(), getResult(), getInput(), getMembers(),
+                          getQuery());
 }
 
 LogicalResult AttentionOp::verify() {
@@ -328,12 +326,11 @@ LogicalResult AttentionOp::verify() {
   if (heads <= 0 || getSeqAttr().getInt() <= 0 || kvHeads <= 0)
     return emitOpError("heads, kv_heads and seq must be positive");
   if (width % heads != 0)
-    return emitOpError("width ") << width << " is not divisible by " << heads
-                                 << " heads";
+    return emitOpError("width ")
+           << width << " is not divisible by " << heads << " heads";
   if (heads % kvHeads != 0)
-    return emitOpError("heads (") << heads
-                                  << ") must be a multiple of kv_heads ("
-                                  << kvHeads << ")";
+    return emitOpError("heads (")
+           << heads << ") must be a multiple of kv_heads (" << kvHeads << ")";
   int64_t hd = width / heads;
   int64_t expected = (heads + 2 * kvHeads) * hd;
   if (dim(getQkv(), 1) != expected)
@@ -347,13 +344,27 @@ LogicalResult AttentionOp::verify() {
   if (dim(getQkv(), 0) != dim(getResult(), 0) ||
       dim(getQkv(), 0) % getSeq() != 0)
     return emitOpError("rows must match and be a multiple of seq");
+  if (dim(getLse(), 0) != dim(getResult(), 0) || dim(getLse(), 1) != 2 * heads)
+    return emitOpError("lse must be [")
+           << dim(getResult(), 0) << ", " << 2 * heads << "] (rows, 2 * heads)";
+  return success();
+}
+
+LogicalResult AttentionGradOp::verify() {
+  int64_t rows = dim(getQkv(), 0), heads = getHeadsAttr().getInt();
+  if (getResult().getType() != getQkv().getType())
+    return emitOpError("result type must equal the qkv type");
+  if (getY().getType() != getGrad().getType() || dim(getY(), 0) != rows)
+    return emitOpError("y and grad must have qkv's rows and one type");
+  if (heads <= 0 || dim(getLse(), 0) != rows || dim(getLse(), 1) != 2 * heads)
+    return emitOpError("lse must be [")
+           << rows << ", " << 2 * heads << "] (rows, 2 * heads)";
   return success();
 }
 
 LogicalResult RmsNormOp::verify() {
   if (dim(getGamma(), 0) != dim(getInput(), 1))
-    return emitOpError("gamma must have ") << dim(getInput(), 1)
-                                           << " elements";
+    return emitOpError("gamma must have ") << dim(getInput(), 1) << " elements";
   if (getResult().getType() != getInput().getType())
     return emitOpError("result type must equal the input type");
   return success();
@@ -398,11 +409,11 @@ LogicalResult MoeRouterOp::verify() {
 LogicalResult MoeDispatchOp::verify() {
   if (getExpertsAttr().getInt() < 1 || getCapacityAttr().getInt() < 1)
     return emitOpError("experts and capacity must be positive");
-  if (dim(getResult(), 0) != getExpertsAttr().getInt() * getCapacityAttr().getInt() ||
+  if (dim(getResult(), 0) !=
+          getExpertsAttr().getInt() * getCapacityAttr().getInt() ||
       dim(getResult(), 1) != dim(getInput(), 1))
     return emitOpError("result must be [experts * capacity, width] = [")
-           << getExperts() * getCapacity() << ", " << dim(getInput(), 1)
-           << "]";
+           << getExperts() * getCapacity() << ", " << dim(getInput(), 1) << "]";
   if (dim(getIndices(), 0) != dim(getInput(), 0))
     return emitOpError("indices must have one row per token");
   return success();
@@ -456,7 +467,8 @@ LogicalResult MoeEpScatterOp::verify() {
 LogicalResult MoeCombineOp::verify() {
   if (getExpertsAttr().getInt() < 1 || getCapacityAttr().getInt() < 1)
     return emitOpError("experts and capacity must be positive");
-  if (dim(getInput(), 0) != getExpertsAttr().getInt() * getCapacityAttr().getInt())
+  if (dim(getInput(), 0) !=
+      getExpertsAttr().getInt() * getCapacityAttr().getInt())
     return emitOpError("input must have experts * capacity = ")
            << getExperts() * getCapacity() << " rows";
   if (getIndices().getType().getShape() != getWeights().getType().getShape())
@@ -487,25 +499,23 @@ LogicalResult ExpertLinearOp::verify() {
 LogicalResult CrossEntropyOp::verify() {
   int64_t rows = dim(getTargets(), 0) * dim(getTargets(), 1);
   if (dim(getLogits(), 0) != rows)
-    return emitOpError("logits have ") << dim(getLogits(), 0)
-                                       << " rows but targets hold " << rows
-                                       << " tokens";
+    return emitOpError("logits have ")
+           << dim(getLogits(), 0) << " rows but targets hold " << rows
+           << " tokens";
   return success();
 }
 
 /// The checks shared by the vocabulary-parallel loss ops: `members` at
 /// least 2, logits rows equal to the target tokens, and `stats` (when
 /// given) [rows, 4 members + 1].
-static LogicalResult verifyVocabLoss(Operation *op, Value logits,
-                                     Value targets, Value stats,
-                                     int64_t members) {
+static LogicalResult verifyVocabLoss(Operation *op, Value logits, Value targets,
+                                     Value stats, int64_t members) {
   if (members < 2)
     return op->emitOpError("members must be at least 2, got ") << members;
   int64_t rows = dim(targets, 0) * dim(targets, 1);
   if (dim(logits, 0) != rows)
     return op->emitOpError("logits have ")
-           << dim(logits, 0) << " rows but targets hold " << rows
-           << " tokens";
+           << dim(logits, 0) << " rows but targets hold " << rows << " tokens";
   if (stats && (dim(stats, 0) != rows || dim(stats, 1) != 4 * members + 1))
     return op->emitOpError("statistics must be [")
            << rows << ", " << 4 * members + 1 << "] (4 members + 1 columns), "
@@ -565,10 +575,9 @@ static LogicalResult verifyStreamKinds(Block &body) {
     if (inserted || it->second.first == stream.getKind())
       return success();
     return node->emitOpError("uses stream ")
-        << stream.str() << ", but a '" << it->second.second->getName()
-        << "' node uses it as a "
-        << stringifyStreamKind(it->second.first)
-        << " stream: a stream has one kind";
+           << stream.str() << ", but a '" << it->second.second->getName()
+           << "' node uses it as a " << stringifyStreamKind(it->second.first)
+           << " stream: a stream has one kind";
   };
   for (Operation &node : body) {
     auto n = dyn_cast<ProgramNodeOpInterface>(node);
@@ -638,15 +647,15 @@ LogicalResult TaskOp::verifySymbolUses(SymbolTableCollection &tables) {
     return emitOpError("calls unknown segment ") << getSegmentAttr();
   ArrayRef<Type> argTypes = segment.getArgumentTypes();
   if (getArgs().size() != argTypes.size())
-    return emitOpError("passes ") << getArgs().size() << " arguments but @"
-                                  << segment.getSymName() << " takes "
-                                  << argTypes.size();
+    return emitOpError("passes ")
+           << getArgs().size() << " arguments but @" << segment.getSymName()
+           << " takes " << argTypes.size();
   for (auto [i, pair] :
        llvm::enumerate(llvm::zip(getArgs().getTypes(), argTypes)))
     if (std::get<0>(pair) != std::get<1>(pair))
-      return emitOpError("argument #") << i << " has type " << std::get<0>(pair)
-                                       << " but @" << segment.getSymName()
-                                       << " expects " << std::get<1>(pair);
+      return emitOpError("argument #")
+             << i << " has type " << std::get<0>(pair) << " but @"
+             << segment.getSymName() << " expects " << std::get<1>(pair);
   ArrayRef<Type> resultTypes = segment.getResultTypes();
   if (getOuts().size() != resultTypes.size() ||
       !llvm::equal(getOuts().getTypes(), resultTypes))
@@ -680,8 +689,7 @@ ReduceScatterGradsOp::verifySymbolUses(SymbolTableCollection &tables) {
 
 LogicalResult
 AllGatherParamsOp::verifySymbolUses(SymbolTableCollection &tables) {
-  return verifyZeroSymbols(*this, getParams(), getResults().getTypes(),
-                           tables);
+  return verifyZeroSymbols(*this, getParams(), getResults().getTypes(), tables);
 }
 
 LogicalResult AllReduceOp::verifySymbolUses(SymbolTableCollection &tables) {
@@ -711,8 +719,8 @@ double mlir::piper::countTensorBytes(Operation *op) {
   double total = 0;
   auto add = [&](Value v) {
     if (auto t = dyn_cast<RankedTensorType>(v.getType()))
-      total += double(t.getNumElements()) *
-               double(t.getElementTypeBitWidth()) / 8.0;
+      total +=
+          double(t.getNumElements()) * double(t.getElementTypeBitWidth()) / 8.0;
   };
   llvm::for_each(op->getOperands(), add);
   llvm::for_each(op->getResults(), add);

@@ -304,13 +304,21 @@ def Piper_AttentionOp : Piper_Op<"attention", [Pure,
     `rope_theta`, q and k are rotated first (rotary embeddings, Llama's
     rotate-half convention, position = row index within the sequence),
     with `rope_scaling` at Llama 3.1's rescaled frequencies. The
-    result is [N, heads * hd].
+    result is [N, heads * hd]; `lse` [N, 2 heads] is the log-sum-exp of
+    each row's scaled scores, saved for the backward (the fused kernels'
+    softmax statistics) as a pair per head: column h a bf16 value, column
+    heads + h the rest, so that bf16 storage keeps it to |lse| 2^-16 (as
+    `piper.cp_attention`'s).
+
+    ```mlir
+    %y, %lse = piper.attention %qkv {heads = 4 : i64, seq = 32 : i64} : (tensor<128x192xf32>) -> (tensor<128x64xf32>, tensor<128x8xf32>)
+    ```
   }];
   let arguments = (ins F32Tensor2D:$qkv, I64Attr:$heads, I64Attr:$seq,
                        OptionalAttr<I64Attr>:$kv_heads,
                        OptionalAttr<F64Attr>:$rope_theta,
                        OptionalAttr<Piper_RopeScalingAttr>:$rope_scaling);
-  let results = (outs F32Tensor2D:$result);
+  let results = (outs F32Tensor2D:$result, F32Tensor2D:$lse);
   let assemblyFormat = "$qkv attr-dict `:` functional-type(operands, results)";
   let hasVerifier = 1;
   let extraClassDeclaration = [{
@@ -531,23 +539,29 @@ def Piper_GeluGradOp : Piper_ComputeOp<"gelu_grad", [Pure, SameOperandsAndResult
 
 def Piper_AttentionGradOp : Piper_Op<"attention_grad", [Pure,
     DeclareOpInterfaceMethods<Piper_CostOpInterface, ["getFlops"]>]> {
-  let summary = "Gradient of attention w.r.t. packed q|k|v (recomputes the softmax)";
+  let summary = "Gradient of attention w.r.t. packed q|k|v";
   let description = [{
     The gradient of `piper.attention` with respect to its packed `qkv`
-    input, for the output gradient `grad`; the attributes must equal the
-    forward's. The softmax is recomputed from `qkv` (nothing else is saved),
-    and with `rope_theta` the rotation is undone on the q and k gradients.
+    input, for the output gradient `grad`, from the forward's `qkv`, `y`
+    and `lse`; the attributes must equal the forward's. The fused kernels
+    (cuDNN) take y and the statistics as they are; the CPU and SIMT GPU
+    kernels recompute the softmax from `qkv`, as they always have. With
+    `rope_theta` the rotation is undone on the q and k gradients.
 
     ```mlir
-    %dqkv = piper.attention_grad %qkv, %dy {heads = 4 : i64, seq = 32 : i64} : (tensor<128x192xf32>, tensor<128x64xf32>) -> tensor<128x192xf32>
+    %dqkv = piper.attention_grad %qkv, %y, %lse, %dy {heads = 4 : i64, seq = 32 : i64} : (tensor<128x192xf32>, tensor<128x64xf32>, tensor<128x8xf32>, tensor<128x64xf32>) -> tensor<128x192xf32>
     ```
   }];
-  let arguments = (ins F32Tensor2D:$qkv, F32Tensor2D:$grad, I64Attr:$heads,
+  let arguments = (ins F32Tensor2D:$qkv, F32Tensor2D:$y, F32Tensor2D:$lse,
+                       F32Tensor2D:$grad, I64Attr:$heads,
                        I64Attr:$seq, OptionalAttr<I64Attr>:$kv_heads,
                        OptionalAttr<F64Attr>:$rope_theta,
                        OptionalAttr<Piper_RopeScalingAttr>:$rope_scaling);
   let results = (outs F32Tensor2D:$result);
-  let assemblyFormat = "$qkv `,` $grad attr-dict `:` functional-type(operands, results)";
+  let assemblyFormat = [{
+    $qkv `,` $y `,` $lse `,` $grad attr-dict `:` functional-type(operands, results)
+  }];
+  let hasVerifier = 1;
 }
 
 def Piper_RmsNormGradInputOp : Piper_ComputeOp<"rms_norm_grad_input", [Pure]> {

@@ -173,8 +173,9 @@ struct RopeTable {
 // maximum subtracted, the denominator summed in double); entries past i
 // become 0. Every loop runs over the whole row (the masked entries set to
 // -inf, whose exp is exactly 0 and adds nothing to the sum): no ragged
-// tails, the same floats as over 0..i.
-PIPER_SIMD void causalSoftmax(float *probs, int64_t s) {
+// tails, the same floats as over 0..i. With `lse`, lse[i] becomes the row's
+// log-sum-exp, max + log(sum), as the ring's blocks compute it.
+PIPER_SIMD void causalSoftmax(float *probs, int64_t s, float *lse) {
   const float minusInf = -__builtin_inff();
   for (int64_t i = 0; i < s; ++i) {
     float *__restrict row = probs + i * s;
@@ -183,9 +184,12 @@ PIPER_SIMD void causalSoftmax(float *probs, int64_t s) {
     float rowMax = maxOfInline(row, s);
     for (int64_t j = 0; j < s; ++j)
       row[j] = fastExp(row[j] - rowMax);
-    float inv = static_cast<float>(1.0 / sumDoubleInline(row, s));
+    double sum = sumDoubleInline(row, s);
+    float inv = static_cast<float>(1.0 / sum);
     for (int64_t j = 0; j < s; ++j)
       row[j] *= inv;
+    if (lse)
+      lse[i] = static_cast<float>(double(rowMax) + std::log(sum));
   }
 }
 
@@ -207,10 +211,11 @@ PIPER_SIMD void causalSoftmaxGrad(const float *probs, float *dprobs, int64_t s,
 // probs = causal softmax(scale * q k^T) for one (sequence, head); q and k
 // point at the head's first row with leading dimensions ldq and ldk.
 void causalProbs(const AttentionDims &d, const float *q, int64_t ldq,
-                 const float *k, int64_t ldk, float scale, float *probs) {
+                 const float *k, int64_t ldk, float scale, float *probs,
+                 float *lse = nullptr) {
   int64_t s = d.seq;
   gemm(false, true, s, s, d.headDim, scale, q, ldq, k, ldk, 0.0f, probs, s);
-  causalSoftmax(probs, s);
+  causalSoftmax(probs, s, lse);
 }
 
 // The (possibly rotated) q and k of one sequence: without rotary embeddings
@@ -368,20 +373,25 @@ Status checkAttentionBlockGrad(const KernelArgs &a, AttentionBlockDims &d) {
 }
 
 Status checkAttention(const KernelArgs &a, AttentionDims &d) {
-  PIPER_RETURN_IF_ERROR(expectCounts(a, 1, 1, 1));
-  return attentionDims(a, a.inputs[0], a.outputs[0], "y", d);
+  PIPER_RETURN_IF_ERROR(expectCounts(a, 1, 1, 2));
+  PIPER_RETURN_IF_ERROR(attentionDims(a, a.inputs[0], a.outputs[0], "y", d));
+  return expectTensor(a, a.outputs[1], "lse", plan::F32, {d.rows, 2 * d.heads});
 }
 
 Status checkAttentionGrad(const KernelArgs &a, AttentionDims &d) {
-  PIPER_RETURN_IF_ERROR(expectCounts(a, 2, 2, 1));
-  PIPER_RETURN_IF_ERROR(attentionDims(a, a.inputs[0], a.inputs[1], "dy", d));
+  PIPER_RETURN_IF_ERROR(expectCounts(a, 4, 4, 1));
+  PIPER_RETURN_IF_ERROR(attentionDims(a, a.inputs[0], a.inputs[3], "dy", d));
+  PIPER_RETURN_IF_ERROR(
+      expectTensor(a, a.inputs[1], "y", plan::F32, {d.rows, d.qCols}));
+  PIPER_RETURN_IF_ERROR(
+      expectTensor(a, a.inputs[2], "lse", plan::F32, {d.rows, 2 * d.heads}));
   return expectTensor(a, a.outputs[0], "dqkv", plan::F32, {d.rows, d.cols});
 }
 
 Status attentionKernel(const KernelArgs &a) {
   AttentionDims d;
   PIPER_RETURN_IF_ERROR(checkAttention(a, d));
-  const TensorRef &qkv = a.inputs[0], &y = a.outputs[0];
+  const TensorRef &qkv = a.inputs[0], &y = a.outputs[0], &lse = a.outputs[1];
   if (d.batch == 0)
     return Status::ok();
 
@@ -389,7 +399,7 @@ Status attentionKernel(const KernelArgs &a) {
   float scale = static_cast<float>(1.0 / std::sqrt(double(hd)));
   RopeTable rope(d);
   SequenceQK qk;
-  std::vector<float> probs(s * s);
+  std::vector<float> probs(s * s), rowLse(s);
   for (int64_t b = 0; b < d.batch; ++b) {
     const float *rows = qkv.f32() + b * s * d.cols;
     const float *v = rows + d.qCols + d.kvCols;
@@ -398,9 +408,11 @@ Status attentionKernel(const KernelArgs &a) {
       int64_t g = h / d.group();
       float *out = y.f32() + b * s * d.qCols + h * hd;
       causalProbs(d, qk.q + h * hd, qk.ldq, qk.k + g * hd, qk.ldk, scale,
-                  probs.data());
+                  probs.data(), rowLse.data());
       gemm(false, false, s, hd, s, 1.0f, probs.data(), s, v + g * hd, d.cols,
            0.0f, out, d.qCols);
+      for (int64_t i = 0; i < s; ++i)
+        storeRingLse(lse.f32(), d.heads, b * s + i, h, rowLse[i]);
     }
   }
   return Status::ok();
@@ -409,7 +421,9 @@ Status attentionKernel(const KernelArgs &a) {
 Status attentionGradKernel(const KernelArgs &a) {
   AttentionDims d;
   PIPER_RETURN_IF_ERROR(checkAttentionGrad(a, d));
-  const TensorRef &qkv = a.inputs[0], &dy = a.inputs[1], &dqkv = a.outputs[0];
+  // The softmax is recomputed from q|k|v (the forward's y and lse, inputs 1
+  // and 2, are for the fused kernels): the same numbers as ever.
+  const TensorRef &qkv = a.inputs[0], &dy = a.inputs[3], &dqkv = a.outputs[0];
   if (d.batch == 0)
     return Status::ok();
 

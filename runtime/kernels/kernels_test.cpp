@@ -165,8 +165,8 @@ double probeLoss(const plan::Kernel &forward, std::vector<Tensor> ins,
 /// large (1e-2) and |fd - analytic| <= atol + rtol |fd|; observed errors are
 /// below 3e-5, so a wrong term of any size that matters fails.
 void checkGradientOf(const plan::Kernel &forward, std::vector<Tensor> ins,
-                     size_t wrt, const std::vector<Tensor> &outs,
-                     size_t which, const std::vector<float> &r,
+                     size_t wrt, const std::vector<Tensor> &outs, size_t which,
+                     const std::vector<float> &r,
                      const std::vector<float> &analytic, double step = 1e-2,
                      double atol = 2e-4, double rtol = 1e-3) {
   REQUIRE(analytic.size() == ins[wrt].f.size());
@@ -207,6 +207,11 @@ void checkGradient(const plan::Kernel &forward, std::vector<Tensor> ins,
                    double atol = 2e-4, double rtol = 1e-3) {
   checkGradientOf(forward, std::move(ins), wrt, {Tensor::f32(outShape)}, 0, r,
                   analytic, step, atol, rtol);
+}
+
+/// attention's outputs: y [rows, width] and lse [rows, 2 heads].
+std::vector<Tensor> attentionOuts(int64_t rows, int64_t width, int64_t heads) {
+  return {Tensor::f32({rows, width}), Tensor::f32({rows, 2 * heads})};
 }
 
 /// The gradients these tests compare must not be trivially zero.
@@ -627,11 +632,15 @@ TEST_CASE("sp_split keeps the context's member's rows", "[kernels][forward]") {
   CHECK(outs[0].f == std::vector<float>{0, 1, 2, 3});
   // Errors: members that do not divide the rows, a member out of range.
   std::vector<Tensor> three = {Tensor::f32({3, 2})};
-  CHECK(run(K("sp_split").i("members", 2), three, outs, ctx).message().find(
-            "must be at least 2 and divide the 3 rows") != std::string::npos);
+  CHECK(run(K("sp_split").i("members", 2), three, outs, ctx)
+            .message()
+            .find("must be at least 2 and divide the 3 rows") !=
+        std::string::npos);
   ctx.tensorMember = 2;
-  CHECK(run(K("sp_split").i("members", 2), ins, outs, ctx).message().find(
-            "tensor-parallel member 2 is not one of 2") != std::string::npos);
+  CHECK(run(K("sp_split").i("members", 2), ins, outs, ctx)
+            .message()
+            .find("tensor-parallel member 2 is not one of 2") !=
+        std::string::npos);
 }
 
 TEST_CASE("columns and columns_grad copy consecutive columns",
@@ -645,12 +654,14 @@ TEST_CASE("columns and columns_grad copy consecutive columns",
   mustRun(K("columns_grad").i("start", 1), outs, wide);
   CHECK(wide[0].f == std::vector<float>{0, 1, 2, 0, 0, 5, 6, 0});
   // Errors: columns past the end, rows that differ, no start.
-  CHECK(run(K("columns").i("start", 3), ins, outs).message().find(
-            "columns [3, 5) are not columns of a matrix of 4") !=
+  CHECK(run(K("columns").i("start", 3), ins, outs)
+            .message()
+            .find("columns [3, 5) are not columns of a matrix of 4") !=
         std::string::npos);
   std::vector<Tensor> threeRows = {Tensor::f32({3, 2})};
-  CHECK(run(K("columns").i("start", 0), ins, threeRows).message().find(
-            "must have the same rows") != std::string::npos);
+  CHECK(run(K("columns").i("start", 0), ins, threeRows)
+            .message()
+            .find("must have the same rows") != std::string::npos);
   CHECK(run(K("columns"), ins, outs).message().find("start") !=
         std::string::npos);
 }
@@ -673,19 +684,18 @@ TEST_CASE("tp_kv_assemble gives each member its key/value head whole",
     // The member's own weight: q columns [-1, -2] (row 0), [-3, -4] (row
     // 1), then its pieces.
     std::vector<Tensor> ins = {
-        Tensor::f32({rows, 4}, {-1, -2, pieces[(m * rows) * 2],
-                                pieces[(m * rows) * 2 + 1], -3, -4,
-                                pieces[(m * rows + 1) * 2],
-                                pieces[(m * rows + 1) * 2 + 1]}),
+        Tensor::f32({rows, 4},
+                    {-1, -2, pieces[(m * rows) * 2], pieces[(m * rows) * 2 + 1],
+                     -3, -4, pieces[(m * rows + 1) * 2],
+                     pieces[(m * rows + 1) * 2 + 1]}),
         Tensor::f32({members * rows, 2}, pieces)};
     std::vector<Tensor> outs = {Tensor::f32({rows, 6})};
     K k("tp_kv_assemble");
     k.i("members", members).i("query", 2);
     REQUIRE(run(k, ins, outs, ctx).isOk());
     const float a = float(10 * (m / 2 * 2)), b = a + 10;
-    CHECK(outs[0].f == std::vector<float>{-1, -2, a, b, 100 + a, 100 + b,
-                                          -3, -4, a + 1, b + 1, 101 + a,
-                                          101 + b});
+    CHECK(outs[0].f == std::vector<float>{-1, -2, a, b, 100 + a, 100 + b, -3,
+                                          -4, a + 1, b + 1, 101 + a, 101 + b});
     // Its gradient is the adjoint on the pieces: <assemble(w, P), dy> =
     // <w's query columns, dy's> + <P, assemble_grad(dy)>, exact on integers.
     Rng rng(40 + m);
@@ -724,26 +734,33 @@ TEST_CASE("tp_kv_assemble gives each member its key/value head whole",
         std::string::npos);
   w[1] = Tensor::f32({members * rows, 2});
   std::vector<Tensor> odd = {Tensor::f32({rows, 5})};
-  CHECK(run(k, w, odd, ctx).message().find("key/value columns must be r "
-                                           "times") != std::string::npos);
+  CHECK(run(k, w, odd, ctx)
+            .message()
+            .find("key/value columns must be r "
+                  "times") != std::string::npos);
   ctx.tensorMember = 4;
-  CHECK(run(k, w, y, ctx).message().find("tensor-parallel member 4 is not "
-                                         "one of 4") != std::string::npos);
+  CHECK(run(k, w, y, ctx)
+            .message()
+            .find("tensor-parallel member 4 is not "
+                  "one of 4") != std::string::npos);
 }
 
 TEST_CASE("attention on one and two tokens", "[kernels][forward]") {
   // One head, hd = 2. Rows are [q | k | v].
   SECTION("a single token attends only to itself") {
     std::vector<Tensor> ins = {Tensor::f32({1, 6}, {3, -1, 2, 5, 7, 8})};
-    std::vector<Tensor> outs = {Tensor::f32({1, 2})};
+    std::vector<Tensor> outs = attentionOuts(1, 2, 1);
     mustRun(K("attention").i("heads", 1).i("seq", 1), ins, outs);
     CHECK(outs[0].f == std::vector<float>{7, 8});
+    // One score, q.k / sqrt(2) = 1 / sqrt(2): its log-sum-exp is itself.
+    CHECK(detail::loadRingLse(outs[1].f.data(), 1, 0, 0) ==
+          Approx(1 / std::sqrt(2.0)).margin(1e-6));
   }
   SECTION("the second token mixes both values by softmax of q.k/sqrt(hd)") {
     std::vector<Tensor> ins = {
         Tensor::f32({2, 6}, {9, 9, 1, 0, 1, 2, // token 0: q ignored by the mask
                              1, 2, 0, 1, 3, 4})}; // token 1
-    std::vector<Tensor> outs = {Tensor::f32({2, 2})};
+    std::vector<Tensor> outs = attentionOuts(2, 2, 1);
     mustRun(K("attention").i("heads", 1).i("seq", 2), ins, outs);
     // q1.k0 = 1, q1.k1 = 2, scaled by 1/sqrt(2).
     double s0 = 1 / std::sqrt(2.0), s1 = 2 / std::sqrt(2.0);
@@ -757,7 +774,7 @@ TEST_CASE("attention on one and two tokens", "[kernels][forward]") {
     // Two sequences of one token each: each output is its own value.
     std::vector<Tensor> ins = {
         Tensor::f32({2, 6}, {1, 1, 1, 1, 5, 6, 1, 1, 1, 1, -5, -6})};
-    std::vector<Tensor> outs = {Tensor::f32({2, 2})};
+    std::vector<Tensor> outs = attentionOuts(2, 2, 1);
     mustRun(K("attention").i("heads", 1).i("seq", 1), ins, outs);
     CHECK(outs[0].f == std::vector<float>{5, 6, -5, -6});
   }
@@ -770,7 +787,7 @@ TEST_CASE("attention matches a naive double-precision reference",
   const int64_t rows = batch * seq;
   Tensor qkv = randomF32(rng, {rows, 3 * hidden}, -2.0, 2.0);
   std::vector<Tensor> ins = {qkv};
-  std::vector<Tensor> outs = {Tensor::f32({rows, hidden})};
+  std::vector<Tensor> outs = attentionOuts(rows, hidden, heads);
   mustRun(K("attention").i("heads", heads).i("seq", seq), ins, outs);
 
   auto at = [&](int64_t row, int64_t part, int64_t h, int64_t c) {
@@ -790,6 +807,9 @@ TEST_CASE("attention matches a naive double-precision reference",
         }
         for (double &s : score)
           sum += (s = std::exp(s - maxScore));
+        // lse: the log-sum-exp of the row's scaled scores.
+        CHECK(detail::loadRingLse(outs[1].f.data(), heads, b * seq + i, h) ==
+              Approx(maxScore + std::log(sum)).margin(1e-5));
         for (int64_t c = 0; c < hd; ++c) {
           double want = 0;
           for (int64_t j = 0; j <= i; ++j)
@@ -842,14 +862,13 @@ TEST_CASE("rms_norm divides by the root mean square, then scales",
 
 TEST_CASE("swiglu multiplies silu(gate) by up", "[kernels][forward]") {
   // F = 3; rows are [gate(3) | up(3)].
-  std::vector<Tensor> ins = {
-      Tensor::f32({2, 6}, {0, 1, -2, 5, 2, 3, //
-                           4, -30, 30, 1, 1, -0.5f})};
+  std::vector<Tensor> ins = {Tensor::f32({2, 6}, {0, 1, -2, 5, 2, 3, //
+                                                  4, -30, 30, 1, 1, -0.5f})};
   std::vector<Tensor> outs = {Tensor::f32({2, 3})};
   mustRun(K("swiglu"), ins, outs);
   auto silu = [](double g) { return g / (1.0 + std::exp(-g)); };
   CHECK(outs[0].f[0] == 0.0f);
-  CHECK(outs[0].f[1] == Approx(0.7310586 * 2).margin(1e-6)); // silu(1) * 2
+  CHECK(outs[0].f[1] == Approx(0.7310586 * 2).margin(1e-6));  // silu(1) * 2
   CHECK(outs[0].f[2] == Approx(-0.2384058 * 3).margin(1e-6)); // silu(-2) * 3
   CHECK(outs[0].f[3] == Approx(silu(4)));
   CHECK(outs[0].f[4] == Approx(silu(-30)).margin(1e-10)); // ~ -2.8e-12
@@ -916,10 +935,9 @@ TEST_CASE("attention with rotary embeddings rotates q and k by position",
   // One head, hd = 2, theta irrelevant for i = 0: freq_0 = 1, so the token
   // at position 1 is rotated by 1 radian. q1 = k0 = k1 = [1, 0]; after the
   // rotation q1.k0 = cos(1) and q1.k1 = 1 (relative position 0).
-  std::vector<Tensor> ins = {
-      Tensor::f32({2, 6}, {9, 9, 1, 0, 1, 2, //
-                           1, 0, 1, 0, 3, 4})};
-  std::vector<Tensor> outs = {Tensor::f32({2, 2})};
+  std::vector<Tensor> ins = {Tensor::f32({2, 6}, {9, 9, 1, 0, 1, 2, //
+                                                  1, 0, 1, 0, 3, 4})};
+  std::vector<Tensor> outs = attentionOuts(2, 2, 1);
   mustRun(K("attention").i("heads", 1).i("seq", 2).f("rope_theta", 10000.0),
           ins, outs);
   double s0 = std::cos(1.0) / std::sqrt(2.0), s1 = 1 / std::sqrt(2.0);
@@ -937,10 +955,9 @@ TEST_CASE("grouped-query attention with rotary embeddings matches a "
     int64_t heads, kv, hd;
     double theta;
   };
-  const Config config = GENERATE(Config{4, 2, 4, 10000.0},
-                                 Config{6, 2, 6, 500000.0},
-                                 Config{4, 1, 2, 10.0}, Config{3, 3, 4, 0.0},
-                                 Config{4, 2, 3, 0.0});
+  const Config config = GENERATE(
+      Config{4, 2, 4, 10000.0}, Config{6, 2, 6, 500000.0},
+      Config{4, 1, 2, 10.0}, Config{3, 3, 4, 0.0}, Config{4, 2, 3, 0.0});
   INFO("heads=" << config.heads << " kv_heads=" << config.kv
                 << " hd=" << config.hd << " rope_theta=" << config.theta);
   Rng rng(5);
@@ -949,7 +966,7 @@ TEST_CASE("grouped-query attention with rotary embeddings matches a "
   const int64_t width = config.heads * config.hd;
   Tensor qkv = randomF32(rng, {rows, cols}, -2.0, 2.0);
   std::vector<Tensor> ins = {qkv};
-  std::vector<Tensor> outs = {Tensor::f32({rows, width})};
+  std::vector<Tensor> outs = attentionOuts(rows, width, config.heads);
   mustRun(K("attention")
               .i("heads", config.heads)
               .i("kv_heads", config.kv)
@@ -984,17 +1001,17 @@ TEST_CASE("grouped-query attention equals attention with repeated k and v",
   }
   for (double theta : {0.0, 10000.0}) {
     std::vector<Tensor> gqaIns = {qkv}, mhaIns = {mha};
-    std::vector<Tensor> gqaOut = {Tensor::f32({rows, heads * hd})};
-    std::vector<Tensor> mhaOut = {Tensor::f32({rows, heads * hd})};
+    std::vector<Tensor> gqaOut = attentionOuts(rows, heads * hd, heads);
+    std::vector<Tensor> mhaOut = attentionOuts(rows, heads * hd, heads);
     mustRun(K("attention")
                 .i("heads", heads)
                 .i("kv_heads", kv)
                 .i("seq", seq)
                 .f("rope_theta", theta),
             gqaIns, gqaOut);
-    mustRun(K("attention").i("heads", heads).i("seq", seq).f("rope_theta",
-                                                             theta),
-            mhaIns, mhaOut);
+    mustRun(
+        K("attention").i("heads", heads).i("seq", seq).f("rope_theta", theta),
+        mhaIns, mhaOut);
     for (int64_t e = 0; e < rows * heads * hd; ++e)
       CHECK(gqaOut[0].f[e] == Approx(mhaOut[0].f[e]).margin(1e-6));
   }
@@ -1005,11 +1022,14 @@ TEST_CASE("explicit default kv_heads and rope_theta change nothing",
   Rng rng(7);
   Tensor qkv = randomF32(rng, {6, 18}, -2.0, 2.0);
   std::vector<Tensor> ins = {qkv};
-  std::vector<Tensor> plain = {Tensor::f32({6, 6})};
-  std::vector<Tensor> explicitOut = {Tensor::f32({6, 6})};
+  std::vector<Tensor> plain = attentionOuts(6, 6, 2);
+  std::vector<Tensor> explicitOut = attentionOuts(6, 6, 2);
   mustRun(K("attention").i("heads", 2).i("seq", 3), ins, plain);
-  mustRun(K("attention").i("heads", 2).i("kv_heads", 2).i("seq", 3).f(
-              "rope_theta", 0.0),
+  mustRun(K("attention")
+              .i("heads", 2)
+              .i("kv_heads", 2)
+              .i("seq", 3)
+              .f("rope_theta", 0.0),
           ins, explicitOut);
   CHECK(plain[0].f == explicitOut[0].f);
 }
@@ -1227,13 +1247,35 @@ TEST_CASE("attention_grad is the gradient of attention", "[kernels][grad]") {
   Tensor qkv = randomF32(rng, {rows, 3 * hidden}, -1.5, 1.5);
   std::vector<float> r = rng.vec(rows * hidden);
   K forward = K("attention").i("heads", heads).i("seq", seq);
+  std::vector<Tensor> fwdIns = {qkv}, fwd = attentionOuts(rows, hidden, heads);
+  mustRun(forward, fwdIns, fwd);
 
-  std::vector<Tensor> ins = {qkv, Tensor::f32({rows, hidden}, r)};
+  // From the forward's q|k|v, y and lse.
+  std::vector<Tensor> ins = {qkv, fwd[0], fwd[1],
+                             Tensor::f32({rows, hidden}, r)};
   std::vector<Tensor> outs = {Tensor::f32({rows, 3 * hidden})};
   std::fill(outs[0].f.begin(), outs[0].f.end(), 9.0f); // must be overwritten
-  mustRun(K("attention_grad").i("heads", heads).i("seq", seq), ins, outs);
+  K backward = K("attention_grad").i("heads", heads).i("seq", seq);
+  mustRun(backward, ins, outs);
   requireNonZero(outs[0].f);
-  checkGradient(forward, {qkv}, 0, {rows, hidden}, r, outs[0].f);
+  checkGradientOf(forward, {qkv}, 0, attentionOuts(rows, hidden, heads), 0, r,
+                  outs[0].f);
+
+  // y and lse must have the forward's shapes; attention writes both.
+  CHECK(mustFail(backward,
+                 {qkv, Tensor::f32({rows, hidden + 1}), fwd[1],
+                  Tensor::f32({rows, hidden}, r)},
+                 outs)
+            .find("y has shape") != std::string::npos);
+  CHECK(mustFail(backward,
+                 {qkv, fwd[0], Tensor::f32({rows, heads}),
+                  Tensor::f32({rows, hidden}, r)},
+                 outs)
+            .find("lse has shape") != std::string::npos);
+  CHECK(mustFail(backward, {qkv, Tensor::f32({rows, hidden}, r)}, outs)
+            .find("expected 4 inputs, got 2") != std::string::npos);
+  CHECK(mustFail(forward, {qkv}, {Tensor::f32({rows, hidden})})
+            .find("expected 2 outputs, got 1") != std::string::npos);
 }
 
 TEST_CASE("attention_grad with grouped-query heads and rotary embeddings",
@@ -1244,9 +1286,8 @@ TEST_CASE("attention_grad with grouped-query heads and rotary embeddings",
   };
   // Llama-style GQA with rope; MQA without rope; the old default (kv_heads
   // and rope_theta absent) with an odd head dim.
-  const Config config =
-      GENERATE(Config{4, 2, 4, 10000.0}, Config{2, 1, 3, 0.0},
-               Config{2, 2, 3, -1.0}, Config{4, 1, 2, 10.0});
+  const Config config = GENERATE(Config{4, 2, 4, 10000.0}, Config{2, 1, 3, 0.0},
+                                 Config{2, 2, 3, -1.0}, Config{4, 1, 2, 10.0});
   INFO("heads=" << config.heads << " kv_heads=" << config.kv
                 << " hd=" << config.hd << " rope_theta=" << config.theta);
   Rng rng(18);
@@ -1262,12 +1303,17 @@ TEST_CASE("attention_grad with grouped-query heads and rotary embeddings",
     backward.i("kv_heads", config.kv).f("rope_theta", config.theta);
   }
 
-  std::vector<Tensor> ins = {qkv, Tensor::f32({rows, width}, r)};
+  std::vector<Tensor> fwdIns = {qkv},
+                      fwd = attentionOuts(rows, width, config.heads);
+  mustRun(forward, fwdIns, fwd);
+  std::vector<Tensor> ins = {qkv, fwd[0], fwd[1],
+                             Tensor::f32({rows, width}, r)};
   std::vector<Tensor> outs = {Tensor::f32({rows, cols})};
   std::fill(outs[0].f.begin(), outs[0].f.end(), 9.0f); // must be overwritten
   mustRun(backward, ins, outs);
   requireNonZero(outs[0].f);
-  checkGradient(forward, {qkv}, 0, {rows, width}, r, outs[0].f);
+  checkGradientOf(forward, {qkv}, 0, attentionOuts(rows, width, config.heads),
+                  0, r, outs[0].f);
 }
 
 // Ring attention (context parallelism): the members' steps, emulated in
@@ -1300,9 +1346,10 @@ TEST_CASE("ring attention steps equal attention and attention_grad over "
   };
   Tensor qkv = randomF32(rng, {rows, cols}, -1.5, 1.5);
   Tensor dy = randomF32(rng, {rows, qCols});
-  std::vector<Tensor> ins = {qkv}, want = {Tensor::f32({rows, qCols})};
+  std::vector<Tensor> ins = {qkv},
+                      want = attentionOuts(rows, qCols, config.heads);
   mustRun(attrs(K("attention")), ins, want);
-  std::vector<Tensor> gradIns = {qkv, dy},
+  std::vector<Tensor> gradIns = {qkv, want[0], want[1], dy},
                       wantGrad = {Tensor::f32({rows, cols})};
   mustRun(attrs(K("attention_grad")), gradIns, wantGrad);
 
@@ -1405,7 +1452,8 @@ TEST_CASE("Ulysses' layouts around emulated all-to-alls give attention "
                 kvCols = config.kv * config.hd;
   const int64_t cols = qCols + 2 * kvCols;
   Tensor qkv = randomF32(rng, {rows, cols}, -1.5, 1.5);
-  std::vector<Tensor> ins = {qkv}, want = {Tensor::f32({rows, qCols})};
+  std::vector<Tensor> ins = {qkv},
+                      want = attentionOuts(rows, qCols, config.heads);
   mustRun(K("attention")
               .i("heads", config.heads)
               .i("kv_heads", config.kv)
@@ -1473,13 +1521,14 @@ TEST_CASE("Ulysses' layouts around emulated all-to-alls give attention "
                              (c - h * config.hd - (group - 1) * kv * config.hd);
         REQUIRE(natural[0].f[r * (cols / n) + c] == qkv.f[r * cols + wideCol]);
       }
-    std::vector<Tensor> y = {Tensor::f32({rows, qCols / n})};
+    std::vector<Tensor> yLse = attentionOuts(rows, qCols / n, h);
     mustRun(K("attention")
                 .i("heads", h)
                 .i("kv_heads", kv)
                 .i("seq", seq)
                 .f("rope_theta", 10000.0),
-            natural, y);
+            natural, yLse);
+    std::vector<Tensor> y = {yLse[0]};
     std::vector<Tensor> out = {Tensor::f32({rows, qCols / n}),
                                Tensor::i32({n}, std::vector<int32_t>(n, -1))};
     mustRun(K("cp_ulysses_zigzag").i("cp", n).i("seq", seq), y, out);
@@ -2005,8 +2054,8 @@ TEST_CASE("vocabulary-parallel cross entropy equals cross_entropy on the "
     for (int64_t m = 0; m < members; ++m) {
       KernelContext ctx;
       ctx.tensorMember = m;
-      std::vector<Tensor> ins = {
-          columns(logits, rows, vocab, m * local, local), targets};
+      std::vector<Tensor> ins = {columns(logits, rows, vocab, m * local, local),
+                                 targets};
       std::vector<Tensor> outs = {Tensor::f32({rows, width})};
       std::fill(outs[0].f.begin(), outs[0].f.end(), 9.0f); // overwritten
       REQUIRE(run(K("vocab_ce_stats").i("members", members), ins, outs, ctx)
@@ -2029,9 +2078,9 @@ TEST_CASE("vocabulary-parallel cross entropy equals cross_entropy on the "
       ctx.tensorMember = m;
       std::vector<Tensor> ins = {stats, parts[m], targets};
       std::vector<Tensor> loss = {Tensor::f32({})};
-      REQUIRE(run(K("vocab_cross_entropy").i("members", members), ins, loss,
-                  ctx)
-                  .isOk());
+      REQUIRE(
+          run(K("vocab_cross_entropy").i("members", members), ins, loss, ctx)
+              .isOk());
       // The same log-sum-exp, regrouped by member: float round-off of the
       // members' sums (their float storage, 2^-24 relative).
       CHECK(loss[0].f[0] == Approx(wholeLoss[0].f[0]).epsilon(1e-6));
@@ -2063,9 +2112,9 @@ TEST_CASE("vocabulary-parallel kernels reject bad members and targets",
   CHECK(mustFail(K("vocab_ce_stats").i("members", 1), ins, outs)
             .find("members 1 must be at least 2") != std::string::npos);
   // [2, 5] is not [rows, 4 members + 1].
-  CHECK(mustFail(K("vocab_ce_stats").i("members", 2), ins,
-                 {Tensor::f32({2, 5})})
-            .find("stats") != std::string::npos);
+  CHECK(
+      mustFail(K("vocab_ce_stats").i("members", 2), ins, {Tensor::f32({2, 5})})
+          .find("stats") != std::string::npos);
   // Targets are global ids: below members * local vocabulary (6).
   std::vector<Tensor> bad = {Tensor::f32({2, 3}), Tensor::i32({1, 2}, {0, 6})};
   CHECK(mustFail(K("vocab_ce_stats").i("members", 2), bad, outs)
@@ -2314,8 +2363,7 @@ TEST_CASE("rms_norm and swiglu reject bad operands", "[kernels][errors]") {
            {Tensor::f32({3, 2})});
   mustFail(K("rms_norm"), {Tensor::f32({6}), Tensor::f32({6})},
            {Tensor::f32({6})});
-  mustFail(K("rms_norm"),
-           {Tensor::i32({1, 2}, {1, 2}), Tensor::f32({2})},
+  mustFail(K("rms_norm"), {Tensor::i32({1, 2}, {1, 2}), Tensor::f32({2})},
            {Tensor::f32({1, 2})});
   CHECK(mustFail(K("rms_norm").f("eps", -1.0),
                  {Tensor::f32({1, 2}), Tensor::f32({2})},
@@ -2360,21 +2408,20 @@ TEST_CASE("split norm gradients reject bad operands", "[kernels][errors]") {
           in + ": dy has shape [3,2], expected [2,3]");
     CHECK(mustFail(K(in), {x, gamma, dy}, {Tensor::f32({2, 4})}) ==
           in + ": dx has shape [2,4], expected [2,3]");
-    CHECK(mustFail(K(in), {Tensor::f32({6}), Tensor::f32({6}),
-                           Tensor::f32({6})},
-                   {Tensor::f32({6})}) ==
-          in + ": x has shape [6], expected rank 2");
-    CHECK(mustFail(K(in), {Tensor::i32({1, 2}, {1, 2}), Tensor::f32({2}),
-                           Tensor::f32({1, 2})},
-                   {Tensor::f32({1, 2})}) ==
-          in + ": x must be f32, got i32");
+    CHECK(mustFail(
+              K(in), {Tensor::f32({6}), Tensor::f32({6}), Tensor::f32({6})},
+              {Tensor::f32({6})}) == in + ": x has shape [6], expected rank 2");
+    CHECK(mustFail(K(in),
+                   {Tensor::i32({1, 2}, {1, 2}), Tensor::f32({2}),
+                    Tensor::f32({1, 2})},
+                   {Tensor::f32({1, 2})}) == in + ": x must be f32, got i32");
     CHECK(mustFail(K(in).f("eps", -1.0), {x, gamma, dy}, {x}) ==
           in + ": attribute 'eps' must not be negative");
     mustFail(K(in).s("eps", "small"), {x, gamma, dy}, {x});
 
     // The weight half takes no gamma and returns the parameter gradients.
-    std::vector<Tensor> wOuts = layer ? std::vector<Tensor>{h, h}
-                                      : std::vector<Tensor>{h};
+    std::vector<Tensor> wOuts =
+        layer ? std::vector<Tensor>{h, h} : std::vector<Tensor>{h};
     const std::string outs = layer ? "2 outputs" : "1 output";
     CHECK(mustFail(K(w), {x, gamma, dy}, wOuts) ==
           w + ": expected 2 inputs, got 3");
@@ -2382,8 +2429,8 @@ TEST_CASE("split norm gradients reject bad operands", "[kernels][errors]") {
           w + ": expected " + outs + ", got 3");
     CHECK(mustFail(K(w), {x, Tensor::f32({3, 2})}, wOuts) ==
           w + ": dy has shape [3,2], expected [2,3]");
-    CHECK(mustFail(K(w), {x, Tensor::i32({2, 3}, {0, 0, 0, 0, 0, 0})},
-                   wOuts) == w + ": dy must be f32, got i32");
+    CHECK(mustFail(K(w), {x, Tensor::i32({2, 3}, {0, 0, 0, 0, 0, 0})}, wOuts) ==
+          w + ": dy must be f32, got i32");
     CHECK(mustFail(K(w), {Tensor::f32({6}), Tensor::f32({6})}, wOuts) ==
           w + ": x has shape [6], expected rank 2");
     std::vector<Tensor> badGamma = wOuts;
@@ -2403,63 +2450,66 @@ TEST_CASE("attention rejects bad kv_heads, rope_theta and widths",
           "[kernels][errors]") {
   // heads 4, kv_heads 2, hd 2: qkv [N, 16], y [N, 8].
   Tensor qkv = Tensor::f32({4, 16});
-  Tensor y = Tensor::f32({4, 8});
+  Tensor y = Tensor::f32({4, 8}), lse = Tensor::f32({4, 8});
   K good = K("attention").i("heads", 4).i("kv_heads", 2).i("seq", 2);
   {
-    std::vector<Tensor> ins = {qkv}, outs = {y};
+    std::vector<Tensor> ins = {qkv}, outs = {y, lse};
     mustRun(good, ins, outs);
   }
   CHECK(mustFail(K("attention").i("heads", 4).i("kv_heads", 3).i("seq", 2),
-                 {qkv}, {y}) ==
+                 {qkv}, {y, lse}) ==
         "attention: attribute 'heads' 4 is not a multiple of 'kv_heads' 3");
   mustFail(K("attention").i("heads", 2).i("kv_heads", 4).i("seq", 2),
-           {Tensor::f32({4, 20})}, {Tensor::f32({4, 4})});
+           {Tensor::f32({4, 20})}, {Tensor::f32({4, 4}), Tensor::f32({4, 4})});
   CHECK(mustFail(K("attention").i("heads", 4).i("kv_heads", 0).i("seq", 2),
-                 {qkv}, {y}) ==
+                 {qkv}, {y, lse}) ==
         "attention: attribute 'kv_heads' must be positive, got 0");
   mustFail(K("attention").i("heads", 4).f("kv_heads", 1.5).i("seq", 2), {qkv},
-           {y});
+           {y, lse});
   // The multi-head width without kv_heads, and the GQA width with the wrong
   // kv_heads.
-  CHECK(mustFail(K("attention").i("heads", 4).i("seq", 2), {qkv}, {y}) ==
+  CHECK(mustFail(K("attention").i("heads", 4).i("seq", 2), {qkv}, {y, lse}) ==
         "attention: qkv has 16 columns, expected (heads 4 + 2 * kv_heads 4) "
         "* head dim 2");
   mustFail(K("attention").i("heads", 4).i("kv_heads", 1).i("seq", 2), {qkv},
-           {y});
-  CHECK(mustFail(good, {qkv}, {Tensor::f32({4, 6})}) ==
+           {y, lse});
+  CHECK(mustFail(good, {qkv}, {Tensor::f32({4, 6}), lse}) ==
         "attention: y has 6 columns, expected a positive multiple of heads 4");
-  mustFail(good, {qkv}, {Tensor::f32({4, 0})});
-  CHECK(mustFail(good, {qkv}, {Tensor::f32({2, 8})}) ==
+  mustFail(good, {qkv}, {Tensor::f32({4, 0}), lse});
+  CHECK(mustFail(good, {qkv}, {Tensor::f32({2, 8}), lse}) ==
         "attention: y has shape [2,8], expected [4,*]");
-  mustFail(good, {qkv}, {Tensor::f32({32})});
+  mustFail(good, {qkv}, {Tensor::f32({32}), lse});
 
-  CHECK(mustFail(K(good).f("rope_theta", -10000.0), {qkv}, {y}) ==
+  CHECK(mustFail(K(good).f("rope_theta", -10000.0), {qkv}, {y, lse}) ==
         "attention: attribute 'rope_theta' must not be negative");
-  mustFail(K(good).s("rope_theta", "10000"), {qkv}, {y});
-  mustFail(K(good).f("rope_theta", std::nan("")), {qkv}, {y});
+  mustFail(K(good).s("rope_theta", "10000"), {qkv}, {y, lse});
+  mustFail(K(good).f("rope_theta", std::nan("")), {qkv}, {y, lse});
   // hd = 3 is fine without rotary embeddings, not with them.
   std::vector<Tensor> oddIns = {Tensor::f32({2, 9})};
-  std::vector<Tensor> oddOuts = {Tensor::f32({2, 3})};
+  std::vector<Tensor> oddOuts = {Tensor::f32({2, 3}), Tensor::f32({2, 2})};
   mustRun(K("attention").i("heads", 1).i("seq", 2), oddIns, oddOuts);
-  CHECK(mustFail(K("attention").i("heads", 1).i("seq", 2).f("rope_theta",
-                                                           10000.0),
-                 oddIns, oddOuts) ==
+  CHECK(mustFail(
+            K("attention").i("heads", 1).i("seq", 2).f("rope_theta", 10000.0),
+            oddIns, oddOuts) ==
         "attention: head dim 3 must be even for rotary embeddings");
 
   K goodGrad = K("attention_grad").i("heads", 4).i("kv_heads", 2).i("seq", 2);
   {
-    std::vector<Tensor> ins = {qkv, y}, outs = {qkv};
+    std::vector<Tensor> ins = {qkv, y, lse, y}, outs = {qkv};
     mustRun(goodGrad, ins, outs);
   }
-  mustFail(goodGrad, {qkv, y}, {Tensor::f32({4, 24})});
-  mustFail(goodGrad, {qkv, Tensor::f32({4, 12})}, {qkv});
-  mustFail(K(goodGrad).i("kv_heads", 3), {qkv, y}, {qkv});
+  CHECK(mustFail(goodGrad, {qkv, y, lse, y}, {Tensor::f32({4, 24})}) ==
+        "attention_grad: dqkv has shape [4,24], expected [4,16]");
+  mustFail(goodGrad, {qkv, y, lse, Tensor::f32({4, 12})}, {qkv});
+  mustFail(K(goodGrad).i("kv_heads", 3), {qkv, y, lse, y}, {qkv});
   mustFail(K("attention_grad").i("heads", 1).i("seq", 2).f("rope_theta", 1e4),
-           {Tensor::f32({2, 9}), Tensor::f32({2, 3})}, {Tensor::f32({2, 9})});
+           {Tensor::f32({2, 9}), Tensor::f32({2, 3}), Tensor::f32({2, 2}),
+            Tensor::f32({2, 3})},
+           {Tensor::f32({2, 9})});
 
   // Zero rows: nothing to compute, however long the sequence.
   std::vector<Tensor> emptyIns = {Tensor::f32({0, 16})};
-  std::vector<Tensor> emptyOuts = {Tensor::f32({0, 8})};
+  std::vector<Tensor> emptyOuts = {Tensor::f32({0, 8}), Tensor::f32({0, 8})};
   mustRun(K(good).i("seq", 1 << 30).f("rope_theta", 1e4), emptyIns, emptyOuts);
 }
 
@@ -2483,14 +2533,15 @@ TEST_CASE("token ids out of range are rejected", "[kernels][errors]") {
 
 TEST_CASE("bad attributes and context are rejected", "[kernels][errors]") {
   Tensor qkv = Tensor::f32({2, 6});
-  CHECK(mustFail(K("attention").i("seq", 2), {qkv}, {Tensor::f32({2, 2})}) ==
+  CHECK(mustFail(K("attention").i("seq", 2), {qkv},
+                 {Tensor::f32({2, 2}), Tensor::f32({2, 2})}) ==
         "attention: missing attribute 'heads'");
   mustFail(K("attention").i("heads", 0).i("seq", 2), {qkv},
-           {Tensor::f32({2, 2})});
+           {Tensor::f32({2, 2}), Tensor::f32({2, 2})});
   mustFail(K("attention").s("heads", "one").i("seq", 2), {qkv},
-           {Tensor::f32({2, 2})});
+           {Tensor::f32({2, 2}), Tensor::f32({2, 2})});
   mustFail(K("attention").f("heads", 1.5).i("seq", 2), {qkv},
-           {Tensor::f32({2, 2})});
+           {Tensor::f32({2, 2}), Tensor::f32({2, 2})});
   mustFail(K("position_add"), {Tensor::f32({2, 2}), Tensor::f32({2, 2})},
            {Tensor::f32({2, 2})});
   mustFail(K("layer_norm").f("eps", -1.0),
@@ -2609,7 +2660,8 @@ Tensor separatedLogits(Rng &rng, int64_t rows, int64_t experts) {
     for (int64_t e = experts - 1; e > 0; --e)
       std::swap(rank[e], rank[int64_t(rng.next() * (e + 1))]);
     for (int64_t e = 0; e < experts; ++e)
-      t.f[n * experts + e] = float(0.3 * rank[e] - 1.0 + rng.uniform(-0.05, 0.05));
+      t.f[n * experts + e] =
+          float(0.3 * rank[e] - 1.0 + rng.uniform(-0.05, 0.05));
   }
   return t;
 }
@@ -2687,8 +2739,9 @@ TEST_CASE("moe_router matches a sorting reference", "[kernels][forward][moe]") {
   for (int64_t i = 1; i < rows * experts; i += 3)
     logits.f[i] = std::round(logits.f[i]);
   std::vector<Tensor> ins = {logits};
-  std::vector<Tensor> outs = {Tensor::i32({rows, k}, std::vector<int32_t>(rows * k)),
-                              Tensor::f32({rows, k})};
+  std::vector<Tensor> outs = {
+      Tensor::i32({rows, k}, std::vector<int32_t>(rows * k)),
+      Tensor::f32({rows, k})};
   mustRun(routerKernel("moe_router", k, norm), ins, outs);
   std::vector<int32_t> wantIdx;
   std::vector<double> wantW;
@@ -2709,8 +2762,8 @@ TEST_CASE("moe_dispatch fills slots in row-major order and drops overflow",
   std::vector<Tensor> outs = {Tensor::f32({6, 2})};
   std::fill(outs[0].f.begin(), outs[0].f.end(), 9.0f); // must be zeroed
   mustRun(slotKernel("moe_dispatch", 3, 2), ins, outs);
-  CHECK(outs[0].f == std::vector<float>{1, 2, 3, 4, // expert 0
-                                        1, 2, 5, 6, // expert 1
+  CHECK(outs[0].f == std::vector<float>{1, 2, 3, 4,   // expert 0
+                                        1, 2, 5, 6,   // expert 1
                                         3, 4, 0, 0}); // expert 2
 
   // combine: y[n] = sum of the weighted slots of n's kept assignments; the
@@ -2721,9 +2774,9 @@ TEST_CASE("moe_dispatch fills slots in row-major order and drops overflow",
   std::vector<Tensor> couts = {Tensor::f32({4, 2})};
   mustRun(slotKernel("moe_combine", 3, 2), cins, couts);
   CHECK(couts[0].f == std::vector<float>{0.5f * 1 + 0.25f * 3,
-                                         0.5f * 10 + 0.25f * 30, //
+                                         0.5f * 10 + 0.25f * 30,         //
                                          1 * 2 + 2 * 5, 1 * 20 + 2 * 50, //
-                                         8 * 4, 8 * 40, //
+                                         8 * 4, 8 * 40,                  //
                                          0, 0});
 
   // With capacity N nothing is dropped.
@@ -2793,8 +2846,8 @@ TEST_CASE("moe_dispatch, moe_combine and their gradients match a "
       for (int64_t h = 0; h < hidden; ++h) {
         wantDebuf[slot[a] * hidden + h] =
             double(weights.f[a]) * dy.f[(a / k) * hidden + h];
-        wantDw[a] += double(ebuf.f[slot[a] * hidden + h]) *
-                     dy.f[(a / k) * hidden + h];
+        wantDw[a] +=
+            double(ebuf.f[slot[a] * hidden + h]) * dy.f[(a / k) * hidden + h];
       }
   for (int64_t i = 0; i < slots * hidden; ++i)
     CHECK(outs[0].f[i] == Approx(wantDebuf[i]).margin(1e-6));
@@ -2829,9 +2882,8 @@ TEST_CASE("expert_linear multiplies each expert's slots by its weight",
 TEST_CASE("moe_aux_loss is E * sum_e f_e P_e", "[kernels][forward][moe]") {
   SECTION("perfectly uniform routing gives 1") {
     // Equal logits: P_e = 1/4. Each expert chosen twice out of N k = 8.
-    std::vector<Tensor> ins = {
-        Tensor::f32({4, 4}),
-        Tensor::i32({4, 2}, {0, 1, 2, 3, 3, 0, 1, 2})};
+    std::vector<Tensor> ins = {Tensor::f32({4, 4}),
+                               Tensor::i32({4, 2}, {0, 1, 2, 3, 3, 0, 1, 2})};
     std::fill(ins[0].f.begin(), ins[0].f.end(), 0.7f);
     std::vector<Tensor> outs = {Tensor::f32({})};
     mustRun(K("moe_aux_loss").i("experts", 4).i("top_k", 2), ins, outs);
@@ -2856,7 +2908,8 @@ TEST_CASE("moe_aux_loss is E * sum_e f_e P_e", "[kernels][forward][moe]") {
     for (int32_t e : indices.i)
       f[e] += 1.0 / (rows * k);
     for (int64_t n = 0; n < rows; ++n) {
-      std::vector<double> p = refSoftmax(logits.f.data() + n * experts, experts);
+      std::vector<double> p =
+          refSoftmax(logits.f.data() + n * experts, experts);
       for (int64_t e = 0; e < experts; ++e)
         P[e] += p[e] / rows;
     }
@@ -3085,18 +3138,18 @@ TEST_CASE("MoE kernels reject bad operands and attributes",
   };
   CHECK(mustFail(K("moe_router"), {logits}, routerOuts(2, 2)) ==
         "moe_router: missing attribute 'top_k'");
-  CHECK(mustFail(routerKernel("moe_router", 0, 1), {logits},
-                 routerOuts(2, 0)) ==
-        "moe_router: attribute 'top_k' must be positive, got 0");
-  CHECK(mustFail(routerKernel("moe_router", 5, 1), {logits},
-                 routerOuts(2, 5)) ==
-        "moe_router: attribute 'top_k' 5 exceeds the number of experts 4");
-  CHECK(mustFail(routerKernel("moe_router", 2, 2), {logits},
-                 routerOuts(2, 2)) ==
-        "moe_router: attribute 'norm_topk' must be 0 or 1, got 2");
-  CHECK(mustFail(routerKernel("moe_router", 2, 1), {logits},
-                 routerOuts(2, 3)) ==
-        "moe_router: indices has shape [2,3], expected [2,2]");
+  CHECK(
+      mustFail(routerKernel("moe_router", 0, 1), {logits}, routerOuts(2, 0)) ==
+      "moe_router: attribute 'top_k' must be positive, got 0");
+  CHECK(
+      mustFail(routerKernel("moe_router", 5, 1), {logits}, routerOuts(2, 5)) ==
+      "moe_router: attribute 'top_k' 5 exceeds the number of experts 4");
+  CHECK(
+      mustFail(routerKernel("moe_router", 2, 2), {logits}, routerOuts(2, 2)) ==
+      "moe_router: attribute 'norm_topk' must be 0 or 1, got 2");
+  CHECK(
+      mustFail(routerKernel("moe_router", 2, 1), {logits}, routerOuts(2, 3)) ==
+      "moe_router: indices has shape [2,3], expected [2,2]");
   CHECK(mustFail(routerKernel("moe_router", 2, 1), {logits},
                  {Tensor::f32({2, 2}), Tensor::f32({2, 2})}) ==
         "moe_router: indices must be i32, got f32");
@@ -3109,8 +3162,7 @@ TEST_CASE("MoE kernels reject bad operands and attributes",
 
   Tensor idx = Tensor::i32({2, 2}, {0, 3, 1, 4});
   CHECK(mustFail(routerKernel("moe_router_grad", 2, 1),
-                 {logits, idx, Tensor::f32({2, 2})},
-                 {Tensor::f32({2, 4})}) ==
+                 {logits, idx, Tensor::f32({2, 2})}, {Tensor::f32({2, 4})}) ==
         "moe_router_grad: indices[3] = 4 is out of range [0, 4)");
   Tensor okIdx = Tensor::i32({2, 2}, {0, 3, 1, 2});
   mustFail(routerKernel("moe_router_grad", 2, 1),
@@ -3143,8 +3195,7 @@ TEST_CASE("MoE kernels reject bad operands and attributes",
            {Tensor::f32({8, 2})});
   mustFail(slotKernel("moe_dispatch", 4, 2),
            {x, Tensor::i32({4}, {0, 1, 2, 3})}, {Tensor::f32({8, 2})});
-  CHECK(mustFail(slotKernel("moe_dispatch", int64_t(1) << 40,
-                            int64_t(1) << 40),
+  CHECK(mustFail(slotKernel("moe_dispatch", int64_t(1) << 40, int64_t(1) << 40),
                  {x, okIdx}, {Tensor::f32({6, 2})}) ==
         "moe_dispatch: attributes 'experts' * 'capacity' overflow");
   mustFail(slotKernel("moe_dispatch_grad", 4, 2), {okIdx, Tensor::f32({8, 2})},
@@ -3187,7 +3238,8 @@ TEST_CASE("MoE kernels reject bad operands and attributes",
         "expert_linear: w has shape [2,3,4], expected [2,2,*]");
   mustFail(K("expert_linear").i("experts", 2), {buf, Tensor::f32({6, 4})},
            {Tensor::f32({6, 4})});
-  mustFail(K("expert_linear").i("experts", 2), {buf, ew}, {Tensor::f32({6, 3})});
+  mustFail(K("expert_linear").i("experts", 2), {buf, ew},
+           {Tensor::f32({6, 3})});
   mustFail(K("expert_linear_grad_input"), {Tensor::f32({6, 3}), ew},
            {Tensor::f32({6, 3})});
   mustFail(K("expert_linear_grad_input").i("experts", 3),
@@ -3223,8 +3275,10 @@ TEST_CASE("MoE kernels reject bad operands and attributes",
   mustFail(aux, {logits, okIdx}, {Tensor::f32({2})});
   mustFail(K("moe_aux_loss_grad").i("experts", 4).i("top_k", 2),
            {logits, okIdx}, {Tensor::f32({2, 3})});
-  mustFail(K("moe_aux_loss_grad").i("experts", 4).i("top_k", 2).f(
-               "scale", std::nan("")),
+  mustFail(K("moe_aux_loss_grad")
+               .i("experts", 4)
+               .i("top_k", 2)
+               .f("scale", std::nan("")),
            {logits, okIdx}, {Tensor::f32({2, 4})});
 }
 
@@ -3275,9 +3329,10 @@ TEST_CASE("expert parallelism: counts, pack, gather and their inverses move "
     std::vector<Tensor> b = {Tensor::f32({slots, hidden})};
     mustRun(slotKernel("moe_dispatch", experts, capacity), in, b);
     std::vector<Tensor> cin = {in[1]};
-    std::vector<Tensor> c = {Tensor::i32({members}, std::vector<int32_t>(members)),
-                             Tensor::i32({experts, 1}, std::vector<int32_t>(experts)),
-                             Tensor::i32({members}, std::vector<int32_t>(members))};
+    std::vector<Tensor> c = {
+        Tensor::i32({members}, std::vector<int32_t>(members)),
+        Tensor::i32({experts, 1}, std::vector<int32_t>(experts)),
+        Tensor::i32({members}, std::vector<int32_t>(members))};
     mustRun(ep("moe_ep_counts"), cin, c);
     // The counts are the rows dispatch filled: expert e's used slots.
     for (int64_t e = 0; e < experts; ++e) {
@@ -3389,7 +3444,7 @@ TEST_CASE("Llama 3.1's rotary frequencies in their three ranges",
 TEST_CASE("attention rejects a bad Llama 3.1 rotary scaling",
           "[kernels][rope]") {
   std::vector<Tensor> ins = {Tensor::f32({2, 6}, std::vector<float>(12, 0.5f))};
-  std::vector<Tensor> outs = {Tensor::f32({2, 2})};
+  std::vector<Tensor> outs = {Tensor::f32({2, 2}), Tensor::f32({2, 2})};
   auto scaled = [](double theta, double factor, double low, double high,
                    int64_t original) {
     K k = K("attention").i("heads", 1).i("seq", 2);

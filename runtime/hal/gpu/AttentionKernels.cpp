@@ -126,29 +126,33 @@ Status reserveFused(const Context &ctx, const AttentionShape &s,
 }
 
 // y = attention(qkv) by the fused kernels: q, k rotated and packed to bf16,
-// the fused forward, y up-cast (exactly: the fused kernels write bf16).
+// the fused forward, y up-cast (exactly: the fused kernels write bf16) and
+// the statistics stored as the op's lse.
 Status fusedForward(const Context &ctx, const AttentionShape &s,
-                    const FusedAttention &fused, const float *qkv, float *y) {
+                    const FusedAttention &fused, const float *qkv, float *y,
+                    float *lse) {
   FusedScratch f;
   PIPER_RETURN_IF_ERROR(reserveFused(ctx, s, fused, false, f));
   PIPER_RETURN_IF_ERROR(launchAttentionPackBf16(ctx, s, qkv, f.qkv16, f.table));
   PIPER_RETURN_IF_ERROR(
       fused.forward(ctx, f.qkv16, f.y16, f.stats, f.workspace));
+  PIPER_RETURN_IF_ERROR(launchStatsToLse(ctx, s, f.stats, lse));
   return launchUnpackBf16(ctx, y, f.y16, s.rows() * s.qCols);
 }
 
-// dqkv by the fused kernels. The op's operands are (qkv, dy) only, so the
-// forward runs again for y and the statistics (the same bits: the fused
-// forward is deterministic), then the fused backward; dq and dk are rotated
-// back while they are up-cast.
+// dqkv by the fused kernels from the forward's y and lse (saved by the
+// compiler: no forward runs again): q, k, v, y and dy packed to bf16 (y
+// exactly: the fused forward wrote it in bf16), the statistics from lse,
+// the fused backward; dq and dk are rotated back while they are up-cast.
 Status fusedBackward(const Context &ctx, const AttentionShape &s,
                      const FusedAttention &fused, const float *qkv,
-                     const float *dy, float *dqkv) {
+                     const float *y, const float *lse, const float *dy,
+                     float *dqkv) {
   FusedScratch f;
   PIPER_RETURN_IF_ERROR(reserveFused(ctx, s, fused, true, f));
   PIPER_RETURN_IF_ERROR(launchAttentionPackBf16(ctx, s, qkv, f.qkv16, f.table));
-  PIPER_RETURN_IF_ERROR(
-      fused.forward(ctx, f.qkv16, f.y16, f.stats, f.workspace));
+  PIPER_RETURN_IF_ERROR(launchPackBf16(ctx, f.y16, y, s.rows() * s.qCols));
+  PIPER_RETURN_IF_ERROR(launchLseToStats(ctx, s, lse, f.stats));
   PIPER_RETURN_IF_ERROR(launchPackBf16(ctx, f.dy16, dy, s.rows() * s.qCols));
   PIPER_RETURN_IF_ERROR(fused.backward(ctx, f.qkv16, f.y16, f.dy16, f.stats,
                                        f.dqkv16, f.workspace));
@@ -165,11 +169,12 @@ Status attention(const KernelArgs &a, const Context &ctx) {
   const FusedAttention *fused = nullptr;
   PIPER_RETURN_IF_ERROR(fusedFor(ctx, s, fused));
   if (fused)
-    return fusedForward(ctx, s, *fused, a.inputs[0].f32(), a.outputs[0].f32());
+    return fusedForward(ctx, s, *fused, a.inputs[0].f32(), a.outputs[0].f32(),
+                        a.outputs[1].f32());
   char *scratch = nullptr;
   PIPER_RETURN_IF_ERROR(attentionScratchFor(ctx, s, false, scratch));
   return launchAttention(ctx, s, a.inputs[0].f32(), a.outputs[0].f32(),
-                         scratch);
+                         a.outputs[1].f32(), scratch);
 }
 
 Status attentionGrad(const KernelArgs &a, const Context &ctx) {
@@ -183,10 +188,12 @@ Status attentionGrad(const KernelArgs &a, const Context &ctx) {
   PIPER_RETURN_IF_ERROR(fusedFor(ctx, s, fused));
   if (fused)
     return fusedBackward(ctx, s, *fused, a.inputs[0].f32(), a.inputs[1].f32(),
+                         a.inputs[2].f32(), a.inputs[3].f32(),
                          a.outputs[0].f32());
+  // The SIMT kernels recompute the softmax from q|k|v, as the CPU's.
   char *scratch = nullptr;
   PIPER_RETURN_IF_ERROR(attentionScratchFor(ctx, s, true, scratch));
-  return launchAttentionGrad(ctx, s, a.inputs[0].f32(), a.inputs[1].f32(),
+  return launchAttentionGrad(ctx, s, a.inputs[0].f32(), a.inputs[3].f32(),
                              a.outputs[0].f32(), scratch);
 }
 

@@ -14,10 +14,12 @@
 namespace piper::runtime::hal::PIPER_GPU_NS {
 
 /// y = causal softmax(scale q k^T) v per (sequence, query head), q and k
-/// rotated when s.rotary(). qkv is [rows, cols], y [rows, qCols];
-/// `scratch` holds attentionScratch(s, false).bytes (device memory).
+/// rotated when s.rotary(), and lse [rows, 2 heads] each row's log-sum-exp
+/// of its scaled scores (storeRingLse's pair per head). qkv is [rows,
+/// cols], y [rows, qCols]; `scratch` holds attentionScratch(s,
+/// false).bytes (device memory).
 Status launchAttention(const Context &ctx, const AttentionShape &s,
-                       const float *qkv, float *y, char *scratch);
+                       const float *qkv, float *y, float *lse, char *scratch);
 /// dqkv = the gradient of attention's y (dy, [rows, qCols]) with respect to
 /// qkv, every element written; `scratch` holds attentionScratch(s,
 /// true).bytes.
@@ -42,6 +44,13 @@ Status launchAttentionUnpackGradBf16(const Context &ctx,
                                      const AttentionShape &s,
                                      const uint16_t *dqkv16, float *dqkv,
                                      const char *table);
+/// The fused kernels' statistics ([batch, heads, seq] fp32) as the
+/// attention op's lse ([rows, 2 heads], storeRingLse's pairs), and back
+/// (exact both ways while lse keeps its pairs: hi + lo is the value).
+Status launchStatsToLse(const Context &ctx, const AttentionShape &s,
+                        const float *stats, float *lse);
+Status launchLseToStats(const Context &ctx, const AttentionShape &s,
+                        const float *lse, float *stats);
 /// Bytes of the rotary table (cos, sin: [seq, hd/2] doubles each) of the
 /// fused path; 0 without rotary embeddings.
 size_t attentionRopeTableBytes(const AttentionShape &s);

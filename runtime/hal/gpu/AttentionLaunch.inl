@@ -93,7 +93,7 @@ attentionHeadView(const AttentionShape &s, AttentionQkSource src,
 }
 
 Status launchAttention(const Context &ctx, const AttentionShape &s,
-                       const float *qkv, float *y, char *scratch) {
+                       const float *qkv, float *y, float *lse, char *scratch) {
   using Lanes = Exec::Lanes;
   AttentionScratch layout = attentionScratch(s, false);
   AttentionQkSource src;
@@ -114,6 +114,11 @@ Status launchAttention(const Context &ctx, const AttentionShape &s,
           storeLaneShare<W>(lanes, acc, 1.0f / l,
                             y + (b * s.seq + i) * s.qCols + h * s.headDim,
                             s.headDim);
+          // The row's log-sum-exp (the backward's statistics), as the CPU
+          // and the ring's blocks compute it.
+          if (lanes.lane() == 0)
+            storeRingLse(lse, s.heads, b * s.seq + i, h,
+                         static_cast<float>(double(m) + log(double(l))));
         });
       });
 }
@@ -361,6 +366,30 @@ Status launchAttentionUnpackGradBf16(const Context &ctx,
                              ropePair(fromBf16(in[col]),
                                       fromBf16(in[col + half]), cosT[e],
                                       sinT[e], true, out[col], out[col + half]);
+                           });
+}
+
+Status launchStatsToLse(const Context &ctx, const AttentionShape &s,
+                        const float *stats, float *lse) {
+  const int64_t seq = s.seq, heads = s.heads;
+  return Exec(ctx).forEach("attention_stats_to_lse", s.batch * heads * seq,
+                           [=] PIPER_LAMBDA(int64_t idx) {
+                             int64_t i = idx % seq, bh = idx / seq;
+                             int64_t h = bh % heads, b = bh / heads;
+                             storeRingLse(lse, heads, b * seq + i, h,
+                                          stats[idx]);
+                           });
+}
+
+Status launchLseToStats(const Context &ctx, const AttentionShape &s,
+                        const float *lse, float *stats) {
+  const int64_t seq = s.seq, heads = s.heads;
+  return Exec(ctx).forEach("attention_lse_to_stats", s.batch * heads * seq,
+                           [=] PIPER_LAMBDA(int64_t idx) {
+                             int64_t i = idx % seq, bh = idx / seq;
+                             int64_t h = bh % heads, b = bh / heads;
+                             stats[idx] =
+                                 loadRingLse(lse, heads, b * seq + i, h);
                            });
 }
 

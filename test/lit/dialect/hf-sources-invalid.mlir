@@ -57,7 +57,7 @@ module attributes {piper.hf_config = 3} {}
 // Llama 3.1's rotary scaling (#piper.rope_llama3): valid, then each of
 // its checks.
 piper.segment @s(%qkv: tensor<4x12xf32>) {
-  %y = piper.attention %qkv {heads = 2 : i64, seq = 2 : i64, rope_theta = 5.0e+05 : f64, rope_scaling = #piper.rope_llama3<factor = 8.0, low_freq_factor = 1.0, high_freq_factor = 4.0, original_max_position = 64>} : (tensor<4x12xf32>) -> tensor<4x4xf32>
+  %y, %y_lse = piper.attention %qkv {heads = 2 : i64, seq = 2 : i64, rope_theta = 5.0e+05 : f64, rope_scaling = #piper.rope_llama3<factor = 8.0, low_freq_factor = 1.0, high_freq_factor = 4.0, original_max_position = 64>} : (tensor<4x12xf32>) -> (tensor<4x4xf32>, tensor<4x4xf32>)
   piper.yield
 }
 
@@ -65,7 +65,7 @@ piper.segment @s(%qkv: tensor<4x12xf32>) {
 
 piper.segment @s(%qkv: tensor<4x12xf32>) {
   // expected-error @+1 {{'piper.attention' op rope_scaling needs rope_theta}}
-  %y = piper.attention %qkv {heads = 2 : i64, seq = 2 : i64, rope_scaling = #piper.rope_llama3<factor = 8.0, low_freq_factor = 1.0, high_freq_factor = 4.0, original_max_position = 64>} : (tensor<4x12xf32>) -> tensor<4x4xf32>
+  %y, %y_lse = piper.attention %qkv {heads = 2 : i64, seq = 2 : i64, rope_scaling = #piper.rope_llama3<factor = 8.0, low_freq_factor = 1.0, high_freq_factor = 4.0, original_max_position = 64>} : (tensor<4x12xf32>) -> (tensor<4x4xf32>, tensor<4x4xf32>)
   piper.yield
 }
 

@@ -348,7 +348,7 @@ piper.segment @s(%x: tensor<4x4xf32>, %w: tensor<4x8xf32>) {
 // attention: heads and seq must be positive.
 piper.segment @s(%qkv: tensor<4x12xf32>) {
   // expected-error @+1 {{'piper.attention' op heads, kv_heads and seq must be positive}}
-  %y = piper.attention %qkv {heads = 0 : i64, seq = 2 : i64} : (tensor<4x12xf32>) -> tensor<4x4xf32>
+  %y, %y_lse = piper.attention %qkv {heads = 0 : i64, seq = 2 : i64} : (tensor<4x12xf32>) -> (tensor<4x4xf32>, tensor<4x0xf32>)
   piper.yield
 }
 
@@ -357,7 +357,7 @@ piper.segment @s(%qkv: tensor<4x12xf32>) {
 // attention: so is kv_heads.
 piper.segment @s(%qkv: tensor<4x12xf32>) {
   // expected-error @+1 {{'piper.attention' op heads, kv_heads and seq must be positive}}
-  %y = piper.attention %qkv {heads = 2 : i64, kv_heads = 0 : i64, seq = 2 : i64} : (tensor<4x12xf32>) -> tensor<4x4xf32>
+  %y, %y_lse = piper.attention %qkv {heads = 2 : i64, kv_heads = 0 : i64, seq = 2 : i64} : (tensor<4x12xf32>) -> (tensor<4x4xf32>, tensor<4x4xf32>)
   piper.yield
 }
 
@@ -366,7 +366,7 @@ piper.segment @s(%qkv: tensor<4x12xf32>) {
 // attention: the width splits evenly into heads.
 piper.segment @s(%qkv: tensor<4x12xf32>) {
   // expected-error @+1 {{'piper.attention' op width 4 is not divisible by 3 heads}}
-  %y = piper.attention %qkv {heads = 3 : i64, seq = 2 : i64} : (tensor<4x12xf32>) -> tensor<4x4xf32>
+  %y, %y_lse = piper.attention %qkv {heads = 3 : i64, seq = 2 : i64} : (tensor<4x12xf32>) -> (tensor<4x4xf32>, tensor<4x6xf32>)
   piper.yield
 }
 
@@ -375,7 +375,7 @@ piper.segment @s(%qkv: tensor<4x12xf32>) {
 // attention: query heads share kv heads in equal groups.
 piper.segment @s(%qkv: tensor<4x20xf32>) {
   // expected-error @+1 {{'piper.attention' op heads (4) must be a multiple of kv_heads (3)}}
-  %y = piper.attention %qkv {heads = 4 : i64, kv_heads = 3 : i64, seq = 2 : i64} : (tensor<4x20xf32>) -> tensor<4x8xf32>
+  %y, %y_lse = piper.attention %qkv {heads = 4 : i64, kv_heads = 3 : i64, seq = 2 : i64} : (tensor<4x20xf32>) -> (tensor<4x8xf32>, tensor<4x8xf32>)
   piper.yield
 }
 
@@ -384,7 +384,7 @@ piper.segment @s(%qkv: tensor<4x20xf32>) {
 // attention: qkv packs q, k and v of the result's width.
 piper.segment @s(%qkv: tensor<4x8xf32>) {
   // expected-error @+1 {{'piper.attention' op qkv must have (heads + 2 * kv_heads) * head_dim = 12 columns, got 8}}
-  %y = piper.attention %qkv {heads = 2 : i64, seq = 2 : i64} : (tensor<4x8xf32>) -> tensor<4x4xf32>
+  %y, %y_lse = piper.attention %qkv {heads = 2 : i64, seq = 2 : i64} : (tensor<4x8xf32>) -> (tensor<4x4xf32>, tensor<4x4xf32>)
   piper.yield
 }
 
@@ -393,7 +393,7 @@ piper.segment @s(%qkv: tensor<4x8xf32>) {
 // attention: with grouped-query attention, k and v have kv_heads heads.
 piper.segment @s(%qkv: tensor<4x12xf32>) {
   // expected-error @+1 {{'piper.attention' op qkv must have (heads + 2 * kv_heads) * head_dim = 8 columns, got 12}}
-  %y = piper.attention %qkv {heads = 2 : i64, kv_heads = 1 : i64, seq = 2 : i64} : (tensor<4x12xf32>) -> tensor<4x4xf32>
+  %y, %y_lse = piper.attention %qkv {heads = 2 : i64, kv_heads = 1 : i64, seq = 2 : i64} : (tensor<4x12xf32>) -> (tensor<4x4xf32>, tensor<4x4xf32>)
   piper.yield
 }
 
@@ -402,7 +402,7 @@ piper.segment @s(%qkv: tensor<4x12xf32>) {
 // attention: rotary embeddings rotate pairs, so the head dimension is even.
 piper.segment @s(%qkv: tensor<4x18xf32>) {
   // expected-error @+1 {{'piper.attention' op rotary embeddings need an even head dimension and a positive rope_theta}}
-  %y = piper.attention %qkv {heads = 2 : i64, seq = 2 : i64, rope_theta = 1.0e+04 : f64} : (tensor<4x18xf32>) -> tensor<4x6xf32>
+  %y, %y_lse = piper.attention %qkv {heads = 2 : i64, seq = 2 : i64, rope_theta = 1.0e+04 : f64} : (tensor<4x18xf32>) -> (tensor<4x6xf32>, tensor<4x4xf32>)
   piper.yield
 }
 
@@ -411,7 +411,7 @@ piper.segment @s(%qkv: tensor<4x18xf32>) {
 // attention: and rope_theta is positive.
 piper.segment @s(%qkv: tensor<4x12xf32>) {
   // expected-error @+1 {{'piper.attention' op rotary embeddings need an even head dimension and a positive rope_theta}}
-  %y = piper.attention %qkv {heads = 2 : i64, seq = 2 : i64, rope_theta = 0.0 : f64} : (tensor<4x12xf32>) -> tensor<4x4xf32>
+  %y, %y_lse = piper.attention %qkv {heads = 2 : i64, seq = 2 : i64, rope_theta = 0.0 : f64} : (tensor<4x12xf32>) -> (tensor<4x4xf32>, tensor<4x4xf32>)
   piper.yield
 }
 
@@ -420,7 +420,7 @@ piper.segment @s(%qkv: tensor<4x12xf32>) {
 // attention: the rows hold whole sequences.
 piper.segment @s(%qkv: tensor<4x12xf32>) {
   // expected-error @+1 {{'piper.attention' op rows must match and be a multiple of seq}}
-  %y = piper.attention %qkv {heads = 2 : i64, seq = 3 : i64} : (tensor<4x12xf32>) -> tensor<4x4xf32>
+  %y, %y_lse = piper.attention %qkv {heads = 2 : i64, seq = 3 : i64} : (tensor<4x12xf32>) -> (tensor<4x4xf32>, tensor<4x4xf32>)
   piper.yield
 }
 
@@ -429,7 +429,33 @@ piper.segment @s(%qkv: tensor<4x12xf32>) {
 // attention: the result has qkv's rows.
 piper.segment @s(%qkv: tensor<4x12xf32>) {
   // expected-error @+1 {{'piper.attention' op rows must match and be a multiple of seq}}
-  %y = piper.attention %qkv {heads = 2 : i64, seq = 2 : i64} : (tensor<4x12xf32>) -> tensor<2x4xf32>
+  %y, %y_lse = piper.attention %qkv {heads = 2 : i64, seq = 2 : i64} : (tensor<4x12xf32>) -> (tensor<2x4xf32>, tensor<2x4xf32>)
+  piper.yield
+}
+
+// -----
+
+// attention: lse holds a (bf16, rest) pair per head and row.
+piper.segment @s(%qkv: tensor<4x12xf32>) {
+  // expected-error @+1 {{'piper.attention' op lse must be [4, 4] (rows, 2 * heads)}}
+  %y, %y_lse = piper.attention %qkv {heads = 2 : i64, seq = 2 : i64} : (tensor<4x12xf32>) -> (tensor<4x4xf32>, tensor<4x2xf32>)
+  piper.yield
+}
+
+// -----
+
+// attention_grad: the forward's y and lse, as the forward gives them.
+piper.segment @s(%qkv: tensor<4x12xf32>, %y: tensor<4x4xf32>, %lse: tensor<4x2xf32>, %dy: tensor<4x4xf32>) {
+  // expected-error @+1 {{'piper.attention_grad' op lse must be [4, 4] (rows, 2 * heads)}}
+  %d = piper.attention_grad %qkv, %y, %lse, %dy {heads = 2 : i64, seq = 2 : i64} : (tensor<4x12xf32>, tensor<4x4xf32>, tensor<4x2xf32>, tensor<4x4xf32>) -> tensor<4x12xf32>
+  piper.yield
+}
+
+// -----
+
+piper.segment @s(%qkv: tensor<4x12xf32>, %y: tensor<2x4xf32>, %lse: tensor<4x4xf32>, %dy: tensor<4x4xf32>) {
+  // expected-error @+1 {{'piper.attention_grad' op y and grad must have qkv's rows and one type}}
+  %d = piper.attention_grad %qkv, %y, %lse, %dy {heads = 2 : i64, seq = 2 : i64} : (tensor<4x12xf32>, tensor<2x4xf32>, tensor<4x4xf32>, tensor<4x4xf32>) -> tensor<4x12xf32>
   piper.yield
 }
 

@@ -32,7 +32,7 @@ piper.param @qkv.b : tensor<12xf32> init zeros(0.0)
 // CHECK: [[QW:%.*]] = piper.param_ref @qkv.w
 // CHECK: [[QB:%.*]] = piper.param_ref @qkv.b
 // CHECK: [[QKV:%.*]] = piper.linear [[LN]], [[QW]], [[QB]] : (tensor<4x4xf32>, tensor<4x12xf32>, tensor<12xf32>) -> tensor<4x12xf32>
-// CHECK: [[ATT:%.*]] = piper.attention [[QKV]] {heads = 2 : i64, seq = 2 : i64} : (tensor<4x12xf32>) -> tensor<4x4xf32>
+// CHECK: [[ATT:%.*]], {{%.*}} = piper.attention [[QKV]] {heads = 2 : i64, seq = 2 : i64} : (tensor<4x12xf32>) -> (tensor<4x4xf32>, tensor<4x4xf32>)
 // CHECK: [[GELU:%.*]] = piper.gelu [[ATT]] : tensor<4x4xf32>
 // CHECK: [[SUM:%.*]] = piper.add [[GELU]], [[LN2]] : tensor<4x4xf32>
 // CHECK: [[NOB:%.*]] = piper.linear [[SUM]], %{{.*}} : (tensor<4x4xf32>, tensor<4x12xf32>) -> tensor<4x12xf32>
@@ -53,7 +53,7 @@ piper.segment @forward(%ids: tensor<2x2xi32>, %tgt: tensor<2x2xi32>) -> (tensor<
   %qw = piper.param_ref @qkv.w : tensor<4x12xf32>
   %qb = piper.param_ref @qkv.b : tensor<12xf32>
   %qkv = piper.linear %ln, %qw, %qb : (tensor<4x4xf32>, tensor<4x12xf32>, tensor<12xf32>) -> tensor<4x12xf32>
-  %att = piper.attention %qkv {heads = 2 : i64, seq = 2 : i64} : (tensor<4x12xf32>) -> tensor<4x4xf32>
+  %att, %att_lse = piper.attention %qkv {heads = 2 : i64, seq = 2 : i64} : (tensor<4x12xf32>) -> (tensor<4x4xf32>, tensor<4x4xf32>)
   %gelu = piper.gelu %att : tensor<4x4xf32>
   %sum = piper.add %gelu, %ln2 : tensor<4x4xf32>
   %nob = piper.linear %sum, %qw : (tensor<4x4xf32>, tensor<4x12xf32>) -> tensor<4x12xf32>
@@ -73,7 +73,7 @@ piper.segment @forward(%ids: tensor<2x2xi32>, %tgt: tensor<2x2xi32>) -> (tensor<
 // CHECK: [[DX0:%.*]] = piper.linear_grad_input [[DL]], [[WTE]] {transpose_w} : (tensor<4x16xf32>, tensor<16x4xf32>) -> tensor<4x4xf32>
 // CHECK: [[DW0:%.*]] = piper.linear_grad_weight [[X]], [[DL]] {transpose_w} : (tensor<4x4xf32>, tensor<4x16xf32>) -> tensor<16x4xf32>
 // CHECK: [[DGELU:%.*]] = piper.gelu_grad [[X]], [[DY]] : tensor<4x4xf32>
-// CHECK: [[DQKV:%.*]] = piper.attention_grad [[QKV]], [[DGELU]] {heads = 2 : i64, seq = 2 : i64} : (tensor<4x12xf32>, tensor<4x4xf32>) -> tensor<4x12xf32>
+// CHECK: [[DQKV:%.*]] = piper.attention_grad [[QKV]], [[X]], [[X]], [[DGELU]] {heads = 2 : i64, seq = 2 : i64} : (tensor<4x12xf32>, tensor<4x4xf32>, tensor<4x4xf32>, tensor<4x4xf32>) -> tensor<4x12xf32>
 // CHECK: [[QW:%.*]] = piper.param_ref @qkv.w
 // CHECK: [[DLN:%.*]] = piper.linear_grad_input [[DQKV]], [[QW]] : (tensor<4x12xf32>, tensor<4x12xf32>) -> tensor<4x4xf32>
 // CHECK: [[DQW:%.*]] = piper.linear_grad_weight [[X]], [[DQKV]] : (tensor<4x4xf32>, tensor<4x12xf32>) -> tensor<4x12xf32>
@@ -100,7 +100,7 @@ piper.segment @backward(%ids: tensor<2x2xi32>, %x: tensor<4x4xf32>, %qkv: tensor
   %dx0 = piper.linear_grad_input %dl, %wte {transpose_w} : (tensor<4x16xf32>, tensor<16x4xf32>) -> tensor<4x4xf32>
   %dw0 = piper.linear_grad_weight %x, %dl {transpose_w} : (tensor<4x4xf32>, tensor<4x16xf32>) -> tensor<16x4xf32>
   %dgelu = piper.gelu_grad %x, %dy : tensor<4x4xf32>
-  %dqkv = piper.attention_grad %qkv, %dgelu {heads = 2 : i64, seq = 2 : i64} : (tensor<4x12xf32>, tensor<4x4xf32>) -> tensor<4x12xf32>
+  %dqkv = piper.attention_grad %qkv, %x, %x, %dgelu {heads = 2 : i64, seq = 2 : i64} : (tensor<4x12xf32>, tensor<4x4xf32>, tensor<4x4xf32>, tensor<4x4xf32>) -> tensor<4x12xf32>
   %qw = piper.param_ref @qkv.w : tensor<4x12xf32>
   %dln = piper.linear_grad_input %dqkv, %qw : (tensor<4x12xf32>, tensor<4x12xf32>) -> tensor<4x4xf32>
   %dqw = piper.linear_grad_weight %x, %dqkv : (tensor<4x4xf32>, tensor<4x12xf32>) -> tensor<4x12xf32>
@@ -133,8 +133,8 @@ piper.segment @backward(%ids: tensor<2x2xi32>, %x: tensor<4x4xf32>, %qkv: tensor
 // CHECK: piper.rms_norm [[X]], [[G]] {eps = 1.000000e-05 : f64} : (tensor<4x8xf32>, tensor<8xf32>) -> tensor<4x8xf32>
 // CHECK: piper.rms_norm_grad_input [[X]], [[G]], [[DY]] {eps = 1.000000e-05 : f64} : (tensor<4x8xf32>, tensor<8xf32>, tensor<4x8xf32>) -> tensor<4x8xf32>
 // CHECK: [[DG:%.*]] = piper.rms_norm_grad_weight [[X]], [[DY]] : (tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<8xf32>
-// CHECK: [[ATT:%.*]] = piper.attention [[QKV]] {heads = 4 : i64, kv_heads = 2 : i64, rope_theta = 1.000000e+04 : f64, seq = 2 : i64} : (tensor<4x16xf32>) -> tensor<4x8xf32>
-// CHECK: piper.attention_grad [[QKV]], [[DY]] {heads = 4 : i64, kv_heads = 2 : i64, rope_theta = 1.000000e+04 : f64, seq = 2 : i64} : (tensor<4x16xf32>, tensor<4x8xf32>) -> tensor<4x16xf32>
+// CHECK: [[ATT:%.*]], [[LSE:%.*]] = piper.attention [[QKV]] {heads = 4 : i64, kv_heads = 2 : i64, rope_theta = 1.000000e+04 : f64, seq = 2 : i64} : (tensor<4x16xf32>) -> (tensor<4x8xf32>, tensor<4x8xf32>)
+// CHECK: piper.attention_grad [[QKV]], [[ATT]], [[LSE]], [[DY]] {heads = 4 : i64, kv_heads = 2 : i64, rope_theta = 1.000000e+04 : f64, seq = 2 : i64} : (tensor<4x16xf32>, tensor<4x8xf32>, tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<4x16xf32>
 // CHECK: piper.swiglu [[GU]] : (tensor<4x12xf32>) -> tensor<4x6xf32>
 // CHECK: piper.swiglu_grad [[GU]], [[DZ]] : (tensor<4x12xf32>, tensor<4x6xf32>) -> tensor<4x12xf32>
 // CHECK: piper.accumulate_grad @g, [[DG]] : tensor<8xf32>
@@ -147,8 +147,8 @@ piper.segment @llama(%qkv: tensor<4x16xf32>, %x: tensor<4x8xf32>, %dy: tensor<4x
   %rms2 = piper.rms_norm %x, %g {eps = 1.0e-05 : f64} : (tensor<4x8xf32>, tensor<8xf32>) -> tensor<4x8xf32>
   %rgi = piper.rms_norm_grad_input %x, %g, %dy {eps = 1.0e-05 : f64} : (tensor<4x8xf32>, tensor<8xf32>, tensor<4x8xf32>) -> tensor<4x8xf32>
   %dg = piper.rms_norm_grad_weight %x, %dy : (tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<8xf32>
-  %att = piper.attention %qkv {heads = 4 : i64, kv_heads = 2 : i64, seq = 2 : i64, rope_theta = 1.0e+04 : f64} : (tensor<4x16xf32>) -> tensor<4x8xf32>
-  %datt = piper.attention_grad %qkv, %dy {heads = 4 : i64, kv_heads = 2 : i64, seq = 2 : i64, rope_theta = 1.0e+04 : f64} : (tensor<4x16xf32>, tensor<4x8xf32>) -> tensor<4x16xf32>
+  %att, %att_lse = piper.attention %qkv {heads = 4 : i64, kv_heads = 2 : i64, seq = 2 : i64, rope_theta = 1.0e+04 : f64} : (tensor<4x16xf32>) -> (tensor<4x8xf32>, tensor<4x8xf32>)
+  %datt = piper.attention_grad %qkv, %att, %att_lse, %dy {heads = 4 : i64, kv_heads = 2 : i64, seq = 2 : i64, rope_theta = 1.0e+04 : f64} : (tensor<4x16xf32>, tensor<4x8xf32>, tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<4x16xf32>
   %z = piper.swiglu %gu : (tensor<4x12xf32>) -> tensor<4x6xf32>
   %dgu = piper.swiglu_grad %gu, %dz : (tensor<4x12xf32>, tensor<4x6xf32>) -> tensor<4x12xf32>
   piper.accumulate_grad @g, %dg : tensor<8xf32>

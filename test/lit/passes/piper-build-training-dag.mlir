@@ -124,12 +124,12 @@ module {
 // CHECK: piper.accumulate_grad @wpe, [[DPOS]]
 // CHECK: piper.accumulate_grad @wte, [[DWTE]]
 // CHECK-LABEL: piper.segment @s_B(
-// CHECK-SAME: [[DY:%[^:]+]]: tensor<4x12xf32>, [[ATT:%[^:]+]]: tensor<4x4xf32>, [[LN:%[^:]+]]: tensor<4x12xf32>, [[X:%[^:]+]]: tensor<4x12xf32>) -> tensor<4x12xf32>
+// CHECK-SAME: [[DY:%[^:]+]]: tensor<4x12xf32>, [[ATT:%[^:]+]]: tensor<4x4xf32>, [[LSE:%[^:]+]]: tensor<4x4xf32>, [[LN:%[^:]+]]: tensor<4x12xf32>, [[X:%[^:]+]]: tensor<4x12xf32>) -> tensor<4x12xf32>
 // CHECK: [[W:%.*]] = piper.param_ref @w
 // CHECK: [[DATT:%.*]] = piper.linear_grad_input [[DY]], [[W]]
 // CHECK: [[DW:%.*]] = piper.linear_grad_weight [[ATT]], [[DY]]
 // CHECK: piper.accumulate_grad @w, [[DW]]
-// CHECK: [[DLN:%.*]] = piper.attention_grad [[LN]], [[DATT]] {heads = 2 : i64, seq = 2 : i64}
+// CHECK: [[DLN:%.*]] = piper.attention_grad [[LN]], [[ATT]], [[LSE]], [[DATT]] {heads = 2 : i64, seq = 2 : i64}
 // CHECK: [[G:%.*]] = piper.param_ref @g
 // CHECK: [[DX:%.*]] = piper.layer_norm_grad_input [[X]], [[G]], [[DLN]]
 // CHECK: [[SUM:%.*]] = piper.add [[DY]], [[DX]] : tensor<4x12xf32>
@@ -153,7 +153,7 @@ piper.segment @s(%x: tensor<4x12xf32>) -> tensor<4x12xf32> {
   %g = piper.param_ref @g : tensor<12xf32>
   %b = piper.param_ref @b : tensor<12xf32>
   %ln = piper.layer_norm %x, %g, %b : (tensor<4x12xf32>, tensor<12xf32>, tensor<12xf32>) -> tensor<4x12xf32>
-  %att = piper.attention %ln {heads = 2 : i64, seq = 2 : i64} : (tensor<4x12xf32>) -> tensor<4x4xf32>
+  %att, %att_lse = piper.attention %ln {heads = 2 : i64, seq = 2 : i64} : (tensor<4x12xf32>) -> (tensor<4x4xf32>, tensor<4x4xf32>)
   %w = piper.param_ref @w : tensor<4x12xf32>
   %y = piper.linear %att, %w : (tensor<4x4xf32>, tensor<4x12xf32>) -> tensor<4x12xf32>
   %r = piper.add %x, %y : tensor<4x12xf32>

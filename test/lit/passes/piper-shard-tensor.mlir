@@ -166,7 +166,7 @@ module {
     %qb = piper.param_ref @qkv_b : tensor<16xf32>
     %h = piper.linear %x, %q, %qb : (tensor<4x8xf32>, tensor<8x16xf32>, tensor<16xf32>) -> tensor<4x16xf32>
     // expected-error @+1 {{block 1's piper.attention has a bias on its q|k|v projection, which replicated key/value heads (1 key/value heads over tensor parallelism of 2) do not support}}
-    %a = piper.attention %h {heads = 2 : i64, kv_heads = 1 : i64, seq = 2 : i64} : (tensor<4x16xf32>) -> tensor<4x8xf32>
+    %a, %a_lse = piper.attention %h {heads = 2 : i64, kv_heads = 1 : i64, seq = 2 : i64} : (tensor<4x16xf32>) -> (tensor<4x8xf32>, tensor<4x4xf32>)
     %v = piper.param_ref @o : tensor<8x8xf32>
     %y = piper.linear %a, %v : (tensor<4x8xf32>, tensor<8x8xf32>) -> tensor<4x8xf32>
     piper.yield %y : tensor<4x8xf32>
@@ -194,7 +194,7 @@ module {
     %g = piper.param_ref @qk : tensor<4xf32>
     %n = piper.qk_norm %qkv, %g {heads = 2 : i64} : (tensor<4x12xf32>, tensor<4xf32>) -> tensor<4x12xf32>
     // expected-error @+1 {{block 1's piper.attention reads a q/k norm that has other readers}}
-    %a = piper.attention %n {heads = 2 : i64, seq = 2 : i64} : (tensor<4x12xf32>) -> tensor<4x4xf32>
+    %a, %a_lse = piper.attention %n {heads = 2 : i64, seq = 2 : i64} : (tensor<4x12xf32>) -> (tensor<4x4xf32>, tensor<4x4xf32>)
     %o = piper.param_ref @wo : tensor<4x8xf32>
     %y = piper.linear %a, %o : (tensor<4x4xf32>, tensor<4x8xf32>) -> tensor<4x8xf32>
     piper.yield %y, %n : tensor<4x8xf32>, tensor<4x12xf32>
@@ -224,7 +224,7 @@ module {
     %qkv = piper.linear %x, %q : (tensor<4x8xf32>, tensor<8x12xf32>) -> tensor<4x12xf32>
     // expected-error @+1 {{the q/k norm's weight must be a parameter}}
     %n = piper.qk_norm %qkv, %g {heads = 2 : i64} : (tensor<4x12xf32>, tensor<4xf32>) -> tensor<4x12xf32>
-    %a = piper.attention %n {heads = 2 : i64, seq = 2 : i64} : (tensor<4x12xf32>) -> tensor<4x4xf32>
+    %a, %a_lse = piper.attention %n {heads = 2 : i64, seq = 2 : i64} : (tensor<4x12xf32>) -> (tensor<4x4xf32>, tensor<4x4xf32>)
     %o = piper.param_ref @wo : tensor<4x8xf32>
     %y = piper.linear %a, %o : (tensor<4x4xf32>, tensor<4x8xf32>) -> tensor<4x8xf32>
     piper.yield %y : tensor<4x8xf32>

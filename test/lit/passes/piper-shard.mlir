@@ -48,7 +48,7 @@
 
 // The program: rows and per-expert counts go out, rows come back, each over
 // the member's expert group.
-// CHECK: [[F0:%[a-z0-9_]+]]:13, [[D0:%[a-z0-9_]+]] = piper.task @stage0_F.0
+// CHECK: [[F0:%[a-z0-9_]+]]:14, [[D0:%[a-z0-9_]+]] = piper.task @stage0_F.0
 // CHECK-NEXT: [[ROWS:%[a-z0-9_]+]], [[RC:%[a-z0-9_]+]], [[D1:%[a-z0-9_]+]] = piper.all_to_all [[F0]]#0, [[F0]]#1 after([[D0]]) {devices = #piper.group<0, 1, 2, 3>, stream = #piper.stream<"ep_stream", comm>, subgroups = [#piper.group<0, 1>, #piper.group<2, 3>], tag = #piper.tag<PP = 0, PASS = F>}
 // CHECK-NEXT: [[CNT:%[a-z0-9_]+]], {{.*}} = piper.all_to_all [[F0]]#2, [[F0]]#3
 // CHECK-NEXT: [[F3:%[a-z0-9_]+]]:4, [[D3:%[a-z0-9_]+]] = piper.task @stage0_F.3([[ROWS]], [[CNT]]) after

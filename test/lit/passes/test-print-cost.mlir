@@ -9,9 +9,9 @@ piper.segment @mlp(%x: tensor<4x8xf32>, %w: tensor<8x8xf32>) -> tensor<4x8xf32> 
   piper.yield %z : tensor<4x8xf32>
 }
 
-// CHECK: segment @attn: flops 256, bytes 512
+// CHECK: segment @attn: flops 256, bytes 576
 piper.segment @attn(%qkv: tensor<4x24xf32>) -> tensor<4x8xf32> {
-  %a = piper.attention %qkv {heads = 2 : i64, seq = 2 : i64} : (tensor<4x24xf32>) -> tensor<4x8xf32>
+  %a, %a_lse = piper.attention %qkv {heads = 2 : i64, seq = 2 : i64} : (tensor<4x24xf32>) -> (tensor<4x8xf32>, tensor<4x4xf32>)
   piper.yield %a : tensor<4x8xf32>
 }
 

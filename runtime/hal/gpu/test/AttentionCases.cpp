@@ -57,21 +57,25 @@ std::vector<KernelCase> cases() {
     // although the CPU takes exp with its own vectorized polynomial
     // (VecMath.h's fastExp) and sums over a stored probability matrix with
     // BLAS where the GPU kernels sum online.
+    // lse (each row's log-sum-exp, as a bf16 pair per head) too.
     out.push_back({"attention " + name,
                    "attention",
                    attrs,
                    {f32({rows, cols})},
-                   {zeros({rows, qCols})}});
+                   {zeros({rows, qCols}), zeros({rows, 2 * heads})}});
     // The gradient's dK and dV rows sum group * (seq - j) terms P_ij dy_i
     // (and dS_ij q_i) of magnitude ~1 in float, in another order on each
     // side (the CPU's GEMMs head by head, the GPU kernels query by query),
     // down to results near 0 (N(0, 1) dy cancels): each side's rounding is
     // ~1e-7 of the terms' absolute sum, a few 1e-6 at seq 40 with a group
     // of 8. Hence 1e-5 absolute.
+    // y and lse (inputs 1, 2) are read by the fused kernels only: these
+    // (SIMT) kernels recompute the softmax, as the CPU's.
     KernelCase backward{"attention_grad " + name,
                         "attention_grad",
                         attrs,
-                        {f32({rows, cols}), f32({rows, qCols})},
+                        {f32({rows, cols}), f32({rows, qCols}),
+                         f32({rows, 2 * heads}), f32({rows, qCols})},
                         {f32({rows, cols})}};
     backward.atol = 1e-5;
     out.push_back(backward);
@@ -94,11 +98,12 @@ std::vector<KernelCase> cases() {
                    "attention",
                    attrs,
                    {f32({rows, cols})},
-                   {zeros({rows, qCols})}});
+                   {zeros({rows, qCols}), zeros({rows, 2 * 4})}});
     KernelCase backward{"attention_grad b2 s40 h4/2 hd32 rope llama3",
                         "attention_grad",
                         attrs,
-                        {f32({rows, cols}), f32({rows, qCols})},
+                        {f32({rows, cols}), f32({rows, qCols}),
+                         f32({rows, 2 * 4}), f32({rows, qCols})},
                         {f32({rows, cols})}};
     backward.atol = 1e-5; // as above
     out.push_back(backward);
@@ -182,22 +187,20 @@ std::vector<KernelCase> cases() {
   badStep.rejects = "step";
   out.push_back(badStep);
   // Malformed calls, rejected by the shared checks with one message.
-  KernelCase badHeads{"attention kv_heads not dividing heads",
-                      "attention",
-                      {{"heads", intAttr(4)},
-                       {"kv_heads", intAttr(3)},
-                       {"seq", intAttr(4)}},
-                      {f32({8, 10 * 8})},
-                      {zeros({8, 32})}};
+  KernelCase badHeads{
+      "attention kv_heads not dividing heads",
+      "attention",
+      {{"heads", intAttr(4)}, {"kv_heads", intAttr(3)}, {"seq", intAttr(4)}},
+      {f32({8, 10 * 8})},
+      {zeros({8, 32}), zeros({8, 8})}};
   badHeads.rejects = "kv_heads";
   out.push_back(badHeads);
-  KernelCase badRows{"attention_grad rows not a multiple of seq",
-                     "attention_grad",
-                     {{"heads", intAttr(2)},
-                      {"kv_heads", intAttr(2)},
-                      {"seq", intAttr(4)}},
-                     {f32({6, 6 * 8}), f32({6, 16})},
-                     {f32({6, 6 * 8})}};
+  KernelCase badRows{
+      "attention_grad rows not a multiple of seq",
+      "attention_grad",
+      {{"heads", intAttr(2)}, {"kv_heads", intAttr(2)}, {"seq", intAttr(4)}},
+      {f32({6, 6 * 8}), f32({6, 16}), f32({6, 4}), f32({6, 16})},
+      {f32({6, 6 * 8})}};
   badRows.rejects = "seq";
   out.push_back(badRows);
   return out;

@@ -141,8 +141,12 @@ const std::vector<double> kQkv = {0.5,   -0.25,  0.75, -0.125,
 const std::vector<double> kDy = {0.25, -0.5, 0.125, 0.375, -0.75};
 constexpr double kBf16Unit = 1.0 / 256; // 2^-8: bf16's rounding, relative
 
+/// The attention (or attention_grad) case of that shape. The backward's y
+/// and lse are the forward's on `forwardOn` (the fused path reads them; the
+/// SIMT kernels recompute the softmax).
 testing::KernelCase attentionCase(bool grad, int64_t b, int64_t t, int64_t h,
-                                  int64_t kv, int64_t hd) {
+                                  int64_t kv, int64_t hd,
+                                  Device *forwardOn = nullptr) {
   testing::KernelCase c;
   int64_t rows = b * t, cols = (h + 2 * kv) * hd;
   c.name = std::string(grad ? "attention_grad" : "attention") + " b" +
@@ -155,10 +159,28 @@ testing::KernelCase attentionCase(bool grad, int64_t b, int64_t t, int64_t h,
              {"seq", testing::intAttr(t)}};
   c.inputs = {testing::given(plan::F32, {rows, cols}, kQkv)};
   if (grad) {
+    testing::KernelCase forward = attentionCase(false, b, t, h, kv, hd);
+    std::vector<std::vector<uint32_t>> words;
+    REQUIRE(forwardOn);
+    REQUIRE(testing::runOutputsFrom(forward, *forwardOn, 0, words) == "");
+    REQUIRE(words.size() == 2);
+    for (size_t o = 0; o < 2; ++o) {
+      std::vector<double> values;
+      for (uint32_t w : words[o]) {
+        float f;
+        std::memcpy(&f, &w, sizeof f);
+        values.push_back(f);
+      }
+      c.inputs.push_back(testing::given(plan::F32,
+                                        o == 0
+                                            ? std::vector<int64_t>{rows, h * hd}
+                                            : std::vector<int64_t>{rows, 2 * h},
+                                        values));
+    }
     c.inputs.push_back(testing::given(plan::F32, {rows, h * hd}, kDy));
     c.outputs = {testing::zeros({rows, cols})};
   } else {
-    c.outputs = {testing::zeros({rows, h * hd})};
+    c.outputs = {testing::zeros({rows, h * hd}), testing::zeros({rows, 2 * h})};
   }
   c.lowPrecision = true;
   // The operands are bf16 values and there is no rotation, so the fused
@@ -196,7 +218,7 @@ TEST_CASE("the emulated fused attention agrees with the SIMT kernels within "
                                              {1, 5, 2, 2, 8},
                                              {2, 3, 4, 1, 8},
                                              {1, 1, 1, 1, 4}}) {
-      testing::KernelCase c = attentionCase(grad, b, t, h, kv, hd);
+      testing::KernelCase c = attentionCase(grad, b, t, h, kv, hd, fused.get());
       INFO(c.name << ", atol " << c.atol);
       testing::CaseResult r = testing::runCase(c, *simt, *fused);
       CHECK(r.error == "");
@@ -211,8 +233,8 @@ TEST_CASE("the emulated fused attention agrees with the SIMT kernels within "
 TEST_CASE("the fused path's backward is the model's on the packed operands, "
           "bit for bit, with rotary embeddings and grouped heads") {
   // What the kernel does around the fused attention (pack with rotation,
-  // the forward again for y and the statistics, dy packed, dq and dk
-  // rotated back), done here step by step on the model itself.
+  // y packed and the statistics taken from the forward's lse, dy packed,
+  // dq and dk rotated back), done here step by step on the model itself.
   g::AttentionShape s = shapeOf(2, 6, 4, 2, 8, 10000.0);
   const size_t n = size_t(s.rows() * s.cols), ny = size_t(s.rows() * s.qCols);
   std::vector<float> qkv = normal(n, 3), dy = normal(ny, 4);
@@ -241,6 +263,16 @@ TEST_CASE("the fused path's backward is the model's on the packed operands, "
   std::vector<float> want(n);
   REQUIRE(g::launchAttentionUnpackGradBf16(ctx, s, dqkv16.data(), want.data(),
                                            table.data()));
+  // The forward's outputs as the attention kernel gives them: y up-cast,
+  // the statistics as lse pairs, which give them back exactly.
+  std::vector<float> y(ny), lse(size_t(s.rows() * 2 * s.heads), NAN),
+      back(stats.size(), NAN);
+  for (size_t e = 0; e < ny; ++e)
+    y[e] = g::fromBf16(y16[e]);
+  REQUIRE(g::launchStatsToLse(ctx, s, stats.data(), lse.data()));
+  REQUIRE(g::launchLseToStats(ctx, s, lse.data(), back.data()));
+  CHECK(std::memcmp(back.data(), stats.data(), stats.size() * sizeof(float)) ==
+        0);
 
   // The same through the attention_grad kernel of a device whose attention
   // is the model.
@@ -256,6 +288,8 @@ TEST_CASE("the fused path's backward is the model's on the packed operands, "
   std::vector<float> got(n, NAN);
   std::vector<TensorRef> ins = {
       TensorRef{plan::F32, {s.rows(), s.cols}, qkv.data()},
+      TensorRef{plan::F32, {s.rows(), s.qCols}, y.data()},
+      TensorRef{plan::F32, {s.rows(), 2 * s.heads}, lse.data()},
       TensorRef{plan::F32, {s.rows(), s.qCols}, dy.data()}};
   std::vector<TensorRef> outs = {
       TensorRef{plan::F32, {s.rows(), s.cols}, got.data()}};
