@@ -1,5 +1,5 @@
 #!/bin/bash
-# Builds piperc, piper-opt, piper-run and piper-tokenize and installs them
+# Builds piperc, piper-opt, piper-run, piper-plan and piper-tokenize and installs them
 # into PREFIX/bin so that they run from any folder, not only from bazel-bin:
 #   scripts/install.sh PREFIX            (e.g. scripts/install.sh ~/.local)
 # Bazel links its binaries against shared libraries through runfiles paths
@@ -20,7 +20,7 @@ mkdir -p "$1"
 PREFIX="$(cd "$1" && pwd)"
 cd "$(dirname "$0")/.."
 
-TOOLS=(piperc piper-opt piper-run piper-tokenize)
+TOOLS=(piperc piper-opt piper-run piper-plan piper-tokenize)
 BAZEL="${BAZEL:-bazel}"
 read -r -a BUILD_FLAGS <<<"${BAZEL_BUILD_FLAGS:-}"
 "$BAZEL" build "${BUILD_FLAGS[@]}" "${TOOLS[@]/#///tools:}"

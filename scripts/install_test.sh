@@ -16,7 +16,7 @@ run() {
   local bin="$WORK/prefix/bin"
   mkdir "$WORK/cwd"
   cd "$WORK/cwd"
-  for tool in piperc piper-opt piper-run piper-tokenize; do
+  for tool in piperc piper-opt piper-run piper-plan piper-tokenize; do
     # No library may come from Bazel's tree or be missing.
     if ldd "$bin/$tool" | grep -E "not found|bazel|_solib"; then
       echo "$tool: libraries outside the system"
@@ -27,6 +27,7 @@ run() {
   env -i PATH=/usr/bin:/bin "$bin/piper-opt" --help >/dev/null
   "$bin/piperc" model gpt-tiny --seq 16 --batch 2 -o gpt-tiny.mlir
   "$bin/piperc" compile gpt-tiny.mlir -o out >/dev/null
+  env -i PATH=/usr/bin:/bin "$bin/piper-plan" out --simulate | grep -q 'class 0'
   head -c 4096 "$ROOT/README.md" >text.txt
   "$bin/piper-tokenize" text.txt -o text.bin >/dev/null
   env -i PATH=/usr/bin:/bin "$bin/piper-run" out --nproc 1 --steps 1 \
