@@ -199,12 +199,12 @@ Status Executor::wholeState(int p, int kind, std::vector<char> &out) const {
     PIPER_RETURN_IF_ERROR(
         gather(ranks, mine.data(), counts, local.data(), "ZeRO shards"));
   } else {
-    PIPER_RETURN_IF_ERROR(
-        impl->memory
-            ->copyToHost(local.data(), impl->stateOf(p, kind)->data,
-                         4 * local.size())
-            .withContext(impl->who + ": reading " +
-                         stateName(param.name(), kind)));
+    PIPER_RETURN_IF_ERROR(impl->memory
+                              ->copyToHost(local.data(),
+                                           impl->stateOf(p, kind)->data,
+                                           4 * local.size())
+                              .withContext(impl->who + ": reading " +
+                                           stateName(param.name(), kind)));
   }
   std::vector<char> whole;
   if (!sliced) {
@@ -213,10 +213,10 @@ Status Executor::wholeState(int p, int kind, std::vector<char> &out) const {
   } else {
     std::vector<int> ranks = plan::sliceGroup(plan, param, impl->replica);
     whole.resize(static_cast<size_t>(4 * n) * ranks.size());
-    PIPER_RETURN_IF_ERROR(gather(
-        ranks, local.data(),
-        std::vector<size_t>(ranks.size(), static_cast<size_t>(n)),
-        reinterpret_cast<float *>(whole.data()), "slices"));
+    PIPER_RETURN_IF_ERROR(
+        gather(ranks, local.data(),
+               std::vector<size_t>(ranks.size(), static_cast<size_t>(n)),
+               reinterpret_cast<float *>(whole.data()), "slices"));
     if (writer && plan::tensorSliceMembers(param) >= 2) {
       // The members' tensors, in member order, into their runs.
       std::vector<char> global(whole.size());
@@ -265,6 +265,21 @@ Status Executor::loadOptimizerState(const SafetensorsReader &reader) {
   return loadState(reader, Operand::ADAM_V);
 }
 
+namespace {
+/// Reads tensor `name` of `reader` into `host`: `bytes` of them, which
+/// checkCheckpointParams has already checked (a mismatch is internal).
+Status readCheckedTensor(const SafetensorsReader &reader,
+                         const std::string &name, int64_t bytes,
+                         const std::string &who, std::vector<char> &host) {
+  const SafetensorsEntry *e = reader.find(name);
+  if (!e || static_cast<int64_t>(e->end - e->begin) != bytes)
+    return Status::error(who + ": internal: checkpoint tensor '" + name +
+                         "' has a bad size");
+  host.resize(static_cast<size_t>(bytes));
+  return reader.read(*e, host.data()).withContext(who);
+}
+} // namespace
+
 Status Executor::loadState(const SafetensorsReader &reader, int kind) {
   std::vector<ParamSpec> specs = paramSpecs();
   for (ParamSpec &spec : specs)
@@ -274,13 +289,11 @@ Status Executor::loadState(const SafetensorsReader &reader, int kind) {
           .withContext(impl->who));
   for (int p = 0; p < impl->plan.params_size(); ++p) {
     const plan::Parameter &param = impl->plan.params(p);
-    const SafetensorsEntry *e = reader.find(specs[p].name);
-    int64_t bytes = 4 * plan::paramElements(param) * plan::sliceMembers(param);
-    if (!e || static_cast<int64_t>(e->end - e->begin) != bytes)
-      return Status::error(impl->who + ": internal: checkpoint tensor '" +
-                           specs[p].name + "' has a bad size");
-    std::vector<char> host(static_cast<size_t>(bytes));
-    PIPER_RETURN_IF_ERROR(reader.read(*e, host.data()).withContext(impl->who));
+    std::vector<char> host;
+    PIPER_RETURN_IF_ERROR(readCheckedTensor(reader, specs[p].name,
+                                            4 * plan::paramElements(param) *
+                                                plan::sliceMembers(param),
+                                            impl->who, host));
     // This member's slice of the global tensor (all of it when whole), or
     // under ZeRO this replica's range of that.
     const bool ranged = plan::stateSharded(param, kind - 1);
@@ -289,8 +302,8 @@ Status Executor::loadState(const SafetensorsReader &reader, int kind) {
                                  : plan::paramElements(param);
     std::vector<char> mine(static_cast<size_t>(4 * count));
     for (const plan::SliceRun &run : plan::rangeRuns(
-             param, plan::sliceMember(impl->plan, param, impl->replica),
-             start, count))
+             param, plan::sliceMember(impl->plan, param, impl->replica), start,
+             count))
       std::memcpy(mine.data() + 4 * run.local, host.data() + 4 * run.global,
                   static_cast<size_t>(4 * run.count));
     PIPER_RETURN_IF_ERROR(
@@ -320,14 +333,10 @@ Status Executor::loadHeldState(const SafetensorsReader &model,
       if (param.has_sharding())
         return Status::error(impl->who + ": internal: '" + param.name() +
                              "' is held as ZeRO ranges, not whole");
-      const SafetensorsEntry *e = reader.find(specs[p].name);
-      std::vector<char> host(
-          static_cast<size_t>(4 * plan::paramElements(param)));
-      if (!e || e->end - e->begin != host.size())
-        return Status::error(impl->who + ": internal: tensor '" +
-                             specs[p].name + "' has a bad size");
-      PIPER_RETURN_IF_ERROR(
-          reader.read(*e, host.data()).withContext(impl->who));
+      std::vector<char> host;
+      PIPER_RETURN_IF_ERROR(readCheckedTensor(reader, specs[p].name,
+                                              4 * plan::paramElements(param),
+                                              impl->who, host));
       PIPER_RETURN_IF_ERROR(
           impl->memory
               ->copyFromHost(impl->stateOf(p, kind)->data, host.data(),
@@ -397,9 +406,9 @@ Status Executor::saveShards(const std::string &path, int64_t step) const {
         slices += fmt::format("[{}, {}]", start,
                               fmt::join(plan::globalShape(param), ", "));
       else
-        slices += fmt::format("{{\"global\": [{}], {}}}",
-                              fmt::join(plan::globalShape(param), ", "),
-                              tensorSlice);
+        slices +=
+            fmt::format("{{\"global\": [{}], {}}}",
+                        fmt::join(plan::globalShape(param), ", "), tensorSlice);
     }
   }
   if (tensors.empty())
@@ -444,10 +453,10 @@ Status Executor::loadShards(const StateSource &source, bool moments) {
           std::copy_n(whole.begin() + run.global, run.count,
                       host.begin() + run.local);
       } else {
-        PIPER_RETURN_IF_ERROR(source
-                                  .read(stateName(param.name(), kind), start,
-                                        count, host.data())
-                                  .withContext(impl->who));
+        PIPER_RETURN_IF_ERROR(
+            source
+                .read(stateName(param.name(), kind), start, count, host.data())
+                .withContext(impl->who));
       }
       PIPER_RETURN_IF_ERROR(
           impl->memory->copyFromHost(dst, host.data(), 4 * host.size())

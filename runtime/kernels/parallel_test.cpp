@@ -18,30 +18,12 @@
 #include "runtime/kernels/Kernels.h"
 #include "runtime/kernels/Parallel.h"
 #include "runtime/kernels/VecMath.h"
+#include "runtime/kernels/kernels_test_util.h"
 
 using namespace piper;
 using namespace piper::runtime;
 
 namespace {
-
-struct Tensor {
-  plan::DType dtype = plan::F32;
-  std::vector<int64_t> shape;
-  std::vector<float> f;
-  std::vector<int32_t> i;
-
-  int64_t numel() const {
-    int64_t n = 1;
-    for (int64_t d : shape)
-      n *= d;
-    return n;
-  }
-  TensorRef ref() {
-    return TensorRef{dtype, shape,
-                     dtype == plan::I32 ? static_cast<void *>(i.data())
-                                        : static_cast<void *>(f.data())};
-  }
-};
 
 Tensor randomF32(std::vector<int64_t> shape, uint32_t seed, float scale = 1) {
   Tensor t;
@@ -98,7 +80,8 @@ std::vector<Tensor> runWith(int threads, const plan::Kernel &k,
   return outs;
 }
 
-void checkSameOnAnyThreads(const plan::Kernel &k, const std::vector<Tensor> &ins,
+void checkSameOnAnyThreads(const plan::Kernel &k,
+                           const std::vector<Tensor> &ins,
                            const std::vector<Tensor> &outs) {
   INFO(k.op());
   std::vector<Tensor> one = runWith(1, k, ins, outs);
@@ -149,8 +132,7 @@ TEST_CASE("parallel kernels give the same floats on one and three threads",
   checkSameOnAnyThreads(kernel("rms_norm"), {x, gamma}, {y});
   checkSameOnAnyThreads(kernel("layer_norm_grad_input"), {x, gamma, dy}, {y});
   checkSameOnAnyThreads(kernel("rms_norm_grad_input"), {x, gamma, dy}, {y});
-  checkSameOnAnyThreads(kernel("swiglu"), {x},
-                        {zerosF32({rows, hidden / 2})});
+  checkSameOnAnyThreads(kernel("swiglu"), {x}, {zerosF32({rows, hidden / 2})});
   checkSameOnAnyThreads(kernel("swiglu_grad"),
                         {x, randomF32({rows, hidden / 2}, 5)}, {y});
   checkSameOnAnyThreads(kernel("accumulate"), {x}, {dy});
@@ -164,10 +146,10 @@ TEST_CASE("parallel kernels give the same floats on one and three threads",
   Tensor targets = tokens(rows, vocab, 9);
   checkSameOnAnyThreads(kernel("cross_entropy_grad", {{"scale", 0.5}}),
                         {logits, targets}, {zerosF32({rows, vocab})});
-  std::vector<Tensor> one = runWith(1, kernel("cross_entropy"),
-                                    {logits, targets}, {zerosF32({})});
-  std::vector<Tensor> three = runWith(3, kernel("cross_entropy"),
-                                      {logits, targets}, {zerosF32({})});
+  std::vector<Tensor> one =
+      runWith(1, kernel("cross_entropy"), {logits, targets}, {zerosF32({})});
+  std::vector<Tensor> three =
+      runWith(3, kernel("cross_entropy"), {logits, targets}, {zerosF32({})});
   CHECK(one[0].f[0] == three[0].f[0]);
 
   openblas_set_num_threads(1);
@@ -193,12 +175,12 @@ TEST_CASE("vectorized exp, tanh and sigmoid are accurate",
     float x = static_cast<float>(v);
     worstTanh = std::max(worstTanh,
                          std::fabs(detail::fastTanh(x) - std::tanh(double(x))));
-    worstSigmoid = std::max(
-        worstSigmoid, std::fabs(detail::fastSigmoid(x) -
-                                1.0 / (1.0 + std::exp(-double(x)))));
+    worstSigmoid =
+        std::max(worstSigmoid, std::fabs(detail::fastSigmoid(x) -
+                                         1.0 / (1.0 + std::exp(-double(x)))));
   }
-  CHECK(worstExp < 3e-7);    // within about 2 ulp
-  CHECK(worstTanh < 2e-7);   // absolute
+  CHECK(worstExp < 3e-7);     // within about 2 ulp
+  CHECK(worstTanh < 2e-7);    // absolute
   CHECK(worstSigmoid < 2e-7); // absolute
   CHECK(detail::fastExp(-100.0f) == 0.0f);
   CHECK(std::isinf(detail::fastExp(100.0f)));
