@@ -62,7 +62,7 @@ std::vector<KernelCase> cases() {
                    "attention",
                    attrs,
                    {f32({rows, cols})},
-                   {zeros({rows, qCols}), zeros({rows, 2 * heads})}});
+                   {zeros({rows, qCols}), lsePairs(rows, heads)}});
     // The gradient's dK and dV rows sum group * (seq - j) terms P_ij dy_i
     // (and dS_ij q_i) of magnitude ~1 in float, in another order on each
     // side (the CPU's GEMMs head by head, the GPU kernels query by query),
@@ -98,7 +98,7 @@ std::vector<KernelCase> cases() {
                    "attention",
                    attrs,
                    {f32({rows, cols})},
-                   {zeros({rows, qCols}), zeros({rows, 2 * 4})}});
+                   {zeros({rows, qCols}), lsePairs(rows, 4)}});
     KernelCase backward{"attention_grad b2 s40 h4/2 hd32 rope llama3",
                         "attention_grad",
                         attrs,
@@ -147,7 +147,7 @@ std::vector<KernelCase> cases() {
                        "attention_block",
                        attrs,
                        {f32({rows, cols}), f32({rows, kvWidth})},
-                       {zeros({rows, qCols}), zeros({rows, 2 * heads})}};
+                       {zeros({rows, qCols}), lsePairs(rows, heads)}};
     if (step > 0) {
       // The log-sum-exp pair (hi, lo) of each head.
       forward.inputs.push_back(f32({rows, qCols}));

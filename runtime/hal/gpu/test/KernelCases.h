@@ -31,6 +31,10 @@ struct Operand {
   double scale = 1.0;
   int64_t limit = 0;
   std::vector<double> values;
+  /// An output of log-sum-exp pairs ([rows, 2 heads], storeRingLse's bf16
+  /// value and rest per head): compared as values, hi + lo, since two
+  /// backends whose lse differ by a rounding may split it differently.
+  bool lsePairs = false;
 };
 
 /// f32 operand of `shape`, N(0, scale^2).
@@ -44,6 +48,8 @@ Operand given(plan::DType dtype, std::vector<int64_t> shape,
               std::vector<double> values);
 /// f32 or i32 zeros.
 Operand zeros(std::vector<int64_t> shape, plan::DType dtype = plan::F32);
+/// f32 zeros for an output of log-sum-exp pairs over `heads` (lsePairs).
+Operand lsePairs(int64_t rows, int64_t heads);
 
 struct KernelCase {
   std::string name;

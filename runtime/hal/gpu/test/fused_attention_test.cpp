@@ -180,7 +180,7 @@ testing::KernelCase attentionCase(bool grad, int64_t b, int64_t t, int64_t h,
     c.inputs.push_back(testing::given(plan::F32, {rows, h * hd}, kDy));
     c.outputs = {testing::zeros({rows, cols})};
   } else {
-    c.outputs = {testing::zeros({rows, h * hd}), testing::zeros({rows, 2 * h})};
+    c.outputs = {testing::zeros({rows, h * hd}), testing::lsePairs(rows, h)};
   }
   c.lowPrecision = true;
   // The operands are bf16 values and there is no rotation, so the fused
