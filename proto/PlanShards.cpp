@@ -34,12 +34,11 @@ int64_t shardMembers(const Plan &plan, const Parameter &param) {
   int g = param.sharding().group();
   if (g < 0 || g >= plan.groups_size())
     return 1;
-  return std::max<int64_t>(1, plan.groups(g).ranks_size() /
-                                  tensorParallel(plan));
+  return std::max<int64_t>(1,
+                           plan.groups(g).ranks_size() / tensorParallel(plan));
 }
 
-int64_t shardMember(const Plan &plan, const Parameter &param,
-                    int64_t replica) {
+int64_t shardMember(const Plan &plan, const Parameter &param, int64_t replica) {
   return param.has_sharding() ? dataReplica(plan, replica) : 0;
 }
 
@@ -52,9 +51,9 @@ std::vector<int> shardGroup(const Plan &plan, const Parameter &param,
   if (g < 0 || g >= plan.groups_size())
     return ranks;
   const DeviceGroup &group = plan.groups(g);
-  int64_t tp = tensorParallel(plan);
-  for (int64_t r = replica % tp; r < group.ranks_size(); r += tp)
-    ranks.push_back(group.ranks(static_cast<int>(r)));
+  for (int64_t r : layout(plan).group(Axis::dpcp, replica))
+    if (r < group.ranks_size())
+      ranks.push_back(group.ranks(static_cast<int>(r)));
   return ranks;
 }
 
@@ -75,12 +74,18 @@ int64_t tensorParallel(const Plan &plan) {
   return std::max(1, plan.training().tensor_parallel());
 }
 
+ParallelLayout layout(const Plan &plan, int64_t ep) {
+  int64_t tp = tensorParallel(plan), cp = contextParallel(plan);
+  return ParallelLayout(Degrees{1, plan.ranks_size() / (tp * cp), cp, tp,
+                                std::max<int64_t>(1, ep)});
+}
+
 int64_t tensorMember(const Plan &plan, int64_t replica) {
-  return replica % tensorParallel(plan);
+  return layout(plan).member(Axis::tp, replica);
 }
 
 int64_t dataReplica(const Plan &plan, int64_t replica) {
-  return replica / tensorParallel(plan);
+  return layout(plan).member(Axis::dpcp, replica);
 }
 
 int64_t contextParallel(const Plan &plan) {
@@ -88,16 +93,16 @@ int64_t contextParallel(const Plan &plan) {
 }
 
 int64_t contextMember(const Plan &plan, int64_t replica) {
-  return dataReplica(plan, replica) % contextParallel(plan);
+  return layout(plan).member(Axis::cp, replica);
 }
 
 int64_t batchReplica(const Plan &plan, int64_t replica) {
-  return dataReplica(plan, replica) / contextParallel(plan);
+  return layout(plan).member(Axis::dp, replica);
 }
 
 int64_t globalMicrobatches(const TrainingConfig &t) {
-  return std::max<int64_t>(
-             1, t.num_replicas() / std::max(1, t.context_parallel())) *
+  return std::max<int64_t>(1, t.num_replicas() /
+                                  std::max(1, t.context_parallel())) *
          t.num_microbatches();
 }
 
@@ -111,9 +116,8 @@ int64_t contextPosition(int64_t seqLen, int64_t members, int64_t member,
 }
 
 int64_t tensorSliceMembers(const Parameter &param) {
-  return param.has_tensor_slice()
-             ? std::max(1, param.tensor_slice().members())
-             : 1;
+  return param.has_tensor_slice() ? std::max(1, param.tensor_slice().members())
+                                  : 1;
 }
 
 int64_t sliceMembers(const Parameter &param) {
@@ -134,27 +138,19 @@ std::vector<int64_t> globalShape(const Parameter &param) {
   return shape;
 }
 
-int64_t sliceMember(const Plan &plan, const Parameter &param,
-                    int64_t replica) {
-  if (tensorSliceMembers(param) >= 2)
-    return replica % tensorSliceMembers(param);
-  return dataReplica(plan, replica) % expertMembers(param);
+int64_t sliceMember(const Plan &plan, const Parameter &param, int64_t replica) {
+  return layout(plan, expertMembers(param))
+      .member(tensorSliceMembers(param) >= 2 ? Axis::tp : Axis::ep, replica);
 }
 
 std::vector<int> sliceGroup(const Plan &plan, const Parameter &param,
                             int64_t replica) {
-  // Replica indices: T consecutive ones, or G data replicas T apart.
-  int64_t m = sliceMembers(param), tp = tensorParallel(plan), first = 0,
-          stride = 1;
-  if (tensorSliceMembers(param) >= 2) {
-    first = replica / m * m;
-  } else {
-    first = dataReplica(plan, replica) / m * m * tp + replica % tp;
-    stride = tp;
-  }
+  ParallelLayout l = layout(plan, expertMembers(param));
+  std::vector<int64_t> members =
+      l.group(tensorSliceMembers(param) >= 2 ? Axis::tp : Axis::ep, replica);
   std::vector<int> ranks;
-  for (int64_t j = 0; j < m; ++j)
-    if (int64_t r = first + j * stride; r < plan.ranks_size())
+  for (int64_t r : members)
+    if (r < plan.ranks_size())
       ranks.push_back(plan.ranks(static_cast<int>(r)));
   return ranks;
 }

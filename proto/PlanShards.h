@@ -11,6 +11,7 @@
 
 #include "proto/BalancedSplit.h"
 #include "proto/plan.pb.h"
+#include "support/ParallelLayout.h"
 
 namespace piper::plan {
 
@@ -33,8 +34,7 @@ int64_t shardMembers(const Plan &plan, const Parameter &param);
 /// Which member of its sharding group replica `replica` is (0 when the
 /// parameter is not sharded), and the world ranks of that group in member
 /// order.
-int64_t shardMember(const Plan &plan, const Parameter &param,
-                    int64_t replica);
+int64_t shardMember(const Plan &plan, const Parameter &param, int64_t replica);
 std::vector<int> shardGroup(const Plan &plan, const Parameter &param,
                             int64_t replica);
 
@@ -46,6 +46,12 @@ int64_t stateElements(const Plan &plan, const Parameter &param, int kind);
 /// Expert parallelism (Parameter.expert_members): the members of an
 /// expert-parallel group (1 for a whole tensor).
 int64_t expertMembers(const Parameter &param);
+
+/// The layout of the plan's class (support/ParallelLayout.h): its ranks
+/// are the replicas of one pipeline stage group, dp x cp x tp of them, with
+/// `ep` (at least 1) for an expert parameter's groups. Every member index
+/// and group below is the layout's.
+ParallelLayout layout(const Plan &plan, int64_t ep = 1);
 
 /// Tensor parallelism (TrainingConfig.tensor_parallel, at least 1): the
 /// members of a tensor-parallel group, which member replica `replica` is
@@ -87,8 +93,7 @@ int64_t tensorSliceMembers(const Parameter &param);
 /// d mod G; without tensor parallelism, r mod G).
 int64_t sliceMembers(const Parameter &param);
 std::vector<int64_t> globalShape(const Parameter &param);
-int64_t sliceMember(const Plan &plan, const Parameter &param,
-                    int64_t replica);
+int64_t sliceMember(const Plan &plan, const Parameter &param, int64_t replica);
 std::vector<int> sliceGroup(const Plan &plan, const Parameter &param,
                             int64_t replica);
 

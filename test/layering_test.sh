@@ -1,17 +1,18 @@
 #!/bin/bash
-# The runtime never includes MLIR or LLVM headers: plan.proto is its only
-# contract with the compiler (Bazel visibility of @llvm enforces the deps).
+# The runtime, proto/ and support/ (the ground floor) never include MLIR,
+# LLVM or compiler headers: plan.proto is the runtime's only contract with
+# the compiler (Bazel visibility of @llvm enforces the deps).
 set -euo pipefail
 cd "$TEST_SRCDIR/$TEST_WORKSPACE"
-bad=$(grep -rlE '#include *[<"](mlir|llvm)/' runtime proto || true)
+bad=$(grep -rlE '#include *[<"](mlir|llvm|dialects|compiler)/' runtime proto support || true)
 if [ -n "$bad" ]; then
-  echo "runtime/proto files include MLIR or LLVM headers:"
+  echo "runtime/proto/support files include MLIR, LLVM or compiler headers:"
   echo "$bad"
   exit 1
 fi
-n=$(find runtime proto -name '*.cpp' -o -name '*.h' | wc -l)
+n=$(find runtime proto support -name '*.cpp' -o -name '*.h' | wc -l)
 if [ "$n" -lt 10 ]; then
   echo "expected the runtime sources in the runfiles, found $n files"
   exit 1
 fi
-echo "checked $n runtime and proto sources: no MLIR/LLVM includes"
+echo "checked $n runtime, proto and support sources: no MLIR/LLVM/compiler includes"

@@ -92,7 +92,7 @@ public:
         // Under context parallelism each member loads its chunks of the
         // whole sequence (LOAD_BATCH): the plan names the whole length.
         p.mutable_training()->set_seq_len(t.getDimSize(1) *
-                                          getContextParallel(module));
+                                          getMesh(module).getCp());
       } else if (auto task = dyn_cast<TaskOp>(op)) {
         FailureOr<int> seg = segment(task.getSegment());
         if (failed(seg))
@@ -175,9 +175,9 @@ public:
     auto *training = p.mutable_training();
     training->set_num_microbatches(dp.getNumMicrobatches());
     training->set_num_replicas(dp.getNumReplicas());
-    if (int64_t tp = getTensorParallel(module); tp > 1)
+    if (int64_t tp = getMesh(module).getTp(); tp > 1)
       training->set_tensor_parallel(static_cast<int32_t>(tp));
-    if (int64_t cp = getContextParallel(module); cp > 1)
+    if (int64_t cp = getMesh(module).getCp(); cp > 1)
       training->set_context_parallel(static_cast<int32_t>(cp));
     if (OptimizerAttr opt = dp.getOptimizerAttr()) {
       training->set_min_lr(opt.getMinLr().convertToDouble());
@@ -458,7 +458,7 @@ private:
       // the reported sum over ranks counts it once.
       if (auto acc = dyn_cast<LossAccumulateOp>(op))
         setFloat("scale", lossScale * acc.getCoeff().convertToDouble() /
-                              double(getTensorParallel(module)));
+                              double(getMesh(module).getTp()));
       if (auto aux = dyn_cast<MoeAuxLossGradOp>(op))
         setFloat("scale", lossScale * aux.getCoeff().convertToDouble());
       if (isa<MoeRouterOp, MoeRouterGradOp>(op))

@@ -2,6 +2,7 @@
 // --ep --virtual-stages --tp` checked as flags, built into directives, and then
 // checked by verifyStrategy like a strategy file.
 #include "compiler/strategy/Strategy.h"
+#include "support/ParallelLayout.h"
 
 #include <cmath>
 
@@ -11,6 +12,9 @@
 #include "llvm/Support/FormatVariadic.h"
 
 using namespace mlir::piper;
+using ::piper::Axis;
+using ::piper::Degrees;
+using ::piper::ParallelLayout;
 
 /// A size in MB as people write it: "0.5", "25", "9.53674e-07" (formatv
 /// would print a fixed two decimals).
@@ -56,15 +60,11 @@ Strategy mlir::piper::strategyFromFlags(int64_t pp, int64_t dp,
     c.stream = "cp_stream";
     add(c, llvm::formatv("context_parallel cp={0}", cp).str());
   }
-  // A pipeline device group: dp data-parallel replicas of cp context
-  // members of tp tensor members each (tp innermost, then cp).
-  const int64_t group = dp * cp * tp;
-  auto groupDevices = [&](int64_t g) {
-    std::vector<int64_t> devices;
-    for (int64_t r = 0; r < group; ++r)
-      devices.push_back(g * group + r);
-    return devices;
-  };
+  // The world's layout: pipeline device group g is the ranks of pipeline
+  // coordinate g, dp x cp x tp of them (support/ParallelLayout.h).
+  const ParallelLayout layout(Degrees{pp, dp, cp, tp, 1});
+  const int64_t group = layout.stageSize();
+  auto groupDevices = [&](int64_t g) { return layout.slice(Axis::pp, g); };
   auto listDevices = [](const std::vector<int64_t> &devices) {
     return llvm::formatv(
                "[{0}]", llvm::join(llvm::map_range(devices,
@@ -161,7 +161,7 @@ Strategy mlir::piper::strategyFromFlags(int64_t pp, int64_t dp,
     shard(devices);
   for (Directive &d : buildSchedule(schedule, pp, perDevice, microbatches))
     add(d, d.text);
-  s.worldSize = pp * group;
+  s.worldSize = layout.worldSize();
   s.summary = llvm::formatv("pp={0} dp={1} microbatches={2} schedule={3}", pp,
                             dp, microbatches, schedule.name)
                   .str();

@@ -265,6 +265,26 @@ std::string mlir::piper::formatDevices(ArrayRef<int64_t> devices) {
          "]";
 }
 
+SmallVector<SmallVector<int64_t>>
+mlir::piper::layoutGroups(ArrayRef<int64_t> devices,
+                          const ParallelLayout &layout, Axis axis) {
+  SmallVector<SmallVector<int64_t>> groups;
+  for (const std::vector<int64_t> &g : layout.groups(axis))
+    groups.emplace_back(llvm::map_range(g, [&](int64_t r) {
+      return devices[static_cast<size_t>(r)];
+    }));
+  return groups;
+}
+
+SmallVector<Attribute> mlir::piper::deviceGroupAttrs(
+    MLIRContext *ctx, ArrayRef<int64_t> devices, const ParallelLayout &layout,
+    Axis axis) {
+  SmallVector<Attribute> attrs;
+  for (ArrayRef<int64_t> g : layoutGroups(devices, layout, axis))
+    attrs.push_back(DeviceGroupAttr::get(ctx, g));
+  return attrs;
+}
+
 std::string mlir::piper::splitPassHint(const Filter &filter) {
   auto pass = filter.entries.find("PASS");
   if (pass == filter.entries.end() ||

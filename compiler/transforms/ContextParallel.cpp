@@ -254,10 +254,10 @@ LogicalResult ContextParallel::rewrite(SegmentOp seg,
 
 LogicalResult ContextParallel::run(ProgramOp program) {
   MLIRContext *ctx = module.getContext();
-  if (getContextParallel(module) > 1)
+  if (getMesh(module).getCp() > 1)
     return fail(program) << "the model is already split by a "
                             "context_parallel directive";
-  tp = getTensorParallel(module);
+  tp = getMesh(module).getTp();
   Block &top = program.getBody().front();
   auto batches = top.getOps<BatchOp>();
   if (!llvm::hasSingleElement(batches))

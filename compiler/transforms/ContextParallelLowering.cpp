@@ -193,7 +193,7 @@ static bool hasContextParallelOps(SegmentOp seg) {
 }
 
 LogicalResult mlir::piper::lowerContextParallel(ModuleOp module) {
-  int64_t cp = getContextParallel(module);
+  int64_t cp = getMesh(module).getCp();
   if (cp < 2) {
     WalkResult stray = module.walk([](Operation *op) {
       if (!isa<CpAttentionOp, CpAttentionGradOp, AttentionBlockOp,
@@ -204,7 +204,7 @@ LogicalResult mlir::piper::lowerContextParallel(ModuleOp module) {
                CpReduceScatterOp>(op))
         return WalkResult::advance();
       op->emitOpError("needs the module's context-parallel degree "
-                      "(piper.context_parallel, set by context_parallel)");
+                      "(the cp of piper.mesh, set by context_parallel)");
       return WalkResult::interrupt();
     });
     return failure(stray.wasInterrupted());
@@ -225,7 +225,7 @@ LogicalResult mlir::piper::lowerContextParallel(ModuleOp module) {
   });
   if (wrong.wasInterrupted())
     return failure();
-  int64_t tp = getTensorParallel(module);
+  int64_t tp = getMesh(module).getTp();
   MLIRContext *ctx = module.getContext();
   StreamAttr stream = commStream(*program, getContextParallelStream(module));
   bool overlap = getContextParallelOverlap(module);
@@ -250,18 +250,13 @@ LogicalResult mlir::piper::lowerContextParallel(ModuleOp module) {
                      ? " (times tensor parallelism " + std::to_string(tp) + ")"
                      : std::string())
              << "; place its stage on a multiple of " << group << " devices";
-    // Replica r of the class is member (r / tp) mod cp of the ring of the
-    // replicas with the same r mod tp and r / (tp cp) (the world's order
-    // is tp, then cp, then dp: docs/context-parallel.md).
-    SmallVector<Attribute> rings;
-    for (size_t first = 0; first < devices.size(); first += group)
-      for (int64_t m = 0; m < tp; ++m) {
-        SmallVector<int64_t> ring;
-        for (int64_t c = 0; c < cp; ++c)
-          ring.push_back(devices[first + c * tp + m]);
-        rings.push_back(DeviceGroupAttr::get(ctx, ring));
-      }
-    tasks.push_back({t, ArrayAttr::get(ctx, rings)});
+    // The rings: the layout's cp groups of the class (tp innermost, then
+    // cp, then dp: docs/context-parallel.md).
+    tasks.push_back(
+        {t, ArrayAttr::get(ctx, deviceGroupAttrs(
+                                    ctx, devices,
+                                    getMesh(module).layout(devices.size()),
+                                    Axis::cp))});
     if (piecesOf.count(name))
       continue;
     for (CpAttentionOp op : llvm::make_early_inc_range(

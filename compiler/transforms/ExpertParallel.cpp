@@ -177,23 +177,17 @@ void splitWithExchanges(TaskOp t, const SegmentPieces &pieces,
 }
 
 /// `devices` (a stage's class, or several) cut into expert-parallel groups
-/// of `members`: consecutive devices, or under tensor parallelism of `tp`
-/// (consecutive members of one data replica) consecutive data replicas of
-/// one member, `tp` apart. Null when they do not tile.
+/// of `members`: the layout's ep groups (consecutive gradient replicas of
+/// one tensor member). They depend on dp x cp only, so the class is laid
+/// out as n / tp replicas of `tp` members. Empty when they do not tile.
 SmallVector<SmallVector<int64_t>> expertGroups(ArrayRef<int64_t> devices,
                                                int64_t members, int64_t tp) {
-  SmallVector<SmallVector<int64_t>> groups;
   int64_t n = devices.size();
   if (n % (members * tp) != 0)
-    return groups;
-  for (int64_t t = 0; t < tp; ++t)
-    for (int64_t first = 0; first < n / tp; first += members) {
-      SmallVector<int64_t> g;
-      for (int64_t j = 0; j < members; ++j)
-        g.push_back(devices[(first + j) * tp + t]);
-      groups.push_back(std::move(g));
-    }
-  return groups;
+    return {};
+  return layoutGroups(devices,
+                      ParallelLayout(Degrees{1, n / tp, 1, tp, members}),
+                      Axis::ep);
 }
 
 } // namespace
@@ -210,7 +204,7 @@ LogicalResult mlir::piper::applyShard(ModuleOp module, ProgramOp program,
   // Under tensor parallelism experts split over the data-parallel replicas
   // of each member (Megatron's "parallel folding": TP on attention, EP on
   // the experts), whole on every member of a tensor-parallel group.
-  const int64_t tp = getTensorParallel(module);
+  const int64_t tp = getMesh(module).getTp();
   EpLayout ep;
   ep.members = d.expertParallel > 0
                    ? d.expertParallel

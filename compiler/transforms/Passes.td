@@ -209,15 +209,15 @@ def PiperTensorParallel : Pass<"piper-tensor-parallel", "::mlir::ModuleOp"> {
   let summary = "Make tensor parallelism's piper.tp_reduce value all-reduces";
   let description = [{
     After placement, on a model that `shard_tensor` split (the module's
-    `piper.tensor_parallel`): each task whose segment holds
+    `#piper.mesh` tp): each task whose segment holds
     `piper.tp_reduce`s is cut around them, and each becomes a value
-    `piper.all_reduce` over the consecutive tensor-parallel groups of the
+    `piper.all_reduce` over the tensor-parallel groups (the layout's tp groups) of the
     task's devices (its subgroups), on the directive's stream, in the
     task's chain. `piper.tp_copy` (the identity forward) is erased. Without
     `shard_tensor` it changes nothing (docs/tensor-parallel.md).
 
     Then, on a model that `context_parallel` split (the module's
-    `piper.context_parallel`): each `piper.cp_attention` and
+    `#piper.mesh` cp): each `piper.cp_attention` and
     `piper.cp_attention_grad` becomes its ring of `piper.attention_block`
     and `piper.attention_block_grad` kernels, the segment is cut around
     the exchanges between them, and each exchange becomes a

@@ -184,7 +184,7 @@ LogicalResult mlir::piper::applyReplicate(ModuleOp module, ProgramOp program,
   // Under tensor parallelism the devices are data-parallel replicas of
   // tensor-parallel groups (consecutive members): gradients are summed over
   // the replicas of each member.
-  const int64_t tp = getTensorParallel(module);
+  const int64_t tp = getMesh(module).getTp();
   if (static_cast<int64_t>(d.devices.size()) % tp != 0)
     return program.emitOpError(d.describe())
            << ": its " << d.devices.size()

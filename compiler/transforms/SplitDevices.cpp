@@ -307,7 +307,7 @@ static LogicalResult checkGradientsReduced(ModuleOp module,
     // with (their all-reduces are the layers' own).
     if (dp.getRanks().size() < 2 ||
         static_cast<int64_t>(dp.getRanks().size()) ==
-            getTensorParallel(module))
+            getMesh(module).getTp())
       continue;
     llvm::DenseSet<StringAttr> reduced;
     dp.walk([&](AllReduceOp ar) {
@@ -322,7 +322,7 @@ static LogicalResult checkGradientsReduced(ModuleOp module,
     // copy to sum with.
     for (ParamOp p : module.getOps<ParamOp>())
       if (std::optional<uint64_t> m = p.getExpertMembers();
-          m && static_cast<int64_t>(*m) * getTensorParallel(module) ==
+          m && static_cast<int64_t>(*m) * getMesh(module).getTp() ==
                    static_cast<int64_t>(dp.getRanks().size()))
         reduced.insert(p.getSymNameAttr());
     for (TaskOp t : dp.getBody().front().getOps<TaskOp>()) {

@@ -265,10 +265,10 @@ LogicalResult ShardTensor::run(ProgramOp program) {
   auto fail = [&](Operation *at) {
     return at->emitOpError(d.describe()) << ": ";
   };
-  if (getTensorParallel(module) > 1)
+  if (getMesh(module).getTp() > 1)
     return fail(program) << "the model is already split by tensor "
                             "parallelism of "
-                         << getTensorParallel(module);
+                         << getMesh(module).getTp();
   std::optional<int64_t> wanted;
   if (auto it = d.filter.entries.find("block");
       it != d.filter.entries.end() && it->second.kind == FilterValue::Index)

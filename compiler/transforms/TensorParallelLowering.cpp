@@ -64,14 +64,14 @@ static void sinkWeightGradientMarkers(SegmentOp seg) {
 }
 
 LogicalResult mlir::piper::lowerTensorParallel(ModuleOp module) {
-  int64_t tp = getTensorParallel(module);
+  int64_t tp = getMesh(module).getTp();
   if (tp < 2) {
     WalkResult stray = module.walk([](Operation *op) {
       if (!isa<TpCopyOp, TpReduceOp, SpAllGatherOp, SpReduceScatterOp,
                SpSplitOp, SpGatherOp>(op))
         return WalkResult::advance();
       op->emitOpError("needs the module's tensor-parallel degree "
-                      "(piper.tensor_parallel, set by shard_tensor)");
+                      "(the tp of piper.mesh, set by shard_tensor)");
       return WalkResult::interrupt();
     });
     return failure(stray.wasInterrupted());
@@ -102,10 +102,11 @@ LogicalResult mlir::piper::lowerTensorParallel(ModuleOp module) {
                                  : formatDevices(devices))
              << ", which is not made of whole tensor-parallel groups of " << tp
              << "; place its stage on a multiple of " << tp << " devices";
-    SmallVector<Attribute> chunks;
-    for (size_t first = 0; first < devices.size(); first += tp)
-      chunks.push_back(DeviceGroupAttr::get(ctx, devices.slice(first, tp)));
-    tasks.push_back({t, ArrayAttr::get(ctx, chunks)});
+    tasks.push_back(
+        {t, ArrayAttr::get(ctx, deviceGroupAttrs(
+                                    ctx, devices,
+                                    getMesh(module).layout(devices.size()),
+                                    Axis::tp))});
     StringAttr name = t.getSegmentAttr().getAttr();
     if (piecesOf.count(name))
       continue;

@@ -95,14 +95,14 @@ LogicalResult mlir::piper::tieSharedParams(ModuleOp module, double bucketMb) {
                                      symbols.lookup<ParamOp>(param)
                                          .getExpertMembers()
                                          .value_or(1)),
-                                 getTensorParallel(module));
+                                 getMesh(module).getTp());
     for (ArrayRef<int64_t> g : groups)
       if (g.size() % width != 0 || (ranges && g.size() != groups[0].size()))
         return program->emitOpError("parameter @")
                << param.getValue() << " is split over groups of " << width
                << " ranks ("
                << (ranges                             ? "ZeRO"
-                   : getTensorParallel(module) > 1 ? "tensor parallelism"
+                   : getMesh(module).getTp() > 1 ? "tensor parallelism"
                                                       : "expert parallelism")
                << "), which its copy's group " << formatDevices(g)
                << " does not match";

@@ -339,6 +339,16 @@ Directive stageDirective(Directive::Kind kind, int64_t pp,
                          ArrayRef<int64_t> devices, StringRef passName);
 /// "[0, 1, 2]" for diagnostics.
 std::string formatDevices(ArrayRef<int64_t> devices);
+/// The `axis` groups of `layout` over a stage's `devices` (the layout's rank
+/// i is devices[i]; devices.size() is its world), by first member; as
+/// device-group attributes in deviceGroupAttrs.
+SmallVector<SmallVector<int64_t>> layoutGroups(ArrayRef<int64_t> devices,
+                                               const ParallelLayout &layout,
+                                               Axis axis);
+SmallVector<Attribute> deviceGroupAttrs(MLIRContext *ctx,
+                                        ArrayRef<int64_t> devices,
+                                        const ParallelLayout &layout,
+                                        Axis axis);
 /// The tasks of `program` whose tag matches `filter`, in block order.
 SmallVector<TaskOp> matchingTasks(ProgramOp program, const Filter &filter);
 /// Why a `place` or `replicate` filter naming PASS "BI" or "BW" matches no

@@ -320,12 +320,18 @@ void mlir::piper::clearRecomputeRegion(Operation *op) {
   op->removeAttr(piperDialect(op)->getRecomputeAttrHelper().getName());
 }
 
+MeshAttr mlir::piper::getMesh(Operation *module) {
+  if (MeshAttr mesh = piperDialect(module)->getMeshAttrHelper().getAttr(module))
+    return mesh;
+  return MeshAttr::get(module->getContext(), 1, 1);
+}
+
 void mlir::piper::setTensorParallel(Operation *module, int64_t members,
                                     StringRef stream) {
   Builder b(module->getContext());
   PiperDialect *d = piperDialect(module);
-  d->getTensorParallelAttrHelper().setAttr(module,
-                                           b.getI64IntegerAttr(members));
+  d->getMeshAttrHelper().setAttr(
+      module, MeshAttr::get(b.getContext(), members, getMesh(module).getCp()));
   d->getTensorParallelStreamAttrHelper().setAttr(module,
                                                  b.getStringAttr(stream));
 }
@@ -413,11 +419,58 @@ LogicalResult verifyHfSources(ParamOp param, ArrayAttr sources) {
 
 } // namespace
 
-int64_t mlir::piper::getTensorParallel(Operation *module) {
-  if (IntegerAttr tp =
-          piperDialect(module)->getTensorParallelAttrHelper().getAttr(module))
-    return tp.getInt();
-  return 1;
+LogicalResult MeshAttr::verify(function_ref<InFlightDiagnostic()> emitError,
+                               int64_t tp, int64_t cp) {
+  if (std::string err = ParallelLayout::check(Degrees{1, 1, cp, tp, 1},
+                                              int64_t(1) << 20);
+      !err.empty())
+    return emitError() << "mesh: " << err;
+  return success();
+}
+
+Attribute MeshAttr::parse(AsmParser &parser, Type) {
+  SMLoc start = parser.getCurrentLocation();
+  std::optional<int64_t> tp, cp;
+  if (parser.parseLess())
+    return {};
+  do {
+    SMLoc at = parser.getCurrentLocation();
+    StringRef key;
+    int64_t value;
+    if (parser.parseKeyword(&key) || parser.parseEqual() ||
+        parser.parseInteger(value))
+      return {};
+    std::optional<int64_t> *slot = key == "tp"   ? &tp
+                                   : key == "cp" ? &cp
+                                                 : nullptr;
+    if (!slot || slot->has_value()) {
+      parser.emitError(at) << (slot ? "repeated" : "unknown") << " mesh axis '"
+                           << key << "' (a mesh has tp and cp)";
+      return {};
+    }
+    *slot = value;
+  } while (succeeded(parser.parseOptionalComma()));
+  if (parser.parseGreater())
+    return {};
+  return MeshAttr::getChecked([&] { return parser.emitError(start); },
+                              parser.getContext(), tp.value_or(1),
+                              cp.value_or(1));
+}
+
+void MeshAttr::print(AsmPrinter &printer) const {
+  SmallVector<std::string> parts;
+  if (getTp() != 1)
+    parts.push_back("tp = " + std::to_string(getTp()));
+  if (getCp() != 1)
+    parts.push_back("cp = " + std::to_string(getCp()));
+  if (parts.empty())
+    parts = {"tp = 1", "cp = 1"};
+  printer << "<" << llvm::join(parts, ", ") << ">";
+}
+
+ParallelLayout MeshAttr::layout(int64_t devices, int64_t ep) const {
+  return ParallelLayout(
+      Degrees{1, devices / (getCp() * getTp()), getCp(), getTp(), ep});
 }
 
 StringRef mlir::piper::getTensorParallelStream(Operation *module) {
@@ -432,8 +485,8 @@ void mlir::piper::setContextParallel(Operation *module, int64_t members,
                                      StringRef stream, bool overlap) {
   Builder b(module->getContext());
   PiperDialect *d = piperDialect(module);
-  d->getContextParallelAttrHelper().setAttr(module,
-                                            b.getI64IntegerAttr(members));
+  d->getMeshAttrHelper().setAttr(
+      module, MeshAttr::get(b.getContext(), getMesh(module).getTp(), members));
   d->getContextParallelStreamAttrHelper().setAttr(module,
                                                   b.getStringAttr(stream));
   // Absent is the default (overlapped).
@@ -447,13 +500,6 @@ bool mlir::piper::getContextParallelOverlap(Operation *module) {
       piperDialect(module)->getContextParallelOverlapAttrHelper().getAttr(
           module);
   return !overlap || overlap.getValue();
-}
-
-int64_t mlir::piper::getContextParallel(Operation *module) {
-  if (IntegerAttr cp =
-          piperDialect(module)->getContextParallelAttrHelper().getAttr(module))
-    return cp.getInt();
-  return 1;
 }
 
 StringRef mlir::piper::getContextParallelStream(Operation *module) {
@@ -497,11 +543,11 @@ PiperDialect::verifyOperationAttribute(Operation *op, NamedAttribute attr) {
              << attr.getValue();
     return success();
   }
-  if (name == TensorParallelAttrHelper::getNameStr()) {
-    auto tp = dyn_cast<IntegerAttr>(attr.getValue());
-    if (!isa<ModuleOp>(op) || !tp || tp.getInt() < 2)
-      return op->emitError("'piper.tensor_parallel' must be an integer of at "
-                           "least 2 on the module, got ")
+  if (name == MeshAttrHelper::getNameStr()) {
+    auto mesh = dyn_cast<MeshAttr>(attr.getValue());
+    if (!isa<ModuleOp>(op) || !mesh || mesh.getTp() * mesh.getCp() < 2)
+      return op->emitError("'piper.mesh' must be a #piper.mesh of tp or cp "
+                           "at least 2 on the module, got ")
              << attr.getValue();
     return success();
   }
@@ -510,14 +556,6 @@ PiperDialect::verifyOperationAttribute(Operation *op, NamedAttribute attr) {
     if (!isa<ModuleOp>(op) || !s || s.getValue().empty())
       return op->emitError("'piper.tensor_parallel_stream' must be a stream "
                            "name on the module, got ")
-             << attr.getValue();
-    return success();
-  }
-  if (name == ContextParallelAttrHelper::getNameStr()) {
-    auto cp = dyn_cast<IntegerAttr>(attr.getValue());
-    if (!isa<ModuleOp>(op) || !cp || cp.getInt() < 2)
-      return op->emitError("'piper.context_parallel' must be an integer of "
-                           "at least 2 on the module, got ")
              << attr.getValue();
     return success();
   }

@@ -16,6 +16,7 @@
 #include "mlir/Interfaces/SideEffectInterfaces.h"
 
 #include "dialects/piper/PiperEnums.h.inc"
+#include "support/ParallelLayout.h"
 #include "mlir/IR/DialectImplementation.h"
 
 namespace mlir {
@@ -92,21 +93,26 @@ void setRecomputeRegion(Operation *op, int64_t region);
 std::optional<int64_t> getRecomputeRegion(Operation *op);
 void clearRecomputeRegion(Operation *op);
 
-/// The declared discardable attributes of the module that `shard_tensor`
-/// sets: the tensor-parallel degree (1 when absent) and the stream of its
+/// The one parallel layout (support/ParallelLayout.h), for the passes.
+using ::piper::Axis;
+using ::piper::Degrees;
+using ::piper::ParallelLayout;
+
+/// The module's #piper.mesh (tp = cp = 1 when absent): the degrees of tensor
+/// and context parallelism, which `shard_tensor` and `context_parallel` set.
+MeshAttr getMesh(Operation *module);
+
+/// `shard_tensor`'s module attributes: the mesh's tp and the stream of its
 /// all-reduces.
 void setTensorParallel(Operation *module, int64_t members,
                        llvm::StringRef stream);
-int64_t getTensorParallel(Operation *module);
 llvm::StringRef getTensorParallelStream(Operation *module);
 
-/// The declared discardable attributes of the module that
-/// `context_parallel` sets: the context-parallel degree (1 when absent),
-/// the stream of its ring exchanges and whether they run beside the ring
-/// steps (true when absent).
+/// `context_parallel`'s module attributes: the mesh's cp, the stream of its
+/// ring exchanges and whether they run beside the ring steps (true when
+/// absent).
 void setContextParallel(Operation *module, int64_t members,
                         llvm::StringRef stream, bool overlap = true);
-int64_t getContextParallel(Operation *module);
 llvm::StringRef getContextParallelStream(Operation *module);
 bool getContextParallelOverlap(Operation *module);
 

@@ -34,14 +34,14 @@ def Piper_Dialect : Dialect {
     // to. The backward re-runs the op instead of keeping its results
     // (piper-recompute marks it, autodiff reads and drops it).
     "::mlir::IntegerAttr":$recompute,
-    // On the module: the tensor-parallel degree (`shard_tensor`; at least
-    // 2) and the stream of its value all-reduces.
-    "::mlir::IntegerAttr":$tensor_parallel,
+    // On the module: the degrees of the axes that split segments' bodies
+    // (#piper.mesh: tensor and context parallelism).
+    "::mlir::piper::MeshAttr":$mesh,
+    // On the module: the stream of tensor parallelism's value all-reduces.
     "::mlir::StringAttr":$tensor_parallel_stream,
-    // On the module: the context-parallel degree (`context_parallel`; at
-    // least 2), the stream of its ring exchanges, and whether they wait
-    // for the step before them (false; absent: they run beside it).
-    "::mlir::IntegerAttr":$context_parallel,
+    // On the module: the stream of context parallelism's ring exchanges,
+    // and whether they wait for the step before them (false; absent: they
+    // run beside it).
     "::mlir::StringAttr":$context_parallel_stream,
     "::mlir::BoolAttr":$context_parallel_overlap,
     // On a parameter: sequence parallelism reads it on each member's rows
@@ -318,6 +318,36 @@ def Piper_ComputeType : I32EnumAttr<"ComputeType",
 def Piper_F64Parameter : AttrOrTypeParameter<"::llvm::APFloat", ""> {
   let comparator = "$_lhs.bitwiseIsEqual($_rhs)";
   let defaultValue = "::llvm::APFloat(0.0)";
+}
+
+def Piper_MeshAttr : AttrDef<Piper_Dialect, "Mesh"> {
+  let mnemonic = "mesh";
+  let summary = "The module's parallel layout: the degrees that split segments";
+  let description = [{
+    On the module (`piper.mesh`): the degrees of the axes that split the
+    bodies of segments, tensor parallelism (`tp`, set by `shard_tensor`) and
+    context parallelism (`cp`, set by `context_parallel`), each 1 when
+    omitted. The devices of a stage are dp x cp x tp ranks of Piper's one
+    parallel layout (support/ParallelLayout.h: tp innermost, then cp, then
+    dp, which is what the stage's device count leaves); `layout(devices)`
+    gives it, and every pass that forms groups of a stage's devices asks
+    it. Pipeline stages and expert groups come from the program's
+    directives (place, shard), data replicas from replicate.
+
+    ```mlir
+    module attributes {piper.mesh = #piper.mesh<tp = 2, cp = 4>} { ... }
+    ```
+  }];
+  let parameters = (ins "int64_t":$tp, "int64_t":$cp);
+  // `<tp = 2>`, `<cp = 4>`, `<tp = 2, cp = 4>`: an omitted degree is 1, and
+  // a degree of 1 is printed only when both are.
+  let hasCustomAssemblyFormat = 1;
+  let genVerifyDecl = 1;
+  let extraClassDeclaration = [{
+    /// The layout of a stage on `devices` ranks (dp = devices / (cp x tp),
+    /// at least 1) with expert groups of `ep`.
+    ::piper::ParallelLayout layout(int64_t devices, int64_t ep = 1) const;
+  }];
 }
 
 def Piper_OptimizerAttr : AttrDef<Piper_Dialect, "Optimizer"> {

@@ -209,7 +209,7 @@ Status ExecutorImpl::call(int s, const Instruction &inst, StepState &st,
   ctx.lossAccumulator = &st.loss[s];
   ctx.step = st.step;
   ctx.lrScale = scheduleScale(plan.training(), st.step);
-  ctx.tensorMember = replica % plan::tensorParallel(plan);
+  ctx.tensorMember = plan::tensorMember(plan, replica);
   ctx.contextMember = plan::contextMember(plan, replica);
   auto dataOf = [&](const Operand &op) -> void * {
     return op.kind() == Operand::VALUE ? values[op.index()]

@@ -3,8 +3,8 @@
 // round-trip at the end.
 // RUN: piper-opt %s -allow-unregistered-dialect -split-input-file -verify-diagnostics
 
-// expected-error @+1 {{'piper.context_parallel' must be an integer of at least 2 on the module, got 1 : i64}}
-module attributes {piper.context_parallel = 1 : i64} {}
+// expected-error @+1 {{'piper.mesh' must be a #piper.mesh of tp or cp at least 2 on the module, got #piper.mesh<tp = 1, cp = 1>}}
+module attributes {piper.mesh = #piper.mesh<cp = 1>} {}
 
 // -----
 
@@ -141,7 +141,7 @@ piper.program @p {
 // -----
 
 // The valid forms parse and verify.
-module attributes {piper.context_parallel = 2 : i64, piper.context_parallel_stream = "cp_stream"} {
+module attributes {piper.mesh = #piper.mesh<cp = 2>, piper.context_parallel_stream = "cp_stream"} {
   piper.segment @s(%qkv: tensor<8x48xf32>, %dy: tensor<8x16xf32>) -> tensor<8x48xf32> {
     %y, %lse = piper.cp_attention %qkv {cp = 2 : i64, heads = 2 : i64, seq = 8 : i64} : (tensor<8x48xf32>) -> (tensor<8x16xf32>, tensor<8x4xf32>)
     %kv = piper.columns %qkv {start = 16 : i64} : (tensor<8x48xf32>) -> tensor<8x32xf32>

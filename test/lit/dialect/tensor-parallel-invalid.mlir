@@ -30,9 +30,52 @@ piper.param @w : tensor<2x4x4xf32> init zeros(0.0) {expert_members = 2 : i64, te
 
 // -----
 
-// The degree lives on the module, and is at least 2.
-// expected-error @+1 {{'piper.tensor_parallel' must be an integer of at least 2 on the module, got 1 : i64}}
-module attributes {piper.tensor_parallel = 1 : i64} {
+// The degrees live on the module's mesh, one of them at least 2.
+// expected-error @+1 {{'piper.mesh' must be a #piper.mesh of tp or cp at least 2 on the module, got #piper.mesh<tp = 1, cp = 1>}}
+module attributes {piper.mesh = #piper.mesh<tp = 1>} {
+}
+
+// -----
+
+// expected-error @+1 {{'piper.mesh' must be a #piper.mesh of tp or cp at least 2 on the module, got 2 : i64}}
+module attributes {piper.mesh = 2 : i64} {
+}
+
+// -----
+
+module {
+  // expected-error @+1 {{'piper.mesh' must be a #piper.mesh of tp or cp at least 2 on the module, got #piper.mesh<tp = 2>}}
+  piper.param @w : tensor<4xf32> init zeros(0.0) {piper.mesh = #piper.mesh<tp = 2>}
+}
+
+// -----
+
+// expected-error @+1 {{mesh: tp must be at least 1, got 0}}
+module attributes {piper.mesh = #piper.mesh<tp = 0, cp = 2>} {
+}
+
+// -----
+
+// expected-error @+1 {{repeated mesh axis 'tp' (a mesh has tp and cp)}}
+module attributes {piper.mesh = #piper.mesh<tp = 2, tp = 2>} {
+}
+
+// -----
+
+// expected-error @+1 {{unknown mesh axis 'dp' (a mesh has tp and cp)}}
+module attributes {piper.mesh = #piper.mesh<tp = 2, dp = 2>} {
+}
+
+// -----
+
+// expected-error @+1 {{mesh: cp must be at least 1, got -1}}
+module attributes {piper.mesh = #piper.mesh<tp = 2, cp = -1>} {
+}
+
+// -----
+
+// expected-error @+1 {{mesh: pp 1 x dp 1 x cp 2048 x tp 1024 exceeds the 1048576 ranks of a world}}
+module attributes {piper.mesh = #piper.mesh<tp = 1024, cp = 2048>} {
 }
 
 // -----
