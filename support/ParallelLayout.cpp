@@ -18,6 +18,8 @@ const char *axisName(Axis axis) {
     return "ep";
   case Axis::dpcp:
     return "dp-cp";
+  case Axis::edp:
+    return "edp";
   }
   return "?";
 }
@@ -63,6 +65,8 @@ int64_t ParallelLayout::size(Axis axis) const {
     return d_.ep;
   case Axis::dpcp:
     return d_.dp * d_.cp;
+  case Axis::edp:
+    return d_.dp * d_.cp / d_.ep;
   }
   return 1;
 }
@@ -79,6 +83,8 @@ int64_t ParallelLayout::stride(Axis axis) const {
     return d_.tp;
   case Axis::tp:
     return 1;
+  case Axis::edp:
+    return d_.tp * d_.ep;
   }
   return 1;
 }

@@ -18,6 +18,9 @@
 //  - ep, expert parallelism ("parallel folding": TP on attention, EP on the
 //    experts): ep consecutive gradient replicas of one tensor member, so an
 //    ep group is a dpcp group cut into blocks of ep.
+//  - edp, the expert data replicas (Megatron's expert-data-parallel group):
+//    the ranks holding the same experts, one of each ep group of a dpcp
+//    group; the gradients of expert weights are summed over it.
 #ifndef PIPER_SUPPORT_PARALLELLAYOUT_H
 #define PIPER_SUPPORT_PARALLELLAYOUT_H
 
@@ -27,9 +30,9 @@
 
 namespace piper {
 
-enum class Axis : uint8_t { pp, dp, cp, tp, ep, dpcp };
+enum class Axis : uint8_t { pp, dp, cp, tp, ep, dpcp, edp };
 
-/// "pp", "dp", "cp", "tp", "ep", "dp-cp".
+/// "pp", "dp", "cp", "tp", "ep", "dp-cp", "edp".
 const char *axisName(Axis axis);
 
 /// The degree of each axis (1: the axis is not used).
@@ -60,8 +63,8 @@ public:
   int64_t worldSize() const { return d_.pp * stageSize(); }
   int64_t stageSize() const { return d_.dp * d_.cp * d_.tp; }
 
-  /// The axis' degree (dpcp: dp x cp), and the distance between the ranks
-  /// of consecutive members of one of its groups.
+  /// The axis' degree (dpcp: dp x cp; edp: dp x cp / ep), and the distance
+  /// between the ranks of consecutive members of one of its groups.
   int64_t size(Axis axis) const;
   int64_t stride(Axis axis) const;
 

@@ -22,8 +22,8 @@ std::vector<Degrees> allLayouts(int64_t maxWorld) {
   return all;
 }
 
-const Axis kAxes[] = {Axis::pp, Axis::dp, Axis::cp,
-                      Axis::tp, Axis::ep, Axis::dpcp};
+const Axis kAxes[] = {Axis::pp, Axis::dp,   Axis::cp, Axis::tp,
+                      Axis::ep, Axis::dpcp, Axis::edp};
 
 } // namespace
 
@@ -42,6 +42,7 @@ TEST_CASE("ParallelLayout: coordinates, groups and slices of every layout "
       REQUIRE(r == ((c.pp * d.dp + c.dp) * d.cp + c.cp) * d.tp + c.tp);
       REQUIRE(l.member(Axis::dpcp, r) == c.dp * d.cp + c.cp);
       REQUIRE(l.member(Axis::ep, r) == (c.dp * d.cp + c.cp) % d.ep);
+      REQUIRE(l.member(Axis::edp, r) == (c.dp * d.cp + c.cp) / d.ep);
     }
     for (Axis axis : kAxes) {
       CAPTURE(axisName(axis));
@@ -75,6 +76,12 @@ TEST_CASE("ParallelLayout: coordinates, groups and slices of every layout "
       auto at = std::search(g.begin(), g.end(), e.begin(), e.end());
       REQUIRE(at != g.end());
       REQUIRE((at - g.begin()) % d.ep == 0);
+      // An expert data group: every ep-th member of the gradient group,
+      // from the rank's place in its ep group.
+      std::vector<int64_t> x = l.group(Axis::edp, r), want;
+      for (size_t m = l.member(Axis::ep, r); m < g.size(); m += d.ep)
+        want.push_back(g[m]);
+      REQUIRE(x == want);
     }
     // A slice: the ranks of one coordinate of an axis, increasing.
     for (Axis axis : kAxes)
@@ -111,6 +118,9 @@ TEST_CASE("ParallelLayout: the groups of pp2 dp2 cp2 tp2 ep2, written out",
   CHECK(
       l.groups(Axis::ep) ==
       G{{0, 2}, {1, 3}, {4, 6}, {5, 7}, {8, 10}, {9, 11}, {12, 14}, {13, 15}});
+  CHECK(
+      l.groups(Axis::edp) ==
+      G{{0, 4}, {1, 5}, {2, 6}, {3, 7}, {8, 12}, {9, 13}, {10, 14}, {11, 15}});
   CHECK(l.groups(Axis::pp)[0] == std::vector<int64_t>{0, 8});
   CHECK(l.slice(Axis::pp, 1).front() == 8);
   CHECK(l.str() == "pp=2 dp=2 cp=2 tp=2 ep=2");

@@ -66,12 +66,12 @@ Strategy mlir::piper::strategyFromFlags(int64_t pp, int64_t dp,
   const int64_t group = layout.stageSize();
   auto groupDevices = [&](int64_t g) { return layout.slice(Axis::pp, g); };
   auto listDevices = [](const std::vector<int64_t> &devices) {
-    return llvm::formatv(
-               "[{0}]", llvm::join(llvm::map_range(devices,
-                                                   [](int64_t d) {
-                                                     return std::to_string(d);
-                                                   }),
-                                   ", "))
+    return llvm::formatv("[{0}]",
+                         llvm::join(llvm::map_range(devices,
+                                                    [](int64_t d) {
+                                                      return std::to_string(d);
+                                                    }),
+                                    ", "))
         .str();
   };
   // Data parallelism for the tasks of stage st on `devices`.
@@ -106,8 +106,8 @@ Strategy mlir::piper::strategyFromFlags(int64_t pp, int64_t dp,
     sh.devices = std::move(devices);
     sh.stream = "ep_stream";
     sh.expertParallel = ep;
-    std::string text = llvm::formatv("shard devices={0} ep={1}",
-                                     listDevices(sh.devices), ep);
+    std::string text =
+        llvm::formatv("shard devices={0} ep={1}", listDevices(sh.devices), ep);
     add(sh, text);
   };
   std::vector<std::vector<int64_t>> toShard;
@@ -151,9 +151,9 @@ Strategy mlir::piper::strategyFromFlags(int64_t pp, int64_t dp,
     place.filter.entries["PP"] = {FilterValue::Index, st, ""};
     place.devices = devices;
     place.stream = "pp_stream";
-    add(place, llvm::formatv("place PP={0} devices={1}", st,
-                             listDevices(devices))
-                   .str());
+    add(place,
+        llvm::formatv("place PP={0} devices={1}", st, listDevices(devices))
+            .str());
     replicate(st, devices);
     toShard.push_back(devices);
   }
@@ -220,8 +220,8 @@ static std::string checkFlags(const StrategyFlags &f,
                          "than the limit of {2} stages",
                          f.pp, perDevice, kMaxStages)
         .str();
-  if (std::string err = checkStageMicrobatches(f.pp * perDevice,
-                                               f.microbatches);
+  if (std::string err =
+          checkStageMicrobatches(f.pp * perDevice, f.microbatches);
       !err.empty())
     return err;
   if (std::string err = schedule.check(f.pp, perDevice, f.microbatches);

@@ -13,7 +13,8 @@ FailureOr<ProgramOp> mlir::piper::getProgram(ModuleOp module) {
   ProgramOp found;
   for (auto program : module.getOps<ProgramOp>()) {
     if (found)
-      return program.emitOpError("a module must hold exactly one piper.program");
+      return program.emitOpError(
+          "a module must hold exactly one piper.program");
     found = program;
   }
   if (!found)
@@ -54,8 +55,7 @@ bool mlir::piper::matchesFilter(TagAttr tag, const Filter &filter) {
       continue;
     }
     std::optional<int64_t> index = tag.getIndex(key);
-    if (!index ||
-        (value.kind == FilterValue::Index && *index != value.index) ||
+    if (!index || (value.kind == FilterValue::Index && *index != value.index) ||
         value.kind == FilterValue::Pass)
       return false;
   }
@@ -95,14 +95,13 @@ std::string mlir::piper::describeNode(Operation *op) {
   std::string out;
   llvm::raw_string_ostream os(out);
   if (auto task = dyn_cast<TaskOp>(op)) {
-    os << "task @" << task.getSegment() << " (" << task.getTag().str()
-       << ")";
+    os << "task @" << task.getSegment() << " (" << task.getTag().str() << ")";
   } else if (auto ar = dyn_cast<AllReduceOp>(op); ar && ar.getGrads()) {
-    os << "all_reduce (" << ar.getTag().str() << ", "
-       << ar.getParams().size() << " params)";
+    os << "all_reduce (" << ar.getTag().str() << ", " << ar.getParams().size()
+       << " params)";
   } else if (auto c = dyn_cast<CollectiveOpInterface>(op)) {
-    os << op->getName().stripDialect() << " ("
-       << c.getTag().str() << ", group [";
+    os << op->getName().stripDialect() << " (" << c.getTag().str()
+       << ", group [";
     llvm::interleaveComma(c.getDevices().getMembers(), os);
     os << "])";
   } else if (auto b = dyn_cast<BatchOp>(op)) {
@@ -259,8 +258,8 @@ double mlir::piper::estimateFlops(Operation *op) {
 
 std::string mlir::piper::formatDevices(ArrayRef<int64_t> devices) {
   return "[" +
-         llvm::join(llvm::map_range(devices,
-                                    [](int64_t d) { return std::to_string(d); }),
+         llvm::join(llvm::map_range(
+                        devices, [](int64_t d) { return std::to_string(d); }),
                     ", ") +
          "]";
 }
@@ -270,15 +269,14 @@ mlir::piper::layoutGroups(ArrayRef<int64_t> devices,
                           const ParallelLayout &layout, Axis axis) {
   SmallVector<SmallVector<int64_t>> groups;
   for (const std::vector<int64_t> &g : layout.groups(axis))
-    groups.emplace_back(llvm::map_range(g, [&](int64_t r) {
-      return devices[static_cast<size_t>(r)];
-    }));
+    groups.emplace_back(llvm::map_range(
+        g, [&](int64_t r) { return devices[static_cast<size_t>(r)]; }));
   return groups;
 }
 
-SmallVector<Attribute> mlir::piper::deviceGroupAttrs(
-    MLIRContext *ctx, ArrayRef<int64_t> devices, const ParallelLayout &layout,
-    Axis axis) {
+SmallVector<Attribute>
+mlir::piper::deviceGroupAttrs(MLIRContext *ctx, ArrayRef<int64_t> devices,
+                              const ParallelLayout &layout, Axis axis) {
   SmallVector<Attribute> attrs;
   for (ArrayRef<int64_t> g : layoutGroups(devices, layout, axis))
     attrs.push_back(DeviceGroupAttr::get(ctx, g));
@@ -296,7 +294,7 @@ std::string mlir::piper::splitPassHint(const Filter &filter) {
 }
 
 SmallVector<TaskOp> mlir::piper::matchingTasks(ProgramOp program,
-                                         const Filter &filter) {
+                                               const Filter &filter) {
   SmallVector<TaskOp> out;
   for (TaskOp t : program.getBody().front().getOps<TaskOp>())
     if (matchesFilter(t.getTag(), filter))

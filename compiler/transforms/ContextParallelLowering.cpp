@@ -253,10 +253,10 @@ LogicalResult mlir::piper::lowerContextParallel(ModuleOp module) {
     // The rings: the layout's cp groups of the class (tp innermost, then
     // cp, then dp: docs/context-parallel.md).
     tasks.push_back(
-        {t, ArrayAttr::get(ctx, deviceGroupAttrs(
-                                    ctx, devices,
-                                    getMesh(module).layout(devices.size()),
-                                    Axis::cp))});
+        {t, ArrayAttr::get(
+                ctx, deviceGroupAttrs(ctx, devices,
+                                      getMesh(module).layout(devices.size()),
+                                      Axis::cp))});
     if (piecesOf.count(name))
       continue;
     for (CpAttentionOp op : llvm::make_early_inc_range(
@@ -293,56 +293,49 @@ LogicalResult mlir::piper::lowerContextParallel(ModuleOp module) {
   }
   for (auto [t, rings] : tasks) {
     const SegmentPieces &pieces = piecesOf[t.getSegmentAttr().getAttr()];
-    splitTaskWith(t, pieces,
-                  [&](OpBuilder &b, unsigned j, ArrayRef<Value> args,
-                      ArrayRef<Value> deps) -> std::optional<PieceNode> {
-                    if (auto a2a = soleOp<CpAllToAllOp>(pieces.pieces[j])) {
-                      auto node = AllToAllOp::create(
-                          b, t.getLoc(), args[0].getType(), args[1].getType(),
-                          b.getType<TokenType>(), args[0], args[1], deps,
-                          t.getDevicesAttr(), stream, t.getTag(), IntegerAttr(),
-                          rings);
-                      PieceNode n{node, {}, node.getDone()};
-                      for (Value v : pieces.outputValues[j])
-                        n.outs.push_back(cast<OpResult>(v).getResultNumber() ==
-                                                 0
-                                             ? node.getResult()
-                                             : node.getRecvCounts());
-                      return n;
-                    }
-                    if (auto ag = soleOp<CpAllGatherOp>(pieces.pieces[j])) {
-                      auto node = AllGatherOp::create(
-                          b, t.getLoc(), ag.getResult().getType(),
-                          b.getType<TokenType>(), args[0], deps,
-                          t.getDevicesAttr(), stream, t.getTag(), IntegerAttr(),
-                          rings);
-                      return PieceNode{
-                          node, {node.getResult()}, node.getDone()};
-                    }
-                    if (auto rs = soleOp<CpReduceScatterOp>(pieces.pieces[j])) {
-                      auto node = ReduceScatterOp::create(
-                          b, t.getLoc(), rs.getResult().getType(),
-                          b.getType<TokenType>(), args[0], deps,
-                          t.getDevicesAttr(), stream, t.getTag(), IntegerAttr(),
-                          rings);
-                      return PieceNode{
-                          node, {node.getResult()}, node.getDone()};
-                    }
-                    auto marker = soleOp<CpRingShiftOp>(pieces.pieces[j]);
-                    if (!marker)
-                      return std::nullopt;
-                    // Overlapped, it is ordered by its data alone: it
-                    // runs beside the pieces after it until one reads its
-                    // result. Otherwise it waits for the piece before it
-                    // and the next waits for it.
-                    auto node = RingShiftOp::create(
-                        b, t.getLoc(), args[0].getType(),
-                        b.getType<TokenType>(), args[0],
-                        overlap ? ArrayRef<Value>() : deps, t.getDevicesAttr(),
-                        rings, marker.getOffsetAttr(), stream, t.getTag());
-                    return PieceNode{
-                        node, {node.getResult()}, node.getDone(), !overlap};
-                  });
+    splitTaskWith(
+        t, pieces,
+        [&](OpBuilder &b, unsigned j, ArrayRef<Value> args,
+            ArrayRef<Value> deps) -> std::optional<PieceNode> {
+          if (auto a2a = soleOp<CpAllToAllOp>(pieces.pieces[j])) {
+            auto node = AllToAllOp::create(
+                b, t.getLoc(), args[0].getType(), args[1].getType(),
+                b.getType<TokenType>(), args[0], args[1], deps,
+                t.getDevicesAttr(), stream, t.getTag(), IntegerAttr(), rings);
+            PieceNode n{node, {}, node.getDone()};
+            for (Value v : pieces.outputValues[j])
+              n.outs.push_back(cast<OpResult>(v).getResultNumber() == 0
+                                   ? node.getResult()
+                                   : node.getRecvCounts());
+            return n;
+          }
+          if (auto ag = soleOp<CpAllGatherOp>(pieces.pieces[j])) {
+            auto node = AllGatherOp::create(
+                b, t.getLoc(), ag.getResult().getType(), b.getType<TokenType>(),
+                args[0], deps, t.getDevicesAttr(), stream, t.getTag(),
+                IntegerAttr(), rings);
+            return PieceNode{node, {node.getResult()}, node.getDone()};
+          }
+          if (auto rs = soleOp<CpReduceScatterOp>(pieces.pieces[j])) {
+            auto node = ReduceScatterOp::create(
+                b, t.getLoc(), rs.getResult().getType(), b.getType<TokenType>(),
+                args[0], deps, t.getDevicesAttr(), stream, t.getTag(),
+                IntegerAttr(), rings);
+            return PieceNode{node, {node.getResult()}, node.getDone()};
+          }
+          auto marker = soleOp<CpRingShiftOp>(pieces.pieces[j]);
+          if (!marker)
+            return std::nullopt;
+          // Overlapped, it is ordered by its data alone: it
+          // runs beside the pieces after it until one reads its
+          // result. Otherwise it waits for the piece before it
+          // and the next waits for it.
+          auto node = RingShiftOp::create(
+              b, t.getLoc(), args[0].getType(), b.getType<TokenType>(), args[0],
+              overlap ? ArrayRef<Value>() : deps, t.getDevicesAttr(), rings,
+              marker.getOffsetAttr(), stream, t.getTag());
+          return PieceNode{node, {node.getResult()}, node.getDone(), !overlap};
+        });
   }
   for (auto &entry : piecesOf) {
     for (SegmentOp piece : entry.second.pieces)

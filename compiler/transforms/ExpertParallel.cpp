@@ -6,10 +6,10 @@
 #include "compiler/transforms/Passes.h"
 #include "compiler/transforms/Transforms.h"
 
+#include "mlir/IR/Builders.h"
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/MapVector.h"
 #include "llvm/ADT/STLExtras.h"
-#include "mlir/IR/Builders.h"
 
 namespace mlir::piper {
 #define GEN_PASS_DEF_PIPERSHARD
@@ -47,8 +47,8 @@ MoeEpCountsOp counts(OpBuilder &b, Location loc, Value indices, int64_t e,
 std::pair<Value, Value> exchangeAround(OpBuilder &b, Location loc,
                                        Value indices, Value slots,
                                        Operation *slotsAfter, Value back,
-                                       Operation *backAt, int64_t e,
-                                       int64_t c, int64_t g) {
+                                       Operation *backAt, int64_t e, int64_t c,
+                                       int64_t g) {
   Type rows = slots.getType();
   b.setInsertionPointAfter(slotsAfter);
   MoeEpCountsOp n = counts(b, loc, indices, e, c, g);
@@ -64,11 +64,10 @@ std::pair<Value, Value> exchangeAround(OpBuilder &b, Location loc,
   slots.replaceAllUsesExcept(local, packed);
 
   b.setInsertionPoint(backAt);
-  auto out = MoeEpScatterOp::create(b, loc, rows, back, owned.getResult(), e,
-                                    c, g);
-  auto returned = EpExchangeOp::create(b, loc, rows,
-                                       sent.getRecvCounts().getType(), out,
-                                       sent.getRecvCounts());
+  auto out =
+      MoeEpScatterOp::create(b, loc, rows, back, owned.getResult(), e, c, g);
+  auto returned = EpExchangeOp::create(
+      b, loc, rows, sent.getRecvCounts().getType(), out, sent.getRecvCounts());
   auto source = MoeEpUnpackOp::create(b, loc, rows, returned.getResult(),
                                       n.getExpertCounts(), e, c);
   back.replaceAllUsesExcept(source, out);
@@ -105,8 +104,8 @@ FailureOr<int> rewriteLayers(SegmentOp seg, int64_t g,
           back = op.getInput();
     if (!back)
       return dispatch.emitOpError("has no moe_combine of the same routing");
-    Operation *backAt = *llvm::min_element(
-        back.getUsers(), [](Operation *x, Operation *y) {
+    Operation *backAt =
+        *llvm::min_element(back.getUsers(), [](Operation *x, Operation *y) {
           return x->isBeforeInBlock(y);
         });
     exchangeAround(b, dispatch.getLoc(), dispatch.getIndices(),
@@ -164,9 +163,8 @@ void splitWithExchanges(TaskOp t, const SegmentPieces &pieces,
                     return std::nullopt;
                   auto a2a = AllToAllOp::create(
                       b, t.getLoc(), args[0].getType(), args[1].getType(),
-                      b.getType<TokenType>(), args[0], args[1], deps,
-                      ep.group, ep.stream, t.getTag(), IntegerAttr(),
-                      ep.subgroups);
+                      b.getType<TokenType>(), args[0], args[1], deps, ep.group,
+                      ep.stream, t.getTag(), IntegerAttr(), ep.subgroups);
                   PieceNode n{a2a, {}, a2a.getDone()};
                   for (Value v : pieces.outputValues[j])
                     n.outs.push_back(cast<OpResult>(v).getResultNumber() == 0
@@ -178,16 +176,13 @@ void splitWithExchanges(TaskOp t, const SegmentPieces &pieces,
 
 /// `devices` (a stage's class, or several) cut into expert-parallel groups
 /// of `members`: the layout's ep groups (consecutive gradient replicas of
-/// one tensor member). They depend on dp x cp only, so the class is laid
-/// out as n / tp replicas of `tp` members. Empty when they do not tile.
+/// one tensor member). Empty when they do not tile.
 SmallVector<SmallVector<int64_t>> expertGroups(ArrayRef<int64_t> devices,
-                                               int64_t members, int64_t tp) {
+                                               int64_t members, MeshAttr mesh) {
   int64_t n = devices.size();
-  if (n % (members * tp) != 0)
+  if (n % (members * mesh.getTp()) != 0)
     return {};
-  return layoutGroups(devices,
-                      ParallelLayout(Degrees{1, n / tp, 1, tp, members}),
-                      Axis::ep);
+  return layoutGroups(devices, mesh.replicaLayout(n, members), Axis::ep);
 }
 
 } // namespace
@@ -196,8 +191,7 @@ LogicalResult mlir::piper::applyShard(ModuleOp module, ProgramOp program,
                                       const Directive &d) {
   MLIRContext *ctx = module.getContext();
   if (!llvm::is_sorted(d.devices) ||
-      std::adjacent_find(d.devices.begin(), d.devices.end()) !=
-          d.devices.end())
+      std::adjacent_find(d.devices.begin(), d.devices.end()) != d.devices.end())
     return program.emitOpError(d.describe())
            << ": devices must be listed in increasing order (member i of an "
               "expert-parallel group is its i-th device)";
@@ -212,14 +206,16 @@ LogicalResult mlir::piper::applyShard(ModuleOp module, ProgramOp program,
   ep.group = DeviceGroupAttr::get(ctx, d.devices);
   ep.stream = commStream(program, d.stream);
   SmallVector<Attribute> subgroups;
-  for (ArrayRef<int64_t> g : expertGroups(d.devices, ep.members, tp))
+  for (ArrayRef<int64_t> g :
+       expertGroups(d.devices, ep.members, getMesh(module)))
     subgroups.push_back(DeviceGroupAttr::get(ctx, g));
   if (subgroups.empty())
     return program.emitOpError(d.describe())
            << ": expert-parallel groups of " << ep.members << " over "
            << d.devices.size() << " devices"
            << (tp > 1 ? " (data-parallel replicas of tensor-parallel groups "
-                        "of " + std::to_string(tp) + ")"
+                        "of " +
+                            std::to_string(tp) + ")"
                       : std::string())
            << " do not tile them";
   ep.subgroups = ArrayAttr::get(ctx, subgroups);
@@ -249,19 +245,17 @@ LogicalResult mlir::piper::applyShard(ModuleOp module, ProgramOp program,
     local.group = t.getDevicesAttr();
     SmallVector<Attribute> chunks;
     SmallVector<SmallVector<int64_t>> ownGroups =
-        expertGroups(own, ep.members, tp);
+        expertGroups(own, ep.members, getMesh(module));
     if (ownGroups.empty())
       return t.emitOpError(d.describe())
-             << ": " << describeNode(t) << " runs on "
-             << formatDevices(own)
+             << ": " << describeNode(t) << " runs on " << formatDevices(own)
              << ", which is not made of whole expert-parallel groups of "
              << ep.members << " of " << formatDevices(d.devices);
     for (ArrayRef<int64_t> g : ownGroups) {
       auto chunk = DeviceGroupAttr::get(ctx, g);
       if (!llvm::is_contained(subgroups, Attribute(chunk)))
         return t.emitOpError(d.describe())
-               << ": " << describeNode(t) << " runs on "
-               << formatDevices(own)
+               << ": " << describeNode(t) << " runs on " << formatDevices(own)
                << ", which is not made of whole expert-parallel groups of "
                << ep.members << " of " << formatDevices(d.devices);
       chunks.push_back(chunk);
@@ -354,18 +348,17 @@ namespace {
 struct ShardPass : mlir::piper::impl::PiperShardBase<ShardPass> {
   using PiperShardBase::PiperShardBase;
   void runOnOperation() override {
-    if (failed(verifyDeviceGroup(devices, "piper-shard devices", [&] {
-          return getOperation().emitError();
-        })))
+    if (failed(verifyDeviceGroup(devices, "piper-shard devices",
+                                 [&] { return getOperation().emitError(); })))
       return signalPassFailure();
-    Directive d =
-        stageDirective(Directive::Shard, pp, devices, "piper-shard");
+    Directive d = stageDirective(Directive::Shard, pp, devices, "piper-shard");
     d.filter.entries["EP"] = {FilterValue::Any, 0, ""};
     d.expertParallel = ep;
     d.stream = stream;
     if (ep < 0 || (ep > 0 && static_cast<int64_t>(devices.size()) % ep != 0)) {
       getOperation().emitError("piper-shard: ep ")
-          << static_cast<int64_t>(ep) << " must divide the " << devices.size() << " devices";
+          << static_cast<int64_t>(ep) << " must divide the " << devices.size()
+          << " devices";
       return signalPassFailure();
     }
     if (failed(applyDirective(getOperation(), d, std::nullopt)))

@@ -3,13 +3,13 @@
 #include "compiler/transforms/Passes.h"
 #include "compiler/transforms/Transforms.h"
 
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/IRMapping.h"
 #include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/MapVector.h"
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/SetVector.h"
 #include "llvm/ADT/StringExtras.h"
-#include "mlir/IR/Builders.h"
-#include "mlir/IR/IRMapping.h"
 
 namespace mlir::piper {
 #define GEN_PASS_DEF_PIPERREPLICATE
@@ -117,8 +117,7 @@ splitColocatedParams(ProgramOp program, const Directive &d,
              << ": parameter @" << p.getValue()
              << " is accumulated by several stages on "
              << formatDevices(d.devices) << ", replicated with ZeRO-"
-             << zero->second
-             << " and ZeRO-" << d.zero
+             << zero->second << " and ZeRO-" << d.zero
              << "; replicate the stages of one device group with the same "
                 "ZeRO stage";
     if (d.zero <= 1)
@@ -148,14 +147,14 @@ splitColocatedParams(ProgramOp program, const Directive &d,
 }
 
 LogicalResult mlir::piper::applyReplicate(ModuleOp module, ProgramOp program,
-                                    const Directive &d,
-                                    std::optional<int64_t> worldSize) {
+                                          const Directive &d,
+                                          std::optional<int64_t> worldSize) {
   if (failed(checkDevices(program, d, worldSize)))
     return failure();
   SmallVector<TaskOp> matched = matchingTasks(program, d.filter);
   if (matched.empty())
-    return program.emitOpError(d.describe()) << ": the filter matches no task"
-                                     << splitPassHint(d.filter);
+    return program.emitOpError(d.describe())
+           << ": the filter matches no task" << splitPassHint(d.filter);
   // The matched tasks on d.devices. A stage with two copies on two device
   // groups (DualPipe) has one replicate per copy: tasks on a group that
   // shares no device with d.devices belong to the other copy's.
@@ -165,8 +164,7 @@ LogicalResult mlir::piper::applyReplicate(ModuleOp module, ProgramOp program,
       tasks.push_back(t);
       continue;
     }
-    if (t.getDevices() &&
-        llvm::none_of(t.getNodeDevices(), [&](int64_t dev) {
+    if (t.getDevices() && llvm::none_of(t.getNodeDevices(), [&](int64_t dev) {
           return llvm::is_contained(d.devices, dev);
         }))
       continue;
@@ -257,9 +255,8 @@ LogicalResult mlir::piper::applyReplicate(ModuleOp module, ProgramOp program,
                          backward, stageTag, ArrayAttr());
     if (!colocatedPartial.empty()) {
       afterAllPartial.append(backward.begin(), backward.end());
-      llvm::sort(afterAllPartial, [](TaskOp a, TaskOp b) {
-        return a->isBeforeInBlock(b);
-      });
+      llvm::sort(afterAllPartial,
+                 [](TaskOp a, TaskOp b) { return a->isBeforeInBlock(b); });
       allReduceGradients(program, d, segmentParams,
                          colocatedPartial.getArrayRef(), afterAllPartial,
                          stageTag, ArrayAttr());
@@ -280,36 +277,27 @@ LogicalResult mlir::piper::applyReplicate(ModuleOp module, ProgramOp program,
   });
   if (!experts.empty() && replicas % members != 0)
     return program.emitOpError(d.describe())
-           << ": expert-parallel groups of " << members
-           << " do not divide the " << replicas << " replicas";
-  if (!experts.empty() && replicas / members >= 2) {
-    // Data replica r of tensor-parallel member t is device r * tp + t.
-    SmallVector<Attribute> sameExperts;
-    for (int64_t t = 0; t < tp; ++t)
-      for (int64_t i = 0; i < members; ++i) {
-        SmallVector<int64_t> ranks;
-        for (int64_t r = i; r < replicas; r += members)
-          ranks.push_back(d.devices[r * tp + t]);
-        sameExperts.push_back(DeviceGroupAttr::get(attrs.getContext(), ranks));
-      }
-    allReduceGradients(program, d, segmentParams, experts, backward, stageTag,
-                       ArrayAttr::get(attrs.getContext(), sameExperts));
-  }
+           << ": expert-parallel groups of " << members << " do not divide the "
+           << replicas << " replicas";
+  // The layout's groups of the devices' replicas: the expert data groups
+  // (the replicas holding the same experts) and the gradient groups.
+  const ParallelLayout layout =
+      getMesh(module).replicaLayout(d.devices.size(), members);
+  if (!experts.empty() && replicas / members >= 2)
+    allReduceGradients(
+        program, d, segmentParams, experts, backward, stageTag,
+        ArrayAttr::get(attrs.getContext(),
+                       deviceGroupAttrs(attrs.getContext(), d.devices, layout,
+                                        Axis::edp)));
   if (replicas == 1 || params.empty())
     return success();
   // Member t of each tensor-parallel group sums with member t of the
-  // others: {t, t + tp, ...}.
+  // others: the gradient groups.
   ArrayAttr sameMember;
-  if (tp > 1) {
-    SmallVector<Attribute> groups;
-    for (int64_t t = 0; t < tp; ++t) {
-      SmallVector<int64_t> ranks;
-      for (int64_t r = t; r < static_cast<int64_t>(d.devices.size()); r += tp)
-        ranks.push_back(d.devices[r]);
-      groups.push_back(DeviceGroupAttr::get(attrs.getContext(), ranks));
-    }
-    sameMember = ArrayAttr::get(attrs.getContext(), groups);
-  }
+  if (tp > 1)
+    sameMember = ArrayAttr::get(
+        attrs.getContext(),
+        deviceGroupAttrs(attrs.getContext(), d.devices, layout, Axis::dpcp));
   llvm::SetVector<StringAttr> colocated;
   SmallVector<TaskOp> afterAll;
   if (failed(splitColocatedParams(program, d, segmentParams, backward,
@@ -319,18 +307,15 @@ LogicalResult mlir::piper::applyReplicate(ModuleOp module, ProgramOp program,
   // the group that adds to them, and come after the last (block order).
   if (!colocated.empty()) {
     afterAll.append(backward.begin(), backward.end());
-    llvm::sort(afterAll, [](TaskOp a, TaskOp b) {
-      return a->isBeforeInBlock(b);
-    });
+    llvm::sort(afterAll,
+               [](TaskOp a, TaskOp b) { return a->isBeforeInBlock(b); });
   }
   if (d.zero > 0) {
-    if (!params.empty() &&
-        failed(applyZero(module, program, d, params, backward, stageTag,
-                            sameMember)))
+    if (!params.empty() && failed(applyZero(module, program, d, params,
+                                            backward, stageTag, sameMember)))
       return failure();
-    if (!colocated.empty() &&
-        failed(applyZero(module, program, d, colocated, afterAll, stageTag,
-                            sameMember)))
+    if (!colocated.empty() && failed(applyZero(module, program, d, colocated,
+                                               afterAll, stageTag, sameMember)))
       return failure();
     return success();
   }
@@ -347,12 +332,11 @@ namespace {
 struct ReplicatePass : mlir::piper::impl::PiperReplicateBase<ReplicatePass> {
   using PiperReplicateBase::PiperReplicateBase;
   void runOnOperation() override {
-    if (failed(verifyDeviceGroup(devices, "piper-replicate devices", [&] {
-          return getOperation().emitError();
-        })))
+    if (failed(verifyDeviceGroup(devices, "piper-replicate devices",
+                                 [&] { return getOperation().emitError(); })))
       return signalPassFailure();
-    Directive d = stageDirective(Directive::Replicate, pp, devices,
-                                 "piper-replicate");
+    Directive d =
+        stageDirective(Directive::Replicate, pp, devices, "piper-replicate");
     d.bucketSizeMb = bucketMb;
     d.reduceStream = reduceStream;
     d.zero = zero;

@@ -103,10 +103,10 @@ LogicalResult mlir::piper::lowerTensorParallel(ModuleOp module) {
              << ", which is not made of whole tensor-parallel groups of " << tp
              << "; place its stage on a multiple of " << tp << " devices";
     tasks.push_back(
-        {t, ArrayAttr::get(ctx, deviceGroupAttrs(
-                                    ctx, devices,
-                                    getMesh(module).layout(devices.size()),
-                                    Axis::tp))});
+        {t, ArrayAttr::get(
+                ctx, deviceGroupAttrs(ctx, devices,
+                                      getMesh(module).layout(devices.size()),
+                                      Axis::tp))});
     StringAttr name = t.getSegmentAttr().getAttr();
     if (piecesOf.count(name))
       continue;

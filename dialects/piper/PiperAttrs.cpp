@@ -32,8 +32,7 @@ void PiperDialect::registerAttributes() {
 
 LogicalResult
 TensorSliceAttr::verify(llvm::function_ref<InFlightDiagnostic()> emitError,
-                        int64_t dim, int64_t members,
-                        ArrayRef<int64_t> parts) {
+                        int64_t dim, int64_t members, ArrayRef<int64_t> parts) {
   if (dim < 0)
     return emitError() << "tensor_slice dim must be non-negative, got " << dim;
   if (members < 2)
@@ -122,8 +121,7 @@ StreamAttr::verify(llvm::function_ref<InFlightDiagnostic()> emitError,
 }
 
 std::string StreamAttr::str() const {
-  return ("'" + getName() + "' (" + stringifyStreamKind(getKind()) + ")")
-      .str();
+  return ("'" + getName() + "' (" + stringifyStreamKind(getKind()) + ")").str();
 }
 
 LogicalResult
@@ -421,8 +419,8 @@ LogicalResult verifyHfSources(ParamOp param, ArrayAttr sources) {
 
 LogicalResult MeshAttr::verify(function_ref<InFlightDiagnostic()> emitError,
                                int64_t tp, int64_t cp) {
-  if (std::string err = ParallelLayout::check(Degrees{1, 1, cp, tp, 1},
-                                              int64_t(1) << 20);
+  if (std::string err =
+          ParallelLayout::check(Degrees{1, 1, cp, tp, 1}, int64_t(1) << 20);
       !err.empty())
     return emitError() << "mesh: " << err;
   return success();
@@ -468,15 +466,19 @@ void MeshAttr::print(AsmPrinter &printer) const {
   printer << "<" << llvm::join(parts, ", ") << ">";
 }
 
+ParallelLayout MeshAttr::replicaLayout(int64_t devices, int64_t ep) const {
+  return ParallelLayout(Degrees{1, devices / getTp(), 1, getTp(), ep});
+}
+
 ParallelLayout MeshAttr::layout(int64_t devices, int64_t ep) const {
   return ParallelLayout(
       Degrees{1, devices / (getCp() * getTp()), getCp(), getTp(), ep});
 }
 
 StringRef mlir::piper::getTensorParallelStream(Operation *module) {
-  if (StringAttr s = piperDialect(module)
-                         ->getTensorParallelStreamAttrHelper()
-                         .getAttr(module))
+  if (StringAttr s =
+          piperDialect(module)->getTensorParallelStreamAttrHelper().getAttr(
+              module))
     return s.getValue();
   return "tp_stream";
 }
@@ -512,9 +514,8 @@ StringRef mlir::piper::getContextParallelStream(Operation *module) {
 
 LogicalResult
 OptimizerAttr::verify(function_ref<InFlightDiagnostic()> emitError,
-                      APFloat minLr, int64_t warmupSteps,
-                      int64_t decaySteps, APFloat clipGradNorm,
-                      ComputeType) {
+                      APFloat minLr, int64_t warmupSteps, int64_t decaySteps,
+                      APFloat clipGradNorm, ComputeType) {
   double lr = minLr.convertToDouble(), clip = clipGradNorm.convertToDouble();
   if (!(lr >= 0) || !(clip >= 0) || warmupSteps < 0 || decaySteps < 0)
     return emitError() << "optimizer settings must be non-negative, got "
@@ -525,8 +526,8 @@ OptimizerAttr::verify(function_ref<InFlightDiagnostic()> emitError,
   return success();
 }
 
-LogicalResult
-PiperDialect::verifyOperationAttribute(Operation *op, NamedAttribute attr) {
+LogicalResult PiperDialect::verifyOperationAttribute(Operation *op,
+                                                     NamedAttribute attr) {
   StringRef name = attr.getName().getValue();
   if (name == BlockAttrHelper::getNameStr()) {
     auto block = dyn_cast<IntegerAttr>(attr.getValue());

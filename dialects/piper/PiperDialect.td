@@ -347,6 +347,12 @@ def Piper_MeshAttr : AttrDef<Piper_Dialect, "Mesh"> {
     /// The layout of a stage on `devices` ranks (dp = devices / (cp x tp),
     /// at least 1) with expert groups of `ep`.
     ::piper::ParallelLayout layout(int64_t devices, int64_t ep = 1) const;
+    /// The layout of a stage on `devices` ranks for the groups of its
+    /// gradient replicas (dp-cp, ep, edp) and tp: those depend on dp x cp
+    /// only, so cp is folded into dp (devices / tp replicas). Exact before
+    /// the devices are known to be whole cp x tp blocks.
+    ::piper::ParallelLayout replicaLayout(int64_t devices,
+                                          int64_t ep = 1) const;
   }];
 }
 
