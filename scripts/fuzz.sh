@@ -92,6 +92,7 @@ sources=(
   runtime/checkpoint/Json.cpp runtime/checkpoint/Safetensors.cpp
   runtime/data/TokenFile.cpp runtime/support/AtomicFile.cpp
   runtime/support/Errno.cpp runtime/support/FileIO.cpp
+  support/ParallelLayout.cpp
   compiler/strategy/JsonScan.cpp compiler/strategy/Schedules.cpp
   compiler/strategy/Strategy.cpp compiler/strategy/StrategyParse.cpp
   compiler/driver/MlirScan.cpp
