@@ -7,7 +7,7 @@
 // row per token then holds the member's B S / cp rows; row-wise ops
 // (embeddings, norms, linear layers, activations, residual adds, the
 // loss) need nothing else, and attention becomes ring attention
-// (`piper.cp_attention`), which piper-tensor-parallel lowers after
+// (`piper.cp_attention`), which piper-lower-context-parallel lowers after
 // placement to per-step kernels and ring exchanges, or, of kind ulysses,
 // plain attention over every row of the member's share of the heads
 // between `piper.cp_seq_to_heads` and `piper.cp_heads_to_seq`, lowered

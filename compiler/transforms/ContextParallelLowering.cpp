@@ -8,11 +8,17 @@
 // `piper.all_to_all` node over the same groups; an MoE layer's
 // `piper.cp_gather` (and its gradient) an all-gather (reduce-scatter) node
 // and the row order.
+#include "compiler/transforms/Passes.h"
 #include "compiler/transforms/Transforms.h"
 
 #include "mlir/IR/Builders.h"
 #include "llvm/ADT/MapVector.h"
 #include "llvm/ADT/STLExtras.h"
+
+namespace mlir::piper {
+#define GEN_PASS_DEF_PIPERLOWERCONTEXTPARALLEL
+#include "compiler/transforms/Passes.h.inc"
+} // namespace mlir::piper
 
 using namespace mlir;
 using namespace mlir::piper;
@@ -346,3 +352,14 @@ LogicalResult mlir::piper::lowerContextParallel(ModuleOp module) {
   }
   return sortTopologically(program->getBody().front());
 }
+
+namespace {
+struct LowerContextParallelPass
+    : mlir::piper::impl::PiperLowerContextParallelBase<
+          LowerContextParallelPass> {
+  void runOnOperation() override {
+    if (failed(lowerContextParallel(getOperation())))
+      signalPassFailure();
+  }
+};
+} // namespace

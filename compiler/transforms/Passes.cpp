@@ -4,8 +4,8 @@
 #include "compiler/transforms/Passes.h"
 
 #include "compiler/transforms/Transforms.h"
-#include "llvm/ADT/StringExtras.h"
 #include "mlir/Pass/PassRegistry.h"
+#include "llvm/ADT/StringExtras.h"
 
 using namespace mlir;
 using namespace mlir::piper;
@@ -55,22 +55,23 @@ std::optional<CompilePhase> mlir::piper::symbolizeCompilePhase(StringRef name) {
 }
 
 std::string mlir::piper::compilePhaseNames() {
-  return llvm::join(llvm::map_range(kPhases,
-                                    [](const PhaseInfo &i) { return i.name; }),
-                    ", ");
+  return llvm::join(
+      llvm::map_range(kPhases, [](const PhaseInfo &i) { return i.name; }),
+      ", ");
 }
 
 StringRef mlir::piper::describeCompilePhase(CompilePhase phase) {
   return infoOf(phase).what;
 }
 
-std::optional<CompilePhase> mlir::piper::compilePhaseOfPass(StringRef argument) {
+std::optional<CompilePhase>
+mlir::piper::compilePhaseOfPass(StringRef argument) {
   return llvm::StringSwitch<std::optional<CompilePhase>>(argument)
       .Case("piper-stage", CompilePhase::Stage)
       .Case("piper-build-training-dag", CompilePhase::TrainingDag)
       .Cases({"piper-apply-directive", "piper-finalize-placement",
-              "piper-tensor-parallel", "piper-tie-params",
-              "piper-bound-zero-collectives"},
+              "piper-tensor-parallel", "piper-lower-context-parallel",
+              "piper-tie-params", "piper-bound-zero-collectives"},
              CompilePhase::Directives)
       // The directive pipeline fails this way on an invalid strategy.
       .Case("piper-compile-error", CompilePhase::Directives)
@@ -90,8 +91,7 @@ static std::string checkDirectiveCounts(const Strategy &strategy) {
     int seen = 0;
     for (const Directive &d : strategy.directives)
       if (d.kind == kind && ++seen == 2)
-        return d.describe() + ": only one " + name +
-               " directive is allowed";
+        return d.describe() + ": only one " + name + " directive is allowed";
   }
   return "";
 }
@@ -125,6 +125,7 @@ void mlir::piper::addDirectivesPipeline(OpPassManager &pm,
   // Tensor parallelism's all-reduces, over the placed devices; replicate
   // then reduces gradients over the data-parallel replicas of each member.
   pm.addPass(createPiperTensorParallel());
+  pm.addPass(createPiperLowerContextParallel());
   addAll(Directive::Replicate);
   // The tie all-reduces span the groups of several replicates: buckets of
   // the smallest of their sizes.
@@ -132,8 +133,8 @@ void mlir::piper::addDirectivesPipeline(OpPassManager &pm,
   bool replicated = false;
   for (const Directive &d : strategy.directives)
     if (d.kind == Directive::Replicate) {
-      tieBucketMb = replicated ? std::min(tieBucketMb, d.bucketSizeMb)
-                               : d.bucketSizeMb;
+      tieBucketMb =
+          replicated ? std::min(tieBucketMb, d.bucketSizeMb) : d.bucketSizeMb;
       replicated = true;
     }
   pm.addPass(createPiperTieParams(PiperTieParamsOptions{tieBucketMb}));
@@ -227,8 +228,7 @@ std::optional<Strategy> readPipelineStrategy(OpPassManager &pm,
   return std::nullopt;
 }
 
-void buildCompilePipeline(OpPassManager &pm,
-                          const CompilePipelineOptions &o) {
+void buildCompilePipeline(OpPassManager &pm, const CompilePipelineOptions &o) {
   std::optional<CompilePhase> phase = symbolizeCompilePhase(o.phase);
   if (!phase || *phase == CompilePhase::Plan)
     return pm.addPass(std::make_unique<FailPass>(

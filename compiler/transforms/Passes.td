@@ -215,14 +215,24 @@ def PiperTensorParallel : Pass<"piper-tensor-parallel", "::mlir::ModuleOp"> {
     task's devices (its subgroups), on the directive's stream, in the
     task's chain. `piper.tp_copy` (the identity forward) is erased. Without
     `shard_tensor` it changes nothing (docs/tensor-parallel.md).
+  }];
+}
 
-    Then, on a model that `context_parallel` split (the module's
+def PiperLowerContextParallel
+    : Pass<"piper-lower-context-parallel", "::mlir::ModuleOp"> {
+  let summary = "Make context parallelism's rings, all-to-alls and gathers";
+  let description = [{
+    After placement, on a model that `context_parallel` split (the module's
     `#piper.mesh` cp): each `piper.cp_attention` and
     `piper.cp_attention_grad` becomes its ring of `piper.attention_block`
     and `piper.attention_block_grad` kernels, the segment is cut around
     the exchanges between them, and each exchange becomes a
     `piper.ring_shift` over the context-parallel rings of the task's
-    devices, on the directive's stream (docs/context-parallel.md).
+    devices (the layout's cp groups), on the directive's stream; Ulysses'
+    sequence/head exchanges become `piper.all_to_all`s and an MoE layer's
+    gathers all-gathers and reduce-scatters over the same groups. Without
+    `context_parallel`, a stray ring op is an error, and otherwise it
+    changes nothing (docs/context-parallel.md).
   }];
 }
 

@@ -166,8 +166,7 @@ namespace {
 struct TensorParallelPass
     : mlir::piper::impl::PiperTensorParallelBase<TensorParallelPass> {
   void runOnOperation() override {
-    if (failed(lowerTensorParallel(getOperation())) ||
-        failed(lowerContextParallel(getOperation())))
+    if (failed(lowerTensorParallel(getOperation())))
       signalPassFailure();
   }
 };

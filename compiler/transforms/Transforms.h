@@ -225,7 +225,7 @@ LogicalResult applyContextParallel(ModuleOp module, ProgramOp program,
 /// `piper.tp_copy`s go. Nothing without `shard_tensor`.
 LogicalResult lowerTensorParallel(ModuleOp module);
 
-/// After placement (piper-tensor-parallel, after lowerTensorParallel):
+/// After placement (piper-lower-context-parallel, after piper-tensor-parallel):
 /// every `piper.cp_attention` and `piper.cp_attention_grad` becomes its
 /// ring of `piper.attention_block(_grad)` kernels, and each exchange
 /// between them a `piper.ring_shift` node over the context-parallel rings

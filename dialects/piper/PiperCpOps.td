@@ -24,7 +24,7 @@ def Piper_CpAttentionOp : Piper_Op<"cp_attention", [Pure,
     so that bf16 storage in mixed precision keeps it to |lse| 2^-16. The
     `context_parallel` rewrite makes it from `piper.attention`; its
     gradient is `piper.cp_attention_grad`. After placement,
-    piper-tensor-parallel lowers it to `cp` `piper.attention_block` kernels
+    piper-lower-context-parallel lowers it to `cp` `piper.attention_block` kernels
     with the key/value shards passed around the ring between them
     (`piper.cp_ring_shift`).
 
@@ -178,7 +178,7 @@ def Piper_CpSeqToHeadsOp : Piper_Op<"cp_seq_to_heads", [Pure,
     key and value heads. heads and kv_heads must be multiples of cp. The
     `context_parallel` rewrite of kind ulysses puts it before attention;
     its gradient is `piper.cp_heads_to_seq`. After placement
-    piper-tensor-parallel lowers it to `piper.cp_ulysses_split`, an
+    piper-lower-context-parallel lowers it to `piper.cp_ulysses_split`, an
     all-to-all over the context-parallel group and
     `piper.cp_ulysses_natural`.
 

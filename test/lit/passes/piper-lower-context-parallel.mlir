@@ -1,6 +1,6 @@
-// The ring's lowering after placement (piper-tensor-parallel): without
+// The ring's lowering after placement (piper-lower-context-parallel): without
 // context_parallel's degree on the module, a stray ring op is an error.
-// RUN: piper-opt %s -split-input-file -piper-tensor-parallel -verify-diagnostics
+// RUN: piper-opt %s -split-input-file -piper-lower-context-parallel -verify-diagnostics
 
 piper.segment @s(%qkv: tensor<8x48xf32>) -> tensor<8x16xf32> {
   // expected-error @+1 {{'piper.cp_attention' op needs the module's context-parallel degree (the cp of piper.mesh, set by context_parallel)}}
