@@ -27,7 +27,7 @@
 #include <fmt/format.h>
 
 #include "runtime/hal/Backends.h"
-#include "runtime/support/Precision.h"
+#include "support/Precision.h"
 
 using namespace piper;
 using namespace piper::runtime;

@@ -8,7 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "runtime/support/Errno.h"
+#include "support/Errno.h"
 
 namespace piper {
 namespace {
@@ -26,7 +26,7 @@ std::string readAll(int fd, std::string &out, int64_t limit) {
     if (n < 0 && errno == EINTR)
       continue;
     if (n < 0)
-      return "cannot read: " + runtime::errnoMessage(errno);
+      return "cannot read: " + errnoMessage(errno);
     if (n == 0)
       return "";
     if (static_cast<int64_t>(out.size()) + n > limit) {
@@ -45,7 +45,7 @@ std::string checkInputPath(const std::string &path) {
     return "";
   struct stat st;
   if (::stat(path.c_str(), &st) != 0)
-    return "cannot open: " + runtime::errnoMessage(errno);
+    return "cannot open: " + errnoMessage(errno);
   if (S_ISDIR(st.st_mode))
     return "is a directory";
   if (!S_ISREG(st.st_mode))
@@ -69,11 +69,11 @@ std::string readInputFile(const std::string &path, std::string &out,
   // returns at once instead of waiting for a writer.
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0)
-    return "cannot open: " + runtime::errnoMessage(errno);
+    return "cannot open: " + errnoMessage(errno);
   struct stat st;
   std::string err;
   if (::fstat(fd, &st) != 0)
-    err = "cannot stat: " + runtime::errnoMessage(errno);
+    err = "cannot stat: " + errnoMessage(errno);
   else if (!S_ISREG(st.st_mode))
     err = "is not a regular file";
   else if (st.st_size > limit)

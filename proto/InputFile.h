@@ -2,7 +2,7 @@
 // strategies, manifests, plans, machine descriptions): it refuses what it
 // cannot bound instead of hanging or running out of memory. Shared by the
 // compiler and the runtime, so it depends on nothing but the C library (and
-// runtime/support's errnoMessage).
+// support/'s errnoMessage).
 #ifndef PIPER_PROTO_INPUTFILE_H
 #define PIPER_PROTO_INPUTFILE_H
 

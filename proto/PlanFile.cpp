@@ -15,7 +15,7 @@
 
 #include <fmt/format.h>
 
-#include "runtime/support/AtomicFile.h"
+#include "support/AtomicFile.h"
 
 namespace piper::plan {
 namespace {
@@ -52,11 +52,11 @@ std::string unsupportedVersion(const char *what, uint32_t version) {
 }
 
 /// Writes `bytes` to a temporary file next to `path`, syncs it and renames it
-/// over `path` (runtime::AtomicFile), so that a crash or a concurrent reader
+/// over `path` (AtomicFile), so that a crash or a concurrent reader
 /// never sees half a file. Returns "" or the error.
 std::string writeAtomically(const std::string &path, std::string_view bytes) {
-  runtime::AtomicFile file;
-  runtime::Status status = file.open(path);
+  AtomicFile file;
+  Status status = file.open(path);
   if (status)
     status = file.write(bytes.data(), bytes.size());
   if (status)

@@ -9,13 +9,17 @@
 #include <string>
 #include <vector>
 
-#include "proto/BalancedSplit.h"
+#include "support/BalancedSplit.h"
 #include "proto/plan.pb.h"
 #include "support/ParallelLayout.h"
 
 namespace piper::plan {
 
-// shardRange and shardCapacity, the balanced split: BalancedSplit.h.
+// shardRange and shardCapacity, the balanced split (support/BalancedSplit.h),
+// as plan users name them.
+using ::piper::shardCapacity;
+using ::piper::ShardRange;
+using ::piper::shardRange;
 
 /// Elements of the parameter's tensor (its whole type).
 int64_t paramElements(const Parameter &param);

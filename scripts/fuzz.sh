@@ -90,8 +90,8 @@ sources=(
   runtime/exec/ValidateOrdering.cpp runtime/exec/ValidateStrategy.cpp
   runtime/checkpoint/CheckpointManifest.cpp runtime/checkpoint/Integrity.cpp
   runtime/checkpoint/Json.cpp runtime/checkpoint/Safetensors.cpp
-  runtime/data/TokenFile.cpp runtime/support/AtomicFile.cpp
-  runtime/support/Errno.cpp runtime/support/FileIO.cpp
+  runtime/data/TokenFile.cpp support/AtomicFile.cpp
+  support/Errno.cpp support/FileIO.cpp
   support/ParallelLayout.cpp
   compiler/strategy/JsonScan.cpp compiler/strategy/Schedules.cpp
   compiler/strategy/Strategy.cpp compiler/strategy/StrategyParse.cpp

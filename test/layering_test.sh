@@ -10,9 +10,18 @@ if [ -n "$bad" ]; then
   echo "$bad"
   exit 1
 fi
+# The ground floor depends on nothing above it: support/ includes no
+# proto/ or runtime/ header, proto/ no runtime/ header.
+up=$( (grep -rlE '#include *"(proto|runtime)/' support; \
+       grep -rlE '#include *"runtime/' proto) || true)
+if [ -n "$up" ]; then
+  echo "include arrows running back up (support -> proto/runtime, proto -> runtime):"
+  echo "$up"
+  exit 1
+fi
 n=$(find runtime proto support -name '*.cpp' -o -name '*.h' | wc -l)
 if [ "$n" -lt 10 ]; then
   echo "expected the runtime sources in the runfiles, found $n files"
   exit 1
 fi
-echo "checked $n runtime, proto and support sources: no MLIR/LLVM/compiler includes"
+echo "checked $n runtime, proto and support sources: no MLIR/LLVM/compiler includes, no arrow back up"

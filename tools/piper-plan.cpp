@@ -23,7 +23,7 @@
 #include "proto/analysis/MemoryPlan.h"
 #include "proto/analysis/Simulate.h"
 #include "proto/analysis/TimelineSvg.h"
-#include "runtime/support/Errno.h"
+#include "support/Errno.h"
 
 namespace {
 
@@ -262,7 +262,7 @@ int main(int argc, char **argv) {
   // What went to standard output must have arrived (> /dev/full).
   if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
     return fail("cannot write to standard output: " +
-                piper::runtime::errnoMessage(errno));
+                piper::errnoMessage(errno));
   }
   return rc;
 }

@@ -9,6 +9,7 @@
 #include "runtime/data/ByteTokenizer.h"
 
 int main(int argc, char **argv) {
+  using namespace piper;
   using namespace piper::runtime;
   std::string input, output, dtypeName = "uint16";
   bool header = false;

@@ -2,7 +2,7 @@
 // value-level collectives (all-reduce, reduce-scatter, all-gather,
 // all-to-all).
 #include "dialects/piper/PiperDialect.h"
-#include "proto/BalancedSplit.h"
+#include "support/BalancedSplit.h"
 
 using namespace mlir;
 using namespace mlir::piper;
@@ -13,7 +13,7 @@ SmallVector<int64_t> mlir::piper::balancedSlices(int64_t rows,
   if (members <= 0)
     return out;
   for (int64_t i = 0; i < members; ++i)
-    out.push_back(::piper::plan::shardRange(rows, members, i).count);
+    out.push_back(::piper::shardRange(rows, members, i).count);
   return out;
 }
 

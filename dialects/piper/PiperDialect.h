@@ -76,7 +76,7 @@ LogicalResult verifyDeviceGroup(llvm::ArrayRef<int64_t> devices,
 /// The rows of each member's slice when `rows` rows are split over
 /// `members` (reduce-scatter, all-gather): balanced and in order, member i
 /// holding rows / members rows plus one when i < rows % members
-/// (proto/BalancedSplit.h, the rule of ZeRO shards too).
+/// (support/BalancedSplit.h, the rule of ZeRO shards too).
 llvm::SmallVector<int64_t> balancedSlices(int64_t rows, int64_t members);
 
 /// The declared discardable attributes of a segment (PiperDialect's

@@ -12,7 +12,7 @@
 
 #include "runtime/checkpoint/Json.h"
 #include "runtime/checkpoint/Safetensors.h"
-#include "runtime/support/Status.h"
+#include "support/Status.h"
 
 namespace piper::runtime {
 

@@ -18,9 +18,9 @@
 
 #include "proto/InputFile.h"
 #include "runtime/checkpoint/Json.h"
-#include "runtime/support/AtomicFile.h"
-#include "runtime/support/Errno.h"
-#include "runtime/support/Precision.h"
+#include "support/AtomicFile.h"
+#include "support/Errno.h"
+#include "support/Precision.h"
 
 namespace piper::runtime {
 

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "runtime/checkpoint/Safetensors.h"
-#include "runtime/support/Status.h"
+#include "support/Status.h"
 
 namespace piper::runtime {
 

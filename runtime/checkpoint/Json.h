@@ -7,7 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "runtime/support/Status.h"
+#include "support/Status.h"
 
 namespace piper::runtime {
 

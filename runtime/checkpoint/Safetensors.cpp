@@ -17,9 +17,9 @@
 
 #include "runtime/checkpoint/Integrity.h"
 #include "runtime/checkpoint/Json.h"
-#include "runtime/support/AtomicFile.h"
-#include "runtime/support/Errno.h"
-#include "runtime/support/FileIO.h"
+#include "support/AtomicFile.h"
+#include "support/Errno.h"
+#include "support/FileIO.h"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
               "safetensors data is little endian and written from memory");

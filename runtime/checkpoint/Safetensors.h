@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "runtime/support/Status.h"
+#include "support/Status.h"
 
 namespace piper::runtime {
 

@@ -23,6 +23,8 @@
 
 #include "runtime/checkpoint/Json.h"
 
+using namespace piper;
+
 using namespace piper::runtime;
 
 namespace {

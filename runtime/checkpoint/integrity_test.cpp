@@ -19,6 +19,8 @@
 #include "runtime/checkpoint/Json.h"
 #include "runtime/checkpoint/Safetensors.h"
 
+using namespace piper;
+
 using namespace piper::runtime;
 
 namespace {

@@ -15,6 +15,8 @@
 #include "runtime/checkpoint/Json.h"
 #include "runtime/checkpoint/Safetensors.h"
 
+using namespace piper;
+
 using namespace piper::runtime;
 
 namespace {

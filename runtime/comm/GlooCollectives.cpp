@@ -9,7 +9,7 @@
 
 #include <cstring>
 
-#include "runtime/support/Precision.h"
+#include "support/Precision.h"
 
 namespace piper::runtime::gloo_comm {
 

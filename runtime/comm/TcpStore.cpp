@@ -18,8 +18,8 @@
 #include <gloo/common/error.h>
 
 #include "runtime/comm/TcpStoreWire.h"
-#include "runtime/support/Errno.h"
-#include "runtime/support/FileIO.h"
+#include "support/Errno.h"
+#include "support/FileIO.h"
 
 namespace piper::runtime {
 

@@ -17,7 +17,7 @@
 #include <gloo/rendezvous/store.h>
 
 #include "runtime/comm/Communicator.h"
-#include "runtime/support/Status.h"
+#include "support/Status.h"
 
 namespace piper::runtime {
 

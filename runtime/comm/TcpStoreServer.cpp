@@ -23,7 +23,7 @@
 #include <fmt/format.h>
 
 #include "runtime/comm/TcpStoreWire.h"
-#include "runtime/support/Errno.h"
+#include "support/Errno.h"
 
 namespace piper::runtime {
 

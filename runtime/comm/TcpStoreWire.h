@@ -10,7 +10,7 @@
 #include <netdb.h>
 #include <sys/socket.h>
 
-#include "runtime/support/Status.h"
+#include "support/Status.h"
 
 namespace piper::runtime::tcpstore {
 

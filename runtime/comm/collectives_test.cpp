@@ -5,7 +5,7 @@
 
 #include <numeric>
 
-#include "runtime/support/Precision.h"
+#include "support/Precision.h"
 
 namespace piper::runtime {
 namespace {

@@ -28,6 +28,8 @@
 
 #include "runtime/comm/TcpStore.h"
 
+using namespace piper;
+
 using namespace piper::runtime;
 using namespace std::chrono_literals;
 

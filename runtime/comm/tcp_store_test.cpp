@@ -20,6 +20,8 @@
 #include "runtime/comm/TcpStore.h"
 #include "runtime/comm/TcpStoreWire.h"
 
+using namespace piper;
+
 using namespace piper::runtime;
 using namespace std::chrono_literals;
 

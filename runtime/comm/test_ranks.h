@@ -42,7 +42,7 @@ using Clock = std::chrono::steady_clock;
 /// Fails the calling rank when `expr` yields an error status.
 #define CHILD_OK(expr)                                                         \
   do {                                                                         \
-    ::piper::runtime::Status childStatus_ = (expr);                            \
+    ::piper::Status childStatus_ = (expr);                            \
     if (!childStatus_.isOk()) {                                                \
       std::fprintf(stderr, "rank %d: line %d: %s\n", rank, __LINE__,           \
                    childStatus_.message().c_str());                            \
@@ -53,7 +53,7 @@ using Clock = std::chrono::steady_clock;
 /// Fails the calling rank unless `expr` yields an error containing `needle`.
 #define CHILD_FAILS_WITH(expr, needle)                                         \
   do {                                                                         \
-    ::piper::runtime::Status childStatus_ = (expr);                            \
+    ::piper::Status childStatus_ = (expr);                            \
     if (childStatus_.isOk() ||                                                 \
         childStatus_.message().find(needle) == std::string::npos) {            \
       std::fprintf(stderr,                                                     \

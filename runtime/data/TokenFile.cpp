@@ -12,9 +12,9 @@
 
 #include <fmt/format.h>
 
-#include "runtime/support/AtomicFile.h"
-#include "runtime/support/Errno.h"
-#include "runtime/support/FileIO.h"
+#include "support/AtomicFile.h"
+#include "support/Errno.h"
+#include "support/FileIO.h"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
               "token files are little endian and read in place");

@@ -17,7 +17,9 @@
 
 #include "runtime/data/ByteTokenizer.h"
 #include "runtime/data/TokenFile.h"
-#include "runtime/support/AtomicFile.h"
+#include "support/AtomicFile.h"
+
+using namespace piper;
 
 using namespace piper::runtime;
 

@@ -8,7 +8,7 @@
 #include <string>
 
 #include "runtime/data/TokenFile.h"
-#include "runtime/support/Status.h"
+#include "support/Status.h"
 
 namespace piper::runtime {
 

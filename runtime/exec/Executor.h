@@ -14,7 +14,7 @@
 #include "runtime/exec/Data.h"
 #include "runtime/hal/Hal.h"
 #include "runtime/kernels/Kernels.h"
-#include "runtime/support/Status.h"
+#include "support/Status.h"
 
 namespace piper::runtime {
 

@@ -13,7 +13,7 @@
 
 #include "runtime/checkpoint/Integrity.h"
 #include "runtime/exec/ExecutorImpl.h"
-#include "runtime/support/Errno.h"
+#include "support/Errno.h"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
               "--save-params writes the host's floats as little endian");

@@ -13,7 +13,7 @@
 
 #include "runtime/comm/Communicator.h"
 #include "runtime/hal/Hal.h"
-#include "runtime/support/Status.h"
+#include "support/Status.h"
 
 namespace gloo::rendezvous {
 class Store;

@@ -16,7 +16,7 @@
 
 #include "runtime/comm/Communicator.h"
 #include "runtime/kernels/Kernels.h"
-#include "runtime/support/Status.h"
+#include "support/Status.h"
 
 namespace piper::runtime::hal {
 

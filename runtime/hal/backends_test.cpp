@@ -9,6 +9,8 @@
 #include "runtime/hal/Backends.h"
 #include "runtime/hal/StagingCommunicator.h"
 
+using namespace piper;
+
 using namespace piper::runtime;
 using namespace piper::runtime::hal;
 

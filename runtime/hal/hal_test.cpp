@@ -13,6 +13,8 @@
 #include <thread>
 #include <vector>
 
+using namespace piper;
+
 using namespace piper::runtime;
 using namespace piper::runtime::hal;
 

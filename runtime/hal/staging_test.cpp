@@ -10,7 +10,7 @@
 
 #include "runtime/comm/test_ranks.h"
 #include "runtime/hal/cpu/CpuDevice.h"
-#include "runtime/support/Precision.h"
+#include "support/Precision.h"
 
 namespace piper::runtime::hal {
 namespace {

@@ -9,7 +9,7 @@
 #include "runtime/kernels/AttentionChecks.h"
 #include "runtime/kernels/KernelUtil.h"
 #include "runtime/kernels/VecMath.h"
-#include "runtime/support/Precision.h"
+#include "support/Precision.h"
 
 namespace piper::runtime::detail {
 

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "proto/plan.pb.h"
-#include "runtime/support/Status.h"
+#include "support/Status.h"
 
 namespace piper::runtime {
 

@@ -6,7 +6,7 @@
 #include "runtime/kernels/LinearChecks.h"
 #include "runtime/kernels/Parallel.h"
 #include "runtime/kernels/VecMath.h"
-#include "runtime/support/Precision.h"
+#include "support/Precision.h"
 
 namespace piper::runtime::detail {
 

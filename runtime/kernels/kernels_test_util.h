@@ -20,7 +20,7 @@
 #include "runtime/kernels/AttentionChecks.h"
 #include "runtime/kernels/KernelUtil.h"
 #include "runtime/kernels/Kernels.h"
-#include "runtime/support/Precision.h"
+#include "support/Precision.h"
 
 using namespace piper;
 using namespace piper::runtime;

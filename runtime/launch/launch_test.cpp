@@ -23,6 +23,8 @@
 #include "runtime/launch/rendezvous/Rendezvous.h"
 #include "runtime/launch/rendezvous/TcpRendezvous.h"
 
+using namespace piper;
+
 using namespace piper::runtime;
 
 TEST_CASE("metrics lines", "[launch]") {

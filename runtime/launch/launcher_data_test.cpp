@@ -31,7 +31,7 @@ std::string printedLoss(const std::string &out, int step) {
 /// The tensors of a safetensors file as name -> floats (F32 only).
 std::vector<std::pair<std::string, std::vector<float>>>
 readCheckpoint(const std::string &path) {
-  runtime::Status st;
+  Status st;
   auto r = runtime::SafetensorsReader::open(path, st);
   INFO(st.message());
   REQUIRE(r);
@@ -181,7 +181,7 @@ TEST_CASE("piper-run --save and --load: safetensors round trips",
   run(single, 1,
       {"--steps", "2", "--save", a, "--save-params", dir + "/params"});
   {
-    runtime::Status st;
+    Status st;
     auto r = runtime::SafetensorsReader::open(a, st);
     INFO(st.message());
     REQUIRE(r);

@@ -14,6 +14,8 @@
 #include "runtime/launch/rank/Standby.h"
 #include "runtime/launch/supervision/StandbyLauncher.h"
 
+using namespace piper;
+
 using namespace piper::runtime;
 namespace fs = std::filesystem;
 

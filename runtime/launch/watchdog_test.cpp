@@ -199,7 +199,7 @@ TEST_CASE("PIPER_FAULT syntax", "[watchdog]") {
         "rank=0,action=crash,at=checkpoint,inst=2",
         "rank=0,action=crash,at=checkpoint,stream=main"}) {
     INFO(bad);
-    piper::runtime::Status st = parseFault(bad, f);
+    piper::Status st = parseFault(bad, f);
     CHECK_FALSE(st);
     if (!st)
       CHECK(st.message().find("PIPER_FAULT=") != std::string::npos);

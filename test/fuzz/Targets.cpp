@@ -48,7 +48,7 @@ Result fuzzPlan(const uint8_t *data, size_t size) {
   }
   if (!err.empty())
     return err;
-  runtime::Status st = runtime::validatePlan(p);
+  Status st = runtime::validatePlan(p);
   return st ? "" : st.message();
 }
 
@@ -68,14 +68,14 @@ Result fuzzManifest(const uint8_t *data, size_t size) {
     if (!runtime::validatePlan(p))
       return "a class's plan is invalid";
   }
-  runtime::Status st = runtime::validateStrategy(m, plans);
+  Status st = runtime::validateStrategy(m, plans);
   return st ? "" : st.message();
 }
 
 Result fuzzSafetensors(const uint8_t *data, size_t size) {
   std::vector<runtime::SafetensorsEntry> entries;
   runtime::SafetensorsMetadata meta;
-  runtime::Status st = runtime::parseSafetensors(
+  Status st = runtime::parseSafetensors(
       "fuzz.safetensors", view(data, size), entries, meta);
   return st ? "" : st.message();
 }
@@ -114,7 +114,7 @@ Result fuzzTokenFile(const uint8_t *data, size_t size) {
                                                  : runtime::TokenDType::U32;
   std::string file(view(data + 1, size - 1));
   runtime::TokenFileLayout layout;
-  runtime::Status st = runtime::parseTokenFileLayout(
+  Status st = runtime::parseTokenFileLayout(
       "fuzz.tokens", reinterpret_cast<const unsigned char *>(file.data()),
       static_cast<int64_t>(file.size()), dtype, layout);
   if (!st)

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "runtime/hal/HostWorker.h"
-#include "runtime/support/Precision.h"
+#include "support/Precision.h"
 
 namespace piper::runtime::hal {
 

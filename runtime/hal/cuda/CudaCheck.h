@@ -7,7 +7,7 @@
 
 #include <string>
 
-#include "runtime/support/Status.h"
+#include "support/Status.h"
 
 namespace piper::runtime::hal {
 

@@ -7,7 +7,7 @@
 #include <memory>
 
 #include "runtime/hal/gpu/GpuApi.h"
-#include "runtime/support/Status.h"
+#include "support/Status.h"
 
 namespace piper::runtime::hal {
 

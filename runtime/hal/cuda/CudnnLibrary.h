@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/support/Status.h"
+#include "support/Status.h"
 
 namespace piper::runtime::hal {
 

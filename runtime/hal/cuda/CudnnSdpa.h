@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "runtime/hal/cuda/CudnnLibrary.h"
-#include "runtime/support/Status.h"
+#include "support/Status.h"
 
 namespace piper::runtime::hal {
 

@@ -44,7 +44,7 @@
 #include <string>
 
 #include "runtime/comm/Communicator.h"
-#include "runtime/support/Status.h"
+#include "support/Status.h"
 
 namespace gloo::rendezvous {
 class Store;

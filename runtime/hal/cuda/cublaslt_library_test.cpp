@@ -10,6 +10,8 @@
 
 #include "runtime/hal/cuda/CudaKernelContext.h"
 
+using namespace piper;
+
 using namespace piper::runtime;
 using namespace piper::runtime::hal;
 

@@ -12,6 +12,8 @@
 #include "runtime/hal/cuda/CudaCheck.h"
 #endif
 
+using namespace piper;
+
 using namespace piper::runtime;
 using namespace piper::runtime::hal;
 

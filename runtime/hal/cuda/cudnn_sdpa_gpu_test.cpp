@@ -20,7 +20,9 @@
 
 #include "runtime/hal/cuda/CudnnLibrary.h"
 #include "runtime/hal/cuda/CudnnSdpa.h"
-#include "runtime/support/Precision.h"
+#include "support/Precision.h"
+
+using namespace piper;
 
 using namespace piper::runtime;
 using namespace piper::runtime::hal;

@@ -18,6 +18,8 @@
 #include "runtime/hal/cuda/CudnnLibrary.h"
 #include "runtime/hal/cuda/CudnnSdpa.h"
 
+using namespace piper;
+
 using namespace piper::runtime;
 using namespace piper::runtime::hal;
 

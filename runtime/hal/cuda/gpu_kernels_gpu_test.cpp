@@ -10,6 +10,8 @@
 #include "runtime/hal/cuda/CudaBackend.h"
 #include "runtime/hal/gpu/test/KernelCases.h"
 
+using namespace piper;
+
 using namespace piper::runtime;
 using namespace piper::runtime::hal;
 

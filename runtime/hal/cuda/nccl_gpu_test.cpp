@@ -13,10 +13,12 @@
 #include <string>
 #include <vector>
 
-#include "runtime/support/Precision.h"
+#include "support/Precision.h"
 #include "runtime/hal/cuda/CudaBackend.h"
 #include "runtime/hal/cuda/NcclCommunicator.h"
 #include "runtime/hal/cuda/NcclLibrary.h"
+
+using namespace piper;
 
 using namespace piper::runtime;
 using namespace piper::runtime::hal;

@@ -11,6 +11,8 @@
 #include "runtime/hal/cuda/NcclCommunicator.h"
 #include "runtime/hal/cuda/NcclLibrary.h"
 
+using namespace piper;
+
 using namespace piper::runtime;
 using namespace piper::runtime::hal;
 

@@ -95,7 +95,7 @@ PIPER_HOST_DEVICE inline float bitsFloat(uint32_t b) {
 }
 
 /// The bf16 bits of x, rounded to nearest even; NaN stays a quiet NaN (as
-/// runtime/support/Precision.h's floatToBf16).
+/// support/Precision.h's floatToBf16).
 PIPER_HOST_DEVICE inline uint16_t toBf16(float x) {
   uint32_t bits = floatBits(x);
   if ((bits & 0x7F800000u) == 0x7F800000u && (bits & 0x007FFFFFu))

@@ -12,7 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "runtime/support/Status.h"
+#include "support/Status.h"
 
 struct CUstream_st; // cudaStream_t is CUstream_st *
 

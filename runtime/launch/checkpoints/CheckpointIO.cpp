@@ -13,7 +13,7 @@
 
 #include "proto/PlanShards.h"
 #include "runtime/checkpoint/Integrity.h"
-#include "runtime/support/AtomicFile.h"
+#include "support/AtomicFile.h"
 
 namespace piper::runtime {
 

@@ -13,7 +13,7 @@
 #include "runtime/checkpoint/Safetensors.h"
 #include "runtime/comm/Communicator.h"
 #include "runtime/exec/Executor.h"
-#include "runtime/support/Status.h"
+#include "support/Status.h"
 
 namespace piper::runtime {
 

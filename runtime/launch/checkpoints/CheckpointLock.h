@@ -7,7 +7,7 @@
 #include <memory>
 #include <string>
 
-#include "runtime/support/Status.h"
+#include "support/Status.h"
 
 namespace piper::runtime {
 

@@ -21,8 +21,8 @@
 #include "runtime/checkpoint/Integrity.h"
 #include "runtime/checkpoint/Json.h"
 #include "runtime/launch/checkpoints/CheckpointIO.h"
-#include "runtime/support/AtomicFile.h"
-#include "runtime/support/Errno.h"
+#include "support/AtomicFile.h"
+#include "support/Errno.h"
 
 namespace piper::runtime {
 

@@ -16,7 +16,7 @@
 #include "runtime/exec/Executor.h"
 #include "runtime/launch/checkpoints/ShardedCheckpoints.h"
 #include "runtime/launch/options/RunOptions.h"
-#include "runtime/support/Status.h"
+#include "support/Status.h"
 
 namespace piper::runtime {
 

@@ -6,7 +6,7 @@
 
 #include "proto/PlanShards.h"
 #include "runtime/launch/checkpoints/Checkpoints.h"
-#include "runtime/support/AtomicFile.h"
+#include "support/AtomicFile.h"
 
 namespace piper::runtime {
 

@@ -13,7 +13,7 @@
 #include "proto/plan.pb.h"
 #include "runtime/checkpoint/HfCheckpoint.h"
 #include "runtime/exec/Executor.h"
-#include "runtime/support/Status.h"
+#include "support/Status.h"
 
 namespace piper::runtime {
 

@@ -16,7 +16,7 @@
 #include "runtime/launch/checkpoints/CheckpointIO.h"
 #include "runtime/launch/checkpoints/Checkpoints.h"
 #include "runtime/launch/checkpoints/HfFolders.h"
-#include "runtime/support/AtomicFile.h"
+#include "support/AtomicFile.h"
 
 namespace piper::runtime {
 

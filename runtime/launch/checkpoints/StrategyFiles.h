@@ -10,7 +10,7 @@
 #include "proto/plan.pb.h"
 #include "runtime/exec/Data.h"
 #include "runtime/launch/options/RunOptions.h"
-#include "runtime/support/Status.h"
+#include "support/Status.h"
 
 namespace piper::runtime {
 

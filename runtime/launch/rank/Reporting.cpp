@@ -14,8 +14,8 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/kernels/Kernels.h"
-#include "runtime/support/AtomicFile.h"
-#include "runtime/support/Errno.h"
+#include "support/AtomicFile.h"
+#include "support/Errno.h"
 
 namespace piper::runtime {
 

@@ -8,7 +8,7 @@
 #include <string>
 
 #include "runtime/exec/Executor.h"
-#include "runtime/support/Status.h"
+#include "support/Status.h"
 
 namespace piper::runtime {
 

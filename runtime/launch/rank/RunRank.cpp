@@ -26,8 +26,8 @@
 #include "runtime/launch/checkpoints/StrategyFiles.h"
 #include "runtime/launch/rank/RankRun.h"
 #include "runtime/launch/rendezvous/LaunchEnv.h"
-#include "runtime/support/AtomicFile.h"
-#include "runtime/support/Errno.h"
+#include "support/AtomicFile.h"
+#include "support/Errno.h"
 
 namespace piper::runtime {
 

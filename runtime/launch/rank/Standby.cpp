@@ -20,7 +20,7 @@
 #include "runtime/launch/checkpoints/StrategyFiles.h"
 #include "runtime/launch/rank/RunRank.h"
 #include "runtime/launch/rendezvous/Rendezvous.h"
-#include "runtime/support/AtomicFile.h"
+#include "support/AtomicFile.h"
 
 namespace piper::runtime {
 

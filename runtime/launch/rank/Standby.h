@@ -17,7 +17,7 @@
 #include "runtime/exec/Executor.h"
 #include "runtime/launch/options/RunOptions.h"
 #include "runtime/launch/rendezvous/LaunchEnv.h"
-#include "runtime/support/Status.h"
+#include "support/Status.h"
 
 namespace piper::runtime {
 

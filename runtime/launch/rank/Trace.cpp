@@ -12,7 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/launch/watchdog/Watchdog.h"
-#include "runtime/support/AtomicFile.h"
+#include "support/AtomicFile.h"
 
 namespace piper::runtime {
 

@@ -15,8 +15,8 @@
 
 #include <fmt/format.h>
 
-#include "runtime/support/AtomicFile.h"
-#include "runtime/support/Errno.h"
+#include "support/AtomicFile.h"
+#include "support/Errno.h"
 
 extern char **environ;
 

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "runtime/launch/rendezvous/LaunchEnv.h"
-#include "runtime/support/Status.h"
+#include "support/Status.h"
 
 namespace piper::runtime {
 

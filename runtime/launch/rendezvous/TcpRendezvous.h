@@ -12,7 +12,7 @@
 #include "runtime/comm/TcpStore.h"
 #include "runtime/launch/options/RunOptions.h"
 #include "runtime/launch/rendezvous/LaunchEnv.h"
-#include "runtime/support/Status.h"
+#include "support/Status.h"
 
 namespace piper::runtime {
 

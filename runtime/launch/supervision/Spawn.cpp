@@ -23,7 +23,7 @@
 #include "runtime/launch/rendezvous/Rendezvous.h"
 #include "runtime/launch/supervision/SpawnInternal.h"
 #include "runtime/launch/supervision/StandbyLauncher.h"
-#include "runtime/support/Errno.h"
+#include "support/Errno.h"
 
 namespace piper::runtime {
 

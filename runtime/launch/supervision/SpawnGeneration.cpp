@@ -32,8 +32,8 @@
 #include "runtime/launch/supervision/Children.h"
 #include "runtime/launch/supervision/SpawnInternal.h"
 #include "runtime/launch/watchdog/Watchdog.h"
-#include "runtime/support/AtomicFile.h"
-#include "runtime/support/Errno.h"
+#include "support/AtomicFile.h"
+#include "support/Errno.h"
 
 namespace piper::runtime::spawn_detail {
 

@@ -21,9 +21,9 @@
 #include "proto/PlanShards.h"
 #include "runtime/launch/rendezvous/LaunchEnv.h"
 #include "runtime/launch/supervision/Children.h"
-#include "runtime/support/AtomicFile.h"
-#include "runtime/support/Errno.h"
-#include "runtime/support/FileIO.h"
+#include "support/AtomicFile.h"
+#include "support/Errno.h"
+#include "support/FileIO.h"
 
 namespace piper::runtime {
 

@@ -10,8 +10,8 @@
 #include <fmt/format.h>
 
 #include "runtime/launch/watchdog/Watchdog.h"
-#include "runtime/support/AtomicFile.h"
-#include "runtime/support/Errno.h"
+#include "support/AtomicFile.h"
+#include "support/Errno.h"
 
 namespace piper::runtime {
 

@@ -19,7 +19,7 @@
 
 #include "runtime/launch/rendezvous/Rendezvous.h"
 #include "runtime/launch/watchdog/WatchdogInternal.h"
-#include "runtime/support/AtomicFile.h"
+#include "support/AtomicFile.h"
 
 namespace piper::runtime {
 

@@ -19,7 +19,7 @@
 
 #include "runtime/comm/TcpStore.h"
 #include "runtime/exec/Executor.h"
-#include "runtime/support/Status.h"
+#include "support/Status.h"
 
 namespace piper::runtime {
 

@@ -15,6 +15,8 @@
 #include "runtime/hal/gpu/host/EmulatedDevice.h"
 #include "runtime/hal/gpu/test/KernelCases.h"
 
+using namespace piper;
+
 using namespace piper::runtime;
 using namespace piper::runtime::hal;
 using namespace piper::runtime::hal::testing;

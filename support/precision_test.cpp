@@ -4,9 +4,9 @@
 #include <cmath>
 #include <limits>
 
-#include "runtime/support/Precision.h"
+#include "support/Precision.h"
 
-using namespace piper::runtime;
+using namespace piper;
 
 TEST_CASE("bf16 keeps 8 significant bits and rounds to nearest even") {
   CHECK(roundToBf16(1.0f) == 1.0f);

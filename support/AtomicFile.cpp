@@ -1,6 +1,6 @@
 // Atomic file writing (temp file, fsync, rename) and small path helpers.
-#include "runtime/support/AtomicFile.h"
-#include "runtime/support/FileIO.h"
+#include "support/AtomicFile.h"
+#include "support/FileIO.h"
 
 #include <atomic>
 #include <cerrno>
@@ -14,7 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-namespace piper::runtime {
+namespace piper {
 
 namespace {
 
@@ -236,4 +236,4 @@ Status syncDirectory(const std::string &dir) {
   return Status::ok();
 }
 
-} // namespace piper::runtime
+} // namespace piper

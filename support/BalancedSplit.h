@@ -4,13 +4,13 @@
 // all-gather (the dialect's balancedSlices, written into plans by the
 // lowering) both follow it. Header only and free of protobuf and MLIR, so
 // the dialect and the runtime can share it.
-#ifndef PIPER_PROTO_BALANCEDSPLIT_H
-#define PIPER_PROTO_BALANCEDSPLIT_H
+#ifndef PIPER_SUPPORT_BALANCEDSPLIT_H
+#define PIPER_SUPPORT_BALANCEDSPLIT_H
 
 #include <algorithm>
 #include <cstdint>
 
-namespace piper::plan {
+namespace piper {
 
 /// The consecutive elements [start, start + count) of a flattened tensor of
 /// `elements` that member `index` of `members` holds: elements / members,
@@ -38,6 +38,6 @@ inline int64_t shardCapacity(int64_t elements, int64_t members) {
   return (elements + members - 1) / members;
 }
 
-} // namespace piper::plan
+} // namespace piper
 
-#endif // PIPER_PROTO_BALANCEDSPLIT_H
+#endif // PIPER_SUPPORT_BALANCEDSPLIT_H

@@ -1,8 +1,8 @@
-#include "runtime/support/Errno.h"
+#include "support/Errno.h"
 
 #include <cstring>
 
-namespace piper::runtime {
+namespace piper {
 
 std::string errnoMessage(int err) {
   std::string s = std::strerror(err);
@@ -11,4 +11,4 @@ std::string errnoMessage(int err) {
   return s;
 }
 
-} // namespace piper::runtime
+} // namespace piper

@@ -1,12 +1,12 @@
 // bfloat16 conversion and rounding for mixed precision: the CPU backend, the
 // Gloo collectives (bf16 sums in fp32, rounded once) and their tests.
-#ifndef PIPER_RUNTIME_SUPPORT_PRECISION_H
-#define PIPER_RUNTIME_SUPPORT_PRECISION_H
+#ifndef PIPER_SUPPORT_PRECISION_H
+#define PIPER_SUPPORT_PRECISION_H
 
 #include <cstdint>
 #include <cstring>
 
-namespace piper::runtime {
+namespace piper {
 
 /// The bfloat16 bits of `x`, rounded to nearest, ties to even (as
 /// torch.Tensor.to(torch.bfloat16) and CUDA's __float2bfloat16_rn); NaN stays
@@ -34,6 +34,6 @@ inline float roundToBf16(float x) { return bf16ToFloat(floatToBf16(x)); }
 /// Rounds `n` floats in place to bfloat16 precision.
 void roundToBf16(float *data, int64_t n);
 
-} // namespace piper::runtime
+} // namespace piper
 
-#endif // PIPER_RUNTIME_SUPPORT_PRECISION_H
+#endif // PIPER_SUPPORT_PRECISION_H

@@ -1,14 +1,14 @@
 // Writes a file atomically: a temporary file in the same folder, fsync, rename.
-#ifndef PIPER_RUNTIME_SUPPORT_ATOMICFILE_H
-#define PIPER_RUNTIME_SUPPORT_ATOMICFILE_H
+#ifndef PIPER_SUPPORT_ATOMICFILE_H
+#define PIPER_SUPPORT_ATOMICFILE_H
 
 #include <cstddef>
 #include <string>
 
-#include "runtime/support/Errno.h"
-#include "runtime/support/Status.h"
+#include "support/Errno.h"
+#include "support/Status.h"
 
-namespace piper::runtime {
+namespace piper {
 
 /// A file that appears at its path complete or not at all. open() creates
 /// `<path>.tmp-XXXXXX` next to `path`; commit() fsyncs it, renames it over
@@ -75,6 +75,6 @@ Status syncDirectory(const std::string &dir);
 /// The folder part of `path` ("." when it has none).
 std::string parentDirectory(const std::string &path);
 
-} // namespace piper::runtime
+} // namespace piper
 
-#endif // PIPER_RUNTIME_SUPPORT_ATOMICFILE_H
+#endif // PIPER_SUPPORT_ATOMICFILE_H

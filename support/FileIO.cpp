@@ -1,4 +1,4 @@
-#include "runtime/support/FileIO.h"
+#include "support/FileIO.h"
 
 #include <cerrno>
 
@@ -6,7 +6,7 @@
 #include <sys/types.h>
 #include <unistd.h>
 
-namespace piper::runtime {
+namespace piper {
 namespace {
 
 /// Moves `n` bytes at `data` with `step(p, left)`, a read or write that may
@@ -59,4 +59,4 @@ bool recvAll(int fd, void *out, size_t n) {
   });
 }
 
-} // namespace piper::runtime
+} // namespace piper

@@ -1,12 +1,12 @@
 // A small error-or-success type for the runtime: errors carry a message with
 // context (rank, instruction, file) instead of aborting the process.
-#ifndef PIPER_RUNTIME_SUPPORT_STATUS_H
-#define PIPER_RUNTIME_SUPPORT_STATUS_H
+#ifndef PIPER_SUPPORT_STATUS_H
+#define PIPER_SUPPORT_STATUS_H
 
 #include <string>
 #include <utility>
 
-namespace piper::runtime {
+namespace piper {
 
 /// The result of a runtime operation: ok, or an error with a message.
 /// Messages are lowercase, without a trailing period.
@@ -47,14 +47,14 @@ private:
   std::string msg;
 };
 
-} // namespace piper::runtime
+} // namespace piper
 
 /// Returns from the enclosing function when `expr` yields an error status.
 #define PIPER_RETURN_IF_ERROR(expr)                                            \
   do {                                                                         \
-    ::piper::runtime::Status piperStatus_ = (expr);                            \
+    ::piper::Status piperStatus_ = (expr);                            \
     if (!piperStatus_.isOk())                                                  \
       return piperStatus_;                                                     \
   } while (0)
 
-#endif // PIPER_RUNTIME_SUPPORT_STATUS_H
+#endif // PIPER_SUPPORT_STATUS_H

@@ -1,5 +1,5 @@
 // Unit tests of the whole-buffer descriptor I/O (FileIO.h) and errnoMessage.
-#include "runtime/support/FileIO.h"
+#include "support/FileIO.h"
 
 #include <cerrno>
 #include <csignal>
@@ -12,9 +12,9 @@
 
 #include <catch2/catch.hpp>
 
-#include "runtime/support/Errno.h"
+#include "support/Errno.h"
 
-using namespace piper::runtime;
+using namespace piper;
 
 TEST_CASE("preadAll reads at an offset and refuses a short file") {
   char path[] = "/tmp/piper-file-io-XXXXXX";

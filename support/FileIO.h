@@ -1,12 +1,12 @@
 // Whole-buffer reads and writes on file descriptors and sockets: each loops
 // over short transfers and EINTR, so that a caller sees all or an error.
-#ifndef PIPER_RUNTIME_SUPPORT_FILEIO_H
-#define PIPER_RUNTIME_SUPPORT_FILEIO_H
+#ifndef PIPER_SUPPORT_FILEIO_H
+#define PIPER_SUPPORT_FILEIO_H
 
 #include <cstddef>
 #include <cstdint>
 
-namespace piper::runtime {
+namespace piper {
 
 /// Reads exactly `n` bytes of `fd` at `offset` into `out`; false on an
 /// error (errno set) or a short file (errno left as it was).
@@ -24,6 +24,6 @@ bool sendAll(int fd, const void *data, size_t n);
 /// error, or with errno = ECONNRESET when the peer closes first.
 bool recvAll(int fd, void *out, size_t n);
 
-} // namespace piper::runtime
+} // namespace piper
 
-#endif // PIPER_RUNTIME_SUPPORT_FILEIO_H
+#endif // PIPER_SUPPORT_FILEIO_H
