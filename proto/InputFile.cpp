@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "support/Errno.h"
+#include "support/RegularFile.h"
 
 namespace piper {
 namespace {
@@ -41,16 +42,7 @@ std::string readAll(int fd, std::string &out, int64_t limit) {
 } // namespace
 
 std::string checkInputPath(const std::string &path) {
-  if (path == "-")
-    return "";
-  struct stat st;
-  if (::stat(path.c_str(), &st) != 0)
-    return "cannot open: " + errnoMessage(errno);
-  if (S_ISDIR(st.st_mode))
-    return "is a directory";
-  if (!S_ISREG(st.st_mode))
-    return "is not a regular file";
-  return "";
+  return path == "-" ? "" : regularFileProblem(path);
 }
 
 std::string readInputFile(const std::string &path, std::string &out,

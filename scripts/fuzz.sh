@@ -92,7 +92,7 @@ sources=(
   runtime/checkpoint/Json.cpp runtime/checkpoint/Safetensors.cpp
   runtime/data/TokenFile.cpp support/AtomicFile.cpp
   support/Errno.cpp support/FileIO.cpp
-  support/ParallelLayout.cpp
+  support/ParallelLayout.cpp support/RegularFile.cpp
   compiler/strategy/JsonScan.cpp compiler/strategy/Schedules.cpp
   compiler/strategy/Strategy.cpp compiler/strategy/StrategyParse.cpp
   compiler/driver/MlirScan.cpp

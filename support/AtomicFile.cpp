@@ -1,6 +1,7 @@
 // Atomic file writing (temp file, fsync, rename) and small path helpers.
 #include "support/AtomicFile.h"
 #include "support/FileIO.h"
+#include "support/RegularFile.h"
 
 #include <atomic>
 #include <cerrno>
@@ -75,13 +76,8 @@ void removeTempFilesOnSignals() {
 }
 
 Status checkRegularFile(const std::string &path, const std::string &what) {
-  struct stat st;
-  if (::stat(path.c_str(), &st) != 0)
-    return Status::error(what + ": cannot open: " + errnoMessage(errno));
-  if (S_ISDIR(st.st_mode))
-    return Status::error(what + ": cannot open: is a directory");
-  if (!S_ISREG(st.st_mode))
-    return Status::error(what + ": not a regular file");
+  if (std::string problem = regularFileProblem(path); !problem.empty())
+    return Status::error(what + ": " + problem);
   return Status::ok();
 }
 

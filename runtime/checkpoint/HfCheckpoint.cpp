@@ -29,11 +29,6 @@ bool isDirectory(const std::string &path) {
   return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
-bool isRegularFile(const std::string &path) {
-  struct stat st;
-  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
-}
-
 namespace {
 
 /// The limit on index files (a large index is a few MB); config.json has

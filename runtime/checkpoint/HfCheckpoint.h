@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "runtime/checkpoint/Safetensors.h"
+#include "support/RegularFile.h"
 #include "support/Status.h"
 
 namespace piper::runtime {
@@ -23,8 +24,7 @@ inline constexpr const char *kHfIndexFile = "model.safetensors.index.json";
 
 /// Whether `path` names a directory (`--load DIR`: a Hugging Face folder).
 bool isDirectory(const std::string &path);
-/// Whether `path` names a regular file.
-bool isRegularFile(const std::string &path);
+// isRegularFile: support/RegularFile.h.
 
 /// One checkpoint tensor of a parameter (plan.proto HfSource): `name` of
 /// `shape`, transposed first when `transpose`, placed at element `offset`

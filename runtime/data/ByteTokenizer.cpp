@@ -33,7 +33,7 @@ Status tokenizeBytesFile(const std::string &inputPath,
   } closer{fd};
   struct stat st;
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
-    return Status::error("input '" + inputPath + "': not a regular file");
+    return Status::error("input '" + inputPath + "': is not a regular file");
   // The output replaces its file whole: were it the input (by any name),
   // the text would be gone.
   struct stat outSt;

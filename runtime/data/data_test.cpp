@@ -348,10 +348,11 @@ TEST_CASE("piper-tokenize's library: chunks, empty input, errors",
   REQUIRE(::mkfifo((dir + "/in.fifo").c_str(), 0644) == 0);
   Status fifo = tokenizeBytesFile(dir + "/in.fifo", dir + "/f.bin",
                                   TokenDType::U16, false, count);
-  CHECK(fifo.message() == "input '" + dir + "/in.fifo': not a regular file");
+  CHECK(fifo.message() ==
+        "input '" + dir + "/in.fifo': is not a regular file");
   Status zero = tokenizeBytesFile("/dev/zero", dir + "/z.bin", TokenDType::U16,
                                   false, count);
-  CHECK(zero.message() == "input '/dev/zero': not a regular file");
+  CHECK(zero.message() == "input '/dev/zero': is not a regular file");
 }
 
 TEST_CASE("atomic files replace their target only on commit", "[data]") {
@@ -394,9 +395,9 @@ TEST_CASE("atomic files never replace a device, a FIFO or a folder", "[data]") {
         "--save needs a file name, not ''");
   CHECK(checkWritableTarget(dir + "/new/sub/file", "--save"));
   CHECK(checkRegularFile(dir + "/fifo", "plan file 'p'").message() ==
-        "plan file 'p': not a regular file");
+        "plan file 'p': is not a regular file");
   CHECK(checkRegularFile("/dev/zero", "manifest 'm'").message() ==
-        "manifest 'm': not a regular file");
+        "manifest 'm': is not a regular file");
   CHECK(checkRegularFile(dir + "/nope", "x").message() ==
         "x: cannot open: no such file or directory");
   // Reading a FIFO as a token file fails at once instead of waiting for a
