@@ -315,7 +315,7 @@ SafetensorsReader::open(const std::string &path, Status &status) {
   }
   struct stat st;
   if (::fstat(r->fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    status = Status::error(where + "not a regular file");
+    status = Status::error(where + "is not a regular file");
     return nullptr;
   }
   uint64_t size = static_cast<uint64_t>(st.st_size);

@@ -142,7 +142,7 @@ std::unique_ptr<TokenFile> TokenFile::open(const std::string &path,
     return nullptr;
   }
   if (!S_ISREG(st.st_mode)) {
-    status = Status::error(where + "not a regular file");
+    status = Status::error(where + "is not a regular file");
     return nullptr;
   }
   int64_t size = st.st_size;

@@ -348,8 +348,7 @@ TEST_CASE("piper-tokenize's library: chunks, empty input, errors",
   REQUIRE(::mkfifo((dir + "/in.fifo").c_str(), 0644) == 0);
   Status fifo = tokenizeBytesFile(dir + "/in.fifo", dir + "/f.bin",
                                   TokenDType::U16, false, count);
-  CHECK(fifo.message() ==
-        "input '" + dir + "/in.fifo': is not a regular file");
+  CHECK(fifo.message() == "input '" + dir + "/in.fifo': is not a regular file");
   Status zero = tokenizeBytesFile("/dev/zero", dir + "/z.bin", TokenDType::U16,
                                   false, count);
   CHECK(zero.message() == "input '/dev/zero': is not a regular file");
@@ -404,7 +403,7 @@ TEST_CASE("atomic files never replace a device, a FIFO or a folder", "[data]") {
   // writer.
   Status st;
   CHECK_FALSE(TokenFile::open(dir + "/fifo", TokenDType::Auto, st));
-  CHECK(st.message() == "token file '" + dir + "/fifo': not a regular file");
+  CHECK(st.message() == "token file '" + dir + "/fifo': is not a regular file");
 }
 
 TEST_CASE("half-written files go when the process is told to stop", "[data]") {

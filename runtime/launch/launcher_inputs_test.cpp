@@ -147,23 +147,23 @@ TEST_CASE("piper-run refuses FIFOs and devices as inputs instead of hanging",
     return r.err;
   };
   CHECK(fails(out, {"--load", fifo}) ==
-        "piper-run: checkpoint '" + fifo + "': not a regular file\n");
+        "piper-run: checkpoint '" + fifo + "': is not a regular file\n");
   CHECK(fails(out, {"--load", "/dev/zero"}) ==
-        "piper-run: checkpoint '/dev/zero': not a regular file\n");
+        "piper-run: checkpoint '/dev/zero': is not a regular file\n");
   CHECK(fails(out, {"--data", fifo}) ==
-        "piper-run: token file '" + fifo + "': not a regular file\n");
+        "piper-run: token file '" + fifo + "': is not a regular file\n");
   CHECK(fails(out, {"--data", "/dev/zero"}) ==
-        "piper-run: token file '/dev/zero': not a regular file\n");
+        "piper-run: token file '/dev/zero': is not a regular file\n");
 
   // The manifest and a plan file.
   std::filesystem::remove(out + "/class1.plan");
   REQUIRE(::mkfifo((out + "/class1.plan").c_str(), 0644) == 0);
-  CHECK(fails(out, {}) ==
-        "piper-run: plan file '" + out + "/class1.plan': not a regular file\n");
+  CHECK(fails(out, {}) == "piper-run: plan file '" + out +
+                              "/class1.plan': is not a regular file\n");
   std::filesystem::remove(out + "/manifest.textproto");
   std::filesystem::create_symlink("/dev/zero", out + "/manifest.textproto");
   CHECK(fails(out, {}) == "piper-run: manifest '" + out +
-                              "/manifest.textproto': not a regular file\n");
+                              "/manifest.textproto': is not a regular file\n");
 }
 
 TEST_CASE("piper-run: a world size of 0 is an error", "[launcher][inputs]") {
