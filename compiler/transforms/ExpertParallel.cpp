@@ -198,7 +198,8 @@ LogicalResult mlir::piper::applyShard(ModuleOp module, ProgramOp program,
   // Under tensor parallelism experts split over the data-parallel replicas
   // of each member (Megatron's "parallel folding": TP on attention, EP on
   // the experts), whole on every member of a tensor-parallel group.
-  const int64_t tp = getMesh(module).getTp();
+  const MeshAttr mesh = getMesh(module);
+  const int64_t tp = mesh.getTp();
   EpLayout ep;
   ep.members = d.expertParallel > 0
                    ? d.expertParallel
@@ -206,8 +207,7 @@ LogicalResult mlir::piper::applyShard(ModuleOp module, ProgramOp program,
   ep.group = DeviceGroupAttr::get(ctx, d.devices);
   ep.stream = commStream(program, d.stream);
   SmallVector<Attribute> subgroups;
-  for (ArrayRef<int64_t> g :
-       expertGroups(d.devices, ep.members, getMesh(module)))
+  for (ArrayRef<int64_t> g : expertGroups(d.devices, ep.members, mesh))
     subgroups.push_back(DeviceGroupAttr::get(ctx, g));
   if (subgroups.empty())
     return program.emitOpError(d.describe())
@@ -245,7 +245,7 @@ LogicalResult mlir::piper::applyShard(ModuleOp module, ProgramOp program,
     local.group = t.getDevicesAttr();
     SmallVector<Attribute> chunks;
     SmallVector<SmallVector<int64_t>> ownGroups =
-        expertGroups(own, ep.members, getMesh(module));
+        expertGroups(own, ep.members, mesh);
     if (ownGroups.empty())
       return t.emitOpError(d.describe())
              << ": " << describeNode(t) << " runs on " << formatDevices(own)
