@@ -105,8 +105,7 @@ int runModel(const ModelOptions &opts, const CLI::App &cmd) {
     MLIRContext ctx;
     ctx.loadDialect<PiperDialect>();
     OwningOpRef<ModuleOp> module = buildGptModel(&ctx, cfg);
-    if (std::string err = annotateHuggingFace(*module, cfg, text);
-        !err.empty())
+    if (std::string err = annotateHuggingFace(*module, cfg, text); !err.empty())
       return fail(err);
     return writeOutput(*module, opts.output);
   }
@@ -185,11 +184,16 @@ bool parseByteSize(llvm::StringRef text, int64_t &bytes) {
   if (number.empty() || number.getAsDouble(value) || !(value >= 0))
     return false;
   static const std::pair<const char *, double> units[] = {
-      {"", 1.0},           {"B", 1.0},
-      {"KiB", 1024.0},     {"MiB", 1048576.0},
-      {"GiB", 1073741824.0}, {"TiB", 1099511627776.0},
-      {"KB", 1e3},         {"MB", 1e6},
-      {"GB", 1e9},         {"TB", 1e12}};
+      {"", 1.0},
+      {"B", 1.0},
+      {"KiB", 1024.0},
+      {"MiB", 1048576.0},
+      {"GiB", 1073741824.0},
+      {"TiB", 1099511627776.0},
+      {"KB", 1e3},
+      {"MB", 1e6},
+      {"GB", 1e9},
+      {"TB", 1e12}};
   for (auto [name, scale] : units)
     if (unit == name) {
       double b = value * scale;
@@ -219,14 +223,13 @@ llvm::Expected<Strategy> compileStrategy(const CompileOptions &o) {
 
 /// Why the optimizer flags are invalid, or "".
 std::string checkOptimizer(const CompileOptions &o) {
-  for (auto [flag, value] :
-       {std::pair<const char *, double>{"--lr", o.opt.lr},
-        {"--beta1", o.opt.beta1},
-        {"--beta2", o.opt.beta2},
-        {"--eps", o.opt.eps},
-        {"--weight-decay", o.opt.weightDecay},
-        {"--min-lr", o.opt.minLr},
-        {"--clip-grad", o.opt.clipGradNorm}})
+  for (auto [flag, value] : {std::pair<const char *, double>{"--lr", o.opt.lr},
+                             {"--beta1", o.opt.beta1},
+                             {"--beta2", o.opt.beta2},
+                             {"--eps", o.opt.eps},
+                             {"--weight-decay", o.opt.weightDecay},
+                             {"--min-lr", o.opt.minLr},
+                             {"--clip-grad", o.opt.clipGradNorm}})
     if (std::string err = finite(flag, value); !err.empty())
       return err;
   if (o.opt.lr <= 0 || o.opt.minLr < 0 || o.opt.warmupSteps < 0 ||
@@ -271,20 +274,18 @@ std::string writeReport(const LoweredPlans &lowered, const Strategy &strategy,
             reduceBytes += planTensorBytes(plan.params(p).type());
         }
       }
-    rs << llvm::formatv("class {0} ranks [{1}]: {2} parameters, {3} "
-                        "instructions on {4} stream(s); predicted peak "
-                        "memory {5:F1} MiB per rank (state {6:F1} MiB); per "
-                        "step sends {7:F2} MiB, all-reduces {8:F2} MiB\n",
-                        plan.device_class(),
-                        llvm::join(llvm::map_range(plan.ranks(),
-                                                   [](int r) {
-                                                     return std::to_string(r);
-                                                   }),
-                                   ", "),
-                        plan.params_size(), instructions, plan.streams_size(),
-                        mib(plan.predicted_peak_bytes()),
-                        mib(plan.predicted_state_bytes()), mib(sendBytes),
-                        mib(reduceBytes));
+    rs << llvm::formatv(
+        "class {0} ranks [{1}]: {2} parameters, {3} "
+        "instructions on {4} stream(s); predicted peak "
+        "memory {5:F1} MiB per rank (state {6:F1} MiB); per "
+        "step sends {7:F2} MiB, all-reduces {8:F2} MiB\n",
+        plan.device_class(),
+        llvm::join(llvm::map_range(plan.ranks(),
+                                   [](int r) { return std::to_string(r); }),
+                   ", "),
+        plan.params_size(), instructions, plan.streams_size(),
+        mib(plan.predicted_peak_bytes()), mib(plan.predicted_state_bytes()),
+        mib(sendBytes), mib(reduceBytes));
     rs << llvm::formatv("  memory plan: arena {0} bytes ({1:F1} MiB) per rank "
                         "= state {2} + step {3} (piper-plan --memory shows "
                         "the layout)\n",
@@ -300,8 +301,8 @@ std::string writeReport(const LoweredPlans &lowered, const Strategy &strategy,
   rs << ::piper::plan::predictedStepReport(lowered.plans);
   // The predicted timeline as a trace and a picture, named in the report.
   std::string timelineLine, timelineError;
-  if (!::piper::plan::writeTimelineFiles(lowered.plans, output,
-                                         timelineLine, timelineError))
+  if (!::piper::plan::writeTimelineFiles(lowered.plans, output, timelineLine,
+                                         timelineError))
     return timelineError;
   rs << timelineLine;
   {
@@ -319,10 +320,9 @@ std::string writeReport(const LoweredPlans &lowered, const Strategy &strategy,
 void printSummary(const LoweredPlans &lowered, const Strategy &strategy,
                   const std::string &output,
                   ArrayRef<int64_t> peaksWithoutRecompute) {
-  llvm::outs() << "piperc: wrote " << lowered.plans.size()
-               << " plan(s) for " << lowered.manifest.world_size()
-               << " device(s) to " << output << " (" << strategy.summary
-               << ")\n";
+  llvm::outs() << "piperc: wrote " << lowered.plans.size() << " plan(s) for "
+               << lowered.manifest.world_size() << " device(s) to " << output
+               << " (" << strategy.summary << ")\n";
   for (auto [index, plan] : llvm::enumerate(lowered.plans)) {
     size_t instructions = 0;
     for (const auto &s : plan.streams())
@@ -350,7 +350,7 @@ std::optional<std::vector<int64_t>>
 peaksWithoutRecompute(const CompileOptions &o, Strategy strategy,
                       std::string &error) {
   llvm::erase_if(strategy.directives, [](const Directive &d) {
-    return d.kind == Directive::Recompute;
+    return d.kind() == Directive::Recompute;
   });
   MLIRContext ctx;
   ctx.loadDialect<PiperDialect>();
@@ -447,9 +447,8 @@ int runCompile(const CompileOptions &o) {
   if (o.output.empty())
     return fail("-o OUT/ is required to write plans");
   TimingScope lowerTimer = root.nest("lower-to-plans");
-  FailureOr<LoweredPlans> lowered =
-      lowerToPlans(*module, llvm::sys::path::stem(o.input).str(),
-                   strategy.summary);
+  FailureOr<LoweredPlans> lowered = lowerToPlans(
+      *module, llvm::sys::path::stem(o.input).str(), strategy.summary);
   lowerTimer.stop();
   TimingScope writeTimer = root.nest("write-plans");
   if (failed(lowered))
@@ -470,7 +469,7 @@ int runCompile(const CompileOptions &o) {
   // With recomputation, the peak the same strategy would plan without it.
   std::vector<int64_t> peaksWithout;
   if (llvm::any_of(strategy.directives, [](const Directive &d) {
-        return d.kind == Directive::Recompute;
+        return d.kind() == Directive::Recompute;
       })) {
     std::string error;
     std::optional<std::vector<int64_t>> peaks =
@@ -479,8 +478,7 @@ int runCompile(const CompileOptions &o) {
       return fail("compiling without recomputation for the report: " + error);
     peaksWithout = std::move(*peaks);
   }
-  if (std::string err =
-          writeReport(*lowered, strategy, o.output, peaksWithout);
+  if (std::string err = writeReport(*lowered, strategy, o.output, peaksWithout);
       !err.empty())
     return fail(err);
   printSummary(*lowered, strategy, o.output, peaksWithout);
@@ -493,10 +491,9 @@ int mlir::piper::pipercMain(int argc, char **argv) {
   app.require_subcommand(1);
 
   ModelOptions model;
-  CLI::App *modelCmd = app.add_subcommand(
-      "model", "emit a built-in model in the piper dialect");
-  modelCmd->add_option("name", model.name,
-                       "model or preset name (see --list)");
+  CLI::App *modelCmd =
+      app.add_subcommand("model", "emit a built-in model in the piper dialect");
+  modelCmd->add_option("name", model.name, "model or preset name (see --list)");
   modelCmd->add_flag("--list", model.list,
                      "list the models and presets with parameter counts");
   modelCmd->add_option("--hf", model.hfDir,
@@ -553,10 +550,13 @@ int mlir::piper::pipercMain(int argc, char **argv) {
                          "output folder (plans) or file (--compile-to)");
   auto *strategyOpt = compileCmd->add_option("--strategy", comp.strategyFile,
                                              "strategy JSON file");
-  auto *ppOpt = compileCmd->add_option("--pp", comp.flags.pp, "pipeline stages");
-  auto *dpOpt = compileCmd->add_option("--dp", comp.flags.dp, "data-parallel replicas");
-  auto *mbOpt = compileCmd->add_option("--microbatches", comp.flags.microbatches,
-                                       "microbatches per replica per step");
+  auto *ppOpt =
+      compileCmd->add_option("--pp", comp.flags.pp, "pipeline stages");
+  auto *dpOpt =
+      compileCmd->add_option("--dp", comp.flags.dp, "data-parallel replicas");
+  auto *mbOpt =
+      compileCmd->add_option("--microbatches", comp.flags.microbatches,
+                             "microbatches per replica per step");
   auto *schedOpt = compileCmd->add_option(
       "--schedule", comp.flags.schedule,
       "pipeline schedule: " + scheduleNames() + " (help: list them)");
@@ -583,7 +583,8 @@ int mlir::piper::pipercMain(int argc, char **argv) {
       "--tp", comp.flags.tp,
       "tensor parallelism: split every transformer block's matrices over "
       "groups of this many devices, Megatron's way (innermost: rank = "
-      "stage group * dp * tp + replica * tp + member; docs/tensor-parallel.md)");
+      "stage group * dp * tp + replica * tp + member; "
+      "docs/tensor-parallel.md)");
   auto *spOpt = compileCmd->add_flag(
       "--sp", comp.flags.sp,
       "sequence parallelism (with --tp): the blocks' norms, residual adds "
@@ -640,9 +641,14 @@ int mlir::piper::pipercMain(int argc, char **argv) {
                          "(0: no decay)");
   compileCmd->add_option("--clip-grad", comp.opt.clipGradNorm,
                          "global gradient-norm clipping threshold (0: off)");
-  compileCmd->add_option("--dtype", comp.opt.dtype,
-                         "f32, or bf16 mixed precision (fp32 master weights, "
-                         "accumulation and optimizer state)")
+  compileCmd
+      ->add_option_function<std::string>(
+          "--dtype",
+          [&comp](const std::string &name) {
+            comp.opt.dtype = *symbolizeComputeType(name);
+          },
+          "f32, or bf16 mixed precision (fp32 master weights, accumulation "
+          "and optimizer state)")
       ->check(CLI::IsMember({"f32", "bf16"}));
   compileCmd->add_flag("--mlir-timing", comp.timing,
                        "print the time each compiler phase takes (stderr)");

@@ -30,9 +30,8 @@ int64_t mlir::piper::deviceOfStage(StageLayout layout, int64_t stage,
   return stage;
 }
 
-int64_t mlir::piper::deviceOfTask(StageLayout layout, int64_t stage,
-                                  int64_t mb, int64_t devices,
-                                  int64_t microbatches) {
+int64_t mlir::piper::deviceOfTask(StageLayout layout, int64_t stage, int64_t mb,
+                                  int64_t devices, int64_t microbatches) {
   if (layout == StageLayout::Bidirectional && 2 * mb >= microbatches)
     return devices - 1 - stage;
   return deviceOfStage(layout, stage, devices);
@@ -163,8 +162,7 @@ std::string checkZbH2(int64_t devices, int64_t perDevice, int64_t mbs) {
 // Interleaved 1F1B (Megatron-LM)
 //===----------------------------------------------------------------------===//
 
-std::string checkInterleaved(int64_t devices, int64_t perDevice,
-                             int64_t mbs) {
+std::string checkInterleaved(int64_t devices, int64_t perDevice, int64_t mbs) {
   if (std::string err = basics(devices, perDevice, mbs); !err.empty())
     return err;
   if (perDevice < 2)
@@ -190,8 +188,8 @@ DeviceOrder interleaved(int64_t d, int64_t devices, int64_t v, int64_t mbs) {
     int64_t r = k % round, chunk = r / devices;
     if (!forward)
       chunk = v - 1 - chunk;
-    return std::make_pair(chunk * devices + d, (k / round) * devices +
-                                                   r % devices);
+    return std::make_pair(chunk * devices + d,
+                          (k / round) * devices + r % devices);
   };
   int64_t warmup = std::min(2 * (devices - 1 - d) + (v - 1) * devices, total);
   int64_t f = 0, b = 0;
@@ -447,11 +445,10 @@ const ScheduleBuilder *mlir::piper::findSchedule(llvm::StringRef name) {
 }
 
 std::string mlir::piper::scheduleNames() {
-  return llvm::join(llvm::map_range(getScheduleBuilders(),
-                                    [](const ScheduleBuilder &b) {
-                                      return b.name;
-                                    }),
-                    ", ");
+  return llvm::join(
+      llvm::map_range(getScheduleBuilders(),
+                      [](const ScheduleBuilder &b) { return b.name; }),
+      ", ");
 }
 
 static llvm::StringRef layoutName(StageLayout layout) {
@@ -499,19 +496,18 @@ mlir::piper::buildSchedule(const ScheduleBuilder &schedule, int64_t devices,
                            int64_t perDevice, int64_t microbatches) {
   std::vector<Directive> out;
   for (int64_t g = 0; g < devices; ++g) {
-    Directive d;
-    d.kind = Directive::Order;
+    OrderOptions order;
     for (const ScheduleSlot &slot :
          schedule.build(g, devices, perDevice, microbatches)) {
       std::vector<Filter> group;
       for (const ScheduledTask &t : slot)
         group.push_back(taskFilter(t));
-      d.groups.push_back(std::move(group));
+      order.groups.push_back(std::move(group));
     }
-    d.text = llvm::formatv("order: {0} schedule of pipeline group {1}",
-                           schedule.name, g)
-                 .str();
-    out.push_back(std::move(d));
+    out.emplace_back(std::move(order),
+                     llvm::formatv("order: {0} schedule of pipeline group {1}",
+                                   schedule.name, g)
+                         .str());
   }
   return out;
 }

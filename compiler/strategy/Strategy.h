@@ -7,6 +7,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "compiler/strategy/JsonScan.h"
@@ -19,15 +20,15 @@ namespace mlir::piper {
 /// beyond any real training job; beyond them memory or compile time would
 /// grow without end, so piperc rejects the strategy with an error instead.
 /// docs/user-guide.md ("Limits") lists them.
-inline constexpr int64_t kMaxWorldSize = 1 << 20;      // devices
-inline constexpr int64_t kMaxStages = 1 << 14;         // pipeline stages
+inline constexpr int64_t kMaxWorldSize = 1 << 20; // devices
+inline constexpr int64_t kMaxStages = 1 << 14;    // pipeline stages
 /// Compile time grows faster than linearly in the microbatches (about 18 s
 /// for 8,192 on one core), so this bound also bounds compile time.
-inline constexpr int64_t kMaxMicrobatches = 1 << 13;   // per replica per step
+inline constexpr int64_t kMaxMicrobatches = 1 << 13; // per replica per step
 /// Pipeline stages times microbatches: the tasks of one pass.
 inline constexpr int64_t kMaxStageMicrobatches = 1 << 17;
-inline constexpr int64_t kMaxOrderGroups = 1 << 15;    // groups of one order
-inline constexpr int64_t kMaxFilterIndex = 1 << 20;    // PP, EP or MB index
+inline constexpr int64_t kMaxOrderGroups = 1 << 15; // groups of one order
+inline constexpr int64_t kMaxFilterIndex = 1 << 20; // PP, EP or MB index
 
 /// One entry of a filter: an exact index, any index ("*"), or a pass name.
 struct FilterValue {
@@ -55,8 +56,105 @@ inline constexpr llvm::StringLiteral kRecomputeFilterKeys[] = {"block"};
 /// when none is given, in MB of 2^20 bytes: PyTorch DDP's default.
 inline constexpr double kDefaultBucketMb = 25;
 
-/// One directive of a strategy, as parsed from JSON or built from flags.
+// The options of each directive kind (docs/directives.md gives their JSON
+// keys). A directive holds exactly one of them (Directive::options), so a
+// pass reads only its own kind's options and a new directive is one more
+// struct, not more fields in a union.
+
+/// stage: the number of pipeline stages.
+struct StageOptions {
+  int64_t stages = 1;
+};
+/// split: the number of microbatches (along "MB", over the whole DAG).
+struct SplitOptions {
+  int64_t microbatches = 1;
+};
+/// place: the device group and the stream of the transfers it inserts.
+struct PlaceOptions {
+  std::vector<int64_t> devices;
+  std::string stream = "pp_stream";
+};
+/// replicate: data parallelism over `devices`.
+struct ReplicateOptions {
+  std::vector<int64_t> devices;
+  /// The stream of the gradient all-reduces (or reduce-scatters).
+  std::string reduceStream = "dp_stream";
+  /// The stream of the ZeRO parameter all-gathers.
+  std::string gatherStream = "dp_stream";
+  /// The gradient bucket size in MB of 2^20 bytes.
+  double bucketMb = kDefaultBucketMb;
+  /// The ZeRO stage (0: none; 1: AdamW moments sharded over the replicas;
+  /// 2: and gradients; 3: and parameters).
+  int zero = 0;
+};
+/// shard: expert parallelism for the MoE layers placed on `devices`.
+struct ShardOptions {
+  std::vector<int64_t> devices;
+  /// The expert-parallel degree (experts split over groups of this many
+  /// gradient replicas); 0 means all of `devices`' replicas.
+  int64_t ep = 0;
+  std::string stream = "ep_stream";
+};
+/// order: groups of filters in time order.
+struct OrderOptions {
+  std::vector<std::vector<Filter>> groups;
+};
+/// schedule: a name from the schedule registry.
+struct ScheduleOptions {
+  std::string name;
+};
+/// recompute: what of a matched block the backward recomputes.
+enum class RecomputeGranularity {
+  Full,      ///< every op of the block
+  Selective, ///< its attention core
+};
+struct RecomputeOptions {
+  RecomputeGranularity granularity = RecomputeGranularity::Full;
+};
+/// shard_tensor: tensor parallelism for the matched blocks.
+struct ShardTensorOptions {
+  /// The tensor-parallel degree (the members of each group that splits the
+  /// blocks' matrices).
+  int64_t tp = 0;
+  /// Sequence parallelism: the blocks' norms, residual adds and biases run
+  /// on each member's rows.
+  bool sequenceParallel = false;
+  /// Vocabulary parallelism: the token embedding and the LM head split by
+  /// vocabulary rows, the loss computed without gathering the logits.
+  bool vocabParallel = true;
+  /// The stream of its all-reduces.
+  std::string stream = "tp_stream";
+};
+/// context_parallel: how attention sees the other members' tokens.
+enum class ContextParallelKind {
+  Ring,    ///< ring attention: K/V blocks passed around the group
+  Ulysses, ///< all-to-alls from the sequence to the heads and back
+};
+struct ContextParallelOptions {
+  /// The context-parallel degree (the members of each group that splits
+  /// every microbatch's sequence).
+  int64_t cp = 0;
+  ContextParallelKind kind = ContextParallelKind::Ring;
+  /// Whether each ring exchange runs beside the step before it (true) or
+  /// after it, on the critical path (false).
+  bool overlap = true;
+  /// The stream of its exchanges.
+  std::string stream = "cp_stream";
+};
+
+/// "full" / "selective", "ring" / "ulysses": the names the JSON, the flags
+/// and the pass options use.
+llvm::StringRef stringify(RecomputeGranularity granularity);
+llvm::StringRef stringify(ContextParallelKind kind);
+std::optional<RecomputeGranularity>
+parseRecomputeGranularity(llvm::StringRef name);
+std::optional<ContextParallelKind>
+parseContextParallelKind(llvm::StringRef name);
+
+/// One directive of a strategy, as parsed from JSON or built from flags: its
+/// place in the strategy, its text, its filter and its kind's options.
 struct Directive {
+  /// The kinds, in the order of Options' alternatives.
   enum Kind {
     Stage,
     Split,
@@ -68,51 +166,29 @@ struct Directive {
     Recompute,
     ShardTensor,
     ContextParallel
-  } kind = Split;
+  };
+  using Options = std::variant<StageOptions, SplitOptions, PlaceOptions,
+                               ReplicateOptions, ShardOptions, OrderOptions,
+                               ScheduleOptions, RecomputeOptions,
+                               ShardTensorOptions, ContextParallelOptions>;
+
+  Directive() = default;
+  Directive(Options options, std::string text = "", Filter filter = {})
+      : text(std::move(text)), filter(std::move(filter)),
+        options(std::move(options)) {}
+
   /// Position in the strategy and the directive's own text, for diagnostics.
   int index = 0;
   std::string text;
-
+  /// The program nodes (or, for recompute and shard_tensor, the model
+  /// blocks) it applies to.
   Filter filter;
-  std::vector<int64_t> devices;
-  std::string stream;        // place: stream of the send/recv it inserts
-  std::string reduceStream;  // replicate: stream of the all-reduces
-  double bucketSizeMb = kDefaultBucketMb; // replicate: gradient bucket size
-  /// replicate: the ZeRO stage (0: none; 1: AdamW moments sharded over the
-  /// replicas; 2: and gradients; 3: and parameters) and the stream of its
-  /// parameter all-gathers.
-  int zero = 0;
-  std::string gatherStream;
-  /// shard: the expert-parallel degree (experts split over groups of this
-  /// many consecutive devices of `devices`); 0 means all of `devices`.
-  int64_t expertParallel = 0;
-  int64_t numMicrobatches = 1;
-  std::string dimName = "MB";
-  int64_t stages = 1;
-  std::vector<std::vector<Filter>> groups; // order: groups in time order
-  std::string schedule; // schedule: a name from the schedule registry
-  /// recompute: "full" (every op of a matched block) or "selective" (its
-  /// attention core). Its filter names model blocks (`block`).
-  std::string recompute = "full";
-  /// shard_tensor: the tensor-parallel degree (the members of each group
-  /// that splits the matched blocks' matrices). Its filter names model
-  /// blocks (`block`), and `stream` the stream of its all-reduces.
-  int64_t tensorParallel = 0;
-  /// shard_tensor: sequence parallelism ("sequence_parallel": true): the
-  /// blocks' norms, residual adds and biases run on each member's rows.
-  bool sequenceParallel = false;
-  /// shard_tensor: vocabulary parallelism ("vocab_parallel", default true):
-  /// the token embedding and the LM head split by vocabulary rows, the
-  /// loss computed without gathering the logits.
-  bool vocabParallel = true;
-  /// context_parallel: the context-parallel degree (the members of each
-  /// group that splits every microbatch's sequence) and its kind ("ring":
-  /// ring attention), with `stream` the stream of its exchanges.
-  int64_t contextParallel = 0;
-  std::string cpKind = "ring";
-  /// context_parallel: whether each ring exchange runs beside the step
-  /// before it (true) or after it, on the critical path (false).
-  bool cpOverlap = true;
+  Options options;
+
+  Kind kind() const { return static_cast<Kind>(options.index()); }
+  /// The options of kind T (which must be the directive's).
+  template <typename T> T &get() { return std::get<T>(options); }
+  template <typename T> const T &get() const { return std::get<T>(options); }
 
   /// "directive #3 (place {...})" for messages.
   std::string describe() const;
@@ -240,7 +316,7 @@ struct StrategyFlags {
   std::string schedule = "1f1b";
   int zero = 0;
   int64_t ep = 1;
-  int64_t virtualStages = 0; // 0: the schedule's default
+  int64_t virtualStages = 0;          // 0: the schedule's default
   double bucketMb = kDefaultBucketMb; // replicate's bucket_size
   /// --recompute: "none", "full" or "selective".
   std::string recompute = "none";
@@ -264,9 +340,14 @@ struct StrategyFlags {
 /// does.
 llvm::Expected<Strategy> buildStrategy(const StrategyFlags &flags);
 
-/// The rules every strategy follows, parsed or built: each directive's
-/// ranges (stages, microbatches, an expert degree dividing its devices) and
-/// the limit on stages times microbatches. Errors name the directive.
+/// The one verifier of directives, however written (a strategy file, the
+/// flags, a directive pass's options): each option's range (stages,
+/// microbatches, degrees, the ZeRO stage, the bucket size), device lists
+/// (in the world, none twice), streams named, an order's split-backward
+/// stencil, a known schedule. Errors name the directive.
+llvm::Error verifyDirective(const Directive &d);
+/// verifyDirective for each directive, and the limit on stages times
+/// microbatches over the strategy.
 llvm::Error verifyStrategy(const Strategy &strategy);
 
 /// Whether groups of `groupSize` tile `devices` devices (an expert-parallel

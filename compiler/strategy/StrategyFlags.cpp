@@ -32,32 +32,29 @@ Strategy mlir::piper::strategyFromFlags(int64_t pp, int64_t dp,
       virtualStages > 0 ? virtualStages : defaultStagesPerDevice(schedule);
   int64_t stages = pp * perDevice;
   Strategy s;
-  auto add = [&](Directive d, std::string text) {
+  auto add = [&](Directive::Options options, std::string text,
+                 Filter filter = {}) {
+    Directive d(std::move(options), std::move(text), std::move(filter));
     d.index = s.directives.size();
-    d.text = std::move(text);
     s.directives.push_back(std::move(d));
   };
-  Directive stage;
-  stage.kind = Directive::Stage;
-  stage.stages = stages;
-  add(stage, llvm::formatv("stage stages={0}", stages).str());
-  Directive split;
-  split.kind = Directive::Split;
-  split.numMicrobatches = microbatches;
-  add(split, llvm::formatv("split num_microbatches={0}", microbatches).str());
+  auto stageFilter = [](int64_t st) {
+    Filter filter;
+    filter.entries["PP"] = {FilterValue::Index, st, ""};
+    return filter;
+  };
+  add(StageOptions{stages}, llvm::formatv("stage stages={0}", stages).str());
+  add(SplitOptions{microbatches},
+      llvm::formatv("split num_microbatches={0}", microbatches).str());
   if (tp > 1) {
     // Every transformer block: the directive's default filter.
-    Directive st;
-    st.kind = Directive::ShardTensor;
-    st.tensorParallel = tp;
-    st.stream = "tp_stream";
+    ShardTensorOptions st;
+    st.tp = tp;
     add(st, llvm::formatv("shard_tensor tp={0}", tp).str());
   }
   if (cp > 1) {
-    Directive c;
-    c.kind = Directive::ContextParallel;
-    c.contextParallel = cp;
-    c.stream = "cp_stream";
+    ContextParallelOptions c;
+    c.cp = cp;
     add(c, llvm::formatv("context_parallel cp={0}", cp).str());
   }
   // The world's layout: pipeline device group g is the ranks of pipeline
@@ -76,20 +73,17 @@ Strategy mlir::piper::strategyFromFlags(int64_t pp, int64_t dp,
   };
   // Data parallelism for the tasks of stage st on `devices`.
   auto replicate = [&](int64_t st, std::vector<int64_t> devices) {
-    Directive rep;
-    rep.kind = Directive::Replicate;
-    rep.filter.entries["PP"] = {FilterValue::Index, st, ""};
+    ReplicateOptions rep;
     rep.devices = std::move(devices);
-    rep.reduceStream = "dp_stream";
     rep.gatherStream = zero == 3 ? "gather_stream" : "dp_stream";
     rep.zero = zero;
-    rep.bucketSizeMb = bucketMb;
+    rep.bucketMb = bucketMb;
     std::string text = llvm::formatv(
         "replicate PP={0} devices={1}{2}{3}", st, listDevices(rep.devices),
         zero ? llvm::formatv(" zero={0}", zero).str() : std::string(),
         bucketMb != kDefaultBucketMb ? " bucket_size=" + megabytes(bucketMb)
                                      : std::string());
-    add(rep, text);
+    add(rep, text, stageFilter(st));
   };
   // Expert parallelism for every stage on `devices` (one device group, or
   // the two groups holding DualPipe's copies of the same stages), once
@@ -100,15 +94,14 @@ Strategy mlir::piper::strategyFromFlags(int64_t pp, int64_t dp,
     if (ep <= 1 || llvm::is_contained(sharded, devices))
       return;
     sharded.push_back(devices);
-    Directive sh;
-    sh.kind = Directive::Shard;
-    sh.filter.entries["EP"] = {FilterValue::Any, 0, ""};
+    ShardOptions sh;
     sh.devices = std::move(devices);
-    sh.stream = "ep_stream";
-    sh.expertParallel = ep;
+    sh.ep = ep;
     std::string text =
         llvm::formatv("shard devices={0} ep={1}", listDevices(sh.devices), ep);
-    add(sh, text);
+    Filter experts;
+    experts.entries["EP"] = {FilterValue::Any, 0, ""};
+    add(sh, text, experts);
   };
   std::vector<std::vector<int64_t>> toShard;
   for (int64_t st = 0; st < stages; ++st) {
@@ -123,15 +116,15 @@ Strategy mlir::piper::strategyFromFlags(int64_t pp, int64_t dp,
         int64_t g = deviceOfTask(schedule.layout, st, m, pp, microbatches);
         if (!llvm::is_contained(copies, g))
           copies.push_back(g);
-        Directive place;
-        place.kind = Directive::Place;
-        place.filter.entries["PP"] = {FilterValue::Index, st, ""};
-        place.filter.entries["MB"] = {FilterValue::Index, m, ""};
+        PlaceOptions place;
         place.devices = groupDevices(g);
-        place.stream = "pp_stream";
-        add(place, llvm::formatv("place PP={0} MB={1} devices={2}", st, m,
-                                 listDevices(place.devices))
-                       .str());
+        Filter filter = stageFilter(st);
+        filter.entries["MB"] = {FilterValue::Index, m, ""};
+        add(place,
+            llvm::formatv("place PP={0} MB={1} devices={2}", st, m,
+                          listDevices(place.devices))
+                .str(),
+            filter);
       }
       if (group > 1)
         for (int64_t g : copies)
@@ -146,21 +139,19 @@ Strategy mlir::piper::strategyFromFlags(int64_t pp, int64_t dp,
     // Stage st runs on pipeline device group g: ranks [g*dp, (g+1)*dp).
     int64_t g = deviceOfStage(schedule.layout, st, pp);
     std::vector<int64_t> devices = groupDevices(g);
-    Directive place;
-    place.kind = Directive::Place;
-    place.filter.entries["PP"] = {FilterValue::Index, st, ""};
+    PlaceOptions place;
     place.devices = devices;
-    place.stream = "pp_stream";
     add(place,
         llvm::formatv("place PP={0} devices={1}", st, listDevices(devices))
-            .str());
+            .str(),
+        stageFilter(st));
     replicate(st, devices);
     toShard.push_back(devices);
   }
   for (std::vector<int64_t> &devices : toShard)
     shard(devices);
   for (Directive &d : buildSchedule(schedule, pp, perDevice, microbatches))
-    add(d, d.text);
+    add(std::move(d.options), d.text, d.filter);
   s.worldSize = layout.worldSize();
   s.summary = llvm::formatv("pp={0} dp={1} microbatches={2} schedule={3}", pp,
                             dp, microbatches, schedule.name)
@@ -227,20 +218,18 @@ static std::string checkFlags(const StrategyFlags &f,
   if (std::string err = schedule.check(f.pp, perDevice, f.microbatches);
       !err.empty())
     return "schedule '" + f.schedule + "' " + err;
+  // A layout with one device per pipeline group has no replicate
+  // directive, whose verifier would check it.
   if (!(f.bucketMb > 0) || !std::isfinite(f.bucketMb))
     return "--bucket-mb must be a positive number of MB (2^20 bytes), got " +
            megabytes(f.bucketMb);
-  if (f.zero < 0 || f.zero > 3)
-    return llvm::formatv("--zero must be the ZeRO stage 0, 1, 2 or 3, got {0}",
-                         f.zero)
-        .str();
   if (f.zero > 0 && f.dp * f.cp < 2)
     return llvm::formatv("--zero {0} shards state over the data-parallel "
                          "replicas of a stage, but --dp is {1}; use --dp 2 or "
                          "more",
                          f.zero, f.dp)
         .str();
-  if (!f.cpKind.empty() && f.cpKind != "ring" && f.cpKind != "ulysses")
+  if (!f.cpKind.empty() && !parseContextParallelKind(f.cpKind))
     return "--cp-kind must be ring (ring attention) or ulysses (all-to-alls "
            "from the sequence to the heads), got '" +
            f.cpKind + "'";
@@ -248,8 +237,7 @@ static std::string checkFlags(const StrategyFlags &f,
     return "--cp-kind " + f.cpKind +
            " needs --cp of at least 2 (it picks how context parallelism "
            "splits attention)";
-  if (f.recompute != "none" && f.recompute != "full" &&
-      f.recompute != "selective")
+  if (f.recompute != "none" && !parseRecomputeGranularity(f.recompute))
     return "--recompute must be none, full (every transformer block) or "
            "selective (their attention core), got '" +
            f.recompute + "'";
@@ -259,7 +247,7 @@ static std::string checkFlags(const StrategyFlags &f,
                          "leaves whole on every member, got --tp {0}",
                          f.tp)
         .str();
-  if (f.cpNoOverlap && (f.cp < 2 || f.cpKind == "ulysses"))
+  if (f.cpNoOverlap && f.cp < 2)
     return "--cp-no-overlap needs --cp of at least 2 with --cp-kind ring (it "
            "orders the ring's exchanges after the steps before them)";
   if (f.noVocabParallel && f.tp < 2)
@@ -291,44 +279,44 @@ llvm::Expected<Strategy> mlir::piper::buildStrategy(const StrategyFlags &f) {
     return llvm::createStringError(err);
   Strategy s = strategyFromFlags(f.pp, f.dp, f.microbatches, *schedule, f.zero,
                                  f.ep, perDevice, f.bucketMb, f.tp, f.cp);
-  if (f.cpKind == "ulysses")
-    for (Directive &d : s.directives)
-      if (d.kind == Directive::ContextParallel) {
-        d.cpKind = f.cpKind;
+  for (Directive &d : s.directives) {
+    if (d.kind() == Directive::ContextParallel) {
+      auto &o = d.get<ContextParallelOptions>();
+      if (!f.cpKind.empty()) {
+        o.kind = *parseContextParallelKind(f.cpKind);
         d.text += " kind=" + f.cpKind;
       }
-  if (f.cpNoOverlap)
-    for (Directive &d : s.directives)
-      if (d.kind == Directive::ContextParallel) {
-        d.cpOverlap = false;
+      if (f.cpNoOverlap) {
+        o.overlap = false;
         d.text += " overlap=false";
       }
-  if (f.noVocabParallel)
-    for (Directive &d : s.directives)
-      if (d.kind == Directive::ShardTensor) {
-        d.vocabParallel = false;
+    }
+    if (d.kind() == Directive::ShardTensor) {
+      auto &o = d.get<ShardTensorOptions>();
+      if (f.noVocabParallel) {
+        o.vocabParallel = false;
         d.text += " vocab_parallel=false";
       }
-  if (f.sp) {
-    for (Directive &d : s.directives)
-      if (d.kind == Directive::ShardTensor) {
-        d.sequenceParallel = true;
+      if (f.sp) {
+        o.sequenceParallel = true;
         d.text += " sequence_parallel";
       }
-    s.summary += " sp";
+    }
   }
+  if (f.sp)
+    s.summary += " sp";
   if (f.recompute != "none") {
     // Every transformer block: the recompute directive's default filter.
-    Directive rc;
-    rc.kind = Directive::Recompute;
-    rc.recompute = f.recompute;
-    rc.index = s.directives.size();
-    rc.text = "recompute granularity=" + f.recompute;
-    s.directives.push_back(std::move(rc));
+    RecomputeOptions rc;
+    rc.granularity = *parseRecomputeGranularity(f.recompute);
+    Directive d(rc, "recompute granularity=" + f.recompute);
+    d.index = s.directives.size();
+    s.directives.push_back(std::move(d));
     s.summary += " recompute=" + f.recompute;
   }
-  // The flags' checks imply these; the file's rules hold for every
-  // strategy, whatever built it.
+  // The one verifier of directives (Strategy.cpp) checks what the flags
+  // built, as it checks a file's: the rules on a directive's values (the
+  // ZeRO stage, --cp-kind ulysses without overlap, ...) live there only.
   if (llvm::Error err = verifyStrategy(s))
     return std::move(err);
   return s;

@@ -6,14 +6,11 @@
 #include "compiler/strategy/JsonScan.h"
 #include "dialects/piper/PiperDialect.h"
 #include "proto/InputFile.h"
-#include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/ADT/StringSet.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/JSON.h"
-
-#include <cmath>
 
 using namespace mlir::piper;
 namespace json = llvm::json;
@@ -22,7 +19,10 @@ namespace {
 /// How much of a directive's text diagnostics quote.
 constexpr size_t kMaxQuotedDirective = 200;
 
-/// Parses one directive object; errors are prefixed with its description.
+/// Parses one directive object into its kind's options: the keys it may
+/// have and their JSON types. The rules on their values are the one
+/// verifier's (verifyDirective, Strategy.cpp), which parseStrategy runs on
+/// every directive. Errors are prefixed with the directive's description.
 class DirectiveParser {
 public:
   DirectiveParser(const json::Object &obj, int index, std::string text)
@@ -40,8 +40,8 @@ public:
       return std::move(e);
     for (const auto &kv : obj)
       if (!allowed.contains(kv.first.str()))
-        return fail(llvm::formatv("unknown key \"{0}\" for {1}",
-                                  kv.first.str(), d.kindName())
+        return fail(llvm::formatv("unknown key \"{0}\" for {1}", kv.first.str(),
+                                  d.kindName())
                         .str());
     return d;
   }
@@ -55,8 +55,10 @@ private:
       return parseStage(allowed);
     if (op == "split")
       return parseSplit(allowed);
-    if (op == "place" || op == "replicate")
-      return parsePlaceOrReplicate(op == "place", allowed);
+    if (op == "place")
+      return parsePlace(allowed);
+    if (op == "replicate")
+      return parseReplicate(allowed);
     if (op == "order")
       return parseOrder(allowed);
     if (op == "schedule")
@@ -77,70 +79,73 @@ private:
                     .str());
   }
 
+  /// Makes `d` a directive of options T and returns them.
+  template <typename T> T &become() {
+    d.options = T();
+    return d.get<T>();
+  }
+
   /// "stage": the number of stages.
   llvm::Error parseStage(llvm::StringSet<> &allowed) {
-    d.kind = Directive::Stage;
+    auto &o = become<StageOptions>();
     allowed.insert("stages");
-    return getInt("stages", d.stages, /*required=*/true);
+    return getInt("stages", o.stages, /*required=*/true);
   }
 
   /// "split": microbatches over the whole DAG, along "MB" only.
   llvm::Error parseSplit(llvm::StringSet<> &allowed) {
-    d.kind = Directive::Split;
+    auto &o = become<SplitOptions>();
     for (auto k : {"filter", "dim_name", "num_microbatches"})
       allowed.insert(k);
     if (auto e = getFilter("filter", d.filter, /*required=*/false))
       return e;
-    if (auto e = getInt("num_microbatches", d.numMicrobatches, true))
+    if (auto e = getInt("num_microbatches", o.microbatches, true))
       return e;
-    if (auto e = getString("dim_name", d.dimName))
+    std::string dim = "MB";
+    if (auto e = getString("dim_name", dim))
       return e;
-    if (d.dimName != "MB")
+    if (dim != "MB")
       return fail("only the \"MB\" split dimension is supported");
-    if (!d.filter.entries.empty())
-      return fail("split supports only the empty filter {} (the whole DAG)");
     return llvm::Error::success();
   }
 
-  /// "place" (`place`) or "replicate": a filter and its devices, then the
-  /// stream of a place or the options of a replicate.
-  llvm::Error parsePlaceOrReplicate(bool place, llvm::StringSet<> &allowed) {
-    d.kind = place ? Directive::Place : Directive::Replicate;
-    for (auto k : {"filter", "devices"})
+  /// "place": a filter, its devices and the stream of its transfers.
+  llvm::Error parsePlace(llvm::StringSet<> &allowed) {
+    auto &o = become<PlaceOptions>();
+    for (auto k : {"filter", "devices", "stream"})
       allowed.insert(k);
     if (auto e = getFilter("filter", d.filter, /*required=*/true))
       return e;
-    if (auto e = getDevices())
+    if (auto e = getDevices(o.devices))
       return e;
-    if (place) {
-      allowed.insert("stream");
-      d.stream = "pp_stream";
-      return getString("stream", d.stream);
-    }
-    return parseReplicateOptions(allowed);
+    return getString("stream", o.stream);
   }
 
-  /// The options of "replicate": the ZeRO stage, the reduce and gather
-  /// streams and the gradient bucket size.
-  llvm::Error parseReplicateOptions(llvm::StringSet<> &allowed) {
-    for (auto k : {"reduce_stream", "gather_stream", "bucket_size",
-                   "shard_grads", "shard_params", "zero"})
+  /// "replicate": a filter, its devices, the ZeRO stage, the reduce and
+  /// gather streams and the gradient bucket size.
+  llvm::Error parseReplicate(llvm::StringSet<> &allowed) {
+    auto &o = become<ReplicateOptions>();
+    for (auto k : {"filter", "devices", "reduce_stream", "gather_stream",
+                   "bucket_size", "shard_grads", "shard_params", "zero"})
       allowed.insert(k);
-    if (auto e = getZeroStage())
+    if (auto e = getFilter("filter", d.filter, /*required=*/true))
+      return e;
+    if (auto e = getDevices(o.devices))
+      return e;
+    if (auto e = getZeroStage(o.zero))
       return e;
     if (obj.get("stream"))
       return fail("replicate takes \"reduce_stream\", not \"stream\"");
-    d.reduceStream = "dp_stream";
-    if (auto e = getString("reduce_stream", d.reduceStream))
+    if (auto e = getString("reduce_stream", o.reduceStream))
       return e;
-    d.gatherStream = d.reduceStream;
-    if (auto e = getString("gather_stream", d.gatherStream))
+    o.gatherStream = o.reduceStream;
+    if (auto e = getString("gather_stream", o.gatherStream))
       return e;
     if (const json::Value *b = obj.get("bucket_size")) {
       std::optional<double> mb = b->getAsNumber();
-      if (!mb || !(*mb > 0) || !std::isfinite(*mb))
-        return fail("\"bucket_size\" must be a positive number of MB");
-      d.bucketSizeMb = *mb;
+      if (!mb)
+        return fail("\"bucket_size\" must be a number of MB");
+      o.bucketMb = *mb;
     }
     return llvm::Error::success();
   }
@@ -148,13 +153,13 @@ private:
   /// ZeRO: the original Piper's booleans (shard_grads: ZeRO-2,
   /// shard_params: ZeRO-3), or the stage itself ("zero": 0-3, which
   /// alone can say ZeRO-1); the two must agree.
-  llvm::Error getZeroStage() {
+  llvm::Error getZeroStage(int &zero) {
     bool shardGrads = false, shardParams = false;
     if (auto e = getBool("shard_grads", shardGrads))
       return e;
     if (auto e = getBool("shard_params", shardParams))
       return e;
-    d.zero = shardParams ? 3 : shardGrads ? 2 : 0;
+    zero = shardParams ? 3 : shardGrads ? 2 : 0;
     if (const json::Value *z = obj.get("zero")) {
       std::optional<int64_t> stage = z->getAsInteger();
       if (!stage || *stage < 0 || *stage > 3)
@@ -165,18 +170,20 @@ private:
                           "(shard_grads is ZeRO-2, shard_params ZeRO-3)",
                           *stage, shardParams ? "shard_params" : "shard_grads")
                 .str());
-      d.zero = static_cast<int>(*stage);
+      zero = static_cast<int>(*stage);
     }
     return llvm::Error::success();
   }
 
   /// "order": a list of groups of filters, in the order their tasks run.
   llvm::Error parseOrder(llvm::StringSet<> &allowed) {
-    d.kind = Directive::Order;
+    auto &o = become<OrderOptions>();
     allowed.insert("filters");
     const json::Array *rows = obj.getArray("filters");
     if (!rows)
       return fail("missing list key \"filters\" (a list of groups)");
+    // Checked before reading them: the verifier's limit, which a huge list
+    // would otherwise copy in full first.
     if (rows->size() > kMaxOrderGroups)
       return fail(llvm::formatv("\"filters\" has {0} groups, more than the "
                                 "limit of {1}",
@@ -184,7 +191,7 @@ private:
                       .str());
     for (const json::Value &row : *rows) {
       const json::Array *group = row.getAsArray();
-      if (!group || group->empty())
+      if (!group)
         return fail("each entry of \"filters\" must be a non-empty list of "
                     "filters");
       std::vector<Filter> filters;
@@ -194,26 +201,20 @@ private:
           return e;
         filters.push_back(std::move(filter));
       }
-      d.groups.push_back(std::move(filters));
+      o.groups.push_back(std::move(filters));
     }
-    if (d.groups.empty())
-      return fail("\"filters\" must not be empty");
-    return checkSplitBackward();
+    return llvm::Error::success();
   }
 
-  /// "schedule": the name of a known pipeline schedule.
+  /// "schedule": the name of a pipeline schedule.
   llvm::Error parseSchedule(llvm::StringSet<> &allowed) {
-    d.kind = Directive::Schedule;
+    auto &o = become<ScheduleOptions>();
     allowed.insert("name");
     std::optional<llvm::StringRef> name = obj.getString("name");
     if (!name)
       return fail(
           "missing string key \"name\" (a schedule: " + scheduleNames() + ")");
-    if (!findSchedule(*name))
-      return fail(llvm::formatv("unknown schedule \"{0}\" (expected {1})",
-                                *name, scheduleNames())
-                      .str());
-    d.schedule = name->str();
+    o.name = name->str();
     return llvm::Error::success();
   }
 
@@ -221,7 +222,7 @@ private:
   /// `devices` (its data-parallel group) split their experts over
   /// consecutive groups of `ep` of them (default: all).
   llvm::Error parseShard(llvm::StringSet<> &allowed) {
-    d.kind = Directive::Shard;
+    auto &o = become<ShardOptions>();
     for (auto k : {"filter", "devices", "stream", "ep"})
       allowed.insert(k);
     if (auto e = getFilter("filter", d.filter, /*required=*/true))
@@ -231,31 +232,34 @@ private:
         return fail("shard selects expert regions with \"EP\": \"*\" "
                     "and optionally \"PP\", not \"" +
                     key + "\"" + (key == "EP" ? " with an index" : ""));
-    if (auto e = getDevices())
+    if (auto e = getDevices(o.devices))
       return e;
-    d.stream = "ep_stream";
-    if (auto e = getString("stream", d.stream))
+    if (auto e = getString("stream", o.stream))
       return e;
-    d.expertParallel = static_cast<int64_t>(d.devices.size());
-    return getInt("ep", d.expertParallel, /*required=*/false);
+    o.ep = static_cast<int64_t>(o.devices.size());
+    return getInt("ep", o.ep, /*required=*/false);
   }
 
   /// "recompute": the model blocks (by `block`; all transformer blocks when
   /// the filter is absent or "*") whose activations the backward
   /// recomputes, wholly ("full") or their attention core ("selective").
   llvm::Error parseRecompute(llvm::StringSet<> &allowed) {
-    d.kind = Directive::Recompute;
+    auto &o = become<RecomputeOptions>();
     for (auto k : {"filter", "granularity"})
       allowed.insert(k);
     if (const json::Value *f = obj.get("filter"))
       if (auto e = parseFilter(*f, d.filter, kRecomputeFilterKeys))
         return e;
-    if (auto e = getString("granularity", d.recompute))
+    std::string granularity = "full";
+    if (auto e = getString("granularity", granularity))
       return e;
-    if (d.recompute != "full" && d.recompute != "selective")
+    std::optional<RecomputeGranularity> g =
+        parseRecomputeGranularity(granularity);
+    if (!g)
       return fail("\"granularity\" must be \"full\" (whole blocks) or "
                   "\"selective\" (their attention core), got \"" +
-                  d.recompute + "\"");
+                  granularity + "\"");
+    o.granularity = *g;
     return llvm::Error::success();
   }
 
@@ -267,100 +271,46 @@ private:
   /// `vocab_parallel` (default true) splits the token embedding and the LM
   /// head by vocabulary rows, whatever the filter.
   llvm::Error parseShardTensor(llvm::StringSet<> &allowed) {
-    d.kind = Directive::ShardTensor;
-    for (auto k : {"filter", "tp", "stream", "sequence_parallel",
-                   "vocab_parallel"})
+    auto &o = become<ShardTensorOptions>();
+    for (auto k :
+         {"filter", "tp", "stream", "sequence_parallel", "vocab_parallel"})
       allowed.insert(k);
     if (const json::Value *f = obj.get("filter"))
       if (auto e = parseFilter(*f, d.filter, kRecomputeFilterKeys))
         return e;
-    d.stream = "tp_stream";
-    if (auto e = getString("stream", d.stream))
+    if (auto e = getString("stream", o.stream))
       return e;
-    if (auto e = getBool("sequence_parallel", d.sequenceParallel))
+    if (auto e = getBool("sequence_parallel", o.sequenceParallel))
       return e;
-    if (auto e = getBool("vocab_parallel", d.vocabParallel))
+    if (auto e = getBool("vocab_parallel", o.vocabParallel))
       return e;
-    return getInt("tp", d.tensorParallel, /*required=*/true);
+    return getInt("tp", o.tp, /*required=*/true);
   }
 
   /// "context_parallel": context parallelism. Every microbatch's sequence
   /// split over groups of `cp` devices (each holding two of 2 cp chunks),
-  /// attention computed around the ring (`kind` "ring", the default);
-  /// `stream` names the stream of the ring's exchanges; `overlap` (default
-  /// true) runs each exchange beside the ring step before it.
+  /// attention computed around the ring (`kind` "ring", the default) or by
+  /// all-to-alls to the heads ("ulysses"); `stream` names the stream of the
+  /// exchanges; `overlap` (default true) runs each ring exchange beside the
+  /// ring step before it.
   llvm::Error parseContextParallel(llvm::StringSet<> &allowed) {
-    d.kind = Directive::ContextParallel;
+    auto &o = become<ContextParallelOptions>();
     for (auto k : {"cp", "kind", "stream", "overlap"})
       allowed.insert(k);
-    d.stream = "cp_stream";
-    if (auto e = getString("stream", d.stream))
+    if (auto e = getString("stream", o.stream))
       return e;
-    if (auto e = getBool("overlap", d.cpOverlap))
+    if (auto e = getBool("overlap", o.overlap))
       return e;
-    if (auto e = getString("kind", d.cpKind))
+    std::string kind = "ring";
+    if (auto e = getString("kind", kind))
       return e;
-    return getInt("cp", d.contextParallel, /*required=*/true);
-  }
-
-  /// The split-backward stencil of an order directive (the original
-  /// Piper's rule): each filter it names with PASS "BI" it also names once
-  /// with "BW", in a later group, and never with the fused "B".
-  llvm::Error checkSplitBackward() {
-    struct Halves {
-      int bi = -1, bw = -1;
-      bool fused = false;
-    };
-    std::map<std::string, Halves> bases;
-    for (auto [gi, group] : llvm::enumerate(d.groups))
-      for (const Filter &f : group) {
-        auto pass = f.entries.find("PASS");
-        if (pass == f.entries.end() || pass->second.kind != FilterValue::Pass)
-          continue;
-        Filter base = f;
-        base.entries.erase("PASS");
-        Halves &h = bases[base.str()];
-        const std::string &p = pass->second.pass;
-        int g = static_cast<int>(gi);
-        if (p == "B") {
-          h.fused = true;
-        } else if (p == "BI" || p == "BW") {
-          int &at = p == "BI" ? h.bi : h.bw;
-          if (at >= 0)
-            return fail(llvm::formatv("names PASS \"{0}\" for {1} twice "
-                                      "(groups {2} and {3})",
-                                      p, base.str(), at, g)
-                            .str());
-          at = g;
-        }
-      }
-    for (const auto &[base, h] : bases) {
-      if (h.bi < 0 && h.bw < 0)
-        continue;
-      const char *rule = "a split backward needs one \"BI\" and one "
-                         "\"BW\" for the same filter, \"BI\" first";
-      if (h.bw < 0)
-        return fail(llvm::formatv("names PASS \"BI\" for {0} without "
-                                  "\"BW\": {1}",
-                                  base, rule)
-                        .str());
-      if (h.bi < 0)
-        return fail(llvm::formatv("names PASS \"BW\" for {0} without "
-                                  "\"BI\": {1}",
-                                  base, rule)
-                        .str());
-      if (h.bw <= h.bi)
-        return fail(llvm::formatv("names PASS \"BW\" for {0} in group {1}, "
-                                  "not after its \"BI\" in group {2}: {3}",
-                                  base, h.bw, h.bi, rule)
-                        .str());
-      if (h.fused)
-        return fail(llvm::formatv("names {0} both fused (PASS \"B\") and "
-                                  "split (\"BI\"/\"BW\")",
-                                  base)
-                        .str());
-    }
-    return llvm::Error::success();
+    std::optional<ContextParallelKind> k = parseContextParallelKind(kind);
+    if (!k)
+      return fail("\"kind\" must be \"ring\" (ring attention) or "
+                  "\"ulysses\" (all-to-alls to heads), got \"" +
+                  kind + "\"");
+    o.kind = *k;
+    return getInt("cp", o.cp, /*required=*/true);
   }
 
   llvm::Error fail(const std::string &msg) {
@@ -405,24 +355,19 @@ private:
     return llvm::Error::success();
   }
 
-  llvm::Error getDevices() {
+  /// "devices": a list of integers (their range and repeats are the
+  /// verifier's).
+  llvm::Error getDevices(std::vector<int64_t> &devices) {
     const json::Array *list = obj.getArray("devices");
     if (!list || list->empty())
       return fail("\"devices\" must be a non-empty list of device indices");
-    llvm::DenseSet<int64_t> listed;
+    if (list->size() > size_t(kMaxWorldSize))
+      return fail("\"devices\" lists more devices than the world may have");
     for (const json::Value &v : *list) {
       std::optional<int64_t> i = v.getAsInteger();
-      if (!i || *i < 0 || *i >= kMaxWorldSize)
-        return fail(llvm::formatv("\"devices\" entries must be integers "
-                                  "from 0 to {0}",
-                                  kMaxWorldSize - 1)
-                        .str());
-      if (d.devices.size() >= size_t(kMaxWorldSize))
-        return fail("\"devices\" lists more devices than the world may have");
-      // A set, not a search of the list: 2^20 devices made it quadratic.
-      if (!listed.insert(*i).second)
-        return fail(llvm::formatv("device {0} is listed twice", *i).str());
-      d.devices.push_back(*i);
+      if (!i)
+        return fail("\"devices\" entries must be integers");
+      devices.push_back(*i);
     }
     return llvm::Error::success();
   }
@@ -436,9 +381,9 @@ private:
   }
 
   /// A filter object whose keys are among `keys`.
-  llvm::Error parseFilter(const json::Value &v, Filter &out,
-                          llvm::ArrayRef<llvm::StringLiteral> keys =
-                              kFilterKeys) {
+  llvm::Error
+  parseFilter(const json::Value &v, Filter &out,
+              llvm::ArrayRef<llvm::StringLiteral> keys = kFilterKeys) {
     const json::Object *f = v.getAsObject();
     if (!f)
       return fail("a filter must be an object such as {\"PP\": 0, \"MB\": "
@@ -452,9 +397,9 @@ private:
                        : i + 1 == keys.size() ? " or "
                                               : ", ") +
                       name.str();
-        if (d.kind == Directive::Recompute ||
-            d.kind == Directive::ShardTensor ||
-            d.kind == Directive::ContextParallel)
+        if (d.kind() == Directive::Recompute ||
+            d.kind() == Directive::ShardTensor ||
+            d.kind() == Directive::ContextParallel)
           return fail(llvm::formatv("{0} selects forward regions by "
                                     "model block (\"block\"), not \"{1}\"",
                                     d.kindName(), key)
@@ -475,9 +420,8 @@ private:
         fv.pass = pass->str();
       } else if (std::optional<llvm::StringRef> s = value.getAsString()) {
         if (*s != "*")
-          return fail(llvm::formatv("filter {0} must be an index or \"*\"",
-                                    key)
-                          .str());
+          return fail(
+              llvm::formatv("filter {0} must be an index or \"*\"", key).str());
         fv.kind = FilterValue::Any;
       } else if (std::optional<int64_t> i = value.getAsInteger();
                  i && *i >= 0 && *i < kMaxFilterIndex) {

@@ -2,6 +2,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <limits>
 
 #include <map>
 
@@ -13,7 +14,7 @@ namespace {
 /// Renders one order directive as "F0 F1 B0 ..." (single-filter groups).
 std::string render(const Directive &d) {
   std::string out;
-  for (const auto &group : d.groups) {
+  for (const auto &group : d.get<OrderOptions>().groups) {
     REQUIRE(group.size() == 1);
     const Filter &f = group.front();
     out += (out.empty() ? "" : " ") + f.entries.at("PASS").pass +
@@ -38,7 +39,12 @@ TEST_CASE("1f1b warms up with (stages - 1 - stage) forwards") {
   CHECK(render(order[2]) == "F0 F1 B0 F2 B1 F3 B2 F4 B3 F5 B4 B5");
   CHECK(render(order[3]) == "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5");
   for (int s = 0; s < 4; ++s)
-    CHECK(order[s].groups.front().front().entries.at("PP").index == s);
+    CHECK(order[s]
+              .get<OrderOptions>()
+              .groups.front()
+              .front()
+              .entries.at("PP")
+              .index == s);
 }
 
 TEST_CASE("1f1b with fewer microbatches than stages still runs every pass") {
@@ -58,13 +64,14 @@ TEST_CASE("flags become stage, split, place, replicate and order directives") {
   REQUIRE(s.worldSize == 4);
   int places = 0, replicates = 0, orders = 0;
   for (const Directive &d : s.directives) {
-    if (d.kind == Directive::Place) {
+    if (d.kind() == Directive::Place) {
       int64_t pp = d.filter.entries.at("PP").index;
-      CHECK(d.devices == std::vector<int64_t>{2 * pp, 2 * pp + 1});
+      CHECK(d.get<PlaceOptions>().devices ==
+            std::vector<int64_t>{2 * pp, 2 * pp + 1});
       ++places;
     }
-    replicates += d.kind == Directive::Replicate;
-    orders += d.kind == Directive::Order;
+    replicates += d.kind() == Directive::Replicate;
+    orders += d.kind() == Directive::Order;
   }
   CHECK(places == 2);
   CHECK(replicates == 2);
@@ -81,10 +88,11 @@ TEST_CASE("the original Piper JSON form parses") {
                                 [{"PP": 0, "MB": "*", "PASS": "B"}]]}])");
   REQUIRE(bool(s));
   REQUIRE(s->directives.size() == 4);
-  CHECK(s->directives[1].bucketSizeMb == 10);
-  CHECK(s->directives[2].numMicrobatches == 2);
-  CHECK(s->directives[3].groups[1][0].entries.at("MB").kind ==
-        FilterValue::Any);
+  CHECK(s->directives[1].get<ReplicateOptions>().bucketMb == 10);
+  CHECK(s->directives[2].get<SplitOptions>().microbatches == 2);
+  CHECK(
+      s->directives[3].get<OrderOptions>().groups[1][0].entries.at("MB").kind ==
+      FilterValue::Any);
   CHECK_FALSE(s->worldSize);
 }
 
@@ -99,37 +107,38 @@ TEST_CASE("ZeRO: the original Piper's booleans, the stage key and --zero") {
     {"op": "replicate", "filter": {"PP": 0}, "devices": [0, 1],
      "shard_params": true, "zero": 3}])");
   REQUIRE(bool(s));
-  CHECK(s->directives[0].zero == 0);
-  CHECK(s->directives[1].zero == 1);
-  CHECK(s->directives[2].zero == 2);
-  CHECK(s->directives[2].gatherStream == "g");
-  CHECK(s->directives[1].gatherStream == "dp_stream");
-  CHECK(s->directives[3].zero == 3);
-  CHECK(s->directives[4].zero == 3);
+  CHECK(s->directives[0].get<ReplicateOptions>().zero == 0);
+  CHECK(s->directives[1].get<ReplicateOptions>().zero == 1);
+  CHECK(s->directives[2].get<ReplicateOptions>().zero == 2);
+  CHECK(s->directives[2].get<ReplicateOptions>().gatherStream == "g");
+  CHECK(s->directives[1].get<ReplicateOptions>().gatherStream == "dp_stream");
+  CHECK(s->directives[3].get<ReplicateOptions>().zero == 3);
+  CHECK(s->directives[4].get<ReplicateOptions>().zero == 3);
   Strategy flags = strategyFromFlags(2, 2, 4, *findSchedule("1f1b"), 2);
   for (const Directive &d : flags.directives)
-    if (d.kind == Directive::Replicate)
-      CHECK(d.zero == 2);
+    if (d.kind() == Directive::Replicate)
+      CHECK(d.get<ReplicateOptions>().zero == 2);
   CHECK(flags.summary.find("zero=2") != std::string::npos);
 }
 
-TEST_CASE("shard: the original Piper's form, an expert-parallel degree and --ep") {
+TEST_CASE(
+    "shard: the original Piper's form, an expert-parallel degree and --ep") {
   llvm::Expected<Strategy> s = parseStrategy(R"([
     {"op": "shard", "filter": {"EP": "*"}, "devices": [0, 1], "stream": "ep"},
     {"op": "shard", "filter": {"EP": "*", "PP": 1}, "devices": [4, 5, 6, 7],
      "ep": 2}])");
   REQUIRE(bool(s));
-  CHECK(s->directives[0].kind == Directive::Shard);
-  CHECK(s->directives[0].expertParallel == 2);
-  CHECK(s->directives[0].stream == "ep");
-  CHECK(s->directives[1].expertParallel == 2);
-  CHECK(s->directives[1].stream == "ep_stream");
+  CHECK(s->directives[0].kind() == Directive::Shard);
+  CHECK(s->directives[0].get<ShardOptions>().ep == 2);
+  CHECK(s->directives[0].get<ShardOptions>().stream == "ep");
+  CHECK(s->directives[1].get<ShardOptions>().ep == 2);
+  CHECK(s->directives[1].get<ShardOptions>().stream == "ep_stream");
   Strategy flags = strategyFromFlags(2, 4, 4, *findSchedule("1f1b"), 0, 2);
   int shards = 0;
   for (const Directive &d : flags.directives)
-    if (d.kind == Directive::Shard) {
-      CHECK(d.expertParallel == 2);
-      CHECK(d.devices.size() == 4);
+    if (d.kind() == Directive::Shard) {
+      CHECK(d.get<ShardOptions>().ep == 2);
+      CHECK(d.get<ShardOptions>().devices.size() == 4);
       ++shards;
     }
   CHECK(shards == 2);
@@ -142,19 +151,22 @@ TEST_CASE("recompute: blocks by filter, full or selective, and --recompute") {
     {"op": "recompute", "filter": {"block": 3}, "granularity": "selective"},
     {"op": "recompute", "filter": {"block": "*"}, "granularity": "full"}])");
   REQUIRE(bool(s));
-  CHECK(s->directives[0].kind == Directive::Recompute);
-  CHECK(s->directives[0].recompute == "full");
+  CHECK(s->directives[0].kind() == Directive::Recompute);
+  CHECK(s->directives[0].get<RecomputeOptions>().granularity ==
+        RecomputeGranularity::Full);
   CHECK(s->directives[0].filter.entries.empty());
-  CHECK(s->directives[1].recompute == "selective");
+  CHECK(s->directives[1].get<RecomputeOptions>().granularity ==
+        RecomputeGranularity::Selective);
   CHECK(s->directives[1].filter.entries.at("block").index == 3);
   CHECK(s->directives[2].filter.entries.at("block").kind == FilterValue::Any);
   // A recompute filter names model blocks; other directives' filters do not.
   CHECK(parseError(R"([{"op": "recompute", "filter": {"PP": 0}}])")
             .find("recompute selects forward regions by model block "
                   "(\"block\"), not \"PP\"") != std::string::npos);
-  CHECK(parseError(R"([{"op": "place", "filter": {"block": 0}, "devices": [0]}])")
-            .find("unknown filter key \"block\" (expected PP, EP, MB or "
-                  "PASS)") != std::string::npos);
+  CHECK(
+      parseError(R"([{"op": "place", "filter": {"block": 0}, "devices": [0]}])")
+          .find("unknown filter key \"block\" (expected PP, EP, MB or "
+                "PASS)") != std::string::npos);
   CHECK(parseError(R"([{"op": "recompute", "granularity": "layers"}])")
             .find("\"granularity\" must be \"full\"") != std::string::npos);
   CHECK(parseError(R"([{"op": "recompute", "granularity": 1}])")
@@ -167,15 +179,16 @@ TEST_CASE("recompute: blocks by filter, full or selective, and --recompute") {
   llvm::Expected<Strategy> flags = buildStrategy(f);
   REQUIRE(bool(flags));
   const Directive &last = flags->directives.back();
-  CHECK(last.kind == Directive::Recompute);
-  CHECK(last.recompute == "selective");
+  CHECK(last.kind() == Directive::Recompute);
+  CHECK(last.get<RecomputeOptions>().granularity ==
+        RecomputeGranularity::Selective);
   CHECK(last.filter.entries.empty());
   CHECK(flags->summary.find("recompute=selective") != std::string::npos);
   f.recompute = "none";
   llvm::Expected<Strategy> none = buildStrategy(f);
   REQUIRE(bool(none));
   for (const Directive &d : none->directives)
-    CHECK(d.kind != Directive::Recompute);
+    CHECK(d.kind() != Directive::Recompute);
   f.recompute = "some";
   llvm::Expected<Strategy> bad = buildStrategy(f);
   REQUIRE(!bad);
@@ -185,34 +198,50 @@ TEST_CASE("recompute: blocks by filter, full or selective, and --recompute") {
 }
 
 TEST_CASE("bad strategies name the directive and the problem") {
-  CHECK(parseError(R"([{"op": "teleport"}])").find(
-            "directive #0") != std::string::npos);
-  CHECK(parseError(R"([{"op": "teleport"}])").find(
-            "unknown directive \"teleport\"") != std::string::npos);
-  CHECK(parseError(R"([{"op": "place", "filter": {"LAYER": 0}, "devices": [0]}])")
-            .find("unknown filter key \"LAYER\"") != std::string::npos);
-  CHECK(parseError(R"([{"op": "place", "filter": {"PP": 0}, "devices": [0], "colour": 1}])")
-            .find("unknown key \"colour\" for place") != std::string::npos);
+  CHECK(parseError(R"([{"op": "teleport"}])").find("directive #0") !=
+        std::string::npos);
+  CHECK(parseError(R"([{"op": "teleport"}])")
+            .find("unknown directive \"teleport\"") != std::string::npos);
+  CHECK(
+      parseError(R"([{"op": "place", "filter": {"LAYER": 0}, "devices": [0]}])")
+          .find("unknown filter key \"LAYER\"") != std::string::npos);
+  CHECK(
+      parseError(
+          R"([{"op": "place", "filter": {"PP": 0}, "devices": [0], "colour": 1}])")
+          .find("unknown key \"colour\" for place") != std::string::npos);
   CHECK(parseError(R"([{"op": "place", "filter": {"PP": 0}, "devices": []}])")
             .find("non-empty list") != std::string::npos);
-  CHECK(parseError(R"([{"op": "place", "filter": {"PP": 0}, "devices": [1, 1]}])")
-            .find("listed twice") != std::string::npos);
-  CHECK(parseError(R"([{"op": "place", "filter": {"PASS": "X"}, "devices": [0]}])")
+  CHECK(
+      parseError(R"([{"op": "place", "filter": {"PP": 0}, "devices": [1, 1]}])")
+          .find("listed twice") != std::string::npos);
+  CHECK(parseError(
+            R"([{"op": "place", "filter": {"PASS": "X"}, "devices": [0]}])")
             .find("PASS must be one of") != std::string::npos);
-  CHECK(parseError(R"([{"op": "replicate", "filter": {"PP": 0}, "devices": [0, 1], "zero": 4}])")
-            .find("\"zero\" must be the ZeRO stage: 0, 1, 2 or 3") !=
-        std::string::npos);
-  CHECK(parseError(R"([{"op": "replicate", "filter": {"PP": 0}, "devices": [0, 1], "zero": "two"}])")
-            .find("\"zero\" must be the ZeRO stage") != std::string::npos);
-  CHECK(parseError(R"([{"op": "replicate", "filter": {"PP": 0}, "devices": [0, 1], "zero": 1, "shard_grads": true}])")
-            .find("\"zero\": 1 contradicts \"shard_grads\": true") !=
-        std::string::npos);
-  CHECK(parseError(R"([{"op": "replicate", "filter": {"PP": 0}, "devices": [0, 1], "shard_grads": 1}])")
-            .find("shard_grads") != std::string::npos);
-  CHECK(parseError(R"([{"op": "shard", "filter": {"EP": "*"}, "devices": [0, 1, 2], "ep": 2}])")
-            .find("\"ep\" must divide the 3 devices") != std::string::npos);
-  CHECK(parseError(R"([{"op": "shard", "filter": {"MB": 0}, "devices": [0, 1]}])")
-            .find("not \"MB\"") != std::string::npos);
+  CHECK(
+      parseError(
+          R"([{"op": "replicate", "filter": {"PP": 0}, "devices": [0, 1], "zero": 4}])")
+          .find("\"zero\" must be the ZeRO stage: 0, 1, 2 or 3") !=
+      std::string::npos);
+  CHECK(
+      parseError(
+          R"([{"op": "replicate", "filter": {"PP": 0}, "devices": [0, 1], "zero": "two"}])")
+          .find("\"zero\" must be the ZeRO stage") != std::string::npos);
+  CHECK(
+      parseError(
+          R"([{"op": "replicate", "filter": {"PP": 0}, "devices": [0, 1], "zero": 1, "shard_grads": true}])")
+          .find("\"zero\": 1 contradicts \"shard_grads\": true") !=
+      std::string::npos);
+  CHECK(
+      parseError(
+          R"([{"op": "replicate", "filter": {"PP": 0}, "devices": [0, 1], "shard_grads": 1}])")
+          .find("shard_grads") != std::string::npos);
+  CHECK(
+      parseError(
+          R"([{"op": "shard", "filter": {"EP": "*"}, "devices": [0, 1, 2], "ep": 2}])")
+          .find("\"ep\" must divide the 3 devices") != std::string::npos);
+  CHECK(
+      parseError(R"([{"op": "shard", "filter": {"MB": 0}, "devices": [0, 1]}])")
+          .find("not \"MB\"") != std::string::npos);
   CHECK(parseError(R"([{"op": "split", "num_microbatches": 0}])")
             .find("must be positive") != std::string::npos);
   CHECK(parseError(R"([{"op": "split", "num_microbatches": 2147483648}])")
@@ -220,14 +249,22 @@ TEST_CASE("bad strategies name the directive and the problem") {
         std::string::npos);
   CHECK(parseError(R"([{"op": "split", "num_microbatches": 2, "dim_name": 3}])")
             .find("\"dim_name\" must be a string") != std::string::npos);
-  CHECK(parseError(R"([{"op": "replicate", "filter": {"PP": 0}, "devices": [0], "reduce_stream": 5}])")
-            .find("\"reduce_stream\" must be a string") != std::string::npos);
-  CHECK(parseError(R"([{"op": "replicate", "filter": {"PP": 0}, "devices": [0], "shard_grads": 1}])")
-            .find("\"shard_grads\" must be true or false") != std::string::npos);
-  CHECK(parseError(R"([{"op": "place", "filter": {"PP": 0}, "devices": [0], "stream": []}])")
-            .find("\"stream\" must be a string") != std::string::npos);
-  CHECK(parseError(R"([{"op": "place", "filter": {"PP": 0}, "devices": [0], "stream": ""}])")
-            .find("\"stream\" must not be empty") != std::string::npos);
+  CHECK(
+      parseError(
+          R"([{"op": "replicate", "filter": {"PP": 0}, "devices": [0], "reduce_stream": 5}])")
+          .find("\"reduce_stream\" must be a string") != std::string::npos);
+  CHECK(
+      parseError(
+          R"([{"op": "replicate", "filter": {"PP": 0}, "devices": [0], "shard_grads": 1}])")
+          .find("\"shard_grads\" must be true or false") != std::string::npos);
+  CHECK(
+      parseError(
+          R"([{"op": "place", "filter": {"PP": 0}, "devices": [0], "stream": []}])")
+          .find("\"stream\" must be a string") != std::string::npos);
+  CHECK(
+      parseError(
+          R"([{"op": "place", "filter": {"PP": 0}, "devices": [0], "stream": ""}])")
+          .find("\"stream\" must not be empty") != std::string::npos);
   CHECK(parseError(std::string(100000, '[') + std::string(100000, ']'))
             .find("more than 64 levels deep") != std::string::npos);
   CHECK(parseError(R"([{"op": "stage", "stages": 100000}])")
@@ -235,8 +272,9 @@ TEST_CASE("bad strategies name the directive and the problem") {
   CHECK(parseError(R"([{"op": "order", "filters": []}])")
             .find("must not be empty") != std::string::npos);
   CHECK(parseError("[{").find("not valid JSON") != std::string::npos);
-  CHECK(parseError(R"({"world_size": 0, "directives": []})")
-            .find("world_size") != std::string::npos);
+  CHECK(
+      parseError(R"({"world_size": 0, "directives": []})").find("world_size") !=
+      std::string::npos);
   CHECK(parseError(R"({"nodes": []})").find("unknown top-level key") !=
         std::string::npos);
   CHECK(parseError(R"([{"op": "split", "num_microbatches": 2}, 3])")
@@ -249,9 +287,10 @@ TEST_CASE("schedules are found by name in one registry") {
   CHECK_FALSE(findSchedule("dualpipe-x"));
   CHECK(scheduleNames() == "gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-h2, "
                            "zbv, dualpipe, dualpipev");
-  CHECK(findSchedule("dualpipe")->check(3, 1, 6).find("even number of "
-                                                      "pipeline") !=
-        std::string::npos);
+  CHECK(findSchedule("dualpipe")
+            ->check(3, 1, 6)
+            .find("even number of "
+                  "pipeline") != std::string::npos);
   CHECK(findSchedule("dualpipe")->check(2, 1, 5).find("at least 2P = 4") !=
         std::string::npos);
   CHECK(findSchedule("dualpipe")->check(2, 1, 4) == "");
@@ -330,8 +369,8 @@ TEST_CASE("the V layout pairs stage d with 2P-1-d") {
   Strategy s = strategyFromFlags(2, 1, 4, *findSchedule("zbv"));
   std::map<int64_t, std::vector<int64_t>> placed;
   for (const Directive &d : s.directives)
-    if (d.kind == Directive::Place)
-      placed[d.filter.entries.at("PP").index] = d.devices;
+    if (d.kind() == Directive::Place)
+      placed[d.filter.entries.at("PP").index] = d.get<PlaceOptions>().devices;
   CHECK(placed[0] == std::vector<int64_t>{0});
   CHECK(placed[1] == std::vector<int64_t>{1});
   CHECK(placed[2] == std::vector<int64_t>{1});
@@ -343,7 +382,7 @@ TEST_CASE("dualpipev overlaps a forward and a backward in one slot") {
       buildSchedule(*findSchedule("dualpipev"), 2, 2, 4);
   int slots = 0;
   for (const Directive &d : order)
-    for (const std::vector<Filter> &g : d.groups)
+    for (const std::vector<Filter> &g : d.get<OrderOptions>().groups)
       if (g.size() == 2) {
         ++slots;
         CHECK(g[0].entries.at("PASS").pass == "F");
@@ -356,29 +395,39 @@ TEST_CASE("an order's split backward needs BI then BW for one filter") {
   auto order = [](const std::string &groups) {
     return parseError(R"([{"op": "order", "filters": [)" + groups + "]}]");
   };
-  CHECK(order(R"([{"PP": 0, "MB": 0, "PASS": "BI"}], [{"PP": 0, "MB": 0, "PASS": "BW"}])") == "");
+  CHECK(
+      order(
+          R"([{"PP": 0, "MB": 0, "PASS": "BI"}], [{"PP": 0, "MB": 0, "PASS": "BW"}])") ==
+      "");
   CHECK(order(R"([{"PP": 0, "MB": 0, "PASS": "BI"}])")
             .find("names PASS \"BI\" for {\"MB\": 0, \"PP\": 0} without "
                   "\"BW\"") != std::string::npos);
-  CHECK(order(R"([{"PP": 0, "MB": 0, "PASS": "BW"}])")
-            .find("without \"BI\"") != std::string::npos);
-  CHECK(order(R"([{"PP": 0, "MB": 0, "PASS": "BW"}], [{"PP": 0, "MB": 0, "PASS": "BI"}])")
-            .find("in group 0, not after its \"BI\" in group 1") !=
+  CHECK(order(R"([{"PP": 0, "MB": 0, "PASS": "BW"}])").find("without \"BI\"") !=
         std::string::npos);
-  CHECK(order(R"([{"PP": 0, "MB": 0, "PASS": "BI"}, {"PP": 0, "MB": 0, "PASS": "BW"}])")
-            .find("not after its") != std::string::npos);
-  CHECK(order(R"([{"PP": 0, "MB": 0, "PASS": "BI"}], [{"PP": 0, "MB": 0, "PASS": "BI"}], [{"PP": 0, "MB": 0, "PASS": "BW"}])")
-            .find("twice") != std::string::npos);
-  CHECK(order(R"([{"PP": 0, "MB": 0, "PASS": "B"}], [{"PP": 0, "MB": 0, "PASS": "BI"}], [{"PP": 0, "MB": 0, "PASS": "BW"}])")
-            .find("both fused") != std::string::npos);
+  CHECK(
+      order(
+          R"([{"PP": 0, "MB": 0, "PASS": "BW"}], [{"PP": 0, "MB": 0, "PASS": "BI"}])")
+          .find("in group 0, not after its \"BI\" in group 1") !=
+      std::string::npos);
+  CHECK(
+      order(
+          R"([{"PP": 0, "MB": 0, "PASS": "BI"}, {"PP": 0, "MB": 0, "PASS": "BW"}])")
+          .find("not after its") != std::string::npos);
+  CHECK(
+      order(
+          R"([{"PP": 0, "MB": 0, "PASS": "BI"}], [{"PP": 0, "MB": 0, "PASS": "BI"}], [{"PP": 0, "MB": 0, "PASS": "BW"}])")
+          .find("twice") != std::string::npos);
+  CHECK(
+      order(
+          R"([{"PP": 0, "MB": 0, "PASS": "B"}], [{"PP": 0, "MB": 0, "PASS": "BI"}], [{"PP": 0, "MB": 0, "PASS": "BW"}])")
+          .find("both fused") != std::string::npos);
 }
 
 TEST_CASE("a schedule directive names a registered schedule") {
   CHECK(parseError(R"([{"op": "schedule", "name": "1f1b"}])") == "");
   CHECK(parseError(R"([{"op": "schedule", "name": "dualpipe-x"}])")
             .find("unknown schedule \"dualpipe-x\" (expected gpipe, 1f1b, "
-                  "interleaved-1f1b") !=
-        std::string::npos);
+                  "interleaved-1f1b") != std::string::npos);
   CHECK(parseError(R"([{"op": "schedule"}])")
             .find("missing string key \"name\"") != std::string::npos);
 }
@@ -387,18 +436,18 @@ TEST_CASE("dualpipe sends each half of the microbatches one way") {
   // Group 0 runs stage 0 of microbatches 0-3 and stage 3 of 4-7.
   std::vector<Directive> order =
       buildSchedule(*findSchedule("dualpipe"), 4, 1, 8);
-  for (const std::vector<Filter> &g : order[0].groups)
+  for (const std::vector<Filter> &g : order[0].get<OrderOptions>().groups)
     for (const Filter &f : g)
-      CHECK(f.entries.at("PP").index ==
-            (f.entries.at("MB").index < 4 ? 0 : 3));
+      CHECK(f.entries.at("PP").index == (f.entries.at("MB").index < 4 ? 0 : 3));
   Strategy s = strategyFromFlags(4, 1, 8, *findSchedule("dualpipe"));
   int places = 0;
   for (const Directive &d : s.directives)
-    if (d.kind == Directive::Place) {
+    if (d.kind() == Directive::Place) {
       ++places;
       int64_t st = d.filter.entries.at("PP").index;
       int64_t mb = d.filter.entries.at("MB").index;
-      CHECK(d.devices == std::vector<int64_t>{mb < 4 ? st : 3 - st});
+      CHECK(d.get<PlaceOptions>().devices ==
+            std::vector<int64_t>{mb < 4 ? st : 3 - st});
     }
   CHECK(places == 32);
 }
@@ -441,7 +490,8 @@ TEST_CASE("a device list of 2^20 entries parses in linear time") {
                     devices + "]}]");
   bool parsed = static_cast<bool>(s);
   REQUIRE(parsed);
-  CHECK(s->directives.front().devices.size() == size_t(1) << 20);
+  CHECK(s->directives.front().get<PlaceOptions>().devices.size() == size_t(1)
+                                                                        << 20);
   std::string err =
       parseError(R"([{"op": "place", "filter": {"PP": 0}, "devices": [)" +
                  devices + ",0]}]");
@@ -475,17 +525,17 @@ TEST_CASE("flags build a strategy that passes the file's rules") {
   // --bucket-mb reaches every replicate directive and the summary; the
   // default (25, DDP's) is said by neither.
   for (Directive &d : s->directives)
-    if (d.kind == Directive::Replicate)
-      CHECK(d.bucketSizeMb == kDefaultBucketMb);
+    if (d.kind() == Directive::Replicate)
+      CHECK(d.get<ReplicateOptions>().bucketMb == kDefaultBucketMb);
   CHECK(s->summary.find("bucket_mb") == std::string::npos);
   f.bucketMb = 0.5;
   llvm::Expected<Strategy> small = buildStrategy(f);
   REQUIRE(bool(small));
   int replicates = 0;
   for (Directive &d : small->directives)
-    if (d.kind == Directive::Replicate) {
+    if (d.kind() == Directive::Replicate) {
       ++replicates;
-      CHECK(d.bucketSizeMb == 0.5);
+      CHECK(d.get<ReplicateOptions>().bucketMb == 0.5);
       CHECK(d.text.find(" bucket_size=0.5") != std::string::npos);
     }
   CHECK(replicates == 2);
@@ -507,12 +557,11 @@ TEST_CASE("flags build a strategy that passes the file's rules") {
   // A strategy built in C++ that breaks a rule is caught by the same check a
   // file goes through, naming the directive.
   Strategy built = strategyFromFlags(1, 4, 2, *findSchedule("1f1b"));
-  Directive shard;
-  shard.kind = Directive::Shard;
+  ShardOptions options;
+  options.devices = {0, 1, 2, 3};
+  options.ep = 3;
+  Directive shard(options, "shard ep=3");
   shard.index = static_cast<int>(built.directives.size());
-  shard.text = "shard ep=3";
-  shard.devices = {0, 1, 2, 3};
-  shard.expertParallel = 3;
   built.directives.push_back(shard);
   llvm::Error err = verifyStrategy(built);
   REQUIRE(bool(err));
@@ -538,22 +587,22 @@ TEST_CASE("dualpipe under --dp and --ep: a replicate per copy, a shard over "
   std::map<int64_t, std::vector<std::vector<int64_t>>> replicated;
   std::vector<std::vector<int64_t>> sharded;
   for (const Directive &d : s->directives) {
-    if (d.kind == Directive::Replicate)
-      replicated[d.filter.entries.at("PP").index].push_back(d.devices);
-    if (d.kind == Directive::Shard) {
-      CHECK(d.expertParallel == 2);
+    if (d.kind() == Directive::Replicate)
+      replicated[d.filter.entries.at("PP").index].push_back(
+          d.get<ReplicateOptions>().devices);
+    if (d.kind() == Directive::Shard) {
+      CHECK(d.get<ShardOptions>().ep == 2);
       // Every stage on the devices (a group without MoE layers is left
       // alone).
       CHECK(d.filter.entries.count("PP") == 0);
-      sharded.push_back(d.devices);
+      sharded.push_back(d.get<ShardOptions>().devices);
     }
   }
   std::vector<int64_t> g0 = {0, 1, 2, 3}, g1 = {4, 5, 6, 7};
   CHECK(replicated[0] == std::vector<std::vector<int64_t>>{g0, g1});
   CHECK(replicated[1] == std::vector<std::vector<int64_t>>{g1, g0});
   // One shard over both copies' groups, which hold the same two stages.
-  CHECK(sharded == std::vector<std::vector<int64_t>>{
-                       {0, 1, 2, 3, 4, 5, 6, 7}});
+  CHECK(sharded == std::vector<std::vector<int64_t>>{{0, 1, 2, 3, 4, 5, 6, 7}});
 
   // ZeRO shards each copy over its own group: every replicate carries it.
   f.zero = 2;
@@ -562,7 +611,86 @@ TEST_CASE("dualpipe under --dp and --ep: a replicate per copy, a shard over "
     FAIL(llvm::toString(z.takeError()));
   int zeroReplicates = 0;
   for (const Directive &d : z->directives)
-    if (d.kind == Directive::Replicate && d.zero == 2)
+    if (d.kind() == Directive::Replicate && d.get<ReplicateOptions>().zero == 2)
       ++zeroReplicates;
   CHECK(zeroReplicates == 4);
+}
+
+TEST_CASE("one verifier checks a directive however it was built") {
+  // Built in C++ (as the flags and the typed passes build them), each
+  // breaking one rule that a strategy file's parser leaves to the verifier.
+  auto verify = [](Directive::Options options, Filter filter = {}) {
+    Directive d(std::move(options), "built", std::move(filter));
+    llvm::Error err = verifyDirective(d);
+    return err ? llvm::toString(std::move(err)) : std::string();
+  };
+  auto replicate = [](auto edit) {
+    ReplicateOptions o;
+    o.devices = {0, 1};
+    edit(o);
+    return o;
+  };
+  CHECK(verify(replicate([](ReplicateOptions &) {})).empty());
+  CHECK(verify(replicate([](ReplicateOptions &o) { o.zero = 4; })) ==
+        "directive #0 (built): \"zero\" must be the ZeRO stage: 0, 1, 2 or 3, "
+        "got 4");
+  CHECK(verify(replicate([](ReplicateOptions &o) { o.bucketMb = 0; })) ==
+        "directive #0 (built): \"bucket_size\" must be a positive number of "
+        "MB (2^20 bytes)");
+  CHECK(verify(replicate([](ReplicateOptions &o) {
+          o.bucketMb = std::numeric_limits<double>::infinity();
+        })).find("bucket_size") != std::string::npos);
+  CHECK(verify(replicate([](ReplicateOptions &o) {
+          o.devices = {1, 1};
+        })) == "directive #0 (built): device 1 is listed twice");
+  CHECK(verify(replicate([](ReplicateOptions &o) { o.devices = {-1}; })) ==
+        "directive #0 (built): \"devices\" entries must be integers from 0 "
+        "to 1048575, got -1");
+  CHECK(verify(replicate([](ReplicateOptions &o) { o.devices.clear(); })) ==
+        "directive #0 (built): \"devices\" must be a non-empty list of device "
+        "indices");
+  CHECK(verify(PlaceOptions{{0}, ""}) ==
+        "directive #0 (built): \"stream\" must name a stream");
+  CHECK(verify(StageOptions{0}) ==
+        "directive #0 (built): \"stages\" must be positive");
+  CHECK(verify(SplitOptions{kMaxMicrobatches + 1}) ==
+        "directive #0 (built): \"num_microbatches\" must be at most 8192");
+  CHECK(verify(ScheduleOptions{"nope"}).find("unknown schedule \"nope\"") !=
+        std::string::npos);
+  ContextParallelOptions ulysses;
+  ulysses.cp = 2;
+  ulysses.kind = ContextParallelKind::Ulysses;
+  CHECK(verify(ulysses).empty());
+  ulysses.overlap = false;
+  CHECK(verify(ulysses) == "directive #0 (built): \"overlap\" orders the "
+                           "ring's exchanges; kind \"ulysses\" has none to "
+                           "order");
+  ShardTensorOptions tp;
+  tp.tp = 1;
+  CHECK(verify(tp) ==
+        "directive #0 (built): \"tp\" must be between 2 and 1048576, got 1");
+  Filter negative;
+  negative.entries["block"] = {FilterValue::Index, -3, ""};
+  CHECK(verify(RecomputeOptions{}, negative) ==
+        "directive #0 (built): filter block must be an index from 0 to "
+        "1048575 or \"*\", got -3");
+  // An order's split-backward stencil, in a group of filters.
+  Filter bi;
+  bi.entries["PP"] = {FilterValue::Index, 0, ""};
+  bi.entries["PASS"] = {FilterValue::Pass, 0, "BI"};
+  CHECK(verify(OrderOptions{{{bi}}}).find("without \"BW\"") !=
+        std::string::npos);
+  CHECK(verify(OrderOptions{{{}}}) ==
+        "directive #0 (built): each entry of \"filters\" must be a non-empty "
+        "list of filters");
+
+  // The names the JSON, the flags and the pass options share.
+  for (RecomputeGranularity g :
+       {RecomputeGranularity::Full, RecomputeGranularity::Selective})
+    CHECK(parseRecomputeGranularity(stringify(g)) == g);
+  for (ContextParallelKind k :
+       {ContextParallelKind::Ring, ContextParallelKind::Ulysses})
+    CHECK(parseContextParallelKind(stringify(k)) == k);
+  CHECK(!parseRecomputeGranularity("none"));
+  CHECK(!parseContextParallelKind("mesh"));
 }

@@ -1,19 +1,24 @@
 // One directive by kind (piper-apply-directive, which the directive
-// pipeline runs per directive) and whole strategy files
-// (piper-apply-strategy).
+// pipeline runs per directive), the passes of the directives that rewrite
+// the forward model (piper-recompute, piper-shard-tensor,
+// piper-context-parallel: their options typed, no JSON) and whole strategy
+// files (piper-apply-strategy).
 #include "compiler/transforms/Passes.h"
 #include "compiler/transforms/Transforms.h"
 
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/IRMapping.h"
 #include "llvm/ADT/MapVector.h"
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/SetVector.h"
 #include "llvm/ADT/StringExtras.h"
-#include "mlir/IR/Builders.h"
-#include "mlir/IR/IRMapping.h"
 
 namespace mlir::piper {
 #define GEN_PASS_DEF_PIPERAPPLYSTRATEGY
 #define GEN_PASS_DEF_PIPERAPPLYDIRECTIVE
+#define GEN_PASS_DEF_PIPERRECOMPUTE
+#define GEN_PASS_DEF_PIPERSHARDTENSOR
+#define GEN_PASS_DEF_PIPERCONTEXTPARALLEL
 #include "compiler/transforms/Passes.h.inc"
 } // namespace mlir::piper
 
@@ -22,12 +27,14 @@ using namespace mlir::piper;
 
 LogicalResult mlir::piper::applyDirective(ModuleOp module, const Directive &d,
                                           std::optional<int64_t> worldSize) {
+  if (llvm::Error err = verifyDirective(d))
+    return module.emitError(llvm::toString(std::move(err)));
   FailureOr<ProgramOp> program = getProgram(module);
   if (failed(program))
     return failure();
-  switch (d.kind) {
+  switch (d.kind()) {
   case Directive::Stage:
-    return applyStage(module, d.stages);
+    return applyStage(module, d.get<StageOptions>().stages);
   case Directive::Split:
     return applySplit(*program, d);
   case Directive::Place:
@@ -45,17 +52,17 @@ LogicalResult mlir::piper::applyDirective(ModuleOp module, const Directive &d,
   case Directive::Order:
     return applyOrder(*program, d);
   case Directive::Schedule: {
-    const ScheduleBuilder *schedule = findSchedule(d.schedule);
+    const std::string &name = d.get<ScheduleOptions>().name;
+    const ScheduleBuilder *schedule = findSchedule(name);
     if (!schedule)
       return program->emitOpError(d.describe())
-             << ": unknown schedule '" << d.schedule << "' (expected "
+             << ": unknown schedule '" << name << "' (expected "
              << scheduleNames() << ")";
     return applySchedule(module, *schedule, d.describe());
   }
   }
   return failure();
 }
-
 
 namespace {
 /// One directive: parsed from its `directive` option (piper-opt), or given
@@ -78,8 +85,7 @@ struct ApplyDirectivePass
   void runOnOperation() override {
     ModuleOp module = getOperation();
     if (!parsed) {
-      llvm::Expected<Strategy> strategy =
-          parseStrategy("[" + directive + "]");
+      llvm::Expected<Strategy> strategy = parseStrategy("[" + directive + "]");
       if (!strategy) {
         module.emitError("piper-apply-directive: ")
             << llvm::toString(strategy.takeError());
@@ -102,6 +108,78 @@ struct ApplyDirectivePass
 
   std::optional<Directive> parsed;
   std::string name;
+};
+
+/// The filter of a forward-model directive's `block` option: that block,
+/// or (-1) every transformer block.
+static Filter blockFilter(int64_t block) {
+  Filter filter;
+  if (block != -1)
+    filter.entries["block"] = {FilterValue::Index, block, ""};
+  return filter;
+}
+
+/// Applies the directive a typed pass stands for, verified as a
+/// strategy's are.
+static LogicalResult runDirective(ModuleOp module, Directive::Options options,
+                                  std::string text, Filter filter = {}) {
+  return applyDirective(
+      module, Directive(std::move(options), std::move(text), std::move(filter)),
+      std::nullopt);
+}
+
+/// " block=3", or "" for every block.
+static std::string blockText(int64_t block) {
+  return block == -1 ? "" : " block=" + std::to_string(block);
+}
+
+struct RecomputePass : mlir::piper::impl::PiperRecomputeBase<RecomputePass> {
+  using PiperRecomputeBase::PiperRecomputeBase;
+  void runOnOperation() override {
+    RecomputeOptions o;
+    o.granularity = granularity;
+    if (failed(runDirective(getOperation(), o,
+                            ("piper-recompute granularity=" +
+                             stringify(o.granularity) + blockText(block))
+                                .str(),
+                            blockFilter(block))))
+      signalPassFailure();
+  }
+};
+
+struct ShardTensorPass
+    : mlir::piper::impl::PiperShardTensorBase<ShardTensorPass> {
+  using PiperShardTensorBase::PiperShardTensorBase;
+  void runOnOperation() override {
+    ShardTensorOptions o;
+    o.tp = tp;
+    o.sequenceParallel = sequenceParallel;
+    o.vocabParallel = vocabParallel;
+    o.stream = stream;
+    if (failed(runDirective(getOperation(), o,
+                            "piper-shard-tensor tp=" + std::to_string(o.tp) +
+                                blockText(block),
+                            blockFilter(block))))
+      signalPassFailure();
+  }
+};
+
+struct ContextParallelPass
+    : mlir::piper::impl::PiperContextParallelBase<ContextParallelPass> {
+  using PiperContextParallelBase::PiperContextParallelBase;
+  void runOnOperation() override {
+    ContextParallelOptions o;
+    o.cp = cp;
+    o.kind = kind;
+    o.overlap = overlap;
+    o.stream = stream;
+    if (failed(
+            runDirective(getOperation(), o,
+                         ("piper-context-parallel cp=" + std::to_string(o.cp) +
+                          " kind=" + stringify(o.kind))
+                             .str())))
+      signalPassFailure();
+  }
 };
 
 /// A whole strategy file on a forward model: the compile pipeline up to the

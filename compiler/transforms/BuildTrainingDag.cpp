@@ -5,9 +5,9 @@
 
 #include "dialects/piper/Gradients.h"
 
-#include "llvm/ADT/SetVector.h"
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/IRMapping.h"
+#include "llvm/ADT/SetVector.h"
 
 namespace mlir::piper {
 #define GEN_PASS_DEF_PIPERBUILDTRAININGDAG
@@ -108,8 +108,7 @@ public:
     SmallVector<Type> resultTypes;
     for (Value v : results)
       resultTypes.push_back(v.getType());
-    bwd.setFunctionType(
-        mb.getFunctionType(bb.getArgumentTypes(), resultTypes));
+    bwd.setFunctionType(mb.getFunctionType(bb.getArgumentTypes(), resultTypes));
 
     // Forward: drop the loss results, return the residuals.
     SmallVector<Value> fwdResults;
@@ -335,10 +334,10 @@ void TrainingDagBuilder::createForwardTasks() {
     SmallVector<Value> args;
     for (Value a : t.getArgs())
       args.push_back(map.lookupOrDefault(a));
-    auto nt = TaskOp::create(
-        pb, t.getLoc(), seg.getResultTypes(), pb.getType<TokenType>(),
-        t.getSegmentAttr(), args, ValueRange(), info.tag.withPass(PassKind::F),
-        DeviceGroupAttr(), StreamAttr(), StreamAttr());
+    auto nt = TaskOp::create(pb, t.getLoc(), seg.getResultTypes(),
+                             pb.getType<TokenType>(), t.getSegmentAttr(), args,
+                             ValueRange(), info.tag.withPass(PassKind::F),
+                             DeviceGroupAttr(), StreamAttr(), StreamAttr());
     unsigned k = 0;
     for (auto [i, r] : llvm::enumerate(t.getOuts()))
       if (!llvm::is_contained(info.diff.lossResults, i))
@@ -366,8 +365,9 @@ LogicalResult TrainingDagBuilder::createBackwardTasks() {
       Value g = gradOf.lookup(v);
       if (!g)
         return old.emitOpError("result #")
-               << i << " is not consumed by a later stage, so it gets no "
-                       "gradient";
+               << i
+               << " is not consumed by a later stage, so it gets no "
+                  "gradient";
       args.push_back(g);
     }
     for (auto &r : info.diff.residuals)
@@ -443,10 +443,6 @@ LogicalResult mlir::piper::buildTrainingDag(ModuleOp module,
       return t.emitOpError("has no PP tag: run piper-stage first");
   }
 
-  std::optional<ComputeType> dtype = symbolizeComputeType(opt.dtype);
-  if (!dtype)
-    return module.emitError("unknown compute dtype '")
-           << opt.dtype << "' (f32 or bf16)";
   TrainingDagBuilder dag(module, *program, opt);
   if (failed(dag.differentiateStages(tasks)))
     return failure();
@@ -456,9 +452,9 @@ LogicalResult mlir::piper::buildTrainingDag(ModuleOp module,
   dag.createUpdateTasks();
   dag.eraseOldTasks();
   // The schedule and clipping are step-level settings the runtime applies.
-  program->setOptimizerAttr(OptimizerAttr::get(
-      module.getContext(), opt.minLr, opt.warmupSteps, opt.decaySteps,
-      opt.clipGradNorm, *dtype));
+  program->setOptimizerAttr(OptimizerAttr::get(module.getContext(), opt.minLr,
+                                               opt.warmupSteps, opt.decaySteps,
+                                               opt.clipGradNorm, opt.dtype));
   return success();
 }
 

@@ -346,13 +346,10 @@ mlir::piper::sharedParams(SegmentParams &segmentParams, ProgramOp program) {
   return shared;
 }
 
-Directive mlir::piper::stageDirective(Directive::Kind kind, int64_t pp,
-                                      ArrayRef<int64_t> devices,
+Directive mlir::piper::stageDirective(Directive::Options options, int64_t pp,
                                       StringRef passName) {
-  Directive d;
-  d.kind = kind;
-  d.filter.entries["PP"] = {FilterValue::Index, pp, ""};
-  d.devices.assign(devices.begin(), devices.end());
-  d.text = (passName + " pp=" + std::to_string(pp)).str();
-  return d;
+  Filter filter;
+  filter.entries["PP"] = {FilterValue::Index, pp, ""};
+  return Directive(std::move(options),
+                   (passName + " pp=" + std::to_string(pp)).str(), filter);
 }

@@ -33,7 +33,8 @@ namespace {
 class ContextParallel {
 public:
   ContextParallel(ModuleOp module, const Directive &d)
-      : module(module), d(d), cp(d.contextParallel), symbols(module) {}
+      : module(module), d(d), cp(d.get<ContextParallelOptions>().cp),
+        symbols(module) {}
 
   LogicalResult run(ProgramOp program);
 
@@ -182,7 +183,8 @@ LogicalResult ContextParallel::rewrite(SegmentOp seg,
       if (int64_t(attn.getSeq()) != seq)
         return fail(&op) << "attention over sequences of " << attn.getSeq()
                          << " tokens, but the batch's are " << seq;
-      if (d.cpKind == "ulysses") {
+      if (d.get<ContextParallelOptions>().kind ==
+          ContextParallelKind::Ulysses) {
         FailureOr<Value> y = ulysses(attn);
         if (failed(y))
           return failure();
@@ -318,7 +320,8 @@ LogicalResult ContextParallel::run(ProgramOp program) {
     seg.setFunctionTypeAttr(TypeAttr::get(
         FunctionType::get(ctx, body.getArgumentTypes(), results)));
   }
-  setContextParallel(module, cp, d.stream, d.cpOverlap);
+  const auto &o = d.get<ContextParallelOptions>();
+  setContextParallel(module, cp, o.stream, o.overlap);
   return success();
 }
 

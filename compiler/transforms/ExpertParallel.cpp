@@ -189,9 +189,10 @@ SmallVector<SmallVector<int64_t>> expertGroups(ArrayRef<int64_t> devices,
 
 LogicalResult mlir::piper::applyShard(ModuleOp module, ProgramOp program,
                                       const Directive &d) {
+  const auto &o = d.get<ShardOptions>();
   MLIRContext *ctx = module.getContext();
-  if (!llvm::is_sorted(d.devices) ||
-      std::adjacent_find(d.devices.begin(), d.devices.end()) != d.devices.end())
+  if (!llvm::is_sorted(o.devices) ||
+      std::adjacent_find(o.devices.begin(), o.devices.end()) != o.devices.end())
     return program.emitOpError(d.describe())
            << ": devices must be listed in increasing order (member i of an "
               "expert-parallel group is its i-th device)";
@@ -201,18 +202,16 @@ LogicalResult mlir::piper::applyShard(ModuleOp module, ProgramOp program,
   const MeshAttr mesh = getMesh(module);
   const int64_t tp = mesh.getTp();
   EpLayout ep;
-  ep.members = d.expertParallel > 0
-                   ? d.expertParallel
-                   : static_cast<int64_t>(d.devices.size()) / tp;
-  ep.group = DeviceGroupAttr::get(ctx, d.devices);
-  ep.stream = commStream(program, d.stream);
+  ep.members = o.ep > 0 ? o.ep : static_cast<int64_t>(o.devices.size()) / tp;
+  ep.group = DeviceGroupAttr::get(ctx, o.devices);
+  ep.stream = commStream(program, o.stream);
   SmallVector<Attribute> subgroups;
-  for (ArrayRef<int64_t> g : expertGroups(d.devices, ep.members, mesh))
+  for (ArrayRef<int64_t> g : expertGroups(o.devices, ep.members, mesh))
     subgroups.push_back(DeviceGroupAttr::get(ctx, g));
   if (subgroups.empty())
     return program.emitOpError(d.describe())
            << ": expert-parallel groups of " << ep.members << " over "
-           << d.devices.size() << " devices"
+           << o.devices.size() << " devices"
            << (tp > 1 ? " (data-parallel replicas of tensor-parallel groups "
                         "of " +
                             std::to_string(tp) + ")"
@@ -234,7 +233,7 @@ LogicalResult mlir::piper::applyShard(ModuleOp module, ProgramOp program,
         !(t.getTag().isPass(PassKind::F) || t.getTag().isPass(PassKind::B)) ||
         (pp && t.getTag().getPp() != pp) ||
         !llvm::all_of(t.getNodeDevices(), [&](int64_t dev) {
-          return llvm::is_contained(d.devices, dev);
+          return llvm::is_contained(o.devices, dev);
         }))
       continue;
     tasks.push_back(t);
@@ -250,14 +249,14 @@ LogicalResult mlir::piper::applyShard(ModuleOp module, ProgramOp program,
       return t.emitOpError(d.describe())
              << ": " << describeNode(t) << " runs on " << formatDevices(own)
              << ", which is not made of whole expert-parallel groups of "
-             << ep.members << " of " << formatDevices(d.devices);
+             << ep.members << " of " << formatDevices(o.devices);
     for (ArrayRef<int64_t> g : ownGroups) {
       auto chunk = DeviceGroupAttr::get(ctx, g);
       if (!llvm::is_contained(subgroups, Attribute(chunk)))
         return t.emitOpError(d.describe())
                << ": " << describeNode(t) << " runs on " << formatDevices(own)
                << ", which is not made of whole expert-parallel groups of "
-               << ep.members << " of " << formatDevices(d.devices);
+               << ep.members << " of " << formatDevices(o.devices);
       chunks.push_back(chunk);
     }
     local.subgroups = ArrayAttr::get(ctx, chunks);
@@ -266,7 +265,7 @@ LogicalResult mlir::piper::applyShard(ModuleOp module, ProgramOp program,
   if (tasks.empty())
     return program.emitOpError(d.describe())
            << ": no forward or backward task runs on "
-           << formatDevices(d.devices) << "; place the stage there first";
+           << formatDevices(o.devices) << "; place the stage there first";
 
   SymbolTable symbols(module);
   llvm::SetVector<StringAttr> expertParams;
@@ -303,7 +302,7 @@ LogicalResult mlir::piper::applyShard(ModuleOp module, ProgramOp program,
   if (layers == 0)
     return program.emitOpError(d.describe())
            << ": the filter matches no expert region (no MoE layer runs on "
-           << formatDevices(d.devices) << ")";
+           << formatDevices(o.devices) << ")";
 
   for (TaskOp t : tasks) {
     const EpLayout &local = layoutOf[t.getDevicesAttr()];
@@ -348,19 +347,12 @@ namespace {
 struct ShardPass : mlir::piper::impl::PiperShardBase<ShardPass> {
   using PiperShardBase::PiperShardBase;
   void runOnOperation() override {
-    if (failed(verifyDeviceGroup(devices, "piper-shard devices",
-                                 [&] { return getOperation().emitError(); })))
-      return signalPassFailure();
-    Directive d = stageDirective(Directive::Shard, pp, devices, "piper-shard");
+    ShardOptions o;
+    o.devices.assign(devices.begin(), devices.end());
+    o.ep = ep;
+    o.stream = stream;
+    Directive d = stageDirective(o, pp, "piper-shard");
     d.filter.entries["EP"] = {FilterValue::Any, 0, ""};
-    d.expertParallel = ep;
-    d.stream = stream;
-    if (ep < 0 || (ep > 0 && static_cast<int64_t>(devices.size()) % ep != 0)) {
-      getOperation().emitError("piper-shard: ep ")
-          << static_cast<int64_t>(ep) << " must divide the " << devices.size()
-          << " devices";
-      return signalPassFailure();
-    }
     if (failed(applyDirective(getOperation(), d, std::nullopt)))
       signalPassFailure();
   }

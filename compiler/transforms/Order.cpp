@@ -3,12 +3,12 @@
 #include "compiler/transforms/Passes.h"
 #include "compiler/transforms/Transforms.h"
 
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/IRMapping.h"
 #include "llvm/ADT/MapVector.h"
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/SetVector.h"
 #include "llvm/ADT/StringExtras.h"
-#include "mlir/IR/Builders.h"
-#include "mlir/IR/IRMapping.h"
 
 namespace mlir::piper {
 #define GEN_PASS_DEF_PIPERORDER
@@ -65,8 +65,7 @@ private:
   }
   /// The values of `tag` at the filter's keys, or none when it does not
   /// have them all.
-  static std::optional<std::string> taskKey(TagAttr tag,
-                                            const Filter &filter) {
+  static std::optional<std::string> taskKey(TagAttr tag, const Filter &filter) {
     std::string out;
     for (const auto &[key, value] : filter.entries) {
       if (value.kind == FilterValue::Any) {
@@ -108,8 +107,7 @@ static void assignOverlapStreams(ArrayRef<SmallVector<TaskOp>> members,
       continue;
     llvm::SmallDenseSet<Attribute> params;
     for (TaskOp t : tasks)
-      for (StringAttr p :
-           segmentParams.accumulated(TaskOp(t).getSegment()))
+      for (StringAttr p : segmentParams.accumulated(TaskOp(t).getSegment()))
         params.insert(p);
     StreamAttr stream = TaskOp(tasks.front()).getStreamAttr();
     if (!stream || !stream.isCompute())
@@ -119,9 +117,8 @@ static void assignOverlapStreams(ArrayRef<SmallVector<TaskOp>> members,
                                (stream.getName() + "." + Twine(k)).str(),
                                StreamKind::compute);
     for (auto &[earlier, earlierParams] : used)
-      if (llvm::any_of(params, [&](Attribute p) {
-            return earlierParams.contains(p);
-          }))
+      if (llvm::any_of(params,
+                       [&](Attribute p) { return earlierParams.contains(p); }))
         stream = earlier;
     for (TaskOp t : tasks)
       TaskOp(t).setStreamAttr(stream);
@@ -130,13 +127,13 @@ static void assignOverlapStreams(ArrayRef<SmallVector<TaskOp>> members,
 }
 
 /// Splits the fused backward tasks that the directive's "BI" filters name
-/// (with PASS "B" instead) into BI and BW tasks. The parser has checked that
+/// (with PASS "B" instead) into BI and BW tasks. The verifier has checked that
 /// each such filter has its "BW" in a later group.
 static LogicalResult splitRequestedBackwards(ProgramOp program,
                                              const Directive &d) {
   llvm::SetVector<Operation *> fused;
   TaskIndex index(program);
-  for (const std::vector<Filter> &group : d.groups)
+  for (const std::vector<Filter> &group : d.get<OrderOptions>().groups)
     for (const Filter &f : group) {
       auto pass = f.entries.find("PASS");
       if (pass == f.entries.end() || pass->second.pass != "BI")
@@ -160,7 +157,7 @@ LogicalResult mlir::piper::applyOrder(ProgramOp program, const Directive &d) {
   TaskOp first;
   TaskIndex index(program);
   SegmentParams segmentParams(program->getParentOfType<ModuleOp>());
-  for (auto [gi, group] : llvm::enumerate(d.groups)) {
+  for (auto [gi, group] : llvm::enumerate(d.get<OrderOptions>().groups)) {
     llvm::SetVector<Operation *> tasks;
     SmallVector<SmallVector<TaskOp>> members;
     for (const Filter &f : group) {
@@ -233,7 +230,7 @@ struct OrderPass : mlir::piper::impl::PiperOrderBase<OrderPass> {
     if (failed(program))
       return signalPassFailure();
     for (const Directive &d : strategy->directives) {
-      if (d.kind != Directive::Order) {
+      if (d.kind() != Directive::Order) {
         module.emitError(d.describe())
             << ": piper-order applies order directives only (use "
                "piper-apply-strategy for a whole strategy)";

@@ -90,7 +90,7 @@ static std::string checkDirectiveCounts(const Strategy &strategy) {
         std::pair{Directive::ContextParallel, "context_parallel"}}) {
     int seen = 0;
     for (const Directive &d : strategy.directives)
-      if (d.kind == kind && ++seen == 2)
+      if (d.kind() == kind && ++seen == 2)
         return d.describe() + ": only one " + name + " directive is allowed";
   }
   return "";
@@ -103,16 +103,13 @@ void mlir::piper::addDirectivesPipeline(OpPassManager &pm,
   std::optional<int64_t> world = strategy.worldSize;
   auto addAll = [&](Directive::Kind kind) {
     for (const Directive &d : strategy.directives)
-      if (d.kind == kind)
+      if (d.kind() == kind)
         pm.addPass(createApplyDirectivePass(d, world));
   };
   if (llvm::none_of(strategy.directives, [](const Directive &d) {
-        return d.kind == Directive::Split;
+        return d.kind() == Directive::Split;
       })) {
-    Directive one;
-    one.kind = Directive::Split;
-    one.numMicrobatches = 1;
-    one.text = "implicit split num_microbatches=1";
+    Directive one(SplitOptions{1}, "implicit split num_microbatches=1");
     pm.addPass(createApplyDirectivePass(one, world));
   }
   addAll(Directive::Split);
@@ -132,9 +129,9 @@ void mlir::piper::addDirectivesPipeline(OpPassManager &pm,
   double tieBucketMb = kDefaultBucketMb;
   bool replicated = false;
   for (const Directive &d : strategy.directives)
-    if (d.kind == Directive::Replicate) {
-      tieBucketMb =
-          replicated ? std::min(tieBucketMb, d.bucketSizeMb) : d.bucketSizeMb;
+    if (d.kind() == Directive::Replicate) {
+      double mb = d.get<ReplicateOptions>().bucketMb;
+      tieBucketMb = replicated ? std::min(tieBucketMb, mb) : mb;
       replicated = true;
     }
   pm.addPass(createPiperTieParams(PiperTieParamsOptions{tieBucketMb}));
@@ -158,7 +155,7 @@ void mlir::piper::addCompilePipeline(OpPassManager &pm,
          {Directive::ShardTensor, Directive::ContextParallel,
           Directive::Recompute})
       for (const Directive &d : strategy.directives)
-        if (d.kind == kind)
+        if (d.kind() == kind)
           pm.addPass(createApplyDirectivePass(d, strategy.worldSize));
     pm.addPass(createPiperStage(PiperStageOptions{numStages(strategy)}));
   }
@@ -246,8 +243,9 @@ void buildDirectivesPipeline(OpPassManager &pm,
   if (!strategy)
     return;
   for (const Directive &d : strategy->directives)
-    if (d.kind == Directive::Recompute || d.kind == Directive::ShardTensor ||
-        d.kind == Directive::ContextParallel)
+    if (d.kind() == Directive::Recompute ||
+        d.kind() == Directive::ShardTensor ||
+        d.kind() == Directive::ContextParallel)
       return pm.addPass(std::make_unique<FailPass>(
           "piper-directives-pipeline: " + d.describe() + ": " +
           d.kindName().str() +

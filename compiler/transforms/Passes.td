@@ -40,8 +40,13 @@ def PiperBuildTrainingDag : Pass<"piper-build-training-dag", "::mlir::ModuleOp">
            "step at which the cosine decay reaches min-lr (0: no decay)">,
     Option<"clipGradNorm", "clip-grad-norm", "double", "1.0",
            "global gradient-norm clipping threshold (0: off)">,
-    Option<"dtype", "dtype", "std::string", "\"f32\"",
-           "compute dtype: f32, or bf16 mixed precision">,
+    Option<"dtype", "dtype", "::mlir::piper::ComputeType",
+           "::mlir::piper::ComputeType::f32", "compute dtype",
+           [{::llvm::cl::values(
+             clEnumValN(::mlir::piper::ComputeType::f32, "f32", "fp32"),
+             clEnumValN(::mlir::piper::ComputeType::bf16, "bf16",
+                        "bf16 mixed precision (fp32 master weights, "
+                        "accumulation and optimizer state)"))}]>,
     Option<"noOptimizer", "no-optimizer", "bool", "false",
            "forward and backward only: no update tasks">,
   ];
@@ -202,6 +207,80 @@ def PiperApplyDirective : Pass<"piper-apply-directive", "::mlir::ModuleOp"> {
            "the directive, a JSON object">,
     Option<"worldSize", "world-size", "int64_t", "0",
            "number of devices (0: unbounded)">,
+  ];
+}
+
+def PiperRecompute : Pass<"piper-recompute", "::mlir::ModuleOp"> {
+  let summary = "The recompute directive: activation recomputation of blocks";
+  let description = [{
+    On the forward model, before `piper-stage`: marks the forward ops of
+    the selected transformer blocks (every block, or `block`) with their
+    recompute region; `piper-build-training-dag` then keeps only each
+    region's inputs for the backward and re-runs the marked ops there
+    (docs/recompute.md). `granularity` `full` recomputes whole blocks,
+    `selective` their attention core.
+  }];
+  let options = [
+    Option<"granularity", "granularity", "::mlir::piper::RecomputeGranularity",
+           "::mlir::piper::RecomputeGranularity::Full",
+           "what of a block the backward recomputes", [{::llvm::cl::values(
+             clEnumValN(::mlir::piper::RecomputeGranularity::Full, "full",
+                        "every op of the block"),
+             clEnumValN(::mlir::piper::RecomputeGranularity::Selective,
+                        "selective", "its attention core"))}]>,
+    Option<"block", "block", "int64_t", "-1",
+           "the model block (-1: every transformer block)">,
+  ];
+}
+
+def PiperShardTensor : Pass<"piper-shard-tensor", "::mlir::ModuleOp"> {
+  let summary = "The shard_tensor directive: tensor (and sequence) parallelism";
+  let description = [{
+    On the forward model, before `piper-stage`: splits the matrices of the
+    selected transformer blocks (every block, or `block`) over groups of
+    `tp` devices, Megatron's way (column- then row-parallel, local heads),
+    with `piper.tp_copy` / `piper.tp_reduce` at the group's boundaries, and
+    records `tp` in the module's `#piper.mesh`; `piper-tensor-parallel`
+    makes the reductions all-reduces after placement
+    (docs/tensor-parallel.md).
+  }];
+  let options = [
+    Option<"tp", "tp", "int64_t", "2", "tensor-parallel degree">,
+    Option<"sequenceParallel", "sequence-parallel", "bool", "false",
+           "norms, residual adds and biases on each member's rows">,
+    Option<"vocabParallel", "vocab-parallel", "bool", "true",
+           "the token embedding and LM head split by vocabulary rows">,
+    Option<"stream", "stream", "std::string", "\"tp_stream\"",
+           "stream of the all-reduces">,
+    Option<"block", "block", "int64_t", "-1",
+           "the model block (-1: every transformer block)">,
+  ];
+}
+
+def PiperContextParallel : Pass<"piper-context-parallel", "::mlir::ModuleOp"> {
+  let summary = "The context_parallel directive: the sequence split over cp";
+  let description = [{
+    On the forward model, before `piper-stage`: every microbatch's sequence
+    is split over groups of `cp` devices (Megatron's load-balanced chunks),
+    every value with a row per token holds its member's rows, and attention
+    becomes `piper.cp_attention` (ring attention, or Ulysses' all-to-alls
+    with `kind=ulysses`); records `cp` in the module's `#piper.mesh`.
+    `piper-lower-context-parallel` makes the exchanges after placement
+    (docs/context-parallel.md).
+  }];
+  let options = [
+    Option<"cp", "cp", "int64_t", "2", "context-parallel degree">,
+    Option<"kind", "kind", "::mlir::piper::ContextParallelKind",
+           "::mlir::piper::ContextParallelKind::Ring",
+           "how attention sees the other members' tokens", [{::llvm::cl::values(
+             clEnumValN(::mlir::piper::ContextParallelKind::Ring, "ring",
+                        "ring attention: key/value shards passed around"),
+             clEnumValN(::mlir::piper::ContextParallelKind::Ulysses, "ulysses",
+                        "all-to-alls from the sequence to the heads"))}]>,
+    Option<"overlap", "overlap", "bool", "true",
+           "each ring exchange beside the ring step before it">,
+    Option<"stream", "stream", "std::string", "\"cp_stream\"",
+           "stream of the exchanges">,
   ];
 }
 

@@ -3,12 +3,12 @@
 #include "compiler/transforms/Passes.h"
 #include "compiler/transforms/Transforms.h"
 
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/IRMapping.h"
 #include "llvm/ADT/MapVector.h"
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/SetVector.h"
 #include "llvm/ADT/StringExtras.h"
-#include "mlir/IR/Builders.h"
-#include "mlir/IR/IRMapping.h"
 
 namespace mlir::piper {
 #define GEN_PASS_DEF_PIPERPLACE
@@ -24,10 +24,11 @@ using namespace mlir::piper;
 //===----------------------------------------------------------------------===//
 
 LogicalResult mlir::piper::checkDevices(Operation *anchor, const Directive &d,
-                                  std::optional<int64_t> worldSize) {
+                                        ArrayRef<int64_t> devices,
+                                        std::optional<int64_t> worldSize) {
   if (!worldSize)
     return success();
-  for (int64_t dev : d.devices)
+  for (int64_t dev : devices)
     if (dev >= *worldSize)
       return anchor->emitError(d.describe())
              << ": device " << dev << " does not exist (the world has "
@@ -36,16 +37,17 @@ LogicalResult mlir::piper::checkDevices(Operation *anchor, const Directive &d,
 }
 
 LogicalResult mlir::piper::applyPlace(ProgramOp program, const Directive &d,
-                                std::optional<int64_t> worldSize) {
-  if (failed(checkDevices(program, d, worldSize)))
+                                      std::optional<int64_t> worldSize) {
+  const auto &o = d.get<PlaceOptions>();
+  if (failed(checkDevices(program, d, o.devices, worldSize)))
     return failure();
   SmallVector<TaskOp> tasks = matchingTasks(program, d.filter);
   if (tasks.empty())
-    return program.emitOpError(d.describe()) << ": the filter matches no task"
-                                     << splitPassHint(d.filter);
+    return program.emitOpError(d.describe())
+           << ": the filter matches no task" << splitPassHint(d.filter);
   MLIRContext *ctx = program.getContext();
-  auto group = DeviceGroupAttr::get(ctx, d.devices);
-  StreamAttr send = commStream(program, d.stream);
+  auto group = DeviceGroupAttr::get(ctx, o.devices);
+  StreamAttr send = commStream(program, o.stream);
   for (TaskOp t : tasks) {
     if (auto prev = t.getDevicesAttr(); prev && prev != group)
       return t.emitOpError(d.describe())
@@ -172,8 +174,7 @@ static LogicalResult checkParameterCopies(ModuleOp module,
   DenseMap<std::tuple<StringAttr, int64_t, int64_t>, TaskOp> ownerOf;
   // In first-use order, so that the error below names the same parameter
   // every run (a DenseMap keyed by attribute pointers would not).
-  llvm::MapVector<std::pair<StringAttr, int64_t>, SmallVector<TaskOp>>
-      copiesOf;
+  llvm::MapVector<std::pair<StringAttr, int64_t>, SmallVector<TaskOp>> copiesOf;
   DenseSet<std::tuple<StringAttr, int64_t, Attribute>> updatedOn;
   DenseSet<int64_t> stagesWithUpdates;
   for (TaskOp t : tasks) {
@@ -237,8 +238,8 @@ LogicalResult mlir::piper::finalizePlacement(ModuleOp module,
   std::set<int64_t> used;
   for (TaskOp t : tasks) {
     if (!t.getDevices())
-      return t.emitOpError() << describeNode(t)
-                             << " is not placed by any place directive";
+      return t.emitOpError()
+             << describeNode(t) << " is not placed by any place directive";
     used.insert(t.getNodeDevices().begin(), t.getNodeDevices().end());
   }
   {
@@ -265,7 +266,8 @@ LogicalResult mlir::piper::finalizePlacement(ModuleOp module,
       if (!producer || producer.getDevices() == t.getDevices() ||
           isa<TokenType>(use.get().getType()))
         continue;
-      ArrayRef<int64_t> from = producer.getNodeDevices(), to = t.getNodeDevices();
+      ArrayRef<int64_t> from = producer.getNodeDevices(),
+                        to = t.getNodeDevices();
       if (from.size() != to.size())
         return t.emitOpError()
                << describeNode(t) << " on " << formatDevices(to)
@@ -279,9 +281,9 @@ LogicalResult mlir::piper::finalizePlacement(ModuleOp module,
         StreamAttr stream = producer.getSendStreamAttr();
         if (!stream)
           stream = commStream(*program, "pp_stream");
-        auto tr = TransferOp::create(
-            b, producer.getLoc(), use.get(), ValueRange(),
-            producer.getDevicesAttr(), t.getDevicesAttr(), stream);
+        auto tr = TransferOp::create(b, producer.getLoc(), use.get(),
+                                     ValueRange(), producer.getDevicesAttr(),
+                                     t.getDevicesAttr(), stream);
         moved = tr.getResult();
       }
       use.set(moved);
@@ -294,14 +296,12 @@ namespace {
 struct PlacePass : mlir::piper::impl::PiperPlaceBase<PlacePass> {
   using PiperPlaceBase::PiperPlaceBase;
   void runOnOperation() override {
-    Directive d =
-        stageDirective(Directive::Place, pp, devices, "piper-place");
-    d.stream = stream;
-    if (failed(verifyDeviceGroup(devices, "piper-place devices", [&] {
-          return getOperation().emitError();
-        })))
-      return signalPassFailure();
-    if (failed(applyDirective(getOperation(), d, std::nullopt)))
+    PlaceOptions o;
+    o.devices.assign(devices.begin(), devices.end());
+    o.stream = stream;
+    if (failed(applyDirective(getOperation(),
+                              stageDirective(o, pp, "piper-place"),
+                              std::nullopt)))
       return signalPassFailure();
     // Transfers are inserted once the last stage has been placed.
     FailureOr<ProgramOp> program = getProgram(getOperation());

@@ -34,7 +34,8 @@ LogicalResult mlir::piper::applyRecompute(ModuleOp module, ProgramOp program,
   auto fail = [&](Operation *at) {
     return at->emitOpError(d.describe()) << ": ";
   };
-  bool selective = d.recompute == "selective";
+  bool selective =
+      d.get<RecomputeOptions>().granularity == RecomputeGranularity::Selective;
   std::optional<int64_t> wanted;
   if (auto it = d.filter.entries.find("block");
       it != d.filter.entries.end() && it->second.kind == FilterValue::Index)
@@ -75,8 +76,8 @@ LogicalResult mlir::piper::applyRecompute(ModuleOp module, ProgramOp program,
     for (TaskOp other : tasks)
       if (other.getSegment() == t.getSegment() &&
           !llvm::any_of(matched, [&](auto &m) { return m.first == other; }))
-        return fail(t) << "block " << block << "'s segment @"
-                       << t.getSegment() << " is also called by block "
+        return fail(t) << "block " << block << "'s segment @" << t.getSegment()
+                       << " is also called by block "
                        << *other.getTag().getBlock()
                        << ", which the directive does not select";
     if (selective && !hasAttention(seg))
@@ -85,8 +86,7 @@ LogicalResult mlir::piper::applyRecompute(ModuleOp module, ProgramOp program,
                      << block << " has no attention";
     SmallVector<Operation *> ops = regionOps(seg, selective);
     if (ops.empty())
-      return fail(t) << "block " << block
-                     << " has no forward op to recompute";
+      return fail(t) << "block " << block << " has no forward op to recompute";
     for (Operation *op : ops) {
       if (std::optional<int64_t> region = getRecomputeRegion(op);
           region && *region != block)

@@ -24,26 +24,27 @@ using namespace mlir::piper;
 //===----------------------------------------------------------------------===//
 
 /// One `piper.all_reduce grads` per bucket of `params` (gradient-ready
-/// order) after the stage's last backward, over d.devices (each rank with
-/// its subgroup of it, when `subgroups` is set); every update of one of
-/// them waits for the reductions, whether or not the directive's filter
+/// order) after the stage's last backward, over the directive's devices (each
+/// rank with its subgroup of it, when `subgroups` is set); every update of one
+/// of them waits for the reductions, whether or not the directive's filter
 /// matched it.
 static void allReduceGradients(ProgramOp program, const Directive &d,
                                SegmentParams &segmentParams,
                                ArrayRef<StringAttr> params,
                                ArrayRef<TaskOp> backward, TagAttr stageTag,
                                ArrayAttr subgroups) {
+  const auto &o = d.get<ReplicateOptions>();
   SmallVector<Value> deps;
   for (TaskOp t : backward)
     deps.push_back(t.getDone());
   TaskOp last = backward.back();
   OpBuilder b(last);
   b.setInsertionPointAfter(last);
-  auto group = DeviceGroupAttr::get(b.getContext(), d.devices);
-  StreamAttr stream = commStream(program, d.reduceStream);
+  auto group = DeviceGroupAttr::get(b.getContext(), o.devices);
+  StreamAttr stream = commStream(program, o.reduceStream);
   SmallVector<Value> reduced;
   for (auto &bucket :
-       bucketParams(segmentParams.getSymbols(), params, d.bucketSizeMb)) {
+       bucketParams(segmentParams.getSymbols(), params, o.bucketMb)) {
     auto ar = AllReduceOp::create(b, last.getLoc(), b.getArrayAttr(bucket),
                                   deps, group, stream, stageTag,
                                   /*collective=*/IntegerAttr());
@@ -104,7 +105,8 @@ splitColocatedParams(ProgramOp program, const Directive &d,
                      ArrayAttr subgroups, llvm::SetVector<StringAttr> &params,
                      llvm::SetVector<StringAttr> &colocated,
                      SmallVector<TaskOp> &others) {
-  auto group = DeviceGroupAttr::get(program.getContext(), d.devices);
+  const auto &o = d.get<ReplicateOptions>();
+  auto group = DeviceGroupAttr::get(program.getContext(), o.devices);
   llvm::DenseMap<StringAttr, int64_t> earlier =
       earlierReductions(program, group, subgroups);
   llvm::DenseSet<StringAttr> reducedEarlier;
@@ -112,19 +114,19 @@ splitColocatedParams(ProgramOp program, const Directive &d,
     auto zero = earlier.find(p);
     if (zero == earlier.end())
       continue;
-    if (zero->second != d.zero)
+    if (zero->second != o.zero)
       return program.emitOpError(d.describe())
              << ": parameter @" << p.getValue()
              << " is accumulated by several stages on "
-             << formatDevices(d.devices) << ", replicated with ZeRO-"
-             << zero->second << " and ZeRO-" << d.zero
+             << formatDevices(o.devices) << ", replicated with ZeRO-"
+             << zero->second << " and ZeRO-" << o.zero
              << "; replicate the stages of one device group with the same "
                 "ZeRO stage";
-    if (d.zero <= 1)
+    if (o.zero <= 1)
       reducedEarlier.insert(p);
   }
   params.remove_if([&](StringAttr p) { return reducedEarlier.contains(p); });
-  if (d.zero > 1)
+  if (o.zero > 1)
     return success();
   llvm::SmallPtrSet<Operation *, 16> matched;
   for (TaskOp t : backward)
@@ -149,48 +151,49 @@ splitColocatedParams(ProgramOp program, const Directive &d,
 LogicalResult mlir::piper::applyReplicate(ModuleOp module, ProgramOp program,
                                           const Directive &d,
                                           std::optional<int64_t> worldSize) {
-  if (failed(checkDevices(program, d, worldSize)))
+  const auto &o = d.get<ReplicateOptions>();
+  if (failed(checkDevices(program, d, o.devices, worldSize)))
     return failure();
   SmallVector<TaskOp> matched = matchingTasks(program, d.filter);
   if (matched.empty())
     return program.emitOpError(d.describe())
            << ": the filter matches no task" << splitPassHint(d.filter);
-  // The matched tasks on d.devices. A stage with two copies on two device
-  // groups (DualPipe) has one replicate per copy: tasks on a group that
-  // shares no device with d.devices belong to the other copy's.
+  // The matched tasks on the directive's devices. A stage with two copies on
+  // two device groups (DualPipe) has one replicate per copy: tasks on a group
+  // that shares no device with them belong to the other copy's.
   SmallVector<TaskOp> tasks;
   for (TaskOp t : matched) {
-    if (t.getDevices() && t.getNodeDevices() == ArrayRef(d.devices)) {
+    if (t.getDevices() && t.getNodeDevices() == ArrayRef(o.devices)) {
       tasks.push_back(t);
       continue;
     }
     if (t.getDevices() && llvm::none_of(t.getNodeDevices(), [&](int64_t dev) {
-          return llvm::is_contained(d.devices, dev);
+          return llvm::is_contained(o.devices, dev);
         }))
       continue;
     return t.emitOpError(d.describe())
            << ": " << describeNode(t) << " runs on "
            << (t.getDevices() ? formatDevices(t.getNodeDevices())
                               : std::string("no device"))
-           << ", not on " << formatDevices(d.devices)
+           << ", not on " << formatDevices(o.devices)
            << "; place it on the replicated devices first";
   }
   if (tasks.empty())
     return program.emitOpError(d.describe())
-           << ": no task of the filter runs on " << formatDevices(d.devices)
+           << ": no task of the filter runs on " << formatDevices(o.devices)
            << "; place it on the replicated devices first";
   // Under tensor parallelism the devices are data-parallel replicas of
   // tensor-parallel groups (consecutive members): gradients are summed over
   // the replicas of each member.
   const int64_t tp = getMesh(module).getTp();
-  if (static_cast<int64_t>(d.devices.size()) % tp != 0)
+  if (static_cast<int64_t>(o.devices.size()) % tp != 0)
     return program.emitOpError(d.describe())
-           << ": its " << d.devices.size()
+           << ": its " << o.devices.size()
            << " devices are not whole tensor-parallel groups of " << tp;
-  int64_t replicas = d.devices.size() / tp;
-  if (d.zero > 0 && replicas < 2)
+  int64_t replicas = o.devices.size() / tp;
+  if (o.zero > 0 && replicas < 2)
     return program.emitOpError(d.describe())
-           << ": ZeRO-" << d.zero
+           << ": ZeRO-" << o.zero
            << " shards state over the data-parallel replicas of a stage, but "
               "this replicate has one device";
   if (program.getReplicated() &&
@@ -228,7 +231,7 @@ LogicalResult mlir::piper::applyReplicate(ModuleOp module, ProgramOp program,
   auto shared = sharedParams(segmentParams, program);
   params.remove_if([&](StringAttr p) {
     return shared.count(p) > 0 &&
-           (d.zero == 0 || symbols.lookup<ParamOp>(p).getExpertMembers());
+           (o.zero == 0 || symbols.lookup<ParamOp>(p).getExpertMembers());
   });
   if (!stageTag)
     stageTag = TagAttr::get(attrs.getContext());
@@ -282,12 +285,12 @@ LogicalResult mlir::piper::applyReplicate(ModuleOp module, ProgramOp program,
   // The layout's groups of the devices' replicas: the expert data groups
   // (the replicas holding the same experts) and the gradient groups.
   const ParallelLayout layout =
-      getMesh(module).replicaLayout(d.devices.size(), members);
+      getMesh(module).replicaLayout(o.devices.size(), members);
   if (!experts.empty() && replicas / members >= 2)
     allReduceGradients(
         program, d, segmentParams, experts, backward, stageTag,
         ArrayAttr::get(attrs.getContext(),
-                       deviceGroupAttrs(attrs.getContext(), d.devices, layout,
+                       deviceGroupAttrs(attrs.getContext(), o.devices, layout,
                                         Axis::edp)));
   if (replicas == 1 || params.empty())
     return success();
@@ -297,7 +300,7 @@ LogicalResult mlir::piper::applyReplicate(ModuleOp module, ProgramOp program,
   if (tp > 1)
     sameMember = ArrayAttr::get(
         attrs.getContext(),
-        deviceGroupAttrs(attrs.getContext(), d.devices, layout, Axis::dpcp));
+        deviceGroupAttrs(attrs.getContext(), o.devices, layout, Axis::dpcp));
   llvm::SetVector<StringAttr> colocated;
   SmallVector<TaskOp> afterAll;
   if (failed(splitColocatedParams(program, d, segmentParams, backward,
@@ -310,7 +313,7 @@ LogicalResult mlir::piper::applyReplicate(ModuleOp module, ProgramOp program,
     llvm::sort(afterAll,
                [](TaskOp a, TaskOp b) { return a->isBeforeInBlock(b); });
   }
-  if (d.zero > 0) {
+  if (o.zero > 0) {
     if (!params.empty() && failed(applyZero(module, program, d, params,
                                             backward, stageTag, sameMember)))
       return failure();
@@ -332,16 +335,15 @@ namespace {
 struct ReplicatePass : mlir::piper::impl::PiperReplicateBase<ReplicatePass> {
   using PiperReplicateBase::PiperReplicateBase;
   void runOnOperation() override {
-    if (failed(verifyDeviceGroup(devices, "piper-replicate devices",
-                                 [&] { return getOperation().emitError(); })))
-      return signalPassFailure();
-    Directive d =
-        stageDirective(Directive::Replicate, pp, devices, "piper-replicate");
-    d.bucketSizeMb = bucketMb;
-    d.reduceStream = reduceStream;
-    d.zero = zero;
-    d.gatherStream = gatherStream.empty() ? reduceStream : gatherStream;
-    if (failed(applyDirective(getOperation(), d, std::nullopt)))
+    ReplicateOptions o;
+    o.devices.assign(devices.begin(), devices.end());
+    o.bucketMb = bucketMb;
+    o.reduceStream = reduceStream;
+    o.zero = zero;
+    o.gatherStream = gatherStream.empty() ? reduceStream : gatherStream;
+    if (failed(applyDirective(getOperation(),
+                              stageDirective(o, pp, "piper-replicate"),
+                              std::nullopt)))
       signalPassFailure();
   }
 };

@@ -53,7 +53,8 @@ inline int64_t dimOf(Value v, int64_t dim) {
 class ShardTensor {
 public:
   ShardTensor(ModuleOp module, const Directive &d)
-      : module(module), d(d), tp(d.tensorParallel), symbols(module) {}
+      : module(module), d(d), tp(d.get<ShardTensorOptions>().tp),
+        symbols(module) {}
 
   /// Why `core` (reading `in`, the column linear's output, and giving
   /// `out`) cannot be split, or its layer.

@@ -3,12 +3,12 @@
 #include "compiler/transforms/Passes.h"
 #include "compiler/transforms/Transforms.h"
 
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/IRMapping.h"
 #include "llvm/ADT/MapVector.h"
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/SetVector.h"
 #include "llvm/ADT/StringExtras.h"
-#include "mlir/IR/Builders.h"
-#include "mlir/IR/IRMapping.h"
 
 namespace mlir::piper {
 #define GEN_PASS_DEF_PIPERSPLIT
@@ -41,7 +41,7 @@ LogicalResult mlir::piper::applySplit(ProgramOp program, const Directive &d) {
       perMb.push_back(&op);
   }
   OpBuilder b = OpBuilder::atBlockEnd(&body);
-  int64_t m = d.numMicrobatches;
+  int64_t m = d.get<SplitOptions>().microbatches;
   std::vector<IRMapping> maps(m);
   auto cloneFor = [&](Operation *op, int64_t mb) {
     Operation *c = b.clone(*op, maps[mb]);
@@ -84,14 +84,8 @@ namespace {
 struct SplitPass : mlir::piper::impl::PiperSplitBase<SplitPass> {
   using PiperSplitBase::PiperSplitBase;
   void runOnOperation() override {
-    Directive d;
-    d.kind = Directive::Split;
-    d.numMicrobatches = microbatches;
-    d.text = "piper-split microbatches=" + std::to_string(microbatches);
-    if (microbatches < 1) {
-      getOperation().emitError("piper-split: microbatches must be positive");
-      return signalPassFailure();
-    }
+    Directive d(SplitOptions{microbatches},
+                "piper-split microbatches=" + std::to_string(microbatches));
     if (failed(applyDirective(getOperation(), d, std::nullopt)))
       signalPassFailure();
   }

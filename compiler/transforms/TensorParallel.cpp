@@ -316,13 +316,14 @@ LogicalResult ShardTensor::run(ProgramOp program) {
   if (layers == 0)
     return fail(program) << "the model has no transformer block (an "
                             "attention or MLP) to split";
-  if (d.vocabParallel && failed(vocabParallel(program)))
+  const auto &o = d.get<ShardTensorOptions>();
+  if (o.vocabParallel && failed(vocabParallel(program)))
     return failure();
   if (failed(sliceParams()))
     return failure();
-  if (d.sequenceParallel && failed(sequenceParallel(program, split)))
+  if (o.sequenceParallel && failed(sequenceParallel(program, split)))
     return failure();
-  setTensorParallel(module, tp, d.stream);
+  setTensorParallel(module, tp, o.stream);
   return success();
 }
 

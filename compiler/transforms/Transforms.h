@@ -7,10 +7,10 @@
 
 #include "compiler/strategy/Strategy.h"
 #include "dialects/piper/PiperDialect.h"
-#include "llvm/ADT/MapVector.h"
-#include "llvm/ADT/StringMap.h"
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/IR/SymbolTable.h"
+#include "llvm/ADT/MapVector.h"
+#include "llvm/ADT/StringMap.h"
 
 namespace mlir::piper {
 
@@ -30,8 +30,8 @@ struct OptimizerConfig {
   /// Builds forward and backward only: no update tasks, so gradients
   /// accumulate across steps (gradient checks, debugging).
   bool noUpdate = false;
-  /// Mixed precision: "f32" or "bf16" (see plan.proto compute_dtype).
-  std::string dtype = "f32";
+  /// Mixed precision: f32 or bf16 (see plan.proto compute_dtype).
+  ComputeType dtype = ComputeType::f32;
 };
 
 /// The parameters each segment reads, accumulates and updates, computed once
@@ -104,8 +104,8 @@ splitSegmentByOps(SegmentOp seg, const DenseMap<Operation *, unsigned> &pieceOf,
 
 /// A task calling `piece` with `args` after `deps`, with the tag, devices,
 /// streams and discardable attributes of `t` (the task it replaces part of).
-TaskOp createPieceTask(OpBuilder &b, TaskOp t, SegmentOp piece,
-                       ValueRange args, ValueRange deps);
+TaskOp createPieceTask(OpBuilder &b, TaskOp t, SegmentOp piece, ValueRange args,
+                       ValueRange deps);
 
 /// Replaces `t` (a task calling the split segment) by a chain of tasks, one
 /// per piece, with its tag, devices and streams; the first keeps its
@@ -151,8 +151,7 @@ void hoistAccumulations(SegmentOp seg);
 
 /// The body of `piece` when it is exactly one op of type OpT (a marker a
 /// rewrite cut out of its segment), or null.
-template <typename OpT>
-OpT soleOp(SegmentOp piece) {
+template <typename OpT> OpT soleOp(SegmentOp piece) {
   auto body = piece.getBody().front().without_terminator();
   return llvm::hasSingleElement(body) ? dyn_cast<OpT>(*body.begin()) : OpT();
 }
@@ -173,9 +172,9 @@ weightGradientOps(SegmentOp seg, ArrayRef<bool> weightArgs = {});
 
 /// Splits `params` (in order) into buckets of about `bucketSizeMb` of f32,
 /// each naming a parameter at most once.
-SmallVector<SmallVector<Attribute>>
-bucketParams(SymbolTable &symbols, ArrayRef<StringAttr> params,
-             double bucketSizeMb);
+SmallVector<SmallVector<Attribute>> bucketParams(SymbolTable &symbols,
+                                                 ArrayRef<StringAttr> params,
+                                                 double bucketSizeMb);
 
 /// `replicate` with ZeRO stage d.zero (Zero.cpp): shards the state of
 /// `params` over d.devices, with the reduce-scatters and all-gathers that
@@ -253,8 +252,10 @@ LogicalResult applyReplicate(ModuleOp module, ProgramOp program,
                              std::optional<int64_t> worldSize);
 LogicalResult applyOrder(ProgramOp program, const Directive &d);
 
-/// Applies one split / place / replicate / order directive to the program.
-/// `worldSize`, when known, bounds the device indices.
+/// Applies one directive to the program, after the one verifier of
+/// directives (verifyDirective) has checked it: every directive pass and
+/// the directive pipeline come here. `worldSize`, when known, bounds the
+/// device indices.
 LogicalResult applyDirective(ModuleOp module, const Directive &directive,
                              std::optional<int64_t> worldSize);
 
@@ -266,7 +267,8 @@ LogicalResult applySchedule(ModuleOp module, const ScheduleBuilder &schedule,
 /// Checks that every task is placed and inserts piper.transfer on each data
 /// edge that crosses device groups. Unplaced tasks go to device 0 when no
 /// task is placed at all.
-LogicalResult finalizePlacement(ModuleOp module, std::optional<int64_t> worldSize);
+LogicalResult finalizePlacement(ModuleOp module,
+                                std::optional<int64_t> worldSize);
 
 /// Sums the gradient of every parameter used by several stages (a tied LM
 /// head) over all device groups holding a copy: one piper.all_reduce over
@@ -333,10 +335,10 @@ StreamAttr commStream(Operation *program, StringRef name);
 /// receives and nodes not placed yet).
 ArrayRef<int64_t> devicesOf(Operation *op);
 
-/// The directive a per-stage pass (piper-place, piper-replicate) stands for:
-/// filter `{"PP": pp}`, on `devices`.
-Directive stageDirective(Directive::Kind kind, int64_t pp,
-                         ArrayRef<int64_t> devices, StringRef passName);
+/// The directive a per-stage pass (piper-place, piper-replicate,
+/// piper-shard) stands for: its options, with the filter `{"PP": pp}`.
+Directive stageDirective(Directive::Options options, int64_t pp,
+                         StringRef passName);
 /// "[0, 1, 2]" for diagnostics.
 std::string formatDevices(ArrayRef<int64_t> devices);
 /// The `axis` groups of `layout` over a stage's `devices` (the layout's rank
@@ -354,8 +356,10 @@ SmallVector<TaskOp> matchingTasks(ProgramOp program, const Filter &filter);
 /// Why a `place` or `replicate` filter naming PASS "BI" or "BW" matches no
 /// task (the halves exist only once an `order` splits the backward), or "".
 std::string splitPassHint(const Filter &filter);
-/// Fails (naming the directive) when a device of `d` is outside the world.
+/// Fails (naming the directive `d`) when one of its `devices` is outside the
+/// world.
 LogicalResult checkDevices(Operation *anchor, const Directive &d,
+                           ArrayRef<int64_t> devices,
                            std::optional<int64_t> worldSize);
 /// For every parameter whose gradient is accumulated on more than one device
 /// group (a tied head), those groups, in program order.

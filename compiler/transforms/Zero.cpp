@@ -5,9 +5,9 @@
 #include "compiler/transforms/Passes.h"
 #include "compiler/transforms/Transforms.h"
 
+#include "mlir/IR/Builders.h"
 #include "llvm/ADT/MapVector.h"
 #include "llvm/ADT/STLExtras.h"
-#include "mlir/IR/Builders.h"
 
 namespace mlir::piper {
 #define GEN_PASS_DEF_PIPERBOUNDZEROCOLLECTIVES
@@ -49,8 +49,8 @@ namespace {
 /// results: the gradient of one microbatch leaves the segment whole, and a
 /// reduce-scatter adds each member's range into its sharded accumulator.
 /// Returns the parameters of the new results, in order.
-SmallVector<StringAttr> yieldGradients(SegmentOp seg,
-                                       const llvm::SetVector<StringAttr> &zero) {
+SmallVector<StringAttr>
+yieldGradients(SegmentOp seg, const llvm::SetVector<StringAttr> &zero) {
   Block &body = seg.getBody().front();
   auto yield = cast<YieldOp>(body.getTerminator());
   SmallVector<StringAttr> params;
@@ -169,8 +169,8 @@ SmallVector<StringAttr> liftParams(SegmentOp seg,
       continue;
     auto it = args.find(p);
     if (it == args.end())
-      it = args.insert({p, body.addArgument(ref.getType(), ref.getLoc())})
-               .first;
+      it =
+          args.insert({p, body.addArgument(ref.getType(), ref.getLoc())}).first;
     ref.getResult().replaceAllUsesWith(it->second);
     ref.erase();
   }
@@ -191,16 +191,17 @@ LogicalResult mlir::piper::applyZero(ModuleOp module, ProgramOp program,
                                      const llvm::SetVector<StringAttr> &params,
                                      ArrayRef<TaskOp> backward,
                                      TagAttr stageTag, ArrayAttr subgroups) {
+  const auto &o = d.get<ReplicateOptions>();
   MLIRContext *ctx = module.getContext();
   OpBuilder b(ctx);
   SymbolTable symbols(module);
-  auto group = DeviceGroupAttr::get(ctx, d.devices);
-  StreamAttr reduceStream = commStream(program, d.reduceStream);
-  StreamAttr gatherStream = commStream(program, d.gatherStream);
-  IntegerAttr stage = b.getI64IntegerAttr(d.zero);
+  auto group = DeviceGroupAttr::get(ctx, o.devices);
+  StreamAttr reduceStream = commStream(program, o.reduceStream);
+  StreamAttr gatherStream = commStream(program, o.gatherStream);
+  IntegerAttr stage = b.getI64IntegerAttr(o.zero);
   SmallVector<Value> reduced, gathered;
 
-  if (d.zero == 1) {
+  if (o.zero == 1) {
     // ZeRO-1: gradients accumulate whole over the microbatches, as without
     // ZeRO; one reduce-scatter per bucket after the last backward leaves
     // each member the range it updates.
@@ -209,8 +210,8 @@ LogicalResult mlir::piper::applyZero(ModuleOp module, ProgramOp program,
       deps.push_back(t.getDone());
     TaskOp last = backward.back();
     b.setInsertionPointAfter(last);
-    for (auto &bucket : bucketParams(symbols, params.getArrayRef(),
-                                     d.bucketSizeMb)) {
+    for (auto &bucket :
+         bucketParams(symbols, params.getArrayRef(), o.bucketMb)) {
       auto rs = ReduceScatterGradsOp::create(
           b, last.getLoc(), b.getType<TokenType>(), ValueRange(),
           b.getArrayAttr(bucket), stage, deps, group, reduceStream, stageTag,
@@ -227,7 +228,7 @@ LogicalResult mlir::piper::applyZero(ModuleOp module, ProgramOp program,
     // every piece task reads the whole parameters it needs from an
     // all-gather of their shards, freed after it.
     SmallVector<TaskOp> tasks(backward.begin(), backward.end());
-    if (d.zero == 3)
+    if (o.zero == 3)
       for (TaskOp t : program.getBody().front().getOps<TaskOp>())
         if (t.getTag().isPass(PassKind::F) && t.getDevicesAttr() == group)
           tasks.push_back(t);
@@ -239,9 +240,8 @@ LogicalResult mlir::piper::applyZero(ModuleOp module, ProgramOp program,
       auto seg = symbols.lookup<SegmentOp>(name);
       bool isBackward = t.getTag().isPass(PassKind::B);
       FailureOr<SegmentPieces> pieces = splitSegment(
-          seg, isBackward
-                   ? gradientCuts(seg, params, symbols, d.bucketSizeMb)
-                   : paramCuts(seg, params, symbols, d.bucketSizeMb));
+          seg, isBackward ? gradientCuts(seg, params, symbols, o.bucketMb)
+                          : paramCuts(seg, params, symbols, o.bucketMb));
       if (failed(pieces))
         return failure();
       for (SegmentOp piece : pieces->pieces)
@@ -254,7 +254,7 @@ LogicalResult mlir::piper::applyZero(ModuleOp module, ProgramOp program,
     for (auto &entry : piecesOf)
       for (SegmentOp piece : entry.second.pieces) {
         yielded[piece.getSymNameAttr()] = yieldGradients(piece, params);
-        if (d.zero == 3)
+        if (o.zero == 3)
           lifted[piece.getSymNameAttr()] = liftParams(piece, params);
       }
     for (TaskOp old : tasks) {
@@ -283,8 +283,7 @@ LogicalResult mlir::piper::applyZero(ModuleOp module, ProgramOp program,
           continue;
         unsigned next = t.getOuts().size() - gradParams.size();
         b.setInsertionPointAfter(t);
-        for (auto &bucket :
-             bucketParams(symbols, gradParams, d.bucketSizeMb)) {
+        for (auto &bucket : bucketParams(symbols, gradParams, o.bucketMb)) {
           SmallVector<Value> grads;
           for (size_t i = 0; i < bucket.size(); ++i)
             grads.push_back(t.getOuts()[next++]);
@@ -319,18 +318,17 @@ LogicalResult mlir::piper::applyZero(ModuleOp module, ProgramOp program,
     if (updated.empty())
       continue;
     u.getDepsMutable().append(reduced);
-    if (d.zero == 3) {
+    if (o.zero == 3) {
       // The update writes the shards every gather of the step reads.
       u.getDepsMutable().append(gathered);
       continue;
     }
     b.setInsertionPointAfter(u);
-    for (auto &bucket : bucketParams(symbols, updated, d.bucketSizeMb))
-      AllGatherParamsOp::create(b, u.getLoc(), TypeRange(),
-                                b.getType<TokenType>(), b.getArrayAttr(bucket),
-                                stage, ValueRange{u.getDone()}, group,
-                                gatherStream, stageTag, IntegerAttr(),
-                                subgroups);
+    for (auto &bucket : bucketParams(symbols, updated, o.bucketMb))
+      AllGatherParamsOp::create(
+          b, u.getLoc(), TypeRange(), b.getType<TokenType>(),
+          b.getArrayAttr(bucket), stage, ValueRange{u.getDone()}, group,
+          gatherStream, stageTag, IntegerAttr(), subgroups);
   }
   return sortTopologically(program.getBody().front());
 }
@@ -361,9 +359,8 @@ LogicalResult mlir::piper::boundZeroCollectives(ModuleOp module) {
     }
     for (auto &entry : reducing) {
       SmallVector<TaskOp> &tasks = entry.second;
-      llvm::sort(tasks, [](TaskOp a, TaskOp b) {
-        return a->isBeforeInBlock(b);
-      });
+      llvm::sort(tasks,
+                 [](TaskOp a, TaskOp b) { return a->isBeforeInBlock(b); });
       for (size_t i = 2; i < tasks.size(); ++i)
         tasks[i].getDepsMutable().append(reductionsOf[tasks[i - 2]]);
     }

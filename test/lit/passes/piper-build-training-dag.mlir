@@ -5,7 +5,7 @@
 // RUN: piper-opt %s -split-input-file -verify-diagnostics -piper-build-training-dag="min-lr=1e-5 warmup-steps=10 decay-steps=100 clip-grad-norm=0.5 dtype=bf16" | FileCheck %s --check-prefix=STEP
 // RUN: piper-opt %s -split-input-file -verify-diagnostics -piper-build-training-dag="no-optimizer=true" | FileCheck %s --check-prefix=NO-OPT
 // RUN: not piper-opt %s -split-input-file -piper-build-training-dag="dtype=f16" 2>&1 | FileCheck %s --check-prefix=DTYPE
-// DTYPE: error: unknown compute dtype 'f16' (f32 or bf16)
+// DTYPE: for the --dtype option: Cannot find option named 'f16'!
 
 // Two stages. The forward of stage 1 accumulates the loss and returns the
 // logits its backward needs instead of the loss; the forward of stage 0

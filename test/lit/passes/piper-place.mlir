@@ -51,8 +51,8 @@
 // A stage that does not exist.
 // NO-TASK: error: 'piper.program' op directive #0 (piper-place pp=5): the filter matches no task
 
-// The device group is required.
-// NO-DEVICES: error: piper-place devices must name at least one device
+// The device group is required (the one verifier of directives says so).
+// NO-DEVICES: error: directive #0 (piper-place pp=0): "devices" must be a non-empty list of device indices
 
 // Member i of one group sends to member i of the other: sizes must agree.
 // SIZES: error: 'piper.task' op task @stage1_F (PP=1 PASS=F) on [1, 2] consumes a value of task @stage0_F (PP=0 PASS=F) on [0]; transfers need device groups of the same size

@@ -1,10 +1,16 @@
-// recompute (piper-apply-directive on the forward model, before piper-stage)
-// marks a block's forward ops; piper-build-training-dag keeps only the
-// block's input for the backward and re-runs the marked ops there, where
-// the first gradient rule reads them, from re-read parameters.
-// RUN: piper-opt %S/Inputs/model.mlir '-piper-apply-directive=directive={{"op":"recompute","filter":{"block":1}}}' | FileCheck %s --check-prefix=MARK
-// RUN: piper-opt %S/Inputs/model.mlir '-piper-apply-directive=directive={{"op":"recompute","filter":{"block":1}}}' -piper-stage -piper-build-training-dag | FileCheck %s
-// RUN: not piper-opt %S/Inputs/model.mlir '-piper-apply-directive=directive={{"op":"recompute"}}' 2>&1 | FileCheck %s --check-prefix=NONE
+// piper-recompute, the recompute directive's pass (on the forward model,
+// before piper-stage), marks a block's forward ops; piper-build-training-dag
+// keeps only the block's input for the backward and re-runs the marked ops
+// there, where the first gradient rule reads them, from re-read parameters.
+// The JSON directive (piper-apply-directive) does the same (the diff).
+// RUN: piper-opt %S/Inputs/model.mlir -piper-recompute=block=1 | FileCheck %s --check-prefix=MARK
+// RUN: piper-opt %S/Inputs/model.mlir -piper-recompute=block=1 > %t.pass.mlir
+// RUN: piper-opt %S/Inputs/model.mlir '-piper-apply-directive=directive={{"op":"recompute","filter":{"block":1}}}' | diff - %t.pass.mlir
+// RUN: piper-opt %S/Inputs/model.mlir -piper-recompute=block=1 -piper-stage -piper-build-training-dag | FileCheck %s
+// RUN: not piper-opt %S/Inputs/model.mlir -piper-recompute 2>&1 | FileCheck %s --check-prefix=NONE
+// RUN: not piper-opt %S/Inputs/model.mlir '-piper-apply-directive=directive={{"op":"recompute"}}' 2>&1 | FileCheck %s --check-prefix=NONE-JSON
+// RUN: not piper-opt %S/Inputs/model.mlir "-piper-recompute=granularity=selective block=1" 2>&1 | FileCheck %s --check-prefix=SELECTIVE
+// RUN: not piper-opt %S/Inputs/model.mlir -piper-recompute=granularity=some 2>&1 | FileCheck %s --check-prefix=BAD
 
 // MARK-LABEL: piper.segment @embed(
 // MARK-NOT: piper.recompute
@@ -35,4 +41,7 @@
 
 // A model without attention has no transformer block for the default
 // filter.
-// NONE: error: 'piper.program' op directive #0 ({"op":"recompute"}): the model has no transformer block (a block with attention) to recompute
+// NONE: error: 'piper.program' op directive #0 (piper-recompute granularity=full): the model has no transformer block (a block with attention) to recompute
+// NONE-JSON: error: 'piper.program' op directive #0 ({"op":"recompute"}): the model has no transformer block (a block with attention) to recompute
+// SELECTIVE: error: {{.*}}directive #0 (piper-recompute granularity=selective block=1): {{.*}}attention
+// BAD: for the --granularity option: Cannot find option named 'some'!

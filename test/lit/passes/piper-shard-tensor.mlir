@@ -1,6 +1,43 @@
-// The shard_tensor rewrite (compiler/transforms/TensorParallel.cpp) on
-// models it cannot split: each an error at the op, naming the directive.
+// The shard_tensor directive (compiler/transforms/TensorParallel.cpp) as its
+// own pass with typed options, which rewrites a model exactly as the JSON
+// directive does (the diffs), records tp in the module's #piper.mesh, and
+// is checked by the one verifier of directives.
+// RUN: piperc model llama --layers 1 --hidden 16 --heads 4 --kv-heads 2 --ffn 32 --vocab 32 --seq 8 --batch 2 -o %t.mlir
+// RUN: piper-opt %t.mlir "-piper-shard-tensor=tp=2 sequence-parallel=true" | FileCheck %s --check-prefix=SP
+// RUN: piper-opt %t.mlir "-piper-shard-tensor=tp=2 sequence-parallel=true" > %t.sp.mlir
+// RUN: piper-opt %t.mlir '-piper-apply-directive=directive={{"op":"shard_tensor","tp":2,"sequence_parallel":true}}' | diff - %t.sp.mlir
+// RUN: piper-opt %t.mlir "-piper-shard-tensor=tp=2 vocab-parallel=false block=1 stream=t" | FileCheck %s --check-prefix=BLOCK
+// RUN: not piper-opt %t.mlir "-piper-shard-tensor=tp=2 block=7" 2>&1 | FileCheck %s --check-prefix=NO-BLOCK
+// RUN: not piper-opt %t.mlir "-piper-shard-tensor=tp=2 block=-3" 2>&1 | FileCheck %s --check-prefix=NEG-BLOCK
+// RUN: not piper-opt %t.mlir -piper-shard-tensor=tp=1 2>&1 | FileCheck %s --check-prefix=ONE
+//
+// Then models it cannot split: each an error at the op, naming the
+// directive, from the pass and from the JSON directive alike.
+// RUN: piper-opt %s -split-input-file -piper-shard-tensor=tp=2 -verify-diagnostics
 // RUN: piper-opt %s -split-input-file '-piper-apply-directive=directive={{"op":"shard_tensor","tp":2}}' -verify-diagnostics
+
+// SP: module attributes {piper.mesh = #piper.mesh<tp = 2>, piper.tensor_parallel_stream = "tp_stream"}
+// SP-LABEL: piper.segment @embed(
+// SP: piper.tp_reduce
+// SP-NEXT: piper.sp_split
+// SP-LABEL: piper.segment @block0(
+// SP: piper.sp_all_gather
+// SP: piper.sp_reduce_scatter
+// SP: piper.sp_gather
+// SP-LABEL: piper.segment @head(
+// SP: piper.tp_copy
+// SP: piper.vocab_ce_stats
+// SP: piper.vocab_cross_entropy
+
+// Block 1 only, the embedding and head whole: no vocabulary ops.
+// BLOCK: module attributes {piper.mesh = #piper.mesh<tp = 2>, piper.tensor_parallel_stream = "t"}
+// BLOCK-NOT: piper.vocab_
+// BLOCK: piper.tp_copy
+// BLOCK-NOT: piper.vocab_
+
+// NO-BLOCK: error: 'piper.program' op directive #0 (piper-shard-tensor tp=2 block=7): the model has no block 7 (its blocks are 0 to 2)
+// NEG-BLOCK: error: directive #0 (piper-shard-tensor tp=2 block=-3): filter block must be an index from 0 to 1048575 or "*", got -3
+// ONE: error: directive #0 (piper-shard-tensor tp=1): "tp" must be between 2 and 1048576, got 1
 
 // A core whose input is not a linear layer of its own.
 module {

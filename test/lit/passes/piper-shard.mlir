@@ -61,7 +61,7 @@
 // REDUCE: piper.all_reduce grads [{{.*}}@layers.0.moe.router.weight{{.*}}] after
 // REDUCE-NEXT: piper.all_reduce grads [@layers.0.moe.experts.w2, @layers.0.moe.experts.w13] {{.*}}subgroups = [#piper.group<0, 2>, #piper.group<1, 3>]
 
-// BAD-EP: piper-shard: ep 3 must divide the 4 devices
+// BAD-EP: error: directive #0 (piper-shard pp=0): "ep" must divide the 4 devices (expert groups are carved out of them)
 // ELSEWHERE: no forward or backward task runs on [0, 1]; place the stage there first
 // TWICE: directive #0 (piper-shard pp=0): its MoE layers are already split by another shard directive
 // UNSORTED: devices must be listed in increasing order (member i of an expert-parallel group is its i-th device)

@@ -35,7 +35,7 @@
 // ONE-NEXT: piper.task @stage1_U() after(%{{.*}}) {tag = #piper.tag<PP = 1, PASS = U>}
 
 // The option must be positive.
-// ZERO: error: piper-split: microbatches must be positive
+// ZERO: error: directive #0 (piper-split microbatches=0): "num_microbatches" must be positive
 
 // Splitting twice is an error naming the directive.
 // TWICE: error: 'piper.program' op directive #0 (piper-split microbatches=2): the program is already split
