@@ -19,9 +19,18 @@ if [ -n "$up" ]; then
   echo "$up"
   exit 1
 fi
+# The lowering to plans reads programs (compiler/analysis), it does not
+# rewrite them: no compiler/transforms header (Bazel deps enforce the
+# library; this names the file).
+lowering=$(grep -lE '#include *"compiler/transforms/' compiler/lowering/*.cpp compiler/lowering/*.h | grep -v '_test.cpp' || true)
+if [ -n "$lowering" ]; then
+  echo "compiler/lowering includes compiler/transforms headers:"
+  echo "$lowering"
+  exit 1
+fi
 n=$(find runtime proto support -name '*.cpp' -o -name '*.h' | wc -l)
 if [ "$n" -lt 10 ]; then
   echo "expected the runtime sources in the runfiles, found $n files"
   exit 1
 fi
-echo "checked $n runtime, proto and support sources: no MLIR/LLVM/compiler includes, no arrow back up"
+echo "checked $n runtime, proto and support sources: no MLIR/LLVM/compiler includes, no arrow back up; the lowering includes no transform"

@@ -2,7 +2,7 @@
 // become per-stream instructions with events across streams.
 #include "compiler/lowering/LowerToPlan.h"
 
-#include "compiler/transforms/Transforms.h"
+#include "compiler/analysis/ProgramInfo.h"
 #include "dialects/piper/PiperDialect.h"
 #include "proto/KernelIds.h"
 #include "proto/PlanFile.h"

@@ -5,6 +5,7 @@
 
 #include <optional>
 
+#include "compiler/analysis/ProgramInfo.h"
 #include "compiler/strategy/Strategy.h"
 #include "dialects/piper/PiperDialect.h"
 #include "mlir/IR/BuiltinOps.h"
@@ -286,23 +287,6 @@ LogicalResult splitDevices(ModuleOp module);
 /// then finish a step together is proven on their plans (lowerToPlans).
 LogicalResult orderStreams(ModuleOp module);
 
-/// Estimated FLOPs of one op (used to balance stages and in reports).
-double estimateFlops(Operation *op);
-
-/// The estimated cost of one call of a segment.
-struct SegmentCost {
-  double flops = 0, bytes = 0;
-};
-/// The sum over `seg`'s ops, as `stage`, the plans (Segment.flops,
-/// bytes_moved) and test-print-cost count it: FLOPs by estimateFlops
-/// (structural ops count their results), bytes by CostOpInterface. The
-/// parameter-state ops name their parameter instead of taking tensors, so
-/// they count per element of it: accumulate_grad 1 FLOP and 12 bytes (reads
-/// the gradient and the accumulator, writes the accumulator), adamw about 12
-/// FLOPs and 28 bytes (reads gradient, value and both moments, writes the
-/// last three), zero_grad 4 bytes.
-SegmentCost estimateSegmentCost(SegmentOp seg);
-
 /// Whether `tag` matches `filter`.
 bool matchesFilter(TagAttr tag, const Filter &filter);
 
@@ -322,25 +306,14 @@ bool matchesFilter(TagAttr tag, const Filter &filter);
 LogicalResult sortTopologically(Block &block,
                                 SmallVectorImpl<Operation *> *cycle = nullptr);
 
-/// The logical stream a node of a device program is issued on; tasks
-/// without one, and batches, use "compute".
-StringRef streamOf(Operation *op);
-/// The default compute stream of tasks, "compute".
-StreamAttr computeStream(MLIRContext *ctx);
 /// The stream named `name` for communication nodes of `program`: a compute
 /// stream when a task of `program` already computes on it (the strategy
 /// then serializes the communication with compute), else a comm stream.
 StreamAttr commStream(Operation *program, StringRef name);
-/// The device group of a program node (empty for batches, transfers, sends,
-/// receives and nodes not placed yet).
-ArrayRef<int64_t> devicesOf(Operation *op);
-
 /// The directive a per-stage pass (piper-place, piper-replicate,
 /// piper-shard) stands for: its options, with the filter `{"PP": pp}`.
 Directive stageDirective(Directive::Options options, int64_t pp,
                          StringRef passName);
-/// "[0, 1, 2]" for diagnostics.
-std::string formatDevices(ArrayRef<int64_t> devices);
 /// The `axis` groups of `layout` over a stage's `devices` (the layout's rank
 /// i is devices[i]; devices.size() is its world), by first member; as
 /// device-group attributes in deviceGroupAttrs.
@@ -365,9 +338,6 @@ LogicalResult checkDevices(Operation *anchor, const Directive &d,
 /// group (a tied head), those groups, in program order.
 llvm::MapVector<StringAttr, SmallVector<ArrayRef<int64_t>>>
 sharedParams(SegmentParams &segmentParams, ProgramOp program);
-
-/// "task @stage1_F (PP=1 MB=0 PASS=F)" for diagnostics.
-std::string describeNode(Operation *op);
 
 } // namespace mlir::piper
 
