@@ -88,8 +88,8 @@ sources=(
   proto/analysis/MemoryReport.cpp proto/analysis/StreamOrder.cpp
   runtime/exec/Validate.cpp runtime/exec/ValidateChecks.cpp
   runtime/exec/ValidateOrdering.cpp runtime/exec/ValidateStrategy.cpp
-  runtime/checkpoint/CheckpointManifest.cpp runtime/checkpoint/Integrity.cpp
-  runtime/checkpoint/Json.cpp runtime/checkpoint/Safetensors.cpp
+  runtime/formats/CheckpointManifest.cpp runtime/formats/Integrity.cpp
+  runtime/formats/Json.cpp runtime/formats/Safetensors.cpp
   runtime/data/TokenFile.cpp support/AtomicFile.cpp
   support/Errno.cpp support/FileIO.cpp
   support/ParallelLayout.cpp support/RegularFile.cpp

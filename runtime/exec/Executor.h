@@ -9,9 +9,9 @@
 #include <vector>
 
 #include "proto/plan.pb.h"
-#include "runtime/checkpoint/Safetensors.h"
 #include "runtime/comm/Communicator.h"
 #include "runtime/exec/Data.h"
+#include "runtime/formats/Safetensors.h"
 #include "runtime/hal/Hal.h"
 #include "runtime/kernels/Kernels.h"
 #include "support/Status.h"
@@ -24,7 +24,7 @@ struct ExecutorOptions {
   int rank = 0;
   /// Keys parameter initialization and the synthetic data.
   uint64_t seed = 0;
-  /// The id of the run (runtime/checkpoint/Integrity.h), recorded as
+  /// The id of the run (runtime/formats/Integrity.h), recorded as
   /// piper.run_id in every safetensors file the executor writes; empty
   /// records none. Executor::setRunId changes it.
   std::string runId;

@@ -11,8 +11,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "runtime/checkpoint/Integrity.h"
 #include "runtime/exec/ExecutorImpl.h"
+#include "runtime/formats/Integrity.h"
 #include "support/Errno.h"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,

@@ -13,11 +13,11 @@
 
 #include <catch2/catch.hpp>
 
-#include "runtime/checkpoint/Safetensors.h"
 #include "runtime/data/ByteTokenizer.h"
 #include "runtime/exec/Data.h"
 #include "runtime/exec/Executor.h"
 #include "runtime/exec/test_plans.h"
+#include "runtime/formats/Safetensors.h"
 
 using namespace piper;
 using namespace piper::runtime;
@@ -121,7 +121,8 @@ TEST_CASE("token data: windows are deterministic, in range, shifted by one",
 }
 
 TEST_CASE("context shards: each member holds chunks m and 2N-1-m, the "
-          "members together every token once", "[data]") {
+          "members together every token once",
+          "[data]") {
   SyntheticData data(3, 1000);
   const int64_t batch = 3;
   for (int64_t members : {1, 2, 3, 4})
@@ -138,9 +139,9 @@ TEST_CASE("context shards: each member holds chunks m and 2N-1-m, the "
           for (int64_t i = 0; i < local; ++i) {
             // Written out independently of contextPosition.
             int64_t pos = members == 1 ? i
-                          : i < chunk  ? m * chunk + i
-                                       : (2 * members - 1 - m) * chunk +
-                                            (i - chunk);
+                          : i < chunk
+                              ? m * chunk + i
+                              : (2 * members - 1 - m) * chunk + (i - chunk);
             CHECK(t[b * local + i] == tok[b * seq + pos]);
             CHECK(g[b * local + i] == tgt[b * seq + pos]);
             ++seen[b * seq + pos];

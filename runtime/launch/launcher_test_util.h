@@ -22,9 +22,9 @@
 
 #include <catch2/catch.hpp>
 
-#include "runtime/checkpoint/Safetensors.h"
 #include "runtime/data/TokenFile.h"
 #include "runtime/exec/test_plans.h"
+#include "runtime/formats/Safetensors.h"
 
 extern char **environ;
 

@@ -9,9 +9,9 @@
 #include "compiler/frontend/HfConfig.h"
 #include "compiler/strategy/Strategy.h"
 #include "proto/PlanFile.h"
-#include "runtime/checkpoint/Safetensors.h"
 #include "runtime/data/TokenFile.h"
 #include "runtime/exec/Validate.h"
+#include "runtime/formats/Safetensors.h"
 
 namespace piper::fuzz {
 namespace {
@@ -75,8 +75,8 @@ Result fuzzManifest(const uint8_t *data, size_t size) {
 Result fuzzSafetensors(const uint8_t *data, size_t size) {
   std::vector<runtime::SafetensorsEntry> entries;
   runtime::SafetensorsMetadata meta;
-  Status st = runtime::parseSafetensors(
-      "fuzz.safetensors", view(data, size), entries, meta);
+  Status st = runtime::parseSafetensors("fuzz.safetensors", view(data, size),
+                                        entries, meta);
   return st ? "" : st.message();
 }
 

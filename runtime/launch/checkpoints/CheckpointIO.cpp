@@ -12,7 +12,7 @@
 #include <fmt/format.h>
 
 #include "proto/PlanShards.h"
-#include "runtime/checkpoint/Integrity.h"
+#include "runtime/formats/Integrity.h"
 #include "support/AtomicFile.h"
 
 namespace piper::runtime {

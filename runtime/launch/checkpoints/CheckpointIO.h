@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "proto/plan.pb.h"
-#include "runtime/checkpoint/Safetensors.h"
 #include "runtime/comm/Communicator.h"
 #include "runtime/exec/Executor.h"
+#include "runtime/formats/Safetensors.h"
 #include "support/Status.h"
 
 namespace piper::runtime {

@@ -17,9 +17,9 @@
 #include <fmt/format.h>
 
 #include "proto/PlanShards.h"
-#include "runtime/checkpoint/CheckpointManifest.h"
-#include "runtime/checkpoint/Integrity.h"
-#include "runtime/checkpoint/Json.h"
+#include "runtime/formats/CheckpointManifest.h"
+#include "runtime/formats/Integrity.h"
+#include "runtime/formats/Json.h"
 #include "runtime/launch/checkpoints/CheckpointIO.h"
 #include "support/AtomicFile.h"
 #include "support/Errno.h"

@@ -11,9 +11,9 @@
 #include <vector>
 
 #include "proto/plan.pb.h"
-#include "runtime/checkpoint/Safetensors.h"
 #include "runtime/comm/Communicator.h"
 #include "runtime/exec/Executor.h"
+#include "runtime/formats/Safetensors.h"
 #include "runtime/launch/checkpoints/ShardedCheckpoints.h"
 #include "runtime/launch/options/RunOptions.h"
 #include "support/Status.h"

@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "proto/plan.pb.h"
-#include "runtime/checkpoint/HfCheckpoint.h"
 #include "runtime/exec/Executor.h"
+#include "runtime/formats/HfCheckpoint.h"
 #include "support/Status.h"
 
 namespace piper::runtime {

@@ -8,7 +8,7 @@
 
 #include <fmt/format.h>
 
-#include "runtime/checkpoint/Json.h"
+#include "runtime/formats/Json.h"
 
 namespace piper::runtime {
 
@@ -55,8 +55,9 @@ Status sliceOf(const std::string &path, const Json &slices,
         "'{}': tensor '{}' is not a 1-D F32 slice described in piper.slices",
         path, e.name));
   auto bad = [&] {
-    return Status::error(fmt::format("'{}': bad slice of '{}' in piper.slices: {}",
-                                     path, e.name, it->dump()));
+    return Status::error(
+        fmt::format("'{}': bad slice of '{}' in piper.slices: {}", path, e.name,
+                    it->dump()));
   };
   std::vector<int64_t> values;
   if (it->is_array()) {
@@ -80,9 +81,8 @@ Status sliceOf(const std::string &path, const Json &slices,
   plan::Parameter p;
   p.set_name(e.name);
   for (size_t d = 0; d < shape.size(); ++d)
-    p.mutable_type()->add_shape(static_cast<int64_t>(d) == dim
-                                    ? shape[d] / members
-                                    : shape[d]);
+    p.mutable_type()->add_shape(
+        static_cast<int64_t>(d) == dim ? shape[d] / members : shape[d]);
   p.mutable_tensor_slice()->set_dim(static_cast<int32_t>(dim));
   p.mutable_tensor_slice()->set_members(static_cast<int32_t>(members));
   int64_t sum = 0;
@@ -168,8 +168,7 @@ Status ShardIndex::read(const std::string &name, int64_t start, int64_t count,
                         float *out) const {
   auto it = tensors.find(name);
   if (it == tensors.end())
-    return Status::error("the sharded checkpoint does not hold '" + name +
-                         "'");
+    return Status::error("the sharded checkpoint does not hold '" + name + "'");
   // Every element of [start, start + count) from a piece that holds it.
   std::vector<char> filled(static_cast<size_t>(count), 0);
   std::vector<float> buf;

@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "proto/PlanShards.h"
-#include "runtime/checkpoint/Safetensors.h"
 #include "runtime/exec/Executor.h"
+#include "runtime/formats/Safetensors.h"
 
 namespace piper::runtime {
 

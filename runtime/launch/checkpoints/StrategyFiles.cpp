@@ -10,8 +10,8 @@
 #include <google/protobuf/message.h>
 
 #include "proto/PlanFile.h"
-#include "runtime/checkpoint/Safetensors.h"
 #include "runtime/exec/Validate.h"
+#include "runtime/formats/Safetensors.h"
 #include "runtime/hal/cuda/CudaBackend.h"
 #include "runtime/launch/checkpoints/CheckpointIO.h"
 #include "runtime/launch/checkpoints/Checkpoints.h"

@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "runtime/checkpoint/Safetensors.h"
 #include "runtime/exec/Executor.h"
+#include "runtime/formats/Safetensors.h"
 #include "runtime/hal/Backends.h"
 #include "runtime/launch/checkpoints/CheckpointLock.h"
 #include "runtime/launch/checkpoints/Checkpoints.h"

@@ -21,7 +21,7 @@
 #include <fmt/format.h>
 
 #include "proto/PlanShards.h"
-#include "runtime/checkpoint/Integrity.h"
+#include "runtime/formats/Integrity.h"
 #include "runtime/launch/checkpoints/CheckpointIO.h"
 #include "runtime/launch/checkpoints/StrategyFiles.h"
 #include "runtime/launch/rank/RankRun.h"

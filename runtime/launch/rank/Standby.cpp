@@ -15,7 +15,7 @@
 #include <fmt/format.h>
 
 #include "proto/PlanShards.h"
-#include "runtime/checkpoint/Integrity.h"
+#include "runtime/formats/Integrity.h"
 #include "runtime/launch/checkpoints/Checkpoints.h"
 #include "runtime/launch/checkpoints/StrategyFiles.h"
 #include "runtime/launch/rank/RunRank.h"
@@ -29,7 +29,7 @@ using plan::Operand;
 namespace {
 
 constexpr Operand::Kind kSnapshotKinds[3] = {Operand::PARAM, Operand::ADAM_M,
-                                              Operand::ADAM_V};
+                                             Operand::ADAM_V};
 
 /// PyTorch AdamW's names of a parameter's moments, as checkpoints use.
 std::string momentName(const std::string &param, Operand::Kind kind) {
@@ -64,7 +64,8 @@ bool readPromotion(int fd, std::vector<std::string> &vars) {
 
 } // namespace
 
-// --- snapshots ------------------------------------------------------------------
+// --- snapshots
+// ------------------------------------------------------------------
 
 Status StepSnapshots::take(const Executor &exec, int64_t step) {
   std::lock_guard<std::mutex> lock(mu);
@@ -100,8 +101,8 @@ Status StepSnapshots::write(const std::string &dir) const {
                                         slot.tensors[p * 3].data()});
       for (int k = 1; k < 3; ++k)
         moments.push_back(SafetensorsTensor{
-            momentName(specs[p].name, kSnapshotKinds[k]), "F32",
-            specs[p].shape, slot.tensors[p * 3 + k].data()});
+            momentName(specs[p].name, kSnapshotKinds[k]), "F32", specs[p].shape,
+            slot.tensors[p * 3 + k].data()});
     }
     SafetensorsMetadata modelMeta = checkpointMetadata(slot.step, runId);
     SafetensorsMetadata momentsMeta = modelMeta;
@@ -121,7 +122,8 @@ Status StepSnapshots::write(const std::string &dir) const {
   return Status::ok();
 }
 
-// --- spares ---------------------------------------------------------------------
+// --- spares
+// ---------------------------------------------------------------------
 
 bool isStandby() {
   const char *v = std::getenv(kStandbyVar);
@@ -131,11 +133,10 @@ bool isStandby() {
 int runStandby(const RunOptions &options) {
   long long index = -1, fd = -1;
   std::string error;
-  if (!envInt(kStandbyVar, index, error) ||
-      !envInt(kStandbyFdVar, fd, error) || index < 0 || fd < 0) {
-    fmt::print(stderr, "piper-run: a standby needs {} and {}{}\n",
-               kStandbyVar, kStandbyFdVar,
-               error.empty() ? "" : ": " + error);
+  if (!envInt(kStandbyVar, index, error) || !envInt(kStandbyFdVar, fd, error) ||
+      index < 0 || fd < 0) {
+    fmt::print(stderr, "piper-run: a standby needs {} and {}{}\n", kStandbyVar,
+               kStandbyFdVar, error.empty() ? "" : ": " + error);
     return 1;
   }
   const std::string who = fmt::format("standby {}", index);
@@ -192,8 +193,8 @@ int runStandby(const RunOptions &options) {
     if (logFd >= 0) {
       ::dup2(logFd, STDERR_FILENO);
       ::close(logFd);
-      fmt::print(stderr, "piper-run: rank {}: this is {}, promoted\n",
-                 env.rank, who);
+      fmt::print(stderr, "piper-run: rank {}: this is {}, promoted\n", env.rank,
+                 who);
     }
   }
   RunOptions rankOptions = options;
@@ -208,18 +209,19 @@ bool handsOffState(const plan::Plan &plan) {
   return true;
 }
 
-// --- recovered state ------------------------------------------------------------
+// --- recovered state
+// ------------------------------------------------------------
 
 Status openRecoveredState(const std::string &dir, int cls, int64_t member,
                           RecoveredState &out) {
   std::string classDir = dir + "/" + recoveryStateName(cls, member);
   Status st;
-  out.model = SafetensorsReader::open(
-      classDir + "/" + kCheckpointModelFile, st);
+  out.model =
+      SafetensorsReader::open(classDir + "/" + kCheckpointModelFile, st);
   if (!out.model)
     return st;
-  out.optimizer = SafetensorsReader::open(
-      classDir + "/" + kCheckpointOptimizerFile, st);
+  out.optimizer =
+      SafetensorsReader::open(classDir + "/" + kCheckpointOptimizerFile, st);
   if (!out.optimizer)
     return st;
   int64_t optimizerStep = 0;

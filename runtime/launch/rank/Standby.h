@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "runtime/checkpoint/Safetensors.h"
 #include "runtime/exec/Executor.h"
+#include "runtime/formats/Safetensors.h"
 #include "runtime/launch/options/RunOptions.h"
 #include "runtime/launch/rendezvous/LaunchEnv.h"
 #include "support/Status.h"

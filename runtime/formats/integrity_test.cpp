@@ -14,10 +14,10 @@
 
 #include <catch2/catch.hpp>
 
-#include "runtime/checkpoint/CheckpointManifest.h"
-#include "runtime/checkpoint/Integrity.h"
-#include "runtime/checkpoint/Json.h"
-#include "runtime/checkpoint/Safetensors.h"
+#include "runtime/formats/CheckpointManifest.h"
+#include "runtime/formats/Integrity.h"
+#include "runtime/formats/Json.h"
+#include "runtime/formats/Safetensors.h"
 
 using namespace piper;
 

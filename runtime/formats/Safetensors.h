@@ -1,7 +1,7 @@
 // Reading, writing and merging safetensors files, and matching a checkpoint
 // against a model's parameters.
-#ifndef PIPER_RUNTIME_CHECKPOINT_SAFETENSORS_H
-#define PIPER_RUNTIME_CHECKPOINT_SAFETENSORS_H
+#ifndef PIPER_RUNTIME_FORMATS_SAFETENSORS_H
+#define PIPER_RUNTIME_FORMATS_SAFETENSORS_H
 
 #include <cstdint>
 #include <memory>
@@ -140,4 +140,4 @@ Status checkpointStep(const SafetensorsReader &reader, int64_t &step);
 
 } // namespace piper::runtime
 
-#endif // PIPER_RUNTIME_CHECKPOINT_SAFETENSORS_H
+#endif // PIPER_RUNTIME_FORMATS_SAFETENSORS_H

@@ -1,5 +1,5 @@
 // The safetensors format: header JSON, validation, atomic writing, merging.
-#include "runtime/checkpoint/Safetensors.h"
+#include "runtime/formats/Safetensors.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -15,8 +15,8 @@
 
 #include <fmt/format.h>
 
-#include "runtime/checkpoint/Integrity.h"
-#include "runtime/checkpoint/Json.h"
+#include "runtime/formats/Integrity.h"
+#include "runtime/formats/Json.h"
 #include "support/AtomicFile.h"
 #include "support/Errno.h"
 #include "support/FileIO.h"

@@ -12,8 +12,8 @@
 
 #include <catch2/catch.hpp>
 
-#include "runtime/checkpoint/Json.h"
-#include "runtime/checkpoint/Safetensors.h"
+#include "runtime/formats/Json.h"
+#include "runtime/formats/Safetensors.h"
 
 using namespace piper;
 

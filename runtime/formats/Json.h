@@ -1,6 +1,6 @@
 // Strict JSON parsing for the runtime's files, on nlohmann/json.
-#ifndef PIPER_RUNTIME_CHECKPOINT_JSON_H
-#define PIPER_RUNTIME_CHECKPOINT_JSON_H
+#ifndef PIPER_RUNTIME_FORMATS_JSON_H
+#define PIPER_RUNTIME_FORMATS_JSON_H
 
 #include <cstdint>
 #include <string>
@@ -58,4 +58,4 @@ bool jsonHas(const Json &object, const std::string &key);
 
 } // namespace piper::runtime
 
-#endif // PIPER_RUNTIME_CHECKPOINT_JSON_H
+#endif // PIPER_RUNTIME_FORMATS_JSON_H

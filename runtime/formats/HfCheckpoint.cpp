@@ -1,5 +1,5 @@
 // Hugging Face model folders: see HfCheckpoint.h.
-#include "runtime/checkpoint/HfCheckpoint.h"
+#include "runtime/formats/HfCheckpoint.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -17,7 +17,7 @@
 #include <fmt/format.h>
 
 #include "proto/InputFile.h"
-#include "runtime/checkpoint/Json.h"
+#include "runtime/formats/Json.h"
 #include "support/AtomicFile.h"
 #include "support/Errno.h"
 #include "support/Precision.h"

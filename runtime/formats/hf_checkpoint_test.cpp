@@ -2,7 +2,7 @@
 // placement of sources in a parameter (transposed, at a column offset, in an
 // expert block) and back, sharded export with its index, and the checks'
 // messages. The whole-model proof is //test/oracle:hf_checkpoint_test.
-#include "runtime/checkpoint/HfCheckpoint.h"
+#include "runtime/formats/HfCheckpoint.h"
 
 #include <cmath>
 #include <cstdint>
@@ -21,7 +21,7 @@
 
 #include <catch2/catch.hpp>
 
-#include "runtime/checkpoint/Json.h"
+#include "runtime/formats/Json.h"
 
 using namespace piper;
 
@@ -426,11 +426,10 @@ TEST_CASE("a folder's config.json is read with the shared reader's limits",
   std::string dir = freshDir("config-limits");
   std::vector<float> w = {1.0f};
   REQUIRE(writeSafetensors(dir + "/model.safetensors",
-                           {SafetensorsTensor{"w", "F32", {1}, w.data()}},
-                           {}));
+                           {SafetensorsTensor{"w", "F32", {1}, w.data()}}, {}));
   const std::string config = dir + "/config.json";
-  const std::string who = "Hugging Face folder '" + dir + "': file '" +
-                          config + "' ";
+  const std::string who =
+      "Hugging Face folder '" + dir + "': file '" + config + "' ";
   auto refused = [&]() {
     Status st;
     CHECK(!HfFolder::open(dir, st));
@@ -451,15 +450,14 @@ TEST_CASE("a folder's config.json is read with the shared reader's limits",
   REQUIRE(std::remove(config.c_str()) == 0);
   // A dangling symlink is there, and cannot be opened.
   REQUIRE(::symlink("nowhere.json", config.c_str()) == 0);
-  CHECK(refused().rfind(who.substr(0, who.size() - 1) + ": cannot open: ",
-                        0) == 0);
+  CHECK(refused().rfind(who.substr(0, who.size() - 1) + ": cannot open: ", 0) ==
+        0);
   REQUIRE(std::remove(config.c_str()) == 0);
   writeText(config, "{\"a\": 1}");
   CHECK(openFolder(dir)->configText() == "{\"a\": 1}");
   // 100,000 levels of nesting: parseJson refuses it before recursing.
-  Status deep = checkHfConfigsMatch(std::string(100000, '[') +
-                                        std::string(100000, ']'),
-                                    "{}", "dir");
+  Status deep = checkHfConfigsMatch(
+      std::string(100000, '[') + std::string(100000, ']'), "{}", "dir");
   CHECK(!deep);
   CHECK(deep.message().rfind("dir/config.json: ", 0) == 0);
 }

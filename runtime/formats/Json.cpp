@@ -1,6 +1,6 @@
 // Strict JSON parsing on nlohmann/json: duplicate keys, nesting depth, and
 // parse errors turned into Status messages.
-#include "runtime/checkpoint/Json.h"
+#include "runtime/formats/Json.h"
 
 #include <set>
 #include <vector>

@@ -1,6 +1,6 @@
 // state.json: parsing with every field's type checked, writing, and the
 // verification of a checkpoint directory's files against it.
-#include "runtime/checkpoint/CheckpointManifest.h"
+#include "runtime/formats/CheckpointManifest.h"
 
 #include <map>
 #include <set>
@@ -9,7 +9,7 @@
 
 #include <fmt/format.h>
 
-#include "runtime/checkpoint/Integrity.h"
+#include "runtime/formats/Integrity.h"
 
 namespace piper::runtime {
 

@@ -2,8 +2,8 @@
 // a safetensors file's metadata, and the checks that a file's bytes still
 // match them and hold finite values (docs/operations.md, "Checkpoint
 // integrity").
-#ifndef PIPER_RUNTIME_CHECKPOINT_INTEGRITY_H
-#define PIPER_RUNTIME_CHECKPOINT_INTEGRITY_H
+#ifndef PIPER_RUNTIME_FORMATS_INTEGRITY_H
+#define PIPER_RUNTIME_FORMATS_INTEGRITY_H
 
 #include <cstddef>
 #include <cstdint>
@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/checkpoint/Safetensors.h"
+#include "runtime/formats/Safetensors.h"
 #include "support/Status.h"
 
 namespace piper::runtime {
@@ -93,4 +93,4 @@ Status verifyTensors(const SafetensorsReader &reader,
 
 } // namespace piper::runtime
 
-#endif // PIPER_RUNTIME_CHECKPOINT_INTEGRITY_H
+#endif // PIPER_RUNTIME_FORMATS_INTEGRITY_H

@@ -2,8 +2,8 @@
 // `model.safetensors` or of a sharded `model.safetensors.index.json` into
 // Piper's parameters, one parameter at a time, and writing parameters back
 // as such a folder.
-#ifndef PIPER_RUNTIME_CHECKPOINT_HFCHECKPOINT_H
-#define PIPER_RUNTIME_CHECKPOINT_HFCHECKPOINT_H
+#ifndef PIPER_RUNTIME_FORMATS_HFCHECKPOINT_H
+#define PIPER_RUNTIME_FORMATS_HFCHECKPOINT_H
 
 #include <cstdint>
 #include <functional>
@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/checkpoint/Safetensors.h"
+#include "runtime/formats/Safetensors.h"
 #include "support/RegularFile.h"
 #include "support/Status.h"
 
@@ -136,4 +136,4 @@ Status writeHfFolder(const std::string &dir, const std::string &configText,
 
 } // namespace piper::runtime
 
-#endif // PIPER_RUNTIME_CHECKPOINT_HFCHECKPOINT_H
+#endif // PIPER_RUNTIME_FORMATS_HFCHECKPOINT_H

@@ -1,8 +1,8 @@
 // The manifest of a checkpoint directory (state.json, written last): the
 // step, the run that wrote it, and every file with its size and CRC-32s;
 // its type-checked parsing, and the verification of a directory against it.
-#ifndef PIPER_RUNTIME_CHECKPOINT_CHECKPOINTMANIFEST_H
-#define PIPER_RUNTIME_CHECKPOINT_CHECKPOINTMANIFEST_H
+#ifndef PIPER_RUNTIME_FORMATS_CHECKPOINTMANIFEST_H
+#define PIPER_RUNTIME_FORMATS_CHECKPOINTMANIFEST_H
 
 #include <cstdint>
 #include <memory>
@@ -10,8 +10,8 @@
 #include <utility>
 #include <vector>
 
-#include "runtime/checkpoint/Json.h"
-#include "runtime/checkpoint/Safetensors.h"
+#include "runtime/formats/Json.h"
+#include "runtime/formats/Safetensors.h"
 #include "support/Status.h"
 
 namespace piper::runtime {
@@ -96,4 +96,4 @@ verifyCheckpointDir(const std::string &dir, const CheckpointManifest &manifest,
 
 } // namespace piper::runtime
 
-#endif // PIPER_RUNTIME_CHECKPOINT_CHECKPOINTMANIFEST_H
+#endif // PIPER_RUNTIME_FORMATS_CHECKPOINTMANIFEST_H

@@ -1,6 +1,6 @@
 // Per-tensor CRC-32s and run ids in safetensors metadata, and the scan that
 // checks a file's bytes against them and for non-finite values.
-#include "runtime/checkpoint/Integrity.h"
+#include "runtime/formats/Integrity.h"
 
 #include <algorithm>
 #include <cmath>
@@ -10,7 +10,7 @@
 #include <fmt/format.h>
 #include <zlib.h>
 
-#include "runtime/checkpoint/Json.h"
+#include "runtime/formats/Json.h"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
               "tensor bytes are little endian and read into memory");
