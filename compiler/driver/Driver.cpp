@@ -486,62 +486,9 @@ int runCompile(const CompileOptions &o) {
 }
 } // namespace
 
-int mlir::piper::pipercMain(int argc, char **argv) {
-  CLI::App app{"piperc: the Piper compiler for distributed training"};
-  app.require_subcommand(1);
-
-  ModelOptions model;
-  CLI::App *modelCmd =
-      app.add_subcommand("model", "emit a built-in model in the piper dialect");
-  modelCmd->add_option("name", model.name, "model or preset name (see --list)");
-  modelCmd->add_flag("--list", model.list,
-                     "list the models and presets with parameter counts");
-  modelCmd->add_option("--hf", model.hfDir,
-                       "a Hugging Face model folder: the model of its "
-                       "config.json (LlamaForCausalLM, Qwen3ForCausalLM, "
-                       "Qwen3MoeForCausalLM, GPT2LMHeadModel; with --seq, "
-                       "--batch; docs/hugging-face.md)");
-  modelCmd->add_option("--hf-config", model.hfConfig,
-                       "a Hugging Face config.json file (as --hf)");
-  modelCmd->add_option("--layers", model.gpt.layers, "transformer blocks");
-  modelCmd->add_option("--hidden", model.gpt.hidden, "hidden size");
-  modelCmd->add_option("--heads", model.gpt.heads, "attention heads");
-  modelCmd->add_option("--kv-heads", model.gpt.kvHeads,
-                       "key/value heads (llama: grouped-query attention)");
-  modelCmd->add_option("--head-dim", model.gpt.headDim,
-                       "width of each attention head (llama, qwen3, "
-                       "qwen3-moe); default hidden / heads");
-  modelCmd
-      ->add_option("--qk-norm", model.gpt.qkNorm,
-                   "Qwen3's RMSNorm of each query and key head (llama, "
-                   "qwen3-moe; on in the qwen3 presets)")
-      ->expected(0, 1)
-      ->default_str("true");
-  modelCmd->add_option("--ffn", model.gpt.ffn, "MLP hidden size");
-  modelCmd->add_option("--vocab", model.gpt.vocab, "vocabulary size");
-  modelCmd->add_option("--seq", model.gpt.seq, "sequence length");
-  modelCmd->add_option("--batch", model.gpt.batch,
-                       "microbatch size (sequences)");
-  modelCmd
-      ->add_option("--tied", model.gpt.tiedHead,
-                   "tie the LM head to the token embedding")
-      ->expected(0, 1)
-      ->default_str("true");
-  modelCmd->add_option("--rope-theta", model.ropeTheta,
-                       "rotary embedding base (llama, qwen3-moe)");
-  modelCmd->add_option("--experts", model.gpt.experts,
-                       "experts per MoE layer (qwen3-moe)");
-  modelCmd->add_option("--top-k", model.gpt.topK,
-                       "experts per token (qwen3-moe)");
-  modelCmd->add_option("--capacity-factor", model.gpt.capacityFactor,
-                       "expert slots = ceil(factor * tokens * top_k / "
-                       "experts); 0 = dropless (qwen3-moe)");
-  modelCmd->add_option("--aux-loss-coeff", model.gpt.auxLossCoeff,
-                       "weight of the load-balancing loss (qwen3-moe)");
-  modelCmd->add_option("-o,--output", model.output,
-                       "output file (default stdout)");
-
-  CompileOptions comp;
+/// `piperc compile`'s command line: the model, the strategy (a file or the
+/// flags), the optimizer, the phases and the checks, into `comp`.
+static CLI::App *addCompileCommand(CLI::App &app, CompileOptions &comp) {
   CLI::App *compileCmd = app.add_subcommand(
       "compile", "compile a model and a strategy into per-device plans");
   // Not required: `piperc compile --schedule help` needs no model.
@@ -662,6 +609,66 @@ int mlir::piper::pipercMain(int argc, char **argv) {
   compileCmd->add_flag("--no-optimizer", comp.opt.noUpdate,
                        "forward and backward only: gradients accumulate and "
                        "are never applied (gradient checks)");
+  return compileCmd;
+}
+
+int mlir::piper::pipercMain(int argc, char **argv) {
+  CLI::App app{"piperc: the Piper compiler for distributed training"};
+  app.require_subcommand(1);
+
+  ModelOptions model;
+  CLI::App *modelCmd =
+      app.add_subcommand("model", "emit a built-in model in the piper dialect");
+  modelCmd->add_option("name", model.name, "model or preset name (see --list)");
+  modelCmd->add_flag("--list", model.list,
+                     "list the models and presets with parameter counts");
+  modelCmd->add_option("--hf", model.hfDir,
+                       "a Hugging Face model folder: the model of its "
+                       "config.json (LlamaForCausalLM, Qwen3ForCausalLM, "
+                       "Qwen3MoeForCausalLM, GPT2LMHeadModel; with --seq, "
+                       "--batch; docs/hugging-face.md)");
+  modelCmd->add_option("--hf-config", model.hfConfig,
+                       "a Hugging Face config.json file (as --hf)");
+  modelCmd->add_option("--layers", model.gpt.layers, "transformer blocks");
+  modelCmd->add_option("--hidden", model.gpt.hidden, "hidden size");
+  modelCmd->add_option("--heads", model.gpt.heads, "attention heads");
+  modelCmd->add_option("--kv-heads", model.gpt.kvHeads,
+                       "key/value heads (llama: grouped-query attention)");
+  modelCmd->add_option("--head-dim", model.gpt.headDim,
+                       "width of each attention head (llama, qwen3, "
+                       "qwen3-moe); default hidden / heads");
+  modelCmd
+      ->add_option("--qk-norm", model.gpt.qkNorm,
+                   "Qwen3's RMSNorm of each query and key head (llama, "
+                   "qwen3-moe; on in the qwen3 presets)")
+      ->expected(0, 1)
+      ->default_str("true");
+  modelCmd->add_option("--ffn", model.gpt.ffn, "MLP hidden size");
+  modelCmd->add_option("--vocab", model.gpt.vocab, "vocabulary size");
+  modelCmd->add_option("--seq", model.gpt.seq, "sequence length");
+  modelCmd->add_option("--batch", model.gpt.batch,
+                       "microbatch size (sequences)");
+  modelCmd
+      ->add_option("--tied", model.gpt.tiedHead,
+                   "tie the LM head to the token embedding")
+      ->expected(0, 1)
+      ->default_str("true");
+  modelCmd->add_option("--rope-theta", model.ropeTheta,
+                       "rotary embedding base (llama, qwen3-moe)");
+  modelCmd->add_option("--experts", model.gpt.experts,
+                       "experts per MoE layer (qwen3-moe)");
+  modelCmd->add_option("--top-k", model.gpt.topK,
+                       "experts per token (qwen3-moe)");
+  modelCmd->add_option("--capacity-factor", model.gpt.capacityFactor,
+                       "expert slots = ceil(factor * tokens * top_k / "
+                       "experts); 0 = dropless (qwen3-moe)");
+  modelCmd->add_option("--aux-loss-coeff", model.gpt.auxLossCoeff,
+                       "weight of the load-balancing loss (qwen3-moe)");
+  modelCmd->add_option("-o,--output", model.output,
+                       "output file (default stdout)");
+
+  CompileOptions comp;
+  CLI::App *compileCmd = addCompileCommand(app, comp);
 
   LowerOptions lower;
   CLI::App *lowerCmd = app.add_subcommand(
