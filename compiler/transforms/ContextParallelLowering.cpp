@@ -184,7 +184,7 @@ static void expandGatherGrad(CpGatherGradOp op) {
 }
 
 static bool isExchange(Operation &op) {
-  return isa<CpRingShiftOp, CpAllToAllOp, CpAllGatherOp, CpReduceScatterOp>(op);
+  return isSegmentCollective(op, Axis::cp);
 }
 
 /// Whether `seg` holds context-parallel ops to lower.
@@ -299,54 +299,21 @@ LogicalResult mlir::piper::lowerContextParallel(ModuleOp module) {
   }
   for (auto [t, rings] : tasks) {
     const SegmentPieces &pieces = piecesOf[t.getSegmentAttr().getAttr()];
-    splitTaskWith(
-        t, pieces,
-        [&](OpBuilder &b, unsigned j, ArrayRef<Value> args,
-            ArrayRef<Value> deps) -> std::optional<PieceNode> {
-          if (auto a2a = soleOp<CpAllToAllOp>(pieces.pieces[j])) {
-            auto node = AllToAllOp::create(
-                b, t.getLoc(), args[0].getType(), args[1].getType(),
-                b.getType<TokenType>(), args[0], args[1], deps,
-                t.getDevicesAttr(), stream, t.getTag(), IntegerAttr(), rings);
-            PieceNode n{node, {}, node.getDone()};
-            for (Value v : pieces.outputValues[j])
-              n.outs.push_back(cast<OpResult>(v).getResultNumber() == 0
-                                   ? node.getResult()
-                                   : node.getRecvCounts());
-            return n;
-          }
-          if (auto ag = soleOp<CpAllGatherOp>(pieces.pieces[j])) {
-            auto node = AllGatherOp::create(
-                b, t.getLoc(), ag.getResult().getType(), b.getType<TokenType>(),
-                args[0], deps, t.getDevicesAttr(), stream, t.getTag(),
-                IntegerAttr(), rings);
-            return PieceNode{node, {node.getResult()}, node.getDone()};
-          }
-          if (auto rs = soleOp<CpReduceScatterOp>(pieces.pieces[j])) {
-            auto node = ReduceScatterOp::create(
-                b, t.getLoc(), rs.getResult().getType(), b.getType<TokenType>(),
-                args[0], deps, t.getDevicesAttr(), stream, t.getTag(),
-                IntegerAttr(), rings);
-            return PieceNode{node, {node.getResult()}, node.getDone()};
-          }
-          auto marker = soleOp<CpRingShiftOp>(pieces.pieces[j]);
-          if (!marker)
-            return std::nullopt;
-          // Overlapped, it is ordered by its data alone: it
-          // runs beside the pieces after it until one reads its
-          // result. Otherwise it waits for the piece before it
-          // and the next waits for it.
-          auto node = RingShiftOp::create(
-              b, t.getLoc(), args[0].getType(), b.getType<TokenType>(), args[0],
-              overlap ? ArrayRef<Value>() : deps, t.getDevicesAttr(), rings,
-              marker.getOffsetAttr(), stream, t.getTag());
-          return PieceNode{node, {node.getResult()}, node.getDone(), !overlap};
-        });
+    splitTaskWith(t, pieces,
+                  [&](OpBuilder &b, unsigned j, ArrayRef<Value> args,
+                      ArrayRef<Value> deps) -> std::optional<PieceNode> {
+                    SegmentCollectiveOpInterface marker =
+                        soleSegmentCollective(pieces.pieces[j]);
+                    if (!marker)
+                      return std::nullopt;
+                    return createSegmentCollectiveNode(
+                        b, t, marker, args, deps, t.getDevicesAttr(), stream,
+                        rings, pieces.outputValues[j], overlap);
+                  });
   }
   for (auto &entry : piecesOf) {
     for (SegmentOp piece : entry.second.pieces)
-      if (soleOp<CpRingShiftOp>(piece) || soleOp<CpAllToAllOp>(piece) ||
-          soleOp<CpAllGatherOp>(piece) || soleOp<CpReduceScatterOp>(piece))
+      if (soleSegmentCollective(piece))
         symbols.erase(piece);
     symbols.erase(symbols.lookup<SegmentOp>(entry.first));
   }

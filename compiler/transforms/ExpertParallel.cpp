@@ -158,19 +158,13 @@ void splitWithExchanges(TaskOp t, const SegmentPieces &pieces,
   splitTaskWith(t, pieces,
                 [&](OpBuilder &b, unsigned j, ArrayRef<Value> args,
                     ArrayRef<Value> deps) -> std::optional<PieceNode> {
-                  auto marker = soleOp<EpExchangeOp>(pieces.pieces[j]);
+                  SegmentCollectiveOpInterface marker =
+                      soleSegmentCollective(pieces.pieces[j]);
                   if (!marker)
                     return std::nullopt;
-                  auto a2a = AllToAllOp::create(
-                      b, t.getLoc(), args[0].getType(), args[1].getType(),
-                      b.getType<TokenType>(), args[0], args[1], deps, ep.group,
-                      ep.stream, t.getTag(), IntegerAttr(), ep.subgroups);
-                  PieceNode n{a2a, {}, a2a.getDone()};
-                  for (Value v : pieces.outputValues[j])
-                    n.outs.push_back(cast<OpResult>(v).getResultNumber() == 0
-                                         ? a2a.getResult()
-                                         : a2a.getRecvCounts());
-                  return n;
+                  return createSegmentCollectiveNode(
+                      b, t, marker, args, deps, ep.group, ep.stream,
+                      ep.subgroups, pieces.outputValues[j]);
                 });
 }
 
@@ -281,7 +275,8 @@ LogicalResult mlir::piper::applyShard(ModuleOp module, ProgramOp program,
       return failure();
     layers += *n;
     FailureOr<SegmentPieces> pieces = splitAround(
-        seg, [](Operation &op) { return isa<EpExchangeOp>(op); }, symbols);
+        seg, [](Operation &op) { return isSegmentCollective(op, Axis::ep); },
+        symbols);
     if (failed(pieces))
       return failure();
     piecesOf[name] = std::move(*pieces);
@@ -311,7 +306,7 @@ LogicalResult mlir::piper::applyShard(ModuleOp module, ProgramOp program,
   // The exchange pieces became all-to-alls: no task calls them.
   for (auto &entry : piecesOf) {
     for (SegmentOp piece : entry.second.pieces)
-      if (soleOp<EpExchangeOp>(piece))
+      if (soleSegmentCollective(piece))
         symbols.erase(piece);
     symbols.erase(symbols.lookup<SegmentOp>(entry.first));
   }

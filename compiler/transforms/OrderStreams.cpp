@@ -75,7 +75,8 @@ LogicalResult mlir::piper::orderStreams(ModuleOp module) {
 }
 
 namespace {
-struct OrderStreamsPass : mlir::piper::impl::PiperOrderStreamsBase<OrderStreamsPass> {
+struct OrderStreamsPass
+    : mlir::piper::impl::PiperOrderStreamsBase<OrderStreamsPass> {
   void runOnOperation() override {
     if (failed(orderStreams(getOperation())))
       signalPassFailure();

@@ -3,12 +3,12 @@
 #include "compiler/transforms/Passes.h"
 #include "compiler/transforms/Transforms.h"
 
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/IRMapping.h"
 #include "llvm/ADT/MapVector.h"
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/SetVector.h"
 #include "llvm/ADT/StringExtras.h"
-#include "mlir/IR/Builders.h"
-#include "mlir/IR/IRMapping.h"
 
 namespace mlir::piper {
 #define GEN_PASS_DEF_PIPERSCHEDULE
@@ -39,8 +39,7 @@ pipelineShape(ProgramOp program, const ScheduleBuilder &schedule,
   }
   bool placed = llvm::all_of(groupOf, [](DeviceGroupAttr g) { return g; });
   auto fail = [&]() {
-    return program.emitOpError(what) << ": schedule '" << schedule.name
-                                     << "' ";
+    return program.emitOpError(what) << ": schedule '" << schedule.name << "' ";
   };
   if (!placed) {
     int64_t perDevice = defaultStagesPerDevice(schedule);
@@ -112,8 +111,7 @@ LogicalResult mlir::piper::applySchedule(ModuleOp module,
       !err.empty())
     return program->emitOpError(what)
            << ": schedule '" << schedule.name << "' " << err;
-  for (Directive &d :
-       buildSchedule(schedule, devices, perDevice, microbatches))
+  for (Directive &d : buildSchedule(schedule, devices, perDevice, microbatches))
     if (failed(applyDirective(module, d, std::nullopt)))
       return failure();
   return success();

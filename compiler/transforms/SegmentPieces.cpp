@@ -3,9 +3,9 @@
 // gather a forward's parameters bucket by bucket instead of all at once.
 #include "compiler/transforms/Transforms.h"
 
-#include "llvm/ADT/SetVector.h"
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/IRMapping.h"
+#include "llvm/ADT/SetVector.h"
 
 using namespace mlir;
 using namespace mlir::piper;
@@ -33,11 +33,9 @@ FailureOr<SegmentPieces> mlir::piper::splitSegment(SegmentOp seg,
   return splitSegmentByOps(seg, pieceOf, names, cuts.size());
 }
 
-FailureOr<SegmentPieces>
-mlir::piper::splitSegmentByOps(SegmentOp seg,
-                               const DenseMap<Operation *, unsigned> &pieceOf,
-                               ArrayRef<std::string> names,
-                               unsigned passThroughPiece) {
+FailureOr<SegmentPieces> mlir::piper::splitSegmentByOps(
+    SegmentOp seg, const DenseMap<Operation *, unsigned> &pieceOf,
+    ArrayRef<std::string> names, unsigned passThroughPiece) {
   Block &body = seg.getBody().front();
   auto yield = cast<YieldOp>(body.getTerminator());
   SmallVector<Operation *> ops;
@@ -150,8 +148,7 @@ mlir::piper::splitSegmentByOps(SegmentOp seg,
     if (isa<BlockArgument>(v)) {
       unsigned k = llvm::find(outputs[passThroughPiece], v) -
                    outputs[passThroughPiece].begin();
-      out.results.push_back(
-          PieceSource{static_cast<int>(passThroughPiece), k});
+      out.results.push_back(PieceSource{static_cast<int>(passThroughPiece), k});
     } else {
       auto [p, k] = sourceOf.lookup(v);
       out.results.push_back(PieceSource{p, k});
@@ -234,11 +231,11 @@ SmallVector<PieceNode> mlir::piper::splitTaskWith(TaskOp t,
 SmallVector<TaskOp> mlir::piper::splitTask(TaskOp t,
                                            const SegmentPieces &pieces) {
   SmallVector<TaskOp> tasks;
-  for (const PieceNode &n :
-       splitTaskWith(t, pieces, [](OpBuilder &, unsigned, ArrayRef<Value>,
-                                   ArrayRef<Value>) {
-         return std::optional<PieceNode>();
-       }))
+  for (const PieceNode &n : splitTaskWith(
+           t, pieces,
+           [](OpBuilder &, unsigned, ArrayRef<Value>, ArrayRef<Value>) {
+             return std::optional<PieceNode>();
+           }))
     tasks.push_back(cast<TaskOp>(n.op));
   return tasks;
 }
@@ -261,4 +258,69 @@ void mlir::piper::hoistAccumulations(SegmentOp seg) {
       acc->moveBefore(&body.front());
     last[param] = acc;
   }
+}
+
+bool mlir::piper::isSegmentCollective(Operation &op, Axis axis) {
+  auto c = dyn_cast<SegmentCollectiveOpInterface>(op);
+  return c && c.getCollectiveAxis() == axis;
+}
+
+SegmentCollectiveOpInterface
+mlir::piper::soleSegmentCollective(SegmentOp piece) {
+  return soleOp<SegmentCollectiveOpInterface>(piece);
+}
+
+PieceNode mlir::piper::createSegmentCollectiveNode(
+    OpBuilder &b, TaskOp t, SegmentCollectiveOpInterface marker,
+    ArrayRef<Value> args, ArrayRef<Value> deps, DeviceGroupAttr group,
+    StreamAttr stream, ArrayAttr subgroups, ArrayRef<Value> outputs,
+    bool overlap) {
+  Location loc = t.getLoc();
+  Type token = b.getType<TokenType>();
+  Type type = marker->getResult(0).getType();
+  switch (marker.getCollectiveKind()) {
+  case SegmentCollectiveKind::AllReduce: {
+    auto node = AllReduceOp::create(b, loc, ValueRange{args[0]}, deps, group,
+                                    stream, t.getTag());
+    if (subgroups)
+      node.setSubgroupsAttr(subgroups);
+    return PieceNode{node, {node.getResults()[0]}, node.getDone()};
+  }
+  case SegmentCollectiveKind::AllGather: {
+    auto node =
+        AllGatherOp::create(b, loc, type, token, args[0], deps, group, stream,
+                            t.getTag(), IntegerAttr(), subgroups);
+    return PieceNode{node, {node.getResult()}, node.getDone()};
+  }
+  case SegmentCollectiveKind::ReduceScatter: {
+    auto node =
+        ReduceScatterOp::create(b, loc, type, token, args[0], deps, group,
+                                stream, t.getTag(), IntegerAttr(), subgroups);
+    return PieceNode{node, {node.getResult()}, node.getDone()};
+  }
+  case SegmentCollectiveKind::AllToAll: {
+    // Rows and their per-member counts: the piece's outputs are either.
+    auto node = AllToAllOp::create(b, loc, args[0].getType(), args[1].getType(),
+                                   token, args[0], args[1], deps, group, stream,
+                                   t.getTag(), IntegerAttr(), subgroups);
+    PieceNode n{node, {}, node.getDone()};
+    for (Value v : outputs)
+      n.outs.push_back(cast<OpResult>(v).getResultNumber() == 0
+                           ? node.getResult()
+                           : node.getRecvCounts());
+    return n;
+  }
+  case SegmentCollectiveKind::RingShift: {
+    // Overlapped, it is ordered by its data alone: it runs beside the
+    // pieces after it until one reads its result. Otherwise it waits for
+    // the piece before it and the next waits for it.
+    auto shift = cast<CpRingShiftOp>(marker.getOperation());
+    auto node = RingShiftOp::create(b, loc, args[0].getType(), token, args[0],
+                                    overlap ? ArrayRef<Value>() : deps, group,
+                                    subgroups, shift.getOffsetAttr(), stream,
+                                    t.getTag());
+    return PieceNode{node, {node.getResult()}, node.getDone(), !overlap};
+  }
+  }
+  llvm_unreachable("unknown segment collective kind");
 }

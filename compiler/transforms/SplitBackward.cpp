@@ -8,8 +8,8 @@
 #include "compiler/transforms/Passes.h"
 #include "compiler/transforms/Transforms.h"
 
-#include "llvm/ADT/STLExtras.h"
 #include "mlir/IR/Builders.h"
+#include "llvm/ADT/STLExtras.h"
 
 namespace mlir::piper {
 #define GEN_PASS_DEF_PIPERSPLITBACKWARD
@@ -65,8 +65,8 @@ static std::string freshName(SymbolTable &symbols, std::string name) {
 static FailureOr<SegmentPieces> splitBackwardSegment(SegmentOp seg,
                                                      SymbolTable &symbols) {
   StringRef name = seg.getSymName();
-  std::string base = name.ends_with("_B") ? name.drop_back(2).str()
-                                          : name.str();
+  std::string base =
+      name.ends_with("_B") ? name.drop_back(2).str() : name.str();
   SmallVector<std::string> names = {freshName(symbols, base + "_BI"),
                                     freshName(symbols, base + "_BW")};
   FailureOr<SegmentPieces> pieces =
@@ -164,9 +164,8 @@ LogicalResult mlir::piper::splitBackwardTasks(ProgramOp program,
   // A fused segment no task calls any more is dropped.
   for (auto &[name, pieces] : piecesOf) {
     bool called = false;
-    program.walk([&](TaskOp t) {
-      called |= t.getSegmentAttr().getAttr() == name;
-    });
+    program.walk(
+        [&](TaskOp t) { called |= t.getSegmentAttr().getAttr() == name; });
     if (!called)
       symbols.erase(symbols.lookup(name));
   }

@@ -116,8 +116,9 @@ LogicalResult DeviceSplitter::collectClasses() {
     for (int64_t d : group)
       if (classOfDevice.count(d))
         return op.emitOpError("device ")
-               << d << " belongs to two different device groups; every "
-                       "device must belong to exactly one group";
+               << d
+               << " belongs to two different device groups; every "
+                  "device must belong to exactly one group";
     for (int64_t d : group)
       classOfDevice[d] = classes.size();
     classes.push_back(group);
@@ -165,8 +166,9 @@ LogicalResult DeviceSplitter::checkPlacement() {
     ArrayRef<int64_t> g = groupOf(&op);
     if (!isClass(g))
       return op.emitOpError("runs on [")
-             << g << "], which is not the device group of any task; a "
-                     "collective on tensors runs over one device group";
+             << g
+             << "], which is not the device group of any task; a "
+                "collective on tensors runs over one device group";
     for (Value v : op.getOperands()) {
       if (isa<TokenType>(v.getType()))
         continue;
@@ -178,8 +180,8 @@ LogicalResult DeviceSplitter::checkPlacement() {
                  << tr.getTo().getMembers() << "]";
       } else if (def && !isa<BatchOp>(def) && groupOf(def) != g) {
         return op.emitOpError("runs on [")
-               << g << "] but reads a value of " << describeNode(def)
-               << " on [" << groupOf(def)
+               << g << "] but reads a value of " << describeNode(def) << " on ["
+               << groupOf(def)
                << "] without a transfer; run the place directives";
       }
     }
@@ -306,8 +308,7 @@ static LogicalResult checkGradientsReduced(ModuleOp module,
     // The members of one tensor-parallel group hold no other copy to sum
     // with (their all-reduces are the layers' own).
     if (dp.getRanks().size() < 2 ||
-        static_cast<int64_t>(dp.getRanks().size()) ==
-            getMesh(module).getTp())
+        static_cast<int64_t>(dp.getRanks().size()) == getMesh(module).getTp())
       continue;
     llvm::DenseSet<StringAttr> reduced;
     dp.walk([&](AllReduceOp ar) {
@@ -399,7 +400,8 @@ LogicalResult mlir::piper::splitDevices(ModuleOp module) {
 }
 
 namespace {
-struct SplitDevicesPass : mlir::piper::impl::PiperSplitDevicesBase<SplitDevicesPass> {
+struct SplitDevicesPass
+    : mlir::piper::impl::PiperSplitDevicesBase<SplitDevicesPass> {
   void runOnOperation() override {
     if (failed(splitDevices(getOperation())))
       signalPassFailure();

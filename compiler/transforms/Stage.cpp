@@ -2,9 +2,9 @@
 #include "compiler/transforms/Passes.h"
 #include "compiler/transforms/Transforms.h"
 
-#include "llvm/ADT/SetVector.h"
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/IRMapping.h"
+#include "llvm/ADT/SetVector.h"
 
 namespace mlir::piper {
 #define GEN_PASS_DEF_PIPERSTAGE
@@ -139,11 +139,10 @@ LogicalResult mlir::piper::applyStage(ModuleOp module, int64_t stages) {
     b.setInsertionPoint(group.back());
     auto tag = TagAttr::get(b.getContext(), s, std::nullopt, std::nullopt,
                             std::nullopt, std::nullopt);
-    auto task = TaskOp::create(b, group.back().getLoc(), TypeRange(outTypes),
-                               b.getType<TokenType>(),
-                               FlatSymbolRefAttr::get(seg.getSymNameAttr()),
-                               inputs.getArrayRef(), deps.getArrayRef(), tag,
-                               DeviceGroupAttr(), StreamAttr(), StreamAttr());
+    auto task = TaskOp::create(
+        b, group.back().getLoc(), TypeRange(outTypes), b.getType<TokenType>(),
+        FlatSymbolRefAttr::get(seg.getSymNameAttr()), inputs.getArrayRef(),
+        deps.getArrayRef(), tag, DeviceGroupAttr(), StreamAttr(), StreamAttr());
     for (auto [i, old] : llvm::enumerate(outputs))
       Value(old).replaceAllUsesWith(task.getOuts()[i]);
     for (TaskOp t : llvm::reverse(group)) {

@@ -23,18 +23,7 @@ using namespace mlir::piper;
 /// (an all-reduce) and sequence parallelism's all-gathers and
 /// reduce-scatters (sp_split stays a kernel: it needs no communication).
 static bool isCollectiveMarker(Operation &op) {
-  return isa<TpReduceOp, SpAllGatherOp, SpReduceScatterOp, SpGatherOp>(op);
-}
-
-/// The marker a piece of splitAround holds alone, or null.
-static Operation *soleMarker(SegmentOp piece) {
-  if (Operation *op = soleOp<TpReduceOp>(piece))
-    return op;
-  if (Operation *op = soleOp<SpAllGatherOp>(piece))
-    return op;
-  if (Operation *op = soleOp<SpReduceScatterOp>(piece))
-    return op;
-  return soleOp<SpGatherOp>(piece);
+  return isSegmentCollective(op, Axis::tp);
 }
 
 /// Moves each collective marker on a weight gradient's path (the gathered
@@ -120,42 +109,22 @@ LogicalResult mlir::piper::lowerTensorParallel(ModuleOp module) {
   }
   for (auto [t, chunks] : tasks) {
     const SegmentPieces &pieces = piecesOf[t.getSegmentAttr().getAttr()];
-    splitTaskWith(
-        t, pieces,
-        [&](OpBuilder &b, unsigned j, ArrayRef<Value> args,
-            ArrayRef<Value> deps) -> std::optional<PieceNode> {
-          Operation *marker = soleMarker(pieces.pieces[j]);
-          if (!marker)
-            return std::nullopt;
-          Type type = marker->getResult(0).getType();
-          Operation *node;
-          Value result, done;
-          if (isa<TpReduceOp>(marker)) {
-            auto ar =
-                AllReduceOp::create(b, t.getLoc(), ValueRange{args[0]}, deps,
-                                    t.getDevicesAttr(), stream, t.getTag());
-            node = ar, result = ar.getResults()[0], done = ar.getDone();
-          } else if (isa<SpReduceScatterOp>(marker)) {
-            auto rs = ReduceScatterOp::create(
-                b, t.getLoc(), type, b.getType<TokenType>(), args[0], deps,
-                t.getDevicesAttr(), stream, t.getTag(), IntegerAttr(),
-                ArrayAttr());
-            node = rs, result = rs.getResult(), done = rs.getDone();
-          } else {
-            auto ag =
-                AllGatherOp::create(b, t.getLoc(), type, b.getType<TokenType>(),
-                                    args[0], deps, t.getDevicesAttr(), stream,
-                                    t.getTag(), IntegerAttr(), ArrayAttr());
-            node = ag, result = ag.getResult(), done = ag.getDone();
-          }
-          if (chunks.size() > 1)
-            node->setAttr("subgroups", chunks);
-          return PieceNode{node, {result}, done};
-        });
+    splitTaskWith(t, pieces,
+                  [&](OpBuilder &b, unsigned j, ArrayRef<Value> args,
+                      ArrayRef<Value> deps) -> std::optional<PieceNode> {
+                    SegmentCollectiveOpInterface marker =
+                        soleSegmentCollective(pieces.pieces[j]);
+                    if (!marker)
+                      return std::nullopt;
+                    return createSegmentCollectiveNode(
+                        b, t, marker, args, deps, t.getDevicesAttr(), stream,
+                        chunks.size() > 1 ? chunks : ArrayAttr(),
+                        pieces.outputValues[j]);
+                  });
   }
   for (auto &entry : piecesOf) {
     for (SegmentOp piece : entry.second.pieces)
-      if (soleMarker(piece))
+      if (soleSegmentCollective(piece))
         symbols.erase(piece);
     symbols.erase(symbols.lookup<SegmentOp>(entry.first));
   }

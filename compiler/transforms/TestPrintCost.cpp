@@ -19,8 +19,9 @@ struct TestPrintCostPass
   void runOnOperation() override {
     for (SegmentOp seg : getOperation().getOps<SegmentOp>()) {
       SegmentCost cost = estimateSegmentCost(seg);
-      llvm::outs() << llvm::formatv("segment @{0}: flops {1:F0}, bytes {2:F0}\n",
-                                    seg.getSymName(), cost.flops, cost.bytes);
+      llvm::outs() << llvm::formatv(
+          "segment @{0}: flops {1:F0}, bytes {2:F0}\n", seg.getSymName(),
+          cost.flops, cost.bytes);
     }
     markAllAnalysesPreserved();
   }

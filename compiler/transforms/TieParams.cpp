@@ -5,13 +5,13 @@
 
 #include <set>
 
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/IRMapping.h"
 #include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/MapVector.h"
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/SetVector.h"
 #include "llvm/ADT/StringExtras.h"
-#include "mlir/IR/Builders.h"
-#include "mlir/IR/IRMapping.h"
 
 namespace mlir::piper {
 #define GEN_PASS_DEF_PIPERTIEPARAMS
@@ -89,21 +89,21 @@ LogicalResult mlir::piper::tieSharedParams(ModuleOp module, double bucketMb) {
     // Member i of each group sums with member i of the others: a ZeRO
     // range, an expert block, or a tensor-parallel member (which holds its
     // slice, or its own whole copy of a parameter the members share).
-    int64_t width = ranges ? static_cast<int64_t>(groups.front().size())
-                           : std::max<int64_t>(
-                                 static_cast<int64_t>(
-                                     symbols.lookup<ParamOp>(param)
-                                         .getExpertMembers()
-                                         .value_or(1)),
-                                 getMesh(module).getTp());
+    int64_t width =
+        ranges ? static_cast<int64_t>(groups.front().size())
+               : std::max<int64_t>(
+                     static_cast<int64_t>(symbols.lookup<ParamOp>(param)
+                                              .getExpertMembers()
+                                              .value_or(1)),
+                     getMesh(module).getTp());
     for (ArrayRef<int64_t> g : groups)
       if (g.size() % width != 0 || (ranges && g.size() != groups[0].size()))
         return program->emitOpError("parameter @")
                << param.getValue() << " is split over groups of " << width
                << " ranks ("
-               << (ranges                             ? "ZeRO"
+               << (ranges                        ? "ZeRO"
                    : getMesh(module).getTp() > 1 ? "tensor parallelism"
-                                                      : "expert parallelism")
+                                                 : "expert parallelism")
                << "), which its copy's group " << formatDevices(g)
                << " does not match";
     SmallVector<ArrayRef<int64_t>> key(groups.begin(), groups.end());
@@ -186,8 +186,7 @@ LogicalResult mlir::piper::tieSharedParams(ModuleOp module, double bucketMb) {
 }
 
 namespace {
-struct TieParamsPass
-    : mlir::piper::impl::PiperTieParamsBase<TieParamsPass> {
+struct TieParamsPass : mlir::piper::impl::PiperTieParamsBase<TieParamsPass> {
   using PiperTieParamsBase::PiperTieParamsBase;
   void runOnOperation() override {
     if (!(bucketMb > 0)) {

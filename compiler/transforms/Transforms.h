@@ -157,6 +157,25 @@ template <typename OpT> OpT soleOp(SegmentOp piece) {
   return llvm::hasSingleElement(body) ? dyn_cast<OpT>(*body.begin()) : OpT();
 }
 
+/// Whether `op` is a segment collective (SegmentCollectiveOpInterface)
+/// over `axis`: where that axis's lowering cuts a segment.
+bool isSegmentCollective(Operation &op, Axis axis);
+/// The segment collective `piece` holds alone (a piece of a segment cut
+/// around them), or null.
+SegmentCollectiveOpInterface soleSegmentCollective(SegmentOp piece);
+/// The program node the segment collective `marker` (alone in the piece
+/// of task `t` that reads `args` after `deps`) becomes: the collective of
+/// its kind over `group` (each rank with its member of `subgroups`, when
+/// set) on `stream`, with the tag of `t`; `outputs` are the piece's outputs
+/// (results of `marker`). A ring shift with `overlap` is ordered by its
+/// data alone (unchained), as the ring's exchanges run beside its steps.
+/// The one builder of the tp, cp and ep lowerings.
+PieceNode createSegmentCollectiveNode(
+    OpBuilder &b, TaskOp t, SegmentCollectiveOpInterface marker,
+    ArrayRef<Value> args, ArrayRef<Value> deps, DeviceGroupAttr group,
+    StreamAttr stream, ArrayAttr subgroups, ArrayRef<Value> outputs,
+    bool overlap = true);
+
 /// Replaces each backward task of `tasks` (SplitBackward.cpp) by an
 /// input-gradient task (BI: the activation-gradient chain) and, after it, a
 /// weight-gradient task (BW: ops with the WeightGradient trait, the

@@ -139,7 +139,9 @@ def Piper_AttentionBlockGradOp : Piper_Op<"attention_block_grad", [Pure,
 }
 
 def Piper_CpRingShiftOp : Piper_Op<"cp_ring_shift", [Pure,
-    SameOperandsAndResultType, HasParent<"SegmentOp">]> {
+    SameOperandsAndResultType, HasParent<"SegmentOp">,
+    Piper_SegmentCollectiveOpInterface]> {
+  let extraClassDeclaration = Piper_SegmentCollective<"cp", "RingShift">.decl;
   let summary = "Passes a tensor along the context-parallel ring";
   let description = [{
     Member m of the context-parallel group sends `input` to member
@@ -287,6 +289,7 @@ def Piper_CpUlyssesZigzagOp : Piper_ComputeOp<"cp_ulysses_zigzag", [Pure,
 }
 
 def Piper_CpAllToAllOp : Piper_Op<"cp_all_to_all", [HasParent<"SegmentOp">,
+    Piper_SegmentCollectiveOpInterface,
     AllTypesMatch<["input", "result"]>,
     AllTypesMatch<["send_counts", "recv_counts"]>]> {
   let summary = "Where the Ulysses lowering cuts a segment for an all-to-all";
@@ -304,6 +307,7 @@ def Piper_CpAllToAllOp : Piper_Op<"cp_all_to_all", [HasParent<"SegmentOp">,
   let arguments = (ins F32Tensor2D:$input, I32Tensor1D:$send_counts,
                        I64Attr:$cp);
   let results = (outs F32Tensor2D:$result, I32Tensor1D:$recv_counts);
+  let extraClassDeclaration = Piper_SegmentCollective<"cp", "AllToAll">.decl;
   let assemblyFormat = "$input `,` $send_counts attr-dict `:` type($input) `,` type($send_counts)";
   let hasVerifier = 1;
 }
@@ -389,7 +393,9 @@ def Piper_CpSplitGradOp : Piper_ComputeOp<"cp_split_grad", [Pure,
   let hasVerifier = 1;
 }
 
-def Piper_CpAllGatherOp : Piper_Op<"cp_all_gather", [HasParent<"SegmentOp">]> {
+def Piper_CpAllGatherOp : Piper_Op<"cp_all_gather", [HasParent<"SegmentOp">,
+    Piper_SegmentCollectiveOpInterface]> {
+  let extraClassDeclaration = Piper_SegmentCollective<"cp", "AllGather">.decl;
   let summary = "Where the context-parallel lowering cuts a segment for an all-gather";
   let description = [{
     `result` [cp n, C]: the members' `input` [n, C] in member order. A
@@ -407,7 +413,10 @@ def Piper_CpAllGatherOp : Piper_Op<"cp_all_gather", [HasParent<"SegmentOp">]> {
   let hasVerifier = 1;
 }
 
-def Piper_CpReduceScatterOp : Piper_Op<"cp_reduce_scatter", [HasParent<"SegmentOp">]> {
+def Piper_CpReduceScatterOp : Piper_Op<"cp_reduce_scatter", [HasParent<"SegmentOp">,
+    Piper_SegmentCollectiveOpInterface]> {
+  let extraClassDeclaration =
+      Piper_SegmentCollective<"cp", "ReduceScatter">.decl;
   let summary = "Where the context-parallel lowering cuts a segment for a reduce-scatter";
   let description = [{
     `result` [n, C]: member m's block of the sum over the members of

@@ -16,14 +16,13 @@
 #include "mlir/Interfaces/SideEffectInterfaces.h"
 
 #include "dialects/piper/PiperEnums.h.inc"
-#include "support/ParallelLayout.h"
 #include "mlir/IR/DialectImplementation.h"
+#include "support/ParallelLayout.h"
 
 namespace mlir {
 /// Parses a double-precision parameter of an attribute's `struct(params)`
 /// format (MLIR ships integer, string and attribute field parsers only).
-template <>
-struct FieldParser<llvm::APFloat> {
+template <> struct FieldParser<llvm::APFloat> {
   static FailureOr<llvm::APFloat> parse(AsmParser &parser) {
     double value = 0;
     if (parser.parseFloat(value))
@@ -51,6 +50,15 @@ double countResultElements(Operation *op);
 double countTensorBytes(Operation *op);
 /// The context a gradient rule builds in (Gradients.h).
 class GradientEmitter;
+/// The program node a segment collective (SegmentCollectiveOpInterface)
+/// becomes.
+enum class SegmentCollectiveKind {
+  AllReduce,
+  AllGather,
+  ReduceScatter,
+  AllToAll,
+  RingShift,
+};
 } // namespace mlir::piper
 
 #include "dialects/piper/PiperInterfaces.h.inc"
@@ -69,9 +77,9 @@ class WeightGradient : public TraitBase<ConcreteType, WeightGradient> {};
 namespace mlir::piper {
 
 /// Checks a device group: non-empty, non-negative, no repeats.
-LogicalResult verifyDeviceGroup(llvm::ArrayRef<int64_t> devices,
-                                llvm::StringRef what,
-                                llvm::function_ref<InFlightDiagnostic()> emitError);
+LogicalResult
+verifyDeviceGroup(llvm::ArrayRef<int64_t> devices, llvm::StringRef what,
+                  llvm::function_ref<InFlightDiagnostic()> emitError);
 
 /// The rows of each member's slice when `rows` rows are split over
 /// `members` (reduce-scatter, all-gather): balanced and in order, member i

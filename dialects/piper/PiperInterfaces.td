@@ -74,6 +74,38 @@ def Piper_CollectiveOpInterface : OpInterface<"CollectiveOpInterface"> {
   ];
 }
 
+def Piper_SegmentCollectiveOpInterface
+    : OpInterface<"SegmentCollectiveOpInterface"> {
+  let cppNamespace = "::mlir::piper";
+  let description = [{
+    A collective inside a segment, over the groups of one axis of the
+    parallel layout (tensor, context or expert parallelism): the marker
+    its rewrite leaves where the segment must be cut. Its axis's lowering
+    cuts the segment around it and makes it a program node of its kind
+    over the axis's groups of the task's devices (one builder for every
+    axis: `createSegmentCollectiveNode`, compiler/transforms).
+  }];
+  let methods = [
+    InterfaceMethod<[{
+        The layout axis whose groups it runs over (tp, cp or ep).
+      }],
+      "::piper::Axis", "getCollectiveAxis">,
+    InterfaceMethod<[{
+        The program node it becomes.
+      }],
+      "::mlir::piper::SegmentCollectiveKind", "getCollectiveKind">,
+  ];
+}
+
+// The two methods of SegmentCollectiveOpInterface for an op over `axis`
+// becoming a `kind` node.
+class Piper_SegmentCollective<string axis, string kind> {
+  code decl = "::piper::Axis getCollectiveAxis() { return ::piper::Axis::" #
+      axis # "; }\n" #
+      "::mlir::piper::SegmentCollectiveKind getCollectiveKind() { return " #
+      "::mlir::piper::SegmentCollectiveKind::" # kind # "; }";
+}
+
 def Piper_CostOpInterface : OpInterface<"CostOpInterface"> {
   let cppNamespace = "::mlir::piper";
   let description = [{

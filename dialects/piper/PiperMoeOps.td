@@ -277,7 +277,9 @@ def Piper_MoeEpScatterOp : Piper_MoeEpLayoutOp<"moe_ep_scatter",
 }
 
 def Piper_EpExchangeOp : Piper_Op<"ep_exchange", [HasParent<"SegmentOp">,
+    Piper_SegmentCollectiveOpInterface,
     AllTypesMatch<["input", "result"]>, AllTypesMatch<["send_counts", "recv_counts"]>]> {
+  let extraClassDeclaration = Piper_SegmentCollective<"ep", "AllToAll">.decl;
   let summary = "Where the shard rewrite cuts a segment for an all-to-all";
   let description = [{
     Exists only inside the `shard` rewrite (compiler/transforms/ExpertParallel.cpp):

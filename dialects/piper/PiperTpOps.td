@@ -26,7 +26,7 @@ def Piper_TpCopyOp : Piper_Op<"tp_copy", [Pure, SameOperandsAndResultType,
 }
 
 def Piper_TpReduceOp : Piper_Op<"tp_reduce", [Pure, SameOperandsAndResultType,
-    HasParent<"SegmentOp">,
+    HasParent<"SegmentOp">, Piper_SegmentCollectiveOpInterface,
     DeclareOpInterfaceMethods<Piper_DifferentiableOpInterface>]> {
   let summary = "Tensor parallelism's g: the sum over the tensor-parallel group";
   let description = [{
@@ -45,6 +45,7 @@ def Piper_TpReduceOp : Piper_Op<"tp_reduce", [Pure, SameOperandsAndResultType,
   let arguments = (ins F32Tensor2D:$input);
   let results = (outs F32Tensor2D:$result);
   let assemblyFormat = "$input attr-dict `:` type($result)";
+  let extraClassDeclaration = Piper_SegmentCollective<"tp", "AllReduce">.decl;
 }
 
 
@@ -64,7 +65,9 @@ class Piper_SpRowsOp<string mnemonic, list<Trait> traits = []>
   let hasVerifier = 1;
 }
 
-def Piper_SpAllGatherOp : Piper_SpRowsOp<"sp_all_gather"> {
+def Piper_SpAllGatherOp : Piper_SpRowsOp<"sp_all_gather",
+    [Piper_SegmentCollectiveOpInterface]> {
+  let extraClassDeclaration = Piper_SegmentCollective<"tp", "AllGather">.decl;
   let summary = "Sequence parallelism's f: gathers the members' rows";
   let description = [{
     Megatron's `f` under sequence parallelism: the input of a
@@ -79,7 +82,10 @@ def Piper_SpAllGatherOp : Piper_SpRowsOp<"sp_all_gather"> {
   }];
 }
 
-def Piper_SpReduceScatterOp : Piper_SpRowsOp<"sp_reduce_scatter"> {
+def Piper_SpReduceScatterOp : Piper_SpRowsOp<"sp_reduce_scatter",
+    [Piper_SegmentCollectiveOpInterface]> {
+  let extraClassDeclaration =
+      Piper_SegmentCollective<"tp", "ReduceScatter">.decl;
   let summary = "Sequence parallelism's g: sums over the group, keeps own rows";
   let description = [{
     Megatron's `g` under sequence parallelism: a row-parallel layer's
@@ -108,7 +114,9 @@ def Piper_SpSplitOp : Piper_SpRowsOp<"sp_split",
   }];
 }
 
-def Piper_SpGatherOp : Piper_SpRowsOp<"sp_gather"> {
+def Piper_SpGatherOp : Piper_SpRowsOp<"sp_gather",
+    [Piper_SegmentCollectiveOpInterface]> {
+  let extraClassDeclaration = Piper_SegmentCollective<"tp", "AllGather">.decl;
   let summary = "Leaves the sequence-parallel region: gathers the rows";
   let description = [{
     A sequence-parallel value read by a part every member computes whole
