@@ -299,17 +299,8 @@ LogicalResult mlir::piper::lowerContextParallel(ModuleOp module) {
   }
   for (auto [t, rings] : tasks) {
     const SegmentPieces &pieces = piecesOf[t.getSegmentAttr().getAttr()];
-    splitTaskWith(t, pieces,
-                  [&](OpBuilder &b, unsigned j, ArrayRef<Value> args,
-                      ArrayRef<Value> deps) -> std::optional<PieceNode> {
-                    SegmentCollectiveOpInterface marker =
-                        soleSegmentCollective(pieces.pieces[j]);
-                    if (!marker)
-                      return std::nullopt;
-                    return createSegmentCollectiveNode(
-                        b, t, marker, args, deps, t.getDevicesAttr(), stream,
-                        rings, pieces.outputValues[j], overlap);
-                  });
+    splitTaskAtCollectives(t, pieces, t.getDevicesAttr(), stream, rings,
+                           overlap);
   }
   for (auto &entry : piecesOf) {
     for (SegmentOp piece : entry.second.pieces)

@@ -155,17 +155,7 @@ RankedTensorType localType(Type global, int64_t g) {
 /// `pieces`) by its piece tasks, each marker piece becoming an all-to-all.
 void splitWithExchanges(TaskOp t, const SegmentPieces &pieces,
                         const EpLayout &ep) {
-  splitTaskWith(t, pieces,
-                [&](OpBuilder &b, unsigned j, ArrayRef<Value> args,
-                    ArrayRef<Value> deps) -> std::optional<PieceNode> {
-                  SegmentCollectiveOpInterface marker =
-                      soleSegmentCollective(pieces.pieces[j]);
-                  if (!marker)
-                    return std::nullopt;
-                  return createSegmentCollectiveNode(
-                      b, t, marker, args, deps, ep.group, ep.stream,
-                      ep.subgroups, pieces.outputValues[j]);
-                });
+  splitTaskAtCollectives(t, pieces, ep.group, ep.stream, ep.subgroups);
 }
 
 /// `devices` (a stage's class, or several) cut into expert-parallel groups

@@ -270,7 +270,10 @@ mlir::piper::soleSegmentCollective(SegmentOp piece) {
   return soleOp<SegmentCollectiveOpInterface>(piece);
 }
 
-PieceNode mlir::piper::createSegmentCollectiveNode(
+/// The program node the segment collective `marker` (alone in the piece
+/// of task `t` that reads `args` after `deps`, with outputs `outputs`)
+/// becomes (splitTaskAtCollectives).
+static PieceNode createSegmentCollectiveNode(
     OpBuilder &b, TaskOp t, SegmentCollectiveOpInterface marker,
     ArrayRef<Value> args, ArrayRef<Value> deps, DeviceGroupAttr group,
     StreamAttr stream, ArrayAttr subgroups, ArrayRef<Value> outputs,
@@ -323,4 +326,21 @@ PieceNode mlir::piper::createSegmentCollectiveNode(
   }
   }
   llvm_unreachable("unknown segment collective kind");
+}
+
+SmallVector<PieceNode>
+mlir::piper::splitTaskAtCollectives(TaskOp t, const SegmentPieces &pieces,
+                                    DeviceGroupAttr group, StreamAttr stream,
+                                    ArrayAttr subgroups, bool overlap) {
+  return splitTaskWith(t, pieces,
+                       [&](OpBuilder &b, unsigned j, ArrayRef<Value> args,
+                           ArrayRef<Value> deps) -> std::optional<PieceNode> {
+                         SegmentCollectiveOpInterface marker =
+                             soleSegmentCollective(pieces.pieces[j]);
+                         if (!marker)
+                           return std::nullopt;
+                         return createSegmentCollectiveNode(
+                             b, t, marker, args, deps, group, stream, subgroups,
+                             pieces.outputValues[j], overlap);
+                       });
 }

@@ -109,18 +109,8 @@ LogicalResult mlir::piper::lowerTensorParallel(ModuleOp module) {
   }
   for (auto [t, chunks] : tasks) {
     const SegmentPieces &pieces = piecesOf[t.getSegmentAttr().getAttr()];
-    splitTaskWith(t, pieces,
-                  [&](OpBuilder &b, unsigned j, ArrayRef<Value> args,
-                      ArrayRef<Value> deps) -> std::optional<PieceNode> {
-                    SegmentCollectiveOpInterface marker =
-                        soleSegmentCollective(pieces.pieces[j]);
-                    if (!marker)
-                      return std::nullopt;
-                    return createSegmentCollectiveNode(
-                        b, t, marker, args, deps, t.getDevicesAttr(), stream,
-                        chunks.size() > 1 ? chunks : ArrayAttr(),
-                        pieces.outputValues[j]);
-                  });
+    splitTaskAtCollectives(t, pieces, t.getDevicesAttr(), stream,
+                           chunks.size() > 1 ? chunks : ArrayAttr());
   }
   for (auto &entry : piecesOf) {
     for (SegmentOp piece : entry.second.pieces)

@@ -163,18 +163,16 @@ bool isSegmentCollective(Operation &op, Axis axis);
 /// The segment collective `piece` holds alone (a piece of a segment cut
 /// around them), or null.
 SegmentCollectiveOpInterface soleSegmentCollective(SegmentOp piece);
-/// The program node the segment collective `marker` (alone in the piece
-/// of task `t` that reads `args` after `deps`) becomes: the collective of
-/// its kind over `group` (each rank with its member of `subgroups`, when
-/// set) on `stream`, with the tag of `t`; `outputs` are the piece's outputs
-/// (results of `marker`). A ring shift with `overlap` is ordered by its
-/// data alone (unchained), as the ring's exchanges run beside its steps.
-/// The one builder of the tp, cp and ep lowerings.
-PieceNode createSegmentCollectiveNode(
-    OpBuilder &b, TaskOp t, SegmentCollectiveOpInterface marker,
-    ArrayRef<Value> args, ArrayRef<Value> deps, DeviceGroupAttr group,
-    StreamAttr stream, ArrayAttr subgroups, ArrayRef<Value> outputs,
-    bool overlap = true);
+/// splitTask for a task whose segment was cut around segment collectives
+/// (`pieces`): each piece holding one becomes the program node of its kind
+/// over `group` (each rank with its member of `subgroups`, when set) on
+/// `stream`, with the tag of `t`. A ring shift with `overlap` is ordered by
+/// its data alone (unchained), as the ring's exchanges run beside its
+/// steps. The one node builder of the tp, cp and ep lowerings.
+SmallVector<PieceNode>
+splitTaskAtCollectives(TaskOp t, const SegmentPieces &pieces,
+                       DeviceGroupAttr group, StreamAttr stream,
+                       ArrayAttr subgroups, bool overlap = true);
 
 /// Replaces each backward task of `tasks` (SplitBackward.cpp) by an
 /// input-gradient task (BI: the activation-gradient chain) and, after it, a

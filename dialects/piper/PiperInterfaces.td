@@ -83,7 +83,7 @@ def Piper_SegmentCollectiveOpInterface
     its rewrite leaves where the segment must be cut. Its axis's lowering
     cuts the segment around it and makes it a program node of its kind
     over the axis's groups of the task's devices (one builder for every
-    axis: `createSegmentCollectiveNode`, compiler/transforms).
+    axis: `splitTaskAtCollectives`, compiler/transforms).
   }];
   let methods = [
     InterfaceMethod<[{
