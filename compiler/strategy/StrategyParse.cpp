@@ -355,14 +355,12 @@ private:
     return llvm::Error::success();
   }
 
-  /// "devices": a list of integers (their range and repeats are the
-  /// verifier's).
+  /// "devices": a list of integers (its length, their range and repeats
+  /// are the verifier's).
   llvm::Error getDevices(std::vector<int64_t> &devices) {
     const json::Array *list = obj.getArray("devices");
-    if (!list || list->empty())
+    if (!list)
       return fail("\"devices\" must be a non-empty list of device indices");
-    if (list->size() > size_t(kMaxWorldSize))
-      return fail("\"devices\" lists more devices than the world may have");
     for (const json::Value &v : *list) {
       std::optional<int64_t> i = v.getAsInteger();
       if (!i)

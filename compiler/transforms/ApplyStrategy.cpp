@@ -51,15 +51,10 @@ LogicalResult mlir::piper::applyDirective(ModuleOp module, const Directive &d,
     return applyContextParallel(module, *program, d);
   case Directive::Order:
     return applyOrder(*program, d);
-  case Directive::Schedule: {
-    const std::string &name = d.get<ScheduleOptions>().name;
-    const ScheduleBuilder *schedule = findSchedule(name);
-    if (!schedule)
-      return program->emitOpError(d.describe())
-             << ": unknown schedule '" << name << "' (expected "
-             << scheduleNames() << ")";
-    return applySchedule(module, *schedule, d.describe());
-  }
+  case Directive::Schedule:
+    // The verifier has found the schedule.
+    return applySchedule(module, *findSchedule(d.get<ScheduleOptions>().name),
+                         d.describe());
   }
   return failure();
 }

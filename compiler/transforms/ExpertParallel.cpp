@@ -151,13 +151,6 @@ RankedTensorType localType(Type global, int64_t g) {
   return RankedTensorType::get(shape, t.getElementType());
 }
 
-/// Replaces `t` (calling a segment with exchange markers, split into
-/// `pieces`) by its piece tasks, each marker piece becoming an all-to-all.
-void splitWithExchanges(TaskOp t, const SegmentPieces &pieces,
-                        const EpLayout &ep) {
-  splitTaskAtCollectives(t, pieces, ep.group, ep.stream, ep.subgroups);
-}
-
 /// `devices` (a stage's class, or several) cut into expert-parallel groups
 /// of `members`: the layout's ep groups (consecutive gradient replicas of
 /// one tensor member). Empty when they do not tile.
@@ -290,8 +283,10 @@ LogicalResult mlir::piper::applyShard(ModuleOp module, ProgramOp program,
            << formatDevices(o.devices) << ")";
 
   for (TaskOp t : tasks) {
+    // Each exchange piece becomes an all-to-all over the expert groups.
     const EpLayout &local = layoutOf[t.getDevicesAttr()];
-    splitWithExchanges(t, piecesOf[t.getSegmentAttr().getAttr()], local);
+    splitTaskAtCollectives(t, piecesOf[t.getSegmentAttr().getAttr()],
+                           local.group, local.stream, local.subgroups);
   }
   // The exchange pieces became all-to-alls: no task calls them.
   for (auto &entry : piecesOf) {
