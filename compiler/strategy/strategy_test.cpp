@@ -649,8 +649,17 @@ TEST_CASE("one verifier checks a directive however it was built") {
   CHECK(verify(replicate([](ReplicateOptions &o) { o.devices.clear(); })) ==
         "directive #0 (built): \"devices\" must be a non-empty list of device "
         "indices");
+  CHECK(verify(replicate([](ReplicateOptions &o) { o.gatherStream = ""; })) ==
+        "directive #0 (built): \"reduce_stream\" and \"gather_stream\" must "
+        "name streams");
   CHECK(verify(PlaceOptions{{0}, ""}) ==
         "directive #0 (built): \"stream\" must name a stream");
+  Filter any;
+  any.entries["PP"] = {FilterValue::Any, 0, ""};
+  CHECK(verify(OrderOptions{std::vector<std::vector<Filter>>(
+            kMaxOrderGroups + 1, {any})}) ==
+        "directive #0 (built): \"filters\" has 32769 groups, more than the "
+        "limit of 32768");
   CHECK(verify(StageOptions{0}) ==
         "directive #0 (built): \"stages\" must be positive");
   CHECK(verify(SplitOptions{kMaxMicrobatches + 1}) ==
