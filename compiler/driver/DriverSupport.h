@@ -3,6 +3,7 @@
 #ifndef PIPER_COMPILER_DRIVER_DRIVERSUPPORT_H
 #define PIPER_COMPILER_DRIVER_DRIVERSUPPORT_H
 
+#include <functional>
 #include <string>
 
 #include "compiler/lowering/LowerToPlan.h"
@@ -13,7 +14,21 @@
 #include "llvm/Support/SourceMgr.h"
 #include "llvm/Support/raw_ostream.h"
 
+namespace CLI {
+class App;
+} // namespace CLI
+
 namespace mlir::piper::driver {
+
+/// A piperc subcommand: its parser, and what runs it once parsed.
+struct Subcommand {
+  CLI::App *cmd = nullptr;
+  std::function<int()> run;
+};
+
+/// `piperc model` (ModelCommand.cpp): adds the subcommand and its options
+/// to `app`.
+Subcommand addModelCommand(CLI::App &app);
 
 /// Prints "piperc: error: MSG" and returns the exit code 1.
 int fail(const std::string &msg);
