@@ -1,18 +1,17 @@
 // Context parallelism after placement (docs/context-parallel.md §3): each
 // `piper.cp_attention` and `piper.cp_attention_grad` the rewrite and
-// autodiff left becomes its ring of per-step kernels, the segment is cut
-// around the exchanges between steps, and each exchange becomes a
-// `piper.ring_shift` node over the context-parallel rings of its task's
-// devices, on the directive's stream. Ulysses' `piper.cp_seq_to_heads`
+// autodiff left becomes its ring of per-step kernels with an exchange
+// (`piper.cp_ring_shift`) between steps. Ulysses' `piper.cp_seq_to_heads`
 // and `piper.cp_heads_to_seq` become their layout kernels around a
-// `piper.all_to_all` node over the same groups; an MoE layer's
-// `piper.cp_gather` (and its gradient) an all-gather (reduce-scatter) node
-// and the row order.
+// `piper.cp_all_to_all`; an MoE layer's `piper.cp_gather` (and its
+// gradient) a `piper.cp_all_gather` (`piper.cp_reduce_scatter`) and the
+// row order. Those exchanges are segment collectives:
+// piper-lower-segment-collectives cuts the segments around them and makes
+// each a node over the context-parallel groups of its task's devices.
 #include "compiler/transforms/Passes.h"
 #include "compiler/transforms/Transforms.h"
 
 #include "mlir/IR/Builders.h"
-#include "llvm/ADT/MapVector.h"
 #include "llvm/ADT/STLExtras.h"
 
 namespace mlir::piper {
@@ -183,10 +182,6 @@ static void expandGatherGrad(CpGatherGradOp op) {
   op.erase();
 }
 
-static bool isExchange(Operation &op) {
-  return isSegmentCollective(op, Axis::cp);
-}
-
 /// Whether `seg` holds context-parallel ops to lower.
 static bool hasContextParallelOps(SegmentOp seg) {
   Block &body = seg.getBody().front();
@@ -215,9 +210,6 @@ LogicalResult mlir::piper::lowerContextParallel(ModuleOp module) {
     });
     return failure(stray.wasInterrupted());
   }
-  FailureOr<ProgramOp> program = getProgram(module);
-  if (failed(program))
-    return failure();
   WalkResult wrong = module.walk([&](Operation *op) {
     auto attr = op->getAttrOfType<IntegerAttr>("cp");
     if (!isa<CpAttentionOp, CpAttentionGradOp, CpSeqToHeadsOp, CpHeadsToSeqOp,
@@ -231,84 +223,29 @@ LogicalResult mlir::piper::lowerContextParallel(ModuleOp module) {
   });
   if (wrong.wasInterrupted())
     return failure();
-  int64_t tp = getMesh(module).getTp();
-  MLIRContext *ctx = module.getContext();
-  StreamAttr stream = commStream(*program, getContextParallelStream(module));
-  bool overlap = getContextParallelOverlap(module);
-  SymbolTable symbols(module);
-  llvm::MapVector<StringAttr, SegmentPieces> piecesOf;
-  SmallVector<std::pair<TaskOp, ArrayAttr>> tasks;
-  for (TaskOp t : program->getBody().front().getOps<TaskOp>()) {
-    StringAttr name = t.getSegmentAttr().getAttr();
-    auto seg = symbols.lookup<SegmentOp>(name);
-    if (!seg || (!piecesOf.count(name) && !hasContextParallelOps(seg)))
+  for (SegmentOp seg : module.getOps<SegmentOp>()) {
+    if (!hasContextParallelOps(seg))
       continue;
-    ArrayRef<int64_t> devices =
-        t.getDevices() ? t.getNodeDevices() : ArrayRef<int64_t>();
-    int64_t group = cp * tp;
-    if (devices.empty() || devices.size() % group != 0)
-      return t.emitOpError()
-             << describeNode(t) << " runs on "
-             << (devices.empty() ? std::string("no device")
-                                 : formatDevices(devices))
-             << ", which is not made of whole context-parallel groups of " << cp
-             << (tp > 1
-                     ? " (times tensor parallelism " + std::to_string(tp) + ")"
-                     : std::string())
-             << "; place its stage on a multiple of " << group << " devices";
-    // The rings: the layout's cp groups of the class (tp innermost, then
-    // cp, then dp: docs/context-parallel.md).
-    tasks.push_back(
-        {t, ArrayAttr::get(
-                ctx, deviceGroupAttrs(ctx, devices,
-                                      getMesh(module).layout(devices.size()),
-                                      Axis::cp))});
-    if (piecesOf.count(name))
-      continue;
-    for (CpAttentionOp op : llvm::make_early_inc_range(
-             seg.getBody().front().getOps<CpAttentionOp>()))
+    Block &body = seg.getBody().front();
+    for (CpAttentionOp op :
+         llvm::make_early_inc_range(body.getOps<CpAttentionOp>()))
       expandForward(op);
-    for (CpAttentionGradOp op : llvm::make_early_inc_range(
-             seg.getBody().front().getOps<CpAttentionGradOp>()))
+    for (CpAttentionGradOp op :
+         llvm::make_early_inc_range(body.getOps<CpAttentionGradOp>()))
       expandBackward(op);
-    for (CpSeqToHeadsOp op : llvm::make_early_inc_range(
-             seg.getBody().front().getOps<CpSeqToHeadsOp>()))
+    for (CpSeqToHeadsOp op :
+         llvm::make_early_inc_range(body.getOps<CpSeqToHeadsOp>()))
       expandSeqToHeads(op);
-    for (CpHeadsToSeqOp op : llvm::make_early_inc_range(
-             seg.getBody().front().getOps<CpHeadsToSeqOp>()))
+    for (CpHeadsToSeqOp op :
+         llvm::make_early_inc_range(body.getOps<CpHeadsToSeqOp>()))
       expandHeadsToSeq(op);
-    for (CpGatherOp op :
-         llvm::make_early_inc_range(seg.getBody().front().getOps<CpGatherOp>()))
+    for (CpGatherOp op : llvm::make_early_inc_range(body.getOps<CpGatherOp>()))
       expandGather(op);
-    for (CpGatherGradOp op : llvm::make_early_inc_range(
-             seg.getBody().front().getOps<CpGatherGradOp>()))
+    for (CpGatherGradOp op :
+         llvm::make_early_inc_range(body.getOps<CpGatherGradOp>()))
       expandGatherGrad(op);
-    hoistAccumulations(seg);
-    // A piece starts at each op that reads what the ring passed (a step
-    // over a passed shard, the addition of a passed gradient sum): the
-    // work before it need not wait for the exchange, which runs beside it.
-    FailureOr<SegmentPieces> pieces =
-        splitAround(seg, isExchange, symbols, [](Operation &op) {
-          return llvm::any_of(op.getOperands(), [](Value v) {
-            return v.getDefiningOp<CpRingShiftOp>() != nullptr;
-          });
-        });
-    if (failed(pieces))
-      return failure();
-    piecesOf[name] = std::move(*pieces);
   }
-  for (auto [t, rings] : tasks) {
-    const SegmentPieces &pieces = piecesOf[t.getSegmentAttr().getAttr()];
-    splitTaskAtCollectives(t, pieces, t.getDevicesAttr(), stream, rings,
-                           overlap);
-  }
-  for (auto &entry : piecesOf) {
-    for (SegmentOp piece : entry.second.pieces)
-      if (soleSegmentCollective(piece))
-        symbols.erase(piece);
-    symbols.erase(symbols.lookup<SegmentOp>(entry.first));
-  }
-  return sortTopologically(program->getBody().front());
+  return success();
 }
 
 namespace {

@@ -2,13 +2,13 @@
 // experts of every MoE layer of a stage are split over consecutive groups of
 // its data-parallel replicas; each layer's forward and backward exchange
 // the router's real per-member row counts and the routed rows with
-// all-to-alls, which cut the stage's segments into pieces.
+// all-to-alls (`piper.ep_exchange`, which piper-lower-segment-collectives
+// cuts the stage's segments around).
 #include "compiler/transforms/Passes.h"
 #include "compiler/transforms/Transforms.h"
 
 #include "mlir/IR/Builders.h"
 #include "llvm/ADT/DenseMap.h"
-#include "llvm/ADT/MapVector.h"
 #include "llvm/ADT/STLExtras.h"
 
 namespace mlir::piper {
@@ -20,13 +20,6 @@ using namespace mlir;
 using namespace mlir::piper;
 
 namespace {
-
-struct EpLayout {
-  int64_t members = 1; // experts are split over this many devices
-  DeviceGroupAttr group;
-  ArrayAttr subgroups; // consecutive expert-parallel groups
-  StreamAttr stream;
-};
 
 RankedTensorType i32(MLIRContext *ctx, ArrayRef<int64_t> shape) {
   return RankedTensorType::get(shape, IntegerType::get(ctx, 32));
@@ -48,17 +41,17 @@ std::pair<Value, Value> exchangeAround(OpBuilder &b, Location loc,
                                        Value indices, Value slots,
                                        Operation *slotsAfter, Value back,
                                        Operation *backAt, int64_t e, int64_t c,
-                                       int64_t g) {
+                                       int64_t g, StringRef stream) {
   Type rows = slots.getType();
   b.setInsertionPointAfter(slotsAfter);
   MoeEpCountsOp n = counts(b, loc, indices, e, c, g);
   auto packed =
       MoeEpPackOp::create(b, loc, rows, slots, n.getExpertCounts(), e, c);
   auto sent = EpExchangeOp::create(b, loc, rows, n.getSendCounts().getType(),
-                                   packed, n.getSendCounts());
+                                   packed, n.getSendCounts(), g, stream);
   auto owned = EpExchangeOp::create(
       b, loc, n.getExpertCounts().getType(), n.getExpertSendCounts().getType(),
-      n.getExpertCounts(), n.getExpertSendCounts());
+      n.getExpertCounts(), n.getExpertSendCounts(), g, stream);
   auto local = MoeEpGatherOp::create(b, loc, rows, sent.getResult(),
                                      owned.getResult(), e, c, g);
   slots.replaceAllUsesExcept(local, packed);
@@ -66,16 +59,18 @@ std::pair<Value, Value> exchangeAround(OpBuilder &b, Location loc,
   b.setInsertionPoint(backAt);
   auto out =
       MoeEpScatterOp::create(b, loc, rows, back, owned.getResult(), e, c, g);
-  auto returned = EpExchangeOp::create(
-      b, loc, rows, sent.getRecvCounts().getType(), out, sent.getRecvCounts());
+  auto returned =
+      EpExchangeOp::create(b, loc, rows, sent.getRecvCounts().getType(), out,
+                           sent.getRecvCounts(), g, stream);
   auto source = MoeEpUnpackOp::create(b, loc, rows, returned.getResult(),
                                       n.getExpertCounts(), e, c);
   back.replaceAllUsesExcept(source, out);
   return {local, source};
 }
 
-/// Rewrites one segment's MoE layers; returns how many it had.
-FailureOr<int> rewriteLayers(SegmentOp seg, int64_t g,
+/// Rewrites one segment's MoE layers for expert-parallel groups of `g`
+/// exchanging on `stream`; returns how many it had.
+FailureOr<int> rewriteLayers(SegmentOp seg, int64_t g, StringRef stream,
                              llvm::SetVector<StringAttr> &expertParams,
                              const Directive &d) {
   OpBuilder b(seg.getContext());
@@ -109,7 +104,8 @@ FailureOr<int> rewriteLayers(SegmentOp seg, int64_t g,
           return x->isBeforeInBlock(y);
         });
     exchangeAround(b, dispatch.getLoc(), dispatch.getIndices(),
-                   dispatch.getResult(), dispatch, back, backAt, e, c, g);
+                   dispatch.getResult(), dispatch, back, backAt, e, c, g,
+                   stream);
     ++layers;
   }
   SmallVector<MoeCombineGradOp> grads(seg.getOps<MoeCombineGradOp>());
@@ -126,7 +122,7 @@ FailureOr<int> rewriteLayers(SegmentOp seg, int64_t g,
     if (!dg)
       return cg.emitOpError("has no moe_dispatch_grad of the same routing");
     exchangeAround(b, cg.getLoc(), cg.getIndices(), cg.getResult(0), cg,
-                   dg.getGrad(), dg, e, c, g);
+                   dg.getGrad(), dg, e, c, g, stream);
     ++layers;
   }
   // The experts each member keeps.
@@ -167,7 +163,6 @@ SmallVector<SmallVector<int64_t>> expertGroups(ArrayRef<int64_t> devices,
 LogicalResult mlir::piper::applyShard(ModuleOp module, ProgramOp program,
                                       const Directive &d) {
   const auto &o = d.get<ShardOptions>();
-  MLIRContext *ctx = module.getContext();
   if (!llvm::is_sorted(o.devices) ||
       std::adjacent_find(o.devices.begin(), o.devices.end()) != o.devices.end())
     return program.emitOpError(d.describe())
@@ -178,23 +173,20 @@ LogicalResult mlir::piper::applyShard(ModuleOp module, ProgramOp program,
   // the experts), whole on every member of a tensor-parallel group.
   const MeshAttr mesh = getMesh(module);
   const int64_t tp = mesh.getTp();
-  EpLayout ep;
-  ep.members = o.ep > 0 ? o.ep : static_cast<int64_t>(o.devices.size()) / tp;
-  ep.group = DeviceGroupAttr::get(ctx, o.devices);
-  ep.stream = commStream(program, o.stream);
-  SmallVector<Attribute> subgroups;
-  for (ArrayRef<int64_t> g : expertGroups(o.devices, ep.members, mesh))
-    subgroups.push_back(DeviceGroupAttr::get(ctx, g));
-  if (subgroups.empty())
+  // Experts are split over this many devices.
+  const int64_t members =
+      o.ep > 0 ? o.ep : static_cast<int64_t>(o.devices.size()) / tp;
+  SmallVector<SmallVector<int64_t>> groups =
+      expertGroups(o.devices, members, mesh);
+  if (groups.empty())
     return program.emitOpError(d.describe())
-           << ": expert-parallel groups of " << ep.members << " over "
+           << ": expert-parallel groups of " << members << " over "
            << o.devices.size() << " devices"
            << (tp > 1 ? " (data-parallel replicas of tensor-parallel groups "
                         "of " +
                             std::to_string(tp) + ")"
                       : std::string())
            << " do not tile them";
-  ep.subgroups = ArrayAttr::get(ctx, subgroups);
 
   // The stage's forward and backward tasks on these devices: on all of
   // them, or on a device group of whole expert-parallel groups of them (a
@@ -204,7 +196,7 @@ LogicalResult mlir::piper::applyShard(ModuleOp module, ProgramOp program,
   if (auto it = d.filter.entries.find("PP"); it != d.filter.entries.end())
     pp = it->second.index;
   SmallVector<TaskOp> tasks;
-  llvm::DenseMap<Attribute, EpLayout> layoutOf;
+  llvm::DenseSet<Attribute> checked;
   for (TaskOp t : program.getBody().front().getOps<TaskOp>()) {
     if (!t.getDevices() ||
         !(t.getTag().isPass(PassKind::F) || t.getTag().isPass(PassKind::B)) ||
@@ -214,30 +206,21 @@ LogicalResult mlir::piper::applyShard(ModuleOp module, ProgramOp program,
         }))
       continue;
     tasks.push_back(t);
-    if (layoutOf.count(t.getDevicesAttr()))
+    if (!checked.insert(t.getDevicesAttr()).second)
       continue;
+    // piper-lower-segment-collectives exchanges over the layout's ep groups
+    // of the task's devices: they must be groups of the directive's.
     ArrayRef<int64_t> own = t.getNodeDevices();
-    EpLayout local = ep;
-    local.group = t.getDevicesAttr();
-    SmallVector<Attribute> chunks;
     SmallVector<SmallVector<int64_t>> ownGroups =
-        expertGroups(own, ep.members, mesh);
-    if (ownGroups.empty())
+        expertGroups(own, members, mesh);
+    if (ownGroups.empty() || !llvm::all_of(ownGroups, [&](ArrayRef<int64_t> g) {
+          return llvm::any_of(groups,
+                              [&](ArrayRef<int64_t> h) { return h == g; });
+        }))
       return t.emitOpError(d.describe())
              << ": " << describeNode(t) << " runs on " << formatDevices(own)
              << ", which is not made of whole expert-parallel groups of "
-             << ep.members << " of " << formatDevices(o.devices);
-    for (ArrayRef<int64_t> g : ownGroups) {
-      auto chunk = DeviceGroupAttr::get(ctx, g);
-      if (!llvm::is_contained(subgroups, Attribute(chunk)))
-        return t.emitOpError(d.describe())
-               << ": " << describeNode(t) << " runs on " << formatDevices(own)
-               << ", which is not made of whole expert-parallel groups of "
-               << ep.members << " of " << formatDevices(o.devices);
-      chunks.push_back(chunk);
-    }
-    local.subgroups = ArrayAttr::get(ctx, chunks);
-    layoutOf[t.getDevicesAttr()] = local;
+             << members << " of " << formatDevices(o.devices);
   }
   if (tasks.empty())
     return program.emitOpError(d.describe())
@@ -246,23 +229,17 @@ LogicalResult mlir::piper::applyShard(ModuleOp module, ProgramOp program,
 
   SymbolTable symbols(module);
   llvm::SetVector<StringAttr> expertParams;
-  llvm::MapVector<StringAttr, SegmentPieces> piecesOf;
+  llvm::DenseSet<StringAttr> rewritten;
   int layers = 0;
   for (TaskOp t : tasks) {
     StringAttr name = t.getSegmentAttr().getAttr();
-    if (piecesOf.count(name))
+    if (!rewritten.insert(name).second)
       continue;
-    auto seg = symbols.lookup<SegmentOp>(name);
-    FailureOr<int> n = rewriteLayers(seg, ep.members, expertParams, d);
+    FailureOr<int> n = rewriteLayers(symbols.lookup<SegmentOp>(name), members,
+                                     o.stream, expertParams, d);
     if (failed(n))
       return failure();
     layers += *n;
-    FailureOr<SegmentPieces> pieces = splitAround(
-        seg, [](Operation &op) { return isSegmentCollective(op, Axis::ep); },
-        symbols);
-    if (failed(pieces))
-      return failure();
-    piecesOf[name] = std::move(*pieces);
   }
   // A shard naming a stage must find MoE layers in it. Without "PP" it
   // covers every stage on its devices (what --ep writes, one per device
@@ -282,20 +259,6 @@ LogicalResult mlir::piper::applyShard(ModuleOp module, ProgramOp program,
            << ": the filter matches no expert region (no MoE layer runs on "
            << formatDevices(o.devices) << ")";
 
-  for (TaskOp t : tasks) {
-    // Each exchange piece becomes an all-to-all over the expert groups.
-    const EpLayout &local = layoutOf[t.getDevicesAttr()];
-    splitTaskAtCollectives(t, piecesOf[t.getSegmentAttr().getAttr()],
-                           local.group, local.stream, local.subgroups);
-  }
-  // The exchange pieces became all-to-alls: no task calls them.
-  for (auto &entry : piecesOf) {
-    for (SegmentOp piece : entry.second.pieces)
-      if (soleSegmentCollective(piece))
-        symbols.erase(piece);
-    symbols.erase(symbols.lookup<SegmentOp>(entry.first));
-  }
-
   // Each member keeps its block of every expert weight: the parameter, its
   // reads and its weight gradient become local.
   for (StringAttr name : expertParams) {
@@ -304,9 +267,8 @@ LogicalResult mlir::piper::applyShard(ModuleOp module, ProgramOp program,
       return param.emitOpError(d.describe())
              << ": the experts of @" << name.getValue()
              << " are already split by another shard directive";
-    RankedTensorType local = localType(param.getType(), ep.members);
-    param.setType(local);
-    param.setExpertMembers(ep.members);
+    param.setType(localType(param.getType(), members));
+    param.setExpertMembers(members);
   }
   module.walk([&](ParamRefOp ref) {
     if (expertParams.contains(ref.getParamAttr().getAttr()))
@@ -320,7 +282,7 @@ LogicalResult mlir::piper::applyShard(ModuleOp module, ProgramOp program,
     if (auto wg = acc.getGrad().getDefiningOp<ExpertLinearGradWeightOp>())
       wg.getResult().setType(symbols.lookup<ParamOp>(p).getType());
   });
-  return sortTopologically(program.getBody().front());
+  return success();
 }
 
 namespace {

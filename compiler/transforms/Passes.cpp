@@ -70,7 +70,7 @@ mlir::piper::compilePhaseOfPass(StringRef argument) {
       .Case("piper-stage", CompilePhase::Stage)
       .Case("piper-build-training-dag", CompilePhase::TrainingDag)
       .Cases({"piper-apply-directive", "piper-finalize-placement",
-              "piper-tensor-parallel", "piper-lower-context-parallel",
+              "piper-lower-context-parallel", "piper-lower-segment-collectives",
               "piper-tie-params", "piper-bound-zero-collectives"},
              CompilePhase::Directives)
       // The directive pipeline fails this way on an invalid strategy.
@@ -119,10 +119,11 @@ void mlir::piper::addDirectivesPipeline(OpPassManager &pm,
   // shard before replicate: it makes expert weights local, and replicate
   // reduces their gradients over the ranks holding the same experts.
   addAll(Directive::Shard);
-  // Tensor parallelism's all-reduces, over the placed devices; replicate
-  // then reduces gradients over the data-parallel replicas of each member.
-  pm.addPass(createPiperTensorParallel());
+  // The context-parallel rings, then every in-segment collective (tp, cp,
+  // ep) a node over the placed devices; replicate then reduces gradients
+  // over the data-parallel replicas of each member.
   pm.addPass(createPiperLowerContextParallel());
+  pm.addPass(createPiperLowerSegmentCollectives());
   addAll(Directive::Replicate);
   // The tie all-reduces span the groups of several replicates: buckets of
   // the smallest of their sizes.

@@ -284,19 +284,6 @@ def PiperContextParallel : Pass<"piper-context-parallel", "::mlir::ModuleOp"> {
   ];
 }
 
-def PiperTensorParallel : Pass<"piper-tensor-parallel", "::mlir::ModuleOp"> {
-  let summary = "Make tensor parallelism's piper.tp_reduce value all-reduces";
-  let description = [{
-    After placement, on a model that `shard_tensor` split (the module's
-    `#piper.mesh` tp): each task whose segment holds
-    `piper.tp_reduce`s is cut around them, and each becomes a value
-    `piper.all_reduce` over the tensor-parallel groups (the layout's tp groups) of the
-    task's devices (its subgroups), on the directive's stream, in the
-    task's chain. `piper.tp_copy` (the identity forward) is erased. Without
-    `shard_tensor` it changes nothing (docs/tensor-parallel.md).
-  }];
-}
-
 def PiperLowerContextParallel
     : Pass<"piper-lower-context-parallel", "::mlir::ModuleOp"> {
   let summary = "Make context parallelism's rings, all-to-alls and gathers";
@@ -304,14 +291,31 @@ def PiperLowerContextParallel
     After placement, on a model that `context_parallel` split (the module's
     `#piper.mesh` cp): each `piper.cp_attention` and
     `piper.cp_attention_grad` becomes its ring of `piper.attention_block`
-    and `piper.attention_block_grad` kernels, the segment is cut around
-    the exchanges between them, and each exchange becomes a
-    `piper.ring_shift` over the context-parallel rings of the task's
-    devices (the layout's cp groups), on the directive's stream; Ulysses'
-    sequence/head exchanges become `piper.all_to_all`s and an MoE layer's
-    gathers all-gathers and reduce-scatters over the same groups. Without
-    `context_parallel`, a stray ring op is an error, and otherwise it
-    changes nothing (docs/context-parallel.md).
+    and `piper.attention_block_grad` kernels with a `piper.cp_ring_shift`
+    between steps; Ulysses' sequence/head exchanges become
+    `piper.cp_all_to_all`s and an MoE layer's gathers
+    `piper.cp_all_gather`s and `piper.cp_reduce_scatter`s (segment
+    collectives, which `piper-lower-segment-collectives` makes program
+    nodes). Without `context_parallel`, a stray ring op is an error, and
+    otherwise it changes nothing (docs/context-parallel.md).
+  }];
+}
+
+def PiperLowerSegmentCollectives
+    : Pass<"piper-lower-segment-collectives", "::mlir::ModuleOp"> {
+  let summary = "Make every in-segment collective (tp, cp, ep) a program node";
+  let description = [{
+    After placement and the axis rewrites (`shard_tensor`, `shard`,
+    `piper-lower-context-parallel`): each task whose segment holds segment
+    collectives (SegmentCollectiveOpInterface: `piper.tp_reduce`, the
+    sequence-parallel row collectives, the context-parallel exchanges,
+    `piper.ep_exchange`) is cut around them, and each becomes the program
+    node of its kind (`piper.all_reduce`, `all_gather`, `reduce_scatter`,
+    `all_to_all`, `ring_shift`) over its axis's groups of the task's
+    devices (the layout's tp, cp or ep groups), on its axis's stream, in
+    the task's chain (an overlapped ring exchange beside it).
+    `piper.tp_copy` (tensor parallelism's identity forward) is erased.
+    Without segment collectives it changes nothing (docs/compiler.md).
   }];
 }
 

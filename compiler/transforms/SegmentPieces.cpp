@@ -275,10 +275,13 @@ mlir::piper::soleSegmentCollective(SegmentOp piece) {
 /// becomes (splitTaskAtCollectives).
 static PieceNode createSegmentCollectiveNode(
     OpBuilder &b, TaskOp t, SegmentCollectiveOpInterface marker,
-    ArrayRef<Value> args, ArrayRef<Value> deps, DeviceGroupAttr group,
-    StreamAttr stream, ArrayAttr subgroups, ArrayRef<Value> outputs,
-    bool overlap) {
+    ArrayRef<Value> args, ArrayRef<Value> deps,
+    const CollectiveBinding &binding, ArrayRef<Value> outputs) {
   Location loc = t.getLoc();
+  DeviceGroupAttr group = t.getDevicesAttr();
+  ArrayAttr subgroups = binding.subgroups;
+  StreamAttr stream = binding.stream;
+  bool overlap = binding.overlap;
   Type token = b.getType<TokenType>();
   Type type = marker->getResult(0).getType();
   switch (marker.getCollectiveKind()) {
@@ -328,10 +331,10 @@ static PieceNode createSegmentCollectiveNode(
   llvm_unreachable("unknown segment collective kind");
 }
 
-SmallVector<PieceNode>
-mlir::piper::splitTaskAtCollectives(TaskOp t, const SegmentPieces &pieces,
-                                    DeviceGroupAttr group, StreamAttr stream,
-                                    ArrayAttr subgroups, bool overlap) {
+SmallVector<PieceNode> mlir::piper::splitTaskAtCollectives(
+    TaskOp t, const SegmentPieces &pieces,
+    llvm::function_ref<CollectiveBinding(SegmentCollectiveOpInterface)>
+        bindingOf) {
   return splitTaskWith(t, pieces,
                        [&](OpBuilder &b, unsigned j, ArrayRef<Value> args,
                            ArrayRef<Value> deps) -> std::optional<PieceNode> {
@@ -340,7 +343,7 @@ mlir::piper::splitTaskAtCollectives(TaskOp t, const SegmentPieces &pieces,
                          if (!marker)
                            return std::nullopt;
                          return createSegmentCollectiveNode(
-                             b, t, marker, args, deps, group, stream, subgroups,
-                             pieces.outputValues[j], overlap);
+                             b, t, marker, args, deps, bindingOf(marker),
+                             pieces.outputValues[j]);
                        });
 }

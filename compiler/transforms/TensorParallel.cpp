@@ -8,9 +8,9 @@
 // (`piper.tp_reduce`, after the row-parallel one, whose bias a
 // `piper.bias_add` then adds once) carry the collectives;
 // autodiff derives the backward's from their gradient rules. After
-// placement, piper-tensor-parallel makes every tp_reduce a value all-reduce
-// over the tensor-parallel groups of its task's devices.
-// The lowering after placement is TensorParallelLowering.cpp; vocabulary
+// placement, piper-lower-segment-collectives (SegmentCollectives.cpp)
+// makes every tp_reduce a value all-reduce over the tensor-parallel groups
+// of its task's devices. Vocabulary
 // and sequence parallelism are VocabParallel.cpp and SequenceParallel.cpp.
 #include "compiler/transforms/ShardTensor.h"
 

@@ -163,16 +163,24 @@ bool isSegmentCollective(Operation &op, Axis axis);
 /// The segment collective `piece` holds alone (a piece of a segment cut
 /// around them), or null.
 SegmentCollectiveOpInterface soleSegmentCollective(SegmentOp piece);
+/// Where a segment collective of a task runs (piper-lower-segment-
+/// collectives): over the task's devices, each rank with its member of
+/// `subgroups` (its axis's groups; null: the devices are one group), on
+/// `stream`. A ring exchange with `overlap` runs beside the ring steps.
+struct CollectiveBinding {
+  ArrayAttr subgroups;
+  StreamAttr stream;
+  bool overlap = true;
+};
 /// splitTask for a task whose segment was cut around segment collectives
 /// (`pieces`): each piece holding one becomes the program node of its kind
-/// over `group` (each rank with its member of `subgroups`, when set) on
-/// `stream`, with the tag of `t`. A ring shift with `overlap` is ordered by
-/// its data alone (unchained), as the ring's exchanges run beside its
-/// steps. The one node builder of the tp, cp and ep lowerings.
-SmallVector<PieceNode>
-splitTaskAtCollectives(TaskOp t, const SegmentPieces &pieces,
-                       DeviceGroupAttr group, StreamAttr stream,
-                       ArrayAttr subgroups, bool overlap = true);
+/// over the task's devices, bound by `bindingOf` (of the collective), with
+/// the tag of `t`. An overlapped ring shift is ordered by its data alone
+/// (unchained), as the ring's exchanges run beside its steps.
+SmallVector<PieceNode> splitTaskAtCollectives(
+    TaskOp t, const SegmentPieces &pieces,
+    llvm::function_ref<CollectiveBinding(SegmentCollectiveOpInterface)>
+        bindingOf);
 
 /// Replaces each backward task of `tasks` (SplitBackward.cpp) by an
 /// input-gradient task (BI: the activation-gradient chain) and, after it, a
@@ -236,19 +244,19 @@ LogicalResult applyShardTensor(ModuleOp module, ProgramOp program,
 LogicalResult applyContextParallel(ModuleOp module, ProgramOp program,
                                    const Directive &d);
 
-/// After placement (piper-tensor-parallel): every `piper.tp_reduce` of a
-/// task's segment becomes a value all-reduce over the consecutive
-/// tensor-parallel groups of the task's devices, cutting the segment; the
-/// `piper.tp_copy`s go. Nothing without `shard_tensor`.
-LogicalResult lowerTensorParallel(ModuleOp module);
-
-/// After placement (piper-lower-context-parallel, after piper-tensor-parallel):
-/// every `piper.cp_attention` and `piper.cp_attention_grad` becomes its
-/// ring of `piper.attention_block(_grad)` kernels, and each exchange
-/// between them a `piper.ring_shift` node over the context-parallel rings
-/// of the task's devices, cutting the segment. Nothing without
-/// `context_parallel`.
+/// After placement (piper-lower-context-parallel): every
+/// `piper.cp_attention` and `piper.cp_attention_grad` becomes its ring of
+/// `piper.attention_block(_grad)` kernels with the exchanges between them
+/// (`piper.cp_ring_shift`), Ulysses' and the MoE gathers their segment
+/// collectives. Nothing without `context_parallel`.
 LogicalResult lowerContextParallel(ModuleOp module);
+
+/// After placement and the axis rewrites (piper-lower-segment-collectives,
+/// SegmentCollectives.cpp): every segment a task calls is cut around its
+/// segment collectives (tp, cp and ep alike), each becoming a program node
+/// of its kind over its axis's groups of the task's devices on its axis's
+/// stream; tensor parallelism's `piper.tp_copy`s go.
+LogicalResult lowerSegmentCollectives(ModuleOp module);
 
 /// Returns the single piper.program of `module`, or emits an error.
 FailureOr<ProgramOp> getProgram(ModuleOp module);

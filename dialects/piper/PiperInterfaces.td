@@ -80,10 +80,10 @@ def Piper_SegmentCollectiveOpInterface
   let description = [{
     A collective inside a segment, over the groups of one axis of the
     parallel layout (tensor, context or expert parallelism): the marker
-    its rewrite leaves where the segment must be cut. Its axis's lowering
-    cuts the segment around it and makes it a program node of its kind
-    over the axis's groups of the task's devices (one builder for every
-    axis: `splitTaskAtCollectives`, compiler/transforms).
+    its rewrite leaves where the segment must be cut. One pass for every
+    axis, `piper-lower-segment-collectives` (compiler/transforms/
+    SegmentCollectives.cpp), cuts the segment around it and makes it a
+    program node of its kind over the axis's groups of the task's devices.
   }];
   let methods = [
     InterfaceMethod<[{

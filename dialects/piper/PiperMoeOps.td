@@ -282,11 +282,20 @@ def Piper_EpExchangeOp : Piper_Op<"ep_exchange", [HasParent<"SegmentOp">,
   let extraClassDeclaration = Piper_SegmentCollective<"ep", "AllToAll">.decl;
   let summary = "Where the shard rewrite cuts a segment for an all-to-all";
   let description = [{
-    Exists only inside the `shard` rewrite (compiler/transforms/ExpertParallel.cpp):
-    the segment is cut before and after it, and it becomes a
-    `piper.all_to_all` between the pieces. Never lowered.
+    The `shard` rewrite (compiler/transforms/ExpertParallel.cpp) leaves it
+    around each MoE layer; `piper-lower-segment-collectives` cuts the
+    segment before and after it and makes it a `piper.all_to_all` between
+    the pieces, over the expert-parallel groups of `members` devices of the
+    task's devices (the layout's ep groups), on stream `stream`. Never a
+    kernel.
+
+    ```mlir
+    %rows, %counts = piper.ep_exchange %packed, %send {members = 2 : i64, stream = "ep_stream"} : tensor<16x8xf32>, tensor<2xi32>
+    ```
   }];
-  let arguments = (ins F32OrI32Tensor2D:$input, I32Tensor1D:$send_counts);
+  let arguments = (ins F32OrI32Tensor2D:$input, I32Tensor1D:$send_counts,
+                       ConfinedAttr<I64Attr, [IntMinValue<2>]>:$members,
+                       StrAttr:$stream);
   let results = (outs F32OrI32Tensor2D:$result, I32Tensor1D:$recv_counts);
   let assemblyFormat = "$input `,` $send_counts attr-dict `:` type($input) `,` type($send_counts)";
 }

@@ -1,11 +1,12 @@
 // piper-shard: expert parallelism for one stage (docs/expert-parallel.md).
 // A one-layer MoE model (4 experts, top 2) placed on [0, 1, 2, 3], its
-// experts split over the groups {0, 1} and {2, 3}.
+// experts split over the groups {0, 1} and {2, 3}; the exchanges the shard
+// rewrite leaves become all-to-alls in piper-lower-segment-collectives.
 // RUN: piperc model qwen3-moe --layers 1 --hidden 8 --heads 2 --kv-heads 1 --ffn 8 --experts 4 --top-k 2 --vocab 16 --seq 4 --batch 2 -o %t.mlir
 // RUN: piper-opt %t.mlir -piper-stage=stages=1 -piper-build-training-dag -piper-place="pp=0 devices=0,1,2,3" \
-// RUN:   -piper-shard="pp=0 devices=0,1,2,3 ep=2" | FileCheck %s
+// RUN:   -piper-shard="pp=0 devices=0,1,2,3 ep=2" -piper-lower-segment-collectives | FileCheck %s
 // RUN: piper-opt %t.mlir -piper-stage=stages=1 -piper-build-training-dag -piper-place="pp=0 devices=0,1,2,3" \
-// RUN:   -piper-shard="pp=0 devices=0,1,2,3 ep=2" -piper-replicate="pp=0 devices=0,1,2,3" | FileCheck %s --check-prefix=REDUCE
+// RUN:   -piper-shard="pp=0 devices=0,1,2,3 ep=2" -piper-lower-segment-collectives -piper-replicate="pp=0 devices=0,1,2,3" | FileCheck %s --check-prefix=REDUCE
 // RUN: not piper-opt %t.mlir -piper-stage=stages=1 -piper-build-training-dag -piper-place="pp=0 devices=0,1,2,3" \
 // RUN:   -piper-shard="pp=0 devices=0,1,2,3 ep=3" 2>&1 | FileCheck %s --check-prefix=BAD-EP
 // RUN: not piper-opt %t.mlir -piper-stage=stages=1 -piper-build-training-dag -piper-place="pp=0 devices=0,1,2,3" \

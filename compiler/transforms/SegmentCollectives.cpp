@@ -1,0 +1,211 @@
+// One lowering for every in-segment collective (docs/compiler.md): after
+// placement, `piper-lower-segment-collectives` cuts each segment around the
+// segment collectives the axis rewrites left (SegmentCollectiveOpInterface:
+// tensor parallelism's g and sequence parallelism's row collectives,
+// context parallelism's ring exchanges, all-to-alls and gathers, expert
+// parallelism's exchanges), and makes each a program node of its kind over
+// its axis's groups of the task's devices, on its axis's stream.
+#include "compiler/transforms/Passes.h"
+#include "compiler/transforms/Transforms.h"
+
+#include "mlir/IR/Builders.h"
+#include "llvm/ADT/MapVector.h"
+#include "llvm/ADT/STLExtras.h"
+#include "llvm/ADT/SmallPtrSet.h"
+
+namespace mlir::piper {
+#define GEN_PASS_DEF_PIPERLOWERSEGMENTCOLLECTIVES
+#include "compiler/transforms/Passes.h.inc"
+} // namespace mlir::piper
+
+using namespace mlir;
+using namespace mlir::piper;
+
+static bool isCollective(Operation &op) {
+  return isa<SegmentCollectiveOpInterface>(op);
+}
+
+/// Whether `op` reads what a ring exchange passed: the exchange runs beside
+/// the work before such an op, which starts a piece of its own.
+static bool readsRingExchange(Operation &op) {
+  return llvm::any_of(op.getOperands(), [](Value v) {
+    auto c = v.getDefiningOp<SegmentCollectiveOpInterface>();
+    return c && c.getCollectiveKind() == SegmentCollectiveKind::RingShift;
+  });
+}
+
+/// Moves each collective on a weight gradient's path (the gathered
+/// key/value pieces' reduce-scatter under tensor parallelism,
+/// docs/tensor-parallel.md §2b), with everything that reads it, to the end
+/// of the segment, in order. Input gradients never read weight gradients,
+/// so this keeps the dataflow; cut there, no input-gradient op comes after
+/// such a collective, and a split backward (zero-bubble schedules) defers
+/// it with the weight gradients instead of making the next piece's BI wait
+/// for this piece's BW.
+static void sinkWeightGradientCollectives(SegmentOp seg) {
+  DenseMap<Operation *, unsigned> weight = weightGradientOps(seg);
+  Block &body = seg.getBody().front();
+  llvm::SmallPtrSet<Operation *, 16> moved;
+  SmallVector<Operation *> order;
+  for (Operation &op : body.without_terminator()) {
+    bool sink = isCollective(op) && weight.lookup(&op) == 1;
+    for (Value v : op.getOperands())
+      if (Operation *def = v.getDefiningOp(); def && moved.contains(def))
+        sink = true;
+    if (sink) {
+      moved.insert(&op);
+      order.push_back(&op);
+    }
+  }
+  for (Operation *op : order)
+    op->moveBefore(body.getTerminator());
+}
+
+/// Tensor parallelism's f (`piper.tp_copy`) is the identity forward, whose
+/// gradient rule autodiff has read: it goes. Without the module's
+/// tensor-parallel degree, f, g and the sequence-parallel markers are
+/// strays (an error).
+static LogicalResult eraseTensorParallelCopies(ModuleOp module) {
+  if (getMesh(module).getTp() < 2) {
+    WalkResult stray = module.walk([](Operation *op) {
+      if (!isa<TpCopyOp, TpReduceOp, SpAllGatherOp, SpReduceScatterOp,
+               SpSplitOp, SpGatherOp>(op))
+        return WalkResult::advance();
+      op->emitOpError("needs the module's tensor-parallel degree "
+                      "(the tp of piper.mesh, set by shard_tensor)");
+      return WalkResult::interrupt();
+    });
+    return failure(stray.wasInterrupted());
+  }
+  module.walk([](TpCopyOp copy) {
+    copy.getResult().replaceAllUsesWith(copy.getInput());
+    copy.erase();
+  });
+  return success();
+}
+
+/// Where `c` (a segment collective of a segment task `t` calls) runs: its
+/// axis's groups of the task's devices in the module's layout (tp and cp:
+/// the layout of `#piper.mesh`; ep: groups of the exchange's members among
+/// the data-parallel replicas of each tensor member), on the axis's stream.
+/// Fails, naming the task, when the task's devices are not whole groups.
+static FailureOr<CollectiveBinding> bindingOf(ModuleOp module,
+                                              ProgramOp program, TaskOp t,
+                                              SegmentCollectiveOpInterface c) {
+  const MeshAttr mesh = getMesh(module);
+  const int64_t tp = mesh.getTp(), cp = mesh.getCp();
+  ArrayRef<int64_t> devices =
+      t.getDevices() ? t.getNodeDevices() : ArrayRef<int64_t>();
+  const int64_t n = static_cast<int64_t>(devices.size());
+  CollectiveBinding binding;
+  StringRef stream;
+  int64_t whole = 1;  // devices in one group of whole groups
+  std::string groups; // what they are, for the error
+  int64_t epMembers = 1;
+  switch (c.getCollectiveAxis()) {
+  case Axis::tp:
+    if (tp < 2)
+      return c->emitOpError("needs the module's tensor-parallel degree "
+                            "(the tp of piper.mesh, set by shard_tensor)");
+    whole = tp;
+    groups = "tensor-parallel groups of " + std::to_string(tp);
+    stream = getTensorParallelStream(module);
+    break;
+  case Axis::cp:
+    if (cp < 2)
+      return c->emitOpError("needs the module's context-parallel degree "
+                            "(the cp of piper.mesh, set by context_parallel)");
+    whole = cp * tp;
+    groups = "context-parallel groups of " + std::to_string(cp) +
+             (tp > 1 ? " (times tensor parallelism " + std::to_string(tp) + ")"
+                     : std::string());
+    stream = getContextParallelStream(module);
+    binding.overlap = getContextParallelOverlap(module);
+    break;
+  case Axis::ep: {
+    auto exchange = cast<EpExchangeOp>(c.getOperation());
+    epMembers = exchange.getMembers();
+    whole = epMembers * tp;
+    groups = "expert-parallel groups of " + std::to_string(epMembers) +
+             (tp > 1 ? " (times tensor parallelism " + std::to_string(tp) + ")"
+                     : std::string());
+    stream = exchange.getStream();
+    break;
+  }
+  default:
+    return c->emitOpError("is a collective over the ")
+           << axisName(c.getCollectiveAxis())
+           << " axis, which has no in-segment lowering";
+  }
+  if (n == 0 || n % whole != 0)
+    return t.emitOpError() << describeNode(t) << " runs on "
+                           << (n == 0 ? std::string("no device")
+                                      : formatDevices(devices))
+                           << ", which is not made of whole " << groups
+                           << "; place its stage on a multiple of " << whole
+                           << " devices";
+  const ParallelLayout layout = c.getCollectiveAxis() == Axis::ep
+                                    ? mesh.replicaLayout(n, epMembers)
+                                    : mesh.layout(n);
+  SmallVector<Attribute> chunks = deviceGroupAttrs(
+      module.getContext(), devices, layout, c.getCollectiveAxis());
+  if (c.getCollectiveAxis() != Axis::tp || chunks.size() > 1)
+    binding.subgroups = ArrayAttr::get(module.getContext(), chunks);
+  binding.stream = commStream(program, stream);
+  return binding;
+}
+
+LogicalResult mlir::piper::lowerSegmentCollectives(ModuleOp module) {
+  if (failed(eraseTensorParallelCopies(module)))
+    return failure();
+  FailureOr<ProgramOp> program = getProgram(module);
+  if (failed(program))
+    return failure();
+  SymbolTable symbols(module);
+  // Every binding first, so that an error leaves the program as it was.
+  SmallVector<TaskOp> tasks;
+  llvm::MapVector<StringAttr, SegmentOp> segments;
+  for (TaskOp t : program->getBody().front().getOps<TaskOp>()) {
+    auto seg = symbols.lookup<SegmentOp>(t.getSegment());
+    if (!seg || llvm::none_of(seg.getBody().front(), isCollective))
+      continue;
+    for (auto c : seg.getBody().front().getOps<SegmentCollectiveOpInterface>())
+      if (failed(bindingOf(module, *program, t, c)))
+        return failure();
+    tasks.push_back(t);
+    segments.insert({t.getSegmentAttr().getAttr(), seg});
+  }
+  llvm::MapVector<StringAttr, SegmentPieces> piecesOf;
+  for (auto [name, seg] : segments) {
+    hoistAccumulations(seg);
+    sinkWeightGradientCollectives(seg);
+    FailureOr<SegmentPieces> pieces =
+        splitAround(seg, isCollective, symbols, readsRingExchange);
+    if (failed(pieces))
+      return failure();
+    piecesOf[name] = std::move(*pieces);
+  }
+  for (TaskOp t : tasks)
+    splitTaskAtCollectives(t, piecesOf[t.getSegmentAttr().getAttr()],
+                           [&](SegmentCollectiveOpInterface c) {
+                             return *bindingOf(module, *program, t, c);
+                           });
+  for (auto &entry : piecesOf) {
+    for (SegmentOp piece : entry.second.pieces)
+      if (soleSegmentCollective(piece))
+        symbols.erase(piece);
+    symbols.erase(symbols.lookup<SegmentOp>(entry.first));
+  }
+  return sortTopologically(program->getBody().front());
+}
+
+namespace {
+struct LowerSegmentCollectivesPass
+    : mlir::piper::impl::PiperLowerSegmentCollectivesBase<
+          LowerSegmentCollectivesPass> {
+  void runOnOperation() override {
+    if (failed(lowerSegmentCollectives(getOperation())))
+      signalPassFailure();
+  }
+};
+} // namespace
