@@ -30,17 +30,17 @@ int main(int argc, char **argv) {
     // A malformed command line exits 2 (CLI11's own codes are 100+).
     return app.exit(e) == 0 ? 0 : 2;
   }
-  TokenDType dtype;
-  Status st = parseTokenDType(dtypeName, dtype);
+  StatusOr<TokenDType> dtype = parseTokenDType(dtypeName);
+  Status st = dtype.status();
   int64_t count = 0;
   if (st)
-    st = tokenizeBytesFile(input, output, dtype, header, count);
+    st = tokenizeBytesFile(input, output, *dtype, header, count);
   if (!st) {
     fmt::print(stderr, "piper-tokenize: {}\n", st.message());
     return 1;
   }
   fmt::print("{} tokens ({}, {}, vocab {}) written to {}\n", count,
-             tokenDTypeName(dtype), header ? "with header" : "no header",
+             tokenDTypeName(*dtype), header ? "with header" : "no header",
              kByteVocabSize, output);
   return 0;
 }

@@ -47,17 +47,15 @@ const char *tokenDTypeName(TokenDType dtype) {
   return "auto";
 }
 
-Status parseTokenDType(const std::string &text, TokenDType &out) {
+StatusOr<TokenDType> parseTokenDType(const std::string &text) {
   if (text == "uint16")
-    out = TokenDType::U16;
-  else if (text == "uint32")
-    out = TokenDType::U32;
-  else if (text == "auto" || text.empty())
-    out = TokenDType::Auto;
-  else
-    return Status::error("unknown token dtype '" + text +
-                         "' (expected uint16 or uint32)");
-  return Status::ok();
+    return TokenDType::U16;
+  if (text == "uint32")
+    return TokenDType::U32;
+  if (text == "auto" || text.empty())
+    return TokenDType::Auto;
+  return Status::error("unknown token dtype '" + text +
+                       "' (expected uint16 or uint32)");
 }
 
 int tokenWidth(TokenDType dtype) {

@@ -19,7 +19,7 @@ enum class TokenDType { Auto, U16, U32 };
 /// "uint16" or "uint32" (as --data-dtype spells them); "auto" for Auto.
 const char *tokenDTypeName(TokenDType dtype);
 /// Parses "uint16", "uint32" or "auto".
-Status parseTokenDType(const std::string &text, TokenDType &out);
+StatusOr<TokenDType> parseTokenDType(const std::string &text);
 /// 2 or 4; 0 for Auto.
 int tokenWidth(TokenDType dtype);
 

@@ -191,14 +191,12 @@ TEST_CASE("token files: error paths", "[data]") {
                             "fit uint16") != std::string::npos);
   }
   SECTION("parsing dtype names") {
-    TokenDType d;
-    CHECK(parseTokenDType("uint16", d));
-    CHECK(d == TokenDType::U16);
-    CHECK(parseTokenDType("uint32", d));
-    CHECK(d == TokenDType::U32);
-    Status st = parseTokenDType("int8", d);
+    CHECK(*parseTokenDType("uint16") == TokenDType::U16);
+    CHECK(*parseTokenDType("uint32") == TokenDType::U32);
+    CHECK(*parseTokenDType("auto") == TokenDType::Auto);
+    StatusOr<TokenDType> st = parseTokenDType("int8");
     CHECK_FALSE(st);
-    CHECK(st.message() ==
+    CHECK(st.status().message() ==
           "unknown token dtype 'int8' (expected uint16 or uint32)");
   }
 }

@@ -75,35 +75,33 @@ Status TokenFileData::fill(int64_t step, int64_t globalMicrobatch,
   return Status::ok();
 }
 
-std::unique_ptr<TokenFileData>
+StatusOr<std::unique_ptr<TokenFileData>>
 openTokenFileData(const std::string &path, TokenDType dtype, int64_t vocabSize,
-                  int64_t seqLen, uint64_t seed, Status &status) {
+                  int64_t seqLen, uint64_t seed) {
+  Status status;
   std::shared_ptr<TokenFile> file = TokenFile::open(path, dtype, status);
   if (!file)
-    return nullptr;
-  if (file->numTokens() < seqLen + 1) {
-    status = Status::error(
+    return status;
+  if (file->numTokens() < seqLen + 1)
+    return Status::error(
         "token file '" + path +
         "': too short: " + std::to_string(file->numTokens()) +
         " tokens, but one sequence of " + std::to_string(seqLen) +
         " tokens and its targets need " + std::to_string(seqLen + 1));
-    return nullptr;
-  }
-  status = file->checkVocab(vocabSize);
-  if (!status)
-    return nullptr;
+  PIPER_RETURN_IF_ERROR(file->checkVocab(vocabSize));
   return std::make_unique<TokenFileData>(std::move(file), seed);
 }
 
 Status fillContextShard(DataSource &data, int64_t step,
-                        int64_t globalMicrobatch, int64_t batch,
-                        int64_t seqLen, int64_t members, int64_t member,
-                        int32_t *tokens, int32_t *targets) {
+                        int64_t globalMicrobatch, int64_t batch, int64_t seqLen,
+                        int64_t members, int64_t member, int32_t *tokens,
+                        int32_t *targets) {
   if (members <= 1)
     return data.fill(step, globalMicrobatch, batch, seqLen, tokens, targets);
   if (seqLen % (2 * members) != 0 || member < 0 || member >= members)
     return Status::error("context member " + std::to_string(member) + " of " +
-                         std::to_string(members) + " cannot split sequences of " +
+                         std::to_string(members) +
+                         " cannot split sequences of " +
                          std::to_string(seqLen) + " tokens");
   size_t whole = size_t(batch) * size_t(seqLen);
   std::vector<int32_t> allTokens(whole), allTargets(whole);

@@ -64,17 +64,17 @@ private:
 /// the whole sequences. seqLen must be a multiple of 2 x members when
 /// members > 1.
 Status fillContextShard(DataSource &data, int64_t step,
-                        int64_t globalMicrobatch, int64_t batch,
-                        int64_t seqLen, int64_t members, int64_t member,
-                        int32_t *tokens, int32_t *targets);
+                        int64_t globalMicrobatch, int64_t batch, int64_t seqLen,
+                        int64_t members, int64_t member, int32_t *tokens,
+                        int32_t *targets);
 
 /// Opens `path` as training data for a model with `vocabSize` tokens and
 /// sequences of `seqLen`: maps it (see TokenFile::open for `dtype`), checks
 /// every token against the vocabulary and that it holds at least
-/// seqLen + 1 tokens. Returns null and sets `status` on error.
-std::unique_ptr<TokenFileData>
+/// seqLen + 1 tokens.
+StatusOr<std::unique_ptr<TokenFileData>>
 openTokenFileData(const std::string &path, TokenDType dtype, int64_t vocabSize,
-                  int64_t seqLen, uint64_t seed, Status &status);
+                  int64_t seqLen, uint64_t seed);
 
 /// The first token of a window of seqLen + 1 tokens in a file of
 /// `numTokens`: floor(h * (numTokens - seqLen) / 2^64) with

@@ -52,12 +52,10 @@ std::string rampFile(const std::string &dir, int64_t n, uint32_t modulo,
 
 std::unique_ptr<TokenFileData> openData(const std::string &path, int64_t vocab,
                                         int64_t seqLen, uint64_t seed) {
-  Status st;
-  auto data =
-      openTokenFileData(path, TokenDType::Auto, vocab, seqLen, seed, st);
-  INFO(st.message());
+  auto data = openTokenFileData(path, TokenDType::Auto, vocab, seqLen, seed);
+  INFO(data.status().message());
   REQUIRE(data);
-  return data;
+  return std::move(data).value();
 }
 
 std::unique_ptr<Executor> makeExecutor(const plan::Plan &plan, uint64_t seed,
@@ -188,22 +186,25 @@ TEST_CASE("token data: open errors", "[data]") {
   Status st;
   SECTION("too short for one sequence and its targets") {
     std::string path = rampFile(dir, 16, 10);
-    CHECK(openTokenFileData(path, TokenDType::Auto, 10, 15, 0, st));
-    CHECK_FALSE(openTokenFileData(path, TokenDType::Auto, 10, 16, 0, st));
+    CHECK(openTokenFileData(path, TokenDType::Auto, 10, 15, 0));
+    st = openTokenFileData(path, TokenDType::Auto, 10, 16, 0).status();
+    CHECK_FALSE(st);
     CHECK(st.message() == "token file '" + path +
                               "': too short: 16 tokens, but one sequence of "
                               "16 tokens and its targets need 17");
   }
   SECTION("a token outside the vocabulary") {
     std::string path = rampFile(dir, 100, 40, TokenDType::U32);
-    CHECK_FALSE(openTokenFileData(path, TokenDType::U32, 32, 8, 0, st));
+    st = openTokenFileData(path, TokenDType::U32, 32, 8, 0).status();
+    CHECK_FALSE(st);
     CHECK(st.message() == "token file '" + path +
                               "': the token at index 32 is 32, not below the "
                               "model's vocab_size 32");
   }
   SECTION("missing file") {
-    CHECK_FALSE(
-        openTokenFileData(dir + "/nope.bin", TokenDType::Auto, 10, 4, 0, st));
+    st = openTokenFileData(dir + "/nope.bin", TokenDType::Auto, 10, 4, 0)
+             .status();
+    CHECK_FALSE(st);
     CHECK(st.message() == "token file '" + dir +
                               "/nope.bin': cannot open: no such file or "
                               "directory");

@@ -24,8 +24,7 @@ bool isPlainName(const std::string &name) {
 
 /// A CRC-32 member of `object` (8 hex digits).
 Status crcField(const Json &object, const std::string &key, uint32_t &out) {
-  std::string text;
-  PIPER_RETURN_IF_ERROR(jsonString(object, key, text));
+  PIPER_ASSIGN_OR_RETURN(std::string text, jsonString(object, key));
   if (!parseCrc32(text, out))
     return Status::error(fmt::format("{} is {}, expected 8 hex digits",
                                      jsonQuote(key), jsonQuote(text)));
@@ -35,10 +34,9 @@ Status crcField(const Json &object, const std::string &key, uint32_t &out) {
 /// One entry of "files" of a version 3 manifest: {"bytes": N,
 /// "header_crc32": "...", "tensors": {"<name>": "<crc>", ...}}.
 Status parseFile(const Json &entry, ManifestFile &file) {
-  PIPER_RETURN_IF_ERROR(jsonUint(entry, "bytes", file.bytes));
+  PIPER_ASSIGN_OR_RETURN(file.bytes, jsonUint(entry, "bytes"));
   PIPER_RETURN_IF_ERROR(crcField(entry, "header_crc32", file.headerCrc));
-  const Json *tensors;
-  PIPER_RETURN_IF_ERROR(jsonObject(entry, "tensors", tensors));
+  PIPER_ASSIGN_OR_RETURN(const Json *tensors, jsonObject(entry, "tensors"));
   for (const auto &[name, value] : tensors->items()) {
     uint32_t crc;
     PIPER_RETURN_IF_ERROR(
@@ -50,8 +48,7 @@ Status parseFile(const Json &entry, ManifestFile &file) {
 }
 
 Status parseFiles(const Json &root, CheckpointManifest &out) {
-  const Json *files;
-  PIPER_RETURN_IF_ERROR(jsonObject(root, "files", files));
+  PIPER_ASSIGN_OR_RETURN(const Json *files, jsonObject(root, "files"));
   for (const auto &[name, value] : files->items()) {
     if (!isPlainName(name))
       return Status::error(fmt::format(
@@ -59,13 +56,14 @@ Status parseFiles(const Json &root, CheckpointManifest &out) {
           jsonQuote(name)));
     ManifestFile file;
     file.name = name;
-    if (out.checksummed())
+    if (out.checksummed()) {
       PIPER_RETURN_IF_ERROR(
           parseFile(value, file)
               .withContext(fmt::format("\"files\": {}", jsonQuote(name))));
-    else
-      PIPER_RETURN_IF_ERROR(
-          jsonUint(*files, name, file.bytes).withContext("\"files\""));
+    } else {
+      PIPER_ASSIGN_OR_RETURN(file.bytes,
+                             jsonUint(*files, name).withContext("\"files\""));
+    }
     out.files.push_back(std::move(file));
   }
   return Status::ok();
@@ -76,17 +74,15 @@ Status parseFiles(const Json &root, CheckpointManifest &out) {
 Status parseCheckpointManifest(const std::string &text,
                                CheckpointManifest &out) {
   out = CheckpointManifest();
-  Json root;
-  PIPER_RETURN_IF_ERROR(parseJson(text, root));
+  PIPER_ASSIGN_OR_RETURN(Json root, parseJson(text));
   if (!root.is_object())
     return Status::error(
         fmt::format("expected a JSON object, found {}", jsonKindName(root)));
-  std::string format;
-  PIPER_RETURN_IF_ERROR(jsonString(root, "format", format));
+  PIPER_ASSIGN_OR_RETURN(std::string format, jsonString(root, "format"));
   if (format != kCheckpointFormat)
     return Status::error(fmt::format("\"format\" is {}, not \"{}\"",
                                      jsonQuote(format), kCheckpointFormat));
-  PIPER_RETURN_IF_ERROR(jsonInt(root, "version", out.version));
+  PIPER_ASSIGN_OR_RETURN(out.version, jsonInt(root, "version"));
   if (out.version < 1)
     return Status::error(
         fmt::format("\"version\" is {}, expected 1 or more", out.version));
@@ -94,24 +90,24 @@ Status parseCheckpointManifest(const std::string &text,
     return Status::error(fmt::format(
         "written by a newer piper (version {}; this one reads up to {})",
         out.version, kCheckpointVersion));
-  PIPER_RETURN_IF_ERROR(jsonInt(root, "step", out.step));
+  PIPER_ASSIGN_OR_RETURN(out.step, jsonInt(root, "step"));
   if (out.step < 0)
     return Status::error(
         fmt::format("\"step\" is {}, expected 0 or more", out.step));
   // Before version 3 "layout" and "run" could be absent (whole; no run).
-  if (out.checksummed() || jsonHas(root, "layout"))
-    PIPER_RETURN_IF_ERROR(jsonString(root, "layout", out.layout));
+  if (out.checksummed() || jsonHas(root, "layout")) {
+    PIPER_ASSIGN_OR_RETURN(out.layout, jsonString(root, "layout"));
+  }
   if (out.layout != "whole" && out.layout != "shards")
     return Status::error(
         fmt::format("\"layout\" is {}, expected \"whole\" or \"shards\"",
                     jsonQuote(out.layout)));
   if (out.checksummed() || jsonHas(root, "run")) {
-    const Json *run;
-    PIPER_RETURN_IF_ERROR(jsonObject(root, "run", run));
+    PIPER_ASSIGN_OR_RETURN(const Json *run, jsonObject(root, "run"));
     out.run = *run;
   }
   if (out.checksummed()) {
-    PIPER_RETURN_IF_ERROR(jsonString(root, "run_id", out.runId));
+    PIPER_ASSIGN_OR_RETURN(out.runId, jsonString(root, "run_id"));
     if (!isRunId(out.runId))
       return Status::error(fmt::format("\"run_id\" is {}, expected 32 "
                                        "lowercase hex digits",

@@ -192,17 +192,22 @@ std::unique_ptr<HfFolder> HfFolder::open(const std::string &dir,
     return f;
   }
   std::string text;
-  Json root;
-  const Json *map = nullptr;
+  StatusOr<Json> root = Status::error("unread");
+  StatusOr<const Json *> found = Status::error("unread");
   status = readText(index, text, kMaxIndexFileBytes);
-  if (status)
-    status = parseJson(text, root);
-  if (status)
-    status = jsonObject(root, "weight_map", map);
+  if (status) {
+    root = parseJson(text);
+    status = root.status();
+  }
+  if (status) {
+    found = jsonObject(*root, "weight_map");
+    status = found.status();
+  }
   if (!status) {
     status = status.withContext(who + kHfIndexFile);
     return nullptr;
   }
+  const Json *map = *found;
   std::map<std::string, size_t> fileIndex;
   for (auto it = map->begin(); it != map->end(); ++it) {
     if (!it.value().is_string()) {
@@ -414,11 +419,10 @@ Status checkHfConfigsMatch(const std::string &folderConfig,
       "bos_token_id",      "eos_token_id",
       "pad_token_id"};
   const std::string who = folderName + "/" + kHfConfigFile;
-  Json folder, model;
-  PIPER_RETURN_IF_ERROR(parseJson(folderConfig, folder).withContext(who));
-  PIPER_RETURN_IF_ERROR(
-      parseJson(modelConfig, model)
-          .withContext("the model's Hugging Face configuration"));
+  PIPER_ASSIGN_OR_RETURN(Json folder, parseJson(folderConfig).withContext(who));
+  PIPER_ASSIGN_OR_RETURN(
+      Json model, parseJson(modelConfig)
+                      .withContext("the model's Hugging Face configuration"));
   if (!folder.is_object() || !model.is_object())
     return Status::error(who + ": not a JSON object");
   std::set<std::string> keys;

@@ -143,8 +143,7 @@ Status recordedCrcs(const SafetensorsReader &reader,
     return Status::ok();
   const std::string where =
       fmt::format("checkpoint '{}': metadata \"{}\"", reader.path(), kCrc32Key);
-  Json crcs;
-  PIPER_RETURN_IF_ERROR(parseJson(*text, crcs).withContext(where));
+  PIPER_ASSIGN_OR_RETURN(Json crcs, parseJson(*text).withContext(where));
   if (!crcs.is_object())
     return Status::error(
         fmt::format("{} is {}, expected an object", where, jsonKindName(crcs)));

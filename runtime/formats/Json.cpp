@@ -39,8 +39,7 @@ std::string describe(const Json::exception &e) {
 
 } // namespace
 
-Status parseJson(const std::string &text, Json &out) {
-  out = Json();
+StatusOr<Json> parseJson(const std::string &text) {
   // The keys seen so far in each object being parsed, innermost last.
   std::vector<std::set<std::string>> keys;
   auto check = [&keys](int depth, Json::parse_event_t event, Json &parsed) {
@@ -65,20 +64,16 @@ Status parseJson(const std::string &text, Json &out) {
     return true;
   };
   try {
-    out = Json::parse(text, check);
+    return Json::parse(text, check);
   } catch (const Rejected &r) {
-    out = Json();
     return Status::error("malformed JSON: " + r.message);
   } catch (const Json::parse_error &e) {
-    out = Json();
     // nlohmann counts the bytes read, the offending one included.
     return Status::error(fmt::format("malformed JSON at byte {}: {}",
                                      e.byte > 0 ? e.byte - 1 : 0, describe(e)));
   } catch (const Json::exception &e) {
-    out = Json();
     return Status::error("malformed JSON: " + describe(e));
   }
-  return Status::ok();
 }
 
 const char *jsonKindName(const Json &value) {
@@ -108,19 +103,16 @@ std::string jsonQuote(const std::string &s) {
 
 namespace {
 
-/// The member `key` of `object` in `member`, or an error: `object` is not
-/// an object, or has no such member.
-Status findMember(const Json &object, const std::string &key,
-                  const Json *&member) {
-  member = nullptr;
+/// The member `key` of `object`, or an error: `object` is not an object, or
+/// has no such member.
+StatusOr<const Json *> findMember(const Json &object, const std::string &key) {
   if (!object.is_object())
     return Status::error(fmt::format("expected an object with {}, found {}",
                                      jsonQuote(key), jsonKindName(object)));
   auto it = object.find(key);
   if (it == object.end())
     return Status::error("missing " + jsonQuote(key));
-  member = &*it;
-  return Status::ok();
+  return &*it;
 }
 
 Status wrongType(const std::string &key, const Json &value,
@@ -134,68 +126,57 @@ Status wrongType(const std::string &key, const Json &value,
 
 } // namespace
 
-Status jsonString(const Json &object, const std::string &key,
-                  std::string &out) {
-  const Json *v;
-  PIPER_RETURN_IF_ERROR(findMember(object, key, v));
+StatusOr<std::string> jsonString(const Json &object, const std::string &key) {
+  PIPER_ASSIGN_OR_RETURN(const Json *v, findMember(object, key));
   if (!v->is_string())
     return wrongType(key, *v, "a string");
-  out = v->get_ref<const std::string &>();
-  return Status::ok();
+  return v->get_ref<const std::string &>();
 }
 
-Status jsonInt(const Json &object, const std::string &key, int64_t &out) {
-  const Json *v;
-  PIPER_RETURN_IF_ERROR(findMember(object, key, v));
+StatusOr<int64_t> jsonInt(const Json &object, const std::string &key) {
+  PIPER_ASSIGN_OR_RETURN(const Json *v, findMember(object, key));
   if (v->is_number_unsigned()) {
     uint64_t u = v->get<uint64_t>();
     if (u > uint64_t(INT64_MAX))
       return Status::error(
           fmt::format("{} is {}, past the largest integer", jsonQuote(key), u));
-    out = static_cast<int64_t>(u);
-    return Status::ok();
+    return static_cast<int64_t>(u);
   }
   if (!v->is_number_integer())
     return wrongType(key, *v, "an integer");
-  out = v->get<int64_t>();
-  return Status::ok();
+  return v->get<int64_t>();
 }
 
-Status jsonUint(const Json &object, const std::string &key, uint64_t &out) {
-  const Json *v;
-  PIPER_RETURN_IF_ERROR(findMember(object, key, v));
+StatusOr<uint64_t> jsonUint(const Json &object, const std::string &key) {
+  PIPER_ASSIGN_OR_RETURN(const Json *v, findMember(object, key));
   if (v->is_number_integer() && !v->is_number_unsigned())
     return Status::error(fmt::format("{} is {}, expected a non-negative "
                                      "integer",
                                      jsonQuote(key), v->get<int64_t>()));
   if (!v->is_number_unsigned())
     return wrongType(key, *v, "a non-negative integer");
-  out = v->get<uint64_t>();
-  return Status::ok();
+  return v->get<uint64_t>();
 }
 
-Status jsonNumber(const Json &object, const std::string &key, double &out) {
-  const Json *v;
-  PIPER_RETURN_IF_ERROR(findMember(object, key, v));
+StatusOr<double> jsonNumber(const Json &object, const std::string &key) {
+  PIPER_ASSIGN_OR_RETURN(const Json *v, findMember(object, key));
   if (!v->is_number())
     return wrongType(key, *v, "a number");
-  out = v->get<double>();
-  return Status::ok();
+  return v->get<double>();
 }
 
-Status jsonObject(const Json &object, const std::string &key,
-                  const Json *&out) {
-  PIPER_RETURN_IF_ERROR(findMember(object, key, out));
-  if (!out->is_object())
-    return wrongType(key, *out, "an object");
-  return Status::ok();
+StatusOr<const Json *> jsonObject(const Json &object, const std::string &key) {
+  PIPER_ASSIGN_OR_RETURN(const Json *v, findMember(object, key));
+  if (!v->is_object())
+    return wrongType(key, *v, "an object");
+  return v;
 }
 
-Status jsonArray(const Json &object, const std::string &key, const Json *&out) {
-  PIPER_RETURN_IF_ERROR(findMember(object, key, out));
-  if (!out->is_array())
-    return wrongType(key, *out, "an array");
-  return Status::ok();
+StatusOr<const Json *> jsonArray(const Json &object, const std::string &key) {
+  PIPER_ASSIGN_OR_RETURN(const Json *v, findMember(object, key));
+  if (!v->is_array())
+    return wrongType(key, *v, "an array");
+  return v;
 }
 
 bool jsonHas(const Json &object, const std::string &key) {

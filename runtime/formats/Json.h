@@ -18,13 +18,13 @@ using Json = nlohmann::ordered_json;
 /// The deepest nesting parseJson accepts.
 constexpr int kJsonMaxDepth = 64;
 
-/// Parses `text` (one value, surrounded by optional whitespace) into `out`.
+/// Parses `text` (one value, surrounded by optional whitespace).
 /// Rejects what RFC 8259 does not allow (invalid UTF-8 included), and, which
 /// nlohmann/json alone would accept, duplicate object keys and nesting deeper
 /// than kJsonMaxDepth. Errors read "malformed JSON at byte N: ..." with N the
 /// 0-based offset where parsing stopped, or "malformed JSON: ..." for a
 /// duplicate key or too deep a nesting.
-Status parseJson(const std::string &text, Json &out);
+StatusOr<Json> parseJson(const std::string &text);
 
 /// "an object", "a string", "a number", ... for messages.
 const char *jsonKindName(const Json &value);
@@ -41,18 +41,18 @@ std::string jsonQuote(const std::string &s);
 // `object` not being an object is an error too.
 
 /// A string member.
-Status jsonString(const Json &object, const std::string &key, std::string &out);
+StatusOr<std::string> jsonString(const Json &object, const std::string &key);
 /// An integer member that fits int64_t (a number with a fraction or an
 /// exponent is not an integer).
-Status jsonInt(const Json &object, const std::string &key, int64_t &out);
+StatusOr<int64_t> jsonInt(const Json &object, const std::string &key);
 /// A non-negative integer member that fits uint64_t.
-Status jsonUint(const Json &object, const std::string &key, uint64_t &out);
+StatusOr<uint64_t> jsonUint(const Json &object, const std::string &key);
 /// A number member, integer or not.
-Status jsonNumber(const Json &object, const std::string &key, double &out);
-/// An object member: `out` points into `object`.
-Status jsonObject(const Json &object, const std::string &key, const Json *&out);
-/// An array member: `out` points into `object`.
-Status jsonArray(const Json &object, const std::string &key, const Json *&out);
+StatusOr<double> jsonNumber(const Json &object, const std::string &key);
+/// An object member (a pointer into `object`).
+StatusOr<const Json *> jsonObject(const Json &object, const std::string &key);
+/// An array member (a pointer into `object`).
+StatusOr<const Json *> jsonArray(const Json &object, const std::string &key);
 /// Whether `object` is an object with member `key` (any type).
 bool jsonHas(const Json &object, const std::string &key);
 

@@ -237,8 +237,8 @@ Status parseHeader(const std::string &where, const std::string &json,
                    uint64_t size, uint64_t dataStart,
                    std::vector<SafetensorsEntry> &entries,
                    SafetensorsMetadata &meta) {
-  Json root;
-  PIPER_RETURN_IF_ERROR(parseJson(json, root).withContext(where + "header"));
+  PIPER_ASSIGN_OR_RETURN(Json root,
+                         parseJson(json).withContext(where + "header"));
   if (!root.is_object())
     return Status::error(where + "the header is " +
                          std::string(jsonKindName(root)) +

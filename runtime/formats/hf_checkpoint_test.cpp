@@ -207,8 +207,9 @@ TEST_CASE("Hugging Face sources are placed in a parameter and taken back",
     std::ifstream index(out + "/" + kHfIndexFile);
     std::stringstream text;
     text << index.rdbuf();
-    Json root;
-    REQUIRE(parseJson(text.str(), root));
+    StatusOr<Json> parsed = parseJson(text.str());
+    REQUIRE(parsed);
+    const Json &root = *parsed;
     CHECK(root["metadata"]["total_size"] == 4 * 24);
     CHECK(root["weight_map"]["e1"] == "model-00003-of-00003.safetensors");
   }

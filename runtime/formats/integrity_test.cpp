@@ -90,48 +90,40 @@ bool contains(const Status &st, const std::string &text) {
 } // namespace
 
 TEST_CASE("JSON fields are type-checked, never thrown", "[json]") {
-  Json v;
-  REQUIRE(parseJson(R"({"s": "x", "i": -3, "u": 7, "f": 2.0, "big":
-      18446744073709551615, "o": {}, "a": [], "n": null})",
-                    v));
-  std::string s;
-  int64_t i = 0;
-  uint64_t u = 0;
-  double d = 0;
-  const Json *o = nullptr;
-  CHECK(jsonString(v, "s", s));
-  CHECK(s == "x");
-  CHECK(jsonInt(v, "i", i));
-  CHECK(i == -3);
-  CHECK(jsonInt(v, "u", i));
-  CHECK(i == 7);
-  CHECK(jsonUint(v, "u", u));
-  CHECK(u == 7);
-  CHECK(jsonNumber(v, "f", d));
-  CHECK(d == 2.0);
-  CHECK(jsonObject(v, "o", o));
-  CHECK(jsonArray(v, "a", o));
+  StatusOr<Json> parsed =
+      parseJson(R"({"s": "x", "i": -3, "u": 7, "f": 2.0, "big":
+      18446744073709551615, "o": {}, "a": [], "n": null})");
+  REQUIRE(parsed);
+  const Json &v = *parsed;
+  CHECK(*jsonString(v, "s") == "x");
+  CHECK(*jsonInt(v, "i") == -3);
+  CHECK(*jsonInt(v, "u") == 7);
+  CHECK(*jsonUint(v, "u") == 7);
+  CHECK(*jsonNumber(v, "f") == 2.0);
+  CHECK(*jsonObject(v, "o") == &v.at("o"));
+  CHECK(*jsonArray(v, "a") == &v.at("a"));
   CHECK(jsonHas(v, "n"));
   CHECK_FALSE(jsonHas(v, "z"));
   CHECK_FALSE(jsonHas(Json(3), "s"));
 
-  CHECK(jsonString(v, "i", s).message() ==
+  CHECK(jsonString(v, "i").status().message() ==
         "\"i\" is a number, expected a string");
-  CHECK(jsonInt(v, "s", i).message() ==
+  CHECK(jsonInt(v, "s").status().message() ==
         "\"s\" is a string, expected an integer");
-  CHECK(jsonInt(v, "f", i).message() ==
+  CHECK(jsonInt(v, "f").status().message() ==
         "\"f\" is a floating-point number, expected an integer");
-  CHECK(jsonInt(v, "big", i).message() ==
+  CHECK(jsonInt(v, "big").status().message() ==
         "\"big\" is 18446744073709551615, past the largest integer");
-  CHECK(jsonUint(v, "i", u).message() ==
+  CHECK(jsonUint(v, "i").status().message() ==
         "\"i\" is -3, expected a non-negative integer");
-  CHECK(jsonNumber(v, "n", d).message() == "\"n\" is null, expected a number");
-  CHECK(jsonObject(v, "a", o).message() ==
+  CHECK(jsonNumber(v, "n").status().message() ==
+        "\"n\" is null, expected a number");
+  CHECK(jsonObject(v, "a").status().message() ==
         "\"a\" is an array, expected an object");
-  CHECK(jsonArray(v, "o", o).message() ==
+  CHECK(jsonArray(v, "o").status().message() ==
         "\"o\" is an object, expected an array");
-  CHECK(jsonString(v, "z", s).message() == "missing \"z\"");
-  CHECK(jsonString(Json::array(), "s", s).message() ==
+  CHECK(jsonString(v, "z").status().message() == "missing \"z\"");
+  CHECK(jsonString(Json::array(), "s").status().message() ==
         "expected an object with \"s\", found an array");
 }
 

@@ -436,10 +436,10 @@ Status keepMetricsUpTo(const std::string &path, int64_t step) {
   std::string kept, line;
   while (std::getline(in, line)) {
     // A line that is not a metrics object with an integer step is dropped.
-    Json object;
-    int64_t lineStep = 0;
-    if (parseJson(line, object) && jsonInt(object, "step", lineStep) &&
-        lineStep <= step)
+    StatusOr<Json> object = parseJson(line);
+    StatusOr<int64_t> lineStep =
+        object ? jsonInt(*object, "step") : object.status();
+    if (lineStep && *lineStep <= step)
       kept += line + "\n";
   }
   AtomicFile out;

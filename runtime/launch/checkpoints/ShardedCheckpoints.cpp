@@ -110,10 +110,12 @@ Status ShardIndex::open(std::vector<std::unique_ptr<SafetensorsReader>> files) {
   for (auto &reader : files) {
     const std::string &path = reader->path();
     const std::string *text = reader->metadataValue("piper.slices");
-    Json slices;
-    if (!text || !parseJson(*text, slices) || !slices.is_object())
+    StatusOr<Json> parsed =
+        text ? parseJson(*text) : StatusOr<Json>(Status::error("absent"));
+    if (!parsed || !parsed->is_object())
       return Status::error(
           fmt::format("'{}' has no valid piper.slices metadata", path));
+    const Json &slices = *parsed;
     for (const SafetensorsEntry &e : reader->tensors()) {
       std::vector<int64_t> shape;
       Piece piece{static_cast<int>(readers.size()), &e, {}};

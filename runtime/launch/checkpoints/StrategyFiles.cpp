@@ -228,12 +228,11 @@ Status openData(const RunOptions &options, const plan::TrainingConfig &training,
   out.reset();
   if (options.dataPath.empty())
     return Status::ok();
-  TokenDType dtype;
-  PIPER_RETURN_IF_ERROR(parseTokenDType(options.dataDType, dtype));
-  Status st;
-  out = openTokenFileData(options.dataPath, dtype, training.vocab_size(),
-                          training.seq_len(), seed, st);
-  return st;
+  PIPER_ASSIGN_OR_RETURN(TokenDType dtype, parseTokenDType(options.dataDType));
+  PIPER_ASSIGN_OR_RETURN(out, openTokenFileData(options.dataPath, dtype,
+                                                training.vocab_size(),
+                                                training.seq_len(), seed));
+  return Status::ok();
 }
 
 Status checkStrategy(const RunOptions &options,
