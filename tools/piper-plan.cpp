@@ -1,7 +1,8 @@
 // piper-plan: prints a compiled plan (or a whole compiled folder) as text, for
 // people reading what the compiler produced and for FileCheck tests; with
 // --simulate, times one step of a compiled folder and pictures it
-// (docs/simulator.md).
+// (docs/simulator.md); with --device-memory, says whether every rank fits a
+// device of that size.
 #include <cctype>
 #include <cerrno>
 #include <cstdio>
@@ -23,6 +24,7 @@
 #include "proto/analysis/MemoryPlan.h"
 #include "proto/analysis/Simulate.h"
 #include "proto/analysis/TimelineSvg.h"
+#include "support/ByteSize.h"
 #include "support/Errno.h"
 
 namespace {
@@ -37,14 +39,28 @@ int fail(const std::string &message) {
   return 1;
 }
 
-/// Prints one plan file; returns the process exit code.
-int printPlan(const std::string &path, bool kernels, bool textproto,
-              bool memory, int largest) {
+/// What printPlan prints of a plan.
+struct PrintOptions {
+  bool kernels = true, textproto = false, memory = false;
+  int largest = 5;
+  /// --device-memory: the fit verdict (alone, or after --memory's report);
+  /// -1: none.
+  int64_t deviceBytes = -1;
+};
+
+/// Prints one plan file; returns the process exit code (1 when it does not
+/// fit options.deviceBytes).
+int printPlan(const std::string &path, const PrintOptions &options) {
   piper::plan::Plan plan;
   std::string err = piper::plan::readPlanFile(path, plan);
   if (!err.empty())
     return fail(err);
-  if (memory) {
+  const bool memory = options.memory, textproto = options.textproto;
+  const int largest = options.largest;
+  const bool verdictOnly = options.deviceBytes >= 0 && !memory;
+  if (verdictOnly) {
+    // The verdict alone, below.
+  } else if (memory) {
     std::string text;
     if (!piper::plan::memoryReport(plan, largest, text))
       return fail(path + ": " + text);
@@ -55,9 +71,15 @@ int printPlan(const std::string &path, bool kernels, bool textproto,
       return fail("cannot print " + path + " as text");
     std::fputs(text.c_str(), stdout);
   } else {
-    std::fputs(piper::plan::dumpPlan(plan, kernels).c_str(), stdout);
+    std::fputs(piper::plan::dumpPlan(plan, options.kernels).c_str(), stdout);
   }
-  return 0;
+  if (options.deviceBytes < 0)
+    return 0;
+  bool fits = false;
+  std::string verdict =
+      piper::plan::fitVerdict(plan, options.deviceBytes, fits);
+  std::printf("%s%s\n", fits ? "" : "does not fit: ", verdict.c_str());
+  return fits ? 0 : 1;
 }
 
 /// Reads a machine description: a JSON object whose keys (all optional)
@@ -148,7 +170,7 @@ static int runPiperPlan(int argc, char **argv) {
   bool noKernels = false, textproto = false, memory = false;
   bool simulate = false, timeline = false, blockingSends = false;
   int largest = 5;
-  std::string tracePath, svgPath, machinePath;
+  std::string tracePath, svgPath, machinePath, deviceMemory;
   std::vector<std::string> costs;
   CLI::App app{"piper-plan: prints a plan file, or the manifest and every "
                "plan of a folder written by piperc compile, as text, or "
@@ -168,6 +190,11 @@ static int runPiperPlan(int argc, char **argv) {
                  "with --memory: how many of the largest blocks, and of "
                  "those live at the peak, to list (default 5)")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--device-memory", deviceMemory,
+                 "say whether every rank of each plan fits a device of this "
+                 "size (80GiB, 141GB, bytes): what it needs, and the headroom "
+                 "or the step's peak and its largest buffers; exits 1 when a "
+                 "plan does not fit (alone, or after --memory's report)");
   app.add_flag("--simulate", simulate,
                "simulate one training step of an OUT/ folder and print, per "
                "device class, the predicted step time, stream busy times and "
@@ -210,14 +237,28 @@ static int runPiperPlan(int argc, char **argv) {
                 "--blocking-sends need --simulate");
   if (largest != 5 && !memory)
     return fail("--largest needs --memory");
-  if (simulate && (memory || textproto || noKernels))
-    return fail("--simulate cannot be combined with --memory, --textproto "
-                "or --no-kernels");
+  if (simulate && (memory || textproto || noKernels || !deviceMemory.empty()))
+    return fail("--simulate cannot be combined with --memory, --textproto, "
+                "--no-kernels or --device-memory");
+  if (!deviceMemory.empty() && (textproto || noKernels))
+    return fail("--device-memory cannot be combined with --textproto or "
+                "--no-kernels");
+  PrintOptions print;
+  print.kernels = !noKernels;
+  print.textproto = textproto;
+  print.memory = memory;
+  print.largest = largest;
+  if (!deviceMemory.empty()) {
+    piper::StatusOr<int64_t> size = piper::parseByteSize(deviceMemory);
+    if (!size)
+      return fail("--device-memory " + size.status().message());
+    print.deviceBytes = *size;
+  }
   if (simulate && !isDirectory(path))
     return fail("--simulate needs a folder written by piperc compile, not '" +
                 path + "'");
   if (!isDirectory(path))
-    return printPlan(path, !noKernels, textproto, memory, largest);
+    return printPlan(path, print);
 
   piper::plan::Manifest manifest;
   std::string err = piper::plan::readManifest(
@@ -245,16 +286,20 @@ static int runPiperPlan(int argc, char **argv) {
     return simulateFolder(path, manifest, machine, options, timeline, tracePath,
                           svgPath);
   }
-  if (!memory)
+  const bool plain = !memory && print.deviceBytes < 0;
+  if (plain)
     std::fputs(piper::plan::dumpManifest(manifest).c_str(), stdout);
+  // Every class's verdict, even after one that does not fit.
+  int rc = 0;
   for (const auto &c : manifest.classes()) {
-    if (!memory)
+    if (plain)
       std::fputs("\n", stdout);
-    if (int rc = printPlan(path + "/" + c.plan_file(), !noKernels, textproto,
-                           memory, largest))
-      return rc;
+    int classRc = printPlan(path + "/" + c.plan_file(), print);
+    if (classRc != 0 && print.deviceBytes < 0)
+      return classRc;
+    rc = rc != 0 ? rc : classRc;
   }
-  return 0;
+  return rc;
 }
 
 int main(int argc, char **argv) {

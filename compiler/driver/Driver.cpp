@@ -24,6 +24,7 @@
 #include "proto/analysis/MemoryPlan.h"
 #include "proto/analysis/Simulate.h"
 #include "proto/analysis/TimelineSvg.h"
+#include "support/ByteSize.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/FormatVariadic.h"
@@ -71,38 +72,6 @@ struct CompileOptions {
   /// Whether --world-size and --min-lr were given on the command line.
   bool worldSizeGiven = false, minLrGiven = false;
 };
-
-/// Parses a memory size: a number of bytes, or a number with a unit (KiB,
-/// MiB, GiB, TiB: powers of 1024; KB, MB, GB, TB: powers of 1000; B).
-bool parseByteSize(llvm::StringRef text, int64_t &bytes) {
-  llvm::StringRef t = text.trim();
-  size_t digits = t.find_first_not_of("0123456789.eE+");
-  // Keep an exponent's 'e' but not a unit letter after it.
-  llvm::StringRef number = t.substr(0, digits), unit = t.substr(digits).trim();
-  double value;
-  if (number.empty() || number.getAsDouble(value) || !(value >= 0))
-    return false;
-  static const std::pair<const char *, double> units[] = {
-      {"", 1.0},
-      {"B", 1.0},
-      {"KiB", 1024.0},
-      {"MiB", 1048576.0},
-      {"GiB", 1073741824.0},
-      {"TiB", 1099511627776.0},
-      {"KB", 1e3},
-      {"MB", 1e6},
-      {"GB", 1e9},
-      {"TB", 1e12}};
-  for (auto [name, scale] : units)
-    if (unit == name) {
-      double b = value * scale;
-      if (b >= 9.2e18)
-        return false;
-      bytes = static_cast<int64_t>(b);
-      return true;
-    }
-  return false;
-}
 
 /// The strategy of a compile: the file, or the flags; --world-size on top.
 llvm::Expected<Strategy> compileStrategy(const CompileOptions &o) {
@@ -288,10 +257,12 @@ int runCompile(const CompileOptions &o) {
     return fail("unknown phase '" + o.compileTo + "' for --compile-to (" +
                 compilePhaseNames() + ")");
   int64_t deviceBytes = -1;
-  if (!o.deviceMemory.empty() && !parseByteSize(o.deviceMemory, deviceBytes))
-    return fail("--device-memory '" + o.deviceMemory +
-                "': expected a size such as 80GiB, 512MiB, 16GB or a number "
-                "of bytes");
+  if (!o.deviceMemory.empty()) {
+    ::piper::StatusOr<int64_t> size = ::piper::parseByteSize(o.deviceMemory);
+    if (!size)
+      return fail("--device-memory " + size.status().message());
+    deviceBytes = *size;
+  }
   if (std::string err = checkRegularFile(o.input, "model"); !err.empty())
     return fail(err);
   llvm::Expected<Strategy> strategyOr = compileStrategy(o);
@@ -352,12 +323,13 @@ int runCompile(const CompileOptions &o) {
   TimingScope writeTimer = root.nest("write-plans");
   if (failed(lowered))
     return fail("lowering to plans failed");
+  // "Will it fit?": a verdict per device class against --device-memory.
+  std::string fitting, tooBig;
   if (deviceBytes >= 0) {
-    std::string tooBig;
     for (const auto &plan : lowered->plans) {
-      std::string error;
-      if (!::piper::plan::checkFits(plan, deviceBytes, error))
-        tooBig += "\n  " + error;
+      bool fits = false;
+      std::string verdict = ::piper::plan::fitVerdict(plan, deviceBytes, fits);
+      (fits ? fitting : tooBig) += "\n  " + verdict;
     }
     if (!tooBig.empty())
       return fail("the strategy does not fit --device-memory " +
@@ -381,6 +353,9 @@ int runCompile(const CompileOptions &o) {
       !err.empty())
     return fail(err);
   printSummary(*lowered, strategy, o.output, peaksWithout);
+  if (!fitting.empty())
+    llvm::outs() << "piperc: every rank fits --device-memory " << o.deviceMemory
+                 << ":" << fitting << "\n";
   return 0;
 }
 } // namespace

@@ -75,10 +75,10 @@ KernelSpan valueKernelSpans(const Segment &segment);
 /// buffers are stored packed: such an argument is unpacked into scratch from
 /// its first reader to its last, and such a result is computed in scratch
 /// and packed right after its last writer (an argument that is also a
-/// result stays until the call ends, when it is packed). Lays the values out, largest first, each at the
-/// lowest aligned offset free of the values live with it, in a scratch
-/// area whose size is returned; `offsets` (by value id, -1 for values
-/// without scratch) may be null.
+/// result stays until the call ends, when it is packed). Lays the values out,
+/// largest first, each at the lowest aligned offset free of the values live
+/// with it, in a scratch area whose size is returned; `offsets` (by value id,
+/// -1 for values without scratch) may be null.
 int64_t planSegmentScratch(const Segment &segment, bool bf16,
                            std::vector<int64_t> *offsets,
                            int64_t alignment = 64);
@@ -145,14 +145,20 @@ PeakPoint findPeak(const Plan &plan, const StreamOrder &order,
 /// (state and step), the position of the step's peak and the largest blocks
 /// live there.
 bool checkFits(const Plan &plan, int64_t deviceBytes, std::string &error);
+/// "Will it fit?" for every rank of `plan` on a device of `deviceBytes`, in
+/// one line: when it fits, "ranks 0, 1 (device class 0) fit: need 1.2 MiB
+/// (state ..., step ...) of 80.0 GiB, 79.9 GiB to spare"; otherwise
+/// checkFits's error. `fits` says which.
+std::string fitVerdict(const Plan &plan, int64_t deviceBytes, bool &fits);
 
 /// Lays out the arena of `plan` (stepBlocks + packBlocks), checks it with
 /// verifyLayout and renders it as text: the persistent state (four float32
 /// tensors per parameter: value, gradient, AdamW moments), the arena, their
 /// sum beside the compiler's predicted peak, the `largest` largest blocks
 /// with their offsets, and the step's peak (findPeak): where, how many bytes
-/// are live there and the `largest` largest of them. Returns false, with the reason in `text`, when
-/// the plan's streams deadlock or the layout fails its check.
+/// are live there and the `largest` largest of them. Returns false, with the
+/// reason in `text`, when the plan's streams deadlock or the layout fails its
+/// check.
 bool memoryReport(const Plan &plan, int largest, std::string &text);
 
 } // namespace piper::plan

@@ -181,17 +181,42 @@ PeakPoint findPeak(const Plan &plan, const StreamOrder &order,
   return peak;
 }
 
-bool checkFits(const Plan &plan, int64_t deviceBytes, std::string &error) {
-  if (plan.arena_bytes() <= deviceBytes)
-    return true;
+namespace {
+
+/// "ranks 4, 5 (device class 0)".
+std::string describeRanks(const Plan &plan) {
   std::ostringstream os;
   os << "rank" << (plan.ranks_size() > 1 ? "s " : " ");
   for (int i = 0; i < plan.ranks_size(); ++i)
     os << (i ? ", " : "") << plan.ranks(i);
-  os << " (device class " << plan.device_class() << ") need "
-     << mib(plan.arena_bytes()) << " (state " << mib(plan.state_bytes())
-     << ", step " << mib(plan.arena_bytes() - plan.state_bytes())
-     << ") but the device has " << mib(deviceBytes);
+  os << " (device class " << plan.device_class() << ")";
+  return os.str();
+}
+
+/// "480 B (state 256 B, step 224 B)".
+std::string describeNeed(const Plan &plan) {
+  return mib(plan.arena_bytes()) + " (state " + mib(plan.state_bytes()) +
+         ", step " + mib(plan.arena_bytes() - plan.state_bytes()) + ")";
+}
+
+} // namespace
+
+std::string fitVerdict(const Plan &plan, int64_t deviceBytes, bool &fits) {
+  std::string error;
+  fits = checkFits(plan, deviceBytes, error);
+  if (!fits)
+    return error;
+  return describeRanks(plan) + (plan.ranks_size() > 1 ? " fit" : " fits") +
+         ": need " + describeNeed(plan) + " of " + mib(deviceBytes) + ", " +
+         mib(deviceBytes - plan.arena_bytes()) + " to spare";
+}
+
+bool checkFits(const Plan &plan, int64_t deviceBytes, std::string &error) {
+  if (plan.arena_bytes() <= deviceBytes)
+    return true;
+  std::ostringstream os;
+  os << describeRanks(plan) << " need" << (plan.ranks_size() > 1 ? " " : "s ")
+     << describeNeed(plan) << " but the device has " << mib(deviceBytes);
   StreamOrder order;
   std::string ignored;
   if (StreamOrder::build(plan, order, ignored)) {

@@ -414,6 +414,22 @@ TEST_CASE("checkFits names the ranks, the peak and the largest live blocks") {
         0);
   CHECK(error.find("live, the largest: buffer") != std::string::npos);
 
+  bool fits = false;
+  CHECK(fitVerdict(plan, 1000, fits) ==
+        "ranks 4, 5 (device class 0) fit: need 480 B (state 256 B, step "
+        "224 B) of 1000 B, 520 B to spare");
+  CHECK(fits);
+  CHECK(fitVerdict(plan, 480, fits).find("520") == std::string::npos);
+  CHECK(fits);
+  CHECK(fitVerdict(plan, 479, fits) == (checkFits(plan, 479, error), error));
+  CHECK_FALSE(fits);
+  plan.clear_ranks();
+  plan.add_ranks(3);
+  CHECK(fitVerdict(plan, 479, fits)
+            .rfind("rank 3 (device class 0) needs "
+                   "480 B",
+                   0) == 0);
+
   // The peak is where the most bytes may be live: at the second call, the
   // batch, the sent activation (until the step ends), the call's output and
   // its scratch.
@@ -664,4 +680,3 @@ TEST_CASE("findPeak: the sweep finds the instruction-by-instruction peak") {
     }
   }
 }
-
