@@ -8,6 +8,7 @@
 
 #include "proto/KernelIds.h"
 #include "proto/PlanGroups.h"
+#include "proto/analysis/MemoryPlan.h"
 #include "runtime/exec/ExecutorImpl.h"
 #include "runtime/exec/Init.h"
 #include "runtime/exec/Validate.h"
@@ -32,8 +33,28 @@ std::string ExecutorImpl::describeBuffer(int id) const {
                       : "buffer '" + name + "' (id " + std::to_string(id) + ")";
 }
 
+/// Whether the plan's arena fits what the device reports free and the
+/// --device-memory cap: an error naming the plan's need, the budget, where
+/// it came from and the step's peak (plan::checkFits) otherwise.
+static Status checkDeviceFits(const plan::Plan &plan,
+                              const hal::Allocator &memory, int64_t cap) {
+  StatusOr<int64_t> available = memory.availableBytes();
+  int64_t budget = available ? *available : -1;
+  std::string source = "free on the device";
+  if (cap >= 0 && (budget < 0 || cap < budget)) {
+    budget = cap;
+    source = "--device-memory";
+  }
+  std::string error;
+  if (budget < 0 || plan::checkFits(plan, budget, error))
+    return Status::ok();
+  return Status::error("the plan does not fit this device's memory (" + source +
+                       "), nothing was allocated: " + error);
+}
+
 Status ExecutorImpl::init(uint64_t seed) {
   memory = &device->allocator();
+  PIPER_RETURN_IF_ERROR(checkDeviceFits(plan, *memory, options.deviceMemory));
   comm = device->communicator();
   bf16 = plan.training().compute_dtype() == plan::BF16;
   bf16Params.assign(plan.params_size(), nullptr);

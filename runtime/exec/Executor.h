@@ -43,6 +43,11 @@ struct ExecutorOptions {
   /// Times every kernel (by op name) and every other instruction (by kind),
   /// per stream; read with Executor::profile(). Off, no clock is read.
   bool profile = false;
+  /// A cap on the device memory this rank may use (piper-run
+  /// --device-memory), in bytes; -1: none. The plan is refused before
+  /// anything is allocated when its arena exceeds the cap or what the
+  /// device reports free (hal::Allocator::availableBytes).
+  int64_t deviceMemory = -1;
   /// Records when every instruction of 1-based step `traceStep` starts and
   /// ends, on every stream (piper-run --trace); read with
   /// Executor::stepTrace(). -1 records nothing and reads no clock.

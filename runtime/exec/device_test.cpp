@@ -406,11 +406,14 @@ TEST_CASE("executor: compute streams progress at the same time", "[executor]") {
 
 namespace {
 /// The CPU allocator, failing its host-to-device copies as a GPU's could
-/// once `failCopyIn` is set.
+/// once `failCopyIn` is set, reporting `reportedFree` bytes free when set,
+/// and counting its allocations in `*allocations` when set.
 class FaultyAllocator final : public hal::Allocator {
 public:
   explicit FaultyAllocator(hal::Allocator &inner) : inner(inner) {}
   Status allocate(size_t bytes, void *&ptr) override {
+    if (allocations)
+      ++*allocations;
     return inner.allocate(bytes, ptr);
   }
   void deallocate(void *ptr, size_t bytes) override {
@@ -432,8 +435,15 @@ public:
   }
   int64_t liveBytes() const override { return inner.liveBytes(); }
   int64_t peakBytes() const override { return inner.peakBytes(); }
+  StatusOr<int64_t> availableBytes() const override {
+    if (reportedFree >= 0)
+      return reportedFree;
+    return inner.availableBytes();
+  }
 
   std::atomic<bool> failCopyIn{false};
+  int64_t reportedFree = -1;
+  std::atomic<int> *allocations = nullptr;
 
 private:
   hal::Allocator &inner;
@@ -550,6 +560,56 @@ TEST_CASE("executor: an asynchronous device error found at the end of a "
                           "cudaStreamSynchronize: injected illegal address");
   REQUIRE(run.streamErrors.size() == 1);
   CHECK(run.streamErrors[0] == step.message());
+}
+
+// "Will it fit?" at run time: a plan whose arena exceeds what the device
+// reports free, or the --device-memory cap, is refused before the executor
+// allocates anything; an arena of exactly the budget fits (the arena is the
+// one allocation the plan's memory is, so the bound is exact).
+TEST_CASE("executor: a plan larger than the device's free memory or the "
+          "cap is refused before anything is allocated",
+          "[executor]") {
+  TinyModel m;
+  const plan::Plan plan = singleClassPlan(m, 1, {0}, 1);
+  const int64_t need = plan.arena_bytes();
+  REQUIRE(need > 0);
+  std::atomic<int> allocations{0};
+  Status status;
+  auto create = [&](int64_t reportedFree, int64_t cap) {
+    allocations = 0;
+    ExecutorOptions opts;
+    opts.seed = 3;
+    opts.deviceMemory = cap;
+    opts.createDevice = [&](Communicator *comm) {
+      auto device = std::make_unique<FaultyDevice>(comm);
+      device->memory.reportedFree = reportedFree;
+      device->memory.allocations = &allocations;
+      return device;
+    };
+    return Executor::create(plan, opts, status);
+  };
+  const std::string refused =
+      "rank 0: the plan does not fit this device's memory (";
+  CHECK_FALSE(create(need - 1, -1));
+  CHECK(status.message().rfind(refused + "free on the device), nothing was "
+                                         "allocated: rank 0 (device class 0) "
+                                         "needs ",
+                               0) == 0);
+  CHECK(status.message().find("the step peaks at stream 'compute'") !=
+        std::string::npos);
+  CHECK(allocations == 0);
+  CHECK_FALSE(create(need * 100, need - 1));
+  CHECK(status.message().rfind(refused + "--device-memory), nothing was "
+                                         "allocated",
+                               0) == 0);
+  CHECK(allocations == 0);
+  // The smaller budget is the one that counts.
+  CHECK_FALSE(create(need - 1, need * 100));
+  CHECK(status.message().rfind(refused + "free on the device)", 0) == 0);
+  CHECK(create(need, need));
+  CHECK(allocations > 0);
+  // The host's own report (the CPU device's) and no cap: this plan fits.
+  CHECK(create(-1, -1));
 }
 
 namespace {

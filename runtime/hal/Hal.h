@@ -48,6 +48,13 @@ public:
   /// Bytes allocated and not yet deallocated, and their high-water mark.
   virtual int64_t liveBytes() const = 0;
   virtual int64_t peakBytes() const = 0;
+  /// The bytes the device can still hand out, as it reports them (CUDA:
+  /// cudaMemGetInfo's free memory; the CPU: the host's MemAvailable), or an
+  /// error when it cannot tell. The executor refuses a plan whose arena is
+  /// larger before allocating anything.
+  virtual StatusOr<int64_t> availableBytes() const {
+    return Status::error("the device does not report its free memory");
+  }
 };
 
 /// A timeline signal between streams: its value only grows. A stream

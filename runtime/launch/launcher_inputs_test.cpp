@@ -358,3 +358,30 @@ TEST_CASE("piper-run: a rank whose --log-dir log cannot be written fails",
                    std::istreambuf_iterator<char>());
   CHECK(text.find("peak memory") != std::string::npos);
 }
+
+TEST_CASE("piper-run --device-memory refuses a plan that cannot fit before "
+          "allocating, and reads sizes as piperc does",
+          "[launcher][inputs]") {
+  TinyModel m;
+  std::string out = strategy(pipelinePlans(m, 2), "devicememory");
+  RunResult small =
+      piperRun({out, "--nproc", "2", "--steps", "1", "--device-memory", "1KiB"},
+               {}, std::chrono::seconds(30));
+  INFO("stderr: " << small.err);
+  CHECK_FALSE(small.timedOut);
+  CHECK(small.exitCode() == 1);
+  CHECK(small.err.find(": the plan does not fit this device's memory "
+                       "(--device-memory), nothing was allocated: rank ") !=
+        std::string::npos);
+  CHECK(small.err.find("but the device has 1.0 KiB") != std::string::npos);
+
+  RunResult big = piperRun(
+      {out, "--nproc", "2", "--steps", "1", "--device-memory", "1GiB"});
+  INFO("stderr: " << big.err);
+  CHECK(big.exitCode() == 0);
+
+  RunResult bad = piperRun({out, "--nproc", "2", "--device-memory", "1X"});
+  CHECK(bad.exitCode() == 2);
+  CHECK(bad.err == "piper-run: --device-memory '1X': expected a size such as "
+                   "80GiB, 512MiB, 16GB or a number of bytes\n");
+}

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "runtime/hal/HostWorker.h"
+#include "support/HostMemory.h"
 #include "support/Precision.h"
 
 namespace piper::runtime::hal {
@@ -90,6 +91,9 @@ public:
   }
   int64_t liveBytes() const override { return live.load(); }
   int64_t peakBytes() const override { return peak.load(); }
+  StatusOr<int64_t> availableBytes() const override {
+    return hostAvailableBytes();
+  }
 
 private:
   static size_t blockSize(size_t bytes) {

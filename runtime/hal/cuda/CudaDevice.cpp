@@ -155,6 +155,12 @@ public:
   }
   int64_t liveBytes() const override { return live.load(); }
   int64_t peakBytes() const override { return peak.load(); }
+  StatusOr<int64_t> availableBytes() const override {
+    size_t free = 0, total = 0;
+    PIPER_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal));
+    PIPER_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free, &total));
+    return static_cast<int64_t>(free);
+  }
 
 private:
   cudaStream_t stream() const {

@@ -12,6 +12,8 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include "support/ByteSize.h"
+
 namespace piper::runtime {
 namespace {
 
@@ -64,6 +66,11 @@ void addRunOptions(CLI::App &app, RunOptions &options) {
                  "bf16 plans on cuda only), or simt")
       ->check(CLI::IsMember({"auto", "cudnn", "simt"}))
       ->capture_default_str();
+  app.add_option("--device-memory", options.deviceMemory,
+                 "the most device memory each rank may use (80GiB, 141GB, "
+                 "bytes): a plan that needs more, or more than the device "
+                 "reports free (the host's available memory on cpu), is "
+                 "refused before anything is allocated");
   app.add_option("--steps", options.steps,
                  "training steps to run (0: only --load/--save)")
       ->check(integerFrom<int64_t>(0, kInt64Max))
@@ -191,40 +198,6 @@ void addProgressOptions(CLI::App &app, RunOptions &options) {
       ->capture_default_str();
 }
 
-/// A size as save_pretrained's max_shard_size takes it: a positive number
-/// of bytes, or a number (with a fraction) and a unit: B, KB, MB, GB, TB
-/// (powers of 1000) or KiB, MiB, GiB, TiB (powers of 1024).
-bool parseShardSize(const std::string &text, uint64_t &bytes) {
-  size_t end = 0;
-  double value = 0;
-  try {
-    value = std::stod(text, &end);
-  } catch (const std::exception &) {
-    return false;
-  }
-  std::string unit = text.substr(end);
-  static const std::pair<const char *, double> kUnits[] = {
-      {"", 1},
-      {"B", 1},
-      {"KB", 1e3},
-      {"MB", 1e6},
-      {"GB", 1e9},
-      {"TB", 1e12},
-      {"KiB", 1024.0},
-      {"MiB", 1048576.0},
-      {"GiB", 1073741824.0},
-      {"TiB", 1099511627776.0}};
-  for (const auto &[name, scale] : kUnits)
-    if (unit == name) {
-      double b = value * scale;
-      if (!(b >= 1) || b > 1e18)
-        return false;
-      bytes = static_cast<uint64_t>(b);
-      return true;
-    }
-  return false;
-}
-
 /// An empty file name means "none" inside, so `--save ''` (an unset shell
 /// variable) would silently save nothing. Returns false, with `exitCode` 2,
 /// after printing the first file option given an empty name.
@@ -330,13 +303,26 @@ bool parseRunOptions(int argc, char **argv, RunOptions &options,
     return false;
   }
   options.profile = !options.profileMode.empty();
-  if (!parseShardSize(options.hfShardSize, options.hfShardBytes)) {
+  // Sizes as save_pretrained's max_shard_size and nvidia-smi write them.
+  StatusOr<int64_t> shard = parseByteSize(options.hfShardSize);
+  if (!shard || *shard < 1) {
     std::fprintf(stderr,
                  "piper-run: --hf-shard-size must be a positive size such as "
                  "5GB or 500MiB, not '%s'\n",
                  options.hfShardSize.c_str());
     exitCode = 2;
     return false;
+  }
+  options.hfShardBytes = static_cast<uint64_t>(*shard);
+  if (!options.deviceMemory.empty()) {
+    StatusOr<int64_t> cap = parseByteSize(options.deviceMemory);
+    if (!cap) {
+      std::fprintf(stderr, "piper-run: --device-memory %s\n",
+                   cap.status().message().c_str());
+      exitCode = 2;
+      return false;
+    }
+    options.deviceMemoryBytes = *cap;
   }
   return checkFileNames(app, options, exitCode) &&
          checkOptionCombinations(app, options, exitCode);

@@ -57,6 +57,11 @@ struct RunOptions {
   /// given ("5GB") and in bytes.
   std::string hfShardSize = "5GB";
   uint64_t hfShardBytes = 5'000'000'000;
+  /// --device-memory: a cap on each rank's device memory, as given ("80GiB")
+  /// and in bytes (-1: none); a plan whose arena exceeds it, or what the
+  /// device reports free, is refused before anything is allocated.
+  std::string deviceMemory;
+  int64_t deviceMemoryBytes = -1;
   /// --profile (or PIPER_PROFILE=1): time every kernel op and instruction
   /// kind, excluding the first step, and print a table at the end (rank 0 on
   /// stderr; with --log-dir every rank into its log). --profile=gpu (or

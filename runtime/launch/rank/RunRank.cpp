@@ -312,6 +312,7 @@ void RankRun::createExecutor() {
   eo.rank = rank;
   eo.seed = options.seed;
   eo.comm = comm.get();
+  eo.deviceMemory = options.deviceMemoryBytes;
   hal::DeviceOptions deviceOptions;
   // The command line admits only the three names (RunOptions.cpp).
   deviceOptions.attention = hal::parseAttentionChoice(options.attention)

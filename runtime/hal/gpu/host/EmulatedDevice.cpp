@@ -132,6 +132,10 @@ public:
   }
   int64_t liveBytes() const override { return host.liveBytes(); }
   int64_t peakBytes() const override { return host.peakBytes(); }
+  /// The emulated device's memory is the host's.
+  StatusOr<int64_t> availableBytes() const override {
+    return host.availableBytes();
+  }
 
 private:
   Allocator &host;
