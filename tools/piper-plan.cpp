@@ -101,8 +101,19 @@ std::string readMachine(const std::string &path,
       {"flops_per_second", &machine.flopsPerSecond},
       {"memory_bytes_per_second", &machine.memoryBytesPerSecond},
       {"link_bytes_per_second", &machine.linkBytesPerSecond},
-      {"link_latency_seconds", &machine.linkLatencySeconds}};
+      {"link_latency_seconds", &machine.linkLatencySeconds},
+      {"node_link_bytes_per_second", &machine.nodeLinkBytesPerSecond},
+      {"node_link_latency_seconds", &machine.nodeLinkLatencySeconds}};
   for (auto it = j.begin(); it != j.end(); ++it) {
+    if (it.key() == "devices_per_node") {
+      if (!it.value().is_number_unsigned() ||
+          it.value().get<uint64_t>() > (1u << 20))
+        return "machine file '" + path +
+               "': \"devices_per_node\" must be an integer from 0 to " +
+               std::to_string(1u << 20);
+      machine.devicesPerNode = static_cast<int>(it.value().get<uint64_t>());
+      continue;
+    }
     if (it.key() == "share_compute") {
       if (!it.value().is_boolean())
         return "machine file '" + path +
@@ -114,7 +125,9 @@ std::string readMachine(const std::string &path,
     if (f == fields.end())
       return "machine file '" + path + "': unknown key \"" + it.key() +
              "\" (expected flops_per_second, memory_bytes_per_second, "
-             "link_bytes_per_second, link_latency_seconds, share_compute)";
+             "link_bytes_per_second, link_latency_seconds, devices_per_node, "
+             "node_link_bytes_per_second, node_link_latency_seconds, "
+             "share_compute)";
     if (!it.value().is_number() || it.value().get<double>() < 0)
       return "machine file '" + path + "': \"" + it.key() +
              "\" must be a non-negative number";
@@ -212,9 +225,11 @@ static int runPiperPlan(int argc, char **argv) {
       "--machine", machinePath,
       "with --simulate: a JSON machine description (keys "
       "flops_per_second, memory_bytes_per_second, "
-      "link_bytes_per_second, link_latency_seconds; 0 = free; share_compute: "
+      "link_bytes_per_second, link_latency_seconds; 0 = free; "
+      "devices_per_node with node_link_bytes_per_second and "
+      "node_link_latency_seconds: the link inside a node; share_compute: "
       "true runs a device's CALLs one at a time across its compute "
-      "streams)");
+      "streams; bench/h100-cluster.json, bench/h200-cluster.json)");
   app.add_option("--cost", costs,
                  "with --simulate: KEY=SECONDS, a fixed duration for CALLs of "
                  "pass KEY (segment name suffix: F, B, U) or else for "

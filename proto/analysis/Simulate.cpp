@@ -30,9 +30,12 @@ struct Transfer {
   double bytes = 0;
   bool hasOverride = false;
   double override = 0;
+  /// Whether the two ranks (replica 0 of each class) share a node.
+  bool withinNode = false;
   bool done = false;
   double start = 0, end = 0;
-  EntryRef sendEntry; // an asynchronous send's timeline entry, filled at the end
+  EntryRef
+      sendEntry; // an asynchronous send's timeline entry, filled at the end
 };
 
 /// One collective instance: every member class arrives, then all start
@@ -50,9 +53,12 @@ struct Collective {
   /// Ring passes over commBytes: 2 for an all-reduce (reduce-scatter then
   /// all-gather), 1 for a reduce-scatter, an all-gather or an all-to-all.
   double passes = 2;
+  /// Whether every rank of the group shares one node (the node's link).
+  bool withinNode = false;
 };
 
-using TransferKey = std::tuple<int, int, std::string, int>; // from, to, stream, tag
+using TransferKey =
+    std::tuple<int, int, std::string, int>; // from, to, stream, tag
 
 class Simulator {
 public:
@@ -140,9 +146,9 @@ public:
         continue;
       TimelineEntry &e = timeline(x.sendEntry.cls)[x.sendEntry.index];
       if (!x.done) {
-        error = where(x.sendEntry.cls, e.stream, e.inst) +
-                ": SEND tag " + std::to_string(std::get<3>(key)) +
-                " to class " + classId(std::get<1>(key)) +
+        error = where(x.sendEntry.cls, e.stream, e.inst) + ": SEND tag " +
+                std::to_string(std::get<3>(key)) + " to class " +
+                classId(std::get<1>(key)) +
                 " is never received (no RECV of that tag on a stream named '" +
                 std::get<2>(key) + "')";
         return false;
@@ -167,14 +173,15 @@ private:
     std::vector<int> pc;
     std::vector<double> t;
     std::vector<double> busy;
-    std::vector<char> registered; // the instruction at pc has arrived
+    std::vector<char> registered;        // the instruction at pc has arrived
     std::vector<std::string> pendingKey; // its collective instance
     std::vector<double> sendsEnd;
     std::vector<char> recorded;
     std::vector<double> eventTime;
     std::map<std::string, int> collectiveCount;
     std::vector<TimelineEntry> timeline;
-    double computeFree = 0; // Machine::shareCompute: the engine's next free time
+    double computeFree =
+        0; // Machine::shareCompute: the engine's next free time
   };
 
   /// Class `c`'s times once the step has run: per stream its busy time and
@@ -216,8 +223,7 @@ private:
     ct.timeline = std::move(cs.timeline);
     std::sort(ct.timeline.begin(), ct.timeline.end(),
               [](const TimelineEntry &a, const TimelineEntry &b) {
-                return std::tie(a.stream, a.inst) <
-                       std::tie(b.stream, b.inst);
+                return std::tie(a.stream, a.inst) < std::tie(b.stream, b.inst);
               });
     return ct;
   }
@@ -313,7 +319,8 @@ private:
       return;
     x.done = true;
     x.start = std::max(x.sendIssue, x.recvIssue);
-    x.end = x.start + (x.hasOverride ? x.override : pointToPoint(m, x.bytes));
+    x.end = x.start + (x.hasOverride ? x.override
+                                     : pointToPoint(m, x.bytes, x.withinNode));
   }
 
   void tryComplete(Collective &k) {
@@ -357,8 +364,8 @@ private:
     case Instruction::WAIT: {
       int e = inst.event();
       if (e < 0 || e >= int(cs.recorded.size())) {
-        error = where(c, s) + ": event " + std::to_string(e) +
-                " is out of range";
+        error =
+            where(c, s) + ": event " + std::to_string(e) + " is out of range";
         return -1;
       }
       if (inst.kind() == Instruction::RECORD) {
@@ -391,19 +398,24 @@ private:
         }
         if (send ? x.sendIssued : x.recvIssued) {
           error = where(c, s) + ": a second " + (send ? "SEND" : "RECV") +
-                  " of tag " + std::to_string(inst.tag()) + " between classes " +
-                  classId(std::get<0>(key)) + " and " +
+                  " of tag " + std::to_string(inst.tag()) +
+                  " between classes " + classId(std::get<0>(key)) + " and " +
                   classId(std::get<1>(key)) + " on stream '" + stream.name() +
                   "'";
           return -1;
         }
-        x.bytes = std::max(x.bytes, wireBytes(plan, plan.buffers(ids[0]).type()));
+        x.bytes =
+            std::max(x.bytes, wireBytes(plan, plan.buffers(ids[0]).type()));
         if (hasFixed) {
           x.override = x.hasOverride ? std::max(x.override, fixed) : fixed;
           x.hasOverride = true;
         }
         (send ? x.sendIssued : x.recvIssued) = true;
         (send ? x.sendIssue : x.recvIssue) = t;
+        // Replica 0 of this class and the first rank of its peer group.
+        if (plan.ranks_size() > 0)
+          x.withinNode = withinOneNode(
+              m, {plan.ranks(0), plan.groups(inst.peer_group()).ranks(0)});
         cs.registered[s] = 1;
         tryComplete(x);
         if (send && !opt.blockingSends) {
@@ -446,9 +458,8 @@ private:
     } else {
       // The class's first rank stands for every replica: all of them run
       // with a group (or subgroup) of the same size.
-      const DeviceGroup *g = plan.ranks_size()
-                                 ? memberGroup(plan, inst, plan.ranks(0))
-                                 : nullptr;
+      const DeviceGroup *g =
+          plan.ranks_size() ? memberGroup(plan, inst, plan.ranks(0)) : nullptr;
       if (!g) {
         error = where(c, s) + ": group " + std::to_string(inst.group()) +
                 " (or its subgroup of rank " +
@@ -490,13 +501,14 @@ private:
         k.members = members;
         k.ranks = int(ranks.size());
         k.passes = ringPasses(inst.kind());
+        k.withinNode = withinOneNode(m, ranks);
       }
       k.arrival[c] = t;
       k.commBytes = std::max(k.commBytes, bytes);
       cs.pendingKey[s] = key;
       cs.registered[s] = 1;
-      k.duration[c] = hasFixed ? std::make_pair(true, fixed)
-                               : std::make_pair(false, local);
+      k.duration[c] =
+          hasFixed ? std::make_pair(true, fixed) : std::make_pair(false, local);
       tryComplete(k);
     }
     Collective &k = collectives[cs.pendingKey[s]];
@@ -504,7 +516,7 @@ private:
       return 0;
     auto [isFixed, d] = k.duration[c];
     if (!isFixed) // the ring, then the local part
-      d += ringCollective(m, k.ranks, k.commBytes, k.passes);
+      d += ringCollective(m, k.ranks, k.commBytes, k.passes, k.withinNode);
     cs.t[s] = k.arrival[c];
     finish(c, s, inst, k.start, k.start + d, true);
     return 1;

@@ -17,11 +17,13 @@
 namespace piper::plan {
 
 /// What one device can do. Costs of one instruction:
-///   CALL        max(flops / flopsPerSecond, bytes_moved / memoryBytesPerSecond)
+///   CALL        max(flops / flopsPerSecond, bytes_moved /
+///   memoryBytesPerSecond)
 ///               (a roofline over the segment's recorded cost)
 ///   SEND/RECV   linkLatencySeconds + bytes / linkBytesPerSecond
 ///   ALL_REDUCE  over n ranks: linkLatencySeconds
-///               + 2 (n - 1) / n * bytes / linkBytesPerSecond (ring); 0 if n = 1
+///               + 2 (n - 1) / n * bytes / linkBytesPerSecond (ring); 0 if n =
+///               1
 ///   CLIP_GRADS  the same for one float over the world, then
 ///               2 * gradient bytes / memoryBytesPerSecond (norm and scaling)
 ///   LOAD_BATCH, RECORD, WAIT   0
@@ -33,6 +35,14 @@ struct Machine {
   double memoryBytesPerSecond = 3.0e12;
   double linkBytesPerSecond = 50e9;
   double linkLatencySeconds = 10e-6;
+  /// Devices per node (0: no nodes, every link is the link above). With
+  /// nodes, ranks r and s share one when r / devicesPerNode == s /
+  /// devicesPerNode, and a transfer or collective whose ranks all share one
+  /// runs on the node's link (NVLink: 900 GB/s per H100/H200 GPU, both
+  /// directions together) instead of the link between nodes.
+  int devicesPerNode = 0;
+  double nodeLinkBytesPerSecond = 450e9;
+  double nodeLinkLatencySeconds = 5e-6;
   /// One compute engine per device: the CALLs of a device's compute
   /// streams run one at a time, each when its stream reaches it and the
   /// engine is free (a GPU whose kernels each fill its SMs). False: every
@@ -75,7 +85,7 @@ struct StreamTime {
   /// Seconds of work: the sum of end - start over CALL, SEND, RECV,
   /// ALL_REDUCE and CLIP_GRADS (waiting for peers or events is idle).
   double busy = 0;
-  double end = 0;     // when its last instruction completed
+  double end = 0;       // when its last instruction completed
   bool compute = false; // it runs at least one CALL
 };
 

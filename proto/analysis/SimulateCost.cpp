@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "proto/PlanTensors.h"
 
@@ -16,10 +17,16 @@ std::string segmentPass(const std::string &name) {
 namespace simcost {
 namespace {
 
-double latency(const Machine &m) {
-  return std::isfinite(m.linkLatencySeconds) && m.linkLatencySeconds > 0
-             ? m.linkLatencySeconds
-             : 0;
+double latency(double seconds) {
+  return std::isfinite(seconds) && seconds > 0 ? seconds : 0;
+}
+
+/// The latency and rate of the link a transfer or collective uses.
+std::pair<double, double> linkOf(const Machine &m, bool withinNode) {
+  return withinNode ? std::make_pair(latency(m.nodeLinkLatencySeconds),
+                                     m.nodeLinkBytesPerSecond)
+                    : std::make_pair(latency(m.linkLatencySeconds),
+                                     m.linkBytesPerSecond);
 }
 
 /// Bytes of a parameter's float32 value (or gradient).
@@ -43,21 +50,30 @@ double callTime(const Machine &m, const Segment &seg) {
                   timeFor(seg.bytes_moved(), m.memoryBytesPerSecond));
 }
 
-double pointToPoint(const Machine &m, double bytes) {
-  return latency(m) + timeFor(bytes, m.linkBytesPerSecond);
+bool withinOneNode(const Machine &m, const std::vector<int> &ranks) {
+  if (m.devicesPerNode <= 0 || ranks.empty())
+    return false;
+  return std::all_of(ranks.begin(), ranks.end(), [&](int r) {
+    return r / m.devicesPerNode == ranks[0] / m.devicesPerNode;
+  });
 }
 
-double ringCollective(const Machine &m, int n, double bytes, double passes) {
+double pointToPoint(const Machine &m, double bytes, bool withinNode) {
+  auto [seconds, rate] = linkOf(m, withinNode);
+  return seconds + timeFor(bytes, rate);
+}
+
+double ringCollective(const Machine &m, int n, double bytes, double passes,
+                      bool withinNode) {
   if (n <= 1)
     return 0;
-  return latency(m) +
-         passes * (n - 1) / n * timeFor(bytes, m.linkBytesPerSecond);
+  auto [seconds, rate] = linkOf(m, withinNode);
+  return seconds + passes * (n - 1) / n * timeFor(bytes, rate);
 }
 
 double ringPasses(Instruction::Kind kind) {
-  return kind == Instruction::ALL_REDUCE || kind == Instruction::CLIP_GRADS
-             ? 2
-             : 1;
+  return kind == Instruction::ALL_REDUCE || kind == Instruction::CLIP_GRADS ? 2
+                                                                            : 1;
 }
 
 double wireBytes(const Plan &plan, const TensorType &type) {

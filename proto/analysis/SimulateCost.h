@@ -6,6 +6,7 @@
 #define PIPER_PROTO_ANALYSIS_SIMULATECOST_H
 
 #include <string>
+#include <vector>
 
 #include "proto/analysis/Simulate.h"
 #include "proto/plan.pb.h"
@@ -24,12 +25,18 @@ double timeFor(double amount, double rate);
 /// max(flops / flopsPerSecond, bytes_moved / memoryBytesPerSecond).
 double callTime(const Machine &m, const Segment &segment);
 
-/// A SEND/RECV transfer of `bytes`: latency, then the link's rate.
-double pointToPoint(const Machine &m, double bytes);
+/// Whether `ranks` all sit in one node of `m` (Machine::devicesPerNode):
+/// then they talk over the node's link.
+bool withinOneNode(const Machine &m, const std::vector<int> &ranks);
+
+/// A SEND/RECV transfer of `bytes`: latency, then the link's rate (the
+/// node's link when `withinNode`).
+double pointToPoint(const Machine &m, double bytes, bool withinNode = false);
 
 /// A ring collective over `n` ranks making `passes` passes over `bytes`
-/// (ringPasses); 0 for one rank.
-double ringCollective(const Machine &m, int n, double bytes, double passes);
+/// (ringPasses), on the node's link when `withinNode`; 0 for one rank.
+double ringCollective(const Machine &m, int n, double bytes, double passes,
+                      bool withinNode = false);
 
 /// Ring passes of a collective of `kind`: 2 for an all-reduce and
 /// CLIP_GRADS's norm (reduce-scatter then all-gather), 1 for a

@@ -37,18 +37,20 @@ std::string simulationReport(const Simulation &sim, bool timeline) {
     std::snprintf(buf, sizeof buf, "%.4g %s", r / scale, unit);
     return std::string(buf);
   };
-  std::string out = "machine: compute " +
-                    rate(sim.machine.flopsPerSecond, "TFLOP/s", 1e12) +
-                    ", memory " +
-                    rate(sim.machine.memoryBytesPerSecond, "GB/s", 1e9) +
-                    ", link " +
-                    rate(sim.machine.linkBytesPerSecond, "GB/s", 1e9) +
-                    " + " + formatSeconds(sim.machine.linkLatencySeconds) +
-                    " latency" +
-                    (sim.machine.shareCompute
-                         ? ", one compute engine per device"
-                         : "") +
-                    "\n";
+  std::string out =
+      "machine: compute " + rate(sim.machine.flopsPerSecond, "TFLOP/s", 1e12) +
+      ", memory " + rate(sim.machine.memoryBytesPerSecond, "GB/s", 1e9) +
+      ", link " + rate(sim.machine.linkBytesPerSecond, "GB/s", 1e9) + " + " +
+      formatSeconds(sim.machine.linkLatencySeconds) + " latency" +
+      (sim.machine.devicesPerNode > 0
+           ? " between nodes of " + std::to_string(sim.machine.devicesPerNode) +
+                 " devices, " +
+                 rate(sim.machine.nodeLinkBytesPerSecond, "GB/s", 1e9) + " + " +
+                 formatSeconds(sim.machine.nodeLinkLatencySeconds) +
+                 " within one"
+           : std::string()) +
+      (sim.machine.shareCompute ? ", one compute engine per device" : "") +
+      "\n";
   char buf[256];
   for (const ClassTime &ct : sim.classes) {
     std::string ranks;
@@ -65,9 +67,9 @@ std::string simulationReport(const Simulation &sim, bool timeline) {
       const StreamTime &stream = ct.streams[s];
       std::snprintf(buf, sizeof buf, "%.2f%%",
                     ct.stepTime > 0 ? 100 * stream.busy / ct.stepTime : 0.0);
-      out += "  stream " + std::to_string(s) + " '" + stream.name +
-             "': busy " + formatSeconds(stream.busy) + " (" + buf +
-             "), ends at " + formatSeconds(stream.end) +
+      out += "  stream " + std::to_string(s) + " '" + stream.name + "': busy " +
+             formatSeconds(stream.busy) + " (" + buf + "), ends at " +
+             formatSeconds(stream.end) +
              (stream.compute ? "" : ", no compute") + "\n";
     }
     if (!timeline)

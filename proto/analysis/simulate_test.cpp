@@ -71,8 +71,8 @@ Instruction *call(Plan &plan, int stream, int segment, std::string label) {
 
 Instruction *transfer(Plan &plan, int stream, bool send, int group, int tag,
                       int buffer, std::string label = "") {
-  Instruction *i = add(plan, stream, send ? Instruction::SEND : Instruction::RECV,
-                       label);
+  Instruction *i =
+      add(plan, stream, send ? Instruction::SEND : Instruction::RECV, label);
   i->set_peer_group(group);
   i->set_tag(tag);
   if (send)
@@ -236,6 +236,18 @@ TEST_CASE("a RECV completes at the later issue plus latency and bytes over "
     Simulation half = run({p0, p1}, m, blocking);
     CHECK(entry(half.classes[1], 0, 1).end == Approx(5 + 0.5 + 0.5));
   }
+
+  SECTION("ranks of one node send over the node's link") {
+    Machine nodes = m;
+    nodes.nodeLinkBytesPerSecond = 4e9;
+    nodes.nodeLinkLatencySeconds = 0.125;
+    nodes.devicesPerNode = 2; // ranks 0 and 1 share node 0
+    CHECK(entry(run({p0, p1}, nodes, blocking).classes[1], 0, 1).end ==
+          Approx(5 + 0.125 + 0.25));
+    nodes.devicesPerNode = 1; // each rank its own node
+    CHECK(entry(run({p0, p1}, nodes, blocking).classes[1], 0, 1).end ==
+          Approx(5 + 0.5 + 1));
+  }
 }
 
 TEST_CASE("an all-reduce starts at the last member's arrival and costs a "
@@ -277,6 +289,25 @@ TEST_CASE("an all-reduce starts at the last member's arrival and costs a "
   }
   CHECK(entry(sim.classes[0], 0, 1).issue == Approx(2));
   CHECK(sim.classes[0].computeBusy == Approx(2));
+
+  SECTION("a group inside one node runs on the node's link") {
+    // Nodes {0, 1} and {2, 3}: the tied all-reduce crosses them and keeps
+    // the link between nodes; each class's own runs inside its node:
+    // 0.125 + 2 * 1/2 * 0.4e9 / 4e9 s.
+    Machine nodes = m;
+    nodes.devicesPerNode = 2;
+    nodes.nodeLinkBytesPerSecond = 4e9;
+    nodes.nodeLinkLatencySeconds = 0.125;
+    Simulation n = run({p0, p1}, nodes);
+    for (const ClassTime &ct : n.classes) {
+      CHECK(entry(ct, 0, 1).end == Approx(6 + 0.25 + 1.5));
+      CHECK(entry(ct, 0, 2).end == Approx(7.75 + 0.125 + 0.1));
+    }
+    // One node of four: the tied one too.
+    nodes.devicesPerNode = 4;
+    CHECK(entry(run({p0, p1}, nodes).classes[0], 0, 1).end ==
+          Approx(6 + 0.125 + 2 * 0.75 * 0.25));
+  }
 
   SECTION("a group of one rank costs nothing") {
     Plan solo = newPlan(0, {0}, 1);
@@ -405,7 +436,8 @@ TEST_CASE("a pipeline's bubble is (p - 1)(F + B) per device under GPipe "
   bool blocking = GENERATE(false, true);
   if (oneFOneB && blocking && p > 1 && m > 1)
     return; // one stream with blocking sends: see the deadlock test
-  auto [fwd, bwd] = GENERATE(std::make_pair(1.0, 2.0), std::make_pair(1.0, 1.0));
+  auto [fwd, bwd] =
+      GENERATE(std::make_pair(1.0, 2.0), std::make_pair(1.0, 1.0));
   CAPTURE(p, m, oneFOneB, blocking, fwd, bwd);
   SimulateOptions o;
   o.blockingSends = blocking;
@@ -529,7 +561,8 @@ TEST_CASE("the report prints step, bubble and the timeline") {
   // Stage 1 starts late (the fill) but never waits once it has started.
   CHECK(sim.classes[0].spanIdle == 3);
   CHECK(sim.classes[1].spanIdle == 0);
-  CHECK_THAT(text, Contains("  stream 0 'pp': busy 6 s (66.67%), ends at 9 s\n"));
+  CHECK_THAT(text,
+             Contains("  stream 0 'pp': busy 6 s (66.67%), ends at 9 s\n"));
   CHECK_THAT(text, Contains("    0 s .. 1 s  stream 0 #0 CALL F PP=0 MB=0\n"));
   CHECK_THAT(text, Contains("step: 9 s (the slowest class)\n"));
   CHECK(formatSeconds(0.0015) == "1.5 ms");
