@@ -13,6 +13,9 @@
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/SmallPtrSet.h"
 
+#include <map>
+#include <tuple>
+
 namespace mlir::piper {
 #define GEN_PASS_DEF_PIPERLOWERSEGMENTCOLLECTIVES
 #include "compiler/transforms/Passes.h.inc"
@@ -155,6 +158,37 @@ static FailureOr<CollectiveBinding> bindingOf(ModuleOp module,
   return binding;
 }
 
+namespace {
+/// bindingOf, once per task device group and kind of collective (axis, an
+/// exchange's members and stream): commStream walks the program.
+class Bindings {
+public:
+  Bindings(ModuleOp module, ProgramOp program)
+      : module(module), program(program) {}
+
+  FailureOr<CollectiveBinding> get(TaskOp t, SegmentCollectiveOpInterface c) {
+    Key key{t.getDevicesAttr().getAsOpaquePointer(),
+            static_cast<int>(c.getCollectiveAxis()), 0, ""};
+    if (auto exchange = dyn_cast<EpExchangeOp>(c.getOperation()))
+      key = {std::get<0>(key), std::get<1>(key), exchange.getMembers(),
+             exchange.getStream().str()};
+    auto it = cache.find(key);
+    if (it != cache.end())
+      return it->second;
+    FailureOr<CollectiveBinding> binding = bindingOf(module, program, t, c);
+    if (succeeded(binding))
+      cache.emplace(std::move(key), *binding);
+    return binding;
+  }
+
+private:
+  using Key = std::tuple<const void *, int, int64_t, std::string>;
+  ModuleOp module;
+  ProgramOp program;
+  std::map<Key, CollectiveBinding> cache;
+};
+} // namespace
+
 LogicalResult mlir::piper::lowerSegmentCollectives(ModuleOp module) {
   if (failed(eraseTensorParallelCopies(module)))
     return failure();
@@ -162,6 +196,7 @@ LogicalResult mlir::piper::lowerSegmentCollectives(ModuleOp module) {
   if (failed(program))
     return failure();
   SymbolTable symbols(module);
+  Bindings bindings(module, *program);
   // Every binding first, so that an error leaves the program as it was.
   SmallVector<TaskOp> tasks;
   llvm::MapVector<StringAttr, SegmentOp> segments;
@@ -170,7 +205,7 @@ LogicalResult mlir::piper::lowerSegmentCollectives(ModuleOp module) {
     if (!seg || llvm::none_of(seg.getBody().front(), isCollective))
       continue;
     for (auto c : seg.getBody().front().getOps<SegmentCollectiveOpInterface>())
-      if (failed(bindingOf(module, *program, t, c)))
+      if (failed(bindings.get(t, c)))
         return failure();
     tasks.push_back(t);
     segments.insert({t.getSegmentAttr().getAttr(), seg});
@@ -186,10 +221,9 @@ LogicalResult mlir::piper::lowerSegmentCollectives(ModuleOp module) {
     piecesOf[name] = std::move(*pieces);
   }
   for (TaskOp t : tasks)
-    splitTaskAtCollectives(t, piecesOf[t.getSegmentAttr().getAttr()],
-                           [&](SegmentCollectiveOpInterface c) {
-                             return *bindingOf(module, *program, t, c);
-                           });
+    splitTaskAtCollectives(
+        t, piecesOf[t.getSegmentAttr().getAttr()],
+        [&](SegmentCollectiveOpInterface c) { return *bindings.get(t, c); });
   for (auto &entry : piecesOf) {
     for (SegmentOp piece : entry.second.pieces)
       if (soleSegmentCollective(piece))
