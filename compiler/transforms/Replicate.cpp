@@ -148,19 +148,46 @@ splitColocatedParams(ProgramOp program, const Directive &d,
   return success();
 }
 
-LogicalResult mlir::piper::applyReplicate(ModuleOp module, ProgramOp program,
-                                          const Directive &d,
-                                          std::optional<int64_t> worldSize) {
-  const auto &o = d.get<ReplicateOptions>();
-  if (failed(checkDevices(program, d, o.devices, worldSize)))
+/// Splits `params` (the gradients `backward` adds to) into those only
+/// `backward` adds to and the colocated ones other backward tasks on the
+/// devices add to too (splitColocatedParams), and reduces each set with
+/// `reduce`: the first after `backward`, the colocated ones after every
+/// backward task that adds to them, in block order.
+static LogicalResult reduceByColocation(
+    ProgramOp program, const Directive &d, SegmentParams &segmentParams,
+    ArrayRef<TaskOp> backward, ArrayAttr subgroups,
+    llvm::SetVector<StringAttr> params,
+    llvm::function_ref<LogicalResult(const llvm::SetVector<StringAttr> &,
+                                     ArrayRef<TaskOp>)>
+        reduce) {
+  if (params.empty())
+    return success();
+  llvm::SetVector<StringAttr> colocated;
+  SmallVector<TaskOp> afterAll;
+  if (failed(splitColocatedParams(program, d, segmentParams, backward,
+                                  subgroups, params, colocated, afterAll)))
     return failure();
+  if (!params.empty() && failed(reduce(params, backward)))
+    return failure();
+  if (colocated.empty())
+    return success();
+  afterAll.append(backward.begin(), backward.end());
+  llvm::sort(afterAll,
+             [](TaskOp a, TaskOp b) { return a->isBeforeInBlock(b); });
+  return reduce(colocated, afterAll);
+}
+
+/// The tasks of `d`'s filter on its devices. A stage with two copies on two
+/// device groups (DualPipe) has one replicate per copy: tasks on a group
+/// that shares no device with them belong to the other copy's. An error
+/// for a task placed elsewhere, or when none is left.
+static FailureOr<SmallVector<TaskOp>> replicatedTasks(ProgramOp program,
+                                                      const Directive &d) {
+  const auto &o = d.get<ReplicateOptions>();
   SmallVector<TaskOp> matched = matchingTasks(program, d.filter);
   if (matched.empty())
     return program.emitOpError(d.describe())
            << ": the filter matches no task" << splitPassHint(d.filter);
-  // The matched tasks on the directive's devices. A stage with two copies on
-  // two device groups (DualPipe) has one replicate per copy: tasks on a group
-  // that shares no device with them belong to the other copy's.
   SmallVector<TaskOp> tasks;
   for (TaskOp t : matched) {
     if (t.getDevices() && t.getNodeDevices() == ArrayRef(o.devices)) {
@@ -182,6 +209,18 @@ LogicalResult mlir::piper::applyReplicate(ModuleOp module, ProgramOp program,
     return program.emitOpError(d.describe())
            << ": no task of the filter runs on " << formatDevices(o.devices)
            << "; place it on the replicated devices first";
+  return tasks;
+}
+
+LogicalResult mlir::piper::applyReplicate(ModuleOp module, ProgramOp program,
+                                          const Directive &d,
+                                          std::optional<int64_t> worldSize) {
+  const auto &o = d.get<ReplicateOptions>();
+  if (failed(checkDevices(program, d, o.devices, worldSize)))
+    return failure();
+  FailureOr<SmallVector<TaskOp>> tasks = replicatedTasks(program, d);
+  if (failed(tasks))
+    return failure();
   // Under tensor parallelism the devices are data-parallel replicas of
   // tensor-parallel groups (consecutive members): gradients are summed over
   // the replicas of each member.
@@ -211,7 +250,7 @@ LogicalResult mlir::piper::applyReplicate(ModuleOp module, ProgramOp program,
   SmallVector<TaskOp> backward;
   llvm::SetVector<StringAttr> params;
   TagAttr stageTag;
-  for (TaskOp t : tasks) {
+  for (TaskOp t : *tasks) {
     if (t.getTag().isBackward()) {
       backward.push_back(t);
       // Backward order: the last layers' gradients are ready first.
@@ -245,26 +284,15 @@ LogicalResult mlir::piper::applyReplicate(ModuleOp module, ProgramOp program,
   for (StringAttr p : params)
     if (isSequencePartial(symbols.lookup<ParamOp>(p)))
       partial.insert(p);
-  if (!partial.empty()) {
-    params.remove_if([&](StringAttr p) { return partial.contains(p); });
-    llvm::SetVector<StringAttr> colocatedPartial;
-    SmallVector<TaskOp> afterAllPartial;
-    if (failed(splitColocatedParams(program, d, segmentParams, backward,
-                                    ArrayAttr(), partial, colocatedPartial,
-                                    afterAllPartial)))
-      return failure();
-    if (!partial.empty())
-      allReduceGradients(program, d, segmentParams, partial.getArrayRef(),
-                         backward, stageTag, ArrayAttr());
-    if (!colocatedPartial.empty()) {
-      afterAllPartial.append(backward.begin(), backward.end());
-      llvm::sort(afterAllPartial,
-                 [](TaskOp a, TaskOp b) { return a->isBeforeInBlock(b); });
-      allReduceGradients(program, d, segmentParams,
-                         colocatedPartial.getArrayRef(), afterAllPartial,
-                         stageTag, ArrayAttr());
-    }
-  }
+  params.remove_if([&](StringAttr p) { return partial.contains(p); });
+  if (failed(reduceByColocation(
+          program, d, segmentParams, backward, ArrayAttr(), partial,
+          [&](const llvm::SetVector<StringAttr> &ps, ArrayRef<TaskOp> after) {
+            allReduceGradients(program, d, segmentParams, ps.getArrayRef(),
+                               after, stageTag, ArrayAttr());
+            return success();
+          })))
+    return failure();
   // Expert weights split by `shard` (expert_members = G): member i of each
   // expert-parallel group holds block i, so their gradients are summed over
   // the replicas holding the same block (every G-th), never sharded by ZeRO.
@@ -301,34 +329,19 @@ LogicalResult mlir::piper::applyReplicate(ModuleOp module, ProgramOp program,
     sameMember = ArrayAttr::get(
         attrs.getContext(),
         deviceGroupAttrs(attrs.getContext(), o.devices, layout, Axis::dpcp));
-  llvm::SetVector<StringAttr> colocated;
-  SmallVector<TaskOp> afterAll;
-  if (failed(splitColocatedParams(program, d, segmentParams, backward,
-                                  sameMember, params, colocated, afterAll)))
+  // ZeRO shards what replication would all-reduce.
+  if (failed(reduceByColocation(
+          program, d, segmentParams, backward, sameMember, params,
+          [&](const llvm::SetVector<StringAttr> &ps, ArrayRef<TaskOp> after) {
+            if (o.zero > 0)
+              return applyZero(module, program, d, ps, after, stageTag,
+                               sameMember);
+            allReduceGradients(program, d, segmentParams, ps.getArrayRef(),
+                               after, stageTag, sameMember);
+            return success();
+          })))
     return failure();
-  // The reductions of the colocated parameters wait for every backward of
-  // the group that adds to them, and come after the last (block order).
-  if (!colocated.empty()) {
-    afterAll.append(backward.begin(), backward.end());
-    llvm::sort(afterAll,
-               [](TaskOp a, TaskOp b) { return a->isBeforeInBlock(b); });
-  }
-  if (o.zero > 0) {
-    if (!params.empty() && failed(applyZero(module, program, d, params,
-                                            backward, stageTag, sameMember)))
-      return failure();
-    if (!colocated.empty() && failed(applyZero(module, program, d, colocated,
-                                               afterAll, stageTag, sameMember)))
-      return failure();
-    return success();
-  }
-  if (!params.empty())
-    allReduceGradients(program, d, segmentParams, params.getArrayRef(),
-                       backward, stageTag, sameMember);
-  if (!colocated.empty())
-    allReduceGradients(program, d, segmentParams, colocated.getArrayRef(),
-                       afterAll, stageTag, sameMember);
-  return sortTopologically(program.getBody().front());
+  return o.zero > 0 ? success() : sortTopologically(program.getBody().front());
 }
 
 namespace {
