@@ -240,9 +240,9 @@ def PiperShardTensor : Pass<"piper-shard-tensor", "::mlir::ModuleOp"> {
     selected transformer blocks (every block, or `block`) over groups of
     `tp` devices, Megatron's way (column- then row-parallel, local heads),
     with `piper.tp_copy` / `piper.tp_reduce` at the group's boundaries, and
-    records `tp` in the module's `#piper.mesh`; `piper-tensor-parallel`
-    makes the reductions all-reduces after placement
-    (docs/tensor-parallel.md).
+    records `tp` in the module's `#piper.mesh`;
+    `piper-lower-segment-collectives` makes the reductions all-reduces
+    after placement (docs/tensor-parallel.md).
   }];
   let options = [
     Option<"tp", "tp", "int64_t", "2", "tensor-parallel degree">,
