@@ -180,6 +180,15 @@ mlir::piper::layoutGroups(ArrayRef<int64_t> devices,
   return groups;
 }
 
+SmallVector<SmallVector<int64_t>>
+mlir::piper::expertGroups(ArrayRef<int64_t> devices, int64_t members,
+                          MeshAttr mesh) {
+  int64_t n = devices.size();
+  if (n % (members * mesh.getTp()) != 0)
+    return {};
+  return layoutGroups(devices, mesh.replicaLayout(n, members), Axis::ep);
+}
+
 SmallVector<Attribute>
 mlir::piper::deviceGroupAttrs(MLIRContext *ctx, ArrayRef<int64_t> devices,
                               const ParallelLayout &layout, Axis axis) {

@@ -147,17 +147,6 @@ RankedTensorType localType(Type global, int64_t g) {
   return RankedTensorType::get(shape, t.getElementType());
 }
 
-/// `devices` (a stage's class, or several) cut into expert-parallel groups
-/// of `members`: the layout's ep groups (consecutive gradient replicas of
-/// one tensor member). Empty when they do not tile.
-SmallVector<SmallVector<int64_t>> expertGroups(ArrayRef<int64_t> devices,
-                                               int64_t members, MeshAttr mesh) {
-  int64_t n = devices.size();
-  if (n % (members * mesh.getTp()) != 0)
-    return {};
-  return layoutGroups(devices, mesh.replicaLayout(n, members), Axis::ep);
-}
-
 } // namespace
 
 LogicalResult mlir::piper::applyShard(ModuleOp module, ProgramOp program,

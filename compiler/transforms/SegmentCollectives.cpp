@@ -89,71 +89,70 @@ static LogicalResult eraseTensorParallelCopies(ModuleOp module) {
 
 /// Where `c` (a segment collective of a segment task `t` calls) runs: its
 /// axis's groups of the task's devices in the module's layout (tp and cp:
-/// the layout of `#piper.mesh`; ep: groups of the exchange's members among
-/// the data-parallel replicas of each tensor member), on the axis's stream.
-/// Fails, naming the task, when the task's devices are not whole groups.
+/// the layout of `#piper.mesh`; ep: expertGroups of the exchange's
+/// members), on the axis's stream. Fails, naming the task, when the task's
+/// devices are not whole groups. (A tp collective without the module's
+/// degree never gets here: eraseTensorParallelCopies refuses it.)
 static FailureOr<CollectiveBinding> bindingOf(ModuleOp module,
                                               ProgramOp program, TaskOp t,
                                               SegmentCollectiveOpInterface c) {
   const MeshAttr mesh = getMesh(module);
   const int64_t tp = mesh.getTp(), cp = mesh.getCp();
+  const std::string timesTp =
+      tp > 1 ? " (times tensor parallelism " + std::to_string(tp) + ")" : "";
   ArrayRef<int64_t> devices =
       t.getDevices() ? t.getNodeDevices() : ArrayRef<int64_t>();
   const int64_t n = static_cast<int64_t>(devices.size());
+  const Axis axis = c.getCollectiveAxis();
   CollectiveBinding binding;
   StringRef stream;
-  int64_t whole = 1;  // devices in one group of whole groups
-  std::string groups; // what they are, for the error
-  int64_t epMembers = 1;
-  switch (c.getCollectiveAxis()) {
+  int64_t whole = 1; // devices in one group of whole groups
+  std::string what;  // the groups, for the error
+  SmallVector<SmallVector<int64_t>> groups;
+  switch (axis) {
   case Axis::tp:
-    if (tp < 2)
-      return c->emitOpError("needs the module's tensor-parallel degree "
-                            "(the tp of piper.mesh, set by shard_tensor)");
-    whole = tp;
-    groups = "tensor-parallel groups of " + std::to_string(tp);
-    stream = getTensorParallelStream(module);
-    break;
   case Axis::cp:
-    if (cp < 2)
+    if (axis == Axis::cp && cp < 2)
       return c->emitOpError("needs the module's context-parallel degree "
                             "(the cp of piper.mesh, set by context_parallel)");
-    whole = cp * tp;
-    groups = "context-parallel groups of " + std::to_string(cp) +
-             (tp > 1 ? " (times tensor parallelism " + std::to_string(tp) + ")"
-                     : std::string());
-    stream = getContextParallelStream(module);
-    binding.overlap = getContextParallelOverlap(module);
+    whole = axis == Axis::tp ? tp : cp * tp;
+    what = axis == Axis::tp
+               ? "tensor-parallel groups of " + std::to_string(tp)
+               : "context-parallel groups of " + std::to_string(cp) + timesTp;
+    if (n > 0 && n % whole == 0)
+      groups = layoutGroups(devices, mesh.layout(n), axis);
+    stream = axis == Axis::tp ? getTensorParallelStream(module)
+                              : getContextParallelStream(module);
+    if (axis == Axis::cp)
+      binding.overlap = getContextParallelOverlap(module);
     break;
   case Axis::ep: {
     auto exchange = cast<EpExchangeOp>(c.getOperation());
-    epMembers = exchange.getMembers();
-    whole = epMembers * tp;
-    groups = "expert-parallel groups of " + std::to_string(epMembers) +
-             (tp > 1 ? " (times tensor parallelism " + std::to_string(tp) + ")"
-                     : std::string());
+    whole = exchange.getMembers() * tp;
+    what = "expert-parallel groups of " +
+           std::to_string(exchange.getMembers()) + timesTp;
+    if (n > 0)
+      groups = expertGroups(devices, exchange.getMembers(), mesh);
     stream = exchange.getStream();
     break;
   }
   default:
     return c->emitOpError("is a collective over the ")
-           << axisName(c.getCollectiveAxis())
-           << " axis, which has no in-segment lowering";
+           << axisName(axis) << " axis, which has no in-segment lowering";
   }
-  if (n == 0 || n % whole != 0)
+  if (groups.empty())
     return t.emitOpError() << describeNode(t) << " runs on "
                            << (n == 0 ? std::string("no device")
                                       : formatDevices(devices))
-                           << ", which is not made of whole " << groups
+                           << ", which is not made of whole " << what
                            << "; place its stage on a multiple of " << whole
                            << " devices";
-  const ParallelLayout layout = c.getCollectiveAxis() == Axis::ep
-                                    ? mesh.replicaLayout(n, epMembers)
-                                    : mesh.layout(n);
-  SmallVector<Attribute> chunks = deviceGroupAttrs(
-      module.getContext(), devices, layout, c.getCollectiveAxis());
-  if (c.getCollectiveAxis() != Axis::tp || chunks.size() > 1)
-    binding.subgroups = ArrayAttr::get(module.getContext(), chunks);
+  if (axis != Axis::tp || groups.size() > 1) {
+    SmallVector<Attribute> attrs;
+    for (ArrayRef<int64_t> g : groups)
+      attrs.push_back(DeviceGroupAttr::get(module.getContext(), g));
+    binding.subgroups = ArrayAttr::get(module.getContext(), attrs);
+  }
   binding.stream = commStream(program, stream);
   return binding;
 }

@@ -349,6 +349,11 @@ SmallVector<Attribute> deviceGroupAttrs(MLIRContext *ctx,
                                         ArrayRef<int64_t> devices,
                                         const ParallelLayout &layout,
                                         Axis axis);
+/// `devices` (a stage's class, or several) cut into expert-parallel groups
+/// of `members`: the layout's ep groups (consecutive gradient replicas of
+/// one tensor member). Empty when they do not tile.
+SmallVector<SmallVector<int64_t>> expertGroups(ArrayRef<int64_t> devices,
+                                               int64_t members, MeshAttr mesh);
 /// The tasks of `program` whose tag matches `filter`, in block order.
 SmallVector<TaskOp> matchingTasks(ProgramOp program, const Filter &filter);
 /// Why a `place` or `replicate` filter naming PASS "BI" or "BW" matches no
