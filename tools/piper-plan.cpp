@@ -55,22 +55,18 @@ int printPlan(const std::string &path, const PrintOptions &options) {
   std::string err = piper::plan::readPlanFile(path, plan);
   if (!err.empty())
     return fail(err);
-  const bool memory = options.memory, textproto = options.textproto;
-  const int largest = options.largest;
-  const bool verdictOnly = options.deviceBytes >= 0 && !memory;
-  if (verdictOnly) {
-    // The verdict alone, below.
-  } else if (memory) {
+  if (options.memory) {
     std::string text;
-    if (!piper::plan::memoryReport(plan, largest, text))
+    if (!piper::plan::memoryReport(plan, options.largest, text))
       return fail(path + ": " + text);
     std::fputs(text.c_str(), stdout);
-  } else if (textproto) {
+  } else if (options.textproto) {
     std::string text;
     if (!google::protobuf::TextFormat::PrintToString(plan, &text))
       return fail("cannot print " + path + " as text");
     std::fputs(text.c_str(), stdout);
-  } else {
+  } else if (options.deviceBytes < 0) {
+    // (--device-memory alone prints the verdict alone.)
     std::fputs(piper::plan::dumpPlan(plan, options.kernels).c_str(), stdout);
   }
   if (options.deviceBytes < 0)
