@@ -192,19 +192,12 @@ std::unique_ptr<HfFolder> HfFolder::open(const std::string &dir,
     return f;
   }
   std::string text;
-  StatusOr<Json> root = Status::error("unread");
-  StatusOr<const Json *> found = Status::error("unread");
   status = readText(index, text, kMaxIndexFileBytes);
-  if (status) {
-    root = parseJson(text);
-    status = root.status();
-  }
-  if (status) {
-    found = jsonObject(*root, "weight_map");
-    status = found.status();
-  }
-  if (!status) {
-    status = status.withContext(who + kHfIndexFile);
+  StatusOr<Json> root = status ? parseJson(text) : StatusOr<Json>(status);
+  StatusOr<const Json *> found =
+      root ? jsonObject(*root, "weight_map") : root.status();
+  if (!found) {
+    status = found.status().withContext(who + kHfIndexFile);
     return nullptr;
   }
   const Json *map = *found;

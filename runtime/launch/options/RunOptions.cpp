@@ -5,7 +5,6 @@
 #include <cstdio>
 #include <limits>
 #include <map>
-#include <stdexcept>
 #include <string>
 #include <utility>
 
