@@ -213,3 +213,21 @@ piper.program @p {
   // expected-error @+1 {{'piper.reduce_scatter' op result must have ceil(10 / 2) = 5 rows, the largest slice, not 3}}
   %s, %t = piper.reduce_scatter %x {devices = #piper.group<0, 1, 2, 3>, stream = #piper.stream<"s", comm>, subgroups = [#piper.group<0, 1>, #piper.group<2, 3>], tag = #piper.tag<>} : tensor<10x4xf32> -> tensor<3x4xf32>
 }
+
+// -----
+
+// An expert exchange needs groups of two devices at least.
+piper.segment @e(%x: tensor<8x4xf32>, %n: tensor<2xi32>) -> tensor<8x4xf32> {
+  // expected-error @+1 {{'piper.ep_exchange' op attribute 'members' failed to satisfy constraint: 64-bit signless integer attribute whose minimum value is 2}}
+  %r, %c = piper.ep_exchange %x, %n {members = 1 : i64, stream = "ep_stream"} : tensor<8x4xf32>, tensor<2xi32>
+  piper.yield %r : tensor<8x4xf32>
+}
+
+// -----
+
+// And the stream it exchanges on.
+piper.segment @e(%x: tensor<8x4xf32>, %n: tensor<2xi32>) -> tensor<8x4xf32> {
+  // expected-error @+1 {{'piper.ep_exchange' op requires attribute 'stream'}}
+  %r, %c = piper.ep_exchange %x, %n {members = 2 : i64} : tensor<8x4xf32>, tensor<2xi32>
+  piper.yield %r : tensor<8x4xf32>
+}
