@@ -16,11 +16,11 @@
 
 #include <CLI/CLI.hpp>
 #include <google/protobuf/text_format.h>
-#include <nlohmann/json.hpp>
 
 #include "proto/InputFile.h"
 #include "proto/PlanDump.h"
 #include "proto/PlanFile.h"
+#include "proto/analysis/MachineFile.h"
 #include "proto/analysis/MemoryPlan.h"
 #include "proto/analysis/Simulate.h"
 #include "proto/analysis/TimelineSvg.h"
@@ -76,60 +76,6 @@ int printPlan(const std::string &path, const PrintOptions &options) {
       piper::plan::fitVerdict(plan, options.deviceBytes, fits);
   std::printf("%s%s\n", fits ? "" : "does not fit: ", verdict.c_str());
   return fits ? 0 : 1;
-}
-
-/// Reads a machine description: a JSON object whose keys (all optional)
-/// override the default machine; a rate of 0 makes that resource free.
-std::string readMachine(const std::string &path,
-                        piper::plan::Machine &machine) {
-  std::string text;
-  if (std::string err = piper::readInputFile(path, text); !err.empty())
-    return piper::inputError("machine file", path, err);
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception &e) {
-    return "machine file '" + path + "': " + e.what();
-  }
-  if (!j.is_object())
-    return "machine file '" + path + "': expected a JSON object";
-  const std::map<std::string, double *> fields = {
-      {"flops_per_second", &machine.flopsPerSecond},
-      {"memory_bytes_per_second", &machine.memoryBytesPerSecond},
-      {"link_bytes_per_second", &machine.linkBytesPerSecond},
-      {"link_latency_seconds", &machine.linkLatencySeconds},
-      {"node_link_bytes_per_second", &machine.nodeLinkBytesPerSecond},
-      {"node_link_latency_seconds", &machine.nodeLinkLatencySeconds}};
-  for (auto it = j.begin(); it != j.end(); ++it) {
-    if (it.key() == "devices_per_node") {
-      if (!it.value().is_number_unsigned() ||
-          it.value().get<uint64_t>() > (1u << 20))
-        return "machine file '" + path +
-               "': \"devices_per_node\" must be an integer from 0 to " +
-               std::to_string(1u << 20);
-      machine.devicesPerNode = static_cast<int>(it.value().get<uint64_t>());
-      continue;
-    }
-    if (it.key() == "share_compute") {
-      if (!it.value().is_boolean())
-        return "machine file '" + path +
-               "': \"share_compute\" must be true or false";
-      machine.shareCompute = it.value().get<bool>();
-      continue;
-    }
-    auto f = fields.find(it.key());
-    if (f == fields.end())
-      return "machine file '" + path + "': unknown key \"" + it.key() +
-             "\" (expected flops_per_second, memory_bytes_per_second, "
-             "link_bytes_per_second, link_latency_seconds, devices_per_node, "
-             "node_link_bytes_per_second, node_link_latency_seconds, "
-             "share_compute)";
-    if (!it.value().is_number() || it.value().get<double>() < 0)
-      return "machine file '" + path + "': \"" + it.key() +
-             "\" must be a non-negative number";
-    *f->second = it.value().get<double>();
-  }
-  return "";
 }
 
 /// Writes `text` to `path`; returns "" or the error.
@@ -279,7 +225,8 @@ static int runPiperPlan(int argc, char **argv) {
   if (simulate) {
     piper::plan::Machine machine;
     if (!machinePath.empty())
-      if (std::string e = readMachine(machinePath, machine); !e.empty())
+      if (std::string e = piper::plan::readMachineFile(machinePath, machine);
+          !e.empty())
         return fail(e);
     piper::plan::SimulateOptions options;
     options.blockingSends = blockingSends;

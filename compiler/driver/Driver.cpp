@@ -491,6 +491,7 @@ int mlir::piper::pipercMain(int argc, char **argv) {
   app.require_subcommand(1);
 
   Subcommand model = addModelCommand(app);
+  Subcommand search = addSearchCommand(app);
 
   CompileOptions comp;
   CLI::App *compileCmd = addCompileCommand(app, comp);
@@ -512,9 +513,10 @@ int mlir::piper::pipercMain(int argc, char **argv) {
   }
   comp.worldSizeGiven = compileCmd->count("--world-size") > 0;
   comp.minLrGiven = compileCmd->count("--min-lr") > 0;
-  int rc = model.cmd->parsed()  ? model.run()
-           : lowerCmd->parsed() ? runLower(lower)
-                                : runCompile(comp);
+  int rc = model.cmd->parsed()    ? model.run()
+           : search.cmd->parsed() ? search.run()
+           : lowerCmd->parsed()   ? runLower(lower)
+                                  : runCompile(comp);
   // What went to standard output must have arrived (> /dev/full).
   if (std::string err = closeOutput(llvm::outs(), "-"); !err.empty())
     return fail(err);

@@ -30,6 +30,10 @@ struct Subcommand {
 /// to `app`.
 Subcommand addModelCommand(CLI::App &app);
 
+/// `piperc search` (SearchCommand.cpp): adds the subcommand and its options
+/// to `app`.
+Subcommand addSearchCommand(CLI::App &app);
+
 /// Prints "piperc: error: MSG" and returns the exit code 1.
 int fail(const std::string &msg);
 

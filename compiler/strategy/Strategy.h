@@ -216,6 +216,11 @@ int64_t numStages(const Strategy &strategy);
 /// repeats and lists nested more than kMaxJsonNesting deep.
 llvm::Expected<Strategy> parseStrategy(llvm::StringRef json);
 
+/// The strategy as a JSON object parseStrategy reads back to the same
+/// directives: {"world_size": N, "summary": "...", "directives": [...]},
+/// every option written out (piperc search's strategy files).
+std::string strategyToJson(const Strategy &strategy);
+
 /// Reads the strategy file `path` (a `what`: "strategy file", "order file";
 /// "-" is standard input) with the shared input reader and parses it;
 /// errors name the file.

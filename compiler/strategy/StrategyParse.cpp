@@ -452,14 +452,27 @@ llvm::Expected<Strategy> mlir::piper::parseStrategy(llvm::StringRef text) {
   if (!scan.duplicate.empty())
     return llvm::createStringError(scan.duplicate);
   Strategy strategy;
+  std::string summary;
   const json::Array *list = value->getAsArray();
   if (const json::Object *obj = value->getAsObject()) {
     for (const auto &kv : *obj)
-      if (kv.first != "directives" && kv.first != "world_size")
+      if (kv.first != "directives" && kv.first != "world_size" &&
+          kv.first != "summary")
         return llvm::createStringError(
             "unknown top-level key \"" + kv.first.str() +
-            "\" (expected \"directives\" and \"world_size\")");
+            "\" (expected \"directives\", \"world_size\" and "
+            "\"summary\")");
     list = obj->getArray("directives");
+    // "summary": the one line piperc prints for the strategy (piperc
+    // search writes the flags' summary there).
+    if (const json::Value *given = obj->get("summary")) {
+      std::optional<llvm::StringRef> line = given->getAsString();
+      if (!line || line->empty() || line->size() > kMaxQuotedDirective ||
+          line->contains('\n'))
+        return llvm::createStringError(
+            "\"summary\" must be a non-empty string of one line");
+      summary = line->str();
+    }
     if (const json::Value *ws = obj->get("world_size")) {
       std::optional<int64_t> n = ws->getAsInteger();
       if (!n || *n < 1 || *n > kMaxWorldSize)
@@ -494,6 +507,8 @@ llvm::Expected<Strategy> mlir::piper::parseStrategy(llvm::StringRef text) {
     return std::move(err);
   strategy.summary = "strategy file, " +
                      std::to_string(strategy.directives.size()) + " directives";
+  if (!summary.empty())
+    strategy.summary = summary + " (strategy file)";
   return strategy;
 }
 

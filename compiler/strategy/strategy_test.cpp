@@ -656,8 +656,8 @@ TEST_CASE("one verifier checks a directive however it was built") {
         "directive #0 (built): \"stream\" must name a stream");
   Filter any;
   any.entries["PP"] = {FilterValue::Any, 0, ""};
-  CHECK(verify(OrderOptions{std::vector<std::vector<Filter>>(
-            kMaxOrderGroups + 1, {any})}) ==
+  CHECK(verify(OrderOptions{
+            std::vector<std::vector<Filter>>(kMaxOrderGroups + 1, {any})}) ==
         "directive #0 (built): \"filters\" has 32769 groups, more than the "
         "limit of 32768");
   CHECK(verify(StageOptions{0}) ==
@@ -702,4 +702,56 @@ TEST_CASE("one verifier checks a directive however it was built") {
     CHECK(parseContextParallelKind(stringify(k)) == k);
   CHECK(!parseRecomputeGranularity("none"));
   CHECK(!parseContextParallelKind("mesh"));
+}
+
+TEST_CASE("strategyToJson writes a file that parses back to the same "
+          "directives") {
+  // Every directive kind the flags build: stage, split, place, replicate
+  // (ZeRO, a bucket), shard, order, recompute, shard_tensor (SP, no vocab
+  // parallelism), context_parallel (Ulysses).
+  std::vector<StrategyFlags> cases(4);
+  cases[0].pp = 2;
+  cases[0].dp = 2;
+  cases[0].microbatches = 4;
+  cases[0].zero = 2;
+  cases[0].bucketMb = 0.5;
+  cases[0].recompute = "selective";
+  cases[1].pp = 2;
+  cases[1].dp = 2;
+  cases[1].ep = 2;
+  cases[1].microbatches = 4;
+  cases[1].schedule = "dualpipe";
+  cases[2].tp = 2;
+  cases[2].sp = true;
+  cases[2].noVocabParallel = true;
+  cases[2].cp = 2;
+  cases[2].cpKind = "ulysses";
+  cases[2].recompute = "full";
+  cases[3].pp = 2;
+  cases[3].microbatches = 4;
+  cases[3].schedule = "zb-h1";
+  for (const StrategyFlags &flags : cases) {
+    llvm::Expected<Strategy> built = buildStrategy(flags);
+    REQUIRE(static_cast<bool>(built));
+    std::string text = strategyToJson(*built);
+    llvm::Expected<Strategy> parsed = parseStrategy(text);
+    INFO(text);
+    REQUIRE(static_cast<bool>(parsed));
+    CHECK(parsed->worldSize == built->worldSize);
+    CHECK(parsed->summary == built->summary + " (strategy file)");
+    REQUIRE(parsed->directives.size() == built->directives.size());
+    for (size_t i = 0; i < built->directives.size(); ++i) {
+      const Directive &a = built->directives[i], &b = parsed->directives[i];
+      CHECK(a.kind() == b.kind());
+      CHECK(a.filter.str() == b.filter.str());
+    }
+    // Written again, the parsed strategy is the same file: every option
+    // survived (the summary aside, which says it came from a file).
+    parsed->summary = built->summary;
+    CHECK(strategyToJson(*parsed) == text);
+  }
+  CHECK(parseError(R"({"summary": "a\nb", "directives": []})") ==
+        "\"summary\" must be a non-empty string of one line");
+  CHECK(parseError(R"({"summary": 3, "directives": []})") ==
+        "\"summary\" must be a non-empty string of one line");
 }

@@ -32,6 +32,10 @@ struct Machine {
   /// The default: one H100 SXM-class GPU at a realistic dense rate (about
   /// 40% of the bf16 peak), HBM3, and a 400 Gb/s InfiniBand NDR link per GPU.
   double flopsPerSecond = 400e12;
+  /// The dense peak rate the MFU of piperc search is quoted against (H100
+  /// and H200 SXM bf16: 989 TFLOP/s); the simulator itself runs at
+  /// flopsPerSecond.
+  double peakFlopsPerSecond = 989e12;
   double memoryBytesPerSecond = 3.0e12;
   double linkBytesPerSecond = 50e9;
   double linkLatencySeconds = 10e-6;
