@@ -26,7 +26,9 @@ using namespace mlir::piper::search;
 namespace {
 struct SearchCommandOptions {
   std::string model, machine, deviceMemory, output, dtype = "f32";
-  int64_t devices = 0, globalBatch = 0, seq = 0, microBatch = 0, top = 5;
+  int64_t devices = 0, globalBatch = 0, top = 5;
+  /// --seq, --micro-batch: -1 when not given.
+  int64_t seq = -1, microBatch = -1;
   int64_t maxCompiles = 32;
   double timeLimit = 0;
   int jobs = 0;
@@ -38,9 +40,9 @@ struct SearchCommandOptions {
 std::string modelText(const SearchCommandOptions &o, std::string &error) {
   if (std::optional<ModelPreset> preset = findPreset(o.model)) {
     GptConfig cfg = preset->config;
-    if (o.seq)
+    if (o.seq >= 0)
       cfg.seq = o.seq;
-    if (o.microBatch)
+    if (o.microBatch >= 0)
       cfg.batch = o.microBatch;
     if (std::string err = validateGptConfig(cfg); !err.empty()) {
       error = "preset '" + o.model + "': " + err;
@@ -53,7 +55,7 @@ std::string modelText(const SearchCommandOptions &o, std::string &error) {
     module->print(os);
     return text;
   }
-  if (o.seq || o.microBatch) {
+  if (o.seq >= 0 || o.microBatch >= 0) {
     error = "--seq and --micro-batch apply to a preset; a model file fixes "
             "both (make another with piperc model --seq S --batch B)";
     return "";
@@ -181,6 +183,7 @@ int runSearchCommand(const SearchCommandOptions &o) {
       n.prunedByRule, n.prunedByMemory, n.compiled, n.refused, n.tooBig,
       n.fitting, seconds, options.jobs,
       result->timedOut ? " (stopped by --time-limit)" : "");
+  llvm::outs().flush(); // before an error on stderr
   if (result->ranked.empty())
     return fail(nothingFits(*result));
   llvm::outs() << formatTable(*result, options, o.top);
@@ -229,9 +232,11 @@ Subcommand mlir::piper::driver::addSearchCommand(CLI::App &app) {
   cmd->add_option("--machine", o->machine,
                   "machine description JSON (bench/h200-cluster.json; "
                   "docs/simulator.md)");
-  cmd->add_option("--seq", o->seq, "with a preset: the sequence length");
+  cmd->add_option("--seq", o->seq, "with a preset: the sequence length")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--micro-batch", o->microBatch,
-                  "with a preset: sequences per microbatch");
+                  "with a preset: sequences per microbatch")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--dtype", o->dtype, "f32 or bf16, as piperc compile")
       ->check(CLI::IsMember({"f32", "bf16"}));
   cmd->add_option("--top", o->top, "strategies to print and write (5)");

@@ -6,7 +6,8 @@ one device.
 Usage: strategies_test.py PIPERC PIPER_RUN EXAMPLES_DIR [SUITE]
 SUITE is "strategies" (the default: pipelines, data parallelism, bf16, tied
 weights, gradients), "zero" (ZeRO-1/2/3 alone and under pipelining) or
-"schedules" (every pipeline schedule at PP 2 and 4), "composition" (every
+"schedules" (every pipeline schedule at PP 2 and 4), "search" (what piperc
+search prints: its strategy files against one device), "composition" (every
 schedule x DP, ZeRO-1/2/3, EP, a tied head and bf16 at PP 2), "recompute",
 "tensor-parallel" or "tp-matrix" (issue 21's proof matrix).
 """
@@ -1319,12 +1320,51 @@ def main_zero(work):
     return 1 if failed else 0
 
 
+def main_search(work):
+    """piperc search on 4 devices: the strategy files of its table, the best
+    of each of the first 4 layouts it ranks (pp, dp, tp, cp), train to one device's losses and parameters, and
+    every rank's measured peak is its plan's arena (the fit verdict's
+    number)."""
+    model_args = ["llama", "--layers", "4", "--hidden", "32", "--heads", "4",
+                  "--kv-heads", "2", "--vocab", "64", "--seq", "16",
+                  "--batch", "2"]
+    model = os.path.join(work, "search-model.mlir")
+    run([PIPERC, "model"] + model_args + ["-o", model])
+    found = os.path.join(work, "search")
+    global_batch = 8
+    print(run([PIPERC, "search", model, "--devices", "4", "--device-memory",
+               "64MiB", "--global-batch", str(global_batch), "--top", "200",
+               "--max-compiles", "200", "-o", found]))
+    strategies = [("one device", ["--microbatches", str(global_batch // 2)], 1)]
+    layouts = set()
+    for i in range(1, 201):
+        path = os.path.join(found, "%d.json" % i)
+        if not os.path.exists(path):
+            break
+        with open(path) as f:
+            summary = json.load(f)["summary"]
+        layout = tuple(re.findall(r"\b(pp|dp|tp|cp)=(\d+)", summary))
+        if layout in layouts:
+            continue
+        layouts.add(layout)
+        strategies.append(("search #%d (%s)" % (i, summary), ["--strategy", path], 4))
+        if len(strategies) == 5:
+            break
+    if len(strategies) < 3:
+        sys.exit("piperc search printed fewer than 2 layouts: %s" % strategies)
+    passed, failed, _ = check_model(work, "search-llama", model_args, strategies)
+    print("%d passed, %d failed" % (passed, failed))
+    return 1 if failed else 0
+
+
 def main():
     work = tempfile.mkdtemp(prefix="piper-e2e-", dir=os.environ.get("TEST_TMPDIR"))
     if SUITE == "zero":
         return main_zero(work)
     if SUITE == "schedules":
         return main_schedules(work)
+    if SUITE == "search":
+        return main_search(work)
     if SUITE == "composition":
         return main_composition(work)
     if SUITE == "recompute":
