@@ -147,6 +147,7 @@ int runSearchCommand(const SearchCommandOptions &o) {
   options.globalBatch = o.globalBatch;
   options.opt.dtype = *symbolizeComputeType(o.dtype);
   options.maxCompiles = o.maxCompiles;
+  options.top = o.top;
   options.timeLimit = o.timeLimit;
   options.bucketsMb = o.bucketsMb;
   options.jobs =
@@ -177,11 +178,11 @@ int runSearchCommand(const SearchCommandOptions &o) {
   llvm::outs() << llvm::formatv(
       "piperc search: {0} on {1} device(s) of {2}, global batch {3}, {4}; "
       "{5} candidates: {6} pruned by rule, {7} by the state bound; {8} "
-      "compiled ({9} refused, {10} too big, {11} fit) in {12:F1} s on {13} "
-      "thread(s){14}\n",
+      "compiled ({9} refused, {10} too big, {11} fit; {12} whole after a "
+      "proxy) in {13:F1} s on {14} thread(s){15}\n",
       o.model, o.devices, o.deviceMemory, o.globalBatch, o.dtype, n.enumerated,
       n.prunedByRule, n.prunedByMemory, n.compiled, n.refused, n.tooBig,
-      n.fitting, seconds, options.jobs,
+      n.fitting, n.confirmed, seconds, options.jobs,
       result->timedOut ? " (stopped by --time-limit)" : "");
   llvm::outs().flush(); // before an error on stderr
   if (result->ranked.empty())

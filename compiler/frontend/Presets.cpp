@@ -73,6 +73,15 @@ const std::vector<ModelPreset> &mlir::piper::modelPresets() {
       {"llama-tiny", "tiny Llama for tests", llama(2, 64, 4, 2, 0, 256, 32)},
       {"llama-1b", "a Llama-3.2-1B-like model (vocab 32000, untied)",
        llama(16, 2048, 32, 8, 8192, 32000, 2048)},
+      {"llama-70b",
+       "a Llama-3-70B-like model (80 layers, hidden 8192, GQA 64/8, vocab "
+       "128256; for piperc search)",
+       [] {
+         GptConfig c = llama(80, 8192, 64, 8, 28672, 128256, 4096);
+         c.batch = 1;
+         c.ropeTheta = 500000.0;
+         return c;
+       }()},
       {"qwen3",
        "Qwen3 style decoder (llama with a q/k norm per head and its "
        "own head size); sizes from flags",
@@ -91,6 +100,16 @@ const std::vector<ModelPreset> &mlir::piper::modelPresets() {
       {"qwen3-moe-9b",
        "the original Piper's 9B MoE: 24 layers, 8 experts top-2",
        qwen3Moe(24, 2048, 32, 8, 7168, 8, 2, 151936, 4096)},
+      {"qwen3-moe-30b",
+       "Qwen3-30B-A3B's sizes: 48 layers, 128 experts of 768, top-8, 32 "
+       "heads of 128 (for piperc search)",
+       [] {
+         GptConfig c = qwen3Moe(48, 2048, 32, 4, 768, 128, 8, 151936, 4096);
+         c.headDim = 128;
+         c.qkNorm = true;
+         c.batch = 1;
+         return c;
+       }()},
   };
   return presets;
 }
@@ -105,18 +124,20 @@ std::optional<ModelPreset> mlir::piper::findPreset(const std::string &name) {
 std::string mlir::piper::formatPresetTable() {
   std::string out;
   char line[256];
-  std::snprintf(line, sizeof(line), "%-15s %-6s %6s %6s %9s %6s %7s %6s %10s  %s\n",
-                "name", "family", "layers", "hidden", "heads/kv", "ffn",
-                "vocab", "seq", "params", "description");
+  std::snprintf(line, sizeof(line),
+                "%-15s %-6s %6s %6s %9s %6s %7s %6s %10s  %s\n", "name",
+                "family", "layers", "hidden", "heads/kv", "ffn", "vocab", "seq",
+                "params", "description");
   out += line;
   for (const ModelPreset &p : modelPresets()) {
     const GptConfig &c = p.config;
     std::string heads =
         std::to_string(c.heads) + "/" + std::to_string(c.numKvHeads());
     double params = double(countParameters(c));
-    std::string count = params >= 1e9   ? std::to_string(params / 1e9).substr(0, 4) + "B"
-                        : params >= 1e6 ? std::to_string(params / 1e6).substr(0, 5) + "M"
-                                        : std::to_string(int64_t(params));
+    std::string count =
+        params >= 1e9   ? std::to_string(params / 1e9).substr(0, 4) + "B"
+        : params >= 1e6 ? std::to_string(params / 1e6).substr(0, 5) + "M"
+                        : std::to_string(int64_t(params));
     std::snprintf(line, sizeof(line),
                   "%-15s %-6s %6lld %6lld %9s %6lld %7lld %6lld %10s  %s\n",
                   p.name.c_str(),

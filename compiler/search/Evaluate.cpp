@@ -53,6 +53,10 @@ public:
     }
     OwningOpRef<ModuleOp> module = model->clone();
     PassManager pm(&ctx);
+    // The verifier after every pass re-walks the whole program (a third of
+    // a large compile); the passes are verified by their tests, and
+    // `piperc compile --strategy` of a printed file verifies again.
+    pm.enableVerifier(false);
     addCompilePipeline(pm, *strategy, options.opt, CompilePhase::Plan);
     FailureOr<LoweredPlans> lowered = failure();
     if (succeeded(pm.run(*module)))
@@ -83,8 +87,11 @@ public:
       return e;
     }
     e.stepSeconds = sim.stepTime;
-    for (const ::piper::plan::ClassTime &c : sim.classes)
+    for (const ::piper::plan::ClassTime &c : sim.classes) {
       e.bubble = std::max(e.bubble, c.bubbleFraction);
+      for (const ::piper::plan::StreamTime &st : c.streams)
+        e.busiestStream = std::max(e.busiestStream, st.busy);
+    }
     e.strategyJson = strategyToJson(*strategy);
     e.outcome = Evaluated::Outcome::Fits;
     return e;
@@ -103,6 +110,115 @@ double secondsSince(std::chrono::steady_clock::time_point start) {
       .count();
 }
 } // namespace
+
+namespace {
+/// Worker threads over a list of candidates, with the shared counts, the
+/// progress and the time limit.
+class Pool {
+public:
+  Pool(llvm::StringRef modelText, const SearchOptions &options,
+       std::chrono::steady_clock::time_point start, const Progress &progress,
+       SearchCounts &counts)
+      : modelText(modelText), options(options), start(start),
+        progress(progress), counts(counts) {}
+
+  /// Evaluates the first `n` of `items` on options.jobs threads; an entry
+  /// is empty when the time limit stopped it.
+  std::vector<std::optional<Evaluated>> run(const std::vector<Candidate> &items,
+                                            int64_t n) {
+    std::vector<std::optional<Evaluated>> done(n);
+    std::atomic<int64_t> next{0};
+    std::mutex mutex;
+    auto work = [&] {
+      Worker worker(modelText, options);
+      if (!worker.ready())
+        return;
+      while (true) {
+        int64_t i = next++;
+        if (i >= n)
+          return;
+        if (options.timeLimit > 0 && secondsSince(start) > options.timeLimit) {
+          stopped = true;
+          return;
+        }
+        Evaluated e = worker.evaluate(items[i]);
+        std::lock_guard<std::mutex> lock(mutex);
+        ++counts.compiled;
+        switch (e.outcome) {
+        case Evaluated::Outcome::Refused:
+        case Evaluated::Outcome::Unsimulated:
+          ++counts.refused;
+          break;
+        case Evaluated::Outcome::TooBig:
+          ++counts.tooBig;
+          break;
+        case Evaluated::Outcome::Fits:
+          ++counts.fitting;
+          break;
+        }
+        done[i] = std::move(e);
+        if (progress)
+          progress(counts, options.maxCompiles, secondsSince(start));
+      }
+    };
+    int jobs = std::max<int>(1, std::min<int64_t>(options.jobs, n));
+    std::vector<std::thread> threads;
+    for (int j = 1; j < jobs; ++j)
+      threads.emplace_back(work);
+    work();
+    for (std::thread &t : threads)
+      t.join();
+    return done;
+  }
+
+  bool timedOut() const { return stopped; }
+
+private:
+  llvm::StringRef modelText;
+  const SearchOptions &options;
+  std::chrono::steady_clock::time_point start;
+  const Progress &progress;
+  SearchCounts &counts;
+  std::atomic<bool> stopped{false};
+};
+} // namespace
+
+int64_t search::proxyMicrobatches(const StrategyFlags &f) {
+  const ScheduleBuilder *schedule = findSchedule(f.schedule);
+  int64_t v =
+      f.virtualStages > 0 ? f.virtualStages : defaultStagesPerDevice(*schedule);
+  // Every microbatch adds the same tasks, so the step's growth per
+  // microbatch shows from the smallest count the schedule accepts from pp
+  // (a whole pipeline of them); the peak of a deeper warm-up than pp is
+  // checked by the whole compile of phase 2.
+  int64_t base = std::max<int64_t>(2, f.pp);
+  if (f.microbatches <= 4 * base)
+    return 0;
+  for (int64_t m = base; m < f.microbatches; ++m)
+    if (schedule->check(f.pp, v, m).empty() &&
+        checkStageMicrobatches(f.pp * v, m).empty())
+      return m;
+  return 0;
+}
+
+void search::extrapolate(Evaluated &e, const SearchOptions &options) {
+  const int64_t m = e.candidate.flags.microbatches, m1 = e.proxyMicrobatches;
+  if (e.outcome != Evaluated::Outcome::Fits)
+    return;
+  // Each further microbatch adds the busiest stream's time per microbatch.
+  e.stepSeconds += double(m - m1) * e.busiestStream / double(m1);
+  if (e.candidate.flags.schedule == "gpipe")
+    e.peakBytes =
+        e.stateBytes + static_cast<int64_t>(double(e.peakBytes - e.stateBytes) *
+                                            double(m) / double(m1));
+  if (e.peakBytes > options.deviceMemory) {
+    e.outcome = Evaluated::Outcome::TooBig;
+    e.why = llvm::formatv("needs about {0} bytes (extrapolated from {1} "
+                          "microbatches to {2})",
+                          e.peakBytes, m1, m)
+                .str();
+  }
+}
 
 FailureOr<SearchResult> search::runSearch(llvm::StringRef modelText,
                                           const SearchOptions &options,
@@ -134,67 +250,78 @@ FailureOr<SearchResult> search::runSearch(llvm::StringRef modelText,
   result.facts = *facts;
   std::vector<Candidate> candidates =
       enumerateCandidates(*facts, options, result.counts);
-  const int64_t toCompile =
+  const int64_t toScreen =
       std::min<int64_t>(options.maxCompiles, candidates.size());
-  std::vector<std::optional<Evaluated>> done(toCompile);
-  std::atomic<int64_t> next{0};
-  std::atomic<bool> timedOut{false};
-  std::mutex mutex;
-  auto work = [&] {
-    Worker worker(modelText, options);
-    if (!worker.ready())
-      return;
-    while (true) {
-      int64_t i = next++;
-      if (i >= toCompile)
-        return;
-      if (options.timeLimit > 0 && secondsSince(start) > options.timeLimit) {
-        timedOut = true;
-        return;
-      }
-      Evaluated e = worker.evaluate(candidates[i]);
-      std::lock_guard<std::mutex> lock(mutex);
-      SearchCounts &n = result.counts;
-      ++n.compiled;
-      switch (e.outcome) {
-      case Evaluated::Outcome::Refused:
-        ++n.refused;
-        break;
-      case Evaluated::Outcome::TooBig:
-        ++n.tooBig;
-        break;
-      case Evaluated::Outcome::Unsimulated:
-        ++n.refused;
-        break;
-      case Evaluated::Outcome::Fits:
-        ++n.fitting;
-        break;
-      }
-      done[i] = std::move(e);
-      if (progress)
-        progress(n, toCompile, secondsSince(start));
+  // Phase 1: every candidate of the budget, a long one through its proxy.
+  std::vector<Candidate> screen(candidates.begin(),
+                                candidates.begin() + toScreen);
+  std::vector<int64_t> proxied(toScreen, 0);
+  for (int64_t i = 0; i < toScreen; ++i)
+    if (int64_t m = proxyMicrobatches(screen[i].flags)) {
+      proxied[i] = m;
+      screen[i].flags.microbatches = m;
     }
+  Pool pool(modelText, options, start, progress, result.counts);
+  std::vector<std::optional<Evaluated>> screened = pool.run(screen, toScreen);
+  result.timedOut = pool.timedOut();
+  // Each proxy's result stands for its candidate: the step extrapolated,
+  // the peak kept (GPipe's activations grown with the microbatches).
+  std::vector<Evaluated> provisional;
+  for (int64_t i = 0; i < toScreen; ++i) {
+    if (!screened[i])
+      continue;
+    Evaluated e = std::move(*screened[i]);
+    e.candidate = candidates[i];
+    e.proxyMicrobatches = proxied[i];
+    if (proxied[i])
+      extrapolate(e, options);
+    result.compiled.push_back(e);
+    if (e.outcome == Evaluated::Outcome::Fits)
+      provisional.push_back(std::move(e));
+  }
+  auto faster = [](const Evaluated &a, const Evaluated &b) {
+    if (a.stepSeconds != b.stepSeconds)
+      return a.stepSeconds < b.stepSeconds;
+    return a.candidate.index < b.candidate.index;
   };
-  int jobs = std::max(1, options.jobs);
-  std::vector<std::thread> threads;
-  for (int j = 1; j < jobs; ++j)
-    threads.emplace_back(work);
-  work();
-  for (std::thread &t : threads)
-    t.join();
-  result.timedOut = timedOut;
-  for (std::optional<Evaluated> &e : done)
-    if (e) {
+  std::stable_sort(provisional.begin(), provisional.end(), faster);
+  // Phase 2: in that order, each proxied candidate compiled whole (its exact
+  // plan and step), a batch of `jobs` at a time, until `top` are known
+  // exactly; the order does not depend on the number of jobs.
+  size_t at = 0;
+  while (at < provisional.size() &&
+         int64_t(result.ranked.size()) < options.top && !pool.timedOut()) {
+    std::vector<Candidate> batch;
+    std::vector<size_t> where;
+    for (size_t j = at; j < provisional.size() &&
+                        int64_t(batch.size()) < std::max(1, options.jobs);
+         ++j) {
+      where.push_back(j);
+      if (provisional[j].proxyMicrobatches)
+        batch.push_back(provisional[j].candidate);
+    }
+    std::vector<std::optional<Evaluated>> whole =
+        pool.run(batch, int64_t(batch.size()));
+    size_t next = 0;
+    for (size_t j : where) {
+      if (int64_t(result.ranked.size()) >= options.top)
+        break;
+      at = j + 1;
+      if (!provisional[j].proxyMicrobatches) {
+        result.ranked.push_back(provisional[j]);
+        continue;
+      }
+      std::optional<Evaluated> &e = whole[next++];
+      if (!e)
+        break;
+      ++result.counts.confirmed;
       result.compiled.push_back(*e);
       if (e->outcome == Evaluated::Outcome::Fits)
-        result.ranked.push_back(std::move(*e));
+        result.ranked.push_back(*e);
     }
-  std::stable_sort(result.ranked.begin(), result.ranked.end(),
-                   [](const Evaluated &a, const Evaluated &b) {
-                     if (a.stepSeconds != b.stepSeconds)
-                       return a.stepSeconds < b.stepSeconds;
-                     return a.candidate.index < b.candidate.index;
-                   });
+  }
+  result.timedOut = pool.timedOut();
+  std::stable_sort(result.ranked.begin(), result.ranked.end(), faster);
   return result;
 }
 

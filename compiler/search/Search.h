@@ -57,6 +57,8 @@ struct SearchOptions {
   /// Strategies compiled at most (in the order of the estimate), and a
   /// wall-clock limit in seconds (0: none) after which none more starts.
   int64_t maxCompiles = 32;
+  /// Strategies to know exactly (the table's rows).
+  int64_t top = 5;
   double timeLimit = 0;
   int jobs = 1;
 };
@@ -87,13 +89,20 @@ struct Evaluated {
   /// rank the largest arena (its exact memory plan).
   double stepSeconds = 0, bubble = 0;
   int64_t peakBytes = 0, stateBytes = 0;
+  /// The busy time of the simulation's busiest stream (any class).
+  double busiestStream = 0;
+  /// Non-zero: this result comes from compiling the candidate with this
+  /// many microbatches (its proxy) and extrapolating (docs/search.md §1).
+  int64_t proxyMicrobatches = 0;
   std::string strategyJson;
 };
 
 /// What became of the space.
 struct SearchCounts {
   int64_t enumerated = 0, prunedByRule = 0, prunedByMemory = 0;
-  int64_t compiled = 0, refused = 0, tooBig = 0, fitting = 0;
+  /// Compiles (proxies and whole), and of those the whole compiles that
+  /// confirmed a proxied candidate.
+  int64_t compiled = 0, confirmed = 0, refused = 0, tooBig = 0, fitting = 0;
   /// Per rule, how many candidates it pruned ("tp must divide the heads").
   std::map<std::string, int64_t> rules;
 };
@@ -119,6 +128,18 @@ std::vector<Candidate> enumerateCandidates(const ModelFacts &facts,
 /// The search's lower bound on any rank's parameter state for `flags`.
 int64_t stateLowerBound(const ModelFacts &facts, const StrategyFlags &flags,
                         ComputeType dtype);
+
+/// The microbatches of the proxy that stands for `flags` in the first
+/// phase (the smallest count from pp, at least 2, its schedule accepts), or
+/// 0 when the candidate is compiled whole (at most 4 such).
+int64_t proxyMicrobatches(const StrategyFlags &flags);
+
+/// Turns the result of a proxy (`e.proxyMicrobatches` microbatches) into
+/// the estimate for its candidate's count: the step plus the busiest
+/// stream's time per microbatch for each further one; the peak kept (a
+/// 1F1B-like schedule holds at most its warm-up in flight), grown in
+/// proportion for GPipe; too big when that exceeds the device.
+void extrapolate(Evaluated &e, const SearchOptions &options);
 
 /// Progress as it goes: called (from one thread at a time) after each
 /// compiled candidate.

@@ -44,6 +44,7 @@ SearchOptions tinyOptions(int64_t devices) {
   o.deviceMemory = int64_t(1) << 30;
   o.globalBatch = 16;
   o.maxCompiles = 1 << 20;
+  o.top = 1 << 20;
   return o;
 }
 } // namespace
@@ -155,4 +156,59 @@ TEST_CASE("the state bound is below every compiled plan's arena; the search "
   CHECK(small->counts.tooBig + small->counts.fitting == small->counts.compiled);
   for (const Evaluated &e : small->ranked)
     CHECK(e.peakBytes <= o.deviceMemory);
+}
+
+TEST_CASE("a long candidate is screened through a proxy of fewer "
+          "microbatches; the table's rows are compiled whole") {
+  // The proxy: the smallest count from pp (at least 2) the schedule
+  // accepts, once the candidate has more than 4 times that.
+  auto proxy = [](int64_t pp, int64_t m, const char *schedule, int64_t v = 0) {
+    StrategyFlags f;
+    f.pp = pp;
+    f.microbatches = m;
+    f.schedule = schedule;
+    f.virtualStages = v;
+    return proxyMicrobatches(f);
+  };
+  CHECK(proxy(2, 8, "1f1b") == 0);
+  CHECK(proxy(2, 9, "1f1b") == 2);
+  CHECK(proxy(1, 64, "1f1b") == 2);
+  CHECK(proxy(4, 64, "zb-h2") == 7);
+  CHECK(proxy(3, 64, "interleaved-1f1b", 2) == 3);
+  CHECK(proxy(4, 64, "dualpipe") == 8);
+  CHECK(proxy(4, 64, "zbv") == 7);
+
+  // A 4-block Llama, one sequence per microbatch: pp 2 runs 16 or 32.
+  GptConfig cfg = findPreset("llama-tiny")->config;
+  cfg.layers = 4;
+  cfg.batch = 1;
+  MLIRContext ctx;
+  OwningOpRef<ModuleOp> module = buildGptModel(&ctx, cfg);
+  std::string text;
+  llvm::raw_string_ostream os(text);
+  module->print(os);
+  SearchOptions o = tinyOptions(2);
+  o.globalBatch = 32;
+  o.maxCompiles = 40;
+  o.top = 6;
+  std::string error;
+  FailureOr<SearchResult> r = runSearch(text, o, nullptr, error);
+  INFO(error);
+  REQUIRE(succeeded(r));
+  REQUIRE(r->ranked.size() == 6);
+  int64_t proxies = 0;
+  for (const Evaluated &e : r->compiled)
+    proxies += e.proxyMicrobatches > 0;
+  CHECK(proxies > 0);
+  // Every row is exact: its own microbatches, compiled whole; the same
+  // result on 1 and 2 threads.
+  for (const Evaluated &e : r->ranked)
+    CHECK(e.proxyMicrobatches == 0);
+  CHECK(r->counts.confirmed > 0);
+  o.jobs = 2;
+  FailureOr<SearchResult> two = runSearch(text, o, nullptr, error);
+  REQUIRE(succeeded(two));
+  REQUIRE(two->ranked.size() == r->ranked.size());
+  for (size_t i = 0; i < r->ranked.size(); ++i)
+    CHECK(two->ranked[i].strategyJson == r->ranked[i].strategyJson);
 }

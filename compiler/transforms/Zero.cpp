@@ -297,8 +297,15 @@ LogicalResult mlir::piper::applyZero(ModuleOp module, ProgramOp program,
     }
     // The split segments, unless another group's tasks still call them
     // (DualPipe's other copy, which that copy's replicate splits).
+    // (One walk for all of them: a walk per segment made ZeRO quadratic in
+    // the program under many microbatches.)
+    llvm::DenseSet<StringAttr> stillCalled;
+    if (std::optional<SymbolTable::UseRange> uses =
+            SymbolTable::getSymbolUses(module))
+      for (const SymbolTable::SymbolUse &use : *uses)
+        stillCalled.insert(use.getSymbolRef().getRootReference());
     for (auto &entry : piecesOf)
-      if (SymbolTable::symbolKnownUseEmpty(entry.first, module))
+      if (!stillCalled.contains(entry.first))
         symbols.erase(symbols.lookup<SegmentOp>(entry.first));
   }
 
