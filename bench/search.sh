@@ -45,7 +45,8 @@ for c in "${cases[@]}"; do
   # The table's first row: tokens/s, MFU and peak of the best strategy.
   row=$(grep -E '^1 ' "$out.txt")
   read -r tokens mfu peak < <(awk '{ for (i = 1; i <= NF; ++i) if ($i ~ /%$/) { print $(i-1), $i, $(i+2); exit } }' <<<"$row")
-  layout=$(awk '{ $1 = ""; print }' <<<"$row" | cut -c1-60)
+  # layout, schedule, microbatches, ZeRO, recompute: the table's columns.
+  layout=$(cut -c6-73 <<<"$row" | tr -s ' ' | sed 's/ $//')
   per=$(awk -v t="$tokens" -v d="$devices" 'BEGIN { printf "%.0f", t / d }')
   tflops=$(awk -v m="${mfu%\%}" 'BEGIN { printf "%.0f", m / 100 * 989 }')
   printf '| %s | %s x H200 | %s/1 | 4096 | search: %s | %s | %s | %s | %s |\n' \
@@ -65,7 +66,7 @@ for c in "${cases[@]}"; do
     read -r ptok ptf < <(awk -v s="$step" -v b="$batch" -v d="$devices" \
       -v t="$tokens" -v m="${mfu%\%}" 'BEGIN {
         split(s, a, " "); sec = a[1] / (a[2] == "ms" ? 1000 : a[2] == "us" ? 1e6 : 1)
-        tok = b * 4096 / sec; printf "%.0f %.0f", tok / d, m / 100 * 989 * tok / t }')
+        tok = b * 4096 / sec; printf "%.0f %.0f\n", tok / d, m / 100 * 989 * tok / t }')
     printf '| | | | | published: %s | %s | %s | %s | |\n' "$published" "$ptok" "$ptf" "$ppeak"
   else
     printf '| | | | | published: %s | does not compile or fit: %s | | | |\n' \

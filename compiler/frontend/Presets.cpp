@@ -101,13 +101,16 @@ const std::vector<ModelPreset> &mlir::piper::modelPresets() {
        "the original Piper's 9B MoE: 24 layers, 8 experts top-2",
        qwen3Moe(24, 2048, 32, 8, 7168, 8, 2, 151936, 4096)},
       {"qwen3-moe-30b",
-       "Qwen3-30B-A3B's sizes: 48 layers, 128 experts of 768, top-8, 32 "
-       "heads of 128 (for piperc search)",
+       "Qwen3-30B-A3B's sizes: 48 layers, 128 experts of 768, top-8 "
+       "(capacity factor 1.25), 32 heads of 128 (for piperc search)",
        [] {
          GptConfig c = qwen3Moe(48, 2048, 32, 4, 768, 128, 8, 151936, 4096);
          c.headDim = 128;
          c.qkNorm = true;
          c.batch = 1;
+         // Megatron's --moe-expert-capacity-factor 1.25: dropless static
+         // shapes would give each of the 128 experts every token's slot.
+         c.capacityFactor = 1.25;
          return c;
        }()},
   };

@@ -6,7 +6,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <set>
 
+#include "llvm/ADT/STLExtras.h"
 #include "llvm/Support/FormatVariadic.h"
 
 using namespace mlir;
@@ -177,8 +179,15 @@ private:
         continue;
       f.schedule = schedule.name.str();
       std::vector<int64_t> perDevice = {defaultStagesPerDevice(schedule)};
-      if (schedule.layout == StageLayout::Interleaved)
+      // Interleaved: 2 and 4 stages per device group, and every count up
+      // to 8 that splits the blocks evenly (Megatron's rule for its virtual
+      // pipeline: layers a multiple of pp x v).
+      if (schedule.layout == StageLayout::Interleaved) {
         perDevice = {2, 4};
+        for (int64_t v = 3; v <= 8; ++v)
+          if (v != 4 && m.layers % (f.pp * v) == 0)
+            perDevice.push_back(v);
+      }
       for (int64_t v : perDevice) {
         f.virtualStages = v;
         if (f.pp * v > m.layers) {
@@ -289,7 +298,11 @@ std::vector<Candidate> search::enumerateCandidates(const ModelFacts &facts,
             ++counts.rules[rule];
           });
   // Most promising first: those estimated to fit before the others, each
-  // by its estimated step time; ties keep the enumeration order.
+  // by its estimated step time; ties keep the enumeration order. The best
+  // of every layout (the degrees, SP, the CP kind) comes before any second
+  // of one: the estimate orders layouts worst (it knows the least about
+  // their communication), and a layout's schedules, ZeRO stages and
+  // recomputation differ less than layouts do.
   auto key = [&](const Candidate &c) {
     return std::make_tuple(c.estimatePeakBytes > options.deviceMemory,
                            c.estimateSeconds, c.index);
@@ -297,7 +310,13 @@ std::vector<Candidate> search::enumerateCandidates(const ModelFacts &facts,
   std::sort(
       out.begin(), out.end(),
       [&](const Candidate &a, const Candidate &b) { return key(a) < key(b); });
-  return out;
+  std::set<std::string> seen;
+  std::vector<Candidate> first, rest;
+  for (Candidate &c : out)
+    (seen.insert(layoutName(c.flags)).second ? first : rest)
+        .push_back(std::move(c));
+  llvm::append_range(first, rest);
+  return first;
 }
 
 std::string search::layoutName(const StrategyFlags &f) {
