@@ -35,6 +35,14 @@ struct SearchCommandOptions {
   std::vector<double> bucketsMb = {kDefaultBucketMb};
 };
 
+/// The text of `module`, for the search's workers to parse.
+std::string printed(ModuleOp module) {
+  std::string text;
+  llvm::raw_string_ostream os(text);
+  module->print(os);
+  return text;
+}
+
 /// The model's text: a preset (with --seq and --micro-batch) or a file
 /// (which fixes both: the flags must then agree with it or be absent).
 std::string modelText(const SearchCommandOptions &o, std::string &error) {
@@ -49,11 +57,7 @@ std::string modelText(const SearchCommandOptions &o, std::string &error) {
       return "";
     }
     MLIRContext ctx;
-    OwningOpRef<ModuleOp> module = buildGptModel(&ctx, cfg);
-    std::string text;
-    llvm::raw_string_ostream os(text);
-    module->print(os);
-    return text;
+    return printed(*buildGptModel(&ctx, cfg));
   }
   if (o.seq >= 0 || o.microBatch >= 0) {
     error = "--seq and --micro-batch apply to a preset; a model file fixes "
@@ -71,12 +75,7 @@ std::string modelText(const SearchCommandOptions &o, std::string &error) {
   SourceMgrDiagnosticHandler handler(sourceMgr, &ctx);
   OwningOpRef<ModuleOp> module =
       loadModule(ctx, sourceMgr, o.model, "model", "search", error);
-  if (!module)
-    return "";
-  std::string text;
-  llvm::raw_string_ostream os(text);
-  module->print(os);
-  return text;
+  return module ? printed(*module) : "";
 }
 
 /// "12/32 compiled (3 too big, 9 fit), 4,127 pruned, 6 s, ETA 10 s" on one
