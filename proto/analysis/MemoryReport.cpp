@@ -221,7 +221,9 @@ bool checkFits(const Plan &plan, int64_t deviceBytes, std::string &error) {
   std::string ignored;
   if (StreamOrder::build(plan, order, ignored)) {
     StepBlocks step = stepBlocks(plan, /*recordedScratch=*/true);
-    PeakPoint peak = findPeak(plan, order, step.blocks);
+    // At a kernel call: a wait on a loosely ordered stream would count
+    // nearly every block as possibly live (findPeak).
+    PeakPoint peak = findPeak(plan, order, step.blocks, /*callsOnly=*/true);
     if (peak.at.valid()) {
       os << "; the step peaks at " << describePosition(plan, peak.at)
          << " with " << mib(peak.bytes) << " live, the largest:";
