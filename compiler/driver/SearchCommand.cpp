@@ -106,6 +106,8 @@ std::string nothingFits(const SearchResult &r) {
            " zero=" + std::to_string(closest->candidate.flags.zero) +
            " recompute=" + closest->candidate.flags.recompute +
            "): " + closest->why;
+  else if (r.counts.compiled == 0 && r.timedOut)
+    out += ": --time-limit passed before a strategy was compiled";
   else if (r.counts.compiled == 0)
     out += ": every candidate was pruned (more memory, more devices, or "
            "another global batch?)";
