@@ -300,10 +300,8 @@ LogicalResult mlir::piper::applyZero(ModuleOp module, ProgramOp program,
     // (One walk for all of them: a walk per segment made ZeRO quadratic in
     // the program under many microbatches.)
     llvm::DenseSet<StringAttr> stillCalled;
-    if (std::optional<SymbolTable::UseRange> uses =
-            SymbolTable::getSymbolUses(module))
-      for (const SymbolTable::SymbolUse &use : *uses)
-        stillCalled.insert(use.getSymbolRef().getRootReference());
+    program.walk(
+        [&](TaskOp t) { stillCalled.insert(t.getSegmentAttr().getAttr()); });
     for (auto &entry : piecesOf)
       if (!stillCalled.contains(entry.first))
         symbols.erase(symbols.lookup<SegmentOp>(entry.first));
