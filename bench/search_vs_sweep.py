@@ -10,26 +10,14 @@ predicted and measured over the space. A benchmark, not a test.
 
 Usage: bench/search_vs_sweep.py PIPERC PIPER_PLAN PIPER_RUN
 """
-import json
 import os
-import statistics
-import subprocess
 import sys
 import tempfile
 
-PIPERC, PIPER_PLAN, PIPER_RUN = sys.argv[1:4]
 HERE = os.path.dirname(os.path.abspath(__file__))
-ENV = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
 sys.path.insert(0, HERE)
-STEPS = 5
-
-
-def run(cmd):
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                       text=True, env=ENV, timeout=1800)
-    if p.returncode:
-        sys.exit("failed: %s\n%s" % (" ".join(cmd), p.stdout))
-    return p.stdout
+# The same arguments, environment (one BLAS thread a rank) and runner.
+from calibrate_cpu import PIPERC, PIPER_PLAN, PIPER_RUN, measure, run, spearman  # noqa: E402
 
 
 def main():
@@ -47,29 +35,17 @@ def main():
                  "--max-compiles", "100000", "--top", "100000", "-o", found])
     print(table.splitlines()[0])
     rows = [l for l in table.splitlines() if l[:1].isdigit()]
-    predicted, measured, names = [], [], []
+    measured, names = [], []
     for i, row in enumerate(rows, 1):
-        plans = os.path.join(work, "plans%d" % i)
-        run([PIPERC, "compile", model, "--strategy",
-             os.path.join(found, "%d.json" % i), "-o", plans])
-        metrics = os.path.join(work, "metrics.jsonl")
-        run([PIPER_RUN, plans, "--nproc", "2", "--backend", "cpu", "--steps",
-             str(STEPS), "--metrics", metrics])
-        with open(metrics) as f:
-            times = [json.loads(l)["step_time_s"] for l in f if l.strip()]
-        t = statistics.median(times[2:])
+        _, t = measure(work, model, ["--strategy",
+                                     os.path.join(found, "%d.json" % i)], 2)
         names.append(" ".join(row[5:73].split()))
-        predicted.append(i)  # the search's rank
         measured.append(t)
         print("%3d %-60s measured %.4f s" % (i, names[-1], t))
     best = min(range(len(measured)), key=lambda k: measured[k])
     ratio = measured[0] / measured[best]
     n = len(measured)
-    order = sorted(range(n), key=lambda k: measured[k])
-    rank = [0] * n
-    for r, k in enumerate(order):
-        rank[k] = r
-    rho = 1 - 6 * sum((k - rank[k]) ** 2 for k in range(n)) / (n * (n * n - 1))
+    rho = spearman(list(range(n)), measured)  # the search's order: 0, 1, ...
     print("search's first: %s, measured %.4f s; fastest measured: #%d %s, "
           "%.4f s; first / fastest = %.2f (goal <= 1.15); Spearman of the "
           "search's order and the measured order over %d strategies: %.2f" %

@@ -256,8 +256,7 @@ private:
 };
 } // namespace
 
-int64_t search::stateLowerBound(const ModelFacts &m, const StrategyFlags &f,
-                                ComputeType) {
+int64_t search::stateLowerBound(const ModelFacts &m, const StrategyFlags &f) {
   // Any rank holds at least the average: each parameter element is split at
   // most tp ways (and an expert weight at most tp x ep ways) and held by
   // every replica; ZeRO divides what it shards by its replicas, dp x cp
@@ -284,7 +283,7 @@ std::vector<Candidate> search::enumerateCandidates(const ModelFacts &facts,
             Candidate c;
             c.flags = f;
             c.index = counts.enumerated - 1;
-            c.stateLowerBound = stateLowerBound(facts, f, options.opt.dtype);
+            c.stateLowerBound = stateLowerBound(facts, f);
             if (c.stateLowerBound > options.deviceMemory) {
               ++counts.prunedByMemory;
               return;

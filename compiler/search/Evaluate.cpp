@@ -109,9 +109,7 @@ double secondsSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
       .count();
 }
-} // namespace
 
-namespace {
 /// Worker threads over a list of candidates, with the shared counts, the
 /// progress and the time limit.
 class Pool {

@@ -126,8 +126,7 @@ std::vector<Candidate> enumerateCandidates(const ModelFacts &facts,
                                            SearchCounts &counts);
 
 /// The search's lower bound on any rank's parameter state for `flags`.
-int64_t stateLowerBound(const ModelFacts &facts, const StrategyFlags &flags,
-                        ComputeType dtype);
+int64_t stateLowerBound(const ModelFacts &facts, const StrategyFlags &flags);
 
 /// The microbatches of the proxy that stands for `flags` in the first
 /// phase (the smallest count from pp, at least 2, its schedule accepts), or
