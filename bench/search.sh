@@ -67,7 +67,8 @@ for c in "${cases[@]}"; do
       -v t="$tokens" -v m="${mfu%\%}" 'BEGIN {
         split(s, a, " "); sec = a[1] / (a[2] == "ms" ? 1000 : a[2] == "us" ? 1e6 : 1)
         tok = b * 4096 / sec; printf "%.0f %.0f\n", tok / d, m / 100 * 989 * tok / t }')
-    printf '| | | | | published: %s | %s | %s | %s | |\n' "$published" "$ptok" "$ptf" "$ppeak"
+    printf '| | | | | published: %s | %s (search / published = %s) | %s | %s | |\n' \
+      "$published" "$ptok" "$(ratio "$per" "$ptok")" "$ptf" "$ppeak"
   else
     printf '| | | | | published: %s | does not compile or fit: %s | | | |\n' \
       "$published" "$(grep -m1 error "$work/$name-pub.txt" | cut -c1-120)"
