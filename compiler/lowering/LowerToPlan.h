@@ -29,10 +29,13 @@ struct LoweredPlans {
 int64_t planTensorBytes(const plan::TensorType &type);
 
 /// Lowers every piper.device_program of `module` (after piper-order-streams)
-/// to plans. Emits diagnostics and fails on IR it cannot lower.
+/// to plans. Emits diagnostics and fails on IR it cannot lower, or (with
+/// `checkProgress`) on plans that cannot finish a step together; a caller
+/// that simulates the plans itself (piperc search) meets that error there.
 FailureOr<LoweredPlans> lowerToPlans(ModuleOp module,
                                      const std::string &modelName,
-                                     const std::string &strategySummary);
+                                     const std::string &strategySummary,
+                                     bool checkProgress = true);
 
 } // namespace mlir::piper
 

@@ -59,8 +59,11 @@ public:
     pm.enableVerifier(false);
     addCompilePipeline(pm, *strategy, options.opt, CompilePhase::Plan);
     FailureOr<LoweredPlans> lowered = failure();
+    // The plans' progress is checked by the simulation below, on the
+    // machine, instead of once more inside the lowering.
     if (succeeded(pm.run(*module)))
-      lowered = lowerToPlans(*module, "search", strategy->summary);
+      lowered = lowerToPlans(*module, "search", strategy->summary,
+                             /*checkProgress=*/false);
     if (failed(lowered)) {
       e.why = firstError.empty() ? "the compiler refused it" : firstError;
       return e;
@@ -187,12 +190,10 @@ int64_t search::proxyMicrobatches(const StrategyFlags &f) {
       f.virtualStages > 0 ? f.virtualStages : defaultStagesPerDevice(*schedule);
   // Every microbatch adds the same tasks, so the step's growth per
   // microbatch shows from the smallest count the schedule accepts from pp
-  // (a whole pipeline of them); the peak of a deeper warm-up than pp is
-  // checked by the whole compile of phase 2.
-  int64_t base = std::max<int64_t>(2, f.pp);
-  if (f.microbatches <= 4 * base)
-    return 0;
-  for (int64_t m = base; m < f.microbatches; ++m)
+  // (a whole pipeline of them), used when it at least halves the compile;
+  // the peak of a deeper warm-up than pp is checked by the whole compile of
+  // phase 2.
+  for (int64_t m = std::max<int64_t>(2, f.pp); 2 * m <= f.microbatches; ++m)
     if (schedule->check(f.pp, v, m).empty() &&
         checkStageMicrobatches(f.pp * v, m).empty())
       return m;
@@ -291,9 +292,12 @@ FailureOr<SearchResult> search::runSearch(llvm::StringRef modelText,
          int64_t(result.ranked.size()) < options.top && !pool.timedOut()) {
     std::vector<Candidate> batch;
     std::vector<size_t> where;
-    for (size_t j = at; j < provisional.size() &&
+    // The next candidates that could fill the missing rows, `jobs` of them
+    // compiled at once: none past the last row a batch could fill.
+    int64_t missing = options.top - int64_t(result.ranked.size());
+    for (size_t j = at; j < provisional.size() && missing > 0 &&
                         int64_t(batch.size()) < std::max(1, options.jobs);
-         ++j) {
+         ++j, --missing) {
       where.push_back(j);
       if (provisional[j].proxyMicrobatches)
         batch.push_back(provisional[j].candidate);

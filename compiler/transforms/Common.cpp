@@ -7,6 +7,8 @@
 #include "llvm/ADT/SetVector.h"
 #include "llvm/ADT/StringExtras.h"
 
+#include <queue>
+
 using namespace mlir;
 using namespace mlir::piper;
 
@@ -79,78 +81,92 @@ StreamAttr mlir::piper::commStream(Operation *program, StringRef name) {
 LogicalResult
 mlir::piper::sortTopologically(Block &block,
                                SmallVectorImpl<Operation *> *cycle) {
-  // Most rewrites keep the block sorted; then Kahn's algorithm below would
-  // return the current order, so there is nothing to do.
-  {
-    llvm::SmallPtrSet<Operation *, 32> seen;
-    bool sorted = true;
-    for (Operation &op : block) {
-      for (Value v : op.getOperands())
-        if (Operation *def = v.getDefiningOp();
-            def && def->getBlock() == &block && !seen.contains(def)) {
-          sorted = false;
-          break;
-        }
-      if (!sorted)
-        break;
-      seen.insert(&op);
-    }
-    if (sorted)
-      return success();
-  }
+  // Kahn's algorithm by position takes the ops before the first one with a
+  // producer at or after it in their order (each is ready, and comes first,
+  // when its turn comes), so only the rest is sorted; most rewrites keep the
+  // block sorted and leave nothing. A program has 10^5 ops, re-sorted after
+  // each schedule and replicate directive: the search compiles hundreds of
+  // them (docs/search.md), so no set or map per op here.
   SmallVector<Operation *> ops;
   llvm::DenseMap<Operation *, unsigned> position;
+  unsigned first = ~0u;
+  auto producerIn = [&](Value v) -> Operation * {
+    Operation *def = v.getDefiningOp();
+    return def && def->getBlock() == &block ? def : nullptr;
+  };
   for (Operation &op : block) {
+    if (first == ~0u)
+      for (Value v : op.getOperands())
+        if (Operation *def = producerIn(v); def && !position.contains(def)) {
+          first = ops.size();
+          break;
+        }
     position[&op] = ops.size();
     ops.push_back(&op);
   }
-  // Kahn's algorithm, always taking the ready op that comes first today.
-  std::vector<unsigned> indegree(ops.size(), 0);
-  std::vector<SmallVector<unsigned>> users(ops.size());
-  for (auto [i, op] : llvm::enumerate(ops)) {
-    llvm::SmallSetVector<unsigned, 4> preds;
-    for (Value v : op->getOperands())
-      if (Operation *def = v.getDefiningOp())
-        if (def->getBlock() == &block)
-          preds.insert(position[def]);
-    for (unsigned p : preds) {
-      users[p].push_back(i);
-      ++indegree[i];
-    }
-  }
-  std::set<unsigned> ready;
-  for (unsigned i = 0; i < ops.size(); ++i)
+  if (first == ~0u)
+    return success();
+  // The ops from `first` on, numbered from 0: each one's producers among
+  // them (without repeats) and users, as arrays.
+  const unsigned n = ops.size() - first;
+  std::vector<unsigned> indegree(n, 0), lastUser(n, ~0u), userStart(n + 1, 0);
+  std::vector<std::pair<unsigned, unsigned>> edges;
+  for (unsigned i = 0; i < n; ++i)
+    for (Value v : ops[first + i]->getOperands())
+      if (Operation *def = producerIn(v)) {
+        unsigned p = position.lookup(def);
+        if (p < first || lastUser[p - first] == i)
+          continue;
+        lastUser[p - first] = i;
+        edges.push_back({p - first, i});
+        ++indegree[i];
+        ++userStart[p - first + 1];
+      }
+  for (unsigned i = 0; i < n; ++i)
+    userStart[i + 1] += userStart[i];
+  std::vector<unsigned> users(edges.size()),
+      fill(userStart.begin(), userStart.end() - 1);
+  for (auto [p, u] : edges)
+    users[fill[p]++] = u;
+  // Always the ready op that comes first today.
+  std::priority_queue<unsigned, std::vector<unsigned>, std::greater<unsigned>>
+      ready;
+  for (unsigned i = 0; i < n; ++i)
     if (indegree[i] == 0)
-      ready.insert(i);
-  SmallVector<Operation *> sorted;
+      ready.push(i);
+  std::vector<unsigned> sorted;
+  sorted.reserve(n);
   while (!ready.empty()) {
-    unsigned i = *ready.begin();
-    ready.erase(ready.begin());
-    sorted.push_back(ops[i]);
-    for (unsigned u : users[i])
-      if (--indegree[u] == 0)
-        ready.insert(u);
+    unsigned i = ready.top();
+    ready.pop();
+    sorted.push_back(i);
+    for (unsigned k = userStart[i]; k < userStart[i + 1]; ++k)
+      if (--indegree[users[k]] == 0)
+        ready.push(users[k]);
   }
-  if (sorted.size() != ops.size()) {
+  if (sorted.size() != n) {
     if (cycle) {
-      // Walk predecessors among the unsorted ops until one repeats.
-      llvm::DenseSet<Operation *> done(sorted.begin(), sorted.end());
+      // Walk producers among the unsorted ops until one repeats.
+      std::vector<bool> done(n, false);
+      for (unsigned i : sorted)
+        done[i] = true;
+      auto unsorted = [&](Operation *op) {
+        unsigned p = position.lookup(op);
+        return p >= first && !done[p - first];
+      };
       Operation *cur = nullptr;
-      for (Operation *op : ops)
-        if (!done.contains(op)) {
-          cur = op;
-          break;
-        }
+      for (unsigned i = 0; i < n && !cur; ++i)
+        if (!done[i])
+          cur = ops[first + i];
       llvm::SetVector<Operation *> path;
       while (cur && !path.contains(cur)) {
         path.insert(cur);
         Operation *next = nullptr;
         for (Value v : cur->getOperands())
-          if (Operation *def = v.getDefiningOp())
-            if (def->getBlock() == &block && !done.contains(def)) {
-              next = def;
-              break;
-            }
+          if (Operation *def = producerIn(v); def && unsorted(def)) {
+            next = def;
+            break;
+          }
         cur = next;
       }
       if (cur) {
@@ -165,8 +181,12 @@ mlir::piper::sortTopologically(Block &block,
     }
     return failure();
   }
-  for (Operation *op : sorted)
-    op->moveBefore(&block, block.end());
+  // Ops already in their place stay; the others move to the end in order.
+  unsigned k = 0;
+  while (k < n && sorted[k] == k)
+    ++k;
+  for (; k < n; ++k)
+    ops[first + sorted[k]]->moveBefore(&block, block.end());
   return success();
 }
 

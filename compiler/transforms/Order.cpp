@@ -10,6 +10,8 @@
 #include "llvm/ADT/SetVector.h"
 #include "llvm/ADT/StringExtras.h"
 
+#include <map>
+
 namespace mlir::piper {
 #define GEN_PASS_DEF_PIPERORDER
 #include "compiler/transforms/Passes.h.inc"
@@ -28,23 +30,33 @@ namespace {
 /// task for each of them made a schedule quadratic in the microbatches.
 class TaskIndex {
 public:
-  explicit TaskIndex(ProgramOp program)
-      : tasks(program.getBody().front().getOps<TaskOp>()) {}
+  explicit TaskIndex(ProgramOp program) : block(program.getBody().front()) {}
 
   /// The tasks `filter` matches, in program order.
   ArrayRef<TaskOp> lookup(const Filter &filter) {
     // Tasks are bucketed by the filter's keys (and which of them are "*"),
-    // then found by the values it asks for.
-    std::string shape, values;
+    // one scan of the program per such shape, then found by the values it
+    // asks for (a pass by its kind; "*" as 0).
+    std::string shape;
+    Key values;
     for (const auto &[key, value] : filter.entries) {
       shape += key + (value.kind == FilterValue::Any ? "*," : "=,");
-      values += valueKey(key, value) + ",";
+      if (value.kind == FilterValue::Index)
+        values.push_back(value.index);
+      else if (value.kind == FilterValue::Any)
+        values.push_back(0);
+      else if (std::optional<PassKind> pass = symbolizePassKind(value.pass))
+        values.push_back(static_cast<int64_t>(*pass));
+      else
+        return {};
     }
     auto [it, inserted] = byShape.try_emplace(shape);
-    if (inserted)
-      for (TaskOp t : tasks)
-        if (std::optional<std::string> k = taskKey(t.getTag(), filter))
-          it->second[*k].push_back(t);
+    if (inserted) {
+      Key key;
+      for (TaskOp t : block.getOps<TaskOp>())
+        if (taskKey(t.getTag(), filter, key))
+          it->second[key].push_back(t);
+    }
     auto found = it->second.find(values);
     if (found == it->second.end())
       return {};
@@ -52,45 +64,28 @@ public:
   }
 
 private:
-  static std::string valueKey(StringRef key, const FilterValue &value) {
-    switch (value.kind) {
-    case FilterValue::Any:
-      return "*";
-    case FilterValue::Index:
-      return std::to_string(value.index);
-    case FilterValue::Pass:
-      return value.pass;
-    }
-    return "";
-  }
-  /// The values of `tag` at the filter's keys, or none when it does not
-  /// have them all.
-  static std::optional<std::string> taskKey(TagAttr tag, const Filter &filter) {
-    std::string out;
+  using Key = SmallVector<int64_t, 4>;
+  /// The values of `tag` at the filter's keys into `out`; false when it
+  /// does not have them all.
+  static bool taskKey(TagAttr tag, const Filter &filter, Key &out) {
+    out.clear();
     for (const auto &[key, value] : filter.entries) {
-      if (value.kind == FilterValue::Any) {
-        bool present = key == "PASS" ? tag.getPass().has_value()
-                                     : tag.getIndex(key).has_value();
-        if (!present)
-          return std::nullopt;
-        out += "*,";
-      } else if (key == "PASS") {
-        std::optional<PassKind> pass = tag.getPass();
-        if (!pass)
-          return std::nullopt;
-        out += stringifyPassKind(*pass).str() + ",";
+      std::optional<int64_t> v;
+      if (key == "PASS") {
+        if (std::optional<PassKind> pass = tag.getPass())
+          v = static_cast<int64_t>(*pass);
       } else {
-        std::optional<int64_t> index = tag.getIndex(key);
-        if (!index)
-          return std::nullopt;
-        out += std::to_string(*index) + ",";
+        v = tag.getIndex(key);
       }
+      if (!v)
+        return false;
+      out.push_back(value.kind == FilterValue::Any ? 0 : *v);
     }
-    return out;
+    return true;
   }
 
-  SmallVector<TaskOp> tasks;
-  llvm::StringMap<llvm::StringMap<SmallVector<TaskOp>>> byShape;
+  Block &block;
+  llvm::StringMap<std::map<Key, SmallVector<TaskOp>>> byShape;
 };
 } // namespace
 

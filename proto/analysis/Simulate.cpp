@@ -447,45 +447,48 @@ private:
     const Plan &plan = plans[c];
     ClassState &cs = st[c];
     const Stream &stream = plan.streams(s);
-    bool clip = inst.kind() == Instruction::CLIP_GRADS;
-    std::set<int> members;
-    std::vector<int> ranks;
-    if (clip) {
-      for (size_t k = 0; k < plans.size(); ++k)
-        members.insert(int(k));
-      for (int r = 0; r < worldSize; ++r)
-        ranks.push_back(r);
-    } else {
-      // The class's first rank stands for every replica: all of them run
-      // with a group (or subgroup) of the same size.
-      const DeviceGroup *g =
-          plan.ranks_size() ? memberGroup(plan, inst, plan.ranks(0)) : nullptr;
-      if (!g) {
-        error = where(c, s) + ": group " + std::to_string(inst.group()) +
-                " (or its subgroup of rank " +
-                std::to_string(plan.ranks_size() ? plan.ranks(0) : -1) +
-                ") is not a group of the plan";
-        return -1;
-      }
-      ranks.assign(g->ranks().begin(), g->ranks().end());
-      std::sort(ranks.begin(), ranks.end());
-      for (int r : ranks) {
-        auto it = classOfRank.find(r);
-        if (it == classOfRank.end()) {
-          error = where(c, s) + ": group rank " + std::to_string(r) +
-                  " belongs to no plan given";
+    // A blocked collective is polled again on every round: the group, the
+    // cost and the registration happen on its first visit only.
+    if (!cs.registered[s]) {
+      bool clip = inst.kind() == Instruction::CLIP_GRADS;
+      std::set<int> members;
+      std::vector<int> ranks;
+      if (clip) {
+        for (size_t k = 0; k < plans.size(); ++k)
+          members.insert(int(k));
+        for (int r = 0; r < worldSize; ++r)
+          ranks.push_back(r);
+      } else {
+        // The class's first rank stands for every replica: all of them run
+        // with a group (or subgroup) of the same size.
+        const DeviceGroup *g = plan.ranks_size()
+                                   ? memberGroup(plan, inst, plan.ranks(0))
+                                   : nullptr;
+        if (!g) {
+          error = where(c, s) + ": group " + std::to_string(inst.group()) +
+                  " (or its subgroup of rank " +
+                  std::to_string(plan.ranks_size() ? plan.ranks(0) : -1) +
+                  ") is not a group of the plan";
           return -1;
         }
-        members.insert(it->second);
+        ranks.assign(g->ranks().begin(), g->ranks().end());
+        std::sort(ranks.begin(), ranks.end());
+        for (int r : ranks) {
+          auto it = classOfRank.find(r);
+          if (it == classOfRank.end()) {
+            error = where(c, s) + ": group rank " + std::to_string(r) +
+                    " belongs to no plan given";
+            return -1;
+          }
+          members.insert(it->second);
+        }
       }
-    }
-    double bytes = 0, local = 0;
-    std::string problem;
-    if (!collectiveCost(m, plan, inst, bytes, local, problem)) {
-      error = where(c, s) + ": " + problem;
-      return -1;
-    }
-    if (!cs.registered[s]) {
+      double bytes = 0, local = 0;
+      std::string problem;
+      if (!collectiveCost(m, plan, inst, bytes, local, problem)) {
+        error = where(c, s) + ": " + problem;
+        return -1;
+      }
       std::string kindName = inst.kind() == Instruction::ALL_REDUCE
                                  ? "all-reduce"
                                  : Instruction::Kind_Name(inst.kind());
