@@ -8,12 +8,15 @@
 # Usage: bench/search.sh [CASE...]   (default: every case; names below)
 # Environment:
 #   PIPERC, PIPER_PLAN  binaries (skip the build); BAZEL, BAZEL_BUILD_FLAGS
-#   MAX_COMPILES        the search's compile budget (default 8)
+#   MAX_COMPILES        the search's compile budget (default: the search's own, 32)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/lib.sh
 build_tools
-MAX_COMPILES="${MAX_COMPILES:-8}"
+budget=()
+if [[ -n "${MAX_COMPILES:-}" ]]; then
+  budget=(--max-compiles "$MAX_COMPILES")
+fi
 machine=bench/h200-cluster.json
 work="$(mktemp -d -t piper-search-XXXXXX)"
 trap 'rm -rf "$work"' EXIT
@@ -39,7 +42,7 @@ for c in "${cases[@]}"; do
   start=$(date +%s.%N)
   "$PIPERC" search "$preset" --seq 4096 --micro-batch 1 --devices "$devices" \
     --device-memory 141GiB --global-batch "$batch" --machine "$machine" \
-    --dtype bf16 --max-compiles "$MAX_COMPILES" --top 1 -o "$out" \
+    --dtype bf16 "${budget[@]}" -o "$out" \
     >"$out.txt" 2>&1 || { cat "$out.txt" >&2; continue; }
   seconds=$(awk -v s="$start" -v e="$(date +%s.%N)" 'BEGIN { printf "%.1f", e - s }')
   # The table's first row: tokens/s, MFU and peak of the best strategy.
