@@ -9,7 +9,7 @@ Calibration (measurements none of the checked strategies is among):
   elementwise kernels' time is folded into that one rate);
 - link_bytes_per_second and link_latency_seconds: Gloo between two ranks of
   this host, from TP 2 runs of two other model widths (the time beyond the
-  compute per all-reduce).
+  compute per all-reduce, which pays the latency twice).
 Then every strategy of a sweep on 2 ranks (one core each) is compiled,
 simulated with that machine and measured; it prints predicted / measured per
 strategy, the largest error and the Spearman rank correlation, and writes the
@@ -92,8 +92,8 @@ def main():
     machine["flops_per_second"] = 1e12 * p1 / t1
     # Links: TP 2 on two other widths; the time over the compute-only
     # prediction, per all-reduce of one microbatch's activations, is
-    # latency + bytes / bandwidth (a ring of 2 sends each rank's half and
-    # receives the other's: 2 (n - 1) / n = 1).
+    # 2 latency + bytes / bandwidth (a ring of 2: two passes, each sending
+    # half the bytes and paying one latency; docs/simulator.md).
     samples = []
     for hidden in (128, 512):
         m = model(work, "link%d" % hidden, hidden, 256)
@@ -104,7 +104,7 @@ def main():
     (b1, s1), (b2, s2) = samples
     per_byte = max((s2 - s1) / (b2 - b1), 1e-12)
     machine["link_bytes_per_second"] = 1 / per_byte
-    machine["link_latency_seconds"] = max(s1 - b1 * per_byte, 0)
+    machine["link_latency_seconds"] = max(s1 - b1 * per_byte, 0) / 2
     print("machine:", json.dumps(machine))
     sweep = [
         ("pp1 dp2", ["--dp", "2", "--microbatches", "1"]),

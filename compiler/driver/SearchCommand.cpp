@@ -26,10 +26,11 @@ using namespace mlir::piper::search;
 namespace {
 struct SearchCommandOptions {
   std::string model, machine, deviceMemory, output, dtype = "f32";
-  int64_t devices = 0, globalBatch = 0, top = 5;
+  int64_t devices = 0, globalBatch = 0;
+  /// The search's defaults.
+  int64_t top = SearchOptions().top, maxCompiles = SearchOptions().maxCompiles;
   /// --seq, --micro-batch: -1 when not given.
   int64_t seq = -1, microBatch = -1;
-  int64_t maxCompiles = 32;
   double timeLimit = 0;
   int jobs = 0;
   std::vector<double> bucketsMb = {kDefaultBucketMb};
@@ -241,7 +242,7 @@ Subcommand mlir::piper::driver::addSearchCommand(CLI::App &app) {
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--dtype", o->dtype, "f32 or bf16, as piperc compile")
       ->check(CLI::IsMember({"f32", "bf16"}));
-  cmd->add_option("--top", o->top, "strategies to print and write (5)");
+  cmd->add_option("--top", o->top, "strategies to print and write (3)");
   cmd->add_option("--max-compiles", o->maxCompiles,
                   "compile at most this many candidates, most promising "
                   "first (32)");

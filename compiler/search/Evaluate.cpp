@@ -285,19 +285,19 @@ FailureOr<SearchResult> search::runSearch(llvm::StringRef modelText,
   };
   std::stable_sort(provisional.begin(), provisional.end(), faster);
   // Phase 2: in that order, each proxied candidate compiled whole (its exact
-  // plan and step), a batch of `jobs` at a time, until `top` are known
-  // exactly; the order does not depend on the number of jobs.
+  // plan and step), until `top` are known exactly; the order does not
+  // depend on the number of jobs.
   size_t at = 0;
   while (at < provisional.size() &&
          int64_t(result.ranked.size()) < options.top && !pool.timedOut()) {
     std::vector<Candidate> batch;
     std::vector<size_t> where;
-    // The next candidates that could fill the missing rows, `jobs` of them
-    // compiled at once: none past the last row a batch could fill.
+    // The next candidates that could fill the missing rows, compiled at
+    // once on the pool's threads (a whole compile can take 30 s, so no
+    // thread waits for another's batch): none past the last row they could
+    // fill, so no more compiles than one at a time would make.
     int64_t missing = options.top - int64_t(result.ranked.size());
-    for (size_t j = at; j < provisional.size() && missing > 0 &&
-                        int64_t(batch.size()) < std::max(1, options.jobs);
-         ++j, --missing) {
+    for (size_t j = at; j < provisional.size() && missing > 0; ++j, --missing) {
       where.push_back(j);
       if (provisional[j].proxyMicrobatches)
         batch.push_back(provisional[j].candidate);

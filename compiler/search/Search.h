@@ -58,7 +58,7 @@ struct SearchOptions {
   /// wall-clock limit in seconds (0: none) after which none more starts.
   int64_t maxCompiles = 32;
   /// Strategies to know exactly (the table's rows).
-  int64_t top = 5;
+  int64_t top = 3;
   double timeLimit = 0;
   int jobs = 1;
 };

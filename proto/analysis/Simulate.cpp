@@ -233,20 +233,24 @@ private:
   /// stream), so a CALL ready earlier takes the engine first. Stops when
   /// no stream can move (done, or a deadlock the caller reports).
   bool runInTimeOrder(std::string &error) {
-    std::vector<std::tuple<double, int, int>> order;
+    // The unfinished streams by (time, class, stream). Only the stream that
+    // moves changes its time, so the order is kept, not rebuilt per round.
+    std::set<std::tuple<double, int, int>> order;
+    for (size_t c = 0; c < plans.size(); ++c)
+      for (int s = 0; s < plans[c].streams_size(); ++s)
+        if (st[c].pc[s] < plans[c].streams(s).instructions_size())
+          order.emplace(st[c].t[s], int(c), s);
     while (true) {
-      order.clear();
-      for (size_t c = 0; c < plans.size(); ++c)
-        for (int s = 0; s < plans[c].streams_size(); ++s)
-          if (st[c].pc[s] < plans[c].streams(s).instructions_size())
-            order.emplace_back(st[c].t[s], int(c), s);
-      std::sort(order.begin(), order.end());
       bool moved = false;
-      for (auto [t, c, s] : order) {
+      for (auto it = order.begin(); it != order.end(); ++it) {
+        auto [t, c, s] = *it;
         int r = advance(c, s, error);
         if (r < 0)
           return false;
         if (r == 1) {
+          order.erase(it);
+          if (st[c].pc[s] < plans[c].streams(s).instructions_size())
+            order.emplace(st[c].t[s], c, s);
           moved = true;
           break;
         }
