@@ -3,13 +3,14 @@
 against piper-run on it (docs/search.md §5).
 
 Calibration (measurements none of the checked strategies is among):
-- flops_per_second: one rank training the model alone (`--pp 1 --dp 1`),
-  the rate that makes the simulator's step equal the measured one, with
-  memory traffic free (memory_bytes_per_second 0: on one core the
-  elementwise kernels' time is folded into that one rate);
+- flops_per_second and memory_bytes_per_second: one rank training the model
+  alone at 2 and 8 microbatches; the FLOP rate that makes the simulator's
+  growth from 2 to 8 the measured one, the memory rate that makes the step
+  at 2 the measured one (the optimizer's update is memory-bound; a segment
+  takes the longer of its FLOPs and its bytes);
 - link_bytes_per_second and link_latency_seconds: Gloo between two ranks of
   this host, from TP 2 runs of two other model widths (the time beyond the
-  compute per all-reduce, which pays the latency twice).
+  compute per all-reduce).
 Then every strategy of a sweep on 2 ranks (one core each) is compiled,
 simulated with that machine and measured; it prints predicted / measured per
 strategy, the largest error and the Spearman rank correlation, and writes the
@@ -39,16 +40,16 @@ def run(cmd):
     return p.stdout
 
 
-def model(work, name, hidden, seq):
+def model(work, name, hidden, seq, batch=2):
     path = os.path.join(work, name + ".mlir")
     run([PIPERC, "model", "llama", "--layers", "4", "--hidden", str(hidden),
          "--heads", "8", "--kv-heads", "4", "--vocab", "512", "--seq",
-         str(seq), "--batch", "2", "-o", path])
+         str(seq), "--batch", str(batch), "-o", path])
     return path
 
 
-def measure(work, mlir, flags, ranks):
-    out = os.path.join(work, "plans")
+def measure(work, mlir, flags, ranks, plans="plans"):
+    out = os.path.join(work, plans)
     run([PIPERC, "compile", mlir, "-o", out] + flags)
     metrics = os.path.join(work, "metrics.jsonl")
     run([PIPER_RUN, out, "--nproc", str(ranks), "--backend", "cpu", "--steps",
@@ -65,6 +66,20 @@ def predict(out, machine):
     text = run([PIPER_PLAN, out, "--simulate", "--machine", path])
     m = re.search(r"^step: ([0-9.]+) (s|ms|us)", text, re.M)
     return float(m.group(1)) / {"s": 1, "ms": 1e3, "us": 1e6}[m.group(2)]
+
+
+def solve(machine_at, predicted, target):
+    """The rate r (FLOP/s or bytes/s) at which predicted(machine_at(r)) is
+    `target`: the prediction falls as the rate grows (bisection on log r
+    between 1e6 and 1e15)."""
+    lo, hi = 6.0, 15.0
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        if predicted(machine_at(10 ** mid)) > target:
+            lo = mid
+        else:
+            hi = mid
+    return 10 ** ((lo + hi) / 2)
 
 
 def spearman(a, b):
@@ -85,15 +100,29 @@ def main():
                "link_bytes_per_second": 0, "link_latency_seconds": 0,
                "share_compute": True}
     mlir = model(work, "m", 256, 256)
-    # Compute: one rank alone; the simulator's step scales as 1 / rate.
-    out, t1 = measure(work, mlir, ["--microbatches", "2"], 1)
+    # Compute and memory: one rank alone at 2 and 8 microbatches of the same
+    # size (a batch of 8 sequences). The step grows by the microbatches'
+    # compute (the FLOP rate); what does not grow, the optimizer's update of
+    # every parameter and state, is memory-bound (the memory rate: a
+    # segment takes the longer of its FLOPs and its bytes, docs/simulator.md).
+    big = model(work, "c", 256, 256, batch=8)
+    out2, t2 = measure(work, big, ["--microbatches", "2"], 1, "c2")
+    out8, t8 = measure(work, big, ["--microbatches", "8"], 1, "c8")
     machine["flops_per_second"] = 1e12
-    p1 = predict(out, machine)
-    machine["flops_per_second"] = 1e12 * p1 / t1
+    for _ in range(3):
+        machine["flops_per_second"] = solve(
+            lambda f: dict(machine, flops_per_second=f),
+            lambda mach: predict(out8, mach) - predict(out2, mach), t8 - t2)
+        free = dict(machine, memory_bytes_per_second=0)
+        if predict(out2, free) < t2:
+            machine["memory_bytes_per_second"] = solve(
+                lambda m: dict(machine, memory_bytes_per_second=m),
+                lambda mach: predict(out2, mach), t2)
     # Links: TP 2 on two other widths; the time over the compute-only
     # prediction, per all-reduce of one microbatch's activations, is
-    # 2 latency + bytes / bandwidth (a ring of 2: two passes, each sending
-    # half the bytes and paying one latency; docs/simulator.md).
+    # latency + bytes / bandwidth (a ring of 2 sends each rank's half and
+    # receives the other's: 2 (n - 1) / n = 1; one latency a collective,
+    # docs/simulator.md).
     samples = []
     for hidden in (128, 512):
         m = model(work, "link%d" % hidden, hidden, 256)
@@ -104,7 +133,7 @@ def main():
     (b1, s1), (b2, s2) = samples
     per_byte = max((s2 - s1) / (b2 - b1), 1e-12)
     machine["link_bytes_per_second"] = 1 / per_byte
-    machine["link_latency_seconds"] = max(s1 - b1 * per_byte, 0) / 2
+    machine["link_latency_seconds"] = max(s1 - b1 * per_byte, 0)
     print("machine:", json.dumps(machine))
     sweep = [
         ("pp1 dp2", ["--dp", "2", "--microbatches", "1"]),

@@ -34,21 +34,17 @@ int64_t stagesPerDevice(const StrategyFlags &f) {
 /// apart: within one node (the node's link) or across nodes.
 struct Links {
   const ::piper::plan::Machine &m;
-  /// `bytes` sent in `messages` latencies (the simulator's model).
-  double seconds(double bytes, int64_t members, int64_t stride,
-                 double messages = 1) const {
+  double seconds(double bytes, int64_t members, int64_t stride) const {
     bool withinNode =
         m.devicesPerNode > 0 && members * stride <= m.devicesPerNode;
     double bw = withinNode ? m.nodeLinkBytesPerSecond : m.linkBytesPerSecond;
     double latency =
         withinNode ? m.nodeLinkLatencySeconds : m.linkLatencySeconds;
-    return messages * latency + (bw > 0 && std::isfinite(bw) ? bytes / bw : 0);
+    return latency + (bw > 0 && std::isfinite(bw) ? bytes / bw : 0);
   }
-  /// A ring all-reduce of `bytes`: two passes, each member sending
-  /// (n-1)/n of it in each.
+  /// A ring all-reduce of `bytes` (each member sends 2 (n-1)/n of it).
   double allReduce(double bytes, int64_t n, int64_t stride) const {
-    return n > 1 ? seconds(2.0 * double(n - 1) / double(n) * bytes, n, stride,
-                           /*messages=*/2)
+    return n > 1 ? seconds(2.0 * double(n - 1) / double(n) * bytes, n, stride)
                  : 0;
   }
   double allToAll(double bytes, int64_t n, int64_t stride) const {

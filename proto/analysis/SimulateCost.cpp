@@ -67,11 +67,8 @@ double ringCollective(const Machine &m, int n, double bytes, double passes,
                       bool withinNode) {
   if (n <= 1)
     return 0;
-  // Each pass around the ring pays the link's latency once (a message
-  // from each member to the next) and carries (n-1)/n of the bytes: an
-  // all-reduce (a reduce-scatter, then an all-gather) pays it twice.
   auto [seconds, rate] = linkOf(m, withinNode);
-  return passes * seconds + passes * (n - 1) / n * timeFor(bytes, rate);
+  return seconds + passes * (n - 1) / n * timeFor(bytes, rate);
 }
 
 double ringPasses(Instruction::Kind kind) {

@@ -34,8 +34,7 @@ bool withinOneNode(const Machine &m, const std::vector<int> &ranks);
 double pointToPoint(const Machine &m, double bytes, bool withinNode = false);
 
 /// A ring collective over `n` ranks making `passes` passes over `bytes`
-/// (ringPasses), on the node's link when `withinNode`: the link's latency
-/// and (n-1)/n of the bytes per pass; 0 for one rank.
+/// (ringPasses), on the node's link when `withinNode`; 0 for one rank.
 double ringCollective(const Machine &m, int n, double bytes, double passes,
                       bool withinNode = false);
 

@@ -278,14 +278,14 @@ TEST_CASE("an all-reduce starts at the last member's arrival and costs a "
   m.linkBytesPerSecond = 1e9;
   m.linkLatencySeconds = 0.25;
   Simulation sim = run({p0, p1}, m);
-  // The tied all-reduce: starts at 6 (class 1 arrives last), then two
-  // ring passes, each a latency and 3/4 of 1 s: 2 * 0.25 + 2 * 3/4 * 1 s.
+  // The tied all-reduce: starts at 6 (class 1 arrives last), then
+  // 0.25 + 2 * 3/4 * 1 s.
   for (const ClassTime &ct : sim.classes) {
     CHECK(entry(ct, 0, 1).start == Approx(6));
-    CHECK(entry(ct, 0, 1).end == Approx(6 + 0.5 + 1.5));
-    // The class's own: 2 * 0.25 + 2 * 1/2 * 0.4 s.
-    CHECK(entry(ct, 0, 2).end == Approx(8 + 0.5 + 0.4));
-    CHECK(ct.stepTime == Approx(8.9));
+    CHECK(entry(ct, 0, 1).end == Approx(6 + 0.25 + 1.5));
+    // The class's own: 0.25 + 2 * 1/2 * 0.4 s.
+    CHECK(entry(ct, 0, 2).end == Approx(7.75 + 0.25 + 0.4));
+    CHECK(ct.stepTime == Approx(8.4));
   }
   CHECK(entry(sim.classes[0], 0, 1).issue == Approx(2));
   CHECK(sim.classes[0].computeBusy == Approx(2));
@@ -293,20 +293,20 @@ TEST_CASE("an all-reduce starts at the last member's arrival and costs a "
   SECTION("a group inside one node runs on the node's link") {
     // Nodes {0, 1} and {2, 3}: the tied all-reduce crosses them and keeps
     // the link between nodes; each class's own runs inside its node:
-    // 2 * 0.125 + 2 * 1/2 * 0.4e9 / 4e9 s.
+    // 0.125 + 2 * 1/2 * 0.4e9 / 4e9 s.
     Machine nodes = m;
     nodes.devicesPerNode = 2;
     nodes.nodeLinkBytesPerSecond = 4e9;
     nodes.nodeLinkLatencySeconds = 0.125;
     Simulation n = run({p0, p1}, nodes);
     for (const ClassTime &ct : n.classes) {
-      CHECK(entry(ct, 0, 1).end == Approx(6 + 0.5 + 1.5));
-      CHECK(entry(ct, 0, 2).end == Approx(8 + 0.25 + 0.1));
+      CHECK(entry(ct, 0, 1).end == Approx(6 + 0.25 + 1.5));
+      CHECK(entry(ct, 0, 2).end == Approx(7.75 + 0.125 + 0.1));
     }
     // One node of four: the tied one too.
     nodes.devicesPerNode = 4;
     CHECK(entry(run({p0, p1}, nodes).classes[0], 0, 1).end ==
-          Approx(6 + 2 * 0.125 + 2 * 0.75 * 0.25));
+          Approx(6 + 0.125 + 2 * 0.75 * 0.25));
   }
 
   SECTION("a group of one rank costs nothing") {
@@ -334,10 +334,9 @@ TEST_CASE("CLIP_GRADS synchronizes the world, then scales the gradients") {
   Simulation sim = run({p0, p1}, m);
   CHECK(entry(sim.classes[1], 0, 0).issue == Approx(0));
   CHECK(entry(sim.classes[1], 0, 0).start == Approx(4));
-  // The norm's ring: two passes of one float, a latency each.
-  CHECK(sim.classes[0].stepTime == Approx(4.25));
-  CHECK(sim.classes[1].stepTime == Approx(4.25 + 2)); // reads and writes 1 GB
-  CHECK(sim.stepTime == Approx(6.25));
+  CHECK(sim.classes[0].stepTime == Approx(4.125));
+  CHECK(sim.classes[1].stepTime == Approx(4.125 + 2)); // reads and writes 1 GB
+  CHECK(sim.stepTime == Approx(6.125));
   CHECK_FALSE(sim.classes[1].streams[0].compute);
 }
 
