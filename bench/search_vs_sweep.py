@@ -17,7 +17,8 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 # The same arguments, environment (one BLAS thread a rank) and runner.
-from calibrate_cpu import PIPERC, PIPER_PLAN, PIPER_RUN, measure, run, spearman  # noqa: E402
+from calibrate_cpu import (PIPERC, PIPER_PLAN, PIPER_RUN, measure, model,  # noqa: E402
+                           run, spearman)
 
 
 def main():
@@ -25,19 +26,17 @@ def main():
     machine = os.path.join(work, "cpu.json")
     print(run([sys.executable, os.path.join(HERE, "calibrate_cpu.py"), PIPERC,
                PIPER_PLAN, PIPER_RUN, machine]).splitlines()[0])
-    model = os.path.join(work, "m.mlir")
-    run([PIPERC, "model", "llama", "--layers", "4", "--hidden", "256",
-         "--heads", "8", "--kv-heads", "4", "--vocab", "512", "--seq", "256",
-         "--batch", "2", "-o", model])
+    # The model calibrate_cpu.py sweeps.
+    mlir = model(work, "m", 256, 256)
     found = os.path.join(work, "found")
-    table = run([PIPERC, "search", model, "--devices", "2", "--device-memory",
+    table = run([PIPERC, "search", mlir, "--devices", "2", "--device-memory",
                  "4GiB", "--global-batch", "8", "--machine", machine,
                  "--max-compiles", "100000", "--top", "100000", "-o", found])
     print(table.splitlines()[0])
     rows = [l for l in table.splitlines() if l[:1].isdigit()]
     measured, names = [], []
     for i, row in enumerate(rows, 1):
-        _, t = measure(work, model, ["--strategy",
+        _, t = measure(work, mlir, ["--strategy",
                                      os.path.join(found, "%d.json" % i)], 2)
         names.append(" ".join(row[5:73].split()))
         measured.append(t)

@@ -86,7 +86,7 @@ mlir::piper::sortTopologically(Block &block,
   // when its turn comes), so only the rest is sorted; most rewrites keep the
   // block sorted and leave nothing. A program has 10^5 ops, re-sorted after
   // each schedule and replicate directive: the search compiles hundreds of
-  // them (docs/search.md), so no set or map per op here.
+  // them (docs/search.md), so arrays here, not a set or a vector per op.
   SmallVector<Operation *> ops;
   llvm::DenseMap<Operation *, unsigned> position;
   unsigned first = ~0u;

@@ -5,6 +5,7 @@
 
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/IRMapping.h"
+#include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/SetVector.h"
 
 using namespace mlir;
@@ -346,4 +347,14 @@ SmallVector<PieceNode> mlir::piper::splitTaskAtCollectives(
                              b, t, marker, args, deps, bindingOf(marker),
                              pieces.outputValues[j]);
                        });
+}
+
+void mlir::piper::eraseUncalledSegments(
+    ProgramOp program, SymbolTable &symbols,
+    const llvm::MapVector<StringAttr, SegmentPieces> &piecesOf) {
+  llvm::DenseSet<StringAttr> called;
+  program.walk([&](TaskOp t) { called.insert(t.getSegmentAttr().getAttr()); });
+  for (const auto &entry : piecesOf)
+    if (!called.contains(entry.first))
+      symbols.erase(symbols.lookup(entry.first));
 }

@@ -161,13 +161,8 @@ LogicalResult mlir::piper::splitBackwardTasks(ProgramOp program,
     for (OpOperand *use : chained)
       use->set(halves[0].getDone());
   }
-  // A fused segment no task calls any more is dropped (one walk for all:
-  // a walk per segment made an order directive quadratic).
-  llvm::DenseSet<StringAttr> called;
-  program.walk([&](TaskOp t) { called.insert(t.getSegmentAttr().getAttr()); });
-  for (auto &[name, pieces] : piecesOf)
-    if (!called.contains(name))
-      symbols.erase(symbols.lookup(name));
+  // A fused segment no task calls any more is dropped.
+  eraseUncalledSegments(program, symbols, piecesOf);
   return success();
 }
 

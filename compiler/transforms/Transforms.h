@@ -114,6 +114,13 @@ TaskOp createPieceTask(OpBuilder &b, TaskOp t, SegmentOp piece, ValueRange args,
 /// results and token read the pieces'. Returns the new tasks in order.
 SmallVector<TaskOp> splitTask(TaskOp t, const SegmentPieces &pieces);
 
+/// Erases from `symbols` the split segments (the keys of `piecesOf`) that no
+/// task of `program` calls any more: one walk for all of them (a walk per
+/// segment made splitting quadratic in the program under many microbatches).
+void eraseUncalledSegments(
+    ProgramOp program, SymbolTable &symbols,
+    const llvm::MapVector<StringAttr, SegmentPieces> &piecesOf);
+
 /// A node of a split task's chain: a piece's task, or what a piece became
 /// instead (a collective), with the values standing for the piece's
 /// outputs, in order, and its token.

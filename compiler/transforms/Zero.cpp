@@ -297,14 +297,7 @@ LogicalResult mlir::piper::applyZero(ModuleOp module, ProgramOp program,
     }
     // The split segments, unless another group's tasks still call them
     // (DualPipe's other copy, which that copy's replicate splits).
-    // (One walk for all of them: a walk per segment made ZeRO quadratic in
-    // the program under many microbatches.)
-    llvm::DenseSet<StringAttr> stillCalled;
-    program.walk(
-        [&](TaskOp t) { stillCalled.insert(t.getSegmentAttr().getAttr()); });
-    for (auto &entry : piecesOf)
-      if (!stillCalled.contains(entry.first))
-        symbols.erase(symbols.lookup<SegmentOp>(entry.first));
+    eraseUncalledSegments(program, symbols, piecesOf);
   }
 
   // Every update of a sharded parameter waits for its reductions; after
