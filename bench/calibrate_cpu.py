@@ -3,20 +3,26 @@
 against piper-run on it (docs/search.md §5).
 
 Calibration (measurements none of the checked strategies is among):
-- flops_per_second and memory_bytes_per_second: one rank training the model
-  alone at 2 and 8 microbatches; the FLOP rate that makes the simulator's
-  growth from 2 to 8 the measured one, the memory rate that makes the step
-  at 2 the measured one (the optimizer's update is memory-bound; a segment
-  takes the longer of its FLOPs and its bytes);
-- link_bytes_per_second and link_latency_seconds: Gloo between two ranks of
-  this host, from TP 2 runs of two other model widths (the time beyond the
-  compute per all-reduce).
-Then every strategy of a sweep on 2 ranks (one core each) is compiled,
+- flops_per_second: one rank training the model alone at 2 and 8
+  microbatches; the FLOP rate that makes the simulator's growth from 2 to 8
+  the measured one;
+- memory_bytes_per_second: one rank of a wide model on few tokens at 1 and
+  2 microbatches; the memory rate that makes what does not grow with the
+  microbatches (the optimizer's memory-bound update) the measured one;
+- link_latency_seconds: Gloo between the ranks of this host, from TP over
+  every rank on a narrower model (many small all-reduces);
+- link_bytes_per_second: from data parallelism over every rank on a wider,
+  shorter model against the same model on one rank (one large all-reduce);
+- comm_uses_compute: true (Gloo copies and sums on the ranks' cores).
+Then every strategy of a sweep over RANKS ranks (one core each) is compiled,
 simulated with that machine and measured; it prints predicted / measured per
 strategy, the largest error and the Spearman rank correlation, and writes the
 machine file. A benchmark, not a test: timings depend on the host.
 
-Usage: bench/calibrate_cpu.py PIPERC PIPER_PLAN PIPER_RUN [OUT.json]
+Usage: [RANKS=N] bench/calibrate_cpu.py PIPERC PIPER_PLAN PIPER_RUN [OUT.json]
+  RANKS: the ranks of the link fits and the sweep (default 2; 2 or 4). A
+  host with fewer cores than ranks time-shares them, which the machine file
+  cannot describe.
 """
 import json
 import os
@@ -28,7 +34,8 @@ import tempfile
 
 PIPERC, PIPER_PLAN, PIPER_RUN = sys.argv[1:4]
 OUT = sys.argv[4] if len(sys.argv) > 4 else None
-STEPS = 6
+STEPS = 14
+RANKS = int(os.environ.get("RANKS", "2"))
 ENV = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
 
 
@@ -68,11 +75,10 @@ def predict(out, machine):
     return float(m.group(1)) / {"s": 1, "ms": 1e3, "us": 1e6}[m.group(2)]
 
 
-def solve(machine_at, predicted, target):
-    """The rate r (FLOP/s or bytes/s) at which predicted(machine_at(r)) is
-    `target`: the prediction falls as the rate grows (bisection on log r
-    between 1e6 and 1e15)."""
-    lo, hi = 6.0, 15.0
+def solve(machine_at, predicted, target, lo=6.0, hi=15.0):
+    """The rate r (FLOP/s, bytes/s, or 1 / latency) at which
+    predicted(machine_at(r)) is `target`: the prediction falls as the rate
+    grows (bisection on log r between 10^lo and 10^hi)."""
     for _ in range(40):
         mid = (lo + hi) / 2
         if predicted(machine_at(10 ** mid)) > target:
@@ -94,63 +100,92 @@ def spearman(a, b):
     return 1 - 6 * sum((x - y) ** 2 for x, y in zip(ra, rb)) / (n * (n * n - 1))
 
 
+def warn_cores():
+    cores = os.cpu_count() or 1
+    if cores < RANKS:
+        print("warning: %d ranks on %d cores: they time-share the cores, "
+              "which the simulator does not model" % (RANKS, cores))
+
+
 def main():
+    warn_cores()
     work = tempfile.mkdtemp(prefix="piper-calibrate-")
     machine = {"memory_bytes_per_second": 0,
                "link_bytes_per_second": 0, "link_latency_seconds": 0,
-               "share_compute": True}
+               "share_compute": True, "comm_uses_compute": True}
     mlir = model(work, "m", 256, 256)
-    # Compute and memory: one rank alone at 2 and 8 microbatches of the same
-    # size (a batch of 8 sequences). The step grows by the microbatches'
-    # compute (the FLOP rate); what does not grow, the optimizer's update of
-    # every parameter and state, is memory-bound (the memory rate: a
-    # segment takes the longer of its FLOPs and its bytes, docs/simulator.md).
+    # Compute: one rank alone at 2 and 8 microbatches of 8 sequences; the
+    # step grows by the microbatches' compute (the FLOP rate).
     big = model(work, "c", 256, 256, batch=8)
     out2, t2 = measure(work, big, ["--microbatches", "2"], 1, "c2")
     out8, t8 = measure(work, big, ["--microbatches", "8"], 1, "c8")
+    # Memory: what does not grow with the microbatches, the optimizer's
+    # update of every parameter and state, is memory-bound (a segment takes
+    # the longer of its FLOPs and its bytes, docs/simulator.md). It is
+    # measured where it is a large share of the step: one rank of a wide
+    # model on few tokens (hidden 512, one sequence of 32) at 1 and 2
+    # microbatches, 2 t(1) - t(2). (On the models above it is 1 % of the
+    # step, less than the noise of one measurement.)
+    few = model(work, "mem512", 512, 32, batch=1)
+    few1, f1 = measure(work, few, ["--microbatches", "1"], 1, "mem1")
+    few2, f2 = measure(work, few, ["--microbatches", "2"], 1, "mem2")
     machine["flops_per_second"] = 1e12
     for _ in range(3):
         machine["flops_per_second"] = solve(
             lambda f: dict(machine, flops_per_second=f),
             lambda mach: predict(out8, mach) - predict(out2, mach), t8 - t2)
-        free = dict(machine, memory_bytes_per_second=0)
-        if predict(out2, free) < t2:
+        fixed = lambda mach: 2 * predict(few1, mach) - predict(few2, mach)
+        if fixed(dict(machine, memory_bytes_per_second=0)) < 2 * f1 - f2:
             machine["memory_bytes_per_second"] = solve(
-                lambda m: dict(machine, memory_bytes_per_second=m),
-                lambda mach: predict(out2, mach), t2)
-    # Links: TP 2 on two other widths; the time over the compute-only
-    # prediction, per all-reduce of one microbatch's activations, is
-    # latency + bytes / bandwidth (a ring of 2 sends each rank's half and
-    # receives the other's: 2 (n - 1) / n = 1; one latency a collective,
-    # docs/simulator.md).
-    samples = []
-    for hidden in (128, 512):
-        m = model(work, "link%d" % hidden, hidden, 256)
-        out, t = measure(work, m, ["--tp", "2", "--microbatches", "2"], 2)
-        reduces = run([PIPER_PLAN, out]).count(": ALL_REDUCE ")
-        act = 2 * 256 * hidden * 4  # one microbatch's activations, f32
-        samples.append((act, (t - predict(out, machine)) / max(reduces, 1)))
-    (b1, s1), (b2, s2) = samples
-    per_byte = max((s2 - s1) / (b2 - b1), 1e-12)
-    machine["link_bytes_per_second"] = 1 / per_byte
-    machine["link_latency_seconds"] = max(s1 - b1 * per_byte, 0)
+                lambda m: dict(machine, memory_bytes_per_second=m), fixed,
+                2 * f1 - f2)
+    # Links, each fitted with the simulator (alternately: each depends
+    # mostly on its own). Latency: TP over every rank on a narrower model
+    # (hidden 128): small all-reduces on the critical path, two a block
+    # forward and two backward, a microbatch. Bandwidth:
+    # the one all-reduce of every gradient (46 MB) of a wider, shorter model
+    # (hidden 512, sequence 64) at data parallelism over every rank, against
+    # the same model on one rank: what the other ranks add is that
+    # all-reduce and nothing else, so the fit does not rest on the compute
+    # rate at another width.
+    r = str(RANKS)
+    tp = model(work, "tp128", 128, 256)
+    tp_out, t_tp = measure(work, tp, ["--tp", r, "--microbatches", "2"], RANKS,
+                           "tp128")
+    wide = model(work, "dp512", 512, 64)
+    one_out, t_one = measure(work, wide, ["--microbatches", "1"], 1, "one512")
+    dp_out, t_dp = measure(work, wide, ["--dp", r, "--microbatches", "1"],
+                           RANKS, "dp512")
+    machine["link_latency_seconds"] = 0
+    for _ in range(3):
+        machine["link_latency_seconds"] = 1 / solve(
+            lambda r: dict(machine, link_latency_seconds=1 / r),
+            lambda mach: predict(tp_out, mach), t_tp, lo=1.0, hi=9.0)
+        machine["link_bytes_per_second"] = solve(
+            lambda b: dict(machine, link_bytes_per_second=b),
+            lambda mach: predict(dp_out, mach) - predict(one_out, mach),
+            t_dp - t_one)
     print("machine:", json.dumps(machine))
+    # The sweep: every axis over all the ranks (pipelines of RANKS, 4 x
+    # RANKS and 2 x RANKS microbatches).
+    m1, m2, m4 = str(RANKS), str(4 * RANKS), str(2 * RANKS)
     sweep = [
-        ("pp1 dp2", ["--dp", "2", "--microbatches", "1"]),
-        ("pp1 dp2 zero2", ["--dp", "2", "--zero", "2", "--microbatches", "1"]),
-        ("pp2 1f1b mb2", ["--pp", "2", "--microbatches", "2"]),
-        ("pp2 1f1b mb8", ["--pp", "2", "--microbatches", "8"]),
-        ("pp2 gpipe mb4", ["--pp", "2", "--microbatches", "4", "--schedule", "gpipe"]),
-        ("pp2 zb-h1 mb4", ["--pp", "2", "--microbatches", "4", "--schedule", "zb-h1"]),
-        ("tp2", ["--tp", "2", "--microbatches", "2"]),
-        ("tp2 sp", ["--tp", "2", "--sp", "--microbatches", "2"]),
-        ("cp2", ["--cp", "2", "--microbatches", "2"]),
-        ("pp2 recompute", ["--pp", "2", "--microbatches", "4", "--recompute", "full"]),
+        ("pp1 dp" + r, ["--dp", r, "--microbatches", "1"]),
+        ("pp1 dp%s zero2" % r, ["--dp", r, "--zero", "2", "--microbatches", "1"]),
+        ("pp1 dp%s zero3" % r, ["--dp", r, "--zero", "3", "--microbatches", "2"]),
+        ("pp%s 1f1b mb%s" % (r, m1), ["--pp", r, "--microbatches", m1]),
+        ("pp%s 1f1b mb%s" % (r, m2), ["--pp", r, "--microbatches", m2]),
+        ("pp%s gpipe mb%s" % (r, m4), ["--pp", r, "--microbatches", m4, "--schedule", "gpipe"]),
+        ("pp%s zb-h1 mb%s" % (r, m4), ["--pp", r, "--microbatches", m4, "--schedule", "zb-h1"]),
+        ("tp" + r, ["--tp", r, "--microbatches", "2"]),
+        ("tp%s sp" % r, ["--tp", r, "--sp", "--microbatches", "2"]),
+        ("cp" + r, ["--cp", r, "--microbatches", "2"]),
+        ("pp%s recompute" % r, ["--pp", r, "--microbatches", m4, "--recompute", "full"]),
     ]
     predicted, measured = [], []
     print("%-16s %12s %12s %8s" % ("strategy", "predicted s", "measured s", "ratio"))
     for name, flags in sweep:
-        out, t = measure(work, mlir, flags, 2)
+        out, t = measure(work, mlir, flags, RANKS)
         p = predict(out, machine)
         predicted.append(p)
         measured.append(t)

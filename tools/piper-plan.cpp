@@ -171,7 +171,9 @@ static int runPiperPlan(int argc, char **argv) {
       "devices_per_node with node_link_bytes_per_second and "
       "node_link_latency_seconds: the link inside a node; share_compute: "
       "true runs a device's CALLs one at a time across its compute "
-      "streams; bench/h100-cluster.json, bench/h200-cluster.json)");
+      "streams; comm_uses_compute: true makes communication's byte time "
+      "take that engine too (CPU ranks); bench/h100-cluster.json, "
+      "bench/h200-cluster.json)");
   app.add_option("--cost", costs,
                  "with --simulate: KEY=SECONDS, a fixed duration for CALLs of "
                  "pass KEY (segment name suffix: F, B, U) or else for "

@@ -34,17 +34,21 @@ int64_t stagesPerDevice(const StrategyFlags &f) {
 /// apart: within one node (the node's link) or across nodes.
 struct Links {
   const ::piper::plan::Machine &m;
-  double seconds(double bytes, int64_t members, int64_t stride) const {
+  /// `bytes` sent in `messages` latencies (the simulator's model).
+  double seconds(double bytes, int64_t members, int64_t stride,
+                 double messages = 1) const {
     bool withinNode =
         m.devicesPerNode > 0 && members * stride <= m.devicesPerNode;
     double bw = withinNode ? m.nodeLinkBytesPerSecond : m.linkBytesPerSecond;
     double latency =
         withinNode ? m.nodeLinkLatencySeconds : m.linkLatencySeconds;
-    return latency + (bw > 0 && std::isfinite(bw) ? bytes / bw : 0);
+    return messages * latency + (bw > 0 && std::isfinite(bw) ? bytes / bw : 0);
   }
-  /// A ring all-reduce of `bytes` (each member sends 2 (n-1)/n of it).
+  /// A ring all-reduce of `bytes`: two passes, each member sending
+  /// (n-1)/n of it in each.
   double allReduce(double bytes, int64_t n, int64_t stride) const {
-    return n > 1 ? seconds(2.0 * double(n - 1) / double(n) * bytes, n, stride)
+    return n > 1 ? seconds(2.0 * double(n - 1) / double(n) * bytes, n, stride,
+                           /*messages=*/2)
                  : 0;
   }
   double allToAll(double bytes, int64_t n, int64_t stride) const {
@@ -102,7 +106,10 @@ void estimate(Candidate &c, const ModelFacts &m, const SearchOptions &o) {
   double gradBytes =
       4 * (double(m.denseParams) + double(m.expertParams) / double(f.ep)) /
       double(f.pp * f.tp);
-  double dataParallel = 0.5 * (f.zero == 3 ? 1.5 : 1.0) *
+  // Half of it hidden under the backward, unless communication takes the
+  // compute's time too (CPU ranks).
+  double exposed = o.machine.commUsesCompute ? 1.0 : 0.5;
+  double dataParallel = exposed * (f.zero == 3 ? 1.5 : 1.0) *
                         links.allReduce(gradBytes, f.dp, f.cp * f.tp);
   double bubble = bubblePrior(f.schedule) * double(f.pp - 1) / double(v) *
                   (perMicrobatch + perMicrobatchComm);

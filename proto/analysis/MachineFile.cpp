@@ -37,10 +37,12 @@ std::string parseMachine(const std::string &text, const std::string &path,
       machine.devicesPerNode = static_cast<int>(it.value().get<uint64_t>());
       continue;
     }
-    if (it.key() == "share_compute") {
+    if (it.key() == "share_compute" || it.key() == "comm_uses_compute") {
       if (!it.value().is_boolean())
-        return where + "\"share_compute\" must be true or false";
-      machine.shareCompute = it.value().get<bool>();
+        return where + "\"" + it.key() + "\" must be true or false";
+      (it.key() == "share_compute" ? machine.shareCompute
+                                   : machine.commUsesCompute) =
+          it.value().get<bool>();
       continue;
     }
     auto f = fields.find(it.key());
@@ -50,11 +52,15 @@ std::string parseMachine(const std::string &text, const std::string &path,
              "memory_bytes_per_second, link_bytes_per_second, "
              "link_latency_seconds, devices_per_node, "
              "node_link_bytes_per_second, node_link_latency_seconds, "
-             "share_compute)";
+             "share_compute, comm_uses_compute)";
     if (!it.value().is_number() || it.value().get<double>() < 0)
       return where + "\"" + it.key() + "\" must be a non-negative number";
     *f->second = it.value().get<double>();
   }
+  if (machine.commUsesCompute && !machine.shareCompute)
+    return where + "\"comm_uses_compute\" needs \"share_compute\": true "
+                   "(one compute engine a device, which communication then "
+                   "shares)";
   return "";
 }
 

@@ -318,13 +318,27 @@ private:
     return true;
   }
 
-  void tryComplete(Transfer &x) {
+  /// Machine::commUsesCompute: class `c`'s engine also spends `seconds`
+  /// on communication that starts at `start`.
+  void occupyEngine(int c, double start, double seconds) {
+    if (!m.commUsesCompute || !m.shareCompute || seconds <= 0)
+      return;
+    st[c].computeFree = std::max(st[c].computeFree, start) + seconds;
+  }
+
+  void tryComplete(const TransferKey &key, Transfer &x) {
     if (x.done || !x.sendIssued || !x.recvIssued)
       return;
     x.done = true;
     x.start = std::max(x.sendIssue, x.recvIssue);
-    x.end = x.start + (x.hasOverride ? x.override
-                                     : pointToPoint(m, x.bytes, x.withinNode));
+    if (x.hasOverride) {
+      x.end = x.start + x.override;
+      return;
+    }
+    double onWire = 0;
+    x.end = x.start + pointToPoint(m, x.bytes, x.withinNode, &onWire);
+    occupyEngine(std::get<0>(key), x.start, onWire);
+    occupyEngine(std::get<1>(key), x.start, onWire);
   }
 
   void tryComplete(Collective &k) {
@@ -421,7 +435,7 @@ private:
           x.withinNode = withinOneNode(
               m, {plan.ranks(0), plan.groups(inst.peer_group()).ranks(0)});
         cs.registered[s] = 1;
-        tryComplete(x);
+        tryComplete(key, x);
         if (send && !opt.blockingSends) {
           // The stream moves on; the transfer is accounted at the end.
           x.sendEntry = {c, int(cs.timeline.size())};
@@ -522,8 +536,12 @@ private:
     if (!k.done)
       return 0;
     auto [isFixed, d] = k.duration[c];
-    if (!isFixed) // the ring, then the local part
-      d += ringCollective(m, k.ranks, k.commBytes, k.passes, k.withinNode);
+    if (!isFixed) { // the ring, then the local part
+      double onWire = 0;
+      d += ringCollective(m, k.ranks, k.commBytes, k.passes, k.withinNode,
+                          &onWire);
+      occupyEngine(c, k.start, onWire);
+    }
     cs.t[s] = k.arrival[c];
     finish(c, s, inst, k.start, k.start + d, true);
     return 1;

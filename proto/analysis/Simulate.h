@@ -52,6 +52,13 @@ struct Machine {
   /// engine is free (a GPU whose kernels each fill its SMs). False: every
   /// compute stream runs at the full rate beside the others.
   bool shareCompute = false;
+  /// Communication takes the compute engine's time too (with shareCompute):
+  /// the byte time of every collective and transfer (its bytes over the
+  /// link's rate, not the latency) also occupies the engine of each device
+  /// it involves, from when it starts. What CPU ranks do: Gloo copies every
+  /// byte it sends or receives, and sums what it reduces, on the cores the
+  /// kernels run on. False for GPUs (NCCL's copies take few of the SMs).
+  bool commUsesCompute = false;
 };
 
 /// How the simulation runs, beyond the machine.

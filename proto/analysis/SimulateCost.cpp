@@ -58,17 +58,29 @@ bool withinOneNode(const Machine &m, const std::vector<int> &ranks) {
   });
 }
 
-double pointToPoint(const Machine &m, double bytes, bool withinNode) {
+double pointToPoint(const Machine &m, double bytes, bool withinNode,
+                    double *byteSeconds) {
   auto [seconds, rate] = linkOf(m, withinNode);
-  return seconds + timeFor(bytes, rate);
+  double onWire = timeFor(bytes, rate);
+  if (byteSeconds)
+    *byteSeconds = onWire;
+  return seconds + onWire;
 }
 
 double ringCollective(const Machine &m, int n, double bytes, double passes,
-                      bool withinNode) {
+                      bool withinNode, double *byteSeconds) {
+  if (byteSeconds)
+    *byteSeconds = 0;
   if (n <= 1)
     return 0;
+  // Each pass around the ring pays the link's latency once (a message
+  // from each member to the next) and carries (n-1)/n of the bytes: an
+  // all-reduce (a reduce-scatter, then an all-gather) pays it twice.
   auto [seconds, rate] = linkOf(m, withinNode);
-  return seconds + passes * (n - 1) / n * timeFor(bytes, rate);
+  double onWire = passes * (n - 1) / n * timeFor(bytes, rate);
+  if (byteSeconds)
+    *byteSeconds = onWire;
+  return passes * seconds + onWire;
 }
 
 double ringPasses(Instruction::Kind kind) {

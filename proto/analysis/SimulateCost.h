@@ -30,13 +30,17 @@ double callTime(const Machine &m, const Segment &segment);
 bool withinOneNode(const Machine &m, const std::vector<int> &ranks);
 
 /// A SEND/RECV transfer of `bytes`: latency, then the link's rate (the
-/// node's link when `withinNode`).
-double pointToPoint(const Machine &m, double bytes, bool withinNode = false);
+/// node's link when `withinNode`). `byteSeconds`, when given, receives the
+/// second part alone (what Machine::commUsesCompute charges the engines).
+double pointToPoint(const Machine &m, double bytes, bool withinNode = false,
+                    double *byteSeconds = nullptr);
 
 /// A ring collective over `n` ranks making `passes` passes over `bytes`
-/// (ringPasses), on the node's link when `withinNode`; 0 for one rank.
+/// (ringPasses), on the node's link when `withinNode`: the link's latency
+/// and (n-1)/n of the bytes per pass; 0 for one rank. `byteSeconds`, when
+/// given, receives the time of the bytes alone.
 double ringCollective(const Machine &m, int n, double bytes, double passes,
-                      bool withinNode = false);
+                      bool withinNode = false, double *byteSeconds = nullptr);
 
 /// Ring passes of a collective of `kind`: 2 for an all-reduce and
 /// CLIP_GRADS's norm (reduce-scatter then all-gather), 1 for a

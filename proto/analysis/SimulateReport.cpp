@@ -50,6 +50,7 @@ std::string simulationReport(const Simulation &sim, bool timeline) {
                  " within one"
            : std::string()) +
       (sim.machine.shareCompute ? ", one compute engine per device" : "") +
+      (sim.machine.commUsesCompute ? ", which communication uses too" : "") +
       "\n";
   char buf[256];
   for (const ClassTime &ct : sim.classes) {

@@ -278,14 +278,14 @@ TEST_CASE("an all-reduce starts at the last member's arrival and costs a "
   m.linkBytesPerSecond = 1e9;
   m.linkLatencySeconds = 0.25;
   Simulation sim = run({p0, p1}, m);
-  // The tied all-reduce: starts at 6 (class 1 arrives last), then
-  // 0.25 + 2 * 3/4 * 1 s.
+  // The tied all-reduce: starts at 6 (class 1 arrives last), then two
+  // ring passes, each a latency and 3/4 of 1 s: 2 * 0.25 + 2 * 3/4 * 1 s.
   for (const ClassTime &ct : sim.classes) {
     CHECK(entry(ct, 0, 1).start == Approx(6));
-    CHECK(entry(ct, 0, 1).end == Approx(6 + 0.25 + 1.5));
-    // The class's own: 0.25 + 2 * 1/2 * 0.4 s.
-    CHECK(entry(ct, 0, 2).end == Approx(7.75 + 0.25 + 0.4));
-    CHECK(ct.stepTime == Approx(8.4));
+    CHECK(entry(ct, 0, 1).end == Approx(6 + 0.5 + 1.5));
+    // The class's own: 2 * 0.25 + 2 * 1/2 * 0.4 s.
+    CHECK(entry(ct, 0, 2).end == Approx(8 + 0.5 + 0.4));
+    CHECK(ct.stepTime == Approx(8.9));
   }
   CHECK(entry(sim.classes[0], 0, 1).issue == Approx(2));
   CHECK(sim.classes[0].computeBusy == Approx(2));
@@ -293,20 +293,20 @@ TEST_CASE("an all-reduce starts at the last member's arrival and costs a "
   SECTION("a group inside one node runs on the node's link") {
     // Nodes {0, 1} and {2, 3}: the tied all-reduce crosses them and keeps
     // the link between nodes; each class's own runs inside its node:
-    // 0.125 + 2 * 1/2 * 0.4e9 / 4e9 s.
+    // 2 * 0.125 + 2 * 1/2 * 0.4e9 / 4e9 s.
     Machine nodes = m;
     nodes.devicesPerNode = 2;
     nodes.nodeLinkBytesPerSecond = 4e9;
     nodes.nodeLinkLatencySeconds = 0.125;
     Simulation n = run({p0, p1}, nodes);
     for (const ClassTime &ct : n.classes) {
-      CHECK(entry(ct, 0, 1).end == Approx(6 + 0.25 + 1.5));
-      CHECK(entry(ct, 0, 2).end == Approx(7.75 + 0.125 + 0.1));
+      CHECK(entry(ct, 0, 1).end == Approx(6 + 0.5 + 1.5));
+      CHECK(entry(ct, 0, 2).end == Approx(8 + 0.25 + 0.1));
     }
     // One node of four: the tied one too.
     nodes.devicesPerNode = 4;
     CHECK(entry(run({p0, p1}, nodes).classes[0], 0, 1).end ==
-          Approx(6 + 0.125 + 2 * 0.75 * 0.25));
+          Approx(6 + 2 * 0.125 + 2 * 0.75 * 0.25));
   }
 
   SECTION("a group of one rank costs nothing") {
@@ -334,9 +334,10 @@ TEST_CASE("CLIP_GRADS synchronizes the world, then scales the gradients") {
   Simulation sim = run({p0, p1}, m);
   CHECK(entry(sim.classes[1], 0, 0).issue == Approx(0));
   CHECK(entry(sim.classes[1], 0, 0).start == Approx(4));
-  CHECK(sim.classes[0].stepTime == Approx(4.125));
-  CHECK(sim.classes[1].stepTime == Approx(4.125 + 2)); // reads and writes 1 GB
-  CHECK(sim.stepTime == Approx(6.125));
+  // The norm's ring: two passes of one float, a latency each.
+  CHECK(sim.classes[0].stepTime == Approx(4.25));
+  CHECK(sim.classes[1].stepTime == Approx(4.25 + 2)); // reads and writes 1 GB
+  CHECK(sim.stepTime == Approx(6.25));
   CHECK_FALSE(sim.classes[1].streams[0].compute);
 }
 
@@ -400,6 +401,58 @@ TEST_CASE("with one compute engine per device, a device's CALLs run one at "
   call(b, 0, addSegment(b, "y_F", 1e12, 0), "y");
   Simulation two = run({a, b}, m);
   CHECK(two.stepTime == Approx(1));
+}
+
+TEST_CASE("when communication uses the compute engine, a collective's and "
+          "a transfer's byte time delay the CALLs of their devices; their "
+          "latency does not") {
+  // Two devices (classes 0 and 1), each reducing a 1e9-byte gradient over
+  // both on stream "ar" while stream "work" runs two 2 s CALLs; then class
+  // 0 sends 1e9 bytes to class 1, which computes 2 s more after it.
+  Plan p0 = newPlan(0, {0}, 2), p1 = newPlan(1, {1}, 2);
+  for (Plan *p : {&p0, &p1}) {
+    addParam(*p, "g", 250'000'000);
+    addGroup(*p, {0, 1});
+    Instruction *ar = add(*p, 0, Instruction::ALL_REDUCE, "all-reduce");
+    ar->set_group(0);
+    ar->add_params(0);
+    int work = addSegment(*p, "w_B", 2e12, 0);
+    call(*p, 1, work, "first");
+    call(*p, 1, work, "second");
+  }
+  int peer0 = addGroup(p0, {1}), peer1 = addGroup(p1, {0});
+  transfer(p0, 1, true, peer0, 3, addBuffer(p0, 250'000'000), "send");
+  transfer(p1, 1, false, peer1, 3, addBuffer(p1, 250'000'000), "recv");
+  call(p1, 1, addSegment(p1, "after_B", 2e12, 0), "after");
+  Machine m;
+  m.flopsPerSecond = 1e12;
+  m.linkBytesPerSecond = 1e9;
+  m.linkLatencySeconds = 0.25;
+  m.shareCompute = true;
+  // The all-reduce: two latencies and two passes of half the bytes, [0,
+  // 1.5]. Its byte time is 1 s, the transfer's 1 s, and their latencies
+  // 0.5 s and 0.25 s.
+  Simulation apart = run({p0, p1}, m);
+  CHECK(entry(apart.classes[0], 0, 0).end == Approx(1.5));
+  // The send at 4: [4, 5.25]; "after" at 5.25.
+  CHECK(apart.classes[0].stepTime == Approx(5.25));
+  CHECK(apart.classes[1].stepTime == Approx(7.25));
+  m.commUsesCompute = true;
+  Simulation shared = run({p0, p1}, m);
+  // Each engine also spends the all-reduce's 1 s: the two CALLs end at 5,
+  // not 4; the transfer then takes both engines 1 s: class 1's last CALL
+  // starts at 6.25 (the transfer's end) and ends at 8.25; the collective
+  // itself is not slowed.
+  CHECK(entry(shared.classes[0], 0, 0).end == Approx(1.5));
+  CHECK(entry(shared.classes[0], 1, 1).end == Approx(5));
+  CHECK(entry(shared.classes[1], 1, 1).end == Approx(5));
+  CHECK(entry(shared.classes[1], 1, 3).start == Approx(6.25));
+  CHECK(shared.classes[1].stepTime == Approx(8.25));
+  // Latency alone takes nothing from the engines.
+  m.linkBytesPerSecond = 0;
+  Simulation latency = run({p0, p1}, m);
+  CHECK(entry(latency.classes[0], 1, 1).end == Approx(4));
+  CHECK(latency.classes[1].stepTime == Approx(4.25 + 2));
 }
 
 TEST_CASE("overrides fix durations by pass, then by the longest label "
