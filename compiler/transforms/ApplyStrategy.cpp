@@ -204,3 +204,37 @@ mlir::piper::createApplyDirectivePass(Directive directive,
                                       std::optional<int64_t> worldSize) {
   return std::make_unique<ApplyDirectivePass>(std::move(directive), worldSize);
 }
+
+namespace {
+/// A strategy's order directives (the directive pipeline's), applied in
+/// one pass: their edges, then one sort (applyOrders).
+struct ApplyOrderDirectivesPass
+    : PassWrapper<ApplyOrderDirectivesPass, OperationPass<ModuleOp>> {
+  MLIR_DEFINE_EXPLICIT_INTERNAL_INLINE_TYPE_ID(ApplyOrderDirectivesPass)
+  explicit ApplyOrderDirectivesPass(std::vector<Directive> directives)
+      : directives(std::move(directives)) {}
+  // The directive phase's pass, as the one-directive passes are.
+  StringRef getArgument() const override { return "piper-apply-directive"; }
+  StringRef getName() const override { return "PiperApplyDirective(order)"; }
+  void runOnOperation() override {
+    ModuleOp module = getOperation();
+    SmallVector<const Directive *> ds;
+    for (const Directive &d : directives) {
+      if (llvm::Error err = verifyDirective(d)) {
+        module.emitError(llvm::toString(std::move(err)));
+        return signalPassFailure();
+      }
+      ds.push_back(&d);
+    }
+    FailureOr<ProgramOp> program = getProgram(module);
+    if (failed(program) || failed(applyOrders(*program, ds)))
+      signalPassFailure();
+  }
+  std::vector<Directive> directives;
+};
+} // namespace
+
+std::unique_ptr<Pass>
+mlir::piper::createApplyOrderDirectivesPass(std::vector<Directive> directives) {
+  return std::make_unique<ApplyOrderDirectivesPass>(std::move(directives));
+}

@@ -87,35 +87,45 @@ mlir::piper::sortTopologically(Block &block,
   // block sorted and leave nothing. A program has 10^5 ops, re-sorted after
   // each schedule and replicate directive: the search compiles hundreds of
   // them (docs/search.md), so arrays here, not a set or a vector per op.
-  SmallVector<Operation *> ops;
-  llvm::DenseMap<Operation *, unsigned> position;
-  unsigned first = ~0u;
+  // Whether a producer comes first is the block's own order (one
+  // renumbering, then a comparison); only the ops from `first` on are
+  // numbered here.
   auto producerIn = [&](Value v) -> Operation * {
     Operation *def = v.getDefiningOp();
     return def && def->getBlock() == &block ? def : nullptr;
   };
+  SmallVector<Operation *> ops;
+  unsigned first = ~0u;
   for (Operation &op : block) {
     if (first == ~0u)
       for (Value v : op.getOperands())
-        if (Operation *def = producerIn(v); def && !position.contains(def)) {
+        if (Operation *def = producerIn(v);
+            def && (def == &op || !def->isBeforeInBlock(&op))) {
           first = ops.size();
           break;
         }
-    position[&op] = ops.size();
     ops.push_back(&op);
   }
   if (first == ~0u)
     return success();
-  // The ops from `first` on, numbered from 0: each one's producers among
-  // them (without repeats) and users, as arrays.
+  // The ops from `first` on, numbered from 0 (a producer missing from
+  // `position` comes before them): each one's producers among them
+  // (without repeats) and users, as arrays.
   const unsigned n = ops.size() - first;
+  llvm::DenseMap<Operation *, unsigned> position;
+  position.reserve(n);
+  for (unsigned i = 0; i < n; ++i)
+    position[ops[first + i]] = first + i;
   std::vector<unsigned> indegree(n, 0), lastUser(n, ~0u), userStart(n + 1, 0);
   std::vector<std::pair<unsigned, unsigned>> edges;
   for (unsigned i = 0; i < n; ++i)
     for (Value v : ops[first + i]->getOperands())
       if (Operation *def = producerIn(v)) {
-        unsigned p = position.lookup(def);
-        if (p < first || lastUser[p - first] == i)
+        auto at = position.find(def);
+        if (at == position.end())
+          continue; // before `first`
+        unsigned p = at->second;
+        if (lastUser[p - first] == i)
           continue;
         lastUser[p - first] = i;
         edges.push_back({p - first, i});
@@ -128,21 +138,31 @@ mlir::piper::sortTopologically(Block &block,
       fill(userStart.begin(), userStart.end() - 1);
   for (auto [p, u] : edges)
     users[fill[p]++] = u;
-  // Always the ready op that comes first today.
+  // Always the ready op that comes first today. A cursor walks the ops in
+  // their order; an op that becomes ready behind it (its producers came
+  // after it) waits in a heap, and every op there comes before the cursor,
+  // so the heap goes first. Only ops out of order pass through the heap.
   std::priority_queue<unsigned, std::vector<unsigned>, std::greater<unsigned>>
-      ready;
-  for (unsigned i = 0; i < n; ++i)
-    if (indegree[i] == 0)
-      ready.push(i);
+      late;
   std::vector<unsigned> sorted;
   sorted.reserve(n);
-  while (!ready.empty()) {
-    unsigned i = ready.top();
-    ready.pop();
+  unsigned cursor = 0;
+  while (true) {
+    unsigned i;
+    if (!late.empty()) {
+      i = late.top();
+      late.pop();
+    } else {
+      while (cursor < n && indegree[cursor] != 0)
+        ++cursor;
+      if (cursor == n)
+        break;
+      i = cursor++;
+    }
     sorted.push_back(i);
     for (unsigned k = userStart[i]; k < userStart[i + 1]; ++k)
-      if (--indegree[users[k]] == 0)
-        ready.push(users[k]);
+      if (--indegree[users[k]] == 0 && users[k] < cursor)
+        late.push(users[k]);
   }
   if (sorted.size() != n) {
     if (cycle) {
@@ -151,8 +171,8 @@ mlir::piper::sortTopologically(Block &block,
       for (unsigned i : sorted)
         done[i] = true;
       auto unsorted = [&](Operation *op) {
-        unsigned p = position.lookup(op);
-        return p >= first && !done[p - first];
+        auto at = position.find(op);
+        return at != position.end() && !done[at->second - first];
       };
       Operation *cur = nullptr;
       for (unsigned i = 0; i < n && !cur; ++i)

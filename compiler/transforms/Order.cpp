@@ -144,7 +144,17 @@ static LogicalResult splitRequestedBackwards(ProgramOp program,
   return splitBackwardTasks(program, tasks);
 }
 
-LogicalResult mlir::piper::applyOrder(ProgramOp program, const Directive &d) {
+namespace {
+/// The token dependencies one order directive appended: per task, the
+/// values added at the end of its deps.
+using AddedDeps = SmallVector<std::pair<TaskOp, SmallVector<Value>>>;
+} // namespace
+
+/// An order directive's tasks and token edges (each group's tasks wait for
+/// the previous group's), without the sort that puts the program in their
+/// order; the edges added go to `added`.
+static LogicalResult addOrderEdges(ProgramOp program, const Directive &d,
+                                   AddedDeps &added) {
   if (failed(splitRequestedBackwards(program, d)))
     return failure();
   SmallVector<SmallVector<TaskOp>> groups;
@@ -192,23 +202,70 @@ LogicalResult mlir::piper::applyOrder(ProgramOp program, const Directive &d) {
   for (size_t g = 0; g + 1 < groups.size(); ++g)
     for (TaskOp next : groups[g + 1]) {
       llvm::SetVector<Value> deps(next.getDeps().begin(), next.getDeps().end());
+      size_t before = deps.size();
       for (TaskOp prev : groups[g])
         if (prev != next)
           deps.insert(prev.getDone());
+      if (deps.size() == before)
+        continue;
+      added.push_back(
+          {next, SmallVector<Value>(deps.getArrayRef().drop_front(before))});
       next.getDepsMutable().assign(deps.getArrayRef());
     }
-  SmallVector<Operation *> cycle;
-  if (failed(sortTopologically(program.getBody().front(), &cycle))) {
-    std::string path;
-    for (Operation *op : cycle)
-      path += describeNode(op) + " -> ";
-    if (!cycle.empty())
-      path += describeNode(cycle.front());
-    return program.emitOpError(d.describe())
-           << ": the order contradicts the dataflow and creates a cycle: "
-           << path;
-  }
   return success();
+}
+
+/// Sorts the program after order directive `d`'s edges, or says which cycle
+/// they close.
+static LogicalResult sortAfterOrder(ProgramOp program, const Directive &d) {
+  SmallVector<Operation *> cycle;
+  if (succeeded(sortTopologically(program.getBody().front(), &cycle)))
+    return success();
+  std::string path;
+  for (Operation *op : cycle)
+    path += describeNode(op) + " -> ";
+  if (!cycle.empty())
+    path += describeNode(cycle.front());
+  return program.emitOpError(d.describe())
+         << ": the order contradicts the dataflow and creates a cycle: "
+         << path;
+}
+
+LogicalResult mlir::piper::applyOrder(ProgramOp program, const Directive &d) {
+  return applyOrders(program, {&d});
+}
+
+LogicalResult mlir::piper::applyOrders(ProgramOp program,
+                                       ArrayRef<const Directive *> ds) {
+  // Every directive's edges, then one sort: a sort visits the whole
+  // program, and a schedule has an order directive per device group
+  // (docs/compiler.md, many stages).
+  std::vector<AddedDeps> added(ds.size());
+  for (size_t i = 0; i < ds.size(); ++i)
+    if (failed(addOrderEdges(program, *ds[i], added[i])))
+      return failure();
+  if (succeeded(sortTopologically(program.getBody().front())))
+    return success();
+  // A cycle: the first directive that closes one, as if each were sorted
+  // after its own edges. Take every directive's edges out, then put them
+  // back one directive at a time.
+  for (size_t i = ds.size(); i-- > 0;)
+    for (auto &[task, values] : llvm::reverse(added[i])) {
+      SmallVector<Value> deps(task.getDeps());
+      deps.truncate(deps.size() - values.size());
+      task.getDepsMutable().assign(deps);
+    }
+  for (size_t i = 0; i < ds.size(); ++i) {
+    for (auto &[task, values] : added[i]) {
+      SmallVector<Value> deps(task.getDeps());
+      deps.append(values.begin(), values.end());
+      task.getDepsMutable().assign(deps);
+    }
+    if (failed(sortAfterOrder(program, *ds[i])))
+      return failure();
+  }
+  return program.emitOpError("order directives: the program cannot be "
+                             "sorted, though each directive's order can");
 }
 
 namespace {

@@ -136,7 +136,14 @@ void mlir::piper::addDirectivesPipeline(OpPassManager &pm,
       replicated = true;
     }
   pm.addPass(createPiperTieParams(PiperTieParamsOptions{tieBucketMb}));
-  addAll(Directive::Order);
+  // The order directives in one pass: one sort of the program after them
+  // all, not one each.
+  std::vector<Directive> orders;
+  for (const Directive &d : strategy.directives)
+    if (d.kind() == Directive::Order)
+      orders.push_back(d);
+  if (!orders.empty())
+    pm.addPass(createApplyOrderDirectivesPass(std::move(orders)));
   addAll(Directive::Schedule);
   pm.addPass(createPiperBoundZeroCollectives());
 }

@@ -19,7 +19,14 @@ namespace mlir::piper {
 
 /// The phases of `piperc compile`, in pipeline order; `--compile-to PHASE`
 /// stops after one (Plan runs them all, then lowers to plans).
-enum class CompilePhase { Stage, TrainingDag, Directives, Devices, Streams, Plan };
+enum class CompilePhase {
+  Stage,
+  TrainingDag,
+  Directives,
+  Devices,
+  Streams,
+  Plan
+};
 
 /// "stage", "training-dag", "directives", "devices", "streams", "plan".
 StringRef stringifyCompilePhase(CompilePhase phase);
@@ -41,6 +48,12 @@ std::unique_ptr<Pass>
 createApplyDirectivePass(Directive directive,
                          std::optional<int64_t> worldSize = std::nullopt);
 
+/// One pass applying order directives `directives` (parsed, in their
+/// order) with one sort of the program after all of them (applyOrders);
+/// the directive pipeline's.
+std::unique_ptr<Pass>
+createApplyOrderDirectivesPass(std::vector<Directive> directives);
+
 /// Registers every piper pass and pipeline (the one entry point shared by
 /// piper-opt and piperc).
 void registerPiperCompilerPasses();
@@ -49,7 +62,8 @@ void registerPiperCompilerPasses();
 /// stage and autodiff. One piper-apply-directive per directive, in phase
 /// order: split (an implicit one microbatch when the strategy has none),
 /// place, then piper-finalize-placement, shard, replicate, then
-/// piper-tie-params, order, schedule, then piper-bound-zero-collectives.
+/// piper-tie-params, the order directives (one pass for all of them),
+/// schedule, then piper-bound-zero-collectives.
 /// A strategy with two stage or two split directives gets a pipeline that
 /// fails with a message naming the second one.
 void addDirectivesPipeline(OpPassManager &pm, const Strategy &strategy);

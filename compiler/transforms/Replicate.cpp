@@ -25,14 +25,14 @@ using namespace mlir::piper;
 
 /// One `piper.all_reduce grads` per bucket of `params` (gradient-ready
 /// order) after the stage's last backward, over the directive's devices (each
-/// rank with its subgroup of it, when `subgroups` is set); every update of one
-/// of them waits for the reductions, whether or not the directive's filter
-/// matched it.
+/// rank with its subgroup of it, when `subgroups` is set) on `stream` (the
+/// directive's reduce stream); every update of one of them waits for the
+/// reductions, whether or not the directive's filter matched it.
 static void allReduceGradients(ProgramOp program, const Directive &d,
                                SegmentParams &segmentParams,
                                ArrayRef<StringAttr> params,
                                ArrayRef<TaskOp> backward, TagAttr stageTag,
-                               ArrayAttr subgroups) {
+                               ArrayAttr subgroups, StreamAttr stream) {
   const auto &o = d.get<ReplicateOptions>();
   SmallVector<Value> deps;
   for (TaskOp t : backward)
@@ -41,7 +41,6 @@ static void allReduceGradients(ProgramOp program, const Directive &d,
   OpBuilder b(last);
   b.setInsertionPointAfter(last);
   auto group = DeviceGroupAttr::get(b.getContext(), o.devices);
-  StreamAttr stream = commStream(program, o.reduceStream);
   SmallVector<Value> reduced;
   for (auto &bucket :
        bucketParams(segmentParams.getSymbols(), params, o.bucketMb)) {
@@ -274,6 +273,14 @@ LogicalResult mlir::piper::applyReplicate(ModuleOp module, ProgramOp program,
   });
   if (!stageTag)
     stageTag = TagAttr::get(attrs.getContext());
+  // Whether the reduce stream is a compute stream: one walk, when first
+  // needed (the reductions inserted below are not tasks: the answer stays).
+  StreamAttr reduceStreamAttr;
+  auto reduceStream = [&] {
+    if (!reduceStreamAttr)
+      reduceStreamAttr = commStream(program, o.reduceStream);
+    return reduceStreamAttr;
+  };
   // Sequence parallelism: a parameter read on each member's rows (a norm
   // weight, a row bias) has a partial gradient on every rank, summed over
   // the whole group at once: the tensor-parallel members and the data
@@ -289,7 +296,7 @@ LogicalResult mlir::piper::applyReplicate(ModuleOp module, ProgramOp program,
           program, d, segmentParams, backward, ArrayAttr(), partial,
           [&](const llvm::SetVector<StringAttr> &ps, ArrayRef<TaskOp> after) {
             allReduceGradients(program, d, segmentParams, ps.getArrayRef(),
-                               after, stageTag, ArrayAttr());
+                               after, stageTag, ArrayAttr(), reduceStream());
             return success();
           })))
     return failure();
@@ -317,9 +324,10 @@ LogicalResult mlir::piper::applyReplicate(ModuleOp module, ProgramOp program,
   if (!experts.empty() && replicas / members >= 2)
     allReduceGradients(
         program, d, segmentParams, experts, backward, stageTag,
-        ArrayAttr::get(attrs.getContext(),
-                       deviceGroupAttrs(attrs.getContext(), o.devices, layout,
-                                        Axis::edp)));
+        ArrayAttr::get(
+            attrs.getContext(),
+            deviceGroupAttrs(attrs.getContext(), o.devices, layout, Axis::edp)),
+        reduceStream());
   if (replicas == 1 || params.empty())
     return success();
   // Member t of each tensor-parallel group sums with member t of the
@@ -337,7 +345,7 @@ LogicalResult mlir::piper::applyReplicate(ModuleOp module, ProgramOp program,
               return applyZero(module, program, d, ps, after, stageTag,
                                sameMember);
             allReduceGradients(program, d, segmentParams, ps.getArrayRef(),
-                               after, stageTag, sameMember);
+                               after, stageTag, sameMember, reduceStream());
             return success();
           })))
     return failure();

@@ -284,6 +284,10 @@ LogicalResult applyReplicate(ModuleOp module, ProgramOp program,
                              const Directive &d,
                              std::optional<int64_t> worldSize);
 LogicalResult applyOrder(ProgramOp program, const Directive &d);
+/// Order directives `ds` (verified) one after the other, with one sort of
+/// the program after all of them; a cycle is reported for the first
+/// directive that closes one, as applying them one at a time would.
+LogicalResult applyOrders(ProgramOp program, ArrayRef<const Directive *> ds);
 
 /// Applies one directive to the program, after the one verifier of
 /// directives (verifyDirective) has checked it: every directive pass and
