@@ -21,10 +21,12 @@ namespace piper::plan {
 ///   memoryBytesPerSecond)
 ///               (a roofline over the segment's recorded cost)
 ///   SEND/RECV   linkLatencySeconds + bytes / linkBytesPerSecond
-///   ALL_REDUCE  over n ranks: linkLatencySeconds
-///               + 2 (n - 1) / n * bytes / linkBytesPerSecond (ring); 0 if n =
-///               1
-///   CLIP_GRADS  the same for one float over the world, then
+///   ALL_REDUCE  over n ranks: 2 linkLatencySeconds
+///               + 2 (n - 1) / n * bytes / linkBytesPerSecond (a ring, two
+///               passes of a latency each); 0 if n = 1
+///   REDUCE_SCATTER, ALL_GATHER, ALL_TO_ALL   one pass: linkLatencySeconds
+///               + (n - 1) / n * bytes / linkBytesPerSecond
+///   CLIP_GRADS  the all-reduce of one float over the world, then
 ///               2 * gradient bytes / memoryBytesPerSecond (norm and scaling)
 ///   LOAD_BATCH, RECORD, WAIT   0
 /// A rate of 0 (or infinity) makes that resource free.
