@@ -142,12 +142,12 @@ def main():
     # Links, each fitted with the simulator (alternately: each depends
     # mostly on its own). Latency: TP over every rank on a narrower model
     # (hidden 128): small all-reduces on the critical path, two a block
-    # forward and two backward, a microbatch. Bandwidth:
-    # the one all-reduce of every gradient (46 MB) of a wider, shorter model
-    # (hidden 512, sequence 64) at data parallelism over every rank, against
-    # the same model on one rank: what the other ranks add is that
-    # all-reduce and nothing else, so the fit does not rest on the compute
-    # rate at another width.
+    # forward and two backward, a microbatch. Bandwidth: the one all-reduce
+    # of every gradient (46 MB) of a wider, shorter model (hidden 512,
+    # sequence 64) at data parallelism over every rank, against the same
+    # model on one rank: what the other ranks add is that all-reduce and
+    # nothing else, so the fit does not rest on the compute rate at another
+    # width.
     r = str(RANKS)
     tp = model(work, "tp128", 128, 256)
     tp_out, t_tp = measure(work, tp, ["--tp", r, "--microbatches", "2"], RANKS,
@@ -159,7 +159,7 @@ def main():
     machine["link_latency_seconds"] = 0
     for _ in range(3):
         machine["link_latency_seconds"] = 1 / solve(
-            lambda r: dict(machine, link_latency_seconds=1 / r),
+            lambda x: dict(machine, link_latency_seconds=1 / x),
             lambda mach: predict(tp_out, mach), t_tp, lo=1.0, hi=9.0)
         machine["link_bytes_per_second"] = solve(
             lambda b: dict(machine, link_bytes_per_second=b),
@@ -168,19 +168,19 @@ def main():
     print("machine:", json.dumps(machine))
     # The sweep: every axis over all the ranks (pipelines of RANKS, 4 x
     # RANKS and 2 x RANKS microbatches).
-    m1, m2, m4 = str(RANKS), str(4 * RANKS), str(2 * RANKS)
+    mb1x, mb2x, mb4x = str(RANKS), str(2 * RANKS), str(4 * RANKS)
     sweep = [
         ("pp1 dp" + r, ["--dp", r, "--microbatches", "1"]),
         ("pp1 dp%s zero2" % r, ["--dp", r, "--zero", "2", "--microbatches", "1"]),
         ("pp1 dp%s zero3" % r, ["--dp", r, "--zero", "3", "--microbatches", "2"]),
-        ("pp%s 1f1b mb%s" % (r, m1), ["--pp", r, "--microbatches", m1]),
-        ("pp%s 1f1b mb%s" % (r, m2), ["--pp", r, "--microbatches", m2]),
-        ("pp%s gpipe mb%s" % (r, m4), ["--pp", r, "--microbatches", m4, "--schedule", "gpipe"]),
-        ("pp%s zb-h1 mb%s" % (r, m4), ["--pp", r, "--microbatches", m4, "--schedule", "zb-h1"]),
+        ("pp%s 1f1b mb%s" % (r, mb1x), ["--pp", r, "--microbatches", mb1x]),
+        ("pp%s 1f1b mb%s" % (r, mb4x), ["--pp", r, "--microbatches", mb4x]),
+        ("pp%s gpipe mb%s" % (r, mb2x), ["--pp", r, "--microbatches", mb2x, "--schedule", "gpipe"]),
+        ("pp%s zb-h1 mb%s" % (r, mb2x), ["--pp", r, "--microbatches", mb2x, "--schedule", "zb-h1"]),
         ("tp" + r, ["--tp", r, "--microbatches", "2"]),
         ("tp%s sp" % r, ["--tp", r, "--sp", "--microbatches", "2"]),
         ("cp" + r, ["--cp", r, "--microbatches", "2"]),
-        ("pp%s recompute" % r, ["--pp", r, "--microbatches", m4, "--recompute", "full"]),
+        ("pp%s recompute" % r, ["--pp", r, "--microbatches", mb2x, "--recompute", "full"]),
     ]
     predicted, measured = [], []
     print("%-16s %12s %12s %8s" % ("strategy", "predicted s", "measured s", "ratio"))
