@@ -87,8 +87,7 @@ public:
   /// it destroys it. Operations of an unbound stream run on a stream of the
   /// communicator and complete on the host. Communicators of host memory
   /// (Gloo) ignore both.
-  virtual void bindDeviceStream(const std::string &stream,
-                                void *deviceStream) {
+  virtual void bindDeviceStream(const std::string &stream, void *deviceStream) {
     (void)stream;
     (void)deviceStream;
   }
@@ -134,6 +133,17 @@ public:
   /// In-place sum over all ranks, synchronous, on a dedicated control
   /// connection (used for step metrics such as the loss). Thread-safe.
   virtual Status allReduceSumWorld(double *data, size_t count) = 0;
+  /// allReduceSumWorld of `count` doubles in device memory, ordered after
+  /// the work queued so far on logical stream `stream` and before what it
+  /// queues next (the clipped step's gradient norm: no host wait on a GPU).
+  /// Communicators of host memory sum at once, as allReduceSumWorld, which
+  /// is the default; NCCL queues the sum on the device stream bound to
+  /// `stream`. Every rank calls it once per clipped step.
+  virtual Status allReduceSumWorldOn(const std::string &stream, double *data,
+                                     size_t count) {
+    (void)stream;
+    return allReduceSumWorld(data, count);
+  }
 
   // Blocking conveniences over the asynchronous operations.
 

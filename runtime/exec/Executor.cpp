@@ -169,10 +169,19 @@ Status ExecutorImpl::init(uint64_t seed) {
         device->createEvent(events.back())
             .withContext("creating event " + std::to_string(e)));
   }
-  if (numParams > 0)
+  // A plan that clips keeps the norm and the clip factor on the device
+  // (Gradients.cpp), also on a rank without parameters, which still takes
+  // part in the world's sum.
+  if (numParams > 0 || clips) {
     PIPER_RETURN_IF_ERROR(device->createSquareSums(numParams, squares)
                               .withContext("creating the gradient norm's "
                                            "sums of squares"));
+    std::vector<double> weights(numParams);
+    for (int p = 0; p < numParams; ++p)
+      weights[p] = shareWeight(p);
+    PIPER_RETURN_IF_ERROR(squares->setWeights(weights).withContext(
+        "setting the gradient norm's weights"));
+  }
   if (bf16 && plan.streams_size() > 1) {
     bf16Ready.resize(plan.params_size());
     for (int p = 0; p < plan.params_size(); ++p)

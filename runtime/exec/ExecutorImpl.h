@@ -272,7 +272,9 @@ public:
   Status allGatherParams(int s, const plan::Instruction &inst, StepState &st);
   /// Elements of the largest member range among the instruction's params.
   int64_t zeroRangeStaging(const plan::Instruction &inst) const;
-  Status clipGrads();
+  /// CLIP_GRADS on stream `s`: the norm and the clip factor computed and
+  /// applied on the device, with no host read (hal::SquareSums).
+  Status clipGrads(int s);
   /// Zeroes the gradients no plan kernel clears (before steps 2, 3, ...).
   Status clearGradients();
   /// This rank's share of the squared gradient norm when the plan does not
@@ -294,8 +296,8 @@ public:
   /// ...": the one message of a diverged run.
   static std::string divergedMessage(const char *what, int64_t step,
                                      double value);
-  /// A diverged error (Status::diverged) when the step's world loss, or the
-  /// gradient norm of a plan that does not clip, is not finite.
+  /// A diverged error (Status::diverged) when the step's world loss or
+  /// gradient norm is not finite.
   Status checkDivergence(int64_t step, double loss) const;
 
   int peerOf(const plan::Instruction &inst) const {

@@ -131,42 +131,48 @@ std::string ExecutorImpl::divergedMessage(const char *what, int64_t step,
 }
 
 Status ExecutorImpl::checkDivergence(int64_t step, double loss) const {
-  if (!clips && plan.params_size() > 0 && !std::isfinite(lastGradNorm))
+  if ((clips || plan.params_size() > 0) && !std::isfinite(lastGradNorm))
     return Status::diverged(
-        divergedMessage("gradient norm", step, lastGradNorm));
+        divergedMessage("gradient norm", step, lastGradNorm) +
+        (clips ? "; CLIP_GRADS measured it, and the step's update was "
+                 "skipped"
+               : ""));
   if (!std::isfinite(loss))
     return Status::diverged(divergedMessage("loss", step, loss));
   return Status::ok();
 }
 
-Status ExecutorImpl::clipGrads() {
+Status ExecutorImpl::clipGrads(int s) {
   // Each class holds data-parallel-reduced gradients, identical across its
   // replicas: the world sum of squares counts every gradient num_replicas
-  // times.
-  // One measurement of every gradient and one read (gpu-review C.12),
-  // summed in parameter order as before.
-  double local = 0;
-  if (plan.params_size() > 0)
-    PIPER_RETURN_IF_ERROR(measureGradSquares(/*skipUpdated=*/false));
-  for (int p = 0; p < plan.params_size(); ++p)
-    local += gradSquares[p] * shareWeight(p);
-  double total = local;
+  // times. Everything stays on the device, queued on this stream: every
+  // gradient measured, the slots weighed into this rank's share (in
+  // parameter order, in double), the share summed over the ranks in place,
+  // the norm and the clip factor computed, the gradients scaled by it. A
+  // non-finite norm makes the factor NaN: nothing is scaled, the update
+  // skips (KernelContext::clipFactor), and the host, reading the norm once
+  // after the step, stops the run (checkDivergence).
+  if (plan.params_size() > 0) {
+    std::vector<hal::SquaresSpan> spans;
+    spans.reserve(plan.params_size());
+    for (int p = 0; p < plan.params_size(); ++p)
+      spans.push_back(gradSpan(p));
+    PIPER_RETURN_IF_ERROR(
+        squares->measure(spans).withContext("measuring the gradient norm"));
+  }
+  PIPER_RETURN_IF_ERROR(
+      squares->weigh().withContext("weighing the gradient norm"));
   if (comm)
-    PIPER_RETURN_IF_ERROR(comm->allReduceSumWorld(&total, 1).withContext(
-        "summing the squared gradient norm over ranks"));
-  int replicas = std::max(1, plan.training().num_replicas());
-  double norm = std::sqrt(total / replicas);
-  lastGradNorm = norm;
-  double maxNorm = plan.training().clip_grad_norm();
-  if (!std::isfinite(norm))
-    return Status::diverged(divergedMessage(
-        "gradient norm", posStep.load(std::memory_order_relaxed), norm));
-  if (maxNorm <= 0 || norm <= maxNorm)
-    return Status::ok();
-  float scale = static_cast<float>(maxNorm / (norm + 1e-6));
+    PIPER_RETURN_IF_ERROR(
+        comm->allReduceSumWorldOn(plan.streams(s).name(), squares->total(), 1)
+            .withContext("summing the squared gradient norm over ranks"));
+  PIPER_RETURN_IF_ERROR(squares
+                            ->clip(std::max(1, plan.training().num_replicas()),
+                                   plan.training().clip_grad_norm())
+                            .withContext("the gradient norm's clip factor"));
   for (int p = 0; p < plan.params_size(); ++p)
     PIPER_RETURN_IF_ERROR(
-        device->scale(gradOf(p), scale, gradElements(p))
+        device->scaleBy(gradOf(p), squares->factor(), gradElements(p))
             .withContext("clipping the gradient of parameter '" +
                          plan.params(p).name() + "'"));
   return Status::ok();

@@ -106,7 +106,7 @@ Status ExecutorImpl::execute(int s, int i, StepState &st,
     PIPER_RETURN_IF_ERROR(allGatherParams(s, inst, st));
     break;
   case Instruction::CLIP_GRADS:
-    PIPER_RETURN_IF_ERROR(clipGrads());
+    PIPER_RETURN_IF_ERROR(clipGrads(s));
     break;
   case Instruction::RECORD:
     // Events are timelines valued by step: no reset between steps.
@@ -132,9 +132,8 @@ Status ExecutorImpl::execute(int s, int i, StepState &st,
                     &targets = bufferViews[inst.outputs(1)];
     // The members of a tensor-parallel group read the same data, and the
     // members of a context-parallel group parts of the same sequences.
-    int64_t global =
-        plan::batchReplica(plan, replica) * t.num_microbatches() +
-        inst.microbatch();
+    int64_t global = plan::batchReplica(plan, replica) * t.num_microbatches() +
+                     inst.microbatch();
     // Staged in host memory, then copied to the device.
     std::vector<int32_t> hostTokens(static_cast<size_t>(tokens->bytes / 4)),
         hostTargets(static_cast<size_t>(targets->bytes / 4));
@@ -142,11 +141,10 @@ Status ExecutorImpl::execute(int s, int i, StepState &st,
         *data, st.step, global, t.microbatch_size(), t.seq_len(),
         plan::contextParallel(plan), plan::contextMember(plan, replica),
         hostTokens.data(), hostTargets.data()));
-    PIPER_RETURN_IF_ERROR(
-        memory
-            ->copyFromHost(tokens->data, hostTokens.data(),
-                           static_cast<size_t>(tokens->bytes))
-            .withContext("copying the tokens to the device"));
+    PIPER_RETURN_IF_ERROR(memory
+                              ->copyFromHost(tokens->data, hostTokens.data(),
+                                             static_cast<size_t>(tokens->bytes))
+                              .withContext("copying the tokens to the device"));
     PIPER_RETURN_IF_ERROR(
         memory
             ->copyFromHost(targets->data, hostTargets.data(),

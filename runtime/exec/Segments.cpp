@@ -211,6 +211,7 @@ Status ExecutorImpl::call(int s, const Instruction &inst, StepState &st,
   ctx.lrScale = scheduleScale(plan.training(), st.step);
   ctx.tensorMember = plan::tensorMember(plan, replica);
   ctx.contextMember = plan::contextMember(plan, replica);
+  ctx.clipFactor = clips ? squares->factor() : nullptr;
   auto dataOf = [&](const Operand &op) -> void * {
     return op.kind() == Operand::VALUE ? values[op.index()]
                                        : stateOf(op.index(), op.kind())->data;

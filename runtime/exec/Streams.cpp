@@ -194,9 +194,19 @@ Status ExecutorImpl::runStep(int64_t step, double &loss) {
   }
   loss = sums[0];
   finishGradNorm(sums[1]);
-  // Divergence stops the run whatever the clipping: a plan that clips stops
-  // at CLIP_GRADS, before its update; one that does not stops here, after
-  // the step and before anything is written from it (a checkpoint, --save).
+  if (clips) {
+    // CLIP_GRADS left the world's norm on the device: one read, after the
+    // streams' end-of-step synchronization.
+    Status read = squares->readNorm(lastGradNorm);
+    if (!read) {
+      broken = true;
+      return read.withContext(who + ": reading the gradient norm of step " +
+                              std::to_string(step));
+    }
+  }
+  // Divergence stops the run whatever the clipping, here, after the step
+  // and before anything is written from it (a checkpoint, --save); a plan
+  // that clips has skipped its update (the clip factor is NaN).
   // Every rank sees the same world sums, so every rank stops.
   Status finite = checkDivergence(step, loss);
   if (!finite) {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <mutex>
 #include <string>
@@ -17,6 +18,7 @@
 #include "runtime/exec/Validate.h"
 #include "runtime/exec/test_plans.h"
 #include "runtime/hal/cpu/CpuDevice.h"
+#include "runtime/hal/gpu/host/EmulatedDevice.h"
 
 using namespace piper;
 using namespace piper::runtime;
@@ -89,7 +91,7 @@ TEST_CASE("executor: the gradient norm is reported without clipping",
 }
 
 TEST_CASE("executor: a non-finite gradient norm is a divergence, named with "
-          "its step",
+          "its step, and the diverged step updates nothing",
           "[executor]") {
   TinyModel m;
   // A learning rate that throws the weights to ~1e30: the logits overflow
@@ -103,21 +105,44 @@ TEST_CASE("executor: a non-finite gradient norm is a divergence, named with "
   insts->Mutable(insts->size() - 1)->set_kind(Instruction::CLIP_GRADS);
   *insts->Add() = update;
   REQUIRE(validatePlan(clip));
-  ExecutorOptions opts;
-  Status status;
-  auto exec = Executor::create(clip, opts, status);
-  REQUIRE(exec);
-  Status st;
-  int64_t step = 1;
-  for (double loss = 0; step <= 5; ++step)
-    if (!(st = exec->runStep(step, loss)))
-      break;
-  REQUIRE_FALSE(st);
-  INFO(st.message());
-  CHECK(st.isDiverged());
-  CHECK(st.message().find("CLIP_GRADS") != std::string::npos);
-  CHECK(st.message().find("non-finite gradient norm at step " +
-                          std::to_string(step) + " (") != std::string::npos);
+  // The CPU, and the GPU kernel layer on the host: the norm, the clip
+  // factor and the skipped update all stay on the device.
+  for (bool emulated : {false, true}) {
+    INFO((emulated ? "cuda-emulation" : "cpu"));
+    ExecutorOptions opts;
+    if (emulated)
+      opts.createDevice = [](Communicator *comm) {
+        return hal::createEmulatedGpuDevice(comm);
+      };
+    Status status;
+    auto exec = Executor::create(clip, opts, status);
+    REQUIRE(exec);
+    auto params = [&] {
+      std::vector<std::vector<float>> all(clip.params_size());
+      for (int p = 0; p < clip.params_size(); ++p)
+        REQUIRE(exec->stateToHost(p, Operand::PARAM, all[p]));
+      return all;
+    };
+    Status st;
+    int64_t step = 1;
+    std::vector<std::vector<float>> before;
+    for (double loss = 0; step <= 5; ++step) {
+      before = params();
+      if (!(st = exec->runStep(step, loss)))
+        break;
+    }
+    REQUIRE_FALSE(st);
+    INFO(st.message());
+    CHECK(step > 1);
+    CHECK(st.isDiverged());
+    CHECK(st.message().find("CLIP_GRADS") != std::string::npos);
+    CHECK(st.message().find("non-finite gradient norm at step " +
+                            std::to_string(step) + " (") != std::string::npos);
+    CHECK_FALSE(std::isfinite(exec->lastGradNorm()));
+    // The clip factor was NaN: the update left every weight (bit for bit)
+    // as the step before left it.
+    CHECK(params() == before);
+  }
 }
 
 TEST_CASE("executor: gradients without an optimizer are the last step's",
@@ -203,8 +228,8 @@ public:
                           std::unique_ptr<hal::SquareSums> &sums) override {
     return cpu->createSquareSums(slots, sums);
   }
-  Status scale(float *x, float s, int64_t n) override {
-    return cpu->scale(x, s, n);
+  Status scaleBy(float *x, const float *factor, int64_t n) override {
+    return cpu->scaleBy(x, factor, n);
   }
   Status add(float *dst, const float *src, int64_t n) override {
     return cpu->add(dst, src, n);

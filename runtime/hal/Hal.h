@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -125,7 +126,47 @@ public:
   /// Slots measured on other streams must be complete by then (their
   /// streams synchronized, or ordered before by an event).
   virtual Status read(double *out, int count) = 0;
+
+  // The clipped step's norm, kept on the device: no host read in the middle
+  // of a step (issue 41). CLIP_GRADS measures every slot, weigh()s them into
+  // the rank's share of the world's sum of squares, has the communicator
+  // sum total() over the ranks in place (Communicator::
+  // allReduceSumWorldOn), and clip() turns the sum into the norm and the
+  // clip factor, which the gradients' scaling (Device::scaleBy) and the
+  // update (KernelContext::clipFactor) read where they are. The host reads
+  // the norm once, after the step (readNorm).
+
+  /// The weight of each slot in weigh(), copied to the device once; an
+  /// error unless there is one per slot.
+  virtual Status setWeights(const std::vector<double> &weights) = 0;
+  /// Queues on the calling stream: *total() = the sum over the slots of
+  /// weight[i] * slot[i], added in slot order in double (as the host loop
+  /// `for i: t += slot[i] * weight[i]` adds them).
+  virtual Status weigh() = 0;
+  /// One double in device memory: weigh()'s result, summed over the ranks
+  /// in place by the caller before clip().
+  virtual double *total() = 0;
+  /// Queues on the calling stream: norm = sqrt(*total() / replicas) and the
+  /// clip factor, float(maxNorm / (norm + 1e-6)) where maxNorm > 0 and
+  /// norm > maxNorm, 1 where not, and NaN where the norm is not finite (a
+  /// diverged step: scaleBy and the update then leave everything as it is).
+  virtual Status clip(double replicas, double maxNorm) = 0;
+  /// The factor clip() writes: one float in device memory.
+  virtual const float *factor() const = 0;
+  /// clip()'s norm, copied to the host after the calling stream's work
+  /// (the end of the step: one device-to-host copy).
+  virtual Status readNorm(double &norm) = 0;
 };
+
+/// The clip factor of SquareSums::clip for the world's `norm` and the
+/// plan's `maxNorm` (0: no clipping): NaN where the norm is not finite.
+inline float clipFactorOf(double norm, double maxNorm) {
+  if (!(norm - norm == 0.0))
+    return std::numeric_limits<float>::quiet_NaN();
+  if (maxNorm <= 0 || norm <= maxNorm)
+    return 1.0f;
+  return static_cast<float>(maxNorm / (norm + 1e-6));
+}
 
 /// An error unless every span's slot is one of `slots` and `read` asks for
 /// at most `slots` (for the SquareSums implementations).
@@ -139,6 +180,15 @@ inline Status checkSquaresSlots(const std::vector<SquaresSpan> &spans, int read,
     return Status::error("sum of squares: cannot read " + std::to_string(read) +
                          " of " + std::to_string(slots) + " slots");
   return Status::ok();
+}
+
+/// An error unless there are as many weights as slots (SquareSums::
+/// setWeights, and weigh() before it).
+inline Status checkSquaresWeights(size_t weights, int slots) {
+  if (weights == static_cast<size_t>(slots))
+    return Status::ok();
+  return Status::error("sum of squares: " + std::to_string(weights) +
+                       " weights for " + std::to_string(slots) + " slots");
 }
 
 /// How a device runs attention (piper-run --attention; docs/gpu.md): on
@@ -206,8 +256,9 @@ public:
   /// `slots` slots of sums of squares, for the global gradient norm.
   virtual Status createSquareSums(int slots,
                                   std::unique_ptr<SquareSums> &sums) = 0;
-  /// x[i] *= scale (gradient clipping).
-  virtual Status scale(float *x, float scale, int64_t n) = 0;
+  /// x[i] *= *factor (device memory: SquareSums::factor) where the factor
+  /// is finite and not 1, else nothing (gradient clipping).
+  virtual Status scaleBy(float *x, const float *factor, int64_t n) = 0;
   /// dst[i] += src[i] (a ZeRO shard's gradient accumulation).
   virtual Status add(float *dst, const float *src, int64_t n) = 0;
   /// Mixed precision: float -> packed bf16 (round to nearest even), packed

@@ -33,9 +33,9 @@ public:
     waited = true;
     status = inner->wait();
     if (status.isOk() && deviceOutput && outputBytes > 0)
-      status = memory.copyFromHost(deviceOutput, buffers->output.data(),
-                                   outputBytes)
-                   .withContext("copying the result to the device");
+      status =
+          memory.copyFromHost(deviceOutput, buffers->output.data(), outputBytes)
+              .withContext("copying the result to the device");
     return status;
   }
 
@@ -140,6 +140,22 @@ CommWorkPtr StagingCommunicator::irecv(const std::string &stream, void *data,
                                       std::move(inner), data, bytes);
 }
 
+Status StagingCommunicator::allReduceSumWorldOn(const std::string &stream,
+                                                double *data, size_t count) {
+  const std::string op = "sum over all ranks on stream '" + stream + "'";
+  if (count == 0 || !onDevice(data))
+    return host->allReduceSumWorld(data, count);
+  if (CommWorkPtr error = notAttached(op))
+    return error->wait();
+  std::vector<double> staged(count);
+  size_t bytes = count * sizeof(double);
+  PIPER_RETURN_IF_ERROR(memory->copyToHost(staged.data(), data, bytes)
+                            .withContext(op + ": staging"));
+  PIPER_RETURN_IF_ERROR(host->allReduceSumWorld(staged.data(), count));
+  return memory->copyFromHost(data, staged.data(), bytes)
+      .withContext(op + ": unstaging");
+}
+
 CommWorkPtr StagingCommunicator::allReduce(const CommKey &key, void *data,
                                            size_t count, CommDType type) {
   PIPER_STAGING_PROLOGUE("all-reduce over '" + key.str() + "'")
@@ -149,8 +165,7 @@ CommWorkPtr StagingCommunicator::allReduce(const CommKey &key, void *data,
   const void *staged = nullptr;
   if (CommWorkPtr error = stageInput(op, data, bytes, buffers->output, staged))
     return error;
-  CommWorkPtr inner =
-      host->allReduce(key, buffers->output.data(), count, type);
+  CommWorkPtr inner = host->allReduce(key, buffers->output.data(), count, type);
   return std::make_shared<StagedWork>(*memory, std::move(buffers),
                                       std::move(inner), data, bytes);
 }
@@ -162,10 +177,10 @@ CommWorkPtr StagingCommunicator::reduceScatter(
   size_t elem = commDTypeSize(type);
   int position = positionOf(key, rank());
   size_t inBytes = sum(counts) * elem;
-  size_t outBytes = position >= 0 && static_cast<size_t>(position) <
-                                         counts.size()
-                        ? counts[position] * elem
-                        : 0;
+  size_t outBytes =
+      position >= 0 && static_cast<size_t>(position) < counts.size()
+          ? counts[position] * elem
+          : 0;
   const void *in = nullptr;
   if (CommWorkPtr error = stageInput(op, input, inBytes, buffers->input, in))
     return error;

@@ -61,6 +61,9 @@ public:
   Status allReduceSumWorld(double *data, size_t count) override {
     return host->allReduceSumWorld(data, count);
   }
+  /// Device data: copied to the host, summed there, copied back.
+  Status allReduceSumWorldOn(const std::string &stream, double *data,
+                             size_t count) override;
 
 private:
   /// An error work when no device memory is attached, else null.
@@ -69,9 +72,8 @@ private:
   /// Points `in` at `data`, or, for device memory, copies its `bytes` into
   /// `staged` and points `in` there; an error work of `op` when that copy
   /// fails, else null.
-  CommWorkPtr stageInput(const std::string &op, const void *data,
-                         size_t bytes, std::vector<char> &staged,
-                         const void *&in) const;
+  CommWorkPtr stageInput(const std::string &op, const void *data, size_t bytes,
+                         std::vector<char> &staged, const void *&in) const;
 
   std::unique_ptr<Communicator> host;
   Allocator *memory = nullptr;

@@ -51,6 +51,10 @@ struct KernelContext {
   /// (plan::contextMember): which two chunks of every sequence it holds,
   /// and whose key/value shard a ring attention step reads.
   int64_t contextMember = 0;
+  /// The clip factor CLIP_GRADS left in device memory (hal::SquareSums::
+  /// factor), or null: `adamw` leaves its parameter and moments as they are
+  /// where it is not finite (a diverged step updates nothing).
+  const float *clipFactor = nullptr;
 };
 
 /// Every attribute name a kernel reads, as a compile-time id: kernels read

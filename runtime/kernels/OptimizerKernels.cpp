@@ -121,6 +121,8 @@ Status checkAdamw(const KernelArgs &a, AdamwConstants &c) {
 Status adamwKernel(const KernelArgs &a) {
   AdamwConstants c;
   PIPER_RETURN_IF_ERROR(checkAdamw(a, c));
+  if (a.ctx.clipFactor && !std::isfinite(*a.ctx.clipFactor))
+    return Status::ok(); // a diverged step: nothing is updated
   const TensorRef &grad = a.inputs[0], &param = a.outputs[0], &m = a.outputs[1],
                   &v = a.outputs[2];
   const float *g = grad.f32();

@@ -708,5 +708,35 @@ TEST_CASE("adamw defaults follow the spec", "[kernels][state]") {
   CHECK(outs[2].f[1] == Approx(0.05 * 4.0));
 }
 
+TEST_CASE("adamw updates nothing where the clip factor is not finite",
+          "[kernels][state]") {
+  // CLIP_GRADS' factor (KernelContext::clipFactor) is NaN after a
+  // non-finite norm: the diverged step leaves parameters and moments as
+  // they are. A finite factor (the gradients were already scaled by it)
+  // changes nothing in the update itself.
+  for (float factor : {std::numeric_limits<float>::quiet_NaN(),
+                       std::numeric_limits<float>::infinity(), 0.5f}) {
+    INFO("factor " << factor);
+    std::vector<Tensor> ins = {Tensor::f32({3}, {0.3f, -2.0f, 0.0f})};
+    std::vector<Tensor> outs = {Tensor::f32({3}, {1, 1, 1}),
+                                Tensor::f32({3}, {0.1f, 0.2f, 0.3f}),
+                                Tensor::f32({3}, {0.4f, 0.5f, 0.6f})};
+    std::vector<Tensor> plain = outs;
+    KernelContext ctx, none;
+    ctx.clipFactor = &factor;
+    REQUIRE(run(K("adamw").f("lr", 0.01), ins, outs, ctx).isOk());
+    REQUIRE(run(K("adamw").f("lr", 0.01), ins, plain, none).isOk());
+    if (std::isfinite(factor)) {
+      for (size_t o = 0; o < outs.size(); ++o)
+        CHECK(outs[o].f == plain[o].f);
+    } else {
+      CHECK(outs[0].f == std::vector<float>{1, 1, 1});
+      CHECK(outs[1].f == std::vector<float>{0.1f, 0.2f, 0.3f});
+      CHECK(outs[2].f == std::vector<float>{0.4f, 0.5f, 0.6f});
+      CHECK(plain[0].f != outs[0].f);
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------
 // Error paths: every bad input is a Status, never a crash.

@@ -2,6 +2,7 @@
 #include "runtime/hal/cpu/CpuDevice.h"
 
 #include <algorithm>
+#include <cmath>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
@@ -172,10 +173,37 @@ public:
     std::copy(slots.begin(), slots.begin() + count, out);
     return Status::ok();
   }
+  Status setWeights(const std::vector<double> &w) override {
+    PIPER_RETURN_IF_ERROR(checkSquaresWeights(w.size(), size()));
+    weights = w;
+    return Status::ok();
+  }
+  Status weigh() override {
+    if (weights.size() != slots.size())
+      return checkSquaresWeights(weights.size(), size());
+    double t = 0;
+    for (size_t i = 0; i < slots.size(); ++i)
+      t += slots[i] * weights[i];
+    sum = t;
+    return Status::ok();
+  }
+  double *total() override { return &sum; }
+  Status clip(double replicas, double maxNorm) override {
+    norm = std::sqrt(sum / replicas);
+    clipFactor = clipFactorOf(norm, maxNorm);
+    return Status::ok();
+  }
+  const float *factor() const override { return &clipFactor; }
+  Status readNorm(double &out) override {
+    out = norm;
+    return Status::ok();
+  }
 
 private:
   int size() const { return static_cast<int>(slots.size()); }
-  std::vector<double> slots;
+  std::vector<double> slots, weights;
+  double sum = 0, norm = 0;
+  float clipFactor = 1;
 };
 
 /// One persistent worker thread running its queue in order.
@@ -230,8 +258,9 @@ public:
     sums = std::make_unique<CpuSquareSums>(slots);
     return Status::ok();
   }
-  Status scale(float *x, float s, int64_t n) override {
-    scaleFloats(x, s, n);
+  Status scaleBy(float *x, const float *factor, int64_t n) override {
+    if (float s = *factor; std::isfinite(s) && s != 1.0f)
+      scaleFloats(x, s, n);
     return Status::ok();
   }
   Status add(float *dst, const float *src, int64_t n) override {

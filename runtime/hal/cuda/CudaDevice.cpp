@@ -355,8 +355,8 @@ public:
   }
   Status createSquareSums(int slots,
                           std::unique_ptr<SquareSums> &sums) override;
-  Status scale(float *x, float s, int64_t n) override {
-    PIPER_RETURN_IF_ERROR(gpu::launchScale(context(), x, s, n));
+  Status scaleBy(float *x, const float *factor, int64_t n) override {
+    PIPER_RETURN_IF_ERROR(gpu::launchScaleBy(context(), x, factor, n));
     return finishIfHost();
   }
   Status add(float *dst, const float *src, int64_t n) override {
@@ -413,12 +413,17 @@ private:
 };
 
 /// The slots in device memory (one cudaMalloc outside the arena, like the
-/// streams' scratch); measuring queues the GPU kernel layer's sums on the
-/// calling stream, reading is one device-to-host copy.
+/// streams' scratch: the slots, their weights, the total and the norm as
+/// doubles, then the clip factor); measuring queues the GPU kernel layer's
+/// sums on the calling stream, reading is one device-to-host copy.
 class CudaSquareSums final : public SquareSums {
 public:
   CudaSquareSums(CudaDevice &device, double *slots, int count)
-      : device(device), slots(slots), count(count) {}
+      : device(device), slots(slots), count(count), weights(slots + count),
+        sum(weights + count), norm(sum + 1),
+        clipFactor(reinterpret_cast<float *>(norm + 1)) {}
+  /// Doubles of the block for `count` slots (the factor takes the last).
+  static size_t blockDoubles(int count) { return 2 * size_t(count) + 3; }
   ~CudaSquareSums() override { cudaFree(slots); }
   Status measure(const std::vector<SquaresSpan> &spans) override {
     PIPER_RETURN_IF_ERROR(checkSquaresSlots(spans, 0, count));
@@ -432,11 +437,37 @@ public:
     return gpu::copyToHostSync(device.context(), out, slots,
                                sizeof(double) * size_t(n));
   }
+  Status setWeights(const std::vector<double> &w) override {
+    PIPER_RETURN_IF_ERROR(checkSquaresWeights(w.size(), count));
+    if (!w.empty())
+      PIPER_RETURN_IF_ERROR(device.allocator().copyFromHost(
+          weights, w.data(), sizeof(double) * w.size()));
+    weighted = true;
+    return Status::ok();
+  }
+  Status weigh() override {
+    if (!weighted)
+      return Status::error("sum of squares: weigh() before setWeights()");
+    return gpu::launchWeighSquares(device.context(), slots, weights, count,
+                                   sum);
+  }
+  double *total() override { return sum; }
+  Status clip(double replicas, double maxNorm) override {
+    return gpu::launchClipFactor(device.context(), sum, replicas, maxNorm, norm,
+                                 clipFactor);
+  }
+  const float *factor() const override { return clipFactor; }
+  Status readNorm(double &out) override {
+    return gpu::copyToHostSync(device.context(), &out, norm, sizeof(double));
+  }
 
 private:
   CudaDevice &device;
   double *slots;
   int count;
+  double *weights, *sum, *norm;
+  float *clipFactor;
+  bool weighted = false;
 };
 
 Status CudaDevice::createSquareSums(int slots,
@@ -444,7 +475,7 @@ Status CudaDevice::createSquareSums(int slots,
   PIPER_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal));
   void *block = nullptr;
   PIPER_CUDA_RETURN_IF_ERROR(
-      cudaMalloc(&block, sizeof(double) * size_t(std::max(1, slots))));
+      cudaMalloc(&block, sizeof(double) * CudaSquareSums::blockDoubles(slots)));
   sums = std::make_unique<CudaSquareSums>(*this, static_cast<double *>(block),
                                           slots);
   return Status::ok();

@@ -40,9 +40,8 @@ CommWorkPtr NcclCommunicator::allReduce(const CommKey &key, void *data,
   size_t bytes = count * commDTypeSize(type);
   return launch(*g, op, issue, [&](Staging &staging) -> Status {
     PIPER_RETURN_IF_ERROR(staging.inOut(data, bytes));
-    return PIPER_NCCL_CHECK(lib.ncclAllReduce(data, data, count,
-                                              ncclType(type), ncclSum, g->comm,
-                                              issue.stream));
+    return PIPER_NCCL_CHECK(lib.ncclAllReduce(data, data, count, ncclType(type),
+                                              ncclSum, g->comm, issue.stream));
   });
 }
 
@@ -76,11 +75,11 @@ CommWorkPtr NcclCommunicator::sliced(bool scatter, const CommKey &key,
     PIPER_RETURN_IF_ERROR(staging.in(input, (scatter ? all : mine) * elem));
     PIPER_RETURN_IF_ERROR(staging.out(output, (scatter ? mine : all) * elem));
     if (allEqual(counts))
-      return scatter ? PIPER_NCCL_CHECK(lib.ncclReduceScatter(
-                           input, output, mine, t, ncclSum, g->comm,
-                           issue.stream))
-                     : PIPER_NCCL_CHECK(lib.ncclAllGather(
-                           input, output, mine, t, g->comm, issue.stream));
+      return scatter
+                 ? PIPER_NCCL_CHECK(lib.ncclReduceScatter(
+                       input, output, mine, t, ncclSum, g->comm, issue.stream))
+                 : PIPER_NCCL_CHECK(lib.ncclAllGather(input, output, mine, t,
+                                                      g->comm, issue.stream));
     // Unequal slices: one operation per member, rooted at it: the reduce
     // of its slice of the input (recvbuff is only written on the root), or
     // the broadcast of its slice of the output.
@@ -89,14 +88,12 @@ CommWorkPtr NcclCommunicator::sliced(bool scatter, const CommKey &key,
       if (scatter) {
         const char *slice = static_cast<const char *>(input) + offset * elem;
         void *recv = root ? output : const_cast<char *>(slice);
-        return PIPER_NCCL_CHECK(lib.ncclReduce(slice, recv, counts[i], t,
-                                               ncclSum, i, g->comm,
-                                               issue.stream));
+        return PIPER_NCCL_CHECK(lib.ncclReduce(
+            slice, recv, counts[i], t, ncclSum, i, g->comm, issue.stream));
       }
       char *slice = static_cast<char *>(output) + offset * elem;
-      return PIPER_NCCL_CHECK(lib.ncclBroadcast(root ? input : slice, slice,
-                                                counts[i], t, i, g->comm,
-                                                issue.stream));
+      return PIPER_NCCL_CHECK(lib.ncclBroadcast(
+          root ? input : slice, slice, counts[i], t, i, g->comm, issue.stream));
     });
   });
 }
@@ -127,9 +124,9 @@ CommWorkPtr NcclCommunicator::allToAll(const CommKey &key, const void *input,
       recvOffset[i] = recvOffset[i - 1] + recvCounts[i - 1];
     }
     if (sendCounts[me] != recvCounts[me])
-      return Status::error(fmt::format(
-          "this rank sends itself {} elements but expects {}", sendCounts[me],
-          recvCounts[me]));
+      return Status::error(
+          fmt::format("this rank sends itself {} elements but expects {}",
+                      sendCounts[me], recvCounts[me]));
     if (sendCounts[me] > 0)
       PIPER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
           static_cast<char *>(output) + recvOffset[me] * elem,
@@ -147,8 +144,8 @@ CommWorkPtr NcclCommunicator::allToAll(const CommKey &key, const void *input,
               sendCounts[i], ncclType(type), i, g->comm, issue.stream)));
         if (recvCounts[i] > 0)
           PIPER_RETURN_IF_ERROR(PIPER_NCCL_CHECK(lib.ncclRecv(
-              static_cast<char *>(output) + recvOffset[i] * elem,
-              recvCounts[i], ncclType(type), i, g->comm, issue.stream)));
+              static_cast<char *>(output) + recvOffset[i] * elem, recvCounts[i],
+              ncclType(type), i, g->comm, issue.stream)));
       }
       return Status::ok();
     });
@@ -168,9 +165,29 @@ Status NcclCommunicator::allReduceSumWorld(double *data, size_t count) {
   CommWorkPtr work = launch(world, op, issue, [&](Staging &staging) -> Status {
     void *buffer = data;
     PIPER_RETURN_IF_ERROR(staging.inOut(buffer, count * sizeof(double)));
-    return PIPER_NCCL_CHECK(lib.ncclAllReduce(buffer, buffer, count,
-                                              ncclFloat64, ncclSum, world.comm,
-                                              worldStream));
+    return PIPER_NCCL_CHECK(lib.ncclAllReduce(
+        buffer, buffer, count, ncclFloat64, ncclSum, world.comm, worldStream));
+  });
+  return work->wait();
+}
+
+Status NcclCommunicator::allReduceSumWorldOn(const std::string &stream,
+                                             double *data, size_t count) {
+  if (size == 1 || count == 0)
+    return Status::ok();
+  std::lock_guard<std::mutex> serial(worldMutex);
+  std::string op = "sum over all ranks on stream '" + stream + "'";
+  if (!world.comm && world.failure.empty())
+    return opError(op, "the communicator is not connected");
+  // Queued on the stream's device stream: its later work (the clip factor,
+  // the update) runs after the sum, and the host does not wait.
+  IssueStream issue;
+  PIPER_RETURN_IF_ERROR(issueStream(stream, issue));
+  CommWorkPtr work = launch(world, op, issue, [&](Staging &staging) -> Status {
+    void *buffer = data;
+    PIPER_RETURN_IF_ERROR(staging.inOut(buffer, count * sizeof(double)));
+    return PIPER_NCCL_CHECK(lib.ncclAllReduce(
+        buffer, buffer, count, ncclFloat64, ncclSum, world.comm, issue.stream));
   });
   return work->wait();
 }

@@ -81,7 +81,9 @@ struct Staging {
   /// memory. `copyIn`: the operation reads it; `copyBack`: it writes it.
   Status stage(void *&ptr, size_t bytes, bool copyIn, bool copyBack);
   Status in(const void *&ptr, size_t bytes);
-  Status out(void *&ptr, size_t bytes) { return stage(ptr, bytes, false, true); }
+  Status out(void *&ptr, size_t bytes) {
+    return stage(ptr, bytes, false, true);
+  }
   Status inOut(void *&ptr, size_t bytes) {
     return stage(ptr, bytes, true, true);
   }
@@ -135,8 +137,7 @@ public:
   int worldSize() const override { return size; }
 
   Status connect(std::vector<CommKey> keys) override;
-  void bindDeviceStream(const std::string &stream,
-                        void *deviceStream) override;
+  void bindDeviceStream(const std::string &stream, void *deviceStream) override;
   void unbindDeviceStream(const std::string &stream,
                           void *deviceStream) override;
   CommWorkPtr isend(const std::string &stream, const void *data, size_t bytes,
@@ -156,6 +157,8 @@ public:
                        const std::vector<size_t> &recvCounts,
                        CommDType type) override;
   Status allReduceSumWorld(double *data, size_t count) override;
+  Status allReduceSumWorldOn(const std::string &stream, double *data,
+                             size_t count) override;
 
   // Errors and completion (NcclWork.cpp), shared with NcclWork.
 

@@ -47,6 +47,16 @@ TEST_CASE("the CUDA sums of squares agree with the CPU's") {
   CHECK(testing::compareSquareSums(*cpu, *gpu) == "");
 }
 
+TEST_CASE("the CUDA clipped-step norm, clip factor and scaling agree with "
+          "the CPU's") {
+  Status st;
+  auto gpu = createCudaDevice(0, nullptr, st);
+  INFO(st.message());
+  REQUIRE(gpu);
+  auto cpu = createCpuDevice(nullptr);
+  CHECK(testing::compareGradClip(*cpu, *gpu) == "");
+}
+
 // As gpu_kernels_test on the emulation: the executor does not zero a value
 // whose first kernel writes it whole, so every CUDA kernel not declared to
 // read its outputs (kernelReadsOutputs) must write every element of them.

@@ -60,7 +60,7 @@ Status adamw(const KernelArgs &a, const Context &ctx) {
   PIPER_RETURN_IF_ERROR(detail::checkAdamw(a, c));
   return launchAdamw(ctx, c, a.inputs[0].f32(), a.outputs[0].f32(),
                      a.outputs[1].f32(), a.outputs[2].f32(),
-                     a.inputs[0].numel());
+                     a.inputs[0].numel(), a.ctx.clipFactor);
 }
 
 } // namespace

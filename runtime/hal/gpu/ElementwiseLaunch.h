@@ -23,10 +23,14 @@ Status launchSwigluGrad(const Context &ctx, const float *gateUp,
 /// y = a + b (y may alias a or b).
 Status launchAdd(const Context &ctx, const float *a, const float *b, float *y,
                  int64_t n);
-Status launchScale(const Context &ctx, float *x, float scale, int64_t n);
+/// x[i] *= *factor (device memory) where the factor is finite and not 1.
+Status launchScaleBy(const Context &ctx, float *x, const float *factor,
+                     int64_t n);
+/// AdamW over n elements; none is touched where `clipFactor` (device
+/// memory, may be null) is not finite.
 Status launchAdamw(const Context &ctx, const AdamwConstants &c,
                    const float *grad, float *param, float *m, float *v,
-                   int64_t n);
+                   int64_t n, const float *clipFactor);
 Status launchPackBf16(const Context &ctx, uint16_t *dst, const float *src,
                       int64_t n);
 Status launchUnpackBf16(const Context &ctx, float *dst, const uint16_t *src,
@@ -37,6 +41,15 @@ Status launchRoundBf16(const Context &ctx, float *x, int64_t n);
 /// `partials` holds ceil(n / kSquaresChunk) doubles.
 Status launchSumOfSquares(const Context &ctx, const float *x, int64_t n,
                           double *partials, double *total);
+/// *total = sum over i < count of slots[i] * weights[i], added in order in
+/// double (hal::SquareSums::weigh).
+Status launchWeighSquares(const Context &ctx, const double *slots,
+                          const double *weights, int64_t count, double *total);
+/// *norm = sqrt(*total / replicas), *factor = clipFactorOf(*norm, maxNorm)
+/// (hal::SquareSums::clip).
+Status launchClipFactor(const Context &ctx, const double *total,
+                        double replicas, double maxNorm, double *norm,
+                        float *factor);
 
 } // namespace piper::runtime::hal::PIPER_GPU_NS
 

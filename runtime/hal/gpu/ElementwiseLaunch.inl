@@ -5,9 +5,8 @@
 namespace piper::runtime::hal::PIPER_GPU_NS {
 
 Status launchGelu(const Context &ctx, const float *x, float *y, int64_t n) {
-  return Exec(ctx).forEach("gelu", n, [=] PIPER_LAMBDA(int64_t i) {
-    y[i] = geluForward(x[i]);
-  });
+  return Exec(ctx).forEach(
+      "gelu", n, [=] PIPER_LAMBDA(int64_t i) { y[i] = geluForward(x[i]); });
 }
 
 Status launchGeluGrad(const Context &ctx, const float *x, const float *dy,
@@ -34,8 +33,7 @@ Status launchSwigluGrad(const Context &ctx, const float *gateUp,
         int64_t r = i / width, j = i % width;
         const float *row = gateUp + r * 2 * width;
         float *drow = dgateUp + r * 2 * width;
-        swigluBackward(row[j], row[width + j], dy[i], drow[j],
-                       drow[width + j]);
+        swigluBackward(row[j], row[width + j], dy[i], drow[j], drow[width + j]);
       });
 }
 
@@ -45,24 +43,29 @@ Status launchAdd(const Context &ctx, const float *a, const float *b, float *y,
                            [=] PIPER_LAMBDA(int64_t i) { y[i] = a[i] + b[i]; });
 }
 
-Status launchScale(const Context &ctx, float *x, float scale, int64_t n) {
-  return Exec(ctx).forEach("scale", n,
-                           [=] PIPER_LAMBDA(int64_t i) { x[i] *= scale; });
+Status launchScaleBy(const Context &ctx, float *x, const float *factor,
+                     int64_t n) {
+  return Exec(ctx).forEach("scale", n, [=] PIPER_LAMBDA(int64_t i) {
+    float s = *factor;
+    if (finiteFloat(s) && s != 1.0f)
+      x[i] *= s;
+  });
 }
 
 Status launchAdamw(const Context &ctx, const AdamwConstants &c,
                    const float *grad, float *param, float *m, float *v,
-                   int64_t n) {
+                   int64_t n, const float *clipFactor) {
   return Exec(ctx).forEach("adamw", n, [=] PIPER_LAMBDA(int64_t i) {
+    if (clipFactor && !finiteFloat(*clipFactor))
+      return; // a diverged step: nothing is updated
     adamwElement(c, grad[i], param[i], m[i], v[i]);
   });
 }
 
 Status launchPackBf16(const Context &ctx, uint16_t *dst, const float *src,
                       int64_t n) {
-  return Exec(ctx).forEach("pack_bf16", n, [=] PIPER_LAMBDA(int64_t i) {
-    dst[i] = toBf16(src[i]);
-  });
+  return Exec(ctx).forEach(
+      "pack_bf16", n, [=] PIPER_LAMBDA(int64_t i) { dst[i] = toBf16(src[i]); });
 }
 
 Status launchUnpackBf16(const Context &ctx, float *dst, const uint16_t *src,
@@ -102,6 +105,27 @@ Status launchSumOfSquares(const Context &ctx, const float *x, int64_t n,
         if (lanes.lane() == 0)
           *total = s;
       });
+}
+
+Status launchWeighSquares(const Context &ctx, const double *slots,
+                          const double *weights, int64_t count, double *total) {
+  // One thread: a few hundred slots, added in the host loop's order.
+  return Exec(ctx).forEach("weigh_squares", 1, [=] PIPER_LAMBDA(int64_t) {
+    double t = 0;
+    for (int64_t i = 0; i < count; ++i)
+      t += slots[i] * weights[i];
+    *total = t;
+  });
+}
+
+Status launchClipFactor(const Context &ctx, const double *total,
+                        double replicas, double maxNorm, double *norm,
+                        float *factor) {
+  return Exec(ctx).forEach("clip_factor", 1, [=] PIPER_LAMBDA(int64_t) {
+    double n = sqrt(*total / replicas);
+    *norm = n;
+    *factor = clipFactorOf(n, maxNorm);
+  });
 }
 
 } // namespace piper::runtime::hal::PIPER_GPU_NS

@@ -60,8 +60,9 @@ PIPER_HOST_DEVICE inline void swigluBackward(float gate, float up, float dy,
 }
 
 /// One element of AdamW with decoupled weight decay, in double.
-PIPER_HOST_DEVICE inline void adamwElement(const runtime::AdamwConstants &c, float grad,
-                                           float &param, float &m, float &v) {
+PIPER_HOST_DEVICE inline void adamwElement(const runtime::AdamwConstants &c,
+                                           float grad, float &param, float &m,
+                                           float &v) {
   const double step = c.lr / c.correction1, inv2 = 1.0 / c.correction2;
   double g = grad;
   double p = param;
@@ -106,6 +107,22 @@ PIPER_HOST_DEVICE inline uint16_t toBf16(float x) {
 
 PIPER_HOST_DEVICE inline float fromBf16(uint16_t b) {
   return bitsFloat(static_cast<uint32_t>(b) << 16);
+}
+
+/// Whether `x` is finite (neither infinite nor NaN), from its bits.
+PIPER_HOST_DEVICE inline bool finiteFloat(float x) {
+  return (floatBits(x) & 0x7F800000u) != 0x7F800000u;
+}
+
+/// hal::clipFactorOf on the device: the clip factor of the world's `norm`
+/// for the plan's `maxNorm` (0: no clipping), NaN where the norm is not
+/// finite.
+PIPER_HOST_DEVICE inline float clipFactorOf(double norm, double maxNorm) {
+  if (!(norm - norm == 0.0))
+    return bitsFloat(0x7FC00000u);
+  if (maxNorm <= 0 || norm <= maxNorm)
+    return 1.0f;
+  return static_cast<float>(maxNorm / (norm + 1e-6));
 }
 
 /// Elements per partial sum of sumOfSquares: the partials (one warp each, in

@@ -161,10 +161,34 @@ public:
     return gpu::copyToHostSync(hostContext(), out, slots.data(),
                                sizeof(double) * size_t(count));
   }
+  Status setWeights(const std::vector<double> &w) override {
+    PIPER_RETURN_IF_ERROR(checkSquaresWeights(w.size(), size()));
+    weights = w;
+    return Status::ok();
+  }
+  Status weigh() override {
+    PIPER_RETURN_IF_ERROR(checkSquaresWeights(weights.size(), size()));
+    PIPER_RETURN_IF_ERROR(injected("weigh_squares"));
+    return gpu::launchWeighSquares(hostContext(), slots.data(), weights.data(),
+                                   size(), &sum);
+  }
+  double *total() override { return &sum; }
+  Status clip(double replicas, double maxNorm) override {
+    PIPER_RETURN_IF_ERROR(injected("clip_factor"));
+    return gpu::launchClipFactor(hostContext(), &sum, replicas, maxNorm, &norm,
+                                 &clipFactor);
+  }
+  const float *factor() const override { return &clipFactor; }
+  Status readNorm(double &out) override {
+    PIPER_RETURN_IF_ERROR(injected("reading the gradient norm"));
+    return gpu::copyToHostSync(hostContext(), &out, &norm, sizeof(double));
+  }
 
 private:
   int size() const { return static_cast<int>(slots.size()); }
-  std::vector<double> slots;
+  std::vector<double> slots, weights;
+  double sum = 0, norm = 0;
+  float clipFactor = 1;
 };
 
 class EmulatedGpuDevice final : public Device {
@@ -211,9 +235,9 @@ public:
     sums = std::make_unique<EmulatedSquareSums>(slots);
     return Status::ok();
   }
-  Status scale(float *x, float s, int64_t n) override {
+  Status scaleBy(float *x, const float *factor, int64_t n) override {
     PIPER_RETURN_IF_ERROR(injected("scale"));
-    return gpu::launchScale(timedContext(), x, s, n);
+    return gpu::launchScaleBy(timedContext(), x, factor, n);
   }
   Status add(float *dst, const float *src, int64_t n) override {
     PIPER_RETURN_IF_ERROR(injected("add"));

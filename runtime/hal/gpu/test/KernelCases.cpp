@@ -375,4 +375,116 @@ std::string compareSquareSums(Device &cpu, Device &gpu, double rtol) {
   return bad.str();
 }
 
+std::string compareGradClip(Device &cpu, Device &gpu, double rtol) {
+  const std::vector<int64_t> lengths = {1000, 2 * 16384 + 5, 7};
+  const std::vector<double> weights = {0.5, 1.0, 0.25};
+  const double replicas = 2;
+  std::mt19937_64 rng(23);
+  std::normal_distribution<float> normal(0.0f, 1.5f);
+  std::vector<std::vector<float>> data;
+  double hostTotal = 0; // the host's weighed sum, in slot order
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    data.emplace_back(static_cast<size_t>(lengths[i]));
+    double squares = 0;
+    for (float &f : data.back()) {
+      f = normal(rng);
+      squares += double(f) * double(f);
+    }
+    hostTotal += squares * weights[i];
+  }
+  const double hostNorm = std::sqrt(hostTotal / replicas);
+  struct Clip {
+    const char *what;
+    double maxNorm;
+    bool nan; // a NaN in the last span
+  };
+  const Clip clips[] = {{"a norm that clips", hostNorm / 3, false},
+                        {"a norm under the bound", hostNorm * 2, false},
+                        {"no bound", 0, false},
+                        {"a NaN gradient", 1.0, true}};
+  std::ostringstream bad;
+  double cpuNorm[4] = {0, 0, 0, 0};
+  for (Device *device : {&cpu, &gpu}) {
+    const std::string name = device->name();
+    for (int c = 0; c < 4; ++c) {
+      const Clip &clip = clips[c];
+      DeviceRun run{*device, {}, {}, {}};
+      std::vector<SquaresSpan> spans;
+      std::vector<TensorRef> tensors;
+      for (size_t i = 0; i < lengths.size(); ++i) {
+        std::vector<uint32_t> words(data[i].size());
+        std::memcpy(words.data(), data[i].data(), words.size() * 4);
+        if (clip.nan && i + 1 == lengths.size())
+          words[3] = 0x7FC00000u;
+        tensors.push_back(run.upload(Operand{plan::F32, {lengths[i]}}, words));
+        spans.push_back({static_cast<const float *>(tensors.back().data),
+                         lengths[i], int(i)});
+      }
+      std::unique_ptr<SquareSums> squares;
+      double norm = -1;
+      float factor = 0;
+      auto steps = [&]() -> Status {
+        PIPER_RETURN_IF_ERROR(run.status);
+        PIPER_RETURN_IF_ERROR(
+            device->createSquareSums(int(lengths.size()), squares));
+        if (squares->setWeights({1.0}))
+          return Status::error("one weight for three slots was accepted");
+        PIPER_RETURN_IF_ERROR(squares->setWeights(weights));
+        PIPER_RETURN_IF_ERROR(squares->measure(spans));
+        PIPER_RETURN_IF_ERROR(squares->weigh());
+        PIPER_RETURN_IF_ERROR(squares->clip(replicas, clip.maxNorm));
+        for (size_t i = 0; i < lengths.size(); ++i)
+          PIPER_RETURN_IF_ERROR(
+              device->scaleBy(tensors[i].f32(), squares->factor(), lengths[i]));
+        PIPER_RETURN_IF_ERROR(squares->readNorm(norm));
+        return device->allocator().copyToHost(&factor, squares->factor(),
+                                              sizeof(float));
+      };
+      if (Status st = steps(); !st) {
+        bad << name << ", " << clip.what << ": " << st.message() << "; ";
+        continue;
+      }
+      const std::string where = name + ", " + clip.what + ": ";
+      if (clip.nan) {
+        if (std::isfinite(norm) || !std::isnan(factor))
+          bad << where << "norm " << norm << ", factor " << factor
+              << " (want NaN for both); ";
+      } else {
+        if (!(std::fabs(norm - hostNorm) <= rtol * hostNorm))
+          bad << where << "norm " << norm << ", host " << hostNorm << "; ";
+        if (device == &cpu)
+          cpuNorm[c] = norm;
+        else if (!(std::fabs(norm - cpuNorm[c]) <= rtol * cpuNorm[c]))
+          bad << where << "norm " << norm << ", cpu " << cpuNorm[c] << "; ";
+        float want = clipFactorOf(norm, clip.maxNorm);
+        if (factor != want)
+          bad << where << "factor " << factor << ", want " << want << "; ";
+        if ((clip.maxNorm > 0 && clip.maxNorm < norm) != (factor < 1.0f))
+          bad << where << "factor " << factor << " for norm " << norm
+              << " and bound " << clip.maxNorm << "; ";
+      }
+      // Scaled by that factor exactly, or untouched (1 or NaN).
+      for (size_t i = 0; i < lengths.size(); ++i) {
+        std::vector<uint32_t> got = run.download(tensors[i]);
+        for (size_t j = 0; j < got.size(); ++j) {
+          float x = data[i][j];
+          if (clip.nan && i + 1 == lengths.size() && j == 3)
+            continue;
+          float want = std::isfinite(factor) && factor != 1.0f ? x * factor : x;
+          float g;
+          std::memcpy(&g, &got[j], 4);
+          if (g != want) {
+            bad << where << "span " << i << " element " << j << ": " << g
+                << ", want " << want << "; ";
+            break;
+          }
+        }
+      }
+      if (!run.status)
+        bad << where << run.status.message() << "; ";
+    }
+  }
+  return bad.str();
+}
+
 } // namespace piper::runtime::hal::testing

@@ -110,6 +110,15 @@ std::string runOutputsFrom(const KernelCase &c, Device &device,
 /// slot out of range is an error on both.
 std::string compareSquareSums(Device &cpu, Device &gpu, double rtol = 1e-12);
 
+/// The clipped step's norm on each device (SquareSums::setWeights, weigh,
+/// clip, factor, readNorm, and Device::scaleBy): spans weighed into a norm
+/// that clips, one that does not, and one with a NaN. "" when, on each
+/// device, the norm is within `rtol` of the host's double sum (and of the
+/// CPU's), the factor is clipFactorOf's of that device's norm exactly
+/// (NaN for the NaN), and scaleBy multiplies each element by it exactly
+/// (leaves it as it is for a factor of 1 or NaN); else what differs.
+std::string compareGradClip(Device &cpu, Device &gpu, double rtol = 1e-12);
+
 } // namespace piper::runtime::hal::testing
 
 #endif // PIPER_RUNTIME_HAL_GPU_TEST_KERNELCASES_H

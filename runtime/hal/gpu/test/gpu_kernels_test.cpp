@@ -65,6 +65,13 @@ TEST_CASE("the emulated GPU's sums of squares agree with the CPU's") {
   CHECK(testing::compareSquareSums(*cpu, *gpu) == "");
 }
 
+TEST_CASE("the emulated GPU's clipped-step norm, clip factor and scaling "
+          "agree with the CPU's") {
+  auto cpu = createCpuDevice(nullptr);
+  auto gpu = createEmulatedGpuDevice(nullptr);
+  CHECK(testing::compareGradClip(*cpu, *gpu) == "");
+}
+
 TEST_CASE("every GPU kernel has a test case") {
   std::set<std::string> tested;
   for (const testing::KernelCase &c : testing::kernelCases())
