@@ -133,6 +133,8 @@ Status ExecutorImpl::init(uint64_t seed) {
         viewTensor(type.dtype(), type, tensorBytes(type), at(b.offset()));
   }
 
+  PIPER_RETURN_IF_ERROR(allocateBatchStaging());
+
   for (const plan::Segment &seg : plan.segments())
     lifetimes.push_back(computeLifetimes(seg));
   profiler.init(plan.streams_size());
@@ -324,6 +326,35 @@ Status Executor::runStep(int64_t step, double &loss) {
 int Executor::replicaIndex() const { return impl->replica; }
 
 double Executor::lastGradNorm() const { return impl->lastGradNorm; }
+
+Status ExecutorImpl::allocateBatchStaging() {
+  batchSlot.assign(plan.streams_size(), {});
+  size_t bytes = 0;
+  for (int s = 0; s < plan.streams_size(); ++s) {
+    const plan::Stream &stream = plan.streams(s);
+    batchSlot[s].assign(stream.instructions_size(), -1);
+    for (int i = 0; i < stream.instructions_size(); ++i) {
+      const Instruction &inst = stream.instructions(i);
+      if (inst.kind() != Instruction::LOAD_BATCH)
+        continue;
+      batchSlot[s][i] = static_cast<int64_t>(bytes);
+      size_t slot = static_cast<size_t>(bufferViews[inst.outputs(0)]->bytes +
+                                        bufferViews[inst.outputs(1)]->bytes);
+      bytes += (slot + 63) / 64 * 64;
+    }
+  }
+  if (bytes == 0)
+    return Status::ok();
+  void *data = nullptr;
+  PIPER_RETURN_IF_ERROR(
+      memory->allocateHost(bytes, data)
+          .withContext("allocating " + std::to_string(bytes) +
+                       " bytes of host memory for the batches"));
+  batchStaging.allocator = memory;
+  batchStaging.data = static_cast<char *>(data);
+  batchStaging.bytes = bytes;
+  return Status::ok();
+}
 
 std::vector<ProfileEntry> Executor::profile() const {
   return impl->profiler.entries();

@@ -113,6 +113,22 @@ public:
     }
   } arena;
   char *at(int64_t offset) const { return arena.data + offset; }
+  /// LOAD_BATCH's host staging (Allocator::allocateHost: page-locked on
+  /// CUDA, so its copies are queued without the host waiting): a slot per
+  /// LOAD_BATCH instruction, its tokens then its targets, at
+  /// batchSlot[stream][instruction] (-1: not a LOAD_BATCH). A slot is
+  /// rewritten only in the next step, after the end-of-step
+  /// synchronization has seen its copies done. Freed before the device.
+  struct HostBlock {
+    hal::Allocator *allocator = nullptr;
+    char *data = nullptr;
+    size_t bytes = 0;
+    ~HostBlock() {
+      if (data)
+        allocator->deallocateHost(data, bytes);
+    }
+  } batchStaging;
+  std::vector<std::vector<int64_t>> batchSlot;
   /// Per buffer id: its view at Buffer.offset, as stored (packed bf16 in
   /// mixed precision).
   std::vector<TensorPtr> bufferViews;
@@ -277,6 +293,9 @@ public:
   Status clipGrads(int s);
   /// Zeroes the gradients no plan kernel clears (before steps 2, 3, ...).
   Status clearGradients();
+  /// batchStaging and batchSlot, for the plan's LOAD_BATCH instructions
+  /// (after bufferViews).
+  Status allocateBatchStaging();
   /// This rank's share of the squared gradient norm when the plan does not
   /// clip (0 when it does); finishGradNorm takes the world sum.
   Status localGradSquares(double &sum);

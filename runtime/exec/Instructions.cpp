@@ -134,21 +134,24 @@ Status ExecutorImpl::execute(int s, int i, StepState &st,
     // members of a context-parallel group parts of the same sequences.
     int64_t global = plan::batchReplica(plan, replica) * t.num_microbatches() +
                      inst.microbatch();
-    // Staged in host memory, then copied to the device.
-    std::vector<int32_t> hostTokens(static_cast<size_t>(tokens->bytes / 4)),
-        hostTargets(static_cast<size_t>(targets->bytes / 4));
+    // Staged in this instruction's slot of host memory, then copied to the
+    // device without the host waiting (allocateBatchStaging).
+    char *slot = batchStaging.data + batchSlot[s][i];
+    auto *hostTokens = reinterpret_cast<int32_t *>(slot);
+    auto *hostTargets = reinterpret_cast<int32_t *>(slot + tokens->bytes);
     PIPER_RETURN_IF_ERROR(fillContextShard(
         *data, st.step, global, t.microbatch_size(), t.seq_len(),
         plan::contextParallel(plan), plan::contextMember(plan, replica),
-        hostTokens.data(), hostTargets.data()));
-    PIPER_RETURN_IF_ERROR(memory
-                              ->copyFromHost(tokens->data, hostTokens.data(),
-                                             static_cast<size_t>(tokens->bytes))
-                              .withContext("copying the tokens to the device"));
+        hostTokens, hostTargets));
     PIPER_RETURN_IF_ERROR(
         memory
-            ->copyFromHost(targets->data, hostTargets.data(),
-                           static_cast<size_t>(targets->bytes))
+            ->copyFromHostAsync(tokens->data, hostTokens,
+                                static_cast<size_t>(tokens->bytes))
+            .withContext("copying the tokens to the device"));
+    PIPER_RETURN_IF_ERROR(
+        memory
+            ->copyFromHostAsync(targets->data, hostTargets,
+                                static_cast<size_t>(targets->bytes))
             .withContext("copying the targets to the device"));
     PIPER_RETURN_IF_ERROR(publish(st, inst.outputs(0)));
     PIPER_RETURN_IF_ERROR(publish(st, inst.outputs(1)));

@@ -145,6 +145,47 @@ TEST_CASE("executor: a non-finite gradient norm is a divergence, named with "
   }
 }
 
+TEST_CASE("executor: on the emulated GPU a step synchronizes only at its end",
+          "[executor]") {
+  // What would make the host wait for a GPU in the middle of a step: a
+  // batch copied from pageable memory, the clipped norm read back, a
+  // stream synchronized. Two streams (LOAD_BATCH on its own), four
+  // microbatches, with and without clipping: every step makes the same
+  // synchronizing calls, those of its end alone (each stream's
+  // synchronize, and one read of the gradient norm), not two per batch.
+  TinyModel m;
+  for (bool clip : {false, true}) {
+    INFO((clip ? "clipping" : "no clipping"));
+    plan::Plan plan = singleClassPlan(m, 4, {0}, 1, /*twoStreams=*/true);
+    if (clip) {
+      plan.mutable_training()->set_clip_grad_norm(0.01);
+      auto *insts = plan.mutable_streams(0)->mutable_instructions();
+      plan::Instruction update = insts->Get(insts->size() - 1);
+      insts->Mutable(insts->size() - 1)->Clear();
+      insts->Mutable(insts->size() - 1)->set_kind(Instruction::CLIP_GRADS);
+      *insts->Add() = update;
+    }
+    REQUIRE(validatePlan(plan));
+    REQUIRE(plan.streams_size() == 2);
+    ExecutorOptions opts;
+    opts.createDevice = [](Communicator *comm) {
+      return hal::createEmulatedGpuDevice(comm);
+    };
+    Status status;
+    auto exec = Executor::create(plan, opts, status);
+    INFO(status.message());
+    REQUIRE(exec);
+    for (int64_t step = 1; step <= 3; ++step) {
+      int64_t before = hal::emulatedSyncCalls();
+      double loss = 0;
+      REQUIRE(exec->runStep(step, loss));
+      INFO("step " << step);
+      CHECK(hal::emulatedSyncCalls() - before == plan.streams_size() + 1);
+      CHECK(exec->lastGradNorm() > 0);
+    }
+  }
+}
+
 TEST_CASE("executor: gradients without an optimizer are the last step's",
           "[executor]") {
   TinyModel m;

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <functional>
 #include <limits>
 #include <memory>
@@ -46,6 +47,27 @@ public:
   /// when they return ok.
   virtual Status copyToHost(void *host, const void *src, size_t bytes) = 0;
   virtual Status copyFromHost(void *dst, const void *host, size_t bytes) = 0;
+  /// Host memory the device copies from without the host waiting (CUDA:
+  /// page-locked, cudaHostAlloc), for copyFromHostAsync; `ptr` is null on
+  /// error. The default is ordinary memory.
+  virtual Status allocateHost(size_t bytes, void *&ptr) {
+    ptr = std::malloc(bytes == 0 ? 1 : bytes);
+    return ptr ? Status::ok()
+               : Status::error("out of host memory: cannot allocate " +
+                               std::to_string(bytes) + " bytes");
+  }
+  virtual void deallocateHost(void *ptr, size_t bytes) {
+    (void)bytes;
+    std::free(ptr);
+  }
+  /// Queues a copy from host memory (allocateHost's) to device memory on
+  /// the calling stream and returns at once (batches: no synchronization
+  /// in the middle of a step). `host` must not be written until the stream
+  /// has run the copy (the executor rewrites it only after the step's
+  /// end-of-step synchronization). The default copies at once.
+  virtual Status copyFromHostAsync(void *dst, const void *host, size_t bytes) {
+    return copyFromHost(dst, host, bytes);
+  }
   /// Bytes allocated and not yet deallocated, and their high-water mark.
   virtual int64_t liveBytes() const = 0;
   virtual int64_t peakBytes() const = 0;

@@ -153,6 +153,30 @@ public:
     PIPER_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream()));
     return Status::ok();
   }
+  Status allocateHost(size_t bytes, void *&ptr) override {
+    ptr = nullptr;
+    PIPER_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal));
+    cudaError_t err =
+        cudaHostAlloc(&ptr, bytes == 0 ? 1 : bytes, cudaHostAllocPortable);
+    if (err != cudaSuccess) {
+      ptr = nullptr;
+      (void)cudaGetLastError();
+      return Status::error(cudaErrorMessage(
+          err, fmt::format("cudaHostAlloc(&ptr, {} bytes)", bytes).c_str(),
+          __FILE__, __LINE__));
+    }
+    return Status::ok();
+  }
+  void deallocateHost(void *ptr, size_t) override {
+    if (ptr)
+      (void)cudaFreeHost(ptr);
+  }
+  // Page-locked `host`: the copy is queued, and the host goes on.
+  Status copyFromHostAsync(void *dst, const void *host, size_t bytes) override {
+    PIPER_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, stream()));
+    return finishIfHost();
+  }
   int64_t liveBytes() const override { return live.load(); }
   int64_t peakBytes() const override { return peak.load(); }
   StatusOr<int64_t> availableBytes() const override {

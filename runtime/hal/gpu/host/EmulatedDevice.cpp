@@ -84,6 +84,26 @@ private:
 
 thread_local double HostLaunchTimer::started = 0;
 
+std::atomic<int64_t> syncCalls{0};
+
+/// A host stream whose synchronize() counts (emulatedSyncCalls).
+class EmulatedStream final : public Stream {
+public:
+  explicit EmulatedStream(std::unique_ptr<Stream> host)
+      : host(std::move(host)) {}
+  const std::string &name() const override { return host->name(); }
+  void enqueue(std::function<void()> work) override {
+    host->enqueue(std::move(work));
+  }
+  Status synchronize() override {
+    countEmulatedSync();
+    return host->synchronize();
+  }
+
+private:
+  std::unique_ptr<Stream> host;
+};
+
 /// Set by injectEmulatedDeviceError; the next operation takes it.
 std::atomic<bool> errorInjected{false};
 
@@ -121,13 +141,22 @@ public:
     return host.copy(dst, src, bytes);
   }
   Status copyToHost(void *hostPtr, const void *src, size_t bytes) override {
+    countEmulatedSync();
     PIPER_RETURN_IF_ERROR(
         injected("copying " + std::to_string(bytes) + " bytes to the host"));
     return host.copyToHost(hostPtr, src, bytes);
   }
   Status copyFromHost(void *dst, const void *hostPtr, size_t bytes) override {
+    countEmulatedSync();
     PIPER_RETURN_IF_ERROR(
         injected("copying " + std::to_string(bytes) + " bytes from the host"));
+    return host.copyFromHost(dst, hostPtr, bytes);
+  }
+  Status copyFromHostAsync(void *dst, const void *hostPtr,
+                           size_t bytes) override {
+    PIPER_RETURN_IF_ERROR(injected("queueing a copy of " +
+                                   std::to_string(bytes) +
+                                   " bytes from the host"));
     return host.copyFromHost(dst, hostPtr, bytes);
   }
   int64_t liveBytes() const override { return host.liveBytes(); }
@@ -206,7 +235,10 @@ public:
   Allocator &allocator() override { return memory; }
   Status createStream(const std::string &name,
                       std::unique_ptr<Stream> &stream) override {
-    return host->createStream(name, stream);
+    std::unique_ptr<Stream> hostStream;
+    PIPER_RETURN_IF_ERROR(host->createStream(name, hostStream));
+    stream = std::make_unique<EmulatedStream>(std::move(hostStream));
+    return Status::ok();
   }
   Status createEvent(std::unique_ptr<Event> &event) override {
     return host->createEvent(event);
@@ -290,5 +322,9 @@ std::unique_ptr<Device> createEmulatedGpuDevice(Communicator *comm,
 }
 
 void injectEmulatedDeviceError() { errorInjected.store(true); }
+
+int64_t emulatedSyncCalls() { return syncCalls.load(); }
+
+void countEmulatedSync() { syncCalls.fetch_add(1); }
 
 } // namespace piper::runtime::hal

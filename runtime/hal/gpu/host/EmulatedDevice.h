@@ -22,6 +22,16 @@ namespace piper::runtime::hal {
 std::unique_ptr<Device>
 createEmulatedGpuDevice(Communicator *comm, const DeviceOptions &options = {});
 
+/// The synchronizing calls of every emulated device of this process so
+/// far: what on CUDA makes the host wait for the GPU (a stream's
+/// synchronize, a copy between host and device memory that waits:
+/// Allocator::copyToHost and copyFromHost, the kernel layer's
+/// copyToHostSync). Allocator::copyFromHostAsync is not one. For the test
+/// that a step synchronizes only at its end.
+int64_t emulatedSyncCalls();
+/// Counts one synchronizing call (the emulation's own).
+void countEmulatedSync();
+
 /// Makes the next operation of an emulated device of this process (an
 /// allocation, a memset or copy, a kernel, an elementwise method) fail as a
 /// CUDA call can: "<operation>: emulated device error (PIPER_FAULT

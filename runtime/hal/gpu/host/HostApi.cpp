@@ -8,6 +8,7 @@
 #include <string>
 
 #include "runtime/hal/gpu/GpuApi.h"
+#include "runtime/hal/gpu/host/EmulatedDevice.h"
 
 namespace piper::runtime::hal::PIPER_GPU_NS {
 
@@ -32,6 +33,7 @@ Status copyAsync(const Context &, void *dst, const void *src, size_t bytes) {
 
 Status copyToHostSync(const Context &, void *host, const void *src,
                       size_t bytes) {
+  countEmulatedSync();
   if (bytes)
     std::memcpy(host, src, bytes);
   return Status::ok();
