@@ -351,6 +351,7 @@ Status ExecutorImpl::allocateBatchStaging() {
           .withContext("allocating " + std::to_string(bytes) +
                        " bytes of host memory for the batches"));
   batchStaging.allocator = memory;
+  batchStaging.host = true;
   batchStaging.data = static_cast<char *>(data);
   batchStaging.bytes = bytes;
   return Status::ok();

@@ -99,35 +99,33 @@ public:
   /// First member: destroyed last, after every tensor it allocated.
   std::unique_ptr<hal::Device> device;
   hal::Allocator *memory = nullptr;
-  /// The one allocation of the executor: plan.arena_bytes() bytes, where
-  /// every tensor lives at the offset of the plan's memory plan (state from
-  /// 0, step buffers at Buffer.offset, segment scratch and all-reduce
-  /// staging at Instruction.scratch_offset). Freed before the device.
-  struct Arena {
+  /// One allocation of `allocator` (allocate, or allocateHost when
+  /// `host`), freed with the executor, before the device.
+  struct Block {
     hal::Allocator *allocator = nullptr;
     char *data = nullptr;
     size_t bytes = 0;
-    ~Arena() {
-      if (data)
+    bool host = false;
+    ~Block() {
+      if (data && host)
+        allocator->deallocateHost(data, bytes);
+      else if (data)
         allocator->deallocate(data, bytes);
     }
-  } arena;
+  };
+  /// The one device allocation of the executor: plan.arena_bytes() bytes,
+  /// where every tensor lives at the offset of the plan's memory plan
+  /// (state from 0, step buffers at Buffer.offset, segment scratch and
+  /// all-reduce staging at Instruction.scratch_offset).
+  Block arena;
   char *at(int64_t offset) const { return arena.data + offset; }
   /// LOAD_BATCH's host staging (Allocator::allocateHost: page-locked on
   /// CUDA, so its copies are queued without the host waiting): a slot per
   /// LOAD_BATCH instruction, its tokens then its targets, at
   /// batchSlot[stream][instruction] (-1: not a LOAD_BATCH). A slot is
   /// rewritten only in the next step, after the end-of-step
-  /// synchronization has seen its copies done. Freed before the device.
-  struct HostBlock {
-    hal::Allocator *allocator = nullptr;
-    char *data = nullptr;
-    size_t bytes = 0;
-    ~HostBlock() {
-      if (data)
-        allocator->deallocateHost(data, bytes);
-    }
-  } batchStaging;
+  /// synchronization has seen its copies done.
+  Block batchStaging;
   std::vector<std::vector<int64_t>> batchSlot;
   /// Per buffer id: its view at Buffer.offset, as stored (packed bf16 in
   /// mixed precision).

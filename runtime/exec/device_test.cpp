@@ -49,6 +49,15 @@ std::vector<double> runSteps(const plan::Plan &plan, int steps, uint64_t seed) {
 } // namespace
 
 namespace {
+/// Puts a CLIP_GRADS before the last instruction of stream 0 (the update).
+void addClipBeforeUpdate(plan::Plan &plan) {
+  auto *insts = plan.mutable_streams(0)->mutable_instructions();
+  plan::Instruction update = insts->Get(insts->size() - 1);
+  insts->Mutable(insts->size() - 1)->Clear();
+  insts->Mutable(insts->size() - 1)->set_kind(Instruction::CLIP_GRADS);
+  *insts->Add() = update;
+}
+
 /// Runs `steps` steps of `plan` and returns lastGradNorm() after each.
 std::vector<double> gradNorms(const plan::Plan &plan, int steps) {
   ExecutorOptions opts;
@@ -75,11 +84,7 @@ TEST_CASE("executor: the gradient norm is reported without clipping",
   // The same plan with a CLIP_GRADS that never clips, before the update.
   plan::Plan clip = noClip;
   clip.mutable_training()->set_clip_grad_norm(1e9);
-  auto *insts = clip.mutable_streams(0)->mutable_instructions();
-  plan::Instruction update = insts->Get(insts->size() - 1);
-  insts->Mutable(insts->size() - 1)->Clear();
-  insts->Mutable(insts->size() - 1)->set_kind(Instruction::CLIP_GRADS);
-  *insts->Add() = update;
+  addClipBeforeUpdate(clip);
   REQUIRE(validatePlan(clip));
 
   std::vector<double> with = gradNorms(clip, 3), without = gradNorms(noClip, 3);
@@ -99,11 +104,7 @@ TEST_CASE("executor: a non-finite gradient norm is a divergence, named with "
   m.lr = 1e30;
   plan::Plan clip = singleClassPlan(m, 2, {0}, 1, true);
   clip.mutable_training()->set_clip_grad_norm(1.0);
-  auto *insts = clip.mutable_streams(0)->mutable_instructions();
-  plan::Instruction update = insts->Get(insts->size() - 1);
-  insts->Mutable(insts->size() - 1)->Clear();
-  insts->Mutable(insts->size() - 1)->set_kind(Instruction::CLIP_GRADS);
-  *insts->Add() = update;
+  addClipBeforeUpdate(clip);
   REQUIRE(validatePlan(clip));
   // The CPU, and the GPU kernel layer on the host: the norm, the clip
   // factor and the skipped update all stay on the device.
@@ -159,11 +160,7 @@ TEST_CASE("executor: on the emulated GPU a step synchronizes only at its end",
     plan::Plan plan = singleClassPlan(m, 4, {0}, 1, /*twoStreams=*/true);
     if (clip) {
       plan.mutable_training()->set_clip_grad_norm(0.01);
-      auto *insts = plan.mutable_streams(0)->mutable_instructions();
-      plan::Instruction update = insts->Get(insts->size() - 1);
-      insts->Mutable(insts->size() - 1)->Clear();
-      insts->Mutable(insts->size() - 1)->set_kind(Instruction::CLIP_GRADS);
-      *insts->Add() = update;
+      addClipBeforeUpdate(plan);
     }
     REQUIRE(validatePlan(plan));
     REQUIRE(plan.streams_size() == 2);
