@@ -298,7 +298,8 @@ public:
   /// clip (0 when it does); finishGradNorm takes the world sum.
   Status localGradSquares(double &sum);
   /// Measures the squared gradient of every parameter (but those updated
-  /// this step, with `skipUpdated`) and reads them all into gradSquares.
+  /// this step, with `skipUpdated`) into its slot of `squares`, queued on
+  /// the calling stream.
   Status measureGradSquares(bool skipUpdated);
   /// The gradient of param `p` the norm and clipping see: the whole
   /// accumulator, or this rank's range of it under ZeRO; its weight in the

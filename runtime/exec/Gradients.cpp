@@ -98,22 +98,22 @@ Status ExecutorImpl::localGradSquares(double &sum) {
   // just before their update (Segments.cpp), on the streams, which are
   // synchronized by now.
   PIPER_RETURN_IF_ERROR(measureGradSquares(/*skipUpdated=*/true));
+  PIPER_RETURN_IF_ERROR(squares->read(gradSquares.data(), plan.params_size())
+                            .withContext("reading the gradient norm"));
   for (int p = 0; p < plan.params_size(); ++p)
     sum += gradSquares[p] * shareWeight(p);
   return Status::ok();
 }
 
 Status ExecutorImpl::measureGradSquares(bool skipUpdated) {
-  // One measurement of the gradients and one read (gpu-review C.12).
+  // One measurement of the gradients, read at once later (gpu-review C.12).
   std::vector<hal::SquaresSpan> spans;
   for (int p = 0; p < plan.params_size(); ++p)
     if (!skipUpdated || !updated[p])
       spans.push_back(gradSpan(p));
-  if (!spans.empty())
-    PIPER_RETURN_IF_ERROR(
-        squares->measure(spans).withContext("measuring the gradient norm"));
-  return squares->read(gradSquares.data(), plan.params_size())
-      .withContext("reading the gradient norm");
+  if (spans.empty())
+    return Status::ok();
+  return squares->measure(spans).withContext("measuring the gradient norm");
 }
 
 void ExecutorImpl::finishGradNorm(double worldSquares) {
@@ -152,14 +152,7 @@ Status ExecutorImpl::clipGrads(int s) {
   // non-finite norm makes the factor NaN: nothing is scaled, the update
   // skips (KernelContext::clipFactor), and the host, reading the norm once
   // after the step, stops the run (checkDivergence).
-  if (plan.params_size() > 0) {
-    std::vector<hal::SquaresSpan> spans;
-    spans.reserve(plan.params_size());
-    for (int p = 0; p < plan.params_size(); ++p)
-      spans.push_back(gradSpan(p));
-    PIPER_RETURN_IF_ERROR(
-        squares->measure(spans).withContext("measuring the gradient norm"));
-  }
+  PIPER_RETURN_IF_ERROR(measureGradSquares(/*skipUpdated=*/false));
   PIPER_RETURN_IF_ERROR(
       squares->weigh().withContext("weighing the gradient norm"));
   if (comm)
