@@ -205,6 +205,8 @@ public:
   /// A piece of the persistent state of Plan.params[index]; `kind` is PARAM,
   /// GRAD, ADAM_M or ADAM_V.
   /// Its data is device memory: read it on the host with stateToHost.
+  /// Read-only: state is written by steps and the load functions (which
+  /// also renew the bf16 copies a mixed-precision step reads).
   TensorRef state(int index, plan::Operand::Kind kind) const;
   /// Copies state(index, kind) to host memory, into `out` (resized; its
   /// capacity is reused; empty for a bad index); an error when the device

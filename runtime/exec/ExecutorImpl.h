@@ -49,6 +49,11 @@ struct ResolvedKernel {
   /// An `adamw` of a ZeRO-sharded parameter: its operands are this rank's
   /// range of each piece of state (ExecutorImpl::rangeOf).
   bool onRange = false;
+  /// Mixed precision, an `adamw` of a whole parameter: that parameter,
+  /// whose bf16 copy the update writes (the next step reads it as it is);
+  /// -1 otherwise (a ZeRO range is gathered after its update, and the copy
+  /// is refreshed from the gathered master when first read).
+  int writesCopyOf = -1;
   int profileRow = 0;
   /// Operand views with dtypes and shapes filled in; a call sets `data`.
   std::vector<TensorRef> inputs, outputs;
@@ -196,11 +201,16 @@ public:
   bool ranStep = false;
 
   /// Mixed precision (training.compute_dtype == BF16): kernels read bf16
-  /// copies of the fp32 master parameters, refreshed once per step by the
-  /// first stream that reads each (on that stream: asynchronous on a GPU).
+  /// copies of the fp32 master parameters. The `adamw` updating a whole
+  /// parameter writes its copy for the next step; any other copy (the first
+  /// step's, a ZeRO-gathered parameter's, one loaded from a checkpoint) is
+  /// refreshed from the master once per step by the first stream that reads
+  /// it (on that stream: asynchronous on a GPU).
   bool bf16 = false;
   std::mutex bf16Mu;
   std::vector<TensorPtr> bf16Params;
+  /// Per param: the step whose copy bf16Params holds (0: none; the copy is
+  /// refreshed when first read).
   std::vector<int64_t> bf16Step;
   /// Per stream and param: the last step whose copy the stream has (it
   /// refreshed it, or waited for it); each stream touches only its own row.
@@ -269,6 +279,12 @@ public:
   Status computeParam(int s, int p, StepState &st, void *&out);
   /// Copies parameter `p` into its bf16 copy and rounds it there.
   Status refreshParam(int p);
+  /// After an `adamw` on stream `s` of step `step` wrote parameter p's bf16
+  /// copy: it is the copy of step + 1 (signalled for the other streams).
+  Status copyWritten(int p, int64_t step);
+  /// The parameters were written from outside a step (a checkpoint loaded):
+  /// every bf16 copy is refreshed when next read.
+  void invalidateCopies();
 
   // Value-level collectives (Collectives.cpp): ALL_REDUCE of buffers,
   // REDUCE_SCATTER, ALL_GATHER, ALL_TO_ALL.

@@ -81,6 +81,12 @@ Status ExecutorImpl::resolveKernels() {
                   kernel.outputs(0).index() >= 0 &&
                   kernel.outputs(0).index() < plan.params_size() &&
                   zeroSharded(kernel.outputs(0).index());
+      if (bf16 && r.adamw && !r.onRange && !kernel.outputs().empty() &&
+          kernel.outputs(0).kind() == Operand::PARAM) {
+        int p = kernel.outputs(0).index();
+        if (p >= 0 && p < plan.params_size() && bf16Params[p])
+          r.writesCopyOf = p;
+      }
       // Profile rows are the kernel table's (the CPU registry names every
       // op); a device's own KernelInfo indices may differ.
       const KernelInfo *named = runtime::findKernel(op);
@@ -134,9 +140,9 @@ Status ExecutorImpl::computeParam(int s, int p, StepState &st, void *&out) {
       refreshed = true;
     }
   }
-  // Refreshed by another stream: on a GPU the copy and rounding are queued
-  // there, so this stream is ordered after them (the event), as after any
-  // value another stream writes.
+  // Refreshed by another stream, or written by the last step's update:
+  // on a GPU that work is queued on its stream, so this stream is ordered
+  // after it (the event), as after any value another stream writes.
   if (!refreshed && ready)
     PIPER_RETURN_IF_ERROR(
         ready->wait(static_cast<uint64_t>(step), st.failed)
@@ -144,6 +150,25 @@ Status ExecutorImpl::computeParam(int s, int p, StepState &st, void *&out) {
                          plan.params(p).name() + "'"));
   seen = step;
   return Status::ok();
+}
+
+Status ExecutorImpl::copyWritten(int p, int64_t step) {
+  std::lock_guard<std::mutex> lock(bf16Mu);
+  // Ordered before the next step's readers by the end of this step; the
+  // event is signalled only because a stream that finds a copy it did not
+  // refresh waits for its step's signal (computeParam).
+  if (!bf16Ready.empty() && bf16Ready[p])
+    PIPER_RETURN_IF_ERROR(
+        bf16Ready[p]->signal(static_cast<uint64_t>(step + 1)));
+  bf16Step[p] = step + 1;
+  return Status::ok();
+}
+
+void ExecutorImpl::invalidateCopies() {
+  std::lock_guard<std::mutex> lock(bf16Mu);
+  std::fill(bf16Step.begin(), bf16Step.end(), 0);
+  for (std::vector<int64_t> &seen : bf16Seen)
+    std::fill(seen.begin(), seen.end(), 0);
 }
 
 Status ExecutorImpl::refreshParam(int p) {
@@ -288,8 +313,13 @@ Status ExecutorImpl::call(int s, const Instruction &inst, StepState &st,
     if (profiling)
       start = Clock::now();
     ctx.lowPrecision = rk.lowPrecision;
+    ctx.bf16Copy = rk.writesCopyOf >= 0
+                       ? static_cast<float *>(bf16Params[rk.writesCopyOf]->data)
+                       : nullptr;
     Status status =
         device->runKernel(*rk.info, kernel, rk.attrs, ins, outs, ctx);
+    if (status && rk.writesCopyOf >= 0)
+      status = copyWritten(rk.writesCopyOf, st.step);
     if (profiling) {
       int64_t ns = nanosSince(start);
       profiler.add(s, rk.profileRow, ns);

@@ -281,6 +281,7 @@ Status readCheckedTensor(const SafetensorsReader &reader,
 } // namespace
 
 Status Executor::loadState(const SafetensorsReader &reader, int kind) {
+  impl->invalidateCopies();
   std::vector<ParamSpec> specs = paramSpecs();
   for (ParamSpec &spec : specs)
     spec.name = stateName(spec.name, kind);
@@ -318,6 +319,7 @@ Status Executor::loadState(const SafetensorsReader &reader, int kind) {
 
 Status Executor::loadHeldState(const SafetensorsReader &model,
                                const SafetensorsReader &optimizer) {
+  impl->invalidateCopies();
   const std::vector<ParamSpec> held = heldParamSpecs();
   for (int kind : {Operand::PARAM, Operand::ADAM_M, Operand::ADAM_V}) {
     const SafetensorsReader &reader =
@@ -420,6 +422,7 @@ Status Executor::saveShards(const std::string &path, int64_t step) const {
 }
 
 Status Executor::loadShards(const StateSource &source, bool moments) {
+  impl->invalidateCopies();
   const plan::Plan &plan = impl->plan;
   const std::vector<int> kinds =
       moments

@@ -1,7 +1,7 @@
 // In-process tests of token-file data (deterministic windows, range, errors,
 // context-parallel shards,
 // training on real bytes) and of executor checkpoints (save/load round trip,
-// mismatches named).
+// mismatches named, bf16 copies renewed by the update or after a load).
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -18,6 +18,7 @@
 #include "runtime/exec/Executor.h"
 #include "runtime/exec/test_plans.h"
 #include "runtime/formats/Safetensors.h"
+#include "runtime/hal/gpu/host/EmulatedDevice.h"
 
 using namespace piper;
 using namespace piper::runtime;
@@ -59,11 +60,16 @@ std::unique_ptr<TokenFileData> openData(const std::string &path, int64_t vocab,
 }
 
 std::unique_ptr<Executor> makeExecutor(const plan::Plan &plan, uint64_t seed,
-                                       DataSource *data = nullptr) {
+                                       DataSource *data = nullptr,
+                                       bool emulatedGpu = false) {
   ExecutorOptions opts;
   opts.seed = seed;
   opts.rank = plan.ranks(0);
   opts.data = data;
+  if (emulatedGpu)
+    opts.createDevice = [](Communicator *comm) {
+      return hal::createEmulatedGpuDevice(comm);
+    };
   Status status;
   auto exec = Executor::create(plan, opts, status);
   INFO(status.message());
@@ -326,6 +332,69 @@ TEST_CASE("executor checkpoints: load restores exactly what was saved",
   REQUIRE(third->loadCheckpoint(*readerC));
   CHECK(paramValues(*third, 0) == wte);
   CHECK(paramValues(*third, 1) == head);
+}
+
+// Mixed precision: the `adamw` that updates a whole parameter also writes
+// the parameter's bf16 copy, which the next step reads as it is (no refresh
+// pass). Loading a checkpoint makes every copy be refreshed from the master
+// when next read, so a run that reloads its own parameters before each step
+// reads refreshed copies: its losses and parameters must be those of the
+// run reading the update's copies, bit for bit. And a checkpoint of other
+// values loaded between steps is what the next step reads. On the CPU and
+// on the emulated GPU.
+TEST_CASE("executor checkpoints: in mixed precision the update's bf16 copies "
+          "are the refreshed ones",
+          "[checkpoint]") {
+  std::string dir = tempDir();
+  TinyModel m;
+  plan::Plan plan = singleClassPlan(m, 2, {0}, 1);
+  plan.mutable_training()->set_compute_dtype(plan::BF16);
+  withArena(plan); // the bf16 copies' places
+  for (bool gpu : {false, true}) {
+    INFO((gpu ? "emulated GPU" : "CPU"));
+    SyntheticData data(1, m.vocab);
+    auto params = [](const Executor &exec) {
+      std::vector<std::vector<float>> all(2);
+      for (int p = 0; p < 2; ++p)
+        REQUIRE(exec.stateToHost(p, plan::Operand::PARAM, all[p]));
+      return all;
+    };
+    const std::string saved = dir + "/own.safetensors";
+    auto reload = [&](Executor &exec, int64_t step) {
+      REQUIRE(exec.saveCheckpoint(saved, step));
+      Status st;
+      auto reader = SafetensorsReader::open(saved, st);
+      REQUIRE(reader);
+      REQUIRE(exec.loadCheckpoint(*reader));
+    };
+    auto updated = makeExecutor(plan, 1, &data, gpu),
+         refreshed = makeExecutor(plan, 1, &data, gpu);
+    for (int64_t step = 1; step <= 4; ++step) {
+      INFO("step " << step);
+      if (step > 1)
+        reload(*refreshed, step - 1);
+      double a = 0, b = 0;
+      REQUIRE(updated->runStep(step, a));
+      REQUIRE(refreshed->runStep(step, b));
+      CHECK(a == b);
+      CHECK(params(*updated) == params(*refreshed));
+    }
+
+    // Other parameters loaded after a step: the next step's forward reads
+    // them, as a fresh executor holding them does.
+    auto other = makeExecutor(plan, 7, &data, gpu);
+    const std::string init = dir + "/init.safetensors";
+    REQUIRE(other->saveCheckpoint(init, 0));
+    Status st;
+    auto reader = SafetensorsReader::open(init, st);
+    REQUIRE(reader);
+    double first = 0, loaded = 0, fresh = 0;
+    REQUIRE(updated->runStep(5, first));
+    REQUIRE(updated->loadCheckpoint(*reader));
+    REQUIRE(updated->runStep(6, loaded));
+    REQUIRE(other->runStep(6, fresh));
+    CHECK(loaded == fresh);
+  }
 }
 
 TEST_CASE("executor checkpoints: mismatches are named", "[checkpoint]") {

@@ -55,6 +55,11 @@ struct KernelContext {
   /// factor), or null: `adamw` leaves its parameter and moments as they are
   /// where it is not finite (a diverged step updates nothing).
   const float *clipFactor = nullptr;
+  /// Mixed precision: the parameter's bf16 copy (fp32 storage holding
+  /// bf16 values, as many elements as the parameter), or null: `adamw`
+  /// writes the updated parameter rounded to bf16 there, in the pass that
+  /// updates it, so that the next step's kernels read it as it is.
+  float *bf16Copy = nullptr;
 };
 
 /// Every attribute name a kernel reads, as a compile-time id: kernels read

@@ -7,6 +7,7 @@
 #include "runtime/kernels/KernelUtil.h"
 #include "runtime/kernels/Parallel.h"
 #include "runtime/kernels/VecMath.h"
+#include "support/Precision.h"
 
 namespace piper::runtime::detail {
 
@@ -18,9 +19,12 @@ PIPER_SIMD void accumulateLoop(float *__restrict acc, const float *__restrict g,
     acc[i] += g[i];
 }
 
-// One pass over the four arrays, per element in double.
+// One pass over the four arrays, per element in double; with a bf16 copy
+// (Copy), the updated parameter rounded to bf16 is written there too.
+template <bool Copy>
 PIPER_SIMD void adamwLoop(const float *__restrict grad, float *__restrict param,
-                          float *__restrict m, float *__restrict v, int64_t n,
+                          float *__restrict m, float *__restrict v,
+                          float *__restrict copy, int64_t n,
                           const AdamwConstants &c) {
   // The bias corrections are multiplications by their reciprocals (within
   // an ulp of double of the divisions): one division and one square root per
@@ -37,6 +41,8 @@ PIPER_SIMD void adamwLoop(const float *__restrict grad, float *__restrict param,
     param[i] = static_cast<float>(p);
     m[i] = static_cast<float>(mi);
     v[i] = static_cast<float>(vi);
+    if constexpr (Copy)
+      copy[i] = roundToBf16(static_cast<float>(p));
   }
 }
 
@@ -127,9 +133,14 @@ Status adamwKernel(const KernelArgs &a) {
                   &v = a.outputs[2];
   const float *g = grad.f32();
   float *p = param.f32(), *mData = m.f32(), *vData = v.f32();
+  float *copy = a.ctx.bf16Copy;
   parallelFor(grad.numel(), kElementGrain, [&](int64_t begin, int64_t end) {
-    adamwLoop(g + begin, p + begin, mData + begin, vData + begin, end - begin,
-              c);
+    if (copy)
+      adamwLoop<true>(g + begin, p + begin, mData + begin, vData + begin,
+                      copy + begin, end - begin, c);
+    else
+      adamwLoop<false>(g + begin, p + begin, mData + begin, vData + begin,
+                       nullptr, end - begin, c);
   });
   return Status::ok();
 }

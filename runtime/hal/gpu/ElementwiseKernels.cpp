@@ -59,7 +59,7 @@ Status adamw(const KernelArgs &a, const Context &ctx) {
   AdamwConstants c;
   PIPER_RETURN_IF_ERROR(detail::checkAdamw(a, c));
   return launchAdamw(ctx, c, a.inputs[0].f32(), a.outputs[0].f32(),
-                     a.outputs[1].f32(), a.outputs[2].f32(),
+                     a.outputs[1].f32(), a.outputs[2].f32(), a.ctx.bf16Copy,
                      a.inputs[0].numel(), a.ctx.clipFactor);
 }
 

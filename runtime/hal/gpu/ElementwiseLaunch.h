@@ -27,10 +27,11 @@ Status launchAdd(const Context &ctx, const float *a, const float *b, float *y,
 Status launchScaleBy(const Context &ctx, float *x, const float *factor,
                      int64_t n);
 /// AdamW over n elements; none is touched where `clipFactor` (device
-/// memory, may be null) is not finite.
+/// memory, may be null) is not finite. Where `copy` is not null, the updated
+/// parameter rounded to bf16 is written there too.
 Status launchAdamw(const Context &ctx, const AdamwConstants &c,
                    const float *grad, float *param, float *m, float *v,
-                   int64_t n, const float *clipFactor);
+                   float *copy, int64_t n, const float *clipFactor);
 Status launchPackBf16(const Context &ctx, uint16_t *dst, const float *src,
                       int64_t n);
 Status launchUnpackBf16(const Context &ctx, float *dst, const uint16_t *src,

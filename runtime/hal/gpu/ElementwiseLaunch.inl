@@ -54,11 +54,13 @@ Status launchScaleBy(const Context &ctx, float *x, const float *factor,
 
 Status launchAdamw(const Context &ctx, const AdamwConstants &c,
                    const float *grad, float *param, float *m, float *v,
-                   int64_t n, const float *clipFactor) {
+                   float *copy, int64_t n, const float *clipFactor) {
   return Exec(ctx).forEach("adamw", n, [=] PIPER_LAMBDA(int64_t i) {
     if (clipFactor && !finiteFloat(*clipFactor))
       return; // a diverged step: nothing is updated
     adamwElement(c, grad[i], param[i], m[i], v[i]);
+    if (copy)
+      copy[i] = fromBf16(toBf16(param[i]));
   });
 }
 

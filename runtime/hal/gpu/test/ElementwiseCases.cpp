@@ -68,6 +68,11 @@ std::vector<KernelCase> cases() {
       c.step = step;
       c.lrScale = lrScale;
       out.push_back(c);
+      // Mixed precision: the same update also writes the parameter's bf16
+      // copy (exactly the updated parameter, rounded).
+      c.name += " with bf16 copy";
+      c.bf16Copy = true;
+      out.push_back(c);
     }
   }
   // Malformed calls: the same check, the same message on both devices.

@@ -7,6 +7,8 @@
 #include <random>
 #include <sstream>
 
+#include "support/Precision.h"
+
 namespace piper::runtime::hal::testing {
 
 Operand f32(std::vector<int64_t> shape, double scale) {
@@ -203,6 +205,13 @@ Side runOn(const KernelCase &c, Device &device,
   ctx.lowPrecision = c.lowPrecision;
   ctx.tensorMember = c.tensorMember;
   ctx.contextMember = c.contextMember;
+  TensorRef copy;
+  if (c.bf16Copy && !c.outputs.empty()) {
+    // Filled with NaN: an element the kernel does not write fails.
+    std::vector<uint32_t> nan(outWords[0].size(), 0x7fc00001u);
+    copy = run.upload(c.outputs[0], nan);
+    ctx.bf16Copy = copy.f32();
+  }
   Status st = device.runKernel(*info, kernel, decodeKernelAttrs(kernel), ins,
                                outs, ctx);
   if (!st) {
@@ -212,6 +221,19 @@ Side runOn(const KernelCase &c, Device &device,
   }
   for (const TensorRef &t : outs)
     side.outs.push_back(run.download(t));
+  if (copy.data) {
+    std::vector<uint32_t> words = run.download(copy);
+    for (size_t i = 0; i < words.size() && side.error.empty(); ++i) {
+      float param, got;
+      std::memcpy(&param, &side.outs[0][i], 4);
+      std::memcpy(&got, &words[i], 4);
+      float want = roundToBf16(param);
+      if (std::memcmp(&want, &got, 4) != 0)
+        side.error = device.name() + ": bf16 copy[" + std::to_string(i) +
+                     "] is " + std::to_string(got) + ", not " +
+                     std::to_string(want) + " (output 0 rounded)";
+    }
+  }
   if (!run.status)
     side.error = device.name() + ": " + run.status.message();
   return side;

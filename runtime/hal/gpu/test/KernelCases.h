@@ -69,6 +69,9 @@ struct KernelCase {
   int64_t contextMember = 0;
   /// Also compares the loss accumulator (loss_accumulate).
   bool checksLoss = false;
+  /// adamw: also passes a bf16 copy of output 0 (KernelContext::bf16Copy),
+  /// which must hold exactly output 0 rounded to bf16 on each device.
+  bool bf16Copy = false;
   /// Not empty: a malformed call. Both devices must reject it with the same
   /// message, containing this.
   std::string rejects;
