@@ -1,24 +1,23 @@
 // The warp code of the GPU kernels on the host, with 32 lanes: an Exec whose
-// rows run on 32 threads that meet at every cross-lane operation (sum, max,
-// shuffles, match, sync) and combine in a warp's order (Simt.h's
+// rows run on 32 lanes (fibers) that meet at every cross-lane operation (sum,
+// max, shuffles, match, sync) and combine in a warp's order (Simt.h's
 // WarpLanes), and whose forEach visits the indices in reverse order. The
 // emulation (HostExec) runs one lane; built with PIPER_GPU_LANES32,
 // HostExec is this Exec (//runtime/hal/gpu:emulation_lanes32, namespace
 // gpu_lanes32), so gpu_kernels_lanes_test runs the kernel cases with the
 // lane striding and the cross-lane operations a GPU has. A lane left
 // waiting at a meeting (a divergent reduction, undefined on a GPU) aborts
-// the test. For tests only: 32 threads per row launch.
+// the test. For tests only: the 32 lanes are fibers on the calling thread.
 #ifndef PIPER_RUNTIME_HAL_GPU_HOST_LANESEXEC_H
 #define PIPER_RUNTIME_HAL_GPU_HOST_LANESEXEC_H
 
-#include <chrono>
-#include <condition_variable>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <mutex>
-#include <thread>
 #include <type_traits>
-#include <vector>
+
+#include <sys/mman.h>
+#include <ucontext.h>
 
 #include "runtime/hal/gpu/GpuApi.h"
 #include "runtime/hal/gpu/Simt.h"
@@ -27,35 +26,115 @@ namespace piper::runtime::hal::PIPER_GPU_NS {
 
 namespace {
 
-// 32 lanes' meeting point: a reusable barrier and one slot per lane.
+// The 32 lanes of a row, run as fibers on the calling thread (ucontext): a
+// lane runs until it reaches a cross-lane operation (it parks at the
+// meeting) or ends; when all 32 are parked they go on. Switching fibers in
+// user space keeps a test's millions of meetings cheap, where 32 threads
+// per row made the kernel switch between them at every one (gpu_kernels_
+// lanes_test spent 200 s of 2 cores in the scheduler).
 class Meeting {
 public:
+  static constexpr int kLanes = 32;
+  // Parks the running lane until every lane has arrived.
   void wait() {
-    std::unique_lock<std::mutex> lock(mutex);
-    uint64_t gen = generation;
-    if (++arrived == 32) {
-      arrived = 0;
-      ++generation;
-      cv.notify_all();
-    } else {
-      // A lane left waiting: the others skipped a lanes.sum (divergent
-      // reductions, undefined on a GPU).
-      if (!cv.wait_for(lock, std::chrono::seconds(20),
-                       [&] { return generation != gen; })) {
+    ++arrived;
+    parked[running] = true;
+    swapcontext(&lanes[running], &main);
+  }
+  double doubles[kLanes];
+  int64_t ints[kLanes];
+
+  // Runs body(lane) on every lane, meeting by wait(); aborts when lanes
+  // diverge (some ended while others wait at a cross-lane operation).
+  template <class Body> void run(Body &body) {
+    Stacks &stacks = Stacks::forThread();
+    struct Start {
+      Meeting *meeting;
+      Body *body;
+    } start{this, &body};
+    for (int l = 0; l < kLanes; ++l) {
+      getcontext(&lanes[l]);
+      lanes[l].uc_stack.ss_sp = stacks.stack(l);
+      lanes[l].uc_stack.ss_size = Stacks::kBytes;
+      lanes[l].uc_link = &main;
+      // makecontext passes ints: the pointer in two halves.
+      auto bits = reinterpret_cast<uintptr_t>(&start);
+      makecontext(&lanes[l], reinterpret_cast<void (*)()>(&enter<Start>), 3,
+                  static_cast<unsigned>(bits),
+                  static_cast<unsigned>(uint64_t(bits) >> 32), l);
+    }
+    int ended = 0;
+    bool done[kLanes] = {};
+    while (ended < kLanes) {
+      for (int l = 0; l < kLanes; ++l) {
+        if (done[l] || parked[l])
+          continue;
+        running = l;
+        finished = false;
+        swapcontext(&main, &lanes[l]);
+        if (finished) {
+          done[l] = true;
+          ++ended;
+        }
+      }
+      if (arrived == 0)
+        continue; // every lane ended
+      if (arrived + ended != kLanes || ended > 0) {
+        // A lane left waiting: the others skipped a lanes.sum (divergent
+        // reductions, undefined on a GPU).
         std::fprintf(stderr, "lanes diverged: not every lane reached a "
                              "cross-lane operation\n");
         std::abort();
       }
+      arrived = 0;
+      for (bool &p : parked)
+        p = false;
     }
   }
-  double doubles[32];
-  int64_t ints[32];
 
 private:
-  std::mutex mutex;
-  std::condition_variable cv;
+  // Per thread: 32 stacks with a guard page below each, mapped once.
+  struct Stacks {
+    static constexpr size_t kBytes = size_t(256) << 10, kGuard = 4096;
+    char *base = nullptr;
+    static Stacks &forThread() {
+      thread_local Stacks stacks;
+      return stacks;
+    }
+    char *stack(int lane) {
+      if (!base) {
+        size_t total = kLanes * (kGuard + kBytes);
+        void *p = mmap(nullptr, total, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED) {
+          std::fprintf(stderr, "lanes: cannot map the lanes' stacks\n");
+          std::abort();
+        }
+        base = static_cast<char *>(p);
+        for (int l = 0; l < kLanes; ++l)
+          mprotect(base + l * (kGuard + kBytes), kGuard, PROT_NONE);
+      }
+      return base + lane * (kGuard + kBytes) + kGuard;
+    }
+    ~Stacks() {
+      if (base)
+        munmap(base, kLanes * (kGuard + kBytes));
+    }
+  };
+
+  template <class Start> static void enter(unsigned lo, unsigned hi, int lane) {
+    auto *start =
+        reinterpret_cast<Start *>(uintptr_t(lo) | (uintptr_t(hi) << 32));
+    (*start->body)(lane);
+    start->meeting->finished = true; // uc_link returns to run()
+  }
+
+  ucontext_t main;
+  ucontext_t lanes[kLanes];
+  bool parked[kLanes] = {};
   int arrived = 0;
-  uint64_t generation = 0;
+  int running = 0;
+  bool finished = false;
 };
 
 struct ThreadLanes {
@@ -134,14 +213,11 @@ public:
   // Every lane takes every row, as CudaExec's warps.
   template <class F> Status forEachRow(const char *, int64_t rows, F f) const {
     Meeting meeting;
-    std::vector<std::thread> lanes;
-    for (int l = 0; l < 32; ++l)
-      lanes.emplace_back([&, l] {
-        for (int64_t r = rows - 1; r >= 0; --r)
-          f(Lanes{l, &meeting}, r);
-      });
-    for (std::thread &t : lanes)
-      t.join();
+    auto body = [&](int l) {
+      for (int64_t r = rows - 1; r >= 0; --r)
+        f(Lanes{l, &meeting}, r);
+    };
+    meeting.run(body);
     return Status::ok();
   }
 

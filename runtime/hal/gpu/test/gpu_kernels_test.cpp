@@ -8,6 +8,13 @@
 
 #include <set>
 
+#ifdef PIPER_GPU_LANES32
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "runtime/hal/gpu/HostExec.h"
+#endif
+
 #include "runtime/hal/cpu/CpuDevice.h"
 #include "runtime/hal/gpu/GpuKernels.h"
 #include "runtime/hal/gpu/host/EmulatedDevice.h"
@@ -114,3 +121,61 @@ TEST_CASE("kernels write every element of their outputs, but those declared "
     CHECK(readers.count(op) == 1);
   }
 }
+
+#ifdef PIPER_GPU_LANES32
+// The 32-lane emulation itself (host/LanesExec.h): lanes exchange values at
+// each meeting as a warp does, rows run in reverse, and lanes that diverge
+// at a cross-lane operation abort the process with a message (here in a
+// child process).
+TEST_CASE("the 32-lane emulation meets like a warp and names divergence") {
+  using hal::PIPER_GPU_NS::Context;
+  using hal::PIPER_GPU_NS::HostExec;
+  Context ctx;
+  std::vector<int64_t> sums(3, -1), shifted(3 * 32, -1);
+  std::vector<int64_t> order;
+  REQUIRE(HostExec(ctx).forEachRow(
+      "test", 3, [&](const HostExec::Lanes &lanes, int64_t r) {
+        int64_t v = lanes.lane() + 100 * r;
+        int64_t total = lanes.sum(v);
+        int64_t up = lanes.shuffleUp(v, 1);
+        if (lanes.lane() == 0) {
+          sums[size_t(r)] = total;
+          order.push_back(r);
+        }
+        shifted[size_t(r * 32 + lanes.lane())] = up;
+      }));
+  for (int64_t r = 0; r < 3; ++r) {
+    CHECK(sums[size_t(r)] == 496 + 3200 * r);
+    for (int l = 0; l < 32; ++l)
+      CHECK(shifted[size_t(r * 32 + l)] == (l > 0 ? l - 1 : 0) + 100 * r);
+  }
+  CHECK(order == std::vector<int64_t>{2, 1, 0});
+
+  int pipe[2];
+  REQUIRE(::pipe(pipe) == 0);
+  pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    ::dup2(pipe[1], 2);
+    Context c;
+    // Lane 7 skips the sum the others wait in.
+    (void)HostExec(c).forEachRow("diverging", 1,
+                                 [&](const HostExec::Lanes &lanes, int64_t) {
+                                   if (lanes.lane() != 7)
+                                     (void)lanes.sum(1.0);
+                                 });
+    ::_exit(0);
+  }
+  ::close(pipe[1]);
+  std::string err;
+  char buf[256];
+  for (ssize_t n; (n = ::read(pipe[0], buf, sizeof buf)) > 0;)
+    err.append(buf, size_t(n));
+  ::close(pipe[0]);
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  CHECK(WIFSIGNALED(status));
+  CHECK(WTERMSIG(status) == SIGABRT);
+  CHECK(err.find("lanes diverged") != std::string::npos);
+}
+#endif
