@@ -45,6 +45,7 @@ TEST_CASE("the CUDA sums of squares agree with the CPU's") {
   REQUIRE(gpu);
   auto cpu = createCpuDevice(nullptr);
   CHECK(testing::compareSquareSums(*cpu, *gpu) == "");
+  CHECK(testing::compareSquaresBatching(*gpu) == "");
 }
 
 TEST_CASE("the CUDA clipped-step norm, clip factor and scaling agree with "

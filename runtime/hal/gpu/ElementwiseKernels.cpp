@@ -79,22 +79,36 @@ void addElementwiseKernels(std::vector<KernelEntry> &out) {
 }
 
 Status sumsOfSquares(const Context &ctx, const std::vector<SquaresJob> &jobs) {
-  // One block of partials for every job (the stream runs them in order):
-  // reserved once, so that no job's reservation waits for the stream.
+  // Two launches per SquaresBatch::kMax jobs (a clipped step measures every
+  // gradient at once). One block of partials for every batch (the stream
+  // runs them in order): reserved once, so that no batch's reservation
+  // waits for the stream.
+  std::vector<SquaresBatch> batches;
   int64_t chunks = 1;
-  for (const SquaresJob &job : jobs)
-    chunks = std::max(chunks, (job.n + kSquaresChunk - 1) / kSquaresChunk);
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    if (i % SquaresBatch::kMax == 0) {
+      batches.emplace_back();
+      batches.back().firstChunk[0] = 0;
+    }
+    SquaresBatch &b = batches.back();
+    const SquaresJob &job = jobs[i];
+    const int64_t n = std::max<int64_t>(job.n, 0);
+    b.x[b.count] = job.x;
+    b.n[b.count] = n;
+    b.result[b.count] = job.result;
+    b.firstChunk[b.count + 1] =
+        b.firstChunk[b.count] + (n + kSquaresChunk - 1) / kSquaresChunk;
+    ++b.count;
+    chunks = std::max(chunks, b.firstChunk[b.count]);
+  }
+  if (batches.empty())
+    return Status::ok();
   void *scratch = nullptr;
   PIPER_RETURN_IF_ERROR(ctx.workspace->reserve(
       static_cast<size_t>(chunks) * sizeof(double), scratch));
   double *partials = static_cast<double *>(scratch);
-  for (const SquaresJob &job : jobs) {
-    if (job.n <= 0)
-      PIPER_RETURN_IF_ERROR(zeroAsync(ctx, job.result, sizeof(double)));
-    else
-      PIPER_RETURN_IF_ERROR(
-          launchSumOfSquares(ctx, job.x, job.n, partials, job.result));
-  }
+  for (const SquaresBatch &b : batches)
+    PIPER_RETURN_IF_ERROR(launchSumsOfSquares(ctx, b, partials));
   return Status::ok();
 }
 

@@ -37,11 +37,24 @@ Status launchPackBf16(const Context &ctx, uint16_t *dst, const float *src,
 Status launchUnpackBf16(const Context &ctx, float *dst, const uint16_t *src,
                         int64_t n);
 Status launchRoundBf16(const Context &ctx, float *x, int64_t n);
-/// partials[c] = sum of x[i]^2 over chunk c (kSquaresChunk elements), then
-/// *total = the sum of the partials, both in double in a fixed order.
-/// `partials` holds ceil(n / kSquaresChunk) doubles.
-Status launchSumOfSquares(const Context &ctx, const float *x, int64_t n,
-                          double *partials, double *total);
+/// Up to kMax float arrays whose sums of squares two launches take.
+struct SquaresBatch {
+  static constexpr int kMax = 48; // ~1.6 KB of kernel arguments
+  int count = 0;
+  const float *x[kMax];
+  int64_t n[kMax];
+  double *result[kMax];
+  /// Array j's chunks are [firstChunk[j], firstChunk[j + 1]) of the
+  /// partials (ceil(n[j] / kSquaresChunk) of them).
+  int64_t firstChunk[kMax + 1];
+};
+/// For each array j of the batch: partials[c] = sum of x[i]^2 over each of
+/// its chunks c (kSquaresChunk elements), then *result[j] = the sum of its
+/// partials in chunk order, all in double in a fixed order (the same bits
+/// whichever arrays share the batch); 0 for an empty array. `partials`
+/// holds firstChunk[count] doubles.
+Status launchSumsOfSquares(const Context &ctx, const SquaresBatch &batch,
+                           double *partials);
 /// *total = sum over i < count of slots[i] * weights[i], added in order in
 /// double (hal::SquareSums::weigh).
 Status launchWeighSquares(const Context &ctx, const double *slots,

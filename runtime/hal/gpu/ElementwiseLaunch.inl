@@ -83,13 +83,26 @@ Status launchRoundBf16(const Context &ctx, float *x, int64_t n) {
   });
 }
 
-Status launchSumOfSquares(const Context &ctx, const float *x, int64_t n,
-                          double *partials, double *total) {
+Status launchSumsOfSquares(const Context &ctx, const SquaresBatch &batch,
+                           double *partials) {
   using Lanes = Exec::Lanes;
-  const int64_t chunks = (n + kSquaresChunk - 1) / kSquaresChunk;
+  const SquaresBatch b = batch; // the kernels' arguments
   PIPER_RETURN_IF_ERROR(Exec(ctx).forEachRow(
-      "sum_of_squares", chunks, [=] PIPER_LAMBDA(Lanes lanes, int64_t c) {
-        int64_t begin = c * kSquaresChunk;
+      "sum_of_squares", b.firstChunk[b.count],
+      [=] PIPER_LAMBDA(Lanes lanes, int64_t c) {
+        // The last array whose chunks start at or before c (arrays without
+        // chunks start where the next one does).
+        int lo = 0, hi = b.count - 1;
+        while (lo < hi) {
+          int mid = (lo + hi + 1) / 2;
+          if (b.firstChunk[mid] <= c)
+            lo = mid;
+          else
+            hi = mid - 1;
+        }
+        const float *x = b.x[lo];
+        const int64_t n = b.n[lo];
+        int64_t begin = (c - b.firstChunk[lo]) * kSquaresChunk;
         int64_t end = begin + kSquaresChunk < n ? begin + kSquaresChunk : n;
         double s = 0;
         for (int64_t i = begin + lanes.lane(); i < end; i += Lanes::kCount)
@@ -99,13 +112,15 @@ Status launchSumOfSquares(const Context &ctx, const float *x, int64_t n,
           partials[c] = s;
       }));
   return Exec(ctx).forEachRow(
-      "sum_of_squares", 1, [=] PIPER_LAMBDA(Lanes lanes, int64_t) {
+      "sum_of_squares", b.count, [=] PIPER_LAMBDA(Lanes lanes, int64_t j) {
+        const int64_t first = b.firstChunk[j],
+                      chunks = b.firstChunk[j + 1] - first;
         double s = 0;
         for (int64_t c = lanes.lane(); c < chunks; c += Lanes::kCount)
-          s += partials[c];
+          s += partials[first + c];
         s = lanes.sum(s);
         if (lanes.lane() == 0)
-          *total = s;
+          *b.result[j] = s;
       });
 }
 

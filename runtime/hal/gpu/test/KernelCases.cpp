@@ -397,6 +397,59 @@ std::string compareSquareSums(Device &cpu, Device &gpu, double rtol) {
   return bad.str();
 }
 
+std::string compareSquaresBatching(Device &gpu, double rtol) {
+  const std::vector<int64_t> kinds = {0, 1, 37, 16384, 16385, 40000};
+  const int count = 110; // more than two launches' batches
+  std::mt19937_64 rng(29);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<std::vector<uint32_t>> words(count);
+  std::vector<double> host(count, 0.0);
+  for (int i = 0; i < count; ++i) {
+    words[size_t(i)].resize(size_t(kinds[rng() % kinds.size()]));
+    for (uint32_t &w : words[size_t(i)]) {
+      float f = normal(rng) * float(1 + i % 7);
+      host[size_t(i)] += double(f) * double(f);
+      std::memcpy(&w, &f, 4);
+    }
+  }
+  DeviceRun run{gpu, {}, {}, {}};
+  std::vector<SquaresSpan> spans;
+  for (int i = 0; i < count; ++i) {
+    int64_t n = int64_t(words[size_t(i)].size());
+    TensorRef t = run.upload(Operand{plan::F32, {n}}, words[size_t(i)]);
+    // Slots in reverse: a span's slot is not its position.
+    spans.push_back({static_cast<const float *>(t.data), n, count - 1 - i});
+  }
+  if (!run.status)
+    return run.status.message();
+  std::vector<double> together(count), alone(count);
+  Status st = [&]() -> Status {
+    std::unique_ptr<SquareSums> a, b;
+    PIPER_RETURN_IF_ERROR(gpu.createSquareSums(count, a));
+    PIPER_RETURN_IF_ERROR(gpu.createSquareSums(count, b));
+    PIPER_RETURN_IF_ERROR(a->measure(spans));
+    for (const SquaresSpan &span : spans)
+      PIPER_RETURN_IF_ERROR(b->measure({span}));
+    PIPER_RETURN_IF_ERROR(a->read(together.data(), count));
+    return b->read(alone.data(), count);
+  }();
+  if (!st)
+    return gpu.name() + ": " + st.message();
+  std::ostringstream bad;
+  for (int i = 0; i < count; ++i) {
+    double t = together[size_t(count - 1 - i)],
+           s = alone[size_t(count - 1 - i)];
+    double h = host[size_t(i)];
+    if (std::memcmp(&t, &s, sizeof t) != 0)
+      bad << "span " << i << " of " << words[size_t(i)].size()
+          << ": measured with the others " << t << ", alone " << s << "; ";
+    else if (!(std::fabs(t - h) <= rtol * std::fabs(h)))
+      bad << "span " << i << " of " << words[size_t(i)].size() << ": " << t
+          << ", host " << h << "; ";
+  }
+  return bad.str();
+}
+
 std::string compareGradClip(Device &cpu, Device &gpu, double rtol) {
   const std::vector<int64_t> lengths = {1000, 2 * 16384 + 5, 7};
   const std::vector<double> weights = {0.5, 1.0, 0.25};

@@ -113,6 +113,12 @@ std::string runOutputsFrom(const KernelCase &c, Device &device,
 /// slot out of range is an error on both.
 std::string compareSquareSums(Device &cpu, Device &gpu, double rtol = 1e-12);
 
+/// On `gpu`: many spans measured in one call (several launches' batches,
+/// empty spans and spans of one and of several chunks among them) give
+/// each slot the same bits as the span measured alone, and within `rtol`
+/// of the host's double sum. Returns "" or what differs.
+std::string compareSquaresBatching(Device &gpu, double rtol = 1e-12);
+
 /// The clipped step's norm on each device (SquareSums::setWeights, weigh,
 /// clip, factor, readNorm, and Device::scaleBy): spans weighed into a norm
 /// that clips, one that does not, and one with a NaN. "" when, on each

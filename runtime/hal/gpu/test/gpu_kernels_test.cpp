@@ -70,6 +70,8 @@ TEST_CASE("the emulated GPU's sums of squares agree with the CPU's") {
   auto cpu = createCpuDevice(nullptr);
   auto gpu = createEmulatedGpuDevice(nullptr);
   CHECK(testing::compareSquareSums(*cpu, *gpu) == "");
+  // Measured together in batches, each sum has the bits it has alone.
+  CHECK(testing::compareSquaresBatching(*gpu) == "");
 }
 
 TEST_CASE("the emulated GPU's clipped-step norm, clip factor and scaling "
