@@ -54,6 +54,9 @@ struct ResolvedKernel {
   /// -1 otherwise (a ZeRO range is gathered after its update, and the copy
   /// is refreshed from the gathered master when first read).
   int writesCopyOf = -1;
+  /// The first of two or more consecutive `adamw` kernels: the index past
+  /// the last (Device::runAdamwCalls runs them together); 0 otherwise.
+  int groupEnd = 0;
   int profileRow = 0;
   /// Operand views with dtypes and shapes filled in; a call sets `data`.
   std::vector<TensorRef> inputs, outputs;
@@ -70,6 +73,9 @@ struct CallScratch {
   std::vector<char> stored;
 
   std::vector<TensorRef> inputs, outputs;
+  /// A run of `adamw` kernels: their calls, and their gradients' spans.
+  std::vector<AdamwCall> adamwCalls;
+  std::vector<hal::SquaresSpan> spans;
 };
 
 /// One step buffer. No lock: a buffer is written once per step and its

@@ -110,6 +110,20 @@ Status ExecutorImpl::resolveKernels() {
       for (const Operand &o : kernel.outputs())
         r.outputs.push_back(view(o));
     }
+    // Runs of consecutive updates, run together.
+    const SegmentLifetimes &lt = lifetimes[static_cast<size_t>(g)];
+    auto groupable = [&](int k) {
+      return resolved[k].adamw && lt.allocBefore[k].empty() &&
+             lt.argsBefore[k].empty() && lt.resultsAfter[k].empty();
+    };
+    for (int k = 0; k < seg.kernels_size();) {
+      int end = k;
+      while (end < seg.kernels_size() && groupable(end))
+        ++end;
+      if (end - k >= 2)
+        resolved[k].groupEnd = end;
+      k = std::max(end, k + 1);
+    }
     kernels.push_back(std::move(resolved));
   }
   scratch.assign(std::max(1, plan.streams_size()), CallScratch{});
@@ -245,11 +259,92 @@ Status ExecutorImpl::call(int s, const Instruction &inst, StepState &st,
   auto where = [&](int k) {
     return "segment '" + seg.name() + "', kernel " + std::to_string(k);
   };
+  // Kernel k's operands: bf16 copies for low-precision kernels' parameters,
+  // this rank's ranges for a ZeRO-sharded update.
+  auto bindOperands = [&](int k, std::vector<TensorRef> &ins,
+                          std::vector<TensorRef> &outs) -> Status {
+    const plan::Kernel &kernel = seg.kernels(k);
+    const ResolvedKernel &rk = resolved[k];
+    ins.resize(rk.inputs.size());
+    outs.resize(rk.outputs.size());
+    for (int j = 0; j < kernel.inputs_size(); ++j) {
+      const Operand &op = kernel.inputs(j);
+      if (rk.lowPrecision && op.kind() == Operand::PARAM) {
+        void *copy = nullptr;
+        PIPER_RETURN_IF_ERROR(
+            computeParam(s, op.index(), st, copy).withContext(where(k)));
+        bind(ins[j], rk.inputs[j], copy);
+      } else {
+        bind(ins[j], rk.inputs[j], dataOf(op));
+      }
+    }
+    for (int j = 0; j < kernel.outputs_size(); ++j)
+      bind(outs[j], rk.outputs[j], dataOf(kernel.outputs(j)));
+    if (rk.onRange) {
+      for (int j = 0; j < kernel.inputs_size(); ++j)
+        ins[j].data =
+            rangeOf(kernel.inputs(j).index(), kernel.inputs(j).kind());
+      for (int j = 0; j < kernel.outputs_size(); ++j)
+        outs[j].data =
+            rangeOf(kernel.outputs(j).index(), kernel.outputs(j).kind());
+    }
+    return Status::ok();
+  };
+  auto copyOf = [&](const ResolvedKernel &rk) {
+    return rk.writesCopyOf >= 0
+               ? static_cast<float *>(bf16Params[rk.writesCopyOf]->data)
+               : nullptr;
+  };
   const bool profiling = options.profile;
   std::vector<TensorRef> &ins = scratch.inputs, &outs = scratch.outputs;
   for (int k = 0; k < seg.kernels_size(); ++k) {
     const plan::Kernel &kernel = seg.kernels(k);
     const ResolvedKernel &rk = resolved[k];
+    if (rk.groupEnd > 0) {
+      // A run of `adamw` updates (no value operands): the backend may fuse
+      // them into fewer launches (Device::runAdamwCalls).
+      std::vector<AdamwCall> &calls = scratch.adamwCalls;
+      calls.resize(static_cast<size_t>(rk.groupEnd - k));
+      std::vector<hal::SquaresSpan> &spans = scratch.spans;
+      spans.clear();
+      for (int g = k; g < rk.groupEnd; ++g) {
+        AdamwCall &c = calls[static_cast<size_t>(g - k)];
+        c.kernel = &seg.kernels(g);
+        c.attrs = &resolved[g].attrs;
+        c.bf16Copy = copyOf(resolved[g]);
+        PIPER_RETURN_IF_ERROR(bindOperands(g, c.inputs, c.outputs));
+        if (!c.inputs.empty())
+          spans.push_back({c.inputs[0].f32(), c.inputs[0].numel(),
+                           c.kernel->inputs(0).index()});
+      }
+      // Without CLIP_GRADS: each final gradient, before its update.
+      if (!clips)
+        PIPER_RETURN_IF_ERROR(squares->measure(spans).withContext(
+            where(k) + ": the gradients' sums of squares"));
+      Clock::time_point start;
+      if (profiling)
+        start = Clock::now();
+      ctx.lowPrecision = false;
+      size_t failed = 0;
+      Status status = device->runAdamwCalls(*rk.info, calls, ctx, failed);
+      if (profiling) {
+        // Counted per call, the time shared among them.
+        const int64_t ns = nanosSince(start), n = rk.groupEnd - k;
+        for (int64_t g = 0; g < n; ++g)
+          profiler.add(s, rk.profileRow,
+                       g + 1 < n ? ns / n : ns - (n - 1) * (ns / n));
+        accounted += ns;
+      }
+      if (!status)
+        return status.withContext(
+            where(k + static_cast<int>(std::min(failed, calls.size() - 1))));
+      for (int g = k; g < rk.groupEnd; ++g)
+        if (resolved[g].writesCopyOf >= 0)
+          PIPER_RETURN_IF_ERROR(copyWritten(resolved[g].writesCopyOf, st.step)
+                                    .withContext(where(g)));
+      k = rk.groupEnd - 1;
+      continue;
+    }
     Clock::time_point start;
     if (profiling && !lt.allocBefore[k].empty())
       start = Clock::now();
@@ -279,29 +374,7 @@ Status ExecutorImpl::call(int s, const Instruction &inst, StepState &st,
       profiler.add(s, Profiler::kCallAlloc, ns);
       accounted += ns;
     }
-    ins.resize(rk.inputs.size());
-    outs.resize(rk.outputs.size());
-    for (int j = 0; j < kernel.inputs_size(); ++j) {
-      const Operand &op = kernel.inputs(j);
-      if (rk.lowPrecision && op.kind() == Operand::PARAM) {
-        void *copy = nullptr;
-        PIPER_RETURN_IF_ERROR(
-            computeParam(s, op.index(), st, copy).withContext(where(k)));
-        bind(ins[j], rk.inputs[j], copy);
-      } else {
-        bind(ins[j], rk.inputs[j], dataOf(op));
-      }
-    }
-    for (int j = 0; j < kernel.outputs_size(); ++j)
-      bind(outs[j], rk.outputs[j], dataOf(kernel.outputs(j)));
-    if (rk.onRange) {
-      for (int j = 0; j < kernel.inputs_size(); ++j)
-        ins[j].data =
-            rangeOf(kernel.inputs(j).index(), kernel.inputs(j).kind());
-      for (int j = 0; j < kernel.outputs_size(); ++j)
-        outs[j].data =
-            rangeOf(kernel.outputs(j).index(), kernel.outputs(j).kind());
-    }
+    PIPER_RETURN_IF_ERROR(bindOperands(k, ins, outs));
     // Without CLIP_GRADS, the norm is taken of the final gradient just
     // before the update reads (and a later `zero` clears) it.
     if (!clips && rk.adamw && !ins.empty())
@@ -313,9 +386,7 @@ Status ExecutorImpl::call(int s, const Instruction &inst, StepState &st,
     if (profiling)
       start = Clock::now();
     ctx.lowPrecision = rk.lowPrecision;
-    ctx.bf16Copy = rk.writesCopyOf >= 0
-                       ? static_cast<float *>(bf16Params[rk.writesCopyOf]->data)
-                       : nullptr;
+    ctx.bf16Copy = copyOf(rk);
     Status status =
         device->runKernel(*rk.info, kernel, rk.attrs, ins, outs, ctx);
     if (status && rk.writesCopyOf >= 0)

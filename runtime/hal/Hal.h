@@ -271,6 +271,22 @@ public:
                            const std::vector<TensorRef> &inputs,
                            const std::vector<TensorRef> &outputs,
                            KernelContext &ctx) = 0;
+  /// Runs consecutive `adamw` calls (the optimizer step's), each as
+  /// runKernel would with `ctx` and the call's own bf16Copy; a backend may
+  /// fuse them into fewer launches giving the same bits (the GPU backends:
+  /// one per 32 parameters). On an error `failed` is the index of the call
+  /// it belongs to. The default runs them one by one.
+  virtual Status runAdamwCalls(const KernelInfo &info,
+                               const std::vector<AdamwCall> &calls,
+                               KernelContext &ctx, size_t &failed) {
+    for (failed = 0; failed < calls.size(); ++failed) {
+      const AdamwCall &c = calls[failed];
+      ctx.bf16Copy = c.bf16Copy;
+      PIPER_RETURN_IF_ERROR(
+          runKernel(info, *c.kernel, *c.attrs, c.inputs, c.outputs, ctx));
+    }
+    return Status::ok();
+  }
   // The executor's own elementwise work on device memory, outside kernels.
   // Queued on the calling stream like a kernel; an error names the device
   // call that failed.

@@ -145,6 +145,16 @@ struct KernelInfo {
   int index;
 };
 
+/// One `adamw` call of a group (hal::Device::runAdamwCalls): what
+/// runKernel would get.
+struct AdamwCall {
+  const plan::Kernel *kernel = nullptr;
+  const KernelAttrs *attrs = nullptr;
+  std::vector<TensorRef> inputs, outputs;
+  /// KernelContext::bf16Copy of this call (null: none).
+  float *bf16Copy = nullptr;
+};
+
 /// Whether kernel `op` reads its outputs (updates them in place: accumulate,
 /// adamw). Every other kernel writes every element of every output, so an
 /// output it is the first to touch needs no zeroing (the executor skips

@@ -377,6 +377,12 @@ public:
     PIPER_RETURN_IF_ERROR(status);
     return finishIfHost();
   }
+  Status runAdamwCalls(const KernelInfo &, const std::vector<AdamwCall> &calls,
+                       KernelContext &kctx, size_t &failed) override {
+    PIPER_RETURN_IF_ERROR(
+        gpu::runAdamwCalls(calls, kctx, context(false), failed));
+    return finishIfHost();
+  }
   Status createSquareSums(int slots,
                           std::unique_ptr<SquareSums> &sums) override;
   Status scaleBy(float *x, const float *factor, int64_t n) override {

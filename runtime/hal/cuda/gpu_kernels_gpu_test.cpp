@@ -58,6 +58,14 @@ TEST_CASE("the CUDA clipped-step norm, clip factor and scaling agree with "
   CHECK(testing::compareGradClip(*cpu, *gpu) == "");
 }
 
+TEST_CASE("the CUDA fused AdamW calls give each call's own bits") {
+  Status st;
+  auto gpu = createCudaDevice(0, nullptr, st);
+  INFO(st.message());
+  REQUIRE(gpu);
+  CHECK(testing::compareAdamwCalls(*gpu) == "");
+}
+
 // As gpu_kernels_test on the emulation: the executor does not zero a value
 // whose first kernel writes it whole, so every CUDA kernel not declared to
 // read its outputs (kernelReadsOutputs) must write every element of them.

@@ -1,6 +1,7 @@
 // The elementwise and optimizer GPU kernels (gelu, swiglu, add, accumulate,
 // zero, adamw) and the executor's elementwise device work.
 #include <algorithm>
+#include <cstring>
 
 #include "runtime/hal/gpu/ElementwiseLaunch.h"
 #include "runtime/hal/gpu/GpuKernels.h"
@@ -76,6 +77,50 @@ void addElementwiseKernels(std::vector<KernelEntry> &out) {
                             {"zero", zero},
                             {"adamw", adamw},
                         });
+}
+
+Status runAdamwCalls(const std::vector<AdamwCall> &calls, KernelContext &kctx,
+                     const Context &ctx, size_t &failed) {
+  std::vector<AdamwBatch> batches;
+  for (failed = 0; failed < calls.size(); ++failed) {
+    const AdamwCall &call = calls[failed];
+    kctx.bf16Copy = call.bf16Copy;
+    KernelArgs a{*call.kernel, *call.attrs, call.inputs, call.outputs, kctx};
+    PIPER_RETURN_IF_ERROR(detail::checkOperandStorage(a));
+    AdamwConstants c;
+    PIPER_RETURN_IF_ERROR(detail::checkAdamw(a, c));
+    if (batches.empty() || batches.back().count == AdamwBatch::kMax) {
+      batches.emplace_back();
+      batches.back().offset[0] = 0;
+    }
+    AdamwBatch *b = &batches.back();
+    int set = 0;
+    auto same = [&](const AdamwConstants &x) {
+      return std::memcmp(&x, &c, sizeof c) == 0;
+    };
+    while (set < b->constantSets && !same(b->constants[set]))
+      ++set;
+    if (set == AdamwBatch::kConstants) { // a fifth set: a new batch
+      batches.emplace_back();
+      b = &batches.back();
+      b->offset[0] = 0;
+      set = 0;
+    }
+    if (set == b->constantSets)
+      b->constants[b->constantSets++] = c;
+    const int j = b->count++;
+    b->grad[j] = call.inputs[0].f32();
+    b->param[j] = call.outputs[0].f32();
+    b->m[j] = call.outputs[1].f32();
+    b->v[j] = call.outputs[2].f32();
+    b->copy[j] = call.bf16Copy;
+    b->constantsOf[j] = static_cast<uint8_t>(set);
+    b->offset[j + 1] = b->offset[j] + call.inputs[0].numel();
+  }
+  failed = calls.size();
+  for (const AdamwBatch &b : batches)
+    PIPER_RETURN_IF_ERROR(launchAdamwBatch(ctx, b, kctx.clipFactor));
+  return Status::ok();
 }
 
 Status sumsOfSquares(const Context &ctx, const std::vector<SquaresJob> &jobs) {

@@ -32,6 +32,23 @@ Status launchScaleBy(const Context &ctx, float *x, const float *factor,
 Status launchAdamw(const Context &ctx, const AdamwConstants &c,
                    const float *grad, float *param, float *m, float *v,
                    float *copy, int64_t n, const float *clipFactor);
+/// Up to kMax AdamW updates (arrays of `adamw` calls) that one launch runs,
+/// with up to kConstants distinct constant sets among them.
+struct AdamwBatch {
+  static constexpr int kMax = 32, kConstants = 4; // ~1.8 KB of arguments
+  int count = 0, constantSets = 0;
+  const float *grad[kMax];
+  float *param[kMax], *m[kMax], *v[kMax];
+  float *copy[kMax]; // null: no bf16 copy
+  /// Update j's elements are [offset[j], offset[j + 1]) of the launch.
+  int64_t offset[kMax + 1];
+  uint8_t constantsOf[kMax];
+  AdamwConstants constants[kConstants];
+};
+/// Every update of the batch, each element as launchAdamw computes it; none
+/// where `clipFactor` (device memory, may be null) is not finite.
+Status launchAdamwBatch(const Context &ctx, const AdamwBatch &batch,
+                        const float *clipFactor);
 Status launchPackBf16(const Context &ctx, uint16_t *dst, const float *src,
                       int64_t n);
 Status launchUnpackBf16(const Context &ctx, float *dst, const uint16_t *src,

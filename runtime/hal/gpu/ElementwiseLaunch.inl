@@ -64,6 +64,32 @@ Status launchAdamw(const Context &ctx, const AdamwConstants &c,
   });
 }
 
+Status launchAdamwBatch(const Context &ctx, const AdamwBatch &batch,
+                        const float *clipFactor) {
+  const AdamwBatch b = batch; // the kernel's arguments
+  return Exec(ctx).forEach(
+      "adamw", b.offset[b.count], [=] PIPER_LAMBDA(int64_t i) {
+        if (clipFactor && !finiteFloat(*clipFactor))
+          return; // a diverged step: nothing is updated
+        // The last update starting at or before i (empty ones start where
+        // the next one does).
+        int lo = 0, hi = b.count - 1;
+        while (lo < hi) {
+          int mid = (lo + hi + 1) / 2;
+          if (b.offset[mid] <= i)
+            lo = mid;
+          else
+            hi = mid - 1;
+        }
+        const int64_t e = i - b.offset[lo];
+        float &param = b.param[lo][e];
+        adamwElement(b.constants[b.constantsOf[lo]], b.grad[lo][e], param,
+                     b.m[lo][e], b.v[lo][e]);
+        if (b.copy[lo])
+          b.copy[lo][e] = fromBf16(toBf16(param));
+      });
+}
+
 Status launchPackBf16(const Context &ctx, uint16_t *dst, const float *src,
                       int64_t n) {
   return Exec(ctx).forEach(

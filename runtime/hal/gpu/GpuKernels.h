@@ -19,8 +19,7 @@
 
 namespace piper::runtime::hal::PIPER_GPU_NS {
 
-using KernelFn = Status (*)(const detail::KernelArgs &args,
-                            const Context &ctx);
+using KernelFn = Status (*)(const detail::KernelArgs &args, const Context &ctx);
 
 struct KernelEntry {
   const char *name;
@@ -43,6 +42,12 @@ Status runKernel(const KernelInfo &info, const plan::Kernel &kernel,
                  const KernelAttrs &attrs, const std::vector<TensorRef> &inputs,
                  const std::vector<TensorRef> &outputs, KernelContext &kctx,
                  const Context &ctx);
+
+/// Device::runAdamwCalls: every call checked as runKernel checks it, then
+/// updated in one launch per AdamwBatch (the same bits as one launch per
+/// call); `failed` is the call an error belongs to.
+Status runAdamwCalls(const std::vector<AdamwCall> &calls, KernelContext &kctx,
+                     const Context &ctx, size_t &failed);
 
 // The groups, one per *Kernels.cpp, each appending its entries.
 void addElementwiseKernels(std::vector<KernelEntry> &out);

@@ -262,6 +262,15 @@ public:
       gctx.timer = &timer;
     return gpu::runKernel(info, kernel, attrs, inputs, outputs, ctx, gctx);
   }
+  Status runAdamwCalls(const KernelInfo &, const std::vector<AdamwCall> &calls,
+                       KernelContext &ctx, size_t &failed) override {
+    failed = 0;
+    PIPER_RETURN_IF_ERROR(injected("adamw"));
+    gpu::Context gctx = hostContext(false);
+    if (timed)
+      gctx.timer = &timer;
+    return gpu::runAdamwCalls(calls, ctx, gctx, failed);
+  }
   Status createSquareSums(int slots,
                           std::unique_ptr<SquareSums> &sums) override {
     sums = std::make_unique<EmulatedSquareSums>(slots);

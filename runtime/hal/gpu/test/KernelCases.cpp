@@ -1,9 +1,11 @@
 // The GPU kernel test harness (KernelCases.h).
 #include "runtime/hal/gpu/test/KernelCases.h"
 
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <random>
 #include <sstream>
 
@@ -447,6 +449,128 @@ std::string compareSquaresBatching(Device &gpu, double rtol) {
       bad << "span " << i << " of " << words[size_t(i)].size() << ": " << t
           << ", host " << h << "; ";
   }
+  return bad.str();
+}
+
+std::string compareAdamwCalls(Device &gpu) {
+  const int count = 70;
+  const std::vector<int64_t> sizes = {0, 1, 33, 1000, 70001};
+  std::mt19937_64 rng(31);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<plan::Kernel> kernels(count);
+  std::vector<KernelAttrs> attrs(count);
+  std::vector<int64_t> n(count);
+  // Per call: grad, param, m, v, copy (host words).
+  std::vector<std::array<std::vector<uint32_t>, 5>> words(count);
+  for (int i = 0; i < count; ++i) {
+    plan::Kernel &k = kernels[size_t(i)];
+    k.set_op("adamw");
+    (*k.mutable_attrs())["lr"] = floatAttr(1e-3 * (1 + i % 2));
+    (*k.mutable_attrs())["weight_decay"] = floatAttr(0.01 * (i % 3));
+    attrs[size_t(i)] = decodeKernelAttrs(k);
+    n[size_t(i)] = sizes[rng() % sizes.size()];
+    for (int t = 0; t < 5; ++t) {
+      words[size_t(i)][size_t(t)].resize(size_t(n[size_t(i)]));
+      for (uint32_t &w : words[size_t(i)][size_t(t)]) {
+        float f = t == 3 ? std::fabs(normal(rng)) * 1e-3f : normal(rng);
+        std::memcpy(&w, &f, 4);
+      }
+    }
+  }
+  // The calls on `gpu`, uploaded afresh; run together or one by one.
+  auto runAll = [&](bool together, const float *clip,
+                    std::vector<std::array<std::vector<uint32_t>, 5>> &out,
+                    std::string &error, size_t &failed,
+                    const plan::Kernel *broken) {
+    DeviceRun run{gpu, {}, {}, {}};
+    std::vector<AdamwCall> calls(count);
+    std::vector<std::array<TensorRef, 5>> refs(count);
+    for (int i = 0; i < count; ++i) {
+      for (int t = 0; t < 5; ++t)
+        refs[size_t(i)][size_t(t)] = run.upload(
+            Operand{plan::F32, {n[size_t(i)]}}, words[size_t(i)][size_t(t)]);
+      AdamwCall &c = calls[size_t(i)];
+      c.kernel = broken && i == 41 ? broken : &kernels[size_t(i)];
+      c.attrs = &attrs[size_t(i)];
+      c.inputs = {refs[size_t(i)][0]};
+      c.outputs = {refs[size_t(i)][1], refs[size_t(i)][2], refs[size_t(i)][3]};
+      c.bf16Copy = i % 4 == 1 ? refs[size_t(i)][4].f32() : nullptr;
+    }
+    TensorRef factor;
+    if (clip) {
+      std::vector<uint32_t> w(1);
+      std::memcpy(&w[0], clip, 4);
+      factor = run.upload(Operand{plan::F32, {1}}, w);
+    }
+    if (!run.status) {
+      error = run.status.message();
+      return;
+    }
+    KernelContext ctx;
+    ctx.step = 3;
+    ctx.lrScale = 0.5;
+    ctx.clipFactor = clip ? factor.f32() : nullptr;
+    const KernelInfo *info = gpu.findKernel("adamw");
+    Status st;
+    if (together) {
+      st = gpu.runAdamwCalls(*info, calls, ctx, failed);
+    } else {
+      for (failed = 0; failed < calls.size() && st; ++failed) {
+        ctx.bf16Copy = calls[failed].bf16Copy;
+        st = gpu.runKernel(*info, *calls[failed].kernel, *calls[failed].attrs,
+                           calls[failed].inputs, calls[failed].outputs, ctx);
+      }
+      if (!st)
+        --failed;
+    }
+    if (!st) {
+      error = st.message();
+      return;
+    }
+    out.assign(count, {});
+    for (int i = 0; i < count; ++i)
+      for (int t = 0; t < 5; ++t)
+        out[size_t(i)][size_t(t)] = run.download(refs[size_t(i)][size_t(t)]);
+    if (!run.status)
+      error = run.status.message();
+  };
+  std::ostringstream bad;
+  const float nan = std::numeric_limits<float>::quiet_NaN(), one = 1.0f;
+  for (const float *clip : {static_cast<const float *>(nullptr), &one, &nan}) {
+    std::vector<std::array<std::vector<uint32_t>, 5>> together, alone;
+    std::string e1, e2;
+    size_t f1 = 0, f2 = 0;
+    runAll(true, clip, together, e1, f1, nullptr);
+    runAll(false, clip, alone, e2, f2, nullptr);
+    if (!e1.empty() || !e2.empty())
+      return gpu.name() + ": " + e1 + " | " + e2;
+    for (int i = 0; i < count; ++i)
+      for (int t = 1; t < 5; ++t)
+        if (together[size_t(i)][size_t(t)] != alone[size_t(i)][size_t(t)])
+          bad << "call " << i << " (" << n[size_t(i)] << " elements), "
+              << (t == 4 ? "bf16 copy" : "output " + std::to_string(t - 1))
+              << (clip ? (*clip == 1 ? ", clip factor 1" : ", NaN factor") : "")
+              << " differs; ";
+    if (clip && std::isnan(*clip))
+      for (int i = 0; i < count; ++i)
+        if (together[size_t(i)][1] != words[size_t(i)][1])
+          bad << "call " << i << " updated under a NaN clip factor; ";
+  }
+  // A malformed call (beta1 = 1) in the middle: runKernel's message, and
+  // its index.
+  plan::Kernel broken = kernels[41];
+  (*broken.mutable_attrs())["beta1"] = floatAttr(1.0);
+  KernelAttrs brokenAttrs = decodeKernelAttrs(broken);
+  std::swap(attrs[41], brokenAttrs);
+  std::vector<std::array<std::vector<uint32_t>, 5>> unused;
+  std::string e1, e2;
+  size_t f1 = 0, f2 = 0;
+  runAll(true, nullptr, unused, e1, f1, &broken);
+  runAll(false, nullptr, unused, e2, f2, &broken);
+  std::swap(attrs[41], brokenAttrs);
+  if (e1.empty() || e1 != e2 || f1 != 41 || f2 != 41)
+    bad << "the malformed call 41: together '" << e1 << "' (call " << f1
+        << "), alone '" << e2 << "' (call " << f2 << "); ";
   return bad.str();
 }
 

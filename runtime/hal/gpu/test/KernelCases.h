@@ -119,6 +119,14 @@ std::string compareSquareSums(Device &cpu, Device &gpu, double rtol = 1e-12);
 /// of the host's double sum. Returns "" or what differs.
 std::string compareSquaresBatching(Device &gpu, double rtol = 1e-12);
 
+/// On `gpu`: a run of `adamw` calls given to Device::runAdamwCalls at once
+/// (more than two launches' batches, five constant sets, empty and
+/// multi-block parameters, some with bf16 copies) leaves every parameter,
+/// moment and copy with the bits of each call run by itself (runKernel),
+/// also when the clip factor skips the update; a malformed call fails with
+/// runKernel's message, naming its index. Returns "" or what differs.
+std::string compareAdamwCalls(Device &gpu);
+
 /// The clipped step's norm on each device (SquareSums::setWeights, weigh,
 /// clip, factor, readNorm, and Device::scaleBy): spans weighed into a norm
 /// that clips, one that does not, and one with a NaN. "" when, on each

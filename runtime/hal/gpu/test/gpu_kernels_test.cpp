@@ -74,6 +74,11 @@ TEST_CASE("the emulated GPU's sums of squares agree with the CPU's") {
   CHECK(testing::compareSquaresBatching(*gpu) == "");
 }
 
+TEST_CASE("the emulated GPU's fused AdamW calls give each call's own bits") {
+  auto gpu = createEmulatedGpuDevice(nullptr);
+  CHECK(testing::compareAdamwCalls(*gpu) == "");
+}
+
 TEST_CASE("the emulated GPU's clipped-step norm, clip factor and scaling "
           "agree with the CPU's") {
   auto cpu = createCpuDevice(nullptr);
