@@ -120,7 +120,7 @@ std::string compareSquareSums(Device &cpu, Device &gpu, double rtol = 1e-12);
 std::string compareSquaresBatching(Device &gpu, double rtol = 1e-12);
 
 /// On `gpu`: a run of `adamw` calls given to Device::runAdamwCalls at once
-/// (more than two launches' batches, five constant sets, empty and
+/// (more than two launches' batches, six constant sets, empty and
 /// multi-block parameters, some with bf16 copies) leaves every parameter,
 /// moment and copy with the bits of each call run by itself (runKernel),
 /// also when the clip factor skips the update; a malformed call fails with
