@@ -11,12 +11,12 @@
 #include <cstdint>
 #include <cstdlib>
 #include <functional>
-#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "runtime/comm/Communicator.h"
+#include "runtime/kernels/ClipFactor.h" // SquareSums::clip's factor
 #include "runtime/kernels/Kernels.h"
 #include "support/Status.h"
 
@@ -179,16 +179,6 @@ public:
   /// (the end of the step: one device-to-host copy).
   virtual Status readNorm(double &norm) = 0;
 };
-
-/// The clip factor of SquareSums::clip for the world's `norm` and the
-/// plan's `maxNorm` (0: no clipping): NaN where the norm is not finite.
-inline float clipFactorOf(double norm, double maxNorm) {
-  if (!(norm - norm == 0.0))
-    return std::numeric_limits<float>::quiet_NaN();
-  if (maxNorm <= 0 || norm <= maxNorm)
-    return 1.0f;
-  return static_cast<float>(maxNorm / (norm + 1e-6));
-}
 
 /// An error unless every span's slot is one of `slots` and `read` asks for
 /// at most `slots` (for the SquareSums implementations).

@@ -56,12 +56,44 @@ Status zero(const KernelArgs &a, const Context &ctx) {
                    static_cast<size_t>(a.outputs[0].numel()) * 4);
 }
 
+/// Adds the checked call `a` (constants `c`) to the last batch, or to a new
+/// one when that one is full or has no room for another constant set.
+void appendAdamw(std::vector<AdamwBatch> &batches, const KernelArgs &a,
+                 const AdamwConstants &c) {
+  auto fresh = [&] {
+    batches.emplace_back();
+    batches.back().offset[0] = 0;
+    return &batches.back();
+  };
+  AdamwBatch *b = batches.empty() || batches.back().count == AdamwBatch::kMax
+                      ? fresh()
+                      : &batches.back();
+  int set = 0;
+  while (set < b->constantSets &&
+         std::memcmp(&b->constants[set], &c, sizeof c) != 0)
+    ++set;
+  if (set == AdamwBatch::kConstants) { // one set too many: a new batch
+    b = fresh();
+    set = 0;
+  }
+  if (set == b->constantSets)
+    b->constants[b->constantSets++] = c;
+  const int j = b->count++;
+  b->grad[j] = a.inputs[0].f32();
+  b->param[j] = a.outputs[0].f32();
+  b->m[j] = a.outputs[1].f32();
+  b->v[j] = a.outputs[2].f32();
+  b->copy[j] = a.ctx.bf16Copy;
+  b->constantsOf[j] = static_cast<uint8_t>(set);
+  b->offset[j + 1] = b->offset[j] + a.inputs[0].numel();
+}
+
 Status adamw(const KernelArgs &a, const Context &ctx) {
   AdamwConstants c;
   PIPER_RETURN_IF_ERROR(detail::checkAdamw(a, c));
-  return launchAdamw(ctx, c, a.inputs[0].f32(), a.outputs[0].f32(),
-                     a.outputs[1].f32(), a.outputs[2].f32(), a.ctx.bf16Copy,
-                     a.inputs[0].numel(), a.ctx.clipFactor);
+  std::vector<AdamwBatch> batch;
+  appendAdamw(batch, a, c);
+  return launchAdamwBatch(ctx, batch[0], a.ctx.clipFactor);
 }
 
 } // namespace
@@ -89,33 +121,7 @@ Status runAdamwCalls(const std::vector<AdamwCall> &calls, KernelContext &kctx,
     PIPER_RETURN_IF_ERROR(detail::checkOperandStorage(a));
     AdamwConstants c;
     PIPER_RETURN_IF_ERROR(detail::checkAdamw(a, c));
-    if (batches.empty() || batches.back().count == AdamwBatch::kMax) {
-      batches.emplace_back();
-      batches.back().offset[0] = 0;
-    }
-    AdamwBatch *b = &batches.back();
-    int set = 0;
-    auto same = [&](const AdamwConstants &x) {
-      return std::memcmp(&x, &c, sizeof c) == 0;
-    };
-    while (set < b->constantSets && !same(b->constants[set]))
-      ++set;
-    if (set == AdamwBatch::kConstants) { // a fifth set: a new batch
-      batches.emplace_back();
-      b = &batches.back();
-      b->offset[0] = 0;
-      set = 0;
-    }
-    if (set == b->constantSets)
-      b->constants[b->constantSets++] = c;
-    const int j = b->count++;
-    b->grad[j] = call.inputs[0].f32();
-    b->param[j] = call.outputs[0].f32();
-    b->m[j] = call.outputs[1].f32();
-    b->v[j] = call.outputs[2].f32();
-    b->copy[j] = call.bf16Copy;
-    b->constantsOf[j] = static_cast<uint8_t>(set);
-    b->offset[j + 1] = b->offset[j] + call.inputs[0].numel();
+    appendAdamw(batches, a, c);
   }
   failed = calls.size();
   for (const AdamwBatch &b : batches)

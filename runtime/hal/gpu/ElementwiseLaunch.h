@@ -26,12 +26,6 @@ Status launchAdd(const Context &ctx, const float *a, const float *b, float *y,
 /// x[i] *= *factor (device memory) where the factor is finite and not 1.
 Status launchScaleBy(const Context &ctx, float *x, const float *factor,
                      int64_t n);
-/// AdamW over n elements; none is touched where `clipFactor` (device
-/// memory, may be null) is not finite. Where `copy` is not null, the updated
-/// parameter rounded to bf16 is written there too.
-Status launchAdamw(const Context &ctx, const AdamwConstants &c,
-                   const float *grad, float *param, float *m, float *v,
-                   float *copy, int64_t n, const float *clipFactor);
 /// Up to kMax AdamW updates (arrays of `adamw` calls) that one launch runs,
 /// with up to kConstants distinct constant sets among them.
 struct AdamwBatch {
@@ -45,8 +39,10 @@ struct AdamwBatch {
   uint8_t constantsOf[kMax];
   AdamwConstants constants[kConstants];
 };
-/// Every update of the batch, each element as launchAdamw computes it; none
-/// where `clipFactor` (device memory, may be null) is not finite.
+/// AdamW (adamwElement) over every update of the batch; where its `copy` is
+/// not null, the updated parameter rounded to bf16 is written there too.
+/// Nothing is touched where `clipFactor` (device memory, may be null) is not
+/// finite.
 Status launchAdamwBatch(const Context &ctx, const AdamwBatch &batch,
                         const float *clipFactor);
 Status launchPackBf16(const Context &ctx, uint16_t *dst, const float *src,

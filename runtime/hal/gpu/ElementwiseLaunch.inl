@@ -52,18 +52,6 @@ Status launchScaleBy(const Context &ctx, float *x, const float *factor,
   });
 }
 
-Status launchAdamw(const Context &ctx, const AdamwConstants &c,
-                   const float *grad, float *param, float *m, float *v,
-                   float *copy, int64_t n, const float *clipFactor) {
-  return Exec(ctx).forEach("adamw", n, [=] PIPER_LAMBDA(int64_t i) {
-    if (clipFactor && !finiteFloat(*clipFactor))
-      return; // a diverged step: nothing is updated
-    adamwElement(c, grad[i], param[i], m[i], v[i]);
-    if (copy)
-      copy[i] = fromBf16(toBf16(param[i]));
-  });
-}
-
 Status launchAdamwBatch(const Context &ctx, const AdamwBatch &batch,
                         const float *clipFactor) {
   const AdamwBatch b = batch; // the kernel's arguments
@@ -71,16 +59,7 @@ Status launchAdamwBatch(const Context &ctx, const AdamwBatch &batch,
       "adamw", b.offset[b.count], [=] PIPER_LAMBDA(int64_t i) {
         if (clipFactor && !finiteFloat(*clipFactor))
           return; // a diverged step: nothing is updated
-        // The last update starting at or before i (empty ones start where
-        // the next one does).
-        int lo = 0, hi = b.count - 1;
-        while (lo < hi) {
-          int mid = (lo + hi + 1) / 2;
-          if (b.offset[mid] <= i)
-            lo = mid;
-          else
-            hi = mid - 1;
-        }
+        const int lo = batchEntryOf(b.offset, b.count, i);
         const int64_t e = i - b.offset[lo];
         float &param = b.param[lo][e];
         adamwElement(b.constants[b.constantsOf[lo]], b.grad[lo][e], param,
@@ -116,16 +95,7 @@ Status launchSumsOfSquares(const Context &ctx, const SquaresBatch &batch,
   PIPER_RETURN_IF_ERROR(Exec(ctx).forEachRow(
       "sum_of_squares", b.firstChunk[b.count],
       [=] PIPER_LAMBDA(Lanes lanes, int64_t c) {
-        // The last array whose chunks start at or before c (arrays without
-        // chunks start where the next one does).
-        int lo = 0, hi = b.count - 1;
-        while (lo < hi) {
-          int mid = (lo + hi + 1) / 2;
-          if (b.firstChunk[mid] <= c)
-            lo = mid;
-          else
-            hi = mid - 1;
-        }
+        const int lo = batchEntryOf(b.firstChunk, b.count, c);
         const float *x = b.x[lo];
         const int64_t n = b.n[lo];
         int64_t begin = (c - b.firstChunk[lo]) * kSquaresChunk;

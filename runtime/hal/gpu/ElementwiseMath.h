@@ -13,6 +13,7 @@
 
 #include "runtime/hal/gpu/Simt.h"
 #include "runtime/kernels/AdamwConstants.h"
+#include "runtime/kernels/ClipFactor.h"
 
 namespace piper::runtime::hal::PIPER_GPU_NS {
 
@@ -114,15 +115,21 @@ PIPER_HOST_DEVICE inline bool finiteFloat(float x) {
   return (floatBits(x) & 0x7F800000u) != 0x7F800000u;
 }
 
-/// hal::clipFactorOf on the device: the clip factor of the world's `norm`
-/// for the plan's `maxNorm` (0: no clipping), NaN where the norm is not
-/// finite.
-PIPER_HOST_DEVICE inline float clipFactorOf(double norm, double maxNorm) {
-  if (!(norm - norm == 0.0))
-    return bitsFloat(0x7FC00000u);
-  if (maxNorm <= 0 || norm <= maxNorm)
-    return 1.0f;
-  return static_cast<float>(maxNorm / (norm + 1e-6));
+/// The entry of a batch (of AdamW updates, of arrays to measure) that
+/// element or chunk `i` belongs to: the last of the `count` (>= 1)
+/// ascending `starts` at or before `i` (an empty entry starts where the next
+/// one does, so the one holding `i` is the last).
+PIPER_HOST_DEVICE inline int batchEntryOf(const int64_t *starts, int count,
+                                          int64_t i) {
+  int lo = 0, hi = count - 1;
+  while (lo < hi) {
+    int mid = (lo + hi + 1) / 2;
+    if (starts[mid] <= i)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  return lo;
 }
 
 /// Elements per partial sum of sumOfSquares: the partials (one warp each, in

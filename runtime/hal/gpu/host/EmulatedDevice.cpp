@@ -266,10 +266,7 @@ public:
                        KernelContext &ctx, size_t &failed) override {
     failed = 0;
     PIPER_RETURN_IF_ERROR(injected("adamw"));
-    gpu::Context gctx = hostContext(false);
-    if (timed)
-      gctx.timer = &timer;
-    return gpu::runAdamwCalls(calls, ctx, gctx, failed);
+    return gpu::runAdamwCalls(calls, ctx, timedContext(), failed);
   }
   Status createSquareSums(int slots,
                           std::unique_ptr<SquareSums> &sums) override {
