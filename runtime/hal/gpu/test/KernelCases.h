@@ -80,6 +80,42 @@ struct KernelCase {
 plan::AttrValue intAttr(int64_t v);
 plan::AttrValue floatAttr(double v);
 
+/// The operands of one device: allocated, uploaded, downloaded. The first
+/// device error is kept in `status` (the case fails with it).
+struct DeviceRun {
+  Device &device;
+  std::vector<void *> buffers;
+  std::vector<size_t> sizes;
+  Status status;
+  ~DeviceRun() {
+    for (size_t i = 0; i < buffers.size(); ++i)
+      device.allocator().deallocate(buffers[i], sizes[i]);
+  }
+  TensorRef upload(const Operand &o, const std::vector<uint32_t> &words) {
+    size_t bytes = words.size() * 4;
+    void *p = nullptr;
+    keep(device.allocator().allocate(bytes == 0 ? 4 : bytes, p));
+    if (p) {
+      buffers.push_back(p);
+      sizes.push_back(bytes == 0 ? 4 : bytes);
+    }
+    if (bytes && p)
+      keep(device.allocator().copyFromHost(p, words.data(), bytes));
+    return TensorRef{o.dtype, o.shape, p};
+  }
+  std::vector<uint32_t> download(const TensorRef &t) {
+    std::vector<uint32_t> words(static_cast<size_t>(t.numel()));
+    if (!words.empty())
+      keep(device.allocator().copyToHost(words.data(), t.data,
+                                         words.size() * 4));
+    return words;
+  }
+  void keep(const Status &st) {
+    if (status && !st)
+      status = st;
+  }
+};
+
 /// All registered cases.
 std::vector<KernelCase> &kernelCases();
 
