@@ -18,7 +18,10 @@ using namespace piper::runtime::hal;
 namespace {
 /// CUDA device 0; the test fails, with CUDA's message, where there is none.
 std::unique_ptr<Device> cudaDevice() {
-  auto gpu = cudaDevice();
+  Status st;
+  auto gpu = createCudaDevice(0, nullptr, st);
+  INFO(st.message());
+  REQUIRE(gpu);
   return gpu;
 }
 } // namespace
