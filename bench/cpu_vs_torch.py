@@ -78,7 +78,7 @@ def kernel_elements(shapes, tokens):
         out[k] = tokens * hidden
     for k in ("gelu", "gelu_grad", "swiglu", "swiglu_grad"):
         out[k] = tokens * ffn
-    for k in ("cross_entropy", "cross_entropy_grad"):
+    for k in ("cross_entropy", "cross_entropy_grad", "cross_entropy_fused"):
         out[k] = tokens * vocab
     return out
 

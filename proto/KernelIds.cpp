@@ -85,6 +85,9 @@ const std::vector<KernelSignature> &kernelSignatures() {
       {"moe_combine_grad", 4, 4, 2, {"experts", "capacity"}},
       {"moe_aux_loss_grad", 2, 2, 1, {"experts", "top_k"}},
       {"cross_entropy_grad", 2, 2, 1, {}},
+      // The fused classifier: cross_entropy and cross_entropy_grad of the
+      // same logits in one pass (loss, dlogits), in the forward.
+      {"cross_entropy_fused", 2, 2, 2, {}},
       {"vocab_cross_entropy_grad", 3, 3, 1, {"members"}},
       // State and optimizer.
       {"accumulate", 1, 1, 1, {}},

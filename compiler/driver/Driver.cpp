@@ -483,6 +483,11 @@ static CLI::App *addCompileCommand(CLI::App &app, CompileOptions &comp) {
   compileCmd->add_flag("--no-optimizer", comp.opt.noUpdate,
                        "forward and backward only: gradients accumulate and "
                        "are never applied (gradient checks)");
+  compileCmd->add_flag(
+      "!--no-fused-classifier", comp.opt.fuseClassifier,
+      "compute the loss's logits gradient in the backward, from the kept "
+      "logits, instead of in the forward in one pass with the loss (the "
+      "fused classifier; bit-identical; docs/design-notes.md §2)");
   return compileCmd;
 }
 

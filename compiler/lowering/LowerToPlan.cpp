@@ -452,7 +452,8 @@ private:
                cast<RankedTensorType>(eg.getResult().getType()).getDimSize(0));
       }
       // The loss seed 1 / (microbatches * replicas), times the term's weight.
-      if (isa<CrossEntropyGradOp, VocabCrossEntropyGradOp>(op))
+      if (isa<CrossEntropyGradOp, CrossEntropyFusedOp, VocabCrossEntropyGradOp>(
+              op))
         setFloat("scale", lossScale);
       // Every member of a tensor-parallel group computes the same loss:
       // the reported sum over ranks counts it once.

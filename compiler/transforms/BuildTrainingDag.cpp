@@ -45,8 +45,8 @@ struct Differentiated {
 /// is the GradientEmitter they build through.
 class Differentiator : public GradientEmitter {
 public:
-  Differentiator(SegmentOp fwd, OpBuilder &moduleBuilder)
-      : fwd(fwd), mb(moduleBuilder) {}
+  Differentiator(SegmentOp fwd, OpBuilder &moduleBuilder, bool fuseClassifier)
+      : fwd(fwd), mb(moduleBuilder), fuseClassifier(fuseClassifier) {}
 
   FailureOr<Differentiated> run() {
     Block &fb = fwd.getBody().front();
@@ -92,6 +92,8 @@ public:
     for (Operation *op : llvm::reverse(forwardOps))
       if (failed(differentiate(op)))
         return failure();
+    for (Operation *op : replaced)
+      op->erase();
 
     SmallVector<Value> results;
     for (BlockArgument arg : fb.getArguments()) {
@@ -205,6 +207,12 @@ private:
 
   bool isReturnedLoss(Value loss) override { return losses.contains(loss); }
 
+  bool fusesInForward(Value v) override {
+    return fuseClassifier && !recomputed(v);
+  }
+
+  void eraseFromForward(Operation *op) override { replaced.push_back(op); }
+
   void accumulateLoss(Value loss, FloatAttr weight) override {
     OpBuilder fbld(loss.getContext());
     fbld.setInsertionPointAfterValue(loss);
@@ -239,12 +247,15 @@ private:
 
   SegmentOp fwd, bwd;
   OpBuilder &mb;
+  const bool fuseClassifier;
   std::unique_ptr<OpBuilder> b;
   DenseSet<Value> requiresGrad;
   /// Scalar results the forward returns as its loss.
   DenseSet<Value> losses;
   DenseMap<Value, Value> grads;
   DenseMap<Value, Value> mapped;
+  /// Forward ops a gradient rule replaced (eraseFromForward).
+  SmallVector<Operation *> replaced;
   Differentiated out;
 };
 } // namespace
@@ -315,7 +326,8 @@ LogicalResult TrainingDagBuilder::differentiateStages(ArrayRef<TaskOp> tasks) {
     seg.setName(seg.getSymName().str() + "_F");
     symbols.insert(seg);
     t.setSegmentAttr(FlatSymbolRefAttr::get(seg.getSymNameAttr()));
-    FailureOr<Differentiated> diff = Differentiator(seg, mb).run();
+    FailureOr<Differentiated> diff =
+        Differentiator(seg, mb, opt.fuseClassifier).run();
     if (failed(diff))
       return failure();
     symbols.insert(diff->backward);
@@ -474,6 +486,7 @@ struct BuildTrainingDagPass
     opt.decaySteps = decaySteps;
     opt.clipGradNorm = clipGradNorm;
     opt.noUpdate = noOptimizer;
+    opt.fuseClassifier = fuseClassifier;
     opt.dtype = dtype;
     if (failed(buildTrainingDag(getOperation(), opt)))
       signalPassFailure();

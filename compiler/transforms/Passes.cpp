@@ -180,6 +180,7 @@ void mlir::piper::addCompilePipeline(OpPassManager &pm,
     o.clipGradNorm = opt.clipGradNorm;
     o.dtype = opt.dtype;
     o.noOptimizer = opt.noUpdate;
+    o.fuseClassifier = opt.fuseClassifier;
     pm.addPass(createPiperBuildTrainingDag(o));
   }
   if (wants(CompilePhase::Directives))

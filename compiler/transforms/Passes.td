@@ -49,6 +49,9 @@ def PiperBuildTrainingDag : Pass<"piper-build-training-dag", "::mlir::ModuleOp">
                         "accumulation and optimizer state)"))}]>,
     Option<"noOptimizer", "no-optimizer", "bool", "false",
            "forward and backward only: no update tasks">,
+    Option<"fuseClassifier", "fuse-classifier", "bool", "true",
+           "compute a returned cross entropy's logits gradient in the "
+           "forward, fused with the loss (piper.cross_entropy_fused)">,
   ];
 }
 

@@ -31,6 +31,10 @@ struct OptimizerConfig {
   /// Builds forward and backward only: no update tasks, so gradients
   /// accumulate across steps (gradient checks, debugging).
   bool noUpdate = false;
+  /// The fused classifier: a returned cross_entropy computes its logits'
+  /// gradient in the forward (piper.cross_entropy_fused), bit for bit
+  /// cross_entropy_grad's; false keeps the gradient in the backward.
+  bool fuseClassifier = true;
   /// Mixed precision: f32 or bf16 (see plan.proto compute_dtype).
   ComputeType dtype = ComputeType::f32;
 };

@@ -350,6 +350,22 @@ LogicalResult CrossEntropyOp::emitInputGradients(OpBuilder &b,
   if (!g.isReturnedLoss(getLoss()))
     return success();
   g.accumulateLoss(getLoss(), b.getF64FloatAttr(1.0));
+  if (g.fusesInForward(getLogits())) {
+    // The fused classifier: the forward computes the loss and the logits'
+    // gradient in one pass and keeps the gradient (the same size) instead
+    // of the logits. Not when the backward re-runs the logits (recompute):
+    // keeping the gradient would keep what the directive recomputes.
+    OpBuilder fb(getOperation());
+    auto fused = CrossEntropyFusedOp::create(fb, getLoc(), getLoss().getType(),
+                                             getLogits().getType(), getLogits(),
+                                             getTargets());
+    fused->setDiscardableAttrs(getOperation()->getDiscardableAttrDictionary());
+    clearRecomputeRegion(fused);
+    getLoss().replaceAllUsesWith(fused.getLoss());
+    g.eraseFromForward(getOperation());
+    g.addGrad(b, getLogits(), g.getSaved(b, fused.getDlogits()));
+    return success();
+  }
   Value targets = g.getSaved(b, getTargets());
   Value logits = g.getSaved(b, getLogits());
   g.addGrad(b, getLogits(),

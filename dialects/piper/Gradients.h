@@ -44,6 +44,15 @@ public:
   /// gradient of a loss is the microbatch's loss seed, which the runtime
   /// gives the loss's gradient op; it has no `getGrad`.
   virtual void accumulateLoss(Value loss, FloatAttr weight) = 0;
+
+  /// Whether a loss's rule may compute the gradient of forward value `v` in
+  /// the forward (the fused classifier): the pass fuses, and the backward
+  /// would keep `v` rather than re-run its op (a recompute region).
+  virtual bool fusesInForward(Value v) = 0;
+
+  /// Erases forward op `op`, which a rule has replaced (its results have
+  /// no uses left), once the whole segment is differentiated.
+  virtual void eraseFromForward(Operation *op) = 0;
 };
 
 } // namespace mlir::piper

@@ -505,6 +505,18 @@ LogicalResult CrossEntropyOp::verify() {
   return success();
 }
 
+LogicalResult CrossEntropyFusedOp::verify() {
+  int64_t rows = dim(getTargets(), 0) * dim(getTargets(), 1);
+  if (dim(getLogits(), 0) != rows)
+    return emitOpError("logits have ")
+           << dim(getLogits(), 0) << " rows but targets hold " << rows
+           << " tokens";
+  if (getDlogits().getType() != getLogits().getType())
+    return emitOpError("dlogits must have the logits' type ")
+           << getLogits().getType() << ", got " << getDlogits().getType();
+  return success();
+}
+
 /// The checks shared by the vocabulary-parallel loss ops: `members` at
 /// least 2, logits rows equal to the target tokens, and `stats` (when
 /// given) [rows, 4 members + 1].

@@ -658,6 +658,27 @@ def Piper_CrossEntropyGradOp : Piper_ComputeOp<"cross_entropy_grad", [Pure]> {
   let assemblyFormat = "$logits `,` $targets attr-dict `:` functional-type(operands, results)";
 }
 
+def Piper_CrossEntropyFusedOp : Piper_ComputeOp<"cross_entropy_fused", [Pure]> {
+  let summary = "The fused classifier: the loss and its logits gradient in one pass";
+  let description = [{
+    `piper.cross_entropy` and `piper.cross_entropy_grad` of the same logits
+    and targets, computed together (the log-sum-exp of each row once) and
+    bit for bit the two ops' results. `piper-build-training-dag` puts it in
+    the forward in place of a returned `piper.cross_entropy` whose logits
+    the backward would keep: the forward then keeps `dlogits`, the same
+    size, instead of the logits (docs/design-notes.md §2). The loss seed is
+    filled in as for `cross_entropy_grad`.
+
+    ```mlir
+    %loss, %dlogits = piper.cross_entropy_fused %logits, %targets : (tensor<128x256xf32>, tensor<4x32xi32>) -> (tensor<f32>, tensor<128x256xf32>)
+    ```
+  }];
+  let arguments = (ins F32Tensor2D:$logits, I32Tensor2D:$targets);
+  let results = (outs F32Scalar:$loss, F32Tensor2D:$dlogits);
+  let assemblyFormat = "$logits `,` $targets attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
 include "PiperMoeOps.td"
 include "PiperTpOps.td"
 include "PiperCpOps.td"

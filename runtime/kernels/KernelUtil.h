@@ -174,6 +174,7 @@ Status expertLinearGradWeightKernel(const KernelArgs &a);
 // LossKernels.cpp
 Status crossEntropyKernel(const KernelArgs &a);
 Status crossEntropyGradKernel(const KernelArgs &a);
+Status crossEntropyFusedKernel(const KernelArgs &a);
 Status vocabCeStatsKernel(const KernelArgs &a);
 Status vocabCrossEntropyKernel(const KernelArgs &a);
 Status vocabCrossEntropyGradKernel(const KernelArgs &a);

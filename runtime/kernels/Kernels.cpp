@@ -82,6 +82,7 @@ KernelInfo kernelTable[] = {
     {"moe_combine_grad", detail::moeCombineGradKernel, 0},
     {"moe_aux_loss_grad", detail::moeAuxLossGradKernel, 0},
     {"cross_entropy_grad", detail::crossEntropyGradKernel, 0},
+    {"cross_entropy_fused", detail::crossEntropyFusedKernel, 0},
     {"vocab_cross_entropy_grad", detail::vocabCrossEntropyGradKernel, 0},
     {"accumulate", detail::accumulateKernel, 0},
     {"zero", detail::zeroKernel, 0},

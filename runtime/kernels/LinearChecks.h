@@ -58,6 +58,11 @@ Status checkCrossEntropy(const KernelArgs &a, int64_t &rows, int64_t &vocab);
 /// (attribute, default 1) multiplies the mean's gradient.
 Status checkCrossEntropyGrad(const KernelArgs &a, int64_t &rows, int64_t &vocab,
                              double &scale);
+/// cross_entropy_fused (the fused classifier): (logits, targets) -> (loss,
+/// dlogits), cross_entropy's and cross_entropy_grad's outputs in one pass;
+/// `scale` as cross_entropy_grad's.
+Status checkCrossEntropyFused(const KernelArgs &a, int64_t &rows,
+                              int64_t &vocab, double &scale);
 /// The vocabulary-parallel loss kernels' dimensions: rows, this member's
 /// columns (vocab), the group's members and this member's first id.
 struct VocabDims {

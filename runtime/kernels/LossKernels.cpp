@@ -50,6 +50,16 @@ Status checkCrossEntropyGrad(const KernelArgs &a, int64_t &rows,
   return readFloat(a, KernelAttr::kScale, 1.0, scale);
 }
 
+Status checkCrossEntropyFused(const KernelArgs &a, int64_t &rows,
+                              int64_t &vocab, double &scale) {
+  PIPER_RETURN_IF_ERROR(expectCounts(a, 2, 2, 2));
+  PIPER_RETURN_IF_ERROR(checkLogits(a, a.inputs[0], a.inputs[1], rows, vocab));
+  PIPER_RETURN_IF_ERROR(expectScalar(a, a.outputs[0], "loss"));
+  PIPER_RETURN_IF_ERROR(
+      expectTensor(a, a.outputs[1], "dlogits", plan::F32, {rows, vocab}));
+  return readFloat(a, KernelAttr::kScale, 1.0, scale);
+}
+
 Status checkLossAccumulate(const KernelArgs &a, double &scale) {
   PIPER_RETURN_IF_ERROR(expectCounts(a, 1, 1, 0));
   PIPER_RETURN_IF_ERROR(expectScalar(a, a.inputs[0], "loss"));
@@ -83,27 +93,44 @@ PIPER_SIMD static void crossEntropyGradRow(const float *__restrict row,
          1.0));
 }
 
-Status crossEntropyKernel(const KernelArgs &a) {
-  int64_t rows = 0, vocab = 0;
-  PIPER_RETURN_IF_ERROR(checkCrossEntropy(a, rows, vocab));
-  const TensorRef &logits = a.inputs[0], &targets = a.inputs[1],
-                  &loss = a.outputs[0];
-  PIPER_RETURN_IF_ERROR(expectTokensBelow(a, targets, "targets", vocab));
-
-  // Per-row losses, summed in row order: the same on any number of threads.
-  std::vector<double> rowLoss(rows);
+// The mean loss of `rows` rows of logits into loss[0] and, when `dlogits`
+// is given, their gradient (crossEntropyGradRow, rowScale = scale / rows):
+// cross_entropy, cross_entropy_grad and the fused classifier share this
+// loop, so the fused kernel's outputs are bit for bit the other two's. The
+// per-row losses are summed in row order: the same on any number of threads.
+static void crossEntropyRows(const float *logits, const int32_t *targets,
+                             int64_t rows, int64_t vocab, float *loss,
+                             float *dlogits, double scale) {
+  std::vector<double> rowLoss(loss ? rows : 0);
+  const double rowScale = scale / rows;
   parallelFor(rows, rowGrain(vocab), [&](int64_t begin, int64_t end) {
-    std::vector<float> scratch(vocab);
+    std::vector<float> scratch(dlogits ? 0 : vocab);
     for (int64_t n = begin; n < end; ++n) {
-      const float *row = logits.f32() + n * vocab;
-      rowLoss[n] =
-          logSumExp(row, vocab, scratch.data()) - row[targets.i32()[n]];
+      const float *row = logits + n * vocab;
+      // The output row is the scratch of the sum, then overwritten.
+      float *out = dlogits ? dlogits + n * vocab : scratch.data();
+      double lse = logSumExp(row, vocab, out);
+      if (loss)
+        rowLoss[n] = lse - row[targets[n]];
+      if (dlogits)
+        crossEntropyGradRow(row, out, vocab, lse, rowScale, targets[n]);
     }
   });
+  if (!loss)
+    return;
   double total = 0;
   for (double l : rowLoss)
     total += l;
-  loss.f32()[0] = static_cast<float>(total / rows);
+  loss[0] = static_cast<float>(total / rows);
+}
+
+Status crossEntropyKernel(const KernelArgs &a) {
+  int64_t rows = 0, vocab = 0;
+  PIPER_RETURN_IF_ERROR(checkCrossEntropy(a, rows, vocab));
+  const TensorRef &targets = a.inputs[1];
+  PIPER_RETURN_IF_ERROR(expectTokensBelow(a, targets, "targets", vocab));
+  crossEntropyRows(a.inputs[0].f32(), targets.i32(), rows, vocab,
+                   a.outputs[0].f32(), nullptr, 1.0);
   return Status::ok();
 }
 
@@ -111,20 +138,21 @@ Status crossEntropyGradKernel(const KernelArgs &a) {
   int64_t rows = 0, vocab = 0;
   double scale = 1.0;
   PIPER_RETURN_IF_ERROR(checkCrossEntropyGrad(a, rows, vocab, scale));
-  const TensorRef &logits = a.inputs[0], &targets = a.inputs[1],
-                  &dlogits = a.outputs[0];
+  const TensorRef &targets = a.inputs[1];
   PIPER_RETURN_IF_ERROR(expectTokensBelow(a, targets, "targets", vocab));
+  crossEntropyRows(a.inputs[0].f32(), targets.i32(), rows, vocab, nullptr,
+                   a.outputs[0].f32(), scale);
+  return Status::ok();
+}
 
-  double rowScale = scale / rows;
-  parallelFor(rows, rowGrain(vocab), [&](int64_t begin, int64_t end) {
-    for (int64_t n = begin; n < end; ++n) {
-      const float *row = logits.f32() + n * vocab;
-      float *out = dlogits.f32() + n * vocab;
-      // The output row is the scratch of the sum, then overwritten.
-      double lse = logSumExp(row, vocab, out);
-      crossEntropyGradRow(row, out, vocab, lse, rowScale, targets.i32()[n]);
-    }
-  });
+Status crossEntropyFusedKernel(const KernelArgs &a) {
+  int64_t rows = 0, vocab = 0;
+  double scale = 1.0;
+  PIPER_RETURN_IF_ERROR(checkCrossEntropyFused(a, rows, vocab, scale));
+  const TensorRef &targets = a.inputs[1];
+  PIPER_RETURN_IF_ERROR(expectTokensBelow(a, targets, "targets", vocab));
+  crossEntropyRows(a.inputs[0].f32(), targets.i32(), rows, vocab,
+                   a.outputs[0].f32(), a.outputs[1].f32(), scale);
   return Status::ok();
 }
 

@@ -471,6 +471,47 @@ TEST_CASE("cross_entropy_grad is the gradient of scale * cross_entropy",
                 outs[0].f);
 }
 
+TEST_CASE("cross_entropy_fused is cross_entropy and cross_entropy_grad, bit "
+          "for bit",
+          "[kernels][forward][grad]") {
+  // Rows of GPT-2's vocabulary (several threads' chunks) and a few small
+  // ones, logits spread widely; the fused classifier shares the two
+  // kernels' row loop, so its outputs are theirs exactly.
+  for (auto [rows, vocab] : std::vector<std::pair<int64_t, int64_t>>{
+           {1, 1}, {3, 7}, {40, 129}, {9, 50257}}) {
+    INFO(rows << "x" << vocab);
+    Rng rng(static_cast<uint64_t>(rows * 7 + vocab));
+    Tensor logits = randomF32(rng, {rows, vocab}, -20.0, 20.0);
+    std::vector<int32_t> ids(static_cast<size_t>(rows));
+    for (int64_t n = 0; n < rows; ++n)
+      ids[n] = static_cast<int32_t>((n * 7919) % vocab);
+    Tensor targets = Tensor::i32({rows}, ids);
+    std::vector<Tensor> ins = {logits, targets};
+    std::vector<Tensor> loss = {Tensor::f32({})},
+                        grad = {Tensor::f32({rows, vocab})},
+                        fused = {Tensor::f32({}), Tensor::f32({rows, vocab})};
+    mustRun(K("cross_entropy"), ins, loss);
+    mustRun(K("cross_entropy_grad").f("scale", 0.125), ins, grad);
+    mustRun(K("cross_entropy_fused").f("scale", 0.125), ins, fused);
+    if (vocab > 1) // one class: softmax - onehot is 0
+      requireNonZero(grad[0].f);
+    CHECK(std::memcmp(fused[0].f.data(), loss[0].f.data(), sizeof(float)) == 0);
+    CHECK(std::memcmp(fused[1].f.data(), grad[0].f.data(),
+                      grad[0].f.size() * sizeof(float)) == 0);
+  }
+  // Its errors: a missing gradient output, a target out of range.
+  std::vector<Tensor> ins = {Tensor::f32({2, 3}), Tensor::i32({2}, {0, 3})};
+  std::vector<Tensor> outs = {Tensor::f32({}), Tensor::f32({2, 3})};
+  Status st = run(K("cross_entropy_fused"), ins, outs);
+  REQUIRE(!st);
+  CHECK_THAT(st.message(), Catch::Contains("targets"));
+  outs.pop_back();
+  ins[1].i[1] = 0;
+  st = run(K("cross_entropy_fused"), ins, outs);
+  REQUIRE(!st);
+  CHECK_THAT(st.message(), Catch::Contains("2 outputs"));
+}
+
 // ---------------------------------------------------------------------------
 // Vocabulary parallelism (docs/tensor-parallel.md §5c): T members each hold
 // V / T columns of the logits (rows of the embedding table); the sum of

@@ -65,6 +65,7 @@ TEST_CASE("kernelNames lists every kernel once", "[kernels]") {
                                          "moe_combine_grad",
                                          "moe_aux_loss_grad",
                                          "cross_entropy_grad",
+                                         "cross_entropy_fused",
                                          "vocab_cross_entropy_grad",
                                          "accumulate",
                                          "zero",

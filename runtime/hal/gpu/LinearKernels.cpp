@@ -115,23 +115,43 @@ Status biasGrad(const KernelArgs &a, const Context &ctx) {
                           static_cast<double *>(scratch), a.outputs[0].f32());
 }
 
-Status crossEntropy(const KernelArgs &a, const Context &ctx) {
-  int64_t rows = 0, vocab = 0;
-  PIPER_RETURN_IF_ERROR(detail::checkCrossEntropy(a, rows, vocab));
+// The loss kernels' row scratch: a double per row.
+static Status reserveRowLoss(const Context &ctx, int64_t rows,
+                             double *&rowLoss) {
   void *scratch = nullptr;
   PIPER_RETURN_IF_ERROR(ctx.workspace->reserve(
       static_cast<size_t>(rows) * sizeof(double), scratch));
+  rowLoss = static_cast<double *>(scratch);
+  return Status::ok();
+}
+
+Status crossEntropy(const KernelArgs &a, const Context &ctx) {
+  int64_t rows = 0, vocab = 0;
+  PIPER_RETURN_IF_ERROR(detail::checkCrossEntropy(a, rows, vocab));
+  double *rowLoss = nullptr;
+  PIPER_RETURN_IF_ERROR(reserveRowLoss(ctx, rows, rowLoss));
   return launchCrossEntropy(ctx, a.inputs[0].f32(), a.inputs[1].i32(), rows,
-                            vocab, static_cast<double *>(scratch),
-                            a.outputs[0].f32());
+                            vocab, rowLoss, a.outputs[0].f32(), 0.0, nullptr);
 }
 
 Status crossEntropyGrad(const KernelArgs &a, const Context &ctx) {
   int64_t rows = 0, vocab = 0;
   double scale = 1.0;
   PIPER_RETURN_IF_ERROR(detail::checkCrossEntropyGrad(a, rows, vocab, scale));
-  return launchCrossEntropyGrad(ctx, a.inputs[0].f32(), a.inputs[1].i32(), rows,
-                                vocab, scale / rows, a.outputs[0].f32());
+  return launchCrossEntropy(ctx, a.inputs[0].f32(), a.inputs[1].i32(), rows,
+                            vocab, nullptr, nullptr, scale / rows,
+                            a.outputs[0].f32());
+}
+
+Status crossEntropyFused(const KernelArgs &a, const Context &ctx) {
+  int64_t rows = 0, vocab = 0;
+  double scale = 1.0;
+  PIPER_RETURN_IF_ERROR(detail::checkCrossEntropyFused(a, rows, vocab, scale));
+  double *rowLoss = nullptr;
+  PIPER_RETURN_IF_ERROR(reserveRowLoss(ctx, rows, rowLoss));
+  return launchCrossEntropy(ctx, a.inputs[0].f32(), a.inputs[1].i32(), rows,
+                            vocab, rowLoss, a.outputs[0].f32(), scale / rows,
+                            a.outputs[1].f32());
 }
 
 Status vocabCeStats(const KernelArgs &a, const Context &ctx) {
@@ -185,6 +205,7 @@ void addLinearKernels(std::vector<KernelEntry> &out) {
                             {"bias_grad", biasGrad},
                             {"cross_entropy", crossEntropy},
                             {"cross_entropy_grad", crossEntropyGrad},
+                            {"cross_entropy_fused", crossEntropyFused},
                             {"vocab_ce_stats", vocabCeStats},
                             {"vocab_cross_entropy", vocabCrossEntropy},
                             {"vocab_cross_entropy_grad",

@@ -41,16 +41,15 @@ Status launchColumnSums(const Context &ctx, const float *x, int64_t rows,
 inline int64_t columnSumChunks(int64_t rows) {
   return (rows + kColumnChunkRows - 1) / kColumnChunkRows;
 }
-/// The mean softmax cross entropy of logits [rows, vocab] against
-/// targets[rows] into *loss: one warp per row writes rowLoss[r] (double,
-/// `rows` of them), then one warp sums them in a fixed order.
+/// Softmax cross entropy of logits [rows, vocab] against targets[rows], one
+/// warp per row: with `loss`, the mean into *loss (each row's into
+/// rowLoss[r], double, `rows` of them, then one warp sums them in a fixed
+/// order); with `dlogits`, dlogits = rowScale (softmax(logits) -
+/// onehot(targets)). Both: the fused classifier, in one pass.
 Status launchCrossEntropy(const Context &ctx, const float *logits,
                           const int32_t *targets, int64_t rows, int64_t vocab,
-                          double *rowLoss, float *loss);
-/// dlogits = rowScale (softmax(logits) - onehot(targets)), one warp per row.
-Status launchCrossEntropyGrad(const Context &ctx, const float *logits,
-                              const int32_t *targets, int64_t rows,
-                              int64_t vocab, double rowScale, float *dlogits);
+                          double *rowLoss, float *loss, double rowScale,
+                          float *dlogits);
 /// Vocabulary parallelism: member `member` of `members` writes its
 /// statistics of logits [rows, vocab] (its columns) into stats [rows,
 /// 4 members + 1] (vocab_ce_stats), one warp per row.

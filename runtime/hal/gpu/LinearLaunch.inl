@@ -88,20 +88,39 @@ Status launchColumnSums(const Context &ctx, const float *x, int64_t rows,
 
 Status launchCrossEntropy(const Context &ctx, const float *logits,
                           const int32_t *targets, int64_t rows, int64_t vocab,
-                          double *rowLoss, float *loss) {
+                          double *rowLoss, float *loss, double rowScale,
+                          float *dlogits) {
   using Lanes = Exec::Lanes;
+  // One warp per row: the log-sum-exp once, then the row's loss (rowLoss),
+  // its gradient (dlogits) or both (the fused classifier), so that the
+  // fused outputs are bit for bit those of the two kernels.
+  const char *name = !loss     ? "cross_entropy_grad"
+                     : dlogits ? "cross_entropy_fused"
+                               : "cross_entropy";
   PIPER_RETURN_IF_ERROR(Exec(ctx).forEachRow(
-      "cross_entropy", rows, [=] PIPER_LAMBDA(Lanes lanes, int64_t r) {
+      name, rows, [=] PIPER_LAMBDA(Lanes lanes, int64_t r) {
         const float *row = logits + r * vocab;
         SoftmaxSum s;
         for (int64_t j = lanes.lane(); j < vocab; j += Lanes::kCount)
           s.add(row[j]);
         double lse = logSumExp(lanes, s);
-        if (lanes.lane() == 0) {
-          int32_t t = targets[r];
+        const int32_t t = targets[r];
+        if (rowLoss && lanes.lane() == 0)
           rowLoss[r] = validTarget(t, vocab) ? lse - row[t] : lse;
+        if (!dlogits)
+          return;
+        // As the CPU: the exponent is rounded to float once, from double;
+        // the target's element in double, then rounded.
+        float *out = dlogits + r * vocab;
+        const float scale = static_cast<float>(rowScale);
+        for (int64_t j = lanes.lane(); j < vocab; j += Lanes::kCount) {
+          float e = expF(static_cast<float>(double(row[j]) - lse));
+          out[j] = j == t ? static_cast<float>(rowScale * (double(e) - 1.0))
+                          : scale * e;
         }
       }));
+  if (!loss)
+    return Status::ok();
   return Exec(ctx).forEachRow(
       "cross_entropy_mean", 1, [=] PIPER_LAMBDA(Lanes lanes, int64_t) {
         double s = 0;
@@ -110,30 +129,6 @@ Status launchCrossEntropy(const Context &ctx, const float *logits,
         s = lanes.sum(s);
         if (lanes.lane() == 0)
           *loss = static_cast<float>(s / rows);
-      });
-}
-
-Status launchCrossEntropyGrad(const Context &ctx, const float *logits,
-                              const int32_t *targets, int64_t rows,
-                              int64_t vocab, double rowScale, float *dlogits) {
-  using Lanes = Exec::Lanes;
-  return Exec(ctx).forEachRow(
-      "cross_entropy_grad", rows, [=] PIPER_LAMBDA(Lanes lanes, int64_t r) {
-        const float *row = logits + r * vocab;
-        float *out = dlogits + r * vocab;
-        SoftmaxSum s;
-        for (int64_t j = lanes.lane(); j < vocab; j += Lanes::kCount)
-          s.add(row[j]);
-        double lse = logSumExp(lanes, s);
-        // As the CPU: the exponent is rounded to float once, from double;
-        // the target's element in double, then rounded.
-        const float scale = static_cast<float>(rowScale);
-        const int32_t t = targets[r];
-        for (int64_t j = lanes.lane(); j < vocab; j += Lanes::kCount) {
-          float e = expF(static_cast<float>(double(row[j]) - lse));
-          out[j] = j == t ? static_cast<float>(rowScale * (double(e) - 1.0))
-                          : scale * e;
-        }
       });
 }
 

@@ -4,11 +4,14 @@
 // RUN: piper-opt %s -split-input-file -verify-diagnostics -piper-build-training-dag="lr=0.5 beta1=0.8 beta2=0.9 eps=1e-6 weight-decay=0.25" | FileCheck %s --check-prefix=OPT
 // RUN: piper-opt %s -split-input-file -verify-diagnostics -piper-build-training-dag="min-lr=1e-5 warmup-steps=10 decay-steps=100 clip-grad-norm=0.5 dtype=bf16" | FileCheck %s --check-prefix=STEP
 // RUN: piper-opt %s -split-input-file -verify-diagnostics -piper-build-training-dag="no-optimizer=true" | FileCheck %s --check-prefix=NO-OPT
+// RUN: piper-opt %s -split-input-file -verify-diagnostics -piper-build-training-dag="fuse-classifier=false" | FileCheck %s --check-prefix=NOFUSE
 // RUN: not piper-opt %s -split-input-file -piper-build-training-dag="dtype=f16" 2>&1 | FileCheck %s --check-prefix=DTYPE
 // DTYPE: for the --dtype option: Cannot find option named 'f16'!
 
 // Two stages. The forward of stage 1 accumulates the loss and returns the
-// logits its backward needs instead of the loss; the forward of stage 0
+// logits' gradient (the fused classifier) instead of the loss; without the
+// fusion (NOFUSE) it returns the logits, which its backward differentiates
+// the loss at; the forward of stage 0
 // returns its activation plus the residuals of gelu and of the embedding's
 // gradient. Gradients of parameters are accumulated, input and weight
 // gradients of a linear are separate ops, and the backward of stage 1
@@ -23,9 +26,15 @@
 // CHECK-LABEL: piper.segment @stage1_F(
 // CHECK-SAME: [[X:%[^:]+]]: tensor<4x4xf32>, [[T:%[^:]+]]: tensor<2x2xi32>) -> tensor<4x16xf32> attributes {piper.pass = #piper.pass<F>} {
 // CHECK: [[LOGITS:%.*]] = piper.linear [[X]]
-// CHECK: [[LOSS:%.*]] = piper.cross_entropy [[LOGITS]], [[T]]
+// CHECK: [[LOSS:%[^,]+]], [[DL:%.*]] = piper.cross_entropy_fused [[LOGITS]], [[T]] : (tensor<4x16xf32>, tensor<2x2xi32>) -> (tensor<f32>, tensor<4x16xf32>)
 // CHECK-NEXT: piper.loss_accumulate [[LOSS]] : tensor<f32>
-// CHECK-NEXT: piper.yield [[LOGITS]] : tensor<4x16xf32>
+// CHECK-NEXT: piper.yield [[DL]] : tensor<4x16xf32>
+// NOFUSE-LABEL: piper.segment @stage1_F(
+// NOFUSE-SAME: [[X:%[^:]+]]: tensor<4x4xf32>, [[T:%[^:]+]]: tensor<2x2xi32>) -> tensor<4x16xf32>
+// NOFUSE: [[LOGITS:%.*]] = piper.linear [[X]]
+// NOFUSE: [[LOSS:%.*]] = piper.cross_entropy [[LOGITS]], [[T]]
+// NOFUSE-NEXT: piper.loss_accumulate [[LOSS]] : tensor<f32>
+// NOFUSE-NEXT: piper.yield [[LOGITS]] : tensor<4x16xf32>
 // CHECK-LABEL: piper.segment @stage0_B(
 // CHECK-SAME: [[DY:%[^:]+]]: tensor<4x4xf32>, [[LIN:%[^:]+]]: tensor<4x4xf32>, [[EMB:%[^:]+]]: tensor<4x4xf32>, [[IDS:%[^:]+]]: tensor<2x2xi32>) attributes {piper.pass = #piper.pass<B>} {
 // CHECK: [[DLIN:%.*]] = piper.gelu_grad [[LIN]], [[DY]]
@@ -39,13 +48,17 @@
 // CHECK: piper.accumulate_grad @wte, [[DWTE]] : tensor<16x4xf32>
 // CHECK: piper.yield{{$}}
 // CHECK-LABEL: piper.segment @stage1_B(
-// CHECK-SAME: [[T:%[^:]+]]: tensor<2x2xi32>, [[LOGITS:%[^:]+]]: tensor<4x16xf32>, [[X:%[^:]+]]: tensor<4x4xf32>) -> tensor<4x4xf32> attributes {piper.pass = #piper.pass<B>} {
-// CHECK: [[DL:%.*]] = piper.cross_entropy_grad [[LOGITS]], [[T]]
+// CHECK-SAME: [[DL:%[^:]+]]: tensor<4x16xf32>, [[X:%[^:]+]]: tensor<4x4xf32>) -> tensor<4x4xf32> attributes {piper.pass = #piper.pass<B>} {
+// CHECK-NOT: cross_entropy
 // CHECK: [[LM:%.*]] = piper.param_ref @lm
 // CHECK: [[DX:%.*]] = piper.linear_grad_input [[DL]], [[LM]]
 // CHECK: [[DLM:%.*]] = piper.linear_grad_weight [[X]], [[DL]]
 // CHECK: piper.accumulate_grad @lm, [[DLM]] : tensor<4x16xf32>
 // CHECK: piper.yield [[DX]] : tensor<4x4xf32>
+// NOFUSE-LABEL: piper.segment @stage1_B(
+// NOFUSE-SAME: [[T:%[^:]+]]: tensor<2x2xi32>, [[LOGITS:%[^:]+]]: tensor<4x16xf32>, [[X:%[^:]+]]: tensor<4x4xf32>) -> tensor<4x4xf32>
+// NOFUSE: [[DL:%.*]] = piper.cross_entropy_grad [[LOGITS]], [[T]]
+// NOFUSE: piper.linear_grad_input [[DL]]
 // Vectors get no weight decay; the update clears the accumulators after
 // every AdamW step. (The default hyper-parameters are checked with explicit
 // options below, under OPT.)
@@ -68,7 +81,7 @@
 // CHECK-NEXT: [[TOK:%[^,]+]], [[TGT:%[^,]+]], %{{.*}} = piper.batch {tag = #piper.tag<>}
 // CHECK-NEXT: [[F0:%[^:]+]]:3, %{{.*}} = piper.task @stage0_F([[TOK]]) {tag = #piper.tag<PP = 0, PASS = F>}
 // CHECK-NEXT: [[F1:%[^,]+]], %{{.*}} = piper.task @stage1_F([[F0]]#0, [[TGT]]) {tag = #piper.tag<PP = 1, PASS = F>}
-// CHECK-NEXT: [[B1:%[^,]+]], [[B1D:%[^ ]+]] = piper.task @stage1_B([[TGT]], [[F1]], [[F0]]#0) {tag = #piper.tag<PP = 1, PASS = B>}
+// CHECK-NEXT: [[B1:%[^,]+]], [[B1D:%[^ ]+]] = piper.task @stage1_B([[F1]], [[F0]]#0) {tag = #piper.tag<PP = 1, PASS = B>}
 // CHECK-NEXT: [[B0D:%.*]] = piper.task @stage0_B([[B1]], [[F0]]#1, [[F0]]#2, [[TOK]]) {tag = #piper.tag<PP = 0, PASS = B>}
 // CHECK-NEXT: piper.task @stage0_U() after([[B0D]]) {tag = #piper.tag<PP = 0, PASS = U>} : () -> !piper.token
 // CHECK-NEXT: piper.task @stage1_U() after([[B1D]]) {tag = #piper.tag<PP = 1, PASS = U>} : () -> !piper.token
@@ -178,10 +191,10 @@ piper.program @p {
 // CHECK-LABEL: piper.segment @moe_F(
 // CHECK: [[AUX:%.*]] = piper.moe_aux_loss
 // CHECK-NEXT: piper.loss_accumulate [[AUX]] {coeff = 1.000000e-02 : f64} : tensor<f32>
-// CHECK: [[LOSS:%.*]] = piper.cross_entropy
+// CHECK: [[LOSS:%[^,]+]], [[DLOGITS:%.*]] = piper.cross_entropy_fused
 // CHECK-NEXT: piper.loss_accumulate [[LOSS]] : tensor<f32>
 // CHECK-LABEL: piper.segment @moe_B(
-// CHECK: [[DY:%.*]] = piper.cross_entropy_grad
+// CHECK-SAME: [[DY:%[^:]+]]: tensor<4x8xf32>
 // CHECK: [[DA:%[^,]+]], [[DW:%[^ ]+]] = piper.moe_combine_grad {{.*}}, [[DY]] {capacity = 2 : i64, experts = 4 : i64}
 // CHECK: [[DH:%.*]] = piper.swiglu_grad %{{.*}}, [[DA]]
 // CHECK: [[DS:%.*]] = piper.expert_linear_grad_input [[DH]], %{{.*}} {experts = 4 : i64}
@@ -375,4 +388,33 @@ piper.program @p {
   // expected-error @+1 {{'piper.task' op a value feeding several stages is not supported yet}}
   %b, %d1 = piper.task @mid(%a) {tag = #piper.tag<PP = 1>} : (tensor<4x4xf32>) -> (tensor<4x4xf32>, !piper.token)
   %l, %d2 = piper.task @head(%a, %b, %tgt) {tag = #piper.tag<PP = 2>} : (tensor<4x4xf32>, tensor<4x4xf32>, tensor<2x2xi32>) -> (tensor<f32>, !piper.token)
+}
+
+// -----
+
+// The fused classifier is not used where the backward re-runs the logits'
+// op (a recompute region): the forward keeps the region's input, and the
+// backward recomputes the logits and differentiates the loss there.
+// CHECK-LABEL: piper.segment @head_F(
+// CHECK-NOT: cross_entropy_fused
+// CHECK: [[LOSS:%.*]] = piper.cross_entropy %{{.*}}, %{{.*}} :
+// CHECK-NEXT: piper.loss_accumulate [[LOSS]] : tensor<f32>
+// CHECK-NEXT: piper.yield %{{.*}} : tensor<4x4xf32>
+// CHECK-LABEL: piper.segment @head_B(
+// CHECK: [[LOGITS:%.*]] = piper.linear
+// CHECK: piper.cross_entropy_grad [[LOGITS]],
+piper.param @wte : tensor<16x4xf32> init normal(2.0e-02)
+piper.param @lm : tensor<4x16xf32> init normal(2.0e-02)
+piper.segment @head(%ids: tensor<2x2xi32>, %t: tensor<2x2xi32>) -> tensor<f32> {
+  %e = piper.param_ref @wte : tensor<16x4xf32>
+  %x = piper.embedding %ids, %e : (tensor<2x2xi32>, tensor<16x4xf32>) -> tensor<4x4xf32>
+  %h = piper.gelu %x {piper.recompute = 1 : i64} : tensor<4x4xf32>
+  %w = piper.param_ref @lm : tensor<4x16xf32>
+  %l = piper.linear %h, %w {piper.recompute = 1 : i64} : (tensor<4x4xf32>, tensor<4x16xf32>) -> tensor<4x16xf32>
+  %loss = piper.cross_entropy %l, %t : (tensor<4x16xf32>, tensor<2x2xi32>) -> tensor<f32>
+  piper.yield %loss : tensor<f32>
+}
+piper.program @p {
+  %tok, %tgt, %d = piper.batch {tag = #piper.tag<>} : tensor<2x2xi32>, tensor<2x2xi32>
+  %l, %d0 = piper.task @head(%tok, %tgt) {tag = #piper.tag<PP = 0>} : (tensor<2x2xi32>, tensor<2x2xi32>) -> (tensor<f32>, !piper.token)
 }

@@ -21,21 +21,23 @@
 // MARK-LABEL: piper.segment @head(
 // MARK-NOT: piper.recompute
 
-// Without it the forward would return the logits, the embedding, the
-// linear's output and the GELU's; with it, the logits and the block's input.
+// Without it the forward would return the logits' gradient (the fused
+// classifier), the embedding, the linear's output and the GELU's; with it,
+// the logits' gradient and the block's input.
 // CHECK-LABEL: piper.segment @stage0_F(%arg0: tensor<2x2xi32>, %arg1: tensor<2x2xi32>) -> (tensor<4x16xf32>, tensor<4x4xf32>)
 // CHECK: [[X:%[0-9]+]] = piper.embedding
 // CHECK-NOT: piper.recompute
-// CHECK: piper.yield %{{[0-9]+}}, [[X]] : tensor<4x16xf32>, tensor<4x4xf32>
-// CHECK-LABEL: piper.segment @stage0_B(%arg0: tensor<2x2xi32>, %arg1: tensor<4x16xf32>, %arg2: tensor<4x4xf32>, %arg3: tensor<2x2xi32>)
-// CHECK: piper.linear_grad_input
+// CHECK: %{{[a-z]+}}, [[DL:%[a-z]+]] = piper.cross_entropy_fused
+// CHECK: piper.yield [[DL]], [[X]] : tensor<4x16xf32>, tensor<4x4xf32>
+// CHECK-LABEL: piper.segment @stage0_B(%arg0: tensor<4x16xf32>, %arg1: tensor<4x4xf32>, %arg2: tensor<2x2xi32>)
+// CHECK: piper.linear_grad_input %arg0
 // CHECK: [[W:%[0-9]+]] = piper.param_ref @w1
 // CHECK: [[B:%[0-9]+]] = piper.param_ref @b1
-// CHECK: [[Y:%[0-9]+]] = piper.linear %arg2, [[W]], [[B]]
+// CHECK: [[Y:%[0-9]+]] = piper.linear %arg1, [[W]], [[B]]
 // CHECK-NEXT: [[G:%[0-9]+]] = piper.gelu [[Y]]
 // CHECK-NEXT: piper.linear_grad_weight [[G]],
 // CHECK: piper.gelu_grad [[Y]],
-// CHECK: piper.linear_grad_weight %arg2,
+// CHECK: piper.linear_grad_weight %arg1,
 // CHECK-NOT: piper.recompute
 // CHECK: piper.yield
 

@@ -1,6 +1,6 @@
 // Cases of the linear and loss GPU kernels (KernelCases.h): linear and its
 // gradients (transpose_w 0 and 1, with and without bias, fp32 and bf16),
-// bias_grad, cross_entropy and its gradient, loss_accumulate.
+// bias_grad, cross_entropy, its gradient and both fused, loss_accumulate.
 #include <array>
 #include <cmath>
 #include <tuple>
@@ -202,6 +202,11 @@ void lossCases(std::vector<KernelCase> &out) {
                    {{"scale", floatAttr(0.25)}},
                    {logits, targets},
                    {f32({rows, sh.vocab})}});
+    out.push_back({"cross_entropy_fused scale 0.25 " + s,
+                   "cross_entropy_fused",
+                   {{"scale", floatAttr(0.25)}},
+                   {logits, targets},
+                   {f32({}), f32({rows, sh.vocab})}});
   }
   // A [1]-shaped loss output, and a gradient scale above 1.
   out.push_back({"cross_entropy loss [1]",
@@ -214,6 +219,11 @@ void lossCases(std::vector<KernelCase> &out) {
                  {{"scale", floatAttr(3)}},
                  {f32({6, 40}), tokens({6}, 40)},
                  {f32({6, 40})}});
+  out.push_back({"cross_entropy_fused loss [1], no scale",
+                 "cross_entropy_fused",
+                 {},
+                 {f32({6, 40}), tokens({6}, 40)},
+                 {f32({1}), f32({6, 40})}});
 
   // Vocabulary parallelism: each member of 2 and 4 on its columns (local
   // vocabularies around a warp's 32 lanes and larger; the targets global

@@ -23,11 +23,18 @@ using namespace piper::runtime::hal::testing;
 
 namespace {
 
-const std::set<std::string> kOps = {
-    "linear",        "linear_grad_input",  "linear_grad_weight", "bias_grad",
-    "bias_add",
-    "cross_entropy", "cross_entropy_grad", "loss_accumulate",
-    "vocab_ce_stats", "vocab_cross_entropy", "vocab_cross_entropy_grad"};
+const std::set<std::string> kOps = {"linear",
+                                    "linear_grad_input",
+                                    "linear_grad_weight",
+                                    "bias_grad",
+                                    "bias_add",
+                                    "cross_entropy",
+                                    "cross_entropy_grad",
+                                    "cross_entropy_fused",
+                                    "loss_accumulate",
+                                    "vocab_ce_stats",
+                                    "vocab_cross_entropy",
+                                    "vocab_cross_entropy_grad"};
 
 // Runs a malformed call on both devices; both must fail with one message.
 void expectSameRejection(const KernelCase &c, const std::string &needle) {
@@ -161,6 +168,30 @@ TEST_CASE("the loss GPU kernels reject malformed calls as the CPU does") {
                        {{"scale", floatAttr(INFINITY)}},
                        {f32({2, 5}), tokens({2}, 5)},
                        {f32({2, 5})}},
+                      "scale");
+  expectSameRejection({"cross_entropy_fused one output",
+                       "cross_entropy_fused",
+                       {},
+                       {f32({2, 5}), tokens({2}, 5)},
+                       {f32({})}},
+                      "outputs");
+  expectSameRejection({"cross_entropy_fused dlogits",
+                       "cross_entropy_fused",
+                       {},
+                       {f32({2, 5}), tokens({2}, 5)},
+                       {f32({}), f32({2, 4})}},
+                      "dlogits has shape");
+  expectSameRejection({"cross_entropy_fused loss",
+                       "cross_entropy_fused",
+                       {},
+                       {f32({2, 5}), tokens({2}, 5)},
+                       {f32({2, 5}), f32({2, 5})}},
+                      "loss");
+  expectSameRejection({"cross_entropy_fused scale",
+                       "cross_entropy_fused",
+                       {{"scale", floatAttr(NAN)}},
+                       {f32({2, 5}), tokens({2}, 5)},
+                       {f32({}), f32({2, 5})}},
                       "scale");
   expectSameRejection(
       {"loss_accumulate shape", "loss_accumulate", {}, {f32({2})}, {}}, "loss");

@@ -12,6 +12,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -97,9 +98,9 @@ TEST_CASE("the cross entropy on 32 lanes agrees with the CPU kernels") {
            {ref(plan::F32, {rows, vocab}, logits),
             ref(plan::I32, {rows}, targets)},
            {ref(plan::F32, {}, wantLoss)});
-    REQUIRE(
-        bool(lanes::launchCrossEntropy(ctx, logits.data(), targets.data(), rows,
-                                       vocab, rowLoss.data(), gotLoss.data())));
+    REQUIRE(bool(lanes::launchCrossEntropy(ctx, logits.data(), targets.data(),
+                                           rows, vocab, rowLoss.data(),
+                                           gotLoss.data(), 0.0, nullptr)));
     expectClose(wantLoss, gotLoss);
 
     std::vector<float> want(static_cast<size_t>(rows * vocab)), got = want;
@@ -107,10 +108,19 @@ TEST_CASE("the cross entropy on 32 lanes agrees with the CPU kernels") {
            {ref(plan::F32, {rows, vocab}, logits),
             ref(plan::I32, {rows}, targets)},
            {ref(plan::F32, {rows, vocab}, want)});
-    REQUIRE(bool(lanes::launchCrossEntropyGrad(ctx, logits.data(),
-                                               targets.data(), rows, vocab,
-                                               0.5 / rows, got.data())));
+    REQUIRE(bool(lanes::launchCrossEntropy(ctx, logits.data(), targets.data(),
+                                           rows, vocab, nullptr, nullptr,
+                                           0.5 / rows, got.data())));
     expectClose(want, got);
+
+    // The fused classifier: both outputs in one pass, bit for bit.
+    std::vector<float> fusedLoss(1), fused(got.size());
+    REQUIRE(bool(lanes::launchCrossEntropy(
+        ctx, logits.data(), targets.data(), rows, vocab, rowLoss.data(),
+        fusedLoss.data(), 0.5 / rows, fused.data())));
+    CHECK(std::memcmp(&fusedLoss[0], &gotLoss[0], sizeof(float)) == 0);
+    CHECK(std::memcmp(fused.data(), got.data(), got.size() * sizeof(float)) ==
+          0);
   }
 }
 
