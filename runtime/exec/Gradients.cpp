@@ -148,10 +148,10 @@ Status ExecutorImpl::clipGrads(int s) {
   // times. Everything stays on the device, queued on this stream: every
   // gradient measured, the slots weighed into this rank's share (in
   // parameter order, in double), the share summed over the ranks in place,
-  // the norm and the clip factor computed, the gradients scaled by it. A
-  // non-finite norm makes the factor NaN: nothing is scaled, the update
-  // skips (KernelContext::clipFactor), and the host, reading the norm once
-  // after the step, stops the run (checkDivergence).
+  // the norm and the clip factor computed. The updates scale each gradient
+  // by it as they read it (KernelContext::clipFactor): no pass of its own.
+  // A non-finite norm makes the factor NaN: the updates skip, and the host,
+  // reading the norm once after the step, stops the run (checkDivergence).
   PIPER_RETURN_IF_ERROR(measureGradSquares(/*skipUpdated=*/false));
   PIPER_RETURN_IF_ERROR(
       squares->weigh().withContext("weighing the gradient norm"));
@@ -159,16 +159,10 @@ Status ExecutorImpl::clipGrads(int s) {
     PIPER_RETURN_IF_ERROR(
         comm->allReduceSumWorldOn(plan.streams(s).name(), squares->total(), 1)
             .withContext("summing the squared gradient norm over ranks"));
-  PIPER_RETURN_IF_ERROR(squares
-                            ->clip(std::max(1, plan.training().num_replicas()),
-                                   plan.training().clip_grad_norm())
-                            .withContext("the gradient norm's clip factor"));
-  for (int p = 0; p < plan.params_size(); ++p)
-    PIPER_RETURN_IF_ERROR(
-        device->scaleBy(gradOf(p), squares->factor(), gradElements(p))
-            .withContext("clipping the gradient of parameter '" +
-                         plan.params(p).name() + "'"));
-  return Status::ok();
+  return squares
+      ->clip(std::max(1, plan.training().num_replicas()),
+             plan.training().clip_grad_norm())
+      .withContext("the gradient norm's clip factor");
 }
 
 Status ExecutorImpl::allReduce(int s, const Instruction &inst) {

@@ -266,9 +266,6 @@ public:
                           std::unique_ptr<hal::SquareSums> &sums) override {
     return cpu->createSquareSums(slots, sums);
   }
-  Status scaleBy(float *x, const float *factor, int64_t n) override {
-    return cpu->scaleBy(x, factor, n);
-  }
   Status add(float *dst, const float *src, int64_t n) override {
     return cpu->add(dst, src, n);
   }

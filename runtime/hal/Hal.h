@@ -154,8 +154,8 @@ public:
   // the rank's share of the world's sum of squares, has the communicator
   // sum total() over the ranks in place (Communicator::
   // allReduceSumWorldOn), and clip() turns the sum into the norm and the
-  // clip factor, which the gradients' scaling (Device::scaleBy) and the
-  // update (KernelContext::clipFactor) read where they are. The host reads
+  // clip factor, which the update reads where it is (KernelContext::
+  // clipFactor: `adamw` multiplies each gradient by it). The host reads
   // the norm once, after the step (readNorm).
 
   /// The weight of each slot in weigh(), copied to the device once; an
@@ -171,7 +171,7 @@ public:
   /// Queues on the calling stream: norm = sqrt(*total() / replicas) and the
   /// clip factor, float(maxNorm / (norm + 1e-6)) where maxNorm > 0 and
   /// norm > maxNorm, 1 where not, and NaN where the norm is not finite (a
-  /// diverged step: scaleBy and the update then leave everything as it is).
+  /// diverged step: the update then leaves everything as it is).
   virtual Status clip(double replicas, double maxNorm) = 0;
   /// The factor clip() writes: one float in device memory.
   virtual const float *factor() const = 0;
@@ -284,9 +284,6 @@ public:
   /// `slots` slots of sums of squares, for the global gradient norm.
   virtual Status createSquareSums(int slots,
                                   std::unique_ptr<SquareSums> &sums) = 0;
-  /// x[i] *= *factor (device memory: SquareSums::factor) where the factor
-  /// is finite and not 1, else nothing (gradient clipping).
-  virtual Status scaleBy(float *x, const float *factor, int64_t n) = 0;
   /// dst[i] += src[i] (a ZeRO shard's gradient accumulation).
   virtual Status add(float *dst, const float *src, int64_t n) = 0;
   /// Mixed precision: float -> packed bf16 (round to nearest even), packed

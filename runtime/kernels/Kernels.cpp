@@ -222,13 +222,6 @@ double sumOfSquares(const float *x, int64_t n) {
   return sum;
 }
 
-void scaleFloats(float *x, float scale, int64_t n) {
-  detail::parallelFor(n, detail::kElementGrain,
-                      [&](int64_t begin, int64_t end) {
-                        detail::scaleInPlace(x + begin, scale, end - begin);
-                      });
-}
-
 void zeroBytes(void *data, int64_t bytes) {
   char *p = static_cast<char *>(data);
   detail::parallelFor(

@@ -52,8 +52,11 @@ struct KernelContext {
   /// and whose key/value shard a ring attention step reads.
   int64_t contextMember = 0;
   /// The clip factor CLIP_GRADS left in device memory (hal::SquareSums::
-  /// factor), or null: `adamw` leaves its parameter and moments as they are
-  /// where it is not finite (a diverged step updates nothing).
+  /// factor), or null: `adamw` updates with its gradient times the factor
+  /// (a float product, as scaling the gradient first would give: the
+  /// clipping costs no pass of its own), and leaves its parameter and
+  /// moments as they are where the factor is not finite (a diverged step
+  /// updates nothing).
   const float *clipFactor = nullptr;
   /// Mixed precision: the parameter's bf16 copy (fp32 storage holding
   /// bf16 values, as many elements as the parameter), or null: `adamw`
@@ -193,12 +196,10 @@ std::vector<std::string> kernelNames();
 /// count.
 std::string blasDescription();
 
-/// Vectorized, multithreaded helpers for the executor's gradient clipping:
-/// the sum of x[i]^2 in double (in a fixed order: interleaved accumulators
-/// per fixed-size chunk, chunks added in order; the same for any thread
-/// count), and x[i] *= scale.
+/// A vectorized, multithreaded helper for the gradient norm: the sum of
+/// x[i]^2 in double (in a fixed order: interleaved accumulators per
+/// fixed-size chunk, chunks added in order; the same for any thread count).
 double sumOfSquares(const float *x, int64_t n);
-void scaleFloats(float *x, float scale, int64_t n);
 /// memset(data, 0, bytes) on the kernels' threads (large step buffers).
 void zeroBytes(void *data, int64_t bytes);
 

@@ -19,20 +19,22 @@ PIPER_SIMD void accumulateLoop(float *__restrict acc, const float *__restrict g,
     acc[i] += g[i];
 }
 
-// One pass over the four arrays, per element in double; with a bf16 copy
-// (Copy), the updated parameter rounded to bf16 is written there too.
+// One pass over the four arrays, per element in double, the gradient
+// times the clip factor `clip` (a float product; 1 without clipping, which
+// is exact); with a bf16 copy (Copy), the updated parameter rounded to bf16
+// is written there too.
 template <bool Copy>
 PIPER_SIMD void adamwLoop(const float *__restrict grad, float *__restrict param,
                           float *__restrict m, float *__restrict v,
                           float *__restrict copy, int64_t n,
-                          const AdamwConstants &c) {
+                          const AdamwConstants &c, float clip) {
   // The bias corrections are multiplications by their reciprocals (within
   // an ulp of double of the divisions): one division and one square root per
   // element instead of three divisions.
   const double decay = c.decay, beta1 = c.beta1, beta2 = c.beta2, eps = c.eps,
                step = c.lr / c.correction1, inv2 = 1.0 / c.correction2;
   for (int64_t i = 0; i < n; ++i) {
-    double g = grad[i];
+    double g = grad[i] * clip;
     double p = param[i];
     p -= decay * p;
     double mi = beta1 * m[i] + (1.0 - beta1) * g;
@@ -134,13 +136,14 @@ Status adamwKernel(const KernelArgs &a) {
   const float *g = grad.f32();
   float *p = param.f32(), *mData = m.f32(), *vData = v.f32();
   float *copy = a.ctx.bf16Copy;
+  const float clip = a.ctx.clipFactor ? *a.ctx.clipFactor : 1.0f;
   parallelFor(grad.numel(), kElementGrain, [&](int64_t begin, int64_t end) {
     if (copy)
       adamwLoop<true>(g + begin, p + begin, mData + begin, vData + begin,
-                      copy + begin, end - begin, c);
+                      copy + begin, end - begin, c, clip);
     else
       adamwLoop<false>(g + begin, p + begin, mData + begin, vData + begin,
-                       nullptr, end - begin, c);
+                       nullptr, end - begin, c, clip);
   });
   return Status::ok();
 }

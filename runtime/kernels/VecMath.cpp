@@ -38,11 +38,6 @@ PIPER_SIMD double expShiftedSum(const float *x, float shift, float *y,
   return sumDoubleInline(y, n);
 }
 
-PIPER_SIMD void scaleInPlace(float *y, float scale, int64_t n) {
-  for (int64_t i = 0; i < n; ++i)
-    y[i] *= scale;
-}
-
 PIPER_SIMD void addVectors(const float *__restrict a, const float *__restrict b,
                            float *__restrict y, int64_t n) {
   for (int64_t j = 0; j < n; ++j)

@@ -153,8 +153,6 @@ float maxOf(const float *x, int64_t n);
 /// y[i] = exp(x[i] - shift) in float (x == y allowed); returns their sum in
 /// double (kLanes interleaved accumulators).
 double expShiftedSum(const float *x, float shift, float *y, int64_t n);
-/// y[i] *= scale.
-void scaleInPlace(float *y, float scale, int64_t n);
 /// y[i] = a[i] + b[i] (position_add's rows, add).
 void addVectors(const float *a, const float *b, float *y, int64_t n);
 

@@ -749,32 +749,45 @@ TEST_CASE("adamw defaults follow the spec", "[kernels][state]") {
   CHECK(outs[2].f[1] == Approx(0.05 * 4.0));
 }
 
-TEST_CASE("adamw updates nothing where the clip factor is not finite",
+TEST_CASE("adamw scales its gradient by the clip factor, and updates "
+          "nothing where it is not finite",
           "[kernels][state]") {
   // CLIP_GRADS' factor (KernelContext::clipFactor) is NaN after a
   // non-finite norm: the diverged step leaves parameters and moments as
-  // they are. A finite factor (the gradients were already scaled by it)
-  // changes nothing in the update itself.
+  // they are. A finite factor multiplies each gradient (a float product):
+  // bit for bit the update of the gradient scaled first, as a separate
+  // clipping pass did.
   for (float factor : {std::numeric_limits<float>::quiet_NaN(),
-                       std::numeric_limits<float>::infinity(), 0.5f}) {
+                       std::numeric_limits<float>::infinity(), 0.5f, 0.37f,
+                       1.0f}) {
     INFO("factor " << factor);
     std::vector<Tensor> ins = {Tensor::f32({3}, {0.3f, -2.0f, 0.0f})};
     std::vector<Tensor> outs = {Tensor::f32({3}, {1, 1, 1}),
                                 Tensor::f32({3}, {0.1f, 0.2f, 0.3f}),
                                 Tensor::f32({3}, {0.4f, 0.5f, 0.6f})};
-    std::vector<Tensor> plain = outs;
+    std::vector<Tensor> plain = outs, scaledIns = ins;
+    for (float &g : scaledIns[0].f)
+      g *= factor;
     KernelContext ctx, none;
     ctx.clipFactor = &factor;
     REQUIRE(run(K("adamw").f("lr", 0.01), ins, outs, ctx).isOk());
-    REQUIRE(run(K("adamw").f("lr", 0.01), ins, plain, none).isOk());
     if (std::isfinite(factor)) {
+      REQUIRE(run(K("adamw").f("lr", 0.01), scaledIns, plain, none).isOk());
       for (size_t o = 0; o < outs.size(); ++o)
-        CHECK(outs[o].f == plain[o].f);
+        CHECK(std::memcmp(outs[o].f.data(), plain[o].f.data(),
+                          plain[o].f.size() * sizeof(float)) == 0);
+      // Not the update of the unscaled gradient (the factor is read).
+      if (factor != 1.0f) {
+        std::vector<Tensor> unscaled = {Tensor::f32({3}, {1, 1, 1}),
+                                        Tensor::f32({3}, {0.1f, 0.2f, 0.3f}),
+                                        Tensor::f32({3}, {0.4f, 0.5f, 0.6f})};
+        REQUIRE(run(K("adamw").f("lr", 0.01), ins, unscaled, none).isOk());
+        CHECK(unscaled[1].f != outs[1].f);
+      }
     } else {
       CHECK(outs[0].f == std::vector<float>{1, 1, 1});
       CHECK(outs[1].f == std::vector<float>{0.1f, 0.2f, 0.3f});
       CHECK(outs[2].f == std::vector<float>{0.4f, 0.5f, 0.6f});
-      CHECK(plain[0].f != outs[0].f);
     }
   }
 }

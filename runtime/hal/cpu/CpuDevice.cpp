@@ -258,11 +258,6 @@ public:
     sums = std::make_unique<CpuSquareSums>(slots);
     return Status::ok();
   }
-  Status scaleBy(float *x, const float *factor, int64_t n) override {
-    if (float s = *factor; std::isfinite(s) && s != 1.0f)
-      scaleFloats(x, s, n);
-    return Status::ok();
-  }
   Status add(float *dst, const float *src, int64_t n) override {
     for (int64_t i = 0; i < n; ++i)
       dst[i] += src[i];

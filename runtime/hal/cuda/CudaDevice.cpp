@@ -385,10 +385,6 @@ public:
   }
   Status createSquareSums(int slots,
                           std::unique_ptr<SquareSums> &sums) override;
-  Status scaleBy(float *x, const float *factor, int64_t n) override {
-    PIPER_RETURN_IF_ERROR(gpu::launchScaleBy(context(), x, factor, n));
-    return finishIfHost();
-  }
   Status add(float *dst, const float *src, int64_t n) override {
     PIPER_RETURN_IF_ERROR(gpu::launchAdd(context(), dst, src, dst, n));
     return finishIfHost();

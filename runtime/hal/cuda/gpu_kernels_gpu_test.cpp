@@ -53,14 +53,14 @@ TEST_CASE("the CUDA sums of squares agree with the CPU's") {
   CHECK(testing::compareSquaresBatching(*gpu) == "");
 }
 
-TEST_CASE("the CUDA clipped-step norm, clip factor and scaling agree with "
-          "the CPU's") {
+TEST_CASE("the CUDA clipped-step norm and clip factor agree with the CPU's") {
   auto gpu = cudaDevice();
   auto cpu = createCpuDevice(nullptr);
   CHECK(testing::compareGradClip(*cpu, *gpu) == "");
 }
 
-TEST_CASE("the CUDA fused AdamW calls give each call's own bits") {
+TEST_CASE("the CUDA fused AdamW calls give each call's own bits, and the "
+          "clip factor scales each gradient as a pass before did") {
   auto gpu = cudaDevice();
   CHECK(testing::compareAdamwCalls(*gpu) == "");
 }

@@ -23,9 +23,6 @@ Status launchSwigluGrad(const Context &ctx, const float *gateUp,
 /// y = a + b (y may alias a or b).
 Status launchAdd(const Context &ctx, const float *a, const float *b, float *y,
                  int64_t n);
-/// x[i] *= *factor (device memory) where the factor is finite and not 1.
-Status launchScaleBy(const Context &ctx, float *x, const float *factor,
-                     int64_t n);
 /// Up to kMax AdamW updates (arrays of `adamw` calls) that one launch runs,
 /// with up to kConstants distinct constant sets among them.
 struct AdamwBatch {

@@ -43,27 +43,21 @@ Status launchAdd(const Context &ctx, const float *a, const float *b, float *y,
                            [=] PIPER_LAMBDA(int64_t i) { y[i] = a[i] + b[i]; });
 }
 
-Status launchScaleBy(const Context &ctx, float *x, const float *factor,
-                     int64_t n) {
-  return Exec(ctx).forEach("scale", n, [=] PIPER_LAMBDA(int64_t i) {
-    float s = *factor;
-    if (finiteFloat(s) && s != 1.0f)
-      x[i] *= s;
-  });
-}
-
 Status launchAdamwBatch(const Context &ctx, const AdamwBatch &batch,
                         const float *clipFactor) {
   const AdamwBatch b = batch; // the kernel's arguments
   return Exec(ctx).forEach(
       "adamw", b.offset[b.count], [=] PIPER_LAMBDA(int64_t i) {
-        if (clipFactor && !finiteFloat(*clipFactor))
-          return; // a diverged step: nothing is updated
+        // The gradient times the clip factor (a float product, as the
+        // CPU's); a diverged step (a factor not finite) updates nothing.
+        const float clip = clipFactor ? *clipFactor : 1.0f;
+        if (!finiteFloat(clip))
+          return;
         const int lo = batchEntryOf(b.offset, b.count, i);
         const int64_t e = i - b.offset[lo];
         float &param = b.param[lo][e];
-        adamwElement(b.constants[b.constantsOf[lo]], b.grad[lo][e], param,
-                     b.m[lo][e], b.v[lo][e]);
+        adamwElement(b.constants[b.constantsOf[lo]], b.grad[lo][e] * clip,
+                     param, b.m[lo][e], b.v[lo][e]);
         if (b.copy[lo])
           b.copy[lo][e] = fromBf16(toBf16(param));
       });

@@ -273,10 +273,6 @@ public:
     sums = std::make_unique<EmulatedSquareSums>(slots);
     return Status::ok();
   }
-  Status scaleBy(float *x, const float *factor, int64_t n) override {
-    PIPER_RETURN_IF_ERROR(injected("scale"));
-    return gpu::launchScaleBy(timedContext(), x, factor, n);
-  }
   Status add(float *dst, const float *src, int64_t n) override {
     PIPER_RETURN_IF_ERROR(injected("add"));
     return gpu::launchAdd(timedContext(), dst, src, dst, n);

@@ -159,17 +159,18 @@ std::string compareSquaresBatching(Device &gpu, double rtol = 1e-12);
 /// (more than two launches' batches, six constant sets, empty and
 /// multi-block parameters, some with bf16 copies) leaves every parameter,
 /// moment and copy with the bits of each call run by itself (runKernel),
-/// also when the clip factor skips the update; a malformed call fails with
-/// runKernel's message, naming its index. Returns "" or what differs.
+/// also when the clip factor skips the update; with a clip factor, every
+/// call's bits are those of the update of its gradient scaled by it first
+/// (on the host, a float product); a malformed call fails with runKernel's
+/// message, naming its index. Returns "" or what differs.
 std::string compareAdamwCalls(Device &gpu);
 
 /// The clipped step's norm on each device (SquareSums::setWeights, weigh,
-/// clip, factor, readNorm, and Device::scaleBy): spans weighed into a norm
-/// that clips, one that does not, and one with a NaN. "" when, on each
-/// device, the norm is within `rtol` of the host's double sum (and of the
-/// CPU's), the factor is clipFactorOf's of that device's norm exactly
-/// (NaN for the NaN), and scaleBy multiplies each element by it exactly
-/// (leaves it as it is for a factor of 1 or NaN); else what differs.
+/// clip, factor, readNorm): spans weighed into a norm that clips, one that
+/// does not, and one with a NaN. "" when, on each device, the norm is within
+/// `rtol` of the host's double sum (and of the CPU's) and the factor is
+/// clipFactorOf's of that device's norm exactly (NaN for the NaN); else
+/// what differs. (The update applies the factor: compareAdamwCalls.)
 std::string compareGradClip(Device &cpu, Device &gpu, double rtol = 1e-12);
 
 } // namespace piper::runtime::hal::testing

@@ -74,13 +74,17 @@ TEST_CASE("the emulated GPU's sums of squares agree with the CPU's") {
   CHECK(testing::compareSquaresBatching(*gpu) == "");
 }
 
-TEST_CASE("the emulated GPU's fused AdamW calls give each call's own bits") {
+TEST_CASE("the emulated GPU's fused AdamW calls give each call's own bits, "
+          "and the clip factor scales each gradient as a pass before did") {
   auto gpu = createEmulatedGpuDevice(nullptr);
   CHECK(testing::compareAdamwCalls(*gpu) == "");
+  // The CPU backend runs the calls one by one; its clip factor too.
+  auto cpu = createCpuDevice(nullptr);
+  CHECK(testing::compareAdamwCalls(*cpu) == "");
 }
 
-TEST_CASE("the emulated GPU's clipped-step norm, clip factor and scaling "
-          "agree with the CPU's") {
+TEST_CASE("the emulated GPU's clipped-step norm and clip factor agree with "
+          "the CPU's") {
   auto cpu = createCpuDevice(nullptr);
   auto gpu = createEmulatedGpuDevice(nullptr);
   CHECK(testing::compareGradClip(*cpu, *gpu) == "");
