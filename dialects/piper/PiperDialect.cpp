@@ -496,21 +496,23 @@ LogicalResult ExpertLinearOp::verify() {
   return success();
 }
 
-LogicalResult CrossEntropyOp::verify() {
-  int64_t rows = dim(getTargets(), 0) * dim(getTargets(), 1);
-  if (dim(getLogits(), 0) != rows)
-    return emitOpError("logits have ")
-           << dim(getLogits(), 0) << " rows but targets hold " << rows
-           << " tokens";
+/// The check every loss op shares: one logits row per target token.
+static LogicalResult verifyLossRows(Operation *op, Value logits,
+                                    Value targets) {
+  int64_t rows = dim(targets, 0) * dim(targets, 1);
+  if (dim(logits, 0) != rows)
+    return op->emitOpError("logits have ")
+           << dim(logits, 0) << " rows but targets hold " << rows << " tokens";
   return success();
 }
 
+LogicalResult CrossEntropyOp::verify() {
+  return verifyLossRows(*this, getLogits(), getTargets());
+}
+
 LogicalResult CrossEntropyFusedOp::verify() {
-  int64_t rows = dim(getTargets(), 0) * dim(getTargets(), 1);
-  if (dim(getLogits(), 0) != rows)
-    return emitOpError("logits have ")
-           << dim(getLogits(), 0) << " rows but targets hold " << rows
-           << " tokens";
+  if (failed(verifyLossRows(*this, getLogits(), getTargets())))
+    return failure();
   if (getDlogits().getType() != getLogits().getType())
     return emitOpError("dlogits must have the logits' type ")
            << getLogits().getType() << ", got " << getDlogits().getType();
@@ -524,10 +526,9 @@ static LogicalResult verifyVocabLoss(Operation *op, Value logits, Value targets,
                                      Value stats, int64_t members) {
   if (members < 2)
     return op->emitOpError("members must be at least 2, got ") << members;
-  int64_t rows = dim(targets, 0) * dim(targets, 1);
-  if (dim(logits, 0) != rows)
-    return op->emitOpError("logits have ")
-           << dim(logits, 0) << " rows but targets hold " << rows << " tokens";
+  if (failed(verifyLossRows(op, logits, targets)))
+    return failure();
+  int64_t rows = dim(logits, 0);
   if (stats && (dim(stats, 0) != rows || dim(stats, 1) != 4 * members + 1))
     return op->emitOpError("statistics must be [")
            << rows << ", " << 4 * members + 1 << "] (4 members + 1 columns), "

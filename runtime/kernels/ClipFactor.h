@@ -17,7 +17,7 @@ namespace piper::runtime {
 /// The clip factor for the world's gradient `norm` and the plan's `maxNorm`
 /// (0: no clipping): float(maxNorm / (norm + 1e-6)) where the norm exceeds
 /// it, 1 where not, and NaN where the norm is not finite (a diverged step:
-/// nothing is scaled or updated).
+/// nothing is updated).
 PIPER_CLIP_FN float clipFactorOf(double norm, double maxNorm) {
   if (!(norm - norm == 0.0)) {
 #if defined(__CUDA_ARCH__)

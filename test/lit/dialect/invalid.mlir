@@ -650,6 +650,23 @@ piper.segment @s(%l: tensor<4x16xf32>, %t: tensor<2x4xi32>) {
 
 // -----
 
+// cross_entropy_fused: as cross_entropy, and dlogits of the logits' type.
+piper.segment @s(%l: tensor<4x16xf32>, %t: tensor<2x4xi32>) {
+  // expected-error @+1 {{'piper.cross_entropy_fused' op logits have 4 rows but targets hold 8 tokens}}
+  %loss, %dl = piper.cross_entropy_fused %l, %t : (tensor<4x16xf32>, tensor<2x4xi32>) -> (tensor<f32>, tensor<4x16xf32>)
+  piper.yield
+}
+
+// -----
+
+piper.segment @s(%l: tensor<8x16xf32>, %t: tensor<2x4xi32>) {
+  // expected-error @+1 {{'piper.cross_entropy_fused' op dlogits must have the logits' type 'tensor<8x16xf32>', got 'tensor<8x8xf32>'}}
+  %loss, %dl = piper.cross_entropy_fused %l, %t : (tensor<8x16xf32>, tensor<2x4xi32>) -> (tensor<f32>, tensor<8x8xf32>)
+  piper.yield
+}
+
+// -----
+
 //===----------------------------------------------------------------------===//
 // piper.program and piper.device_program
 //===----------------------------------------------------------------------===//
