@@ -171,6 +171,7 @@ Status ExecutorImpl::init(uint64_t seed) {
         device->createEvent(events.back())
             .withContext("creating event " + std::to_string(e)));
   }
+  PIPER_RETURN_IF_ERROR(prepareKernels());
   // A plan that clips keeps the norm and the clip factor on the device
   // (Gradients.cpp), also on a rank without parameters, which still takes
   // part in the world's sum.

@@ -242,6 +242,9 @@ public:
   // Loading (Executor.cpp, Segments.cpp).
   Status init(uint64_t seed);
   Status resolveKernels();
+  /// Device::prepareKernel for every kernel of every segment a stream
+  /// calls, on that stream (after resolveKernels and the streams).
+  Status prepareKernels();
   void analyzeGradients();
 
   // A step (Streams.cpp).

@@ -130,6 +130,54 @@ Status ExecutorImpl::resolveKernels() {
   return Status::ok();
 }
 
+Status ExecutorImpl::prepareKernels() {
+  // Each stream prepares the kernels it will run, on its own worker (a
+  // CUDA stream's cuDNN handle and scratch are its own), all streams at
+  // once; a segment called by two streams is prepared on both.
+  int numStreams = plan.streams_size();
+  std::vector<Status> prepared(numStreams, Status::ok());
+  for (int s = 0; s < numStreams; ++s) {
+    std::vector<char> calls(plan.segments_size(), 0);
+    for (const Instruction &inst : plan.streams(s).instructions())
+      if (inst.kind() == Instruction::CALL && inst.segment() >= 0 &&
+          inst.segment() < plan.segments_size())
+        calls[inst.segment()] = 1;
+    streams[s]->enqueue([this, s, calls = std::move(calls), &prepared] {
+      KernelContext ctx;
+      ctx.tensorMember = plan::tensorMember(plan, replica);
+      ctx.contextMember = plan::contextMember(plan, replica);
+      for (int g = 0; g < plan.segments_size(); ++g) {
+        if (!calls[g])
+          continue;
+        const plan::Segment &seg = plan.segments(g);
+        for (int k = 0; k < seg.kernels_size(); ++k) {
+          const ResolvedKernel &rk = kernels[g][k];
+          ctx.lowPrecision = rk.lowPrecision;
+          Status st = device->prepareKernel(*rk.info, seg.kernels(k), rk.attrs,
+                                            rk.inputs, rk.outputs, ctx);
+          if (!st) {
+            prepared[s] =
+                st.withContext("stream '" + plan.streams(s).name() +
+                               "', segment '" + seg.name() + "', kernel " +
+                               std::to_string(k) + ": preparing its calls");
+            return;
+          }
+        }
+      }
+    });
+  }
+  Status first = Status::ok();
+  for (int s = 0; s < numStreams; ++s) {
+    Status synced = streams[s]->synchronize();
+    if (!synced && first)
+      first = synced.withContext("preparing the kernels of stream '" +
+                                 plan.streams(s).name() + "'");
+    if (!prepared[s] && first)
+      first = prepared[s];
+  }
+  return first;
+}
+
 Status ExecutorImpl::computeParam(int s, int p, StepState &st, void *&out) {
   const int64_t step = st.step;
   // The fifth state tensor of the parameter (Parameter.state_offsets[4]).

@@ -9,6 +9,8 @@
 #include <condition_variable>
 #include <mutex>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -346,6 +348,119 @@ TEST_CASE("executor: a device plugs in through ExecutorOptions", "[executor]") {
   CHECK(CountingDevice::lookups == kernelCount);
   CHECK(CountingDevice::kernelRuns.load() > 0);
   CHECK(losses == runSteps(plan, 3, 4));
+}
+
+namespace {
+/// A CPU device that records which kernels were prepared (Device::
+/// prepareKernel) and run, and on which thread; it fails the preparation
+/// of op `failOp`.
+class PreparingDevice : public ForwardingDevice {
+public:
+  PreparingDevice(Communicator *comm, std::string failOp)
+      : ForwardingDevice(comm), failOp(std::move(failOp)) {}
+  std::string name() const override { return "preparing"; }
+  Status prepareKernel(const KernelInfo &, const plan::Kernel &kernel,
+                       const KernelAttrs &, const std::vector<TensorRef> &in,
+                       const std::vector<TensorRef> &,
+                       KernelContext &) override {
+    std::lock_guard<std::mutex> lock(mu);
+    prepared.push_back({std::this_thread::get_id(), &kernel});
+    // Shapes, no data.
+    for (const TensorRef &t : in)
+      dataGiven |= t.data != nullptr;
+    if (kernel.op() == failOp)
+      return Status::error("cannot prepare " + kernel.op());
+    return Status::ok();
+  }
+  Status runKernel(const KernelInfo &info, const plan::Kernel &kernel,
+                   const KernelAttrs &attrs,
+                   const std::vector<TensorRef> &inputs,
+                   const std::vector<TensorRef> &outputs,
+                   KernelContext &ctx) override {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      ran.push_back({std::this_thread::get_id(), &kernel});
+    }
+    return cpu->runKernel(info, kernel, attrs, inputs, outputs, ctx);
+  }
+
+  using Call = std::pair<std::thread::id, const plan::Kernel *>;
+  std::string failOp;
+  std::mutex mu;
+  std::vector<Call> prepared, ran;
+  bool dataGiven = false;
+};
+} // namespace
+
+TEST_CASE("executor: every kernel is prepared when the plan loads, on the "
+          "stream that runs it",
+          "[executor]") {
+  TinyModel m;
+  for (bool twoStreams : {false, true}) {
+    INFO((twoStreams ? "two streams" : "one stream"));
+    plan::Plan plan = singleClassPlan(m, 2, {0}, 1, twoStreams);
+    PreparingDevice *device = nullptr;
+    ExecutorOptions opts;
+    opts.createDevice = [&](Communicator *comm) {
+      auto d = std::make_unique<PreparingDevice>(comm, "");
+      device = d.get();
+      return d;
+    };
+    Status status;
+    auto exec = Executor::create(plan, opts, status);
+    INFO(status.message());
+    REQUIRE(exec);
+    REQUIRE(device);
+    // Every kernel of every called segment, once (each segment is called
+    // by one stream), off the loading thread.
+    std::vector<PreparingDevice::Call> prepared = device->prepared;
+    size_t kernelCount = 0;
+    for (const plan::Segment &seg : plan.segments())
+      kernelCount += static_cast<size_t>(seg.kernels_size());
+    CHECK(prepared.size() == kernelCount);
+    CHECK_FALSE(device->dataGiven);
+    for (const auto &[thread, kernel] : prepared)
+      CHECK(thread != std::this_thread::get_id());
+    for (int t = 1; t <= 2; ++t) {
+      double loss = 0;
+      REQUIRE(exec->runStep(t, loss));
+    }
+    // Steps prepare nothing, and each kernel runs on the thread (the
+    // stream's worker) that prepared it.
+    CHECK(device->prepared.size() == kernelCount);
+    std::sort(prepared.begin(), prepared.end());
+    std::vector<PreparingDevice::Call> ran = device->ran;
+    std::sort(ran.begin(), ran.end());
+    ran.erase(std::unique(ran.begin(), ran.end()), ran.end());
+    CHECK(ran == prepared);
+  }
+}
+
+TEST_CASE("executor: a kernel the device cannot prepare fails the plan's "
+          "loading, naming it",
+          "[executor]") {
+  TinyModel m;
+  plan::Plan plan = singleClassPlan(m, 1, {0}, 1);
+  int linearAt = -1, segment = -1;
+  for (int g = 0; g < plan.segments_size() && linearAt < 0; ++g)
+    for (int k = 0; k < plan.segments(g).kernels_size(); ++k)
+      if (plan.segments(g).kernels(k).op() == "linear") {
+        linearAt = k;
+        segment = g;
+        break;
+      }
+  REQUIRE(linearAt >= 0);
+  ExecutorOptions opts;
+  opts.createDevice = [](Communicator *comm) {
+    return std::make_unique<PreparingDevice>(comm, "linear");
+  };
+  Status status;
+  auto exec = Executor::create(plan, opts, status);
+  CHECK_FALSE(exec);
+  CHECK(status.message() == "rank 0: stream '" + plan.streams(0).name() +
+                                "', segment '" + plan.segments(segment).name() +
+                                "', kernel " + std::to_string(linearAt) +
+                                ": preparing its calls: cannot prepare linear");
 }
 
 namespace {

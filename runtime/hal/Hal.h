@@ -261,6 +261,20 @@ public:
                            const std::vector<TensorRef> &inputs,
                            const std::vector<TensorRef> &outputs,
                            KernelContext &ctx) = 0;
+  /// Prepares what a kernel's calls need, once, when a plan loads: called
+  /// by the stream that will run the kernel (its worker), for every kernel
+  /// of the segments that stream calls, with the operands' shapes and no
+  /// data, so that no step builds it. The CUDA backend builds cuDNN's
+  /// attention plans and reserves the attention kernels' scratch here; an
+  /// error (--attention cudnn where cuDNN refuses a shape) fails the
+  /// plan's loading. The default prepares nothing.
+  virtual Status prepareKernel(const KernelInfo &, const plan::Kernel &,
+                               const KernelAttrs &,
+                               const std::vector<TensorRef> &,
+                               const std::vector<TensorRef> &,
+                               KernelContext &) {
+    return Status::ok();
+  }
   /// Runs consecutive `adamw` calls (the optimizer step's), each as
   /// runKernel would with `ctx` and the call's own bf16Copy; a backend may
   /// fuse them into fewer launches giving the same bits (the GPU backends:

@@ -377,6 +377,16 @@ public:
     PIPER_RETURN_IF_ERROR(status);
     return finishIfHost();
   }
+  Status prepareKernel(const KernelInfo &info, const plan::Kernel &kernel,
+                       const KernelAttrs &attrs,
+                       const std::vector<TensorRef> &inputs,
+                       const std::vector<TensorRef> &outputs,
+                       KernelContext &kctx) override {
+    PIPER_RETURN_IF_ERROR(gpu::prepareKernel(info, kernel, attrs, inputs,
+                                             outputs, kctx,
+                                             context(kctx.lowPrecision)));
+    return finishIfHost();
+  }
   Status runAdamwCalls(const KernelInfo &, const std::vector<AdamwCall> &calls,
                        KernelContext &kctx, size_t &failed) override {
     PIPER_RETURN_IF_ERROR(

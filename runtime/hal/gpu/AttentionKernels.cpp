@@ -125,17 +125,42 @@ Status reserveFused(const Context &ctx, const AttentionShape &s,
   return Status::ok();
 }
 
+// One call of attention or attention_grad set up: its shape, the fused
+// attention (null: the SIMT kernels) and its scratch reserved on the
+// stream's workspace. `empty`: a batch of 0, nothing to launch.
+struct AttentionCall {
+  AttentionShape s;
+  const FusedAttention *fused = nullptr;
+  FusedScratch f;          // the fused path's
+  char *scratch = nullptr; // the SIMT kernels' (null: none needed)
+  bool empty = false;
+};
+
+Status setUpAttention(const KernelArgs &a, const Context &ctx, bool grad,
+                      AttentionCall &c) {
+  AttentionDims d;
+  PIPER_RETURN_IF_ERROR(grad ? detail::checkAttentionGrad(a, d)
+                             : detail::checkAttention(a, d));
+  c.empty = d.batch == 0;
+  if (c.empty)
+    return Status::ok();
+  PIPER_RETURN_IF_ERROR(attentionShape(a, d, c.s));
+  PIPER_RETURN_IF_ERROR(fusedFor(ctx, c.s, c.fused));
+  if (c.fused)
+    return reserveFused(ctx, c.s, *c.fused, grad, c.f);
+  return attentionScratchFor(ctx, c.s, grad, c.scratch);
+}
+
 // y = attention(qkv) by the fused kernels: q, k rotated and packed to bf16,
 // the fused forward, y up-cast (exactly: the fused kernels write bf16) and
 // the statistics stored as the op's lse.
-Status fusedForward(const Context &ctx, const AttentionShape &s,
-                    const FusedAttention &fused, const float *qkv, float *y,
-                    float *lse) {
-  FusedScratch f;
-  PIPER_RETURN_IF_ERROR(reserveFused(ctx, s, fused, false, f));
+Status fusedForward(const Context &ctx, const AttentionCall &c,
+                    const float *qkv, float *y, float *lse) {
+  const AttentionShape &s = c.s;
+  const FusedScratch &f = c.f;
   PIPER_RETURN_IF_ERROR(launchAttentionPackBf16(ctx, s, qkv, f.qkv16, f.table));
   PIPER_RETURN_IF_ERROR(
-      fused.forward(ctx, f.qkv16, f.y16, f.stats, f.workspace));
+      c.fused->forward(ctx, f.qkv16, f.y16, f.stats, f.workspace));
   PIPER_RETURN_IF_ERROR(launchStatsToLse(ctx, s, f.stats, lse));
   return launchUnpackBf16(ctx, y, f.y16, s.rows() * s.qCols);
 }
@@ -144,57 +169,59 @@ Status fusedForward(const Context &ctx, const AttentionShape &s,
 // compiler: no forward runs again): q, k, v, y and dy packed to bf16 (y
 // exactly: the fused forward wrote it in bf16), the statistics from lse,
 // the fused backward; dq and dk are rotated back while they are up-cast.
-Status fusedBackward(const Context &ctx, const AttentionShape &s,
-                     const FusedAttention &fused, const float *qkv,
-                     const float *y, const float *lse, const float *dy,
-                     float *dqkv) {
-  FusedScratch f;
-  PIPER_RETURN_IF_ERROR(reserveFused(ctx, s, fused, true, f));
+Status fusedBackward(const Context &ctx, const AttentionCall &c,
+                     const float *qkv, const float *y, const float *lse,
+                     const float *dy, float *dqkv) {
+  const AttentionShape &s = c.s;
+  const FusedScratch &f = c.f;
   PIPER_RETURN_IF_ERROR(launchAttentionPackBf16(ctx, s, qkv, f.qkv16, f.table));
   PIPER_RETURN_IF_ERROR(launchPackBf16(ctx, f.y16, y, s.rows() * s.qCols));
   PIPER_RETURN_IF_ERROR(launchLseToStats(ctx, s, lse, f.stats));
   PIPER_RETURN_IF_ERROR(launchPackBf16(ctx, f.dy16, dy, s.rows() * s.qCols));
-  PIPER_RETURN_IF_ERROR(fused.backward(ctx, f.qkv16, f.y16, f.dy16, f.stats,
-                                       f.dqkv16, f.workspace));
+  PIPER_RETURN_IF_ERROR(c.fused->backward(ctx, f.qkv16, f.y16, f.dy16, f.stats,
+                                          f.dqkv16, f.workspace));
   return launchAttentionUnpackGradBf16(ctx, s, f.dqkv16, dqkv, f.table);
 }
 
 Status attention(const KernelArgs &a, const Context &ctx) {
-  AttentionDims d;
-  PIPER_RETURN_IF_ERROR(detail::checkAttention(a, d));
-  if (d.batch == 0)
+  AttentionCall c;
+  PIPER_RETURN_IF_ERROR(setUpAttention(a, ctx, false, c));
+  if (c.empty)
     return Status::ok();
-  AttentionShape s;
-  PIPER_RETURN_IF_ERROR(attentionShape(a, d, s));
-  const FusedAttention *fused = nullptr;
-  PIPER_RETURN_IF_ERROR(fusedFor(ctx, s, fused));
-  if (fused)
-    return fusedForward(ctx, s, *fused, a.inputs[0].f32(), a.outputs[0].f32(),
+  if (c.fused)
+    return fusedForward(ctx, c, a.inputs[0].f32(), a.outputs[0].f32(),
                         a.outputs[1].f32());
-  char *scratch = nullptr;
-  PIPER_RETURN_IF_ERROR(attentionScratchFor(ctx, s, false, scratch));
-  return launchAttention(ctx, s, a.inputs[0].f32(), a.outputs[0].f32(),
-                         a.outputs[1].f32(), scratch);
+  return launchAttention(ctx, c.s, a.inputs[0].f32(), a.outputs[0].f32(),
+                         a.outputs[1].f32(), c.scratch);
 }
 
 Status attentionGrad(const KernelArgs &a, const Context &ctx) {
-  AttentionDims d;
-  PIPER_RETURN_IF_ERROR(detail::checkAttentionGrad(a, d));
-  if (d.batch == 0)
+  AttentionCall c;
+  PIPER_RETURN_IF_ERROR(setUpAttention(a, ctx, true, c));
+  if (c.empty)
     return Status::ok();
-  AttentionShape s;
-  PIPER_RETURN_IF_ERROR(attentionShape(a, d, s));
-  const FusedAttention *fused = nullptr;
-  PIPER_RETURN_IF_ERROR(fusedFor(ctx, s, fused));
-  if (fused)
-    return fusedBackward(ctx, s, *fused, a.inputs[0].f32(), a.inputs[1].f32(),
+  if (c.fused)
+    return fusedBackward(ctx, c, a.inputs[0].f32(), a.inputs[1].f32(),
                          a.inputs[2].f32(), a.inputs[3].f32(),
                          a.outputs[0].f32());
   // The SIMT kernels recompute the softmax from q|k|v, as the CPU's.
-  char *scratch = nullptr;
-  PIPER_RETURN_IF_ERROR(attentionScratchFor(ctx, s, true, scratch));
-  return launchAttentionGrad(ctx, s, a.inputs[0].f32(), a.inputs[3].f32(),
-                             a.outputs[0].f32(), scratch);
+  return launchAttentionGrad(ctx, c.s, a.inputs[0].f32(), a.inputs[3].f32(),
+                             a.outputs[0].f32(), c.scratch);
+}
+
+// Preparing a plan's attention (prepareKernel, at plan load): the fused
+// attention of the shape (cuDNN builds its execution plans; under
+// --attention auto a refusal is said here, under --attention cudnn it is
+// the error) and the scratch reserved, so that no step builds or grows
+// either.
+Status prepareAttention(const KernelArgs &a, const Context &ctx) {
+  AttentionCall c;
+  return setUpAttention(a, ctx, false, c);
+}
+
+Status prepareAttentionGrad(const KernelArgs &a, const Context &ctx) {
+  AttentionCall c;
+  return setUpAttention(a, ctx, true, c);
 }
 
 // The ring step's shape: the base shape over the member's rows.
@@ -220,16 +247,27 @@ Status reserveScratch(const Context &ctx, size_t bytes, char *&scratch) {
   return Status::ok();
 }
 
-Status attentionBlock(const KernelArgs &a, const Context &ctx) {
+// A ring step's shape and scratch (`empty`: a batch of 0).
+Status setUpRingStep(const KernelArgs &a, const Context &ctx, bool grad,
+                     RingShape &s, char *&scratch, bool &empty) {
   detail::AttentionBlockDims d;
-  PIPER_RETURN_IF_ERROR(detail::checkAttentionBlock(a, d));
-  if (d.batch == 0)
+  PIPER_RETURN_IF_ERROR(grad ? detail::checkAttentionBlockGrad(a, d)
+                             : detail::checkAttentionBlock(a, d));
+  scratch = nullptr;
+  empty = d.batch == 0;
+  if (empty)
     return Status::ok();
-  RingShape s;
   PIPER_RETURN_IF_ERROR(ringShape(a, d, s));
+  return reserveScratch(ctx, ringScratch(s, grad).bytes, scratch);
+}
+
+Status attentionBlock(const KernelArgs &a, const Context &ctx) {
+  RingShape s;
   char *scratch = nullptr;
-  PIPER_RETURN_IF_ERROR(
-      reserveScratch(ctx, ringScratch(s, false).bytes, scratch));
+  bool empty = false;
+  PIPER_RETURN_IF_ERROR(setUpRingStep(a, ctx, false, s, scratch, empty));
+  if (empty)
+    return Status::ok();
   bool combine = a.inputs.size() == 4;
   return launchAttentionBlock(ctx, s, a.inputs[0].f32(), a.inputs[1].f32(),
                               combine ? a.inputs[2].f32() : nullptr,
@@ -238,15 +276,12 @@ Status attentionBlock(const KernelArgs &a, const Context &ctx) {
 }
 
 Status attentionBlockGrad(const KernelArgs &a, const Context &ctx) {
-  detail::AttentionBlockDims d;
-  PIPER_RETURN_IF_ERROR(detail::checkAttentionBlockGrad(a, d));
-  if (d.batch == 0)
-    return Status::ok();
   RingShape s;
-  PIPER_RETURN_IF_ERROR(ringShape(a, d, s));
   char *scratch = nullptr;
-  PIPER_RETURN_IF_ERROR(
-      reserveScratch(ctx, ringScratch(s, true).bytes, scratch));
+  bool empty = false;
+  PIPER_RETURN_IF_ERROR(setUpRingStep(a, ctx, true, s, scratch, empty));
+  if (empty)
+    return Status::ok();
   bool add = a.inputs.size() == 7;
   return launchAttentionBlockGrad(
       ctx, s, a.inputs[0].f32(), a.inputs[1].f32(), a.inputs[2].f32(),
@@ -255,15 +290,26 @@ Status attentionBlockGrad(const KernelArgs &a, const Context &ctx) {
       scratch);
 }
 
+// A ring step's scratch reserved at plan load.
+template <bool Grad>
+Status prepareRingStep(const KernelArgs &a, const Context &ctx) {
+  RingShape s;
+  char *scratch = nullptr;
+  bool empty = false;
+  return setUpRingStep(a, ctx, Grad, s, scratch, empty);
+}
+
 } // namespace
 
 void addAttentionKernels(std::vector<KernelEntry> &out) {
-  out.insert(out.end(), {
-                            {"attention", attention},
-                            {"attention_grad", attentionGrad},
-                            {"attention_block", attentionBlock},
-                            {"attention_block_grad", attentionBlockGrad},
-                        });
+  out.insert(
+      out.end(),
+      {
+          {"attention", attention, prepareAttention},
+          {"attention_grad", attentionGrad, prepareAttentionGrad},
+          {"attention_block", attentionBlock, prepareRingStep<false>},
+          {"attention_block_grad", attentionBlockGrad, prepareRingStep<true>},
+      });
 }
 
 } // namespace piper::runtime::hal::PIPER_GPU_NS

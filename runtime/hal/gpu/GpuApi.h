@@ -145,10 +145,11 @@ class FusedAttentionProvider {
 public:
   virtual ~FusedAttentionProvider() = default;
   /// The fused attention for `shape` (forward and backward), prepared on
-  /// the first call with the shape and kept; null (and ok) where attention
-  /// runs on the SIMT kernels: under AttentionMode::Auto the backend
-  /// refuses the shape (said once on stderr). Under AttentionMode::Cudnn a
-  /// refusal is the error.
+  /// the first call with the shape (the attention kernels' preparation
+  /// when a plan loads, GpuKernels.h prepareKernel) and kept; null (and ok)
+  /// where attention runs on the SIMT kernels: under AttentionMode::Auto the
+  /// backend refuses the shape (said once on stderr). Under
+  /// AttentionMode::Cudnn a refusal is the error.
   virtual Status get(const Context &ctx, const FusedAttentionShape &shape,
                      const FusedAttention *&out) = 0;
 };

@@ -50,4 +50,16 @@ Status runKernel(const KernelInfo &info, const plan::Kernel &kernel,
   return kernels()[static_cast<size_t>(info.index)].fn(args, ctx);
 }
 
+Status prepareKernel(const KernelInfo &info, const plan::Kernel &kernel,
+                     const KernelAttrs &attrs,
+                     const std::vector<TensorRef> &inputs,
+                     const std::vector<TensorRef> &outputs, KernelContext &kctx,
+                     const Context &ctx) {
+  KernelFn prepare = kernels()[static_cast<size_t>(info.index)].prepare;
+  if (!prepare)
+    return Status::ok();
+  detail::KernelArgs args{kernel, attrs, inputs, outputs, kctx};
+  return prepare(args, ctx);
+}
+
 } // namespace piper::runtime::hal::PIPER_GPU_NS

@@ -24,6 +24,10 @@ using KernelFn = Status (*)(const detail::KernelArgs &args, const Context &ctx);
 struct KernelEntry {
   const char *name;
   KernelFn fn;
+  /// What the kernel's calls need prepared before the first step, run by
+  /// prepareKernel when a plan loads (the operands' data are null: only
+  /// their shapes, the attributes and the context count); null: nothing.
+  KernelFn prepare = nullptr;
 };
 
 /// Every GPU kernel; the i-th entry's KernelInfo has index i.
@@ -42,6 +46,16 @@ Status runKernel(const KernelInfo &info, const plan::Kernel &kernel,
                  const KernelAttrs &attrs, const std::vector<TensorRef> &inputs,
                  const std::vector<TensorRef> &outputs, KernelContext &kctx,
                  const Context &ctx);
+
+/// Device::prepareKernel: kernels()[info.index].prepare(args, ctx) where
+/// the kernel has one (the attention kernels: cuDNN's execution plans and
+/// the stream's scratch, docs/gpu.md), with operands that have shapes and
+/// no data.
+Status prepareKernel(const KernelInfo &info, const plan::Kernel &kernel,
+                     const KernelAttrs &attrs,
+                     const std::vector<TensorRef> &inputs,
+                     const std::vector<TensorRef> &outputs, KernelContext &kctx,
+                     const Context &ctx);
 
 /// Device::runAdamwCalls: every call checked as runKernel checks it, then
 /// updated in one launch per AdamwBatch (the same bits as one launch per

@@ -255,12 +255,16 @@ public:
                    const std::vector<TensorRef> &outputs,
                    KernelContext &ctx) override {
     PIPER_RETURN_IF_ERROR(injected(kernel.op()));
-    gpu::Context gctx = hostContext(ctx.lowPrecision);
-    gctx.attention = attention;
-    gctx.fused = &fused;
-    if (timed)
-      gctx.timer = &timer;
-    return gpu::runKernel(info, kernel, attrs, inputs, outputs, ctx, gctx);
+    return gpu::runKernel(info, kernel, attrs, inputs, outputs, ctx,
+                          kernelContext(ctx.lowPrecision));
+  }
+  Status prepareKernel(const KernelInfo &info, const plan::Kernel &kernel,
+                       const KernelAttrs &attrs,
+                       const std::vector<TensorRef> &inputs,
+                       const std::vector<TensorRef> &outputs,
+                       KernelContext &ctx) override {
+    return gpu::prepareKernel(info, kernel, attrs, inputs, outputs, ctx,
+                              kernelContext(ctx.lowPrecision));
   }
   Status runAdamwCalls(const KernelInfo &, const std::vector<AdamwCall> &calls,
                        KernelContext &ctx, size_t &failed) override {
@@ -290,6 +294,15 @@ public:
     return gpu::launchRoundBf16(timedContext(), x, n);
   }
   Communicator *communicator() override { return host->communicator(); }
+  /// The context of a plan kernel's call.
+  gpu::Context kernelContext(bool bf16) {
+    gpu::Context gctx = hostContext(bf16);
+    gctx.attention = attention;
+    gctx.fused = &fused;
+    if (timed)
+      gctx.timer = &timer;
+    return gctx;
+  }
   /// The context of the executor's own elementwise work, timed as kernels.
   gpu::Context timedContext() {
     gpu::Context ctx = hostContext();

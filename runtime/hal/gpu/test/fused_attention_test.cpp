@@ -7,6 +7,7 @@
 // where the fused path rounds.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
@@ -16,6 +17,7 @@
 
 #include "runtime/hal/gpu/AttentionLaunch.h"
 #include "runtime/hal/gpu/ElementwiseMath.h"
+#include "runtime/hal/gpu/GpuKernels.h"
 #include "runtime/hal/gpu/host/EmulatedDevice.h"
 #include "runtime/hal/gpu/host/HostFusedAttention.h"
 #include "runtime/hal/gpu/test/KernelCases.h"
@@ -331,4 +333,146 @@ TEST_CASE("--attention cudnn refuses fp32 plans; simt and fp32 run the SIMT "
   c.atol = 0;
   r = testing::runCase(c, *simt, *autoDevice);
   CHECK(r.error == "");
+}
+
+namespace {
+
+/// The host model of the fused attention, counting the calls for a shape.
+class CountingProvider final : public g::FusedAttentionProvider {
+public:
+  Status get(const g::Context &ctx, const g::FusedAttentionShape &s,
+             const g::FusedAttention *&out) override {
+    ++asked;
+    last = s;
+    return model.get(ctx, s, out);
+  }
+  g::HostFusedAttentionProvider model;
+  int asked = 0;
+  g::FusedAttentionShape last;
+};
+
+/// A host workspace that records the largest block asked of it.
+class RecordingWorkspace final : public g::Workspace {
+public:
+  Status reserve(size_t bytes, void *&ptr) override {
+    largest = std::max(largest, bytes);
+    block.resize((largest + 7) / 8);
+    ptr = block.data();
+    return Status::ok();
+  }
+  size_t largest = 0;
+  std::vector<double> block;
+};
+
+/// One attention or attention_grad call of batch 2, seq 3, 2 heads over 1
+/// key/value head of 8: its kernel, and operands of its shapes (data
+/// null, as the executor passes them to prepareKernel).
+struct AttentionCall {
+  explicit AttentionCall(bool grad) {
+    const int64_t rows = 6, cols = (2 + 2 * 1) * 8;
+    kernel.set_op(grad ? "attention_grad" : "attention");
+    auto &attrs = *kernel.mutable_attrs();
+    attrs["heads"] = testing::intAttr(2);
+    attrs["kv_heads"] = testing::intAttr(1);
+    attrs["seq"] = testing::intAttr(3);
+    auto ref = [](std::vector<int64_t> shape) {
+      return TensorRef{plan::F32, std::move(shape), nullptr};
+    };
+    if (grad) {
+      inputs = {ref({rows, cols}), ref({rows, 16}), ref({rows, 4}),
+                ref({rows, 16})};
+      outputs = {ref({rows, cols})};
+    } else {
+      inputs = {ref({rows, cols})};
+      outputs = {ref({rows, 16}), ref({rows, 4})};
+    }
+  }
+  Status prepare(const g::Context &ctx) {
+    return g::prepareKernel(*g::findKernelInfo(kernel.op()), kernel,
+                            decodeKernelAttrs(kernel), inputs, outputs, kctx,
+                            ctx);
+  }
+  /// The call itself, on host operands of zeros.
+  Status run(const g::Context &ctx) {
+    std::vector<std::vector<float>> data;
+    std::vector<TensorRef> ins = inputs, outs = outputs;
+    for (auto *refs : {&ins, &outs})
+      for (TensorRef &t : *refs) {
+        data.emplace_back(static_cast<size_t>(t.numel()), 0.0f);
+        t.data = data.back().data();
+      }
+    return g::runKernel(*g::findKernelInfo(kernel.op()), kernel,
+                        decodeKernelAttrs(kernel), ins, outs, kctx, ctx);
+  }
+  plan::Kernel kernel;
+  std::vector<TensorRef> inputs, outputs;
+  KernelContext kctx;
+};
+
+} // namespace
+
+TEST_CASE("preparing the attention kernels when a plan loads builds the fused "
+          "attention of their shape and reserves their scratch: a call "
+          "builds and grows nothing") {
+  CountingProvider provider;
+  RecordingWorkspace workspace;
+  g::Context ctx;
+  ctx.bf16 = true;
+  ctx.attention = g::AttentionMode::Cudnn;
+  ctx.fused = &provider;
+  ctx.workspace = &workspace;
+
+  AttentionCall forward(false), backward(true);
+  REQUIRE(forward.prepare(ctx));
+  CHECK(provider.asked == 1);
+  CHECK(provider.last.batch == 2);
+  CHECK(provider.last.seq == 3);
+  CHECK(provider.last.heads == 2);
+  CHECK(provider.last.kvHeads == 1);
+  CHECK(provider.last.headDim == 8);
+  CHECK(provider.last.scale == static_cast<float>(1.0 / std::sqrt(8.0)));
+  const size_t forwardScratch = workspace.largest;
+  CHECK(forwardScratch > 0);
+  REQUIRE(backward.prepare(ctx));
+  CHECK(provider.asked == 2);
+  // The backward's block adds bf16 dy and dqkv to the forward's.
+  const size_t prepared = workspace.largest;
+  CHECK(prepared > forwardScratch);
+
+  // The calls find what was prepared: the same shape, no larger block.
+  REQUIRE(forward.run(ctx));
+  REQUIRE(backward.run(ctx));
+  CHECK(provider.asked == 4);
+  CHECK(provider.last.seq == 3);
+  CHECK(workspace.largest == prepared);
+
+  SECTION("--attention cudnn on an fp32 plan fails when the plan loads") {
+    ctx.bf16 = false;
+    Status st = forward.prepare(ctx);
+    CHECK(st.message().find("--attention cudnn: cuDNN's fused attention "
+                            "runs bf16 plans only") == 0);
+  }
+  SECTION("the SIMT kernels reserve their scratch, no fused attention") {
+    ctx.attention = g::AttentionMode::Simt;
+    RecordingWorkspace simt;
+    ctx.workspace = &simt;
+    REQUIRE(forward.prepare(ctx));
+    REQUIRE(backward.prepare(ctx));
+    CHECK(provider.asked == 4);
+    const size_t simtPrepared = simt.largest;
+    REQUIRE(forward.run(ctx));
+    REQUIRE(backward.run(ctx));
+    CHECK(simt.largest == simtPrepared);
+  }
+  SECTION("a kernel without preparation, and a malformed call") {
+    plan::Kernel gelu;
+    gelu.set_op("gelu");
+    KernelContext kctx;
+    std::vector<TensorRef> none;
+    CHECK(g::prepareKernel(*g::findKernelInfo("gelu"), gelu,
+                           decodeKernelAttrs(gelu), none, none, kctx, ctx));
+    forward.outputs.pop_back();
+    Status st = forward.prepare(ctx);
+    CHECK(st.message() == "attention: expected 2 outputs, got 1");
+  }
 }
