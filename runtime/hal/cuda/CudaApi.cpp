@@ -23,6 +23,7 @@
 #include "runtime/hal/cuda/CudnnAttention.h"
 #include "runtime/hal/gpu/ElementwiseLaunch.h"
 #include "runtime/hal/gpu/GpuApi.h"
+#include "runtime/hal/gpu/LinearLaunch.h"
 
 namespace piper::runtime::hal {
 
@@ -161,11 +162,12 @@ struct GemmKey {
   bool transA, transB, bf16;
   int64_t m, n, k, lda, ldb, ldc;
   uint32_t alignA, alignB, alignC;
+  bool bias; // the BIAS epilogue
   bool operator<(const GemmKey &o) const {
     return std::tie(transA, transB, bf16, m, n, k, lda, ldb, ldc, alignA,
-                    alignB, alignC) < std::tie(o.transA, o.transB, o.bf16, o.m,
-                                               o.n, o.k, o.lda, o.ldb, o.ldc,
-                                               o.alignA, o.alignB, o.alignC);
+                    alignB, alignC, bias) <
+           std::tie(o.transA, o.transB, o.bf16, o.m, o.n, o.k, o.lda, o.ldb,
+                    o.ldc, o.alignA, o.alignB, o.alignC, o.bias);
   }
 };
 
@@ -177,6 +179,10 @@ struct PreparedGemm {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
   cublasLtMatmulAlgo_t algo{};
+  /// A key with the BIAS epilogue that cuBLASLt has no algorithm for: its
+  /// calls add the bias as C's initial value (beta = 1) on the key without
+  /// the epilogue instead.
+  bool epilogueRefused = false;
 };
 
 /// What gemmColMajor finds behind Context::blas.
@@ -212,6 +218,16 @@ Status prepareGemm(const CublasLt &lt, cublasLtHandle_t handle,
       g.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
   PIPER_CUBLAS_RETURN_IF_ERROR(lt.cublasLtMatmulDescSetAttribute(
       g.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+  if (key.bias) {
+    // The bias (fp32, as D) is added to the product before D is written.
+    cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+    PIPER_CUBLAS_RETURN_IF_ERROR(lt.cublasLtMatmulDescSetAttribute(
+        g.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+    int32_t biasType = CUDA_R_32F;
+    PIPER_CUBLAS_RETURN_IF_ERROR(lt.cublasLtMatmulDescSetAttribute(
+        g.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &biasType,
+        sizeof(biasType)));
+  }
   PIPER_CUBLAS_RETURN_IF_ERROR(lt.cublasLtMatrixLayoutCreate(
       &g.la, operandType, key.transA ? key.k : key.m,
       key.transA ? key.m : key.k, key.lda));
@@ -566,35 +582,62 @@ Status gemmColMajor(const Context &ctx, const ColMajorGemm &g) {
   }
 
   const size_t operandBytes = ctx.bf16 ? 2 : 4;
-  const GemmKey key{g.transA,
-                    g.transB,
-                    ctx.bf16,
-                    g.m,
-                    g.n,
-                    g.k,
-                    g.lda,
-                    g.ldb,
-                    g.ldc,
-                    matrixAlignment(a, g.lda, operandBytes),
-                    matrixAlignment(b, g.ldb, operandBytes),
-                    matrixAlignment(g.c, g.ldc, 4)};
-  auto found = blas->prepared.find(key);
-  if (found == blas->prepared.end()) {
-    PreparedGemm prepared;
-    Status st = prepareGemm(lt, blas->handle, key, operandType, prepared);
-    if (!st) {
-      destroyPrepared(lt, prepared);
-      return st;
+  GemmKey key{g.transA,
+              g.transB,
+              ctx.bf16,
+              g.m,
+              g.n,
+              g.k,
+              g.lda,
+              g.ldb,
+              g.ldc,
+              matrixAlignment(a, g.lda, operandBytes),
+              matrixAlignment(b, g.ldb, operandBytes),
+              matrixAlignment(g.c, g.ldc, 4),
+              g.bias != nullptr};
+  // The key's prepared GEMM (a key with the epilogue that cuBLASLt refuses
+  // is kept, marked, and not asked again).
+  auto preparedFor = [&](const GemmKey &k, const PreparedGemm *&out) -> Status {
+    auto found = blas->prepared.find(k);
+    if (found == blas->prepared.end()) {
+      PreparedGemm prepared;
+      Status st = prepareGemm(lt, blas->handle, k, operandType, prepared);
+      if (!st) {
+        destroyPrepared(lt, prepared);
+        if (!k.bias)
+          return st;
+        prepared.epilogueRefused = true;
+      }
+      found = blas->prepared.emplace(k, prepared).first;
     }
-    found = blas->prepared.emplace(key, prepared).first;
+    out = &found->second;
+    return Status::ok();
+  };
+  const PreparedGemm *p = nullptr;
+  PIPER_RETURN_IF_ERROR(preparedFor(key, p));
+  float beta = g.beta;
+  if (p->epilogueRefused) {
+    // The bias as C's initial value instead, on the plain GEMM.
+    if (g.beta != 0 || g.ldc != g.m)
+      return Status::error(fmt::format(
+          "gemm: cuBLASLt has no bias epilogue for m={} n={} k={} ({}) and "
+          "C cannot start as the bias (beta {}, ldc {})",
+          g.m, g.n, g.k, ctx.bf16 ? "bf16" : "fp32", g.beta, g.ldc));
+    key.bias = false;
+    PIPER_RETURN_IF_ERROR(preparedFor(key, p));
+    PIPER_RETURN_IF_ERROR(launchBroadcastRows(ctx, g.bias, g.c, g.n, g.m));
+    beta = 1;
+  } else if (g.bias) {
+    // The descriptor is this stream's: set for this call, read by it.
+    PIPER_CUBLAS_RETURN_IF_ERROR(lt.cublasLtMatmulDescSetAttribute(
+        p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof(g.bias)));
   }
-  const PreparedGemm &p = found->second;
   if (ctx.timer)
     PIPER_RETURN_IF_ERROR(ctx.timer->begin(ctx));
   noteKernelLaunch("gemm (cublasLtMatmul)");
   PIPER_CUBLAS_RETURN_IF_ERROR(lt.cublasLtMatmul(
-      blas->handle, p.desc, &g.alpha, a, p.la, b, p.lb, &g.beta, g.c, p.lc, g.c,
-      p.lc, &p.algo, scratch, kCublasWorkspace, ctx.stream));
+      blas->handle, p->desc, &g.alpha, a, p->la, b, p->lb, &beta, g.c, p->lc,
+      g.c, p->lc, &p->algo, scratch, kCublasWorkspace, ctx.stream));
   return ctx.timer ? ctx.timer->end(ctx, "gemm") : Status::ok();
 }
 

@@ -1,15 +1,22 @@
 // Row-major GEMMs on the column-major BLAS of the backend.
 #include "runtime/hal/gpu/GpuApi.h"
+#include "runtime/hal/gpu/LinearLaunch.h"
 
 namespace piper::runtime::hal::PIPER_GPU_NS {
 
 Status gemm(const Context &ctx, bool transA, bool transB, int64_t m, int64_t n,
-            int64_t k, float alpha, const float *a, int64_t lda,
-            const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
+            int64_t k, float alpha, const float *a, int64_t lda, const float *b,
+            int64_t ldb, float beta, float *c, int64_t ldc, const float *bias) {
   if (m <= 0 || n <= 0)
     return Status::ok();
   if (k <= 0) {
-    // alpha * (empty sum) + beta * C.
+    // alpha * (empty sum) + beta * C (+ bias).
+    if (bias) {
+      if (beta != 0 || ldc != n)
+        return Status::error(
+            "gemm: k = 0 with a bias needs beta 0 and a dense C");
+      return launchBroadcastRows(ctx, bias, c, m, n);
+    }
     if (beta == 1)
       return Status::ok();
     if (beta != 0)
@@ -35,6 +42,7 @@ Status gemm(const Context &ctx, bool transA, bool transB, int64_t m, int64_t n,
   g.beta = beta;
   g.c = c;
   g.ldc = ldc;
+  g.bias = bias; // one per row-major column: the column-major rows
   return gemmColMajor(ctx, g);
 }
 

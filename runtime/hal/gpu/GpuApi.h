@@ -102,17 +102,24 @@ struct ColMajorGemm {
   float beta = 0;
   float *c = nullptr;
   int64_t ldc = 0;
+  /// Not null: m floats, bias[i] added to row i of every column, C = alpha
+  /// op(A) op(B) + beta C + bias, in the GEMM's epilogue (cuBLASLt's
+  /// BIAS: one rounding of the fp32 product plus the bias, as adding it to
+  /// a C that held the bias with beta = 1 gives).
+  const float *bias = nullptr;
 };
 /// Runs `g` (m, n, k >= 1) on the stream: fp32 (TF32 off), or with
 /// ctx.bf16 bf16 operands on tensor cores with fp32 accumulation and output.
 Status gemmColMajor(const Context &ctx, const ColMajorGemm &g);
 
-/// Row-major C[m,n] = alpha op(A) op(B) + beta C, as the CPU kernels'
-/// gemm (runtime/kernels/KernelUtil.h): mapped onto gemmColMajor
+/// Row-major C[m,n] = alpha op(A) op(B) + beta C (+ bias[j] on column j
+/// of every row, in the epilogue, where `bias` is not null), as the CPU
+/// kernels' gemm (runtime/kernels/KernelUtil.h): mapped onto gemmColMajor
 /// (Gemm.cpp). Empty products are handled here.
 Status gemm(const Context &ctx, bool transA, bool transB, int64_t m, int64_t n,
             int64_t k, float alpha, const float *a, int64_t lda, const float *b,
-            int64_t ldb, float beta, float *c, int64_t ldc);
+            int64_t ldb, float beta, float *c, int64_t ldc,
+            const float *bias = nullptr);
 
 /// The sizes of a fused attention call, in the layout of the attention
 /// kernels (AttentionLaunch.h): qkv16 [batch * seq, (heads + 2 kvHeads) *

@@ -1,11 +1,12 @@
 // The linear and loss GPU kernels: linear and its gradients (GEMMs through
 // gemm(), cuBLASLt on CUDA, bf16 tensor cores with ctx.bf16), bias_grad
 // (chunked column sums), the softmax cross entropy and its gradient (a warp
-// per row), their vocabulary-parallel forms, and loss_accumulate (into the host accumulator, asynchronously).
-// Each mirrors its CPU kernel (runtime/kernels/LayerKernels.cpp,
-// LossKernels.cpp) and checks its operands with the same function.
-#include "runtime/hal/gpu/GpuKernels.h"
+// per row), their vocabulary-parallel forms, and loss_accumulate (into the host
+// accumulator, asynchronously). Each mirrors its CPU kernel
+// (runtime/kernels/LayerKernels.cpp, LossKernels.cpp) and checks its operands
+// with the same function.
 #include "runtime/hal/gpu/ElementwiseLaunch.h"
+#include "runtime/hal/gpu/GpuKernels.h"
 #include "runtime/hal/gpu/LinearLaunch.h"
 #include "runtime/kernels/LinearChecks.h"
 
@@ -20,14 +21,11 @@ Status linear(const KernelArgs &a, const Context &ctx) {
   LinearDims d;
   bool hasBias = false;
   PIPER_RETURN_IF_ERROR(detail::checkLinear(a, d, hasBias));
-  float *y = a.outputs[0].f32();
-  // The bias is the GEMM's initial C (beta = 1).
-  if (hasBias)
-    PIPER_RETURN_IF_ERROR(
-        launchBroadcastRows(ctx, a.inputs[2].f32(), y, d.rows, d.out));
+  // The bias is added in the GEMM's epilogue (no pass of its own).
   return gemm(ctx, false, d.transposeW, d.rows, d.out, d.in, 1.0f,
               a.inputs[0].f32(), d.in, a.inputs[1].f32(),
-              d.transposeW ? d.in : d.out, hasBias ? 1.0f : 0.0f, y, d.out);
+              d.transposeW ? d.in : d.out, 0.0f, a.outputs[0].f32(), d.out,
+              hasBias ? a.inputs[2].f32() : nullptr);
 }
 
 Status linearGradInput(const KernelArgs &a, const Context &ctx) {
@@ -94,9 +92,8 @@ Status tpKvAssemble(const KernelArgs &a, const Context &ctx) {
 Status tpKvAssembleGrad(const KernelArgs &a, const Context &ctx) {
   detail::KvAssembleDims d;
   PIPER_RETURN_IF_ERROR(detail::checkKvAssemble(a, true, d));
-  return launchKvAssembleGrad(ctx, a.inputs[0].f32(), d.rows, d.query,
-                              d.piece, d.share, d.members, d.group,
-                              a.outputs[0].f32());
+  return launchKvAssembleGrad(ctx, a.inputs[0].f32(), d.rows, d.query, d.piece,
+                              d.share, d.members, d.group, a.outputs[0].f32());
 }
 
 Status biasGrad(const KernelArgs &a, const Context &ctx) {
@@ -177,10 +174,10 @@ Status vocabCrossEntropyGrad(const KernelArgs &a, const Context &ctx) {
   detail::VocabDims d;
   double scale = 1.0;
   PIPER_RETURN_IF_ERROR(detail::checkVocabCrossEntropyGrad(a, d, scale));
-  return launchVocabCrossEntropyGrad(
-      ctx, a.inputs[0].f32(), a.inputs[1].f32(), a.inputs[2].i32(), d.rows,
-      d.vocab, d.members, d.first / d.vocab, scale / d.rows,
-      a.outputs[0].f32());
+  return launchVocabCrossEntropyGrad(ctx, a.inputs[0].f32(), a.inputs[1].f32(),
+                                     a.inputs[2].i32(), d.rows, d.vocab,
+                                     d.members, d.first / d.vocab,
+                                     scale / d.rows, a.outputs[0].f32());
 }
 
 Status lossAccumulate(const KernelArgs &a, const Context &ctx) {
@@ -208,8 +205,7 @@ void addLinearKernels(std::vector<KernelEntry> &out) {
                             {"cross_entropy_fused", crossEntropyFused},
                             {"vocab_ce_stats", vocabCeStats},
                             {"vocab_cross_entropy", vocabCrossEntropy},
-                            {"vocab_cross_entropy_grad",
-                             vocabCrossEntropyGrad},
+                            {"vocab_cross_entropy_grad", vocabCrossEntropyGrad},
                             {"loss_accumulate", lossAccumulate},
                         });
 }
