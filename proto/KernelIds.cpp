@@ -74,6 +74,7 @@ const std::vector<KernelSignature> &kernelSignatures() {
       {"tp_kv_assemble_grad", 1, 1, 1, {"members", "query"}},
       {"linear_grad_weight", 2, 2, 1, {}},
       {"bias_grad", 1, 1, 1, {}},
+      {"linear_grad_weight_bias", 2, 2, 2, {}},
       {"gelu_grad", 2, 2, 1, {}},
       {"swiglu_grad", 2, 2, 1, {}},
       {"attention_grad", 4, 4, 1, {"heads", "seq"}},

@@ -488,6 +488,12 @@ static CLI::App *addCompileCommand(CLI::App &app, CompileOptions &comp) {
       "compute the loss's logits gradient in the backward, from the kept "
       "logits, instead of in the forward in one pass with the loss (the "
       "fused classifier; bit-identical; docs/design-notes.md §2)");
+  compileCmd->add_flag(
+      "!--no-fused-epilogues", comp.opt.fuseEpilogues,
+      "compute a biased linear's weight and bias gradients in two ops "
+      "instead of one (linear_grad_weight_bias, whose bias gradient comes "
+      "out of the weight gradient's GEMM on CUDA; bit-identical on the "
+      "CPU; docs/design-notes.md §2)");
   return compileCmd;
 }
 

@@ -45,8 +45,10 @@ struct Differentiated {
 /// is the GradientEmitter they build through.
 class Differentiator : public GradientEmitter {
 public:
-  Differentiator(SegmentOp fwd, OpBuilder &moduleBuilder, bool fuseClassifier)
-      : fwd(fwd), mb(moduleBuilder), fuseClassifier(fuseClassifier) {}
+  Differentiator(SegmentOp fwd, OpBuilder &moduleBuilder, bool fuseClassifier,
+                 bool fuseEpilogues)
+      : fwd(fwd), mb(moduleBuilder), fuseClassifier(fuseClassifier),
+        fuseEpilogues(fuseEpilogues) {}
 
   FailureOr<Differentiated> run() {
     Block &fb = fwd.getBody().front();
@@ -213,6 +215,8 @@ private:
 
   void eraseFromForward(Operation *op) override { replaced.push_back(op); }
 
+  bool fusesEpilogues() override { return fuseEpilogues; }
+
   void accumulateLoss(Value loss, FloatAttr weight) override {
     OpBuilder fbld(loss.getContext());
     fbld.setInsertionPointAfterValue(loss);
@@ -247,7 +251,7 @@ private:
 
   SegmentOp fwd, bwd;
   OpBuilder &mb;
-  const bool fuseClassifier;
+  const bool fuseClassifier, fuseEpilogues;
   std::unique_ptr<OpBuilder> b;
   DenseSet<Value> requiresGrad;
   /// Scalar results the forward returns as its loss.
@@ -327,7 +331,7 @@ LogicalResult TrainingDagBuilder::differentiateStages(ArrayRef<TaskOp> tasks) {
     symbols.insert(seg);
     t.setSegmentAttr(FlatSymbolRefAttr::get(seg.getSymNameAttr()));
     FailureOr<Differentiated> diff =
-        Differentiator(seg, mb, opt.fuseClassifier).run();
+        Differentiator(seg, mb, opt.fuseClassifier, opt.fuseEpilogues).run();
     if (failed(diff))
       return failure();
     symbols.insert(diff->backward);
@@ -487,6 +491,7 @@ struct BuildTrainingDagPass
     opt.clipGradNorm = clipGradNorm;
     opt.noUpdate = noOptimizer;
     opt.fuseClassifier = fuseClassifier;
+    opt.fuseEpilogues = fuseEpilogues;
     opt.dtype = dtype;
     if (failed(buildTrainingDag(getOperation(), opt)))
       signalPassFailure();

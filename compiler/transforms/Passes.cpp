@@ -181,6 +181,7 @@ void mlir::piper::addCompilePipeline(OpPassManager &pm,
     o.dtype = opt.dtype;
     o.noOptimizer = opt.noUpdate;
     o.fuseClassifier = opt.fuseClassifier;
+    o.fuseEpilogues = opt.fuseEpilogues;
     pm.addPass(createPiperBuildTrainingDag(o));
   }
   if (wants(CompilePhase::Directives))

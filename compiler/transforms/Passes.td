@@ -52,6 +52,10 @@ def PiperBuildTrainingDag : Pass<"piper-build-training-dag", "::mlir::ModuleOp">
     Option<"fuseClassifier", "fuse-classifier", "bool", "true",
            "compute a returned cross entropy's logits gradient in the "
            "forward, fused with the loss (piper.cross_entropy_fused)">,
+    Option<"fuseEpilogues", "fuse-epilogues", "bool", "true",
+           "compute a biased linear's weight and bias gradients in one op "
+           "(piper.linear_grad_weight_bias: on CUDA, the bias gradient in "
+           "the weight gradient's GEMM epilogue)">,
   ];
 }
 

@@ -35,6 +35,10 @@ struct OptimizerConfig {
   /// gradient in the forward (piper.cross_entropy_fused), bit for bit
   /// cross_entropy_grad's; false keeps the gradient in the backward.
   bool fuseClassifier = true;
+  /// Gradients one GEMM epilogue computes together are one op: a biased
+  /// linear's weight and bias gradients (piper.linear_grad_weight_bias),
+  /// bit for bit the separate ops' on the CPU; false keeps them apart.
+  bool fuseEpilogues = true;
   /// Mixed precision: f32 or bf16 (see plan.proto compute_dtype).
   ComputeType dtype = ComputeType::f32;
 };

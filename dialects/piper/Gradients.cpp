@@ -63,6 +63,15 @@ LogicalResult LinearOp::emitInputGradients(OpBuilder &b, GradientEmitter &g) {
 
 LogicalResult LinearOp::emitWeightGradients(OpBuilder &b, GradientEmitter &g) {
   Value dy = g.getGrad(getResult());
+  if (getBias() && g.needsGrad(getWeight()) && g.needsGrad(getBias()) &&
+      g.fusesEpilogues()) {
+    auto both = LinearGradWeightBiasOp::create(
+        b, getLoc(), getWeight().getType(), getBias().getType(),
+        g.getSaved(b, getInput()), dy, getTransposeW());
+    g.addGrad(b, getWeight(), both.getResult());
+    g.addGrad(b, getBias(), both.getBiasGrad());
+    return success();
+  }
   if (g.needsGrad(getWeight()))
     g.addGrad(b, getWeight(),
               LinearGradWeightOp::create(b, getLoc(), getWeight().getType(),

@@ -50,6 +50,11 @@ public:
   /// would keep `v` rather than re-run its op (a recompute region).
   virtual bool fusesInForward(Value v) = 0;
 
+  /// Whether a rule may emit one op for gradients a GEMM epilogue computes
+  /// together (a biased linear's weight and bias gradients,
+  /// `linear_grad_weight_bias`), instead of one op each.
+  virtual bool fusesEpilogues() = 0;
+
   /// Erases forward op `op`, which a rule has replaced (its results have
   /// no uses left), once the whole segment is differentiated.
   virtual void eraseFromForward(Operation *op) = 0;

@@ -219,6 +219,21 @@ LogicalResult LinearOp::verify() {
   return success();
 }
 
+LogicalResult LinearGradWeightBiasOp::verify() {
+  int64_t rows = dim(getInput(), 0), k = dim(getInput(), 1),
+          m = dim(getGrad(), 1);
+  if (dim(getGrad(), 0) != rows)
+    return emitOpError("input and grad must have the same rows, got ")
+           << rows << " and " << dim(getGrad(), 0);
+  int64_t r0 = getTransposeW() ? m : k, r1 = getTransposeW() ? k : m;
+  if (dim(getResult(), 0) != r0 || dim(getResult(), 1) != r1)
+    return emitOpError("weight gradient must be [")
+           << r0 << ", " << r1 << "], got " << getResult().getType();
+  if (dim(getBiasGrad(), 0) != m)
+    return emitOpError("bias gradient must have ") << m << " elements";
+  return success();
+}
+
 LogicalResult BiasAddOp::verify() {
   if (dim(getBias(), 0) != dim(getInput(), 1))
     return emitOpError("bias must have ") << dim(getInput(), 1) << " elements";
@@ -756,6 +771,12 @@ double LinearGradInputOp::getFlops() {
 double LinearGradWeightOp::getFlops() {
   auto input = cast<RankedTensorType>(getInput().getType());
   return 2.0 * numElements(getResult()) * input.getDimSize(0);
+}
+double LinearGradWeightBiasOp::getFlops() {
+  // The product, and one addition per element of grad for the sums.
+  auto input = cast<RankedTensorType>(getInput().getType());
+  return 2.0 * numElements(getResult()) * input.getDimSize(0) +
+         numElements(getGrad());
 }
 double ExpertLinearOp::getFlops() {
   return 2.0 * numElements(getResult()) *

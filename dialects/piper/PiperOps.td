@@ -508,6 +508,28 @@ def Piper_LinearGradWeightOp : Piper_Op<"linear_grad_weight", [Pure,
   let assemblyFormat = "$input `,` $grad attr-dict `:` functional-type(operands, results)";
 }
 
+def Piper_LinearGradWeightBiasOp : Piper_Op<"linear_grad_weight_bias", [Pure,
+    DeclareOpInterfaceMethods<Piper_CostOpInterface, ["getFlops"]>, Piper_WeightGradient]> {
+  let summary = "A biased linear's weight and bias gradients in one product";
+  let description = [{
+    `linear_grad_weight` and `bias_grad` of the same `grad`, in one op: dw
+    as `linear_grad_weight` computes it, db the column sums of `grad` as
+    `bias_grad` computes them (the same numbers on the CPU). On CUDA the
+    bias gradient comes out of the weight gradient's GEMM (cuBLASLt's
+    BGRADA/BGRADB epilogue): `grad` is read once. Emitted by autodiff for
+    a `linear` with a bias when both gradients are needed, unless
+    `piperc compile --no-fused-epilogues`.
+
+    ```mlir
+    %dw, %db = piper.linear_grad_weight_bias %x, %dy : (tensor<128x64xf32>, tensor<128x256xf32>) -> (tensor<64x256xf32>, tensor<256xf32>)
+    ```
+  }];
+  let arguments = (ins F32Tensor2D:$input, F32Tensor2D:$grad, UnitAttr:$transpose_w);
+  let results = (outs F32Tensor2D:$result, F32Tensor1D:$bias_grad);
+  let assemblyFormat = "$input `,` $grad attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
 def Piper_BiasGradOp : Piper_ComputeOp<"bias_grad", [Pure, Piper_WeightGradient]> {
   let summary = "Bias gradient: column sums of dy";
   let description = [{

@@ -114,6 +114,7 @@ Status columnsGradKernel(const KernelArgs &a);
 Status tpKvAssembleKernel(const KernelArgs &a);
 Status tpKvAssembleGradKernel(const KernelArgs &a);
 Status biasGradKernel(const KernelArgs &a);
+Status linearGradWeightBiasKernel(const KernelArgs &a);
 
 // UlyssesKernels.cpp
 Status ulyssesSplitKernel(const KernelArgs &a);

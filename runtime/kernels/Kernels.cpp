@@ -71,6 +71,7 @@ KernelInfo kernelTable[] = {
     {"tp_kv_assemble_grad", detail::tpKvAssembleGradKernel, 0},
     {"linear_grad_weight", detail::linearGradWeightKernel, 0},
     {"bias_grad", detail::biasGradKernel, 0},
+    {"linear_grad_weight_bias", detail::linearGradWeightBiasKernel, 0},
     {"gelu_grad", detail::geluGradKernel, 0},
     {"swiglu_grad", detail::swigluGradKernel, 0},
     {"attention_grad", detail::attentionGradKernel, 0},

@@ -26,8 +26,8 @@ PIPER_SIMD void addRowToSums(double *__restrict acc,
     acc[j] += row[j];
 }
 
-PIPER_SIMD void sumsToFloat(const double *__restrict sum,
-                            float *__restrict out, int64_t n) {
+PIPER_SIMD void sumsToFloat(const double *__restrict sum, float *__restrict out,
+                            int64_t n) {
   for (int64_t j = 0; j < n; ++j)
     out[j] = static_cast<float>(sum[j]);
 }
@@ -256,8 +256,7 @@ Status checkLinearGradInput(const KernelArgs &a, LinearDims &d) {
                    (d.transposeW ? "[" + std::to_string(d.out) + ",*]"
                                  : "[*," + std::to_string(d.out) + "]") +
                    " (transpose_w=" + (d.transposeW ? "1" : "0") + ")");
-  PIPER_RETURN_IF_ERROR(
-      expectTensor(a, dx, "dx", plan::F32, {d.rows, d.in}));
+  PIPER_RETURN_IF_ERROR(expectTensor(a, dx, "dx", plan::F32, {d.rows, d.in}));
   return expectBlasDims(a, {d.rows, d.in, d.out});
 }
 
@@ -274,8 +273,10 @@ Status linearGradInputKernel(const KernelArgs &a) {
   return Status::ok();
 }
 
-Status checkLinearGradWeight(const KernelArgs &a, LinearDims &d) {
-  PIPER_RETURN_IF_ERROR(expectCounts(a, 2, 2, 1));
+namespace {
+// (x, dy) -> dw, the operands linear_grad_weight and
+// linear_grad_weight_bias share.
+Status checkGradWeightOperands(const KernelArgs &a, LinearDims &d) {
   const TensorRef &x = a.inputs[0], &dy = a.inputs[1], &dw = a.outputs[0];
   PIPER_RETURN_IF_ERROR(readTransposeW(a, d.transposeW));
   int64_t dyRows = 0;
@@ -291,18 +292,50 @@ Status checkLinearGradWeight(const KernelArgs &a, LinearDims &d) {
   return expectBlasDims(a, {d.rows, d.in, d.out});
 }
 
+// dw = x^T dy [in, out], or dy^T x [out, in] when transposed.
+void gradWeight(const LinearDims &d, const float *x, const float *dy,
+                float *dw) {
+  if (d.transposeW)
+    gemm(true, false, d.out, d.in, d.rows, 1.0f, dy, d.out, x, d.in, 0.0f, dw,
+         d.in);
+  else
+    gemm(true, false, d.in, d.out, d.rows, 1.0f, x, d.in, dy, d.out, 0.0f, dw,
+         d.out);
+}
+
+// db = the column sums of dy [rows, out], in double, row by row.
+void columnSums(const float *dy, int64_t rows, int64_t out, float *db) {
+  std::vector<double> sum(out, 0.0);
+  for (int64_t n = 0; n < rows; ++n)
+    addRowToSums(sum.data(), dy + n * out, out);
+  sumsToFloat(sum.data(), db, out);
+}
+} // namespace
+
+Status checkLinearGradWeight(const KernelArgs &a, LinearDims &d) {
+  PIPER_RETURN_IF_ERROR(expectCounts(a, 2, 2, 1));
+  return checkGradWeightOperands(a, d);
+}
+
 Status linearGradWeightKernel(const KernelArgs &a) {
   LinearDims d;
   PIPER_RETURN_IF_ERROR(checkLinearGradWeight(a, d));
-  const TensorRef &x = a.inputs[0], &dy = a.inputs[1], &dw = a.outputs[0];
-  const int64_t rows = d.rows, in = d.in, out = d.out;
+  gradWeight(d, a.inputs[0].f32(), a.inputs[1].f32(), a.outputs[0].f32());
+  return Status::ok();
+}
 
-  if (d.transposeW)
-    gemm(true, false, out, in, rows, 1.0f, dy.f32(), out, x.f32(), in, 0.0f,
-         dw.f32(), in);
-  else
-    gemm(true, false, in, out, rows, 1.0f, x.f32(), in, dy.f32(), out, 0.0f,
-         dw.f32(), out);
+Status checkLinearGradWeightBias(const KernelArgs &a, LinearDims &d) {
+  PIPER_RETURN_IF_ERROR(expectCounts(a, 2, 2, 2));
+  PIPER_RETURN_IF_ERROR(checkGradWeightOperands(a, d));
+  return expectTensor(a, a.outputs[1], "db", plan::F32, {d.out});
+}
+
+Status linearGradWeightBiasKernel(const KernelArgs &a) {
+  LinearDims d;
+  PIPER_RETURN_IF_ERROR(checkLinearGradWeightBias(a, d));
+  // linear_grad_weight's and bias_grad's own computations: their bits.
+  gradWeight(d, a.inputs[0].f32(), a.inputs[1].f32(), a.outputs[0].f32());
+  columnSums(a.inputs[1].f32(), d.rows, d.out, a.outputs[1].f32());
   return Status::ok();
 }
 
@@ -328,8 +361,8 @@ Status checkSpSplit(const KernelArgs &a, int64_t &first, int64_t &rows,
                     int64_t &cols) {
   PIPER_RETURN_IF_ERROR(expectCounts(a, 1, 1, 1));
   int64_t members = 0, whole = 0;
-  PIPER_RETURN_IF_ERROR(readInt(a, KernelAttr::kMembers, std::nullopt,
-                                members));
+  PIPER_RETURN_IF_ERROR(
+      readInt(a, KernelAttr::kMembers, std::nullopt, members));
   PIPER_RETURN_IF_ERROR(
       expectMatrix(a, a.inputs[0], "x", plan::F32, whole, cols));
   if (members < 2 || whole % members != 0)
@@ -398,14 +431,14 @@ Status columnsGradKernel(const KernelArgs &a) {
 
 Status checkKvAssemble(const KernelArgs &a, bool grad, KvAssembleDims &d) {
   PIPER_RETURN_IF_ERROR(expectCounts(a, grad ? 1 : 2, grad ? 1 : 2, 1));
-  PIPER_RETURN_IF_ERROR(readInt(a, KernelAttr::kMembers, std::nullopt,
-                                d.members));
+  PIPER_RETURN_IF_ERROR(
+      readInt(a, KernelAttr::kMembers, std::nullopt, d.members));
   PIPER_RETURN_IF_ERROR(readInt(a, KernelAttr::kQuery, std::nullopt, d.query));
   const TensorRef &assembled = grad ? a.inputs[0] : a.outputs[0];
   const TensorRef &pieces = grad ? a.outputs[0] : a.inputs[1];
   int64_t cols = 0, pieceRows = 0, pieceCols = 0;
-  PIPER_RETURN_IF_ERROR(expectMatrix(a, assembled, grad ? "dy" : "y",
-                                     plan::F32, d.rows, cols));
+  PIPER_RETURN_IF_ERROR(
+      expectMatrix(a, assembled, grad ? "dy" : "y", plan::F32, d.rows, cols));
   PIPER_RETURN_IF_ERROR(expectMatrix(a, pieces, grad ? "dpieces" : "pieces",
                                      plan::F32, pieceRows, pieceCols));
   if (d.members < 2)
@@ -482,12 +515,7 @@ Status checkBiasGrad(const KernelArgs &a, int64_t &rows, int64_t &out) {
 Status biasGradKernel(const KernelArgs &a) {
   int64_t rows = 0, out = 0;
   PIPER_RETURN_IF_ERROR(checkBiasGrad(a, rows, out));
-  const TensorRef &dy = a.inputs[0], &db = a.outputs[0];
-
-  std::vector<double> sum(out, 0.0);
-  for (int64_t n = 0; n < rows; ++n)
-    addRowToSums(sum.data(), dy.f32() + n * out, out);
-  sumsToFloat(sum.data(), db.f32(), out);
+  columnSums(a.inputs[0].f32(), rows, out, a.outputs[0].f32());
   return Status::ok();
 }
 

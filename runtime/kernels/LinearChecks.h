@@ -27,6 +27,9 @@ Status checkLinear(const KernelArgs &a, LinearDims &d, bool &hasBias);
 Status checkLinearGradInput(const KernelArgs &a, LinearDims &d);
 /// linear_grad_weight: (x, dy) -> dw of w's shape (overwritten).
 Status checkLinearGradWeight(const KernelArgs &a, LinearDims &d);
+/// linear_grad_weight_bias: (x, dy) -> (dw of w's shape, db [out]): both
+/// overwritten.
+Status checkLinearGradWeightBias(const KernelArgs &a, LinearDims &d);
 /// bias_add: (x [rows, out], b [out]) -> y [rows, out].
 Status checkBiasAdd(const KernelArgs &a, int64_t &rows, int64_t &out);
 /// sp_split: x [rows, cols] -> y [rows / members, cols], the context's

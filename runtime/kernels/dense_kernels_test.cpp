@@ -1,6 +1,8 @@
 // The dense CPU kernels: embedding, positions, linear, elementwise ops,
 // tensor- and sequence-parallel layouts, the losses and the state kernels
 // (accumulate, zero, AdamW), forward and backward.
+#include <cstring>
+
 #include "runtime/kernels/kernels_test_util.h"
 
 TEST_CASE("embedding gathers table rows", "[kernels][forward]") {
@@ -420,12 +422,28 @@ TEST_CASE("linear gradients", "[kernels][grad]") {
   requireNonZero(outs[0].f);
   checkGradient(forward, fwdIns, 1, {rows, out}, r, outs[0].f);
 
+  const std::vector<float> dw = outs[0].f;
+
   if (withBias) {
     ins = {dy};
     outs = {Tensor::f32({out})};
     mustRun(K("bias_grad"), ins, outs);
     requireNonZero(outs[0].f);
     checkGradient(forward, fwdIns, 2, {rows, out}, r, outs[0].f);
+    const std::vector<float> db = outs[0].f;
+
+    // Both in one call: linear_grad_weight's and bias_grad's bits.
+    ins = {x, dy};
+    outs = {Tensor::f32(wShape), Tensor::f32({out})};
+    mustRun(K("linear_grad_weight_bias").i("transpose_w", transposeW), ins,
+            outs);
+    CHECK(std::memcmp(outs[0].f.data(), dw.data(), dw.size() * 4) == 0);
+    CHECK(std::memcmp(outs[1].f.data(), db.data(), db.size() * 4) == 0);
+    // Its db must match the weight gradient's layout's bias size.
+    std::string error =
+        mustFail(K("linear_grad_weight_bias").i("transpose_w", transposeW), ins,
+                 {Tensor::f32(wShape), Tensor::f32({in + out})});
+    CHECK(error.find("db has shape") != std::string::npos);
   }
 }
 
@@ -757,9 +775,9 @@ TEST_CASE("adamw scales its gradient by the clip factor, and updates "
   // they are. A finite factor multiplies each gradient (a float product):
   // bit for bit the update of the gradient scaled first, as a separate
   // clipping pass did.
-  for (float factor : {std::numeric_limits<float>::quiet_NaN(),
-                       std::numeric_limits<float>::infinity(), 0.5f, 0.37f,
-                       1.0f}) {
+  for (float factor :
+       {std::numeric_limits<float>::quiet_NaN(),
+        std::numeric_limits<float>::infinity(), 0.5f, 0.37f, 1.0f}) {
     INFO("factor " << factor);
     std::vector<Tensor> ins = {Tensor::f32({3}, {0.3f, -2.0f, 0.0f})};
     std::vector<Tensor> outs = {Tensor::f32({3}, {1, 1, 1}),

@@ -54,6 +54,7 @@ TEST_CASE("kernelNames lists every kernel once", "[kernels]") {
                                          "tp_kv_assemble_grad",
                                          "linear_grad_weight",
                                          "bias_grad",
+                                         "linear_grad_weight_bias",
                                          "gelu_grad",
                                          "swiglu_grad",
                                          "attention_grad",

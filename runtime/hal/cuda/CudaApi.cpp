@@ -162,12 +162,12 @@ struct GemmKey {
   bool transA, transB, bf16;
   int64_t m, n, k, lda, ldb, ldc;
   uint32_t alignA, alignB, alignC;
-  bool bias; // the BIAS epilogue
+  cublasLtEpilogue_t epilogue; // DEFAULT, BIAS, BGRADA or BGRADB
   bool operator<(const GemmKey &o) const {
     return std::tie(transA, transB, bf16, m, n, k, lda, ldb, ldc, alignA,
-                    alignB, alignC, bias) <
+                    alignB, alignC, epilogue) <
            std::tie(o.transA, o.transB, o.bf16, o.m, o.n, o.k, o.lda, o.ldb,
-                    o.ldc, o.alignA, o.alignB, o.alignC, o.bias);
+                    o.ldc, o.alignA, o.alignB, o.alignC, o.epilogue);
   }
 };
 
@@ -179,9 +179,9 @@ struct PreparedGemm {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
   cublasLtMatmulAlgo_t algo{};
-  /// A key with the BIAS epilogue that cuBLASLt has no algorithm for: its
-  /// calls add the bias as C's initial value (beta = 1) on the key without
-  /// the epilogue instead.
+  /// A key with an epilogue that cuBLASLt has no algorithm for: its calls
+  /// run the key without the epilogue instead (BIAS: the bias as C's
+  /// initial value, beta = 1; BGRADA/B: the caller sums).
   bool epilogueRefused = false;
 };
 
@@ -218,9 +218,11 @@ Status prepareGemm(const CublasLt &lt, cublasLtHandle_t handle,
       g.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
   PIPER_CUBLAS_RETURN_IF_ERROR(lt.cublasLtMatmulDescSetAttribute(
       g.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
-  if (key.bias) {
-    // The bias (fp32, as D) is added to the product before D is written.
-    cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+  if (key.epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
+    // BIAS: the bias (fp32, as D) added to the product before D is
+    // written; BGRADA/B: op(A)'s rows or op(B)'s columns summed over k
+    // into the same pointer (fp32, as C).
+    cublasLtEpilogue_t epilogue = key.epilogue;
     PIPER_CUBLAS_RETURN_IF_ERROR(lt.cublasLtMatmulDescSetAttribute(
         g.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
     int32_t biasType = CUDA_R_32F;
@@ -594,8 +596,11 @@ Status gemmColMajor(const Context &ctx, const ColMajorGemm &g) {
               matrixAlignment(a, g.lda, operandBytes),
               matrixAlignment(b, g.ldb, operandBytes),
               matrixAlignment(g.c, g.ldc, 4),
-              g.bias != nullptr};
-  // The key's prepared GEMM (a key with the epilogue that cuBLASLt refuses
+              g.bias    ? CUBLASLT_EPILOGUE_BIAS
+              : g.sumsA ? CUBLASLT_EPILOGUE_BGRADA
+              : g.sumsB ? CUBLASLT_EPILOGUE_BGRADB
+                        : CUBLASLT_EPILOGUE_DEFAULT};
+  // The key's prepared GEMM (a key with an epilogue that cuBLASLt refuses
   // is kept, marked, and not asked again).
   auto preparedFor = [&](const GemmKey &k, const PreparedGemm *&out) -> Status {
     auto found = blas->prepared.find(k);
@@ -604,7 +609,7 @@ Status gemmColMajor(const Context &ctx, const ColMajorGemm &g) {
       Status st = prepareGemm(lt, blas->handle, k, operandType, prepared);
       if (!st) {
         destroyPrepared(lt, prepared);
-        if (!k.bias)
+        if (k.epilogue == CUBLASLT_EPILOGUE_DEFAULT)
           return st;
         prepared.epilogueRefused = true;
       }
@@ -616,22 +621,33 @@ Status gemmColMajor(const Context &ctx, const ColMajorGemm &g) {
   const PreparedGemm *p = nullptr;
   PIPER_RETURN_IF_ERROR(preparedFor(key, p));
   float beta = g.beta;
+  const void *epiloguePointer = g.bias    ? static_cast<const void *>(g.bias)
+                                : g.sumsA ? static_cast<const void *>(g.sumsA)
+                                          : static_cast<const void *>(g.sumsB);
   if (p->epilogueRefused) {
-    // The bias as C's initial value instead, on the plain GEMM.
-    if (g.beta != 0 || g.ldc != g.m)
-      return Status::error(fmt::format(
-          "gemm: cuBLASLt has no bias epilogue for m={} n={} k={} ({}) and "
-          "C cannot start as the bias (beta {}, ldc {})",
-          g.m, g.n, g.k, ctx.bf16 ? "bf16" : "fp32", g.beta, g.ldc));
-    key.bias = false;
-    PIPER_RETURN_IF_ERROR(preparedFor(key, p));
-    PIPER_RETURN_IF_ERROR(launchBroadcastRows(ctx, g.bias, g.c, g.n, g.m));
-    beta = 1;
-  } else if (g.bias) {
+    key.epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+    if (g.bias) {
+      // The bias as C's initial value instead, on the plain GEMM.
+      if (g.beta != 0 || g.ldc != g.m)
+        return Status::error(fmt::format(
+            "gemm: cuBLASLt has no bias epilogue for m={} n={} k={} ({}) "
+            "and C cannot start as the bias (beta {}, ldc {})",
+            g.m, g.n, g.k, ctx.bf16 ? "bf16" : "fp32", g.beta, g.ldc));
+      PIPER_RETURN_IF_ERROR(preparedFor(key, p));
+      PIPER_RETURN_IF_ERROR(launchBroadcastRows(ctx, g.bias, g.c, g.n, g.m));
+      beta = 1;
+    } else {
+      PIPER_RETURN_IF_ERROR(preparedFor(key, p)); // the caller sums
+    }
+  } else if (key.epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
     // The descriptor is this stream's: set for this call, read by it.
     PIPER_CUBLAS_RETURN_IF_ERROR(lt.cublasLtMatmulDescSetAttribute(
-        p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof(g.bias)));
+        p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &epiloguePointer,
+        sizeof(epiloguePointer)));
   }
+  if (g.summed)
+    *g.summed = key.epilogue == CUBLASLT_EPILOGUE_BGRADA ||
+                key.epilogue == CUBLASLT_EPILOGUE_BGRADB;
   if (ctx.timer)
     PIPER_RETURN_IF_ERROR(ctx.timer->begin(ctx));
   noteKernelLaunch("gemm (cublasLtMatmul)");

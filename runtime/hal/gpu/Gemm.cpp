@@ -6,7 +6,10 @@ namespace piper::runtime::hal::PIPER_GPU_NS {
 
 Status gemm(const Context &ctx, bool transA, bool transB, int64_t m, int64_t n,
             int64_t k, float alpha, const float *a, int64_t lda, const float *b,
-            int64_t ldb, float beta, float *c, int64_t ldc, const float *bias) {
+            int64_t ldb, float beta, float *c, int64_t ldc, const float *bias,
+            GemmSums *sums) {
+  if (sums)
+    sums->done = false;
   if (m <= 0 || n <= 0)
     return Status::ok();
   if (k <= 0) {
@@ -43,6 +46,12 @@ Status gemm(const Context &ctx, bool transA, bool transB, int64_t m, int64_t n,
   g.c = c;
   g.ldc = ldc;
   g.bias = bias; // one per row-major column: the column-major rows
+  if (sums) {
+    // Row-major A is column-major B and the reverse.
+    g.sumsA = sums->b;
+    g.sumsB = sums->a;
+    g.summed = &sums->done;
+  }
   return gemmColMajor(ctx, g);
 }
 

@@ -107,10 +107,27 @@ struct ColMajorGemm {
   /// BIAS: one rounding of the fp32 product plus the bias, as adding it to
   /// a C that held the bias with beta = 1 gives).
   const float *bias = nullptr;
+  /// Not null (at most one, and not with `bias`): the sums over k of
+  /// op(A)'s rows (sumsA, m floats: cuBLASLt's BGRADA epilogue) or of
+  /// op(B)'s columns (sumsB, n floats: BGRADB), in double or fp32 as the
+  /// backend sums, where the backend computes them in the GEMM's epilogue;
+  /// `summed` says whether it did (else the caller computes them).
+  float *sumsA = nullptr, *sumsB = nullptr;
+  bool *summed = nullptr;
 };
 /// Runs `g` (m, n, k >= 1) on the stream: fp32 (TF32 off), or with
 /// ctx.bf16 bf16 operands on tensor cores with fp32 accumulation and output.
 Status gemmColMajor(const Context &ctx, const ColMajorGemm &g);
+
+/// A row-major GEMM's operand sums over k, computed in its epilogue where
+/// the backend can (gemm()): `a`, m floats, the rows of op(A) summed; `b`,
+/// n floats, the columns of op(B); at most one. `done` says whether the
+/// backend computed them (CUDA, where cuBLASLt has an algorithm with the
+/// epilogue for the shape); otherwise the caller must.
+struct GemmSums {
+  float *a = nullptr, *b = nullptr;
+  bool done = false;
+};
 
 /// Row-major C[m,n] = alpha op(A) op(B) + beta C (+ bias[j] on column j
 /// of every row, in the epilogue, where `bias` is not null), as the CPU
@@ -119,7 +136,7 @@ Status gemmColMajor(const Context &ctx, const ColMajorGemm &g);
 Status gemm(const Context &ctx, bool transA, bool transB, int64_t m, int64_t n,
             int64_t k, float alpha, const float *a, int64_t lda, const float *b,
             int64_t ldb, float beta, float *c, int64_t ldc,
-            const float *bias = nullptr);
+            const float *bias = nullptr, GemmSums *sums = nullptr);
 
 /// The sizes of a fused attention call, in the layout of the attention
 /// kernels (AttentionLaunch.h): qkv16 [batch * seq, (heads + 2 kvHeads) *

@@ -37,17 +37,59 @@ Status linearGradInput(const KernelArgs &a, const Context &ctx) {
               d.transposeW ? d.in : d.out, 0.0f, a.outputs[0].f32(), d.in);
 }
 
+// dw = x^T dy [in,out], or dy^T x [out,in] when transposed; with `db`, the
+// column sums of dy asked of the GEMM's epilogue (sums->done: computed).
+Status gradWeight(const Context &ctx, const LinearDims &d, const float *x,
+                  const float *dy, float *dw, float *db, GemmSums *sums) {
+  if (d.transposeW) {
+    // op(A) = dy^T: its rows summed over k are dy's columns.
+    if (db)
+      sums->a = db;
+    return gemm(ctx, true, false, d.out, d.in, d.rows, 1.0f, dy, d.out, x, d.in,
+                0.0f, dw, d.in, nullptr, db ? sums : nullptr);
+  }
+  // op(B) = dy: its columns summed over k.
+  if (db)
+    sums->b = db;
+  return gemm(ctx, true, false, d.in, d.out, d.rows, 1.0f, x, d.in, dy, d.out,
+              0.0f, dw, d.out, nullptr, db ? sums : nullptr);
+}
+
+// db = the column sums of dy [rows, out] (chunked, in double; bias_grad).
+Status columnSums(const Context &ctx, const float *dy, int64_t rows,
+                  int64_t out, float *db) {
+  if (out == 0)
+    return Status::ok();
+  if (rows == 0)
+    return zeroAsync(ctx, db, static_cast<size_t>(out) * sizeof(float));
+  void *scratch = nullptr;
+  PIPER_RETURN_IF_ERROR(ctx.workspace->reserve(
+      static_cast<size_t>(columnSumChunks(rows) * out) * sizeof(double),
+      scratch));
+  return launchColumnSums(ctx, dy, rows, out, static_cast<double *>(scratch),
+                          db);
+}
+
 Status linearGradWeight(const KernelArgs &a, const Context &ctx) {
   LinearDims d;
   PIPER_RETURN_IF_ERROR(detail::checkLinearGradWeight(a, d));
-  const float *x = a.inputs[0].f32(), *dy = a.inputs[1].f32();
-  float *dw = a.outputs[0].f32();
-  // dw = x^T dy [in,out], or dy^T x [out,in] when transposed.
-  if (d.transposeW)
-    return gemm(ctx, true, false, d.out, d.in, d.rows, 1.0f, dy, d.out, x, d.in,
-                0.0f, dw, d.in);
-  return gemm(ctx, true, false, d.in, d.out, d.rows, 1.0f, x, d.in, dy, d.out,
-              0.0f, dw, d.out);
+  return gradWeight(ctx, d, a.inputs[0].f32(), a.inputs[1].f32(),
+                    a.outputs[0].f32(), nullptr, nullptr);
+}
+
+// Both gradients of a biased linear: db from the weight gradient's GEMM
+// where the backend sums in its epilogue (CUDA), else as bias_grad does.
+Status linearGradWeightBias(const KernelArgs &a, const Context &ctx) {
+  LinearDims d;
+  PIPER_RETURN_IF_ERROR(detail::checkLinearGradWeightBias(a, d));
+  const float *dy = a.inputs[1].f32();
+  float *db = a.outputs[1].f32();
+  GemmSums sums;
+  PIPER_RETURN_IF_ERROR(
+      gradWeight(ctx, d, a.inputs[0].f32(), dy, a.outputs[0].f32(), db, &sums));
+  if (sums.done)
+    return Status::ok();
+  return columnSums(ctx, dy, d.rows, d.out, db);
 }
 
 Status biasAdd(const KernelArgs &a, const Context &ctx) {
@@ -99,17 +141,7 @@ Status tpKvAssembleGrad(const KernelArgs &a, const Context &ctx) {
 Status biasGrad(const KernelArgs &a, const Context &ctx) {
   int64_t rows = 0, out = 0;
   PIPER_RETURN_IF_ERROR(detail::checkBiasGrad(a, rows, out));
-  if (out == 0)
-    return Status::ok();
-  if (rows == 0)
-    return zeroAsync(ctx, a.outputs[0].data,
-                     static_cast<size_t>(out) * sizeof(float));
-  void *scratch = nullptr;
-  PIPER_RETURN_IF_ERROR(ctx.workspace->reserve(
-      static_cast<size_t>(columnSumChunks(rows) * out) * sizeof(double),
-      scratch));
-  return launchColumnSums(ctx, a.inputs[0].f32(), rows, out,
-                          static_cast<double *>(scratch), a.outputs[0].f32());
+  return columnSums(ctx, a.inputs[0].f32(), rows, out, a.outputs[0].f32());
 }
 
 // The loss kernels' row scratch: a double per row.
@@ -200,6 +232,7 @@ void addLinearKernels(std::vector<KernelEntry> &out) {
                             {"tp_kv_assemble", tpKvAssemble},
                             {"tp_kv_assemble_grad", tpKvAssembleGrad},
                             {"bias_grad", biasGrad},
+                            {"linear_grad_weight_bias", linearGradWeightBias},
                             {"cross_entropy", crossEntropy},
                             {"cross_entropy_grad", crossEntropyGrad},
                             {"cross_entropy_fused", crossEntropyFused},

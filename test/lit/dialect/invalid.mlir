@@ -667,6 +667,32 @@ piper.segment @s(%l: tensor<8x16xf32>, %t: tensor<2x4xi32>) {
 
 // -----
 
+// linear_grad_weight_bias: x and dy share their rows, dw has the weight's
+// layout, db one element per output feature.
+piper.segment @s(%x: tensor<4x8xf32>, %dy: tensor<5x16xf32>) {
+  // expected-error @+1 {{'piper.linear_grad_weight_bias' op input and grad must have the same rows, got 4 and 5}}
+  %dw, %db = piper.linear_grad_weight_bias %x, %dy : (tensor<4x8xf32>, tensor<5x16xf32>) -> (tensor<8x16xf32>, tensor<16xf32>)
+  piper.yield
+}
+
+// -----
+
+piper.segment @s(%x: tensor<4x8xf32>, %dy: tensor<4x16xf32>) {
+  // expected-error @+1 {{'piper.linear_grad_weight_bias' op weight gradient must be [16, 8], got 'tensor<8x16xf32>'}}
+  %dw, %db = piper.linear_grad_weight_bias %x, %dy {transpose_w} : (tensor<4x8xf32>, tensor<4x16xf32>) -> (tensor<8x16xf32>, tensor<16xf32>)
+  piper.yield
+}
+
+// -----
+
+piper.segment @s(%x: tensor<4x8xf32>, %dy: tensor<4x16xf32>) {
+  // expected-error @+1 {{'piper.linear_grad_weight_bias' op bias gradient must have 16 elements}}
+  %dw, %db = piper.linear_grad_weight_bias %x, %dy : (tensor<4x8xf32>, tensor<4x16xf32>) -> (tensor<8x16xf32>, tensor<8xf32>)
+  piper.yield
+}
+
+// -----
+
 //===----------------------------------------------------------------------===//
 // piper.program and piper.device_program
 //===----------------------------------------------------------------------===//

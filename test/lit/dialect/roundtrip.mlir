@@ -78,6 +78,8 @@ piper.segment @forward(%ids: tensor<2x2xi32>, %tgt: tensor<2x2xi32>) -> (tensor<
 // CHECK: [[DLN:%.*]] = piper.linear_grad_input [[DQKV]], [[QW]] : (tensor<4x12xf32>, tensor<4x12xf32>) -> tensor<4x4xf32>
 // CHECK: [[DQW:%.*]] = piper.linear_grad_weight [[X]], [[DQKV]] : (tensor<4x4xf32>, tensor<4x12xf32>) -> tensor<4x12xf32>
 // CHECK: [[DQB:%.*]] = piper.bias_grad [[DQKV]] : (tensor<4x12xf32>) -> tensor<12xf32>
+// CHECK: [[DQW2:%[^,]+]], [[DQB2:%.*]] = piper.linear_grad_weight_bias [[X]], [[DQKV]] : (tensor<4x4xf32>, tensor<4x12xf32>) -> (tensor<4x12xf32>, tensor<12xf32>)
+// CHECK: piper.linear_grad_weight_bias [[X]], [[DL]] {transpose_w} : (tensor<4x4xf32>, tensor<4x16xf32>) -> (tensor<16x4xf32>, tensor<16xf32>)
 // CHECK: [[G:%.*]] = piper.param_ref @ln.g
 // CHECK: [[DX:%.*]] = piper.layer_norm_grad_input [[X]], [[G]], [[DLN]] : (tensor<4x4xf32>, tensor<4xf32>, tensor<4x4xf32>) -> tensor<4x4xf32>
 // CHECK: [[DG:%[^,]+]], [[DB:%[^ ]+]] = piper.layer_norm_grad_weight [[X]], [[DLN]] : (tensor<4x4xf32>, tensor<4x4xf32>) -> (tensor<4xf32>, tensor<4xf32>)
@@ -105,6 +107,8 @@ piper.segment @backward(%ids: tensor<2x2xi32>, %x: tensor<4x4xf32>, %qkv: tensor
   %dln = piper.linear_grad_input %dqkv, %qw : (tensor<4x12xf32>, tensor<4x12xf32>) -> tensor<4x4xf32>
   %dqw = piper.linear_grad_weight %x, %dqkv : (tensor<4x4xf32>, tensor<4x12xf32>) -> tensor<4x12xf32>
   %dqb = piper.bias_grad %dqkv : (tensor<4x12xf32>) -> tensor<12xf32>
+  %dqw2, %dqb2 = piper.linear_grad_weight_bias %x, %dqkv : (tensor<4x4xf32>, tensor<4x12xf32>) -> (tensor<4x12xf32>, tensor<12xf32>)
+  %dw3, %db3 = piper.linear_grad_weight_bias %x, %dl {transpose_w} : (tensor<4x4xf32>, tensor<4x16xf32>) -> (tensor<16x4xf32>, tensor<16xf32>)
   %g = piper.param_ref @ln.g : tensor<4xf32>
   %dx = piper.layer_norm_grad_input %x, %g, %dln : (tensor<4x4xf32>, tensor<4xf32>, tensor<4x4xf32>) -> tensor<4x4xf32>
   %dg, %db = piper.layer_norm_grad_weight %x, %dln : (tensor<4x4xf32>, tensor<4x4xf32>) -> (tensor<4xf32>, tensor<4xf32>)

@@ -5,6 +5,7 @@
 // RUN: piper-opt %s -split-input-file -verify-diagnostics -piper-build-training-dag="min-lr=1e-5 warmup-steps=10 decay-steps=100 clip-grad-norm=0.5 dtype=bf16" | FileCheck %s --check-prefix=STEP
 // RUN: piper-opt %s -split-input-file -verify-diagnostics -piper-build-training-dag="no-optimizer=true" | FileCheck %s --check-prefix=NO-OPT
 // RUN: piper-opt %s -split-input-file -verify-diagnostics -piper-build-training-dag="fuse-classifier=false" | FileCheck %s --check-prefix=NOFUSE
+// RUN: piper-opt %s -split-input-file -verify-diagnostics -piper-build-training-dag="fuse-epilogues=false" | FileCheck %s --check-prefix=APART
 // RUN: not piper-opt %s -split-input-file -piper-build-training-dag="dtype=f16" 2>&1 | FileCheck %s --check-prefix=DTYPE
 // DTYPE: for the --dtype option: Cannot find option named 'f16'!
 
@@ -14,7 +15,8 @@
 // the loss at; the forward of stage 0
 // returns its activation plus the residuals of gelu and of the embedding's
 // gradient. Gradients of parameters are accumulated, input and weight
-// gradients of a linear are separate ops, and the backward of stage 1
+// gradients of a linear are separate ops (a biased linear's weight and bias
+// gradients one op), and the backward of stage 1
 // returns the gradient of its activation input for stage 0's backward.
 // CHECK-LABEL: module {
 // CHECK-LABEL: piper.segment @stage0_F(
@@ -40,8 +42,7 @@
 // CHECK: [[DLIN:%.*]] = piper.gelu_grad [[LIN]], [[DY]]
 // CHECK: [[W1:%.*]] = piper.param_ref @w1
 // CHECK: [[DEMB:%.*]] = piper.linear_grad_input [[DLIN]], [[W1]]
-// CHECK: [[DW1:%.*]] = piper.linear_grad_weight [[EMB]], [[DLIN]]
-// CHECK: [[DB1:%.*]] = piper.bias_grad [[DLIN]]
+// CHECK: [[DW1:%[^,]+]], [[DB1:%.*]] = piper.linear_grad_weight_bias [[EMB]], [[DLIN]] : (tensor<4x4xf32>, tensor<4x4xf32>) -> (tensor<4x4xf32>, tensor<4xf32>)
 // CHECK: piper.accumulate_grad @b1, [[DB1]] : tensor<4xf32>
 // CHECK: piper.accumulate_grad @w1, [[DW1]] : tensor<4x4xf32>
 // CHECK: [[DWTE:%.*]] = piper.embedding_grad [[IDS]], [[DEMB]]
@@ -59,6 +60,17 @@
 // NOFUSE-SAME: [[T:%[^:]+]]: tensor<2x2xi32>, [[LOGITS:%[^:]+]]: tensor<4x16xf32>, [[X:%[^:]+]]: tensor<4x4xf32>) -> tensor<4x4xf32>
 // NOFUSE: [[DL:%.*]] = piper.cross_entropy_grad [[LOGITS]], [[T]]
 // NOFUSE: piper.linear_grad_input [[DL]]
+// The biased linear's weight and bias gradients are one op by default
+// (above); apart (APART), linear_grad_weight and bias_grad.
+// APART-LABEL: piper.segment @stage0_B(
+// APART-SAME: [[DY:%[^:]+]]: tensor<4x4xf32>, [[LIN:%[^:]+]]: tensor<4x4xf32>, [[EMB:%[^:]+]]: tensor<4x4xf32>
+// APART-NOT: linear_grad_weight_bias
+// APART: [[DLIN:%.*]] = piper.gelu_grad [[LIN]], [[DY]]
+// APART: [[DW1:%.*]] = piper.linear_grad_weight [[EMB]], [[DLIN]]
+// APART: [[DB1:%.*]] = piper.bias_grad [[DLIN]]
+// APART: piper.accumulate_grad @b1, [[DB1]] : tensor<4xf32>
+// APART: piper.accumulate_grad @w1, [[DW1]] : tensor<4x4xf32>
+// APART-LABEL: piper.segment @stage1_B(
 // Vectors get no weight decay; the update clears the accumulators after
 // every AdamW step. (The default hyper-parameters are checked with explicit
 // options below, under OPT.)

@@ -37,7 +37,7 @@
 // CHECK-NEXT: [[G:%[0-9]+]] = piper.gelu [[Y]]
 // CHECK-NEXT: piper.linear_grad_weight [[G]],
 // CHECK: piper.gelu_grad [[Y]],
-// CHECK: piper.linear_grad_weight %arg1,
+// CHECK: piper.linear_grad_weight_bias %arg1,
 // CHECK-NOT: piper.recompute
 // CHECK: piper.yield
 

@@ -24,6 +24,15 @@ piper.segment @mlp_grad(%x: tensor<4x8xf32>, %w: tensor<8x16xf32>, %dy: tensor<4
   piper.yield %dx, %dw : tensor<4x8xf32>, tensor<8x16xf32>
 }
 
+// A biased linear's weight and bias gradients in one op: dw's product
+// (2·4·8·16) and one addition per element of dy (4·16); it reads x and dy
+// once and writes dw and db: 4·(32 + 64 + 128 + 16) bytes.
+// CHECK: segment @bias_grads: flops 1088, bytes 960
+piper.segment @bias_grads(%x: tensor<4x8xf32>, %dy: tensor<4x16xf32>) -> (tensor<8x16xf32>, tensor<16xf32>) {
+  %dw, %db = piper.linear_grad_weight_bias %x, %dy : (tensor<4x8xf32>, tensor<4x16xf32>) -> (tensor<8x16xf32>, tensor<16xf32>)
+  piper.yield %dw, %db : tensor<8x16xf32>, tensor<16xf32>
+}
+
 // An expert layer: each expert's C rows (2 here) times its [K, M] weight,
 // 2·(E·C)·K·M FLOPs forward, input gradient and weight gradient alike
 // (2·4·8·16 each).

@@ -56,7 +56,11 @@ Status gemmColMajor(const Context &ctx, const ColMajorGemm &g) {
               static_cast<int>(g.n), static_cast<int>(g.k), g.alpha, g.a,
               static_cast<int>(g.lda), g.b, static_cast<int>(g.ldb), g.beta,
               g.c, static_cast<int>(g.ldc));
-  // cuBLASLt's BIAS epilogue: the bias added to the fp32 product.
+  // Operand sums are not computed here (the caller's kernels do them: the
+  // bits of the unfused ops). cuBLASLt's BIAS epilogue: the bias added to
+  // the fp32 product.
+  if (g.summed)
+    *g.summed = false;
   if (g.bias)
     for (int64_t j = 0; j < g.n; ++j)
       for (int64_t i = 0; i < g.m; ++i)

@@ -1,5 +1,6 @@
 // Cases of the linear and loss GPU kernels (KernelCases.h): linear and its
-// gradients (transpose_w 0 and 1, with and without bias, fp32 and bf16),
+// gradients (transpose_w 0 and 1, with and without bias, fp32 and bf16;
+// the weight and bias gradients in one call),
 // bias_grad, cross_entropy, its gradient and both fused, loss_accumulate.
 #include <array>
 #include <cmath>
@@ -69,6 +70,12 @@ void linearCases(std::vector<KernelCase> &out) {
              attrs,
              {x, dy},
              {f32(wShape)}},
+            // db: bias_grad's column sums in double, the same bits.
+            {"linear_grad_weight_bias " + s + p,
+             "linear_grad_weight_bias",
+             attrs,
+             {x, dy},
+             {f32(wShape), f32({outDim})}},
         };
         for (KernelCase &c : cs) {
           c.atol = 1e-5;
@@ -96,9 +103,9 @@ void linearCases(std::vector<KernelCase> &out) {
                    {f32({rows, cols}), f32({cols})},
                    {zeros({rows, cols})}});
   // sp_split: each member's rows, of one row and of many.
-  for (auto [rows, cols, members] : std::vector<std::tuple<int64_t, int64_t,
-                                                           int64_t>>{
-           {2, 3, 2}, {1000, 257, 4}})
+  for (auto [rows, cols, members] :
+       std::vector<std::tuple<int64_t, int64_t, int64_t>>{{2, 3, 2},
+                                                          {1000, 257, 4}})
     for (int64_t m = 0; m < members; ++m) {
       KernelCase c{"sp_split " + dims({rows, cols}) + " member " +
                        std::to_string(m) + " of " + std::to_string(members),
@@ -110,8 +117,7 @@ void linearCases(std::vector<KernelCase> &out) {
       out.push_back(c);
     }
   // columns and columns_grad: from the start, in the middle, to the end.
-  for (auto [rows, wide, start, narrow] :
-       std::vector<std::array<int64_t, 4>>{
+  for (auto [rows, wide, start, narrow] : std::vector<std::array<int64_t, 4>>{
            {3, 5, 0, 2}, {7, 13, 4, 6}, {300, 257, 129, 128}}) {
     std::string at = dims({rows, wide}) + " [" + std::to_string(start) + ", " +
                      std::to_string(start + narrow) + ")";
@@ -129,8 +135,10 @@ void linearCases(std::vector<KernelCase> &out) {
   // tp_kv_assemble and its gradient: rows, query, piece, share (members
   // per key/value head), members; every member.
   for (auto [rows, query, piece, share, members] :
-       std::vector<std::array<int64_t, 5>>{
-           {3, 4, 1, 2, 2}, {5, 8, 2, 2, 4}, {7, 6, 3, 4, 4}, {64, 96, 16, 2, 8}})
+       std::vector<std::array<int64_t, 5>>{{3, 4, 1, 2, 2},
+                                           {5, 8, 2, 2, 4},
+                                           {7, 6, 3, 4, 4},
+                                           {64, 96, 16, 2, 8}})
     for (int64_t m = 0; m < members; ++m) {
       std::string at = "rows " + std::to_string(rows) + " query " +
                        std::to_string(query) + " piece " +
@@ -138,12 +146,12 @@ void linearCases(std::vector<KernelCase> &out) {
                        std::to_string(share) + " member " + std::to_string(m) +
                        " of " + std::to_string(members);
       const int64_t cols = query + 2 * share * piece;
-      KernelCase c{"tp_kv_assemble " + at,
-                   "tp_kv_assemble",
-                   {{"members", intAttr(members)}, {"query", intAttr(query)}},
-                   {f32({rows, query + 2 * piece}),
-                    f32({members * rows, 2 * piece})},
-                   {zeros({rows, cols})}};
+      KernelCase c{
+          "tp_kv_assemble " + at,
+          "tp_kv_assemble",
+          {{"members", intAttr(members)}, {"query", intAttr(query)}},
+          {f32({rows, query + 2 * piece}), f32({members * rows, 2 * piece})},
+          {zeros({rows, cols})}};
       c.tensorMember = m;
       out.push_back(c);
       KernelCase g{"tp_kv_assemble_grad " + at,
@@ -252,12 +260,20 @@ void lossCases(std::vector<KernelCase> &out) {
       std::vector<std::pair<std::string, plan::AttrValue>> attrs = {
           {"members", intAttr(members)}};
       std::vector<KernelCase> cs = {
-          {"vocab_ce_stats " + s, "vocab_ce_stats", attrs, {logits, targets},
+          {"vocab_ce_stats " + s,
+           "vocab_ce_stats",
+           attrs,
+           {logits, targets},
            {f32({rows, width})}},
-          {"vocab_cross_entropy " + s, "vocab_cross_entropy", attrs,
-           {summed, logits, targets}, {f32({})}},
+          {"vocab_cross_entropy " + s,
+           "vocab_cross_entropy",
+           attrs,
+           {summed, logits, targets},
+           {f32({})}},
           {"vocab_cross_entropy_grad scale 0.25 " + s,
-           "vocab_cross_entropy_grad", attrs, {summed, logits, targets},
+           "vocab_cross_entropy_grad",
+           attrs,
+           {summed, logits, targets},
            {f32({rows, local})}},
       };
       cs.back().attrs.push_back({"scale", floatAttr(0.25)});

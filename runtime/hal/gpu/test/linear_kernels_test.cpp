@@ -121,6 +121,24 @@ TEST_CASE("the linear GPU kernels reject malformed calls as the CPU does") {
                        {f32({4, 3}), f32({4, 2})},
                        {f32({3, 2})}},
                       "dw has shape");
+  expectSameRejection({"linear_grad_weight_bias db",
+                       "linear_grad_weight_bias",
+                       tw(1),
+                       {f32({4, 3}), f32({4, 2})},
+                       {f32({2, 3}), f32({3})}},
+                      "db has shape [3], expected [2]");
+  expectSameRejection({"linear_grad_weight_bias one output",
+                       "linear_grad_weight_bias",
+                       {},
+                       {f32({4, 3}), f32({4, 2})},
+                       {f32({3, 2})}},
+                      "expected 2 outputs, got 1");
+  expectSameRejection({"linear_grad_weight_bias dy rows",
+                       "linear_grad_weight_bias",
+                       {},
+                       {f32({4, 3}), f32({5, 2})},
+                       {f32({3, 2}), f32({2})}},
+                      "dy has shape [5,2], expected [4,*]");
   expectSameRejection(
       {"bias_grad db", "bias_grad", {}, {f32({4, 3})}, {f32({4})}},
       "db has shape");

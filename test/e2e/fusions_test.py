@@ -1,26 +1,39 @@
 #!/usr/bin/env python3
-"""The fused classifier (issue 41, stage 3) changes no bit: each model and
-strategy below is compiled twice, by default (the loss and its logits
-gradient computed in one pass in the forward, `cross_entropy_fused`) and
-with --no-fused-classifier (`cross_entropy` in the forward,
-`cross_entropy_grad` in the backward), trained for 3 steps from the same
-initialization, and must give the same losses (every digit of --metrics)
-and the same final parameters (the tensors of the --save files byte for
-byte, and their headers but for the run's id).
+"""The compiler's fusions (issue 41) change no bit. Each model and
+strategy below is compiled three times: by default, with
+--no-fused-classifier and with --no-fused-epilogues, trained for 3 steps
+from the same initialization, and each run without a fusion must give the
+default run's losses (every digit of --metrics) and final parameters (the
+tensors of the --save files byte for byte, and their headers but for the
+run's id).
 
-The bound is exact by construction: the fused kernel runs the two kernels'
-row loop (runtime/kernels/LossKernels.cpp, runtime/hal/gpu/LinearLaunch.inl),
-and in bf16 the logits the forward rounds are those the backward would have
-unpacked. The cases cover one rank in fp32 and bf16, the emulated CUDA
-backend (bf16), a pipeline (the last stage's forward and backward are
-separate tasks, 1F1B and zero-bubble), data parallelism with ZeRO-2, tensor
+The fusions:
+- the fused classifier: by default the loss and its logits gradient are
+  computed in one pass in the forward (`cross_entropy_fused`); without it
+  `cross_entropy` runs in the forward and `cross_entropy_grad` in the
+  backward. Exact by construction: the fused kernel runs the two kernels'
+  row loop (runtime/kernels/LossKernels.cpp, runtime/hal/gpu/
+  LinearLaunch.inl), and in bf16 the logits the forward rounds are those
+  the backward would have unpacked.
+- a biased linear's weight and bias gradients in one op
+  (`linear_grad_weight_bias`) instead of `linear_grad_weight` and
+  `bias_grad`. Exact by construction on the CPU (the fused kernel runs the
+  two kernels' computations) and on the emulated GPU (whose GEMMs sum no
+  operand: the kernel sums the bias gradient as `bias_grad` does); on CUDA
+  the sums come out of cuBLASLt's epilogue, in its order (not run here).
+
+The cases cover one rank in fp32 and bf16, the emulated CUDA backend
+(bf16), a pipeline (the last stage's forward and backward are separate
+tasks, 1F1B and zero-bubble), data parallelism with ZeRO-2, tensor
 parallelism without the vocabulary split (a replicated head), full
 recomputation, a Llama and a tied-head GPT, and an MoE model.
 
 Each default plan must hold `cross_entropy_fused` and no
-`cross_entropy_grad`; each --no-fused-classifier plan the reverse.
+`cross_entropy_grad` (--no-fused-classifier's the reverse), and, for the
+GPT models (whose linears have biases), `linear_grad_weight_bias`;
+--no-fused-epilogues' plan holds none, and one `bias_grad` more for each.
 
-Usage: fused_classifier_test.py PIPERC PIPER_RUN
+Usage: fusions_test.py PIPERC PIPER_RUN
 """
 import glob
 import json
@@ -45,7 +58,7 @@ CASES = [
       "bf16"], 2, "cpu"),
     ("llama-tiny DP2 ZeRO-2", ["llama-tiny"], ["--dp", "2", "--zero", "2"], 2,
      "cpu"),
-    ("llama-tiny TP2, head not split", ["llama-tiny"],
+    ("gpt-tiny TP2, head not split", ["gpt-tiny"],
      ["--tp", "2", "--no-vocab-parallel"], 2, "cpu"),
     ("gpt tied head, full recompute", ["gpt", "--layers", "2"],
      ["--recompute", "full"], 1, "cpu"),
@@ -106,24 +119,41 @@ def main():
                                           "-o", model])
         plan, losses, params = train(work, "fused-%d" % i, model, flags,
                                      ranks, backend)
-        plan0, losses0, params0 = train(work, "plain-%d" % i, model,
-                                        flags + ["--no-fused-classifier"],
-                                        ranks, backend)
+        plain = train(work, "plain-%d" % i, model,
+                      flags + ["--no-fused-classifier"], ranks, backend)
+        apart = train(work, "apart-%d" % i, model,
+                      flags + ["--no-fused-epilogues"], ranks, backend)
+        biased = preset[0].startswith("gpt")
+        fused = plan.count(b"linear_grad_weight_bias")
         checks = [
             ("the default plan holds cross_entropy_fused",
              b"cross_entropy_fused" in plan),
             ("the default plan holds no cross_entropy_grad",
              b"cross_entropy_grad" not in plan),
             ("--no-fused-classifier's plan holds cross_entropy_grad only",
-             b"cross_entropy_grad" in plan0
-             and b"cross_entropy_fused" not in plan0),
+             b"cross_entropy_grad" in plain[0]
+             and b"cross_entropy_fused" not in plain[0]),
+            ("the default plan holds linear_grad_weight_bias%s" %
+             ("" if biased else " only where a linear has a bias (none)"),
+             (fused > 0) == biased),
+            ("--no-fused-epilogues' plan holds no linear_grad_weight_bias "
+             "and a bias_grad for each of the default plan's",
+             b"linear_grad_weight_bias" not in apart[0]
+             and apart[0].count(b"bias_grad") ==
+             plan.count(b"bias_grad") + fused),
             ("3 losses", len(losses) == 3),
-            ("the same losses: %s vs %s" % (losses, losses0),
-             losses == losses0),
-            ("the same parameters, byte for byte", params[1] == params0[1]
-             and len(params[1]) > 0),
-            ("the same safetensors header", params[0] == params0[0]),
         ]
+        for flag, (_, losses0, params0) in (
+                ("--no-fused-classifier", plain),
+                ("--no-fused-epilogues", apart)):
+            checks += [
+                ("%s: the same losses: %s vs %s" % (flag, losses, losses0),
+                 losses == losses0),
+                ("%s: the same parameters, byte for byte" % flag,
+                 params[1] == params0[1] and len(params[1]) > 0),
+                ("%s: the same safetensors header" % flag,
+                 params[0] == params0[0]),
+            ]
         for what, ok in checks:
             print("%s %s: %s" % ("ok  " if ok else "FAIL", name, what))
             if not ok:
@@ -131,7 +161,7 @@ def main():
     if failures:
         sys.exit("%d check(s) failed:\n  %s" % (len(failures),
                                                 "\n  ".join(failures)))
-    print("all %d cases: the fused classifier changes no bit" % len(CASES))
+    print("all %d cases: no fusion changes a bit" % len(CASES))
 
 
 if __name__ == "__main__":
