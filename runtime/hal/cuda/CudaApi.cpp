@@ -274,12 +274,16 @@ Status prepareGemm(const CublasLt &lt, cublasLtHandle_t handle,
   return status;
 }
 
-size_t extent(bool trans, int64_t rows, int64_t cols, int64_t ld) {
-  // A column-major op(X) of rows x cols stored as X: X has `ld`-strided
-  // columns; its stored shape is (trans ? cols x rows : rows x cols).
-  int64_t storedRows = trans ? cols : rows, storedCols = trans ? rows : cols;
-  return static_cast<size_t>(ld * (storedCols - 1) + storedRows);
+/// The stored shape of a column-major op(X) of rows x cols: X itself,
+/// (trans ? cols x rows : rows x cols), its columns `ld` apart.
+struct StoredMatrix {
+  int64_t rows, cols;
+};
+StoredMatrix storedMatrix(bool trans, int64_t rows, int64_t cols) {
+  return trans ? StoredMatrix{cols, rows} : StoredMatrix{rows, cols};
 }
+
+int64_t roundUp(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
 
 // Pinned host slots for losses on their way to the host accumulator.
 constexpr size_t kLossSlots = size_t(1) << 16;
@@ -560,24 +564,37 @@ Status gemmColMajor(const Context &ctx, const ColMajorGemm &g) {
     PIPER_CUBLAS_RETURN_IF_ERROR(lt.cublasLtCreate(&blas->handle));
 
   // Scratch: the cuBLASLt workspace, then (bf16) the operands' copies.
-  size_t aElems = extent(g.transA, g.m, g.k, g.lda);
-  size_t bElems = extent(g.transB, g.k, g.n, g.ldb);
-  size_t bf16Bytes = ctx.bf16 ? 2 * (aElems + bElems) + 256 : 0;
+  // A bf16 copy's column stride is its stored rows rounded up to 8
+  // elements (16 bytes), whatever the fp32 operand's: every column starts
+  // aligned, so that cuBLASLt can run its vectorized tensor-core kernels
+  // on operands whose stride is odd (GPT-2's vocabulary of 50257: the
+  // logits' gradient in the LM head's two backward GEMMs).
+  const StoredMatrix sa = storedMatrix(g.transA, g.m, g.k),
+                     sb = storedMatrix(g.transB, g.k, g.n);
+  int64_t lda = g.lda, ldb = g.ldb;
+  size_t aElems = 0, bElems = 0;
+  if (ctx.bf16) {
+    lda = roundUp(sa.rows, 8);
+    ldb = roundUp(sb.rows, 8);
+    aElems = static_cast<size_t>(roundUp(lda * sa.cols, 128));
+    bElems = static_cast<size_t>(ldb * sb.cols);
+  }
   void *scratch = nullptr;
-  PIPER_RETURN_IF_ERROR(
-      blas->operands->reserve(kCublasWorkspace + bf16Bytes, scratch));
+  PIPER_RETURN_IF_ERROR(blas->operands->reserve(
+      kCublasWorkspace + 2 * (aElems + bElems), scratch));
   const void *a = g.a, *b = g.b;
   cudaDataType_t operandType = CUDA_R_32F;
   if (ctx.bf16) {
     // The operands hold bf16 values already (the executor rounds them):
-    // packing is exact.
+    // packing is exact. b16 starts on a 256-byte boundary (a16 takes a
+    // multiple of 128 elements).
     auto *a16 = reinterpret_cast<uint16_t *>(static_cast<char *>(scratch) +
                                              kCublasWorkspace);
-    uint16_t *b16 = a16 + ((aElems + 127) / 128) * 128;
+    uint16_t *b16 = a16 + aElems;
     PIPER_RETURN_IF_ERROR(
-        launchPackBf16(ctx, a16, g.a, static_cast<int64_t>(aElems)));
+        launchPackBf16Columns(ctx, a16, lda, g.a, g.lda, sa.rows, sa.cols));
     PIPER_RETURN_IF_ERROR(
-        launchPackBf16(ctx, b16, g.b, static_cast<int64_t>(bElems)));
+        launchPackBf16Columns(ctx, b16, ldb, g.b, g.ldb, sb.rows, sb.cols));
     a = a16;
     b = b16;
     operandType = CUDA_R_16BF;
@@ -590,11 +607,11 @@ Status gemmColMajor(const Context &ctx, const ColMajorGemm &g) {
               g.m,
               g.n,
               g.k,
-              g.lda,
-              g.ldb,
+              lda,
+              ldb,
               g.ldc,
-              matrixAlignment(a, g.lda, operandBytes),
-              matrixAlignment(b, g.ldb, operandBytes),
+              matrixAlignment(a, lda, operandBytes),
+              matrixAlignment(b, ldb, operandBytes),
               matrixAlignment(g.c, g.ldc, 4),
               g.bias    ? CUBLASLT_EPILOGUE_BIAS
               : g.sumsA ? CUBLASLT_EPILOGUE_BGRADA

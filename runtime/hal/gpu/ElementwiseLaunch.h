@@ -44,6 +44,12 @@ Status launchAdamwBatch(const Context &ctx, const AdamwBatch &batch,
                         const float *clipFactor);
 Status launchPackBf16(const Context &ctx, uint16_t *dst, const float *src,
                       int64_t n);
+/// A column-major matrix of `rows` x `cols` packed to bf16 with another
+/// column stride: dst[c * dstLd + r] = bf16(src[c * srcLd + r]) (the GEMMs'
+/// operands, re-strided so that every column starts 16-byte aligned).
+Status launchPackBf16Columns(const Context &ctx, uint16_t *dst, int64_t dstLd,
+                             const float *src, int64_t srcLd, int64_t rows,
+                             int64_t cols);
 Status launchUnpackBf16(const Context &ctx, float *dst, const uint16_t *src,
                         int64_t n);
 Status launchRoundBf16(const Context &ctx, float *x, int64_t n);

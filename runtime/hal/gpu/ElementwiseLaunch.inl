@@ -69,6 +69,16 @@ Status launchPackBf16(const Context &ctx, uint16_t *dst, const float *src,
       "pack_bf16", n, [=] PIPER_LAMBDA(int64_t i) { dst[i] = toBf16(src[i]); });
 }
 
+Status launchPackBf16Columns(const Context &ctx, uint16_t *dst, int64_t dstLd,
+                             const float *src, int64_t srcLd, int64_t rows,
+                             int64_t cols) {
+  return Exec(ctx).forEach("pack_bf16", rows * cols,
+                           [=] PIPER_LAMBDA(int64_t i) {
+                             const int64_t c = i / rows, r = i - c * rows;
+                             dst[c * dstLd + r] = toBf16(src[c * srcLd + r]);
+                           });
+}
+
 Status launchUnpackBf16(const Context &ctx, float *dst, const uint16_t *src,
                         int64_t n) {
   return Exec(ctx).forEach("unpack_bf16", n, [=] PIPER_LAMBDA(int64_t i) {

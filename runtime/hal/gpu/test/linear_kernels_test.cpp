@@ -2,18 +2,22 @@
 // malformed calls are rejected by the GPU wrapper exactly as by the CPU
 // kernel (same message), out-of-range targets (which only the CPU kernels
 // can reject: the GPU kernels do not read operands on the host) neither
-// crash nor write out of bounds, and the worst error of each kernel's cases.
+// crash nor write out of bounds, the worst error of each kernel's cases,
+// and the strided bf16 packing of the GEMMs' operand copies.
 #include <catch2/catch.hpp>
 
 #include <cmath>
 #include <iostream>
 #include <map>
 #include <set>
+#include <vector>
 
 #include "runtime/hal/cpu/CpuDevice.h"
+#include "runtime/hal/gpu/ElementwiseLaunch.h"
 #include "runtime/hal/gpu/GpuKernels.h"
 #include "runtime/hal/gpu/host/EmulatedDevice.h"
 #include "runtime/hal/gpu/test/KernelCases.h"
+#include "support/Precision.h"
 
 using namespace piper;
 
@@ -290,4 +294,29 @@ TEST_CASE("worst error of the linear and loss GPU kernels") {
   for (const auto &[op, w] : worst)
     std::cout << op << ": " << w.second << " cases, worst |gpu - cpu| / "
               << "(atol + rtol |cpu|) = " << w.first << "\n";
+}
+
+TEST_CASE("the GEMMs' bf16 operand copies are packed with a new column "
+          "stride, every element rounded to nearest even") {
+  // 7 rows of 5 columns 9 floats apart, packed 8 apart (the CUDA GEMM
+  // rounds a copy's stride up to 16 bytes); the packed gap stays as it
+  // was. The values are not bf16 values, so each is rounded.
+  namespace g = piper::runtime::hal::PIPER_GPU_NS;
+  const int64_t rows = 7, cols = 5, srcLd = 9, dstLd = 8;
+  std::vector<float> src(static_cast<size_t>(srcLd * cols));
+  for (size_t i = 0; i < src.size(); ++i)
+    src[i] = 1.0f + static_cast<float>(i) / 3.0f;
+  std::vector<uint16_t> dst(static_cast<size_t>(dstLd * cols), 0xFFFF);
+  g::Context ctx;
+  REQUIRE(g::launchPackBf16Columns(ctx, dst.data(), dstLd, src.data(), srcLd,
+                                   rows, cols));
+  for (int64_t c = 0; c < cols; ++c)
+    for (int64_t r = 0; r < dstLd; ++r) {
+      INFO("column " << c << ", row " << r);
+      uint16_t got = dst[static_cast<size_t>(c * dstLd + r)];
+      if (r < rows)
+        CHECK(got == floatToBf16(src[static_cast<size_t>(c * srcLd + r)]));
+      else
+        CHECK(got == 0xFFFF);
+    }
 }
