@@ -44,6 +44,10 @@ struct ResolvedKernel {
   /// Mixed precision: reads bf16 parameter copies and rounds its outputs
   /// (every kernel but the optimizer and the gradient accumulators).
   bool lowPrecision = false;
+  /// Mixed precision: the device's kernel rounds its outputs to bf16
+  /// itself (Device::roundsOutputs; they are all values): the call does
+  /// not round them after it.
+  bool roundsOutputs = false;
   /// An `adamw` update (the gradient norm is taken just before it).
   bool adamw = false;
   /// An `adamw` of a ZeRO-sharded parameter: its operands are this rank's

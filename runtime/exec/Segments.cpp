@@ -75,6 +75,9 @@ Status ExecutorImpl::resolveKernels() {
       // and the gradient accumulators stay in fp32.
       r.lowPrecision =
           bf16 && op != "accumulate" && op != "zero" && op != "adamw";
+      r.roundsOutputs = r.lowPrecision && device->roundsOutputs(*r.info);
+      for (const Operand &o : kernel.outputs())
+        r.roundsOutputs &= o.kind() == Operand::VALUE;
       r.adamw = op == "adamw";
       r.onRange = r.adamw && !kernel.outputs().empty() &&
                   kernel.outputs(0).kind() == Operand::PARAM &&
@@ -447,7 +450,7 @@ Status ExecutorImpl::call(int s, const Instruction &inst, StepState &st,
     if (!status)
       return status.withContext(where(k));
     // bf16 activations and activation gradients; scalar losses stay fp32.
-    if (rk.lowPrecision)
+    if (rk.lowPrecision && !rk.roundsOutputs)
       for (size_t o = 0; o < outs.size(); ++o)
         if (kernel.outputs(int(o)).kind() == Operand::VALUE &&
             outs[o].dtype == plan::F32 && !outs[o].shape.empty())

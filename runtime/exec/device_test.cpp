@@ -872,3 +872,67 @@ TEST_CASE("executor: bf16 parameter copies are ordered across streams by an "
     CHECK(EventCountingDevice::waits == t);
   }
 }
+
+namespace {
+/// A CPU device that counts the executor's bf16 rounding passes and says
+/// that its `gelu` rounds its own outputs (when `claims`).
+class RoundingDevice : public ForwardingDevice {
+public:
+  RoundingDevice(Communicator *comm, bool claims)
+      : ForwardingDevice(comm), claims(claims) {}
+  bool roundsOutputs(const KernelInfo &info) const override {
+    return claims && std::string(info.name) == "gelu";
+  }
+  Status roundBf16(float *x, int64_t n) override {
+    ++rounds;
+    return cpu->roundBf16(x, n);
+  }
+  bool claims;
+  std::atomic<int> rounds{0};
+};
+} // namespace
+
+// In mixed precision the executor rounds a compute kernel's outputs to
+// bf16 after it, unless the device says the kernel stores them rounded
+// (Device::roundsOutputs: the GPU backends' elementwise kernels).
+TEST_CASE("executor: a kernel that rounds its own outputs is not rounded "
+          "again",
+          "[executor]") {
+  plan::Plan plan;
+  plan.set_schema_version(plan::kPlanSchemaVersion);
+  plan.add_ranks(0);
+  plan.set_world_size(1);
+  plan.mutable_training()->set_vocab_size(8);
+  plan.mutable_training()->set_compute_dtype(plan::BF16);
+  addParam(plan, "w", {4, 4}, true);
+  plan::Segment *seg = addSegment(
+      plan, "gelu then add",
+      {tensorType(plan::F32, {4, 4}), tensorType(plan::F32, {4, 4})}, {}, {});
+  addKernel(seg, "gelu", {state(Operand::PARAM, 0)}, {value(0)});
+  addKernel(seg, "add", {value(0), state(Operand::PARAM, 0)}, {value(1)});
+  addInst(plan.add_streams(), Instruction::CALL, "call")->set_segment(0);
+  plan.mutable_streams(0)->set_name("compute");
+  withArena(plan);
+  int rounds[2] = {0, 0};
+  for (bool claims : {false, true}) {
+    RoundingDevice *device = nullptr;
+    ExecutorOptions opts;
+    opts.createDevice = [&](Communicator *comm) {
+      auto d = std::make_unique<RoundingDevice>(comm, claims);
+      device = d.get();
+      return d;
+    };
+    Status status;
+    auto exec = Executor::create(plan, opts, status);
+    INFO(status.message());
+    REQUIRE(exec);
+    int before = device->rounds.load();
+    double loss = 0;
+    REQUIRE(exec->runStep(1, loss));
+    rounds[claims] = device->rounds.load() - before;
+  }
+  // add's output is rounded by the executor either way; gelu's only when
+  // the device does not round it.
+  CHECK(rounds[0] >= 2);
+  CHECK(rounds[0] - rounds[1] == 1);
+}

@@ -275,6 +275,11 @@ public:
                                KernelContext &) {
     return Status::ok();
   }
+  /// Mixed precision: whether kernel `info`, run with KernelContext::
+  /// lowPrecision, stores its fp32 outputs rounded to bf16 itself (the GPU
+  /// backends' elementwise kernels: a pass over each output saved), so
+  /// that the executor does not round them after it. The default: no.
+  virtual bool roundsOutputs(const KernelInfo &) const { return false; }
   /// Runs consecutive `adamw` calls (the optimizer step's), each as
   /// runKernel would with `ctx` and the call's own bf16Copy; a backend may
   /// fuse them into fewer launches giving the same bits (the GPU backends:

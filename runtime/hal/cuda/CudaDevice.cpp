@@ -365,6 +365,9 @@ public:
   std::vector<std::string> kernelNames() const override {
     return gpu::kernelInfoNames();
   }
+  bool roundsOutputs(const KernelInfo &info) const override {
+    return gpu::kernelRoundsOutputs(info);
+  }
   // Queued on the calling stream; called off-stream (loading, tests), the
   // work is complete on return.
   Status runKernel(const KernelInfo &info, const plan::Kernel &kernel,

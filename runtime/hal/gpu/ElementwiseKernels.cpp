@@ -16,32 +16,34 @@ using detail::KernelArgs;
 Status gelu(const KernelArgs &a, const Context &ctx) {
   PIPER_RETURN_IF_ERROR(detail::checkGelu(a));
   return launchGelu(ctx, a.inputs[0].f32(), a.outputs[0].f32(),
-                    a.inputs[0].numel());
+                    a.inputs[0].numel(), a.ctx.lowPrecision);
 }
 
 Status geluGrad(const KernelArgs &a, const Context &ctx) {
   PIPER_RETURN_IF_ERROR(detail::checkGeluGrad(a));
   return launchGeluGrad(ctx, a.inputs[0].f32(), a.inputs[1].f32(),
-                        a.outputs[0].f32(), a.inputs[0].numel());
+                        a.outputs[0].f32(), a.inputs[0].numel(),
+                        a.ctx.lowPrecision);
 }
 
 Status swiglu(const KernelArgs &a, const Context &ctx) {
   int64_t rows = 0, width = 0;
   PIPER_RETURN_IF_ERROR(detail::checkSwiglu(a, rows, width));
-  return launchSwiglu(ctx, a.inputs[0].f32(), a.outputs[0].f32(), rows, width);
+  return launchSwiglu(ctx, a.inputs[0].f32(), a.outputs[0].f32(), rows, width,
+                      a.ctx.lowPrecision);
 }
 
 Status swigluGrad(const KernelArgs &a, const Context &ctx) {
   int64_t rows = 0, width = 0;
   PIPER_RETURN_IF_ERROR(detail::checkSwigluGrad(a, rows, width));
   return launchSwigluGrad(ctx, a.inputs[0].f32(), a.inputs[1].f32(),
-                          a.outputs[0].f32(), rows, width);
+                          a.outputs[0].f32(), rows, width, a.ctx.lowPrecision);
 }
 
 Status add(const KernelArgs &a, const Context &ctx) {
   PIPER_RETURN_IF_ERROR(detail::checkAdd(a));
   return launchAdd(ctx, a.inputs[0].f32(), a.inputs[1].f32(),
-                   a.outputs[0].f32(), a.inputs[0].numel());
+                   a.outputs[0].f32(), a.inputs[0].numel(), a.ctx.lowPrecision);
 }
 
 Status accumulate(const KernelArgs &a, const Context &ctx) {
@@ -100,11 +102,13 @@ Status adamw(const KernelArgs &a, const Context &ctx) {
 
 void addElementwiseKernels(std::vector<KernelEntry> &out) {
   out.insert(out.end(), {
-                            {"gelu", gelu},
-                            {"gelu_grad", geluGrad},
-                            {"swiglu", swiglu},
-                            {"swiglu_grad", swigluGrad},
-                            {"add", add},
+                            // These round their results in mixed
+                            // precision (Device::roundsOutputs).
+                            {"gelu", gelu, nullptr, true},
+                            {"gelu_grad", geluGrad, nullptr, true},
+                            {"swiglu", swiglu, nullptr, true},
+                            {"swiglu_grad", swigluGrad, nullptr, true},
+                            {"add", add, nullptr, true},
                             {"accumulate", accumulate},
                             {"zero", zero},
                             {"adamw", adamw},

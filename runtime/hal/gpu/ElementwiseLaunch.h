@@ -11,18 +11,23 @@
 
 namespace piper::runtime::hal::PIPER_GPU_NS {
 
-Status launchGelu(const Context &ctx, const float *x, float *y, int64_t n);
+// With `round` (a mixed-precision call, KernelContext::lowPrecision), each
+// launcher stores its results rounded to bf16 (fromBf16(toBf16(v)), the
+// bits of the executor's rounding pass, which it then skips: Device::
+// roundsOutputs).
+Status launchGelu(const Context &ctx, const float *x, float *y, int64_t n,
+                  bool round = false);
 Status launchGeluGrad(const Context &ctx, const float *x, const float *dy,
-                      float *dx, int64_t n);
+                      float *dx, int64_t n, bool round = false);
 /// gateUp is [rows, 2 width] ([gate | up]); y is [rows, width].
 Status launchSwiglu(const Context &ctx, const float *gateUp, float *y,
-                    int64_t rows, int64_t width);
+                    int64_t rows, int64_t width, bool round = false);
 Status launchSwigluGrad(const Context &ctx, const float *gateUp,
                         const float *dy, float *dgateUp, int64_t rows,
-                        int64_t width);
+                        int64_t width, bool round = false);
 /// y = a + b (y may alias a or b).
 Status launchAdd(const Context &ctx, const float *a, const float *b, float *y,
-                 int64_t n);
+                 int64_t n, bool round = false);
 /// Up to kMax AdamW updates (arrays of `adamw` calls) that one launch runs,
 /// with up to kConstants distinct constant sets among them.
 struct AdamwBatch {

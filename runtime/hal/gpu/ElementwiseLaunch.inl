@@ -4,43 +4,56 @@
 
 namespace piper::runtime::hal::PIPER_GPU_NS {
 
-Status launchGelu(const Context &ctx, const float *x, float *y, int64_t n) {
-  return Exec(ctx).forEach(
-      "gelu", n, [=] PIPER_LAMBDA(int64_t i) { y[i] = geluForward(x[i]); });
+namespace {
+/// v, or v rounded to bf16 where the call rounds its results.
+PIPER_HOST_DEVICE inline float stored(float v, bool round) {
+  return round ? fromBf16(toBf16(v)) : v;
+}
+} // namespace
+
+Status launchGelu(const Context &ctx, const float *x, float *y, int64_t n,
+                  bool round) {
+  return Exec(ctx).forEach("gelu", n, [=] PIPER_LAMBDA(int64_t i) {
+    y[i] = stored(geluForward(x[i]), round);
+  });
 }
 
 Status launchGeluGrad(const Context &ctx, const float *x, const float *dy,
-                      float *dx, int64_t n) {
+                      float *dx, int64_t n, bool round) {
   return Exec(ctx).forEach("gelu_grad", n, [=] PIPER_LAMBDA(int64_t i) {
-    dx[i] = geluBackward(x[i], dy[i]);
+    dx[i] = stored(geluBackward(x[i], dy[i]), round);
   });
 }
 
 Status launchSwiglu(const Context &ctx, const float *gateUp, float *y,
-                    int64_t rows, int64_t width) {
+                    int64_t rows, int64_t width, bool round) {
   return Exec(ctx).forEach("swiglu", rows * width, [=] PIPER_LAMBDA(int64_t i) {
     int64_t r = i / width, j = i % width;
     const float *row = gateUp + r * 2 * width;
-    y[i] = swigluForward(row[j], row[width + j]);
+    y[i] = stored(swigluForward(row[j], row[width + j]), round);
   });
 }
 
 Status launchSwigluGrad(const Context &ctx, const float *gateUp,
                         const float *dy, float *dgateUp, int64_t rows,
-                        int64_t width) {
+                        int64_t width, bool round) {
   return Exec(ctx).forEach(
       "swiglu_grad", rows * width, [=] PIPER_LAMBDA(int64_t i) {
         int64_t r = i / width, j = i % width;
         const float *row = gateUp + r * 2 * width;
         float *drow = dgateUp + r * 2 * width;
-        swigluBackward(row[j], row[width + j], dy[i], drow[j], drow[width + j]);
+        float dGate = 0, dUp = 0;
+        swigluBackward(row[j], row[width + j], dy[i], dGate, dUp);
+        drow[j] = stored(dGate, round);
+        drow[width + j] = stored(dUp, round);
       });
 }
 
 Status launchAdd(const Context &ctx, const float *a, const float *b, float *y,
-                 int64_t n) {
-  return Exec(ctx).forEach("add", n,
-                           [=] PIPER_LAMBDA(int64_t i) { y[i] = a[i] + b[i]; });
+                 int64_t n, bool round) {
+  return Exec(ctx).forEach("add", n, [=] PIPER_LAMBDA(int64_t i) {
+    y[i] = stored(a[i] + b[i], round);
+  });
 }
 
 Status launchAdamwBatch(const Context &ctx, const AdamwBatch &batch,

@@ -41,6 +41,10 @@ std::vector<std::string> kernelInfoNames() {
   return names;
 }
 
+bool kernelRoundsOutputs(const KernelInfo &info) {
+  return kernels()[static_cast<size_t>(info.index)].roundsOutputs;
+}
+
 Status runKernel(const KernelInfo &info, const plan::Kernel &kernel,
                  const KernelAttrs &attrs, const std::vector<TensorRef> &inputs,
                  const std::vector<TensorRef> &outputs, KernelContext &kctx,

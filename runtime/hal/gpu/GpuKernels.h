@@ -28,6 +28,11 @@ struct KernelEntry {
   /// prepareKernel when a plan loads (the operands' data are null: only
   /// their shapes, the attributes and the context count); null: nothing.
   KernelFn prepare = nullptr;
+  /// Called with KernelContext::lowPrecision, the kernel stores its fp32
+  /// outputs rounded to bf16 (as the executor's rounding pass would, which
+  /// it then skips: Device::roundsOutputs). Its outputs are tensors of at
+  /// least one dimension (the executor does not round scalars).
+  bool roundsOutputs = false;
 };
 
 /// Every GPU kernel; the i-th entry's KernelInfo has index i.
@@ -39,6 +44,8 @@ const std::vector<KernelInfo> &kernelInfos();
 const KernelInfo *findKernelInfo(const std::string &name);
 /// The ops' names, in registry order (a Device's kernelNames).
 std::vector<std::string> kernelInfoNames();
+/// kernels()[info.index].roundsOutputs (a Device's roundsOutputs).
+bool kernelRoundsOutputs(const KernelInfo &info);
 /// kernels()[info.index].fn(args, ctx), with `attrs` =
 /// decodeKernelAttrs(kernel); checks the operands' storage as the CPU
 /// registry's runKernel does.

@@ -99,7 +99,8 @@ Status biasAdd(const KernelArgs &a, const Context &ctx) {
   float *y = a.outputs[0].f32();
   PIPER_RETURN_IF_ERROR(
       launchBroadcastRows(ctx, a.inputs[1].f32(), y, rows, out));
-  return launchAdd(ctx, a.inputs[0].f32(), y, y, rows * out);
+  return launchAdd(ctx, a.inputs[0].f32(), y, y, rows * out,
+                   a.ctx.lowPrecision);
 }
 
 Status spSplit(const KernelArgs &a, const Context &ctx) {
@@ -225,7 +226,7 @@ void addLinearKernels(std::vector<KernelEntry> &out) {
                             {"linear", linear},
                             {"linear_grad_input", linearGradInput},
                             {"linear_grad_weight", linearGradWeight},
-                            {"bias_add", biasAdd},
+                            {"bias_add", biasAdd, nullptr, true},
                             {"sp_split", spSplit},
                             {"columns", columns},
                             {"columns_grad", columnsGrad},

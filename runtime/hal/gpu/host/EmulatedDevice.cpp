@@ -249,6 +249,9 @@ public:
   std::vector<std::string> kernelNames() const override {
     return gpu::kernelInfoNames();
   }
+  bool roundsOutputs(const KernelInfo &info) const override {
+    return gpu::kernelRoundsOutputs(info);
+  }
   Status runKernel(const KernelInfo &info, const plan::Kernel &kernel,
                    const KernelAttrs &attrs,
                    const std::vector<TensorRef> &inputs,

@@ -6,6 +6,7 @@
 // of squares.
 #include <catch2/catch.hpp>
 
+#include <cstring>
 #include <set>
 
 #ifdef PIPER_GPU_LANES32
@@ -19,6 +20,7 @@
 #include "runtime/hal/gpu/GpuKernels.h"
 #include "runtime/hal/gpu/host/EmulatedDevice.h"
 #include "runtime/hal/gpu/test/KernelCases.h"
+#include "support/Precision.h"
 
 using namespace piper::runtime;
 using namespace piper::runtime::hal;
@@ -131,6 +133,47 @@ TEST_CASE("kernels write every element of their outputs, but those declared "
     CHECK(kernelReadsOutputs(op));
     CHECK(readers.count(op) == 1);
   }
+}
+
+// Kernels that round their outputs themselves in mixed precision
+// (Device::roundsOutputs; the executor then skips its rounding pass) must
+// give exactly the bits of the executor's rounding: each case of such a
+// kernel, run with lowPrecision, equals the same case run without it and
+// rounded to bf16 after (as launchRoundBf16 does), word for word. And
+// they are the kernels the registry says.
+TEST_CASE("kernels that round their own outputs in mixed precision give the "
+          "executor's rounding, bit for bit") {
+  auto gpu = createEmulatedGpuDevice(nullptr);
+  std::set<std::string> checked;
+  for (const testing::KernelCase &c : testing::kernelCases()) {
+    const KernelInfo *info = gpu->findKernel(c.op);
+    REQUIRE(info);
+    if (!c.rejects.empty() || !gpu->roundsOutputs(*info) ||
+        operandElements(c) > kLanesElements)
+      continue;
+    INFO("case " << c.name << " (" << c.op << ")");
+    testing::KernelCase low = c, full = c;
+    low.lowPrecision = true;
+    full.lowPrecision = false;
+    std::vector<std::vector<uint32_t>> rounded, exact;
+    REQUIRE(testing::runOutputsFrom(low, *gpu, 0u, rounded) == "");
+    REQUIRE(testing::runOutputsFrom(full, *gpu, 0u, exact) == "");
+    REQUIRE(rounded.size() == exact.size());
+    for (size_t o = 0; o < exact.size(); ++o) {
+      REQUIRE(c.outputs[o].dtype == piper::plan::F32);
+      REQUIRE_FALSE(c.outputs[o].shape.empty());
+      for (uint32_t &w : exact[o]) {
+        float f;
+        std::memcpy(&f, &w, sizeof f);
+        f = piper::roundToBf16(f);
+        std::memcpy(&w, &f, sizeof f);
+      }
+    }
+    CHECK(rounded == exact);
+    checked.insert(c.op);
+  }
+  CHECK(checked == std::set<std::string>{"add", "bias_add", "gelu", "gelu_grad",
+                                         "swiglu", "swiglu_grad"});
 }
 
 #ifdef PIPER_GPU_LANES32
