@@ -4,24 +4,17 @@
 
 namespace piper::runtime::hal::PIPER_GPU_NS {
 
-namespace {
-/// v, or v rounded to bf16 where the call rounds its results.
-PIPER_HOST_DEVICE inline float stored(float v, bool round) {
-  return round ? fromBf16(toBf16(v)) : v;
-}
-} // namespace
-
 Status launchGelu(const Context &ctx, const float *x, float *y, int64_t n,
                   bool round) {
   return Exec(ctx).forEach("gelu", n, [=] PIPER_LAMBDA(int64_t i) {
-    y[i] = stored(geluForward(x[i]), round);
+    y[i] = roundedIf(geluForward(x[i]), round);
   });
 }
 
 Status launchGeluGrad(const Context &ctx, const float *x, const float *dy,
                       float *dx, int64_t n, bool round) {
   return Exec(ctx).forEach("gelu_grad", n, [=] PIPER_LAMBDA(int64_t i) {
-    dx[i] = stored(geluBackward(x[i], dy[i]), round);
+    dx[i] = roundedIf(geluBackward(x[i], dy[i]), round);
   });
 }
 
@@ -30,7 +23,7 @@ Status launchSwiglu(const Context &ctx, const float *gateUp, float *y,
   return Exec(ctx).forEach("swiglu", rows * width, [=] PIPER_LAMBDA(int64_t i) {
     int64_t r = i / width, j = i % width;
     const float *row = gateUp + r * 2 * width;
-    y[i] = stored(swigluForward(row[j], row[width + j]), round);
+    y[i] = roundedIf(swigluForward(row[j], row[width + j]), round);
   });
 }
 
@@ -44,15 +37,15 @@ Status launchSwigluGrad(const Context &ctx, const float *gateUp,
         float *drow = dgateUp + r * 2 * width;
         float dGate = 0, dUp = 0;
         swigluBackward(row[j], row[width + j], dy[i], dGate, dUp);
-        drow[j] = stored(dGate, round);
-        drow[width + j] = stored(dUp, round);
+        drow[j] = roundedIf(dGate, round);
+        drow[width + j] = roundedIf(dUp, round);
       });
 }
 
 Status launchAdd(const Context &ctx, const float *a, const float *b, float *y,
                  int64_t n, bool round) {
   return Exec(ctx).forEach("add", n, [=] PIPER_LAMBDA(int64_t i) {
-    y[i] = stored(a[i] + b[i], round);
+    y[i] = roundedIf(a[i] + b[i], round);
   });
 }
 

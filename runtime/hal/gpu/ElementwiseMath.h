@@ -110,6 +110,13 @@ PIPER_HOST_DEVICE inline float fromBf16(uint16_t b) {
   return bitsFloat(static_cast<uint32_t>(b) << 16);
 }
 
+/// v, or v rounded to bf16 (the executor's rounding, launchRoundBf16's
+/// bits) where a mixed-precision kernel stores its results rounded
+/// (Device::roundsOutputs).
+PIPER_HOST_DEVICE inline float roundedIf(float v, bool round) {
+  return round ? fromBf16(toBf16(v)) : v;
+}
+
 /// Whether `x` is finite (neither infinite nor NaN), from its bits.
 PIPER_HOST_DEVICE inline bool finiteFloat(float x) {
   return (floatBits(x) & 0x7F800000u) != 0x7F800000u;

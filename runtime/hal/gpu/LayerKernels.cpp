@@ -53,8 +53,8 @@ Status positionAdd(const KernelArgs &a, const Context &ctx) {
   detail::PositionDims d;
   PIPER_RETURN_IF_ERROR(detail::checkPositionAdd(a, d));
   return launchPositionAdd(ctx, a.inputs[0].f32(), a.inputs[1].f32(),
-                           a.outputs[0].f32(), d.rows, d.hidden,
-                           positionMap(d));
+                           a.outputs[0].f32(), d.rows, d.hidden, positionMap(d),
+                           a.ctx.lowPrecision);
 }
 
 Status positionAddGrad(const KernelArgs &a, const Context &ctx) {
@@ -75,7 +75,7 @@ Status layerNorm(const KernelArgs &a, const Context &ctx) {
   PIPER_RETURN_IF_ERROR(detail::checkLayerNorm(a, rows, hidden, eps));
   return launchLayerNorm(ctx, a.inputs[0].f32(), a.inputs[1].f32(),
                          a.inputs[2].f32(), a.outputs[0].f32(), rows, hidden,
-                         eps);
+                         eps, a.ctx.lowPrecision);
 }
 
 Status layerNormGradInput(const KernelArgs &a, const Context &ctx) {
@@ -84,7 +84,7 @@ Status layerNormGradInput(const KernelArgs &a, const Context &ctx) {
   PIPER_RETURN_IF_ERROR(detail::checkLayerNormGradInput(a, rows, hidden, eps));
   return launchLayerNormGradInput(ctx, a.inputs[0].f32(), a.inputs[1].f32(),
                                   a.inputs[2].f32(), a.outputs[0].f32(), rows,
-                                  hidden, eps);
+                                  hidden, eps, a.ctx.lowPrecision);
 }
 
 Status layerNormGradWeight(const KernelArgs &a, const Context &ctx) {
@@ -104,7 +104,8 @@ Status rmsNorm(const KernelArgs &a, const Context &ctx) {
   double eps = 0;
   PIPER_RETURN_IF_ERROR(detail::checkRmsNorm(a, rows, hidden, eps));
   return launchRmsNorm(ctx, a.inputs[0].f32(), a.inputs[1].f32(),
-                       a.outputs[0].f32(), rows, hidden, eps);
+                       a.outputs[0].f32(), rows, hidden, eps,
+                       a.ctx.lowPrecision);
 }
 
 Status rmsNormGradInput(const KernelArgs &a, const Context &ctx) {
@@ -113,7 +114,7 @@ Status rmsNormGradInput(const KernelArgs &a, const Context &ctx) {
   PIPER_RETURN_IF_ERROR(detail::checkRmsNormGradInput(a, rows, hidden, eps));
   return launchRmsNormGradInput(ctx, a.inputs[0].f32(), a.inputs[1].f32(),
                                 a.inputs[2].f32(), a.outputs[0].f32(), rows,
-                                hidden, eps);
+                                hidden, eps, a.ctx.lowPrecision);
 }
 
 Status rmsNormGradWeight(const KernelArgs &a, const Context &ctx) {
@@ -204,27 +205,30 @@ Status ulyssesZigzag(const KernelArgs &a, const Context &ctx) {
 } // namespace
 
 void addLayerKernels(std::vector<KernelEntry> &out) {
-  out.insert(out.end(), {
-                            {"embedding", embedding},
-                            {"embedding_grad", embeddingGrad},
-                            {"position_add", positionAdd},
-                            {"position_add_grad", positionAddGrad},
-                            {"layer_norm", layerNorm},
-                            {"layer_norm_grad_input", layerNormGradInput},
-                            {"layer_norm_grad_weight", layerNormGradWeight},
-                            {"rms_norm", rmsNorm},
-                            {"rms_norm_grad_input", rmsNormGradInput},
-                            {"rms_norm_grad_weight", rmsNormGradWeight},
-                            {"qk_norm", qkNorm},
-                            {"qk_norm_grad_input", qkNormGradInput},
-                            {"qk_norm_grad_weight", qkNormGradWeight},
-                            {"cp_ulysses_split", ulyssesSplit},
-                            {"cp_ulysses_merge", ulyssesMerge},
-                            {"cp_ulysses_natural", ulyssesNatural},
-                            {"cp_ulysses_zigzag", ulyssesZigzag},
-                            {"cp_split", cpSplit},
-                            {"cp_split_grad", cpSplitGrad},
-                        });
+  out.insert(out.end(),
+             {
+                 {"embedding", embedding},
+                 {"embedding_grad", embeddingGrad},
+                 // Round their results in mixed precision
+                 // (Device::roundsOutputs).
+                 {"position_add", positionAdd, nullptr, true},
+                 {"position_add_grad", positionAddGrad},
+                 {"layer_norm", layerNorm, nullptr, true},
+                 {"layer_norm_grad_input", layerNormGradInput, nullptr, true},
+                 {"layer_norm_grad_weight", layerNormGradWeight},
+                 {"rms_norm", rmsNorm, nullptr, true},
+                 {"rms_norm_grad_input", rmsNormGradInput, nullptr, true},
+                 {"rms_norm_grad_weight", rmsNormGradWeight},
+                 {"qk_norm", qkNorm},
+                 {"qk_norm_grad_input", qkNormGradInput},
+                 {"qk_norm_grad_weight", qkNormGradWeight},
+                 {"cp_ulysses_split", ulyssesSplit},
+                 {"cp_ulysses_merge", ulyssesMerge},
+                 {"cp_ulysses_natural", ulyssesNatural},
+                 {"cp_ulysses_zigzag", ulyssesZigzag},
+                 {"cp_split", cpSplit},
+                 {"cp_split_grad", cpSplitGrad},
+             });
 }
 
 } // namespace piper::runtime::hal::PIPER_GPU_NS

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "runtime/hal/gpu/ElementwiseMath.h"
 #include "runtime/hal/gpu/GpuApi.h"
 #include "runtime/hal/gpu/LayerMath.h"
 #include "runtime/hal/gpu/Simt.h"
@@ -27,9 +28,11 @@ Status launchEmbeddingGrad(const Context &ctx, const int32_t *ids,
                            int64_t vocab, int64_t hidden, int64_t first,
                            int32_t *scratch);
 /// y[n] = x[n] + pos[map.position(n % map.local)].
+/// With `round` (here and below: a mixed-precision call), the results are
+/// stored rounded to bf16 (roundedIf, Device::roundsOutputs).
 Status launchPositionAdd(const Context &ctx, const float *x, const float *pos,
                          float *y, int64_t rows, int64_t hidden,
-                         PositionMap map);
+                         PositionMap map, bool round = false);
 /// dpos[map.position(t)] = the sum of dy[n] over n % map.local == t, zeros
 /// for every other of the `positions` rows. `partials` holds
 /// columnChunks(rows / map.local).chunks x map.local x hidden doubles.
@@ -39,10 +42,11 @@ Status launchPositionAddGrad(const Context &ctx, const float *dy, float *dpos,
 /// Layer norm of each row (a warp per row).
 Status launchLayerNorm(const Context &ctx, const float *x, const float *gamma,
                        const float *beta, float *y, int64_t rows,
-                       int64_t hidden, double eps);
+                       int64_t hidden, double eps, bool round = false);
 Status launchLayerNormGradInput(const Context &ctx, const float *x,
                                 const float *gamma, const float *dy, float *dx,
-                                int64_t rows, int64_t hidden, double eps);
+                                int64_t rows, int64_t hidden, double eps,
+                                bool round = false);
 /// dgamma = column sums of dy * xhat, dbeta = column sums of dy. `scratch`
 /// holds 2 rows + 2 columnChunks(rows).chunks x hidden doubles.
 Status launchLayerNormGradWeight(const Context &ctx, const float *x,
@@ -50,10 +54,12 @@ Status launchLayerNormGradWeight(const Context &ctx, const float *x,
                                  int64_t rows, int64_t hidden, double eps,
                                  double *scratch);
 Status launchRmsNorm(const Context &ctx, const float *x, const float *gamma,
-                     float *y, int64_t rows, int64_t hidden, double eps);
+                     float *y, int64_t rows, int64_t hidden, double eps,
+                     bool round = false);
 Status launchRmsNormGradInput(const Context &ctx, const float *x,
                               const float *gamma, const float *dy, float *dx,
-                              int64_t rows, int64_t hidden, double eps);
+                              int64_t rows, int64_t hidden, double eps,
+                              bool round = false);
 /// dgamma = column sums of dy * x * rrms. `scratch` holds rows +
 /// columnChunks(rows).chunks x hidden doubles.
 Status launchRmsNormGradWeight(const Context &ctx, const float *x,

@@ -114,11 +114,12 @@ Status launchEmbeddingGrad(const Context &ctx, const int32_t *ids,
 
 Status launchPositionAdd(const Context &ctx, const float *x, const float *pos,
                          float *y, int64_t rows, int64_t hidden,
-                         PositionMap map) {
+                         PositionMap map, bool round) {
   return Exec(ctx).forEach(
       "position_add", rows * hidden, [=] PIPER_LAMBDA(int64_t i) {
         int64_t n = i / hidden, j = i % hidden;
-        y[i] = x[i] + pos[map.position(n % map.local) * hidden + j];
+        y[i] = roundedIf(x[i] + pos[map.position(n % map.local) * hidden + j],
+                         round);
       });
 }
 
@@ -167,7 +168,7 @@ Status launchPositionAddGrad(const Context &ctx, const float *dy, float *dpos,
 
 Status launchLayerNorm(const Context &ctx, const float *x, const float *gamma,
                        const float *beta, float *y, int64_t rows,
-                       int64_t hidden, double eps) {
+                       int64_t hidden, double eps, bool round) {
   using Lanes = Exec::Lanes;
   return Exec(ctx).forEachRow(
       "layer_norm", rows, [=] PIPER_LAMBDA(Lanes lanes, int64_t n) {
@@ -176,14 +177,16 @@ Status launchLayerNorm(const Context &ctx, const float *x, const float *gamma,
         double mean = 0, rstd = 0;
         layerNormStats(lanes, xr, hidden, eps, mean, rstd);
         for (int64_t j = lanes.lane(); j < hidden; j += Lanes::kCount)
-          yr[j] =
-              static_cast<float>((xr[j] - mean) * rstd * gamma[j] + beta[j]);
+          yr[j] = roundedIf(
+              static_cast<float>((xr[j] - mean) * rstd * gamma[j] + beta[j]),
+              round);
       });
 }
 
 Status launchLayerNormGradInput(const Context &ctx, const float *x,
                                 const float *gamma, const float *dy, float *dx,
-                                int64_t rows, int64_t hidden, double eps) {
+                                int64_t rows, int64_t hidden, double eps,
+                                bool round) {
   using Lanes = Exec::Lanes;
   return Exec(ctx).forEachRow(
       "layer_norm_grad_input", rows, [=] PIPER_LAMBDA(Lanes lanes, int64_t n) {
@@ -204,7 +207,8 @@ Status launchLayerNormGradInput(const Context &ctx, const float *x,
         for (int64_t j = lanes.lane(); j < hidden; j += Lanes::kCount) {
           double g = double(dyr[j]) * gamma[j];
           double xhat = (xr[j] - mean) * rstd;
-          dxr[j] = static_cast<float>(rstd * (g - gMean - xhat * gxMean));
+          dxr[j] = roundedIf(
+              static_cast<float>(rstd * (g - gMean - xhat * gxMean)), round);
         }
       });
 }
@@ -250,7 +254,8 @@ Status launchLayerNormGradWeight(const Context &ctx, const float *x,
 }
 
 Status launchRmsNorm(const Context &ctx, const float *x, const float *gamma,
-                     float *y, int64_t rows, int64_t hidden, double eps) {
+                     float *y, int64_t rows, int64_t hidden, double eps,
+                     bool round) {
   using Lanes = Exec::Lanes;
   return Exec(ctx).forEachRow(
       "rms_norm", rows, [=] PIPER_LAMBDA(Lanes lanes, int64_t n) {
@@ -258,13 +263,14 @@ Status launchRmsNorm(const Context &ctx, const float *x, const float *gamma,
         float *yr = y + n * hidden;
         double rrms = rmsNormRrms(lanes, xr, hidden, eps);
         for (int64_t j = lanes.lane(); j < hidden; j += Lanes::kCount)
-          yr[j] = static_cast<float>(xr[j] * rrms * gamma[j]);
+          yr[j] = roundedIf(static_cast<float>(xr[j] * rrms * gamma[j]), round);
       });
 }
 
 Status launchRmsNormGradInput(const Context &ctx, const float *x,
                               const float *gamma, const float *dy, float *dx,
-                              int64_t rows, int64_t hidden, double eps) {
+                              int64_t rows, int64_t hidden, double eps,
+                              bool round) {
   using Lanes = Exec::Lanes;
   return Exec(ctx).forEachRow(
       "rms_norm_grad_input", rows, [=] PIPER_LAMBDA(Lanes lanes, int64_t n) {
@@ -279,7 +285,8 @@ Status launchRmsNormGradInput(const Context &ctx, const float *x,
         const double gxMean = lanes.sum(acc) / hidden;
         for (int64_t j = lanes.lane(); j < hidden; j += Lanes::kCount) {
           double g = double(dyr[j]) * gamma[j];
-          dxr[j] = static_cast<float>(rrms * (g - xr[j] * rrms * gxMean));
+          dxr[j] = roundedIf(
+              static_cast<float>(rrms * (g - xr[j] * rrms * gxMean)), round);
         }
       });
 }
@@ -404,11 +411,11 @@ Status launchQkNormGradWeight(const Context &ctx, const float *x,
                         dgamma);
 }
 
-static Status fillUlyssesCounts(const Context &ctx, int32_t *counts,
-                               int64_t cp, int64_t each) {
-  return Exec(ctx).forEach("cp_ulysses_counts", cp, [=] PIPER_LAMBDA(int64_t j) {
-    counts[j] = static_cast<int32_t>(each);
-  });
+static Status fillUlyssesCounts(const Context &ctx, int32_t *counts, int64_t cp,
+                                int64_t each) {
+  return Exec(ctx).forEach(
+      "cp_ulysses_counts", cp,
+      [=] PIPER_LAMBDA(int64_t j) { counts[j] = static_cast<int32_t>(each); });
 }
 
 Status launchUlyssesColumns(const Context &ctx, const float *x,
@@ -416,12 +423,12 @@ Status launchUlyssesColumns(const Context &ctx, const float *x,
                             float *y, int32_t *counts) {
   const int64_t wide = c.wide(), narrow = c.narrow();
   if (merge)
-    return Exec(ctx).forEach(
-        "cp_ulysses_merge", rows * wide, [=] PIPER_LAMBDA(int64_t e) {
-          int64_t r = e / wide, j = 0, col = 0;
-          c.narrowColumn(e % wide, j, col);
-          y[e] = x[(j * rows + r) * narrow + col];
-        });
+    return Exec(ctx).forEach("cp_ulysses_merge", rows * wide,
+                             [=] PIPER_LAMBDA(int64_t e) {
+                               int64_t r = e / wide, j = 0, col = 0;
+                               c.narrowColumn(e % wide, j, col);
+                               y[e] = x[(j * rows + r) * narrow + col];
+                             });
   PIPER_RETURN_IF_ERROR(Exec(ctx).forEach(
       "cp_ulysses_split", c.cp * rows * narrow, [=] PIPER_LAMBDA(int64_t e) {
         int64_t row = e / narrow, j = row / rows, r = row % rows;
@@ -431,8 +438,7 @@ Status launchUlyssesColumns(const Context &ctx, const float *x,
 }
 
 Status launchUlyssesRows(const Context &ctx, const float *x, UlyssesRows r,
-                         int64_t cols, bool zigzag, float *y,
-                         int32_t *counts) {
+                         int64_t cols, bool zigzag, float *y, int32_t *counts) {
   if (!zigzag)
     return Exec(ctx).forEach(
         "cp_ulysses_natural", r.rows * cols, [=] PIPER_LAMBDA(int64_t e) {
@@ -449,10 +455,9 @@ Status launchCpSplit(const Context &ctx, const float *x, UlyssesRows r,
                      int64_t cols, int64_t member, bool grad, float *y) {
   const int64_t n = r.rows / r.cp;
   if (!grad)
-    return Exec(ctx).forEach(
-        "cp_split", n * cols, [=] PIPER_LAMBDA(int64_t e) {
-          y[e] = x[r.naturalRow(member * n + e / cols) * cols + e % cols];
-        });
+    return Exec(ctx).forEach("cp_split", n * cols, [=] PIPER_LAMBDA(int64_t e) {
+      y[e] = x[r.naturalRow(member * n + e / cols) * cols + e % cols];
+    });
   return Exec(ctx).forEach(
       "cp_split_grad", r.rows * cols, [=] PIPER_LAMBDA(int64_t e) {
         int64_t at = r.memberRow(e / cols);

@@ -173,7 +173,10 @@ TEST_CASE("kernels that round their own outputs in mixed precision give the "
     checked.insert(c.op);
   }
   CHECK(checked == std::set<std::string>{"add", "bias_add", "gelu", "gelu_grad",
-                                         "swiglu", "swiglu_grad"});
+                                         "swiglu", "swiglu_grad",
+                                         "position_add", "layer_norm",
+                                         "layer_norm_grad_input", "rms_norm",
+                                         "rms_norm_grad_input"});
 }
 
 #ifdef PIPER_GPU_LANES32
