@@ -30,8 +30,8 @@ struct KernelEntry {
   KernelFn prepare = nullptr;
   /// Called with KernelContext::lowPrecision, the kernel stores its fp32
   /// outputs rounded to bf16 (as the executor's rounding pass would, which
-  /// it then skips: Device::roundsOutputs). Its outputs are tensors of at
-  /// least one dimension (the executor does not round scalars).
+  /// it then skips: Device::roundsOutputs): every output of at least one
+  /// dimension; scalars (a loss) the executor does not round either.
   bool roundsOutputs = false;
 };
 

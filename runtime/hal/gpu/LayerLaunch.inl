@@ -411,11 +411,11 @@ Status launchQkNormGradWeight(const Context &ctx, const float *x,
                         dgamma);
 }
 
-static Status fillUlyssesCounts(const Context &ctx, int32_t *counts, int64_t cp,
-                                int64_t each) {
-  return Exec(ctx).forEach(
-      "cp_ulysses_counts", cp,
-      [=] PIPER_LAMBDA(int64_t j) { counts[j] = static_cast<int32_t>(each); });
+static Status fillUlyssesCounts(const Context &ctx, int32_t *counts,
+                               int64_t cp, int64_t each) {
+  return Exec(ctx).forEach("cp_ulysses_counts", cp, [=] PIPER_LAMBDA(int64_t j) {
+    counts[j] = static_cast<int32_t>(each);
+  });
 }
 
 Status launchUlyssesColumns(const Context &ctx, const float *x,
@@ -423,12 +423,12 @@ Status launchUlyssesColumns(const Context &ctx, const float *x,
                             float *y, int32_t *counts) {
   const int64_t wide = c.wide(), narrow = c.narrow();
   if (merge)
-    return Exec(ctx).forEach("cp_ulysses_merge", rows * wide,
-                             [=] PIPER_LAMBDA(int64_t e) {
-                               int64_t r = e / wide, j = 0, col = 0;
-                               c.narrowColumn(e % wide, j, col);
-                               y[e] = x[(j * rows + r) * narrow + col];
-                             });
+    return Exec(ctx).forEach(
+        "cp_ulysses_merge", rows * wide, [=] PIPER_LAMBDA(int64_t e) {
+          int64_t r = e / wide, j = 0, col = 0;
+          c.narrowColumn(e % wide, j, col);
+          y[e] = x[(j * rows + r) * narrow + col];
+        });
   PIPER_RETURN_IF_ERROR(Exec(ctx).forEach(
       "cp_ulysses_split", c.cp * rows * narrow, [=] PIPER_LAMBDA(int64_t e) {
         int64_t row = e / narrow, j = row / rows, r = row % rows;
@@ -438,7 +438,8 @@ Status launchUlyssesColumns(const Context &ctx, const float *x,
 }
 
 Status launchUlyssesRows(const Context &ctx, const float *x, UlyssesRows r,
-                         int64_t cols, bool zigzag, float *y, int32_t *counts) {
+                         int64_t cols, bool zigzag, float *y,
+                         int32_t *counts) {
   if (!zigzag)
     return Exec(ctx).forEach(
         "cp_ulysses_natural", r.rows * cols, [=] PIPER_LAMBDA(int64_t e) {
@@ -455,9 +456,10 @@ Status launchCpSplit(const Context &ctx, const float *x, UlyssesRows r,
                      int64_t cols, int64_t member, bool grad, float *y) {
   const int64_t n = r.rows / r.cp;
   if (!grad)
-    return Exec(ctx).forEach("cp_split", n * cols, [=] PIPER_LAMBDA(int64_t e) {
-      y[e] = x[r.naturalRow(member * n + e / cols) * cols + e % cols];
-    });
+    return Exec(ctx).forEach(
+        "cp_split", n * cols, [=] PIPER_LAMBDA(int64_t e) {
+          y[e] = x[r.naturalRow(member * n + e / cols) * cols + e % cols];
+        });
   return Exec(ctx).forEach(
       "cp_split_grad", r.rows * cols, [=] PIPER_LAMBDA(int64_t e) {
         int64_t at = r.memberRow(e / cols);

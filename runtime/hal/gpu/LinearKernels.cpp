@@ -170,7 +170,7 @@ Status crossEntropyGrad(const KernelArgs &a, const Context &ctx) {
   PIPER_RETURN_IF_ERROR(detail::checkCrossEntropyGrad(a, rows, vocab, scale));
   return launchCrossEntropy(ctx, a.inputs[0].f32(), a.inputs[1].i32(), rows,
                             vocab, nullptr, nullptr, scale / rows,
-                            a.outputs[0].f32());
+                            a.outputs[0].f32(), a.ctx.lowPrecision);
 }
 
 Status crossEntropyFused(const KernelArgs &a, const Context &ctx) {
@@ -181,7 +181,8 @@ Status crossEntropyFused(const KernelArgs &a, const Context &ctx) {
   PIPER_RETURN_IF_ERROR(reserveRowLoss(ctx, rows, rowLoss));
   return launchCrossEntropy(ctx, a.inputs[0].f32(), a.inputs[1].i32(), rows,
                             vocab, rowLoss, a.outputs[0].f32(), scale / rows,
-                            a.outputs[1].f32());
+                            a.outputs[1].f32(), a.ctx.lowPrecision,
+                            a.ctx.lowPrecision && !a.outputs[0].shape.empty());
 }
 
 Status vocabCeStats(const KernelArgs &a, const Context &ctx) {
@@ -222,26 +223,28 @@ Status lossAccumulate(const KernelArgs &a, const Context &ctx) {
 } // namespace
 
 void addLinearKernels(std::vector<KernelEntry> &out) {
-  out.insert(out.end(), {
-                            {"linear", linear},
-                            {"linear_grad_input", linearGradInput},
-                            {"linear_grad_weight", linearGradWeight},
-                            {"bias_add", biasAdd, nullptr, true},
-                            {"sp_split", spSplit},
-                            {"columns", columns},
-                            {"columns_grad", columnsGrad},
-                            {"tp_kv_assemble", tpKvAssemble},
-                            {"tp_kv_assemble_grad", tpKvAssembleGrad},
-                            {"bias_grad", biasGrad},
-                            {"linear_grad_weight_bias", linearGradWeightBias},
-                            {"cross_entropy", crossEntropy},
-                            {"cross_entropy_grad", crossEntropyGrad},
-                            {"cross_entropy_fused", crossEntropyFused},
-                            {"vocab_ce_stats", vocabCeStats},
-                            {"vocab_cross_entropy", vocabCrossEntropy},
-                            {"vocab_cross_entropy_grad", vocabCrossEntropyGrad},
-                            {"loss_accumulate", lossAccumulate},
-                        });
+  out.insert(out.end(),
+             {
+                 {"linear", linear},
+                 {"linear_grad_input", linearGradInput},
+                 {"linear_grad_weight", linearGradWeight},
+                 {"bias_add", biasAdd, nullptr, true},
+                 {"sp_split", spSplit},
+                 {"columns", columns},
+                 {"columns_grad", columnsGrad},
+                 {"tp_kv_assemble", tpKvAssemble},
+                 {"tp_kv_assemble_grad", tpKvAssembleGrad},
+                 {"bias_grad", biasGrad},
+                 {"linear_grad_weight_bias", linearGradWeightBias},
+                 {"cross_entropy", crossEntropy},
+                 // dlogits rounded in mixed precision.
+                 {"cross_entropy_grad", crossEntropyGrad, nullptr, true},
+                 {"cross_entropy_fused", crossEntropyFused, nullptr, true},
+                 {"vocab_ce_stats", vocabCeStats},
+                 {"vocab_cross_entropy", vocabCrossEntropy},
+                 {"vocab_cross_entropy_grad", vocabCrossEntropyGrad},
+                 {"loss_accumulate", lossAccumulate},
+             });
 }
 
 } // namespace piper::runtime::hal::PIPER_GPU_NS

@@ -45,11 +45,15 @@ inline int64_t columnSumChunks(int64_t rows) {
 /// warp per row: with `loss`, the mean into *loss (each row's into
 /// rowLoss[r], double, `rows` of them, then one warp sums them in a fixed
 /// order); with `dlogits`, dlogits = rowScale (softmax(logits) -
-/// onehot(targets)). Both: the fused classifier, in one pass.
+/// onehot(targets)). Both: the fused classifier, in one pass. With `round`
+/// (a mixed-precision call), dlogits is stored rounded to bf16 (roundedIf,
+/// Device::roundsOutputs), and with `roundLoss` the loss (a loss of one
+/// dimension, which the executor would round; a scalar it does not).
 Status launchCrossEntropy(const Context &ctx, const float *logits,
                           const int32_t *targets, int64_t rows, int64_t vocab,
                           double *rowLoss, float *loss, double rowScale,
-                          float *dlogits);
+                          float *dlogits, bool round = false,
+                          bool roundLoss = false);
 /// Vocabulary parallelism: member `member` of `members` writes its
 /// statistics of logits [rows, vocab] (its columns) into stats [rows,
 /// 4 members + 1] (vocab_ce_stats), one warp per row.

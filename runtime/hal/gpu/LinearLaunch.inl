@@ -89,7 +89,7 @@ Status launchColumnSums(const Context &ctx, const float *x, int64_t rows,
 Status launchCrossEntropy(const Context &ctx, const float *logits,
                           const int32_t *targets, int64_t rows, int64_t vocab,
                           double *rowLoss, float *loss, double rowScale,
-                          float *dlogits) {
+                          float *dlogits, bool round, bool roundLoss) {
   using Lanes = Exec::Lanes;
   // One warp per row: the log-sum-exp once, then the row's loss (rowLoss),
   // its gradient (dlogits) or both (the fused classifier), so that the
@@ -115,8 +115,10 @@ Status launchCrossEntropy(const Context &ctx, const float *logits,
         const float scale = static_cast<float>(rowScale);
         for (int64_t j = lanes.lane(); j < vocab; j += Lanes::kCount) {
           float e = expF(static_cast<float>(double(row[j]) - lse));
-          out[j] = j == t ? static_cast<float>(rowScale * (double(e) - 1.0))
-                          : scale * e;
+          out[j] = roundedIf(j == t ? static_cast<float>(
+                                          rowScale * (double(e) - 1.0))
+                                    : scale * e,
+                             round);
         }
       }));
   if (!loss)
@@ -128,7 +130,7 @@ Status launchCrossEntropy(const Context &ctx, const float *logits,
           s += rowLoss[r];
         s = lanes.sum(s);
         if (lanes.lane() == 0)
-          *loss = static_cast<float>(s / rows);
+          *loss = roundedIf(static_cast<float>(s / rows), roundLoss);
       });
 }
 
