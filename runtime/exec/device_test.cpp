@@ -825,13 +825,9 @@ public:
 };
 } // namespace
 
-// gpu-review B.7: in mixed precision a parameter's bf16 copy is refreshed
-// once per step by the first stream that reads it (on a GPU, queued on that
-// stream). Another stream reading the same copy is ordered after the
-// refresh by an event, as for any value another stream writes.
-TEST_CASE("executor: bf16 parameter copies are ordered across streams by an "
-          "event",
-          "[executor]") {
+namespace {
+/// An empty one-rank bf16 plan with one parameter, "w" [4, 4].
+plan::Plan bf16PlanOfOneParam() {
   plan::Plan plan;
   plan.set_schema_version(plan::kPlanSchemaVersion);
   plan.add_ranks(0);
@@ -839,6 +835,18 @@ TEST_CASE("executor: bf16 parameter copies are ordered across streams by an "
   plan.mutable_training()->set_vocab_size(8);
   plan.mutable_training()->set_compute_dtype(plan::BF16);
   addParam(plan, "w", {4, 4}, true);
+  return plan;
+}
+} // namespace
+
+// gpu-review B.7: in mixed precision a parameter's bf16 copy is refreshed
+// once per step by the first stream that reads it (on a GPU, queued on that
+// stream). Another stream reading the same copy is ordered after the
+// refresh by an event, as for any value another stream writes.
+TEST_CASE("executor: bf16 parameter copies are ordered across streams by an "
+          "event",
+          "[executor]") {
+  plan::Plan plan = bf16PlanOfOneParam();
   // Reads w twice (the second read finds the copy this stream has).
   plan::Segment *seg = addSegment(
       plan, "use w",
@@ -898,13 +906,7 @@ public:
 TEST_CASE("executor: a kernel that rounds its own outputs is not rounded "
           "again",
           "[executor]") {
-  plan::Plan plan;
-  plan.set_schema_version(plan::kPlanSchemaVersion);
-  plan.add_ranks(0);
-  plan.set_world_size(1);
-  plan.mutable_training()->set_vocab_size(8);
-  plan.mutable_training()->set_compute_dtype(plan::BF16);
-  addParam(plan, "w", {4, 4}, true);
+  plan::Plan plan = bf16PlanOfOneParam();
   plan::Segment *seg = addSegment(
       plan, "gelu then add",
       {tensorType(plan::F32, {4, 4}), tensorType(plan::F32, {4, 4})}, {}, {});

@@ -214,14 +214,10 @@ Status attentionGrad(const KernelArgs &a, const Context &ctx) {
 // --attention auto a refusal is said here, under --attention cudnn it is
 // the error) and the scratch reserved, so that no step builds or grows
 // either.
+template <bool Grad>
 Status prepareAttention(const KernelArgs &a, const Context &ctx) {
   AttentionCall c;
-  return setUpAttention(a, ctx, false, c);
-}
-
-Status prepareAttentionGrad(const KernelArgs &a, const Context &ctx) {
-  AttentionCall c;
-  return setUpAttention(a, ctx, true, c);
+  return setUpAttention(a, ctx, Grad, c);
 }
 
 // The ring step's shape: the base shape over the member's rows.
@@ -305,8 +301,8 @@ void addAttentionKernels(std::vector<KernelEntry> &out) {
   out.insert(
       out.end(),
       {
-          {"attention", attention, prepareAttention},
-          {"attention_grad", attentionGrad, prepareAttentionGrad},
+          {"attention", attention, prepareAttention<false>},
+          {"attention_grad", attentionGrad, prepareAttention<true>},
           {"attention_block", attentionBlock, prepareRingStep<false>},
           {"attention_block_grad", attentionBlockGrad, prepareRingStep<true>},
       });
