@@ -320,3 +320,24 @@ TEST_CASE("the GEMMs' bf16 operand copies are packed with a new column "
         CHECK(got == 0xFFFF);
     }
 }
+
+TEST_CASE("an empty product with a bias is the bias on every row, and needs "
+          "beta 0 and a dense C") {
+  namespace g = piper::runtime::hal::PIPER_GPU_NS;
+  g::Context ctx;
+  const float bias[3] = {0.5f, -1.0f, 2.0f};
+  std::vector<float> c(2 * 4, 7.0f);
+  // C [2, 3] with ldc 3: each row is the bias.
+  REQUIRE(g::gemm(ctx, false, false, 2, 3, 0, 1.0f, nullptr, 1, nullptr, 3,
+                  0.0f, c.data(), 3, bias));
+  for (int r = 0; r < 2; ++r)
+    for (int j = 0; j < 3; ++j)
+      CHECK(c[r * 3 + j] == bias[j]);
+  const std::string need = "gemm: k = 0 with a bias needs beta 0 and a dense C";
+  CHECK(g::gemm(ctx, false, false, 2, 3, 0, 1.0f, nullptr, 1, nullptr, 3, 1.0f,
+                c.data(), 3, bias)
+            .message() == need);
+  CHECK(g::gemm(ctx, false, false, 2, 3, 0, 1.0f, nullptr, 1, nullptr, 3, 0.0f,
+                c.data(), 4, bias)
+            .message() == need);
+}
