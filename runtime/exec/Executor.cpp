@@ -172,6 +172,9 @@ Status ExecutorImpl::init(uint64_t seed) {
             .withContext("creating event " + std::to_string(e)));
   }
   PIPER_RETURN_IF_ERROR(prepareKernels());
+  PIPER_RETURN_IF_ERROR(
+      device->createLossSums(std::max(1, plan.streams_size()), lossSums)
+          .withContext("creating the loss accumulators"));
   // A plan that clips keeps the norm and the clip factor on the device
   // (Gradients.cpp), also on a rank without parameters, which still takes
   // part in the world's sum.

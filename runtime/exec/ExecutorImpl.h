@@ -98,7 +98,9 @@ struct StepState {
   std::atomic<bool> failed{false};
   std::mutex errorMu; // taken only when a stream fails
   Status error;
-  std::vector<double> loss; // per stream, so kernels never share an adder
+  /// Per stream, as read from ExecutorImpl::lossSums after the step (each
+  /// stream adds to its own, so kernels never share an adder).
+  std::vector<double> loss;
 };
 
 /// A started SEND: the plan keeps its buffer's arena bytes intact until the
@@ -207,6 +209,10 @@ public:
   std::unique_ptr<hal::SquareSums> squares;
   /// The slots as read back (host memory).
   std::vector<double> gradSquares;
+  /// The step's loss, one accumulator per stream in device memory (the
+  /// kernels of stream s add to slot s): zeroed before each step, read once
+  /// after it into StepState::loss.
+  std::unique_ptr<hal::LossSums> lossSums;
   /// Whether a step has run (gradient accumulators may be dirty).
   bool ranStep = false;
 

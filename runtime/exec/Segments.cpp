@@ -296,7 +296,7 @@ Status ExecutorImpl::call(int s, const Instruction &inst, StepState &st,
   }
 
   KernelContext ctx;
-  ctx.lossAccumulator = &st.loss[s];
+  ctx.lossAccumulator = lossSums->slot(s);
   ctx.step = st.step;
   ctx.lrScale = scheduleScale(plan.training(), st.step);
   ctx.tensorMember = plan::tensorMember(plan, replica);

@@ -115,6 +115,14 @@ Status ExecutorImpl::runStep(int64_t step, double &loss) {
     broken = true;
     return cleared.withContext(who + ": before step " + std::to_string(step));
   }
+  // The streams are idle: their loss accumulators start the step at zero.
+  Status reset = lossSums->reset();
+  if (!reset) {
+    broken = true;
+    return reset.withContext(who +
+                             ": zeroing the loss accumulators before step " +
+                             std::to_string(step));
+  }
   ranStep = true;
 
   StepState st;
@@ -122,7 +130,6 @@ Status ExecutorImpl::runStep(int64_t step, double &loss) {
   st.buffers = std::make_unique<BufferSlot[]>(plan.buffers_size());
   for (int b = 0; b < plan.buffers_size(); ++b)
     st.buffers[b].readersLeft.store(readerCount[b], std::memory_order_relaxed);
-  st.loss.assign(numStreams, 0.0);
 
   if (!streamAtStore) {
     streamAtStore = std::make_unique<std::atomic<int>[]>(
@@ -168,6 +175,14 @@ Status ExecutorImpl::runStep(int64_t step, double &loss) {
   }
   posPhase.store(ExecPosition::kLossAllReduce, std::memory_order_relaxed);
 
+  // The streams are synchronized: one read of every stream's loss.
+  st.loss.assign(static_cast<size_t>(std::max(1, numStreams)), 0.0);
+  Status lossRead = lossSums->read(st.loss.data());
+  if (!lossRead) {
+    broken = true;
+    return lossRead.withContext(who + ": reading the loss of step " +
+                                std::to_string(step));
+  }
   loss = 0;
   for (double l : st.loss)
     loss += l;

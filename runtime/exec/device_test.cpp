@@ -155,7 +155,8 @@ TEST_CASE("executor: on the emulated GPU a step synchronizes only at its end",
   // stream synchronized. Two streams (LOAD_BATCH on its own), four
   // microbatches, with and without clipping: every step makes the same
   // synchronizing calls, those of its end alone (each stream's
-  // synchronize, and one read of the gradient norm), not two per batch.
+  // synchronize, one read of the streams' losses and one of the gradient
+  // norm), not two per batch.
   TinyModel m;
   for (bool clip : {false, true}) {
     INFO((clip ? "clipping" : "no clipping"));
@@ -179,7 +180,7 @@ TEST_CASE("executor: on the emulated GPU a step synchronizes only at its end",
       double loss = 0;
       REQUIRE(exec->runStep(step, loss));
       INFO("step " << step);
-      CHECK(hal::emulatedSyncCalls() - before == plan.streams_size() + 1);
+      CHECK(hal::emulatedSyncCalls() - before == plan.streams_size() + 2);
       CHECK(exec->lastGradNorm() > 0);
     }
   }
@@ -267,6 +268,10 @@ public:
   Status createSquareSums(int slots,
                           std::unique_ptr<hal::SquareSums> &sums) override {
     return cpu->createSquareSums(slots, sums);
+  }
+  Status createLossSums(int slots,
+                        std::unique_ptr<hal::LossSums> &sums) override {
+    return cpu->createLossSums(slots, sums);
   }
   Status add(float *dst, const float *src, int64_t n) override {
     return cpu->add(dst, src, n);
@@ -647,7 +652,33 @@ private:
   const std::atomic<bool> &failSync;
 };
 
-/// A CPU device whose memory and streams fail as a GPU's can.
+/// CPU loss accumulators whose zeroing or reading fails once `failReset`
+/// or `failRead` is set (a device copy's error).
+class FaultyLossSums final : public hal::LossSums {
+public:
+  FaultyLossSums(std::unique_ptr<hal::LossSums> inner,
+                 const std::atomic<bool> &failReset,
+                 const std::atomic<bool> &failRead)
+      : inner(std::move(inner)), failReset(failReset), failRead(failRead) {}
+  double *slot(int i) override { return inner->slot(i); }
+  Status reset() override {
+    if (failReset)
+      return Status::error("cudaMemsetAsync: injected device error");
+    return inner->reset();
+  }
+  Status read(double *out) override {
+    if (failRead)
+      return Status::error("cudaMemcpyAsync: injected device error");
+    return inner->read(out);
+  }
+
+private:
+  std::unique_ptr<hal::LossSums> inner;
+  const std::atomic<bool> &failReset, &failRead;
+};
+
+/// A CPU device whose memory, streams and loss accumulators fail as a GPU's
+/// can.
 class FaultyDevice : public ForwardingDevice {
 public:
   using ForwardingDevice::ForwardingDevice;
@@ -660,9 +691,17 @@ public:
     stream = std::make_unique<FaultyStream>(std::move(inner), failSync);
     return Status::ok();
   }
+  Status createLossSums(int slots,
+                        std::unique_ptr<hal::LossSums> &sums) override {
+    std::unique_ptr<hal::LossSums> inner;
+    PIPER_RETURN_IF_ERROR(cpu->createLossSums(slots, inner));
+    sums = std::make_unique<FaultyLossSums>(std::move(inner), failLossReset,
+                                            failLossRead);
+    return Status::ok();
+  }
 
   FaultyAllocator memory{cpu->allocator()};
-  std::atomic<bool> failSync{false};
+  std::atomic<bool> failSync{false}, failLossReset{false}, failLossRead{false};
 };
 
 /// An executor of the tiny model's one-stream plan on a FaultyDevice
@@ -735,6 +774,30 @@ TEST_CASE("executor: an asynchronous device error found at the end of a "
                           "cudaStreamSynchronize: injected illegal address");
   REQUIRE(run.streamErrors.size() == 1);
   CHECK(run.streamErrors[0] == step.message());
+}
+
+// The step's loss lives in device memory (hal::LossSums): a device error
+// zeroing it before a step or reading it after one fails that step, named,
+// and the executor refuses further steps.
+TEST_CASE("executor: a device error on the loss accumulators fails the step",
+          "[executor]") {
+  for (bool reading : {false, true}) {
+    INFO((reading ? "reading" : "zeroing"));
+    FaultyRun run;
+    (reading ? run.device->failLossRead : run.device->failLossReset) = true;
+    double loss = 0;
+    Status step = run.exec->runStep(2, loss);
+    INFO(step.message());
+    CHECK_FALSE(step);
+    CHECK(step.message() ==
+          (reading ? "rank 0: reading the loss of step 2: cudaMemcpyAsync: "
+                     "injected device error"
+                   : "rank 0: zeroing the loss accumulators before step 2: "
+                     "cudaMemsetAsync: injected device error"));
+    run.device->failLossRead = run.device->failLossReset = false;
+    CHECK(run.exec->runStep(3, loss).message() ==
+          "rank 0: the executor cannot run after a failed step");
+  }
 }
 
 // "Will it fit?" at run time: a plan whose arena exceeds what the device

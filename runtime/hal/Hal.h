@@ -180,6 +180,26 @@ public:
   virtual Status readNorm(double &norm) = 0;
 };
 
+/// The step's loss on the device: one double per plan stream, which that
+/// stream's `loss_accumulate` calls add to (KernelContext::lossAccumulator)
+/// as the stream reaches them, with no hand-off to the host per microbatch;
+/// the executor reads every slot once, after the step (issue 41: what a
+/// step captured as one CUDA graph needs). Created once per executor
+/// (Device::createLossSums).
+class LossSums {
+public:
+  virtual ~LossSums() = default;
+  /// Slot `i` (0 <= i < slots): one double in device memory.
+  virtual double *slot(int i) = 0;
+  /// Sets every slot to zero; the device's streams must be idle (before a
+  /// step). Complete on return.
+  virtual Status reset() = 0;
+  /// Copies every slot, in slot order, to `out` (host memory): one
+  /// device-to-host copy, complete on return. The streams that wrote them
+  /// must have been synchronized.
+  virtual Status read(double *out) = 0;
+};
+
 /// An error unless every span's slot is one of `slots` and `read` asks for
 /// at most `slots` (for the SquareSums implementations).
 inline Status checkSquaresSlots(const std::vector<SquaresSpan> &spans, int read,
@@ -192,6 +212,14 @@ inline Status checkSquaresSlots(const std::vector<SquaresSpan> &spans, int read,
     return Status::error("sum of squares: cannot read " + std::to_string(read) +
                          " of " + std::to_string(slots) + " slots");
   return Status::ok();
+}
+
+/// An error unless a LossSums is asked for at least one slot.
+inline Status checkLossSlots(int slots) {
+  if (slots >= 1)
+    return Status::ok();
+  return Status::error("loss accumulators: " + std::to_string(slots) +
+                       " slots asked for; at least one is needed");
 }
 
 /// An error unless there are as many weights as slots (SquareSums::
@@ -303,6 +331,8 @@ public:
   /// `slots` slots of sums of squares, for the global gradient norm.
   virtual Status createSquareSums(int slots,
                                   std::unique_ptr<SquareSums> &sums) = 0;
+  /// `slots` (at least 1) loss accumulators, zero.
+  virtual Status createLossSums(int slots, std::unique_ptr<LossSums> &sums) = 0;
   /// dst[i] += src[i] (a ZeRO shard's gradient accumulation).
   virtual Status add(float *dst, const float *src, int64_t n) = 0;
   /// Mixed precision: float -> packed bf16 (round to nearest even), packed

@@ -206,6 +206,24 @@ private:
   float clipFactor = 1;
 };
 
+/// Loss accumulators in host memory (the CPU's device memory).
+class CpuLossSums final : public LossSums {
+public:
+  explicit CpuLossSums(int slots) : slots(static_cast<size_t>(slots), 0.0) {}
+  double *slot(int i) override { return &slots[static_cast<size_t>(i)]; }
+  Status reset() override {
+    std::fill(slots.begin(), slots.end(), 0.0);
+    return Status::ok();
+  }
+  Status read(double *out) override {
+    std::copy(slots.begin(), slots.end(), out);
+    return Status::ok();
+  }
+
+private:
+  std::vector<double> slots;
+};
+
 /// One persistent worker thread running its queue in order.
 class CpuStream final : public Stream {
 public:
@@ -256,6 +274,11 @@ public:
   Status createSquareSums(int slots,
                           std::unique_ptr<SquareSums> &sums) override {
     sums = std::make_unique<CpuSquareSums>(slots);
+    return Status::ok();
+  }
+  Status createLossSums(int slots, std::unique_ptr<LossSums> &sums) override {
+    PIPER_RETURN_IF_ERROR(checkLossSlots(slots));
+    sums = std::make_unique<CpuLossSums>(slots);
     return Status::ok();
   }
   Status add(float *dst, const float *src, int64_t n) override {

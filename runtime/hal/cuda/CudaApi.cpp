@@ -7,7 +7,6 @@
 #include <dlfcn.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <map>
@@ -285,24 +284,6 @@ StoredMatrix storedMatrix(bool trans, int64_t rows, int64_t cols) {
 
 int64_t roundUp(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
 
-// Pinned host slots for losses on their way to the host accumulator.
-constexpr size_t kLossSlots = size_t(1) << 16;
-float *lossSlots = nullptr;
-std::atomic<uint64_t> nextLossSlot{0};
-std::once_flag lossSlotsOnce;
-
-struct LossHandOff {
-  const float *slot;
-  double scale;
-  double *acc;
-};
-
-void CUDART_CB addLoss(void *data) {
-  auto *h = static_cast<LossHandOff *>(data);
-  *h->acc += h->scale * static_cast<double>(*h->slot);
-  delete h;
-}
-
 } // namespace
 
 uint32_t matrixAlignment(const void *ptr, int64_t ld, size_t elementBytes) {
@@ -519,38 +500,6 @@ Status copyToHostSync(const Context &ctx, void *host, const void *src,
   PIPER_CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, ctx.stream));
   PIPER_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(ctx.stream));
-  return Status::ok();
-}
-
-Status addToHostAsync(const Context &ctx, const float *value, double scale,
-                      double *acc) {
-  Status alloc;
-  std::call_once(lossSlotsOnce, [&] {
-    void *p = nullptr;
-    cudaError_t e =
-        cudaHostAlloc(&p, kLossSlots * sizeof(float), cudaHostAllocPortable);
-    if (e != cudaSuccess)
-      alloc = Status::error(
-          cudaErrorMessage(e, "cudaHostAlloc(loss slots)", __FILE__, __LINE__));
-    else
-      lossSlots = static_cast<float *>(p);
-  });
-  PIPER_RETURN_IF_ERROR(alloc);
-  if (!lossSlots)
-    return Status::error("loss hand-off: no pinned host slots");
-  // A slot is reused after kLossSlots later hand-offs; the executor
-  // synchronizes every stream once per step, and a step hands off one loss
-  // per microbatch.
-  float *slot = lossSlots + (nextLossSlot.fetch_add(1) % kLossSlots);
-  PIPER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
-      slot, value, sizeof(float), cudaMemcpyDeviceToHost, ctx.stream));
-  auto *handOff = new LossHandOff{slot, scale, acc};
-  cudaError_t e = cudaLaunchHostFunc(ctx.stream, addLoss, handOff);
-  if (e != cudaSuccess) {
-    delete handOff;
-    return Status::error(
-        cudaErrorMessage(e, "cudaLaunchHostFunc", __FILE__, __LINE__));
-  }
   return Status::ok();
 }
 

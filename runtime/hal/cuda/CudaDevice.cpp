@@ -398,6 +398,7 @@ public:
   }
   Status createSquareSums(int slots,
                           std::unique_ptr<SquareSums> &sums) override;
+  Status createLossSums(int slots, std::unique_ptr<LossSums> &sums) override;
   Status add(float *dst, const float *src, int64_t n) override {
     PIPER_RETURN_IF_ERROR(gpu::launchAdd(context(), dst, src, dst, n));
     return finishIfHost();
@@ -508,6 +509,40 @@ private:
   float *clipFactor;
   bool weighted = false;
 };
+
+/// Loss accumulators in device memory (outside the arena, as the sums of
+/// squares): `loss_accumulate` adds to them on the streams; the executor
+/// zeroes them before a step and reads them once after it.
+class CudaLossSums final : public LossSums {
+public:
+  CudaLossSums(CudaDevice &device, double *slots, int count)
+      : device(device), slots(slots), count(count) {}
+  ~CudaLossSums() override { cudaFree(slots); }
+  double *slot(int i) override { return slots + i; }
+  Status reset() override {
+    return device.allocator().zero(slots, sizeof(double) * size_t(count));
+  }
+  Status read(double *out) override {
+    return gpu::copyToHostSync(device.context(), out, slots,
+                               sizeof(double) * size_t(count));
+  }
+
+private:
+  CudaDevice &device;
+  double *slots;
+  int count;
+};
+
+Status CudaDevice::createLossSums(int slots, std::unique_ptr<LossSums> &sums) {
+  PIPER_RETURN_IF_ERROR(checkLossSlots(slots));
+  PIPER_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal));
+  void *block = nullptr;
+  PIPER_CUDA_RETURN_IF_ERROR(
+      cudaMalloc(&block, sizeof(double) * size_t(slots)));
+  sums = std::make_unique<CudaLossSums>(*this, static_cast<double *>(block),
+                                        slots);
+  return sums->reset();
+}
 
 Status CudaDevice::createSquareSums(int slots,
                                     std::unique_ptr<SquareSums> &sums) {

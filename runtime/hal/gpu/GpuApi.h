@@ -83,11 +83,6 @@ Status copyAsync(const Context &ctx, void *dst, const void *src, size_t bytes);
 /// stream is synchronized: only for results the host needs now).
 Status copyToHostSync(const Context &ctx, void *host, const void *src,
                       size_t bytes);
-/// Adds scale * (device float *value) to the host double *acc when the
-/// stream reaches this point, without blocking the host; the executor reads
-/// *acc after synchronizing the stream.
-Status addToHostAsync(const Context &ctx, const float *value, double scale,
-                      double *acc);
 
 /// A GEMM in BLAS's column-major convention: C = alpha op(A) op(B) + beta C
 /// with op(A) m x k, op(B) k x n, C m x n.

@@ -217,7 +217,8 @@ Status vocabCrossEntropyGrad(const KernelArgs &a, const Context &ctx) {
 Status lossAccumulate(const KernelArgs &a, const Context &ctx) {
   double scale = 1.0;
   PIPER_RETURN_IF_ERROR(detail::checkLossAccumulate(a, scale));
-  return addToHostAsync(ctx, a.inputs[0].f32(), scale, a.ctx.lossAccumulator);
+  return launchAccumulateLoss(ctx, a.inputs[0].f32(), scale,
+                              a.ctx.lossAccumulator);
 }
 
 } // namespace

@@ -73,6 +73,12 @@ Status launchVocabCrossEntropyGrad(const Context &ctx, const float *stats,
                                    int64_t member, double rowScale,
                                    float *dlogits);
 
+/// *acc = addScaled(*acc, scale, *value) on the stream (loss_accumulate:
+/// the microbatch's loss into its stream's accumulator, hal::LossSums, in
+/// device memory: the host reads it once, after the step).
+Status launchAccumulateLoss(const Context &ctx, const float *value,
+                            double scale, double *acc);
+
 } // namespace piper::runtime::hal::PIPER_GPU_NS
 
 #endif // PIPER_RUNTIME_HAL_GPU_LINEARLAUNCH_H

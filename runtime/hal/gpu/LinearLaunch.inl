@@ -217,4 +217,11 @@ Status launchVocabCrossEntropyGrad(const Context &ctx, const float *stats,
       });
 }
 
+Status launchAccumulateLoss(const Context &ctx, const float *value,
+                            double scale, double *acc) {
+  return Exec(ctx).forEach("loss_accumulate", 1, [=] PIPER_LAMBDA(int64_t) {
+    *acc = addScaled(*acc, scale, *value);
+  });
+}
+
 } // namespace piper::runtime::hal::PIPER_GPU_NS

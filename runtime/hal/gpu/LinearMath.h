@@ -82,6 +82,18 @@ PIPER_HOST_DEVICE inline bool validTarget(int32_t target, int64_t vocab) {
   return target >= 0 && target < vocab;
 }
 
+/// acc + scale * value with the product rounded before the sum, as the CPU
+/// kernel (built without FMA contraction) computes it: on the GPU never one
+/// fused multiply-add (loss_accumulate).
+PIPER_HOST_DEVICE inline double addScaled(double acc, double scale,
+                                          float value) {
+#ifdef __CUDA_ARCH__
+  return __dadd_rn(acc, __dmul_rn(scale, double(value)));
+#else
+  return acc + scale * double(value);
+#endif
+}
+
 } // namespace piper::runtime::hal::PIPER_GPU_NS
 
 #endif // PIPER_RUNTIME_HAL_GPU_LINEARMATH_H

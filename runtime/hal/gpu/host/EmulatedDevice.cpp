@@ -1,6 +1,7 @@
 // The emulated GPU device (EmulatedDevice.h).
 #include "runtime/hal/gpu/host/EmulatedDevice.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <mutex>
@@ -220,6 +221,29 @@ private:
   float clipFactor = 1;
 };
 
+/// Loss accumulators in host memory (the emulation's device memory), which
+/// the GPU kernel layer's `loss_accumulate` adds to; reading them is a
+/// synchronizing copy, as on CUDA.
+class EmulatedLossSums final : public LossSums {
+public:
+  explicit EmulatedLossSums(int slots)
+      : slots(static_cast<size_t>(slots), 0.0) {}
+  double *slot(int i) override { return &slots[static_cast<size_t>(i)]; }
+  Status reset() override {
+    PIPER_RETURN_IF_ERROR(injected("zeroing the loss accumulators"));
+    std::fill(slots.begin(), slots.end(), 0.0);
+    return Status::ok();
+  }
+  Status read(double *out) override {
+    PIPER_RETURN_IF_ERROR(injected("reading the loss accumulators"));
+    return gpu::copyToHostSync(hostContext(), out, slots.data(),
+                               sizeof(double) * slots.size());
+  }
+
+private:
+  std::vector<double> slots;
+};
+
 class EmulatedGpuDevice final : public Device {
 public:
   EmulatedGpuDevice(Communicator *comm, const DeviceOptions &options)
@@ -278,6 +302,11 @@ public:
   Status createSquareSums(int slots,
                           std::unique_ptr<SquareSums> &sums) override {
     sums = std::make_unique<EmulatedSquareSums>(slots);
+    return Status::ok();
+  }
+  Status createLossSums(int slots, std::unique_ptr<LossSums> &sums) override {
+    PIPER_RETURN_IF_ERROR(checkLossSlots(slots));
+    sums = std::make_unique<EmulatedLossSums>(slots);
     return Status::ok();
   }
   Status add(float *dst, const float *src, int64_t n) override {

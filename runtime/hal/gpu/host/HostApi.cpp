@@ -39,12 +39,6 @@ Status copyToHostSync(const Context &, void *host, const void *src,
   return Status::ok();
 }
 
-Status addToHostAsync(const Context &, const float *value, double scale,
-                      double *acc) {
-  *acc += scale * static_cast<double>(*value);
-  return Status::ok();
-}
-
 Status gemmColMajor(const Context &ctx, const ColMajorGemm &g) {
   if (ctx.timer)
     PIPER_RETURN_IF_ERROR(ctx.timer->begin(ctx));

@@ -120,6 +120,9 @@ std::vector<uint32_t> fill(const Operand &o, std::mt19937_64 &rng) {
   return words;
 }
 
+/// Where the loss accumulator starts (exact in binary).
+constexpr double kLossStart = 0.375;
+
 /// One device's run of a case: its outputs and loss, or its error (with
 /// the device's name) and the kernel's own message.
 struct Side {
@@ -162,8 +165,23 @@ Side runOn(const KernelCase &c, Device &device,
     side.error = device.name() + " has no kernel '" + c.op + "'";
     return side;
   }
+  // The loss accumulator is device memory (hal::LossSums), starting at a
+  // value of its own, so that a kernel that sets it instead of adding to it
+  // fails.
+  void *lossSlot = nullptr;
+  run.keep(device.allocator().allocate(sizeof(double), lossSlot));
+  if (lossSlot) {
+    run.buffers.push_back(lossSlot);
+    run.sizes.push_back(sizeof(double));
+    const double start = kLossStart;
+    run.keep(device.allocator().copyFromHost(lossSlot, &start, sizeof start));
+  }
+  if (!run.status) {
+    side.error = device.name() + ": " + run.status.message();
+    return side;
+  }
   KernelContext ctx;
-  ctx.lossAccumulator = &side.loss;
+  ctx.lossAccumulator = static_cast<double *>(lossSlot);
   ctx.step = c.step;
   ctx.lrScale = c.lrScale;
   ctx.lowPrecision = c.lowPrecision;
@@ -185,6 +203,7 @@ Side runOn(const KernelCase &c, Device &device,
   }
   for (const TensorRef &t : outs)
     side.outs.push_back(run.download(t));
+  run.keep(device.allocator().copyToHost(&side.loss, lossSlot, sizeof(double)));
   if (copy.data) {
     std::vector<uint32_t> words = run.download(copy);
     for (size_t i = 0; i < words.size() && side.error.empty(); ++i) {
