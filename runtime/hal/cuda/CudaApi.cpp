@@ -420,17 +420,61 @@ void CudaLaunchTimers::reset() {
   totals.reset();
 }
 
+/// A stream's constant tables: page-locked host blocks (cudaHostAlloc) and
+/// device blocks (cudaMalloc), kept for the stream's life.
+class CudaConstantTables final : public gpu::ConstantTables {
+public:
+  explicit CudaConstantTables(int ordinal) : ordinal(ordinal) {}
+  ~CudaConstantTables() override {
+    for (auto &[key, t] : tables) {
+      cudaFreeHost(t.host);
+      cudaFree(t.device);
+    }
+  }
+  Status get(const void *site, size_t bytes, void *&host,
+             void *&device) override {
+    auto [it, added] = tables.try_emplace({site, bytes});
+    Table &t = it->second;
+    if (added) {
+      PIPER_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal));
+      cudaError_t e =
+          cudaHostAlloc(&t.host, bytes ? bytes : 1, cudaHostAllocPortable);
+      if (e == cudaSuccess)
+        e = cudaMalloc(&t.device, bytes ? bytes : 1);
+      if (e != cudaSuccess) {
+        (void)cudaGetLastError(); // out of memory is not sticky: clear it
+        if (t.host)
+          cudaFreeHost(t.host);
+        tables.erase(it);
+        return Status::error(cudaErrorMessage(e, "allocating a constant table",
+                                              __FILE__, __LINE__));
+      }
+    }
+    host = t.host;
+    device = t.device;
+    return Status::ok();
+  }
+
+private:
+  struct Table {
+    void *host = nullptr, *device = nullptr;
+  };
+  int ordinal;
+  std::map<std::pair<const void *, size_t>, Table> tables;
+};
+
 struct CudaKernelResources::State {
   int ordinal;
   cudaStream_t stream = nullptr;
   CudaWorkspace workspace, operands;
   CudaBlas blas;
   CudnnAttentionState dnn;
+  CudaConstantTables constants;
   CudaLaunchTimers *timers = nullptr;
   std::unique_ptr<CudaLaunchTimer> timer;
   State(int ordinal, gpu::AttentionMode attention)
       : ordinal(ordinal), workspace(ordinal, stream), operands(ordinal, stream),
-        dnn(attention) {}
+        dnn(attention), constants(ordinal) {}
 };
 
 CudaKernelResources::CudaKernelResources(int ordinal,
@@ -465,6 +509,7 @@ gpu::Context CudaKernelResources::context(cudaStream_t stream, bool bf16) {
   ctx.bf16 = bf16;
   ctx.attention = state->dnn.mode();
   ctx.fused = &state->dnn;
+  ctx.constants = &state->constants;
   ctx.timer = state->timer.get();
   return ctx;
 }
@@ -490,6 +535,14 @@ Status copyAsync(const Context &ctx, void *dst, const void *src, size_t bytes) {
   if (bytes && dst != src)
     PIPER_CUDA_RETURN_IF_ERROR(
         cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, ctx.stream));
+  return Status::ok();
+}
+
+Status copyToDeviceAsync(const Context &ctx, void *dst, const void *src,
+                         size_t bytes) {
+  if (bytes)
+    PIPER_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, ctx.stream));
   return Status::ok();
 }
 

@@ -2,6 +2,7 @@
 // zero, adamw) and the executor's elementwise device work.
 #include <algorithm>
 #include <cstring>
+#include <limits>
 
 #include "runtime/hal/gpu/ElementwiseLaunch.h"
 #include "runtime/hal/gpu/GpuKernels.h"
@@ -58,44 +59,65 @@ Status zero(const KernelArgs &a, const Context &ctx) {
                    static_cast<size_t>(a.outputs[0].numel()) * 4);
 }
 
-/// Adds the checked call `a` (constants `c`) to the last batch, or to a new
-/// one when that one is full or has no room for another constant set.
-void appendAdamw(std::vector<AdamwBatch> &batches, const KernelArgs &a,
-                 const AdamwConstants &c) {
-  auto fresh = [&] {
-    batches.emplace_back();
-    batches.back().offset[0] = 0;
-    return &batches.back();
-  };
-  AdamwBatch *b = batches.empty() || batches.back().count == AdamwBatch::kMax
-                      ? fresh()
-                      : &batches.back();
-  int set = 0;
-  while (set < b->constantSets &&
-         std::memcmp(&b->constants[set], &c, sizeof c) != 0)
-    ++set;
-  if (set == AdamwBatch::kConstants) { // one set too many: a new batch
-    b = fresh();
-    set = 0;
+/// AdamW calls grouped into launches, with their distinct constant sets.
+struct AdamwLaunches {
+  std::vector<AdamwBatch> batches;
+  std::vector<AdamwConstants> sets;
+
+  /// Adds the checked call `a` (constants `c`) to the last batch, or to a
+  /// new one when that one is full.
+  Status append(const KernelArgs &a, const AdamwConstants &c) {
+    size_t set = 0;
+    while (set < sets.size() && std::memcmp(&sets[set], &c, sizeof c) != 0)
+      ++set;
+    if (set == sets.size()) {
+      if (sets.size() > std::numeric_limits<uint16_t>::max())
+        return a.error("more than 65536 distinct AdamW constant sets in one "
+                       "update");
+      sets.push_back(c);
+    }
+    if (batches.empty() || batches.back().count == AdamwBatch::kMax) {
+      batches.emplace_back();
+      batches.back().offset[0] = 0;
+    }
+    AdamwBatch &b = batches.back();
+    const int j = b.count++;
+    b.grad[j] = a.inputs[0].f32();
+    b.param[j] = a.outputs[0].f32();
+    b.m[j] = a.outputs[1].f32();
+    b.v[j] = a.outputs[2].f32();
+    b.copy[j] = a.ctx.bf16Copy;
+    b.constantsOf[j] = static_cast<uint16_t>(set);
+    b.offset[j + 1] = b.offset[j] + a.inputs[0].numel();
+    return Status::ok();
   }
-  if (set == b->constantSets)
-    b->constants[b->constantSets++] = c;
-  const int j = b->count++;
-  b->grad[j] = a.inputs[0].f32();
-  b->param[j] = a.outputs[0].f32();
-  b->m[j] = a.outputs[1].f32();
-  b->v[j] = a.outputs[2].f32();
-  b->copy[j] = a.ctx.bf16Copy;
-  b->constantsOf[j] = static_cast<uint8_t>(set);
-  b->offset[j + 1] = b->offset[j] + a.inputs[0].numel();
-}
+
+  /// Copies this step's constant sets to the table of call site `site` on
+  /// the stream, then queues every batch, reading them there.
+  Status launch(const Context &ctx, const void *site,
+                const float *clipFactor) const {
+    if (batches.empty())
+      return Status::ok();
+    if (!ctx.constants)
+      return Status::error("adamw: the kernel context has no constant tables");
+    const size_t bytes = sets.size() * sizeof(AdamwConstants);
+    void *host = nullptr, *device = nullptr;
+    PIPER_RETURN_IF_ERROR(ctx.constants->get(site, bytes, host, device));
+    std::memcpy(host, sets.data(), bytes);
+    PIPER_RETURN_IF_ERROR(copyToDeviceAsync(ctx, device, host, bytes));
+    for (const AdamwBatch &b : batches)
+      PIPER_RETURN_IF_ERROR(launchAdamwBatch(
+          ctx, b, static_cast<const AdamwConstants *>(device), clipFactor));
+    return Status::ok();
+  }
+};
 
 Status adamw(const KernelArgs &a, const Context &ctx) {
   AdamwConstants c;
   PIPER_RETURN_IF_ERROR(detail::checkAdamw(a, c));
-  std::vector<AdamwBatch> batch;
-  appendAdamw(batch, a, c);
-  return launchAdamwBatch(ctx, batch[0], a.ctx.clipFactor);
+  AdamwLaunches launches;
+  PIPER_RETURN_IF_ERROR(launches.append(a, c));
+  return launches.launch(ctx, &a.kernel, a.ctx.clipFactor);
 }
 
 } // namespace
@@ -117,7 +139,7 @@ void addElementwiseKernels(std::vector<KernelEntry> &out) {
 
 Status runAdamwCalls(const std::vector<AdamwCall> &calls, KernelContext &kctx,
                      const Context &ctx, size_t &failed) {
-  std::vector<AdamwBatch> batches;
+  AdamwLaunches launches;
   for (failed = 0; failed < calls.size(); ++failed) {
     const AdamwCall &call = calls[failed];
     kctx.bf16Copy = call.bf16Copy;
@@ -125,12 +147,12 @@ Status runAdamwCalls(const std::vector<AdamwCall> &calls, KernelContext &kctx,
     PIPER_RETURN_IF_ERROR(detail::checkOperandStorage(a));
     AdamwConstants c;
     PIPER_RETURN_IF_ERROR(detail::checkAdamw(a, c));
-    appendAdamw(batches, a, c);
+    PIPER_RETURN_IF_ERROR(launches.append(a, c));
   }
   failed = calls.size();
-  for (const AdamwBatch &b : batches)
-    PIPER_RETURN_IF_ERROR(launchAdamwBatch(ctx, b, kctx.clipFactor));
-  return Status::ok();
+  // The table of these calls is named by the first one's kernel.
+  return calls.empty() ? Status::ok()
+                       : launches.launch(ctx, calls[0].kernel, kctx.clipFactor);
 }
 
 Status sumsOfSquares(const Context &ctx, const std::vector<SquaresJob> &jobs) {

@@ -28,24 +28,26 @@ Status launchSwigluGrad(const Context &ctx, const float *gateUp,
 /// y = a + b (y may alias a or b).
 Status launchAdd(const Context &ctx, const float *a, const float *b, float *y,
                  int64_t n, bool round = false);
-/// Up to kMax AdamW updates (arrays of `adamw` calls) that one launch runs,
-/// with up to kConstants distinct constant sets among them.
+/// Up to kMax AdamW updates (arrays of `adamw` calls) that one launch runs.
+/// Their per-step constants are not arguments: update j reads
+/// constants[constantsOf[j]] of a table in device memory (ConstantTables),
+/// so that the launch's arguments are the same every step.
 struct AdamwBatch {
-  static constexpr int kMax = 32, kConstants = 4; // ~1.8 KB of arguments
-  int count = 0, constantSets = 0;
+  static constexpr int kMax = 32; // ~1.5 KB of arguments
+  int count = 0;
   const float *grad[kMax];
   float *param[kMax], *m[kMax], *v[kMax];
   float *copy[kMax]; // null: no bf16 copy
   /// Update j's elements are [offset[j], offset[j + 1]) of the launch.
   int64_t offset[kMax + 1];
-  uint8_t constantsOf[kMax];
-  AdamwConstants constants[kConstants];
+  uint16_t constantsOf[kMax];
 };
-/// AdamW (adamwElement) over every update of the batch; where its `copy` is
-/// not null, the updated parameter rounded to bf16 is written there too.
-/// Nothing is touched where `clipFactor` (device memory, may be null) is not
-/// finite.
+/// AdamW (adamwElement) over every update of the batch, with the constant
+/// sets `constants` (device memory); where an update's `copy` is not null,
+/// the updated parameter rounded to bf16 is written there too. Nothing is
+/// touched where `clipFactor` (device memory, may be null) is not finite.
 Status launchAdamwBatch(const Context &ctx, const AdamwBatch &batch,
+                        const AdamwConstants *constants,
                         const float *clipFactor);
 Status launchPackBf16(const Context &ctx, uint16_t *dst, const float *src,
                       int64_t n);

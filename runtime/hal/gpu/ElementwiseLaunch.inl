@@ -50,6 +50,7 @@ Status launchAdd(const Context &ctx, const float *a, const float *b, float *y,
 }
 
 Status launchAdamwBatch(const Context &ctx, const AdamwBatch &batch,
+                        const AdamwConstants *constants,
                         const float *clipFactor) {
   const AdamwBatch b = batch; // the kernel's arguments
   return Exec(ctx).forEach(
@@ -62,7 +63,7 @@ Status launchAdamwBatch(const Context &ctx, const AdamwBatch &batch,
         const int lo = batchEntryOf(b.offset, b.count, i);
         const int64_t e = i - b.offset[lo];
         float &param = b.param[lo][e];
-        adamwElement(b.constants[b.constantsOf[lo]], b.grad[lo][e] * clip,
+        adamwElement(constants[b.constantsOf[lo]], b.grad[lo][e] * clip,
                      param, b.m[lo][e], b.v[lo][e]);
         if (b.copy[lo])
           b.copy[lo][e] = fromBf16(toBf16(param));

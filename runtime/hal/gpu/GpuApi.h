@@ -34,6 +34,26 @@ public:
   virtual Status reserve(size_t bytes, void *&ptr) = 0;
 };
 
+/// Memory for the per-step constants that kernels read from the device
+/// instead of taking them as launch arguments (AdamW's scheduled lr and
+/// bias corrections), so that a launch's arguments stay the same from
+/// step to step, as a CUDA graph captured once replays them (docs/gpu.md).
+/// One per stream; not thread-safe.
+class ConstantTables {
+public:
+  virtual ~ConstantTables() = default;
+  /// A table of `bytes` for call site `site` (a pointer naming the call,
+  /// the same every step: its plan kernel): page-locked host memory `host`
+  /// and device memory `device`, 256-byte aligned, the same blocks on every
+  /// call with this site and size. The caller fills `host`, then queues
+  /// copyToDeviceAsync(device <- host) before the launches that read
+  /// `device`; `host` must not be written again before the stream has run
+  /// that copy (the executor writes a step's after the previous step's
+  /// end-of-step synchronization).
+  virtual Status get(const void *site, size_t bytes, void *&host,
+                     void *&device) = 0;
+};
+
 /// How attention runs (piper-run --attention, docs/gpu.md): `Simt` always
 /// on the warp-per-row kernels (AttentionLaunch.h); `Auto` (the default) on
 /// the backend's fused attention (cuDNN on CUDA) in bf16 plans where it has
@@ -68,6 +88,8 @@ struct Context {
   class FusedAttentionProvider *fused = nullptr;
   /// --profile=gpu's timer of this stream's launches; null: none.
   LaunchTimer *timer = nullptr;
+  /// The stream's constant tables (AdamW's per-step constants).
+  ConstantTables *constants = nullptr;
 };
 
 // Backend primitives.
@@ -79,6 +101,10 @@ Status launchStatus(int error, const char *kernel);
 Status zeroAsync(const Context &ctx, void *ptr, size_t bytes);
 /// Queues a device-to-device copy on the stream.
 Status copyAsync(const Context &ctx, void *dst, const void *src, size_t bytes);
+/// Queues a copy from page-locked host memory (a ConstantTables block) to
+/// device memory on the stream; returns at once.
+Status copyToDeviceAsync(const Context &ctx, void *dst, const void *src,
+                         size_t bytes);
 /// Copies device memory to host memory and returns when it is there (the
 /// stream is synchronized: only for results the host needs now).
 Status copyToHostSync(const Context &ctx, void *host, const void *src,

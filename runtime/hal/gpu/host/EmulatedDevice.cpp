@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <map>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -36,10 +37,37 @@ private:
   std::vector<double> block;
 };
 
+/// Constant tables in host memory: a "host" block and a "device" block
+/// apart, so that a launch reads only what was copied to the device.
+class HostConstantTables final : public gpu::ConstantTables {
+public:
+  Status get(const void *site, size_t bytes, void *&host,
+             void *&device) override {
+    Table &t = tables[{site, bytes}];
+    const size_t words = (bytes + 7) / 8;
+    if (t.host.size() < words) {
+      t.host.assign(words, 0.0);
+      t.device.assign(words, 0.0);
+    }
+    host = t.host.data();
+    device = t.device.data();
+    return Status::ok();
+  }
+
+private:
+  struct Table {
+    std::vector<double> host, device;
+  };
+  std::map<std::pair<const void *, size_t>, Table> tables;
+};
+
 gpu::Context hostContext(bool bf16 = false) {
+  // Per thread: each emulated stream is a host thread.
   thread_local HostWorkspace workspace;
+  thread_local HostConstantTables constants;
   gpu::Context ctx;
   ctx.workspace = &workspace;
+  ctx.constants = &constants;
   ctx.bf16 = bf16;
   return ctx;
 }

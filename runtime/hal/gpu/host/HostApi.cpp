@@ -31,6 +31,13 @@ Status copyAsync(const Context &, void *dst, const void *src, size_t bytes) {
   return Status::ok();
 }
 
+Status copyToDeviceAsync(const Context &, void *dst, const void *src,
+                         size_t bytes) {
+  if (bytes)
+    std::memcpy(dst, src, bytes);
+  return Status::ok();
+}
+
 Status copyToHostSync(const Context &, void *host, const void *src,
                       size_t bytes) {
   countEmulatedSync();
