@@ -333,32 +333,63 @@ double Executor::lastGradNorm() const { return impl->lastGradNorm; }
 
 Status ExecutorImpl::allocateBatchStaging() {
   batchSlot.assign(plan.streams_size(), {});
+  batchLoadOf.assign(plan.streams_size(), {});
+  batchLoads.clear();
   size_t bytes = 0;
   for (int s = 0; s < plan.streams_size(); ++s) {
     const plan::Stream &stream = plan.streams(s);
     batchSlot[s].assign(stream.instructions_size(), -1);
+    batchLoadOf[s].assign(stream.instructions_size(), -1);
     for (int i = 0; i < stream.instructions_size(); ++i) {
       const Instruction &inst = stream.instructions(i);
       if (inst.kind() != Instruction::LOAD_BATCH)
         continue;
       batchSlot[s][i] = static_cast<int64_t>(bytes);
+      batchLoadOf[s][i] = static_cast<int>(batchLoads.size());
+      batchLoads.push_back({s, i});
       size_t slot = static_cast<size_t>(bufferViews[inst.outputs(0)]->bytes +
                                         bufferViews[inst.outputs(1)]->bytes);
       bytes += (slot + 63) / 64 * 64;
     }
   }
+  batchHalfBytes = bytes;
+  for (std::vector<Status> &filled : batchFilled)
+    filled.assign(batchLoads.size(), Status::ok());
   if (bytes == 0)
     return Status::ok();
   void *data = nullptr;
   PIPER_RETURN_IF_ERROR(
-      memory->allocateHost(bytes, data)
-          .withContext("allocating " + std::to_string(bytes) +
+      memory->allocateHost(2 * bytes, data)
+          .withContext("allocating " + std::to_string(2 * bytes) +
                        " bytes of host memory for the batches"));
   batchStaging.allocator = memory;
   batchStaging.host = true;
   batchStaging.data = static_cast<char *>(data);
-  batchStaging.bytes = bytes;
+  batchStaging.bytes = 2 * bytes;
   return Status::ok();
+}
+
+void ExecutorImpl::prefetchBatches(int64_t step) {
+  const int half = static_cast<int>(step & 1);
+  if (batchLoads.empty() || batchStep[half] == step)
+    return;
+  const plan::TrainingConfig &t = plan.training();
+  for (size_t k = 0; k < batchLoads.size(); ++k) {
+    const auto [s, i] = batchLoads[k];
+    const Instruction &inst = plan.streams(s).instructions(i);
+    // The members of a tensor-parallel group read the same data, and the
+    // members of a context-parallel group parts of the same sequences.
+    int64_t global = plan::batchReplica(plan, replica) * t.num_microbatches() +
+                     inst.microbatch();
+    char *slot = batchStaging.data + half * batchHalfBytes + batchSlot[s][i];
+    batchFilled[half][k] = fillContextShard(
+        *data, step, global, t.microbatch_size(), t.seq_len(),
+        plan::contextParallel(plan), plan::contextMember(plan, replica),
+        reinterpret_cast<int32_t *>(slot),
+        reinterpret_cast<int32_t *>(slot +
+                                    bufferViews[inst.outputs(0)]->bytes));
+  }
+  batchStep[half] = step;
 }
 
 std::vector<ProfileEntry> Executor::profile() const {

@@ -159,7 +159,10 @@ public:
   /// Runs 1-based step `step`: every plan stream on its persistent device
   /// stream (created once, at create), concurrently; then sums the loss
   /// accumulators of all ranks into `loss`. Errors read
-  /// "rank R, stream 'S', instruction I (LABEL): message".
+  /// "rank R, stream 'S', instruction I (LABEL): message". Steps must
+  /// increase from one call to the next (they may skip: a step's data and
+  /// its learning rate depend on its number alone); the plan's events count
+  /// steps, so an earlier step is refused.
   Status runStep(int64_t step, double &loss);
 
   /// The global gradient norm of the last step (before clipping), computed

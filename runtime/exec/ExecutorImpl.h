@@ -137,13 +137,29 @@ public:
   Block arena;
   char *at(int64_t offset) const { return arena.data + offset; }
   /// LOAD_BATCH's host staging (Allocator::allocateHost: page-locked on
-  /// CUDA, so its copies are queued without the host waiting): a slot per
-  /// LOAD_BATCH instruction, its tokens then its targets, at
-  /// batchSlot[stream][instruction] (-1: not a LOAD_BATCH). A slot is
-  /// rewritten only in the next step, after the end-of-step
-  /// synchronization has seen its copies done.
+  /// CUDA, so its copies are queued without the host waiting), in two
+  /// halves: step t's batches are in half t % 2, filled on the host before
+  /// the step's streams start (prefetchBatches; during step t - 1 where it
+  /// ran), so that LOAD_BATCH only queues their copies. In each half a slot
+  /// per LOAD_BATCH instruction, its tokens then its targets, at
+  /// batchSlot[stream][instruction] (-1: not a LOAD_BATCH) from the half's
+  /// start. A half is rewritten only for the step after next, after the
+  /// end-of-step synchronization of the step that copied from it.
   Block batchStaging;
   std::vector<std::vector<int64_t>> batchSlot;
+  size_t batchHalfBytes = 0;
+  /// The plan's LOAD_BATCH instructions, in stream order.
+  struct BatchLoad {
+    int stream = 0, instruction = 0;
+  };
+  std::vector<BatchLoad> batchLoads;
+  /// Per half: the step whose batches it holds (0: none), and per
+  /// LOAD_BATCH (batchLoads order) the status of its fill, which its
+  /// instruction returns (a data error fails the stream that loads it).
+  int64_t batchStep[2] = {0, 0};
+  std::vector<Status> batchFilled[2];
+  /// The index in batchLoads of each LOAD_BATCH, as batchSlot.
+  std::vector<std::vector<int>> batchLoadOf;
   /// Per buffer id: its view at Buffer.offset, as stored (packed bf16 in
   /// mixed precision).
   std::vector<TensorPtr> bufferViews;
@@ -215,6 +231,8 @@ public:
   std::unique_ptr<hal::LossSums> lossSums;
   /// Whether a step has run (gradient accumulators may be dirty).
   bool ranStep = false;
+  /// The number of the last step run (0: none).
+  int64_t lastStep = 0;
 
   /// Mixed precision (training.compute_dtype == BF16): kernels read bf16
   /// copies of the fp32 master parameters. The `adamw` updating a whole
@@ -329,6 +347,9 @@ public:
   /// batchStaging and batchSlot, for the plan's LOAD_BATCH instructions
   /// (after bufferViews).
   Status allocateBatchStaging();
+  /// Fills step `step`'s batches into half step % 2 of batchStaging, on
+  /// the calling (host) thread, unless that half holds them already.
+  void prefetchBatches(int64_t step);
   /// This rank's share of the squared gradient norm when the plan does not
   /// clip (0 when it does); finishGradNorm takes the world sum.
   Status localGradSquares(double &sum);

@@ -127,30 +127,25 @@ Status ExecutorImpl::execute(int s, int i, StepState &st,
     break;
   }
   case Instruction::LOAD_BATCH: {
-    const plan::TrainingConfig &t = plan.training();
     const TensorPtr &tokens = bufferViews[inst.outputs(0)],
                     &targets = bufferViews[inst.outputs(1)];
-    // The members of a tensor-parallel group read the same data, and the
-    // members of a context-parallel group parts of the same sequences.
-    int64_t global = plan::batchReplica(plan, replica) * t.num_microbatches() +
-                     inst.microbatch();
-    // Staged in this instruction's slot of host memory, then copied to the
-    // device without the host waiting (allocateBatchStaging).
-    char *slot = batchStaging.data + batchSlot[s][i];
-    auto *hostTokens = reinterpret_cast<int32_t *>(slot);
-    auto *hostTargets = reinterpret_cast<int32_t *>(slot + tokens->bytes);
-    PIPER_RETURN_IF_ERROR(fillContextShard(
-        *data, st.step, global, t.microbatch_size(), t.seq_len(),
-        plan::contextParallel(plan), plan::contextMember(plan, replica),
-        hostTokens, hostTargets));
+    // Filled in host memory before the step (prefetchBatches), then copied
+    // to the device without the host waiting.
+    const int half = static_cast<int>(st.step & 1);
+    if (batchStep[half] != st.step)
+      return Status::error("internal error: the batches of step " +
+                           std::to_string(st.step) + " were not loaded");
+    PIPER_RETURN_IF_ERROR(batchFilled[half][size_t(batchLoadOf[s][i])]);
+    const char *slot =
+        batchStaging.data + half * batchHalfBytes + batchSlot[s][i];
     PIPER_RETURN_IF_ERROR(
         memory
-            ->copyFromHostAsync(tokens->data, hostTokens,
+            ->copyFromHostAsync(tokens->data, slot,
                                 static_cast<size_t>(tokens->bytes))
             .withContext("copying the tokens to the device"));
     PIPER_RETURN_IF_ERROR(
         memory
-            ->copyFromHostAsync(targets->data, hostTargets,
+            ->copyFromHostAsync(targets->data, slot + tokens->bytes,
                                 static_cast<size_t>(targets->bytes))
             .withContext("copying the targets to the device"));
     PIPER_RETURN_IF_ERROR(publish(st, inst.outputs(0)));

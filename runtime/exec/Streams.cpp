@@ -109,6 +109,14 @@ void ExecutorImpl::runStream(int s, StepState &st) {
 Status ExecutorImpl::runStep(int64_t step, double &loss) {
   if (broken)
     return Status::error(who + ": the executor cannot run after a failed step");
+  // Events signal the step number (a timeline), so a step at or below one
+  // already run would find its waits satisfied before their signals.
+  if (step < 1 || step <= lastStep)
+    return Status::error(
+        who + ": cannot run step " + std::to_string(step) +
+        (lastStep ? " after step " + std::to_string(lastStep) : "") +
+        ": steps are numbered from 1 and must increase");
+  lastStep = step;
   int numStreams = plan.streams_size();
   Status cleared = clearGradients();
   if (!cleared) {
@@ -143,11 +151,16 @@ Status ExecutorImpl::runStep(int64_t step, double &loss) {
   posStep.store(step, std::memory_order_relaxed);
   posPhase.store(ExecPosition::kStreams, std::memory_order_relaxed);
 
+  // This step's batches, unless the previous step prefetched them.
+  prefetchBatches(step);
   const bool traced = tracer.traces(step);
   if (traced)
     tracer.beginStep();
   for (int s = 0; s < numStreams; ++s)
     streams[s]->enqueue([this, s, &st] { runStream(s, st); });
+  // The next step's batches, into the other half of the staging, while the
+  // streams run (a data error is kept for the LOAD_BATCH that needs it).
+  prefetchBatches(step + 1);
   for (int s = 0; s < numStreams; ++s) {
     // An asynchronous device error (a kernel that faulted after its launch
     // returned) surfaces here at the latest: the stream's failure.

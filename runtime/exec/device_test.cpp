@@ -219,6 +219,28 @@ TEST_CASE("executor: gradients without an optimizer are the last step's",
   CHECK(twoSteps->lastGradNorm() == Approx(stepTwoOnly->lastGradNorm()));
 }
 
+// The plan's events count steps (RECORD in step t signals t), so a step at
+// or below one already run is refused before it starts, and the executor
+// runs on.
+TEST_CASE("executor: steps must increase", "[executor]") {
+  TinyModel m;
+  plan::Plan plan = singleClassPlan(m, 2, {0}, 1, /*twoStreams=*/true);
+  ExecutorOptions opts;
+  Status status;
+  auto exec = Executor::create(plan, opts, status);
+  REQUIRE(exec);
+  double loss = 0;
+  CHECK(exec->runStep(0, loss).message() ==
+        "rank 0: cannot run step 0: steps are numbered from 1 and must "
+        "increase");
+  REQUIRE(exec->runStep(3, loss));
+  for (int64_t step : {3, 1})
+    CHECK(exec->runStep(step, loss).message() ==
+          "rank 0: cannot run step " + std::to_string(step) +
+              " after step 3: steps are numbered from 1 and must increase");
+  CHECK(exec->runStep(4, loss));
+}
+
 TEST_CASE("executor: an unknown kernel is a load-time error naming it",
           "[executor]") {
   TinyModel m;

@@ -5,7 +5,9 @@
 #include <cmath>
 #include <cstdlib>
 #include <functional>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -40,9 +42,11 @@ std::vector<float> initTensor(const std::string &name, uint64_t seed,
   return out;
 }
 
-/// The step-1 loss of the tiny model computed directly (double precision,
-/// no plan, no kernels), over `globalMicrobatches` microbatches.
-double directLoss(const TinyModel &m, uint64_t seed, int globalMicrobatches) {
+/// The loss of step `step` of the tiny model at its initial parameters
+/// computed directly (double precision, no plan, no kernels), over
+/// `globalMicrobatches` microbatches.
+double directLoss(const TinyModel &m, uint64_t seed, int globalMicrobatches,
+                  int64_t step = 1) {
   int V = m.vocab, H = m.hidden;
   std::vector<float> wte = initTensor("wte", seed, V * H, 0, 0.5);
   std::vector<float> head(H * V, 0.0f);
@@ -53,7 +57,7 @@ double directLoss(const TinyModel &m, uint64_t seed, int globalMicrobatches) {
   std::vector<int32_t> tok(n), tgt(n);
   double loss = 0;
   for (int g = 0; g < globalMicrobatches; ++g) {
-    REQUIRE(data.fill(1, g, m.batch, m.seqLen, tok.data(), tgt.data()));
+    REQUIRE(data.fill(step, g, m.batch, m.seqLen, tok.data(), tgt.data()));
     double ce = 0;
     for (int r = 0; r < n; ++r) {
       std::vector<double> logits(V, 0.0);
@@ -191,7 +195,8 @@ TEST_CASE("validatePlan rejects bad plans", "[validate]") {
 
   SECTION("schema version") {
     p.set_schema_version(1);
-    expectInvalid(p, {"plan schema version 1 is not supported (this runtime reads version 2)"});
+    expectInvalid(p, {"plan schema version 1 is not supported (this runtime "
+                      "reads version 2)"});
   }
   SECTION("memory plan missing") {
     for (plan::Parameter &param : *p.mutable_params())
@@ -410,7 +415,8 @@ TEST_CASE("validatePlan rejects bad plans", "[validate]") {
 }
 
 TEST_CASE("validatePlan: ZeRO under tensor parallelism needs the members' "
-          "subgroups", "[validate]") {
+          "subgroups",
+          "[validate]") {
   // 4 ranks = 2 data replicas x 2 members: a ZeRO collective runs over
   // {0, 2} and {1, 3}, never over the whole group or consecutive pairs.
   TinyModel m;
@@ -547,6 +553,83 @@ TEST_CASE("executor: training matches a direct computation and learns",
   std::vector<double> twoStreams =
       runSteps(singleClassPlan(m, 3, {0}, 1, true), 40, seed);
   CHECK(twoStreams == losses);
+}
+
+namespace {
+/// Synthetic data that records the steps it fills and the threads filling
+/// them.
+class RecordingData : public DataSource {
+public:
+  RecordingData(uint64_t seed, int64_t vocab) : inner(seed, vocab) {}
+  Status fill(int64_t step, int64_t globalMicrobatch, int64_t batch,
+              int64_t seqLen, int32_t *tokens, int32_t *targets) override {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      steps.push_back(step);
+      threads.push_back(std::this_thread::get_id());
+    }
+    return inner.fill(step, globalMicrobatch, batch, seqLen, tokens, targets);
+  }
+  std::mutex mu;
+  std::vector<int64_t> steps;
+  std::vector<std::thread::id> threads;
+
+private:
+  SyntheticData inner;
+};
+} // namespace
+
+// The batches are loaded on the host before their step's streams start:
+// step t + 1's while step t runs (into the other half of the staging),
+// step t's first where it was not prefetched (the first step, or after a
+// skipped step). Without an update the parameters never change, so each
+// step's loss depends on its batch alone: an executor skipping steps must
+// see the same loss for the same step as one running them all, which a
+// batch taken from the wrong half would break (the steps' batches differ).
+TEST_CASE("executor: batches are prefetched a step ahead, on the host",
+          "[executor]") {
+  TinyModel m;
+  const uint64_t seed = 9;
+  plan::Plan plan = singleClassPlan(m, 2, {0}, 1);
+  // --no-optimizer: drop the update call.
+  plan.mutable_streams(0)->mutable_instructions()->RemoveLast();
+  REQUIRE(validatePlan(plan));
+  auto run = [&](const std::vector<int64_t> &steps, RecordingData &data) {
+    ExecutorOptions opts;
+    opts.seed = seed;
+    opts.data = &data;
+    Status status;
+    auto exec = Executor::create(plan, opts, status);
+    INFO(status.message());
+    REQUIRE(exec);
+    std::vector<double> losses;
+    for (int64_t step : steps) {
+      double loss = 0;
+      Status ran = exec->runStep(step, loss);
+      INFO("step " << step << ": " << ran.message());
+      REQUIRE(ran);
+      losses.push_back(loss);
+    }
+    return losses;
+  };
+  RecordingData inOrder(seed, m.vocab), skipping(seed, m.vocab);
+  const std::vector<int64_t> all = {1, 2, 3, 4, 5, 6}, some = {3, 5, 6};
+  std::vector<double> a = run(all, inOrder), b = run(some, skipping);
+  for (size_t k = 0; k < all.size(); ++k)
+    CHECK(a[k] == Approx(directLoss(m, seed, 2, all[k])).epsilon(1e-5));
+  for (size_t k = 0; k < some.size(); ++k)
+    CHECK(b[k] == Approx(directLoss(m, seed, 2, some[k])).epsilon(1e-5));
+  // The steps' batches differ (so a wrong one shows).
+  CHECK(directLoss(m, seed, 2, 1) !=
+        Approx(directLoss(m, seed, 2, 2)).epsilon(1e-3));
+  // Two microbatches per step, each step filled once, one step ahead.
+  CHECK(inOrder.steps ==
+        std::vector<int64_t>{1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7});
+  CHECK(skipping.steps == std::vector<int64_t>{3, 3, 4, 4, 5, 5, 6, 6, 7, 7});
+  // All on the thread running the steps, none on a stream's.
+  for (const RecordingData *d : {&inOrder, &skipping})
+    for (std::thread::id t : d->threads)
+      CHECK(t == std::this_thread::get_id());
 }
 
 TEST_CASE("executor: state after a step", "[executor]") {
