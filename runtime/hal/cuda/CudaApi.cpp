@@ -1,5 +1,6 @@
 // The GPU kernel layer's primitives on CUDA (GpuApi.h): launch errors,
-// asynchronous memsets and copies, the loss hand-off to the host, and GEMMs
+// asynchronous memsets and copies, the per-stream resources (scratch,
+// constant tables, cuBLASLt handle, cuDNN attention, launch timer), and GEMMs
 // through cuBLASLt (fp32, or bf16 operands on tensor cores with fp32
 // accumulation), loaded with dlopen.
 #include <cublasLt.h>
@@ -19,6 +20,7 @@
 #include "fmt/core.h"
 #include "runtime/hal/cuda/CudaCheck.h"
 #include "runtime/hal/cuda/CudaKernelContext.h"
+#include "runtime/hal/cuda/CudaLaunchTimer.h"
 #include "runtime/hal/cuda/CudnnAttention.h"
 #include "runtime/hal/gpu/ElementwiseLaunch.h"
 #include "runtime/hal/gpu/GpuApi.h"
@@ -297,127 +299,6 @@ Status loadCublasLt() {
   static Status status;
   std::call_once(once, [] { status = openCublasLt(); });
   return status;
-}
-
-/// One stream's launch timer: a pooled pair of timing events around each
-/// launch, read after the stream is synchronized.
-class CudaLaunchTimer final : public gpu::LaunchTimer {
-public:
-  explicit CudaLaunchTimer(int ordinal) : ordinal(ordinal) {}
-  ~CudaLaunchTimer() override {
-    for (const Record &r : records) {
-      pool.push_back(r.start);
-      pool.push_back(r.end);
-    }
-    if (pending)
-      pool.push_back(pending);
-    for (cudaEvent_t e : pool)
-      cudaEventDestroy(e);
-  }
-  Status begin(const gpu::Context &ctx) override {
-    PIPER_RETURN_IF_ERROR(take(pending));
-    PIPER_CUDA_RETURN_IF_ERROR(cudaEventRecord(pending, ctx.stream));
-    return Status::ok();
-  }
-  Status end(const gpu::Context &ctx, const char *name) override {
-    Record r{name, pending, nullptr};
-    pending = nullptr;
-    if (!r.start)
-      return Status::error(std::string("launch timer: '") + name +
-                           "' ended without a begin");
-    Status st = take(r.end);
-    if (st)
-      st = [&]() -> Status {
-        PIPER_CUDA_RETURN_IF_ERROR(cudaEventRecord(r.end, ctx.stream));
-        return Status::ok();
-      }();
-    records.push_back(r);
-    return st;
-  }
-
-  struct Record {
-    const char *name;
-    cudaEvent_t start, end;
-  };
-  /// The launches recorded since the last call (their events go back to the
-  /// pool after `use` has read them).
-  template <class F> Status drain(F use) {
-    Status st = Status::ok();
-    for (const Record &r : records) {
-      if (st)
-        st = use(r);
-      pool.push_back(r.start);
-      if (r.end)
-        pool.push_back(r.end);
-    }
-    records.clear();
-    return st;
-  }
-
-private:
-  Status take(cudaEvent_t &event) {
-    if (!pool.empty()) {
-      event = pool.back();
-      pool.pop_back();
-      return Status::ok();
-    }
-    PIPER_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal));
-    PIPER_CUDA_RETURN_IF_ERROR(cudaEventCreate(&event));
-    return Status::ok();
-  }
-
-  int ordinal;
-  cudaEvent_t pending = nullptr;
-  std::vector<Record> records;
-  std::vector<cudaEvent_t> pool;
-};
-
-void CudaLaunchTimers::add(CudaLaunchTimer *timer) {
-  std::lock_guard<std::mutex> lock(mu);
-  timers.push_back(timer);
-}
-
-void CudaLaunchTimers::remove(CudaLaunchTimer *timer) {
-  std::lock_guard<std::mutex> lock(mu);
-  timers.erase(std::remove(timers.begin(), timers.end(), timer), timers.end());
-}
-
-Status CudaLaunchTimers::collect() {
-  std::lock_guard<std::mutex> lock(mu);
-  // Every launch's interval in ms from one reference event (the first
-  // launch's start), so that the union over the streams can be taken.
-  cudaEvent_t reference = nullptr;
-  Status st = Status::ok();
-  for (CudaLaunchTimer *timer : timers) {
-    Status drained =
-        timer->drain([&](const CudaLaunchTimer::Record &r) -> Status {
-          if (!r.end)
-            return Status::ok();
-          if (!reference)
-            reference = r.start;
-          float from = 0, to = 0;
-          PIPER_CUDA_RETURN_IF_ERROR(
-              cudaEventElapsedTime(&from, reference, r.start));
-          PIPER_CUDA_RETURN_IF_ERROR(
-              cudaEventElapsedTime(&to, reference, r.end));
-          totals.add(r.name, from, to);
-          return Status::ok();
-        });
-    if (st)
-      st = drained;
-  }
-  totals.endBatch();
-  return st;
-}
-
-LaunchTimes CudaLaunchTimers::times() const {
-  std::lock_guard<std::mutex> lock(mu);
-  return totals.times();
-}
-
-void CudaLaunchTimers::reset() {
-  std::lock_guard<std::mutex> lock(mu);
-  totals.reset();
 }
 
 /// A stream's constant tables: page-locked host blocks (cudaHostAlloc) and
