@@ -234,7 +234,8 @@ peaksWithoutRecompute(const CompileOptions &o, Strategy strategy,
   FailureOr<LoweredPlans> lowered = failure();
   if (succeeded(pm.run(*module)))
     lowered = lowerToPlans(*module, llvm::sys::path::stem(o.input).str(),
-                           strategy.summary);
+                           strategy.summary, /*checkProgress=*/true,
+                           o.opt.fuseEpilogues);
   if (failed(lowered)) {
     error = "the strategy without recompute directives does not compile";
     return std::nullopt;
@@ -318,7 +319,8 @@ int runCompile(const CompileOptions &o) {
     return fail("-o OUT/ is required to write plans");
   TimingScope lowerTimer = root.nest("lower-to-plans");
   FailureOr<LoweredPlans> lowered = lowerToPlans(
-      *module, llvm::sys::path::stem(o.input).str(), strategy.summary);
+      *module, llvm::sys::path::stem(o.input).str(), strategy.summary,
+      /*checkProgress=*/true, o.opt.fuseEpilogues);
   lowerTimer.stop();
   TimingScope writeTimer = root.nest("write-plans");
   if (failed(lowered))
@@ -492,8 +494,10 @@ static CLI::App *addCompileCommand(CLI::App &app, CompileOptions &comp) {
       "!--no-fused-epilogues", comp.opt.fuseEpilogues,
       "compute a biased linear's weight and bias gradients in two ops "
       "instead of one (linear_grad_weight_bias, whose bias gradient comes "
-      "out of the weight gradient's GEMM on CUDA; bit-identical on the "
-      "CPU; docs/design-notes.md §2)");
+      "out of the weight gradient's GEMM on CUDA), and add weight gradients "
+      "to their accumulators with accumulate kernels instead of in their "
+      "own kernels (in the GEMM on CUDA); bit-identical on the CPU; "
+      "docs/design-notes.md §2");
   return compileCmd;
 }
 

@@ -12,10 +12,10 @@
 #include "mlir/Parser/Parser.h"
 #include "mlir/Pass/PassManager.h"
 #include "mlir/Support/FileUtilities.h"
+#include "proto/analysis/MemoryPlan.h"
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Path.h"
 #include "llvm/Support/SourceMgr.h"
-#include "proto/analysis/MemoryPlan.h"
 
 namespace mlir::piper::driver {
 
@@ -46,14 +46,15 @@ int runLower(const LowerOptions &o) {
     return fail("splitting and ordering the program failed");
   FailureOr<LoweredPlans> lowered =
       lowerToPlans(*module, llvm::sys::path::stem(o.input).str(),
-                   "hand-written program");
+                   "hand-written program", /*checkProgress=*/true,
+                   /*fuseAccumulation=*/true);
   if (failed(lowered))
     return fail("lowering to plans failed");
   if (std::string err = writePlans(*lowered, o.output); !err.empty())
     return fail(err);
   llvm::outs() << "piperc: wrote " << lowered->plans.size() << " plan(s) for "
-               << lowered->manifest.world_size() << " device(s) to "
-               << o.output << "\n";
+               << lowered->manifest.world_size() << " device(s) to " << o.output
+               << "\n";
   return 0;
 }
 

@@ -9,6 +9,7 @@
 #include "proto/PlanTensors.h"
 #include "proto/analysis/MemoryPlan.h"
 #include "proto/analysis/Simulate.h"
+#include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/TypeSwitch.h"
 
 #include <map>
@@ -44,9 +45,9 @@ namespace {
 class ClassLowering {
 public:
   ClassLowering(ModuleOp module, DeviceProgramOp dp, int64_t worldSize,
-                double lossScale)
+                double lossScale, bool fuseAccumulation)
       : module(module), dp(dp), symbols(module), worldSize(worldSize),
-        lossScale(lossScale) {}
+        lossScale(lossScale), fuseAccumulation(fuseAccumulation) {}
 
   FailureOr<plan::Plan> run() {
     p.set_schema_version(plan::kPlanSchemaVersion);
@@ -356,8 +357,37 @@ private:
     Block &body = seg.getBody().front();
     for (BlockArgument a : body.getArguments())
       out->add_args(newValue(a));
+    // Weight gradients accumulated in their GEMM: a linear_grad_weight(_bias)
+    // whose weight gradient goes only to its parameter's accumulate_grad,
+    // with nothing in between naming that parameter, adds it to the
+    // accumulator itself (`accumulate`, docs/kernels.md): the add and the
+    // value between them are gone, and the accumulator's additions keep
+    // their order.
+    DenseMap<Operation *, int> accumulatesInto; // producer -> param
+    DenseSet<Operation *> fusedAccumulates;
+    if (fuseAccumulation)
+      for (AccumulateGradOp acc : body.getOps<AccumulateGradOp>()) {
+        Value g = acc.getGrad();
+        Operation *def = g.getDefiningOp();
+        if (!def || def->getBlock() != &body || !g.hasOneUse() ||
+            g != def->getResult(0) ||
+            !isa<LinearGradWeightOp, LinearGradWeightBiasOp>(def))
+          continue;
+        StringAttr name = acc.getParamAttr().getAttr();
+        bool named = false;
+        for (Operation *o = def->getNextNode(); o && o != acc.getOperation();
+             o = o->getNextNode())
+          if (auto ref = o->getAttrOfType<FlatSymbolRefAttr>("param"))
+            named |= ref.getAttr() == name;
+        if (named)
+          continue;
+        accumulatesInto[def] = param(name);
+        fusedAccumulates.insert(acc.getOperation());
+      }
     std::vector<Operation *> kernelOps; // the op behind each kernel
     for (Operation &op : body) {
+      if (fusedAccumulates.contains(&op))
+        continue;
       if (auto ref = dyn_cast<ParamRefOp>(op)) {
         values[ref.getResult()] =
             operand(plan::Operand::PARAM, param(ref.getParamAttr().getAttr()));
@@ -421,8 +451,14 @@ private:
           return op.emitOpError("uses a value the lowering does not know");
         *k->add_inputs() = it->second;
       }
+      auto fused = accumulatesInto.find(&op);
       for (Value r : op.getResults())
-        *k->add_outputs() = operand(plan::Operand::VALUE, newValue(r));
+        *k->add_outputs() =
+            fused != accumulatesInto.end() && r == op.getResult(0)
+                ? operand(plan::Operand::GRAD, fused->second)
+                : operand(plan::Operand::VALUE, newValue(r));
+      if (fused != accumulatesInto.end())
+        setInt("accumulate", 1);
       for (NamedAttribute a : op.getAttrs()) {
         if (auto i = dyn_cast<IntegerAttr>(a.getValue()))
           setInt(a.getName().getValue(), i.getInt());
@@ -483,6 +519,7 @@ private:
   SymbolTable symbols;
   int64_t worldSize;
   double lossScale;
+  bool fuseAccumulation;
   plan::Plan p;
   std::map<Operation *, int64_t> eventOf;
   /// The op recording each event (the inverse of eventOf).
@@ -499,7 +536,7 @@ private:
 FailureOr<LoweredPlans>
 mlir::piper::lowerToPlans(ModuleOp module, const std::string &modelName,
                           const std::string &strategySummary,
-                          bool checkProgress) {
+                          bool checkProgress, bool fuseAccumulation) {
   SmallVector<DeviceProgramOp> programs(module.getOps<DeviceProgramOp>());
   if (programs.empty())
     return module.emitError("no device programs to lower");
@@ -518,7 +555,9 @@ mlir::piper::lowerToPlans(ModuleOp module, const std::string &modelName,
     int64_t mbs = dp.getNumMicrobatches();
     int64_t reps = dp.getNumReplicas();
     FailureOr<plan::Plan> plan =
-        ClassLowering(module, dp, worldSize, 1.0 / double(mbs * reps)).run();
+        ClassLowering(module, dp, worldSize, 1.0 / double(mbs * reps),
+                      fuseAccumulation)
+            .run();
     if (failed(plan))
       return failure();
     plan->set_model_name(modelName);

@@ -62,8 +62,9 @@ public:
     // The plans' progress is checked by the simulation below, on the
     // machine, instead of once more inside the lowering.
     if (succeeded(pm.run(*module)))
-      lowered = lowerToPlans(*module, "search", strategy->summary,
-                             /*checkProgress=*/false);
+      lowered =
+          lowerToPlans(*module, "search", strategy->summary,
+                       /*checkProgress=*/false, options.opt.fuseEpilogues);
     if (failed(lowered)) {
       e.why = firstError.empty() ? "the compiler refused it" : firstError;
       return e;

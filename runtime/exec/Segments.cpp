@@ -18,7 +18,7 @@ namespace {
 /// the kernel does not read its outputs (kernelReadsOutputs). Such a value
 /// is not zeroed first (gpu-speed: most of a GPU step's memsets).
 bool firstWriterOverwrites(const plan::Kernel &kernel, int v) {
-  if (kernelReadsOutputs(kernel.op()))
+  if (kernelReadsOutputs(kernel))
     return false;
   bool output = false;
   for (const Operand &o : kernel.outputs())

@@ -156,10 +156,9 @@ Status badAttr(const KernelArgs &a, KernelAttr id, const std::string &what) {
 
 Status readVocabShard(const KernelArgs &a, int64_t vocab, bool required,
                       int64_t &members, int64_t &first) {
-  PIPER_RETURN_IF_ERROR(readInt(a, KernelAttr::kMembers,
-                                required ? std::nullopt
-                                         : std::optional<int64_t>(1),
-                                members));
+  PIPER_RETURN_IF_ERROR(
+      readInt(a, KernelAttr::kMembers,
+              required ? std::nullopt : std::optional<int64_t>(1), members));
   if (members < 1 || (required && members < 2))
     return a.error("members " + std::to_string(members) + " must be at least " +
                    (required ? "2" : "1"));
@@ -229,14 +228,18 @@ Status readFloat(const KernelArgs &a, KernelAttr id, std::optional<double> dflt,
   return Status::ok();
 }
 
-Status readTransposeW(const KernelArgs &a, bool &transposeW) {
-  int64_t flag = 0;
-  PIPER_RETURN_IF_ERROR(readInt(a, KernelAttr::kTransposeW, 0, flag));
-  if (flag != 0 && flag != 1)
-    return a.error("attribute 'transpose_w' must be 0 or 1, got " +
-                   std::to_string(flag));
-  transposeW = flag == 1;
+Status readFlag(const KernelArgs &a, KernelAttr id, bool &flag) {
+  int64_t value = 0;
+  PIPER_RETURN_IF_ERROR(readInt(a, id, 0, value));
+  if (value != 0 && value != 1)
+    return a.error(std::string("attribute '") + kernelAttrName(id) +
+                   "' must be 0 or 1, got " + std::to_string(value));
+  flag = value == 1;
   return Status::ok();
+}
+
+Status readTransposeW(const KernelArgs &a, bool &transposeW) {
+  return readFlag(a, KernelAttr::kTransposeW, transposeW);
 }
 
 void gemm(bool transA, bool transB, int64_t m, int64_t n, int64_t k,

@@ -87,6 +87,8 @@ Status readPositiveInt(const KernelArgs &a, KernelAttr id,
 /// Reads a finite numeric attribute (a double, or an integer).
 Status readFloat(const KernelArgs &a, KernelAttr id, std::optional<double> dflt,
                  double &value);
+/// Reads a flag attribute: 0 or 1, default 0.
+Status readFlag(const KernelArgs &a, KernelAttr id, bool &flag);
 /// Reads the `transpose_w` flag of the linear family (0 or 1, default 0).
 Status readTransposeW(const KernelArgs &a, bool &transposeW);
 

@@ -110,6 +110,13 @@ bool kernelReadsOutputs(const std::string &op) {
   return op == "accumulate" || op == "adamw";
 }
 
+bool kernelReadsOutputs(const plan::Kernel &kernel) {
+  if (kernelReadsOutputs(kernel.op()))
+    return true;
+  auto it = kernel.attrs().find("accumulate");
+  return it != kernel.attrs().end() && it->second.i() != 0;
+}
+
 const KernelInfo *findKernel(const std::string &name) {
   auto it = registry().find(name);
   return it == registry().end() ? nullptr : it->second;
@@ -119,6 +126,7 @@ namespace {
 
 // Indexed by KernelAttr: one name per id, in its order.
 constexpr const char *kAttrNames[] = {
+    "accumulate",                 // kAccumulate
     "beta1",                      // kBeta1
     "beta2",                      // kBeta2
     "capacity",                   // kCapacity

@@ -71,6 +71,7 @@ struct KernelContext {
 /// its name at the same position of kAttrNames (Kernels.cpp) and in the
 /// spelling test of kernels_test.
 enum class KernelAttr : uint8_t {
+  kAccumulate,              // "accumulate"
   kBeta1,                   // "beta1"
   kBeta2,                   // "beta2"
   kCapacity,                // "capacity"
@@ -163,6 +164,9 @@ struct AdamwCall {
 /// output it is the first to touch needs no zeroing (the executor skips
 /// it); //runtime/hal/gpu:gpu_kernels_test checks both on every kernel case.
 bool kernelReadsOutputs(const std::string &op);
+/// The same for a kernel call: also linear_grad_weight(_bias) with the
+/// `accumulate` flag, which adds the weight gradient to its output.
+bool kernelReadsOutputs(const plan::Kernel &kernel);
 
 /// The registry entry of op `name`, or null when no kernel has that name.
 /// A string lookup: call it when a plan loads, not per call.

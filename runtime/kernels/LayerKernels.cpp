@@ -9,6 +9,7 @@
 #include "runtime/kernels/LayerChecks.h"
 #include "runtime/kernels/LinearChecks.h"
 #include "runtime/kernels/VecMath.h"
+#include "support/Precision.h"
 
 namespace piper::runtime::detail {
 
@@ -279,6 +280,7 @@ namespace {
 Status checkGradWeightOperands(const KernelArgs &a, LinearDims &d) {
   const TensorRef &x = a.inputs[0], &dy = a.inputs[1], &dw = a.outputs[0];
   PIPER_RETURN_IF_ERROR(readTransposeW(a, d.transposeW));
+  PIPER_RETURN_IF_ERROR(readFlag(a, KernelAttr::kAccumulate, d.accumulate));
   int64_t dyRows = 0;
   PIPER_RETURN_IF_ERROR(expectMatrix(a, x, "x", plan::F32, d.rows, d.in));
   PIPER_RETURN_IF_ERROR(expectMatrix(a, dy, "dy", plan::F32, dyRows, d.out));
@@ -303,6 +305,24 @@ void gradWeight(const LinearDims &d, const float *x, const float *dy,
          d.out);
 }
 
+// dw into a.outputs[0], or with `accumulate` added to it: dw computed whole
+// into scratch, rounded to bf16 in mixed precision, then added element by
+// element (the bits of linear_grad_weight then `accumulate`).
+void gradWeightInto(const KernelArgs &a, const LinearDims &d) {
+  float *out = a.outputs[0].f32();
+  if (!d.accumulate) {
+    gradWeight(d, a.inputs[0].f32(), a.inputs[1].f32(), out);
+    return;
+  }
+  const int64_t n = d.in * d.out;
+  std::vector<float> dw(static_cast<size_t>(n));
+  gradWeight(d, a.inputs[0].f32(), a.inputs[1].f32(), dw.data());
+  if (a.ctx.lowPrecision)
+    roundToBf16(dw.data(), n);
+  for (int64_t i = 0; i < n; ++i)
+    out[i] += dw[static_cast<size_t>(i)];
+}
+
 // db = the column sums of dy [rows, out], in double, row by row.
 void columnSums(const float *dy, int64_t rows, int64_t out, float *db) {
   std::vector<double> sum(out, 0.0);
@@ -320,7 +340,7 @@ Status checkLinearGradWeight(const KernelArgs &a, LinearDims &d) {
 Status linearGradWeightKernel(const KernelArgs &a) {
   LinearDims d;
   PIPER_RETURN_IF_ERROR(checkLinearGradWeight(a, d));
-  gradWeight(d, a.inputs[0].f32(), a.inputs[1].f32(), a.outputs[0].f32());
+  gradWeightInto(a, d);
   return Status::ok();
 }
 
@@ -334,7 +354,7 @@ Status linearGradWeightBiasKernel(const KernelArgs &a) {
   LinearDims d;
   PIPER_RETURN_IF_ERROR(checkLinearGradWeightBias(a, d));
   // linear_grad_weight's and bias_grad's own computations: their bits.
-  gradWeight(d, a.inputs[0].f32(), a.inputs[1].f32(), a.outputs[0].f32());
+  gradWeightInto(a, d);
   columnSums(a.inputs[1].f32(), d.rows, d.out, a.outputs[1].f32());
   return Status::ok();
 }

@@ -19,16 +19,23 @@ namespace piper::runtime::detail {
 struct LinearDims {
   int64_t rows = 0, in = 0, out = 0;
   bool transposeW = false;
+  /// linear_grad_weight(_bias)'s `accumulate`: dw is added to its output
+  /// (a parameter's gradient accumulator) instead of overwriting it.
+  bool accumulate = false;
 };
 
 /// linear: (x, w[, b]) -> y; `hasBias` when b [out] is given.
 Status checkLinear(const KernelArgs &a, LinearDims &d, bool &hasBias);
 /// linear_grad_input: (dy, w) -> dx [rows, in].
 Status checkLinearGradInput(const KernelArgs &a, LinearDims &d);
-/// linear_grad_weight: (x, dy) -> dw of w's shape (overwritten).
+/// linear_grad_weight: (x, dy) -> dw of w's shape, overwritten, or with
+/// the `accumulate` flag added to the output: out += dw, dw computed
+/// whole first and, in mixed precision, rounded to bf16 (what the separate
+/// `accumulate` kernel would add; the compiler fuses the two, docs/
+/// kernels.md).
 Status checkLinearGradWeight(const KernelArgs &a, LinearDims &d);
-/// linear_grad_weight_bias: (x, dy) -> (dw of w's shape, db [out]): both
-/// overwritten.
+/// linear_grad_weight_bias: (x, dy) -> (dw of w's shape, db [out]): db
+/// overwritten, dw as linear_grad_weight's (`accumulate`).
 Status checkLinearGradWeightBias(const KernelArgs &a, LinearDims &d);
 /// bias_add: (x [rows, out], b [out]) -> y [rows, out].
 Status checkBiasAdd(const KernelArgs &a, int64_t &rows, int64_t &out);

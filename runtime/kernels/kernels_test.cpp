@@ -112,6 +112,7 @@ TEST_CASE("decodeKernelAttrs maps every attribute name to its id",
   }
   CHECK(names.size() == count);
   const std::vector<std::pair<KernelAttr, std::string>> spelled = {
+      {KernelAttr::kAccumulate, "accumulate"},
       {KernelAttr::kBeta1, "beta1"},
       {KernelAttr::kBeta2, "beta2"},
       {KernelAttr::kCapacity, "capacity"},

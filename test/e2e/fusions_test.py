@@ -21,6 +21,13 @@ The fusions:
   two kernels' computations) and on the emulated GPU (whose GEMMs sum no
   operand: the kernel sums the bias gradient as `bias_grad` does); on CUDA
   the sums come out of cuBLASLt's epilogue, in its order (not run here).
+- a weight gradient added to its parameter's accumulator by its
+  linear_grad_weight(_bias) kernel (`accumulate`) instead of by an
+  `accumulate` kernel after it (also off with --no-fused-epilogues).
+  Exact by construction on the CPU and the emulated GPU: the kernel
+  computes the product whole, rounds it to bf16 in mixed precision, and
+  adds it, as the two kernels did; on CUDA the GEMM adds it itself
+  (beta = 1), without that rounding in bf16 (not run here).
 
 The cases cover one rank in fp32 and bf16, the emulated CUDA backend
 (bf16), a pipeline (the last stage's forward and backward are separate
@@ -32,8 +39,12 @@ Each default plan must hold `cross_entropy_fused` and no
 `cross_entropy_grad` (--no-fused-classifier's the reverse), and, for the
 GPT models (whose linears have biases), `linear_grad_weight_bias`;
 --no-fused-epilogues' plan holds none, and one `bias_grad` more for each.
+Each default plan's weight gradients accumulate in their kernels (but
+under ZeRO-2, whose gradients go to reduce-scatter buckets instead), and
+--no-fused-epilogues' plan has an `accumulate` kernel more for each
+(piper-plan's listing).
 
-Usage: fusions_test.py PIPERC PIPER_RUN
+Usage: fusions_test.py PIPERC PIPER_RUN PIPER_PLAN
 """
 import glob
 import json
@@ -43,7 +54,7 @@ import subprocess
 import sys
 import tempfile
 
-PIPERC, PIPER_RUN = (os.path.abspath(p) for p in sys.argv[1:3])
+PIPERC, PIPER_RUN, PIPER_PLAN = (os.path.abspath(p) for p in sys.argv[1:4])
 
 # (name, model preset and flags, compile flags, ranks, backend)
 CASES = [
@@ -85,6 +96,13 @@ def plan_bytes(folder):
     return data
 
 
+def kernel_counts(folder):
+    """How many kernels accumulate a weight gradient themselves, and how
+    many `accumulate` kernels, in piper-plan's listing of every plan."""
+    text = run([PIPER_PLAN, folder]).stdout
+    return text.count("accumulate = 1"), text.count(" accumulate(")
+
+
 def train(work, tag, model, flags, ranks, backend):
     out = os.path.join(work, tag)
     run([PIPERC, "compile", model, "-o", out, "--lr", "1e-2"] + flags)
@@ -96,7 +114,7 @@ def train(work, tag, model, flags, ranks, backend):
         losses = [l for l in f.read().splitlines() if l.strip()]
     # Only the losses: timings differ from run to run.
     losses = [repr(json.loads(l)["loss"]) for l in losses]
-    return plan_bytes(out), losses, safetensors(save)
+    return plan_bytes(out), losses, safetensors(save), kernel_counts(out)
 
 
 def safetensors(path):
@@ -117,13 +135,14 @@ def main():
         model = os.path.join(work, "model-%d.mlir" % i)
         run([PIPERC, "model"] + preset + ["--seq", "16", "--batch", "2",
                                           "-o", model])
-        plan, losses, params = train(work, "fused-%d" % i, model, flags,
-                                     ranks, backend)
+        plan, losses, params, counts = train(work, "fused-%d" % i, model,
+                                             flags, ranks, backend)
         plain = train(work, "plain-%d" % i, model,
                       flags + ["--no-fused-classifier"], ranks, backend)
         apart = train(work, "apart-%d" % i, model,
                       flags + ["--no-fused-epilogues"], ranks, backend)
         biased = preset[0].startswith("gpt")
+        zero2 = "--zero" in flags and flags[flags.index("--zero") + 1] != "1"
         fused = plan.count(b"linear_grad_weight_bias")
         checks = [
             ("the default plan holds cross_entropy_fused",
@@ -141,9 +160,16 @@ def main():
              b"linear_grad_weight_bias" not in apart[0]
              and apart[0].count(b"bias_grad") ==
              plan.count(b"bias_grad") + fused),
+            ("the default plan's weight gradients accumulate in their "
+             "kernels (%d)%s" % (counts[0], " (none: ZeRO-2)" if zero2 else ""),
+             (counts[0] == 0) == zero2),
+            ("--no-fused-epilogues' plan: no kernel accumulates, an "
+             "accumulate kernel more for each (%d, %d vs %d)" %
+             (counts[0], apart[3][1], counts[1]),
+             apart[3][0] == 0 and apart[3][1] == counts[1] + counts[0]),
             ("3 losses", len(losses) == 3),
         ]
-        for flag, (_, losses0, params0) in (
+        for flag, (_, losses0, params0, _) in (
                 ("--no-fused-classifier", plain),
                 ("--no-fused-epilogues", apart)):
             checks += [

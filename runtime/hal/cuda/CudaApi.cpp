@@ -391,6 +391,7 @@ gpu::Context CudaKernelResources::context(cudaStream_t stream, bool bf16) {
   ctx.attention = state->dnn.mode();
   ctx.fused = &state->dnn;
   ctx.constants = &state->constants;
+  ctx.accumulatesInGemm = true;
   ctx.timer = state->timer.get();
   return ctx;
 }

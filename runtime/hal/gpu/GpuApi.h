@@ -90,6 +90,11 @@ struct Context {
   LaunchTimer *timer = nullptr;
   /// The stream's constant tables (AdamW's per-step constants).
   ConstantTables *constants = nullptr;
+  /// Whether a weight gradient accumulates in its GEMM (beta = 1): the
+  /// backend's GEMMs add beta C to the summed product in their epilogue
+  /// (cuBLASLt). The emulation's BLAS adds C inside its sums, so it does not
+  /// (the kernel adds a separate product instead: the CPU kernel's bits).
+  bool accumulatesInGemm = false;
 };
 
 // Backend primitives.

@@ -1,8 +1,8 @@
 // The linear and loss GPU kernels: linear and its gradients (GEMMs through
 // gemm(), cuBLASLt on CUDA, bf16 tensor cores with ctx.bf16), bias_grad
 // (chunked column sums), the softmax cross entropy and its gradient (a warp
-// per row), their vocabulary-parallel forms, and loss_accumulate (into the host
-// accumulator, asynchronously). Each mirrors its CPU kernel
+// per row), their vocabulary-parallel forms, and loss_accumulate (into its
+// stream's accumulator in device memory). Each mirrors its CPU kernel
 // (runtime/kernels/LayerKernels.cpp, LossKernels.cpp) and checks its operands
 // with the same function.
 #include "runtime/hal/gpu/ElementwiseLaunch.h"
@@ -37,22 +37,48 @@ Status linearGradInput(const KernelArgs &a, const Context &ctx) {
               d.transposeW ? d.in : d.out, 0.0f, a.outputs[0].f32(), d.in);
 }
 
-// dw = x^T dy [in,out], or dy^T x [out,in] when transposed; with `db`, the
-// column sums of dy asked of the GEMM's epilogue (sums->done: computed).
+// dw = x^T dy [in,out], or dy^T x [out,in] when transposed, plus beta dw;
+// with `db`, the column sums of dy asked of the GEMM's epilogue
+// (sums->done: computed).
 Status gradWeight(const Context &ctx, const LinearDims &d, const float *x,
-                  const float *dy, float *dw, float *db, GemmSums *sums) {
+                  const float *dy, float beta, float *dw, float *db,
+                  GemmSums *sums) {
   if (d.transposeW) {
     // op(A) = dy^T: its rows summed over k are dy's columns.
     if (db)
       sums->a = db;
     return gemm(ctx, true, false, d.out, d.in, d.rows, 1.0f, dy, d.out, x, d.in,
-                0.0f, dw, d.in, nullptr, db ? sums : nullptr);
+                beta, dw, d.in, nullptr, db ? sums : nullptr);
   }
   // op(B) = dy: its columns summed over k.
   if (db)
     sums->b = db;
   return gemm(ctx, true, false, d.in, d.out, d.rows, 1.0f, x, d.in, dy, d.out,
-              0.0f, dw, d.out, nullptr, db ? sums : nullptr);
+              beta, dw, d.out, nullptr, db ? sums : nullptr);
+}
+
+// The weight gradient into output 0 of `a`: overwritten, or with
+// `accumulate` added to it. Where the backend adds C in the GEMM's epilogue
+// (Context::accumulatesInGemm: cuBLASLt) that is the GEMM with beta = 1, the
+// fp32 product added as the `accumulate` kernel adds it (in mixed precision
+// without rounding the product to bf16 first: docs/kernels.md); elsewhere
+// (the emulation) dw goes to scratch, is rounded in mixed precision, and is
+// added: the CPU kernel's bits.
+Status gradWeightInto(const KernelArgs &a, const Context &ctx,
+                      const LinearDims &d, float *db, GemmSums *sums) {
+  const float *x = a.inputs[0].f32(), *dy = a.inputs[1].f32();
+  float *out = a.outputs[0].f32();
+  if (!d.accumulate || ctx.accumulatesInGemm)
+    return gradWeight(ctx, d, x, dy, d.accumulate ? 1.0f : 0.0f, out, db, sums);
+  const int64_t n = d.in * d.out;
+  void *scratch = nullptr;
+  PIPER_RETURN_IF_ERROR(
+      ctx.workspace->reserve(static_cast<size_t>(n) * sizeof(float), scratch));
+  float *dw = static_cast<float *>(scratch);
+  PIPER_RETURN_IF_ERROR(gradWeight(ctx, d, x, dy, 0.0f, dw, db, sums));
+  if (a.ctx.lowPrecision)
+    PIPER_RETURN_IF_ERROR(launchRoundBf16(ctx, dw, n));
+  return launchAdd(ctx, out, dw, out, n);
 }
 
 // db = the column sums of dy [rows, out] (chunked, in double; bias_grad).
@@ -73,8 +99,7 @@ Status columnSums(const Context &ctx, const float *dy, int64_t rows,
 Status linearGradWeight(const KernelArgs &a, const Context &ctx) {
   LinearDims d;
   PIPER_RETURN_IF_ERROR(detail::checkLinearGradWeight(a, d));
-  return gradWeight(ctx, d, a.inputs[0].f32(), a.inputs[1].f32(),
-                    a.outputs[0].f32(), nullptr, nullptr);
+  return gradWeightInto(a, ctx, d, nullptr, nullptr);
 }
 
 // Both gradients of a biased linear: db from the weight gradient's GEMM
@@ -85,8 +110,7 @@ Status linearGradWeightBias(const KernelArgs &a, const Context &ctx) {
   const float *dy = a.inputs[1].f32();
   float *db = a.outputs[1].f32();
   GemmSums sums;
-  PIPER_RETURN_IF_ERROR(
-      gradWeight(ctx, d, a.inputs[0].f32(), dy, a.outputs[0].f32(), db, &sums));
+  PIPER_RETURN_IF_ERROR(gradWeightInto(a, ctx, d, db, &sums));
   if (sums.done)
     return Status::ok();
   return columnSums(ctx, dy, d.rows, d.out, db);

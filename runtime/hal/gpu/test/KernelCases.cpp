@@ -145,10 +145,7 @@ std::vector<std::vector<uint32_t>> inputWords(const KernelCase &c,
 Side runOn(const KernelCase &c, Device &device,
            const std::vector<std::vector<uint32_t>> &inWords,
            const std::vector<std::vector<uint32_t>> &outWords) {
-  plan::Kernel kernel;
-  kernel.set_op(c.op);
-  for (const auto &[name, value] : c.attrs)
-    (*kernel.mutable_attrs())[name] = value;
+  plan::Kernel kernel = kernelOf(c);
   Side side;
   DeviceRun run{device, {}, {}, {}};
   std::vector<TensorRef> ins, outs;
@@ -223,6 +220,14 @@ Side runOn(const KernelCase &c, Device &device,
 }
 
 } // namespace
+
+plan::Kernel kernelOf(const KernelCase &c) {
+  plan::Kernel kernel;
+  kernel.set_op(c.op);
+  for (const auto &[name, value] : c.attrs)
+    (*kernel.mutable_attrs())[name] = value;
+  return kernel;
+}
 
 std::string runOutputsFrom(const KernelCase &c, Device &device,
                            uint32_t outputWord,

@@ -116,6 +116,9 @@ struct DeviceRun {
   }
 };
 
+/// The plan kernel of a case: its op and attributes, no operands.
+plan::Kernel kernelOf(const KernelCase &c);
+
 /// All registered cases.
 std::vector<KernelCase> &kernelCases();
 

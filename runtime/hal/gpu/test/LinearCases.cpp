@@ -77,6 +77,25 @@ void linearCases(std::vector<KernelCase> &out) {
              {x, dy},
              {f32(wShape), f32({outDim})}},
         };
+        // The weight gradient added to its output (`accumulate`, the
+        // compiler's fusion with the gradient accumulator's add). In fp32
+        // the output starts random: the sum is checked. In bf16 the CPU and
+        // the emulation round dw to bf16 before adding it, CUDA adds the
+        // fp32 product (Context::accumulatesInGemm): from a zero output the
+        // two differ by at most half a bf16 ulp of dw, 2^-9 |dw|, so rtol
+        // 2^-8 bounds it on a GPU, and the emulation must match the CPU
+        // within the fp32 GEMM's atol.
+        auto accumulated = [&](KernelCase c) {
+          c.name += " accumulate";
+          c.attrs.push_back({"accumulate", intAttr(1)});
+          if (bf16) {
+            c.outputs[0] = zeros(wShape);
+            c.rtol = 1.0 / 256;
+          }
+          return c;
+        };
+        cs.push_back(accumulated(cs[3]));
+        cs.push_back(accumulated(cs[4]));
         for (KernelCase &c : cs) {
           c.atol = 1e-5;
           c.lowPrecision = bf16;
@@ -85,6 +104,14 @@ void linearCases(std::vector<KernelCase> &out) {
       }
     }
   }
+  // A flag other than 0 or 1.
+  KernelCase badFlag{"linear_grad_weight accumulate 2",
+                     "linear_grad_weight",
+                     {{"accumulate", intAttr(2)}},
+                     {f32({3, 4}), f32({3, 5})},
+                     {f32({4, 5})}};
+  badFlag.rejects = "attribute 'accumulate' must be 0 or 1, got 2";
+  out.push_back(badFlag);
   // Without the attribute (transpose_w defaults to 0).
   KernelCase plain{"linear default transpose_w",
                    "linear",
