@@ -363,8 +363,12 @@ private:
     // accumulator itself (`accumulate`, docs/kernels.md): the add and the
     // value between them are gone, and the accumulator's additions keep
     // their order.
-    DenseMap<Operation *, int> accumulatesInto; // producer -> param
-    DenseSet<Operation *> fusedAccumulates;
+    DenseMap<Operation *, Operation *> accumulatesInto; // producer -> acc
+    // The fused accumulate_grad ops, and the output of their producer's
+    // kernel, whose parameter index is set where the accumulate_grad was
+    // (so that parameters are numbered in the order the unfused lowering
+    // meets them).
+    DenseMap<Operation *, plan::Operand *> fusedAccumulates;
     if (fuseAccumulation)
       for (AccumulateGradOp acc : body.getOps<AccumulateGradOp>()) {
         Value g = acc.getGrad();
@@ -381,13 +385,19 @@ private:
             named |= ref.getAttr() == name;
         if (named)
           continue;
-        accumulatesInto[def] = param(name);
-        fusedAccumulates.insert(acc.getOperation());
+        accumulatesInto[def] = acc.getOperation();
+        fusedAccumulates[acc.getOperation()] = nullptr;
       }
     std::vector<Operation *> kernelOps; // the op behind each kernel
     for (Operation &op : body) {
-      if (fusedAccumulates.contains(&op))
+      if (auto fused = fusedAccumulates.find(&op);
+          fused != fusedAccumulates.end()) {
+        if (!fused->second)
+          return op.emitOpError("lost the weight gradient it accumulates");
+        fused->second->set_index(
+            param(cast<AccumulateGradOp>(op).getParamAttr().getAttr()));
         continue;
+      }
       if (auto ref = dyn_cast<ParamRefOp>(op)) {
         values[ref.getResult()] =
             operand(plan::Operand::PARAM, param(ref.getParamAttr().getAttr()));
@@ -452,11 +462,16 @@ private:
         *k->add_inputs() = it->second;
       }
       auto fused = accumulatesInto.find(&op);
-      for (Value r : op.getResults())
-        *k->add_outputs() =
-            fused != accumulatesInto.end() && r == op.getResult(0)
-                ? operand(plan::Operand::GRAD, fused->second)
-                : operand(plan::Operand::VALUE, newValue(r));
+      for (Value r : op.getResults()) {
+        if (fused != accumulatesInto.end() && r == op.getResult(0)) {
+          // Protobuf's repeated messages do not move as the plan grows.
+          plan::Operand *grad = k->add_outputs();
+          *grad = operand(plan::Operand::GRAD, -1);
+          fusedAccumulates[fused->second] = grad;
+          continue;
+        }
+        *k->add_outputs() = operand(plan::Operand::VALUE, newValue(r));
+      }
       if (fused != accumulatesInto.end())
         setInt("accumulate", 1);
       for (NamedAttribute a : op.getAttrs()) {
