@@ -332,21 +332,18 @@ int Executor::replicaIndex() const { return impl->replica; }
 double Executor::lastGradNorm() const { return impl->lastGradNorm; }
 
 Status ExecutorImpl::allocateBatchStaging() {
-  batchSlot.assign(plan.streams_size(), {});
   batchLoadOf.assign(plan.streams_size(), {});
   batchLoads.clear();
   size_t bytes = 0;
   for (int s = 0; s < plan.streams_size(); ++s) {
     const plan::Stream &stream = plan.streams(s);
-    batchSlot[s].assign(stream.instructions_size(), -1);
     batchLoadOf[s].assign(stream.instructions_size(), -1);
     for (int i = 0; i < stream.instructions_size(); ++i) {
       const Instruction &inst = stream.instructions(i);
       if (inst.kind() != Instruction::LOAD_BATCH)
         continue;
-      batchSlot[s][i] = static_cast<int64_t>(bytes);
       batchLoadOf[s][i] = static_cast<int>(batchLoads.size());
-      batchLoads.push_back({s, i});
+      batchLoads.push_back({s, i, bytes});
       size_t slot = static_cast<size_t>(bufferViews[inst.outputs(0)]->bytes +
                                         bufferViews[inst.outputs(1)]->bytes);
       bytes += (slot + 63) / 64 * 64;
@@ -375,13 +372,14 @@ void ExecutorImpl::prefetchBatches(int64_t step) {
     return;
   const plan::TrainingConfig &t = plan.training();
   for (size_t k = 0; k < batchLoads.size(); ++k) {
-    const auto [s, i] = batchLoads[k];
-    const Instruction &inst = plan.streams(s).instructions(i);
+    const BatchLoad &load = batchLoads[k];
+    const Instruction &inst =
+        plan.streams(load.stream).instructions(load.instruction);
     // The members of a tensor-parallel group read the same data, and the
     // members of a context-parallel group parts of the same sequences.
     int64_t global = plan::batchReplica(plan, replica) * t.num_microbatches() +
                      inst.microbatch();
-    char *slot = batchStaging.data + half * batchHalfBytes + batchSlot[s][i];
+    char *slot = batchSlot(half, load);
     batchFilled[half][k] = fillContextShard(
         *data, step, global, t.microbatch_size(), t.seq_len(),
         plan::contextParallel(plan), plan::contextMember(plan, replica),

@@ -98,9 +98,6 @@ struct StepState {
   std::atomic<bool> failed{false};
   std::mutex errorMu; // taken only when a stream fails
   Status error;
-  /// Per stream, as read from ExecutorImpl::lossSums after the step (each
-  /// stream adds to its own, so kernels never share an adder).
-  std::vector<double> loss;
 };
 
 /// A started SEND: the plan keeps its buffer's arena bytes intact until the
@@ -138,28 +135,32 @@ public:
   char *at(int64_t offset) const { return arena.data + offset; }
   /// LOAD_BATCH's host staging (Allocator::allocateHost: page-locked on
   /// CUDA, so its copies are queued without the host waiting), in two
-  /// halves: step t's batches are in half t % 2, filled on the host before
-  /// the step's streams start (prefetchBatches; during step t - 1 where it
-  /// ran), so that LOAD_BATCH only queues their copies. In each half a slot
-  /// per LOAD_BATCH instruction, its tokens then its targets, at
-  /// batchSlot[stream][instruction] (-1: not a LOAD_BATCH) from the half's
-  /// start. A half is rewritten only for the step after next, after the
+  /// halves of batchHalfBytes: step t's batches are in half t % 2, filled
+  /// on the host before the step's streams start (prefetchBatches; during
+  /// step t - 1 where it ran), so that LOAD_BATCH only queues their copies.
+  /// A half is rewritten only for the step after next, after the
   /// end-of-step synchronization of the step that copied from it.
   Block batchStaging;
-  std::vector<std::vector<int64_t>> batchSlot;
   size_t batchHalfBytes = 0;
-  /// The plan's LOAD_BATCH instructions, in stream order.
+  /// The plan's LOAD_BATCH instructions, in stream order: where each is,
+  /// and its slot in each half (its tokens, then its targets).
   struct BatchLoad {
     int stream = 0, instruction = 0;
+    size_t offset = 0;
   };
   std::vector<BatchLoad> batchLoads;
+  /// batchLoads' index of each instruction, by stream (-1: not a
+  /// LOAD_BATCH).
+  std::vector<std::vector<int>> batchLoadOf;
   /// Per half: the step whose batches it holds (0: none), and per
   /// LOAD_BATCH (batchLoads order) the status of its fill, which its
   /// instruction returns (a data error fails the stream that loads it).
   int64_t batchStep[2] = {0, 0};
   std::vector<Status> batchFilled[2];
-  /// The index in batchLoads of each LOAD_BATCH, as batchSlot.
-  std::vector<std::vector<int>> batchLoadOf;
+  /// Load `load`'s slot in half `half` of the staging.
+  char *batchSlot(int half, const BatchLoad &load) const {
+    return batchStaging.data + half * batchHalfBytes + load.offset;
+  }
   /// Per buffer id: its view at Buffer.offset, as stored (packed bf16 in
   /// mixed precision).
   std::vector<TensorPtr> bufferViews;
@@ -344,7 +345,7 @@ public:
   Status clipGrads(int s);
   /// Zeroes the gradients no plan kernel clears (before steps 2, 3, ...).
   Status clearGradients();
-  /// batchStaging and batchSlot, for the plan's LOAD_BATCH instructions
+  /// batchStaging and batchLoads, for the plan's LOAD_BATCH instructions
   /// (after bufferViews).
   Status allocateBatchStaging();
   /// Fills step `step`'s batches into half step % 2 of batchStaging, on

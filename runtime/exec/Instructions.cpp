@@ -135,9 +135,9 @@ Status ExecutorImpl::execute(int s, int i, StepState &st,
     if (batchStep[half] != st.step)
       return Status::error("internal error: the batches of step " +
                            std::to_string(st.step) + " were not loaded");
-    PIPER_RETURN_IF_ERROR(batchFilled[half][size_t(batchLoadOf[s][i])]);
-    const char *slot =
-        batchStaging.data + half * batchHalfBytes + batchSlot[s][i];
+    const size_t k = static_cast<size_t>(batchLoadOf[s][i]);
+    PIPER_RETURN_IF_ERROR(batchFilled[half][k]);
+    const char *slot = batchSlot(half, batchLoads[k]);
     PIPER_RETURN_IF_ERROR(
         memory
             ->copyFromHostAsync(tokens->data, slot,

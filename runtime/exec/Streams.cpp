@@ -189,15 +189,16 @@ Status ExecutorImpl::runStep(int64_t step, double &loss) {
   posPhase.store(ExecPosition::kLossAllReduce, std::memory_order_relaxed);
 
   // The streams are synchronized: one read of every stream's loss.
-  st.loss.assign(static_cast<size_t>(std::max(1, numStreams)), 0.0);
-  Status lossRead = lossSums->read(st.loss.data());
+  // (Each stream adds to its own, so kernels never share an adder.)
+  std::vector<double> losses(static_cast<size_t>(std::max(1, numStreams)));
+  Status lossRead = lossSums->read(losses.data());
   if (!lossRead) {
     broken = true;
     return lossRead.withContext(who + ": reading the loss of step " +
                                 std::to_string(step));
   }
   loss = 0;
-  for (double l : st.loss)
+  for (double l : losses)
     loss += l;
   // One world reduction per step: the loss and, when the plan does not
   // clip, the squared gradient norm.

@@ -32,7 +32,9 @@ struct TensorRef {
 
 /// What a kernel may read or write besides its operands.
 struct KernelContext {
-  /// Step-loss accumulator; `loss_accumulate` adds `scale * loss` to it.
+  /// Step-loss accumulator, one double in device memory (the calling
+  /// stream's slot of hal::LossSums); `loss_accumulate` adds `scale * loss`
+  /// to it.
   double *lossAccumulator = nullptr;
   /// 1-based optimizer step (AdamW bias correction).
   int64_t step = 1;
