@@ -2,7 +2,6 @@
 // zero, adamw) and the executor's elementwise device work.
 #include <algorithm>
 #include <cstring>
-#include <limits>
 
 #include "runtime/hal/gpu/ElementwiseLaunch.h"
 #include "runtime/hal/gpu/GpuKernels.h"
@@ -66,16 +65,12 @@ struct AdamwLaunches {
 
   /// Adds the checked call `a` (constants `c`) to the last batch, or to a
   /// new one when that one is full.
-  Status append(const KernelArgs &a, const AdamwConstants &c) {
+  void append(const KernelArgs &a, const AdamwConstants &c) {
     size_t set = 0;
     while (set < sets.size() && std::memcmp(&sets[set], &c, sizeof c) != 0)
       ++set;
-    if (set == sets.size()) {
-      if (sets.size() > std::numeric_limits<uint16_t>::max())
-        return a.error("more than 65536 distinct AdamW constant sets in one "
-                       "update");
+    if (set == sets.size())
       sets.push_back(c);
-    }
     if (batches.empty() || batches.back().count == AdamwBatch::kMax) {
       batches.emplace_back();
       batches.back().offset[0] = 0;
@@ -87,9 +82,8 @@ struct AdamwLaunches {
     b.m[j] = a.outputs[1].f32();
     b.v[j] = a.outputs[2].f32();
     b.copy[j] = a.ctx.bf16Copy;
-    b.constantsOf[j] = static_cast<uint16_t>(set);
+    b.constantsOf[j] = static_cast<uint32_t>(set);
     b.offset[j + 1] = b.offset[j] + a.inputs[0].numel();
-    return Status::ok();
   }
 
   /// Copies this step's constant sets to the table of call site `site` on
@@ -116,7 +110,7 @@ Status adamw(const KernelArgs &a, const Context &ctx) {
   AdamwConstants c;
   PIPER_RETURN_IF_ERROR(detail::checkAdamw(a, c));
   AdamwLaunches launches;
-  PIPER_RETURN_IF_ERROR(launches.append(a, c));
+  launches.append(a, c);
   return launches.launch(ctx, &a.kernel, a.ctx.clipFactor);
 }
 
@@ -147,7 +141,7 @@ Status runAdamwCalls(const std::vector<AdamwCall> &calls, KernelContext &kctx,
     PIPER_RETURN_IF_ERROR(detail::checkOperandStorage(a));
     AdamwConstants c;
     PIPER_RETURN_IF_ERROR(detail::checkAdamw(a, c));
-    PIPER_RETURN_IF_ERROR(launches.append(a, c));
+    launches.append(a, c);
   }
   failed = calls.size();
   // The table of these calls is named by the first one's kernel.

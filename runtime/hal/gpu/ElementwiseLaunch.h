@@ -33,14 +33,14 @@ Status launchAdd(const Context &ctx, const float *a, const float *b, float *y,
 /// constants[constantsOf[j]] of a table in device memory (ConstantTables),
 /// so that the launch's arguments are the same every step.
 struct AdamwBatch {
-  static constexpr int kMax = 32; // ~1.5 KB of arguments
+  static constexpr int kMax = 32; // ~1.6 KB of arguments
   int count = 0;
   const float *grad[kMax];
   float *param[kMax], *m[kMax], *v[kMax];
   float *copy[kMax]; // null: no bf16 copy
   /// Update j's elements are [offset[j], offset[j + 1]) of the launch.
   int64_t offset[kMax + 1];
-  uint16_t constantsOf[kMax];
+  uint32_t constantsOf[kMax]; // of at most one set per update
 };
 /// AdamW (adamwElement) over every update of the batch, with the constant
 /// sets `constants` (device memory); where an update's `copy` is not null,

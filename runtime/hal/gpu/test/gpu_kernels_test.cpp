@@ -22,6 +22,7 @@
 #include "runtime/hal/gpu/test/KernelCases.h"
 #include "support/Precision.h"
 
+using namespace piper;
 using namespace piper::runtime;
 using namespace piper::runtime::hal;
 
@@ -179,6 +180,63 @@ TEST_CASE("kernels that round their own outputs in mixed precision give the "
                               "layer_norm_grad_input", "rms_norm",
                               "rms_norm_grad_input", "cross_entropy_grad",
                               "cross_entropy_fused"});
+}
+
+// The step's loss accumulators (hal::LossSums): at least one slot; they
+// start at zero, `loss_accumulate` adds to the slot it is given, a read
+// gives every slot in order, and a reset zeroes them; on both devices.
+TEST_CASE("loss accumulators") {
+  auto cpu = createCpuDevice(nullptr);
+  auto gpu = createEmulatedGpuDevice(nullptr);
+  for (Device *d : {cpu.get(), gpu.get()}) {
+    INFO(d->name());
+    std::unique_ptr<LossSums> sums;
+    CHECK(d->createLossSums(0, sums).message() ==
+          "loss accumulators: 0 slots asked for; at least one is needed");
+    REQUIRE(d->createLossSums(3, sums));
+    // The devices' memory is the host's here.
+    float value = 1.5f;
+    plan::Kernel kernel;
+    kernel.set_op("loss_accumulate");
+    (*kernel.mutable_attrs())["scale"].set_f(0.25);
+    KernelContext ctx;
+    ctx.lossAccumulator = sums->slot(1);
+    const KernelInfo *info = d->findKernel("loss_accumulate");
+    REQUIRE(info);
+    for (int twice = 0; twice < 2; ++twice)
+      REQUIRE(d->runKernel(*info, kernel, decodeKernelAttrs(kernel),
+                           {TensorRef{plan::F32, {}, &value}}, {}, ctx));
+    std::vector<double> out(3, -1.0);
+    REQUIRE(sums->read(out.data()));
+    CHECK(out == std::vector<double>{0.0, 0.75, 0.0});
+    REQUIRE(sums->reset());
+    REQUIRE(sums->read(out.data()));
+    CHECK(out == std::vector<double>{0.0, 0.0, 0.0});
+  }
+}
+
+// AdamW's per-step constants live in the stream's constant tables
+// (gpu::ConstantTables): a kernel context without them is an error, not a
+// launch reading nothing.
+TEST_CASE("adamw needs the stream's constant tables") {
+  using namespace piper::runtime::hal::PIPER_GPU_NS;
+  std::vector<float> g(4, 0.5f), p(4, 1.0f), m(4, 0.0f), v(4, 0.0f);
+  plan::Kernel kernel;
+  kernel.set_op("adamw");
+  (*kernel.mutable_attrs())["lr"].set_f(0.1);
+  KernelContext kctx;
+  kctx.step = 1;
+  auto ref = [](std::vector<float> &x) {
+    return TensorRef{plan::F32, {int64_t(x.size())}, x.data()};
+  };
+  const KernelInfo *info = findKernelInfo("adamw");
+  REQUIRE(info);
+  Context bare; // no constant tables
+  Status st = piper::runtime::hal::PIPER_GPU_NS::runKernel(
+      *info, kernel, decodeKernelAttrs(kernel), {ref(g)},
+      {ref(p), ref(m), ref(v)}, kctx, bare);
+  CHECK(st.message() == "adamw: the kernel context has no constant tables");
+  CHECK(p == std::vector<float>(4, 1.0f));
 }
 
 #ifdef PIPER_GPU_LANES32
