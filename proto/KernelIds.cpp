@@ -18,6 +18,9 @@ const std::vector<KernelSignature> &kernelSignatures() {
       {"qk_norm", 2, 2, 1, {"heads"}},
       {"linear", 2, 3, 1, {}},
       {"gelu", 1, 1, 1, {}},
+      // linear then gelu, fused by the compiler (GEMM epilogue on CUDA):
+      // (x, w[, b]) -> (h = the linear's y, gelu(h)).
+      {"linear_gelu", 2, 3, 2, {}},
       {"swiglu", 1, 1, 1, {}},
       {"add", 2, 2, 1, {}},
       {"bias_add", 2, 2, 1, {}},
@@ -76,6 +79,9 @@ const std::vector<KernelSignature> &kernelSignatures() {
       {"bias_grad", 1, 1, 1, {}},
       {"linear_grad_weight_bias", 2, 2, 2, {}},
       {"gelu_grad", 2, 2, 1, {}},
+      // linear_grad_input then gelu_grad, fused by the compiler:
+      // (dy, w, h) -> (dy w^T) * gelu'(h).
+      {"linear_grad_input_gelu", 3, 3, 1, {}},
       {"swiglu_grad", 2, 2, 1, {}},
       {"attention_grad", 4, 4, 1, {"heads", "seq"}},
       {"attention_block_grad", 5, 7, 2, {"heads", "seq", "cp", "step"}},

@@ -496,8 +496,10 @@ static CLI::App *addCompileCommand(CLI::App &app, CompileOptions &comp) {
       "instead of one (linear_grad_weight_bias, whose bias gradient comes "
       "out of the weight gradient's GEMM on CUDA), and add weight gradients "
       "to their accumulators with accumulate kernels instead of in their "
-      "own kernels (in the GEMM on CUDA); bit-identical on the CPU; "
-      "docs/design-notes.md §2");
+      "own kernels (in the GEMM on CUDA), and run gelu and gelu_grad as "
+      "kernels of their own instead of with the GEMM before them "
+      "(linear_gelu, linear_grad_input_gelu: in its epilogue on CUDA); "
+      "bit-identical on the CPU; docs/design-notes.md §2");
   return compileCmd;
 }
 

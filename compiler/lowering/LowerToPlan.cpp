@@ -3,6 +3,7 @@
 #include "compiler/lowering/LowerToPlan.h"
 
 #include "compiler/analysis/ProgramInfo.h"
+#include "compiler/lowering/SegmentFusions.h"
 #include "dialects/piper/PiperDialect.h"
 #include "proto/KernelIds.h"
 #include "proto/PlanFile.h"
@@ -45,9 +46,9 @@ namespace {
 class ClassLowering {
 public:
   ClassLowering(ModuleOp module, DeviceProgramOp dp, int64_t worldSize,
-                double lossScale, bool fuseAccumulation)
+                double lossScale, bool fuseKernels)
       : module(module), dp(dp), symbols(module), worldSize(worldSize),
-        lossScale(lossScale), fuseAccumulation(fuseAccumulation) {}
+        lossScale(lossScale), fuseKernels(fuseKernels) {}
 
   FailureOr<plan::Plan> run() {
     p.set_schema_version(plan::kPlanSchemaVersion);
@@ -357,47 +358,25 @@ private:
     Block &body = seg.getBody().front();
     for (BlockArgument a : body.getArguments())
       out->add_args(newValue(a));
-    // Weight gradients accumulated in their GEMM: a linear_grad_weight(_bias)
-    // whose weight gradient goes only to its parameter's accumulate_grad,
-    // with nothing in between naming that parameter, adds it to the
-    // accumulator itself (`accumulate`, docs/kernels.md): the add and the
-    // value between them are gone, and the accumulator's additions keep
-    // their order.
-    DenseMap<Operation *, Operation *> accumulatesInto; // producer -> acc
-    // The fused accumulate_grad ops, and the output of their producer's
-    // kernel, whose parameter index is set where the accumulate_grad was
-    // (so that parameters are numbered in the order the unfused lowering
-    // meets them).
+    // Kernels merged into another op's (weight gradients accumulated by
+    // their GEMM, GELU in the GEMM's epilogue: SegmentFusions.h).
+    SegmentFusions fusions = findSegmentFusions(body, fuseKernels);
+    // The output of each fused accumulate_grad's producer kernel, whose
+    // parameter index is set where the accumulate_grad was (so that
+    // parameters are numbered in the order the unfused lowering meets them).
     DenseMap<Operation *, plan::Operand *> fusedAccumulates;
-    if (fuseAccumulation)
-      for (AccumulateGradOp acc : body.getOps<AccumulateGradOp>()) {
-        Value g = acc.getGrad();
-        Operation *def = g.getDefiningOp();
-        if (!def || def->getBlock() != &body || !g.hasOneUse() ||
-            g != def->getResult(0) ||
-            !isa<LinearGradWeightOp, LinearGradWeightBiasOp>(def))
-          continue;
-        StringAttr name = acc.getParamAttr().getAttr();
-        bool named = false;
-        for (Operation *o = def->getNextNode(); o && o != acc.getOperation();
-             o = o->getNextNode())
-          if (auto ref = o->getAttrOfType<FlatSymbolRefAttr>("param"))
-            named |= ref.getAttr() == name;
-        if (named)
-          continue;
-        accumulatesInto[def] = acc.getOperation();
-        fusedAccumulates[acc.getOperation()] = nullptr;
-      }
     std::vector<Operation *> kernelOps; // the op behind each kernel
     for (Operation &op : body) {
-      if (auto fused = fusedAccumulates.find(&op);
-          fused != fusedAccumulates.end()) {
-        if (!fused->second)
+      if (auto acc = dyn_cast<AccumulateGradOp>(op);
+          acc && fusions.absorbed(&op)) {
+        plan::Operand *grad = fusedAccumulates.lookup(&op);
+        if (!grad)
           return op.emitOpError("lost the weight gradient it accumulates");
-        fused->second->set_index(
-            param(cast<AccumulateGradOp>(op).getParamAttr().getAttr()));
+        grad->set_index(param(acc.getParamAttr().getAttr()));
         continue;
       }
+      if (fusions.absorbed(&op))
+        continue; // its kernel ran as part of an earlier op's
       if (auto ref = dyn_cast<ParamRefOp>(op)) {
         values[ref.getResult()] =
             operand(plan::Operand::PARAM, param(ref.getParamAttr().getAttr()));
@@ -419,6 +398,23 @@ private:
       auto setInt = [&](StringRef key, int64_t v) {
         (*k->mutable_attrs())[key.str()].set_i(v);
       };
+      if (auto gi = dyn_cast_or_null<LinearGradInputOp>(
+              fusions.geluGradOf.lookup(&op))) {
+        // linear_grad_input_gelu: (dy, w, h) -> gelu_grad's result.
+        auto gelu = cast<GeluGradOp>(op);
+        k->set_op("linear_grad_input_gelu");
+        for (Value v : {gi.getGrad(), gi.getWeight(), gelu.getInput()}) {
+          auto it = values.find(v);
+          if (it == values.end())
+            return op.emitOpError("uses a value the lowering does not know");
+          *k->add_inputs() = it->second;
+        }
+        *k->add_outputs() =
+            operand(plan::Operand::VALUE, newValue(gelu.getResult()));
+        if (gi.getTransposeW())
+          setInt("transpose_w", 1);
+        continue;
+      }
       auto setFloat = [&](StringRef key, double v) {
         (*k->mutable_attrs())[key.str()].set_f(v);
       };
@@ -461,19 +457,25 @@ private:
           return op.emitOpError("uses a value the lowering does not know");
         *k->add_inputs() = it->second;
       }
-      auto fused = accumulatesInto.find(&op);
+      Operation *accumulated = fusions.accumulatesInto.lookup(&op);
       for (Value r : op.getResults()) {
-        if (fused != accumulatesInto.end() && r == op.getResult(0)) {
+        if (accumulated && r == op.getResult(0)) {
           // Protobuf's repeated messages do not move as the plan grows.
           plan::Operand *grad = k->add_outputs();
           *grad = operand(plan::Operand::GRAD, -1);
-          fusedAccumulates[fused->second] = grad;
+          fusedAccumulates[accumulated] = grad;
           continue;
         }
         *k->add_outputs() = operand(plan::Operand::VALUE, newValue(r));
       }
-      if (fused != accumulatesInto.end())
+      if (accumulated)
         setInt("accumulate", 1);
+      if (Operation *gelu = fusions.geluAfter.lookup(&op)) {
+        // linear_gelu: h (the linear's result), then gelu's.
+        k->set_op("linear_gelu");
+        *k->add_outputs() =
+            operand(plan::Operand::VALUE, newValue(gelu->getResult(0)));
+      }
       for (NamedAttribute a : op.getAttrs()) {
         if (auto i = dyn_cast<IntegerAttr>(a.getValue()))
           setInt(a.getName().getValue(), i.getInt());
@@ -534,7 +536,7 @@ private:
   SymbolTable symbols;
   int64_t worldSize;
   double lossScale;
-  bool fuseAccumulation;
+  bool fuseKernels;
   plan::Plan p;
   std::map<Operation *, int64_t> eventOf;
   /// The op recording each event (the inverse of eventOf).
@@ -551,7 +553,7 @@ private:
 FailureOr<LoweredPlans>
 mlir::piper::lowerToPlans(ModuleOp module, const std::string &modelName,
                           const std::string &strategySummary,
-                          bool checkProgress, bool fuseAccumulation) {
+                          bool checkProgress, bool fuseKernels) {
   SmallVector<DeviceProgramOp> programs(module.getOps<DeviceProgramOp>());
   if (programs.empty())
     return module.emitError("no device programs to lower");
@@ -571,7 +573,7 @@ mlir::piper::lowerToPlans(ModuleOp module, const std::string &modelName,
     int64_t reps = dp.getNumReplicas();
     FailureOr<plan::Plan> plan =
         ClassLowering(module, dp, worldSize, 1.0 / double(mbs * reps),
-                      fuseAccumulation)
+                      fuseKernels)
             .run();
     if (failed(plan))
       return failure();

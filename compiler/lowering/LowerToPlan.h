@@ -32,15 +32,17 @@ int64_t planTensorBytes(const plan::TensorType &type);
 /// to plans. Emits diagnostics and fails on IR it cannot lower, or (with
 /// `checkProgress`) on plans that cannot finish a step together; a caller
 /// that simulates the plans itself (piperc search) meets that error there.
-/// With `fuseAccumulation` (piperc's default; --no-fused-epilogues turns it
-/// off) a weight gradient that only goes to its parameter's accumulator is
-/// added to it by its linear_grad_weight(_bias) kernel (`accumulate`)
-/// instead of by an `accumulate` kernel.
+/// With `fuseKernels` (piperc's default; --no-fused-epilogues turns it off)
+/// some ops' kernels merge into another's (SegmentFusions.h): a weight
+/// gradient that only goes to its parameter's accumulator is added to it by
+/// its linear_grad_weight(_bias) kernel (`accumulate`) instead of by an
+/// `accumulate` kernel, and gelu and gelu_grad run with the GEMM before them
+/// (`linear_gelu`, `linear_grad_input_gelu`).
 FailureOr<LoweredPlans> lowerToPlans(ModuleOp module,
                                      const std::string &modelName,
                                      const std::string &strategySummary,
                                      bool checkProgress = true,
-                                     bool fuseAccumulation = false);
+                                     bool fuseKernels = false);
 
 } // namespace mlir::piper
 

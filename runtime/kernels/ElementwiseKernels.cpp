@@ -66,13 +66,21 @@ Status checkGelu(const KernelArgs &a) {
   return expectTensor(a, a.outputs[0], "y", plan::F32, a.inputs[0].shape);
 }
 
+void geluInto(const float *x, float *y, int64_t n) {
+  parallelFor(n, kElementGrain, [&](int64_t begin, int64_t end) {
+    geluLoop(x + begin, y + begin, end - begin);
+  });
+}
+
+void geluGradInto(const float *x, const float *dy, float *dx, int64_t n) {
+  parallelFor(n, kElementGrain, [&](int64_t begin, int64_t end) {
+    geluGradLoop(x + begin, dy + begin, dx + begin, end - begin);
+  });
+}
+
 Status geluKernel(const KernelArgs &a) {
   PIPER_RETURN_IF_ERROR(checkGelu(a));
-  const TensorRef &x = a.inputs[0], &y = a.outputs[0];
-
-  parallelFor(x.numel(), kElementGrain, [&](int64_t begin, int64_t end) {
-    geluLoop(x.f32() + begin, y.f32() + begin, end - begin);
-  });
+  geluInto(a.inputs[0].f32(), a.outputs[0].f32(), a.inputs[0].numel());
   return Status::ok();
 }
 
@@ -86,12 +94,8 @@ Status checkGeluGrad(const KernelArgs &a) {
 
 Status geluGradKernel(const KernelArgs &a) {
   PIPER_RETURN_IF_ERROR(checkGeluGrad(a));
-  const TensorRef &x = a.inputs[0], &dy = a.inputs[1], &dx = a.outputs[0];
-
-  parallelFor(x.numel(), kElementGrain, [&](int64_t begin, int64_t end) {
-    geluGradLoop(x.f32() + begin, dy.f32() + begin, dx.f32() + begin,
-                 end - begin);
-  });
+  geluGradInto(a.inputs[0].f32(), a.inputs[1].f32(), a.outputs[0].f32(),
+               a.inputs[0].numel());
   return Status::ok();
 }
 

@@ -117,6 +117,8 @@ Status tpKvAssembleKernel(const KernelArgs &a);
 Status tpKvAssembleGradKernel(const KernelArgs &a);
 Status biasGradKernel(const KernelArgs &a);
 Status linearGradWeightBiasKernel(const KernelArgs &a);
+Status linearGeluKernel(const KernelArgs &a);
+Status linearGradInputGeluKernel(const KernelArgs &a);
 
 // UlyssesKernels.cpp
 Status ulyssesSplitKernel(const KernelArgs &a);
@@ -143,6 +145,10 @@ Status geluGradKernel(const KernelArgs &a);
 Status swigluKernel(const KernelArgs &a);
 Status swigluGradKernel(const KernelArgs &a);
 Status addKernel(const KernelArgs &a);
+/// y = gelu(x) and dx = gelu'(x) dy over n elements, the loops of gelu and
+/// gelu_grad (their bits; dx may not alias x or dy).
+void geluInto(const float *x, float *y, int64_t n);
+void geluGradInto(const float *x, const float *dy, float *dx, int64_t n);
 
 // AttentionKernels.cpp
 Status attentionKernel(const KernelArgs &a);

@@ -213,8 +213,10 @@ static Status weightMismatch(const KernelArgs &a, const TensorRef &w,
                  " (transpose_w=" + (transposeW ? "1" : "0") + ")");
 }
 
-Status checkLinear(const KernelArgs &a, LinearDims &d, bool &hasBias) {
-  PIPER_RETURN_IF_ERROR(expectCounts(a, 2, 3, 1));
+// linear's operands, and linear_gelu's (`outputs` 2: h and gelu(h)).
+static Status checkLinearOperands(const KernelArgs &a, size_t outputs,
+                                  LinearDims &d, bool &hasBias) {
+  PIPER_RETURN_IF_ERROR(expectCounts(a, 2, 3, outputs));
   const TensorRef &x = a.inputs[0], &w = a.inputs[1], &y = a.outputs[0];
   int64_t wIn = 0;
   PIPER_RETURN_IF_ERROR(expectMatrix(a, x, "x", plan::F32, d.rows, d.in));
@@ -225,14 +227,24 @@ Status checkLinear(const KernelArgs &a, LinearDims &d, bool &hasBias) {
   if (hasBias)
     PIPER_RETURN_IF_ERROR(
         expectTensor(a, a.inputs[2], "b", plan::F32, {d.out}));
-  PIPER_RETURN_IF_ERROR(expectTensor(a, y, "y", plan::F32, {d.rows, d.out}));
+  PIPER_RETURN_IF_ERROR(
+      expectTensor(a, y, outputs == 1 ? "y" : "h", plan::F32, {d.rows, d.out}));
+  if (outputs == 2)
+    PIPER_RETURN_IF_ERROR(
+        expectTensor(a, a.outputs[1], "y", plan::F32, {d.rows, d.out}));
   return expectBlasDims(a, {d.rows, d.in, d.out});
 }
 
-Status linearKernel(const KernelArgs &a) {
-  LinearDims d;
-  bool hasBias = false;
-  PIPER_RETURN_IF_ERROR(checkLinear(a, d, hasBias));
+Status checkLinear(const KernelArgs &a, LinearDims &d, bool &hasBias) {
+  return checkLinearOperands(a, 1, d, hasBias);
+}
+
+Status checkLinearGelu(const KernelArgs &a, LinearDims &d, bool &hasBias) {
+  return checkLinearOperands(a, 2, d, hasBias);
+}
+
+// y = x w (+ b) into a.outputs[0].
+static void linearInto(const KernelArgs &a, const LinearDims &d, bool hasBias) {
   const TensorRef &x = a.inputs[0], &w = a.inputs[1], &y = a.outputs[0];
   const int64_t rows = d.rows, in = d.in, out = d.out;
   const bool transposeW = d.transposeW;
@@ -243,11 +255,36 @@ Status linearKernel(const KernelArgs &a) {
       std::copy_n(a.inputs[2].f32(), out, y.f32() + n * out);
   gemm(false, transposeW, rows, out, in, 1.0f, x.f32(), in, w.f32(),
        transposeW ? in : out, hasBias ? 1.0f : 0.0f, y.f32(), out);
+}
+
+Status linearKernel(const KernelArgs &a) {
+  LinearDims d;
+  bool hasBias = false;
+  PIPER_RETURN_IF_ERROR(checkLinear(a, d, hasBias));
+  linearInto(a, d, hasBias);
   return Status::ok();
 }
 
-Status checkLinearGradInput(const KernelArgs &a, LinearDims &d) {
-  PIPER_RETURN_IF_ERROR(expectCounts(a, 2, 2, 1));
+// linear's h, rounded to bf16 in mixed precision as the executor would
+// round linear's output, then gelu's loop on it: the unfused bits.
+Status linearGeluKernel(const KernelArgs &a) {
+  LinearDims d;
+  bool hasBias = false;
+  PIPER_RETURN_IF_ERROR(checkLinearGelu(a, d, hasBias));
+  linearInto(a, d, hasBias);
+  const int64_t n = d.rows * d.out;
+  float *h = a.outputs[0].f32();
+  if (a.ctx.lowPrecision)
+    roundToBf16(h, n);
+  geluInto(h, a.outputs[1].f32(), n);
+  return Status::ok();
+}
+
+// linear_grad_input's operands, and linear_grad_input_gelu's (`inputs` 3:
+// also h [rows, in]).
+static Status checkGradInputOperands(const KernelArgs &a, size_t inputs,
+                                     LinearDims &d) {
+  PIPER_RETURN_IF_ERROR(expectCounts(a, inputs, inputs, 1));
   const TensorRef &dy = a.inputs[0], &w = a.inputs[1], &dx = a.outputs[0];
   int64_t wOut = 0;
   PIPER_RETURN_IF_ERROR(expectMatrix(a, dy, "dy", plan::F32, d.rows, d.out));
@@ -257,20 +294,46 @@ Status checkLinearGradInput(const KernelArgs &a, LinearDims &d) {
                    (d.transposeW ? "[" + std::to_string(d.out) + ",*]"
                                  : "[*," + std::to_string(d.out) + "]") +
                    " (transpose_w=" + (d.transposeW ? "1" : "0") + ")");
-  PIPER_RETURN_IF_ERROR(expectTensor(a, dx, "dx", plan::F32, {d.rows, d.in}));
+  if (inputs == 3)
+    PIPER_RETURN_IF_ERROR(
+        expectTensor(a, a.inputs[2], "h", plan::F32, {d.rows, d.in}));
+  PIPER_RETURN_IF_ERROR(expectTensor(a, dx, inputs == 2 ? "dx" : "dh",
+                                     plan::F32, {d.rows, d.in}));
   return expectBlasDims(a, {d.rows, d.in, d.out});
+}
+
+Status checkLinearGradInput(const KernelArgs &a, LinearDims &d) {
+  return checkGradInputOperands(a, 2, d);
+}
+
+Status checkLinearGradInputGelu(const KernelArgs &a, LinearDims &d) {
+  return checkGradInputOperands(a, 3, d);
+}
+
+// dx = dy * w^T for w [in,out]; dx = dy * w for w [out,in].
+static void gradInputInto(const KernelArgs &a, const LinearDims &d, float *dx) {
+  gemm(false, !d.transposeW, d.rows, d.in, d.out, 1.0f, a.inputs[0].f32(),
+       d.out, a.inputs[1].f32(), d.transposeW ? d.in : d.out, 0.0f, dx, d.in);
 }
 
 Status linearGradInputKernel(const KernelArgs &a) {
   LinearDims d;
   PIPER_RETURN_IF_ERROR(checkLinearGradInput(a, d));
-  const TensorRef &dy = a.inputs[0], &w = a.inputs[1], &dx = a.outputs[0];
-  const int64_t rows = d.rows, in = d.in, out = d.out;
-  const bool transposeW = d.transposeW;
+  gradInputInto(a, d, a.outputs[0].f32());
+  return Status::ok();
+}
 
-  // dx = dy * w^T for w [in,out]; dx = dy * w for w [out,in].
-  gemm(false, !transposeW, rows, in, out, 1.0f, dy.f32(), out, w.f32(),
-       transposeW ? in : out, 0.0f, dx.f32(), in);
+// linear_grad_input's product, rounded to bf16 in mixed precision as the
+// executor would round it, then gelu_grad's loop: the unfused bits.
+Status linearGradInputGeluKernel(const KernelArgs &a) {
+  LinearDims d;
+  PIPER_RETURN_IF_ERROR(checkLinearGradInputGelu(a, d));
+  const int64_t n = d.rows * d.in;
+  std::vector<float> product(static_cast<size_t>(n));
+  gradInputInto(a, d, product.data());
+  if (a.ctx.lowPrecision)
+    roundToBf16(product.data(), n);
+  geluGradInto(a.inputs[2].f32(), product.data(), a.outputs[0].f32(), n);
   return Status::ok();
 }
 

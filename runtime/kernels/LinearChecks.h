@@ -26,8 +26,18 @@ struct LinearDims {
 
 /// linear: (x, w[, b]) -> y; `hasBias` when b [out] is given.
 Status checkLinear(const KernelArgs &a, LinearDims &d, bool &hasBias);
+/// linear_gelu: (x, w[, b]) -> (h, y): h as linear's y, y = gelu(h) of
+/// h's shape. In mixed precision h is rounded to bf16 before gelu reads it
+/// (the bits of linear then gelu; on CUDA the GEMM's epilogue applies gelu
+/// to the fp32 h instead: docs/kernels.md).
+Status checkLinearGelu(const KernelArgs &a, LinearDims &d, bool &hasBias);
 /// linear_grad_input: (dy, w) -> dx [rows, in].
 Status checkLinearGradInput(const KernelArgs &a, LinearDims &d);
+/// linear_grad_input_gelu: (dy, w, h [rows, in]) -> dh [rows, in], dh =
+/// gelu_grad(h, dy w^T), the product rounded to bf16 first in mixed
+/// precision (the bits of linear_grad_input then gelu_grad; on CUDA the
+/// GEMM's epilogue multiplies the fp32 product).
+Status checkLinearGradInputGelu(const KernelArgs &a, LinearDims &d);
 /// linear_grad_weight: (x, dy) -> dw of w's shape, overwritten, or with
 /// the `accumulate` flag added to the output: out += dw, dw computed
 /// whole first and, in mixed precision, rounded to bf16 (what the separate

@@ -447,6 +447,83 @@ TEST_CASE("linear gradients", "[kernels][grad]") {
   }
 }
 
+// The compiler's GELU fusions: linear_gelu is linear then gelu, and
+// linear_grad_input_gelu linear_grad_input then gelu_grad, bit for bit; in
+// mixed precision with the executor's rounding of linear's and
+// linear_grad_input's outputs in between (the fused kernels round there
+// themselves).
+TEST_CASE("linear_gelu and linear_grad_input_gelu are the unfused kernels, "
+          "bit for bit",
+          "[kernels][forward][grad]") {
+  const int64_t transposeW = GENERATE(0, 1);
+  const bool withBias = GENERATE(false, true);
+  const bool lowPrecision = GENERATE(false, true);
+  INFO("transpose_w=" << transposeW << " bias=" << withBias
+                      << " lowPrecision=" << lowPrecision);
+  Rng rng(21 + transposeW + 2 * withBias);
+  const int64_t rows = 37, in = 19, out = 23;
+  std::vector<int64_t> wShape = transposeW ? std::vector<int64_t>{out, in}
+                                           : std::vector<int64_t>{in, out};
+  auto bf16 = [&](Tensor t) {
+    if (lowPrecision) // operands hold bf16 values (the executor's rounding)
+      for (float &v : t.f)
+        v = roundToBf16(v);
+    return t;
+  };
+  Tensor x = bf16(randomF32(rng, {rows, in}, -2.0, 2.0));
+  Tensor w = bf16(randomF32(rng, wShape, -1.0, 1.0));
+  std::vector<Tensor> ins = {x, w};
+  if (withBias)
+    ins.push_back(bf16(randomF32(rng, {out})));
+  KernelContext ctx;
+  ctx.lowPrecision = lowPrecision;
+  auto exec = [&](const K &k, std::vector<Tensor> kIns,
+                  std::vector<Tensor> &kOuts) {
+    REQUIRE(run(k, kIns, kOuts, ctx).isOk());
+  };
+  auto rounded = [&](Tensor t) { return lowPrecision ? bf16(t) : t; };
+
+  std::vector<Tensor> h = {Tensor::f32({rows, out})}, y = {h[0]},
+                      fused = {h[0], h[0]};
+  exec(K("linear").i("transpose_w", transposeW), ins, h);
+  h[0] = rounded(h[0]);
+  exec(K("gelu"), {h[0]}, y);
+  exec(K("linear_gelu").i("transpose_w", transposeW), ins, fused);
+  requireNonZero(y[0].f);
+  CHECK(std::memcmp(fused[0].f.data(), h[0].f.data(), h[0].f.size() * 4) == 0);
+  CHECK(std::memcmp(fused[1].f.data(), y[0].f.data(), y[0].f.size() * 4) == 0);
+
+  // Backward through a layer of `in` outputs: dh = gelu'(h) * (dy w^T).
+  Tensor dy = bf16(randomF32(rng, {rows, out}));
+  Tensor hIn = bf16(randomF32(rng, {rows, in}, -3.0, 3.0));
+  std::vector<Tensor> da = {Tensor::f32({rows, in})}, dh = {da[0]},
+                      fusedDh = {da[0]};
+  exec(K("linear_grad_input").i("transpose_w", transposeW), {dy, w}, da);
+  da[0] = rounded(da[0]);
+  exec(K("gelu_grad"), {hIn, da[0]}, dh);
+  exec(K("linear_grad_input_gelu").i("transpose_w", transposeW), {dy, w, hIn},
+       fusedDh);
+  requireNonZero(dh[0].f);
+  CHECK(std::memcmp(fusedDh[0].f.data(), dh[0].f.data(), dh[0].f.size() * 4) ==
+        0);
+
+  // Their operands: y of h's shape, h of dh's.
+  std::string error =
+      mustFail(K("linear_gelu").i("transpose_w", transposeW), ins,
+               {Tensor::f32({rows, out}), Tensor::f32({rows, out + 1})});
+  CHECK_THAT(error, Catch::Contains("y has shape"));
+  error = mustFail(K("linear_gelu").i("transpose_w", transposeW), ins,
+                   {Tensor::f32({rows, out})});
+  CHECK_THAT(error, Catch::Contains("2 outputs"));
+  error =
+      mustFail(K("linear_grad_input_gelu").i("transpose_w", transposeW),
+               {dy, w, Tensor::f32({rows, in + 1})}, {Tensor::f32({rows, in})});
+  CHECK_THAT(error, Catch::Contains("h has shape"));
+  error = mustFail(K("linear_grad_input_gelu").i("transpose_w", transposeW),
+                   {dy, w}, {Tensor::f32({rows, in})});
+  CHECK_THAT(error, Catch::Contains("3 inputs"));
+}
+
 TEST_CASE("gelu_grad is the gradient of gelu", "[kernels][grad]") {
   Rng rng(14);
   Tensor x = randomF32(rng, {3, 7}, -3.0, 3.0);

@@ -28,6 +28,12 @@ The fusions:
   computes the product whole, rounds it to bf16 in mixed precision, and
   adds it, as the two kernels did; on CUDA the GEMM adds it itself
   (beta = 1), without that rounding in bf16 (not run here).
+- gelu run by the linear before it (`linear_gelu`) and gelu_grad by the
+  linear_grad_input before it (`linear_grad_input_gelu`; also off with
+  --no-fused-epilogues). Exact by construction on the CPU and the emulated
+  GPU: the kernel rounds the GEMM's product to bf16 in mixed precision
+  and runs gelu's (gelu_grad's) loop on it; on CUDA cuBLASLt's epilogue
+  applies GELU to the fp32 product instead (not run here).
 
 The cases cover one rank in fp32 and bf16, the emulated CUDA backend
 (bf16), a pipeline (the last stage's forward and backward are separate
@@ -42,7 +48,9 @@ GPT models (whose linears have biases), `linear_grad_weight_bias`;
 Each default plan's weight gradients accumulate in their kernels (but
 under ZeRO-2, whose gradients go to reduce-scatter buckets instead), and
 --no-fused-epilogues' plan has an `accumulate` kernel more for each
-(piper-plan's listing).
+(piper-plan's listing). The GPT models' default plans run GELU with
+their GEMMs, forward and backward; --no-fused-epilogues' plans hold a
+`gelu` and a `gelu_grad` more for each.
 
 Usage: fusions_test.py PIPERC PIPER_RUN PIPER_PLAN
 """
@@ -96,11 +104,16 @@ def plan_bytes(folder):
     return data
 
 
+GELU_KERNELS = ("linear_gelu", "linear_grad_input_gelu", "gelu", "gelu_grad")
+
+
 def kernel_counts(folder):
-    """How many kernels accumulate a weight gradient themselves, and how
-    many `accumulate` kernels, in piper-plan's listing of every plan."""
+    """How many kernels accumulate a weight gradient themselves, how many
+    `accumulate` kernels, and how many calls of each GELU_KERNELS kernel,
+    in piper-plan's listing of every plan."""
     text = run([PIPER_PLAN, folder]).stdout
-    return text.count("accumulate = 1"), text.count(" accumulate(")
+    gelus = {k: text.count(" %s(" % k) for k in GELU_KERNELS}
+    return text.count("accumulate = 1"), text.count(" accumulate("), gelus
 
 
 def train(work, tag, model, flags, ranks, backend):
@@ -167,6 +180,18 @@ def main():
              "accumulate kernel more for each (%d, %d vs %d)" %
              (counts[0], apart[3][1], counts[1]),
              apart[3][0] == 0 and apart[3][1] == counts[1] + counts[0]),
+            ("the default plan runs GELU with its GEMMs%s: %s" %
+             ("" if biased else " (none: no GELU)", counts[2]),
+             (counts[2]["linear_gelu"] > 0
+              and counts[2]["linear_grad_input_gelu"] > 0) == biased),
+            ("--no-fused-epilogues' plan: no GELU with a GEMM, a gelu and "
+             "a gelu_grad more for each: %s" % apart[3][2],
+             apart[3][2]["linear_gelu"] == 0
+             and apart[3][2]["linear_grad_input_gelu"] == 0
+             and apart[3][2]["gelu"] ==
+             counts[2]["gelu"] + counts[2]["linear_gelu"]
+             and apart[3][2]["gelu_grad"] ==
+             counts[2]["gelu_grad"] + counts[2]["linear_grad_input_gelu"]),
             ("3 losses", len(losses) == 3),
         ]
         for flag, (_, losses0, params0, _) in (

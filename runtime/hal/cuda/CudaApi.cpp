@@ -163,7 +163,8 @@ struct GemmKey {
   bool transA, transB, bf16;
   int64_t m, n, k, lda, ldb, ldc;
   uint32_t alignA, alignB, alignC;
-  cublasLtEpilogue_t epilogue; // DEFAULT, BIAS, BGRADA or BGRADB
+  /// DEFAULT, BIAS, BGRADA, BGRADB, GELU_AUX(_BIAS) or DGELU.
+  cublasLtEpilogue_t epilogue;
   bool operator<(const GemmKey &o) const {
     return std::tie(transA, transB, bf16, m, n, k, lda, ldb, ldc, alignA,
                     alignB, alignC, epilogue) <
@@ -182,7 +183,8 @@ struct PreparedGemm {
   cublasLtMatmulAlgo_t algo{};
   /// A key with an epilogue that cuBLASLt has no algorithm for: its calls
   /// run the key without the epilogue instead (BIAS: the bias as C's
-  /// initial value, beta = 1; BGRADA/B: the caller sums).
+  /// initial value, beta = 1; BGRADA/B: the caller sums; GELU: the key
+  /// with only its bias, and the caller applies GELU).
   bool epilogueRefused = false;
 };
 
@@ -207,10 +209,39 @@ void destroyPrepared(const CublasLt &lt, PreparedGemm &g) {
   g = PreparedGemm();
 }
 
+bool isGeluEpilogue(cublasLtEpilogue_t e) {
+  return e == CUBLASLT_EPILOGUE_GELU_AUX ||
+         e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS || e == CUBLASLT_EPILOGUE_DGELU;
+}
+
+/// A call's epilogue pointers: the bias or sums vector, the GELU matrix
+/// (aux: the pre-activation written or read).
+struct EpiloguePointers {
+  const void *vector = nullptr, *aux = nullptr;
+};
+
+/// Sets the call's epilogue pointers on `desc` (the heuristic reads them to
+/// learn their alignment; a call sets its own).
+Status setEpiloguePointers(const CublasLt &lt, cublasLtMatmulDesc_t desc,
+                           cublasLtEpilogue_t epilogue,
+                           const EpiloguePointers &ptrs) {
+  if (epilogue == CUBLASLT_EPILOGUE_DEFAULT)
+    return Status::ok();
+  if (ptrs.vector)
+    PIPER_CUBLAS_RETURN_IF_ERROR(lt.cublasLtMatmulDescSetAttribute(
+        desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &ptrs.vector,
+        sizeof(ptrs.vector)));
+  if (isGeluEpilogue(epilogue))
+    PIPER_CUBLAS_RETURN_IF_ERROR(lt.cublasLtMatmulDescSetAttribute(
+        desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &ptrs.aux,
+        sizeof(ptrs.aux)));
+  return Status::ok();
+}
+
 /// The descriptors of `key` and the heuristic's best algorithm for them.
 Status prepareGemm(const CublasLt &lt, cublasLtHandle_t handle,
                    const GemmKey &key, cudaDataType_t operandType,
-                   PreparedGemm &g) {
+                   const EpiloguePointers &ptrs, PreparedGemm &g) {
   PIPER_CUBLAS_RETURN_IF_ERROR(
       lt.cublasLtMatmulDescCreate(&g.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   cublasOperation_t ta = key.transA ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -230,6 +261,15 @@ Status prepareGemm(const CublasLt &lt, cublasLtHandle_t handle,
     PIPER_CUBLAS_RETURN_IF_ERROR(lt.cublasLtMatmulDescSetAttribute(
         g.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &biasType,
         sizeof(biasType)));
+    // GELU_AUX(_BIAS): gelu(product + bias) to D and the pre-activation to
+    // aux; DGELU: D = product * gelu'(aux). aux is fp32 as D (the default
+    // aux type), C's shape and leading dimension.
+    if (isGeluEpilogue(key.epilogue)) {
+      int64_t auxLd = key.ldc;
+      PIPER_CUBLAS_RETURN_IF_ERROR(lt.cublasLtMatmulDescSetAttribute(
+          g.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &auxLd, sizeof(auxLd)));
+    }
+    PIPER_RETURN_IF_ERROR(setEpiloguePointers(lt, g.desc, key.epilogue, ptrs));
   }
   PIPER_CUBLAS_RETURN_IF_ERROR(lt.cublasLtMatrixLayoutCreate(
       &g.la, operandType, key.transA ? key.k : key.m,
@@ -485,6 +525,20 @@ Status gemmColMajor(const Context &ctx, const ColMajorGemm &g) {
   }
 
   const size_t operandBytes = ctx.bf16 ? 2 : 4;
+  // GELU in the epilogue (cuBLASLt's aux leading dimension must be a
+  // multiple of 8): forward, D is geluOut and aux receives C's
+  // pre-activation; backward, aux is read.
+  const bool gelu = (g.geluOut || g.geluGradOf) && g.ldc % 8 == 0;
+  float *d = gelu && g.geluOut ? g.geluOut : g.c;
+  const void *aux = g.geluOut ? static_cast<const void *>(g.c)
+                              : static_cast<const void *>(g.geluGradOf);
+  // The output matrices' alignment: C, D and aux share ldc.
+  uint32_t alignOut = matrixAlignment(g.c, g.ldc, 4);
+  if (gelu)
+    alignOut =
+        std::min(alignOut, matrixAlignment(d == g.c ? aux : d, g.ldc, 4));
+  const cublasLtEpilogue_t plain =
+      g.bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
   GemmKey key{g.transA,
               g.transB,
               ctx.bf16,
@@ -496,18 +550,26 @@ Status gemmColMajor(const Context &ctx, const ColMajorGemm &g) {
               g.ldc,
               matrixAlignment(a, lda, operandBytes),
               matrixAlignment(b, ldb, operandBytes),
-              matrixAlignment(g.c, g.ldc, 4),
-              g.bias    ? CUBLASLT_EPILOGUE_BIAS
-              : g.sumsA ? CUBLASLT_EPILOGUE_BGRADA
-              : g.sumsB ? CUBLASLT_EPILOGUE_BGRADB
-                        : CUBLASLT_EPILOGUE_DEFAULT};
+              alignOut,
+              gelu && g.geluGradOf ? CUBLASLT_EPILOGUE_DGELU
+              : gelu && g.bias     ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
+              : gelu               ? CUBLASLT_EPILOGUE_GELU_AUX
+              : g.sumsA            ? CUBLASLT_EPILOGUE_BGRADA
+              : g.sumsB            ? CUBLASLT_EPILOGUE_BGRADB
+                                   : plain};
+  EpiloguePointers pointers;
+  pointers.vector = g.bias    ? static_cast<const void *>(g.bias)
+                    : g.sumsA ? static_cast<const void *>(g.sumsA)
+                              : static_cast<const void *>(g.sumsB);
+  pointers.aux = aux;
   // The key's prepared GEMM (a key with an epilogue that cuBLASLt refuses
   // is kept, marked, and not asked again).
   auto preparedFor = [&](const GemmKey &k, const PreparedGemm *&out) -> Status {
     auto found = blas->prepared.find(k);
     if (found == blas->prepared.end()) {
       PreparedGemm prepared;
-      Status st = prepareGemm(lt, blas->handle, k, operandType, prepared);
+      Status st =
+          prepareGemm(lt, blas->handle, k, operandType, pointers, prepared);
       if (!st) {
         destroyPrepared(lt, prepared);
         if (k.epilogue == CUBLASLT_EPILOGUE_DEFAULT)
@@ -522,9 +584,13 @@ Status gemmColMajor(const Context &ctx, const ColMajorGemm &g) {
   const PreparedGemm *p = nullptr;
   PIPER_RETURN_IF_ERROR(preparedFor(key, p));
   float beta = g.beta;
-  const void *epiloguePointer = g.bias    ? static_cast<const void *>(g.bias)
-                                : g.sumsA ? static_cast<const void *>(g.sumsA)
-                                          : static_cast<const void *>(g.sumsB);
+  if (p->epilogueRefused && isGeluEpilogue(key.epilogue)) {
+    // Without GELU (the caller applies it): the product, and the bias as
+    // below, into C.
+    key.epilogue = plain;
+    d = g.c;
+    PIPER_RETURN_IF_ERROR(preparedFor(key, p));
+  }
   if (p->epilogueRefused) {
     key.epilogue = CUBLASLT_EPILOGUE_DEFAULT;
     if (g.bias) {
@@ -540,21 +606,22 @@ Status gemmColMajor(const Context &ctx, const ColMajorGemm &g) {
     } else {
       PIPER_RETURN_IF_ERROR(preparedFor(key, p)); // the caller sums
     }
-  } else if (key.epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
+  } else {
     // The descriptor is this stream's: set for this call, read by it.
-    PIPER_CUBLAS_RETURN_IF_ERROR(lt.cublasLtMatmulDescSetAttribute(
-        p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &epiloguePointer,
-        sizeof(epiloguePointer)));
+    PIPER_RETURN_IF_ERROR(
+        setEpiloguePointers(lt, p->desc, key.epilogue, pointers));
   }
   if (g.summed)
     *g.summed = key.epilogue == CUBLASLT_EPILOGUE_BGRADA ||
                 key.epilogue == CUBLASLT_EPILOGUE_BGRADB;
+  if (g.activated)
+    *g.activated = isGeluEpilogue(key.epilogue);
   if (ctx.timer)
     PIPER_RETURN_IF_ERROR(ctx.timer->begin(ctx));
   noteKernelLaunch("gemm (cublasLtMatmul)");
   PIPER_CUBLAS_RETURN_IF_ERROR(lt.cublasLtMatmul(
-      blas->handle, p->desc, &g.alpha, a, p->la, b, p->lb, &beta, g.c, p->lc,
-      g.c, p->lc, &p->algo, scratch, kCublasWorkspace, ctx.stream));
+      blas->handle, p->desc, &g.alpha, a, p->la, b, p->lb, &beta, d, p->lc, d,
+      p->lc, &p->algo, scratch, kCublasWorkspace, ctx.stream));
   return ctx.timer ? ctx.timer->end(ctx, "gemm") : Status::ok();
 }
 

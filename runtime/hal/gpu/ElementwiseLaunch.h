@@ -17,6 +17,7 @@ namespace piper::runtime::hal::PIPER_GPU_NS {
 // roundsOutputs).
 Status launchGelu(const Context &ctx, const float *x, float *y, int64_t n,
                   bool round = false);
+/// dx may alias dy.
 Status launchGeluGrad(const Context &ctx, const float *x, const float *dy,
                       float *dx, int64_t n, bool round = false);
 /// gateUp is [rows, 2 width] ([gate | up]); y is [rows, width].

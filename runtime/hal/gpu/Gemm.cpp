@@ -7,9 +7,11 @@ namespace piper::runtime::hal::PIPER_GPU_NS {
 Status gemm(const Context &ctx, bool transA, bool transB, int64_t m, int64_t n,
             int64_t k, float alpha, const float *a, int64_t lda, const float *b,
             int64_t ldb, float beta, float *c, int64_t ldc, const float *bias,
-            GemmSums *sums) {
+            GemmSums *sums, GemmGelu *gelu) {
   if (sums)
     sums->done = false;
+  if (gelu)
+    gelu->done = false;
   if (m <= 0 || n <= 0)
     return Status::ok();
   if (k <= 0) {
@@ -51,6 +53,12 @@ Status gemm(const Context &ctx, bool transA, bool transB, int64_t m, int64_t n,
     g.sumsA = sums->b;
     g.sumsB = sums->a;
     g.summed = &sums->done;
+  }
+  if (gelu) {
+    // C's storage is the same either way: so are its companions'.
+    g.geluOut = gelu->out;
+    g.geluGradOf = gelu->gradOf;
+    g.activated = &gelu->done;
   }
   return gemmColMajor(ctx, g);
 }

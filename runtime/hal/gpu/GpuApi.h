@@ -140,6 +140,17 @@ struct ColMajorGemm {
   /// `summed` says whether it did (else the caller computes them).
   float *sumsA = nullptr, *sumsB = nullptr;
   bool *summed = nullptr;
+  /// GELU (the tanh approximation) in the epilogue, where the backend has
+  /// it (cuBLASLt's GELU_AUX(_BIAS) and DGELU); `activated` says whether it
+  /// did (else C holds the plain product, bias included, and the caller
+  /// applies it). At most one of the two, not with sums; both matrices
+  /// have C's shape and ldc.
+  /// geluOut: C still receives the pre-activation (product + bias) and
+  /// geluOut gelu of it.
+  float *geluOut = nullptr;
+  /// geluGradOf: C = (the product) * gelu'(geluGradOf).
+  const float *geluGradOf = nullptr;
+  bool *activated = nullptr;
 };
 /// Runs `g` (m, n, k >= 1) on the stream: fp32 (TF32 off), or with
 /// ctx.bf16 bf16 operands on tensor cores with fp32 accumulation and output.
@@ -155,14 +166,27 @@ struct GemmSums {
   bool done = false;
 };
 
+/// GELU in a row-major GEMM's epilogue where the backend can (gemm(),
+/// ColMajorGemm::geluOut/geluGradOf): `out` (C's shape) receives gelu of
+/// C, which holds the pre-activation; or, with `gradOf`, C is multiplied
+/// by gelu'(gradOf). `done` says whether the backend did; otherwise C
+/// holds the plain product and the caller must.
+struct GemmGelu {
+  float *out = nullptr;
+  const float *gradOf = nullptr;
+  bool done = false;
+};
+
 /// Row-major C[m,n] = alpha op(A) op(B) + beta C (+ bias[j] on column j
 /// of every row, in the epilogue, where `bias` is not null), as the CPU
 /// kernels' gemm (runtime/kernels/KernelUtil.h): mapped onto gemmColMajor
-/// (Gemm.cpp). Empty products are handled here.
+/// (Gemm.cpp). Empty products are handled here. `sums` and `gelu` ask for
+/// epilogues the backend may decline (GemmSums, GemmGelu).
 Status gemm(const Context &ctx, bool transA, bool transB, int64_t m, int64_t n,
             int64_t k, float alpha, const float *a, int64_t lda, const float *b,
             int64_t ldb, float beta, float *c, int64_t ldc,
-            const float *bias = nullptr, GemmSums *sums = nullptr);
+            const float *bias = nullptr, GemmSums *sums = nullptr,
+            GemmGelu *gelu = nullptr);
 
 /// The sizes of a fused attention call, in the layout of the attention
 /// kernels (AttentionLaunch.h): qkv16 [batch * seq, (heads + 2 kvHeads) *

@@ -1,5 +1,6 @@
 // The linear and loss GPU kernels: linear and its gradients (GEMMs through
-// gemm(), cuBLASLt on CUDA, bf16 tensor cores with ctx.bf16), bias_grad
+// gemm(), cuBLASLt on CUDA, bf16 tensor cores with ctx.bf16), linear_gelu
+// and linear_grad_input_gelu (GELU in the GEMM's epilogue), bias_grad
 // (chunked column sums), the softmax cross entropy and its gradient (a warp
 // per row), their vocabulary-parallel forms, and loss_accumulate (into its
 // stream's accumulator in device memory). Each mirrors its CPU kernel
@@ -28,13 +29,64 @@ Status linear(const KernelArgs &a, const Context &ctx) {
               hasBias ? a.inputs[2].f32() : nullptr);
 }
 
+// h = x w (+ b) and y = gelu(h): GELU in the GEMM's epilogue where the
+// backend has it (cuBLASLt: gelu of the fp32 h, before the executor rounds
+// either output in mixed precision); elsewhere (the emulation) h is rounded
+// to bf16 in mixed precision and gelu's kernel reads it: the CPU kernel's
+// bits. The executor rounds both outputs afterwards (no-ops here then).
+Status linearGelu(const KernelArgs &a, const Context &ctx) {
+  LinearDims d;
+  bool hasBias = false;
+  PIPER_RETURN_IF_ERROR(detail::checkLinearGelu(a, d, hasBias));
+  float *h = a.outputs[0].f32(), *y = a.outputs[1].f32();
+  GemmGelu gelu;
+  gelu.out = y;
+  PIPER_RETURN_IF_ERROR(gemm(
+      ctx, false, d.transposeW, d.rows, d.out, d.in, 1.0f, a.inputs[0].f32(),
+      d.in, a.inputs[1].f32(), d.transposeW ? d.in : d.out, 0.0f, h, d.out,
+      hasBias ? a.inputs[2].f32() : nullptr, nullptr, &gelu));
+  if (gelu.done)
+    return Status::ok();
+  const int64_t n = d.rows * d.out;
+  if (a.ctx.lowPrecision)
+    PIPER_RETURN_IF_ERROR(launchRoundBf16(ctx, h, n));
+  return launchGelu(ctx, h, y, n);
+}
+
+// dx = dy * w^T for w [in,out]; dx = dy * w for w [out,in] (with `gelu`,
+// asking for its epilogue).
+Status gradInput(const KernelArgs &a, const Context &ctx, const LinearDims &d,
+                 GemmGelu *gelu) {
+  return gemm(ctx, false, !d.transposeW, d.rows, d.in, d.out, 1.0f,
+              a.inputs[0].f32(), d.out, a.inputs[1].f32(),
+              d.transposeW ? d.in : d.out, 0.0f, a.outputs[0].f32(), d.in,
+              nullptr, nullptr, gelu);
+}
+
 Status linearGradInput(const KernelArgs &a, const Context &ctx) {
   LinearDims d;
   PIPER_RETURN_IF_ERROR(detail::checkLinearGradInput(a, d));
-  // dx = dy * w^T for w [in,out]; dx = dy * w for w [out,in].
-  return gemm(ctx, false, !d.transposeW, d.rows, d.in, d.out, 1.0f,
-              a.inputs[0].f32(), d.out, a.inputs[1].f32(),
-              d.transposeW ? d.in : d.out, 0.0f, a.outputs[0].f32(), d.in);
+  return gradInput(a, ctx, d, nullptr);
+}
+
+// dh = (dy w^T) * gelu'(h): DGELU in the GEMM's epilogue where the backend
+// has it (the fp32 product multiplied); elsewhere the product lands in dh,
+// is rounded in mixed precision and gelu_grad's kernel multiplies it in
+// place: the CPU kernel's bits.
+Status linearGradInputGelu(const KernelArgs &a, const Context &ctx) {
+  LinearDims d;
+  PIPER_RETURN_IF_ERROR(detail::checkLinearGradInputGelu(a, d));
+  const float *h = a.inputs[2].f32();
+  float *dh = a.outputs[0].f32();
+  GemmGelu gelu;
+  gelu.gradOf = h;
+  PIPER_RETURN_IF_ERROR(gradInput(a, ctx, d, &gelu));
+  if (gelu.done)
+    return Status::ok();
+  const int64_t n = d.rows * d.in;
+  if (a.ctx.lowPrecision)
+    PIPER_RETURN_IF_ERROR(launchRoundBf16(ctx, dh, n));
+  return launchGeluGrad(ctx, h, dh, dh, n);
 }
 
 // dw = x^T dy [in,out], or dy^T x [out,in] when transposed, plus beta dw;
@@ -251,7 +303,9 @@ void addLinearKernels(std::vector<KernelEntry> &out) {
   out.insert(out.end(),
              {
                  {"linear", linear},
+                 {"linear_gelu", linearGelu},
                  {"linear_grad_input", linearGradInput},
+                 {"linear_grad_input_gelu", linearGradInputGelu},
                  {"linear_grad_weight", linearGradWeight},
                  {"bias_add", biasAdd, nullptr, true},
                  {"sp_split", spSplit},

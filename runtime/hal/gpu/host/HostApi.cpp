@@ -62,6 +62,8 @@ Status gemmColMajor(const Context &ctx, const ColMajorGemm &g) {
   // the fp32 product.
   if (g.summed)
     *g.summed = false;
+  if (g.activated)
+    *g.activated = false; // the caller's kernels: the unfused bits
   if (g.bias)
     for (int64_t j = 0; j < g.n; ++j)
       for (int64_t i = 0; i < g.m; ++i)

@@ -1,6 +1,6 @@
 // Cases of the linear and loss GPU kernels (KernelCases.h): linear and its
 // gradients (transpose_w 0 and 1, with and without bias, fp32 and bf16;
-// the weight and bias gradients in one call),
+// the weight and bias gradients in one call; with GELU fused),
 // bias_grad, cross_entropy, its gradient and both fused, loss_accumulate.
 #include <array>
 #include <cmath>
@@ -96,8 +96,49 @@ void linearCases(std::vector<KernelCase> &out) {
         };
         cs.push_back(accumulated(cs[3]));
         cs.push_back(accumulated(cs[4]));
+        // GELU fused with the GEMM (the compiler's linear + gelu and
+        // linear_grad_input + gelu_grad). h: bf16 values in bf16, as the
+        // executor's rounding leaves the forward's h.
+        Operand h =
+            bf16 ? given(plan::F32, {rows, in}, kBf16W) : f32({rows, in});
+        std::vector<KernelCase> gelu = {
+            {"linear_gelu " + s + p,
+             "linear_gelu",
+             attrs,
+             {x, w},
+             {f32({rows, outDim}), f32({rows, outDim})}},
+            {"linear_gelu bias " + s + p,
+             "linear_gelu",
+             attrs,
+             {x, w, b},
+             {f32({rows, outDim}), f32({rows, outDim})}},
+            {"linear_grad_input_gelu " + s + p,
+             "linear_grad_input_gelu",
+             attrs,
+             {dy, w, h},
+             {f32({rows, in})}},
+        };
         for (KernelCase &c : cs) {
           c.atol = 1e-5;
+          c.lowPrecision = bf16;
+          out.push_back(c);
+        }
+        // Bounds. fp32: the product's atol 1e-5 times |gelu'| <= 1.13,
+        // plus gelu's own 1e-6 between the two backends: atol 2e-5. bf16:
+        // the CPU and the emulation apply GELU to the product rounded to
+        // bf16 (the unfused bits), CUDA's epilogue to the fp32 product
+        // (docs/kernels.md); the products here are exact, so those two
+        // inputs differ by at most 2^-9 of the product. Backward, dh =
+        // gelu'(h) * product: relative 2^-9 / (1 - 2^-9) < 2^-8. Forward,
+        // h itself differs by 2^-9 |h|, and y = gelu(h) by |gelu'| 2^-9 |h|:
+        // for h >= 0, |gelu'| <= 1.13 and |y| >= |h| / 2 (2.26 2^-9 |y|);
+        // on [-0.75, 0), |gelu'| <= 0.5 and |y| >= 0.23 |h| (2.2 2^-9 |y|);
+        // below -0.75, |h gelu'(h)| <= 0.198 (an absolute 0.198 2^-9):
+        // rtol 2^-7 and atol 2^-11 (> 0.198 2^-9) bound it.
+        for (KernelCase &c : gelu) {
+          bool forward = c.op == "linear_gelu";
+          c.atol = bf16 ? (forward ? 1.0 / 2048 : 1e-5) : 2e-5;
+          c.rtol = bf16 ? (forward ? 1.0 / 128 : 1.0 / 256) : 1e-5;
           c.lowPrecision = bf16;
           out.push_back(c);
         }
