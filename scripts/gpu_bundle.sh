@@ -76,6 +76,9 @@ python3 scripts/compare_backends.py compile "$PIPERC" "$DIR/plans"
 "$PIPERC" model gpt2-small --seq 1024 --batch 8 -o "$DIR/plans/gpt2-small.mlir"
 "$PIPERC" compile "$DIR/plans/gpt2-small.mlir" --microbatches 1 --dtype bf16 \
   -o "$DIR/plans/gpt2-small-bf16" >/dev/null
+# gpu_perf.sh's reference for the compiler's GEMM epilogue fusions.
+"$PIPERC" compile "$DIR/plans/gpt2-small.mlir" --microbatches 1 --dtype bf16 \
+  --no-fused-epilogues -o "$DIR/plans/gpt2-small-bf16-unfused" >/dev/null
 rm "$DIR/plans/gpt2-small.mlir"
 # gpu_perf.sh's P4: Llama-1B in bf16 at 8192 tokens per step, two ways.
 for cfg in 2048x4 4096x2; do

@@ -977,6 +977,15 @@ def cmd_ratios(args, out):
         out.row("ratios", prefix, result, cells, RATIO_COLUMNS,
                 piper_over_eager=(piper / refs[0] if piper and refs[0] else None),
                 piper_over_compile=(piper / refs[1] if piper and refs[1] else None))
+    # The compiler's epilogue fusions: the default plan over the same plan
+    # compiled with --no-fused-epilogues (both Piper; in the eager column).
+    piper = tps.get("gpt2-small piper")
+    unfused = tps.get("gpt2-small piper --no-fused-epilogues")
+    ratio = piper / unfused if piper and unfused else None
+    out.row("ratios", "gpt2-small piper / piper --no-fused-epilogues",
+            "ok" if ratio else "n/a: no row of one of them",
+            ["%.2f" % ratio if ratio else "n/a", "n/a"], RATIO_COLUMNS,
+            fused_over_unfused=ratio)
     return 0
 
 

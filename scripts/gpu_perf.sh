@@ -11,7 +11,8 @@
 #       bundle has it (gpu_perf.py states its CLI), 4 shapes;
 #   P3  GPT-2 small, 8 x 1024, bf16: Piper (3 + 10 steps), torch eager +
 #       SDPA, torch.compile + SDPA (the same weights and batch): tokens/s,
-#       MFU, peak memory;
+#       MFU, peak memory; then Piper's plan compiled with
+#       --no-fused-epilogues (the epilogue fusions' worth);
 #   P4  Llama-1B (piperc model llama-1b) at seq 2048 x 4 and 4096 x 2: torch
 #       eager + SDPA (enable_gqa), Piper (fewer steps: its attention may run
 #       on CUDA cores), then torch.compile;
@@ -297,6 +298,17 @@ step P3 P3-eager "gpt2-small torch eager+SDPA" 60 "$DEADLINE" torch-train \
   "$GPT2" --model gpt2-small --case "gpt2-small torch eager+SDPA" --row P3 --mode eager
 step P3 P3-compile "gpt2-small torch.compile+SDPA" 150 "$DEADLINE" torch-train \
   "$GPT2" --model gpt2-small --case "gpt2-small torch.compile+SDPA" --row P3 --mode compile
+# The same step compiled with --no-fused-epilogues: what the compiler's GEMM
+# fusions (bias gradient, gradient accumulation and GELU in the epilogues)
+# are worth, measured in this run (the ratios below).
+if [ -d "$GPT2-unfused" ]; then
+  step P3 P3-piper-unfused "gpt2-small piper --no-fused-epilogues" 90 "$DEADLINE" \
+    piper-train "$GPT2-unfused" --model gpt2-small \
+    --case "gpt2-small piper --no-fused-epilogues" --row P3
+else
+  count n/a
+  row P3 "gpt2-small piper --no-fused-epilogues" "n/a: not in this bundle (no $GPT2-unfused)"
+fi
 
 # Piper's Llama steps: few, since where its attention runs on CUDA cores
 # (--attention simt, or auto falling back) a 2048-token sequence takes

@@ -10,9 +10,10 @@
 #      valid JSON with the bundle's commit and the GPU), all ok, exit 0; the
 #      FLOP counts and peak detection of gpu_perf.py against the numbers of
 #      the measurement plan;
-#   B  torch fails to import, no attention_bench, GPU_PERF_SKIP, a piper-run
-#      with --profile=gpu: Piper's rows are still there and ok, torch's rows
-#      fail, the piper attention rows say "not in this bundle", skipped rows
+#   B  torch fails to import, no attention_bench, no --no-fused-epilogues
+#      plan, GPU_PERF_SKIP, a piper-run with --profile=gpu: Piper's rows are
+#      still there and ok, torch's rows fail, the piper attention rows and
+#      the unfused plan's say "not in this bundle" (n/a), skipped rows
 #      say so, P5 uses --profile=gpu, GPU_PERF_PIPER_ATTENTION reaches
 #      piper-run, exit non-zero;
 #   C  piper-run hangs, deadline 30 s: the script ends within the deadline
@@ -85,7 +86,8 @@ make_bundle() {
     "$SRC/compare_backends.py" "$ROOT/test/oracle/torch_models.py" "$b/"
   printf '0123456789abcdef0123456789abcdef01234567\nclean\n' >"$b/COMMIT"
   # The fake torch's tiny models (gpu_perf.py FAKE_MODELS): seq, batch.
-  for plan in gpt2-small-bf16:32:2 llama-1b-2048x4-bf16:32:2 llama-1b-4096x2-bf16:64:1; do
+  for plan in gpt2-small-bf16:32:2 gpt2-small-bf16-unfused:32:2 llama-1b-2048x4-bf16:32:2 \
+    llama-1b-4096x2-bf16:64:1; do
     IFS=: read -r name seq batch <<<"$plan"
     mkdir -p "$b/plans/$name"
     cat >"$b/plans/$name/manifest.textproto" <<EOF
@@ -258,7 +260,7 @@ EOF
 }
 
 P1_SHAPES="['(1,2,2,32,16)', '(1,4,2,32,16)', '(1,4,2,64,16)', '(1,2,2,64,32)']"
-TRAIN_CASES="['gpt2-small piper', 'gpt2-small torch eager+SDPA', 'gpt2-small torch.compile+SDPA'] + ['llama-1b %s %s' % (c, i) for c in ('2048x4', '4096x2') for i in ('piper', 'torch eager+SDPA', 'torch.compile+SDPA')]"
+TRAIN_CASES="['gpt2-small piper', 'gpt2-small torch eager+SDPA', 'gpt2-small torch.compile+SDPA', 'gpt2-small piper --no-fused-epilogues'] + ['llama-1b %s %s' % (c, i) for c in ('2048x4', '4096x2') for i in ('piper', 'torch eager+SDPA', 'torch.compile+SDPA')]"
 
 # ---- A: everything works ----
 make_bundle "$WORK/a"
@@ -314,6 +316,12 @@ for prefix in ('gpt2-small', 'llama-1b 2048x4', 'llama-1b 4096x2'):
         rt = by_case.get(prefix + ref, {}).get('tokens_per_s', 0)
         expect(rt > 0 and abs(q.get(key, 0) - pt / rt) < 1e-9,
                'A: %s %s %r, not %r / %r' % (prefix, key, q.get(key), pt, rt))
+# ... and the default plan's over its --no-fused-epilogues twin's.
+q = by_case.get('gpt2-small piper / piper --no-fused-epilogues', {})
+ut = by_case.get('gpt2-small piper --no-fused-epilogues', {}).get('tokens_per_s', 0)
+pt = by_case.get('gpt2-small piper', {}).get('tokens_per_s', 0)
+expect(ut > 0 and q.get('result') == 'ok' and abs(q.get('fused_over_unfused', 0) - pt / ut) < 1e-9,
+       'A: fused over unfused %r, not %r / %r' % (q, pt, ut))
 " || fail "A: the checks above"
 # gpu_perf.py's conventions against the measurement plan's numbers.
 (cd "$WORK/a" && "$PY" - <<'EOF') || fail "A: FLOP counts or peak detection"
@@ -336,8 +344,10 @@ for b in bad:
 raise SystemExit(1 if bad else 0)
 EOF
 
-# ---- B: torch fails; no attention_bench; two steps skipped on request ----
+# ---- B: torch fails; no attention_bench, no --no-fused-epilogues plan; two
+# steps skipped on request ----
 make_bundle "$WORK/b"
+rm -r "$WORK/b/plans/gpt2-small-bf16-unfused"
 run_perf b GPU_PERF_FAKE_TORCH=fail GPU_PERF_SKIP='P4-*-compile' FAKE_PIPER_PROFILE_GPU=1 \
   GPU_PERF_PIPER_ATTENTION=simt
 [ "$RC" -ne 0 ] || fail "B: exit 0 although torch failed"
@@ -353,6 +363,8 @@ for c in ['gpt2-small torch eager+SDPA', 'gpt2-small torch.compile+SDPA',
     expect(r.get('result', '').startswith('FAIL: pytorch'), 'B: %r: %r' % (c, r.get('result')))
 for c in ['llama-1b 2048x4 torch.compile+SDPA', 'llama-1b 4096x2 torch.compile+SDPA']:
     expect(by_case.get(c, {}).get('result') == 'skipped: GPU_PERF_SKIP', 'B: %r: %r' % (c, by_case.get(c)))
+for c in ['gpt2-small piper --no-fused-epilogues', 'gpt2-small piper / piper --no-fused-epilogues']:
+    expect(by_case.get(c, {}).get('result', '').startswith('n/a'), 'B: %r: %r' % (c, by_case.get(c)))
 for m in ('simt', 'cudnn'):
     r = by_case.get('piper-%s (all shapes)' % m, {})
     expect('not in this bundle' in r.get('result', ''), 'B: piper-%s: %r' % (m, r))

@@ -4,6 +4,8 @@
 #include <catch2/catch.hpp>
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "compiler/lowering/LowerToPlan.h"
 #include "compiler/transforms/Transforms.h"
@@ -39,7 +41,7 @@ piper.device_program @class0 attributes {device_class = 0 : i64, ranks = array<i
 /// when `order`, as piperc does); returns the diagnostics, and the lowered
 /// plans in `lowered` when the lowering succeeds.
 std::string lowerAll(const std::string &source, bool order,
-                     FailureOr<LoweredPlans> &lowered) {
+                     FailureOr<LoweredPlans> &lowered, bool fuse = false) {
   MLIRContext ctx;
   ctx.loadDialect<PiperDialect>();
   ctx.allowUnregisteredDialects();
@@ -54,7 +56,7 @@ std::string lowerAll(const std::string &source, bool order,
   REQUIRE(module);
   if (order)
     REQUIRE(succeeded(orderStreams(*module)));
-  lowered = lowerToPlans(*module, "test", "test");
+  lowered = lowerToPlans(*module, "test", "test", /*checkProgress=*/true, fuse);
   CHECK(failed(lowered) == !diagnostics.empty());
   return diagnostics;
 }
@@ -98,6 +100,85 @@ TEST_CASE("the lowering rejects an op with no kernel, naming it",
   CHECK_FALSE(ok);
   CHECK(diags == "'test.conv2d' op cannot be lowered to a plan kernel: "
                  "unknown kernel 'conv2d'\n");
+}
+
+// The plan-level fusions of GELU with the GEMM before it
+// (compiler/lowering/SegmentFusions.cpp): where they apply and where not.
+TEST_CASE("the lowering runs gelu and gelu_grad with the GEMM before them "
+          "where nothing else needs the GEMM's result",
+          "[lowering]") {
+  const std::string t = "tensor<4x4xf32>";
+  const std::string mm = " : (" + t + ", " + t + ") -> " + t + "\n";
+  const std::string source =
+      R"(
+piper.param @x : tensor<4x4xf32> init zeros(0.0)
+piper.param @w : tensor<4x4xf32> init zeros(0.0)
+piper.segment @f() -> ()" +
+      t + ", " + t + ", " + t + ", " + t + R"() {
+  %x = piper.param_ref @x : tensor<4x4xf32>
+  %w = piper.param_ref @w : tensor<4x4xf32>
+)" + "  %h = piper.linear %x, %w" +
+      mm +
+      R"(  %a = piper.gelu %h : tensor<4x4xf32>
+  %b = piper.gelu %x : tensor<4x4xf32>
+)" + "  %p = piper.linear_grad_input %a, %w {transpose_w}" +
+      mm +
+      R"(  %d = piper.gelu_grad %h, %p : tensor<4x4xf32>
+)" + "  %q = piper.linear_grad_input %b, %w" +
+      mm +
+      R"(  %e = piper.gelu_grad %h, %q : tensor<4x4xf32>
+  %f = piper.add %e, %q : tensor<4x4xf32>
+)" + "  %r = piper.linear_grad_input %d, %w" +
+      mm +
+      R"(  piper.adamw @w {lr = 1.0e-03 : f64, beta1 = 0.9 : f64, beta2 = 0.95 : f64, eps = 1.0e-08 : f64, weight_decay = 0.0 : f64}
+  %g = piper.gelu_grad %h, %r : tensor<4x4xf32>
+  piper.yield %h, %d, %f, %g : )" +
+      t + ", " + t + ", " + t + ", " + t + R"(
+}
+piper.device_program @class0 attributes {device_class = 0 : i64, ranks = array<i64: 0>} {
+  %h, %d, %f, %g, %t = piper.task @f() {devices = #piper.group<0>, stream = #piper.stream<"compute", compute>, tag = #piper.tag<PP = 0, MB = 0, PASS = F>} : () -> ()" +
+      t + ", " + t + ", " + t + ", " + t + R"(, !piper.token)
+}
+)";
+  auto kernels = [&](bool fuse) {
+    FailureOr<LoweredPlans> lowered = failure();
+    std::string diags = lowerAll(source, /*order=*/false, lowered, fuse);
+    INFO(diags);
+    REQUIRE(succeeded(lowered));
+    const plan::Segment &seg = lowered->plans[0].segments(0);
+    std::vector<std::string> ops;
+    for (const plan::Kernel &k : seg.kernels()) {
+      CHECK(plan::checkKernelSignature(k) == "");
+      ops.push_back(k.op());
+    }
+    return std::make_pair(ops, seg);
+  };
+  auto [apart, apartSeg] = kernels(false);
+  CHECK(apart == std::vector<std::string>{
+                     "linear", "gelu", "gelu", "linear_grad_input", "gelu_grad",
+                     "linear_grad_input", "gelu_grad", "add",
+                     "linear_grad_input", "adamw", "gelu_grad"});
+  auto [fused, seg] = kernels(true);
+  // %h + %a in one kernel (h still the segment's result); %b reads no
+  // GEMM; %p's only use is %d's gelu_grad; %q has another use (the add);
+  // the adamw between %r and %g may change the weight.
+  CHECK(fused == std::vector<std::string>{
+                     "linear_gelu", "gelu", "linear_grad_input_gelu",
+                     "linear_grad_input", "gelu_grad", "add",
+                     "linear_grad_input", "adamw", "gelu_grad"});
+  REQUIRE(seg.kernels_size() == 9);
+  const plan::Kernel &lg = seg.kernels(0), &lgi = seg.kernels(2);
+  // linear_gelu: (x, w) -> (h, a); the segment's first result is its h.
+  REQUIRE(lg.outputs_size() == 2);
+  CHECK(seg.results(0) == lg.outputs(0).index());
+  // linear_grad_input_gelu: (a, w, h) -> d, the segment's second result,
+  // with the linear_grad_input's transpose_w.
+  REQUIRE(lgi.inputs_size() == 3);
+  CHECK(lgi.inputs(0).index() == lg.outputs(1).index());
+  CHECK(lgi.inputs(1).kind() == plan::Operand::PARAM);
+  CHECK(lgi.inputs(2).index() == lg.outputs(0).index());
+  CHECK(seg.results(1) == lgi.outputs(0).index());
+  CHECK(lgi.attrs().at("transpose_w").i() == 1);
 }
 
 /// Orders and lowers `source` (device programs of any number of classes) as
