@@ -370,6 +370,9 @@ void ExecutorImpl::prefetchBatches(int64_t step) {
   const int half = static_cast<int>(step & 1);
   if (batchLoads.empty() || batchStep[half] == step)
     return;
+  posFilling.store(step, std::memory_order_relaxed);
+  if (step == options.faultDataStep && options.onDataFault)
+    options.onDataFault();
   const plan::TrainingConfig &t = plan.training();
   for (size_t k = 0; k < batchLoads.size(); ++k) {
     const BatchLoad &load = batchLoads[k];
@@ -388,6 +391,7 @@ void ExecutorImpl::prefetchBatches(int64_t step) {
                                     bufferViews[inst.outputs(0)]->bytes));
   }
   batchStep[half] = step;
+  posFilling.store(0, std::memory_order_relaxed);
 }
 
 std::vector<ProfileEntry> Executor::profile() const {

@@ -63,6 +63,11 @@ struct ExecutorOptions {
   /// begun (ExecPosition::entered) rather than just before.
   bool faultInside = false;
   std::function<void()> onFault;
+  /// `onDataFault` runs on the thread that fills the batches, just before
+  /// it fills those of step `faultDataStep` (after the position shows it:
+  /// ExecPosition::filling). -1 never matches.
+  int64_t faultDataStep = -1;
+  std::function<void()> onDataFault;
 };
 
 /// Where an executor is, read from another thread (a watchdog) with relaxed
@@ -86,6 +91,10 @@ struct ExecPosition {
   std::vector<int> entered;
   /// The stream whose failure was reported first, -1 if none.
   int failedStream = -1;
+  /// The step whose batches the executor is filling from the data source
+  /// (on the thread running the steps: before a step's streams start, or
+  /// the next step's while they run), 0 when it is not.
+  int64_t filling = 0;
 };
 
 /// One row of the runtime profile (ExecutorOptions::profile): a kernel op

@@ -266,6 +266,7 @@ public:
   std::atomic<std::atomic<int> *> streamAt{nullptr};
   std::atomic<int64_t> posStep{0};
   std::atomic<int> posPhase{0};
+  std::atomic<int64_t> posFilling{0};
   std::atomic<int> failedStream{-1};
 
   // Loading (Executor.cpp, Segments.cpp).

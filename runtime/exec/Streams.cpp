@@ -256,6 +256,7 @@ ExecPosition ExecutorImpl::position() const {
   p.step = posStep.load(std::memory_order_relaxed);
   p.phase = posPhase.load(std::memory_order_relaxed);
   p.failedStream = failedStream.load(std::memory_order_relaxed);
+  p.filling = posFilling.load(std::memory_order_relaxed);
   std::atomic<int> *at = streamAt.load(std::memory_order_acquire);
   p.instruction.assign(static_cast<size_t>(plan.streams_size()), -1);
   p.entered.assign(static_cast<size_t>(plan.streams_size()), -1);

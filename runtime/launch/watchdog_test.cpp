@@ -189,6 +189,18 @@ TEST_CASE("PIPER_FAULT syntax", "[watchdog]") {
   CHECK(f.step == 3);
   REQUIRE(parseFault("rank=0,action=crash,at=step", f));
   CHECK_FALSE(f.atCheckpoint);
+  REQUIRE(parseFault("rank=1,action=hang_data,step=4", f));
+  CHECK(f.action == FaultSpec::kHangData);
+  CHECK(f.step == 4);
+  for (const char *bad :
+       {"rank=1,action=hang_data,inst=2", "rank=1,action=hang_data,stream=main",
+        "rank=1,action=hang_data,at=checkpoint"}) {
+    INFO(bad);
+    piper::Status st = parseFault(bad, f);
+    REQUIRE_FALSE(st);
+    CHECK(st.message().find("hang_data takes no stream, inst or at") !=
+          std::string::npos);
+  }
   for (const char *bad :
        {"", "rank=1", "action=crash", "rank=x,action=crash",
         "rank=1,action=explode", "rank=1,action=crash,step=0",
@@ -339,6 +351,25 @@ TEST_CASE("watchdog: PIPER_FAULT hang_comm", "[watchdog]") {
                  "0") != std::string::npos);
   CHECK(err.find("stream 'main' instruction 6 RECV 'recv dx MB=0': from "
                  "rank 1") != std::string::npos);
+  CHECK(l.faultToEnd > kTimeoutS - 1.5);
+}
+
+// A data source that hangs (a dead network file system) while the batches
+// of step 2 are filled, during step 1 (the batches are filled a step
+// ahead): rank 1 finished step 1's instructions, so its report shows where
+// it is stuck instead, and it is the culprit (rank 0 waits for it).
+TEST_CASE("watchdog: PIPER_FAULT hang_data names the data source",
+          "[watchdog]") {
+  Launch l = runPipeline(pipeline(),
+                         {"PIPER_FAULT=rank=1,step=2,action=hang_data"}, 0);
+  checkReport(l, "exit code 1");
+  const std::string &err = l.result.err;
+  CHECK(err.find("PIPER_FAULT: hanging its data source (hang_data) at "
+                 "filling the batches of step 2") != std::string::npos);
+  CHECK(err.find("piper-run: rank 1: watchdog: rank 1 failed: stuck: "
+                 "heartbeat alive, but no progress") != std::string::npos);
+  CHECK(err.find("data: filling the batches of step 2 from the data source") !=
+        std::string::npos);
   CHECK(l.faultToEnd > kTimeoutS - 1.5);
 }
 

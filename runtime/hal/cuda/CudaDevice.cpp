@@ -44,6 +44,7 @@
 #include "runtime/hal/cuda/CudaBackend.h"
 #include "runtime/hal/cuda/CudaCheck.h"
 #include "runtime/hal/cuda/CudaKernelContext.h"
+#include "runtime/hal/cuda/CudaSums.h"
 #include "runtime/hal/gpu/ElementwiseLaunch.h"
 #include "runtime/hal/gpu/GpuKernels.h"
 
@@ -452,107 +453,15 @@ private:
   Communicator *comm;
 };
 
-/// The slots in device memory (one cudaMalloc outside the arena, like the
-/// streams' scratch: the slots, their weights, the total and the norm as
-/// doubles, then the clip factor); measuring queues the GPU kernel layer's
-/// sums on the calling stream, reading is one device-to-host copy.
-class CudaSquareSums final : public SquareSums {
-public:
-  CudaSquareSums(CudaDevice &device, double *slots, int count)
-      : device(device), slots(slots), count(count), weights(slots + count),
-        sum(weights + count), norm(sum + 1),
-        clipFactor(reinterpret_cast<float *>(norm + 1)) {}
-  /// Doubles of the block for `count` slots (the factor takes the last).
-  static size_t blockDoubles(int count) { return 2 * size_t(count) + 3; }
-  ~CudaSquareSums() override { cudaFree(slots); }
-  Status measure(const std::vector<SquaresSpan> &spans) override {
-    PIPER_RETURN_IF_ERROR(checkSquaresSlots(spans, 0, count));
-    std::vector<gpu::SquaresJob> jobs;
-    for (const SquaresSpan &span : spans)
-      jobs.push_back({span.data, span.n, slots + span.slot});
-    return gpu::sumsOfSquares(device.context(), jobs);
-  }
-  Status read(double *out, int n) override {
-    PIPER_RETURN_IF_ERROR(checkSquaresSlots({}, n, count));
-    return gpu::copyToHostSync(device.context(), out, slots,
-                               sizeof(double) * size_t(n));
-  }
-  Status setWeights(const std::vector<double> &w) override {
-    PIPER_RETURN_IF_ERROR(checkSquaresWeights(w.size(), count));
-    if (!w.empty())
-      PIPER_RETURN_IF_ERROR(device.allocator().copyFromHost(
-          weights, w.data(), sizeof(double) * w.size()));
-    weighted = true;
-    return Status::ok();
-  }
-  Status weigh() override {
-    if (!weighted)
-      return Status::error("sum of squares: weigh() before setWeights()");
-    return gpu::launchWeighSquares(device.context(), slots, weights, count,
-                                   sum);
-  }
-  double *total() override { return sum; }
-  Status clip(double replicas, double maxNorm) override {
-    return gpu::launchClipFactor(device.context(), sum, replicas, maxNorm, norm,
-                                 clipFactor);
-  }
-  const float *factor() const override { return clipFactor; }
-  Status readNorm(double &out) override {
-    return gpu::copyToHostSync(device.context(), &out, norm, sizeof(double));
-  }
-
-private:
-  CudaDevice &device;
-  double *slots;
-  int count;
-  double *weights, *sum, *norm;
-  float *clipFactor;
-  bool weighted = false;
-};
-
-/// Loss accumulators in device memory (outside the arena, as the sums of
-/// squares): `loss_accumulate` adds to them on the streams; the executor
-/// zeroes them before a step and reads them once after it.
-class CudaLossSums final : public LossSums {
-public:
-  CudaLossSums(CudaDevice &device, double *slots, int count)
-      : device(device), slots(slots), count(count) {}
-  ~CudaLossSums() override { cudaFree(slots); }
-  double *slot(int i) override { return slots + i; }
-  Status reset() override {
-    return device.allocator().zero(slots, sizeof(double) * size_t(count));
-  }
-  Status read(double *out) override {
-    return gpu::copyToHostSync(device.context(), out, slots,
-                               sizeof(double) * size_t(count));
-  }
-
-private:
-  CudaDevice &device;
-  double *slots;
-  int count;
-};
-
 Status CudaDevice::createLossSums(int slots, std::unique_ptr<LossSums> &sums) {
-  PIPER_RETURN_IF_ERROR(checkLossSlots(slots));
-  PIPER_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal));
-  void *block = nullptr;
-  PIPER_CUDA_RETURN_IF_ERROR(
-      cudaMalloc(&block, sizeof(double) * size_t(slots)));
-  sums = std::make_unique<CudaLossSums>(*this, static_cast<double *>(block),
-                                        slots);
-  return sums->reset();
+  return createCudaLossSums(
+      ordinal, slots, [this] { return context(); }, memory, sums);
 }
 
 Status CudaDevice::createSquareSums(int slots,
                                     std::unique_ptr<SquareSums> &sums) {
-  PIPER_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal));
-  void *block = nullptr;
-  PIPER_CUDA_RETURN_IF_ERROR(
-      cudaMalloc(&block, sizeof(double) * CudaSquareSums::blockDoubles(slots)));
-  sums = std::make_unique<CudaSquareSums>(*this, static_cast<double *>(block),
-                                          slots);
-  return Status::ok();
+  return createCudaSquareSums(
+      ordinal, slots, [this] { return context(); }, memory, sums);
 }
 
 } // namespace

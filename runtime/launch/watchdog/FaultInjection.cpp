@@ -23,7 +23,8 @@ using plan::Instruction;
 
 namespace {
 constexpr const char *kFaultSyntax =
-    "expected rank=R,action=crash|stall|hang_comm|hang_inside|device_error"
+    "expected rank=R,action=crash|stall|hang_comm|hang_inside|device_error|"
+    "hang_data"
     "[,step=S]"
     "[,stream=NAME]"
     "[,inst=I][,at=step|checkpoint][,attempt=A]";
@@ -101,6 +102,8 @@ Status parseFault(const std::string &text, FaultSpec &fault) {
         fault.action = FaultSpec::kHangInside;
       else if (value == "device_error")
         fault.action = FaultSpec::kDeviceError;
+      else if (value == "hang_data")
+        fault.action = FaultSpec::kHangData;
       else
         return bad(fmt::format("unknown action '{}'", value));
       haveAction = true;
@@ -112,6 +115,13 @@ Status parseFault(const std::string &text, FaultSpec &fault) {
     return bad("rank is missing");
   if (!haveAction)
     return bad("action is missing");
+  if (fault.action == FaultSpec::kHangData &&
+      (fault.atCheckpoint ||
+       std::find(seen.begin(), seen.end(), "stream") != seen.end() ||
+       std::find(seen.begin(), seen.end(), "inst") != seen.end()))
+    // The batches are filled on the thread running the steps, not by an
+    // instruction.
+    return bad("hang_data takes no stream, inst or at");
   if (fault.atCheckpoint) {
     // Inside the checkpoint write of the step: no instruction runs there.
     if (std::find(seen.begin(), seen.end(), "stream") != seen.end() ||
@@ -138,11 +148,12 @@ std::function<void()> faultAction(int rank, const std::string &where,
                                   FaultSpec::Action action) {
   return [rank, where, action] {
     const char *what =
-        action == FaultSpec::kCrash      ? "crashing (SIGKILL)"
-        : action == FaultSpec::kStall    ? "stalling (SIGSTOP)"
-        : action == FaultSpec::kHangComm ? "hanging (hang_comm)"
-        : action == FaultSpec::kHangInside
-            ? "hanging inside (hang_inside)"
+        action == FaultSpec::kCrash        ? "crashing (SIGKILL)"
+        : action == FaultSpec::kStall      ? "stalling (SIGSTOP)"
+        : action == FaultSpec::kHangComm   ? "hanging (hang_comm)"
+        : action == FaultSpec::kHangInside ? "hanging inside (hang_inside)"
+        : action == FaultSpec::kHangData
+            ? "hanging its data source (hang_data)"
             : "failing the device's next operation (device_error)";
     std::fprintf(stderr, "piper-run: rank %d: PIPER_FAULT: %s at %s\n", rank,
                  what, where.c_str());
@@ -195,6 +206,13 @@ Status applyFault(const FaultSpec &fault, const plan::Plan &plan, int rank,
         "PIPER_FAULT: device_error needs --backend cuda-emulation (rank {} "
         "runs on '{}')",
         rank, backend));
+  if (fault.action == FaultSpec::kHangData) {
+    options.faultDataStep = fault.step;
+    options.onDataFault = faultAction(
+        rank, fmt::format("filling the batches of step {}", fault.step),
+        fault.action);
+    return Status::ok();
+  }
   int s = 0;
   if (!fault.stream.empty()) {
     s = -1;

@@ -73,7 +73,14 @@ bool decodeAbort(const std::string &text, Abort &abort);
 /// inside the checkpoint written after step S (--checkpoint-every): once
 /// the rank's own files are written, before the barrier that completes it.
 struct FaultSpec {
-  enum Action { kCrash, kStall, kHangComm, kHangInside, kDeviceError };
+  enum Action {
+    kCrash,
+    kStall,
+    kHangComm,
+    kHangInside,
+    kDeviceError,
+    kHangData
+  };
   int rank = -1;
   int64_t step = 1;
   std::string stream;

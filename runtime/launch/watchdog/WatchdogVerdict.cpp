@@ -132,6 +132,10 @@ std::string Watchdog::describeSelf(const ExecPosition &pos,
     if (pos.phase == ExecPosition::kStreams)
       waits.insert(waits.end(), w.begin(), w.end());
   }
+  if (pos.filling > 0)
+    out += fmt::format("pos data: filling the batches of step {} from the "
+                       "data source\n",
+                       pos.filling);
   if (pos.phase == ExecPosition::kLossAllReduce) {
     out += fmt::format("pos end of step {}: loss all-reduce over all {} "
                        "ranks\n",
