@@ -376,7 +376,7 @@ private:
         continue;
       }
       if (fusions.absorbed(&op))
-        continue; // its kernel ran as part of an earlier op's
+        continue; // its kernel runs as part of another op's
       if (auto ref = dyn_cast<ParamRefOp>(op)) {
         values[ref.getResult()] =
             operand(plan::Operand::PARAM, param(ref.getParamAttr().getAttr()));
