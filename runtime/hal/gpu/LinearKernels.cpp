@@ -18,15 +18,21 @@ namespace {
 using detail::KernelArgs;
 using detail::LinearDims;
 
+// y = x w (+ b) into output 0, the bias added in the GEMM's epilogue (no
+// pass of its own); with `gelu`, asking for GELU there too.
+Status forward(const KernelArgs &a, const Context &ctx, const LinearDims &d,
+               bool hasBias, GemmGelu *gelu) {
+  return gemm(ctx, false, d.transposeW, d.rows, d.out, d.in, 1.0f,
+              a.inputs[0].f32(), d.in, a.inputs[1].f32(),
+              d.transposeW ? d.in : d.out, 0.0f, a.outputs[0].f32(), d.out,
+              hasBias ? a.inputs[2].f32() : nullptr, nullptr, gelu);
+}
+
 Status linear(const KernelArgs &a, const Context &ctx) {
   LinearDims d;
   bool hasBias = false;
   PIPER_RETURN_IF_ERROR(detail::checkLinear(a, d, hasBias));
-  // The bias is added in the GEMM's epilogue (no pass of its own).
-  return gemm(ctx, false, d.transposeW, d.rows, d.out, d.in, 1.0f,
-              a.inputs[0].f32(), d.in, a.inputs[1].f32(),
-              d.transposeW ? d.in : d.out, 0.0f, a.outputs[0].f32(), d.out,
-              hasBias ? a.inputs[2].f32() : nullptr);
+  return forward(a, ctx, d, hasBias, nullptr);
 }
 
 // h = x w (+ b) and y = gelu(h): GELU in the GEMM's epilogue where the
@@ -41,10 +47,7 @@ Status linearGelu(const KernelArgs &a, const Context &ctx) {
   float *h = a.outputs[0].f32(), *y = a.outputs[1].f32();
   GemmGelu gelu;
   gelu.out = y;
-  PIPER_RETURN_IF_ERROR(gemm(
-      ctx, false, d.transposeW, d.rows, d.out, d.in, 1.0f, a.inputs[0].f32(),
-      d.in, a.inputs[1].f32(), d.transposeW ? d.in : d.out, 0.0f, h, d.out,
-      hasBias ? a.inputs[2].f32() : nullptr, nullptr, &gelu));
+  PIPER_RETURN_IF_ERROR(forward(a, ctx, d, hasBias, &gelu));
   if (gelu.done)
     return Status::ok();
   const int64_t n = d.rows * d.out;
