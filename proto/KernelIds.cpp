@@ -15,6 +15,10 @@ const std::vector<KernelSignature> &kernelSignatures() {
       {"position_add", 2, 2, 1, {"seq"}},
       {"layer_norm", 3, 3, 1, {}},
       {"rms_norm", 2, 2, 1, {}},
+      // add then the norm of its sum, fused by the compiler (the residual
+      // stream's norm): (x, r, gamma[, beta]) -> (s = x + r, norm(s)).
+      {"add_layer_norm", 4, 4, 2, {}},
+      {"add_rms_norm", 3, 3, 2, {}},
       {"qk_norm", 2, 2, 1, {"heads"}},
       {"linear", 2, 3, 1, {}},
       {"gelu", 1, 1, 1, {}},
@@ -69,6 +73,10 @@ const std::vector<KernelSignature> &kernelSignatures() {
       {"layer_norm_grad_weight", 2, 2, 2, {}},
       {"rms_norm_grad_input", 3, 3, 1, {}},
       {"rms_norm_grad_weight", 2, 2, 1, {}},
+      // a norm's grad_input then its add to the residual stream's
+      // gradient, fused by the compiler: (x, gamma, dy, r) -> r + dx.
+      {"layer_norm_grad_input_add", 4, 4, 1, {}},
+      {"rms_norm_grad_input_add", 4, 4, 1, {}},
       {"qk_norm_grad_input", 3, 3, 1, {"heads"}},
       {"qk_norm_grad_weight", 2, 2, 1, {"heads"}},
       {"linear_grad_input", 2, 2, 1, {}},

@@ -498,8 +498,11 @@ static CLI::App *addCompileCommand(CLI::App &app, CompileOptions &comp) {
       "to their accumulators with accumulate kernels instead of in their "
       "own kernels (in the GEMM on CUDA), and run gelu and gelu_grad as "
       "kernels of their own instead of with the GEMM before them "
-      "(linear_gelu, linear_grad_input_gelu: in its epilogue on CUDA); "
-      "bit-identical on the CPU; docs/design-notes.md §2");
+      "(linear_gelu, linear_grad_input_gelu: in its epilogue on CUDA), "
+      "and run the residual stream's add as a kernel of its own instead "
+      "of with the norm after it and the norm's input gradient before it "
+      "(add_layer_norm, add_rms_norm, *_norm_grad_input_add; bit-identical "
+      "everywhere); bit-identical on the CPU; docs/design-notes.md §2");
   return compileCmd;
 }
 

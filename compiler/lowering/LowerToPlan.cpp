@@ -359,7 +359,8 @@ private:
     for (BlockArgument a : body.getArguments())
       out->add_args(newValue(a));
     // Kernels merged into another op's (weight gradients accumulated by
-    // their GEMM, GELU in the GEMM's epilogue: SegmentFusions.h).
+    // their GEMM, GELU in the GEMM's epilogue, the residual add in the
+    // norm: SegmentFusions.h).
     SegmentFusions fusions = findSegmentFusions(body, fuseKernels);
     // The output of each fused accumulate_grad's producer kernel, whose
     // parameter index is set where the accumulate_grad was (so that
@@ -398,23 +399,21 @@ private:
       auto setInt = [&](StringRef key, int64_t v) {
         (*k->mutable_attrs())[key.str()].set_i(v);
       };
-      if (auto gi = dyn_cast_or_null<LinearGradInputOp>(
-              fusions.geluGradOf.lookup(&op))) {
-        // linear_grad_input_gelu: (dy, w, h) -> gelu_grad's result.
-        auto gelu = cast<GeluGradOp>(op);
-        k->set_op("linear_grad_input_gelu");
-        for (Value v : {gi.getGrad(), gi.getWeight(), gelu.getInput()}) {
-          auto it = values.find(v);
-          if (it == values.end())
-            return op.emitOpError("uses a value the lowering does not know");
-          *k->add_inputs() = it->second;
-        }
-        *k->add_outputs() =
-            operand(plan::Operand::VALUE, newValue(gelu.getResult()));
-        if (gi.getTransposeW())
-          setInt("transpose_w", 1);
+      // A fused kernel of ops this position absorbed (SegmentFusions.h).
+      FailureOr<bool> fused = lowerFusedKernel(
+          op, fusions,
+          {[&](Value v) -> FailureOr<plan::Operand> {
+             auto it = values.find(v);
+             if (it == values.end())
+               return failure();
+             return it->second;
+           },
+           [&](Value v) { return operand(plan::Operand::VALUE, newValue(v)); }},
+          *k);
+      if (failed(fused))
+        return failure();
+      if (*fused)
         continue;
-      }
       auto setFloat = [&](StringRef key, double v) {
         (*k->mutable_attrs())[key.str()].set_f(v);
       };

@@ -5,6 +5,7 @@
 
 using namespace mlir;
 using namespace mlir::piper;
+namespace plan = ::piper::plan;
 
 namespace {
 
@@ -57,6 +58,51 @@ void findGelus(Block &body, SegmentFusions &f) {
   }
 }
 
+// Whether an op strictly between `from` and `to` (in one block) satisfies
+// `pred`.
+template <typename Pred>
+bool anyBetween(Operation *from, Operation *to, Pred pred) {
+  for (Operation *o = from->getNextNode(); o && o != to; o = o->getNextNode())
+    if (pred(o))
+      return true;
+  return false;
+}
+
+void findResidualNorms(Block &body, SegmentFusions &f) {
+  // Backward: an add of a norm's input gradient (first, so that an add of
+  // both kinds goes to the backward's fusion).
+  for (AddOp add : body.getOps<AddOp>()) {
+    for (Value v : add->getOperands()) {
+      Operation *gi = v.getDefiningOp();
+      if (!gi || gi->getBlock() != &body || !v.hasOneUse() ||
+          !isa<LayerNormGradInputOp, RmsNormGradInputOp>(gi) ||
+          f.absorbed(gi) || f.geluGradOf.count(gi))
+        continue;
+      if (anyBetween(gi, add, [](Operation *o) { return isa<AdamWOp>(o); }))
+        continue;
+      f.normGradOfAdd[add.getOperation()] = gi;
+      f.merged[gi] = add.getOperation();
+      break;
+    }
+  }
+  // Forward: a norm of an add's sum, nothing between them reading it.
+  for (Operation &norm : body) {
+    if (!isa<LayerNormOp, RmsNormOp>(norm))
+      continue;
+    Value sum = norm.getOperand(0);
+    auto add = sum.getDefiningOp<AddOp>();
+    if (!add || add->getBlock() != &body || f.absorbed(add) ||
+        f.normGradOfAdd.count(add))
+      continue;
+    if (anyBetween(add, &norm, [&](Operation *o) {
+          return llvm::is_contained(o->getOperands(), sum);
+        }))
+      continue;
+    f.normOfAdd[&norm] = add.getOperation();
+    f.merged[add.getOperation()] = &norm;
+  }
+}
+
 } // namespace
 
 SegmentFusions mlir::piper::findSegmentFusions(Block &body, bool fuse) {
@@ -65,5 +111,65 @@ SegmentFusions mlir::piper::findSegmentFusions(Block &body, bool fuse) {
     return f;
   findAccumulations(body, f);
   findGelus(body, f);
+  findResidualNorms(body, f);
   return f;
+}
+
+FailureOr<bool> mlir::piper::lowerFusedKernel(Operation &op,
+                                              const SegmentFusions &fusions,
+                                              const PlanValues &values,
+                                              plan::Kernel &k) {
+  auto inputs = [&](ArrayRef<Value> vs) -> LogicalResult {
+    for (Value v : vs) {
+      FailureOr<plan::Operand> o = values.operandOf(v);
+      if (failed(o))
+        return op.emitOpError("uses a value the lowering does not know");
+      *k.add_inputs() = *o;
+    }
+    return success();
+  };
+  auto output = [&](Value v) { *k.add_outputs() = values.newValue(v); };
+  auto setEps = [&](Operation *norm) {
+    (*k.mutable_attrs())["eps"].set_f(
+        cast<FloatAttr>(norm->getAttr("eps")).getValueAsDouble());
+  };
+  if (auto gi =
+          dyn_cast_or_null<LinearGradInputOp>(fusions.geluGradOf.lookup(&op))) {
+    // linear_grad_input_gelu: (dy, w, h) -> gelu_grad's result.
+    auto gelu = cast<GeluGradOp>(op);
+    k.set_op("linear_grad_input_gelu");
+    if (failed(inputs({gi.getGrad(), gi.getWeight(), gelu.getInput()})))
+      return failure();
+    output(gelu.getResult());
+    if (gi.getTransposeW())
+      (*k.mutable_attrs())["transpose_w"].set_i(1);
+    return true;
+  }
+  if (Operation *add = fusions.normOfAdd.lookup(&op)) {
+    // add_layer_norm / add_rms_norm: (x, r, gamma[, beta]) -> (sum, norm).
+    k.set_op(isa<LayerNormOp>(op) ? "add_layer_norm" : "add_rms_norm");
+    SmallVector<Value> ins(add->getOperands());
+    ins.append(std::next(op.operand_begin()), op.operand_end());
+    if (failed(inputs(ins)))
+      return failure();
+    output(add->getResult(0));
+    output(op.getResult(0));
+    setEps(&op);
+    return true;
+  }
+  if (Operation *gi = fusions.normGradOfAdd.lookup(&op)) {
+    // *_norm_grad_input_add: (x, gamma, dy, the other addend) -> the sum.
+    k.set_op(isa<LayerNormGradInputOp>(gi) ? "layer_norm_grad_input_add"
+                                           : "rms_norm_grad_input_add");
+    Value other = op.getOperand(0) == gi->getResult(0) ? op.getOperand(1)
+                                                       : op.getOperand(0);
+    SmallVector<Value> ins(gi->getOperands());
+    ins.push_back(other);
+    if (failed(inputs(ins)))
+      return failure();
+    output(op.getResult(0));
+    setEps(gi);
+    return true;
+  }
+  return false;
 }

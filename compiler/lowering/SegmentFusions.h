@@ -4,8 +4,12 @@
 #ifndef PIPER_COMPILER_LOWERING_SEGMENTFUSIONS_H
 #define PIPER_COMPILER_LOWERING_SEGMENTFUSIONS_H
 
+#include "proto/plan.pb.h"
+
 #include "mlir/IR/Block.h"
+#include "mlir/Support/LogicalResult.h"
 #include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/STLFunctionalExtras.h"
 
 namespace mlir::piper {
 
@@ -27,6 +31,18 @@ struct SegmentFusions {
   /// is computed: under recomputation it may come after the product).
   /// Maps the gelu_grad to its linear_grad_input, which is skipped.
   DenseMap<Operation *, Operation *> geluGradOf;
+  /// A layer_norm or rms_norm of an add's result that nothing between the
+  /// two reads: one `add_layer_norm` (`add_rms_norm`) kernel at the norm's
+  /// position, (x, r, gamma[, beta]) -> (the sum, the norm): the residual
+  /// stream's sum and the next block's norm in one pass. Maps the norm to
+  /// the add, which is skipped.
+  DenseMap<Operation *, Operation *> normOfAdd;
+  /// An add of a layer_norm_grad_input's (rms_norm_grad_input's) result
+  /// used only there, with no adamw in between (gamma unchanged): one
+  /// `layer_norm_grad_input_add` (`rms_norm_grad_input_add`) kernel at the
+  /// add's position, (x, gamma, dy, the other addend) -> the sum. Maps the
+  /// add to the grad_input, which is skipped.
+  DenseMap<Operation *, Operation *> normGradOfAdd;
 
   /// Whether `op`'s kernel is merged into another op's.
   bool absorbed(Operation *op) const { return merged.count(op) != 0; }
@@ -37,6 +53,23 @@ struct SegmentFusions {
 /// The fusions of a segment's body: none unless `fuse` (piperc's
 /// --no-fused-epilogues turns them off).
 SegmentFusions findSegmentFusions(Block &body, bool fuse);
+
+/// How the lowering names values: `operandOf` the plan operand of a value
+/// it has met (failure for another), `newValue` a new plan value for a
+/// result.
+struct PlanValues {
+  llvm::function_ref<FailureOr<::piper::plan::Operand>(Value)> operandOf;
+  llvm::function_ref<::piper::plan::Operand(Value)> newValue;
+};
+
+/// When `op`'s position runs a fused kernel of a whole op it absorbed
+/// (linear_grad_input_gelu, add_layer_norm, add_rms_norm,
+/// *_norm_grad_input_add), fills `k` with it (op, operands, attributes) and
+/// returns true; else returns false and leaves `k` alone. Fails on a value
+/// the lowering does not know.
+FailureOr<bool> lowerFusedKernel(Operation &op, const SegmentFusions &fusions,
+                                 const PlanValues &values,
+                                 ::piper::plan::Kernel &k);
 
 } // namespace mlir::piper
 

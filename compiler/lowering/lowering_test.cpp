@@ -74,6 +74,24 @@ std::string lower(const std::string &source, bool &ok, plan::Plan &plan) {
   return diagnostics;
 }
 
+/// Lowers `source` (one plan) with or without the segment fusions; returns
+/// the ops of its first segment's kernels, each checked against the kernel
+/// table, and the segment.
+std::pair<std::vector<std::string>, plan::Segment>
+segmentKernels(const std::string &source, bool fuse) {
+  FailureOr<LoweredPlans> lowered = failure();
+  std::string diags = lowerAll(source, /*order=*/false, lowered, fuse);
+  INFO(diags);
+  REQUIRE(succeeded(lowered));
+  const plan::Segment &seg = lowered->plans[0].segments(0);
+  std::vector<std::string> ops;
+  for (const plan::Kernel &k : seg.kernels()) {
+    CHECK(plan::checkKernelSignature(k) == "");
+    ops.push_back(k.op());
+  }
+  return std::make_pair(ops, seg);
+}
+
 } // namespace
 
 TEST_CASE("the lowering emits kernels of the kernel table", "[lowering]") {
@@ -140,25 +158,12 @@ piper.device_program @class0 attributes {device_class = 0 : i64, ranks = array<i
       t + ", " + t + ", " + t + ", " + t + R"(, !piper.token)
 }
 )";
-  auto kernels = [&](bool fuse) {
-    FailureOr<LoweredPlans> lowered = failure();
-    std::string diags = lowerAll(source, /*order=*/false, lowered, fuse);
-    INFO(diags);
-    REQUIRE(succeeded(lowered));
-    const plan::Segment &seg = lowered->plans[0].segments(0);
-    std::vector<std::string> ops;
-    for (const plan::Kernel &k : seg.kernels()) {
-      CHECK(plan::checkKernelSignature(k) == "");
-      ops.push_back(k.op());
-    }
-    return std::make_pair(ops, seg);
-  };
-  auto [apart, apartSeg] = kernels(false);
+  auto [apart, apartSeg] = segmentKernels(source, false);
   CHECK(apart == std::vector<std::string>{
                      "linear", "gelu", "gelu", "linear_grad_input", "gelu_grad",
                      "linear_grad_input", "gelu_grad", "add",
                      "linear_grad_input", "adamw", "gelu_grad"});
-  auto [fused, seg] = kernels(true);
+  auto [fused, seg] = segmentKernels(source, true);
   // %h + %a in one kernel (h still the segment's result); %b reads no
   // GEMM; %p's only use is %d's gelu_grad; %q has another use (the add);
   // the adamw between %r and %g may change the weight.
@@ -179,6 +184,95 @@ piper.device_program @class0 attributes {device_class = 0 : i64, ranks = array<i
   CHECK(lgi.inputs(2).index() == lg.outputs(0).index());
   CHECK(seg.results(1) == lgi.outputs(0).index());
   CHECK(lgi.attrs().at("transpose_w").i() == 1);
+}
+
+// The plan-level fusions of the residual stream's add with the norms
+// (compiler/lowering/SegmentFusions.cpp): where they apply and where not.
+TEST_CASE("the lowering runs the residual stream's add with the norm after "
+          "it and the norm's input gradient before it",
+          "[lowering]") {
+  const std::string t = "tensor<4x4xf32>", v = "tensor<4xf32>";
+  const std::string ln = " : (" + t + ", " + v + ", " + v + ") -> " + t + "\n";
+  const std::string rms = " : (" + t + ", " + v + ") -> " + t + "\n";
+  const std::string grad =
+      " : (" + t + ", " + v + ", " + t + ") -> " + t + "\n";
+  const std::string add = " : " + t + "\n";
+  const std::string results = t + ", " + t + ", " + t + ", " + t + ", " + t;
+  const std::string source =
+      R"(
+piper.param @x : tensor<4x4xf32> init zeros(0.0)
+piper.param @r : tensor<4x4xf32> init zeros(0.0)
+piper.param @g : tensor<4xf32> init zeros(0.0)
+piper.param @b : tensor<4xf32> init zeros(0.0)
+piper.segment @f() -> ()" +
+      results + R"() {
+  %x = piper.param_ref @x : tensor<4x4xf32>
+  %r = piper.param_ref @r : tensor<4x4xf32>
+  %g = piper.param_ref @g : tensor<4xf32>
+  %b = piper.param_ref @b : tensor<4xf32>
+)" + "  %s = piper.add %x, %r" +
+      add + "  %y = piper.layer_norm %s, %g, %b {eps = 0.5 : f64}" + ln +
+      "  %s2 = piper.add %y, %r" + add + "  %u = piper.gelu %s2" + add +
+      "  %y2 = piper.rms_norm %s2, %g" + rms +
+      "  %d = piper.layer_norm_grad_input %x, %g, %y2" + grad +
+      "  %e = piper.add %u, %d" + add +
+      "  %d2 = piper.rms_norm_grad_input %x, %g, %e" + grad +
+      "  %e2 = piper.add %d2, %d2" + add +
+      "  %d3 = piper.rms_norm_grad_input %x, %g, %e2 {eps = 0.25 : f64}" +
+      grad +
+      R"(  piper.adamw @g {lr = 1.0e-03 : f64, beta1 = 0.9 : f64, beta2 = 0.95 : f64, eps = 1.0e-08 : f64, weight_decay = 0.0 : f64}
+)" + "  %e3 = piper.add %d3, %e2" +
+      add + "  %d4 = piper.rms_norm_grad_input %x, %g, %e3 {eps = 0.25 : f64}" +
+      grad + "  %e4 = piper.add %r, %d4" + add +
+      "  %y4 = piper.rms_norm %e4, %g" + rms +
+      "  piper.yield %s, %y, %e, %e4, %y4 : " + results + R"(
+}
+piper.device_program @class0 attributes {device_class = 0 : i64, ranks = array<i64: 0>} {
+  %s, %y, %e, %e4, %y4, %t = piper.task @f() {devices = #piper.group<0>, stream = #piper.stream<"compute", compute>, tag = #piper.tag<PP = 0, MB = 0, PASS = F>} : () -> ()" +
+      results + R"(, !piper.token)
+}
+)";
+  auto [apart, apartSeg] = segmentKernels(source, false);
+  CHECK(apart == std::vector<std::string>{
+                     "add", "layer_norm", "add", "gelu", "rms_norm",
+                     "layer_norm_grad_input", "add", "rms_norm_grad_input",
+                     "add", "rms_norm_grad_input", "adamw", "add",
+                     "rms_norm_grad_input", "add", "rms_norm"});
+  auto [fused, seg] = segmentKernels(source, true);
+  // %s's norm follows it; %s2 is read by the gelu before its norm; %d's
+  // only use is %e's add; %d2 is added to itself (two uses); the adamw
+  // between %d3 and %e3 may change gamma; %e4 is an add of both kinds,
+  // and goes to the backward's fusion.
+  CHECK(fused == std::vector<std::string>{
+                     "add_layer_norm", "add", "gelu", "rms_norm",
+                     "layer_norm_grad_input_add", "rms_norm_grad_input", "add",
+                     "rms_norm_grad_input", "adamw", "add",
+                     "rms_norm_grad_input_add", "rms_norm"});
+  REQUIRE(seg.kernels_size() == 12);
+  // add_layer_norm: (x, r, g, b) -> (s, y), the segment's first two
+  // results, with the norm's eps.
+  const plan::Kernel &aln = seg.kernels(0);
+  REQUIRE(aln.inputs_size() == 4);
+  REQUIRE(aln.outputs_size() == 2);
+  for (int i = 0; i < 4; ++i)
+    CHECK(aln.inputs(i).kind() == plan::Operand::PARAM);
+  CHECK(aln.inputs(0).index() != aln.inputs(1).index());
+  CHECK(seg.results(0) == aln.outputs(0).index());
+  CHECK(seg.results(1) == aln.outputs(1).index());
+  CHECK(aln.attrs().at("eps").f() == 0.5);
+  // layer_norm_grad_input_add: (x, g, y2, u) -> e, the third result.
+  const plan::Kernel &lga = seg.kernels(4);
+  REQUIRE(lga.inputs_size() == 4);
+  CHECK(lga.inputs(2).index() == seg.kernels(3).outputs(0).index());
+  CHECK(lga.inputs(3).index() == seg.kernels(2).outputs(0).index());
+  CHECK(seg.results(2) == lga.outputs(0).index());
+  // rms_norm_grad_input_add: (x, g, e3, r) -> e4, with the grad's eps.
+  const plan::Kernel &rga = seg.kernels(10);
+  REQUIRE(rga.inputs_size() == 4);
+  CHECK(rga.inputs(2).index() == seg.kernels(9).outputs(0).index());
+  CHECK(rga.inputs(3).kind() == plan::Operand::PARAM);
+  CHECK(seg.results(3) == rga.outputs(0).index());
+  CHECK(rga.attrs().at("eps").f() == 0.25);
 }
 
 /// Orders and lowers `source` (device programs of any number of classes) as

@@ -48,9 +48,16 @@ Status checkPositionAddGrad(const KernelArgs &a, PositionDims &d);
 /// (default 1e-5, >= 0).
 Status checkLayerNorm(const KernelArgs &a, int64_t &rows, int64_t &hidden,
                       double &eps);
+/// add_layer_norm: (x, r, gamma, beta) -> (s = x + r, layer_norm(s)), all
+/// [N,H] but gamma and beta [H]; eps as layer_norm's.
+Status checkAddLayerNorm(const KernelArgs &a, int64_t &rows, int64_t &hidden,
+                         double &eps);
 /// layer_norm_grad_input: (x, gamma, dy) -> dx.
 Status checkLayerNormGradInput(const KernelArgs &a, int64_t &rows,
                                int64_t &hidden, double &eps);
+/// layer_norm_grad_input_add: (x, gamma, dy, r [N,H]) -> r + dx.
+Status checkLayerNormGradInputAdd(const KernelArgs &a, int64_t &rows,
+                                  int64_t &hidden, double &eps);
 /// layer_norm_grad_weight: (x, dy) -> (dgamma [H], dbeta [H]).
 Status checkLayerNormGradWeight(const KernelArgs &a, int64_t &rows,
                                 int64_t &hidden, double &eps);
@@ -58,9 +65,15 @@ Status checkLayerNormGradWeight(const KernelArgs &a, int64_t &rows,
 /// >= 0).
 Status checkRmsNorm(const KernelArgs &a, int64_t &rows, int64_t &hidden,
                     double &eps);
+/// add_rms_norm: (x, r, gamma) -> (s = x + r, rms_norm(s)).
+Status checkAddRmsNorm(const KernelArgs &a, int64_t &rows, int64_t &hidden,
+                       double &eps);
 /// rms_norm_grad_input: (x, gamma, dy) -> dx.
 Status checkRmsNormGradInput(const KernelArgs &a, int64_t &rows,
                              int64_t &hidden, double &eps);
+/// rms_norm_grad_input_add: (x, gamma, dy, r [N,H]) -> r + dx.
+Status checkRmsNormGradInputAdd(const KernelArgs &a, int64_t &rows,
+                                int64_t &hidden, double &eps);
 /// rms_norm_grad_weight: (x, dy) -> dgamma [H].
 Status checkRmsNormGradWeight(const KernelArgs &a, int64_t &rows,
                               int64_t &hidden, double &eps);

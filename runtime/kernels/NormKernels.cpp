@@ -2,7 +2,9 @@
 // two halves: *_grad_input (dx; rows are independent, so chunks of rows run
 // in parallel) and *_grad_weight (dgamma, and dbeta for layer norm; one
 // pass, a fixed order over rows). The two norms share their checks and
-// their kernels' shapes; only the row math differs.
+// their kernels' shapes; only the row math differs. The compiler fuses the
+// residual stream's add into the norm after it (add_layer_norm,
+// add_rms_norm) and into the grad_input before it (*_grad_input_add).
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -11,6 +13,7 @@
 #include "runtime/kernels/LayerChecks.h"
 #include "runtime/kernels/Parallel.h"
 #include "runtime/kernels/VecMath.h"
+#include "support/Precision.h"
 
 namespace piper::runtime::detail {
 
@@ -36,15 +39,36 @@ Status checkNormOperands(const KernelArgs &a, const TensorRef &x,
   return Status::ok();
 }
 
-// A norm's grad_input: (x, gamma, dy) -> dx.
+// A norm's grad_input: (x, gamma, dy) -> dx; with `residual`, its fusion
+// with the add after it: (x, gamma, dy, r) -> r + dx.
 Status checkNormGradInput(const KernelArgs &a, double defaultEps,
-                          int64_t &rows, int64_t &hidden, double &eps) {
-  PIPER_RETURN_IF_ERROR(expectCounts(a, 3, 3, 1));
+                          bool residual, int64_t &rows, int64_t &hidden,
+                          double &eps) {
+  const size_t inputs = residual ? 4 : 3;
+  PIPER_RETURN_IF_ERROR(expectCounts(a, inputs, inputs, 1));
   PIPER_RETURN_IF_ERROR(checkNormOperands(a, a.inputs[0], a.inputs[1],
                                           defaultEps, rows, hidden, eps));
   PIPER_RETURN_IF_ERROR(
       expectTensor(a, a.inputs[2], "dy", plan::F32, {rows, hidden}));
+  if (residual)
+    PIPER_RETURN_IF_ERROR(
+        expectTensor(a, a.inputs[3], "r", plan::F32, {rows, hidden}));
   return expectTensor(a, a.outputs[0], "dx", plan::F32, {rows, hidden});
+}
+
+// A norm fused with the add before it, (x, r, gamma[, beta]) -> (s, y):
+// `inputs` operands, the norm's x and gamma checked, then r [N,H], and the
+// outputs s and y [N,H].
+Status checkAddNorm(const KernelArgs &a, size_t inputs, double defaultEps,
+                    int64_t &rows, int64_t &hidden, double &eps) {
+  PIPER_RETURN_IF_ERROR(expectCounts(a, inputs, inputs, 2));
+  PIPER_RETURN_IF_ERROR(checkNormOperands(a, a.inputs[0], a.inputs[2],
+                                          defaultEps, rows, hidden, eps));
+  PIPER_RETURN_IF_ERROR(
+      expectTensor(a, a.inputs[1], "r", plan::F32, {rows, hidden}));
+  PIPER_RETURN_IF_ERROR(
+      expectTensor(a, a.outputs[0], "s", plan::F32, {rows, hidden}));
+  return expectTensor(a, a.outputs[1], "y", plan::F32, {rows, hidden});
 }
 
 // A norm's grad_weight, which takes no gamma: (x [N,H], dy [N,H]) ->
@@ -73,21 +97,51 @@ void forEachRow(int64_t rows, int64_t width, const Row &row) {
 // A grad_input kernel: checks the call (checkNormGradInput); then, without
 // dgamma the rows being independent, runs
 // `backward(x, gamma, dy, rows, hidden, eps, dx)` on chunks of rows in
-// parallel.
+// parallel. With `residual` (the fused *_grad_input_add) each chunk's dx,
+// rounded to bf16 in mixed precision as the executor rounds grad_input's
+// output, then gets r added: grad_input then add, bit for bit.
 template <typename Backward>
-Status normGradInput(const KernelArgs &a, double defaultEps,
+Status normGradInput(const KernelArgs &a, double defaultEps, bool residual,
                      const Backward &backward) {
   int64_t rows = 0, hidden = 0;
   double eps = 0;
-  PIPER_RETURN_IF_ERROR(checkNormGradInput(a, defaultEps, rows, hidden, eps));
+  PIPER_RETURN_IF_ERROR(
+      checkNormGradInput(a, defaultEps, residual, rows, hidden, eps));
   const TensorRef &x = a.inputs[0], &gamma = a.inputs[1], &dy = a.inputs[2];
   const TensorRef &dx = a.outputs[0];
+  const float *r = residual ? a.inputs[3].f32() : nullptr;
+  const bool round = a.ctx.lowPrecision;
   parallelFor(rows, rowGrain(3 * hidden), [&](int64_t begin, int64_t end) {
-    int64_t at = begin * hidden;
+    int64_t at = begin * hidden, count = (end - begin) * hidden;
+    float *out = dx.f32() + at;
     backward(x.f32() + at, gamma.f32(), dy.f32() + at, end - begin, hidden,
-             eps, dx.f32() + at);
+             eps, out);
+    if (!r)
+      return;
+    if (round)
+      roundToBf16(out, count);
+    for (int64_t i = 0; i < count; ++i)
+      out[i] = out[i] + r[at + i]; // add's sum (an exact commutation)
   });
   return Status::ok();
+}
+
+// A norm fused with the add before it (checked by the caller): each row's
+// s = x + r, rounded to bf16 in mixed precision as the executor rounds
+// add's output, then `norm(s row, n)`: add then the norm, bit for bit.
+template <typename Norm>
+void addThenNorm(const KernelArgs &a, int64_t rows, int64_t hidden,
+                 const Norm &norm) {
+  const float *x = a.inputs[0].f32(), *r = a.inputs[1].f32();
+  float *s = a.outputs[0].f32();
+  const bool round = a.ctx.lowPrecision;
+  forEachRow(rows, hidden, [&](int64_t n) {
+    float *sr = s + n * hidden;
+    addVectors(x + n * hidden, r + n * hidden, sr, hidden);
+    if (round)
+      roundToBf16(sr, hidden);
+    norm(sr, n);
+  });
 }
 
 // --- layer norm --------------------------------------------------------------
@@ -254,14 +308,45 @@ Status layerNormKernel(const KernelArgs &a) {
   return Status::ok();
 }
 
+Status checkAddLayerNorm(const KernelArgs &a, int64_t &rows, int64_t &hidden,
+                         double &eps) {
+  PIPER_RETURN_IF_ERROR(checkAddNorm(a, 4, kLayerNormEps, rows, hidden, eps));
+  return expectTensor(a, a.inputs[3], "beta", plan::F32, {hidden});
+}
+
+Status addLayerNormKernel(const KernelArgs &a) {
+  int64_t rows = 0, hidden = 0;
+  double eps = 0;
+  PIPER_RETURN_IF_ERROR(checkAddLayerNorm(a, rows, hidden, eps));
+  const float *gamma = a.inputs[2].f32(), *beta = a.inputs[3].f32();
+  float *y = a.outputs[1].f32();
+  addThenNorm(a, rows, hidden, [&](const float *s, int64_t n) {
+    double mean = 0, rstd = 0;
+    rowStats(s, hidden, eps, mean, rstd);
+    layerNormRow(s, gamma, beta, y + n * hidden, hidden, mean, rstd);
+  });
+  return Status::ok();
+}
+
 Status checkLayerNormGradInput(const KernelArgs &a, int64_t &rows,
                                int64_t &hidden, double &eps) {
-  return checkNormGradInput(a, kLayerNormEps, rows, hidden, eps);
+  return checkNormGradInput(a, kLayerNormEps, false, rows, hidden, eps);
+}
+
+Status checkLayerNormGradInputAdd(const KernelArgs &a, int64_t &rows,
+                                  int64_t &hidden, double &eps) {
+  return checkNormGradInput(a, kLayerNormEps, true, rows, hidden, eps);
 }
 
 Status layerNormGradInputKernel(const KernelArgs &a) {
-  return normGradInput(a, kLayerNormEps, [](auto... args) {
+  return normGradInput(a, kLayerNormEps, false, [](auto... args) {
     layerNormBackward(args..., nullptr, nullptr); // dx only
+  });
+}
+
+Status layerNormGradInputAddKernel(const KernelArgs &a) {
+  return normGradInput(a, kLayerNormEps, true, [](auto... args) {
+    layerNormBackward(args..., nullptr, nullptr);
   });
 }
 
@@ -308,14 +393,42 @@ Status rmsNormKernel(const KernelArgs &a) {
   return Status::ok();
 }
 
+Status checkAddRmsNorm(const KernelArgs &a, int64_t &rows, int64_t &hidden,
+                       double &eps) {
+  return checkAddNorm(a, 3, kRmsNormEps, rows, hidden, eps);
+}
+
+Status addRmsNormKernel(const KernelArgs &a) {
+  int64_t rows = 0, hidden = 0;
+  double eps = 0;
+  PIPER_RETURN_IF_ERROR(checkAddRmsNorm(a, rows, hidden, eps));
+  const float *gamma = a.inputs[2].f32();
+  float *y = a.outputs[1].f32();
+  addThenNorm(a, rows, hidden, [&](const float *s, int64_t n) {
+    rmsNormRow(s, gamma, y + n * hidden, hidden, rowRrms(s, hidden, eps));
+  });
+  return Status::ok();
+}
+
 Status checkRmsNormGradInput(const KernelArgs &a, int64_t &rows,
                              int64_t &hidden, double &eps) {
-  return checkNormGradInput(a, kRmsNormEps, rows, hidden, eps);
+  return checkNormGradInput(a, kRmsNormEps, false, rows, hidden, eps);
+}
+
+Status checkRmsNormGradInputAdd(const KernelArgs &a, int64_t &rows,
+                                int64_t &hidden, double &eps) {
+  return checkNormGradInput(a, kRmsNormEps, true, rows, hidden, eps);
 }
 
 Status rmsNormGradInputKernel(const KernelArgs &a) {
-  return normGradInput(a, kRmsNormEps, [](auto... args) {
+  return normGradInput(a, kRmsNormEps, false, [](auto... args) {
     rmsNormBackward(args..., nullptr); // dx only
+  });
+}
+
+Status rmsNormGradInputAddKernel(const KernelArgs &a) {
+  return normGradInput(a, kRmsNormEps, true, [](auto... args) {
+    rmsNormBackward(args..., nullptr);
   });
 }
 

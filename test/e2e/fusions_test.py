@@ -28,6 +28,14 @@ The fusions:
   computes the product whole, rounds it to bf16 in mixed precision, and
   adds it, as the two kernels did; on CUDA the GEMM adds it itself
   (beta = 1), without that rounding in bf16 (not run here).
+- the residual stream's add run by the norm after it (`add_layer_norm`,
+  `add_rms_norm`: the sum and the norm of it) and by the norm's input
+  gradient before it (`layer_norm_grad_input_add`,
+  `rms_norm_grad_input_add`); also off with --no-fused-epilogues. Exact by
+  construction on the CPU and the emulated GPU (and on CUDA, whose kernel
+  is the emulation's): the kernel rounds the first step's result to bf16
+  in mixed precision as the executor rounded it, then runs the second
+  kernel's loop.
 - gelu run by the linear before it (`linear_gelu`) and gelu_grad by the
   linear_grad_input before it (`linear_grad_input_gelu`; also off with
   --no-fused-epilogues). Exact by construction on the CPU and the emulated
@@ -39,7 +47,8 @@ The cases cover one rank in fp32 and bf16, the emulated CUDA backend
 (bf16), a pipeline (the last stage's forward and backward are separate
 tasks, 1F1B and zero-bubble), data parallelism with ZeRO-2, tensor
 parallelism without the vocabulary split (a replicated head), full
-recomputation, a Llama and a tied-head GPT, and an MoE model.
+recomputation, a Llama (also on the emulated CUDA backend in bf16) and a
+tied-head GPT, and an MoE model.
 
 Each default plan must hold `cross_entropy_fused` and no
 `cross_entropy_grad` (--no-fused-classifier's the reverse), and, for the
@@ -50,7 +59,10 @@ under ZeRO-2, whose gradients go to reduce-scatter buckets instead), and
 --no-fused-epilogues' plan has an `accumulate` kernel more for each
 (piper-plan's listing). The GPT models' default plans run GELU with
 their GEMMs, forward and backward; --no-fused-epilogues' plans hold a
-`gelu` and a `gelu_grad` more for each.
+`gelu` and a `gelu_grad` more for each. Every default plan adds the
+residual stream in its norms, forward and backward; --no-fused-epilogues'
+plan holds none of those kernels, and an `add` and the norm (or its
+grad_input) more for each.
 
 Usage: fusions_test.py PIPERC PIPER_RUN PIPER_PLAN
 """
@@ -77,6 +89,8 @@ CASES = [
       "bf16"], 2, "cpu"),
     ("llama-tiny DP2 ZeRO-2", ["llama-tiny"], ["--dp", "2", "--zero", "2"], 2,
      "cpu"),
+    ("llama-tiny bf16, cuda-emulation", ["llama-tiny"], ["--dtype", "bf16"],
+     1, "cuda-emulation"),
     ("gpt-tiny TP2, head not split", ["gpt-tiny"],
      ["--tp", "2", "--no-vocab-parallel"], 2, "cpu"),
     ("gpt tied head, full recompute", ["gpt", "--layers", "2"],
@@ -105,15 +119,46 @@ def plan_bytes(folder):
 
 
 GELU_KERNELS = ("linear_gelu", "linear_grad_input_gelu", "gelu", "gelu_grad")
+# Each fused residual kernel: the kernels it stands for (the add, and the
+# norm or its grad_input).
+RESIDUAL_KERNELS = {
+    "add_layer_norm": "layer_norm",
+    "add_rms_norm": "rms_norm",
+    "layer_norm_grad_input_add": "layer_norm_grad_input",
+    "rms_norm_grad_input_add": "rms_norm_grad_input",
+}
 
 
 def kernel_counts(folder):
     """How many kernels accumulate a weight gradient themselves, how many
     `accumulate` kernels, and how many calls of each GELU_KERNELS kernel,
-    in piper-plan's listing of every plan."""
+    of each RESIDUAL_KERNELS kernel, of the kernels they stand for and of
+    `add`, in piper-plan's listing of every plan."""
     text = run([PIPER_PLAN, folder]).stdout
-    gelus = {k: text.count(" %s(" % k) for k in GELU_KERNELS}
-    return text.count("accumulate = 1"), text.count(" accumulate("), gelus
+    names = (GELU_KERNELS + tuple(RESIDUAL_KERNELS) +
+             tuple(RESIDUAL_KERNELS.values()) + ("add",))
+    calls = {k: text.count(" %s(" % k) for k in names}
+    return text.count("accumulate = 1"), text.count(" accumulate("), calls
+
+
+def residual_checks(counts, apart):
+    """The default plan runs the residual stream's adds with the norms,
+    forward and backward; --no-fused-epilogues' plan runs none, and an
+    add and the norm (or its grad_input) for each."""
+    fused = {k: counts[k] for k in RESIDUAL_KERNELS}
+    forward = fused["add_layer_norm"] + fused["add_rms_norm"]
+    backward = (fused["layer_norm_grad_input_add"] +
+                fused["rms_norm_grad_input_add"])
+    return [
+        ("the default plan adds the residual stream in its norms: %s" % fused,
+         forward > 0 and backward > 0),
+        ("--no-fused-epilogues' plan: no residual norm, an add and the "
+         "norm (its grad_input) more for each",
+         all(apart[k] == 0 for k in RESIDUAL_KERNELS)
+         and all(apart[unfused] == counts[unfused] + counts[k]
+                 for k, unfused in RESIDUAL_KERNELS.items())
+         and apart["add"] == counts["add"] + forward + backward),
+    ]
 
 
 def train(work, tag, model, flags, ranks, backend):
@@ -193,7 +238,7 @@ def main():
              and apart[3][2]["gelu_grad"] ==
              counts[2]["gelu_grad"] + counts[2]["linear_grad_input_gelu"]),
             ("3 losses", len(losses) == 3),
-        ]
+        ] + residual_checks(counts[2], apart[3][2])
         for flag, (_, losses0, params0, _) in (
                 ("--no-fused-classifier", plain),
                 ("--no-fused-epilogues", apart)):

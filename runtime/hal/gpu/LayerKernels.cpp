@@ -1,9 +1,10 @@
 // The layer GPU kernels: embedding, position embedding, layer norm and RMS
-// norm, forward and backward. Each checks its operands with the CPU
-// kernel's check (runtime/kernels/LayerChecks.h) and queues its launchers
-// (LayerLaunch.inl). The ids are device memory: unlike the CPU kernels, the
-// embedding kernels do not check them against the vocabulary (token files
-// are checked at load); the bodies skip an out-of-range id.
+// norm, forward and backward (also fused with the residual stream's add). Each
+// checks its operands with the CPU kernel's check
+// (runtime/kernels/LayerChecks.h) and queues its launchers (LayerLaunch.inl).
+// The ids are device memory: unlike the CPU kernels, the embedding kernels do
+// not check them against the vocabulary (token files are checked at load); the
+// bodies skip an out-of-range id.
 #include "runtime/hal/gpu/GpuKernels.h"
 #include "runtime/hal/gpu/LayerLaunch.h"
 #include "runtime/kernels/LayerChecks.h"
@@ -78,6 +79,16 @@ Status layerNorm(const KernelArgs &a, const Context &ctx) {
                          eps, a.ctx.lowPrecision);
 }
 
+Status addLayerNorm(const KernelArgs &a, const Context &ctx) {
+  int64_t rows = 0, hidden = 0;
+  double eps = 0;
+  PIPER_RETURN_IF_ERROR(detail::checkAddLayerNorm(a, rows, hidden, eps));
+  return launchLayerNorm(ctx, a.inputs[0].f32(), a.inputs[2].f32(),
+                         a.inputs[3].f32(), a.outputs[1].f32(), rows, hidden,
+                         eps, a.ctx.lowPrecision,
+                         {a.inputs[1].f32(), a.outputs[0].f32()});
+}
+
 Status layerNormGradInput(const KernelArgs &a, const Context &ctx) {
   int64_t rows = 0, hidden = 0;
   double eps = 0;
@@ -85,6 +96,17 @@ Status layerNormGradInput(const KernelArgs &a, const Context &ctx) {
   return launchLayerNormGradInput(ctx, a.inputs[0].f32(), a.inputs[1].f32(),
                                   a.inputs[2].f32(), a.outputs[0].f32(), rows,
                                   hidden, eps, a.ctx.lowPrecision);
+}
+
+Status layerNormGradInputAdd(const KernelArgs &a, const Context &ctx) {
+  int64_t rows = 0, hidden = 0;
+  double eps = 0;
+  PIPER_RETURN_IF_ERROR(
+      detail::checkLayerNormGradInputAdd(a, rows, hidden, eps));
+  return launchLayerNormGradInput(ctx, a.inputs[0].f32(), a.inputs[1].f32(),
+                                  a.inputs[2].f32(), a.outputs[0].f32(), rows,
+                                  hidden, eps, a.ctx.lowPrecision,
+                                  a.inputs[3].f32());
 }
 
 Status layerNormGradWeight(const KernelArgs &a, const Context &ctx) {
@@ -108,6 +130,15 @@ Status rmsNorm(const KernelArgs &a, const Context &ctx) {
                        a.ctx.lowPrecision);
 }
 
+Status addRmsNorm(const KernelArgs &a, const Context &ctx) {
+  int64_t rows = 0, hidden = 0;
+  double eps = 0;
+  PIPER_RETURN_IF_ERROR(detail::checkAddRmsNorm(a, rows, hidden, eps));
+  return launchRmsNorm(
+      ctx, a.inputs[0].f32(), a.inputs[2].f32(), a.outputs[1].f32(), rows,
+      hidden, eps, a.ctx.lowPrecision, {a.inputs[1].f32(), a.outputs[0].f32()});
+}
+
 Status rmsNormGradInput(const KernelArgs &a, const Context &ctx) {
   int64_t rows = 0, hidden = 0;
   double eps = 0;
@@ -115,6 +146,16 @@ Status rmsNormGradInput(const KernelArgs &a, const Context &ctx) {
   return launchRmsNormGradInput(ctx, a.inputs[0].f32(), a.inputs[1].f32(),
                                 a.inputs[2].f32(), a.outputs[0].f32(), rows,
                                 hidden, eps, a.ctx.lowPrecision);
+}
+
+Status rmsNormGradInputAdd(const KernelArgs &a, const Context &ctx) {
+  int64_t rows = 0, hidden = 0;
+  double eps = 0;
+  PIPER_RETURN_IF_ERROR(detail::checkRmsNormGradInputAdd(a, rows, hidden, eps));
+  return launchRmsNormGradInput(ctx, a.inputs[0].f32(), a.inputs[1].f32(),
+                                a.inputs[2].f32(), a.outputs[0].f32(), rows,
+                                hidden, eps, a.ctx.lowPrecision,
+                                a.inputs[3].f32());
 }
 
 Status rmsNormGradWeight(const KernelArgs &a, const Context &ctx) {
@@ -205,30 +246,36 @@ Status ulyssesZigzag(const KernelArgs &a, const Context &ctx) {
 } // namespace
 
 void addLayerKernels(std::vector<KernelEntry> &out) {
-  out.insert(out.end(),
-             {
-                 {"embedding", embedding},
-                 {"embedding_grad", embeddingGrad},
-                 // Round their results in mixed precision
-                 // (Device::roundsOutputs).
-                 {"position_add", positionAdd, nullptr, true},
-                 {"position_add_grad", positionAddGrad},
-                 {"layer_norm", layerNorm, nullptr, true},
-                 {"layer_norm_grad_input", layerNormGradInput, nullptr, true},
-                 {"layer_norm_grad_weight", layerNormGradWeight},
-                 {"rms_norm", rmsNorm, nullptr, true},
-                 {"rms_norm_grad_input", rmsNormGradInput, nullptr, true},
-                 {"rms_norm_grad_weight", rmsNormGradWeight},
-                 {"qk_norm", qkNorm},
-                 {"qk_norm_grad_input", qkNormGradInput},
-                 {"qk_norm_grad_weight", qkNormGradWeight},
-                 {"cp_ulysses_split", ulyssesSplit},
-                 {"cp_ulysses_merge", ulyssesMerge},
-                 {"cp_ulysses_natural", ulyssesNatural},
-                 {"cp_ulysses_zigzag", ulyssesZigzag},
-                 {"cp_split", cpSplit},
-                 {"cp_split_grad", cpSplitGrad},
-             });
+  out.insert(
+      out.end(),
+      {
+          {"embedding", embedding},
+          {"embedding_grad", embeddingGrad},
+          // Round their results in mixed precision
+          // (Device::roundsOutputs).
+          {"position_add", positionAdd, nullptr, true},
+          {"position_add_grad", positionAddGrad},
+          {"layer_norm", layerNorm, nullptr, true},
+          {"layer_norm_grad_input", layerNormGradInput, nullptr, true},
+          {"layer_norm_grad_weight", layerNormGradWeight},
+          {"rms_norm", rmsNorm, nullptr, true},
+          {"rms_norm_grad_input", rmsNormGradInput, nullptr, true},
+          {"rms_norm_grad_weight", rmsNormGradWeight},
+          // The residual stream's add fused into the norms.
+          {"add_layer_norm", addLayerNorm, nullptr, true},
+          {"add_rms_norm", addRmsNorm, nullptr, true},
+          {"layer_norm_grad_input_add", layerNormGradInputAdd, nullptr, true},
+          {"rms_norm_grad_input_add", rmsNormGradInputAdd, nullptr, true},
+          {"qk_norm", qkNorm},
+          {"qk_norm_grad_input", qkNormGradInput},
+          {"qk_norm_grad_weight", qkNormGradWeight},
+          {"cp_ulysses_split", ulyssesSplit},
+          {"cp_ulysses_merge", ulyssesMerge},
+          {"cp_ulysses_natural", ulyssesNatural},
+          {"cp_ulysses_zigzag", ulyssesZigzag},
+          {"cp_split", cpSplit},
+          {"cp_split_grad", cpSplitGrad},
+      });
 }
 
 } // namespace piper::runtime::hal::PIPER_GPU_NS

@@ -39,14 +39,27 @@ Status launchPositionAdd(const Context &ctx, const float *x, const float *pos,
 Status launchPositionAddGrad(const Context &ctx, const float *dy, float *dpos,
                              int64_t rows, int64_t hidden, PositionMap map,
                              int64_t positions, double *partials);
+/// The residual stream's add fused into a norm (add_layer_norm,
+/// add_rms_norm): with `r` set, the norm's input is s = x + r (rounded
+/// with `round`, as add's output), which is also stored to `sum` [rows,
+/// hidden]; each lane reads back only the elements it wrote.
+struct ResidualSum {
+  const float *r = nullptr;
+  float *sum = nullptr;
+};
 /// Layer norm of each row (a warp per row).
 Status launchLayerNorm(const Context &ctx, const float *x, const float *gamma,
                        const float *beta, float *y, int64_t rows,
-                       int64_t hidden, double eps, bool round = false);
+                       int64_t hidden, double eps, bool round = false,
+                       ResidualSum residual = {});
+/// dx of layer norm; with `residual` set (layer_norm_grad_input_add),
+/// residual + dx, dx rounded with `round` first (as grad_input's output
+/// before add).
 Status launchLayerNormGradInput(const Context &ctx, const float *x,
                                 const float *gamma, const float *dy, float *dx,
                                 int64_t rows, int64_t hidden, double eps,
-                                bool round = false);
+                                bool round = false,
+                                const float *residual = nullptr);
 /// dgamma = column sums of dy * xhat, dbeta = column sums of dy. `scratch`
 /// holds 2 rows + 2 columnChunks(rows).chunks x hidden doubles.
 Status launchLayerNormGradWeight(const Context &ctx, const float *x,
@@ -55,11 +68,12 @@ Status launchLayerNormGradWeight(const Context &ctx, const float *x,
                                  double *scratch);
 Status launchRmsNorm(const Context &ctx, const float *x, const float *gamma,
                      float *y, int64_t rows, int64_t hidden, double eps,
-                     bool round = false);
+                     bool round = false, ResidualSum residual = {});
 Status launchRmsNormGradInput(const Context &ctx, const float *x,
                               const float *gamma, const float *dy, float *dx,
                               int64_t rows, int64_t hidden, double eps,
-                              bool round = false);
+                              bool round = false,
+                              const float *residual = nullptr);
 /// dgamma = column sums of dy * x * rrms. `scratch` holds rows +
 /// columnChunks(rows).chunks x hidden doubles.
 Status launchRmsNormGradWeight(const Context &ctx, const float *x,

@@ -166,13 +166,38 @@ Status launchPositionAddGrad(const Context &ctx, const float *dy, float *dpos,
       });
 }
 
+// The norm's input row n: x's, or with `residual` s = x + r, stored
+// (rounded with `round`) by this row's lanes, each reading back only its
+// own elements (the loops below stride as this one).
+PIPER_HOST_DEVICE inline const float *
+residualRow(Exec::Lanes lanes, const float *x, ResidualSum residual,
+            int64_t n, int64_t hidden, bool round) {
+  const float *xr = x + n * hidden;
+  if (!residual.r)
+    return xr;
+  const float *rr = residual.r + n * hidden;
+  float *sr = residual.sum + n * hidden;
+  for (int64_t j = lanes.lane(); j < hidden; j += Exec::Lanes::kCount)
+    sr[j] = roundedIf(xr[j] + rr[j], round);
+  return sr;
+}
+
+// dx[j] = v, or with `residual` residual[j] + v rounded as grad_input's
+// output first (the fused *_grad_input_add).
+PIPER_HOST_DEVICE inline float withResidual(float v, const float *residual,
+                                            int64_t i, bool round) {
+  v = roundedIf(v, round);
+  return residual ? roundedIf(v + residual[i], round) : v;
+}
+
 Status launchLayerNorm(const Context &ctx, const float *x, const float *gamma,
                        const float *beta, float *y, int64_t rows,
-                       int64_t hidden, double eps, bool round) {
+                       int64_t hidden, double eps, bool round,
+                       ResidualSum residual) {
   using Lanes = Exec::Lanes;
   return Exec(ctx).forEachRow(
       "layer_norm", rows, [=] PIPER_LAMBDA(Lanes lanes, int64_t n) {
-        const float *xr = x + n * hidden;
+        const float *xr = residualRow(lanes, x, residual, n, hidden, round);
         float *yr = y + n * hidden;
         double mean = 0, rstd = 0;
         layerNormStats(lanes, xr, hidden, eps, mean, rstd);
@@ -186,7 +211,7 @@ Status launchLayerNorm(const Context &ctx, const float *x, const float *gamma,
 Status launchLayerNormGradInput(const Context &ctx, const float *x,
                                 const float *gamma, const float *dy, float *dx,
                                 int64_t rows, int64_t hidden, double eps,
-                                bool round) {
+                                bool round, const float *residual) {
   using Lanes = Exec::Lanes;
   return Exec(ctx).forEachRow(
       "layer_norm_grad_input", rows, [=] PIPER_LAMBDA(Lanes lanes, int64_t n) {
@@ -207,8 +232,9 @@ Status launchLayerNormGradInput(const Context &ctx, const float *x,
         for (int64_t j = lanes.lane(); j < hidden; j += Lanes::kCount) {
           double g = double(dyr[j]) * gamma[j];
           double xhat = (xr[j] - mean) * rstd;
-          dxr[j] = roundedIf(
-              static_cast<float>(rstd * (g - gMean - xhat * gxMean)), round);
+          dxr[j] = withResidual(
+              static_cast<float>(rstd * (g - gMean - xhat * gxMean)), residual,
+              n * hidden + j, round);
         }
       });
 }
@@ -255,11 +281,11 @@ Status launchLayerNormGradWeight(const Context &ctx, const float *x,
 
 Status launchRmsNorm(const Context &ctx, const float *x, const float *gamma,
                      float *y, int64_t rows, int64_t hidden, double eps,
-                     bool round) {
+                     bool round, ResidualSum residual) {
   using Lanes = Exec::Lanes;
   return Exec(ctx).forEachRow(
       "rms_norm", rows, [=] PIPER_LAMBDA(Lanes lanes, int64_t n) {
-        const float *xr = x + n * hidden;
+        const float *xr = residualRow(lanes, x, residual, n, hidden, round);
         float *yr = y + n * hidden;
         double rrms = rmsNormRrms(lanes, xr, hidden, eps);
         for (int64_t j = lanes.lane(); j < hidden; j += Lanes::kCount)
@@ -270,7 +296,7 @@ Status launchRmsNorm(const Context &ctx, const float *x, const float *gamma,
 Status launchRmsNormGradInput(const Context &ctx, const float *x,
                               const float *gamma, const float *dy, float *dx,
                               int64_t rows, int64_t hidden, double eps,
-                              bool round) {
+                              bool round, const float *residual) {
   using Lanes = Exec::Lanes;
   return Exec(ctx).forEachRow(
       "rms_norm_grad_input", rows, [=] PIPER_LAMBDA(Lanes lanes, int64_t n) {
@@ -285,8 +311,9 @@ Status launchRmsNormGradInput(const Context &ctx, const float *x,
         const double gxMean = lanes.sum(acc) / hidden;
         for (int64_t j = lanes.lane(); j < hidden; j += Lanes::kCount) {
           double g = double(dyr[j]) * gamma[j];
-          dxr[j] = roundedIf(
-              static_cast<float>(rrms * (g - xr[j] * rrms * gxMean)), round);
+          dxr[j] = withResidual(
+              static_cast<float>(rrms * (g - xr[j] * rrms * gxMean)), residual,
+              n * hidden + j, round);
         }
       });
 }

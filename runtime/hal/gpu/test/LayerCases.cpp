@@ -1,5 +1,6 @@
 // Cases of the layer GPU kernels (KernelCases.h): embedding, position
-// embedding, layer norm and RMS norm, forward and backward.
+// embedding, layer norm and RMS norm, forward and backward (also fused with
+// the residual stream's add).
 #include <array>
 
 #include "runtime/hal/gpu/test/KernelCases.h"
@@ -176,6 +177,28 @@ void normCases(std::vector<KernelCase> &out) {
                      attrs,
                      {f32({rows, hidden}, 3), f32({rows, hidden})},
                      {f32({hidden})}});
+      // The residual stream's add fused into the norms: (x, r, gamma[,
+      // beta]) -> (s, y); (x, gamma, dy, r) -> r + dx.
+      out.push_back({"add_layer_norm " + n,
+                     "add_layer_norm",
+                     attrs,
+                     {f32({rows, hidden}, 3), f32({rows, hidden}),
+                      positive({hidden}), f32({hidden})},
+                     {zeros({rows, hidden}), zeros({rows, hidden})}});
+      out.push_back(
+          {"add_rms_norm " + n,
+           "add_rms_norm",
+           attrs,
+           {f32({rows, hidden}, 3), f32({rows, hidden}), positive({hidden})},
+           {zeros({rows, hidden}), zeros({rows, hidden})}});
+      for (const char *op :
+           {"layer_norm_grad_input_add", "rms_norm_grad_input_add"})
+        out.push_back({std::string(op) + " " + n,
+                       op,
+                       attrs,
+                       {f32({rows, hidden}, 3), positive({hidden}),
+                        f32({rows, hidden}), f32({rows, hidden})},
+                       {zeros({rows, hidden})}});
     }
   }
   // qk_norm (Qwen3's per-head q/k norm): (rows, heads, kv_heads (0: the

@@ -142,6 +142,14 @@ TEST_CASE("kernels write every element of their outputs, but those declared "
 // kernel, run with lowPrecision, equals the same case run without it and
 // its outputs but scalars rounded to bf16 after (as launchRoundBf16
 // does), word for word. And they are the kernels the registry says.
+// Fused kernels that also round between their steps, as the executor
+// rounded the first kernel's output: their mixed-precision bits are the
+// unfused kernels' (layer_kernels_test's residual norms case), not a
+// rounding of their fp32 bits.
+const std::set<std::string> kRoundsBetween = {"add_layer_norm", "add_rms_norm",
+                                              "layer_norm_grad_input_add",
+                                              "rms_norm_grad_input_add"};
+
 TEST_CASE("kernels that round their own outputs in mixed precision give the "
           "executor's rounding, bit for bit") {
   auto gpu = createEmulatedGpuDevice(nullptr);
@@ -152,6 +160,10 @@ TEST_CASE("kernels that round their own outputs in mixed precision give the "
     if (!c.rejects.empty() || !gpu->roundsOutputs(*info) ||
         operandElements(c) > kLanesElements)
       continue;
+    if (kRoundsBetween.count(c.op)) {
+      checked.insert(c.op);
+      continue;
+    }
     INFO("case " << c.name << " (" << c.op << ")");
     testing::KernelCase low = c, full = c;
     low.lowPrecision = true;
@@ -174,12 +186,13 @@ TEST_CASE("kernels that round their own outputs in mixed precision give the "
     CHECK(rounded == exact);
     checked.insert(c.op);
   }
-  CHECK(checked ==
-        std::set<std::string>{"add", "bias_add", "gelu", "gelu_grad", "swiglu",
-                              "swiglu_grad", "position_add", "layer_norm",
-                              "layer_norm_grad_input", "rms_norm",
-                              "rms_norm_grad_input", "cross_entropy_grad",
-                              "cross_entropy_fused"});
+  CHECK(checked == std::set<std::string>{
+                       "add", "bias_add", "gelu", "gelu_grad", "swiglu",
+                       "swiglu_grad", "position_add", "layer_norm",
+                       "layer_norm_grad_input", "rms_norm",
+                       "rms_norm_grad_input", "cross_entropy_grad",
+                       "cross_entropy_fused", "add_layer_norm", "add_rms_norm",
+                       "layer_norm_grad_input_add", "rms_norm_grad_input_add"});
 }
 
 // The step's loss accumulators (hal::LossSums): at least one slot; they

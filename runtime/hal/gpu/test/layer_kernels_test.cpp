@@ -8,11 +8,13 @@
 #include <cstring>
 #include <iostream>
 #include <map>
+#include <random>
 #include <set>
 
 #include "runtime/hal/cpu/CpuDevice.h"
 #include "runtime/hal/gpu/host/EmulatedDevice.h"
 #include "runtime/hal/gpu/test/KernelCases.h"
+#include "support/Precision.h"
 
 using namespace piper;
 using namespace piper::runtime;
@@ -31,6 +33,10 @@ const std::set<std::string> kLayerOps = {"embedding",
                                          "rms_norm",
                                          "rms_norm_grad_input",
                                          "rms_norm_grad_weight",
+                                         "add_layer_norm",
+                                         "add_rms_norm",
+                                         "layer_norm_grad_input_add",
+                                         "rms_norm_grad_input_add",
                                          "qk_norm",
                                          "qk_norm_grad_input",
                                          "qk_norm_grad_weight"};
@@ -111,6 +117,30 @@ TEST_CASE("malformed layer calls fail on the GPU with the CPU's message") {
         {f32({2, 3}), f32({2, 3})},
         {zeros({2})}},
        "dgamma has shape [2], expected [3]"},
+      {{"add_layer_norm wrong r",
+        "add_layer_norm",
+        {},
+        {f32({2, 3}), f32({3, 2}), f32({3}), f32({3})},
+        {zeros({2, 3}), zeros({2, 3})}},
+       "r has shape [3,2], expected [2,3]"},
+      {{"add_rms_norm one output",
+        "add_rms_norm",
+        {},
+        {f32({2, 3}), f32({2, 3}), f32({3})},
+        {zeros({2, 3})}},
+       "expected 2 outputs, got 1"},
+      {{"rms_norm_grad_input_add wrong r",
+        "rms_norm_grad_input_add",
+        {},
+        {f32({2, 3}), f32({3}), f32({2, 3}), f32({2, 4})},
+        {zeros({2, 3})}},
+       "r has shape [2,4], expected [2,3]"},
+      {{"layer_norm_grad_input_add no r",
+        "layer_norm_grad_input_add",
+        {},
+        {f32({2, 3}), f32({3}), f32({2, 3})},
+        {zeros({2, 3})}},
+       "expected 4 inputs, got 3"},
       {{"qk_norm no heads",
         "qk_norm",
         {},
@@ -160,6 +190,124 @@ TEST_CASE("malformed layer calls fail on the GPU with the CPU's message") {
     CHECK(cpuMessage.find(b.message) != std::string::npos);
   }
   CHECK(covered == kLayerOps);
+}
+
+namespace {
+
+struct Host {
+  std::vector<int64_t> shape;
+  std::vector<float> values;
+};
+
+// Runs `op` (default attributes) on `device` as the executor does: the
+// outputs, of `outShapes`, rounded to bf16 in mixed precision unless the
+// kernel rounds them itself (Device::roundsOutputs).
+std::vector<Host> runOp(Device &device, const std::string &op,
+                        const std::vector<Host> &ins,
+                        const std::vector<std::vector<int64_t>> &outShapes,
+                        bool lowPrecision) {
+  DeviceRun run{device, {}, {}, {}};
+  auto words = [](const std::vector<float> &v) {
+    std::vector<uint32_t> w(v.size());
+    std::memcpy(w.data(), v.data(), v.size() * 4);
+    return w;
+  };
+  std::vector<TensorRef> inRefs, outRefs;
+  for (const Host &h : ins)
+    inRefs.push_back(run.upload(f32(h.shape), words(h.values)));
+  for (const auto &shape : outShapes) {
+    int64_t n = 1;
+    for (int64_t d : shape)
+      n *= d;
+    outRefs.push_back(run.upload(
+        f32(shape), std::vector<uint32_t>(static_cast<size_t>(n), 0u)));
+  }
+  REQUIRE(run.status);
+  const KernelInfo *info = device.findKernel(op);
+  REQUIRE(info);
+  plan::Kernel kernel;
+  kernel.set_op(op);
+  KernelContext ctx;
+  ctx.lowPrecision = lowPrecision;
+  REQUIRE(device.runKernel(*info, kernel, decodeKernelAttrs(kernel), inRefs,
+                           outRefs, ctx));
+  std::vector<Host> outs;
+  for (size_t o = 0; o < outRefs.size(); ++o) {
+    std::vector<uint32_t> w = run.download(outRefs[o]);
+    Host h{outShapes[o], std::vector<float>(w.size())};
+    std::memcpy(h.values.data(), w.data(), w.size() * 4);
+    if (lowPrecision && !device.roundsOutputs(*info))
+      for (float &v : h.values)
+        v = roundToBf16(v);
+    outs.push_back(h);
+  }
+  REQUIRE(run.status);
+  return outs;
+}
+
+bool sameBits(const Host &a, const Host &b) {
+  return a.values.size() == b.values.size() &&
+         std::memcmp(a.values.data(), b.values.data(), a.values.size() * 4) ==
+             0;
+}
+
+} // namespace
+
+// The compiler's residual fusions: add_layer_norm is add then layer_norm
+// (and add_rms_norm add then rms_norm), *_grad_input_add the norm's
+// grad_input then add, bit for bit, in fp32 and in mixed precision (with
+// the executor's rounding of the first kernel's output in between), on the
+// CPU and on the emulated GPU. Rows wider than a warp's stride and odd.
+TEST_CASE("the residual norms are add and the norm, bit for bit, on the CPU "
+          "and the emulated GPU") {
+  auto cpu = createCpuDevice(nullptr);
+  auto gpu = createEmulatedGpuDevice(nullptr);
+  const int64_t rows = 7, hidden = 45;
+  std::mt19937_64 rng(41);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (bool low : {false, true}) {
+    // Operands hold bf16 values in mixed precision (the executor's).
+    auto operand = [&](std::vector<int64_t> shape, float scale, float shift) {
+      Host h{shape, {}};
+      int64_t n = 1;
+      for (int64_t d : shape)
+        n *= d;
+      for (int64_t i = 0; i < n; ++i) {
+        float v = shift + scale * normal(rng);
+        h.values.push_back(low ? roundToBf16(v) : v);
+      }
+      return h;
+    };
+    const std::vector<int64_t> m = {rows, hidden}, vec = {hidden};
+    Host x = operand(m, 3, 0), r = operand(m, 1, 0), dy = operand(m, 1, 0);
+    Host gamma = operand(vec, 0.2f, 1), beta = operand(vec, 1, 0);
+    for (Device *d : {cpu.get(), gpu.get()}) {
+      for (std::string norm : {"layer_norm", "rms_norm"}) {
+        INFO(d->name() << " " << norm << " lowPrecision=" << low);
+        std::vector<Host> params = {gamma};
+        if (norm == "layer_norm")
+          params.push_back(beta);
+        Host s = runOp(*d, "add", {x, r}, {m}, low)[0];
+        std::vector<Host> normIns = {s};
+        normIns.insert(normIns.end(), params.begin(), params.end());
+        Host y = runOp(*d, norm, normIns, {m}, low)[0];
+        std::vector<Host> fusedIns = {x, r};
+        fusedIns.insert(fusedIns.end(), params.begin(), params.end());
+        std::vector<Host> fused =
+            runOp(*d, "add_" + norm, fusedIns, {m, m}, low);
+        CHECK(sameBits(fused[0], s));
+        CHECK(sameBits(fused[1], y));
+        CHECK(!sameBits(y, x)); // it ran
+
+        Host dx = runOp(*d, norm + "_grad_input", {s, gamma, dy}, {m}, low)[0];
+        Host sum = runOp(*d, "add", {r, dx}, {m}, low)[0];
+        Host fusedDx =
+            runOp(*d, norm + "_grad_input_add", {s, gamma, dy, r}, {m}, low)[0];
+        CHECK(sameBits(fusedDx, sum));
+        CHECK(!sameBits(sum, dx));
+      }
+    }
+  }
 }
 
 TEST_CASE("the GPU embedding kernels skip out-of-range ids") {
