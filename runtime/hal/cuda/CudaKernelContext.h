@@ -1,7 +1,7 @@
 // What the GPU kernel layer (runtime/hal/gpu) needs on CUDA, per logical
 // stream: scratch memory and cuBLASLt (loaded at run time, so piper-run has
 // no link-time dependency on it). CudaApi.cpp implements the layer's
-// primitives (GpuApi.h) with them.
+// primitives (GpuApi.h) with them, CudaGemm.cpp its GEMMs.
 #ifndef PIPER_RUNTIME_HAL_CUDA_CUDAKERNELCONTEXT_H
 #define PIPER_RUNTIME_HAL_CUDA_CUDAKERNELCONTEXT_H
 
