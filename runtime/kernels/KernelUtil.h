@@ -106,15 +106,17 @@ Status embeddingKernel(const KernelArgs &a);
 Status embeddingGradKernel(const KernelArgs &a);
 Status positionAddKernel(const KernelArgs &a);
 Status positionAddGradKernel(const KernelArgs &a);
-Status linearKernel(const KernelArgs &a);
-Status linearGradInputKernel(const KernelArgs &a);
-Status linearGradWeightKernel(const KernelArgs &a);
-Status biasAddKernel(const KernelArgs &a);
 Status spSplitKernel(const KernelArgs &a);
 Status columnsKernel(const KernelArgs &a);
 Status columnsGradKernel(const KernelArgs &a);
 Status tpKvAssembleKernel(const KernelArgs &a);
 Status tpKvAssembleGradKernel(const KernelArgs &a);
+
+// LinearKernels.cpp
+Status linearKernel(const KernelArgs &a);
+Status linearGradInputKernel(const KernelArgs &a);
+Status linearGradWeightKernel(const KernelArgs &a);
+Status biasAddKernel(const KernelArgs &a);
 Status biasGradKernel(const KernelArgs &a);
 Status linearGradWeightBiasKernel(const KernelArgs &a);
 Status linearGeluKernel(const KernelArgs &a);

@@ -44,4 +44,16 @@ PIPER_SIMD void addVectors(const float *__restrict a, const float *__restrict b,
     y[j] = a[j] + b[j];
 }
 
+PIPER_SIMD void addRowToSums(double *__restrict acc,
+                             const float *__restrict row, int64_t n) {
+  for (int64_t j = 0; j < n; ++j)
+    acc[j] += row[j];
+}
+
+PIPER_SIMD void sumsToFloat(const double *__restrict sum, float *__restrict out,
+                            int64_t n) {
+  for (int64_t j = 0; j < n; ++j)
+    out[j] = static_cast<float>(sum[j]);
+}
+
 } // namespace piper::runtime::detail

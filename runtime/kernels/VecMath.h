@@ -155,6 +155,12 @@ float maxOf(const float *x, int64_t n);
 double expShiftedSum(const float *x, float shift, float *y, int64_t n);
 /// y[i] = a[i] + b[i] (position_add's rows, add).
 void addVectors(const float *a, const float *b, float *y, int64_t n);
+/// acc[j] += row[j] (float into double), per column: the order over rows
+/// is the caller's and each column's sum stays sequential (column sums:
+/// embedding, position and bias gradients).
+void addRowToSums(double *acc, const float *row, int64_t n);
+/// out[j] = sum[j] rounded to float.
+void sumsToFloat(const double *sum, float *out, int64_t n);
 
 } // namespace piper::runtime::detail
 

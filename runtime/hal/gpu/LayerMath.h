@@ -1,7 +1,7 @@
 // The math of the layer GPU kernels (layer norm and RMS norm row
 // statistics, the chunking of column sums and of the embedding gradient's
 // sort), compiled for the device by nvcc and for the host by g++ (Simt.h).
-// The statistics follow the CPU kernels (runtime/kernels/LayerKernels.cpp)
+// The statistics follow the CPU kernels (runtime/kernels/NormKernels.cpp)
 // operation for operation in double; only the order of the row sums
 // differs (lanes instead of the CPU's 8 interleaved accumulators), far
 // inside float's rounding.

@@ -4,7 +4,7 @@
 // (chunked column sums), the softmax cross entropy and its gradient (a warp
 // per row), their vocabulary-parallel forms, and loss_accumulate (into its
 // stream's accumulator in device memory). Each mirrors its CPU kernel
-// (runtime/kernels/LayerKernels.cpp, LossKernels.cpp) and checks its operands
+// (runtime/kernels/LinearKernels.cpp, LossKernels.cpp) and checks its operands
 // with the same function.
 #include "runtime/hal/gpu/ElementwiseLaunch.h"
 #include "runtime/hal/gpu/GpuKernels.h"
