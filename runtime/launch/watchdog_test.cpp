@@ -370,6 +370,10 @@ TEST_CASE("watchdog: PIPER_FAULT hang_data names the data source",
                  "heartbeat alive, but no progress") != std::string::npos);
   CHECK(err.find("data: filling the batches of step 2 from the data source") !=
         std::string::npos);
+  // Its finished stream waits for nothing: the data line says where it is.
+  INFO(err);
+  CHECK(err.find("after its last instruction (") != std::string::npos);
+  CHECK(err.find("waiting for its sends") == std::string::npos);
   CHECK(l.faultToEnd > kTimeoutS - 1.5);
 }
 

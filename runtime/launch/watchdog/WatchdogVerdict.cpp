@@ -76,10 +76,14 @@ std::string Watchdog::describeSelf(const ExecPosition &pos,
       continue;
     }
     if (i >= stream.instructions_size()) {
-      out += fmt::format(
-          "pos stream '{}': after its last instruction ({}){}\n", stream.name(),
-          stream.instructions_size(),
-          pos.phase == ExecPosition::kStreams ? ", waiting for its sends" : "");
+      // While the stepping thread fills the next step's batches, a stream
+      // past its end has no more to do this step (the data line below says
+      // where the rank is).
+      const bool sending =
+          pos.phase == ExecPosition::kStreams && pos.filling <= 0;
+      out += fmt::format("pos stream '{}': after its last instruction ({}){}\n",
+                         stream.name(), stream.instructions_size(),
+                         sending ? ", waiting for its sends" : "");
       continue;
     }
     const Instruction &inst = stream.instructions(i);
