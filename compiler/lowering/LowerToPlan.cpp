@@ -456,18 +456,19 @@ private:
           return op.emitOpError("uses a value the lowering does not know");
         *k->add_inputs() = it->second;
       }
-      Operation *accumulated = fusions.accumulatesInto.lookup(&op);
-      for (Value r : op.getResults()) {
-        if (accumulated && r == op.getResult(0)) {
+      auto accumulated = fusions.accumulatesInto.find(&op);
+      const bool accumulates = accumulated != fusions.accumulatesInto.end();
+      for (auto [i, r] : llvm::enumerate(op.getResults())) {
+        if (Operation *acc = accumulates ? accumulated->second[i] : nullptr) {
           // Protobuf's repeated messages do not move as the plan grows.
           plan::Operand *grad = k->add_outputs();
           *grad = operand(plan::Operand::GRAD, -1);
-          fusedAccumulates[accumulated] = grad;
+          fusedAccumulates[acc] = grad;
           continue;
         }
         *k->add_outputs() = operand(plan::Operand::VALUE, newValue(r));
       }
-      if (accumulated)
+      if (accumulates)
         setInt("accumulate", 1);
       if (Operation *gelu = fusions.geluAfter.lookup(&op)) {
         // linear_gelu: h (the linear's result), then gelu's.

@@ -9,24 +9,54 @@ namespace plan = ::piper::plan;
 
 namespace {
 
+// Whether an op strictly between `from` and `to` (in one block) satisfies
+// `pred`.
+template <typename Pred>
+bool anyBetween(Operation *from, Operation *to, Pred pred) {
+  for (Operation *o = from->getNextNode(); o && o != to; o = o->getNextNode())
+    if (pred(o))
+      return true;
+  return false;
+}
+
+// The accumulate_grad that alone reads `v` (a result of `def`), with no op
+// between the two naming its parameter; null if there is none.
+Operation *soleAccumulation(Value v, Operation *def, Block &body) {
+  if (!v.hasOneUse())
+    return nullptr;
+  auto acc = dyn_cast<AccumulateGradOp>(*v.getUsers().begin());
+  if (!acc || acc->getBlock() != &body)
+    return nullptr;
+  StringAttr name = acc.getParamAttr().getAttr();
+  if (anyBetween(def, acc, [&](Operation *o) {
+        auto ref = o->getAttrOfType<FlatSymbolRefAttr>("param");
+        return ref && ref.getAttr() == name;
+      }))
+    return nullptr;
+  return acc;
+}
+
 void findAccumulations(Block &body, SegmentFusions &f) {
-  for (AccumulateGradOp acc : body.getOps<AccumulateGradOp>()) {
-    Value g = acc.getGrad();
-    Operation *def = g.getDefiningOp();
-    if (!def || def->getBlock() != &body || !g.hasOneUse() ||
-        g != def->getResult(0) ||
-        !isa<LinearGradWeightOp, LinearGradWeightBiasOp>(def))
+  for (Operation &def : body) {
+    // The results the kernel's `accumulate` adds: a linear's weight
+    // gradient (not linear_grad_weight_bias's bias gradient), every result
+    // of a norm's weight gradient.
+    unsigned count = 0;
+    if (isa<LinearGradWeightOp, LinearGradWeightBiasOp>(def))
+      count = 1;
+    else if (isa<LayerNormGradWeightOp, RmsNormGradWeightOp>(def))
+      count = def.getNumResults();
+    else
       continue;
-    StringAttr name = acc.getParamAttr().getAttr();
-    bool named = false;
-    for (Operation *o = def->getNextNode(); o && o != acc.getOperation();
-         o = o->getNextNode())
-      if (auto ref = o->getAttrOfType<FlatSymbolRefAttr>("param"))
-        named |= ref.getAttr() == name;
-    if (named)
+    SmallVector<Operation *, 2> accs(def.getNumResults(), nullptr);
+    bool all = true;
+    for (unsigned i = 0; i < count && all; ++i)
+      all = (accs[i] = soleAccumulation(def.getResult(i), &def, body));
+    if (!all)
       continue;
-    f.accumulatesInto[def] = acc.getOperation();
-    f.merged[acc.getOperation()] = def;
+    for (unsigned i = 0; i < count; ++i)
+      f.merged[accs[i]] = &def;
+    f.accumulatesInto[&def] = accs;
   }
 }
 
@@ -56,16 +86,6 @@ void findGelus(Block &body, SegmentFusions &f) {
     f.geluGradOf[grad.getOperation()] = gi.getOperation();
     f.merged[gi.getOperation()] = grad.getOperation();
   }
-}
-
-// Whether an op strictly between `from` and `to` (in one block) satisfies
-// `pred`.
-template <typename Pred>
-bool anyBetween(Operation *from, Operation *to, Pred pred) {
-  for (Operation *o = from->getNextNode(); o && o != to; o = o->getNextNode())
-    if (pred(o))
-      return true;
-  return false;
 }
 
 void findResidualNorms(Block &body, SegmentFusions &f) {

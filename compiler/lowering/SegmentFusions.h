@@ -19,9 +19,12 @@ namespace mlir::piper {
 struct SegmentFusions {
   /// A linear_grad_weight(_bias) whose weight gradient only goes to its
   /// parameter's accumulate_grad, with nothing in between naming that
-  /// parameter: its kernel adds the gradient to the accumulator itself
-  /// (`accumulate`), and the accumulator's additions keep their order.
-  DenseMap<Operation *, Operation *> accumulatesInto;
+  /// parameter, or a layer_norm_grad_weight / rms_norm_grad_weight each of
+  /// whose results does: its kernel adds the gradients to the accumulators
+  /// itself (`accumulate`), and the accumulators' additions keep their
+  /// order. Maps the op to the accumulate_grad of each result (null for
+  /// linear_grad_weight_bias's bias gradient, which stays a value).
+  DenseMap<Operation *, SmallVector<Operation *, 2>> accumulatesInto;
   /// A linear whose result a gelu reads: one `linear_gelu` kernel (h, then
   /// gelu(h)); the linear's result keeps its other uses (the backward's h).
   DenseMap<Operation *, Operation *> geluAfter;

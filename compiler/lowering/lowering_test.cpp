@@ -275,6 +275,72 @@ piper.device_program @class0 attributes {device_class = 0 : i64, ranks = array<i
   CHECK(rga.attrs().at("eps").f() == 0.25);
 }
 
+// The norms' weight gradients added to their accumulators by their kernel
+// (compiler/lowering/SegmentFusions.cpp): only when every result of the
+// kernel goes to its parameter's accumulate_grad alone, nothing between
+// naming the parameter.
+TEST_CASE("the lowering accumulates the norms' weight gradients in their "
+          "kernel where each goes to its accumulator alone",
+          "[lowering]") {
+  const std::string t = "tensor<4x4xf32>", v = "tensor<4xf32>";
+  const std::string ln =
+      " : (" + t + ", " + t + ") -> (" + v + ", " + v + ")\n";
+  const std::string rms = " : (" + t + ", " + t + ") -> " + v + "\n";
+  const std::string source =
+      std::string(R"(
+piper.param @x : tensor<4x4xf32> init zeros(0.0)
+piper.param @g : tensor<4xf32> init zeros(0.0)
+piper.param @b : tensor<4xf32> init zeros(0.0)
+piper.param @h : tensor<4xf32> init zeros(0.0)
+piper.segment @f() -> (tensor<4xf32>) {
+  %x = piper.param_ref @x : tensor<4x4xf32>
+)") + "  %dg, %db = piper.layer_norm_grad_weight %x, %x" +
+      ln + R"(  piper.accumulate_grad @b, %db : tensor<4xf32>
+  piper.accumulate_grad @g, %dg : tensor<4xf32>
+)" + "  %dh = piper.rms_norm_grad_weight %x, %x" +
+      rms + R"(  piper.zero_grad @h
+  piper.accumulate_grad @h, %dh : tensor<4xf32>
+)" + "  %dg2, %db2 = piper.layer_norm_grad_weight %x, %x" +
+      ln + R"(  piper.accumulate_grad @g, %dg2 : tensor<4xf32>
+)" + "  %dh2 = piper.rms_norm_grad_weight %x, %x" +
+      rms + R"(  piper.accumulate_grad @h, %dh2 : tensor<4xf32>
+  piper.yield %db2 : tensor<4xf32>
+}
+piper.device_program @class0 attributes {device_class = 0 : i64, ranks = array<i64: 0>} {
+  %y, %t = piper.task @f() {devices = #piper.group<0>, stream = #piper.stream<"compute", compute>, tag = #piper.tag<PP = 0, MB = 0, PASS = F>} : () -> (tensor<4xf32>, !piper.token)
+}
+)";
+  auto [apart, apartSeg] = segmentKernels(source, false);
+  CHECK(apart == std::vector<std::string>{
+                     "layer_norm_grad_weight", "accumulate", "accumulate",
+                     "rms_norm_grad_weight", "zero", "accumulate",
+                     "layer_norm_grad_weight", "accumulate",
+                     "rms_norm_grad_weight", "accumulate"});
+  auto [fused, seg] = segmentKernels(source, true);
+  // The first kernel adds both gradients; the zero_grad between %dh and its
+  // accumulation names @h; %db2 is also the segment's result; the last
+  // accumulates.
+  CHECK(fused == std::vector<std::string>{
+                     "layer_norm_grad_weight", "rms_norm_grad_weight", "zero",
+                     "accumulate", "layer_norm_grad_weight", "accumulate",
+                     "rms_norm_grad_weight"});
+  REQUIRE(seg.kernels_size() == 7);
+  const plan::Kernel &both = seg.kernels(0), &last = seg.kernels(6);
+  CHECK(both.attrs().at("accumulate").i() == 1);
+  REQUIRE(both.outputs_size() == 2);
+  CHECK(both.outputs(0).kind() == plan::Operand::GRAD);
+  CHECK(both.outputs(1).kind() == plan::Operand::GRAD);
+  // dgamma to @g's accumulator, dbeta to @b's (the parameters numbered as
+  // the unfused lowering meets them: @x, @b, @g, @h).
+  CHECK(both.outputs(0).index() == 2);
+  CHECK(both.outputs(1).index() == 1);
+  CHECK(seg.kernels(1).attrs().count("accumulate") == 0);
+  CHECK(seg.kernels(4).attrs().count("accumulate") == 0);
+  CHECK(last.attrs().at("accumulate").i() == 1);
+  CHECK(last.outputs(0).kind() == plan::Operand::GRAD);
+  CHECK(last.outputs(0).index() == 3);
+}
+
 /// Orders and lowers `source` (device programs of any number of classes) as
 /// piperc does; returns the diagnostics, empty when the lowering succeeds.
 static std::string orderAndLower(const std::string &source) {

@@ -58,9 +58,11 @@ Status checkLayerNormGradInput(const KernelArgs &a, int64_t &rows,
 /// layer_norm_grad_input_add: (x, gamma, dy, r [N,H]) -> r + dx.
 Status checkLayerNormGradInputAdd(const KernelArgs &a, int64_t &rows,
                                   int64_t &hidden, double &eps);
-/// layer_norm_grad_weight: (x, dy) -> (dgamma [H], dbeta [H]).
+/// layer_norm_grad_weight: (x, dy) -> (dgamma [H], dbeta [H]); with the
+/// `accumulate` flag both are added to the outputs (the parameters'
+/// gradient accumulators), rounded to bf16 first in mixed precision.
 Status checkLayerNormGradWeight(const KernelArgs &a, int64_t &rows,
-                                int64_t &hidden, double &eps);
+                                int64_t &hidden, double &eps, bool &accumulate);
 /// rms_norm: (x [N,H], gamma [H]) -> y [N,H]; attribute eps (default 1e-6,
 /// >= 0).
 Status checkRmsNorm(const KernelArgs &a, int64_t &rows, int64_t &hidden,
@@ -74,9 +76,10 @@ Status checkRmsNormGradInput(const KernelArgs &a, int64_t &rows,
 /// rms_norm_grad_input_add: (x, gamma, dy, r [N,H]) -> r + dx.
 Status checkRmsNormGradInputAdd(const KernelArgs &a, int64_t &rows,
                                 int64_t &hidden, double &eps);
-/// rms_norm_grad_weight: (x, dy) -> dgamma [H].
+/// rms_norm_grad_weight: (x, dy) -> dgamma [H]; `accumulate` as
+/// layer_norm_grad_weight's.
 Status checkRmsNormGradWeight(const KernelArgs &a, int64_t &rows,
-                              int64_t &hidden, double &eps);
+                              int64_t &hidden, double &eps, bool &accumulate);
 
 /// The shape of qk_norm (Qwen3's per-head q/k RMS norm): `rows` rows of
 /// (heads + 2 kvHeads) heads of hd, q's heads, then k's, then v's.

@@ -41,9 +41,8 @@ Status checkNormOperands(const KernelArgs &a, const TensorRef &x,
 
 // A norm's grad_input: (x, gamma, dy) -> dx; with `residual`, its fusion
 // with the add after it: (x, gamma, dy, r) -> r + dx.
-Status checkNormGradInput(const KernelArgs &a, double defaultEps,
-                          bool residual, int64_t &rows, int64_t &hidden,
-                          double &eps) {
+Status checkNormGradInput(const KernelArgs &a, double defaultEps, bool residual,
+                          int64_t &rows, int64_t &hidden, double &eps) {
   const size_t inputs = residual ? 4 : 3;
   PIPER_RETURN_IF_ERROR(expectCounts(a, inputs, inputs, 1));
   PIPER_RETURN_IF_ERROR(checkNormOperands(a, a.inputs[0], a.inputs[1],
@@ -72,15 +71,18 @@ Status checkAddNorm(const KernelArgs &a, size_t inputs, double defaultEps,
 }
 
 // A norm's grad_weight, which takes no gamma: (x [N,H], dy [N,H]) ->
-// `outputs` outputs, the first dgamma [H] (the caller checks the others).
+// `outputs` outputs, the first dgamma [H] (the caller checks the others);
+// the `accumulate` flag.
 Status checkNormGradWeight(const KernelArgs &a, int outputs, double defaultEps,
-                           int64_t &rows, int64_t &hidden, double &eps) {
+                           int64_t &rows, int64_t &hidden, double &eps,
+                           bool &accumulate) {
   PIPER_RETURN_IF_ERROR(expectCounts(a, 2, 2, outputs));
   const TensorRef &x = a.inputs[0], &dy = a.inputs[1];
   PIPER_RETURN_IF_ERROR(expectMatrix(a, x, "x", plan::F32, rows, hidden));
   PIPER_RETURN_IF_ERROR(readFloat(a, KernelAttr::kEps, defaultEps, eps));
   if (eps < 0)
     return a.error("attribute 'eps' must not be negative");
+  PIPER_RETURN_IF_ERROR(readFlag(a, KernelAttr::kAccumulate, accumulate));
   PIPER_RETURN_IF_ERROR(expectTensor(a, dy, "dy", plan::F32, {rows, hidden}));
   return expectTensor(a, a.outputs[0], "dgamma", plan::F32, {hidden});
 }
@@ -114,8 +116,8 @@ Status normGradInput(const KernelArgs &a, double defaultEps, bool residual,
   parallelFor(rows, rowGrain(3 * hidden), [&](int64_t begin, int64_t end) {
     int64_t at = begin * hidden, count = (end - begin) * hidden;
     float *out = dx.f32() + at;
-    backward(x.f32() + at, gamma.f32(), dy.f32() + at, end - begin, hidden,
-             eps, out);
+    backward(x.f32() + at, gamma.f32(), dy.f32() + at, end - begin, hidden, eps,
+             out);
     if (!r)
       return;
     if (round)
@@ -124,6 +126,35 @@ Status normGradInput(const KernelArgs &a, double defaultEps, bool residual,
       out[i] = out[i] + r[at + i]; // add's sum (an exact commutation)
   });
   return Status::ok();
+}
+
+// A norm's weight gradients: computed by `sums(outs)` into the outputs, or
+// with `accumulate` into scratch, rounded to bf16 in mixed precision (as the
+// executor rounds the unfused kernel's outputs) and added to the outputs
+// (the parameters' gradient accumulators): the bits of the norm's kernel
+// then `accumulate` kernels.
+template <typename Sums>
+void storeWeightGrads(const KernelArgs &a, bool accumulate, int64_t hidden,
+                      const Sums &sums) {
+  const size_t n = a.outputs.size();
+  std::vector<float *> outs(n);
+  for (size_t o = 0; o < n; ++o)
+    outs[o] = a.outputs[o].f32();
+  if (!accumulate) {
+    sums(outs.data());
+    return;
+  }
+  std::vector<std::vector<float>> scratch(n, std::vector<float>(hidden));
+  std::vector<float *> tmp(n);
+  for (size_t o = 0; o < n; ++o)
+    tmp[o] = scratch[o].data();
+  sums(tmp.data());
+  for (size_t o = 0; o < n; ++o) {
+    if (a.ctx.lowPrecision)
+      roundToBf16(tmp[o], hidden);
+    for (int64_t j = 0; j < hidden; ++j)
+      outs[o][j] += tmp[o][j];
+  }
 }
 
 // A norm fused with the add before it (checked by the caller): each row's
@@ -166,9 +197,9 @@ PIPER_SIMD void layerNormRow(const float *__restrict x,
 // (dx) and layer_norm_grad_weight (dgamma, dbeta). `dx` may be null (then
 // `gamma` is not read); `dgamma` and `dbeta` are both null or both set.
 PIPER_SIMD void layerNormBackward(const float *x, const float *gamma,
-                                  const float *dy, int64_t rows,
-                                  int64_t hidden, double eps, float *dx,
-                                  float *dgamma, float *dbeta) {
+                                  const float *dy, int64_t rows, int64_t hidden,
+                                  double eps, float *dx, float *dgamma,
+                                  float *dbeta) {
   std::vector<double> gammaSum(dgamma ? hidden : 0, 0.0),
       betaSum(dgamma ? hidden : 0, 0.0);
   std::vector<double> xhat(hidden);
@@ -351,21 +382,24 @@ Status layerNormGradInputAddKernel(const KernelArgs &a) {
 }
 
 Status checkLayerNormGradWeight(const KernelArgs &a, int64_t &rows,
-                                int64_t &hidden, double &eps) {
+                                int64_t &hidden, double &eps,
+                                bool &accumulate) {
   PIPER_RETURN_IF_ERROR(
-      checkNormGradWeight(a, 2, kLayerNormEps, rows, hidden, eps));
+      checkNormGradWeight(a, 2, kLayerNormEps, rows, hidden, eps, accumulate));
   return expectTensor(a, a.outputs[1], "dbeta", plan::F32, {hidden});
 }
 
 Status layerNormGradWeightKernel(const KernelArgs &a) {
   int64_t rows = 0, hidden = 0;
   double eps = 0;
-  PIPER_RETURN_IF_ERROR(checkLayerNormGradWeight(a, rows, hidden, eps));
-  const TensorRef &x = a.inputs[0], &dy = a.inputs[1];
-  const TensorRef &dgamma = a.outputs[0], &dbeta = a.outputs[1];
-
-  layerNormBackward(x.f32(), nullptr, dy.f32(), rows, hidden, eps, nullptr,
-                    dgamma.f32(), dbeta.f32());
+  bool accumulate = false;
+  PIPER_RETURN_IF_ERROR(
+      checkLayerNormGradWeight(a, rows, hidden, eps, accumulate));
+  const float *x = a.inputs[0].f32(), *dy = a.inputs[1].f32();
+  storeWeightGrads(a, accumulate, hidden, [&](float *const *out) {
+    layerNormBackward(x, nullptr, dy, rows, hidden, eps, nullptr, out[0],
+                      out[1]);
+  });
   return Status::ok();
 }
 
@@ -427,25 +461,25 @@ Status rmsNormGradInputKernel(const KernelArgs &a) {
 }
 
 Status rmsNormGradInputAddKernel(const KernelArgs &a) {
-  return normGradInput(a, kRmsNormEps, true, [](auto... args) {
-    rmsNormBackward(args..., nullptr);
-  });
+  return normGradInput(a, kRmsNormEps, true,
+                       [](auto... args) { rmsNormBackward(args..., nullptr); });
 }
 
 Status checkRmsNormGradWeight(const KernelArgs &a, int64_t &rows,
-                              int64_t &hidden, double &eps) {
-  return checkNormGradWeight(a, 1, kRmsNormEps, rows, hidden, eps);
+                              int64_t &hidden, double &eps, bool &accumulate) {
+  return checkNormGradWeight(a, 1, kRmsNormEps, rows, hidden, eps, accumulate);
 }
 
 Status rmsNormGradWeightKernel(const KernelArgs &a) {
   int64_t rows = 0, hidden = 0;
   double eps = 0;
-  PIPER_RETURN_IF_ERROR(checkRmsNormGradWeight(a, rows, hidden, eps));
-  const TensorRef &x = a.inputs[0], &dy = a.inputs[1];
-  const TensorRef &dgamma = a.outputs[0];
-
-  rmsNormBackward(x.f32(), nullptr, dy.f32(), rows, hidden, eps, nullptr,
-                  dgamma.f32());
+  bool accumulate = false;
+  PIPER_RETURN_IF_ERROR(
+      checkRmsNormGradWeight(a, rows, hidden, eps, accumulate));
+  const float *x = a.inputs[0].f32(), *dy = a.inputs[1].f32();
+  storeWeightGrads(a, accumulate, hidden, [&](float *const *out) {
+    rmsNormBackward(x, nullptr, dy, rows, hidden, eps, nullptr, out[0]);
+  });
   return Status::ok();
 }
 

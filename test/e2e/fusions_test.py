@@ -27,7 +27,10 @@ The fusions:
   Exact by construction on the CPU and the emulated GPU: the kernel
   computes the product whole, rounds it to bf16 in mixed precision, and
   adds it, as the two kernels did; on CUDA the GEMM adds it itself
-  (beta = 1), without that rounding in bf16 (not run here).
+  (beta = 1), without that rounding in bf16 (not run here). The norms'
+  weight gradients the same way (layer_norm_grad_weight,
+  rms_norm_grad_weight), both of layer norm's by one kernel: exact on
+  every backend (the sums rounded, then added).
 - the residual stream's add run by the norm after it (`add_layer_norm`,
   `add_rms_norm`: the sum and the norm of it) and by the norm's input
   gradient before it (`layer_norm_grad_input_add`,
@@ -57,7 +60,7 @@ GPT models (whose linears have biases), `linear_grad_weight_bias`;
 Each default plan's weight gradients accumulate in their kernels (but
 under ZeRO-2, whose gradients go to reduce-scatter buckets instead), and
 --no-fused-epilogues' plan has an `accumulate` kernel more for each
-(piper-plan's listing). The GPT models' default plans run GELU with
+gradient so accumulated (piper-plan's listing). The GPT models' default plans run GELU with
 their GEMMs, forward and backward; --no-fused-epilogues' plans hold a
 `gelu` and a `gelu_grad` more for each. Every default plan adds the
 residual stream in its norms, forward and backward; --no-fused-epilogues'
@@ -138,7 +141,12 @@ def kernel_counts(folder):
     names = (GELU_KERNELS + tuple(RESIDUAL_KERNELS) +
              tuple(RESIDUAL_KERNELS.values()) + ("add",))
     calls = {k: text.count(" %s(" % k) for k in names}
-    return text.count("accumulate = 1"), text.count(" accumulate("), calls
+    # The gradients the kernels accumulate: a norm's weight gradient kernel
+    # adds two (layer norm's gamma and beta) in one.
+    accumulated = sum(line.split(" = ")[0].count(":grad")
+                      for line in text.splitlines()
+                      if "accumulate = 1" in line)
+    return accumulated, text.count(" accumulate("), calls
 
 
 def residual_checks(counts, apart):

@@ -112,13 +112,16 @@ Status layerNormGradInputAdd(const KernelArgs &a, const Context &ctx) {
 Status layerNormGradWeight(const KernelArgs &a, const Context &ctx) {
   int64_t rows = 0, hidden = 0;
   double eps = 0;
-  PIPER_RETURN_IF_ERROR(detail::checkLayerNormGradWeight(a, rows, hidden, eps));
+  bool accumulate = false;
+  PIPER_RETURN_IF_ERROR(
+      detail::checkLayerNormGradWeight(a, rows, hidden, eps, accumulate));
   double *work = nullptr;
   PIPER_RETURN_IF_ERROR(
       scratch(ctx, 2 * rows + 2 * columnChunks(rows).chunks * hidden, work));
   return launchLayerNormGradWeight(ctx, a.inputs[0].f32(), a.inputs[1].f32(),
                                    a.outputs[0].f32(), a.outputs[1].f32(), rows,
-                                   hidden, eps, work);
+                                   hidden, eps, work,
+                                   {a.ctx.lowPrecision, accumulate});
 }
 
 Status rmsNorm(const KernelArgs &a, const Context &ctx) {
@@ -161,12 +164,15 @@ Status rmsNormGradInputAdd(const KernelArgs &a, const Context &ctx) {
 Status rmsNormGradWeight(const KernelArgs &a, const Context &ctx) {
   int64_t rows = 0, hidden = 0;
   double eps = 0;
-  PIPER_RETURN_IF_ERROR(detail::checkRmsNormGradWeight(a, rows, hidden, eps));
+  bool accumulate = false;
+  PIPER_RETURN_IF_ERROR(
+      detail::checkRmsNormGradWeight(a, rows, hidden, eps, accumulate));
   double *work = nullptr;
   PIPER_RETURN_IF_ERROR(
       scratch(ctx, rows + columnChunks(rows).chunks * hidden, work));
   return launchRmsNormGradWeight(ctx, a.inputs[0].f32(), a.inputs[1].f32(),
-                                 a.outputs[0].f32(), rows, hidden, eps, work);
+                                 a.outputs[0].f32(), rows, hidden, eps, work,
+                                 {a.ctx.lowPrecision, accumulate});
 }
 
 Status qkNorm(const KernelArgs &a, const Context &ctx) {
@@ -257,10 +263,10 @@ void addLayerKernels(std::vector<KernelEntry> &out) {
           {"position_add_grad", positionAddGrad},
           {"layer_norm", layerNorm, nullptr, true},
           {"layer_norm_grad_input", layerNormGradInput, nullptr, true},
-          {"layer_norm_grad_weight", layerNormGradWeight},
+          {"layer_norm_grad_weight", layerNormGradWeight, nullptr, true},
           {"rms_norm", rmsNorm, nullptr, true},
           {"rms_norm_grad_input", rmsNormGradInput, nullptr, true},
-          {"rms_norm_grad_weight", rmsNormGradWeight},
+          {"rms_norm_grad_weight", rmsNormGradWeight, nullptr, true},
           // The residual stream's add fused into the norms.
           {"add_layer_norm", addLayerNorm, nullptr, true},
           {"add_rms_norm", addRmsNorm, nullptr, true},

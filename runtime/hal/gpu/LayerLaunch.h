@@ -60,12 +60,21 @@ Status launchLayerNormGradInput(const Context &ctx, const float *x,
                                 int64_t rows, int64_t hidden, double eps,
                                 bool round = false,
                                 const float *residual = nullptr);
+/// How a norm's weight gradient is stored: rounded to bf16 (`round`, a
+/// mixed-precision call), and added to what the output holds
+/// (`accumulate`: the output is the parameter's gradient accumulator; the
+/// compiler fuses the `accumulate` kernels after the norm's, docs/
+/// kernels.md).
+struct SumsOut {
+  bool round = false;
+  bool accumulate = false;
+};
 /// dgamma = column sums of dy * xhat, dbeta = column sums of dy. `scratch`
 /// holds 2 rows + 2 columnChunks(rows).chunks x hidden doubles.
 Status launchLayerNormGradWeight(const Context &ctx, const float *x,
                                  const float *dy, float *dgamma, float *dbeta,
                                  int64_t rows, int64_t hidden, double eps,
-                                 double *scratch);
+                                 double *scratch, SumsOut to = {});
 Status launchRmsNorm(const Context &ctx, const float *x, const float *gamma,
                      float *y, int64_t rows, int64_t hidden, double eps,
                      bool round = false, ResidualSum residual = {});
@@ -78,7 +87,8 @@ Status launchRmsNormGradInput(const Context &ctx, const float *x,
 /// columnChunks(rows).chunks x hidden doubles.
 Status launchRmsNormGradWeight(const Context &ctx, const float *x,
                                const float *dy, float *dgamma, int64_t rows,
-                               int64_t hidden, double eps, double *scratch);
+                               int64_t hidden, double eps, double *scratch,
+                               SumsOut to = {});
 /// qk_norm (runtime/kernels/LayerChecks.h's QkNormDims): rms_norm of each
 /// q head with gamma[0, hd) and each k head with gamma[hd, 2 hd), v copied
 /// (a warp per head of a row).

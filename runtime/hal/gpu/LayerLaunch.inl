@@ -7,17 +7,19 @@
 
 namespace piper::runtime::hal::PIPER_GPU_NS {
 
-// out[j] = the sum over c < chunks of partials[c * cols + j], in order.
+// out[j] = the sum over c < chunks of partials[c * cols + j], in order,
+// rounded with `to.round`, and with `to.accumulate` added to out[j].
 // (Not in an unnamed namespace: nvcc's extended lambdas need an enclosing
 // function with external linkage.)
 Status layerSumChunks(const Context &ctx, const char *name,
                       const double *partials, int64_t chunks, int64_t cols,
-                      float *out) {
+                      float *out, SumsOut to = {}) {
   return Exec(ctx).forEach(name, cols, [=] PIPER_LAMBDA(int64_t j) {
     double s = 0;
     for (int64_t c = 0; c < chunks; ++c)
       s += partials[c * cols + j];
-    out[j] = static_cast<float>(s);
+    const float v = roundedIf(static_cast<float>(s), to.round);
+    out[j] = to.accumulate ? out[j] + v : v;
   });
 }
 
@@ -242,7 +244,7 @@ Status launchLayerNormGradInput(const Context &ctx, const float *x,
 Status launchLayerNormGradWeight(const Context &ctx, const float *x,
                                  const float *dy, float *dgamma, float *dbeta,
                                  int64_t rows, int64_t hidden, double eps,
-                                 double *scratch) {
+                                 double *scratch, SumsOut to) {
   using Lanes = Exec::Lanes;
   const RowChunks rc = columnChunks(rows);
   const int64_t per = rc.rowsPerChunk;
@@ -274,9 +276,10 @@ Status launchLayerNormGradWeight(const Context &ctx, const float *x,
         betaParts[i] = b;
       }));
   PIPER_RETURN_IF_ERROR(layerSumChunks(ctx, "layer_norm_grad_weight",
-                                       gammaParts, rc.chunks, hidden, dgamma));
+                                       gammaParts, rc.chunks, hidden, dgamma,
+                                       to));
   return layerSumChunks(ctx, "layer_norm_grad_weight", betaParts, rc.chunks,
-                        hidden, dbeta);
+                        hidden, dbeta, to);
 }
 
 Status launchRmsNorm(const Context &ctx, const float *x, const float *gamma,
@@ -320,7 +323,8 @@ Status launchRmsNormGradInput(const Context &ctx, const float *x,
 
 Status launchRmsNormGradWeight(const Context &ctx, const float *x,
                                const float *dy, float *dgamma, int64_t rows,
-                               int64_t hidden, double eps, double *scratch) {
+                               int64_t hidden, double eps, double *scratch,
+                               SumsOut to) {
   using Lanes = Exec::Lanes;
   const RowChunks rc = columnChunks(rows);
   const int64_t per = rc.rowsPerChunk;
@@ -344,7 +348,7 @@ Status launchRmsNormGradWeight(const Context &ctx, const float *x,
         parts[i] = g;
       }));
   return layerSumChunks(ctx, "rms_norm_grad_weight", parts, rc.chunks, hidden,
-                        dgamma);
+                        dgamma, to);
 }
 
 // qk_norm: virtual rows of hd, r = n (heads + 2 kvHeads) + head; a head

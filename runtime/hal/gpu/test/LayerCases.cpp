@@ -177,6 +177,19 @@ void normCases(std::vector<KernelCase> &out) {
                      attrs,
                      {f32({rows, hidden}, 3), f32({rows, hidden})},
                      {f32({hidden})}});
+      // Added to the outputs (the gradient accumulators' initial values).
+      auto accumulating = attrs;
+      accumulating.push_back({"accumulate", intAttr(1)});
+      out.push_back({"layer_norm_grad_weight accumulate " + n,
+                     "layer_norm_grad_weight",
+                     accumulating,
+                     {f32({rows, hidden}, 3), f32({rows, hidden})},
+                     {f32({hidden}), f32({hidden})}});
+      out.push_back({"rms_norm_grad_weight accumulate " + n,
+                     "rms_norm_grad_weight",
+                     accumulating,
+                     {f32({rows, hidden}, 3), f32({rows, hidden})},
+                     {f32({hidden})}});
       // The residual stream's add fused into the norms: (x, r, gamma[,
       // beta]) -> (s, y); (x, gamma, dy, r) -> r + dx.
       out.push_back({"add_layer_norm " + n,

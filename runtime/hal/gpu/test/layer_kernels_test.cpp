@@ -200,12 +200,16 @@ struct Host {
 };
 
 // Runs `op` (default attributes) on `device` as the executor does: the
-// outputs, of `outShapes`, rounded to bf16 in mixed precision unless the
-// kernel rounds them itself (Device::roundsOutputs).
+// outputs, of `outShapes` (zeros), rounded to bf16 in mixed precision unless
+// the kernel rounds them itself (Device::roundsOutputs). With `accumulate`
+// (the attribute), the outputs start as `accumulators` and are state the
+// executor does not round.
 std::vector<Host> runOp(Device &device, const std::string &op,
                         const std::vector<Host> &ins,
                         const std::vector<std::vector<int64_t>> &outShapes,
-                        bool lowPrecision) {
+                        bool lowPrecision,
+                        const std::vector<Host> &accumulators = {}) {
+  const bool accumulate = !accumulators.empty();
   DeviceRun run{device, {}, {}, {}};
   auto words = [](const std::vector<float> &v) {
     std::vector<uint32_t> w(v.size());
@@ -215,18 +219,22 @@ std::vector<Host> runOp(Device &device, const std::string &op,
   std::vector<TensorRef> inRefs, outRefs;
   for (const Host &h : ins)
     inRefs.push_back(run.upload(f32(h.shape), words(h.values)));
-  for (const auto &shape : outShapes) {
+  for (size_t o = 0; o < outShapes.size(); ++o) {
     int64_t n = 1;
-    for (int64_t d : shape)
+    for (int64_t d : outShapes[o])
       n *= d;
     outRefs.push_back(run.upload(
-        f32(shape), std::vector<uint32_t>(static_cast<size_t>(n), 0u)));
+        f32(outShapes[o]),
+        accumulate ? words(accumulators[o].values)
+                   : std::vector<uint32_t>(static_cast<size_t>(n), 0u)));
   }
   REQUIRE(run.status);
   const KernelInfo *info = device.findKernel(op);
   REQUIRE(info);
   plan::Kernel kernel;
   kernel.set_op(op);
+  if (accumulate && op != "accumulate") // the kernel's flag
+    (*kernel.mutable_attrs())["accumulate"] = intAttr(1);
   KernelContext ctx;
   ctx.lowPrecision = lowPrecision;
   REQUIRE(device.runKernel(*info, kernel, decodeKernelAttrs(kernel), inRefs,
@@ -236,7 +244,7 @@ std::vector<Host> runOp(Device &device, const std::string &op,
     std::vector<uint32_t> w = run.download(outRefs[o]);
     Host h{outShapes[o], std::vector<float>(w.size())};
     std::memcpy(h.values.data(), w.data(), w.size() * 4);
-    if (lowPrecision && !device.roundsOutputs(*info))
+    if (lowPrecision && !device.roundsOutputs(*info) && !accumulate)
       for (float &v : h.values)
         v = roundToBf16(v);
     outs.push_back(h);
@@ -305,6 +313,52 @@ TEST_CASE("the residual norms are add and the norm, bit for bit, on the CPU "
             runOp(*d, norm + "_grad_input_add", {s, gamma, dy, r}, {m}, low)[0];
         CHECK(sameBits(fusedDx, sum));
         CHECK(!sameBits(sum, dx));
+      }
+    }
+  }
+}
+
+// The compiler's accumulation of the norms' weight gradients:
+// layer_norm_grad_weight (rms_norm_grad_weight) with `accumulate` adds its
+// gradients to the accumulators as the kernel then an `accumulate` kernel
+// per gradient do, bit for bit, in fp32 and in mixed precision (the
+// executor rounds the unfused kernel's outputs; `accumulate` runs in fp32),
+// on the CPU and on the emulated GPU.
+TEST_CASE("the norms' weight gradients accumulate as the accumulate kernels "
+          "do, bit for bit, on the CPU and the emulated GPU") {
+  auto cpu = createCpuDevice(nullptr);
+  auto gpu = createEmulatedGpuDevice(nullptr);
+  const int64_t rows = 70, hidden = 37; // several column chunks
+  std::mt19937_64 rng(43);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  auto random = [&](std::vector<int64_t> shape, bool low) {
+    Host h{shape, {}};
+    int64_t n = 1;
+    for (int64_t d : shape)
+      n *= d;
+    for (int64_t i = 0; i < n; ++i)
+      h.values.push_back(low ? roundToBf16(normal(rng)) : normal(rng));
+    return h;
+  };
+  for (bool low : {false, true}) {
+    Host x = random({rows, hidden}, low), dy = random({rows, hidden}, low);
+    for (Device *d : {cpu.get(), gpu.get()}) {
+      for (std::string norm : {"layer_norm", "rms_norm"}) {
+        INFO(d->name() << " " << norm << " lowPrecision=" << low);
+        const std::string op = norm + "_grad_weight";
+        const size_t outs = norm == "layer_norm" ? 2 : 1;
+        std::vector<std::vector<int64_t>> shapes(outs, {hidden});
+        std::vector<Host> grads;
+        for (size_t o = 0; o < outs; ++o)
+          grads.push_back(random({hidden}, false));
+        std::vector<Host> sums = runOp(*d, op, {x, dy}, shapes, low);
+        std::vector<Host> fused = runOp(*d, op, {x, dy}, shapes, low, grads);
+        for (size_t o = 0; o < outs; ++o) {
+          Host unfused = runOp(*d, "accumulate", {sums[o]}, {{hidden}}, false,
+                               {grads[o]})[0];
+          CHECK(sameBits(fused[o], unfused));
+          CHECK(!sameBits(fused[o], grads[o])); // it added
+        }
       }
     }
   }
