@@ -141,6 +141,8 @@ Status addLayerNormKernel(const KernelArgs &a);
 Status addRmsNormKernel(const KernelArgs &a);
 Status layerNormGradInputAddKernel(const KernelArgs &a);
 Status rmsNormGradInputAddKernel(const KernelArgs &a);
+
+// QkNormKernels.cpp
 Status qkNormKernel(const KernelArgs &a);
 Status qkNormGradInputKernel(const KernelArgs &a);
 Status qkNormGradWeightKernel(const KernelArgs &a);

@@ -2,8 +2,9 @@
 // two halves: *_grad_input (dx; rows are independent, so chunks of rows run
 // in parallel) and *_grad_weight (dgamma, and dbeta for layer norm; one
 // pass, a fixed order over rows). The two norms share their checks and
-// their kernels' shapes; only the row math differs. The compiler fuses the
-// residual stream's add into the norm after it (add_layer_norm,
+// their kernels' shapes; only the row math differs (RMS norm's rows are
+// NormRows.h's, shared with qk_norm in QkNormKernels.cpp). The compiler
+// fuses the residual stream's add into the norm after it (add_layer_norm,
 // add_rms_norm) and into the grad_input before it (*_grad_input_add).
 #include <algorithm>
 #include <cmath>
@@ -11,6 +12,7 @@
 
 #include "runtime/kernels/KernelUtil.h"
 #include "runtime/kernels/LayerChecks.h"
+#include "runtime/kernels/NormRows.h"
 #include "runtime/kernels/Parallel.h"
 #include "runtime/kernels/VecMath.h"
 #include "support/Precision.h"
@@ -22,7 +24,7 @@ namespace piper::runtime::detail {
 
 namespace {
 
-constexpr double kLayerNormEps = 1e-5, kRmsNormEps = 1e-6;
+constexpr double kLayerNormEps = 1e-5;
 
 // --- shared checks and kernel shapes -----------------------------------------
 
@@ -85,15 +87,6 @@ Status checkNormGradWeight(const KernelArgs &a, int outputs, double defaultEps,
   PIPER_RETURN_IF_ERROR(readFlag(a, KernelAttr::kAccumulate, accumulate));
   PIPER_RETURN_IF_ERROR(expectTensor(a, dy, "dy", plan::F32, {rows, hidden}));
   return expectTensor(a, a.outputs[0], "dgamma", plan::F32, {hidden});
-}
-
-// Runs `row(n)` for every row, chunks of rows of `width` in parallel.
-template <typename Row>
-void forEachRow(int64_t rows, int64_t width, const Row &row) {
-  parallelFor(rows, rowGrain(width), [&](int64_t begin, int64_t end) {
-    for (int64_t n = begin; n < end; ++n)
-      row(n);
-  });
 }
 
 // A grad_input kernel: checks the call (checkNormGradInput); then, without
@@ -251,7 +244,9 @@ PIPER_SIMD void layerNormBackward(const float *x, const float *gamma,
     }
 }
 
-// --- RMS norm ----------------------------------------------------------------
+} // namespace
+
+// --- RMS norm rows (NormRows.h) ----------------------------------------------
 
 // 1/sqrt(mean(x^2) + eps) of one row, in double.
 double rowRrms(const float *x, int64_t hidden, double eps) {
@@ -307,8 +302,6 @@ PIPER_SIMD void rmsNormBackward(const float *x, const float *gamma,
     for (int64_t j = 0; j < hidden; ++j)
       dgamma[j] = static_cast<float>(gammaSum[j]);
 }
-
-} // namespace
 
 // --- layer norm kernels ------------------------------------------------------
 
@@ -480,136 +473,6 @@ Status rmsNormGradWeightKernel(const KernelArgs &a) {
   storeWeightGrads(a, accumulate, hidden, [&](float *const *out) {
     rmsNormBackward(x, nullptr, dy, rows, hidden, eps, nullptr, out[0]);
   });
-  return Status::ok();
-}
-
-// --- qk norm (Qwen3's per-head q/k RMS norm) ---------------------------------
-
-namespace {
-
-// heads, kv_heads and eps, and hd from the width `width` of qkv.
-Status readQkNormAttrs(const KernelArgs &a, int64_t width, QkNormDims &d) {
-  PIPER_RETURN_IF_ERROR(readPositiveInt(a, KernelAttr::kHeads, {}, d.heads));
-  PIPER_RETURN_IF_ERROR(
-      readPositiveInt(a, KernelAttr::kKvHeads, d.heads, d.kvHeads));
-  if (d.heads % d.kvHeads != 0)
-    return a.error("attribute 'heads' (" + std::to_string(d.heads) +
-                   ") must be a multiple of 'kv_heads' (" +
-                   std::to_string(d.kvHeads) + ")");
-  PIPER_RETURN_IF_ERROR(readFloat(a, KernelAttr::kEps, kRmsNormEps, d.eps));
-  if (d.eps < 0)
-    return a.error("attribute 'eps' must not be negative");
-  if (width % d.headsPerRow() != 0 || width == 0)
-    return a.error("qkv has " + std::to_string(width) +
-                   " columns, not a positive multiple of heads + 2 kv_heads "
-                   "= " +
-                   std::to_string(d.headsPerRow()));
-  d.hd = width / d.headsPerRow();
-  return Status::ok();
-}
-
-// qkv [N, W] and the attributes; gamma [2 hd] when `gamma` is given.
-Status checkQkNormOperands(const KernelArgs &a, const TensorRef *gamma,
-                           QkNormDims &d) {
-  int64_t width = 0;
-  PIPER_RETURN_IF_ERROR(
-      expectMatrix(a, a.inputs[0], "qkv", plan::F32, d.rows, width));
-  PIPER_RETURN_IF_ERROR(readQkNormAttrs(a, width, d));
-  if (gamma)
-    PIPER_RETURN_IF_ERROR(
-        expectTensor(a, *gamma, "gamma", plan::F32, {2 * d.hd}));
-  return Status::ok();
-}
-
-// Which half of gamma normalizes head j of a row: 0 (q's, at gamma), 1
-// (k's, at gamma + hd), or -1 for a v head (copied).
-inline int64_t qkClass(const QkNormDims &d, int64_t j) {
-  return j < d.heads ? 0 : j < d.heads + d.kvHeads ? 1 : -1;
-}
-
-} // namespace
-
-Status checkQkNorm(const KernelArgs &a, QkNormDims &d) {
-  PIPER_RETURN_IF_ERROR(expectCounts(a, 2, 2, 1));
-  PIPER_RETURN_IF_ERROR(checkQkNormOperands(a, &a.inputs[1], d));
-  return expectTensor(a, a.outputs[0], "y", plan::F32, {d.rows, d.width()});
-}
-
-Status checkQkNormGradInput(const KernelArgs &a, QkNormDims &d) {
-  PIPER_RETURN_IF_ERROR(expectCounts(a, 3, 3, 1));
-  PIPER_RETURN_IF_ERROR(checkQkNormOperands(a, &a.inputs[1], d));
-  PIPER_RETURN_IF_ERROR(
-      expectTensor(a, a.inputs[2], "dy", plan::F32, {d.rows, d.width()}));
-  return expectTensor(a, a.outputs[0], "dx", plan::F32, {d.rows, d.width()});
-}
-
-Status checkQkNormGradWeight(const KernelArgs &a, QkNormDims &d) {
-  PIPER_RETURN_IF_ERROR(expectCounts(a, 2, 2, 1));
-  PIPER_RETURN_IF_ERROR(checkQkNormOperands(a, nullptr, d));
-  PIPER_RETURN_IF_ERROR(
-      expectTensor(a, a.inputs[1], "dy", plan::F32, {d.rows, d.width()}));
-  return expectTensor(a, a.outputs[0], "dgamma", plan::F32, {2 * d.hd});
-}
-
-// Each head of a row is an rms_norm row of hd (the v heads are copied).
-Status qkNormKernel(const KernelArgs &a) {
-  QkNormDims d;
-  PIPER_RETURN_IF_ERROR(checkQkNorm(a, d));
-  const float *x = a.inputs[0].f32(), *gamma = a.inputs[1].f32();
-  float *y = a.outputs[0].f32();
-  const int64_t g = d.headsPerRow();
-  forEachRow(d.rows * g, d.hd, [&](int64_t r) {
-    const float *xr = x + r * d.hd;
-    float *yr = y + r * d.hd;
-    int64_t c = qkClass(d, r % g);
-    if (c < 0)
-      std::copy(xr, xr + d.hd, yr);
-    else
-      rmsNormRow(xr, gamma + c * d.hd, yr, d.hd, rowRrms(xr, d.hd, d.eps));
-  });
-  return Status::ok();
-}
-
-Status qkNormGradInputKernel(const KernelArgs &a) {
-  QkNormDims d;
-  PIPER_RETURN_IF_ERROR(checkQkNormGradInput(a, d));
-  const float *x = a.inputs[0].f32(), *gamma = a.inputs[1].f32(),
-              *dy = a.inputs[2].f32();
-  float *dx = a.outputs[0].f32();
-  const int64_t g = d.headsPerRow();
-  forEachRow(d.rows * g, 3 * d.hd, [&](int64_t r) {
-    const int64_t at = r * d.hd;
-    int64_t c = qkClass(d, r % g);
-    if (c < 0)
-      std::copy(dy + at, dy + at + d.hd, dx + at);
-    else
-      rmsNormBackward(x + at, gamma + c * d.hd, dy + at, 1, d.hd, d.eps,
-                      dx + at, nullptr);
-  });
-  return Status::ok();
-}
-
-// dgamma[c hd + t] = the sum of dy * xhat at column t of every class-c
-// head, rows in order and heads in order within a row, in double.
-Status qkNormGradWeightKernel(const KernelArgs &a) {
-  QkNormDims d;
-  PIPER_RETURN_IF_ERROR(checkQkNormGradWeight(a, d));
-  const float *x = a.inputs[0].f32(), *dy = a.inputs[1].f32();
-  std::vector<double> sum(2 * d.hd, 0.0);
-  const int64_t g = d.headsPerRow();
-  for (int64_t r = 0; r < d.rows * g; ++r) {
-    int64_t c = qkClass(d, r % g);
-    if (c < 0)
-      continue;
-    const float *xr = x + r * d.hd, *dyr = dy + r * d.hd;
-    double rrms = rowRrms(xr, d.hd, d.eps);
-    double *s = sum.data() + c * d.hd;
-    for (int64_t t = 0; t < d.hd; ++t)
-      s[t] += dyr[t] * (xr[t] * rrms);
-  }
-  float *dgamma = a.outputs[0].f32();
-  for (int64_t t = 0; t < 2 * d.hd; ++t)
-    dgamma[t] = static_cast<float>(sum[t]);
   return Status::ok();
 }
 

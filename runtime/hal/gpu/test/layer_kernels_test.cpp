@@ -253,6 +253,22 @@ std::vector<Host> runOp(Device &device, const std::string &op,
   return outs;
 }
 
+// N(shift, scale^2) values of `shape`, held as bf16 values when `bf16` (the
+// executor's operands in mixed precision).
+Host randomHost(std::mt19937_64 &rng, std::vector<int64_t> shape, bool bf16,
+                float scale = 1, float shift = 0) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  Host h{shape, {}};
+  int64_t n = 1;
+  for (int64_t d : shape)
+    n *= d;
+  for (int64_t i = 0; i < n; ++i) {
+    float v = shift + scale * normal(rng);
+    h.values.push_back(bf16 ? roundToBf16(v) : v);
+  }
+  return h;
+}
+
 bool sameBits(const Host &a, const Host &b) {
   return a.values.size() == b.values.size() &&
          std::memcmp(a.values.data(), b.values.data(), a.values.size() * 4) ==
@@ -272,19 +288,10 @@ TEST_CASE("the residual norms are add and the norm, bit for bit, on the CPU "
   auto gpu = createEmulatedGpuDevice(nullptr);
   const int64_t rows = 7, hidden = 45;
   std::mt19937_64 rng(41);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
   for (bool low : {false, true}) {
     // Operands hold bf16 values in mixed precision (the executor's).
     auto operand = [&](std::vector<int64_t> shape, float scale, float shift) {
-      Host h{shape, {}};
-      int64_t n = 1;
-      for (int64_t d : shape)
-        n *= d;
-      for (int64_t i = 0; i < n; ++i) {
-        float v = shift + scale * normal(rng);
-        h.values.push_back(low ? roundToBf16(v) : v);
-      }
-      return h;
+      return randomHost(rng, shape, low, scale, shift);
     };
     const std::vector<int64_t> m = {rows, hidden}, vec = {hidden};
     Host x = operand(m, 3, 0), r = operand(m, 1, 0), dy = operand(m, 1, 0);
@@ -330,15 +337,8 @@ TEST_CASE("the norms' weight gradients accumulate as the accumulate kernels "
   auto gpu = createEmulatedGpuDevice(nullptr);
   const int64_t rows = 70, hidden = 37; // several column chunks
   std::mt19937_64 rng(43);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
   auto random = [&](std::vector<int64_t> shape, bool low) {
-    Host h{shape, {}};
-    int64_t n = 1;
-    for (int64_t d : shape)
-      n *= d;
-    for (int64_t i = 0; i < n; ++i)
-      h.values.push_back(low ? roundToBf16(normal(rng)) : normal(rng));
-    return h;
+    return randomHost(rng, shape, low);
   };
   for (bool low : {false, true}) {
     Host x = random({rows, hidden}, low), dy = random({rows, hidden}, low);
