@@ -3,6 +3,7 @@
 #include "compiler/lowering/LowerToPlan.h"
 
 #include "compiler/analysis/ProgramInfo.h"
+#include "compiler/lowering/KernelAttributes.h"
 #include "compiler/lowering/SegmentFusions.h"
 #include "dialects/piper/PiperDialect.h"
 #include "proto/KernelIds.h"
@@ -11,7 +12,6 @@
 #include "proto/analysis/MemoryPlan.h"
 #include "proto/analysis/Simulate.h"
 #include "llvm/ADT/DenseSet.h"
-#include "llvm/ADT/TypeSwitch.h"
 
 #include <map>
 #include <vector>
@@ -400,7 +400,7 @@ private:
         (*k->mutable_attrs())[key.str()].set_i(v);
       };
       // A fused kernel of ops this position absorbed (SegmentFusions.h).
-      FailureOr<bool> fused = lowerFusedKernel(
+      FailureOr<Operation *> fused = lowerFusedKernel(
           op, fusions,
           {[&](Value v) -> FailureOr<plan::Operand> {
              auto it = values.find(v);
@@ -412,8 +412,10 @@ private:
           *k);
       if (failed(fused))
         return failure();
-      if (*fused)
+      if (*fused) {
+        setKernelAttributes(**fused, lossScale, getMesh(module).getTp(), *k);
         continue;
+      }
       auto setFloat = [&](StringRef key, double v) {
         (*k->mutable_attrs())[key.str()].set_f(v);
       };
@@ -476,47 +478,7 @@ private:
         *k->add_outputs() =
             operand(plan::Operand::VALUE, newValue(gelu->getResult(0)));
       }
-      for (NamedAttribute a : op.getAttrs()) {
-        if (auto i = dyn_cast<IntegerAttr>(a.getValue()))
-          setInt(a.getName().getValue(), i.getInt());
-        else if (auto f = dyn_cast<FloatAttr>(a.getValue()))
-          setFloat(a.getName().getValue(), f.getValueAsDouble());
-        else if (isa<UnitAttr>(a.getValue()))
-          setInt(a.getName().getValue(), 1);
-        else if (auto r = dyn_cast<RopeScalingAttr>(a.getValue())) {
-          // Llama 3.1's frequencies: the kernels' rope_* attributes.
-          setFloat("rope_factor", r.getFactor().convertToDouble());
-          setFloat("rope_low_freq_factor",
-                   r.getLowFreqFactor().convertToDouble());
-          setFloat("rope_high_freq_factor",
-                   r.getHighFreqFactor().convertToDouble());
-          setInt("rope_original_max_position", r.getOriginalMaxPosition());
-        }
-      }
-      // Attributes with defaults are not stored on the op: the norms' eps.
-      llvm::TypeSwitch<Operation *>(&op)
-          .Case<LayerNormOp, LayerNormGradInputOp, LayerNormGradWeightOp,
-                RmsNormOp, RmsNormGradInputOp, RmsNormGradWeightOp, QkNormOp,
-                QkNormGradInputOp, QkNormGradWeightOp>([&](auto norm) {
-            setFloat("eps", norm.getEps().convertToDouble());
-          });
-      if (auto eg = dyn_cast<EmbeddingGradOp>(op)) {
-        setInt("vocab",
-               cast<RankedTensorType>(eg.getResult().getType()).getDimSize(0));
-      }
-      // The loss seed 1 / (microbatches * replicas), times the term's weight.
-      if (isa<CrossEntropyGradOp, CrossEntropyFusedOp, VocabCrossEntropyGradOp>(
-              op))
-        setFloat("scale", lossScale);
-      // Every member of a tensor-parallel group computes the same loss:
-      // the reported sum over ranks counts it once.
-      if (auto acc = dyn_cast<LossAccumulateOp>(op))
-        setFloat("scale", lossScale * acc.getCoeff().convertToDouble() /
-                              double(getMesh(module).getTp()));
-      if (auto aux = dyn_cast<MoeAuxLossGradOp>(op))
-        setFloat("scale", lossScale * aux.getCoeff().convertToDouble());
-      if (isa<MoeRouterOp, MoeRouterGradOp>(op))
-        setInt("norm_topk", op.hasAttr("norm_topk") ? 1 : 0);
+      setKernelAttributes(op, lossScale, getMesh(module).getTp(), *k);
       if (isa<LossAccumulateOp>(op))
         p.set_has_loss(true);
     }

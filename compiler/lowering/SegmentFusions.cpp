@@ -135,10 +135,9 @@ SegmentFusions mlir::piper::findSegmentFusions(Block &body, bool fuse) {
   return f;
 }
 
-FailureOr<bool> mlir::piper::lowerFusedKernel(Operation &op,
-                                              const SegmentFusions &fusions,
-                                              const PlanValues &values,
-                                              plan::Kernel &k) {
+FailureOr<Operation *>
+mlir::piper::lowerFusedKernel(Operation &op, const SegmentFusions &fusions,
+                              const PlanValues &values, plan::Kernel &k) {
   auto inputs = [&](ArrayRef<Value> vs) -> LogicalResult {
     for (Value v : vs) {
       FailureOr<plan::Operand> o = values.operandOf(v);
@@ -149,10 +148,6 @@ FailureOr<bool> mlir::piper::lowerFusedKernel(Operation &op,
     return success();
   };
   auto output = [&](Value v) { *k.add_outputs() = values.newValue(v); };
-  auto setEps = [&](Operation *norm) {
-    (*k.mutable_attrs())["eps"].set_f(
-        cast<FloatAttr>(norm->getAttr("eps")).getValueAsDouble());
-  };
   if (auto gi =
           dyn_cast_or_null<LinearGradInputOp>(fusions.geluGradOf.lookup(&op))) {
     // linear_grad_input_gelu: (dy, w, h) -> gelu_grad's result.
@@ -161,9 +156,7 @@ FailureOr<bool> mlir::piper::lowerFusedKernel(Operation &op,
     if (failed(inputs({gi.getGrad(), gi.getWeight(), gelu.getInput()})))
       return failure();
     output(gelu.getResult());
-    if (gi.getTransposeW())
-      (*k.mutable_attrs())["transpose_w"].set_i(1);
-    return true;
+    return gi.getOperation(); // transpose_w
   }
   if (Operation *add = fusions.normOfAdd.lookup(&op)) {
     // add_layer_norm / add_rms_norm: (x, r, gamma[, beta]) -> (sum, norm).
@@ -174,8 +167,7 @@ FailureOr<bool> mlir::piper::lowerFusedKernel(Operation &op,
       return failure();
     output(add->getResult(0));
     output(op.getResult(0));
-    setEps(&op);
-    return true;
+    return &op; // eps
   }
   if (Operation *gi = fusions.normGradOfAdd.lookup(&op)) {
     // *_norm_grad_input_add: (x, gamma, dy, the other addend) -> the sum.
@@ -188,8 +180,7 @@ FailureOr<bool> mlir::piper::lowerFusedKernel(Operation &op,
     if (failed(inputs(ins)))
       return failure();
     output(op.getResult(0));
-    setEps(gi);
-    return true;
+    return gi; // eps
   }
-  return false;
+  return nullptr;
 }

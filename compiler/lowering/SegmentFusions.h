@@ -67,12 +67,14 @@ struct PlanValues {
 
 /// When `op`'s position runs a fused kernel of a whole op it absorbed
 /// (linear_grad_input_gelu, add_layer_norm, add_rms_norm,
-/// *_norm_grad_input_add), fills `k` with it (op, operands, attributes) and
-/// returns true; else returns false and leaves `k` alone. Fails on a value
-/// the lowering does not know.
-FailureOr<bool> lowerFusedKernel(Operation &op, const SegmentFusions &fusions,
-                                 const PlanValues &values,
-                                 ::piper::plan::Kernel &k);
+/// *_norm_grad_input_add), fills `k`'s name and operands and returns the op
+/// whose attributes the kernel takes (the linear_grad_input, the norm, the
+/// norm's grad_input: setKernelAttributes); else returns null and leaves
+/// `k` alone. Fails on a value the lowering does not know.
+FailureOr<Operation *> lowerFusedKernel(Operation &op,
+                                        const SegmentFusions &fusions,
+                                        const PlanValues &values,
+                                        ::piper::plan::Kernel &k);
 
 } // namespace mlir::piper
 
