@@ -235,7 +235,7 @@ peaksWithoutRecompute(const CompileOptions &o, Strategy strategy,
   if (succeeded(pm.run(*module)))
     lowered = lowerToPlans(*module, llvm::sys::path::stem(o.input).str(),
                            strategy.summary, /*checkProgress=*/true,
-                           o.opt.fuseEpilogues);
+                           o.opt.fuseEpilogues, o.opt.padVocab);
   if (failed(lowered)) {
     error = "the strategy without recompute directives does not compile";
     return std::nullopt;
@@ -320,7 +320,7 @@ int runCompile(const CompileOptions &o) {
   TimingScope lowerTimer = root.nest("lower-to-plans");
   FailureOr<LoweredPlans> lowered = lowerToPlans(
       *module, llvm::sys::path::stem(o.input).str(), strategy.summary,
-      /*checkProgress=*/true, o.opt.fuseEpilogues);
+      /*checkProgress=*/true, o.opt.fuseEpilogues, o.opt.padVocab);
   lowerTimer.stop();
   TimingScope writeTimer = root.nest("write-plans");
   if (failed(lowered))
@@ -485,6 +485,15 @@ static CLI::App *addCompileCommand(CLI::App &app, CompileOptions &comp) {
   compileCmd->add_flag("--no-optimizer", comp.opt.noUpdate,
                        "forward and backward only: gradients accumulate and "
                        "are never applied (gradient checks)");
+  compileCmd
+      ->add_option(
+          "--pad-vocab", comp.opt.padVocab,
+          "store a classifier's logits and their gradient with rows padded "
+          "to a multiple of this many columns (default 64: GPT-2's 50257 "
+          "become 50304, so that every row starts 256-byte aligned for the "
+          "GEMMs; the parameters keep their shapes and the padding is never "
+          "read: the numbers are the unpadded plan's); 0 pads nothing")
+      ->check(CLI::Range(int64_t(0), int64_t(4096)));
   compileCmd->add_flag(
       "!--no-fused-classifier", comp.opt.fuseClassifier,
       "compute the loss's logits gradient in the backward, from the kept "

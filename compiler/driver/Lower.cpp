@@ -47,7 +47,7 @@ int runLower(const LowerOptions &o) {
   FailureOr<LoweredPlans> lowered =
       lowerToPlans(*module, llvm::sys::path::stem(o.input).str(),
                    "hand-written program", /*checkProgress=*/true,
-                   /*fuseKernels=*/true);
+                   /*fuseKernels=*/true, /*padVocab=*/64);
   if (failed(lowered))
     return fail("lowering to plans failed");
   if (std::string err = writePlans(*lowered, o.output); !err.empty())

@@ -5,6 +5,7 @@
 #include "compiler/analysis/ProgramInfo.h"
 #include "compiler/lowering/KernelAttributes.h"
 #include "compiler/lowering/SegmentFusions.h"
+#include "compiler/lowering/VocabPadding.h"
 #include "dialects/piper/PiperDialect.h"
 #include "proto/KernelIds.h"
 #include "proto/PlanFile.h"
@@ -46,9 +47,9 @@ namespace {
 class ClassLowering {
 public:
   ClassLowering(ModuleOp module, DeviceProgramOp dp, int64_t worldSize,
-                double lossScale, bool fuseKernels)
+                double lossScale, bool fuseKernels, int64_t padVocab)
       : module(module), dp(dp), symbols(module), worldSize(worldSize),
-        lossScale(lossScale), fuseKernels(fuseKernels) {}
+        lossScale(lossScale), fuseKernels(fuseKernels), padVocab(padVocab) {}
 
   FailureOr<plan::Plan> run() {
     p.set_schema_version(plan::kPlanSchemaVersion);
@@ -349,19 +350,24 @@ private:
     out->set_name(name.str());
     setSegmentCost(seg, *out);
     DenseMap<Value, plan::Operand> values;
-    auto newValue = [&](Value v) {
-      int id = out->values_size();
-      *out->add_values() = toTensorType(v.getType());
-      values[v] = operand(plan::Operand::VALUE, id);
-      return id;
-    };
     Block &body = seg.getBody().front();
-    for (BlockArgument a : body.getArguments())
-      out->add_args(newValue(a));
     // Kernels merged into another op's (weight gradients accumulated by
     // their GEMM, GELU in the GEMM's epilogue, the residual add in the
     // norm: SegmentFusions.h).
     SegmentFusions fusions = findSegmentFusions(body, fuseKernels);
+    // The logits and their gradient with rows padded (VocabPadding.h).
+    VocabPadding padding = findVocabPadding(body, fusions, padVocab);
+    auto newValue = [&](Value v) {
+      int id = out->values_size();
+      plan::TensorType *type = out->add_values();
+      *type = toTensorType(v.getType());
+      if (int64_t width = padding.width.lookup(v))
+        type->set_shape(type->shape_size() - 1, width);
+      values[v] = operand(plan::Operand::VALUE, id);
+      return id;
+    };
+    for (BlockArgument a : body.getArguments())
+      out->add_args(newValue(a));
     // The output of each fused accumulate_grad's producer kernel, whose
     // parameter index is set where the accumulate_grad was (so that
     // parameters are numbered in the order the unfused lowering meets them).
@@ -479,6 +485,8 @@ private:
             operand(plan::Operand::VALUE, newValue(gelu->getResult(0)));
       }
       setKernelAttributes(op, lossScale, getMesh(module).getTp(), *k);
+      if (int64_t valid = padding.validCols.lookup(&op))
+        setInt("valid_cols", valid);
       if (isa<LossAccumulateOp>(op))
         p.set_has_loss(true);
     }
@@ -499,6 +507,7 @@ private:
   int64_t worldSize;
   double lossScale;
   bool fuseKernels;
+  int64_t padVocab;
   plan::Plan p;
   std::map<Operation *, int64_t> eventOf;
   /// The op recording each event (the inverse of eventOf).
@@ -515,7 +524,8 @@ private:
 FailureOr<LoweredPlans>
 mlir::piper::lowerToPlans(ModuleOp module, const std::string &modelName,
                           const std::string &strategySummary,
-                          bool checkProgress, bool fuseKernels) {
+                          bool checkProgress, bool fuseKernels,
+                          int64_t padVocab) {
   SmallVector<DeviceProgramOp> programs(module.getOps<DeviceProgramOp>());
   if (programs.empty())
     return module.emitError("no device programs to lower");
@@ -535,7 +545,7 @@ mlir::piper::lowerToPlans(ModuleOp module, const std::string &modelName,
     int64_t reps = dp.getNumReplicas();
     FailureOr<plan::Plan> plan =
         ClassLowering(module, dp, worldSize, 1.0 / double(mbs * reps),
-                      fuseKernels)
+                      fuseKernels, padVocab)
             .run();
     if (failed(plan))
       return failure();

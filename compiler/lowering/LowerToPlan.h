@@ -37,12 +37,13 @@ int64_t planTensorBytes(const plan::TensorType &type);
 /// gradient that only goes to its parameter's accumulator is added to it by
 /// its linear_grad_weight(_bias) kernel (`accumulate`) instead of by an
 /// `accumulate` kernel, and gelu and gelu_grad run with the GEMM before them
-/// (`linear_gelu`, `linear_grad_input_gelu`).
-FailureOr<LoweredPlans> lowerToPlans(ModuleOp module,
-                                     const std::string &modelName,
-                                     const std::string &strategySummary,
-                                     bool checkProgress = true,
-                                     bool fuseKernels = false);
+/// (`linear_gelu`, `linear_grad_input_gelu`). With `padVocab` > 1 (piperc's
+/// default 64; --pad-vocab), a classifier's logits and their gradient are
+/// stored with rows padded to a multiple of it (VocabPadding.h).
+FailureOr<LoweredPlans>
+lowerToPlans(ModuleOp module, const std::string &modelName,
+             const std::string &strategySummary, bool checkProgress = true,
+             bool fuseKernels = false, int64_t padVocab = 0);
 
 } // namespace mlir::piper
 

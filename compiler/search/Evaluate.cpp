@@ -62,9 +62,9 @@ public:
     // The plans' progress is checked by the simulation below, on the
     // machine, instead of once more inside the lowering.
     if (succeeded(pm.run(*module)))
-      lowered =
-          lowerToPlans(*module, "search", strategy->summary,
-                       /*checkProgress=*/false, options.opt.fuseEpilogues);
+      lowered = lowerToPlans(*module, "search", strategy->summary,
+                             /*checkProgress=*/false, options.opt.fuseEpilogues,
+                             options.opt.padVocab);
     if (failed(lowered)) {
       e.why = firstError.empty() ? "the compiler refused it" : firstError;
       return e;

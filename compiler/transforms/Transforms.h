@@ -39,6 +39,10 @@ struct OptimizerConfig {
   /// linear's weight and bias gradients (piper.linear_grad_weight_bias),
   /// bit for bit the separate ops' on the CPU; false keeps them apart.
   bool fuseEpilogues = true;
+  /// The lowering to plans pads a classifier's logits (and their gradient)
+  /// to rows of a multiple of this many columns; 0 or 1: no padding
+  /// (compiler/lowering/VocabPadding.h).
+  int64_t padVocab = 64;
   /// Mixed precision: f32 or bf16 (see plan.proto compute_dtype).
   ComputeType dtype = ComputeType::f32;
 };

@@ -106,6 +106,26 @@ Status expectMatrix(const KernelArgs &a, const TensorRef &t, const char *name,
   return Status::ok();
 }
 
+bool hasValidCols(const KernelArgs &a) {
+  return a.attrs[KernelAttr::kValidCols].kind != KernelAttrs::Value::kAbsent;
+}
+
+Status expectPaddedMatrix(const KernelArgs &a, const TensorRef &t,
+                          const char *name, int64_t &rows, int64_t &cols,
+                          int64_t &ld) {
+  PIPER_RETURN_IF_ERROR(expectMatrix(a, t, name, plan::F32, rows, ld));
+  cols = ld;
+  if (!hasValidCols(a))
+    return Status::ok();
+  int64_t valid = 0;
+  PIPER_RETURN_IF_ERROR(readPositiveInt(a, KernelAttr::kValidCols, {}, valid));
+  if (valid > ld)
+    return a.error(std::string(name) + " has shape " + shapeString(t.shape) +
+                   ", fewer columns than valid_cols=" + std::to_string(valid));
+  cols = valid;
+  return Status::ok();
+}
+
 Status expectScalar(const KernelArgs &a, const TensorRef &t, const char *name) {
   PIPER_RETURN_IF_ERROR(expectDType(a, t, name, plan::F32));
   if (t.shape.size() > 1 || t.numel() != 1)

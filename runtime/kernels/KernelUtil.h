@@ -81,6 +81,16 @@ Status expectBlasDims(const KernelArgs &a, std::initializer_list<int64_t> dims);
 /// non-integral value.
 Status readInt(const KernelArgs &a, KernelAttr id, std::optional<int64_t> dflt,
                int64_t &value);
+/// A matrix operand of the vocabulary dimension that the compiler may have
+/// padded (docs/kernels.md, "Padded vocabulary"): with the kernel's
+/// `valid_cols` attribute, t [rows, ld] holds `cols` = valid_cols valid
+/// columns per row (1 <= valid_cols <= ld; the others are never read);
+/// without it, cols = ld = t's columns.
+Status expectPaddedMatrix(const KernelArgs &a, const TensorRef &t,
+                          const char *name, int64_t &rows, int64_t &cols,
+                          int64_t &ld);
+/// Whether the kernel has `valid_cols` (its padded operands).
+bool hasValidCols(const KernelArgs &a);
 /// Reads an integer attribute that must be at least 1.
 Status readPositiveInt(const KernelArgs &a, KernelAttr id,
                        std::optional<int64_t> dflt, int64_t &value);

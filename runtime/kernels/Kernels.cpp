@@ -156,6 +156,7 @@ constexpr const char *kAttrNames[] = {
     "step",                       // kStep
     "top_k",                      // kTopK
     "transpose_w",                // kTransposeW
+    "valid_cols",                 // kValidCols
     "vocab",                      // kVocab
     "weight_decay",               // kWeightDecay
 };

@@ -97,6 +97,7 @@ enum class KernelAttr : uint8_t {
   kStep,                    // "step"
   kTopK,                    // "top_k"
   kTransposeW,              // "transpose_w"
+  kValidCols,               // "valid_cols"
   kVocab,                   // "vocab"
   kWeightDecay,             // "weight_decay"
   kCount,

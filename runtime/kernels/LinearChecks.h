@@ -22,16 +22,22 @@ struct LinearDims {
   /// linear_grad_weight(_bias)'s `accumulate`: dw is added to its output
   /// (a parameter's gradient accumulator) instead of overwriting it.
   bool accumulate = false;
+  /// The row stride of y (linear) or dy (linear_grad_input,
+  /// linear_grad_weight): `out`, or more where the compiler padded the
+  /// vocabulary (the kernel's `valid_cols` is `out`, docs/kernels.md).
+  int64_t ld = 0;
 };
 
-/// linear: (x, w[, b]) -> y; `hasBias` when b [out] is given.
+/// linear: (x, w[, b]) -> y; `hasBias` when b [out] is given. Without b,
+/// y may be padded (valid_cols: y [rows, ld], ld >= out).
 Status checkLinear(const KernelArgs &a, LinearDims &d, bool &hasBias);
 /// linear_gelu: (x, w[, b]) -> (h, y): h as linear's y, y = gelu(h) of
 /// h's shape. In mixed precision h is rounded to bf16 before gelu reads it
 /// (the bits of linear then gelu; on CUDA the GEMM's epilogue applies gelu
 /// to the fp32 h instead: docs/kernels.md).
 Status checkLinearGelu(const KernelArgs &a, LinearDims &d, bool &hasBias);
-/// linear_grad_input: (dy, w) -> dx [rows, in].
+/// linear_grad_input: (dy, w) -> dx [rows, in]; dy may be padded
+/// (valid_cols, as linear's y).
 Status checkLinearGradInput(const KernelArgs &a, LinearDims &d);
 /// linear_grad_input_gelu: (dy, w, h [rows, in]) -> dh [rows, in], dh =
 /// gelu_grad(h, dy w^T), the product rounded to bf16 first in mixed
@@ -42,7 +48,7 @@ Status checkLinearGradInputGelu(const KernelArgs &a, LinearDims &d);
 /// the `accumulate` flag added to the output: out += dw, dw computed
 /// whole first and, in mixed precision, rounded to bf16 (what the separate
 /// `accumulate` kernel would add; the compiler fuses the two, docs/
-/// kernels.md).
+/// kernels.md). dy may be padded (valid_cols, as linear's y).
 Status checkLinearGradWeight(const KernelArgs &a, LinearDims &d);
 /// linear_grad_weight_bias: (x, dy) -> (dw of w's shape, db [out]): db
 /// overwritten, dw as linear_grad_weight's (`accumulate`).
@@ -71,18 +77,23 @@ struct KvAssembleDims {
 Status checkKvAssemble(const KernelArgs &a, bool grad, KvAssembleDims &d);
 /// bias_grad: dy [rows, out] -> db [out] (overwritten).
 Status checkBiasGrad(const KernelArgs &a, int64_t &rows, int64_t &out);
+/// The softmax cross entropy's sizes: logits [rows, ld] and dlogits [rows,
+/// gradLd] hold `vocab` valid columns each; ld and gradLd are `vocab` unless
+/// the compiler padded the operand (the kernel's `valid_cols` is `vocab`,
+/// docs/kernels.md: the other columns are neither read nor written).
+struct LogitsDims {
+  int64_t rows = 0, vocab = 0, ld = 0, gradLd = 0;
+  /// `scale` (attribute, default 1): multiplies the mean's gradient.
+  double scale = 1.0;
+};
 /// cross_entropy: (logits [rows, vocab] f32, targets i32 of rows tokens) ->
 /// loss (f32 scalar, the mean over rows). Both dimensions non-empty.
-Status checkCrossEntropy(const KernelArgs &a, int64_t &rows, int64_t &vocab);
-/// cross_entropy_grad: (logits, targets) -> dlogits [rows, vocab]; `scale`
-/// (attribute, default 1) multiplies the mean's gradient.
-Status checkCrossEntropyGrad(const KernelArgs &a, int64_t &rows, int64_t &vocab,
-                             double &scale);
+Status checkCrossEntropy(const KernelArgs &a, LogitsDims &d);
+/// cross_entropy_grad: (logits, targets) -> dlogits [rows, vocab].
+Status checkCrossEntropyGrad(const KernelArgs &a, LogitsDims &d);
 /// cross_entropy_fused (the fused classifier): (logits, targets) -> (loss,
-/// dlogits), cross_entropy's and cross_entropy_grad's outputs in one pass;
-/// `scale` as cross_entropy_grad's.
-Status checkCrossEntropyFused(const KernelArgs &a, int64_t &rows,
-                              int64_t &vocab, double &scale);
+/// dlogits), cross_entropy's and cross_entropy_grad's outputs in one pass.
+Status checkCrossEntropyFused(const KernelArgs &a, LogitsDims &d);
 /// The vocabulary-parallel loss kernels' dimensions: rows, this member's
 /// columns (vocab), the group's members and this member's first id.
 struct VocabDims {

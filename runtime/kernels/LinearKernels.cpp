@@ -33,6 +33,28 @@ static Status weightMismatch(const KernelArgs &a, const TensorRef &w,
                  " (transpose_w=" + (transposeW ? "1" : "0") + ")");
 }
 
+// y or dy [rows, out], with `valid_cols` padded (its row stride `ld` may
+// exceed out); valid_cols is refused where the kernel has no padded form
+// (`padded` false: a bias, GELU).
+static Status expectOutRows(const KernelArgs &a, const TensorRef &t,
+                            const char *name, bool padded, int64_t rows,
+                            int64_t out, int64_t &ld) {
+  if (hasValidCols(a) && !padded)
+    return a.error("valid_cols (a padded " + std::string(name) +
+                   ") is only for linear, linear_grad_input and "
+                   "linear_grad_weight without a bias");
+  int64_t r = 0, c = 0;
+  PIPER_RETURN_IF_ERROR(expectPaddedMatrix(a, t, name, r, c, ld));
+  if (r == rows && c == out)
+    return Status::ok();
+  return a.error(std::string(name) + " has shape " + shapeString(t.shape) +
+                 (hasValidCols(a) ? " with valid_cols=" + std::to_string(c)
+                                  : std::string()) +
+                 ", expected [" + std::to_string(rows) + "," +
+                 std::to_string(out) + "]" +
+                 (hasValidCols(a) ? " valid columns" : ""));
+}
+
 // linear's operands, and linear_gelu's (`outputs` 2: h and gelu(h)).
 static Status checkLinearOperands(const KernelArgs &a, size_t outputs,
                                   LinearDims &d, bool &hasBias) {
@@ -47,8 +69,9 @@ static Status checkLinearOperands(const KernelArgs &a, size_t outputs,
   if (hasBias)
     PIPER_RETURN_IF_ERROR(
         expectTensor(a, a.inputs[2], "b", plan::F32, {d.out}));
-  PIPER_RETURN_IF_ERROR(
-      expectTensor(a, y, outputs == 1 ? "y" : "h", plan::F32, {d.rows, d.out}));
+  PIPER_RETURN_IF_ERROR(expectOutRows(a, y, outputs == 1 ? "y" : "h",
+                                      outputs == 1 && !hasBias, d.rows, d.out,
+                                      d.ld));
   if (outputs == 2)
     PIPER_RETURN_IF_ERROR(
         expectTensor(a, a.outputs[1], "y", plan::F32, {d.rows, d.out}));
@@ -72,9 +95,9 @@ static void linearInto(const KernelArgs &a, const LinearDims &d, bool hasBias) {
   // The bias is the GEMM's initial C, so it costs no extra pass.
   if (hasBias)
     for (int64_t n = 0; n < rows; ++n)
-      std::copy_n(a.inputs[2].f32(), out, y.f32() + n * out);
+      std::copy_n(a.inputs[2].f32(), out, y.f32() + n * d.ld);
   gemm(false, transposeW, rows, out, in, 1.0f, x.f32(), in, w.f32(),
-       transposeW ? in : out, hasBias ? 1.0f : 0.0f, y.f32(), out);
+       transposeW ? in : out, hasBias ? 1.0f : 0.0f, y.f32(), d.ld);
 }
 
 Status linearKernel(const KernelArgs &a) {
@@ -107,7 +130,10 @@ static Status checkGradInputOperands(const KernelArgs &a, size_t inputs,
   PIPER_RETURN_IF_ERROR(expectCounts(a, inputs, inputs, 1));
   const TensorRef &dy = a.inputs[0], &w = a.inputs[1], &dx = a.outputs[0];
   int64_t wOut = 0;
-  PIPER_RETURN_IF_ERROR(expectMatrix(a, dy, "dy", plan::F32, d.rows, d.out));
+  if (hasValidCols(a) && inputs == 3)
+    return a.error("valid_cols (a padded dy) is only for linear, "
+                   "linear_grad_input and linear_grad_weight without a bias");
+  PIPER_RETURN_IF_ERROR(expectPaddedMatrix(a, dy, "dy", d.rows, d.out, d.ld));
   PIPER_RETURN_IF_ERROR(weightDims(a, w, d.transposeW, d.in, wOut));
   if (wOut != d.out)
     return a.error("w has shape " + shapeString(w.shape) + ", expected " +
@@ -132,8 +158,8 @@ Status checkLinearGradInputGelu(const KernelArgs &a, LinearDims &d) {
 
 // dx = dy * w^T for w [in,out]; dx = dy * w for w [out,in].
 static void gradInputInto(const KernelArgs &a, const LinearDims &d, float *dx) {
-  gemm(false, !d.transposeW, d.rows, d.in, d.out, 1.0f, a.inputs[0].f32(),
-       d.out, a.inputs[1].f32(), d.transposeW ? d.in : d.out, 0.0f, dx, d.in);
+  gemm(false, !d.transposeW, d.rows, d.in, d.out, 1.0f, a.inputs[0].f32(), d.ld,
+       a.inputs[1].f32(), d.transposeW ? d.in : d.out, 0.0f, dx, d.in);
 }
 
 Status linearGradInputKernel(const KernelArgs &a) {
@@ -159,14 +185,17 @@ Status linearGradInputGeluKernel(const KernelArgs &a) {
 
 namespace {
 // (x, dy) -> dw, the operands linear_grad_weight and
-// linear_grad_weight_bias share.
-Status checkGradWeightOperands(const KernelArgs &a, LinearDims &d) {
+// linear_grad_weight_bias share (dy padded only without the bias).
+Status checkGradWeightOperands(const KernelArgs &a, bool bias, LinearDims &d) {
   const TensorRef &x = a.inputs[0], &dy = a.inputs[1], &dw = a.outputs[0];
   PIPER_RETURN_IF_ERROR(readTransposeW(a, d.transposeW));
   PIPER_RETURN_IF_ERROR(readFlag(a, KernelAttr::kAccumulate, d.accumulate));
   int64_t dyRows = 0;
   PIPER_RETURN_IF_ERROR(expectMatrix(a, x, "x", plan::F32, d.rows, d.in));
-  PIPER_RETURN_IF_ERROR(expectMatrix(a, dy, "dy", plan::F32, dyRows, d.out));
+  if (hasValidCols(a) && bias)
+    return a.error("valid_cols (a padded dy) is only for linear, "
+                   "linear_grad_input and linear_grad_weight without a bias");
+  PIPER_RETURN_IF_ERROR(expectPaddedMatrix(a, dy, "dy", dyRows, d.out, d.ld));
   if (dyRows != d.rows)
     return a.error("dy has shape " + shapeString(dy.shape) + ", expected [" +
                    std::to_string(d.rows) + ",*]");
@@ -181,10 +210,10 @@ Status checkGradWeightOperands(const KernelArgs &a, LinearDims &d) {
 void gradWeight(const LinearDims &d, const float *x, const float *dy,
                 float *dw) {
   if (d.transposeW)
-    gemm(true, false, d.out, d.in, d.rows, 1.0f, dy, d.out, x, d.in, 0.0f, dw,
+    gemm(true, false, d.out, d.in, d.rows, 1.0f, dy, d.ld, x, d.in, 0.0f, dw,
          d.in);
   else
-    gemm(true, false, d.in, d.out, d.rows, 1.0f, x, d.in, dy, d.out, 0.0f, dw,
+    gemm(true, false, d.in, d.out, d.rows, 1.0f, x, d.in, dy, d.ld, 0.0f, dw,
          d.out);
 }
 
@@ -217,7 +246,7 @@ void columnSums(const float *dy, int64_t rows, int64_t out, float *db) {
 
 Status checkLinearGradWeight(const KernelArgs &a, LinearDims &d) {
   PIPER_RETURN_IF_ERROR(expectCounts(a, 2, 2, 1));
-  return checkGradWeightOperands(a, d);
+  return checkGradWeightOperands(a, false, d);
 }
 
 Status linearGradWeightKernel(const KernelArgs &a) {
@@ -229,7 +258,7 @@ Status linearGradWeightKernel(const KernelArgs &a) {
 
 Status checkLinearGradWeightBias(const KernelArgs &a, LinearDims &d) {
   PIPER_RETURN_IF_ERROR(expectCounts(a, 2, 2, 2));
-  PIPER_RETURN_IF_ERROR(checkGradWeightOperands(a, d));
+  PIPER_RETURN_IF_ERROR(checkGradWeightOperands(a, true, d));
   return expectTensor(a, a.outputs[1], "db", plan::F32, {d.out});
 }
 

@@ -12,11 +12,17 @@ namespace piper::runtime::detail {
 
 // Shared checks of cross_entropy and its gradient (not the targets' range:
 // the kernels below check that, the GPU kernels cannot read the targets).
+// With `ld`, the logits may be padded (valid_cols: their row stride into
+// *ld); without, they are not (the vocabulary-parallel kernels).
 static Status checkLogits(const KernelArgs &a, const TensorRef &logits,
                           const TensorRef &targets, int64_t &rows,
-                          int64_t &vocab) {
-  PIPER_RETURN_IF_ERROR(
-      expectMatrix(a, logits, "logits", plan::F32, rows, vocab));
+                          int64_t &vocab, int64_t *ld = nullptr) {
+  if (ld)
+    PIPER_RETURN_IF_ERROR(
+        expectPaddedMatrix(a, logits, "logits", rows, vocab, *ld));
+  else
+    PIPER_RETURN_IF_ERROR(
+        expectMatrix(a, logits, "logits", plan::F32, rows, vocab));
   int64_t count = 0;
   PIPER_RETURN_IF_ERROR(expectTokens(a, targets, "targets", count));
   if (count != rows)
@@ -31,33 +37,44 @@ static Status checkLogits(const KernelArgs &a, const TensorRef &logits,
   return Status::ok();
 }
 
-static Status checkLogitsAndTargets(const KernelArgs &a, int64_t &rows,
-                                    int64_t &vocab) {
+static Status checkLogitsAndTargets(const KernelArgs &a, LogitsDims &d) {
   PIPER_RETURN_IF_ERROR(expectCounts(a, 2, 2, 1));
-  return checkLogits(a, a.inputs[0], a.inputs[1], rows, vocab);
+  return checkLogits(a, a.inputs[0], a.inputs[1], d.rows, d.vocab, &d.ld);
 }
 
-Status checkCrossEntropy(const KernelArgs &a, int64_t &rows, int64_t &vocab) {
-  PIPER_RETURN_IF_ERROR(checkLogitsAndTargets(a, rows, vocab));
+// dlogits [rows, vocab], padded as the logits may be (valid_cols).
+static Status checkDlogits(const KernelArgs &a, const TensorRef &dlogits,
+                           LogitsDims &d) {
+  int64_t rows = 0, vocab = 0;
+  PIPER_RETURN_IF_ERROR(
+      expectPaddedMatrix(a, dlogits, "dlogits", rows, vocab, d.gradLd));
+  if (rows != d.rows || vocab != d.vocab)
+    return a.error("dlogits has shape " + shapeString(dlogits.shape) +
+                   (hasValidCols(a) ? " with valid_cols=" +
+                                          std::to_string(d.vocab)
+                                    : std::string()) +
+                   ", expected [" + std::to_string(d.rows) + "," +
+                   std::to_string(d.vocab) + "]" +
+                   (hasValidCols(a) ? " valid columns" : ""));
+  return readFloat(a, KernelAttr::kScale, 1.0, d.scale);
+}
+
+Status checkCrossEntropy(const KernelArgs &a, LogitsDims &d) {
+  PIPER_RETURN_IF_ERROR(checkLogitsAndTargets(a, d));
   return expectScalar(a, a.outputs[0], "loss");
 }
 
-Status checkCrossEntropyGrad(const KernelArgs &a, int64_t &rows,
-                             int64_t &vocab, double &scale) {
-  PIPER_RETURN_IF_ERROR(checkLogitsAndTargets(a, rows, vocab));
-  PIPER_RETURN_IF_ERROR(
-      expectTensor(a, a.outputs[0], "dlogits", plan::F32, {rows, vocab}));
-  return readFloat(a, KernelAttr::kScale, 1.0, scale);
+Status checkCrossEntropyGrad(const KernelArgs &a, LogitsDims &d) {
+  PIPER_RETURN_IF_ERROR(checkLogitsAndTargets(a, d));
+  return checkDlogits(a, a.outputs[0], d);
 }
 
-Status checkCrossEntropyFused(const KernelArgs &a, int64_t &rows,
-                              int64_t &vocab, double &scale) {
+Status checkCrossEntropyFused(const KernelArgs &a, LogitsDims &d) {
   PIPER_RETURN_IF_ERROR(expectCounts(a, 2, 2, 2));
-  PIPER_RETURN_IF_ERROR(checkLogits(a, a.inputs[0], a.inputs[1], rows, vocab));
-  PIPER_RETURN_IF_ERROR(expectScalar(a, a.outputs[0], "loss"));
   PIPER_RETURN_IF_ERROR(
-      expectTensor(a, a.outputs[1], "dlogits", plan::F32, {rows, vocab}));
-  return readFloat(a, KernelAttr::kScale, 1.0, scale);
+      checkLogits(a, a.inputs[0], a.inputs[1], d.rows, d.vocab, &d.ld));
+  PIPER_RETURN_IF_ERROR(expectScalar(a, a.outputs[0], "loss"));
+  return checkDlogits(a, a.outputs[1], d);
 }
 
 Status checkLossAccumulate(const KernelArgs &a, double &scale) {
@@ -99,16 +116,17 @@ PIPER_SIMD static void crossEntropyGradRow(const float *__restrict row,
 // loop, so the fused kernel's outputs are bit for bit the other two's. The
 // per-row losses are summed in row order: the same on any number of threads.
 static void crossEntropyRows(const float *logits, const int32_t *targets,
-                             int64_t rows, int64_t vocab, float *loss,
-                             float *dlogits, double scale) {
+                             const LogitsDims &d, float *loss, float *dlogits,
+                             double scale) {
+  const int64_t rows = d.rows, vocab = d.vocab;
   std::vector<double> rowLoss(loss ? rows : 0);
   const double rowScale = scale / rows;
   parallelFor(rows, rowGrain(vocab), [&](int64_t begin, int64_t end) {
     std::vector<float> scratch(dlogits ? 0 : vocab);
     for (int64_t n = begin; n < end; ++n) {
-      const float *row = logits + n * vocab;
+      const float *row = logits + n * d.ld;
       // The output row is the scratch of the sum, then overwritten.
-      float *out = dlogits ? dlogits + n * vocab : scratch.data();
+      float *out = dlogits ? dlogits + n * d.gradLd : scratch.data();
       double lse = logSumExp(row, vocab, out);
       if (loss)
         rowLoss[n] = lse - row[targets[n]];
@@ -125,34 +143,32 @@ static void crossEntropyRows(const float *logits, const int32_t *targets,
 }
 
 Status crossEntropyKernel(const KernelArgs &a) {
-  int64_t rows = 0, vocab = 0;
-  PIPER_RETURN_IF_ERROR(checkCrossEntropy(a, rows, vocab));
+  LogitsDims d;
+  PIPER_RETURN_IF_ERROR(checkCrossEntropy(a, d));
   const TensorRef &targets = a.inputs[1];
-  PIPER_RETURN_IF_ERROR(expectTokensBelow(a, targets, "targets", vocab));
-  crossEntropyRows(a.inputs[0].f32(), targets.i32(), rows, vocab,
-                   a.outputs[0].f32(), nullptr, 1.0);
+  PIPER_RETURN_IF_ERROR(expectTokensBelow(a, targets, "targets", d.vocab));
+  crossEntropyRows(a.inputs[0].f32(), targets.i32(), d, a.outputs[0].f32(),
+                   nullptr, 1.0);
   return Status::ok();
 }
 
 Status crossEntropyGradKernel(const KernelArgs &a) {
-  int64_t rows = 0, vocab = 0;
-  double scale = 1.0;
-  PIPER_RETURN_IF_ERROR(checkCrossEntropyGrad(a, rows, vocab, scale));
+  LogitsDims d;
+  PIPER_RETURN_IF_ERROR(checkCrossEntropyGrad(a, d));
   const TensorRef &targets = a.inputs[1];
-  PIPER_RETURN_IF_ERROR(expectTokensBelow(a, targets, "targets", vocab));
-  crossEntropyRows(a.inputs[0].f32(), targets.i32(), rows, vocab, nullptr,
-                   a.outputs[0].f32(), scale);
+  PIPER_RETURN_IF_ERROR(expectTokensBelow(a, targets, "targets", d.vocab));
+  crossEntropyRows(a.inputs[0].f32(), targets.i32(), d, nullptr,
+                   a.outputs[0].f32(), d.scale);
   return Status::ok();
 }
 
 Status crossEntropyFusedKernel(const KernelArgs &a) {
-  int64_t rows = 0, vocab = 0;
-  double scale = 1.0;
-  PIPER_RETURN_IF_ERROR(checkCrossEntropyFused(a, rows, vocab, scale));
+  LogitsDims d;
+  PIPER_RETURN_IF_ERROR(checkCrossEntropyFused(a, d));
   const TensorRef &targets = a.inputs[1];
-  PIPER_RETURN_IF_ERROR(expectTokensBelow(a, targets, "targets", vocab));
-  crossEntropyRows(a.inputs[0].f32(), targets.i32(), rows, vocab,
-                   a.outputs[0].f32(), a.outputs[1].f32(), scale);
+  PIPER_RETURN_IF_ERROR(expectTokensBelow(a, targets, "targets", d.vocab));
+  crossEntropyRows(a.inputs[0].f32(), targets.i32(), d, a.outputs[0].f32(),
+                   a.outputs[1].f32(), d.scale);
   return Status::ok();
 }
 
@@ -172,7 +188,9 @@ Status crossEntropyFusedKernel(const KernelArgs &a) {
 //===----------------------------------------------------------------------===//
 
 Status checkVocabCeStats(const KernelArgs &a, VocabDims &d) {
-  PIPER_RETURN_IF_ERROR(checkLogitsAndTargets(a, d.rows, d.vocab));
+  PIPER_RETURN_IF_ERROR(expectCounts(a, 2, 2, 1));
+  PIPER_RETURN_IF_ERROR(
+      checkLogits(a, a.inputs[0], a.inputs[1], d.rows, d.vocab));
   PIPER_RETURN_IF_ERROR(
       readVocabShard(a, d.vocab, /*required=*/true, d.members, d.first));
   return expectTensor(a, a.outputs[0], "stats", plan::F32,

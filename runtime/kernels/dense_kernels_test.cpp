@@ -2,6 +2,8 @@
 // tensor- and sequence-parallel layouts, the losses and the state kernels
 // (accumulate, zero, AdamW), forward and backward.
 #include <cstring>
+#include <limits>
+#include <tuple>
 
 #include "runtime/kernels/kernels_test_util.h"
 
@@ -605,6 +607,176 @@ TEST_CASE("cross_entropy_fused is cross_entropy and cross_entropy_grad, bit "
   st = run(K("cross_entropy_fused"), ins, outs);
   REQUIRE(!st);
   CHECK_THAT(st.message(), Catch::Contains("2 outputs"));
+}
+
+// ---------------------------------------------------------------------------
+// The compiler's vocabulary padding (docs/kernels.md, "Padded vocabulary"):
+// with `valid_cols` V, a [rows, V] operand of the vocabulary dimension may be
+// stored [rows, W], W >= V.
+
+/// t [rows, cols] with `width` columns per row, the others `fill`.
+Tensor padded(const Tensor &t, int64_t rows, int64_t cols, int64_t width,
+              float fill) {
+  Tensor out = Tensor::f32({rows, width});
+  out.f.assign(static_cast<size_t>(rows * width), fill);
+  for (int64_t n = 0; n < rows; ++n)
+    std::copy_n(t.f.data() + n * cols, cols, out.f.data() + n * width);
+  return out;
+}
+
+/// Whether padded `p` [rows, width] holds dense `t`'s bits in its first
+/// cols columns and `fill`'s bits in the others.
+bool samePadded(const Tensor &p, const Tensor &t, int64_t rows, int64_t cols,
+                int64_t width, float fill) {
+  for (int64_t n = 0; n < rows; ++n)
+    for (int64_t j = 0; j < width; ++j) {
+      float want = j < cols ? t.f[n * cols + j] : fill;
+      if (std::memcmp(&p.f[n * width + j], &want, sizeof(float)) != 0)
+        return false;
+    }
+  return true;
+}
+
+TEST_CASE("padded logits and gradients (valid_cols) give the dense kernels' "
+          "bits and leave the padding alone",
+          "[kernels][forward][grad]") {
+  // Padding read as a NaN would poison every output it reached; the
+  // outputs' padding starts as a sentinel that must survive.
+  const float nan = std::numeric_limits<float>::quiet_NaN(), sentinel = 77.0f;
+  for (auto [rows, in, vocab, width] :
+       std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t>>{
+           {5, 7, 13, 16}, {1, 3, 1, 64}, {9, 24, 100, 128}}) {
+    INFO(rows << "x" << in << " vocab " << vocab << " padded to " << width);
+    Rng rng(static_cast<uint64_t>(rows * 1000 + vocab));
+    Tensor x = randomF32(rng, {rows, in});
+    Tensor dy = randomF32(rng, {rows, vocab});
+    Tensor dyPadded = padded(dy, rows, vocab, width, nan);
+    for (int tw : {0, 1}) {
+      INFO("transpose_w " << tw);
+      std::vector<int64_t> wShape = tw ? std::vector<int64_t>{vocab, in}
+                                       : std::vector<int64_t>{in, vocab};
+      Tensor w = randomF32(rng, wShape);
+      // linear: y written in the valid columns only.
+      std::vector<Tensor> ins = {x, w}, dense = {Tensor::f32({rows, vocab})};
+      std::vector<Tensor> pad = {
+          padded(dense[0], rows, vocab, width, sentinel)};
+      mustRun(K("linear").i("transpose_w", tw), ins, dense);
+      mustRun(K("linear").i("transpose_w", tw).i("valid_cols", vocab), ins,
+              pad);
+      CHECK(samePadded(pad[0], dense[0], rows, vocab, width, sentinel));
+      // linear_grad_input: dy read in the valid columns only.
+      std::vector<Tensor> gIns = {dy, w}, gPadIns = {dyPadded, w};
+      std::vector<Tensor> dx = {Tensor::f32({rows, in})}, dxPad = dx;
+      mustRun(K("linear_grad_input").i("transpose_w", tw), gIns, dx);
+      mustRun(
+          K("linear_grad_input").i("transpose_w", tw).i("valid_cols", vocab),
+          gPadIns, dxPad);
+      CHECK(dx[0].f == dxPad[0].f);
+      // linear_grad_weight, overwriting and accumulating.
+      for (int acc : {0, 1}) {
+        std::vector<Tensor> wIns = {x, dy}, wPadIns = {x, dyPadded};
+        std::vector<Tensor> dw = {randomF32(rng, wShape)}, dwPad = dw;
+        mustRun(
+            K("linear_grad_weight").i("transpose_w", tw).i("accumulate", acc),
+            wIns, dw);
+        mustRun(K("linear_grad_weight")
+                    .i("transpose_w", tw)
+                    .i("accumulate", acc)
+                    .i("valid_cols", vocab),
+                wPadIns, dwPad);
+        CHECK(std::memcmp(dw[0].f.data(), dwPad[0].f.data(),
+                          dw[0].f.size() * sizeof(float)) == 0);
+      }
+    }
+    // The losses: logits padded or not, dlogits padded or not.
+    Tensor logits = randomF32(rng, {rows, vocab}, -20.0, 20.0);
+    std::vector<int32_t> ids(static_cast<size_t>(rows));
+    for (int64_t n = 0; n < rows; ++n)
+      ids[n] = static_cast<int32_t>((n * 7919) % vocab);
+    Tensor targets = Tensor::i32({rows}, ids);
+    std::vector<Tensor> ins = {logits, targets};
+    std::vector<Tensor> fused = {Tensor::f32({}), Tensor::f32({rows, vocab})};
+    mustRun(K("cross_entropy_fused").f("scale", 0.5), ins, fused);
+    for (bool padLogits : {false, true})
+      for (bool padGrad : {false, true}) {
+        INFO("logits padded " << padLogits << ", dlogits padded " << padGrad);
+        std::vector<Tensor> pIns = {
+            padLogits ? padded(logits, rows, vocab, width, nan) : logits,
+            targets};
+        Tensor dlogits = padGrad
+                             ? padded(fused[1], rows, vocab, width, sentinel)
+                             : Tensor::f32({rows, vocab});
+        auto sameGrad = [&](const Tensor &got) {
+          return padGrad
+                     ? samePadded(got, fused[1], rows, vocab, width, sentinel)
+                     : got.f == fused[1].f;
+        };
+        std::vector<Tensor> pFused = {Tensor::f32({}), dlogits};
+        mustRun(K("cross_entropy_fused").f("scale", 0.5).i("valid_cols", vocab),
+                pIns, pFused);
+        CHECK(std::memcmp(pFused[0].f.data(), fused[0].f.data(),
+                          sizeof(float)) == 0);
+        CHECK(sameGrad(pFused[1]));
+        std::vector<Tensor> pGrad = {dlogits};
+        mustRun(K("cross_entropy_grad").f("scale", 0.5).i("valid_cols", vocab),
+                pIns, pGrad);
+        CHECK(sameGrad(pGrad[0]));
+        std::vector<Tensor> pLoss = {Tensor::f32({})};
+        mustRun(K("cross_entropy").i("valid_cols", vocab), pIns, pLoss);
+        CHECK(std::memcmp(pLoss[0].f.data(), fused[0].f.data(),
+                          sizeof(float)) == 0);
+      }
+  }
+}
+
+TEST_CASE("valid_cols is checked against the operands and refused where a "
+          "kernel has no padded form",
+          "[kernels][forward][grad]") {
+  Tensor x = Tensor::f32({2, 3}), w = Tensor::f32({3, 5});
+  CHECK_THAT(
+      mustFail(K("linear").i("valid_cols", 9), {x, w}, {Tensor::f32({2, 8})}),
+      Catch::Contains("y has shape [2,8], fewer columns than "
+                      "valid_cols=9"));
+  CHECK_THAT(
+      mustFail(K("linear").i("valid_cols", 4), {x, w}, {Tensor::f32({2, 8})}),
+      Catch::Contains("y has shape [2,8] with valid_cols=4, expected "
+                      "[2,5] valid columns"));
+  CHECK_THAT(
+      mustFail(K("linear").i("valid_cols", 0), {x, w}, {Tensor::f32({2, 8})}),
+      Catch::Contains("valid_cols"));
+  CHECK_THAT(mustFail(K("linear").i("valid_cols", 5), {x, w, Tensor::f32({5})},
+                      {Tensor::f32({2, 8})}),
+             Catch::Contains("valid_cols (a padded y) is only for linear, "
+                             "linear_grad_input and linear_grad_weight "
+                             "without a bias"));
+  CHECK_THAT(mustFail(K("linear_gelu").i("valid_cols", 5), {x, w},
+                      {Tensor::f32({2, 8}), Tensor::f32({2, 8})}),
+             Catch::Contains("valid_cols (a padded h)"));
+  CHECK_THAT(mustFail(K("linear_grad_weight_bias").i("valid_cols", 5),
+                      {x, Tensor::f32({2, 8})},
+                      {Tensor::f32({3, 5}), Tensor::f32({5})}),
+             Catch::Contains("valid_cols (a padded dy)"));
+  CHECK_THAT(mustFail(K("linear_grad_input_gelu").i("valid_cols", 5),
+                      {Tensor::f32({2, 8}), w, x}, {x}),
+             Catch::Contains("valid_cols (a padded dy)"));
+  CHECK_THAT(mustFail(K("linear_grad_input").i("valid_cols", 4),
+                      {Tensor::f32({2, 8}), w}, {x}),
+             Catch::Contains("w has shape [3,5], expected [*,4]"));
+  Tensor targets = Tensor::i32({2}, {0, 1});
+  CHECK_THAT(mustFail(K("cross_entropy_grad").i("valid_cols", 6),
+                      {Tensor::f32({2, 8}), targets}, {Tensor::f32({2, 5})}),
+             Catch::Contains("dlogits has shape [2,5], fewer columns than "
+                             "valid_cols=6"));
+  CHECK_THAT(mustFail(K("cross_entropy_fused").i("valid_cols", 6),
+                      {Tensor::f32({2, 5}), targets},
+                      {Tensor::f32({}), Tensor::f32({2, 8})}),
+             Catch::Contains("logits has shape [2,5], fewer columns than "
+                             "valid_cols=6"));
+  // A target in the padding is out of the vocabulary.
+  CHECK_THAT(mustFail(K("cross_entropy").i("valid_cols", 5),
+                      {Tensor::f32({2, 8}), Tensor::i32({2}, {0, 6})},
+                      {Tensor::f32({})}),
+             Catch::Contains("targets"));
 }
 
 // ---------------------------------------------------------------------------

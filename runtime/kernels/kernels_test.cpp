@@ -142,6 +142,7 @@ TEST_CASE("decodeKernelAttrs maps every attribute name to its id",
       {KernelAttr::kStep, "step"},
       {KernelAttr::kTopK, "top_k"},
       {KernelAttr::kTransposeW, "transpose_w"},
+      {KernelAttr::kValidCols, "valid_cols"},
       {KernelAttr::kVocab, "vocab"},
       {KernelAttr::kWeightDecay, "weight_decay"},
   };

@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
-"""The compiler's fusions (issue 41) change no bit. Each model and
-strategy below is compiled three times: by default, with
---no-fused-classifier and with --no-fused-epilogues, trained for 3 steps
-from the same initialization, and each run without a fusion must give the
-default run's losses (every digit of --metrics) and final parameters (the
-tensors of the --save files byte for byte, and their headers but for the
-run's id).
+"""The compiler's fusions and its vocabulary padding (issue 41) change no
+bit. Each model (of a vocabulary of 100, which the padding makes 128) and
+strategy below is compiled four times: by default, with
+--no-fused-classifier, with --no-fused-epilogues and with --pad-vocab 0,
+trained for 3 steps from the same initialization, and each run without a
+fusion (or without the padding) must give the default run's losses (every
+digit of --metrics) and final parameters (the tensors of the --save files
+byte for byte, and their headers but for the run's id).
 
 The fusions:
 - the fused classifier: by default the loss and its logits gradient are
@@ -45,6 +46,13 @@ The fusions:
   GPU: the kernel rounds the GEMM's product to bf16 in mixed precision
   and runs gelu's (gelu_grad's) loop on it; on CUDA cuBLASLt's epilogue
   applies GELU to the fp32 product instead (not run here).
+
+- the vocabulary padding: the classifier's logits (and, where its
+  gradient stays in the segment, the gradient) stored with rows of 128
+  columns, 100 of them valid (`valid_cols`). Exact by construction: the
+  kernels compute the valid columns as the dense ones (only the row
+  stride differs) and never read the others. The default plan must have
+  `valid_cols` somewhere, --pad-vocab 0's nowhere.
 
 The cases cover one rank in fp32 and bf16, the emulated CUDA backend
 (bf16), a pipeline (the last stage's forward and backward are separate
@@ -200,13 +208,15 @@ def main():
     for i, (name, preset, flags, ranks, backend) in enumerate(CASES):
         model = os.path.join(work, "model-%d.mlir" % i)
         run([PIPERC, "model"] + preset + ["--seq", "16", "--batch", "2",
-                                          "-o", model])
+                                          "--vocab", "100", "-o", model])
         plan, losses, params, counts = train(work, "fused-%d" % i, model,
                                              flags, ranks, backend)
         plain = train(work, "plain-%d" % i, model,
                       flags + ["--no-fused-classifier"], ranks, backend)
         apart = train(work, "apart-%d" % i, model,
                       flags + ["--no-fused-epilogues"], ranks, backend)
+        unpadded = train(work, "unpadded-%d" % i, model,
+                         flags + ["--pad-vocab", "0"], ranks, backend)
         biased = preset[0].startswith("gpt")
         zero2 = "--zero" in flags and flags[flags.index("--zero") + 1] != "1"
         fused = plan.count(b"linear_grad_weight_bias")
@@ -245,11 +255,16 @@ def main():
              counts[2]["gelu"] + counts[2]["linear_gelu"]
              and apart[3][2]["gelu_grad"] ==
              counts[2]["gelu_grad"] + counts[2]["linear_grad_input_gelu"]),
+            ("the default plan pads the vocabulary (valid_cols)",
+             b"valid_cols" in plan),
+            ("--pad-vocab 0's plan pads nothing",
+             b"valid_cols" not in unpadded[0]),
             ("3 losses", len(losses) == 3),
         ] + residual_checks(counts[2], apart[3][2])
         for flag, (_, losses0, params0, _) in (
                 ("--no-fused-classifier", plain),
-                ("--no-fused-epilogues", apart)):
+                ("--no-fused-epilogues", apart),
+                ("--pad-vocab 0", unpadded)):
             checks += [
                 ("%s: the same losses: %s vs %s" % (flag, losses, losses0),
                  losses == losses0),

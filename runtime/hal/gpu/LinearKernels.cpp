@@ -24,7 +24,7 @@ Status forward(const KernelArgs &a, const Context &ctx, const LinearDims &d,
                bool hasBias, GemmGelu *gelu) {
   return gemm(ctx, false, d.transposeW, d.rows, d.out, d.in, 1.0f,
               a.inputs[0].f32(), d.in, a.inputs[1].f32(),
-              d.transposeW ? d.in : d.out, 0.0f, a.outputs[0].f32(), d.out,
+              d.transposeW ? d.in : d.out, 0.0f, a.outputs[0].f32(), d.ld,
               hasBias ? a.inputs[2].f32() : nullptr, nullptr, gelu);
 }
 
@@ -61,7 +61,7 @@ Status linearGelu(const KernelArgs &a, const Context &ctx) {
 Status gradInput(const KernelArgs &a, const Context &ctx, const LinearDims &d,
                  GemmGelu *gelu) {
   return gemm(ctx, false, !d.transposeW, d.rows, d.in, d.out, 1.0f,
-              a.inputs[0].f32(), d.out, a.inputs[1].f32(),
+              a.inputs[0].f32(), d.ld, a.inputs[1].f32(),
               d.transposeW ? d.in : d.out, 0.0f, a.outputs[0].f32(), d.in,
               nullptr, nullptr, gelu);
 }
@@ -102,13 +102,13 @@ Status gradWeight(const Context &ctx, const LinearDims &d, const float *x,
     // op(A) = dy^T: its rows summed over k are dy's columns.
     if (db)
       sums->a = db;
-    return gemm(ctx, true, false, d.out, d.in, d.rows, 1.0f, dy, d.out, x, d.in,
+    return gemm(ctx, true, false, d.out, d.in, d.rows, 1.0f, dy, d.ld, x, d.in,
                 beta, dw, d.in, nullptr, db ? sums : nullptr);
   }
   // op(B) = dy: its columns summed over k.
   if (db)
     sums->b = db;
-  return gemm(ctx, true, false, d.in, d.out, d.rows, 1.0f, x, d.in, dy, d.out,
+  return gemm(ctx, true, false, d.in, d.out, d.rows, 1.0f, x, d.in, dy, d.ld,
               beta, dw, d.out, nullptr, db ? sums : nullptr);
 }
 
@@ -224,6 +224,10 @@ Status biasGrad(const KernelArgs &a, const Context &ctx) {
   return columnSums(ctx, a.inputs[0].f32(), rows, out, a.outputs[0].f32());
 }
 
+CrossEntropyDims launchDims(const detail::LogitsDims &d) {
+  return {d.rows, d.vocab, d.ld, d.gradLd};
+}
+
 // The loss kernels' row scratch: a double per row.
 static Status reserveRowLoss(const Context &ctx, int64_t rows,
                              double *&rowLoss) {
@@ -235,33 +239,32 @@ static Status reserveRowLoss(const Context &ctx, int64_t rows,
 }
 
 Status crossEntropy(const KernelArgs &a, const Context &ctx) {
-  int64_t rows = 0, vocab = 0;
-  PIPER_RETURN_IF_ERROR(detail::checkCrossEntropy(a, rows, vocab));
+  detail::LogitsDims d;
+  PIPER_RETURN_IF_ERROR(detail::checkCrossEntropy(a, d));
   double *rowLoss = nullptr;
-  PIPER_RETURN_IF_ERROR(reserveRowLoss(ctx, rows, rowLoss));
-  return launchCrossEntropy(ctx, a.inputs[0].f32(), a.inputs[1].i32(), rows,
-                            vocab, rowLoss, a.outputs[0].f32(), 0.0, nullptr);
+  PIPER_RETURN_IF_ERROR(reserveRowLoss(ctx, d.rows, rowLoss));
+  return launchCrossEntropy(ctx, a.inputs[0].f32(), a.inputs[1].i32(),
+                            launchDims(d), rowLoss, a.outputs[0].f32(), 0.0,
+                            nullptr);
 }
 
 Status crossEntropyGrad(const KernelArgs &a, const Context &ctx) {
-  int64_t rows = 0, vocab = 0;
-  double scale = 1.0;
-  PIPER_RETURN_IF_ERROR(detail::checkCrossEntropyGrad(a, rows, vocab, scale));
-  return launchCrossEntropy(ctx, a.inputs[0].f32(), a.inputs[1].i32(), rows,
-                            vocab, nullptr, nullptr, scale / rows,
+  detail::LogitsDims d;
+  PIPER_RETURN_IF_ERROR(detail::checkCrossEntropyGrad(a, d));
+  return launchCrossEntropy(ctx, a.inputs[0].f32(), a.inputs[1].i32(),
+                            launchDims(d), nullptr, nullptr, d.scale / d.rows,
                             a.outputs[0].f32(), a.ctx.lowPrecision);
 }
 
 Status crossEntropyFused(const KernelArgs &a, const Context &ctx) {
-  int64_t rows = 0, vocab = 0;
-  double scale = 1.0;
-  PIPER_RETURN_IF_ERROR(detail::checkCrossEntropyFused(a, rows, vocab, scale));
+  detail::LogitsDims d;
+  PIPER_RETURN_IF_ERROR(detail::checkCrossEntropyFused(a, d));
   double *rowLoss = nullptr;
-  PIPER_RETURN_IF_ERROR(reserveRowLoss(ctx, rows, rowLoss));
-  return launchCrossEntropy(ctx, a.inputs[0].f32(), a.inputs[1].i32(), rows,
-                            vocab, rowLoss, a.outputs[0].f32(), scale / rows,
-                            a.outputs[1].f32(), a.ctx.lowPrecision,
-                            a.ctx.lowPrecision && !a.outputs[0].shape.empty());
+  PIPER_RETURN_IF_ERROR(reserveRowLoss(ctx, d.rows, rowLoss));
+  return launchCrossEntropy(
+      ctx, a.inputs[0].f32(), a.inputs[1].i32(), launchDims(d), rowLoss,
+      a.outputs[0].f32(), d.scale / d.rows, a.outputs[1].f32(),
+      a.ctx.lowPrecision, a.ctx.lowPrecision && !a.outputs[0].shape.empty());
 }
 
 Status vocabCeStats(const KernelArgs &a, const Context &ctx) {

@@ -41,8 +41,13 @@ Status launchColumnSums(const Context &ctx, const float *x, int64_t rows,
 inline int64_t columnSumChunks(int64_t rows) {
   return (rows + kColumnChunkRows - 1) / kColumnChunkRows;
 }
-/// Softmax cross entropy of logits [rows, vocab] against targets[rows], one
-/// warp per row: with `loss`, the mean into *loss (each row's into
+/// launchCrossEntropy's sizes: the logits' and dlogits' row strides (ld,
+/// gradLd) exceed vocab where the compiler padded them.
+struct CrossEntropyDims {
+  int64_t rows = 0, vocab = 0, ld = 0, gradLd = 0;
+};
+/// Softmax cross entropy of logits [rows, vocab] (row stride d.ld; dlogits'
+/// d.gradLd) against targets[rows], one warp per row: with `loss`, the mean into *loss (each row's into
 /// rowLoss[r], double, `rows` of them, then one warp sums them in a fixed
 /// order); with `dlogits`, dlogits = rowScale (softmax(logits) -
 /// onehot(targets)). Both: the fused classifier, in one pass. With `round`
@@ -50,7 +55,7 @@ inline int64_t columnSumChunks(int64_t rows) {
 /// Device::roundsOutputs), and with `roundLoss` the loss (a loss of one
 /// dimension, which the executor would round; a scalar it does not).
 Status launchCrossEntropy(const Context &ctx, const float *logits,
-                          const int32_t *targets, int64_t rows, int64_t vocab,
+                          const int32_t *targets, const CrossEntropyDims &d,
                           double *rowLoss, float *loss, double rowScale,
                           float *dlogits, bool round = false,
                           bool roundLoss = false);

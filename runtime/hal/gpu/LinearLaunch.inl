@@ -87,9 +87,10 @@ Status launchColumnSums(const Context &ctx, const float *x, int64_t rows,
 }
 
 Status launchCrossEntropy(const Context &ctx, const float *logits,
-                          const int32_t *targets, int64_t rows, int64_t vocab,
+                          const int32_t *targets, const CrossEntropyDims &d,
                           double *rowLoss, float *loss, double rowScale,
                           float *dlogits, bool round, bool roundLoss) {
+  const int64_t rows = d.rows, vocab = d.vocab, ld = d.ld, gradLd = d.gradLd;
   using Lanes = Exec::Lanes;
   // One warp per row: the log-sum-exp once, then the row's loss (rowLoss),
   // its gradient (dlogits) or both (the fused classifier), so that the
@@ -99,7 +100,7 @@ Status launchCrossEntropy(const Context &ctx, const float *logits,
                                : "cross_entropy";
   PIPER_RETURN_IF_ERROR(Exec(ctx).forEachRow(
       name, rows, [=] PIPER_LAMBDA(Lanes lanes, int64_t r) {
-        const float *row = logits + r * vocab;
+        const float *row = logits + r * ld;
         SoftmaxSum s;
         for (int64_t j = lanes.lane(); j < vocab; j += Lanes::kCount)
           s.add(row[j]);
@@ -111,7 +112,7 @@ Status launchCrossEntropy(const Context &ctx, const float *logits,
           return;
         // As the CPU: the exponent is rounded to float once, from double;
         // the target's element in double, then rounded.
-        float *out = dlogits + r * vocab;
+        float *out = dlogits + r * gradLd;
         const float scale = static_cast<float>(rowScale);
         for (int64_t j = lanes.lane(); j < vocab; j += Lanes::kCount) {
           float e = expF(static_cast<float>(double(row[j]) - lse));

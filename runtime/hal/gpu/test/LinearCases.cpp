@@ -135,6 +135,38 @@ void linearCases(std::vector<KernelCase> &out) {
         // on [-0.75, 0), |gelu'| <= 0.5 and |y| >= 0.23 |h| (2.2 2^-9 |y|);
         // below -0.75, |h gelu'(h)| <= 0.198 (an absolute 0.198 2^-9):
         // rtol 2^-7 and atol 2^-11 (> 0.198 2^-9) bound it.
+        // The vocabulary padding (valid_cols = out): y, or dy, stored
+        // with rows of a multiple of 64 (never a multiple already here).
+        // Neither backend reads or writes the padding, whose contents
+        // (random, as the outputs' initial ones) must come back as they
+        // went in; the valid columns as the dense cases'.
+        const int64_t width = (outDim / 64 + 1) * 64;
+        Operand dyPadded =
+            bf16 ? given(plan::F32, {rows, width}, kBf16B) : f32({rows, width});
+        auto validCols = [&](KernelCase c) {
+          c.name += " padded to " + std::to_string(width);
+          c.attrs.push_back({"valid_cols", intAttr(outDim)});
+          c.atol = 1e-5;
+          c.lowPrecision = bf16;
+          return c;
+        };
+        out.push_back(validCols({"linear " + s + p,
+                                 "linear",
+                                 attrs,
+                                 {x, w},
+                                 {f32({rows, width})}}));
+        out.push_back(validCols({"linear_grad_input " + s + p,
+                                 "linear_grad_input",
+                                 attrs,
+                                 {dyPadded, w},
+                                 {f32({rows, in})}}));
+        KernelCase gradWeight = validCols({"linear_grad_weight " + s + p,
+                                           "linear_grad_weight",
+                                           attrs,
+                                           {x, dyPadded},
+                                           {f32(wShape)}});
+        out.push_back(gradWeight);
+        out.push_back(accumulated(gradWeight));
         for (KernelCase &c : gelu) {
           bool forward = c.op == "linear_gelu";
           c.atol = bf16 ? (forward ? 1.0 / 2048 : 1e-5) : 2e-5;
@@ -283,6 +315,34 @@ void lossCases(std::vector<KernelCase> &out) {
                    {{"scale", floatAttr(0.25)}},
                    {logits, targets},
                    {f32({}), f32({rows, sh.vocab})}});
+    // The vocabulary padding (valid_cols): the logits, dlogits or both
+    // stored with rows of a multiple of 64 (one more 64 where the
+    // vocabulary is one already); the padding neither read nor written.
+    const int64_t width = (sh.vocab / 64 + 1) * 64;
+    std::vector<std::pair<std::string, plan::AttrValue>> padded = {
+        {"scale", floatAttr(0.25)}, {"valid_cols", intAttr(sh.vocab)}};
+    Operand logitsPadded = f32({rows, width}, sh.scale);
+    std::string w = " padded to " + std::to_string(width);
+    out.push_back({"cross_entropy " + s + w,
+                   "cross_entropy",
+                   padded,
+                   {logitsPadded, targets},
+                   {f32({})}});
+    out.push_back({"cross_entropy_grad " + s + w,
+                   "cross_entropy_grad",
+                   padded,
+                   {logitsPadded, targets},
+                   {f32({rows, width})}});
+    out.push_back({"cross_entropy_fused " + s + w + ", dlogits not",
+                   "cross_entropy_fused",
+                   padded,
+                   {logitsPadded, targets},
+                   {f32({}), f32({rows, sh.vocab})}});
+    out.push_back({"cross_entropy_fused " + s + ", dlogits" + w,
+                   "cross_entropy_fused",
+                   padded,
+                   {logits, targets},
+                   {f32({}), f32({rows, width})}});
   }
   // A [1]-shaped loss output, and a gradient scale above 1.
   out.push_back({"cross_entropy loss [1]",

@@ -126,6 +126,28 @@ TEST_CASE("kernels write every element of their outputs, but those declared "
           readers.insert(c.op);
         continue;
       }
+      // The vocabulary padding (valid_cols): the columns of a padded
+      // output (linear's y, the dlogits) beyond the valid ones are not the
+      // kernel's to write, and it must leave them as they were.
+      for (const auto &[name, value] : c.attrs) {
+        if (name != "valid_cols")
+          continue;
+        const int64_t valid = value.i();
+        const size_t o = c.op == "cross_entropy_fused" ? 1 : 0;
+        if (c.op == "linear" || c.op == "cross_entropy_grad" ||
+            c.op == "cross_entropy_fused") {
+          const std::vector<int64_t> &shape = c.outputs[o].shape;
+          REQUIRE(shape.size() == 2);
+          for (int64_t r = 0; r < shape[0]; ++r)
+            for (int64_t j = valid; j < shape[1]; ++j) {
+              uint32_t &z = zero[o][r * shape[1] + j];
+              uint32_t &n = canary[o][r * shape[1] + j];
+              CHECK(z == 0u);
+              CHECK(n == 0x7fc00001u);
+              z = n = 0;
+            }
+        }
+      }
       CHECK(zero == canary);
     }
   }

@@ -143,6 +143,44 @@ TEST_CASE("the linear GPU kernels reject malformed calls as the CPU does") {
                        {f32({4, 3}), f32({5, 2})},
                        {f32({3, 2}), f32({2})}},
                       "dy has shape [5,2], expected [4,*]");
+  // The vocabulary padding (valid_cols).
+  auto padded = [](int64_t v) {
+    return std::vector<std::pair<std::string, piper::plan::AttrValue>>{
+        {"valid_cols", intAttr(v)}};
+  };
+  expectSameRejection({"linear padded y too narrow",
+                       "linear",
+                       padded(9),
+                       {f32({4, 3}), f32({3, 2})},
+                       {f32({4, 8})}},
+                      "y has shape [4,8], fewer columns than valid_cols=9");
+  expectSameRejection({"linear padded y, valid_cols not out",
+                       "linear",
+                       padded(3),
+                       {f32({4, 3}), f32({3, 2})},
+                       {f32({4, 8})}},
+                      "y has shape [4,8] with valid_cols=3, expected [4,2] "
+                      "valid columns");
+  expectSameRejection({"linear bias padded",
+                       "linear",
+                       padded(2),
+                       {f32({4, 3}), f32({3, 2}), f32({2})},
+                       {f32({4, 8})}},
+                      "valid_cols (a padded y) is only for linear, "
+                      "linear_grad_input and linear_grad_weight without a "
+                      "bias");
+  expectSameRejection({"linear_grad_weight_bias padded",
+                       "linear_grad_weight_bias",
+                       padded(2),
+                       {f32({4, 3}), f32({4, 8})},
+                       {f32({3, 2}), f32({2})}},
+                      "valid_cols (a padded dy)");
+  expectSameRejection({"linear_grad_input padded, w not valid_cols",
+                       "linear_grad_input",
+                       padded(3),
+                       {f32({4, 8}), f32({3, 2})},
+                       {f32({4, 3})}},
+                      "w has shape [3,2], expected [*,3]");
   expectSameRejection(
       {"bias_grad db", "bias_grad", {}, {f32({4, 3})}, {f32({4})}},
       "db has shape");
@@ -185,6 +223,21 @@ TEST_CASE("the loss GPU kernels reject malformed calls as the CPU does") {
                        {f32({2, 5}), tokens({2}, 5)},
                        {f32({5, 2})}},
                       "dlogits has shape");
+  // The vocabulary padding (valid_cols): narrower than the valid columns.
+  expectSameRejection({"cross_entropy_grad padded dlogits",
+                       "cross_entropy_grad",
+                       {{"valid_cols", intAttr(5)}},
+                       {f32({2, 8}), tokens({2}, 5)},
+                       {f32({2, 4})}},
+                      "dlogits has shape [2,4], fewer columns than "
+                      "valid_cols=5");
+  expectSameRejection({"cross_entropy_fused padded logits",
+                       "cross_entropy_fused",
+                       {{"valid_cols", intAttr(6)}},
+                       {f32({2, 5}), tokens({2}, 5)},
+                       {f32({}), f32({2, 8})}},
+                      "logits has shape [2,5], fewer columns than "
+                      "valid_cols=6");
   expectSameRejection({"cross_entropy_grad scale",
                        "cross_entropy_grad",
                        {{"scale", floatAttr(INFINITY)}},

@@ -94,13 +94,14 @@ TEST_CASE("the cross entropy on 32 lanes agrees with the CPU kernels") {
           std::uniform_int_distribution<int64_t>(0, vocab - 1)(rng));
     std::vector<float> wantLoss(1), gotLoss(1);
     std::vector<double> rowLoss(static_cast<size_t>(rows));
+    const lanes::CrossEntropyDims dims{rows, vocab, vocab, vocab};
     runCpu("cross_entropy", 1.0,
            {ref(plan::F32, {rows, vocab}, logits),
             ref(plan::I32, {rows}, targets)},
            {ref(plan::F32, {}, wantLoss)});
     REQUIRE(bool(lanes::launchCrossEntropy(ctx, logits.data(), targets.data(),
-                                           rows, vocab, rowLoss.data(),
-                                           gotLoss.data(), 0.0, nullptr)));
+                                           dims, rowLoss.data(), gotLoss.data(),
+                                           0.0, nullptr)));
     expectClose(wantLoss, gotLoss);
 
     std::vector<float> want(static_cast<size_t>(rows * vocab)), got = want;
@@ -109,14 +110,14 @@ TEST_CASE("the cross entropy on 32 lanes agrees with the CPU kernels") {
             ref(plan::I32, {rows}, targets)},
            {ref(plan::F32, {rows, vocab}, want)});
     REQUIRE(bool(lanes::launchCrossEntropy(ctx, logits.data(), targets.data(),
-                                           rows, vocab, nullptr, nullptr,
-                                           0.5 / rows, got.data())));
+                                           dims, nullptr, nullptr, 0.5 / rows,
+                                           got.data())));
     expectClose(want, got);
 
     // The fused classifier: both outputs in one pass, bit for bit.
     std::vector<float> fusedLoss(1), fused(got.size());
     REQUIRE(bool(lanes::launchCrossEntropy(
-        ctx, logits.data(), targets.data(), rows, vocab, rowLoss.data(),
+        ctx, logits.data(), targets.data(), dims, rowLoss.data(),
         fusedLoss.data(), 0.5 / rows, fused.data())));
     CHECK(std::memcmp(&fusedLoss[0], &gotLoss[0], sizeof(float)) == 0);
     CHECK(std::memcmp(fused.data(), got.data(), got.size() * sizeof(float)) ==
