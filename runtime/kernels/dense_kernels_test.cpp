@@ -568,6 +568,14 @@ TEST_CASE("cross_entropy_grad is the gradient of scale * cross_entropy",
                 outs[0].f);
 }
 
+/// Targets [rows] spread over the vocabulary ((n * 7919) % vocab).
+Tensor spreadTargets(int64_t rows, int64_t vocab) {
+  std::vector<int32_t> ids(static_cast<size_t>(rows));
+  for (int64_t n = 0; n < rows; ++n)
+    ids[n] = static_cast<int32_t>((n * 7919) % vocab);
+  return Tensor::i32({rows}, ids);
+}
+
 TEST_CASE("cross_entropy_fused is cross_entropy and cross_entropy_grad, bit "
           "for bit",
           "[kernels][forward][grad]") {
@@ -579,10 +587,7 @@ TEST_CASE("cross_entropy_fused is cross_entropy and cross_entropy_grad, bit "
     INFO(rows << "x" << vocab);
     Rng rng(static_cast<uint64_t>(rows * 7 + vocab));
     Tensor logits = randomF32(rng, {rows, vocab}, -20.0, 20.0);
-    std::vector<int32_t> ids(static_cast<size_t>(rows));
-    for (int64_t n = 0; n < rows; ++n)
-      ids[n] = static_cast<int32_t>((n * 7919) % vocab);
-    Tensor targets = Tensor::i32({rows}, ids);
+    Tensor targets = spreadTargets(rows, vocab);
     std::vector<Tensor> ins = {logits, targets};
     std::vector<Tensor> loss = {Tensor::f32({})},
                         grad = {Tensor::f32({rows, vocab})},
@@ -690,10 +695,7 @@ TEST_CASE("padded logits and gradients (valid_cols) give the dense kernels' "
     }
     // The losses: logits padded or not, dlogits padded or not.
     Tensor logits = randomF32(rng, {rows, vocab}, -20.0, 20.0);
-    std::vector<int32_t> ids(static_cast<size_t>(rows));
-    for (int64_t n = 0; n < rows; ++n)
-      ids[n] = static_cast<int32_t>((n * 7919) % vocab);
-    Tensor targets = Tensor::i32({rows}, ids);
+    Tensor targets = spreadTargets(rows, vocab);
     std::vector<Tensor> ins = {logits, targets};
     std::vector<Tensor> fused = {Tensor::f32({}), Tensor::f32({rows, vocab})};
     mustRun(K("cross_entropy_fused").f("scale", 0.5), ins, fused);
