@@ -119,6 +119,22 @@ const KernelSignature *findKernelSignature(const std::string &name) {
   return nullptr;
 }
 
+const PaddedOperands *findPaddedOperands(const std::string &name) {
+  // linear's y, the gradients' dy, the logits and the dlogits.
+  static const std::vector<std::pair<std::string, PaddedOperands>> table = {
+      {"linear", {{}, {0}}},
+      {"linear_grad_input", {{0}, {}}},
+      {"linear_grad_weight", {{1}, {}}},
+      {"cross_entropy", {{0}, {}}},
+      {"cross_entropy_grad", {{0}, {0}}},
+      {"cross_entropy_fused", {{0}, {1}}},
+  };
+  for (const auto &[op, operands] : table)
+    if (op == name)
+      return &operands;
+  return nullptr;
+}
+
 namespace {
 
 std::string count(int n, const char *noun) {

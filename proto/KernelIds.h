@@ -34,6 +34,17 @@ const std::vector<KernelSignature> &kernelSignatures();
 /// The entry of op `name`, or null when no kernel has that name.
 const KernelSignature *findKernelSignature(const std::string &name);
 
+/// The compiler's vocabulary padding (`valid_cols`, docs/kernels.md,
+/// "Padded vocabulary"): the positions of a kernel's operands of the
+/// vocabulary dimension, which it may take stored with padded rows.
+struct PaddedOperands {
+  std::vector<int> inputs, outputs;
+};
+
+/// The operands op `name` may take padded, or null when it has no padded
+/// form.
+const PaddedOperands *findPaddedOperands(const std::string &name);
+
 /// Checks `kernel` against the table: its op is a kernel id, it has an
 /// accepted number of inputs and outputs, and every required attribute is
 /// present and numeric. Returns "" or the problem, e.g. "unknown kernel

@@ -122,3 +122,27 @@ TEST_CASE("checkBackendKernels names missing and unknown kernels",
         "backend 'cuda': no kernel 'gelu', 'adamw'; kernel 'flash_attention' "
         "not in the kernel table (proto/KernelIds.cpp)");
 }
+
+TEST_CASE("the padded forms name kernels of the table and operands they have",
+          "[kernel_ids]") {
+  std::set<std::string> padded;
+  for (const KernelSignature &sig : kernelSignatures()) {
+    const PaddedOperands *form = findPaddedOperands(sig.name);
+    if (!form)
+      continue;
+    INFO(sig.name);
+    padded.insert(sig.name);
+    CHECK(form->inputs.size() + form->outputs.size() > 0);
+    for (int i : form->inputs)
+      CHECK((i >= 0 && i < sig.minInputs));
+    for (int i : form->outputs)
+      CHECK((i >= 0 && i < sig.outputs));
+  }
+  // docs/kernels.md, "Padded vocabulary".
+  CHECK(padded == std::set<std::string>{"linear", "linear_grad_input",
+                                        "linear_grad_weight", "cross_entropy",
+                                        "cross_entropy_grad",
+                                        "cross_entropy_fused"});
+  CHECK(findPaddedOperands("gelu") == nullptr);
+  CHECK(findPaddedOperands("no_such_kernel") == nullptr);
+}

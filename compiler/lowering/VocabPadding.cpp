@@ -2,33 +2,41 @@
 #include "compiler/lowering/VocabPadding.h"
 
 #include "dialects/piper/PiperDialect.h"
+#include "proto/KernelIds.h"
 
 using namespace mlir;
 using namespace mlir::piper;
 
 namespace {
-// Whether `r` comes from a kernel that can write it padded.
+// Whether `list` (a kernel's padded operand positions, KernelIds.h) has i.
+bool hasPosition(const std::vector<int> &list, unsigned i) {
+  return llvm::is_contained(list, static_cast<int>(i));
+}
+
+// The padded form of `op`'s kernel (the op's name is its kernel's when no
+// fusion merged it into another), or null.
+const ::piper::plan::PaddedOperands *paddedForm(Operation *op,
+                                                const SegmentFusions &fusions) {
+  if (fusions.absorbed(op))
+    return nullptr;
+  return ::piper::plan::findPaddedOperands(op->getName().stripDialect().str());
+}
+
+// Whether `r` comes from a kernel that can write it padded: not a biased
+// linear, nor one whose kernel is linear_gelu.
 bool writesPadded(OpResult r, const SegmentFusions &fusions) {
   Operation *op = r.getOwner();
-  if (fusions.absorbed(op))
+  if (auto linear = dyn_cast<LinearOp>(op);
+      linear && (linear.getBias() || fusions.geluAfter.count(op)))
     return false;
-  if (auto linear = dyn_cast<LinearOp>(op))
-    return !linear.getBias() && !fusions.geluAfter.count(op);
-  if (isa<CrossEntropyGradOp>(op))
-    return true;
-  return isa<CrossEntropyFusedOp>(op) && r.getResultNumber() == 1;
+  const auto *form = paddedForm(op, fusions);
+  return form && hasPosition(form->outputs, r.getResultNumber());
 }
 
 // Whether `use` is an operand a kernel can read padded.
 bool readsPadded(OpOperand &use, const SegmentFusions &fusions) {
-  Operation *op = use.getOwner();
-  if (fusions.absorbed(op))
-    return false;
-  const unsigned i = use.getOperandNumber();
-  if (isa<CrossEntropyOp, CrossEntropyGradOp, CrossEntropyFusedOp,
-          LinearGradInputOp>(op))
-    return i == 0; // the logits; linear_grad_input's dy
-  return isa<LinearGradWeightOp>(op) && i == 1; // dy
+  const auto *form = paddedForm(use.getOwner(), fusions);
+  return form && hasPosition(form->inputs, use.getOperandNumber());
 }
 } // namespace
 

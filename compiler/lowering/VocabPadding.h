@@ -26,13 +26,14 @@ struct VocabPadding {
 };
 
 /// The values of `body` to pad to a multiple of `multiple` columns (none if
-/// `multiple` <= 1): a result of a bias-free linear, of cross_entropy_grad
-/// or of cross_entropy_fused's dlogits, whose columns are not a multiple
-/// already, used (at least once) only as the logits of the cross_entropy
-/// kernels or as the dy of linear_grad_input and linear_grad_weight, none
-/// of them merged into another op's kernel (`fusions`). Segment arguments
-/// and results are never padded: only the kernels named here have padded
-/// forms.
+/// `multiple` <= 1): a result whose columns are not a multiple already,
+/// written and read (at least once) only at operands with a padded form
+/// (proto/KernelIds.h's findPaddedOperands: a bias-free linear's y,
+/// cross_entropy_grad's and cross_entropy_fused's dlogits; the loss
+/// kernels' logits, linear_grad_input's and linear_grad_weight's dy), by
+/// kernels no fusion (`fusions`) merged into another or changed (a linear
+/// whose kernel is linear_gelu). Segment arguments and results are never
+/// padded: step buffers are dense (the plan validator checks it).
 VocabPadding findVocabPadding(Block &body, const SegmentFusions &fusions,
                               int64_t multiple);
 

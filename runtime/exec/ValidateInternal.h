@@ -30,6 +30,11 @@ Status checkRankList(const google::protobuf::RepeatedField<int32_t> &ranks,
 /// Indices, operands and dataflow inside segment `index`; every kernel
 /// against the kernel table (proto/KernelIds.h).
 Status checkSegment(const plan::Plan &plan, int index);
+/// The compiler's vocabulary padding in segment `seg` (`where` names it):
+/// every kernel touching a value some kernel writes with padded rows
+/// (valid_cols) takes it at a padded operand with the same valid_cols, and
+/// no segment result is one (docs/kernels.md, "Padded vocabulary").
+Status checkPaddedValues(const plan::Segment &seg, const std::string &where);
 /// The checks of one instruction that need nothing but the plan's tables.
 Status checkInstruction(const plan::Plan &plan, const plan::Instruction &inst);
 

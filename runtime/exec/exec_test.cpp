@@ -414,6 +414,70 @@ TEST_CASE("validatePlan rejects bad plans", "[validate]") {
   }
 }
 
+/// singleClassPlan with the backward's logits gradient (segment 1's value
+/// 4, local to it) stored with rows padded to `width` columns, as the
+/// compiler's vocabulary padding stores it (docs/kernels.md): its writer
+/// and its two readers get valid_cols.
+plan::Plan paddedGradientPlan(const TinyModel &m, int64_t width) {
+  plan::Plan p = singleClassPlan(m, 2, {0}, 1);
+  plan::Segment *bwd = p.mutable_segments(1);
+  bwd->mutable_values(4)->set_shape(1, width);
+  for (plan::Kernel &k : *bwd->mutable_kernels())
+    if (k.op() == "cross_entropy_grad" || k.op() == "linear_grad_weight" ||
+        k.op() == "linear_grad_input")
+      setAttrInt(&k, "valid_cols", m.vocab);
+  withArena(p);
+  return p;
+}
+
+TEST_CASE("a plan with padded rows trains as the dense plan, and the "
+          "validator checks who touches them",
+          "[validate][padding]") {
+  TinyModel m; // vocabulary 16: padded to 64
+  plan::Plan padded = paddedGradientPlan(m, 64);
+  REQUIRE(validatePlan(padded));
+  CHECK(padded.arena_bytes() > singleClassPlan(m, 2, {0}, 1).arena_bytes());
+  CHECK(runSteps(padded, 3, 7) ==
+        runSteps(singleClassPlan(m, 2, {0}, 1), 3, 7));
+
+  plan::Plan p = padded;
+  plan::Segment *bwd = p.mutable_segments(1);
+  // Kernels 0-3: cross_entropy_grad, linear_grad_weight, accumulate,
+  // linear_grad_input.
+  SECTION("a reader without valid_cols") {
+    bwd->mutable_kernels(3)->mutable_attrs()->erase("valid_cols");
+    expectInvalid(p, {"segment 1 ('bwd'), kernel 3 ('linear_grad_input') "
+                      "input 0: value 4 is stored f32[16,64], rows padded "
+                      "to 64 columns of which 16 valid, which this kernel "
+                      "does not take there"});
+  }
+  SECTION("a reader with another valid_cols") {
+    setAttrInt(bwd->mutable_kernels(1), "valid_cols", 15);
+    expectInvalid(p, {"kernel 1 ('linear_grad_weight') input 1: value 4"});
+  }
+  SECTION("a kernel without a padded form") {
+    plan::Kernel *g = bwd->add_kernels();
+    g->set_op("gelu");
+    *g->add_inputs() = value(4);
+    *g->add_outputs() = value(4);
+    expectInvalid(p, {"kernel 6 ('gelu') input 0: value 4 is stored"});
+    setAttrInt(g, "valid_cols", 16);
+    expectInvalid(p, {"kernel 6 ('gelu'): has valid_cols, but no padded "
+                      "form"});
+  }
+  SECTION("valid_cols not a positive integer") {
+    setAttr(bwd->mutable_kernels(0), "valid_cols", 2.5);
+    expectInvalid(p, {"kernel 0 ('cross_entropy_grad'): attribute "
+                      "'valid_cols' must be a positive integer"});
+  }
+  SECTION("a padded segment result") {
+    bwd->add_results(4);
+    expectInvalid(p, {"segment 1 ('bwd'): result value 4 is stored f32[16,"
+                      "64], rows padded to 64 columns of which 16 valid; "
+                      "step buffers are dense"});
+  }
+}
+
 TEST_CASE("validatePlan: ZeRO under tensor parallelism needs the members' "
           "subgroups",
           "[validate]") {
