@@ -75,7 +75,7 @@ static Status checkLinearOperands(const KernelArgs &a, size_t outputs,
   if (outputs == 2)
     PIPER_RETURN_IF_ERROR(
         expectTensor(a, a.outputs[1], "y", plan::F32, {d.rows, d.out}));
-  return expectBlasDims(a, {d.rows, d.in, d.out});
+  return expectBlasDims(a, {d.rows, d.in, d.out, d.ld});
 }
 
 Status checkLinear(const KernelArgs &a, LinearDims &d, bool &hasBias) {
@@ -145,7 +145,7 @@ static Status checkGradInputOperands(const KernelArgs &a, size_t inputs,
         expectTensor(a, a.inputs[2], "h", plan::F32, {d.rows, d.in}));
   PIPER_RETURN_IF_ERROR(expectTensor(a, dx, inputs == 2 ? "dx" : "dh",
                                      plan::F32, {d.rows, d.in}));
-  return expectBlasDims(a, {d.rows, d.in, d.out});
+  return expectBlasDims(a, {d.rows, d.in, d.out, d.ld});
 }
 
 Status checkLinearGradInput(const KernelArgs &a, LinearDims &d) {
@@ -203,7 +203,7 @@ Status checkGradWeightOperands(const KernelArgs &a, bool bias, LinearDims &d) {
                                     ? std::vector<int64_t>{d.out, d.in}
                                     : std::vector<int64_t>{d.in, d.out};
   PIPER_RETURN_IF_ERROR(expectTensor(a, dw, "dw", plan::F32, wShape));
-  return expectBlasDims(a, {d.rows, d.in, d.out});
+  return expectBlasDims(a, {d.rows, d.in, d.out, d.ld});
 }
 
 // dw = x^T dy [in, out], or dy^T x [out, in] when transposed.
