@@ -126,6 +126,20 @@ Status expectPaddedMatrix(const KernelArgs &a, const TensorRef &t,
   return Status::ok();
 }
 
+Status expectPaddedRows(const KernelArgs &a, const TensorRef &t,
+                        const char *name, int64_t rows, int64_t cols,
+                        int64_t &ld) {
+  int64_t r = 0, c = 0;
+  PIPER_RETURN_IF_ERROR(expectPaddedMatrix(a, t, name, r, c, ld));
+  if (r == rows && c == cols)
+    return Status::ok();
+  const bool padded = hasValidCols(a);
+  return a.error(std::string(name) + " has shape " + shapeString(t.shape) +
+                 (padded ? " with valid_cols=" + std::to_string(c) : "") +
+                 ", expected [" + std::to_string(rows) + "," +
+                 std::to_string(cols) + "]" + (padded ? " valid columns" : ""));
+}
+
 Status expectScalar(const KernelArgs &a, const TensorRef &t, const char *name) {
   PIPER_RETURN_IF_ERROR(expectDType(a, t, name, plan::F32));
   if (t.shape.size() > 1 || t.numel() != 1)

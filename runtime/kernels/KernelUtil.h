@@ -89,6 +89,10 @@ Status readInt(const KernelArgs &a, KernelAttr id, std::optional<int64_t> dflt,
 Status expectPaddedMatrix(const KernelArgs &a, const TensorRef &t,
                           const char *name, int64_t &rows, int64_t &cols,
                           int64_t &ld);
+/// expectPaddedMatrix of an operand whose valid part must be [rows, cols].
+Status expectPaddedRows(const KernelArgs &a, const TensorRef &t,
+                        const char *name, int64_t rows, int64_t cols,
+                        int64_t &ld);
 /// Whether the kernel has `valid_cols` (its padded operands).
 bool hasValidCols(const KernelArgs &a);
 /// Reads an integer attribute that must be at least 1.

@@ -33,26 +33,12 @@ static Status weightMismatch(const KernelArgs &a, const TensorRef &w,
                  " (transpose_w=" + (transposeW ? "1" : "0") + ")");
 }
 
-// y or dy [rows, out], with `valid_cols` padded (its row stride `ld` may
-// exceed out); valid_cols is refused where the kernel has no padded form
-// (`padded` false: a bias, GELU).
-static Status expectOutRows(const KernelArgs &a, const TensorRef &t,
-                            const char *name, bool padded, int64_t rows,
-                            int64_t out, int64_t &ld) {
-  if (hasValidCols(a) && !padded)
-    return a.error("valid_cols (a padded " + std::string(name) +
-                   ") is only for linear, linear_grad_input and "
-                   "linear_grad_weight without a bias");
-  int64_t r = 0, c = 0;
-  PIPER_RETURN_IF_ERROR(expectPaddedMatrix(a, t, name, r, c, ld));
-  if (r == rows && c == out)
-    return Status::ok();
-  return a.error(std::string(name) + " has shape " + shapeString(t.shape) +
-                 (hasValidCols(a) ? " with valid_cols=" + std::to_string(c)
-                                  : std::string()) +
-                 ", expected [" + std::to_string(rows) + "," +
-                 std::to_string(out) + "]" +
-                 (hasValidCols(a) ? " valid columns" : ""));
+// valid_cols on a kernel whose `name` operand has no padded form (a bias,
+// GELU).
+static Status refusePadded(const KernelArgs &a, const char *name) {
+  return a.error("valid_cols (a padded " + std::string(name) +
+                 ") is only for linear, linear_grad_input and "
+                 "linear_grad_weight without a bias");
 }
 
 // linear's operands, and linear_gelu's (`outputs` 2: h and gelu(h)).
@@ -69,9 +55,10 @@ static Status checkLinearOperands(const KernelArgs &a, size_t outputs,
   if (hasBias)
     PIPER_RETURN_IF_ERROR(
         expectTensor(a, a.inputs[2], "b", plan::F32, {d.out}));
-  PIPER_RETURN_IF_ERROR(expectOutRows(a, y, outputs == 1 ? "y" : "h",
-                                      outputs == 1 && !hasBias, d.rows, d.out,
-                                      d.ld));
+  const char *yName = outputs == 1 ? "y" : "h";
+  if (hasValidCols(a) && (outputs == 2 || hasBias))
+    return refusePadded(a, yName);
+  PIPER_RETURN_IF_ERROR(expectPaddedRows(a, y, yName, d.rows, d.out, d.ld));
   if (outputs == 2)
     PIPER_RETURN_IF_ERROR(
         expectTensor(a, a.outputs[1], "y", plan::F32, {d.rows, d.out}));
@@ -131,8 +118,7 @@ static Status checkGradInputOperands(const KernelArgs &a, size_t inputs,
   const TensorRef &dy = a.inputs[0], &w = a.inputs[1], &dx = a.outputs[0];
   int64_t wOut = 0;
   if (hasValidCols(a) && inputs == 3)
-    return a.error("valid_cols (a padded dy) is only for linear, "
-                   "linear_grad_input and linear_grad_weight without a bias");
+    return refusePadded(a, "dy");
   PIPER_RETURN_IF_ERROR(expectPaddedMatrix(a, dy, "dy", d.rows, d.out, d.ld));
   PIPER_RETURN_IF_ERROR(weightDims(a, w, d.transposeW, d.in, wOut));
   if (wOut != d.out)
@@ -193,8 +179,7 @@ Status checkGradWeightOperands(const KernelArgs &a, bool bias, LinearDims &d) {
   int64_t dyRows = 0;
   PIPER_RETURN_IF_ERROR(expectMatrix(a, x, "x", plan::F32, d.rows, d.in));
   if (hasValidCols(a) && bias)
-    return a.error("valid_cols (a padded dy) is only for linear, "
-                   "linear_grad_input and linear_grad_weight without a bias");
+    return refusePadded(a, "dy");
   PIPER_RETURN_IF_ERROR(expectPaddedMatrix(a, dy, "dy", dyRows, d.out, d.ld));
   if (dyRows != d.rows)
     return a.error("dy has shape " + shapeString(dy.shape) + ", expected [" +

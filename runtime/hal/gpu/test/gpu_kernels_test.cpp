@@ -16,6 +16,7 @@
 #include "runtime/hal/gpu/HostExec.h"
 #endif
 
+#include "proto/KernelIds.h"
 #include "runtime/hal/cpu/CpuDevice.h"
 #include "runtime/hal/gpu/GpuKernels.h"
 #include "runtime/hal/gpu/host/EmulatedDevice.h"
@@ -129,13 +130,13 @@ TEST_CASE("kernels write every element of their outputs, but those declared "
       // The vocabulary padding (valid_cols): the columns of a padded
       // output (linear's y, the dlogits) beyond the valid ones are not the
       // kernel's to write, and it must leave them as they were.
+      const piper::plan::PaddedOperands *padded =
+          piper::plan::findPaddedOperands(c.op);
       for (const auto &[name, value] : c.attrs) {
-        if (name != "valid_cols")
+        if (name != "valid_cols" || !padded)
           continue;
         const int64_t valid = value.i();
-        const size_t o = c.op == "cross_entropy_fused" ? 1 : 0;
-        if (c.op == "linear" || c.op == "cross_entropy_grad" ||
-            c.op == "cross_entropy_fused") {
+        for (int o : padded->outputs) {
           const std::vector<int64_t> &shape = c.outputs[o].shape;
           REQUIRE(shape.size() == 2);
           for (int64_t r = 0; r < shape[0]; ++r)
