@@ -43,6 +43,11 @@ struct ExecutorOptions {
   /// Times every kernel (by op name) and every other instruction (by kind),
   /// per stream; read with Executor::profile(). Off, no clock is read.
   bool profile = false;
+  /// Mixed precision: kernels that take a packed bf16 step buffer as it is
+  /// stored (hal::Device::readsPackedInput: the GPU backends' GEMMs) get
+  /// it so; off (piper-run --unpack-step-buffers), every packed argument
+  /// is unpacked to fp32 first, as before: the same bits, more passes.
+  bool packedReads = true;
   /// A cap on the device memory this rank may use (piper-run
   /// --device-memory), in bytes; -1: none. The plan is refused before
   /// anything is allocated when its arena exceeds the cap or what the

@@ -62,6 +62,9 @@ struct ResolvedKernel {
   /// the last (Device::runAdamwCalls runs them together); 0 otherwise.
   int groupEnd = 0;
   int profileRow = 0;
+  /// Per input: a value the kernel takes as packed bf16 where it is a
+  /// packed argument of the segment (Device::readsPackedInput).
+  std::vector<char> packedInputs;
   /// Operand views with dtypes and shapes filled in; a call sets `data`.
   std::vector<TensorRef> inputs, outputs;
 };
@@ -73,6 +76,9 @@ struct CallScratch {
   /// By argument position: the packed bf16 step buffer to unpack into the
   /// argument's slot before its first reader, or null.
   std::vector<TensorPtr> packed;
+  /// By value id: a packed bf16 argument's step buffer, which kernels
+  /// taking it packed (ResolvedKernel::packedInputs) read; else null.
+  std::vector<void *> packedValues;
   /// By result position: already packed into its step buffer.
   std::vector<char> stored;
 
@@ -194,7 +200,12 @@ public:
   bool zeroSharded(int p) const { return plan.params(p).has_sharding(); }
   std::vector<SegmentLifetimes> lifetimes;
   std::vector<std::vector<ResolvedKernel>> kernels; // [segment][kernel]
-  std::vector<CallScratch> scratch;                 // [stream]
+  /// [segment][argument]: whether a packed bf16 argument is unpacked into
+  /// its slot before its first reader (some reader takes it as fp32, or it
+  /// is also a result); where not, every reader takes the step buffer as
+  /// it is (ResolvedKernel::packedInputs) and its slot goes unused.
+  std::vector<std::vector<char>> unpacksArg;
+  std::vector<CallScratch> scratch; // [stream]
   /// distinctInputs[s][i]: the buffers instruction i of stream s reads,
   /// each once; a buffer dies after its last such read.
   std::vector<std::vector<std::vector<int>>> distinctInputs;

@@ -57,6 +57,7 @@ SegmentLifetimes computeLifetimes(const plan::Segment &seg) {
 
 Status ExecutorImpl::resolveKernels() {
   kernels.clear();
+  unpacksArg.clear();
   for (int g = 0; g < plan.segments_size(); ++g) {
     const plan::Segment &seg = plan.segments(g);
     std::vector<ResolvedKernel> resolved(seg.kernels_size());
@@ -112,7 +113,28 @@ Status ExecutorImpl::resolveKernels() {
         r.inputs.push_back(view(o));
       for (const Operand &o : kernel.outputs())
         r.outputs.push_back(view(o));
+      r.packedInputs.assign(kernel.inputs_size(), 0);
+      for (int j = 0; j < kernel.inputs_size(); ++j)
+        r.packedInputs[j] = r.lowPrecision && options.packedReads &&
+                            kernel.inputs(j).kind() == Operand::VALUE &&
+                            device->readsPackedInput(*r.info, j);
     }
+    // A packed argument is unpacked unless every reader takes it packed
+    // and it is not a result (stored from its slot when the call ends).
+    std::vector<char> &unpacks = unpacksArg.emplace_back(seg.args_size(), 0);
+    std::vector<int> argOf(seg.values_size(), -1);
+    for (int a = 0; a < seg.args_size(); ++a)
+      argOf[seg.args(a)] = a;
+    for (int v : seg.results())
+      if (argOf[v] >= 0)
+        unpacks[argOf[v]] = 1;
+    for (int k = 0; k < seg.kernels_size(); ++k)
+      for (int j = 0; j < seg.kernels(k).inputs_size(); ++j) {
+        const Operand &o = seg.kernels(k).inputs(j);
+        if (o.kind() == Operand::VALUE && argOf[o.index()] >= 0 &&
+            !resolved[k].packedInputs[j])
+          unpacks[argOf[o.index()]] = 1;
+      }
     // Runs of consecutive updates, run together.
     const SegmentLifetimes &lt = lifetimes[static_cast<size_t>(g)];
     auto groupable = [&](int k) {
@@ -283,16 +305,22 @@ Status ExecutorImpl::call(int s, const Instruction &inst, StepState &st,
   }
   std::vector<TensorPtr> &packed = scratch.packed;
   packed.assign(inst.inputs_size(), nullptr);
+  std::vector<void *> &packedValues = scratch.packedValues;
+  packedValues.assign(seg.values_size(), nullptr);
   std::vector<char> &stored = scratch.stored;
   stored.assign(inst.outputs_size(), 0);
+  const std::vector<char> &unpacks = unpacksArg[segIndex];
   for (int a = 0; a < inst.inputs_size(); ++a) {
     int id = inst.inputs(a), v = seg.args(a);
     TensorPtr stored;
     PIPER_RETURN_IF_ERROR(fetchStored(st, id, stored));
-    if (stored->dtype == plan::BF16 && seg.value_offsets(v) >= 0)
-      packed[a] = std::move(stored);
-    else
+    if (stored->dtype == plan::BF16 && seg.value_offsets(v) >= 0) {
+      packedValues[v] = stored->data;
+      if (unpacks[a])
+        packed[a] = std::move(stored);
+    } else {
       values[v] = stored->data; // arguments are never written
+    }
   }
 
   KernelContext ctx;
@@ -325,6 +353,10 @@ Status ExecutorImpl::call(int s, const Instruction &inst, StepState &st,
         PIPER_RETURN_IF_ERROR(
             computeParam(s, op.index(), st, copy).withContext(where(k)));
         bind(ins[j], rk.inputs[j], copy);
+      } else if (rk.packedInputs[j] && packedValues[op.index()]) {
+        // A packed argument, as it is stored (Device::readsPackedInput).
+        bind(ins[j], rk.inputs[j], packedValues[op.index()]);
+        ins[j].dtype = plan::BF16;
       } else {
         bind(ins[j], rk.inputs[j], dataOf(op));
       }

@@ -1023,3 +1023,89 @@ TEST_CASE("executor: a kernel that rounds its own outputs is not rounded "
   CHECK(rounds[0] >= 2);
   CHECK(rounds[0] - rounds[1] == 1);
 }
+
+namespace {
+/// A CPU device whose linear_grad_weight takes its x packed (as the GPU
+/// backends' GEMMs do: Device::readsPackedInput; the CPU kernels unpack
+/// it themselves), counting the executor's unpacking passes.
+class PackedReadingDevice : public ForwardingDevice {
+public:
+  using ForwardingDevice::ForwardingDevice;
+  bool readsPackedInput(const KernelInfo &info, int input) const override {
+    return std::string(info.name) == "linear_grad_weight" && input == 0;
+  }
+  Status unpackBf16(float *dst, const uint16_t *src, int64_t n) override {
+    ++unpacks;
+    unpacked += n;
+    return cpu->unpackBf16(dst, src, n);
+  }
+  std::atomic<int> unpacks{0};
+  std::atomic<int64_t> unpacked{0};
+};
+} // namespace
+
+// In mixed precision a step buffer is stored packed; an argument that every
+// reader takes packed (Device::readsPackedInput) is passed as it is instead
+// of being unpacked into its slot first (ExecutorOptions::packedReads; off:
+// piper-run --unpack-step-buffers). The bigram plan's backward reads x
+// (the embedding's output) only in linear_grad_weight, and its logits in
+// cross_entropy_grad (fp32): x is no longer unpacked, the logits still
+// are, and the losses and parameters are those of unpacking both, bit for
+// bit; on a device declaring it and on the emulated GPU (its GEMMs).
+TEST_CASE("executor: a packed step buffer that every reader takes packed is "
+          "not unpacked, with the same bits",
+          "[executor]") {
+  TinyModel m;
+  const int microbatches = 2, steps = 3;
+  plan::Plan plan = singleClassPlan(m, microbatches, {0}, 1);
+  plan.mutable_training()->set_compute_dtype(plan::BF16);
+  withArena(plan);
+  REQUIRE(validatePlan(plan));
+  const int64_t rows = int64_t(m.batch) * m.seqLen;
+  for (bool emulated : {false, true}) {
+    INFO((emulated ? "cuda-emulation" : "packed-reading cpu"));
+    std::vector<double> losses[2];
+    std::vector<std::vector<float>> params[2];
+    int unpacks[2] = {0, 0};
+    int64_t unpacked[2] = {0, 0};
+    for (bool packedReads : {false, true}) {
+      PackedReadingDevice *counting = nullptr;
+      ExecutorOptions opts;
+      opts.packedReads = packedReads;
+      opts.createDevice =
+          [&](Communicator *comm) -> std::unique_ptr<hal::Device> {
+        if (emulated)
+          return hal::createEmulatedGpuDevice(comm);
+        auto d = std::make_unique<PackedReadingDevice>(comm);
+        counting = d.get();
+        return d;
+      };
+      Status status;
+      auto exec = Executor::create(plan, opts, status);
+      INFO(status.message());
+      REQUIRE(exec);
+      const int before = counting ? counting->unpacks.load() : 0;
+      const int64_t beforeElements = counting ? counting->unpacked.load() : 0;
+      for (int64_t t = 1; t <= steps; ++t) {
+        double loss = 0;
+        REQUIRE(exec->runStep(t, loss));
+        losses[packedReads].push_back(loss);
+      }
+      if (counting) {
+        unpacks[packedReads] = counting->unpacks.load() - before;
+        unpacked[packedReads] = counting->unpacked.load() - beforeElements;
+      }
+      params[packedReads].resize(plan.params_size());
+      for (int p = 0; p < plan.params_size(); ++p)
+        REQUIRE(exec->stateToHost(p, Operand::PARAM, params[packedReads][p]));
+    }
+    CHECK(losses[1] == losses[0]);
+    CHECK(params[1] == params[0]);
+    if (!emulated) {
+      // One unpacking pass of x [rows, hidden] less per microbatch.
+      CHECK(unpacks[0] - unpacks[1] == steps * microbatches);
+      CHECK(unpacked[0] - unpacked[1] ==
+            int64_t(steps) * microbatches * rows * m.hidden);
+    }
+  }
+}

@@ -308,6 +308,17 @@ public:
   /// backends' elementwise kernels: a pass over each output saved), so
   /// that the executor does not round them after it. The default: no.
   virtual bool roundsOutputs(const KernelInfo &) const { return false; }
+  /// Mixed precision: whether kernel `info`, run with KernelContext::
+  /// lowPrecision, takes its input `input` (an f32 tensor in the plan) as
+  /// packed bf16 too, as a step buffer is stored: the executor then passes
+  /// such a step buffer as it is (TensorRef::dtype BF16) instead of
+  /// unpacking it to fp32 first, and the GPU backends' GEMMs read it
+  /// without packing it again (the same values: the same bits). The
+  /// default: no.
+  virtual bool readsPackedInput(const KernelInfo &, int input) const {
+    (void)input;
+    return false;
+  }
   /// Runs consecutive `adamw` calls (the optimizer step's), each as
   /// runKernel would with `ctx` and the call's own bf16Copy; a backend may
   /// fuse them into fewer launches giving the same bits (the GPU backends:

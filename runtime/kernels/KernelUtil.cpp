@@ -7,6 +7,8 @@
 #include <climits>
 #include <cmath>
 
+#include "support/Precision.h"
+
 namespace piper::runtime::detail {
 
 std::string shapeString(const std::vector<int64_t> &shape) {
@@ -25,6 +27,8 @@ const char *dtypeName(plan::DType dtype) {
     return "f32";
   case plan::I32:
     return "i32";
+  case plan::BF16:
+    return "bf16";
   default:
     return "unspecified";
   }
@@ -110,10 +114,34 @@ bool hasValidCols(const KernelArgs &a) {
   return a.attrs[KernelAttr::kValidCols].kind != KernelAttrs::Value::kAbsent;
 }
 
+// The dtype a GEMM's operand may have: f32, or packed bf16 where it is
+// `packable` and the call is in mixed precision.
+static plan::DType gemmDType(const KernelArgs &a, const TensorRef &t,
+                             bool packable) {
+  return packable && a.ctx.lowPrecision && t.dtype == plan::BF16 ? plan::BF16
+                                                                 : plan::F32;
+}
+
+Status expectGemmMatrix(const KernelArgs &a, const TensorRef &t,
+                        const char *name, int64_t &rows, int64_t &cols) {
+  return expectMatrix(a, t, name, gemmDType(a, t, true), rows, cols);
+}
+
+const float *fp32Data(const TensorRef &t, std::vector<float> &tmp) {
+  if (t.dtype != plan::BF16)
+    return t.f32();
+  tmp.resize(static_cast<size_t>(t.numel()));
+  const auto *packed = static_cast<const uint16_t *>(t.data);
+  for (size_t i = 0; i < tmp.size(); ++i)
+    tmp[i] = bf16ToFloat(packed[i]);
+  return tmp.data();
+}
+
 Status expectPaddedMatrix(const KernelArgs &a, const TensorRef &t,
                           const char *name, int64_t &rows, int64_t &cols,
-                          int64_t &ld) {
-  PIPER_RETURN_IF_ERROR(expectMatrix(a, t, name, plan::F32, rows, ld));
+                          int64_t &ld, bool packable) {
+  PIPER_RETURN_IF_ERROR(
+      expectMatrix(a, t, name, gemmDType(a, t, packable), rows, ld));
   cols = ld;
   if (!hasValidCols(a))
     return Status::ok();

@@ -86,9 +86,20 @@ Status readInt(const KernelArgs &a, KernelAttr id, std::optional<int64_t> dflt,
 /// `valid_cols` attribute, t [rows, ld] holds `cols` = valid_cols valid
 /// columns per row (1 <= valid_cols <= ld; the others are never read);
 /// without it, cols = ld = t's columns.
+/// With `packable`, t may also be a GEMM's packed operand (expectGemmMatrix).
 Status expectPaddedMatrix(const KernelArgs &a, const TensorRef &t,
                           const char *name, int64_t &rows, int64_t &cols,
-                          int64_t &ld);
+                          int64_t &ld, bool packable = false);
+/// expectMatrix of an f32 matrix that a GEMM reads: in mixed precision
+/// (KernelContext::lowPrecision) it may instead be packed bf16, a step
+/// buffer as the plan stores it, which the GPU backends' GEMMs read as it
+/// is (hal::Device::readsPackedInput) and the CPU kernels unpack
+/// (fp32Data): the same values either way.
+Status expectGemmMatrix(const KernelArgs &a, const TensorRef &t,
+                        const char *name, int64_t &rows, int64_t &cols);
+/// The floats of an f32 operand, or the values of a packed bf16 one
+/// unpacked into `tmp`.
+const float *fp32Data(const TensorRef &t, std::vector<float> &tmp);
 /// expectPaddedMatrix of an operand whose valid part must be [rows, cols].
 Status expectPaddedRows(const KernelArgs &a, const TensorRef &t,
                         const char *name, int64_t rows, int64_t cols,

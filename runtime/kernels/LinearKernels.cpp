@@ -47,7 +47,7 @@ static Status checkLinearOperands(const KernelArgs &a, size_t outputs,
   PIPER_RETURN_IF_ERROR(expectCounts(a, 2, 3, outputs));
   const TensorRef &x = a.inputs[0], &w = a.inputs[1], &y = a.outputs[0];
   int64_t wIn = 0;
-  PIPER_RETURN_IF_ERROR(expectMatrix(a, x, "x", plan::F32, d.rows, d.in));
+  PIPER_RETURN_IF_ERROR(expectGemmMatrix(a, x, "x", d.rows, d.in));
   PIPER_RETURN_IF_ERROR(weightDims(a, w, d.transposeW, wIn, d.out));
   if (wIn != d.in)
     return weightMismatch(a, w, d.transposeW, d.in);
@@ -83,8 +83,9 @@ static void linearInto(const KernelArgs &a, const LinearDims &d, bool hasBias) {
   if (hasBias)
     for (int64_t n = 0; n < rows; ++n)
       std::copy_n(a.inputs[2].f32(), out, y.f32() + n * d.ld);
-  gemm(false, transposeW, rows, out, in, 1.0f, x.f32(), in, w.f32(),
-       transposeW ? in : out, hasBias ? 1.0f : 0.0f, y.f32(), d.ld);
+  std::vector<float> unpacked;
+  gemm(false, transposeW, rows, out, in, 1.0f, fp32Data(x, unpacked), in,
+       w.f32(), transposeW ? in : out, hasBias ? 1.0f : 0.0f, y.f32(), d.ld);
 }
 
 Status linearKernel(const KernelArgs &a) {
@@ -119,7 +120,8 @@ static Status checkGradInputOperands(const KernelArgs &a, size_t inputs,
   int64_t wOut = 0;
   if (hasValidCols(a) && inputs == 3)
     return refusePadded(a, "dy");
-  PIPER_RETURN_IF_ERROR(expectPaddedMatrix(a, dy, "dy", d.rows, d.out, d.ld));
+  PIPER_RETURN_IF_ERROR(
+      expectPaddedMatrix(a, dy, "dy", d.rows, d.out, d.ld, true));
   PIPER_RETURN_IF_ERROR(weightDims(a, w, d.transposeW, d.in, wOut));
   if (wOut != d.out)
     return a.error("w has shape " + shapeString(w.shape) + ", expected " +
@@ -144,8 +146,10 @@ Status checkLinearGradInputGelu(const KernelArgs &a, LinearDims &d) {
 
 // dx = dy * w^T for w [in,out]; dx = dy * w for w [out,in].
 static void gradInputInto(const KernelArgs &a, const LinearDims &d, float *dx) {
-  gemm(false, !d.transposeW, d.rows, d.in, d.out, 1.0f, a.inputs[0].f32(), d.ld,
-       a.inputs[1].f32(), d.transposeW ? d.in : d.out, 0.0f, dx, d.in);
+  std::vector<float> unpacked;
+  gemm(false, !d.transposeW, d.rows, d.in, d.out, 1.0f,
+       fp32Data(a.inputs[0], unpacked), d.ld, a.inputs[1].f32(),
+       d.transposeW ? d.in : d.out, 0.0f, dx, d.in);
 }
 
 Status linearGradInputKernel(const KernelArgs &a) {
@@ -177,10 +181,12 @@ Status checkGradWeightOperands(const KernelArgs &a, bool bias, LinearDims &d) {
   PIPER_RETURN_IF_ERROR(readTransposeW(a, d.transposeW));
   PIPER_RETURN_IF_ERROR(readFlag(a, KernelAttr::kAccumulate, d.accumulate));
   int64_t dyRows = 0;
-  PIPER_RETURN_IF_ERROR(expectMatrix(a, x, "x", plan::F32, d.rows, d.in));
+  PIPER_RETURN_IF_ERROR(expectGemmMatrix(a, x, "x", d.rows, d.in));
   if (hasValidCols(a) && bias)
     return refusePadded(a, "dy");
-  PIPER_RETURN_IF_ERROR(expectPaddedMatrix(a, dy, "dy", dyRows, d.out, d.ld));
+  // With a bias, dy's column sums read it as fp32 too: not packable.
+  PIPER_RETURN_IF_ERROR(
+      expectPaddedMatrix(a, dy, "dy", dyRows, d.out, d.ld, !bias));
   if (dyRows != d.rows)
     return a.error("dy has shape " + shapeString(dy.shape) + ", expected [" +
                    std::to_string(d.rows) + ",*]");
@@ -207,13 +213,15 @@ void gradWeight(const LinearDims &d, const float *x, const float *dy,
 // element (the bits of linear_grad_weight then `accumulate`).
 void gradWeightInto(const KernelArgs &a, const LinearDims &d) {
   float *out = a.outputs[0].f32();
+  std::vector<float> xs, dys;
+  const float *x = fp32Data(a.inputs[0], xs), *dy = fp32Data(a.inputs[1], dys);
   if (!d.accumulate) {
-    gradWeight(d, a.inputs[0].f32(), a.inputs[1].f32(), out);
+    gradWeight(d, x, dy, out);
     return;
   }
   const int64_t n = d.in * d.out;
   std::vector<float> dw(static_cast<size_t>(n));
-  gradWeight(d, a.inputs[0].f32(), a.inputs[1].f32(), dw.data());
+  gradWeight(d, x, dy, dw.data());
   if (a.ctx.lowPrecision)
     roundToBf16(dw.data(), n);
   for (int64_t i = 0; i < n; ++i)

@@ -47,6 +47,12 @@ The fusions:
   and runs gelu's (gelu_grad's) loop on it; on CUDA cuBLASLt's epilogue
   applies GELU to the fp32 product instead (not run here).
 
+- the GEMMs of the GPU backends reading packed bf16 step buffers as they
+  are stored (the default) instead of the executor unpacking them to
+  fp32 first (piper-run --unpack-step-buffers): on the bf16 cases of the
+  emulated CUDA backend, a fifth run of the default plan with that flag.
+  Exact by construction: the same bf16 values reach the GEMM either way.
+
 - the vocabulary padding: the classifier's logits (and, where its
   gradient stays in the segment, the gradient) stored with rows of 128
   columns, 100 of them valid (`valid_cols`). Exact by construction: the
@@ -56,7 +62,8 @@ The fusions:
 
 The cases cover one rank in fp32 and bf16, the emulated CUDA backend
 (bf16), a pipeline (the last stage's forward and backward are separate
-tasks, 1F1B and zero-bubble), data parallelism with ZeRO-2, tensor
+tasks, 1F1B and zero-bubble, the latter in bf16 on the emulated CUDA
+backend), data parallelism with ZeRO-2, tensor
 parallelism without the vocabulary split (a replicated head), full
 recomputation, a Llama (also on the emulated CUDA backend in bf16) and a
 tied-head GPT, and an MoE model.
@@ -95,9 +102,9 @@ CASES = [
      "cuda-emulation"),
     ("gpt-tiny PP2 1F1B x 4 microbatches", ["gpt-tiny"],
      ["--pp", "2", "--microbatches", "4", "--schedule", "1f1b"], 2, "cpu"),
-    ("gpt-tiny PP2 zb-h1 bf16", ["gpt-tiny"],
+    ("gpt-tiny PP2 zb-h1 bf16, cuda-emulation", ["gpt-tiny"],
      ["--pp", "2", "--microbatches", "3", "--schedule", "zb-h1", "--dtype",
-      "bf16"], 2, "cpu"),
+      "bf16"], 2, "cuda-emulation"),
     ("llama-tiny DP2 ZeRO-2", ["llama-tiny"], ["--dp", "2", "--zero", "2"], 2,
      "cpu"),
     ("llama-tiny bf16, cuda-emulation", ["llama-tiny"], ["--dtype", "bf16"],
@@ -177,13 +184,14 @@ def residual_checks(counts, apart):
     ]
 
 
-def train(work, tag, model, flags, ranks, backend):
+def train(work, tag, model, flags, ranks, backend, run_flags=()):
     out = os.path.join(work, tag)
     run([PIPERC, "compile", model, "-o", out, "--lr", "1e-2"] + flags)
     metrics = os.path.join(out, "metrics.jsonl")
     save = os.path.join(out, "final.safetensors")
     run([PIPER_RUN, out, "--nproc", str(ranks), "--backend", backend,
-         "--steps", "3", "--metrics", metrics, "--save", save])
+         "--steps", "3", "--metrics", metrics, "--save", save] +
+        list(run_flags))
     with open(metrics) as f:
         losses = [l for l in f.read().splitlines() if l.strip()]
     # Only the losses: timings differ from run to run.
@@ -217,6 +225,14 @@ def main():
                       flags + ["--no-fused-epilogues"], ranks, backend)
         unpadded = train(work, "unpadded-%d" % i, model,
                          flags + ["--pad-vocab", "0"], ranks, backend)
+        variants = [("--no-fused-classifier", plain),
+                    ("--no-fused-epilogues", apart),
+                    ("--pad-vocab 0", unpadded)]
+        if backend == "cuda-emulation" and "bf16" in flags:
+            variants.append(("piper-run --unpack-step-buffers",
+                             train(work, "unpacked-%d" % i, model, flags,
+                                   ranks, backend,
+                                   ["--unpack-step-buffers"])))
         biased = preset[0].startswith("gpt")
         zero2 = "--zero" in flags and flags[flags.index("--zero") + 1] != "1"
         fused = plan.count(b"linear_grad_weight_bias")
@@ -261,10 +277,7 @@ def main():
              b"valid_cols" not in unpadded[0]),
             ("3 losses", len(losses) == 3),
         ] + residual_checks(counts[2], apart[3][2])
-        for flag, (_, losses0, params0, _) in (
-                ("--no-fused-classifier", plain),
-                ("--no-fused-epilogues", apart),
-                ("--pad-vocab 0", unpadded)):
+        for flag, (_, losses0, params0, _) in variants:
             checks += [
                 ("%s: the same losses: %s vs %s" % (flag, losses, losses0),
                  losses == losses0),

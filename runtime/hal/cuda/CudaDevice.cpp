@@ -369,6 +369,9 @@ public:
   bool roundsOutputs(const KernelInfo &info) const override {
     return gpu::kernelRoundsOutputs(info);
   }
+  bool readsPackedInput(const KernelInfo &info, int input) const override {
+    return gpu::kernelReadsPackedInput(info, input);
+  }
   // Queued on the calling stream; called off-stream (loading, tests), the
   // work is complete on return.
   Status runKernel(const KernelInfo &info, const plan::Kernel &kernel,

@@ -332,26 +332,37 @@ Status gemmColMajor(const Context &ctx, const ColMajorGemm &g) {
   if (!blas->handle)
     PIPER_CUBLAS_RETURN_IF_ERROR(lt.cublasLtCreate(&blas->handle));
 
+  if ((g.a.bf16 || g.b.bf16) && !ctx.bf16)
+    return Status::error("gemm: a packed bf16 operand in an fp32 GEMM");
   // Scratch: the cuBLASLt workspace, then (bf16) the operands' copies.
   // A bf16 copy's column stride is its stored rows rounded up to 8
   // elements (16 bytes), whatever the fp32 operand's: every column starts
   // aligned, so that cuBLASLt can run its vectorized tensor-core kernels
   // on operands whose stride is odd (GPT-2's vocabulary of 50257: the
-  // logits' gradient in the LM head's two backward GEMMs).
+  // logits' gradient in the LM head's two backward GEMMs). An operand
+  // already packed (a step buffer of a mixed-precision plan) is read where
+  // it is when its columns start 16-byte aligned, else copied to such a
+  // stride (bf16 to bf16, no conversion).
   const StoredMatrix sa = storedMatrix(g.transA, g.m, g.k),
                      sb = storedMatrix(g.transB, g.k, g.n);
+  const bool aInPlace = g.a.bf16 && matrixAlignment(g.a.bf16, g.lda, 2) >= 16,
+             bInPlace = g.b.bf16 && matrixAlignment(g.b.bf16, g.ldb, 2) >= 16;
   int64_t lda = g.lda, ldb = g.ldb;
   size_t aElems = 0, bElems = 0;
   if (ctx.bf16) {
-    lda = roundUp(sa.rows, 8);
-    ldb = roundUp(sb.rows, 8);
-    aElems = static_cast<size_t>(roundUp(lda * sa.cols, 128));
-    bElems = static_cast<size_t>(ldb * sb.cols);
+    if (!aInPlace) {
+      lda = roundUp(sa.rows, 8);
+      aElems = static_cast<size_t>(roundUp(lda * sa.cols, 128));
+    }
+    if (!bInPlace) {
+      ldb = roundUp(sb.rows, 8);
+      bElems = static_cast<size_t>(ldb * sb.cols);
+    }
   }
   void *scratch = nullptr;
   PIPER_RETURN_IF_ERROR(blas->operands->reserve(
       kCublasWorkspace + 2 * (aElems + bElems), scratch));
-  const void *a = g.a, *b = g.b;
+  const void *a = g.a.f32, *b = g.b.f32;
   cudaDataType_t operandType = CUDA_R_32F;
   if (ctx.bf16) {
     // The operands hold bf16 values already (the executor rounds them):
@@ -360,12 +371,25 @@ Status gemmColMajor(const Context &ctx, const ColMajorGemm &g) {
     auto *a16 = reinterpret_cast<uint16_t *>(static_cast<char *>(scratch) +
                                              kCublasWorkspace);
     uint16_t *b16 = a16 + aElems;
-    PIPER_RETURN_IF_ERROR(
-        launchPackBf16Columns(ctx, a16, lda, g.a, g.lda, sa.rows, sa.cols));
-    PIPER_RETURN_IF_ERROR(
-        launchPackBf16Columns(ctx, b16, ldb, g.b, g.ldb, sb.rows, sb.cols));
-    a = a16;
-    b = b16;
+    auto operand = [&](const GemmOperand &op, bool inPlace, uint16_t *copy,
+                       int64_t ld, int64_t ldIn, const StoredMatrix &sm,
+                       const void *&out) -> Status {
+      out = copy;
+      if (inPlace) {
+        out = op.bf16;
+        return Status::ok();
+      }
+      if (!op.bf16)
+        return launchPackBf16Columns(ctx, copy, ld, op.f32, ldIn, sm.rows,
+                                     sm.cols);
+      PIPER_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(
+          copy, static_cast<size_t>(ld) * 2, op.bf16,
+          static_cast<size_t>(ldIn) * 2, static_cast<size_t>(sm.rows) * 2,
+          static_cast<size_t>(sm.cols), cudaMemcpyDeviceToDevice, ctx.stream));
+      return Status::ok();
+    };
+    PIPER_RETURN_IF_ERROR(operand(g.a, aInPlace, a16, lda, g.lda, sa, a));
+    PIPER_RETURN_IF_ERROR(operand(g.b, bInPlace, b16, ldb, g.ldb, sb, b));
     operandType = CUDA_R_16BF;
   }
 

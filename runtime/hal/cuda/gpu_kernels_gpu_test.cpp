@@ -4,7 +4,9 @@
 // squares.
 #include <catch2/catch.hpp>
 
+#include <cstdint>
 #include <cstdio>
+#include <set>
 
 #include "runtime/hal/cpu/CpuDevice.h"
 #include "runtime/hal/cuda/CudaBackend.h"
@@ -63,6 +65,18 @@ TEST_CASE("the CUDA fused AdamW calls give each call's own bits, and the "
           "clip factor scales each gradient as a pass before did") {
   auto gpu = cudaDevice();
   CHECK(testing::compareAdamwCalls(*gpu) == "");
+}
+
+// As gpu_kernels_test on the emulation: the GEMMs reading packed bf16
+// operands where they are (or re-strided, bf16 to bf16, where their
+// columns are not 16-byte aligned) give the bits of the same values as
+// fp32 operands packed by the GEMM.
+TEST_CASE("the CUDA kernels' packed bf16 inputs give their fp32 values' "
+          "bits") {
+  auto gpu = cudaDevice();
+  std::set<std::string> checked;
+  CHECK(testing::comparePackedInputs(*gpu, *gpu, INT64_MAX, checked) == "");
+  CHECK(checked.size() == 7);
 }
 
 // As gpu_kernels_test on the emulation: the executor does not zero a value

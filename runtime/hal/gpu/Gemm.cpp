@@ -5,13 +5,15 @@
 namespace piper::runtime::hal::PIPER_GPU_NS {
 
 Status gemm(const Context &ctx, bool transA, bool transB, int64_t m, int64_t n,
-            int64_t k, float alpha, const float *a, int64_t lda, const float *b,
+            int64_t k, float alpha, GemmOperand a, int64_t lda, GemmOperand b,
             int64_t ldb, float beta, float *c, int64_t ldc, const float *bias,
             GemmSums *sums, GemmGelu *gelu) {
   if (sums)
     sums->done = false;
   if (gelu)
     gelu->done = false;
+  if ((a.bf16 || b.bf16) && !ctx.bf16)
+    return Status::error("gemm: a packed bf16 operand in an fp32 GEMM");
   if (m <= 0 || n <= 0)
     return Status::ok();
   if (k <= 0) {

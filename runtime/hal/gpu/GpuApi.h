@@ -115,15 +115,29 @@ Status copyToDeviceAsync(const Context &ctx, void *dst, const void *src,
 Status copyToHostSync(const Context &ctx, void *host, const void *src,
                       size_t bytes);
 
+/// A GEMM operand in device memory: fp32, or (in a bf16 GEMM only) packed
+/// bf16 values, as a mixed-precision plan stores its step buffers: the
+/// GEMM then reads them as they are instead of packing an fp32 copy
+/// (Device::readsPackedInput; the same values, so the same bits). Its
+/// leading dimension counts elements either way.
+struct GemmOperand {
+  GemmOperand() = default;
+  GemmOperand(std::nullptr_t) {}              // NOLINT: implicit on purpose
+  GemmOperand(const float *p) : f32(p) {}     // NOLINT: implicit on purpose
+  GemmOperand(const uint16_t *p) : bf16(p) {} // NOLINT: implicit on purpose
+  const float *f32 = nullptr;
+  const uint16_t *bf16 = nullptr;
+};
+
 /// A GEMM in BLAS's column-major convention: C = alpha op(A) op(B) + beta C
 /// with op(A) m x k, op(B) k x n, C m x n.
 struct ColMajorGemm {
   bool transA = false, transB = false;
   int64_t m = 0, n = 0, k = 0;
   float alpha = 1;
-  const float *a = nullptr;
+  GemmOperand a;
   int64_t lda = 0;
-  const float *b = nullptr;
+  GemmOperand b;
   int64_t ldb = 0;
   float beta = 0;
   float *c = nullptr;
@@ -153,7 +167,8 @@ struct ColMajorGemm {
   bool *activated = nullptr;
 };
 /// Runs `g` (m, n, k >= 1) on the stream: fp32 (TF32 off), or with
-/// ctx.bf16 bf16 operands on tensor cores with fp32 accumulation and output.
+/// ctx.bf16 bf16 operands on tensor cores with fp32 accumulation and output
+/// (a packed operand is an error without ctx.bf16).
 Status gemmColMajor(const Context &ctx, const ColMajorGemm &g);
 
 /// A row-major GEMM's operand sums over k, computed in its epilogue where
@@ -183,7 +198,7 @@ struct GemmGelu {
 /// (Gemm.cpp). Empty products are handled here. `sums` and `gelu` ask for
 /// epilogues the backend may decline (GemmSums, GemmGelu).
 Status gemm(const Context &ctx, bool transA, bool transB, int64_t m, int64_t n,
-            int64_t k, float alpha, const float *a, int64_t lda, const float *b,
+            int64_t k, float alpha, GemmOperand a, int64_t lda, GemmOperand b,
             int64_t ldb, float beta, float *c, int64_t ldc,
             const float *bias = nullptr, GemmSums *sums = nullptr,
             GemmGelu *gelu = nullptr);

@@ -45,6 +45,11 @@ bool kernelRoundsOutputs(const KernelInfo &info) {
   return kernels()[static_cast<size_t>(info.index)].roundsOutputs;
 }
 
+bool kernelReadsPackedInput(const KernelInfo &info, int input) {
+  return input >= 0 && input < 32 &&
+         (kernels()[static_cast<size_t>(info.index)].packedInputs >> input & 1);
+}
+
 Status runKernel(const KernelInfo &info, const plan::Kernel &kernel,
                  const KernelAttrs &attrs, const std::vector<TensorRef> &inputs,
                  const std::vector<TensorRef> &outputs, KernelContext &kctx,

@@ -33,6 +33,12 @@ struct KernelEntry {
   /// it then skips: Device::roundsOutputs): every output of at least one
   /// dimension; scalars (a loss) the executor does not round either.
   bool roundsOutputs = false;
+  /// The inputs (bit i: input i) that the kernel, called with
+  /// KernelContext::lowPrecision, also takes as packed bf16 (a mixed-
+  /// precision plan's step buffer as it is stored): its GEMMs read them
+  /// without the executor unpacking them first or the GEMM packing an fp32
+  /// copy (Device::readsPackedInput). The same values: the same bits.
+  uint32_t packedInputs = 0;
 };
 
 /// Every GPU kernel; the i-th entry's KernelInfo has index i.
@@ -46,6 +52,9 @@ const KernelInfo *findKernelInfo(const std::string &name);
 std::vector<std::string> kernelInfoNames();
 /// kernels()[info.index].roundsOutputs (a Device's roundsOutputs).
 bool kernelRoundsOutputs(const KernelInfo &info);
+/// Whether kernels()[info.index].packedInputs has `input` (a Device's
+/// readsPackedInput).
+bool kernelReadsPackedInput(const KernelInfo &info, int input);
 /// kernels()[info.index].fn(args, ctx), with `attrs` =
 /// decodeKernelAttrs(kernel); checks the operands' storage as the CPU
 /// registry's runKernel does.

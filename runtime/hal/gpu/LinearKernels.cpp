@@ -18,12 +18,21 @@ namespace {
 using detail::KernelArgs;
 using detail::LinearDims;
 
+// A GEMM's operand: packed bf16 where the executor passed a step buffer as
+// the plan stores it (Device::readsPackedInput, KernelEntry::packedInputs),
+// else fp32.
+GemmOperand gemmOperand(const TensorRef &t) {
+  if (t.dtype == plan::BF16)
+    return static_cast<const uint16_t *>(t.data);
+  return t.f32();
+}
+
 // y = x w (+ b) into output 0, the bias added in the GEMM's epilogue (no
 // pass of its own); with `gelu`, asking for GELU there too.
 Status forward(const KernelArgs &a, const Context &ctx, const LinearDims &d,
                bool hasBias, GemmGelu *gelu) {
   return gemm(ctx, false, d.transposeW, d.rows, d.out, d.in, 1.0f,
-              a.inputs[0].f32(), d.in, a.inputs[1].f32(),
+              gemmOperand(a.inputs[0]), d.in, a.inputs[1].f32(),
               d.transposeW ? d.in : d.out, 0.0f, a.outputs[0].f32(), d.ld,
               hasBias ? a.inputs[2].f32() : nullptr, nullptr, gelu);
 }
@@ -61,7 +70,7 @@ Status linearGelu(const KernelArgs &a, const Context &ctx) {
 Status gradInput(const KernelArgs &a, const Context &ctx, const LinearDims &d,
                  GemmGelu *gelu) {
   return gemm(ctx, false, !d.transposeW, d.rows, d.in, d.out, 1.0f,
-              a.inputs[0].f32(), d.ld, a.inputs[1].f32(),
+              gemmOperand(a.inputs[0]), d.ld, a.inputs[1].f32(),
               d.transposeW ? d.in : d.out, 0.0f, a.outputs[0].f32(), d.in,
               nullptr, nullptr, gelu);
 }
@@ -95,8 +104,8 @@ Status linearGradInputGelu(const KernelArgs &a, const Context &ctx) {
 // dw = x^T dy [in,out], or dy^T x [out,in] when transposed, plus beta dw;
 // with `db`, the column sums of dy asked of the GEMM's epilogue
 // (sums->done: computed).
-Status gradWeight(const Context &ctx, const LinearDims &d, const float *x,
-                  const float *dy, float beta, float *dw, float *db,
+Status gradWeight(const Context &ctx, const LinearDims &d, GemmOperand x,
+                  GemmOperand dy, float beta, float *dw, float *db,
                   GemmSums *sums) {
   if (d.transposeW) {
     // op(A) = dy^T: its rows summed over k are dy's columns.
@@ -121,7 +130,7 @@ Status gradWeight(const Context &ctx, const LinearDims &d, const float *x,
 // added: the CPU kernel's bits.
 Status gradWeightInto(const KernelArgs &a, const Context &ctx,
                       const LinearDims &d, float *db, GemmSums *sums) {
-  const float *x = a.inputs[0].f32(), *dy = a.inputs[1].f32();
+  const GemmOperand x = gemmOperand(a.inputs[0]), dy = gemmOperand(a.inputs[1]);
   float *out = a.outputs[0].f32();
   if (!d.accumulate || ctx.accumulatesInGemm)
     return gradWeight(ctx, d, x, dy, d.accumulate ? 1.0f : 0.0f, out, db, sums);
@@ -306,30 +315,36 @@ Status lossAccumulate(const KernelArgs &a, const Context &ctx) {
 } // namespace
 
 void addLinearKernels(std::vector<KernelEntry> &out) {
-  out.insert(out.end(),
-             {
-                 {"linear", linear},
-                 {"linear_gelu", linearGelu},
-                 {"linear_grad_input", linearGradInput},
-                 {"linear_grad_input_gelu", linearGradInputGelu},
-                 {"linear_grad_weight", linearGradWeight},
-                 {"bias_add", biasAdd, nullptr, true},
-                 {"sp_split", spSplit},
-                 {"columns", columns},
-                 {"columns_grad", columnsGrad},
-                 {"tp_kv_assemble", tpKvAssemble},
-                 {"tp_kv_assemble_grad", tpKvAssembleGrad},
-                 {"bias_grad", biasGrad},
-                 {"linear_grad_weight_bias", linearGradWeightBias},
-                 {"cross_entropy", crossEntropy},
-                 // dlogits rounded in mixed precision.
-                 {"cross_entropy_grad", crossEntropyGrad, nullptr, true},
-                 {"cross_entropy_fused", crossEntropyFused, nullptr, true},
-                 {"vocab_ce_stats", vocabCeStats},
-                 {"vocab_cross_entropy", vocabCrossEntropy},
-                 {"vocab_cross_entropy_grad", vocabCrossEntropyGrad},
-                 {"loss_accumulate", lossAccumulate},
-             });
+  out.insert(
+      out.end(),
+      {
+          // The GEMMs read packed bf16 step buffers as they are
+          // (packedInputs: x of the forward, dy of the input
+          // gradient, x and dy of the weight gradient; with a bias
+          // dy is summed as fp32 too).
+          {"linear", linear, nullptr, false, 0b1},
+          {"linear_gelu", linearGelu, nullptr, false, 0b1},
+          {"linear_grad_input", linearGradInput, nullptr, false, 0b1},
+          {"linear_grad_input_gelu", linearGradInputGelu, nullptr, false, 0b1},
+          {"linear_grad_weight", linearGradWeight, nullptr, false, 0b11},
+          {"bias_add", biasAdd, nullptr, true},
+          {"sp_split", spSplit},
+          {"columns", columns},
+          {"columns_grad", columnsGrad},
+          {"tp_kv_assemble", tpKvAssemble},
+          {"tp_kv_assemble_grad", tpKvAssembleGrad},
+          {"bias_grad", biasGrad},
+          {"linear_grad_weight_bias", linearGradWeightBias, nullptr, false,
+           0b1},
+          {"cross_entropy", crossEntropy},
+          // dlogits rounded in mixed precision.
+          {"cross_entropy_grad", crossEntropyGrad, nullptr, true},
+          {"cross_entropy_fused", crossEntropyFused, nullptr, true},
+          {"vocab_ce_stats", vocabCeStats},
+          {"vocab_cross_entropy", vocabCrossEntropy},
+          {"vocab_cross_entropy_grad", vocabCrossEntropyGrad},
+          {"loss_accumulate", lossAccumulate},
+      });
 }
 
 } // namespace piper::runtime::hal::PIPER_GPU_NS

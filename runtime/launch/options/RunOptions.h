@@ -22,6 +22,10 @@ struct RunOptions {
   /// bf16 plans where cuDNN takes the shape, else the SIMT kernels),
   /// "cudnn" (cuDNN or an error) or "simt" (docs/gpu.md).
   std::string attention = "auto";
+  /// Mixed precision: unpack every packed bf16 step buffer to fp32 before
+  /// its readers, also where a GPU GEMM reads it packed
+  /// (ExecutorOptions::packedReads off): the same bits, for comparing.
+  bool unpackStepBuffers = false;
   int64_t steps = 1;
   uint64_t seed = 0;
   /// Rank 0 writes one JSON object per step here; empty means none.

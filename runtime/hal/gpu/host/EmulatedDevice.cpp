@@ -304,6 +304,9 @@ public:
   bool roundsOutputs(const KernelInfo &info) const override {
     return gpu::kernelRoundsOutputs(info);
   }
+  bool readsPackedInput(const KernelInfo &info, int input) const override {
+    return gpu::kernelReadsPackedInput(info, input);
+  }
   Status runKernel(const KernelInfo &info, const plan::Kernel &kernel,
                    const KernelAttrs &attrs,
                    const std::vector<TensorRef> &inputs,

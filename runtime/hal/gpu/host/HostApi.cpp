@@ -6,9 +6,11 @@
 
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "runtime/hal/gpu/GpuApi.h"
 #include "runtime/hal/gpu/host/EmulatedDevice.h"
+#include "support/Precision.h"
 
 namespace piper::runtime::hal::PIPER_GPU_NS {
 
@@ -46,17 +48,39 @@ Status copyToHostSync(const Context &, void *host, const void *src,
   return Status::ok();
 }
 
+namespace {
+// An operand as fp32: its floats, or a packed one's values unpacked into
+// `tmp` (the stored matrix: `rows` x `cols` column-major with ld).
+const float *fp32Operand(const GemmOperand &op, int64_t rows, int64_t cols,
+                         int64_t ld, std::vector<float> &tmp) {
+  if (!op.bf16)
+    return op.f32;
+  tmp.resize(static_cast<size_t>(ld * (cols - 1) + rows));
+  for (size_t i = 0; i < tmp.size(); ++i)
+    tmp[i] = bf16ToFloat(op.bf16[i]);
+  return tmp.data();
+}
+} // namespace
+
 Status gemmColMajor(const Context &ctx, const ColMajorGemm &g) {
+  if ((g.a.bf16 || g.b.bf16) && !ctx.bf16)
+    return Status::error("gemm: a packed bf16 operand in an fp32 GEMM");
   if (ctx.timer)
     PIPER_RETURN_IF_ERROR(ctx.timer->begin(ctx));
   // The operands of a bf16 GEMM already hold bf16 values (the executor
   // rounds them), so fp32 arithmetic is the tensor cores' with fp32
-  // accumulation, up to the order of the sums.
+  // accumulation, up to the order of the sums. A packed operand holds the
+  // same values.
+  std::vector<float> a16, b16;
+  const float *a =
+      fp32Operand(g.a, g.transA ? g.k : g.m, g.transA ? g.m : g.k, g.lda, a16);
+  const float *b =
+      fp32Operand(g.b, g.transB ? g.n : g.k, g.transB ? g.k : g.n, g.ldb, b16);
   cblas_sgemm(CblasColMajor, g.transA ? CblasTrans : CblasNoTrans,
               g.transB ? CblasTrans : CblasNoTrans, static_cast<int>(g.m),
-              static_cast<int>(g.n), static_cast<int>(g.k), g.alpha, g.a,
-              static_cast<int>(g.lda), g.b, static_cast<int>(g.ldb), g.beta,
-              g.c, static_cast<int>(g.ldc));
+              static_cast<int>(g.n), static_cast<int>(g.k), g.alpha, a,
+              static_cast<int>(g.lda), b, static_cast<int>(g.ldb), g.beta, g.c,
+              static_cast<int>(g.ldc));
   // Operand sums are not computed here (the caller's kernels do them: the
   // bits of the unfused ops). cuBLASLt's BIAS epilogue: the bias added to
   // the fp32 product.

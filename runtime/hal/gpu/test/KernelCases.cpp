@@ -221,6 +221,84 @@ Side runOn(const KernelCase &c, Device &device,
 
 } // namespace
 
+std::string comparePackedInputs(Device &declaring, Device &device,
+                                int64_t maxElements,
+                                std::set<std::string> &checked) {
+  for (const KernelCase &c : kernelCases()) {
+    const KernelInfo *info = declaring.findKernel(c.op);
+    if (!info || !c.rejects.empty())
+      continue;
+    std::vector<size_t> packable;
+    int64_t elements = 0;
+    for (size_t i = 0; i < c.inputs.size(); ++i) {
+      elements += numel(c.inputs[i]);
+      if (c.inputs[i].dtype == plan::F32 && !c.inputs[i].shape.empty() &&
+          declaring.readsPackedInput(*info, static_cast<int>(i)))
+        packable.push_back(i);
+    }
+    for (const Operand &o : c.outputs)
+      elements += numel(o);
+    if (packable.empty() || elements > maxElements)
+      continue;
+    KernelCase low = c;
+    low.lowPrecision = true;
+    std::mt19937_64 rng(std::hash<std::string>()(c.name));
+    std::vector<std::vector<uint32_t>> ins = inputWords(c, rng), outs;
+    for (const Operand &o : c.outputs)
+      outs.push_back(fill(o, rng));
+    // The packable inputs hold bf16 values, as a packed step buffer's do.
+    std::vector<std::vector<uint32_t>> packedWords(ins.size());
+    for (size_t i : packable) {
+      std::vector<uint16_t> halves(ins[i].size() + 1, 0);
+      for (size_t e = 0; e < ins[i].size(); ++e) {
+        float f;
+        std::memcpy(&f, &ins[i][e], 4);
+        halves[e] = floatToBf16(f);
+        f = bf16ToFloat(halves[e]);
+        std::memcpy(&ins[i][e], &f, 4);
+      }
+      packedWords[i].resize(halves.size() / 2);
+      std::memcpy(packedWords[i].data(), halves.data(),
+                  packedWords[i].size() * 4);
+    }
+    Side want = runOn(low, device, ins, outs);
+    if (!want.error.empty())
+      return "case " + c.name + ": " + want.error;
+    // Each packable input alone, then all of them.
+    std::vector<std::vector<size_t>> sets;
+    for (size_t i : packable)
+      sets.push_back({i});
+    if (packable.size() > 1)
+      sets.push_back(packable);
+    for (const std::vector<size_t> &set : sets) {
+      KernelCase withPacked = low;
+      std::vector<std::vector<uint32_t>> words = ins;
+      std::string which;
+      for (size_t i : set) {
+        withPacked.inputs[i].dtype = plan::BF16;
+        words[i] = packedWords[i];
+        which += (which.empty() ? "" : ",") + std::to_string(i);
+        checked.insert(c.op + ":" + std::to_string(i));
+      }
+      Side got = runOn(withPacked, device, words, outs);
+      if (!got.error.empty())
+        return "case " + c.name + ", packed input " + which + ": " + got.error;
+      if (got.outs != want.outs || got.loss != want.loss)
+        return "case " + c.name + ", packed input " + which + ": " +
+               device.name() + "'s outputs differ from the fp32 inputs'";
+      // Outside mixed precision a packed input is refused.
+      withPacked.lowPrecision = false;
+      Side refused = runOn(withPacked, device, words, outs);
+      if (refused.kernelError.find("must be f32, got bf16") ==
+          std::string::npos)
+        return "case " + c.name + ", packed input " + which +
+               " without mixed precision: expected a refusal, got '" +
+               refused.error + "'";
+    }
+  }
+  return "";
+}
+
 plan::Kernel kernelOf(const KernelCase &c) {
   plan::Kernel kernel;
   kernel.set_op(c.op);

@@ -7,6 +7,7 @@
 #define PIPER_RUNTIME_HAL_GPU_TEST_KERNELCASES_H
 
 #include <cstdint>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -144,6 +145,18 @@ CaseResult runCase(const KernelCase &c, Device &cpu, Device &gpu);
 std::string runOutputsFrom(const KernelCase &c, Device &device,
                            uint32_t outputWord,
                            std::vector<std::vector<uint32_t>> &outputs);
+
+/// Packed bf16 inputs (Device::readsPackedInput): for every case of an op
+/// that `declaring` says takes some input packed, run on `device` in mixed
+/// precision with those inputs' values rounded to bf16, once as fp32 and
+/// once packed (each such input alone, then all at once), and compare the
+/// outputs word for word (the same values: the same bits). Cases whose
+/// operands have more than `maxElements` elements are skipped. `checked`
+/// gets "op:input" of every packed input run. Also checks that a packed
+/// input outside mixed precision is refused. Returns "" or what differs.
+std::string comparePackedInputs(Device &declaring, Device &device,
+                                int64_t maxElements,
+                                std::set<std::string> &checked);
 
 /// The devices' SquareSums (the gradient norm) on the same spans (empty, one
 /// element, several chunks) in their own memory, measured in two calls into

@@ -220,6 +220,32 @@ TEST_CASE("kernels that round their own outputs in mixed precision give the "
                        "layer_norm_grad_input_add", "rms_norm_grad_input_add"});
 }
 
+// Kernels that take packed bf16 inputs (Device::readsPackedInput: the
+// GEMMs' operands that a mixed-precision step buffer feeds, passed as
+// stored instead of unpacked) give the bits of the same values as fp32,
+// on the emulated GPU and on the CPU (whose kernels unpack them); and they
+// are the inputs the registry says.
+TEST_CASE("packed bf16 inputs give the bits of their fp32 values") {
+  auto cpu = createCpuDevice(nullptr);
+  auto gpu = createEmulatedGpuDevice(nullptr);
+  std::set<std::string> onGpu, onCpu;
+  CHECK(testing::comparePackedInputs(*gpu, *gpu, kLanesElements, onGpu) == "");
+  CHECK(testing::comparePackedInputs(*gpu, *cpu, kLanesElements, onCpu) == "");
+  const std::set<std::string> declared = {"linear:0",
+                                          "linear_gelu:0",
+                                          "linear_grad_input:0",
+                                          "linear_grad_input_gelu:0",
+                                          "linear_grad_weight:0",
+                                          "linear_grad_weight:1",
+                                          "linear_grad_weight_bias:0"};
+  CHECK(onGpu == declared);
+  CHECK(onCpu == declared);
+  // The CPU device takes none packed (its kernels would unpack them: no
+  // pass saved).
+  for (const char *op : {"linear", "linear_grad_weight"})
+    CHECK_FALSE(cpu->readsPackedInput(*cpu->findKernel(op), 0));
+}
+
 // The step's loss accumulators (hal::LossSums): at least one slot; they
 // start at zero, `loss_accumulate` adds to the slot it is given, a read
 // gives every slot in order, and a reset zeroes them; on both devices.
