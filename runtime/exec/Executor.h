@@ -45,9 +45,12 @@ struct ExecutorOptions {
   bool profile = false;
   /// Mixed precision: kernels that take a packed bf16 step buffer as it is
   /// stored (hal::Device::readsPackedInput: the GPU backends' GEMMs) get
-  /// it so; off (piper-run --unpack-step-buffers), every packed argument
-  /// is unpacked to fp32 first, as before: the same bits, more passes.
-  bool packedReads = true;
+  /// it so, and kernels that store a result packed (writesPackedOutput:
+  /// the fused classifier's dlogits) write it into its step buffer; off
+  /// (piper-run --unpack-step-buffers), every packed argument is unpacked
+  /// to fp32 first and every result packed from fp32 after its writer, as
+  /// before: the same bits, more passes.
+  bool packedStepBuffers = true;
   /// A cap on the device memory this rank may use (piper-run
   /// --device-memory), in bytes; -1: none. The plan is refused before
   /// anything is allocated when its arena exceeds the cap or what the

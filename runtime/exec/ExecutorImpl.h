@@ -65,6 +65,9 @@ struct ResolvedKernel {
   /// Per input: a value the kernel takes as packed bf16 where it is a
   /// packed argument of the segment (Device::readsPackedInput).
   std::vector<char> packedInputs;
+  /// Per output: the kernel stores it packed where it is a result that the
+  /// segment stores so (ExecutorImpl::packsResult).
+  std::vector<char> packedOutputs;
   /// Operand views with dtypes and shapes filled in; a call sets `data`.
   std::vector<TensorRef> inputs, outputs;
 };
@@ -205,6 +208,11 @@ public:
   /// is also a result); where not, every reader takes the step buffer as
   /// it is (ResolvedKernel::packedInputs) and its slot goes unused.
   std::vector<std::vector<char>> unpacksArg;
+  /// [segment][result]: whether a result's one writer stores it straight
+  /// into its packed bf16 step buffer (Device::writesPackedOutput; every
+  /// reader in the segment takes it packed), with no fp32 value and no
+  /// packing pass after it.
+  std::vector<std::vector<char>> packsResult;
   std::vector<CallScratch> scratch; // [stream]
   /// distinctInputs[s][i]: the buffers instruction i of stream s reads,
   /// each once; a buffer dies after its last such read.

@@ -29,6 +29,48 @@ bool firstWriterOverwrites(const plan::Kernel &kernel, int v) {
   return output;
 }
 
+/// Per result of `seg`: whether its value is stored straight into its
+/// packed step buffer by its one writer (ResolvedKernel::packedOutputs),
+/// every reader taking it packed (packedInputs); not an argument, and not
+/// another result too. `argOf`: per value, its argument position or -1.
+std::vector<char> packedResults(const plan::Segment &seg,
+                                const std::vector<ResolvedKernel> &resolved,
+                                const std::vector<int> &argOf) {
+  // Per value: its packed writes, other writes, and fp32 reads.
+  std::vector<int> packedWrites(seg.values_size(), 0),
+      otherUses(seg.values_size(), 0), asResult(seg.values_size(), 0);
+  for (int k = 0; k < seg.kernels_size(); ++k) {
+    const plan::Kernel &kernel = seg.kernels(k);
+    std::vector<char> isInput(seg.values_size(), 0);
+    for (int j = 0; j < kernel.inputs_size(); ++j) {
+      const Operand &o = kernel.inputs(j);
+      if (o.kind() != Operand::VALUE)
+        continue;
+      isInput[o.index()] = 1;
+      if (!resolved[k].packedInputs[j])
+        ++otherUses[o.index()];
+    }
+    for (int o = 0; o < kernel.outputs_size(); ++o) {
+      const Operand &out = kernel.outputs(o);
+      if (out.kind() != Operand::VALUE)
+        continue;
+      if (resolved[k].packedOutputs[o] && !isInput[out.index()])
+        ++packedWrites[out.index()];
+      else
+        ++otherUses[out.index()];
+    }
+  }
+  for (int v : seg.results())
+    ++asResult[v];
+  std::vector<char> packs(seg.results_size(), 0);
+  for (int r = 0; r < seg.results_size(); ++r) {
+    int v = seg.results(r);
+    packs[r] = argOf[v] < 0 && asResult[v] == 1 && packedWrites[v] == 1 &&
+               otherUses[v] == 0;
+  }
+  return packs;
+}
+
 } // namespace
 
 SegmentLifetimes computeLifetimes(const plan::Segment &seg) {
@@ -58,6 +100,7 @@ SegmentLifetimes computeLifetimes(const plan::Segment &seg) {
 Status ExecutorImpl::resolveKernels() {
   kernels.clear();
   unpacksArg.clear();
+  packsResult.clear();
   for (int g = 0; g < plan.segments_size(); ++g) {
     const plan::Segment &seg = plan.segments(g);
     std::vector<ResolvedKernel> resolved(seg.kernels_size());
@@ -115,9 +158,14 @@ Status ExecutorImpl::resolveKernels() {
         r.outputs.push_back(view(o));
       r.packedInputs.assign(kernel.inputs_size(), 0);
       for (int j = 0; j < kernel.inputs_size(); ++j)
-        r.packedInputs[j] = r.lowPrecision && options.packedReads &&
+        r.packedInputs[j] = r.lowPrecision && options.packedStepBuffers &&
                             kernel.inputs(j).kind() == Operand::VALUE &&
                             device->readsPackedInput(*r.info, j);
+      r.packedOutputs.assign(kernel.outputs_size(), 0);
+      for (int o = 0; o < kernel.outputs_size(); ++o)
+        r.packedOutputs[o] = r.roundsOutputs && options.packedStepBuffers &&
+                             !kernelReadsOutputs(kernel) &&
+                             device->writesPackedOutput(*r.info, o);
     }
     // A packed argument is unpacked unless every reader takes it packed
     // and it is not a result (stored from its slot when the call ends).
@@ -135,6 +183,7 @@ Status ExecutorImpl::resolveKernels() {
             !resolved[k].packedInputs[j])
           unpacks[argOf[o.index()]] = 1;
       }
+    packsResult.push_back(packedResults(seg, resolved, argOf));
     // Runs of consecutive updates, run together.
     const SegmentLifetimes &lt = lifetimes[static_cast<size_t>(g)];
     auto groupable = [&](int k) {
@@ -309,6 +358,16 @@ Status ExecutorImpl::call(int s, const Instruction &inst, StepState &st,
   packedValues.assign(seg.values_size(), nullptr);
   std::vector<char> &stored = scratch.stored;
   stored.assign(inst.outputs_size(), 0);
+  // Results their writer stores packed: straight into the step buffer.
+  const std::vector<char> &packs = packsResult[segIndex];
+  for (int r = 0; r < inst.outputs_size(); ++r) {
+    int v = seg.results(r);
+    const TensorPtr &dst = bufferViews[inst.outputs(r)];
+    if (packs[r] && dst->dtype == plan::BF16 && seg.value_offsets(v) >= 0) {
+      packedValues[v] = dst->data;
+      stored[r] = 1;
+    }
+  }
   const std::vector<char> &unpacks = unpacksArg[segIndex];
   for (int a = 0; a < inst.inputs_size(); ++a) {
     int id = inst.inputs(a), v = seg.args(a);
@@ -361,8 +420,16 @@ Status ExecutorImpl::call(int s, const Instruction &inst, StepState &st,
         bind(ins[j], rk.inputs[j], dataOf(op));
       }
     }
-    for (int j = 0; j < kernel.outputs_size(); ++j)
-      bind(outs[j], rk.outputs[j], dataOf(kernel.outputs(j)));
+    for (int j = 0; j < kernel.outputs_size(); ++j) {
+      const Operand &op = kernel.outputs(j);
+      if (rk.packedOutputs[j] && packedValues[op.index()]) {
+        // A result stored packed (ExecutorImpl::packsResult).
+        bind(outs[j], rk.outputs[j], packedValues[op.index()]);
+        outs[j].dtype = plan::BF16;
+      } else {
+        bind(outs[j], rk.outputs[j], dataOf(op));
+      }
+    }
     if (rk.onRange) {
       for (int j = 0; j < kernel.inputs_size(); ++j)
         ins[j].data =
@@ -491,6 +558,8 @@ Status ExecutorImpl::call(int s, const Instruction &inst, StepState &st,
                   .withContext(where(k) + ": rounding output " +
                                std::to_string(o) + " to bf16"));
     for (int r : lt.resultsAfter[k]) {
+      if (stored[r])
+        continue; // written packed by the kernel
       bool done = false;
       PIPER_RETURN_IF_ERROR(packResult(inst, seg, values, r, done));
       stored[r] = done;

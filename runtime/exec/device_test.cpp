@@ -265,6 +265,9 @@ class ForwardingDevice : public hal::Device {
 public:
   explicit ForwardingDevice(Communicator *comm)
       : cpu(hal::createCpuDevice(comm)) {}
+  /// Forwarding to `inner` instead of a CPU device.
+  explicit ForwardingDevice(std::unique_ptr<hal::Device> inner)
+      : cpu(std::move(inner)) {}
   std::string name() const override { return "forwarding"; }
   hal::Allocator &allocator() override { return cpu->allocator(); }
   Status createStream(const std::string &name,
@@ -1046,8 +1049,8 @@ public:
 
 // In mixed precision a step buffer is stored packed; an argument that every
 // reader takes packed (Device::readsPackedInput) is passed as it is instead
-// of being unpacked into its slot first (ExecutorOptions::packedReads; off:
-// piper-run --unpack-step-buffers). The bigram plan's backward reads x
+// of being unpacked into its slot first (ExecutorOptions::packedStepBuffers;
+// off: piper-run --unpack-step-buffers). The bigram plan's backward reads x
 // (the embedding's output) only in linear_grad_weight, and its logits in
 // cross_entropy_grad (fp32): x is no longer unpacked, the logits still
 // are, and the losses and parameters are those of unpacking both, bit for
@@ -1068,10 +1071,10 @@ TEST_CASE("executor: a packed step buffer that every reader takes packed is "
     std::vector<std::vector<float>> params[2];
     int unpacks[2] = {0, 0};
     int64_t unpacked[2] = {0, 0};
-    for (bool packedReads : {false, true}) {
+    for (bool packedStepBuffers : {false, true}) {
       PackedReadingDevice *counting = nullptr;
       ExecutorOptions opts;
-      opts.packedReads = packedReads;
+      opts.packedStepBuffers = packedStepBuffers;
       opts.createDevice =
           [&](Communicator *comm) -> std::unique_ptr<hal::Device> {
         if (emulated)
@@ -1089,15 +1092,17 @@ TEST_CASE("executor: a packed step buffer that every reader takes packed is "
       for (int64_t t = 1; t <= steps; ++t) {
         double loss = 0;
         REQUIRE(exec->runStep(t, loss));
-        losses[packedReads].push_back(loss);
+        losses[packedStepBuffers].push_back(loss);
       }
       if (counting) {
-        unpacks[packedReads] = counting->unpacks.load() - before;
-        unpacked[packedReads] = counting->unpacked.load() - beforeElements;
+        unpacks[packedStepBuffers] = counting->unpacks.load() - before;
+        unpacked[packedStepBuffers] =
+            counting->unpacked.load() - beforeElements;
       }
-      params[packedReads].resize(plan.params_size());
+      params[packedStepBuffers].resize(plan.params_size());
       for (int p = 0; p < plan.params_size(); ++p)
-        REQUIRE(exec->stateToHost(p, Operand::PARAM, params[packedReads][p]));
+        REQUIRE(
+            exec->stateToHost(p, Operand::PARAM, params[packedStepBuffers][p]));
     }
     CHECK(losses[1] == losses[0]);
     CHECK(params[1] == params[0]);
@@ -1108,4 +1113,114 @@ TEST_CASE("executor: a packed step buffer that every reader takes packed is "
             int64_t(steps) * microbatches * rows * m.hidden);
     }
   }
+}
+
+namespace {
+/// The emulated GPU, counting the executor's packing and unpacking passes.
+class PackCountingGpu : public ForwardingDevice {
+public:
+  explicit PackCountingGpu(Communicator *comm)
+      : ForwardingDevice(hal::createEmulatedGpuDevice(comm)) {}
+  bool roundsOutputs(const KernelInfo &info) const override {
+    return cpu->roundsOutputs(info);
+  }
+  bool readsPackedInput(const KernelInfo &info, int input) const override {
+    return cpu->readsPackedInput(info, input);
+  }
+  bool writesPackedOutput(const KernelInfo &info, int output) const override {
+    return cpu->writesPackedOutput(info, output);
+  }
+  Status packBf16(uint16_t *dst, const float *src, int64_t n) override {
+    ++packs;
+    return cpu->packBf16(dst, src, n);
+  }
+  Status unpackBf16(float *dst, const uint16_t *src, int64_t n) override {
+    ++unpacks;
+    return cpu->unpackBf16(dst, src, n);
+  }
+  std::atomic<int> packs{0}, unpacks{0};
+};
+
+/// singleClassPlan with the fused classifier, as piperc emits it: the
+/// forward's cross_entropy_fused computes the loss and dlogits, which go
+/// to the backward (in the logits' buffer) instead of the logits, and the
+/// backward's GEMMs read them there.
+plan::Plan fusedClassifierPlan(const TinyModel &m, int microbatches) {
+  plan::Plan plan = singleClassPlan(m, microbatches, {0}, 1);
+  plan.mutable_training()->set_compute_dtype(plan::BF16);
+  plan::Segment *fwd = plan.mutable_segments(0);
+  plan::Segment *bwd = plan.mutable_segments(1);
+  const plan::Kernel grad = bwd->kernels(0);
+  REQUIRE(grad.op() == "cross_entropy_grad");
+  // fwd: values 0 tokens, 1 targets, 2 x, 3 logits, 4 loss; + 5 dlogits.
+  *fwd->add_values() = fwd->values(3);
+  plan::Kernel *ce = fwd->mutable_kernels(2);
+  REQUIRE(ce->op() == "cross_entropy");
+  ce->set_op("cross_entropy_fused");
+  *ce->add_outputs() = value(5);
+  (*ce->mutable_attrs())["scale"] = grad.attrs().at("scale");
+  fwd->set_results(1, 5);
+  // bwd: its argument 3 is dlogits now; value 4 (its dlogits) goes unused.
+  bwd->mutable_kernels()->DeleteSubrange(0, 1);
+  for (plan::Kernel &k : *bwd->mutable_kernels())
+    for (plan::Operand &o : *k.mutable_inputs())
+      if (o.kind() == Operand::VALUE && o.index() == 4)
+        o.set_index(3);
+  withArena(plan);
+  return plan;
+}
+} // namespace
+
+// The fused classifier's dlogits: its kernel stores them straight into
+// their packed step buffer (Device::writesPackedOutput: no fp32 value, no
+// packing pass) and the backward's two GEMMs read them there
+// (readsPackedInput: no unpacking), on the emulated GPU; the losses and
+// parameters are those of the fp32 value packed and unpacked
+// (ExecutorOptions::packedStepBuffers off), bit for bit.
+TEST_CASE("executor: the fused classifier's dlogits are written and read "
+          "packed, with the same bits",
+          "[executor]") {
+  TinyModel m;
+  const int microbatches = 2, steps = 3;
+  plan::Plan plan = fusedClassifierPlan(m, microbatches);
+  Status valid = validatePlan(plan);
+  INFO(valid.message());
+  REQUIRE(valid);
+  std::vector<double> losses[2];
+  std::vector<std::vector<float>> params[2];
+  int packs[2] = {0, 0}, unpacks[2] = {0, 0};
+  for (bool packedStepBuffers : {false, true}) {
+    PackCountingGpu *device = nullptr;
+    ExecutorOptions opts;
+    opts.packedStepBuffers = packedStepBuffers;
+    opts.createDevice = [&](Communicator *comm) {
+      auto d = std::make_unique<PackCountingGpu>(comm);
+      device = d.get();
+      return d;
+    };
+    Status status;
+    auto exec = Executor::create(plan, opts, status);
+    INFO(status.message());
+    REQUIRE(exec);
+    const int packed = device->packs.load(), unpacked = device->unpacks.load();
+    for (int64_t t = 1; t <= steps; ++t) {
+      double loss = 0;
+      REQUIRE(exec->runStep(t, loss));
+      losses[packedStepBuffers].push_back(loss);
+    }
+    packs[packedStepBuffers] = device->packs.load() - packed;
+    unpacks[packedStepBuffers] = device->unpacks.load() - unpacked;
+    params[packedStepBuffers].resize(plan.params_size());
+    for (int p = 0; p < plan.params_size(); ++p)
+      REQUIRE(
+          exec->stateToHost(p, Operand::PARAM, params[packedStepBuffers][p]));
+  }
+  CHECK(losses[1] == losses[0]);
+  CHECK(params[1] == params[0]);
+  // Per microbatch: dlogits neither packed nor unpacked, x not unpacked
+  // (only linear_grad_weight reads it); x is still packed (its writer,
+  // the embedding, stores fp32).
+  CHECK(packs[0] - packs[1] == steps * microbatches);
+  CHECK(unpacks[0] - unpacks[1] == 2 * steps * microbatches);
+  CHECK(unpacks[1] == 0);
 }

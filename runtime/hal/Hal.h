@@ -319,6 +319,17 @@ public:
     (void)input;
     return false;
   }
+  /// Mixed precision: whether kernel `info`, run with KernelContext::
+  /// lowPrecision, stores its output `output` (an f32 tensor in the plan,
+  /// which it rounds to bf16 itself: roundsOutputs) packed bf16 when given
+  /// a TensorRef of dtype BF16: the executor then gives it the packed step
+  /// buffer of a segment result whose readers all take it packed, with no
+  /// fp32 value and no packing pass after it (the same values: the same
+  /// bits). The default: no.
+  virtual bool writesPackedOutput(const KernelInfo &, int output) const {
+    (void)output;
+    return false;
+  }
   /// Runs consecutive `adamw` calls (the optimizer step's), each as
   /// runKernel would with `ctx` and the call's own bf16Copy; a backend may
   /// fuse them into fewer launches giving the same bits (the GPU backends:

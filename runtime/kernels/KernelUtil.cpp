@@ -156,9 +156,9 @@ Status expectPaddedMatrix(const KernelArgs &a, const TensorRef &t,
 
 Status expectPaddedRows(const KernelArgs &a, const TensorRef &t,
                         const char *name, int64_t rows, int64_t cols,
-                        int64_t &ld) {
+                        int64_t &ld, bool packable) {
   int64_t r = 0, c = 0;
-  PIPER_RETURN_IF_ERROR(expectPaddedMatrix(a, t, name, r, c, ld));
+  PIPER_RETURN_IF_ERROR(expectPaddedMatrix(a, t, name, r, c, ld, packable));
   if (r == rows && c == cols)
     return Status::ok();
   const bool padded = hasValidCols(a);

@@ -86,7 +86,9 @@ Status readInt(const KernelArgs &a, KernelAttr id, std::optional<int64_t> dflt,
 /// `valid_cols` attribute, t [rows, ld] holds `cols` = valid_cols valid
 /// columns per row (1 <= valid_cols <= ld; the others are never read);
 /// without it, cols = ld = t's columns.
-/// With `packable`, t may also be a GEMM's packed operand (expectGemmMatrix).
+/// With `packable`, t may in mixed precision also be packed bf16: a GEMM's
+/// packed input (expectGemmMatrix) or a packed output (the fused
+/// classifier's dlogits, hal::Device::writesPackedOutput).
 Status expectPaddedMatrix(const KernelArgs &a, const TensorRef &t,
                           const char *name, int64_t &rows, int64_t &cols,
                           int64_t &ld, bool packable = false);
@@ -103,7 +105,7 @@ const float *fp32Data(const TensorRef &t, std::vector<float> &tmp);
 /// expectPaddedMatrix of an operand whose valid part must be [rows, cols].
 Status expectPaddedRows(const KernelArgs &a, const TensorRef &t,
                         const char *name, int64_t rows, int64_t cols,
-                        int64_t &ld);
+                        int64_t &ld, bool packable = false);
 /// Whether the kernel has `valid_cols` (its padded operands).
 bool hasValidCols(const KernelArgs &a);
 /// Reads an integer attribute that must be at least 1.

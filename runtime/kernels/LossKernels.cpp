@@ -42,11 +42,13 @@ static Status checkLogitsAndTargets(const KernelArgs &a, LogitsDims &d) {
   return checkLogits(a, a.inputs[0], a.inputs[1], d.rows, d.vocab, &d.ld);
 }
 
-// dlogits [rows, vocab], padded as the logits may be (valid_cols).
+// dlogits [rows, vocab], padded as the logits may be (valid_cols); with
+// `packable`, in mixed precision also packed bf16 (the fused classifier's,
+// written into its step buffer as stored: Device::writesPackedOutput).
 static Status checkDlogits(const KernelArgs &a, const TensorRef &dlogits,
-                           LogitsDims &d) {
-  PIPER_RETURN_IF_ERROR(
-      expectPaddedRows(a, dlogits, "dlogits", d.rows, d.vocab, d.gradLd));
+                           LogitsDims &d, bool packable = false) {
+  PIPER_RETURN_IF_ERROR(expectPaddedRows(a, dlogits, "dlogits", d.rows,
+                                         d.vocab, d.gradLd, packable));
   return readFloat(a, KernelAttr::kScale, 1.0, d.scale);
 }
 
@@ -65,7 +67,7 @@ Status checkCrossEntropyFused(const KernelArgs &a, LogitsDims &d) {
   PIPER_RETURN_IF_ERROR(
       checkLogits(a, a.inputs[0], a.inputs[1], d.rows, d.vocab, &d.ld));
   PIPER_RETURN_IF_ERROR(expectScalar(a, a.outputs[0], "loss"));
-  return checkDlogits(a, a.outputs[1], d);
+  return checkDlogits(a, a.outputs[1], d, true);
 }
 
 Status checkLossAccumulate(const KernelArgs &a, double &scale) {
@@ -158,8 +160,22 @@ Status crossEntropyFusedKernel(const KernelArgs &a) {
   PIPER_RETURN_IF_ERROR(checkCrossEntropyFused(a, d));
   const TensorRef &targets = a.inputs[1];
   PIPER_RETURN_IF_ERROR(expectTokensBelow(a, targets, "targets", d.vocab));
+  const TensorRef &dlogits = a.outputs[1];
+  if (dlogits.dtype != plan::BF16) {
+    crossEntropyRows(a.inputs[0].f32(), targets.i32(), d, a.outputs[0].f32(),
+                     dlogits.f32(), d.scale);
+    return Status::ok();
+  }
+  // Packed: the fp32 gradient, then its valid columns rounded and packed
+  // (the executor's rounding and packing of the fp32 output).
+  std::vector<float> grad(static_cast<size_t>(d.rows * d.gradLd));
   crossEntropyRows(a.inputs[0].f32(), targets.i32(), d, a.outputs[0].f32(),
-                   a.outputs[1].f32(), d.scale);
+                   grad.data(), d.scale);
+  auto *packed = static_cast<uint16_t *>(dlogits.data);
+  for (int64_t n = 0; n < d.rows; ++n)
+    for (int64_t j = 0; j < d.vocab; ++j)
+      packed[n * d.gradLd + j] =
+          floatToBf16(grad[static_cast<size_t>(n * d.gradLd + j)]);
   return Status::ok();
 }
 

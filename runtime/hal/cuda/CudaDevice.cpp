@@ -372,6 +372,9 @@ public:
   bool readsPackedInput(const KernelInfo &info, int input) const override {
     return gpu::kernelReadsPackedInput(info, input);
   }
+  bool writesPackedOutput(const KernelInfo &info, int output) const override {
+    return gpu::kernelWritesPackedOutput(info, output);
+  }
   // Queued on the calling stream; called off-stream (loading, tests), the
   // work is complete on return.
   Status runKernel(const KernelInfo &info, const plan::Kernel &kernel,

@@ -70,13 +70,14 @@ TEST_CASE("the CUDA fused AdamW calls give each call's own bits, and the "
 // As gpu_kernels_test on the emulation: the GEMMs reading packed bf16
 // operands where they are (or re-strided, bf16 to bf16, where their
 // columns are not 16-byte aligned) give the bits of the same values as
-// fp32 operands packed by the GEMM.
-TEST_CASE("the CUDA kernels' packed bf16 inputs give their fp32 values' "
+// fp32 operands packed by the GEMM, and the fused classifier's packed
+// dlogits are its fp32 dlogits packed.
+TEST_CASE("the CUDA kernels' packed bf16 operands give their fp32 values' "
           "bits") {
   auto gpu = cudaDevice();
   std::set<std::string> checked;
-  CHECK(testing::comparePackedInputs(*gpu, *gpu, INT64_MAX, checked) == "");
-  CHECK(checked.size() == 7);
+  CHECK(testing::comparePackedOperands(*gpu, *gpu, INT64_MAX, checked) == "");
+  CHECK(checked.size() == 8);
 }
 
 // As gpu_kernels_test on the emulation: the executor does not zero a value

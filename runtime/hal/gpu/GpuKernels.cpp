@@ -45,6 +45,12 @@ bool kernelRoundsOutputs(const KernelInfo &info) {
   return kernels()[static_cast<size_t>(info.index)].roundsOutputs;
 }
 
+bool kernelWritesPackedOutput(const KernelInfo &info, int output) {
+  return output >= 0 && output < 32 &&
+         (kernels()[static_cast<size_t>(info.index)].packedOutputs >> output &
+          1);
+}
+
 bool kernelReadsPackedInput(const KernelInfo &info, int input) {
   return input >= 0 && input < 32 &&
          (kernels()[static_cast<size_t>(info.index)].packedInputs >> input & 1);

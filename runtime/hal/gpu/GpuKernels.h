@@ -39,6 +39,12 @@ struct KernelEntry {
   /// without the executor unpacking them first or the GEMM packing an fp32
   /// copy (Device::readsPackedInput). The same values: the same bits.
   uint32_t packedInputs = 0;
+  /// The outputs (bit i: output i) that the kernel, called with
+  /// KernelContext::lowPrecision and roundsOutputs, also stores packed
+  /// bf16 when given a BF16 TensorRef: the executor then gives it the step
+  /// buffer of a result as stored, with no fp32 value and no packing pass
+  /// (Device::writesPackedOutput). The same values rounded: the same bits.
+  uint32_t packedOutputs = 0;
 };
 
 /// Every GPU kernel; the i-th entry's KernelInfo has index i.
@@ -55,6 +61,9 @@ bool kernelRoundsOutputs(const KernelInfo &info);
 /// Whether kernels()[info.index].packedInputs has `input` (a Device's
 /// readsPackedInput).
 bool kernelReadsPackedInput(const KernelInfo &info, int input);
+/// Whether kernels()[info.index].packedOutputs has `output` (a Device's
+/// writesPackedOutput).
+bool kernelWritesPackedOutput(const KernelInfo &info, int output);
 /// kernels()[info.index].fn(args, ctx), with `attrs` =
 /// decodeKernelAttrs(kernel); checks the operands' storage as the CPU
 /// registry's runKernel does.

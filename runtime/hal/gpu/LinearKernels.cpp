@@ -270,10 +270,15 @@ Status crossEntropyFused(const KernelArgs &a, const Context &ctx) {
   PIPER_RETURN_IF_ERROR(detail::checkCrossEntropyFused(a, d));
   double *rowLoss = nullptr;
   PIPER_RETURN_IF_ERROR(reserveRowLoss(ctx, d.rows, rowLoss));
+  // dlogits packed where the executor gives its step buffer as stored
+  // (KernelEntry::packedOutputs).
+  const TensorRef &dlogits = a.outputs[1];
+  const bool packed = dlogits.dtype == plan::BF16;
   return launchCrossEntropy(
       ctx, a.inputs[0].f32(), a.inputs[1].i32(), launchDims(d), rowLoss,
-      a.outputs[0].f32(), d.scale / d.rows, a.outputs[1].f32(),
-      a.ctx.lowPrecision, a.ctx.lowPrecision && !a.outputs[0].shape.empty());
+      a.outputs[0].f32(), d.scale / d.rows, packed ? nullptr : dlogits.f32(),
+      a.ctx.lowPrecision, a.ctx.lowPrecision && !a.outputs[0].shape.empty(),
+      packed ? static_cast<uint16_t *>(dlogits.data) : nullptr);
 }
 
 Status vocabCeStats(const KernelArgs &a, const Context &ctx) {
@@ -339,7 +344,9 @@ void addLinearKernels(std::vector<KernelEntry> &out) {
           {"cross_entropy", crossEntropy},
           // dlogits rounded in mixed precision.
           {"cross_entropy_grad", crossEntropyGrad, nullptr, true},
-          {"cross_entropy_fused", crossEntropyFused, nullptr, true},
+          // and the fused classifier's written packed into its step buffer
+          // (packedOutputs).
+          {"cross_entropy_fused", crossEntropyFused, nullptr, true, 0, 0b10},
           {"vocab_ce_stats", vocabCeStats},
           {"vocab_cross_entropy", vocabCrossEntropy},
           {"vocab_cross_entropy_grad", vocabCrossEntropyGrad},

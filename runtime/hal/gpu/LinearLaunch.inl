@@ -89,15 +89,18 @@ Status launchColumnSums(const Context &ctx, const float *x, int64_t rows,
 Status launchCrossEntropy(const Context &ctx, const float *logits,
                           const int32_t *targets, const CrossEntropyDims &d,
                           double *rowLoss, float *loss, double rowScale,
-                          float *dlogits, bool round, bool roundLoss) {
+                          float *dlogits, bool round, bool roundLoss,
+                          uint16_t *dlogits16) {
   const int64_t rows = d.rows, vocab = d.vocab, ld = d.ld, gradLd = d.gradLd;
   using Lanes = Exec::Lanes;
   // One warp per row: the log-sum-exp once, then the row's loss (rowLoss),
-  // its gradient (dlogits) or both (the fused classifier), so that the
-  // fused outputs are bit for bit those of the two kernels.
-  const char *name = !loss     ? "cross_entropy_grad"
-                     : dlogits ? "cross_entropy_fused"
-                               : "cross_entropy";
+  // its gradient (dlogits, or packed dlogits16) or both (the fused
+  // classifier), so that the fused outputs are bit for bit those of the
+  // two kernels.
+  const bool grad = dlogits || dlogits16;
+  const char *name = !loss  ? "cross_entropy_grad"
+                     : grad ? "cross_entropy_fused"
+                            : "cross_entropy";
   PIPER_RETURN_IF_ERROR(Exec(ctx).forEachRow(
       name, rows, [=] PIPER_LAMBDA(Lanes lanes, int64_t r) {
         const float *row = logits + r * ld;
@@ -108,18 +111,19 @@ Status launchCrossEntropy(const Context &ctx, const float *logits,
         const int32_t t = targets[r];
         if (rowLoss && lanes.lane() == 0)
           rowLoss[r] = validTarget(t, vocab) ? lse - row[t] : lse;
-        if (!dlogits)
+        if (!grad)
           return;
         // As the CPU: the exponent is rounded to float once, from double;
         // the target's element in double, then rounded.
-        float *out = dlogits + r * gradLd;
         const float scale = static_cast<float>(rowScale);
         for (int64_t j = lanes.lane(); j < vocab; j += Lanes::kCount) {
           float e = expF(static_cast<float>(double(row[j]) - lse));
-          out[j] = roundedIf(j == t ? static_cast<float>(
-                                          rowScale * (double(e) - 1.0))
-                                    : scale * e,
-                             round);
+          float g = j == t ? static_cast<float>(rowScale * (double(e) - 1.0))
+                           : scale * e;
+          if (dlogits16)
+            dlogits16[r * gradLd + j] = toBf16(g);
+          else
+            dlogits[r * gradLd + j] = roundedIf(g, round);
         }
       }));
   if (!loss)

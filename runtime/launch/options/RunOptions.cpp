@@ -67,9 +67,10 @@ void addRunOptions(CLI::App &app, RunOptions &options) {
       ->capture_default_str();
   app.add_flag("--unpack-step-buffers", options.unpackStepBuffers,
                "bf16 plans: unpack every packed bf16 step buffer to fp32 "
-               "before the kernels that read it, also where the GPU GEMMs "
-               "would read it packed (the same results, more memory "
-               "passes; for comparing)");
+               "before the kernels that read it and pack every result "
+               "after its kernel, also where a GPU kernel would read or "
+               "write it packed (the same results, more memory passes; "
+               "for comparing)");
   app.add_option("--device-memory", options.deviceMemory,
                  "the most device memory each rank may use (80GiB, 141GB, "
                  "bytes): a plan that needs more, or more than the device "

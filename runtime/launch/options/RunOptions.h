@@ -23,8 +23,9 @@ struct RunOptions {
   /// "cudnn" (cuDNN or an error) or "simt" (docs/gpu.md).
   std::string attention = "auto";
   /// Mixed precision: unpack every packed bf16 step buffer to fp32 before
-  /// its readers, also where a GPU GEMM reads it packed
-  /// (ExecutorOptions::packedReads off): the same bits, for comparing.
+  /// its readers and pack every result from fp32, also where a GPU kernel
+  /// reads or writes it packed (ExecutorOptions::packedStepBuffers off):
+  /// the same bits, for comparing.
   bool unpackStepBuffers = false;
   int64_t steps = 1;
   uint64_t seed = 0;

@@ -313,7 +313,7 @@ void RankRun::createExecutor() {
   eo.seed = options.seed;
   eo.comm = comm.get();
   eo.deviceMemory = options.deviceMemoryBytes;
-  eo.packedReads = !options.unpackStepBuffers;
+  eo.packedStepBuffers = !options.unpackStepBuffers;
   hal::DeviceOptions deviceOptions;
   // The command line admits only the three names (RunOptions.cpp).
   deviceOptions.attention = hal::parseAttentionChoice(options.attention)

@@ -307,6 +307,9 @@ public:
   bool readsPackedInput(const KernelInfo &info, int input) const override {
     return gpu::kernelReadsPackedInput(info, input);
   }
+  bool writesPackedOutput(const KernelInfo &info, int output) const override {
+    return gpu::kernelWritesPackedOutput(info, output);
+  }
   Status runKernel(const KernelInfo &info, const plan::Kernel &kernel,
                    const KernelAttrs &attrs,
                    const std::vector<TensorRef> &inputs,

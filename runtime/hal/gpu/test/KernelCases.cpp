@@ -221,14 +221,29 @@ Side runOn(const KernelCase &c, Device &device,
 
 } // namespace
 
-std::string comparePackedInputs(Device &declaring, Device &device,
-                                int64_t maxElements,
-                                std::set<std::string> &checked) {
+namespace {
+// Words of packed bf16 values: the fp32 words rounded, two to a word.
+std::vector<uint32_t> packWords(const std::vector<uint32_t> &words) {
+  std::vector<uint16_t> halves(words.size() + 1, 0);
+  for (size_t e = 0; e < words.size(); ++e) {
+    float f;
+    std::memcpy(&f, &words[e], 4);
+    halves[e] = floatToBf16(f);
+  }
+  std::vector<uint32_t> packed(halves.size() / 2);
+  std::memcpy(packed.data(), halves.data(), packed.size() * 4);
+  return packed;
+}
+} // namespace
+
+std::string comparePackedOperands(Device &declaring, Device &device,
+                                  int64_t maxElements,
+                                  std::set<std::string> &checked) {
   for (const KernelCase &c : kernelCases()) {
     const KernelInfo *info = declaring.findKernel(c.op);
     if (!info || !c.rejects.empty())
       continue;
-    std::vector<size_t> packable;
+    std::vector<size_t> packable, packedOuts;
     int64_t elements = 0;
     for (size_t i = 0; i < c.inputs.size(); ++i) {
       elements += numel(c.inputs[i]);
@@ -236,9 +251,13 @@ std::string comparePackedInputs(Device &declaring, Device &device,
           declaring.readsPackedInput(*info, static_cast<int>(i)))
         packable.push_back(i);
     }
-    for (const Operand &o : c.outputs)
-      elements += numel(o);
-    if (packable.empty() || elements > maxElements)
+    for (size_t o = 0; o < c.outputs.size(); ++o) {
+      elements += numel(c.outputs[o]);
+      if (c.outputs[o].dtype == plan::F32 && !c.outputs[o].shape.empty() &&
+          declaring.writesPackedOutput(*info, static_cast<int>(o)))
+        packedOuts.push_back(o);
+    }
+    if ((packable.empty() && packedOuts.empty()) || elements > maxElements)
       continue;
     KernelCase low = c;
     low.lowPrecision = true;
@@ -249,21 +268,42 @@ std::string comparePackedInputs(Device &declaring, Device &device,
     // The packable inputs hold bf16 values, as a packed step buffer's do.
     std::vector<std::vector<uint32_t>> packedWords(ins.size());
     for (size_t i : packable) {
-      std::vector<uint16_t> halves(ins[i].size() + 1, 0);
-      for (size_t e = 0; e < ins[i].size(); ++e) {
+      packedWords[i] = packWords(ins[i]);
+      for (uint32_t &w : ins[i]) {
         float f;
-        std::memcpy(&f, &ins[i][e], 4);
-        halves[e] = floatToBf16(f);
-        f = bf16ToFloat(halves[e]);
-        std::memcpy(&ins[i][e], &f, 4);
+        std::memcpy(&f, &w, 4);
+        f = roundToBf16(f);
+        std::memcpy(&w, &f, 4);
       }
-      packedWords[i].resize(halves.size() / 2);
-      std::memcpy(packedWords[i].data(), halves.data(),
-                  packedWords[i].size() * 4);
     }
     Side want = runOn(low, device, ins, outs);
     if (!want.error.empty())
       return "case " + c.name + ": " + want.error;
+    // Each packed output: the fp32 run's packed (the elements it does not
+    // write, a padding, keep their initial values' packing).
+    for (size_t o : packedOuts) {
+      KernelCase withPacked = low;
+      withPacked.outputs[o].dtype = plan::BF16;
+      std::vector<std::vector<uint32_t>> initial = outs;
+      initial[o] = packWords(outs[o]);
+      const std::string what =
+          "case " + c.name + ", packed output " + std::to_string(o);
+      checked.insert(c.op + ":out" + std::to_string(o));
+      Side got = runOn(withPacked, device, ins, initial);
+      if (!got.error.empty())
+        return what + ": " + got.error;
+      std::vector<std::vector<uint32_t>> expected = want.outs;
+      expected[o] = packWords(want.outs[o]);
+      if (got.outs != expected || got.loss != want.loss)
+        return what + ": " + device.name() +
+               "'s outputs are not the fp32 outputs packed";
+      withPacked.lowPrecision = false;
+      Side refused = runOn(withPacked, device, ins, initial);
+      if (refused.kernelError.find("must be f32, got bf16") ==
+          std::string::npos)
+        return what + " without mixed precision: expected a refusal, got '" +
+               refused.error + "'";
+    }
     // Each packable input alone, then all of them.
     std::vector<std::vector<size_t>> sets;
     for (size_t i : packable)

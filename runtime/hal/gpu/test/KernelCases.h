@@ -105,7 +105,9 @@ struct DeviceRun {
     return TensorRef{o.dtype, o.shape, p};
   }
   std::vector<uint32_t> download(const TensorRef &t) {
-    std::vector<uint32_t> words(static_cast<size_t>(t.numel()));
+    // Packed bf16: two elements a word (the last word's upper half unused).
+    const int64_t n = t.dtype == plan::BF16 ? (t.numel() + 1) / 2 : t.numel();
+    std::vector<uint32_t> words(static_cast<size_t>(n));
     if (!words.empty())
       keep(device.allocator().copyToHost(words.data(), t.data,
                                          words.size() * 4));
@@ -146,17 +148,20 @@ std::string runOutputsFrom(const KernelCase &c, Device &device,
                            uint32_t outputWord,
                            std::vector<std::vector<uint32_t>> &outputs);
 
-/// Packed bf16 inputs (Device::readsPackedInput): for every case of an op
-/// that `declaring` says takes some input packed, run on `device` in mixed
-/// precision with those inputs' values rounded to bf16, once as fp32 and
-/// once packed (each such input alone, then all at once), and compare the
-/// outputs word for word (the same values: the same bits). Cases whose
-/// operands have more than `maxElements` elements are skipped. `checked`
-/// gets "op:input" of every packed input run. Also checks that a packed
-/// input outside mixed precision is refused. Returns "" or what differs.
-std::string comparePackedInputs(Device &declaring, Device &device,
-                                int64_t maxElements,
-                                std::set<std::string> &checked);
+/// Packed bf16 operands (Device::readsPackedInput, writesPackedOutput):
+/// for every case of an op that `declaring` says takes some input packed,
+/// run on `device` in mixed precision with those inputs' values rounded to
+/// bf16, once as fp32 and once packed (each such input alone, then all at
+/// once), and compare the outputs word for word (the same values: the same
+/// bits); for every output it says the op stores packed, the packed output
+/// must be the fp32 run's output packed, and the other outputs the same.
+/// Cases whose operands have more than `maxElements` elements are skipped.
+/// `checked` gets "op:input" of every packed input run and "op:out<o>" of
+/// every packed output. Also checks that a packed operand outside mixed
+/// precision is refused. Returns "" or what differs.
+std::string comparePackedOperands(Device &declaring, Device &device,
+                                  int64_t maxElements,
+                                  std::set<std::string> &checked);
 
 /// The devices' SquareSums (the gradient norm) on the same spans (empty, one
 /// element, several chunks) in their own memory, measured in two calls into

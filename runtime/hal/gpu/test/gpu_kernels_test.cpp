@@ -223,27 +223,40 @@ TEST_CASE("kernels that round their own outputs in mixed precision give the "
 // Kernels that take packed bf16 inputs (Device::readsPackedInput: the
 // GEMMs' operands that a mixed-precision step buffer feeds, passed as
 // stored instead of unpacked) give the bits of the same values as fp32,
-// on the emulated GPU and on the CPU (whose kernels unpack them); and they
-// are the inputs the registry says.
-TEST_CASE("packed bf16 inputs give the bits of their fp32 values") {
+// and those that store an output packed (writesPackedOutput: the fused
+// classifier's dlogits) store the fp32 output packed, on the emulated GPU
+// and on the CPU (whose kernels unpack and pack them); and they are the
+// operands the registry says.
+TEST_CASE("packed bf16 operands give the bits of their fp32 values") {
   auto cpu = createCpuDevice(nullptr);
   auto gpu = createEmulatedGpuDevice(nullptr);
   std::set<std::string> onGpu, onCpu;
-  CHECK(testing::comparePackedInputs(*gpu, *gpu, kLanesElements, onGpu) == "");
-  CHECK(testing::comparePackedInputs(*gpu, *cpu, kLanesElements, onCpu) == "");
+  CHECK(testing::comparePackedOperands(*gpu, *gpu, kLanesElements, onGpu) ==
+        "");
+  CHECK(testing::comparePackedOperands(*gpu, *cpu, kLanesElements, onCpu) ==
+        "");
   const std::set<std::string> declared = {"linear:0",
                                           "linear_gelu:0",
                                           "linear_grad_input:0",
                                           "linear_grad_input_gelu:0",
                                           "linear_grad_weight:0",
                                           "linear_grad_weight:1",
-                                          "linear_grad_weight_bias:0"};
+                                          "linear_grad_weight_bias:0",
+                                          "cross_entropy_fused:out1"};
   CHECK(onGpu == declared);
   CHECK(onCpu == declared);
-  // The CPU device takes none packed (its kernels would unpack them: no
-  // pass saved).
+  // The CPU device takes none packed (its kernels would unpack and pack
+  // them: no pass saved).
   for (const char *op : {"linear", "linear_grad_weight"})
     CHECK_FALSE(cpu->readsPackedInput(*cpu->findKernel(op), 0));
+  CHECK_FALSE(
+      cpu->writesPackedOutput(*cpu->findKernel("cross_entropy_fused"), 1));
+  // A kernel storing an output packed rounds its outputs itself (the
+  // executor has no fp32 value to round).
+  for (const auto &k : hal::PIPER_GPU_NS::kernels()) {
+    INFO("kernel " << k.name);
+    CHECK((k.packedOutputs == 0 || k.roundsOutputs));
+  }
 }
 
 // The step's loss accumulators (hal::LossSums): at least one slot; they
