@@ -65,8 +65,8 @@ struct ResolvedKernel {
   /// Per input: a value the kernel takes as packed bf16 where it is a
   /// packed argument of the segment (Device::readsPackedInput).
   std::vector<char> packedInputs;
-  /// Per output: the kernel stores it packed where it is a result that the
-  /// segment stores so (ExecutorImpl::packsResult).
+  /// Per output: the kernel stores it packed where the segment stores that
+  /// value so (ExecutorImpl::storesPacked).
   std::vector<char> packedOutputs;
   /// Operand views with dtypes and shapes filled in; a call sets `data`.
   std::vector<TensorRef> inputs, outputs;
@@ -84,6 +84,8 @@ struct CallScratch {
   std::vector<void *> packedValues;
   /// By result position: already packed into its step buffer.
   std::vector<char> stored;
+  /// By value id: whether it is a result.
+  std::vector<char> isResult;
 
   std::vector<TensorRef> inputs, outputs;
   /// A run of `adamw` kernels: their calls, and their gradients' spans.
@@ -208,11 +210,12 @@ public:
   /// is also a result); where not, every reader takes the step buffer as
   /// it is (ResolvedKernel::packedInputs) and its slot goes unused.
   std::vector<std::vector<char>> unpacksArg;
-  /// [segment][result]: whether a result's one writer stores it straight
-  /// into its packed bf16 step buffer (Device::writesPackedOutput; every
-  /// reader in the segment takes it packed), with no fp32 value and no
-  /// packing pass after it.
-  std::vector<std::vector<char>> packsResult;
+  /// [segment][value]: whether a value's one writer stores it packed bf16
+  /// (Device::writesPackedOutput; every reader in the segment takes it
+  /// packed): a result straight into its packed step buffer, with no fp32
+  /// value and no packing pass after it; any other value in the first half
+  /// of its slot (mixed-precision activations stored as bf16).
+  std::vector<std::vector<char>> storesPacked;
   std::vector<CallScratch> scratch; // [stream]
   /// distinctInputs[s][i]: the buffers instruction i of stream s reads,
   /// each once; a buffer dies after its last such read.

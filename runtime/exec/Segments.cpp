@@ -29,14 +29,15 @@ bool firstWriterOverwrites(const plan::Kernel &kernel, int v) {
   return output;
 }
 
-/// Per result of `seg`: whether its value is stored straight into its
-/// packed step buffer by its one writer (ResolvedKernel::packedOutputs),
-/// every reader taking it packed (packedInputs); not an argument, and not
-/// another result too. `argOf`: per value, its argument position or -1.
-std::vector<char> packedResults(const plan::Segment &seg,
-                                const std::vector<ResolvedKernel> &resolved,
-                                const std::vector<int> &argOf) {
-  // Per value: its packed writes, other writes, and fp32 reads.
+/// Per value of `seg`: whether it is stored packed bf16 by its one writer
+/// (ResolvedKernel::packedOutputs), every reader taking it packed
+/// (packedInputs): a result into its step buffer (once a result; it may
+/// not be several), any other value in the first half of its own slot. Not
+/// an argument. `argOf`: per value, its argument position or -1.
+std::vector<char> packedValues(const plan::Segment &seg,
+                               const std::vector<ResolvedKernel> &resolved,
+                               const std::vector<int> &argOf) {
+  // Per value: its packed writes, and its other writes and fp32 reads.
   std::vector<int> packedWrites(seg.values_size(), 0),
       otherUses(seg.values_size(), 0), asResult(seg.values_size(), 0);
   for (int k = 0; k < seg.kernels_size(); ++k) {
@@ -62,12 +63,10 @@ std::vector<char> packedResults(const plan::Segment &seg,
   }
   for (int v : seg.results())
     ++asResult[v];
-  std::vector<char> packs(seg.results_size(), 0);
-  for (int r = 0; r < seg.results_size(); ++r) {
-    int v = seg.results(r);
-    packs[r] = argOf[v] < 0 && asResult[v] == 1 && packedWrites[v] == 1 &&
-               otherUses[v] == 0;
-  }
+  std::vector<char> packs(seg.values_size(), 0);
+  for (int v = 0; v < seg.values_size(); ++v)
+    packs[v] = argOf[v] < 0 && asResult[v] <= 1 && packedWrites[v] == 1 &&
+               otherUses[v] == 0 && seg.value_offsets(v) >= 0;
   return packs;
 }
 
@@ -100,7 +99,7 @@ SegmentLifetimes computeLifetimes(const plan::Segment &seg) {
 Status ExecutorImpl::resolveKernels() {
   kernels.clear();
   unpacksArg.clear();
-  packsResult.clear();
+  storesPacked.clear();
   for (int g = 0; g < plan.segments_size(); ++g) {
     const plan::Segment &seg = plan.segments(g);
     std::vector<ResolvedKernel> resolved(seg.kernels_size());
@@ -183,7 +182,7 @@ Status ExecutorImpl::resolveKernels() {
             !resolved[k].packedInputs[j])
           unpacks[argOf[o.index()]] = 1;
       }
-    packsResult.push_back(packedResults(seg, resolved, argOf));
+    storesPacked.push_back(packedValues(seg, resolved, argOf));
     // Runs of consecutive updates, run together.
     const SegmentLifetimes &lt = lifetimes[static_cast<size_t>(g)];
     auto groupable = [&](int k) {
@@ -358,16 +357,23 @@ Status ExecutorImpl::call(int s, const Instruction &inst, StepState &st,
   packedValues.assign(seg.values_size(), nullptr);
   std::vector<char> &stored = scratch.stored;
   stored.assign(inst.outputs_size(), 0);
-  // Results their writer stores packed: straight into the step buffer.
-  const std::vector<char> &packs = packsResult[segIndex];
+  // Values their writer stores packed: a result straight into its step
+  // buffer (where that is packed), any other value in its slot.
+  const std::vector<char> &packs = storesPacked[segIndex];
+  std::vector<char> &isResult = scratch.isResult;
+  isResult.assign(seg.values_size(), 0);
   for (int r = 0; r < inst.outputs_size(); ++r) {
     int v = seg.results(r);
+    isResult[v] = 1;
     const TensorPtr &dst = bufferViews[inst.outputs(r)];
-    if (packs[r] && dst->dtype == plan::BF16 && seg.value_offsets(v) >= 0) {
+    if (packs[v] && dst->dtype == plan::BF16) {
       packedValues[v] = dst->data;
       stored[r] = 1;
     }
   }
+  for (int v = 0; v < seg.values_size(); ++v)
+    if (packs[v] && !isResult[v])
+      packedValues[v] = values[v];
   const std::vector<char> &unpacks = unpacksArg[segIndex];
   for (int a = 0; a < inst.inputs_size(); ++a) {
     int id = inst.inputs(a), v = seg.args(a);
@@ -423,7 +429,7 @@ Status ExecutorImpl::call(int s, const Instruction &inst, StepState &st,
     for (int j = 0; j < kernel.outputs_size(); ++j) {
       const Operand &op = kernel.outputs(j);
       if (rk.packedOutputs[j] && packedValues[op.index()]) {
-        // A result stored packed (ExecutorImpl::packsResult).
+        // A value stored packed (ExecutorImpl::storesPacked).
         bind(outs[j], rk.outputs[j], packedValues[op.index()]);
         outs[j].dtype = plan::BF16;
       } else {

@@ -59,7 +59,7 @@ Status checkCrossEntropy(const KernelArgs &a, LogitsDims &d) {
 
 Status checkCrossEntropyGrad(const KernelArgs &a, LogitsDims &d) {
   PIPER_RETURN_IF_ERROR(checkLogitsAndTargets(a, d));
-  return checkDlogits(a, a.outputs[0], d);
+  return checkDlogits(a, a.outputs[0], d, true);
 }
 
 Status checkCrossEntropyFused(const KernelArgs &a, LogitsDims &d) {
@@ -110,6 +110,30 @@ PIPER_SIMD static void crossEntropyGradRow(const float *__restrict row,
 // per-row losses are summed in row order: the same on any number of threads.
 static void crossEntropyRows(const float *logits, const int32_t *targets,
                              const LogitsDims &d, float *loss, float *dlogits,
+                             double scale);
+
+// The same into the dlogits operand, which may be packed bf16 (the
+// executor's storage of mixed-precision activations): then the fp32
+// gradient, its valid columns rounded and packed (the executor's rounding
+// and packing of the fp32 output).
+static void crossEntropyRows(const float *logits, const int32_t *targets,
+                             const LogitsDims &d, float *loss,
+                             const TensorRef &dlogits, double scale) {
+  if (dlogits.dtype != plan::BF16) {
+    crossEntropyRows(logits, targets, d, loss, dlogits.f32(), scale);
+    return;
+  }
+  std::vector<float> grad(static_cast<size_t>(d.rows * d.gradLd));
+  crossEntropyRows(logits, targets, d, loss, grad.data(), scale);
+  auto *packed = static_cast<uint16_t *>(dlogits.data);
+  for (int64_t n = 0; n < d.rows; ++n)
+    for (int64_t j = 0; j < d.vocab; ++j)
+      packed[n * d.gradLd + j] =
+          floatToBf16(grad[static_cast<size_t>(n * d.gradLd + j)]);
+}
+
+static void crossEntropyRows(const float *logits, const int32_t *targets,
+                             const LogitsDims &d, float *loss, float *dlogits,
                              double scale) {
   const int64_t rows = d.rows, vocab = d.vocab;
   std::vector<double> rowLoss(loss ? rows : 0);
@@ -150,8 +174,8 @@ Status crossEntropyGradKernel(const KernelArgs &a) {
   PIPER_RETURN_IF_ERROR(checkCrossEntropyGrad(a, d));
   const TensorRef &targets = a.inputs[1];
   PIPER_RETURN_IF_ERROR(expectTokensBelow(a, targets, "targets", d.vocab));
-  crossEntropyRows(a.inputs[0].f32(), targets.i32(), d, nullptr,
-                   a.outputs[0].f32(), d.scale);
+  crossEntropyRows(a.inputs[0].f32(), targets.i32(), d, nullptr, a.outputs[0],
+                   d.scale);
   return Status::ok();
 }
 
@@ -160,22 +184,8 @@ Status crossEntropyFusedKernel(const KernelArgs &a) {
   PIPER_RETURN_IF_ERROR(checkCrossEntropyFused(a, d));
   const TensorRef &targets = a.inputs[1];
   PIPER_RETURN_IF_ERROR(expectTokensBelow(a, targets, "targets", d.vocab));
-  const TensorRef &dlogits = a.outputs[1];
-  if (dlogits.dtype != plan::BF16) {
-    crossEntropyRows(a.inputs[0].f32(), targets.i32(), d, a.outputs[0].f32(),
-                     dlogits.f32(), d.scale);
-    return Status::ok();
-  }
-  // Packed: the fp32 gradient, then its valid columns rounded and packed
-  // (the executor's rounding and packing of the fp32 output).
-  std::vector<float> grad(static_cast<size_t>(d.rows * d.gradLd));
   crossEntropyRows(a.inputs[0].f32(), targets.i32(), d, a.outputs[0].f32(),
-                   grad.data(), d.scale);
-  auto *packed = static_cast<uint16_t *>(dlogits.data);
-  for (int64_t n = 0; n < d.rows; ++n)
-    for (int64_t j = 0; j < d.vocab; ++j)
-      packed[n * d.gradLd + j] =
-          floatToBf16(grad[static_cast<size_t>(n * d.gradLd + j)]);
+                   a.outputs[1], d.scale);
   return Status::ok();
 }
 

@@ -260,9 +260,13 @@ Status crossEntropy(const KernelArgs &a, const Context &ctx) {
 Status crossEntropyGrad(const KernelArgs &a, const Context &ctx) {
   detail::LogitsDims d;
   PIPER_RETURN_IF_ERROR(detail::checkCrossEntropyGrad(a, d));
-  return launchCrossEntropy(ctx, a.inputs[0].f32(), a.inputs[1].i32(),
-                            launchDims(d), nullptr, nullptr, d.scale / d.rows,
-                            a.outputs[0].f32(), a.ctx.lowPrecision);
+  const TensorRef &dlogits = a.outputs[0];
+  const bool packed = dlogits.dtype == plan::BF16;
+  return launchCrossEntropy(
+      ctx, a.inputs[0].f32(), a.inputs[1].i32(), launchDims(d), nullptr,
+      nullptr, d.scale / d.rows, packed ? nullptr : dlogits.f32(),
+      a.ctx.lowPrecision, false,
+      packed ? static_cast<uint16_t *>(dlogits.data) : nullptr);
 }
 
 Status crossEntropyFused(const KernelArgs &a, const Context &ctx) {
@@ -342,8 +346,9 @@ void addLinearKernels(std::vector<KernelEntry> &out) {
           {"linear_grad_weight_bias", linearGradWeightBias, nullptr, false,
            0b1},
           {"cross_entropy", crossEntropy},
-          // dlogits rounded in mixed precision.
-          {"cross_entropy_grad", crossEntropyGrad, nullptr, true},
+          // dlogits rounded in mixed precision, or stored packed
+          // (packedOutputs).
+          {"cross_entropy_grad", crossEntropyGrad, nullptr, true, 0, 0b1},
           // and the fused classifier's written packed into its step buffer
           // (packedOutputs).
           {"cross_entropy_fused", crossEntropyFused, nullptr, true, 0, 0b10},

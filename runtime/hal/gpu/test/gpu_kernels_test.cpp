@@ -242,6 +242,7 @@ TEST_CASE("packed bf16 operands give the bits of their fp32 values") {
                                           "linear_grad_weight:0",
                                           "linear_grad_weight:1",
                                           "linear_grad_weight_bias:0",
+                                          "cross_entropy_grad:out0",
                                           "cross_entropy_fused:out1"};
   CHECK(onGpu == declared);
   CHECK(onCpu == declared);
