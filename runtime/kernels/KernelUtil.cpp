@@ -127,6 +127,28 @@ Status expectGemmMatrix(const KernelArgs &a, const TensorRef &t,
   return expectMatrix(a, t, name, gemmDType(a, t, true), rows, cols);
 }
 
+Status expectPackableOutput(const KernelArgs &a, const TensorRef &t,
+                            const char *name,
+                            const std::vector<int64_t> &shape) {
+  return expectTensor(a, t, name, gemmDType(a, t, true), shape);
+}
+
+float *outputRow(const TensorRef &t, int64_t n, int64_t cols,
+                 std::vector<float> &scratch) {
+  if (t.dtype != plan::BF16)
+    return t.f32() + n * cols;
+  scratch.resize(static_cast<size_t>(cols));
+  return scratch.data();
+}
+
+void storeRow(const TensorRef &t, int64_t n, int64_t cols, const float *row) {
+  if (t.dtype != plan::BF16)
+    return;
+  uint16_t *out = static_cast<uint16_t *>(t.data) + n * cols;
+  for (int64_t j = 0; j < cols; ++j)
+    out[j] = floatToBf16(row[j]);
+}
+
 const float *fp32Data(const TensorRef &t, std::vector<float> &tmp) {
   if (t.dtype != plan::BF16)
     return t.f32();

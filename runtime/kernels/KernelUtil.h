@@ -102,6 +102,19 @@ Status expectGemmMatrix(const KernelArgs &a, const TensorRef &t,
 /// The floats of an f32 operand, or the values of a packed bf16 one
 /// unpacked into `tmp`.
 const float *fp32Data(const TensorRef &t, std::vector<float> &tmp);
+/// expectTensor of an f32 output that in mixed precision may instead be
+/// packed bf16 (a mixed-precision activation the executor stores packed:
+/// hal::Device::writesPackedOutput).
+Status expectPackableOutput(const KernelArgs &a, const TensorRef &t,
+                            const char *name,
+                            const std::vector<int64_t> &shape);
+/// Where row `n` of `cols` floats of output `t` is computed: t's own row,
+/// or for a packed t `scratch`, which storeRow then packs into t's row
+/// (rounded to nearest even: the executor's rounding and packing of the
+/// fp32 row). For the CPU kernels' packed outputs (expectPackableOutput).
+float *outputRow(const TensorRef &t, int64_t n, int64_t cols,
+                 std::vector<float> &scratch);
+void storeRow(const TensorRef &t, int64_t n, int64_t cols, const float *row);
 /// expectPaddedMatrix of an operand whose valid part must be [rows, cols].
 Status expectPaddedRows(const KernelArgs &a, const TensorRef &t,
                         const char *name, int64_t rows, int64_t cols,

@@ -69,7 +69,7 @@ Status checkAddNorm(const KernelArgs &a, size_t inputs, double defaultEps,
       expectTensor(a, a.inputs[1], "r", plan::F32, {rows, hidden}));
   PIPER_RETURN_IF_ERROR(
       expectTensor(a, a.outputs[0], "s", plan::F32, {rows, hidden}));
-  return expectTensor(a, a.outputs[1], "y", plan::F32, {rows, hidden});
+  return expectPackableOutput(a, a.outputs[1], "y", {rows, hidden});
 }
 
 // A norm's grad_weight, which takes no gamma: (x [N,H], dy [N,H]) ->
@@ -312,7 +312,7 @@ Status checkLayerNorm(const KernelArgs &a, int64_t &rows, int64_t &hidden,
                                           kLayerNormEps, rows, hidden, eps));
   PIPER_RETURN_IF_ERROR(
       expectTensor(a, a.inputs[2], "beta", plan::F32, {hidden}));
-  return expectTensor(a, a.outputs[0], "y", plan::F32, {rows, hidden});
+  return expectPackableOutput(a, a.outputs[0], "y", {rows, hidden});
 }
 
 Status layerNormKernel(const KernelArgs &a) {
@@ -326,8 +326,10 @@ Status layerNormKernel(const KernelArgs &a) {
     const float *xr = x.f32() + n * hidden;
     double mean = 0, rstd = 0;
     rowStats(xr, hidden, eps, mean, rstd);
-    layerNormRow(xr, gamma.f32(), beta.f32(), y.f32() + n * hidden, hidden,
-                 mean, rstd);
+    std::vector<float> packed;
+    float *yr = outputRow(y, n, hidden, packed);
+    layerNormRow(xr, gamma.f32(), beta.f32(), yr, hidden, mean, rstd);
+    storeRow(y, n, hidden, yr);
   });
   return Status::ok();
 }
@@ -343,11 +345,14 @@ Status addLayerNormKernel(const KernelArgs &a) {
   double eps = 0;
   PIPER_RETURN_IF_ERROR(checkAddLayerNorm(a, rows, hidden, eps));
   const float *gamma = a.inputs[2].f32(), *beta = a.inputs[3].f32();
-  float *y = a.outputs[1].f32();
+  const TensorRef &y = a.outputs[1];
   addThenNorm(a, rows, hidden, [&](const float *s, int64_t n) {
     double mean = 0, rstd = 0;
     rowStats(s, hidden, eps, mean, rstd);
-    layerNormRow(s, gamma, beta, y + n * hidden, hidden, mean, rstd);
+    std::vector<float> packed;
+    float *yr = outputRow(y, n, hidden, packed);
+    layerNormRow(s, gamma, beta, yr, hidden, mean, rstd);
+    storeRow(y, n, hidden, yr);
   });
   return Status::ok();
 }
@@ -403,7 +408,7 @@ Status checkRmsNorm(const KernelArgs &a, int64_t &rows, int64_t &hidden,
   PIPER_RETURN_IF_ERROR(expectCounts(a, 2, 2, 1));
   PIPER_RETURN_IF_ERROR(checkNormOperands(a, a.inputs[0], a.inputs[1],
                                           kRmsNormEps, rows, hidden, eps));
-  return expectTensor(a, a.outputs[0], "y", plan::F32, {rows, hidden});
+  return expectPackableOutput(a, a.outputs[0], "y", {rows, hidden});
 }
 
 Status rmsNormKernel(const KernelArgs &a) {
@@ -414,8 +419,10 @@ Status rmsNormKernel(const KernelArgs &a) {
 
   forEachRow(rows, hidden, [&](int64_t n) {
     const float *xr = x.f32() + n * hidden;
-    rmsNormRow(xr, gamma.f32(), y.f32() + n * hidden, hidden,
-               rowRrms(xr, hidden, eps));
+    std::vector<float> packed;
+    float *yr = outputRow(y, n, hidden, packed);
+    rmsNormRow(xr, gamma.f32(), yr, hidden, rowRrms(xr, hidden, eps));
+    storeRow(y, n, hidden, yr);
   });
   return Status::ok();
 }
@@ -430,9 +437,12 @@ Status addRmsNormKernel(const KernelArgs &a) {
   double eps = 0;
   PIPER_RETURN_IF_ERROR(checkAddRmsNorm(a, rows, hidden, eps));
   const float *gamma = a.inputs[2].f32();
-  float *y = a.outputs[1].f32();
+  const TensorRef &y = a.outputs[1];
   addThenNorm(a, rows, hidden, [&](const float *s, int64_t n) {
-    rmsNormRow(s, gamma, y + n * hidden, hidden, rowRrms(s, hidden, eps));
+    std::vector<float> packed;
+    float *yr = outputRow(y, n, hidden, packed);
+    rmsNormRow(s, gamma, yr, hidden, rowRrms(s, hidden, eps));
+    storeRow(y, n, hidden, yr);
   });
   return Status::ok();
 }

@@ -77,7 +77,7 @@ TEST_CASE("the CUDA kernels' packed bf16 operands give their fp32 values' "
   auto gpu = cudaDevice();
   std::set<std::string> checked;
   CHECK(testing::comparePackedOperands(*gpu, *gpu, INT64_MAX, checked) == "");
-  CHECK(checked.size() == 9);
+  CHECK(checked.size() == 13);
 }
 
 // As gpu_kernels_test on the emulation: the executor does not zero a value

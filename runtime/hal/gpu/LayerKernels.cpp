@@ -70,23 +70,34 @@ Status positionAddGrad(const KernelArgs &a, const Context &ctx) {
                                a.outputs[0].shape[0], partials);
 }
 
+// A norm's y: fp32, or packed bf16 where the executor stores it so
+// (KernelEntry::packedOutputs).
+float *f32Out(const TensorRef &y) {
+  return y.dtype == plan::BF16 ? nullptr : y.f32();
+}
+uint16_t *bf16Out(const TensorRef &y) {
+  return y.dtype == plan::BF16 ? static_cast<uint16_t *>(y.data) : nullptr;
+}
+
 Status layerNorm(const KernelArgs &a, const Context &ctx) {
   int64_t rows = 0, hidden = 0;
   double eps = 0;
   PIPER_RETURN_IF_ERROR(detail::checkLayerNorm(a, rows, hidden, eps));
+  const TensorRef &y = a.outputs[0];
   return launchLayerNorm(ctx, a.inputs[0].f32(), a.inputs[1].f32(),
-                         a.inputs[2].f32(), a.outputs[0].f32(), rows, hidden,
-                         eps, a.ctx.lowPrecision);
+                         a.inputs[2].f32(), f32Out(y), rows, hidden, eps,
+                         a.ctx.lowPrecision, {}, bf16Out(y));
 }
 
 Status addLayerNorm(const KernelArgs &a, const Context &ctx) {
   int64_t rows = 0, hidden = 0;
   double eps = 0;
   PIPER_RETURN_IF_ERROR(detail::checkAddLayerNorm(a, rows, hidden, eps));
+  const TensorRef &y = a.outputs[1];
   return launchLayerNorm(ctx, a.inputs[0].f32(), a.inputs[2].f32(),
-                         a.inputs[3].f32(), a.outputs[1].f32(), rows, hidden,
-                         eps, a.ctx.lowPrecision,
-                         {a.inputs[1].f32(), a.outputs[0].f32()});
+                         a.inputs[3].f32(), f32Out(y), rows, hidden, eps,
+                         a.ctx.lowPrecision,
+                         {a.inputs[1].f32(), a.outputs[0].f32()}, bf16Out(y));
 }
 
 Status layerNormGradInput(const KernelArgs &a, const Context &ctx) {
@@ -128,18 +139,19 @@ Status rmsNorm(const KernelArgs &a, const Context &ctx) {
   int64_t rows = 0, hidden = 0;
   double eps = 0;
   PIPER_RETURN_IF_ERROR(detail::checkRmsNorm(a, rows, hidden, eps));
-  return launchRmsNorm(ctx, a.inputs[0].f32(), a.inputs[1].f32(),
-                       a.outputs[0].f32(), rows, hidden, eps,
-                       a.ctx.lowPrecision);
+  const TensorRef &y = a.outputs[0];
+  return launchRmsNorm(ctx, a.inputs[0].f32(), a.inputs[1].f32(), f32Out(y),
+                       rows, hidden, eps, a.ctx.lowPrecision, {}, bf16Out(y));
 }
 
 Status addRmsNorm(const KernelArgs &a, const Context &ctx) {
   int64_t rows = 0, hidden = 0;
   double eps = 0;
   PIPER_RETURN_IF_ERROR(detail::checkAddRmsNorm(a, rows, hidden, eps));
-  return launchRmsNorm(
-      ctx, a.inputs[0].f32(), a.inputs[2].f32(), a.outputs[1].f32(), rows,
-      hidden, eps, a.ctx.lowPrecision, {a.inputs[1].f32(), a.outputs[0].f32()});
+  const TensorRef &y = a.outputs[1];
+  return launchRmsNorm(ctx, a.inputs[0].f32(), a.inputs[2].f32(), f32Out(y),
+                       rows, hidden, eps, a.ctx.lowPrecision,
+                       {a.inputs[1].f32(), a.outputs[0].f32()}, bf16Out(y));
 }
 
 Status rmsNormGradInput(const KernelArgs &a, const Context &ctx) {
@@ -261,15 +273,15 @@ void addLayerKernels(std::vector<KernelEntry> &out) {
           // (Device::roundsOutputs).
           {"position_add", positionAdd, nullptr, true},
           {"position_add_grad", positionAddGrad},
-          {"layer_norm", layerNorm, nullptr, true},
+          {"layer_norm", layerNorm, nullptr, true, 0, 0b1},
           {"layer_norm_grad_input", layerNormGradInput, nullptr, true},
           {"layer_norm_grad_weight", layerNormGradWeight, nullptr, true},
-          {"rms_norm", rmsNorm, nullptr, true},
+          {"rms_norm", rmsNorm, nullptr, true, 0, 0b1},
           {"rms_norm_grad_input", rmsNormGradInput, nullptr, true},
           {"rms_norm_grad_weight", rmsNormGradWeight, nullptr, true},
           // The residual stream's add fused into the norms.
-          {"add_layer_norm", addLayerNorm, nullptr, true},
-          {"add_rms_norm", addRmsNorm, nullptr, true},
+          {"add_layer_norm", addLayerNorm, nullptr, true, 0, 0b10},
+          {"add_rms_norm", addRmsNorm, nullptr, true, 0, 0b10},
           {"layer_norm_grad_input_add", layerNormGradInputAdd, nullptr, true},
           {"rms_norm_grad_input_add", rmsNormGradInputAdd, nullptr, true},
           {"qk_norm", qkNorm},

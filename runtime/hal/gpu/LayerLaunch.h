@@ -47,11 +47,13 @@ struct ResidualSum {
   const float *r = nullptr;
   float *sum = nullptr;
 };
-/// Layer norm of each row (a warp per row).
+/// Layer norm of each row (a warp per row). With `y16` instead of `y`, y
+/// is stored packed bf16, the same values rounded (Device::
+/// writesPackedOutput).
 Status launchLayerNorm(const Context &ctx, const float *x, const float *gamma,
                        const float *beta, float *y, int64_t rows,
                        int64_t hidden, double eps, bool round = false,
-                       ResidualSum residual = {});
+                       ResidualSum residual = {}, uint16_t *y16 = nullptr);
 /// dx of layer norm; with `residual` set (layer_norm_grad_input_add),
 /// residual + dx, dx rounded with `round` first (as grad_input's output
 /// before add).
@@ -75,9 +77,11 @@ Status launchLayerNormGradWeight(const Context &ctx, const float *x,
                                  const float *dy, float *dgamma, float *dbeta,
                                  int64_t rows, int64_t hidden, double eps,
                                  double *scratch, SumsOut to = {});
+/// RMS norm of each row; `y16` as launchLayerNorm's.
 Status launchRmsNorm(const Context &ctx, const float *x, const float *gamma,
                      float *y, int64_t rows, int64_t hidden, double eps,
-                     bool round = false, ResidualSum residual = {});
+                     bool round = false, ResidualSum residual = {},
+                     uint16_t *y16 = nullptr);
 Status launchRmsNormGradInput(const Context &ctx, const float *x,
                               const float *gamma, const float *dy, float *dx,
                               int64_t rows, int64_t hidden, double eps,

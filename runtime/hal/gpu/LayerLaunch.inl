@@ -195,18 +195,21 @@ PIPER_HOST_DEVICE inline float withResidual(float v, const float *residual,
 Status launchLayerNorm(const Context &ctx, const float *x, const float *gamma,
                        const float *beta, float *y, int64_t rows,
                        int64_t hidden, double eps, bool round,
-                       ResidualSum residual) {
+                       ResidualSum residual, uint16_t *y16) {
   using Lanes = Exec::Lanes;
   return Exec(ctx).forEachRow(
       "layer_norm", rows, [=] PIPER_LAMBDA(Lanes lanes, int64_t n) {
         const float *xr = residualRow(lanes, x, residual, n, hidden, round);
-        float *yr = y + n * hidden;
         double mean = 0, rstd = 0;
         layerNormStats(lanes, xr, hidden, eps, mean, rstd);
-        for (int64_t j = lanes.lane(); j < hidden; j += Lanes::kCount)
-          yr[j] = roundedIf(
-              static_cast<float>((xr[j] - mean) * rstd * gamma[j] + beta[j]),
-              round);
+        for (int64_t j = lanes.lane(); j < hidden; j += Lanes::kCount) {
+          float v =
+              static_cast<float>((xr[j] - mean) * rstd * gamma[j] + beta[j]);
+          if (y16)
+            y16[n * hidden + j] = toBf16(v);
+          else
+            y[n * hidden + j] = roundedIf(v, round);
+        }
       });
 }
 
@@ -284,15 +287,19 @@ Status launchLayerNormGradWeight(const Context &ctx, const float *x,
 
 Status launchRmsNorm(const Context &ctx, const float *x, const float *gamma,
                      float *y, int64_t rows, int64_t hidden, double eps,
-                     bool round, ResidualSum residual) {
+                     bool round, ResidualSum residual, uint16_t *y16) {
   using Lanes = Exec::Lanes;
   return Exec(ctx).forEachRow(
       "rms_norm", rows, [=] PIPER_LAMBDA(Lanes lanes, int64_t n) {
         const float *xr = residualRow(lanes, x, residual, n, hidden, round);
-        float *yr = y + n * hidden;
         double rrms = rmsNormRrms(lanes, xr, hidden, eps);
-        for (int64_t j = lanes.lane(); j < hidden; j += Lanes::kCount)
-          yr[j] = roundedIf(static_cast<float>(xr[j] * rrms * gamma[j]), round);
+        for (int64_t j = lanes.lane(); j < hidden; j += Lanes::kCount) {
+          float v = static_cast<float>(xr[j] * rrms * gamma[j]);
+          if (y16)
+            y16[n * hidden + j] = toBf16(v);
+          else
+            y[n * hidden + j] = roundedIf(v, round);
+        }
       });
 }
 

@@ -243,7 +243,11 @@ TEST_CASE("packed bf16 operands give the bits of their fp32 values") {
                                           "linear_grad_weight:1",
                                           "linear_grad_weight_bias:0",
                                           "cross_entropy_grad:out0",
-                                          "cross_entropy_fused:out1"};
+                                          "cross_entropy_fused:out1",
+                                          "layer_norm:out0",
+                                          "rms_norm:out0",
+                                          "add_layer_norm:out1",
+                                          "add_rms_norm:out1"};
   CHECK(onGpu == declared);
   CHECK(onCpu == declared);
   // The CPU device takes none packed (its kernels would unpack and pack
