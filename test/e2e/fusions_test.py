@@ -63,8 +63,9 @@ The fusions:
 The cases cover one rank in fp32 and bf16, the emulated CUDA backend
 (bf16), a pipeline (the last stage's forward and backward are separate
 tasks, 1F1B and zero-bubble, the latter in bf16 on the emulated CUDA
-backend), data parallelism with ZeRO-2, tensor
-parallelism without the vocabulary split (a replicated head), full
+backend), data parallelism with ZeRO-2, tensor parallelism without the
+vocabulary split (a replicated head; also with sequence parallelism and
+full recomputation in bf16 on the emulated CUDA backend), full
 recomputation, a Llama (also on the emulated CUDA backend in bf16) and a
 tied-head GPT, and an MoE model.
 
@@ -113,6 +114,10 @@ CASES = [
      ["--tp", "2", "--no-vocab-parallel"], 2, "cpu"),
     ("gpt tied head, full recompute", ["gpt", "--layers", "2"],
      ["--recompute", "full"], 1, "cpu"),
+    ("llama-tiny TP2 SP, full recompute, bf16, cuda-emulation",
+     ["llama-tiny"], ["--tp", "2", "--sp", "--no-vocab-parallel",
+                      "--recompute", "full", "--dtype", "bf16"], 2,
+     "cuda-emulation"),
     ("qwen3-moe-tiny bf16", ["qwen3-moe-tiny"], ["--dtype", "bf16"], 1,
      "cpu"),
 ]
