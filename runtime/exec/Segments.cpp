@@ -163,6 +163,7 @@ Status ExecutorImpl::resolveKernels() {
       r.packedOutputs.assign(kernel.outputs_size(), 0);
       for (int o = 0; o < kernel.outputs_size(); ++o)
         r.packedOutputs[o] = r.roundsOutputs && options.packedStepBuffers &&
+                             kernel.outputs(o).kind() == Operand::VALUE &&
                              !kernelReadsOutputs(kernel) &&
                              device->writesPackedOutput(*r.info, o);
     }
