@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -1028,6 +1029,36 @@ TEST_CASE("executor: a kernel that rounds its own outputs is not rounded "
 }
 
 namespace {
+/// The losses and final parameters of a training run.
+struct Trained {
+  std::vector<double> losses;
+  std::vector<std::vector<float>> params;
+};
+
+/// Trains `plan` for `steps` steps with `opts`; `started` runs once the
+/// executor (and its device) exists, `finished` after the last step,
+/// before they go (to read a counting device).
+Trained trainPlan(const plan::Plan &plan, const ExecutorOptions &opts,
+                  int steps, const std::function<void()> &started,
+                  const std::function<void()> &finished) {
+  Status status;
+  auto exec = Executor::create(plan, opts, status);
+  INFO(status.message());
+  REQUIRE(exec);
+  started();
+  Trained run;
+  for (int64_t t = 1; t <= steps; ++t) {
+    double loss = 0;
+    REQUIRE(exec->runStep(t, loss));
+    run.losses.push_back(loss);
+  }
+  finished();
+  run.params.resize(plan.params_size());
+  for (int p = 0; p < plan.params_size(); ++p)
+    REQUIRE(exec->stateToHost(p, Operand::PARAM, run.params[p]));
+  return run;
+}
+
 /// A CPU device whose linear_grad_weight takes its x packed (as the GPU
 /// backends' GEMMs do: Device::readsPackedInput; the CPU kernels unpack
 /// it themselves), counting the executor's unpacking passes.
@@ -1067,14 +1098,13 @@ TEST_CASE("executor: a packed step buffer that every reader takes packed is "
   const int64_t rows = int64_t(m.batch) * m.seqLen;
   for (bool emulated : {false, true}) {
     INFO((emulated ? "cuda-emulation" : "packed-reading cpu"));
-    std::vector<double> losses[2];
-    std::vector<std::vector<float>> params[2];
+    Trained runs[2];
     int unpacks[2] = {0, 0};
     int64_t unpacked[2] = {0, 0};
-    for (bool packedStepBuffers : {false, true}) {
+    for (bool packed : {false, true}) {
       PackedReadingDevice *counting = nullptr;
       ExecutorOptions opts;
-      opts.packedStepBuffers = packedStepBuffers;
+      opts.packedStepBuffers = packed;
       opts.createDevice =
           [&](Communicator *comm) -> std::unique_ptr<hal::Device> {
         if (emulated)
@@ -1083,29 +1113,17 @@ TEST_CASE("executor: a packed step buffer that every reader takes packed is "
         counting = d.get();
         return d;
       };
-      Status status;
-      auto exec = Executor::create(plan, opts, status);
-      INFO(status.message());
-      REQUIRE(exec);
-      const int before = counting ? counting->unpacks.load() : 0;
-      const int64_t beforeElements = counting ? counting->unpacked.load() : 0;
-      for (int64_t t = 1; t <= steps; ++t) {
-        double loss = 0;
-        REQUIRE(exec->runStep(t, loss));
-        losses[packedStepBuffers].push_back(loss);
-      }
-      if (counting) {
-        unpacks[packedStepBuffers] = counting->unpacks.load() - before;
-        unpacked[packedStepBuffers] =
-            counting->unpacked.load() - beforeElements;
-      }
-      params[packedStepBuffers].resize(plan.params_size());
-      for (int p = 0; p < plan.params_size(); ++p)
-        REQUIRE(
-            exec->stateToHost(p, Operand::PARAM, params[packedStepBuffers][p]));
+      auto counts = [&](int sign) {
+        if (counting) {
+          unpacks[packed] += sign * counting->unpacks.load();
+          unpacked[packed] += sign * counting->unpacked.load();
+        }
+      };
+      runs[packed] = trainPlan(
+          plan, opts, steps, [&] { counts(-1); }, [&] { counts(1); });
     }
-    CHECK(losses[1] == losses[0]);
-    CHECK(params[1] == params[0]);
+    CHECK(runs[1].losses == runs[0].losses);
+    CHECK(runs[1].params == runs[0].params);
     if (!emulated) {
       // One unpacking pass of x [rows, hidden] less per microbatch.
       CHECK(unpacks[0] - unpacks[1] == steps * microbatches);
@@ -1186,37 +1204,26 @@ TEST_CASE("executor: the fused classifier's dlogits are written and read "
   Status valid = validatePlan(plan);
   INFO(valid.message());
   REQUIRE(valid);
-  std::vector<double> losses[2];
-  std::vector<std::vector<float>> params[2];
+  Trained runs[2];
   int packs[2] = {0, 0}, unpacks[2] = {0, 0};
-  for (bool packedStepBuffers : {false, true}) {
+  for (bool packed : {false, true}) {
     PackCountingGpu *device = nullptr;
     ExecutorOptions opts;
-    opts.packedStepBuffers = packedStepBuffers;
+    opts.packedStepBuffers = packed;
     opts.createDevice = [&](Communicator *comm) {
       auto d = std::make_unique<PackCountingGpu>(comm);
       device = d.get();
       return d;
     };
-    Status status;
-    auto exec = Executor::create(plan, opts, status);
-    INFO(status.message());
-    REQUIRE(exec);
-    const int packed = device->packs.load(), unpacked = device->unpacks.load();
-    for (int64_t t = 1; t <= steps; ++t) {
-      double loss = 0;
-      REQUIRE(exec->runStep(t, loss));
-      losses[packedStepBuffers].push_back(loss);
-    }
-    packs[packedStepBuffers] = device->packs.load() - packed;
-    unpacks[packedStepBuffers] = device->unpacks.load() - unpacked;
-    params[packedStepBuffers].resize(plan.params_size());
-    for (int p = 0; p < plan.params_size(); ++p)
-      REQUIRE(
-          exec->stateToHost(p, Operand::PARAM, params[packedStepBuffers][p]));
+    auto counts = [&](int sign) {
+      packs[packed] += sign * device->packs.load();
+      unpacks[packed] += sign * device->unpacks.load();
+    };
+    runs[packed] = trainPlan(
+        plan, opts, steps, [&] { counts(-1); }, [&] { counts(1); });
   }
-  CHECK(losses[1] == losses[0]);
-  CHECK(params[1] == params[0]);
+  CHECK(runs[1].losses == runs[0].losses);
+  CHECK(runs[1].params == runs[0].params);
   // Per microbatch: dlogits neither packed nor unpacked, x not unpacked
   // (only linear_grad_weight reads it); x is still packed (its writer,
   // the embedding, stores fp32).
