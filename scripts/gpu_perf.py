@@ -631,7 +631,7 @@ def cmd_piper_train(args, out):
     # about its attention path goes into the row.
     cmd = ([piper_run, args.plan, "--nproc", "1", "--steps", str(total),
             "--seed", "1", "--metrics", metrics, "--backend", "cuda"] +
-           attn_args + extra_args + limits)
+           attn_args + extra_args + limits + args.run_arg)
     rc, text = run(cmd, wall())
     if rc != 0:
         print("%s\n%s" % (" ".join(cmd), text[-6000:]), flush=True)
@@ -986,6 +986,14 @@ def cmd_ratios(args, out):
             "ok" if ratio else "n/a: no row of one of them",
             ["%.2f" % ratio if ratio else "n/a", "n/a"], RATIO_COLUMNS,
             fused_over_unfused=ratio)
+    # The runtime's packed bf16 storage (docs/runtime.md): the default step
+    # over the same plan run with --unpack-step-buffers.
+    unpacked = tps.get("gpt2-small piper --unpack-step-buffers")
+    ratio = piper / unpacked if piper and unpacked else None
+    out.row("ratios", "gpt2-small piper / piper --unpack-step-buffers",
+            "ok" if ratio else "n/a: no row of one of them",
+            ["%.2f" % ratio if ratio else "n/a", "n/a"], RATIO_COLUMNS,
+            packed_over_unpacked=ratio)
     return 0
 
 
@@ -1016,6 +1024,8 @@ def main():
                            help="write the batch and --save the initial "
                            "weights for torch-train (GPT-2)")
             t.add_argument("--timeout-s", type=int, default=60)
+            t.add_argument("--run-arg", action="append", default=[],
+                           help="one more piper-run argument (repeatable)")
         else:
             t.add_argument("--mode", choices=["eager", "compile"], default="eager")
     sub.add_parser("ratios")

@@ -15,7 +15,9 @@
 #       --no-fused-epilogues (the epilogue fusions' worth);
 #   P4  Llama-1B (piperc model llama-1b) at seq 2048 x 4 and 4096 x 2: torch
 #       eager + SDPA (enable_gqa), Piper (fewer steps: its attention may run
-#       on CUDA cores), then torch.compile;
+#       on CUDA cores), then torch.compile; then, in the time left before
+#       P4's end, GPT-2's Piper step again with piper-run
+#       --unpack-step-buffers (the packed bf16 storage's worth, a P3 row);
 # Piper runs with --attention $GPU_PERF_PIPER_ATTENTION (default auto) where
 # piper-run has that option; each row records the choice and what piper-run
 # said about it.
@@ -331,6 +333,15 @@ for cfg in 2048x4 4096x2; do
     "plans/llama-1b-$cfg-bf16" --model llama-1b --case "llama-1b $cfg torch.compile+SDPA" \
     --row P4 --mode compile
 done
+
+# What the runtime's packed bf16 storage is worth (docs/runtime.md, "Packed
+# step buffers and values"): GPT-2's step again with piper-run
+# --unpack-step-buffers. Last, in the time the rows above left.
+section "P3, last: GPT-2 small without the packed bf16 storage" "${TRAIN_COLUMNS[@]}"
+step P3 P3-piper-unpacked "gpt2-small piper --unpack-step-buffers" 60 "$P4_END" \
+  piper-train "$GPT2" --model gpt2-small \
+  --case "gpt2-small piper --unpack-step-buffers" --row P3 \
+  --run-arg=--unpack-step-buffers
 
 # The ratios the issue's targets are stated in, from the rows above (a
 # reference that did not run gives n/a).
