@@ -34,9 +34,10 @@ bool firstWriterOverwrites(const plan::Kernel &kernel, int v) {
 /// (packedInputs): a result into its step buffer (once a result; it may
 /// not be several), any other value in the first half of its own slot. Not
 /// an argument. `argOf`: per value, its argument position or -1.
-std::vector<char> packedValues(const plan::Segment &seg,
-                               const std::vector<ResolvedKernel> &resolved,
-                               const std::vector<int> &argOf) {
+std::vector<char>
+valuesStoredPacked(const plan::Segment &seg,
+                   const std::vector<ResolvedKernel> &resolved,
+                   const std::vector<int> &argOf) {
   // Per value: its packed writes, and its other writes and fp32 reads.
   std::vector<int> packedWrites(seg.values_size(), 0),
       otherUses(seg.values_size(), 0), asResult(seg.values_size(), 0);
@@ -183,7 +184,7 @@ Status ExecutorImpl::resolveKernels() {
             !resolved[k].packedInputs[j])
           unpacks[argOf[o.index()]] = 1;
       }
-    storesPacked.push_back(packedValues(seg, resolved, argOf));
+    storesPacked.push_back(valuesStoredPacked(seg, resolved, argOf));
     // Runs of consecutive updates, run together.
     const SegmentLifetimes &lt = lifetimes[static_cast<size_t>(g)];
     auto groupable = [&](int k) {
