@@ -33,6 +33,10 @@ inline float roundToBf16(float x) { return bf16ToFloat(floatToBf16(x)); }
 
 /// Rounds `n` floats in place to bfloat16 precision.
 void roundToBf16(float *data, int64_t n);
+/// dst[i] = floatToBf16(src[i]) for `n` floats.
+void packBf16(uint16_t *dst, const float *src, int64_t n);
+/// dst[i] = bf16ToFloat(src[i]) for `n` values.
+void unpackBf16(float *dst, const uint16_t *src, int64_t n);
 
 } // namespace piper
 

@@ -141,21 +141,17 @@ float *outputRow(const TensorRef &t, int64_t n, int64_t cols,
   return scratch.data();
 }
 
-void storeRow(const TensorRef &t, int64_t n, int64_t cols, const float *row) {
-  if (t.dtype != plan::BF16)
-    return;
-  uint16_t *out = static_cast<uint16_t *>(t.data) + n * cols;
-  for (int64_t j = 0; j < cols; ++j)
-    out[j] = floatToBf16(row[j]);
+void storeRow(const TensorRef &t, int64_t n, int64_t ld, int64_t cols,
+              const float *row) {
+  if (t.dtype == plan::BF16)
+    packBf16(static_cast<uint16_t *>(t.data) + n * ld, row, cols);
 }
 
 const float *fp32Data(const TensorRef &t, std::vector<float> &tmp) {
   if (t.dtype != plan::BF16)
     return t.f32();
   tmp.resize(static_cast<size_t>(t.numel()));
-  const auto *packed = static_cast<const uint16_t *>(t.data);
-  for (size_t i = 0; i < tmp.size(); ++i)
-    tmp[i] = bf16ToFloat(packed[i]);
+  unpackBf16(tmp.data(), static_cast<const uint16_t *>(t.data), t.numel());
   return tmp.data();
 }
 

@@ -114,7 +114,10 @@ Status expectPackableOutput(const KernelArgs &a, const TensorRef &t,
 /// fp32 row). For the CPU kernels' packed outputs (expectPackableOutput).
 float *outputRow(const TensorRef &t, int64_t n, int64_t cols,
                  std::vector<float> &scratch);
-void storeRow(const TensorRef &t, int64_t n, int64_t cols, const float *row);
+/// Packs `row` (`cols` floats) into row `n` of a packed t whose rows are
+/// `ld` elements apart; nothing for an f32 t (outputRow gave its own row).
+void storeRow(const TensorRef &t, int64_t n, int64_t ld, int64_t cols,
+              const float *row);
 /// expectPaddedMatrix of an operand whose valid part must be [rows, cols].
 Status expectPaddedRows(const KernelArgs &a, const TensorRef &t,
                         const char *name, int64_t rows, int64_t cols,

@@ -125,11 +125,8 @@ static void crossEntropyRows(const float *logits, const int32_t *targets,
   }
   std::vector<float> grad(static_cast<size_t>(d.rows * d.gradLd));
   crossEntropyRows(logits, targets, d, loss, grad.data(), scale);
-  auto *packed = static_cast<uint16_t *>(dlogits.data);
   for (int64_t n = 0; n < d.rows; ++n)
-    for (int64_t j = 0; j < d.vocab; ++j)
-      packed[n * d.gradLd + j] =
-          floatToBf16(grad[static_cast<size_t>(n * d.gradLd + j)]);
+    storeRow(dlogits, n, d.gradLd, d.vocab, grad.data() + n * d.gradLd);
 }
 
 static void crossEntropyRows(const float *logits, const int32_t *targets,

@@ -329,7 +329,7 @@ Status layerNormKernel(const KernelArgs &a) {
     std::vector<float> packed;
     float *yr = outputRow(y, n, hidden, packed);
     layerNormRow(xr, gamma.f32(), beta.f32(), yr, hidden, mean, rstd);
-    storeRow(y, n, hidden, yr);
+    storeRow(y, n, hidden, hidden, yr);
   });
   return Status::ok();
 }
@@ -352,7 +352,7 @@ Status addLayerNormKernel(const KernelArgs &a) {
     std::vector<float> packed;
     float *yr = outputRow(y, n, hidden, packed);
     layerNormRow(s, gamma, beta, yr, hidden, mean, rstd);
-    storeRow(y, n, hidden, yr);
+    storeRow(y, n, hidden, hidden, yr);
   });
   return Status::ok();
 }
@@ -422,7 +422,7 @@ Status rmsNormKernel(const KernelArgs &a) {
     std::vector<float> packed;
     float *yr = outputRow(y, n, hidden, packed);
     rmsNormRow(xr, gamma.f32(), yr, hidden, rowRrms(xr, hidden, eps));
-    storeRow(y, n, hidden, yr);
+    storeRow(y, n, hidden, hidden, yr);
   });
   return Status::ok();
 }
@@ -442,7 +442,7 @@ Status addRmsNormKernel(const KernelArgs &a) {
     std::vector<float> packed;
     float *yr = outputRow(y, n, hidden, packed);
     rmsNormRow(s, gamma, yr, hidden, rowRrms(s, hidden, eps));
-    storeRow(y, n, hidden, yr);
+    storeRow(y, n, hidden, hidden, yr);
   });
   return Status::ok();
 }

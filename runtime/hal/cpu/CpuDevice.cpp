@@ -287,13 +287,11 @@ public:
     return Status::ok();
   }
   Status packBf16(uint16_t *dst, const float *src, int64_t n) override {
-    for (int64_t i = 0; i < n; ++i)
-      dst[i] = floatToBf16(src[i]);
+    piper::packBf16(dst, src, n);
     return Status::ok();
   }
   Status unpackBf16(float *dst, const uint16_t *src, int64_t n) override {
-    for (int64_t i = 0; i < n; ++i)
-      dst[i] = bf16ToFloat(src[i]);
+    piper::unpackBf16(dst, src, n);
     return Status::ok();
   }
   Status roundBf16(float *x, int64_t n) override {

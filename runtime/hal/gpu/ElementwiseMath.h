@@ -117,6 +117,17 @@ PIPER_HOST_DEVICE inline float roundedIf(float v, bool round) {
   return round ? fromBf16(toBf16(v)) : v;
 }
 
+/// Stores element i of an output that is fp32 (`out`, rounded with
+/// `round`) or packed bf16 (`out16` not null: the same value rounded,
+/// packed; Device::writesPackedOutput).
+PIPER_HOST_DEVICE inline void storeRounded(float *out, uint16_t *out16,
+                                           int64_t i, float v, bool round) {
+  if (out16)
+    out16[i] = toBf16(v);
+  else
+    out[i] = roundedIf(v, round);
+}
+
 /// Whether `x` is finite (neither infinite nor NaN), from its bits.
 PIPER_HOST_DEVICE inline bool finiteFloat(float x) {
   return (floatBits(x) & 0x7F800000u) != 0x7F800000u;

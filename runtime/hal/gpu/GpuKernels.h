@@ -47,6 +47,16 @@ struct KernelEntry {
   uint32_t packedOutputs = 0;
 };
 
+/// An output the kernel may store packed (KernelEntry::packedOutputs):
+/// its floats where it is fp32, else null; its packed bf16 where it is
+/// packed, else null (storeRounded takes both).
+inline float *f32Out(const TensorRef &t) {
+  return t.dtype == plan::BF16 ? nullptr : t.f32();
+}
+inline uint16_t *bf16Out(const TensorRef &t) {
+  return t.dtype == plan::BF16 ? static_cast<uint16_t *>(t.data) : nullptr;
+}
+
 /// Every GPU kernel; the i-th entry's KernelInfo has index i.
 const std::vector<KernelEntry> &kernels();
 /// KernelInfos of kernels() for a Device's registry (fn is null: devices

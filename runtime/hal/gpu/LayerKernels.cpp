@@ -70,15 +70,6 @@ Status positionAddGrad(const KernelArgs &a, const Context &ctx) {
                                a.outputs[0].shape[0], partials);
 }
 
-// A norm's y: fp32, or packed bf16 where the executor stores it so
-// (KernelEntry::packedOutputs).
-float *f32Out(const TensorRef &y) {
-  return y.dtype == plan::BF16 ? nullptr : y.f32();
-}
-uint16_t *bf16Out(const TensorRef &y) {
-  return y.dtype == plan::BF16 ? static_cast<uint16_t *>(y.data) : nullptr;
-}
-
 Status layerNorm(const KernelArgs &a, const Context &ctx) {
   int64_t rows = 0, hidden = 0;
   double eps = 0;

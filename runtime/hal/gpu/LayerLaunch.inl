@@ -205,10 +205,7 @@ Status launchLayerNorm(const Context &ctx, const float *x, const float *gamma,
         for (int64_t j = lanes.lane(); j < hidden; j += Lanes::kCount) {
           float v =
               static_cast<float>((xr[j] - mean) * rstd * gamma[j] + beta[j]);
-          if (y16)
-            y16[n * hidden + j] = toBf16(v);
-          else
-            y[n * hidden + j] = roundedIf(v, round);
+          storeRounded(y, y16, n * hidden + j, v, round);
         }
       });
 }
@@ -294,11 +291,8 @@ Status launchRmsNorm(const Context &ctx, const float *x, const float *gamma,
         const float *xr = residualRow(lanes, x, residual, n, hidden, round);
         double rrms = rmsNormRrms(lanes, xr, hidden, eps);
         for (int64_t j = lanes.lane(); j < hidden; j += Lanes::kCount) {
-          float v = static_cast<float>(xr[j] * rrms * gamma[j]);
-          if (y16)
-            y16[n * hidden + j] = toBf16(v);
-          else
-            y[n * hidden + j] = roundedIf(v, round);
+          storeRounded(y, y16, n * hidden + j,
+                       static_cast<float>(xr[j] * rrms * gamma[j]), round);
         }
       });
 }

@@ -261,12 +261,10 @@ Status crossEntropyGrad(const KernelArgs &a, const Context &ctx) {
   detail::LogitsDims d;
   PIPER_RETURN_IF_ERROR(detail::checkCrossEntropyGrad(a, d));
   const TensorRef &dlogits = a.outputs[0];
-  const bool packed = dlogits.dtype == plan::BF16;
-  return launchCrossEntropy(
-      ctx, a.inputs[0].f32(), a.inputs[1].i32(), launchDims(d), nullptr,
-      nullptr, d.scale / d.rows, packed ? nullptr : dlogits.f32(),
-      a.ctx.lowPrecision, false,
-      packed ? static_cast<uint16_t *>(dlogits.data) : nullptr);
+  return launchCrossEntropy(ctx, a.inputs[0].f32(), a.inputs[1].i32(),
+                            launchDims(d), nullptr, nullptr, d.scale / d.rows,
+                            f32Out(dlogits), a.ctx.lowPrecision, false,
+                            bf16Out(dlogits));
 }
 
 Status crossEntropyFused(const KernelArgs &a, const Context &ctx) {
@@ -277,12 +275,10 @@ Status crossEntropyFused(const KernelArgs &a, const Context &ctx) {
   // dlogits packed where the executor gives its step buffer as stored
   // (KernelEntry::packedOutputs).
   const TensorRef &dlogits = a.outputs[1];
-  const bool packed = dlogits.dtype == plan::BF16;
   return launchCrossEntropy(
       ctx, a.inputs[0].f32(), a.inputs[1].i32(), launchDims(d), rowLoss,
-      a.outputs[0].f32(), d.scale / d.rows, packed ? nullptr : dlogits.f32(),
-      a.ctx.lowPrecision, a.ctx.lowPrecision && !a.outputs[0].shape.empty(),
-      packed ? static_cast<uint16_t *>(dlogits.data) : nullptr);
+      a.outputs[0].f32(), d.scale / d.rows, f32Out(dlogits), a.ctx.lowPrecision,
+      a.ctx.lowPrecision && !a.outputs[0].shape.empty(), bf16Out(dlogits));
 }
 
 Status vocabCeStats(const KernelArgs &a, const Context &ctx) {

@@ -120,10 +120,7 @@ Status launchCrossEntropy(const Context &ctx, const float *logits,
           float e = expF(static_cast<float>(double(row[j]) - lse));
           float g = j == t ? static_cast<float>(rowScale * (double(e) - 1.0))
                            : scale * e;
-          if (dlogits16)
-            dlogits16[r * gradLd + j] = toBf16(g);
-          else
-            dlogits[r * gradLd + j] = roundedIf(g, round);
+          storeRounded(dlogits, dlogits16, r * gradLd + j, g, round);
         }
       }));
   if (!loss)

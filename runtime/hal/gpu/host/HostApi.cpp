@@ -55,9 +55,9 @@ const float *fp32Operand(const GemmOperand &op, int64_t rows, int64_t cols,
                          int64_t ld, std::vector<float> &tmp) {
   if (!op.bf16)
     return op.f32;
-  tmp.resize(static_cast<size_t>(ld * (cols - 1) + rows));
-  for (size_t i = 0; i < tmp.size(); ++i)
-    tmp[i] = bf16ToFloat(op.bf16[i]);
+  const int64_t n = ld * (cols - 1) + rows;
+  tmp.resize(static_cast<size_t>(n));
+  unpackBf16(tmp.data(), op.bf16, n);
   return tmp.data();
 }
 } // namespace
