@@ -66,11 +66,30 @@ struct ResolvedKernel {
   /// packed argument of the segment (Device::readsPackedInput).
   std::vector<char> packedInputs;
   /// Per output: the kernel stores it packed where the segment stores that
-  /// value so (ExecutorImpl::storesPacked).
+  /// value so (PackedStorage).
   std::vector<char> packedOutputs;
   /// Operand views with dtypes and shapes filled in; a call sets `data`.
   std::vector<TensorRef> inputs, outputs;
 };
+
+/// Which of a segment's values a mixed-precision call keeps packed bf16
+/// (docs/runtime.md, "Packed step buffers and values"), decided once when
+/// the plan loads from its kernels' packedInputs and packedOutputs.
+struct PackedStorage {
+  /// Per argument: a packed one is unpacked into its slot before its first
+  /// reader: some reader takes it as fp32, or it is also a result (stored
+  /// from its slot when the call ends). Otherwise every reader takes the
+  /// step buffer as it is and the slot goes unused.
+  std::vector<char> unpacksArg;
+  /// Per result: its one writer stores it packed, straight into its step
+  /// buffer where that is packed, and every reader takes it packed.
+  std::vector<char> packsResult;
+  /// The other values so written and read: packed in the first half of
+  /// their slot.
+  std::vector<int> packedSlots;
+};
+PackedStorage planPackedStorage(const plan::Segment &seg,
+                                const std::vector<ResolvedKernel> &resolved);
 
 /// Per-stream scratch of segment calls, reused so that the call path does
 /// not allocate once warm.
@@ -84,8 +103,6 @@ struct CallScratch {
   std::vector<void *> packedValues;
   /// By result position: already packed into its step buffer.
   std::vector<char> stored;
-  /// By value id: whether it is a result.
-  std::vector<char> isResult;
 
   std::vector<TensorRef> inputs, outputs;
   /// A run of `adamw` kernels: their calls, and their gradients' spans.
@@ -205,18 +222,8 @@ public:
   bool zeroSharded(int p) const { return plan.params(p).has_sharding(); }
   std::vector<SegmentLifetimes> lifetimes;
   std::vector<std::vector<ResolvedKernel>> kernels; // [segment][kernel]
-  /// [segment][argument]: whether a packed bf16 argument is unpacked into
-  /// its slot before its first reader (some reader takes it as fp32, or it
-  /// is also a result); where not, every reader takes the step buffer as
-  /// it is (ResolvedKernel::packedInputs) and its slot goes unused.
-  std::vector<std::vector<char>> unpacksArg;
-  /// [segment][value]: whether a value's one writer stores it packed bf16
-  /// (Device::writesPackedOutput; every reader in the segment takes it
-  /// packed): a result straight into its packed step buffer, with no fp32
-  /// value and no packing pass after it; any other value in the first half
-  /// of its slot (mixed-precision activations stored as bf16).
-  std::vector<std::vector<char>> storesPacked;
-  std::vector<CallScratch> scratch; // [stream]
+  std::vector<PackedStorage> packedStorage;         // [segment]
+  std::vector<CallScratch> scratch;                 // [stream]
   /// distinctInputs[s][i]: the buffers instruction i of stream s reads,
   /// each once; a buffer dies after its last such read.
   std::vector<std::vector<std::vector<int>>> distinctInputs;

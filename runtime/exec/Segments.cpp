@@ -29,48 +29,6 @@ bool firstWriterOverwrites(const plan::Kernel &kernel, int v) {
   return output;
 }
 
-/// Per value of `seg`: whether it is stored packed bf16 by its one writer
-/// (ResolvedKernel::packedOutputs), every reader taking it packed
-/// (packedInputs): a result into its step buffer (once a result; it may
-/// not be several), any other value in the first half of its own slot. Not
-/// an argument. `argOf`: per value, its argument position or -1.
-std::vector<char>
-valuesStoredPacked(const plan::Segment &seg,
-                   const std::vector<ResolvedKernel> &resolved,
-                   const std::vector<int> &argOf) {
-  // Per value: its packed writes, and its other writes and fp32 reads.
-  std::vector<int> packedWrites(seg.values_size(), 0),
-      otherUses(seg.values_size(), 0), asResult(seg.values_size(), 0);
-  for (int k = 0; k < seg.kernels_size(); ++k) {
-    const plan::Kernel &kernel = seg.kernels(k);
-    std::vector<char> isInput(seg.values_size(), 0);
-    for (int j = 0; j < kernel.inputs_size(); ++j) {
-      const Operand &o = kernel.inputs(j);
-      if (o.kind() != Operand::VALUE)
-        continue;
-      isInput[o.index()] = 1;
-      if (!resolved[k].packedInputs[j])
-        ++otherUses[o.index()];
-    }
-    for (int o = 0; o < kernel.outputs_size(); ++o) {
-      const Operand &out = kernel.outputs(o);
-      if (out.kind() != Operand::VALUE)
-        continue;
-      if (resolved[k].packedOutputs[o] && !isInput[out.index()])
-        ++packedWrites[out.index()];
-      else
-        ++otherUses[out.index()];
-    }
-  }
-  for (int v : seg.results())
-    ++asResult[v];
-  std::vector<char> packs(seg.values_size(), 0);
-  for (int v = 0; v < seg.values_size(); ++v)
-    packs[v] = argOf[v] < 0 && asResult[v] <= 1 && packedWrites[v] == 1 &&
-               otherUses[v] == 0 && seg.value_offsets(v) >= 0;
-  return packs;
-}
-
 } // namespace
 
 SegmentLifetimes computeLifetimes(const plan::Segment &seg) {
@@ -99,8 +57,7 @@ SegmentLifetimes computeLifetimes(const plan::Segment &seg) {
 
 Status ExecutorImpl::resolveKernels() {
   kernels.clear();
-  unpacksArg.clear();
-  storesPacked.clear();
+  packedStorage.clear();
   for (int g = 0; g < plan.segments_size(); ++g) {
     const plan::Segment &seg = plan.segments(g);
     std::vector<ResolvedKernel> resolved(seg.kernels_size());
@@ -168,23 +125,7 @@ Status ExecutorImpl::resolveKernels() {
                              !kernelReadsOutputs(kernel) &&
                              device->writesPackedOutput(*r.info, o);
     }
-    // A packed argument is unpacked unless every reader takes it packed
-    // and it is not a result (stored from its slot when the call ends).
-    std::vector<char> &unpacks = unpacksArg.emplace_back(seg.args_size(), 0);
-    std::vector<int> argOf(seg.values_size(), -1);
-    for (int a = 0; a < seg.args_size(); ++a)
-      argOf[seg.args(a)] = a;
-    for (int v : seg.results())
-      if (argOf[v] >= 0)
-        unpacks[argOf[v]] = 1;
-    for (int k = 0; k < seg.kernels_size(); ++k)
-      for (int j = 0; j < seg.kernels(k).inputs_size(); ++j) {
-        const Operand &o = seg.kernels(k).inputs(j);
-        if (o.kind() == Operand::VALUE && argOf[o.index()] >= 0 &&
-            !resolved[k].packedInputs[j])
-          unpacks[argOf[o.index()]] = 1;
-      }
-    storesPacked.push_back(valuesStoredPacked(seg, resolved, argOf));
+    packedStorage.push_back(planPackedStorage(seg, resolved));
     // Runs of consecutive updates, run together.
     const SegmentLifetimes &lt = lifetimes[static_cast<size_t>(g)];
     auto groupable = [&](int k) {
@@ -361,22 +302,17 @@ Status ExecutorImpl::call(int s, const Instruction &inst, StepState &st,
   stored.assign(inst.outputs_size(), 0);
   // Values their writer stores packed: a result straight into its step
   // buffer (where that is packed), any other value in its slot.
-  const std::vector<char> &packs = storesPacked[segIndex];
-  std::vector<char> &isResult = scratch.isResult;
-  isResult.assign(seg.values_size(), 0);
+  const PackedStorage &packing = packedStorage[segIndex];
   for (int r = 0; r < inst.outputs_size(); ++r) {
-    int v = seg.results(r);
-    isResult[v] = 1;
     const TensorPtr &dst = bufferViews[inst.outputs(r)];
-    if (packs[v] && dst->dtype == plan::BF16) {
-      packedValues[v] = dst->data;
+    if (packing.packsResult[r] && dst->dtype == plan::BF16) {
+      packedValues[seg.results(r)] = dst->data;
       stored[r] = 1;
     }
   }
-  for (int v = 0; v < seg.values_size(); ++v)
-    if (packs[v] && !isResult[v])
-      packedValues[v] = values[v];
-  const std::vector<char> &unpacks = unpacksArg[segIndex];
+  for (int v : packing.packedSlots)
+    packedValues[v] = values[v];
+  const std::vector<char> &unpacks = packing.unpacksArg;
   for (int a = 0; a < inst.inputs_size(); ++a) {
     int id = inst.inputs(a), v = seg.args(a);
     TensorPtr stored;
@@ -431,7 +367,7 @@ Status ExecutorImpl::call(int s, const Instruction &inst, StepState &st,
     for (int j = 0; j < kernel.outputs_size(); ++j) {
       const Operand &op = kernel.outputs(j);
       if (rk.packedOutputs[j] && packedValues[op.index()]) {
-        // A value stored packed (ExecutorImpl::storesPacked).
+        // A value stored packed (PackedStorage).
         bind(outs[j], rk.outputs[j], packedValues[op.index()]);
         outs[j].dtype = plan::BF16;
       } else {
