@@ -977,23 +977,20 @@ def cmd_ratios(args, out):
         out.row("ratios", prefix, result, cells, RATIO_COLUMNS,
                 piper_over_eager=(piper / refs[0] if piper and refs[0] else None),
                 piper_over_compile=(piper / refs[1] if piper and refs[1] else None))
-    # The compiler's epilogue fusions: the default plan over the same plan
-    # compiled with --no-fused-epilogues (both Piper; in the eager column).
+    # GPT-2's default step over the same step without one of Piper's own
+    # speed-ups (both Piper; in the eager column): the compiler's epilogue
+    # fusions (the plan compiled with --no-fused-epilogues) and the
+    # runtime's packed bf16 storage (run with --unpack-step-buffers,
+    # docs/runtime.md).
     piper = tps.get("gpt2-small piper")
-    unfused = tps.get("gpt2-small piper --no-fused-epilogues")
-    ratio = piper / unfused if piper and unfused else None
-    out.row("ratios", "gpt2-small piper / piper --no-fused-epilogues",
-            "ok" if ratio else "n/a: no row of one of them",
-            ["%.2f" % ratio if ratio else "n/a", "n/a"], RATIO_COLUMNS,
-            fused_over_unfused=ratio)
-    # The runtime's packed bf16 storage (docs/runtime.md): the default step
-    # over the same plan run with --unpack-step-buffers.
-    unpacked = tps.get("gpt2-small piper --unpack-step-buffers")
-    ratio = piper / unpacked if piper and unpacked else None
-    out.row("ratios", "gpt2-small piper / piper --unpack-step-buffers",
-            "ok" if ratio else "n/a: no row of one of them",
-            ["%.2f" % ratio if ratio else "n/a", "n/a"], RATIO_COLUMNS,
-            packed_over_unpacked=ratio)
+    for flag, key in (("--no-fused-epilogues", "fused_over_unfused"),
+                      ("--unpack-step-buffers", "packed_over_unpacked")):
+        without = tps.get("gpt2-small piper " + flag)
+        ratio = piper / without if piper and without else None
+        out.row("ratios", "gpt2-small piper / piper " + flag,
+                "ok" if ratio else "n/a: no row of one of them",
+                ["%.2f" % ratio if ratio else "n/a", "n/a"], RATIO_COLUMNS,
+                **{key: ratio})
     return 0
 
 
