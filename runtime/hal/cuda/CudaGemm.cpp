@@ -332,8 +332,6 @@ Status gemmColMajor(const Context &ctx, const ColMajorGemm &g) {
   if (!blas->handle)
     PIPER_CUBLAS_RETURN_IF_ERROR(lt.cublasLtCreate(&blas->handle));
 
-  if ((g.a.bf16 || g.b.bf16) && !ctx.bf16)
-    return Status::error("gemm: a packed bf16 operand in an fp32 GEMM");
   // Scratch: the cuBLASLt workspace, then (bf16) the operands' copies.
   // A bf16 copy's column stride is its stored rows rounded up to 8
   // elements (16 bytes), whatever the fp32 operand's: every column starts

@@ -168,7 +168,7 @@ struct ColMajorGemm {
 };
 /// Runs `g` (m, n, k >= 1) on the stream: fp32 (TF32 off), or with
 /// ctx.bf16 bf16 operands on tensor cores with fp32 accumulation and output
-/// (a packed operand is an error without ctx.bf16).
+/// (packed operands only with ctx.bf16: gemm() refuses them otherwise).
 Status gemmColMajor(const Context &ctx, const ColMajorGemm &g);
 
 /// A row-major GEMM's operand sums over k, computed in its epilogue where
@@ -195,7 +195,8 @@ struct GemmGelu {
 /// Row-major C[m,n] = alpha op(A) op(B) + beta C (+ bias[j] on column j
 /// of every row, in the epilogue, where `bias` is not null), as the CPU
 /// kernels' gemm (runtime/kernels/KernelUtil.h): mapped onto gemmColMajor
-/// (Gemm.cpp). Empty products are handled here. `sums` and `gelu` ask for
+/// (Gemm.cpp). Empty products are handled here; a packed operand in an
+/// fp32 GEMM (without ctx.bf16) is an error. `sums` and `gelu` ask for
 /// epilogues the backend may decline (GemmSums, GemmGelu).
 Status gemm(const Context &ctx, bool transA, bool transB, int64_t m, int64_t n,
             int64_t k, float alpha, GemmOperand a, int64_t lda, GemmOperand b,

@@ -63,8 +63,6 @@ const float *fp32Operand(const GemmOperand &op, int64_t rows, int64_t cols,
 } // namespace
 
 Status gemmColMajor(const Context &ctx, const ColMajorGemm &g) {
-  if ((g.a.bf16 || g.b.bf16) && !ctx.bf16)
-    return Status::error("gemm: a packed bf16 operand in an fp32 GEMM");
   if (ctx.timer)
     PIPER_RETURN_IF_ERROR(ctx.timer->begin(ctx));
   // The operands of a bf16 GEMM already hold bf16 values (the executor

@@ -394,3 +394,25 @@ TEST_CASE("an empty product with a bias is the bias on every row, and needs "
                 c.data(), 4, bias)
             .message() == need);
 }
+
+// A packed bf16 operand (GemmOperand::bf16) is for bf16 GEMMs only: in an
+// fp32 GEMM it is an error, whatever the shape (the empty products too);
+// in a bf16 GEMM it gives the bits of its values as fp32 (the emulation).
+TEST_CASE("a packed GEMM operand needs a bf16 GEMM") {
+  namespace g = piper::runtime::hal::PIPER_GPU_NS;
+  g::Context fp32, bf16;
+  bf16.bf16 = true;
+  const std::vector<uint16_t> a16 = {0x3f80, 0x4000, 0x4040, 0x4080}; // 1..4
+  const std::vector<float> a = {1, 2, 3, 4}, b = {0.5f, -1, 2, 0.25f};
+  std::vector<float> c(4, 0.0f), want(4, 0.0f);
+  const std::string refused = "gemm: a packed bf16 operand in an fp32 GEMM";
+  for (int64_t k : {2, 0})
+    CHECK(g::gemm(fp32, false, false, 2, 2, k, 1.0f, a16.data(), 2, b.data(), 2,
+                  0.0f, c.data(), 2)
+              .message() == refused);
+  REQUIRE(g::gemm(bf16, false, false, 2, 2, 2, 1.0f, a16.data(), 2, b.data(), 2,
+                  0.0f, c.data(), 2));
+  REQUIRE(g::gemm(bf16, false, false, 2, 2, 2, 1.0f, a.data(), 2, b.data(), 2,
+                  0.0f, want.data(), 2));
+  CHECK(c == want);
+}
