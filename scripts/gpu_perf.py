@@ -991,6 +991,13 @@ def cmd_ratios(args, out):
                 "ok" if ratio else "n/a: no row of one of them",
                 ["%.2f" % ratio if ratio else "n/a", "n/a"], RATIO_COLUMNS,
                 **{key: ratio})
+    # And the step as a CUDA graph over the step issued as usual.
+    graphed = tps.get("gpt2-small piper --step-graph on")
+    ratio = graphed / piper if piper and graphed else None
+    out.row("ratios", "gpt2-small piper --step-graph on / piper",
+            "ok" if ratio else "n/a: no row of one of them",
+            ["%.2f" % ratio if ratio else "n/a", "n/a"], RATIO_COLUMNS,
+            graphed_over_usual=ratio)
     return 0
 
 

@@ -11,8 +11,10 @@
 #       bundle has it (gpu_perf.py states its CLI), 4 shapes;
 #   P3  GPT-2 small, 8 x 1024, bf16: Piper (3 + 10 steps), torch eager +
 #       SDPA, torch.compile + SDPA (the same weights and batch): tokens/s,
-#       MFU, peak memory; then Piper's plan compiled with
-#       --no-fused-epilogues (the epilogue fusions' worth);
+#       MFU, peak memory; Piper's step again with piper-run --step-graph
+#       on (each step after the third a CUDA graph launch: its worth);
+#       then Piper's plan compiled with --no-fused-epilogues (the epilogue
+#       fusions' worth);
 #   P4  Llama-1B (piperc model llama-1b) at seq 2048 x 4 and 4096 x 2: torch
 #       eager + SDPA (enable_gqa), Piper (fewer steps: its attention may run
 #       on CUDA cores), then torch.compile; then, in the time left before
@@ -296,6 +298,12 @@ GPT2=plans/gpt2-small-bf16
 section "P3: GPT-2 small, 8 x 1024 tokens, bf16" "${TRAIN_COLUMNS[@]}"
 step P3 P3-piper "gpt2-small piper" 90 "$DEADLINE" piper-train "$GPT2" \
   --model gpt2-small --case "gpt2-small piper" --row P3 --same-weights
+# The same step as a CUDA graph (docs/runtime.md, "Steps as graphs"): steps
+# 2 and 3 captured, every later one launched from their captures.
+step P3 P3-piper-graph "gpt2-small piper --step-graph on" 60 "$DEADLINE" \
+  piper-train "$GPT2" --model gpt2-small \
+  --case "gpt2-small piper --step-graph on" --row P3 \
+  --run-arg=--step-graph=on
 step P3 P3-eager "gpt2-small torch eager+SDPA" 60 "$DEADLINE" torch-train \
   "$GPT2" --model gpt2-small --case "gpt2-small torch eager+SDPA" --row P3 --mode eager
 step P3 P3-compile "gpt2-small torch.compile+SDPA" 150 "$DEADLINE" torch-train \

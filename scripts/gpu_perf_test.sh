@@ -162,8 +162,14 @@ if steps and opt("--attention", "auto") != "simt":
 metrics = opt("--metrics")
 lines = []
 for s in range(1, steps + 1):
-    # --unpack-step-buffers: a slower step (more passes), 60 ms.
-    st = (0.06 if "--unpack-step-buffers" in argv else 0.05) if s > 1 else 0.2
+    # --unpack-step-buffers: a slower step (more passes), 60 ms;
+    # --step-graph=on: a faster one (no host issuing), 40 ms.
+    st = 0.05
+    if "--unpack-step-buffers" in argv:
+        st = 0.06
+    if "--step-graph=on" in argv:
+        st = 0.04
+    st = st if s > 1 else 0.2
     tps = seq * batch / st
     print("step %d/%d | loss %.9g | grad_norm 1.234 | %.0f tokens/s | %.1f ms/step | ETA 0:00:00"
           % (s, steps, 5.5 - 0.01 * s, tps, st * 1e3))
@@ -261,7 +267,7 @@ EOF
 }
 
 P1_SHAPES="['(1,2,2,32,16)', '(1,4,2,32,16)', '(1,4,2,64,16)', '(1,2,2,64,32)']"
-TRAIN_CASES="['gpt2-small piper', 'gpt2-small torch eager+SDPA', 'gpt2-small torch.compile+SDPA', 'gpt2-small piper --no-fused-epilogues', 'gpt2-small piper --unpack-step-buffers'] + ['llama-1b %s %s' % (c, i) for c in ('2048x4', '4096x2') for i in ('piper', 'torch eager+SDPA', 'torch.compile+SDPA')]"
+TRAIN_CASES="['gpt2-small piper', 'gpt2-small torch eager+SDPA', 'gpt2-small torch.compile+SDPA', 'gpt2-small piper --no-fused-epilogues', 'gpt2-small piper --unpack-step-buffers', 'gpt2-small piper --step-graph on'] + ['llama-1b %s %s' % (c, i) for c in ('2048x4', '4096x2') for i in ('piper', 'torch eager+SDPA', 'torch.compile+SDPA')]"
 
 # ---- A: everything works ----
 make_bundle "$WORK/a"
@@ -330,6 +336,13 @@ ut = by_case.get('gpt2-small piper --unpack-step-buffers', {}).get('tokens_per_s
 expect(ut > 0 and q.get('result') == 'ok' and abs(q.get('packed_over_unpacked', 0) - pt / ut) < 1e-9
        and abs(q.get('packed_over_unpacked', 0) - 1.2) < 1e-3,
        'A: packed over unpacked %r, not %r / %r (about 1.2)' % (q, pt, ut))
+# ... and the step as a CUDA graph over the step issued as usual (40 ms
+# against 50: --step-graph=on reached piper-run).
+q = by_case.get('gpt2-small piper --step-graph on / piper', {})
+gt = by_case.get('gpt2-small piper --step-graph on', {}).get('tokens_per_s', 0)
+expect(gt > 0 and q.get('result') == 'ok' and abs(q.get('graphed_over_usual', 0) - gt / pt) < 1e-9
+       and abs(q.get('graphed_over_usual', 0) - 1.25) < 1e-3,
+       'A: graphed over usual %r, not %r / %r (about 1.25)' % (q, gt, pt))
 " || fail "A: the checks above"
 # gpu_perf.py's conventions against the measurement plan's numbers.
 (cd "$WORK/a" && "$PY" - <<'EOF') || fail "A: FLOP counts or peak detection"

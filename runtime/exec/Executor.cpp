@@ -171,6 +171,13 @@ Status ExecutorImpl::init(uint64_t seed) {
         device->createEvent(events.back())
             .withContext("creating event " + std::to_string(e)));
   }
+  if (options.stepGraphs != ExecutorOptions::StepGraphs::Off) {
+    graphRefusal = stepGraphRefusal();
+    if (!graphRefusal.empty() &&
+        options.stepGraphs == ExecutorOptions::StepGraphs::On)
+      return Status::error("steps cannot run as graphs (--step-graph on): " +
+                           graphRefusal);
+  }
   PIPER_RETURN_IF_ERROR(prepareKernels());
   PIPER_RETURN_IF_ERROR(
       device->createLossSums(std::max(1, plan.streams_size()), lossSums)

@@ -51,6 +51,15 @@ struct ExecutorOptions {
   /// to fp32 first and every result packed from fp32 after its writer, as
   /// before: the same bits, more passes.
   bool packedStepBuffers = true;
+  /// Whether steps run as captured graphs (piper-run --step-graph; docs/
+  /// runtime.md, "Steps as graphs"): after a step run as usual, the next
+  /// two (one per half of the batch staging) are captured as they run, and
+  /// later steps launch the capture of their parity, the host issuing no
+  /// kernel. `On` refuses, when the executor is created, a plan or device
+  /// that cannot (stepGraphRefusal says why); `Auto` then runs steps as
+  /// usual.
+  enum class StepGraphs { Off, Auto, On };
+  StepGraphs stepGraphs = StepGraphs::Off;
   /// A cap on the device memory this rank may use (piper-run
   /// --device-memory), in bytes; -1: none. The plan is refused before
   /// anything is allocated when its arena exceeds the cap or what the
@@ -202,6 +211,13 @@ public:
   /// With ExecutorOptions::traceStep: that step's timeline once it has run
   /// (StepTrace::step is 0 before). Call between steps only.
   const StepTrace &stepTrace() const;
+  /// Why steps are not captured (ExecutorOptions::stepGraphs), "" where
+  /// they are; "off" when the options did not ask.
+  const std::string &stepGraphRefusal() const;
+  /// How many steps were captured, and how many launched a capture made
+  /// before (ExecutorOptions::stepGraphs), so far.
+  int64_t capturedSteps() const;
+  int64_t replayedSteps() const;
 
   /// Bytes of tensor storage alive now / at most so far (persistent state
   /// plus every step buffer and segment value, as allocated), and the bytes

@@ -196,6 +196,16 @@ public:
   /// One persistent stream (worker) and one event per plan stream / event.
   std::vector<std::unique_ptr<hal::Stream>> streams;
   std::vector<std::unique_ptr<hal::Event>> events;
+  // Steps as graphs (StepGraphs.cpp).
+  /// Why steps are not captured ("" : they are; "off": not asked).
+  std::string graphRefusal = "off";
+  /// Per parity of the step (the half of the batch staging it reads): the
+  /// step captured, null until then.
+  std::unique_ptr<hal::StepGraph> stepGraphs[2];
+  /// Whether a step has run as usual since the captures were dropped
+  /// (creation, invalidateCopies): the steps after it are steady.
+  bool graphsWarm = false;
+  int64_t captured = 0, replayed = 0;
 
   int64_t stateBytes = 0;
   plan::Plan plan;
@@ -309,6 +319,21 @@ public:
   // A step (Streams.cpp).
   Status runStep(int64_t step, double &loss);
   void runStream(int s, StepState &st);
+  /// Why this plan's steps cannot be captured on this device with these
+  /// options, "" when they can.
+  std::string stepGraphRefusal() const;
+  /// Runs step st.step's streams: their instructions issued by the host
+  /// (runStream), captured as they are issued, then launched, or the
+  /// step's capture launched (ExecutorOptions::stepGraphs). Returns once
+  /// the host has issued its work, after prefetching the next step's
+  /// batches; failures go to fail().
+  void issueStep(StepState &st);
+  /// Launches the capture `graph` for step st.step: its batches' fills
+  /// checked as LOAD_BATCH checks them, then the step's constants written;
+  /// false after a failure (fail()).
+  bool replayStep(hal::StepGraph &graph, StepState &st);
+  /// Drops the captures (the next step runs as usual, then captures).
+  void dropStepGraphs();
   /// Records the first failure of the step and wakes every waiter.
   void fail(StepState &st, const Status &status);
   /// Records stream `s` as the failed one, unless one already is.

@@ -243,6 +243,8 @@ Status ExecutorImpl::copyWritten(int p, int64_t step) {
 }
 
 void ExecutorImpl::invalidateCopies() {
+  // The next step refreshes copies that a capture would not.
+  dropStepGraphs();
   std::lock_guard<std::mutex> lock(bf16Mu);
   std::fill(bf16Step.begin(), bf16Step.end(), 0);
   for (std::vector<int64_t> &seen : bf16Seen)

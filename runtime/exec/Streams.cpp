@@ -156,11 +156,9 @@ Status ExecutorImpl::runStep(int64_t step, double &loss) {
   const bool traced = tracer.traces(step);
   if (traced)
     tracer.beginStep();
-  for (int s = 0; s < numStreams; ++s)
-    streams[s]->enqueue([this, s, &st] { runStream(s, st); });
-  // The next step's batches, into the other half of the staging, while the
-  // streams run (a data error is kept for the LOAD_BATCH that needs it).
-  prefetchBatches(step + 1);
+  // The streams issue the step's work (or launch its capture), and the
+  // next step's batches are prefetched meanwhile.
+  issueStep(st);
   for (int s = 0; s < numStreams; ++s) {
     // An asynchronous device error (a kernel that faulted after its launch
     // returned) surfaces here at the latest: the stream's failure.

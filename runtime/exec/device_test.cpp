@@ -52,15 +52,6 @@ std::vector<double> runSteps(const plan::Plan &plan, int steps, uint64_t seed) {
 } // namespace
 
 namespace {
-/// Puts a CLIP_GRADS before the last instruction of stream 0 (the update).
-void addClipBeforeUpdate(plan::Plan &plan) {
-  auto *insts = plan.mutable_streams(0)->mutable_instructions();
-  plan::Instruction update = insts->Get(insts->size() - 1);
-  insts->Mutable(insts->size() - 1)->Clear();
-  insts->Mutable(insts->size() - 1)->set_kind(Instruction::CLIP_GRADS);
-  *insts->Add() = update;
-}
-
 /// Runs `steps` steps of `plan` and returns lastGradNorm() after each.
 std::vector<double> gradNorms(const plan::Plan &plan, int steps) {
   ExecutorOptions opts;

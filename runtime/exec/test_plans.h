@@ -256,6 +256,15 @@ inline plan::Plan singleClassPlan(const TinyModel &m, int microbatches,
   return plan;
 }
 
+/// Puts a CLIP_GRADS before the last instruction of stream 0 (the update).
+inline void addClipBeforeUpdate(plan::Plan &plan) {
+  auto *insts = plan.mutable_streams(0)->mutable_instructions();
+  plan::Instruction update = insts->Get(insts->size() - 1);
+  insts->Mutable(insts->size() - 1)->Clear();
+  insts->Mutable(insts->size() - 1)->set_kind(plan::Instruction::CLIP_GRADS);
+  *insts->Add() = update;
+}
+
 /// singleClassPlan with each sequence split over `cp` context members
 /// (consecutive ranks): the token buffers hold seqLen / cp tokens; the
 /// ranks are cp x (ranks / cp) gradient replicas. The bigram model is

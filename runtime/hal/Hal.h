@@ -119,8 +119,32 @@ public:
   /// Blocks until everything enqueued so far has run, and its device work
   /// has finished: an asynchronous device error found here (a kernel that
   /// faulted after its launch returned) is returned, naming, where the
-  /// backend knows it, the last kernel launched on this stream.
+  /// backend knows it, the last kernel launched on this stream. While the
+  /// stream captures (Device::beginStepCapture) it waits for the host work
+  /// only: nothing captured runs.
   virtual Status synchronize() = 0;
+};
+
+/// What the host writes for a replayed step before its device work runs
+/// (StepGraph::launch): the step's number and its schedule's lr scale, from
+/// which AdamW's per-step constants follow.
+struct StepValues {
+  int64_t step = 0;
+  double lrScale = 1;
+};
+
+/// One step's device work captured once (Device::beginStepCapture ...
+/// endStepCapture) and run again for later steps: the same launches with
+/// the same arguments on the same memory, without the host issuing them
+/// (on CUDA a CUDA graph). Per-step values reach the launches only through
+/// tables the host rewrites before each launch (gpu::ConstantTables).
+class StepGraph {
+public:
+  virtual ~StepGraph() = default;
+  /// Rewrites the captured work's per-step constants for `values`, then
+  /// queues the work; returns at once. The synchronize() of the streams it
+  /// was captured on waits for it. The streams must be idle.
+  virtual Status launch(const StepValues &values) = 0;
 };
 
 /// A run of floats in device memory, and the slot of a SquareSums its sum
@@ -365,6 +389,29 @@ public:
 
   /// The communicator of this rank; null for a single rank without one.
   virtual Communicator *communicator() = 0;
+
+  /// Whether this device captures steps (StepGraph): "" where it does,
+  /// else why not.
+  virtual std::string stepCaptureRefusal() const {
+    return "the " + name() + " backend does not capture steps";
+  }
+  /// Starts capturing the device work that `streams` (this device's, idle,
+  /// the first the capture's origin) issue from the work enqueued on them
+  /// from now on: it is kept, not run, until endStepCapture. Host code runs
+  /// as usual; a call that waits for the device (a synchronizing copy) is
+  /// an error, at the call or at endStepCapture.
+  virtual Status beginStepCapture(const std::vector<Stream *> &streams) {
+    (void)streams;
+    return Status::error(stepCaptureRefusal());
+  }
+  /// Ends the capture once the work enqueued on its streams has run on the
+  /// host (Stream::synchronize), into `graph`, of which nothing has run yet.
+  /// On an error (a call the capture could not keep) `graph` is null and
+  /// the streams are back to running their work.
+  virtual Status endStepCapture(std::unique_ptr<StepGraph> &graph) {
+    graph = nullptr;
+    return Status::error(stepCaptureRefusal());
+  }
 
   /// The peak FLOP/s of this device at the plan's compute precision, for
   /// piper-run's MFU; 0 when unknown (the CPU backend: its peak depends on

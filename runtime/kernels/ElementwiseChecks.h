@@ -26,9 +26,14 @@ Status checkAdd(const KernelArgs &a);
 Status checkAccumulate(const KernelArgs &a);
 /// zero: -> t (f32 or i32), in place.
 Status checkZero(const KernelArgs &a);
-/// adamw: grad -> (param, m, v) in place; the step's constants from the
-/// attributes and the context (step, lr scale).
-Status checkAdamw(const KernelArgs &a, AdamwConstants &c);
+/// adamw: grad -> (param, m, v) in place; its attributes, and the
+/// context's step (at least 1) and lr scale (finite, not negative).
+Status checkAdamw(const KernelArgs &a, AdamwHyper &h);
+/// The constants of step `step` of a call with attributes `h`, its lr
+/// scaled by `lrScale` (scheduleScale): computed on the host in double, so
+/// that every backend's update reads the same bits.
+AdamwConstants adamwConstants(const AdamwHyper &h, int64_t step,
+                              double lrScale);
 
 } // namespace piper::runtime::detail
 

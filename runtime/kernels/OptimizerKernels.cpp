@@ -88,7 +88,7 @@ Status zeroKernel(const KernelArgs &a) {
   return Status::ok();
 }
 
-Status checkAdamw(const KernelArgs &a, AdamwConstants &c) {
+Status checkAdamw(const KernelArgs &a, AdamwHyper &h) {
   PIPER_RETURN_IF_ERROR(expectCounts(a, 1, 1, 3));
   const TensorRef &grad = a.inputs[0], &param = a.outputs[0], &m = a.outputs[1],
                   &v = a.outputs[2];
@@ -96,17 +96,17 @@ Status checkAdamw(const KernelArgs &a, AdamwConstants &c) {
   PIPER_RETURN_IF_ERROR(expectTensor(a, param, "param", plan::F32, grad.shape));
   PIPER_RETURN_IF_ERROR(expectTensor(a, m, "m", plan::F32, grad.shape));
   PIPER_RETURN_IF_ERROR(expectTensor(a, v, "v", plan::F32, grad.shape));
-  double lr = 0, beta1 = 0, beta2 = 0, eps = 0, weightDecay = 0;
-  PIPER_RETURN_IF_ERROR(readFloat(a, KernelAttr::kLr, std::nullopt, lr));
-  PIPER_RETURN_IF_ERROR(readFloat(a, KernelAttr::kBeta1, 0.9, beta1));
-  PIPER_RETURN_IF_ERROR(readFloat(a, KernelAttr::kBeta2, 0.95, beta2));
-  PIPER_RETURN_IF_ERROR(readFloat(a, KernelAttr::kEps, 1e-8, eps));
+  h = AdamwHyper{};
+  PIPER_RETURN_IF_ERROR(readFloat(a, KernelAttr::kLr, std::nullopt, h.lr));
+  PIPER_RETURN_IF_ERROR(readFloat(a, KernelAttr::kBeta1, 0.9, h.beta1));
+  PIPER_RETURN_IF_ERROR(readFloat(a, KernelAttr::kBeta2, 0.95, h.beta2));
+  PIPER_RETURN_IF_ERROR(readFloat(a, KernelAttr::kEps, 1e-8, h.eps));
   PIPER_RETURN_IF_ERROR(
-      readFloat(a, KernelAttr::kWeightDecay, 0.0, weightDecay));
+      readFloat(a, KernelAttr::kWeightDecay, 0.0, h.weightDecay));
   // A beta of 1 would make the bias correction divide by zero.
-  if (beta1 < 0 || beta1 >= 1 || beta2 < 0 || beta2 >= 1)
+  if (h.beta1 < 0 || h.beta1 >= 1 || h.beta2 < 0 || h.beta2 >= 1)
     return a.error("attributes 'beta1' and 'beta2' must be in [0, 1)");
-  if (eps < 0)
+  if (h.eps < 0)
     return a.error("attribute 'eps' must not be negative");
   if (a.ctx.step < 1)
     return a.error("step must be at least 1, got " +
@@ -114,21 +114,28 @@ Status checkAdamw(const KernelArgs &a, AdamwConstants &c) {
 
   if (!(a.ctx.lrScale >= 0) || !std::isfinite(a.ctx.lrScale))
     return a.error("learning-rate scale must be finite and non-negative");
-  lr *= a.ctx.lrScale;
-  double t = static_cast<double>(a.ctx.step);
-  c.lr = lr;
-  c.decay = lr * weightDecay;
-  c.beta1 = beta1;
-  c.beta2 = beta2;
-  c.eps = eps;
-  c.correction1 = 1.0 - std::pow(beta1, t);
-  c.correction2 = 1.0 - std::pow(beta2, t);
   return Status::ok();
 }
 
-Status adamwKernel(const KernelArgs &a) {
+AdamwConstants adamwConstants(const AdamwHyper &h, int64_t step,
+                              double lrScale) {
   AdamwConstants c;
-  PIPER_RETURN_IF_ERROR(checkAdamw(a, c));
+  const double lr = h.lr * lrScale;
+  const double t = static_cast<double>(step);
+  c.lr = lr;
+  c.decay = lr * h.weightDecay;
+  c.beta1 = h.beta1;
+  c.beta2 = h.beta2;
+  c.eps = h.eps;
+  c.correction1 = 1.0 - std::pow(h.beta1, t);
+  c.correction2 = 1.0 - std::pow(h.beta2, t);
+  return c;
+}
+
+Status adamwKernel(const KernelArgs &a) {
+  AdamwHyper h;
+  PIPER_RETURN_IF_ERROR(checkAdamw(a, h));
+  const AdamwConstants c = adamwConstants(h, a.ctx.step, a.ctx.lrScale);
   if (a.ctx.clipFactor && !std::isfinite(*a.ctx.clipFactor))
     return Status::ok(); // a diverged step: nothing is updated
   const TensorRef &grad = a.inputs[0], &param = a.outputs[0], &m = a.outputs[1],

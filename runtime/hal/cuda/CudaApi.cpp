@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <utility>
+#include <vector>
 
 #include "fmt/core.h"
 #include "runtime/hal/cuda/CudaCheck.h"
@@ -53,6 +54,13 @@ public:
     device = t.device;
     return Status::ok();
   }
+  void keepForReplay(gpu::ConstantRefill refill) override {
+    if (refills)
+      refills->push_back(std::move(refill));
+  }
+  /// Where keepForReplay keeps refills while the stream captures; null
+  /// otherwise.
+  std::vector<gpu::ConstantRefill> *refills = nullptr;
 
 private:
   struct Table {
@@ -91,6 +99,15 @@ CudaKernelResources::CudaKernelResources(int ordinal,
 CudaKernelResources::~CudaKernelResources() {
   if (state->timers)
     state->timers->remove(state->timer.get());
+}
+
+void CudaKernelResources::setCapture(
+    std::vector<gpu::ConstantRefill> *refills) {
+  state->constants.refills = refills;
+  if (refills) {
+    state->workspace.keepBlocks();
+    state->operands.keepBlocks();
+  }
 }
 
 gpu::Context CudaKernelResources::context(cudaStream_t stream, bool bf16) {

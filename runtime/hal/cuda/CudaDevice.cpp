@@ -38,6 +38,7 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "fmt/core.h"
 #include "runtime/hal/HostWorker.h"
@@ -95,6 +96,10 @@ thread_local CudaKernelResources *currentResources = nullptr;
 /// that Stream's copy of it (read by synchronize() on another thread).
 thread_local const char *threadLastKernel = nullptr;
 thread_local std::atomic<const char *> *streamLastKernel = nullptr;
+/// On a Stream's worker while its device captures a step: the capture's
+/// number (from 1); 0 otherwise.
+thread_local uint64_t currentCapture = 0;
+std::atomic<uint64_t> capturesBegun{0};
 
 /// The device memory: plain cudaMalloc per allocation (the executor makes
 /// exactly one, the plan's arena), never managed memory.
@@ -224,6 +229,7 @@ public:
       if (currentStream)
         PIPER_CUDA_RETURN_IF_ERROR(cudaEventRecord(event, currentStream));
       onDevice = currentStream != nullptr;
+      recordedIn = currentStream ? currentCapture : 0;
       if (current.load() < v)
         current.store(v);
     }
@@ -237,7 +243,11 @@ public:
       return abortedWait(v);
     // The latest record is at or after the one for v in the signaling
     // stream's order. A signal from a host thread means its work was done.
-    if (onDevice) {
+    // A record made in another capture than the waiter's (or in one, for a
+    // waiter not capturing) belongs to a step that ended before this one
+    // began: its work is done, and CUDA refuses to wait for a record that
+    // is not in the waiter's own capture.
+    if (onDevice && recordedIn == currentCapture) {
       if (currentStream)
         PIPER_CUDA_RETURN_IF_ERROR(
             cudaStreamWaitEvent(currentStream, event, 0));
@@ -256,7 +266,8 @@ private:
   explicit CudaEvent(cudaEvent_t event) : event(event) {}
 
   cudaEvent_t event = nullptr;
-  bool onDevice = false; // whether the latest signal recorded `event`
+  bool onDevice = false;   // whether the latest signal recorded `event`
+  uint64_t recordedIn = 0; // the capture that record was made in (0: none)
   std::atomic<uint64_t> current{0};
   std::mutex mu;
   std::condition_variable cv;
@@ -294,6 +305,8 @@ public:
 
   Status synchronize() override {
     worker->synchronize();
+    if (capturing.load())
+      return Status::ok(); // nothing captured runs until the launch
     auto started = static_cast<cudaError_t>(startError.load());
     if (started != cudaSuccess)
       return Status::error(cudaErrorMessage(
@@ -305,6 +318,20 @@ public:
       return cudaCallError(err, "cudaStreamSynchronize(stream)", __FILE__,
                            __LINE__, lastKernel.load());
     return Status::ok();
+  }
+
+  cudaStream_t handle() const { return cuda; }
+
+  /// Makes the worker's device work part of capture `capture` (0: none
+  /// again) from the work enqueued after this call, its constant tables'
+  /// refills going to `refills`.
+  void setCapture(uint64_t capture, std::vector<gpu::ConstantRefill> *refills) {
+    capturing.store(capture != 0);
+    worker->enqueue([this, capture, refills] {
+      currentCapture = capture;
+      resources->setCapture(refills);
+    });
+    worker->synchronize();
   }
 
 private:
@@ -333,8 +360,43 @@ private:
   Communicator *comm; // not owned; outlives the stream
   std::atomic<int> startError{cudaSuccess};
   std::atomic<const char *> lastKernel{nullptr};
+  std::atomic<bool> capturing{false};
   std::unique_ptr<CudaKernelResources> resources;
   std::unique_ptr<HostWorker> worker;
+};
+
+/// A step captured on CUDA (Device::beginStepCapture): one CUDA graph of
+/// every stream's work, forked from the first stream's and joined back to
+/// it, instantiated once and launched on the first stream, after the
+/// constant tables' host blocks are rewritten for the launched step.
+class CudaStepGraph final : public StepGraph {
+public:
+  ~CudaStepGraph() override {
+    if (exec)
+      cudaGraphExecDestroy(exec);
+    for (cudaEvent_t event : events)
+      if (event)
+        cudaEventDestroy(event);
+  }
+  Status launch(const StepValues &values) override {
+    PIPER_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal));
+    // The streams are idle: no copy of the last launch reads the tables.
+    for (const std::vector<gpu::ConstantRefill> &lane : refills)
+      for (const gpu::ConstantRefill &refill : lane)
+        refill(values.step, values.lrScale);
+    PIPER_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(exec, origin));
+    return Status::ok();
+  }
+
+  int ordinal = 0;
+  uint64_t id = 0;
+  std::vector<CudaStream *> streams;
+  cudaStream_t origin = nullptr; // streams[0]'s
+  /// Per stream, the constant tables' refills its capture kept.
+  std::vector<std::vector<gpu::ConstantRefill>> refills;
+  /// The fork (recorded on the origin), then a join per other stream.
+  std::vector<cudaEvent_t> events;
+  cudaGraphExec_t exec = nullptr;
 };
 
 class CudaDevice final : public Device {
@@ -423,6 +485,9 @@ public:
     return finishIfHost();
   }
   Communicator *communicator() override { return comm; }
+  std::string stepCaptureRefusal() const override { return ""; }
+  Status beginStepCapture(const std::vector<Stream *> &streams) override;
+  Status endStepCapture(std::unique_ptr<StepGraph> &graph) override;
   Status collectLaunchTimes() override {
     return timers ? timers->collect() : Status::ok();
   }
@@ -457,7 +522,92 @@ private:
   CudaAllocator memory;
   CudaKernelResources hostResources;
   Communicator *comm;
+  std::unique_ptr<CudaStepGraph> capture; // the one under way
 };
+
+Status CudaDevice::beginStepCapture(const std::vector<Stream *> &streams) {
+  if (capture)
+    return Status::error("beginning a step capture: one is under way");
+  if (streams.empty())
+    return Status::error("beginning a step capture: no stream to capture");
+  auto cap = std::make_unique<CudaStepGraph>();
+  cap->ordinal = ordinal;
+  cap->id = capturesBegun.fetch_add(1) + 1;
+  for (Stream *stream : streams) // created by createStream
+    cap->streams.push_back(static_cast<CudaStream *>(stream));
+  cap->origin = cap->streams[0]->handle();
+  cap->refills.resize(streams.size());
+  cap->events.assign(streams.size(), nullptr);
+  PIPER_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal));
+  for (cudaEvent_t &event : cap->events)
+    PIPER_CUDA_RETURN_IF_ERROR(
+        cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+  // Relaxed: each stream's worker thread issues its own work into the
+  // capture, and may allocate (a constant table, a scratch block).
+  PIPER_CUDA_RETURN_IF_ERROR(
+      cudaStreamBeginCapture(cap->origin, cudaStreamCaptureModeRelaxed));
+  Status forked = [&]() -> Status {
+    PIPER_CUDA_RETURN_IF_ERROR(cudaEventRecord(cap->events[0], cap->origin));
+    for (size_t i = 1; i < cap->streams.size(); ++i)
+      PIPER_CUDA_RETURN_IF_ERROR(
+          cudaStreamWaitEvent(cap->streams[i]->handle(), cap->events[0], 0));
+    return Status::ok();
+  }();
+  if (!forked) {
+    cudaGraph_t graph = nullptr;
+    (void)cudaStreamEndCapture(cap->origin, &graph);
+    if (graph)
+      cudaGraphDestroy(graph);
+    (void)cudaGetLastError();
+    return forked;
+  }
+  for (size_t i = 0; i < cap->streams.size(); ++i)
+    cap->streams[i]->setCapture(cap->id, &cap->refills[i]);
+  capture = std::move(cap);
+  return Status::ok();
+}
+
+Status CudaDevice::endStepCapture(std::unique_ptr<StepGraph> &graph) {
+  graph = nullptr;
+  if (!capture)
+    return Status::error("ending a step capture: none is under way");
+  std::unique_ptr<CudaStepGraph> cap = std::move(capture);
+  for (CudaStream *stream : cap->streams)
+    stream->setCapture(0, nullptr);
+  Status joined = [&]() -> Status {
+    PIPER_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal));
+    for (size_t i = 1; i < cap->streams.size(); ++i) {
+      PIPER_CUDA_RETURN_IF_ERROR(
+          cudaEventRecord(cap->events[i], cap->streams[i]->handle()));
+      PIPER_CUDA_RETURN_IF_ERROR(
+          cudaStreamWaitEvent(cap->origin, cap->events[i], 0));
+    }
+    return Status::ok();
+  }();
+  // Always ended, so that the streams run their work again.
+  cudaGraph_t captured = nullptr;
+  cudaError_t ended = cudaStreamEndCapture(cap->origin, &captured);
+  if (ended != cudaSuccess || !joined) {
+    (void)cudaGetLastError();
+    if (captured)
+      cudaGraphDestroy(captured);
+    if (!joined)
+      return joined;
+    return Status::error(
+        cudaErrorMessage(ended, "cudaStreamEndCapture(stream, &graph)",
+                         __FILE__, __LINE__) +
+        ": a call of the step could not be captured");
+  }
+  cudaError_t made = cudaGraphInstantiate(&cap->exec, captured, 0);
+  cudaGraphDestroy(captured);
+  if (made != cudaSuccess) {
+    (void)cudaGetLastError();
+    return Status::error(cudaErrorMessage(
+        made, "cudaGraphInstantiate(&exec, graph, 0)", __FILE__, __LINE__));
+  }
+  graph = std::move(cap);
+  return Status::ok();
+}
 
 Status CudaDevice::createLossSums(int slots, std::unique_ptr<LossSums> &sums) {
   return createCudaLossSums(

@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <vector>
 
 #include "runtime/hal/cuda/CudaCheck.h"
 #include "runtime/hal/gpu/GpuApi.h"
@@ -23,11 +24,22 @@ public:
   ~CudaWorkspace() override {
     if (block)
       cudaFree(block);
+    for (void *old : retired)
+      cudaFree(old);
   }
+  /// From now on a block outgrown is kept until the workspace is destroyed
+  /// instead of freed: work captured from a step (Device::beginStepCapture)
+  /// addresses it whenever the capture is launched, and a capturing stream
+  /// cannot wait for its work.
+  void keepBlocks() { keep = true; }
   Status reserve(size_t bytes, void *&ptr) override {
     if (bytes > size) {
-      // Work queued before may still use the old block.
-      if (block) {
+      if (block && keep) {
+        retired.push_back(block);
+        block = nullptr;
+        size = 0;
+      } else if (block) {
+        // Work queued before may still use the old block.
         PIPER_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
         PIPER_CUDA_RETURN_IF_ERROR(cudaFree(block));
         block = nullptr;
@@ -47,6 +59,8 @@ private:
   cudaStream_t &stream; // the stream of the latest context()
   void *block = nullptr;
   size_t size = 0;
+  bool keep = false;
+  std::vector<void *> retired;
 };
 
 /// A stream's cuBLASLt state: its handle (made at its first GEMM), its

@@ -67,6 +67,11 @@ public:
   ~CudaKernelResources();
   /// The kernels' context for work queued on `stream`.
   gpu::Context context(cudaStream_t stream, bool bf16);
+  /// While the stream captures a step: the constant tables' refills go to
+  /// `refills` (null: the capture ended), and from the first capture on the
+  /// scratch blocks outgrown are kept, not freed (CudaWorkspace::
+  /// keepBlocks).
+  void setCapture(std::vector<gpu::ConstantRefill> *refills);
 
 private:
   struct State;

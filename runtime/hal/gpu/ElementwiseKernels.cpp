@@ -58,19 +58,20 @@ Status zero(const KernelArgs &a, const Context &ctx) {
                    static_cast<size_t>(a.outputs[0].numel()) * 4);
 }
 
-/// AdamW calls grouped into launches, with their distinct constant sets.
+/// AdamW calls grouped into launches, with their distinct attribute sets
+/// (a constant set each per step).
 struct AdamwLaunches {
   std::vector<AdamwBatch> batches;
-  std::vector<AdamwConstants> sets;
+  std::vector<AdamwHyper> hypers;
 
-  /// Adds the checked call `a` (constants `c`) to the last batch, or to a
+  /// Adds the checked call `a` (attributes `h`) to the last batch, or to a
   /// new one when that one is full.
-  void append(const KernelArgs &a, const AdamwConstants &c) {
+  void append(const KernelArgs &a, const AdamwHyper &h) {
     size_t set = 0;
-    while (set < sets.size() && std::memcmp(&sets[set], &c, sizeof c) != 0)
+    while (set < hypers.size() && std::memcmp(&hypers[set], &h, sizeof h) != 0)
       ++set;
-    if (set == sets.size())
-      sets.push_back(c);
+    if (set == hypers.size())
+      hypers.push_back(h);
     if (batches.empty() || batches.back().count == AdamwBatch::kMax) {
       batches.emplace_back();
       batches.back().offset[0] = 0;
@@ -86,18 +87,27 @@ struct AdamwLaunches {
     b.offset[j + 1] = b.offset[j] + a.inputs[0].numel();
   }
 
-  /// Copies this step's constant sets to the table of call site `site` on
-  /// the stream, then queues every batch, reading them there.
-  Status launch(const Context &ctx, const void *site,
-                const float *clipFactor) const {
+  /// Writes step `step`'s constant sets to the host block of call site
+  /// `site`'s table and queues their copy to the device on the stream, then
+  /// queues every batch, reading them there. A stream capturing the step
+  /// keeps the write for each replay (ConstantTables::keepForReplay): the
+  /// launches' arguments are the same every step, only the table changes.
+  Status launch(const Context &ctx, const void *site, int64_t step,
+                double lrScale, const float *clipFactor) const {
     if (batches.empty())
       return Status::ok();
     if (!ctx.constants)
       return Status::error("adamw: the kernel context has no constant tables");
-    const size_t bytes = sets.size() * sizeof(AdamwConstants);
+    const size_t bytes = hypers.size() * sizeof(AdamwConstants);
     void *host = nullptr, *device = nullptr;
     PIPER_RETURN_IF_ERROR(ctx.constants->get(site, bytes, host, device));
-    std::memcpy(host, sets.data(), bytes);
+    ConstantRefill write = [host, hypers = hypers](int64_t t, double scale) {
+      auto *sets = static_cast<AdamwConstants *>(host);
+      for (size_t j = 0; j < hypers.size(); ++j)
+        sets[j] = detail::adamwConstants(hypers[j], t, scale);
+    };
+    write(step, lrScale);
+    ctx.constants->keepForReplay(std::move(write));
     PIPER_RETURN_IF_ERROR(copyToDeviceAsync(ctx, device, host, bytes));
     for (const AdamwBatch &b : batches)
       PIPER_RETURN_IF_ERROR(launchAdamwBatch(
@@ -107,11 +117,12 @@ struct AdamwLaunches {
 };
 
 Status adamw(const KernelArgs &a, const Context &ctx) {
-  AdamwConstants c;
-  PIPER_RETURN_IF_ERROR(detail::checkAdamw(a, c));
+  AdamwHyper h;
+  PIPER_RETURN_IF_ERROR(detail::checkAdamw(a, h));
   AdamwLaunches launches;
-  launches.append(a, c);
-  return launches.launch(ctx, &a.kernel, a.ctx.clipFactor);
+  launches.append(a, h);
+  return launches.launch(ctx, &a.kernel, a.ctx.step, a.ctx.lrScale,
+                         a.ctx.clipFactor);
 }
 
 } // namespace
@@ -139,14 +150,15 @@ Status runAdamwCalls(const std::vector<AdamwCall> &calls, KernelContext &kctx,
     kctx.bf16Copy = call.bf16Copy;
     KernelArgs a{*call.kernel, *call.attrs, call.inputs, call.outputs, kctx};
     PIPER_RETURN_IF_ERROR(detail::checkOperandStorage(a));
-    AdamwConstants c;
-    PIPER_RETURN_IF_ERROR(detail::checkAdamw(a, c));
-    launches.append(a, c);
+    AdamwHyper h;
+    PIPER_RETURN_IF_ERROR(detail::checkAdamw(a, h));
+    launches.append(a, h);
   }
   failed = calls.size();
   // The table of these calls is named by the first one's kernel.
   return calls.empty() ? Status::ok()
-                       : launches.launch(ctx, calls[0].kernel, kctx.clipFactor);
+                       : launches.launch(ctx, calls[0].kernel, kctx.step,
+                                         kctx.lrScale, kctx.clipFactor);
 }
 
 Status sumsOfSquares(const Context &ctx, const std::vector<SquaresJob> &jobs) {

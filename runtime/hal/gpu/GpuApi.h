@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 
 #include "support/Status.h"
 
@@ -34,6 +35,11 @@ public:
   virtual Status reserve(size_t bytes, void *&ptr) = 0;
 };
 
+/// Rewrites a constant table's host block for step `step` with the
+/// schedule's lr scale `lrScale`, as the call that filled it did for its
+/// own step.
+using ConstantRefill = std::function<void(int64_t step, double lrScale)>;
+
 /// Memory for the per-step constants that kernels read from the device
 /// instead of taking them as launch arguments (AdamW's scheduled lr and
 /// bias corrections), so that a launch's arguments stay the same from
@@ -52,6 +58,12 @@ public:
   /// end-of-step synchronization).
   virtual Status get(const void *site, size_t bytes, void *&host,
                      void *&device) = 0;
+  /// Called after filling a table's host block for this step: while the
+  /// stream captures the step (Device::beginStepCapture) the backend keeps
+  /// `refill` and calls it before each replay with the replayed step's
+  /// number and lr scale, so that the captured copy reads that step's
+  /// constants; otherwise it is dropped.
+  virtual void keepForReplay(ConstantRefill refill) = 0;
 };
 
 /// How attention runs (piper-run --attention, docs/gpu.md): `Simt` always

@@ -9,6 +9,7 @@
 
 #include "runtime/hal/gpu/GpuApi.h"
 #include "runtime/hal/gpu/Simt.h"
+#include "runtime/hal/gpu/host/HostCapture.h"
 
 #ifdef PIPER_GPU_LANES32
 // The kernel layer's 32-lane test build (host/LanesExec.h).
@@ -23,14 +24,17 @@ class HostExec {
 public:
   using Lanes = HostLanes;
   explicit HostExec(const Context &ctx) : ctx(ctx) {}
-  /// f(i) for i in [0, n).
+  /// f(i) for i in [0, n) (recorded while the thread captures a step,
+  /// host/HostCapture.h: f holds its arguments by value, as a launch).
   template <class F> Status forEach(const char *name, int64_t n, F f) const {
     if (n <= 0)
       return Status::ok();
     if (ctx.timer)
       PIPER_RETURN_IF_ERROR(ctx.timer->begin(ctx));
-    for (int64_t i = 0; i < n; ++i)
-      f(i);
+    runOrRecord([f, n] {
+      for (int64_t i = 0; i < n; ++i)
+        f(i);
+    });
     return ctx.timer ? ctx.timer->end(ctx, name) : Status::ok();
   }
   /// f(lanes, r) for every row r in [0, rows).
@@ -40,8 +44,10 @@ public:
       return Status::ok();
     if (ctx.timer)
       PIPER_RETURN_IF_ERROR(ctx.timer->begin(ctx));
-    for (int64_t r = 0; r < rows; ++r)
-      f(Lanes{}, r);
+    runOrRecord([f, rows] {
+      for (int64_t r = 0; r < rows; ++r)
+        f(Lanes{}, r);
+    });
     return ctx.timer ? ctx.timer->end(ctx, name) : Status::ok();
   }
   const Context &context() const { return ctx; }

@@ -71,6 +71,13 @@ void addRunOptions(CLI::App &app, RunOptions &options) {
                "after its kernel, also where a GPU kernel would read or "
                "write it packed (the same results, more memory passes; "
                "for comparing)");
+  app.add_option("--step-graph", options.stepGraph,
+                 "run steps as captured graphs (a CUDA graph on --backend "
+                 "cuda; docs/runtime.md, \"Steps as graphs\"): off, auto "
+                 "(where the plan and backend can, else as usual, said "
+                 "once), or on (or an error saying why not)")
+      ->check(CLI::IsMember({"off", "auto", "on"}))
+      ->capture_default_str();
   app.add_option("--device-memory", options.deviceMemory,
                  "the most device memory each rank may use (80GiB, 141GB, "
                  "bytes): a plan that needs more, or more than the device "

@@ -27,6 +27,10 @@ struct RunOptions {
   /// reads or writes it packed (ExecutorOptions::packedStepBuffers off):
   /// the same bits, for comparing.
   bool unpackStepBuffers = false;
+  /// Whether steps run as captured graphs (ExecutorOptions::stepGraphs):
+  /// "off", "auto" (where the plan and backend can, else as usual, said
+  /// once) or "on" (or an error).
+  std::string stepGraph = "off";
   int64_t steps = 1;
   uint64_t seed = 0;
   /// Rank 0 writes one JSON object per step here; empty means none.

@@ -196,6 +196,11 @@ void RankRun::finish() {
                  profileTable(who, *exec, profiledFrom,
                               lastStep - profiledFrom + 1, profiledSeconds));
     fmt::print(stderr, "{}", memoryReport(who, *exec));
+    if (exec->capturedSteps() > 0)
+      fmt::print(stderr,
+                 "piper-run: {}: steps as graphs: {} captured, {} launched "
+                 "again\n",
+                 who, exec->capturedSteps(), exec->replayedSteps());
     std::fflush(stderr);
   }
 

@@ -314,6 +314,11 @@ void RankRun::createExecutor() {
   eo.comm = comm.get();
   eo.deviceMemory = options.deviceMemoryBytes;
   eo.packedStepBuffers = !options.unpackStepBuffers;
+  // The command line admits only the three names (RunOptions.cpp).
+  eo.stepGraphs = options.stepGraph == "on" ? ExecutorOptions::StepGraphs::On
+                  : options.stepGraph == "auto"
+                      ? ExecutorOptions::StepGraphs::Auto
+                      : ExecutorOptions::StepGraphs::Off;
   hal::DeviceOptions deviceOptions;
   // The command line admits only the three names (RunOptions.cpp).
   deviceOptions.attention = hal::parseAttentionChoice(options.attention)
@@ -344,6 +349,10 @@ void RankRun::createExecutor() {
   exec = Executor::create(plan, eo, st);
   if (!exec)
     exitRank(st.message());
+  if (reports && eo.stepGraphs == ExecutorOptions::StepGraphs::Auto &&
+      !exec->stepGraphRefusal().empty())
+    fmt::print(stderr, "piper-run: {}: steps run as usual, not as graphs: {}\n",
+               who, exec->stepGraphRefusal());
   if (checkpoint) {
     check(exec->loadCheckpoint(*checkpoint), /*named=*/false);
     checkpoint.reset();

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <map>
 #include <mutex>
 #include <string>
@@ -14,6 +15,7 @@
 #include "runtime/hal/cpu/CpuDevice.h"
 #include "runtime/hal/gpu/ElementwiseLaunch.h"
 #include "runtime/hal/gpu/GpuKernels.h"
+#include "runtime/hal/gpu/host/HostCapture.h"
 #include "runtime/hal/gpu/host/HostFusedAttention.h"
 
 namespace piper::runtime::hal {
@@ -22,19 +24,26 @@ namespace {
 
 namespace gpu = PIPER_GPU_NS;
 
-/// Host scratch of the calling thread (one per stream worker).
+/// Host scratch of the calling thread (one per stream worker). A block it
+/// outgrows is kept, not freed: work captured from a step may still
+/// address it when replayed (as the CUDA workspace keeps its blocks once
+/// its stream has captured).
 class HostWorkspace final : public gpu::Workspace {
 public:
   Status reserve(size_t bytes, void *&ptr) override {
     size_t words = (bytes + 7) / 8;
-    if (block.size() < words)
-      block.resize(words);
+    if (block.size() < words) {
+      if (!block.empty())
+        retired.push_back(std::move(block));
+      block.assign(words, 0.0);
+    }
     ptr = block.data();
     return Status::ok();
   }
 
 private:
   std::vector<double> block;
+  std::vector<std::vector<double>> retired;
 };
 
 /// Constant tables in host memory: a "host" block and a "device" block
@@ -52,6 +61,10 @@ public:
     host = t.host.data();
     device = t.device.data();
     return Status::ok();
+  }
+  void keepForReplay(gpu::ConstantRefill refill) override {
+    if (gpu::HostRecording *r = gpu::currentRecording)
+      r->refills.push_back(std::move(refill));
   }
 
 private:
@@ -115,7 +128,9 @@ thread_local double HostLaunchTimer::started = 0;
 
 std::atomic<int64_t> syncCalls{0};
 
-/// A host stream whose synchronize() counts (emulatedSyncCalls).
+/// A host stream whose synchronize() counts (emulatedSyncCalls), except
+/// while it captures a step: then it waits for the host work only, as a
+/// capturing CUDA stream's does.
 class EmulatedStream final : public Stream {
 public:
   explicit EmulatedStream(std::unique_ptr<Stream> host)
@@ -125,21 +140,99 @@ public:
     host->enqueue(std::move(work));
   }
   Status synchronize() override {
-    countEmulatedSync();
+    if (!capturing.load())
+      countEmulatedSync();
+    return host->synchronize();
+  }
+  /// Makes the stream's worker record (`recording`) or, with null, run its
+  /// device work from the work enqueued after this call.
+  Status record(gpu::HostRecording *recording) {
+    capturing.store(recording != nullptr);
+    host->enqueue([recording] { gpu::currentRecording = recording; });
     return host->synchronize();
   }
 
 private:
   std::unique_ptr<Stream> host;
+  std::atomic<bool> capturing{false};
 };
 
-/// Set by injectEmulatedDeviceError; the next operation takes it.
+/// An event of the CPU backend whose signals and waits made while a stream
+/// captures a step are also recorded, as the captured work's edges between
+/// streams: replayed, a wait waits for its signal of the same launch. A
+/// wait whose latest signal came before the capture records nothing: that
+/// signal's work had finished by the capture (the end of the step before),
+/// and a CUDA graph has no edge to work outside it either.
+class EmulatedEvent final : public Event {
+public:
+  explicit EmulatedEvent(std::unique_ptr<Event> host) : host(std::move(host)) {}
+  Status signal(uint64_t value) override {
+    gpu::HostRecording *r = gpu::currentRecording;
+    // Set before the host signal, which orders it before the waiters'
+    // reading it.
+    signalledIn.store(r ? r->capture : 0);
+    if (r)
+      r->work.emplace_back([this, launches = r->launches] {
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          replayed = launches->load();
+        }
+        cv.notify_all();
+      });
+    return host->signal(value);
+  }
+  Status wait(uint64_t value, const std::atomic<bool> &abort) override {
+    PIPER_RETURN_IF_ERROR(host->wait(value, abort));
+    gpu::HostRecording *r = gpu::currentRecording;
+    if (r && signalledIn.load() == r->capture)
+      r->work.emplace_back([this, launches = r->launches] {
+        std::unique_lock<std::mutex> lock(mu);
+        cv.wait(lock, [&] { return replayed >= launches->load(); });
+      });
+    return Status::ok();
+  }
+  void wake() override { host->wake(); }
+  uint64_t value() const override { return host->value(); }
+
+private:
+  std::unique_ptr<Event> host;
+  std::atomic<uint64_t> signalledIn{0}; // the capture of the latest signal
+  std::mutex mu;
+  std::condition_variable cv;
+  uint64_t replayed = 0; // the launch number of the latest replayed signal
+};
+
+/// A step captured on the emulated device: each stream's recorded work,
+/// run again on that stream by launch().
+class EmulatedStepGraph final : public StepGraph {
+public:
+  struct Lane {
+    EmulatedStream *stream;
+    std::unique_ptr<gpu::HostRecording> recording;
+  };
+  Status launch(const StepValues &values) override;
+
+  std::vector<Lane> lanes;
+  /// The number of this capture's latest launch (launchesMade).
+  std::atomic<uint64_t> launches{0};
+};
+
+/// Set by injectEmulatedDeviceError; the next operation (whose name starts
+/// with injectedOnly, when not empty) takes it.
 std::atomic<bool> errorInjected{false};
+std::mutex injectedMu;
+std::string injectedOnly;
 
 /// The injected error of operation `what`, once; else ok.
 Status injected(const std::string &what) {
-  if (!errorInjected.load(std::memory_order_relaxed) ||
-      !errorInjected.exchange(false))
+  if (!errorInjected.load(std::memory_order_relaxed))
+    return Status::ok();
+  {
+    std::lock_guard<std::mutex> lock(injectedMu);
+    if (what.compare(0, injectedOnly.size(), injectedOnly) != 0)
+      return Status::ok();
+  }
+  if (!errorInjected.exchange(false))
     return Status::ok();
   return Status::error(what + ": emulated device error (PIPER_FAULT "
                               "action=device_error)");
@@ -159,23 +252,26 @@ public:
   void deallocate(void *ptr, size_t bytes) override {
     host.deallocate(ptr, bytes);
   }
+  // Queued work (recorded while the calling stream captures a step).
   Status zero(void *ptr, size_t bytes) override {
     PIPER_RETURN_IF_ERROR(
         injected("zeroing " + std::to_string(bytes) + " bytes"));
-    return host.zero(ptr, bytes);
+    return queue([=] { return host.zero(ptr, bytes); });
   }
   Status copy(void *dst, const void *src, size_t bytes) override {
     PIPER_RETURN_IF_ERROR(
         injected("copying " + std::to_string(bytes) + " bytes"));
-    return host.copy(dst, src, bytes);
+    return queue([=] { return host.copy(dst, src, bytes); });
   }
   Status copyToHost(void *hostPtr, const void *src, size_t bytes) override {
+    PIPER_RETURN_IF_ERROR(notCapturing(bytes, "to"));
     countEmulatedSync();
     PIPER_RETURN_IF_ERROR(
         injected("copying " + std::to_string(bytes) + " bytes to the host"));
     return host.copyToHost(hostPtr, src, bytes);
   }
   Status copyFromHost(void *dst, const void *hostPtr, size_t bytes) override {
+    PIPER_RETURN_IF_ERROR(notCapturing(bytes, "from"));
     countEmulatedSync();
     PIPER_RETURN_IF_ERROR(
         injected("copying " + std::to_string(bytes) + " bytes from the host"));
@@ -186,7 +282,7 @@ public:
     PIPER_RETURN_IF_ERROR(injected("queueing a copy of " +
                                    std::to_string(bytes) +
                                    " bytes from the host"));
-    return host.copyFromHost(dst, hostPtr, bytes);
+    return queue([=] { return host.copyFromHost(dst, hostPtr, bytes); });
   }
   int64_t liveBytes() const override { return host.liveBytes(); }
   int64_t peakBytes() const override { return host.peakBytes(); }
@@ -196,6 +292,23 @@ public:
   }
 
 private:
+  /// Runs `op` now, or records it (its error, which the CPU allocator's
+  /// copies and memsets never return, cannot reach anyone then).
+  template <class Op> Status queue(Op op) {
+    if (!gpu::currentRecording)
+      return op();
+    gpu::runOrRecord([op] { (void)op(); });
+    return Status::ok();
+  }
+  static Status notCapturing(size_t bytes, const char *direction) {
+    if (!gpu::currentRecording)
+      return Status::ok();
+    return Status::error("a synchronizing copy of " + std::to_string(bytes) +
+                         " bytes " + direction +
+                         " the host while the stream captures a step (the "
+                         "host cannot wait for captured work)");
+  }
+
   Allocator &host;
 };
 
@@ -293,7 +406,10 @@ public:
     return Status::ok();
   }
   Status createEvent(std::unique_ptr<Event> &event) override {
-    return host->createEvent(event);
+    std::unique_ptr<Event> hostEvent;
+    PIPER_RETURN_IF_ERROR(host->createEvent(hostEvent));
+    event = std::make_unique<EmulatedEvent>(std::move(hostEvent));
+    return Status::ok();
   }
   const KernelInfo *findKernel(const std::string &name) const override {
     return gpu::findKernelInfo(name);
@@ -360,6 +476,36 @@ public:
     return gpu::launchRoundBf16(timedContext(), x, n);
   }
   Communicator *communicator() override { return host->communicator(); }
+  std::string stepCaptureRefusal() const override { return ""; }
+  Status beginStepCapture(const std::vector<Stream *> &streams) override {
+    if (capture)
+      return Status::error("beginning a step capture: one is under way");
+    PIPER_RETURN_IF_ERROR(injected("beginning a step capture"));
+    capture = std::make_unique<EmulatedStepGraph>();
+    static std::atomic<uint64_t> capturesBegun{0};
+    const uint64_t id = capturesBegun.fetch_add(1) + 1;
+    for (Stream *stream : streams) {
+      // Created by createStream above.
+      auto *emulated = static_cast<EmulatedStream *>(stream);
+      auto recording = std::make_unique<gpu::HostRecording>();
+      recording->capture = id;
+      recording->launches = &capture->launches;
+      PIPER_RETURN_IF_ERROR(emulated->record(recording.get()));
+      capture->lanes.push_back({emulated, std::move(recording)});
+    }
+    return Status::ok();
+  }
+  Status endStepCapture(std::unique_ptr<StepGraph> &graph) override {
+    graph = nullptr;
+    if (!capture)
+      return Status::error("ending a step capture: none is under way");
+    std::unique_ptr<EmulatedStepGraph> captured = std::move(capture);
+    for (EmulatedStepGraph::Lane &lane : captured->lanes)
+      PIPER_RETURN_IF_ERROR(lane.stream->record(nullptr));
+    PIPER_RETURN_IF_ERROR(injected("instantiating a captured step"));
+    graph = std::move(captured);
+    return Status::ok();
+  }
   /// The context of a plan kernel's call.
   gpu::Context kernelContext(bool bf16) {
     gpu::Context gctx = hostContext(bf16);
@@ -393,7 +539,27 @@ private:
   gpu::HostFusedAttentionProvider fused;
   bool timed;
   HostLaunchTimer timer;
+  std::unique_ptr<EmulatedStepGraph> capture; // the one under way
 };
+
+/// Numbers every launch of every capture, so that a replayed wait never
+/// takes an older launch's signal of its event for its own.
+std::atomic<uint64_t> launchesMade{0};
+
+Status EmulatedStepGraph::launch(const StepValues &values) {
+  PIPER_RETURN_IF_ERROR(injected("launching a captured step"));
+  launches.store(launchesMade.fetch_add(1) + 1);
+  // The streams are idle: no captured copy is reading the tables.
+  for (Lane &lane : lanes)
+    for (const gpu::ConstantRefill &refill : lane.recording->refills)
+      refill(values.step, values.lrScale);
+  for (Lane &lane : lanes)
+    lane.stream->enqueue([recording = lane.recording.get()] {
+      for (const std::function<void()> &work : recording->work)
+        work();
+    });
+  return Status::ok();
+}
 
 } // namespace
 
@@ -402,7 +568,13 @@ std::unique_ptr<Device> createEmulatedGpuDevice(Communicator *comm,
   return std::make_unique<EmulatedGpuDevice>(comm, options);
 }
 
-void injectEmulatedDeviceError() { errorInjected.store(true); }
+void injectEmulatedDeviceError(const std::string &only) {
+  {
+    std::lock_guard<std::mutex> lock(injectedMu);
+    injectedOnly = only;
+  }
+  errorInjected.store(true);
+}
 
 int64_t emulatedSyncCalls() { return syncCalls.load(); }
 

@@ -10,6 +10,7 @@
 #define PIPER_RUNTIME_HAL_GPU_HOST_EMULATEDDEVICE_H
 
 #include <memory>
+#include <string>
 
 #include "runtime/hal/Hal.h"
 
@@ -33,11 +34,14 @@ int64_t emulatedSyncCalls();
 void countEmulatedSync();
 
 /// Makes the next operation of an emulated device of this process (an
-/// allocation, a memset or copy, a kernel, an elementwise method) fail as a
+/// allocation, a memset or copy, a kernel, an elementwise method, a step
+/// capture's beginning, instantiation or launch), or with `only` the next
+/// whose name starts with it (e.g. "launching a captured step"), fail as a
 /// CUDA call can: "<operation>: emulated device error (PIPER_FAULT
 /// action=device_error)". For PIPER_FAULT's device_error, which shows a
-/// device error reaching the watchdog as the rank's named failure.
-void injectEmulatedDeviceError();
+/// device error reaching the watchdog as the rank's named failure, and for
+/// the tests of those errors.
+void injectEmulatedDeviceError(const std::string &only = "");
 
 } // namespace piper::runtime::hal
 

@@ -1,5 +1,6 @@
 // The host emulation's backend primitives (GpuApi.h): host memory, work done
-// at once on the calling thread, GEMMs through OpenBLAS in BLAS's own
+// at once on the calling thread (or recorded while it captures a step,
+// HostCapture.h), GEMMs through OpenBLAS in BLAS's own
 // column-major convention (so Gemm.cpp's row-major mapping, which the CUDA
 // backend shares, is exercised by every emulated GEMM).
 #include <cblas.h>
@@ -10,6 +11,7 @@
 
 #include "runtime/hal/gpu/GpuApi.h"
 #include "runtime/hal/gpu/host/EmulatedDevice.h"
+#include "runtime/hal/gpu/host/HostCapture.h"
 #include "support/Precision.h"
 
 namespace piper::runtime::hal::PIPER_GPU_NS {
@@ -23,25 +25,30 @@ Status launchStatus(int error, const char *kernel) {
 
 Status zeroAsync(const Context &, void *ptr, size_t bytes) {
   if (bytes)
-    std::memset(ptr, 0, bytes);
+    runOrRecord([=] { std::memset(ptr, 0, bytes); });
   return Status::ok();
 }
 
 Status copyAsync(const Context &, void *dst, const void *src, size_t bytes) {
   if (bytes && dst != src)
-    std::memmove(dst, src, bytes);
+    runOrRecord([=] { std::memmove(dst, src, bytes); });
   return Status::ok();
 }
 
 Status copyToDeviceAsync(const Context &, void *dst, const void *src,
                          size_t bytes) {
   if (bytes)
-    std::memcpy(dst, src, bytes);
+    runOrRecord([=] { std::memcpy(dst, src, bytes); });
   return Status::ok();
 }
 
 Status copyToHostSync(const Context &, void *host, const void *src,
                       size_t bytes) {
+  if (currentRecording)
+    return Status::error("copying " + std::to_string(bytes) +
+                         " bytes of device memory to the host while the "
+                         "stream captures a step (the host cannot wait for "
+                         "captured work)");
   countEmulatedSync();
   if (bytes)
     std::memcpy(host, src, bytes);
@@ -65,31 +72,33 @@ const float *fp32Operand(const GemmOperand &op, int64_t rows, int64_t cols,
 Status gemmColMajor(const Context &ctx, const ColMajorGemm &g) {
   if (ctx.timer)
     PIPER_RETURN_IF_ERROR(ctx.timer->begin(ctx));
-  // The operands of a bf16 GEMM already hold bf16 values (the executor
-  // rounds them), so fp32 arithmetic is the tensor cores' with fp32
-  // accumulation, up to the order of the sums. A packed operand holds the
-  // same values.
-  std::vector<float> a16, b16;
-  const float *a =
-      fp32Operand(g.a, g.transA ? g.k : g.m, g.transA ? g.m : g.k, g.lda, a16);
-  const float *b =
-      fp32Operand(g.b, g.transB ? g.n : g.k, g.transB ? g.k : g.n, g.ldb, b16);
-  cblas_sgemm(CblasColMajor, g.transA ? CblasTrans : CblasNoTrans,
-              g.transB ? CblasTrans : CblasNoTrans, static_cast<int>(g.m),
-              static_cast<int>(g.n), static_cast<int>(g.k), g.alpha, a,
-              static_cast<int>(g.lda), b, static_cast<int>(g.ldb), g.beta, g.c,
-              static_cast<int>(g.ldc));
   // Operand sums are not computed here (the caller's kernels do them: the
-  // bits of the unfused ops). cuBLASLt's BIAS epilogue: the bias added to
-  // the fp32 product.
+  // bits of the unfused ops), nor GELU: the caller reads these at once.
   if (g.summed)
     *g.summed = false;
   if (g.activated)
-    *g.activated = false; // the caller's kernels: the unfused bits
-  if (g.bias)
-    for (int64_t j = 0; j < g.n; ++j)
-      for (int64_t i = 0; i < g.m; ++i)
-        g.c[j * g.ldc + i] += g.bias[i];
+    *g.activated = false;
+  runOrRecord([g] {
+    // The operands of a bf16 GEMM already hold bf16 values (the executor
+    // rounds them), so fp32 arithmetic is the tensor cores' with fp32
+    // accumulation, up to the order of the sums. A packed operand holds
+    // the same values.
+    std::vector<float> a16, b16;
+    const float *a = fp32Operand(g.a, g.transA ? g.k : g.m,
+                                 g.transA ? g.m : g.k, g.lda, a16);
+    const float *b = fp32Operand(g.b, g.transB ? g.n : g.k,
+                                 g.transB ? g.k : g.n, g.ldb, b16);
+    cblas_sgemm(CblasColMajor, g.transA ? CblasTrans : CblasNoTrans,
+                g.transB ? CblasTrans : CblasNoTrans, static_cast<int>(g.m),
+                static_cast<int>(g.n), static_cast<int>(g.k), g.alpha, a,
+                static_cast<int>(g.lda), b, static_cast<int>(g.ldb), g.beta,
+                g.c, static_cast<int>(g.ldc));
+    // cuBLASLt's BIAS epilogue: the bias added to the fp32 product.
+    if (g.bias)
+      for (int64_t j = 0; j < g.n; ++j)
+        for (int64_t i = 0; i < g.m; ++i)
+          g.c[j * g.ldc + i] += g.bias[i];
+  });
   return ctx.timer ? ctx.timer->end(ctx, "gemm") : Status::ok();
 }
 

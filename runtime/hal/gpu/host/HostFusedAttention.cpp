@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "runtime/hal/gpu/ElementwiseMath.h"
+#include "runtime/hal/gpu/host/HostCapture.h"
 
 namespace piper::runtime::hal::PIPER_GPU_NS {
 
@@ -22,6 +23,23 @@ public:
                  float *stats, void *) const override {
     if (ctx.timer)
       PIPER_RETURN_IF_ERROR(ctx.timer->begin(ctx));
+    runOrRecord([this, qkv, y, stats] { runForward(qkv, y, stats); });
+    return ctx.timer ? ctx.timer->end(ctx, "fused_attention_forward (model)")
+                     : Status::ok();
+  }
+
+  Status backward(const Context &ctx, const uint16_t *qkv, const uint16_t *y,
+                  const uint16_t *dy, const float *, uint16_t *dqkv,
+                  void *) const override {
+    if (ctx.timer)
+      PIPER_RETURN_IF_ERROR(ctx.timer->begin(ctx));
+    runOrRecord([this, qkv, y, dy, dqkv] { runBackward(qkv, y, dy, dqkv); });
+    return ctx.timer ? ctx.timer->end(ctx, "fused_attention_backward (model)")
+                     : Status::ok();
+  }
+
+private:
+  void runForward(const uint16_t *qkv, uint16_t *y, float *stats) const {
     std::vector<double> p(static_cast<size_t>(s.seq));
     for (int64_t b = 0; b < s.batch; ++b)
       for (int64_t h = 0; h < s.heads; ++h)
@@ -36,19 +54,14 @@ public:
                 toBf16(static_cast<float>(acc));
           }
         }
-    return ctx.timer ? ctx.timer->end(ctx, "fused_attention_forward (model)")
-                     : Status::ok();
   }
 
   // dS_ij = P_ij (<dy_i, v_j> - <dy_i, y_i>), dq_i = scale sum_j dS_ij k_j,
   // dk_j = scale sum_i dS_ij q_i and dv_j = sum_i P_ij dy_i over the
   // group's query heads; P recomputed from qkv (as cuDNN does from the
   // statistics).
-  Status backward(const Context &ctx, const uint16_t *qkv, const uint16_t *y,
-                  const uint16_t *dy, const float *, uint16_t *dqkv,
-                  void *) const override {
-    if (ctx.timer)
-      PIPER_RETURN_IF_ERROR(ctx.timer->begin(ctx));
+  void runBackward(const uint16_t *qkv, const uint16_t *y, const uint16_t *dy,
+                   uint16_t *dqkv) const {
     const int64_t cols = qkvCols(), hd = s.headDim;
     std::vector<double> grad(static_cast<size_t>(s.batch * s.seq * cols), 0.0);
     std::vector<double> p(static_cast<size_t>(s.seq));
@@ -80,11 +93,8 @@ public:
         }
     for (size_t e = 0; e < grad.size(); ++e)
       dqkv[e] = toBf16(static_cast<float>(grad[e]));
-    return ctx.timer ? ctx.timer->end(ctx, "fused_attention_backward (model)")
-                     : Status::ok();
   }
 
-private:
   int64_t qkvCols() const { return (s.heads + 2 * s.kvHeads) * s.headDim; }
   int64_t yCols() const { return s.heads * s.headDim; }
   int64_t group() const { return s.heads / s.kvHeads; }

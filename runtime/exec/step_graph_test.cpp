@@ -1,0 +1,318 @@
+// Steps as graphs (ExecutorOptions::stepGraphs, docs/runtime.md "Steps as
+// graphs") on the emulated GPU, whose capture records the device work a
+// step issues and whose launch runs that record again
+// (runtime/hal/gpu/host/HostCapture.h): a replayed step must give the bits
+// of the step issued as usual.
+#include <atomic>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "runtime/exec/Executor.h"
+#include "runtime/exec/Validate.h"
+#include "runtime/exec/test_plans.h"
+#include "runtime/formats/Safetensors.h"
+#include "runtime/hal/gpu/host/EmulatedDevice.h"
+
+using namespace piper;
+using namespace piper::runtime;
+using namespace piper::runtime::testplans;
+using plan::Operand;
+using Graphs = ExecutorOptions::StepGraphs;
+
+namespace {
+
+/// The bigram plan with two streams (LOAD_BATCH on its own, the compute
+/// stream waiting on an event per microbatch, so the capture has edges
+/// between streams), four microbatches, a warmup and a cosine decay (the
+/// update's constants change every step), clipping and bf16 or fp32.
+plan::Plan graphPlan(bool bf16) {
+  TinyModel m;
+  plan::Plan plan = singleClassPlan(m, 4, {0}, 1, /*twoStreams=*/true);
+  plan::TrainingConfig *t = plan.mutable_training();
+  t->set_warmup_steps(3);
+  t->set_decay_steps(9);
+  t->set_min_lr(t->lr() / 10);
+  t->set_clip_grad_norm(0.5);
+  addClipBeforeUpdate(plan);
+  if (bf16)
+    t->set_compute_dtype(plan::BF16);
+  withArena(plan);
+  return plan;
+}
+
+ExecutorOptions emulated(Graphs graphs) {
+  ExecutorOptions opts;
+  opts.seed = 3;
+  opts.stepGraphs = graphs;
+  opts.createDevice = [](Communicator *comm) {
+    return hal::createEmulatedGpuDevice(comm);
+  };
+  return opts;
+}
+
+struct Run {
+  std::vector<double> losses, norms;
+  std::vector<int64_t> syncs; // synchronizing calls per step
+  std::vector<std::vector<float>> params;
+  int64_t captured = 0, replayed = 0;
+};
+
+std::vector<std::vector<float>> paramsOf(const Executor &exec, int count) {
+  std::vector<std::vector<float>> params(count);
+  for (int p = 0; p < count; ++p)
+    REQUIRE(exec.stateToHost(p, Operand::PARAM, params[p]));
+  return params;
+}
+
+void runSteps(Executor &exec, const std::vector<int64_t> &steps, Run &run) {
+  for (int64_t t : steps) {
+    INFO("step " << t);
+    const int64_t before = hal::emulatedSyncCalls();
+    double loss = 0;
+    Status st = exec.runStep(t, loss);
+    INFO(st.message());
+    REQUIRE(st);
+    run.syncs.push_back(hal::emulatedSyncCalls() - before);
+    run.losses.push_back(loss);
+    run.norms.push_back(exec.lastGradNorm());
+  }
+}
+
+Run train(const plan::Plan &plan, Graphs graphs,
+          const std::vector<int64_t> &steps) {
+  Status status;
+  auto exec = Executor::create(plan, emulated(graphs), status);
+  INFO(status.message());
+  REQUIRE(exec);
+  Run run;
+  runSteps(*exec, steps, run);
+  run.params = paramsOf(*exec, plan.params_size());
+  run.captured = exec->capturedSteps();
+  run.replayed = exec->replayedSteps();
+  return run;
+}
+
+} // namespace
+
+// Step 1 runs as usual, steps 2 and 3 are captured (one per half of the
+// batch staging) and every later step launches the capture of its parity:
+// the losses, gradient norms and parameters are those of every step issued
+// as usual, bit for bit, also across skipped step numbers (a launch with
+// the other parity's capture would read the other half's batches, and one
+// without its step's constants would update with the captured step's lr
+// and bias corrections: both change the numbers). A replayed step
+// synchronizes only at its end, as a step issued as usual does.
+TEST_CASE("step graphs: replayed steps give the bits of steps issued as "
+          "usual",
+          "[step-graph]") {
+  const std::vector<int64_t> steps = {1, 2, 3, 4, 6, 7, 8, 11, 12};
+  for (bool bf16 : {false, true}) {
+    INFO((bf16 ? "bf16" : "fp32"));
+    plan::Plan plan = graphPlan(bf16);
+    REQUIRE(validatePlan(plan));
+    Run usual = train(plan, Graphs::Off, steps);
+    Run graphed = train(plan, Graphs::On, steps);
+    CHECK(usual.captured == 0);
+    CHECK(usual.replayed == 0);
+    CHECK(graphed.captured == 2);
+    CHECK(graphed.replayed == int64_t(steps.size()) - 3);
+    CHECK(graphed.losses == usual.losses);
+    CHECK(graphed.norms == usual.norms);
+    CHECK(graphed.params == usual.params);
+    for (size_t i = 3; i < steps.size(); ++i) {
+      INFO("step " << steps[i]);
+      CHECK(graphed.syncs[i] == usual.syncs[i]);
+      CHECK(graphed.syncs[i] == plan.streams_size() + 2);
+    }
+  }
+}
+
+// Loading state makes the next step refresh the bf16 copies (host code a
+// capture would not repeat): the captures are dropped, the next step runs
+// as usual and the two after it are captured again. (The checkpoint is of
+// step 3, so a launch that kept step 5's copies would compute with other
+// weights.)
+TEST_CASE("step graphs: loading a checkpoint drops the captures",
+          "[step-graph]") {
+  plan::Plan plan = graphPlan(/*bf16=*/true);
+  const char *tmp = std::getenv("TEST_TMPDIR");
+  const std::string path =
+      std::string(tmp ? tmp : "/tmp") + "/step-graph-checkpoint.safetensors";
+  {
+    Status status;
+    auto saver = Executor::create(plan, emulated(Graphs::Off), status);
+    REQUIRE(saver);
+    Run run;
+    runSteps(*saver, {1, 2, 3}, run);
+    REQUIRE(saver->saveCheckpoint(path, 3));
+  }
+  Run runs[2];
+  for (bool graphs : {false, true}) {
+    Status status;
+    auto exec = Executor::create(
+        plan, emulated(graphs ? Graphs::On : Graphs::Off), status);
+    INFO(status.message());
+    REQUIRE(exec);
+    runSteps(*exec, {1, 2, 3, 4, 5}, runs[graphs]);
+    Status st;
+    auto reader = SafetensorsReader::open(path, st);
+    INFO(st.message());
+    REQUIRE(reader);
+    REQUIRE(exec->loadCheckpoint(*reader));
+    runSteps(*exec, {6, 7, 8, 9}, runs[graphs]);
+    runs[graphs].params = paramsOf(*exec, plan.params_size());
+    runs[graphs].captured = exec->capturedSteps();
+    runs[graphs].replayed = exec->replayedSteps();
+  }
+  CHECK(runs[1].captured == 4); // steps 2, 3, then 7, 8
+  CHECK(runs[1].replayed == 3); // steps 4, 5, then 9
+  CHECK(runs[1].losses == runs[0].losses);
+  CHECK(runs[1].params == runs[0].params);
+  std::remove(path.c_str());
+}
+
+TEST_CASE("step graphs: where steps cannot be captured, on is refused at "
+          "load and auto runs them as usual, saying why",
+          "[step-graph]") {
+  plan::Plan plan = graphPlan(/*bf16=*/false);
+  struct Case {
+    const char *what;
+    bool cpu, profile;
+    std::string why;
+  } cases[] = {
+      {"the cpu device", true, false, "the cpu backend does not capture steps"},
+      {"--profile", false, true,
+       "--profile times each instruction as the host issues it"},
+  };
+  for (const Case &c : cases) {
+    INFO(c.what);
+    for (Graphs graphs : {Graphs::On, Graphs::Auto}) {
+      ExecutorOptions opts = emulated(graphs);
+      if (c.cpu)
+        opts.createDevice = nullptr; // the CPU device
+      opts.profile = c.profile;
+      Status status;
+      auto exec = Executor::create(plan, opts, status);
+      if (graphs == Graphs::On) {
+        CHECK_FALSE(exec);
+        CHECK(status.message() ==
+              "rank 0: steps cannot run as graphs (--step-graph on): " + c.why);
+        continue;
+      }
+      INFO(status.message());
+      REQUIRE(exec);
+      CHECK(exec->stepGraphRefusal() == c.why);
+      Run run;
+      runSteps(*exec, {1, 2, 3, 4}, run);
+      CHECK(exec->capturedSteps() == 0);
+      CHECK(exec->replayedSteps() == 0);
+    }
+  }
+  Status off;
+  auto plain = Executor::create(plan, emulated(Graphs::Off), off);
+  REQUIRE(plain);
+  CHECK(plain->stepGraphRefusal() == "off");
+}
+
+// A device error beginning or ending a capture, or launching one, fails the
+// step, naming the step and the way to run without graphs; the executor
+// then refuses to run on (as after any failed step).
+TEST_CASE("step graphs: a device error capturing or launching a step fails "
+          "it, named",
+          "[step-graph]") {
+  plan::Plan plan = graphPlan(/*bf16=*/false);
+  struct Case {
+    const char *operation;
+    int64_t failingStep;
+    std::string context;
+  } cases[] = {
+      {"beginning a step capture", 2, "rank 0: capturing step 2"},
+      {"instantiating a captured step", 3, "rank 0: capturing step 3"},
+      {"launching a captured step", 4,
+       "rank 0: launching the capture of step 4"},
+  };
+  for (const Case &c : cases) {
+    INFO(c.operation);
+    Status status;
+    auto exec = Executor::create(plan, emulated(Graphs::On), status);
+    REQUIRE(exec);
+    for (int64_t t = 1; t < c.failingStep; ++t) {
+      double loss = 0;
+      REQUIRE(exec->runStep(t, loss));
+    }
+    hal::injectEmulatedDeviceError(c.operation);
+    double loss = 0;
+    Status failed = exec->runStep(c.failingStep, loss);
+    REQUIRE_FALSE(failed);
+    CHECK(failed.message() ==
+          c.context + " (piper-run --step-graph off runs steps as usual): " +
+              c.operation +
+              ": emulated device error (PIPER_FAULT action=device_error)");
+    Status after = exec->runStep(c.failingStep + 1, loss);
+    CHECK(after.message() ==
+          "rank 0: the executor cannot run after a failed step");
+  }
+}
+
+// The emulated device's capture itself: work issued on a capturing stream
+// is kept, not run; each launch runs it (on the memory it was issued on),
+// and an event's signal and wait order the streams' work in every launch;
+// a copy that would make the host wait for the device is an error; a
+// capture cannot begin twice or end before it begins.
+TEST_CASE("step graphs: the emulated capture keeps work and runs it at each "
+          "launch",
+          "[step-graph]") {
+  auto device = hal::createEmulatedGpuDevice(nullptr);
+  REQUIRE(device->stepCaptureRefusal().empty());
+  std::unique_ptr<hal::Stream> first, second;
+  REQUIRE(device->createStream("first", first));
+  REQUIRE(device->createStream("second", second));
+  std::unique_ptr<hal::Event> ready;
+  REQUIRE(device->createEvent(ready));
+  std::vector<float> x(64, 1.0f), y(64, 0.0f);
+  std::unique_ptr<hal::StepGraph> graph;
+  CHECK(device->endStepCapture(graph).message() ==
+        "ending a step capture: none is under way");
+  REQUIRE(device->beginStepCapture({first.get(), second.get()}));
+  CHECK(device->beginStepCapture({first.get()}).message() ==
+        "beginning a step capture: one is under way");
+  // first: x += x, then signal; second: wait, then y += x. Without the
+  // edge, second's add could read x before first's doubles it.
+  std::atomic<bool> abort{false};
+  Status firstDone, secondDone, copied;
+  first->enqueue([&] {
+    firstDone = device->add(x.data(), x.data(), 64);
+    if (firstDone)
+      firstDone = ready->signal(1);
+  });
+  second->enqueue([&] {
+    secondDone = ready->wait(1, abort);
+    if (secondDone)
+      secondDone = device->add(y.data(), x.data(), 64);
+    float host = 0;
+    copied = device->allocator().copyToHost(&host, y.data(), 4);
+  });
+  REQUIRE(first->synchronize());
+  REQUIRE(second->synchronize());
+  REQUIRE(firstDone);
+  REQUIRE(secondDone);
+  CHECK(copied.message() ==
+        "a synchronizing copy of 4 bytes to the host while the stream "
+        "captures a step (the host cannot wait for captured work)");
+  REQUIRE(device->endStepCapture(graph));
+  REQUIRE(graph);
+  CHECK(x[0] == 1.0f); // nothing ran
+  CHECK(y[0] == 0.0f);
+  for (float want : {2.0f, 4.0f}) {
+    hal::StepValues values;
+    REQUIRE(graph->launch(values));
+    REQUIRE(first->synchronize());
+    REQUIRE(second->synchronize());
+    CHECK(x[63] == want);
+  }
+  CHECK(y[63] == 2.0f + 4.0f);
+}
