@@ -11,6 +11,7 @@
 
 #include <catch2/catch.hpp>
 
+#include "runtime/exec/Data.h"
 #include "runtime/exec/Executor.h"
 #include "runtime/exec/Validate.h"
 #include "runtime/exec/test_plans.h"
@@ -315,4 +316,60 @@ TEST_CASE("step graphs: the emulated capture keeps work and runs it at each "
     CHECK(x[63] == want);
   }
   CHECK(y[63] == 2.0f + 4.0f);
+}
+
+namespace {
+/// Synthetic data that fails from step `from` on.
+class DataFailingFrom : public DataSource {
+public:
+  DataFailingFrom(int64_t from, int64_t vocab) : from(from), data(3, vocab) {}
+  Status fill(int64_t step, int64_t g, int64_t batch, int64_t seqLen,
+              int32_t *tokens, int32_t *targets) override {
+    if (step >= from)
+      return Status::error("token file is unreadable at step " +
+                           std::to_string(step));
+    return data.fill(step, g, batch, seqLen, tokens, targets);
+  }
+
+private:
+  int64_t from;
+  SyntheticData data;
+};
+} // namespace
+
+// A batch that cannot be loaded fails its step as it fails a step issued as
+// usual, with the same message, whether the step is being captured (its
+// LOAD_BATCH fails as the host issues it) or launched from a capture (the
+// fills are checked before the launch).
+TEST_CASE("step graphs: a batch that cannot be loaded fails a captured or "
+          "launched step as it fails a step issued as usual",
+          "[step-graph]") {
+  plan::Plan plan = graphPlan(/*bf16=*/false);
+  for (int64_t failing : {3, 5}) {
+    INFO("failing at step " << failing);
+    std::string messages[2];
+    int callbacks[2] = {0, 0};
+    for (bool graphs : {false, true}) {
+      DataFailingFrom data(failing, plan.training().vocab_size());
+      ExecutorOptions opts = emulated(graphs ? Graphs::On : Graphs::Off);
+      opts.data = &data;
+      opts.onStreamError = [&](const Status &) { ++callbacks[graphs]; };
+      Status status;
+      auto exec = Executor::create(plan, opts, status);
+      REQUIRE(exec);
+      for (int64_t t = 1; t < failing; ++t) {
+        double loss = 0;
+        REQUIRE(exec->runStep(t, loss));
+      }
+      double loss = 0;
+      Status failed = exec->runStep(failing, loss);
+      REQUIRE_FALSE(failed);
+      messages[graphs] = failed.message();
+    }
+    CHECK(messages[1] == messages[0]);
+    CHECK(messages[0] == "rank 0, stream 'data', instruction 0 (load MB=0): "
+                         "token file is unreadable at step " +
+                             std::to_string(failing));
+    CHECK(callbacks[1] == callbacks[0]);
+  }
 }
