@@ -355,7 +355,7 @@ public:
     return false;
   }
   /// Runs consecutive `adamw` calls (the optimizer step's), each as
-  /// runKernel would with `ctx` and the call's own bf16Copy; a backend may
+  /// runKernel would with `ctx` and the call's own bf16 copy; a backend may
   /// fuse them into fewer launches giving the same bits (the GPU backends:
   /// one per 32 parameters). On an error `failed` is the index of the call
   /// it belongs to. The default runs them one by one.
@@ -365,6 +365,7 @@ public:
     for (failed = 0; failed < calls.size(); ++failed) {
       const AdamwCall &c = calls[failed];
       ctx.bf16Copy = c.bf16Copy;
+      ctx.bf16PackedCopy = c.bf16PackedCopy;
       PIPER_RETURN_IF_ERROR(
           runKernel(info, *c.kernel, *c.attrs, c.inputs, c.outputs, ctx));
     }

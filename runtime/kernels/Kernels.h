@@ -65,6 +65,11 @@ struct KernelContext {
   /// writes the updated parameter rounded to bf16 there, in the pass that
   /// updates it, so that the next step's kernels read it as it is.
   float *bf16Copy = nullptr;
+  /// Or, where the next step's kernels read the copy packed (GEMM weights
+  /// on the GPU backends: hal::Device::readsPackedInput), the packed bf16
+  /// copy (as many uint16 as the parameter's elements) it is written to
+  /// instead; at most one of the two is set.
+  uint16_t *bf16PackedCopy = nullptr;
 };
 
 /// Every attribute name a kernel reads, as a compile-time id: kernels read
@@ -158,8 +163,9 @@ struct AdamwCall {
   const plan::Kernel *kernel = nullptr;
   const KernelAttrs *attrs = nullptr;
   std::vector<TensorRef> inputs, outputs;
-  /// KernelContext::bf16Copy of this call (null: none).
+  /// KernelContext::bf16Copy and bf16PackedCopy of this call (null: none).
   float *bf16Copy = nullptr;
+  uint16_t *bf16PackedCopy = nullptr;
 };
 
 /// Whether kernel `op` reads its outputs (updates them in place: accumulate,

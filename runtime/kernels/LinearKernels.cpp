@@ -19,7 +19,8 @@ static Status weightDims(const KernelArgs &a, const TensorRef &w,
                          bool &transposeW, int64_t &in, int64_t &out) {
   PIPER_RETURN_IF_ERROR(readTransposeW(a, transposeW));
   int64_t rows = 0, cols = 0;
-  PIPER_RETURN_IF_ERROR(expectMatrix(a, w, "w", plan::F32, rows, cols));
+  // In mixed precision w may be packed bf16: a GEMM's operand.
+  PIPER_RETURN_IF_ERROR(expectGemmMatrix(a, w, "w", rows, cols));
   in = transposeW ? cols : rows;
   out = transposeW ? rows : cols;
   return Status::ok();
@@ -83,9 +84,10 @@ static void linearInto(const KernelArgs &a, const LinearDims &d, bool hasBias) {
   if (hasBias)
     for (int64_t n = 0; n < rows; ++n)
       std::copy_n(a.inputs[2].f32(), out, y.f32() + n * d.ld);
-  std::vector<float> unpacked;
+  std::vector<float> unpacked, unpackedW;
   gemm(false, transposeW, rows, out, in, 1.0f, fp32Data(x, unpacked), in,
-       w.f32(), transposeW ? in : out, hasBias ? 1.0f : 0.0f, y.f32(), d.ld);
+       fp32Data(w, unpackedW), transposeW ? in : out, hasBias ? 1.0f : 0.0f,
+       y.f32(), d.ld);
 }
 
 Status linearKernel(const KernelArgs &a) {
@@ -146,9 +148,9 @@ Status checkLinearGradInputGelu(const KernelArgs &a, LinearDims &d) {
 
 // dx = dy * w^T for w [in,out]; dx = dy * w for w [out,in].
 static void gradInputInto(const KernelArgs &a, const LinearDims &d, float *dx) {
-  std::vector<float> unpacked;
+  std::vector<float> unpacked, unpackedW;
   gemm(false, !d.transposeW, d.rows, d.in, d.out, 1.0f,
-       fp32Data(a.inputs[0], unpacked), d.ld, a.inputs[1].f32(),
+       fp32Data(a.inputs[0], unpacked), d.ld, fp32Data(a.inputs[1], unpackedW),
        d.transposeW ? d.in : d.out, 0.0f, dx, d.in);
 }
 

@@ -2,6 +2,7 @@
 // update, all in place.
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "runtime/kernels/ElementwiseChecks.h"
 #include "runtime/kernels/KernelUtil.h"
@@ -114,6 +115,8 @@ Status checkAdamw(const KernelArgs &a, AdamwHyper &h) {
 
   if (!(a.ctx.lrScale >= 0) || !std::isfinite(a.ctx.lrScale))
     return a.error("learning-rate scale must be finite and non-negative");
+  if (a.ctx.bf16Copy && a.ctx.bf16PackedCopy)
+    return a.error("a bf16 copy and a packed bf16 copy at once");
   return Status::ok();
 }
 
@@ -143,12 +146,19 @@ Status adamwKernel(const KernelArgs &a) {
   const float *g = grad.f32();
   float *p = param.f32(), *mData = m.f32(), *vData = v.f32();
   float *copy = a.ctx.bf16Copy;
+  uint16_t *packed = a.ctx.bf16PackedCopy;
   const float clip = a.ctx.clipFactor ? *a.ctx.clipFactor : 1.0f;
   parallelFor(grad.numel(), kElementGrain, [&](int64_t begin, int64_t end) {
-    if (copy)
+    if (copy) {
       adamwLoop<true>(g + begin, p + begin, mData + begin, vData + begin,
                       copy + begin, end - begin, c, clip);
-    else
+    } else if (packed) {
+      // The rounded copy packed: the same bf16 values.
+      std::vector<float> rounded(static_cast<size_t>(end - begin));
+      adamwLoop<true>(g + begin, p + begin, mData + begin, vData + begin,
+                      rounded.data(), end - begin, c, clip);
+      packBf16(packed + begin, rounded.data(), end - begin);
+    } else
       adamwLoop<false>(g + begin, p + begin, mData + begin, vData + begin,
                        nullptr, end - begin, c, clip);
   });

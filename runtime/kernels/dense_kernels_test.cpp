@@ -1064,14 +1064,15 @@ TEST_CASE("adamw scales its gradient by the clip factor, and updates "
 // ---------------------------------------------------------------------------
 // Error paths: every bad input is a Status, never a crash.
 
-// Packed bf16 operands (a mixed-precision step buffer as stored) are taken
-// only by a GEMM's inputs that a step buffer feeds, and only in mixed
-// precision (gpu_kernels_test runs every such input against its fp32
-// values); anywhere else they are refused, naming the operand.
+// Packed bf16 operands (a mixed-precision step buffer or parameter copy as
+// stored) are taken only by a GEMM's inputs, and only in mixed precision
+// (gpu_kernels_test runs every such input against its fp32 values);
+// anywhere else they are refused, naming the operand.
 TEST_CASE("packed bf16 operands are refused where a kernel reads fp32",
           "[kernels][forward][grad]") {
   std::vector<uint16_t> packed(64, 0x3f80); // 1.0
-  std::vector<float> x(6, 1.0f), w(15, 1.0f), y(10), db(5), dw(15);
+  std::vector<float> x(6, 1.0f), w(15, 1.0f), y(10), db(5), dw(15),
+      gamma(3, 1.0f);
   auto f32 = [](std::vector<float> &v, std::vector<int64_t> shape) {
     return TensorRef{plan::F32, std::move(shape), v.data()};
   };
@@ -1090,24 +1091,32 @@ TEST_CASE("packed bf16 operands are refused where a kernel reads fp32",
   CHECK_THAT(fails(K("linear"), {bf16({2, 3}), f32(w, {3, 5})},
                    {f32(y, {2, 5})}, false),
              Catch::Contains("linear: x must be f32, got bf16"));
-  // A weight, the bias gradient's dy, an elementwise kernel's input.
-  CHECK_THAT(fails(K("linear"), {f32(x, {2, 3}), bf16({3, 5})},
-                   {f32(y, {2, 5})}, true),
-             Catch::Contains("w must be f32, got bf16"));
+  // A norm's input and weight, the bias gradient's dy, an elementwise
+  // kernel's input.
+  CHECK_THAT(fails(K("rms_norm"), {bf16({2, 3}), f32(gamma, {3})},
+                   {f32(y, {2, 3})}, true),
+             Catch::Contains("rms_norm: x must be f32, got bf16"));
+  CHECK_THAT(
+      fails(K("rms_norm"), {f32(x, {2, 3}), bf16({3})}, {f32(y, {2, 3})}, true),
+      Catch::Contains("rms_norm: gamma must be f32, got bf16"));
   CHECK_THAT(fails(K("linear_grad_weight_bias"), {f32(x, {2, 3}), bf16({2, 5})},
                    {f32(dw, {3, 5}), f32(db, {5})}, true),
              Catch::Contains("dy must be f32, got bf16"));
   CHECK_THAT(fails(K("bias_add"), {bf16({2, 5}), f32(db, {5})},
                    {f32(y, {2, 5})}, true),
              Catch::Contains("x must be f32, got bf16"));
-  // Where a GEMM reads it, in mixed precision: the values of the fp32 run.
+  // Where a GEMM reads it (x, and w: a packed bf16 parameter copy), in
+  // mixed precision: the values of the fp32 run.
   KernelContext ctx;
   ctx.lowPrecision = true;
-  std::vector<float> packedOut(10), plainOut(10);
+  std::vector<float> packedOut(10), packedW(10), plainOut(10);
   REQUIRE(runKernel(K("linear"), {bf16({2, 3}), f32(w, {3, 5})},
                     {f32(packedOut, {2, 5})}, ctx));
+  REQUIRE(runKernel(K("linear"), {f32(x, {2, 3}), bf16({3, 5})},
+                    {f32(packedW, {2, 5})}, ctx));
   REQUIRE(runKernel(K("linear"), {f32(x, {2, 3}), f32(w, {3, 5})},
                     {f32(plainOut, {2, 5})}, ctx));
   CHECK(packedOut == plainOut);
+  CHECK(packedW == plainOut);
   CHECK(plainOut[0] == 3.0f);
 }

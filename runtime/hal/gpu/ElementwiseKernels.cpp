@@ -83,6 +83,7 @@ struct AdamwLaunches {
     b.m[j] = a.outputs[1].f32();
     b.v[j] = a.outputs[2].f32();
     b.copy[j] = a.ctx.bf16Copy;
+    b.copy16[j] = a.ctx.bf16PackedCopy;
     b.constantsOf[j] = static_cast<uint32_t>(set);
     b.offset[j + 1] = b.offset[j] + a.inputs[0].numel();
   }
@@ -148,6 +149,7 @@ Status runAdamwCalls(const std::vector<AdamwCall> &calls, KernelContext &kctx,
   for (failed = 0; failed < calls.size(); ++failed) {
     const AdamwCall &call = calls[failed];
     kctx.bf16Copy = call.bf16Copy;
+    kctx.bf16PackedCopy = call.bf16PackedCopy;
     KernelArgs a{*call.kernel, *call.attrs, call.inputs, call.outputs, kctx};
     PIPER_RETURN_IF_ERROR(detail::checkOperandStorage(a));
     AdamwHyper h;

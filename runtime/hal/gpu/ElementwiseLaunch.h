@@ -34,18 +34,20 @@ Status launchAdd(const Context &ctx, const float *a, const float *b, float *y,
 /// constants[constantsOf[j]] of a table in device memory (ConstantTables),
 /// so that the launch's arguments are the same every step.
 struct AdamwBatch {
-  static constexpr int kMax = 32; // ~1.6 KB of arguments
+  static constexpr int kMax = 32; // ~1.9 KB of arguments
   int count = 0;
   const float *grad[kMax];
   float *param[kMax], *m[kMax], *v[kMax];
-  float *copy[kMax]; // null: no bf16 copy
+  float *copy[kMax];      // null: no bf16 copy (fp32 storage)
+  uint16_t *copy16[kMax]; // null: no packed bf16 copy
   /// Update j's elements are [offset[j], offset[j + 1]) of the launch.
   int64_t offset[kMax + 1];
   uint32_t constantsOf[kMax]; // of at most one set per update
 };
 /// AdamW (adamwElement) over every update of the batch, with the constant
 /// sets `constants` (device memory); where an update's `copy` is not null,
-/// the updated parameter rounded to bf16 is written there too. Nothing is
+/// the updated parameter rounded to bf16 is written there too, and where
+/// its `copy16` is, the same packed. Nothing is
 /// touched where `clipFactor` (device memory, may be null) is not finite.
 Status launchAdamwBatch(const Context &ctx, const AdamwBatch &batch,
                         const AdamwConstants *constants,

@@ -67,6 +67,8 @@ Status launchAdamwBatch(const Context &ctx, const AdamwBatch &batch,
                      param, b.m[lo][e], b.v[lo][e]);
         if (b.copy[lo])
           b.copy[lo][e] = fromBf16(toBf16(param));
+        else if (b.copy16[lo])
+          b.copy16[lo][e] = toBf16(param);
       });
 }
 

@@ -32,7 +32,7 @@ GemmOperand gemmOperand(const TensorRef &t) {
 Status forward(const KernelArgs &a, const Context &ctx, const LinearDims &d,
                bool hasBias, GemmGelu *gelu) {
   return gemm(ctx, false, d.transposeW, d.rows, d.out, d.in, 1.0f,
-              gemmOperand(a.inputs[0]), d.in, a.inputs[1].f32(),
+              gemmOperand(a.inputs[0]), d.in, gemmOperand(a.inputs[1]),
               d.transposeW ? d.in : d.out, 0.0f, a.outputs[0].f32(), d.ld,
               hasBias ? a.inputs[2].f32() : nullptr, nullptr, gelu);
 }
@@ -70,7 +70,7 @@ Status linearGelu(const KernelArgs &a, const Context &ctx) {
 Status gradInput(const KernelArgs &a, const Context &ctx, const LinearDims &d,
                  GemmGelu *gelu) {
   return gemm(ctx, false, !d.transposeW, d.rows, d.in, d.out, 1.0f,
-              gemmOperand(a.inputs[0]), d.ld, a.inputs[1].f32(),
+              gemmOperand(a.inputs[0]), d.ld, gemmOperand(a.inputs[1]),
               d.transposeW ? d.in : d.out, 0.0f, a.outputs[0].f32(), d.in,
               nullptr, nullptr, gelu);
 }
@@ -323,14 +323,14 @@ void addLinearKernels(std::vector<KernelEntry> &out) {
   out.insert(
       out.end(),
       {
-          // The GEMMs read packed bf16 step buffers as they are
-          // (packedInputs: x of the forward, dy of the input
-          // gradient, x and dy of the weight gradient; with a bias
-          // dy is summed as fp32 too).
-          {"linear", linear, nullptr, false, 0b1},
-          {"linear_gelu", linearGelu, nullptr, false, 0b1},
-          {"linear_grad_input", linearGradInput, nullptr, false, 0b1},
-          {"linear_grad_input_gelu", linearGradInputGelu, nullptr, false, 0b1},
+          // The GEMMs read packed bf16 operands as they are
+          // (packedInputs: x and w of the forward, dy and w of the
+          // input gradient, x and dy of the weight gradient; with a
+          // bias dy is summed as fp32 too).
+          {"linear", linear, nullptr, false, 0b11},
+          {"linear_gelu", linearGelu, nullptr, false, 0b11},
+          {"linear_grad_input", linearGradInput, nullptr, false, 0b11},
+          {"linear_grad_input_gelu", linearGradInputGelu, nullptr, false, 0b11},
           {"linear_grad_weight", linearGradWeight, nullptr, false, 0b11},
           {"bias_add", biasAdd, nullptr, true},
           {"sp_split", spSplit},

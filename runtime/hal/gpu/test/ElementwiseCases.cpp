@@ -73,6 +73,11 @@ std::vector<KernelCase> cases() {
       c.name += " with bf16 copy";
       c.bf16Copy = true;
       out.push_back(c);
+      // Or its packed bf16 copy (GEMM weights on the GPU backends).
+      c.name += " packed";
+      c.bf16Copy = false;
+      c.packedCopy = true;
+      out.push_back(c);
     }
   }
   // Malformed calls: the same check, the same message on both devices.

@@ -185,11 +185,16 @@ Side runOn(const KernelCase &c, Device &device,
   ctx.tensorMember = c.tensorMember;
   ctx.contextMember = c.contextMember;
   TensorRef copy;
-  if (c.bf16Copy && !c.outputs.empty()) {
-    // Filled with NaN: an element the kernel does not write fails.
-    std::vector<uint32_t> nan(outWords[0].size(), 0x7fc00001u);
+  if ((c.bf16Copy || c.packedCopy) && !c.outputs.empty()) {
+    // Filled with NaN: an element the kernel does not write fails (a
+    // packed copy uses the first half of the block).
+    std::vector<uint32_t> nan(outWords[0].size(),
+                              c.packedCopy ? 0x7fc17fc1u : 0x7fc00001u);
     copy = run.upload(c.outputs[0], nan);
-    ctx.bf16Copy = copy.f32();
+    if (c.packedCopy)
+      ctx.bf16PackedCopy = static_cast<uint16_t *>(copy.data);
+    else
+      ctx.bf16Copy = copy.f32();
   }
   Status st = device.runKernel(*info, kernel, decodeKernelAttrs(kernel), ins,
                                outs, ctx);
@@ -203,15 +208,21 @@ Side runOn(const KernelCase &c, Device &device,
   run.keep(device.allocator().copyToHost(&side.loss, lossSlot, sizeof(double)));
   if (copy.data) {
     std::vector<uint32_t> words = run.download(copy);
+    std::vector<uint16_t> halves(2 * words.size());
+    std::memcpy(halves.data(), words.data(), 4 * words.size());
     for (size_t i = 0; i < words.size() && side.error.empty(); ++i) {
       float param, got;
       std::memcpy(&param, &side.outs[0][i], 4);
-      std::memcpy(&got, &words[i], 4);
+      if (c.packedCopy)
+        got = bf16ToFloat(halves[i]);
+      else
+        std::memcpy(&got, &words[i], 4);
       float want = roundToBf16(param);
       if (std::memcmp(&want, &got, 4) != 0)
         side.error = device.name() + ": bf16 copy[" + std::to_string(i) +
                      "] is " + std::to_string(got) + ", not " +
-                     std::to_string(want) + " (output 0 rounded)";
+                     std::to_string(want) + " (output 0 rounded" +
+                     (c.packedCopy ? ", packed)" : ")");
     }
   }
   if (!run.status)

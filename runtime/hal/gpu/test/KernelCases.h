@@ -73,6 +73,9 @@ struct KernelCase {
   /// adamw: also passes a bf16 copy of output 0 (KernelContext::bf16Copy),
   /// which must hold exactly output 0 rounded to bf16 on each device.
   bool bf16Copy = false;
+  /// adamw: the same copy packed (KernelContext::bf16PackedCopy), which
+  /// must hold exactly output 0 packed to bf16 on each device.
+  bool packedCopy = false;
   /// Not empty: a malformed call. Both devices must reject it with the same
   /// message, containing this.
   std::string rejects;

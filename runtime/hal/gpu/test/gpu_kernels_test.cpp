@@ -236,9 +236,13 @@ TEST_CASE("packed bf16 operands give the bits of their fp32 values") {
   CHECK(testing::comparePackedOperands(*gpu, *cpu, kLanesElements, onCpu) ==
         "");
   const std::set<std::string> declared = {"linear:0",
+                                          "linear:1",
                                           "linear_gelu:0",
+                                          "linear_gelu:1",
                                           "linear_grad_input:0",
+                                          "linear_grad_input:1",
                                           "linear_grad_input_gelu:0",
+                                          "linear_grad_input_gelu:1",
                                           "linear_grad_weight:0",
                                           "linear_grad_weight:1",
                                           "linear_grad_weight_bias:0",
