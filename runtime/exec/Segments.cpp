@@ -142,8 +142,40 @@ Status ExecutorImpl::resolveKernels() {
     }
     kernels.push_back(std::move(resolved));
   }
+  planPackedParams();
   scratch.assign(std::max(1, plan.streams_size()), CallScratch{});
   return Status::ok();
+}
+
+void ExecutorImpl::planPackedParams() {
+  packedParam.assign(plan.params_size(), 0);
+  if (!bf16 || !options.packedStepBuffers)
+    return;
+  std::vector<int> readers(plan.params_size(), 0),
+      packedReaders(plan.params_size(), 0);
+  for (int g = 0; g < plan.segments_size(); ++g)
+    for (int k = 0; k < plan.segments(g).kernels_size(); ++k) {
+      const plan::Kernel &kernel = plan.segments(g).kernels(k);
+      const ResolvedKernel &r = kernels[g][k];
+      for (int j = 0; j < kernel.inputs_size(); ++j) {
+        const Operand &o = kernel.inputs(j);
+        if (!r.lowPrecision || o.kind() != Operand::PARAM || o.index() < 0 ||
+            o.index() >= plan.params_size())
+          continue;
+        ++readers[o.index()];
+        packedReaders[o.index()] += device->readsPackedInput(*r.info, j);
+      }
+    }
+  for (int p = 0; p < plan.params_size(); ++p) {
+    if (!bf16Params[p] || readers[p] == 0 || packedReaders[p] != readers[p])
+      continue;
+    // The first half of the copy's slot, packed.
+    plan::TensorType type = plan.params(p).type();
+    type.set_dtype(plan::BF16);
+    bf16Params[p] =
+        viewTensor(plan::BF16, type, tensorBytes(type), bf16Params[p]->data);
+    packedParam[p] = 1;
+  }
 }
 
 Status ExecutorImpl::prepareKernels() {
@@ -252,9 +284,14 @@ void ExecutorImpl::invalidateCopies() {
 }
 
 Status ExecutorImpl::refreshParam(int p) {
-  // A copy of the master, rounded: queued on the calling stream.
+  // A copy of the master, rounded (or packed): queued on the calling
+  // stream.
   const TensorPtr &copy = bf16Params[p];
   const TensorPtr &master = stateOf(p, Operand::PARAM);
+  if (packedParam[p])
+    return device->packBf16(static_cast<uint16_t *>(copy->data),
+                            static_cast<const float *>(master->data),
+                            master->bytes / 4);
   PIPER_RETURN_IF_ERROR(memory->copy(copy->data, master->data,
                                      static_cast<size_t>(master->bytes)));
   return device->roundBf16(static_cast<float *>(copy->data), copy->bytes / 4);
@@ -358,6 +395,8 @@ Status ExecutorImpl::call(int s, const Instruction &inst, StepState &st,
         PIPER_RETURN_IF_ERROR(
             computeParam(s, op.index(), st, copy).withContext(where(k)));
         bind(ins[j], rk.inputs[j], copy);
+        if (packedParam[op.index()])
+          ins[j].dtype = plan::BF16; // read as stored (planPackedParams)
       } else if (rk.packedInputs[j] && packedValues[op.index()]) {
         // A packed argument, as it is stored (Device::readsPackedInput).
         bind(ins[j], rk.inputs[j], packedValues[op.index()]);
@@ -386,9 +425,15 @@ Status ExecutorImpl::call(int s, const Instruction &inst, StepState &st,
     }
     return Status::ok();
   };
-  auto copyOf = [&](const ResolvedKernel &rk) {
-    return rk.writesCopyOf >= 0
+  // The bf16 copy an update writes (fp32 storage), or its packed one.
+  auto copyOf = [&](const ResolvedKernel &rk) -> float * {
+    return rk.writesCopyOf >= 0 && !packedParam[rk.writesCopyOf]
                ? static_cast<float *>(bf16Params[rk.writesCopyOf]->data)
+               : nullptr;
+  };
+  auto packedCopyOf = [&](const ResolvedKernel &rk) -> uint16_t * {
+    return rk.writesCopyOf >= 0 && packedParam[rk.writesCopyOf]
+               ? static_cast<uint16_t *>(bf16Params[rk.writesCopyOf]->data)
                : nullptr;
   };
   const bool profiling = options.profile;
@@ -408,6 +453,7 @@ Status ExecutorImpl::call(int s, const Instruction &inst, StepState &st,
         c.kernel = &seg.kernels(g);
         c.attrs = &resolved[g].attrs;
         c.bf16Copy = copyOf(resolved[g]);
+        c.bf16PackedCopy = packedCopyOf(resolved[g]);
         PIPER_RETURN_IF_ERROR(bindOperands(g, c.inputs, c.outputs));
         if (!c.inputs.empty())
           spans.push_back({c.inputs[0].f32(), c.inputs[0].numel(),
@@ -483,6 +529,7 @@ Status ExecutorImpl::call(int s, const Instruction &inst, StepState &st,
       start = Clock::now();
     ctx.lowPrecision = rk.lowPrecision;
     ctx.bf16Copy = copyOf(rk);
+    ctx.bf16PackedCopy = packedCopyOf(rk);
     Status status =
         device->runKernel(*rk.info, kernel, rk.attrs, ins, outs, ctx);
     if (status && rk.writesCopyOf >= 0)
