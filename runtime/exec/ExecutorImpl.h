@@ -122,6 +122,9 @@ struct BufferSlot {
 /// Everything shared by the streams of one step.
 struct StepState {
   int64_t step = 0;
+  /// Whether the step's device work is a capture launched (steps as
+  /// graphs): the host issued none of its kernels.
+  bool launched = false;
   std::unique_ptr<BufferSlot[]> buffers;
   std::atomic<bool> failed{false};
   std::mutex errorMu; // taken only when a stream fails

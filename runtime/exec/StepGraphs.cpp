@@ -67,6 +67,7 @@ bool ExecutorImpl::replayStep(hal::StepGraph &graph, StepState &st) {
                                   "as usual)"));
     return false;
   }
+  st.launched = true;
   return true;
 }
 

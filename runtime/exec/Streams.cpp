@@ -165,8 +165,14 @@ Status ExecutorImpl::runStep(int64_t step, double &loss) {
     Status synced = streams[s]->synchronize();
     if (!synced) {
       markFailed(s);
-      fail(st, synced.withContext(who + ", stream '" + plan.streams(s).name() +
-                                  "', end of step"));
+      fail(st,
+           synced.withContext(
+               who + ", stream '" + plan.streams(s).name() + "', end of step" +
+               (st.launched ? " (launched from its capture: the kernel "
+                              "named last was issued when it was "
+                              "captured; piper-run --step-graph off "
+                              "names the one issued last)"
+                            : "")));
     }
   }
   if (st.failed.load()) {

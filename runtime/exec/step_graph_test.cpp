@@ -259,6 +259,38 @@ TEST_CASE("step graphs: a device error capturing or launching a step fails "
   }
 }
 
+// An asynchronous device error found when a launched step's streams are
+// synchronized fails it as in a step issued as usual, saying that the
+// kernel a CUDA error names is the last one issued at capture.
+TEST_CASE("step graphs: an asynchronous device error at the end of a "
+          "launched step says it was launched",
+          "[step-graph]") {
+  plan::Plan plan = graphPlan(/*bf16=*/false);
+  for (bool graphs : {false, true}) {
+    INFO((graphs ? "graphs" : "as usual"));
+    Status status;
+    auto exec = Executor::create(
+        plan, emulated(graphs ? Graphs::On : Graphs::Off), status);
+    REQUIRE(exec);
+    double loss = 0;
+    for (int64_t t = 1; t <= 3; ++t)
+      REQUIRE(exec->runStep(t, loss));
+    hal::injectEmulatedDeviceError("synchronizing the stream");
+    Status failed = exec->runStep(4, loss);
+    const std::string what =
+        "synchronizing the stream: emulated device error (PIPER_FAULT "
+        "action=device_error)";
+    CHECK(failed.message() ==
+          "rank 0, stream 'compute', end of step" +
+              std::string(graphs ? " (launched from its capture: the kernel "
+                                   "named last was issued when it was "
+                                   "captured; piper-run --step-graph off "
+                                   "names the one issued last)"
+                                 : "") +
+              ": " + what);
+  }
+}
+
 // The emulated device's capture itself: work issued on a capturing stream
 // is kept, not run; each launch runs it (on the memory it was issued on),
 // and an event's signal and wait order the streams' work in every launch;

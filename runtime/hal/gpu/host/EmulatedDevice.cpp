@@ -128,6 +128,29 @@ thread_local double HostLaunchTimer::started = 0;
 
 std::atomic<int64_t> syncCalls{0};
 
+/// Set by injectEmulatedDeviceError; the next operation (whose name starts
+/// with injectedOnly, when not empty) takes it.
+std::atomic<bool> errorInjected{false};
+std::mutex injectedMu;
+std::string injectedOnly;
+
+/// The injected error of operation `what`, once; else ok. An operation
+/// `namedOnly` takes it only when injectEmulatedDeviceError named it.
+Status injected(const std::string &what, bool namedOnly = false) {
+  if (!errorInjected.load(std::memory_order_relaxed))
+    return Status::ok();
+  {
+    std::lock_guard<std::mutex> lock(injectedMu);
+    if ((namedOnly && injectedOnly.empty()) ||
+        what.compare(0, injectedOnly.size(), injectedOnly) != 0)
+      return Status::ok();
+  }
+  if (!errorInjected.exchange(false))
+    return Status::ok();
+  return Status::error(what + ": emulated device error (PIPER_FAULT "
+                              "action=device_error)");
+}
+
 /// A host stream whose synchronize() counts (emulatedSyncCalls), except
 /// while it captures a step: then it waits for the host work only, as a
 /// capturing CUDA stream's does.
@@ -142,7 +165,11 @@ public:
   Status synchronize() override {
     if (!capturing.load())
       countEmulatedSync();
-    return host->synchronize();
+    PIPER_RETURN_IF_ERROR(host->synchronize());
+    // A fault of the work found when the stream is synchronized (only
+    // when asked for by name: injectEmulatedDeviceError).
+    return capturing.load() ? Status::ok()
+                            : injected("synchronizing the stream", true);
   }
   /// Makes the stream's worker record (`recording`) or, with null, run its
   /// device work from the work enqueued after this call.
@@ -216,27 +243,6 @@ public:
   /// The number of this capture's latest launch (launchesMade).
   std::atomic<uint64_t> launches{0};
 };
-
-/// Set by injectEmulatedDeviceError; the next operation (whose name starts
-/// with injectedOnly, when not empty) takes it.
-std::atomic<bool> errorInjected{false};
-std::mutex injectedMu;
-std::string injectedOnly;
-
-/// The injected error of operation `what`, once; else ok.
-Status injected(const std::string &what) {
-  if (!errorInjected.load(std::memory_order_relaxed))
-    return Status::ok();
-  {
-    std::lock_guard<std::mutex> lock(injectedMu);
-    if (what.compare(0, injectedOnly.size(), injectedOnly) != 0)
-      return Status::ok();
-  }
-  if (!errorInjected.exchange(false))
-    return Status::ok();
-  return Status::error(what + ": emulated device error (PIPER_FAULT "
-                              "action=device_error)");
-}
 
 /// The CPU backend's memory, where every operation can fail as a CUDA
 /// call can (injectEmulatedDeviceError).
