@@ -8,7 +8,9 @@
       [--only NAME,...] [--table FILE] [--timeout-s T] [--wall-s S]
       trains every case for N steps (default 5) on --backend cpu and on
       BACKEND (cuda, or cuda-emulation; a case may add piper-run options
-      there, e.g. --attention cudnn) and compares each step's loss:
+      there, e.g. --attention cudnn, and require BACKEND to give the same
+      losses exactly without some of them, e.g. --step-graph on: then it
+      runs once more without them) and compares each step's loss:
       fp32 within 1e-4 relative, bf16 within 2e-2 (a one-ulp difference of
       an fp32 sum can flip a bf16 rounding, 2^-8 relative, in an
       activation). Multi-rank cases run with BACKEND's ranks on one device
@@ -32,7 +34,8 @@ import tempfile
 import time
 
 # name -> (model args, compile args, ranks, dtype[, piper-run args of the
-# backend compared with the cpu])
+# backend compared with the cpu[, of those, the ones without which the
+# backend must give the same losses exactly: run once more without them]])
 CASES = {
     "gpt-tiny": (["gpt-tiny"], ["--microbatches", "2"], 1, "f32"),
     "llama-tiny": (["llama-tiny"], ["--microbatches", "2"], 1, "f32"),
@@ -57,16 +60,19 @@ CASES = {
                               "bf16", ["--attention", "cudnn"]),
     # Steps as CUDA graphs (--step-graph on, docs/runtime.md): steps 2 and
     # 3 captured, 4 and 5 launched from their captures, also with cuDNN's
-    # attention in the captured work. The same numbers as steps issued as
-    # usual, so the bf16 bound holds as for the cases above.
+    # attention in the captured work. The same launches on the same memory
+    # as steps issued as usual: the losses must equal those of the same
+    # backend without --step-graph on, every digit (and so the bf16 bound
+    # against the cpu holds as for the cases above).
     "gpt-tiny-bf16-graph": (["gpt-tiny"],
                             ["--microbatches", "2", "--dtype", "bf16"], 1,
-                            "bf16", ["--step-graph", "on"]),
+                            "bf16", ["--step-graph", "on"],
+                            ["--step-graph", "on"]),
     "llama-tiny-bf16-cudnn-graph": (["llama-tiny"],
                                     ["--microbatches", "2", "--dtype", "bf16"],
                                     1, "bf16",
                                     ["--attention", "cudnn", "--step-graph",
-                                     "on"]),
+                                     "on"], ["--step-graph", "on"]),
     "llama-tiny-pp2-dp2": (["llama-tiny"],
                            ["--pp", "2", "--dp", "2", "--microbatches", "4"],
                            4, "f32"),
@@ -133,12 +139,12 @@ def compile_all(piperc, plans):
 
 
 def train(piper_run, plan, ranks, backend, comm, steps, work, limits,
-          extra=()):
+          extra=(), tag=""):
     """(losses, error headline, error detail, seconds); losses is None on an
     error."""
     timeout_s, wall_s = limits
-    metrics = os.path.join(work, "%s-%s.jsonl" % (os.path.basename(plan),
-                                                  backend))
+    metrics = os.path.join(work, "%s-%s%s.jsonl" % (os.path.basename(plan),
+                                                    backend, tag))
     cmd = [piper_run, plan, "--nproc", str(ranks), "--steps", str(steps),
            "--seed", "3", "--backend", backend, "--metrics", metrics]
     if comm and backend != "cpu":
@@ -176,6 +182,16 @@ def compare_all(piper_run, plans, backend, comm, steps, only, table, limits):
             got, err, detail, seconds = train(piper_run, plan, ranks, backend,
                                               comm, steps, work, limits,
                                               extra[0] if extra else ())
+        if not err and len(extra) > 1:
+            # The same backend without extra[1]: the same losses exactly.
+            plain = [a for a in extra[0] if a not in extra[1]]
+            twin, err, detail, _ = train(piper_run, plan, ranks, backend,
+                                         comm, steps, work, limits, plain,
+                                         tag="twin")
+            if not err and twin != got:
+                err = "differs from %s without %s" % (backend,
+                                                      " ".join(extra[1]))
+                detail = "with %s, without %s" % (got, twin)
         worst = None
         if not err:
             if len(want) != steps or len(got) != steps:
