@@ -334,6 +334,11 @@ public:
   /// the host has issued its work, after prefetching the next step's
   /// batches; failures go to fail().
   void issueStep(StepState &st);
+  /// Enqueues every stream's instructions for step st.step (runStream).
+  void issueStreams(StepState &st);
+  /// Captures step st.step into `graph` as the host issues it, then
+  /// launches it; failures go to fail().
+  void captureStep(StepState &st, std::unique_ptr<hal::StepGraph> &graph);
   /// Launches the capture `graph` for step st.step: its batches' fills
   /// checked as LOAD_BATCH checks them, then the step's constants written;
   /// false after a failure (fail()).

@@ -1,6 +1,7 @@
 // Which of a segment's values a mixed-precision call keeps packed bf16
 // (PackedStorage, ExecutorImpl.h): arguments read as their step buffers
-// are stored, values stored packed by their writer.
+// are stored, values stored packed by their writer; and which parameters
+// keep their bf16 copy packed (planPackedParams).
 #include "runtime/exec/ExecutorImpl.h"
 
 namespace piper::runtime {
@@ -56,6 +57,37 @@ PackedStorage planPackedStorage(const plan::Segment &seg,
     if (asResult[v] == 0 && packed(v))
       p.packedSlots.push_back(v);
   return p;
+}
+
+void ExecutorImpl::planPackedParams() {
+  packedParam.assign(plan.params_size(), 0);
+  if (!bf16 || !options.packedStepBuffers)
+    return;
+  std::vector<int> readers(plan.params_size(), 0),
+      packedReaders(plan.params_size(), 0);
+  for (int g = 0; g < plan.segments_size(); ++g)
+    for (int k = 0; k < plan.segments(g).kernels_size(); ++k) {
+      const plan::Kernel &kernel = plan.segments(g).kernels(k);
+      const ResolvedKernel &r = kernels[g][k];
+      for (int j = 0; j < kernel.inputs_size(); ++j) {
+        const Operand &o = kernel.inputs(j);
+        if (!r.lowPrecision || o.kind() != Operand::PARAM || o.index() < 0 ||
+            o.index() >= plan.params_size())
+          continue;
+        ++readers[o.index()];
+        packedReaders[o.index()] += device->readsPackedInput(*r.info, j);
+      }
+    }
+  for (int p = 0; p < plan.params_size(); ++p) {
+    if (!bf16Params[p] || readers[p] == 0 || packedReaders[p] != readers[p])
+      continue;
+    // The first half of the copy's slot, packed.
+    plan::TensorType type = plan.params(p).type();
+    type.set_dtype(plan::BF16);
+    bf16Params[p] =
+        viewTensor(plan::BF16, type, tensorBytes(type), bf16Params[p]->data);
+    packedParam[p] = 1;
+  }
 }
 
 } // namespace piper::runtime

@@ -147,37 +147,6 @@ Status ExecutorImpl::resolveKernels() {
   return Status::ok();
 }
 
-void ExecutorImpl::planPackedParams() {
-  packedParam.assign(plan.params_size(), 0);
-  if (!bf16 || !options.packedStepBuffers)
-    return;
-  std::vector<int> readers(plan.params_size(), 0),
-      packedReaders(plan.params_size(), 0);
-  for (int g = 0; g < plan.segments_size(); ++g)
-    for (int k = 0; k < plan.segments(g).kernels_size(); ++k) {
-      const plan::Kernel &kernel = plan.segments(g).kernels(k);
-      const ResolvedKernel &r = kernels[g][k];
-      for (int j = 0; j < kernel.inputs_size(); ++j) {
-        const Operand &o = kernel.inputs(j);
-        if (!r.lowPrecision || o.kind() != Operand::PARAM || o.index() < 0 ||
-            o.index() >= plan.params_size())
-          continue;
-        ++readers[o.index()];
-        packedReaders[o.index()] += device->readsPackedInput(*r.info, j);
-      }
-    }
-  for (int p = 0; p < plan.params_size(); ++p) {
-    if (!bf16Params[p] || readers[p] == 0 || packedReaders[p] != readers[p])
-      continue;
-    // The first half of the copy's slot, packed.
-    plan::TensorType type = plan.params(p).type();
-    type.set_dtype(plan::BF16);
-    bf16Params[p] =
-        viewTensor(plan::BF16, type, tensorBytes(type), bf16Params[p]->data);
-    packedParam[p] = 1;
-  }
-}
-
 Status ExecutorImpl::prepareKernels() {
   // Each stream prepares the kernels it will run, on its own worker (a
   // CUDA stream's cuDNN handle and scratch are its own), all streams at
@@ -425,16 +394,18 @@ Status ExecutorImpl::call(int s, const Instruction &inst, StepState &st,
     }
     return Status::ok();
   };
-  // The bf16 copy an update writes (fp32 storage), or its packed one.
-  auto copyOf = [&](const ResolvedKernel &rk) -> float * {
-    return rk.writesCopyOf >= 0 && !packedParam[rk.writesCopyOf]
-               ? static_cast<float *>(bf16Params[rk.writesCopyOf]->data)
-               : nullptr;
-  };
-  auto packedCopyOf = [&](const ResolvedKernel &rk) -> uint16_t * {
-    return rk.writesCopyOf >= 0 && packedParam[rk.writesCopyOf]
-               ? static_cast<uint16_t *>(bf16Params[rk.writesCopyOf]->data)
-               : nullptr;
+  // The bf16 copy an update writes: fp32 storage, or packed.
+  auto setCopy = [&](const ResolvedKernel &rk, float *&copy,
+                     uint16_t *&packed) {
+    copy = nullptr;
+    packed = nullptr;
+    if (rk.writesCopyOf < 0)
+      return;
+    void *data = bf16Params[rk.writesCopyOf]->data;
+    if (packedParam[rk.writesCopyOf])
+      packed = static_cast<uint16_t *>(data);
+    else
+      copy = static_cast<float *>(data);
   };
   const bool profiling = options.profile;
   std::vector<TensorRef> &ins = scratch.inputs, &outs = scratch.outputs;
@@ -452,8 +423,7 @@ Status ExecutorImpl::call(int s, const Instruction &inst, StepState &st,
         AdamwCall &c = calls[static_cast<size_t>(g - k)];
         c.kernel = &seg.kernels(g);
         c.attrs = &resolved[g].attrs;
-        c.bf16Copy = copyOf(resolved[g]);
-        c.bf16PackedCopy = packedCopyOf(resolved[g]);
+        setCopy(resolved[g], c.bf16Copy, c.bf16PackedCopy);
         PIPER_RETURN_IF_ERROR(bindOperands(g, c.inputs, c.outputs));
         if (!c.inputs.empty())
           spans.push_back({c.inputs[0].f32(), c.inputs[0].numel(),
@@ -528,8 +498,7 @@ Status ExecutorImpl::call(int s, const Instruction &inst, StepState &st,
     if (profiling)
       start = Clock::now();
     ctx.lowPrecision = rk.lowPrecision;
-    ctx.bf16Copy = copyOf(rk);
-    ctx.bf16PackedCopy = packedCopyOf(rk);
+    setCopy(rk, ctx.bf16Copy, ctx.bf16PackedCopy);
     Status status =
         device->runKernel(*rk.info, kernel, rk.attrs, ins, outs, ctx);
     if (status && rk.writesCopyOf >= 0)

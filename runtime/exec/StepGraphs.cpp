@@ -72,30 +72,29 @@ bool ExecutorImpl::replayStep(hal::StepGraph &graph, StepState &st) {
 }
 
 void ExecutorImpl::issueStep(StepState &st) {
-  const int numStreams = plan.streams_size();
-  auto issue = [&] {
-    for (int s = 0; s < numStreams; ++s)
-      streams[s]->enqueue([this, s, &st] { runStream(s, st); });
-  };
-  const bool graphs = graphRefusal.empty() && numStreams > 0;
+  const bool graphs = graphRefusal.empty() && plan.streams_size() > 0;
   std::unique_ptr<hal::StepGraph> &graph = stepGraphs[st.step & 1];
   if (!graphs || !graphsWarm) {
-    issue();
-    // The next step's batches, into the other half of the staging, while
-    // the streams run (a data error is kept for the LOAD_BATCH that needs
-    // it).
-    prefetchBatches(st.step + 1);
+    issueStreams(st);
     graphsWarm = graphs;
-    return;
-  }
-  if (graph) {
+  } else if (graph) {
     if (replayStep(*graph, st))
       ++replayed;
-    prefetchBatches(st.step + 1);
-    return;
+  } else {
+    captureStep(st, graph);
   }
-  // Capture: the host issues the step as usual while its device work is
-  // kept, then the capture runs it.
+  // The next step's batches, into the other half of the staging, while the
+  // streams run (a data error is kept for the LOAD_BATCH that needs it).
+  prefetchBatches(st.step + 1);
+}
+
+void ExecutorImpl::issueStreams(StepState &st) {
+  for (int s = 0; s < plan.streams_size(); ++s)
+    streams[s]->enqueue([this, s, &st] { runStream(s, st); });
+}
+
+void ExecutorImpl::captureStep(StepState &st,
+                               std::unique_ptr<hal::StepGraph> &graph) {
   std::vector<hal::Stream *> capturing;
   for (const std::unique_ptr<hal::Stream> &stream : streams)
     capturing.push_back(stream.get());
@@ -111,11 +110,11 @@ void ExecutorImpl::issueStep(StepState &st) {
     failCapture(begun);
     return;
   }
-  issue();
-  prefetchBatches(st.step + 1);
-  // The host's part only: nothing captured has run.
-  for (int s = 0; s < numStreams; ++s)
-    (void)streams[s]->synchronize();
+  // The host issues the step as usual while its device work is kept; its
+  // part only is waited for: nothing captured has run.
+  issueStreams(st);
+  for (hal::Stream *stream : capturing)
+    (void)stream->synchronize();
   std::unique_ptr<hal::StepGraph> made;
   Status ended = device->endStepCapture(made);
   if (st.failed.load())
