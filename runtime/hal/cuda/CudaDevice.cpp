@@ -45,6 +45,7 @@
 #include "runtime/hal/cuda/CudaBackend.h"
 #include "runtime/hal/cuda/CudaCheck.h"
 #include "runtime/hal/cuda/CudaKernelContext.h"
+#include "runtime/hal/cuda/CudaStepGraph.h"
 #include "runtime/hal/cuda/CudaSums.h"
 #include "runtime/hal/gpu/ElementwiseLaunch.h"
 #include "runtime/hal/gpu/GpuKernels.h"
@@ -365,40 +366,6 @@ private:
   std::unique_ptr<HostWorker> worker;
 };
 
-/// A step captured on CUDA (Device::beginStepCapture): one CUDA graph of
-/// every stream's work, forked from the first stream's and joined back to
-/// it, instantiated once and launched on the first stream, after the
-/// constant tables' host blocks are rewritten for the launched step.
-class CudaStepGraph final : public StepGraph {
-public:
-  ~CudaStepGraph() override {
-    if (exec)
-      cudaGraphExecDestroy(exec);
-    for (cudaEvent_t event : events)
-      if (event)
-        cudaEventDestroy(event);
-  }
-  Status launch(const StepValues &values) override {
-    PIPER_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal));
-    // The streams are idle: no copy of the last launch reads the tables.
-    for (const std::vector<gpu::ConstantRefill> &lane : refills)
-      for (const gpu::ConstantRefill &refill : lane)
-        refill(values.step, values.lrScale);
-    PIPER_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(exec, origin));
-    return Status::ok();
-  }
-
-  int ordinal = 0;
-  uint64_t id = 0;
-  std::vector<CudaStream *> streams;
-  cudaStream_t origin = nullptr; // streams[0]'s
-  /// Per stream, the constant tables' refills its capture kept.
-  std::vector<std::vector<gpu::ConstantRefill>> refills;
-  /// The fork (recorded on the origin), then a join per other stream.
-  std::vector<cudaEvent_t> events;
-  cudaGraphExec_t exec = nullptr;
-};
-
 class CudaDevice final : public Device {
 public:
   CudaDevice(int ordinal, cudaStream_t hostStream, Communicator *comm,
@@ -522,91 +489,30 @@ private:
   CudaAllocator memory;
   CudaKernelResources hostResources;
   Communicator *comm;
-  std::unique_ptr<CudaStepGraph> capture; // the one under way
+  std::unique_ptr<CudaStepCapture> capture; // the one under way
 };
 
 Status CudaDevice::beginStepCapture(const std::vector<Stream *> &streams) {
   if (capture)
     return Status::error("beginning a step capture: one is under way");
-  if (streams.empty())
-    return Status::error("beginning a step capture: no stream to capture");
-  auto cap = std::make_unique<CudaStepGraph>();
-  cap->ordinal = ordinal;
-  cap->id = capturesBegun.fetch_add(1) + 1;
-  for (Stream *stream : streams) // created by createStream
-    cap->streams.push_back(static_cast<CudaStream *>(stream));
-  cap->origin = cap->streams[0]->handle();
-  cap->refills.resize(streams.size());
-  cap->events.assign(streams.size(), nullptr);
-  PIPER_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal));
-  for (cudaEvent_t &event : cap->events)
-    PIPER_CUDA_RETURN_IF_ERROR(
-        cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
-  // Relaxed: each stream's worker thread issues its own work into the
-  // capture, and may allocate (a constant table, a scratch block).
-  PIPER_CUDA_RETURN_IF_ERROR(
-      cudaStreamBeginCapture(cap->origin, cudaStreamCaptureModeRelaxed));
-  Status forked = [&]() -> Status {
-    PIPER_CUDA_RETURN_IF_ERROR(cudaEventRecord(cap->events[0], cap->origin));
-    for (size_t i = 1; i < cap->streams.size(); ++i)
-      PIPER_CUDA_RETURN_IF_ERROR(
-          cudaStreamWaitEvent(cap->streams[i]->handle(), cap->events[0], 0));
-    return Status::ok();
-  }();
-  if (!forked) {
-    cudaGraph_t graph = nullptr;
-    (void)cudaStreamEndCapture(cap->origin, &graph);
-    if (graph)
-      cudaGraphDestroy(graph);
-    (void)cudaGetLastError();
-    return forked;
+  std::vector<CudaCaptureStream> capturing;
+  for (Stream *stream : streams) {
+    auto *cuda = static_cast<CudaStream *>(stream); // made by createStream
+    capturing.push_back(
+        {cuda->handle(),
+         [cuda](uint64_t id, std::vector<gpu::ConstantRefill> *refills) {
+           cuda->setCapture(id, refills);
+         }});
   }
-  for (size_t i = 0; i < cap->streams.size(); ++i)
-    cap->streams[i]->setCapture(cap->id, &cap->refills[i]);
-  capture = std::move(cap);
-  return Status::ok();
+  return CudaStepCapture::begin(ordinal, capturesBegun.fetch_add(1) + 1,
+                                std::move(capturing), capture);
 }
 
 Status CudaDevice::endStepCapture(std::unique_ptr<StepGraph> &graph) {
   graph = nullptr;
   if (!capture)
     return Status::error("ending a step capture: none is under way");
-  std::unique_ptr<CudaStepGraph> cap = std::move(capture);
-  for (CudaStream *stream : cap->streams)
-    stream->setCapture(0, nullptr);
-  Status joined = [&]() -> Status {
-    PIPER_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal));
-    for (size_t i = 1; i < cap->streams.size(); ++i) {
-      PIPER_CUDA_RETURN_IF_ERROR(
-          cudaEventRecord(cap->events[i], cap->streams[i]->handle()));
-      PIPER_CUDA_RETURN_IF_ERROR(
-          cudaStreamWaitEvent(cap->origin, cap->events[i], 0));
-    }
-    return Status::ok();
-  }();
-  // Always ended, so that the streams run their work again.
-  cudaGraph_t captured = nullptr;
-  cudaError_t ended = cudaStreamEndCapture(cap->origin, &captured);
-  if (ended != cudaSuccess || !joined) {
-    (void)cudaGetLastError();
-    if (captured)
-      cudaGraphDestroy(captured);
-    if (!joined)
-      return joined;
-    return Status::error(
-        cudaErrorMessage(ended, "cudaStreamEndCapture(stream, &graph)",
-                         __FILE__, __LINE__) +
-        ": a call of the step could not be captured");
-  }
-  cudaError_t made = cudaGraphInstantiate(&cap->exec, captured, 0);
-  cudaGraphDestroy(captured);
-  if (made != cudaSuccess) {
-    (void)cudaGetLastError();
-    return Status::error(cudaErrorMessage(
-        made, "cudaGraphInstantiate(&exec, graph, 0)", __FILE__, __LINE__));
-  }
-  graph = std::move(cap);
-  return Status::ok();
+  return CudaStepCapture::end(std::move(capture), graph);
 }
 
 Status CudaDevice::createLossSums(int slots, std::unique_ptr<LossSums> &sums) {
