@@ -316,7 +316,9 @@ TEST_CASE("step graphs: the emulated capture keeps work and runs it at each "
   // first: x += x, then signal; second: wait, then y += x. Without the
   // edge, second's add could read x before first's doubles it.
   std::atomic<bool> abort{false};
-  Status firstDone, secondDone, copied;
+  Status firstDone, secondDone, copied, read;
+  std::unique_ptr<hal::SquareSums> sums;
+  REQUIRE(device->createSquareSums(1, sums));
   first->enqueue([&] {
     firstDone = device->add(x.data(), x.data(), 64);
     if (firstDone)
@@ -328,6 +330,8 @@ TEST_CASE("step graphs: the emulated capture keeps work and runs it at each "
       secondDone = device->add(y.data(), x.data(), 64);
     float host = 0;
     copied = device->allocator().copyToHost(&host, y.data(), 4);
+    double sum = 0; // the kernel layer's synchronizing copy
+    read = sums->read(&sum, 1);
   });
   REQUIRE(first->synchronize());
   REQUIRE(second->synchronize());
@@ -335,6 +339,9 @@ TEST_CASE("step graphs: the emulated capture keeps work and runs it at each "
   REQUIRE(secondDone);
   CHECK(copied.message() ==
         "a synchronizing copy of 4 bytes to the host while the stream "
+        "captures a step (the host cannot wait for captured work)");
+  CHECK(read.message() ==
+        "copying 8 bytes of device memory to the host while the stream "
         "captures a step (the host cannot wait for captured work)");
   REQUIRE(device->endStepCapture(graph));
   REQUIRE(graph);

@@ -520,6 +520,14 @@ TEST_CASE("bad attributes and context are rejected", "[kernels][errors]") {
   Status s = run(K("adamw").f("lr", 0.1), grad, adamOuts, ctx);
   REQUIRE_FALSE(s.isOk());
   CHECK(s.message() == "adamw: step must be at least 1, got 0");
+  // Its bf16 copy is fp32 storage or packed, not both.
+  std::vector<float> copy(2);
+  std::vector<uint16_t> packed(2);
+  ctx.step = 1;
+  ctx.bf16Copy = copy.data();
+  ctx.bf16PackedCopy = packed.data();
+  s = run(K("adamw").f("lr", 0.1), grad, adamOuts, ctx);
+  CHECK(s.message() == "adamw: a bf16 copy and a packed bf16 copy at once");
 }
 
 TEST_CASE("bad storage is rejected before any kernel runs",
