@@ -219,6 +219,19 @@ public:
   int64_t capturedSteps() const;
   int64_t replayedSteps() const;
 
+  /// What this device stores as packed bf16 in a mixed-precision plan
+  /// (docs/runtime.md, "Packed step buffers and values", "Packed parameter
+  /// copies"), counted over the plan's segments as written (not per call):
+  /// results that their kernel writes straight into their packed step
+  /// buffer, other values stored packed in their slot, arguments that every
+  /// reader takes as their step buffer is stored (not unpacked), and
+  /// parameters whose bf16 copy is kept packed. All 0 in fp32 plans and
+  /// with ExecutorOptions::packedStepBuffers off.
+  struct PackedCounts {
+    int64_t results = 0, values = 0, arguments = 0, paramCopies = 0;
+  };
+  PackedCounts packedCounts() const;
+
   /// Bytes of tensor storage alive now / at most so far (persistent state
   /// plus every step buffer and segment value, as allocated), and the bytes
   /// of the persistent state alone (parameters, gradients, AdamW moments).

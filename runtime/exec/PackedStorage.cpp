@@ -90,4 +90,29 @@ void ExecutorImpl::planPackedParams() {
   }
 }
 
+Executor::PackedCounts Executor::packedCounts() const {
+  const plan::Plan &plan = impl->plan;
+  PackedCounts c;
+  for (size_t g = 0; g < impl->packedStorage.size(); ++g) {
+    const plan::Segment &seg = plan.segments(static_cast<int>(g));
+    const PackedStorage &p = impl->packedStorage[g];
+    for (char r : p.packsResult)
+      c.results += r;
+    c.values += static_cast<int64_t>(p.packedSlots.size());
+    // An argument no kernel unpacks and one reads packed.
+    std::vector<char> readPacked(seg.values_size(), 0);
+    for (int k = 0; k < seg.kernels_size(); ++k)
+      for (int j = 0; j < seg.kernels(k).inputs_size(); ++j) {
+        const Operand &o = seg.kernels(k).inputs(j);
+        if (o.kind() == Operand::VALUE && impl->kernels[g][k].packedInputs[j])
+          readPacked[o.index()] = 1;
+      }
+    for (int a = 0; a < seg.args_size(); ++a)
+      c.arguments += !p.unpacksArg[a] && readPacked[seg.args(a)];
+  }
+  for (char packed : impl->packedParam)
+    c.paramCopies += packed;
+  return c;
+}
+
 } // namespace piper::runtime

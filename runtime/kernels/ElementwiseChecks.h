@@ -12,6 +12,11 @@
 
 namespace piper::runtime::detail {
 
+// The outputs of gelu, gelu_grad, swiglu and swiglu_grad may in mixed
+// precision be packed bf16 (expectPackableOutput: an activation the
+// executor stores packed because only GEMMs read it,
+// hal::Device::writesPackedOutput).
+
 /// gelu: f32 x -> y of x's shape.
 Status checkGelu(const KernelArgs &a);
 /// gelu_grad: (x, dy) -> dx, all of x's shape.

@@ -1,6 +1,8 @@
 // Elementwise kernels: GELU (GPT-2's tanh approximation), SwiGLU and add,
 // forward and backward. Hot loops are PIPER_SIMD: vectorized, one clone per
 // instruction set (VecMath.h).
+#include <vector>
+
 #include "runtime/kernels/ElementwiseChecks.h"
 #include "runtime/kernels/KernelUtil.h"
 #include "runtime/kernels/Parallel.h"
@@ -63,7 +65,7 @@ PIPER_SIMD void swigluGradRow(const float *__restrict gate,
 Status checkGelu(const KernelArgs &a) {
   PIPER_RETURN_IF_ERROR(expectCounts(a, 1, 1, 1));
   PIPER_RETURN_IF_ERROR(expectDType(a, a.inputs[0], "x", plan::F32));
-  return expectTensor(a, a.outputs[0], "y", plan::F32, a.inputs[0].shape);
+  return expectPackableOutput(a, a.outputs[0], "y", a.inputs[0].shape);
 }
 
 void geluInto(const float *x, float *y, int64_t n) {
@@ -80,7 +82,11 @@ void geluGradInto(const float *x, const float *dy, float *dx, int64_t n) {
 
 Status geluKernel(const KernelArgs &a) {
   PIPER_RETURN_IF_ERROR(checkGelu(a));
-  geluInto(a.inputs[0].f32(), a.outputs[0].f32(), a.inputs[0].numel());
+  const TensorRef &y = a.outputs[0];
+  std::vector<float> packed;
+  float *out = outputRow(y, 0, y.numel(), packed);
+  geluInto(a.inputs[0].f32(), out, y.numel());
+  storeRow(y, 0, y.numel(), y.numel(), out);
   return Status::ok();
 }
 
@@ -89,13 +95,16 @@ Status checkGeluGrad(const KernelArgs &a) {
   const TensorRef &x = a.inputs[0];
   PIPER_RETURN_IF_ERROR(expectDType(a, x, "x", plan::F32));
   PIPER_RETURN_IF_ERROR(expectTensor(a, a.inputs[1], "dy", plan::F32, x.shape));
-  return expectTensor(a, a.outputs[0], "dx", plan::F32, x.shape);
+  return expectPackableOutput(a, a.outputs[0], "dx", x.shape);
 }
 
 Status geluGradKernel(const KernelArgs &a) {
   PIPER_RETURN_IF_ERROR(checkGeluGrad(a));
-  geluGradInto(a.inputs[0].f32(), a.inputs[1].f32(), a.outputs[0].f32(),
-               a.inputs[0].numel());
+  const TensorRef &dx = a.outputs[0];
+  std::vector<float> packed;
+  float *out = outputRow(dx, 0, dx.numel(), packed);
+  geluGradInto(a.inputs[0].f32(), a.inputs[1].f32(), out, dx.numel());
+  storeRow(dx, 0, dx.numel(), dx.numel(), out);
   return Status::ok();
 }
 
@@ -115,7 +124,7 @@ static Status checkGateUp(const KernelArgs &a, const TensorRef &gateUp,
 Status checkSwiglu(const KernelArgs &a, int64_t &rows, int64_t &width) {
   PIPER_RETURN_IF_ERROR(expectCounts(a, 1, 1, 1));
   PIPER_RETURN_IF_ERROR(checkGateUp(a, a.inputs[0], rows, width));
-  return expectTensor(a, a.outputs[0], "y", plan::F32, {rows, width});
+  return expectPackableOutput(a, a.outputs[0], "y", {rows, width});
 }
 
 Status swigluKernel(const KernelArgs &a) {
@@ -124,9 +133,12 @@ Status swigluKernel(const KernelArgs &a) {
   const TensorRef &gateUp = a.inputs[0], &y = a.outputs[0];
 
   parallelFor(rows, rowGrain(3 * width), [&](int64_t begin, int64_t end) {
+    std::vector<float> packed;
     for (int64_t n = begin; n < end; ++n) {
       const float *gate = gateUp.f32() + n * 2 * width;
-      swigluRow(gate, gate + width, y.f32() + n * width, width);
+      float *row = outputRow(y, n, width, packed);
+      swigluRow(gate, gate + width, row, width);
+      storeRow(y, n, width, width, row);
     }
   });
   return Status::ok();
@@ -137,8 +149,7 @@ Status checkSwigluGrad(const KernelArgs &a, int64_t &rows, int64_t &width) {
   PIPER_RETURN_IF_ERROR(checkGateUp(a, a.inputs[0], rows, width));
   PIPER_RETURN_IF_ERROR(
       expectTensor(a, a.inputs[1], "dy", plan::F32, {rows, width}));
-  return expectTensor(a, a.outputs[0], "dgate_up", plan::F32,
-                      {rows, 2 * width});
+  return expectPackableOutput(a, a.outputs[0], "dgate_up", {rows, 2 * width});
 }
 
 Status swigluGradKernel(const KernelArgs &a) {
@@ -148,11 +159,13 @@ Status swigluGradKernel(const KernelArgs &a) {
                   &dgateUp = a.outputs[0];
 
   parallelFor(rows, rowGrain(5 * width), [&](int64_t begin, int64_t end) {
+    std::vector<float> packed;
     for (int64_t n = begin; n < end; ++n) {
       const float *gate = gateUp.f32() + n * 2 * width;
-      float *dgate = dgateUp.f32() + n * 2 * width;
+      float *dgate = outputRow(dgateUp, n, 2 * width, packed);
       swigluGradRow(gate, gate + width, dy.f32() + n * width, dgate,
                     dgate + width, width);
+      storeRow(dgateUp, n, 2 * width, 2 * width, dgate);
     }
   });
   return Status::ok();

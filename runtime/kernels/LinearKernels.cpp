@@ -60,9 +60,11 @@ static Status checkLinearOperands(const KernelArgs &a, size_t outputs,
   if (hasValidCols(a) && (outputs == 2 || hasBias))
     return refusePadded(a, yName);
   PIPER_RETURN_IF_ERROR(expectPaddedRows(a, y, yName, d.rows, d.out, d.ld));
+  // gelu(h), which in mixed precision may be packed (an MLP's activation
+  // that only GEMMs read: hal::Device::writesPackedOutput).
   if (outputs == 2)
     PIPER_RETURN_IF_ERROR(
-        expectTensor(a, a.outputs[1], "y", plan::F32, {d.rows, d.out}));
+        expectPackableOutput(a, a.outputs[1], "y", {d.rows, d.out}));
   return expectBlasDims(a, {d.rows, d.in, d.out, d.ld});
 }
 
@@ -99,7 +101,8 @@ Status linearKernel(const KernelArgs &a) {
 }
 
 // linear's h, rounded to bf16 in mixed precision as the executor would
-// round linear's output, then gelu's loop on it: the unfused bits.
+// round linear's output, then gelu's loop on it: the unfused bits (a packed
+// y: those rounded and packed).
 Status linearGeluKernel(const KernelArgs &a) {
   LinearDims d;
   bool hasBias = false;
@@ -109,7 +112,11 @@ Status linearGeluKernel(const KernelArgs &a) {
   float *h = a.outputs[0].f32();
   if (a.ctx.lowPrecision)
     roundToBf16(h, n);
-  geluInto(h, a.outputs[1].f32(), n);
+  const TensorRef &y = a.outputs[1];
+  std::vector<float> packed;
+  float *out = outputRow(y, 0, n, packed);
+  geluInto(h, out, n);
+  storeRow(y, 0, n, n, out);
   return Status::ok();
 }
 

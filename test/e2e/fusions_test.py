@@ -52,6 +52,11 @@ The fusions:
   fp32 first (piper-run --unpack-step-buffers): on the bf16 cases of the
   emulated CUDA backend, a fifth run of the default plan with that flag.
   Exact by construction: the same bf16 values reach the GEMM either way.
+  Likewise the kernels writing such values packed (the norms' outputs,
+  the MLP activations of gelu, swiglu and linear_gelu, swiglu_grad's
+  gradient, the fused classifier's dlogits) store the rounded values the
+  executor would have packed. On the one-rank cases piper-run must say it
+  stores each of them so (packed_checks), and nothing with the flag.
 
 - the vocabulary padding: the classifier's logits (and, where its
   gradient stays in the segment, the gradient) stored with rows of 128
@@ -194,14 +199,48 @@ def train(work, tag, model, flags, ranks, backend, run_flags=()):
     run([PIPERC, "compile", model, "-o", out, "--lr", "1e-2"] + flags)
     metrics = os.path.join(out, "metrics.jsonl")
     save = os.path.join(out, "final.safetensors")
-    run([PIPER_RUN, out, "--nproc", str(ranks), "--backend", backend,
-         "--steps", "3", "--metrics", metrics, "--save", save] +
-        list(run_flags))
+    log = run([PIPER_RUN, out, "--nproc", str(ranks), "--backend", backend,
+               "--steps", "3", "--metrics", metrics, "--save", save] +
+              list(run_flags)).stdout
     with open(metrics) as f:
         losses = [l for l in f.read().splitlines() if l.strip()]
     # Only the losses: timings differ from run to run.
     losses = [repr(json.loads(l)["loss"]) for l in losses]
-    return plan_bytes(out), losses, safetensors(save), kernel_counts(out)
+    return (plan_bytes(out), losses, safetensors(save), kernel_counts(out),
+            packed_counts(log))
+
+
+def packed_counts(log):
+    """piper-run's line on what the device stores as packed bf16: results
+    written packed, other values, arguments read as stored, parameter
+    copies; None where it says nothing (nothing is)."""
+    for line in log.splitlines():
+        if "stored as packed bf16" in line:
+            words = line.split(": ")[-1].replace(",", "").split()
+            return tuple(int(w) for w in words if w.isdigit())
+    return None
+
+
+def packed_checks(packed, unpacked, listing):
+    """One rank of a pre-norm transformer on the emulated GPU in bf16:
+    every norm's output, MLP activation (gelu, swiglu, linear_gelu's y)
+    and the fused classifier's dlogits is read only by GEMMs, so each is
+    written packed by its kernel; so is swiglu_grad's gradient (read by the
+    two GEMMs of its linear; GPT's GELU gradient also feeds a bias
+    gradient, which reads fp32). --unpack-step-buffers stores nothing so."""
+    writers = sum(listing.count(" %s(" % k) for k in (
+        "layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm", "gelu",
+        "linear_gelu", "swiglu", "cross_entropy_fused"))
+    values = listing.count(" swiglu_grad(")
+    return [
+        ("packed storage: %d results written packed (%d norms, MLP "
+         "activations and dlogits), %d other values (%d swiglu_grad): %s" %
+         (packed[0] if packed else -1, writers,
+          packed[1] if packed else -1, values, packed),
+         packed is not None and packed[0] == writers and packed[1] == values),
+        ("piper-run --unpack-step-buffers stores nothing packed",
+         unpacked is None),
+    ]
 
 
 def safetensors(path):
@@ -222,8 +261,8 @@ def main():
         model = os.path.join(work, "model-%d.mlir" % i)
         run([PIPERC, "model"] + preset + ["--seq", "16", "--batch", "2",
                                           "--vocab", "100", "-o", model])
-        plan, losses, params, counts = train(work, "fused-%d" % i, model,
-                                             flags, ranks, backend)
+        plan, losses, params, counts, packed = train(
+            work, "fused-%d" % i, model, flags, ranks, backend)
         plain = train(work, "plain-%d" % i, model,
                       flags + ["--no-fused-classifier"], ranks, backend)
         apart = train(work, "apart-%d" % i, model,
@@ -282,7 +321,11 @@ def main():
              b"valid_cols" not in unpadded[0]),
             ("3 losses", len(losses) == 3),
         ] + residual_checks(counts[2], apart[3][2])
-        for flag, (_, losses0, params0, _) in variants:
+        if backend == "cuda-emulation" and "bf16" in flags and ranks == 1:
+            checks += packed_checks(packed, variants[-1][1][4],
+                                    run([PIPER_PLAN, os.path.join(
+                                        work, "fused-%d" % i)]).stdout)
+        for flag, (_, losses0, params0, _, _) in variants:
             checks += [
                 ("%s: the same losses: %s vs %s" % (flag, losses, losses0),
                  losses == losses0),

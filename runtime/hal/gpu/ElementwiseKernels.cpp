@@ -15,29 +15,31 @@ using detail::KernelArgs;
 
 Status gelu(const KernelArgs &a, const Context &ctx) {
   PIPER_RETURN_IF_ERROR(detail::checkGelu(a));
-  return launchGelu(ctx, a.inputs[0].f32(), a.outputs[0].f32(),
-                    a.inputs[0].numel(), a.ctx.lowPrecision);
+  return launchGelu(ctx, a.inputs[0].f32(), f32Out(a.outputs[0]),
+                    a.inputs[0].numel(), a.ctx.lowPrecision,
+                    bf16Out(a.outputs[0]));
 }
 
 Status geluGrad(const KernelArgs &a, const Context &ctx) {
   PIPER_RETURN_IF_ERROR(detail::checkGeluGrad(a));
   return launchGeluGrad(ctx, a.inputs[0].f32(), a.inputs[1].f32(),
-                        a.outputs[0].f32(), a.inputs[0].numel(),
-                        a.ctx.lowPrecision);
+                        f32Out(a.outputs[0]), a.inputs[0].numel(),
+                        a.ctx.lowPrecision, bf16Out(a.outputs[0]));
 }
 
 Status swiglu(const KernelArgs &a, const Context &ctx) {
   int64_t rows = 0, width = 0;
   PIPER_RETURN_IF_ERROR(detail::checkSwiglu(a, rows, width));
-  return launchSwiglu(ctx, a.inputs[0].f32(), a.outputs[0].f32(), rows, width,
-                      a.ctx.lowPrecision);
+  return launchSwiglu(ctx, a.inputs[0].f32(), f32Out(a.outputs[0]), rows, width,
+                      a.ctx.lowPrecision, bf16Out(a.outputs[0]));
 }
 
 Status swigluGrad(const KernelArgs &a, const Context &ctx) {
   int64_t rows = 0, width = 0;
   PIPER_RETURN_IF_ERROR(detail::checkSwigluGrad(a, rows, width));
   return launchSwigluGrad(ctx, a.inputs[0].f32(), a.inputs[1].f32(),
-                          a.outputs[0].f32(), rows, width, a.ctx.lowPrecision);
+                          f32Out(a.outputs[0]), rows, width, a.ctx.lowPrecision,
+                          bf16Out(a.outputs[0]));
 }
 
 Status add(const KernelArgs &a, const Context &ctx) {
@@ -131,11 +133,14 @@ Status adamw(const KernelArgs &a, const Context &ctx) {
 void addElementwiseKernels(std::vector<KernelEntry> &out) {
   out.insert(out.end(), {
                             // These round their results in mixed
-                            // precision (Device::roundsOutputs).
-                            {"gelu", gelu, nullptr, true},
-                            {"gelu_grad", geluGrad, nullptr, true},
-                            {"swiglu", swiglu, nullptr, true},
-                            {"swiglu_grad", swigluGrad, nullptr, true},
+                            // precision (Device::roundsOutputs), the
+                            // activations of an MLP and their gradients
+                            // also stored packed where only GEMMs read
+                            // them (packedOutputs).
+                            {"gelu", gelu, nullptr, true, 0, 0b1},
+                            {"gelu_grad", geluGrad, nullptr, true, 0, 0b1},
+                            {"swiglu", swiglu, nullptr, true, 0, 0b1},
+                            {"swiglu_grad", swigluGrad, nullptr, true, 0, 0b1},
                             {"add", add, nullptr, true},
                             {"accumulate", accumulate},
                             {"zero", zero},

@@ -14,18 +14,24 @@ namespace piper::runtime::hal::PIPER_GPU_NS {
 // With `round` (a mixed-precision call, KernelContext::lowPrecision), each
 // launcher stores its results rounded to bf16 (fromBf16(toBf16(v)), the
 // bits of the executor's rounding pass, which it then skips: Device::
-// roundsOutputs).
+// roundsOutputs). The gelu and swiglu launchers store their result packed
+// bf16 instead (rounded to nearest even) where the packed pointer (`y16`,
+// `dx16`, `dgateUp16`) is not null: the fp32 one is then unused
+// (storeRounded; Device::writesPackedOutput).
 Status launchGelu(const Context &ctx, const float *x, float *y, int64_t n,
-                  bool round = false);
+                  bool round = false, uint16_t *y16 = nullptr);
 /// dx may alias dy.
 Status launchGeluGrad(const Context &ctx, const float *x, const float *dy,
-                      float *dx, int64_t n, bool round = false);
+                      float *dx, int64_t n, bool round = false,
+                      uint16_t *dx16 = nullptr);
 /// gateUp is [rows, 2 width] ([gate | up]); y is [rows, width].
 Status launchSwiglu(const Context &ctx, const float *gateUp, float *y,
-                    int64_t rows, int64_t width, bool round = false);
+                    int64_t rows, int64_t width, bool round = false,
+                    uint16_t *y16 = nullptr);
 Status launchSwigluGrad(const Context &ctx, const float *gateUp,
                         const float *dy, float *dgateUp, int64_t rows,
-                        int64_t width, bool round = false);
+                        int64_t width, bool round = false,
+                        uint16_t *dgateUp16 = nullptr);
 /// y = a + b (y may alias a or b).
 Status launchAdd(const Context &ctx, const float *a, const float *b, float *y,
                  int64_t n, bool round = false);

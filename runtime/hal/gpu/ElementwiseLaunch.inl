@@ -5,40 +5,40 @@
 namespace piper::runtime::hal::PIPER_GPU_NS {
 
 Status launchGelu(const Context &ctx, const float *x, float *y, int64_t n,
-                  bool round) {
+                  bool round, uint16_t *y16) {
   return Exec(ctx).forEach("gelu", n, [=] PIPER_LAMBDA(int64_t i) {
-    y[i] = roundedIf(geluForward(x[i]), round);
+    storeRounded(y, y16, i, geluForward(x[i]), round);
   });
 }
 
 Status launchGeluGrad(const Context &ctx, const float *x, const float *dy,
-                      float *dx, int64_t n, bool round) {
+                      float *dx, int64_t n, bool round, uint16_t *dx16) {
   return Exec(ctx).forEach("gelu_grad", n, [=] PIPER_LAMBDA(int64_t i) {
-    dx[i] = roundedIf(geluBackward(x[i], dy[i]), round);
+    storeRounded(dx, dx16, i, geluBackward(x[i], dy[i]), round);
   });
 }
 
 Status launchSwiglu(const Context &ctx, const float *gateUp, float *y,
-                    int64_t rows, int64_t width, bool round) {
+                    int64_t rows, int64_t width, bool round, uint16_t *y16) {
   return Exec(ctx).forEach("swiglu", rows * width, [=] PIPER_LAMBDA(int64_t i) {
     int64_t r = i / width, j = i % width;
     const float *row = gateUp + r * 2 * width;
-    y[i] = roundedIf(swigluForward(row[j], row[width + j]), round);
+    storeRounded(y, y16, i, swigluForward(row[j], row[width + j]), round);
   });
 }
 
 Status launchSwigluGrad(const Context &ctx, const float *gateUp,
                         const float *dy, float *dgateUp, int64_t rows,
-                        int64_t width, bool round) {
+                        int64_t width, bool round, uint16_t *dgateUp16) {
   return Exec(ctx).forEach(
       "swiglu_grad", rows * width, [=] PIPER_LAMBDA(int64_t i) {
         int64_t r = i / width, j = i % width;
         const float *row = gateUp + r * 2 * width;
-        float *drow = dgateUp + r * 2 * width;
+        const int64_t at = r * 2 * width + j;
         float dGate = 0, dUp = 0;
         swigluBackward(row[j], row[width + j], dy[i], dGate, dUp);
-        drow[j] = roundedIf(dGate, round);
-        drow[width + j] = roundedIf(dUp, round);
+        storeRounded(dgateUp, dgateUp16, at, dGate, round);
+        storeRounded(dgateUp, dgateUp16, at + width, dUp, round);
       });
 }
 

@@ -44,25 +44,29 @@ Status linear(const KernelArgs &a, const Context &ctx) {
   return forward(a, ctx, d, hasBias, nullptr);
 }
 
-// h = x w (+ b) and y = gelu(h): GELU in the GEMM's epilogue where the
-// backend has it (cuBLASLt: gelu of the fp32 h, before the executor rounds
-// either output in mixed precision); elsewhere (the emulation) h is rounded
-// to bf16 in mixed precision and gelu's kernel reads it: the CPU kernel's
-// bits. The executor rounds both outputs afterwards (no-ops here then).
+// h = x w (+ b) and y = gelu(h), both rounded to bf16 in mixed precision
+// (KernelEntry::roundsOutputs). GELU in the GEMM's epilogue where the
+// backend has it and y is fp32 (cuBLASLt: gelu of the fp32 h, then each
+// output rounded by a pass); elsewhere (the emulation; a packed y, which
+// gelu's loop stores rounded and packed: the MLP's activation that only
+// GEMMs read, KernelEntry::packedOutputs) h is rounded first and gelu's
+// loop reads it: the CPU kernel's bits.
 Status linearGelu(const KernelArgs &a, const Context &ctx) {
   LinearDims d;
   bool hasBias = false;
   PIPER_RETURN_IF_ERROR(detail::checkLinearGelu(a, d, hasBias));
-  float *h = a.outputs[0].f32(), *y = a.outputs[1].f32();
+  float *h = a.outputs[0].f32(), *y = f32Out(a.outputs[1]);
+  uint16_t *y16 = bf16Out(a.outputs[1]);
+  const bool round = a.ctx.lowPrecision;
+  const int64_t n = d.rows * d.out;
   GemmGelu gelu;
   gelu.out = y;
-  PIPER_RETURN_IF_ERROR(forward(a, ctx, d, hasBias, &gelu));
-  if (gelu.done)
-    return Status::ok();
-  const int64_t n = d.rows * d.out;
-  if (a.ctx.lowPrecision)
+  PIPER_RETURN_IF_ERROR(forward(a, ctx, d, hasBias, y ? &gelu : nullptr));
+  if (round)
     PIPER_RETURN_IF_ERROR(launchRoundBf16(ctx, h, n));
-  return launchGelu(ctx, h, y, n);
+  if (gelu.done)
+    return round ? launchRoundBf16(ctx, y, n) : Status::ok();
+  return launchGelu(ctx, h, y, n, round, y16);
 }
 
 // dx = dy * w^T for w [in,out]; dx = dy * w for w [out,in] (with `gelu`,
@@ -328,7 +332,9 @@ void addLinearKernels(std::vector<KernelEntry> &out) {
           // input gradient, x and dy of the weight gradient; with a
           // bias dy is summed as fp32 too).
           {"linear", linear, nullptr, false, 0b11},
-          {"linear_gelu", linearGelu, nullptr, false, 0b11},
+          // linear_gelu rounds both outputs itself in mixed precision and
+          // stores y = gelu(h) packed where only GEMMs read it.
+          {"linear_gelu", linearGelu, nullptr, true, 0b11, 0b10},
           {"linear_grad_input", linearGradInput, nullptr, false, 0b11},
           {"linear_grad_input_gelu", linearGradInputGelu, nullptr, false, 0b11},
           {"linear_grad_weight", linearGradWeight, nullptr, false, 0b11},

@@ -196,6 +196,7 @@ void RankRun::finish() {
                  profileTable(who, *exec, profiledFrom,
                               lastStep - profiledFrom + 1, profiledSeconds));
     fmt::print(stderr, "{}", memoryReport(who, *exec));
+    fmt::print(stderr, "{}", packedReport(who, *exec));
     if (exec->capturedSteps() > 0)
       fmt::print(stderr,
                  "piper-run: {}: steps as graphs: {} captured, {} launched "

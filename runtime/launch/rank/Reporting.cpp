@@ -194,4 +194,15 @@ std::string memoryReport(const std::string &who, const Executor &exec) {
       mib(exec.stateBytes()), plan.state_bytes(), mib(maxRssBytes()));
 }
 
+std::string packedReport(const std::string &who, const Executor &exec) {
+  const Executor::PackedCounts c = exec.packedCounts();
+  if (c.results + c.values + c.arguments + c.paramCopies == 0)
+    return "";
+  return fmt::format(
+      "piper-run: {}: stored as packed bf16 (over the plan's segments): {} "
+      "results written packed, {} other values, {} arguments read as "
+      "stored, {} parameter copies\n",
+      who, c.results, c.values, c.arguments, c.paramCopies);
+}
+
 } // namespace piper::runtime

@@ -68,6 +68,10 @@ std::string profileTable(const std::string &who, const Executor &exec,
 /// (persistent state plus step buffers and segment values) next to the
 /// compiler's prediction, and the peak RSS.
 std::string memoryReport(const std::string &who, const Executor &exec);
+/// The line saying what the device stores as packed bf16
+/// (Executor::packedCounts), or "" where nothing is (fp32 plans,
+/// --unpack-step-buffers, the CPU backend).
+std::string packedReport(const std::string &who, const Executor &exec);
 
 } // namespace piper::runtime
 

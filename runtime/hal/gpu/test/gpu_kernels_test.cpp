@@ -167,11 +167,11 @@ TEST_CASE("kernels write every element of their outputs, but those declared "
 // does), word for word. And they are the kernels the registry says.
 // Fused kernels that also round between their steps, as the executor
 // rounded the first kernel's output: their mixed-precision bits are the
-// unfused kernels' (layer_kernels_test's residual norms case), not a
-// rounding of their fp32 bits.
-const std::set<std::string> kRoundsBetween = {"add_layer_norm", "add_rms_norm",
-                                              "layer_norm_grad_input_add",
-                                              "rms_norm_grad_input_add"};
+// unfused kernels' (layer_kernels_test's residual norms case,
+// linear_kernels_test's GELU case), not a rounding of their fp32 bits.
+const std::set<std::string> kRoundsBetween = {
+    "add_layer_norm", "add_rms_norm", "layer_norm_grad_input_add",
+    "rms_norm_grad_input_add", "linear_gelu"};
 
 TEST_CASE("kernels that round their own outputs in mixed precision give the "
           "executor's rounding, bit for bit") {
@@ -210,23 +210,35 @@ TEST_CASE("kernels that round their own outputs in mixed precision give the "
     }
     CHECK(rounded == exact);
   }
-  CHECK(checked == std::set<std::string>{
-                       "add", "bias_add", "gelu", "gelu_grad", "swiglu",
-                       "swiglu_grad", "position_add", "layer_norm",
-                       "layer_norm_grad_input", "rms_norm",
-                       "rms_norm_grad_input", "cross_entropy_grad",
-                       "cross_entropy_fused", "layer_norm_grad_weight",
-                       "rms_norm_grad_weight", "add_layer_norm", "add_rms_norm",
-                       "layer_norm_grad_input_add", "rms_norm_grad_input_add"});
+  CHECK(checked == std::set<std::string>{"add",
+                                         "bias_add",
+                                         "gelu",
+                                         "gelu_grad",
+                                         "swiglu",
+                                         "swiglu_grad",
+                                         "position_add",
+                                         "layer_norm",
+                                         "layer_norm_grad_input",
+                                         "rms_norm",
+                                         "rms_norm_grad_input",
+                                         "cross_entropy_grad",
+                                         "cross_entropy_fused",
+                                         "layer_norm_grad_weight",
+                                         "rms_norm_grad_weight",
+                                         "add_layer_norm",
+                                         "add_rms_norm",
+                                         "layer_norm_grad_input_add",
+                                         "rms_norm_grad_input_add",
+                                         "linear_gelu"});
 }
 
 // Kernels that take packed bf16 inputs (Device::readsPackedInput: the
 // GEMMs' operands that a mixed-precision step buffer feeds, passed as
 // stored instead of unpacked) give the bits of the same values as fp32,
 // and those that store an output packed (writesPackedOutput: the fused
-// classifier's dlogits) store the fp32 output packed, on the emulated GPU
-// and on the CPU (whose kernels unpack and pack them); and they are the
-// operands the registry says.
+// classifier's dlogits, the norms' y, the MLP activations) store the fp32
+// output packed, on the emulated GPU and on the CPU (whose kernels unpack and
+// pack them); and they are the operands the registry says.
 TEST_CASE("packed bf16 operands give the bits of their fp32 values") {
   auto cpu = createCpuDevice(nullptr);
   auto gpu = createEmulatedGpuDevice(nullptr);
@@ -239,6 +251,7 @@ TEST_CASE("packed bf16 operands give the bits of their fp32 values") {
                                           "linear:1",
                                           "linear_gelu:0",
                                           "linear_gelu:1",
+                                          "linear_gelu:out1",
                                           "linear_grad_input:0",
                                           "linear_grad_input:1",
                                           "linear_grad_input_gelu:0",
@@ -251,7 +264,11 @@ TEST_CASE("packed bf16 operands give the bits of their fp32 values") {
                                           "layer_norm:out0",
                                           "rms_norm:out0",
                                           "add_layer_norm:out1",
-                                          "add_rms_norm:out1"};
+                                          "add_rms_norm:out1",
+                                          "gelu:out0",
+                                          "gelu_grad:out0",
+                                          "swiglu:out0",
+                                          "swiglu_grad:out0"};
   CHECK(onGpu == declared);
   CHECK(onCpu == declared);
   // The CPU device takes none packed (its kernels would unpack and pack

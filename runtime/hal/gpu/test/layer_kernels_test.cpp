@@ -325,6 +325,51 @@ TEST_CASE("the residual norms are add and the norm, bit for bit, on the CPU "
   }
 }
 
+// The compiler's GEMM epilogue fusions with GELU: linear_gelu is linear
+// then gelu (h and y), linear_grad_input_gelu linear_grad_input then
+// gelu_grad, bit for bit, in fp32 and in mixed precision (the executor's
+// rounding of the first kernel's output in between; linear_gelu rounds
+// its outputs itself, Device::roundsOutputs), with and without a bias, on
+// the CPU and on the emulated GPU (whose GEMMs have no GELU epilogue; on
+// CUDA cuBLASLt's applies GELU to the unrounded product: not run here).
+TEST_CASE("the GELU linears are linear and gelu, bit for bit, on the CPU and "
+          "the emulated GPU") {
+  auto cpu = createCpuDevice(nullptr);
+  auto gpu = createEmulatedGpuDevice(nullptr);
+  const int64_t rows = 9, in = 13, out = 37;
+  std::mt19937_64 rng(47);
+  for (bool low : {false, true}) {
+    const std::vector<int64_t> xs = {rows, in}, ws = {in, out},
+                               hs = {rows, out}, bs = {out};
+    Host x = randomHost(rng, xs, low), w = randomHost(rng, ws, low, 0.3f);
+    Host b = randomHost(rng, bs, low);
+    Host dout = randomHost(rng, hs, low);
+    for (Device *d : {cpu.get(), gpu.get()}) {
+      for (bool bias : {false, true}) {
+        INFO(d->name() << " lowPrecision=" << low << " bias=" << bias);
+        std::vector<Host> ins = {x, w};
+        if (bias)
+          ins.push_back(b);
+        Host h = runOp(*d, "linear", ins, {hs}, low)[0];
+        Host y = runOp(*d, "gelu", {h}, {hs}, low)[0];
+        std::vector<Host> fused = runOp(*d, "linear_gelu", ins, {hs, hs}, low);
+        CHECK(sameBits(fused[0], h));
+        CHECK(sameBits(fused[1], y));
+        CHECK(!sameBits(y, h)); // it ran
+      }
+      // The next linear's backward: dy [rows, out] through w to the
+      // pre-activation x [rows, in] of this GELU.
+      INFO(d->name() << " lowPrecision=" << low << " backward");
+      Host dx = runOp(*d, "linear_grad_input", {dout, w}, {xs}, low)[0];
+      Host dh = runOp(*d, "gelu_grad", {x, dx}, {xs}, low)[0];
+      Host fused =
+          runOp(*d, "linear_grad_input_gelu", {dout, w, x}, {xs}, low)[0];
+      CHECK(sameBits(fused, dh));
+      CHECK(!sameBits(dh, dx)); // it ran
+    }
+  }
+}
+
 // The compiler's accumulation of the norms' weight gradients:
 // layer_norm_grad_weight (rms_norm_grad_weight) with `accumulate` adds its
 // gradients to the accumulators as the kernel then an `accumulate` kernel
