@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "proto/PlanShards.h"
 #include "runtime/kernels/AttentionChecks.h"
@@ -16,10 +17,11 @@ namespace piper::runtime::detail {
 namespace {
 
 // Reads the attributes and derives the sizes from qkv and `out` ([N, heads*hd]:
-// y of the forward, dy of the backward); the batch is the caller's.
+// y of the forward, dy of the backward); the batch is the caller's. A
+// `packable` out may be packed bf16 in mixed precision.
 Status attentionShape(const KernelArgs &a, const TensorRef &qkv,
                       const TensorRef &out, const char *outName,
-                      AttentionDims &d) {
+                      AttentionDims &d, bool packable = false) {
   PIPER_RETURN_IF_ERROR(expectMatrix(a, qkv, "qkv", plan::F32, d.rows, d.cols));
   PIPER_RETURN_IF_ERROR(
       readPositiveInt(a, KernelAttr::kHeads, std::nullopt, d.heads));
@@ -56,8 +58,9 @@ Status attentionShape(const KernelArgs &a, const TensorRef &qkv,
   }
 
   int64_t outRows = 0;
-  PIPER_RETURN_IF_ERROR(
-      expectMatrix(a, out, outName, plan::F32, outRows, d.qCols));
+  PIPER_RETURN_IF_ERROR(expectMatrix(
+      a, out, outName, packable ? packableDType(a, out) : plan::F32, outRows,
+      d.qCols));
   if (outRows != d.rows)
     return a.error(std::string(outName) + " has shape " +
                    shapeString(out.shape) + ", expected [" +
@@ -83,8 +86,8 @@ Status attentionShape(const KernelArgs &a, const TensorRef &qkv,
 // attentionShape, then the batch: whole sequences of `seq` rows.
 Status attentionDims(const KernelArgs &a, const TensorRef &qkv,
                      const TensorRef &out, const char *outName,
-                     AttentionDims &d) {
-  PIPER_RETURN_IF_ERROR(attentionShape(a, qkv, out, outName, d));
+                     AttentionDims &d, bool packable = false) {
+  PIPER_RETURN_IF_ERROR(attentionShape(a, qkv, out, outName, d, packable));
   if (d.rows % d.seq != 0)
     return a.error("qkv has " + std::to_string(d.rows) +
                    " rows, not a multiple of seq " + std::to_string(d.seq));
@@ -374,15 +377,18 @@ Status checkAttentionBlockGrad(const KernelArgs &a, AttentionBlockDims &d) {
 
 Status checkAttention(const KernelArgs &a, AttentionDims &d) {
   PIPER_RETURN_IF_ERROR(expectCounts(a, 1, 1, 2));
-  PIPER_RETURN_IF_ERROR(attentionDims(a, a.inputs[0], a.outputs[0], "y", d));
+  // y may be packed: an activation that only GEMMs and attention_grad read
+  // (hal::Device::writesPackedOutput).
+  PIPER_RETURN_IF_ERROR(
+      attentionDims(a, a.inputs[0], a.outputs[0], "y", d, true));
   return expectTensor(a, a.outputs[1], "lse", plan::F32, {d.rows, 2 * d.heads});
 }
 
 Status checkAttentionGrad(const KernelArgs &a, AttentionDims &d) {
   PIPER_RETURN_IF_ERROR(expectCounts(a, 4, 4, 1));
   PIPER_RETURN_IF_ERROR(attentionDims(a, a.inputs[0], a.inputs[3], "dy", d));
-  PIPER_RETURN_IF_ERROR(
-      expectTensor(a, a.inputs[1], "y", plan::F32, {d.rows, d.qCols}));
+  PIPER_RETURN_IF_ERROR(expectTensor(
+      a, a.inputs[1], "y", packableDType(a, a.inputs[1]), {d.rows, d.qCols}));
   PIPER_RETURN_IF_ERROR(
       expectTensor(a, a.inputs[2], "lse", plan::F32, {d.rows, 2 * d.heads}));
   return expectTensor(a, a.outputs[0], "dqkv", plan::F32, {d.rows, d.cols});
@@ -394,6 +400,9 @@ Status attentionKernel(const KernelArgs &a) {
   const TensorRef &qkv = a.inputs[0], &y = a.outputs[0], &lse = a.outputs[1];
   if (d.batch == 0)
     return Status::ok();
+  // A packed y: computed here, then rounded and packed.
+  std::vector<float> packed;
+  float *yData = outputRow(y, 0, y.numel(), packed);
 
   int64_t s = d.seq, hd = d.headDim;
   float scale = static_cast<float>(1.0 / std::sqrt(double(hd)));
@@ -406,7 +415,7 @@ Status attentionKernel(const KernelArgs &a) {
     qk.load(d, rope, rows);
     for (int64_t h = 0; h < d.heads; ++h) {
       int64_t g = h / d.group();
-      float *out = y.f32() + b * s * d.qCols + h * hd;
+      float *out = yData + b * s * d.qCols + h * hd;
       causalProbs(d, qk.q + h * hd, qk.ldq, qk.k + g * hd, qk.ldk, scale,
                   probs.data(), rowLse.data());
       gemm(false, false, s, hd, s, 1.0f, probs.data(), s, v + g * hd, d.cols,
@@ -415,6 +424,7 @@ Status attentionKernel(const KernelArgs &a) {
         storeRingLse(lse.f32(), d.heads, b * s + i, h, rowLse[i]);
     }
   }
+  storeRow(y, 0, y.numel(), y.numel(), yData);
   return Status::ok();
 }
 

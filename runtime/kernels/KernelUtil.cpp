@@ -114,12 +114,15 @@ bool hasValidCols(const KernelArgs &a) {
   return a.attrs[KernelAttr::kValidCols].kind != KernelAttrs::Value::kAbsent;
 }
 
+plan::DType packableDType(const KernelArgs &a, const TensorRef &t) {
+  return a.ctx.lowPrecision && t.dtype == plan::BF16 ? plan::BF16 : plan::F32;
+}
+
 // The dtype a GEMM's operand may have: f32, or packed bf16 where it is
 // `packable` and the call is in mixed precision.
 static plan::DType gemmDType(const KernelArgs &a, const TensorRef &t,
                              bool packable) {
-  return packable && a.ctx.lowPrecision && t.dtype == plan::BF16 ? plan::BF16
-                                                                 : plan::F32;
+  return packable ? packableDType(a, t) : plan::F32;
 }
 
 Status expectGemmMatrix(const KernelArgs &a, const TensorRef &t,

@@ -99,6 +99,9 @@ Status expectPaddedMatrix(const KernelArgs &a, const TensorRef &t,
 /// (fp32Data): the same values either way.
 Status expectGemmMatrix(const KernelArgs &a, const TensorRef &t,
                         const char *name, int64_t &rows, int64_t &cols);
+/// The dtype an operand that may be packed must have: f32, or bf16 where it
+/// is given packed in mixed precision (KernelContext::lowPrecision).
+plan::DType packableDType(const KernelArgs &a, const TensorRef &t);
 /// The floats of an f32 operand, or the values of a packed bf16 one
 /// unpacked into `tmp`.
 const float *fp32Data(const TensorRef &t, std::vector<float> &tmp);

@@ -54,8 +54,10 @@ The fusions:
   Exact by construction: the same bf16 values reach the GEMM either way.
   Likewise the kernels writing such values packed (the norms' outputs,
   the MLP activations of gelu, swiglu and linear_gelu, swiglu_grad's
-  gradient, the fused classifier's dlogits) store the rounded values the
-  executor would have packed. On the one-rank cases piper-run must say it
+  gradient, attention's y, which attention_grad also reads as stored, the
+  fused classifier's dlogits) store the rounded values the executor would
+  have packed; one Llama case runs the fused attention's path
+  (--attention cudnn, the emulation's model of cuDNN's). On the one-rank cases piper-run must say it
   stores each of them so (packed_checks), and nothing with the flag.
 
 - the vocabulary padding: the classifier's logits (and, where its
@@ -71,8 +73,9 @@ tasks, 1F1B and zero-bubble, the latter in bf16 on the emulated CUDA
 backend), data parallelism with ZeRO-2, tensor parallelism without the
 vocabulary split (a replicated head; also with sequence parallelism and
 full recomputation in bf16 on the emulated CUDA backend), full
-recomputation, a Llama (also on the emulated CUDA backend in bf16) and a
-tied-head GPT, and an MoE model.
+recomputation, a Llama (also on the emulated CUDA backend in bf16, with
+the SIMT and with the fused attention) and a tied-head GPT, and an MoE
+model.
 
 Each default plan must hold `cross_entropy_fused` and no
 `cross_entropy_grad` (--no-fused-classifier's the reverse), and, for the
@@ -100,7 +103,8 @@ import tempfile
 
 PIPERC, PIPER_RUN, PIPER_PLAN = (os.path.abspath(p) for p in sys.argv[1:4])
 
-# (name, model preset and flags, compile flags, ranks, backend)
+# (name, model preset and flags, compile flags, ranks, backend[, piper-run
+# flags])
 CASES = [
     ("gpt-tiny f32, 1 rank", ["gpt-tiny"], [], 1, "cpu"),
     ("gpt-tiny bf16, 1 rank", ["gpt-tiny"], ["--dtype", "bf16"], 1, "cpu"),
@@ -115,6 +119,10 @@ CASES = [
      "cpu"),
     ("llama-tiny bf16, cuda-emulation", ["llama-tiny"], ["--dtype", "bf16"],
      1, "cuda-emulation"),
+    # The fused attention's path (the emulation's model of cuDNN's), with
+    # attention's y written and read packed.
+    ("llama-tiny bf16, cuda-emulation, --attention cudnn", ["llama-tiny"],
+     ["--dtype", "bf16"], 1, "cuda-emulation", ["--attention", "cudnn"]),
     ("gpt-tiny TP2, head not split", ["gpt-tiny"],
      ["--tp", "2", "--no-vocab-parallel"], 2, "cpu"),
     ("gpt tied head, full recompute", ["gpt", "--layers", "2"],
@@ -224,17 +232,19 @@ def packed_counts(log):
 def packed_checks(packed, unpacked, listing):
     """One rank of a pre-norm transformer on the emulated GPU in bf16:
     every norm's output, MLP activation (gelu, swiglu, linear_gelu's y)
-    and the fused classifier's dlogits is read only by GEMMs, so each is
-    written packed by its kernel; so is swiglu_grad's gradient (read by the
-    two GEMMs of its linear; GPT's GELU gradient also feeds a bias
-    gradient, which reads fp32). --unpack-step-buffers stores nothing so."""
+    and the fused classifier's dlogits is read only by GEMMs, and
+    attention's y by GEMMs and attention_grad, so each is written packed by
+    its kernel; so is swiglu_grad's gradient (read by the two GEMMs of its
+    linear; GPT's GELU gradient also feeds a bias gradient, which reads
+    fp32). --unpack-step-buffers stores nothing so."""
     writers = sum(listing.count(" %s(" % k) for k in (
         "layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm", "gelu",
-        "linear_gelu", "swiglu", "cross_entropy_fused"))
+        "linear_gelu", "swiglu", "attention", "cross_entropy_fused"))
     values = listing.count(" swiglu_grad(")
     return [
         ("packed storage: %d results written packed (%d norms, MLP "
-         "activations and dlogits), %d other values (%d swiglu_grad): %s" %
+         "activations, attention outputs and dlogits), %d other values (%d "
+         "swiglu_grad): %s" %
          (packed[0] if packed else -1, writers,
           packed[1] if packed else -1, values, packed),
          packed is not None and packed[0] == writers and packed[1] == values),
@@ -257,18 +267,22 @@ def main():
     work = tempfile.mkdtemp(prefix="piper-fused-",
                             dir=os.environ.get("TEST_TMPDIR"))
     failures = []
-    for i, (name, preset, flags, ranks, backend) in enumerate(CASES):
+    for i, (name, preset, flags, ranks, backend, *more) in enumerate(CASES):
+        run_flags = more[0] if more else []
         model = os.path.join(work, "model-%d.mlir" % i)
         run([PIPERC, "model"] + preset + ["--seq", "16", "--batch", "2",
                                           "--vocab", "100", "-o", model])
         plan, losses, params, counts, packed = train(
-            work, "fused-%d" % i, model, flags, ranks, backend)
+            work, "fused-%d" % i, model, flags, ranks, backend, run_flags)
         plain = train(work, "plain-%d" % i, model,
-                      flags + ["--no-fused-classifier"], ranks, backend)
+                      flags + ["--no-fused-classifier"], ranks, backend,
+                      run_flags)
         apart = train(work, "apart-%d" % i, model,
-                      flags + ["--no-fused-epilogues"], ranks, backend)
+                      flags + ["--no-fused-epilogues"], ranks, backend,
+                      run_flags)
         unpadded = train(work, "unpadded-%d" % i, model,
-                         flags + ["--pad-vocab", "0"], ranks, backend)
+                         flags + ["--pad-vocab", "0"], ranks, backend,
+                         run_flags)
         variants = [("--no-fused-classifier", plain),
                     ("--no-fused-epilogues", apart),
                     ("--pad-vocab 0", unpadded)]
@@ -276,7 +290,7 @@ def main():
             variants.append(("piper-run --unpack-step-buffers",
                              train(work, "unpacked-%d" % i, model, flags,
                                    ranks, backend,
-                                   ["--unpack-step-buffers"])))
+                                   run_flags + ["--unpack-step-buffers"])))
         biased = preset[0].startswith("gpt")
         zero2 = "--zero" in flags and flags[flags.index("--zero") + 1] != "1"
         fused = plan.count(b"linear_grad_weight_bias")

@@ -3,6 +3,7 @@
 // grouped-query attention with rotary embeddings, flash-attention style
 // (AttentionLaunch.inl), checked by the CPU kernel's own checks.
 #include <cmath>
+#include <cstdint>
 #include <string>
 
 #include "runtime/hal/gpu/AttentionLaunch.h"
@@ -40,16 +41,23 @@ Status attentionShape(const KernelArgs &a, const AttentionDims &d,
   return Status::ok();
 }
 
-// Scratch for the call from the stream's workspace (none needed: null).
+// Scratch for the call from the stream's workspace (none needed: null);
+// in a bf16 forward also an fp32 y (`y32`), which the SIMT kernels write
+// where the executor gives y packed.
 Status attentionScratchFor(const Context &ctx, const AttentionShape &s,
-                           bool grad, char *&scratch) {
+                           bool grad, char *&scratch, float *&y32) {
   scratch = nullptr;
-  size_t bytes = attentionScratch(s, grad).bytes;
-  if (bytes == 0)
+  y32 = nullptr;
+  const size_t bytes = attentionAlign(attentionScratch(s, grad).bytes);
+  const size_t yBytes =
+      !grad && ctx.bf16 ? size_t(s.rows() * s.qCols) * sizeof(float) : 0;
+  if (bytes + yBytes == 0)
     return Status::ok();
   void *p = nullptr;
-  PIPER_RETURN_IF_ERROR(ctx.workspace->reserve(bytes, p));
-  scratch = static_cast<char *>(p);
+  PIPER_RETURN_IF_ERROR(ctx.workspace->reserve(bytes + yBytes, p));
+  scratch = bytes ? static_cast<char *>(p) : nullptr;
+  if (yBytes)
+    y32 = reinterpret_cast<float *>(static_cast<char *>(p) + bytes);
   return Status::ok();
 }
 
@@ -133,6 +141,7 @@ struct AttentionCall {
   const FusedAttention *fused = nullptr;
   FusedScratch f;          // the fused path's
   char *scratch = nullptr; // the SIMT kernels' (null: none needed)
+  float *y32 = nullptr;    // theirs: an fp32 y in a bf16 forward
   bool empty = false;
 };
 
@@ -148,51 +157,79 @@ Status setUpAttention(const KernelArgs &a, const Context &ctx, bool grad,
   PIPER_RETURN_IF_ERROR(fusedFor(ctx, c.s, c.fused));
   if (c.fused)
     return reserveFused(ctx, c.s, *c.fused, grad, c.f);
-  return attentionScratchFor(ctx, c.s, grad, c.scratch);
+  return attentionScratchFor(ctx, c.s, grad, c.scratch, c.y32);
 }
 
 // y = attention(qkv) by the fused kernels: q, k rotated and packed to bf16,
-// the fused forward, y up-cast (exactly: the fused kernels write bf16) and
-// the statistics stored as the op's lse.
+// the fused forward (straight into a packed y16, else into scratch and y
+// up-cast from there: exactly, the fused kernels write bf16) and the
+// statistics stored as the op's lse.
 Status fusedForward(const Context &ctx, const AttentionCall &c,
-                    const float *qkv, float *y, float *lse) {
+                    const float *qkv, float *y, uint16_t *y16, float *lse) {
   const AttentionShape &s = c.s;
   const FusedScratch &f = c.f;
   PIPER_RETURN_IF_ERROR(launchAttentionPackBf16(ctx, s, qkv, f.qkv16, f.table));
   PIPER_RETURN_IF_ERROR(
-      c.fused->forward(ctx, f.qkv16, f.y16, f.stats, f.workspace));
+      c.fused->forward(ctx, f.qkv16, y16 ? y16 : f.y16, f.stats, f.workspace));
   PIPER_RETURN_IF_ERROR(launchStatsToLse(ctx, s, f.stats, lse));
+  if (y16)
+    return Status::ok();
   return launchUnpackBf16(ctx, y, f.y16, s.rows() * s.qCols);
 }
 
 // dqkv by the fused kernels from the forward's y and lse (saved by the
 // compiler: no forward runs again): q, k, v, y and dy packed to bf16 (y
-// exactly: the fused forward wrote it in bf16), the statistics from lse,
-// the fused backward; dq and dk are rotated back while they are up-cast.
+// exactly: the fused forward wrote it in bf16; a packed y16 is read as it
+// is), the statistics from lse, the fused backward; dq and dk are rotated
+// back while they are up-cast.
 Status fusedBackward(const Context &ctx, const AttentionCall &c,
-                     const float *qkv, const float *y, const float *lse,
-                     const float *dy, float *dqkv) {
+                     const float *qkv, const float *y, const uint16_t *y16,
+                     const float *lse, const float *dy, float *dqkv) {
   const AttentionShape &s = c.s;
   const FusedScratch &f = c.f;
   PIPER_RETURN_IF_ERROR(launchAttentionPackBf16(ctx, s, qkv, f.qkv16, f.table));
-  PIPER_RETURN_IF_ERROR(launchPackBf16(ctx, f.y16, y, s.rows() * s.qCols));
+  if (!y16) {
+    PIPER_RETURN_IF_ERROR(launchPackBf16(ctx, f.y16, y, s.rows() * s.qCols));
+    y16 = f.y16;
+  }
   PIPER_RETURN_IF_ERROR(launchLseToStats(ctx, s, lse, f.stats));
   PIPER_RETURN_IF_ERROR(launchPackBf16(ctx, f.dy16, dy, s.rows() * s.qCols));
-  PIPER_RETURN_IF_ERROR(c.fused->backward(ctx, f.qkv16, f.y16, f.dy16, f.stats,
+  PIPER_RETURN_IF_ERROR(c.fused->backward(ctx, f.qkv16, y16, f.dy16, f.stats,
                                           f.dqkv16, f.workspace));
   return launchAttentionUnpackGradBf16(ctx, s, f.dqkv16, dqkv, f.table);
 }
 
+// In mixed precision y and lse are stored rounded to bf16
+// (KernelEntry::roundsOutputs): the fused path's y is bf16 already (its
+// up-cast is exact), the SIMT kernels' is rounded by a pass, or packed
+// from their fp32 y where y is packed (an activation that only GEMMs and
+// attention_grad read, KernelEntry::packedOutputs); lse (a bf16 value and
+// its exact rest per head, AttentionChecks.h) by a pass.
 Status attention(const KernelArgs &a, const Context &ctx) {
   AttentionCall c;
   PIPER_RETURN_IF_ERROR(setUpAttention(a, ctx, false, c));
   if (c.empty)
     return Status::ok();
-  if (c.fused)
-    return fusedForward(ctx, c, a.inputs[0].f32(), a.outputs[0].f32(),
-                        a.outputs[1].f32());
-  return launchAttention(ctx, c.s, a.inputs[0].f32(), a.outputs[0].f32(),
-                         a.outputs[1].f32(), c.scratch);
+  const float *qkv = a.inputs[0].f32();
+  float *y = f32Out(a.outputs[0]), *lse = a.outputs[1].f32();
+  uint16_t *y16 = bf16Out(a.outputs[0]);
+  const bool round = a.ctx.lowPrecision;
+  const int64_t n = c.s.rows() * c.s.qCols;
+  if (c.fused) {
+    PIPER_RETURN_IF_ERROR(fusedForward(ctx, c, qkv, y, y16, lse));
+  } else {
+    if (y16 && !c.y32)
+      return Status::error("attention: a packed y in an fp32 call");
+    float *out = y16 ? c.y32 : y;
+    PIPER_RETURN_IF_ERROR(launchAttention(ctx, c.s, qkv, out, lse, c.scratch));
+    if (y16)
+      PIPER_RETURN_IF_ERROR(launchPackBf16(ctx, y16, out, n));
+    else if (round)
+      PIPER_RETURN_IF_ERROR(launchRoundBf16(ctx, y, n));
+  }
+  if (!round)
+    return Status::ok();
+  return launchRoundBf16(ctx, lse, a.outputs[1].numel());
 }
 
 Status attentionGrad(const KernelArgs &a, const Context &ctx) {
@@ -200,10 +237,15 @@ Status attentionGrad(const KernelArgs &a, const Context &ctx) {
   PIPER_RETURN_IF_ERROR(setUpAttention(a, ctx, true, c));
   if (c.empty)
     return Status::ok();
+  // y may be packed (KernelEntry::packedInputs): the fused backward reads it
+  // as it is; the SIMT kernels do not read it.
+  const TensorRef &y = a.inputs[1];
+  const bool packedY = y.dtype == plan::BF16;
   if (c.fused)
-    return fusedBackward(ctx, c, a.inputs[0].f32(), a.inputs[1].f32(),
-                         a.inputs[2].f32(), a.inputs[3].f32(),
-                         a.outputs[0].f32());
+    return fusedBackward(
+        ctx, c, a.inputs[0].f32(), packedY ? nullptr : y.f32(),
+        packedY ? static_cast<const uint16_t *>(y.data) : nullptr,
+        a.inputs[2].f32(), a.inputs[3].f32(), a.outputs[0].f32());
   // The SIMT kernels recompute the softmax from q|k|v, as the CPU's.
   return launchAttentionGrad(ctx, c.s, a.inputs[0].f32(), a.inputs[3].f32(),
                              a.outputs[0].f32(), c.scratch);
@@ -301,8 +343,11 @@ void addAttentionKernels(std::vector<KernelEntry> &out) {
   out.insert(
       out.end(),
       {
-          {"attention", attention, prepareAttention<false>},
-          {"attention_grad", attentionGrad, prepareAttention<true>},
+          // y and lse rounded in mixed precision, y stored packed where
+          // only GEMMs and attention_grad read it, which takes it so.
+          {"attention", attention, prepareAttention<false>, true, 0, 0b1},
+          {"attention_grad", attentionGrad, prepareAttention<true>, false,
+           0b10},
           {"attention_block", attentionBlock, prepareRingStep<false>},
           {"attention_block_grad", attentionBlockGrad, prepareRingStep<true>},
       });

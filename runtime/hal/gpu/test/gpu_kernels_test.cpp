@@ -210,7 +210,8 @@ TEST_CASE("kernels that round their own outputs in mixed precision give the "
     }
     CHECK(rounded == exact);
   }
-  CHECK(checked == std::set<std::string>{"add",
+  CHECK(checked == std::set<std::string>{"attention",
+                                         "add",
                                          "bias_add",
                                          "gelu",
                                          "gelu_grad",
@@ -242,10 +243,17 @@ TEST_CASE("kernels that round their own outputs in mixed precision give the "
 TEST_CASE("packed bf16 operands give the bits of their fp32 values") {
   auto cpu = createCpuDevice(nullptr);
   auto gpu = createEmulatedGpuDevice(nullptr);
-  std::set<std::string> onGpu, onCpu;
+  // Attention's packed y also on the fused path (the host model of cuDNN's
+  // attention: the forward writes it, the backward reads it, as stored).
+  DeviceOptions fusedOptions;
+  fusedOptions.attention = AttentionChoice::Cudnn;
+  auto fused = createEmulatedGpuDevice(nullptr, fusedOptions);
+  std::set<std::string> onGpu, onCpu, onFused;
   CHECK(testing::comparePackedOperands(*gpu, *gpu, kLanesElements, onGpu) ==
         "");
   CHECK(testing::comparePackedOperands(*gpu, *cpu, kLanesElements, onCpu) ==
+        "");
+  CHECK(testing::comparePackedOperands(*gpu, *fused, kLanesElements, onFused) ==
         "");
   const std::set<std::string> declared = {"linear:0",
                                           "linear:1",
@@ -266,11 +274,14 @@ TEST_CASE("packed bf16 operands give the bits of their fp32 values") {
                                           "add_layer_norm:out1",
                                           "add_rms_norm:out1",
                                           "gelu:out0",
+                                          "attention:out0",
+                                          "attention_grad:1",
                                           "gelu_grad:out0",
                                           "swiglu:out0",
                                           "swiglu_grad:out0"};
   CHECK(onGpu == declared);
   CHECK(onCpu == declared);
+  CHECK(onFused == declared);
   // The CPU device takes none packed (its kernels would unpack and pack
   // them: no pass saved).
   for (const char *op : {"linear", "linear_grad_weight"})
