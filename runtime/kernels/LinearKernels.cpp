@@ -59,7 +59,10 @@ static Status checkLinearOperands(const KernelArgs &a, size_t outputs,
   const char *yName = outputs == 1 ? "y" : "h";
   if (hasValidCols(a) && (outputs == 2 || hasBias))
     return refusePadded(a, yName);
-  PIPER_RETURN_IF_ERROR(expectPaddedRows(a, y, yName, d.rows, d.out, d.ld));
+  // linear's y may be packed in mixed precision (the classifier's logits,
+  // read only by the loss kernels: hal::Device::writesPackedOutput).
+  PIPER_RETURN_IF_ERROR(
+      expectPaddedRows(a, y, yName, d.rows, d.out, d.ld, outputs == 1));
   // gelu(h), which in mixed precision may be packed (an MLP's activation
   // that only GEMMs read: hal::Device::writesPackedOutput).
   if (outputs == 2)
@@ -76,20 +79,26 @@ Status checkLinearGelu(const KernelArgs &a, LinearDims &d, bool &hasBias) {
   return checkLinearOperands(a, 2, d, hasBias);
 }
 
-// y = x w (+ b) into a.outputs[0].
+// y = x w (+ b) into a.outputs[0]; a packed y (linear's, in mixed
+// precision: hal::Device::writesPackedOutput) gets the fp32 result's
+// valid columns rounded and packed.
 static void linearInto(const KernelArgs &a, const LinearDims &d, bool hasBias) {
   const TensorRef &x = a.inputs[0], &w = a.inputs[1], &y = a.outputs[0];
   const int64_t rows = d.rows, in = d.in, out = d.out;
   const bool transposeW = d.transposeW;
+  std::vector<float> packed;
+  float *yData = outputRow(y, 0, rows * d.ld, packed);
 
   // The bias is the GEMM's initial C, so it costs no extra pass.
   if (hasBias)
     for (int64_t n = 0; n < rows; ++n)
-      std::copy_n(a.inputs[2].f32(), out, y.f32() + n * d.ld);
+      std::copy_n(a.inputs[2].f32(), out, yData + n * d.ld);
   std::vector<float> unpacked, unpackedW;
   gemm(false, transposeW, rows, out, in, 1.0f, fp32Data(x, unpacked), in,
        fp32Data(w, unpackedW), transposeW ? in : out, hasBias ? 1.0f : 0.0f,
-       y.f32(), d.ld);
+       yData, d.ld);
+  for (int64_t n = 0; n < rows; ++n)
+    storeRow(y, n, d.ld, out, yData + n * d.ld);
 }
 
 Status linearKernel(const KernelArgs &a) {

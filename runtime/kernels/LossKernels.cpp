@@ -1,6 +1,7 @@
 // Softmax cross-entropy loss and its gradient, and the step-loss accumulator.
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "runtime/kernels/KernelUtil.h"
 #include "runtime/kernels/LinearChecks.h"
@@ -13,13 +14,15 @@ namespace piper::runtime::detail {
 // Shared checks of cross_entropy and its gradient (not the targets' range:
 // the kernels below check that, the GPU kernels cannot read the targets).
 // With `ld`, the logits may be padded (valid_cols: their row stride into
-// *ld); without, they are not (the vocabulary-parallel kernels).
+// *ld) and in mixed precision packed bf16 (the head's GEMM wrote them so:
+// hal::Device::readsPackedInput); without, neither (the vocabulary-parallel
+// kernels).
 static Status checkLogits(const KernelArgs &a, const TensorRef &logits,
                           const TensorRef &targets, int64_t &rows,
                           int64_t &vocab, int64_t *ld = nullptr) {
   if (ld)
     PIPER_RETURN_IF_ERROR(
-        expectPaddedMatrix(a, logits, "logits", rows, vocab, *ld));
+        expectPaddedMatrix(a, logits, "logits", rows, vocab, *ld, true));
   else
     PIPER_RETURN_IF_ERROR(
         expectMatrix(a, logits, "logits", plan::F32, rows, vocab));
@@ -161,8 +164,9 @@ Status crossEntropyKernel(const KernelArgs &a) {
   PIPER_RETURN_IF_ERROR(checkCrossEntropy(a, d));
   const TensorRef &targets = a.inputs[1];
   PIPER_RETURN_IF_ERROR(expectTokensBelow(a, targets, "targets", d.vocab));
-  crossEntropyRows(a.inputs[0].f32(), targets.i32(), d, a.outputs[0].f32(),
-                   nullptr, 1.0);
+  std::vector<float> unpacked;
+  crossEntropyRows(fp32Data(a.inputs[0], unpacked), targets.i32(), d,
+                   a.outputs[0].f32(), nullptr, 1.0);
   return Status::ok();
 }
 
@@ -171,8 +175,9 @@ Status crossEntropyGradKernel(const KernelArgs &a) {
   PIPER_RETURN_IF_ERROR(checkCrossEntropyGrad(a, d));
   const TensorRef &targets = a.inputs[1];
   PIPER_RETURN_IF_ERROR(expectTokensBelow(a, targets, "targets", d.vocab));
-  crossEntropyRows(a.inputs[0].f32(), targets.i32(), d, nullptr, a.outputs[0],
-                   d.scale);
+  std::vector<float> unpacked;
+  crossEntropyRows(fp32Data(a.inputs[0], unpacked), targets.i32(), d, nullptr,
+                   a.outputs[0], d.scale);
   return Status::ok();
 }
 
@@ -181,8 +186,9 @@ Status crossEntropyFusedKernel(const KernelArgs &a) {
   PIPER_RETURN_IF_ERROR(checkCrossEntropyFused(a, d));
   const TensorRef &targets = a.inputs[1];
   PIPER_RETURN_IF_ERROR(expectTokensBelow(a, targets, "targets", d.vocab));
-  crossEntropyRows(a.inputs[0].f32(), targets.i32(), d, a.outputs[0].f32(),
-                   a.outputs[1], d.scale);
+  std::vector<float> unpacked;
+  crossEntropyRows(fp32Data(a.inputs[0], unpacked), targets.i32(), d,
+                   a.outputs[0].f32(), a.outputs[1], d.scale);
   return Status::ok();
 }
 

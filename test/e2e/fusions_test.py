@@ -234,17 +234,20 @@ def packed_checks(packed, unpacked, listing):
     every norm's output, MLP activation (gelu, swiglu, linear_gelu's y)
     and the fused classifier's dlogits is read only by GEMMs, and
     attention's y by GEMMs and attention_grad, so each is written packed by
-    its kernel; so is swiglu_grad's gradient (read by the two GEMMs of its
-    linear; GPT's GELU gradient also feeds a bias gradient, which reads
-    fp32). --unpack-step-buffers stores nothing so."""
+    its kernel; so are, inside their segment, swiglu_grad's gradient (read
+    by the two GEMMs of its linear; GPT's GELU gradient also feeds a bias
+    gradient, which reads fp32) and the classifier's logits (the head's
+    GEMM writes them packed, the fused classifier reads them so).
+    --unpack-step-buffers stores nothing so."""
     writers = sum(listing.count(" %s(" % k) for k in (
         "layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm", "gelu",
         "linear_gelu", "swiglu", "attention", "cross_entropy_fused"))
-    values = listing.count(" swiglu_grad(")
+    values = (listing.count(" swiglu_grad(") +
+              listing.count(" cross_entropy_fused("))
     return [
         ("packed storage: %d results written packed (%d norms, MLP "
          "activations, attention outputs and dlogits), %d other values (%d "
-         "swiglu_grad): %s" %
+         "swiglu_grad gradients and logits): %s" %
          (packed[0] if packed else -1, writers,
           packed[1] if packed else -1, values, packed),
          packed is not None and packed[0] == writers and packed[1] == values),

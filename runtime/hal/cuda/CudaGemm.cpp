@@ -125,15 +125,17 @@ std::string cublasMessage(cublasStatus_t status, const char *call,
 /// algorithm depend on (not the pointers, alpha or beta).
 struct GemmKey {
   bool transA, transB, bf16;
+  /// D (and C) packed bf16 instead of fp32 (ColMajorGemm::c16).
+  bool outBf16;
   int64_t m, n, k, lda, ldb, ldc;
   uint32_t alignA, alignB, alignC;
   /// DEFAULT, BIAS, BGRADA, BGRADB, GELU_AUX(_BIAS) or DGELU.
   cublasLtEpilogue_t epilogue;
   bool operator<(const GemmKey &o) const {
-    return std::tie(transA, transB, bf16, m, n, k, lda, ldb, ldc, alignA,
-                    alignB, alignC, epilogue) <
-           std::tie(o.transA, o.transB, o.bf16, o.m, o.n, o.k, o.lda, o.ldb,
-                    o.ldc, o.alignA, o.alignB, o.alignC, o.epilogue);
+    return std::tie(transA, transB, bf16, outBf16, m, n, k, lda, ldb, ldc,
+                    alignA, alignB, alignC, epilogue) <
+           std::tie(o.transA, o.transB, o.bf16, o.outBf16, o.m, o.n, o.k, o.lda,
+                    o.ldb, o.ldc, o.alignA, o.alignB, o.alignC, o.epilogue);
   }
 };
 
@@ -234,8 +236,10 @@ Status prepareGemm(const CublasLt &lt, cublasLtHandle_t handle,
   PIPER_CUBLAS_RETURN_IF_ERROR(lt.cublasLtMatrixLayoutCreate(
       &g.lb, operandType, key.transB ? key.n : key.k,
       key.transB ? key.k : key.n, key.ldb));
-  PIPER_CUBLAS_RETURN_IF_ERROR(
-      lt.cublasLtMatrixLayoutCreate(&g.lc, CUDA_R_32F, key.m, key.n, key.ldc));
+  // C and D: fp32, or bf16 (D rounded to nearest even from the fp32
+  // result: a packed output; only without an epilogue, beta 0).
+  PIPER_CUBLAS_RETURN_IF_ERROR(lt.cublasLtMatrixLayoutCreate(
+      &g.lc, key.outBf16 ? CUDA_R_16BF : CUDA_R_32F, key.m, key.n, key.ldc));
   cublasLtMatmulPreference_t pref = nullptr;
   PIPER_CUBLAS_RETURN_IF_ERROR(lt.cublasLtMatmulPreferenceCreate(&pref));
   Status status = [&]() -> Status {
@@ -323,8 +327,19 @@ Status loadCublasLt() {
 
 namespace gpu {
 
-Status gemmColMajor(const Context &ctx, const ColMajorGemm &g) {
+Status gemmColMajor(const Context &ctx, const ColMajorGemm &call) {
   PIPER_RETURN_IF_ERROR(loadCublasLt());
+  ColMajorGemm g = call;
+  if (g.c16 && (!ctx.bf16 || g.c || g.beta != 0 || g.sumsA || g.sumsB ||
+                g.geluOut || g.geluGradOf))
+    return Status::error("gemm: a packed output needs a bf16 GEMM with beta "
+                         "0, no fp32 C, no operand sums and no GELU");
+  // A packed output: D in bf16 where there is no epilogue; with a bias the
+  // fp32 result goes to scratch (its BIAS epilogue, as an fp32 output's),
+  // which a pass then rounds and packs (cuBLASLt's bias on a bf16 D is
+  // not asked for).
+  uint16_t *const packedOut = g.c16;
+  const bool viaScratch = packedOut && g.bias;
   const CublasLt &lt = *cublasLt;
   auto *blas = static_cast<CudaBlas *>(ctx.blas);
   if (!blas)
@@ -357,9 +372,18 @@ Status gemmColMajor(const Context &ctx, const ColMajorGemm &g) {
       bElems = static_cast<size_t>(ldb * sb.cols);
     }
   }
+  const size_t operandBytes16 =
+      size_t(roundUp(static_cast<int64_t>(2 * (aElems + bElems)), 256));
+  const size_t outBytes = viaScratch ? size_t(g.m * g.n) * sizeof(float) : 0;
   void *scratch = nullptr;
   PIPER_RETURN_IF_ERROR(blas->operands->reserve(
-      kCublasWorkspace + 2 * (aElems + bElems), scratch));
+      kCublasWorkspace + operandBytes16 + outBytes, scratch));
+  if (viaScratch) {
+    g.c = reinterpret_cast<float *>(static_cast<char *>(scratch) +
+                                    kCublasWorkspace + operandBytes16);
+    g.ldc = g.m;
+    g.c16 = nullptr;
+  }
   const void *a = g.a.f32, *b = g.b.f32;
   cudaDataType_t operandType = CUDA_R_32F;
   if (ctx.bf16) {
@@ -396,11 +420,13 @@ Status gemmColMajor(const Context &ctx, const ColMajorGemm &g) {
   // multiple of 8): forward, D is geluOut and aux receives C's
   // pre-activation; backward, aux is read.
   const bool gelu = (g.geluOut || g.geluGradOf) && g.ldc % 8 == 0;
-  float *d = gelu && g.geluOut ? g.geluOut : g.c;
+  void *d = gelu && g.geluOut ? g.geluOut : g.c;
+  if (g.c16)
+    d = g.c16;
   const void *aux = g.geluOut ? static_cast<const void *>(g.c)
                               : static_cast<const void *>(g.geluGradOf);
   // The output matrices' alignment: C, D and aux share ldc.
-  uint32_t alignOut = matrixAlignment(g.c, g.ldc, 4);
+  uint32_t alignOut = matrixAlignment(d, g.ldc, g.c16 ? 2 : 4);
   if (gelu)
     alignOut =
         std::min(alignOut, matrixAlignment(d == g.c ? aux : d, g.ldc, 4));
@@ -409,6 +435,7 @@ Status gemmColMajor(const Context &ctx, const ColMajorGemm &g) {
   GemmKey key{g.transA,
               g.transB,
               ctx.bf16,
+              g.c16 != nullptr,
               g.m,
               g.n,
               g.k,
@@ -489,6 +516,9 @@ Status gemmColMajor(const Context &ctx, const ColMajorGemm &g) {
   PIPER_CUBLAS_RETURN_IF_ERROR(lt.cublasLtMatmul(
       blas->handle, p->desc, &g.alpha, a, p->la, b, p->lb, &beta, d, p->lc, d,
       p->lc, &p->algo, scratch, kCublasWorkspace, ctx.stream));
+  if (viaScratch)
+    PIPER_RETURN_IF_ERROR(
+        launchPackBf16Columns(ctx, packedOut, call.ldc, g.c, g.ldc, g.m, g.n));
   return ctx.timer ? ctx.timer->end(ctx, "gemm") : Status::ok();
 }
 } // namespace gpu

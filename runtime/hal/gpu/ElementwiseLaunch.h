@@ -69,6 +69,10 @@ Status launchPackBf16Columns(const Context &ctx, uint16_t *dst, int64_t dstLd,
 Status launchUnpackBf16(const Context &ctx, float *dst, const uint16_t *src,
                         int64_t n);
 Status launchRoundBf16(const Context &ctx, float *x, int64_t n);
+/// launchRoundBf16 of the first `cols` elements of each of `rows` rows `ld`
+/// apart (a padded matrix's valid columns; the others are not touched).
+Status launchRoundBf16Rows(const Context &ctx, float *x, int64_t rows,
+                           int64_t cols, int64_t ld);
 /// Up to kMax float arrays whose sums of squares two launches take.
 struct SquaresBatch {
   static constexpr int kMax = 48; // ~1.6 KB of kernel arguments

@@ -101,6 +101,18 @@ Status launchRoundBf16(const Context &ctx, float *x, int64_t n) {
   });
 }
 
+Status launchRoundBf16Rows(const Context &ctx, float *x, int64_t rows,
+                           int64_t cols, int64_t ld) {
+  if (ld == cols)
+    return launchRoundBf16(ctx, x, rows * cols);
+  return Exec(ctx).forEach("round_bf16", rows * cols,
+                           [=] PIPER_LAMBDA(int64_t i) {
+                             const int64_t r = i / cols, c = i - r * cols;
+                             float &v = x[r * ld + c];
+                             v = fromBf16(toBf16(v));
+                           });
+}
+
 Status launchSumsOfSquares(const Context &ctx, const SquaresBatch &batch,
                            double *partials) {
   using Lanes = Exec::Lanes;

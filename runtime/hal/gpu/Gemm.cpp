@@ -1,4 +1,5 @@
 // Row-major GEMMs on the column-major BLAS of the backend.
+#include "runtime/hal/gpu/ElementwiseLaunch.h"
 #include "runtime/hal/gpu/GpuApi.h"
 #include "runtime/hal/gpu/LinearLaunch.h"
 
@@ -7,15 +8,29 @@ namespace piper::runtime::hal::PIPER_GPU_NS {
 Status gemm(const Context &ctx, bool transA, bool transB, int64_t m, int64_t n,
             int64_t k, float alpha, GemmOperand a, int64_t lda, GemmOperand b,
             int64_t ldb, float beta, float *c, int64_t ldc, const float *bias,
-            GemmSums *sums, GemmGelu *gelu) {
+            GemmSums *sums, GemmGelu *gelu, uint16_t *c16) {
   if (sums)
     sums->done = false;
   if (gelu)
     gelu->done = false;
   if ((a.bf16 || b.bf16) && !ctx.bf16)
     return Status::error("gemm: a packed bf16 operand in an fp32 GEMM");
+  if (c16 && (!ctx.bf16 || c || beta != 0 || sums || gelu))
+    return Status::error("gemm: a packed output needs a bf16 GEMM with beta "
+                         "0, no fp32 C, no operand sums and no GELU");
   if (m <= 0 || n <= 0)
     return Status::ok();
+  if (k <= 0 && c16) {
+    // The empty sum: zeros, or the bias rounded and packed on every row
+    // (row r of C is the "column" r of a column-major copy whose source
+    // columns are all the bias: a source stride of 0).
+    if (bias)
+      return launchPackBf16Columns(ctx, c16, ldc, bias, 0, n, m);
+    for (int64_t r = 0; r < m; ++r)
+      PIPER_RETURN_IF_ERROR(zeroAsync(
+          ctx, c16 + r * ldc, static_cast<size_t>(n) * sizeof(uint16_t)));
+    return Status::ok();
+  }
   if (k <= 0) {
     // alpha * (empty sum) + beta * C (+ bias).
     if (bias) {
@@ -49,6 +64,7 @@ Status gemm(const Context &ctx, bool transA, bool transB, int64_t m, int64_t n,
   g.beta = beta;
   g.c = c;
   g.ldc = ldc;
+  g.c16 = c16;
   g.bias = bias; // one per row-major column: the column-major rows
   if (sums) {
     // Row-major A is column-major B and the reverse.

@@ -154,6 +154,12 @@ struct ColMajorGemm {
   float beta = 0;
   float *c = nullptr;
   int64_t ldc = 0;
+  /// Not null (with c null, beta 0, no sums or GELU; ctx.bf16 only): D is
+  /// stored packed bf16 there instead, column stride ldc, each element the
+  /// fp32 result (bias included) rounded to nearest even, as packing the
+  /// fp32 C gives (a mixed-precision activation that only packed readers
+  /// read: Device::writesPackedOutput).
+  uint16_t *c16 = nullptr;
   /// Not null: m floats, bias[i] added to row i of every column, C = alpha
   /// op(A) op(B) + beta C + bias, in the GEMM's epilogue (cuBLASLt's
   /// BIAS: one rounding of the fp32 product plus the bias, as adding it to
@@ -209,12 +215,14 @@ struct GemmGelu {
 /// kernels' gemm (runtime/kernels/KernelUtil.h): mapped onto gemmColMajor
 /// (Gemm.cpp). Empty products are handled here; a packed operand in an
 /// fp32 GEMM (without ctx.bf16) is an error. `sums` and `gelu` ask for
-/// epilogues the backend may decline (GemmSums, GemmGelu).
+/// epilogues the backend may decline (GemmSums, GemmGelu). With `c16`
+/// instead of `c` (beta 0, no sums or GELU) C is stored packed bf16
+/// (ColMajorGemm::c16).
 Status gemm(const Context &ctx, bool transA, bool transB, int64_t m, int64_t n,
             int64_t k, float alpha, GemmOperand a, int64_t lda, GemmOperand b,
             int64_t ldb, float beta, float *c, int64_t ldc,
             const float *bias = nullptr, GemmSums *sums = nullptr,
-            GemmGelu *gelu = nullptr);
+            GemmGelu *gelu = nullptr, uint16_t *c16 = nullptr);
 
 /// The sizes of a fused attention call, in the layout of the attention
 /// kernels (AttentionLaunch.h): qkv16 [batch * seq, (heads + 2 kvHeads) *

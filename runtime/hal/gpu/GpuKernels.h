@@ -56,6 +56,15 @@ inline float *f32Out(const TensorRef &t) {
 inline uint16_t *bf16Out(const TensorRef &t) {
   return t.dtype == plan::BF16 ? static_cast<uint16_t *>(t.data) : nullptr;
 }
+/// An input the kernel may read packed (KernelEntry::packedInputs): its
+/// floats where it is fp32, else null; its packed bf16 where it is packed.
+inline const float *f32In(const TensorRef &t) {
+  return t.dtype == plan::BF16 ? nullptr : t.f32();
+}
+inline const uint16_t *bf16In(const TensorRef &t) {
+  return t.dtype == plan::BF16 ? static_cast<const uint16_t *>(t.data)
+                               : nullptr;
+}
 
 /// Every GPU kernel; the i-th entry's KernelInfo has index i.
 const std::vector<KernelEntry> &kernels();

@@ -28,20 +28,29 @@ GemmOperand gemmOperand(const TensorRef &t) {
 }
 
 // y = x w (+ b) into output 0, the bias added in the GEMM's epilogue (no
-// pass of its own); with `gelu`, asking for GELU there too.
+// pass of its own); with `gelu`, asking for GELU there too. A packed y
+// (linear's, KernelEntry::packedOutputs) is stored by the GEMM as bf16.
 Status forward(const KernelArgs &a, const Context &ctx, const LinearDims &d,
                bool hasBias, GemmGelu *gelu) {
+  const TensorRef &y = a.outputs[0];
   return gemm(ctx, false, d.transposeW, d.rows, d.out, d.in, 1.0f,
               gemmOperand(a.inputs[0]), d.in, gemmOperand(a.inputs[1]),
-              d.transposeW ? d.in : d.out, 0.0f, a.outputs[0].f32(), d.ld,
-              hasBias ? a.inputs[2].f32() : nullptr, nullptr, gelu);
+              d.transposeW ? d.in : d.out, 0.0f, f32Out(y), d.ld,
+              hasBias ? a.inputs[2].f32() : nullptr, nullptr, gelu, bf16Out(y));
 }
 
+// In mixed precision y is stored rounded to bf16 (KernelEntry::
+// roundsOutputs): by a pass after the GEMM, or by the GEMM itself where y
+// is packed (the classifier's logits, which only the loss kernels read).
 Status linear(const KernelArgs &a, const Context &ctx) {
   LinearDims d;
   bool hasBias = false;
   PIPER_RETURN_IF_ERROR(detail::checkLinear(a, d, hasBias));
-  return forward(a, ctx, d, hasBias, nullptr);
+  PIPER_RETURN_IF_ERROR(forward(a, ctx, d, hasBias, nullptr));
+  const TensorRef &y = a.outputs[0];
+  if (!a.ctx.lowPrecision || y.dtype == plan::BF16)
+    return Status::ok();
+  return launchRoundBf16Rows(ctx, y.f32(), d.rows, d.out, d.ld);
 }
 
 // h = x w (+ b) and y = gelu(h), both rounded to bf16 in mixed precision
@@ -256,19 +265,20 @@ Status crossEntropy(const KernelArgs &a, const Context &ctx) {
   PIPER_RETURN_IF_ERROR(detail::checkCrossEntropy(a, d));
   double *rowLoss = nullptr;
   PIPER_RETURN_IF_ERROR(reserveRowLoss(ctx, d.rows, rowLoss));
-  return launchCrossEntropy(ctx, a.inputs[0].f32(), a.inputs[1].i32(),
+  const TensorRef &logits = a.inputs[0];
+  return launchCrossEntropy(ctx, f32In(logits), a.inputs[1].i32(),
                             launchDims(d), rowLoss, a.outputs[0].f32(), 0.0,
-                            nullptr);
+                            nullptr, false, false, nullptr, bf16In(logits));
 }
 
 Status crossEntropyGrad(const KernelArgs &a, const Context &ctx) {
   detail::LogitsDims d;
   PIPER_RETURN_IF_ERROR(detail::checkCrossEntropyGrad(a, d));
-  const TensorRef &dlogits = a.outputs[0];
-  return launchCrossEntropy(ctx, a.inputs[0].f32(), a.inputs[1].i32(),
+  const TensorRef &logits = a.inputs[0], &dlogits = a.outputs[0];
+  return launchCrossEntropy(ctx, f32In(logits), a.inputs[1].i32(),
                             launchDims(d), nullptr, nullptr, d.scale / d.rows,
                             f32Out(dlogits), a.ctx.lowPrecision, false,
-                            bf16Out(dlogits));
+                            bf16Out(dlogits), bf16In(logits));
 }
 
 Status crossEntropyFused(const KernelArgs &a, const Context &ctx) {
@@ -278,11 +288,12 @@ Status crossEntropyFused(const KernelArgs &a, const Context &ctx) {
   PIPER_RETURN_IF_ERROR(reserveRowLoss(ctx, d.rows, rowLoss));
   // dlogits packed where the executor gives its step buffer as stored
   // (KernelEntry::packedOutputs).
-  const TensorRef &dlogits = a.outputs[1];
+  const TensorRef &logits = a.inputs[0], &dlogits = a.outputs[1];
   return launchCrossEntropy(
-      ctx, a.inputs[0].f32(), a.inputs[1].i32(), launchDims(d), rowLoss,
+      ctx, f32In(logits), a.inputs[1].i32(), launchDims(d), rowLoss,
       a.outputs[0].f32(), d.scale / d.rows, f32Out(dlogits), a.ctx.lowPrecision,
-      a.ctx.lowPrecision && !a.outputs[0].shape.empty(), bf16Out(dlogits));
+      a.ctx.lowPrecision && !a.outputs[0].shape.empty(), bf16Out(dlogits),
+      bf16In(logits));
 }
 
 Status vocabCeStats(const KernelArgs &a, const Context &ctx) {
@@ -331,7 +342,9 @@ void addLinearKernels(std::vector<KernelEntry> &out) {
           // (packedInputs: x and w of the forward, dy and w of the
           // input gradient, x and dy of the weight gradient; with a
           // bias dy is summed as fp32 too).
-          {"linear", linear, nullptr, false, 0b11},
+          // linear rounds y itself in mixed precision, and stores it
+          // packed where only packed readers read it (the logits).
+          {"linear", linear, nullptr, true, 0b11, 0b1},
           // linear_gelu rounds both outputs itself in mixed precision and
           // stores y = gelu(h) packed where only GEMMs read it.
           {"linear_gelu", linearGelu, nullptr, true, 0b11, 0b10},
@@ -347,13 +360,15 @@ void addLinearKernels(std::vector<KernelEntry> &out) {
           {"bias_grad", biasGrad},
           {"linear_grad_weight_bias", linearGradWeightBias, nullptr, false,
            0b1},
-          {"cross_entropy", crossEntropy},
+          // The classifiers read their logits packed where the head's GEMM
+          // stored them so (packedInputs).
+          {"cross_entropy", crossEntropy, nullptr, false, 0b1},
           // dlogits rounded in mixed precision, or stored packed
           // (packedOutputs).
-          {"cross_entropy_grad", crossEntropyGrad, nullptr, true, 0, 0b1},
+          {"cross_entropy_grad", crossEntropyGrad, nullptr, true, 0b1, 0b1},
           // and the fused classifier's written packed into its step buffer
           // (packedOutputs).
-          {"cross_entropy_fused", crossEntropyFused, nullptr, true, 0, 0b10},
+          {"cross_entropy_fused", crossEntropyFused, nullptr, true, 0b1, 0b10},
           {"vocab_ce_stats", vocabCeStats},
           {"vocab_cross_entropy", vocabCrossEntropy},
           {"vocab_cross_entropy_grad", vocabCrossEntropyGrad},

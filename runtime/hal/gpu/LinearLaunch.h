@@ -56,13 +56,16 @@ struct CrossEntropyDims {
 /// dimension, which the executor would round; a scalar it does not).
 /// `dlogits16` instead of `dlogits`: stored packed, the same values rounded
 /// to bf16 (Device::writesPackedOutput: the fused classifier's step
-/// buffer as stored).
+/// buffer as stored). `logits16` instead of `logits`: the logits packed
+/// (Device::readsPackedInput: the head's GEMM wrote them so), the same
+/// values.
 Status launchCrossEntropy(const Context &ctx, const float *logits,
                           const int32_t *targets, const CrossEntropyDims &d,
                           double *rowLoss, float *loss, double rowScale,
                           float *dlogits, bool round = false,
                           bool roundLoss = false,
-                          uint16_t *dlogits16 = nullptr);
+                          uint16_t *dlogits16 = nullptr,
+                          const uint16_t *logits16 = nullptr);
 /// Vocabulary parallelism: member `member` of `members` writes its
 /// statistics of logits [rows, vocab] (its columns) into stats [rows,
 /// 4 members + 1] (vocab_ce_stats), one warp per row.

@@ -90,7 +90,7 @@ Status launchCrossEntropy(const Context &ctx, const float *logits,
                           const int32_t *targets, const CrossEntropyDims &d,
                           double *rowLoss, float *loss, double rowScale,
                           float *dlogits, bool round, bool roundLoss,
-                          uint16_t *dlogits16) {
+                          uint16_t *dlogits16, const uint16_t *logits16) {
   const int64_t rows = d.rows, vocab = d.vocab, ld = d.ld, gradLd = d.gradLd;
   using Lanes = Exec::Lanes;
   // One warp per row: the log-sum-exp once, then the row's loss (rowLoss),
@@ -103,21 +103,26 @@ Status launchCrossEntropy(const Context &ctx, const float *logits,
                             : "cross_entropy";
   PIPER_RETURN_IF_ERROR(Exec(ctx).forEachRow(
       name, rows, [=] PIPER_LAMBDA(Lanes lanes, int64_t r) {
-        const float *row = logits + r * ld;
+        // Element j of the row: fp32, or packed (the same value).
+        const float *row = logits16 ? nullptr : logits + r * ld;
+        const uint16_t *row16 = logits16 ? logits16 + r * ld : nullptr;
+        auto at = [=](int64_t j) {
+          return row16 ? fromBf16(row16[j]) : row[j];
+        };
         SoftmaxSum s;
         for (int64_t j = lanes.lane(); j < vocab; j += Lanes::kCount)
-          s.add(row[j]);
+          s.add(at(j));
         double lse = logSumExp(lanes, s);
         const int32_t t = targets[r];
         if (rowLoss && lanes.lane() == 0)
-          rowLoss[r] = validTarget(t, vocab) ? lse - row[t] : lse;
+          rowLoss[r] = validTarget(t, vocab) ? lse - at(t) : lse;
         if (!grad)
           return;
         // As the CPU: the exponent is rounded to float once, from double;
         // the target's element in double, then rounded.
         const float scale = static_cast<float>(rowScale);
         for (int64_t j = lanes.lane(); j < vocab; j += Lanes::kCount) {
-          float e = expF(static_cast<float>(double(row[j]) - lse));
+          float e = expF(static_cast<float>(double(at(j)) - lse));
           float g = j == t ? static_cast<float>(rowScale * (double(e) - 1.0))
                            : scale * e;
           storeRounded(dlogits, dlogits16, r * gradLd + j, g, round);

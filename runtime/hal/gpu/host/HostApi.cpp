@@ -88,16 +88,29 @@ Status gemmColMajor(const Context &ctx, const ColMajorGemm &g) {
                                  g.transA ? g.m : g.k, g.lda, a16);
     const float *b = fp32Operand(g.b, g.transB ? g.n : g.k,
                                  g.transB ? g.k : g.n, g.ldb, b16);
+    // A packed D: the fp32 result (in a dense matrix), then each column
+    // rounded and packed, as cuBLASLt's bf16 D.
+    std::vector<float> dense;
+    float *c = g.c;
+    int64_t ldc = g.ldc;
+    if (g.c16) {
+      dense.assign(static_cast<size_t>(g.m * g.n), 0.0f);
+      c = dense.data();
+      ldc = g.m;
+    }
     cblas_sgemm(CblasColMajor, g.transA ? CblasTrans : CblasNoTrans,
                 g.transB ? CblasTrans : CblasNoTrans, static_cast<int>(g.m),
                 static_cast<int>(g.n), static_cast<int>(g.k), g.alpha, a,
-                static_cast<int>(g.lda), b, static_cast<int>(g.ldb), g.beta,
-                g.c, static_cast<int>(g.ldc));
+                static_cast<int>(g.lda), b, static_cast<int>(g.ldb), g.beta, c,
+                static_cast<int>(ldc));
     // cuBLASLt's BIAS epilogue: the bias added to the fp32 product.
     if (g.bias)
       for (int64_t j = 0; j < g.n; ++j)
         for (int64_t i = 0; i < g.m; ++i)
-          g.c[j * g.ldc + i] += g.bias[i];
+          c[j * ldc + i] += g.bias[i];
+    if (g.c16)
+      for (int64_t j = 0; j < g.n; ++j)
+        packBf16(g.c16 + j * g.ldc, c + j * ldc, g.m);
   });
   return ctx.timer ? ctx.timer->end(ctx, "gemm") : Status::ok();
 }
