@@ -18,11 +18,15 @@ namespace {
 
 // Reads the attributes and derives the sizes from qkv and `out` ([N, heads*hd]:
 // y of the forward, dy of the backward); the batch is the caller's. A
-// `packable` out may be packed bf16 in mixed precision.
+// `packable` out, and with `packableQkv` qkv, may be packed bf16 in mixed
+// precision.
 Status attentionShape(const KernelArgs &a, const TensorRef &qkv,
                       const TensorRef &out, const char *outName,
-                      AttentionDims &d, bool packable = false) {
-  PIPER_RETURN_IF_ERROR(expectMatrix(a, qkv, "qkv", plan::F32, d.rows, d.cols));
+                      AttentionDims &d, bool packable = false,
+                      bool packableQkv = false) {
+  PIPER_RETURN_IF_ERROR(expectMatrix(
+      a, qkv, "qkv", packableQkv ? packableDType(a, qkv) : plan::F32, d.rows,
+      d.cols));
   PIPER_RETURN_IF_ERROR(
       readPositiveInt(a, KernelAttr::kHeads, std::nullopt, d.heads));
   PIPER_RETURN_IF_ERROR(
@@ -87,7 +91,10 @@ Status attentionShape(const KernelArgs &a, const TensorRef &qkv,
 Status attentionDims(const KernelArgs &a, const TensorRef &qkv,
                      const TensorRef &out, const char *outName,
                      AttentionDims &d, bool packable = false) {
-  PIPER_RETURN_IF_ERROR(attentionShape(a, qkv, out, outName, d, packable));
+  // qkv may be packed: the GEMM before attention stores it so where only
+  // attention and attention_grad read it (hal::Device::readsPackedInput).
+  PIPER_RETURN_IF_ERROR(
+      attentionShape(a, qkv, out, outName, d, packable, true));
   if (d.rows % d.seq != 0)
     return a.error("qkv has " + std::to_string(d.rows) +
                    " rows, not a multiple of seq " + std::to_string(d.seq));
@@ -400,9 +407,11 @@ Status attentionKernel(const KernelArgs &a) {
   const TensorRef &qkv = a.inputs[0], &y = a.outputs[0], &lse = a.outputs[1];
   if (d.batch == 0)
     return Status::ok();
-  // A packed y: computed here, then rounded and packed.
-  std::vector<float> packed;
+  // A packed y: computed here, then rounded and packed; a packed qkv:
+  // unpacked.
+  std::vector<float> packed, unpacked;
   float *yData = outputRow(y, 0, y.numel(), packed);
+  const float *qkvData = fp32Data(qkv, unpacked);
 
   int64_t s = d.seq, hd = d.headDim;
   float scale = static_cast<float>(1.0 / std::sqrt(double(hd)));
@@ -410,7 +419,7 @@ Status attentionKernel(const KernelArgs &a) {
   SequenceQK qk;
   std::vector<float> probs(s * s), rowLse(s);
   for (int64_t b = 0; b < d.batch; ++b) {
-    const float *rows = qkv.f32() + b * s * d.cols;
+    const float *rows = qkvData + b * s * d.cols;
     const float *v = rows + d.qCols + d.kvCols;
     qk.load(d, rope, rows);
     for (int64_t h = 0; h < d.heads; ++h) {
@@ -436,6 +445,8 @@ Status attentionGradKernel(const KernelArgs &a) {
   const TensorRef &qkv = a.inputs[0], &dy = a.inputs[3], &dqkv = a.outputs[0];
   if (d.batch == 0)
     return Status::ok();
+  std::vector<float> unpacked;
+  const float *qkvData = fp32Data(qkv, unpacked);
 
   int64_t s = d.seq, hd = d.headDim;
   bool rotary = d.ropeTheta != 0;
@@ -447,7 +458,7 @@ Status attentionGradKernel(const KernelArgs &a) {
   std::vector<float> dqRot(rotary ? s * d.qCols : 0),
       dkRot(rotary ? s * d.kvCols : 0);
   for (int64_t b = 0; b < d.batch; ++b) {
-    const float *rows = qkv.f32() + b * s * d.cols;
+    const float *rows = qkvData + b * s * d.cols;
     const float *v = rows + d.qCols + d.kvCols;
     float *drows = dqkv.f32() + b * s * d.cols;
     float *dq = rotary ? dqRot.data() : drows;

@@ -233,8 +233,9 @@ def packed_checks(packed, unpacked, listing):
     """One rank of a pre-norm transformer on the emulated GPU in bf16:
     every norm's output, MLP activation (gelu, swiglu, linear_gelu's y)
     and the fused classifier's dlogits is read only by GEMMs, and
-    attention's y by GEMMs and attention_grad, so each is written packed by
-    its kernel; so are, inside their segment, swiglu_grad's gradient (read
+    attention's y by GEMMs and attention_grad, as is its qkv (the output of
+    the GEMM before it) by attention and attention_grad only, so each is
+    written packed by its kernel; so are, inside their segment, swiglu_grad's gradient (read
     by the two GEMMs of its linear; GPT's GELU gradient also feeds a bias
     gradient, which reads fp32) and the classifier's logits (the head's
     GEMM writes them packed, the fused classifier reads them so).
@@ -242,11 +243,13 @@ def packed_checks(packed, unpacked, listing):
     writers = sum(listing.count(" %s(" % k) for k in (
         "layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm", "gelu",
         "linear_gelu", "swiglu", "attention", "cross_entropy_fused"))
+    writers += listing.count(" attention(")  # its qkv
     values = (listing.count(" swiglu_grad(") +
               listing.count(" cross_entropy_fused("))
     return [
         ("packed storage: %d results written packed (%d norms, MLP "
-         "activations, attention outputs and dlogits), %d other values (%d "
+         "activations, attention inputs and outputs, dlogits), %d other "
+         "values (%d "
          "swiglu_grad gradients and logits): %s" %
          (packed[0] if packed else -1, writers,
           packed[1] if packed else -1, values, packed),

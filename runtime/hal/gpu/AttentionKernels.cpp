@@ -42,22 +42,29 @@ Status attentionShape(const KernelArgs &a, const AttentionDims &d,
 }
 
 // Scratch for the call from the stream's workspace (none needed: null);
-// in a bf16 forward also an fp32 y (`y32`), which the SIMT kernels write
-// where the executor gives y packed.
+// in a bf16 call also an fp32 qkv (`qkv32`), which a packed qkv is
+// unpacked into for the SIMT kernels, and in a bf16 forward an fp32 y
+// (`y32`), which they write where the executor gives y packed.
 Status attentionScratchFor(const Context &ctx, const AttentionShape &s,
-                           bool grad, char *&scratch, float *&y32) {
+                           bool grad, char *&scratch, float *&qkv32,
+                           float *&y32) {
   scratch = nullptr;
-  y32 = nullptr;
+  qkv32 = y32 = nullptr;
   const size_t bytes = attentionAlign(attentionScratch(s, grad).bytes);
+  const size_t qkvBytes =
+      ctx.bf16 ? attentionAlign(size_t(s.rows() * s.cols) * sizeof(float)) : 0;
   const size_t yBytes =
       !grad && ctx.bf16 ? size_t(s.rows() * s.qCols) * sizeof(float) : 0;
-  if (bytes + yBytes == 0)
+  if (bytes + qkvBytes + yBytes == 0)
     return Status::ok();
   void *p = nullptr;
-  PIPER_RETURN_IF_ERROR(ctx.workspace->reserve(bytes + yBytes, p));
-  scratch = bytes ? static_cast<char *>(p) : nullptr;
+  PIPER_RETURN_IF_ERROR(ctx.workspace->reserve(bytes + qkvBytes + yBytes, p));
+  char *at = static_cast<char *>(p);
+  scratch = bytes ? at : nullptr;
+  if (qkvBytes)
+    qkv32 = reinterpret_cast<float *>(at + bytes);
   if (yBytes)
-    y32 = reinterpret_cast<float *>(static_cast<char *>(p) + bytes);
+    y32 = reinterpret_cast<float *>(at + bytes + qkvBytes);
   return Status::ok();
 }
 
@@ -141,6 +148,7 @@ struct AttentionCall {
   const FusedAttention *fused = nullptr;
   FusedScratch f;          // the fused path's
   char *scratch = nullptr; // the SIMT kernels' (null: none needed)
+  float *qkv32 = nullptr;  // theirs: an fp32 qkv in a bf16 call
   float *y32 = nullptr;    // theirs: an fp32 y in a bf16 forward
   bool empty = false;
 };
@@ -157,7 +165,36 @@ Status setUpAttention(const KernelArgs &a, const Context &ctx, bool grad,
   PIPER_RETURN_IF_ERROR(fusedFor(ctx, c.s, c.fused));
   if (c.fused)
     return reserveFused(ctx, c.s, *c.fused, grad, c.f);
-  return attentionScratchFor(ctx, c.s, grad, c.scratch, c.y32);
+  return attentionScratchFor(ctx, c.s, grad, c.scratch, c.qkv32, c.y32);
+}
+
+// q, k rotated and packed to bf16 for the fused kernels into f.qkv16 (from
+// fp32 qkv or packed qkvIn16), leaving the rotary table in f.table; or,
+// without rotary embeddings, a packed qkv as it is.
+Status fusedOperand(const Context &ctx, const AttentionCall &c,
+                    const float *qkv, const uint16_t *qkvIn16,
+                    const uint16_t *&qkv16) {
+  qkv16 = c.f.qkv16;
+  if (qkvIn16 && !c.s.rotary()) {
+    qkv16 = qkvIn16;
+    return Status::ok();
+  }
+  return launchAttentionPackBf16(ctx, c.s, qkv, c.f.qkv16, c.f.table, qkvIn16);
+}
+
+// The SIMT kernels' fp32 qkv: qkv's floats, or a packed qkv unpacked into
+// the call's scratch.
+Status simtOperand(const Context &ctx, const AttentionCall &c,
+                   const TensorRef &qkv, const float *&out) {
+  out = f32In(qkv);
+  if (out)
+    return Status::ok();
+  if (!c.qkv32)
+    return Status::error("attention: a packed qkv in an fp32 call");
+  PIPER_RETURN_IF_ERROR(
+      launchUnpackBf16(ctx, c.qkv32, bf16In(qkv), c.s.rows() * c.s.cols));
+  out = c.qkv32;
+  return Status::ok();
 }
 
 // y = attention(qkv) by the fused kernels: q, k rotated and packed to bf16,
@@ -165,12 +202,13 @@ Status setUpAttention(const KernelArgs &a, const Context &ctx, bool grad,
 // up-cast from there: exactly, the fused kernels write bf16) and the
 // statistics stored as the op's lse.
 Status fusedForward(const Context &ctx, const AttentionCall &c,
-                    const float *qkv, float *y, uint16_t *y16, float *lse) {
+                    const TensorRef &qkv, float *y, uint16_t *y16, float *lse) {
   const AttentionShape &s = c.s;
   const FusedScratch &f = c.f;
-  PIPER_RETURN_IF_ERROR(launchAttentionPackBf16(ctx, s, qkv, f.qkv16, f.table));
+  const uint16_t *qkv16 = nullptr;
+  PIPER_RETURN_IF_ERROR(fusedOperand(ctx, c, f32In(qkv), bf16In(qkv), qkv16));
   PIPER_RETURN_IF_ERROR(
-      c.fused->forward(ctx, f.qkv16, y16 ? y16 : f.y16, f.stats, f.workspace));
+      c.fused->forward(ctx, qkv16, y16 ? y16 : f.y16, f.stats, f.workspace));
   PIPER_RETURN_IF_ERROR(launchStatsToLse(ctx, s, f.stats, lse));
   if (y16)
     return Status::ok();
@@ -183,18 +221,19 @@ Status fusedForward(const Context &ctx, const AttentionCall &c,
 // is), the statistics from lse, the fused backward; dq and dk are rotated
 // back while they are up-cast.
 Status fusedBackward(const Context &ctx, const AttentionCall &c,
-                     const float *qkv, const float *y, const uint16_t *y16,
+                     const TensorRef &qkv, const float *y, const uint16_t *y16,
                      const float *lse, const float *dy, float *dqkv) {
   const AttentionShape &s = c.s;
   const FusedScratch &f = c.f;
-  PIPER_RETURN_IF_ERROR(launchAttentionPackBf16(ctx, s, qkv, f.qkv16, f.table));
+  const uint16_t *qkv16 = nullptr;
+  PIPER_RETURN_IF_ERROR(fusedOperand(ctx, c, f32In(qkv), bf16In(qkv), qkv16));
   if (!y16) {
     PIPER_RETURN_IF_ERROR(launchPackBf16(ctx, f.y16, y, s.rows() * s.qCols));
     y16 = f.y16;
   }
   PIPER_RETURN_IF_ERROR(launchLseToStats(ctx, s, lse, f.stats));
   PIPER_RETURN_IF_ERROR(launchPackBf16(ctx, f.dy16, dy, s.rows() * s.qCols));
-  PIPER_RETURN_IF_ERROR(c.fused->backward(ctx, f.qkv16, y16, f.dy16, f.stats,
+  PIPER_RETURN_IF_ERROR(c.fused->backward(ctx, qkv16, y16, f.dy16, f.stats,
                                           f.dqkv16, f.workspace));
   return launchAttentionUnpackGradBf16(ctx, s, f.dqkv16, dqkv, f.table);
 }
@@ -210,16 +249,18 @@ Status attention(const KernelArgs &a, const Context &ctx) {
   PIPER_RETURN_IF_ERROR(setUpAttention(a, ctx, false, c));
   if (c.empty)
     return Status::ok();
-  const float *qkv = a.inputs[0].f32();
+  const TensorRef &qkvRef = a.inputs[0];
   float *y = f32Out(a.outputs[0]), *lse = a.outputs[1].f32();
   uint16_t *y16 = bf16Out(a.outputs[0]);
   const bool round = a.ctx.lowPrecision;
   const int64_t n = c.s.rows() * c.s.qCols;
   if (c.fused) {
-    PIPER_RETURN_IF_ERROR(fusedForward(ctx, c, qkv, y, y16, lse));
+    PIPER_RETURN_IF_ERROR(fusedForward(ctx, c, qkvRef, y, y16, lse));
   } else {
     if (y16 && !c.y32)
       return Status::error("attention: a packed y in an fp32 call");
+    const float *qkv = nullptr;
+    PIPER_RETURN_IF_ERROR(simtOperand(ctx, c, qkvRef, qkv));
     float *out = y16 ? c.y32 : y;
     PIPER_RETURN_IF_ERROR(launchAttention(ctx, c.s, qkv, out, lse, c.scratch));
     if (y16)
@@ -243,11 +284,13 @@ Status attentionGrad(const KernelArgs &a, const Context &ctx) {
   const bool packedY = y.dtype == plan::BF16;
   if (c.fused)
     return fusedBackward(
-        ctx, c, a.inputs[0].f32(), packedY ? nullptr : y.f32(),
+        ctx, c, a.inputs[0], packedY ? nullptr : y.f32(),
         packedY ? static_cast<const uint16_t *>(y.data) : nullptr,
         a.inputs[2].f32(), a.inputs[3].f32(), a.outputs[0].f32());
   // The SIMT kernels recompute the softmax from q|k|v, as the CPU's.
-  return launchAttentionGrad(ctx, c.s, a.inputs[0].f32(), a.inputs[3].f32(),
+  const float *qkv = nullptr;
+  PIPER_RETURN_IF_ERROR(simtOperand(ctx, c, a.inputs[0], qkv));
+  return launchAttentionGrad(ctx, c.s, qkv, a.inputs[3].f32(),
                              a.outputs[0].f32(), c.scratch);
 }
 
@@ -345,9 +388,9 @@ void addAttentionKernels(std::vector<KernelEntry> &out) {
       {
           // y and lse rounded in mixed precision, y stored packed where
           // only GEMMs and attention_grad read it, which takes it so.
-          {"attention", attention, prepareAttention<false>, true, 0, 0b1},
+          {"attention", attention, prepareAttention<false>, true, 0b1, 0b1},
           {"attention_grad", attentionGrad, prepareAttention<true>, false,
-           0b10},
+           0b11},
           {"attention_block", attentionBlock, prepareRingStep<false>},
           {"attention_block_grad", attentionBlockGrad, prepareRingStep<true>},
       });

@@ -33,9 +33,11 @@ Status launchAttentionGrad(const Context &ctx, const AttentionShape &s,
 /// even after the rotation (v is bf16-valued already in bf16 plans: exact).
 /// `table` holds attentionRopeTableBytes(s) (device memory; unused without
 /// rotary embeddings), and is left holding the rotary table for
-/// launchAttentionUnpackGradBf16.
+/// launchAttentionUnpackGradBf16. `qkvIn16` instead of `qkv`: qkv packed
+/// (a step buffer as stored: the same values).
 Status launchAttentionPackBf16(const Context &ctx, const AttentionShape &s,
-                               const float *qkv, uint16_t *qkv16, char *table);
+                               const float *qkv, uint16_t *qkv16, char *table,
+                               const uint16_t *qkvIn16 = nullptr);
 /// dqkv (fp32, [rows, cols]) from the fused backward's bf16 dqkv16: dq and
 /// dk rotated back (the rotation's transpose, in double, as the SIMT
 /// kernel), dv up-cast; every element written. `table` as left by

@@ -300,12 +300,14 @@ size_t attentionRopeTableBytes(const AttentionShape &s) {
 }
 
 Status launchAttentionPackBf16(const Context &ctx, const AttentionShape &s,
-                               const float *qkv, uint16_t *qkv16, char *table) {
+                               const float *qkv, uint16_t *qkv16, char *table,
+                               const uint16_t *qkvIn16) {
   const int64_t cols = s.cols, rows = s.rows();
   if (!s.rotary())
     return Exec(ctx).forEach(
-        "attention_pack_bf16", rows * cols,
-        [=] PIPER_LAMBDA(int64_t idx) { qkv16[idx] = toBf16(qkv[idx]); });
+        "attention_pack_bf16", rows * cols, [=] PIPER_LAMBDA(int64_t idx) {
+          qkv16[idx] = qkvIn16 ? qkvIn16[idx] : toBf16(qkv[idx]);
+        });
   const size_t tableBytes = attentionRopeTableBytes(s) / 2;
   double *cosT = reinterpret_cast<double *>(table);
   double *sinT = reinterpret_cast<double *>(table + tableBytes);
@@ -318,18 +320,21 @@ Status launchAttentionPackBf16(const Context &ctx, const AttentionShape &s,
   return Exec(ctx).forEach(
       "attention_rope_pack_bf16", rows * perRow, [=] PIPER_LAMBDA(int64_t idx) {
         int64_t r = idx / perRow, p = idx % perRow;
-        const float *in = qkv + r * cols;
+        // Element c of the row: fp32, or packed (the same value).
+        const float *in = qkvIn16 ? nullptr : qkv + r * cols;
+        const uint16_t *in16 = qkvIn16 ? qkvIn16 + r * cols : nullptr;
+        auto at = [=](int64_t c) { return in16 ? fromBf16(in16[c]) : in[c]; };
         uint16_t *out = qkv16 + r * cols;
         if (p >= rotated) {
           int64_t c = vStart + 2 * (p - rotated);
-          out[c] = toBf16(in[c]);
-          out[c + 1] = toBf16(in[c + 1]);
+          out[c] = toBf16(at(c));
+          out[c + 1] = toBf16(at(c + 1));
           return;
         }
         int64_t col = (p / half) * hd + p % half;
         int64_t e = (r % seq) * half + p % half;
         float o1, o2;
-        ropePair(in[col], in[col + half], cosT[e], sinT[e], false, o1, o2);
+        ropePair(at(col), at(col + half), cosT[e], sinT[e], false, o1, o2);
         out[col] = toBf16(o1);
         out[col + half] = toBf16(o2);
       });
