@@ -425,8 +425,10 @@ Status gemmColMajor(const Context &ctx, const ColMajorGemm &call) {
     d = g.c16;
   const void *aux = g.geluOut ? static_cast<const void *>(g.c)
                               : static_cast<const void *>(g.geluGradOf);
-  // The output matrices' alignment: C, D and aux share ldc.
-  uint32_t alignOut = matrixAlignment(d, g.ldc, g.c16 ? 2 : 4);
+  // The output matrices' alignment: C, D and aux share ldc (a packed D has
+  // neither C nor aux).
+  uint32_t alignOut =
+      g.c16 ? matrixAlignment(g.c16, g.ldc, 2) : matrixAlignment(g.c, g.ldc, 4);
   if (gelu)
     alignOut =
         std::min(alignOut, matrixAlignment(d == g.c ? aux : d, g.ldc, 4));
