@@ -393,7 +393,9 @@ Status checkAttention(const KernelArgs &a, AttentionDims &d) {
 
 Status checkAttentionGrad(const KernelArgs &a, AttentionDims &d) {
   PIPER_RETURN_IF_ERROR(expectCounts(a, 4, 4, 1));
-  PIPER_RETURN_IF_ERROR(attentionDims(a, a.inputs[0], a.inputs[3], "dy", d));
+  // dy may be packed too (linear_grad_input's packed dx).
+  PIPER_RETURN_IF_ERROR(
+      attentionDims(a, a.inputs[0], a.inputs[3], "dy", d, true));
   PIPER_RETURN_IF_ERROR(expectTensor(
       a, a.inputs[1], "y", packableDType(a, a.inputs[1]), {d.rows, d.qCols}));
   PIPER_RETURN_IF_ERROR(
@@ -445,8 +447,9 @@ Status attentionGradKernel(const KernelArgs &a) {
   const TensorRef &qkv = a.inputs[0], &dy = a.inputs[3], &dqkv = a.outputs[0];
   if (d.batch == 0)
     return Status::ok();
-  std::vector<float> unpacked;
+  std::vector<float> unpacked, unpackedDy;
   const float *qkvData = fp32Data(qkv, unpacked);
+  const float *dyData = fp32Data(dy, unpackedDy);
 
   int64_t s = d.seq, hd = d.headDim;
   bool rotary = d.ropeTheta != 0;
@@ -472,7 +475,7 @@ Status attentionGradKernel(const KernelArgs &a) {
       // the others add to them, in head order.
       float beta = h % d.group() == 0 ? 0.0f : 1.0f;
       const float *q = qk.q + h * hd, *k = qk.k + g * hd;
-      const float *dyb = dy.f32() + b * s * d.qCols + h * hd;
+      const float *dyb = dyData + b * s * d.qCols + h * hd;
 
       causalProbs(d, q, qk.ldq, k, qk.ldk, scale, probs.data());
       // dV = P^T dY and dP = dY V^T.

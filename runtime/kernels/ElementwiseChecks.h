@@ -15,7 +15,8 @@ namespace piper::runtime::detail {
 // The outputs of gelu, gelu_grad, swiglu and swiglu_grad may in mixed
 // precision be packed bf16 (expectPackableOutput: an activation the
 // executor stores packed because only GEMMs read it,
-// hal::Device::writesPackedOutput).
+// hal::Device::writesPackedOutput), as may the dy of gelu_grad and
+// swiglu_grad (linear_grad_input's packed dx: readsPackedInput).
 
 /// gelu: f32 x -> y of x's shape.
 Status checkGelu(const KernelArgs &a);

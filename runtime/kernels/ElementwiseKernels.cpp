@@ -94,7 +94,8 @@ Status checkGeluGrad(const KernelArgs &a) {
   PIPER_RETURN_IF_ERROR(expectCounts(a, 2, 2, 1));
   const TensorRef &x = a.inputs[0];
   PIPER_RETURN_IF_ERROR(expectDType(a, x, "x", plan::F32));
-  PIPER_RETURN_IF_ERROR(expectTensor(a, a.inputs[1], "dy", plan::F32, x.shape));
+  PIPER_RETURN_IF_ERROR(expectTensor(a, a.inputs[1], "dy",
+                                     packableDType(a, a.inputs[1]), x.shape));
   return expectPackableOutput(a, a.outputs[0], "dx", x.shape);
 }
 
@@ -103,7 +104,9 @@ Status geluGradKernel(const KernelArgs &a) {
   const TensorRef &dx = a.outputs[0];
   std::vector<float> packed;
   float *out = outputRow(dx, 0, dx.numel(), packed);
-  geluGradInto(a.inputs[0].f32(), a.inputs[1].f32(), out, dx.numel());
+  std::vector<float> unpacked;
+  geluGradInto(a.inputs[0].f32(), fp32Data(a.inputs[1], unpacked), out,
+               dx.numel());
   storeRow(dx, 0, dx.numel(), dx.numel(), out);
   return Status::ok();
 }
@@ -147,24 +150,25 @@ Status swigluKernel(const KernelArgs &a) {
 Status checkSwigluGrad(const KernelArgs &a, int64_t &rows, int64_t &width) {
   PIPER_RETURN_IF_ERROR(expectCounts(a, 2, 2, 1));
   PIPER_RETURN_IF_ERROR(checkGateUp(a, a.inputs[0], rows, width));
-  PIPER_RETURN_IF_ERROR(
-      expectTensor(a, a.inputs[1], "dy", plan::F32, {rows, width}));
+  PIPER_RETURN_IF_ERROR(expectTensor(
+      a, a.inputs[1], "dy", packableDType(a, a.inputs[1]), {rows, width}));
   return expectPackableOutput(a, a.outputs[0], "dgate_up", {rows, 2 * width});
 }
 
 Status swigluGradKernel(const KernelArgs &a) {
   int64_t rows = 0, width = 0;
   PIPER_RETURN_IF_ERROR(checkSwigluGrad(a, rows, width));
-  const TensorRef &gateUp = a.inputs[0], &dy = a.inputs[1],
-                  &dgateUp = a.outputs[0];
+  const TensorRef &gateUp = a.inputs[0], &dgateUp = a.outputs[0];
+  std::vector<float> unpacked;
+  const float *dy = fp32Data(a.inputs[1], unpacked);
 
   parallelFor(rows, rowGrain(5 * width), [&](int64_t begin, int64_t end) {
     std::vector<float> packed;
     for (int64_t n = begin; n < end; ++n) {
       const float *gate = gateUp.f32() + n * 2 * width;
       float *dgate = outputRow(dgateUp, n, 2 * width, packed);
-      swigluGradRow(gate, gate + width, dy.f32() + n * width, dgate,
-                    dgate + width, width);
+      swigluGradRow(gate, gate + width, dy + n * width, dgate, dgate + width,
+                    width);
       storeRow(dgateUp, n, 2 * width, 2 * width, dgate);
     }
   });

@@ -149,8 +149,11 @@ static Status checkGradInputOperands(const KernelArgs &a, size_t inputs,
   if (inputs == 3)
     PIPER_RETURN_IF_ERROR(
         expectTensor(a, a.inputs[2], "h", plan::F32, {d.rows, d.in}));
-  PIPER_RETURN_IF_ERROR(expectTensor(a, dx, inputs == 2 ? "dx" : "dh",
-                                     plan::F32, {d.rows, d.in}));
+  // linear_grad_input's dx may be packed in mixed precision (a gradient
+  // that only packed readers read: hal::Device::writesPackedOutput).
+  PIPER_RETURN_IF_ERROR(expectTensor(
+      a, dx, inputs == 2 ? "dx" : "dh",
+      inputs == 2 ? packableDType(a, dx) : plan::F32, {d.rows, d.in}));
   return expectBlasDims(a, {d.rows, d.in, d.out, d.ld});
 }
 
@@ -173,7 +176,11 @@ static void gradInputInto(const KernelArgs &a, const LinearDims &d, float *dx) {
 Status linearGradInputKernel(const KernelArgs &a) {
   LinearDims d;
   PIPER_RETURN_IF_ERROR(checkLinearGradInput(a, d));
-  gradInputInto(a, d, a.outputs[0].f32());
+  const TensorRef &dx = a.outputs[0];
+  std::vector<float> packed;
+  float *out = outputRow(dx, 0, dx.numel(), packed);
+  gradInputInto(a, d, out);
+  storeRow(dx, 0, dx.numel(), dx.numel(), out);
   return Status::ok();
 }
 

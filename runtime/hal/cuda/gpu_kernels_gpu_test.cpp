@@ -70,14 +70,17 @@ TEST_CASE("the CUDA fused AdamW calls give each call's own bits, and the "
 // As gpu_kernels_test on the emulation: the GEMMs reading packed bf16
 // operands where they are (or re-strided, bf16 to bf16, where their
 // columns are not 16-byte aligned) give the bits of the same values as
-// fp32 operands packed by the GEMM, and the fused classifier's packed
-// dlogits are its fp32 dlogits packed.
+// fp32 operands packed by the GEMM, and the kernels storing packed outputs
+// (the fused classifier's dlogits, the norms', MLP activations, attention's
+// y written by cuDNN, linear's y as cuBLASLt's bf16 D) store their fp32
+// outputs packed; every declared packed operand is checked.
 TEST_CASE("the CUDA kernels' packed bf16 operands give their fp32 values' "
           "bits") {
   auto gpu = cudaDevice();
   std::set<std::string> checked;
   CHECK(testing::comparePackedOperands(*gpu, *gpu, INT64_MAX, checked) == "");
-  CHECK(checked.size() == 13);
+  CHECK(checked == testing::declaredPackedOperands(*gpu));
+  CHECK(checked.size() == 34); // gpu_kernels_test's declared list
 }
 
 // As gpu_kernels_test on the emulation: the executor does not zero a value

@@ -43,8 +43,9 @@ Status attentionShape(const KernelArgs &a, const AttentionDims &d,
 
 // Scratch for the call from the stream's workspace (none needed: null);
 // in a bf16 call also an fp32 qkv (`qkv32`), which a packed qkv is
-// unpacked into for the SIMT kernels, and in a bf16 forward an fp32 y
-// (`y32`), which they write where the executor gives y packed.
+// unpacked into for the SIMT kernels, and an fp32 y (`y32`): the forward's,
+// which they write where the executor gives y packed, or the backward's dy,
+// which a packed dy is unpacked into.
 Status attentionScratchFor(const Context &ctx, const AttentionShape &s,
                            bool grad, char *&scratch, float *&qkv32,
                            float *&y32) {
@@ -54,7 +55,7 @@ Status attentionScratchFor(const Context &ctx, const AttentionShape &s,
   const size_t qkvBytes =
       ctx.bf16 ? attentionAlign(size_t(s.rows() * s.cols) * sizeof(float)) : 0;
   const size_t yBytes =
-      !grad && ctx.bf16 ? size_t(s.rows() * s.qCols) * sizeof(float) : 0;
+      ctx.bf16 ? size_t(s.rows() * s.qCols) * sizeof(float) : 0;
   if (bytes + qkvBytes + yBytes == 0)
     return Status::ok();
   void *p = nullptr;
@@ -149,7 +150,7 @@ struct AttentionCall {
   FusedScratch f;          // the fused path's
   char *scratch = nullptr; // the SIMT kernels' (null: none needed)
   float *qkv32 = nullptr;  // theirs: an fp32 qkv in a bf16 call
-  float *y32 = nullptr;    // theirs: an fp32 y in a bf16 forward
+  float *y32 = nullptr;    // theirs: an fp32 y (or dy) in a bf16 call
   bool empty = false;
 };
 
@@ -182,18 +183,17 @@ Status fusedOperand(const Context &ctx, const AttentionCall &c,
   return launchAttentionPackBf16(ctx, c.s, qkv, c.f.qkv16, c.f.table, qkvIn16);
 }
 
-// The SIMT kernels' fp32 qkv: qkv's floats, or a packed qkv unpacked into
-// the call's scratch.
-Status simtOperand(const Context &ctx, const AttentionCall &c,
-                   const TensorRef &qkv, const float *&out) {
-  out = f32In(qkv);
+// The SIMT kernels' fp32 operand: t's floats, or a packed t unpacked into
+// `scratch` (the call's qkv32 or y32).
+Status simtOperand(const Context &ctx, const TensorRef &t, float *scratch,
+                   const float *&out) {
+  out = f32In(t);
   if (out)
     return Status::ok();
-  if (!c.qkv32)
-    return Status::error("attention: a packed qkv in an fp32 call");
-  PIPER_RETURN_IF_ERROR(
-      launchUnpackBf16(ctx, c.qkv32, bf16In(qkv), c.s.rows() * c.s.cols));
-  out = c.qkv32;
+  if (!scratch)
+    return Status::error("attention: a packed operand in an fp32 call");
+  PIPER_RETURN_IF_ERROR(launchUnpackBf16(ctx, scratch, bf16In(t), t.numel()));
+  out = scratch;
   return Status::ok();
 }
 
@@ -222,7 +222,7 @@ Status fusedForward(const Context &ctx, const AttentionCall &c,
 // back while they are up-cast.
 Status fusedBackward(const Context &ctx, const AttentionCall &c,
                      const TensorRef &qkv, const float *y, const uint16_t *y16,
-                     const float *lse, const float *dy, float *dqkv) {
+                     const float *lse, const TensorRef &dy, float *dqkv) {
   const AttentionShape &s = c.s;
   const FusedScratch &f = c.f;
   const uint16_t *qkv16 = nullptr;
@@ -232,9 +232,15 @@ Status fusedBackward(const Context &ctx, const AttentionCall &c,
     y16 = f.y16;
   }
   PIPER_RETURN_IF_ERROR(launchLseToStats(ctx, s, lse, f.stats));
-  PIPER_RETURN_IF_ERROR(launchPackBf16(ctx, f.dy16, dy, s.rows() * s.qCols));
-  PIPER_RETURN_IF_ERROR(c.fused->backward(ctx, qkv16, y16, f.dy16, f.stats,
-                                          f.dqkv16, f.workspace));
+  // dy packed unless it is already (linear_grad_input's packed dx).
+  const uint16_t *dy16 = bf16In(dy);
+  if (!dy16) {
+    PIPER_RETURN_IF_ERROR(
+        launchPackBf16(ctx, f.dy16, dy.f32(), s.rows() * s.qCols));
+    dy16 = f.dy16;
+  }
+  PIPER_RETURN_IF_ERROR(
+      c.fused->backward(ctx, qkv16, y16, dy16, f.stats, f.dqkv16, f.workspace));
   return launchAttentionUnpackGradBf16(ctx, s, f.dqkv16, dqkv, f.table);
 }
 
@@ -260,7 +266,7 @@ Status attention(const KernelArgs &a, const Context &ctx) {
     if (y16 && !c.y32)
       return Status::error("attention: a packed y in an fp32 call");
     const float *qkv = nullptr;
-    PIPER_RETURN_IF_ERROR(simtOperand(ctx, c, qkvRef, qkv));
+    PIPER_RETURN_IF_ERROR(simtOperand(ctx, qkvRef, c.qkv32, qkv));
     float *out = y16 ? c.y32 : y;
     PIPER_RETURN_IF_ERROR(launchAttention(ctx, c.s, qkv, out, lse, c.scratch));
     if (y16)
@@ -283,15 +289,15 @@ Status attentionGrad(const KernelArgs &a, const Context &ctx) {
   const TensorRef &y = a.inputs[1];
   const bool packedY = y.dtype == plan::BF16;
   if (c.fused)
-    return fusedBackward(
-        ctx, c, a.inputs[0], packedY ? nullptr : y.f32(),
-        packedY ? static_cast<const uint16_t *>(y.data) : nullptr,
-        a.inputs[2].f32(), a.inputs[3].f32(), a.outputs[0].f32());
+    return fusedBackward(ctx, c, a.inputs[0], packedY ? nullptr : y.f32(),
+                         packedY ? static_cast<const uint16_t *>(y.data)
+                                 : nullptr,
+                         a.inputs[2].f32(), a.inputs[3], a.outputs[0].f32());
   // The SIMT kernels recompute the softmax from q|k|v, as the CPU's.
-  const float *qkv = nullptr;
-  PIPER_RETURN_IF_ERROR(simtOperand(ctx, c, a.inputs[0], qkv));
-  return launchAttentionGrad(ctx, c.s, qkv, a.inputs[3].f32(),
-                             a.outputs[0].f32(), c.scratch);
+  const float *qkv = nullptr, *dy = nullptr;
+  PIPER_RETURN_IF_ERROR(simtOperand(ctx, a.inputs[0], c.qkv32, qkv));
+  PIPER_RETURN_IF_ERROR(simtOperand(ctx, a.inputs[3], c.y32, dy));
+  return launchAttentionGrad(ctx, c.s, qkv, dy, a.outputs[0].f32(), c.scratch);
 }
 
 // Preparing a plan's attention (prepareKernel, at plan load): the fused
@@ -390,7 +396,7 @@ void addAttentionKernels(std::vector<KernelEntry> &out) {
           // only GEMMs and attention_grad read it, which takes it so.
           {"attention", attention, prepareAttention<false>, true, 0b1, 0b1},
           {"attention_grad", attentionGrad, prepareAttention<true>, false,
-           0b11},
+           0b1011},
           {"attention_block", attentionBlock, prepareRingStep<false>},
           {"attention_block_grad", attentionBlockGrad, prepareRingStep<true>},
       });

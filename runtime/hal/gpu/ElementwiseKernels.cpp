@@ -22,9 +22,10 @@ Status gelu(const KernelArgs &a, const Context &ctx) {
 
 Status geluGrad(const KernelArgs &a, const Context &ctx) {
   PIPER_RETURN_IF_ERROR(detail::checkGeluGrad(a));
-  return launchGeluGrad(ctx, a.inputs[0].f32(), a.inputs[1].f32(),
+  return launchGeluGrad(ctx, a.inputs[0].f32(), f32In(a.inputs[1]),
                         f32Out(a.outputs[0]), a.inputs[0].numel(),
-                        a.ctx.lowPrecision, bf16Out(a.outputs[0]));
+                        a.ctx.lowPrecision, bf16Out(a.outputs[0]),
+                        bf16In(a.inputs[1]));
 }
 
 Status swiglu(const KernelArgs &a, const Context &ctx) {
@@ -37,9 +38,9 @@ Status swiglu(const KernelArgs &a, const Context &ctx) {
 Status swigluGrad(const KernelArgs &a, const Context &ctx) {
   int64_t rows = 0, width = 0;
   PIPER_RETURN_IF_ERROR(detail::checkSwigluGrad(a, rows, width));
-  return launchSwigluGrad(ctx, a.inputs[0].f32(), a.inputs[1].f32(),
+  return launchSwigluGrad(ctx, a.inputs[0].f32(), f32In(a.inputs[1]),
                           f32Out(a.outputs[0]), rows, width, a.ctx.lowPrecision,
-                          bf16Out(a.outputs[0]));
+                          bf16Out(a.outputs[0]), bf16In(a.inputs[1]));
 }
 
 Status add(const KernelArgs &a, const Context &ctx) {
@@ -131,21 +132,22 @@ Status adamw(const KernelArgs &a, const Context &ctx) {
 } // namespace
 
 void addElementwiseKernels(std::vector<KernelEntry> &out) {
-  out.insert(out.end(), {
-                            // These round their results in mixed
-                            // precision (Device::roundsOutputs), the
-                            // activations of an MLP and their gradients
-                            // also stored packed where only GEMMs read
-                            // them (packedOutputs).
-                            {"gelu", gelu, nullptr, true, 0, 0b1},
-                            {"gelu_grad", geluGrad, nullptr, true, 0, 0b1},
-                            {"swiglu", swiglu, nullptr, true, 0, 0b1},
-                            {"swiglu_grad", swigluGrad, nullptr, true, 0, 0b1},
-                            {"add", add, nullptr, true},
-                            {"accumulate", accumulate},
-                            {"zero", zero},
-                            {"adamw", adamw},
-                        });
+  out.insert(out.end(),
+             {
+                 // These round their results in mixed
+                 // precision (Device::roundsOutputs), the
+                 // activations of an MLP and their gradients
+                 // also stored packed where only GEMMs read
+                 // them (packedOutputs).
+                 {"gelu", gelu, nullptr, true, 0, 0b1},
+                 {"gelu_grad", geluGrad, nullptr, true, 0b10, 0b1},
+                 {"swiglu", swiglu, nullptr, true, 0, 0b1},
+                 {"swiglu_grad", swigluGrad, nullptr, true, 0b10, 0b1},
+                 {"add", add, nullptr, true},
+                 {"accumulate", accumulate},
+                 {"zero", zero},
+                 {"adamw", adamw},
+             });
 }
 
 Status runAdamwCalls(const std::vector<AdamwCall> &calls, KernelContext &kctx,

@@ -12,9 +12,11 @@ Status launchGelu(const Context &ctx, const float *x, float *y, int64_t n,
 }
 
 Status launchGeluGrad(const Context &ctx, const float *x, const float *dy,
-                      float *dx, int64_t n, bool round, uint16_t *dx16) {
+                      float *dx, int64_t n, bool round, uint16_t *dx16,
+                      const uint16_t *dy16) {
   return Exec(ctx).forEach("gelu_grad", n, [=] PIPER_LAMBDA(int64_t i) {
-    storeRounded(dx, dx16, i, geluBackward(x[i], dy[i]), round);
+    const float g = dy16 ? fromBf16(dy16[i]) : dy[i];
+    storeRounded(dx, dx16, i, geluBackward(x[i], g), round);
   });
 }
 
@@ -29,14 +31,16 @@ Status launchSwiglu(const Context &ctx, const float *gateUp, float *y,
 
 Status launchSwigluGrad(const Context &ctx, const float *gateUp,
                         const float *dy, float *dgateUp, int64_t rows,
-                        int64_t width, bool round, uint16_t *dgateUp16) {
+                        int64_t width, bool round, uint16_t *dgateUp16,
+                        const uint16_t *dy16) {
   return Exec(ctx).forEach(
       "swiglu_grad", rows * width, [=] PIPER_LAMBDA(int64_t i) {
         int64_t r = i / width, j = i % width;
         const float *row = gateUp + r * 2 * width;
         const int64_t at = r * 2 * width + j;
         float dGate = 0, dUp = 0;
-        swigluBackward(row[j], row[width + j], dy[i], dGate, dUp);
+        const float g = dy16 ? fromBf16(dy16[i]) : dy[i];
+        swigluBackward(row[j], row[width + j], g, dGate, dUp);
         storeRounded(dgateUp, dgateUp16, at, dGate, round);
         storeRounded(dgateUp, dgateUp16, at + width, dUp, round);
       });

@@ -79,19 +79,29 @@ Status linearGelu(const KernelArgs &a, const Context &ctx) {
 }
 
 // dx = dy * w^T for w [in,out]; dx = dy * w for w [out,in] (with `gelu`,
-// asking for its epilogue).
+// asking for its epilogue). A packed dx (linear_grad_input's,
+// KernelEntry::packedOutputs) is stored by the GEMM as bf16.
 Status gradInput(const KernelArgs &a, const Context &ctx, const LinearDims &d,
                  GemmGelu *gelu) {
+  const TensorRef &dx = a.outputs[0];
   return gemm(ctx, false, !d.transposeW, d.rows, d.in, d.out, 1.0f,
               gemmOperand(a.inputs[0]), d.ld, gemmOperand(a.inputs[1]),
-              d.transposeW ? d.in : d.out, 0.0f, a.outputs[0].f32(), d.in,
-              nullptr, nullptr, gelu);
+              d.transposeW ? d.in : d.out, 0.0f, f32Out(dx), d.in, nullptr,
+              nullptr, gelu, bf16Out(dx));
 }
 
+// In mixed precision dx is stored rounded to bf16 (KernelEntry::
+// roundsOutputs): by a pass after the GEMM, or by the GEMM itself where dx
+// is packed (a gradient that only packed readers read: attention_grad's
+// and the MLP gradients' dy).
 Status linearGradInput(const KernelArgs &a, const Context &ctx) {
   LinearDims d;
   PIPER_RETURN_IF_ERROR(detail::checkLinearGradInput(a, d));
-  return gradInput(a, ctx, d, nullptr);
+  PIPER_RETURN_IF_ERROR(gradInput(a, ctx, d, nullptr));
+  const TensorRef &dx = a.outputs[0];
+  if (!a.ctx.lowPrecision || dx.dtype == plan::BF16)
+    return Status::ok();
+  return launchRoundBf16(ctx, dx.f32(), dx.numel());
 }
 
 // dh = (dy w^T) * gelu'(h): DGELU in the GEMM's epilogue where the backend
@@ -348,7 +358,7 @@ void addLinearKernels(std::vector<KernelEntry> &out) {
           // linear_gelu rounds both outputs itself in mixed precision and
           // stores y = gelu(h) packed where only GEMMs read it.
           {"linear_gelu", linearGelu, nullptr, true, 0b11, 0b10},
-          {"linear_grad_input", linearGradInput, nullptr, false, 0b11},
+          {"linear_grad_input", linearGradInput, nullptr, true, 0b11, 0b1},
           {"linear_grad_input_gelu", linearGradInputGelu, nullptr, false, 0b11},
           {"linear_grad_weight", linearGradWeight, nullptr, false, 0b11},
           {"bias_add", biasAdd, nullptr, true},

@@ -247,6 +247,24 @@ std::vector<uint32_t> packWords(const std::vector<uint32_t> &words) {
 }
 } // namespace
 
+std::set<std::string> declaredPackedOperands(Device &declaring) {
+  std::set<std::string> names;
+  for (const KernelCase &c : kernelCases()) {
+    const KernelInfo *info = declaring.findKernel(c.op);
+    if (!info || !c.rejects.empty())
+      continue;
+    for (size_t i = 0; i < c.inputs.size(); ++i)
+      if (c.inputs[i].dtype == plan::F32 && !c.inputs[i].shape.empty() &&
+          declaring.readsPackedInput(*info, static_cast<int>(i)))
+        names.insert(c.op + ":" + std::to_string(i));
+    for (size_t o = 0; o < c.outputs.size(); ++o)
+      if (c.outputs[o].dtype == plan::F32 && !c.outputs[o].shape.empty() &&
+          declaring.writesPackedOutput(*info, static_cast<int>(o)))
+        names.insert(c.op + ":out" + std::to_string(o));
+  }
+  return names;
+}
+
 std::string comparePackedOperands(Device &declaring, Device &device,
                                   int64_t maxElements,
                                   std::set<std::string> &checked) {

@@ -151,6 +151,10 @@ std::string runOutputsFrom(const KernelCase &c, Device &device,
                            uint32_t outputWord,
                            std::vector<std::vector<uint32_t>> &outputs);
 
+/// The "op:input" and "op:out<o>" names of every operand that `declaring`
+/// says a case's op takes or stores packed (an f32 operand of at least one
+/// dimension): what comparePackedOperands checks when no case is skipped.
+std::set<std::string> declaredPackedOperands(Device &declaring);
 /// Packed bf16 operands (Device::readsPackedInput, writesPackedOutput):
 /// for every case of an op that `declaring` says takes some input packed,
 /// run on `device` in mixed precision with those inputs' values rounded to

@@ -210,7 +210,8 @@ TEST_CASE("kernels that round their own outputs in mixed precision give the "
     }
     CHECK(rounded == exact);
   }
-  CHECK(checked == std::set<std::string>{"linear",
+  CHECK(checked == std::set<std::string>{"linear_grad_input",
+                                         "linear",
                                          "attention",
                                          "add",
                                          "bias_add",
@@ -283,12 +284,18 @@ TEST_CASE("packed bf16 operands give the bits of their fp32 values") {
                                           "attention:out0",
                                           "attention_grad:0",
                                           "attention_grad:1",
+                                          "attention_grad:3",
+                                          "linear_grad_input:out0",
+                                          "gelu_grad:1",
+                                          "swiglu_grad:1",
                                           "gelu_grad:out0",
                                           "swiglu:out0",
                                           "swiglu_grad:out0"};
   CHECK(onGpu == declared);
   CHECK(onCpu == declared);
   CHECK(onFused == declared);
+  // What gpu_kernels_gpu_test expects its unlimited run on CUDA to check.
+  CHECK(testing::declaredPackedOperands(*gpu) == declared);
   // The CPU device takes none packed (its kernels would unpack and pack
   // them: no pass saved).
   for (const char *op : {"linear", "linear_grad_weight"})
