@@ -416,3 +416,37 @@ TEST_CASE("a packed GEMM operand needs a bf16 GEMM") {
                   0.0f, want.data(), 2));
   CHECK(c == want);
 }
+
+// A packed output (ColMajorGemm::c16) likewise: refused in an fp32 GEMM,
+// with an fp32 C too, with beta other than 0; in a bf16 GEMM it holds the
+// fp32 result rounded and packed, the empty product's bias included.
+TEST_CASE("a packed GEMM output needs a bf16 GEMM with beta 0") {
+  namespace g = piper::runtime::hal::PIPER_GPU_NS;
+  g::Context fp32, bf16;
+  bf16.bf16 = true;
+  const std::vector<float> a = {1, 2, 3, 4}, b = {0.5f, -1, 2, 0.3f};
+  const std::vector<float> bias = {1.0f / 3, -2.5f};
+  std::vector<float> c(4, 0.0f);
+  std::vector<uint16_t> c16(4, 0xFFFF);
+  const std::string refused = "gemm: a packed output needs a bf16 GEMM with "
+                              "beta 0, no fp32 C, no operand sums and no GELU";
+  CHECK(g::gemm(fp32, false, false, 2, 2, 2, 1.0f, a.data(), 2, b.data(), 2,
+                0.0f, nullptr, 2, nullptr, nullptr, nullptr, c16.data())
+            .message() == refused);
+  CHECK(g::gemm(bf16, false, false, 2, 2, 2, 1.0f, a.data(), 2, b.data(), 2,
+                0.0f, c.data(), 2, nullptr, nullptr, nullptr, c16.data())
+            .message() == refused);
+  CHECK(g::gemm(bf16, false, false, 2, 2, 2, 1.0f, a.data(), 2, b.data(), 2,
+                1.0f, nullptr, 2, nullptr, nullptr, nullptr, c16.data())
+            .message() == refused);
+  for (int64_t k : {2, 0}) {
+    INFO("k = " << k);
+    REQUIRE(g::gemm(bf16, false, false, 2, 2, k, 1.0f, a.data(), 2, b.data(), 2,
+                    0.0f, c.data(), 2, bias.data()));
+    REQUIRE(g::gemm(bf16, false, false, 2, 2, k, 1.0f, a.data(), 2, b.data(), 2,
+                    0.0f, nullptr, 2, bias.data(), nullptr, nullptr,
+                    c16.data()));
+    for (size_t i = 0; i < c.size(); ++i)
+      CHECK(c16[i] == piper::floatToBf16(c[i]));
+  }
+}
