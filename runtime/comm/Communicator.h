@@ -145,6 +145,16 @@ public:
     return allReduceSumWorld(data, count);
   }
 
+  /// Why a step that issues this communicator's operations cannot be
+  /// captured as one device graph (hal::Device::beginStepCapture), or ""
+  /// where it can: every operation is queued on the device stream bound to
+  /// its logical stream and its completion waited for there, never on the
+  /// host (NCCL; the emulated GPU's model of it). Host communicators
+  /// (Gloo) cannot: their operations run on the host as it issues them.
+  virtual std::string stepCaptureRefusal() const {
+    return "its operations run on the host as they are issued";
+  }
+
   // Blocking conveniences over the asynchronous operations.
 
   /// isend, keeping the work until waitSends(stream).

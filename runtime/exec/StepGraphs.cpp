@@ -19,9 +19,23 @@ std::string ExecutorImpl::stepGraphRefusal() const {
   std::string device = this->device->stepCaptureRefusal();
   if (!device.empty())
     return device;
-  if (plan.world_size() != 1)
-    return "the plan has " + std::to_string(plan.world_size()) +
-           " ranks: a captured step does not communicate yet";
+  if (plan.world_size() > 1) {
+    // The step's operations between ranks are captured with its kernels
+    // where the communicator queues them on the device streams (NCCL).
+    const std::string ranks =
+        "the plan has " + std::to_string(plan.world_size()) + " ranks and ";
+    std::string why =
+        comm ? comm->stepCaptureRefusal() : "no communicator connects them";
+    if (!why.empty())
+      return ranks + "the communicator cannot be captured: " + why;
+    for (const plan::Stream &stream : plan.streams())
+      for (const plan::Instruction &inst : stream.instructions())
+        if (inst.kind() == plan::Instruction::ALL_TO_ALL &&
+            memberRanks(inst).size() > 1)
+          return ranks + "its all-to-all (expert parallelism, Ulysses "
+                         "context parallelism) reads its row counts on the "
+                         "host";
+  }
   if (options.profile)
     return "--profile times each instruction as the host issues it";
   if (options.traceStep >= 0)

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <cstdlib>
 #include <functional>
 #include <mutex>
 #include <string>
@@ -14,12 +15,15 @@
 #include <utility>
 #include <vector>
 
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
 
 #include "proto/PlanFile.h"
 #include "runtime/exec/Executor.h"
 #include "runtime/exec/Validate.h"
 #include "runtime/exec/test_plans.h"
+#include "runtime/hal/StagingCommunicator.h"
 #include "runtime/hal/cpu/CpuDevice.h"
 #include "runtime/hal/gpu/host/EmulatedDevice.h"
 
@@ -1229,4 +1233,59 @@ TEST_CASE("executor: the fused classifier's dlogits are written and read "
   CHECK(rounds[0] - rounds[1] == 1);
   CHECK(unpacks[0] - unpacks[1] == 2 * steps * microbatches);
   CHECK(unpacks[1] == 0);
+}
+
+namespace {
+/// The CPU backend claiming to capture steps: what the executor refuses
+/// then is the communicator's.
+class CapturingCpu : public ForwardingDevice {
+public:
+  using ForwardingDevice::ForwardingDevice;
+  std::string name() const override { return "capturing"; }
+  std::string stepCaptureRefusal() const override { return ""; }
+};
+} // namespace
+
+// A step of several ranks is captured only with a communicator that queues
+// its operations on the device streams (NCCL, the emulated GPU's model of
+// it): with Gloo, or Gloo staged through the host (--comm gloo on CUDA),
+// --step-graph on is refused when the executor is created, naming why.
+TEST_CASE("executor: a plan of several ranks is captured only with a "
+          "communicator ordered on the device",
+          "[executor]") {
+  TinyModel m;
+  plan::Plan plan = singleClassPlan(m, 2, {0, 1}, 2, /*twoStreams=*/true);
+  const char *base = std::getenv("TEST_TMPDIR");
+  std::string store = std::string(base ? base : "/tmp") + "/capture-XXXXXX";
+  REQUIRE(::mkdtemp(store.data()));
+  Status made;
+  auto gloo = createGlooCommunicator(0, 2, store,
+                                     std::chrono::milliseconds(1000), made);
+  INFO(made.message());
+  REQUIRE(gloo);
+  hal::StagingCommunicator staged(std::move(gloo));
+  struct Case {
+    Communicator *comm;
+    std::string why;
+  } cases[] = {
+      {&staged.hostCommunicator(),
+       "its operations run on the host as they are issued"},
+      {&staged, "--comm gloo stages every operation through the host"},
+  };
+  for (const Case &c : cases) {
+    INFO(c.why);
+    ExecutorOptions opts;
+    opts.comm = c.comm;
+    opts.stepGraphs = ExecutorOptions::StepGraphs::On;
+    opts.createDevice = [](Communicator *comm) {
+      return std::make_unique<CapturingCpu>(comm);
+    };
+    Status status;
+    auto exec = Executor::create(plan, opts, status);
+    CHECK_FALSE(exec);
+    CHECK(status.message() ==
+          "rank 0: steps cannot run as graphs (--step-graph on): the plan has "
+          "2 ranks and the communicator cannot be captured: " +
+              c.why);
+  }
 }

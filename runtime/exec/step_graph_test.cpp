@@ -4,10 +4,18 @@
 // (runtime/hal/gpu/host/HostCapture.h): a replayed step must give the bits
 // of the step issued as usual.
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
+
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <catch2/catch.hpp>
 
@@ -95,6 +103,110 @@ Run train(const plan::Plan &plan, Graphs graphs,
   run.captured = exec->capturedSteps();
   run.replayed = exec->replayedSteps();
   return run;
+}
+
+/// The graph plan's model data parallel over two ranks (2 microbatches
+/// each): its step all-reduces the gradients and sums the squared norm over
+/// the ranks, both between kernels on the device.
+plan::Plan dataParallelPlan(bool bf16) {
+  TinyModel m;
+  plan::Plan plan = singleClassPlan(m, 2, {0, 1}, 2, /*twoStreams=*/true);
+  plan::TrainingConfig *t = plan.mutable_training();
+  t->set_warmup_steps(3);
+  t->set_decay_steps(9);
+  t->set_min_lr(t->lr() / 10);
+  t->set_clip_grad_norm(0.5);
+  addClipBeforeUpdate(plan);
+  if (bf16)
+    t->set_compute_dtype(plan::BF16);
+  withArena(plan);
+  return plan;
+}
+
+/// Lets the main thread read the process's synchronizing calls between the
+/// ranks' steps: every rank stops at `pause()` until release().
+class Rendezvous {
+public:
+  explicit Rendezvous(int ranks) : ranks(ranks) {}
+  void pause() {
+    std::unique_lock<std::mutex> lock(mu);
+    ++arrived;
+    cv.notify_all();
+    cv.wait(lock, [&] { return released; });
+  }
+  /// Waits until every rank has paused (or `timeout`); false on timeout.
+  bool allPaused(std::chrono::seconds timeout) {
+    std::unique_lock<std::mutex> lock(mu);
+    return cv.wait_for(lock, timeout, [&] { return arrived == ranks; });
+  }
+  void release() {
+    std::lock_guard<std::mutex> lock(mu);
+    released = true;
+    cv.notify_all();
+  }
+
+private:
+  int ranks;
+  int arrived = 0;
+  bool released = false;
+  std::mutex mu;
+  std::condition_variable cv;
+};
+
+struct RankRun {
+  Status status;
+  Run run;
+};
+
+/// Runs `plan` on rank `rank` of two, on the emulated GPU with a Gloo
+/// communicator met through `store`: steps 1 to `pauseAfter`, a pause at
+/// `meet`, then steps up to `last`. Returns on the first error (in
+/// `out.status`); no Catch2 assertion here (the ranks are threads).
+void trainRank(const plan::Plan &plan, int rank, Graphs graphs,
+               const std::string &store, int64_t pauseAfter, int64_t last,
+               Rendezvous &meet, RankRun &out) {
+  bool paused = false;
+  auto pause = [&] {
+    if (!paused)
+      meet.pause();
+    paused = true;
+  };
+  Status st;
+  auto comm = createGlooCommunicator(rank, plan.world_size(), store,
+                                     std::chrono::milliseconds(10000), st);
+  std::unique_ptr<Executor> exec;
+  if (comm) {
+    ExecutorOptions opts = emulated(graphs);
+    opts.rank = rank;
+    opts.comm = comm.get();
+    exec = Executor::create(plan, opts, st);
+    if (exec)
+      st = exec->connect();
+  }
+  for (int64_t t = 1; st && t <= last; ++t) {
+    if (t == pauseAfter + 1)
+      pause();
+    double loss = 0;
+    st = exec->runStep(t, loss);
+    out.run.losses.push_back(loss);
+    out.run.norms.push_back(exec->lastGradNorm());
+  }
+  pause(); // never leave the others waiting
+  if (st) {
+    out.run.params.resize(size_t(plan.params_size()));
+    for (int p = 0; st && p < plan.params_size(); ++p)
+      st = exec->stateToHost(p, Operand::PARAM, out.run.params[size_t(p)]);
+    out.run.captured = exec->capturedSteps();
+    out.run.replayed = exec->replayedSteps();
+  }
+  out.status = st;
+}
+
+std::string storeDir(const std::string &name) {
+  const char *base = std::getenv("TEST_TMPDIR");
+  std::string dir = std::string(base ? base : "/tmp") + "/" + name + "-XXXXXX";
+  REQUIRE(::mkdtemp(dir.data()));
+  return dir;
 }
 
 } // namespace
@@ -411,4 +523,93 @@ TEST_CASE("step graphs: a batch that cannot be loaded fails a captured or "
                              std::to_string(failing));
     CHECK(callbacks[1] == callbacks[0]);
   }
+}
+
+// A step of two data-parallel ranks is captured with its operations between
+// the ranks (the gradients' all-reduce and the norm's sum, which the
+// emulated communicator records among the kernels, as NCCL's are captured
+// on CUDA) and replayed: every rank's losses, norms and parameters are
+// those of the steps issued as usual, bit for bit, and a launched step
+// synchronizes only at its end (the streams and the two reads after it:
+// an operation waited for on the host in a launched step would add one).
+TEST_CASE("step graphs: a step of two data-parallel ranks is captured with "
+          "its collectives",
+          "[step-graph]") {
+  const int64_t last = 8;
+  for (bool bf16 : {false, true}) {
+    INFO((bf16 ? "bf16" : "fp32"));
+    plan::Plan plan = dataParallelPlan(bf16);
+    REQUIRE(validatePlan(plan));
+    RankRun runs[2][2]; // [graphs][rank]
+    for (bool graphs : {false, true}) {
+      INFO((graphs ? "graphs" : "as usual"));
+      Rendezvous meet(2);
+      const std::string store = storeDir("step-graph-dp");
+      std::vector<std::thread> ranks;
+      for (int r = 0; r < 2; ++r)
+        ranks.emplace_back(trainRank, std::cref(plan), r,
+                           graphs ? Graphs::On : Graphs::Off, store, 3, last,
+                           std::ref(meet), std::ref(runs[graphs][r]));
+      const bool paused = meet.allPaused(std::chrono::seconds(120));
+      const int64_t before = hal::emulatedSyncCalls();
+      meet.release();
+      for (std::thread &t : ranks)
+        t.join();
+      const int64_t syncs = hal::emulatedSyncCalls() - before;
+      REQUIRE(paused);
+      for (int r = 0; r < 2; ++r) {
+        INFO("rank " << r << ": " << runs[graphs][r].status.message());
+        REQUIRE(runs[graphs][r].status);
+      }
+      if (graphs) {
+        // Steps 4 to 8 launched on both ranks, then each rank's parameters
+        // read (a copy each).
+        CHECK(syncs == 2 * ((last - 3) * (plan.streams_size() + 2) +
+                            plan.params_size()));
+      }
+    }
+    for (int r = 0; r < 2; ++r) {
+      INFO("rank " << r);
+      const Run &usual = runs[0][r].run, &graphed = runs[1][r].run;
+      CHECK(usual.captured == 0);
+      CHECK(graphed.captured == 2);
+      CHECK(graphed.replayed == last - 3);
+      CHECK(graphed.losses == usual.losses);
+      CHECK(graphed.norms == usual.norms);
+      CHECK(graphed.params == usual.params);
+    }
+    // The replicas agree.
+    CHECK(runs[1][0].run.params == runs[1][1].run.params);
+    CHECK(runs[1][0].run.losses == runs[1][1].run.losses);
+  }
+}
+
+// A rank that leaves after step 4: its peer's launched step 5 finds its
+// replayed all-reduce failed, skips the step's later operations between
+// ranks (no wait for a timeout per operation) and fails the step at its
+// end, saying it was launched; nothing hangs.
+TEST_CASE("step graphs: a peer lost in a launched step fails it at its end",
+          "[step-graph]") {
+  plan::Plan plan = dataParallelPlan(/*bf16=*/false);
+  Rendezvous meet(2);
+  const std::string store = storeDir("step-graph-lost");
+  RankRun runs[2];
+  std::thread leaver(trainRank, std::cref(plan), 1, Graphs::On, store, 4, 4,
+                     std::ref(meet), std::ref(runs[1]));
+  std::thread stayer(trainRank, std::cref(plan), 0, Graphs::On, store, 4, 6,
+                     std::ref(meet), std::ref(runs[0]));
+  REQUIRE(meet.allPaused(std::chrono::seconds(120)));
+  meet.release();
+  leaver.join();
+  stayer.join();
+  INFO(runs[1].status.message());
+  REQUIRE(runs[1].status);
+  const std::string failed = runs[0].status.message();
+  INFO(failed);
+  CHECK_FALSE(runs[0].status);
+  CHECK(runs[0].run.losses.size() == 5); // step 5 failed
+  CHECK(failed.find("rank 0, stream 'compute', end of step (launched from "
+                    "its capture") != std::string::npos);
+  CHECK(failed.find("rank 0: all-reduce over ranks [0,1] on stream 'compute' "
+                    "failed") != std::string::npos);
 }

@@ -94,7 +94,8 @@ Status createDevice(DeviceKind kind, int cudaOrdinal, Communicator *comm,
   }
   case DeviceKind::CudaEmulation:
     out = [staging, options](Communicator *c) {
-      auto device = createEmulatedGpuDevice(c, options);
+      auto device = createEmulatedGpuDevice(
+          c, options, staging ? &staging->hostCommunicator() : nullptr);
       if (staging)
         staging->attach(device->allocator());
       return device;

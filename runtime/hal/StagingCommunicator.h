@@ -57,6 +57,9 @@ public:
                        const std::vector<size_t> &sendCounts, void *output,
                        const std::vector<size_t> &recvCounts,
                        CommDType type) override;
+  std::string stepCaptureRefusal() const override {
+    return "--comm gloo stages every operation through the host";
+  }
   /// Host data already: passed through.
   Status allReduceSumWorld(double *data, size_t count) override {
     return host->allReduceSumWorld(data, count);

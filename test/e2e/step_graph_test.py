@@ -16,11 +16,18 @@ with, on the same memory, after the host has written the step's constants.
 The models: GPT in bf16 with two microbatches (packed step buffers, the
 fused classifier, GELU epilogues), GPT in fp32 with full recomputation,
 Llama in bf16 on the fused-attention model (--attention cudnn), and
-Qwen3-MoE in bf16 (the router, dispatch and expert kernels).
+Qwen3-MoE in bf16 (the router, dispatch and expert kernels); and plans of
+several ranks, whose operations between ranks the emulated communicator
+records among the kernels (as NCCL's are captured on CUDA) and runs again
+at each launch: GPT PP2 x DP2 with 1F1B and ZeRO-1 in bf16 (sends,
+receives, reduce-scatters, all-gathers, the norm's sum), GPT TP2 with
+sequence parallelism in bf16, Llama CP2 (ring attention's exchanges) on
+the fused-attention model, and GPT DP2 with ZeRO-3 in fp32.
 
 And where steps cannot be captured: --step-graph on refuses, naming why,
-on the cpu backend and for a plan of two ranks; --step-graph auto runs the
-steps as usual there and says so once.
+on the cpu backend and for a plan with an all-to-all (expert
+parallelism), whose row counts are read on the host; --step-graph auto
+runs the steps as usual there and says so once.
 
 Usage: step_graph_test.py PIPERC PIPER_RUN
 """
@@ -37,15 +44,24 @@ STEPS = 7
 SCHEDULE = ["--lr", "1e-2", "--warmup-steps", "3", "--decay-steps", "6",
             "--min-lr", "1e-3", "--clip-grad", "0.5"]
 
-# (name, model preset and flags, compile flags, piper-run flags)
+# (name, model preset and flags, compile flags, piper-run flags, ranks)
 CASES = [
     ("gpt-tiny bf16, 2 microbatches", ["gpt-tiny"],
-     ["--dtype", "bf16", "--microbatches", "2"], []),
+     ["--dtype", "bf16", "--microbatches", "2"], [], 1),
     ("gpt-tiny fp32, full recompute", ["gpt-tiny"],
-     ["--recompute", "full"], []),
+     ["--recompute", "full"], [], 1),
     ("llama-tiny bf16, fused attention", ["llama-tiny"], ["--dtype", "bf16"],
-     ["--attention", "cudnn"]),
-    ("qwen3-moe-tiny bf16", ["qwen3-moe-tiny"], ["--dtype", "bf16"], []),
+     ["--attention", "cudnn"], 1),
+    ("qwen3-moe-tiny bf16", ["qwen3-moe-tiny"], ["--dtype", "bf16"], [], 1),
+    ("gpt-tiny bf16, pp 2 x dp 2, 1f1b, zero-1", ["gpt-tiny"],
+     ["--dtype", "bf16", "--pp", "2", "--dp", "2", "--zero", "1",
+      "--microbatches", "2"], [], 4),
+    ("gpt-tiny bf16, tp 2 + sp", ["gpt-tiny"],
+     ["--dtype", "bf16", "--tp", "2", "--sp"], [], 2),
+    ("llama-tiny bf16, cp 2 (ring), fused attention", ["llama-tiny"],
+     ["--dtype", "bf16", "--cp", "2"], ["--attention", "cudnn"], 2),
+    ("gpt-tiny fp32, dp 2, zero-3", ["gpt-tiny"],
+     ["--dp", "2", "--zero", "3"], [], 2),
 ]
 
 
@@ -65,10 +81,10 @@ def safetensors_data(path):
     return data[8 + size:]
 
 
-def train(out, tag, backend, flags):
+def train(out, tag, backend, flags, nproc=1):
     metrics = os.path.join(out, "metrics-%s.jsonl" % tag)
     save = os.path.join(out, "final-%s.safetensors" % tag)
-    proc = run([PIPER_RUN, out, "--nproc", "1", "--backend", backend,
+    proc = run([PIPER_RUN, out, "--nproc", str(nproc), "--backend", backend,
                 "--steps", str(STEPS), "--metrics", metrics, "--save",
                 save] + flags)
     with open(metrics) as f:
@@ -86,16 +102,16 @@ def main():
         if not ok:
             failures.append(name + ": " + what)
 
-    for i, (name, preset, flags, run_flags) in enumerate(CASES):
+    for i, (name, preset, flags, run_flags, nproc) in enumerate(CASES):
         model = os.path.join(work, "model-%d.mlir" % i)
-        run([PIPERC, "model"] + preset + ["--seq", "16", "--batch", "2",
+        run([PIPERC, "model"] + preset + ["--seq", "16", "--batch", "4",
                                           "--vocab", "100", "-o", model])
         out = os.path.join(work, "plan-%d" % i)
         run([PIPERC, "compile", model, "-o", out] + SCHEDULE + flags)
         usual = train(out, "off", "cuda-emulation",
-                      run_flags + ["--step-graph", "off"])
+                      run_flags + ["--step-graph", "off"], nproc)
         graphed = train(out, "on", "cuda-emulation",
-                        run_flags + ["--step-graph", "on"])
+                        run_flags + ["--step-graph", "on"], nproc)
         check(name, "%d losses" % STEPS, len(usual[0]) == STEPS)
         check(name, "the same losses: %s vs %s" % (graphed[0], usual[0]),
               graphed[0] == usual[0])
@@ -121,15 +137,22 @@ def main():
             "capture steps")
     check("cpu, auto", "runs, saying once: %s" % said,
           proc.stderr.count(said) == 1)
-    model = os.path.join(work, "model-0.mlir")
-    pp = os.path.join(work, "plan-pp")
-    run([PIPERC, "compile", model, "-o", pp, "--pp", "2"])
-    proc = run([PIPER_RUN, pp, "--nproc", "2", "--backend", "cuda-emulation",
+    model = os.path.join(work, "model-3.mlir")  # qwen3-moe-tiny
+    ep = os.path.join(work, "plan-ep")
+    run([PIPERC, "compile", model, "-o", ep, "--dp", "2", "--ep", "2"])
+    proc = run([PIPER_RUN, ep, "--nproc", "2", "--backend", "cuda-emulation",
                 "--steps", "1", "--step-graph", "on"], ok=False)
-    why = ("steps cannot run as graphs (--step-graph on): the plan has 2 "
-           "ranks: a captured step does not communicate yet")
-    check("2 ranks, on", "exits 1 saying: %s" % why,
-          proc.returncode == 1 and why in proc.stderr)
+    why = ("the plan has 2 ranks and its all-to-all (expert parallelism, "
+           "Ulysses context parallelism) reads its row counts on the host")
+    check("expert parallelism, on", "exits 1 saying: %s" % why,
+          proc.returncode == 1 and
+          "rank 0: steps cannot run as graphs (--step-graph on): " + why
+          in proc.stderr)
+    proc = run([PIPER_RUN, ep, "--nproc", "2", "--backend", "cuda-emulation",
+                "--steps", "2", "--step-graph", "auto"])
+    said = "rank 0: steps run as usual, not as graphs: " + why
+    check("expert parallelism, auto", "runs, saying once: %s" % said,
+          proc.stderr.count(said) == 1)
 
     if failures:
         sys.exit("%d check(s) failed:\n  %s" % (len(failures),

@@ -159,6 +159,11 @@ public:
   Status allReduceSumWorld(double *data, size_t count) override;
   Status allReduceSumWorldOn(const std::string &stream, double *data,
                              size_t count) override;
+  /// Every operation of a bound stream is queued on it and waited for
+  /// there: a step's collectives and sends are captured with its kernels
+  /// (NCCL supports stream capture; the tails are not recorded into a
+  /// capture, see launch()).
+  std::string stepCaptureRefusal() const override { return ""; }
 
   // Errors and completion (NcclWork.cpp), shared with NcclWork.
 

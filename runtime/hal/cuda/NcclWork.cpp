@@ -249,8 +249,14 @@ CommWorkPtr NcclCommunicator::launch(
     PIPER_RETURN_IF_ERROR(body(staging));
     cudaStream_t on = eventStream ? eventStream : issue.stream;
     PIPER_CUDA_RETURN_IF_ERROR(cudaEventRecord(event, on));
+    // The tail tells the destructor whether work is in flight; an event
+    // last recorded in a capture cannot be queried (cudaErrorCapturedEvent),
+    // and a captured step's launches are waited for by the device's own
+    // synchronization before the communicator is destroyed.
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    PIPER_CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(on, &capturing));
     cudaEvent_t last = tail ? tail : group.tail;
-    if (last)
+    if (last && capturing == cudaStreamCaptureStatusNone)
       PIPER_CUDA_RETURN_IF_ERROR(cudaEventRecord(last, on));
     return Status::ok();
   }();

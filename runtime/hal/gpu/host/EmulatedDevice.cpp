@@ -15,6 +15,7 @@
 #include "runtime/hal/cpu/CpuDevice.h"
 #include "runtime/hal/gpu/ElementwiseLaunch.h"
 #include "runtime/hal/gpu/GpuKernels.h"
+#include "runtime/hal/gpu/host/EmulatedCommunicator.h"
 #include "runtime/hal/gpu/host/HostCapture.h"
 #include "runtime/hal/gpu/host/HostFusedAttention.h"
 
@@ -153,7 +154,8 @@ Status injected(const std::string &what, bool namedOnly = false) {
 
 /// A host stream whose synchronize() counts (emulatedSyncCalls), except
 /// while it captures a step: then it waits for the host work only, as a
-/// capturing CUDA stream's does.
+/// capturing CUDA stream's does. An error of its replayed work (fail())
+/// is returned by every later synchronize, as a CUDA stream's fault is.
 class EmulatedStream final : public Stream {
 public:
   explicit EmulatedStream(std::unique_ptr<Stream> host)
@@ -166,6 +168,10 @@ public:
     if (!capturing.load())
       countEmulatedSync();
     PIPER_RETURN_IF_ERROR(host->synchronize());
+    {
+      std::lock_guard<std::mutex> lock(faultMu);
+      PIPER_RETURN_IF_ERROR(fault);
+    }
     // A fault of the work found when the stream is synchronized (only
     // when asked for by name: injectEmulatedDeviceError).
     return capturing.load() ? Status::ok()
@@ -178,10 +184,18 @@ public:
     host->enqueue([recording] { gpu::currentRecording = recording; });
     return host->synchronize();
   }
+  /// Keeps the first error of the stream's replayed work.
+  void fail(const Status &status) {
+    std::lock_guard<std::mutex> lock(faultMu);
+    if (fault.isOk())
+      fault = status;
+  }
 
 private:
   std::unique_ptr<Stream> host;
   std::atomic<bool> capturing{false};
+  std::mutex faultMu;
+  Status fault;
 };
 
 /// An event of the CPU backend whose signals and waits made while a stream
@@ -393,8 +407,12 @@ private:
 
 class EmulatedGpuDevice final : public Device {
 public:
-  EmulatedGpuDevice(Communicator *comm, const DeviceOptions &options)
+  EmulatedGpuDevice(Communicator *comm, Communicator *direct,
+                    const DeviceOptions &options)
       : host(createCpuDevice(comm)), memory(host->allocator()),
+        streamOrdered(comm ? std::make_unique<EmulatedCommunicator>(
+                                 *comm, direct ? *direct : *comm)
+                           : nullptr),
         // Auto runs the SIMT kernels here (there is no cuDNN); Cudnn the
         // host model of cuDNN's fused attention.
         attention(options.attention == AttentionChoice::Cudnn
@@ -481,7 +499,7 @@ public:
     PIPER_RETURN_IF_ERROR(injected("round_bf16"));
     return gpu::launchRoundBf16(timedContext(), x, n);
   }
-  Communicator *communicator() override { return host->communicator(); }
+  Communicator *communicator() override { return streamOrdered.get(); }
   std::string stepCaptureRefusal() const override { return ""; }
   Status beginStepCapture(const std::vector<Stream *> &streams) override {
     if (capture)
@@ -496,6 +514,9 @@ public:
       auto recording = std::make_unique<gpu::HostRecording>();
       recording->capture = id;
       recording->launches = &capture->launches;
+      recording->fail = [emulated](const Status &status) {
+        emulated->fail(status);
+      };
       PIPER_RETURN_IF_ERROR(emulated->record(recording.get()));
       capture->lanes.push_back({emulated, std::move(recording)});
     }
@@ -541,6 +562,9 @@ public:
 private:
   std::unique_ptr<Device> host;
   EmulatedAllocator memory;
+  /// The executor's communicator: `comm`'s operations, recorded with the
+  /// step while a stream captures.
+  std::unique_ptr<EmulatedCommunicator> streamOrdered;
   gpu::AttentionMode attention;
   gpu::HostFusedAttentionProvider fused;
   bool timed;
@@ -570,8 +594,9 @@ Status EmulatedStepGraph::launch(const StepValues &values) {
 } // namespace
 
 std::unique_ptr<Device> createEmulatedGpuDevice(Communicator *comm,
-                                                const DeviceOptions &options) {
-  return std::make_unique<EmulatedGpuDevice>(comm, options);
+                                                const DeviceOptions &options,
+                                                Communicator *direct) {
+  return std::make_unique<EmulatedGpuDevice>(comm, direct, options);
 }
 
 void injectEmulatedDeviceError(const std::string &only) {

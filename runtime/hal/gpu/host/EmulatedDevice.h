@@ -19,9 +19,15 @@ namespace piper::runtime::hal {
 /// The emulated GPU device using `comm` (not owned; may be null). With
 /// `options.attention` Cudnn, bf16 attention runs the fused path on a host
 /// model of cuDNN's fused attention (host/HostFusedAttention.h); otherwise
-/// on the SIMT kernels.
+/// on the SIMT kernels. The device's communicator() models NCCL's stream
+/// ordering over `comm` (host/EmulatedCommunicator.h): operations issued
+/// while a stream captures a step are recorded with it and, when replayed,
+/// run on `direct`, the same ranks' communicator on host memory (`comm`
+/// itself when null; on the cuda-emulation backend the Gloo communicator
+/// that the staging `comm` wraps).
 std::unique_ptr<Device>
-createEmulatedGpuDevice(Communicator *comm, const DeviceOptions &options = {});
+createEmulatedGpuDevice(Communicator *comm, const DeviceOptions &options = {},
+                        Communicator *direct = nullptr);
 
 /// The synchronizing calls of every emulated device of this process so
 /// far: what on CUDA makes the host wait for the GPU (a stream's

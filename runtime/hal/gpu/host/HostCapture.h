@@ -34,6 +34,10 @@ struct HostRecording {
   /// emulated device's events) compare it.
   uint64_t capture = 0;
   const std::atomic<uint64_t> *launches = nullptr;
+  /// Reports an error found while the recorded work runs (a replayed
+  /// operation between ranks) to the stream's synchronization at the end of
+  /// the step, as a CUDA stream reports a fault of its queued work.
+  std::function<void(const Status &)> fail;
 };
 
 /// The recording of the calling thread's stream while it captures; null
