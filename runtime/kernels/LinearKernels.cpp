@@ -149,11 +149,11 @@ static Status checkGradInputOperands(const KernelArgs &a, size_t inputs,
   if (inputs == 3)
     PIPER_RETURN_IF_ERROR(
         expectTensor(a, a.inputs[2], "h", plan::F32, {d.rows, d.in}));
-  // linear_grad_input's dx may be packed in mixed precision (a gradient
-  // that only packed readers read: hal::Device::writesPackedOutput).
-  PIPER_RETURN_IF_ERROR(expectTensor(
-      a, dx, inputs == 2 ? "dx" : "dh",
-      inputs == 2 ? packableDType(a, dx) : plan::F32, {d.rows, d.in}));
+  // dx (linear_grad_input's) or dh (linear_grad_input_gelu's) may be
+  // packed in mixed precision (a gradient that only packed readers read:
+  // hal::Device::writesPackedOutput).
+  PIPER_RETURN_IF_ERROR(expectTensor(a, dx, inputs == 2 ? "dx" : "dh",
+                                     packableDType(a, dx), {d.rows, d.in}));
   return expectBlasDims(a, {d.rows, d.in, d.out, d.ld});
 }
 
@@ -185,16 +185,20 @@ Status linearGradInputKernel(const KernelArgs &a) {
 }
 
 // linear_grad_input's product, rounded to bf16 in mixed precision as the
-// executor would round it, then gelu_grad's loop: the unfused bits.
+// executor would round it, then gelu_grad's loop: the unfused bits (a
+// packed dh stored rounded, as the executor would round it).
 Status linearGradInputGeluKernel(const KernelArgs &a) {
   LinearDims d;
   PIPER_RETURN_IF_ERROR(checkLinearGradInputGelu(a, d));
+  const TensorRef &dh = a.outputs[0];
   const int64_t n = d.rows * d.in;
-  std::vector<float> product(static_cast<size_t>(n));
+  std::vector<float> product(static_cast<size_t>(n)), packed;
   gradInputInto(a, d, product.data());
   if (a.ctx.lowPrecision)
     roundToBf16(product.data(), n);
-  geluGradInto(a.inputs[2].f32(), product.data(), a.outputs[0].f32(), n);
+  float *out = outputRow(dh, 0, n, packed);
+  geluGradInto(a.inputs[2].f32(), product.data(), out, n);
+  storeRow(dh, 0, n, n, out);
   return Status::ok();
 }
 
@@ -209,9 +213,9 @@ Status checkGradWeightOperands(const KernelArgs &a, bool bias, LinearDims &d) {
   PIPER_RETURN_IF_ERROR(expectGemmMatrix(a, x, "x", d.rows, d.in));
   if (hasValidCols(a) && bias)
     return refusePadded(a, "dy");
-  // With a bias, dy's column sums read it as fp32 too: not packable.
+  // Packable with a bias too: the column sums read it as it is stored.
   PIPER_RETURN_IF_ERROR(
-      expectPaddedMatrix(a, dy, "dy", dyRows, d.out, d.ld, !bias));
+      expectPaddedMatrix(a, dy, "dy", dyRows, d.out, d.ld, true));
   if (dyRows != d.rows)
     return a.error("dy has shape " + shapeString(dy.shape) + ", expected [" +
                    std::to_string(d.rows) + ",*]");
@@ -285,7 +289,8 @@ Status linearGradWeightBiasKernel(const KernelArgs &a) {
   PIPER_RETURN_IF_ERROR(checkLinearGradWeightBias(a, d));
   // linear_grad_weight's and bias_grad's own computations: their bits.
   gradWeightInto(a, d);
-  columnSums(a.inputs[1].f32(), d.rows, d.out, a.outputs[1].f32());
+  std::vector<float> dys;
+  columnSums(fp32Data(a.inputs[1], dys), d.rows, d.out, a.outputs[1].f32());
   return Status::ok();
 }
 

@@ -1091,16 +1091,18 @@ TEST_CASE("packed bf16 operands are refused where a kernel reads fp32",
   CHECK_THAT(fails(K("linear"), {bf16({2, 3}), f32(w, {3, 5})},
                    {f32(y, {2, 5})}, false),
              Catch::Contains("linear: x must be f32, got bf16"));
-  // A norm's input and weight, the bias gradient's dy, an elementwise
-  // kernel's input.
+  // A norm's input and weight, bias_grad's dy, an elementwise kernel's
+  // input.
   CHECK_THAT(fails(K("rms_norm"), {bf16({2, 3}), f32(gamma, {3})},
                    {f32(y, {2, 3})}, true),
              Catch::Contains("rms_norm: x must be f32, got bf16"));
   CHECK_THAT(
       fails(K("rms_norm"), {f32(x, {2, 3}), bf16({3})}, {f32(y, {2, 3})}, true),
       Catch::Contains("rms_norm: gamma must be f32, got bf16"));
+  CHECK_THAT(fails(K("bias_grad"), {bf16({2, 5})}, {f32(db, {5})}, true),
+             Catch::Contains("bias_grad: dy must be f32, got bf16"));
   CHECK_THAT(fails(K("linear_grad_weight_bias"), {f32(x, {2, 3}), bf16({2, 5})},
-                   {f32(dw, {3, 5}), f32(db, {5})}, true),
+                   {f32(dw, {3, 5}), f32(db, {5})}, false),
              Catch::Contains("dy must be f32, got bf16"));
   CHECK_THAT(fails(K("bias_add"), {bf16({2, 5}), f32(db, {5})},
                    {f32(y, {2, 5})}, true),
@@ -1119,4 +1121,16 @@ TEST_CASE("packed bf16 operands are refused where a kernel reads fp32",
   CHECK(packedOut == plainOut);
   CHECK(packedW == plainOut);
   CHECK(plainOut[0] == 3.0f);
+  // The weight gradient's dy, whose column sums (the bias gradient) read
+  // it packed too.
+  std::vector<float> ones(10, 1.0f), dwPacked(15), dbPacked(5);
+  REQUIRE(runKernel(K("linear_grad_weight_bias"),
+                    {f32(x, {2, 3}), bf16({2, 5})},
+                    {f32(dwPacked, {3, 5}), f32(dbPacked, {5})}, ctx));
+  REQUIRE(runKernel(K("linear_grad_weight_bias"),
+                    {f32(x, {2, 3}), f32(ones, {2, 5})},
+                    {f32(dw, {3, 5}), f32(db, {5})}, ctx));
+  CHECK(dwPacked == dw);
+  CHECK(dbPacked == db);
+  CHECK(db[0] == 2.0f);
 }

@@ -237,10 +237,11 @@ def packed_checks(packed, unpacked, listing):
     the GEMM before it) by attention and attention_grad only, so each is
     written packed by its kernel into its step buffer. So are, inside
     their segment, swiglu_grad's gradient (read by the two GEMMs of its
-    linear; GPT's GELU gradient also feeds a bias gradient, which reads
-    fp32), the classifier's logits (the head's GEMM writes them packed, the
-    fused classifier reads them so) and the dy that linear_grad_input
-    hands attention_grad, swiglu_grad and gelu_grad.
+    linear), GPT's GELU gradient from linear_grad_input_gelu (read by a
+    GEMM and linear_grad_weight_bias, whose bias sums read it packed too),
+    the classifier's logits (the head's GEMM writes them packed, the fused
+    classifier reads them so) and the dy that linear_grad_input hands
+    attention_grad, swiglu_grad and gelu_grad.
     --unpack-step-buffers stores nothing so."""
     writers = sum(listing.count(" %s(" % k) for k in (
         "layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm", "gelu",
@@ -249,12 +250,14 @@ def packed_checks(packed, unpacked, listing):
     values = (2 * listing.count(" swiglu_grad(") +
               listing.count(" cross_entropy_fused(") +
               listing.count(" attention_grad(") +
-              listing.count(" gelu_grad("))
+              listing.count(" gelu_grad(") +
+              listing.count(" linear_grad_input_gelu("))
     return [
         ("packed storage: %d results written packed (%d norms, MLP "
          "activations, attention inputs and outputs, dlogits), %d other "
-         "values (%d: swiglu_grad's gradients, logits, the dy of "
-         "attention_grad, swiglu_grad and gelu_grad): %s" %
+         "values (%d: swiglu_grad's and linear_grad_input_gelu's "
+         "gradients, logits, the dy of attention_grad, swiglu_grad and "
+         "gelu_grad): %s" %
          (packed[0] if packed else -1, writers,
           packed[1] if packed else -1, values, packed),
          packed is not None and packed[0] == writers and packed[1] == values),

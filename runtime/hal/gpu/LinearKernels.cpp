@@ -107,21 +107,40 @@ Status linearGradInput(const KernelArgs &a, const Context &ctx) {
 // dh = (dy w^T) * gelu'(h): DGELU in the GEMM's epilogue where the backend
 // has it (the fp32 product multiplied); elsewhere the product lands in dh,
 // is rounded in mixed precision and gelu_grad's kernel multiplies it in
-// place: the CPU kernel's bits.
+// place: the CPU kernel's bits. In mixed precision dh is stored rounded
+// (KernelEntry::roundsOutputs): by a pass, or packed (the MLP's gradient
+// that only GEMMs and the bias gradient's sums read, KernelEntry::
+// packedOutputs: the product goes to scratch, and the epilogue's fp32
+// result is packed by a pass, or gelu_grad's loop stores it packed).
 Status linearGradInputGelu(const KernelArgs &a, const Context &ctx) {
   LinearDims d;
   PIPER_RETURN_IF_ERROR(detail::checkLinearGradInputGelu(a, d));
   const float *h = a.inputs[2].f32();
-  float *dh = a.outputs[0].f32();
+  const TensorRef &out = a.outputs[0];
+  uint16_t *dh16 = bf16Out(out);
+  const int64_t n = d.rows * d.in;
+  float *dh = f32Out(out);
+  if (dh16) {
+    void *scratch = nullptr;
+    PIPER_RETURN_IF_ERROR(ctx.workspace->reserve(
+        static_cast<size_t>(n) * sizeof(float), scratch));
+    dh = static_cast<float *>(scratch);
+  }
   GemmGelu gelu;
   gelu.gradOf = h;
-  PIPER_RETURN_IF_ERROR(gradInput(a, ctx, d, &gelu));
-  if (gelu.done)
-    return Status::ok();
-  const int64_t n = d.rows * d.in;
-  if (a.ctx.lowPrecision)
+  PIPER_RETURN_IF_ERROR(gemm(
+      ctx, false, !d.transposeW, d.rows, d.in, d.out, 1.0f,
+      gemmOperand(a.inputs[0]), d.ld, gemmOperand(a.inputs[1]),
+      d.transposeW ? d.in : d.out, 0.0f, dh, d.in, nullptr, nullptr, &gelu));
+  const bool round = a.ctx.lowPrecision;
+  if (gelu.done) {
+    if (dh16)
+      return launchPackBf16(ctx, dh16, dh, n);
+    return round ? launchRoundBf16(ctx, dh, n) : Status::ok();
+  }
+  if (round)
     PIPER_RETURN_IF_ERROR(launchRoundBf16(ctx, dh, n));
-  return launchGeluGrad(ctx, h, dh, dh, n);
+  return launchGeluGrad(ctx, h, dh, dh16 ? nullptr : dh, n, round, dh16);
 }
 
 // dw = x^T dy [in,out], or dy^T x [out,in] when transposed, plus beta dw;
@@ -168,8 +187,9 @@ Status gradWeightInto(const KernelArgs &a, const Context &ctx,
   return launchAdd(ctx, out, dw, out, n);
 }
 
-// db = the column sums of dy [rows, out] (chunked, in double; bias_grad).
-Status columnSums(const Context &ctx, const float *dy, int64_t rows,
+// db = the column sums of dy [rows, out] (chunked, in double; bias_grad),
+// dy read packed where it is stored so.
+Status columnSums(const Context &ctx, const TensorRef &dy, int64_t rows,
                   int64_t out, float *db) {
   if (out == 0)
     return Status::ok();
@@ -179,8 +199,8 @@ Status columnSums(const Context &ctx, const float *dy, int64_t rows,
   PIPER_RETURN_IF_ERROR(ctx.workspace->reserve(
       static_cast<size_t>(columnSumChunks(rows) * out) * sizeof(double),
       scratch));
-  return launchColumnSums(ctx, dy, rows, out, static_cast<double *>(scratch),
-                          db);
+  return launchColumnSums(ctx, f32In(dy), rows, out,
+                          static_cast<double *>(scratch), db, bf16In(dy));
 }
 
 Status linearGradWeight(const KernelArgs &a, const Context &ctx) {
@@ -194,13 +214,12 @@ Status linearGradWeight(const KernelArgs &a, const Context &ctx) {
 Status linearGradWeightBias(const KernelArgs &a, const Context &ctx) {
   LinearDims d;
   PIPER_RETURN_IF_ERROR(detail::checkLinearGradWeightBias(a, d));
-  const float *dy = a.inputs[1].f32();
   float *db = a.outputs[1].f32();
   GemmSums sums;
   PIPER_RETURN_IF_ERROR(gradWeightInto(a, ctx, d, db, &sums));
   if (sums.done)
     return Status::ok();
-  return columnSums(ctx, dy, d.rows, d.out, db);
+  return columnSums(ctx, a.inputs[1], d.rows, d.out, db);
 }
 
 Status biasAdd(const KernelArgs &a, const Context &ctx) {
@@ -253,7 +272,7 @@ Status tpKvAssembleGrad(const KernelArgs &a, const Context &ctx) {
 Status biasGrad(const KernelArgs &a, const Context &ctx) {
   int64_t rows = 0, out = 0;
   PIPER_RETURN_IF_ERROR(detail::checkBiasGrad(a, rows, out));
-  return columnSums(ctx, a.inputs[0].f32(), rows, out, a.outputs[0].f32());
+  return columnSums(ctx, a.inputs[0], rows, out, a.outputs[0].f32());
 }
 
 CrossEntropyDims launchDims(const detail::LogitsDims &d) {
@@ -351,7 +370,7 @@ void addLinearKernels(std::vector<KernelEntry> &out) {
           // The GEMMs read packed bf16 operands as they are
           // (packedInputs: x and w of the forward, dy and w of the
           // input gradient, x and dy of the weight gradient; with a
-          // bias dy is summed as fp32 too).
+          // bias dy's column sums read it packed too).
           // linear rounds y itself in mixed precision, and stores it
           // packed where only packed readers read it (the logits).
           {"linear", linear, nullptr, true, 0b11, 0b1},
@@ -359,7 +378,11 @@ void addLinearKernels(std::vector<KernelEntry> &out) {
           // stores y = gelu(h) packed where only GEMMs read it.
           {"linear_gelu", linearGelu, nullptr, true, 0b11, 0b10},
           {"linear_grad_input", linearGradInput, nullptr, true, 0b11, 0b1},
-          {"linear_grad_input_gelu", linearGradInputGelu, nullptr, false, 0b11},
+          // linear_grad_input_gelu rounds dh itself in mixed precision
+          // and stores it packed where only GEMMs and the bias
+          // gradient's sums read it.
+          {"linear_grad_input_gelu", linearGradInputGelu, nullptr, true, 0b11,
+           0b1},
           {"linear_grad_weight", linearGradWeight, nullptr, false, 0b11},
           {"bias_add", biasAdd, nullptr, true},
           {"sp_split", spSplit},
@@ -369,7 +392,7 @@ void addLinearKernels(std::vector<KernelEntry> &out) {
           {"tp_kv_assemble_grad", tpKvAssembleGrad},
           {"bias_grad", biasGrad},
           {"linear_grad_weight_bias", linearGradWeightBias, nullptr, false,
-           0b1},
+           0b11},
           // The classifiers read their logits packed where the head's GEMM
           // stored them so (packedInputs).
           {"cross_entropy", crossEntropy, nullptr, false, 0b1},

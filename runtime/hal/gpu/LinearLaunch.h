@@ -35,9 +35,11 @@ Status launchKvAssembleGrad(const Context &ctx, const float *dy, int64_t rows,
 /// out[j] = the sum over rows of x[r, j] (x [rows, cols]), in double in a
 /// fixed order: partials[c * cols + j] sums the chunk c of kColumnChunkRows
 /// rows, then the chunks are added in order. `partials` holds
-/// columnSumChunks(rows) * cols doubles.
+/// columnSumChunks(rows) * cols doubles. With `x16`, x is read packed
+/// (bf16) from there instead (the same sums of the same values).
 Status launchColumnSums(const Context &ctx, const float *x, int64_t rows,
-                        int64_t cols, double *partials, float *out);
+                        int64_t cols, double *partials, float *out,
+                        const uint16_t *x16 = nullptr);
 inline int64_t columnSumChunks(int64_t rows) {
   return (rows + kColumnChunkRows - 1) / kColumnChunkRows;
 }

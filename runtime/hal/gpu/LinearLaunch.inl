@@ -65,7 +65,8 @@ Status launchKvAssembleGrad(const Context &ctx, const float *dy, int64_t rows,
 }
 
 Status launchColumnSums(const Context &ctx, const float *x, int64_t rows,
-                        int64_t cols, double *partials, float *out) {
+                        int64_t cols, double *partials, float *out,
+                        const uint16_t *x16) {
   const int64_t chunks = columnSumChunks(rows);
   PIPER_RETURN_IF_ERROR(Exec(ctx).forEach(
       "bias_grad_partials", chunks * cols, [=] PIPER_LAMBDA(int64_t i) {
@@ -75,7 +76,7 @@ Status launchColumnSums(const Context &ctx, const float *x, int64_t rows,
             begin + kColumnChunkRows < rows ? begin + kColumnChunkRows : rows;
         double s = 0;
         for (int64_t r = begin; r < end; ++r)
-          s += x[r * cols + j];
+          s += x16 ? fromBf16(x16[r * cols + j]) : x[r * cols + j];
         partials[i] = s;
       }));
   return Exec(ctx).forEach("bias_grad", cols, [=] PIPER_LAMBDA(int64_t j) {

@@ -170,8 +170,8 @@ TEST_CASE("kernels write every element of their outputs, but those declared "
 // unfused kernels' (layer_kernels_test's residual norms case,
 // linear_kernels_test's GELU case), not a rounding of their fp32 bits.
 const std::set<std::string> kRoundsBetween = {
-    "add_layer_norm", "add_rms_norm", "layer_norm_grad_input_add",
-    "rms_norm_grad_input_add", "linear_gelu"};
+    "add_layer_norm",          "add_rms_norm", "layer_norm_grad_input_add",
+    "rms_norm_grad_input_add", "linear_gelu",  "linear_grad_input_gelu"};
 
 TEST_CASE("kernels that round their own outputs in mixed precision give the "
           "executor's rounding, bit for bit") {
@@ -232,7 +232,8 @@ TEST_CASE("kernels that round their own outputs in mixed precision give the "
                                          "add_rms_norm",
                                          "layer_norm_grad_input_add",
                                          "rms_norm_grad_input_add",
-                                         "linear_gelu"});
+                                         "linear_gelu",
+                                         "linear_grad_input_gelu"});
 }
 
 // Kernels that take packed bf16 inputs (Device::readsPackedInput: the
@@ -267,9 +268,11 @@ TEST_CASE("packed bf16 operands give the bits of their fp32 values") {
                                           "linear_grad_input:1",
                                           "linear_grad_input_gelu:0",
                                           "linear_grad_input_gelu:1",
+                                          "linear_grad_input_gelu:out0",
                                           "linear_grad_weight:0",
                                           "linear_grad_weight:1",
                                           "linear_grad_weight_bias:0",
+                                          "linear_grad_weight_bias:1",
                                           "cross_entropy:0",
                                           "cross_entropy_grad:0",
                                           "cross_entropy_fused:0",
