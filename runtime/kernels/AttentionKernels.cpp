@@ -400,7 +400,10 @@ Status checkAttentionGrad(const KernelArgs &a, AttentionDims &d) {
       a, a.inputs[1], "y", packableDType(a, a.inputs[1]), {d.rows, d.qCols}));
   PIPER_RETURN_IF_ERROR(
       expectTensor(a, a.inputs[2], "lse", plan::F32, {d.rows, 2 * d.heads}));
-  return expectTensor(a, a.outputs[0], "dqkv", plan::F32, {d.rows, d.cols});
+  // dqkv may be stored packed in mixed precision (read only by the QKV
+  // projection's GEMMs and bias sums: hal::Device::writesPackedOutput).
+  return expectTensor(a, a.outputs[0], "dqkv", packableDType(a, a.outputs[0]),
+                      {d.rows, d.cols});
 }
 
 Status attentionKernel(const KernelArgs &a) {
@@ -447,9 +450,10 @@ Status attentionGradKernel(const KernelArgs &a) {
   const TensorRef &qkv = a.inputs[0], &dy = a.inputs[3], &dqkv = a.outputs[0];
   if (d.batch == 0)
     return Status::ok();
-  std::vector<float> unpacked, unpackedDy;
+  std::vector<float> unpacked, unpackedDy, packed;
   const float *qkvData = fp32Data(qkv, unpacked);
   const float *dyData = fp32Data(dy, unpackedDy);
+  float *dqkvData = outputRow(dqkv, 0, dqkv.numel(), packed);
 
   int64_t s = d.seq, hd = d.headDim;
   bool rotary = d.ropeTheta != 0;
@@ -463,7 +467,7 @@ Status attentionGradKernel(const KernelArgs &a) {
   for (int64_t b = 0; b < d.batch; ++b) {
     const float *rows = qkvData + b * s * d.cols;
     const float *v = rows + d.qCols + d.kvCols;
-    float *drows = dqkv.f32() + b * s * d.cols;
+    float *drows = dqkvData + b * s * d.cols;
     float *dq = rotary ? dqRot.data() : drows;
     float *dk = rotary ? dkRot.data() : drows + d.qCols;
     float *dv = drows + d.qCols + d.kvCols;
@@ -497,6 +501,7 @@ Status attentionGradKernel(const KernelArgs &a) {
       rope.rotate(dk, d.kvCols, drows + d.qCols, d.cols, s, d.kvCols, true);
     }
   }
+  storeRow(dqkv, 0, dqkv.numel(), dqkv.numel(), dqkvData);
   return Status::ok();
 }
 

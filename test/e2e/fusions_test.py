@@ -239,7 +239,8 @@ def packed_checks(packed, unpacked, listing):
     their segment, swiglu_grad's gradient (read by the two GEMMs of its
     linear), GPT's GELU gradient from linear_grad_input_gelu (read by a
     GEMM and linear_grad_weight_bias, whose bias sums read it packed too),
-    the classifier's logits (the head's GEMM writes them packed, the fused
+    attention_grad's dqkv (read by the QKV projection's GEMMs and bias
+    sums), the classifier's logits (the head's GEMM writes them packed, the fused
     classifier reads them so) and the dy that linear_grad_input hands
     attention_grad, swiglu_grad and gelu_grad.
     --unpack-step-buffers stores nothing so."""
@@ -249,15 +250,15 @@ def packed_checks(packed, unpacked, listing):
     writers += listing.count(" attention(")  # its qkv
     values = (2 * listing.count(" swiglu_grad(") +
               listing.count(" cross_entropy_fused(") +
-              listing.count(" attention_grad(") +
+              2 * listing.count(" attention_grad(") +
               listing.count(" gelu_grad(") +
               listing.count(" linear_grad_input_gelu("))
     return [
         ("packed storage: %d results written packed (%d norms, MLP "
          "activations, attention inputs and outputs, dlogits), %d other "
-         "values (%d: swiglu_grad's and linear_grad_input_gelu's "
-         "gradients, logits, the dy of attention_grad, swiglu_grad and "
-         "gelu_grad): %s" %
+         "values (%d: swiglu_grad's, linear_grad_input_gelu's and "
+         "attention_grad's gradients, logits, the dy of attention_grad, "
+         "swiglu_grad and gelu_grad): %s" %
          (packed[0] if packed else -1, writers,
           packed[1] if packed else -1, values, packed),
          packed is not None and packed[0] == writers and packed[1] == values),

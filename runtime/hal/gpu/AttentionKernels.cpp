@@ -45,27 +45,32 @@ Status attentionShape(const KernelArgs &a, const AttentionDims &d,
 // in a bf16 call also an fp32 qkv (`qkv32`), which a packed qkv is
 // unpacked into for the SIMT kernels, and an fp32 y (`y32`): the forward's,
 // which they write where the executor gives y packed, or the backward's dy,
-// which a packed dy is unpacked into.
+// which a packed dy is unpacked into; and the backward's fp32 dqkv
+// (`dqkv32`), which they write where the executor gives dqkv packed.
 Status attentionScratchFor(const Context &ctx, const AttentionShape &s,
                            bool grad, char *&scratch, float *&qkv32,
-                           float *&y32) {
+                           float *&y32, float *&dqkv32) {
   scratch = nullptr;
-  qkv32 = y32 = nullptr;
+  qkv32 = y32 = dqkv32 = nullptr;
   const size_t bytes = attentionAlign(attentionScratch(s, grad).bytes);
   const size_t qkvBytes =
       ctx.bf16 ? attentionAlign(size_t(s.rows() * s.cols) * sizeof(float)) : 0;
   const size_t yBytes =
-      ctx.bf16 ? size_t(s.rows() * s.qCols) * sizeof(float) : 0;
-  if (bytes + qkvBytes + yBytes == 0)
+      ctx.bf16 ? attentionAlign(size_t(s.rows() * s.qCols) * sizeof(float)) : 0;
+  const size_t dqkvBytes = grad ? qkvBytes : 0;
+  const size_t total = bytes + qkvBytes + yBytes + dqkvBytes;
+  if (total == 0)
     return Status::ok();
   void *p = nullptr;
-  PIPER_RETURN_IF_ERROR(ctx.workspace->reserve(bytes + qkvBytes + yBytes, p));
+  PIPER_RETURN_IF_ERROR(ctx.workspace->reserve(total, p));
   char *at = static_cast<char *>(p);
   scratch = bytes ? at : nullptr;
   if (qkvBytes)
     qkv32 = reinterpret_cast<float *>(at + bytes);
   if (yBytes)
     y32 = reinterpret_cast<float *>(at + bytes + qkvBytes);
+  if (dqkvBytes)
+    dqkv32 = reinterpret_cast<float *>(at + bytes + qkvBytes + yBytes);
   return Status::ok();
 }
 
@@ -151,6 +156,7 @@ struct AttentionCall {
   char *scratch = nullptr; // the SIMT kernels' (null: none needed)
   float *qkv32 = nullptr;  // theirs: an fp32 qkv in a bf16 call
   float *y32 = nullptr;    // theirs: an fp32 y (or dy) in a bf16 call
+  float *dqkv32 = nullptr; // theirs: an fp32 dqkv in a bf16 backward
   bool empty = false;
 };
 
@@ -166,7 +172,8 @@ Status setUpAttention(const KernelArgs &a, const Context &ctx, bool grad,
   PIPER_RETURN_IF_ERROR(fusedFor(ctx, c.s, c.fused));
   if (c.fused)
     return reserveFused(ctx, c.s, *c.fused, grad, c.f);
-  return attentionScratchFor(ctx, c.s, grad, c.scratch, c.qkv32, c.y32);
+  return attentionScratchFor(ctx, c.s, grad, c.scratch, c.qkv32, c.y32,
+                             c.dqkv32);
 }
 
 // q, k rotated and packed to bf16 for the fused kernels into f.qkv16 (from
@@ -219,10 +226,13 @@ Status fusedForward(const Context &ctx, const AttentionCall &c,
 // compiler: no forward runs again): q, k, v, y and dy packed to bf16 (y
 // exactly: the fused forward wrote it in bf16; a packed y16 is read as it
 // is), the statistics from lse, the fused backward; dq and dk are rotated
-// back while they are up-cast.
+// back while they are up-cast (and with `round` rounded to bf16), or
+// rounded and packed into a packed dqkv16. Without rotary embeddings the
+// fused backward writes a packed dqkv16 itself (no pass).
 Status fusedBackward(const Context &ctx, const AttentionCall &c,
                      const TensorRef &qkv, const float *y, const uint16_t *y16,
-                     const float *lse, const TensorRef &dy, float *dqkv) {
+                     const float *lse, const TensorRef &dy, float *dqkv,
+                     uint16_t *dqkv16, bool round) {
   const AttentionShape &s = c.s;
   const FusedScratch &f = c.f;
   const uint16_t *qkv16 = nullptr;
@@ -239,9 +249,13 @@ Status fusedBackward(const Context &ctx, const AttentionCall &c,
         launchPackBf16(ctx, f.dy16, dy.f32(), s.rows() * s.qCols));
     dy16 = f.dy16;
   }
+  if (dqkv16 && !s.rotary())
+    return c.fused->backward(ctx, qkv16, y16, dy16, f.stats, dqkv16,
+                             f.workspace);
   PIPER_RETURN_IF_ERROR(
       c.fused->backward(ctx, qkv16, y16, dy16, f.stats, f.dqkv16, f.workspace));
-  return launchAttentionUnpackGradBf16(ctx, s, f.dqkv16, dqkv, f.table);
+  return launchAttentionUnpackGradBf16(ctx, s, f.dqkv16, dqkv, f.table, round,
+                                       dqkv16);
 }
 
 // In mixed precision y and lse are stored rounded to bf16
@@ -279,25 +293,39 @@ Status attention(const KernelArgs &a, const Context &ctx) {
   return launchRoundBf16(ctx, lse, a.outputs[1].numel());
 }
 
+// In mixed precision dqkv is stored rounded to bf16 (KernelEntry::
+// roundsOutputs): by the fused path's up-cast, or a pass after the SIMT
+// kernels; or packed where the executor gives it so (the QKV projection's
+// gradient, read only by its GEMMs and bias sums: KernelEntry::
+// packedOutputs).
 Status attentionGrad(const KernelArgs &a, const Context &ctx) {
   AttentionCall c;
   PIPER_RETURN_IF_ERROR(setUpAttention(a, ctx, true, c));
   if (c.empty)
     return Status::ok();
+  const TensorRef &out = a.outputs[0];
+  float *dqkv = f32Out(out);
+  uint16_t *dqkv16 = bf16Out(out);
+  const bool round = a.ctx.lowPrecision;
   // y may be packed (KernelEntry::packedInputs): the fused backward reads it
   // as it is; the SIMT kernels do not read it.
   const TensorRef &y = a.inputs[1];
-  const bool packedY = y.dtype == plan::BF16;
   if (c.fused)
-    return fusedBackward(ctx, c, a.inputs[0], packedY ? nullptr : y.f32(),
-                         packedY ? static_cast<const uint16_t *>(y.data)
-                                 : nullptr,
-                         a.inputs[2].f32(), a.inputs[3], a.outputs[0].f32());
+    return fusedBackward(ctx, c, a.inputs[0], f32In(y), bf16In(y),
+                         a.inputs[2].f32(), a.inputs[3], dqkv, dqkv16, round);
   // The SIMT kernels recompute the softmax from q|k|v, as the CPU's.
+  if (dqkv16 && !c.dqkv32)
+    return Status::error("attention_grad: a packed dqkv in an fp32 call");
   const float *qkv = nullptr, *dy = nullptr;
   PIPER_RETURN_IF_ERROR(simtOperand(ctx, a.inputs[0], c.qkv32, qkv));
   PIPER_RETURN_IF_ERROR(simtOperand(ctx, a.inputs[3], c.y32, dy));
-  return launchAttentionGrad(ctx, c.s, qkv, dy, a.outputs[0].f32(), c.scratch);
+  float *into = dqkv16 ? c.dqkv32 : dqkv;
+  PIPER_RETURN_IF_ERROR(
+      launchAttentionGrad(ctx, c.s, qkv, dy, into, c.scratch));
+  const int64_t n = out.numel();
+  if (dqkv16)
+    return launchPackBf16(ctx, dqkv16, into, n);
+  return round ? launchRoundBf16(ctx, dqkv, n) : Status::ok();
 }
 
 // Preparing a plan's attention (prepareKernel, at plan load): the fused
@@ -395,8 +423,10 @@ void addAttentionKernels(std::vector<KernelEntry> &out) {
           // y and lse rounded in mixed precision, y stored packed where
           // only GEMMs and attention_grad read it, which takes it so.
           {"attention", attention, prepareAttention<false>, true, 0b1, 0b1},
-          {"attention_grad", attentionGrad, prepareAttention<true>, false,
-           0b1011},
+          // attention_grad reads qkv, y and dy packed, rounds dqkv itself
+          // and stores it packed where only GEMMs (and bias sums) read it.
+          {"attention_grad", attentionGrad, prepareAttention<true>, true,
+           0b1011, 0b1},
           {"attention_block", attentionBlock, prepareRingStep<false>},
           {"attention_block_grad", attentionBlockGrad, prepareRingStep<true>},
       });

@@ -41,11 +41,14 @@ Status launchAttentionPackBf16(const Context &ctx, const AttentionShape &s,
 /// dqkv (fp32, [rows, cols]) from the fused backward's bf16 dqkv16: dq and
 /// dk rotated back (the rotation's transpose, in double, as the SIMT
 /// kernel), dv up-cast; every element written. `table` as left by
-/// launchAttentionPackBf16 with the same shape.
+/// launchAttentionPackBf16 with the same shape. With `round`, dq and dk
+/// are stored rounded to bf16 (dv is bf16-valued); with `dqkvOut16`
+/// instead of dqkv, dqkv is stored packed (rounded to nearest even).
 Status launchAttentionUnpackGradBf16(const Context &ctx,
                                      const AttentionShape &s,
                                      const uint16_t *dqkv16, float *dqkv,
-                                     const char *table);
+                                     const char *table, bool round = false,
+                                     uint16_t *dqkvOut16 = nullptr);
 /// The fused kernels' statistics ([batch, heads, seq] fp32) as the
 /// attention op's lse ([rows, 2 heads], storeRingLse's pairs), and back
 /// (exact both ways while lse keeps its pairs: hi + lo is the value).

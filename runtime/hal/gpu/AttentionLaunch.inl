@@ -343,12 +343,17 @@ Status launchAttentionPackBf16(const Context &ctx, const AttentionShape &s,
 Status launchAttentionUnpackGradBf16(const Context &ctx,
                                      const AttentionShape &s,
                                      const uint16_t *dqkv16, float *dqkv,
-                                     const char *table) {
+                                     const char *table, bool round,
+                                     uint16_t *dqkvOut16) {
   const int64_t cols = s.cols, rows = s.rows();
   if (!s.rotary())
-    return Exec(ctx).forEach(
-        "attention_grad_unpack_bf16", rows * cols,
-        [=] PIPER_LAMBDA(int64_t idx) { dqkv[idx] = fromBf16(dqkv16[idx]); });
+    return Exec(ctx).forEach("attention_grad_unpack_bf16", rows * cols,
+                             [=] PIPER_LAMBDA(int64_t idx) {
+                               if (dqkvOut16)
+                                 dqkvOut16[idx] = dqkv16[idx];
+                               else
+                                 dqkv[idx] = fromBf16(dqkv16[idx]);
+                             });
   const size_t tableBytes = attentionRopeTableBytes(s) / 2;
   const double *cosT = reinterpret_cast<const double *>(table);
   const double *sinT = reinterpret_cast<const double *>(table + tableBytes);
@@ -359,18 +364,27 @@ Status launchAttentionUnpackGradBf16(const Context &ctx,
                            [=] PIPER_LAMBDA(int64_t idx) {
                              int64_t r = idx / perRow, p = idx % perRow;
                              const uint16_t *in = dqkv16 + r * cols;
-                             float *out = dqkv + r * cols;
                              if (p >= rotated) {
+                               // dv: bf16 values, exact either way.
                                int64_t c = vStart + 2 * (p - rotated);
-                               out[c] = fromBf16(in[c]);
-                               out[c + 1] = fromBf16(in[c + 1]);
+                               for (int64_t j = c; j < c + 2; ++j) {
+                                 if (dqkvOut16)
+                                   dqkvOut16[r * cols + j] = in[j];
+                                 else
+                                   dqkv[r * cols + j] = fromBf16(in[j]);
+                               }
                                return;
                              }
                              int64_t col = (p / half) * hd + p % half;
                              int64_t e = (r % seq) * half + p % half;
+                             float o1 = 0, o2 = 0;
                              ropePair(fromBf16(in[col]),
                                       fromBf16(in[col + half]), cosT[e],
-                                      sinT[e], true, out[col], out[col + half]);
+                                      sinT[e], true, o1, o2);
+                             storeRounded(dqkv, dqkvOut16, r * cols + col, o1,
+                                          round);
+                             storeRounded(dqkv, dqkvOut16,
+                                          r * cols + col + half, o2, round);
                            });
 }
 

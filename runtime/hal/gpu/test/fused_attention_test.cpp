@@ -265,9 +265,14 @@ TEST_CASE("the fused path's backward is the model's on the packed operands, "
     dy16[e] = g::toBf16(dy[e]);
   REQUIRE(model->backward(ctx, qkv16.data(), y16.data(), dy16.data(),
                           stats.data(), dqkv16.data(), nullptr));
+  // dq and dk rotated back, then rounded to bf16 as the executor rounds
+  // a mixed-precision output (the kernel rounds dqkv itself:
+  // Device::roundsOutputs).
   std::vector<float> want(n);
   REQUIRE(g::launchAttentionUnpackGradBf16(ctx, s, dqkv16.data(), want.data(),
                                            table.data()));
+  for (float &x : want)
+    x = g::fromBf16(g::toBf16(x));
   // The forward's outputs as the attention kernel gives them: y up-cast,
   // the statistics as lse pairs, which give them back exactly.
   std::vector<float> y(ny), lse(size_t(s.rows() * 2 * s.heads), NAN),
@@ -325,6 +330,17 @@ TEST_CASE("the fused path's backward is the model's on the packed operands, "
   REQUIRE(device->runKernel(*info, kernel, decodeKernelAttrs(kernel), ins, outs,
                             kctx));
   CHECK(std::memcmp(gotPacked.data(), want.data(), n * sizeof(float)) == 0);
+
+  // dqkv stored packed (read only by the QKV projection's GEMMs,
+  // Device::writesPackedOutput): the same values, packed.
+  std::vector<uint16_t> dqkvGot(n, 0xFFFF);
+  outs[0] = TensorRef{plan::BF16, {s.rows(), s.cols}, dqkvGot.data()};
+  REQUIRE(device->runKernel(*info, kernel, decodeKernelAttrs(kernel), ins, outs,
+                            kctx));
+  int packedDiffer = 0;
+  for (size_t e = 0; e < n; ++e)
+    packedDiffer += dqkvGot[e] != g::toBf16(want[e]);
+  CHECK(packedDiffer == 0);
 
   // And the forward stores a packed y (Device::writesPackedOutput) as the
   // model writes it, lse rounded to bf16 as in every mixed-precision call
