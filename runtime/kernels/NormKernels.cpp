@@ -49,8 +49,10 @@ Status checkNormGradInput(const KernelArgs &a, double defaultEps, bool residual,
   PIPER_RETURN_IF_ERROR(expectCounts(a, inputs, inputs, 1));
   PIPER_RETURN_IF_ERROR(checkNormOperands(a, a.inputs[0], a.inputs[1],
                                           defaultEps, rows, hidden, eps));
-  PIPER_RETURN_IF_ERROR(
-      expectTensor(a, a.inputs[2], "dy", plan::F32, {rows, hidden}));
+  // dy may be packed in mixed precision (a GEMM's output stored so:
+  // hal::Device::readsPackedInput).
+  PIPER_RETURN_IF_ERROR(expectTensor(
+      a, a.inputs[2], "dy", packableDType(a, a.inputs[2]), {rows, hidden}));
   if (residual)
     PIPER_RETURN_IF_ERROR(
         expectTensor(a, a.inputs[3], "r", plan::F32, {rows, hidden}));
@@ -65,8 +67,9 @@ Status checkAddNorm(const KernelArgs &a, size_t inputs, double defaultEps,
   PIPER_RETURN_IF_ERROR(expectCounts(a, inputs, inputs, 2));
   PIPER_RETURN_IF_ERROR(checkNormOperands(a, a.inputs[0], a.inputs[2],
                                           defaultEps, rows, hidden, eps));
-  PIPER_RETURN_IF_ERROR(
-      expectTensor(a, a.inputs[1], "r", plan::F32, {rows, hidden}));
+  // r (the branch's output) may be packed in mixed precision.
+  PIPER_RETURN_IF_ERROR(expectTensor(
+      a, a.inputs[1], "r", packableDType(a, a.inputs[1]), {rows, hidden}));
   PIPER_RETURN_IF_ERROR(
       expectTensor(a, a.outputs[0], "s", plan::F32, {rows, hidden}));
   return expectPackableOutput(a, a.outputs[1], "y", {rows, hidden});
@@ -85,7 +88,8 @@ Status checkNormGradWeight(const KernelArgs &a, int outputs, double defaultEps,
   if (eps < 0)
     return a.error("attribute 'eps' must not be negative");
   PIPER_RETURN_IF_ERROR(readFlag(a, KernelAttr::kAccumulate, accumulate));
-  PIPER_RETURN_IF_ERROR(expectTensor(a, dy, "dy", plan::F32, {rows, hidden}));
+  PIPER_RETURN_IF_ERROR(
+      expectTensor(a, dy, "dy", packableDType(a, dy), {rows, hidden}));
   return expectTensor(a, a.outputs[0], "dgamma", plan::F32, {hidden});
 }
 
@@ -106,10 +110,12 @@ Status normGradInput(const KernelArgs &a, double defaultEps, bool residual,
   const TensorRef &dx = a.outputs[0];
   const float *r = residual ? a.inputs[3].f32() : nullptr;
   const bool round = a.ctx.lowPrecision;
+  std::vector<float> unpacked;
+  const float *dyData = fp32Data(dy, unpacked);
   parallelFor(rows, rowGrain(3 * hidden), [&](int64_t begin, int64_t end) {
     int64_t at = begin * hidden, count = (end - begin) * hidden;
     float *out = dx.f32() + at;
-    backward(x.f32() + at, gamma.f32(), dy.f32() + at, end - begin, hidden, eps,
+    backward(x.f32() + at, gamma.f32(), dyData + at, end - begin, hidden, eps,
              out);
     if (!r)
       return;
@@ -156,7 +162,8 @@ void storeWeightGrads(const KernelArgs &a, bool accumulate, int64_t hidden,
 template <typename Norm>
 void addThenNorm(const KernelArgs &a, int64_t rows, int64_t hidden,
                  const Norm &norm) {
-  const float *x = a.inputs[0].f32(), *r = a.inputs[1].f32();
+  std::vector<float> unpacked;
+  const float *x = a.inputs[0].f32(), *r = fp32Data(a.inputs[1], unpacked);
   float *s = a.outputs[0].f32();
   const bool round = a.ctx.lowPrecision;
   forEachRow(rows, hidden, [&](int64_t n) {
@@ -393,7 +400,8 @@ Status layerNormGradWeightKernel(const KernelArgs &a) {
   bool accumulate = false;
   PIPER_RETURN_IF_ERROR(
       checkLayerNormGradWeight(a, rows, hidden, eps, accumulate));
-  const float *x = a.inputs[0].f32(), *dy = a.inputs[1].f32();
+  std::vector<float> unpacked;
+  const float *x = a.inputs[0].f32(), *dy = fp32Data(a.inputs[1], unpacked);
   storeWeightGrads(a, accumulate, hidden, [&](float *const *out) {
     layerNormBackward(x, nullptr, dy, rows, hidden, eps, nullptr, out[0],
                       out[1]);
@@ -479,7 +487,8 @@ Status rmsNormGradWeightKernel(const KernelArgs &a) {
   bool accumulate = false;
   PIPER_RETURN_IF_ERROR(
       checkRmsNormGradWeight(a, rows, hidden, eps, accumulate));
-  const float *x = a.inputs[0].f32(), *dy = a.inputs[1].f32();
+  std::vector<float> unpacked;
+  const float *x = a.inputs[0].f32(), *dy = fp32Data(a.inputs[1], unpacked);
   storeWeightGrads(a, accumulate, hidden, [&](float *const *out) {
     rmsNormBackward(x, nullptr, dy, rows, hidden, eps, nullptr, out[0]);
   });

@@ -240,7 +240,10 @@ def packed_checks(packed, unpacked, listing):
     linear), GPT's GELU gradient from linear_grad_input_gelu (read by a
     GEMM and linear_grad_weight_bias, whose bias sums read it packed too),
     attention_grad's dqkv (read by the QKV projection's GEMMs and bias
-    sums), the classifier's logits (the head's GEMM writes them packed, the fused
+    sums), the branch outputs that the residual norms add (`r` of
+    add_layer_norm and add_rms_norm, out of the projections' GEMMs), the
+    gradient each norm's backward takes (`dy` of its grad_input and
+    grad_weight, out of the GEMMs after it), the classifier's logits (the head's GEMM writes them packed, the fused
     classifier reads them so) and the dy that linear_grad_input hands
     attention_grad, swiglu_grad and gelu_grad.
     --unpack-step-buffers stores nothing so."""
@@ -252,13 +255,18 @@ def packed_checks(packed, unpacked, listing):
               listing.count(" cross_entropy_fused(") +
               2 * listing.count(" attention_grad(") +
               listing.count(" gelu_grad(") +
-              listing.count(" linear_grad_input_gelu("))
+              listing.count(" linear_grad_input_gelu(") +
+              sum(listing.count(" %s(" % k) for k in (
+                  "add_layer_norm", "add_rms_norm", "layer_norm_grad_input",
+                  "layer_norm_grad_input_add", "rms_norm_grad_input",
+                  "rms_norm_grad_input_add")))
     return [
         ("packed storage: %d results written packed (%d norms, MLP "
          "activations, attention inputs and outputs, dlogits), %d other "
          "values (%d: swiglu_grad's, linear_grad_input_gelu's and "
          "attention_grad's gradients, logits, the dy of attention_grad, "
-         "swiglu_grad and gelu_grad): %s" %
+         "swiglu_grad and gelu_grad, the residual norms' r, the norm "
+         "gradients' dy): %s" %
          (packed[0] if packed else -1, writers,
           packed[1] if packed else -1, values, packed),
          packed is not None and packed[0] == writers and packed[1] == values),

@@ -70,6 +70,13 @@ Status positionAddGrad(const KernelArgs &a, const Context &ctx) {
                                a.outputs[0].shape[0], partials);
 }
 
+// The residual add of add_layer_norm and add_rms_norm: r (input 1, fp32 or
+// packed) and the sum s (output 0).
+ResidualSum residualOf(const KernelArgs &a) {
+  const TensorRef &r = a.inputs[1];
+  return {f32In(r), a.outputs[0].f32(), bf16In(r)};
+}
+
 Status layerNorm(const KernelArgs &a, const Context &ctx) {
   int64_t rows = 0, hidden = 0;
   double eps = 0;
@@ -87,17 +94,17 @@ Status addLayerNorm(const KernelArgs &a, const Context &ctx) {
   const TensorRef &y = a.outputs[1];
   return launchLayerNorm(ctx, a.inputs[0].f32(), a.inputs[2].f32(),
                          a.inputs[3].f32(), f32Out(y), rows, hidden, eps,
-                         a.ctx.lowPrecision,
-                         {a.inputs[1].f32(), a.outputs[0].f32()}, bf16Out(y));
+                         a.ctx.lowPrecision, residualOf(a), bf16Out(y));
 }
 
 Status layerNormGradInput(const KernelArgs &a, const Context &ctx) {
   int64_t rows = 0, hidden = 0;
   double eps = 0;
   PIPER_RETURN_IF_ERROR(detail::checkLayerNormGradInput(a, rows, hidden, eps));
+  const TensorRef &dy = a.inputs[2];
   return launchLayerNormGradInput(ctx, a.inputs[0].f32(), a.inputs[1].f32(),
-                                  a.inputs[2].f32(), a.outputs[0].f32(), rows,
-                                  hidden, eps, a.ctx.lowPrecision);
+                                  f32In(dy), a.outputs[0].f32(), rows, hidden,
+                                  eps, a.ctx.lowPrecision, nullptr, bf16In(dy));
 }
 
 Status layerNormGradInputAdd(const KernelArgs &a, const Context &ctx) {
@@ -105,10 +112,10 @@ Status layerNormGradInputAdd(const KernelArgs &a, const Context &ctx) {
   double eps = 0;
   PIPER_RETURN_IF_ERROR(
       detail::checkLayerNormGradInputAdd(a, rows, hidden, eps));
-  return launchLayerNormGradInput(ctx, a.inputs[0].f32(), a.inputs[1].f32(),
-                                  a.inputs[2].f32(), a.outputs[0].f32(), rows,
-                                  hidden, eps, a.ctx.lowPrecision,
-                                  a.inputs[3].f32());
+  const TensorRef &dy = a.inputs[2];
+  return launchLayerNormGradInput(
+      ctx, a.inputs[0].f32(), a.inputs[1].f32(), f32In(dy), a.outputs[0].f32(),
+      rows, hidden, eps, a.ctx.lowPrecision, a.inputs[3].f32(), bf16In(dy));
 }
 
 Status layerNormGradWeight(const KernelArgs &a, const Context &ctx) {
@@ -120,10 +127,10 @@ Status layerNormGradWeight(const KernelArgs &a, const Context &ctx) {
   double *work = nullptr;
   PIPER_RETURN_IF_ERROR(
       scratch(ctx, 2 * rows + 2 * columnChunks(rows).chunks * hidden, work));
-  return launchLayerNormGradWeight(ctx, a.inputs[0].f32(), a.inputs[1].f32(),
-                                   a.outputs[0].f32(), a.outputs[1].f32(), rows,
-                                   hidden, eps, work,
-                                   {a.ctx.lowPrecision, accumulate});
+  const TensorRef &dy = a.inputs[1];
+  return launchLayerNormGradWeight(
+      ctx, a.inputs[0].f32(), f32In(dy), a.outputs[0].f32(), a.outputs[1].f32(),
+      rows, hidden, eps, work, {a.ctx.lowPrecision, accumulate}, bf16In(dy));
 }
 
 Status rmsNorm(const KernelArgs &a, const Context &ctx) {
@@ -141,27 +148,28 @@ Status addRmsNorm(const KernelArgs &a, const Context &ctx) {
   PIPER_RETURN_IF_ERROR(detail::checkAddRmsNorm(a, rows, hidden, eps));
   const TensorRef &y = a.outputs[1];
   return launchRmsNorm(ctx, a.inputs[0].f32(), a.inputs[2].f32(), f32Out(y),
-                       rows, hidden, eps, a.ctx.lowPrecision,
-                       {a.inputs[1].f32(), a.outputs[0].f32()}, bf16Out(y));
+                       rows, hidden, eps, a.ctx.lowPrecision, residualOf(a),
+                       bf16Out(y));
 }
 
 Status rmsNormGradInput(const KernelArgs &a, const Context &ctx) {
   int64_t rows = 0, hidden = 0;
   double eps = 0;
   PIPER_RETURN_IF_ERROR(detail::checkRmsNormGradInput(a, rows, hidden, eps));
+  const TensorRef &dy = a.inputs[2];
   return launchRmsNormGradInput(ctx, a.inputs[0].f32(), a.inputs[1].f32(),
-                                a.inputs[2].f32(), a.outputs[0].f32(), rows,
-                                hidden, eps, a.ctx.lowPrecision);
+                                f32In(dy), a.outputs[0].f32(), rows, hidden,
+                                eps, a.ctx.lowPrecision, nullptr, bf16In(dy));
 }
 
 Status rmsNormGradInputAdd(const KernelArgs &a, const Context &ctx) {
   int64_t rows = 0, hidden = 0;
   double eps = 0;
   PIPER_RETURN_IF_ERROR(detail::checkRmsNormGradInputAdd(a, rows, hidden, eps));
-  return launchRmsNormGradInput(ctx, a.inputs[0].f32(), a.inputs[1].f32(),
-                                a.inputs[2].f32(), a.outputs[0].f32(), rows,
-                                hidden, eps, a.ctx.lowPrecision,
-                                a.inputs[3].f32());
+  const TensorRef &dy = a.inputs[2];
+  return launchRmsNormGradInput(
+      ctx, a.inputs[0].f32(), a.inputs[1].f32(), f32In(dy), a.outputs[0].f32(),
+      rows, hidden, eps, a.ctx.lowPrecision, a.inputs[3].f32(), bf16In(dy));
 }
 
 Status rmsNormGradWeight(const KernelArgs &a, const Context &ctx) {
@@ -173,9 +181,10 @@ Status rmsNormGradWeight(const KernelArgs &a, const Context &ctx) {
   double *work = nullptr;
   PIPER_RETURN_IF_ERROR(
       scratch(ctx, rows + columnChunks(rows).chunks * hidden, work));
-  return launchRmsNormGradWeight(ctx, a.inputs[0].f32(), a.inputs[1].f32(),
+  const TensorRef &dy = a.inputs[1];
+  return launchRmsNormGradWeight(ctx, a.inputs[0].f32(), f32In(dy),
                                  a.outputs[0].f32(), rows, hidden, eps, work,
-                                 {a.ctx.lowPrecision, accumulate});
+                                 {a.ctx.lowPrecision, accumulate}, bf16In(dy));
 }
 
 Status qkNorm(const KernelArgs &a, const Context &ctx) {
@@ -265,16 +274,18 @@ void addLayerKernels(std::vector<KernelEntry> &out) {
           {"position_add", positionAdd, nullptr, true},
           {"position_add_grad", positionAddGrad},
           {"layer_norm", layerNorm, nullptr, true, 0, 0b1},
-          {"layer_norm_grad_input", layerNormGradInput, nullptr, true},
-          {"layer_norm_grad_weight", layerNormGradWeight, nullptr, true},
+          {"layer_norm_grad_input", layerNormGradInput, nullptr, true, 0b100},
+          {"layer_norm_grad_weight", layerNormGradWeight, nullptr, true, 0b10},
           {"rms_norm", rmsNorm, nullptr, true, 0, 0b1},
-          {"rms_norm_grad_input", rmsNormGradInput, nullptr, true},
-          {"rms_norm_grad_weight", rmsNormGradWeight, nullptr, true},
+          {"rms_norm_grad_input", rmsNormGradInput, nullptr, true, 0b100},
+          {"rms_norm_grad_weight", rmsNormGradWeight, nullptr, true, 0b10},
           // The residual stream's add fused into the norms.
-          {"add_layer_norm", addLayerNorm, nullptr, true, 0, 0b10},
-          {"add_rms_norm", addRmsNorm, nullptr, true, 0, 0b10},
-          {"layer_norm_grad_input_add", layerNormGradInputAdd, nullptr, true},
-          {"rms_norm_grad_input_add", rmsNormGradInputAdd, nullptr, true},
+          {"add_layer_norm", addLayerNorm, nullptr, true, 0b10, 0b10},
+          {"add_rms_norm", addRmsNorm, nullptr, true, 0b10, 0b10},
+          {"layer_norm_grad_input_add", layerNormGradInputAdd, nullptr, true,
+           0b100},
+          {"rms_norm_grad_input_add", rmsNormGradInputAdd, nullptr, true,
+           0b100},
           {"qk_norm", qkNorm},
           {"qk_norm_grad_input", qkNormGradInput},
           {"qk_norm_grad_weight", qkNormGradWeight},

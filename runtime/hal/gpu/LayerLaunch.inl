@@ -175,14 +175,26 @@ PIPER_HOST_DEVICE inline const float *
 residualRow(Exec::Lanes lanes, const float *x, ResidualSum residual,
             int64_t n, int64_t hidden, bool round) {
   const float *xr = x + n * hidden;
-  if (!residual.r)
+  if (!residual.r && !residual.r16)
     return xr;
-  const float *rr = residual.r + n * hidden;
+  const float *rr = residual.r ? residual.r + n * hidden : nullptr;
+  const uint16_t *rr16 = residual.r16 ? residual.r16 + n * hidden : nullptr;
   float *sr = residual.sum + n * hidden;
   for (int64_t j = lanes.lane(); j < hidden; j += Exec::Lanes::kCount)
-    sr[j] = roundedIf(xr[j] + rr[j], round);
+    sr[j] = roundedIf(xr[j] + (rr16 ? fromBf16(rr16[j]) : rr[j]), round);
   return sr;
 }
+
+// Element j of a row of an input given fp32 or packed (bf16): the same
+// value either way.
+struct RowIn {
+  const float *f32;
+  const uint16_t *bf16;
+  int64_t at; // the row's first element
+  PIPER_HOST_DEVICE float operator()(int64_t j) const {
+    return bf16 ? fromBf16(bf16[at + j]) : f32[at + j];
+  }
+};
 
 // dx[j] = v, or with `residual` residual[j] + v rounded as grad_input's
 // output first (the fused *_grad_input_add).
@@ -213,18 +225,20 @@ Status launchLayerNorm(const Context &ctx, const float *x, const float *gamma,
 Status launchLayerNormGradInput(const Context &ctx, const float *x,
                                 const float *gamma, const float *dy, float *dx,
                                 int64_t rows, int64_t hidden, double eps,
-                                bool round, const float *residual) {
+                                bool round, const float *residual,
+                                const uint16_t *dy16) {
   using Lanes = Exec::Lanes;
   return Exec(ctx).forEachRow(
       "layer_norm_grad_input", rows, [=] PIPER_LAMBDA(Lanes lanes, int64_t n) {
-        const float *xr = x + n * hidden, *dyr = dy + n * hidden;
+        const float *xr = x + n * hidden;
+        const RowIn dyr{dy, dy16, n * hidden};
         float *dxr = dx + n * hidden;
         double mean = 0, rstd = 0;
         layerNormStats(lanes, xr, hidden, eps, mean, rstd);
         // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * gamma.
         double gSum = 0, gxSum = 0;
         for (int64_t j = lanes.lane(); j < hidden; j += Lanes::kCount) {
-          double g = double(dyr[j]) * gamma[j];
+          double g = double(dyr(j)) * gamma[j];
           gSum += g;
           gxSum += g * ((xr[j] - mean) * rstd);
         }
@@ -232,7 +246,7 @@ Status launchLayerNormGradInput(const Context &ctx, const float *x,
         gxSum = lanes.sum(gxSum);
         const double gMean = gSum / hidden, gxMean = gxSum / hidden;
         for (int64_t j = lanes.lane(); j < hidden; j += Lanes::kCount) {
-          double g = double(dyr[j]) * gamma[j];
+          double g = double(dyr(j)) * gamma[j];
           double xhat = (xr[j] - mean) * rstd;
           dxr[j] = withResidual(
               static_cast<float>(rstd * (g - gMean - xhat * gxMean)), residual,
@@ -244,7 +258,8 @@ Status launchLayerNormGradInput(const Context &ctx, const float *x,
 Status launchLayerNormGradWeight(const Context &ctx, const float *x,
                                  const float *dy, float *dgamma, float *dbeta,
                                  int64_t rows, int64_t hidden, double eps,
-                                 double *scratch, SumsOut to) {
+                                 double *scratch, SumsOut to,
+                                 const uint16_t *dy16) {
   using Lanes = Exec::Lanes;
   const RowChunks rc = columnChunks(rows);
   const int64_t per = rc.rowsPerChunk;
@@ -267,7 +282,7 @@ Status launchLayerNormGradWeight(const Context &ctx, const float *x,
         int64_t end = (c + 1) * per < rows ? (c + 1) * per : rows;
         double g = 0, b = 0;
         for (int64_t n = c * per; n < end; ++n) {
-          float d = dy[n * hidden + j];
+          float d = RowIn{dy, dy16, n * hidden}(j);
           double xhat = (x[n * hidden + j] - stats[2 * n]) * stats[2 * n + 1];
           g += d * xhat;
           b += d;
@@ -300,21 +315,23 @@ Status launchRmsNorm(const Context &ctx, const float *x, const float *gamma,
 Status launchRmsNormGradInput(const Context &ctx, const float *x,
                               const float *gamma, const float *dy, float *dx,
                               int64_t rows, int64_t hidden, double eps,
-                              bool round, const float *residual) {
+                              bool round, const float *residual,
+                              const uint16_t *dy16) {
   using Lanes = Exec::Lanes;
   return Exec(ctx).forEachRow(
       "rms_norm_grad_input", rows, [=] PIPER_LAMBDA(Lanes lanes, int64_t n) {
-        const float *xr = x + n * hidden, *dyr = dy + n * hidden;
+        const float *xr = x + n * hidden;
+        const RowIn dyr{dy, dy16, n * hidden};
         float *dxr = dx + n * hidden;
         double rrms = rmsNormRrms(lanes, xr, hidden, eps);
         // dx = rrms * (g - xhat * mean(g * xhat)), g = dy * gamma,
         // xhat = x * rrms.
         double acc = 0;
         for (int64_t j = lanes.lane(); j < hidden; j += Lanes::kCount)
-          acc += double(dyr[j]) * gamma[j] * (xr[j] * rrms);
+          acc += double(dyr(j)) * gamma[j] * (xr[j] * rrms);
         const double gxMean = lanes.sum(acc) / hidden;
         for (int64_t j = lanes.lane(); j < hidden; j += Lanes::kCount) {
-          double g = double(dyr[j]) * gamma[j];
+          double g = double(dyr(j)) * gamma[j];
           dxr[j] = withResidual(
               static_cast<float>(rrms * (g - xr[j] * rrms * gxMean)), residual,
               n * hidden + j, round);
@@ -325,7 +342,7 @@ Status launchRmsNormGradInput(const Context &ctx, const float *x,
 Status launchRmsNormGradWeight(const Context &ctx, const float *x,
                                const float *dy, float *dgamma, int64_t rows,
                                int64_t hidden, double eps, double *scratch,
-                               SumsOut to) {
+                               SumsOut to, const uint16_t *dy16) {
   using Lanes = Exec::Lanes;
   const RowChunks rc = columnChunks(rows);
   const int64_t per = rc.rowsPerChunk;
@@ -344,7 +361,7 @@ Status launchRmsNormGradWeight(const Context &ctx, const float *x,
         double g = 0;
         for (int64_t n = c * per; n < end; ++n) {
           double xhat = x[n * hidden + j] * rrmsOf[n];
-          g += dy[n * hidden + j] * xhat;
+          g += RowIn{dy, dy16, n * hidden}(j) * xhat;
         }
         parts[i] = g;
       }));
