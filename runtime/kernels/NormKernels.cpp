@@ -29,11 +29,14 @@ constexpr double kLayerNormEps = 1e-5;
 // --- shared checks and kernel shapes -----------------------------------------
 
 // The operands of a norm and of its grad_input: x [N,H], gamma [H], and
-// eps (default `defaultEps`, >= 0).
+// eps (default `defaultEps`, >= 0). With `xPackable` (the grad_input's: a
+// saved activation) x may be packed in mixed precision.
 Status checkNormOperands(const KernelArgs &a, const TensorRef &x,
                          const TensorRef &gamma, double defaultEps,
-                         int64_t &rows, int64_t &hidden, double &eps) {
-  PIPER_RETURN_IF_ERROR(expectMatrix(a, x, "x", plan::F32, rows, hidden));
+                         int64_t &rows, int64_t &hidden, double &eps,
+                         bool xPackable = false) {
+  PIPER_RETURN_IF_ERROR(expectMatrix(
+      a, x, "x", xPackable ? packableDType(a, x) : plan::F32, rows, hidden));
   PIPER_RETURN_IF_ERROR(expectTensor(a, gamma, "gamma", plan::F32, {hidden}));
   PIPER_RETURN_IF_ERROR(readFloat(a, KernelAttr::kEps, defaultEps, eps));
   if (eps < 0)
@@ -48,7 +51,8 @@ Status checkNormGradInput(const KernelArgs &a, double defaultEps, bool residual,
   const size_t inputs = residual ? 4 : 3;
   PIPER_RETURN_IF_ERROR(expectCounts(a, inputs, inputs, 1));
   PIPER_RETURN_IF_ERROR(checkNormOperands(a, a.inputs[0], a.inputs[1],
-                                          defaultEps, rows, hidden, eps));
+                                          defaultEps, rows, hidden, eps,
+                                          /*xPackable=*/true));
   // dy may be packed in mixed precision (a GEMM's output stored so:
   // hal::Device::readsPackedInput).
   PIPER_RETURN_IF_ERROR(expectTensor(
@@ -83,7 +87,8 @@ Status checkNormGradWeight(const KernelArgs &a, int outputs, double defaultEps,
                            bool &accumulate) {
   PIPER_RETURN_IF_ERROR(expectCounts(a, 2, 2, outputs));
   const TensorRef &x = a.inputs[0], &dy = a.inputs[1];
-  PIPER_RETURN_IF_ERROR(expectMatrix(a, x, "x", plan::F32, rows, hidden));
+  PIPER_RETURN_IF_ERROR(
+      expectMatrix(a, x, "x", packableDType(a, x), rows, hidden));
   PIPER_RETURN_IF_ERROR(readFloat(a, KernelAttr::kEps, defaultEps, eps));
   if (eps < 0)
     return a.error("attribute 'eps' must not be negative");
@@ -110,12 +115,13 @@ Status normGradInput(const KernelArgs &a, double defaultEps, bool residual,
   const TensorRef &dx = a.outputs[0];
   const float *r = residual ? a.inputs[3].f32() : nullptr;
   const bool round = a.ctx.lowPrecision;
-  std::vector<float> unpacked;
+  std::vector<float> unpacked, unpackedX;
   const float *dyData = fp32Data(dy, unpacked);
+  const float *xData = fp32Data(x, unpackedX);
   parallelFor(rows, rowGrain(3 * hidden), [&](int64_t begin, int64_t end) {
     int64_t at = begin * hidden, count = (end - begin) * hidden;
     float *out = dx.f32() + at;
-    backward(x.f32() + at, gamma.f32(), dyData + at, end - begin, hidden, eps,
+    backward(xData + at, gamma.f32(), dyData + at, end - begin, hidden, eps,
              out);
     if (!r)
       return;
@@ -400,8 +406,9 @@ Status layerNormGradWeightKernel(const KernelArgs &a) {
   bool accumulate = false;
   PIPER_RETURN_IF_ERROR(
       checkLayerNormGradWeight(a, rows, hidden, eps, accumulate));
-  std::vector<float> unpacked;
-  const float *x = a.inputs[0].f32(), *dy = fp32Data(a.inputs[1], unpacked);
+  std::vector<float> unpacked, unpackedX;
+  const float *x = fp32Data(a.inputs[0], unpackedX),
+              *dy = fp32Data(a.inputs[1], unpacked);
   storeWeightGrads(a, accumulate, hidden, [&](float *const *out) {
     layerNormBackward(x, nullptr, dy, rows, hidden, eps, nullptr, out[0],
                       out[1]);
@@ -487,8 +494,9 @@ Status rmsNormGradWeightKernel(const KernelArgs &a) {
   bool accumulate = false;
   PIPER_RETURN_IF_ERROR(
       checkRmsNormGradWeight(a, rows, hidden, eps, accumulate));
-  std::vector<float> unpacked;
-  const float *x = a.inputs[0].f32(), *dy = fp32Data(a.inputs[1], unpacked);
+  std::vector<float> unpacked, unpackedX;
+  const float *x = fp32Data(a.inputs[0], unpackedX),
+              *dy = fp32Data(a.inputs[1], unpacked);
   storeWeightGrads(a, accumulate, hidden, [&](float *const *out) {
     rmsNormBackward(x, nullptr, dy, rows, hidden, eps, nullptr, out[0]);
   });

@@ -102,9 +102,10 @@ Status layerNormGradInput(const KernelArgs &a, const Context &ctx) {
   double eps = 0;
   PIPER_RETURN_IF_ERROR(detail::checkLayerNormGradInput(a, rows, hidden, eps));
   const TensorRef &dy = a.inputs[2];
-  return launchLayerNormGradInput(ctx, a.inputs[0].f32(), a.inputs[1].f32(),
+  return launchLayerNormGradInput(ctx, f32In(a.inputs[0]), a.inputs[1].f32(),
                                   f32In(dy), a.outputs[0].f32(), rows, hidden,
-                                  eps, a.ctx.lowPrecision, nullptr, bf16In(dy));
+                                  eps, a.ctx.lowPrecision, nullptr, bf16In(dy),
+                                  bf16In(a.inputs[0]));
 }
 
 Status layerNormGradInputAdd(const KernelArgs &a, const Context &ctx) {
@@ -113,9 +114,10 @@ Status layerNormGradInputAdd(const KernelArgs &a, const Context &ctx) {
   PIPER_RETURN_IF_ERROR(
       detail::checkLayerNormGradInputAdd(a, rows, hidden, eps));
   const TensorRef &dy = a.inputs[2];
-  return launchLayerNormGradInput(
-      ctx, a.inputs[0].f32(), a.inputs[1].f32(), f32In(dy), a.outputs[0].f32(),
-      rows, hidden, eps, a.ctx.lowPrecision, a.inputs[3].f32(), bf16In(dy));
+  return launchLayerNormGradInput(ctx, f32In(a.inputs[0]), a.inputs[1].f32(),
+                                  f32In(dy), a.outputs[0].f32(), rows, hidden,
+                                  eps, a.ctx.lowPrecision, a.inputs[3].f32(),
+                                  bf16In(dy), bf16In(a.inputs[0]));
 }
 
 Status layerNormGradWeight(const KernelArgs &a, const Context &ctx) {
@@ -129,8 +131,9 @@ Status layerNormGradWeight(const KernelArgs &a, const Context &ctx) {
       scratch(ctx, 2 * rows + 2 * columnChunks(rows).chunks * hidden, work));
   const TensorRef &dy = a.inputs[1];
   return launchLayerNormGradWeight(
-      ctx, a.inputs[0].f32(), f32In(dy), a.outputs[0].f32(), a.outputs[1].f32(),
-      rows, hidden, eps, work, {a.ctx.lowPrecision, accumulate}, bf16In(dy));
+      ctx, f32In(a.inputs[0]), f32In(dy), a.outputs[0].f32(),
+      a.outputs[1].f32(), rows, hidden, eps, work,
+      {a.ctx.lowPrecision, accumulate}, bf16In(dy), bf16In(a.inputs[0]));
 }
 
 Status rmsNorm(const KernelArgs &a, const Context &ctx) {
@@ -157,9 +160,10 @@ Status rmsNormGradInput(const KernelArgs &a, const Context &ctx) {
   double eps = 0;
   PIPER_RETURN_IF_ERROR(detail::checkRmsNormGradInput(a, rows, hidden, eps));
   const TensorRef &dy = a.inputs[2];
-  return launchRmsNormGradInput(ctx, a.inputs[0].f32(), a.inputs[1].f32(),
+  return launchRmsNormGradInput(ctx, f32In(a.inputs[0]), a.inputs[1].f32(),
                                 f32In(dy), a.outputs[0].f32(), rows, hidden,
-                                eps, a.ctx.lowPrecision, nullptr, bf16In(dy));
+                                eps, a.ctx.lowPrecision, nullptr, bf16In(dy),
+                                bf16In(a.inputs[0]));
 }
 
 Status rmsNormGradInputAdd(const KernelArgs &a, const Context &ctx) {
@@ -167,9 +171,10 @@ Status rmsNormGradInputAdd(const KernelArgs &a, const Context &ctx) {
   double eps = 0;
   PIPER_RETURN_IF_ERROR(detail::checkRmsNormGradInputAdd(a, rows, hidden, eps));
   const TensorRef &dy = a.inputs[2];
-  return launchRmsNormGradInput(
-      ctx, a.inputs[0].f32(), a.inputs[1].f32(), f32In(dy), a.outputs[0].f32(),
-      rows, hidden, eps, a.ctx.lowPrecision, a.inputs[3].f32(), bf16In(dy));
+  return launchRmsNormGradInput(ctx, f32In(a.inputs[0]), a.inputs[1].f32(),
+                                f32In(dy), a.outputs[0].f32(), rows, hidden,
+                                eps, a.ctx.lowPrecision, a.inputs[3].f32(),
+                                bf16In(dy), bf16In(a.inputs[0]));
 }
 
 Status rmsNormGradWeight(const KernelArgs &a, const Context &ctx) {
@@ -182,9 +187,9 @@ Status rmsNormGradWeight(const KernelArgs &a, const Context &ctx) {
   PIPER_RETURN_IF_ERROR(
       scratch(ctx, rows + columnChunks(rows).chunks * hidden, work));
   const TensorRef &dy = a.inputs[1];
-  return launchRmsNormGradWeight(ctx, a.inputs[0].f32(), f32In(dy),
-                                 a.outputs[0].f32(), rows, hidden, eps, work,
-                                 {a.ctx.lowPrecision, accumulate}, bf16In(dy));
+  return launchRmsNormGradWeight(
+      ctx, f32In(a.inputs[0]), f32In(dy), a.outputs[0].f32(), rows, hidden, eps,
+      work, {a.ctx.lowPrecision, accumulate}, bf16In(dy), bf16In(a.inputs[0]));
 }
 
 Status qkNorm(const KernelArgs &a, const Context &ctx) {
@@ -274,18 +279,18 @@ void addLayerKernels(std::vector<KernelEntry> &out) {
           {"position_add", positionAdd, nullptr, true},
           {"position_add_grad", positionAddGrad},
           {"layer_norm", layerNorm, nullptr, true, 0, 0b1},
-          {"layer_norm_grad_input", layerNormGradInput, nullptr, true, 0b100},
-          {"layer_norm_grad_weight", layerNormGradWeight, nullptr, true, 0b10},
+          {"layer_norm_grad_input", layerNormGradInput, nullptr, true, 0b101},
+          {"layer_norm_grad_weight", layerNormGradWeight, nullptr, true, 0b11},
           {"rms_norm", rmsNorm, nullptr, true, 0, 0b1},
-          {"rms_norm_grad_input", rmsNormGradInput, nullptr, true, 0b100},
-          {"rms_norm_grad_weight", rmsNormGradWeight, nullptr, true, 0b10},
+          {"rms_norm_grad_input", rmsNormGradInput, nullptr, true, 0b101},
+          {"rms_norm_grad_weight", rmsNormGradWeight, nullptr, true, 0b11},
           // The residual stream's add fused into the norms.
           {"add_layer_norm", addLayerNorm, nullptr, true, 0b10, 0b10},
           {"add_rms_norm", addRmsNorm, nullptr, true, 0b10, 0b10},
           {"layer_norm_grad_input_add", layerNormGradInputAdd, nullptr, true,
-           0b100},
+           0b101},
           {"rms_norm_grad_input_add", rmsNormGradInputAdd, nullptr, true,
-           0b100},
+           0b101},
           {"qk_norm", qkNorm},
           {"qk_norm_grad_input", qkNormGradInput},
           {"qk_norm_grad_weight", qkNormGradWeight},

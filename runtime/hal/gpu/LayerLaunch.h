@@ -65,7 +65,8 @@ Status launchLayerNormGradInput(const Context &ctx, const float *x,
                                 int64_t rows, int64_t hidden, double eps,
                                 bool round = false,
                                 const float *residual = nullptr,
-                                const uint16_t *dy16 = nullptr);
+                                const uint16_t *dy16 = nullptr,
+                                const uint16_t *x16 = nullptr);
 /// How a norm's weight gradient is stored: rounded to bf16 (`round`, a
 /// mixed-precision call), and added to what the output holds
 /// (`accumulate`: the output is the parameter's gradient accumulator; the
@@ -81,7 +82,8 @@ Status launchLayerNormGradWeight(const Context &ctx, const float *x,
                                  const float *dy, float *dgamma, float *dbeta,
                                  int64_t rows, int64_t hidden, double eps,
                                  double *scratch, SumsOut to = {},
-                                 const uint16_t *dy16 = nullptr);
+                                 const uint16_t *dy16 = nullptr,
+                                 const uint16_t *x16 = nullptr);
 /// RMS norm of each row; `y16` as launchLayerNorm's.
 Status launchRmsNorm(const Context &ctx, const float *x, const float *gamma,
                      float *y, int64_t rows, int64_t hidden, double eps,
@@ -92,13 +94,15 @@ Status launchRmsNormGradInput(const Context &ctx, const float *x,
                               int64_t rows, int64_t hidden, double eps,
                               bool round = false,
                               const float *residual = nullptr,
-                              const uint16_t *dy16 = nullptr);
+                              const uint16_t *dy16 = nullptr,
+                              const uint16_t *x16 = nullptr);
 /// dgamma = column sums of dy * x * rrms. `scratch` holds rows +
 /// columnChunks(rows).chunks x hidden doubles.
 Status launchRmsNormGradWeight(const Context &ctx, const float *x,
                                const float *dy, float *dgamma, int64_t rows,
                                int64_t hidden, double eps, double *scratch,
-                               SumsOut to = {}, const uint16_t *dy16 = nullptr);
+                               SumsOut to = {}, const uint16_t *dy16 = nullptr,
+                               const uint16_t *x16 = nullptr);
 /// qk_norm (runtime/kernels/LayerChecks.h's QkNormDims): rms_norm of each
 /// q head with gamma[0, hd) and each k head with gamma[hd, 2 hd), v copied
 /// (a warp per head of a row).

@@ -185,17 +185,6 @@ residualRow(Exec::Lanes lanes, const float *x, ResidualSum residual,
   return sr;
 }
 
-// Element j of a row of an input given fp32 or packed (bf16): the same
-// value either way.
-struct RowIn {
-  const float *f32;
-  const uint16_t *bf16;
-  int64_t at; // the row's first element
-  PIPER_HOST_DEVICE float operator()(int64_t j) const {
-    return bf16 ? fromBf16(bf16[at + j]) : f32[at + j];
-  }
-};
-
 // dx[j] = v, or with `residual` residual[j] + v rounded as grad_input's
 // output first (the fused *_grad_input_add).
 PIPER_HOST_DEVICE inline float withResidual(float v, const float *residual,
@@ -226,11 +215,11 @@ Status launchLayerNormGradInput(const Context &ctx, const float *x,
                                 const float *gamma, const float *dy, float *dx,
                                 int64_t rows, int64_t hidden, double eps,
                                 bool round, const float *residual,
-                                const uint16_t *dy16) {
+                                const uint16_t *dy16, const uint16_t *x16) {
   using Lanes = Exec::Lanes;
   return Exec(ctx).forEachRow(
       "layer_norm_grad_input", rows, [=] PIPER_LAMBDA(Lanes lanes, int64_t n) {
-        const float *xr = x + n * hidden;
+        const RowIn xr{x, x16, n * hidden};
         const RowIn dyr{dy, dy16, n * hidden};
         float *dxr = dx + n * hidden;
         double mean = 0, rstd = 0;
@@ -259,7 +248,7 @@ Status launchLayerNormGradWeight(const Context &ctx, const float *x,
                                  const float *dy, float *dgamma, float *dbeta,
                                  int64_t rows, int64_t hidden, double eps,
                                  double *scratch, SumsOut to,
-                                 const uint16_t *dy16) {
+                                 const uint16_t *dy16, const uint16_t *x16) {
   using Lanes = Exec::Lanes;
   const RowChunks rc = columnChunks(rows);
   const int64_t per = rc.rowsPerChunk;
@@ -269,7 +258,8 @@ Status launchLayerNormGradWeight(const Context &ctx, const float *x,
   PIPER_RETURN_IF_ERROR(Exec(ctx).forEachRow(
       "layer_norm_grad_weight", rows, [=] PIPER_LAMBDA(Lanes lanes, int64_t n) {
         double mean = 0, rstd = 0;
-        layerNormStats(lanes, x + n * hidden, hidden, eps, mean, rstd);
+        layerNormStats(lanes, RowIn{x, x16, n * hidden}, hidden, eps, mean,
+                       rstd);
         if (lanes.lane() == 0) {
           stats[2 * n] = mean;
           stats[2 * n + 1] = rstd;
@@ -283,7 +273,8 @@ Status launchLayerNormGradWeight(const Context &ctx, const float *x,
         double g = 0, b = 0;
         for (int64_t n = c * per; n < end; ++n) {
           float d = RowIn{dy, dy16, n * hidden}(j);
-          double xhat = (x[n * hidden + j] - stats[2 * n]) * stats[2 * n + 1];
+          double xhat = (RowIn{x, x16, n * hidden}[j] - stats[2 * n]) *
+                        stats[2 * n + 1];
           g += d * xhat;
           b += d;
         }
@@ -316,11 +307,11 @@ Status launchRmsNormGradInput(const Context &ctx, const float *x,
                               const float *gamma, const float *dy, float *dx,
                               int64_t rows, int64_t hidden, double eps,
                               bool round, const float *residual,
-                              const uint16_t *dy16) {
+                              const uint16_t *dy16, const uint16_t *x16) {
   using Lanes = Exec::Lanes;
   return Exec(ctx).forEachRow(
       "rms_norm_grad_input", rows, [=] PIPER_LAMBDA(Lanes lanes, int64_t n) {
-        const float *xr = x + n * hidden;
+        const RowIn xr{x, x16, n * hidden};
         const RowIn dyr{dy, dy16, n * hidden};
         float *dxr = dx + n * hidden;
         double rrms = rmsNormRrms(lanes, xr, hidden, eps);
@@ -342,7 +333,8 @@ Status launchRmsNormGradInput(const Context &ctx, const float *x,
 Status launchRmsNormGradWeight(const Context &ctx, const float *x,
                                const float *dy, float *dgamma, int64_t rows,
                                int64_t hidden, double eps, double *scratch,
-                               SumsOut to, const uint16_t *dy16) {
+                               SumsOut to, const uint16_t *dy16,
+                               const uint16_t *x16) {
   using Lanes = Exec::Lanes;
   const RowChunks rc = columnChunks(rows);
   const int64_t per = rc.rowsPerChunk;
@@ -350,7 +342,8 @@ Status launchRmsNormGradWeight(const Context &ctx, const float *x,
   double *parts = rrmsOf + rows; // [chunks, hidden]
   PIPER_RETURN_IF_ERROR(Exec(ctx).forEachRow(
       "rms_norm_grad_weight", rows, [=] PIPER_LAMBDA(Lanes lanes, int64_t n) {
-        double rrms = rmsNormRrms(lanes, x + n * hidden, hidden, eps);
+        double rrms =
+            rmsNormRrms(lanes, RowIn{x, x16, n * hidden}, hidden, eps);
         if (lanes.lane() == 0)
           rrmsOf[n] = rrms;
       }));
@@ -360,7 +353,7 @@ Status launchRmsNormGradWeight(const Context &ctx, const float *x,
         int64_t end = (c + 1) * per < rows ? (c + 1) * per : rows;
         double g = 0;
         for (int64_t n = c * per; n < end; ++n) {
-          double xhat = x[n * hidden + j] * rrmsOf[n];
+          double xhat = RowIn{x, x16, n * hidden}[j] * rrmsOf[n];
           g += RowIn{dy, dy16, n * hidden}(j) * xhat;
         }
         parts[i] = g;

@@ -11,14 +11,27 @@
 #include <cmath>
 #include <cstdint>
 
+#include "runtime/hal/gpu/ElementwiseMath.h"
 #include "runtime/hal/gpu/Simt.h"
 
 namespace piper::runtime::hal::PIPER_GPU_NS {
 
+/// A row (from element `at`) of an operand given fp32 or packed (bf16,
+/// Device::readsPackedInput): element j is the same value either way.
+struct RowIn {
+  const float *f32;
+  const uint16_t *bf16;
+  int64_t at = 0;
+  PIPER_HOST_DEVICE float operator[](int64_t j) const {
+    return bf16 ? fromBf16(bf16[at + j]) : f32[at + j];
+  }
+  PIPER_HOST_DEVICE float operator()(int64_t j) const { return (*this)[j]; }
+};
+
 /// Mean and 1/sqrt(biased variance + eps) of the row x[0, hidden), two-pass
 /// in double; every lane gets both. All lanes must call it.
-template <class Lanes>
-PIPER_HOST_DEVICE inline void layerNormStats(Lanes lanes, const float *x,
+template <class Lanes, class Row>
+PIPER_HOST_DEVICE inline void layerNormStats(Lanes lanes, const Row &x,
                                              int64_t hidden, double eps,
                                              double &mean, double &rstd) {
   double s = 0;
@@ -38,8 +51,8 @@ PIPER_HOST_DEVICE inline void layerNormStats(Lanes lanes, const float *x,
 
 /// 1/sqrt(mean(x^2) + eps) of the row x[0, hidden), in double; every lane
 /// gets it. All lanes must call it.
-template <class Lanes>
-PIPER_HOST_DEVICE inline double rmsNormRrms(Lanes lanes, const float *x,
+template <class Lanes, class Row>
+PIPER_HOST_DEVICE inline double rmsNormRrms(Lanes lanes, const Row &x,
                                             int64_t hidden, double eps) {
   double s = 0;
   for (int64_t j = lanes.lane(); j < hidden; j += Lanes::kCount)
