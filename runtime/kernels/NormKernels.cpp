@@ -29,14 +29,13 @@ constexpr double kLayerNormEps = 1e-5;
 // --- shared checks and kernel shapes -----------------------------------------
 
 // The operands of a norm and of its grad_input: x [N,H], gamma [H], and
-// eps (default `defaultEps`, >= 0). With `xPackable` (the grad_input's: a
-// saved activation) x may be packed in mixed precision.
+// eps (default `defaultEps`, >= 0). x may be packed in mixed precision (the
+// residual stream, stored as bf16 where its readers all take it so).
 Status checkNormOperands(const KernelArgs &a, const TensorRef &x,
                          const TensorRef &gamma, double defaultEps,
-                         int64_t &rows, int64_t &hidden, double &eps,
-                         bool xPackable = false) {
-  PIPER_RETURN_IF_ERROR(expectMatrix(
-      a, x, "x", xPackable ? packableDType(a, x) : plan::F32, rows, hidden));
+                         int64_t &rows, int64_t &hidden, double &eps) {
+  PIPER_RETURN_IF_ERROR(
+      expectMatrix(a, x, "x", packableDType(a, x), rows, hidden));
   PIPER_RETURN_IF_ERROR(expectTensor(a, gamma, "gamma", plan::F32, {hidden}));
   PIPER_RETURN_IF_ERROR(readFloat(a, KernelAttr::kEps, defaultEps, eps));
   if (eps < 0)
@@ -51,8 +50,7 @@ Status checkNormGradInput(const KernelArgs &a, double defaultEps, bool residual,
   const size_t inputs = residual ? 4 : 3;
   PIPER_RETURN_IF_ERROR(expectCounts(a, inputs, inputs, 1));
   PIPER_RETURN_IF_ERROR(checkNormOperands(a, a.inputs[0], a.inputs[1],
-                                          defaultEps, rows, hidden, eps,
-                                          /*xPackable=*/true));
+                                          defaultEps, rows, hidden, eps));
   // dy may be packed in mixed precision (a GEMM's output stored so:
   // hal::Device::readsPackedInput).
   PIPER_RETURN_IF_ERROR(expectTensor(
@@ -75,7 +73,7 @@ Status checkAddNorm(const KernelArgs &a, size_t inputs, double defaultEps,
   PIPER_RETURN_IF_ERROR(expectTensor(
       a, a.inputs[1], "r", packableDType(a, a.inputs[1]), {rows, hidden}));
   PIPER_RETURN_IF_ERROR(
-      expectTensor(a, a.outputs[0], "s", plan::F32, {rows, hidden}));
+      expectPackableOutput(a, a.outputs[0], "s", {rows, hidden}));
   return expectPackableOutput(a, a.outputs[1], "y", {rows, hidden});
 }
 
@@ -168,16 +166,19 @@ void storeWeightGrads(const KernelArgs &a, bool accumulate, int64_t hidden,
 template <typename Norm>
 void addThenNorm(const KernelArgs &a, int64_t rows, int64_t hidden,
                  const Norm &norm) {
-  std::vector<float> unpacked;
-  const float *x = a.inputs[0].f32(), *r = fp32Data(a.inputs[1], unpacked);
-  float *s = a.outputs[0].f32();
+  std::vector<float> unpacked, unpackedX;
+  const float *x = fp32Data(a.inputs[0], unpackedX),
+              *r = fp32Data(a.inputs[1], unpacked);
+  const TensorRef &s = a.outputs[0];
   const bool round = a.ctx.lowPrecision;
   forEachRow(rows, hidden, [&](int64_t n) {
-    float *sr = s + n * hidden;
+    std::vector<float> packed;
+    float *sr = outputRow(s, n, hidden, packed);
     addVectors(x + n * hidden, r + n * hidden, sr, hidden);
     if (round)
       roundToBf16(sr, hidden);
     norm(sr, n);
+    storeRow(s, n, hidden, hidden, sr);
   });
 }
 
@@ -335,8 +336,10 @@ Status layerNormKernel(const KernelArgs &a) {
   const TensorRef &x = a.inputs[0], &gamma = a.inputs[1], &beta = a.inputs[2],
                   &y = a.outputs[0];
 
+  std::vector<float> unpacked;
+  const float *xData = fp32Data(x, unpacked);
   forEachRow(rows, hidden, [&](int64_t n) {
-    const float *xr = x.f32() + n * hidden;
+    const float *xr = xData + n * hidden;
     double mean = 0, rstd = 0;
     rowStats(xr, hidden, eps, mean, rstd);
     std::vector<float> packed;
@@ -432,8 +435,10 @@ Status rmsNormKernel(const KernelArgs &a) {
   PIPER_RETURN_IF_ERROR(checkRmsNorm(a, rows, hidden, eps));
   const TensorRef &x = a.inputs[0], &gamma = a.inputs[1], &y = a.outputs[0];
 
+  std::vector<float> unpacked;
+  const float *xData = fp32Data(x, unpacked);
   forEachRow(rows, hidden, [&](int64_t n) {
-    const float *xr = x.f32() + n * hidden;
+    const float *xr = xData + n * hidden;
     std::vector<float> packed;
     float *yr = outputRow(y, n, hidden, packed);
     rmsNormRow(xr, gamma.f32(), yr, hidden, rowRrms(xr, hidden, eps));

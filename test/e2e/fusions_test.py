@@ -231,7 +231,8 @@ def packed_counts(log):
 
 def packed_checks(packed, unpacked, listing):
     """One rank of a pre-norm transformer on the emulated GPU in bf16:
-    every norm's output, MLP activation (gelu, swiglu, linear_gelu's y)
+    the residual stream (the residual norms' sums), every norm's output,
+    MLP activation (gelu, swiglu, linear_gelu's y)
     and the fused classifier's dlogits is read only by GEMMs, and
     attention's y by GEMMs and attention_grad, as is its qkv (the output of
     the GEMM before it) by attention and attention_grad only, so each is
@@ -251,6 +252,10 @@ def packed_checks(packed, unpacked, listing):
         "layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm", "gelu",
         "linear_gelu", "swiglu", "attention", "cross_entropy_fused"))
     writers += listing.count(" attention(")  # its qkv
+    # The residual stream: the residual norms' sums, saved for the norms'
+    # backward, which reads them packed, as the next residual norm does.
+    writers += (listing.count(" add_layer_norm(") +
+                listing.count(" add_rms_norm("))
     values = (2 * listing.count(" swiglu_grad(") +
               listing.count(" cross_entropy_fused(") +
               2 * listing.count(" attention_grad(") +
@@ -261,8 +266,9 @@ def packed_checks(packed, unpacked, listing):
                   "layer_norm_grad_input_add", "rms_norm_grad_input",
                   "rms_norm_grad_input_add")))
     return [
-        ("packed storage: %d results written packed (%d norms, MLP "
-         "activations, attention inputs and outputs, dlogits), %d other "
+        ("packed storage: %d results written packed (%d: the residual "
+         "stream, norms, MLP activations, attention inputs and outputs, "
+         "dlogits), %d other "
          "values (%d: swiglu_grad's, linear_grad_input_gelu's and "
          "attention_grad's gradients, logits, the dy of attention_grad, "
          "swiglu_grad and gelu_grad, the residual norms' r, the norm "

@@ -73,8 +73,8 @@ Status positionAddGrad(const KernelArgs &a, const Context &ctx) {
 // The residual add of add_layer_norm and add_rms_norm: r (input 1, fp32 or
 // packed) and the sum s (output 0).
 ResidualSum residualOf(const KernelArgs &a) {
-  const TensorRef &r = a.inputs[1];
-  return {f32In(r), a.outputs[0].f32(), bf16In(r)};
+  const TensorRef &r = a.inputs[1], &s = a.outputs[0];
+  return {f32In(r), f32Out(s), bf16In(r), bf16Out(s)};
 }
 
 Status layerNorm(const KernelArgs &a, const Context &ctx) {
@@ -82,9 +82,10 @@ Status layerNorm(const KernelArgs &a, const Context &ctx) {
   double eps = 0;
   PIPER_RETURN_IF_ERROR(detail::checkLayerNorm(a, rows, hidden, eps));
   const TensorRef &y = a.outputs[0];
-  return launchLayerNorm(ctx, a.inputs[0].f32(), a.inputs[1].f32(),
-                         a.inputs[2].f32(), f32Out(y), rows, hidden, eps,
-                         a.ctx.lowPrecision, {}, bf16Out(y));
+  const TensorRef &x = a.inputs[0];
+  return launchLayerNorm(ctx, f32In(x), a.inputs[1].f32(), a.inputs[2].f32(),
+                         f32Out(y), rows, hidden, eps, a.ctx.lowPrecision, {},
+                         bf16Out(y), bf16In(x));
 }
 
 Status addLayerNorm(const KernelArgs &a, const Context &ctx) {
@@ -92,9 +93,10 @@ Status addLayerNorm(const KernelArgs &a, const Context &ctx) {
   double eps = 0;
   PIPER_RETURN_IF_ERROR(detail::checkAddLayerNorm(a, rows, hidden, eps));
   const TensorRef &y = a.outputs[1];
-  return launchLayerNorm(ctx, a.inputs[0].f32(), a.inputs[2].f32(),
-                         a.inputs[3].f32(), f32Out(y), rows, hidden, eps,
-                         a.ctx.lowPrecision, residualOf(a), bf16Out(y));
+  const TensorRef &x = a.inputs[0];
+  return launchLayerNorm(ctx, f32In(x), a.inputs[2].f32(), a.inputs[3].f32(),
+                         f32Out(y), rows, hidden, eps, a.ctx.lowPrecision,
+                         residualOf(a), bf16Out(y), bf16In(x));
 }
 
 Status layerNormGradInput(const KernelArgs &a, const Context &ctx) {
@@ -141,8 +143,10 @@ Status rmsNorm(const KernelArgs &a, const Context &ctx) {
   double eps = 0;
   PIPER_RETURN_IF_ERROR(detail::checkRmsNorm(a, rows, hidden, eps));
   const TensorRef &y = a.outputs[0];
-  return launchRmsNorm(ctx, a.inputs[0].f32(), a.inputs[1].f32(), f32Out(y),
-                       rows, hidden, eps, a.ctx.lowPrecision, {}, bf16Out(y));
+  const TensorRef &x = a.inputs[0];
+  return launchRmsNorm(ctx, f32In(x), a.inputs[1].f32(), f32Out(y), rows,
+                       hidden, eps, a.ctx.lowPrecision, {}, bf16Out(y),
+                       bf16In(x));
 }
 
 Status addRmsNorm(const KernelArgs &a, const Context &ctx) {
@@ -150,9 +154,10 @@ Status addRmsNorm(const KernelArgs &a, const Context &ctx) {
   double eps = 0;
   PIPER_RETURN_IF_ERROR(detail::checkAddRmsNorm(a, rows, hidden, eps));
   const TensorRef &y = a.outputs[1];
-  return launchRmsNorm(ctx, a.inputs[0].f32(), a.inputs[2].f32(), f32Out(y),
-                       rows, hidden, eps, a.ctx.lowPrecision, residualOf(a),
-                       bf16Out(y));
+  const TensorRef &x = a.inputs[0];
+  return launchRmsNorm(ctx, f32In(x), a.inputs[2].f32(), f32Out(y), rows,
+                       hidden, eps, a.ctx.lowPrecision, residualOf(a),
+                       bf16Out(y), bf16In(x));
 }
 
 Status rmsNormGradInput(const KernelArgs &a, const Context &ctx) {
@@ -278,15 +283,15 @@ void addLayerKernels(std::vector<KernelEntry> &out) {
           // (Device::roundsOutputs).
           {"position_add", positionAdd, nullptr, true},
           {"position_add_grad", positionAddGrad},
-          {"layer_norm", layerNorm, nullptr, true, 0, 0b1},
+          {"layer_norm", layerNorm, nullptr, true, 0b1, 0b1},
           {"layer_norm_grad_input", layerNormGradInput, nullptr, true, 0b101},
           {"layer_norm_grad_weight", layerNormGradWeight, nullptr, true, 0b11},
-          {"rms_norm", rmsNorm, nullptr, true, 0, 0b1},
+          {"rms_norm", rmsNorm, nullptr, true, 0b1, 0b1},
           {"rms_norm_grad_input", rmsNormGradInput, nullptr, true, 0b101},
           {"rms_norm_grad_weight", rmsNormGradWeight, nullptr, true, 0b11},
           // The residual stream's add fused into the norms.
-          {"add_layer_norm", addLayerNorm, nullptr, true, 0b10, 0b10},
-          {"add_rms_norm", addRmsNorm, nullptr, true, 0b10, 0b10},
+          {"add_layer_norm", addLayerNorm, nullptr, true, 0b11, 0b11},
+          {"add_rms_norm", addRmsNorm, nullptr, true, 0b11, 0b11},
           {"layer_norm_grad_input_add", layerNormGradInputAdd, nullptr, true,
            0b101},
           {"rms_norm_grad_input_add", rmsNormGradInputAdd, nullptr, true,

@@ -49,6 +49,9 @@ struct ResidualSum {
   /// r packed (bf16) instead of `r`: the same values (Device::
   /// readsPackedInput).
   const uint16_t *r16 = nullptr;
+  /// The sum stored packed (bf16, rounded) instead of into `sum`
+  /// (Device::writesPackedOutput; mixed precision, where it is rounded).
+  uint16_t *sum16 = nullptr;
 };
 /// Layer norm of each row (a warp per row). With `y16` instead of `y`, y
 /// is stored packed bf16, the same values rounded (Device::
@@ -56,7 +59,8 @@ struct ResidualSum {
 Status launchLayerNorm(const Context &ctx, const float *x, const float *gamma,
                        const float *beta, float *y, int64_t rows,
                        int64_t hidden, double eps, bool round = false,
-                       ResidualSum residual = {}, uint16_t *y16 = nullptr);
+                       ResidualSum residual = {}, uint16_t *y16 = nullptr,
+                       const uint16_t *x16 = nullptr);
 /// dx of layer norm; with `residual` set (layer_norm_grad_input_add),
 /// residual + dx, dx rounded with `round` first (as grad_input's output
 /// before add).
@@ -88,7 +92,7 @@ Status launchLayerNormGradWeight(const Context &ctx, const float *x,
 Status launchRmsNorm(const Context &ctx, const float *x, const float *gamma,
                      float *y, int64_t rows, int64_t hidden, double eps,
                      bool round = false, ResidualSum residual = {},
-                     uint16_t *y16 = nullptr);
+                     uint16_t *y16 = nullptr, const uint16_t *x16 = nullptr);
 Status launchRmsNormGradInput(const Context &ctx, const float *x,
                               const float *gamma, const float *dy, float *dx,
                               int64_t rows, int64_t hidden, double eps,

@@ -168,21 +168,22 @@ Status launchPositionAddGrad(const Context &ctx, const float *dy, float *dpos,
       });
 }
 
-// The norm's input row n: x's, or with `residual` s = x + r, stored
-// (rounded with `round`) by this row's lanes, each reading back only its
-// own elements (the loops below stride as this one).
-PIPER_HOST_DEVICE inline const float *
-residualRow(Exec::Lanes lanes, const float *x, ResidualSum residual,
-            int64_t n, int64_t hidden, bool round) {
-  const float *xr = x + n * hidden;
+// The norm's input row n: x's (fp32 or packed), or with `residual` s = x +
+// r, stored (rounded with `round`; or packed, rounded) by this row's lanes,
+// each reading back only its own elements (the loops below stride as this
+// one): a packed s reads back as the rounded value an fp32 s holds.
+PIPER_HOST_DEVICE inline RowIn residualRow(Exec::Lanes lanes, const float *x,
+                                           const uint16_t *x16,
+                                           ResidualSum residual, int64_t n,
+                                           int64_t hidden, bool round) {
+  const RowIn xr{x, x16, n * hidden};
   if (!residual.r && !residual.r16)
     return xr;
-  const float *rr = residual.r ? residual.r + n * hidden : nullptr;
-  const uint16_t *rr16 = residual.r16 ? residual.r16 + n * hidden : nullptr;
-  float *sr = residual.sum + n * hidden;
+  const RowIn rr{residual.r, residual.r16, n * hidden};
   for (int64_t j = lanes.lane(); j < hidden; j += Exec::Lanes::kCount)
-    sr[j] = roundedIf(xr[j] + (rr16 ? fromBf16(rr16[j]) : rr[j]), round);
-  return sr;
+    storeRounded(residual.sum, residual.sum16, n * hidden + j, xr[j] + rr[j],
+                 round);
+  return RowIn{residual.sum, residual.sum16, n * hidden};
 }
 
 // dx[j] = v, or with `residual` residual[j] + v rounded as grad_input's
@@ -196,11 +197,13 @@ PIPER_HOST_DEVICE inline float withResidual(float v, const float *residual,
 Status launchLayerNorm(const Context &ctx, const float *x, const float *gamma,
                        const float *beta, float *y, int64_t rows,
                        int64_t hidden, double eps, bool round,
-                       ResidualSum residual, uint16_t *y16) {
+                       ResidualSum residual, uint16_t *y16,
+                       const uint16_t *x16) {
   using Lanes = Exec::Lanes;
   return Exec(ctx).forEachRow(
       "layer_norm", rows, [=] PIPER_LAMBDA(Lanes lanes, int64_t n) {
-        const float *xr = residualRow(lanes, x, residual, n, hidden, round);
+        const RowIn xr =
+            residualRow(lanes, x, x16, residual, n, hidden, round);
         double mean = 0, rstd = 0;
         layerNormStats(lanes, xr, hidden, eps, mean, rstd);
         for (int64_t j = lanes.lane(); j < hidden; j += Lanes::kCount) {
@@ -290,11 +293,13 @@ Status launchLayerNormGradWeight(const Context &ctx, const float *x,
 
 Status launchRmsNorm(const Context &ctx, const float *x, const float *gamma,
                      float *y, int64_t rows, int64_t hidden, double eps,
-                     bool round, ResidualSum residual, uint16_t *y16) {
+                     bool round, ResidualSum residual, uint16_t *y16,
+                     const uint16_t *x16) {
   using Lanes = Exec::Lanes;
   return Exec(ctx).forEachRow(
       "rms_norm", rows, [=] PIPER_LAMBDA(Lanes lanes, int64_t n) {
-        const float *xr = residualRow(lanes, x, residual, n, hidden, round);
+        const RowIn xr =
+            residualRow(lanes, x, x16, residual, n, hidden, round);
         double rrms = rmsNormRrms(lanes, xr, hidden, eps);
         for (int64_t j = lanes.lane(); j < hidden; j += Lanes::kCount) {
           storeRounded(y, y16, n * hidden + j,
