@@ -55,10 +55,11 @@ Status checkNormGradInput(const KernelArgs &a, double defaultEps, bool residual,
   // hal::Device::readsPackedInput).
   PIPER_RETURN_IF_ERROR(expectTensor(
       a, a.inputs[2], "dy", packableDType(a, a.inputs[2]), {rows, hidden}));
+  // The gradient along the residual stream (r, dx) may be packed too.
   if (residual)
-    PIPER_RETURN_IF_ERROR(
-        expectTensor(a, a.inputs[3], "r", plan::F32, {rows, hidden}));
-  return expectTensor(a, a.outputs[0], "dx", plan::F32, {rows, hidden});
+    PIPER_RETURN_IF_ERROR(expectTensor(
+        a, a.inputs[3], "r", packableDType(a, a.inputs[3]), {rows, hidden}));
+  return expectPackableOutput(a, a.outputs[0], "dx", {rows, hidden});
 }
 
 // A norm fused with the add before it, (x, r, gamma[, beta]) -> (s, y):
@@ -111,14 +112,15 @@ Status normGradInput(const KernelArgs &a, double defaultEps, bool residual,
       checkNormGradInput(a, defaultEps, residual, rows, hidden, eps));
   const TensorRef &x = a.inputs[0], &gamma = a.inputs[1], &dy = a.inputs[2];
   const TensorRef &dx = a.outputs[0];
-  const float *r = residual ? a.inputs[3].f32() : nullptr;
   const bool round = a.ctx.lowPrecision;
-  std::vector<float> unpacked, unpackedX;
+  std::vector<float> unpacked, unpackedX, unpackedR, packed;
   const float *dyData = fp32Data(dy, unpacked);
   const float *xData = fp32Data(x, unpackedX);
+  const float *r = residual ? fp32Data(a.inputs[3], unpackedR) : nullptr;
+  float *dxData = outputRow(dx, 0, dx.numel(), packed);
   parallelFor(rows, rowGrain(3 * hidden), [&](int64_t begin, int64_t end) {
     int64_t at = begin * hidden, count = (end - begin) * hidden;
-    float *out = dx.f32() + at;
+    float *out = dxData + at;
     backward(xData + at, gamma.f32(), dyData + at, end - begin, hidden, eps,
              out);
     if (!r)
@@ -128,6 +130,7 @@ Status normGradInput(const KernelArgs &a, double defaultEps, bool residual,
     for (int64_t i = 0; i < count; ++i)
       out[i] = out[i] + r[at + i]; // add's sum (an exact commutation)
   });
+  storeRow(dx, 0, dx.numel(), dx.numel(), dxData);
   return Status::ok();
 }
 

@@ -244,7 +244,9 @@ def packed_checks(packed, unpacked, listing):
     sums), the branch outputs that the residual norms add (`r` of
     add_layer_norm and add_rms_norm, out of the projections' GEMMs), the
     gradient each norm's backward takes (`dy` of its grad_input and
-    grad_weight, out of the GEMMs after it), the classifier's logits (the head's GEMM writes them packed, the fused
+    grad_weight, out of the GEMMs after it) and the gradient along the
+    residual stream each writes (read by the GEMMs and the next norm's
+    backward), the classifier's logits (the head's GEMM writes them packed, the fused
     classifier reads them so) and the dy that linear_grad_input hands
     attention_grad, swiglu_grad and gelu_grad.
     --unpack-step-buffers stores nothing so."""
@@ -262,9 +264,14 @@ def packed_checks(packed, unpacked, listing):
               listing.count(" gelu_grad(") +
               listing.count(" linear_grad_input_gelu(") +
               sum(listing.count(" %s(" % k) for k in (
-                  "add_layer_norm", "add_rms_norm", "layer_norm_grad_input",
-                  "layer_norm_grad_input_add", "rms_norm_grad_input",
-                  "rms_norm_grad_input_add")))
+                  "add_layer_norm", "add_rms_norm")))
+    norm_grads = sum(listing.count(" %s(" % k) for k in (
+        "layer_norm_grad_input", "layer_norm_grad_input_add",
+        "rms_norm_grad_input", "rms_norm_grad_input_add"))
+    # Each norm gradient's dy, and the gradient along the residual stream
+    # that each writes, but the first layer's (the embeddings' backward
+    # reads it as fp32).
+    values += norm_grads + max(0, norm_grads - 1)
     return [
         ("packed storage: %d results written packed (%d: the residual "
          "stream, norms, MLP activations, attention inputs and outputs, "
@@ -272,7 +279,7 @@ def packed_checks(packed, unpacked, listing):
          "values (%d: swiglu_grad's, linear_grad_input_gelu's and "
          "attention_grad's gradients, logits, the dy of attention_grad, "
          "swiglu_grad and gelu_grad, the residual norms' r, the norm "
-         "gradients' dy): %s" %
+         "gradients' dy and dx): %s" %
          (packed[0] if packed else -1, writers,
           packed[1] if packed else -1, values, packed),
          packed is not None and packed[0] == writers and packed[1] == values),

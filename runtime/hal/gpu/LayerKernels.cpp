@@ -77,6 +77,21 @@ ResidualSum residualOf(const KernelArgs &a) {
   return {f32In(r), f32Out(s), bf16In(r), bf16Out(s)};
 }
 
+// The packed operands of a norm's backward: x (input 0), dy (input
+// `dyAt`), and for grad_input the residual it adds (input 3 of
+// *_grad_input_add) and dx (output 0).
+NormPacked packedOf(const KernelArgs &a, size_t dyAt, bool gradInput) {
+  NormPacked p;
+  p.x = bf16In(a.inputs[0]);
+  p.dy = bf16In(a.inputs[dyAt]);
+  if (gradInput) {
+    if (a.inputs.size() > 3)
+      p.residual = bf16In(a.inputs[3]);
+    p.dx = bf16Out(a.outputs[0]);
+  }
+  return p;
+}
+
 Status layerNorm(const KernelArgs &a, const Context &ctx) {
   int64_t rows = 0, hidden = 0;
   double eps = 0;
@@ -105,9 +120,9 @@ Status layerNormGradInput(const KernelArgs &a, const Context &ctx) {
   PIPER_RETURN_IF_ERROR(detail::checkLayerNormGradInput(a, rows, hidden, eps));
   const TensorRef &dy = a.inputs[2];
   return launchLayerNormGradInput(ctx, f32In(a.inputs[0]), a.inputs[1].f32(),
-                                  f32In(dy), a.outputs[0].f32(), rows, hidden,
-                                  eps, a.ctx.lowPrecision, nullptr, bf16In(dy),
-                                  bf16In(a.inputs[0]));
+                                  f32In(dy), f32Out(a.outputs[0]), rows, hidden,
+                                  eps, a.ctx.lowPrecision, nullptr,
+                                  packedOf(a, 2, true));
 }
 
 Status layerNormGradInputAdd(const KernelArgs &a, const Context &ctx) {
@@ -117,9 +132,9 @@ Status layerNormGradInputAdd(const KernelArgs &a, const Context &ctx) {
       detail::checkLayerNormGradInputAdd(a, rows, hidden, eps));
   const TensorRef &dy = a.inputs[2];
   return launchLayerNormGradInput(ctx, f32In(a.inputs[0]), a.inputs[1].f32(),
-                                  f32In(dy), a.outputs[0].f32(), rows, hidden,
-                                  eps, a.ctx.lowPrecision, a.inputs[3].f32(),
-                                  bf16In(dy), bf16In(a.inputs[0]));
+                                  f32In(dy), f32Out(a.outputs[0]), rows, hidden,
+                                  eps, a.ctx.lowPrecision, f32In(a.inputs[3]),
+                                  packedOf(a, 2, true));
 }
 
 Status layerNormGradWeight(const KernelArgs &a, const Context &ctx) {
@@ -135,7 +150,7 @@ Status layerNormGradWeight(const KernelArgs &a, const Context &ctx) {
   return launchLayerNormGradWeight(
       ctx, f32In(a.inputs[0]), f32In(dy), a.outputs[0].f32(),
       a.outputs[1].f32(), rows, hidden, eps, work,
-      {a.ctx.lowPrecision, accumulate}, bf16In(dy), bf16In(a.inputs[0]));
+      {a.ctx.lowPrecision, accumulate}, packedOf(a, 1, false));
 }
 
 Status rmsNorm(const KernelArgs &a, const Context &ctx) {
@@ -166,9 +181,9 @@ Status rmsNormGradInput(const KernelArgs &a, const Context &ctx) {
   PIPER_RETURN_IF_ERROR(detail::checkRmsNormGradInput(a, rows, hidden, eps));
   const TensorRef &dy = a.inputs[2];
   return launchRmsNormGradInput(ctx, f32In(a.inputs[0]), a.inputs[1].f32(),
-                                f32In(dy), a.outputs[0].f32(), rows, hidden,
-                                eps, a.ctx.lowPrecision, nullptr, bf16In(dy),
-                                bf16In(a.inputs[0]));
+                                f32In(dy), f32Out(a.outputs[0]), rows, hidden,
+                                eps, a.ctx.lowPrecision, nullptr,
+                                packedOf(a, 2, true));
 }
 
 Status rmsNormGradInputAdd(const KernelArgs &a, const Context &ctx) {
@@ -177,9 +192,9 @@ Status rmsNormGradInputAdd(const KernelArgs &a, const Context &ctx) {
   PIPER_RETURN_IF_ERROR(detail::checkRmsNormGradInputAdd(a, rows, hidden, eps));
   const TensorRef &dy = a.inputs[2];
   return launchRmsNormGradInput(ctx, f32In(a.inputs[0]), a.inputs[1].f32(),
-                                f32In(dy), a.outputs[0].f32(), rows, hidden,
-                                eps, a.ctx.lowPrecision, a.inputs[3].f32(),
-                                bf16In(dy), bf16In(a.inputs[0]));
+                                f32In(dy), f32Out(a.outputs[0]), rows, hidden,
+                                eps, a.ctx.lowPrecision, f32In(a.inputs[3]),
+                                packedOf(a, 2, true));
 }
 
 Status rmsNormGradWeight(const KernelArgs &a, const Context &ctx) {
@@ -194,7 +209,7 @@ Status rmsNormGradWeight(const KernelArgs &a, const Context &ctx) {
   const TensorRef &dy = a.inputs[1];
   return launchRmsNormGradWeight(
       ctx, f32In(a.inputs[0]), f32In(dy), a.outputs[0].f32(), rows, hidden, eps,
-      work, {a.ctx.lowPrecision, accumulate}, bf16In(dy), bf16In(a.inputs[0]));
+      work, {a.ctx.lowPrecision, accumulate}, packedOf(a, 1, false));
 }
 
 Status qkNorm(const KernelArgs &a, const Context &ctx) {
@@ -284,18 +299,19 @@ void addLayerKernels(std::vector<KernelEntry> &out) {
           {"position_add", positionAdd, nullptr, true},
           {"position_add_grad", positionAddGrad},
           {"layer_norm", layerNorm, nullptr, true, 0b1, 0b1},
-          {"layer_norm_grad_input", layerNormGradInput, nullptr, true, 0b101},
+          {"layer_norm_grad_input", layerNormGradInput, nullptr, true, 0b101,
+           0b1},
           {"layer_norm_grad_weight", layerNormGradWeight, nullptr, true, 0b11},
           {"rms_norm", rmsNorm, nullptr, true, 0b1, 0b1},
-          {"rms_norm_grad_input", rmsNormGradInput, nullptr, true, 0b101},
+          {"rms_norm_grad_input", rmsNormGradInput, nullptr, true, 0b101, 0b1},
           {"rms_norm_grad_weight", rmsNormGradWeight, nullptr, true, 0b11},
           // The residual stream's add fused into the norms.
           {"add_layer_norm", addLayerNorm, nullptr, true, 0b11, 0b11},
           {"add_rms_norm", addRmsNorm, nullptr, true, 0b11, 0b11},
           {"layer_norm_grad_input_add", layerNormGradInputAdd, nullptr, true,
-           0b101},
+           0b1101, 0b1},
           {"rms_norm_grad_input_add", rmsNormGradInputAdd, nullptr, true,
-           0b101},
+           0b1101, 0b1},
           {"qk_norm", qkNorm},
           {"qk_norm_grad_input", qkNormGradInput},
           {"qk_norm_grad_weight", qkNormGradWeight},

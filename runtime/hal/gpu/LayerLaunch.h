@@ -53,6 +53,14 @@ struct ResidualSum {
   /// (Device::writesPackedOutput; mixed precision, where it is rounded).
   uint16_t *sum16 = nullptr;
 };
+/// A norm backward's operands given packed (bf16) instead of fp32: each
+/// non-null pointer replaces its fp32 one (Device::readsPackedInput and
+/// writesPackedOutput, in mixed precision): x (the saved residual stream),
+/// dy, the residual added by *_grad_input_add, and dx, stored rounded.
+struct NormPacked {
+  const uint16_t *x = nullptr, *dy = nullptr, *residual = nullptr;
+  uint16_t *dx = nullptr;
+};
 /// Layer norm of each row (a warp per row). With `y16` instead of `y`, y
 /// is stored packed bf16, the same values rounded (Device::
 /// writesPackedOutput).
@@ -69,8 +77,7 @@ Status launchLayerNormGradInput(const Context &ctx, const float *x,
                                 int64_t rows, int64_t hidden, double eps,
                                 bool round = false,
                                 const float *residual = nullptr,
-                                const uint16_t *dy16 = nullptr,
-                                const uint16_t *x16 = nullptr);
+                                NormPacked packed = {});
 /// How a norm's weight gradient is stored: rounded to bf16 (`round`, a
 /// mixed-precision call), and added to what the output holds
 /// (`accumulate`: the output is the parameter's gradient accumulator; the
@@ -86,8 +93,7 @@ Status launchLayerNormGradWeight(const Context &ctx, const float *x,
                                  const float *dy, float *dgamma, float *dbeta,
                                  int64_t rows, int64_t hidden, double eps,
                                  double *scratch, SumsOut to = {},
-                                 const uint16_t *dy16 = nullptr,
-                                 const uint16_t *x16 = nullptr);
+                                 NormPacked packed = {});
 /// RMS norm of each row; `y16` as launchLayerNorm's.
 Status launchRmsNorm(const Context &ctx, const float *x, const float *gamma,
                      float *y, int64_t rows, int64_t hidden, double eps,
@@ -98,15 +104,13 @@ Status launchRmsNormGradInput(const Context &ctx, const float *x,
                               int64_t rows, int64_t hidden, double eps,
                               bool round = false,
                               const float *residual = nullptr,
-                              const uint16_t *dy16 = nullptr,
-                              const uint16_t *x16 = nullptr);
+                              NormPacked packed = {});
 /// dgamma = column sums of dy * x * rrms. `scratch` holds rows +
 /// columnChunks(rows).chunks x hidden doubles.
 Status launchRmsNormGradWeight(const Context &ctx, const float *x,
                                const float *dy, float *dgamma, int64_t rows,
                                int64_t hidden, double eps, double *scratch,
-                               SumsOut to = {}, const uint16_t *dy16 = nullptr,
-                               const uint16_t *x16 = nullptr);
+                               SumsOut to = {}, NormPacked packed = {});
 /// qk_norm (runtime/kernels/LayerChecks.h's QkNormDims): rms_norm of each
 /// q head with gamma[0, hd) and each k head with gamma[hd, 2 hd), v copied
 /// (a warp per head of a row).

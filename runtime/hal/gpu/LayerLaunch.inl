@@ -188,10 +188,11 @@ PIPER_HOST_DEVICE inline RowIn residualRow(Exec::Lanes lanes, const float *x,
 
 // dx[j] = v, or with `residual` residual[j] + v rounded as grad_input's
 // output first (the fused *_grad_input_add).
-PIPER_HOST_DEVICE inline float withResidual(float v, const float *residual,
+PIPER_HOST_DEVICE inline float withResidual(float v, const RowIn &residual,
                                             int64_t i, bool round) {
   v = roundedIf(v, round);
-  return residual ? roundedIf(v + residual[i], round) : v;
+  return residual.f32 || residual.bf16 ? roundedIf(v + residual[i], round)
+                                       : v;
 }
 
 Status launchLayerNorm(const Context &ctx, const float *x, const float *gamma,
@@ -218,13 +219,15 @@ Status launchLayerNormGradInput(const Context &ctx, const float *x,
                                 const float *gamma, const float *dy, float *dx,
                                 int64_t rows, int64_t hidden, double eps,
                                 bool round, const float *residual,
-                                const uint16_t *dy16, const uint16_t *x16) {
+                                NormPacked packed) {
   using Lanes = Exec::Lanes;
   return Exec(ctx).forEachRow(
       "layer_norm_grad_input", rows, [=] PIPER_LAMBDA(Lanes lanes, int64_t n) {
-        const RowIn xr{x, x16, n * hidden};
-        const RowIn dyr{dy, dy16, n * hidden};
-        float *dxr = dx + n * hidden;
+        const RowIn xr{x, packed.x, n * hidden};
+        const RowIn dyr{dy, packed.dy, n * hidden};
+        float *dxr = dx ? dx + n * hidden : nullptr;
+        uint16_t *dxr16 = packed.dx ? packed.dx + n * hidden : nullptr;
+        const RowIn sum{residual, packed.residual};
         double mean = 0, rstd = 0;
         layerNormStats(lanes, xr, hidden, eps, mean, rstd);
         // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * gamma.
@@ -240,9 +243,10 @@ Status launchLayerNormGradInput(const Context &ctx, const float *x,
         for (int64_t j = lanes.lane(); j < hidden; j += Lanes::kCount) {
           double g = double(dyr(j)) * gamma[j];
           double xhat = (xr[j] - mean) * rstd;
-          dxr[j] = withResidual(
-              static_cast<float>(rstd * (g - gMean - xhat * gxMean)), residual,
-              n * hidden + j, round);
+          storeRounded(dxr, dxr16, j,
+                       withResidual(static_cast<float>(rstd * (g - gMean - xhat * gxMean)),
+                                    sum, n * hidden + j, round),
+                       false);
         }
       });
 }
@@ -250,8 +254,7 @@ Status launchLayerNormGradInput(const Context &ctx, const float *x,
 Status launchLayerNormGradWeight(const Context &ctx, const float *x,
                                  const float *dy, float *dgamma, float *dbeta,
                                  int64_t rows, int64_t hidden, double eps,
-                                 double *scratch, SumsOut to,
-                                 const uint16_t *dy16, const uint16_t *x16) {
+                                 double *scratch, SumsOut to, NormPacked packed) {
   using Lanes = Exec::Lanes;
   const RowChunks rc = columnChunks(rows);
   const int64_t per = rc.rowsPerChunk;
@@ -261,7 +264,7 @@ Status launchLayerNormGradWeight(const Context &ctx, const float *x,
   PIPER_RETURN_IF_ERROR(Exec(ctx).forEachRow(
       "layer_norm_grad_weight", rows, [=] PIPER_LAMBDA(Lanes lanes, int64_t n) {
         double mean = 0, rstd = 0;
-        layerNormStats(lanes, RowIn{x, x16, n * hidden}, hidden, eps, mean,
+        layerNormStats(lanes, RowIn{x, packed.x, n * hidden}, hidden, eps, mean,
                        rstd);
         if (lanes.lane() == 0) {
           stats[2 * n] = mean;
@@ -275,8 +278,8 @@ Status launchLayerNormGradWeight(const Context &ctx, const float *x,
         int64_t end = (c + 1) * per < rows ? (c + 1) * per : rows;
         double g = 0, b = 0;
         for (int64_t n = c * per; n < end; ++n) {
-          float d = RowIn{dy, dy16, n * hidden}(j);
-          double xhat = (RowIn{x, x16, n * hidden}[j] - stats[2 * n]) *
+          float d = RowIn{dy, packed.dy, n * hidden}(j);
+          double xhat = (RowIn{x, packed.x, n * hidden}[j] - stats[2 * n]) *
                         stats[2 * n + 1];
           g += d * xhat;
           b += d;
@@ -312,13 +315,15 @@ Status launchRmsNormGradInput(const Context &ctx, const float *x,
                               const float *gamma, const float *dy, float *dx,
                               int64_t rows, int64_t hidden, double eps,
                               bool round, const float *residual,
-                              const uint16_t *dy16, const uint16_t *x16) {
+                                NormPacked packed) {
   using Lanes = Exec::Lanes;
   return Exec(ctx).forEachRow(
       "rms_norm_grad_input", rows, [=] PIPER_LAMBDA(Lanes lanes, int64_t n) {
-        const RowIn xr{x, x16, n * hidden};
-        const RowIn dyr{dy, dy16, n * hidden};
-        float *dxr = dx + n * hidden;
+        const RowIn xr{x, packed.x, n * hidden};
+        const RowIn dyr{dy, packed.dy, n * hidden};
+        float *dxr = dx ? dx + n * hidden : nullptr;
+        uint16_t *dxr16 = packed.dx ? packed.dx + n * hidden : nullptr;
+        const RowIn sum{residual, packed.residual};
         double rrms = rmsNormRrms(lanes, xr, hidden, eps);
         // dx = rrms * (g - xhat * mean(g * xhat)), g = dy * gamma,
         // xhat = x * rrms.
@@ -328,9 +333,10 @@ Status launchRmsNormGradInput(const Context &ctx, const float *x,
         const double gxMean = lanes.sum(acc) / hidden;
         for (int64_t j = lanes.lane(); j < hidden; j += Lanes::kCount) {
           double g = double(dyr(j)) * gamma[j];
-          dxr[j] = withResidual(
-              static_cast<float>(rrms * (g - xr[j] * rrms * gxMean)), residual,
-              n * hidden + j, round);
+          storeRounded(dxr, dxr16, j,
+                       withResidual(static_cast<float>(rrms * (g - xr[j] * rrms * gxMean)),
+                                    sum, n * hidden + j, round),
+                       false);
         }
       });
 }
@@ -338,8 +344,7 @@ Status launchRmsNormGradInput(const Context &ctx, const float *x,
 Status launchRmsNormGradWeight(const Context &ctx, const float *x,
                                const float *dy, float *dgamma, int64_t rows,
                                int64_t hidden, double eps, double *scratch,
-                               SumsOut to, const uint16_t *dy16,
-                               const uint16_t *x16) {
+                               SumsOut to, NormPacked packed) {
   using Lanes = Exec::Lanes;
   const RowChunks rc = columnChunks(rows);
   const int64_t per = rc.rowsPerChunk;
@@ -348,7 +353,7 @@ Status launchRmsNormGradWeight(const Context &ctx, const float *x,
   PIPER_RETURN_IF_ERROR(Exec(ctx).forEachRow(
       "rms_norm_grad_weight", rows, [=] PIPER_LAMBDA(Lanes lanes, int64_t n) {
         double rrms =
-            rmsNormRrms(lanes, RowIn{x, x16, n * hidden}, hidden, eps);
+            rmsNormRrms(lanes, RowIn{x, packed.x, n * hidden}, hidden, eps);
         if (lanes.lane() == 0)
           rrmsOf[n] = rrms;
       }));
@@ -358,8 +363,8 @@ Status launchRmsNormGradWeight(const Context &ctx, const float *x,
         int64_t end = (c + 1) * per < rows ? (c + 1) * per : rows;
         double g = 0;
         for (int64_t n = c * per; n < end; ++n) {
-          double xhat = RowIn{x, x16, n * hidden}[j] * rrmsOf[n];
-          g += RowIn{dy, dy16, n * hidden}(j) * xhat;
+          double xhat = RowIn{x, packed.x, n * hidden}[j] * rrmsOf[n];
+          g += RowIn{dy, packed.dy, n * hidden}(j) * xhat;
         }
         parts[i] = g;
       }));
