@@ -25,7 +25,7 @@ Status checkEmbedding(const KernelArgs &a, int64_t &rows, int64_t &vocab,
       expectMatrix(a, a.inputs[1], "table", plan::F32, vocab, hidden));
   PIPER_RETURN_IF_ERROR(
       readVocabShard(a, vocab, /*required=*/false, members, first));
-  return expectTensor(a, a.outputs[0], "y", plan::F32, {rows, hidden});
+  return expectPackableOutput(a, a.outputs[0], "y", {rows, hidden});
 }
 
 Status embeddingKernel(const KernelArgs &a) {
@@ -34,13 +34,16 @@ Status embeddingKernel(const KernelArgs &a) {
   const TensorRef &ids = a.inputs[0], &table = a.inputs[1], &y = a.outputs[0];
   PIPER_RETURN_IF_ERROR(expectTokensBelow(a, ids, "ids", vocab * members));
 
+  std::vector<float> packed;
+  float *out = outputRow(y, 0, y.numel(), packed);
   for (int64_t n = 0; n < rows; ++n) {
     int64_t id = ids.i32()[n] - first;
     if (id >= 0 && id < vocab)
-      std::copy_n(table.f32() + id * hidden, hidden, y.f32() + n * hidden);
+      std::copy_n(table.f32() + id * hidden, hidden, out + n * hidden);
     else
-      std::fill_n(y.f32() + n * hidden, hidden, 0.0f);
+      std::fill_n(out + n * hidden, hidden, 0.0f);
   }
+  storeRow(y, 0, y.numel(), y.numel(), out);
   return Status::ok();
 }
 
@@ -50,8 +53,8 @@ Status checkEmbeddingGrad(const KernelArgs &a, int64_t &rows, int64_t &vocab,
   PIPER_RETURN_IF_ERROR(expectTokens(a, a.inputs[0], "ids", rows));
   PIPER_RETURN_IF_ERROR(
       expectMatrix(a, a.outputs[0], "dtable", plan::F32, vocab, hidden));
-  PIPER_RETURN_IF_ERROR(
-      expectTensor(a, a.inputs[1], "dy", plan::F32, {rows, hidden}));
+  PIPER_RETURN_IF_ERROR(expectTensor(
+      a, a.inputs[1], "dy", packableDType(a, a.inputs[1]), {rows, hidden}));
   int64_t vocabAttr = 0;
   PIPER_RETURN_IF_ERROR(readInt(a, KernelAttr::kVocab, vocab, vocabAttr));
   if (vocabAttr != vocab)
@@ -76,6 +79,8 @@ Status embeddingGradKernel(const KernelArgs &a) {
                    [&](int64_t l, int64_t r) { return idData[l] < idData[r]; });
   std::fill_n(dtable.f32(), dtable.numel(), 0.0f);
   std::vector<double> sum(hidden);
+  std::vector<float> unpacked;
+  const float *dyData = fp32Data(dy, unpacked);
   for (int64_t begin = 0; begin < rows;) {
     int32_t id = idData[order[begin]];
     int64_t end = begin;
@@ -88,7 +93,7 @@ Status embeddingGradKernel(const KernelArgs &a) {
     }
     std::fill(sum.begin(), sum.end(), 0.0);
     for (; end < rows && idData[order[end]] == id; ++end)
-      addRowToSums(sum.data(), dy.f32() + order[end] * hidden, hidden);
+      addRowToSums(sum.data(), dyData + order[end] * hidden, hidden);
     sumsToFloat(sum.data(), dtable.f32() + (int64_t(id) - first) * hidden,
                 hidden);
     begin = end;
@@ -103,7 +108,10 @@ static Status checkPositions(const KernelArgs &a, const TensorRef &x,
                              const char *posName, PositionDims &d) {
   int64_t positions = 0, posHidden = 0;
   int64_t &rows = d.rows, &hidden = d.hidden, &seq = d.seq;
-  PIPER_RETURN_IF_ERROR(expectMatrix(a, x, xName, plan::F32, rows, hidden));
+  // x (position_add's input, or its gradient's dy) may be packed in mixed
+  // precision.
+  PIPER_RETURN_IF_ERROR(
+      expectMatrix(a, x, xName, packableDType(a, x), rows, hidden));
   PIPER_RETURN_IF_ERROR(
       expectMatrix(a, pos, posName, plan::F32, positions, posHidden));
   PIPER_RETURN_IF_ERROR(
@@ -135,7 +143,7 @@ Status checkPositionAdd(const KernelArgs &a, PositionDims &d) {
   PIPER_RETURN_IF_ERROR(expectCounts(a, 2, 2, 1));
   PIPER_RETURN_IF_ERROR(
       checkPositions(a, a.inputs[0], "x", a.inputs[1], "pos", d));
-  return expectTensor(a, a.outputs[0], "y", plan::F32, {d.rows, d.hidden});
+  return expectPackableOutput(a, a.outputs[0], "y", {d.rows, d.hidden});
 }
 
 Status positionAddKernel(const KernelArgs &a) {
@@ -144,10 +152,13 @@ Status positionAddKernel(const KernelArgs &a) {
   const TensorRef &x = a.inputs[0], &pos = a.inputs[1], &y = a.outputs[0];
   const int64_t hidden = d.hidden;
 
+  std::vector<float> unpacked, packed;
+  const float *xData = fp32Data(x, unpacked);
+  float *out = outputRow(y, 0, y.numel(), packed);
   for (int64_t n = 0; n < d.rows; ++n)
-    addVectors(x.f32() + n * hidden,
-               pos.f32() + d.position(n % d.local) * hidden,
-               y.f32() + n * hidden, hidden);
+    addVectors(xData + n * hidden, pos.f32() + d.position(n % d.local) * hidden,
+               out + n * hidden, hidden);
+  storeRow(y, 0, y.numel(), y.numel(), out);
   return Status::ok();
 }
 
@@ -166,10 +177,12 @@ Status positionAddGradKernel(const KernelArgs &a) {
   // gradient but are part of the parameter.
   std::fill_n(dpos.f32(), dpos.numel(), 0.0f);
   std::vector<double> sum(hidden);
+  std::vector<float> unpacked;
+  const float *dyData = fp32Data(dy, unpacked);
   for (int64_t t = 0; t < d.local; ++t) {
     std::fill(sum.begin(), sum.end(), 0.0);
     for (int64_t n = t; n < d.rows; n += d.local)
-      addRowToSums(sum.data(), dy.f32() + n * hidden, hidden);
+      addRowToSums(sum.data(), dyData + n * hidden, hidden);
     sumsToFloat(sum.data(), dpos.f32() + d.position(t) * hidden, hidden);
   }
   return Status::ok();

@@ -245,8 +245,9 @@ def packed_checks(packed, unpacked, listing):
     add_layer_norm and add_rms_norm, out of the projections' GEMMs), the
     gradient each norm's backward takes (`dy` of its grad_input and
     grad_weight, out of the GEMMs after it) and the gradient along the
-    residual stream each writes (read by the GEMMs and the next norm's
-    backward), the classifier's logits (the head's GEMM writes them packed, the fused
+    residual stream each writes (read by the GEMMs, the next norm's
+    backward and the embeddings'), GPT's token embeddings (which
+    position_add reads packed), the classifier's logits (the head's GEMM writes them packed, the fused
     classifier reads them so) and the dy that linear_grad_input hands
     attention_grad, swiglu_grad and gelu_grad.
     --unpack-step-buffers stores nothing so."""
@@ -258,6 +259,11 @@ def packed_checks(packed, unpacked, listing):
     # backward, which reads them packed, as the next residual norm does.
     writers += (listing.count(" add_layer_norm(") +
                 listing.count(" add_rms_norm("))
+    # And its first value: position_add's output where the model has
+    # learned positions (the embedding's output, which position_add reads,
+    # is then another packed value), else the embedding's.
+    writers += (listing.count(" position_add(") or
+                listing.count(" embedding("))
     values = (2 * listing.count(" swiglu_grad(") +
               listing.count(" cross_entropy_fused(") +
               2 * listing.count(" attention_grad(") +
@@ -269,9 +275,8 @@ def packed_checks(packed, unpacked, listing):
         "layer_norm_grad_input", "layer_norm_grad_input_add",
         "rms_norm_grad_input", "rms_norm_grad_input_add"))
     # Each norm gradient's dy, and the gradient along the residual stream
-    # that each writes, but the first layer's (the embeddings' backward
-    # reads it as fp32).
-    values += norm_grads + max(0, norm_grads - 1)
+    # that each writes (the last read by the embeddings' backward).
+    values += 2 * norm_grads + listing.count(" position_add(")
     return [
         ("packed storage: %d results written packed (%d: the residual "
          "stream, norms, MLP activations, attention inputs and outputs, "

@@ -29,8 +29,10 @@ Status embedding(const KernelArgs &a, const Context &ctx) {
   int64_t rows = 0, vocab = 0, hidden = 0, first = 0, members = 1;
   PIPER_RETURN_IF_ERROR(
       detail::checkEmbedding(a, rows, vocab, hidden, first, members));
-  return launchEmbedding(ctx, a.inputs[0].i32(), a.inputs[1].f32(),
-                         a.outputs[0].f32(), rows, vocab, hidden, first);
+  const TensorRef &y = a.outputs[0];
+  return launchEmbedding(ctx, a.inputs[0].i32(), a.inputs[1].f32(), f32Out(y),
+                         rows, vocab, hidden, first, a.ctx.lowPrecision,
+                         bf16Out(y));
 }
 
 Status embeddingGrad(const KernelArgs &a, const Context &ctx) {
@@ -40,9 +42,10 @@ Status embeddingGrad(const KernelArgs &a, const Context &ctx) {
   int32_t *work = nullptr;
   PIPER_RETURN_IF_ERROR(
       scratch(ctx, embeddingGradScratchWords(rows, vocab), work));
-  return launchEmbeddingGrad(ctx, a.inputs[0].i32(), a.inputs[1].f32(),
+  const TensorRef &dy = a.inputs[1];
+  return launchEmbeddingGrad(ctx, a.inputs[0].i32(), f32In(dy),
                              a.outputs[0].f32(), rows, vocab, hidden, first,
-                             work);
+                             work, bf16In(dy));
 }
 
 /// The position map of the checked dimensions.
@@ -53,9 +56,10 @@ static PositionMap positionMap(const detail::PositionDims &d) {
 Status positionAdd(const KernelArgs &a, const Context &ctx) {
   detail::PositionDims d;
   PIPER_RETURN_IF_ERROR(detail::checkPositionAdd(a, d));
-  return launchPositionAdd(ctx, a.inputs[0].f32(), a.inputs[1].f32(),
-                           a.outputs[0].f32(), d.rows, d.hidden, positionMap(d),
-                           a.ctx.lowPrecision);
+  const TensorRef &x = a.inputs[0], &y = a.outputs[0];
+  return launchPositionAdd(ctx, f32In(x), a.inputs[1].f32(), f32Out(y), d.rows,
+                           d.hidden, positionMap(d), a.ctx.lowPrecision,
+                           bf16In(x), bf16Out(y));
 }
 
 Status positionAddGrad(const KernelArgs &a, const Context &ctx) {
@@ -65,9 +69,10 @@ Status positionAddGrad(const KernelArgs &a, const Context &ctx) {
   PIPER_RETURN_IF_ERROR(
       scratch(ctx, columnChunks(d.rows / d.local).chunks * d.local * d.hidden,
               partials));
-  return launchPositionAddGrad(ctx, a.inputs[0].f32(), a.outputs[0].f32(),
-                               d.rows, d.hidden, positionMap(d),
-                               a.outputs[0].shape[0], partials);
+  const TensorRef &dy = a.inputs[0];
+  return launchPositionAddGrad(ctx, f32In(dy), a.outputs[0].f32(), d.rows,
+                               d.hidden, positionMap(d), a.outputs[0].shape[0],
+                               partials, bf16In(dy));
 }
 
 // The residual add of add_layer_norm and add_rms_norm: r (input 1, fp32 or
@@ -292,12 +297,15 @@ void addLayerKernels(std::vector<KernelEntry> &out) {
   out.insert(
       out.end(),
       {
-          {"embedding", embedding},
-          {"embedding_grad", embeddingGrad},
+          // The embeddings round their outputs themselves in mixed precision
+          // and store them packed where every reader takes them so (the
+          // residual stream's start); their backward reads dy packed.
+          {"embedding", embedding, nullptr, true, 0, 0b1},
+          {"embedding_grad", embeddingGrad, nullptr, false, 0b10},
           // Round their results in mixed precision
           // (Device::roundsOutputs).
-          {"position_add", positionAdd, nullptr, true},
-          {"position_add_grad", positionAddGrad},
+          {"position_add", positionAdd, nullptr, true, 0b1, 0b1},
+          {"position_add_grad", positionAddGrad, nullptr, false, 0b1},
           {"layer_norm", layerNorm, nullptr, true, 0b1, 0b1},
           {"layer_norm_grad_input", layerNormGradInput, nullptr, true, 0b101,
            0b1},

@@ -16,29 +16,37 @@ namespace piper::runtime::hal::PIPER_GPU_NS {
 
 /// y[n] = table[ids[n] - first]; a row whose id is outside [first, first +
 /// vocab) gets zeros (`first` is a vocabulary-parallel member's first id).
+/// With `round` y is stored rounded to bf16; with `y16` instead of y,
+/// packed (rounded).
 Status launchEmbedding(const Context &ctx, const int32_t *ids,
                        const float *table, float *y, int64_t rows,
-                       int64_t vocab, int64_t hidden, int64_t first);
+                       int64_t vocab, int64_t hidden, int64_t first,
+                       bool round = false, uint16_t *y16 = nullptr);
 /// dtable[v] = the sum of dy[n] over the rows n with ids[n] - first == v,
 /// in token order in double (as the CPU kernel: the same result), ids
 /// outside [first, first + vocab) skipped. `scratch` holds
 /// embeddingGradScratchWords(rows, vocab) int32.
+/// `dy16` instead of dy: dy packed (the same values).
 Status launchEmbeddingGrad(const Context &ctx, const int32_t *ids,
                            const float *dy, float *dtable, int64_t rows,
                            int64_t vocab, int64_t hidden, int64_t first,
-                           int32_t *scratch);
+                           int32_t *scratch, const uint16_t *dy16 = nullptr);
 /// y[n] = x[n] + pos[map.position(n % map.local)].
 /// With `round` (here and below: a mixed-precision call), the results are
 /// stored rounded to bf16 (roundedIf, Device::roundsOutputs).
+/// `x16` instead of x: x packed; `y16` instead of y: y stored packed.
 Status launchPositionAdd(const Context &ctx, const float *x, const float *pos,
                          float *y, int64_t rows, int64_t hidden,
-                         PositionMap map, bool round = false);
+                         PositionMap map, bool round = false,
+                         const uint16_t *x16 = nullptr,
+                         uint16_t *y16 = nullptr);
 /// dpos[map.position(t)] = the sum of dy[n] over n % map.local == t, zeros
 /// for every other of the `positions` rows. `partials` holds
 /// columnChunks(rows / map.local).chunks x map.local x hidden doubles.
 Status launchPositionAddGrad(const Context &ctx, const float *dy, float *dpos,
                              int64_t rows, int64_t hidden, PositionMap map,
-                             int64_t positions, double *partials);
+                             int64_t positions, double *partials,
+                             const uint16_t *dy16 = nullptr);
 /// The residual stream's add fused into a norm (add_layer_norm,
 /// add_rms_norm): with `r` set, the norm's input is s = x + r (rounded
 /// with `round`, as add's output), which is also stored to `sum` [rows,

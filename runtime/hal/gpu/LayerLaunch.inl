@@ -25,19 +25,22 @@ Status layerSumChunks(const Context &ctx, const char *name,
 
 Status launchEmbedding(const Context &ctx, const int32_t *ids,
                        const float *table, float *y, int64_t rows,
-                       int64_t vocab, int64_t hidden, int64_t first) {
+                       int64_t vocab, int64_t hidden, int64_t first,
+                       bool round, uint16_t *y16) {
   return Exec(ctx).forEach(
       "embedding", rows * hidden, [=] PIPER_LAMBDA(int64_t i) {
         int64_t n = i / hidden, j = i % hidden;
         int64_t id = ids[n] - first;
-        y[i] = id >= 0 && id < vocab ? table[id * hidden + j] : 0.0f;
+        storeRounded(y, y16, i,
+                     id >= 0 && id < vocab ? table[id * hidden + j] : 0.0f,
+                     round);
       });
 }
 
 Status launchEmbeddingGrad(const Context &ctx, const int32_t *ids,
                            const float *dy, float *dtable, int64_t rows,
                            int64_t vocab, int64_t hidden, int64_t first,
-                           int32_t *scratch) {
+                           int32_t *scratch, const uint16_t *dy16) {
   using Lanes = Exec::Lanes;
   // A stable counting sort of the rows by id (LayerMath.h's sortChunks):
   // hist[c * vocab + v] counts the rows of chunk c with id v, then becomes
@@ -108,26 +111,31 @@ Status launchEmbeddingGrad(const Context &ctx, const int32_t *ids,
       "embedding_grad", vocab * hidden, [=] PIPER_LAMBDA(int64_t i) {
         int64_t v = i / hidden, j = i % hidden;
         double s = 0;
+        const RowIn in{dy, dy16};
         for (int64_t k = start[v], e = start[v + 1]; k < e; ++k)
-          s += dy[int64_t(order[k]) * hidden + j];
+          s += in[int64_t(order[k]) * hidden + j];
         dtable[i] = static_cast<float>(s);
       });
 }
 
 Status launchPositionAdd(const Context &ctx, const float *x, const float *pos,
                          float *y, int64_t rows, int64_t hidden,
-                         PositionMap map, bool round) {
+                         PositionMap map, bool round, const uint16_t *x16,
+                         uint16_t *y16) {
   return Exec(ctx).forEach(
       "position_add", rows * hidden, [=] PIPER_LAMBDA(int64_t i) {
         int64_t n = i / hidden, j = i % hidden;
-        y[i] = roundedIf(x[i] + pos[map.position(n % map.local) * hidden + j],
-                         round);
+        storeRounded(y, y16, i,
+                     RowIn{x, x16}[i] +
+                         pos[map.position(n % map.local) * hidden + j],
+                     round);
       });
 }
 
 Status launchPositionAddGrad(const Context &ctx, const float *dy, float *dpos,
                              int64_t rows, int64_t hidden, PositionMap map,
-                             int64_t positions, double *partials) {
+                             int64_t positions, double *partials,
+                             const uint16_t *dy16) {
   // dy as [rows / local, local * hidden]: the position of local row t
   // gets column sums t * hidden .. (t + 1) * hidden.
   const int64_t seq = map.local;
@@ -140,7 +148,7 @@ Status launchPositionAddGrad(const Context &ctx, const float *dy, float *dpos,
         int64_t end = (c + 1) * per < batch ? (c + 1) * per : batch;
         double s = 0;
         for (int64_t b = c * per; b < end; ++b)
-          s += dy[b * cols + col];
+          s += RowIn{dy, dy16}[b * cols + col];
         partials[i] = s;
       }));
   if (map.cp == 1) {

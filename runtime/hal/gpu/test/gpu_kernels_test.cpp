@@ -234,7 +234,8 @@ TEST_CASE("kernels that round their own outputs in mixed precision give the "
                                          "layer_norm_grad_input_add",
                                          "rms_norm_grad_input_add",
                                          "linear_gelu",
-                                         "linear_grad_input_gelu"});
+                                         "linear_grad_input_gelu",
+                                         "embedding"});
 }
 
 // Kernels that take packed bf16 inputs (Device::readsPackedInput: the
@@ -283,6 +284,11 @@ TEST_CASE("packed bf16 operands give the bits of their fp32 values") {
                                           "rms_norm:out0",
                                           "add_layer_norm:out1",
                                           "add_rms_norm:out1",
+                                          "embedding:out0",
+                                          "embedding_grad:1",
+                                          "position_add:0",
+                                          "position_add:out0",
+                                          "position_add_grad:0",
                                           "add_layer_norm:0",
                                           "add_layer_norm:1",
                                           "add_layer_norm:out0",
