@@ -1224,12 +1224,13 @@ TEST_CASE("executor: the fused classifier's dlogits are written and read "
   }
   CHECK(runs[1].losses == runs[0].losses);
   CHECK(runs[1].params == runs[0].params);
-  // Per microbatch: dlogits neither packed nor unpacked, x not unpacked
-  // (only linear_grad_weight reads it); x is still packed (its writer,
-  // the embedding, stores fp32). And the head's weight, which only GEMMs
-  // read, keeps its bf16 copy packed: refreshed at step 1 by one packing
-  // pass instead of a rounding pass, then written packed by its update.
-  CHECK(packs[0] - packs[1] == steps * microbatches - 1);
+  // Per microbatch: dlogits neither packed nor unpacked, x neither
+  // unpacked (only linear_grad_weight reads it) nor packed by a pass (its
+  // writer, the embedding, stores it packed). And the head's weight, which
+  // only GEMMs read, keeps its bf16 copy packed: refreshed at step 1 by one
+  // packing pass instead of a rounding pass, then written packed by its
+  // update.
+  CHECK(packs[0] - packs[1] == 2 * steps * microbatches - 1);
   CHECK(rounds[0] - rounds[1] == 1);
   CHECK(unpacks[0] - unpacks[1] == 2 * steps * microbatches);
   CHECK(unpacks[1] == 0);

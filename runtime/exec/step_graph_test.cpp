@@ -34,13 +34,9 @@ using Graphs = ExecutorOptions::StepGraphs;
 
 namespace {
 
-/// The bigram plan with two streams (LOAD_BATCH on its own, the compute
-/// stream waiting on an event per microbatch, so the capture has edges
-/// between streams), four microbatches, a warmup and a cosine decay (the
-/// update's constants change every step), clipping and bf16 or fp32.
-plan::Plan graphPlan(bool bf16) {
-  TinyModel m;
-  plan::Plan plan = singleClassPlan(m, 4, {0}, 1, /*twoStreams=*/true);
+/// `plan` with a warmup and a cosine decay (the update's constants change
+/// every step), clipping and bf16 or fp32.
+plan::Plan withGraphTraining(plan::Plan plan, bool bf16) {
   plan::TrainingConfig *t = plan.mutable_training();
   t->set_warmup_steps(3);
   t->set_decay_steps(9);
@@ -51,6 +47,15 @@ plan::Plan graphPlan(bool bf16) {
     t->set_compute_dtype(plan::BF16);
   withArena(plan);
   return plan;
+}
+
+/// The bigram plan with two streams (LOAD_BATCH on its own, the compute
+/// stream waiting on an event per microbatch, so the capture has edges
+/// between streams), four microbatches, withGraphTraining.
+plan::Plan graphPlan(bool bf16) {
+  TinyModel m;
+  return withGraphTraining(singleClassPlan(m, 4, {0}, 1, /*twoStreams=*/true),
+                           bf16);
 }
 
 ExecutorOptions emulated(Graphs graphs) {
@@ -110,17 +115,8 @@ Run train(const plan::Plan &plan, Graphs graphs,
 /// the ranks, both between kernels on the device.
 plan::Plan dataParallelPlan(bool bf16) {
   TinyModel m;
-  plan::Plan plan = singleClassPlan(m, 2, {0, 1}, 2, /*twoStreams=*/true);
-  plan::TrainingConfig *t = plan.mutable_training();
-  t->set_warmup_steps(3);
-  t->set_decay_steps(9);
-  t->set_min_lr(t->lr() / 10);
-  t->set_clip_grad_norm(0.5);
-  addClipBeforeUpdate(plan);
-  if (bf16)
-    t->set_compute_dtype(plan::BF16);
-  withArena(plan);
-  return plan;
+  return withGraphTraining(
+      singleClassPlan(m, 2, {0, 1}, 2, /*twoStreams=*/true), bf16);
 }
 
 /// Lets the main thread read the process's synchronizing calls between the
