@@ -25,8 +25,8 @@ Status layerSumChunks(const Context &ctx, const char *name,
 
 Status launchEmbedding(const Context &ctx, const int32_t *ids,
                        const float *table, float *y, int64_t rows,
-                       int64_t vocab, int64_t hidden, int64_t first,
-                       bool round, uint16_t *y16) {
+                       int64_t vocab, int64_t hidden, int64_t first, bool round,
+                       uint16_t *y16) {
   return Exec(ctx).forEach(
       "embedding", rows * hidden, [=] PIPER_LAMBDA(int64_t i) {
         int64_t n = i / hidden, j = i % hidden;
@@ -199,8 +199,7 @@ PIPER_HOST_DEVICE inline RowIn residualRow(Exec::Lanes lanes, const float *x,
 PIPER_HOST_DEVICE inline float withResidual(float v, const RowIn &residual,
                                             int64_t i, bool round) {
   v = roundedIf(v, round);
-  return residual.f32 || residual.bf16 ? roundedIf(v + residual[i], round)
-                                       : v;
+  return residual.f32 || residual.bf16 ? roundedIf(v + residual[i], round) : v;
 }
 
 Status launchLayerNorm(const Context &ctx, const float *x, const float *gamma,
@@ -211,8 +210,7 @@ Status launchLayerNorm(const Context &ctx, const float *x, const float *gamma,
   using Lanes = Exec::Lanes;
   return Exec(ctx).forEachRow(
       "layer_norm", rows, [=] PIPER_LAMBDA(Lanes lanes, int64_t n) {
-        const RowIn xr =
-            residualRow(lanes, x, x16, residual, n, hidden, round);
+        const RowIn xr = residualRow(lanes, x, x16, residual, n, hidden, round);
         double mean = 0, rstd = 0;
         layerNormStats(lanes, xr, hidden, eps, mean, rstd);
         for (int64_t j = lanes.lane(); j < hidden; j += Lanes::kCount) {
@@ -241,7 +239,7 @@ Status launchLayerNormGradInput(const Context &ctx, const float *x,
         // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * gamma.
         double gSum = 0, gxSum = 0;
         for (int64_t j = lanes.lane(); j < hidden; j += Lanes::kCount) {
-          double g = double(dyr(j)) * gamma[j];
+          double g = double(dyr[j]) * gamma[j];
           gSum += g;
           gxSum += g * ((xr[j] - mean) * rstd);
         }
@@ -249,10 +247,11 @@ Status launchLayerNormGradInput(const Context &ctx, const float *x,
         gxSum = lanes.sum(gxSum);
         const double gMean = gSum / hidden, gxMean = gxSum / hidden;
         for (int64_t j = lanes.lane(); j < hidden; j += Lanes::kCount) {
-          double g = double(dyr(j)) * gamma[j];
+          double g = double(dyr[j]) * gamma[j];
           double xhat = (xr[j] - mean) * rstd;
           storeRounded(dxr, dxr16, j,
-                       withResidual(static_cast<float>(rstd * (g - gMean - xhat * gxMean)),
+                       withResidual(static_cast<float>(
+                                        rstd * (g - gMean - xhat * gxMean)),
                                     sum, n * hidden + j, round),
                        false);
         }
@@ -262,7 +261,8 @@ Status launchLayerNormGradInput(const Context &ctx, const float *x,
 Status launchLayerNormGradWeight(const Context &ctx, const float *x,
                                  const float *dy, float *dgamma, float *dbeta,
                                  int64_t rows, int64_t hidden, double eps,
-                                 double *scratch, SumsOut to, NormPacked packed) {
+                                 double *scratch, SumsOut to,
+                                 NormPacked packed) {
   using Lanes = Exec::Lanes;
   const RowChunks rc = columnChunks(rows);
   const int64_t per = rc.rowsPerChunk;
@@ -286,7 +286,7 @@ Status launchLayerNormGradWeight(const Context &ctx, const float *x,
         int64_t end = (c + 1) * per < rows ? (c + 1) * per : rows;
         double g = 0, b = 0;
         for (int64_t n = c * per; n < end; ++n) {
-          float d = RowIn{dy, packed.dy, n * hidden}(j);
+          float d = RowIn{dy, packed.dy, n * hidden}[j];
           double xhat = (RowIn{x, packed.x, n * hidden}[j] - stats[2 * n]) *
                         stats[2 * n + 1];
           g += d * xhat;
@@ -309,8 +309,7 @@ Status launchRmsNorm(const Context &ctx, const float *x, const float *gamma,
   using Lanes = Exec::Lanes;
   return Exec(ctx).forEachRow(
       "rms_norm", rows, [=] PIPER_LAMBDA(Lanes lanes, int64_t n) {
-        const RowIn xr =
-            residualRow(lanes, x, x16, residual, n, hidden, round);
+        const RowIn xr = residualRow(lanes, x, x16, residual, n, hidden, round);
         double rrms = rmsNormRrms(lanes, xr, hidden, eps);
         for (int64_t j = lanes.lane(); j < hidden; j += Lanes::kCount) {
           storeRounded(y, y16, n * hidden + j,
@@ -323,7 +322,7 @@ Status launchRmsNormGradInput(const Context &ctx, const float *x,
                               const float *gamma, const float *dy, float *dx,
                               int64_t rows, int64_t hidden, double eps,
                               bool round, const float *residual,
-                                NormPacked packed) {
+                              NormPacked packed) {
   using Lanes = Exec::Lanes;
   return Exec(ctx).forEachRow(
       "rms_norm_grad_input", rows, [=] PIPER_LAMBDA(Lanes lanes, int64_t n) {
@@ -337,12 +336,13 @@ Status launchRmsNormGradInput(const Context &ctx, const float *x,
         // xhat = x * rrms.
         double acc = 0;
         for (int64_t j = lanes.lane(); j < hidden; j += Lanes::kCount)
-          acc += double(dyr(j)) * gamma[j] * (xr[j] * rrms);
+          acc += double(dyr[j]) * gamma[j] * (xr[j] * rrms);
         const double gxMean = lanes.sum(acc) / hidden;
         for (int64_t j = lanes.lane(); j < hidden; j += Lanes::kCount) {
-          double g = double(dyr(j)) * gamma[j];
+          double g = double(dyr[j]) * gamma[j];
           storeRounded(dxr, dxr16, j,
-                       withResidual(static_cast<float>(rrms * (g - xr[j] * rrms * gxMean)),
+                       withResidual(static_cast<float>(
+                                        rrms * (g - xr[j] * rrms * gxMean)),
                                     sum, n * hidden + j, round),
                        false);
         }
@@ -372,7 +372,7 @@ Status launchRmsNormGradWeight(const Context &ctx, const float *x,
         double g = 0;
         for (int64_t n = c * per; n < end; ++n) {
           double xhat = RowIn{x, packed.x, n * hidden}[j] * rrmsOf[n];
-          g += RowIn{dy, packed.dy, n * hidden}(j) * xhat;
+          g += RowIn{dy, packed.dy, n * hidden}[j] * xhat;
         }
         parts[i] = g;
       }));

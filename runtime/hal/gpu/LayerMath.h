@@ -25,7 +25,6 @@ struct RowIn {
   PIPER_HOST_DEVICE float operator[](int64_t j) const {
     return bf16 ? fromBf16(bf16[at + j]) : f32[at + j];
   }
-  PIPER_HOST_DEVICE float operator()(int64_t j) const { return (*this)[j]; }
 };
 
 /// Mean and 1/sqrt(biased variance + eps) of the row x[0, hidden), two-pass
