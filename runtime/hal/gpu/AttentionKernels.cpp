@@ -177,17 +177,17 @@ Status setUpAttention(const KernelArgs &a, const Context &ctx, bool grad,
 }
 
 // q, k rotated and packed to bf16 for the fused kernels into f.qkv16 (from
-// fp32 qkv or packed qkvIn16), leaving the rotary table in f.table; or,
-// without rotary embeddings, a packed qkv as it is.
+// qkv fp32 or packed), leaving the rotary table in f.table; or, without
+// rotary embeddings, a packed qkv as it is.
 Status fusedOperand(const Context &ctx, const AttentionCall &c,
-                    const float *qkv, const uint16_t *qkvIn16,
-                    const uint16_t *&qkv16) {
+                    const TensorRef &qkv, const uint16_t *&qkv16) {
   qkv16 = c.f.qkv16;
-  if (qkvIn16 && !c.s.rotary()) {
-    qkv16 = qkvIn16;
+  if (bf16In(qkv) && !c.s.rotary()) {
+    qkv16 = bf16In(qkv);
     return Status::ok();
   }
-  return launchAttentionPackBf16(ctx, c.s, qkv, c.f.qkv16, c.f.table, qkvIn16);
+  return launchAttentionPackBf16(ctx, c.s, f32In(qkv), c.f.qkv16, c.f.table,
+                                 bf16In(qkv));
 }
 
 // The SIMT kernels' fp32 operand: t's floats, or a packed t unpacked into
@@ -213,7 +213,7 @@ Status fusedForward(const Context &ctx, const AttentionCall &c,
   const AttentionShape &s = c.s;
   const FusedScratch &f = c.f;
   const uint16_t *qkv16 = nullptr;
-  PIPER_RETURN_IF_ERROR(fusedOperand(ctx, c, f32In(qkv), bf16In(qkv), qkv16));
+  PIPER_RETURN_IF_ERROR(fusedOperand(ctx, c, qkv, qkv16));
   PIPER_RETURN_IF_ERROR(
       c.fused->forward(ctx, qkv16, y16 ? y16 : f.y16, f.stats, f.workspace));
   PIPER_RETURN_IF_ERROR(launchStatsToLse(ctx, s, f.stats, lse));
@@ -230,15 +230,17 @@ Status fusedForward(const Context &ctx, const AttentionCall &c,
 // rounded and packed into a packed dqkv16. Without rotary embeddings the
 // fused backward writes a packed dqkv16 itself (no pass).
 Status fusedBackward(const Context &ctx, const AttentionCall &c,
-                     const TensorRef &qkv, const float *y, const uint16_t *y16,
-                     const float *lse, const TensorRef &dy, float *dqkv,
-                     uint16_t *dqkv16, bool round) {
+                     const TensorRef &qkv, const TensorRef &y, const float *lse,
+                     const TensorRef &dy, float *dqkv, uint16_t *dqkv16,
+                     bool round) {
   const AttentionShape &s = c.s;
   const FusedScratch &f = c.f;
   const uint16_t *qkv16 = nullptr;
-  PIPER_RETURN_IF_ERROR(fusedOperand(ctx, c, f32In(qkv), bf16In(qkv), qkv16));
+  PIPER_RETURN_IF_ERROR(fusedOperand(ctx, c, qkv, qkv16));
+  const uint16_t *y16 = bf16In(y);
   if (!y16) {
-    PIPER_RETURN_IF_ERROR(launchPackBf16(ctx, f.y16, y, s.rows() * s.qCols));
+    PIPER_RETURN_IF_ERROR(
+        launchPackBf16(ctx, f.y16, y.f32(), s.rows() * s.qCols));
     y16 = f.y16;
   }
   PIPER_RETURN_IF_ERROR(launchLseToStats(ctx, s, lse, f.stats));
@@ -283,10 +285,7 @@ Status attention(const KernelArgs &a, const Context &ctx) {
     PIPER_RETURN_IF_ERROR(simtOperand(ctx, qkvRef, c.qkv32, qkv));
     float *out = y16 ? c.y32 : y;
     PIPER_RETURN_IF_ERROR(launchAttention(ctx, c.s, qkv, out, lse, c.scratch));
-    if (y16)
-      PIPER_RETURN_IF_ERROR(launchPackBf16(ctx, y16, out, n));
-    else if (round)
-      PIPER_RETURN_IF_ERROR(launchRoundBf16(ctx, y, n));
+    PIPER_RETURN_IF_ERROR(packOrRound(ctx, out, y16, n, round));
   }
   if (!round)
     return Status::ok();
@@ -309,10 +308,9 @@ Status attentionGrad(const KernelArgs &a, const Context &ctx) {
   const bool round = a.ctx.lowPrecision;
   // y may be packed (KernelEntry::packedInputs): the fused backward reads it
   // as it is; the SIMT kernels do not read it.
-  const TensorRef &y = a.inputs[1];
   if (c.fused)
-    return fusedBackward(ctx, c, a.inputs[0], f32In(y), bf16In(y),
-                         a.inputs[2].f32(), a.inputs[3], dqkv, dqkv16, round);
+    return fusedBackward(ctx, c, a.inputs[0], a.inputs[1], a.inputs[2].f32(),
+                         a.inputs[3], dqkv, dqkv16, round);
   // The SIMT kernels recompute the softmax from q|k|v, as the CPU's.
   if (dqkv16 && !c.dqkv32)
     return Status::error("attention_grad: a packed dqkv in an fp32 call");
@@ -322,10 +320,7 @@ Status attentionGrad(const KernelArgs &a, const Context &ctx) {
   float *into = dqkv16 ? c.dqkv32 : dqkv;
   PIPER_RETURN_IF_ERROR(
       launchAttentionGrad(ctx, c.s, qkv, dy, into, c.scratch));
-  const int64_t n = out.numel();
-  if (dqkv16)
-    return launchPackBf16(ctx, dqkv16, into, n);
-  return round ? launchRoundBf16(ctx, dqkv, n) : Status::ok();
+  return packOrRound(ctx, into, dqkv16, out.numel(), round);
 }
 
 // Preparing a plan's attention (prepareKernel, at plan load): the fused

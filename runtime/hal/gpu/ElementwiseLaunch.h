@@ -71,6 +71,15 @@ Status launchPackBf16Columns(const Context &ctx, uint16_t *dst, int64_t dstLd,
 Status launchUnpackBf16(const Context &ctx, float *dst, const uint16_t *src,
                         int64_t n);
 Status launchRoundBf16(const Context &ctx, float *x, int64_t n);
+/// A mixed-precision output computed in fp32 at `x`: packed (rounded) into
+/// `x16` where the output is stored packed, else rounded in place with
+/// `round` (x is then the output).
+inline Status packOrRound(const Context &ctx, float *x, uint16_t *x16,
+                          int64_t n, bool round) {
+  if (x16)
+    return launchPackBf16(ctx, x16, x, n);
+  return round ? launchRoundBf16(ctx, x, n) : Status::ok();
+}
 /// launchRoundBf16 of the first `cols` elements of each of `rows` rows `ld`
 /// apart (a padded matrix's valid columns; the others are not touched).
 Status launchRoundBf16Rows(const Context &ctx, float *x, int64_t rows,

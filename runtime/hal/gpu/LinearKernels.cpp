@@ -79,15 +79,14 @@ Status linearGelu(const KernelArgs &a, const Context &ctx) {
 }
 
 // dx = dy * w^T for w [in,out]; dx = dy * w for w [out,in] (with `gelu`,
-// asking for its epilogue). A packed dx (linear_grad_input's,
-// KernelEntry::packedOutputs) is stored by the GEMM as bf16.
+// asking for its epilogue) into fp32 `dx`, or stored by the GEMM as bf16
+// into `dx16` (linear_grad_input's packed dx, KernelEntry::packedOutputs).
 Status gradInput(const KernelArgs &a, const Context &ctx, const LinearDims &d,
-                 GemmGelu *gelu) {
-  const TensorRef &dx = a.outputs[0];
+                 float *dx, uint16_t *dx16, GemmGelu *gelu) {
   return gemm(ctx, false, !d.transposeW, d.rows, d.in, d.out, 1.0f,
               gemmOperand(a.inputs[0]), d.ld, gemmOperand(a.inputs[1]),
-              d.transposeW ? d.in : d.out, 0.0f, f32Out(dx), d.in, nullptr,
-              nullptr, gelu, bf16Out(dx));
+              d.transposeW ? d.in : d.out, 0.0f, dx, d.in, nullptr, nullptr,
+              gelu, dx16);
 }
 
 // In mixed precision dx is stored rounded to bf16 (KernelEntry::
@@ -97,8 +96,8 @@ Status gradInput(const KernelArgs &a, const Context &ctx, const LinearDims &d,
 Status linearGradInput(const KernelArgs &a, const Context &ctx) {
   LinearDims d;
   PIPER_RETURN_IF_ERROR(detail::checkLinearGradInput(a, d));
-  PIPER_RETURN_IF_ERROR(gradInput(a, ctx, d, nullptr));
   const TensorRef &dx = a.outputs[0];
+  PIPER_RETURN_IF_ERROR(gradInput(a, ctx, d, f32Out(dx), bf16Out(dx), nullptr));
   if (!a.ctx.lowPrecision || dx.dtype == plan::BF16)
     return Status::ok();
   return launchRoundBf16(ctx, dx.f32(), dx.numel());
@@ -128,16 +127,10 @@ Status linearGradInputGelu(const KernelArgs &a, const Context &ctx) {
   }
   GemmGelu gelu;
   gelu.gradOf = h;
-  PIPER_RETURN_IF_ERROR(gemm(
-      ctx, false, !d.transposeW, d.rows, d.in, d.out, 1.0f,
-      gemmOperand(a.inputs[0]), d.ld, gemmOperand(a.inputs[1]),
-      d.transposeW ? d.in : d.out, 0.0f, dh, d.in, nullptr, nullptr, &gelu));
+  PIPER_RETURN_IF_ERROR(gradInput(a, ctx, d, dh, nullptr, &gelu));
   const bool round = a.ctx.lowPrecision;
-  if (gelu.done) {
-    if (dh16)
-      return launchPackBf16(ctx, dh16, dh, n);
-    return round ? launchRoundBf16(ctx, dh, n) : Status::ok();
-  }
+  if (gelu.done)
+    return packOrRound(ctx, dh, dh16, n, round);
   if (round)
     PIPER_RETURN_IF_ERROR(launchRoundBf16(ctx, dh, n));
   return launchGeluGrad(ctx, h, dh, dh16 ? nullptr : dh, n, round, dh16);
