@@ -609,3 +609,37 @@ TEST_CASE("step graphs: a peer lost in a launched step fails it at its end",
   CHECK(failed.find("rank 0: all-reduce over ranks [0,1] on stream 'compute' "
                     "failed") != std::string::npos);
 }
+
+// The emulated communicator records an operation issued while its stream
+// captures, and its completion where the work is waited for on that
+// stream; a work waited for anywhere else (here: after the capture ended)
+// is an internal error, not a silent host wait on work that never ran.
+TEST_CASE("step graphs: a captured operation is waited for in its capture "
+          "only",
+          "[step-graph]") {
+  Status made;
+  auto gloo = createGlooCommunicator(0, 1, storeDir("step-graph-wait"),
+                                     std::chrono::milliseconds(1000), made);
+  INFO(made.message());
+  REQUIRE(gloo);
+  auto device = hal::createEmulatedGpuDevice(gloo.get());
+  Communicator *comm = device->communicator();
+  REQUIRE(comm);
+  CHECK(comm->stepCaptureRefusal().empty());
+  std::unique_ptr<hal::Stream> stream;
+  REQUIRE(device->createStream("s", stream));
+  REQUIRE(device->beginStepCapture({stream.get()}));
+  std::vector<float> data(4, 1.0f);
+  CommWorkPtr work;
+  stream->enqueue([&] {
+    work = comm->allReduce(CommKey{"s", {0}}, data.data(), data.size(),
+                           CommDType::F32);
+  });
+  REQUIRE(stream->synchronize());
+  std::unique_ptr<hal::StepGraph> graph;
+  REQUIRE(device->endStepCapture(graph));
+  REQUIRE(work);
+  CHECK(work->wait().message() ==
+        "internal error: all-reduce over s[0] was captured with a step, and "
+        "its completion is waited for outside that stream's capture");
+}
