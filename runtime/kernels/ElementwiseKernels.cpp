@@ -64,7 +64,8 @@ PIPER_SIMD void swigluGradRow(const float *__restrict gate,
 
 Status checkGelu(const KernelArgs &a) {
   PIPER_RETURN_IF_ERROR(expectCounts(a, 1, 1, 1));
-  PIPER_RETURN_IF_ERROR(expectDType(a, a.inputs[0], "x", plan::F32));
+  PIPER_RETURN_IF_ERROR(
+      expectDType(a, a.inputs[0], "x", packableDType(a, a.inputs[0])));
   return expectPackableOutput(a, a.outputs[0], "y", a.inputs[0].shape);
 }
 
@@ -85,7 +86,8 @@ Status geluKernel(const KernelArgs &a) {
   const TensorRef &y = a.outputs[0];
   std::vector<float> packed;
   float *out = outputRow(y, 0, y.numel(), packed);
-  geluInto(a.inputs[0].f32(), out, y.numel());
+  std::vector<float> unpacked;
+  geluInto(fp32Data(a.inputs[0], unpacked), out, y.numel());
   storeRow(y, 0, y.numel(), y.numel(), out);
   return Status::ok();
 }
@@ -93,7 +95,7 @@ Status geluKernel(const KernelArgs &a) {
 Status checkGeluGrad(const KernelArgs &a) {
   PIPER_RETURN_IF_ERROR(expectCounts(a, 2, 2, 1));
   const TensorRef &x = a.inputs[0];
-  PIPER_RETURN_IF_ERROR(expectDType(a, x, "x", plan::F32));
+  PIPER_RETURN_IF_ERROR(expectDType(a, x, "x", packableDType(a, x)));
   PIPER_RETURN_IF_ERROR(expectTensor(a, a.inputs[1], "dy",
                                      packableDType(a, a.inputs[1]), x.shape));
   return expectPackableOutput(a, a.outputs[0], "dx", x.shape);
@@ -104,19 +106,20 @@ Status geluGradKernel(const KernelArgs &a) {
   const TensorRef &dx = a.outputs[0];
   std::vector<float> packed;
   float *out = outputRow(dx, 0, dx.numel(), packed);
-  std::vector<float> unpacked;
-  geluGradInto(a.inputs[0].f32(), fp32Data(a.inputs[1], unpacked), out,
-               dx.numel());
+  std::vector<float> unpackedX, unpackedDy;
+  geluGradInto(fp32Data(a.inputs[0], unpackedX),
+               fp32Data(a.inputs[1], unpackedDy), out, dx.numel());
   storeRow(dx, 0, dx.numel(), dx.numel(), out);
   return Status::ok();
 }
 
-// Shared checks of swiglu and its gradient: `gateUp` is [N,2F].
+// Shared checks of swiglu and its gradient: `gateUp` is [N,2F] (packed
+// in mixed precision where the step buffer is).
 static Status checkGateUp(const KernelArgs &a, const TensorRef &gateUp,
                           int64_t &rows, int64_t &width) {
   int64_t cols = 0;
   PIPER_RETURN_IF_ERROR(
-      expectMatrix(a, gateUp, "gate_up", plan::F32, rows, cols));
+      expectMatrix(a, gateUp, "gate_up", packableDType(a, gateUp), rows, cols));
   if (cols % 2 != 0)
     return a.error("gate_up has shape " + shapeString(gateUp.shape) +
                    ", expected an even number of columns [gate | up]");
@@ -133,12 +136,14 @@ Status checkSwiglu(const KernelArgs &a, int64_t &rows, int64_t &width) {
 Status swigluKernel(const KernelArgs &a) {
   int64_t rows = 0, width = 0;
   PIPER_RETURN_IF_ERROR(checkSwiglu(a, rows, width));
-  const TensorRef &gateUp = a.inputs[0], &y = a.outputs[0];
+  const TensorRef &y = a.outputs[0];
+  std::vector<float> unpacked;
+  const float *gateUp = fp32Data(a.inputs[0], unpacked);
 
   parallelFor(rows, rowGrain(3 * width), [&](int64_t begin, int64_t end) {
     std::vector<float> packed;
     for (int64_t n = begin; n < end; ++n) {
-      const float *gate = gateUp.f32() + n * 2 * width;
+      const float *gate = gateUp + n * 2 * width;
       float *row = outputRow(y, n, width, packed);
       swigluRow(gate, gate + width, row, width);
       storeRow(y, n, width, width, row);
@@ -158,14 +163,15 @@ Status checkSwigluGrad(const KernelArgs &a, int64_t &rows, int64_t &width) {
 Status swigluGradKernel(const KernelArgs &a) {
   int64_t rows = 0, width = 0;
   PIPER_RETURN_IF_ERROR(checkSwigluGrad(a, rows, width));
-  const TensorRef &gateUp = a.inputs[0], &dgateUp = a.outputs[0];
-  std::vector<float> unpacked;
-  const float *dy = fp32Data(a.inputs[1], unpacked);
+  const TensorRef &dgateUp = a.outputs[0];
+  std::vector<float> unpackedGateUp, unpackedDy;
+  const float *gateUp = fp32Data(a.inputs[0], unpackedGateUp);
+  const float *dy = fp32Data(a.inputs[1], unpackedDy);
 
   parallelFor(rows, rowGrain(5 * width), [&](int64_t begin, int64_t end) {
     std::vector<float> packed;
     for (int64_t n = begin; n < end; ++n) {
-      const float *gate = gateUp.f32() + n * 2 * width;
+      const float *gate = gateUp + n * 2 * width;
       float *dgate = outputRow(dgateUp, n, 2 * width, packed);
       swigluGradRow(gate, gate + width, dy + n * width, dgate, dgate + width,
                     width);

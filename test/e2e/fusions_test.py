@@ -233,7 +233,8 @@ def packed_checks(packed, unpacked, listing):
     """One rank of a pre-norm transformer on the emulated GPU in bf16:
     the residual stream (the residual norms' sums), every norm's output,
     MLP activation (gelu, swiglu, linear_gelu's y)
-    and the fused classifier's dlogits is read only by GEMMs, and
+    and the fused classifier's dlogits is read only by GEMMs, the input of
+    swiglu and gelu only by them and their gradients, and
     attention's y by GEMMs and attention_grad, as is its qkv (the output of
     the GEMM before it) by attention and attention_grad only, so each is
     written packed by its kernel into its step buffer. So are, inside
@@ -255,6 +256,9 @@ def packed_checks(packed, unpacked, listing):
         "layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm", "gelu",
         "linear_gelu", "swiglu", "attention", "cross_entropy_fused"))
     writers += listing.count(" attention(")  # its qkv
+    # The activations' inputs (Llama's gate|up), which they and their
+    # gradients read packed: written so by the projection's GEMM.
+    writers += listing.count(" swiglu(") + listing.count(" gelu(")
     # The residual stream: the residual norms' sums, saved for the norms'
     # backward, which reads them packed, as the next residual norm does.
     writers += (listing.count(" add_layer_norm(") +
@@ -279,8 +283,8 @@ def packed_checks(packed, unpacked, listing):
     values += 2 * norm_grads + listing.count(" position_add(")
     return [
         ("packed storage: %d results written packed (%d: the residual "
-         "stream, norms, MLP activations, attention inputs and outputs, "
-         "dlogits), %d other "
+         "stream, norms, MLP activations and their inputs, attention inputs "
+         "and outputs, dlogits), %d other "
          "values (%d: swiglu_grad's, linear_grad_input_gelu's and "
          "attention_grad's gradients, logits, the dy of attention_grad, "
          "swiglu_grad and gelu_grad, the residual norms' r, the norm "

@@ -15,32 +15,31 @@ using detail::KernelArgs;
 
 Status gelu(const KernelArgs &a, const Context &ctx) {
   PIPER_RETURN_IF_ERROR(detail::checkGelu(a));
-  return launchGelu(ctx, a.inputs[0].f32(), f32Out(a.outputs[0]),
+  return launchGelu(ctx, rowIn(a.inputs[0]), f32Out(a.outputs[0]),
                     a.inputs[0].numel(), a.ctx.lowPrecision,
                     bf16Out(a.outputs[0]));
 }
 
 Status geluGrad(const KernelArgs &a, const Context &ctx) {
   PIPER_RETURN_IF_ERROR(detail::checkGeluGrad(a));
-  return launchGeluGrad(ctx, a.inputs[0].f32(), f32In(a.inputs[1]),
+  return launchGeluGrad(ctx, rowIn(a.inputs[0]), rowIn(a.inputs[1]),
                         f32Out(a.outputs[0]), a.inputs[0].numel(),
-                        a.ctx.lowPrecision, bf16Out(a.outputs[0]),
-                        bf16In(a.inputs[1]));
+                        a.ctx.lowPrecision, bf16Out(a.outputs[0]));
 }
 
 Status swiglu(const KernelArgs &a, const Context &ctx) {
   int64_t rows = 0, width = 0;
   PIPER_RETURN_IF_ERROR(detail::checkSwiglu(a, rows, width));
-  return launchSwiglu(ctx, a.inputs[0].f32(), f32Out(a.outputs[0]), rows, width,
-                      a.ctx.lowPrecision, bf16Out(a.outputs[0]));
+  return launchSwiglu(ctx, rowIn(a.inputs[0]), f32Out(a.outputs[0]), rows,
+                      width, a.ctx.lowPrecision, bf16Out(a.outputs[0]));
 }
 
 Status swigluGrad(const KernelArgs &a, const Context &ctx) {
   int64_t rows = 0, width = 0;
   PIPER_RETURN_IF_ERROR(detail::checkSwigluGrad(a, rows, width));
-  return launchSwigluGrad(ctx, a.inputs[0].f32(), f32In(a.inputs[1]),
+  return launchSwigluGrad(ctx, rowIn(a.inputs[0]), rowIn(a.inputs[1]),
                           f32Out(a.outputs[0]), rows, width, a.ctx.lowPrecision,
-                          bf16Out(a.outputs[0]), bf16In(a.inputs[1]));
+                          bf16Out(a.outputs[0]));
 }
 
 Status add(const KernelArgs &a, const Context &ctx) {
@@ -138,11 +137,15 @@ void addElementwiseKernels(std::vector<KernelEntry> &out) {
                  // precision (Device::roundsOutputs), the
                  // activations of an MLP and their gradients
                  // also stored packed where only GEMMs read
-                 // them (packedOutputs).
-                 {"gelu", gelu, nullptr, true, 0, 0b1},
-                 {"gelu_grad", geluGrad, nullptr, true, 0b10, 0b1},
-                 {"swiglu", swiglu, nullptr, true, 0, 0b1},
-                 {"swiglu_grad", swigluGrad, nullptr, true, 0b10, 0b1},
+                 // them (packedOutputs); they read their
+                 // inputs packed (packedInputs): the
+                 // projection's output that the activation
+                 // and its gradient read (Llama's gate|up)
+                 // is then stored packed by its GEMM.
+                 {"gelu", gelu, nullptr, true, 0b1, 0b1},
+                 {"gelu_grad", geluGrad, nullptr, true, 0b11, 0b1},
+                 {"swiglu", swiglu, nullptr, true, 0b1, 0b1},
+                 {"swiglu_grad", swigluGrad, nullptr, true, 0b11, 0b1},
                  {"add", add, nullptr, true},
                  {"accumulate", accumulate},
                  {"zero", zero},

@@ -17,23 +17,19 @@ namespace piper::runtime::hal::PIPER_GPU_NS {
 // roundsOutputs). The gelu and swiglu launchers store their result packed
 // bf16 instead (rounded to nearest even) where the packed pointer (`y16`,
 // `dx16`, `dgateUp16`) is not null: the fp32 one is then unused
-// (storeRounded; Device::writesPackedOutput). The gradients read dy packed
-// where `dy16` is not null (Device::readsPackedInput).
-Status launchGelu(const Context &ctx, const float *x, float *y, int64_t n,
+// (storeRounded; Device::writesPackedOutput). Their inputs are RowIns:
+// fp32, or packed where the step buffer is (Device::readsPackedInput).
+Status launchGelu(const Context &ctx, RowIn x, float *y, int64_t n,
                   bool round = false, uint16_t *y16 = nullptr);
 /// dx may alias dy.
-Status launchGeluGrad(const Context &ctx, const float *x, const float *dy,
-                      float *dx, int64_t n, bool round = false,
-                      uint16_t *dx16 = nullptr, const uint16_t *dy16 = nullptr);
+Status launchGeluGrad(const Context &ctx, RowIn x, RowIn dy, float *dx,
+                      int64_t n, bool round = false, uint16_t *dx16 = nullptr);
 /// gateUp is [rows, 2 width] ([gate | up]); y is [rows, width].
-Status launchSwiglu(const Context &ctx, const float *gateUp, float *y,
-                    int64_t rows, int64_t width, bool round = false,
-                    uint16_t *y16 = nullptr);
-Status launchSwigluGrad(const Context &ctx, const float *gateUp,
-                        const float *dy, float *dgateUp, int64_t rows,
-                        int64_t width, bool round = false,
-                        uint16_t *dgateUp16 = nullptr,
-                        const uint16_t *dy16 = nullptr);
+Status launchSwiglu(const Context &ctx, RowIn gateUp, float *y, int64_t rows,
+                    int64_t width, bool round = false, uint16_t *y16 = nullptr);
+Status launchSwigluGrad(const Context &ctx, RowIn gateUp, RowIn dy,
+                        float *dgateUp, int64_t rows, int64_t width,
+                        bool round = false, uint16_t *dgateUp16 = nullptr);
 /// y = a + b (y may alias a or b).
 Status launchAdd(const Context &ctx, const float *a, const float *b, float *y,
                  int64_t n, bool round = false);

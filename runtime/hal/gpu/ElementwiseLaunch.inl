@@ -4,43 +4,39 @@
 
 namespace piper::runtime::hal::PIPER_GPU_NS {
 
-Status launchGelu(const Context &ctx, const float *x, float *y, int64_t n,
-                  bool round, uint16_t *y16) {
+Status launchGelu(const Context &ctx, RowIn x, float *y, int64_t n, bool round,
+                  uint16_t *y16) {
   return Exec(ctx).forEach("gelu", n, [=] PIPER_LAMBDA(int64_t i) {
     storeRounded(y, y16, i, geluForward(x[i]), round);
   });
 }
 
-Status launchGeluGrad(const Context &ctx, const float *x, const float *dy,
-                      float *dx, int64_t n, bool round, uint16_t *dx16,
-                      const uint16_t *dy16) {
+Status launchGeluGrad(const Context &ctx, RowIn x, RowIn dy, float *dx,
+                      int64_t n, bool round, uint16_t *dx16) {
   return Exec(ctx).forEach("gelu_grad", n, [=] PIPER_LAMBDA(int64_t i) {
-    const float g = dy16 ? fromBf16(dy16[i]) : dy[i];
-    storeRounded(dx, dx16, i, geluBackward(x[i], g), round);
+    storeRounded(dx, dx16, i, geluBackward(x[i], dy[i]), round);
   });
 }
 
-Status launchSwiglu(const Context &ctx, const float *gateUp, float *y,
-                    int64_t rows, int64_t width, bool round, uint16_t *y16) {
+Status launchSwiglu(const Context &ctx, RowIn gateUp, float *y, int64_t rows,
+                    int64_t width, bool round, uint16_t *y16) {
   return Exec(ctx).forEach("swiglu", rows * width, [=] PIPER_LAMBDA(int64_t i) {
     int64_t r = i / width, j = i % width;
-    const float *row = gateUp + r * 2 * width;
+    const RowIn row{gateUp.f32, gateUp.bf16, gateUp.at + r * 2 * width};
     storeRounded(y, y16, i, swigluForward(row[j], row[width + j]), round);
   });
 }
 
-Status launchSwigluGrad(const Context &ctx, const float *gateUp,
-                        const float *dy, float *dgateUp, int64_t rows,
-                        int64_t width, bool round, uint16_t *dgateUp16,
-                        const uint16_t *dy16) {
+Status launchSwigluGrad(const Context &ctx, RowIn gateUp, RowIn dy,
+                        float *dgateUp, int64_t rows, int64_t width, bool round,
+                        uint16_t *dgateUp16) {
   return Exec(ctx).forEach(
       "swiglu_grad", rows * width, [=] PIPER_LAMBDA(int64_t i) {
         int64_t r = i / width, j = i % width;
-        const float *row = gateUp + r * 2 * width;
+        const RowIn row{gateUp.f32, gateUp.bf16, gateUp.at + r * 2 * width};
         const int64_t at = r * 2 * width + j;
         float dGate = 0, dUp = 0;
-        const float g = dy16 ? fromBf16(dy16[i]) : dy[i];
-        swigluBackward(row[j], row[width + j], g, dGate, dUp);
+        swigluBackward(row[j], row[width + j], dy[i], dGate, dUp);
         storeRounded(dgateUp, dgateUp16, at, dGate, round);
         storeRounded(dgateUp, dgateUp16, at + width, dUp, round);
       });

@@ -110,6 +110,18 @@ PIPER_HOST_DEVICE inline float fromBf16(uint16_t b) {
   return bitsFloat(static_cast<uint32_t>(b) << 16);
 }
 
+/// A row (from element `at`) of an operand given fp32 or packed (bf16,
+/// Device::readsPackedInput; one of the two pointers is null): element j
+/// is the same value either way.
+struct RowIn {
+  const float *f32;
+  const uint16_t *bf16;
+  int64_t at = 0;
+  PIPER_HOST_DEVICE float operator[](int64_t j) const {
+    return bf16 ? fromBf16(bf16[at + j]) : f32[at + j];
+  }
+};
+
 /// v, or v rounded to bf16 (the executor's rounding, launchRoundBf16's
 /// bits) where a mixed-precision kernel stores its results rounded
 /// (Device::roundsOutputs).

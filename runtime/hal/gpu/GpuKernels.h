@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/hal/gpu/ElementwiseMath.h"
 #include "runtime/hal/gpu/GpuApi.h"
 #include "runtime/kernels/KernelUtil.h"
 
@@ -65,6 +66,8 @@ inline const uint16_t *bf16In(const TensorRef &t) {
   return t.dtype == plan::BF16 ? static_cast<const uint16_t *>(t.data)
                                : nullptr;
 }
+/// An input the kernel may read packed, as the launchers take it.
+inline RowIn rowIn(const TensorRef &t) { return RowIn{f32In(t), bf16In(t)}; }
 
 /// Every GPU kernel; the i-th entry's KernelInfo has index i.
 const std::vector<KernelEntry> &kernels();

@@ -16,17 +16,6 @@
 
 namespace piper::runtime::hal::PIPER_GPU_NS {
 
-/// A row (from element `at`) of an operand given fp32 or packed (bf16,
-/// Device::readsPackedInput): element j is the same value either way.
-struct RowIn {
-  const float *f32;
-  const uint16_t *bf16;
-  int64_t at = 0;
-  PIPER_HOST_DEVICE float operator[](int64_t j) const {
-    return bf16 ? fromBf16(bf16[at + j]) : f32[at + j];
-  }
-};
-
 /// Mean and 1/sqrt(biased variance + eps) of the row x[0, hidden), two-pass
 /// in double; every lane gets both. All lanes must call it.
 template <class Lanes, class Row>

@@ -75,7 +75,7 @@ Status linearGelu(const KernelArgs &a, const Context &ctx) {
     PIPER_RETURN_IF_ERROR(launchRoundBf16(ctx, h, n));
   if (gelu.done)
     return round ? launchRoundBf16(ctx, y, n) : Status::ok();
-  return launchGelu(ctx, h, y, n, round, y16);
+  return launchGelu(ctx, RowIn{h, nullptr}, y, n, round, y16);
 }
 
 // dx = dy * w^T for w [in,out]; dx = dy * w for w [out,in] (with `gelu`,
@@ -133,7 +133,8 @@ Status linearGradInputGelu(const KernelArgs &a, const Context &ctx) {
     return packOrRound(ctx, dh, dh16, n, round);
   if (round)
     PIPER_RETURN_IF_ERROR(launchRoundBf16(ctx, dh, n));
-  return launchGeluGrad(ctx, h, dh, dh16 ? nullptr : dh, n, round, dh16);
+  return launchGeluGrad(ctx, RowIn{h, nullptr}, RowIn{dh, nullptr},
+                        dh16 ? nullptr : dh, n, round, dh16);
 }
 
 // dw = x^T dy [in,out], or dy^T x [out,in] when transposed, plus beta dw;
