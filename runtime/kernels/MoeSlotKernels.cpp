@@ -25,11 +25,13 @@ Status readRouting(const KernelArgs &a, const TensorRef &indices,
   return Status::ok();
 }
 
-// Checks that `buf` is [E*C, cols] f32 and returns cols.
+// Checks that `buf` is [E*C, cols] f32 (or, in mixed precision, packed
+// bf16: packableDType, expectPackableOutput) and returns cols.
 Status expectSlotBuffer(const KernelArgs &a, const TensorRef &buf,
                         const char *name, const MoeRouting &r, int64_t &cols) {
   int64_t rows = 0;
-  PIPER_RETURN_IF_ERROR(expectMatrix(a, buf, name, plan::F32, rows, cols));
+  PIPER_RETURN_IF_ERROR(
+      expectMatrix(a, buf, name, packableDType(a, buf), rows, cols));
   if (rows != r.slots)
     return a.error(std::string(name) + " has shape " + shapeString(buf.shape) +
                    ", expected [" + std::to_string(r.slots) +
@@ -68,13 +70,14 @@ Status assignSlots(const KernelArgs &a, const TensorRef &indices,
   return Status::ok();
 }
 
-/// Row n of `out` [N,H]: the sum, in double, over n's kept assignments
-/// (n, j) of buf's slot row times weights[n,j] (1 when `weights` is null):
-/// combine, and dispatch's gradient.
+/// Row n of `out` [N,H] (f32, or packed bf16: storeRow): the sum, in
+/// double, over n's kept assignments (n, j) of buf's slot row times
+/// weights[n,j] (1 when `weights` is null): combine, and dispatch's gradient.
 void sumSlotRows(const MoeRouting &r, const std::vector<int64_t> &slot,
-                 const float *buf, const float *weights, float *out) {
+                 const float *buf, const float *weights, const TensorRef &out) {
   const int64_t hidden = r.hidden;
   std::vector<double> sum(hidden);
+  std::vector<float> packed;
   for (int64_t n = 0; n < r.rows; ++n) {
     std::fill(sum.begin(), sum.end(), 0.0);
     for (int64_t j = 0; j < r.topK; ++j)
@@ -84,9 +87,10 @@ void sumSlotRows(const MoeRouting &r, const std::vector<int64_t> &slot,
         for (int64_t h = 0; h < hidden; ++h)
           sum[h] += w * row[h];
       }
-    float *outRow = out + n * hidden;
+    float *outRow = outputRow(out, n, hidden, packed);
     for (int64_t h = 0; h < hidden; ++h)
       outRow[h] = static_cast<float>(sum[h]);
+    storeRow(out, n, hidden, hidden, outRow);
   }
 }
 
@@ -97,7 +101,7 @@ Status checkMoeDispatch(const KernelArgs &a, MoeRouting &r) {
   const TensorRef &x = a.inputs[0], &indices = a.inputs[1], &buf = a.outputs[0];
   PIPER_RETURN_IF_ERROR(readRouting(a, indices, r));
   PIPER_RETURN_IF_ERROR(expectSlotBuffer(a, buf, "buf", r, r.hidden));
-  return expectTensor(a, x, "x", plan::F32, {r.rows, r.hidden});
+  return expectTensor(a, x, "x", packableDType(a, x), {r.rows, r.hidden});
 }
 
 Status moeDispatchKernel(const KernelArgs &a) {
@@ -108,11 +112,16 @@ Status moeDispatchKernel(const KernelArgs &a) {
   std::vector<int64_t> slot;
   PIPER_RETURN_IF_ERROR(assignSlots(a, indices, r, slot));
 
-  std::fill_n(buf.f32(), buf.numel(), 0.0f);
+  // buf's floats, or scratch packed into it at the end (outputRow).
+  std::vector<float> unpacked, packed;
+  const float *xs = fp32Data(x, unpacked);
+  float *out = outputRow(buf, 0, buf.numel(), packed);
+  std::fill_n(out, buf.numel(), 0.0f);
   for (int64_t n = 0; n < r.rows; ++n)
     for (int64_t j = 0; j < r.topK; ++j)
       if (int64_t s = slot[n * r.topK + j]; s >= 0)
-        std::copy_n(x.f32() + n * hidden, hidden, buf.f32() + s * hidden);
+        std::copy_n(xs + n * hidden, hidden, out + s * hidden);
+  storeRow(buf, 0, buf.numel(), buf.numel(), out);
   return Status::ok();
 }
 
@@ -133,7 +142,8 @@ Status moeDispatchGradKernel(const KernelArgs &a) {
   std::vector<int64_t> slot;
   PIPER_RETURN_IF_ERROR(assignSlots(a, indices, r, slot));
 
-  sumSlotRows(r, slot, dbuf.f32(), nullptr, dx.f32());
+  std::vector<float> unpacked;
+  sumSlotRows(r, slot, fp32Data(dbuf, unpacked), nullptr, dx);
   return Status::ok();
 }
 
@@ -154,7 +164,7 @@ Status checkCombineOperands(const KernelArgs &a, MoeRouting &r) {
 Status checkMoeCombine(const KernelArgs &a, MoeRouting &r) {
   PIPER_RETURN_IF_ERROR(expectCounts(a, 3, 3, 1));
   PIPER_RETURN_IF_ERROR(checkCombineOperands(a, r));
-  return expectTensor(a, a.outputs[0], "y", plan::F32, {r.rows, r.hidden});
+  return expectPackableOutput(a, a.outputs[0], "y", {r.rows, r.hidden});
 }
 
 Status moeCombineKernel(const KernelArgs &a) {
@@ -165,7 +175,8 @@ Status moeCombineKernel(const KernelArgs &a) {
   std::vector<int64_t> slot;
   PIPER_RETURN_IF_ERROR(assignSlots(a, indices, r, slot));
 
-  sumSlotRows(r, slot, ebuf.f32(), weights.f32(), y.f32());
+  std::vector<float> unpacked;
+  sumSlotRows(r, slot, fp32Data(ebuf, unpacked), weights.f32(), y);
   return Status::ok();
 }
 
@@ -175,9 +186,8 @@ Status checkMoeCombineGrad(const KernelArgs &a, MoeRouting &r) {
                   &debuf = a.outputs[0], &dweights = a.outputs[1];
   PIPER_RETURN_IF_ERROR(checkCombineOperands(a, r));
   PIPER_RETURN_IF_ERROR(
-      expectTensor(a, dy, "dy", plan::F32, {r.rows, r.hidden}));
-  PIPER_RETURN_IF_ERROR(
-      expectTensor(a, debuf, "debuf", plan::F32, ebuf.shape));
+      expectTensor(a, dy, "dy", packableDType(a, dy), {r.rows, r.hidden}));
+  PIPER_RETURN_IF_ERROR(expectPackableOutput(a, debuf, "debuf", ebuf.shape));
   return expectTensor(a, dweights, "dweights", plan::F32, {r.rows, r.topK});
 }
 
@@ -191,10 +201,15 @@ Status moeCombineGradKernel(const KernelArgs &a) {
   std::vector<int64_t> slot;
   PIPER_RETURN_IF_ERROR(assignSlots(a, indices, r, slot));
 
+  std::vector<float> unpackedE, unpackedDy, packed;
+  const float *ebufs = fp32Data(ebuf, unpackedE),
+              *dys = fp32Data(dy, unpackedDy);
+  // debuf's floats, or scratch packed into it at the end (outputRow).
+  float *dbuf = outputRow(debuf, 0, debuf.numel(), packed);
   // Every slot holds at most one assignment, so debuf needs no accumulation.
-  std::fill_n(debuf.f32(), debuf.numel(), 0.0f);
+  std::fill_n(dbuf, debuf.numel(), 0.0f);
   for (int64_t n = 0; n < r.rows; ++n) {
-    const float *dyr = dy.f32() + n * hidden;
+    const float *dyr = dys + n * hidden;
     for (int64_t j = 0; j < r.topK; ++j) {
       int64_t s = slot[n * r.topK + j];
       float &dw = dweights.f32()[n * r.topK + j];
@@ -203,8 +218,8 @@ Status moeCombineGradKernel(const KernelArgs &a) {
         continue;
       }
       double w = weights.f32()[n * r.topK + j], dot = 0;
-      const float *row = ebuf.f32() + s * hidden;
-      float *out = debuf.f32() + s * hidden;
+      const float *row = ebufs + s * hidden;
+      float *out = dbuf + s * hidden;
       for (int64_t h = 0; h < hidden; ++h) {
         dot += double(row[h]) * dyr[h];
         out[h] = static_cast<float>(w * dyr[h]);
@@ -212,6 +227,7 @@ Status moeCombineGradKernel(const KernelArgs &a) {
       dw = static_cast<float>(dot);
     }
   }
+  storeRow(debuf, 0, debuf.numel(), debuf.numel(), dbuf);
   return Status::ok();
 }
 

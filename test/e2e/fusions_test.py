@@ -55,6 +55,7 @@ The fusions:
   Likewise the kernels writing such values packed (the norms' outputs,
   the MLP activations of gelu, swiglu and linear_gelu, swiglu_grad's
   gradient, attention's y, which attention_grad also reads as stored, the
+  MoE kernels' slot buffers and outputs, the
   fused classifier's dlogits) store the rounded values the executor would
   have packed; one Llama case runs the fused attention's path
   (--attention cudnn, the emulation's model of cuDNN's). On the one-rank cases piper-run must say it
@@ -133,6 +134,9 @@ CASES = [
      "cuda-emulation"),
     ("qwen3-moe-tiny bf16", ["qwen3-moe-tiny"], ["--dtype", "bf16"], 1,
      "cpu"),
+    # The MoE kernels reading and writing packed bf16 (packed_checks).
+    ("qwen3-moe-tiny bf16, cuda-emulation", ["qwen3-moe-tiny"],
+     ["--dtype", "bf16"], 1, "cuda-emulation"),
 ]
 
 
@@ -247,7 +251,8 @@ def packed_checks(packed, unpacked, listing):
     gradient each norm's backward takes (`dy` of its grad_input and
     grad_weight, out of the GEMMs after it) and the gradient along the
     residual stream each writes (read by the GEMMs, the next norm's
-    backward and the embeddings'), GPT's token embeddings (which
+    backward and the embeddings'), an MoE block's slot buffers, expert
+    outputs and their gradients, GPT's token embeddings (which
     position_add reads packed), the classifier's logits (the head's GEMM writes them packed, the fused
     classifier reads them so) and the dy that linear_grad_input hands
     attention_grad, swiglu_grad and gelu_grad.
@@ -259,6 +264,11 @@ def packed_checks(packed, unpacked, listing):
     # The activations' inputs (Llama's gate|up), which they and their
     # gradients read packed: written so by the projection's GEMM.
     writers += listing.count(" swiglu(") + listing.count(" gelu(")
+    # An MoE block's capacity slots (moe_dispatch's buf, which the expert
+    # GEMMs read, saved for the weight gradient) and its experts' outputs
+    # (the last expert_linear's, which moe_combine and, saved,
+    # moe_combine_grad read); the first expert_linear's is swiglu's input.
+    writers += listing.count(" moe_dispatch(") + listing.count(" moe_combine(")
     # The residual stream: the residual norms' sums, saved for the norms'
     # backward, which reads them packed, as the next residual norm does.
     writers += (listing.count(" add_layer_norm(") +
@@ -281,14 +291,21 @@ def packed_checks(packed, unpacked, listing):
     # Each norm gradient's dy, and the gradient along the residual stream
     # that each writes (the last read by the embeddings' backward).
     values += 2 * norm_grads + listing.count(" position_add(")
+    # The gradients of an MoE block's slot buffers: moe_combine_grad's
+    # (read by the expert GEMMs) and the first expert GEMM's input gradient
+    # (read by moe_dispatch_grad); moe_combine's output is a residual
+    # norm's r, counted above. But the dy of the norm before the block is
+    # an `add` (of the router's and moe_dispatch_grad's input gradients),
+    # which stores fp32: one norm gradient's dy fewer per block.
+    values += listing.count(" moe_combine_grad(")
     return [
         ("packed storage: %d results written packed (%d: the residual "
          "stream, norms, MLP activations and their inputs, attention inputs "
-         "and outputs, dlogits), %d other "
+         "and outputs, MoE slots and expert outputs, dlogits), %d other "
          "values (%d: swiglu_grad's, linear_grad_input_gelu's and "
          "attention_grad's gradients, logits, the dy of attention_grad, "
          "swiglu_grad and gelu_grad, the residual norms' r, the norm "
-         "gradients' dy and dx): %s" %
+         "gradients' dy and dx, the MoE slots' gradients): %s" %
          (packed[0] if packed else -1, writers,
           packed[1] if packed else -1, values, packed),
          packed is not None and packed[0] == writers and packed[1] == values),

@@ -137,6 +137,13 @@ struct GemmOperand {
   GemmOperand(std::nullptr_t) {}              // NOLINT: implicit on purpose
   GemmOperand(const float *p) : f32(p) {}     // NOLINT: implicit on purpose
   GemmOperand(const uint16_t *p) : bf16(p) {} // NOLINT: implicit on purpose
+  /// The operand from element `e` on (a block of a batch of GEMMs).
+  GemmOperand at(int64_t e) const {
+    GemmOperand o;
+    o.f32 = f32 ? f32 + e : nullptr;
+    o.bf16 = bf16 ? bf16 + e : nullptr;
+    return o;
+  }
   const float *f32 = nullptr;
   const uint16_t *bf16 = nullptr;
 };

@@ -66,6 +66,14 @@ inline const uint16_t *bf16In(const TensorRef &t) {
   return t.dtype == plan::BF16 ? static_cast<const uint16_t *>(t.data)
                                : nullptr;
 }
+/// A GEMM's operand: packed bf16 where the executor passed a step buffer as
+/// the plan stores it (Device::readsPackedInput, KernelEntry::packedInputs),
+/// else fp32.
+inline GemmOperand gemmOperand(const TensorRef &t) {
+  if (t.dtype == plan::BF16)
+    return static_cast<const uint16_t *>(t.data);
+  return t.f32();
+}
 /// An input the kernel may read packed, as the launchers take it.
 inline RowIn rowIn(const TensorRef &t) { return RowIn{f32In(t), bf16In(t)}; }
 

@@ -18,15 +18,6 @@ namespace {
 using detail::KernelArgs;
 using detail::LinearDims;
 
-// A GEMM's operand: packed bf16 where the executor passed a step buffer as
-// the plan stores it (Device::readsPackedInput, KernelEntry::packedInputs),
-// else fp32.
-GemmOperand gemmOperand(const TensorRef &t) {
-  if (t.dtype == plan::BF16)
-    return static_cast<const uint16_t *>(t.data);
-  return t.f32();
-}
-
 // y = x w (+ b) into output 0, the bias added in the GEMM's epilogue (no
 // pass of its own); with `gelu`, asking for GELU there too. A packed y
 // (linear's, KernelEntry::packedOutputs) is stored by the GEMM as bf16.

@@ -5,6 +5,7 @@
 // (MoeLaunch.h); nothing reads tensor data on the host, so nothing waits for
 // the device. Scratch (the slot of every assignment, per-expert counters)
 // comes from the stream's workspace.
+#include "runtime/hal/gpu/ElementwiseLaunch.h"
 #include "runtime/hal/gpu/GpuKernels.h"
 #include "runtime/hal/gpu/MoeLaunch.h"
 #include "runtime/kernels/MoeChecks.h"
@@ -45,7 +46,8 @@ private:
 };
 
 Status zero(const Context &ctx, const TensorRef &t) {
-  size_t bytes = static_cast<size_t>(t.numel()) * 4;
+  size_t bytes =
+      static_cast<size_t>(t.numel()) * (t.dtype == plan::BF16 ? 2 : 4);
   return bytes ? zeroAsync(ctx, t.data, bytes) : Status::ok();
 }
 
@@ -114,8 +116,9 @@ Status moeDispatch(const KernelArgs &a, const Context &ctx) {
     return Status::ok();
   const int64_t *slot = nullptr;
   PIPER_RETURN_IF_ERROR(assignSlots(ctx, a.inputs[1], r, slot));
-  return launchMoeDispatch(ctx, a.inputs[0].f32(), slot, a.outputs[0].f32(),
-                           r.rows, r.topK, r.hidden);
+  return launchMoeDispatch(ctx, rowIn(a.inputs[0]), slot, f32Out(a.outputs[0]),
+                           bf16Out(a.outputs[0]), r.rows, r.topK, r.hidden,
+                           a.ctx.lowPrecision);
 }
 
 Status moeDispatchGrad(const KernelArgs &a, const Context &ctx) {
@@ -125,7 +128,7 @@ Status moeDispatchGrad(const KernelArgs &a, const Context &ctx) {
     return zero(ctx, a.outputs[0]);
   const int64_t *slot = nullptr;
   PIPER_RETURN_IF_ERROR(assignSlots(ctx, a.inputs[0], r, slot));
-  return launchMoeDispatchGrad(ctx, a.inputs[1].f32(), slot,
+  return launchMoeDispatchGrad(ctx, rowIn(a.inputs[1]), slot,
                                a.outputs[0].f32(), r.rows, r.topK, r.hidden);
 }
 
@@ -136,8 +139,9 @@ Status moeCombine(const KernelArgs &a, const Context &ctx) {
     return zero(ctx, a.outputs[0]);
   const int64_t *slot = nullptr;
   PIPER_RETURN_IF_ERROR(assignSlots(ctx, a.inputs[1], r, slot));
-  return launchMoeCombine(ctx, a.inputs[0].f32(), slot, a.inputs[2].f32(),
-                          a.outputs[0].f32(), r.rows, r.topK, r.hidden);
+  return launchMoeCombine(ctx, rowIn(a.inputs[0]), slot, a.inputs[2].f32(),
+                          f32Out(a.outputs[0]), bf16Out(a.outputs[0]), r.rows,
+                          r.topK, r.hidden, a.ctx.lowPrecision);
 }
 
 Status moeCombineGrad(const KernelArgs &a, const Context &ctx) {
@@ -149,9 +153,10 @@ Status moeCombineGrad(const KernelArgs &a, const Context &ctx) {
     return zero(ctx, a.outputs[1]);
   const int64_t *slot = nullptr;
   PIPER_RETURN_IF_ERROR(assignSlots(ctx, a.inputs[1], r, slot));
-  return launchMoeCombineGrad(ctx, a.inputs[0].f32(), slot, a.inputs[2].f32(),
-                              a.inputs[3].f32(), a.outputs[0].f32(),
-                              a.outputs[1].f32(), r.rows, r.topK, r.hidden);
+  return launchMoeCombineGrad(ctx, rowIn(a.inputs[0]), slot, a.inputs[2].f32(),
+                              rowIn(a.inputs[3]), f32Out(a.outputs[0]),
+                              bf16Out(a.outputs[0]), a.outputs[1].f32(), r.rows,
+                              r.topK, r.hidden, a.ctx.lowPrecision);
 }
 
 // ---------------------------------------------------------------------------
@@ -160,53 +165,61 @@ Status moeCombineGrad(const KernelArgs &a, const Context &ctx) {
 // product is E GEMMs of static sizes queued from a host loop, with nothing
 // read back: no host synchronization. (A data-dependent row count per
 // expert would need the counts on the host; the padded rows cost C - used
-// rows of each GEMM instead.)
+// rows of each GEMM instead.) The GEMMs read their operands packed where
+// they are stored so (KernelEntry::packedInputs: the slot buffers, the
+// weights' bf16 copies, the gradients), and in mixed precision the
+// activations and their gradients are stored rounded (roundsOutputs): by
+// the GEMMs as bf16 where packed (packedOutputs), else by a pass.
+
+/// Output 0 of `a` = the E GEMMs C_e = op(A_e) op(B_e) (m x n x k, the
+/// e-th of E equal blocks of inputs 0 and 1 and output 0, rows of lda, ldb
+/// and ldc elements), rounded in mixed precision when `rounds`.
+Status expertGemms(const KernelArgs &a, const Context &ctx, int64_t experts,
+                   bool transA, bool transB, int64_t m, int64_t n, int64_t k,
+                   int64_t lda, int64_t ldb, int64_t ldc, bool rounds) {
+  const TensorRef &out = a.outputs[0];
+  if (out.numel() == 0)
+    return Status::ok();
+  const GemmOperand lhs = gemmOperand(a.inputs[0]),
+                    rhs = gemmOperand(a.inputs[1]);
+  const int64_t lhsBlock = a.inputs[0].numel() / experts,
+                rhsBlock = a.inputs[1].numel() / experts,
+                outBlock = out.numel() / experts;
+  float *c = f32Out(out);
+  uint16_t *c16 = bf16Out(out);
+  for (int64_t e = 0; e < experts; ++e)
+    PIPER_RETURN_IF_ERROR(gemm(
+        ctx, transA, transB, m, n, k, 1.0f, lhs.at(e * lhsBlock), lda,
+        rhs.at(e * rhsBlock), ldb, 0.0f, c ? c + e * outBlock : nullptr, ldc,
+        nullptr, nullptr, nullptr, c16 ? c16 + e * outBlock : nullptr));
+  if (!rounds || !a.ctx.lowPrecision || c16)
+    return Status::ok();
+  return launchRoundBf16(ctx, c, out.numel());
+}
 
 Status expertLinear(const KernelArgs &a, const Context &ctx) {
   ExpertLinearShape s;
   PIPER_RETURN_IF_ERROR(detail::checkExpertLinear(a, s));
-  if (a.outputs[0].numel() == 0)
-    return Status::ok();
-  const float *buf = a.inputs[0].f32(), *w = a.inputs[1].f32();
-  float *y = a.outputs[0].f32();
-  for (int64_t e = 0; e < s.experts; ++e)
-    PIPER_RETURN_IF_ERROR(gemm(ctx, false, false, s.capacity, s.out, s.in, 1.0f,
-                               buf + e * s.capacity * s.in, s.in,
-                               w + e * s.in * s.out, s.out, 0.0f,
-                               y + e * s.capacity * s.out, s.out));
-  return Status::ok();
+  // y_e = buf_e w_e.
+  return expertGemms(a, ctx, s.experts, false, false, s.capacity, s.out, s.in,
+                     s.in, s.out, s.out, true);
 }
 
 Status expertLinearGradInput(const KernelArgs &a, const Context &ctx) {
   ExpertLinearShape s;
   PIPER_RETURN_IF_ERROR(detail::checkExpertLinearGradInput(a, s));
-  if (a.outputs[0].numel() == 0)
-    return Status::ok();
-  const float *dy = a.inputs[0].f32(), *w = a.inputs[1].f32();
-  float *dbuf = a.outputs[0].f32();
   // dbuf_e = dy_e w_e^T.
-  for (int64_t e = 0; e < s.experts; ++e)
-    PIPER_RETURN_IF_ERROR(gemm(ctx, false, true, s.capacity, s.in, s.out, 1.0f,
-                               dy + e * s.capacity * s.out, s.out,
-                               w + e * s.in * s.out, s.out, 0.0f,
-                               dbuf + e * s.capacity * s.in, s.in));
-  return Status::ok();
+  return expertGemms(a, ctx, s.experts, false, true, s.capacity, s.in, s.out,
+                     s.out, s.out, s.in, true);
 }
 
 Status expertLinearGradWeight(const KernelArgs &a, const Context &ctx) {
   ExpertLinearShape s;
   PIPER_RETURN_IF_ERROR(detail::checkExpertLinearGradWeight(a, s));
-  if (a.outputs[0].numel() == 0)
-    return Status::ok();
-  const float *buf = a.inputs[0].f32(), *dy = a.inputs[1].f32();
-  float *dw = a.outputs[0].f32();
-  // dw_e = buf_e^T dy_e; zero when C = 0 (gemm zeroes it).
-  for (int64_t e = 0; e < s.experts; ++e)
-    PIPER_RETURN_IF_ERROR(gemm(ctx, true, false, s.in, s.out, s.capacity, 1.0f,
-                               buf + e * s.capacity * s.in, s.in,
-                               dy + e * s.capacity * s.out, s.out, 0.0f,
-                               dw + e * s.in * s.out, s.out));
-  return Status::ok();
+  // dw_e = buf_e^T dy_e; zero when C = 0 (gemm zeroes it). A parameter
+  // gradient: the executor rounds it as it does linear_grad_weight's.
+  return expertGemms(a, ctx, s.experts, true, false, s.in, s.out, s.capacity,
+                     s.in, s.out, s.out, false);
 }
 
 // ---------------------------------------------------------------------------
@@ -348,25 +361,31 @@ Status moeEpScatter(const KernelArgs &a, const Context &ctx) {
 } // namespace
 
 void addMoeKernels(std::vector<KernelEntry> &out) {
-  out.insert(out.end(), {
-                            {"moe_router", moeRouter},
-                            {"moe_router_grad", moeRouterGrad},
-                            {"moe_dispatch", moeDispatch},
-                            {"moe_dispatch_grad", moeDispatchGrad},
-                            {"moe_combine", moeCombine},
-                            {"moe_combine_grad", moeCombineGrad},
-                            {"expert_linear", expertLinear},
-                            {"expert_linear_grad_input", expertLinearGradInput},
-                            {"expert_linear_grad_weight",
-                             expertLinearGradWeight},
-                            {"moe_aux_loss", moeAuxLoss},
-                            {"moe_aux_loss_grad", moeAuxLossGrad},
-                            {"moe_ep_counts", moeEpCounts},
-                            {"moe_ep_pack", moeEpPack},
-                            {"moe_ep_unpack", moeEpUnpack},
-                            {"moe_ep_gather", moeEpGather},
-                            {"moe_ep_scatter", moeEpScatter},
-                        });
+  out.insert(
+      out.end(),
+      {
+          {"moe_router", moeRouter},
+          {"moe_router_grad", moeRouterGrad},
+          // The slot buffers, the expert GEMMs' operands and the combined
+          // output read packed and (rounding every output in mixed
+          // precision) stored packed where the executor keeps them so.
+          {"moe_dispatch", moeDispatch, nullptr, true, 0b1, 0b1},
+          {"moe_dispatch_grad", moeDispatchGrad, nullptr, false, 0b10},
+          {"moe_combine", moeCombine, nullptr, true, 0b1, 0b1},
+          {"moe_combine_grad", moeCombineGrad, nullptr, true, 0b1001, 0b1},
+          {"expert_linear", expertLinear, nullptr, true, 0b11, 0b1},
+          {"expert_linear_grad_input", expertLinearGradInput, nullptr, true,
+           0b11, 0b1},
+          {"expert_linear_grad_weight", expertLinearGradWeight, nullptr, false,
+           0b11},
+          {"moe_aux_loss", moeAuxLoss},
+          {"moe_aux_loss_grad", moeAuxLossGrad},
+          {"moe_ep_counts", moeEpCounts},
+          {"moe_ep_pack", moeEpPack},
+          {"moe_ep_unpack", moeEpUnpack},
+          {"moe_ep_gather", moeEpGather},
+          {"moe_ep_scatter", moeEpScatter},
+      });
 }
 
 } // namespace piper::runtime::hal::PIPER_GPU_NS

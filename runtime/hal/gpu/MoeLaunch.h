@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "runtime/hal/gpu/ElementwiseMath.h"
 #include "runtime/hal/gpu/GpuApi.h"
 #include "runtime/hal/gpu/MoeMath.h"
 #include "runtime/hal/gpu/Simt.h"
@@ -43,24 +44,29 @@ Status launchMoeAssignSlots(const Context &ctx, const int32_t *ids,
 
 // Moving rows between tokens [N,H] and slots [E*C,H] through slot [N*k].
 
+// The row operands (RowIn) are fp32 or packed bf16 (Device::
+// readsPackedInput); with `round` (a mixed-precision call) the outputs are
+// stored rounded to bf16 (Device::roundsOutputs), packed where the packed
+// pointer (`buf16`, `y16`, `debuf16`) is not null (storeRounded).
+
 /// buf[slot[n,j]] = x[n] for every kept (n, j); buf is zeroed by the caller.
-Status launchMoeDispatch(const Context &ctx, const float *x,
-                         const int64_t *slot, float *buf, int64_t rows,
-                         int64_t topK, int64_t hidden);
+Status launchMoeDispatch(const Context &ctx, RowIn x, const int64_t *slot,
+                         float *buf, uint16_t *buf16, int64_t rows,
+                         int64_t topK, int64_t hidden, bool round);
 /// dx[n] = sum over kept j, in order, of dbuf[slot[n,j]] (in double).
-Status launchMoeDispatchGrad(const Context &ctx, const float *dbuf,
+Status launchMoeDispatchGrad(const Context &ctx, RowIn dbuf,
                              const int64_t *slot, float *dx, int64_t rows,
                              int64_t topK, int64_t hidden);
 /// y[n] = sum over kept j, in order, of weights[n,j] ebuf[slot[n,j]].
-Status launchMoeCombine(const Context &ctx, const float *ebuf,
-                        const int64_t *slot, const float *weights, float *y,
-                        int64_t rows, int64_t topK, int64_t hidden);
+Status launchMoeCombine(const Context &ctx, RowIn ebuf, const int64_t *slot,
+                        const float *weights, float *y, uint16_t *y16,
+                        int64_t rows, int64_t topK, int64_t hidden, bool round);
 /// debuf[slot[n,j]] = weights[n,j] dy[n] (debuf zeroed by the caller);
 /// dweights[n,j] = <ebuf[slot[n,j]], dy[n]>, 0 when dropped.
-Status launchMoeCombineGrad(const Context &ctx, const float *ebuf,
-                            const int64_t *slot, const float *weights,
-                            const float *dy, float *debuf, float *dweights,
-                            int64_t rows, int64_t topK, int64_t hidden);
+Status launchMoeCombineGrad(const Context &ctx, RowIn ebuf, const int64_t *slot,
+                            const float *weights, RowIn dy, float *debuf,
+                            uint16_t *debuf16, float *dweights, int64_t rows,
+                            int64_t topK, int64_t hidden, bool round);
 
 // The load-balancing loss; totals from launchMoeChunkOffsets.
 

@@ -202,19 +202,20 @@ Status launchMoeAssignSlots(const Context &ctx, const int32_t *ids,
 // ---------------------------------------------------------------------------
 // Dispatch and combine: a thread per element.
 
-Status launchMoeDispatch(const Context &ctx, const float *x,
-                         const int64_t *slot, float *buf, int64_t rows,
-                         int64_t topK, int64_t hidden) {
+Status launchMoeDispatch(const Context &ctx, RowIn x, const int64_t *slot,
+                         float *buf, uint16_t *buf16, int64_t rows,
+                         int64_t topK, int64_t hidden, bool round) {
   return Exec(ctx).forEach(
       "moe_dispatch", rows * topK * hidden, [=] PIPER_LAMBDA(int64_t i) {
         int64_t a = i / hidden, h = i % hidden;
         int64_t s = slot[a];
         if (s >= 0)
-          buf[s * hidden + h] = x[(a / topK) * hidden + h];
+          storeRounded(buf, buf16, s * hidden + h, x[(a / topK) * hidden + h],
+                       round);
       });
 }
 
-Status launchMoeDispatchGrad(const Context &ctx, const float *dbuf,
+Status launchMoeDispatchGrad(const Context &ctx, RowIn dbuf,
                              const int64_t *slot, float *dx, int64_t rows,
                              int64_t topK, int64_t hidden) {
   return Exec(ctx).forEach(
@@ -230,9 +231,10 @@ Status launchMoeDispatchGrad(const Context &ctx, const float *dbuf,
       });
 }
 
-Status launchMoeCombine(const Context &ctx, const float *ebuf,
-                        const int64_t *slot, const float *weights, float *y,
-                        int64_t rows, int64_t topK, int64_t hidden) {
+Status launchMoeCombine(const Context &ctx, RowIn ebuf, const int64_t *slot,
+                        const float *weights, float *y, uint16_t *y16,
+                        int64_t rows, int64_t topK, int64_t hidden,
+                        bool round) {
   return Exec(ctx).forEach(
       "moe_combine", rows * hidden, [=] PIPER_LAMBDA(int64_t i) {
         int64_t n = i / hidden, h = i % hidden;
@@ -242,14 +244,14 @@ Status launchMoeCombine(const Context &ctx, const float *ebuf,
           if (s >= 0)
             sum += double(weights[n * topK + j]) * ebuf[s * hidden + h];
         }
-        y[i] = static_cast<float>(sum);
+        storeRounded(y, y16, i, static_cast<float>(sum), round);
       });
 }
 
-Status launchMoeCombineGrad(const Context &ctx, const float *ebuf,
-                            const int64_t *slot, const float *weights,
-                            const float *dy, float *debuf, float *dweights,
-                            int64_t rows, int64_t topK, int64_t hidden) {
+Status launchMoeCombineGrad(const Context &ctx, RowIn ebuf, const int64_t *slot,
+                            const float *weights, RowIn dy, float *debuf,
+                            uint16_t *debuf16, float *dweights, int64_t rows,
+                            int64_t topK, int64_t hidden, bool round) {
   using Lanes = Exec::Lanes;
   // Every slot holds at most one assignment: debuf needs no accumulation.
   Status scattered = Exec(ctx).forEach(
@@ -257,8 +259,10 @@ Status launchMoeCombineGrad(const Context &ctx, const float *ebuf,
         int64_t a = i / hidden, h = i % hidden;
         int64_t s = slot[a];
         if (s >= 0)
-          debuf[s * hidden + h] = static_cast<float>(
-              double(weights[a]) * dy[(a / topK) * hidden + h]);
+          storeRounded(debuf, debuf16, s * hidden + h,
+                       static_cast<float>(double(weights[a]) *
+                                          dy[(a / topK) * hidden + h]),
+                       round);
       });
   if (!scattered.isOk())
     return scattered;
@@ -268,13 +272,14 @@ Status launchMoeCombineGrad(const Context &ctx, const float *ebuf,
         int64_t s = slot[a];
         double dot = 0;
         if (s >= 0) {
-          const float *row = ebuf + s * hidden, *dyr = dy + (a / topK) * hidden;
+          const RowIn row{ebuf.f32, ebuf.bf16, ebuf.at + s * hidden},
+              dyr{dy.f32, dy.bf16, dy.at + (a / topK) * hidden};
           for (int64_t h = lanes.lane(); h < hidden; h += Lanes::kCount)
             dot += double(row[h]) * dyr[h];
         }
         dot = lanes.sum(dot);
         if (lanes.lane() == 0)
-          dweights[a] = static_cast<float>(dot);
+          dweights[a] = roundedIf(static_cast<float>(dot), round);
       });
 }
 

@@ -235,7 +235,12 @@ TEST_CASE("kernels that round their own outputs in mixed precision give the "
                                          "rms_norm_grad_input_add",
                                          "linear_gelu",
                                          "linear_grad_input_gelu",
-                                         "embedding"});
+                                         "embedding",
+                                         "moe_dispatch",
+                                         "moe_combine",
+                                         "moe_combine_grad",
+                                         "expert_linear",
+                                         "expert_linear_grad_input"});
 }
 
 // Kernels that take packed bf16 inputs (Device::readsPackedInput: the
@@ -331,7 +336,23 @@ TEST_CASE("packed bf16 operands give the bits of their fp32 values") {
                                           "swiglu_grad:1",
                                           "gelu_grad:out0",
                                           "swiglu:out0",
-                                          "swiglu_grad:out0"};
+                                          "swiglu_grad:out0",
+                                          "moe_dispatch:0",
+                                          "moe_dispatch:out0",
+                                          "moe_dispatch_grad:1",
+                                          "moe_combine:0",
+                                          "moe_combine:out0",
+                                          "moe_combine_grad:0",
+                                          "moe_combine_grad:3",
+                                          "moe_combine_grad:out0",
+                                          "expert_linear:0",
+                                          "expert_linear:1",
+                                          "expert_linear:out0",
+                                          "expert_linear_grad_input:0",
+                                          "expert_linear_grad_input:1",
+                                          "expert_linear_grad_input:out0",
+                                          "expert_linear_grad_weight:0",
+                                          "expert_linear_grad_weight:1"};
   CHECK(onGpu == declared);
   CHECK(onCpu == declared);
   CHECK(onFused == declared);
