@@ -184,18 +184,24 @@ Status swigluGradKernel(const KernelArgs &a) {
 Status checkAdd(const KernelArgs &a) {
   PIPER_RETURN_IF_ERROR(expectCounts(a, 2, 2, 1));
   const TensorRef &l = a.inputs[0];
-  PIPER_RETURN_IF_ERROR(expectDType(a, l, "a", plan::F32));
-  PIPER_RETURN_IF_ERROR(expectTensor(a, a.inputs[1], "b", plan::F32, l.shape));
-  return expectTensor(a, a.outputs[0], "y", plan::F32, l.shape);
+  PIPER_RETURN_IF_ERROR(expectDType(a, l, "a", packableDType(a, l)));
+  PIPER_RETURN_IF_ERROR(expectTensor(a, a.inputs[1], "b",
+                                     packableDType(a, a.inputs[1]), l.shape));
+  return expectPackableOutput(a, a.outputs[0], "y", l.shape);
 }
 
 Status addKernel(const KernelArgs &a) {
   PIPER_RETURN_IF_ERROR(checkAdd(a));
-  const TensorRef &l = a.inputs[0], &r = a.inputs[1], &y = a.outputs[0];
+  const TensorRef &y = a.outputs[0];
+  std::vector<float> unpackedL, unpackedR, packed;
+  const float *l = fp32Data(a.inputs[0], unpackedL),
+              *r = fp32Data(a.inputs[1], unpackedR);
+  float *out = outputRow(y, 0, y.numel(), packed);
 
-  parallelFor(l.numel(), kElementGrain, [&](int64_t begin, int64_t end) {
-    addVectors(l.f32() + begin, r.f32() + begin, y.f32() + begin, end - begin);
+  parallelFor(y.numel(), kElementGrain, [&](int64_t begin, int64_t end) {
+    addVectors(l + begin, r + begin, out + begin, end - begin);
   });
+  storeRow(y, 0, y.numel(), y.numel(), out);
   return Status::ok();
 }
 

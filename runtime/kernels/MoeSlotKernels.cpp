@@ -131,7 +131,7 @@ Status checkMoeDispatchGrad(const KernelArgs &a, MoeRouting &r) {
                   &dx = a.outputs[0];
   PIPER_RETURN_IF_ERROR(readRouting(a, indices, r));
   PIPER_RETURN_IF_ERROR(expectSlotBuffer(a, dbuf, "dbuf", r, r.hidden));
-  return expectTensor(a, dx, "dx", plan::F32, {r.rows, r.hidden});
+  return expectPackableOutput(a, dx, "dx", {r.rows, r.hidden});
 }
 
 Status moeDispatchGradKernel(const KernelArgs &a) {

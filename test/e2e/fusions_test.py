@@ -291,13 +291,16 @@ def packed_checks(packed, unpacked, listing):
     # Each norm gradient's dy, and the gradient along the residual stream
     # that each writes (the last read by the embeddings' backward).
     values += 2 * norm_grads + listing.count(" position_add(")
-    # The gradients of an MoE block's slot buffers: moe_combine_grad's
+    # An MoE block's backward: its slot buffers' gradients, moe_combine_grad's
     # (read by the expert GEMMs) and the first expert GEMM's input gradient
-    # (read by moe_dispatch_grad); moe_combine's output is a residual
-    # norm's r, counted above. But the dy of the norm before the block is
-    # an `add` (of the router's and moe_dispatch_grad's input gradients),
-    # which stores fp32: one norm gradient's dy fewer per block.
-    values += listing.count(" moe_combine_grad(")
+    # (read by moe_dispatch_grad); moe_dispatch_grad's dx, which an `add`
+    # sums with the router's input gradient (the norm's dy, counted above);
+    # that input gradient; and the router's logit gradient, an `add` of
+    # moe_router_grad's and the aux loss's that the router's GEMMs read.
+    # (moe_combine's output is a residual norm's r, counted above.)
+    values += (listing.count(" moe_combine_grad(") +
+               2 * listing.count(" moe_dispatch_grad(") +
+               2 * listing.count(" moe_router_grad("))
     return [
         ("packed storage: %d results written packed (%d: the residual "
          "stream, norms, MLP activations and their inputs, attention inputs "

@@ -44,8 +44,9 @@ Status swigluGrad(const KernelArgs &a, const Context &ctx) {
 
 Status add(const KernelArgs &a, const Context &ctx) {
   PIPER_RETURN_IF_ERROR(detail::checkAdd(a));
-  return launchAdd(ctx, a.inputs[0].f32(), a.inputs[1].f32(),
-                   a.outputs[0].f32(), a.inputs[0].numel(), a.ctx.lowPrecision);
+  return launchAdd(ctx, rowIn(a.inputs[0]), rowIn(a.inputs[1]),
+                   f32Out(a.outputs[0]), a.inputs[0].numel(),
+                   a.ctx.lowPrecision, bf16Out(a.outputs[0]));
 }
 
 Status accumulate(const KernelArgs &a, const Context &ctx) {
@@ -146,7 +147,9 @@ void addElementwiseKernels(std::vector<KernelEntry> &out) {
                  {"gelu_grad", geluGrad, nullptr, true, 0b11, 0b1},
                  {"swiglu", swiglu, nullptr, true, 0b1, 0b1},
                  {"swiglu_grad", swigluGrad, nullptr, true, 0b11, 0b1},
-                 {"add", add, nullptr, true},
+                 // add reads and writes packed too: the sums of
+                 // gradients (an input read twice) that GEMMs read.
+                 {"add", add, nullptr, true, 0b11, 0b1},
                  {"accumulate", accumulate},
                  {"zero", zero},
                  {"adamw", adamw},

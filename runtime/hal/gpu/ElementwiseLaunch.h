@@ -30,9 +30,10 @@ Status launchSwiglu(const Context &ctx, RowIn gateUp, float *y, int64_t rows,
 Status launchSwigluGrad(const Context &ctx, RowIn gateUp, RowIn dy,
                         float *dgateUp, int64_t rows, int64_t width,
                         bool round = false, uint16_t *dgateUp16 = nullptr);
-/// y = a + b (y may alias a or b).
-Status launchAdd(const Context &ctx, const float *a, const float *b, float *y,
-                 int64_t n, bool round = false);
+/// y = a + b (y may alias a or b; a and b may be packed, y stored packed
+/// into `y16` where it is not null).
+Status launchAdd(const Context &ctx, RowIn a, RowIn b, float *y, int64_t n,
+                 bool round = false, uint16_t *y16 = nullptr);
 /// Up to kMax AdamW updates (arrays of `adamw` calls) that one launch runs.
 /// Their per-step constants are not arguments: update j reads
 /// constants[constantsOf[j]] of a table in device memory (ConstantTables),

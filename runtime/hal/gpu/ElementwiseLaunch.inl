@@ -42,10 +42,10 @@ Status launchSwigluGrad(const Context &ctx, RowIn gateUp, RowIn dy,
       });
 }
 
-Status launchAdd(const Context &ctx, const float *a, const float *b, float *y,
-                 int64_t n, bool round) {
+Status launchAdd(const Context &ctx, RowIn a, RowIn b, float *y, int64_t n,
+                 bool round, uint16_t *y16) {
   return Exec(ctx).forEach("add", n, [=] PIPER_LAMBDA(int64_t i) {
-    y[i] = roundedIf(a[i] + b[i], round);
+    storeRounded(y, y16, i, a[i] + b[i], round);
   });
 }
 

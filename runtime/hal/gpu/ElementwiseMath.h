@@ -114,9 +114,13 @@ PIPER_HOST_DEVICE inline float fromBf16(uint16_t b) {
 /// Device::readsPackedInput; one of the two pointers is null): element j
 /// is the same value either way.
 struct RowIn {
+  // NOLINTNEXTLINE: implicit from an fp32 pointer on purpose.
+  PIPER_HOST_DEVICE RowIn(const float *f32 = nullptr,
+                          const uint16_t *bf16 = nullptr, int64_t at = 0)
+      : f32(f32), bf16(bf16), at(at) {}
   const float *f32;
   const uint16_t *bf16;
-  int64_t at = 0;
+  int64_t at;
   PIPER_HOST_DEVICE float operator[](int64_t j) const {
     return bf16 ? fromBf16(bf16[at + j]) : f32[at + j];
   }

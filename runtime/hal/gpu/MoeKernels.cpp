@@ -129,7 +129,8 @@ Status moeDispatchGrad(const KernelArgs &a, const Context &ctx) {
   const int64_t *slot = nullptr;
   PIPER_RETURN_IF_ERROR(assignSlots(ctx, a.inputs[0], r, slot));
   return launchMoeDispatchGrad(ctx, rowIn(a.inputs[1]), slot,
-                               a.outputs[0].f32(), r.rows, r.topK, r.hidden);
+                               f32Out(a.outputs[0]), bf16Out(a.outputs[0]),
+                               r.rows, r.topK, r.hidden, a.ctx.lowPrecision);
 }
 
 Status moeCombine(const KernelArgs &a, const Context &ctx) {
@@ -370,7 +371,7 @@ void addMoeKernels(std::vector<KernelEntry> &out) {
           // output read packed and (rounding every output in mixed
           // precision) stored packed where the executor keeps them so.
           {"moe_dispatch", moeDispatch, nullptr, true, 0b1, 0b1},
-          {"moe_dispatch_grad", moeDispatchGrad, nullptr, false, 0b10},
+          {"moe_dispatch_grad", moeDispatchGrad, nullptr, true, 0b10, 0b1},
           {"moe_combine", moeCombine, nullptr, true, 0b1, 0b1},
           {"moe_combine_grad", moeCombineGrad, nullptr, true, 0b1001, 0b1},
           {"expert_linear", expertLinear, nullptr, true, 0b11, 0b1},

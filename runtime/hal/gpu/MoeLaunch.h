@@ -55,8 +55,9 @@ Status launchMoeDispatch(const Context &ctx, RowIn x, const int64_t *slot,
                          int64_t topK, int64_t hidden, bool round);
 /// dx[n] = sum over kept j, in order, of dbuf[slot[n,j]] (in double).
 Status launchMoeDispatchGrad(const Context &ctx, RowIn dbuf,
-                             const int64_t *slot, float *dx, int64_t rows,
-                             int64_t topK, int64_t hidden);
+                             const int64_t *slot, float *dx, uint16_t *dx16,
+                             int64_t rows, int64_t topK, int64_t hidden,
+                             bool round);
 /// y[n] = sum over kept j, in order, of weights[n,j] ebuf[slot[n,j]].
 Status launchMoeCombine(const Context &ctx, RowIn ebuf, const int64_t *slot,
                         const float *weights, float *y, uint16_t *y16,

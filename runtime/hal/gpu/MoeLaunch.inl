@@ -216,8 +216,9 @@ Status launchMoeDispatch(const Context &ctx, RowIn x, const int64_t *slot,
 }
 
 Status launchMoeDispatchGrad(const Context &ctx, RowIn dbuf,
-                             const int64_t *slot, float *dx, int64_t rows,
-                             int64_t topK, int64_t hidden) {
+                             const int64_t *slot, float *dx, uint16_t *dx16,
+                             int64_t rows, int64_t topK, int64_t hidden,
+                             bool round) {
   return Exec(ctx).forEach(
       "moe_dispatch_grad", rows * hidden, [=] PIPER_LAMBDA(int64_t i) {
         int64_t n = i / hidden, h = i % hidden;
@@ -227,7 +228,7 @@ Status launchMoeDispatchGrad(const Context &ctx, RowIn dbuf,
           if (s >= 0)
             sum += dbuf[s * hidden + h];
         }
-        dx[i] = static_cast<float>(sum);
+        storeRounded(dx, dx16, i, static_cast<float>(sum), round);
       });
 }
 
