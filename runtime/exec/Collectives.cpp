@@ -111,18 +111,19 @@ Status ExecutorImpl::collective(int s, const Instruction &inst,
                   ": zeroing the rest of its output"));
     return publish(st, inst.outputs(0));
   }
-  case Instruction::ALL_TO_ALL:
-    return allToAll(s, inst, st, key);
   default:
     return Status::error("internal: not a value collective");
   }
 }
 
-Status ExecutorImpl::allToAll(int s, const Instruction &inst, StepState &st,
-                              const CommKey &key) {
+Status ExecutorImpl::allToAll(int s, int i, StepState &st) {
+  const Instruction &inst = plan.streams(s).instructions(i);
+  const CommKey key{plan.streams(s).name(), memberRanks(inst)};
   const std::vector<int> &ranks = key.ranks;
   const size_t members = ranks.size();
   std::string what = describe("all-to-all", ranks, plan.streams(s).name());
+  if (!blockFaultOf.empty())
+    return allToAllBlocks(s, i, st, key, what);
   TensorPtr in, sendCountsBuf;
   PIPER_RETURN_IF_ERROR(fetchStored(st, inst.inputs(0), in));
   PIPER_RETURN_IF_ERROR(fetchStored(st, inst.inputs(1), sendCountsBuf));
@@ -178,6 +179,182 @@ Status ExecutorImpl::allToAll(int s, const Instruction &inst, StepState &st,
           .withContext(what + ": storing the received row counts"));
   PIPER_RETURN_IF_ERROR(publish(st, inst.outputs(0)));
   return publish(st, inst.outputs(1));
+}
+
+// A captured step's all-to-all. Its counts stay on the device, so the
+// exchange cannot depend on them: each member is sent a block of
+// ceil(input rows / members) rows whatever its count (the rows a member
+// gets under expert parallelism and Ulysses attention, at most), the counts
+// are exchanged beside them, and the receiver moves each block's first
+// rows to the output in member order, zeroing the rest, as the exchange
+// of the counted rows would have left it. Counts that do not fit leave
+// their fault code on the device, read after the step
+// (blockExchangeFaults), and move nothing.
+namespace {
+int64_t blockRowsOf(int64_t inputRows, int64_t members) {
+  return (inputRows + members - 1) / members;
+}
+size_t aligned(size_t bytes) { return (bytes + 255) / 256 * 256; }
+} // namespace
+
+Status ExecutorImpl::allocateBlockExchanges() {
+  blockFaultOf.assign(plan.streams_size(), {});
+  blockExchanges.clear();
+  blockExchanges.resize(plan.streams_size());
+  numBlockFaults = 0;
+  for (int s = 0; s < plan.streams_size(); ++s) {
+    const plan::Stream &stream = plan.streams(s);
+    blockFaultOf[s].assign(stream.instructions_size(), -1);
+    size_t blocks = 0, counts = 0;
+    for (int i = 0; i < stream.instructions_size(); ++i) {
+      const Instruction &inst = stream.instructions(i);
+      if (inst.kind() != Instruction::ALL_TO_ALL)
+        continue;
+      blockFaultOf[s][i] = numBlockFaults++;
+      const int64_t members = static_cast<int64_t>(memberRanks(inst).size());
+      const plan::TensorType &in = plan.buffers(inst.inputs(0)).type();
+      const int64_t rowBytes = bufferViews[inst.inputs(0)]->bytes /
+                               std::max<int64_t>(1, in.shape(0));
+      blocks = std::max(
+          blocks, aligned(static_cast<size_t>(
+                      members * blockRowsOf(in.shape(0), members) * rowBytes)));
+      counts = std::max(counts, static_cast<size_t>(members) * sizeof(int32_t));
+    }
+    if (blocks + counts == 0)
+      continue;
+    BlockExchange &ex = blockExchanges[s];
+    ex.receiveOffset = blocks;
+    ex.sentOffset = 2 * blocks;
+    const size_t bytes = 2 * blocks + aligned(counts);
+    void *data = nullptr;
+    PIPER_RETURN_IF_ERROR(
+        memory->allocate(bytes, data)
+            .withContext("allocating " + std::to_string(bytes) +
+                         " bytes for the all-to-all blocks of stream '" +
+                         stream.name() + "'"));
+    ex.memory.allocator = memory;
+    ex.memory.data = static_cast<char *>(data);
+    ex.memory.bytes = bytes;
+  }
+  if (numBlockFaults == 0) {
+    blockFaultOf.clear();
+    return Status::ok();
+  }
+  const size_t bytes = static_cast<size_t>(numBlockFaults) * sizeof(int32_t);
+  void *data = nullptr;
+  PIPER_RETURN_IF_ERROR(
+      memory->allocate(bytes, data)
+          .withContext("allocating the all-to-alls' fault codes"));
+  blockFaults.allocator = memory;
+  blockFaults.data = static_cast<char *>(data);
+  blockFaults.bytes = bytes;
+  return memory->zero(data, bytes)
+      .withContext("zeroing the all-to-alls' fault codes");
+}
+
+Status ExecutorImpl::allToAllBlocks(int s, int i, StepState &st,
+                                    const CommKey &key,
+                                    const std::string &what) {
+  const Instruction &inst = plan.streams(s).instructions(i);
+  const int64_t members = static_cast<int64_t>(key.ranks.size());
+  TensorPtr in, sendCountsBuf;
+  PIPER_RETURN_IF_ERROR(fetchStored(st, inst.inputs(0), in));
+  PIPER_RETURN_IF_ERROR(fetchStored(st, inst.inputs(1), sendCountsBuf));
+  const TensorPtr &out = bufferViews[inst.outputs(0)];
+  const TensorPtr &recvCountsBuf = bufferViews[inst.outputs(1)];
+  const int64_t inRows = plan.buffers(inst.inputs(0)).type().shape(0);
+  const int64_t outRows = plan.buffers(inst.outputs(0)).type().shape(0);
+  const CommDType type = commType(inst.inputs(0));
+  const int64_t rowBytes = in->bytes / std::max<int64_t>(1, inRows);
+  const int64_t rowElements = rowBytes / commDTypeSize(type);
+
+  hal::Device::RowBlocks shape;
+  shape.members = members;
+  shape.blockRows = blockRowsOf(inRows, members);
+  shape.rows = inRows;
+  shape.rowBytes = rowBytes;
+  BlockExchange &ex = blockExchanges[s];
+  char *send = ex.memory.data, *receive = send + ex.receiveOffset;
+  int32_t *sent = reinterpret_cast<int32_t *>(send + ex.sentOffset);
+  int32_t *fault =
+      reinterpret_cast<int32_t *>(blockFaults.data) + blockFaultOf[s][i];
+  const int32_t *sendCounts = static_cast<const int32_t *>(sendCountsBuf->data);
+  int32_t *recvCounts = static_cast<int32_t *>(recvCountsBuf->data);
+  PIPER_RETURN_IF_ERROR(
+      device->packRowBlocks(shape, in->data, sendCounts, send, sent, fault)
+          .withContext(what + ": packing its blocks"));
+  if (members < 2) {
+    PIPER_RETURN_IF_ERROR(
+        memory->copy(recvCounts, sent, sizeof(int32_t)).withContext(what));
+    receive = send;
+  } else {
+    const std::vector<size_t> ones(members, 1),
+        block(members, static_cast<size_t>(shape.blockRows * rowElements));
+    PIPER_RETURN_IF_ERROR(
+        comm->allToAll(key, sent, ones, recvCounts, ones, CommDType::I32)
+            ->wait()
+            .withContext(what + " (counts)"));
+    PIPER_RETURN_IF_ERROR(comm->allToAll(key, send, block, receive, block, type)
+                              ->wait()
+                              .withContext(what));
+  }
+  shape.rows = outRows;
+  PIPER_RETURN_IF_ERROR(
+      device->unpackRowBlocks(shape, receive, recvCounts, out->data, fault)
+          .withContext(what + ": unpacking its blocks"));
+  PIPER_RETURN_IF_ERROR(publish(st, inst.outputs(0)));
+  return publish(st, inst.outputs(1));
+}
+
+StatusOr<std::string> ExecutorImpl::blockExchangeFaults(int64_t step) {
+  if (numBlockFaults == 0)
+    return std::string();
+  std::vector<int32_t> codes(static_cast<size_t>(numBlockFaults));
+  PIPER_RETURN_IF_ERROR(memory
+                            ->copyToHost(codes.data(), blockFaults.data,
+                                         codes.size() * sizeof(int32_t))
+                            .withContext("reading the all-to-alls' fault "
+                                         "codes"));
+  for (int s = 0; s < plan.streams_size(); ++s)
+    for (int i = 0; i < plan.streams(s).instructions_size(); ++i) {
+      const int f = blockFaultOf[s][i];
+      if (f < 0 || codes[f] == 0)
+        continue;
+      const Instruction &inst = plan.streams(s).instructions(i);
+      const int64_t members = static_cast<int64_t>(memberRanks(inst).size());
+      const int64_t inRows = plan.buffers(inst.inputs(0)).type().shape(0);
+      const int64_t outRows = plan.buffers(inst.outputs(0)).type().shape(0);
+      using Fault = hal::Device::RowBlockFault;
+      std::string why;
+      switch (static_cast<Fault>(codes[f])) {
+      case Fault::kCount:
+        why = "a row count is negative or above the " +
+              std::to_string(blockRowsOf(inRows, members)) +
+              " rows a captured step moves per member (the input's " +
+              std::to_string(inRows) + " rows over " + std::to_string(members) +
+              " members; piper-run --step-graph off moves any counts)";
+        break;
+      case Fault::kInput:
+        why = "its send counts sum past the " + std::to_string(inRows) +
+              " rows of its input";
+        break;
+      case Fault::kPeer:
+        why = "a member sent invalid counts (its own error says why)";
+        break;
+      case Fault::kOutput:
+        why = "it receives more rows than the " + std::to_string(outRows) +
+              " of its output";
+        break;
+      default:
+        why = "fault code " + std::to_string(codes[f]);
+      }
+      return who + ", " + instructionContext(plan, s, i) + ", step " +
+             std::to_string(step) + ": " +
+             describe("all-to-all", memberRanks(inst), plan.streams(s).name()) +
+             ": " + why +
+             " (the step's update ran on the zeros it moved instead)";
+    }
+  return std::string();
 }
 
 } // namespace piper::runtime

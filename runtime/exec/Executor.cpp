@@ -177,6 +177,8 @@ Status ExecutorImpl::init(uint64_t seed) {
         options.stepGraphs == ExecutorOptions::StepGraphs::On)
       return Status::error("steps cannot run as graphs (--step-graph on): " +
                            graphRefusal);
+    if (graphRefusal.empty())
+      PIPER_RETURN_IF_ERROR(allocateBlockExchanges());
   }
   PIPER_RETURN_IF_ERROR(prepareKernels());
   PIPER_RETURN_IF_ERROR(

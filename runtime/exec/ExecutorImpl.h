@@ -209,6 +209,21 @@ public:
   /// (creation, invalidateCopies): the steps after it are steady.
   bool graphsWarm = false;
   int64_t captured = 0, replayed = 0;
+  /// Where steps are captured, the all-to-alls move their rows through
+  /// blocks of a fixed size (hal::Device::packRowBlocks), the same every
+  /// step: per stream, device memory for its all-to-alls' send and receive
+  /// blocks and sent counts (one all-to-all at a time on a stream: the
+  /// next starts after the previous one's exchange has completed).
+  struct BlockExchange {
+    Block memory;
+    size_t receiveOffset = 0, sentOffset = 0;
+  };
+  std::vector<BlockExchange> blockExchanges;
+  /// Their fault codes (device memory, one i32 per all-to-all, zero until
+  /// one fails), and each instruction's index there by stream (-1: none).
+  Block blockFaults;
+  std::vector<std::vector<int>> blockFaultOf;
+  int numBlockFaults = 0;
 
   int64_t stateBytes = 0;
   plan::Plan plan;
@@ -399,8 +414,17 @@ public:
   // Value-level collectives (Collectives.cpp): ALL_REDUCE of buffers,
   // REDUCE_SCATTER, ALL_GATHER, ALL_TO_ALL.
   Status collective(int s, const plan::Instruction &inst, StepState &st);
-  Status allToAll(int s, const plan::Instruction &inst, StepState &st,
-                  const CommKey &key);
+  /// ALL_TO_ALL, instruction i of stream s: its counts read on the host, or
+  /// where steps are captured its rows moved through fixed blocks.
+  Status allToAll(int s, int i, StepState &st);
+  Status allToAllBlocks(int s, int i, StepState &st, const CommKey &key,
+                        const std::string &what);
+  /// Where steps are captured: the staging of the plan's all-to-alls and
+  /// their fault codes (allocated when the executor is created).
+  Status allocateBlockExchanges();
+  /// The all-to-alls' fault codes after a step: "" when none failed, else
+  /// what the first one that failed says.
+  StatusOr<std::string> blockExchangeFaults(int64_t step);
   /// How buffer `id` is communicated: bf16 when packed, else its dtype.
   CommDType commType(int id) const;
 

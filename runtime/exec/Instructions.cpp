@@ -96,8 +96,10 @@ Status ExecutorImpl::execute(int s, int i, StepState &st,
     break;
   case Instruction::REDUCE_SCATTER:
   case Instruction::ALL_GATHER:
-  case Instruction::ALL_TO_ALL:
     PIPER_RETURN_IF_ERROR(collective(s, inst, st));
+    break;
+  case Instruction::ALL_TO_ALL:
+    PIPER_RETURN_IF_ERROR(allToAll(s, i, st));
     break;
   case Instruction::REDUCE_SCATTER_GRADS:
     PIPER_RETURN_IF_ERROR(reduceScatterGrads(s, inst, st));

@@ -204,9 +204,17 @@ Status ExecutorImpl::runStep(int64_t step, double &loss) {
   loss = 0;
   for (double l : losses)
     loss += l;
-  // One world reduction per step: the loss and, when the plan does not
-  // clip, the squared gradient norm.
-  double sums[2] = {loss, 0};
+  // A captured step's all-to-alls leave their faults on the device.
+  StatusOr<std::string> faults = blockExchangeFaults(step);
+  if (!faults) {
+    broken = true;
+    return faults.status().withContext(who + ": end of step " +
+                                       std::to_string(step));
+  }
+  // One world reduction per step: the loss, when the plan does not clip
+  // the squared gradient norm, and how many ranks' all-to-alls failed (so
+  // that every rank stops).
+  double sums[3] = {loss, 0, faults->empty() ? 0.0 : 1.0};
   Status measured = localGradSquares(sums[1]);
   if (!measured) {
     broken = true;
@@ -216,7 +224,7 @@ Status ExecutorImpl::runStep(int64_t step, double &loss) {
     Clock::time_point start;
     if (options.profile)
       start = Clock::now();
-    Status status = comm->allReduceSumWorld(sums, 2);
+    Status status = comm->allReduceSumWorld(sums, 3);
     // The streams are idle: stream 0's rows are free to use.
     if (options.profile)
       profiler.add(0, Profiler::kLossAllReduce, nanosSince(start));
@@ -224,6 +232,16 @@ Status ExecutorImpl::runStep(int64_t step, double &loss) {
       broken = true;
       return status.withContext(who + ": summing the step loss over ranks");
     }
+  }
+  if (!faults->empty()) {
+    broken = true;
+    return Status::error(*faults);
+  }
+  if (sums[2] > 0) {
+    broken = true;
+    return Status::error(who + ", end of step " + std::to_string(step) +
+                         ": another rank's all-to-all failed (its own error "
+                         "says why)");
   }
   loss = sums[0];
   finishGradNorm(sums[1]);

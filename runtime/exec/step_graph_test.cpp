@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -158,9 +159,10 @@ struct RankRun {
 /// communicator met through `store`: steps 1 to `pauseAfter`, a pause at
 /// `meet`, then steps up to `last`. Returns on the first error (in
 /// `out.status`); no Catch2 assertion here (the ranks are threads).
-void trainRank(const plan::Plan &plan, int rank, Graphs graphs,
-               const std::string &store, int64_t pauseAfter, int64_t last,
-               Rendezvous &meet, RankRun &out) {
+void trainRank(
+    const plan::Plan &plan, int rank, Graphs graphs, const std::string &store,
+    int64_t pauseAfter, int64_t last, Rendezvous &meet, RankRun &out,
+    std::function<std::unique_ptr<hal::Device>(Communicator *)> device) {
   bool paused = false;
   auto pause = [&] {
     if (!paused)
@@ -173,6 +175,8 @@ void trainRank(const plan::Plan &plan, int rank, Graphs graphs,
   std::unique_ptr<Executor> exec;
   if (comm) {
     ExecutorOptions opts = emulated(graphs);
+    if (device)
+      opts.createDevice = device;
     opts.rank = rank;
     opts.comm = comm.get();
     exec = Executor::create(plan, opts, st);
@@ -545,7 +549,7 @@ TEST_CASE("step graphs: a step of two data-parallel ranks is captured with "
       for (int r = 0; r < 2; ++r)
         ranks.emplace_back(trainRank, std::cref(plan), r,
                            graphs ? Graphs::On : Graphs::Off, store, 3, last,
-                           std::ref(meet), std::ref(runs[graphs][r]));
+                           std::ref(meet), std::ref(runs[graphs][r]), nullptr);
       const bool paused = meet.allPaused(std::chrono::seconds(120));
       const int64_t before = hal::emulatedSyncCalls();
       meet.release();
@@ -591,9 +595,9 @@ TEST_CASE("step graphs: a peer lost in a launched step fails it at its end",
   const std::string store = storeDir("step-graph-lost");
   RankRun runs[2];
   std::thread leaver(trainRank, std::cref(plan), 1, Graphs::On, store, 4, 4,
-                     std::ref(meet), std::ref(runs[1]));
+                     std::ref(meet), std::ref(runs[1]), nullptr);
   std::thread stayer(trainRank, std::cref(plan), 0, Graphs::On, store, 4, 6,
-                     std::ref(meet), std::ref(runs[0]));
+                     std::ref(meet), std::ref(runs[0]), nullptr);
   REQUIRE(meet.allPaused(std::chrono::seconds(120)));
   meet.release();
   leaver.join();
@@ -642,4 +646,267 @@ TEST_CASE("step graphs: a captured operation is waited for in its capture "
   CHECK(work->wait().message() ==
         "internal error: all-reduce over s[0] was captured with a step, and "
         "its completion is waited for outside that stream's capture");
+}
+
+namespace {
+
+/// The two data-parallel ranks' bigram plan (vocabulary 2, one microbatch)
+/// with an all-to-all of the embeddings' 16 rows between them after the
+/// forward, its counts from moe_ep_counts over the tokens (2 experts of
+/// capacity 4, one per rank: at most 4 rows to each member, within the 8
+/// a captured step moves per member, and 8 received, within its output's
+/// 12 rows). Its output is not read.
+plan::Plan allToAllPlan() {
+  TinyModel m;
+  m.vocab = 2;
+  plan::Plan plan = singleClassPlan(m, 1, {0, 1}, 2);
+  const auto tok = tensorType(plan::I32, {m.batch, m.seqLen});
+  const auto two = tensorType(plan::I32, {2});
+  const auto perExpert = tensorType(plan::I32, {2, 1});
+  const auto rows12 = tensorType(plan::F32, {12, m.hidden});
+  plan::Segment *counts =
+      addSegment(plan, "counts", {tok, two, perExpert, two}, {0}, {1, 2, 3});
+  plan::Kernel *k = addKernel(counts, "moe_ep_counts", {value(0)},
+                              {value(1), value(2), value(3)});
+  setAttrInt(k, "experts", 2);
+  setAttrInt(k, "capacity", 4);
+  setAttrInt(k, "members", 2);
+  const int countsSegment = plan.segments_size() - 1;
+  const int send = addBuffer(plan, two, "send counts"),
+            experts = addBuffer(plan, perExpert, "expert counts"),
+            expertSend = addBuffer(plan, two, "expert send counts"),
+            exchanged = addBuffer(plan, rows12, "exchanged"),
+            received = addBuffer(plan, two, "received counts");
+  // After the forward (LOAD_BATCH, CALL F, ...): the counts, then the
+  // exchange of F's x (its first output).
+  plan::Stream *compute = plan.mutable_streams(0);
+  std::vector<plan::Instruction> insts(compute->instructions().begin(),
+                                       compute->instructions().end());
+  compute->clear_instructions();
+  for (size_t i = 0; i < insts.size(); ++i) {
+    *compute->add_instructions() = insts[i];
+    if (i != 1)
+      continue;
+    const int tokens = insts[0].outputs(0), x = insts[1].outputs(0);
+    addInst(compute, plan::Instruction::CALL, "counts", {tokens},
+            {send, experts, expertSend})
+        ->set_segment(countsSegment);
+    plan::Instruction *a2a =
+        addInst(compute, plan::Instruction::ALL_TO_ALL, "exchange", {x, send},
+                {exchanged, received});
+    a2a->set_group(0);
+  }
+  withArena(plan);
+  return plan;
+}
+
+/// The emulated GPU, whose `packRowBlocks` call `badCall` (1 = the first)
+/// is given counts {9, 0} instead of the step's (9 rows for member 0,
+/// above its block of 8), or with `onReceive` whose unpackRowBlocks call
+/// `badCall` is given received counts {8, 8} (16 rows, past the output's
+/// 12).
+class BadCountsDevice : public hal::Device {
+public:
+  BadCountsDevice(Communicator *comm, int badCall, bool onReceive)
+      : inner(hal::createEmulatedGpuDevice(comm)), badCall(badCall),
+        onReceive(onReceive) {
+    void *p = nullptr;
+    const int32_t counts[2] = {onReceive ? 8 : 9, onReceive ? 8 : 0};
+    if (inner->allocator().allocate(sizeof counts, p) &&
+        inner->allocator().copyFromHost(p, counts, sizeof counts))
+      bad = static_cast<int32_t *>(p);
+  }
+  ~BadCountsDevice() override {
+    if (bad)
+      inner->allocator().deallocate(bad, 2 * sizeof(int32_t));
+  }
+  std::string name() const override { return inner->name(); }
+  hal::Allocator &allocator() override { return inner->allocator(); }
+  Status createStream(const std::string &name,
+                      std::unique_ptr<hal::Stream> &stream) override {
+    return inner->createStream(name, stream);
+  }
+  Status createEvent(std::unique_ptr<hal::Event> &event) override {
+    return inner->createEvent(event);
+  }
+  const KernelInfo *findKernel(const std::string &name) const override {
+    return inner->findKernel(name);
+  }
+  std::vector<std::string> kernelNames() const override {
+    return inner->kernelNames();
+  }
+  Status runKernel(const KernelInfo &info, const plan::Kernel &kernel,
+                   const KernelAttrs &attrs,
+                   const std::vector<TensorRef> &inputs,
+                   const std::vector<TensorRef> &outputs,
+                   KernelContext &ctx) override {
+    return inner->runKernel(info, kernel, attrs, inputs, outputs, ctx);
+  }
+  Status prepareKernel(const KernelInfo &info, const plan::Kernel &kernel,
+                       const KernelAttrs &attrs,
+                       const std::vector<TensorRef> &inputs,
+                       const std::vector<TensorRef> &outputs,
+                       KernelContext &ctx) override {
+    return inner->prepareKernel(info, kernel, attrs, inputs, outputs, ctx);
+  }
+  bool roundsOutputs(const KernelInfo &info) const override {
+    return inner->roundsOutputs(info);
+  }
+  bool readsPackedInput(const KernelInfo &info, int input) const override {
+    return inner->readsPackedInput(info, input);
+  }
+  bool writesPackedOutput(const KernelInfo &info, int output) const override {
+    return inner->writesPackedOutput(info, output);
+  }
+  Status runAdamwCalls(const KernelInfo &info,
+                       const std::vector<AdamwCall> &calls, KernelContext &ctx,
+                       size_t &failed) override {
+    return inner->runAdamwCalls(info, calls, ctx, failed);
+  }
+  Status createSquareSums(int slots,
+                          std::unique_ptr<hal::SquareSums> &sums) override {
+    return inner->createSquareSums(slots, sums);
+  }
+  Status createLossSums(int slots,
+                        std::unique_ptr<hal::LossSums> &sums) override {
+    return inner->createLossSums(slots, sums);
+  }
+  Status add(float *dst, const float *src, int64_t n) override {
+    return inner->add(dst, src, n);
+  }
+  Status packBf16(uint16_t *dst, const float *src, int64_t n) override {
+    return inner->packBf16(dst, src, n);
+  }
+  Status unpackBf16(float *dst, const uint16_t *src, int64_t n) override {
+    return inner->unpackBf16(dst, src, n);
+  }
+  Status roundBf16(float *x, int64_t n) override {
+    return inner->roundBf16(x, n);
+  }
+  Status packRowBlocks(const RowBlocks &shape, const void *input,
+                       const int32_t *counts, void *blocks, int32_t *sent,
+                       int32_t *fault) override {
+    ++packs;
+    return inner->packRowBlocks(shape, input,
+                                !onReceive && packs == badCall ? bad : counts,
+                                blocks, sent, fault);
+  }
+  Status unpackRowBlocks(const RowBlocks &shape, const void *blocks,
+                         const int32_t *received, void *output,
+                         int32_t *fault) override {
+    ++unpacks;
+    return inner->unpackRowBlocks(
+        shape, blocks, onReceive && unpacks == badCall ? bad : received, output,
+        fault);
+  }
+  Communicator *communicator() override { return inner->communicator(); }
+  std::string stepCaptureRefusal() const override {
+    return inner->stepCaptureRefusal();
+  }
+  Status beginStepCapture(const std::vector<hal::Stream *> &streams) override {
+    return inner->beginStepCapture(streams);
+  }
+  Status endStepCapture(std::unique_ptr<hal::StepGraph> &graph) override {
+    return inner->endStepCapture(graph);
+  }
+
+private:
+  std::unique_ptr<hal::Device> inner;
+  int badCall, packs = 0, unpacks = 0;
+  bool onReceive;
+  int32_t *bad = nullptr;
+};
+
+} // namespace
+
+// Where steps are captured an all-to-all moves its rows through blocks of
+// a fixed size, its counts on the device (Collectives.cpp): two ranks'
+// losses, norms and parameters are those of the steps issued as usual, bit
+// for bit. Counts above the block, here given to rank 1's exchange when
+// step 3 is captured (and launched), fail that step on both ranks at its
+// end, each saying why, without a hang: rank 1 names its counts, rank 0
+// the invalid counts it received; and received counts past the output,
+// given to rank 0's, fail it on rank 0, naming them, and on rank 1, which
+// learns it from the step's world sum. The earlier steps' numbers are
+// those of the usual run.
+TEST_CASE("step graphs: an all-to-all is captured with its counts on the "
+          "device, and counts that do not fit fail the step on every rank",
+          "[step-graph]") {
+  plan::Plan plan = allToAllPlan();
+  {
+    INFO(validatePlan(plan).message());
+    REQUIRE(validatePlan(plan));
+  }
+  const int64_t last = 7;
+  // [as usual, graphs, bad send counts, bad received counts][rank]
+  RankRun runs[4][2];
+  for (int mode = 0; mode < 4; ++mode) {
+    INFO("mode " << mode);
+    Rendezvous meet(2);
+    const std::string store = storeDir("step-graph-a2a");
+    std::vector<std::thread> ranks;
+    for (int r = 0; r < 2; ++r) {
+      std::function<std::unique_ptr<hal::Device>(Communicator *)> device;
+      if ((mode == 2 && r == 1) || (mode == 3 && r == 0))
+        device = [mode](Communicator *comm) {
+          return std::make_unique<BadCountsDevice>(comm, 3, mode == 3);
+        };
+      ranks.emplace_back(trainRank, std::cref(plan), r,
+                         mode == 0 ? Graphs::Off : Graphs::On, store, last,
+                         last, std::ref(meet), std::ref(runs[mode][r]), device);
+    }
+    REQUIRE(meet.allPaused(std::chrono::seconds(120)));
+    meet.release();
+    for (std::thread &t : ranks)
+      t.join();
+  }
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank " << r << ": " << runs[0][r].status.message() << " / "
+                 << runs[1][r].status.message());
+    REQUIRE(runs[0][r].status);
+    REQUIRE(runs[1][r].status);
+    const Run &usual = runs[0][r].run, &graphed = runs[1][r].run;
+    CHECK(graphed.captured == 2);
+    CHECK(graphed.replayed == last - 3);
+    CHECK(graphed.losses.size() == size_t(last));
+    CHECK(graphed.losses == usual.losses);
+    CHECK(graphed.norms == usual.norms);
+    CHECK(graphed.params == usual.params);
+  }
+  const std::string what =
+      ": all-to-all over ranks [0, 1] on stream 'compute': ";
+  const std::string failed[2] = {runs[2][0].status.message(),
+                                 runs[2][1].status.message()},
+                    overflow[2] = {runs[3][0].status.message(),
+                                   runs[3][1].status.message()};
+  INFO(failed[0] << "\n"
+                 << failed[1] << "\n"
+                 << overflow[0] << "\n"
+                 << overflow[1]);
+  for (int mode : {2, 3})
+    for (int r = 0; r < 2; ++r) {
+      CHECK_FALSE(runs[mode][r].status);
+      // Steps 1 and 2 ran; step 3 failed at its end.
+      REQUIRE(runs[mode][r].run.losses.size() == 3);
+      CHECK(std::vector<double>(runs[mode][r].run.losses.begin(),
+                                runs[mode][r].run.losses.begin() + 2) ==
+            std::vector<double>(runs[0][r].run.losses.begin(),
+                                runs[0][r].run.losses.begin() + 2));
+    }
+  CHECK(failed[1].rfind("rank 1, stream 'compute', instruction 3", 0) == 0);
+  CHECK(failed[1].find(", step 3" + what +
+                       "a row count is negative or above the 8 rows a "
+                       "captured step moves per member (the input's 16 rows "
+                       "over 2 members; piper-run --step-graph off moves any "
+                       "counts)") != std::string::npos);
+  CHECK(failed[0].rfind("rank 0, stream 'compute', instruction 3", 0) == 0);
+  CHECK(failed[0].find(", step 3" + what +
+                       "a member sent invalid counts (its own error says "
+                       "why)") != std::string::npos);
+  CHECK(overflow[0].rfind("rank 0, stream 'compute', instruction 3", 0) == 0);
+  CHECK(overflow[0].find(", step 3" + what +
+                         "it receives more rows than the 12 of its "
+                         "output") != std::string::npos);
+  CHECK(overflow[1] == "rank 1, end of step 3: another rank's all-to-all "
+                       "failed (its own error says why)");
 }

@@ -391,6 +391,47 @@ public:
   /// The communicator of this rank; null for a single rank without one.
   virtual Communicator *communicator() = 0;
 
+  /// A captured step's all-to-all (docs/runtime.md, "Steps as graphs")
+  /// sends each member a block of RowBlocks::blockRows rows whatever the
+  /// counts, so that the exchange is the same every step: packRowBlocks
+  /// copies the rows of `input` (RowBlocks::rows of rowBytes) that `counts`
+  /// (device memory, one i32 per member) gives each member, in order, to
+  /// the member's block of `blocks` (members x blockRows rows) and writes
+  /// what is sent as the counts to `sent`: the counts, or -1 for every
+  /// member where one is negative or above blockRows (RowBlockFault::
+  /// kCount) or they sum past the input's rows (kInput), which is then
+  /// recorded in `*fault` (device memory) unless it holds one already, and
+  /// nothing is copied. unpackRowBlocks copies the first received[j] rows
+  /// of member j's block of `blocks` to `output` (RowBlocks::rows rows), in
+  /// order, and zeroes the rest; where a received count is -1 (kPeer: the
+  /// member's own fault), above blockRows (kCount) or they sum past the
+  /// output's rows (kOutput), the output is all zeros and the fault is
+  /// recorded. Both are queued on the calling stream; nothing waits.
+  /// Devices that do not capture steps do not have them.
+  struct RowBlocks {
+    int64_t members = 0, blockRows = 0, rows = 0, rowBytes = 0;
+  };
+  enum class RowBlockFault : int32_t {
+    kNone = 0,
+    kCount = 1,
+    kInput = 2,
+    kPeer = 3,
+    kOutput = 4,
+  };
+  virtual Status packRowBlocks(const RowBlocks &shape, const void *input,
+                               const int32_t *counts, void *blocks,
+                               int32_t *sent, int32_t *fault) {
+    (void)shape, (void)input, (void)counts, (void)blocks, (void)sent,
+        (void)fault;
+    return Status::error(stepCaptureRefusal());
+  }
+  virtual Status unpackRowBlocks(const RowBlocks &shape, const void *blocks,
+                                 const int32_t *received, void *output,
+                                 int32_t *fault) {
+    (void)shape, (void)blocks, (void)received, (void)output, (void)fault;
+    return Status::error(stepCaptureRefusal());
+  }
+
   /// Whether this device captures steps (StepGraph): "" where it does,
   /// else why not.
   virtual std::string stepCaptureRefusal() const {

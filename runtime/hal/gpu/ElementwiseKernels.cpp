@@ -131,6 +131,37 @@ Status adamw(const KernelArgs &a, const Context &ctx) {
 
 } // namespace
 
+namespace {
+
+Status rowBlockOffsets(const Context &ctx, const RowBlockShape &shape,
+                       int64_t *&offsets) {
+  void *scratch = nullptr;
+  PIPER_RETURN_IF_ERROR(ctx.workspace->reserve(
+      static_cast<size_t>(shape.members + 1) * sizeof(int64_t), scratch));
+  offsets = static_cast<int64_t *>(scratch);
+  return Status::ok();
+}
+
+} // namespace
+
+Status packRowBlocks(const Context &ctx, const RowBlockShape &shape,
+                     const void *input, const int32_t *counts, void *blocks,
+                     int32_t *sent, int32_t *fault) {
+  int64_t *offsets = nullptr;
+  PIPER_RETURN_IF_ERROR(rowBlockOffsets(ctx, shape, offsets));
+  return launchPackRowBlocks(ctx, shape, input, counts, blocks, sent, fault,
+                             offsets);
+}
+
+Status unpackRowBlocks(const Context &ctx, const RowBlockShape &shape,
+                       const void *blocks, const int32_t *received,
+                       void *output, int32_t *fault) {
+  int64_t *offsets = nullptr;
+  PIPER_RETURN_IF_ERROR(rowBlockOffsets(ctx, shape, offsets));
+  return launchUnpackRowBlocks(ctx, shape, blocks, received, output, fault,
+                               offsets);
+}
+
 void addElementwiseKernels(std::vector<KernelEntry> &out) {
   out.insert(out.end(),
              {

@@ -67,6 +67,25 @@ Status launchPackBf16Columns(const Context &ctx, uint16_t *dst, int64_t dstLd,
                              int64_t cols);
 Status launchUnpackBf16(const Context &ctx, float *dst, const uint16_t *src,
                         int64_t n);
+/// The blocks of a captured step's all-to-all (hal::Device::packRowBlocks):
+/// `members` blocks of `blockRows` rows of `rowBytes`; `rows`: the input's
+/// rows (packing) or the output's (unpacking).
+struct RowBlockShape {
+  int64_t members = 0, blockRows = 0, rows = 0, rowBytes = 0;
+};
+/// hal::Device::RowBlockFault's codes.
+constexpr int32_t kRowBlockCount = 1, kRowBlockInput = 2, kRowBlockPeer = 3,
+                  kRowBlockOutput = 4;
+/// hal::Device::packRowBlocks and unpackRowBlocks; `offsets` is scratch of
+/// members + 1 int64 (where each member's rows start in the input or the
+/// output).
+Status launchPackRowBlocks(const Context &ctx, const RowBlockShape &shape,
+                           const void *input, const int32_t *counts,
+                           void *blocks, int32_t *sent, int32_t *fault,
+                           int64_t *offsets);
+Status launchUnpackRowBlocks(const Context &ctx, const RowBlockShape &shape,
+                             const void *blocks, const int32_t *received,
+                             void *output, int32_t *fault, int64_t *offsets);
 Status launchRoundBf16(const Context &ctx, float *x, int64_t n);
 /// A mixed-precision output computed in fp32 at `x`: packed (rounded) into
 /// `x16` where the output is stored packed, else rounded in place with

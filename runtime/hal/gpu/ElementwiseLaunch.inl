@@ -166,4 +166,110 @@ Status launchClipFactor(const Context &ctx, const double *total,
   });
 }
 
+// A captured all-to-all's blocks. One thread checks the counts and lays out
+// the offsets (members is small: a group's size), then the rows move in
+// units of 4, 2 or 1 bytes, whichever divides a row.
+
+namespace rowblocks {
+
+template <class Unit>
+Status packRows(const Context &ctx, const RowBlockShape &b, const void *input,
+                void *blocks, const int32_t *sent, const int64_t *offsets) {
+  const int64_t units = b.rowBytes / int64_t(sizeof(Unit));
+  const int64_t perBlock = b.blockRows * units;
+  const Unit *in = static_cast<const Unit *>(input);
+  Unit *out = static_cast<Unit *>(blocks);
+  return Exec(ctx).forEach(
+      "pack_row_blocks", b.members * perBlock, [=] PIPER_LAMBDA(int64_t i) {
+        const int64_t j = i / perBlock, r = (i % perBlock) / units,
+                      u = i % units;
+        if (r < sent[j])
+          out[i] = in[(offsets[j] + r) * units + u];
+      });
+}
+
+template <class Unit>
+Status unpackRows(const Context &ctx, const RowBlockShape &b,
+                  const void *blocks, void *output, const int64_t *offsets) {
+  const int64_t units = b.rowBytes / int64_t(sizeof(Unit));
+  const int64_t members = b.members, blockRows = b.blockRows;
+  const Unit *in = static_cast<const Unit *>(blocks);
+  Unit *out = static_cast<Unit *>(output);
+  return Exec(ctx).forEach(
+      "unpack_row_blocks", b.rows * units, [=] PIPER_LAMBDA(int64_t i) {
+        const int64_t row = i / units, u = i % units;
+        Unit v = 0;
+        for (int64_t j = 0; j < members; ++j)
+          if (row >= offsets[j] && row < offsets[j + 1]) {
+            v = in[(j * blockRows + row - offsets[j]) * units + u];
+            break;
+          }
+        out[i] = v;
+      });
+}
+
+} // namespace rowblocks
+
+Status launchPackRowBlocks(const Context &ctx, const RowBlockShape &shape,
+                           const void *input, const int32_t *counts,
+                           void *blocks, int32_t *sent, int32_t *fault,
+                           int64_t *offsets) {
+  const RowBlockShape b = shape;
+  PIPER_RETURN_IF_ERROR(
+      Exec(ctx).forEach("pack_row_blocks", 1, [=] PIPER_LAMBDA(int64_t) {
+        int32_t code = 0;
+        int64_t sum = 0;
+        for (int64_t j = 0; j < b.members; ++j) {
+          if ((counts[j] < 0 || counts[j] > b.blockRows) && !code)
+            code = kRowBlockCount;
+          sum += counts[j] > 0 ? counts[j] : 0;
+        }
+        if (!code && sum > b.rows)
+          code = kRowBlockInput;
+        offsets[0] = 0;
+        for (int64_t j = 0; j < b.members; ++j) {
+          sent[j] = code ? -1 : counts[j];
+          offsets[j + 1] = offsets[j] + (code ? 0 : counts[j]);
+        }
+        if (code && !*fault)
+          *fault = code;
+      }));
+  if (b.rowBytes % 4 == 0)
+    return rowblocks::packRows<uint32_t>(ctx, b, input, blocks, sent, offsets);
+  if (b.rowBytes % 2 == 0)
+    return rowblocks::packRows<uint16_t>(ctx, b, input, blocks, sent, offsets);
+  return rowblocks::packRows<uint8_t>(ctx, b, input, blocks, sent, offsets);
+}
+
+Status launchUnpackRowBlocks(const Context &ctx, const RowBlockShape &shape,
+                             const void *blocks, const int32_t *received,
+                             void *output, int32_t *fault, int64_t *offsets) {
+  const RowBlockShape b = shape;
+  PIPER_RETURN_IF_ERROR(
+      Exec(ctx).forEach("unpack_row_blocks", 1, [=] PIPER_LAMBDA(int64_t) {
+        int32_t code = 0;
+        int64_t sum = 0;
+        for (int64_t j = 0; j < b.members && !code; ++j) {
+          if (received[j] < 0)
+            code = kRowBlockPeer;
+          else if (received[j] > b.blockRows)
+            code = kRowBlockCount;
+          else
+            sum += received[j];
+        }
+        if (!code && sum > b.rows)
+          code = kRowBlockOutput;
+        offsets[0] = 0;
+        for (int64_t j = 0; j < b.members; ++j)
+          offsets[j + 1] = offsets[j] + (code ? 0 : received[j]);
+        if (code && !*fault)
+          *fault = code;
+      }));
+  if (b.rowBytes % 4 == 0)
+    return rowblocks::unpackRows<uint32_t>(ctx, b, blocks, output, offsets);
+  if (b.rowBytes % 2 == 0)
+    return rowblocks::unpackRows<uint16_t>(ctx, b, blocks, output, offsets);
+  return rowblocks::unpackRows<uint8_t>(ctx, b, blocks, output, offsets);
+}
+
 } // namespace piper::runtime::hal::PIPER_GPU_NS

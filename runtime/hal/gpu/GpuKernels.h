@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/hal/gpu/ElementwiseLaunch.h"
 #include "runtime/hal/gpu/ElementwiseMath.h"
 #include "runtime/hal/gpu/GpuApi.h"
 #include "runtime/kernels/KernelUtil.h"
@@ -76,6 +77,15 @@ inline GemmOperand gemmOperand(const TensorRef &t) {
 }
 /// An input the kernel may read packed, as the launchers take it.
 inline RowIn rowIn(const TensorRef &t) { return RowIn{f32In(t), bf16In(t)}; }
+
+/// hal::Device::packRowBlocks and unpackRowBlocks on the context's stream
+/// (the offsets in its workspace).
+Status packRowBlocks(const Context &ctx, const RowBlockShape &shape,
+                     const void *input, const int32_t *counts, void *blocks,
+                     int32_t *sent, int32_t *fault);
+Status unpackRowBlocks(const Context &ctx, const RowBlockShape &shape,
+                       const void *blocks, const int32_t *received,
+                       void *output, int32_t *fault);
 
 /// Every GPU kernel; the i-th entry's KernelInfo has index i.
 const std::vector<KernelEntry> &kernels();

@@ -151,9 +151,9 @@ CommWorkPtr EmulatedCommunicator::allToAll(
     const std::vector<size_t> &recvCounts, CommDType type) {
   if (!gpu::currentRecording)
     return issued.allToAll(key, input, sendCounts, output, recvCounts, type);
-  // The counts are the capture's: a step whose counts change cannot be
-  // replayed (the executor does not capture the expert-parallel exchange,
-  // whose counts it reads on the host).
+  // The counts are the capture's: a captured step's all-to-alls exchange
+  // fixed blocks, their row counts beside them in device memory
+  // (runtime/exec/Collectives.cpp, allToAllBlocks).
   return record("all-to-all over " + key.str(), [=] {
     return direct.allToAll(key, input, sendCounts, output, recvCounts, type);
   });

@@ -491,3 +491,130 @@ TEST_CASE("the 32-lane emulation meets like a warp and names divergence") {
   CHECK(err.find("lanes diverged") != std::string::npos);
 }
 #endif
+
+// A captured step's all-to-all moves its rows through blocks of a fixed
+// size (Device::packRowBlocks, unpackRowBlocks): each member's rows into
+// its block, and back in member order with the rest zeroed; counts that do
+// not fit leave their fault code (the first one) and move nothing. Rows of
+// 8, 6 and 3 bytes (the copies' 4-, 2- and 1-byte units).
+TEST_CASE("a captured all-to-all's row blocks") {
+  auto gpu = createEmulatedGpuDevice(nullptr);
+  Allocator &mem = gpu->allocator();
+  using Fault = Device::RowBlockFault;
+  for (int64_t rowBytes : {8, 6, 3}) {
+    INFO("rows of " << rowBytes << " bytes");
+    Device::RowBlocks shape;
+    shape.members = 3;
+    shape.blockRows = 2;
+    shape.rows = 5;
+    shape.rowBytes = rowBytes;
+    const size_t inBytes = static_cast<size_t>(5 * rowBytes),
+                 blockBytes = static_cast<size_t>(3 * 2 * rowBytes);
+    std::vector<uint8_t> input(inBytes);
+    for (size_t b = 0; b < inBytes; ++b)
+      input[b] = static_cast<uint8_t>(b + 1);
+    void *in = nullptr, *blocks = nullptr, *out = nullptr, *counts = nullptr,
+         *sent = nullptr, *fault = nullptr;
+    REQUIRE(mem.allocate(inBytes, in));
+    REQUIRE(mem.allocate(blockBytes, blocks));
+    REQUIRE(mem.allocate(inBytes, out));
+    REQUIRE(mem.allocate(3 * sizeof(int32_t), counts));
+    REQUIRE(mem.allocate(3 * sizeof(int32_t), sent));
+    REQUIRE(mem.allocate(sizeof(int32_t), fault));
+    REQUIRE(mem.copyFromHost(in, input.data(), inBytes));
+    auto setCounts = [&](std::vector<int32_t> c) {
+      REQUIRE(mem.copyFromHost(counts, c.data(), 3 * sizeof(int32_t)));
+    };
+    auto setFault = [&](int32_t code) {
+      REQUIRE(mem.copyFromHost(fault, &code, sizeof code));
+    };
+    auto faultCode = [&] {
+      int32_t code = -7;
+      REQUIRE(mem.copyToHost(&code, fault, sizeof code));
+      return code;
+    };
+    auto sentCounts = [&] {
+      std::vector<int32_t> c(3);
+      REQUIRE(mem.copyToHost(c.data(), sent, 3 * sizeof(int32_t)));
+      return c;
+    };
+    auto bytesOf = [&](void *p, size_t n) {
+      std::vector<uint8_t> b(n);
+      REQUIRE(mem.copyToHost(b.data(), p, n));
+      return b;
+    };
+    const int32_t *countsIn = static_cast<const int32_t *>(counts);
+    int32_t *faultAt = static_cast<int32_t *>(fault),
+            *sentAt = static_cast<int32_t *>(sent);
+    const size_t row = static_cast<size_t>(rowBytes);
+
+    // Members 0 and 2 get 2 rows each, member 1 none; the blocks come back
+    // as the input's first 4 rows and a zero row.
+    setCounts({2, 0, 2});
+    setFault(0);
+    std::vector<uint8_t> marked(blockBytes, 0xEE);
+    REQUIRE(mem.copyFromHost(blocks, marked.data(), blockBytes));
+    REQUIRE(gpu->packRowBlocks(shape, in, countsIn, blocks, sentAt, faultAt));
+    CHECK(faultCode() == 0);
+    CHECK(sentCounts() == std::vector<int32_t>{2, 0, 2});
+    std::vector<uint8_t> want = marked;
+    std::copy_n(input.begin(), 2 * row, want.begin());
+    std::copy_n(input.begin() + 2 * row, 2 * row, want.begin() + 4 * row);
+    CHECK(bytesOf(blocks, blockBytes) == want);
+    REQUIRE(gpu->unpackRowBlocks(shape, blocks, sentAt, out, faultAt));
+    CHECK(faultCode() == 0);
+    std::vector<uint8_t> back(inBytes, 0);
+    std::copy_n(input.begin(), 4 * row, back.begin());
+    CHECK(bytesOf(out, inBytes) == back);
+
+    // Counts that do not fit: each one's code, -1 sent to every member,
+    // nothing moved.
+    struct Bad {
+      std::vector<int32_t> counts;
+      Fault fault;
+    };
+    for (const Bad &bad :
+         {Bad{{3, 0, 0}, Fault::kCount}, Bad{{0, -1, 0}, Fault::kCount},
+          Bad{{2, 2, 2}, Fault::kInput}}) {
+      INFO("sending " << bad.counts[0] << ", " << bad.counts[1] << ", "
+                      << bad.counts[2]);
+      setCounts(bad.counts);
+      setFault(0);
+      REQUIRE(mem.copyFromHost(blocks, marked.data(), blockBytes));
+      REQUIRE(gpu->packRowBlocks(shape, in, countsIn, blocks, sentAt, faultAt));
+      CHECK(faultCode() == int32_t(bad.fault));
+      CHECK(sentCounts() == std::vector<int32_t>{-1, -1, -1});
+      CHECK(bytesOf(blocks, blockBytes) == marked);
+    }
+    // Received counts that do not fit: each one's code, an all-zero output.
+    REQUIRE(mem.copyFromHost(out, input.data(), inBytes));
+    for (const Bad &bad :
+         {Bad{{2, -1, 2}, Fault::kPeer}, Bad{{0, 3, 0}, Fault::kCount},
+          Bad{{2, 2, 2}, Fault::kOutput}}) {
+      INFO("receiving " << bad.counts[0] << ", " << bad.counts[1] << ", "
+                        << bad.counts[2]);
+      setCounts(bad.counts);
+      setFault(0);
+      REQUIRE(gpu->unpackRowBlocks(shape, blocks, countsIn, out, faultAt));
+      CHECK(faultCode() == int32_t(bad.fault));
+      CHECK(bytesOf(out, inBytes) == std::vector<uint8_t>(inBytes, 0));
+    }
+    // The first fault stays.
+    setCounts({3, 0, 0});
+    setFault(int32_t(Fault::kOutput));
+    REQUIRE(gpu->packRowBlocks(shape, in, countsIn, blocks, sentAt, faultAt));
+    CHECK(faultCode() == int32_t(Fault::kOutput));
+    for (void *p : {in, blocks, out})
+      mem.deallocate(p, p == blocks ? blockBytes : inBytes);
+    for (void *p : {counts, sent})
+      mem.deallocate(p, 3 * sizeof(int32_t));
+    mem.deallocate(fault, sizeof(int32_t));
+  }
+  // A device that does not capture steps has no blocks.
+  auto cpu = createCpuDevice(nullptr);
+  CHECK(cpu->packRowBlocks({}, nullptr, nullptr, nullptr, nullptr, nullptr)
+            .message() == "the cpu backend does not capture steps");
+  CHECK(
+      cpu->unpackRowBlocks({}, nullptr, nullptr, nullptr, nullptr).message() ==
+      "the cpu backend does not capture steps");
+}
