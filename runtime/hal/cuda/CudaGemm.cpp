@@ -131,11 +131,16 @@ struct GemmKey {
   uint32_t alignA, alignB, alignC;
   /// DEFAULT, BIAS, BGRADA, BGRADB, GELU_AUX(_BIAS) or DGELU.
   cublasLtEpilogue_t epilogue;
+  /// The alignment of the epilogue's vector (the bias or the bias
+  /// gradient), which the heuristic reads from its pointer (cublasLt.h:
+  /// "depend on its value to determine expected pointer alignment").
+  uint32_t alignVector;
   bool operator<(const GemmKey &o) const {
     return std::tie(transA, transB, bf16, outBf16, m, n, k, lda, ldb, ldc,
-                    alignA, alignB, alignC, epilogue) <
+                    alignA, alignB, alignC, epilogue, alignVector) <
            std::tie(o.transA, o.transB, o.bf16, o.outBf16, o.m, o.n, o.k, o.lda,
-                    o.ldb, o.ldc, o.alignA, o.alignB, o.alignC, o.epilogue);
+                    o.ldb, o.ldc, o.alignA, o.alignB, o.alignC, o.epilogue,
+                    o.alignVector);
   }
 };
 
@@ -261,6 +266,16 @@ Status prepareGemm(const CublasLt &lt, cublasLtHandle_t handle,
     for (const auto &[attribute, bytes] : alignments)
       PIPER_CUBLAS_RETURN_IF_ERROR(lt.cublasLtMatmulPreferenceSetAttribute(
           pref, attribute, &bytes, sizeof(bytes)));
+    if (key.outBf16) {
+      // A split-K reduction "in place" or in the output type would add the
+      // partial sums as bf16: a packed D must be the fp32 result rounded
+      // once (ColMajorGemm::c16), so only reductions in the compute type.
+      const uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_NONE |
+                               CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+      PIPER_CUBLAS_RETURN_IF_ERROR(lt.cublasLtMatmulPreferenceSetAttribute(
+          pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes,
+          sizeof(schemes)));
+    }
     cublasLtMatmulHeuristicResult_t heuristic{};
     int found = 0;
     PIPER_CUBLAS_RETURN_IF_ERROR(lt.cublasLtMatmulAlgoGetHeuristic(
@@ -452,12 +467,14 @@ Status gemmColMajor(const Context &ctx, const ColMajorGemm &call) {
               : gelu               ? CUBLASLT_EPILOGUE_GELU_AUX
               : g.sumsA            ? CUBLASLT_EPILOGUE_BGRADA
               : g.sumsB            ? CUBLASLT_EPILOGUE_BGRADB
-                                   : plain};
+                                   : plain,
+              0};
   EpiloguePointers pointers;
   pointers.vector = g.bias    ? static_cast<const void *>(g.bias)
                     : g.sumsA ? static_cast<const void *>(g.sumsA)
                               : static_cast<const void *>(g.sumsB);
   pointers.aux = aux;
+  key.alignVector = matrixAlignment(pointers.vector, 0, 4);
   // The key's prepared GEMM (a key with an epilogue that cuBLASLt refuses
   // is kept, marked, and not asked again).
   auto preparedFor = [&](const GemmKey &k, const PreparedGemm *&out) -> Status {

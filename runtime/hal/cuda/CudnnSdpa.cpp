@@ -74,6 +74,9 @@ public:
     return Status::ok();
   }
 
+  /// cudnnGetVersion's code of the library (e.g. 91900).
+  size_t version() const { return lib.version; }
+
 private:
   const CudnnLibrary &lib;
 };
@@ -304,6 +307,9 @@ public:
     return Status::ok();
   }
 
+  /// What the causal mask writes (sdpaMaskValue).
+  float maskValue() const { return sdpaMaskValue(c.version()); }
+
   /// Reserves `bytes` of scratch in the workspace for tensor `uid`.
   void addScratch(int64_t uid, size_t bytes) {
     g.scratch.push_back({uid, g.scratchBytes, bytes});
@@ -405,9 +411,8 @@ Status buildForward(GraphBuilder &gb, const Layout &l) {
                                    l.stats, l.statsStride, false},
                                   stats));
   PIPER_RETURN_IF_ERROR(gb.scalar("scale", SdpaUid::Scale, l.scale, scale));
-  PIPER_RETURN_IF_ERROR(gb.scalar("neg_inf", SdpaUid::NegInf,
-                                  -std::numeric_limits<float>::infinity(),
-                                  negInf));
+  PIPER_RETURN_IF_ERROR(
+      gb.scalar("neg_inf", SdpaUid::NegInf, gb.maskValue(), negInf));
 
   cudnnBackendDescriptor_t s, masked;
   PIPER_RETURN_IF_ERROR(scaledScores(gb, l, q, kt, scale, s));
@@ -488,9 +493,8 @@ Status buildBackward(GraphBuilder &gb, const Layout &l, bool accumulateDq) {
       {"dV", SdpaUid::DV, CUDNN_DATA_BFLOAT16, l.kvDims, l.kvStride, false},
       dv));
   PIPER_RETURN_IF_ERROR(gb.scalar("scale", SdpaUid::Scale, l.scale, scale));
-  PIPER_RETURN_IF_ERROR(gb.scalar("neg_inf", SdpaUid::NegInf,
-                                  -std::numeric_limits<float>::infinity(),
-                                  negInf));
+  PIPER_RETURN_IF_ERROR(
+      gb.scalar("neg_inf", SdpaUid::NegInf, gb.maskValue(), negInf));
   PIPER_RETURN_IF_ERROR(gb.scalar("one", SdpaUid::One, 1.0f, one));
 
   // softmax_sum = rowsum(dO * O), fp32 scratch in the workspace.
@@ -627,9 +631,42 @@ Status validateSdpaShape(const SdpaShape &s, bool backward) {
   return Status::ok();
 }
 
+Status checkSdpaVersion(size_t version, const SdpaShape &s, bool backward) {
+  const std::string v = std::to_string(version / 10000) + "." +
+                        std::to_string(version / 100 % 100) + "." +
+                        std::to_string(version % 100);
+  if (backward && (version == 91000 || version == 91001))
+    return Status::error("cuDNN " + v +
+                         "'s flash attention backward has known bugs "
+                         "(cudnn-frontend refuses it); load another cuDNN "
+                         "($PIPER_CUDNN_LIBRARY)");
+  // Before 9.15.1 the backward can give NaN or wrong gradients where the
+  // sequence is not a multiple of 128 (cudnn-frontend issue 160; the
+  // frontend pads such sequences with a mask until 9.15.1). The forward is
+  // refused with it, so that both passes of a call run on the same kernels.
+  if (version < 91501 && s.seq % 128 != 0)
+    return Status::error(
+        "cuDNN " + v +
+        "'s flash attention backward is wrong for sequences "
+        "that are not a multiple of 128 (seq " +
+        std::to_string(s.seq) +
+        "; fixed in cuDNN 9.15.1): load a newer cuDNN ($PIPER_CUDNN_LIBRARY)");
+  return Status::ok();
+}
+
+float sdpaMaskValue(size_t version) {
+  // cudnn-frontend binds the lowest float before 9.10 ("older cuDNN
+  // prefers lowest for the softmax mask"), -inf from 9.10 on.
+  return version < 91000 ? std::numeric_limits<float>::lowest()
+                         : -std::numeric_limits<float>::infinity();
+}
+
 Status buildSdpaGraph(const CudnnLibrary &lib, const SdpaShape &shape,
                       bool backward, SdpaGraph &out, bool accumulateDq) {
   PIPER_RETURN_IF_ERROR(validateSdpaShape(shape, backward));
+  PIPER_RETURN_IF_ERROR(
+      checkSdpaVersion(lib.version, shape, backward)
+          .withContext("cuDNN attention (" + describeSdpaShape(shape) + ")"));
   SdpaGraph g;
   g.shape = shape;
   g.backward = backward;

@@ -46,6 +46,14 @@ std::string describeSdpaShape(const SdpaShape &shape);
 /// backward pass (cuDNN refuses s_q = s_kv = 1), and every element count and
 /// stride within int64.
 Status validateSdpaShape(const SdpaShape &shape, bool backward);
+/// Refuses what cuDNN `version` (cudnnGetVersion's code, e.g. 91900) is
+/// known to compute wrongly, as cudnn-frontend does: the backward of
+/// 9.10.0 and 9.10.1, and before 9.15.1 sequences that are not a multiple
+/// of 128 (both passes: they run on the same kernels).
+Status checkSdpaVersion(size_t version, const SdpaShape &shape, bool backward);
+/// The value the causal mask writes: -inf, or before cuDNN 9.10 the lowest
+/// float (as cudnn-frontend binds it).
+float sdpaMaskValue(size_t version);
 
 /// One cuDNN backend descriptor, destroyed through the library that made it.
 class CudnnDescriptor {

@@ -230,6 +230,39 @@ TEST_CASE("the toolkit's cuDNN loads, and its errors carry cuDNN's reason",
   CHECK(text.back() == ')');
 }
 
+// cuDNN versions with known flash-attention bugs are refused for what they
+// get wrong, as cudnn-frontend guards them, so that `--attention auto` runs
+// those calls on the SIMT kernels (and `cudnn` says why).
+TEST_CASE("cuDNN versions with known attention bugs are refused", "[cudnn]") {
+  SdpaShape odd = kGpt2;
+  odd.seq = 1000; // not a multiple of 128
+  for (bool backward : {false, true}) {
+    INFO((backward ? "backward" : "forward"));
+    for (size_t version : {91501u, 91900u, 92000u}) {
+      CHECK(checkSdpaVersion(version, kGpt2, backward));
+      CHECK(checkSdpaVersion(version, odd, backward));
+    }
+    CHECK(checkSdpaVersion(91400, kGpt2, backward));
+    CHECK(checkSdpaVersion(91400, odd, backward).message() ==
+          "cuDNN 9.14.0's flash attention backward is wrong for sequences "
+          "that are not a multiple of 128 (seq 1000; fixed in cuDNN 9.15.1): "
+          "load a newer cuDNN ($PIPER_CUDNN_LIBRARY)");
+    CHECK_FALSE(checkSdpaVersion(91500, kTinyOdd, backward));
+  }
+  for (size_t version : {91000u, 91001u}) {
+    CHECK(checkSdpaVersion(version, kGpt2, false));
+    CHECK_FALSE(checkSdpaVersion(version, kGpt2, true));
+  }
+  CHECK(checkSdpaVersion(91001, kGpt2, true).message() ==
+        "cuDNN 9.10.1's flash attention backward has known bugs "
+        "(cudnn-frontend refuses it); load another cuDNN "
+        "($PIPER_CUDNN_LIBRARY)");
+  CHECK(checkSdpaVersion(91002, kGpt2, true));
+  CHECK(sdpaMaskValue(90900) == std::numeric_limits<float>::lowest());
+  CHECK(sdpaMaskValue(91000) == -std::numeric_limits<float>::infinity());
+  CHECK(sdpaMaskValue(91900) == -std::numeric_limits<float>::infinity());
+}
+
 TEST_CASE("attention shapes are checked before any cuDNN call", "[cudnn]") {
   auto message = [](SdpaShape s, bool backward) {
     return validateSdpaShape(s, backward).message();

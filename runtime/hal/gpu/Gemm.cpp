@@ -15,6 +15,9 @@ Status gemm(const Context &ctx, bool transA, bool transB, int64_t m, int64_t n,
     gelu->done = false;
   if ((a.bf16 || b.bf16) && !ctx.bf16)
     return Status::error("gemm: a packed bf16 operand in an fp32 GEMM");
+  if (gelu && gelu->out && beta != 0)
+    return Status::error("gemm: GELU into its own output needs beta 0 (the "
+                         "epilogue's C is that output, not C)");
   if (c16 && (!ctx.bf16 || c || beta != 0 || sums || gelu))
     return Status::error("gemm: a packed output needs a bf16 GEMM with beta "
                          "0, no fp32 C, no operand sums and no GELU");

@@ -450,3 +450,21 @@ TEST_CASE("a packed GEMM output needs a bf16 GEMM with beta 0") {
       CHECK(c16[i] == piper::floatToBf16(c[i]));
   }
 }
+
+// GELU into its own output (GemmGelu::out) takes beta 0: cuBLASLt's
+// epilogue writes D = that output, which is then also its C, so beta would
+// scale the output's old values, not C's.
+TEST_CASE("a GEMM with GELU into its own output needs beta 0") {
+  namespace g = piper::runtime::hal::PIPER_GPU_NS;
+  g::Context ctx;
+  const std::vector<float> a = {1, 2, 3, 4}, b = {0.5f, -1, 2, 0.3f};
+  std::vector<float> c(4, 1.0f), y(4, 0.0f);
+  g::GemmGelu gelu;
+  gelu.out = y.data();
+  CHECK(g::gemm(ctx, false, false, 2, 2, 2, 1.0f, a.data(), 2, b.data(), 2,
+                1.0f, c.data(), 2, nullptr, nullptr, &gelu)
+            .message() == "gemm: GELU into its own output needs beta 0 (the "
+                          "epilogue's C is that output, not C)");
+  CHECK(g::gemm(ctx, false, false, 2, 2, 2, 1.0f, a.data(), 2, b.data(), 2,
+                0.0f, c.data(), 2, nullptr, nullptr, &gelu));
+}
