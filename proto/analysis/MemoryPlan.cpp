@@ -140,28 +140,45 @@ ValueLives segmentLives(const Segment &seg, bool bf16) {
 
 } // namespace
 
+namespace {
+/// Value v's scratch bytes: `bytes`' where it gives them, else float32.
+int64_t valueBytes(const Segment &seg, int v,
+                   const std::vector<int64_t> *bytes) {
+  if (bytes && v < static_cast<int>(bytes->size()) && (*bytes)[v] >= 0)
+    return (*bytes)[v];
+  return f32Bytes(seg.values(v));
+}
+} // namespace
+
 int64_t planSegmentScratch(const Segment &seg, bool bf16,
-                           std::vector<int64_t> *offsets, int64_t alignment) {
+                           std::vector<int64_t> *offsets, int64_t alignment,
+                           const std::vector<int64_t> *bytes) {
   int n = seg.values_size();
   ValueLives lives = segmentLives(seg, bf16);
   std::vector<int> ids;
   std::vector<int64_t> sizes;
+  if (offsets)
+    offsets->assign(n, -1);
   for (int v = 0; v < n; ++v) {
     if (lives.first[v] < 0)
       continue;
+    const int64_t b = valueBytes(seg, v, bytes);
+    if (b == 0 && bytes) {
+      if (offsets)
+        (*offsets)[v] = 0; // needs no bytes, but is not a bound argument
+      continue;
+    }
     ids.push_back(v);
-    sizes.push_back(f32Bytes(seg.values(v)));
+    sizes.push_back(b);
   }
   const std::vector<int> &first = lives.first, &last = lives.last;
   ArenaLayout layout = pack(sizes, alignment, [&](int i, int j) {
     int a = ids[i], b = ids[j];
     return first[a] <= last[b] && first[b] <= last[a];
   });
-  if (offsets) {
-    offsets->assign(n, -1);
+  if (offsets)
     for (size_t i = 0; i < ids.size(); ++i)
       (*offsets)[ids[i]] = layout.offsets[i];
-  }
   return layout.bytes;
 }
 
@@ -274,9 +291,6 @@ int stateTensorsPerParam(const Plan &plan) {
 }
 
 bool assignArena(Plan &plan, std::string &error) {
-  StreamOrder order;
-  if (!StreamOrder::build(plan, order, error))
-    return false;
   const int64_t align = 64;
   int64_t cursor = 0;
   int stateTensors = stateTensorsPerParam(plan);
@@ -295,11 +309,24 @@ bool assignArena(Plan &plan, std::string &error) {
       shard->add_start(0);
     }
   }
-  int64_t state = cursor;
+  plan.set_state_bytes(cursor);
+  return relayoutStep(plan, nullptr, error);
+}
+
+bool relayoutStep(Plan &plan, const ValueBytes *bytes, std::string &error) {
+  StreamOrder order;
+  if (!StreamOrder::build(plan, order, error))
+    return false;
+  const int64_t align = 64;
+  const int64_t state = plan.state_bytes();
   bool bf16 = plan.training().compute_dtype() == BF16;
-  for (Segment &seg : *plan.mutable_segments()) {
+  for (int g = 0; g < plan.segments_size(); ++g) {
+    Segment &seg = *plan.mutable_segments(g);
     std::vector<int64_t> offsets;
-    seg.set_scratch_bytes(planSegmentScratch(seg, bf16, &offsets, align));
+    const std::vector<int64_t> *sizes =
+        bytes && g < static_cast<int>(bytes->size()) ? &(*bytes)[g] : nullptr;
+    seg.set_scratch_bytes(
+        planSegmentScratch(seg, bf16, &offsets, align, sizes));
     seg.clear_value_offsets();
     for (int64_t o : offsets)
       seg.add_value_offsets(o);
@@ -350,7 +377,6 @@ bool assignArena(Plan &plan, std::string &error) {
           block >= 0 ? state + layout.offsets[block] : 0);
     }
   }
-  plan.set_state_bytes(state);
   plan.set_arena_bytes(state + layout.bytes);
   return true;
 }
@@ -370,7 +396,8 @@ std::vector<int64_t> recordedOffsets(const Plan &plan, const StepBlocks &step,
   return offsets;
 }
 
-bool checkArena(const Plan &plan, std::string &error) {
+bool checkArena(const Plan &plan, std::string &error,
+                const ValueBytes *valueSizes) {
   const int64_t align = 64;
   int64_t state = plan.state_bytes(), arena = plan.arena_bytes();
   if (state < 0 || arena < state) {
@@ -420,7 +447,12 @@ bool checkArena(const Plan &plan, std::string &error) {
   }
   // Segment scratch: values disjoint while both are live.
   bool bf16 = plan.training().compute_dtype() == BF16;
-  for (const Segment &seg : plan.segments()) {
+  for (int g = 0; g < plan.segments_size(); ++g) {
+    const Segment &seg = plan.segments(g);
+    const std::vector<int64_t> *sizes =
+        valueSizes && g < static_cast<int>(valueSizes->size())
+            ? &(*valueSizes)[g]
+            : nullptr;
     if (seg.value_offsets_size() != seg.values_size()) {
       error = "segment '" + seg.name() + "' has " +
               std::to_string(seg.value_offsets_size()) + " value offsets for " +
@@ -435,7 +467,7 @@ bool checkArena(const Plan &plan, std::string &error) {
       int64_t off = seg.value_offsets(v);
       if (first[v] < 0)
         continue;
-      int64_t bytes = f32Bytes(seg.values(v));
+      int64_t bytes = valueBytes(seg, v, sizes);
       if (off < 0 || off % align != 0 || off + bytes > seg.scratch_bytes()) {
         error = "value " + std::to_string(v) + " of segment '" + seg.name() +
                 "' at scratch offset " + std::to_string(off) +
@@ -444,7 +476,7 @@ bool checkArena(const Plan &plan, std::string &error) {
         return false;
       }
       for (int u : placed) {
-        int64_t uo = seg.value_offsets(u), ub = f32Bytes(seg.values(u));
+        int64_t uo = seg.value_offsets(u), ub = valueBytes(seg, u, sizes);
         bool bytesOverlap = off < uo + ub && uo < off + bytes;
         bool liveOverlap = first[u] <= last[v] && first[v] <= last[u];
         if (bytesOverlap && liveOverlap && bytes > 0 && ub > 0) {

@@ -78,10 +78,18 @@ KernelSpan valueKernelSpans(const Segment &segment);
 /// result stays until the call ends, when it is packed). Lays the values out,
 /// largest first, each at the lowest aligned offset free of the values live
 /// with it, in a scratch area whose size is returned; `offsets` (by value id,
-/// -1 for values without scratch) may be null.
+/// -1 for values without scratch) may be null. With `bytes` (by value id),
+/// a value with bytes[v] >= 0 needs that many instead of its float32 bytes
+/// (a device that stores it packed: half; or none, where it is written to
+/// or read from its step buffer as stored: 0, at offset 0).
 int64_t planSegmentScratch(const Segment &segment, bool bf16,
                            std::vector<int64_t> *offsets,
-                           int64_t alignment = 64);
+                           int64_t alignment = 64,
+                           const std::vector<int64_t> *bytes = nullptr);
+
+/// Per segment, per value: the scratch bytes a device's storage needs
+/// (planSegmentScratch's `bytes`; -1: the float32 bytes).
+using ValueBytes = std::vector<std::vector<int64_t>>;
 
 /// The blocks of one plan's step: one per step buffer (defined by the
 /// instruction that writes it, accessed by every reader; a buffer read by a
@@ -112,6 +120,15 @@ int stateTensorsPerParam(const Plan &plan);
 /// streams deadlock on events.
 bool assignArena(Plan &plan, std::string &error);
 
+/// Lays out `plan`'s step again above its state region (kept as it is,
+/// sharded or not): every segment's scratch and value offsets with the
+/// values sized by `bytes` (null: float32), then the step blocks: every
+/// buffer's offset, every instruction's scratch_offset and arena_bytes.
+/// The runtime does this for a device that stores some values packed
+/// (runtime/exec: the plan file stays device-agnostic). Fails, with the
+/// reason in `error`, when the plan's streams deadlock on events.
+bool relayoutStep(Plan &plan, const ValueBytes *bytes, std::string &error);
+
 /// The offsets `plan` records for the blocks of `step` (buffer offsets, and
 /// the scratch_offset of instructions that own a block), minus `base`; -1
 /// for blocks the plan gives no place.
@@ -122,8 +139,10 @@ std::vector<int64_t> recordedOffsets(const Plan &plan, const StepBlocks &step,
 /// offsets disjoint and inside state_bytes, step blocks above the state, no
 /// two blocks that may be live at the same time sharing a byte, every
 /// segment's values inside its scratch and disjoint while both live, and
-/// everything inside arena_bytes. On failure `error` names what is wrong.
-bool checkArena(const Plan &plan, std::string &error);
+/// everything inside arena_bytes (values sized by `bytes` where given, as
+/// relayoutStep laid them out). On failure `error` names what is wrong.
+bool checkArena(const Plan &plan, std::string &error,
+                const ValueBytes *bytes = nullptr);
 
 /// Where a plan's step needs the most memory: the instruction at which the
 /// step blocks that may be live together add up to the most bytes, those

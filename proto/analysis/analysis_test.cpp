@@ -206,6 +206,41 @@ TEST_CASE("segment scratch reuses the bytes of dead values") {
   CHECK(offsets[3] == offsets[1]);
 }
 
+// A device that stores values packed sizes them itself (the runtime's
+// relayout): half of the float32 bytes, or none (written to or read from
+// its step buffer as stored: offset 0, no bytes).
+TEST_CASE("segment scratch with the device's value sizes") {
+  Segment seg;
+  for (int i = 0; i < 4; ++i) {
+    TensorType *t = seg.add_values();
+    t->set_dtype(F32);
+    t->add_shape(32); // 128 bytes
+  }
+  seg.add_args(0);
+  seg.add_results(3);
+  auto kernel = [&](int in, int out) {
+    Kernel *k = seg.add_kernels();
+    k->set_op("gelu");
+    Operand *i = k->add_inputs();
+    i->set_index(in);
+    Operand *o = k->add_outputs();
+    o->set_index(out);
+  };
+  kernel(0, 1);
+  kernel(1, 2);
+  kernel(2, 3);
+  std::vector<int64_t> offsets;
+  CHECK(planSegmentScratch(seg, true, &offsets, 64) == 256);
+  // v1 and v2 packed (64 bytes each), the argument read as stored and the
+  // result written as stored (no bytes).
+  const std::vector<int64_t> bytes = {0, 64, 64, 0};
+  CHECK(planSegmentScratch(seg, true, &offsets, 64, &bytes) == 128);
+  CHECK(offsets == std::vector<int64_t>{0, 0, 64, 0});
+  // -1: the float32 bytes.
+  const std::vector<int64_t> some = {0, -1, 64, -1};
+  CHECK(planSegmentScratch(seg, true, &offsets, 64, &some) == 192);
+}
+
 TEST_CASE(
     "step blocks: one per buffer, defined by its writer; scratch per call") {
   Plan plan;
@@ -341,6 +376,37 @@ TEST_CASE("assignArena writes a memory plan that checkArena accepts") {
   CHECK(plan.segments(0).value_offsets(0) == -1);
   CHECK(plan.segments(0).value_offsets(1) == 0);
   CHECK(plan.arena_bytes() >= plan.state_bytes() + 3 * 32);
+}
+
+// relayoutStep lays the step out again with a device's value sizes,
+// keeping the state region (sharded or not) as it was: a smaller arena that
+// checkArena accepts with those sizes, and rejects without them once values
+// share bytes they would need as float32.
+TEST_CASE("relayoutStep keeps the state and lays the step out again") {
+  Plan plan = smallPlan();
+  std::string error;
+  REQUIRE(assignArena(plan, error));
+  const Plan before = plan;
+  ValueBytes none(plan.segments_size());
+  REQUIRE(relayoutStep(plan, &none, error));
+  CHECK(plan.SerializeAsString() == before.SerializeAsString());
+  // Value 1 (32 bytes as float32) stored packed: 16 bytes.
+  ValueBytes bytes(plan.segments_size());
+  bytes[0].assign(plan.segments(0).values_size(), -1);
+  bytes[0][1] = 16;
+  plan.mutable_params(0)->set_state_offsets(3, 128); // kept, however odd
+  REQUIRE(relayoutStep(plan, &bytes, error));
+  CHECK(plan.params(0).state_offsets(3) == 128);
+  CHECK(plan.state_bytes() == before.state_bytes());
+  CHECK(plan.segments(0).scratch_bytes() == 16);
+  CHECK(plan.arena_bytes() <= before.arena_bytes());
+  plan.mutable_params(0)->set_state_offsets(3, 192);
+  CHECK(checkArena(plan, error, &bytes));
+  // A value sized larger than the layout gave it is outside its scratch.
+  bytes[0][1] = 32;
+  REQUIRE_FALSE(checkArena(plan, error, &bytes));
+  CHECK(error == "value 1 of segment 'f' at scratch offset 0 is missing, "
+                 "misaligned or outside its 16 bytes of scratch");
 }
 
 TEST_CASE("checkArena rejects a corrupted memory plan, naming the culprit") {

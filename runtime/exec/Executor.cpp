@@ -54,9 +54,11 @@ static Status checkDeviceFits(const plan::Plan &plan,
 
 Status ExecutorImpl::init(uint64_t seed) {
   memory = &device->allocator();
-  PIPER_RETURN_IF_ERROR(checkDeviceFits(plan, *memory, options.deviceMemory));
   comm = device->communicator();
   bf16 = plan.training().compute_dtype() == plan::BF16;
+  fileArenaBytes = plan.arena_bytes();
+  PIPER_RETURN_IF_ERROR(planStorage());
+  PIPER_RETURN_IF_ERROR(checkDeviceFits(plan, *memory, options.deviceMemory));
   bf16Params.assign(plan.params_size(), nullptr);
   bf16Step.assign(plan.params_size(), 0);
   bf16Seen.assign(bf16 ? plan.streams_size() : 0,
@@ -424,5 +426,6 @@ int64_t Executor::stateBytes() const { return impl->stateBytes; }
 double Executor::peakFlops() const { return impl->device->peakFlops(); }
 
 const plan::Plan &Executor::plan() const { return impl->plan; }
+int64_t Executor::fileArenaBytes() const { return impl->fileArenaBytes; }
 
 } // namespace piper::runtime

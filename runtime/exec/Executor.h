@@ -250,7 +250,12 @@ public:
 
   /// This rank's position in plan.ranks.
   int replicaIndex() const;
+  /// The plan as this executor runs it: the plan file's, with the step's
+  /// memory plan laid out again where the device stores values packed
+  /// (docs/runtime.md, "Packed step buffers and values").
   const plan::Plan &plan() const;
+  /// The plan file's arena_bytes (before any such layout).
+  int64_t fileArenaBytes() const;
   /// A piece of the persistent state of Plan.params[index]; `kind` is PARAM,
   /// GRAD, ADAM_M or ADAM_V.
   /// Its data is device memory: read it on the host with stateToHost.

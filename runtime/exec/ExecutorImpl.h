@@ -226,6 +226,9 @@ public:
   int numBlockFaults = 0;
 
   int64_t stateBytes = 0;
+  /// The plan's arena_bytes as its file gave them (planStorage may lay the
+  /// step out again, smaller).
+  int64_t fileArenaBytes = 0;
   plan::Plan plan;
   ExecutorOptions options;
   std::string who; // "rank R"
@@ -332,6 +335,18 @@ public:
   // Loading (Executor.cpp, Segments.cpp).
   Status init(uint64_t seed);
   Status resolveKernels();
+  /// Kernel k of segment g's device entry and mixed-precision storage:
+  /// info, lowPrecision, roundsOutputs, packedInputs and packedOutputs.
+  Status resolveStorage(int g, int k, ResolvedKernel &r) const;
+  /// Each kernel's device entry and storage (kernels, resolveStorage; the
+  /// rest by resolveKernels), which values each segment keeps packed on
+  /// this device (packedStorage)
+  /// and, where it keeps some, the step's memory plan laid out again for
+  /// that storage (plan::relayoutStep: a packed value in half its float32
+  /// bytes, one written to or read from its step buffer as stored in
+  /// none), before the arena is allocated. The plan file stays
+  /// device-agnostic.
+  Status planStorage();
   /// Device::prepareKernel for every kernel of every segment a stream
   /// calls, on that stream (after resolveKernels and the streams).
   Status prepareKernels();

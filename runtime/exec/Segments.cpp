@@ -55,30 +55,88 @@ SegmentLifetimes computeLifetimes(const plan::Segment &seg) {
   return lt;
 }
 
-Status ExecutorImpl::resolveKernels() {
-  kernels.clear();
+Status ExecutorImpl::resolveStorage(int g, int k, ResolvedKernel &r) const {
+  const plan::Segment &seg = plan.segments(g);
+  const plan::Kernel &kernel = seg.kernels(k);
+  r.info = device->findKernel(kernel.op());
+  if (!r.info)
+    return Status::error("segment " + std::to_string(g) + " ('" + seg.name() +
+                         "'), kernel " + std::to_string(k) +
+                         ": unknown kernel '" + kernel.op() + "' on device " +
+                         device->name());
+  const std::string &op = kernel.op();
+  // Mixed precision: compute kernels read bf16 weights; the optimizer and
+  // the gradient accumulators stay in fp32.
+  r.lowPrecision = bf16 && op != "accumulate" && op != "zero" && op != "adamw";
+  r.roundsOutputs = r.lowPrecision && device->roundsOutputs(*r.info);
+  for (const Operand &o : kernel.outputs())
+    r.roundsOutputs &= o.kind() == Operand::VALUE;
+  r.packedInputs.assign(kernel.inputs_size(), 0);
+  for (int j = 0; j < kernel.inputs_size(); ++j)
+    r.packedInputs[j] = r.lowPrecision && options.packedStepBuffers &&
+                        kernel.inputs(j).kind() == Operand::VALUE &&
+                        device->readsPackedInput(*r.info, j);
+  r.packedOutputs.assign(kernel.outputs_size(), 0);
+  for (int o = 0; o < kernel.outputs_size(); ++o)
+    r.packedOutputs[o] = r.roundsOutputs && options.packedStepBuffers &&
+                         kernel.outputs(o).kind() == Operand::VALUE &&
+                         !kernelReadsOutputs(kernel) &&
+                         device->writesPackedOutput(*r.info, o);
+  return Status::ok();
+}
+
+Status ExecutorImpl::planStorage() {
+  kernels.assign(plan.segments_size(), {});
   packedStorage.clear();
+  plan::ValueBytes bytes(plan.segments_size());
+  bool relayout = false;
   for (int g = 0; g < plan.segments_size(); ++g) {
     const plan::Segment &seg = plan.segments(g);
-    std::vector<ResolvedKernel> resolved(seg.kernels_size());
+    std::vector<ResolvedKernel> &resolved = kernels[g];
+    resolved.resize(seg.kernels_size());
+    for (int k = 0; k < seg.kernels_size(); ++k)
+      PIPER_RETURN_IF_ERROR(resolveStorage(g, k, resolved[k]));
+    packedStorage.push_back(planPackedStorage(seg, resolved));
+    const PackedStorage &p = packedStorage.back();
+    std::vector<int64_t> &b = bytes[g];
+    b.assign(seg.values_size(), -1);
+    // Written straight into its step buffer, or read from it as stored.
+    for (int r = 0; r < seg.results_size(); ++r)
+      if (p.packsResult[r])
+        b[seg.results(r)] = 0;
+    for (int a = 0; a < seg.args_size(); ++a)
+      if (!p.unpacksArg[a] && seg.value_offsets(seg.args(a)) >= 0)
+        b[seg.args(a)] = 0;
+    // Packed in the first half of its slot.
+    for (int v : p.packedSlots) {
+      plan::TensorType type = seg.values(v);
+      type.set_dtype(plan::BF16);
+      b[v] = tensorBytes(type);
+    }
+    for (int64_t n : b)
+      relayout |= n >= 0;
+  }
+  if (!relayout)
+    return Status::ok();
+  std::string error;
+  if (!plan::relayoutStep(plan, &bytes, error) ||
+      !plan::checkArena(plan, error, &bytes))
+    return Status::error("internal error: the memory plan laid out again for "
+                         "the values stored packed: " +
+                         error);
+  return Status::ok();
+}
+
+Status ExecutorImpl::resolveKernels() {
+  for (int g = 0; g < plan.segments_size(); ++g) {
+    const plan::Segment &seg = plan.segments(g);
+    // planStorage resolved each kernel's device entry and storage.
+    std::vector<ResolvedKernel> &resolved = kernels[g];
     for (int k = 0; k < seg.kernels_size(); ++k) {
       const plan::Kernel &kernel = seg.kernels(k);
       ResolvedKernel &r = resolved[k];
-      r.info = device->findKernel(kernel.op());
-      if (!r.info)
-        return Status::error("segment " + std::to_string(g) + " ('" +
-                             seg.name() + "'), kernel " + std::to_string(k) +
-                             ": unknown kernel '" + kernel.op() +
-                             "' on device " + device->name());
       r.attrs = decodeKernelAttrs(kernel);
       const std::string &op = kernel.op();
-      // Mixed precision: compute kernels read bf16 weights; the optimizer
-      // and the gradient accumulators stay in fp32.
-      r.lowPrecision =
-          bf16 && op != "accumulate" && op != "zero" && op != "adamw";
-      r.roundsOutputs = r.lowPrecision && device->roundsOutputs(*r.info);
-      for (const Operand &o : kernel.outputs())
-        r.roundsOutputs &= o.kind() == Operand::VALUE;
       r.adamw = op == "adamw";
       r.onRange = r.adamw && !kernel.outputs().empty() &&
                   kernel.outputs(0).kind() == Operand::PARAM &&
@@ -113,19 +171,7 @@ Status ExecutorImpl::resolveKernels() {
         r.inputs.push_back(view(o));
       for (const Operand &o : kernel.outputs())
         r.outputs.push_back(view(o));
-      r.packedInputs.assign(kernel.inputs_size(), 0);
-      for (int j = 0; j < kernel.inputs_size(); ++j)
-        r.packedInputs[j] = r.lowPrecision && options.packedStepBuffers &&
-                            kernel.inputs(j).kind() == Operand::VALUE &&
-                            device->readsPackedInput(*r.info, j);
-      r.packedOutputs.assign(kernel.outputs_size(), 0);
-      for (int o = 0; o < kernel.outputs_size(); ++o)
-        r.packedOutputs[o] = r.roundsOutputs && options.packedStepBuffers &&
-                             kernel.outputs(o).kind() == Operand::VALUE &&
-                             !kernelReadsOutputs(kernel) &&
-                             device->writesPackedOutput(*r.info, o);
     }
-    packedStorage.push_back(planPackedStorage(seg, resolved));
     // Runs of consecutive updates, run together.
     const SegmentLifetimes &lt = lifetimes[static_cast<size_t>(g)];
     auto groupable = [&](int k) {
@@ -140,7 +186,6 @@ Status ExecutorImpl::resolveKernels() {
         resolved[k].groupEnd = end;
       k = std::max(end, k + 1);
     }
-    kernels.push_back(std::move(resolved));
   }
   planPackedParams();
   scratch.assign(std::max(1, plan.streams_size()), CallScratch{});

@@ -1194,6 +1194,69 @@ plan::Plan fusedClassifierPlan(const TinyModel &m, int microbatches) {
 // (readsPackedInput: no unpacking), on the emulated GPU; the losses and
 // parameters are those of the fp32 value packed and unpacked
 // (ExecutorOptions::packedStepBuffers off), bit for bit.
+// The plan file's memory plan gives every segment value its float32 bytes
+// (the plan is device-agnostic). Where the device stores values packed, the
+// executor lays the step out again (plan::relayoutStep): a value written
+// straight into its step buffer or read from it as stored needs no
+// scratch, one packed in its slot half of it. On the emulated GPU the
+// bigram's segments then need less scratch and the arena is smaller, its
+// peak the new layout's, with the numbers of the file's layout (the
+// unpacked run); the CPU device and --unpack-step-buffers keep the file's.
+TEST_CASE("executor: where values are stored packed, the step's memory plan "
+          "is laid out again, smaller",
+          "[executor]") {
+  TinyModel m;
+  plan::Plan plan = singleClassPlan(m, 2, {0}, 1);
+  plan.mutable_training()->set_compute_dtype(plan::BF16);
+  withArena(plan);
+  REQUIRE(validatePlan(plan));
+  Trained runs[2][2]; // [emulated][packed]
+  for (bool emulated : {false, true})
+    for (bool packed : {false, true}) {
+      INFO((emulated ? "cuda-emulation" : "cpu") << (packed ? ", packed" : ""));
+      ExecutorOptions opts;
+      opts.packedStepBuffers = packed;
+      if (emulated)
+        opts.createDevice = [](Communicator *comm) {
+          return hal::createEmulatedGpuDevice(comm);
+        };
+      Status status;
+      auto exec = Executor::create(plan, opts, status);
+      INFO(status.message());
+      REQUIRE(exec);
+      const plan::Plan &ran = exec->plan();
+      CHECK(exec->fileArenaBytes() == plan.arena_bytes());
+      CHECK(ran.state_bytes() == plan.state_bytes());
+      if (emulated && packed) {
+        CHECK(ran.arena_bytes() < plan.arena_bytes());
+        for (int g = 0; g < 2; ++g)
+          CHECK(ran.segments(g).scratch_bytes() <
+                plan.segments(g).scratch_bytes());
+      } else {
+        // The file's layout: arena, scratch, value and buffer offsets.
+        auto layout = [](const plan::Plan &p) {
+          std::vector<int64_t> out = {p.arena_bytes()};
+          for (const plan::Segment &seg : p.segments()) {
+            out.push_back(seg.scratch_bytes());
+            out.insert(out.end(), seg.value_offsets().begin(),
+                       seg.value_offsets().end());
+          }
+          for (const plan::Buffer &b : p.buffers())
+            out.push_back(b.offset());
+          return out;
+        };
+        CHECK(layout(ran) == layout(plan));
+      }
+      runs[emulated][packed] = trainPlan(
+          plan, opts, 3, [] {}, [] {});
+      double loss = 0;
+      REQUIRE(exec->runStep(1, loss));
+      CHECK(exec->peakBytes() == ran.arena_bytes());
+    }
+  CHECK(runs[1][1].losses == runs[1][0].losses);
+  CHECK(runs[1][1].params == runs[1][0].params);
+}
+
 TEST_CASE("executor: the fused classifier's dlogits are written and read "
           "packed, with the same bits",
           "[executor]") {

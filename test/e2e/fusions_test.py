@@ -97,6 +97,7 @@ Usage: fusions_test.py PIPERC PIPER_RUN PIPER_PLAN
 import glob
 import json
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -219,7 +220,7 @@ def train(work, tag, model, flags, ranks, backend, run_flags=()):
     # Only the losses: timings differ from run to run.
     losses = [repr(json.loads(l)["loss"]) for l in losses]
     return (plan_bytes(out), losses, safetensors(save), kernel_counts(out),
-            packed_counts(log))
+            packed_counts(log), arenas(log))
 
 
 def packed_counts(log):
@@ -231,6 +232,35 @@ def packed_counts(log):
             words = line.split(": ")[-1].replace(",", "").split()
             return tuple(int(w) for w in words if w.isdigit())
     return None
+
+
+def arenas(log):
+    """piper-run's arena: the memory plan's it ran (its peak) and, where it
+    laid the step out again for values stored packed, the plan file's
+    (else None)."""
+    m = re.search(r"peak memory: (\d+) bytes, [^(]*\(memory plan arena "
+                  r"(\d+) bytes[^;)]*(?:; laid out again for the values this "
+                  r"device stores packed: the plan file's (\d+) bytes)?", log)
+    if not m:
+        return None
+    return (int(m.group(1)), int(m.group(2)),
+            int(m.group(3)) if m.group(3) else None)
+
+
+def arena_checks(packed, unpacked):
+    """The emulated GPU stores values packed and lays the step's memory
+    plan out again (docs/runtime.md): an arena below the plan file's, its
+    peak the new layout's; --unpack-step-buffers keeps the file's."""
+    return [
+        ("the arena laid out again for the packed values, below the plan "
+         "file's, its peak the layout's: %s" % (packed,),
+         packed is not None and packed[2] is not None
+         and packed[0] == packed[1] < packed[2]),
+        ("--unpack-step-buffers keeps the plan file's arena: %s vs %s" %
+         (unpacked, packed),
+         unpacked is not None and unpacked[2] is None and packed is not None
+         and unpacked[0] == unpacked[1] == packed[2]),
+    ]
 
 
 def packed_checks(packed, unpacked, listing):
@@ -336,7 +366,7 @@ def main():
         model = os.path.join(work, "model-%d.mlir" % i)
         run([PIPERC, "model"] + preset + ["--seq", "16", "--batch", "2",
                                           "--vocab", "100", "-o", model])
-        plan, losses, params, counts, packed = train(
+        plan, losses, params, counts, packed, arena = train(
             work, "fused-%d" % i, model, flags, ranks, backend, run_flags)
         plain = train(work, "plain-%d" % i, model,
                       flags + ["--no-fused-classifier"], ranks, backend,
@@ -403,7 +433,8 @@ def main():
             checks += packed_checks(packed, variants[-1][1][4],
                                     run([PIPER_PLAN, os.path.join(
                                         work, "fused-%d" % i)]).stdout)
-        for flag, (_, losses0, params0, _, _) in variants:
+            checks += arena_checks(arena, variants[-1][1][5])
+        for flag, (_, losses0, params0, *_) in variants:
             checks += [
                 ("%s: the same losses: %s vs %s" % (flag, losses, losses0),
                  losses == losses0),

@@ -183,14 +183,21 @@ std::string profileTable(const std::string &who, const Executor &exec,
 
 std::string memoryReport(const std::string &who, const Executor &exec) {
   // The executor places every tensor in one arena laid out by the plan's
-  // memory plan: its peak is the plan's arena_bytes.
+  // memory plan: its peak is the plan's arena_bytes (laid out again where
+  // the device stores values packed: then also the plan file's).
   const plan::Plan &plan = exec.plan();
+  std::string relaid;
+  if (exec.fileArenaBytes() != plan.arena_bytes())
+    relaid =
+        fmt::format("; laid out again for the values this device "
+                    "stores packed: the plan file's {} bytes, {}",
+                    exec.fileArenaBytes(), predictedMiB(exec.fileArenaBytes()));
   return fmt::format(
       "piper-run: {}: peak memory: {} bytes, {:.1f} MiB (memory plan arena {} "
-      "bytes, {}); state {} bytes, {:.1f} MiB (memory plan state {} bytes); "
-      "max RSS {:.1f} MiB\n",
+      "bytes, {}{}); state {} bytes, {:.1f} MiB (memory plan state {} "
+      "bytes); max RSS {:.1f} MiB\n",
       who, exec.peakBytes(), mib(exec.peakBytes()), plan.arena_bytes(),
-      predictedMiB(plan.arena_bytes()), exec.stateBytes(),
+      predictedMiB(plan.arena_bytes()), relaid, exec.stateBytes(),
       mib(exec.stateBytes()), plan.state_bytes(), mib(maxRssBytes()));
 }
 
