@@ -170,26 +170,30 @@ TEST_CASE("random plans: packed layouts are valid and never above the sum") {
   }
 }
 
-TEST_CASE("segment scratch reuses the bytes of dead values") {
+namespace {
+/// A segment of four float32 values of `elements` each: the argument v0,
+/// v1 = f(v0), v2 = f(v1), and the result v3 = f(v2).
+Segment chainSegment(int64_t elements) {
   Segment seg;
   for (int i = 0; i < 4; ++i) {
     TensorType *t = seg.add_values();
     t->set_dtype(F32);
-    t->add_shape(16); // 64 bytes
+    t->add_shape(elements);
   }
   seg.add_args(0);
   seg.add_results(3);
-  auto kernel = [&](int in, int out) {
+  for (int v = 0; v < 3; ++v) {
     Kernel *k = seg.add_kernels();
     k->set_op("gelu");
-    Operand *i = k->add_inputs();
-    i->set_index(in);
-    Operand *o = k->add_outputs();
-    o->set_index(out);
-  };
-  kernel(0, 1); // v1 = f(v0)
-  kernel(1, 2); // v2 = f(v1)
-  kernel(2, 3); // v3 = f(v2)
+    k->add_inputs()->set_index(v);
+    k->add_outputs()->set_index(v + 1);
+  }
+  return seg;
+}
+} // namespace
+
+TEST_CASE("segment scratch reuses the bytes of dead values") {
+  Segment seg = chainSegment(16); // 64 bytes a value
   std::vector<int64_t> offsets;
   // v1 and v2 overlap at kernel 1; the result v3 is bound to a step buffer.
   CHECK(planSegmentScratch(seg, false, &offsets, 64) == 128);
@@ -210,25 +214,7 @@ TEST_CASE("segment scratch reuses the bytes of dead values") {
 // relayout): half of the float32 bytes, or none (written to or read from
 // its step buffer as stored: offset 0, no bytes).
 TEST_CASE("segment scratch with the device's value sizes") {
-  Segment seg;
-  for (int i = 0; i < 4; ++i) {
-    TensorType *t = seg.add_values();
-    t->set_dtype(F32);
-    t->add_shape(32); // 128 bytes
-  }
-  seg.add_args(0);
-  seg.add_results(3);
-  auto kernel = [&](int in, int out) {
-    Kernel *k = seg.add_kernels();
-    k->set_op("gelu");
-    Operand *i = k->add_inputs();
-    i->set_index(in);
-    Operand *o = k->add_outputs();
-    o->set_index(out);
-  };
-  kernel(0, 1);
-  kernel(1, 2);
-  kernel(2, 3);
+  Segment seg = chainSegment(32); // 128 bytes a value
   std::vector<int64_t> offsets;
   CHECK(planSegmentScratch(seg, true, &offsets, 64) == 256);
   // v1 and v2 packed (64 bytes each), the argument read as stored and the

@@ -268,7 +268,7 @@ Status ExecutorImpl::allToAllBlocks(int s, int i, StepState &st,
   const int64_t rowBytes = in->bytes / std::max<int64_t>(1, inRows);
   const int64_t rowElements = rowBytes / commDTypeSize(type);
 
-  hal::Device::RowBlocks shape;
+  hal::RowBlocks shape;
   shape.members = members;
   shape.blockRows = blockRowsOf(inRows, members);
   shape.rows = inRows;
@@ -324,7 +324,7 @@ StatusOr<std::string> ExecutorImpl::blockExchangeFaults(int64_t step) {
       const int64_t members = static_cast<int64_t>(memberRanks(inst).size());
       const int64_t inRows = plan.buffers(inst.inputs(0)).type().shape(0);
       const int64_t outRows = plan.buffers(inst.outputs(0)).type().shape(0);
-      using Fault = hal::Device::RowBlockFault;
+      using Fault = hal::RowBlockFault;
       std::string why;
       switch (static_cast<Fault>(codes[f])) {
       case Fault::kCount:

@@ -783,7 +783,7 @@ public:
   Status roundBf16(float *x, int64_t n) override {
     return inner->roundBf16(x, n);
   }
-  Status packRowBlocks(const RowBlocks &shape, const void *input,
+  Status packRowBlocks(const hal::RowBlocks &shape, const void *input,
                        const int32_t *counts, void *blocks, int32_t *sent,
                        int32_t *fault) override {
     ++packs;
@@ -791,7 +791,7 @@ public:
                                 !onReceive && packs == badCall ? bad : counts,
                                 blocks, sent, fault);
   }
-  Status unpackRowBlocks(const RowBlocks &shape, const void *blocks,
+  Status unpackRowBlocks(const hal::RowBlocks &shape, const void *blocks,
                          const int32_t *received, void *output,
                          int32_t *fault) override {
     ++unpacks;

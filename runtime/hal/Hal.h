@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "runtime/comm/Communicator.h"
+#include "runtime/hal/RowBlocks.h"
 #include "runtime/kernels/ClipFactor.h" // SquareSums::clip's factor
 #include "runtime/kernels/Kernels.h"
 #include "support/Status.h"
@@ -399,8 +400,8 @@ public:
   /// the member's block of `blocks` (members x blockRows rows) and writes
   /// what is sent as the counts to `sent`: the counts, or -1 for every
   /// member where one is negative or above blockRows (RowBlockFault::
-  /// kCount) or they sum past the input's rows (kInput), which is then
-  /// recorded in `*fault` (device memory) unless it holds one already, and
+  /// kCount, RowBlocks.h) or they sum past the input's rows (kInput), which is
+  /// then recorded in `*fault` (device memory) unless it holds one already, and
   /// nothing is copied. unpackRowBlocks copies the first received[j] rows
   /// of member j's block of `blocks` to `output` (RowBlocks::rows rows), in
   /// order, and zeroes the rest; where a received count is -1 (kPeer: the
@@ -408,16 +409,6 @@ public:
   /// output's rows (kOutput), the output is all zeros and the fault is
   /// recorded. Both are queued on the calling stream; nothing waits.
   /// Devices that do not capture steps do not have them.
-  struct RowBlocks {
-    int64_t members = 0, blockRows = 0, rows = 0, rowBytes = 0;
-  };
-  enum class RowBlockFault : int32_t {
-    kNone = 0,
-    kCount = 1,
-    kInput = 2,
-    kPeer = 3,
-    kOutput = 4,
-  };
   virtual Status packRowBlocks(const RowBlocks &shape, const void *input,
                                const int32_t *counts, void *blocks,
                                int32_t *sent, int32_t *fault) {

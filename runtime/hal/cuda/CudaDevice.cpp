@@ -88,16 +88,6 @@ Status cudaCallError(cudaError_t error, const char *call, const char *file,
 
 namespace {
 
-/// A captured all-to-all's blocks as the kernel layer takes them, and its
-/// fault codes, which are hal::Device's.
-gpu::RowBlockShape blockShape(const Device::RowBlocks &b) {
-  return gpu::RowBlockShape{b.members, b.blockRows, b.rows, b.rowBytes};
-}
-static_assert(gpu::kRowBlockCount == int32_t(Device::RowBlockFault::kCount) &&
-              gpu::kRowBlockInput == int32_t(Device::RowBlockFault::kInput) &&
-              gpu::kRowBlockPeer == int32_t(Device::RowBlockFault::kPeer) &&
-              gpu::kRowBlockOutput == int32_t(Device::RowBlockFault::kOutput));
-
 /// The CUDA stream of the Stream whose worker runs on this thread; null on
 /// other threads.
 thread_local cudaStream_t currentStream = nullptr;
@@ -464,15 +454,15 @@ public:
   Status packRowBlocks(const RowBlocks &shape, const void *input,
                        const int32_t *counts, void *blocks, int32_t *sent,
                        int32_t *fault) override {
-    PIPER_RETURN_IF_ERROR(gpu::packRowBlocks(
-        context(), blockShape(shape), input, counts, blocks, sent, fault));
+    PIPER_RETURN_IF_ERROR(gpu::packRowBlocks(context(), shape, input, counts,
+                                             blocks, sent, fault));
     return finishIfHost();
   }
   Status unpackRowBlocks(const RowBlocks &shape, const void *blocks,
                          const int32_t *received, void *output,
                          int32_t *fault) override {
-    PIPER_RETURN_IF_ERROR(gpu::unpackRowBlocks(
-        context(), blockShape(shape), blocks, received, output, fault));
+    PIPER_RETURN_IF_ERROR(gpu::unpackRowBlocks(context(), shape, blocks,
+                                               received, output, fault));
     return finishIfHost();
   }
   Communicator *communicator() override { return comm; }

@@ -133,7 +133,7 @@ Status adamw(const KernelArgs &a, const Context &ctx) {
 
 namespace {
 
-Status rowBlockOffsets(const Context &ctx, const RowBlockShape &shape,
+Status rowBlockOffsets(const Context &ctx, const RowBlocks &shape,
                        int64_t *&offsets) {
   void *scratch = nullptr;
   PIPER_RETURN_IF_ERROR(ctx.workspace->reserve(
@@ -144,7 +144,7 @@ Status rowBlockOffsets(const Context &ctx, const RowBlockShape &shape,
 
 } // namespace
 
-Status packRowBlocks(const Context &ctx, const RowBlockShape &shape,
+Status packRowBlocks(const Context &ctx, const RowBlocks &shape,
                      const void *input, const int32_t *counts, void *blocks,
                      int32_t *sent, int32_t *fault) {
   int64_t *offsets = nullptr;
@@ -153,7 +153,7 @@ Status packRowBlocks(const Context &ctx, const RowBlockShape &shape,
                              offsets);
 }
 
-Status unpackRowBlocks(const Context &ctx, const RowBlockShape &shape,
+Status unpackRowBlocks(const Context &ctx, const RowBlocks &shape,
                        const void *blocks, const int32_t *received,
                        void *output, int32_t *fault) {
   int64_t *offsets = nullptr;

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "runtime/hal/RowBlocks.h"
 #include "runtime/hal/gpu/ElementwiseMath.h"
 #include "runtime/hal/gpu/GpuApi.h"
 
@@ -67,23 +68,15 @@ Status launchPackBf16Columns(const Context &ctx, uint16_t *dst, int64_t dstLd,
                              int64_t cols);
 Status launchUnpackBf16(const Context &ctx, float *dst, const uint16_t *src,
                         int64_t n);
-/// The blocks of a captured step's all-to-all (hal::Device::packRowBlocks):
-/// `members` blocks of `blockRows` rows of `rowBytes`; `rows`: the input's
-/// rows (packing) or the output's (unpacking).
-struct RowBlockShape {
-  int64_t members = 0, blockRows = 0, rows = 0, rowBytes = 0;
-};
-/// hal::Device::RowBlockFault's codes.
-constexpr int32_t kRowBlockCount = 1, kRowBlockInput = 2, kRowBlockPeer = 3,
-                  kRowBlockOutput = 4;
-/// hal::Device::packRowBlocks and unpackRowBlocks; `offsets` is scratch of
+/// hal::Device::packRowBlocks and unpackRowBlocks (the blocks of a
+/// captured step's all-to-all, RowBlocks.h); `offsets` is scratch of
 /// members + 1 int64 (where each member's rows start in the input or the
 /// output).
-Status launchPackRowBlocks(const Context &ctx, const RowBlockShape &shape,
+Status launchPackRowBlocks(const Context &ctx, const RowBlocks &shape,
                            const void *input, const int32_t *counts,
                            void *blocks, int32_t *sent, int32_t *fault,
                            int64_t *offsets);
-Status launchUnpackRowBlocks(const Context &ctx, const RowBlockShape &shape,
+Status launchUnpackRowBlocks(const Context &ctx, const RowBlocks &shape,
                              const void *blocks, const int32_t *received,
                              void *output, int32_t *fault, int64_t *offsets);
 Status launchRoundBf16(const Context &ctx, float *x, int64_t n);

@@ -173,7 +173,7 @@ Status launchClipFactor(const Context &ctx, const double *total,
 namespace rowblocks {
 
 template <class Unit>
-Status packRows(const Context &ctx, const RowBlockShape &b, const void *input,
+Status packRows(const Context &ctx, const RowBlocks &b, const void *input,
                 void *blocks, const int32_t *sent, const int64_t *offsets) {
   const int64_t units = b.rowBytes / int64_t(sizeof(Unit));
   const int64_t perBlock = b.blockRows * units;
@@ -189,8 +189,8 @@ Status packRows(const Context &ctx, const RowBlockShape &b, const void *input,
 }
 
 template <class Unit>
-Status unpackRows(const Context &ctx, const RowBlockShape &b,
-                  const void *blocks, void *output, const int64_t *offsets) {
+Status unpackRows(const Context &ctx, const RowBlocks &b, const void *blocks,
+                  void *output, const int64_t *offsets) {
   const int64_t units = b.rowBytes / int64_t(sizeof(Unit));
   const int64_t members = b.members, blockRows = b.blockRows;
   const Unit *in = static_cast<const Unit *>(blocks);
@@ -210,22 +210,22 @@ Status unpackRows(const Context &ctx, const RowBlockShape &b,
 
 } // namespace rowblocks
 
-Status launchPackRowBlocks(const Context &ctx, const RowBlockShape &shape,
+Status launchPackRowBlocks(const Context &ctx, const RowBlocks &shape,
                            const void *input, const int32_t *counts,
                            void *blocks, int32_t *sent, int32_t *fault,
                            int64_t *offsets) {
-  const RowBlockShape b = shape;
+  const RowBlocks b = shape;
   PIPER_RETURN_IF_ERROR(
       Exec(ctx).forEach("pack_row_blocks", 1, [=] PIPER_LAMBDA(int64_t) {
         int32_t code = 0;
         int64_t sum = 0;
         for (int64_t j = 0; j < b.members; ++j) {
           if ((counts[j] < 0 || counts[j] > b.blockRows) && !code)
-            code = kRowBlockCount;
+            code = int32_t(RowBlockFault::kCount);
           sum += counts[j] > 0 ? counts[j] : 0;
         }
         if (!code && sum > b.rows)
-          code = kRowBlockInput;
+          code = int32_t(RowBlockFault::kInput);
         offsets[0] = 0;
         for (int64_t j = 0; j < b.members; ++j) {
           sent[j] = code ? -1 : counts[j];
@@ -241,24 +241,24 @@ Status launchPackRowBlocks(const Context &ctx, const RowBlockShape &shape,
   return rowblocks::packRows<uint8_t>(ctx, b, input, blocks, sent, offsets);
 }
 
-Status launchUnpackRowBlocks(const Context &ctx, const RowBlockShape &shape,
+Status launchUnpackRowBlocks(const Context &ctx, const RowBlocks &shape,
                              const void *blocks, const int32_t *received,
                              void *output, int32_t *fault, int64_t *offsets) {
-  const RowBlockShape b = shape;
+  const RowBlocks b = shape;
   PIPER_RETURN_IF_ERROR(
       Exec(ctx).forEach("unpack_row_blocks", 1, [=] PIPER_LAMBDA(int64_t) {
         int32_t code = 0;
         int64_t sum = 0;
         for (int64_t j = 0; j < b.members && !code; ++j) {
           if (received[j] < 0)
-            code = kRowBlockPeer;
+            code = int32_t(RowBlockFault::kPeer);
           else if (received[j] > b.blockRows)
-            code = kRowBlockCount;
+            code = int32_t(RowBlockFault::kCount);
           else
             sum += received[j];
         }
         if (!code && sum > b.rows)
-          code = kRowBlockOutput;
+          code = int32_t(RowBlockFault::kOutput);
         offsets[0] = 0;
         for (int64_t j = 0; j < b.members; ++j)
           offsets[j + 1] = offsets[j] + (code ? 0 : received[j]);

@@ -80,10 +80,10 @@ inline RowIn rowIn(const TensorRef &t) { return RowIn{f32In(t), bf16In(t)}; }
 
 /// hal::Device::packRowBlocks and unpackRowBlocks on the context's stream
 /// (the offsets in its workspace).
-Status packRowBlocks(const Context &ctx, const RowBlockShape &shape,
+Status packRowBlocks(const Context &ctx, const RowBlocks &shape,
                      const void *input, const int32_t *counts, void *blocks,
                      int32_t *sent, int32_t *fault);
-Status unpackRowBlocks(const Context &ctx, const RowBlockShape &shape,
+Status unpackRowBlocks(const Context &ctx, const RowBlocks &shape,
                        const void *blocks, const int32_t *received,
                        void *output, int32_t *fault);
 

@@ -25,16 +25,6 @@ namespace {
 
 namespace gpu = PIPER_GPU_NS;
 
-/// A captured all-to-all's blocks as the kernel layer takes them, and its
-/// fault codes, which are hal::Device's.
-gpu::RowBlockShape blockShape(const Device::RowBlocks &b) {
-  return gpu::RowBlockShape{b.members, b.blockRows, b.rows, b.rowBytes};
-}
-static_assert(gpu::kRowBlockCount == int32_t(Device::RowBlockFault::kCount) &&
-              gpu::kRowBlockInput == int32_t(Device::RowBlockFault::kInput) &&
-              gpu::kRowBlockPeer == int32_t(Device::RowBlockFault::kPeer) &&
-              gpu::kRowBlockOutput == int32_t(Device::RowBlockFault::kOutput));
-
 /// Host scratch of the calling thread (one per stream worker). A block it
 /// outgrows is kept, not freed: work captured from a step may still
 /// address it when replayed (as the CUDA workspace keeps its blocks once
@@ -509,15 +499,15 @@ public:
                        const int32_t *counts, void *blocks, int32_t *sent,
                        int32_t *fault) override {
     PIPER_RETURN_IF_ERROR(injected("pack_row_blocks"));
-    return gpu::packRowBlocks(timedContext(), blockShape(shape), input, counts,
-                              blocks, sent, fault);
+    return gpu::packRowBlocks(timedContext(), shape, input, counts, blocks,
+                              sent, fault);
   }
   Status unpackRowBlocks(const RowBlocks &shape, const void *blocks,
                          const int32_t *received, void *output,
                          int32_t *fault) override {
     PIPER_RETURN_IF_ERROR(injected("unpack_row_blocks"));
-    return gpu::unpackRowBlocks(timedContext(), blockShape(shape), blocks,
-                                received, output, fault);
+    return gpu::unpackRowBlocks(timedContext(), shape, blocks, received, output,
+                                fault);
   }
   Status roundBf16(float *x, int64_t n) override {
     PIPER_RETURN_IF_ERROR(injected("round_bf16"));

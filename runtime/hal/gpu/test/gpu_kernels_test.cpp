@@ -500,10 +500,10 @@ TEST_CASE("the 32-lane emulation meets like a warp and names divergence") {
 TEST_CASE("a captured all-to-all's row blocks") {
   auto gpu = createEmulatedGpuDevice(nullptr);
   Allocator &mem = gpu->allocator();
-  using Fault = Device::RowBlockFault;
+  using Fault = RowBlockFault;
   for (int64_t rowBytes : {8, 6, 3}) {
     INFO("rows of " << rowBytes << " bytes");
-    Device::RowBlocks shape;
+    RowBlocks shape;
     shape.members = 3;
     shape.blockRows = 2;
     shape.rows = 5;
