@@ -191,9 +191,6 @@ Status ExecutorImpl::allToAll(int s, int i, StepState &st) {
 // their fault code on the device, read after the step
 // (blockExchangeFaults), and move nothing.
 namespace {
-int64_t blockRowsOf(int64_t inputRows, int64_t members) {
-  return (inputRows + members - 1) / members;
-}
 size_t aligned(size_t bytes) { return (bytes + 255) / 256 * 256; }
 } // namespace
 
@@ -201,7 +198,7 @@ Status ExecutorImpl::allocateBlockExchanges() {
   blockFaultOf.assign(plan.streams_size(), {});
   blockExchanges.clear();
   blockExchanges.resize(plan.streams_size());
-  numBlockFaults = 0;
+  blockedAllToAlls.clear();
   for (int s = 0; s < plan.streams_size(); ++s) {
     const plan::Stream &stream = plan.streams(s);
     blockFaultOf[s].assign(stream.instructions_size(), -1);
@@ -210,15 +207,20 @@ Status ExecutorImpl::allocateBlockExchanges() {
       const Instruction &inst = stream.instructions(i);
       if (inst.kind() != Instruction::ALL_TO_ALL)
         continue;
-      blockFaultOf[s][i] = numBlockFaults++;
-      const int64_t members = static_cast<int64_t>(memberRanks(inst).size());
-      const plan::TensorType &in = plan.buffers(inst.inputs(0)).type();
-      const int64_t rowBytes = bufferViews[inst.inputs(0)]->bytes /
-                               std::max<int64_t>(1, in.shape(0));
-      blocks = std::max(
-          blocks, aligned(static_cast<size_t>(
-                      members * blockRowsOf(in.shape(0), members) * rowBytes)));
-      counts = std::max(counts, static_cast<size_t>(members) * sizeof(int32_t));
+      blockFaultOf[s][i] = static_cast<int>(blockedAllToAlls.size());
+      BlockedAllToAll call;
+      hal::RowBlocks &b = call.blocks;
+      b.members = static_cast<int64_t>(memberRanks(inst).size());
+      b.rows = plan.buffers(inst.inputs(0)).type().shape(0);
+      b.blockRows = (b.rows + b.members - 1) / b.members;
+      b.rowBytes =
+          bufferViews[inst.inputs(0)]->bytes / std::max<int64_t>(1, b.rows);
+      call.outputRows = plan.buffers(inst.outputs(0)).type().shape(0);
+      blockedAllToAlls.push_back(call);
+      blocks = std::max(blocks, aligned(static_cast<size_t>(
+                                    b.members * b.blockRows * b.rowBytes)));
+      counts =
+          std::max(counts, static_cast<size_t>(b.members) * sizeof(int32_t));
     }
     if (blocks + counts == 0)
       continue;
@@ -226,29 +228,20 @@ Status ExecutorImpl::allocateBlockExchanges() {
     ex.receiveOffset = blocks;
     ex.sentOffset = 2 * blocks;
     const size_t bytes = 2 * blocks + aligned(counts);
-    void *data = nullptr;
     PIPER_RETURN_IF_ERROR(
-        memory->allocate(bytes, data)
-            .withContext("allocating " + std::to_string(bytes) +
-                         " bytes for the all-to-all blocks of stream '" +
-                         stream.name() + "'"));
-    ex.memory.allocator = memory;
-    ex.memory.data = static_cast<char *>(data);
-    ex.memory.bytes = bytes;
+        allocateDevice(ex.memory, bytes,
+                       "allocating " + std::to_string(bytes) +
+                           " bytes for the all-to-all blocks of stream '" +
+                           stream.name() + "'"));
   }
-  if (numBlockFaults == 0) {
+  if (blockedAllToAlls.empty()) {
     blockFaultOf.clear();
     return Status::ok();
   }
-  const size_t bytes = static_cast<size_t>(numBlockFaults) * sizeof(int32_t);
-  void *data = nullptr;
-  PIPER_RETURN_IF_ERROR(
-      memory->allocate(bytes, data)
-          .withContext("allocating the all-to-alls' fault codes"));
-  blockFaults.allocator = memory;
-  blockFaults.data = static_cast<char *>(data);
-  blockFaults.bytes = bytes;
-  return memory->zero(data, bytes)
+  const size_t bytes = blockedAllToAlls.size() * sizeof(int32_t);
+  PIPER_RETURN_IF_ERROR(allocateDevice(
+      blockFaults, bytes, "allocating the all-to-alls' fault codes"));
+  return memory->zero(blockFaults.data, bytes)
       .withContext("zeroing the all-to-alls' fault codes");
 }
 
@@ -256,40 +249,33 @@ Status ExecutorImpl::allToAllBlocks(int s, int i, StepState &st,
                                     const CommKey &key,
                                     const std::string &what) {
   const Instruction &inst = plan.streams(s).instructions(i);
-  const int64_t members = static_cast<int64_t>(key.ranks.size());
+  const int f = blockFaultOf[s][i];
+  hal::RowBlocks shape = blockedAllToAlls[f].blocks;
   TensorPtr in, sendCountsBuf;
   PIPER_RETURN_IF_ERROR(fetchStored(st, inst.inputs(0), in));
   PIPER_RETURN_IF_ERROR(fetchStored(st, inst.inputs(1), sendCountsBuf));
   const TensorPtr &out = bufferViews[inst.outputs(0)];
   const TensorPtr &recvCountsBuf = bufferViews[inst.outputs(1)];
-  const int64_t inRows = plan.buffers(inst.inputs(0)).type().shape(0);
-  const int64_t outRows = plan.buffers(inst.outputs(0)).type().shape(0);
   const CommDType type = commType(inst.inputs(0));
-  const int64_t rowBytes = in->bytes / std::max<int64_t>(1, inRows);
-  const int64_t rowElements = rowBytes / commDTypeSize(type);
 
-  hal::RowBlocks shape;
-  shape.members = members;
-  shape.blockRows = blockRowsOf(inRows, members);
-  shape.rows = inRows;
-  shape.rowBytes = rowBytes;
   BlockExchange &ex = blockExchanges[s];
   char *send = ex.memory.data, *receive = send + ex.receiveOffset;
   int32_t *sent = reinterpret_cast<int32_t *>(send + ex.sentOffset);
-  int32_t *fault =
-      reinterpret_cast<int32_t *>(blockFaults.data) + blockFaultOf[s][i];
+  int32_t *fault = reinterpret_cast<int32_t *>(blockFaults.data) + f;
   const int32_t *sendCounts = static_cast<const int32_t *>(sendCountsBuf->data);
   int32_t *recvCounts = static_cast<int32_t *>(recvCountsBuf->data);
   PIPER_RETURN_IF_ERROR(
       device->packRowBlocks(shape, in->data, sendCounts, send, sent, fault)
           .withContext(what + ": packing its blocks"));
-  if (members < 2) {
+  if (shape.members < 2) {
     PIPER_RETURN_IF_ERROR(
         memory->copy(recvCounts, sent, sizeof(int32_t)).withContext(what));
     receive = send;
   } else {
+    const size_t members = static_cast<size_t>(shape.members);
     const std::vector<size_t> ones(members, 1),
-        block(members, static_cast<size_t>(shape.blockRows * rowElements));
+        block(members, static_cast<size_t>(shape.blockRows * shape.rowBytes /
+                                           commDTypeSize(type)));
     PIPER_RETURN_IF_ERROR(
         comm->allToAll(key, sent, ones, recvCounts, ones, CommDType::I32)
             ->wait()
@@ -298,7 +284,7 @@ Status ExecutorImpl::allToAllBlocks(int s, int i, StepState &st,
                               ->wait()
                               .withContext(what));
   }
-  shape.rows = outRows;
+  shape.rows = blockedAllToAlls[f].outputRows;
   PIPER_RETURN_IF_ERROR(
       device->unpackRowBlocks(shape, receive, recvCounts, out->data, fault)
           .withContext(what + ": unpacking its blocks"));
@@ -307,9 +293,9 @@ Status ExecutorImpl::allToAllBlocks(int s, int i, StepState &st,
 }
 
 StatusOr<std::string> ExecutorImpl::blockExchangeFaults(int64_t step) {
-  if (numBlockFaults == 0)
+  if (blockedAllToAlls.empty())
     return std::string();
-  std::vector<int32_t> codes(static_cast<size_t>(numBlockFaults));
+  std::vector<int32_t> codes(blockedAllToAlls.size());
   PIPER_RETURN_IF_ERROR(memory
                             ->copyToHost(codes.data(), blockFaults.data,
                                          codes.size() * sizeof(int32_t))
@@ -320,34 +306,33 @@ StatusOr<std::string> ExecutorImpl::blockExchangeFaults(int64_t step) {
       const int f = blockFaultOf[s][i];
       if (f < 0 || codes[f] == 0)
         continue;
-      const Instruction &inst = plan.streams(s).instructions(i);
-      const int64_t members = static_cast<int64_t>(memberRanks(inst).size());
-      const int64_t inRows = plan.buffers(inst.inputs(0)).type().shape(0);
-      const int64_t outRows = plan.buffers(inst.outputs(0)).type().shape(0);
+      const hal::RowBlocks &b = blockedAllToAlls[f].blocks;
       using Fault = hal::RowBlockFault;
       std::string why;
       switch (static_cast<Fault>(codes[f])) {
       case Fault::kCount:
         why = "a row count is negative or above the " +
-              std::to_string(blockRowsOf(inRows, members)) +
+              std::to_string(b.blockRows) +
               " rows a captured step moves per member (the input's " +
-              std::to_string(inRows) + " rows over " + std::to_string(members) +
+              std::to_string(b.rows) + " rows over " +
+              std::to_string(b.members) +
               " members; piper-run --step-graph off moves any counts)";
         break;
       case Fault::kInput:
-        why = "its send counts sum past the " + std::to_string(inRows) +
+        why = "its send counts sum past the " + std::to_string(b.rows) +
               " rows of its input";
         break;
       case Fault::kPeer:
         why = "a member sent invalid counts (its own error says why)";
         break;
       case Fault::kOutput:
-        why = "it receives more rows than the " + std::to_string(outRows) +
-              " of its output";
+        why = "it receives more rows than the " +
+              std::to_string(blockedAllToAlls[f].outputRows) + " of its output";
         break;
       default:
         why = "fault code " + std::to_string(codes[f]);
       }
+      const plan::Instruction &inst = plan.streams(s).instructions(i);
       return who + ", " + instructionContext(plan, s, i) + ", step " +
              std::to_string(step) + ": " +
              describe("all-to-all", memberRanks(inst), plan.streams(s).name()) +

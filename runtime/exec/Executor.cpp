@@ -68,15 +68,10 @@ Status ExecutorImpl::init(uint64_t seed) {
   // One arena, allocated once: every tensor is a view at its planned offset
   // (validatePlan has checked the layout with plan::checkArena).
   if (plan.arena_bytes() > 0) {
-    arena.allocator = memory;
-    arena.bytes = static_cast<size_t>(plan.arena_bytes());
-    void *data = nullptr;
-    Status allocated = memory->allocate(arena.bytes, data);
-    if (!allocated)
-      return allocated.withContext("allocating the arena of " +
-                                   std::to_string(plan.arena_bytes()) +
-                                   " bytes");
-    arena.data = static_cast<char *>(data);
+    PIPER_RETURN_IF_ERROR(
+        allocateDevice(arena, static_cast<size_t>(plan.arena_bytes()),
+                       "allocating the arena of " +
+                           std::to_string(plan.arena_bytes()) + " bytes"));
     // Gradients and optimizer moments start at zero, as freshly allocated
     // tensors did.
     PIPER_RETURN_IF_ERROR(
@@ -341,6 +336,16 @@ Status Executor::runStep(int64_t step, double &loss) {
 int Executor::replicaIndex() const { return impl->replica; }
 
 double Executor::lastGradNorm() const { return impl->lastGradNorm; }
+
+Status ExecutorImpl::allocateDevice(Block &block, size_t bytes,
+                                    const std::string &context) {
+  void *data = nullptr;
+  PIPER_RETURN_IF_ERROR(memory->allocate(bytes, data).withContext(context));
+  block.allocator = memory;
+  block.data = static_cast<char *>(data);
+  block.bytes = bytes;
+  return Status::ok();
+}
 
 Status ExecutorImpl::allocateBatchStaging() {
   batchLoadOf.assign(plan.streams_size(), {});

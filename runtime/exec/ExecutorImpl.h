@@ -219,11 +219,16 @@ public:
     size_t receiveOffset = 0, sentOffset = 0;
   };
   std::vector<BlockExchange> blockExchanges;
-  /// Their fault codes (device memory, one i32 per all-to-all, zero until
-  /// one fails), and each instruction's index there by stream (-1: none).
+  /// Each all-to-all's blocks (`rows`: its input's) and its output's rows,
+  /// in the order of their fault codes (device memory, one i32 each, zero
+  /// until one fails); each instruction's index there by stream (-1: none).
+  struct BlockedAllToAll {
+    hal::RowBlocks blocks;
+    int64_t outputRows = 0;
+  };
+  std::vector<BlockedAllToAll> blockedAllToAlls;
   Block blockFaults;
   std::vector<std::vector<int>> blockFaultOf;
-  int numBlockFaults = 0;
 
   int64_t stateBytes = 0;
   /// The plan's arena_bytes as its file gave them (planStorage may lay the
@@ -334,6 +339,8 @@ public:
 
   // Loading (Executor.cpp, Segments.cpp).
   Status init(uint64_t seed);
+  /// `bytes` of device memory into `block`; an error says `context` first.
+  Status allocateDevice(Block &block, size_t bytes, const std::string &context);
   Status resolveKernels();
   /// Kernel k of segment g's device entry and mixed-precision storage:
   /// info, lowPrecision, roundsOutputs, packedInputs and packedOutputs.

@@ -129,10 +129,6 @@ Status adamw(const KernelArgs &a, const Context &ctx) {
                          a.ctx.clipFactor);
 }
 
-} // namespace
-
-namespace {
-
 Status rowBlockOffsets(const Context &ctx, const RowBlocks &shape,
                        int64_t *&offsets) {
   void *scratch = nullptr;
