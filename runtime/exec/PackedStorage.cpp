@@ -1,7 +1,9 @@
 // Which of a segment's values a mixed-precision call keeps packed bf16
 // (PackedStorage, ExecutorImpl.h): arguments read as their step buffers
-// are stored, values stored packed by their writer; and which parameters
+// are stored, values stored packed by their writer, and the step's memory
+// plan laid out again for that storage (planStorage); and which parameters
 // keep their bf16 copy packed (planPackedParams).
+#include "proto/analysis/MemoryPlan.h"
 #include "runtime/exec/ExecutorImpl.h"
 
 namespace piper::runtime {
@@ -57,6 +59,78 @@ PackedStorage planPackedStorage(const plan::Segment &seg,
     if (asResult[v] == 0 && packed(v))
       p.packedSlots.push_back(v);
   return p;
+}
+
+Status ExecutorImpl::resolveStorage(int g, int k, ResolvedKernel &r) const {
+  const plan::Segment &seg = plan.segments(g);
+  const plan::Kernel &kernel = seg.kernels(k);
+  r.info = device->findKernel(kernel.op());
+  if (!r.info)
+    return Status::error("segment " + std::to_string(g) + " ('" + seg.name() +
+                         "'), kernel " + std::to_string(k) +
+                         ": unknown kernel '" + kernel.op() + "' on device " +
+                         device->name());
+  const std::string &op = kernel.op();
+  // Mixed precision: compute kernels read bf16 weights; the optimizer and
+  // the gradient accumulators stay in fp32.
+  r.lowPrecision = bf16 && op != "accumulate" && op != "zero" && op != "adamw";
+  r.roundsOutputs = r.lowPrecision && device->roundsOutputs(*r.info);
+  for (const Operand &o : kernel.outputs())
+    r.roundsOutputs &= o.kind() == Operand::VALUE;
+  r.packedInputs.assign(kernel.inputs_size(), 0);
+  for (int j = 0; j < kernel.inputs_size(); ++j)
+    r.packedInputs[j] = r.lowPrecision && options.packedStepBuffers &&
+                        kernel.inputs(j).kind() == Operand::VALUE &&
+                        device->readsPackedInput(*r.info, j);
+  r.packedOutputs.assign(kernel.outputs_size(), 0);
+  for (int o = 0; o < kernel.outputs_size(); ++o)
+    r.packedOutputs[o] = r.roundsOutputs && options.packedStepBuffers &&
+                         kernel.outputs(o).kind() == Operand::VALUE &&
+                         !kernelReadsOutputs(kernel) &&
+                         device->writesPackedOutput(*r.info, o);
+  return Status::ok();
+}
+
+Status ExecutorImpl::planStorage() {
+  kernels.assign(plan.segments_size(), {});
+  packedStorage.clear();
+  plan::ValueBytes bytes(plan.segments_size());
+  bool relayout = false;
+  for (int g = 0; g < plan.segments_size(); ++g) {
+    const plan::Segment &seg = plan.segments(g);
+    std::vector<ResolvedKernel> &resolved = kernels[g];
+    resolved.resize(seg.kernels_size());
+    for (int k = 0; k < seg.kernels_size(); ++k)
+      PIPER_RETURN_IF_ERROR(resolveStorage(g, k, resolved[k]));
+    packedStorage.push_back(planPackedStorage(seg, resolved));
+    const PackedStorage &p = packedStorage.back();
+    std::vector<int64_t> &b = bytes[g];
+    b.assign(seg.values_size(), -1);
+    // Written straight into its step buffer, or read from it as stored.
+    for (int r = 0; r < seg.results_size(); ++r)
+      if (p.packsResult[r])
+        b[seg.results(r)] = 0;
+    for (int a = 0; a < seg.args_size(); ++a)
+      if (!p.unpacksArg[a] && seg.value_offsets(seg.args(a)) >= 0)
+        b[seg.args(a)] = 0;
+    // Packed in the first half of its slot.
+    for (int v : p.packedSlots) {
+      plan::TensorType type = seg.values(v);
+      type.set_dtype(plan::BF16);
+      b[v] = tensorBytes(type);
+    }
+    for (int64_t n : b)
+      relayout |= n >= 0;
+  }
+  if (!relayout)
+    return Status::ok();
+  std::string error;
+  if (!plan::relayoutStep(plan, &bytes, error) ||
+      !plan::checkArena(plan, error, &bytes))
+    return Status::error("internal error: the memory plan laid out again for "
+                         "the values stored packed: " +
+                         error);
+  return Status::ok();
 }
 
 void ExecutorImpl::planPackedParams() {
