@@ -39,10 +39,11 @@ Operation *soleAccumulation(Value v, Operation *def, Block &body) {
 void findAccumulations(Block &body, SegmentFusions &f) {
   for (Operation &def : body) {
     // The results the kernel's `accumulate` adds: a linear's weight
-    // gradient (not linear_grad_weight_bias's bias gradient), every result
-    // of a norm's weight gradient.
+    // gradient (not linear_grad_weight_bias's bias gradient), an
+    // embedding table's, every result of a norm's weight gradient.
     unsigned count = 0;
-    if (isa<LinearGradWeightOp, LinearGradWeightBiasOp>(def))
+    if (isa<LinearGradWeightOp, LinearGradWeightBiasOp, EmbeddingGradOp,
+            PositionAddGradOp>(def))
       count = 1;
     else if (isa<LayerNormGradWeightOp, RmsNormGradWeightOp>(def))
       count = def.getNumResults();

@@ -341,6 +341,54 @@ piper.device_program @class0 attributes {device_class = 0 : i64, ranks = array<i
   CHECK(last.outputs(0).index() == 3);
 }
 
+TEST_CASE("the lowering accumulates the embeddings' gradients in their "
+          "kernels",
+          "[lowering]") {
+  const std::string source = R"(
+piper.param @wte : tensor<16x4xf32> init zeros(0.0)
+piper.param @wpe : tensor<4x4xf32> init zeros(0.0)
+piper.segment @f(%tok: tensor<2x4xi32>) -> tensor<4x4xf32> {
+  %x = piper.param_ref @wpe : tensor<4x4xf32>
+  %dy = piper.add %x, %x : tensor<4x4xf32>
+  %dwte = piper.embedding_grad %tok, %dy : (tensor<2x4xi32>, tensor<4x4xf32>) -> tensor<16x4xf32>
+  %dwpe = piper.position_add_grad %dy {seq = 4 : i64} : (tensor<4x4xf32>) -> tensor<4x4xf32>
+  piper.accumulate_grad @wte, %dwte : tensor<16x4xf32>
+  piper.accumulate_grad @wpe, %dwpe : tensor<4x4xf32>
+  %dwpe2 = piper.position_add_grad %dy {seq = 4 : i64} : (tensor<4x4xf32>) -> tensor<4x4xf32>
+  piper.zero_grad @wpe
+  piper.accumulate_grad @wpe, %dwpe2 : tensor<4x4xf32>
+  piper.yield %dy : tensor<4x4xf32>
+}
+piper.device_program @class0 attributes {device_class = 0 : i64, ranks = array<i64: 0>} {
+  %tok, %tgt, %bd = piper.batch {tag = #piper.tag<MB = 0>} : tensor<2x4xi32>, tensor<2x4xi32>
+  %y, %t = piper.task @f(%tok) {devices = #piper.group<0>, stream = #piper.stream<"compute", compute>, tag = #piper.tag<PP = 0, MB = 0, PASS = F>} : (tensor<2x4xi32>) -> (tensor<4x4xf32>, !piper.token)
+}
+)";
+  auto [apart, apartSeg] = segmentKernels(source, false);
+  CHECK(apart == std::vector<std::string>{
+                     "add", "embedding_grad", "position_add_grad", "accumulate",
+                     "accumulate", "position_add_grad", "zero", "accumulate"});
+  auto [fused, seg] = segmentKernels(source, true);
+  // Both gradients go to their accumulators; the zero_grad between the
+  // last one and its accumulation names @wpe.
+  CHECK(fused ==
+        std::vector<std::string>{"add", "embedding_grad", "position_add_grad",
+                                 "position_add_grad", "zero", "accumulate"});
+  REQUIRE(seg.kernels_size() == 6);
+  for (int k : {1, 2}) {
+    const plan::Kernel &g = seg.kernels(k);
+    CHECK(g.attrs().at("accumulate").i() == 1);
+    REQUIRE(g.outputs_size() == 1);
+    CHECK(g.outputs(0).kind() == plan::Operand::GRAD);
+  }
+  // @wte's and @wpe's accumulators (the parameters numbered as the unfused
+  // lowering meets them: @wpe, @wte).
+  CHECK(seg.kernels(1).outputs(0).index() == 1);
+  CHECK(seg.kernels(2).outputs(0).index() == 0);
+  CHECK(seg.kernels(3).attrs().count("accumulate") == 0);
+  CHECK(seg.kernels(3).outputs(0).kind() == plan::Operand::VALUE);
+}
+
 /// Orders and lowers `source` (device programs of any number of classes) as
 /// piperc does; returns the diagnostics, empty when the lowering succeeds.
 static std::string orderAndLower(const std::string &source) {

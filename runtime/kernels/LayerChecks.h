@@ -23,9 +23,13 @@ namespace piper::runtime::detail {
 Status checkEmbedding(const KernelArgs &a, int64_t &rows, int64_t &vocab,
                       int64_t &hidden, int64_t &first, int64_t &members);
 /// embedding_grad: (ids, dy [N,H]) -> dtable [V,H]; attribute vocab = V,
-/// and `members` as embedding's (other members' ids are skipped).
+/// and `members` as embedding's (other members' ids are skipped). With the
+/// `accumulate` flag dtable is added to the output (the table's gradient
+/// accumulator; the compiler fuses the `accumulate` after it, docs/
+/// kernels.md).
 Status checkEmbeddingGrad(const KernelArgs &a, int64_t &rows, int64_t &vocab,
-                          int64_t &hidden, int64_t &first, int64_t &members);
+                          int64_t &hidden, int64_t &first, int64_t &members,
+                          bool &accumulate);
 /// The rows of position_add(_grad): N rows of H, sequences of `seq`
 /// tokens; under context parallelism (attribute cp, default 1) each
 /// sequence's local = seq / cp rows are member `member`'s chunks m and
@@ -42,8 +46,9 @@ struct PositionDims {
 /// pos row position(n % (seq / cp)).
 Status checkPositionAdd(const KernelArgs &a, PositionDims &d);
 /// position_add_grad: dy [N,H] -> dpos [P,H] (rows of positions no local
-/// row has get zeros).
-Status checkPositionAddGrad(const KernelArgs &a, PositionDims &d);
+/// row has get zeros); `accumulate` as embedding_grad's.
+Status checkPositionAddGrad(const KernelArgs &a, PositionDims &d,
+                            bool &accumulate);
 /// layer_norm: (x [N,H], gamma [H], beta [H]) -> y [N,H]; attribute eps
 /// (default 1e-5, >= 0).
 Status checkLayerNorm(const KernelArgs &a, int64_t &rows, int64_t &hidden,

@@ -10,6 +10,7 @@
 #include "runtime/kernels/LayerChecks.h"
 #include "runtime/kernels/LinearChecks.h"
 #include "runtime/kernels/VecMath.h"
+#include "support/Precision.h"
 
 namespace piper::runtime::detail {
 
@@ -48,8 +49,10 @@ Status embeddingKernel(const KernelArgs &a) {
 }
 
 Status checkEmbeddingGrad(const KernelArgs &a, int64_t &rows, int64_t &vocab,
-                          int64_t &hidden, int64_t &first, int64_t &members) {
+                          int64_t &hidden, int64_t &first, int64_t &members,
+                          bool &accumulate) {
   PIPER_RETURN_IF_ERROR(expectCounts(a, 2, 2, 1));
+  PIPER_RETURN_IF_ERROR(readFlag(a, KernelAttr::kAccumulate, accumulate));
   PIPER_RETURN_IF_ERROR(expectTokens(a, a.inputs[0], "ids", rows));
   PIPER_RETURN_IF_ERROR(
       expectMatrix(a, a.outputs[0], "dtable", plan::F32, vocab, hidden));
@@ -63,41 +66,73 @@ Status checkEmbeddingGrad(const KernelArgs &a, int64_t &rows, int64_t &vocab,
   return readVocabShard(a, vocab, /*required=*/false, members, first);
 }
 
+// A weight gradient's rows: stored (row(r, out) writes row r's values), or
+// with `accumulate` written to a row of scratch, rounded to bf16 in mixed
+// precision (as the executor rounds the unfused kernel's output) and added
+// to the output (the parameter's gradient accumulator): the bits of the
+// kernel then `accumulate`. Rows `row` skips (returns false) are zeros, so
+// with `accumulate` they add +0, as the unfused `accumulate` does.
+template <typename Row>
+void storeGradRows(const KernelArgs &a, bool accumulate, float *out,
+                   int64_t rows, int64_t hidden, const Row &row) {
+  if (!accumulate) {
+    std::fill_n(out, rows * hidden, 0.0f);
+    for (int64_t r = 0; r < rows; ++r)
+      row(r, out + r * hidden);
+    return;
+  }
+  std::vector<float> tmp(hidden);
+  for (int64_t r = 0; r < rows; ++r) {
+    std::fill(tmp.begin(), tmp.end(), 0.0f);
+    if (row(r, tmp.data()) && a.ctx.lowPrecision)
+      roundToBf16(tmp.data(), hidden);
+    float *acc = out + r * hidden;
+    for (int64_t j = 0; j < hidden; ++j)
+      acc[j] += tmp[j];
+  }
+}
+
 Status embeddingGradKernel(const KernelArgs &a) {
   int64_t rows = 0, vocab = 0, hidden = 0, first = 0, members = 1;
+  bool accumulate = false;
   PIPER_RETURN_IF_ERROR(
-      checkEmbeddingGrad(a, rows, vocab, hidden, first, members));
+      checkEmbeddingGrad(a, rows, vocab, hidden, first, members, accumulate));
   const TensorRef &ids = a.inputs[0], &dy = a.inputs[1], &dtable = a.outputs[0];
   PIPER_RETURN_IF_ERROR(expectTokensBelow(a, ids, "ids", vocab * members));
 
-  // Visit the rows grouped by id so each table row is summed once, in token
-  // order, without a [V,H] double buffer.
+  // The rows grouped by id (stable: token order within an id), so that
+  // each table row is summed once, in token order, without a [V,H] double
+  // buffer; bucket[v] is local id v's [begin, end) in `order`.
   const int32_t *idData = ids.i32();
   std::vector<int64_t> order(rows);
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(),
                    [&](int64_t l, int64_t r) { return idData[l] < idData[r]; });
-  std::fill_n(dtable.f32(), dtable.numel(), 0.0f);
+  std::vector<std::pair<int64_t, int64_t>> bucket(vocab, {0, 0});
+  for (int64_t begin = 0; begin < rows;) {
+    const int32_t id = idData[order[begin]];
+    int64_t end = begin;
+    while (end < rows && idData[order[end]] == id)
+      ++end;
+    // Another member's id: its rows are that member's.
+    if (id >= first && id < first + vocab)
+      bucket[int64_t(id) - first] = {begin, end};
+    begin = end;
+  }
   std::vector<double> sum(hidden);
   std::vector<float> unpacked;
   const float *dyData = fp32Data(dy, unpacked);
-  for (int64_t begin = 0; begin < rows;) {
-    int32_t id = idData[order[begin]];
-    int64_t end = begin;
-    // Another member's id: its rows are that member's.
-    if (id < first || id >= first + vocab) {
-      while (end < rows && idData[order[end]] == id)
-        ++end;
-      begin = end;
-      continue;
-    }
-    std::fill(sum.begin(), sum.end(), 0.0);
-    for (; end < rows && idData[order[end]] == id; ++end)
-      addRowToSums(sum.data(), dyData + order[end] * hidden, hidden);
-    sumsToFloat(sum.data(), dtable.f32() + (int64_t(id) - first) * hidden,
-                hidden);
-    begin = end;
-  }
+  storeGradRows(
+      a, accumulate, dtable.f32(), vocab, hidden, [&](int64_t v, float *out) {
+        const auto [begin, end] = bucket[v];
+        if (begin == end)
+          return false;
+        std::fill(sum.begin(), sum.end(), 0.0);
+        for (int64_t k = begin; k < end; ++k)
+          addRowToSums(sum.data(), dyData + order[k] * hidden, hidden);
+        sumsToFloat(sum.data(), out, hidden);
+        return true;
+      });
   return Status::ok();
 }
 
@@ -162,29 +197,40 @@ Status positionAddKernel(const KernelArgs &a) {
   return Status::ok();
 }
 
-Status checkPositionAddGrad(const KernelArgs &a, PositionDims &d) {
+Status checkPositionAddGrad(const KernelArgs &a, PositionDims &d,
+                            bool &accumulate) {
   PIPER_RETURN_IF_ERROR(expectCounts(a, 1, 1, 1));
+  PIPER_RETURN_IF_ERROR(readFlag(a, KernelAttr::kAccumulate, accumulate));
   return checkPositions(a, a.inputs[0], "dy", a.outputs[0], "dpos", d);
 }
 
 Status positionAddGradKernel(const KernelArgs &a) {
   PositionDims d;
-  PIPER_RETURN_IF_ERROR(checkPositionAddGrad(a, d));
+  bool accumulate = false;
+  PIPER_RETURN_IF_ERROR(checkPositionAddGrad(a, d, accumulate));
   const TensorRef &dy = a.inputs[0], &dpos = a.outputs[0];
   const int64_t hidden = d.hidden;
 
   // Positions no local row has (past seq; other context members') get no
-  // gradient but are part of the parameter.
-  std::fill_n(dpos.f32(), dpos.numel(), 0.0f);
+  // gradient but are part of the parameter. localOf[p]: the local row t
+  // at position p, or -1.
+  std::vector<int64_t> localOf(dpos.shape[0], -1);
+  for (int64_t t = 0; t < d.local; ++t)
+    localOf[d.position(t)] = t;
   std::vector<double> sum(hidden);
   std::vector<float> unpacked;
   const float *dyData = fp32Data(dy, unpacked);
-  for (int64_t t = 0; t < d.local; ++t) {
-    std::fill(sum.begin(), sum.end(), 0.0);
-    for (int64_t n = t; n < d.rows; n += d.local)
-      addRowToSums(sum.data(), dyData + n * hidden, hidden);
-    sumsToFloat(sum.data(), dpos.f32() + d.position(t) * hidden, hidden);
-  }
+  storeGradRows(a, accumulate, dpos.f32(), dpos.shape[0], hidden,
+                [&](int64_t p, float *out) {
+                  const int64_t t = localOf[p];
+                  if (t < 0)
+                    return false;
+                  std::fill(sum.begin(), sum.end(), 0.0);
+                  for (int64_t n = t; n < d.rows; n += d.local)
+                    addRowToSums(sum.data(), dyData + n * hidden, hidden);
+                  sumsToFloat(sum.data(), out, hidden);
+                  return true;
+                });
   return Status::ok();
 }
 

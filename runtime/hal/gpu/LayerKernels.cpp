@@ -37,15 +37,16 @@ Status embedding(const KernelArgs &a, const Context &ctx) {
 
 Status embeddingGrad(const KernelArgs &a, const Context &ctx) {
   int64_t rows = 0, vocab = 0, hidden = 0, first = 0, members = 1;
-  PIPER_RETURN_IF_ERROR(
-      detail::checkEmbeddingGrad(a, rows, vocab, hidden, first, members));
+  bool accumulate = false;
+  PIPER_RETURN_IF_ERROR(detail::checkEmbeddingGrad(a, rows, vocab, hidden,
+                                                   first, members, accumulate));
   int32_t *work = nullptr;
   PIPER_RETURN_IF_ERROR(
       scratch(ctx, embeddingGradScratchWords(rows, vocab), work));
   const TensorRef &dy = a.inputs[1];
-  return launchEmbeddingGrad(ctx, a.inputs[0].i32(), f32In(dy),
-                             a.outputs[0].f32(), rows, vocab, hidden, first,
-                             work, bf16In(dy));
+  return launchEmbeddingGrad(
+      ctx, a.inputs[0].i32(), f32In(dy), a.outputs[0].f32(), rows, vocab,
+      hidden, first, work, bf16In(dy), {a.ctx.lowPrecision, accumulate});
 }
 
 /// The position map of the checked dimensions.
@@ -64,7 +65,8 @@ Status positionAdd(const KernelArgs &a, const Context &ctx) {
 
 Status positionAddGrad(const KernelArgs &a, const Context &ctx) {
   detail::PositionDims d;
-  PIPER_RETURN_IF_ERROR(detail::checkPositionAddGrad(a, d));
+  bool accumulate = false;
+  PIPER_RETURN_IF_ERROR(detail::checkPositionAddGrad(a, d, accumulate));
   double *partials = nullptr;
   PIPER_RETURN_IF_ERROR(
       scratch(ctx, columnChunks(d.rows / d.local).chunks * d.local * d.hidden,
@@ -72,7 +74,8 @@ Status positionAddGrad(const KernelArgs &a, const Context &ctx) {
   const TensorRef &dy = a.inputs[0];
   return launchPositionAddGrad(ctx, f32In(dy), a.outputs[0].f32(), d.rows,
                                d.hidden, positionMap(d), a.outputs[0].shape[0],
-                               partials, bf16In(dy));
+                               partials, bf16In(dy),
+                               {a.ctx.lowPrecision, accumulate});
 }
 
 // The residual add of add_layer_norm and add_rms_norm: r (input 1, fp32 or
@@ -299,13 +302,15 @@ void addLayerKernels(std::vector<KernelEntry> &out) {
       {
           // The embeddings round their outputs themselves in mixed precision
           // and store them packed where every reader takes them so (the
-          // residual stream's start); their backward reads dy packed.
+          // residual stream's start); their backward reads dy packed and
+          // rounds its gradient itself (added to the accumulator with
+          // `accumulate`).
           {"embedding", embedding, nullptr, true, 0, 0b1},
-          {"embedding_grad", embeddingGrad, nullptr, false, 0b10},
+          {"embedding_grad", embeddingGrad, nullptr, true, 0b10},
           // Round their results in mixed precision
           // (Device::roundsOutputs).
           {"position_add", positionAdd, nullptr, true, 0b1, 0b1},
-          {"position_add_grad", positionAddGrad, nullptr, false, 0b1},
+          {"position_add_grad", positionAddGrad, nullptr, true, 0b1},
           {"layer_norm", layerNorm, nullptr, true, 0b1, 0b1},
           {"layer_norm_grad_input", layerNormGradInput, nullptr, true, 0b101,
            0b1},

@@ -22,15 +22,26 @@ Status launchEmbedding(const Context &ctx, const int32_t *ids,
                        const float *table, float *y, int64_t rows,
                        int64_t vocab, int64_t hidden, int64_t first,
                        bool round = false, uint16_t *y16 = nullptr);
+/// How a weight gradient is stored: rounded to bf16 (`round`, a
+/// mixed-precision call), and added to what the output holds
+/// (`accumulate`: the output is the parameter's gradient accumulator; the
+/// compiler fuses the `accumulate` kernel after the gradient's, docs/
+/// kernels.md): the bits of the kernel, the executor's rounding, then
+/// `accumulate`. Elements without a gradient add +0 then.
+struct SumsOut {
+  bool round = false;
+  bool accumulate = false;
+};
 /// dtable[v] = the sum of dy[n] over the rows n with ids[n] - first == v,
 /// in token order in double (as the CPU kernel: the same result), ids
-/// outside [first, first + vocab) skipped. `scratch` holds
-/// embeddingGradScratchWords(rows, vocab) int32.
+/// outside [first, first + vocab) skipped; stored as `to` says.
+/// `scratch` holds embeddingGradScratchWords(rows, vocab) int32.
 /// `dy16` instead of dy: dy packed (the same values).
 Status launchEmbeddingGrad(const Context &ctx, const int32_t *ids,
                            const float *dy, float *dtable, int64_t rows,
                            int64_t vocab, int64_t hidden, int64_t first,
-                           int32_t *scratch, const uint16_t *dy16 = nullptr);
+                           int32_t *scratch, const uint16_t *dy16 = nullptr,
+                           SumsOut to = {});
 /// y[n] = x[n] + pos[map.position(n % map.local)].
 /// With `round` (here and below: a mixed-precision call), the results are
 /// stored rounded to bf16 (roundedIf, Device::roundsOutputs).
@@ -41,12 +52,13 @@ Status launchPositionAdd(const Context &ctx, const float *x, const float *pos,
                          const uint16_t *x16 = nullptr,
                          uint16_t *y16 = nullptr);
 /// dpos[map.position(t)] = the sum of dy[n] over n % map.local == t, zeros
-/// for every other of the `positions` rows. `partials` holds
-/// columnChunks(rows / map.local).chunks x map.local x hidden doubles.
+/// for every other of the `positions` rows; stored as `to` says.
+/// `partials` holds columnChunks(rows / map.local).chunks x map.local x
+/// hidden doubles.
 Status launchPositionAddGrad(const Context &ctx, const float *dy, float *dpos,
                              int64_t rows, int64_t hidden, PositionMap map,
                              int64_t positions, double *partials,
-                             const uint16_t *dy16 = nullptr);
+                             const uint16_t *dy16 = nullptr, SumsOut to = {});
 /// The residual stream's add fused into a norm (add_layer_norm,
 /// add_rms_norm): with `r` set, the norm's input is s = x + r (rounded
 /// with `round`, as add's output), which is also stored to `sum` [rows,
@@ -86,15 +98,6 @@ Status launchLayerNormGradInput(const Context &ctx, const float *x,
                                 bool round = false,
                                 const float *residual = nullptr,
                                 NormPacked packed = {});
-/// How a norm's weight gradient is stored: rounded to bf16 (`round`, a
-/// mixed-precision call), and added to what the output holds
-/// (`accumulate`: the output is the parameter's gradient accumulator; the
-/// compiler fuses the `accumulate` kernels after the norm's, docs/
-/// kernels.md).
-struct SumsOut {
-  bool round = false;
-  bool accumulate = false;
-};
 /// dgamma = column sums of dy * xhat, dbeta = column sums of dy. `scratch`
 /// holds 2 rows + 2 columnChunks(rows).chunks x hidden doubles.
 Status launchLayerNormGradWeight(const Context &ctx, const float *x,

@@ -40,7 +40,7 @@ Status launchEmbedding(const Context &ctx, const int32_t *ids,
 Status launchEmbeddingGrad(const Context &ctx, const int32_t *ids,
                            const float *dy, float *dtable, int64_t rows,
                            int64_t vocab, int64_t hidden, int64_t first,
-                           int32_t *scratch, const uint16_t *dy16) {
+                           int32_t *scratch, const uint16_t *dy16, SumsOut to) {
   using Lanes = Exec::Lanes;
   // A stable counting sort of the rows by id (LayerMath.h's sortChunks):
   // hist[c * vocab + v] counts the rows of chunk c with id v, then becomes
@@ -114,7 +114,8 @@ Status launchEmbeddingGrad(const Context &ctx, const int32_t *ids,
         const RowIn in{dy, dy16};
         for (int64_t k = start[v], e = start[v + 1]; k < e; ++k)
           s += in[int64_t(order[k]) * hidden + j];
-        dtable[i] = static_cast<float>(s);
+        const float g = roundedIf(static_cast<float>(s), to.round);
+        dtable[i] = to.accumulate ? dtable[i] + g : g;
       });
 }
 
@@ -135,7 +136,7 @@ Status launchPositionAdd(const Context &ctx, const float *x, const float *pos,
 Status launchPositionAddGrad(const Context &ctx, const float *dy, float *dpos,
                              int64_t rows, int64_t hidden, PositionMap map,
                              int64_t positions, double *partials,
-                             const uint16_t *dy16) {
+                             const uint16_t *dy16, SumsOut to) {
   // dy as [rows / local, local * hidden]: the position of local row t
   // gets column sums t * hidden .. (t + 1) * hidden.
   const int64_t seq = map.local;
@@ -151,20 +152,30 @@ Status launchPositionAddGrad(const Context &ctx, const float *dy, float *dpos,
           s += RowIn{dy, dy16}[b * cols + col];
         partials[i] = s;
       }));
+  // The rows [from, positions) get no gradient here but are part of the
+  // parameter: zeros, or +0 added to the accumulator.
+  auto noGradient = [&](int64_t from) -> Status {
+    if (from >= positions)
+      return Status::ok();
+    float *rest = dpos + from * hidden;
+    if (!to.accumulate)
+      return zeroAsync(ctx, rest,
+                       static_cast<size_t>((positions - from) * hidden) *
+                           sizeof(float));
+    return Exec(ctx).forEach(
+        "position_add_grad", (positions - from) * hidden,
+        [=] PIPER_LAMBDA(int64_t i) { rest[i] = rest[i] + 0.0f; });
+  };
   if (map.cp == 1) {
     PIPER_RETURN_IF_ERROR(layerSumChunks(ctx, "position_add_grad", partials,
-                                         rc.chunks, cols, dpos));
-    // Positions past seq get no gradient but are part of the parameter.
-    if (positions > seq)
-      return zeroAsync(ctx, dpos + cols,
-                       static_cast<size_t>((positions - seq) * hidden) *
-                           sizeof(float));
-    return Status::ok();
+                                         rc.chunks, cols, dpos, to));
+    // Positions past seq.
+    return noGradient(seq);
   }
   // Context parallelism: this member's two chunks of positions; the
-  // others' (and those past seq) get no gradient here.
-  PIPER_RETURN_IF_ERROR(zeroAsync(
-      ctx, dpos, static_cast<size_t>(positions * hidden) * sizeof(float)));
+  // others' (and those past seq) get no gradient here. Every row first
+  // (acc + 0 then + g is acc + g: g, a sum from +0, is never -0).
+  PIPER_RETURN_IF_ERROR(noGradient(0));
   const int64_t chunks = rc.chunks;
   return Exec(ctx).forEach(
       "position_add_grad", cols, [=] PIPER_LAMBDA(int64_t col) {
@@ -172,7 +183,9 @@ Status launchPositionAddGrad(const Context &ctx, const float *dy, float *dpos,
         for (int64_t c = 0; c < chunks; ++c)
           s += partials[c * cols + col];
         int64_t t = col / hidden, j = col % hidden;
-        dpos[map.position(t) * hidden + j] = static_cast<float>(s);
+        float *out = dpos + map.position(t) * hidden + j;
+        const float g = roundedIf(static_cast<float>(s), to.round);
+        *out = to.accumulate ? *out + g : g;
       });
 }
 

@@ -236,6 +236,8 @@ TEST_CASE("kernels that round their own outputs in mixed precision give the "
                                          "linear_gelu",
                                          "linear_grad_input_gelu",
                                          "embedding",
+                                         "embedding_grad",
+                                         "position_add_grad",
                                          "moe_dispatch",
                                          "moe_dispatch_grad",
                                          "moe_combine",

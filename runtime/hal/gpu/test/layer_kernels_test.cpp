@@ -5,6 +5,7 @@
 // kernel's cases, printed.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstring>
 #include <iostream>
 #include <map>
@@ -196,7 +197,14 @@ namespace {
 
 struct Host {
   std::vector<int64_t> shape;
-  std::vector<float> values;
+  std::vector<float> values; // I32: the ids' bits
+  plan::DType dtype = plan::F32;
+};
+
+/// A call's attributes and the rank's members (runOp).
+struct Call {
+  std::vector<std::pair<std::string, plan::AttrValue>> attrs;
+  int64_t tensorMember = 0, contextMember = 0;
 };
 
 // Runs `op` (default attributes) on `device` as the executor does: the
@@ -204,11 +212,10 @@ struct Host {
 // the kernel rounds them itself (Device::roundsOutputs). With `accumulate`
 // (the attribute), the outputs start as `accumulators` and are state the
 // executor does not round.
-std::vector<Host> runOp(Device &device, const std::string &op,
-                        const std::vector<Host> &ins,
-                        const std::vector<std::vector<int64_t>> &outShapes,
-                        bool lowPrecision,
-                        const std::vector<Host> &accumulators = {}) {
+std::vector<Host>
+runOp(Device &device, const std::string &op, const std::vector<Host> &ins,
+      const std::vector<std::vector<int64_t>> &outShapes, bool lowPrecision,
+      const std::vector<Host> &accumulators = {}, const Call &call = {}) {
   const bool accumulate = !accumulators.empty();
   DeviceRun run{device, {}, {}, {}};
   auto words = [](const std::vector<float> &v) {
@@ -218,7 +225,9 @@ std::vector<Host> runOp(Device &device, const std::string &op,
   };
   std::vector<TensorRef> inRefs, outRefs;
   for (const Host &h : ins)
-    inRefs.push_back(run.upload(f32(h.shape), words(h.values)));
+    inRefs.push_back(run.upload(h.dtype == plan::F32 ? f32(h.shape)
+                                                     : zeros(h.shape, h.dtype),
+                                words(h.values)));
   for (size_t o = 0; o < outShapes.size(); ++o) {
     int64_t n = 1;
     for (int64_t d : outShapes[o])
@@ -235,8 +244,12 @@ std::vector<Host> runOp(Device &device, const std::string &op,
   kernel.set_op(op);
   if (accumulate && op != "accumulate") // the kernel's flag
     (*kernel.mutable_attrs())["accumulate"] = intAttr(1);
+  for (const auto &[name, value] : call.attrs)
+    (*kernel.mutable_attrs())[name] = value;
   KernelContext ctx;
   ctx.lowPrecision = lowPrecision;
+  ctx.tensorMember = call.tensorMember;
+  ctx.contextMember = call.contextMember;
   REQUIRE(device.runKernel(*info, kernel, decodeKernelAttrs(kernel), inRefs,
                            outRefs, ctx));
   std::vector<Host> outs;
@@ -404,6 +417,85 @@ TEST_CASE("the norms' weight gradients accumulate as the accumulate kernels "
           CHECK(sameBits(fused[o], unfused));
           CHECK(!sameBits(fused[o], grads[o])); // it added
         }
+      }
+    }
+  }
+}
+
+// The embeddings' gradients with `accumulate` (the compiler's fusion of
+// the accumulate kernel after them) are the kernel, the executor's rounding
+// in mixed precision and `accumulate`, bit for bit, on the CPU and the
+// emulated GPU: rows with a gradient and rows without (ids that do not
+// occur, another vocabulary member's ids, positions past seq or another
+// context member's), an accumulator holding -0 (to which the unfused
+// kernels add +0).
+TEST_CASE("the embeddings' gradients accumulate as the accumulate kernels "
+          "do, bit for bit, on the CPU and the emulated GPU") {
+  auto cpu = createCpuDevice(nullptr);
+  auto gpu = createEmulatedGpuDevice(nullptr);
+  const int64_t hidden = 37, rows = 200; // several sort and column chunks
+  std::mt19937_64 rng(44);
+  auto accumulators = [&](std::vector<int64_t> shape) {
+    Host acc = randomHost(rng, shape, false);
+    for (size_t i = 0; i < acc.values.size(); i += 5)
+      acc.values[i] = -0.0f;
+    return acc;
+  };
+  struct Variant {
+    std::string op;
+    std::vector<Host> ins;
+    std::vector<int64_t> outShape;
+    Call call;
+  };
+  std::vector<Variant> variants;
+  // embedding_grad: the even ids 26..64 of 3 members' 3 x 30 (member 1
+  // holds ids 30..59), so that the odd rows of its table get no token.
+  std::uniform_int_distribution<int32_t> id(0, 19);
+  Host ids{{rows}, std::vector<float>(rows), plan::I32};
+  for (float &v : ids.values) {
+    const int32_t i = 26 + 2 * id(rng);
+    std::memcpy(&v, &i, sizeof i);
+  }
+  for (int64_t members : {1, 3}) {
+    const int64_t vocab = members == 1 ? 3 * 30 : 30;
+    Call call{{{"vocab", intAttr(vocab)}}};
+    if (members > 1) {
+      call.attrs.push_back({"members", intAttr(members)});
+      call.tensorMember = 1;
+    }
+    variants.push_back({"embedding_grad", {ids}, {vocab, hidden}, call});
+  }
+  // position_add_grad: 5 positions for seq 4 (one past it); under context
+  // parallelism, member 1 of 2 of seq 8 (positions 2, 3, 4, 5 of 9).
+  variants.push_back(
+      {"position_add_grad", {}, {5, hidden}, Call{{{"seq", intAttr(4)}}}});
+  variants.push_back({"position_add_grad",
+                      {},
+                      {9, hidden},
+                      Call{{{"seq", intAttr(8)}, {"cp", intAttr(2)}}, 0, 1}});
+  for (bool low : {false, true}) {
+    Host dy = randomHost(rng, {rows, hidden}, low);
+    for (const Variant &v : variants) {
+      std::vector<Host> ins = v.ins;
+      ins.push_back(dy);
+      const Host acc = accumulators(v.outShape);
+      for (Device *d : {cpu.get(), gpu.get()}) {
+        INFO(d->name() << " " << v.op << " [" << v.outShape[0]
+                       << " rows] lowPrecision=" << low);
+        Host grad = runOp(*d, v.op, ins, {v.outShape}, low, {}, v.call)[0];
+        Host fused = runOp(*d, v.op, ins, {v.outShape}, low, {acc}, v.call)[0];
+        Host unfused =
+            runOp(*d, "accumulate", {grad}, {v.outShape}, false, {acc})[0];
+        CHECK(sameBits(fused, unfused));
+        // It added, and rows without a gradient are in both.
+        CHECK(!sameBits(fused, acc));
+        int64_t zeroRows = 0;
+        for (int64_t r = 0; r < v.outShape[0]; ++r)
+          zeroRows += std::all_of(grad.values.begin() + r * hidden,
+                                  grad.values.begin() + (r + 1) * hidden,
+                                  [](float g) { return g == 0.0f; });
+        CHECK(zeroRows > 0);
+        CHECK(zeroRows < v.outShape[0]);
       }
     }
   }
