@@ -290,17 +290,37 @@ int stateTensorsPerParam(const Plan &plan) {
   return plan.training().compute_dtype() == BF16 ? 5 : 4;
 }
 
-bool assignArena(Plan &plan, std::string &error) {
+namespace {
+// The bytes of state tensor k of parameter `index` (`copies`: the compute
+// copy's where given).
+int64_t stateTensorBytes(const Plan &plan, int index, int k,
+                         const CopyBytes *copies) {
+  if (k == 4 && copies && index < static_cast<int>(copies->size()) &&
+      (*copies)[index] >= 0)
+    return (*copies)[index];
+  return 4 * stateElements(plan, plan.params(index), k);
+}
+} // namespace
+
+void layOutState(Plan &plan, const CopyBytes *copies) {
   const int64_t align = 64;
   int64_t cursor = 0;
   int stateTensors = stateTensorsPerParam(plan);
-  for (Parameter &p : *plan.mutable_params()) {
+  for (int i = 0; i < plan.params_size(); ++i) {
+    Parameter &p = *plan.mutable_params(i);
     p.clear_state_offsets();
     for (int k = 0; k < stateTensors; ++k) {
       p.add_state_offsets(cursor);
-      int64_t bytes = 4 * stateElements(plan, p, k);
+      int64_t bytes = stateTensorBytes(plan, i, k, copies);
       cursor = alignUp(cursor + std::max<int64_t>(bytes, 1), align);
     }
+  }
+  plan.set_state_bytes(cursor);
+}
+
+bool assignArena(Plan &plan, std::string &error) {
+  layOutState(plan);
+  for (Parameter &p : *plan.mutable_params()) {
     ShardDescriptor *shard = p.mutable_shard();
     shard->clear_global_shape();
     shard->clear_start();
@@ -309,7 +329,6 @@ bool assignArena(Plan &plan, std::string &error) {
       shard->add_start(0);
     }
   }
-  plan.set_state_bytes(cursor);
   return relayoutStep(plan, nullptr, error);
 }
 
@@ -397,7 +416,7 @@ std::vector<int64_t> recordedOffsets(const Plan &plan, const StepBlocks &step,
 }
 
 bool checkArena(const Plan &plan, std::string &error,
-                const ValueBytes *valueSizes) {
+                const ValueBytes *valueSizes, const CopyBytes *copies) {
   const int64_t align = 64;
   int64_t state = plan.state_bytes(), arena = plan.arena_bytes();
   if (state < 0 || arena < state) {
@@ -411,7 +430,8 @@ bool checkArena(const Plan &plan, std::string &error,
   static const char *kinds[] = {"value", "gradient", "first moment",
                                 "second moment", "bf16 compute copy"};
   int stateTensors = stateTensorsPerParam(plan);
-  for (const Parameter &p : plan.params()) {
+  for (int i = 0; i < plan.params_size(); ++i) {
+    const Parameter &p = plan.params(i);
     if (p.state_offsets_size() != stateTensors) {
       error = "parameter '" + p.name() + "' has " +
               std::to_string(p.state_offsets_size()) + " state offsets, not " +
@@ -419,7 +439,7 @@ bool checkArena(const Plan &plan, std::string &error,
       return false;
     }
     for (int k = 0; k < stateTensors; ++k) {
-      int64_t bytes = 4 * stateElements(plan, p, k);
+      int64_t bytes = stateTensorBytes(plan, i, k, copies);
       int64_t off = p.state_offsets(k);
       if (off < 0 || off % align != 0 || off + bytes > state) {
         error = "the " + std::string(kinds[k]) + " of parameter '" + p.name() +

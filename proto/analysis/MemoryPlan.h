@@ -90,6 +90,9 @@ int64_t planSegmentScratch(const Segment &segment, bool bf16,
 /// Per segment, per value: the scratch bytes a device's storage needs
 /// (planSegmentScratch's `bytes`; -1: the float32 bytes).
 using ValueBytes = std::vector<std::vector<int64_t>>;
+/// Per parameter: the bytes of its bf16 compute copy where a device stores
+/// it packed (2 per element); -1: the float32 bytes.
+using CopyBytes = std::vector<int64_t>;
 
 /// The blocks of one plan's step: one per step buffer (defined by the
 /// instruction that writes it, accessed by every reader; a buffer read by a
@@ -120,6 +123,14 @@ int stateTensorsPerParam(const Plan &plan);
 /// streams deadlock on events.
 bool assignArena(Plan &plan, std::string &error);
 
+/// Lays out `plan`'s state region from offset 0, as assignArena does (each
+/// parameter's stateTensorsPerParam tensors in order, 64-byte aligned,
+/// sharded ones at their shards' capacity), the compute copies at
+/// `copies`' bytes where given, and sets state_bytes. The runtime does
+/// this for a device that stores some compute copies packed; the step must
+/// then be laid out again above it (relayoutStep).
+void layOutState(Plan &plan, const CopyBytes *copies = nullptr);
+
 /// Lays out `plan`'s step again above its state region (kept as it is,
 /// sharded or not): every segment's scratch and value offsets with the
 /// values sized by `bytes` (null: float32), then the step blocks: every
@@ -139,10 +150,12 @@ std::vector<int64_t> recordedOffsets(const Plan &plan, const StepBlocks &step,
 /// offsets disjoint and inside state_bytes, step blocks above the state, no
 /// two blocks that may be live at the same time sharing a byte, every
 /// segment's values inside its scratch and disjoint while both live, and
-/// everything inside arena_bytes (values sized by `bytes` where given, as
-/// relayoutStep laid them out). On failure `error` names what is wrong.
+/// everything inside arena_bytes (values sized by `bytes` and compute
+/// copies by `copies` where given, as relayoutStep and layOutState laid
+/// them out). On failure `error` names what is wrong.
 bool checkArena(const Plan &plan, std::string &error,
-                const ValueBytes *bytes = nullptr);
+                const ValueBytes *bytes = nullptr,
+                const CopyBytes *copies = nullptr);
 
 /// Where a plan's step needs the most memory: the instruction at which the
 /// step blocks that may be live together add up to the most bytes, those

@@ -395,6 +395,43 @@ TEST_CASE("relayoutStep keeps the state and lays the step out again") {
                  "misaligned or outside its 16 bytes of scratch");
 }
 
+// layOutState lays the state region out as assignArena does, the compute
+// copies a device stores packed at their bf16 bytes: a smaller state that
+// checkArena accepts with those sizes (the step laid out above it), and
+// rejects without them.
+TEST_CASE("layOutState gives packed compute copies their bf16 bytes") {
+  Plan plan = smallPlan();
+  plan.mutable_training()->set_compute_dtype(BF16);
+  Parameter *v = plan.add_params();
+  v->set_name("v");
+  v->mutable_type()->set_dtype(F32);
+  v->mutable_type()->add_shape(64);
+  std::string error;
+  REQUIRE(assignArena(plan, error));
+  const Plan before = plan;
+  // w's 3 elements take 64 bytes per tensor (the alignment), v's 256: 5 x
+  // 64 + 5 x 256.
+  CHECK(before.state_bytes() == 5 * 64 + 5 * 256);
+  layOutState(plan);
+  CHECK(plan.SerializeAsString() == before.SerializeAsString());
+  // v's copy packed: 128 bytes, last in the region.
+  const CopyBytes copies = {-1, 128};
+  layOutState(plan, &copies);
+  CHECK(plan.state_bytes() == 5 * 64 + 4 * 256 + 128);
+  for (int k = 0; k < 5; ++k) {
+    CHECK(plan.params(0).state_offsets(k) == before.params(0).state_offsets(k));
+    CHECK(plan.params(1).state_offsets(k) == before.params(1).state_offsets(k));
+  }
+  REQUIRE(relayoutStep(plan, nullptr, error));
+  CHECK(plan.arena_bytes() == before.arena_bytes() - 128);
+  for (const Buffer &b : plan.buffers())
+    CHECK(b.offset() >= plan.state_bytes());
+  CHECK(checkArena(plan, error, nullptr, &copies));
+  REQUIRE_FALSE(checkArena(plan, error));
+  CHECK(error == "the bf16 compute copy of parameter 'v' at offset 1344 is "
+                 "misaligned or outside the state region of 1472 bytes");
+}
+
 TEST_CASE("checkArena rejects a corrupted memory plan, naming the culprit") {
   Plan good = smallPlan();
   std::string error;

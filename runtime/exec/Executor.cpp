@@ -99,9 +99,14 @@ Status ExecutorImpl::init(uint64_t seed) {
                                  at(param.state_offsets(k)));
       }
     }
-    if (bf16 && !plan::stateSharded(param, 0))
-      bf16Params[p] = viewTensor(param.type().dtype(), param.type(), bytes,
+    if (bf16 && !plan::stateSharded(param, 0)) {
+      // Packed where every kernel reading it takes it so (planPackedParams).
+      plan::TensorType type = param.type();
+      if (packedParam[p])
+        type.set_dtype(plan::BF16);
+      bf16Params[p] = viewTensor(type.dtype(), type, tensorBytes(type),
                                  at(param.state_offsets(4)));
+    }
     // The counter-based initializer gives a shard exactly its slice.
     bool valueSharded = plan::stateSharded(param, 0);
     // An expert or tensor-parallel parameter holds its member's slice of

@@ -309,8 +309,8 @@ public:
   bool bf16 = false;
   std::mutex bf16Mu;
   std::vector<TensorPtr> bf16Params;
-  /// Per param: whether its bf16 copy is stored packed (the first half of
-  /// its slot), as every kernel reading it takes it (planPackedParams).
+  /// Per param: whether its bf16 copy is stored packed (in a slot of its
+  /// bf16 bytes), as every kernel reading it takes it (planPackedParams).
   std::vector<char> packedParam;
   /// Per param: the step whose copy bf16Params holds (0: none; the copy is
   /// refreshed when first read).
@@ -418,11 +418,11 @@ public:
   /// on `s` when it is the first to read it, else ordered after the
   /// refresh.
   Status computeParam(int s, int p, StepState &st, void *&out);
-  /// Mixed precision, with packed step buffers: packedParam, and
-  /// bf16Params viewed packed where it is set: a copy every low-precision
-  /// reader takes packed (Device::readsPackedInput: GEMM weights on the GPU
-  /// backends) is written packed by its update or refresh, and no GEMM
-  /// packs it again per call.
+  /// Mixed precision, with packed step buffers: packedParam, the copies
+  /// every low-precision reader takes packed (Device::readsPackedInput:
+  /// GEMM weights on the GPU backends), which their update or refresh
+  /// writes packed (bf16Params is viewed so), no GEMM packs again per call
+  /// and the state region gives half their float32 bytes (planStorage).
   void planPackedParams();
   /// Copies parameter `p` into its bf16 copy and rounds it there.
   Status refreshParam(int p);

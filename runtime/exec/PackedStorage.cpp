@@ -2,7 +2,8 @@
 // (PackedStorage, ExecutorImpl.h): arguments read as their step buffers
 // are stored, values stored packed by their writer, and the step's memory
 // plan laid out again for that storage (planStorage); and which parameters
-// keep their bf16 copy packed (planPackedParams).
+// keep their bf16 copy packed (planPackedParams), for which the state region
+// is laid out again.
 #include "proto/analysis/MemoryPlan.h"
 #include "runtime/exec/ExecutorImpl.h"
 
@@ -122,11 +123,23 @@ Status ExecutorImpl::planStorage() {
     for (int64_t n : b)
       relayout |= n >= 0;
   }
+  // The compute copies stored packed take half their slots: the state
+  // region is laid out again too.
+  planPackedParams();
+  plan::CopyBytes copies(plan.params_size(), -1);
+  for (int p = 0; p < plan.params_size(); ++p)
+    if (packedParam[p]) {
+      plan::TensorType type = plan.params(p).type();
+      type.set_dtype(plan::BF16);
+      copies[p] = tensorBytes(type);
+      relayout = true;
+    }
   if (!relayout)
     return Status::ok();
   std::string error;
+  plan::layOutState(plan, &copies);
   if (!plan::relayoutStep(plan, &bytes, error) ||
-      !plan::checkArena(plan, error, &bytes))
+      !plan::checkArena(plan, error, &bytes, &copies))
     return Status::error("internal error: the memory plan laid out again for "
                          "the values stored packed: " +
                          error);
@@ -152,16 +165,11 @@ void ExecutorImpl::planPackedParams() {
         packedReaders[o.index()] += device->readsPackedInput(*r.info, j);
       }
     }
-  for (int p = 0; p < plan.params_size(); ++p) {
-    if (!bf16Params[p] || readers[p] == 0 || packedReaders[p] != readers[p])
-      continue;
-    // The first half of the copy's slot, packed.
-    plan::TensorType type = plan.params(p).type();
-    type.set_dtype(plan::BF16);
-    bf16Params[p] =
-        viewTensor(plan::BF16, type, tensorBytes(type), bf16Params[p]->data);
-    packedParam[p] = 1;
-  }
+  // A parameter with a compute copy (none under ZeRO-3: kernels read the
+  // gathered parameter).
+  for (int p = 0; p < plan.params_size(); ++p)
+    packedParam[p] = !plan::stateSharded(plan.params(p), 0) && readers[p] > 0 &&
+                     packedReaders[p] == readers[p];
 }
 
 Executor::PackedCounts Executor::packedCounts() const {

@@ -115,7 +115,6 @@ Status ExecutorImpl::resolveKernels() {
       k = std::max(end, k + 1);
     }
   }
-  planPackedParams();
   scratch.assign(std::max(1, plan.streams_size()), CallScratch{});
   return Status::ok();
 }
