@@ -144,14 +144,23 @@ struct GemmKey {
   }
 };
 
+/// How many of the heuristic's algorithms a prepared GEMM keeps.
+constexpr int kHeuristicAlgos = 4;
+
 /// A GEMM prepared once (gpu-speed 4): its descriptor, layouts and the
-/// heuristic's algorithm, kept for the stream's life, so every call of the
+/// heuristic's algorithms, kept for the stream's life, so every call of the
 /// shape runs the same algorithm (the same bits every step) and none pays
 /// for the heuristic again.
 struct PreparedGemm {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
-  cublasLtMatmulAlgo_t algo{};
+  /// The heuristic's algorithms for the key, fastest first.
+  std::vector<cublasLtMatmulAlgo_t> algos;
+  /// The one the calls run: the first, or a later one where cuBLASLt
+  /// refused those before it at run time (CUBLAS_STATUS_NOT_SUPPORTED for
+  /// the call's pointers, which the heuristic judged by the key's
+  /// alignments), kept from then on: every later call runs the same.
+  size_t chosen = 0;
   /// A key with an epilogue that cuBLASLt has no algorithm for: its calls
   /// run the key without the epilogue instead (BIAS: the bias as C's
   /// initial value, beta = 1; BGRADA/B: the caller sums; GELU: the key
@@ -276,15 +285,19 @@ Status prepareGemm(const CublasLt &lt, cublasLtHandle_t handle,
           pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes,
           sizeof(schemes)));
     }
-    cublasLtMatmulHeuristicResult_t heuristic{};
+    cublasLtMatmulHeuristicResult_t heuristics[kHeuristicAlgos]{};
     int found = 0;
     PIPER_CUBLAS_RETURN_IF_ERROR(lt.cublasLtMatmulAlgoGetHeuristic(
-        handle, g.desc, g.la, g.lb, g.lc, g.lc, pref, 1, &heuristic, &found));
-    if (found == 0)
+        handle, g.desc, g.la, g.lb, g.lc, g.lc, pref, kHeuristicAlgos,
+        heuristics, &found));
+    for (int i = 0; i < found && i < kHeuristicAlgos; ++i)
+      if (heuristics[i].state == CUBLAS_STATUS_SUCCESS &&
+          heuristics[i].workspaceSize <= kCublasWorkspace)
+        g.algos.push_back(heuristics[i].algo);
+    if (g.algos.empty())
       return Status::error(
           fmt::format("gemm: cuBLASLt has no algorithm for m={} n={} k={} ({})",
                       key.m, key.n, key.k, key.bf16 ? "bf16" : "fp32"));
-    g.algo = heuristic.algo;
     return Status::ok();
   }();
   lt.cublasLtMatmulPreferenceDestroy(pref);
@@ -477,7 +490,7 @@ Status gemmColMajor(const Context &ctx, const ColMajorGemm &call) {
   key.alignVector = matrixAlignment(pointers.vector, 0, 4);
   // The key's prepared GEMM (a key with an epilogue that cuBLASLt refuses
   // is kept, marked, and not asked again).
-  auto preparedFor = [&](const GemmKey &k, const PreparedGemm *&out) -> Status {
+  auto preparedFor = [&](const GemmKey &k, PreparedGemm *&out) -> Status {
     auto found = blas->prepared.find(k);
     if (found == blas->prepared.end()) {
       PreparedGemm prepared;
@@ -494,7 +507,7 @@ Status gemmColMajor(const Context &ctx, const ColMajorGemm &call) {
     out = &found->second;
     return Status::ok();
   };
-  const PreparedGemm *p = nullptr;
+  PreparedGemm *p = nullptr;
   PIPER_RETURN_IF_ERROR(preparedFor(key, p));
   float beta = g.beta;
   if (p->epilogueRefused && isGeluEpilogue(key.epilogue)) {
@@ -532,9 +545,26 @@ Status gemmColMajor(const Context &ctx, const ColMajorGemm &call) {
   if (ctx.timer)
     PIPER_RETURN_IF_ERROR(ctx.timer->begin(ctx));
   noteKernelLaunch("gemm (cublasLtMatmul)");
-  PIPER_CUBLAS_RETURN_IF_ERROR(lt.cublasLtMatmul(
-      blas->handle, p->desc, &g.alpha, a, p->la, b, p->lb, &beta, d, p->lc, d,
-      p->lc, &p->algo, scratch, kCublasWorkspace, ctx.stream));
+  // An algorithm refused at run time (it checks before it launches, so a
+  // stream being captured is left as it was): the next of the heuristic's,
+  // kept for the key's later calls.
+  cublasStatus_t ran = CUBLAS_STATUS_NOT_SUPPORTED;
+  for (; p->chosen < p->algos.size(); ++p->chosen) {
+    ran = lt.cublasLtMatmul(blas->handle, p->desc, &g.alpha, a, p->la, b, p->lb,
+                            &beta, d, p->lc, d, p->lc, &p->algos[p->chosen],
+                            scratch, kCublasWorkspace, ctx.stream);
+    if (ran != CUBLAS_STATUS_NOT_SUPPORTED)
+      break;
+  }
+  if (ran != CUBLAS_STATUS_SUCCESS)
+    return Status::error(fmt::format(
+        "gemm: m={} n={} k={} ({}): {}", g.m, g.n, g.k,
+        ctx.bf16 ? "bf16" : "fp32",
+        cublasMessage(ran, "cublasLtMatmul", __FILE__, __LINE__) +
+            (ran == CUBLAS_STATUS_NOT_SUPPORTED
+                 ? fmt::format(" by each of the heuristic's {} algorithms",
+                               p->algos.size())
+                 : std::string())));
   if (viaScratch)
     PIPER_RETURN_IF_ERROR(
         launchPackBf16Columns(ctx, packedOut, call.ldc, g.c, g.ldc, g.m, g.n));
