@@ -2,7 +2,8 @@
 // people reading what the compiler produced and for FileCheck tests; with
 // --simulate, times one step of a compiled folder and pictures it
 // (docs/simulator.md); with --device-memory, says whether every rank fits a
-// device of that size.
+// device of that size; with --backend, as that backend's executor lays the
+// plan out (its memory plan, smaller where a GPU stores values packed).
 #include <cctype>
 #include <cerrno>
 #include <cstdio>
@@ -24,6 +25,8 @@
 #include "proto/analysis/MemoryPlan.h"
 #include "proto/analysis/Simulate.h"
 #include "proto/analysis/TimelineSvg.h"
+#include "runtime/exec/Executor.h"
+#include "runtime/hal/gpu/host/EmulatedDevice.h"
 #include "support/ByteSize.h"
 #include "support/Errno.h"
 
@@ -46,7 +49,31 @@ struct PrintOptions {
   /// --device-memory: the fit verdict (alone, or after --memory's report);
   /// -1: none.
   int64_t deviceBytes = -1;
+  /// --backend: "" (the plan file's memory plan, device-agnostic), "cpu",
+  /// "cuda" or "cuda-emulation" (the GPU backends store alike).
+  std::string backend;
 };
+
+/// `plan` as `backend`'s executor lays it out (Executor::deviceLayout);
+/// the GPU backends' rules are their shared kernel registry's, which the
+/// emulated GPU has: no GPU is needed.
+piper::Status layOutFor(const std::string &backend, piper::plan::Plan &plan,
+                        piper::plan::StorageBytes &sizes) {
+  if (backend.empty())
+    return piper::Status::ok();
+  piper::runtime::ExecutorOptions options;
+  if (backend != "cpu")
+    options.createDevice = [](piper::runtime::Communicator *comm) {
+      return piper::runtime::hal::createEmulatedGpuDevice(comm);
+    };
+  piper::StatusOr<piper::plan::Plan> laid =
+      piper::runtime::Executor::deviceLayout(std::move(plan), options, sizes);
+  if (!laid)
+    return laid.status().withContext("laying the plan out for --backend " +
+                                     backend);
+  plan = std::move(*laid);
+  return piper::Status::ok();
+}
 
 /// Prints one plan file; returns the process exit code (1 when it does not
 /// fit options.deviceBytes).
@@ -55,9 +82,12 @@ int printPlan(const std::string &path, const PrintOptions &options) {
   std::string err = piper::plan::readPlanFile(path, plan);
   if (!err.empty())
     return fail(err);
+  piper::plan::StorageBytes sizes;
+  if (piper::Status laid = layOutFor(options.backend, plan, sizes); !laid)
+    return fail(path + ": " + laid.message());
   if (options.memory) {
     std::string text;
-    if (!piper::plan::memoryReport(plan, options.largest, text))
+    if (!piper::plan::memoryReport(plan, options.largest, text, &sizes))
       return fail(path + ": " + text);
     std::fputs(text.c_str(), stdout);
   } else if (options.textproto) {
@@ -125,7 +155,7 @@ static int runPiperPlan(int argc, char **argv) {
   bool noKernels = false, textproto = false, memory = false;
   bool simulate = false, timeline = false, blockingSends = false;
   int largest = 5;
-  std::string tracePath, svgPath, machinePath, deviceMemory;
+  std::string tracePath, svgPath, machinePath, deviceMemory, backend;
   std::vector<std::string> costs;
   CLI::App app{"piper-plan: prints a plan file, or the manifest and every "
                "plan of a folder written by piperc compile, as text, or "
@@ -150,6 +180,14 @@ static int runPiperPlan(int argc, char **argv) {
                  "size (80GiB, 141GB, bytes): what it needs, and the headroom "
                  "or the step's peak and its largest buffers; exits 1 when a "
                  "plan does not fit (alone, or after --memory's report)");
+  app.add_option("--backend", backend,
+                 "print each plan as piper-run --backend BACKEND's executor "
+                 "lays it out, with --memory and --device-memory too: the "
+                 "GPU backends (cuda, cuda-emulation) lay the state and step "
+                 "out again for the values and parameter copies they store "
+                 "packed in bf16 plans (smaller; docs/memory-plan.md); no "
+                 "GPU needed. Default: the plan file's memory plan")
+      ->check(CLI::IsMember({"cpu", "cuda", "cuda-emulation"}));
   app.add_flag("--simulate", simulate,
                "simulate one training step of an OUT/ folder and print, per "
                "device class, the predicted step time, stream busy times and "
@@ -196,9 +234,10 @@ static int runPiperPlan(int argc, char **argv) {
                 "--blocking-sends need --simulate");
   if (largest != 5 && !memory)
     return fail("--largest needs --memory");
-  if (simulate && (memory || textproto || noKernels || !deviceMemory.empty()))
+  if (simulate && (memory || textproto || noKernels || !deviceMemory.empty() ||
+                   !backend.empty()))
     return fail("--simulate cannot be combined with --memory, --textproto, "
-                "--no-kernels or --device-memory");
+                "--no-kernels, --device-memory or --backend");
   if (!deviceMemory.empty() && (textproto || noKernels))
     return fail("--device-memory cannot be combined with --textproto or "
                 "--no-kernels");
@@ -207,6 +246,7 @@ static int runPiperPlan(int argc, char **argv) {
   print.textproto = textproto;
   print.memory = memory;
   print.largest = largest;
+  print.backend = backend;
   if (!deviceMemory.empty()) {
     piper::StatusOr<int64_t> size = piper::parseByteSize(deviceMemory);
     if (!size)

@@ -93,6 +93,12 @@ using ValueBytes = std::vector<std::vector<int64_t>>;
 /// Per parameter: the bytes of its bf16 compute copy where a device stores
 /// it packed (2 per element); -1: the float32 bytes.
 using CopyBytes = std::vector<int64_t>;
+/// Both: what a device's layout of a plan sized otherwise than the plan
+/// file (empty: nothing).
+struct StorageBytes {
+  ValueBytes values;
+  CopyBytes copies;
+};
 
 /// The blocks of one plan's step: one per step buffer (defined by the
 /// instruction that writes it, accessed by every reader; a buffer read by a
@@ -191,7 +197,8 @@ std::string fitVerdict(const Plan &plan, int64_t deviceBytes, bool &fits);
 /// are live there and the `largest` largest of them. Returns false, with the
 /// reason in `text`, when the plan's streams deadlock or the layout fails its
 /// check.
-bool memoryReport(const Plan &plan, int largest, std::string &text);
+bool memoryReport(const Plan &plan, int largest, std::string &text,
+                  const StorageBytes *sizes = nullptr);
 
 } // namespace piper::plan
 

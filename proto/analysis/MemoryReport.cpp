@@ -8,7 +8,8 @@
 
 namespace piper::plan {
 
-bool memoryReport(const Plan &plan, int largest, std::string &text) {
+bool memoryReport(const Plan &plan, int largest, std::string &text,
+                  const StorageBytes *sizes) {
   // Plans written before schema 2 carry no memory plan: lay one out here.
   Plan planned;
   const Plan *use = &plan;
@@ -19,7 +20,8 @@ bool memoryReport(const Plan &plan, int largest, std::string &text) {
     use = &planned;
   }
   std::string error;
-  if (!checkArena(*use, error)) {
+  if (!checkArena(*use, error, sizes ? &sizes->values : nullptr,
+                  sizes ? &sizes->copies : nullptr)) {
     text = "invalid memory plan: " + error;
     return false;
   }

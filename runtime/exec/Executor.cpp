@@ -285,6 +285,24 @@ std::unique_ptr<Executor> Executor::create(plan::Plan plan,
   return std::unique_ptr<Executor>(new Executor(std::move(impl)));
 }
 
+StatusOr<plan::Plan> Executor::deviceLayout(plan::Plan plan,
+                                            const ExecutorOptions &options,
+                                            plan::StorageBytes &sizes) {
+  PIPER_RETURN_IF_ERROR(validatePlan(plan).withContext(
+      "invalid plan for device class " + std::to_string(plan.device_class())));
+  ExecutorImpl impl;
+  impl.device = options.createDevice ? options.createDevice(nullptr)
+                                     : hal::createCpuDevice(nullptr);
+  if (!impl.device)
+    return Status::error("no device was created");
+  impl.bf16 = plan.training().compute_dtype() == plan::BF16;
+  impl.plan = std::move(plan);
+  impl.options = options;
+  PIPER_RETURN_IF_ERROR(impl.planStorage());
+  sizes = std::move(impl.storageBytes);
+  return std::move(impl.plan);
+}
+
 std::vector<CommKey> Executor::commKeys() const {
   const plan::Plan &plan = impl->plan;
   int me = impl->options.rank;

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "proto/analysis/MemoryPlan.h"
 #include "proto/plan.pb.h"
 #include "runtime/comm/Communicator.h"
 #include "runtime/exec/Data.h"
@@ -173,6 +174,18 @@ public:
   /// `status` on error.
   static std::unique_ptr<Executor>
   create(plan::Plan plan, const ExecutorOptions &options, Status &status);
+  /// `plan` (validated) as an executor on `options.createDevice`'s device
+  /// (made without a communicator; null: the CPU) lays it out when it
+  /// loads: where the device stores values or parameter copies packed, the
+  /// state and the step laid out again at those sizes (plan(),
+  /// docs/runtime.md, "Packed step buffers and values"); else unchanged.
+  /// Nothing is allocated, no kernel prepared: "how much memory on that
+  /// backend?" without its hardware (piper-plan --backend). `sizes`
+  /// receives what the layout sized otherwise than the plan file (for
+  /// plan::checkArena and plan::memoryReport).
+  static StatusOr<plan::Plan> deviceLayout(plan::Plan plan,
+                                           const ExecutorOptions &options,
+                                           plan::StorageBytes &sizes);
   ~Executor();
 
   /// The communicators this plan needs: one per (stream, peer pair) of

@@ -312,6 +312,8 @@ public:
   /// Per param: whether its bf16 copy is stored packed (in a slot of its
   /// bf16 bytes), as every kernel reading it takes it (planPackedParams).
   std::vector<char> packedParam;
+  /// The sizes planStorage laid the plan out with (empty or -1: float32).
+  plan::StorageBytes storageBytes;
   /// Per param: the step whose copy bf16Params holds (0: none; the copy is
   /// refreshed when first read).
   std::vector<int64_t> bf16Step;
@@ -351,8 +353,9 @@ public:
   /// and, where it keeps some, the step's memory plan laid out again for
   /// that storage (plan::relayoutStep: a packed value in half its float32
   /// bytes, one written to or read from its step buffer as stored in
-  /// none), before the arena is allocated. The plan file stays
-  /// device-agnostic.
+  /// none; plan::layOutState: the packed parameter copies in half theirs),
+  /// before the arena is allocated, with those sizes in storageBytes. The
+  /// plan file stays device-agnostic.
   Status planStorage();
   /// Device::prepareKernel for every kernel of every segment a stream
   /// calls, on that stream (after resolveKernels and the streams).

@@ -95,7 +95,8 @@ Status ExecutorImpl::resolveStorage(int g, int k, ResolvedKernel &r) const {
 Status ExecutorImpl::planStorage() {
   kernels.assign(plan.segments_size(), {});
   packedStorage.clear();
-  plan::ValueBytes bytes(plan.segments_size());
+  plan::ValueBytes &bytes = storageBytes.values;
+  bytes.assign(plan.segments_size(), {});
   bool relayout = false;
   for (int g = 0; g < plan.segments_size(); ++g) {
     const plan::Segment &seg = plan.segments(g);
@@ -126,7 +127,8 @@ Status ExecutorImpl::planStorage() {
   // The compute copies stored packed take half their slots: the state
   // region is laid out again too.
   planPackedParams();
-  plan::CopyBytes copies(plan.params_size(), -1);
+  plan::CopyBytes &copies = storageBytes.copies;
+  copies.assign(plan.params_size(), -1);
   for (int p = 0; p < plan.params_size(); ++p)
     if (packedParam[p]) {
       plan::TensorType type = plan.params(p).type();

@@ -1228,6 +1228,15 @@ TEST_CASE("executor: where values are stored packed, the step's memory plan "
       REQUIRE(exec);
       const plan::Plan &ran = exec->plan();
       CHECK(exec->fileArenaBytes() == plan.arena_bytes());
+      // The layout alone, without allocating (piper-plan --backend).
+      plan::StorageBytes sizes;
+      StatusOr<plan::Plan> laid = Executor::deviceLayout(plan, opts, sizes);
+      REQUIRE(laid);
+      // (Text: its maps in key order, unlike the wire format's.)
+      CHECK(laid->DebugString() == ran.DebugString());
+      std::string arenaError;
+      CHECK(plan::checkArena(*laid, arenaError, &sizes.values, &sizes.copies));
+      CHECK(arenaError == "");
       if (emulated && packed) {
         // The head's [8, 16] copy (only its GEMMs read it) in 256 bytes
         // instead of 512 (both multiples of the 64-byte alignment); the
@@ -1265,6 +1274,16 @@ TEST_CASE("executor: where values are stored packed, the step's memory plan "
     }
   CHECK(runs[1][1].losses == runs[1][0].losses);
   CHECK(runs[1][1].params == runs[1][0].params);
+  // An invalid plan is refused as Executor::create refuses it.
+  plan::Plan bad = plan;
+  bad.mutable_segments(0)->mutable_kernels(0)->set_op("no_such_kernel");
+  plan::StorageBytes sizes;
+  StatusOr<plan::Plan> refused =
+      Executor::deviceLayout(bad, ExecutorOptions{}, sizes);
+  REQUIRE_FALSE(refused);
+  CHECK_THAT(refused.status().message(),
+             Catch::Contains("invalid plan for device class 0") &&
+                 Catch::Contains("no_such_kernel"));
 }
 
 TEST_CASE("executor: the fused classifier's dlogits are written and read "

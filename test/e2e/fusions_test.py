@@ -30,8 +30,9 @@ The fusions:
   adds it, as the two kernels did; on CUDA the GEMM adds it itself
   (beta = 1), without that rounding in bf16 (not run here). The norms'
   weight gradients the same way (layer_norm_grad_weight,
-  rms_norm_grad_weight), both of layer norm's by one kernel: exact on
-  every backend (the sums rounded, then added).
+  rms_norm_grad_weight), both of layer norm's by one kernel, and the
+  embeddings' (embedding_grad, position_add_grad): exact on every backend
+  (the sums rounded, then added; rows without a gradient add +0).
 - the residual stream's add run by the norm after it (`add_layer_norm`,
   `add_rms_norm`: the sum and the norm of it) and by the norm's input
   gradient before it (`layer_norm_grad_input_add`,
@@ -60,6 +61,9 @@ The fusions:
   have packed; one Llama case runs the fused attention's path
   (--attention cudnn, the emulation's model of cuDNN's). On the one-rank cases piper-run must say it
   stores each of them so (packed_checks), and nothing with the flag.
+  There the arena is laid out again, below the plan file's, and
+  `piper-plan --backend` (no device: the executor's layout alone) gives
+  the arena piper-run ran with, on every one-rank case.
 
 - the vocabulary padding: the classifier's logits (and, where its
   gradient stays in the segment, the gradient) stored with rows of 128
@@ -247,6 +251,26 @@ def arenas(log):
             int(m.group(3)) if m.group(3) else None)
 
 
+def layout_checks(folder, backend, arena):
+    """piper-plan --backend BACKEND --memory lays the plan out as piper-run
+    on that backend did, without its device: the same arena, to the byte;
+    without --backend, the plan file's."""
+    def plan_arena(flags):
+        text = run([PIPER_PLAN, folder, "--memory", "--largest", "0"] +
+                   flags).stdout
+        m = re.search(r"arena (\d+) bytes", text)
+        return int(m.group(1)) if m else None
+    laid, file_arena = plan_arena(["--backend", backend]), plan_arena([])
+    return [
+        ("piper-plan --backend %s lays the plan out as piper-run did: "
+         "%s vs %s" % (backend, laid, arena),
+         arena is not None and laid == arena[1]),
+        ("piper-plan without --backend: the plan file's arena (%s)" %
+         file_arena,
+         arena is not None and file_arena == (arena[2] or arena[1])),
+    ]
+
+
 def arena_checks(packed, unpacked):
     """The emulated GPU stores values packed and lays the step's memory
     plan out again (docs/runtime.md): an arena below the plan file's, its
@@ -429,6 +453,9 @@ def main():
              b"valid_cols" not in unpadded[0]),
             ("3 losses", len(losses) == 3),
         ] + residual_checks(counts[2], apart[3][2])
+        if ranks == 1:
+            checks += layout_checks(os.path.join(work, "fused-%d" % i),
+                                    backend, arena)
         if backend == "cuda-emulation" and "bf16" in flags and ranks == 1:
             checks += packed_checks(packed, variants[-1][1][4],
                                     run([PIPER_PLAN, os.path.join(
