@@ -545,9 +545,9 @@ Status gemmColMajor(const Context &ctx, const ColMajorGemm &call) {
   if (ctx.timer)
     PIPER_RETURN_IF_ERROR(ctx.timer->begin(ctx));
   noteKernelLaunch("gemm (cublasLtMatmul)");
-  // An algorithm refused at run time (it checks before it launches, so a
-  // stream being captured is left as it was): the next of the heuristic's,
-  // kept for the key's later calls.
+  // An algorithm refused at run time (cuBLASLt checks a call's arguments
+  // before it launches anything): the next of the heuristic's, kept for the
+  // key's later calls.
   cublasStatus_t ran = CUBLAS_STATUS_NOT_SUPPORTED;
   for (; p->chosen < p->algos.size(); ++p->chosen) {
     ran = lt.cublasLtMatmul(blas->handle, p->desc, &g.alpha, a, p->la, b, p->lb,
